@@ -1,0 +1,24 @@
+# Warning flags and sanitizers shared by every pebble target (applied through
+# the interface target pebble_options, linked PRIVATE by each library).
+add_library(pebble_options INTERFACE)
+target_compile_options(pebble_options INTERFACE
+  -Wall -Wextra -Wpedantic -Wshadow -Wnon-virtual-dtor -Wold-style-cast
+  -Wcast-align -Woverloaded-virtual -Wimplicit-fallthrough)
+if(PEBBLE_WERROR)
+  target_compile_options(pebble_options INTERFACE -Werror)
+endif()
+if(PEBBLE_SANITIZE)
+  message(STATUS "pebble: building with -fsanitize=${PEBBLE_SANITIZE}")
+  target_compile_options(pebble_options INTERFACE
+    -fsanitize=${PEBBLE_SANITIZE} -fno-omit-frame-pointer -fno-sanitize-recover=all)
+  target_link_options(pebble_options INTERFACE -fsanitize=${PEBBLE_SANITIZE})
+endif()
+
+# pebble_add_library(NAME DIR): one library per layer; sources are the .cc
+# files of DIR and its subfolders.
+function(pebble_add_library name dir)
+  file(GLOB_RECURSE srcs CONFIGURE_DEPENDS ${dir}/*.cc)
+  add_library(${name} STATIC ${srcs})
+  target_include_directories(${name} PUBLIC ${PROJECT_SOURCE_DIR})
+  target_link_libraries(${name} PRIVATE pebble_options)
+endfunction()

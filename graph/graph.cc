@@ -1,0 +1,307 @@
+#include "graph/graph.h"
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <queue>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "graph/status.h"
+
+namespace pebble {
+
+absl::string_view DTypeName(DType dtype) {
+  switch (dtype) {
+    case DType::kFloat32: return "fp32";
+    case DType::kFloat16: return "fp16";
+    case DType::kBFloat16: return "bf16";
+    case DType::kInt64: return "i64";
+    case DType::kUInt8: return "u8";
+  }
+  return "?";
+}
+
+absl::StatusOr<DType> ParseDType(absl::string_view name) {
+  const std::string lower = absl::AsciiStrToLower(name);
+  if (lower == "fp32" || lower == "float32" || lower == "float" || lower == "f32")
+    return DType::kFloat32;
+  if (lower == "fp16" || lower == "float16" || lower == "half" || lower == "f16")
+    return DType::kFloat16;
+  if (lower == "bf16" || lower == "bfloat16") return DType::kBFloat16;
+  if (lower == "i64" || lower == "int64" || lower == "long") return DType::kInt64;
+  if (lower == "u8" || lower == "uint8" || lower == "bool") return DType::kUInt8;
+  return absl::InvalidArgumentError(absl::StrCat(
+      "unknown dtype '", name, "' (expected fp32, fp16, bf16, i64 or u8)"));
+}
+
+int64_t DTypeSize(DType dtype) {
+  switch (dtype) {
+    case DType::kFloat32: return 4;
+    case DType::kFloat16: return 2;
+    case DType::kBFloat16: return 2;
+    case DType::kInt64: return 8;
+    case DType::kUInt8: return 1;
+  }
+  return 0;
+}
+
+absl::string_view RoleName(Role role) {
+  switch (role) {
+    case Role::kInput: return "input";
+    case Role::kParameter: return "parameter";
+    case Role::kBuffer: return "buffer";
+    case Role::kForward: return "forward";
+    case Role::kBackward: return "backward";
+  }
+  return "?";
+}
+
+absl::StatusOr<Role> ParseRole(absl::string_view name) {
+  for (Role r : {Role::kInput, Role::kParameter, Role::kBuffer, Role::kForward,
+                 Role::kBackward}) {
+    if (RoleName(r) == name) return r;
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "unknown role '", name,
+      "' (expected input, parameter, buffer, forward or backward)"));
+}
+
+int64_t NumElements(const Shape& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+std::string ShapeToString(const Shape& shape) {
+  return absl::StrCat("(", absl::StrJoin(shape, ","), ")");
+}
+
+NodeId Graph::Find(absl::string_view id) const {
+  auto it = index_.find(id);
+  return it == index_.end() ? kNoNode : it->second;
+}
+
+std::string Graph::ToString() const {
+  int64_t persistent = 0;
+  int64_t activation_bytes = 0;
+  for (NodeId v = 0; v < num_nodes(); ++v) {
+    if (this->persistent(v)) {
+      ++persistent;
+    } else {
+      activation_bytes += bytes(v);
+    }
+  }
+  return absl::StrFormat(
+      "Graph '%s': %d nodes (%d persistent, %d bytes), %d edges, %d outputs, "
+      "%d non-persistent bytes",
+      name_, num_nodes(), persistent, persistent_bytes_, unique_inputs_.size(),
+      outputs_.size(), activation_bytes);
+}
+
+namespace {
+
+absl::Status NodeError(const std::string& id, absl::string_view what) {
+  return absl::InvalidArgumentError(absl::StrCat("node '", id, "': ", what));
+}
+
+// Finds one cycle among `candidates` (nodes left over by Kahn's algorithm,
+// each of which lies on or behind a cycle) and renders it "a -> b -> a".
+std::string DescribeCycle(const std::vector<std::string>& ids,
+                          const std::vector<std::vector<NodeId>>& inputs,
+                          const std::vector<bool>& leftover) {
+  const int n = static_cast<int>(ids.size());
+  // Walk backwards along leftover inputs; every leftover node has at least
+  // one leftover input, so the walk must revisit a node.
+  NodeId start = 0;
+  while (start < n && !leftover[start]) ++start;
+  std::vector<int> seen_at(n, -1);
+  std::vector<NodeId> walk;
+  NodeId v = start;
+  while (seen_at[v] < 0) {
+    seen_at[v] = static_cast<int>(walk.size());
+    walk.push_back(v);
+    NodeId next = kNoNode;
+    for (NodeId u : inputs[v]) {
+      if (leftover[u]) {
+        next = u;
+        break;
+      }
+    }
+    PEBBLE_CHECK(next != kNoNode, "leftover node without leftover input");
+    v = next;
+  }
+  // walk[seen_at[v]..] is the cycle, traversed against the edges.
+  std::vector<std::string> names;
+  for (size_t i = walk.size(); i-- > static_cast<size_t>(seen_at[v]);) {
+    names.push_back(ids[walk[i]]);
+  }
+  names.push_back(ids[walk.back()]);
+  return absl::StrJoin(names, " -> ");
+}
+
+}  // namespace
+
+absl::StatusOr<Graph> GraphBuilder::Build() const {
+  Graph g;
+  g.name_ = name_;
+  const int n = static_cast<int>(specs_.size());
+  g.index_.reserve(n);
+  for (NodeId v = 0; v < n; ++v) {
+    const NodeSpec& s = specs_[v];
+    if (s.id.empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("node #", v, " has an empty id"));
+    }
+    if (!g.index_.emplace(s.id, v).second) {
+      return NodeError(s.id, "duplicate id");
+    }
+    if (!s.bytes.has_value()) return NodeError(s.id, "missing 'bytes'");
+    if (*s.bytes < 0) {
+      return NodeError(s.id, absl::StrCat("negative bytes (", *s.bytes, ")"));
+    }
+    if (!std::isfinite(s.cost) || s.cost < 0) {
+      return NodeError(s.id, absl::StrCat("cost must be a non-negative finite "
+                                          "number, got ", s.cost));
+    }
+    if (s.workspace < 0) {
+      return NodeError(s.id,
+                       absl::StrCat("negative workspace (", s.workspace, ")"));
+    }
+    if (s.persistent && !s.inputs.empty()) {
+      return NodeError(s.id,
+                       "a persistent node is never computed and cannot have "
+                       "inputs");
+    }
+    if (!s.attrs.is_null() && !s.attrs.is_object()) {
+      return NodeError(s.id, "'attrs' must be an object");
+    }
+    if (s.shape.has_value()) {
+      for (int64_t d : *s.shape) {
+        if (d < 0) return NodeError(s.id, "negative dimension in 'shape'");
+      }
+    }
+  }
+
+  // Columns.
+  g.ids_.reserve(n);
+  for (const NodeSpec& s : specs_) {
+    g.ids_.push_back(s.id);
+    g.ops_.push_back(s.op.empty() ? "generic" : s.op);
+    g.bytes_.push_back(*s.bytes);
+    g.costs_.push_back(s.cost);
+    g.workspaces_.push_back(s.workspace);
+    g.persistent_.push_back(s.persistent ? 1 : 0);
+    g.roles_.push_back(s.role.value_or(s.persistent ? Role::kInput
+                                                    : Role::kForward));
+    g.shapes_.push_back(s.shape);
+    g.dtypes_.push_back(s.dtype);
+    g.attrs_.push_back(s.attrs);
+    if (s.persistent) g.persistent_bytes_ += *s.bytes;
+  }
+
+  // Inputs, as given and deduplicated.
+  std::vector<std::vector<NodeId>> unique(n);
+  for (NodeId v = 0; v < n; ++v) {
+    for (const std::string& in : specs_[v].inputs) {
+      NodeId u = g.Find(in);
+      if (u == kNoNode) {
+        return NodeError(specs_[v].id, absl::StrCat("unknown input '", in, "'"));
+      }
+      g.inputs_.push_back(u);
+      if (std::find(unique[v].begin(), unique[v].end(), u) == unique[v].end()) {
+        unique[v].push_back(u);
+        g.unique_inputs_.push_back(u);
+      }
+    }
+    g.input_offsets_.push_back(static_cast<int32_t>(g.inputs_.size()));
+    g.unique_input_offsets_.push_back(
+        static_cast<int32_t>(g.unique_inputs_.size()));
+  }
+
+  // Readers: counting sort by input, so each row is ascending.
+  std::vector<int32_t> reader_count(n + 1, 0);
+  for (NodeId v = 0; v < n; ++v) {
+    for (NodeId u : unique[v]) ++reader_count[u + 1];
+  }
+  g.reader_offsets_.assign(n + 1, 0);
+  for (int i = 0; i < n; ++i) {
+    g.reader_offsets_[i + 1] = g.reader_offsets_[i] + reader_count[i + 1];
+  }
+  g.readers_.assign(g.unique_inputs_.size(), kNoNode);
+  std::vector<int32_t> fill(g.reader_offsets_.begin(), g.reader_offsets_.end() - 1);
+  for (NodeId v = 0; v < n; ++v) {
+    for (NodeId u : unique[v]) g.readers_[fill[u]++] = v;
+  }
+
+  // Outputs.
+  g.is_output_.assign(n, 0);
+  for (const std::string& out : output_ids_) {
+    NodeId v = g.Find(out);
+    if (v == kNoNode) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("unknown output '", out, "'"));
+    }
+    if (!g.is_output_[v]) {
+      g.is_output_[v] = 1;
+      g.outputs_.push_back(v);
+    }
+  }
+  if (n > 0 && g.outputs_.empty()) {
+    return absl::InvalidArgumentError(
+        "the graph lists no outputs: nothing would need to be computed");
+  }
+
+  // Topological order: Kahn, smallest ready id first.
+  std::vector<int32_t> pending(n);
+  std::priority_queue<NodeId, std::vector<NodeId>, std::greater<>> ready;
+  for (NodeId v = 0; v < n; ++v) {
+    pending[v] = static_cast<int32_t>(unique[v].size());
+    if (pending[v] == 0) ready.push(v);
+  }
+  g.topo_order_.reserve(n);
+  while (!ready.empty()) {
+    NodeId v = ready.top();
+    ready.pop();
+    g.topo_order_.push_back(v);
+    for (NodeId r : g.readers(v)) {
+      if (--pending[r] == 0) ready.push(r);
+    }
+  }
+  if (static_cast<int>(g.topo_order_.size()) != n) {
+    std::vector<bool> leftover(n, true);
+    for (NodeId v : g.topo_order_) leftover[v] = false;
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the graph has a cycle: ", DescribeCycle(g.ids_, unique, leftover)));
+  }
+
+  // Outputs and their ancestors.
+  g.needed_.assign(n, false);
+  for (auto it = g.topo_order_.rbegin(); it != g.topo_order_.rend(); ++it) {
+    NodeId v = *it;
+    if (!g.needed_[v] && !g.is_output_[v]) continue;
+    g.needed_[v] = true;
+    for (NodeId u : g.unique_inputs(v)) g.needed_[u] = true;
+  }
+  return g;
+}
+
+NodeSpec SpecOf(const Graph& graph, NodeId v) {
+  NodeSpec s;
+  s.id = graph.id(v);
+  s.op = graph.op(v);
+  s.bytes = graph.bytes(v);
+  s.cost = graph.cost(v);
+  for (NodeId u : graph.inputs(v)) s.inputs.push_back(graph.id(u));
+  s.workspace = graph.workspace(v);
+  s.persistent = graph.persistent(v);
+  s.shape = graph.shape(v);
+  s.dtype = graph.dtype(v);
+  s.attrs = graph.attrs(v);
+  s.role = graph.role(v);
+  return s;
+}
+
+}  // namespace pebble

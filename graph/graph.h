@@ -1,0 +1,186 @@
+// The graph IR: an immutable DAG of tensors.
+//
+// Every node is one tensor, produced once per computation by its operator
+// from the tensors listed as its inputs (SPEC section 1). Nodes have dense
+// integer ids (NodeId, in the order they were added) and live in column
+// arrays; inputs and readers are compressed rows. A Graph is only made by
+// GraphBuilder::Build(), which validates everything SPEC section 1 names, so
+// code that holds a Graph may rely on: ids unique and non-empty, sizes and
+// costs in range, every input and output known, no cycle.
+#ifndef PEBBLE_GRAPH_GRAPH_H_
+#define PEBBLE_GRAPH_GRAPH_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include "absl/strings/string_view.h"
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "nlohmann/json.hpp"
+
+namespace pebble {
+
+using NodeId = int32_t;
+inline constexpr NodeId kNoNode = -1;
+
+// Element types of tensors. Sizes in bytes: DTypeSize().
+enum class DType : uint8_t { kFloat32, kFloat16, kBFloat16, kInt64, kUInt8 };
+
+// Canonical names "fp32", "fp16", "bf16", "i64", "u8". ParseDType also takes
+// PyTorch's spellings ("float32", "half", "bfloat16", "int64", "uint8", ...).
+absl::string_view DTypeName(DType dtype);
+absl::StatusOr<DType> ParseDType(absl::string_view name);
+int64_t DTypeSize(DType dtype);
+
+// What a node is in a training step. Only presentation (describe, DOT) and
+// autodiff look at it; the scheduler sees bytes, costs and edges alone.
+enum class Role : uint8_t {
+  kInput,      // persistent data batch (input, target)
+  kParameter,  // persistent trainable weight
+  kBuffer,     // persistent non-trainable state (batch-norm running stats)
+  kForward,    // activation of the forward pass (the loss included)
+  kBackward,   // gradient node produced by autodiff
+};
+absl::string_view RoleName(Role role);
+absl::StatusOr<Role> ParseRole(absl::string_view name);
+
+using Shape = std::vector<int64_t>;
+int64_t NumElements(const Shape& shape);  // 1 for a scalar shape []
+std::string ShapeToString(const Shape& shape);  // "(2,1,26,150,320)"
+
+// Everything GraphBuilder takes about one node; fields as in SPEC section 1.
+struct NodeSpec {
+  std::string id;
+  std::string op = "generic";
+  std::optional<int64_t> bytes;      // required; nullopt is "missing bytes"
+  double cost = 1.0;                 // non-negative, finite; one unit per graph
+  std::vector<std::string> inputs;   // may repeat; a repeat counts once for residency
+  int64_t workspace = 0;             // bytes needed only while computing
+  bool persistent = false;
+  std::optional<Shape> shape;        // needed only to execute
+  std::optional<DType> dtype;        // needed only to execute
+  nlohmann::json attrs = nullptr;    // null or an object
+  std::optional<Role> role;          // default: kInput if persistent, else kForward
+};
+
+class Graph {
+ public:
+  Graph() = default;  // the empty graph
+
+  const std::string& name() const { return name_; }
+  int num_nodes() const { return static_cast<int>(ids_.size()); }
+
+  // The node called `id`, or kNoNode.
+  NodeId Find(absl::string_view id) const;
+
+  const std::string& id(NodeId v) const { return ids_[v]; }
+  const std::string& op(NodeId v) const { return ops_[v]; }
+  int64_t bytes(NodeId v) const { return bytes_[v]; }
+  double cost(NodeId v) const { return costs_[v]; }
+  int64_t workspace(NodeId v) const { return workspaces_[v]; }
+  bool persistent(NodeId v) const { return persistent_[v] != 0; }
+  Role role(NodeId v) const { return roles_[v]; }
+  const std::optional<Shape>& shape(NodeId v) const { return shapes_[v]; }
+  std::optional<DType> dtype(NodeId v) const { return dtypes_[v]; }
+  const nlohmann::json& attrs(NodeId v) const { return attrs_[v]; }
+
+  // Inputs as written (operand order, repeats kept): what a kernel reads.
+  absl::Span<const NodeId> inputs(NodeId v) const {
+    return Row(input_offsets_, inputs_, v);
+  }
+  // Distinct inputs in first-occurrence order: what must be resident.
+  absl::Span<const NodeId> unique_inputs(NodeId v) const {
+    return Row(unique_input_offsets_, unique_inputs_, v);
+  }
+  // Distinct nodes that read v, ascending.
+  absl::Span<const NodeId> readers(NodeId v) const {
+    return Row(reader_offsets_, readers_, v);
+  }
+
+  // Nodes that must be resident at the end, in the order given.
+  absl::Span<const NodeId> outputs() const { return outputs_; }
+  bool is_output(NodeId v) const { return is_output_[v] != 0; }
+
+  // A topological order of all nodes: Kahn's algorithm taking the smallest
+  // ready id first, so a graph whose nodes were added in a valid order keeps
+  // that order. This is "the graph's own order" of the baseline policy.
+  absl::Span<const NodeId> topological_order() const { return topo_order_; }
+
+  // needed()[v]: v is an output or an ancestor of one (SPEC's base_cost set
+  // includes the non-persistent ones).
+  const std::vector<bool>& needed() const { return needed_; }
+
+  // Sum of bytes over persistent nodes: resident for the whole schedule.
+  int64_t persistent_bytes() const { return persistent_bytes_; }
+
+  // A short human-readable summary (counts, bytes), for logs and tests.
+  std::string ToString() const;
+
+ private:
+  friend class GraphBuilder;
+  static absl::Span<const NodeId> Row(const std::vector<int32_t>& offsets,
+                                      const std::vector<NodeId>& values,
+                                      NodeId v) {
+    return absl::MakeConstSpan(values.data() + offsets[v],
+                               offsets[v + 1] - offsets[v]);
+  }
+
+  std::string name_;
+  std::vector<std::string> ids_;
+  std::vector<std::string> ops_;
+  std::vector<int64_t> bytes_;
+  std::vector<double> costs_;
+  std::vector<int64_t> workspaces_;
+  std::vector<uint8_t> persistent_;
+  std::vector<Role> roles_;
+  std::vector<std::optional<Shape>> shapes_;
+  std::vector<std::optional<DType>> dtypes_;
+  std::vector<nlohmann::json> attrs_;
+  std::vector<int32_t> input_offsets_{0};
+  std::vector<NodeId> inputs_;
+  std::vector<int32_t> unique_input_offsets_{0};
+  std::vector<NodeId> unique_inputs_;
+  std::vector<int32_t> reader_offsets_{0};
+  std::vector<NodeId> readers_;
+  std::vector<NodeId> outputs_;
+  std::vector<uint8_t> is_output_;
+  std::vector<NodeId> topo_order_;
+  std::vector<bool> needed_;
+  int64_t persistent_bytes_ = 0;
+  absl::flat_hash_map<std::string, NodeId> index_;  // lookups only, never iterated
+};
+
+// Collects nodes and outputs, then validates and freezes them into a Graph.
+// Nodes may be added in any order and name inputs added later. Build()
+// reports the first problem found, naming the node (SPEC section 1).
+class GraphBuilder {
+ public:
+  explicit GraphBuilder(std::string name = "") : name_(std::move(name)) {}
+
+  void set_name(std::string name) { name_ = std::move(name); }
+  void AddNode(NodeSpec spec) { specs_.push_back(std::move(spec)); }
+  void AddOutput(std::string id) { output_ids_.push_back(std::move(id)); }
+  int num_nodes() const { return static_cast<int>(specs_.size()); }
+
+  // Validates and freezes. Errors (InvalidArgument): empty or duplicate id,
+  // missing or negative bytes, negative or non-finite cost, negative
+  // workspace, a persistent node with inputs, attrs that are not an object,
+  // an unknown input or output id, no outputs, a cycle (the message lists it).
+  // A repeated output id counts once.
+  absl::StatusOr<Graph> Build() const;
+
+ private:
+  std::string name_;
+  std::vector<NodeSpec> specs_;
+  std::vector<std::string> output_ids_;
+};
+
+// The spec of node v of `graph`, as GraphBuilder would take it back.
+NodeSpec SpecOf(const Graph& graph, NodeId v);
+
+}  // namespace pebble
+
+#endif  // PEBBLE_GRAPH_GRAPH_H_

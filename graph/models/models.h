@@ -1,0 +1,51 @@
+// The model zoo: built-in networks and pebbling graphs, named with
+// parameters as in SPEC section 5 ("conv3d:n=128,batch=2").
+#ifndef PEBBLE_GRAPH_MODELS_MODELS_H_
+#define PEBBLE_GRAPH_MODELS_MODELS_H_
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "graph/graph.h"
+#include "graph/net_builder.h"
+
+namespace pebble {
+
+// One parameter of a model: name, default value (as text), meaning.
+struct ModelParam {
+  std::string name;
+  std::string default_value;
+  std::string help;
+};
+
+struct ModelInfo {
+  std::string name;         // "conv3d"
+  std::string description;  // one line
+  std::vector<ModelParam> params;
+  bool training_graph = true;  // false: an abstract pebbling graph
+};
+
+// Every built-in model, in a stable order.
+const std::vector<ModelInfo>& ListModels();
+
+// Parsed model name: "unet3d:batch=2,variant=small" -> {"unet3d", {...}}.
+struct ModelSpec {
+  std::string name;
+  std::map<std::string, std::string> params;  // only the ones given
+  std::string ToString() const;               // canonical, sorted params
+};
+absl::StatusOr<ModelSpec> ParseModelSpec(std::string_view text);
+
+// Builds the model's graph: the training graph (forward + autodiff) for
+// networks, the graph itself for pebbling graphs. Unknown model or
+// parameter, or a bad value, is InvalidArgument naming it.
+absl::StatusOr<Graph> BuildModel(const ModelSpec& spec, CostModel cost = {});
+absl::StatusOr<Graph> BuildModel(std::string_view text, CostModel cost = {});
+
+}  // namespace pebble
+
+#endif  // PEBBLE_GRAPH_MODELS_MODELS_H_

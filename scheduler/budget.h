@@ -1,0 +1,44 @@
+// Sizes and budgets as the command line takes them (SPEC section 5).
+#ifndef PEBBLE_SCHEDULER_BUDGET_H_
+#define PEBBLE_SCHEDULER_BUDGET_H_
+
+#include <cstdint>
+#include <string>
+#include "absl/strings/string_view.h"
+
+#include "absl/status/statusor.h"
+#include "graph/graph.h"
+
+namespace pebble {
+
+// "1000000", "1.5e9", "512MiB", "8GiB", "64KB", "2 GB" -> bytes. Binary units
+// KiB MiB GiB TiB are powers of 1024, decimal ones kB/KB MB GB TB of 1000;
+// "B" is bytes. Rounded down to whole bytes. Negative or non-finite:
+// InvalidArgument.
+absl::StatusOr<int64_t> ParseSize(absl::string_view text);
+
+// Bytes as "1.50 GiB" (binary units, 3 significant digits), for tables.
+std::string FormatBytes(int64_t bytes);
+
+// The planner's marker for "as low as the policy can go" (--budget min).
+inline constexpr int64_t kMinBudgetBytes = -1;
+
+// A --budget argument: bytes, a percentage of the baseline peak, or "min".
+struct BudgetSpec {
+  enum class Kind { kBytes, kPercent, kMin } kind = Kind::kBytes;
+  int64_t bytes = 0;     // kBytes
+  double percent = 100;  // kPercent
+};
+absl::StatusOr<BudgetSpec> ParseBudget(absl::string_view text);
+
+// Bytes for the planner: kPercent of `baseline_peak` (rounded down), kMin as
+// kMinBudgetBytes.
+int64_t ResolveBudget(const BudgetSpec& spec, int64_t baseline_peak);
+
+// The peak of the baseline policy (the graph's own order, freed at last
+// use): the reference of percentage budgets.
+absl::StatusOr<int64_t> BaselinePeak(const Graph& graph);
+
+}  // namespace pebble
+
+#endif  // PEBBLE_SCHEDULER_BUDGET_H_

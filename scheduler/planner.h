@@ -1,0 +1,95 @@
+// The Planner interface and the name -> factory registry that the CLI,
+// tests and benchmarks share.
+#ifndef PEBBLE_SCHEDULER_PLANNER_H_
+#define PEBBLE_SCHEDULER_PLANNER_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include "absl/strings/string_view.h"
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "graph/graph.h"
+#include "nlohmann/json.hpp"
+#include "scheduler/budget.h"
+#include "scheduler/schedule.h"
+#include "scheduler/simulator.h"
+
+namespace pebble {
+
+// What kind of plan a policy makes (SPEC section 2 terms).
+enum class PlanKind : uint8_t { kOneShot, kMultiShot, kOffload };
+absl::string_view PlanKindName(PlanKind kind);  // "one-shot", "multi-shot", "offload"
+
+struct PlannerOptions {
+  // Device memory budget in bytes; kMinBudget asks for the lowest peak the
+  // policy can reach.
+  static constexpr int64_t kMinBudget = kMinBudgetBytes;
+  int64_t budget_bytes = INT64_MAX;
+  std::optional<int64_t> host_budget_bytes;  // none: unlimited
+  double host_bandwidth_bytes_per_s = kDefaultHostBandwidthBytesPerS;
+  double time_limit_s = 60;  // for exact and MILP policies
+  uint64_t seed = 0;         // for randomised policies
+};
+
+struct PlanResult {
+  Schedule schedule;
+  PlanReport report;      // the simulator's figures for `schedule`
+  bool feasible = false;  // report.peak_bytes <= budget (and host budget)
+  std::string message;    // why infeasible, or notes ("optimal", ...)
+  nlohmann::json details = nlohmann::json::object();  // policy-specific
+};
+
+class Planner {
+ public:
+  virtual ~Planner() = default;
+  // Plans `graph` under `options`. Errors are for inputs the policy cannot
+  // take (a non-chain for a chain policy, a graph past a size limit); a
+  // budget it cannot meet is a PlanResult with feasible = false and the best
+  // schedule it found.
+  virtual absl::StatusOr<PlanResult> Plan(const Graph& graph,
+                                          const PlannerOptions& options) const = 0;
+};
+
+struct PolicyInfo {
+  std::string name;
+  std::string description;  // one line: what it does
+  PlanKind kind = PlanKind::kOneShot;
+  bool exact = false;       // provably optimal within its model
+  std::function<std::unique_ptr<Planner>()> factory;
+};
+
+class PlannerRegistry {
+ public:
+  static PlannerRegistry& Global();
+  // Aborts on a duplicate name (a programming error).
+  void Register(PolicyInfo info);
+  const PolicyInfo* Find(absl::string_view name) const;
+  // Sorted by name.
+  std::vector<const PolicyInfo*> List() const;
+
+ private:
+  std::vector<PolicyInfo> policies_;
+};
+
+// Looks up and instantiates a policy; NotFound lists the known names.
+absl::StatusOr<std::unique_ptr<Planner>> MakePlanner(absl::string_view name);
+
+// Simulates `schedule`, fills a PlanResult and decides feasibility against
+// the budgets of `options` (kMinBudget is always feasible).
+absl::StatusOr<PlanResult> FinishPlan(const Graph& graph, Schedule schedule,
+                                      const PlannerOptions& options);
+
+// Built-in policies register here, explicitly (no static initialisers, so
+// nothing depends on link order): each policy's .cc defines
+// Register<Name>Planner(PlannerRegistry&), declared in scheduler/policies.h
+// and called from RegisterBuiltinPlanners() (policies.cc), which
+// PlannerRegistry::Global() runs once.
+void RegisterBuiltinPlanners(PlannerRegistry& registry);
+
+}  // namespace pebble
+
+#endif  // PEBBLE_SCHEDULER_PLANNER_H_

@@ -1,0 +1,9 @@
+#include "scheduler/policies.h"
+
+namespace pebble {
+
+void RegisterBuiltinPlanners(PlannerRegistry& registry) {
+  RegisterBaselinePlanner(registry);
+}
+
+}  // namespace pebble

@@ -1,0 +1,181 @@
+#include "scheduler/schedule.h"
+
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "graph/status.h"
+
+namespace pebble {
+
+absl::string_view ActionName(Action action) {
+  switch (action) {
+    case Action::kCompute: return "compute";
+    case Action::kFree: return "free";
+    case Action::kOffload: return "offload";
+    case Action::kPrefetch: return "prefetch";
+  }
+  return "?";
+}
+
+absl::StatusOr<Action> ParseAction(absl::string_view name) {
+  for (Action a :
+       {Action::kCompute, Action::kFree, Action::kOffload, Action::kPrefetch}) {
+    if (ActionName(a) == name) return a;
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown action '", name,
+                   "' (expected compute, free, offload or prefetch)"));
+}
+
+nlohmann::json ScheduleToJson(const Graph& graph, const Schedule& schedule) {
+  nlohmann::json steps = nlohmann::json::array();
+  for (const Step& step : schedule.steps) {
+    steps.push_back({{"action", std::string(ActionName(step.action))},
+                     {"node", graph.id(step.node)}});
+  }
+  return {{"format", "pebble-schedule"}, {"version", 1}, {"steps", steps}};
+}
+
+absl::StatusOr<Schedule> ScheduleFromJson(const Graph& graph,
+                                          const nlohmann::json& doc) {
+  if (!doc.is_object()) {
+    return absl::InvalidArgumentError("schedule: the document is not an object");
+  }
+  auto format = doc.find("format");
+  if (format == doc.end() || !format->is_string() ||
+      format->get<std::string>() != "pebble-schedule") {
+    return absl::InvalidArgumentError(
+        "schedule: 'format' must be \"pebble-schedule\"");
+  }
+  auto version = doc.find("version");
+  if (version == doc.end() || !version->is_number_integer() ||
+      version->get<int64_t>() != 1) {
+    return absl::InvalidArgumentError("schedule: 'version' must be 1");
+  }
+  auto steps = doc.find("steps");
+  if (steps == doc.end() || !steps->is_array()) {
+    return absl::InvalidArgumentError("schedule: 'steps' must be an array");
+  }
+  Schedule schedule;
+  schedule.steps.reserve(steps->size());
+  for (size_t i = 0; i < steps->size(); ++i) {
+    const nlohmann::json& s = (*steps)[i];
+    if (!s.is_object()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("schedule step ", i, ": not an object"));
+    }
+    auto action = s.find("action");
+    auto node = s.find("node");
+    if (action == s.end() || !action->is_string()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("schedule step ", i, ": 'action' must be a string"));
+    }
+    if (node == s.end() || !node->is_string()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("schedule step ", i, ": 'node' must be a string"));
+    }
+    auto parsed = ParseAction(action->get<std::string>());
+    if (!parsed.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "schedule step ", i, ": ", parsed.status().message()));
+    }
+    const std::string id = node->get<std::string>();
+    NodeId v = graph.Find(id);
+    if (v == kNoNode) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "schedule step ", i, ": unknown node '", id, "'"));
+    }
+    schedule.steps.push_back({*parsed, v});
+  }
+  return schedule;
+}
+
+absl::StatusOr<Schedule> ReadScheduleFile(const Graph& graph,
+                                          const std::string& path) {
+  std::ifstream in(path);
+  if (!in) {
+    return absl::NotFoundError(absl::StrCat("cannot open schedule file '",
+                                            path, "'"));
+  }
+  nlohmann::json doc = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  if (doc.is_discarded()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("schedule file '", path, "' is not valid JSON"));
+  }
+  auto schedule = ScheduleFromJson(graph, doc);
+  if (!schedule.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": ", schedule.status().message()));
+  }
+  return schedule;
+}
+
+std::vector<NodeId> DefaultOrder(const Graph& graph) {
+  std::vector<NodeId> order;
+  for (NodeId v : graph.topological_order()) {
+    if (graph.needed()[v] && !graph.persistent(v)) order.push_back(v);
+  }
+  return order;
+}
+
+absl::StatusOr<Schedule> FreeAtLastUse(const Graph& graph,
+                                       const std::vector<NodeId>& order) {
+  const int n = graph.num_nodes();
+  std::vector<int> position(n, -1);
+  for (int i = 0; i < static_cast<int>(order.size()); ++i) {
+    NodeId v = order[i];
+    if (v < 0 || v >= n) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("order position ", i, ": node id ", v, " out of range"));
+    }
+    if (graph.persistent(v)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "order: node '", graph.id(v), "' is persistent and never computed"));
+    }
+    if (!graph.needed()[v]) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "order: node '", graph.id(v), "' is not an output nor an ancestor of one"));
+    }
+    if (position[v] >= 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("order: node '", graph.id(v), "' appears twice"));
+    }
+    for (NodeId u : graph.unique_inputs(v)) {
+      if (!graph.persistent(u) && position[u] < 0) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("order: node '", graph.id(v), "' comes before its input '",
+                         graph.id(u), "'"));
+      }
+    }
+    position[v] = i;
+  }
+  for (NodeId v = 0; v < n; ++v) {
+    if (graph.needed()[v] && !graph.persistent(v) && position[v] < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("order: node '", graph.id(v), "' is missing"));
+    }
+  }
+  // last_reader[u]: position of the last node in `order` that reads u.
+  std::vector<int> last_reader(n, -1);
+  for (int i = 0; i < static_cast<int>(order.size()); ++i) {
+    for (NodeId u : graph.unique_inputs(order[i])) last_reader[u] = i;
+  }
+  Schedule schedule;
+  schedule.steps.reserve(2 * order.size());
+  for (int i = 0; i < static_cast<int>(order.size()); ++i) {
+    NodeId v = order[i];
+    schedule.steps.push_back({Action::kCompute, v});
+    for (NodeId u : graph.unique_inputs(v)) {
+      if (!graph.persistent(u) && !graph.is_output(u) && last_reader[u] == i) {
+        schedule.steps.push_back({Action::kFree, u});
+      }
+    }
+    if (last_reader[v] < 0 && !graph.is_output(v)) {
+      schedule.steps.push_back({Action::kFree, v});
+    }
+  }
+  return schedule;
+}
+
+}  // namespace pebble

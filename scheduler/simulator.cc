@@ -1,0 +1,232 @@
+#include "scheduler/simulator.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "graph/status.h"
+
+namespace pebble {
+
+double BaseCost(const Graph& graph) {
+  double base = 0;
+  for (NodeId v = 0; v < graph.num_nodes(); ++v) {
+    if (graph.needed()[v] && !graph.persistent(v)) base += graph.cost(v);
+  }
+  return base;
+}
+
+namespace {
+
+absl::Status StepError(const Graph& graph, size_t k, const Step& step,
+                       absl::string_view rule) {
+  return absl::InvalidArgumentError(
+      absl::StrCat("invalid schedule at step ", k, " (", ActionName(step.action),
+                   " '", graph.id(step.node), "'): ", rule));
+}
+
+}  // namespace
+
+absl::StatusOr<PlanReport> Simulate(const Graph& graph,
+                                    const Schedule& schedule,
+                                    const SimulatorOptions& options) {
+  if (!(options.host_bandwidth_bytes_per_s > 0)) {
+    return absl::InvalidArgumentError("host bandwidth must be positive");
+  }
+  const int n = graph.num_nodes();
+  const double bandwidth = options.host_bandwidth_bytes_per_s;
+  PlanReport report;
+  report.base_cost = BaseCost(graph);
+  report.num_steps = static_cast<int64_t>(schedule.steps.size());
+
+  std::vector<uint8_t> on_device(n, 0);
+  std::vector<uint8_t> on_host(n, 0);
+  std::vector<uint8_t> computed(n, 0);
+  // Time model state (SPEC section 4).
+  std::vector<double> ready(n, 0.0);     // when the resident copy is valid
+  std::vector<double> last_use(n, 0.0);  // latest end of a compute that read
+                                         // or produced the node, or of its
+                                         // offload
+  double compute_free_at = 0;  // end of the previous compute
+  double copy_free_at = 0;     // end of the previous copy
+  double frees_done_at = 0;    // R_k: latest end of earlier frees
+
+  int64_t device = 0;
+  for (NodeId v = 0; v < n; ++v) {
+    if (graph.persistent(v)) {
+      on_device[v] = 1;
+      device += graph.bytes(v);
+    }
+  }
+  int64_t host = 0;
+  int64_t distinct_computed = 0;
+  int64_t computes = 0;
+  report.initial_bytes = device;
+  report.peak_bytes = device;
+  report.peak_step = -1;
+  report.timeline.reserve(schedule.steps.size());
+
+  for (size_t k = 0; k < schedule.steps.size(); ++k) {
+    const Step& step = schedule.steps[k];
+    const NodeId v = step.node;
+    if (v < 0 || v >= n) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("invalid schedule at step ", k, ": node id ", v,
+                       " out of range"));
+    }
+    StepRecord rec;
+    switch (step.action) {
+      case Action::kCompute: {
+        if (graph.persistent(v)) {
+          return StepError(graph, k, step, "the node is persistent");
+        }
+        if (on_device[v]) {
+          return StepError(graph, k, step, "the node is already resident");
+        }
+        double start = std::max(compute_free_at, frees_done_at);
+        for (NodeId u : graph.unique_inputs(v)) {
+          if (!on_device[u]) {
+            return StepError(graph, k, step,
+                             absl::StrCat("input '", graph.id(u),
+                                          "' is not resident"));
+          }
+          start = std::max(start, ready[u]);
+        }
+        on_device[v] = 1;
+        device += graph.bytes(v);
+        rec.peak_bytes = device + graph.workspace(v);
+        rec.start = start;
+        rec.end = start + graph.cost(v);
+        compute_free_at = rec.end;
+        ready[v] = rec.end;
+        last_use[v] = std::max(last_use[v], rec.end);
+        for (NodeId u : graph.unique_inputs(v)) {
+          last_use[u] = std::max(last_use[u], rec.end);
+        }
+        report.compute_cost += graph.cost(v);
+        report.compute_busy += graph.cost(v);
+        ++computes;
+        if (!computed[v]) {
+          computed[v] = 1;
+          ++distinct_computed;
+        }
+        break;
+      }
+      case Action::kFree: {
+        if (graph.persistent(v)) {
+          return StepError(graph, k, step, "the node is persistent");
+        }
+        if (!on_device[v]) {
+          return StepError(graph, k, step, "the node is not resident");
+        }
+        on_device[v] = 0;
+        device -= graph.bytes(v);
+        rec.peak_bytes = device;
+        rec.start = rec.end = last_use[v];
+        frees_done_at = std::max(frees_done_at, rec.end);
+        break;
+      }
+      case Action::kOffload: {
+        if (graph.persistent(v)) {
+          return StepError(graph, k, step, "the node is persistent");
+        }
+        if (!on_device[v]) {
+          return StepError(graph, k, step, "the node is not resident");
+        }
+        if (!on_host[v]) {
+          on_host[v] = 1;
+          host += graph.bytes(v);
+        }
+        report.transfer_bytes += graph.bytes(v);
+        rec.peak_bytes = device;
+        rec.start = std::max(copy_free_at, ready[v]);
+        rec.end = rec.start + static_cast<double>(graph.bytes(v)) / bandwidth;
+        copy_free_at = rec.end;
+        last_use[v] = std::max(last_use[v], rec.end);
+        report.copy_busy += rec.end - rec.start;
+        break;
+      }
+      case Action::kPrefetch: {
+        if (!on_host[v]) {
+          return StepError(graph, k, step, "the node has no host copy");
+        }
+        if (on_device[v]) {
+          return StepError(graph, k, step, "the node is already resident");
+        }
+        on_device[v] = 1;
+        device += graph.bytes(v);
+        report.transfer_bytes += graph.bytes(v);
+        rec.peak_bytes = device;
+        rec.start = std::max(copy_free_at, frees_done_at);
+        rec.end = rec.start + static_cast<double>(graph.bytes(v)) / bandwidth;
+        copy_free_at = rec.end;
+        ready[v] = rec.end;
+        report.copy_busy += rec.end - rec.start;
+        break;
+      }
+    }
+    rec.device_bytes = device;
+    rec.host_bytes = host;
+    if (rec.peak_bytes > report.peak_bytes) {
+      report.peak_bytes = rec.peak_bytes;
+      report.peak_step = static_cast<int>(k);
+    }
+    report.host_peak_bytes = std::max(report.host_peak_bytes, host);
+    report.makespan = std::max(report.makespan, rec.end);
+    report.timeline.push_back(rec);
+  }
+
+  for (NodeId out : graph.outputs()) {
+    if (!on_device[out]) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "invalid schedule: output '", graph.id(out),
+          "' is not resident at the end"));
+    }
+  }
+  report.recomputations = computes - distinct_computed;
+  report.one_shot = report.recomputations == 0;
+  report.overhead =
+      report.base_cost > 0 ? report.compute_cost / report.base_cost - 1 : 0;
+  report.exposed_transfer_time =
+      std::max(0.0, report.makespan - report.compute_busy);
+  return report;
+}
+
+nlohmann::json ReportToJson(const PlanReport& report, const Graph& graph,
+                            const Schedule& schedule, bool with_timeline) {
+  nlohmann::json j = {
+      {"peak_bytes", report.peak_bytes},
+      {"compute_cost", report.compute_cost},
+      {"base_cost", report.base_cost},
+      {"overhead", report.overhead},
+      {"recomputations", report.recomputations},
+      {"transfer_bytes", report.transfer_bytes},
+      {"host_peak_bytes", report.host_peak_bytes},
+      {"makespan", report.makespan},
+      {"peak_step", report.peak_step},
+      {"initial_bytes", report.initial_bytes},
+      {"one_shot", report.one_shot},
+      {"num_steps", report.num_steps},
+      {"compute_busy", report.compute_busy},
+      {"copy_busy", report.copy_busy},
+      {"exposed_transfer_time", report.exposed_transfer_time},
+  };
+  if (with_timeline) {
+    PEBBLE_CHECK(schedule.steps.size() == report.timeline.size(),
+                 "timeline and schedule differ in length");
+    nlohmann::json timeline = nlohmann::json::array();
+    for (size_t k = 0; k < schedule.steps.size(); ++k) {
+      const StepRecord& r = report.timeline[k];
+      timeline.push_back({{"action", std::string(ActionName(schedule.steps[k].action))},
+                          {"node", graph.id(schedule.steps[k].node)},
+                          {"device_bytes", r.device_bytes},
+                          {"peak_bytes", r.peak_bytes},
+                          {"host_bytes", r.host_bytes},
+                          {"start", r.start},
+                          {"end", r.end}});
+    }
+    j["timeline"] = std::move(timeline);
+  }
+  return j;
+}
+
+}  // namespace pebble

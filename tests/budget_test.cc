@@ -1,0 +1,73 @@
+#include "scheduler/budget.h"
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/test_util.h"
+
+namespace pebble {
+namespace {
+
+TEST(ParseSizeTest, AcceptsBytesAndUnits) {
+  EXPECT_EQ(*ParseSize("1000000"), 1000000);
+  EXPECT_EQ(*ParseSize("1.5e9"), 1500000000);
+  EXPECT_EQ(*ParseSize("512MiB"), 512LL << 20);
+  EXPECT_EQ(*ParseSize("8GiB"), 8LL << 30);
+  EXPECT_EQ(*ParseSize("8 gib"), 8LL << 30);
+  EXPECT_EQ(*ParseSize("2GB"), 2000000000);
+  EXPECT_EQ(*ParseSize("64kB"), 64000);
+  EXPECT_EQ(*ParseSize("1.5KiB"), 1536);
+  EXPECT_EQ(*ParseSize("10B"), 10);
+  EXPECT_EQ(*ParseSize("0"), 0);
+  EXPECT_EQ(*ParseSize("2.7"), 2);  // rounded down to whole bytes
+}
+
+TEST(ParseSizeTest, RejectsGarbage) {
+  for (const char* bad : {"", "abc", "-5", "5XB", "1.5e", "GiB", "1e30", "inf", "nan"}) {
+    auto r = ParseSize(bad);
+    EXPECT_FALSE(r.ok()) << bad;
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << bad;
+  }
+}
+
+TEST(BudgetTest, ParsesTheThreeForms) {
+  auto min = ParseBudget("min");
+  ASSERT_TRUE(min.ok());
+  EXPECT_EQ(min->kind, BudgetSpec::Kind::kMin);
+  EXPECT_EQ(ResolveBudget(*min, 1000), kMinBudgetBytes);
+
+  auto percent = ParseBudget("60%");
+  ASSERT_TRUE(percent.ok());
+  EXPECT_EQ(percent->kind, BudgetSpec::Kind::kPercent);
+  EXPECT_EQ(ResolveBudget(*percent, 1000), 600);
+  EXPECT_EQ(ResolveBudget(*ParseBudget("33.3%"), 1000), 333);
+
+  auto bytes = ParseBudget("2GiB");
+  ASSERT_TRUE(bytes.ok());
+  EXPECT_EQ(ResolveBudget(*bytes, 1), 2LL << 30);
+
+  for (const char* bad : {"0%", "-10%", "x%", "lots", ""}) {
+    EXPECT_FALSE(ParseBudget(bad).ok()) << bad;
+  }
+  EXPECT_THAT(std::string(ParseBudget("lots").status().message()),
+              ::testing::HasSubstr("'min'"));
+}
+
+TEST(BudgetTest, FormatBytes) {
+  EXPECT_EQ(FormatBytes(0), "0 B");
+  EXPECT_EQ(FormatBytes(1023), "1023 B");
+  EXPECT_EQ(FormatBytes(1024), "1.00 KiB");
+  EXPECT_EQ(FormatBytes(1536), "1.50 KiB");
+  EXPECT_EQ(FormatBytes(8LL << 30), "8.00 GiB");
+  EXPECT_EQ(FormatBytes(150LL << 20), "150 MiB");
+}
+
+TEST(BudgetTest, BaselinePeakOfAChain) {
+  // a (100) -> b (100) -> c (50): peak 200 while b is computed.
+  Graph g = testing::MakeGraph({testing::Node("a", 100), testing::Node("b", 100, {"a"}),
+                                testing::Node("c", 50, {"b"})},
+                               {"c"});
+  EXPECT_EQ(*BaselinePeak(g), 200);
+}
+
+}  // namespace
+}  // namespace pebble
