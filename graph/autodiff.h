@@ -1,5 +1,15 @@
 // Reverse-mode automatic differentiation on graphs: forward graph in,
 // training graph out (SPEC section 3).
+//
+// Note [Gradient names]. The final gradient of forward tensor t is the node
+// "grad:t" whenever it is a node of its own. With several contributions c1,
+// c2, ... (t read by several nodes) they are summed by `add` nodes as they
+// arrive, in the order the backward pass produces them: the contributions
+// are "grad:t#1", "grad:t#2", ..., the partial sums "grad:t#sum2", ...,
+// and the last sum is "grad:t". A gradient that is only an alias of another
+// node (the backward of `add` passes the incoming gradient through) gets no
+// node of its own, except for parameters: "grad:p" always exists, as a
+// `copy` if need be, because it is an output of the training graph.
 #ifndef PEBBLE_GRAPH_AUTODIFF_H_
 #define PEBBLE_GRAPH_AUTODIFF_H_
 
@@ -7,6 +17,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "graph/graph.h"
 #include "graph/net_builder.h"
 
@@ -18,30 +29,63 @@ namespace pebble {
 // its gradient "grad:p", in parameter order. Parameters, buffers and the
 // data batch are persistent. Several gradient contributions to one tensor
 // are summed by "add" nodes as they arrive.
+//
+// Node order: the forward nodes in their order, then the backward nodes in
+// the order a framework runs them: forward nodes are visited in reverse
+// topological order, and each one's gradient nodes are emitted when it is
+// visited; a parameter's gradient is completed (named, copied if an alias)
+// right after its last reader is visited. Only gradients of tensors that
+// lead to a parameter are made (no data gradient for the first
+// convolution). The seed d loss / d loss = 1 is implicit: a loss operator's
+// backward reads the loss inputs only.
+//
+// Errors (InvalidArgument, naming the node): unknown loss id, a loss that is
+// not a scalar, a node on the gradient path whose operator has no backward
+// rule or whose shapes are unknown, an id "grad:..." already taken.
 absl::StatusOr<Graph> BuildTrainingGraph(const Graph& forward,
-                                         std::string_view loss_id,
+                                         absl::string_view loss_id,
                                          CostModel cost_model = {});
 
-// Handed to OpDef::backward for one forward node.
+// Handed to OpDef::backward for one forward node: what the rule may read and
+// how it hands gradients back.
 class BackwardContext {
  public:
   // The forward node being differentiated, its inputs and output.
   NodeId node() const;
   const Graph& forward() const;
-  const nlohmann::json& attrs() const;
+  const nlohmann::json& attrs() const;  // an object, possibly empty
   Value input(int i) const;          // the i-th input as a value in the builder
   Value output() const;              // the node's own output
-  Value grad_output() const;         // gradient of the loss w.r.t. the output
+  // Gradient of the loss w.r.t. the output. For the loss node itself the
+  // seed is implicit (has_grad_output() is false): loss operators then read
+  // their inputs only; any other operator used as the loss gets a `fill`
+  // node of ones named "grad:<loss>" on first call.
+  Value grad_output() const;
+  bool has_grad_output() const;
   bool needs_grad(int i) const;      // does input i lead to a parameter?
   const TensorType& input_type(int i) const;
+  const TensorType& output_type() const;
   int num_inputs() const;
 
-  // Emits a backward node (role kBackward).
-  Value Emit(std::string_view op, std::vector<Value> inputs,
+  // Emits a backward node (role kBackward). Its id is provisional (a fresh
+  // id from the op, or `id_hint`): a node accumulated as a gradient is
+  // renamed per Note [Gradient names].
+  Value Emit(absl::string_view op, std::vector<Value> inputs,
              nlohmann::json attrs = nlohmann::json::object(),
              std::string id_hint = "");
-  // Adds a contribution to the gradient of input i.
+  // Adds a contribution to the gradient of input i (same shape and dtype as
+  // the input; ignored when `grad` is invalid after an error).
   void AccumulateGrad(int i, Value grad);
+  // Adds the gradient of part `part` of `num_parts` equal parts of input i
+  // (the q, k and v thirds of a fused projection). When the input's gradient
+  // is complete, each full set of parts becomes one `merge_op` node reading
+  // the parts in order (attrs {}); parts without a full set become
+  // `scatter_op` nodes (attrs {"chunks": num_parts, "index": part}) that
+  // place one part in a zero tensor of the input's shape. Either way the
+  // result is accumulated like AccumulateGrad.
+  void AccumulateGradPart(int i, int part, int num_parts, Value grad,
+                          absl::string_view merge_op,
+                          absl::string_view scatter_op);
 
   // Internal: constructed by BuildTrainingGraph.
   struct State;

@@ -6,6 +6,7 @@
 #include <queue>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -79,6 +80,20 @@ std::string ShapeToString(const Shape& shape) {
   return absl::StrCat("(", absl::StrJoin(shape, ","), ")");
 }
 
+std::string FormatBytes(int64_t bytes) {
+  if (bytes < 0) return absl::StrCat(bytes, " B");
+  if (bytes < 1024) return absl::StrCat(bytes, " B");
+  static constexpr const char* kNames[] = {"KiB", "MiB", "GiB", "TiB", "PiB"};
+  double value = static_cast<double>(bytes) / 1024.0;
+  int i = 0;
+  while (value >= 1024.0 && i < 4) {
+    value /= 1024.0;
+    ++i;
+  }
+  const int decimals = value >= 100 ? 0 : value >= 10 ? 1 : 2;
+  return absl::StrFormat("%.*f %s", decimals, value, kNames[i]);
+}
+
 NodeId Graph::Find(absl::string_view id) const {
   auto it = index_.find(id);
   return it == index_.end() ? kNoNode : it->second;
@@ -103,8 +118,10 @@ std::string Graph::ToString() const {
 
 namespace {
 
+// Ids are printed escaped (absl::CEscape) so that a message stays one line.
 absl::Status NodeError(const std::string& id, absl::string_view what) {
-  return absl::InvalidArgumentError(absl::StrCat("node '", id, "': ", what));
+  return absl::InvalidArgumentError(
+      absl::StrCat("node '", absl::CEscape(id), "': ", what));
 }
 
 // Finds one cycle among `candidates` (nodes left over by Kahn's algorithm,
@@ -136,9 +153,9 @@ std::string DescribeCycle(const std::vector<std::string>& ids,
   // walk[seen_at[v]..] is the cycle, traversed against the edges.
   std::vector<std::string> names;
   for (size_t i = walk.size(); i-- > static_cast<size_t>(seen_at[v]);) {
-    names.push_back(ids[walk[i]]);
+    names.push_back(absl::CEscape(ids[walk[i]]));
   }
-  names.push_back(ids[walk.back()]);
+  names.push_back(absl::CEscape(ids[walk.back()]));
   return absl::StrJoin(names, " -> ");
 }
 
@@ -149,11 +166,16 @@ absl::StatusOr<Graph> GraphBuilder::Build() const {
   g.name_ = name_;
   const int n = static_cast<int>(specs_.size());
   g.index_.reserve(n);
+  int64_t total_bytes = 0;
+  int64_t max_workspace = 0;
   for (NodeId v = 0; v < n; ++v) {
     const NodeSpec& s = specs_[v];
     if (s.id.empty()) {
       return absl::InvalidArgumentError(
           absl::StrCat("node #", v, " has an empty id"));
+    }
+    if (specs_.size() > static_cast<size_t>(INT32_MAX / 2)) {
+      return absl::InvalidArgumentError("too many nodes");
     }
     if (!g.index_.emplace(s.id, v).second) {
       return NodeError(s.id, "duplicate id");
@@ -179,9 +201,21 @@ absl::StatusOr<Graph> GraphBuilder::Build() const {
       return NodeError(s.id, "'attrs' must be an object");
     }
     if (s.shape.has_value()) {
+      int64_t elements = 1;
       for (int64_t d : *s.shape) {
         if (d < 0) return NodeError(s.id, "negative dimension in 'shape'");
+        if (__builtin_mul_overflow(elements, d, &elements)) {
+          return NodeError(s.id, "'shape' has more elements than 64 bits count");
+        }
       }
+    }
+    // Every sum of bytes the simulator forms (all nodes resident, plus one
+    // workspace) must fit in int64_t.
+    max_workspace = std::max(max_workspace, s.workspace);
+    int64_t with_workspace = 0;
+    if (__builtin_add_overflow(total_bytes, *s.bytes, &total_bytes) ||
+        __builtin_add_overflow(total_bytes, max_workspace, &with_workspace)) {
+      return NodeError(s.id, "the graph's total bytes overflow 64 bits");
     }
   }
 
@@ -208,7 +242,8 @@ absl::StatusOr<Graph> GraphBuilder::Build() const {
     for (const std::string& in : specs_[v].inputs) {
       NodeId u = g.Find(in);
       if (u == kNoNode) {
-        return NodeError(specs_[v].id, absl::StrCat("unknown input '", in, "'"));
+        return NodeError(specs_[v].id,
+                         absl::StrCat("unknown input '", absl::CEscape(in), "'"));
       }
       g.inputs_.push_back(u);
       if (std::find(unique[v].begin(), unique[v].end(), u) == unique[v].end()) {
@@ -242,7 +277,7 @@ absl::StatusOr<Graph> GraphBuilder::Build() const {
     NodeId v = g.Find(out);
     if (v == kNoNode) {
       return absl::InvalidArgumentError(
-          absl::StrCat("unknown output '", out, "'"));
+          absl::StrCat("unknown output '", absl::CEscape(out), "'"));
     }
     if (!g.is_output_[v]) {
       g.is_output_[v] = 1;

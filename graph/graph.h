@@ -51,6 +51,10 @@ using Shape = std::vector<int64_t>;
 int64_t NumElements(const Shape& shape);  // 1 for a scalar shape []
 std::string ShapeToString(const Shape& shape);  // "(2,1,26,150,320)"
 
+// Bytes for people: "512 B", "1.50 KiB", "977 MiB" (binary units, three
+// significant digits).
+std::string FormatBytes(int64_t bytes);
+
 // Everything GraphBuilder takes about one node; fields as in SPEC section 1.
 struct NodeSpec {
   std::string id;

@@ -1,29 +1,71 @@
-// Graph files (SPEC section 1) and DOT export.
+// Graph files (SPEC section 1, docs/graph-format.md) and DOT export.
 #ifndef PEBBLE_GRAPH_GRAPH_JSON_H_
 #define PEBBLE_GRAPH_GRAPH_JSON_H_
 
+#include <cstdint>
 #include <string>
-#include <string_view>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "graph/graph.h"
 #include "nlohmann/json.hpp"
 
 namespace pebble {
 
 // Parses a pebble-graph document. Every error of SPEC section 1 is an
-// InvalidArgument whose message names the node (or the field) at fault.
+// InvalidArgument whose one-line message names the node (by id, or as
+// `nodes[i]` when the id itself is bad) and the field at fault. Field types
+// are checked strictly; unknown keys are errors, except keys starting with
+// '_' (free-form annotations such as "_comment"), which are ignored.
+// Never throws.
 absl::StatusOr<Graph> GraphFromJson(const nlohmann::json& doc);
-absl::StatusOr<Graph> ParseGraphJson(std::string_view text);
+
+// Parses JSON text, then GraphFromJson. Besides its errors, InvalidArgument
+// for: invalid JSON and numbers that overflow a double (1e999: JSON cannot
+// spell infinity), with line and column ("line 3, column 7: ..."); a key
+// repeated in one object (nlohmann would keep the last silently) and nesting
+// deeper than kMaxJsonDepth. All four name the path to the value and, when
+// it was already read, the node ("(at nodes[2].cost, node 'a2')").
+absl::StatusOr<Graph> ParseGraphJson(absl::string_view text);
+
+// Reads and parses a file. Every message starts with the path; JSON syntax
+// errors read "path:line:column: ...". NotFound if the file does not exist,
+// InvalidArgument for anything else.
 absl::StatusOr<Graph> ReadGraphFile(const std::string& path);
 
-// Writes the graph so that GraphFromJson reads back an identical graph.
-// Fields at their default are left out; `role` is written (an extension of
-// SPEC section 1: input / parameter / buffer / forward / backward).
-nlohmann::json GraphToJson(const Graph& graph);
+// Deepest array/object nesting ParseGraphJson accepts (attrs included).
+inline constexpr int kMaxJsonDepth = 64;
 
-// Graphviz DOT: persistent nodes as boxes, outputs with a double border,
-// forward nodes blue, backward nodes red; node labels show id, op and bytes.
+// Largest `bytes`, `workspace` or shape dimension accepted: 2^53, so that
+// every JSON reader (JavaScript, Python floats) holds the value exactly.
+inline constexpr int64_t kMaxJsonInteger = int64_t{1} << 53;
+
+// The graph as a pebble-graph document such that GraphFromJson reads back an
+// identical graph (same node order, so the same NodeIds). Keys in the order
+// format, version, name, nodes (by NodeId), outputs; node keys in the order
+// id, op, bytes, cost, inputs, workspace, persistent, role, shape, dtype,
+// attrs. Node fields at their default are left out, except id, op and bytes;
+// `role` is written when it differs from its default (input if persistent,
+// else forward). Converts implicitly to nlohmann::json (keys then sorted).
+// Ids are not checked for UTF-8: to print a graph that did not come from a
+// file, dump with nlohmann::json::error_handler_t::replace (as
+// GraphToJsonText does), since plain dump() throws on invalid UTF-8.
+nlohmann::ordered_json GraphToJson(const Graph& graph);
+
+// GraphToJson as text in the layout of the SPEC's example: one node per
+// line, ending with a newline. What `pebble export --format json` writes.
+std::string GraphToJsonText(const Graph& graph);
+
+// Writes GraphToJsonText(graph) to `path`.
+absl::Status WriteGraphFile(const Graph& graph, const std::string& path);
+
+// Graphviz DOT (see the legend comment it starts with): data inputs as
+// green boxes, parameters as yellow boxes, buffers as grey boxes, forward
+// nodes as blue ellipses, backward nodes as red ellipses, outputs with a
+// double border. Labels show id, op, bytes (binary units, 3 significant
+// digits) and the shape when known. An input that a node reads k > 1 times
+// is one edge labelled "xk".
 std::string GraphToDot(const Graph& graph);
 
 }  // namespace pebble

@@ -8,12 +8,26 @@
 // gradient, gelu backward reads its input, a convolution's data gradient
 // reads the weight and the incoming gradient, its weight gradient reads the
 // input and the incoming gradient, and so on; docs/operators.md lists them.
+//
+// Conventions (docs/operators.md):
+//  - the output dtype is the dtype of the first floating-point input;
+//    losses and `sum` give fp32 scalars; batch-norm statistics, weights and
+//    weight gradients are fp32;
+//  - backward operators are registered too (backward = null), named
+//    "<op>_backward[_data|_weight|_bias]", with the incoming gradient as
+//    input 0 (PyTorch's order: grad_output first), then what they read;
+//    shapes they cannot infer from their inputs come as attrs
+//    (`input_shape`, `kernel`, ...), so a training graph read back from JSON
+//    re-infers every shape;
+//  - FLOPs are analytic: 2 per multiply-add of a product, a documented
+//    count per element for element-wise ops, and one per element written
+//    for ops that only move data, so that no node is free to recompute.
 #ifndef PEBBLE_GRAPH_OPS_H_
 #define PEBBLE_GRAPH_OPS_H_
 
 #include <functional>
 #include <string>
-#include <string_view>
+#include "absl/strings/string_view.h"
 #include <vector>
 
 #include "absl/status/status.h"
@@ -39,19 +53,19 @@ struct OpDef {
   // mismatch (the message names the problem; the caller adds the node).
   std::function<absl::StatusOr<TensorType>(absl::Span<const TensorType> inputs,
                                            const nlohmann::json& attrs)>
-      infer;
+      infer = nullptr;
   // Floating-point operations to compute the output once.
   std::function<double(absl::Span<const TensorType> inputs,
                        const TensorType& output, const nlohmann::json& attrs)>
-      flops;
+      flops = nullptr;
   // Emits the gradient nodes of the inputs that need one. Null for
   // operators that are not differentiated (they only appear in backward
   // graphs, or have no gradient: the data batch, masks).
-  std::function<absl::Status(BackwardContext& ctx)> backward;
+  std::function<absl::Status(BackwardContext& ctx)> backward = nullptr;
 };
 
 // The definition of `name`, or nullptr.
-const OpDef* FindOp(std::string_view name);
+const OpDef* FindOp(absl::string_view name);
 // Every registered operator name, sorted.
 std::vector<std::string> OpNames();
 

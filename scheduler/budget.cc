@@ -64,20 +64,6 @@ absl::StatusOr<int64_t> ParseSize(absl::string_view text) {
   return static_cast<int64_t>(std::floor(bytes));
 }
 
-std::string FormatBytes(int64_t bytes) {
-  if (bytes < 0) return absl::StrCat(bytes, " B");
-  if (bytes < 1024) return absl::StrCat(bytes, " B");
-  static constexpr const char* kNames[] = {"KiB", "MiB", "GiB", "TiB", "PiB"};
-  double value = static_cast<double>(bytes) / 1024.0;
-  int i = 0;
-  while (value >= 1024.0 && i < 4) {
-    value /= 1024.0;
-    ++i;
-  }
-  const int decimals = value >= 100 ? 0 : value >= 10 ? 1 : 2;
-  return absl::StrFormat("%.*f %s", decimals, value, kNames[i]);
-}
-
 absl::StatusOr<BudgetSpec> ParseBudget(absl::string_view text) {
   absl::string_view s = absl::StripAsciiWhitespace(text);
   BudgetSpec spec;

@@ -17,9 +17,6 @@ namespace pebble {
 // InvalidArgument.
 absl::StatusOr<int64_t> ParseSize(absl::string_view text);
 
-// Bytes as "1.50 GiB" (binary units, 3 significant digits), for tables.
-std::string FormatBytes(int64_t bytes);
-
 // The planner's marker for "as low as the policy can go" (--budget min).
 inline constexpr int64_t kMinBudgetBytes = -1;
 

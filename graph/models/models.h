@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <map>
 #include <string>
-#include <string_view>
+#include "absl/strings/string_view.h"
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -38,13 +38,20 @@ struct ModelSpec {
   std::map<std::string, std::string> params;  // only the ones given
   std::string ToString() const;               // canonical, sorted params
 };
-absl::StatusOr<ModelSpec> ParseModelSpec(std::string_view text);
+// Grammar: name [":" key "=" value ("," key "=" value)*], blanks around
+// tokens ignored. InvalidArgument for an empty name, an unknown model, a
+// malformed key=value or a key given twice. Parameter names and values are
+// checked by BuildModel (docs/models.md lists them).
+absl::StatusOr<ModelSpec> ParseModelSpec(absl::string_view text);
 
 // Builds the model's graph: the training graph (forward + autodiff) for
 // networks, the graph itself for pebbling graphs. Unknown model or
-// parameter, or a bad value, is InvalidArgument naming it.
+// parameter, or a bad value, is InvalidArgument naming it (an unknown
+// parameter lists the valid ones); a size that makes a shape invalid is the
+// builder's error, prefixed with the model. The graph is named
+// spec.ToString().
 absl::StatusOr<Graph> BuildModel(const ModelSpec& spec, CostModel cost = {});
-absl::StatusOr<Graph> BuildModel(std::string_view text, CostModel cost = {});
+absl::StatusOr<Graph> BuildModel(absl::string_view text, CostModel cost = {});
 
 }  // namespace pebble
 

@@ -1,0 +1,133 @@
+#include "cli/common.h"
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "graph/graph_json.h"
+#include "graph/models/models.h"
+
+namespace pebble::cli {
+
+void GraphSource::AddOptions(CLI::App* cmd) {
+  auto* model_opt = cmd->add_option(
+      "--model,-m", model,
+      "built-in model with parameters, e.g. conv3d:n=128,batch=2 (see 'pebble models')");
+  auto* graph_opt =
+      cmd->add_option("--graph,-g", graph, "graph file in the pebble-graph JSON format");
+  model_opt->excludes(graph_opt);
+  cmd->add_option("--throughput", throughput_flops_per_s,
+                  "device FLOP/s that turns a model's FLOPs into seconds of cost "
+                  "(default 10e12; ignored for --graph, whose costs are given)")
+      ->check(CLI::PositiveNumber);
+}
+
+absl::StatusOr<Graph> GraphSource::Load() const {
+  if (!model.empty()) {
+    CostModel cost;
+    cost.device_flops_per_s = throughput_flops_per_s;
+    return BuildModel(model, cost);
+  }
+  if (!graph.empty()) return ReadGraphFile(graph);
+  return absl::InvalidArgumentError("give a graph: --model NAME[:k=v,...] or --graph FILE");
+}
+
+std::string GraphSource::Label() const { return model.empty() ? graph : model; }
+
+absl::Status WriteOutput(const std::string& path, const std::string& text, bool force) {
+  if (path.empty() || path == "-") {
+    std::cout << text;
+    std::cout.flush();
+    return absl::OkStatus();
+  }
+  std::error_code ec;
+  if (!force && std::filesystem::exists(path, ec)) {
+    return absl::AlreadyExistsError(absl::StrCat(
+        "'", path, "' exists; pass --force to replace it"));
+  }
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  if (!out) return absl::PermissionDeniedError(absl::StrCat("cannot write '", path, "'"));
+  out << text;
+  out.close();
+  if (!out) return absl::DataLossError(absl::StrCat("failed writing '", path, "'"));
+  return absl::OkStatus();
+}
+
+void PrintJson(const nlohmann::json& doc) {
+  // replace: an invalid UTF-8 sequence becomes U+FFFD instead of throwing.
+  std::cout << doc.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
+  std::cout.flush();
+}
+
+namespace {
+
+bool LooksNumeric(const std::string& cell) {
+  if (cell.empty() || cell == "-") return true;
+  const char c = cell[0];
+  return absl::ascii_isdigit(static_cast<unsigned char>(c)) || c == '-' || c == '+' ||
+         c == '.';
+}
+
+}  // namespace
+
+std::string Table::ToString() const {
+  const size_t cols = header_.size();
+  std::vector<size_t> width(cols, 0);
+  std::vector<bool> numeric(cols, true);
+  for (size_t c = 0; c < cols; ++c) width[c] = header_[c].size();
+  for (const auto& row : rows_) {
+    for (size_t c = 0; c < cols && c < row.size(); ++c) {
+      width[c] = std::max(width[c], row[c].size());
+      if (!LooksNumeric(row[c])) numeric[c] = false;
+    }
+  }
+  auto render = [&](const std::vector<std::string>& row, bool is_header) {
+    std::string line;
+    for (size_t c = 0; c < cols; ++c) {
+      const std::string cell = c < row.size() ? row[c] : "";
+      const std::string pad(width[c] - cell.size(), ' ');
+      if (c > 0) line += "  ";
+      line += (numeric[c] && !is_header) || (numeric[c] && is_header) ? pad + cell : cell + pad;
+    }
+    while (!line.empty() && line.back() == ' ') line.pop_back();
+    return line + "\n";
+  };
+  std::string out = render(header_, true);
+  size_t total = 0;
+  for (size_t c = 0; c < cols; ++c) total += width[c] + (c > 0 ? 2 : 0);
+  out += std::string(total, '-') + "\n";
+  for (const auto& row : rows_) out += render(row, false);
+  return out;
+}
+
+std::string Table::ToCsv() const {
+  auto quote = [](const std::string& cell) {
+    if (cell.find_first_of(",\"\n") == std::string::npos) return cell;
+    std::string q = "\"";
+    for (char ch : cell) {
+      if (ch == '"') q += '"';
+      q += ch;
+    }
+    return q + "\"";
+  };
+  std::string out;
+  auto line = [&](const std::vector<std::string>& row) {
+    std::vector<std::string> cells;
+    for (const auto& c : row) cells.push_back(quote(c));
+    out += absl::StrJoin(cells, ",") + "\n";
+  };
+  line(header_);
+  for (const auto& row : rows_) line(row);
+  return out;
+}
+
+int Fail(const absl::Status& status) {
+  std::cerr << "pebble: " << status.message() << "\n";
+  return 1;
+}
+
+}  // namespace pebble::cli

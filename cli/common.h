@@ -1,0 +1,65 @@
+// Shared pieces of the pebble command line: graph sources, output files,
+// text tables.
+#ifndef PEBBLE_CLI_COMMON_H_
+#define PEBBLE_CLI_COMMON_H_
+
+#include <string>
+#include <vector>
+
+#include "CLI/CLI.hpp"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "graph/graph.h"
+#include "nlohmann/json.hpp"
+
+namespace pebble::cli {
+
+// --model / --graph and the cost model, shared by every command that reads
+// a graph.
+struct GraphSource {
+  std::string model;  // "conv3d:n=128"
+  std::string graph;  // path to a pebble-graph JSON file
+  double throughput_flops_per_s = 10e12;
+
+  // Adds the options to `cmd`. `graph_only`: no --model (simulate needs the
+  // exact graph a schedule was made for, but a model works too).
+  void AddOptions(CLI::App* cmd);
+  // The graph, or an error naming what was wrong.
+  absl::StatusOr<Graph> Load() const;
+  // "conv3d:n=128" or the file's path, for headers.
+  std::string Label() const;
+};
+
+// Writes `text` to `path` ("-" is stdout). Refuses to replace an existing
+// file unless `force`.
+absl::Status WriteOutput(const std::string& path, const std::string& text, bool force);
+
+// Prints a JSON document on stdout (2-space indent).
+void PrintJson(const nlohmann::json& doc);
+
+// A plain text table: a header row, then rows; columns whose cells all look
+// numeric are right-aligned.
+class Table {
+ public:
+  explicit Table(std::vector<std::string> header) : header_(std::move(header)) {}
+  void AddRow(std::vector<std::string> row) { rows_.push_back(std::move(row)); }
+  std::string ToString() const;
+  // Comma-separated, quoting cells that need it (RFC 4180).
+  std::string ToCsv() const;
+
+ private:
+  std::vector<std::string> header_;
+  std::vector<std::vector<std::string>> rows_;
+};
+
+// Registers each command on `app`. Each returns the process exit code
+// through the callback's captured int.
+void AddInfoCommands(CLI::App& app, int& exit_code);
+void AddPlanCommands(CLI::App& app, int& exit_code);
+
+// Prints "pebble: <message>" on stderr and returns 1.
+int Fail(const absl::Status& status);
+
+}  // namespace pebble::cli
+
+#endif  // PEBBLE_CLI_COMMON_H_

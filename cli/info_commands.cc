@@ -1,0 +1,227 @@
+// pebble models | policies | describe | export
+#include <iostream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "cli/common.h"
+#include "graph/graph_json.h"
+#include "graph/models/models.h"
+#include "scheduler/budget.h"
+#include "scheduler/planner.h"
+
+namespace pebble::cli {
+namespace {
+
+int RunModels(bool json) {
+  if (json) {
+    nlohmann::json doc = nlohmann::json::array();
+    for (const ModelInfo& m : ListModels()) {
+      nlohmann::json params = nlohmann::json::array();
+      for (const ModelParam& p : m.params) {
+        params.push_back({{"name", p.name}, {"default", p.default_value}, {"help", p.help}});
+      }
+      doc.push_back({{"name", m.name},
+                     {"description", m.description},
+                     {"training_graph", m.training_graph},
+                     {"params", params}});
+    }
+    PrintJson(doc);
+    return 0;
+  }
+  Table table({"model", "parameters (defaults)", "description"});
+  for (const ModelInfo& m : ListModels()) {
+    std::vector<std::string> params;
+    for (const ModelParam& p : m.params) params.push_back(p.name + "=" + p.default_value);
+    table.AddRow({m.name, absl::StrJoin(params, ","), m.description});
+  }
+  std::cout << table.ToString()
+            << "\nName a model with parameters: conv3d:n=128,batch=2. "
+               "Unset parameters take the defaults.\n";
+  return 0;
+}
+
+int RunPolicies(bool json) {
+  const auto policies = PlannerRegistry::Global().List();
+  if (json) {
+    nlohmann::json doc = nlohmann::json::array();
+    for (const PolicyInfo* p : policies) {
+      doc.push_back({{"name", p->name},
+                     {"kind", std::string(PlanKindName(p->kind))},
+                     {"exact", p->exact},
+                     {"description", p->description}});
+    }
+    PrintJson(doc);
+    return 0;
+  }
+  Table table({"policy", "kind", "exact", "what it does"});
+  for (const PolicyInfo* p : policies) {
+    table.AddRow({p->name, std::string(PlanKindName(p->kind)), p->exact ? "exact" : "heuristic",
+                  p->description});
+  }
+  std::cout << table.ToString();
+  return 0;
+}
+
+// Elements of a tensor node: from its shape, else bytes / 4.
+int64_t Elements(const Graph& g, NodeId v) {
+  if (g.shape(v).has_value()) return NumElements(*g.shape(v));
+  return g.bytes(v) / 4;
+}
+
+struct MemorySummary {
+  int64_t parameters = 0, parameter_bytes = 0;
+  int64_t buffer_bytes = 0, input_bytes = 0;
+  int64_t gradient_bytes = 0;  // the parameter gradients (outputs)
+  int64_t forward_bytes = 0;   // all forward activations, kept at once
+  int64_t backward_bytes = 0;  // all backward tensors
+  int64_t baseline_peak = 0;
+};
+
+MemorySummary Summarize(const Graph& g, int64_t baseline_peak) {
+  MemorySummary s;
+  s.baseline_peak = baseline_peak;
+  for (NodeId v = 0; v < g.num_nodes(); ++v) {
+    switch (g.role(v)) {
+      case Role::kParameter:
+        s.parameters += Elements(g, v);
+        s.parameter_bytes += g.bytes(v);
+        break;
+      case Role::kBuffer: s.buffer_bytes += g.bytes(v); break;
+      case Role::kInput: s.input_bytes += g.bytes(v); break;
+      case Role::kForward: s.forward_bytes += g.bytes(v); break;
+      case Role::kBackward:
+        s.backward_bytes += g.bytes(v);
+        if (g.is_output(v)) s.gradient_bytes += g.bytes(v);
+        break;
+    }
+  }
+  return s;
+}
+
+int RunDescribe(const GraphSource& source, bool json) {
+  auto graph = source.Load();
+  if (!graph.ok()) return Fail(graph.status());
+  const Graph& g = *graph;
+  auto peak = BaselinePeak(g);
+  if (!peak.ok()) return Fail(peak.status());
+  const MemorySummary s = Summarize(g, *peak);
+  if (json) {
+    nlohmann::json nodes = nlohmann::json::array();
+    for (NodeId v = 0; v < g.num_nodes(); ++v) {
+      nlohmann::json n = {{"id", g.id(v)},
+                          {"op", g.op(v)},
+                          {"role", std::string(RoleName(g.role(v)))},
+                          {"bytes", g.bytes(v)},
+                          {"cost", g.cost(v)},
+                          {"workspace", g.workspace(v)},
+                          {"persistent", g.persistent(v)},
+                          {"output", g.is_output(v)}};
+      if (g.shape(v).has_value()) n["shape"] = *g.shape(v);
+      if (g.dtype(v).has_value()) n["dtype"] = std::string(DTypeName(*g.dtype(v)));
+      nodes.push_back(std::move(n));
+    }
+    PrintJson({{"graph", g.name()},
+               {"nodes", nodes},
+               {"summary",
+                {{"num_nodes", g.num_nodes()},
+                 {"parameters", s.parameters},
+                 {"parameter_bytes", s.parameter_bytes},
+                 {"buffer_bytes", s.buffer_bytes},
+                 {"input_bytes", s.input_bytes},
+                 {"gradient_bytes", s.gradient_bytes},
+                 {"forward_activation_bytes", s.forward_bytes},
+                 {"backward_bytes", s.backward_bytes},
+                 {"persistent_bytes", g.persistent_bytes()},
+                 {"baseline_peak_bytes", s.baseline_peak}}}});
+    return 0;
+  }
+  Table table({"node", "op", "role", "shape", "dtype", "bytes", "cost", "inputs"});
+  for (NodeId v = 0; v < g.num_nodes(); ++v) {
+    std::vector<std::string> inputs;
+    for (NodeId u : g.inputs(v)) inputs.push_back(g.id(u));
+    std::string in = absl::StrJoin(inputs, ",");
+    if (in.size() > 48) in = in.substr(0, 45) + "...";
+    table.AddRow({g.id(v) + (g.is_output(v) ? " *" : ""), g.op(v),
+                  std::string(RoleName(g.role(v))),
+                  g.shape(v).has_value() ? ShapeToString(*g.shape(v)) : "",
+                  g.dtype(v).has_value() ? std::string(DTypeName(*g.dtype(v))) : "",
+                  FormatBytes(g.bytes(v)), absl::StrFormat("%.4g", g.cost(v)), in});
+  }
+  std::cout << "Graph " << (g.name().empty() ? source.Label() : g.name()) << " ("
+            << g.num_nodes() << " nodes; * marks outputs)\n\n"
+            << table.ToString() << "\n";
+  Table summary({"memory", "bytes", "human"});
+  auto row = [&](const std::string& what, int64_t bytes) {
+    summary.AddRow({what, absl::StrCat(bytes), FormatBytes(bytes)});
+  };
+  row(absl::StrCat("parameters (", s.parameters, " values)"), s.parameter_bytes);
+  row("parameter gradients", s.gradient_bytes);
+  row("buffers (running stats)", s.buffer_bytes);
+  row("data batch (input, target)", s.input_bytes);
+  row("forward activations, all kept", s.forward_bytes);
+  row("backward tensors, all kept", s.backward_bytes);
+  row("baseline peak (own order, free at last use)", s.baseline_peak);
+  std::cout << summary.ToString();
+  return 0;
+}
+
+int RunExport(const GraphSource& source, const std::string& format,
+              const std::string& output, bool force) {
+  auto graph = source.Load();
+  if (!graph.ok()) return Fail(graph.status());
+  std::string text;
+  if (format == "json") {
+    text = GraphToJsonText(*graph);
+  } else {
+    text = GraphToDot(*graph);
+  }
+  absl::Status written = WriteOutput(output, text, force);
+  if (!written.ok()) return Fail(written);
+  return 0;
+}
+
+}  // namespace
+
+void AddInfoCommands(CLI::App& app, int& exit_code) {
+  static bool models_json = false, policies_json = false;
+  auto* models = app.add_subcommand("models", "list the built-in models and their parameters");
+  models->add_flag("--json", models_json, "print JSON");
+  models->callback([&exit_code] { exit_code = RunModels(models_json); });
+
+  auto* policies = app.add_subcommand(
+      "policies", "list the planners: one-shot / multi-shot / offload, exact or heuristic");
+  policies->add_flag("--json", policies_json, "print JSON");
+  policies->callback([&exit_code] { exit_code = RunPolicies(policies_json); });
+
+  static GraphSource describe_source;
+  static bool describe_json = false;
+  auto* describe = app.add_subcommand(
+      "describe",
+      "per-node table (op, shape, bytes, cost) and the memory summary: parameters, "
+      "gradients, activations, baseline peak\n  e.g. pebble describe --model mnist-cnn:batch=32");
+  describe_source.AddOptions(describe);
+  describe->add_flag("--json", describe_json, "print JSON");
+  describe->callback(
+      [&exit_code] { exit_code = RunDescribe(describe_source, describe_json); });
+
+  static GraphSource export_source;
+  static std::string export_format = "json", export_output = "-";
+  static bool export_force = false, export_json = false;
+  auto* exp = app.add_subcommand(
+      "export",
+      "write the (training) graph as a pebble-graph JSON file or Graphviz DOT\n"
+      "  e.g. pebble export --model conv3d:n=64 --format dot --output conv3d.dot");
+  export_source.AddOptions(exp);
+  exp->add_option("--format,-f", export_format, "json or dot")
+      ->check(CLI::IsMember({"json", "dot"}));
+  exp->add_option("--output,-o", export_output, "file to write ('-': stdout, the default)");
+  exp->add_flag("--force", export_force, "replace an existing output file");
+  exp->add_flag("--json", export_json, "same as --format json");
+  exp->callback([&exit_code] {
+    exit_code = RunExport(export_source, export_json ? "json" : export_format, export_output,
+                          export_force);
+  });
+}
+
+}  // namespace pebble::cli

@@ -1,0 +1,53 @@
+// pebble: plan how a training step uses memory, and prove it.
+#include <iostream>
+
+#include "CLI/CLI.hpp"
+#include "cli/common.h"
+
+namespace {
+
+constexpr const char* kDescription = R"(pebble: decides how a training step uses memory, and proves it.
+
+It takes a computation graph, picks an execution order and a forget /
+recompute / swap-to-host policy that fits a memory budget at the least extra
+time, and checks the plan in an exact simulator.
+
+Examples:
+  pebble models                                   # built-in models
+  pebble policies                                 # planners
+  pebble describe --model conv3d:n=128            # per-node memory table
+  pebble plan --model conv3d:n=128 --policy baseline --budget 100% --json
+  pebble export --model mnist-cnn --format dot --output mnist.dot
+  pebble plan --graph g.json --policy baseline --budget 8GiB --schedule-out s.json
+  pebble simulate --graph g.json --schedule s.json
+  pebble compare --model resnet18:batch=8 --budgets 100%,80%,60%
+
+Sizes: bytes or with units (512MiB, 8GiB, 2GB, 1.5e9). Budgets also take a
+percentage of the baseline peak (60%) or 'min'. Every command takes --json
+and then prints one JSON document on stdout. Errors go to stderr with a
+non-zero exit code (1: bad input or failure, 2: bad command line).)";
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{kDescription, "pebble"};
+  app.require_subcommand(1);
+  app.failure_message(CLI::FailureMessage::help);
+  app.set_version_flag("--version", "pebble 0.1.0");
+  int exit_code = 0;
+  pebble::cli::AddInfoCommands(app, exit_code);
+  pebble::cli::AddPlanCommands(app, exit_code);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForVersion& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    app.exit(e);
+    return 2;
+  }
+  return exit_code;
+}

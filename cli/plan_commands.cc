@@ -1,0 +1,323 @@
+// pebble plan | simulate | compare
+#include <chrono>
+#include <iostream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "cli/common.h"
+#include "graph/status.h"
+#include "scheduler/budget.h"
+#include "scheduler/planner.h"
+#include "scheduler/simulator.h"
+
+namespace pebble::cli {
+namespace {
+
+// Options shared by plan and compare.
+struct PlanFlags {
+  GraphSource source;
+  std::string policy = "baseline";
+  std::string budget = "100%";
+  std::string bandwidth = "25e9";
+  std::string host_budget;  // empty: unlimited
+  double time_limit_s = 60;
+  uint64_t seed = 0;
+  bool json = false;
+
+  void AddOptions(CLI::App* cmd, bool with_policy_and_budget) {
+    source.AddOptions(cmd);
+    if (with_policy_and_budget) {
+      cmd->add_option("--policy,-p", policy, "planner (see 'pebble policies')")->capture_default_str();
+      cmd->add_option("--budget,-b", budget,
+                      "device memory budget: bytes (8GiB), a percentage of the baseline "
+                      "peak (60%) or 'min' (the lowest peak the policy reaches)")->capture_default_str();
+    }
+    cmd->add_option("--bandwidth", bandwidth,
+                    "host link bandwidth in bytes/s for offload timing (default 25e9, PCIe Gen4)");
+    cmd->add_option("--host-budget", host_budget, "host memory limit for offloaded copies");
+    cmd->add_option("--time-limit", time_limit_s,
+                    "seconds an exact or MILP planner may search (default 60)")
+        ->check(CLI::PositiveNumber);
+    cmd->add_option("--seed", seed, "seed of randomised planners (default 0)");
+    cmd->add_flag("--json", json, "print one JSON document");
+  }
+
+  // Fills the budget-independent options.
+  absl::StatusOr<PlannerOptions> Options() const {
+    PlannerOptions o;
+    ASSIGN_OR_RETURN(int64_t bw, ParseSize(bandwidth));
+    if (bw <= 0) return absl::InvalidArgumentError("--bandwidth must be positive");
+    o.host_bandwidth_bytes_per_s = static_cast<double>(bw);
+    if (!host_budget.empty()) {
+      ASSIGN_OR_RETURN(int64_t hb, ParseSize(host_budget));
+      o.host_budget_bytes = hb;
+    }
+    o.time_limit_s = time_limit_s;
+    o.seed = seed;
+    return o;
+  }
+};
+
+std::string Seconds(double s) { return absl::StrFormat("%.6g", s); }
+std::string Percent(double x) { return absl::StrFormat("%.1f%%", 100 * x); }
+
+// The human summary of a report, shared by plan and simulate.
+void PrintReport(const Graph& g, const Schedule& schedule, const PlanReport& r) {
+  std::string peak_at =
+      r.peak_step < 0 ? "before the first step"
+                      : absl::StrCat("at step ", r.peak_step, " (",
+                                     ActionName(schedule.steps[r.peak_step].action), " ",
+                                     g.id(schedule.steps[r.peak_step].node), ")");
+  std::cout << absl::StrFormat("  peak memory     %s (%d bytes) %s\n", FormatBytes(r.peak_bytes),
+                               r.peak_bytes, peak_at)
+            << absl::StrFormat("  persistent      %s\n", FormatBytes(r.initial_bytes))
+            << absl::StrFormat("  compute cost    %s (base %s, overhead %s, %d recomputations)\n",
+                               Seconds(r.compute_cost), Seconds(r.base_cost),
+                               Percent(r.overhead), r.recomputations)
+            << absl::StrFormat("  transfers       %s, host peak %s, exposed time %s\n",
+                               FormatBytes(r.transfer_bytes), FormatBytes(r.host_peak_bytes),
+                               Seconds(r.exposed_transfer_time))
+            << absl::StrFormat("  makespan        %s\n", Seconds(r.makespan))
+            << absl::StrFormat("  steps           %d (%s)\n", r.num_steps,
+                               r.one_shot ? "one-shot" : "multi-shot");
+}
+
+void PrintTimeline(const Graph& g, const Schedule& schedule, const PlanReport& r) {
+  Table t({"step", "action", "node", "device", "during", "host", "start", "end"});
+  for (size_t k = 0; k < schedule.steps.size(); ++k) {
+    const StepRecord& s = r.timeline[k];
+    t.AddRow({absl::StrCat(k), std::string(ActionName(schedule.steps[k].action)),
+              g.id(schedule.steps[k].node), FormatBytes(s.device_bytes),
+              FormatBytes(s.peak_bytes), FormatBytes(s.host_bytes), Seconds(s.start),
+              Seconds(s.end)});
+  }
+  std::cout << "\n" << t.ToString();
+}
+
+struct Budgeted {
+  int64_t baseline_peak = 0;
+  int64_t budget_bytes = 0;  // kMinBudgetBytes for min
+};
+
+absl::StatusOr<Budgeted> ResolveBudgetFor(const Graph& g, const std::string& text) {
+  ASSIGN_OR_RETURN(BudgetSpec spec, ParseBudget(text));
+  Budgeted b;
+  ASSIGN_OR_RETURN(b.baseline_peak, BaselinePeak(g));
+  b.budget_bytes = ResolveBudget(spec, b.baseline_peak);
+  return b;
+}
+
+int RunPlan(const PlanFlags& f, bool timeline, const std::string& schedule_out, bool force) {
+  auto graph = f.source.Load();
+  if (!graph.ok()) return Fail(graph.status());
+  auto options = f.Options();
+  if (!options.ok()) return Fail(options.status());
+  auto budget = ResolveBudgetFor(*graph, f.budget);
+  if (!budget.ok()) return Fail(budget.status());
+  options->budget_bytes = budget->budget_bytes;
+  auto planner = MakePlanner(f.policy);
+  if (!planner.ok()) return Fail(planner.status());
+  const auto start = std::chrono::steady_clock::now();
+  auto result = (*planner)->Plan(*graph, *options);
+  const double plan_time =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (!result.ok()) return Fail(result.status());
+  const bool is_min = budget->budget_bytes == kMinBudgetBytes;
+  const int64_t budget_bytes = is_min ? result->report.peak_bytes : budget->budget_bytes;
+  if (!schedule_out.empty()) {
+    absl::Status w =
+        WriteOutput(schedule_out, ScheduleToJson(*graph, result->schedule).dump(2) + "\n", force);
+    if (!w.ok()) return Fail(w);
+  }
+  if (f.json) {
+    nlohmann::json doc = {
+        {"graph", f.source.Label()},
+        {"policy", f.policy},
+        {"budget", f.budget},
+        {"budget_bytes", budget_bytes},
+        {"baseline_peak_bytes", budget->baseline_peak},
+        {"bandwidth_bytes_per_s", options->host_bandwidth_bytes_per_s},
+        {"feasible", result->feasible},
+        {"message", result->message},
+        {"plan_time_s", plan_time},
+        {"details", result->details},
+        {"report", ReportToJson(result->report, *graph, result->schedule, timeline)},
+        {"schedule", ScheduleToJson(*graph, result->schedule)},
+    };
+    PrintJson(doc);
+    return 0;
+  }
+  std::cout << absl::StrFormat(
+      "plan %s with %s, budget %s = %s (baseline peak %s): %s\n", f.source.Label(), f.policy,
+      f.budget, is_min ? "min" : FormatBytes(budget_bytes), FormatBytes(budget->baseline_peak),
+      result->feasible ? "fits" : "DOES NOT FIT");
+  if (!result->message.empty()) std::cout << "  " << result->message << "\n";
+  PrintReport(*graph, result->schedule, result->report);
+  std::cout << absl::StrFormat("  plan time       %.3f s\n", plan_time);
+  if (timeline) PrintTimeline(*graph, result->schedule, result->report);
+  if (schedule_out.empty() && !timeline) {
+    std::cout << "(--timeline shows every step; --schedule-out FILE writes the schedule; "
+                 "--json prints both)\n";
+  }
+  return 0;
+}
+
+int RunSimulate(const GraphSource& source, const std::string& schedule_path,
+                const std::string& bandwidth, bool timeline, bool json) {
+  auto graph = source.Load();
+  if (!graph.ok()) return Fail(graph.status());
+  auto schedule = ReadScheduleFile(*graph, schedule_path);
+  if (!schedule.ok()) return Fail(schedule.status());
+  auto bw = ParseSize(bandwidth);
+  if (!bw.ok()) return Fail(bw.status());
+  SimulatorOptions options;
+  options.host_bandwidth_bytes_per_s = static_cast<double>(*bw);
+  auto report = Simulate(*graph, *schedule, options);
+  if (!report.ok()) return Fail(report.status());
+  if (json) {
+    PrintJson({{"graph", source.Label()},
+               {"schedule", schedule_path},
+               {"valid", true},
+               {"report", ReportToJson(*report, *graph, *schedule, timeline)}});
+    return 0;
+  }
+  std::cout << "schedule " << schedule_path << " on " << source.Label() << ": valid\n";
+  PrintReport(*graph, *schedule, *report);
+  if (timeline) PrintTimeline(*graph, *schedule, *report);
+  return 0;
+}
+
+int RunCompare(const PlanFlags& f, const std::string& budgets_text,
+               const std::string& policies_text, std::string format) {
+  if (f.json) format = "json";
+  auto graph = f.source.Load();
+  if (!graph.ok()) return Fail(graph.status());
+  auto base_options = f.Options();
+  if (!base_options.ok()) return Fail(base_options.status());
+  auto baseline_peak = BaselinePeak(*graph);
+  if (!baseline_peak.ok()) return Fail(baseline_peak.status());
+
+  std::vector<std::string> budgets = absl::StrSplit(budgets_text, ',', absl::SkipWhitespace());
+  std::vector<BudgetSpec> specs;
+  for (const std::string& b : budgets) {
+    auto spec = ParseBudget(b);
+    if (!spec.ok()) return Fail(spec.status());
+    specs.push_back(*spec);
+  }
+  std::vector<std::string> policies;
+  if (policies_text.empty() || policies_text == "all") {
+    for (const PolicyInfo* p : PlannerRegistry::Global().List()) policies.push_back(p->name);
+  } else {
+    policies = absl::StrSplit(policies_text, ',', absl::SkipWhitespace());
+    for (const std::string& p : policies) {
+      if (PlannerRegistry::Global().Find(p) == nullptr) {
+        return Fail(MakePlanner(p).status());
+      }
+    }
+  }
+
+  nlohmann::json rows = nlohmann::json::array();
+  Table table({"policy", "budget", "budget_bytes", "fits", "peak_bytes", "peak", "overhead",
+               "recomputations", "transfer_bytes", "makespan", "plan_ms", "note"});
+  for (const std::string& name : policies) {
+    auto planner = MakePlanner(name);
+    if (!planner.ok()) return Fail(planner.status());
+    for (size_t i = 0; i < specs.size(); ++i) {
+      PlannerOptions o = *base_options;
+      o.budget_bytes = ResolveBudget(specs[i], *baseline_peak);
+      const auto start = std::chrono::steady_clock::now();
+      auto result = (*planner)->Plan(*graph, o);
+      const double ms =
+          1e3 * std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      nlohmann::json row = {{"policy", name}, {"budget", budgets[i]}, {"plan_time_s", ms / 1e3}};
+      if (o.budget_bytes != kMinBudgetBytes) row["budget_bytes"] = o.budget_bytes;
+      if (!result.ok()) {
+        row["error"] = std::string(result.status().message());
+        table.AddRow({name, budgets[i], "", "error", "", "", "", "", "", "",
+                      absl::StrFormat("%.1f", ms), std::string(result.status().message())});
+      } else {
+        const PlanReport& r = result->report;
+        row["feasible"] = result->feasible;
+        row["report"] = ReportToJson(r, *graph, result->schedule, false);
+        if (!result->message.empty()) row["message"] = result->message;
+        table.AddRow({name, budgets[i],
+                      o.budget_bytes == kMinBudgetBytes ? "" : absl::StrCat(o.budget_bytes),
+                      result->feasible ? "yes" : "no", absl::StrCat(r.peak_bytes),
+                      FormatBytes(r.peak_bytes), Percent(r.overhead),
+                      absl::StrCat(r.recomputations), absl::StrCat(r.transfer_bytes),
+                      Seconds(r.makespan), absl::StrFormat("%.1f", ms),
+                      result->feasible ? "" : result->message});
+      }
+      rows.push_back(std::move(row));
+    }
+  }
+  if (format == "json") {
+    PrintJson({{"graph", f.source.Label()},
+               {"baseline_peak_bytes", *baseline_peak},
+               {"results", rows}});
+  } else if (format == "csv") {
+    std::cout << table.ToCsv();
+  } else {
+    std::cout << "compare " << f.source.Label() << " (baseline peak "
+              << FormatBytes(*baseline_peak) << ")\n\n"
+              << table.ToString();
+  }
+  return 0;
+}
+
+}  // namespace
+
+void AddPlanCommands(CLI::App& app, int& exit_code) {
+  static PlanFlags plan_flags;
+  static bool plan_timeline = false, plan_force = false;
+  static std::string plan_schedule_out;
+  auto* plan = app.add_subcommand(
+      "plan",
+      "plan a graph under a policy and a memory budget; prints the simulator's figures\n"
+      "  e.g. pebble plan --model conv3d:n=128 --policy baseline --budget 100% --json");
+  plan_flags.AddOptions(plan, true);
+  plan->add_flag("--timeline", plan_timeline, "show (or put in the JSON) the per-step memory "
+                                              "and time");
+  plan->add_option("--schedule-out", plan_schedule_out, "also write the schedule to this file");
+  plan->add_flag("--force", plan_force, "replace an existing --schedule-out file");
+  plan->callback([&exit_code] {
+    exit_code = RunPlan(plan_flags, plan_timeline, plan_schedule_out, plan_force);
+  });
+
+  static GraphSource sim_source;
+  static std::string sim_schedule, sim_bandwidth = "25e9";
+  static bool sim_timeline = false, sim_json = false;
+  auto* sim = app.add_subcommand(
+      "simulate",
+      "validate a schedule file against a graph and report its peak, cost and makespan\n"
+      "  e.g. pebble simulate --graph g.json --schedule s.json --timeline");
+  sim_source.AddOptions(sim);
+  sim->add_option("--schedule,-s", sim_schedule, "schedule file (pebble-schedule JSON)")
+      ->required();
+  sim->add_option("--bandwidth", sim_bandwidth, "host link bytes/s (default 25e9)");
+  sim->add_flag("--timeline", sim_timeline, "show the per-step memory and time");
+  sim->add_flag("--json", sim_json, "print JSON");
+  sim->callback([&exit_code] {
+    exit_code = RunSimulate(sim_source, sim_schedule, sim_bandwidth, sim_timeline, sim_json);
+  });
+
+  static PlanFlags cmp_flags;
+  static std::string cmp_budgets = "100%,80%,60%,40%,min", cmp_policies = "all",
+                     cmp_format = "table";
+  auto* cmp = app.add_subcommand(
+      "compare",
+      "every policy at every budget, as a table, CSV or JSON\n"
+      "  e.g. pebble compare --model resnet18:batch=8 --budgets 100%,60%,min --format csv");
+  cmp_flags.AddOptions(cmp, false);
+  cmp->add_option("--budgets", cmp_budgets, "comma-separated budgets")->capture_default_str();
+  cmp->add_option("--policies", cmp_policies, "comma-separated policies, or 'all'")->capture_default_str();
+  cmp->add_option("--format,-f", cmp_format, "table, csv or json")->capture_default_str()
+      ->check(CLI::IsMember({"table", "csv", "json"}));
+  cmp->callback([&exit_code] {
+    exit_code = RunCompare(cmp_flags, cmp_budgets, cmp_policies, cmp_format);
+  });
+}
+
+}  // namespace pebble::cli

@@ -1,0 +1,606 @@
+// Convolutions, pooling, upsampling and padding over 2 or 3 spatial dims
+// (NCHW / NCDHW activations, OIHW / OIDHW weights: PyTorch's layouts).
+// Sliding windows use PyTorch's floor mode: out = (in + 2p - k) / s + 1.
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "graph/autodiff.h"
+#include "graph/ops/op_util.h"
+#include "graph/status.h"
+
+namespace pebble::ops_internal {
+namespace {
+
+// ---- Convolution.
+
+struct Window {
+  std::vector<int64_t> kernel, stride, padding;
+};
+
+// Spatial output dims of a window slid over the spatial dims of `x`
+// (dims 2..).
+absl::StatusOr<Shape> SlideWindow(const Shape& x, const Window& w) {
+  Shape out;
+  const int d = static_cast<int>(w.kernel.size());
+  for (int i = 0; i < d; ++i) {
+    ASSIGN_OR_RETURN(int64_t o, WindowOutput(x[2 + i], w.kernel[i],
+                                             w.stride[i], w.padding[i], i));
+    out.push_back(o);
+  }
+  return out;
+}
+
+absl::StatusOr<Window> ConvWindow(const Json& attrs, const Shape& weight,
+                                  int d) {
+  Window w;
+  w.kernel.assign(weight.begin() + 2, weight.end());
+  ASSIGN_OR_RETURN(w.stride, SpatialAttr(attrs, "stride", d, 1));
+  ASSIGN_OR_RETURN(w.padding, SpatialAttr(attrs, "padding", d, 0));
+  return w;
+}
+
+std::string Layout(int d, bool weight) {
+  if (weight) return d == 2 ? "(O, I, kH, kW)" : "(O, I, kD, kH, kW)";
+  return d == 2 ? "(N, C, H, W)" : "(N, C, D, H, W)";
+}
+
+absl::StatusOr<TensorType> InferConv(int d, Inputs in, const Json& attrs) {
+  const TensorType& x = in[0];
+  const TensorType& w = in[1];
+  RETURN_IF_ERROR(ExpectRank(x, d + 2, "input 0 (x " + Layout(d, false) + ")"));
+  RETURN_IF_ERROR(
+      ExpectRank(w, d + 2, "input 1 (weight " + Layout(d, true) + ")"));
+  RETURN_IF_ERROR(ExpectFloat(x, "input 0 (x)"));
+  RETURN_IF_ERROR(ExpectSameDType(x, "x", w, "weight"));
+  if (x.shape[1] != w.shape[1]) {
+    return Invalid("x has ", x.shape[1], " channels ",
+                   ShapeToString(x.shape), " but the weight ",
+                   ShapeToString(w.shape), " expects ", w.shape[1]);
+  }
+  if (in.size() == 3) {
+    RETURN_IF_ERROR(ExpectShape(in[2], {w.shape[0]}, "input 2 (bias)"));
+    RETURN_IF_ERROR(ExpectSameDType(x, "x", in[2], "bias"));
+  }
+  ASSIGN_OR_RETURN(Window win, ConvWindow(attrs, w.shape, d));
+  ASSIGN_OR_RETURN(Shape spatial, SlideWindow(x.shape, win));
+  Shape out = {x.shape[0], w.shape[0]};
+  out.insert(out.end(), spatial.begin(), spatial.end());
+  return TensorType{out, x.dtype};
+}
+
+// 2 N O prod(out) I prod(k): one multiply-add per weight per output.
+double ConvMacFlops(const Shape& out, const Shape& weight) {
+  return 2.0 * static_cast<double>(NumElements(out)) *
+         static_cast<double>(Product(weight, 1, weight.size()));
+}
+
+double ConvFlops(Inputs in, const TensorType& out, const Json&) {
+  double f = ConvMacFlops(out.shape, in[1].shape);
+  if (in.size() == 3) f += Elements(out);
+  return f;
+}
+
+// conv{d}_backward_data (grad, weight), attrs stride, padding, input_shape.
+absl::StatusOr<TensorType> InferConvBackwardData(int d, Inputs in,
+                                                 const Json& attrs) {
+  const TensorType& g = in[0];
+  const TensorType& w = in[1];
+  RETURN_IF_ERROR(ExpectFloat(g, "input 0 (grad)"));
+  RETURN_IF_ERROR(ExpectRank(g, d + 2, "input 0 (grad)"));
+  RETURN_IF_ERROR(ExpectRank(w, d + 2, "input 1 (weight)"));
+  ASSIGN_OR_RETURN(Shape x, ShapeAttr(attrs, "input_shape"));
+  if (static_cast<int>(x.size()) != d + 2 || x[1] != w.shape[1]) {
+    return Invalid("attr 'input_shape' ", ShapeToString(x),
+                   " does not match the weight ", ShapeToString(w.shape));
+  }
+  ASSIGN_OR_RETURN(Window win, ConvWindow(attrs, w.shape, d));
+  ASSIGN_OR_RETURN(Shape spatial, SlideWindow(x, win));
+  Shape y = {x[0], w.shape[0]};
+  y.insert(y.end(), spatial.begin(), spatial.end());
+  RETURN_IF_ERROR(ExpectShape(g, y, "input 0 (grad)"));
+  return TensorType{x, g.dtype};
+}
+
+// The data gradient costs what the forward product costs: in[1] is the
+// weight.
+double ConvBackwardDataFlops(Inputs in, const TensorType&, const Json&) {
+  return ConvMacFlops(in[0].shape, in[1].shape);
+}
+
+// conv{d}_backward_weight (grad, x), attrs stride, padding, kernel.
+absl::StatusOr<TensorType> InferConvBackwardWeight(int d, Inputs in,
+                                                   const Json& attrs) {
+  const TensorType& g = in[0];
+  const TensorType& x = in[1];
+  RETURN_IF_ERROR(ExpectFloat(g, "input 0 (grad)"));
+  RETURN_IF_ERROR(ExpectRank(g, d + 2, "input 0 (grad)"));
+  RETURN_IF_ERROR(ExpectRank(x, d + 2, "input 1 (x)"));
+  ASSIGN_OR_RETURN(std::vector<int64_t> kernel,
+                   SpatialAttr(attrs, "kernel", d, 0, /*required=*/true));
+  Shape w = {g.shape[1], x.shape[1]};
+  w.insert(w.end(), kernel.begin(), kernel.end());
+  ASSIGN_OR_RETURN(Window win, ConvWindow(attrs, w, d));
+  ASSIGN_OR_RETURN(Shape spatial, SlideWindow(x.shape, win));
+  Shape y = {x.shape[0], g.shape[1]};
+  y.insert(y.end(), spatial.begin(), spatial.end());
+  RETURN_IF_ERROR(ExpectShape(g, y, "input 0 (grad)"));
+  return TensorType{w, g.dtype};
+}
+
+double WeightGradFlops(Inputs in, const TensorType& out, const Json&) {
+  return ConvMacFlops(in[0].shape, out.shape);
+}
+
+// conv{d}_backward_bias (grad) -> (O): the sum over N and the spatial dims.
+absl::StatusOr<TensorType> InferChannelSum(int rank, Inputs in, const Json&) {
+  RETURN_IF_ERROR(ExpectFloat(in[0], "input 0 (grad)"));
+  if (rank > 0) {
+    RETURN_IF_ERROR(ExpectRank(in[0], rank, "input 0 (grad)"));
+  } else {
+    RETURN_IF_ERROR(ExpectRankAtLeast(in[0], 2, "input 0 (grad)"));
+  }
+  return TensorType{{in[0].shape[1]}, in[0].dtype};
+}
+
+double InputFlops(Inputs in, const TensorType&, const Json&) {
+  return Elements(in[0]);
+}
+
+std::function<absl::Status(BackwardContext&)> ConvBackward(int d) {
+  const std::string base = d == 2 ? "conv2d" : "conv3d";
+  return [base, d](BackwardContext& ctx) -> absl::Status {
+    const Value g = ctx.grad_output();
+    ASSIGN_OR_RETURN(Window win,
+                     ConvWindow(ctx.attrs(), ctx.input_type(1).shape, d));
+    const Json common = {{"stride", win.stride}, {"padding", win.padding}};
+    if (ctx.needs_grad(0)) {
+      Json attrs = common;
+      attrs["input_shape"] = ctx.input_type(0).shape;
+      ctx.AccumulateGrad(0, ctx.Emit(base + "_backward_data",
+                                     {g, ctx.input(1)}, attrs));
+    }
+    if (ctx.needs_grad(1)) {
+      Json attrs = common;
+      attrs["kernel"] = win.kernel;
+      ctx.AccumulateGrad(1, ctx.Emit(base + "_backward_weight",
+                                     {g, ctx.input(0)}, attrs));
+    }
+    if (ctx.num_inputs() == 3 && ctx.needs_grad(2)) {
+      ctx.AccumulateGrad(2, ctx.Emit(base + "_backward_bias", {g}));
+    }
+    return absl::OkStatus();
+  };
+}
+
+// ---- Pooling: kernel (required), stride (default: kernel), padding (0).
+
+absl::StatusOr<int> PoolDims(const TensorType& x, absl::string_view what) {
+  const int rank = static_cast<int>(x.shape.size());
+  if (rank != 4 && rank != 5) {
+    return Invalid(what, " must be (N, C, H, W) or (N, C, D, H, W), got ",
+                   ShapeToString(x.shape));
+  }
+  return rank - 2;
+}
+
+absl::StatusOr<Window> PoolWindow(const Json& attrs, int d) {
+  Window w;
+  ASSIGN_OR_RETURN(w.kernel, SpatialAttr(attrs, "kernel", d, 0, true));
+  const Json* stride = attrs.is_object() && attrs.contains("stride")
+                           ? &attrs["stride"]
+                           : nullptr;
+  if (stride == nullptr || stride->is_null()) {
+    w.stride = w.kernel;
+  } else {
+    ASSIGN_OR_RETURN(w.stride, SpatialAttr(attrs, "stride", d, 1));
+  }
+  ASSIGN_OR_RETURN(w.padding, SpatialAttr(attrs, "padding", d, 0));
+  for (int i = 0; i < d; ++i) {
+    // PyTorch: "pad should be at most half of effective kernel size".
+    if (w.padding[i] * 2 > w.kernel[i]) {
+      return Invalid("padding ", w.padding[i],
+                     " is more than half the kernel ", w.kernel[i]);
+    }
+  }
+  return w;
+}
+
+Json WindowAttrs(const Window& w) {
+  return {{"kernel", w.kernel}, {"stride", w.stride}, {"padding", w.padding}};
+}
+
+absl::StatusOr<Shape> PoolShape(const Shape& x, const Window& w) {
+  ASSIGN_OR_RETURN(Shape spatial, SlideWindow(x, w));
+  Shape out = {x[0], x[1]};
+  out.insert(out.end(), spatial.begin(), spatial.end());
+  return out;
+}
+
+absl::StatusOr<TensorType> InferPool(Inputs in, const Json& attrs) {
+  RETURN_IF_ERROR(ExpectFloat(in[0], "input 0 (x)"));
+  ASSIGN_OR_RETURN(int d, PoolDims(in[0], "input 0 (x)"));
+  ASSIGN_OR_RETURN(Window w, PoolWindow(attrs, d));
+  ASSIGN_OR_RETURN(Shape out, PoolShape(in[0].shape, w));
+  return TensorType{out, in[0].dtype};
+}
+
+// One operation per window element per output.
+double WindowFlops(const Shape& out, const Json& attrs) {
+  const int d = static_cast<int>(out.size()) - 2;
+  absl::StatusOr<Window> w = PoolWindow(attrs, d);
+  double k = 1;
+  if (w.ok()) {
+    for (int64_t e : w->kernel) k *= static_cast<double>(e);
+  }
+  return k * static_cast<double>(NumElements(out));
+}
+
+double PoolFlops(Inputs, const TensorType& out, const Json& attrs) {
+  return WindowFlops(out.shape, attrs);
+}
+
+// maxpool_backward (grad, x): the argmax of each window is found again in x.
+absl::StatusOr<TensorType> InferMaxPoolBackward(Inputs in, const Json& attrs) {
+  RETURN_IF_ERROR(ExpectFloat(in[0], "input 0 (grad)"));
+  RETURN_IF_ERROR(ExpectFloat(in[1], "input 1 (x)"));
+  ASSIGN_OR_RETURN(int d, PoolDims(in[1], "input 1 (x)"));
+  ASSIGN_OR_RETURN(Window w, PoolWindow(attrs, d));
+  ASSIGN_OR_RETURN(Shape y, PoolShape(in[1].shape, w));
+  RETURN_IF_ERROR(ExpectShape(in[0], y, "input 0 (grad)"));
+  return TensorType{in[1].shape, in[0].dtype};
+}
+
+double MaxPoolBackwardFlops(Inputs in, const TensorType& out,
+                            const Json& attrs) {
+  return WindowFlops(in[0].shape, attrs) + Elements(out);
+}
+
+// avgpool_backward (grad), attrs kernel, stride, padding, input_shape.
+absl::StatusOr<TensorType> InferAvgPoolBackward(Inputs in, const Json& attrs) {
+  RETURN_IF_ERROR(ExpectFloat(in[0], "input 0 (grad)"));
+  ASSIGN_OR_RETURN(Shape x, ShapeAttr(attrs, "input_shape"));
+  ASSIGN_OR_RETURN(int d, PoolDims(TensorType{x, in[0].dtype},
+                                   "attr 'input_shape'"));
+  ASSIGN_OR_RETURN(Window w, PoolWindow(attrs, d));
+  ASSIGN_OR_RETURN(Shape y, PoolShape(x, w));
+  RETURN_IF_ERROR(ExpectShape(in[0], y, "input 0 (grad)"));
+  return TensorType{x, in[0].dtype};
+}
+
+double AvgPoolBackwardFlops(Inputs in, const TensorType&, const Json& attrs) {
+  return WindowFlops(in[0].shape, attrs);
+}
+
+absl::Status MaxPoolBackward(BackwardContext& ctx) {
+  if (!ctx.needs_grad(0)) return absl::OkStatus();
+  ASSIGN_OR_RETURN(Window w, PoolWindow(ctx.attrs(),
+                                        ctx.input_type(0).shape.size() - 2));
+  ctx.AccumulateGrad(0, ctx.Emit("maxpool_backward",
+                                 {ctx.grad_output(), ctx.input(0)},
+                                 WindowAttrs(w)));
+  return absl::OkStatus();
+}
+
+absl::Status AvgPoolBackward(BackwardContext& ctx) {
+  if (!ctx.needs_grad(0)) return absl::OkStatus();
+  ASSIGN_OR_RETURN(Window w, PoolWindow(ctx.attrs(),
+                                        ctx.input_type(0).shape.size() - 2));
+  Json attrs = WindowAttrs(w);
+  attrs["input_shape"] = ctx.input_type(0).shape;
+  ctx.AccumulateGrad(0, ctx.Emit("avgpool_backward", {ctx.grad_output()},
+                                 attrs));
+  return absl::OkStatus();
+}
+
+// ---- Global and adaptive average pooling.
+
+absl::StatusOr<TensorType> InferGlobalAvgPool(Inputs in, const Json&) {
+  RETURN_IF_ERROR(ExpectFloat(in[0], "input 0 (x)"));
+  RETURN_IF_ERROR(ExpectRankAtLeast(in[0], 3, "input 0 (x, N C spatial...)"));
+  return TensorType{{in[0].shape[0], in[0].shape[1]}, in[0].dtype};
+}
+
+absl::StatusOr<TensorType> InferGlobalAvgPoolBackward(Inputs in,
+                                                      const Json& attrs) {
+  RETURN_IF_ERROR(ExpectFloat(in[0], "input 0 (grad)"));
+  ASSIGN_OR_RETURN(Shape x, ShapeAttr(attrs, "input_shape"));
+  if (x.size() < 3) {
+    return Invalid("attr 'input_shape' ", ShapeToString(x),
+                   " must have rank >= 3");
+  }
+  RETURN_IF_ERROR(ExpectShape(in[0], {x[0], x[1]}, "input 0 (grad)"));
+  return TensorType{x, in[0].dtype};
+}
+
+double OutputFlops(Inputs, const TensorType& out, const Json&) {
+  return Elements(out);
+}
+
+absl::Status GlobalAvgPoolBackward(BackwardContext& ctx) {
+  if (!ctx.needs_grad(0)) return absl::OkStatus();
+  ctx.AccumulateGrad(0, ctx.Emit("global_avgpool_backward",
+                                 {ctx.grad_output()},
+                                 {{"input_shape", ctx.input_type(0).shape}}));
+  return absl::OkStatus();
+}
+
+// PyTorch's adaptive bins: bin i of `out` over `in` spans
+// [floor(i in / out), ceil((i + 1) in / out)).
+int64_t AdaptiveBinTotal(int64_t in, int64_t out) {
+  int64_t total = 0;
+  for (int64_t i = 0; i < out; ++i) {
+    const int64_t start = (i * in) / out;
+    const int64_t end = ((i + 1) * in + out - 1) / out;
+    total += end - start;
+  }
+  return total;
+}
+
+absl::StatusOr<std::vector<int64_t>> AdaptiveSize(const Json& attrs, int d) {
+  ASSIGN_OR_RETURN(std::vector<int64_t> size,
+                   SpatialAttr(attrs, "output_size", d, 0, true));
+  for (int64_t s : size) {
+    if (s < 1) return Invalid("attr 'output_size' must be >= 1, got ", s);
+  }
+  return size;
+}
+
+absl::StatusOr<TensorType> InferAdaptiveAvgPool(Inputs in, const Json& attrs) {
+  RETURN_IF_ERROR(ExpectFloat(in[0], "input 0 (x)"));
+  ASSIGN_OR_RETURN(int d, PoolDims(in[0], "input 0 (x)"));
+  ASSIGN_OR_RETURN(std::vector<int64_t> size, AdaptiveSize(attrs, d));
+  Shape out = {in[0].shape[0], in[0].shape[1]};
+  out.insert(out.end(), size.begin(), size.end());
+  return TensorType{out, in[0].dtype};
+}
+
+// One addition per input element of every bin (bins may overlap).
+double AdaptiveFlops(const Shape& x, const Shape& y) {
+  double f = static_cast<double>(x[0] * x[1]);
+  for (size_t i = 2; i < x.size() && i < y.size(); ++i) {
+    f *= static_cast<double>(AdaptiveBinTotal(x[i], y[i]));
+  }
+  return f;
+}
+
+absl::StatusOr<TensorType> InferAdaptiveAvgPoolBackward(Inputs in,
+                                                        const Json& attrs) {
+  RETURN_IF_ERROR(ExpectFloat(in[0], "input 0 (grad)"));
+  ASSIGN_OR_RETURN(Shape x, ShapeAttr(attrs, "input_shape"));
+  ASSIGN_OR_RETURN(int d, PoolDims(TensorType{x, in[0].dtype},
+                                   "attr 'input_shape'"));
+  ASSIGN_OR_RETURN(std::vector<int64_t> size, AdaptiveSize(attrs, d));
+  Shape y = {x[0], x[1]};
+  y.insert(y.end(), size.begin(), size.end());
+  RETURN_IF_ERROR(ExpectShape(in[0], y, "input 0 (grad)"));
+  return TensorType{x, in[0].dtype};
+}
+
+absl::Status AdaptiveAvgPoolBackward(BackwardContext& ctx) {
+  if (!ctx.needs_grad(0)) return absl::OkStatus();
+  const Shape& y = ctx.output_type().shape;
+  ctx.AccumulateGrad(
+      0, ctx.Emit("adaptive_avgpool_backward", {ctx.grad_output()},
+                  {{"output_size", Shape(y.begin() + 2, y.end())},
+                   {"input_shape", ctx.input_type(0).shape}}));
+  return absl::OkStatus();
+}
+
+// ---- Upsampling by an integer factor.
+
+struct Upsampling {
+  std::vector<int64_t> scale;
+  std::string mode;
+  bool align_corners = false;
+};
+
+absl::StatusOr<Upsampling> ParseUpsampling(const Json& attrs, int rank) {
+  Upsampling u;
+  const int d = rank - 2;
+  ASSIGN_OR_RETURN(u.scale, SpatialAttr(attrs, "scale", d, 0, true));
+  for (int64_t s : u.scale) {
+    if (s < 1) return Invalid("attr 'scale' must be >= 1, got ", s);
+  }
+  ASSIGN_OR_RETURN(u.mode, StringAttr(attrs, "mode", "nearest"));
+  ASSIGN_OR_RETURN(u.align_corners, BoolAttr(attrs, "align_corners", false));
+  if (u.mode == "nearest") {
+    if (u.align_corners) {
+      // As torch.nn.functional.interpolate: only interpolating modes.
+      return Invalid("align_corners is only valid with bilinear or trilinear");
+    }
+  } else if (u.mode == "bilinear") {
+    if (rank != 4) return Invalid("mode bilinear needs a 4-D input (N, C, H, W)");
+  } else if (u.mode == "trilinear") {
+    if (rank != 5) {
+      return Invalid("mode trilinear needs a 5-D input (N, C, D, H, W)");
+    }
+  } else {
+    return Invalid("attr 'mode' must be nearest, bilinear or trilinear, got \"",
+                   u.mode, "\"");
+  }
+  return u;
+}
+
+Json UpsamplingAttrs(const Upsampling& u) {
+  return {{"scale", u.scale},
+          {"mode", u.mode},
+          {"align_corners", u.align_corners}};
+}
+
+Shape Upsampled(const Shape& x, const Upsampling& u) {
+  Shape out = x;
+  for (size_t i = 0; i < u.scale.size(); ++i) out[2 + i] *= u.scale[i];
+  return out;
+}
+
+absl::StatusOr<TensorType> InferUpsample(Inputs in, const Json& attrs) {
+  RETURN_IF_ERROR(ExpectFloat(in[0], "input 0 (x)"));
+  RETURN_IF_ERROR(PoolDims(in[0], "input 0 (x)").status());
+  ASSIGN_OR_RETURN(Upsampling u, ParseUpsampling(attrs, in[0].shape.size()));
+  return TensorType{Upsampled(in[0].shape, u), in[0].dtype};
+}
+
+// Per output element: nearest copies (1), (bi/tri)linear takes a weighted
+// sum of 2^d neighbours (2 * 2^d).
+double UpsampleFlopsFor(const Shape& y, const Json& attrs) {
+  absl::StatusOr<Upsampling> u = ParseUpsampling(attrs, y.size());
+  double per = 1;
+  if (u.ok() && u->mode != "nearest") per = 2.0 * (1 << (y.size() - 2));
+  return per * static_cast<double>(NumElements(y));
+}
+
+double UpsampleFlops(Inputs, const TensorType& out, const Json& attrs) {
+  return UpsampleFlopsFor(out.shape, attrs);
+}
+
+absl::StatusOr<TensorType> InferUpsampleBackward(Inputs in,
+                                                 const Json& attrs) {
+  RETURN_IF_ERROR(ExpectFloat(in[0], "input 0 (grad)"));
+  ASSIGN_OR_RETURN(Shape x, ShapeAttr(attrs, "input_shape"));
+  RETURN_IF_ERROR(
+      PoolDims(TensorType{x, in[0].dtype}, "attr 'input_shape'").status());
+  ASSIGN_OR_RETURN(Upsampling u, ParseUpsampling(attrs, x.size()));
+  RETURN_IF_ERROR(ExpectShape(in[0], Upsampled(x, u), "input 0 (grad)"));
+  return TensorType{x, in[0].dtype};
+}
+
+double UpsampleBackwardFlops(Inputs in, const TensorType&, const Json& attrs) {
+  return UpsampleFlopsFor(in[0].shape, attrs);
+}
+
+absl::Status UpsampleBackward(BackwardContext& ctx) {
+  if (!ctx.needs_grad(0)) return absl::OkStatus();
+  ASSIGN_OR_RETURN(Upsampling u, ParseUpsampling(
+                                     ctx.attrs(), ctx.input_type(0).shape.size()));
+  Json attrs = UpsamplingAttrs(u);
+  attrs["input_shape"] = ctx.input_type(0).shape;
+  ctx.AccumulateGrad(0, ctx.Emit("upsample_backward", {ctx.grad_output()},
+                                 attrs));
+  return absl::OkStatus();
+}
+
+// ---- Constant padding, torch.nn.functional.pad order: the last dim first,
+// (before, after) per dim. Negative amounts crop, as in F.pad.
+
+absl::StatusOr<Shape> Padded(const Shape& x, const std::vector<int64_t>& pads,
+                             int sign) {
+  if (pads.empty() || pads.size() % 2 != 0 || pads.size() > 2 * x.size()) {
+    return Invalid("attr 'pads' must hold 2 to ", 2 * x.size(),
+                   " integers (an even count) for shape ", ShapeToString(x));
+  }
+  Shape out = x;
+  for (size_t i = 0; i < pads.size() / 2; ++i) {
+    const size_t axis = x.size() - 1 - i;
+    out[axis] += sign * (pads[2 * i] + pads[2 * i + 1]);
+    if (out[axis] < 1) {
+      return Invalid("attr 'pads' leaves dim ", axis, " of ",
+                     ShapeToString(x), " with size ", out[axis]);
+    }
+  }
+  return out;
+}
+
+absl::Status CheckPadMode(const Json& attrs) {
+  ASSIGN_OR_RETURN(std::string mode, StringAttr(attrs, "mode", "constant"));
+  if (mode != "constant") {
+    return Invalid("attr 'mode' must be \"constant\", got \"", mode, "\"");
+  }
+  return DoubleAttr(attrs, "value", 0).status();
+}
+
+absl::StatusOr<TensorType> InferPad(Inputs in, const Json& attrs) {
+  RETURN_IF_ERROR(ExpectFloat(in[0], "input 0 (x)"));
+  RETURN_IF_ERROR(CheckPadMode(attrs));
+  ASSIGN_OR_RETURN(std::vector<int64_t> pads, IntListAttr(attrs, "pads"));
+  ASSIGN_OR_RETURN(Shape out, Padded(in[0].shape, pads, +1));
+  return TensorType{out, in[0].dtype};
+}
+
+// pad_backward (grad), attr pads: the gradient of the unpadded region.
+absl::StatusOr<TensorType> InferPadBackward(Inputs in, const Json& attrs) {
+  RETURN_IF_ERROR(ExpectFloat(in[0], "input 0 (grad)"));
+  ASSIGN_OR_RETURN(std::vector<int64_t> pads, IntListAttr(attrs, "pads"));
+  ASSIGN_OR_RETURN(Shape out, Padded(in[0].shape, pads, -1));
+  return TensorType{out, in[0].dtype};
+}
+
+absl::Status PadBackward(BackwardContext& ctx) {
+  if (!ctx.needs_grad(0)) return absl::OkStatus();
+  ASSIGN_OR_RETURN(std::vector<int64_t> pads, IntListAttr(ctx.attrs(), "pads"));
+  ctx.AccumulateGrad(0, ctx.Emit("pad_backward", {ctx.grad_output()},
+                                 {{"pads", pads}}));
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+void RegisterConvPoolOps(std::vector<OpDef>& t) {
+  for (int d : {2, 3}) {
+    const std::string base = d == 2 ? "conv2d" : "conv3d";
+    t.push_back({.name = base, .min_inputs = 2, .max_inputs = 3,
+                 .infer = [d](Inputs in, const Json& a) {
+                   return InferConv(d, in, a);
+                 },
+                 .flops = ConvFlops,
+                 .backward = ConvBackward(d)});
+    t.push_back({.name = base + "_backward_data", .min_inputs = 2,
+                 .max_inputs = 2,
+                 .infer = [d](Inputs in, const Json& a) {
+                   return InferConvBackwardData(d, in, a);
+                 },
+                 .flops = ConvBackwardDataFlops});
+    t.push_back({.name = base + "_backward_weight", .min_inputs = 2,
+                 .max_inputs = 2,
+                 .infer = [d](Inputs in, const Json& a) {
+                   return InferConvBackwardWeight(d, in, a);
+                 },
+                 .flops = WeightGradFlops});
+    t.push_back({.name = base + "_backward_bias", .min_inputs = 1,
+                 .max_inputs = 1,
+                 .infer = [d](Inputs in, const Json& a) {
+                   return InferChannelSum(d + 2, in, a);
+                 },
+                 .flops = InputFlops});
+  }
+  t.push_back({.name = "maxpool", .min_inputs = 1, .max_inputs = 1,
+               .infer = InferPool, .flops = PoolFlops,
+               .backward = MaxPoolBackward});
+  t.push_back({.name = "maxpool_backward", .min_inputs = 2, .max_inputs = 2,
+               .infer = InferMaxPoolBackward, .flops = MaxPoolBackwardFlops});
+  t.push_back({.name = "avgpool", .min_inputs = 1, .max_inputs = 1,
+               .infer = InferPool, .flops = PoolFlops,
+               .backward = AvgPoolBackward});
+  t.push_back({.name = "avgpool_backward", .min_inputs = 1, .max_inputs = 1,
+               .infer = InferAvgPoolBackward, .flops = AvgPoolBackwardFlops});
+  t.push_back({.name = "global_avgpool", .min_inputs = 1, .max_inputs = 1,
+               .infer = InferGlobalAvgPool, .flops = InputFlops,
+               .backward = GlobalAvgPoolBackward});
+  t.push_back({.name = "global_avgpool_backward", .min_inputs = 1,
+               .max_inputs = 1, .infer = InferGlobalAvgPoolBackward,
+               .flops = OutputFlops});
+  t.push_back({.name = "adaptive_avgpool", .min_inputs = 1, .max_inputs = 1,
+               .infer = InferAdaptiveAvgPool,
+               .flops = [](Inputs in, const TensorType& out, const Json&) {
+                 return AdaptiveFlops(in[0].shape, out.shape);
+               },
+               .backward = AdaptiveAvgPoolBackward});
+  t.push_back({.name = "adaptive_avgpool_backward", .min_inputs = 1,
+               .max_inputs = 1, .infer = InferAdaptiveAvgPoolBackward,
+               .flops = [](Inputs in, const TensorType& out, const Json&) {
+                 return AdaptiveFlops(out.shape, in[0].shape);
+               }});
+  t.push_back({.name = "upsample", .min_inputs = 1, .max_inputs = 1,
+               .infer = InferUpsample, .flops = UpsampleFlops,
+               .backward = UpsampleBackward});
+  t.push_back({.name = "upsample_backward", .min_inputs = 1, .max_inputs = 1,
+               .infer = InferUpsampleBackward,
+               .flops = UpsampleBackwardFlops});
+  t.push_back({.name = "pad", .min_inputs = 1, .max_inputs = 1,
+               .infer = InferPad, .flops = CopyFlops,
+               .backward = PadBackward});
+  t.push_back({.name = "pad_backward", .min_inputs = 1, .max_inputs = 1,
+               .infer = InferPadBackward, .flops = CopyFlops});
+}
+
+}  // namespace pebble::ops_internal

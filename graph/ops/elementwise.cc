@@ -1,0 +1,243 @@
+// Element-wise operators: activations, add/mul, dropout, copies and fills.
+// FLOP counts per element are in docs/operators.md (one per arithmetic
+// operation, one per transcendental function).
+#include <algorithm>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "graph/autodiff.h"
+#include "graph/ops/op_util.h"
+#include "graph/status.h"
+
+namespace pebble::ops_internal {
+namespace {
+
+// ---- Activations: y = f(x), same shape and dtype.
+
+absl::StatusOr<TensorType> InferUnaryFloat(Inputs in, const Json&) {
+  RETURN_IF_ERROR(ExpectFloat(in[0], "input 0 (x)"));
+  return in[0];
+}
+
+// `per_element` FLOPs for every element of the output.
+std::function<double(Inputs, const TensorType&, const Json&)> PerElement(
+    double per_element) {
+  return [per_element](Inputs, const TensorType& out, const Json&) {
+    return per_element * Elements(out);
+  };
+}
+
+absl::StatusOr<std::string> GeluApproximate(const Json& attrs) {
+  absl::StatusOr<std::string> mode = StringAttr(attrs, "approximate", "none");
+  if (mode.ok() && *mode != "none" && *mode != "tanh") {
+    return Invalid("attr 'approximate' must be \"none\" or \"tanh\", got \"",
+                   *mode, "\"");
+  }
+  return mode;
+}
+
+absl::StatusOr<TensorType> InferGelu(Inputs in, const Json& attrs) {
+  RETURN_IF_ERROR(GeluApproximate(attrs).status());
+  return InferUnaryFloat(in, attrs);
+}
+
+double GeluFlops(Inputs, const TensorType& out, const Json& attrs) {
+  absl::StatusOr<std::string> mode = GeluApproximate(attrs);
+  // none: 0.5 x (1 + erf(x / sqrt 2)) = 5; tanh: 0.5 x (1 + tanh(c (x +
+  // 0.044715 x^3))) = 9.
+  return (mode.ok() && *mode == "tanh" ? 9.0 : 5.0) * Elements(out);
+}
+
+double GeluBackwardFlops(Inputs, const TensorType& out, const Json& attrs) {
+  absl::StatusOr<std::string> mode = GeluApproximate(attrs);
+  return (mode.ok() && *mode == "tanh" ? 15.0 : 11.0) * Elements(out);
+}
+
+// (grad, saved): the backward of an activation; both of the output's shape.
+absl::StatusOr<TensorType> InferActivationBackward(Inputs in, const Json&) {
+  RETURN_IF_ERROR(ExpectFloat(in[0], "input 0 (grad)"));
+  RETURN_IF_ERROR(ExpectFloat(in[1], "input 1 (saved tensor)"));
+  RETURN_IF_ERROR(ExpectSameShape(in[0], "grad", in[1], "saved tensor"));
+  return in[0];
+}
+
+// Backward rule of y = f(x) whose derivative is read from the output (relu,
+// tanh, sigmoid: f' is a function of y) or from the input (gelu).
+std::function<absl::Status(BackwardContext&)> ActivationBackward(
+    std::string backward_op, bool reads_output) {
+  return [backward_op, reads_output](BackwardContext& ctx) -> absl::Status {
+    if (!ctx.needs_grad(0)) return absl::OkStatus();
+    const Value saved = reads_output ? ctx.output() : ctx.input(0);
+    ctx.AccumulateGrad(
+        0, ctx.Emit(backward_op, {ctx.grad_output(), saved}, ctx.attrs()));
+    return absl::OkStatus();
+  };
+}
+
+// ---- add / mul with bias-style broadcasting: the operand of lower rank
+// must equal the trailing dims of the other.
+
+absl::StatusOr<TensorType> InferBinary(Inputs in, const Json&) {
+  RETURN_IF_ERROR(ExpectFloat(in[0], "input 0 (a)"));
+  RETURN_IF_ERROR(ExpectFloat(in[1], "input 1 (b)"));
+  RETURN_IF_ERROR(ExpectSameDType(in[0], "a", in[1], "b"));
+  const bool a_bigger = in[0].shape.size() >= in[1].shape.size();
+  const Shape& big = a_bigger ? in[0].shape : in[1].shape;
+  const Shape& small = a_bigger ? in[1].shape : in[0].shape;
+  if (!std::equal(small.begin(), small.end(), big.end() - small.size())) {
+    return Invalid("shapes ", ShapeToString(in[0].shape), " and ",
+                   ShapeToString(in[1].shape),
+                   " do not match (equal shapes, or the lower-rank operand "
+                   "equal to the trailing dims of the other)");
+  }
+  return TensorType{big, in[0].dtype};
+}
+
+// Hands `grad` (the output's shape) to input i, summed down to the input's
+// shape when the input was broadcast.
+void AccumulateBroadcast(BackwardContext& ctx, int i, Value grad) {
+  const Shape& shape = ctx.input_type(i).shape;
+  if (shape == ctx.output_type().shape) {
+    ctx.AccumulateGrad(i, grad);
+  } else {
+    ctx.AccumulateGrad(i, ctx.Emit("sum_to", {grad}, {{"shape", shape}}));
+  }
+}
+
+absl::Status AddBackward(BackwardContext& ctx) {
+  // d(a + b) passes the incoming gradient through: an alias, no node.
+  for (int i = 0; i < 2; ++i) {
+    if (ctx.needs_grad(i)) AccumulateBroadcast(ctx, i, ctx.grad_output());
+  }
+  return absl::OkStatus();
+}
+
+absl::Status MulBackward(BackwardContext& ctx) {
+  // d(a * b)/da = grad * b: each gradient reads the other operand.
+  for (int i = 0; i < 2; ++i) {
+    if (!ctx.needs_grad(i)) continue;
+    AccumulateBroadcast(
+        ctx, i, ctx.Emit("mul", {ctx.grad_output(), ctx.input(1 - i)}));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<TensorType> InferSumTo(Inputs in, const Json& attrs) {
+  RETURN_IF_ERROR(ExpectFloat(in[0], "input 0 (x)"));
+  ASSIGN_OR_RETURN(Shape shape, ShapeAttr(attrs, "shape"));
+  const Shape& x = in[0].shape;
+  if (shape.size() > x.size() ||
+      !std::equal(shape.begin(), shape.end(), x.end() - shape.size())) {
+    return Invalid("attr 'shape' ", ShapeToString(shape),
+                   " must equal the trailing dims of the input ",
+                   ShapeToString(x));
+  }
+  return TensorType{shape, in[0].dtype};
+}
+
+double InputElementsFlops(Inputs in, const TensorType&, const Json&) {
+  return Elements(in[0]);
+}
+
+// ---- copy and fill.
+
+absl::StatusOr<TensorType> InferCopy(Inputs in, const Json&) { return in[0]; }
+
+absl::Status CopyBackward(BackwardContext& ctx) {
+  if (ctx.needs_grad(0)) ctx.AccumulateGrad(0, ctx.grad_output());
+  return absl::OkStatus();
+}
+
+absl::StatusOr<TensorType> InferFill(Inputs, const Json& attrs) {
+  ASSIGN_OR_RETURN(Shape shape, ShapeAttr(attrs, "shape"));
+  ASSIGN_OR_RETURN(DType dtype, DTypeAttr(attrs, "dtype", DType::kFloat32));
+  RETURN_IF_ERROR(DoubleAttr(attrs, "value", 1.0).status());
+  return TensorType{shape, dtype};
+}
+
+// ---- dropout: mask = (uniform(seed) >= p) as u8; y = x * mask / (1 - p).
+
+absl::Status CheckDropoutP(const Json& attrs) {
+  ASSIGN_OR_RETURN(double p, DoubleAttr(attrs, "p", 0.5));
+  if (p < 0 || p >= 1) return Invalid("attr 'p' = ", p, " must be in [0, 1)");
+  return absl::OkStatus();
+}
+
+absl::StatusOr<TensorType> InferDropoutMask(Inputs in, const Json& attrs) {
+  RETURN_IF_ERROR(CheckDropoutP(attrs));
+  RETURN_IF_ERROR(IntAttr(attrs, "seed", 0).status());
+  return TensorType{in[0].shape, DType::kUInt8};
+}
+
+// (x or grad, mask) -> x's type.
+absl::StatusOr<TensorType> InferDropout(Inputs in, const Json& attrs) {
+  RETURN_IF_ERROR(CheckDropoutP(attrs));
+  RETURN_IF_ERROR(ExpectFloat(in[0], "input 0"));
+  RETURN_IF_ERROR(ExpectDType(in[1], DType::kUInt8, "input 1 (mask)"));
+  RETURN_IF_ERROR(ExpectSameShape(in[0], "input 0", in[1], "mask"));
+  return in[0];
+}
+
+absl::Status DropoutBackward(BackwardContext& ctx) {
+  if (!ctx.needs_grad(0)) return absl::OkStatus();
+  ctx.AccumulateGrad(0, ctx.Emit("dropout_backward",
+                                 {ctx.grad_output(), ctx.input(1)},
+                                 ctx.attrs()));
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+void RegisterElementwiseOps(std::vector<OpDef>& t) {
+  t.push_back({.name = "relu", .min_inputs = 1, .max_inputs = 1,
+               .infer = InferUnaryFloat, .flops = PerElement(1),
+               .backward = ActivationBackward("relu_backward", true)});
+  t.push_back({.name = "tanh", .min_inputs = 1, .max_inputs = 1,
+               .infer = InferUnaryFloat, .flops = PerElement(1),
+               .backward = ActivationBackward("tanh_backward", true)});
+  t.push_back({.name = "sigmoid", .min_inputs = 1, .max_inputs = 1,
+               .infer = InferUnaryFloat, .flops = PerElement(3),
+               .backward = ActivationBackward("sigmoid_backward", true)});
+  t.push_back({.name = "gelu", .min_inputs = 1, .max_inputs = 1,
+               .infer = InferGelu, .flops = GeluFlops,
+               .backward = ActivationBackward("gelu_backward", false)});
+  // grad * (y > 0); grad * (1 - y^2); grad * y * (1 - y).
+  t.push_back({.name = "relu_backward", .min_inputs = 2, .max_inputs = 2,
+               .infer = InferActivationBackward, .flops = PerElement(1)});
+  t.push_back({.name = "tanh_backward", .min_inputs = 2, .max_inputs = 2,
+               .infer = InferActivationBackward, .flops = PerElement(3)});
+  t.push_back({.name = "sigmoid_backward", .min_inputs = 2, .max_inputs = 2,
+               .infer = InferActivationBackward, .flops = PerElement(3)});
+  t.push_back({.name = "gelu_backward", .min_inputs = 2, .max_inputs = 2,
+               .infer = [](Inputs in, const Json& attrs)
+                   -> absl::StatusOr<TensorType> {
+                 RETURN_IF_ERROR(GeluApproximate(attrs).status());
+                 return InferActivationBackward(in, attrs);
+               },
+               .flops = GeluBackwardFlops});
+
+  t.push_back({.name = "add", .min_inputs = 2, .max_inputs = 2,
+               .infer = InferBinary, .flops = PerElement(1),
+               .backward = AddBackward});
+  t.push_back({.name = "mul", .min_inputs = 2, .max_inputs = 2,
+               .infer = InferBinary, .flops = PerElement(1),
+               .backward = MulBackward});
+  t.push_back({.name = "sum_to", .min_inputs = 1, .max_inputs = 1,
+               .infer = InferSumTo, .flops = InputElementsFlops});
+  t.push_back({.name = "copy", .min_inputs = 1, .max_inputs = 1,
+               .infer = InferCopy, .flops = CopyFlops,
+               .backward = CopyBackward});
+  t.push_back({.name = "fill", .min_inputs = 0, .max_inputs = 0,
+               .infer = InferFill, .flops = CopyFlops});
+
+  t.push_back({.name = "dropout_mask", .min_inputs = 1, .max_inputs = 1,
+               .infer = InferDropoutMask, .flops = PerElement(1)});
+  t.push_back({.name = "dropout", .min_inputs = 2, .max_inputs = 2,
+               .infer = InferDropout, .flops = PerElement(2),
+               .backward = DropoutBackward});
+  t.push_back({.name = "dropout_backward", .min_inputs = 2, .max_inputs = 2,
+               .infer = InferDropout, .flops = PerElement(2)});
+}
+
+}  // namespace pebble::ops_internal

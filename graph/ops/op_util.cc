@@ -1,0 +1,232 @@
+#include "graph/ops/op_util.h"
+
+#include <cmath>
+#include <limits>
+
+#include "absl/strings/str_join.h"
+
+namespace pebble::ops_internal {
+namespace {
+
+// The attribute `name`, or nullptr when absent (or attrs is not an object).
+const Json* Find(const Json& attrs, absl::string_view name) {
+  if (!attrs.is_object()) return nullptr;
+  auto it = attrs.find(std::string(name));
+  return it == attrs.end() ? nullptr : &*it;
+}
+
+absl::Status BadAttr(absl::string_view name, absl::string_view expected,
+                     const Json& got) {
+  std::string text = got.dump();
+  if (text.size() > 60) text = text.substr(0, 60) + "...";
+  return Invalid("attr '", name, "' must be ", expected, ", got ", text);
+}
+
+}  // namespace
+
+absl::StatusOr<int64_t> IntAttr(const Json& attrs, absl::string_view name,
+                                int64_t default_value) {
+  const Json* v = Find(attrs, name);
+  if (v == nullptr) return default_value;
+  if (v->is_number_integer()) return v->get<int64_t>();
+  return BadAttr(name, "an integer", *v);
+}
+
+absl::StatusOr<int64_t> RequiredIntAttr(const Json& attrs,
+                                        absl::string_view name) {
+  if (Find(attrs, name) == nullptr) {
+    return Invalid("missing attr '", name, "'");
+  }
+  return IntAttr(attrs, name, 0);
+}
+
+absl::StatusOr<bool> BoolAttr(const Json& attrs, absl::string_view name,
+                              bool default_value) {
+  const Json* v = Find(attrs, name);
+  if (v == nullptr) return default_value;
+  if (v->is_boolean()) return v->get<bool>();
+  return BadAttr(name, "a boolean", *v);
+}
+
+absl::StatusOr<double> DoubleAttr(const Json& attrs, absl::string_view name,
+                                  double default_value) {
+  const Json* v = Find(attrs, name);
+  if (v == nullptr) return default_value;
+  if (v->is_number()) {
+    const double d = v->get<double>();
+    if (std::isfinite(d)) return d;
+  }
+  return BadAttr(name, "a finite number", *v);
+}
+
+absl::StatusOr<std::string> StringAttr(const Json& attrs,
+                                       absl::string_view name,
+                                       absl::string_view default_value) {
+  const Json* v = Find(attrs, name);
+  if (v == nullptr) return std::string(default_value);
+  if (v->is_string()) return v->get<std::string>();
+  return BadAttr(name, "a string", *v);
+}
+
+absl::StatusOr<std::vector<int64_t>> IntListAttr(const Json& attrs,
+                                                 absl::string_view name) {
+  const Json* v = Find(attrs, name);
+  if (v == nullptr) return Invalid("missing attr '", name, "'");
+  if (!v->is_array()) return BadAttr(name, "a list of integers", *v);
+  std::vector<int64_t> out;
+  for (const Json& e : *v) {
+    if (!e.is_number_integer()) return BadAttr(name, "a list of integers", *v);
+    out.push_back(e.get<int64_t>());
+  }
+  return out;
+}
+
+absl::StatusOr<std::vector<int64_t>> SpatialAttr(const Json& attrs,
+                                                 absl::string_view name,
+                                                 int dims, int64_t default_value,
+                                                 bool required) {
+  const Json* v = Find(attrs, name);
+  if (v == nullptr) {
+    if (required) return Invalid("missing attr '", name, "'");
+    return std::vector<int64_t>(dims, default_value);
+  }
+  if (v->is_number_integer()) {
+    return std::vector<int64_t>(dims, v->get<int64_t>());
+  }
+  const std::string expected =
+      absl::StrCat("an integer or a list of ", dims, " integers");
+  if (!v->is_array() || static_cast<int>(v->size()) != dims) {
+    return BadAttr(name, expected, *v);
+  }
+  std::vector<int64_t> out;
+  for (const Json& e : *v) {
+    if (!e.is_number_integer()) return BadAttr(name, expected, *v);
+    out.push_back(e.get<int64_t>());
+  }
+  return out;
+}
+
+absl::StatusOr<Shape> ShapeAttr(const Json& attrs, absl::string_view name) {
+  std::vector<int64_t> dims;
+  {
+    absl::StatusOr<std::vector<int64_t>> list = IntListAttr(attrs, name);
+    if (!list.ok()) return list.status();
+    dims = *std::move(list);
+  }
+  for (int64_t d : dims) {
+    if (d < 0) {
+      return Invalid("attr '", name, "' has a negative dimension (",
+                     absl::StrJoin(dims, ","), ")");
+    }
+  }
+  return dims;
+}
+
+absl::StatusOr<DType> DTypeAttr(const Json& attrs, absl::string_view name,
+                                DType default_value) {
+  const Json* v = Find(attrs, name);
+  if (v == nullptr) return default_value;
+  if (!v->is_string()) return BadAttr(name, "a dtype name", *v);
+  absl::StatusOr<DType> dtype = ParseDType(v->get<std::string>());
+  if (!dtype.ok()) {
+    return Invalid("attr '", name, "': ", dtype.status().message());
+  }
+  return *dtype;
+}
+
+bool IsFloat(DType dtype) {
+  return dtype == DType::kFloat32 || dtype == DType::kFloat16 ||
+         dtype == DType::kBFloat16;
+}
+
+absl::Status ExpectFloat(const TensorType& t, absl::string_view what) {
+  if (IsFloat(t.dtype)) return absl::OkStatus();
+  return Invalid(what, " must be floating-point (fp32, fp16, bf16), got ",
+                 DTypeName(t.dtype));
+}
+
+absl::Status ExpectDType(const TensorType& t, DType dtype,
+                         absl::string_view what) {
+  if (t.dtype == dtype) return absl::OkStatus();
+  return Invalid(what, " must be ", DTypeName(dtype), ", got ",
+                 DTypeName(t.dtype));
+}
+
+absl::Status ExpectRank(const TensorType& t, int rank, absl::string_view what) {
+  if (static_cast<int>(t.shape.size()) == rank) return absl::OkStatus();
+  return Invalid(what, " must have rank ", rank, ", got shape ",
+                 ShapeToString(t.shape));
+}
+
+absl::Status ExpectRankAtLeast(const TensorType& t, int rank,
+                               absl::string_view what) {
+  if (static_cast<int>(t.shape.size()) >= rank) return absl::OkStatus();
+  return Invalid(what, " must have rank >= ", rank, ", got shape ",
+                 ShapeToString(t.shape));
+}
+
+absl::Status ExpectSameShape(const TensorType& a, absl::string_view what_a,
+                             const TensorType& b, absl::string_view what_b) {
+  if (a.shape == b.shape) return absl::OkStatus();
+  return Invalid(what_a, " ", ShapeToString(a.shape), " and ", what_b, " ",
+                 ShapeToString(b.shape), " must have the same shape");
+}
+
+absl::Status ExpectSameDType(const TensorType& a, absl::string_view what_a,
+                             const TensorType& b, absl::string_view what_b) {
+  if (a.dtype == b.dtype) return absl::OkStatus();
+  return Invalid(what_a, " (", DTypeName(a.dtype), ") and ", what_b, " (",
+                 DTypeName(b.dtype), ") must have the same dtype");
+}
+
+absl::Status ExpectShape(const TensorType& t, const Shape& shape,
+                         absl::string_view what) {
+  if (t.shape == shape) return absl::OkStatus();
+  return Invalid(what, " must have shape ", ShapeToString(shape), ", got ",
+                 ShapeToString(t.shape));
+}
+
+absl::StatusOr<DType> FirstFloatDType(Inputs inputs) {
+  for (const TensorType& t : inputs) {
+    if (IsFloat(t.dtype)) return t.dtype;
+  }
+  return Invalid("no floating-point input");
+}
+
+absl::StatusOr<int> NormalizeAxis(int64_t axis, int rank,
+                                  absl::string_view name) {
+  if (axis < -rank || axis >= rank) {
+    return Invalid("attr '", name, "' = ", axis, " is out of range for rank ",
+                   rank);
+  }
+  return static_cast<int>(axis < 0 ? axis + rank : axis);
+}
+
+absl::StatusOr<int64_t> WindowOutput(int64_t in, int64_t kernel,
+                                     int64_t stride, int64_t padding,
+                                     int dim) {
+  if (kernel < 1) return Invalid("kernel size ", kernel, " must be >= 1");
+  if (stride < 1) return Invalid("stride ", stride, " must be >= 1");
+  if (padding < 0) return Invalid("padding ", padding, " must be >= 0");
+  if (in + 2 * padding < kernel) {
+    return Invalid("spatial dim ", dim, ": window ", kernel,
+                   " is larger than the padded input ", in, " + 2*", padding);
+  }
+  return (in + 2 * padding - kernel) / stride + 1;
+}
+
+int64_t Product(const Shape& shape, int begin, int end) {
+  int64_t p = 1;
+  for (int i = begin; i < end; ++i) p *= shape[i];
+  return p;
+}
+
+double Elements(const TensorType& t) {
+  return static_cast<double>(NumElements(t.shape));
+}
+
+double CopyFlops(Inputs, const TensorType& out, const Json&) {
+  return Elements(out);
+}
+
+}  // namespace pebble::ops_internal

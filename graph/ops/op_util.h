@@ -1,0 +1,114 @@
+// Internal to the operator table (graph/ops/): attribute readers, shape
+// checks and the registration functions of each operator family. Nothing
+// outside graph/ops/ includes this file; the public face is graph/ops.h.
+#ifndef PEBBLE_GRAPH_OPS_OP_UTIL_H_
+#define PEBBLE_GRAPH_OPS_OP_UTIL_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+#include "absl/types/span.h"
+#include "graph/graph.h"
+#include "graph/ops.h"
+#include "nlohmann/json.hpp"
+
+namespace pebble::ops_internal {
+
+using Json = nlohmann::json;
+using Inputs = absl::Span<const TensorType>;
+
+// An InvalidArgument whose message is the concatenation of `parts`. The
+// caller (NetBuilder) prefixes the node id and the op name.
+template <typename... Args>
+absl::Status Invalid(const Args&... parts) {
+  return absl::InvalidArgumentError(absl::StrCat(parts...));
+}
+
+// ---- Attributes. `attrs` may be null (no attributes) or an object; a
+// missing attribute takes the default, a present one of the wrong JSON type
+// is an error naming it. Nothing here throws.
+
+absl::StatusOr<int64_t> IntAttr(const Json& attrs, absl::string_view name,
+                                int64_t default_value);
+absl::StatusOr<int64_t> RequiredIntAttr(const Json& attrs,
+                                        absl::string_view name);
+absl::StatusOr<bool> BoolAttr(const Json& attrs, absl::string_view name,
+                              bool default_value);
+absl::StatusOr<double> DoubleAttr(const Json& attrs, absl::string_view name,
+                                  double default_value);
+absl::StatusOr<std::string> StringAttr(const Json& attrs,
+                                       absl::string_view name,
+                                       absl::string_view default_value);
+// A list of integers of any length (required).
+absl::StatusOr<std::vector<int64_t>> IntListAttr(const Json& attrs,
+                                                 absl::string_view name);
+// One integer per spatial dimension: an integer (the same for each of the
+// `dims` dimensions) or a list of `dims` integers. Absent: `default_value`
+// repeated, or an error when `required`.
+absl::StatusOr<std::vector<int64_t>> SpatialAttr(const Json& attrs,
+                                                 absl::string_view name,
+                                                 int dims, int64_t default_value,
+                                                 bool required = false);
+// A shape attribute (list of non-negative integers).
+absl::StatusOr<Shape> ShapeAttr(const Json& attrs, absl::string_view name);
+// A dtype attribute ("fp32", ...; ParseDType's spellings).
+absl::StatusOr<DType> DTypeAttr(const Json& attrs, absl::string_view name,
+                                DType default_value);
+
+// ---- Tensor checks. `what` names the operand in messages ("input 0 (x)").
+
+bool IsFloat(DType dtype);
+absl::Status ExpectFloat(const TensorType& t, absl::string_view what);
+absl::Status ExpectDType(const TensorType& t, DType dtype,
+                         absl::string_view what);
+absl::Status ExpectRank(const TensorType& t, int rank, absl::string_view what);
+absl::Status ExpectRankAtLeast(const TensorType& t, int rank,
+                               absl::string_view what);
+absl::Status ExpectSameShape(const TensorType& a, absl::string_view what_a,
+                             const TensorType& b, absl::string_view what_b);
+absl::Status ExpectSameDType(const TensorType& a, absl::string_view what_a,
+                             const TensorType& b, absl::string_view what_b);
+absl::Status ExpectShape(const TensorType& t, const Shape& shape,
+                         absl::string_view what);
+
+// The dtype of the first floating-point input (the output dtype rule of
+// docs/operators.md), or an error when none is.
+absl::StatusOr<DType> FirstFloatDType(Inputs inputs);
+
+// Normalises a possibly negative axis into [0, rank).
+absl::StatusOr<int> NormalizeAxis(int64_t axis, int rank,
+                                  absl::string_view name);
+
+// Output size of a sliding window along one dimension, PyTorch's floor mode:
+// (in + 2 * padding - kernel) / stride + 1. Errors when the window does not
+// fit or a parameter is out of range.
+absl::StatusOr<int64_t> WindowOutput(int64_t in, int64_t kernel,
+                                     int64_t stride, int64_t padding,
+                                     int dim);
+
+// Product of dims [begin, end) of `shape`.
+int64_t Product(const Shape& shape, int begin, int end);
+double Elements(const TensorType& t);  // as a double, for FLOP formulas
+
+// The FLOP count of ops that only move data: one per element written, so
+// that no node is free to recompute (docs/operators.md, "FLOPs").
+double CopyFlops(Inputs inputs, const TensorType& out, const Json& attrs);
+
+// ---- Registration, one function per family (explicit calls from
+// registry.cc: a static library drops files whose symbols nobody uses, so
+// self-registering globals would silently vanish).
+void RegisterElementwiseOps(std::vector<OpDef>& table);  // elementwise.cc
+void RegisterConvPoolOps(std::vector<OpDef>& table);     // conv_pool.cc
+void RegisterLinalgOps(std::vector<OpDef>& table);       // linalg.cc
+void RegisterNormOps(std::vector<OpDef>& table);         // norm.cc
+void RegisterShapeOps(std::vector<OpDef>& table);        // shape_ops.cc
+void RegisterLossOps(std::vector<OpDef>& table);         // loss.cc
+
+}  // namespace pebble::ops_internal
+
+#endif  // PEBBLE_GRAPH_OPS_OP_UTIL_H_

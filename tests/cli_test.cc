@@ -1,0 +1,208 @@
+// End-to-end tests of the pebble binary: exit codes, JSON on stdout, one-line
+// errors on stderr, files never overwritten without --force.
+#include <sys/wait.h>
+
+#include <array>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+
+namespace {
+
+using ::testing::HasSubstr;
+namespace fs = std::filesystem;
+
+struct Result {
+  int exit_code = -1;
+  std::string out;
+  std::string err;
+};
+
+// Runs `build/bin/pebble <args>` through the shell, capturing both streams.
+Result Pebble(const std::string& args) {
+  const fs::path dir = fs::path(::testing::TempDir());
+  const std::string out_path = (dir / "pebble_stdout.txt").string();
+  const std::string err_path = (dir / "pebble_stderr.txt").string();
+  const std::string cmd = std::string(PEBBLE_BINARY_DIR) + "/bin/pebble " + args + " >" +
+                          out_path + " 2>" + err_path;
+  const int status = std::system(cmd.c_str());
+  Result r;
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  auto slurp = [](const std::string& p) {
+    std::ifstream in(p);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    return ss.str();
+  };
+  r.out = slurp(out_path);
+  r.err = slurp(err_path);
+  return r;
+}
+
+std::string Source(const std::string& rel) {
+  return std::string(PEBBLE_SOURCE_DIR) + "/" + rel;
+}
+
+nlohmann::json ParseOrFail(const std::string& text) {
+  nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
+  EXPECT_FALSE(j.is_discarded()) << "not JSON:\n" << text;
+  return j;
+}
+
+TEST(CliTest, HelpTeachesByExample) {
+  Result r = Pebble("--help");
+  EXPECT_EQ(r.exit_code, 0);
+  EXPECT_THAT(r.out, HasSubstr("pebble plan --model conv3d:n=128"));
+  Result plan = Pebble("plan --help");
+  EXPECT_EQ(plan.exit_code, 0);
+  EXPECT_THAT(plan.out, HasSubstr("--budget"));
+}
+
+TEST(CliTest, UsageErrorsExitWithTwo) {
+  EXPECT_EQ(Pebble("").exit_code, 2);
+  EXPECT_EQ(Pebble("no-such-command").exit_code, 2);
+  EXPECT_EQ(Pebble("plan --model conv3d --graph x.json").exit_code, 2);
+}
+
+TEST(CliTest, PlanConv3dBaselineJsonFollowsTheSpec) {
+  Result r = Pebble("plan --model conv3d:n=32 --policy baseline --budget 100% --json");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  nlohmann::json j = ParseOrFail(r.out);
+  EXPECT_EQ(j["policy"], "baseline");
+  EXPECT_EQ(j["feasible"], true);
+  EXPECT_EQ(j["budget_bytes"], j["report"]["peak_bytes"]);
+  for (const char* key : {"peak_bytes", "compute_cost", "base_cost", "overhead",
+                          "recomputations", "transfer_bytes", "host_peak_bytes", "makespan"}) {
+    EXPECT_TRUE(j["report"].contains(key)) << key;
+  }
+  EXPECT_EQ(j["report"]["recomputations"], 0);
+  EXPECT_EQ(j["schedule"]["format"], "pebble-schedule");
+  EXPECT_GT(j["schedule"]["steps"].size(), 10u);
+}
+
+TEST(CliTest, InfeasibleBudgetIsReported) {
+  Result r = Pebble("plan --model conv3d:n=16 --policy baseline --budget 50% --json");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  nlohmann::json j = ParseOrFail(r.out);
+  EXPECT_EQ(j["feasible"], false);
+  EXPECT_THAT(j["message"].get<std::string>(), HasSubstr("exceeds the budget"));
+}
+
+TEST(CliTest, PlannedScheduleSimulatesToTheSameReport) {
+  const std::string dir = ::testing::TempDir();
+  const std::string graph = dir + "/cli_graph.json";
+  const std::string schedule = dir + "/cli_schedule.json";
+  fs::remove(graph);
+  fs::remove(schedule);
+  ASSERT_EQ(Pebble("export --model tanh-chain:length=4,size=1000 --format json --output " + graph)
+                .exit_code,
+            0);
+  Result plan = Pebble("plan --graph " + graph + " --policy baseline --budget min --json " +
+                       "--schedule-out " + schedule);
+  ASSERT_EQ(plan.exit_code, 0) << plan.err;
+  Result sim = Pebble("simulate --graph " + graph + " --schedule " + schedule + " --json");
+  ASSERT_EQ(sim.exit_code, 0) << sim.err;
+  nlohmann::json p = ParseOrFail(plan.out), s = ParseOrFail(sim.out);
+  EXPECT_EQ(p["report"]["peak_bytes"], s["report"]["peak_bytes"]);
+  EXPECT_EQ(p["report"]["makespan"], s["report"]["makespan"]);
+  // The schedule file is not overwritten without --force.
+  Result again = Pebble("plan --graph " + graph + " --policy baseline --schedule-out " + schedule);
+  EXPECT_EQ(again.exit_code, 1);
+  EXPECT_THAT(again.err, HasSubstr("--force"));
+  EXPECT_EQ(Pebble("plan --graph " + graph + " --schedule-out " + schedule + " --force").exit_code,
+            0);
+}
+
+TEST(CliTest, InvalidScheduleNamesTheStep) {
+  const std::string dir = ::testing::TempDir();
+  const std::string graph = dir + "/cli_graph2.json";
+  const std::string schedule = dir + "/cli_bad_schedule.json";
+  fs::remove(graph);
+  ASSERT_EQ(Pebble("export --model path:n=3 --output " + graph).exit_code, 0);
+  nlohmann::json g = nlohmann::json::parse(std::ifstream(graph));
+  const std::string last = g["nodes"].back()["id"];
+  std::ofstream(schedule) << nlohmann::json{
+      {"format", "pebble-schedule"},
+      {"version", 1},
+      {"steps", {{{"action", "compute"}, {"node", last}}}}}.dump();
+  Result r = Pebble("simulate --graph " + graph + " --schedule " + schedule);
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_THAT(r.err, HasSubstr("step 0 (compute '" + last + "')"));
+}
+
+// Every malformed graph in examples/bad gets a one-line error and an exit
+// code between 1 and 127, never a crash.
+TEST(CliTest, BadGraphFilesGetOneLineErrors) {
+  int checked = 0;
+  for (const auto& entry : fs::directory_iterator(Source("examples/bad"))) {
+    if (entry.path().extension() != ".json") continue;
+    Result r = Pebble("describe --graph " + entry.path().string());
+    EXPECT_GE(r.exit_code, 1) << entry.path();
+    EXPECT_LE(r.exit_code, 127) << entry.path();
+    EXPECT_TRUE(r.out.empty()) << entry.path();
+    EXPECT_THAT(r.err, ::testing::StartsWith("pebble: ")) << entry.path();
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << entry.path() << ": " << r.err;
+    ++checked;
+  }
+  EXPECT_GE(checked, 8);
+  Result missing = Pebble("describe --graph /nonexistent/graph.json");
+  EXPECT_EQ(missing.exit_code, 1);
+  EXPECT_THAT(missing.err, HasSubstr("/nonexistent/graph.json"));
+}
+
+TEST(CliTest, BadArgumentsAreNamed) {
+  Result budget = Pebble("plan --model conv3d:n=8 --budget lots");
+  EXPECT_EQ(budget.exit_code, 1);
+  EXPECT_THAT(budget.err, HasSubstr("invalid budget 'lots'"));
+  Result policy = Pebble("plan --model conv3d:n=8 --policy nope");
+  EXPECT_EQ(policy.exit_code, 1);
+  EXPECT_THAT(policy.err, HasSubstr("unknown policy 'nope'"));
+  Result model = Pebble("describe --model nosuchmodel");
+  EXPECT_EQ(model.exit_code, 1);
+  EXPECT_THAT(model.err, HasSubstr("nosuchmodel"));
+}
+
+TEST(CliTest, EveryZooModelExportsAndPlans) {
+  Result models = Pebble("models --json");
+  ASSERT_EQ(models.exit_code, 0);
+  nlohmann::json list = ParseOrFail(models.out);
+  ASSERT_GE(list.size(), 10u);
+  for (const auto& m : list) {
+    std::string name = m["name"];
+    // Small instances keep the test fast.
+    std::string spec = name;
+    if (name == "resnet18" || name == "resnet50") spec += ":batch=1,image=64";
+    if (name == "vgg16") spec += ":batch=1";
+    if (name == "unet3d") spec += ":batch=1,depth=16,height=32,width=32";
+    Result exp = Pebble("export --model " + spec + " --format dot");
+    EXPECT_EQ(exp.exit_code, 0) << spec << ": " << exp.err;
+    EXPECT_THAT(exp.out, HasSubstr("digraph")) << spec;
+    Result plan = Pebble("plan --model " + spec + " --policy baseline --budget 100% --json");
+    EXPECT_EQ(plan.exit_code, 0) << spec << ": " << plan.err;
+    EXPECT_EQ(ParseOrFail(plan.out)["feasible"], true) << spec;
+  }
+}
+
+TEST(CliTest, CompareCsvHasAHeaderAndARowPerPolicyAndBudget) {
+  Result r = Pebble("compare --model conv3d:n=16 --budgets 100%,min --policies baseline --format csv");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.out, ::testing::StartsWith("policy,budget,"));
+  EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 3);
+}
+
+TEST(CliTest, DescribeReportsTheMemorySummary) {
+  Result r = Pebble("describe --model mnist-cnn:batch=2 --json");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  nlohmann::json j = ParseOrFail(r.out);
+  EXPECT_EQ(j["summary"]["parameters"], 1111946);
+  EXPECT_EQ(j["summary"]["parameter_bytes"], 4 * 1111946);
+  EXPECT_EQ(j["summary"]["gradient_bytes"], 4 * 1111946);
+  EXPECT_GT(j["summary"]["baseline_peak_bytes"], j["summary"]["persistent_bytes"]);
+}
+
+}  // namespace

@@ -1,0 +1,573 @@
+// The operator table and NetBuilder: shape and dtype inference, FLOPs on
+// hand-computed cases, errors that name the op and the node.
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "graph/net_builder.h"
+#include "graph/ops.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+
+namespace pebble {
+namespace {
+
+using Json = nlohmann::json;
+
+constexpr DType kF32 = DType::kFloat32;
+constexpr DType kF16 = DType::kFloat16;
+constexpr DType kI64 = DType::kInt64;
+
+TensorType T(Shape shape, DType dtype = kF32) { return {shape, dtype}; }
+
+absl::StatusOr<TensorType> Infer(const std::string& op,
+                                 std::vector<TensorType> in,
+                                 Json attrs = Json::object()) {
+  const OpDef* def = FindOp(op);
+  if (def == nullptr) return absl::NotFoundError(op);
+  return def->infer(in, attrs);
+}
+
+double Flops(const std::string& op, std::vector<TensorType> in,
+             Json attrs = Json::object()) {
+  const OpDef* def = FindOp(op);
+  EXPECT_NE(def, nullptr) << op;
+  absl::StatusOr<TensorType> out = def->infer(in, attrs);
+  EXPECT_TRUE(out.ok()) << op << ": " << out.status();
+  return out.ok() ? def->flops(in, *out, attrs) : -1;
+}
+
+// Expects `op` to infer `shape` and `dtype`.
+void ExpectType(const std::string& op, std::vector<TensorType> in, Json attrs,
+                const Shape& shape, DType dtype = kF32) {
+  absl::StatusOr<TensorType> out = Infer(op, in, attrs);
+  ASSERT_TRUE(out.ok()) << op << ": " << out.status();
+  EXPECT_EQ(out->shape, shape) << op << " " << ShapeToString(out->shape);
+  EXPECT_EQ(out->dtype, dtype) << op;
+}
+
+// Expects an InvalidArgument whose message contains `needle`.
+void ExpectError(const std::string& op, std::vector<TensorType> in, Json attrs,
+                 const std::string& needle) {
+  absl::StatusOr<TensorType> out = Infer(op, in, attrs);
+  ASSERT_FALSE(out.ok()) << op << " inferred " << ShapeToString(out->shape);
+  EXPECT_EQ(out.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(out.status().message().find(needle), std::string::npos)
+      << out.status();
+}
+
+bool Contains(absl::string_view text, absl::string_view needle) {
+  return text.find(needle) != absl::string_view::npos;
+}
+
+// ------------------------------------------------------------------ table
+
+TEST(OpTableTest, RegistersTheVocabularySorted) {
+  const std::vector<std::string> names = OpNames();
+  EXPECT_TRUE(std::is_sorted(names.begin(), names.end()));
+  for (const char* op :
+       {"conv2d", "conv3d", "linear", "matmul", "relu", "tanh", "sigmoid",
+        "gelu", "add", "mul", "sum", "softmax", "batchnorm", "batchnorm_stats",
+        "layernorm", "layernorm_stats", "maxpool", "avgpool",
+        "global_avgpool", "adaptive_avgpool", "upsample", "pad", "concat",
+        "flatten", "reshape", "dropout", "dropout_mask",
+        "softmax_cross_entropy", "mse_loss", "embedding", "split_heads",
+        "merge_heads", "arange", "conv3d_backward_data",
+        "conv3d_backward_weight", "conv3d_backward_bias", "relu_backward",
+        "maxpool_backward", "batchnorm_backward", "embedding_backward"}) {
+    const OpDef* def = FindOp(op);
+    ASSERT_NE(def, nullptr) << op;
+    EXPECT_EQ(def->name, op);
+    EXPECT_TRUE(def->infer && def->flops) << op;
+  }
+  EXPECT_EQ(FindOp("no_such_op"), nullptr);
+  // Forward ops are differentiable, backward ops are not.
+  EXPECT_NE(FindOp("conv2d")->backward, nullptr);
+  EXPECT_EQ(FindOp("conv2d_backward_data")->backward, nullptr);
+  EXPECT_EQ(FindOp("dropout_mask")->backward, nullptr);
+}
+
+// ------------------------------------------------------------ convolution
+
+TEST(ConvTest, Conv2dShapeAndFlops) {
+  const std::vector<TensorType> in = {T({2, 3, 32, 32}), T({16, 3, 3, 3}),
+                                      T({16})};
+  ExpectType("conv2d", in, {{"padding", 1}}, {2, 16, 32, 32});
+  // 2 N O HW I k^2 = 2*2*16*1024*3*9 = 1,769,472, + bias N O HW = 32,768.
+  EXPECT_DOUBLE_EQ(Flops("conv2d", in, {{"padding", 1}}), 1769472 + 32768);
+  // (32 + 2 - 3) / 2 + 1 = 16.
+  ExpectType("conv2d", in, {{"stride", 2}, {"padding", 1}}, {2, 16, 16, 16});
+  // No padding, no bias: 30x30.
+  ExpectType("conv2d", {in[0], in[1]}, Json::object(), {2, 16, 30, 30});
+  EXPECT_DOUBLE_EQ(Flops("conv2d", {in[0], in[1]}), 2.0 * 2 * 16 * 900 * 27);
+}
+
+TEST(ConvTest, Conv3dShapeAndFlops) {
+  const std::vector<TensorType> in = {T({1, 1, 8, 8, 8}), T({4, 1, 3, 3, 3}),
+                                      T({4})};
+  ExpectType("conv3d", in, {{"padding", 1}}, {1, 4, 8, 8, 8});
+  // 2*1*4*512*1*27 = 110,592 plus 2,048 for the bias.
+  EXPECT_DOUBLE_EQ(Flops("conv3d", in, {{"padding", 1}}), 110592 + 2048);
+  // Per-dim lists are accepted.
+  ExpectType("conv3d", in, {{"padding", {1, 0, 0}}, {"stride", {1, 2, 2}}},
+             {1, 4, 8, 3, 3});
+}
+
+TEST(ConvTest, Errors) {
+  ExpectError("conv2d", {T({2, 4, 8, 8}), T({16, 3, 3, 3})}, Json::object(),
+              "channels");
+  ExpectError("conv2d", {T({2, 3, 8}), T({16, 3, 3, 3})}, Json::object(),
+              "rank 4");
+  ExpectError("conv3d", {T({1, 1, 2, 2, 2}), T({4, 1, 3, 3, 3})},
+              Json::object(), "larger than the padded input");
+  ExpectError("conv2d", {T({2, 3, 8, 8}), T({16, 3, 3, 3}), T({8})},
+              Json::object(), "bias");
+  ExpectError("conv2d", {T({2, 3, 8, 8}), T({16, 3, 3, 3})},
+              {{"stride", "two"}}, "attr 'stride'");
+  ExpectError("conv2d", {T({2, 3, 8, 8}), T({16, 3, 3, 3}, kF16)},
+              Json::object(), "dtype");
+}
+
+TEST(ConvTest, BackwardOpsCheckConsistency) {
+  const Json attrs = {{"stride", {2, 2}},
+                      {"padding", {1, 1}},
+                      {"input_shape", {2, 3, 32, 32}}};
+  ExpectType("conv2d_backward_data", {T({2, 16, 16, 16}), T({16, 3, 3, 3})},
+             attrs, {2, 3, 32, 32});
+  // Same cost as the forward product: 2 * 2*16*256 * 27.
+  EXPECT_DOUBLE_EQ(Flops("conv2d_backward_data",
+                         {T({2, 16, 16, 16}), T({16, 3, 3, 3})}, attrs),
+                   2.0 * 2 * 16 * 256 * 27);
+  ExpectError("conv2d_backward_data", {T({2, 16, 15, 16}), T({16, 3, 3, 3})},
+              attrs, "grad");
+  ExpectType("conv2d_backward_weight", {T({2, 16, 16, 16}), T({2, 3, 32, 32})},
+             {{"stride", 2}, {"padding", 1}, {"kernel", 3}}, {16, 3, 3, 3});
+  ExpectType("conv2d_backward_bias", {T({2, 16, 16, 16})}, Json::object(),
+             {16});
+}
+
+// ------------------------------------------------------------ products
+
+TEST(LinearTest, ShapeFlopsAndErrors) {
+  ExpectType("linear", {T({4, 10}), T({5, 10}), T({5})}, Json::object(),
+             {4, 5});
+  // 2*4*5*10 + 4*5.
+  EXPECT_DOUBLE_EQ(Flops("linear", {T({4, 10}), T({5, 10}), T({5})}), 420);
+  ExpectType("linear", {T({2, 3, 10}), T({5, 10})}, Json::object(), {2, 3, 5});
+  ExpectError("linear", {T({4, 9}), T({5, 10})}, Json::object(), "features");
+  ExpectType("linear_backward_data", {T({2, 3, 5}), T({5, 10})},
+             Json::object(), {2, 3, 10});
+  ExpectType("linear_backward_weight", {T({2, 3, 5}), T({2, 3, 10})},
+             Json::object(), {5, 10});
+  EXPECT_DOUBLE_EQ(
+      Flops("linear_backward_weight", {T({2, 3, 5}), T({2, 3, 10})}),
+      2.0 * 6 * 5 * 10);
+  ExpectType("linear_backward_bias", {T({2, 3, 5})}, Json::object(), {5});
+}
+
+TEST(MatmulTest, BatchedWithTransposes) {
+  ExpectType("matmul", {T({2, 3, 4, 5}), T({2, 3, 5, 6})}, Json::object(),
+             {2, 3, 4, 6});
+  // 2 * batch 6 * 4 * 6 * 5.
+  EXPECT_DOUBLE_EQ(Flops("matmul", {T({2, 3, 4, 5}), T({2, 3, 5, 6})}), 1440);
+  ExpectType("matmul", {T({2, 3, 4, 5}), T({2, 3, 6, 5})},
+             {{"transpose_b", true}}, {2, 3, 4, 6});
+  ExpectType("matmul", {T({2, 3, 5, 4}), T({2, 3, 5, 6})},
+             {{"transpose_a", true}, {"scale", 0.5}}, {2, 3, 4, 6});
+  EXPECT_DOUBLE_EQ(Flops("matmul", {T({2, 3, 5, 4}), T({2, 3, 5, 6})},
+                         {{"transpose_a", true}}),
+                   1440);
+  ExpectError("matmul", {T({2, 3, 4, 5}), T({2, 3, 4, 6})}, Json::object(),
+              "inner dims");
+  ExpectError("matmul", {T({2, 4, 5}), T({3, 5, 6})}, Json::object(),
+              "batch dims");
+}
+
+TEST(AttentionOpsTest, SplitAndMergeHeads) {
+  ExpectType("split_heads", {T({2, 7, 48})},
+             {{"heads", 4}, {"chunks", 3}, {"index", 1}}, {2, 4, 7, 4});
+  ExpectError("split_heads", {T({2, 7, 48})}, {{"heads", 5}, {"chunks", 3}},
+              "does not split");
+  ExpectError("split_heads", {T({2, 7, 48})},
+              {{"heads", 4}, {"chunks", 3}, {"index", 3}}, "index");
+  ExpectType("merge_heads", {T({2, 4, 7, 4})}, Json::object(), {2, 7, 16});
+  ExpectType("merge_heads", {T({2, 4, 7, 4}), T({2, 4, 7, 4}), T({2, 4, 7, 4})},
+             Json::object(), {2, 7, 48});
+  ExpectType("split_heads_backward", {T({2, 4, 7, 4})},
+             {{"chunks", 3}, {"index", 2}}, {2, 7, 48});
+  ExpectType("softmax", {T({2, 4, 7, 7})}, {{"causal", true}}, {2, 4, 7, 7});
+  EXPECT_DOUBLE_EQ(Flops("softmax", {T({2, 4, 7, 7})}), 5.0 * 392);
+  ExpectError("softmax", {T({7})}, {{"causal", true}}, "rank >= 2");
+}
+
+TEST(EmbeddingTest, LookUp) {
+  ExpectType("embedding", {T({2, 7}, kI64), T({100, 16})}, Json::object(),
+             {2, 7, 16});
+  ExpectType("embedding", {T({2, 7}, kI64), T({100, 16}, kF16)},
+             Json::object(), {2, 7, 16}, kF16);
+  ExpectError("embedding", {T({2, 7}), T({100, 16})}, Json::object(),
+              "indices");
+  ExpectType("embedding_backward", {T({2, 7, 16}), T({2, 7}, kI64)},
+             {{"num_embeddings", 100}}, {100, 16});
+  ExpectType("arange", {}, {{"n", 5}}, {5}, kI64);
+}
+
+// ------------------------------------------------------------ element-wise
+
+TEST(ElementwiseTest, ActivationsKeepTypeAndCountFlops) {
+  for (const char* op : {"relu", "tanh", "sigmoid", "gelu"}) {
+    ExpectType(op, {T({2, 3}, kF16)}, Json::object(), {2, 3}, kF16);
+  }
+  EXPECT_DOUBLE_EQ(Flops("relu", {T({2, 3})}), 6);
+  EXPECT_DOUBLE_EQ(Flops("sigmoid", {T({2, 3})}), 18);
+  EXPECT_DOUBLE_EQ(Flops("gelu", {T({2, 3})}), 30);
+  EXPECT_DOUBLE_EQ(Flops("gelu", {T({2, 3})}, {{"approximate", "tanh"}}), 54);
+  ExpectError("gelu", {T({2, 3})}, {{"approximate", "fast"}}, "approximate");
+  ExpectError("relu", {T({2, 3}, kI64)}, Json::object(), "floating-point");
+  ExpectType("relu_backward", {T({2, 3}), T({2, 3})}, Json::object(), {2, 3});
+  ExpectError("relu_backward", {T({2, 3}), T({3, 2})}, Json::object(),
+              "same shape");
+}
+
+TEST(ElementwiseTest, AddBroadcastsTrailingDims) {
+  ExpectType("add", {T({2, 3, 4}), T({2, 3, 4})}, Json::object(), {2, 3, 4});
+  ExpectType("add", {T({2, 3, 4}), T({3, 4})}, Json::object(), {2, 3, 4});
+  ExpectType("mul", {T({4}), T({2, 3, 4})}, Json::object(), {2, 3, 4});
+  ExpectError("add", {T({2, 3, 4}), T({2, 3})}, Json::object(),
+              "do not match");
+  ExpectError("add", {T({2, 3}), T({2, 3}, kF16)}, Json::object(), "dtype");
+  ExpectType("sum_to", {T({2, 3, 4})}, {{"shape", {3, 4}}}, {3, 4});
+  ExpectError("sum_to", {T({2, 3, 4})}, {{"shape", {2, 3}}}, "trailing");
+}
+
+TEST(ElementwiseTest, DropoutMaskIsOneBytePerElement) {
+  ExpectType("dropout_mask", {T({2, 3}, kF16)}, {{"p", 0.5}, {"seed", 1}},
+             {2, 3}, DType::kUInt8);
+  ExpectType("dropout", {T({2, 3}, kF16), T({2, 3}, DType::kUInt8)},
+             {{"p", 0.5}}, {2, 3}, kF16);
+  ExpectError("dropout_mask", {T({2, 3})}, {{"p", 1.0}}, "[0, 1)");
+  ExpectError("dropout", {T({2, 3}), T({2, 3})}, {{"p", 0.1}}, "mask");
+}
+
+// ------------------------------------------------------------ reductions
+
+TEST(LossTest, ScalarsAreFp32) {
+  ExpectType("sum", {T({10}, kF16)}, Json::object(), {}, kF32);
+  ExpectType("sum_backward", {}, {{"shape", {10}}, {"dtype", "fp16"}}, {10},
+             kF16);
+  ExpectType("softmax_cross_entropy", {T({4, 10}, kF16), T({4}, kI64)},
+             Json::object(), {}, kF32);
+  // 4 per logit + 1 per target.
+  EXPECT_DOUBLE_EQ(
+      Flops("softmax_cross_entropy", {T({4, 10}), T({4}, kI64)}), 164);
+  ExpectType("mse_loss", {T({2, 3}), T({2, 3})}, Json::object(), {}, kF32);
+  ExpectError("mse_loss", {T({2, 3}), T({3, 2})}, Json::object(),
+              "same shape");
+}
+
+TEST(LossTest, CrossEntropyClassAxis) {
+  // nn.CrossEntropyLoss: classes on dim 1, per-voxel targets.
+  ExpectType("softmax_cross_entropy",
+             {T({2, 5, 3, 4, 4}), T({2, 3, 4, 4}, kI64)}, Json::object(), {});
+  // Language model: classes last.
+  ExpectType("softmax_cross_entropy", {T({2, 7, 100}), T({2, 7}, kI64)},
+             Json::object(), {});
+  ExpectType("softmax_cross_entropy", {T({2, 7, 100}), T({2, 7}, kI64)},
+             {{"axis", -1}}, {});
+  ExpectError("softmax_cross_entropy", {T({2, 7, 100}), T({2, 7}, kI64)},
+              {{"axis", 1}}, "target");
+  // (2, 100) would be the target of 7 classes over 100 positions (axis 1).
+  ExpectType("softmax_cross_entropy", {T({2, 7, 100}), T({2, 100}, kI64)},
+             Json::object(), {});
+  ExpectError("softmax_cross_entropy", {T({2, 7, 100}), T({2, 5}, kI64)},
+              Json::object(), "neither");
+  ExpectError("softmax_cross_entropy", {T({4, 10}), T({4})}, Json::object(),
+              "i64");
+  ExpectType("softmax_cross_entropy_backward",
+             {T({2, 7, 100}), T({2, 7}, kI64)}, {{"axis", 2}}, {2, 7, 100});
+}
+
+// ------------------------------------------------------------ normalisation
+
+TEST(NormTest, StatsAndOutputs) {
+  ExpectType("batchnorm_stats", {T({2, 8, 4, 4}, kF16)}, Json::object(),
+             {2, 8}, kF32);
+  ExpectType("batchnorm",
+             {T({2, 8, 4, 4}, kF16), T({2, 8}), T({8}), T({8})},
+             Json::object(), {2, 8, 4, 4}, kF16);
+  EXPECT_DOUBLE_EQ(Flops("batchnorm_stats", {T({2, 8, 4, 4})}), 3.0 * 256);
+  ExpectError("batchnorm", {T({2, 8, 4, 4}), T({2, 8}), T({4}), T({8})},
+              Json::object(), "weight");
+  ExpectError("batchnorm", {T({2, 8, 4, 4}), T({2, 8}), T({8})},
+              Json::object(), "3 inputs");
+  ExpectType("layernorm_stats", {T({2, 7, 16})}, Json::object(), {2, 2, 7});
+  ExpectType("layernorm", {T({2, 7, 16}), T({2, 2, 7}), T({16}), T({16})},
+             Json::object(), {2, 7, 16});
+  ExpectType("batchnorm_backward",
+             {T({2, 8, 4, 4}), T({2, 8, 4, 4}), T({2, 8}), T({8})},
+             Json::object(), {2, 8, 4, 4});
+  ExpectType("batchnorm_backward_weight",
+             {T({2, 8, 4, 4}, kF16), T({2, 8, 4, 4}, kF16), T({2, 8})},
+             Json::object(), {8}, kF32);
+  ExpectType("layernorm_backward_bias", {T({2, 7, 16})}, Json::object(),
+             {16});
+}
+
+// ------------------------------------------------------------ pooling
+
+TEST(PoolTest, MaxAndAveragePooling) {
+  // ResNet's stem pool: (112 + 2 - 3) / 2 + 1 = 56.
+  const Json stem = {{"kernel", 3}, {"stride", 2}, {"padding", 1}};
+  ExpectType("maxpool", {T({1, 64, 112, 112})}, stem, {1, 64, 56, 56});
+  EXPECT_DOUBLE_EQ(Flops("maxpool", {T({1, 64, 112, 112})}, stem),
+                   9.0 * 64 * 56 * 56);
+  // Stride defaults to the kernel; 3-D by rank.
+  ExpectType("maxpool", {T({1, 2, 5, 4, 4})}, {{"kernel", 2}},
+             {1, 2, 2, 2, 2});
+  ExpectType("avgpool", {T({1, 2, 4, 4})}, {{"kernel", 2}}, {1, 2, 2, 2});
+  ExpectError("maxpool", {T({1, 2, 4, 4})}, {{"kernel", 2}, {"padding", 2}},
+              "half the kernel");
+  ExpectError("maxpool", {T({1, 2, 4, 4})}, Json::object(), "kernel");
+  ExpectType("maxpool_backward", {T({1, 64, 56, 56}), T({1, 64, 112, 112})},
+             stem, {1, 64, 112, 112});
+  ExpectType("global_avgpool", {T({2, 512, 7, 7})}, Json::object(),
+             {2, 512});
+  ExpectType("global_avgpool_backward", {T({2, 512})},
+             {{"input_shape", {2, 512, 7, 7}}}, {2, 512, 7, 7});
+}
+
+TEST(PoolTest, AdaptiveBins) {
+  ExpectType("adaptive_avgpool", {T({1, 512, 14, 14})}, {{"output_size", 7}},
+             {1, 512, 7, 7});
+  // 14 -> 7: bins of 2, 14 reads per dim.
+  EXPECT_DOUBLE_EQ(
+      Flops("adaptive_avgpool", {T({1, 512, 14, 14})}, {{"output_size", 7}}),
+      512.0 * 14 * 14);
+  // 13 -> 7: bins [0,2) [1,4) [3,6) [5,8) [7,10) [9,12) [11,13): 19 reads.
+  EXPECT_DOUBLE_EQ(
+      Flops("adaptive_avgpool", {T({1, 1, 13, 13})}, {{"output_size", 7}}),
+      19.0 * 19);
+}
+
+TEST(PoolTest, Upsample) {
+  const Json tri = {{"scale", 2}, {"mode", "trilinear"},
+                    {"align_corners", true}};
+  ExpectType("upsample", {T({1, 2, 3, 4, 5})}, tri, {1, 2, 6, 8, 10});
+  // 16 per output element (weighted sum of 8 neighbours).
+  EXPECT_DOUBLE_EQ(Flops("upsample", {T({1, 2, 3, 4, 5})}, tri),
+                   16.0 * 2 * 6 * 8 * 10);
+  ExpectError("upsample", {T({1, 2, 3, 4, 5})},
+              {{"scale", 2}, {"mode", "bilinear"}}, "4-D");
+  ExpectError("upsample", {T({1, 2, 3, 4})},
+              {{"scale", 2}, {"align_corners", true}}, "align_corners");
+  Json back = tri;
+  back["input_shape"] = {1, 2, 3, 4, 5};
+  ExpectType("upsample_backward", {T({1, 2, 6, 8, 10})}, back,
+             {1, 2, 3, 4, 5});
+}
+
+// ------------------------------------------------------------ data movement
+
+TEST(ShapeOpsTest, PadConcatFlattenReshape) {
+  // F.pad order: (W left, W right, H top, H bottom).
+  ExpectType("pad", {T({1, 2, 3, 4, 5})}, {{"pads", {1, 2, 0, 1}}},
+             {1, 2, 3, 5, 8});
+  ExpectError("pad", {T({1, 2})}, {{"pads", {1, 2, 3}}}, "even");
+  ExpectType("pad_backward", {T({1, 2, 3, 5, 8})}, {{"pads", {1, 2, 0, 1}}},
+             {1, 2, 3, 4, 5});
+  ExpectType("concat", {T({1, 2, 4, 4}), T({1, 3, 4, 4})}, {{"axis", 1}},
+             {1, 5, 4, 4});
+  ExpectType("concat", {T({1, 2, 4, 4}), T({1, 2, 4, 4})}, {{"axis", -1}},
+             {1, 2, 4, 8});
+  ExpectError("concat", {T({1, 2, 4, 4}), T({1, 3, 4, 5})}, {{"axis", 1}},
+              "outside axis");
+  ExpectType("slice", {T({1, 5, 4, 4})},
+             {{"axis", 1}, {"begin", 2}, {"end", 5}}, {1, 3, 4, 4});
+  ExpectType("flatten", {T({2, 3, 4, 5})}, Json::object(), {2, 60});
+  ExpectType("flatten", {T({2, 3, 4, 5})}, {{"start_dim", 0}, {"end_dim", 1}},
+             {6, 4, 5});
+  ExpectType("reshape", {T({2, 60})}, {{"shape", {-1, 6}}}, {20, 6});
+  ExpectError("reshape", {T({2, 60})}, {{"shape", {7, -1}}}, "cannot reshape");
+  EXPECT_DOUBLE_EQ(Flops("flatten", {T({2, 3, 4, 5})}), 120);
+}
+
+// ------------------------------------------------------------ NetBuilder
+
+TEST(NetBuilderTest, LayersNameParametersLikeStateDict) {
+  NetBuilder nb("net");
+  const Value x = nb.Input("input", {2, 3, 8, 8});
+  Value y = nb.Conv("conv1", x, 4, 3, 1, 1);
+  y = nb.BatchNorm("bn1", y);
+  y = nb.Relu(y);
+  y = nb.Relu(y);
+  EXPECT_EQ(nb.id(y), "relu_2");
+  y = nb.Apply("flatten", {y});
+  EXPECT_EQ(nb.id(y), "flatten_1");
+  y = nb.Linear("fc", y, 10);
+  y = nb.Dropout(y, 0.5);
+  absl::StatusOr<Graph> g = nb.Build();
+  ASSERT_TRUE(g.ok()) << g.status();
+  struct Expected {
+    const char* id;
+    Shape shape;
+    DType dtype;
+    Role role;
+  };
+  for (const Expected& e : std::vector<Expected>{
+           {"input", {2, 3, 8, 8}, kF32, Role::kInput},
+           {"conv1.weight", {4, 3, 3, 3}, kF32, Role::kParameter},
+           {"conv1.bias", {4}, kF32, Role::kParameter},
+           {"conv1", {2, 4, 8, 8}, kF32, Role::kForward},
+           {"bn1.weight", {4}, kF32, Role::kParameter},
+           {"bn1.bias", {4}, kF32, Role::kParameter},
+           {"bn1.running_mean", {4}, kF32, Role::kBuffer},
+           {"bn1.running_var", {4}, kF32, Role::kBuffer},
+           {"bn1.num_batches_tracked", {}, kI64, Role::kBuffer},
+           {"bn1.stats", {2, 4}, kF32, Role::kForward},
+           {"bn1", {2, 4, 8, 8}, kF32, Role::kForward},
+           {"relu_1", {2, 4, 8, 8}, kF32, Role::kForward},
+           {"fc.weight", {10, 256}, kF32, Role::kParameter},
+           {"fc", {2, 10}, kF32, Role::kForward},
+           {"dropout_mask_1", {2, 10}, DType::kUInt8, Role::kForward},
+           {"dropout_1", {2, 10}, kF32, Role::kForward},
+       }) {
+    const NodeId v = g->Find(e.id);
+    ASSERT_NE(v, kNoNode) << e.id;
+    EXPECT_EQ(*g->shape(v), e.shape) << e.id;
+    EXPECT_EQ(*g->dtype(v), e.dtype) << e.id;
+    EXPECT_EQ(g->role(v), e.role) << e.id;
+    EXPECT_EQ(g->bytes(v), NumElements(e.shape) * DTypeSize(e.dtype)) << e.id;
+    EXPECT_EQ(g->persistent(v), e.role == Role::kInput ||
+                                    e.role == Role::kParameter ||
+                                    e.role == Role::kBuffer)
+        << e.id;
+  }
+  const NodeId bn = g->Find("bn1");
+  std::vector<std::string> reads;
+  for (NodeId u : g->inputs(bn)) reads.push_back(g->id(u));
+  EXPECT_EQ(reads, (std::vector<std::string>{"conv1", "bn1.stats",
+                                             "bn1.weight", "bn1.bias"}));
+  const NodeId mask = g->Find("dropout_mask_1");
+  EXPECT_EQ(g->bytes(mask), 20);
+  EXPECT_EQ(g->id(g->inputs(g->Find("dropout_1"))[1]), "dropout_mask_1");
+}
+
+TEST(NetBuilderTest, CostIsFlopsOverThroughput) {
+  NetBuilder nb("net", CostModel{1e9});
+  const Value x = nb.Input("x", {4, 10});
+  const Value y = nb.Linear("fc", x, 5);
+  absl::StatusOr<Graph> g = nb.Build();
+  ASSERT_TRUE(g.ok());
+  EXPECT_DOUBLE_EQ(g->cost(g->Find("fc")), 420 / 1e9);
+  EXPECT_EQ(g->cost(g->Find("x")), 0);
+  EXPECT_EQ(nb.type(y).shape, (Shape{4, 5}));
+}
+
+TEST(NetBuilderTest, HalfPrecisionHalvesBytes) {
+  int64_t bytes[2];
+  for (int half = 0; half < 2; ++half) {
+    NetBuilder nb("net");
+    const Value x = nb.Input("input", {1, 2, 6, 6, 6}, half ? kF16 : kF32);
+    nb.Conv("conv1", x, 4, 3);
+    absl::StatusOr<Graph> g = nb.Build();
+    ASSERT_TRUE(g.ok());
+    EXPECT_EQ(*g->dtype(g->Find("conv1.weight")), half ? kF16 : kF32);
+    bytes[half] = g->bytes(g->Find("conv1"));
+  }
+  EXPECT_EQ(bytes[0], 4 * 4 * 64);
+  EXPECT_EQ(bytes[1], bytes[0] / 2);
+}
+
+TEST(NetBuilderTest, ErrorsStickAndNameNodeAndOp) {
+  NetBuilder nb("net");
+  const Value x = nb.Input("input", {2, 3, 8, 8});
+  const Value bad = nb.Apply("conv2d", {x, nb.Parameter("w", {4, 5, 3, 3})},
+                             Json::object(), "conv1");
+  EXPECT_FALSE(bad.valid());
+  // Later calls are ignored; the first error wins.
+  const Value later = nb.Apply("no_such_op", {x});
+  EXPECT_FALSE(later.valid());
+  ASSERT_FALSE(nb.status().ok());
+  const std::string message(nb.status().message());
+  EXPECT_TRUE(Contains(message, "conv1")) << message;
+  EXPECT_TRUE(Contains(message, "conv2d")) << message;
+  EXPECT_TRUE(Contains(message, "channels")) << message;
+  absl::StatusOr<Graph> g = nb.Build();
+  ASSERT_FALSE(g.ok());
+  EXPECT_EQ(g.status(), nb.status());
+}
+
+TEST(NetBuilderTest, ApplyErrors) {
+  {
+    NetBuilder nb("net");
+    nb.Apply("no_such_op", {});
+    EXPECT_TRUE(Contains(nb.status().message(), "unknown operator"));
+  }
+  {
+    NetBuilder nb("net");
+    const Value x = nb.Input("x", {2});
+    nb.Apply("relu", {x, x});
+    EXPECT_TRUE(Contains(nb.status().message(), "takes 1 inputs, got 2"))
+        << nb.status();
+  }
+  {
+    NetBuilder nb("net");
+    const Value x = nb.Input("x", {2});
+    nb.Apply("relu", {x}, Json::object(), "x");
+    EXPECT_TRUE(Contains(nb.status().message(), "duplicate id"));
+  }
+  {
+    NetBuilder nb("net");
+    const Value g = nb.Generic("g", {}, 10, 1);
+    nb.Apply("relu", {g});
+    EXPECT_TRUE(Contains(nb.status().message(), "has no shape"));
+  }
+  {
+    NetBuilder nb("net");
+    nb.Apply("relu", {Value{}});
+    EXPECT_TRUE(Contains(nb.status().message(), "invalid value"));
+  }
+}
+
+TEST(NetBuilderTest, SamePrefixSharesParameters) {
+  NetBuilder nb("net");
+  const Value x = nb.Input("x", {2, 8});
+  const Value a = nb.Linear("fc", x, 8);
+  const Value b = nb.Linear("fc", a, 8);
+  EXPECT_EQ(nb.id(a), "fc");
+  EXPECT_EQ(nb.id(b), "fc_1");
+  absl::StatusOr<Graph> g = nb.Build();
+  ASSERT_TRUE(g.ok()) << g.status();
+  int parameters = 0;
+  for (NodeId v = 0; v < g->num_nodes(); ++v) {
+    parameters += g->role(v) == Role::kParameter;
+  }
+  EXPECT_EQ(parameters, 2);
+  // A clash of kinds is an error.
+  nb.Linear("fc", x, 4);
+  EXPECT_TRUE(Contains(nb.status().message(), "fc.weight")) << nb.status();
+}
+
+TEST(NetBuilderTest, GenericNodesAndOutputs) {
+  NetBuilder nb("pebbles");
+  const Value a = nb.Generic("a", {}, 3, 1);
+  const Value b = nb.Generic("b", {a}, 5, 2);
+  nb.MarkOutput(b);
+  nb.MarkOutput(b);
+  absl::StatusOr<Graph> g = nb.Build();
+  ASSERT_TRUE(g.ok()) << g.status();
+  EXPECT_EQ(g->num_nodes(), 2);
+  EXPECT_EQ(g->outputs().size(), 1u);
+  EXPECT_EQ(g->op(g->Find("b")), "generic");
+  EXPECT_EQ(g->bytes(g->Find("b")), 5);
+  EXPECT_FALSE(g->shape(g->Find("b")).has_value());
+  // FromGraph keeps ids, order and outputs.
+  NetBuilder again = NetBuilder::FromGraph(*g);
+  EXPECT_EQ(again.id(Value{1}), "b");
+  absl::StatusOr<Graph> g2 = again.Build();
+  ASSERT_TRUE(g2.ok());
+  EXPECT_EQ(g2->id(g2->outputs()[0]), "b");
+}
+
+}  // namespace
+}  // namespace pebble
