@@ -8,6 +8,7 @@
 #include "graph/graph_json.h"
 #include "graph/models/models.h"
 #include "scheduler/budget.h"
+#include "scheduler/memory_layout.h"
 #include "scheduler/planner.h"
 
 namespace pebble::cli {
@@ -106,6 +107,11 @@ int RunDescribe(const GraphSource& source, bool json) {
   auto peak = BaselinePeak(g);
   if (!peak.ok()) return Fail(peak.status());
   const MemorySummary s = Summarize(g, *peak);
+  // The arena the baseline plan needs (the runtime allocates exactly this).
+  auto baseline_schedule = FreeAtLastUse(g, DefaultOrder(g));
+  if (!baseline_schedule.ok()) return Fail(baseline_schedule.status());
+  auto layout = PlanMemoryLayout(g, *baseline_schedule);
+  if (!layout.ok()) return Fail(layout.status());
   if (json) {
     nlohmann::json nodes = nlohmann::json::array();
     for (NodeId v = 0; v < g.num_nodes(); ++v) {
@@ -133,7 +139,9 @@ int RunDescribe(const GraphSource& source, bool json) {
                  {"forward_activation_bytes", s.forward_bytes},
                  {"backward_bytes", s.backward_bytes},
                  {"persistent_bytes", g.persistent_bytes()},
-                 {"baseline_peak_bytes", s.baseline_peak}}}});
+                 {"baseline_peak_bytes", s.baseline_peak},
+                 {"baseline_arena_bytes", layout->arena_bytes},
+                 {"baseline_fragmentation", layout->fragmentation}}}});
     return 0;
   }
   Table table({"node", "op", "role", "shape", "dtype", "bytes", "cost", "inputs"});
@@ -162,6 +170,9 @@ int RunDescribe(const GraphSource& source, bool json) {
   row("forward activations, all kept", s.forward_bytes);
   row("backward tensors, all kept", s.backward_bytes);
   row("baseline peak (own order, free at last use)", s.baseline_peak);
+  row(absl::StrFormat("baseline arena (%s, +%.2f%%)", layout->strategy,
+                      100 * layout->fragmentation),
+      layout->arena_bytes);
   std::cout << summary.ToString();
   return 0;
 }

@@ -9,6 +9,7 @@
 #include "cli/common.h"
 #include "graph/status.h"
 #include "scheduler/budget.h"
+#include "scheduler/memory_layout.h"
 #include "scheduler/planner.h"
 #include "scheduler/simulator.h"
 
@@ -18,7 +19,7 @@ namespace {
 // Options shared by plan and compare.
 struct PlanFlags {
   GraphSource source;
-  std::string policy = "baseline";
+  std::string policy = "best-order";  // the default one-shot policy
   std::string budget = "100%";
   std::string bandwidth = "25e9";
   std::string host_budget;  // empty: unlimited
@@ -109,7 +110,8 @@ absl::StatusOr<Budgeted> ResolveBudgetFor(const Graph& g, const std::string& tex
   return b;
 }
 
-int RunPlan(const PlanFlags& f, bool timeline, const std::string& schedule_out, bool force) {
+int RunPlan(const PlanFlags& f, bool timeline, bool with_layout, const std::string& schedule_out,
+            bool force) {
   auto graph = f.source.Load();
   if (!graph.ok()) return Fail(graph.status());
   auto options = f.Options();
@@ -131,7 +133,14 @@ int RunPlan(const PlanFlags& f, bool timeline, const std::string& schedule_out, 
         WriteOutput(schedule_out, ScheduleToJson(*graph, result->schedule).dump(2) + "\n", force);
     if (!w.ok()) return Fail(w);
   }
+  auto layout = PlanMemoryLayout(*graph, result->schedule);
+  if (!layout.ok()) return Fail(layout.status());
   if (f.json) {
+    nlohmann::json report = ReportToJson(result->report, *graph, result->schedule, timeline);
+    report["arena_bytes"] = layout->arena_bytes;
+    report["fragmentation"] = layout->fragmentation;
+    nlohmann::json layout_json = layout->ToJson(*graph);
+    if (!with_layout) layout_json.erase("instances");
     nlohmann::json doc = {
         {"graph", f.source.Label()},
         {"policy", f.policy},
@@ -143,7 +152,8 @@ int RunPlan(const PlanFlags& f, bool timeline, const std::string& schedule_out, 
         {"message", result->message},
         {"plan_time_s", plan_time},
         {"details", result->details},
-        {"report", ReportToJson(result->report, *graph, result->schedule, timeline)},
+        {"report", report},
+        {"layout", layout_json},
         {"schedule", ScheduleToJson(*graph, result->schedule)},
     };
     PrintJson(doc);
@@ -155,7 +165,10 @@ int RunPlan(const PlanFlags& f, bool timeline, const std::string& schedule_out, 
       result->feasible ? "fits" : "DOES NOT FIT");
   if (!result->message.empty()) std::cout << "  " << result->message << "\n";
   PrintReport(*graph, result->schedule, result->report);
-  std::cout << absl::StrFormat("  plan time       %.3f s\n", plan_time);
+  std::cout << absl::StrFormat("  arena           %s (%d bytes, +%.2f%% over the peak, %s layout)\n",
+                               FormatBytes(layout->arena_bytes), layout->arena_bytes,
+                               100 * layout->fragmentation, layout->strategy)
+            << absl::StrFormat("  plan time       %.3f s\n", plan_time);
   if (timeline) PrintTimeline(*graph, result->schedule, result->report);
   if (schedule_out.empty() && !timeline) {
     std::cout << "(--timeline shows every step; --schedule-out FILE writes the schedule; "
@@ -218,9 +231,17 @@ int RunCompare(const PlanFlags& f, const std::string& budgets_text,
     }
   }
 
-  nlohmann::json rows = nlohmann::json::array();
-  Table table({"policy", "budget", "budget_bytes", "fits", "peak_bytes", "peak", "overhead",
-               "recomputations", "transfer_bytes", "makespan", "plan_ms", "note"});
+  // Every plan first, so that the ratio to the exact one-shot optimum (when
+  // exact-order is among the policies and finished) can be shown in each row.
+  struct Entry {
+    std::string policy;
+    size_t budget_index = 0;
+    int64_t budget_bytes = 0;
+    double ms = 0;
+    absl::StatusOr<PlanResult> result;
+  };
+  std::vector<Entry> entries;
+  int64_t optimal_order_peak = -1;
   for (const std::string& name : policies) {
     auto planner = MakePlanner(name);
     if (!planner.ok()) return Fail(planner.status());
@@ -231,38 +252,65 @@ int RunCompare(const PlanFlags& f, const std::string& budgets_text,
       auto result = (*planner)->Plan(*graph, o);
       const double ms =
           1e3 * std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-      nlohmann::json row = {{"policy", name}, {"budget", budgets[i]}, {"plan_time_s", ms / 1e3}};
-      if (o.budget_bytes != kMinBudgetBytes) row["budget_bytes"] = o.budget_bytes;
-      if (!result.ok()) {
-        row["error"] = std::string(result.status().message());
-        table.AddRow({name, budgets[i], "", "error", "", "", "", "", "", "",
-                      absl::StrFormat("%.1f", ms), std::string(result.status().message())});
-      } else {
-        const PlanReport& r = result->report;
-        row["feasible"] = result->feasible;
-        row["report"] = ReportToJson(r, *graph, result->schedule, false);
-        if (!result->message.empty()) row["message"] = result->message;
-        table.AddRow({name, budgets[i],
-                      o.budget_bytes == kMinBudgetBytes ? "" : absl::StrCat(o.budget_bytes),
-                      result->feasible ? "yes" : "no", absl::StrCat(r.peak_bytes),
-                      FormatBytes(r.peak_bytes), Percent(r.overhead),
-                      absl::StrCat(r.recomputations), absl::StrCat(r.transfer_bytes),
-                      Seconds(r.makespan), absl::StrFormat("%.1f", ms),
-                      result->feasible ? "" : result->message});
+      if (name == "exact-order" && result.ok()) {
+        optimal_order_peak = optimal_order_peak < 0
+                                 ? result->report.peak_bytes
+                                 : std::min(optimal_order_peak, result->report.peak_bytes);
       }
-      rows.push_back(std::move(row));
+      entries.push_back({name, i, o.budget_bytes, ms, std::move(result)});
     }
   }
+
+  nlohmann::json rows = nlohmann::json::array();
+  Table table({"policy", "budget", "budget_bytes", "fits", "peak_bytes", "peak", "vs_optimal",
+               "overhead", "recomputations", "transfer_bytes", "makespan", "plan_ms", "note"});
+  for (const Entry& e : entries) {
+    const std::string& budget = budgets[e.budget_index];
+    const bool is_min = e.budget_bytes == kMinBudgetBytes;
+    nlohmann::json row = {{"policy", e.policy}, {"budget", budget}, {"plan_time_s", e.ms / 1e3}};
+    if (!is_min) row["budget_bytes"] = e.budget_bytes;
+    if (!e.result.ok()) {
+      row["error"] = std::string(e.result.status().message());
+      table.AddRow({e.policy, budget, is_min ? "" : absl::StrCat(e.budget_bytes), "error", "", "",
+                    "", "", "", "", "", absl::StrFormat("%.1f", e.ms),
+                    std::string(e.result.status().message())});
+      rows.push_back(std::move(row));
+      continue;
+    }
+    const PlanReport& r = e.result->report;
+    std::string ratio;
+    if (optimal_order_peak > 0) {
+      const double x = static_cast<double>(r.peak_bytes) / static_cast<double>(optimal_order_peak);
+      row["peak_vs_optimal_order"] = x;
+      ratio = absl::StrFormat("%.3f", x);
+    }
+    row["feasible"] = e.result->feasible;
+    row["report"] = ReportToJson(r, *graph, e.result->schedule, false);
+    if (!e.result->message.empty()) row["message"] = e.result->message;
+    table.AddRow({e.policy, budget, is_min ? "" : absl::StrCat(e.budget_bytes),
+                  e.result->feasible ? "yes" : "no", absl::StrCat(r.peak_bytes),
+                  FormatBytes(r.peak_bytes), ratio, Percent(r.overhead),
+                  absl::StrCat(r.recomputations), absl::StrCat(r.transfer_bytes),
+                  Seconds(r.makespan), absl::StrFormat("%.1f", e.ms),
+                  e.result->feasible ? "" : e.result->message});
+    rows.push_back(std::move(row));
+  }
   if (format == "json") {
-    PrintJson({{"graph", f.source.Label()},
-               {"baseline_peak_bytes", *baseline_peak},
-               {"results", rows}});
+    nlohmann::json doc = {{"graph", f.source.Label()},
+                          {"baseline_peak_bytes", *baseline_peak},
+                          {"results", rows}};
+    if (optimal_order_peak >= 0) doc["optimal_order_peak_bytes"] = optimal_order_peak;
+    PrintJson(doc);
   } else if (format == "csv") {
     std::cout << table.ToCsv();
   } else {
     std::cout << "compare " << f.source.Label() << " (baseline peak "
               << FormatBytes(*baseline_peak) << ")\n\n"
               << table.ToString();
+    if (optimal_order_peak >= 0) {
+      std::cout << "\nvs_optimal: peak over the minimal one-shot peak found by exact-order ("
+                << FormatBytes(optimal_order_peak) << ").\n";
+    }
   }
   return 0;
 }
@@ -271,7 +319,7 @@ int RunCompare(const PlanFlags& f, const std::string& budgets_text,
 
 void AddPlanCommands(CLI::App& app, int& exit_code) {
   static PlanFlags plan_flags;
-  static bool plan_timeline = false, plan_force = false;
+  static bool plan_timeline = false, plan_force = false, plan_layout = false;
   static std::string plan_schedule_out;
   auto* plan = app.add_subcommand(
       "plan",
@@ -280,10 +328,12 @@ void AddPlanCommands(CLI::App& app, int& exit_code) {
   plan_flags.AddOptions(plan, true);
   plan->add_flag("--timeline", plan_timeline, "show (or put in the JSON) the per-step memory "
                                               "and time");
+  plan->add_flag("--layout", plan_layout,
+                 "put every tensor's arena offset and lifetime in the JSON");
   plan->add_option("--schedule-out", plan_schedule_out, "also write the schedule to this file");
   plan->add_flag("--force", plan_force, "replace an existing --schedule-out file");
   plan->callback([&exit_code] {
-    exit_code = RunPlan(plan_flags, plan_timeline, plan_schedule_out, plan_force);
+    exit_code = RunPlan(plan_flags, plan_timeline, plan_layout, plan_schedule_out, plan_force);
   });
 
   static GraphSource sim_source;

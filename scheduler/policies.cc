@@ -4,6 +4,11 @@ namespace pebble {
 
 void RegisterBuiltinPlanners(PlannerRegistry& registry) {
   RegisterBaselinePlanner(registry);
+  RegisterDfsPlanner(registry);
+  RegisterGreedyPlanner(registry);
+  RegisterTreePlanner(registry);
+  RegisterExactOrderPlanner(registry);
+  RegisterBestOrderPlanner(registry);
 }
 
 }  // namespace pebble

@@ -9,6 +9,12 @@
 namespace pebble {
 
 void RegisterBaselinePlanner(PlannerRegistry& registry);
+// One-shot order policies (scheduler/orders.h).
+void RegisterDfsPlanner(PlannerRegistry& registry);
+void RegisterGreedyPlanner(PlannerRegistry& registry);
+void RegisterTreePlanner(PlannerRegistry& registry);
+void RegisterExactOrderPlanner(PlannerRegistry& registry);
+void RegisterBestOrderPlanner(PlannerRegistry& registry);
 
 }  // namespace pebble
 

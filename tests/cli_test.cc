@@ -206,3 +206,31 @@ TEST(CliTest, DescribeReportsTheMemorySummary) {
 }
 
 }  // namespace
+
+namespace {
+
+TEST(CliTest, PlanReportsTheArenaNextToThePeak) {
+  Result r = Pebble("plan --model conv3d:n=16 --policy baseline --budget min --json --layout");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  nlohmann::json j = ParseOrFail(r.out);
+  const int64_t peak = j["report"]["peak_bytes"];
+  const int64_t arena = j["report"]["arena_bytes"];
+  EXPECT_GE(arena, peak);
+  EXPECT_LE(arena, peak + peak / 20);  // within a few percent
+  EXPECT_EQ(j["layout"]["arena_bytes"], arena);
+  EXPECT_FALSE(j["layout"]["instances"].empty());
+  Result without = Pebble("plan --model conv3d:n=16 --json");
+  EXPECT_FALSE(ParseOrFail(without.out)["layout"].contains("instances"));
+}
+
+TEST(CliTest, CompareShowsTheRatioToTheExactOrder) {
+  Result r = Pebble("compare --model tree:h=3 --policies dfs,exact-order --budgets min --json");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  nlohmann::json j = ParseOrFail(r.out);
+  EXPECT_EQ(j["optimal_order_peak_bytes"], 5);  // h + 2 pebbles
+  for (const auto& row : j["results"]) {
+    EXPECT_GE(row["peak_vs_optimal_order"].get<double>(), 1.0) << row["policy"];
+  }
+}
+
+}  // namespace

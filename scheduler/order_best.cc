@@ -1,0 +1,98 @@
+// The `best-order` policy: every applicable one-shot order policy, the lowest
+// peak kept (scheduler/orders.h). The default one-shot policy: it is never
+// worse than `baseline` (which it includes) and optimal whenever `tree` or
+// `exact-order` could run.
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "graph/status.h"
+#include "scheduler/orders.h"
+#include "scheduler/policies.h"
+
+namespace pebble {
+namespace {
+
+class BestOrderPlanner final : public Planner {
+ public:
+  absl::StatusOr<PlanResult> Plan(const Graph& graph,
+                                  const PlannerOptions& options) const override {
+    const auto started = std::chrono::steady_clock::now();
+    auto elapsed = [&] {
+      return std::chrono::duration<double>(std::chrono::steady_clock::now() -
+                                           started)
+          .count();
+    };
+    nlohmann::json candidates = nlohmann::json::array();
+    std::vector<NodeId> best;
+    int64_t best_peak = 0;
+    std::string winner;
+    bool optimal = false;
+    // Candidates in a fixed order; a later one wins only with a strictly
+    // lower peak, so ties keep the simplest order (the graph's own first).
+    auto consider = [&](const std::string& name,
+                        absl::StatusOr<std::vector<NodeId>> order,
+                        bool exact) -> absl::Status {
+      nlohmann::json entry = {{"policy", name}};
+      if (!order.ok()) {
+        entry["skipped"] = std::string(order.status().message());
+        candidates.push_back(std::move(entry));
+        return absl::OkStatus();
+      }
+      ASSIGN_OR_RETURN(const int64_t peak, OrderPeak(graph, *order));
+      entry["peak_bytes"] = peak;
+      candidates.push_back(std::move(entry));
+      if (winner.empty() || peak < best_peak) {
+        best = *std::move(order);
+        best_peak = peak;
+        winner = name;
+      }
+      optimal = optimal || exact;
+      return absl::OkStatus();
+    };
+    RETURN_IF_ERROR(consider("baseline", DefaultOrder(graph), false));
+    RETURN_IF_ERROR(consider("dfs", DfsOrder(graph), false));
+    RETURN_IF_ERROR(consider("greedy", GreedyOrder(graph), false));
+    RETURN_IF_ERROR(consider("tree", TreeOrder(graph), true));
+    if (!optimal) {
+      // A quarter of exact-order's own state limit (about 1-3 s and 40 MB
+      // at most), so that the default policy stays interactive; exact-order
+      // alone searches further.
+      ExactOrderLimits limits;
+      limits.max_states = ExactOrderLimits().max_states / 4;
+      limits.time_limit_s = std::max(0.0, options.time_limit_s - elapsed());
+      RETURN_IF_ERROR(consider("exact-order", ExactOrder(graph, limits), true));
+    } else {
+      candidates.push_back(
+          {{"policy", "exact-order"}, {"skipped", "tree is already optimal"}});
+    }
+    ASSIGN_OR_RETURN(PlanResult result, PlanFromOrder(graph, best, options));
+    PEBBLE_CHECK(result.report.peak_bytes == best_peak,
+                 "best-order: simulated peak differs from the order's");
+    result.details["winner"] = winner;
+    result.details["optimal"] = optimal;
+    result.details["candidates"] = std::move(candidates);
+    result.details["plan_s"] = elapsed();
+    return result;
+  }
+};
+
+}  // namespace
+
+void RegisterBestOrderPlanner(PlannerRegistry& registry) {
+  registry.Register(PolicyInfo{
+      .name = "best-order",
+      .description = "the lowest peak of baseline, dfs, greedy, tree (in-trees) "
+                     "and exact-order (small graphs, within the time limit), "
+                     "freed at last use; optimal when tree or exact-order "
+                     "ran (details say which)",
+      .kind = PlanKind::kOneShot,
+      .exact = false,
+      .factory = [] { return std::make_unique<BestOrderPlanner>(); },
+  });
+}
+
+}  // namespace pebble
