@@ -9,6 +9,14 @@ void RegisterBuiltinPlanners(PlannerRegistry& registry) {
   RegisterTreePlanner(registry);
   RegisterExactOrderPlanner(registry);
   RegisterBestOrderPlanner(registry);
+  RegisterCheckmatePlanners(registry);
+  RegisterExactMultiShotPlanner(registry);
+  RegisterSqrtnPlanner(registry);
+  RegisterChenGreedyPlanner(registry);
+  RegisterArticulationPlanner(registry);
+  RegisterRevolvePlanner(registry);
+  RegisterRotorPlanner(registry);
+  RegisterDtrPlanner(registry);
 }
 
 }  // namespace pebble

@@ -15,6 +15,17 @@ void RegisterGreedyPlanner(PlannerRegistry& registry);
 void RegisterTreePlanner(PlannerRegistry& registry);
 void RegisterExactOrderPlanner(PlannerRegistry& registry);
 void RegisterBestOrderPlanner(PlannerRegistry& registry);
+// Multi-shot policies: Checkmate's MILP and LP (scheduler/checkmate.h) and
+// the exact search (scheduler/exact_multishot.h).
+void RegisterCheckmatePlanners(PlannerRegistry& registry);
+void RegisterExactMultiShotPlanner(PlannerRegistry& registry);
+// Chain checkpointing and rematerialisation heuristics (scheduler/remat.h).
+void RegisterSqrtnPlanner(PlannerRegistry& registry);
+void RegisterChenGreedyPlanner(PlannerRegistry& registry);
+void RegisterArticulationPlanner(PlannerRegistry& registry);
+void RegisterRevolvePlanner(PlannerRegistry& registry);
+void RegisterRotorPlanner(PlannerRegistry& registry);
+void RegisterDtrPlanner(PlannerRegistry& registry);
 
 }  // namespace pebble
 

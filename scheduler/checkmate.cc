@@ -1,0 +1,1158 @@
+// Checkmate's MILP (CBC) and LP relaxation with two-phase rounding (Clp);
+// see scheduler/checkmate.h, Note [Checkmate's model].
+#include "scheduler/checkmate.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <limits>
+#include <memory>
+#include <optional>
+#include <random>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "CbcModel.hpp"
+#include "CbcSolver.hpp"
+#include "ClpSolve.hpp"
+#include "CoinMessageHandler.hpp"
+#include "CoinPackedMatrix.hpp"
+#include "OsiClpSolverInterface.hpp"
+#include "absl/strings/str_cat.h"
+#include "graph/status.h"
+#include "scheduler/budget.h"
+#include "scheduler/planner.h"
+#include "scheduler/policies.h"
+#include "scheduler/simulator.h"
+
+namespace pebble {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double SecondsSince(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+// The graph as Checkmate sees it: positions 0..n-1 in the fixed order.
+struct StageGraph {
+  std::vector<NodeId> order;
+  std::vector<int> position;                // node -> position, or -1
+  std::vector<std::vector<int>> inputs;     // distinct non-persistent, ascending
+  std::vector<std::vector<int>> readers;    // needed readers, ascending
+  std::vector<int64_t> bytes;
+  std::vector<int64_t> workspace;
+  std::vector<double> cost;
+  std::vector<uint8_t> output;
+  int64_t persistent_bytes = 0;
+  int n() const { return static_cast<int>(order.size()); }
+};
+
+StageGraph MakeStageGraph(const Graph& graph, std::vector<NodeId> order) {
+  StageGraph g;
+  g.order = std::move(order);
+  const int n = g.n();
+  g.position.assign(graph.num_nodes(), -1);
+  for (int p = 0; p < n; ++p) g.position[g.order[p]] = p;
+  g.inputs.resize(n);
+  g.readers.resize(n);
+  g.bytes.resize(n);
+  g.workspace.resize(n);
+  g.cost.resize(n);
+  g.output.resize(n);
+  for (int p = 0; p < n; ++p) {
+    const NodeId v = g.order[p];
+    for (NodeId u : graph.unique_inputs(v)) {
+      if (graph.persistent(u)) continue;
+      PEBBLE_CHECK(g.position[u] >= 0 && g.position[u] < p,
+                   "checkmate: the order is not topological");
+      g.inputs[p].push_back(g.position[u]);
+      g.readers[g.position[u]].push_back(p);
+    }
+    std::sort(g.inputs[p].begin(), g.inputs[p].end());
+    g.bytes[p] = graph.bytes(v);
+    g.workspace[p] = graph.workspace(v);
+    g.cost[p] = graph.cost(v);
+    g.output[p] = graph.is_output(v) ? 1 : 0;
+  }
+  // Readers were appended in increasing reader position already.
+  g.persistent_bytes = graph.persistent_bytes();
+  return g;
+}
+
+// S[t+1] as a lookup: keep[t + 1] for t + 1 < n, the final row otherwise.
+inline bool KeptAfter(const StagePlan& plan, int t, int i) {
+  return plan.keep[t + 1][i] != 0;
+}
+
+absl::Status CheckShapes(const StagePlan& plan) {
+  const int n = static_cast<int>(plan.order.size());
+  if (static_cast<int>(plan.compute.size()) != n ||
+      static_cast<int>(plan.keep.size()) != n + 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "stage plan: ", n, " nodes need ", n, " compute rows and ", n + 1,
+        " keep rows"));
+  }
+  for (int t = 0; t < n; ++t) {
+    if (static_cast<int>(plan.compute[t].size()) != t + 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("stage plan: compute row ", t, " needs ", t + 1, " entries"));
+    }
+  }
+  for (int t = 0; t <= n; ++t) {
+    if (static_cast<int>(plan.keep[t].size()) != t) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("stage plan: keep row ", t, " needs ", t, " entries"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status ValidateStagePlan(const Graph& graph, const StagePlan& plan) {
+  RETURN_IF_ERROR(CheckShapes(plan));
+  // Any topological order of the needed non-persistent nodes is accepted;
+  // FreeAtLastUse checks exactly that.
+  RETURN_IF_ERROR(FreeAtLastUse(graph, plan.order).status());
+  const StageGraph g = MakeStageGraph(graph, plan.order);
+  const int n = g.n();
+  for (int t = 0; t < n; ++t) {
+    for (int j = 0; j <= t; ++j) {
+      if (!plan.compute[t][j]) continue;
+      for (int i : g.inputs[j]) {
+        const bool held = plan.compute[t][i] || (i < t && plan.keep[t][i]);
+        if (!held) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "stage plan: stage ", t, " computes '", graph.id(g.order[j]),
+              "' without its input '", graph.id(g.order[i]), "'"));
+        }
+      }
+    }
+    for (int i = 0; i <= t; ++i) {
+      if (KeptAfter(plan, t, i) && !plan.compute[t][i] &&
+          !(i < t && plan.keep[t][i])) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "stage plan: '", graph.id(g.order[i]), "' is kept after stage ", t,
+            " but neither computed nor held in it"));
+      }
+    }
+  }
+  for (int i = 0; i < n; ++i) {
+    if (g.output[i] && !plan.keep[n][i]) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "stage plan: output '", graph.id(g.order[i]), "' is not kept at the end"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+StagePlan ComputeForKeep(const Graph& graph, std::vector<NodeId> order,
+                         std::vector<std::vector<uint8_t>> keep) {
+  const StageGraph g = MakeStageGraph(graph, order);
+  const int n = g.n();
+  PEBBLE_CHECK(static_cast<int>(keep.size()) == n + 1, "ComputeForKeep: keep rows");
+  keep[0].clear();
+  for (int i = 0; i < n; ++i) keep[n][i] = g.output[i];
+  StagePlan plan;
+  plan.order = std::move(order);
+  plan.compute.resize(n);
+  std::vector<uint8_t> need;
+  for (int t = 0; t < n; ++t) {
+    PEBBLE_CHECK(static_cast<int>(keep[t].size()) == t, "ComputeForKeep: keep row");
+    need.assign(t + 1, 0);
+    need[t] = 1;
+    for (int i = 0; i < t; ++i) {
+      if (keep[t + 1][i] && !keep[t][i]) need[i] = 1;
+    }
+    // Inputs precede their readers, so one descending sweep closes `need`.
+    for (int j = t; j >= 0; --j) {
+      if (!need[j]) continue;
+      for (int i : g.inputs[j]) {
+        if (!(i < t && keep[t][i])) need[i] = 1;
+      }
+    }
+    plan.compute[t] = need;
+  }
+  plan.keep = std::move(keep);
+  return plan;
+}
+
+Schedule RemoveDeadComputes(const Graph& graph, const Schedule& schedule) {
+  const int steps = static_cast<int>(schedule.steps.size());
+  std::vector<uint8_t> live(graph.num_nodes(), 0);
+  // pending_free[v]: index of the next free of v after the current position
+  // (in the backward scan), or -1.
+  std::vector<int> pending_free(graph.num_nodes(), -1);
+  for (NodeId v : graph.outputs()) live[v] = 1;
+  std::vector<uint8_t> removed(steps, 0);
+  for (int k = steps - 1; k >= 0; --k) {
+    const Step& s = schedule.steps[k];
+    switch (s.action) {
+      case Action::kFree:
+        live[s.node] = 0;
+        pending_free[s.node] = k;
+        break;
+      case Action::kCompute:
+        if (!live[s.node]) {
+          removed[k] = 1;
+          if (pending_free[s.node] >= 0) removed[pending_free[s.node]] = 1;
+        } else {
+          for (NodeId u : graph.unique_inputs(s.node)) {
+            if (!graph.persistent(u)) live[u] = 1;
+          }
+        }
+        live[s.node] = 0;
+        pending_free[s.node] = -1;
+        break;
+      case Action::kOffload:
+        // A host copy may be read later by a prefetch: the value is live.
+        live[s.node] = 1;
+        break;
+      case Action::kPrefetch:
+        live[s.node] = 0;
+        pending_free[s.node] = -1;
+        break;
+    }
+  }
+  Schedule out;
+  out.steps.reserve(steps);
+  for (int k = 0; k < steps; ++k) {
+    if (!removed[k]) out.steps.push_back(schedule.steps[k]);
+  }
+  return out;
+}
+
+absl::StatusOr<Schedule> StagePlanToSchedule(const Graph& graph,
+                                             const StagePlan& plan) {
+  RETURN_IF_ERROR(ValidateStagePlan(graph, plan));
+  const StageGraph g = MakeStageGraph(graph, plan.order);
+  const int n = g.n();
+  Schedule schedule;
+  std::vector<uint8_t> resident(n, 0);
+  std::vector<int> last_use(n, -1);
+  std::vector<int> stage_computes;
+  for (int t = 0; t < n; ++t) {
+    // Invariant: resident == S[t] (ValidateStagePlan and the frees below).
+    stage_computes.clear();
+    for (int i = 0; i <= t; ++i) {
+      if (plan.compute[t][i] && !resident[i]) stage_computes.push_back(i);
+    }
+    std::fill(last_use.begin(), last_use.begin() + t + 1, -1);
+    for (int k : stage_computes) {
+      for (int u : g.inputs[k]) last_use[u] = k;
+    }
+    // Held from before, unread in this stage and not kept: free it now.
+    for (int i = 0; i < t; ++i) {
+      if (resident[i] && last_use[i] < 0 && !KeptAfter(plan, t, i)) {
+        schedule.steps.push_back({Action::kFree, g.order[i]});
+        resident[i] = 0;
+      }
+    }
+    for (int k : stage_computes) {
+      schedule.steps.push_back({Action::kCompute, g.order[k]});
+      resident[k] = 1;
+      for (int u : g.inputs[k]) {
+        if (last_use[u] == k && !KeptAfter(plan, t, u)) {
+          schedule.steps.push_back({Action::kFree, g.order[u]});
+          resident[u] = 0;
+        }
+      }
+      if (last_use[k] < 0 && !KeptAfter(plan, t, k)) {
+        schedule.steps.push_back({Action::kFree, g.order[k]});
+        resident[k] = 0;
+      }
+    }
+  }
+  return schedule;
+}
+
+StagePlan OneShotStagePlan(const Graph& graph) {
+  const StageGraph g = MakeStageGraph(graph, DefaultOrder(graph));
+  const int n = g.n();
+  std::vector<std::vector<uint8_t>> keep(n + 1);
+  for (int t = 0; t <= n; ++t) {
+    keep[t].assign(t, 0);
+    for (int i = 0; i < t; ++i) {
+      const bool read_later = !g.readers[i].empty() && g.readers[i].back() >= t;
+      keep[t][i] = (g.output[i] || read_later) ? 1 : 0;
+    }
+  }
+  return ComputeForKeep(graph, g.order, std::move(keep));
+}
+
+int64_t PeakLowerBound(const Graph& graph) {
+  int64_t largest = 0;
+  int64_t outputs = 0;
+  for (NodeId v = 0; v < graph.num_nodes(); ++v) {
+    if (!graph.needed()[v] || graph.persistent(v)) continue;
+    int64_t step = graph.bytes(v) + graph.workspace(v);
+    for (NodeId u : graph.unique_inputs(v)) {
+      if (!graph.persistent(u)) step += graph.bytes(u);
+    }
+    largest = std::max(largest, step);
+    if (graph.is_output(v)) outputs += graph.bytes(v);
+  }
+  return graph.persistent_bytes() + std::max(largest, outputs);
+}
+
+namespace {
+
+// ---------------------------------------------------------------------------
+// The linear program, built as triplets.
+
+struct LinearProgram {
+  std::vector<double> col_lb, col_ub, obj;
+  std::vector<uint8_t> integer;
+  std::vector<double> row_lb, row_ub;
+  std::vector<int> rows, cols;
+  std::vector<double> values;
+
+  int num_cols() const { return static_cast<int>(obj.size()); }
+  int num_rows() const { return static_cast<int>(row_lb.size()); }
+  int num_integer() const {
+    return static_cast<int>(std::count(integer.begin(), integer.end(), 1));
+  }
+  int AddCol(double lb, double ub, double cost, bool is_integer) {
+    col_lb.push_back(lb);
+    col_ub.push_back(ub);
+    obj.push_back(cost);
+    integer.push_back(is_integer ? 1 : 0);
+    return num_cols() - 1;
+  }
+  // Terms with column -1 are constants 0 and dropped.
+  void AddRow(double lb, double ub, const std::vector<std::pair<int, double>>& terms) {
+    const int r = num_rows();
+    for (const auto& [c, v] : terms) {
+      if (c < 0 || v == 0) continue;
+      rows.push_back(r);
+      cols.push_back(c);
+      values.push_back(v);
+    }
+    row_lb.push_back(lb);
+    row_ub.push_back(ub);
+  }
+  void Load(OsiSolverInterface& solver, bool with_integers) const {
+    CoinPackedMatrix matrix(/*colordered=*/true, rows.data(), cols.data(),
+                            values.data(), static_cast<CoinBigIndex>(values.size()));
+    matrix.setDimensions(num_rows(), num_cols());
+    solver.loadProblem(matrix, col_lb.data(), col_ub.data(), obj.data(),
+                       row_lb.data(), row_ub.data());
+    if (with_integers) {
+      for (int c = 0; c < num_cols(); ++c) {
+        if (integer[c]) solver.setInteger(c);
+      }
+    }
+  }
+};
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+// Note [Checkmate's model] as columns and rows. `budget_bytes` < 0 asks for
+// the peak as a variable (the objective then is the peak alone).
+struct Formulation {
+  LinearProgram lp;
+  int n = 0;
+  std::vector<int> r;  // R(t, i) at t (t + 1) / 2 + i
+  std::vector<int> s;  // S(t, i) at t (t - 1) / 2 + i, t >= 1
+  int peak = -1;
+  double byte_scale = 1;  // model bytes = bytes / byte_scale
+  double cost_scale = 1;  // model cost = cost / cost_scale
+  double epsilon = 0;     // objective of a zero-cost node's R
+  bool has_zero_cost = false;
+
+  int R(int t, int i) const { return r[t * (t + 1) / 2 + i]; }
+  int S(int t, int i) const { return i < t ? s[t * (t - 1) / 2 + i] : -1; }
+};
+
+Formulation Formulate(const StageGraph& g, int64_t budget_bytes) {
+  Formulation f;
+  const int n = g.n();
+  f.n = n;
+  LinearProgram& lp = f.lp;
+
+  int64_t max_bytes = 1;
+  for (int i = 0; i < n; ++i) {
+    max_bytes = std::max({max_bytes, g.bytes[i], g.workspace[i]});
+  }
+  f.byte_scale = std::max(1.0, static_cast<double>(max_bytes) / 1e4);
+  double min_positive = kInf, max_cost = 0;
+  int zero_cost_nodes = 0;
+  for (int i = 0; i < n; ++i) {
+    if (g.cost[i] > 0) min_positive = std::min(min_positive, g.cost[i]);
+    max_cost = std::max(max_cost, g.cost[i]);
+    if (g.cost[i] == 0) ++zero_cost_nodes;
+  }
+  f.cost_scale = std::isfinite(min_positive)
+                     ? std::max(min_positive, max_cost / 1e6)
+                     : 1.0;
+  f.has_zero_cost = zero_cost_nodes > 0;
+  // Each zero-cost node has at most n R variables.
+  f.epsilon = 1e-3 / (static_cast<double>(zero_cost_nodes) * n + 1);
+  const bool min_peak = budget_bytes < 0;
+  auto m = [&](int i) { return static_cast<double>(g.bytes[i]) / f.byte_scale; };
+  auto w = [&](int i) { return static_cast<double>(g.workspace[i]) / f.byte_scale; };
+  auto obj = [&](int i) {
+    if (min_peak) return 0.0;
+    return g.cost[i] > 0 ? g.cost[i] / f.cost_scale : f.epsilon;
+  };
+
+  f.r.assign(n * (n + 1) / 2, -1);
+  f.s.assign(n * (n - 1) / 2 + 1, -1);
+  for (int t = 0; t < n; ++t) {
+    for (int i = 0; i <= t; ++i) {
+      const double lb = i == t ? 1.0 : 0.0;  // [1d] R[t][t] = 1
+      f.r[t * (t + 1) / 2 + i] = lp.AddCol(lb, 1.0, obj(i), true);
+    }
+    for (int i = 0; i < t; ++i) {
+      f.s[t * (t - 1) / 2 + i] = lp.AddCol(0.0, 1.0, 0.0, true);
+    }
+  }
+  const double available =
+      min_peak ? kInf
+               : static_cast<double>(budget_bytes - g.persistent_bytes) / f.byte_scale;
+  if (min_peak) f.peak = lp.AddCol(0.0, kInf, 1.0, false);
+
+  for (int t = 0; t < n; ++t) {
+    // [1b] dependencies.
+    for (int j = 0; j <= t; ++j) {
+      for (int i : g.inputs[j]) {
+        lp.AddRow(-kInf, 0.0, {{f.R(t, j), 1.0}, {f.R(t, i), -1.0}, {f.S(t, i), -1.0}});
+      }
+    }
+    // [1c] checkpoints come from the previous stage.
+    if (t + 1 < n) {
+      for (int i = 0; i < t; ++i) {
+        lp.AddRow(-kInf, 0.0,
+                  {{f.S(t + 1, i), 1.0}, {f.R(t, i), -1.0}, {f.S(t, i), -1.0}});
+      }
+    }
+  }
+  // Outputs resident at the end.
+  for (int o = 0; o + 1 < n; ++o) {
+    if (g.output[o]) lp.AddRow(1.0, kInf, {{f.R(n - 1, o), 1.0}, {f.S(n - 1, o), 1.0}});
+  }
+  // Dominance rows (Note [dominance rows]): a recomputation or a checkpoint
+  // is used, and nothing resident is recomputed.
+  for (int t = 0; t < n; ++t) {
+    for (int i = 0; i < t; ++i) {
+      const bool kept_at_end = t == n - 1 && g.output[i];
+      if (!kept_at_end) {
+        std::vector<std::pair<int, double>> terms = {{f.R(t, i), 1.0}};
+        for (int j : g.readers[i]) {
+          if (j <= t) terms.push_back({f.R(t, j), -1.0});
+        }
+        if (t + 1 < n) terms.push_back({f.S(t + 1, i), -1.0});
+        lp.AddRow(-kInf, 0.0, terms);
+        terms = {{f.S(t, i), 1.0}};
+        for (int j : g.readers[i]) {
+          if (j <= t) terms.push_back({f.R(t, j), -1.0});
+        }
+        if (t + 1 < n) terms.push_back({f.S(t + 1, i), -1.0});
+        lp.AddRow(-kInf, 0.0, terms);
+      }
+      lp.AddRow(-kInf, 1.0, {{f.R(t, i), 1.0}, {f.S(t, i), 1.0}});
+    }
+  }
+
+  // FREE and the memory recurrence, stage by stage.
+  std::vector<std::vector<std::pair<int, double>>> frees_after(n);
+  std::vector<std::vector<int>> frees_of(n);
+  for (int t = 0; t < n; ++t) {
+    for (int k = 0; k <= t; ++k) frees_after[k].clear();
+    for (int i = 0; i <= t; ++i) frees_of[i].clear();
+    for (int k = 0; k <= t; ++k) {
+      auto add_free = [&](int i) {
+        if (t == n - 1 && g.output[i]) return;  // never freed at the end
+        const int c = lp.AddCol(0.0, 1.0, 0.0, false);
+        lp.AddRow(-kInf, 0.0, {{c, 1.0}, {f.R(t, k), -1.0}});
+        if (t + 1 < n) lp.AddRow(-kInf, 1.0, {{c, 1.0}, {f.S(t + 1, i), 1.0}});
+        for (int j : g.readers[i]) {
+          if (j > k && j <= t) lp.AddRow(-kInf, 1.0, {{c, 1.0}, {f.R(t, j), 1.0}});
+        }
+        frees_after[k].push_back({c, m(i)});
+        frees_of[i].push_back(c);
+      };
+      for (int i : g.inputs[k]) add_free(i);
+      add_free(k);
+    }
+    // At most one free of v_i a stage, and only of what is resident.
+    for (int i = 0; i <= t; ++i) {
+      if (frees_of[i].empty()) continue;
+      std::vector<std::pair<int, double>> terms;
+      for (int c : frees_of[i]) terms.push_back({c, 1.0});
+      if (t + 1 < n) terms.push_back({f.S(t + 1, i), 1.0});
+      terms.push_back({f.R(t, i), -1.0});
+      terms.push_back({f.S(t, i), -1.0});
+      lp.AddRow(-kInf, 0.0, terms);
+    }
+    int previous_u = -1;
+    for (int k = 0; k <= t; ++k) {
+      const int u = lp.AddCol(0.0, kInf, 0.0, false);
+      std::vector<std::pair<int, double>> terms = {{u, 1.0}, {f.R(t, k), -m(k)}};
+      if (k == 0) {
+        for (int i = 0; i < t; ++i) terms.push_back({f.S(t, i), -m(i)});
+      } else {
+        terms.push_back({previous_u, -1.0});
+        for (const auto& [c, bytes] : frees_after[k - 1]) terms.push_back({c, bytes});
+      }
+      lp.AddRow(0.0, 0.0, terms);
+      if (min_peak) {
+        lp.AddRow(-kInf, 0.0, {{u, 1.0}, {f.R(t, k), w(k)}, {f.peak, -1.0}});
+      } else {
+        lp.AddRow(-kInf, available, {{u, 1.0}, {f.R(t, k), w(k)}});
+      }
+      previous_u = u;
+    }
+  }
+  return f;
+}
+
+// S of a solution, rounded by `threshold`, in StagePlan's keep shape.
+std::vector<std::vector<uint8_t>> KeepFrom(const Formulation& f,
+                                           const double* x, double threshold) {
+  const int n = f.n;
+  std::vector<std::vector<uint8_t>> keep(n + 1);
+  for (int t = 0; t <= n; ++t) {
+    keep[t].assign(t, 0);
+    if (t == n) continue;  // ComputeForKeep sets the outputs
+    for (int i = 0; i < t; ++i) keep[t][i] = x[f.S(t, i)] >= threshold ? 1 : 0;
+  }
+  return keep;
+}
+
+double PlanCost(const StageGraph& g, const StagePlan& plan) {
+  double total = 0;
+  for (int t = 0; t < g.n(); ++t) {
+    for (int i = 0; i <= t; ++i) {
+      if (plan.compute[t][i]) total += g.cost[i];
+    }
+  }
+  return total;
+}
+
+// A rounded or solved plan, measured: its schedule's simulated peak and cost.
+struct Candidate {
+  StagePlan plan;
+  int64_t peak = 0;
+  double cost = 0;
+  std::string how;
+};
+
+absl::StatusOr<Candidate> Measure(const Graph& graph, StagePlan plan,
+                                  std::string how) {
+  ASSIGN_OR_RETURN(Schedule schedule, StagePlanToSchedule(graph, plan));
+  ASSIGN_OR_RETURN(PlanReport report,
+                   Simulate(graph, RemoveDeadComputes(graph, schedule)));
+  Candidate c;
+  c.plan = std::move(plan);
+  c.peak = report.peak_bytes;
+  c.cost = report.compute_cost;
+  c.how = std::move(how);
+  return c;
+}
+
+// Lower cost first, then lower peak; `a` wins ties (it was found first).
+bool Better(const Candidate& a, const Candidate& b) {
+  const double tol = 1e-9 * std::max(1.0, std::abs(b.cost));
+  if (a.cost < b.cost - tol) return true;
+  if (a.cost > b.cost + tol) return false;
+  return a.peak < b.peak;
+}
+
+// ---------------------------------------------------------------------------
+// CBC and Clp.
+
+struct MilpRun {
+  bool has_solution = false;
+  bool optimal = false;
+  bool infeasible = false;  // proven
+  std::vector<double> x;
+  double objective = 0;
+  double bound = 0;  // best possible objective (model units)
+};
+
+MilpRun RunCbc(const Formulation& f, double seconds,
+               const std::vector<double>* start) {
+  const LinearProgram& lp = f.lp;
+  OsiClpSolverInterface solver;
+  solver.messageHandler()->setLogLevel(0);
+  solver.getModelPtr()->setLogLevel(0);
+  lp.Load(solver, /*with_integers=*/true);
+  // CBC's root LP goes through the solver's initial solve: dual simplex
+  // after presolve (see RunClp), bounded by the time limit.
+  ClpSolve solve_options;
+  solve_options.setSolveType(ClpSolve::useDual);
+  solve_options.setPresolveType(ClpSolve::presolveOn);
+  solver.setSolveOptions(solve_options);
+  solver.getModelPtr()->setMaximumSeconds(std::max(0.01, seconds));
+  std::vector<std::pair<std::string, double>> mip_start;
+  if (start != nullptr) {
+    // CBC matches a MIP start by column names; only integer columns are
+    // given, CBC solves the LP for the rest.
+    for (int c = 0; c < lp.num_cols(); ++c) {
+      const std::string name = absl::StrCat("c", c);
+      solver.setColName(c, name);
+      if (lp.integer[c]) mip_start.push_back({name, (*start)[c]});
+    }
+    // With column names but no row names, CBC 2.10's postprocessing
+    // dereferences the missing row names (coin-or/Cbc issue #515).
+    for (int r = 0; r < lp.num_rows(); ++r) solver.setRowName(r, absl::StrCat("r", r));
+  }
+  CbcModel model(solver);
+  model.setLogLevel(0);
+  model.messageHandler()->setLogLevel(0);
+  CbcSolverUsefulData data;
+  data.noPrinting_ = true;
+  data.useSignalHandler_ = false;
+  CbcMain0(model, data);
+  model.setLogLevel(0);
+  model.messageHandler()->setLogLevel(0);
+  if (!mip_start.empty()) model.setMIPStart(mip_start);
+  const std::string secs = absl::StrCat(std::max(0.01, seconds));
+  // A zero-cost node's epsilon is far below CBC's default cutoff increment
+  // (1e-5): let CBC tell such objectives apart.
+  const std::string increment = absl::StrCat(f.has_zero_cost ? f.epsilon / 4 : 1e-5);
+  std::vector<const char*> argv = {"pebble",     "-log",      "0",
+                                   "-slog",      "0",         "-seconds",
+                                   secs.c_str(), "-timeMode", "elapsed",
+                                   "-ratioGap",  "0",         "-allowableGap",
+                                   "1e-9",       "-increment", increment.c_str(),
+                                   "-solve",     "-quit"};
+  const Clock::time_point started = Clock::now();
+  CbcMain1(static_cast<int>(argv.size()), argv.data(), model, nullptr, data);
+  const double elapsed = SecondsSince(started);
+
+  MilpRun run;
+  const double* best = model.bestSolution();
+  if (best != nullptr) {
+    run.has_solution = true;
+    run.x.assign(best, best + lp.num_cols());
+    run.objective = model.getObjValue();
+  }
+  run.optimal = run.has_solution && model.isProvenOptimal();
+  run.bound = model.getBestPossibleObjValue();
+  if (run.optimal) run.bound = run.objective;
+  // Infeasible only when CBC finished well inside its time: a root LP cut
+  // short by the time limit must not read as a proof.
+  run.infeasible = !run.has_solution && !model.isSecondsLimitReached() &&
+                   elapsed < 0.9 * seconds &&
+                   (model.isProvenInfeasible() || model.status() == 0);
+  return run;
+}
+
+struct LpRun {
+  bool optimal = false;
+  bool infeasible = false;
+  std::vector<double> x;
+  double objective = 0;
+};
+
+LpRun RunClp(const Formulation& f, double seconds) {
+  OsiClpSolverInterface solver;
+  solver.messageHandler()->setLogLevel(0);
+  solver.getModelPtr()->setLogLevel(0);
+  solver.setHintParam(OsiDoReducePrint, true, OsiHintTry);
+  f.lp.Load(solver, /*with_integers=*/false);
+  solver.getModelPtr()->setMaximumSeconds(std::max(0.01, seconds));
+  // Dual simplex after presolve: on these LPs several times faster than
+  // OsiClpSolverInterface's default initial solve (linear:n=40, 17k
+  // columns: 1.3 s against 4.6 s); the barrier ignores the time limit.
+  ClpSolve solve_options;
+  solve_options.setSolveType(ClpSolve::useDual);
+  solve_options.setPresolveType(ClpSolve::presolveOn);
+  solver.setSolveOptions(solve_options);
+  solver.initialSolve();
+  LpRun run;
+  run.optimal = solver.isProvenOptimal();
+  run.infeasible = solver.isProvenPrimalInfeasible();
+  if (run.optimal) {
+    const double* x = solver.getColSolution();
+    run.x.assign(x, x + f.lp.num_cols());
+    run.objective = solver.getObjValue();
+  }
+  return run;
+}
+
+// Column values of `plan` for a MIP start (R and S; the rest is left 0,
+// CBC recomputes the continuous columns).
+std::vector<double> StartValues(const Formulation& f, const StagePlan& plan) {
+  std::vector<double> x(f.lp.num_cols(), 0.0);
+  for (int t = 0; t < f.n; ++t) {
+    for (int i = 0; i <= t; ++i) x[f.R(t, i)] = plan.compute[t][i];
+    for (int i = 0; i < t; ++i) x[f.S(t, i)] = plan.keep[t][i];
+  }
+  return x;
+}
+
+// The cost in graph units of a model objective (epsilons included; they add
+// at most 1e-3 of the smallest positive cost).
+double ToCost(const Formulation& f, double model_objective) {
+  return model_objective * f.cost_scale;
+}
+
+// One MILP solve at a budget (>= 0) or for the minimum peak (< 0), with the
+// model's budget tightened and re-solved when CBC's tolerances let the
+// simulated peak exceed the budget.
+struct MilpAttempt {
+  CheckmateResult::Status status = CheckmateResult::Status::kNoSolution;
+  std::optional<Candidate> best;
+  double lower_bound = 0;
+  int variables = 0, integers = 0, constraints = 0;
+};
+
+absl::StatusOr<MilpAttempt> SolveMilpAt(const Graph& graph, const StageGraph& g,
+                                        int64_t budget_bytes,
+                                        const std::optional<Candidate>& start,
+                                        Clock::time_point deadline) {
+  MilpAttempt attempt;
+  int64_t model_budget = budget_bytes;
+  for (int tries = 0; tries < 4; ++tries) {
+    Formulation f = Formulate(g, model_budget);
+    attempt.variables = f.lp.num_cols();
+    attempt.integers = f.lp.num_integer();
+    attempt.constraints = f.lp.num_rows();
+    const double left =
+        std::chrono::duration<double>(deadline - Clock::now()).count();
+    if (left <= 0) break;
+    std::vector<double> start_x;
+    if (start.has_value() &&
+        (budget_bytes < 0 || start->peak <= budget_bytes)) {
+      start_x = StartValues(f, start->plan);
+    }
+    // CBC checks its clock between nodes and heuristics and may overrun a
+    // little; the conversion and simulation after it take time too.
+    MilpRun run = RunCbc(f, 0.97 * left - 0.05, start_x.empty() ? nullptr : &start_x);
+    if (budget_bytes < 0) {
+      attempt.lower_bound = run.bound * f.byte_scale + g.persistent_bytes;
+    } else {
+      attempt.lower_bound = ToCost(f, run.bound);
+    }
+    if (!run.has_solution) {
+      attempt.status = run.infeasible ? CheckmateResult::Status::kInfeasible
+                                      : CheckmateResult::Status::kNoSolution;
+      // A start within the budget is still the best known plan.
+      if (!start_x.empty()) {
+        attempt.best = start;
+        attempt.status = CheckmateResult::Status::kFeasible;
+      }
+      return attempt;
+    }
+    StagePlan plan = ComputeForKeep(graph, g.order, KeepFrom(f, run.x.data(), 0.5));
+    ASSIGN_OR_RETURN(Candidate c, Measure(graph, std::move(plan), "milp"));
+    if (budget_bytes >= 0 && c.peak > budget_bytes) {
+      // Tolerance leak: tighten the model's budget by the excess and retry.
+      model_budget -= (c.peak - budget_bytes);
+      continue;
+    }
+    if (start.has_value() && !start_x.empty()) {
+      const bool start_better =
+          budget_bytes >= 0 ? Better(*start, c)
+                            : (start->peak < c.peak ||
+                               (start->peak == c.peak && Better(*start, c)));
+      if (start_better) c = *start;
+    }
+    attempt.best = std::move(c);
+    attempt.status = run.optimal ? CheckmateResult::Status::kOptimal
+                                 : CheckmateResult::Status::kFeasible;
+    return attempt;
+  }
+  if (start.has_value() && (budget_bytes < 0 || start->peak <= budget_bytes)) {
+    attempt.best = start;
+    attempt.status = CheckmateResult::Status::kFeasible;
+  }
+  return attempt;
+}
+
+void FillResult(const StageGraph& g, const Candidate& c, CheckmateResult* r) {
+  r->plan = c.plan;
+  r->objective = PlanCost(g, c.plan);
+  r->note = c.how;
+}
+
+double Gap(double objective, double bound) {
+  if (objective <= 0) return 0;
+  return std::max(0.0, (objective - bound) / objective);
+}
+
+}  // namespace
+
+absl::StatusOr<CheckmateResult> SolveCheckmateMilp(const Graph& graph,
+                                                   const CheckmateOptions& options) {
+  const Clock::time_point started = Clock::now();
+  const Clock::time_point deadline =
+      started + std::chrono::duration_cast<Clock::duration>(
+                    std::chrono::duration<double>(std::max(0.0, options.time_limit_s)));
+  const StageGraph g = MakeStageGraph(graph, DefaultOrder(graph));
+  if (g.n() > kMaxMilpStages) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "checkmate: the graph has ", g.n(),
+        " needed non-persistent nodes; the MILP takes at most ", kMaxMilpStages,
+        " (use checkmate-lp, or a heuristic policy)"));
+  }
+  CheckmateResult result;
+  const bool min_budget = options.budget_bytes == kMinBudgetBytes;
+  const int64_t lower = PeakLowerBound(graph);
+  ASSIGN_OR_RETURN(Candidate one_shot,
+                   Measure(graph, OneShotStagePlan(graph), "one-shot"));
+  // Every needed node is computed at least once, so a one-shot plan that
+  // fits costs the least any plan can.
+  if (!min_budget && one_shot.peak <= options.budget_bytes) {
+    FillResult(g, one_shot, &result);
+    result.status = CheckmateResult::Status::kOptimal;
+    result.budget_bytes = options.budget_bytes;
+    result.lower_bound = result.objective;
+    result.note = "the one-shot plan fits: no recomputation needed";
+    result.solve_s = SecondsSince(started);
+    return result;
+  }
+  if (!min_budget && options.budget_bytes < lower) {
+    result.status = CheckmateResult::Status::kInfeasible;
+    result.budget_bytes = options.budget_bytes;
+    result.note = absl::StrCat("the budget is below the lower bound of ", lower,
+                               " bytes (a node with its inputs, or the outputs)");
+    result.solve_s = SecondsSince(started);
+    return result;
+  }
+
+  int64_t budget = options.budget_bytes;
+  bool proven = true;
+  std::optional<Candidate> start;
+  if (min_budget) {
+    // Phase 1: the lowest peak in the model (half the time at most), from
+    // the one-shot plan as a start.
+    const Clock::time_point half = started + (deadline - started) / 2;
+    ASSIGN_OR_RETURN(MilpAttempt peak_phase,
+                     SolveMilpAt(graph, g, -1, one_shot, half));
+    if (!peak_phase.best.has_value()) {
+      peak_phase.best = one_shot;
+      proven = false;
+    }
+    proven = proven && peak_phase.status == CheckmateResult::Status::kOptimal;
+    budget = peak_phase.best->peak;
+    start = peak_phase.best;
+    result.note = absl::StrCat("min-peak phase: peak ", budget, " bytes (",
+                               proven ? "optimal" : "not proven optimal", ")");
+  } else {
+    // A start within the budget from the LP rounding, with a fifth of the
+    // time at most: CBC's own heuristics often find nothing on larger
+    // graphs before the time limit.
+    CheckmateOptions lp_options = options;
+    lp_options.time_limit_s = 0.2 * options.time_limit_s;
+    ASSIGN_OR_RETURN(CheckmateResult lp, SolveCheckmateLp(graph, lp_options));
+    if (lp.status == CheckmateResult::Status::kInfeasible) {
+      // The relaxation is infeasible, so is the MILP.
+      result.status = CheckmateResult::Status::kInfeasible;
+      result.budget_bytes = budget;
+      result.note = "the LP relaxation is infeasible";
+      result.solve_s = SecondsSince(started);
+      return result;
+    }
+    if (lp.status == CheckmateResult::Status::kFeasible) {
+      ASSIGN_OR_RETURN(Candidate c, Measure(graph, lp.plan, "lp-rounding"));
+      start = std::move(c);
+    }
+  }
+  ASSIGN_OR_RETURN(MilpAttempt attempt, SolveMilpAt(graph, g, budget, start, deadline));
+  result.num_variables = attempt.variables;
+  result.num_integer_variables = attempt.integers;
+  result.num_constraints = attempt.constraints;
+  result.budget_bytes = budget;
+  result.status = attempt.status;
+  if (attempt.best.has_value()) {
+    const std::string phases = result.note;
+    FillResult(g, *attempt.best, &result);
+    if (!phases.empty()) result.note = absl::StrCat(phases, "; then ", result.note);
+    if (!proven && result.status == CheckmateResult::Status::kOptimal) {
+      result.status = CheckmateResult::Status::kFeasible;
+    }
+    result.lower_bound = std::min(attempt.lower_bound, result.objective);
+    if (result.status == CheckmateResult::Status::kOptimal) {
+      result.lower_bound = result.objective;
+    }
+    result.gap = Gap(result.objective, result.lower_bound);
+  } else if (min_budget && start.has_value()) {
+    FillResult(g, *start, &result);
+    result.status = CheckmateResult::Status::kFeasible;
+    result.lower_bound = 0;
+    result.gap = Gap(result.objective, 0);
+  }
+  result.solve_s = SecondsSince(started);
+  return result;
+}
+
+namespace {
+
+// Roundings of one LP solution: thresholds (0.5 first), seeded Bernoulli
+// samples, and keeping every checkpoint the LP uses at all. The cheapest
+// whose simulated peak fits `budget` (>= 0), or the lowest peak (< 0).
+absl::StatusOr<std::optional<Candidate>> RoundLp(const Graph& graph,
+                                                 const StageGraph& g,
+                                                 const Formulation& f,
+                                                 const LpRun& lp, int64_t budget,
+                                                 uint64_t seed,
+                                                 Clock::time_point deadline) {
+  std::optional<Candidate> best;
+  auto consider = [&](std::vector<std::vector<uint8_t>> keep,
+                      std::string how) -> absl::Status {
+    StagePlan plan = ComputeForKeep(graph, g.order, std::move(keep));
+    ASSIGN_OR_RETURN(Candidate c, Measure(graph, std::move(plan), std::move(how)));
+    if (budget >= 0 && c.peak > budget) return absl::OkStatus();
+    const bool better = !best.has_value() ||
+                        (budget >= 0 ? Better(c, *best)
+                                     : (c.peak < best->peak ||
+                                        (c.peak == best->peak && c.cost < best->cost)));
+    if (better) best = std::move(c);
+    return absl::OkStatus();
+  };
+  for (double threshold : {0.5, 0.4, 0.6, 0.3, 0.7, 0.2, 0.8, 0.1, 0.9, 1e-6}) {
+    RETURN_IF_ERROR(consider(KeepFrom(f, lp.x.data(), threshold),
+                             absl::StrCat("lp-rounding threshold ", threshold)));
+    if (Clock::now() > deadline) return best;
+  }
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<double> uniform(0.0, 1.0);
+  for (int sample = 0; sample < 8; ++sample) {
+    std::vector<std::vector<uint8_t>> keep(f.n + 1);
+    for (int t = 0; t <= f.n; ++t) {
+      keep[t].assign(t, 0);
+      if (t == f.n) continue;
+      for (int i = 0; i < t; ++i) {
+        keep[t][i] = uniform(rng) < lp.x[f.S(t, i)] ? 1 : 0;
+      }
+    }
+    RETURN_IF_ERROR(consider(std::move(keep),
+                             absl::StrCat("lp-rounding random sample ", sample)));
+    if (Clock::now() > deadline) return best;
+  }
+  return best;
+}
+
+}  // namespace
+
+absl::StatusOr<CheckmateResult> SolveCheckmateLp(const Graph& graph,
+                                                 const CheckmateOptions& options) {
+  const Clock::time_point started = Clock::now();
+  const Clock::time_point deadline =
+      started + std::chrono::duration_cast<Clock::duration>(
+                    std::chrono::duration<double>(std::max(0.0, options.time_limit_s)));
+  auto left = [&] {
+    return std::chrono::duration<double>(deadline - Clock::now()).count();
+  };
+  const StageGraph g = MakeStageGraph(graph, DefaultOrder(graph));
+  if (g.n() > kMaxLpStages) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "checkmate-lp: the graph has ", g.n(),
+        " needed non-persistent nodes; the LP takes at most ", kMaxLpStages,
+        " (use a heuristic policy)"));
+  }
+  CheckmateResult result;
+  const int64_t lower = PeakLowerBound(graph);
+  ASSIGN_OR_RETURN(Candidate one_shot,
+                   Measure(graph, OneShotStagePlan(graph), "one-shot"));
+  const bool min_budget = options.budget_bytes == kMinBudgetBytes;
+  if (!min_budget && one_shot.peak <= options.budget_bytes) {
+    FillResult(g, one_shot, &result);
+    result.status = CheckmateResult::Status::kFeasible;
+    result.budget_bytes = options.budget_bytes;
+    result.lower_bound = result.objective;
+    result.note = "the one-shot plan fits: no recomputation needed";
+    result.solve_s = SecondsSince(started);
+    return result;
+  }
+  if (!min_budget && options.budget_bytes < lower) {
+    result.status = CheckmateResult::Status::kInfeasible;
+    result.budget_bytes = options.budget_bytes;
+    result.note = absl::StrCat("the budget is below the lower bound of ", lower,
+                               " bytes (a node with its inputs, or the outputs)");
+    result.solve_s = SecondsSince(started);
+    return result;
+  }
+
+  int lp_solves = 0;
+  // Solves the LP at `lp_budget` and rounds it against `target`.
+  auto attempt = [&](int64_t lp_budget, int64_t target, bool* lp_infeasible,
+                     double* lp_objective) -> absl::StatusOr<std::optional<Candidate>> {
+    Formulation f = Formulate(g, lp_budget);
+    result.num_variables = f.lp.num_cols();
+    result.num_constraints = f.lp.num_rows();
+    LpRun lp = RunClp(f, left());
+    ++lp_solves;
+    *lp_infeasible = lp.infeasible;
+    if (!lp.optimal) return std::optional<Candidate>();
+    *lp_objective = ToCost(f, lp.objective);
+    return RoundLp(graph, g, f, lp, target, options.seed + lp_solves, deadline);
+  };
+
+  std::optional<Candidate> best;
+  if (!min_budget) {
+    const int64_t budget = options.budget_bytes;
+    result.budget_bytes = budget;
+    bool infeasible = false;
+    double objective = 0;
+    ASSIGN_OR_RETURN(best, attempt(budget, budget, &infeasible, &objective));
+    if (infeasible) {
+      result.status = CheckmateResult::Status::kInfeasible;
+      result.note = "the LP relaxation is infeasible";
+      result.solve_s = SecondsSince(started);
+      return result;
+    }
+    result.lower_bound = objective;
+    // No rounding fits: ask the LP for less memory (the paper's remedy for
+    // roundings that overshoot), down to the lower bound.
+    for (double f : {0.9, 0.75, 0.5, 0.25, 0.0}) {
+      if (best.has_value() || left() <= 0) break;
+      const int64_t lp_budget =
+          lower + static_cast<int64_t>(f * static_cast<double>(budget - lower));
+      bool ignored = false;
+      double ignored_objective = 0;
+      ASSIGN_OR_RETURN(best, attempt(lp_budget, budget, &ignored, &ignored_objective));
+      if (best.has_value()) {
+        best->how = absl::StrCat(best->how, " (LP budget ", lp_budget, " bytes)");
+      }
+    }
+  } else {
+    // Binary search over the budget: [lo, hi], hi always reached by `best`.
+    best = one_shot;
+    int64_t lo = lower, hi = one_shot.peak;
+    while (lo < hi && left() > 0) {
+      const int64_t mid = lo + (hi - lo) / 2;
+      bool ignored = false;
+      double ignored_objective = 0;
+      ASSIGN_OR_RETURN(std::optional<Candidate> c,
+                       attempt(mid, mid, &ignored, &ignored_objective));
+      if (c.has_value()) {
+        hi = c->peak;
+        best = std::move(c);
+      } else {
+        lo = mid + 1;
+      }
+    }
+    result.budget_bytes = best->peak;
+    result.lower_bound = 0;
+  }
+  if (best.has_value()) {
+    FillResult(g, *best, &result);
+    result.status = CheckmateResult::Status::kFeasible;
+    result.lower_bound = std::min(result.lower_bound, result.objective);
+    result.gap = Gap(result.objective, result.lower_bound);
+  } else {
+    result.status = CheckmateResult::Status::kNoSolution;
+    result.note = "no rounding of the LP fits the budget";
+  }
+  result.note = absl::StrCat(result.note, " (", lp_solves, " LP solves)");
+  result.solve_s = SecondsSince(started);
+  return result;
+}
+
+namespace {
+
+const char* StatusName(CheckmateResult::Status status) {
+  switch (status) {
+    case CheckmateResult::Status::kOptimal: return "optimal";
+    case CheckmateResult::Status::kFeasible: return "feasible";
+    case CheckmateResult::Status::kInfeasible: return "infeasible";
+    case CheckmateResult::Status::kNoSolution: return "no solution";
+  }
+  return "?";
+}
+
+// The PlanResult of a Checkmate result: its plan's schedule, or the one-shot
+// schedule (marked infeasible) when there is none.
+absl::StatusOr<PlanResult> ToPlanResult(const Graph& graph,
+                                        const PlannerOptions& options,
+                                        const CheckmateResult& r, bool is_milp,
+                                        absl::string_view policy) {
+  const bool has_plan = r.status == CheckmateResult::Status::kOptimal ||
+                        r.status == CheckmateResult::Status::kFeasible;
+  Schedule schedule;
+  if (has_plan) {
+    ASSIGN_OR_RETURN(schedule, StagePlanToSchedule(graph, r.plan));
+    schedule = RemoveDeadComputes(graph, schedule);
+  } else {
+    ASSIGN_OR_RETURN(schedule, FreeAtLastUse(graph, DefaultOrder(graph)));
+  }
+  ASSIGN_OR_RETURN(PlanResult result, FinishPlan(graph, std::move(schedule), options));
+  const bool optimal = is_milp && r.status == CheckmateResult::Status::kOptimal;
+  if (!has_plan) {
+    result.feasible = false;
+    if (r.status == CheckmateResult::Status::kInfeasible) {
+      result.message = absl::StrCat(
+          policy, ": no plan in Checkmate's model fits the budget of ",
+          FormatBytes(options.budget_bytes), " (", options.budget_bytes,
+          " bytes): ", r.note, "; the schedule shown is the one-shot plan");
+    } else {
+      result.message = absl::StrCat(
+          policy, ": no plan within the budget found in the time limit of ",
+          options.time_limit_s, " s (", r.note,
+          "); the schedule shown is the one-shot plan");
+    }
+  } else if (result.feasible) {
+    result.message = optimal ? "optimal in Checkmate's model (fixed order)"
+                             : absl::StrCat("not proven optimal: ", r.note);
+  }
+  nlohmann::json& d = result.details;
+  d["optimal"] = optimal;
+  d["status"] = StatusName(r.status);
+  d["objective"] = r.objective;
+  d["lower_bound"] = r.lower_bound;
+  d["gap"] = r.gap;
+  d["solve_s"] = r.solve_s;
+  d["variables"] = r.num_variables;
+  if (is_milp) d["integer_variables"] = r.num_integer_variables;
+  d["constraints"] = r.num_constraints;
+  d["stages"] = static_cast<int>(DefaultOrder(graph).size());
+  d["model_budget_bytes"] = r.budget_bytes;
+  d["note"] = r.note;
+  return result;
+}
+
+class CheckmatePlanner final : public Planner {
+ public:
+  explicit CheckmatePlanner(bool relaxed) : relaxed_(relaxed) {}
+
+  absl::StatusOr<PlanResult> Plan(const Graph& graph,
+                                  const PlannerOptions& options) const override {
+    CheckmateOptions co;
+    co.budget_bytes = options.budget_bytes;
+    co.time_limit_s = options.time_limit_s;
+    co.seed = options.seed;
+    if (relaxed_) {
+      ASSIGN_OR_RETURN(CheckmateResult r, SolveCheckmateLp(graph, co));
+      return ToPlanResult(graph, options, r, /*is_milp=*/false, "checkmate-lp");
+    }
+    ASSIGN_OR_RETURN(CheckmateResult r, SolveCheckmateMilp(graph, co));
+    return ToPlanResult(graph, options, r, /*is_milp=*/true, "checkmate");
+  }
+
+ private:
+  bool relaxed_;
+};
+
+}  // namespace
+
+void RegisterCheckmatePlanners(PlannerRegistry& registry) {
+  registry.Register(PolicyInfo{
+      .name = "checkmate",
+      .description =
+          "Checkmate's MILP (Jain et al. 2020) solved by CBC: the cheapest "
+          "recomputation plan over the graph's own order; exact within that "
+          "model when it finishes in the time limit (small graphs)",
+      .kind = PlanKind::kMultiShot,
+      .exact = true,
+      .factory = [] { return std::make_unique<CheckmatePlanner>(false); },
+  });
+  registry.Register(PolicyInfo{
+      .name = "checkmate-lp",
+      .description =
+          "Checkmate's LP relaxation with two-phase rounding (Jain et al. "
+          "2020, section 5): recomputation plan over the graph's own order; "
+          "heuristic",
+      .kind = PlanKind::kMultiShot,
+      .exact = false,
+      .factory = [] { return std::make_unique<CheckmatePlanner>(true); },
+  });
+}
+
+}  // namespace pebble

@@ -1,0 +1,372 @@
+// The `exact` policy: A* over resident sets (scheduler/exact_multishot.h,
+// Note [exact multi-shot search]).
+#include "scheduler/exact_multishot.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <memory>
+#include <queue>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_cat.h"
+#include "graph/status.h"
+#include "scheduler/budget.h"
+#include "scheduler/planner.h"
+#include "scheduler/policies.h"
+#include "scheduler/simulator.h"
+
+namespace pebble {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using Set = uint32_t;
+
+// The needed non-persistent nodes at positions 0..m-1 (DefaultOrder), with
+// input sets as bitsets.
+struct LocalGraph {
+  std::vector<NodeId> nodes;
+  std::vector<Set> inputs;  // non-persistent inputs
+  std::vector<int64_t> bytes;
+  std::vector<int64_t> workspace;
+  std::vector<double> cost;
+  Set outputs = 0;
+  int64_t persistent_bytes = 0;
+  int m() const { return static_cast<int>(nodes.size()); }
+
+  int64_t Bytes(Set d) const {
+    int64_t total = 0;
+    for (Set rest = d; rest != 0; rest &= rest - 1) total += bytes[__builtin_ctz(rest)];
+    return total;
+  }
+  // X(D) of the Note: what every completion from `d` must compute.
+  Set MustCompute(Set d) const {
+    Set x = outputs & ~d;
+    for (int p = m() - 1; p >= 0; --p) {
+      if (x & (Set{1} << p)) x |= inputs[p] & ~d;
+    }
+    return x;
+  }
+};
+
+absl::StatusOr<LocalGraph> MakeLocalGraph(const Graph& graph) {
+  LocalGraph g;
+  g.nodes = DefaultOrder(graph);
+  if (g.m() > kMaxExactMultiShotNodes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "exact: the graph has ", g.m(),
+        " needed non-persistent nodes; the exact multi-shot search takes at most ",
+        kMaxExactMultiShotNodes, " (use checkmate or a heuristic policy)"));
+  }
+  std::vector<int> position(graph.num_nodes(), -1);
+  for (int p = 0; p < g.m(); ++p) position[g.nodes[p]] = p;
+  for (int p = 0; p < g.m(); ++p) {
+    const NodeId v = g.nodes[p];
+    Set in = 0;
+    for (NodeId u : graph.unique_inputs(v)) {
+      if (!graph.persistent(u)) in |= Set{1} << position[u];
+    }
+    g.inputs.push_back(in);
+    g.bytes.push_back(graph.bytes(v));
+    g.workspace.push_back(graph.workspace(v));
+    g.cost.push_back(graph.cost(v));
+    if (graph.is_output(v)) g.outputs |= Set{1} << p;
+  }
+  g.persistent_bytes = graph.persistent_bytes();
+  return g;
+}
+
+enum class Mode { kCost, kPeak };
+
+// Search results: the goal's path as (state, move) pairs.
+struct Found {
+  bool reached = false;
+  std::vector<std::pair<Set, int>> path;  // (state after the move, node moved)
+  double cost = 0;
+  int64_t peak = 0;
+};
+
+// Labels of one reached set. In kCost mode the key is (g, steps); in kPeak
+// mode (peak, steps), g kept for the record.
+struct Entry {
+  Set set;
+  double g;
+  int64_t peak;
+  int32_t steps;
+  int32_t parent;  // entry index, -1 for the start
+  int8_t move;     // node computed to get here, -1 for the start
+  bool closed;
+};
+
+struct QueueItem {
+  double key1;   // g + h (kCost) or peak (kPeak)
+  int64_t key2;  // steps + h_steps
+  Set set;
+  int32_t entry;
+  // std::priority_queue pops the largest: order so that the smallest
+  // (key1, key2, set) is the largest.
+  bool operator<(const QueueItem& o) const {
+    return std::tie(key1, key2, set) > std::tie(o.key1, o.key2, o.set);
+  }
+};
+
+absl::StatusOr<Found> Search(const LocalGraph& g, Mode mode, int64_t budget,
+                             double time_limit_s, ExactMultiShotStats* stats) {
+  const Clock::time_point started = Clock::now();
+  auto elapsed = [&] {
+    return std::chrono::duration<double>(Clock::now() - started).count();
+  };
+  Found found;
+  if (mode == Mode::kCost && g.persistent_bytes > budget) return found;
+  std::vector<Entry> entries;
+  absl::flat_hash_map<Set, int32_t> index;
+  std::priority_queue<QueueItem> queue;
+  auto heuristic = [&](Set d, double* h_cost, int64_t* h_steps) {
+    if (mode == Mode::kPeak) {
+      *h_cost = 0;
+      *h_steps = 0;
+      return;
+    }
+    const Set x = g.MustCompute(d);
+    double c = 0;
+    for (Set rest = x; rest != 0; rest &= rest - 1) c += g.cost[__builtin_ctz(rest)];
+    *h_cost = c;
+    *h_steps = __builtin_popcount(x);
+  };
+  auto push = [&](int32_t e) {
+    const Entry& en = entries[e];
+    double hc = 0;
+    int64_t hs = 0;
+    heuristic(en.set, &hc, &hs);
+    const double key1 = mode == Mode::kCost ? en.g + hc : static_cast<double>(en.peak);
+    queue.push({key1, en.steps + hs, en.set, e});
+  };
+  // Is label (g, peak, steps) better than entry e's?
+  auto better = [&](double gc, int64_t peak, int32_t steps, const Entry& e) {
+    if (mode == Mode::kCost) return std::tie(gc, steps) < std::tie(e.g, e.steps);
+    return std::tie(peak, steps) < std::tie(e.peak, e.steps);
+  };
+
+  entries.push_back({0, 0.0, g.persistent_bytes, 0, -1, -1, false});
+  index[0] = 0;
+  push(0);
+  int32_t goal = -1;
+  while (!queue.empty()) {
+    const QueueItem item = queue.top();
+    queue.pop();
+    Entry& cur = entries[item.entry];
+    if (cur.closed) continue;
+    {
+      double hc = 0;
+      int64_t hs = 0;
+      heuristic(cur.set, &hc, &hs);
+      const double key1 =
+          mode == Mode::kCost ? cur.g + hc : static_cast<double>(cur.peak);
+      if (key1 != item.key1 || cur.steps + hs != item.key2) continue;  // stale
+    }
+    if ((cur.set & g.outputs) == g.outputs) {
+      goal = item.entry;
+      break;
+    }
+    cur.closed = true;
+    ++stats->expanded;
+    if ((stats->expanded & 255) == 0 && elapsed() > time_limit_s) {
+      stats->states = static_cast<int64_t>(entries.size());
+      stats->seconds = elapsed();
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "exact: no optimum within the time limit of ", time_limit_s, " s (",
+          entries.size(), " states reached); use checkmate or a heuristic policy"));
+    }
+    const Set d = cur.set;
+    const double gc = cur.g;
+    const int64_t peak = cur.peak;
+    const int32_t steps = cur.steps;
+    const int32_t parent = item.entry;
+    const int64_t resident = g.persistent_bytes + g.Bytes(d);
+    for (int v = 0; v < g.m(); ++v) {
+      const Set bit = Set{1} << v;
+      if ((d & bit) || (g.inputs[v] & ~d)) continue;
+      const int64_t during = resident + g.bytes[v] + g.workspace[v];
+      if (mode == Mode::kCost && during > budget) continue;
+      const double child_g = gc + g.cost[v];
+      const int64_t child_peak = std::max(peak, during);
+      // Every subset F of v's inputs, the empty one first.
+      const Set in = g.inputs[v];
+      Set f = 0;
+      while (true) {
+        const Set child = (d | bit) & ~f;
+        const int32_t child_steps = steps + 1 + __builtin_popcount(f);
+        auto it = index.find(child);
+        if (it == index.end()) {
+          const int32_t e = static_cast<int32_t>(entries.size());
+          entries.push_back({child, child_g, child_peak, child_steps, parent,
+                             static_cast<int8_t>(v), false});
+          index.emplace(child, e);
+          push(e);
+        } else {
+          Entry& old = entries[it->second];
+          if (!old.closed && better(child_g, child_peak, child_steps, old)) {
+            old.g = child_g;
+            old.peak = child_peak;
+            old.steps = child_steps;
+            old.parent = parent;
+            old.move = static_cast<int8_t>(v);
+            push(it->second);
+          }
+        }
+        if (f == in) break;
+        f = (f - in) & in;  // next subset of `in`
+      }
+    }
+  }
+  stats->states = static_cast<int64_t>(entries.size());
+  stats->seconds = elapsed();
+  if (goal < 0) return found;
+  found.reached = true;
+  found.cost = entries[goal].g;
+  found.peak = entries[goal].peak;
+  for (int32_t e = goal; entries[e].parent >= 0; e = entries[e].parent) {
+    found.path.push_back({entries[e].set, entries[e].move});
+  }
+  std::reverse(found.path.begin(), found.path.end());
+  return found;
+}
+
+Schedule ToSchedule(const LocalGraph& g, const Found& found) {
+  Schedule schedule;
+  Set d = 0;
+  for (const auto& [next, v] : found.path) {
+    schedule.steps.push_back({Action::kCompute, g.nodes[v]});
+    const Set freed = (d | (Set{1} << v)) & ~next;
+    for (Set rest = freed; rest != 0; rest &= rest - 1) {
+      schedule.steps.push_back({Action::kFree, g.nodes[__builtin_ctz(rest)]});
+    }
+    d = next;
+  }
+  return schedule;
+}
+
+absl::StatusOr<ExactMultiShotSolution> Finish(const Graph& graph,
+                                              const LocalGraph& g,
+                                              const Found& found) {
+  ExactMultiShotSolution solution;
+  solution.schedule = ToSchedule(g, found);
+  ASSIGN_OR_RETURN(PlanReport report, Simulate(graph, solution.schedule));
+  PEBBLE_CHECK(report.peak_bytes == found.peak,
+               "exact: simulated peak differs from the search's");
+  PEBBLE_CHECK(std::abs(report.compute_cost - found.cost) <=
+                   1e-9 * std::max(1.0, std::abs(found.cost)),
+               "exact: simulated cost differs from the search's");
+  solution.cost = report.compute_cost;
+  solution.peak = report.peak_bytes;
+  return solution;
+}
+
+}  // namespace
+
+absl::StatusOr<std::optional<ExactMultiShotSolution>> ExactMultiShotSchedule(
+    const Graph& graph, int64_t budget_bytes, double time_limit_s,
+    ExactMultiShotStats* stats) {
+  ExactMultiShotStats local;
+  if (stats == nullptr) stats = &local;
+  ASSIGN_OR_RETURN(LocalGraph g, MakeLocalGraph(graph));
+  ASSIGN_OR_RETURN(Found found, Search(g, Mode::kCost, budget_bytes, time_limit_s, stats));
+  if (!found.reached) return std::optional<ExactMultiShotSolution>();
+  ASSIGN_OR_RETURN(ExactMultiShotSolution solution, Finish(graph, g, found));
+  PEBBLE_CHECK(solution.peak <= budget_bytes, "exact: plan over budget");
+  return std::optional<ExactMultiShotSolution>(std::move(solution));
+}
+
+absl::StatusOr<ExactMultiShotSolution> ExactMinPeakSchedule(
+    const Graph& graph, double time_limit_s, ExactMultiShotStats* stats) {
+  ExactMultiShotStats local;
+  if (stats == nullptr) stats = &local;
+  ASSIGN_OR_RETURN(LocalGraph g, MakeLocalGraph(graph));
+  ASSIGN_OR_RETURN(Found found, Search(g, Mode::kPeak, 0, time_limit_s, stats));
+  // Without a budget every goal is reachable (compute everything once).
+  PEBBLE_CHECK(found.reached, "exact: min-peak search found no schedule");
+  return Finish(graph, g, found);
+}
+
+namespace {
+
+class ExactMultiShotPlanner final : public Planner {
+ public:
+  absl::StatusOr<PlanResult> Plan(const Graph& graph,
+                                  const PlannerOptions& options) const override {
+    const Clock::time_point started = Clock::now();
+    auto left = [&] {
+      return options.time_limit_s -
+             std::chrono::duration<double>(Clock::now() - started).count();
+    };
+    ExactMultiShotStats cost_stats, peak_stats;
+    std::optional<int64_t> min_peak;
+    std::optional<ExactMultiShotSolution> best;
+    std::string message;
+    if (options.budget_bytes == PlannerOptions::kMinBudget) {
+      ASSIGN_OR_RETURN(ExactMultiShotSolution low,
+                       ExactMinPeakSchedule(graph, left(), &peak_stats));
+      min_peak = low.peak;
+      ASSIGN_OR_RETURN(best, ExactMultiShotSchedule(graph, low.peak, left(), &cost_stats));
+      PEBBLE_CHECK(best.has_value(), "exact: no plan at the minimum peak");
+      message = "optimal: the cheapest plan at the minimum peak";
+    } else {
+      ASSIGN_OR_RETURN(best, ExactMultiShotSchedule(graph, options.budget_bytes,
+                                                    left(), &cost_stats));
+      message = "optimal";
+    }
+    PlanResult result;
+    if (best.has_value()) {
+      ASSIGN_OR_RETURN(result, FinishPlan(graph, std::move(best->schedule), options));
+      result.message = message;
+    } else {
+      // Proven infeasible; show the lowest-peak schedule when time allows.
+      auto low = ExactMinPeakSchedule(graph, std::max(0.0, left()), &peak_stats);
+      Schedule shown;
+      if (low.ok()) {
+        min_peak = low->peak;
+        shown = std::move(low->schedule);
+      } else {
+        ASSIGN_OR_RETURN(shown, FreeAtLastUse(graph, DefaultOrder(graph)));
+      }
+      ASSIGN_OR_RETURN(result, FinishPlan(graph, std::move(shown), options));
+      result.feasible = false;
+      result.message = absl::StrCat(
+          "exact: no schedule fits the budget of ", FormatBytes(options.budget_bytes),
+          " (", options.budget_bytes, " bytes)",
+          min_peak.has_value()
+              ? absl::StrCat("; the lowest peak of any schedule is ",
+                             FormatBytes(*min_peak), " (", *min_peak,
+                             " bytes), the schedule shown")
+              : std::string("; the schedule shown is the one-shot plan"));
+    }
+    nlohmann::json& d = result.details;
+    d["optimal"] = result.feasible;
+    d["states"] = cost_stats.states + peak_stats.states;
+    d["expanded"] = cost_stats.expanded + peak_stats.expanded;
+    d["search_s"] = cost_stats.seconds + peak_stats.seconds;
+    if (min_peak.has_value()) d["min_peak_bytes"] = *min_peak;
+    return result;
+  }
+};
+
+}  // namespace
+
+void RegisterExactMultiShotPlanner(PlannerRegistry& registry) {
+  registry.Register(PolicyInfo{
+      .name = "exact",
+      .description = absl::StrCat(
+          "the cheapest multi-shot plan (recomputation, any order) by A* over "
+          "resident sets; provably optimal; tiny graphs (at most ",
+          kMaxExactMultiShotNodes, " needed nodes)"),
+      .kind = PlanKind::kMultiShot,
+      .exact = true,
+      .factory = [] { return std::make_unique<ExactMultiShotPlanner>(); },
+  });
+}
+
+}  // namespace pebble

@@ -1,0 +1,585 @@
+#include "scheduler/remat.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "graph/boost_adapter.h"
+#include "graph/status.h"
+#include "scheduler/simulator.h"
+
+namespace pebble {
+namespace {
+
+// Resident bytes after each step of the baseline schedule, without building
+// it: the role-less split of SplitForward takes its (earliest) maximum.
+int BaselinePeakPosition(const Graph& graph, const std::vector<NodeId>& order) {
+  const int n = graph.num_nodes();
+  std::vector<int> last_reader(n, -1);
+  for (int i = 0; i < static_cast<int>(order.size()); ++i) {
+    for (NodeId u : graph.unique_inputs(order[i])) last_reader[u] = i;
+  }
+  int64_t live = 0;
+  int64_t best = -1;
+  int best_pos = -1;
+  for (int i = 0; i < static_cast<int>(order.size()); ++i) {
+    const NodeId v = order[i];
+    live += graph.bytes(v);
+    for (NodeId u : graph.unique_inputs(v)) {
+      if (!graph.persistent(u) && !graph.is_output(u) && last_reader[u] == i) {
+        live -= graph.bytes(u);
+      }
+    }
+    if (last_reader[v] < 0 && !graph.is_output(v)) live -= graph.bytes(v);
+    if (live > best) {
+      best = live;
+      best_pos = i;
+    }
+  }
+  return best_pos;
+}
+
+}  // namespace
+
+ForwardPart SplitForward(const Graph& graph) {
+  const int n = graph.num_nodes();
+  const std::vector<NodeId> order = DefaultOrder(graph);
+  ForwardPart part;
+  part.is_forward.assign(n, 0);
+  bool has_backward = false;
+  for (NodeId v : order) has_backward = has_backward || graph.role(v) == Role::kBackward;
+  if (has_backward) {
+    part.by_role = true;
+    for (NodeId v : order) {  // topological: inputs are decided first
+      bool forward = graph.role(v) == Role::kForward;
+      for (NodeId u : graph.unique_inputs(v)) {
+        if (!graph.persistent(u) && !part.is_forward[u]) forward = false;
+      }
+      part.is_forward[v] = forward ? 1 : 0;
+    }
+  } else if (!order.empty()) {
+    const int split = BaselinePeakPosition(graph, order);
+    for (int i = 0; i <= split; ++i) part.is_forward[order[i]] = 1;
+  }
+  std::vector<NodeId> forward;
+  for (NodeId v : order) {
+    if (part.is_forward[v]) {
+      forward.push_back(v);
+    } else {
+      part.backward.push_back(v);
+    }
+  }
+  // Normalisation (Note [Chain view], step 2). Keys: a dead end (forward
+  // inputs, no forward reader) right after its last forward input (+0.5); a
+  // source (no forward input, some forward reader) just before its first
+  // reader's key (-0.25); others keep their position. Every forward edge
+  // still goes up: see the case analysis in docs/multi-shot.md.
+  std::vector<int> pos(n, -1);
+  for (int i = 0; i < static_cast<int>(forward.size()); ++i) pos[forward[i]] = i;
+  std::vector<double> key(n, 0.0);
+  std::vector<uint8_t> has_input(n, 0), has_reader(n, 0);
+  for (NodeId v : forward) {
+    for (NodeId u : graph.unique_inputs(v)) {
+      if (pos[u] >= 0) {
+        has_input[v] = 1;
+        has_reader[u] = 1;
+      }
+    }
+  }
+  for (NodeId v : forward) {
+    key[v] = pos[v];
+    if (has_input[v] && !has_reader[v]) {
+      int last = -1;
+      for (NodeId u : graph.unique_inputs(v)) last = std::max(last, pos[u]);
+      key[v] = last + 0.5;
+    }
+  }
+  for (NodeId v : forward) {
+    if (!has_input[v] && has_reader[v]) {
+      double first = std::numeric_limits<double>::infinity();
+      for (NodeId r : graph.readers(v)) {
+        if (pos[r] >= 0) first = std::min(first, key[r]);
+      }
+      key[v] = first - 0.25;
+    }
+  }
+  std::stable_sort(forward.begin(), forward.end(), [&](NodeId a, NodeId b) {
+    if (key[a] != key[b]) return key[a] < key[b];
+    return pos[a] < pos[b];
+  });
+  part.forward = std::move(forward);
+  return part;
+}
+
+ChainView BuildChainView(const Graph& graph) {
+  ChainView view;
+  view.part = SplitForward(graph);
+  const std::vector<NodeId>& fwd = view.part.forward;
+  const int m = static_cast<int>(fwd.size());
+  view.position.assign(graph.num_nodes(), -1);
+  for (int p = 0; p < m; ++p) view.position[fwd[p]] = p;
+  int reach = -1;  // furthest forward reader of the positions seen so far
+  for (int p = 0; p < m; ++p) {
+    const NodeId v = fwd[p];
+    int furthest = -1;
+    for (NodeId r : graph.readers(v)) {
+      if (view.position[r] >= 0) furthest = std::max(furthest, view.position[r]);
+    }
+    if (p < m - 1 && reach <= p && furthest > p) view.separators.push_back(p);
+    reach = std::max(reach, furthest);
+  }
+  return view;
+}
+
+int64_t SequencePeak(const Graph& graph, absl::Span<const NodeId> seq,
+                     absl::Span<const InitialNode> initial,
+                     const std::function<bool(NodeId)>& keep_after) {
+  // Local state keyed by node through a small map (sequences are one stage
+  // long; a sort keeps it deterministic and allocation-light).
+  std::vector<std::pair<NodeId, int>> last;  // node -> last read position
+  last.reserve(seq.size() * 2 + initial.size());
+  for (int i = 0; i < static_cast<int>(seq.size()); ++i) {
+    for (NodeId u : graph.unique_inputs(seq[i])) last.emplace_back(u, i);
+  }
+  std::sort(last.begin(), last.end());
+  auto last_read = [&](NodeId v) {
+    auto it = std::upper_bound(last.begin(), last.end(),
+                               std::make_pair(v, std::numeric_limits<int>::max()));
+    if (it == last.begin() || std::prev(it)->first != v) return -1;
+    return std::prev(it)->second;
+  };
+  // Kind of each tracked node: initial-keep, initial-drop, seq-keep, seq-drop.
+  std::vector<std::pair<NodeId, bool>> tracked;  // node -> keep
+  int64_t live = 0;
+  for (const InitialNode& init : initial) {
+    if (init.node == kNoNode || graph.persistent(init.node)) continue;
+    if (!init.keep && last_read(init.node) < 0) continue;
+    live += graph.bytes(init.node);
+    tracked.emplace_back(init.node, init.keep);
+  }
+  for (NodeId v : seq) tracked.emplace_back(v, keep_after(v));
+  std::sort(tracked.begin(), tracked.end());
+  auto find = [&](NodeId v) -> const std::pair<NodeId, bool>* {
+    auto it = std::lower_bound(tracked.begin(), tracked.end(), std::make_pair(v, false));
+    if (it == tracked.end() || it->first != v) return nullptr;
+    return &*it;
+  };
+  int64_t peak = live;
+  for (int i = 0; i < static_cast<int>(seq.size()); ++i) {
+    const NodeId v = seq[i];
+    live += graph.bytes(v);
+    peak = std::max(peak, live + graph.workspace(v));
+    for (NodeId u : graph.unique_inputs(v)) {
+      const auto* t = find(u);
+      if (t != nullptr && !t->second && last_read(u) == i) live -= graph.bytes(u);
+    }
+    if (!keep_after(v) && last_read(v) < 0) live -= graph.bytes(v);
+  }
+  return peak;
+}
+
+Chain CollapseChain(const Graph& graph, const ChainView& view,
+                    const std::vector<int>& boundaries, BackwardPlacement placement) {
+  const int n = graph.num_nodes();
+  const std::vector<NodeId>& fwd = view.part.forward;
+  const int m = static_cast<int>(fwd.size());
+  Chain chain;
+  chain.fixed_bytes = graph.persistent_bytes();
+  if (m == 0) return chain;
+  const int num_stages = static_cast<int>(boundaries.size()) + 1;
+  chain.stages.resize(num_stages);
+  std::vector<int> stage_of(n, -1);
+  std::vector<int> boundary_stage(n, -1);  // a_i -> i
+  {
+    int s = 0;
+    for (int p = 0; p < m; ++p) {
+      stage_of[fwd[p]] = s;
+      chain.stages[s].forward.push_back(fwd[p]);
+      const bool end = (s < num_stages - 1 && boundaries[s] == p) || p == m - 1;
+      if (end) {
+        chain.stages[s].output = fwd[p];
+        boundary_stage[fwd[p]] = s;
+        ++s;
+      }
+    }
+    PEBBLE_CHECK(s == num_stages, "boundaries must be ascending forward positions");
+  }
+  for (int i = 1; i < num_stages; ++i) {
+    chain.stages[i].input = chain.stages[i - 1].output;
+  }
+  // Backward stages (Note [Chain view], step 3), in topological order.
+  std::vector<uint8_t> irregular(n, 0);
+  for (NodeId b : view.part.backward) {
+    int hi = num_stages - 1;
+    for (NodeId u : graph.unique_inputs(b)) {
+      if (!graph.persistent(u) && !view.part.is_forward[u]) hi = std::min(hi, stage_of[u]);
+    }
+    int lo = 0, up = hi, up_low = hi;
+    for (NodeId u : graph.unique_inputs(b)) {
+      if (graph.persistent(u) || !view.part.is_forward[u]) continue;
+      int a = stage_of[u], c = stage_of[u];
+      if (boundary_stage[u] >= 0) c = std::min(a + 1, num_stages - 1);
+      lo = std::max(lo, a);
+      up = std::min(up, c);
+      up_low = std::min(up_low, a);
+    }
+    int s = up;
+    if (placement == BackwardPlacement::kWithProducer && lo <= up_low) s = up_low;
+    if (lo > up) {
+      irregular[b] = 1;
+      chain.irregular.push_back(b);
+      s = std::min(hi, std::max(0, up));
+    }
+    stage_of[b] = s;
+    chain.stages[s].backward.push_back(b);
+  }
+  std::sort(chain.irregular.begin(), chain.irregular.end());
+  // Frontier: a backward non-output node is resident from its stage down to
+  // the lowest stage that reads it.
+  std::vector<int> lowest_reader(n, std::numeric_limits<int>::max());
+  for (NodeId b : view.part.backward) {
+    for (NodeId u : graph.unique_inputs(b)) {
+      if (!graph.persistent(u) && !view.part.is_forward[u]) {
+        lowest_reader[u] = std::min(lowest_reader[u], stage_of[b]);
+      }
+    }
+  }
+  for (NodeId b : view.part.backward) {  // ascending ids per stage below
+    if (graph.is_output(b) || lowest_reader[b] >= stage_of[b]) continue;
+    for (int j = lowest_reader[b]; j < stage_of[b]; ++j) {
+      chain.stages[j].frontier.push_back(b);
+      chain.stages[j].frontier_bytes += graph.bytes(b);
+    }
+  }
+  for (ChainStage& st : chain.stages) std::sort(st.frontier.begin(), st.frontier.end());
+
+  std::vector<uint8_t> mark(n, 0), in_saved(n, 0);
+  for (int i = 0; i < num_stages; ++i) {
+    ChainStage& st = chain.stages[i];
+    const bool last = i == num_stages - 1;
+    st.input_bytes = st.input == kNoNode ? 0 : graph.bytes(st.input);
+    st.output_bytes = graph.bytes(st.output);
+    // Cone of a_i.
+    for (NodeId v : st.forward) mark[v] = 0;
+    mark[st.output] = 1;
+    for (int k = static_cast<int>(st.forward.size()) - 1; k >= 0; --k) {
+      const NodeId v = st.forward[k];
+      if (!mark[v]) continue;
+      for (NodeId u : graph.unique_inputs(v)) {
+        if (stage_of[u] == i && view.part.is_forward[u]) mark[u] |= 1;
+      }
+    }
+    // Saved set S_i and its closure (bit 2), with the stage's outputs.
+    for (NodeId b : st.backward) {
+      for (NodeId u : graph.unique_inputs(b)) {
+        if (view.part.is_forward[u] && stage_of[u] == i && !in_saved[u]) {
+          in_saved[u] = 1;
+          st.saved_bytes += graph.bytes(u);
+          if (u == st.output) {
+            st.output_saved = true;
+          } else {
+            st.saved_extra_bytes += graph.bytes(u);
+          }
+        }
+        if (u == st.input) st.backward_reads_input = true;
+      }
+    }
+    for (NodeId v : st.forward) {
+      if (in_saved[v] || graph.is_output(v)) mark[v] |= 2;
+      if (graph.is_output(v)) {
+        if (last) {
+          st.permanent_bytes += graph.bytes(v);
+        } else {
+          chain.fixed_bytes += graph.bytes(v);
+        }
+      }
+    }
+    for (int k = static_cast<int>(st.forward.size()) - 1; k >= 0; --k) {
+      const NodeId v = st.forward[k];
+      if (!(mark[v] & 2)) continue;
+      for (NodeId u : graph.unique_inputs(v)) {
+        if (stage_of[u] == i && view.part.is_forward[u]) mark[u] |= 2;
+      }
+    }
+    for (NodeId v : st.forward) {
+      if (mark[v] & 1) {
+        st.cone.push_back(v);
+        st.cone_cost += graph.cost(v);
+      }
+      if (mark[v] & 2) {
+        st.saved.push_back(v);
+        st.saved_cost += graph.cost(v);
+      }
+      if (mark[v] != 0) {
+        st.all.push_back(v);
+        st.all_cost += graph.cost(v);
+      }
+    }
+    for (NodeId b : st.backward) {
+      st.backward_cost += graph.cost(b);
+      if (graph.is_output(b)) st.permanent_bytes += graph.bytes(b);
+    }
+    // Peaks.
+    const NodeId out = st.output;
+    auto is_out = [&](NodeId v) { return graph.is_output(v); };
+    for (int keep = 0; keep < 2; ++keep) {
+      const InitialNode in[] = {{st.input, keep == 1}};
+      st.cone_peak[keep] = SequencePeak(graph, st.cone, in, [&](NodeId v) {
+        return v == out || is_out(v);
+      });
+      st.all_peak[keep] = SequencePeak(graph, st.all, in, [&](NodeId v) {
+        return v == out || in_saved[v] || is_out(v);
+      });
+      st.saved_peak[keep] = SequencePeak(graph, st.saved, in, [&](NodeId v) {
+        return in_saved[v] || is_out(v);
+      });
+      std::vector<InitialNode> init = {{st.input, keep == 1}};
+      for (NodeId v : st.forward) {
+        if (in_saved[v] || (last && is_out(v))) init.push_back({v, is_out(v)});
+      }
+      for (NodeId f : st.frontier) init.push_back({f, lowest_reader[f] < i});
+      st.backward_peak[keep] = SequencePeak(graph, st.backward, init, [&](NodeId v) {
+        return is_out(v) || lowest_reader[v] < i;
+      });
+    }
+    for (NodeId v : st.forward) {
+      in_saved[v] = 0;
+      mark[v] = 0;
+    }
+  }
+  return chain;
+}
+
+std::vector<ChainOp> CheckpointOps(const Chain& chain, const std::vector<int>& kept) {
+  const int L = chain.num_stages();
+  std::vector<ChainOp> ops;
+  if (L == 0) return ops;
+  // Segments [begin_j, end_j].
+  std::vector<std::pair<int, int>> segments;
+  int begin = 0;
+  for (int c : kept) {
+    PEBBLE_CHECK(c >= begin && c < L - 1, "checkpoints must be ascending stages < L-1");
+    segments.emplace_back(begin, c);
+    begin = c + 1;
+  }
+  segments.emplace_back(begin, L - 1);
+  const int num = static_cast<int>(segments.size());
+  for (int j = 0; j + 1 < num; ++j) {
+    for (int i = segments[j].first; i <= segments[j].second; ++i) {
+      ops.push_back({ChainOpKind::kForward, i});
+    }
+  }
+  for (int j = num - 1; j >= 0; --j) {
+    const auto [a, b] = segments[j];
+    for (int i = a; i < b; ++i) ops.push_back({ChainOpKind::kForwardAll, i});
+    ops.push_back({ChainOpKind::kForwardSaved, b});
+    for (int i = b; i >= a; --i) ops.push_back({ChainOpKind::kBackward, i});
+  }
+  return ops;
+}
+
+std::vector<NodeId> ChainComputes(const Graph& graph, const Chain& chain,
+                                  const std::vector<ChainOp>& ops) {
+  const int n = graph.num_nodes();
+  std::vector<uint8_t> computed(n, 0);
+  std::vector<NodeId> seq;
+  std::vector<std::pair<NodeId, int>> stack;  // on-demand DFS: node, next input
+  auto append = [&](NodeId v) {
+    if (computed[v] && graph.is_output(v)) return;
+    // Never-computed inputs first, in post-order (irregular graphs only).
+    stack.clear();
+    stack.emplace_back(v, 0);
+    while (!stack.empty()) {
+      auto& [x, k] = stack.back();
+      const auto inputs = graph.unique_inputs(x);
+      if (k < static_cast<int>(inputs.size())) {
+        const NodeId u = inputs[k++];
+        if (!graph.persistent(u) && !computed[u]) stack.emplace_back(u, 0);
+        continue;
+      }
+      const NodeId done = x;
+      stack.pop_back();
+      if (done != v && computed[done]) continue;  // reached twice in the DFS
+      seq.push_back(done);
+      computed[done] = 1;
+    }
+  };
+  for (const ChainOp& op : ops) {
+    const ChainStage& st = chain.stages[op.stage];
+    const std::vector<NodeId>* list = nullptr;
+    switch (op.kind) {
+      case ChainOpKind::kForward: list = &st.cone; break;
+      case ChainOpKind::kForwardAll: list = &st.all; break;
+      case ChainOpKind::kForwardSaved: list = &st.saved; break;
+      case ChainOpKind::kBackward: list = &st.backward; break;
+    }
+    for (NodeId v : *list) append(v);
+  }
+  // Outputs no operation made (a chain without stages, or outputs outside
+  // the forward and backward lists) are computed at the end.
+  for (NodeId o : graph.outputs()) {
+    if (!graph.persistent(o) && !computed[o]) append(o);
+  }
+  return seq;
+}
+
+Schedule ScheduleFromComputes(const Graph& graph, const std::vector<NodeId>& computes) {
+  const int n = graph.num_nodes();
+  const int T = static_cast<int>(computes.size());
+  std::vector<int> current(n, -1);
+  std::vector<int> last_read(T, -1);
+  for (int p = 0; p < T; ++p) {
+    const NodeId v = computes[p];
+    for (NodeId u : graph.unique_inputs(v)) {
+      if (graph.persistent(u)) continue;
+      PEBBLE_CHECK(current[u] >= 0, "compute sequence reads a node never computed");
+      last_read[current[u]] = p;
+    }
+    current[v] = p;
+  }
+  std::vector<uint8_t> final_keep(T, 0);
+  for (NodeId o : graph.outputs()) {
+    if (!graph.persistent(o) && current[o] >= 0) final_keep[current[o]] = 1;
+  }
+  std::fill(current.begin(), current.end(), -1);
+  Schedule schedule;
+  schedule.steps.reserve(2 * static_cast<size_t>(T));
+  for (int p = 0; p < T; ++p) {
+    const NodeId v = computes[p];
+    schedule.steps.push_back({Action::kCompute, v});
+    for (NodeId u : graph.unique_inputs(v)) {
+      if (graph.persistent(u)) continue;
+      const int q = current[u];
+      if (last_read[q] == p && !final_keep[q]) schedule.steps.push_back({Action::kFree, u});
+    }
+    current[v] = p;
+    if (last_read[p] < 0 && !final_keep[p]) schedule.steps.push_back({Action::kFree, v});
+  }
+  return schedule;
+}
+
+Schedule EmitChainOps(const Graph& graph, const Chain& chain,
+                      const std::vector<ChainOp>& ops) {
+  return ScheduleFromComputes(graph, ChainComputes(graph, chain, ops));
+}
+
+double CostEpsilon(const Graph& graph) {
+  double sum = 0;
+  int count = 0;
+  for (NodeId v = 0; v < graph.num_nodes(); ++v) {
+    if (graph.needed()[v] && !graph.persistent(v) && graph.cost(v) > 0) {
+      sum += graph.cost(v);
+      ++count;
+    }
+  }
+  return count == 0 ? 1e-9 : 1e-9 * sum / count;
+}
+
+bool PlanSelector::fits(int64_t peak) const {
+  return options_.budget_bytes == PlannerOptions::kMinBudget ||
+         peak <= options_.budget_bytes;
+}
+
+bool PlanSelector::Better(const Figures& a, const Figures& b) const {
+  // Costs are sums of doubles in different orders: equal within 1e-9.
+  const double tol = 1e-9 * std::max(std::abs(a.compute_cost), std::abs(b.compute_cost));
+  const bool cheaper = a.compute_cost < b.compute_cost - tol;
+  const bool same_cost = std::abs(a.compute_cost - b.compute_cost) <= tol;
+  if (options_.budget_bytes != PlannerOptions::kMinBudget) {
+    const bool fa = fits(a.peak_bytes), fb = fits(b.peak_bytes);
+    if (fa != fb) return fa;
+    if (fa) return cheaper || (same_cost && a.peak_bytes < b.peak_bytes);
+  }
+  return a.peak_bytes < b.peak_bytes || (a.peak_bytes == b.peak_bytes && cheaper);
+}
+
+PlanSelector::Figures PlanSelector::Consider(Schedule schedule, nlohmann::json details) {
+  SimulatorOptions sim;
+  sim.host_bandwidth_bytes_per_s = options_.host_bandwidth_bytes_per_s;
+  absl::StatusOr<PlanReport> report = Simulate(graph_, schedule, sim);
+  PEBBLE_CHECK(report.ok(), "a multi-shot heuristic emitted an invalid schedule");
+  Figures f{report->peak_bytes, report->compute_cost};
+  ++considered_;
+  if (!has_best_ || Better(f, best_)) {
+    has_best_ = true;
+    best_ = f;
+    best_schedule_ = std::move(schedule);
+    best_details_ = std::move(details);
+  }
+  return f;
+}
+
+absl::StatusOr<PlanResult> PlanSelector::Finish() {
+  PEBBLE_CHECK(has_best_, "PlanSelector::Finish without candidates");
+  ASSIGN_OR_RETURN(PlanResult result, FinishPlan(graph_, std::move(best_schedule_), options_));
+  if (best_details_.is_object()) {
+    for (auto it = best_details_.begin(); it != best_details_.end(); ++it) {
+      result.details[it.key()] = it.value();
+    }
+  }
+  result.details["candidates_simulated"] = considered_;
+  has_best_ = false;
+  return result;
+}
+
+Schedule BaselineSchedule(const Graph& graph) {
+  absl::StatusOr<Schedule> s = FreeAtLastUse(graph, DefaultOrder(graph));
+  PEBBLE_CHECK(s.ok(), "the graph's own order is always a valid order");
+  return *std::move(s);
+}
+
+absl::StatusOr<PlanResult> PlanCheckpointCandidates(
+    const Graph& graph, const PlannerOptions& options, const ChainView& view,
+    const Chain& chain, const std::vector<CheckpointCandidate>& candidates,
+    nlohmann::json details) {
+  PlanSelector selector(graph, options);
+  selector.Consider(BaselineSchedule(graph),
+                    {{"plan", "baseline"}, {"checkpoints", nlohmann::json::array()}});
+  std::vector<std::vector<int>> seen;
+  for (const CheckpointCandidate& c : candidates) {
+    if (std::find(seen.begin(), seen.end(), c.kept) != seen.end()) continue;
+    seen.push_back(c.kept);
+    nlohmann::json d = c.details;
+    d["plan"] = "checkpoints";
+    nlohmann::json ids = nlohmann::json::array();
+    for (int s : c.kept) ids.push_back(graph.id(chain.stages[s].output));
+    d["checkpoints"] = std::move(ids);
+    selector.Consider(EmitChainOps(graph, chain, CheckpointOps(chain, c.kept)), std::move(d));
+  }
+  ASSIGN_OR_RETURN(PlanResult result, selector.Finish());
+  for (auto it = details.begin(); it != details.end(); ++it) {
+    result.details[it.key()] = it.value();
+  }
+  result.details["chain"] = ChainSummary(graph, view, chain);
+  return result;
+}
+
+std::vector<int> EvenCheckpoints(int num_stages, int k) {
+  PEBBLE_CHECK(k >= 1 && k <= std::max(1, num_stages), "segment count out of range");
+  std::vector<int> kept;
+  for (int j = 0; j + 1 < k; ++j) {
+    const int end = static_cast<int>((static_cast<int64_t>(j + 1) * num_stages) / k) - 1;
+    if (end >= 0 && end < num_stages - 1 && (kept.empty() || end > kept.back())) {
+      kept.push_back(end);
+    }
+  }
+  return kept;
+}
+
+nlohmann::json ChainSummary(const Graph& graph, const ChainView& view,
+                            const Chain& chain) {
+  nlohmann::json irregular = nlohmann::json::array();
+  for (size_t k = 0; k < chain.irregular.size() && k < 10; ++k) {
+    irregular.push_back(graph.id(chain.irregular[k]));
+  }
+  return {{"forward_nodes", view.part.forward.size()},
+          {"forward_by_role", view.part.by_role},
+          {"separators", view.separators.size()},
+          {"stages", chain.num_stages()},
+          {"irregular_backward_nodes", chain.irregular.size()},
+          {"irregular_examples", irregular}};
+}
+
+}  // namespace pebble

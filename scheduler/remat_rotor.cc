@@ -1,0 +1,359 @@
+// The `rotor` policy: Beaumont, Eyraud-Dubois, Herrmann, Joly and Shilova,
+// "Optimal checkpointing for heterogeneous chains: how to train deep neural
+// networks with limited memory" (arXiv:1911.13214, 2019; the Rotor
+// library): a dynamic program over heterogeneous chains, each stage with its
+// own forward and backward costs, output size and saved-activation size.
+//
+// Note [Rotor's dynamic program]. Solve(s, t, keep) back-propagates stages
+// s..t given a_{s-1} and the gradient frontier D_t resident, ending with the
+// frontier D_{s-1}; keep says whether a_{s-1} must survive it (the caller
+// reads it later). Options (ChainStage has the measured figures; "peak"
+// figures count a_{s-1} while resident, index 1 when it stays after the
+// operation):
+//   base (s = t):  F^saved_s; B_s.
+//     peaks: D_t + saved_peak[k1], backward_peak[keep]   (k1 = keep || B_s
+//     reads a_{s-1})
+//   all (s < t):   F^all_s; Solve(s+1, t, B_s reads a_s); B_s.
+//     peaks: D_t + all_peak[k1], PG(s+1..t) + backward_peak[keep]; the
+//     inner solve has (k1 ? bytes(a_{s-1}) : 0) + saved_extra_bytes less.
+//   checkpoint s' (s < s' <= t): F_s .. F_{s'-1} keeping a_{s-1};
+//     Solve(s', t, false) with bytes(a_{s-1}) less; Solve(s, s'-1, keep)
+//     with PG(s'..t) less (the outputs that the upper part produced).
+//     sweep peaks: D_t + cone_peak_s[1], D_t + bytes(a_{s-1}) +
+//     cone_peak_k[0] for s < k < s'.
+// PG(a..b) sums permanent_bytes (graph outputs made by those stages). The
+// cost of an option is the sum of its stage costs and inner solves; the DP
+// keeps the cheapest per memory (ties: all, then the smallest s'). These are
+// exactly the peaks of the emitted schedule (Note [Emission]) when stages
+// are regular and each operation reads the stage input only as measured
+// (chains of one node per stage: tanh-chain, conv3d, `linear`), so there
+// the DP is optimal among its programs; the planner runs it for both
+// BackwardPlacements and keeps the better plan. Its programs keep a
+// subproblem's input until the subproblem ends and compute a forward output
+// (the loss) once, so the unrestricted optimum can be cheaper: it may use a
+// checkpoint for one sweep, drop it and recompute it later from an earlier
+// one (2 of 60 random 4-6 stage chains in tests/remat_test.cc, e.g.
+// hetero-25 at 18 bytes: 53 against 48), or compute the loss last (a few
+// bytes lower minimum peak on tanh-chain:size=1). On `linear:n` (n <= 6),
+// tanh-chain and the other 58 random chains it matched an exhaustive search
+// at every budget. On collapsed general graphs it is an estimate: the plan
+// is simulated and, when over budget, planned again with the memory bound
+// lowered by the overshoot (at most 8 times), and stages are whole blocks
+// (F^all keeps everything a block's backward reads), so per-tensor
+// policies such as `dtr` can recompute less on ResNets.
+//
+// Memory is discretised into kRotorSlots = 500 slots of
+// ceil(memory / 500) bytes; every phase's bytes and every term a level holds
+// for its inner solves are rounded UP to whole slots (and the top to
+// floor(memory / slot) slots), so on regular chains a plan the DP accepts
+// never exceeds the bytes it was given; the rounding only loses plans, by
+// at most one slot a term.
+// Chains longer than kRotorMaxStages = 100 stages are coarsened first: every
+// k-th separator is kept as a boundary, so the stages merge (not optimal
+// any more). Time O(L^3 x 500), memory O(L^2 x 500) x 6 bytes (30 MB at
+// L = 100).
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <memory>
+#include <vector>
+
+#include "graph/status.h"
+#include "scheduler/policies.h"
+#include "scheduler/remat.h"
+#include "scheduler/simulator.h"
+
+namespace pebble {
+
+namespace {
+
+constexpr float kInf = std::numeric_limits<float>::infinity();
+constexpr int16_t kNone = -2;  // infeasible
+constexpr int16_t kAll = -1;   // base (s = t) or all
+
+class RotorTable {
+ public:
+  RotorTable(const Chain& chain, int64_t memory_bytes, int slots)
+      : chain_(chain), L_(chain.num_stages()) {
+    slot_ = std::max<int64_t>(1, (memory_bytes + slots - 1) / slots);
+    top_ = static_cast<int>(std::min<int64_t>(slots, memory_bytes / slot_));
+    width_ = top_ + 1;
+    pg_prefix_.assign(L_ + 1, 0);
+    for (int i = 0; i < L_; ++i) {
+      pg_prefix_[i + 1] = pg_prefix_[i] + chain.stages[i].permanent_bytes;
+    }
+    const size_t pairs = static_cast<size_t>(L_) * (L_ + 1) / 2;
+    cost_.assign(2 * pairs * width_, kInf);
+    choice_.assign(2 * pairs * width_, kNone);
+    Fill();
+  }
+
+  int top() const { return top_; }
+  int64_t slot() const { return slot_; }
+  float Cost(bool keep, int s, int t, int m) const { return cost_[Index(keep, s, t, m)]; }
+
+  // The program of Solve(s, t, keep) at m slots (Cost must be finite).
+  void Build(bool keep, int s, int t, int m, std::vector<ChainOp>& ops) const {
+    const int16_t ch = choice_[Index(keep, s, t, m)];
+    PEBBLE_CHECK(ch != kNone, "rotor: rebuilding an infeasible state");
+    const ChainStage& st = chain_.stages[s];
+    if (s == t) {
+      ops.push_back({ChainOpKind::kForwardSaved, s});
+      ops.push_back({ChainOpKind::kBackward, s});
+    } else if (ch == kAll) {
+      const bool k1 = keep || st.backward_reads_input;
+      ops.push_back({ChainOpKind::kForwardAll, s});
+      Build(st.output_saved, s + 1, t,
+            m - Slots((k1 ? st.input_bytes : 0) + st.saved_extra_bytes), ops);
+      ops.push_back({ChainOpKind::kBackward, s});
+    } else {
+      for (int k = s; k < ch; ++k) ops.push_back({ChainOpKind::kForward, k});
+      Build(false, ch, t, m - Slots(st.input_bytes), ops);
+      Build(keep, s, ch - 1, m - Slots(Permanent(ch, t)), ops);
+    }
+  }
+
+ private:
+  size_t Pair(int s, int t) const {
+    // Row s holds t = s..L-1, after rows 0..s-1.
+    return static_cast<size_t>(s) * L_ - static_cast<size_t>(s) * (s - 1) / 2 + (t - s);
+  }
+  size_t Index(bool keep, int s, int t, int m) const {
+    const size_t pairs = static_cast<size_t>(L_) * (L_ + 1) / 2;
+    return ((keep ? pairs : 0) + Pair(s, t)) * width_ + m;
+  }
+  int64_t Slots(int64_t bytes) const { return (std::max<int64_t>(0, bytes) + slot_ - 1) / slot_; }
+  int64_t Permanent(int a, int b) const { return pg_prefix_[b + 1] - pg_prefix_[a]; }
+
+  void Fill() {
+    std::vector<int64_t> sweep_req(L_ + 1), sub1(L_ + 1), sub2(L_ + 1);
+    std::vector<double> sweep_cost(L_ + 1);
+    for (int d = 0; d < L_; ++d) {
+      for (int s = 0; s + d < L_; ++s) {
+        const int t = s + d;
+        const ChainStage& st = chain_.stages[s];
+        const int64_t frontier = chain_.stages[t].frontier_bytes;
+        for (int keep = 0; keep < 2; ++keep) {
+          float* cost = &cost_[Index(keep, s, t, 0)];
+          int16_t* choice = &choice_[Index(keep, s, t, 0)];
+          const bool k1 = keep || st.backward_reads_input;
+          if (d == 0) {
+            const int64_t req = std::max(Slots(frontier + st.saved_peak[k1]),
+                                         Slots(st.backward_peak[keep]));
+            const float c = static_cast<float>(st.saved_cost + st.backward_cost);
+            for (int64_t m = req; m <= top_; ++m) {
+              cost[m] = c;
+              choice[m] = kAll;
+            }
+            continue;
+          }
+          // All.
+          {
+            const int64_t req = std::max(Slots(frontier + st.all_peak[k1]),
+                                         Slots(Permanent(s + 1, t) + st.backward_peak[keep]));
+            const int64_t less = Slots((k1 ? st.input_bytes : 0) + st.saved_extra_bytes);
+            const float own = static_cast<float>(st.all_cost + st.backward_cost);
+            const float* inner = &cost_[Index(st.output_saved, s + 1, t, 0)];
+            for (int64_t m = std::max(req, less); m <= top_; ++m) {
+              const float c = own + inner[m - less];
+              if (c < cost[m]) {
+                cost[m] = c;
+                choice[m] = kAll;
+              }
+            }
+          }
+          // Checkpoint at s'.
+          int64_t req = Slots(frontier + st.cone_peak[1]);
+          double fwd = 0;
+          const int64_t in_slots = Slots(st.input_bytes);
+          for (int sp = s + 1; sp <= t; ++sp) {
+            const int k = sp - 1;  // the stage this sweep step adds
+            if (k > s) {
+              req = std::max(req, Slots(frontier + st.input_bytes +
+                                        chain_.stages[k].cone_peak[0]));
+            }
+            fwd += chain_.stages[k].cone_cost;
+            const int64_t less2 = Slots(Permanent(sp, t));
+            const float* upper = &cost_[Index(false, sp, t, 0)];
+            const float* lower = &cost_[Index(keep, s, sp - 1, 0)];
+            const float f = static_cast<float>(fwd);
+            for (int64_t m = std::max({req, in_slots, less2}); m <= top_; ++m) {
+              const float c = f + upper[m - in_slots] + lower[m - less2];
+              if (c < cost[m]) {
+                cost[m] = c;
+                choice[m] = static_cast<int16_t>(sp);
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+
+  const Chain& chain_;
+  const int L_;
+  int64_t slot_ = 1;
+  int top_ = 0;
+  int width_ = 1;
+  std::vector<int64_t> pg_prefix_;
+  std::vector<float> cost_;
+  std::vector<int16_t> choice_;
+};
+
+}  // namespace
+
+RotorSolution SolveRotor(const Chain& chain, int64_t memory_bytes, int slots,
+                         bool least_memory) {
+  RotorSolution sol;
+  const int L = chain.num_stages();
+  PEBBLE_CHECK(L <= 32000, "rotor: too many stages for 16-bit choices");
+  if (L == 0 || memory_bytes <= 0 || slots < 1) return sol;
+  RotorTable table(chain, memory_bytes, slots);
+  sol.slot_bytes = table.slot();
+  for (int m = 0; m <= table.top(); ++m) {
+    if (table.Cost(false, 0, L - 1, m) < kInf) {
+      sol.min_bytes = static_cast<int64_t>(m) * table.slot();
+      break;
+    }
+  }
+  const int m = least_memory && sol.min_bytes > 0
+                    ? static_cast<int>(sol.min_bytes / table.slot())
+                    : table.top();
+  const float c = table.Cost(false, 0, L - 1, m);
+  if (!(c < kInf)) return sol;
+  sol.feasible = true;
+  sol.predicted_cost = c;
+  table.Build(false, 0, L - 1, m, sol.ops);
+  return sol;
+}
+
+std::vector<int> CoarsenBoundaries(const std::vector<int>& separators, int max_stages) {
+  const int count = static_cast<int>(separators.size());
+  if (count + 1 <= max_stages) return separators;
+  // Keep max_stages - 1 of them, evenly by index.
+  std::vector<int> kept;
+  const int want = max_stages - 1;
+  for (int j = 0; j < want; ++j) {
+    const int idx = static_cast<int>((static_cast<int64_t>(j + 1) * count) / (want + 1));
+    const int pos = separators[std::min(idx, count - 1)];
+    if (kept.empty() || pos > kept.back()) kept.push_back(pos);
+  }
+  return kept;
+}
+
+namespace {
+
+class RotorPlanner final : public Planner {
+ public:
+  absl::StatusOr<PlanResult> Plan(const Graph& graph,
+                                  const PlannerOptions& options) const override {
+    const ChainView view = BuildChainView(graph);
+    const std::vector<int> boundaries = CoarsenBoundaries(view.separators, kRotorMaxStages);
+    PlanSelector selector(graph, options);
+    selector.Consider(BaselineSchedule(graph), {{"plan", "baseline"}});
+    nlohmann::json attempts = nlohmann::json::array();
+    // Both placements of boundary-reading backward nodes (remat.h,
+    // BackwardPlacement): neither dominates, the selector keeps the better.
+    for (BackwardPlacement placement :
+         {BackwardPlacement::kWithInput, BackwardPlacement::kWithProducer}) {
+      const Chain chain = CollapseChain(graph, view, boundaries, placement);
+      if (chain.num_stages() == 0) break;
+      const char* placement_name =
+          placement == BackwardPlacement::kWithInput ? "with-input" : "with-producer";
+      // Plans at `memory` bytes for the chain (the budget less
+      // chain.fixed_bytes); the simulated peak, or -1 when the DP finds
+      // nothing.
+      auto plan_at = [&](int64_t memory, bool least) -> int64_t {
+        const RotorSolution sol = SolveRotor(chain, memory, kRotorSlots, least);
+        nlohmann::json a = {{"placement", placement_name},
+                            {"memory_bytes", memory},
+                            {"slot_bytes", sol.slot_bytes}};
+        if (!sol.feasible) {
+          a["feasible"] = false;
+          attempts.push_back(std::move(a));
+          return -1;
+        }
+        const PlanSelector::Figures f = selector.Consider(
+            EmitChainOps(graph, chain, sol.ops),
+            {{"plan", "rotor"},
+             {"placement", placement_name},
+             {"memory_bytes", memory},
+             {"slot_bytes", sol.slot_bytes},
+             {"predicted_cost", sol.predicted_cost}});
+        a["peak_bytes"] = f.peak_bytes;
+        a["compute_cost"] = f.compute_cost;
+        attempts.push_back(std::move(a));
+        return f.peak_bytes;
+      };
+      // --budget min, or a budget nothing met: search the lowest peak.
+      // Start from the bytes the all-kept program (or the baseline) needs
+      // and plan at the least memory of that DP table (from that table:
+      // another slot size could round it out of reach), then with finer
+      // tables (slots of about a 500th of the peak reached) while the peak
+      // keeps going down.
+      auto lowest = [&] {
+        const int64_t before = selector.best_peak();
+        const int64_t all_kept =
+            selector.Consider(EmitChainOps(graph, chain, CheckpointOps(chain, {})),
+                              {{"plan", "all kept"}})
+                .peak_bytes;
+        const int64_t upper = std::max(before, all_kept) - chain.fixed_bytes;
+        int64_t best = plan_at(upper, /*least=*/true);
+        for (int round = 0; round < 6 && best > 0; ++round) {
+          const int64_t memory = best - chain.fixed_bytes;
+          if (memory <= 0) break;
+          const int64_t p = plan_at(memory, /*least=*/true);
+          if (p < 0 || p >= best) break;
+          best = p;
+        }
+      };
+      if (options.budget_bytes == PlannerOptions::kMinBudget) {
+        lowest();
+      } else if (!selector.best_fits() || placement == BackwardPlacement::kWithProducer) {
+        // The second placement runs whenever the baseline does not fit, to
+        // compete on cost with the first one's plan.
+        if (selector.best_fits() && selector.best_cost() <= BaseCost(graph) * (1 + 1e-12)) {
+          continue;  // the baseline fits: nothing to improve
+        }
+        int64_t memory = options.budget_bytes - chain.fixed_bytes;
+        bool fitted = false;
+        for (int attempt = 0; attempt < 8 && memory > 0; ++attempt) {
+          const int64_t peak = plan_at(memory, false);
+          if (peak < 0) break;
+          if (peak <= options.budget_bytes) {
+            fitted = true;
+            break;
+          }
+          memory -= peak - options.budget_bytes;
+        }
+        if (!fitted && !selector.best_fits()) lowest();
+      }
+    }
+    ASSIGN_OR_RETURN(PlanResult result, selector.Finish());
+    result.details["chain"] = ChainSummary(
+        graph, view, CollapseChain(graph, view, boundaries));
+    result.details["coarsened"] = boundaries.size() != view.separators.size();
+    result.details["slots"] = kRotorSlots;
+    result.details["attempts"] = std::move(attempts);
+    return result;
+  }
+};
+
+}  // namespace
+
+void RegisterRotorPlanner(PlannerRegistry& registry) {
+  registry.Register(PolicyInfo{
+      .name = "rotor",
+      .description = "Beaumont et al. 2019 (Rotor) dynamic program for heterogeneous "
+                     "chains, memory in 500 slots rounded up; optimal among its "
+                     "checkpointing programs on chains (up to the rounding), general "
+                     "graphs collapsed into a chain of stages between forward "
+                     "articulation points",
+      .kind = PlanKind::kMultiShot,
+      .exact = false,
+      .factory = [] { return std::make_unique<RotorPlanner>(); },
+  });
+}
+
+}  // namespace pebble
