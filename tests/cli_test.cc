@@ -1,6 +1,7 @@
 // End-to-end tests of the pebble binary: exit codes, JSON on stdout, one-line
 // errors on stderr, files never overwritten without --force.
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <array>
 #include <cstdio>
@@ -25,9 +26,12 @@ struct Result {
 
 // Runs `build/bin/pebble <args>` through the shell, capturing both streams.
 Result Pebble(const std::string& args) {
+  // ctest runs the tests of this file in parallel processes: unique names.
+  static int calls = 0;
   const fs::path dir = fs::path(::testing::TempDir());
-  const std::string out_path = (dir / "pebble_stdout.txt").string();
-  const std::string err_path = (dir / "pebble_stderr.txt").string();
+  const std::string stem = "pebble_" + std::to_string(getpid()) + "_" + std::to_string(++calls);
+  const std::string out_path = (dir / (stem + ".out")).string();
+  const std::string err_path = (dir / (stem + ".err")).string();
   const std::string cmd = std::string(PEBBLE_BINARY_DIR) + "/bin/pebble " + args + " >" +
                           out_path + " 2>" + err_path;
   const int status = std::system(cmd.c_str());
@@ -41,6 +45,8 @@ Result Pebble(const std::string& args) {
   };
   r.out = slurp(out_path);
   r.err = slurp(err_path);
+  fs::remove(out_path);
+  fs::remove(err_path);
   return r;
 }
 
