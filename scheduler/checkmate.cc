@@ -778,6 +778,46 @@ double Gap(double objective, double bound) {
 
 }  // namespace
 
+// What both Checkmate policies settle before any solve. Every needed node
+// is computed at least once, so a one-shot plan that fits costs the least
+// any plan can: `answer` holds it, labelled `fits_status` (the MILP reports
+// it optimal; the LP policy never claims optimality). A budget below the
+// peak lower bound fits nothing: `answer` says so. Otherwise `answer` is
+// empty and the caller solves, starting from `lower` and `one_shot`.
+struct Prelude {
+  int64_t lower = 0;
+  Candidate one_shot;
+  std::optional<CheckmateResult> answer;
+};
+
+absl::StatusOr<Prelude> SettleWithoutSolving(const Graph& graph, const StageGraph& g,
+                                             const CheckmateOptions& options,
+                                             Clock::time_point started,
+                                             CheckmateResult::Status fits_status) {
+  Prelude prelude;
+  prelude.lower = PeakLowerBound(graph);
+  ASSIGN_OR_RETURN(prelude.one_shot,
+                   Measure(graph, OneShotStagePlan(graph), "one-shot"));
+  if (options.budget_bytes == kMinBudgetBytes) return prelude;
+  CheckmateResult result;
+  result.budget_bytes = options.budget_bytes;
+  if (prelude.one_shot.peak <= options.budget_bytes) {
+    FillResult(g, prelude.one_shot, &result);
+    result.status = fits_status;
+    result.lower_bound = result.objective;
+    result.note = "the one-shot plan fits: no recomputation needed";
+  } else if (options.budget_bytes < prelude.lower) {
+    result.status = CheckmateResult::Status::kInfeasible;
+    result.note = absl::StrCat("the budget is below the lower bound of ", prelude.lower,
+                               " bytes (a node with its inputs, or the outputs)");
+  } else {
+    return prelude;
+  }
+  result.solve_s = SecondsSince(started);
+  prelude.answer = std::move(result);
+  return prelude;
+}
+
 absl::StatusOr<CheckmateResult> SolveCheckmateMilp(const Graph& graph,
                                                    const CheckmateOptions& options) {
   const Clock::time_point started = Clock::now();
@@ -793,28 +833,11 @@ absl::StatusOr<CheckmateResult> SolveCheckmateMilp(const Graph& graph,
   }
   CheckmateResult result;
   const bool min_budget = options.budget_bytes == kMinBudgetBytes;
-  const int64_t lower = PeakLowerBound(graph);
-  ASSIGN_OR_RETURN(Candidate one_shot,
-                   Measure(graph, OneShotStagePlan(graph), "one-shot"));
-  // Every needed node is computed at least once, so a one-shot plan that
-  // fits costs the least any plan can.
-  if (!min_budget && one_shot.peak <= options.budget_bytes) {
-    FillResult(g, one_shot, &result);
-    result.status = CheckmateResult::Status::kOptimal;
-    result.budget_bytes = options.budget_bytes;
-    result.lower_bound = result.objective;
-    result.note = "the one-shot plan fits: no recomputation needed";
-    result.solve_s = SecondsSince(started);
-    return result;
-  }
-  if (!min_budget && options.budget_bytes < lower) {
-    result.status = CheckmateResult::Status::kInfeasible;
-    result.budget_bytes = options.budget_bytes;
-    result.note = absl::StrCat("the budget is below the lower bound of ", lower,
-                               " bytes (a node with its inputs, or the outputs)");
-    result.solve_s = SecondsSince(started);
-    return result;
-  }
+  ASSIGN_OR_RETURN(Prelude prelude,
+                   SettleWithoutSolving(graph, g, options, started,
+                                        CheckmateResult::Status::kOptimal));
+  if (prelude.answer.has_value()) return *std::move(prelude.answer);
+  const Candidate one_shot = std::move(prelude.one_shot);
 
   int64_t budget = options.budget_bytes;
   bool proven = true;
@@ -948,27 +971,13 @@ absl::StatusOr<CheckmateResult> SolveCheckmateLp(const Graph& graph,
         " (use a heuristic policy)"));
   }
   CheckmateResult result;
-  const int64_t lower = PeakLowerBound(graph);
-  ASSIGN_OR_RETURN(Candidate one_shot,
-                   Measure(graph, OneShotStagePlan(graph), "one-shot"));
   const bool min_budget = options.budget_bytes == kMinBudgetBytes;
-  if (!min_budget && one_shot.peak <= options.budget_bytes) {
-    FillResult(g, one_shot, &result);
-    result.status = CheckmateResult::Status::kFeasible;
-    result.budget_bytes = options.budget_bytes;
-    result.lower_bound = result.objective;
-    result.note = "the one-shot plan fits: no recomputation needed";
-    result.solve_s = SecondsSince(started);
-    return result;
-  }
-  if (!min_budget && options.budget_bytes < lower) {
-    result.status = CheckmateResult::Status::kInfeasible;
-    result.budget_bytes = options.budget_bytes;
-    result.note = absl::StrCat("the budget is below the lower bound of ", lower,
-                               " bytes (a node with its inputs, or the outputs)");
-    result.solve_s = SecondsSince(started);
-    return result;
-  }
+  ASSIGN_OR_RETURN(Prelude prelude,
+                   SettleWithoutSolving(graph, g, options, started,
+                                        CheckmateResult::Status::kFeasible));
+  if (prelude.answer.has_value()) return *std::move(prelude.answer);
+  const int64_t lower = prelude.lower;
+  const Candidate one_shot = std::move(prelude.one_shot);
 
   int lp_solves = 0;
   // Solves the LP at `lp_budget` and rounds it against `target`.
