@@ -1,5 +1,8 @@
 // pebble plan | simulate | compare
+#include <algorithm>
 #include <chrono>
+#include <cstdlib>
+#include <filesystem>
 #include <iostream>
 
 #include "absl/strings/str_cat.h"
@@ -202,8 +205,68 @@ int RunSimulate(const GraphSource& source, const std::string& schedule_path,
   return 0;
 }
 
+// One (peak, overhead) point of a feasible plan, for the Pareto plot.
+struct ParetoPoint {
+  std::string policy;
+  int64_t peak_bytes = 0;
+  double overhead = 0;
+};
+
+// Draws overhead against peak per policy with gnuplot (when it is installed)
+// into `png_path`; the points go through a data file beside it.
+absl::Status WriteParetoPlot(const std::string& title, std::vector<ParetoPoint> points,
+                             const std::string& png_path, bool force) {
+  if (std::system("command -v gnuplot >/dev/null 2>&1") != 0) {
+    return absl::FailedPreconditionError(
+        "--plot needs gnuplot (Debian: apt-get install gnuplot-nox); the table was printed");
+  }
+  std::error_code ec;
+  if (!force && std::filesystem::exists(png_path, ec)) {
+    return absl::AlreadyExistsError(absl::StrCat("'", png_path, "' exists; pass --force"));
+  }
+  std::stable_sort(points.begin(), points.end(), [](const ParetoPoint& a, const ParetoPoint& b) {
+    return a.policy != b.policy ? a.policy < b.policy : a.peak_bytes < b.peak_bytes;
+  });
+  // gnuplot single-quoted strings escape a quote by doubling it.
+  auto quoted = [](const std::string& text) {
+    std::string out;
+    for (char c : text) out += c == '\'' ? std::string("''") : std::string(1, c);
+    return out;
+  };
+  const std::string data_path = png_path + ".dat";
+  const std::string script_path = png_path + ".gp";
+  std::string data, plots;
+  int block = 0;
+  for (size_t i = 0; i < points.size(); ++i) {
+    if (i > 0 && points[i].policy != points[i - 1].policy) data += "\n\n";
+    if (i == 0 || points[i].policy != points[i - 1].policy) {
+      if (block > 0) plots += ", ";
+      plots += absl::StrFormat("'%s' index %d using 1:2 with linespoints title '%s'", quoted(data_path),
+                               block++, points[i].policy);
+    }
+    data += absl::StrFormat("%.6f %.6f\n", static_cast<double>(points[i].peak_bytes) / (1 << 20),
+                            100 * points[i].overhead);
+  }
+  if (block == 0) return absl::FailedPreconditionError("--plot: no feasible plan to draw");
+  const std::string script = absl::StrFormat(
+      "set terminal pngcairo size 1000,650\nset output '%s'\nset title '%s'\n"
+      "set xlabel 'peak memory (MiB)'\nset ylabel 'compute overhead (%%)'\n"
+      "set key outside right\nset grid\nplot %s\n",
+      quoted(png_path), quoted(title), plots);
+  RETURN_IF_ERROR(WriteOutput(data_path, data, /*force=*/true));
+  RETURN_IF_ERROR(WriteOutput(script_path, script, /*force=*/true));
+  std::string shell_path;  // POSIX shell single quotes: ' becomes '\''
+  for (char c : script_path) shell_path += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  const std::string command = "gnuplot '" + shell_path + "' >/dev/null 2>&1";
+  if (std::system(command.c_str()) != 0) {
+    return absl::InternalError(absl::StrCat("gnuplot failed on '", script_path, "'"));
+  }
+  return absl::OkStatus();
+}
+
 int RunCompare(const PlanFlags& f, const std::string& budgets_text,
-               const std::string& policies_text, std::string format) {
+               const std::string& policies_text, std::string format,
+               const std::string& plot_path, bool force) {
   if (f.json) format = "json";
   auto graph = f.source.Load();
   if (!graph.ok()) return Fail(graph.status());
@@ -261,6 +324,7 @@ int RunCompare(const PlanFlags& f, const std::string& budgets_text,
     }
   }
 
+  std::vector<ParetoPoint> pareto;
   nlohmann::json rows = nlohmann::json::array();
   Table table({"policy", "budget", "budget_bytes", "fits", "peak_bytes", "peak", "vs_optimal",
                "overhead", "recomputations", "transfer_bytes", "makespan", "plan_ms", "note"});
@@ -285,6 +349,7 @@ int RunCompare(const PlanFlags& f, const std::string& budgets_text,
       ratio = absl::StrFormat("%.3f", x);
     }
     row["feasible"] = e.result->feasible;
+    if (e.result->feasible) pareto.push_back({e.policy, r.peak_bytes, r.overhead});
     row["report"] = ReportToJson(r, *graph, e.result->schedule, false);
     if (!e.result->message.empty()) row["message"] = e.result->message;
     table.AddRow({e.policy, budget, is_min ? "" : absl::StrCat(e.budget_bytes),
@@ -311,6 +376,10 @@ int RunCompare(const PlanFlags& f, const std::string& budgets_text,
       std::cout << "\nvs_optimal: peak over the minimal one-shot peak found by exact-order ("
                 << FormatBytes(optimal_order_peak) << ").\n";
     }
+  }
+  if (!plot_path.empty()) {
+    absl::Status plotted = WriteParetoPlot(f.source.Label(), pareto, plot_path, force);
+    if (!plotted.ok()) return Fail(plotted);
   }
   return 0;
 }
@@ -355,7 +424,8 @@ void AddPlanCommands(CLI::App& app, int& exit_code) {
 
   static PlanFlags cmp_flags;
   static std::string cmp_budgets = "100%,80%,60%,40%,min", cmp_policies = "all",
-                     cmp_format = "table";
+                     cmp_format = "table", cmp_plot;
+  static bool cmp_force = false;
   auto* cmp = app.add_subcommand(
       "compare",
       "every policy at every budget, as a table, CSV or JSON\n"
@@ -365,8 +435,12 @@ void AddPlanCommands(CLI::App& app, int& exit_code) {
   cmp->add_option("--policies", cmp_policies, "comma-separated policies, or 'all'")->capture_default_str();
   cmp->add_option("--format,-f", cmp_format, "table, csv or json")->capture_default_str()
       ->check(CLI::IsMember({"table", "csv", "json"}));
+  cmp->add_option("--plot", cmp_plot,
+                  "also draw the Pareto curve (overhead against peak, feasible plans) as a PNG "
+                  "with gnuplot");
+  cmp->add_flag("--force", cmp_force, "replace an existing --plot file");
   cmp->callback([&exit_code] {
-    exit_code = RunCompare(cmp_flags, cmp_budgets, cmp_policies, cmp_format);
+    exit_code = RunCompare(cmp_flags, cmp_budgets, cmp_policies, cmp_format, cmp_plot, cmp_force);
   });
 }
 

@@ -240,3 +240,26 @@ TEST(CliTest, CompareShowsTheRatioToTheExactOrder) {
 }
 
 }  // namespace
+
+namespace {
+
+TEST(CliTest, ComparePlotsTheParetoCurveWithGnuplot) {
+  if (std::system("command -v gnuplot >/dev/null 2>&1") != 0) {
+    GTEST_SKIP() << "gnuplot is not installed";
+  }
+  const std::string png = ::testing::TempDir() + "/pebble_pareto.png";
+  fs::remove(png);
+  Result r = Pebble("compare --model tanh-chain:length=8,size=1000 --budgets 100%,60%,min "
+                    "--policies sqrtn,rotor --plot " + png);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  ASSERT_TRUE(fs::exists(png));
+  EXPECT_GT(fs::file_size(png), 1000u);
+  std::ifstream in(png, std::ios::binary);
+  char magic[4] = {};
+  in.read(magic, 4);
+  EXPECT_EQ(std::string(magic + 1, 3), "PNG");
+  // Not replaced without --force.
+  EXPECT_EQ(Pebble("compare --model path:n=4 --policies baseline --plot " + png).exit_code, 1);
+}
+
+}  // namespace
