@@ -104,14 +104,13 @@ int RunDescribe(const GraphSource& source, bool json) {
   auto graph = source.Load();
   if (!graph.ok()) return Fail(graph.status());
   const Graph& g = *graph;
-  auto peak = BaselinePeak(g);
-  if (!peak.ok()) return Fail(peak.status());
-  const MemorySummary s = Summarize(g, *peak);
-  // The arena the baseline plan needs (the runtime allocates exactly this).
+  // The baseline plan, simulated once by PlanMemoryLayout: its peak and the
+  // arena it needs (the runtime allocates exactly this).
   auto baseline_schedule = FreeAtLastUse(g, DefaultOrder(g));
   if (!baseline_schedule.ok()) return Fail(baseline_schedule.status());
   auto layout = PlanMemoryLayout(g, *baseline_schedule);
   if (!layout.ok()) return Fail(layout.status());
+  const MemorySummary s = Summarize(g, layout->peak_bytes);
   if (json) {
     nlohmann::json nodes = nlohmann::json::array();
     for (NodeId v = 0; v < g.num_nodes(); ++v) {
