@@ -56,6 +56,8 @@ class Table {
 // through the callback's captured int.
 void AddInfoCommands(CLI::App& app, int& exit_code);
 void AddPlanCommands(CLI::App& app, int& exit_code);
+void AddRunCommands(CLI::App& app, int& exit_code);        // run, fit
+void AddCalibrateCommand(CLI::App& app, int& exit_code);   // calibrate
 
 // Prints "pebble: <message>" on stderr and returns 1.
 int Fail(const absl::Status& status);

@@ -37,6 +37,8 @@ int main(int argc, char** argv) {
   int exit_code = 0;
   pebble::cli::AddInfoCommands(app, exit_code);
   pebble::cli::AddPlanCommands(app, exit_code);
+  pebble::cli::AddRunCommands(app, exit_code);
+  pebble::cli::AddCalibrateCommand(app, exit_code);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {

@@ -114,4 +114,9 @@ absl::StatusOr<int64_t> BaselinePeak(const Graph& graph) {
   return report.peak_bytes;
 }
 
+const char* DefaultPolicy(int64_t budget_bytes, int64_t baseline_peak) {
+  return budget_bytes >= baseline_peak ? kDefaultOneShotPolicy
+                                       : kDefaultBelowBaselinePolicy;
+}
+
 }  // namespace pebble

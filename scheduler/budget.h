@@ -36,6 +36,13 @@ int64_t ResolveBudget(const BudgetSpec& spec, int64_t baseline_peak);
 // use): the reference of percentage budgets.
 absl::StatusOr<int64_t> BaselinePeak(const Graph& graph);
 
+// The policy `plan` and `run` use when none is given: the best one-shot
+// order ("best-order") when the budget is at least the baseline peak, else
+// the joint recompute-or-swap planner ("hybrid").
+inline constexpr char kDefaultOneShotPolicy[] = "best-order";
+inline constexpr char kDefaultBelowBaselinePolicy[] = "hybrid";
+const char* DefaultPolicy(int64_t budget_bytes, int64_t baseline_peak);
+
 }  // namespace pebble
 
 #endif  // PEBBLE_SCHEDULER_BUDGET_H_
