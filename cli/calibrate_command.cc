@@ -1,11 +1,198 @@
-// Placeholder: `pebble calibrate` lands here.
+// pebble calibrate: measures per-operator times and the host link bandwidth
+// on a backend and writes a cost profile (scheduler/cost_profile.h) that
+// plan/run/compare/fit take with --profile (docs/cuda.md, "Calibration").
+//
+// Method: the model's baseline schedule runs through the executor once to
+// warm up (library autotuning, first-touch allocations) and then `--repeat`
+// times; each compute step's measured duration (the backend's events) is a
+// sample for its node's CostKey, and the profile keeps the median of all
+// samples of a key (nodes of equal key, e.g. repeated layers, pool their
+// samples). The bandwidth is the median of three timed Backend::Copy calls
+// of `--transfer-size` bytes each way between a device buffer and a pinned
+// host buffer.
+#include <algorithm>
+#include <iostream>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "cli/common.h"
+#include "graph/status.h"
+#include "runtime/executor.h"
+#include "runtime/make_backend.h"
+#include "scheduler/budget.h"
+#include "scheduler/cost_profile.h"
+#include "scheduler/planner.h"
 
 namespace pebble::cli {
+namespace {
+
+struct CalibrateFlags {
+  GraphSource source;
+  std::string backend = "cpu";
+  std::string output;  // empty or "-": stdout
+  int repeat = 5;
+  std::string transfer_size = "64MiB";
+  uint64_t seed = 0;
+  bool force = false;
+  bool json = false;
+};
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+// Bytes per second of `bytes` copied in `direction` (median of 3 timed
+// copies on the copy stream).
+absl::StatusOr<double> MeasureBandwidth(Backend& backend, CopyDirection direction,
+                                        std::byte* device, std::byte* host, int64_t bytes) {
+  std::vector<double> rates;
+  for (int i = 0; i < 3; ++i) {
+    backend.ResetEvents();
+    ASSIGN_OR_RETURN(EventId start, backend.Record(Stream::kCopy));
+    if (direction == CopyDirection::kHostToDevice) {
+      RETURN_IF_ERROR(backend.Copy(direction, device, host, bytes));
+    } else {
+      RETURN_IF_ERROR(backend.Copy(direction, host, device, bytes));
+    }
+    ASSIGN_OR_RETURN(EventId end, backend.Record(Stream::kCopy));
+    RETURN_IF_ERROR(backend.Synchronize());
+    ASSIGN_OR_RETURN(double seconds, backend.ElapsedSeconds(start, end));
+    if (seconds > 0) rates.push_back(static_cast<double>(bytes) / seconds);
+  }
+  backend.ResetEvents();
+  if (rates.empty()) {
+    return absl::InternalError("the copy timings were all zero; try a larger --transfer-size");
+  }
+  return Median(rates);
+}
+
+absl::Status MeasureLink(Backend& backend, int64_t bytes, CostProfile& profile) {
+  ASSIGN_OR_RETURN(std::byte * device, backend.AllocateDevice(bytes));
+  auto host = backend.AllocateHost(bytes);
+  if (!host.ok()) {
+    backend.FreeDevice(device);
+    return host.status();
+  }
+  absl::Status s = backend.Fill(device, 0, bytes);
+  if (s.ok()) {
+    auto h2d = MeasureBandwidth(backend, CopyDirection::kHostToDevice, device, *host, bytes);
+    auto d2h = h2d.ok() ? MeasureBandwidth(backend, CopyDirection::kDeviceToHost, device,
+                                           *host, bytes)
+                        : h2d;
+    if (h2d.ok() && d2h.ok()) {
+      profile.bandwidth_h2d_bytes_per_s = *h2d;
+      profile.bandwidth_d2h_bytes_per_s = *d2h;
+    } else {
+      s = h2d.ok() ? d2h.status() : h2d.status();
+    }
+  }
+  backend.FreeHost(*host);
+  backend.FreeDevice(device);
+  return s;
+}
+
+absl::StatusOr<std::pair<CostProfile, int>> Calibrate(const CalibrateFlags& f,
+                                                      const Graph& graph) {
+  if (f.repeat < 1) return absl::InvalidArgumentError("--repeat must be at least 1");
+  ASSIGN_OR_RETURN(int64_t transfer_bytes, ParseSize(f.transfer_size));
+  if (transfer_bytes <= 0) return absl::InvalidArgumentError("--transfer-size must be positive");
+  ASSIGN_OR_RETURN(std::unique_ptr<Backend> backend, MakeBackend(f.backend));
+  if (backend == nullptr) {
+    return absl::UnimplementedError(absl::StrCat("backend '", f.backend, "' is not available"));
+  }
+  ASSIGN_OR_RETURN(std::unique_ptr<Planner> planner, MakePlanner("baseline"));
+  PlannerOptions options;  // no budget: the baseline order as it is
+  ASSIGN_OR_RETURN(PlanResult plan, planner->Plan(graph, options));
+
+  ExecutorOptions exec;
+  exec.seed = f.seed;
+  exec.download_outputs = false;
+  std::map<std::string, std::vector<double>> samples;
+  int keyed_nodes = 0;
+  std::vector<std::optional<std::string>> keys(graph.num_nodes());
+  for (NodeId v = 0; v < graph.num_nodes(); ++v) {
+    keys[v] = CostKey(graph, v);
+  }
+  for (int run = 0; run <= f.repeat; ++run) {  // run 0 warms up
+    auto result = Execute(graph, plan.schedule, *backend, exec);
+    if (!result.ok()) {
+      return absl::Status(result.status().code(),
+                          absl::StrCat("calibration run ", run, ": ", result.status().message()));
+    }
+    if (run == 0) continue;
+    for (const StepMeasurement& step : result->steps) {
+      if (step.action != Action::kCompute || !keys[step.node].has_value()) continue;
+      samples[*keys[step.node]].push_back(std::max(0.0, step.end_s - step.start_s));
+    }
+  }
+  CostProfile profile;
+  profile.backend = backend->name();
+  profile.device = backend->Description();
+  for (auto& [key, times] : samples) profile.entries[key] = Median(times);
+  for (NodeId v = 0; v < graph.num_nodes(); ++v) {
+    if (!graph.persistent(v) && keys[v].has_value() && samples.count(*keys[v]) > 0) {
+      ++keyed_nodes;
+    }
+  }
+  RETURN_IF_ERROR(MeasureLink(*backend, transfer_bytes, profile));
+  return std::make_pair(std::move(profile), keyed_nodes);
+}
+
+int RunCalibrate(const CalibrateFlags& f) {
+  auto graph = f.source.Load();
+  if (!graph.ok()) return Fail(graph.status());
+  auto calibrated = Calibrate(f, *graph);
+  if (!calibrated.ok()) return Fail(calibrated.status());
+  const CostProfile& profile = calibrated->first;
+  const std::string text = CostProfileToJson(profile).dump(2) + "\n";
+  const bool to_stdout = f.output.empty() || f.output == "-";
+  if (absl::Status s = WriteOutput(to_stdout ? "-" : f.output, text, f.force); !s.ok()) {
+    return Fail(s);
+  }
+  if (to_stdout) return 0;  // stdout holds the profile itself
+  if (f.json) {
+    PrintJson({{"output", f.output},
+               {"backend", profile.backend},
+               {"device", profile.device},
+               {"entries", profile.entries.size()},
+               {"nodes_measured", calibrated->second},
+               {"bandwidth_h2d_bytes_per_s", profile.bandwidth_h2d_bytes_per_s},
+               {"bandwidth_d2h_bytes_per_s", profile.bandwidth_d2h_bytes_per_s}});
+  } else {
+    std::cout << absl::StrFormat(
+        "%s: %d op entries from %d nodes of %s on %s (%s); link %.3g GB/s host->device, "
+        "%.3g GB/s device->host\n",
+        f.output, profile.entries.size(), calibrated->second, f.source.Label(),
+        profile.backend, profile.device, profile.bandwidth_h2d_bytes_per_s / 1e9,
+        profile.bandwidth_d2h_bytes_per_s / 1e9);
+  }
+  return 0;
+}
+
+}  // namespace
 
 void AddCalibrateCommand(CLI::App& app, int& exit_code) {
-  (void)app;
-  (void)exit_code;
+  static CalibrateFlags flags;
+  CLI::App* cmd = app.add_subcommand(
+      "calibrate",
+      "measure op times and host link bandwidth on a backend; writes a cost profile for "
+      "--profile");
+  flags.source.AddOptions(cmd);
+  cmd->add_option("--backend", flags.backend, "cpu or cuda (default cpu)");
+  cmd->add_option("--output,-o", flags.output, "profile file (default: stdout)");
+  cmd->add_option("--repeat", flags.repeat, "timed runs after one warm-up (default 5)");
+  cmd->add_option("--transfer-size", flags.transfer_size,
+                  "bytes per timed host<->device copy (default 64MiB)");
+  cmd->add_option("--seed", flags.seed, "seed of the generated inputs (default 0)");
+  cmd->add_flag("--force", flags.force, "replace an existing output file");
+  cmd->add_flag("--json", flags.json, "print the summary as JSON (with --output)");
+  cmd->callback([&exit_code] { exit_code = RunCalibrate(flags); });
 }
 
 }  // namespace pebble::cli

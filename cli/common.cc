@@ -1,5 +1,7 @@
 #include "cli/common.h"
 
+#include "scheduler/offload.h"
+
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -10,6 +12,8 @@
 #include "absl/strings/str_join.h"
 #include "graph/graph_json.h"
 #include "graph/models/models.h"
+#include "graph/status.h"
+#include "scheduler/cost_profile.h"
 
 namespace pebble::cli {
 
@@ -24,16 +28,45 @@ void GraphSource::AddOptions(CLI::App* cmd) {
                   "device FLOP/s that turns a model's FLOPs into seconds of cost "
                   "(default 10e12; ignored for --graph, whose costs are given)")
       ->check(CLI::PositiveNumber);
+  cmd->add_option("--profile", profile,
+                  "cost profile from 'pebble calibrate': measured seconds replace the "
+                  "cost of every node whose op, shapes, dtype and attrs it has, and its "
+                  "measured link bandwidth is used unless --bandwidth is given");
 }
 
-absl::StatusOr<Graph> GraphSource::Load() const {
-  if (!model.empty()) {
+namespace {
+
+absl::StatusOr<Graph> LoadWithoutProfile(const GraphSource& source) {
+  if (!source.model.empty()) {
     CostModel cost;
-    cost.device_flops_per_s = throughput_flops_per_s;
-    return BuildModel(model, cost);
+    cost.device_flops_per_s = source.throughput_flops_per_s;
+    return BuildModel(source.model, cost);
   }
-  if (!graph.empty()) return ReadGraphFile(graph);
+  if (!source.graph.empty()) return ReadGraphFile(source.graph);
   return absl::InvalidArgumentError("give a graph: --model NAME[:k=v,...] or --graph FILE");
+}
+
+}  // namespace
+
+absl::StatusOr<Graph> GraphSource::Load() const {
+  ASSIGN_OR_RETURN(Graph g, LoadWithoutProfile(*this));
+  if (profile.empty()) return g;
+  ASSIGN_OR_RETURN(CostProfile p, ReadCostProfileFile(profile));
+  CostProfileMatch match;
+  ASSIGN_OR_RETURN(Graph profiled, ApplyCostProfile(g, p, &match));
+  std::cerr << "pebble: cost profile '" << profile << "' (" << p.backend << "): "
+            << match.matched << " of " << match.matched + match.unmatched
+            << " computed nodes take measured times\n";
+  return profiled;
+}
+
+absl::StatusOr<double> GraphSource::PlannerBandwidth(absl::string_view given) const {
+  if (!given.empty()) return ParseBandwidth(given);
+  if (!profile.empty()) {
+    ASSIGN_OR_RETURN(CostProfile p, ReadCostProfileFile(profile));
+    if (auto measured = p.PlannerBandwidth()) return *measured;
+  }
+  return kDefaultHostBandwidthBytesPerS;
 }
 
 std::string GraphSource::Label() const { return model.empty() ? graph : model; }

@@ -20,12 +20,23 @@ struct GraphSource {
   std::string model;  // "conv3d:n=128"
   std::string graph;  // path to a pebble-graph JSON file
   double throughput_flops_per_s = 10e12;
+  // A cost profile from `pebble calibrate` (scheduler/cost_profile.h): node
+  // costs become the measured seconds where the profile has the node's key.
+  std::string profile;
 
   // Adds the options to `cmd`. `graph_only`: no --model (simulate needs the
   // exact graph a schedule was made for, but a model works too).
   void AddOptions(CLI::App* cmd);
-  // The graph, or an error naming what was wrong.
+  // The graph, or an error naming what was wrong. With --profile the costs
+  // are the profile's where it matches, and one line on stderr says how
+  // many nodes matched.
   absl::StatusOr<Graph> Load() const;
+  // The host link bandwidth (bytes/s) a planner should use: `given` (the
+  // text of --bandwidth: bytes/s with units, or a preset of ParseBandwidth)
+  // when the user passed it; else the profile's measurement
+  // (CostProfile::PlannerBandwidth) when --profile has one; else SPEC's
+  // default, 25e9 (PCIe Gen4).
+  absl::StatusOr<double> PlannerBandwidth(absl::string_view given) const;
   // "conv3d:n=128" or the file's path, for headers.
   std::string Label() const;
 };

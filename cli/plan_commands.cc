@@ -13,6 +13,7 @@
 #include "graph/status.h"
 #include "scheduler/budget.h"
 #include "scheduler/memory_layout.h"
+#include "scheduler/offload.h"
 #include "scheduler/planner.h"
 #include "scheduler/simulator.h"
 
@@ -23,8 +24,9 @@ namespace {
 struct PlanFlags {
   GraphSource source;
   std::string policy = "best-order";  // the default one-shot policy
+  CLI::Option* policy_option = nullptr;  // unset: DefaultPolicy() picks
   std::string budget = "100%";
-  std::string bandwidth = "25e9";
+  std::string bandwidth;  // empty: the profile's, else 25e9
   std::string host_budget;  // empty: unlimited
   double time_limit_s = 60;
   uint64_t seed = 0;
@@ -33,13 +35,17 @@ struct PlanFlags {
   void AddOptions(CLI::App* cmd, bool with_policy_and_budget) {
     source.AddOptions(cmd);
     if (with_policy_and_budget) {
-      cmd->add_option("--policy,-p", policy, "planner (see 'pebble policies')")->capture_default_str();
+      policy_option = cmd->add_option(
+          "--policy,-p", policy,
+          "planner (see 'pebble policies'); default: best-order when the budget is at least "
+          "the baseline peak, else hybrid (recompute or swap)");
       cmd->add_option("--budget,-b", budget,
                       "device memory budget: bytes (8GiB), a percentage of the baseline "
                       "peak (60%) or 'min' (the lowest peak the policy reaches)")->capture_default_str();
     }
     cmd->add_option("--bandwidth", bandwidth,
-                    "host link bandwidth in bytes/s for offload timing (default 25e9, PCIe Gen4)");
+                    "host link bytes/s for offload timing, or a preset: pcie4 (25e9, the "
+                    "default), pcie5 (55e9), nvlink-c2c (450e9)");
     cmd->add_option("--host-budget", host_budget, "host memory limit for offloaded copies");
     cmd->add_option("--time-limit", time_limit_s,
                     "seconds an exact or MILP planner may search (default 60)")
@@ -51,9 +57,7 @@ struct PlanFlags {
   // Fills the budget-independent options.
   absl::StatusOr<PlannerOptions> Options() const {
     PlannerOptions o;
-    ASSIGN_OR_RETURN(int64_t bw, ParseSize(bandwidth));
-    if (bw <= 0) return absl::InvalidArgumentError("--bandwidth must be positive");
-    o.host_bandwidth_bytes_per_s = static_cast<double>(bw);
+    ASSIGN_OR_RETURN(o.host_bandwidth_bytes_per_s, source.PlannerBandwidth(bandwidth));
     if (!host_budget.empty()) {
       ASSIGN_OR_RETURN(int64_t hb, ParseSize(host_budget));
       o.host_budget_bytes = hb;
@@ -80,10 +84,16 @@ void PrintReport(const Graph& g, const Schedule& schedule, const PlanReport& r) 
             << absl::StrFormat("  compute cost    %s (base %s, overhead %s, %d recomputations)\n",
                                Seconds(r.compute_cost), Seconds(r.base_cost),
                                Percent(r.overhead), r.recomputations)
-            << absl::StrFormat("  transfers       %s, host peak %s, exposed time %s\n",
-                               FormatBytes(r.transfer_bytes), FormatBytes(r.host_peak_bytes),
-                               Seconds(r.exposed_transfer_time))
-            << absl::StrFormat("  makespan        %s\n", Seconds(r.makespan))
+            << (r.transfer_bytes > 0
+                    ? absl::StrFormat(
+                          "  transfers       %s (%d bytes), host peak %s, copy stream busy %s, "
+                          "exposed transfer time %s\n",
+                          FormatBytes(r.transfer_bytes), r.transfer_bytes,
+                          FormatBytes(r.host_peak_bytes), Seconds(r.copy_busy),
+                          Seconds(r.exposed_transfer_time))
+                    : std::string("  transfers       none\n"))
+            << absl::StrFormat("  makespan        %s (compute stream busy %s)\n",
+                               Seconds(r.makespan), Seconds(r.compute_busy))
             << absl::StrFormat("  steps           %d (%s)\n", r.num_steps,
                                r.one_shot ? "one-shot" : "multi-shot");
 }
@@ -122,7 +132,12 @@ int RunPlan(const PlanFlags& f, bool timeline, bool with_layout, const std::stri
   auto budget = ResolveBudgetFor(*graph, f.budget);
   if (!budget.ok()) return Fail(budget.status());
   options->budget_bytes = budget->budget_bytes;
-  auto planner = MakePlanner(f.policy);
+  // Without --policy: best-order when the baseline fits, else hybrid.
+  const std::string policy =
+      f.policy_option != nullptr && f.policy_option->count() == 0
+          ? std::string(DefaultPolicy(budget->budget_bytes, budget->baseline_peak))
+          : f.policy;
+  auto planner = MakePlanner(policy);
   if (!planner.ok()) return Fail(planner.status());
   const auto start = std::chrono::steady_clock::now();
   auto result = (*planner)->Plan(*graph, *options);
@@ -146,7 +161,7 @@ int RunPlan(const PlanFlags& f, bool timeline, bool with_layout, const std::stri
     if (!with_layout) layout_json.erase("instances");
     nlohmann::json doc = {
         {"graph", f.source.Label()},
-        {"policy", f.policy},
+        {"policy", policy},
         {"budget", f.budget},
         {"budget_bytes", budget_bytes},
         {"baseline_peak_bytes", budget->baseline_peak},
@@ -163,11 +178,18 @@ int RunPlan(const PlanFlags& f, bool timeline, bool with_layout, const std::stri
     return 0;
   }
   std::cout << absl::StrFormat(
-      "plan %s with %s, budget %s = %s (baseline peak %s): %s\n", f.source.Label(), f.policy,
+      "plan %s with %s, budget %s = %s (baseline peak %s): %s\n", f.source.Label(), policy,
       f.budget, is_min ? "min" : FormatBytes(budget_bytes), FormatBytes(budget->baseline_peak),
       result->feasible ? "fits" : "DOES NOT FIT");
   if (!result->message.empty()) std::cout << "  " << result->message << "\n";
   PrintReport(*graph, result->schedule, result->report);
+  if (result->details.contains("tensors")) {
+    const nlohmann::json& c = result->details["tensors"]["counts"];
+    std::cout << absl::StrFormat(
+        "  tensors         %d kept, %d swapped, %d recomputed, %d swapped and recomputed\n",
+        c.value("kept", int64_t{0}), c.value("swapped", int64_t{0}),
+        c.value("recomputed", int64_t{0}), c.value("swapped_and_recomputed", int64_t{0}));
+  }
   std::cout << absl::StrFormat("  arena           %s (%d bytes, +%.2f%% over the peak, %s layout)\n",
                                FormatBytes(layout->arena_bytes), layout->arena_bytes,
                                100 * layout->fragmentation, layout->strategy)
@@ -186,10 +208,10 @@ int RunSimulate(const GraphSource& source, const std::string& schedule_path,
   if (!graph.ok()) return Fail(graph.status());
   auto schedule = ReadScheduleFile(*graph, schedule_path);
   if (!schedule.ok()) return Fail(schedule.status());
-  auto bw = ParseSize(bandwidth);
+  auto bw = source.PlannerBandwidth(bandwidth);
   if (!bw.ok()) return Fail(bw.status());
   SimulatorOptions options;
-  options.host_bandwidth_bytes_per_s = static_cast<double>(*bw);
+  options.host_bandwidth_bytes_per_s = *bw;
   auto report = Simulate(*graph, *schedule, options);
   if (!report.ok()) return Fail(report.status());
   if (json) {
@@ -327,7 +349,8 @@ int RunCompare(const PlanFlags& f, const std::string& budgets_text,
   std::vector<ParetoPoint> pareto;
   nlohmann::json rows = nlohmann::json::array();
   Table table({"policy", "budget", "budget_bytes", "fits", "peak_bytes", "peak", "vs_optimal",
-               "overhead", "recomputations", "transfer_bytes", "makespan", "plan_ms", "note"});
+               "overhead", "recomputations", "transfer_bytes", "host_peak_bytes", "makespan",
+               "exposed", "plan_ms", "note"});
   for (const Entry& e : entries) {
     const std::string& budget = budgets[e.budget_index];
     const bool is_min = e.budget_bytes == kMinBudgetBytes;
@@ -336,7 +359,7 @@ int RunCompare(const PlanFlags& f, const std::string& budgets_text,
     if (!e.result.ok()) {
       row["error"] = std::string(e.result.status().message());
       table.AddRow({e.policy, budget, is_min ? "" : absl::StrCat(e.budget_bytes), "error", "", "",
-                    "", "", "", "", "", absl::StrFormat("%.1f", e.ms),
+                    "", "", "", "", "", "", "", absl::StrFormat("%.1f", e.ms),
                     std::string(e.result.status().message())});
       rows.push_back(std::move(row));
       continue;
@@ -356,7 +379,8 @@ int RunCompare(const PlanFlags& f, const std::string& budgets_text,
                   e.result->feasible ? "yes" : "no", absl::StrCat(r.peak_bytes),
                   FormatBytes(r.peak_bytes), ratio, Percent(r.overhead),
                   absl::StrCat(r.recomputations), absl::StrCat(r.transfer_bytes),
-                  Seconds(r.makespan), absl::StrFormat("%.1f", e.ms),
+                  absl::StrCat(r.host_peak_bytes), Seconds(r.makespan),
+                  Seconds(r.exposed_transfer_time), absl::StrFormat("%.1f", e.ms),
                   e.result->feasible ? "" : e.result->message});
     rows.push_back(std::move(row));
   }
@@ -406,7 +430,7 @@ void AddPlanCommands(CLI::App& app, int& exit_code) {
   });
 
   static GraphSource sim_source;
-  static std::string sim_schedule, sim_bandwidth = "25e9";
+  static std::string sim_schedule, sim_bandwidth;
   static bool sim_timeline = false, sim_json = false;
   auto* sim = app.add_subcommand(
       "simulate",
@@ -415,7 +439,8 @@ void AddPlanCommands(CLI::App& app, int& exit_code) {
   sim_source.AddOptions(sim);
   sim->add_option("--schedule,-s", sim_schedule, "schedule file (pebble-schedule JSON)")
       ->required();
-  sim->add_option("--bandwidth", sim_bandwidth, "host link bytes/s (default 25e9)");
+  sim->add_option("--bandwidth", sim_bandwidth,
+                  "host link bytes/s or a preset: pcie4 (25e9, the default), pcie5, nvlink-c2c");
   sim->add_flag("--timeline", sim_timeline, "show the per-step memory and time");
   sim->add_flag("--json", sim_json, "print JSON");
   sim->callback([&exit_code] {

@@ -1,11 +1,357 @@
-// Placeholder: `pebble run` and `pebble fit` land here.
+// pebble run: execute one training step under a plan and measure it.
+#include <cstdint>
+#include <filesystem>
+#include <iostream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "cli/common.h"
+#include "cli/run_common.h"
+#include "graph/status.h"
+#include "runtime/executor.h"
+#include "runtime/make_backend.h"
+#include "runtime/npy.h"
+#include "runtime/trace.h"
+#include "scheduler/budget.h"
+#include "scheduler/memory_layout.h"
+#include "scheduler/planner.h"
+#include "scheduler/simulator.h"
 
 namespace pebble::cli {
 
+nlohmann::json MeasuredToJson(const Graph& graph, const ExecutionResult& r, bool with_steps) {
+  nlohmann::json measured = {
+      {"peak_bytes", r.peak_bytes},
+      {"peak_step", r.peak_step},
+      {"arena_bytes", r.arena_bytes},
+      {"device_peak_bytes", r.backend_memory.device_bytes_peak},
+      {"host_peak_bytes", r.host_peak_bytes},
+      {"host_allocated_bytes", r.backend_memory.host_bytes_peak},
+      {"scratch_bytes", r.backend_memory.scratch_bytes_peak},
+      {"time_s", r.time_s},
+      {"kernel_time_s", r.kernel_time_s},
+      {"copy_time_s", r.copy_time_s},
+      {"overhead_s", r.overhead_s},
+      {"setup_s", r.setup_s},
+  };
+  if (r.backend_memory.driver_bytes_in_use >= 0) {
+    measured["driver_bytes_in_use"] = r.backend_memory.driver_bytes_in_use;
+  }
+  if (with_steps) {
+    nlohmann::json steps = nlohmann::json::array();
+    for (const StepMeasurement& s : r.steps) {
+      steps.push_back({{"action", std::string(ActionName(s.action))},
+                       {"node", graph.id(s.node)},
+                       {"start_s", s.start_s},
+                       {"end_s", s.end_s},
+                       {"resident_bytes", s.resident_bytes},
+                       {"during_bytes", s.during_bytes},
+                       {"host_bytes", s.host_bytes}});
+    }
+    measured["steps"] = std::move(steps);
+  }
+  return measured;
+}
+
+namespace {
+
+struct RunFlags {
+  GraphSource source;
+  std::string policy;  // empty: DefaultPolicy()
+  std::string budget = "100%";
+  std::string backend = "cpu";
+  std::string inputs_dir;
+  std::string dump_dir;
+  std::string trace_path;
+  std::string schedule_path;
+  std::string bandwidth;  // empty: the profile's, else 25e9
+  std::string host_budget;
+  double time_limit_s = 60;
+  uint64_t seed = 0;
+  int warmup = 0;
+  bool json = false;
+  bool memory_log = false;
+  bool force = false;
+  bool no_poison = false;
+  bool budget_given = false;  // --budget on the command line
+};
+
+// The plan to run: planned, or read from --schedule and simulated.
+struct RunPlan {
+  std::string policy;
+  int64_t budget_bytes = 0;  // resolved (the peak itself for 'min')
+  int64_t baseline_peak = 0;
+  double bandwidth_bytes_per_s = kDefaultHostBandwidthBytesPerS;
+  PlanResult plan;
+};
+
+absl::StatusOr<RunPlan> MakeRunPlan(const RunFlags& f, const Graph& graph) {
+  RunPlan p;
+  PlannerOptions options;
+  ASSIGN_OR_RETURN(options.host_bandwidth_bytes_per_s, f.source.PlannerBandwidth(f.bandwidth));
+  p.bandwidth_bytes_per_s = options.host_bandwidth_bytes_per_s;
+  options.time_limit_s = f.time_limit_s;
+  if (!f.host_budget.empty()) {
+    ASSIGN_OR_RETURN(int64_t hb, ParseSize(f.host_budget));
+    options.host_budget_bytes = hb;
+  }
+  ASSIGN_OR_RETURN(BudgetSpec spec, ParseBudget(f.budget));
+  ASSIGN_OR_RETURN(p.baseline_peak, BaselinePeak(graph));
+  options.budget_bytes = ResolveBudget(spec, p.baseline_peak);
+  // A given schedule is run as it is: no budget unless one is asked for.
+  if (!f.schedule_path.empty() && !f.budget_given) options.budget_bytes = INT64_MAX;
+  if (!f.schedule_path.empty()) {
+    if (!f.policy.empty()) {
+      return absl::InvalidArgumentError("give --policy or --schedule, not both");
+    }
+    p.policy = "schedule";
+    ASSIGN_OR_RETURN(Schedule schedule, ReadScheduleFile(graph, f.schedule_path));
+    ASSIGN_OR_RETURN(p.plan, FinishPlan(graph, std::move(schedule), options));
+    p.plan.message = absl::StrCat("schedule read from '", f.schedule_path, "'",
+                                  p.plan.message.empty() ? "" : "; ", p.plan.message);
+  } else {
+    p.policy = f.policy.empty() ? DefaultPolicy(options.budget_bytes, p.baseline_peak)
+                                : f.policy;
+    ASSIGN_OR_RETURN(auto planner, MakePlanner(p.policy));
+    ASSIGN_OR_RETURN(p.plan, planner->Plan(graph, options));
+  }
+  p.budget_bytes = options.budget_bytes == kMinBudgetBytes ? p.plan.report.peak_bytes
+                                                           : options.budget_bytes;
+  return p;
+}
+
+// Refuses to replace dump files unless forced; creates the directory.
+absl::Status PrepareDump(const Graph& graph, const std::string& dir, bool force) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (fs::exists(dir, ec) && !fs::is_directory(dir, ec)) {
+    return absl::InvalidArgumentError(absl::StrCat("--dump '", dir, "' is not a directory"));
+  }
+  fs::create_directories(dir, ec);
+  if (ec) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("cannot create --dump directory '", dir, "': ", ec.message()));
+  }
+  if (force) return absl::OkStatus();
+  for (NodeId v : graph.outputs()) {
+    const fs::path path = fs::path(dir) / TensorFileName(graph.id(v));
+    if (fs::exists(path, ec)) {
+      return absl::AlreadyExistsError(
+          absl::StrCat("'", path.string(), "' exists; pass --force to replace it"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+std::string Seconds(double s) { return absl::StrFormat("%.4g s", s); }
+
+void PrintMemoryLog(const Graph& graph, const ExecutionResult& r) {
+  Table t({"steps", "module", "phase", "delta", "total", "delta_bytes", "total_bytes"});
+  for (const MemoryLogRow& row : MemoryLog(graph, r)) {
+    const std::string sign = row.delta_bytes < 0 ? "-" : "+";
+    t.AddRow({row.first_step == row.last_step
+                  ? absl::StrCat(row.first_step)
+                  : absl::StrCat(row.first_step, "-", row.last_step),
+              row.module, row.phase,
+              absl::StrCat(sign, FormatBytes(row.delta_bytes < 0 ? -row.delta_bytes
+                                                                 : row.delta_bytes)),
+              FormatBytes(row.total_bytes), absl::StrCat(row.delta_bytes),
+              absl::StrCat(row.total_bytes)});
+  }
+  std::cout << "\nmemory log (resident bytes after each module's steps)\n" << t.ToString();
+}
+
+nlohmann::json MemoryLogToJson(const Graph& graph, const ExecutionResult& r) {
+  nlohmann::json rows = nlohmann::json::array();
+  for (const MemoryLogRow& row : MemoryLog(graph, r)) {
+    rows.push_back({{"first_step", row.first_step},
+                    {"last_step", row.last_step},
+                    {"module", row.module},
+                    {"phase", row.phase},
+                    {"delta_bytes", row.delta_bytes},
+                    {"total_bytes", row.total_bytes},
+                    {"peak_bytes", row.peak_bytes}});
+  }
+  return rows;
+}
+
+int RunRun(const RunFlags& f) {
+  auto graph = f.source.Load();
+  if (!graph.ok()) return Fail(graph.status());
+  auto plan = MakeRunPlan(f, *graph);
+  if (!plan.ok()) return Fail(plan.status());
+  if (!plan->plan.feasible && !f.force) {
+    return Fail(absl::FailedPreconditionError(absl::StrCat(
+        "the ", plan->policy, " plan does not fit the budget of ", FormatBytes(plan->budget_bytes),
+        " (", plan->plan.message.empty() ? "over budget" : plan->plan.message,
+        "); pass --force to run it anyway")));
+  }
+  auto backend = MakeBackend(f.backend);
+  if (!backend.ok()) return Fail(backend.status());
+  if (!f.dump_dir.empty()) {
+    absl::Status s = PrepareDump(*graph, f.dump_dir, f.force);
+    if (!s.ok()) return Fail(s);
+  }
+  std::error_code ec;
+  if (!f.trace_path.empty() && !f.force && std::filesystem::exists(f.trace_path, ec)) {
+    return Fail(absl::AlreadyExistsError(
+        absl::StrCat("'", f.trace_path, "' exists; pass --force to replace it")));
+  }
+  ExecutorOptions options;
+  options.seed = f.seed;
+  options.inputs_dir = f.inputs_dir;
+  options.poison_arena = !f.no_poison;
+  options.simulator.host_bandwidth_bytes_per_s = plan->bandwidth_bytes_per_s;
+  for (int i = 0; i < f.warmup; ++i) {  // primitive caches, page faults
+    ExecutorOptions quiet = options;
+    quiet.download_outputs = false;
+    auto warm = Execute(*graph, plan->plan.schedule, **backend, quiet);
+    if (!warm.ok()) return Fail(warm.status());
+  }
+  auto result = Execute(*graph, plan->plan.schedule, **backend, options);
+  if (!result.ok()) return Fail(result.status());
+  if (!f.dump_dir.empty()) {
+    for (const HostTensor& t : result->outputs) {
+      const std::string path =
+          (std::filesystem::path(f.dump_dir) / TensorFileName(graph->id(t.node))).string();
+      absl::Status s = WriteNpy(path, t.array);
+      if (!s.ok()) return Fail(s);
+    }
+  }
+  if (!f.trace_path.empty()) {
+    absl::Status s = WriteOutput(f.trace_path, ChromeTrace(*graph, *result).dump(-1, ' ', false,
+                                                nlohmann::json::error_handler_t::replace) +
+                                  "\n",
+                                 /*force=*/true);
+    if (!s.ok()) return Fail(s);
+  }
+
+  const ExecutionResult& r = *result;
+  if (f.json) {
+    nlohmann::json predicted =
+        ReportToJson(plan->plan.report, *graph, plan->plan.schedule, /*with_timeline=*/false);
+    predicted["arena_bytes"] = r.layout.arena_bytes;
+    predicted["aligned_peak_bytes"] = r.layout.aligned_peak_bytes;
+    predicted["fragmentation"] = r.layout.fragmentation;
+    nlohmann::json doc = {
+        {"graph", f.source.Label()},
+        {"policy", plan->policy},
+        {"budget", f.budget},
+        {"budget_bytes", plan->budget_bytes == INT64_MAX ? nlohmann::json(nullptr)
+                                                         : nlohmann::json(plan->budget_bytes)},
+        {"baseline_peak_bytes", plan->baseline_peak},
+        {"feasible", plan->plan.feasible},
+        {"message", plan->plan.message},
+        {"backend", (*backend)->name()},
+        {"device", r.device},
+        {"seed", f.seed},
+        {"warmup", f.warmup},
+        {"predicted", predicted},
+        {"measured", MeasuredToJson(*graph, r, /*with_steps=*/true)},
+        {"peak_equal", r.peak_bytes == plan->plan.report.peak_bytes},
+        {"loaded_inputs", r.loaded_inputs.size()},
+        {"generated_inputs", r.generated_inputs.size()},
+    };
+    if (!f.source.model.empty()) doc["model"] = f.source.model;
+    doc["loss"] = r.loss.has_value() ? nlohmann::json(*r.loss) : nlohmann::json(nullptr);
+    if (!f.dump_dir.empty()) doc["dump"] = f.dump_dir;
+    if (!f.trace_path.empty()) doc["trace"] = f.trace_path;
+    if (f.memory_log) doc["memory_log"] = MemoryLogToJson(*graph, r);
+    PrintJson(doc);
+    return 0;
+  }
+  const PlanReport& p = plan->plan.report;
+  std::cout << absl::StrFormat("run %s with %s, budget %s (baseline peak %s): %s\n",
+                               f.source.Label(), plan->policy,
+                               plan->budget_bytes == INT64_MAX
+                                   ? std::string("none")
+                                   : absl::StrCat(f.budget, " = ", FormatBytes(plan->budget_bytes)),
+                               FormatBytes(plan->baseline_peak),
+                               plan->plan.feasible ? "fits" : "DOES NOT FIT (forced)");
+  std::cout << absl::StrFormat("  backend         %s (%s)\n", (*backend)->name(), r.device);
+  Table t({"", "predicted", "measured", "bytes predicted", "bytes measured"});
+  t.AddRow({"peak memory", FormatBytes(p.peak_bytes), FormatBytes(r.peak_bytes),
+            absl::StrCat(p.peak_bytes), absl::StrCat(r.peak_bytes)});
+  t.AddRow({"arena", FormatBytes(r.layout.arena_bytes),
+            FormatBytes(r.arena_bytes), absl::StrCat(r.layout.arena_bytes),
+            absl::StrCat(r.arena_bytes)});
+  t.AddRow({"host peak", FormatBytes(p.host_peak_bytes), FormatBytes(r.host_peak_bytes),
+            absl::StrCat(p.host_peak_bytes), absl::StrCat(r.host_peak_bytes)});
+  std::cout << t.ToString();
+  std::cout << absl::StrFormat(
+      "  peak            %s\n",
+      r.peak_bytes == p.peak_bytes ? "measured == predicted" : "MEASURED != PREDICTED");
+  std::cout << absl::StrFormat("  kernel scratch  %s outside the plan\n",
+                               FormatBytes(r.backend_memory.scratch_bytes_peak));
+  std::cout << absl::StrFormat(
+      "  time            %s (kernels %s, copies %s, executor %s; setup %s before); model "
+      "makespan %s\n",
+      Seconds(r.time_s), Seconds(r.kernel_time_s), Seconds(r.copy_time_s),
+      Seconds(r.overhead_s), Seconds(r.setup_s), Seconds(p.makespan));
+  std::cout << absl::StrFormat("  steps           %d (%d recomputations, %s transferred)\n",
+                               r.steps.size(), p.recomputations, FormatBytes(p.transfer_bytes));
+  std::cout << absl::StrFormat("  inputs          %d read from files, %d generated (seed %d)\n",
+                               r.loaded_inputs.size(), r.generated_inputs.size(), f.seed);
+  if (r.loss.has_value()) std::cout << absl::StrFormat("  loss            %.9g\n", *r.loss);
+  if (!f.dump_dir.empty()) {
+    std::cout << absl::StrFormat("  dump            %d outputs in %s\n", r.outputs.size(),
+                                 f.dump_dir);
+  }
+  if (!f.trace_path.empty()) std::cout << "  trace           " << f.trace_path << "\n";
+  if (f.memory_log) PrintMemoryLog(*graph, r);
+  return 0;
+}
+
+}  // namespace
+
 void AddRunCommands(CLI::App& app, int& exit_code) {
-  (void)app;
-  (void)exit_code;
+  static RunFlags flags;
+  auto* run = app.add_subcommand(
+      "run",
+      "execute one training step under a plan on a backend; measured peak and time beside "
+      "the predicted ones\n"
+      "  e.g. pebble run --model conv3d:n=64 --policy baseline --budget 100% --backend cpu\n"
+      "       pebble run --model resnet18:batch=2,image=64 --budget 60% --dump out/ --trace t.json");
+  flags.source.AddOptions(run);
+  run->add_option("--policy,-p", flags.policy,
+                  "planner (see 'pebble policies'); default: best-order at or above the "
+                  "baseline peak, hybrid below it");
+  CLI::Option* budget = run->add_option(
+      "--budget,-b", flags.budget,
+      "device memory budget: bytes (8GiB), a percentage of the baseline peak (60%) or 'min'; "
+      "with --schedule, none unless given");
+  budget->capture_default_str();
+  run->add_option("--backend", flags.backend, "cpu or cuda")->capture_default_str();
+  run->add_option("--schedule,-s", flags.schedule_path,
+                  "run this schedule file (pebble-schedule JSON) instead of planning");
+  run->add_option("--inputs", flags.inputs_dir,
+                  "directory of <id>.npy files for persistent tensors (others are generated)");
+  run->add_option("--dump", flags.dump_dir, "write every output as DIR/<id>.npy");
+  run->add_option("--seed", flags.seed, "seed of generated inputs (default 0)");
+  run->add_option("--warmup", flags.warmup,
+                  "run the step this many times first and measure the next one (default 0)")
+      ->check(CLI::NonNegativeNumber);
+  run->add_option("--trace", flags.trace_path,
+                  "write a Chrome trace (chrome://tracing, ui.perfetto.dev) to this file");
+  run->add_flag("--memory-log", flags.memory_log,
+                "print the per-module memory table (module, phase, delta, total)");
+  run->add_option("--bandwidth", flags.bandwidth,
+                  "host link bytes/s for the planner's offload timing, or pcie4 (25e9, the default), pcie5 (55e9), nvlink-c2c (450e9); with --profile: its measured bandwidth");
+  run->add_option("--host-budget", flags.host_budget, "host memory limit for offloaded copies");
+  run->add_option("--time-limit", flags.time_limit_s,
+                  "seconds an exact or MILP planner may search (default 60)")
+      ->check(CLI::PositiveNumber);
+  run->add_flag("--no-poison", flags.no_poison,
+                "do not fill the arena with NaN bytes before running");
+  run->add_flag("--force", flags.force,
+                "run a plan over budget; replace existing --dump and --trace files");
+  run->add_flag("--json", flags.json, "print one JSON document");
+  run->callback([&exit_code, budget] {
+    flags.budget_given = budget->count() > 0;
+    exit_code = RunRun(flags);
+  });
+
+  AddFitCommand(app, exit_code);
 }
 
 }  // namespace pebble::cli

@@ -17,6 +17,9 @@ void RegisterBuiltinPlanners(PlannerRegistry& registry) {
   RegisterRevolvePlanner(registry);
   RegisterRotorPlanner(registry);
   RegisterDtrPlanner(registry);
+  RegisterVdnnPlanner(registry);
+  RegisterSwapPlanner(registry);
+  RegisterHybridPlanner(registry);
 }
 
 }  // namespace pebble

@@ -26,6 +26,10 @@ void RegisterArticulationPlanner(PlannerRegistry& registry);
 void RegisterRevolvePlanner(PlannerRegistry& registry);
 void RegisterRotorPlanner(PlannerRegistry& registry);
 void RegisterDtrPlanner(PlannerRegistry& registry);
+// Host-offload policies (scheduler/offload.h).
+void RegisterVdnnPlanner(PlannerRegistry& registry);
+void RegisterSwapPlanner(PlannerRegistry& registry);
+void RegisterHybridPlanner(PlannerRegistry& registry);
 
 }  // namespace pebble
 

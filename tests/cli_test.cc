@@ -262,4 +262,42 @@ TEST(CliTest, ComparePlotsTheParetoCurveWithGnuplot) {
   EXPECT_EQ(Pebble("compare --model path:n=4 --policies baseline --plot " + png).exit_code, 1);
 }
 
+TEST(CliTest, PlanDefaultPolicyIsHybridBelowTheBaselinePeak) {
+  Result below = Pebble("plan --model conv3d:n=16 --budget 90% --json");
+  ASSERT_EQ(below.exit_code, 0) << below.err;
+  EXPECT_EQ(ParseOrFail(below.out)["policy"], "hybrid");
+  Result at = Pebble("plan --model conv3d:n=16 --budget 100% --json");
+  ASSERT_EQ(at.exit_code, 0) << at.err;
+  EXPECT_EQ(ParseOrFail(at.out)["policy"], "best-order");
+  Result given = Pebble("plan --model conv3d:n=16 --budget 90% --policy rotor --json");
+  ASSERT_EQ(given.exit_code, 0) << given.err;
+  EXPECT_EQ(ParseOrFail(given.out)["policy"], "rotor");
+}
+
+TEST(CliTest, BandwidthPresetsAndOffloadReport) {
+  Result r = Pebble("plan --model conv3d:n=64 --policy hybrid --budget 87% --bandwidth nvlink-c2c "
+                    "--json");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  nlohmann::json j = ParseOrFail(r.out);
+  EXPECT_EQ(j["bandwidth_bytes_per_s"], 450e9);
+  EXPECT_TRUE(j["feasible"]);
+  EXPECT_GT(j["report"]["transfer_bytes"], 0);
+  EXPECT_GT(j["report"]["host_peak_bytes"], 0);
+  EXPECT_GT(j["details"]["tensors"]["counts"]["swapped"], 0);
+  Result human = Pebble("plan --model conv3d:n=64 --policy swap --budget 87% "
+                        "--bandwidth nvlink-c2c --timeline");
+  ASSERT_EQ(human.exit_code, 0) << human.err;
+  EXPECT_THAT(human.out, HasSubstr("exposed transfer time"));
+  EXPECT_THAT(human.out, HasSubstr("host"));
+  EXPECT_THAT(human.out, HasSubstr("prefetch"));
+  Result bad = Pebble("plan --model conv3d:n=8 --policy swap --bandwidth warp9");
+  EXPECT_EQ(bad.exit_code, 1);
+  EXPECT_THAT(bad.err, HasSubstr("nvlink-c2c"));
+  Result cmp = Pebble("compare --model conv3d:n=16 --policies vdnn,swap,hybrid --budgets 90%,min "
+                      "--bandwidth pcie4 --format csv");
+  ASSERT_EQ(cmp.exit_code, 0) << cmp.err;
+  EXPECT_THAT(cmp.out, HasSubstr("exposed"));
+  EXPECT_EQ(std::count(cmp.out.begin(), cmp.out.end(), '\n'), 7);
+}
+
 }  // namespace

@@ -1,6 +1,9 @@
 // Internal to the operator table (graph/ops/): attribute readers, shape
-// checks and the registration functions of each operator family. Nothing
-// outside graph/ops/ includes this file; the public face is graph/ops.h.
+// checks and the registration functions of each operator family. The public
+// face is graph/ops.h; besides graph/ops/, only the runtime's kernels
+// (runtime/cpu/, runtime/cuda/) include this file, for the attribute readers
+// and window helpers, so that a kernel reads attrs exactly as shape
+// inference does.
 #ifndef PEBBLE_GRAPH_OPS_OP_UTIL_H_
 #define PEBBLE_GRAPH_OPS_OP_UTIL_H_
 

@@ -1,0 +1,540 @@
+// Engine, streams, primitive cache, scratch, windows and conversions shared
+// by the oneDNN kernels (Note [oneDNN kernels] in runtime/cpu/dnnl_util.h).
+#include "runtime/cpu/dnnl_util.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <new>
+#include <utility>
+
+#include "graph/ops/op_util.h"
+#include "graph/status.h"
+#include "runtime/cpu/cpu_backend.h"
+#include "tbb/blocked_range.h"
+#include "tbb/parallel_for.h"
+
+namespace pebble {
+namespace dnnl_internal {
+namespace {
+
+std::atomic<int64_t>& ScratchPeak() {
+  static std::atomic<int64_t> peak{0};
+  return peak;
+}
+
+// One growable 64-byte aligned buffer.
+class ScratchBuffer {
+ public:
+  ScratchBuffer() = default;
+  ScratchBuffer(const ScratchBuffer&) = delete;
+  ScratchBuffer& operator=(const ScratchBuffer&) = delete;
+  ~ScratchBuffer() { std::free(data_); }
+
+  std::byte* Get(int64_t bytes) {
+    if (bytes > capacity_) {
+      std::free(data_);
+      data_ = nullptr;
+      capacity_ = 0;
+      // Rounded up to whole cache lines (aligned_alloc wants a multiple).
+      const int64_t size = (bytes + 63) / 64 * 64;
+      data_ = static_cast<std::byte*>(std::aligned_alloc(64, size));
+      if (data_ == nullptr) throw std::bad_alloc();
+      capacity_ = size;
+    }
+    return data_;
+  }
+
+ private:
+  std::byte* data_ = nullptr;
+  int64_t capacity_ = 0;
+};
+
+struct ThreadScratch {
+  ScratchBuffer slots[kNumScratchSlots];
+  int64_t call_bytes = 0;
+};
+
+ThreadScratch& LocalScratch() {
+  thread_local ThreadScratch scratch;
+  return scratch;
+}
+
+struct PrimitiveCache {
+  std::mutex mu;
+  std::unordered_map<std::string, std::unique_ptr<CachedPrimitive>> map;
+};
+
+PrimitiveCache& Cache() {
+  static PrimitiveCache* cache = new PrimitiveCache();  // never destroyed
+  return *cache;
+}
+
+}  // namespace
+
+const dnnl::engine& Engine() {
+  static const dnnl::engine* engine =
+      new dnnl::engine(dnnl::engine::kind::cpu, 0);
+  return *engine;
+}
+
+dnnl::stream& Stream() {
+  thread_local dnnl::stream stream(Engine());
+  return stream;
+}
+
+absl::Status ExpectInputs(const KernelContext& ctx, int min, int max) {
+  const int n = static_cast<int>(ctx.inputs.size());
+  if (n < min || n > max) {
+    return Invalid("expects ", min == max ? absl::StrCat(min)
+                                          : absl::StrCat(min, " to ", max),
+                   " inputs, got ", n);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ExpectF32(const TensorView& t, absl::string_view what) {
+  if (t.dtype != DType::kFloat32) {
+    return Invalid(what, " must be fp32, got ", DTypeName(t.dtype));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ExpectRank(const TensorView& t, int rank,
+                        absl::string_view what) {
+  if (t.rank() != rank) {
+    return Invalid(what, " must have rank ", rank, ", got ",
+                   ShapeToString(t.shape));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ExpectShape(const TensorView& t, const Shape& shape,
+                         absl::string_view what) {
+  if (t.shape != shape) {
+    return Invalid(what, " must be ", ShapeToString(shape), ", got ",
+                   ShapeToString(t.shape));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ExpectData(const KernelContext& ctx) {
+  for (size_t i = 0; i < ctx.inputs.size(); ++i) {
+    if (ctx.inputs[i].data == nullptr && ctx.inputs[i].num_elements() > 0) {
+      return Invalid("input ", i, " has no data");
+    }
+  }
+  if (ctx.output.data == nullptr && ctx.output.num_elements() > 0) {
+    return Invalid("the output has no data");
+  }
+  return absl::OkStatus();
+}
+
+dnnl::memory::dims Dims(const Shape& shape) {
+  if (shape.empty()) return {1};
+  return dnnl::memory::dims(shape.begin(), shape.end());
+}
+
+dnnl::memory::desc PlainDesc(const Shape& shape, dt type) {
+  const dnnl::memory::dims dims = Dims(shape);
+  static constexpr tag kTags[] = {tag::a,     tag::ab,     tag::abc,
+                                  tag::abcd, tag::abcde, tag::abcdef};
+  PEBBLE_CHECK(!dims.empty() && dims.size() <= 6, "rank out of range");
+  return dnnl::memory::desc(dims, type, kTags[dims.size() - 1]);
+}
+
+dnnl::memory Wrap(const dnnl::memory::desc& desc, const void* data) {
+  // oneDNN takes a non-const handle; inputs are only read.
+  return dnnl::memory(desc, Engine(), const_cast<void*>(data));
+}
+
+std::string DimsKey(const dnnl::memory::dims& dims) {
+  std::string key;
+  for (size_t i = 0; i < dims.size(); ++i) {
+    if (i > 0) key += 'x';
+    key += std::to_string(dims[i]);
+  }
+  return key;
+}
+
+const CachedPrimitive& GetPrimitive(
+    const std::string& key, const std::function<CachedPrimitive()>& make) {
+  PrimitiveCache& cache = Cache();
+  {
+    std::lock_guard<std::mutex> lock(cache.mu);
+    auto it = cache.map.find(key);
+    if (it != cache.map.end()) return *it->second;
+  }
+  // Built outside the lock (primitive creation can take milliseconds); a
+  // concurrent builder of the same key keeps the first entry.
+  auto made = std::make_unique<CachedPrimitive>(make());
+  std::lock_guard<std::mutex> lock(cache.mu);
+  auto [it, inserted] = cache.map.emplace(key, std::move(made));
+  return *it->second;
+}
+
+dnnl::primitive_attr DefaultAttr() {
+  dnnl::primitive_attr attr;
+  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+  return attr;
+}
+
+void AddRelayout(CachedPrimitive& p, int arg, const dnnl::memory::desc& plain,
+                 const dnnl::memory::desc& chosen, bool output) {
+  if (chosen == plain) return;
+  PEBBLE_CHECK(p.relayouts.size() < 3, "more than 3 relayouts");
+  Relayout r;
+  r.arg = arg;
+  r.internal = chosen;
+  r.output = output;
+  r.reorder = output ? dnnl::reorder(dnnl::reorder::primitive_desc(
+                           Engine(), chosen, Engine(), plain))
+                     : dnnl::reorder(dnnl::reorder::primitive_desc(
+                           Engine(), plain, Engine(), chosen));
+  p.relayouts.push_back(std::move(r));
+}
+
+void Execute(const CachedPrimitive& p,
+             std::unordered_map<int, dnnl::memory> args) {
+  dnnl::stream& stream = Stream();
+  if (p.scratchpad_bytes > 0) {
+    std::byte* scratch = Scratch(kScratchpad, p.scratchpad_bytes);
+    const dnnl::memory::desc md({p.scratchpad_bytes}, dt::u8, tag::a);
+    args.emplace(DNNL_ARG_SCRATCHPAD, Wrap(md, scratch));
+  }
+  // Outputs computed in the primitive's layout: (relayout, user memory).
+  std::vector<std::pair<const Relayout*, dnnl::memory>> outputs;
+  int slot = kLayout0;
+  for (const Relayout& r : p.relayouts) {
+    auto it = args.find(r.arg);
+    PEBBLE_CHECK(it != args.end(), "relayout of a missing argument");
+    std::byte* buffer = Scratch(static_cast<ScratchSlot>(slot++),
+                                static_cast<int64_t>(r.internal.get_size()));
+    dnnl::memory internal(r.internal, Engine(), buffer);
+    if (r.output) {
+      outputs.emplace_back(&r, it->second);
+    } else {
+      r.reorder.execute(stream, {{DNNL_ARG_FROM, it->second},
+                                {DNNL_ARG_TO, internal}});
+    }
+    it->second = internal;
+  }
+  p.primitive.execute(stream, args);
+  for (auto& [r, user] : outputs) {
+    r->reorder.execute(stream, {{DNNL_ARG_FROM, args.at(r->arg)},
+                                 {DNNL_ARG_TO, user}});
+  }
+  stream.wait();
+}
+
+std::byte* Scratch(ScratchSlot slot, int64_t bytes) {
+  ThreadScratch& s = LocalScratch();
+  s.call_bytes += bytes;
+  return s.slots[slot].Get(std::max<int64_t>(bytes, 1));
+}
+
+void BeginScratchCount() { LocalScratch().call_bytes = 0; }
+
+void EndScratchCount() {
+  const int64_t bytes = LocalScratch().call_bytes;
+  if (bytes == 0) return;
+  NoteCpuKernelScratch(bytes);
+  std::atomic<int64_t>& peak = ScratchPeak();
+  int64_t seen = peak.load();
+  while (bytes > seen && !peak.compare_exchange_weak(seen, bytes)) {
+  }
+}
+
+absl::StatusOr<Window> PoolWindow(const Json& attrs, int dims) {
+  Window w;
+  ASSIGN_OR_RETURN(w.kernel, ops_internal::SpatialAttr(attrs, "kernel", dims,
+                                                       0, /*required=*/true));
+  const bool has_stride = attrs.is_object() && attrs.contains("stride") &&
+                          !attrs["stride"].is_null();
+  if (has_stride) {
+    ASSIGN_OR_RETURN(w.stride,
+                     ops_internal::SpatialAttr(attrs, "stride", dims, 1));
+  } else {
+    w.stride = w.kernel;
+  }
+  ASSIGN_OR_RETURN(w.padding,
+                   ops_internal::SpatialAttr(attrs, "padding", dims, 0));
+  for (int i = 0; i < dims; ++i) {
+    if (w.kernel[i] < 1 || w.stride[i] < 1 || w.padding[i] < 0) {
+      return Invalid("window dim ", i, ": kernel ", w.kernel[i], ", stride ",
+                     w.stride[i], ", padding ", w.padding[i],
+                     " out of range");
+    }
+    // PyTorch: "pad should be at most half of effective kernel size".
+    if (w.padding[i] * 2 > w.kernel[i]) {
+      return Invalid("padding ", w.padding[i], " is more than half the kernel ",
+                     w.kernel[i]);
+    }
+  }
+  return w;
+}
+
+absl::StatusOr<Window> ConvWindow(const Json& attrs,
+                                  const std::vector<int64_t>& kernel,
+                                  int dims) {
+  Window w;
+  w.kernel = kernel;
+  ASSIGN_OR_RETURN(w.stride,
+                   ops_internal::SpatialAttr(attrs, "stride", dims, 1));
+  ASSIGN_OR_RETURN(w.padding,
+                   ops_internal::SpatialAttr(attrs, "padding", dims, 0));
+  for (int i = 0; i < dims; ++i) {
+    if (w.kernel[i] < 1 || w.stride[i] < 1 || w.padding[i] < 0) {
+      return Invalid("window dim ", i, ": kernel ", w.kernel[i], ", stride ",
+                     w.stride[i], ", padding ", w.padding[i],
+                     " out of range");
+    }
+  }
+  return w;
+}
+
+absl::StatusOr<Shape> WindowShape(const Shape& x, int64_t out_channels,
+                                  const Window& w) {
+  const int d = static_cast<int>(w.kernel.size());
+  if (static_cast<int>(x.size()) != d + 2) {
+    return Invalid("shape ", ShapeToString(x), " does not have ", d,
+                   " spatial dims");
+  }
+  Shape out = {x[0], out_channels};
+  for (int i = 0; i < d; ++i) {
+    ASSIGN_OR_RETURN(int64_t o,
+                     ops_internal::WindowOutput(x[2 + i], w.kernel[i],
+                                                w.stride[i], w.padding[i], i));
+    out.push_back(o);
+  }
+  return out;
+}
+
+// IEEE 754 binary16 <-> binary32, round to nearest even; NaN stays NaN
+// (quiet), infinities and subnormals are exact where representable.
+float HalfToFloat(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  const uint32_t exp = (h >> 10) & 0x1fu;
+  uint32_t mant = h & 0x3ffu;
+  uint32_t bits;
+  if (exp == 0x1f) {
+    bits = sign | 0x7f800000u | (mant << 13);
+  } else if (exp != 0) {
+    bits = sign | ((exp + 112) << 23) | (mant << 13);
+  } else if (mant == 0) {
+    bits = sign;
+  } else {
+    // Subnormal: normalise.
+    int e = -1;
+    do {
+      ++e;
+      mant <<= 1;
+    } while ((mant & 0x400u) == 0);
+    bits = sign | static_cast<uint32_t>(112 - e) << 23 | ((mant & 0x3ffu) << 13);
+  }
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+uint16_t FloatToHalf(float f) {
+  uint32_t bits;
+  std::memcpy(&bits, &f, 4);
+  const uint16_t sign = static_cast<uint16_t>((bits >> 16) & 0x8000u);
+  const uint32_t abs = bits & 0x7fffffffu;
+  if (abs >= 0x7f800000u) {  // inf or NaN
+    return sign | 0x7c00u | (abs > 0x7f800000u ? 0x200u : 0u);
+  }
+  if (abs >= 0x477ff000u) return sign | 0x7c00u;  // rounds to infinity
+  if (abs < 0x38800000u) {
+    // Subnormal half (or zero): value = abs_float * 2^24 rounded to an
+    // integer number of 2^-24 units, round to nearest even.
+    if (abs < 0x33000000u) return sign;  // below half the smallest subnormal
+    const uint32_t exp = abs >> 23;
+    const uint32_t mant = (abs & 0x7fffffu) | 0x800000u;
+    // value / 2^-24 = mant * 2^(exp - 126), exp <= 112.
+    const uint32_t shift = 126 - exp;
+    uint32_t half = mant >> shift;
+    const uint32_t rem = mant & ((1u << shift) - 1);
+    const uint32_t halfway = 1u << (shift - 1);
+    if (rem > halfway || (rem == halfway && (half & 1u))) ++half;
+    return sign | static_cast<uint16_t>(half);
+  }
+  // Normal: rebias the exponent and round the 13 dropped bits.
+  uint32_t h = ((abs >> 13) - (112u << 10));
+  const uint32_t rem = abs & 0x1fffu;
+  if (rem > 0x1000u || (rem == 0x1000u && (h & 1u))) ++h;
+  return sign | static_cast<uint16_t>(h);
+}
+
+float Bf16ToFloat(uint16_t h) {
+  const uint32_t bits = static_cast<uint32_t>(h) << 16;
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+uint16_t FloatToBf16(float f) {
+  uint32_t bits;
+  std::memcpy(&bits, &f, 4);
+  if ((bits & 0x7fffffffu) > 0x7f800000u) {
+    return static_cast<uint16_t>((bits >> 16) | 0x40u);  // quiet NaN
+  }
+  const uint32_t rounding = 0x7fffu + ((bits >> 16) & 1u);
+  return static_cast<uint16_t>((bits + rounding) >> 16);
+}
+
+namespace {
+constexpr int64_t kConvertGrain = 1 << 14;
+
+template <typename Fn>
+void ParallelElements(int64_t n, Fn fn) {
+  tbb::parallel_for(tbb::blocked_range<int64_t>(0, n, kConvertGrain),
+                    [&](const tbb::blocked_range<int64_t>& r) {
+                      for (int64_t i = r.begin(); i < r.end(); ++i) fn(i);
+                    },
+                    tbb::simple_partitioner());
+}
+}  // namespace
+
+void ToFloat(const TensorView& src, float* dst) {
+  const int64_t n = src.num_elements();
+  switch (src.dtype) {
+    case DType::kFloat32:
+      std::memcpy(dst, src.data, n * sizeof(float));
+      break;
+    case DType::kFloat16: {
+      const uint16_t* s = src.as<uint16_t>();
+      ParallelElements(n, [&](int64_t i) { dst[i] = HalfToFloat(s[i]); });
+      break;
+    }
+    case DType::kBFloat16: {
+      const uint16_t* s = src.as<uint16_t>();
+      ParallelElements(n, [&](int64_t i) { dst[i] = Bf16ToFloat(s[i]); });
+      break;
+    }
+    default:
+      PEBBLE_CHECK(false, "ToFloat: not a floating-point tensor");
+  }
+}
+
+void FromFloat(const float* src, const TensorView& dst) {
+  const int64_t n = dst.num_elements();
+  switch (dst.dtype) {
+    case DType::kFloat32:
+      std::memcpy(dst.data, src, n * sizeof(float));
+      break;
+    case DType::kFloat16: {
+      uint16_t* d = dst.as<uint16_t>();
+      ParallelElements(n, [&](int64_t i) { d[i] = FloatToHalf(src[i]); });
+      break;
+    }
+    case DType::kBFloat16: {
+      uint16_t* d = dst.as<uint16_t>();
+      ParallelElements(n, [&](int64_t i) { d[i] = FloatToBf16(src[i]); });
+      break;
+    }
+    default:
+      PEBBLE_CHECK(false, "FromFloat: not a floating-point tensor");
+  }
+}
+
+namespace {
+
+// Sum of n consecutive floats in double, eight lanes combined in a fixed
+// order (the compiler may vectorise the lanes; the order stays the same).
+double SumRun(const float* p, int64_t n) {
+  double lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    for (int k = 0; k < 8; ++k) lane[k] += static_cast<double>(p[i + k]);
+  }
+  for (; i < n; ++i) lane[0] += static_cast<double>(p[i]);
+  return ((lane[0] + lane[1]) + (lane[2] + lane[3])) +
+         ((lane[4] + lane[5]) + (lane[6] + lane[7]));
+}
+
+// Rows of a block in ColumnSums; elements of a block in the channel path.
+constexpr int64_t kRowBlock = 256;
+constexpr int64_t kChannelBlock = 1 << 15;
+
+// x (rows, cols) row-major: out[c] = sum over rows.
+void ColumnSums(const float* x, int64_t rows, int64_t cols, float* out) {
+  const int64_t blocks = std::max<int64_t>(1, (rows + kRowBlock - 1) / kRowBlock);
+  std::vector<double> partial(blocks * cols, 0.0);
+  tbb::parallel_for(
+      tbb::blocked_range<int64_t>(0, blocks, 1),
+      [&](const tbb::blocked_range<int64_t>& r) {
+        for (int64_t b = r.begin(); b < r.end(); ++b) {
+          double* acc = partial.data() + b * cols;
+          const int64_t end = std::min(rows, (b + 1) * kRowBlock);
+          for (int64_t i = b * kRowBlock; i < end; ++i) {
+            const float* row = x + i * cols;
+            for (int64_t c = 0; c < cols; ++c) {
+              acc[c] += static_cast<double>(row[c]);
+            }
+          }
+        }
+      },
+      tbb::simple_partitioner());
+  tbb::parallel_for(tbb::blocked_range<int64_t>(0, cols, 1024),
+                    [&](const tbb::blocked_range<int64_t>& r) {
+                      for (int64_t c = r.begin(); c < r.end(); ++c) {
+                        double s = 0;
+                        for (int64_t b = 0; b < blocks; ++b) {
+                          s += partial[b * cols + c];
+                        }
+                        out[c] = static_cast<float>(s);
+                      }
+                    },
+                    tbb::simple_partitioner());
+}
+
+}  // namespace
+
+void ChannelSums(const float* x, int64_t outer, int64_t channels,
+                 int64_t inner, float* out) {
+  if (inner == 1) {
+    ColumnSums(x, outer, channels, out);
+    return;
+  }
+  const int64_t total = outer * inner;  // elements per channel
+  const int64_t blocks =
+      std::max<int64_t>(1, (total + kChannelBlock - 1) / kChannelBlock);
+  std::vector<double> partial(channels * blocks, 0.0);
+  tbb::parallel_for(
+      tbb::blocked_range<int64_t>(0, channels * blocks, 1),
+      [&](const tbb::blocked_range<int64_t>& r) {
+        for (int64_t task = r.begin(); task < r.end(); ++task) {
+          const int64_t c = task / blocks;
+          const int64_t b = task % blocks;
+          const int64_t end = std::min(total, (b + 1) * kChannelBlock);
+          double acc = 0;
+          for (int64_t t = b * kChannelBlock; t < end;) {
+            const int64_t i = t / inner;
+            const int64_t j = t % inner;
+            const int64_t len = std::min(inner - j, end - t);
+            acc += SumRun(x + (i * channels + c) * inner + j, len);
+            t += len;
+          }
+          partial[task] = acc;
+        }
+      },
+      tbb::simple_partitioner());
+  for (int64_t c = 0; c < channels; ++c) {
+    double s = 0;
+    for (int64_t b = 0; b < blocks; ++b) s += partial[c * blocks + b];
+    out[c] = static_cast<float>(s);
+  }
+}
+
+}  // namespace dnnl_internal
+
+int64_t DnnlScratchPeakBytes() {
+  return dnnl_internal::ScratchPeak().load();
+}
+
+}  // namespace pebble

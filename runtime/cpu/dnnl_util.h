@@ -1,0 +1,212 @@
+// Internal to the oneDNN kernels of the CPU backend (runtime/cpu/dnnl_*.cc):
+// the process's engine and streams, the primitive cache, kernel scratch,
+// dtype conversions and operand checks. Nothing outside runtime/cpu/dnnl_*
+// includes this file; the public face is RegisterDnnlKernels() and
+// DnnlScratchPeakBytes() in runtime/cpu/cpu_backend.h.
+//
+// Note [oneDNN kernels]
+//  - Operands are wrapped in place: memory descriptors in plain row-major
+//    layouts (a, ab, abc, ncdhw, oidhw, or explicit strides for a transposed
+//    matrix) over the executor's buffers. Convolutions are the exception:
+//    they are created with format_tag::any and, where oneDNN picks a
+//    blocked layout, Execute reorders operands into per-thread scratch and
+//    the output back (Relayout); that scratch is counted like the rest.
+//  - Primitives are cached by a key that spells out everything that defines
+//    them (kind, dtype, dims, strides, attrs), so a training step builds each
+//    one once; the cache is guarded by a mutex and never evicts (a graph has
+//    a bounded set of shapes).
+//  - Scratchpads are user-managed (scratchpad_mode::user): each calling
+//    thread owns its scratch buffers, so one cached primitive may run on
+//    several threads at once, and every byte of scratch a kernel uses is
+//    counted (DnnlScratchPeakBytes, NoteCpuKernelScratch).
+//  - Determinism: oneDNN's CPU primitives are run-to-run deterministic for a
+//    fixed thread count, shapes and attributes (oneDNN developer guide,
+//    "Reproducibility"); the own loops (batch norm, bias gradients, max
+//    pooling backward) reduce each output element in a fixed order, over
+//    fixed-size blocks whose partial sums are combined in block order, so
+//    their bits do not depend on the thread count either.
+//  - fp16 / bf16: kernels compute in fp32. RegisterDnnlKernels wraps every
+//    kernel so that half-precision operands are widened into fp32 scratch and
+//    a half-precision output is rounded to nearest-even on store.
+#ifndef PEBBLE_RUNTIME_CPU_DNNL_UTIL_H_
+#define PEBBLE_RUNTIME_CPU_DNNL_UTIL_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+#include "graph/graph.h"
+#include "oneapi/dnnl/dnnl.hpp"
+#include "runtime/kernel.h"
+#include "runtime/tensor.h"
+
+namespace pebble::dnnl_internal {
+
+using Json = nlohmann::json;
+using dt = dnnl::memory::data_type;
+using tag = dnnl::memory::format_tag;
+
+// The process's CPU engine (created on first use).
+const dnnl::engine& Engine();
+// The calling thread's stream on Engine() (a oneDNN stream must not be used
+// by two threads at once, so each thread that runs kernels gets its own).
+dnnl::stream& Stream();
+
+// ---- Operand checks; messages name the operand ("input 1 (weight)").
+
+template <typename... Args>
+absl::Status Invalid(const Args&... parts) {
+  return absl::InvalidArgumentError(absl::StrCat(parts...));
+}
+
+// The op's number of inputs is in [min, max].
+absl::Status ExpectInputs(const KernelContext& ctx, int min, int max);
+absl::Status ExpectF32(const TensorView& t, absl::string_view what);
+absl::Status ExpectRank(const TensorView& t, int rank, absl::string_view what);
+absl::Status ExpectShape(const TensorView& t, const Shape& shape,
+                         absl::string_view what);
+// Every operand (inputs and output) has data, unless it has no elements.
+absl::Status ExpectData(const KernelContext& ctx);
+
+// ---- Memory descriptors over plain row-major tensors.
+
+dnnl::memory::dims Dims(const Shape& shape);
+// Row-major fp32 descriptor of `shape` (rank 1 to 6; a scalar is (1)).
+dnnl::memory::desc PlainDesc(const Shape& shape, dt type = dt::f32);
+// A memory object over `data` (no copy). `data` may be null for an empty
+// tensor.
+dnnl::memory Wrap(const dnnl::memory::desc& desc, const void* data);
+// "2x3x4" for cache keys.
+std::string DimsKey(const dnnl::memory::dims& dims);
+
+// ---- Primitive cache.
+
+// An operand the primitive wants in another layout than the plain one
+// (oneDNN chose it through format_tag::any): Execute reorders an input into
+// scratch before the primitive runs, and an output from scratch after.
+struct Relayout {
+  int arg = 0;                    // DNNL_ARG_*
+  dnnl::memory::desc internal;    // the primitive's layout
+  bool output = false;
+  dnnl::primitive reorder;        // plain -> internal, or internal -> plain
+};
+
+struct CachedPrimitive {
+  dnnl::primitive primitive;
+  int64_t scratchpad_bytes = 0;
+  std::vector<Relayout> relayouts;  // at most 3 (kLayout0..2)
+};
+
+// Records a relayout of `arg` when `chosen` (the primitive descriptor's
+// layout) differs from `plain`.
+void AddRelayout(CachedPrimitive& p, int arg, const dnnl::memory::desc& plain,
+                 const dnnl::memory::desc& chosen, bool output);
+
+// The primitive cached under `key`, built by `make` on the first request.
+// `make` may throw dnnl::error (the caller's kernel wrapper turns it into a
+// Status); nothing is cached then. The returned reference stays valid for
+// the life of the process. Thread-safe.
+const CachedPrimitive& GetPrimitive(
+    const std::string& key, const std::function<CachedPrimitive()>& make);
+
+// Attributes every cached primitive is created with: user scratchpad.
+dnnl::primitive_attr DefaultAttr();
+
+// Runs `p` on the calling thread's stream with `args` plus a scratchpad
+// from this thread's scratch (and the relayouts of p), and waits for it.
+void Execute(const CachedPrimitive& p,
+             std::unordered_map<int, dnnl::memory> args);
+
+// ---- Scratch: per-thread buffers, 64-byte aligned, grown on demand and
+// kept. Slots let one kernel call hold several at once.
+enum ScratchSlot : int {
+  kScratchpad = 0,  // oneDNN scratchpads (Execute)
+  kLayout0,         // operands in a primitive's own layout (Relayout)
+  kLayout1,
+  kLayout2,
+  kConvert0,  // fp32 copies of half-precision operands (up to 5 inputs)
+  kConvertOut = kConvert0 + 5,
+  kNumScratchSlots,
+};
+// `bytes` of scratch in `slot` of the calling thread; adds `bytes` to the
+// current kernel call's scratch total. The previous contents are garbage.
+std::byte* Scratch(ScratchSlot slot, int64_t bytes);
+// Starts counting a kernel call's scratch (resets the thread's total).
+void BeginScratchCount();
+// Ends the count: reports the call's total to the backend and to the
+// process-wide high-water mark.
+void EndScratchCount();
+
+// ---- Windows (pooling): kernel (required), stride (default: the kernel),
+// padding (0), one value per spatial dim, as graph/ops/conv_pool.cc.
+struct Window {
+  std::vector<int64_t> kernel, stride, padding;
+};
+absl::StatusOr<Window> PoolWindow(const Json& attrs, int dims);
+// Conv window: the kernel from `kernel`, stride (1) and padding (0).
+absl::StatusOr<Window> ConvWindow(const Json& attrs,
+                                  const std::vector<int64_t>& kernel,
+                                  int dims);
+// Output shape (N, C_out, *S') of a window over x (N, C, *S), floor mode.
+absl::StatusOr<Shape> WindowShape(const Shape& x, int64_t out_channels,
+                                  const Window& w);
+
+// ---- Half precision (bit patterns in uint16_t), round to nearest even.
+float HalfToFloat(uint16_t h);
+uint16_t FloatToHalf(float f);
+float Bf16ToFloat(uint16_t h);
+uint16_t FloatToBf16(float f);
+// Widens n elements of `src` (fp16/bf16/fp32) into fp32 `dst`, in parallel.
+void ToFloat(const TensorView& src, float* dst);
+// Narrows n fp32 elements into `dst` (fp16/bf16/fp32), in parallel.
+void FromFloat(const float* src, const TensorView& dst);
+
+// ---- Kernel entry points of each family (registered in dnnl_kernels.cc).
+// Each takes fp32 operands (half precision is handled by the wrapper).
+absl::Status ConvForward(const KernelContext& ctx);
+absl::Status ConvBackwardData(const KernelContext& ctx);
+absl::Status ConvBackwardWeight(const KernelContext& ctx);
+absl::Status ConvBackwardBias(const KernelContext& ctx);
+absl::Status Linear(const KernelContext& ctx);
+absl::Status LinearBackwardData(const KernelContext& ctx);
+absl::Status LinearBackwardWeight(const KernelContext& ctx);
+absl::Status LinearBackwardBias(const KernelContext& ctx);
+absl::Status Matmul(const KernelContext& ctx);
+absl::Status MaxPool(const KernelContext& ctx);
+absl::Status MaxPoolBackward(const KernelContext& ctx);
+absl::Status AvgPool(const KernelContext& ctx);
+absl::Status AvgPoolBackward(const KernelContext& ctx);
+absl::Status Relu(const KernelContext& ctx);
+absl::Status Tanh(const KernelContext& ctx);
+absl::Status Sigmoid(const KernelContext& ctx);
+absl::Status Gelu(const KernelContext& ctx);
+absl::Status ReluBackward(const KernelContext& ctx);
+absl::Status TanhBackward(const KernelContext& ctx);
+absl::Status SigmoidBackward(const KernelContext& ctx);
+absl::Status GeluBackward(const KernelContext& ctx);
+absl::Status Softmax(const KernelContext& ctx);
+absl::Status SoftmaxBackward(const KernelContext& ctx);
+absl::Status BatchNormStats(const KernelContext& ctx);
+absl::Status BatchNorm(const KernelContext& ctx);
+absl::Status BatchNormBackward(const KernelContext& ctx);
+absl::Status BatchNormBackwardWeight(const KernelContext& ctx);
+absl::Status BatchNormBackwardBias(const KernelContext& ctx);
+
+// ---- Deterministic reductions used by several kernels.
+
+// out[c] = sum over i of x[(i * C + c) * inner + j] for i < outer, j < inner:
+// x viewed as (outer, C, inner). Each sum is accumulated in double over
+// fixed blocks combined in block order; out is written as fp32.
+void ChannelSums(const float* x, int64_t outer, int64_t channels,
+                 int64_t inner, float* out);
+
+}  // namespace pebble::dnnl_internal
+
+#endif  // PEBBLE_RUNTIME_CPU_DNNL_UTIL_H_

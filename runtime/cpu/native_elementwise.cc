@@ -1,0 +1,226 @@
+// Element-wise own kernels: add, mul (bias-style broadcast), sum_to, the
+// copies (copy, flatten, reshape), fill, arange and dropout.
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "graph/ops/op_util.h"
+#include "graph/status.h"
+#include "runtime/cpu/native_util.h"
+
+namespace pebble::native {
+namespace {
+
+using ops_internal::DoubleAttr;
+using ops_internal::IntAttr;
+
+// ---- add, mul: equal shapes, or the lower-rank operand equal to the
+// trailing dims of the other (it repeats every `k` elements). Both ops are
+// commutative in IEEE arithmetic, so the larger operand goes first.
+
+template <typename T, typename Op>
+void BinaryLoop(const T* big, const T* small, int64_t k, T* out, int64_t n,
+                Op op) {
+  ParallelFor(n, kGrain, [&](int64_t begin, int64_t end) {
+    if (k == n) {
+      for (int64_t i = begin; i < end; ++i) {
+        out[i] = FromFloat<T>(op(ToFloat(big[i]), ToFloat(small[i])));
+      }
+      return;
+    }
+    int64_t i = begin;
+    int64_t j = i % k;
+    while (i < end) {
+      const int64_t len = std::min(end - i, k - j);
+      const T* b = big + i;
+      const T* s = small + j;
+      T* o = out + i;
+      for (int64_t t = 0; t < len; ++t) {
+        o[t] = FromFloat<T>(op(ToFloat(b[t]), ToFloat(s[t])));
+      }
+      i += len;
+      j = 0;
+    }
+  });
+}
+
+template <typename Op>
+absl::Status BinaryKernel(const KernelContext& ctx, Op op) {
+  RETURN_IF_ERROR(CheckOperands(ctx));
+  const bool a_big = ctx.inputs[0].num_elements() >= ctx.inputs[1].num_elements();
+  const TensorView& big = ctx.inputs[a_big ? 0 : 1];
+  const TensorView& small = ctx.inputs[a_big ? 1 : 0];
+  const int64_t k = small.num_elements();
+  const int64_t n = ctx.output.num_elements();
+  if (n == 0) return absl::OkStatus();
+  if (k == 0 || n % k != 0) {
+    return Invalid(ctx, "cannot broadcast ", small.ToString(), " over ",
+                   big.ToString());
+  }
+  return DispatchFloat(ctx.output.dtype, "the operands", [&](auto tag) {
+    using T = decltype(tag);
+    BinaryLoop<T>(big.as<T>(), small.as<T>(), k, ctx.output.as<T>(), n, op);
+    return absl::OkStatus();
+  });
+}
+
+absl::Status Add(const KernelContext& ctx) {
+  return BinaryKernel(ctx, [](float a, float b) { return a + b; });
+}
+
+absl::Status Mul(const KernelContext& ctx) {
+  return BinaryKernel(ctx, [](float a, float b) { return a * b; });
+}
+
+// ---- sum_to (x), attr shape: the trailing-dims shape; sums the leading
+// dims away (the gradient of a broadcast operand). Deterministic column
+// sums in double (native_util.h).
+absl::Status SumTo(const KernelContext& ctx) {
+  RETURN_IF_ERROR(CheckOperands(ctx));
+  const TensorView& x = ctx.inputs[0];
+  const int64_t cols = ctx.output.num_elements();
+  if (cols == 0) return absl::OkStatus();
+  const int64_t rows = x.num_elements() / cols;
+  return DispatchFloat(x.dtype, "input 0 (x)", [&](auto tag) {
+    using T = decltype(tag);
+    const T* px = x.as<T>();
+    std::vector<double> sums(cols);
+    ColumnSums(
+        rows, cols,
+        [&](int64_t m, int64_t k0, int64_t k1, float* acc) {
+          const T* row = px + m * cols;
+          for (int64_t k = k0; k < k1; ++k) acc[k - k0] += ToFloat(row[k]);
+        },
+        sums.data());
+    T* out = ctx.output.as<T>();
+    for (int64_t k = 0; k < cols; ++k) {
+      out[k] = FromFloat<T>(static_cast<float>(sums[k]));
+    }
+    return absl::OkStatus();
+  });
+}
+
+// ---- copy, flatten, reshape: every node is its own tensor, so these copy
+// the bytes (docs/operators.md). Any dtype.
+absl::Status CopyBytes(const KernelContext& ctx) {
+  RETURN_IF_ERROR(CheckOperands(ctx));
+  const TensorView& x = ctx.inputs[0];
+  if (x.bytes() != ctx.output.bytes()) {
+    return Invalid(ctx, "input ", x.ToString(), " and output ",
+                   ctx.output.ToString(), " differ in size");
+  }
+  ParallelCopy(ctx.output.data, x.data, x.bytes());
+  return absl::OkStatus();
+}
+
+// ---- fill (), attrs shape, dtype, value (1): any dtype.
+absl::Status Fill(const KernelContext& ctx) {
+  RETURN_IF_ERROR(CheckOperands(ctx));
+  ASSIGN_OR_RETURN(double value, DoubleAttr(ctx.attrs(), "value", 1.0));
+  const TensorView& out = ctx.output;
+  const int64_t n = out.num_elements();
+  auto fill = [n](auto* p, auto v) {
+    ParallelFor(n, kGrain, [&](int64_t b, int64_t e) {
+      std::fill(p + b, p + e, v);
+    });
+  };
+  switch (out.dtype) {
+    case DType::kInt64:
+      fill(out.as<int64_t>(), static_cast<int64_t>(value));
+      return absl::OkStatus();
+    case DType::kUInt8:
+      fill(out.as<uint8_t>(), static_cast<uint8_t>(value));
+      return absl::OkStatus();
+    default:
+      return DispatchFloat(out.dtype, "attr 'dtype'", [&](auto tag) {
+        using T = decltype(tag);
+        fill(out.as<T>(), FromFloat<T>(static_cast<float>(value)));
+        return absl::OkStatus();
+      });
+  }
+}
+
+// ---- arange (), attr n: (n) i64 = 0 .. n - 1.
+absl::Status Arange(const KernelContext& ctx) {
+  RETURN_IF_ERROR(CheckOperands(ctx));
+  int64_t* out = ctx.output.as<int64_t>();
+  ParallelFor(ctx.output.num_elements(), kGrain, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) out[i] = i;
+  });
+  return absl::OkStatus();
+}
+
+// ---- dropout.
+//
+// Note [Dropout mask generator]. Element i of dropout_mask(p, seed) is kept
+// (1) when u_i >= p, where u_i = (z_i >> 40) / 2^24 is uniform in [0, 1)
+// and z_i is output i (counting from 0) of the SplitMix64 generator seeded
+// with `seed` (Steele, Lea, Flood: "Fast splittable pseudorandom number
+// generators", OOPSLA 2014; z_i = mix(seed + (i + 1) * 0x9E3779B97F4A7C15)).
+// A counter-based generator: every element is computed on its own, so the
+// mask is the same for any thread count and any recomputation. It is not
+// PyTorch's Bernoulli stream; a cross-check feeds the mask in.
+
+uint64_t SplitMix64At(uint64_t seed, uint64_t i) {
+  uint64_t z = seed + (i + 1) * 0x9E3779B97F4A7C15ull;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+absl::Status DropoutMask(const KernelContext& ctx) {
+  RETURN_IF_ERROR(CheckOperands(ctx));
+  ASSIGN_OR_RETURN(double p, DoubleAttr(ctx.attrs(), "p", 0.5));
+  ASSIGN_OR_RETURN(int64_t seed, IntAttr(ctx.attrs(), "seed", 0));
+  uint8_t* mask = ctx.output.as<uint8_t>();
+  const uint64_t useed = static_cast<uint64_t>(seed);
+  ParallelFor(ctx.output.num_elements(), kGrain, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) {
+      const double u = static_cast<double>(
+                           SplitMix64At(useed, static_cast<uint64_t>(i)) >> 40) *
+                       0x1.0p-24;
+      mask[i] = u >= p ? 1 : 0;
+    }
+  });
+  return absl::OkStatus();
+}
+
+// dropout (x, mask) and dropout_backward (g, mask), attr p: y = x * noise
+// with noise = mask / (1 - p) in the tensor's type, as PyTorch's
+// _dropout_impl (noise.bernoulli_(1 - p).div_(1 - p); input * noise).
+absl::Status DropoutApply(const KernelContext& ctx) {
+  RETURN_IF_ERROR(CheckOperands(ctx));
+  ASSIGN_OR_RETURN(double p, DoubleAttr(ctx.attrs(), "p", 0.5));
+  const float scale = static_cast<float>(1.0 / (1.0 - p));
+  const uint8_t* mask = ctx.inputs[1].as<uint8_t>();
+  return DispatchFloat(ctx.output.dtype, "input 0", [&](auto tag) {
+    using T = decltype(tag);
+    const T* x = ctx.inputs[0].as<T>();
+    T* y = ctx.output.as<T>();
+    ParallelFor(ctx.output.num_elements(), kGrain, [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) {
+        y[i] = FromFloat<T>(ToFloat(x[i]) * (mask[i] != 0 ? scale : 0.0f));
+      }
+    });
+    return absl::OkStatus();
+  });
+}
+
+}  // namespace
+
+void RegisterNativeElementwiseKernels(KernelTable& table) {
+  table.Register("add", Add);
+  table.Register("mul", Mul);
+  table.Register("sum_to", SumTo);
+  table.Register("copy", CopyBytes);
+  table.Register("flatten", CopyBytes);
+  table.Register("reshape", CopyBytes);
+  table.Register("fill", Fill);
+  table.Register("arange", Arange);
+  table.Register("dropout_mask", DropoutMask);
+  table.Register("dropout", DropoutApply);
+  table.Register("dropout_backward", DropoutApply);
+}
+
+}  // namespace pebble::native

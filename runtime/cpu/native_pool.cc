@@ -1,0 +1,391 @@
+// Own pooling and resampling kernels: global_avgpool, adaptive_avgpool,
+// upsample (nearest, bilinear, trilinear) and their gradients. All work on
+// planes (n, c): a 4-D tensor is handled as 5-D with depth 1, parallel over
+// planes; each plane's gradient is accumulated sequentially (deterministic,
+// no two tasks write one element).
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "graph/ops/op_util.h"
+#include "graph/status.h"
+#include "runtime/cpu/native_util.h"
+
+namespace pebble::native {
+namespace {
+
+using ops_internal::BoolAttr;
+using ops_internal::SpatialAttr;
+using ops_internal::StringAttr;
+
+// Spatial dims of a (N, C, ...) shape as (D, H, W), depth 1 for 4-D.
+struct Volume {
+  int64_t planes = 0;  // N * C
+  int64_t d = 1, h = 1, w = 1;
+  int64_t size() const { return d * h * w; }
+};
+
+Volume VolumeOf(const Shape& s) {
+  Volume v;
+  v.planes = s[0] * s[1];
+  if (s.size() == 5) {
+    v.d = s[2];
+    v.h = s[3];
+    v.w = s[4];
+  } else {
+    v.h = s[2];
+    v.w = s[3];
+  }
+  return v;
+}
+
+// ---- global_avgpool (x (N, C, ...)) -> (N, C): the mean of each plane,
+// summed in double. Backward: each element gets g / plane size.
+absl::Status GlobalAvgPool(const KernelContext& ctx) {
+  RETURN_IF_ERROR(CheckOperands(ctx));
+  const TensorView& x = ctx.inputs[0];
+  const int64_t planes = x.shape[0] * x.shape[1];
+  const int64_t size = x.num_elements() / std::max<int64_t>(planes, 1);
+  return DispatchFloat(x.dtype, "input 0 (x)", [&](auto tag) {
+    using T = decltype(tag);
+    const T* px = x.as<T>();
+    T* out = ctx.output.as<T>();
+    ParallelFor(planes, RowGrain(size), [&](int64_t p0, int64_t p1) {
+      for (int64_t p = p0; p < p1; ++p) {
+        const T* plane = px + p * size;
+        const double sum =
+            BlockedSum(0, size, [plane](int64_t i) { return ToFloat(plane[i]); });
+        out[p] = FromFloat<T>(static_cast<float>(sum / static_cast<double>(size)));
+      }
+    });
+    return absl::OkStatus();
+  });
+}
+
+absl::Status GlobalAvgPoolBackward(const KernelContext& ctx) {
+  RETURN_IF_ERROR(CheckOperands(ctx));
+  const TensorView& g = ctx.inputs[0];
+  const int64_t planes = g.num_elements();
+  const int64_t size = ctx.output.num_elements() / std::max<int64_t>(planes, 1);
+  return DispatchFloat(g.dtype, "input 0 (grad)", [&](auto tag) {
+    using T = decltype(tag);
+    const T* pg = g.as<T>();
+    T* out = ctx.output.as<T>();
+    ParallelFor(planes, RowGrain(size), [&](int64_t p0, int64_t p1) {
+      for (int64_t p = p0; p < p1; ++p) {
+        const T v = FromFloat<T>(ToFloat(pg[p]) / static_cast<float>(size));
+        std::fill(out + p * size, out + (p + 1) * size, v);
+      }
+    });
+    return absl::OkStatus();
+  });
+}
+
+// ---- adaptive_avgpool: PyTorch's bins [floor(i in / out),
+// ceil((i + 1) in / out)) per dim (aten/src/ATen/native/AdaptiveAvgPooling*).
+
+struct Bins {
+  std::vector<int64_t> begin, end;
+};
+
+Bins AdaptiveBins(int64_t in, int64_t out) {
+  Bins b;
+  for (int64_t i = 0; i < out; ++i) {
+    b.begin.push_back((i * in) / out);
+    b.end.push_back(((i + 1) * in + out - 1) / out);
+  }
+  return b;
+}
+
+absl::Status AdaptiveAvgPool(const KernelContext& ctx) {
+  RETURN_IF_ERROR(CheckOperands(ctx));
+  const TensorView& x = ctx.inputs[0];
+  const Volume vi = VolumeOf(x.shape), vo = VolumeOf(ctx.output.shape);
+  const Bins bd = AdaptiveBins(vi.d, vo.d), bh = AdaptiveBins(vi.h, vo.h),
+             bw = AdaptiveBins(vi.w, vo.w);
+  return DispatchFloat(x.dtype, "input 0 (x)", [&](auto tag) {
+    using T = decltype(tag);
+    ParallelFor(vi.planes, RowGrain(vi.size()), [&](int64_t p0, int64_t p1) {
+      for (int64_t p = p0; p < p1; ++p) {
+        const T* in = x.as<T>() + p * vi.size();
+        T* out = ctx.output.as<T>() + p * vo.size();
+        for (int64_t od = 0; od < vo.d; ++od) {
+          for (int64_t oh = 0; oh < vo.h; ++oh) {
+            for (int64_t ow = 0; ow < vo.w; ++ow) {
+              double sum = 0.0;
+              for (int64_t id = bd.begin[od]; id < bd.end[od]; ++id) {
+                for (int64_t ih = bh.begin[oh]; ih < bh.end[oh]; ++ih) {
+                  const T* row = in + (id * vi.h + ih) * vi.w;
+                  for (int64_t iw = bw.begin[ow]; iw < bw.end[ow]; ++iw) {
+                    sum += ToFloat(row[iw]);
+                  }
+                }
+              }
+              const int64_t count = (bd.end[od] - bd.begin[od]) *
+                                    (bh.end[oh] - bh.begin[oh]) *
+                                    (bw.end[ow] - bw.begin[ow]);
+              out[(od * vo.h + oh) * vo.w + ow] = FromFloat<T>(
+                  static_cast<float>(sum / static_cast<double>(count)));
+            }
+          }
+        }
+      }
+    });
+    return absl::OkStatus();
+  });
+}
+
+// Backward: every input element of a bin gets g / bin size (bins may
+// overlap: contributions add up in output order, as PyTorch's CPU kernel).
+absl::Status AdaptiveAvgPoolBackward(const KernelContext& ctx) {
+  RETURN_IF_ERROR(CheckOperands(ctx));
+  const TensorView& g = ctx.inputs[0];
+  const Volume vo = VolumeOf(g.shape), vi = VolumeOf(ctx.output.shape);
+  const Bins bd = AdaptiveBins(vi.d, vo.d), bh = AdaptiveBins(vi.h, vo.h),
+             bw = AdaptiveBins(vi.w, vo.w);
+  return DispatchFloat(g.dtype, "input 0 (grad)", [&](auto tag) {
+    using T = decltype(tag);
+    ParallelFor(vi.planes, RowGrain(vi.size()), [&](int64_t p0, int64_t p1) {
+      std::vector<float> acc(vi.size());
+      for (int64_t p = p0; p < p1; ++p) {
+        const T* gp = g.as<T>() + p * vo.size();
+        std::fill(acc.begin(), acc.end(), 0.0f);
+        for (int64_t od = 0; od < vo.d; ++od) {
+          for (int64_t oh = 0; oh < vo.h; ++oh) {
+            for (int64_t ow = 0; ow < vo.w; ++ow) {
+              const int64_t count = (bd.end[od] - bd.begin[od]) *
+                                    (bh.end[oh] - bh.begin[oh]) *
+                                    (bw.end[ow] - bw.begin[ow]);
+              const float delta = ToFloat(gp[(od * vo.h + oh) * vo.w + ow]) /
+                                  static_cast<float>(count);
+              for (int64_t id = bd.begin[od]; id < bd.end[od]; ++id) {
+                for (int64_t ih = bh.begin[oh]; ih < bh.end[oh]; ++ih) {
+                  float* row = acc.data() + (id * vi.h + ih) * vi.w;
+                  for (int64_t iw = bw.begin[ow]; iw < bw.end[ow]; ++iw) {
+                    row[iw] += delta;
+                  }
+                }
+              }
+            }
+          }
+        }
+        T* out = ctx.output.as<T>() + p * vi.size();
+        for (int64_t i = 0; i < vi.size(); ++i) out[i] = FromFloat<T>(acc[i]);
+      }
+    });
+    return absl::OkStatus();
+  });
+}
+
+// ---- upsample by integer factors.
+//
+// Source indices follow PyTorch 1.13 (aten/src/ATen/native/UpSample.h),
+// computed in float as there:
+//  - nearest: src = min(floor(dst * scale), in - 1) with scale = float(1 /
+//    scale_factor) (nearest_idx; scale 1 and 2 are exact shifts);
+//  - linear: scale = align_corners ? (in - 1) / (out - 1) (0 when out = 1)
+//    : float(1 / scale_factor) (area_pixel_compute_scale; nn.Upsample with
+//    scale_factor passes the factor on, and with align_corners=True the
+//    factor is ignored); src = align_corners ? scale * dst :
+//    max(scale * (dst + 0.5) - 0.5, 0) (area_pixel_compute_source_index);
+//    i0 = floor(src), i1 = i0 + (i0 < in - 1), l1 = clamp(src - i0, 0, 1),
+//    l0 = 1 - l1; out == in copies (compute_source_index_and_lambda).
+
+struct Axis {
+  std::vector<int64_t> i0, i1;
+  std::vector<float> l0, l1;
+};
+
+Axis NearestAxis(int64_t in, int64_t out, int64_t factor) {
+  Axis a;
+  const float scale = static_cast<float>(1.0 / static_cast<double>(factor));
+  for (int64_t o = 0; o < out; ++o) {
+    int64_t i;
+    if (out == in) {
+      i = o;
+    } else if (out == 2 * in) {
+      i = o >> 1;
+    } else {
+      i = std::min(static_cast<int64_t>(std::floor(static_cast<float>(o) * scale)),
+                   in - 1);
+    }
+    a.i0.push_back(i);
+    a.i1.push_back(i);
+    a.l0.push_back(1.0f);
+    a.l1.push_back(0.0f);
+  }
+  return a;
+}
+
+Axis LinearAxis(int64_t in, int64_t out, int64_t factor, bool align_corners) {
+  Axis a;
+  float scale;
+  if (align_corners) {
+    scale = out > 1 ? static_cast<float>(in - 1) / static_cast<float>(out - 1)
+                    : 0.0f;
+  } else {
+    scale = static_cast<float>(1.0 / static_cast<double>(factor));
+  }
+  for (int64_t o = 0; o < out; ++o) {
+    if (out == in) {
+      a.i0.push_back(o);
+      a.i1.push_back(o);
+      a.l0.push_back(1.0f);
+      a.l1.push_back(0.0f);
+      continue;
+    }
+    float src;
+    if (align_corners) {
+      src = scale * static_cast<float>(o);
+    } else {
+      src = static_cast<float>(static_cast<double>(scale) *
+                                   (static_cast<double>(o) + 0.5) -
+                               0.5);
+      if (src < 0) src = 0.0f;
+    }
+    const int64_t i0 = static_cast<int64_t>(src);
+    const float l1 = std::clamp(src - static_cast<float>(i0), 0.0f, 1.0f);
+    a.i0.push_back(i0);
+    a.i1.push_back(i0 + (i0 < in - 1 ? 1 : 0));
+    a.l0.push_back(1.0f - l1);
+    a.l1.push_back(l1);
+  }
+  return a;
+}
+
+struct Resample {
+  Volume in, out;
+  Axis d, h, w;
+  bool nearest = true;
+};
+
+absl::StatusOr<Resample> ParseResample(const KernelContext& ctx,
+                                       const Shape& x, const Shape& y) {
+  const int dims = static_cast<int>(x.size()) - 2;
+  ASSIGN_OR_RETURN(std::vector<int64_t> scale,
+                   SpatialAttr(ctx.attrs(), "scale", dims, 0, true));
+  ASSIGN_OR_RETURN(std::string mode, StringAttr(ctx.attrs(), "mode", "nearest"));
+  ASSIGN_OR_RETURN(bool align, BoolAttr(ctx.attrs(), "align_corners", false));
+  if (dims == 2) scale.insert(scale.begin(), 1);
+  Resample r;
+  r.in = VolumeOf(x);
+  r.out = VolumeOf(y);
+  r.nearest = mode == "nearest";
+  auto axis = [&](int64_t in, int64_t out, int64_t factor) {
+    return r.nearest ? NearestAxis(in, out, factor)
+                     : LinearAxis(in, out, factor, align);
+  };
+  r.d = axis(r.in.d, r.out.d, scale[0]);
+  r.h = axis(r.in.h, r.out.h, scale[1]);
+  r.w = axis(r.in.w, r.out.w, scale[2]);
+  return r;
+}
+
+absl::Status Upsample(const KernelContext& ctx) {
+  RETURN_IF_ERROR(CheckOperands(ctx));
+  const TensorView& x = ctx.inputs[0];
+  ASSIGN_OR_RETURN(Resample r, ParseResample(ctx, x.shape, ctx.output.shape));
+  return DispatchFloat(x.dtype, "input 0 (x)", [&](auto tag) {
+    using T = decltype(tag);
+    const Volume vi = r.in, vo = r.out;
+    ParallelFor(vo.planes * vo.d * vo.h, RowGrain(vo.w), [&](int64_t q0, int64_t q1) {
+      for (int64_t q = q0; q < q1; ++q) {
+        // One output row (plane, od, oh).
+        const int64_t oh = q % vo.h, od = (q / vo.h) % vo.d, p = q / (vo.h * vo.d);
+        const T* in = x.as<T>() + p * vi.size();
+        T* out = ctx.output.as<T>() + q * vo.w;
+        if (r.nearest) {
+          const T* row = in + (r.d.i0[od] * vi.h + r.h.i0[oh]) * vi.w;
+          for (int64_t ow = 0; ow < vo.w; ++ow) out[ow] = row[r.w.i0[ow]];
+          continue;
+        }
+        const float d0 = r.d.l0[od], d1 = r.d.l1[od];
+        const float h0 = r.h.l0[oh], h1 = r.h.l1[oh];
+        const T* r00 = in + (r.d.i0[od] * vi.h + r.h.i0[oh]) * vi.w;
+        const T* r01 = in + (r.d.i0[od] * vi.h + r.h.i1[oh]) * vi.w;
+        const T* r10 = in + (r.d.i1[od] * vi.h + r.h.i0[oh]) * vi.w;
+        const T* r11 = in + (r.d.i1[od] * vi.h + r.h.i1[oh]) * vi.w;
+        for (int64_t ow = 0; ow < vo.w; ++ow) {
+          const int64_t w0 = r.w.i0[ow], w1 = r.w.i1[ow];
+          const float l0 = r.w.l0[ow], l1 = r.w.l1[ow];
+          auto lerp = [&](const T* row) {
+            return l0 * ToFloat(row[w0]) + l1 * ToFloat(row[w1]);
+          };
+          float v = h0 * lerp(r00) + h1 * lerp(r01);
+          if (d1 != 0.0f) v = d0 * v + d1 * (h0 * lerp(r10) + h1 * lerp(r11));
+          out[ow] = FromFloat<T>(v);
+        }
+      }
+    });
+    return absl::OkStatus();
+  });
+}
+
+// Backward: each output gradient is scattered to the (up to 8) sources with
+// its weights, plane by plane, in output order (PyTorch's
+// cpu_upsample_linear_backward / nearest backward order).
+absl::Status UpsampleBackward(const KernelContext& ctx) {
+  RETURN_IF_ERROR(CheckOperands(ctx));
+  const TensorView& g = ctx.inputs[0];
+  ASSIGN_OR_RETURN(Resample r, ParseResample(ctx, ctx.output.shape, g.shape));
+  return DispatchFloat(g.dtype, "input 0 (grad)", [&](auto tag) {
+    using T = decltype(tag);
+    const Volume vi = r.in, vo = r.out;
+    ParallelFor(vi.planes, RowGrain(vo.size()), [&](int64_t p0, int64_t p1) {
+      std::vector<float> acc(vi.size());
+      for (int64_t p = p0; p < p1; ++p) {
+        std::fill(acc.begin(), acc.end(), 0.0f);
+        const T* gp = g.as<T>() + p * vo.size();
+        for (int64_t od = 0; od < vo.d; ++od) {
+          for (int64_t oh = 0; oh < vo.h; ++oh) {
+            const T* grow = gp + (od * vo.h + oh) * vo.w;
+            if (r.nearest) {
+              float* row = acc.data() + (r.d.i0[od] * vi.h + r.h.i0[oh]) * vi.w;
+              for (int64_t ow = 0; ow < vo.w; ++ow) row[r.w.i0[ow]] += ToFloat(grow[ow]);
+              continue;
+            }
+            const float d0 = r.d.l0[od], d1 = r.d.l1[od];
+            const float h0 = r.h.l0[oh], h1 = r.h.l1[oh];
+            float* r00 = acc.data() + (r.d.i0[od] * vi.h + r.h.i0[oh]) * vi.w;
+            float* r01 = acc.data() + (r.d.i0[od] * vi.h + r.h.i1[oh]) * vi.w;
+            float* r10 = acc.data() + (r.d.i1[od] * vi.h + r.h.i0[oh]) * vi.w;
+            float* r11 = acc.data() + (r.d.i1[od] * vi.h + r.h.i1[oh]) * vi.w;
+            for (int64_t ow = 0; ow < vo.w; ++ow) {
+              const float v = ToFloat(grow[ow]);
+              const int64_t w0 = r.w.i0[ow], w1 = r.w.i1[ow];
+              const float l0 = r.w.l0[ow], l1 = r.w.l1[ow];
+              r00[w0] += d0 * h0 * l0 * v;
+              r00[w1] += d0 * h0 * l1 * v;
+              r01[w0] += d0 * h1 * l0 * v;
+              r01[w1] += d0 * h1 * l1 * v;
+              if (d1 != 0.0f) {
+                r10[w0] += d1 * h0 * l0 * v;
+                r10[w1] += d1 * h0 * l1 * v;
+                r11[w0] += d1 * h1 * l0 * v;
+                r11[w1] += d1 * h1 * l1 * v;
+              }
+            }
+          }
+        }
+        T* out = ctx.output.as<T>() + p * vi.size();
+        for (int64_t i = 0; i < vi.size(); ++i) out[i] = FromFloat<T>(acc[i]);
+      }
+    });
+    return absl::OkStatus();
+  });
+}
+
+}  // namespace
+
+void RegisterNativePoolKernels(KernelTable& table) {
+  table.Register("global_avgpool", GlobalAvgPool);
+  table.Register("global_avgpool_backward", GlobalAvgPoolBackward);
+  table.Register("adaptive_avgpool", AdaptiveAvgPool);
+  table.Register("adaptive_avgpool_backward", AdaptiveAvgPoolBackward);
+  table.Register("upsample", Upsample);
+  table.Register("upsample_backward", UpsampleBackward);
+}
+
+}  // namespace pebble::native

@@ -1,0 +1,1095 @@
+// pebble's own CUDA kernels; the contract is in cuda_kernels.h.
+//
+// Note [Deterministic reductions]: every reduction splits its range into a
+// number of chunks that depends on the shape alone; each block reduces its
+// chunk with a fixed per-thread stride and a fixed shared-memory tree in
+// fp64, writes one partial per chunk, and a second kernel adds the partials
+// in index order. No atomics, so a recomputed tensor has the same bits as
+// the first computation (the tests compare gradients across policies
+// bitwise).
+#include "runtime/cuda/cuda_kernels.h"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+
+namespace pebble::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kMaxChunks = 512;       // partials per channel
+constexpr int kMaxScalarChunks = 1024;
+constexpr int64_t kChunkElements = 16384;
+constexpr int kMaxUpsampleTaps = 40;  // taps per dim in the upsample gather
+
+__device__ __forceinline__ float Ld(const float* p, int64_t i) { return p[i]; }
+__device__ __forceinline__ float Ld(const __half* p, int64_t i) {
+  return __half2float(p[i]);
+}
+__device__ __forceinline__ float Ld(const __nv_bfloat16* p, int64_t i) {
+  return __bfloat162float(p[i]);
+}
+__device__ __forceinline__ void St(float* p, int64_t i, float v) { p[i] = v; }
+__device__ __forceinline__ void St(__half* p, int64_t i, float v) {
+  p[i] = __float2half_rn(v);
+}
+__device__ __forceinline__ void St(__nv_bfloat16* p, int64_t i, float v) {
+  p[i] = __float2bfloat16_rn(v);
+}
+
+int Blocks(int64_t n) {
+  int64_t b = (n + kThreads - 1) / kThreads;
+  if (b < 1) b = 1;
+  if (b > (int64_t{1} << 20)) b = int64_t{1} << 20;
+  return static_cast<int>(b);
+}
+
+// Calls f(T{}) with T the storage type of `t`.
+template <typename F>
+cudaError_t Dispatch(KType t, F f) {
+  switch (t) {
+    case KType::kF32:
+      return f(float{});
+    case KType::kF16:
+      return f(__half{});
+    case KType::kBF16:
+      return f(__nv_bfloat16{});
+  }
+  return cudaErrorInvalidValue;
+}
+
+cudaError_t Launched() { return cudaGetLastError(); }
+
+#define PEBBLE_GRID_LOOP(i, n)                                          \
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < (n); \
+       i += int64_t{blockDim.x} * gridDim.x)
+
+// ---- Element-wise.
+
+__device__ __forceinline__ float Unary(UnaryOp op, float v) {
+  switch (op) {
+    case UnaryOp::kRelu:
+      return v > 0.f ? v : 0.f;
+    case UnaryOp::kTanh:
+      return tanhf(v);
+    case UnaryOp::kSigmoid:
+      return 1.f / (1.f + expf(-v));
+    case UnaryOp::kGeluErf:
+      return 0.5f * v * (1.f + erff(v * 0.70710678118654752f));
+    case UnaryOp::kGeluTanh: {
+      const float inner = 0.79788456080286536f * (v + 0.044715f * v * v * v);
+      return 0.5f * v * (1.f + tanhf(inner));
+    }
+  }
+  return v;
+}
+
+__device__ __forceinline__ float UnaryGrad(UnaryOp op, float g, float s) {
+  switch (op) {
+    case UnaryOp::kRelu:
+      return s > 0.f ? g : 0.f;
+    case UnaryOp::kTanh:
+      return g * (1.f - s * s);
+    case UnaryOp::kSigmoid:
+      return g * s * (1.f - s);
+    case UnaryOp::kGeluErf: {
+      const float cdf = 0.5f * (1.f + erff(s * 0.70710678118654752f));
+      const float pdf = expf(-0.5f * s * s) * 0.39894228040143268f;
+      return g * (cdf + s * pdf);
+    }
+    case UnaryOp::kGeluTanh: {
+      const float beta = 0.79788456080286536f, kappa = 0.044715f;
+      const float x2 = s * s;
+      const float t = tanhf(beta * (s + kappa * x2 * s));
+      const float left = 0.5f * s, right = 1.f + t;
+      return g * (0.5f * right +
+                  left * (1.f - t * t) * beta * (1.f + 3.f * kappa * x2));
+    }
+  }
+  return g;
+}
+
+template <typename T>
+__global__ void UnaryKernel(UnaryOp op, const T* x, T* y, int64_t n) {
+  PEBBLE_GRID_LOOP(i, n) St(y, i, Unary(op, Ld(x, i)));
+}
+
+template <typename T>
+__global__ void UnaryGradKernel(UnaryOp op, const T* g, const T* s, T* dx,
+                                int64_t n) {
+  PEBBLE_GRID_LOOP(i, n) St(dx, i, UnaryGrad(op, Ld(g, i), Ld(s, i)));
+}
+
+template <typename T>
+__global__ void BinaryKernel(BinaryOp op, const T* a, const T* b, T* out,
+                             int64_t n, int64_t nb) {
+  PEBBLE_GRID_LOOP(i, n) {
+    const float u = Ld(a, i), v = Ld(b, nb == n ? i : i % nb);
+    St(out, i, op == BinaryOp::kAdd ? u + v : u * v);
+  }
+}
+
+template <typename T>
+__global__ void ChannelBiasKernel(T* y, const T* bias, int64_t n,
+                                  int64_t channels, int64_t inner) {
+  PEBBLE_GRID_LOOP(i, n) {
+    const int64_t c = (i / inner) % channels;
+    St(y, i, Ld(y, i) + Ld(bias, c));
+  }
+}
+
+// ---- Reductions (Note [Deterministic reductions]).
+
+// Sums Q values over the block in a fixed tree; thread 0 gets the result.
+template <int Q>
+__device__ void BlockSum(double (&v)[Q]) {
+  __shared__ double sh[Q][kThreads];
+  for (int q = 0; q < Q; ++q) sh[q][threadIdx.x] = v[q];
+  __syncthreads();
+  for (int s = kThreads / 2; s > 0; s >>= 1) {
+    if (threadIdx.x < s) {
+      for (int q = 0; q < Q; ++q) sh[q][threadIdx.x] += sh[q][threadIdx.x + s];
+    }
+    __syncthreads();
+  }
+  for (int q = 0; q < Q; ++q) v[q] = sh[q][0];
+  __syncthreads();
+}
+
+int ChunksFor(int64_t count, int max_chunks) {
+  int64_t c = (count + kChunkElements - 1) / kChunkElements;
+  if (c < 1) c = 1;
+  if (c > max_chunks) c = max_chunks;
+  return static_cast<int>(c);
+}
+
+// Per-channel quantities over (outer, C, inner): q0 = x (or g), q1 as below.
+enum class ChannelMode : int { kSum, kSumSquares, kGradXhat };
+
+template <typename T, ChannelMode M>
+__global__ void ChannelPartials(const T* x, const T* g, const float* stats,
+                                int64_t outer, int64_t channels, int64_t inner,
+                                int chunks, double* partials) {
+  const int64_t c = blockIdx.x;
+  const int64_t j = blockIdx.y;
+  const int64_t count = outer * inner;
+  const int64_t per = (count + chunks - 1) / chunks;
+  const int64_t begin = j * per;
+  const int64_t end = begin + per < count ? begin + per : count;
+  float mean = 0.f, invstd = 0.f;
+  if (M == ChannelMode::kGradXhat) {
+    mean = stats[c];
+    invstd = stats[channels + c];
+  }
+  double v[2] = {0.0, 0.0};
+  for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
+    const int64_t o = i / inner, s = i - o * inner;
+    const int64_t idx = (o * channels + c) * inner + s;
+    if (M == ChannelMode::kSum) {
+      v[0] += Ld(x, idx);
+    } else if (M == ChannelMode::kSumSquares) {
+      const double a = Ld(x, idx);
+      v[0] += a;
+      v[1] += a * a;
+    } else {
+      const float gv = Ld(g, idx);
+      const float xhat = (Ld(x, idx) - mean) * invstd;
+      v[0] += gv;
+      v[1] += static_cast<double>(gv) * xhat;
+    }
+  }
+  BlockSum<2>(v);
+  if (threadIdx.x == 0) {
+    partials[(c * chunks + j) * 2 + 0] = v[0];
+    partials[(c * chunks + j) * 2 + 1] = v[1];
+  }
+}
+
+// Adds each channel's partials in order into sums[c * 2 + q].
+__global__ void ChannelFinish(const double* partials, int64_t channels,
+                              int chunks, double* sums) {
+  PEBBLE_GRID_LOOP(c, channels) {
+    double a = 0.0, b = 0.0;
+    for (int j = 0; j < chunks; ++j) {
+      a += partials[(c * chunks + j) * 2];
+      b += partials[(c * chunks + j) * 2 + 1];
+    }
+    sums[c * 2] = a;
+    sums[c * 2 + 1] = b;
+  }
+}
+
+template <typename T>
+__global__ void StoreSums(const double* sums, int q, T* out, int64_t channels) {
+  PEBBLE_GRID_LOOP(c, channels) St(out, c, static_cast<float>(sums[c * 2 + q]));
+}
+
+__global__ void StatsFromSums(const double* sums, float* stats, int64_t channels,
+                              int64_t count, double eps) {
+  PEBBLE_GRID_LOOP(c, channels) {
+    const double mean = sums[c * 2] / count;
+    double var = sums[c * 2 + 1] / count - mean * mean;
+    if (var < 0) var = 0;
+    stats[c] = static_cast<float>(mean);
+    stats[channels + c] = static_cast<float>(1.0 / sqrt(var + eps));
+  }
+}
+
+// Runs the partials and finish kernels; sums land after the partials.
+template <typename T, ChannelMode M>
+cudaError_t ChannelSums(const T* x, const T* g, const float* stats,
+                        int64_t outer, int64_t channels, int64_t inner,
+                        void* scratch, cudaStream_t stream, double** sums) {
+  const int chunks = ChunksFor(outer * inner, kMaxChunks);
+  double* partials = static_cast<double*>(scratch);
+  *sums = partials + channels * kMaxChunks * 2;
+  dim3 grid(static_cast<unsigned>(channels), static_cast<unsigned>(chunks));
+  ChannelPartials<T, M><<<grid, kThreads, 0, stream>>>(
+      x, g, stats, outer, channels, inner, chunks, partials);
+  ChannelFinish<<<Blocks(channels), kThreads, 0, stream>>>(partials, channels,
+                                                            chunks, *sums);
+  return Launched();
+}
+
+template <typename T>
+__global__ void BatchNormKernel(const T* x, const float* stats,
+                                const float* weight, const float* bias, T* y,
+                                int64_t n, int64_t channels, int64_t s) {
+  PEBBLE_GRID_LOOP(i, n) {
+    const int64_t c = (i / s) % channels;
+    float v = (Ld(x, i) - stats[c]) * stats[channels + c];
+    if (weight != nullptr) v *= weight[c];
+    if (bias != nullptr) v += bias[c];
+    St(y, i, v);
+  }
+}
+
+template <typename T>
+__global__ void BatchNormBackwardKernel(const T* g, const T* x,
+                                        const float* stats, const float* weight,
+                                        const double* sums, T* dx, int64_t n,
+                                        int64_t channels, int64_t s,
+                                        int64_t count) {
+  PEBBLE_GRID_LOOP(i, n) {
+    const int64_t c = (i / s) % channels;
+    const float mean = stats[c], invstd = stats[channels + c];
+    const float mg = static_cast<float>(sums[c * 2] / count);
+    const float mgx = static_cast<float>(sums[c * 2 + 1] / count);
+    const float xhat = (Ld(x, i) - mean) * invstd;
+    const float w = weight != nullptr ? weight[c] : 1.f;
+    St(dx, i, w * invstd * (Ld(g, i) - mg - xhat * mgx));
+  }
+}
+
+// Scalar reductions: f(i) summed over [0, n).
+struct MseTerm {
+  template <typename T>
+  __device__ double operator()(const T* a, const T* b, int64_t i) const {
+    const double d = static_cast<double>(Ld(a, i)) - Ld(b, i);
+    return d * d;
+  }
+};
+struct SumTerm {
+  template <typename T>
+  __device__ double operator()(const T* a, const T*, int64_t i) const {
+    return Ld(a, i);
+  }
+};
+
+template <typename T, typename F>
+__global__ void ScalarPartials(F f, const T* a, const T* b, int64_t n,
+                               int chunks, double* partials) {
+  const int64_t per = (n + chunks - 1) / chunks;
+  const int64_t begin = blockIdx.x * per;
+  const int64_t end = begin + per < n ? begin + per : n;
+  double v[1] = {0.0};
+  for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
+    v[0] += f(a, b, i);
+  }
+  BlockSum<1>(v);
+  if (threadIdx.x == 0) partials[blockIdx.x] = v[0];
+}
+
+__global__ void ScalarFinish(const double* partials, int chunks, double scale,
+                             float* out) {
+  double v[1] = {0.0};
+  // Fixed assignment of partials to threads, then the fixed tree.
+  for (int j = threadIdx.x; j < chunks; j += blockDim.x) v[0] += partials[j];
+  BlockSum<1>(v);
+  if (threadIdx.x == 0) out[0] = static_cast<float>(v[0] * scale);
+}
+
+template <typename T, typename F>
+cudaError_t ScalarReduce(F f, const T* a, const T* b, int64_t n, double scale,
+                         float* out, void* scratch, cudaStream_t stream) {
+  const int chunks = ChunksFor(n, kMaxScalarChunks);
+  double* partials = static_cast<double*>(scratch);
+  ScalarPartials<T, F><<<chunks, kThreads, 0, stream>>>(f, a, b, n, chunks,
+                                                        partials);
+  ScalarFinish<<<1, kThreads, 0, stream>>>(partials, chunks, scale, out);
+  return Launched();
+}
+
+template <typename T>
+__global__ void MseBackwardKernel(const T* p, const T* t, const float* g, T* dp,
+                                  int64_t n) {
+  const float scale = 2.f / static_cast<float>(n) * (g != nullptr ? g[0] : 1.f);
+  PEBBLE_GRID_LOOP(i, n) St(dp, i, (Ld(p, i) - Ld(t, i)) * scale);
+}
+
+// Cross-entropy of one position: logits (outer, C, inner).
+template <typename T>
+__device__ double PositionLoss(const T* logits, const int64_t* target,
+                               int64_t p, int64_t classes, int64_t inner) {
+  const int64_t o = p / inner, s = p - o * inner;
+  const T* row = logits + o * classes * inner + s;
+  float mx = -INFINITY;
+  for (int64_t c = 0; c < classes; ++c) mx = fmaxf(mx, Ld(row, c * inner));
+  float sum = 0.f;
+  for (int64_t c = 0; c < classes; ++c) sum += expf(Ld(row, c * inner) - mx);
+  const int64_t t = target[p];
+  if (t < 0 || t >= classes) return NAN;
+  return static_cast<double>(logf(sum) + mx - Ld(row, t * inner));
+}
+
+template <typename T>
+__global__ void CrossEntropyPartials(const T* logits, const int64_t* target,
+                                     int64_t positions, int64_t classes,
+                                     int64_t inner, int chunks,
+                                     double* partials) {
+  const int64_t per = (positions + chunks - 1) / chunks;
+  const int64_t begin = blockIdx.x * per;
+  const int64_t end = begin + per < positions ? begin + per : positions;
+  double v[1] = {0.0};
+  for (int64_t p = begin + threadIdx.x; p < end; p += blockDim.x) {
+    v[0] += PositionLoss(logits, target, p, classes, inner);
+  }
+  BlockSum<1>(v);
+  if (threadIdx.x == 0) partials[blockIdx.x] = v[0];
+}
+
+template <typename T>
+__global__ void CrossEntropyBackwardKernel(const T* logits,
+                                           const int64_t* target,
+                                           const float* g, T* d,
+                                           int64_t positions, int64_t classes,
+                                           int64_t inner) {
+  const float scale =
+      (g != nullptr ? g[0] : 1.f) / static_cast<float>(positions);
+  PEBBLE_GRID_LOOP(p, positions) {
+    const int64_t o = p / inner, s = p - o * inner;
+    const int64_t base = o * classes * inner + s;
+    float mx = -INFINITY;
+    for (int64_t c = 0; c < classes; ++c)
+      mx = fmaxf(mx, Ld(logits, base + c * inner));
+    float sum = 0.f;
+    for (int64_t c = 0; c < classes; ++c)
+      sum += expf(Ld(logits, base + c * inner) - mx);
+    const int64_t t = target[p];
+    for (int64_t c = 0; c < classes; ++c) {
+      const float sm = expf(Ld(logits, base + c * inner) - mx) / sum;
+      St(d, base + c * inner, (sm - (c == t ? 1.f : 0.f)) * scale);
+    }
+  }
+}
+
+// ---- Pooling.
+
+// Input index (within one (n, c) plane) of the argmax of output window o.
+template <typename T>
+__device__ int64_t WindowArgmax(const Window3& w, const T* plane, int64_t od,
+                                int64_t oh, int64_t ow, float* best_out) {
+  float best = -INFINITY;
+  int64_t arg = -1;
+  const int64_t d0 = od * w.stride[0] - w.padding[0];
+  const int64_t h0 = oh * w.stride[1] - w.padding[1];
+  const int64_t w0 = ow * w.stride[2] - w.padding[2];
+  for (int64_t kd = 0; kd < w.kernel[0]; ++kd) {
+    const int64_t d = d0 + kd;
+    if (d < 0 || d >= w.in[0]) continue;
+    for (int64_t kh = 0; kh < w.kernel[1]; ++kh) {
+      const int64_t h = h0 + kh;
+      if (h < 0 || h >= w.in[1]) continue;
+      for (int64_t kw = 0; kw < w.kernel[2]; ++kw) {
+        const int64_t x = w0 + kw;
+        if (x < 0 || x >= w.in[2]) continue;
+        const int64_t idx = (d * w.in[1] + h) * w.in[2] + x;
+        const float v = Ld(plane, idx);
+        // As PyTorch: the first maximum wins, a NaN always wins.
+        if (arg < 0 || v > best || isnan(v)) {
+          best = v;
+          arg = idx;
+          if (isnan(v)) {
+            *best_out = best;
+            return arg;
+          }
+        }
+      }
+    }
+  }
+  *best_out = best;
+  return arg;
+}
+
+template <typename T>
+__global__ void MaxPoolKernel(Window3 w, const T* x, T* y) {
+  const int64_t out_plane = w.out[0] * w.out[1] * w.out[2];
+  const int64_t in_plane = w.in[0] * w.in[1] * w.in[2];
+  PEBBLE_GRID_LOOP(i, w.nc * out_plane) {
+    const int64_t nc = i / out_plane, r = i - nc * out_plane;
+    const int64_t ow = r % w.out[2], oh = (r / w.out[2]) % w.out[1],
+                  od = r / (w.out[2] * w.out[1]);
+    float best;
+    WindowArgmax(w, x + nc * in_plane, od, oh, ow, &best);
+    St(y, i, best);
+  }
+}
+
+__device__ __forceinline__ void WindowRange(int64_t i, int64_t k, int64_t s,
+                                            int64_t p, int64_t out,
+                                            int64_t* lo, int64_t* hi) {
+  // Windows o with o*s - p <= i <= o*s - p + k - 1.
+  const int64_t a = i + p - k + 1;
+  *lo = a <= 0 ? 0 : (a + s - 1) / s;
+  int64_t h = (i + p) / s;
+  if (h > out - 1) h = out - 1;
+  *hi = h;
+}
+
+template <typename T>
+__global__ void MaxPoolBackwardKernel(Window3 w, const T* g, const T* x,
+                                      T* dx) {
+  const int64_t out_plane = w.out[0] * w.out[1] * w.out[2];
+  const int64_t in_plane = w.in[0] * w.in[1] * w.in[2];
+  PEBBLE_GRID_LOOP(i, w.nc * in_plane) {
+    const int64_t nc = i / in_plane, r = i - nc * in_plane;
+    const int64_t iw = r % w.in[2], ih = (r / w.in[2]) % w.in[1],
+                  id = r / (w.in[2] * w.in[1]);
+    int64_t dlo, dhi, hlo, hhi, wlo, whi;
+    WindowRange(id, w.kernel[0], w.stride[0], w.padding[0], w.out[0], &dlo, &dhi);
+    WindowRange(ih, w.kernel[1], w.stride[1], w.padding[1], w.out[1], &hlo, &hhi);
+    WindowRange(iw, w.kernel[2], w.stride[2], w.padding[2], w.out[2], &wlo, &whi);
+    float acc = 0.f;
+    const T* plane = x + nc * in_plane;
+    for (int64_t od = dlo; od <= dhi; ++od)
+      for (int64_t oh = hlo; oh <= hhi; ++oh)
+        for (int64_t ow = wlo; ow <= whi; ++ow) {
+          float best;
+          if (WindowArgmax(w, plane, od, oh, ow, &best) == r) {
+            acc += Ld(g, nc * out_plane + (od * w.out[1] + oh) * w.out[2] + ow);
+          }
+        }
+    St(dx, i, acc);
+  }
+}
+
+// ---- Upsampling.
+
+struct Tap {
+  int64_t i0, i1;
+  float l0, l1;
+};
+
+// PyTorch's area_pixel_compute_source_index, in fp32 as its CUDA kernels.
+__device__ __forceinline__ Tap LinearTap(int64_t o, int64_t in, int64_t out,
+                                         bool align_corners) {
+  float src;
+  if (align_corners) {
+    const float ratio =
+        out > 1 ? static_cast<float>(in - 1) / static_cast<float>(out - 1) : 0.f;
+    src = ratio * static_cast<float>(o);
+  } else {
+    const float ratio = static_cast<float>(in) / static_cast<float>(out);
+    src = ratio * (static_cast<float>(o) + 0.5f) - 0.5f;
+    if (src < 0.f) src = 0.f;
+  }
+  Tap t;
+  t.i0 = static_cast<int64_t>(src);
+  if (t.i0 > in - 1) t.i0 = in - 1;
+  t.i1 = t.i0 < in - 1 ? t.i0 + 1 : t.i0;
+  t.l1 = src - static_cast<float>(t.i0);
+  t.l0 = 1.f - t.l1;
+  return t;
+}
+
+__device__ __forceinline__ Tap DimTap(const Upsample3& u, int d, int64_t o) {
+  if (u.mode == 0) {
+    Tap t;
+    t.i0 = t.i1 = o * u.in[d] / u.out[d];
+    t.l0 = 1.f;
+    t.l1 = 0.f;
+    return t;
+  }
+  return LinearTap(o, u.in[d], u.out[d], u.align_corners);
+}
+
+template <typename T>
+__global__ void UpsampleKernel(Upsample3 u, const T* x, T* y) {
+  const int64_t out_plane = u.out[0] * u.out[1] * u.out[2];
+  const int64_t in_plane = u.in[0] * u.in[1] * u.in[2];
+  PEBBLE_GRID_LOOP(i, u.nc * out_plane) {
+    const int64_t nc = i / out_plane, r = i - nc * out_plane;
+    const int64_t ow = r % u.out[2], oh = (r / u.out[2]) % u.out[1],
+                  od = r / (u.out[2] * u.out[1]);
+    const Tap td = DimTap(u, 0, od), th = DimTap(u, 1, oh), tw = DimTap(u, 2, ow);
+    const T* p = x + nc * in_plane;
+    auto at = [&](int64_t d, int64_t h, int64_t w) {
+      return Ld(p, (d * u.in[1] + h) * u.in[2] + w);
+    };
+    auto plane = [&](int64_t d) {
+      return th.l0 * (tw.l0 * at(d, th.i0, tw.i0) + tw.l1 * at(d, th.i0, tw.i1)) +
+             th.l1 * (tw.l0 * at(d, th.i1, tw.i0) + tw.l1 * at(d, th.i1, tw.i1));
+    };
+    St(y, i, td.l0 * plane(td.i0) + td.l1 * plane(td.i1));
+  }
+}
+
+// The outputs along dim d that read input index i, with their weights.
+__device__ int GatherTaps(const Upsample3& u, int d, int64_t i, int64_t* os,
+                          float* ws) {
+  const int64_t scale = u.out[d] / u.in[d];
+  int64_t lo = (i - 1) * scale - scale - 2, hi = (i + 1) * scale + scale + 2;
+  if (lo < 0) lo = 0;
+  if (hi > u.out[d] - 1) hi = u.out[d] - 1;
+  int n = 0;
+  for (int64_t o = lo; o <= hi && n < kMaxUpsampleTaps; ++o) {
+    const Tap t = DimTap(u, d, o);
+    float w = 0.f;
+    if (t.i0 == i) w += t.l0;
+    if (t.i1 == i) w += t.l1;
+    if (t.i0 == i || t.i1 == i) {
+      os[n] = o;
+      ws[n] = w;
+      ++n;
+    }
+  }
+  return n;
+}
+
+template <typename T>
+__global__ void UpsampleBackwardKernel(Upsample3 u, const T* g, T* dx) {
+  const int64_t out_plane = u.out[0] * u.out[1] * u.out[2];
+  const int64_t in_plane = u.in[0] * u.in[1] * u.in[2];
+  PEBBLE_GRID_LOOP(i, u.nc * in_plane) {
+    const int64_t nc = i / in_plane, r = i - nc * in_plane;
+    const int64_t iw = r % u.in[2], ih = (r / u.in[2]) % u.in[1],
+                  id = r / (u.in[2] * u.in[1]);
+    int64_t od[kMaxUpsampleTaps], oh[kMaxUpsampleTaps], ow[kMaxUpsampleTaps];
+    float wd[kMaxUpsampleTaps], wh[kMaxUpsampleTaps], ww[kMaxUpsampleTaps];
+    const int nd = GatherTaps(u, 0, id, od, wd);
+    const int nh = GatherTaps(u, 1, ih, oh, wh);
+    const int nw = GatherTaps(u, 2, iw, ow, ww);
+    const T* p = g + nc * out_plane;
+    float acc = 0.f;
+    for (int a = 0; a < nd; ++a)
+      for (int b = 0; b < nh; ++b) {
+        float row = 0.f;
+        const int64_t base = (od[a] * u.out[1] + oh[b]) * u.out[2];
+        for (int c = 0; c < nw; ++c) row += ww[c] * Ld(p, base + ow[c]);
+        acc += wd[a] * wh[b] * row;
+      }
+    St(dx, i, acc);
+  }
+}
+
+// ---- Rows.
+
+template <typename T>
+__global__ void RowMeanKernel(const T* x, T* out, int64_t length) {
+  const int64_t row = blockIdx.x;
+  double v[1] = {0.0};
+  for (int64_t j = threadIdx.x; j < length; j += blockDim.x)
+    v[0] += Ld(x, row * length + j);
+  BlockSum<1>(v);
+  if (threadIdx.x == 0) St(out, row, static_cast<float>(v[0] / length));
+}
+
+template <typename T>
+__global__ void RowBroadcastKernel(const T* g, T* out, int64_t n,
+                                   int64_t length) {
+  PEBBLE_GRID_LOOP(i, n) St(out, i, Ld(g, i / length) / static_cast<float>(length));
+}
+
+// One block per row; fp32 max and sum in a fixed tree.
+__device__ float BlockMaxF(float v) {
+  __shared__ float sh[kThreads];
+  sh[threadIdx.x] = v;
+  __syncthreads();
+  for (int s = kThreads / 2; s > 0; s >>= 1) {
+    if (threadIdx.x < s) sh[threadIdx.x] = fmaxf(sh[threadIdx.x], sh[threadIdx.x + s]);
+    __syncthreads();
+  }
+  const float r = sh[0];
+  __syncthreads();
+  return r;
+}
+
+template <typename T>
+__global__ void SoftmaxKernel(const T* x, T* y, int64_t length, bool causal,
+                              int64_t rows_per_matrix) {
+  const int64_t row = blockIdx.x;
+  const int64_t valid =
+      causal ? ((row % rows_per_matrix) + 1 < length ? (row % rows_per_matrix) + 1
+                                                     : length)
+             : length;
+  const T* xr = x + row * length;
+  T* yr = y + row * length;
+  float mx = -INFINITY;
+  for (int64_t j = threadIdx.x; j < valid; j += blockDim.x) mx = fmaxf(mx, Ld(xr, j));
+  mx = BlockMaxF(mx);
+  double v[1] = {0.0};
+  for (int64_t j = threadIdx.x; j < valid; j += blockDim.x) v[0] += expf(Ld(xr, j) - mx);
+  BlockSum<1>(v);
+  const float sum = static_cast<float>(v[0]);
+  for (int64_t j = threadIdx.x; j < length; j += blockDim.x)
+    St(yr, j, j < valid ? expf(Ld(xr, j) - mx) / sum : 0.f);
+}
+
+template <typename T>
+__global__ void SoftmaxBackwardKernel(const T* g, const T* y, T* dx,
+                                      int64_t length) {
+  const int64_t row = blockIdx.x;
+  const int64_t base = row * length;
+  double v[1] = {0.0};
+  for (int64_t j = threadIdx.x; j < length; j += blockDim.x)
+    v[0] += static_cast<double>(Ld(g, base + j)) * Ld(y, base + j);
+  BlockSum<1>(v);
+  const float dot = static_cast<float>(v[0]);
+  for (int64_t j = threadIdx.x; j < length; j += blockDim.x)
+    St(dx, base + j, Ld(y, base + j) * (Ld(g, base + j) - dot));
+}
+
+// ---- Data movement.
+
+template <typename S>
+__global__ void PadKernel(PadSpec p, const S* in, S* out, int64_t n, S fill) {
+  PEBBLE_GRID_LOOP(i, n) {
+    int64_t rem = i, src = 0, stride = 1;
+    bool inside = true;
+    for (int d = p.rank - 1; d >= 0; --d) {
+      const int64_t o = rem % p.out[d];
+      rem /= p.out[d];
+      const int64_t s = o - p.before[d];
+      if (s < 0 || s >= p.in[d]) inside = false;
+      src += s * stride;
+      stride *= p.in[d];
+    }
+    out[i] = inside ? in[src] : fill;
+  }
+}
+
+template <typename S>
+__global__ void FillKernel(S* out, int64_t n, S value) {
+  PEBBLE_GRID_LOOP(i, n) out[i] = value;
+}
+
+template <typename T>
+__global__ void BroadcastScalarKernel(const float* g, T* out, int64_t n) {
+  PEBBLE_GRID_LOOP(i, n) St(out, i, g[0]);
+}
+
+}  // namespace
+
+// ---- Launchers.
+
+cudaError_t LaunchUnary(UnaryOp op, KType t, const void* x, void* y, int64_t n,
+                        cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  return Dispatch(t, [&](auto tag) {
+    using T = decltype(tag);
+    UnaryKernel<T><<<Blocks(n), kThreads, 0, stream>>>(
+        op, static_cast<const T*>(x), static_cast<T*>(y), n);
+    return Launched();
+  });
+}
+
+cudaError_t LaunchUnaryBackward(UnaryOp op, KType t, const void* g,
+                                const void* saved, void* dx, int64_t n,
+                                cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  return Dispatch(t, [&](auto tag) {
+    using T = decltype(tag);
+    UnaryGradKernel<T><<<Blocks(n), kThreads, 0, stream>>>(
+        op, static_cast<const T*>(g), static_cast<const T*>(saved),
+        static_cast<T*>(dx), n);
+    return Launched();
+  });
+}
+
+cudaError_t LaunchBinary(BinaryOp op, KType t, const void* a, const void* b,
+                         void* out, int64_t n, int64_t nb, cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  if (nb <= 0 || n % nb != 0) return cudaErrorInvalidValue;
+  return Dispatch(t, [&](auto tag) {
+    using T = decltype(tag);
+    BinaryKernel<T><<<Blocks(n), kThreads, 0, stream>>>(
+        op, static_cast<const T*>(a), static_cast<const T*>(b),
+        static_cast<T*>(out), n, nb);
+    return Launched();
+  });
+}
+
+cudaError_t LaunchChannelBias(KType t, void* y, const void* bias, int64_t outer,
+                              int64_t channels, int64_t inner,
+                              cudaStream_t stream) {
+  const int64_t n = outer * channels * inner;
+  if (n == 0) return cudaSuccess;
+  return Dispatch(t, [&](auto tag) {
+    using T = decltype(tag);
+    ChannelBiasKernel<T><<<Blocks(n), kThreads, 0, stream>>>(
+        static_cast<T*>(y), static_cast<const T*>(bias), n, channels, inner);
+    return Launched();
+  });
+}
+
+int64_t ChannelScratchBytes(int64_t channels) {
+  return channels * (kMaxChunks + 1) * 2 * static_cast<int64_t>(sizeof(double));
+}
+
+cudaError_t LaunchChannelSum(KType t, const void* x, KType out_type, void* out,
+                             int64_t outer, int64_t channels, int64_t inner,
+                             void* scratch, cudaStream_t stream) {
+  if (channels == 0) return cudaSuccess;
+  return Dispatch(t, [&](auto tag) {
+    using T = decltype(tag);
+    double* sums = nullptr;
+    cudaError_t e = ChannelSums<T, ChannelMode::kSum>(
+        static_cast<const T*>(x), nullptr, nullptr, outer, channels, inner,
+        scratch, stream, &sums);
+    if (e != cudaSuccess) return e;
+    return Dispatch(out_type, [&](auto out_tag) {
+      using O = decltype(out_tag);
+      StoreSums<O><<<Blocks(channels), kThreads, 0, stream>>>(
+          sums, 0, static_cast<O*>(out), channels);
+      return Launched();
+    });
+  });
+}
+
+cudaError_t LaunchBatchNormStats(KType t, const void* x, float* stats,
+                                 int64_t n, int64_t channels, int64_t s,
+                                 double eps, void* scratch, cudaStream_t stream) {
+  if (channels == 0) return cudaSuccess;
+  return Dispatch(t, [&](auto tag) {
+    using T = decltype(tag);
+    double* sums = nullptr;
+    cudaError_t e = ChannelSums<T, ChannelMode::kSumSquares>(
+        static_cast<const T*>(x), nullptr, nullptr, n, channels, s, scratch,
+        stream, &sums);
+    if (e != cudaSuccess) return e;
+    StatsFromSums<<<Blocks(channels), kThreads, 0, stream>>>(
+        sums, stats, channels, n * s, eps);
+    return Launched();
+  });
+}
+
+cudaError_t LaunchBatchNorm(KType t, const void* x, const float* stats,
+                            const float* weight, const float* bias, void* y,
+                            int64_t n, int64_t channels, int64_t s,
+                            cudaStream_t stream) {
+  const int64_t total = n * channels * s;
+  if (total == 0) return cudaSuccess;
+  return Dispatch(t, [&](auto tag) {
+    using T = decltype(tag);
+    BatchNormKernel<T><<<Blocks(total), kThreads, 0, stream>>>(
+        static_cast<const T*>(x), stats, weight, bias, static_cast<T*>(y), total,
+        channels, s);
+    return Launched();
+  });
+}
+
+cudaError_t LaunchBatchNormBackward(KType t, const void* g, const void* x,
+                                    const float* stats, const float* weight,
+                                    void* dx, int64_t n, int64_t channels,
+                                    int64_t s, void* scratch,
+                                    cudaStream_t stream) {
+  const int64_t total = n * channels * s;
+  if (total == 0) return cudaSuccess;
+  return Dispatch(t, [&](auto tag) {
+    using T = decltype(tag);
+    double* sums = nullptr;
+    cudaError_t e = ChannelSums<T, ChannelMode::kGradXhat>(
+        static_cast<const T*>(x), static_cast<const T*>(g), stats, n, channels,
+        s, scratch, stream, &sums);
+    if (e != cudaSuccess) return e;
+    BatchNormBackwardKernel<T><<<Blocks(total), kThreads, 0, stream>>>(
+        static_cast<const T*>(g), static_cast<const T*>(x), stats, weight, sums,
+        static_cast<T*>(dx), total, channels, s, n * s);
+    return Launched();
+  });
+}
+
+cudaError_t LaunchBatchNormBackwardWeight(KType t, const void* g, const void* x,
+                                          const float* stats, float* dweight,
+                                          int64_t n, int64_t channels, int64_t s,
+                                          void* scratch, cudaStream_t stream) {
+  if (channels == 0) return cudaSuccess;
+  return Dispatch(t, [&](auto tag) {
+    using T = decltype(tag);
+    double* sums = nullptr;
+    cudaError_t e = ChannelSums<T, ChannelMode::kGradXhat>(
+        static_cast<const T*>(x), static_cast<const T*>(g), stats, n, channels,
+        s, scratch, stream, &sums);
+    if (e != cudaSuccess) return e;
+    StoreSums<float><<<Blocks(channels), kThreads, 0, stream>>>(sums, 1, dweight,
+                                                                channels);
+    return Launched();
+  });
+}
+
+int64_t ScalarScratchBytes() {
+  return kMaxScalarChunks * static_cast<int64_t>(sizeof(double));
+}
+
+cudaError_t LaunchMseLoss(KType t, const void* pred, const void* target,
+                          float* out, int64_t n, void* scratch,
+                          cudaStream_t stream) {
+  return Dispatch(t, [&](auto tag) {
+    using T = decltype(tag);
+    return ScalarReduce<T>(MseTerm{}, static_cast<const T*>(pred),
+                           static_cast<const T*>(target), n,
+                           n > 0 ? 1.0 / n : NAN, out, scratch, stream);
+  });
+}
+
+cudaError_t LaunchMseLossBackward(KType t, const void* pred, const void* target,
+                                  const float* g, void* dpred, int64_t n,
+                                  cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  return Dispatch(t, [&](auto tag) {
+    using T = decltype(tag);
+    MseBackwardKernel<T><<<Blocks(n), kThreads, 0, stream>>>(
+        static_cast<const T*>(pred), static_cast<const T*>(target), g,
+        static_cast<T*>(dpred), n);
+    return Launched();
+  });
+}
+
+cudaError_t LaunchCrossEntropy(KType t, const void* logits,
+                               const int64_t* target, float* out,
+                               int64_t outer, int64_t classes, int64_t inner,
+                               void* scratch, cudaStream_t stream) {
+  const int64_t positions = outer * inner;
+  return Dispatch(t, [&](auto tag) {
+    using T = decltype(tag);
+    const int chunks = ChunksFor(positions, kMaxScalarChunks);
+    double* partials = static_cast<double*>(scratch);
+    CrossEntropyPartials<T><<<chunks, kThreads, 0, stream>>>(
+        static_cast<const T*>(logits), target, positions, classes, inner, chunks,
+        partials);
+    ScalarFinish<<<1, kThreads, 0, stream>>>(
+        partials, chunks, positions > 0 ? 1.0 / positions : NAN, out);
+    return Launched();
+  });
+}
+
+cudaError_t LaunchCrossEntropyBackward(KType t, const void* logits,
+                                       const int64_t* target, const float* g,
+                                       void* dlogits, int64_t outer,
+                                       int64_t classes, int64_t inner,
+                                       cudaStream_t stream) {
+  const int64_t positions = outer * inner;
+  if (positions == 0) return cudaSuccess;
+  return Dispatch(t, [&](auto tag) {
+    using T = decltype(tag);
+    CrossEntropyBackwardKernel<T><<<Blocks(positions), kThreads, 0, stream>>>(
+        static_cast<const T*>(logits), target, g, static_cast<T*>(dlogits),
+        positions, classes, inner);
+    return Launched();
+  });
+}
+
+cudaError_t LaunchSum(KType t, const void* x, float* out, int64_t n,
+                      void* scratch, cudaStream_t stream) {
+  return Dispatch(t, [&](auto tag) {
+    using T = decltype(tag);
+    return ScalarReduce<T>(SumTerm{}, static_cast<const T*>(x), nullptr, n, 1.0,
+                           out, scratch, stream);
+  });
+}
+
+cudaError_t LaunchMaxPool(KType t, const Window3& w, const void* x, void* y,
+                          cudaStream_t stream) {
+  const int64_t n = w.nc * w.out[0] * w.out[1] * w.out[2];
+  if (n == 0) return cudaSuccess;
+  return Dispatch(t, [&](auto tag) {
+    using T = decltype(tag);
+    MaxPoolKernel<T><<<Blocks(n), kThreads, 0, stream>>>(
+        w, static_cast<const T*>(x), static_cast<T*>(y));
+    return Launched();
+  });
+}
+
+cudaError_t LaunchMaxPoolBackward(KType t, const Window3& w, const void* g,
+                                  const void* x, void* dx, cudaStream_t stream) {
+  const int64_t n = w.nc * w.in[0] * w.in[1] * w.in[2];
+  if (n == 0) return cudaSuccess;
+  return Dispatch(t, [&](auto tag) {
+    using T = decltype(tag);
+    MaxPoolBackwardKernel<T><<<Blocks(n), kThreads, 0, stream>>>(
+        w, static_cast<const T*>(g), static_cast<const T*>(x),
+        static_cast<T*>(dx));
+    return Launched();
+  });
+}
+
+cudaError_t LaunchUpsample(KType t, const Upsample3& u, const void* x, void* y,
+                           cudaStream_t stream) {
+  const int64_t n = u.nc * u.out[0] * u.out[1] * u.out[2];
+  if (n == 0) return cudaSuccess;
+  return Dispatch(t, [&](auto tag) {
+    using T = decltype(tag);
+    UpsampleKernel<T><<<Blocks(n), kThreads, 0, stream>>>(
+        u, static_cast<const T*>(x), static_cast<T*>(y));
+    return Launched();
+  });
+}
+
+cudaError_t LaunchUpsampleBackward(KType t, const Upsample3& u, const void* g,
+                                   void* dx, cudaStream_t stream) {
+  const int64_t n = u.nc * u.in[0] * u.in[1] * u.in[2];
+  if (n == 0) return cudaSuccess;
+  for (int d = 0; d < 3; ++d) {
+    // The gather holds at most kMaxUpsampleTaps outputs per input per dim:
+    // 2 * scale + 2 of them can read one input.
+    if (u.in[d] <= 0 || u.out[d] % u.in[d] != 0 ||
+        2 * (u.out[d] / u.in[d]) + 2 > kMaxUpsampleTaps) {
+      return cudaErrorInvalidValue;
+    }
+  }
+  return Dispatch(t, [&](auto tag) {
+    using T = decltype(tag);
+    UpsampleBackwardKernel<T><<<Blocks(n), kThreads, 0, stream>>>(
+        u, static_cast<const T*>(g), static_cast<T*>(dx));
+    return Launched();
+  });
+}
+
+cudaError_t LaunchRowMean(KType t, const void* x, void* out, int64_t rows,
+                          int64_t length, cudaStream_t stream) {
+  if (rows == 0) return cudaSuccess;
+  if (rows > 0x7fffffff) return cudaErrorInvalidValue;
+  return Dispatch(t, [&](auto tag) {
+    using T = decltype(tag);
+    RowMeanKernel<T><<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(
+        static_cast<const T*>(x), static_cast<T*>(out), length);
+    return Launched();
+  });
+}
+
+cudaError_t LaunchRowBroadcastMean(KType t, const void* g, void* out,
+                                   int64_t rows, int64_t length,
+                                   cudaStream_t stream) {
+  const int64_t n = rows * length;
+  if (n == 0) return cudaSuccess;
+  return Dispatch(t, [&](auto tag) {
+    using T = decltype(tag);
+    RowBroadcastKernel<T><<<Blocks(n), kThreads, 0, stream>>>(
+        static_cast<const T*>(g), static_cast<T*>(out), n, length);
+    return Launched();
+  });
+}
+
+cudaError_t LaunchPad(int element_bytes, const PadSpec& p, const void* in,
+                      void* out, double value, KType t, cudaStream_t stream) {
+  int64_t n = 1;
+  for (int d = 0; d < p.rank; ++d) n *= p.out[d];
+  if (n == 0) return cudaSuccess;
+  auto run = [&](auto tag) {
+    using S = decltype(tag);
+    const S fill = static_cast<S>(value);
+    PadKernel<S><<<Blocks(n), kThreads, 0, stream>>>(
+        p, static_cast<const S*>(in), static_cast<S*>(out), n, fill);
+    return Launched();
+  };
+  switch (element_bytes) {
+    case 1:
+      return run(uint8_t{});
+    case 2:
+      if (t == KType::kBF16) {
+        return [&] {
+          const __nv_bfloat16 fill = __float2bfloat16_rn(static_cast<float>(value));
+          PadKernel<__nv_bfloat16><<<Blocks(n), kThreads, 0, stream>>>(
+              p, static_cast<const __nv_bfloat16*>(in),
+              static_cast<__nv_bfloat16*>(out), n, fill);
+          return Launched();
+        }();
+      }
+      return [&] {
+        const __half fill = __float2half_rn(static_cast<float>(value));
+        PadKernel<__half><<<Blocks(n), kThreads, 0, stream>>>(
+            p, static_cast<const __half*>(in), static_cast<__half*>(out), n, fill);
+        return Launched();
+      }();
+    case 4:
+      return run(float{});
+    case 8:
+      return run(int64_t{});
+  }
+  return cudaErrorInvalidValue;
+}
+
+cudaError_t LaunchFill(KType t, void* out, int64_t n, double value,
+                       cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  switch (t) {
+    case KType::kF32:
+      FillKernel<float><<<Blocks(n), kThreads, 0, stream>>>(
+          static_cast<float*>(out), n, static_cast<float>(value));
+      break;
+    case KType::kF16:
+      FillKernel<__half><<<Blocks(n), kThreads, 0, stream>>>(
+          static_cast<__half*>(out), n, __float2half_rn(static_cast<float>(value)));
+      break;
+    case KType::kBF16:
+      FillKernel<__nv_bfloat16><<<Blocks(n), kThreads, 0, stream>>>(
+          static_cast<__nv_bfloat16*>(out), n,
+          __float2bfloat16_rn(static_cast<float>(value)));
+      break;
+  }
+  return Launched();
+}
+
+cudaError_t LaunchBroadcastScalar(KType t, const float* g, void* out, int64_t n,
+                                  cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  return Dispatch(t, [&](auto tag) {
+    using T = decltype(tag);
+    BroadcastScalarKernel<T><<<Blocks(n), kThreads, 0, stream>>>(
+        g, static_cast<T*>(out), n);
+    return Launched();
+  });
+}
+
+cudaError_t LaunchSoftmax(KType t, const void* x, void* y, int64_t rows,
+                          int64_t length, bool causal, int64_t rows_per_matrix,
+                          cudaStream_t stream) {
+  if (rows == 0 || length == 0) return cudaSuccess;
+  if (rows > 0x7fffffff || rows_per_matrix <= 0) return cudaErrorInvalidValue;
+  return Dispatch(t, [&](auto tag) {
+    using T = decltype(tag);
+    SoftmaxKernel<T><<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(
+        static_cast<const T*>(x), static_cast<T*>(y), length, causal,
+        rows_per_matrix);
+    return Launched();
+  });
+}
+
+cudaError_t LaunchSoftmaxBackward(KType t, const void* g, const void* y,
+                                  void* dx, int64_t rows, int64_t length,
+                                  cudaStream_t stream) {
+  if (rows == 0 || length == 0) return cudaSuccess;
+  if (rows > 0x7fffffff) return cudaErrorInvalidValue;
+  return Dispatch(t, [&](auto tag) {
+    using T = decltype(tag);
+    SoftmaxBackwardKernel<T><<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(
+        static_cast<const T*>(g), static_cast<const T*>(y), static_cast<T*>(dx),
+        length);
+    return Launched();
+  });
+}
+
+}  // namespace pebble::cuda

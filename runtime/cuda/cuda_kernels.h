@@ -1,0 +1,179 @@
+// pebble's own CUDA kernels (runtime/cuda/*.cu): everything cuDNN and
+// cuBLAS do not do. Plain C++17 and CUDA types only, so that nvcc never sees
+// Abseil; runtime/cuda/cuda_ops.cc turns nodes into these calls.
+//
+// Every launcher enqueues on `stream` and returns the launch's error
+// (cudaGetLastError), cudaSuccess otherwise. Arithmetic is fp32 for every
+// storage type (fp16 and bf16 are converted on load and rounded to nearest
+// on store); reductions accumulate in fp64 in a fixed order (no atomics), so
+// every kernel gives the same bits on every run, whatever the addresses.
+//
+// Layout conventions: "(outer, C, inner)" views a dense row-major tensor as
+// outer x C x inner with the reduced or broadcast channel in the middle
+// (NC* activations: outer = N, inner = prod(spatial); (M, C) rows:
+// inner = 1).
+#ifndef PEBBLE_RUNTIME_CUDA_CUDA_KERNELS_H_
+#define PEBBLE_RUNTIME_CUDA_CUDA_KERNELS_H_
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+namespace pebble::cuda {
+
+// Storage types the kernels take (the floating-point DTypes of graph.h).
+enum class KType : int { kF32 = 0, kF16 = 1, kBF16 = 2 };
+
+enum class UnaryOp : int { kRelu, kTanh, kSigmoid, kGeluErf, kGeluTanh };
+enum class BinaryOp : int { kAdd, kMul };
+
+// y = op(x), n elements.
+cudaError_t LaunchUnary(UnaryOp op, KType t, const void* x, void* y, int64_t n,
+                        cudaStream_t stream);
+// dx from g and `saved`: the output y for relu/tanh/sigmoid, the input x for
+// gelu (docs/operators.md).
+cudaError_t LaunchUnaryBackward(UnaryOp op, KType t, const void* g,
+                                const void* saved, void* dx, int64_t n,
+                                cudaStream_t stream);
+// out[i] = a[i] op b[i % nb], n elements (nb divides n; nb == n: no
+// broadcast).
+cudaError_t LaunchBinary(BinaryOp op, KType t, const void* a, const void* b,
+                         void* out, int64_t n, int64_t nb, cudaStream_t stream);
+// y[o, c, i] += bias[c] over (outer, C, inner); bias has y's type.
+cudaError_t LaunchChannelBias(KType t, void* y, const void* bias, int64_t outer,
+                              int64_t channels, int64_t inner,
+                              cudaStream_t stream);
+// out[c] = sum over (o, i) of x[o, c, i], written in `out_type`.
+// `scratch` holds at least ChannelScratchBytes(channels) bytes.
+cudaError_t LaunchChannelSum(KType t, const void* x, KType out_type, void* out,
+                             int64_t outer, int64_t channels, int64_t inner,
+                             void* scratch, cudaStream_t stream);
+// Bytes of scratch the channel reductions need.
+int64_t ChannelScratchBytes(int64_t channels);
+
+// Batch norm, training mode, over (N, C, S). stats is fp32 (2, C): row 0 the
+// mean, row 1 the inverse standard deviation 1/sqrt(var + eps) with the
+// biased variance (PyTorch's save_mean / save_invstd).
+cudaError_t LaunchBatchNormStats(KType t, const void* x, float* stats,
+                                 int64_t n, int64_t channels, int64_t s,
+                                 double eps, void* scratch, cudaStream_t stream);
+// y = (x - mean) * invstd * weight + bias; weight/bias fp32, may be null.
+cudaError_t LaunchBatchNorm(KType t, const void* x, const float* stats,
+                            const float* weight, const float* bias, void* y,
+                            int64_t n, int64_t channels, int64_t s,
+                            cudaStream_t stream);
+// dx = weight * invstd * (g - mean(g) - xhat * mean(g * xhat)), means over
+// (N, S); weight may be null (1).
+cudaError_t LaunchBatchNormBackward(KType t, const void* g, const void* x,
+                                    const float* stats, const float* weight,
+                                    void* dx, int64_t n, int64_t channels,
+                                    int64_t s, void* scratch,
+                                    cudaStream_t stream);
+// dweight[c] = sum g * xhat (fp32 out).
+cudaError_t LaunchBatchNormBackwardWeight(KType t, const void* g, const void* x,
+                                          const float* stats, float* dweight,
+                                          int64_t n, int64_t channels, int64_t s,
+                                          void* scratch, cudaStream_t stream);
+
+// Scalar losses (fp32 out[0]). `scratch` holds ScalarScratchBytes().
+int64_t ScalarScratchBytes();
+// mean((p - t)^2).
+cudaError_t LaunchMseLoss(KType t, const void* pred, const void* target,
+                          float* out, int64_t n, void* scratch,
+                          cudaStream_t stream);
+// dpred = 2 (p - t) / n * (g ? g[0] : 1).
+cudaError_t LaunchMseLossBackward(KType t, const void* pred, const void* target,
+                                  const float* g, void* dpred, int64_t n,
+                                  cudaStream_t stream);
+// logits viewed as (outer, C, inner) with the class axis in the middle;
+// target (outer, inner) i64. Mean over outer*inner of
+// logsumexp - logit[target]. A target outside [0, C) yields NaN.
+cudaError_t LaunchCrossEntropy(KType t, const void* logits,
+                               const int64_t* target, float* out,
+                               int64_t outer, int64_t classes, int64_t inner,
+                               void* scratch, cudaStream_t stream);
+// dlogits = (softmax - one_hot) / (outer*inner) * (g ? g[0] : 1).
+cudaError_t LaunchCrossEntropyBackward(KType t, const void* logits,
+                                       const int64_t* target, const float* g,
+                                       void* dlogits, int64_t outer,
+                                       int64_t classes, int64_t inner,
+                                       cudaStream_t stream);
+// out[0] = sum(x) in fp32.
+cudaError_t LaunchSum(KType t, const void* x, float* out, int64_t n,
+                      void* scratch, cudaStream_t stream);
+
+// Windows over up to 3 spatial dims; a 2-D tensor is passed as D = 1 with
+// kernel 1, stride 1, padding 0 in that dim. Shapes: x (N*C, D, H, W),
+// y (N*C, oD, oH, oW).
+struct Window3 {
+  int64_t nc = 0;
+  int64_t in[3] = {1, 1, 1};
+  int64_t out[3] = {1, 1, 1};
+  int64_t kernel[3] = {1, 1, 1};
+  int64_t stride[3] = {1, 1, 1};
+  int64_t padding[3] = {0, 0, 0};
+};
+// Max over each window (padding never wins); the first maximum in
+// row-major window order is the argmax.
+cudaError_t LaunchMaxPool(KType t, const Window3& w, const void* x, void* y,
+                          cudaStream_t stream);
+// dx[i] = sum of g over the windows whose argmax (recomputed from x) is i,
+// gathered per input element (no atomics).
+cudaError_t LaunchMaxPoolBackward(KType t, const Window3& w, const void* g,
+                                  const void* x, void* dx, cudaStream_t stream);
+
+// Upsampling by integer factors: mode 0 nearest, 1 (bi/tri)linear.
+// in/out are the spatial sizes (D, H, W), with 1 for missing dims.
+struct Upsample3 {
+  int64_t nc = 0;
+  int64_t in[3] = {1, 1, 1};
+  int64_t out[3] = {1, 1, 1};
+  int mode = 0;
+  bool align_corners = false;
+};
+cudaError_t LaunchUpsample(KType t, const Upsample3& u, const void* x, void* y,
+                           cudaStream_t stream);
+// Transpose of the above, gathered per input element (no atomics).
+cudaError_t LaunchUpsampleBackward(KType t, const Upsample3& u, const void* g,
+                                   void* dx, cudaStream_t stream);
+
+// out[n, c] = mean over s of x[n, c, s]; rows = N*C of length s.
+cudaError_t LaunchRowMean(KType t, const void* x, void* out, int64_t rows,
+                          int64_t length, cudaStream_t stream);
+// out[r, s] = g[r] / length.
+cudaError_t LaunchRowBroadcastMean(KType t, const void* g, void* out,
+                                   int64_t rows, int64_t length,
+                                   cudaStream_t stream);
+
+// Constant pad / crop of a rank <= 6 tensor: out[i] = in[i - before] where
+// that is inside `in`, else `value`. before[d] < 0 crops.
+struct PadSpec {
+  int rank = 0;
+  int64_t in[6] = {0, 0, 0, 0, 0, 0};
+  int64_t out[6] = {0, 0, 0, 0, 0, 0};
+  int64_t before[6] = {0, 0, 0, 0, 0, 0};
+};
+cudaError_t LaunchPad(int element_bytes, const PadSpec& p, const void* in,
+                      void* out, double value, KType t, cudaStream_t stream);
+
+// Every element = value (stored in `t`).
+cudaError_t LaunchFill(KType t, void* out, int64_t n, double value,
+                       cudaStream_t stream);
+// Every element = g[0] (fp32 scalar) in `t`.
+cudaError_t LaunchBroadcastScalar(KType t, const float* g, void* out, int64_t n,
+                                  cudaStream_t stream);
+
+// Softmax over rows of `length` (the last dim); `causal`: in each
+// (q, k) matrix of the last two dims (rows_per_matrix = q), key j > query i
+// is masked out.
+cudaError_t LaunchSoftmax(KType t, const void* x, void* y, int64_t rows,
+                          int64_t length, bool causal, int64_t rows_per_matrix,
+                          cudaStream_t stream);
+// dx = y * (g - sum(g * y)) per row.
+cudaError_t LaunchSoftmaxBackward(KType t, const void* g, const void* y,
+                                  void* dx, int64_t rows, int64_t length,
+                                  cudaStream_t stream);
+
+}  // namespace pebble::cuda
+
+#endif  // PEBBLE_RUNTIME_CUDA_CUDA_KERNELS_H_

@@ -1,0 +1,920 @@
+// The CUDA backend's own-kernel ops (element-wise, normalisation, pooling,
+// upsampling, losses, data movement) and the op table. Semantics are
+// docs/operators.md's; each function checks what it relies on (ranks,
+// dtypes, attrs) and returns InvalidArgument / Unimplemented otherwise.
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "graph/status.h"
+#include "runtime/cuda/cuda_kernels.h"
+#include "runtime/cuda/cuda_ops.h"
+#include "runtime/cuda/cuda_status.h"
+
+namespace pebble::cuda {
+
+// ---- Shared helpers.
+
+absl::StatusOr<KType> KTypeOf(DType dtype) {
+  switch (dtype) {
+    case DType::kFloat32:
+      return KType::kF32;
+    case DType::kFloat16:
+      return KType::kF16;
+    case DType::kBFloat16:
+      return KType::kBF16;
+    default:
+      return absl::InvalidArgumentError(absl::StrCat(
+          "expected a floating-point tensor, got ", DTypeName(dtype)));
+  }
+}
+
+namespace {
+
+const nlohmann::json* Find(const nlohmann::json& attrs, absl::string_view name) {
+  if (!attrs.is_object()) return nullptr;
+  auto it = attrs.find(std::string(name));
+  return it == attrs.end() ? nullptr : &*it;
+}
+
+}  // namespace
+
+absl::StatusOr<int64_t> IntAttr(const nlohmann::json& attrs,
+                                absl::string_view name, int64_t def) {
+  const nlohmann::json* v = Find(attrs, name);
+  if (v == nullptr) return def;
+  if (!v->is_number_integer()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("attr '", name, "' must be an integer"));
+  }
+  return v->get<int64_t>();
+}
+
+absl::StatusOr<double> DoubleAttr(const nlohmann::json& attrs,
+                                  absl::string_view name, double def) {
+  const nlohmann::json* v = Find(attrs, name);
+  if (v == nullptr) return def;
+  if (!v->is_number()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("attr '", name, "' must be a number"));
+  }
+  return v->get<double>();
+}
+
+absl::StatusOr<bool> BoolAttr(const nlohmann::json& attrs,
+                              absl::string_view name, bool def) {
+  const nlohmann::json* v = Find(attrs, name);
+  if (v == nullptr) return def;
+  if (!v->is_boolean()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("attr '", name, "' must be a boolean"));
+  }
+  return v->get<bool>();
+}
+
+absl::StatusOr<std::string> StringAttr(const nlohmann::json& attrs,
+                                       absl::string_view name,
+                                       absl::string_view def) {
+  const nlohmann::json* v = Find(attrs, name);
+  if (v == nullptr) return std::string(def);
+  if (!v->is_string()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("attr '", name, "' must be a string"));
+  }
+  return v->get<std::string>();
+}
+
+absl::StatusOr<std::vector<int64_t>> IntListAttr(const nlohmann::json& attrs,
+                                                 absl::string_view name) {
+  const nlohmann::json* v = Find(attrs, name);
+  if (v == nullptr || !v->is_array()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("attr '", name, "' must be a list of integers"));
+  }
+  std::vector<int64_t> out;
+  for (const auto& e : *v) {
+    if (!e.is_number_integer()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("attr '", name, "' must be a list of integers"));
+    }
+    out.push_back(e.get<int64_t>());
+  }
+  return out;
+}
+
+absl::StatusOr<std::vector<int64_t>> SpatialAttr(const nlohmann::json& attrs,
+                                                 absl::string_view name,
+                                                 int dims, int64_t def,
+                                                 bool required) {
+  const nlohmann::json* v = Find(attrs, name);
+  if (v == nullptr) {
+    if (required) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("attr '", name, "' is required"));
+    }
+    return std::vector<int64_t>(dims, def);
+  }
+  if (v->is_number_integer()) return std::vector<int64_t>(dims, v->get<int64_t>());
+  ASSIGN_OR_RETURN(std::vector<int64_t> list, IntListAttr(attrs, name));
+  if (static_cast<int>(list.size()) != dims) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "attr '", name, "' must hold ", dims, " integers, got ", list.size()));
+  }
+  return list;
+}
+
+absl::Status LaunchStatus(cudaError_t e, absl::string_view what) {
+  if (e == cudaSuccess) return absl::OkStatus();
+  if (e == cudaErrorInvalidValue) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": configuration out of the kernel's range (",
+                     cudaGetErrorString(e), ")"));
+  }
+  return absl::InternalError(absl::StrCat(what, " launch failed: ",
+                                          cudaGetErrorString(e), " (",
+                                          cudaGetErrorName(e), ")"));
+}
+
+namespace {
+
+#define PEBBLE_LAUNCH(call) RETURN_IF_ERROR(LaunchStatus((call), #call))
+
+absl::Status ExpectInputs(const KernelContext& ctx, size_t lo, size_t hi) {
+  if (ctx.inputs.size() < lo || ctx.inputs.size() > hi) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("expected ", lo, lo == hi ? "" : absl::StrCat(" to ", hi),
+                     " inputs, got ", ctx.inputs.size()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ExpectSameType(const TensorView& a, const TensorView& b,
+                            absl::string_view what) {
+  if (a.dtype != b.dtype || a.shape != b.shape) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, ": expected ", DTypeName(a.dtype), ShapeToString(a.shape),
+        ", got ", DTypeName(b.dtype), ShapeToString(b.shape)));
+  }
+  return absl::OkStatus();
+}
+
+// (outer, C, inner) of an NC* tensor.
+void ChannelView(const Shape& s, int64_t* outer, int64_t* c, int64_t* inner) {
+  *outer = s.empty() ? 1 : s[0];
+  *c = s.size() > 1 ? s[1] : 1;
+  *inner = 1;
+  for (size_t i = 2; i < s.size(); ++i) *inner *= s[i];
+}
+
+const float* F32(const TensorView& t) {
+  return reinterpret_cast<const float*>(t.data);
+}
+
+// ---- Element-wise.
+
+template <UnaryOp kOp>
+absl::Status UnaryKernel(CudaContext& cc, const KernelContext& ctx) {
+  RETURN_IF_ERROR(ExpectInputs(ctx, 1, 1));
+  RETURN_IF_ERROR(ExpectSameType(ctx.output, ctx.inputs[0], "input 0"));
+  ASSIGN_OR_RETURN(KType t, KTypeOf(ctx.output.dtype));
+  PEBBLE_LAUNCH(LaunchUnary(kOp, t, ctx.inputs[0].data, ctx.output.data,
+                            ctx.output.num_elements(), cc.stream));
+  return absl::OkStatus();
+}
+
+template <UnaryOp kOp>
+absl::Status UnaryBackwardKernel(CudaContext& cc, const KernelContext& ctx) {
+  RETURN_IF_ERROR(ExpectInputs(ctx, 2, 2));
+  RETURN_IF_ERROR(ExpectSameType(ctx.output, ctx.inputs[0], "input 0 (grad)"));
+  RETURN_IF_ERROR(ExpectSameType(ctx.output, ctx.inputs[1], "input 1"));
+  ASSIGN_OR_RETURN(KType t, KTypeOf(ctx.output.dtype));
+  PEBBLE_LAUNCH(LaunchUnaryBackward(kOp, t, ctx.inputs[0].data,
+                                    ctx.inputs[1].data, ctx.output.data,
+                                    ctx.output.num_elements(), cc.stream));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<UnaryOp> GeluOp(const KernelContext& ctx) {
+  const nlohmann::json& attrs = ctx.attrs();
+  std::string approx = "none";
+  if (attrs.is_object() && attrs.contains("approximate")) {
+    if (!attrs["approximate"].is_string()) {
+      return absl::InvalidArgumentError("attr 'approximate' must be a string");
+    }
+    approx = attrs["approximate"].get<std::string>();
+  }
+  if (approx == "none") return UnaryOp::kGeluErf;
+  if (approx == "tanh") return UnaryOp::kGeluTanh;
+  return absl::InvalidArgumentError(
+      absl::StrCat("attr 'approximate' must be \"none\" or \"tanh\", got \"",
+                   approx, "\""));
+}
+
+absl::Status Gelu(CudaContext& cc, const KernelContext& ctx) {
+  RETURN_IF_ERROR(ExpectInputs(ctx, 1, 1));
+  RETURN_IF_ERROR(ExpectSameType(ctx.output, ctx.inputs[0], "input 0"));
+  ASSIGN_OR_RETURN(UnaryOp op, GeluOp(ctx));
+  ASSIGN_OR_RETURN(KType t, KTypeOf(ctx.output.dtype));
+  PEBBLE_LAUNCH(LaunchUnary(op, t, ctx.inputs[0].data, ctx.output.data,
+                            ctx.output.num_elements(), cc.stream));
+  return absl::OkStatus();
+}
+
+absl::Status GeluBackward(CudaContext& cc, const KernelContext& ctx) {
+  RETURN_IF_ERROR(ExpectInputs(ctx, 2, 2));
+  RETURN_IF_ERROR(ExpectSameType(ctx.output, ctx.inputs[0], "input 0 (grad)"));
+  RETURN_IF_ERROR(ExpectSameType(ctx.output, ctx.inputs[1], "input 1 (x)"));
+  ASSIGN_OR_RETURN(UnaryOp op, GeluOp(ctx));
+  ASSIGN_OR_RETURN(KType t, KTypeOf(ctx.output.dtype));
+  PEBBLE_LAUNCH(LaunchUnaryBackward(op, t, ctx.inputs[0].data,
+                                    ctx.inputs[1].data, ctx.output.data,
+                                    ctx.output.num_elements(), cc.stream));
+  return absl::OkStatus();
+}
+
+// add / mul: equal shapes, or one operand equal to the other's trailing dims.
+template <BinaryOp kOp>
+absl::Status BinaryKernel(CudaContext& cc, const KernelContext& ctx) {
+  RETURN_IF_ERROR(ExpectInputs(ctx, 2, 2));
+  const TensorView* big = &ctx.inputs[0];
+  const TensorView* small = &ctx.inputs[1];
+  if (small->num_elements() > big->num_elements()) std::swap(big, small);
+  RETURN_IF_ERROR(ExpectSameType(ctx.output, *big, "the larger operand"));
+  const Shape& bs = big->shape;
+  const Shape& ss = small->shape;
+  const bool trailing =
+      ss.size() <= bs.size() && std::equal(ss.rbegin(), ss.rend(), bs.rbegin());
+  if (small->dtype != big->dtype || !trailing) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "operands ", ShapeToString(bs), " and ", ShapeToString(ss),
+        " must share a dtype and match on the trailing dims"));
+  }
+  ASSIGN_OR_RETURN(KType t, KTypeOf(ctx.output.dtype));
+  PEBBLE_LAUNCH(LaunchBinary(kOp, t, big->data, small->data, ctx.output.data,
+                             big->num_elements(), small->num_elements(),
+                             cc.stream));
+  return absl::OkStatus();
+}
+
+// ---- Normalisation.
+
+absl::Status BatchNormStats(CudaContext& cc, const KernelContext& ctx) {
+  RETURN_IF_ERROR(ExpectInputs(ctx, 1, 1));
+  const TensorView& x = ctx.inputs[0];
+  int64_t n, c, s;
+  ChannelView(x.shape, &n, &c, &s);
+  if (x.rank() < 2 || ctx.output.dtype != DType::kFloat32 ||
+      ctx.output.shape != Shape{2, c}) {
+    return absl::InvalidArgumentError("batchnorm_stats: expected x (N,C,...) and an fp32 (2,C) output");
+  }
+  ASSIGN_OR_RETURN(KType t, KTypeOf(x.dtype));
+  ASSIGN_OR_RETURN(double eps, DoubleAttr(ctx.attrs(), "eps", 1e-5));
+  ASSIGN_OR_RETURN(void* scratch, cc.scratch(ChannelScratchBytes(c)));
+  PEBBLE_LAUNCH(LaunchBatchNormStats(t, x.data, ctx.output.as<float>(), n, c, s,
+                                     eps, scratch, cc.stream));
+  return absl::OkStatus();
+}
+
+absl::Status CheckStats(const TensorView& stats, int64_t c) {
+  if (stats.dtype != DType::kFloat32 || stats.shape != Shape{2, c}) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "expected fp32 (2,", c, ") statistics, got ", stats.ToString()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckChannelParam(const TensorView& p, int64_t c,
+                               absl::string_view what) {
+  if (p.dtype != DType::kFloat32 || p.shape != Shape{c}) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, ": expected fp32 (", c, "), got ", p.ToString()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status BatchNorm(CudaContext& cc, const KernelContext& ctx) {
+  RETURN_IF_ERROR(ExpectInputs(ctx, 2, 4));
+  const TensorView& x = ctx.inputs[0];
+  RETURN_IF_ERROR(ExpectSameType(ctx.output, x, "input 0 (x)"));
+  int64_t n, c, s;
+  ChannelView(x.shape, &n, &c, &s);
+  RETURN_IF_ERROR(CheckStats(ctx.inputs[1], c));
+  const float* weight = nullptr;
+  const float* bias = nullptr;
+  if (ctx.inputs.size() > 2) {
+    RETURN_IF_ERROR(CheckChannelParam(ctx.inputs[2], c, "input 2 (weight)"));
+    weight = F32(ctx.inputs[2]);
+  }
+  if (ctx.inputs.size() > 3) {
+    RETURN_IF_ERROR(CheckChannelParam(ctx.inputs[3], c, "input 3 (bias)"));
+    bias = F32(ctx.inputs[3]);
+  }
+  ASSIGN_OR_RETURN(KType t, KTypeOf(x.dtype));
+  PEBBLE_LAUNCH(LaunchBatchNorm(t, x.data, F32(ctx.inputs[1]), weight, bias,
+                                ctx.output.data, n, c, s, cc.stream));
+  return absl::OkStatus();
+}
+
+absl::Status BatchNormBackward(CudaContext& cc, const KernelContext& ctx) {
+  RETURN_IF_ERROR(ExpectInputs(ctx, 3, 4));
+  const TensorView& g = ctx.inputs[0];
+  const TensorView& x = ctx.inputs[1];
+  RETURN_IF_ERROR(ExpectSameType(ctx.output, g, "input 0 (grad)"));
+  RETURN_IF_ERROR(ExpectSameType(ctx.output, x, "input 1 (x)"));
+  int64_t n, c, s;
+  ChannelView(x.shape, &n, &c, &s);
+  RETURN_IF_ERROR(CheckStats(ctx.inputs[2], c));
+  const float* weight = nullptr;
+  if (ctx.inputs.size() > 3) {
+    RETURN_IF_ERROR(CheckChannelParam(ctx.inputs[3], c, "input 3 (weight)"));
+    weight = F32(ctx.inputs[3]);
+  }
+  ASSIGN_OR_RETURN(KType t, KTypeOf(x.dtype));
+  ASSIGN_OR_RETURN(void* scratch, cc.scratch(ChannelScratchBytes(c)));
+  PEBBLE_LAUNCH(LaunchBatchNormBackward(t, g.data, x.data, F32(ctx.inputs[2]),
+                                        weight, ctx.output.data, n, c, s,
+                                        scratch, cc.stream));
+  return absl::OkStatus();
+}
+
+absl::Status BatchNormBackwardWeight(CudaContext& cc, const KernelContext& ctx) {
+  RETURN_IF_ERROR(ExpectInputs(ctx, 3, 3));
+  const TensorView& g = ctx.inputs[0];
+  const TensorView& x = ctx.inputs[1];
+  RETURN_IF_ERROR(ExpectSameType(x, g, "input 0 (grad)"));
+  int64_t n, c, s;
+  ChannelView(x.shape, &n, &c, &s);
+  RETURN_IF_ERROR(CheckStats(ctx.inputs[2], c));
+  RETURN_IF_ERROR(CheckChannelParam(ctx.output, c, "output"));
+  ASSIGN_OR_RETURN(KType t, KTypeOf(x.dtype));
+  ASSIGN_OR_RETURN(void* scratch, cc.scratch(ChannelScratchBytes(c)));
+  PEBBLE_LAUNCH(LaunchBatchNormBackwardWeight(
+      t, g.data, x.data, F32(ctx.inputs[2]), ctx.output.as<float>(), n, c, s,
+      scratch, cc.stream));
+  return absl::OkStatus();
+}
+
+// Sum of g over every dim but 1 (conv bias, batch-norm bias), or over every
+// dim but the last (linear bias): `last` picks.
+absl::Status ChannelSumKernel(CudaContext& cc, const KernelContext& ctx,
+                              bool last) {
+  RETURN_IF_ERROR(ExpectInputs(ctx, 1, 1));
+  const TensorView& g = ctx.inputs[0];
+  int64_t outer, c, inner;
+  if (last) {
+    c = g.shape.empty() ? 1 : g.shape.back();
+    outer = c == 0 ? 0 : g.num_elements() / c;
+    inner = 1;
+  } else {
+    ChannelView(g.shape, &outer, &c, &inner);
+  }
+  if (ctx.output.shape != Shape{c}) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "expected a (", c, ") output, got ", ctx.output.ToString()));
+  }
+  ASSIGN_OR_RETURN(KType t, KTypeOf(g.dtype));
+  ASSIGN_OR_RETURN(KType out_t, KTypeOf(ctx.output.dtype));
+  ASSIGN_OR_RETURN(void* scratch, cc.scratch(ChannelScratchBytes(c)));
+  PEBBLE_LAUNCH(LaunchChannelSum(t, g.data, out_t, ctx.output.data, outer, c,
+                                 inner, scratch, cc.stream));
+  return absl::OkStatus();
+}
+
+absl::Status BiasGradNc(CudaContext& cc, const KernelContext& ctx) {
+  return ChannelSumKernel(cc, ctx, /*last=*/false);
+}
+absl::Status BiasGradLast(CudaContext& cc, const KernelContext& ctx) {
+  return ChannelSumKernel(cc, ctx, /*last=*/true);
+}
+
+// ---- Pooling and upsampling.
+
+// Fills the spatial part of a Window3/Upsample3 from an NC* shape (2 or 3
+// spatial dims; 2-D goes in the last two slots).
+absl::StatusOr<int> SpatialDims(const Shape& s) {
+  if (s.size() != 4 && s.size() != 5) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("expected a 4-D or 5-D tensor, got ", ShapeToString(s)));
+  }
+  return static_cast<int>(s.size()) - 2;
+}
+
+absl::StatusOr<Window3> PoolWindow(const KernelContext& ctx, const Shape& x,
+                                   const Shape& y) {
+  ASSIGN_OR_RETURN(int d, SpatialDims(x));
+  if (y.size() != x.size()) {
+    return absl::InvalidArgumentError("pooled and input ranks differ");
+  }
+  ASSIGN_OR_RETURN(std::vector<int64_t> kernel,
+                   SpatialAttr(ctx.attrs(), "kernel", d, 0, /*required=*/true));
+  std::vector<int64_t> stride = kernel;
+  if (const auto& a = ctx.attrs(); a.is_object() && a.contains("stride")) {
+    ASSIGN_OR_RETURN(stride, SpatialAttr(a, "stride", d, 1));
+  }
+  ASSIGN_OR_RETURN(std::vector<int64_t> padding,
+                   SpatialAttr(ctx.attrs(), "padding", d, 0));
+  Window3 w;
+  w.nc = x[0] * x[1];
+  const int off = 3 - d;
+  for (int i = 0; i < d; ++i) {
+    w.in[off + i] = x[2 + i];
+    w.out[off + i] = y[2 + i];
+    w.kernel[off + i] = kernel[i];
+    w.stride[off + i] = stride[i];
+    w.padding[off + i] = padding[i];
+    if (kernel[i] < 1 || stride[i] < 1 || padding[i] < 0 ||
+        (x[2 + i] + 2 * padding[i] - kernel[i]) / stride[i] + 1 != y[2 + i]) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "window (kernel ", kernel[i], ", stride ", stride[i], ", padding ",
+          padding[i], ") does not map ", ShapeToString(x), " to ",
+          ShapeToString(y)));
+    }
+  }
+  return w;
+}
+
+absl::Status MaxPool(CudaContext& cc, const KernelContext& ctx) {
+  RETURN_IF_ERROR(ExpectInputs(ctx, 1, 1));
+  const TensorView& x = ctx.inputs[0];
+  if (x.dtype != ctx.output.dtype) return absl::InvalidArgumentError("dtype mismatch");
+  ASSIGN_OR_RETURN(Window3 w, PoolWindow(ctx, x.shape, ctx.output.shape));
+  ASSIGN_OR_RETURN(KType t, KTypeOf(x.dtype));
+  PEBBLE_LAUNCH(LaunchMaxPool(t, w, x.data, ctx.output.data, cc.stream));
+  return absl::OkStatus();
+}
+
+absl::Status MaxPoolBackward(CudaContext& cc, const KernelContext& ctx) {
+  RETURN_IF_ERROR(ExpectInputs(ctx, 2, 2));
+  const TensorView& g = ctx.inputs[0];
+  const TensorView& x = ctx.inputs[1];
+  RETURN_IF_ERROR(ExpectSameType(ctx.output, x, "input 1 (x)"));
+  if (g.dtype != x.dtype) return absl::InvalidArgumentError("dtype mismatch");
+  ASSIGN_OR_RETURN(Window3 w, PoolWindow(ctx, x.shape, g.shape));
+  ASSIGN_OR_RETURN(KType t, KTypeOf(x.dtype));
+  PEBBLE_LAUNCH(LaunchMaxPoolBackward(t, w, g.data, x.data, ctx.output.data,
+                                      cc.stream));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Upsample3> UpsampleSpec(const KernelContext& ctx, const Shape& x,
+                                       const Shape& y) {
+  ASSIGN_OR_RETURN(int d, SpatialDims(x));
+  ASSIGN_OR_RETURN(std::string mode, StringAttr(ctx.attrs(), "mode", "nearest"));
+  ASSIGN_OR_RETURN(bool align, BoolAttr(ctx.attrs(), "align_corners", false));
+  Upsample3 u;
+  u.nc = x[0] * x[1];
+  if (mode == "nearest") {
+    u.mode = 0;
+  } else if ((mode == "bilinear" && d == 2) || (mode == "trilinear" && d == 3) ||
+             mode == "linear") {
+    u.mode = 1;
+  } else {
+    return absl::InvalidArgumentError(
+        absl::StrCat("mode \"", mode, "\" does not fit a ", d, "-D upsample"));
+  }
+  u.align_corners = align;
+  const int off = 3 - d;
+  for (int i = 0; i < d; ++i) {
+    u.in[off + i] = x[2 + i];
+    u.out[off + i] = y[2 + i];
+    if (x[2 + i] < 1 || y[2 + i] % x[2 + i] != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          ShapeToString(y), " is not an integer upsampling of ",
+          ShapeToString(x)));
+    }
+  }
+  return u;
+}
+
+absl::Status Upsample(CudaContext& cc, const KernelContext& ctx) {
+  RETURN_IF_ERROR(ExpectInputs(ctx, 1, 1));
+  const TensorView& x = ctx.inputs[0];
+  if (x.dtype != ctx.output.dtype) return absl::InvalidArgumentError("dtype mismatch");
+  ASSIGN_OR_RETURN(Upsample3 u, UpsampleSpec(ctx, x.shape, ctx.output.shape));
+  ASSIGN_OR_RETURN(KType t, KTypeOf(x.dtype));
+  PEBBLE_LAUNCH(LaunchUpsample(t, u, x.data, ctx.output.data, cc.stream));
+  return absl::OkStatus();
+}
+
+absl::Status UpsampleBackward(CudaContext& cc, const KernelContext& ctx) {
+  RETURN_IF_ERROR(ExpectInputs(ctx, 1, 1));
+  const TensorView& g = ctx.inputs[0];
+  if (g.dtype != ctx.output.dtype) return absl::InvalidArgumentError("dtype mismatch");
+  ASSIGN_OR_RETURN(Upsample3 u, UpsampleSpec(ctx, ctx.output.shape, g.shape));
+  ASSIGN_OR_RETURN(KType t, KTypeOf(g.dtype));
+  PEBBLE_LAUNCH(LaunchUpsampleBackward(t, u, g.data, ctx.output.data, cc.stream));
+  return absl::OkStatus();
+}
+
+absl::Status GlobalAvgPool(CudaContext& cc, const KernelContext& ctx) {
+  RETURN_IF_ERROR(ExpectInputs(ctx, 1, 1));
+  const TensorView& x = ctx.inputs[0];
+  int64_t n, c, s;
+  ChannelView(x.shape, &n, &c, &s);
+  if (x.rank() < 3 || x.dtype != ctx.output.dtype ||
+      ctx.output.num_elements() != n * c) {
+    return absl::InvalidArgumentError("expected x (N,C,...) and an (N,C) output");
+  }
+  ASSIGN_OR_RETURN(KType t, KTypeOf(x.dtype));
+  PEBBLE_LAUNCH(LaunchRowMean(t, x.data, ctx.output.data, n * c, s, cc.stream));
+  return absl::OkStatus();
+}
+
+absl::Status GlobalAvgPoolBackward(CudaContext& cc, const KernelContext& ctx) {
+  RETURN_IF_ERROR(ExpectInputs(ctx, 1, 1));
+  const TensorView& g = ctx.inputs[0];
+  int64_t n, c, s;
+  ChannelView(ctx.output.shape, &n, &c, &s);
+  if (ctx.output.rank() < 3 || g.dtype != ctx.output.dtype ||
+      g.num_elements() != n * c) {
+    return absl::InvalidArgumentError("expected g (N,C) and an (N,C,...) output");
+  }
+  ASSIGN_OR_RETURN(KType t, KTypeOf(g.dtype));
+  PEBBLE_LAUNCH(LaunchRowBroadcastMean(t, g.data, ctx.output.data, n * c, s,
+                                       cc.stream));
+  return absl::OkStatus();
+}
+
+// ---- Losses.
+
+// The incoming gradient of a loss used as a non-loss: an fp32 scalar last
+// input, or null.
+absl::StatusOr<const float*> OptionalGrad(const KernelContext& ctx, size_t index) {
+  if (ctx.inputs.size() <= index) return nullptr;
+  const TensorView& g = ctx.inputs[index];
+  if (g.dtype != DType::kFloat32 || g.num_elements() != 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "input ", index, " (grad): expected an fp32 scalar, got ", g.ToString()));
+  }
+  return F32(g);
+}
+
+absl::Status MseLoss(CudaContext& cc, const KernelContext& ctx) {
+  RETURN_IF_ERROR(ExpectInputs(ctx, 2, 2));
+  RETURN_IF_ERROR(ExpectSameType(ctx.inputs[0], ctx.inputs[1], "input 1 (target)"));
+  if (ctx.output.dtype != DType::kFloat32 || ctx.output.num_elements() != 1) {
+    return absl::InvalidArgumentError("expected an fp32 scalar output");
+  }
+  ASSIGN_OR_RETURN(KType t, KTypeOf(ctx.inputs[0].dtype));
+  ASSIGN_OR_RETURN(void* scratch, cc.scratch(ScalarScratchBytes()));
+  PEBBLE_LAUNCH(LaunchMseLoss(t, ctx.inputs[0].data, ctx.inputs[1].data,
+                              ctx.output.as<float>(),
+                              ctx.inputs[0].num_elements(), scratch, cc.stream));
+  return absl::OkStatus();
+}
+
+absl::Status MseLossBackward(CudaContext& cc, const KernelContext& ctx) {
+  RETURN_IF_ERROR(ExpectInputs(ctx, 2, 3));
+  RETURN_IF_ERROR(ExpectSameType(ctx.output, ctx.inputs[0], "input 0 (pred)"));
+  RETURN_IF_ERROR(ExpectSameType(ctx.output, ctx.inputs[1], "input 1 (target)"));
+  ASSIGN_OR_RETURN(const float* g, OptionalGrad(ctx, 2));
+  ASSIGN_OR_RETURN(KType t, KTypeOf(ctx.output.dtype));
+  PEBBLE_LAUNCH(LaunchMseLossBackward(t, ctx.inputs[0].data, ctx.inputs[1].data,
+                                      g, ctx.output.data,
+                                      ctx.output.num_elements(), cc.stream));
+  return absl::OkStatus();
+}
+
+// The class axis of softmax_cross_entropy (loss.cc's rule): attr `axis`, else
+// 1 when the target is the logits without dim 1, else the last.
+absl::StatusOr<int> ClassAxis(const KernelContext& ctx, const Shape& logits,
+                              const Shape& target) {
+  const int rank = static_cast<int>(logits.size());
+  if (rank < 1) return absl::InvalidArgumentError("logits must have a class dim");
+  int axis;
+  if (ctx.attrs().is_object() && ctx.attrs().contains("axis")) {
+    ASSIGN_OR_RETURN(int64_t a, IntAttr(ctx.attrs(), "axis", 1));
+    if (a < 0) a += rank;
+    axis = static_cast<int>(a);
+  } else {
+    Shape without1 = logits;
+    if (rank >= 2) without1.erase(without1.begin() + 1);
+    axis = (rank >= 2 && without1 == target) ? 1 : rank - 1;
+  }
+  if (axis < 0 || axis >= rank) return absl::InvalidArgumentError("class axis out of range");
+  Shape expect = logits;
+  expect.erase(expect.begin() + axis);
+  if (expect != target) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "target ", ShapeToString(target), " does not match logits ",
+        ShapeToString(logits), " without the class axis ", axis));
+  }
+  return axis;
+}
+
+absl::Status CrossEntropyCommon(CudaContext& cc, const KernelContext& ctx,
+                                bool backward) {
+  RETURN_IF_ERROR(ExpectInputs(ctx, 2, backward ? 3 : 2));
+  const TensorView& logits = ctx.inputs[0];
+  const TensorView& target = ctx.inputs[1];
+  if (target.dtype != DType::kInt64) {
+    return absl::InvalidArgumentError("input 1 (target) must be i64");
+  }
+  ASSIGN_OR_RETURN(int axis, ClassAxis(ctx, logits.shape, target.shape));
+  int64_t outer = 1, inner = 1;
+  for (int i = 0; i < axis; ++i) outer *= logits.shape[i];
+  for (int i = axis + 1; i < logits.rank(); ++i) inner *= logits.shape[i];
+  const int64_t classes = logits.shape[axis];
+  ASSIGN_OR_RETURN(KType t, KTypeOf(logits.dtype));
+  const auto* tgt = reinterpret_cast<const int64_t*>(target.data);
+  if (backward) {
+    RETURN_IF_ERROR(ExpectSameType(ctx.output, logits, "input 0 (logits)"));
+    ASSIGN_OR_RETURN(const float* g, OptionalGrad(ctx, 2));
+    PEBBLE_LAUNCH(LaunchCrossEntropyBackward(t, logits.data, tgt, g,
+                                             ctx.output.data, outer, classes,
+                                             inner, cc.stream));
+  } else {
+    if (ctx.output.dtype != DType::kFloat32 || ctx.output.num_elements() != 1) {
+      return absl::InvalidArgumentError("expected an fp32 scalar output");
+    }
+    ASSIGN_OR_RETURN(void* scratch, cc.scratch(ScalarScratchBytes()));
+    PEBBLE_LAUNCH(LaunchCrossEntropy(t, logits.data, tgt, ctx.output.as<float>(),
+                                     outer, classes, inner, scratch, cc.stream));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CrossEntropy(CudaContext& cc, const KernelContext& ctx) {
+  return CrossEntropyCommon(cc, ctx, false);
+}
+absl::Status CrossEntropyBackward(CudaContext& cc, const KernelContext& ctx) {
+  return CrossEntropyCommon(cc, ctx, true);
+}
+
+absl::Status Sum(CudaContext& cc, const KernelContext& ctx) {
+  RETURN_IF_ERROR(ExpectInputs(ctx, 1, 1));
+  if (ctx.output.dtype != DType::kFloat32 || ctx.output.num_elements() != 1) {
+    return absl::InvalidArgumentError("expected an fp32 scalar output");
+  }
+  ASSIGN_OR_RETURN(KType t, KTypeOf(ctx.inputs[0].dtype));
+  ASSIGN_OR_RETURN(void* scratch, cc.scratch(ScalarScratchBytes()));
+  PEBBLE_LAUNCH(LaunchSum(t, ctx.inputs[0].data, ctx.output.as<float>(),
+                          ctx.inputs[0].num_elements(), scratch, cc.stream));
+  return absl::OkStatus();
+}
+
+// sum_backward ([g]): g (or 1) broadcast to the output.
+absl::Status SumBackward(CudaContext& cc, const KernelContext& ctx) {
+  RETURN_IF_ERROR(ExpectInputs(ctx, 0, 1));
+  ASSIGN_OR_RETURN(KType t, KTypeOf(ctx.output.dtype));
+  if (ctx.inputs.empty()) {
+    PEBBLE_LAUNCH(LaunchFill(t, ctx.output.data, ctx.output.num_elements(), 1.0,
+                             cc.stream));
+    return absl::OkStatus();
+  }
+  ASSIGN_OR_RETURN(const float* g, OptionalGrad(ctx, 0));
+  PEBBLE_LAUNCH(LaunchBroadcastScalar(t, g, ctx.output.data,
+                                      ctx.output.num_elements(), cc.stream));
+  return absl::OkStatus();
+}
+
+absl::Status Fill(CudaContext& cc, const KernelContext& ctx) {
+  RETURN_IF_ERROR(ExpectInputs(ctx, 0, 0));
+  ASSIGN_OR_RETURN(double value, DoubleAttr(ctx.attrs(), "value", 1.0));
+  ASSIGN_OR_RETURN(KType t, KTypeOf(ctx.output.dtype));
+  PEBBLE_LAUNCH(LaunchFill(t, ctx.output.data, ctx.output.num_elements(), value,
+                           cc.stream));
+  return absl::OkStatus();
+}
+
+absl::Status Softmax(CudaContext& cc, const KernelContext& ctx) {
+  RETURN_IF_ERROR(ExpectInputs(ctx, 1, 1));
+  const TensorView& x = ctx.inputs[0];
+  RETURN_IF_ERROR(ExpectSameType(ctx.output, x, "input 0"));
+  if (x.rank() < 1) return absl::InvalidArgumentError("softmax of a scalar");
+  ASSIGN_OR_RETURN(bool causal, BoolAttr(ctx.attrs(), "causal", false));
+  const int64_t length = x.shape.back();
+  const int64_t rows = length == 0 ? 0 : x.num_elements() / length;
+  const int64_t q = x.rank() >= 2 ? x.shape[x.rank() - 2] : 1;
+  ASSIGN_OR_RETURN(KType t, KTypeOf(x.dtype));
+  PEBBLE_LAUNCH(LaunchSoftmax(t, x.data, ctx.output.data, rows, length, causal,
+                              q, cc.stream));
+  return absl::OkStatus();
+}
+
+absl::Status SoftmaxBackward(CudaContext& cc, const KernelContext& ctx) {
+  RETURN_IF_ERROR(ExpectInputs(ctx, 2, 2));
+  RETURN_IF_ERROR(ExpectSameType(ctx.output, ctx.inputs[0], "input 0 (grad)"));
+  RETURN_IF_ERROR(ExpectSameType(ctx.output, ctx.inputs[1], "input 1 (y)"));
+  if (ctx.output.rank() < 1) return absl::InvalidArgumentError("softmax of a scalar");
+  const int64_t length = ctx.output.shape.back();
+  const int64_t rows = length == 0 ? 0 : ctx.output.num_elements() / length;
+  ASSIGN_OR_RETURN(KType t, KTypeOf(ctx.output.dtype));
+  PEBBLE_LAUNCH(LaunchSoftmaxBackward(t, ctx.inputs[0].data, ctx.inputs[1].data,
+                                      ctx.output.data, rows, length, cc.stream));
+  return absl::OkStatus();
+}
+
+// ---- Data movement.
+
+// `height` rows of `width` bytes from src (row pitch `spitch`) to dst (row
+// pitch `dpitch`), on the stream: one copy when the rows are contiguous,
+// cudaMemcpy2DAsync when the pitches are within its range, else row by row.
+absl::Status Copy2D(std::byte* dst, int64_t dpitch, const std::byte* src,
+                    int64_t spitch, int64_t width, int64_t height,
+                    cudaStream_t stream) {
+  if (width == 0 || height == 0) return absl::OkStatus();
+  if (height == 1 || (dpitch == width && spitch == width)) {
+    PEBBLE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst, src, width * height,
+                                                cudaMemcpyDeviceToDevice, stream));
+    return absl::OkStatus();
+  }
+  constexpr int64_t kMaxPitch = (int64_t{1} << 31) - 1;  // conservative
+  if (dpitch <= kMaxPitch && spitch <= kMaxPitch) {
+    PEBBLE_CUDA_RETURN_IF_ERROR(cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, height,
+                                                  cudaMemcpyDeviceToDevice, stream));
+    return absl::OkStatus();
+  }
+  for (int64_t r = 0; r < height; ++r) {
+    PEBBLE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst + r * dpitch, src + r * spitch, width,
+                                                cudaMemcpyDeviceToDevice, stream));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CopyBytes(CudaContext& cc, const KernelContext& ctx) {
+  RETURN_IF_ERROR(ExpectInputs(ctx, 1, 1));
+  const TensorView& x = ctx.inputs[0];
+  if (x.bytes() != ctx.output.bytes() || x.dtype != ctx.output.dtype) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cannot copy ", x.ToString(), " into ", ctx.output.ToString()));
+  }
+  if (x.bytes() == 0) return absl::OkStatus();
+  PEBBLE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(ctx.output.data, x.data, x.bytes(),
+                                              cudaMemcpyDeviceToDevice, cc.stream));
+  return absl::OkStatus();
+}
+
+// Pad/crop with F.pad's `pads` (last dim first, (before, after) per dim),
+// negated for pad_backward.
+absl::Status PadCommon(CudaContext& cc, const KernelContext& ctx, int sign) {
+  RETURN_IF_ERROR(ExpectInputs(ctx, 1, 1));
+  const TensorView& x = ctx.inputs[0];
+  if (x.dtype != ctx.output.dtype || x.rank() != ctx.output.rank() ||
+      x.rank() > 6) {
+    return absl::InvalidArgumentError("pad: dtype or rank mismatch (rank <= 6)");
+  }
+  ASSIGN_OR_RETURN(std::vector<int64_t> pads, IntListAttr(ctx.attrs(), "pads"));
+  ASSIGN_OR_RETURN(double value, DoubleAttr(ctx.attrs(), "value", 0.0));
+  if (pads.size() % 2 != 0 || pads.size() > 2 * static_cast<size_t>(x.rank())) {
+    return absl::InvalidArgumentError("attr 'pads' has a bad length");
+  }
+  PadSpec p;
+  p.rank = x.rank();
+  for (int d = 0; d < p.rank; ++d) {
+    p.in[d] = x.shape[d];
+    p.out[d] = ctx.output.shape[d];
+  }
+  for (size_t i = 0; i < pads.size() / 2; ++i) {
+    const int d = p.rank - 1 - static_cast<int>(i);
+    p.before[d] = sign * pads[2 * i];
+    if (p.in[d] + sign * (pads[2 * i] + pads[2 * i + 1]) != p.out[d]) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "attr 'pads' does not map ", ShapeToString(x.shape), " to ",
+          ShapeToString(ctx.output.shape)));
+    }
+  }
+  KType t = KType::kF32;
+  if (auto kt = KTypeOf(x.dtype); kt.ok()) t = *kt;
+  PEBBLE_LAUNCH(LaunchPad(static_cast<int>(DTypeSize(x.dtype)), p, x.data,
+                          ctx.output.data, value, t, cc.stream));
+  return absl::OkStatus();
+}
+
+absl::Status Pad(CudaContext& cc, const KernelContext& ctx) {
+  return PadCommon(cc, ctx, +1);
+}
+absl::Status PadBackward(CudaContext& cc, const KernelContext& ctx) {
+  return PadCommon(cc, ctx, -1);
+}
+
+// slice: a crop along one axis (the pad kernel with negative amounts).
+absl::Status Slice(CudaContext& cc, const KernelContext& ctx) {
+  RETURN_IF_ERROR(ExpectInputs(ctx, 1, 1));
+  const TensorView& x = ctx.inputs[0];
+  if (x.rank() < 1 || x.rank() > 6 || x.dtype != ctx.output.dtype) {
+    return absl::InvalidArgumentError("slice: bad rank or dtype");
+  }
+  ASSIGN_OR_RETURN(int64_t axis, IntAttr(ctx.attrs(), "axis", 0));
+  if (axis < 0) axis += x.rank();
+  ASSIGN_OR_RETURN(int64_t begin, IntAttr(ctx.attrs(), "begin", 0));
+  ASSIGN_OR_RETURN(int64_t end, IntAttr(ctx.attrs(), "end", 0));
+  if (axis < 0 || axis >= x.rank() || begin < 0 || begin >= end ||
+      end > x.shape[axis]) {
+    return absl::InvalidArgumentError("slice: axis or range out of bounds");
+  }
+  Shape expect = x.shape;
+  expect[axis] = end - begin;
+  if (expect != ctx.output.shape) return absl::InvalidArgumentError("slice: output shape");
+  // Outer x (dim * inner) rows: a 2-D copy.
+  int64_t outer = 1, inner = DTypeSize(x.dtype);
+  for (int64_t i = 0; i < axis; ++i) outer *= x.shape[i];
+  for (int64_t i = axis + 1; i < x.rank(); ++i) inner *= x.shape[i];
+  return Copy2D(ctx.output.data, (end - begin) * inner, x.data + begin * inner,
+                x.shape[axis] * inner, (end - begin) * inner, outer, cc.stream);
+}
+
+absl::Status Concat(CudaContext& cc, const KernelContext& ctx) {
+  if (ctx.inputs.empty()) return absl::InvalidArgumentError("concat of nothing");
+  const TensorView& out = ctx.output;
+  ASSIGN_OR_RETURN(int64_t axis, IntAttr(ctx.attrs(), "axis", 1));
+  if (axis < 0) axis += out.rank();
+  if (axis < 0 || axis >= out.rank()) return absl::InvalidArgumentError("concat: bad axis");
+  int64_t outer = 1, inner = DTypeSize(out.dtype);
+  for (int64_t i = 0; i < axis; ++i) outer *= out.shape[i];
+  for (int64_t i = axis + 1; i < out.rank(); ++i) inner *= out.shape[i];
+  int64_t offset = 0;
+  for (size_t k = 0; k < ctx.inputs.size(); ++k) {
+    const TensorView& x = ctx.inputs[k];
+    Shape expect = out.shape;
+    if (x.rank() != out.rank()) return absl::InvalidArgumentError("concat: rank mismatch");
+    expect[axis] = x.shape[axis];
+    if (x.shape != expect || x.dtype != out.dtype) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "concat: input ", k, " ", x.ToString(), " does not fit ", out.ToString()));
+    }
+    const int64_t width = x.shape[axis] * inner;
+    RETURN_IF_ERROR(Copy2D(out.data + offset, out.shape[axis] * inner, x.data, width,
+                           width, outer, cc.stream));
+    offset += width;
+  }
+  if (offset != out.shape[axis] * inner) {
+    return absl::InvalidArgumentError("concat: inputs do not fill the output");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+void AddOwnKernels(std::map<std::string, CudaKernelFn>& t) {
+  t["relu"] = UnaryKernel<UnaryOp::kRelu>;
+  t["tanh"] = UnaryKernel<UnaryOp::kTanh>;
+  t["sigmoid"] = UnaryKernel<UnaryOp::kSigmoid>;
+  t["gelu"] = Gelu;
+  t["relu_backward"] = UnaryBackwardKernel<UnaryOp::kRelu>;
+  t["tanh_backward"] = UnaryBackwardKernel<UnaryOp::kTanh>;
+  t["sigmoid_backward"] = UnaryBackwardKernel<UnaryOp::kSigmoid>;
+  t["gelu_backward"] = GeluBackward;
+  t["add"] = BinaryKernel<BinaryOp::kAdd>;
+  t["mul"] = BinaryKernel<BinaryOp::kMul>;
+  t["batchnorm_stats"] = BatchNormStats;
+  t["batchnorm"] = BatchNorm;
+  t["batchnorm_backward"] = BatchNormBackward;
+  t["batchnorm_backward_weight"] = BatchNormBackwardWeight;
+  t["batchnorm_backward_bias"] = BiasGradNc;
+  t["conv2d_backward_bias"] = BiasGradNc;
+  t["conv3d_backward_bias"] = BiasGradNc;
+  t["linear_backward_bias"] = BiasGradLast;
+  t["maxpool"] = MaxPool;
+  t["maxpool_backward"] = MaxPoolBackward;
+  t["upsample"] = Upsample;
+  t["upsample_backward"] = UpsampleBackward;
+  t["global_avgpool"] = GlobalAvgPool;
+  t["global_avgpool_backward"] = GlobalAvgPoolBackward;
+  t["mse_loss"] = MseLoss;
+  t["mse_loss_backward"] = MseLossBackward;
+  t["softmax_cross_entropy"] = CrossEntropy;
+  t["softmax_cross_entropy_backward"] = CrossEntropyBackward;
+  t["sum"] = Sum;
+  t["sum_backward"] = SumBackward;
+  t["fill"] = Fill;
+  t["softmax"] = Softmax;
+  t["softmax_backward"] = SoftmaxBackward;
+  t["copy"] = CopyBytes;
+  t["flatten"] = CopyBytes;
+  t["reshape"] = CopyBytes;
+  t["pad"] = Pad;
+  t["pad_backward"] = PadBackward;
+  t["slice"] = Slice;
+  t["concat"] = Concat;
+}
+
+namespace {
+
+const std::map<std::string, CudaKernelFn>& Table() {
+  static const auto* table = [] {
+    auto* t = new std::map<std::string, CudaKernelFn>;
+    AddOwnKernels(*t);
+    AddDnnKernels(*t);
+    return t;
+  }();
+  return *table;
+}
+
+}  // namespace
+
+CudaKernelFn FindCudaKernel(absl::string_view op) {
+  auto it = Table().find(std::string(op));
+  return it == Table().end() ? nullptr : it->second;
+}
+
+std::vector<std::string> CudaKernelOps() {
+  std::vector<std::string> ops;
+  for (const auto& [name, fn] : Table()) ops.push_back(name);
+  return ops;
+}
+
+}  // namespace pebble::cuda

@@ -1,0 +1,83 @@
+// Internal to the CUDA backend: how one node becomes library calls and own
+// kernels on the compute stream. cuda_backend.cc owns the streams, handles
+// and memory; cuda_ops.cc (own kernels, shape ops) and cuda_dnn.cc (cuDNN
+// convolutions, cuBLAS products) implement the ops.
+#ifndef PEBBLE_RUNTIME_CUDA_CUDA_OPS_H_
+#define PEBBLE_RUNTIME_CUDA_CUDA_OPS_H_
+
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+#include <cudnn.h>
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "graph/graph.h"
+#include "runtime/cuda/cuda_kernels.h"
+#include "runtime/kernel.h"
+
+namespace pebble::cuda {
+
+// A cuDNN algorithm choice for one convolution configuration.
+struct ConvChoice {
+  bool supported = false;  // false: cuDNN offers no usable algorithm
+  int algo = 0;            // cudnnConvolution{Fwd,BwdData,BwdFilter}Algo_t
+  cudnnMathType_t math = CUDNN_DEFAULT_MATH;
+  int64_t workspace_bytes = 0;
+};
+
+struct CudaContext {
+  cudaStream_t stream = nullptr;  // the compute stream
+  cudnnHandle_t cudnn = nullptr;  // bound to `stream`
+  cublasHandle_t cublas = nullptr;  // bound to `stream`
+  // Device scratch outside the plan, at least `bytes` (stream-ordered on
+  // `stream`; valid until the next call). The backend reports its size as
+  // scratch_bytes_peak.
+  std::function<absl::StatusOr<void*>(int64_t bytes)> scratch;
+  int64_t refuse_conv_batch_above = 0;  // CudaBackendOptions' test hook
+  int64_t conv_splits = 0;              // splits done so far
+  std::map<std::string, ConvChoice> conv_choices;  // by configuration key
+};
+
+using CudaKernelFn = absl::Status (*)(CudaContext& cc, const KernelContext& ctx);
+
+// The kernel of `op`, or nullptr.
+CudaKernelFn FindCudaKernel(absl::string_view op);
+std::vector<std::string> CudaKernelOps();  // sorted
+
+// Families (each adds its ops to `table`).
+void AddDnnKernels(std::map<std::string, CudaKernelFn>& table);   // cuda_dnn.cc
+void AddOwnKernels(std::map<std::string, CudaKernelFn>& table);   // cuda_ops.cc
+
+// Helpers shared by the families.
+absl::StatusOr<KType> KTypeOf(DType dtype);
+// Attributes: absent -> default; wrong JSON type -> InvalidArgument.
+absl::StatusOr<int64_t> IntAttr(const nlohmann::json& attrs,
+                                absl::string_view name, int64_t def);
+absl::StatusOr<double> DoubleAttr(const nlohmann::json& attrs,
+                                  absl::string_view name, double def);
+absl::StatusOr<bool> BoolAttr(const nlohmann::json& attrs,
+                              absl::string_view name, bool def);
+absl::StatusOr<std::string> StringAttr(const nlohmann::json& attrs,
+                                       absl::string_view name,
+                                       absl::string_view def);
+// An integer or a list of `dims` integers.
+absl::StatusOr<std::vector<int64_t>> SpatialAttr(const nlohmann::json& attrs,
+                                                 absl::string_view name,
+                                                 int dims, int64_t def,
+                                                 bool required = false);
+absl::StatusOr<std::vector<int64_t>> IntListAttr(const nlohmann::json& attrs,
+                                                 absl::string_view name);
+// An InvalidArgument when the kernel launch failed (cudaErrorInvalidValue
+// from a launcher's own checks) or the launch error's Status.
+absl::Status LaunchStatus(cudaError_t e, absl::string_view what);
+
+}  // namespace pebble::cuda
+
+#endif  // PEBBLE_RUNTIME_CUDA_CUDA_OPS_H_

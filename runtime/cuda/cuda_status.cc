@@ -1,0 +1,68 @@
+#include "runtime/cuda/cuda_status.h"
+
+#include <string>
+
+#include "absl/strings/str_cat.h"
+
+namespace pebble::cuda {
+namespace {
+
+std::string Where(const char* call, const char* file, int line) {
+  return absl::StrCat(call, " failed at ", file, ":", line, ": ");
+}
+
+}  // namespace
+
+absl::Status CallStatus(cudaError_t e, const char* call, const char* file,
+                        int line) {
+  const std::string msg = absl::StrCat(Where(call, file, line),
+                                       cudaGetErrorString(e), " (",
+                                       cudaGetErrorName(e), ")");
+  switch (e) {
+    case cudaErrorMemoryAllocation:
+      return absl::ResourceExhaustedError(msg);
+    case cudaErrorNoDevice:
+    case cudaErrorInsufficientDriver:
+    case cudaErrorInvalidDevice:
+      return absl::FailedPreconditionError(msg);
+    case cudaErrorNotSupported:
+      return absl::UnimplementedError(msg);
+    default:
+      return absl::InternalError(msg);
+  }
+}
+
+absl::Status CallStatus(cudnnStatus_t e, const char* call, const char* file,
+                        int line) {
+  const std::string msg =
+      absl::StrCat(Where(call, file, line), cudnnGetErrorString(e));
+  switch (e) {
+    case CUDNN_STATUS_ALLOC_FAILED:
+      return absl::ResourceExhaustedError(msg);
+    case CUDNN_STATUS_NOT_SUPPORTED:
+      return absl::UnimplementedError(msg);
+    case CUDNN_STATUS_BAD_PARAM:
+      return absl::InvalidArgumentError(msg);
+    default:
+      return absl::InternalError(msg);
+  }
+}
+
+absl::Status CallStatus(cublasStatus_t e, const char* call, const char* file,
+                        int line) {
+  const std::string msg = absl::StrCat(Where(call, file, line),
+                                       cublasGetStatusString(e), " (",
+                                       cublasGetStatusName(e), ")");
+  switch (e) {
+    case CUBLAS_STATUS_ALLOC_FAILED:
+      return absl::ResourceExhaustedError(msg);
+    case CUBLAS_STATUS_NOT_SUPPORTED:
+      return absl::UnimplementedError(msg);
+    case CUBLAS_STATUS_INVALID_VALUE:
+      return absl::InvalidArgumentError(msg);
+    default:
+      return absl::InternalError(msg);
+  }
+}
+
+}  // namespace pebble::cuda

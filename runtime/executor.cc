@@ -1,0 +1,697 @@
+#include "runtime/executor.h"
+
+#include <algorithm>
+#include <bit>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <limits>
+
+#include "absl/strings/str_cat.h"
+#include "graph/status.h"
+
+namespace pebble {
+
+// ---------------------------------------------------------------- dtypes
+
+// IEEE binary16 conversions by bit manipulation (the method of the FP16
+// library, github.com/Maratyszcza/FP16: fp16_ieee_from/to_fp32_value).
+float HalfToFloat(uint16_t h) {
+  const uint32_t w = static_cast<uint32_t>(h) << 16;
+  const uint32_t sign = w & 0x80000000u;
+  const uint32_t two_w = w + w;
+  const uint32_t exp_offset = 0xE0u << 23;
+  const float exp_scale = std::bit_cast<float>(0x7800000u);
+  const float normalized =
+      std::bit_cast<float>((two_w >> 4) + exp_offset) * exp_scale;
+  const uint32_t magic_mask = 126u << 23;
+  const float magic_bias = 0.5f;
+  const float denormalized = std::bit_cast<float>((two_w >> 17) | magic_mask) - magic_bias;
+  const uint32_t denormalized_cutoff = 1u << 27;
+  const uint32_t result =
+      sign | (two_w < denormalized_cutoff ? std::bit_cast<uint32_t>(denormalized)
+                                          : std::bit_cast<uint32_t>(normalized));
+  return std::bit_cast<float>(result);
+}
+
+uint16_t FloatToHalf(float f) {
+  const float scale_to_inf = std::bit_cast<float>(0x77800000u);
+  const float scale_to_zero = std::bit_cast<float>(0x08800000u);
+  float base = (std::fabs(f) * scale_to_inf) * scale_to_zero;
+  const uint32_t w = std::bit_cast<uint32_t>(f);
+  const uint32_t shl1_w = w + w;
+  const uint32_t sign = w & 0x80000000u;
+  uint32_t bias = shl1_w & 0xFF000000u;
+  if (bias < 0x71000000u) bias = 0x71000000u;
+  base = std::bit_cast<float>((bias >> 1) + 0x07800000u) + base;
+  const uint32_t bits = std::bit_cast<uint32_t>(base);
+  const uint32_t exp_bits = (bits >> 13) & 0x00007C00u;
+  const uint32_t mantissa_bits = bits & 0x00000FFFu;
+  const uint32_t nonsign = exp_bits + mantissa_bits;
+  return static_cast<uint16_t>((sign >> 16) |
+                               (shl1_w > 0xFF000000u ? 0x7E00u : nonsign));
+}
+
+float BFloat16ToFloat(uint16_t b) {
+  return std::bit_cast<float>(static_cast<uint32_t>(b) << 16);
+}
+
+uint16_t FloatToBFloat16(float f) {
+  const uint32_t w = std::bit_cast<uint32_t>(f);
+  if (std::isnan(f)) return static_cast<uint16_t>((w >> 16) | 0x0040u);  // quiet NaN
+  const uint32_t rounding = 0x7FFFu + ((w >> 16) & 1u);  // to nearest even
+  return static_cast<uint16_t>((w + rounding) >> 16);
+}
+
+// ---------------------------------------------------------------- files
+
+std::string TensorFileName(absl::string_view id) {
+  std::string name;
+  if (id == "." || id == "..") return id == "." ? "%2E.npy" : "%2E%2E.npy";
+  for (char c : id) {
+    if (c == '%') {
+      name += "%25";
+    } else if (c == '/') {
+      name += "%2F";
+    } else {
+      name += c;
+    }
+  }
+  return name + ".npy";
+}
+
+namespace {
+
+std::string Describe(const Graph& graph, NodeId v) {
+  return absl::StrCat(DTypeName(*graph.dtype(v)), ShapeToString(*graph.shape(v)));
+}
+
+// Checks that v can be executed: shape and dtype known.
+absl::Status NeedsShape(const Graph& graph, NodeId v) {
+  if (graph.shape(v).has_value() && graph.dtype(v).has_value()) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "node '", graph.id(v), "' (op ", graph.op(v), ") has no shape or dtype"));
+}
+
+}  // namespace
+
+absl::StatusOr<std::optional<NpyArray>> ReadInputFile(const Graph& graph, NodeId v,
+                                                      const std::string& dir) {
+  RETURN_IF_ERROR(NeedsShape(graph, v));
+  const std::string path = (std::filesystem::path(dir) / TensorFileName(graph.id(v))).string();
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec)) return std::optional<NpyArray>();
+  auto read = ReadNpy(path);
+  if (!read.ok()) {
+    return absl::Status(read.status().code(),
+                        absl::StrCat("input for node '", graph.id(v), "': ",
+                                     read.status().message()));
+  }
+  NpyArray array = *std::move(read);
+  const DType want = *graph.dtype(v);
+  const Shape& shape = *graph.shape(v);
+  const bool bf16_from_fp32 = want == DType::kBFloat16 && array.dtype == DType::kFloat32;
+  if ((array.dtype != want && !bf16_from_fp32) || array.shape != shape) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "input file '", path, "' holds ", DTypeName(array.dtype), ShapeToString(array.shape),
+        " but node '", graph.id(v), "' is ", Describe(graph, v),
+        want == DType::kBFloat16 ? " (a bf16 node takes an fp32 or bf16 file)" : ""));
+  }
+  if (bf16_from_fp32) {
+    const int64_t n = NumElements(shape);
+    std::vector<uint8_t> data(static_cast<size_t>(n) * 2);
+    for (int64_t i = 0; i < n; ++i) {
+      float x;
+      std::memcpy(&x, array.data.data() + 4 * i, 4);
+      const uint16_t b = FloatToBFloat16(x);
+      std::memcpy(data.data() + 2 * i, &b, 2);
+    }
+    array.dtype = DType::kBFloat16;
+    array.data = std::move(data);
+  }
+  return std::optional<NpyArray>(std::move(array));
+}
+
+// ---------------------------------------------------------------- generator
+
+namespace {
+
+// SplitMix64 (Steele, Lea and Flood 2014): a fast generator whose output is
+// fixed by its seed on every platform (std:: distributions are not).
+struct SplitMix64 {
+  uint64_t state;
+  uint64_t Next() {
+    uint64_t z = (state += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+  }
+  // Uniform in [0, 1) with 24 random bits: exact in fp32.
+  float Unit() { return static_cast<float>(Next() >> 40) * 0x1p-24f; }
+};
+
+// FNV-1a of the node id: the stream of each tensor depends on (seed, id).
+uint64_t HashId(absl::string_view id) {
+  uint64_t h = 0xCBF29CE484222325ull;
+  for (char c : id) {
+    h ^= static_cast<uint8_t>(c);
+    h *= 0x100000001B3ull;
+  }
+  return h;
+}
+
+bool IsFloat(DType t) {
+  return t == DType::kFloat32 || t == DType::kFloat16 || t == DType::kBFloat16;
+}
+
+int64_t FanIn(const Shape& shape) {
+  int64_t fan_in = 1;
+  for (size_t i = 1; i < shape.size(); ++i) fan_in *= shape[i];
+  return std::max<int64_t>(fan_in, 1);
+}
+
+// Operand positions of v among r's inputs.
+std::vector<int> OperandIndices(const Graph& graph, NodeId r, NodeId v) {
+  std::vector<int> at;
+  auto inputs = graph.inputs(r);
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    if (inputs[i] == v) at.push_back(static_cast<int>(i));
+  }
+  return at;
+}
+
+// How float parameter/data values of v are drawn: constant, or uniform in
+// [-bound, bound).
+struct FloatRule {
+  bool constant = false;
+  float value = 0;
+  float bound = 1;
+};
+
+FloatRule FloatRuleOf(const Graph& graph, NodeId v) {
+  const Shape& shape = *graph.shape(v);
+  switch (graph.role(v)) {
+    case Role::kBuffer: {
+      const std::string& id = graph.id(v);
+      const absl::string_view suffix = "running_var";
+      const bool var = id.size() >= suffix.size() &&
+                       absl::string_view(id).substr(id.size() - suffix.size()) == suffix;
+      return {true, var ? 1.0f : 0.0f, 0};
+    }
+    case Role::kParameter: {
+      if (shape.size() >= 2) {
+        return {false, 0, 1.0f / std::sqrt(static_cast<float>(FanIn(shape)))};
+      }
+      for (NodeId r : graph.readers(v)) {  // ascending: first reader decides
+        const std::string& op = graph.op(r);
+        for (int i : OperandIndices(graph, r, v)) {
+          if (op == "batchnorm" || op == "layernorm") {
+            if (i == 2) return {true, 1.0f, 0};
+            if (i == 3) return {true, 0.0f, 0};
+          }
+          const bool biased = op == "conv2d" || op == "conv3d" || op == "linear";
+          if (biased && i == 2) {
+            const NodeId w = graph.inputs(r)[1];
+            if (graph.shape(w).has_value()) {
+              return {false, 0, 1.0f / std::sqrt(static_cast<float>(FanIn(*graph.shape(w))))};
+            }
+          }
+        }
+      }
+      return {};
+    }
+    default:
+      return {};
+  }
+}
+
+// The exclusive upper bound of an i64 tensor's values (0: all zeros).
+int64_t IndexRangeOf(const Graph& graph, NodeId v) {
+  const Shape& shape = *graph.shape(v);
+  for (NodeId r : graph.readers(v)) {
+    const std::string& op = graph.op(r);
+    for (int i : OperandIndices(graph, r, v)) {
+      if (op == "softmax_cross_entropy" && i == 1) {
+        const NodeId logits = graph.inputs(r)[0];
+        if (!graph.shape(logits).has_value()) continue;
+        const Shape& ls = *graph.shape(logits);
+        const int rank = static_cast<int>(ls.size());
+        int axis = -1;
+        const nlohmann::json& attrs = graph.attrs(r);
+        if (attrs.is_object() && attrs.contains("axis") && attrs["axis"].is_number_integer()) {
+          axis = attrs["axis"].get<int>();
+          if (axis < 0) axis += rank;
+        } else {
+          // docs/operators.md: 1 when the target is the logits without
+          // dim 1, else the last.
+          Shape without1 = ls;
+          if (rank >= 2) without1.erase(without1.begin() + 1);
+          axis = rank >= 2 && without1 == shape ? 1 : rank - 1;
+        }
+        if (axis >= 0 && axis < rank) return ls[axis];
+      }
+      if (op == "embedding" && i == 0) {
+        const NodeId weight = graph.inputs(r)[1];
+        if (graph.shape(weight).has_value() && !graph.shape(weight)->empty()) {
+          return (*graph.shape(weight))[0];
+        }
+      }
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+
+absl::StatusOr<NpyArray> GenerateInput(const Graph& graph, NodeId v, uint64_t seed) {
+  RETURN_IF_ERROR(NeedsShape(graph, v));
+  NpyArray array;
+  array.shape = *graph.shape(v);
+  array.dtype = *graph.dtype(v);
+  const int64_t n = NumElements(array.shape);
+  array.data.resize(static_cast<size_t>(n * DTypeSize(array.dtype)));
+  SplitMix64 rng{seed ^ HashId(graph.id(v))};
+  uint8_t* out = array.data.data();
+  if (IsFloat(array.dtype)) {
+    const FloatRule rule = FloatRuleOf(graph, v);
+    for (int64_t i = 0; i < n; ++i) {
+      const float x = rule.constant ? rule.value : (2.0f * rng.Unit() - 1.0f) * rule.bound;
+      switch (array.dtype) {
+        case DType::kFloat32:
+          std::memcpy(out + 4 * i, &x, 4);
+          break;
+        case DType::kFloat16: {
+          const uint16_t h = FloatToHalf(x);
+          std::memcpy(out + 2 * i, &h, 2);
+          break;
+        }
+        default: {
+          const uint16_t b = FloatToBFloat16(x);
+          std::memcpy(out + 2 * i, &b, 2);
+          break;
+        }
+      }
+    }
+  } else if (array.dtype == DType::kInt64) {
+    const int64_t range = IndexRangeOf(graph, v);
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t x =
+          range > 0 ? static_cast<int64_t>(rng.Next() % static_cast<uint64_t>(range)) : 0;
+      std::memcpy(out + 8 * i, &x, 8);
+    }
+  } else {  // u8 masks
+    for (int64_t i = 0; i < n; ++i) out[i] = static_cast<uint8_t>(rng.Next() >> 63);
+  }
+  return array;
+}
+
+// ---------------------------------------------------------------- executor
+
+const HostTensor* ExecutionResult::FindOutput(const Graph& graph, absl::string_view id) const {
+  const NodeId v = graph.Find(id);
+  for (const HostTensor& t : outputs) {
+    if (t.node == v) return &t;
+  }
+  return nullptr;
+}
+
+namespace {
+
+// Frees backend memory on every exit path.
+class DeviceBuffer {
+ public:
+  DeviceBuffer(Backend& backend, std::byte* ptr, bool host)
+      : backend_(backend), ptr_(ptr), host_(host) {}
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  DeviceBuffer(DeviceBuffer&& other) noexcept
+      : backend_(other.backend_), ptr_(other.ptr_), host_(other.host_) {
+    other.ptr_ = nullptr;
+  }
+  ~DeviceBuffer() {
+    if (ptr_ == nullptr) return;
+    if (host_) {
+      backend_.FreeHost(ptr_);
+    } else {
+      backend_.FreeDevice(ptr_);
+    }
+  }
+  std::byte* get() const { return ptr_; }
+
+ private:
+  Backend& backend_;
+  std::byte* ptr_;
+  bool host_;
+};
+
+// An event and its place in its stream's order (events of one stream
+// complete in the order they were recorded, so waiting for the latest one
+// covers the earlier ones).
+struct StreamEvent {
+  EventId id = -1;
+  Stream stream = Stream::kCompute;
+  int64_t seq = -1;  // position on its stream; -1: none (ready at time 0)
+  bool valid() const { return seq >= 0; }
+};
+
+// The Record/Wait bookkeeping of SPEC section 4 (see executor.h).
+class StreamTracker {
+ public:
+  explicit StreamTracker(Backend& backend) : backend_(backend) {}
+
+  absl::StatusOr<StreamEvent> Record(Stream s) {
+    ASSIGN_OR_RETURN(EventId id, backend_.Record(s));
+    return StreamEvent{id, s, next_seq_[Index(s)]++};
+  }
+
+  // Later work on `s` waits for `e` (nothing when e is on s itself, or is
+  // older than an event s already waits for).
+  absl::Status Wait(Stream s, const StreamEvent& e) {
+    if (!e.valid() || e.stream == s) return absl::OkStatus();
+    int64_t& waited = waited_[Index(s)];
+    if (e.seq <= waited) return absl::OkStatus();
+    RETURN_IF_ERROR(backend_.Wait(s, e.id));
+    waited = e.seq;
+    return absl::OkStatus();
+  }
+
+ private:
+  static int Index(Stream s) { return s == Stream::kCompute ? 0 : 1; }
+  Backend& backend_;
+  int64_t next_seq_[2] = {0, 0};
+  int64_t waited_[2] = {-1, -1};  // latest seq of the other stream waited for
+};
+
+// The later of two events of the same stream.
+StreamEvent Later(const StreamEvent& a, const StreamEvent& b) {
+  if (!a.valid()) return b;
+  if (!b.valid()) return a;
+  PEBBLE_CHECK(a.stream == b.stream);
+  return a.seq >= b.seq ? a : b;
+}
+
+std::string StepLabel(const Graph& graph, const Schedule& schedule, int k) {
+  const Step& step = schedule.steps[k];
+  return absl::StrCat("step ", k, " (", ActionName(step.action), " '", graph.id(step.node),
+                      "', op ", graph.op(step.node), ")");
+}
+
+absl::Status AtStep(const Graph& graph, const Schedule& schedule, int k,
+                    const absl::Status& status) {
+  return absl::Status(status.code(), absl::StrCat(StepLabel(graph, schedule, k), ": ",
+                                                  status.message()));
+}
+
+}  // namespace
+
+absl::StatusOr<ExecutionResult> Execute(const Graph& graph, const Schedule& schedule,
+                                        Backend& backend, const ExecutorOptions& options,
+                                        const MemoryLayout* given_layout) {
+  const auto setup_start = std::chrono::steady_clock::now();
+  ExecutionResult result;
+  // 1-2. Refuse what cannot run, before touching the backend's memory.
+  ASSIGN_OR_RETURN(result.predicted, Simulate(graph, schedule, options.simulator));
+  RETURN_IF_ERROR(backend.CheckSupported(graph));
+  for (NodeId v = 0; v < graph.num_nodes(); ++v) {
+    if (graph.persistent(v)) RETURN_IF_ERROR(NeedsShape(graph, v));
+  }
+  for (const Step& step : schedule.steps) RETURN_IF_ERROR(NeedsShape(graph, step.node));
+  if (given_layout != nullptr) {
+    RETURN_IF_ERROR(VerifyLayout(graph, schedule, *given_layout));
+    result.layout = *given_layout;
+  } else {
+    ASSIGN_OR_RETURN(result.layout, PlanMemoryLayout(graph, schedule, options.layout));
+  }
+  result.device = backend.Description();
+  const MemoryLayout& layout = result.layout;
+  const int num_steps = static_cast<int>(schedule.steps.size());
+
+  // Instances by what creates them.
+  std::vector<int32_t> persistent_instance(graph.num_nodes(), -1);
+  std::vector<int32_t> step_output(num_steps, -1), step_workspace(num_steps, -1);
+  for (size_t i = 0; i < layout.instances.size(); ++i) {
+    const TensorInstance& inst = layout.instances[i];
+    if (graph.persistent(inst.node)) {
+      persistent_instance[inst.node] = static_cast<int32_t>(i);
+    } else if (inst.workspace) {
+      step_workspace[inst.first_step] = static_cast<int32_t>(i);
+    } else {
+      step_output[inst.first_step] = static_cast<int32_t>(i);
+    }
+  }
+
+  // 3. One arena, once.
+  const int64_t device_before = backend.MemoryStats().device_bytes_in_use;
+  ASSIGN_OR_RETURN(std::byte * arena_ptr, backend.AllocateDevice(layout.arena_bytes));
+  result.arena_bytes = backend.MemoryStats().device_bytes_in_use - device_before;
+  DeviceBuffer arena(backend, arena_ptr, /*host=*/false);
+  if (options.poison_arena) RETURN_IF_ERROR(backend.Fill(arena.get(), 0xFF, layout.arena_bytes));
+  auto address = [&](int32_t instance) {
+    const TensorInstance& inst = layout.instances[instance];
+    PEBBLE_CHECK(inst.offset >= 0 && inst.offset + inst.bytes <= layout.arena_bytes,
+                 "instance outside the arena");
+    return arena.get() + inst.offset;
+  };
+  auto view = [&](NodeId v, int32_t instance) {
+    return TensorView{address(instance), *graph.shape(v), *graph.dtype(v)};
+  };
+
+  // 4. Persistent tensors.
+  for (NodeId v = 0; v < graph.num_nodes(); ++v) {
+    if (!graph.persistent(v)) continue;
+    PEBBLE_CHECK(persistent_instance[v] >= 0, "persistent node without an instance");
+    std::optional<NpyArray> array;
+    if (!options.inputs_dir.empty()) {
+      ASSIGN_OR_RETURN(array, ReadInputFile(graph, v, options.inputs_dir));
+    }
+    if (array.has_value()) {
+      result.loaded_inputs.push_back(v);
+    } else {
+      ASSIGN_OR_RETURN(array, GenerateInput(graph, v, options.seed));
+      result.generated_inputs.push_back(v);
+    }
+    PEBBLE_CHECK(static_cast<int64_t>(array->data.size()) == graph.bytes(v),
+                 "tensor bytes differ from the node's bytes");
+    RETURN_IF_ERROR(backend.Upload(address(persistent_instance[v]), array->data.data(),
+                                   graph.bytes(v)));
+  }
+
+  // 5. The steps. Executor-side state, kept apart from the simulator's.
+  std::vector<int32_t> current(graph.num_nodes(), -1);  // instance held, or -1
+  for (NodeId v = 0; v < graph.num_nodes(); ++v) current[v] = persistent_instance[v];
+  std::vector<int32_t> host_index(graph.num_nodes(), -1);  // into host_buffers
+  std::vector<DeviceBuffer> host_buffers;
+  std::vector<StreamEvent> ready(graph.num_nodes());         // v's data is complete
+  std::vector<StreamEvent> last_compute_use(graph.num_nodes());  // read or produced v
+  std::vector<StreamEvent> last_offload(graph.num_nodes());
+  StreamEvent freed_compute, freed_copy;  // the latest behind any earlier free
+  int64_t held = graph.persistent_bytes(), host_held = 0;
+  result.peak_bytes = held;
+  result.peak_step = -1;
+
+  struct StepEvents {
+    StreamEvent start, end;
+  };
+  std::vector<StepEvents> events(num_steps);
+  result.steps.resize(num_steps);
+
+  result.setup_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - setup_start).count();
+  backend.ResetEvents();
+  StreamTracker streams(backend);
+  ASSIGN_OR_RETURN(StreamEvent origin, streams.Record(Stream::kCompute));
+  KernelContext ctx;
+  ctx.graph = &graph;
+
+  for (int k = 0; k < num_steps; ++k) {
+    const Step& step = schedule.steps[k];
+    const NodeId v = step.node;
+    StepMeasurement& m = result.steps[k];
+    m.action = step.action;
+    m.node = v;
+    int64_t during = held;
+    switch (step.action) {
+      case Action::kCompute: {
+        PEBBLE_CHECK(current[v] < 0 && step_output[k] >= 0, "compute without a new instance");
+        for (NodeId u : graph.unique_inputs(v)) {
+          PEBBLE_CHECK(current[u] >= 0, "compute input not resident");
+          auto s = streams.Wait(Stream::kCompute, ready[u]);
+          if (!s.ok()) return AtStep(graph, schedule, k, s);
+        }
+        auto s = streams.Wait(Stream::kCompute, freed_copy);  // R_k
+        if (!s.ok()) return AtStep(graph, schedule, k, s);
+        ctx.node = v;
+        ctx.inputs.clear();
+        for (NodeId u : graph.inputs(v)) ctx.inputs.push_back(view(u, current[u]));
+        current[v] = step_output[k];
+        ctx.output = view(v, current[v]);
+        if (step_workspace[k] >= 0) {
+          ctx.workspace = address(step_workspace[k]);
+          ctx.workspace_bytes = layout.instances[step_workspace[k]].bytes;
+        } else {
+          ctx.workspace = nullptr;
+          ctx.workspace_bytes = 0;
+        }
+        held += graph.bytes(v);
+        during = held + ctx.workspace_bytes;
+        auto start = streams.Record(Stream::kCompute);
+        if (!start.ok()) return AtStep(graph, schedule, k, start.status());
+        s = backend.Compute(ctx);
+        if (!s.ok()) return AtStep(graph, schedule, k, s);
+        auto end = streams.Record(Stream::kCompute);
+        if (!end.ok()) return AtStep(graph, schedule, k, end.status());
+        events[k] = {*start, *end};
+        ready[v] = *end;
+        last_compute_use[v] = *end;
+        for (NodeId u : graph.unique_inputs(v)) last_compute_use[u] = *end;
+        break;
+      }
+      case Action::kOffload: {
+        PEBBLE_CHECK(current[v] >= 0, "offload of a tensor not resident");
+        auto s = streams.Wait(Stream::kCopy, ready[v]);
+        if (!s.ok()) return AtStep(graph, schedule, k, s);
+        if (host_index[v] < 0) {
+          auto buffer = backend.AllocateHost(graph.bytes(v));
+          if (!buffer.ok()) return AtStep(graph, schedule, k, buffer.status());
+          host_index[v] = static_cast<int32_t>(host_buffers.size());
+          host_buffers.emplace_back(backend, *buffer, /*host=*/true);
+          host_held += graph.bytes(v);
+        }
+        auto start = streams.Record(Stream::kCopy);
+        if (!start.ok()) return AtStep(graph, schedule, k, start.status());
+        s = backend.Copy(CopyDirection::kDeviceToHost, host_buffers[host_index[v]].get(),
+                         address(current[v]), graph.bytes(v));
+        if (!s.ok()) return AtStep(graph, schedule, k, s);
+        auto end = streams.Record(Stream::kCopy);
+        if (!end.ok()) return AtStep(graph, schedule, k, end.status());
+        events[k] = {*start, *end};
+        last_offload[v] = *end;
+        break;
+      }
+      case Action::kPrefetch: {
+        PEBBLE_CHECK(current[v] < 0 && host_index[v] >= 0 && step_output[k] >= 0,
+                     "prefetch without a host copy or a new instance");
+        auto s = streams.Wait(Stream::kCopy, freed_compute);  // R_k
+        if (!s.ok()) return AtStep(graph, schedule, k, s);
+        current[v] = step_output[k];
+        held += graph.bytes(v);
+        during = held;
+        auto start = streams.Record(Stream::kCopy);
+        if (!start.ok()) return AtStep(graph, schedule, k, start.status());
+        s = backend.Copy(CopyDirection::kHostToDevice, address(current[v]),
+                         host_buffers[host_index[v]].get(), graph.bytes(v));
+        if (!s.ok()) return AtStep(graph, schedule, k, s);
+        auto end = streams.Record(Stream::kCopy);
+        if (!end.ok()) return AtStep(graph, schedule, k, end.status());
+        events[k] = {*start, *end};
+        ready[v] = *end;
+        break;
+      }
+      case Action::kFree: {
+        PEBBLE_CHECK(current[v] >= 0 && !graph.persistent(v), "free of a tensor not held");
+        current[v] = -1;
+        held -= graph.bytes(v);
+        during = held;
+        // Really free once every compute that read or produced v and every
+        // offload of v is done (SPEC section 4).
+        freed_compute = Later(freed_compute, last_compute_use[v]);
+        freed_copy = Later(freed_copy, last_offload[v]);
+        events[k] = {last_compute_use[v], last_offload[v]};  // resolved below
+        break;
+      }
+    }
+    m.resident_bytes = held;
+    m.during_bytes = during;
+    m.host_bytes = host_held;
+    if (during > result.peak_bytes) {
+      result.peak_bytes = during;
+      result.peak_step = k;
+    }
+    result.host_peak_bytes = std::max(result.host_peak_bytes, host_held);
+  }
+  auto synced = backend.Synchronize();
+  if (!synced.ok()) return synced;
+  ASSIGN_OR_RETURN(StreamEvent last_compute, streams.Record(Stream::kCompute));
+  ASSIGN_OR_RETURN(StreamEvent last_copy, streams.Record(Stream::kCopy));
+
+  // Times, now that every event is complete.
+  auto at = [&](const StreamEvent& e) -> absl::StatusOr<double> {
+    if (!e.valid()) return 0.0;
+    return backend.ElapsedSeconds(origin.id, e.id);
+  };
+  double last_end = 0;
+  for (int k = 0; k < num_steps; ++k) {
+    StepMeasurement& m = result.steps[k];
+    if (m.action == Action::kFree) {
+      ASSIGN_OR_RETURN(double a, at(events[k].start));
+      ASSIGN_OR_RETURN(double b, at(events[k].end));
+      m.start_s = m.end_s = std::max(a, b);
+    } else {
+      ASSIGN_OR_RETURN(m.start_s, at(events[k].start));
+      ASSIGN_OR_RETURN(m.end_s, at(events[k].end));
+      const double d = m.end_s - m.start_s;
+      if (m.action == Action::kCompute) {
+        result.kernel_time_s += d;
+      } else {
+        result.copy_time_s += d;
+      }
+    }
+    last_end = std::max(last_end, m.end_s);
+  }
+  (void)last_compute;
+  (void)last_copy;
+  result.time_s = last_end;
+  result.overhead_s =
+      std::max(0.0, result.time_s - result.kernel_time_s - result.copy_time_s);
+
+  // 6. Outputs.
+  if (options.download_outputs) {
+    for (NodeId v : graph.outputs()) {
+      PEBBLE_CHECK(current[v] >= 0, "output not resident at the end");
+      HostTensor t;
+      t.node = v;
+      t.array.shape = *graph.shape(v);
+      t.array.dtype = *graph.dtype(v);
+      t.array.data.resize(static_cast<size_t>(graph.bytes(v)));
+      RETURN_IF_ERROR(backend.Download(t.array.data.data(), address(current[v]), graph.bytes(v)));
+      if (t.array.dtype == DType::kBFloat16) {
+        const int64_t n = NumElements(t.array.shape);
+        std::vector<uint8_t> wide(static_cast<size_t>(4 * n));
+        for (int64_t i = 0; i < n; ++i) {
+          uint16_t b;
+          std::memcpy(&b, t.array.data.data() + 2 * i, 2);
+          const float x = BFloat16ToFloat(b);
+          std::memcpy(wide.data() + 4 * i, &x, 4);
+        }
+        t.array.dtype = DType::kFloat32;
+        t.array.data = std::move(wide);
+      }
+      result.outputs.push_back(std::move(t));
+    }
+    const NodeId loss = graph.Find("loss");
+    if (const HostTensor* t = loss == kNoNode ? nullptr : result.FindOutput(graph, "loss");
+        t != nullptr && NumElements(t->array.shape) == 1) {
+      switch (t->array.dtype) {
+        case DType::kFloat32: {
+          float x;
+          std::memcpy(&x, t->array.data.data(), 4);
+          result.loss = x;
+          break;
+        }
+        case DType::kFloat16: {
+          uint16_t h;
+          std::memcpy(&h, t->array.data.data(), 2);
+          result.loss = HalfToFloat(h);
+          break;
+        }
+        default:
+          break;
+      }
+    }
+  }
+  result.backend_memory = backend.MemoryStats();
+  return result;
+}
+
+}  // namespace pebble

@@ -1,0 +1,118 @@
+#include "runtime/trace.h"
+
+#include <algorithm>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
+
+namespace pebble {
+namespace {
+
+constexpr int kPid = 1;
+constexpr int kComputeTid = 1;
+constexpr int kCopyTid = 2;
+
+double Micros(double seconds) { return seconds * 1e6; }
+
+}  // namespace
+
+nlohmann::json ChromeTrace(const Graph& graph, const ExecutionResult& result) {
+  nlohmann::json events = nlohmann::json::array();
+  events.push_back({{"ph", "M"}, {"pid", kPid}, {"name", "process_name"},
+                    {"args", {{"name", absl::StrCat("pebble ", graph.name(), " on ",
+                                                    result.device)}}}});
+  events.push_back({{"ph", "M"}, {"pid", kPid}, {"tid", kComputeTid}, {"name", "thread_name"},
+                    {"args", {{"name", "compute"}}}});
+  events.push_back({{"ph", "M"}, {"pid", kPid}, {"tid", kCopyTid}, {"name", "thread_name"},
+                    {"args", {{"name", "copy"}}}});
+  auto counter = [&](double t, int64_t device, int64_t host) {
+    events.push_back({{"ph", "C"}, {"pid", kPid}, {"name", "device memory"}, {"ts", Micros(t)},
+                      {"args", {{"bytes", device}}}});
+    events.push_back({{"ph", "C"}, {"pid", kPid}, {"name", "host memory"}, {"ts", Micros(t)},
+                      {"args", {{"bytes", host}}}});
+  };
+  counter(0, result.predicted.initial_bytes, 0);
+  std::vector<bool> computed(graph.num_nodes(), false);
+  for (size_t k = 0; k < result.steps.size(); ++k) {
+    const StepMeasurement& s = result.steps[k];
+    const std::string& id = graph.id(s.node);
+    const int64_t bytes = graph.bytes(s.node);
+    switch (s.action) {
+      case Action::kCompute: {
+        events.push_back({{"ph", "X"}, {"pid", kPid}, {"tid", kComputeTid}, {"name", id},
+                          {"cat", "compute"}, {"ts", Micros(s.start_s)},
+                          {"dur", Micros(s.end_s - s.start_s)},
+                          {"args", {{"step", k}, {"op", graph.op(s.node)}, {"bytes", bytes},
+                                    {"recompute", static_cast<bool>(computed[s.node])}}}});
+        computed[s.node] = true;
+        break;
+      }
+      case Action::kOffload:
+      case Action::kPrefetch:
+        events.push_back({{"ph", "X"}, {"pid", kPid}, {"tid", kCopyTid},
+                          {"name", absl::StrCat(ActionName(s.action), " ", id)},
+                          {"cat", std::string(ActionName(s.action))}, {"ts", Micros(s.start_s)},
+                          {"dur", Micros(s.end_s - s.start_s)},
+                          {"args", {{"step", k}, {"bytes", bytes}}}});
+        break;
+      case Action::kFree:
+        events.push_back({{"ph", "i"}, {"pid", kPid}, {"tid", kComputeTid}, {"s", "t"},
+                          {"name", absl::StrCat("free ", id)}, {"cat", "free"},
+                          {"ts", Micros(s.end_s)}, {"args", {{"step", k}, {"bytes", bytes}}}});
+        break;
+    }
+    counter(s.start_s, s.during_bytes, s.host_bytes);
+    counter(s.end_s, s.resident_bytes, s.host_bytes);
+  }
+  return {{"displayTimeUnit", "ms"},
+          {"traceEvents", std::move(events)},
+          {"otherData",
+           {{"graph", graph.name()},
+            {"device", result.device},
+            {"measured_peak_bytes", result.peak_bytes},
+            {"predicted_peak_bytes", result.predicted.peak_bytes},
+            {"arena_bytes", result.layout.arena_bytes}}}};
+}
+
+std::string ModuleOf(absl::string_view id) {
+  absl::ConsumePrefix(&id, "grad:");
+  if (size_t hash = id.find('#'); hash != absl::string_view::npos) id = id.substr(0, hash);
+  for (absl::string_view suffix :
+       {".weight", ".bias", ".stats", ".running_mean", ".running_var"}) {
+    if (absl::ConsumeSuffix(&id, suffix)) break;
+  }
+  return std::string(id);
+}
+
+std::vector<MemoryLogRow> MemoryLog(const Graph& graph, const ExecutionResult& result) {
+  std::vector<MemoryLogRow> rows;
+  std::vector<bool> computed(graph.num_nodes(), false);
+  int64_t before = result.predicted.initial_bytes;
+  for (size_t k = 0; k < result.steps.size(); ++k) {
+    const StepMeasurement& s = result.steps[k];
+    if (s.action == Action::kCompute) {
+      std::string module = ModuleOf(graph.id(s.node));
+      std::string phase = graph.role(s.node) == Role::kBackward ? "backward"
+                          : computed[s.node]                   ? "recompute"
+                                                               : "forward";
+      computed[s.node] = true;
+      if (rows.empty() || rows.back().module != module || rows.back().phase != phase) {
+        const int64_t start = rows.empty() ? before : rows.back().total_bytes;
+        rows.push_back({static_cast<int>(k), static_cast<int>(k), std::move(module),
+                        std::move(phase), 0, start, 0});
+      }
+    } else if (rows.empty()) {
+      rows.push_back({static_cast<int>(k), static_cast<int>(k), "", "start", 0, before, 0});
+    }
+    MemoryLogRow& row = rows.back();
+    const int64_t row_start = row.total_bytes - row.delta_bytes;
+    row.last_step = static_cast<int>(k);
+    row.total_bytes = s.resident_bytes;
+    row.delta_bytes = s.resident_bytes - row_start;
+    row.peak_bytes = std::max(row.peak_bytes, s.during_bytes);
+  }
+  return rows;
+}
+
+}  // namespace pebble

@@ -1,0 +1,150 @@
+#include "scheduler/cost_profile.h"
+
+#include <cmath>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "graph/status.h"
+
+namespace pebble {
+namespace {
+
+constexpr const char* kFormat = "pebble-cost-profile";
+constexpr int kVersion = 1;
+
+std::string TypeText(const Graph& graph, NodeId v) {
+  return absl::StrCat(DTypeName(*graph.dtype(v)), ShapeToString(*graph.shape(v)));
+}
+
+absl::StatusOr<double> NonNegativeNumber(const nlohmann::json& doc,
+                                         const std::string& field) {
+  if (!doc.contains(field)) return 0.0;
+  const nlohmann::json& v = doc.at(field);
+  if (!v.is_number() || !std::isfinite(v.get<double>()) || v.get<double>() < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cost profile: '", field, "' must be a non-negative finite number"));
+  }
+  return v.get<double>();
+}
+
+}  // namespace
+
+std::optional<double> CostProfile::PlannerBandwidth() const {
+  const double a = bandwidth_h2d_bytes_per_s, b = bandwidth_d2h_bytes_per_s;
+  if (a > 0 && b > 0) return std::min(a, b);
+  if (a > 0) return a;
+  if (b > 0) return b;
+  return std::nullopt;
+}
+
+std::optional<std::string> CostKey(const Graph& graph, NodeId v) {
+  if (!graph.shape(v).has_value() || !graph.dtype(v).has_value()) return std::nullopt;
+  std::vector<std::string> operands;
+  for (NodeId u : graph.inputs(v)) {
+    if (!graph.shape(u).has_value() || !graph.dtype(u).has_value()) return std::nullopt;
+    operands.push_back(TypeText(graph, u));
+  }
+  const nlohmann::json& attrs = graph.attrs(v);
+  // nlohmann's objects are sorted maps: dump() is canonical.
+  const std::string attr_text = attrs.is_object() ? attrs.dump() : "{}";
+  return absl::StrCat(graph.op(v), "|", absl::StrJoin(operands, ";"), "|",
+                      DTypeName(*graph.dtype(v)), "|", attr_text);
+}
+
+nlohmann::json CostProfileToJson(const CostProfile& profile) {
+  nlohmann::json doc = {{"format", kFormat},
+                        {"version", kVersion},
+                        {"backend", profile.backend},
+                        {"device", profile.device},
+                        {"bandwidth_h2d_bytes_per_s", profile.bandwidth_h2d_bytes_per_s},
+                        {"bandwidth_d2h_bytes_per_s", profile.bandwidth_d2h_bytes_per_s}};
+  nlohmann::json entries = nlohmann::json::object();
+  for (const auto& [key, seconds] : profile.entries) entries[key] = seconds;
+  doc["entries"] = std::move(entries);
+  return doc;
+}
+
+absl::StatusOr<CostProfile> CostProfileFromJson(const nlohmann::json& doc) {
+  if (!doc.is_object()) {
+    return absl::InvalidArgumentError("cost profile: expected a JSON object");
+  }
+  if (!doc.contains("format") || doc.at("format") != kFormat) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cost profile: 'format' must be \"", kFormat, "\""));
+  }
+  if (!doc.contains("version") || doc.at("version") != kVersion) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cost profile: unsupported 'version' (this pebble reads ", kVersion, ")"));
+  }
+  CostProfile p;
+  for (const char* field : {"backend", "device"}) {
+    if (doc.contains(field) && !doc.at(field).is_string()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("cost profile: '", field, "' must be a string"));
+    }
+  }
+  p.backend = doc.value("backend", "");
+  p.device = doc.value("device", "");
+  ASSIGN_OR_RETURN(p.bandwidth_h2d_bytes_per_s,
+                   NonNegativeNumber(doc, "bandwidth_h2d_bytes_per_s"));
+  ASSIGN_OR_RETURN(p.bandwidth_d2h_bytes_per_s,
+                   NonNegativeNumber(doc, "bandwidth_d2h_bytes_per_s"));
+  if (!doc.contains("entries") || !doc.at("entries").is_object()) {
+    return absl::InvalidArgumentError("cost profile: 'entries' must be an object");
+  }
+  for (const auto& [key, value] : doc.at("entries").items()) {
+    if (!value.is_number() || !std::isfinite(value.get<double>()) ||
+        value.get<double>() < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "cost profile: entry '", key, "' must be a non-negative finite number of seconds"));
+    }
+    p.entries[key] = value.get<double>();
+  }
+  return p;
+}
+
+absl::StatusOr<CostProfile> ReadCostProfileFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot read cost profile '", path, "'"));
+  std::stringstream text;
+  text << in.rdbuf();
+  nlohmann::json doc = nlohmann::json::parse(text.str(), nullptr, /*allow_exceptions=*/false);
+  if (doc.is_discarded()) {
+    return absl::InvalidArgumentError(absl::StrCat("cost profile '", path, "' is not valid JSON"));
+  }
+  auto profile = CostProfileFromJson(doc);
+  if (!profile.ok()) {
+    return absl::Status(profile.status().code(),
+                        absl::StrCat(path, ": ", profile.status().message()));
+  }
+  return profile;
+}
+
+absl::StatusOr<Graph> ApplyCostProfile(const Graph& graph, const CostProfile& profile,
+                                       CostProfileMatch* match) {
+  CostProfileMatch m;
+  GraphBuilder builder(graph.name());
+  for (NodeId v = 0; v < graph.num_nodes(); ++v) {
+    NodeSpec spec = SpecOf(graph, v);
+    if (!graph.persistent(v)) {
+      const std::optional<std::string> key = CostKey(graph, v);
+      auto it = key.has_value() ? profile.entries.find(*key) : profile.entries.end();
+      if (it != profile.entries.end()) {
+        spec.cost = it->second;
+        ++m.matched;
+      } else {
+        ++m.unmatched;
+      }
+    }
+    builder.AddNode(std::move(spec));
+  }
+  for (NodeId v : graph.outputs()) builder.AddOutput(graph.id(v));
+  if (match != nullptr) *match = m;
+  return builder.Build();
+}
+
+}  // namespace pebble

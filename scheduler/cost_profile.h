@@ -1,0 +1,71 @@
+// Measured cost profiles (docs/cuda.md, "Calibration"): per-operator times
+// measured on a backend by `pebble calibrate`, and the host link bandwidth,
+// so that plans rest on measured times instead of FLOP counts alone.
+//
+// A profile is data (JSON, "format": "pebble-cost-profile", "version": 1):
+//
+//   {"format": "pebble-cost-profile", "version": 1,
+//    "backend": "cuda", "device": "NVIDIA H100 ...",
+//    "bandwidth_h2d_bytes_per_s": 2.5e10, "bandwidth_d2h_bytes_per_s": 2.6e10,
+//    "entries": {"conv3d|fp32(1,1,64,64,64);fp32(4,1,3,3,3);fp32(4)|fp32|{\"padding\":1,\"stride\":1}": 1.2e-4, ...}}
+//
+// An entry's key is CostKey(): the op, every operand's dtype and shape in
+// order, the output's dtype, and the attrs as canonical JSON (sorted keys).
+// Node ids are not part of it, so the same layer shape in two places of a
+// network, or in another model, shares one entry. Values are seconds for
+// one computation of the node.
+//
+// Pure data: nothing here touches a device (scheduler/ never includes
+// runtime/).
+#ifndef PEBBLE_SCHEDULER_COST_PROFILE_H_
+#define PEBBLE_SCHEDULER_COST_PROFILE_H_
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "graph/graph.h"
+#include "nlohmann/json.hpp"
+
+namespace pebble {
+
+struct CostProfile {
+  std::string backend;  // "cpu", "cuda"
+  std::string device;   // Backend::Description()
+  double bandwidth_h2d_bytes_per_s = 0;  // 0: not measured
+  double bandwidth_d2h_bytes_per_s = 0;
+  std::map<std::string, double> entries;  // CostKey -> seconds (sorted)
+
+  // The bandwidth a planner should assume for both directions: the slower
+  // of the two measured ones (SPEC section 4 has one link bandwidth); nullopt
+  // when neither was measured.
+  std::optional<double> PlannerBandwidth() const;
+};
+
+// The profile key of node v; nullopt for nodes without a shape or dtype on
+// the node or one of its inputs (they cannot be executed, so never measured).
+std::optional<std::string> CostKey(const Graph& graph, NodeId v);
+
+nlohmann::json CostProfileToJson(const CostProfile& profile);
+// Errors (InvalidArgument) name what is wrong: the format or version, a
+// missing or non-numeric field, a negative or non-finite time.
+absl::StatusOr<CostProfile> CostProfileFromJson(const nlohmann::json& doc);
+absl::StatusOr<CostProfile> ReadCostProfileFile(const std::string& path);
+
+struct CostProfileMatch {
+  int matched = 0;    // computed nodes whose cost now is the profile's
+  int unmatched = 0;  // computed nodes that keep their own cost
+};
+
+// A copy of `graph` in which every non-persistent node whose CostKey is in
+// the profile costs the profiled seconds; the others keep their cost (the
+// model zoo's FLOPs / throughput, also seconds). `match` (optional) counts.
+absl::StatusOr<Graph> ApplyCostProfile(const Graph& graph,
+                                       const CostProfile& profile,
+                                       CostProfileMatch* match = nullptr);
+
+}  // namespace pebble
+
+#endif  // PEBBLE_SCHEDULER_COST_PROFILE_H_

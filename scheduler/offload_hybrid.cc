@@ -1,0 +1,211 @@
+// The `hybrid` policy: the joint keep / swap / recompute planner, in the
+// spirit of Capuchin (Peng et al., ASPLOS 2020), POFO (Beaumont, Herrmann,
+// Pallez and Shilova, 2021) and POET (Patil et al., ICML 2022).
+//
+// Note [hybrid]. Every tensor is kept, swapped to the host or recomputed;
+// the figure of merit is the simulated makespan (SPEC section 4) under the
+// device and host budgets. The search is a minimum over candidates, every
+// one simulated:
+//
+//  1. The recompute-only and one-shot plans at the same options: baseline,
+//     best-order, sqrtn, chen-greedy, articulation, revolve (chains only),
+//     rotor and dtr; and the offload-only plans, vdnn and swap. Taking the
+//     minimum over them makes `hybrid` never slower than any of them at the
+//     same budget, by construction (the property tests check it).
+//  2. Joint plans: a recompute plan made for a looser budget B' (B' from
+//     the budget B up to the baseline peak, in quarters; with --budget min
+//     from the lowest peak up to 75% of the baseline) decides which tensors
+//     are recomputed; the greedy swap search (Note [Greedy swaps], rule
+//     kLeastExposure, optionally after the hidden-only rule) then evicts
+//     tensors at the peak, least estimated exposure per byte first, until B
+//     holds. So a tensor whose gap hides its round trip is swapped, one
+//     whose recomputation is cheap is left to the recompute plan's segments,
+//     and the rest are kept; which mix wins is decided by the simulator, not
+//     by the estimates. Each joint plan is tried with three placements: the
+//     greedy one, prefetches hoisted as early as memory allows (within B),
+//     and the simulator-guided rounds (Note [Placement rounds]).
+//
+// Not optimal: the per-tensor choice is greedy at each peak and the
+// recompute side comes from heuristics run at a few budgets; an exact
+// joint formulation (POFO's dynamic program on chains, POET's MILP) is
+// left out for time.
+#include <algorithm>
+#include <memory>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "graph/status.h"
+#include "scheduler/budget.h"
+#include "scheduler/offload.h"
+#include "scheduler/policies.h"
+
+namespace pebble {
+namespace {
+
+// The recompute-only and one-shot policies hybrid starts from.
+constexpr const char* kRecomputePolicies[] = {"baseline", "best-order", "sqrtn",
+                                              "chen-greedy", "articulation", "revolve",
+                                              "rotor", "dtr"};
+// Those whose compute sequences seed joint plans at looser budgets.
+constexpr const char* kJointBases[] = {"chen-greedy", "sqrtn", "articulation", "rotor", "dtr"};
+
+int64_t PeakOf(const ComputeSequence& seq, const std::vector<SwapInterval>& swaps) {
+  int64_t peak = seq.graph().persistent_bytes();
+  for (int64_t b : DuringBytes(seq, swaps)) peak = std::max(peak, b);
+  return peak;
+}
+
+// Moves every prefetch as early as the memory cap allows (in order of
+// position; each move keeps e + 2 <= q).
+std::vector<SwapInterval> HoistPrefetches(const ComputeSequence& seq,
+                                          std::vector<SwapInterval> swaps, int64_t cap) {
+  std::vector<int64_t> during = DuringBytes(seq, swaps);
+  std::vector<int> order(swaps.size());
+  for (size_t k = 0; k < order.size(); ++k) order[k] = static_cast<int>(k);
+  std::sort(order.begin(), order.end(), [&](int x, int y) {
+    return std::tie(swaps[x].prefetch_before, swaps[x].instance) <
+           std::tie(swaps[y].prefetch_before, swaps[y].instance);
+  });
+  for (int s : order) {
+    SwapInterval& w = swaps[s];
+    const int64_t b = seq.graph().bytes(seq.node(w.instance));
+    while (w.prefetch_before - 1 >= w.evict_after + 2 &&
+           during[w.prefetch_before - 1] + b <= cap) {
+      --w.prefetch_before;
+      during[w.prefetch_before] += b;
+    }
+  }
+  return swaps;
+}
+
+class HybridPlanner final : public Planner {
+ public:
+  absl::StatusOr<PlanResult> Plan(const Graph& graph,
+                                  const PlannerOptions& options) const override {
+    MakespanSelector selector(graph, options);
+    nlohmann::json tried = nlohmann::json::array();
+    auto consider = [&](Schedule schedule, const std::string& name, nlohmann::json details) {
+      details["candidate"] = name;
+      const PlanReport& r = selector.Consider(std::move(schedule), std::move(details));
+      tried.push_back({{"candidate", name},
+                       {"peak_bytes", r.peak_bytes},
+                       {"makespan", r.makespan},
+                       {"transfer_bytes", r.transfer_bytes},
+                       {"fits", selector.Fits(r)}});
+    };
+    // 1. Recompute-only and offload-only plans at the same options.
+    // best-order's order (an exact search on some graphs) is planned once.
+    // The compute sequences at the budget itself seed the joint plans below.
+    std::vector<NodeId> best_order;
+    std::vector<std::pair<std::string, std::vector<NodeId>>> at_budget;
+    for (const char* name : kRecomputePolicies) {
+      ASSIGN_OR_RETURN(std::unique_ptr<Planner> planner, MakePlanner(name));
+      absl::StatusOr<PlanResult> r = planner->Plan(graph, options);
+      if (!r.ok()) continue;  // e.g. revolve on a non-chain
+      std::vector<NodeId> computes = ComputeSequence::FromSchedule(graph, r->schedule).computes();
+      if (std::string(name) == "best-order") best_order = computes;
+      at_budget.emplace_back(name, std::move(computes));
+      consider(std::move(r->schedule), name, {});
+    }
+    {
+      ASSIGN_OR_RETURN(PlanResult vdnn, PlanVdnn(graph, options));
+      consider(std::move(vdnn.schedule), "vdnn", {});
+      ASSIGN_OR_RETURN(PlanResult swap,
+                       PlanSwap(graph, options, best_order.empty() ? nullptr : &best_order));
+      consider(std::move(swap.schedule), "swap", {});
+    }
+    const bool is_min = options.budget_bytes == PlannerOptions::kMinBudget;
+    ASSIGN_OR_RETURN(const int64_t baseline_peak, BaselinePeak(graph));
+    if (is_min || options.budget_bytes < baseline_peak) {
+      // 2. Joint plans from recompute plans at looser budgets.
+      std::vector<std::pair<std::string, int64_t>> looser;  // label, B'
+      for (int k = 0; k < 4; ++k) {
+        if (is_min) {
+          looser.emplace_back(k == 0 ? "min" : absl::StrCat(25 * k, "%"),
+                              k == 0 ? PlannerOptions::kMinBudget : baseline_peak * k / 4);
+        } else {
+          const int64_t b = options.budget_bytes + (baseline_peak - options.budget_bytes) * k / 4;
+          looser.emplace_back(absl::StrFormat("%.0f%%", 100.0 * static_cast<double>(b) /
+                                                            static_cast<double>(baseline_peak)),
+                              b);
+        }
+      }
+      std::vector<std::pair<std::string, std::vector<NodeId>>> bases;
+      bases.emplace_back("baseline", DefaultOrder(graph));
+      if (!best_order.empty()) bases.emplace_back("best-order", best_order);
+      for (const char* name : kJointBases) {
+        ASSIGN_OR_RETURN(std::unique_ptr<Planner> planner, MakePlanner(name));
+        for (const auto& [label, b] : looser) {
+          if (b == options.budget_bytes) {  // planned above
+            for (const auto& [done, computes] : at_budget) {
+              if (done == name) bases.emplace_back(absl::StrCat(name, "@", label), computes);
+            }
+            continue;
+          }
+          PlannerOptions o = options;
+          o.budget_bytes = b;
+          absl::StatusOr<PlanResult> r = planner->Plan(graph, o);
+          if (!r.ok()) continue;
+          bases.emplace_back(absl::StrCat(name, "@", label),
+                             ComputeSequence::FromSchedule(graph, r->schedule).computes());
+        }
+      }
+      std::vector<std::vector<NodeId>> seen;
+      for (const auto& [base_name, computes] : bases) {
+        if (std::find(seen.begin(), seen.end(), computes) != seen.end()) continue;
+        seen.push_back(computes);
+        const ComputeSequence seq(graph, computes);
+        SwapSearchOptions search;
+        search.target_bytes = options.budget_bytes;
+        search.host_budget_bytes = options.host_budget_bytes;
+        search.bandwidth_bytes_per_s = options.host_bandwidth_bytes_per_s;
+        for (int hidden_first = 0; hidden_first < 2; ++hidden_first) {
+          std::vector<SwapInterval> swaps;
+          if (hidden_first) {
+            search.rule = SwapRule::kHiddenGapsOnly;
+            swaps = GreedySwaps(seq, search);
+          }
+          search.rule = SwapRule::kLeastExposure;
+          swaps = GreedySwaps(seq, search, std::move(swaps));
+          if (swaps.empty()) break;  // nothing to swap: the base alone was considered
+          const std::string name =
+              absl::StrCat(base_name, hidden_first ? "+hidden-swaps" : "+swaps");
+          const int64_t peak = PeakOf(seq, swaps);
+          const int64_t cap = (is_min || peak > options.budget_bytes) ? peak : options.budget_bytes;
+          const nlohmann::json d = {{"swaps", swaps.size()}};
+          consider(EmitSwapSchedule(seq, swaps), name, d);
+          std::vector<SwapInterval> hoisted = HoistPrefetches(seq, swaps, cap);
+          consider(EmitSwapSchedule(seq, hoisted), name + "+early-prefetch", d);
+          std::vector<SwapInterval> refined =
+              RefinePlacement(seq, swaps, cap, options.host_bandwidth_bytes_per_s, 4);
+          consider(EmitSwapSchedule(seq, refined), name + "+refined", d);
+          refined = RefinePlacement(seq, std::move(hoisted), cap,
+                                    options.host_bandwidth_bytes_per_s, 4);
+          consider(EmitSwapSchedule(seq, refined), name + "+early-prefetch+refined", d);
+        }
+      }
+    }
+    ASSIGN_OR_RETURN(PlanResult result, selector.Finish());
+    result.details["candidates"] = std::move(tried);
+    return result;
+  }
+};
+
+}  // namespace
+
+void RegisterHybridPlanner(PlannerRegistry& registry) {
+  registry.Register(PolicyInfo{
+      .name = "hybrid",
+      .description = "joint keep / swap / recompute: the fastest simulated plan among the "
+                     "recompute-only, offload-only and joint (recompute plan at a looser "
+                     "budget + greedy swaps) candidates within the device and host budgets",
+      .kind = PlanKind::kOffload,
+      .exact = false,
+      .factory = [] { return std::make_unique<HybridPlanner>(); },
+  });
+}
+
+}  // namespace pebble

@@ -1,0 +1,131 @@
+// `pebble calibrate` end to end on the CPU backend (the same code path as
+// --backend cuda, which needs a device): the profile it writes, and
+// --profile on plan, which replaces costs with the measured times.
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "runtime/make_backend.h"
+
+namespace {
+
+using ::testing::HasSubstr;
+namespace fs = std::filesystem;
+
+struct Result {
+  int exit_code = -1;
+  std::string out;
+  std::string err;
+};
+
+std::string Slurp(const std::string& p) {
+  std::ifstream in(p);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+std::string TempPath(const std::string& name) {
+  return (fs::path(::testing::TempDir()) /
+          ("calibrate_" + std::to_string(getpid()) + "_" + name))
+      .string();
+}
+
+Result Pebble(const std::string& args) {
+  static int calls = 0;
+  const std::string out_path = TempPath(std::to_string(++calls) + ".out");
+  const std::string err_path = TempPath(std::to_string(calls) + ".err");
+  const std::string cmd = std::string(PEBBLE_BINARY_DIR) + "/bin/pebble " + args + " >" +
+                          out_path + " 2>" + err_path;
+  const int status = std::system(cmd.c_str());
+  Result r;
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  r.out = Slurp(out_path);
+  r.err = Slurp(err_path);
+  fs::remove(out_path);
+  fs::remove(err_path);
+  return r;
+}
+
+bool CpuBackendRuns() {
+  auto b = pebble::MakeBackend("cpu");
+  return b.ok() && *b != nullptr;
+}
+
+TEST(CliCalibrateTest, WritesAProfileThatPlanUses) {
+  if (!CpuBackendRuns()) GTEST_SKIP() << "the CPU backend is not available in this build";
+  const std::string profile = TempPath("profile.json");
+  fs::remove(profile);
+  Result r = Pebble("calibrate --backend cpu --model conv3d:n=8 --repeat 2 "
+                    "--transfer-size 1MiB --output " + profile + " --json");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const nlohmann::json summary = nlohmann::json::parse(r.out, nullptr, false);
+  ASSERT_FALSE(summary.is_discarded()) << r.out;
+  EXPECT_EQ(summary["backend"], "cpu");
+  EXPECT_GT(summary["bandwidth_h2d_bytes_per_s"].get<double>(), 0);
+
+  const nlohmann::json doc = nlohmann::json::parse(Slurp(profile), nullptr, false);
+  ASSERT_FALSE(doc.is_discarded());
+  EXPECT_EQ(doc["format"], "pebble-cost-profile");
+  EXPECT_EQ(doc["version"], 1);
+  EXPECT_EQ(doc["backend"], "cpu");
+  // conv3d has 3 convs, 3 relus, the loss, their gradients...: every
+  // computed node has a key; equal keys share an entry.
+  ASSERT_TRUE(doc["entries"].is_object());
+  EXPECT_GE(doc["entries"].size(), 10u);
+  bool has_conv = false;
+  for (const auto& [key, seconds] : doc["entries"].items()) {
+    EXPECT_GE(seconds.get<double>(), 0) << key;
+    if (key.rfind("conv3d|", 0) == 0) has_conv = true;
+  }
+  EXPECT_TRUE(has_conv);
+
+  // Refuses to overwrite without --force.
+  Result again = Pebble("calibrate --backend cpu --model conv3d:n=8 --repeat 1 "
+                        "--transfer-size 1MiB --output " + profile);
+  EXPECT_NE(again.exit_code, 0);
+  EXPECT_THAT(again.err, HasSubstr("--force"));
+
+  // plan --profile: every computed node of the same model matches.
+  Result plan = Pebble("plan --model conv3d:n=8 --policy baseline --budget 100% --json "
+                       "--profile " + profile);
+  ASSERT_EQ(plan.exit_code, 0) << plan.err;
+  EXPECT_THAT(plan.err, HasSubstr("computed nodes take measured times"));
+  const nlohmann::json p = nlohmann::json::parse(plan.out, nullptr, false);
+  ASSERT_FALSE(p.is_discarded());
+  // The plan's compute cost is now the sum of measured seconds, not the
+  // FLOP-based estimate.
+  Result flops = Pebble("plan --model conv3d:n=8 --policy baseline --budget 100% --json");
+  const nlohmann::json q = nlohmann::json::parse(flops.out, nullptr, false);
+  ASSERT_FALSE(q.is_discarded());
+  EXPECT_NE(p["report"]["compute_cost"], q["report"]["compute_cost"]);
+  fs::remove(profile);
+}
+
+TEST(CliCalibrateTest, BadInputsAreErrors) {
+  Result r = Pebble("calibrate --backend nosuch --model conv3d:n=8");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_THAT(r.err, HasSubstr("nosuch"));
+  Result p = Pebble("plan --model conv3d:n=8 --policy baseline --budget 100% "
+                    "--profile /nonexistent/profile.json");
+  EXPECT_NE(p.exit_code, 0);
+  EXPECT_THAT(p.err, HasSubstr("profile"));
+}
+
+TEST(CliCalibrateTest, CudaWithoutDeviceSaysSo) {
+  auto b = pebble::MakeBackend("cuda");
+  if (b.ok()) GTEST_SKIP() << "a CUDA device is present";
+  Result r = Pebble("calibrate --backend cuda --model conv3d:n=8");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_THAT(r.err, ::testing::AnyOf(HasSubstr("no CUDA device"), HasSubstr("without CUDA")));
+}
+
+}  // namespace

@@ -1,0 +1,304 @@
+// End-to-end tests of `pebble run` and `pebble fit` (SPEC section 5) on the
+// real binary and the CPU backend.
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "runtime/npy.h"
+
+namespace {
+
+using ::testing::HasSubstr;
+namespace fs = std::filesystem;
+
+struct Result {
+  int exit_code = -1;
+  std::string out;
+  std::string err;
+};
+
+std::string Slurp(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// A fresh directory for this test process.
+fs::path Scratch(const std::string& name) {
+  const fs::path dir = fs::path(::testing::TempDir()) /
+                       ("pebble_run_" + std::to_string(getpid()) + "_" + name);
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  return dir;
+}
+
+Result Pebble(const std::string& args) {
+  static int calls = 0;
+  const fs::path dir = fs::path(::testing::TempDir());
+  const std::string stem = "pebble_run_" + std::to_string(getpid()) + "_" + std::to_string(++calls);
+  const std::string out_path = (dir / (stem + ".out")).string();
+  const std::string err_path = (dir / (stem + ".err")).string();
+  const std::string cmd = std::string(PEBBLE_BINARY_DIR) + "/bin/pebble " + args + " >" +
+                          out_path + " 2>" + err_path;
+  const int status = std::system(cmd.c_str());
+  Result r;
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  r.out = Slurp(out_path);
+  r.err = Slurp(err_path);
+  fs::remove(out_path);
+  fs::remove(err_path);
+  return r;
+}
+
+nlohmann::json ParseOrFail(const std::string& text) {
+  nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
+  EXPECT_FALSE(j.is_discarded()) << "not JSON:\n" << text;
+  return j;
+}
+
+// The CPU kernels of conv3d exist (else the run tests have nothing to run).
+bool Conv3dRuns() {
+  static const bool runs = [] {
+    Result r = Pebble("run --model conv3d:n=4 --policy baseline --json");
+    if (r.exit_code != 0) std::cerr << "pebble run conv3d:n=4 failed: " << r.err << "\n";
+    return r.exit_code == 0;
+  }();
+  return runs;
+}
+
+TEST(CliRunTest, JsonReportsPredictedAndMeasured) {
+  if (!Conv3dRuns()) GTEST_SKIP() << "conv3d does not run on the CPU backend yet";
+  Result r = Pebble("run --model conv3d:n=8 --policy baseline --budget 100% --backend cpu --json");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  nlohmann::json j = ParseOrFail(r.out);
+  EXPECT_EQ(j["graph"], "conv3d:n=8");
+  EXPECT_EQ(j["model"], "conv3d:n=8");
+  EXPECT_EQ(j["policy"], "baseline");
+  EXPECT_EQ(j["backend"], "cpu");
+  EXPECT_EQ(j["feasible"], true);
+  EXPECT_THAT(j["device"].get<std::string>(), HasSubstr("oneDNN"));
+  for (const char* key : {"peak_bytes", "compute_cost", "base_cost", "overhead",
+                          "recomputations", "transfer_bytes", "host_peak_bytes", "makespan",
+                          "arena_bytes"}) {
+    EXPECT_TRUE(j["predicted"].contains(key)) << key;
+  }
+  const nlohmann::json& m = j["measured"];
+  for (const char* key : {"peak_bytes", "arena_bytes", "host_peak_bytes", "scratch_bytes",
+                          "time_s", "kernel_time_s", "overhead_s", "steps"}) {
+    EXPECT_TRUE(m.contains(key)) << key;
+  }
+  EXPECT_EQ(m["peak_bytes"], j["predicted"]["peak_bytes"]);
+  EXPECT_EQ(m["arena_bytes"], j["predicted"]["arena_bytes"]);
+  EXPECT_EQ(j["peak_equal"], true);
+  EXPECT_GT(m["time_s"].get<double>(), 0);
+  EXPECT_GE(m["time_s"].get<double>(), m["kernel_time_s"].get<double>());
+  ASSERT_TRUE(m["steps"].is_array());
+  ASSERT_FALSE(m["steps"].empty());
+  for (const auto& s : m["steps"]) {
+    EXPECT_TRUE(s.contains("action") && s.contains("node") && s.contains("start_s") &&
+                s.contains("end_s") && s.contains("resident_bytes"));
+    EXPECT_LE(s["start_s"].get<double>(), s["end_s"].get<double>());
+  }
+  ASSERT_TRUE(j["loss"].is_number());
+  EXPECT_TRUE(std::isfinite(j["loss"].get<double>()));
+  // Same seed, same loss; the default seed is 0.
+  Result again = Pebble("run --model conv3d:n=8 --policy baseline --seed 0 --json");
+  ASSERT_EQ(again.exit_code, 0) << again.err;
+  EXPECT_EQ(ParseOrFail(again.out)["loss"], j["loss"]);
+}
+
+TEST(CliRunTest, HumanOutputShowsPredictedAndMeasured) {
+  if (!Conv3dRuns()) GTEST_SKIP() << "conv3d does not run on the CPU backend yet";
+  Result r = Pebble("run --model conv3d:n=16 --policy sqrtn --budget 90%");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("peak memory"));
+  EXPECT_THAT(r.out, HasSubstr("measured == predicted"));
+  EXPECT_THAT(r.out, HasSubstr("loss"));
+}
+
+TEST(CliRunTest, DumpWritesEveryOutputAndRefusesToOverwrite) {
+  if (!Conv3dRuns()) GTEST_SKIP() << "conv3d does not run on the CPU backend yet";
+  const fs::path dir = Scratch("dump");
+  Result r = Pebble("run --model conv3d:n=16 --policy baseline --dump " + dir.string());
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  for (const char* id : {"loss", "grad:conv1.weight", "grad:conv1.bias", "grad:conv3.weight"}) {
+    auto a = pebble::ReadNpy((dir / (std::string(id) + ".npy")).string());
+    ASSERT_TRUE(a.ok()) << id << ": " << a.status();
+    EXPECT_EQ(a->dtype, pebble::DType::kFloat32);
+  }
+  auto w = pebble::ReadNpy((dir / "grad:conv1.weight.npy").string());
+  EXPECT_EQ(w->shape, (pebble::Shape{4, 1, 3, 3, 3}));
+  Result again = Pebble("run --model conv3d:n=16 --policy baseline --dump " + dir.string());
+  EXPECT_EQ(again.exit_code, 1);
+  EXPECT_THAT(again.err, HasSubstr("--force"));
+  // A recomputing policy dumps the same bytes.
+  const fs::path dir2 = Scratch("dump2");
+  Result sq = Pebble("run --model conv3d:n=16 --policy checkmate-lp --budget 90% --json --dump " +
+                     dir2.string());
+  ASSERT_EQ(sq.exit_code, 0) << sq.err;
+  EXPECT_GT(ParseOrFail(sq.out)["predicted"]["recomputations"].get<int>(), 0);
+  for (const auto& entry : fs::directory_iterator(dir)) {
+    EXPECT_EQ(Slurp(entry.path().string()),
+              Slurp((dir2 / entry.path().filename()).string()))
+        << entry.path().filename();
+  }
+  fs::remove_all(dir);
+  fs::remove_all(dir2);
+}
+
+TEST(CliRunTest, InputsAreReadFromTheDirectory) {
+  if (!Conv3dRuns()) GTEST_SKIP() << "conv3d does not run on the CPU backend yet";
+  const fs::path dir = Scratch("inputs");
+  pebble::NpyArray input;
+  input.shape = {1, 1, 8, 8, 8};
+  input.dtype = pebble::DType::kFloat32;
+  input.data.assign(512 * 4, 0);  // zeros
+  ASSERT_TRUE(pebble::WriteNpy((dir / "input.npy").string(), input).ok());
+  Result gen = Pebble("run --model conv3d:n=8 --policy baseline --json");
+  Result read = Pebble("run --model conv3d:n=8 --policy baseline --json --inputs " + dir.string());
+  ASSERT_EQ(gen.exit_code, 0) << gen.err;
+  ASSERT_EQ(read.exit_code, 0) << read.err;
+  nlohmann::json jr = ParseOrFail(read.out);
+  EXPECT_EQ(jr["loaded_inputs"], 1);
+  EXPECT_NE(jr["loss"], ParseOrFail(gen.out)["loss"]);
+  // A file of the wrong shape names the file and the node.
+  input.shape = {8, 8, 8};
+  ASSERT_TRUE(pebble::WriteNpy((dir / "input.npy").string(), input).ok());
+  Result bad = Pebble("run --model conv3d:n=8 --policy baseline --inputs " + dir.string());
+  EXPECT_EQ(bad.exit_code, 1);
+  EXPECT_THAT(bad.err, HasSubstr("input.npy"));
+  EXPECT_THAT(bad.err, HasSubstr("node 'input'"));
+  fs::remove_all(dir);
+}
+
+TEST(CliRunTest, InfeasiblePlanIsRefusedUnlessForced) {
+  if (!Conv3dRuns()) GTEST_SKIP() << "conv3d does not run on the CPU backend yet";
+  Result r = Pebble("run --model conv3d:n=8 --policy baseline --budget 50%");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_THAT(r.err, HasSubstr("does not fit"));
+  EXPECT_THAT(r.err, HasSubstr("--force"));
+  Result forced = Pebble("run --model conv3d:n=8 --policy baseline --budget 50% --force --json");
+  ASSERT_EQ(forced.exit_code, 0) << forced.err;
+  EXPECT_EQ(ParseOrFail(forced.out)["feasible"], false);
+}
+
+TEST(CliRunTest, TraceIsChromeTraceJson) {
+  if (!Conv3dRuns()) GTEST_SKIP() << "conv3d does not run on the CPU backend yet";
+  const fs::path dir = Scratch("trace");
+  const std::string path = (dir / "t.json").string();
+  Result r = Pebble("run --model conv3d:n=8 --policy baseline --trace " + path);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  nlohmann::json t = ParseOrFail(Slurp(path));
+  ASSERT_TRUE(t["traceEvents"].is_array());
+  bool compute = false, counter = false, thread_names = false;
+  for (const auto& e : t["traceEvents"]) {
+    compute |= e["ph"] == "X" && e["tid"] == 1 && e["cat"] == "compute";
+    counter |= e["ph"] == "C" && e["name"] == "device memory";
+    thread_names |= e["ph"] == "M" && e["name"] == "thread_name";
+  }
+  EXPECT_TRUE(compute && counter && thread_names);
+  EXPECT_EQ(Pebble("run --model conv3d:n=8 --policy baseline --trace " + path).exit_code, 1);
+  fs::remove_all(dir);
+}
+
+TEST(CliRunTest, MemoryLogListsModulesAndPhases) {
+  if (!Conv3dRuns()) GTEST_SKIP() << "conv3d does not run on the CPU backend yet";
+  Result r = Pebble("run --model conv3d:n=8 --policy baseline --memory-log");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("module"));
+  EXPECT_THAT(r.out, HasSubstr("conv2"));
+  EXPECT_THAT(r.out, HasSubstr("forward"));
+  EXPECT_THAT(r.out, HasSubstr("backward"));
+  Result j = Pebble("run --model conv3d:n=8 --policy baseline --memory-log --json");
+  ASSERT_EQ(j.exit_code, 0) << j.err;
+  nlohmann::json doc = ParseOrFail(j.out);
+  ASSERT_TRUE(doc["memory_log"].is_array());
+  EXPECT_EQ(doc["memory_log"][0]["module"], "conv1");
+  EXPECT_EQ(doc["memory_log"].back()["total_bytes"],
+            doc["measured"]["steps"].back()["resident_bytes"]);
+}
+
+TEST(CliRunTest, RunsAGivenScheduleFile) {
+  if (!Conv3dRuns()) GTEST_SKIP() << "conv3d does not run on the CPU backend yet";
+  const fs::path dir = Scratch("schedule");
+  const std::string s = (dir / "s.json").string();
+  ASSERT_EQ(Pebble("plan --model conv3d:n=8 --policy greedy --schedule-out " + s).exit_code, 0);
+  Result r = Pebble("run --model conv3d:n=8 --schedule " + s + " --json");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  nlohmann::json j = ParseOrFail(r.out);
+  EXPECT_EQ(j["policy"], "schedule");
+  EXPECT_EQ(j["measured"]["peak_bytes"], j["predicted"]["peak_bytes"]);
+  std::ofstream(s) << R"({"format": "pebble-schedule", "version": 1,
+                          "steps": [{"action": "compute", "node": "relu1"}]})";
+  Result bad = Pebble("run --model conv3d:n=8 --schedule " + s);
+  EXPECT_EQ(bad.exit_code, 1);
+  EXPECT_THAT(bad.err, HasSubstr("step 0"));
+  fs::remove_all(dir);
+}
+
+TEST(CliRunTest, BadArgumentsAreErrors) {
+  EXPECT_EQ(Pebble("run --model conv3d:n=8 --backend tpu").exit_code, 1);
+  EXPECT_EQ(Pebble("run --model conv3d:n=8 --policy nope").exit_code, 1);
+  Result g = Pebble("run --graph " + std::string(PEBBLE_SOURCE_DIR) +
+                    "/examples/tanh-chain-4.json --policy baseline");
+  EXPECT_EQ(g.exit_code, 1);  // an abstract graph without shapes cannot run
+  EXPECT_THAT(g.err, HasSubstr("shape"));
+}
+
+TEST(CliFitTest, LargestValuePerPolicyAndNaiveEstimate) {
+  // conv3d at 64 MiB: the naive rule gives the largest n with 26 n^3 4 <= 2^26.
+  Result r = Pebble("fit --model conv3d --vary n --budget 64MiB --policies baseline,sqrtn --json");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  nlohmann::json j = ParseOrFail(r.out);
+  int64_t naive = 0;
+  while (26 * 4 * (naive + 1) * (naive + 1) * (naive + 1) <= (int64_t{64} << 20)) ++naive;
+  EXPECT_EQ(j["naive"]["value"], naive);
+  ASSERT_EQ(j["results"].size(), 2u);
+  const nlohmann::json& base = j["results"][0];
+  EXPECT_EQ(base["policy"], "baseline");
+  EXPECT_EQ(base["baseline"], true);
+  const int64_t n = base["value"];
+  EXPECT_LE(base["predicted_peak_bytes"].get<int64_t>(), int64_t{64} << 20);
+  // n is the largest: n + 1 does not fit.
+  Result over = Pebble("plan --model conv3d:n=" + std::to_string(n + 1) +
+                       " --policy baseline --budget 64MiB --json");
+  ASSERT_EQ(over.exit_code, 0);
+  EXPECT_EQ(ParseOrFail(over.out)["feasible"], false);
+  // Recomputation fits at least as much.
+  EXPECT_GE(j["results"][1]["value"].get<int64_t>(), n);
+  Result human = Pebble("fit --model conv3d --vary n --budget 64MiB --policies baseline");
+  ASSERT_EQ(human.exit_code, 0) << human.err;
+  EXPECT_THAT(human.out, HasSubstr("naive (26 x input)"));
+  EXPECT_THAT(human.out, HasSubstr("baseline *"));
+}
+
+TEST(CliFitTest, VerifyRunsTheLargestAndMatchesThePrediction) {
+  if (!Conv3dRuns()) GTEST_SKIP() << "conv3d does not run on the CPU backend yet";
+  Result r = Pebble("fit --model conv3d --vary n --budget 2MiB --policies baseline,rotor "
+                    "--verify --json");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  nlohmann::json j = ParseOrFail(r.out);
+  for (const auto& row : j["results"]) {
+    if (row["value"].is_null()) continue;
+    ASSERT_TRUE(row.contains("measured")) << row.dump();
+    EXPECT_EQ(row["measured"]["peak_bytes"], row["predicted_peak_bytes"]) << row["policy"];
+    EXPECT_EQ(row["measured"]["peak_equal"], true);
+  }
+}
+
+TEST(CliFitTest, BadArgumentsAreErrors) {
+  EXPECT_EQ(Pebble("fit --model conv3d --vary n --budget 50%").exit_code, 1);
+  EXPECT_EQ(Pebble("fit --model conv3d --vary size --budget 1GiB").exit_code, 1);
+  EXPECT_EQ(Pebble("fit --model conv3d --budget 1GiB").exit_code, 2);
+}
+
+}  // namespace

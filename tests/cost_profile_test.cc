@@ -1,0 +1,156 @@
+// Cost profiles (scheduler/cost_profile.h): keys, JSON round trip, errors,
+// and applying a profile to a graph.
+#include "scheduler/cost_profile.h"
+
+#include <cstdio>
+#include <fstream>
+#include <string>
+
+#include "gmock/gmock.h"
+#include "graph/models/models.h"
+#include "gtest/gtest.h"
+
+namespace pebble {
+namespace {
+
+using ::testing::HasSubstr;
+
+Graph Conv3d(int n, int batch = 1) {
+  auto g = BuildModel("conv3d:n=" + std::to_string(n) + ",batch=" + std::to_string(batch));
+  EXPECT_TRUE(g.ok()) << g.status();
+  return g.ok() ? *std::move(g) : Graph();
+}
+
+TEST(CostKeyTest, NamesOpOperandsOutputAndAttrs) {
+  const Graph g = Conv3d(8);
+  const NodeId conv1 = g.Find("conv1");
+  ASSERT_NE(conv1, kNoNode);
+  const auto key = CostKey(g, conv1);
+  ASSERT_TRUE(key.has_value());
+  EXPECT_EQ(*key,
+            "conv3d|fp32(1,1,8,8,8);fp32(4,1,3,3,3);fp32(4)|fp32|"
+            "{\"padding\":1,\"stride\":1}");
+}
+
+TEST(CostKeyTest, IgnoresNodeIdsSoEqualLayersShareAKey) {
+  // relu1 (1,4,8,8,8) and relu2 (1,8,8,8,8) differ in shape; the keys of
+  // relu1 in two separately built graphs are equal.
+  const Graph a = Conv3d(8), b = Conv3d(8);
+  EXPECT_EQ(CostKey(a, a.Find("relu1")), CostKey(b, b.Find("relu1")));
+  EXPECT_NE(CostKey(a, a.Find("relu1")), CostKey(a, a.Find("relu2")));
+  // Another size is another key.
+  const Graph c = Conv3d(16);
+  EXPECT_NE(CostKey(a, a.Find("relu1")), CostKey(c, c.Find("relu1")));
+}
+
+TEST(CostKeyTest, NoKeyWithoutShapes) {
+  auto g = BuildModel("path:n=4");
+  ASSERT_TRUE(g.ok()) << g.status();
+  EXPECT_FALSE(CostKey(*g, 1).has_value());
+}
+
+TEST(CostProfileTest, JsonRoundTrip) {
+  CostProfile p;
+  p.backend = "cuda";
+  p.device = "test device";
+  p.bandwidth_h2d_bytes_per_s = 2.5e10;
+  p.bandwidth_d2h_bytes_per_s = 2.0e10;
+  p.entries["relu|fp32(4)|fp32|{}"] = 1.5e-6;
+  p.entries["add|fp32(4);fp32(4)|fp32|{}"] = 2.5e-6;
+  const nlohmann::json doc = CostProfileToJson(p);
+  EXPECT_EQ(doc["format"], "pebble-cost-profile");
+  EXPECT_EQ(doc["version"], 1);
+  auto back = CostProfileFromJson(doc);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->backend, "cuda");
+  EXPECT_EQ(back->device, "test device");
+  EXPECT_EQ(back->bandwidth_h2d_bytes_per_s, 2.5e10);
+  EXPECT_EQ(back->entries, p.entries);
+  EXPECT_EQ(back->PlannerBandwidth(), 2.0e10);  // the slower direction
+}
+
+TEST(CostProfileTest, PlannerBandwidthNeedsAMeasurement) {
+  CostProfile p;
+  EXPECT_FALSE(p.PlannerBandwidth().has_value());
+  p.bandwidth_d2h_bytes_per_s = 3e9;
+  EXPECT_EQ(p.PlannerBandwidth(), 3e9);
+}
+
+TEST(CostProfileTest, BadDocumentsAreNamedErrors) {
+  nlohmann::json good = CostProfileToJson(CostProfile{});
+  {
+    nlohmann::json d = good;
+    d["format"] = "pebble-graph";
+    EXPECT_THAT(std::string(CostProfileFromJson(d).status().message()), HasSubstr("format"));
+  }
+  {
+    nlohmann::json d = good;
+    d["version"] = 2;
+    EXPECT_THAT(std::string(CostProfileFromJson(d).status().message()), HasSubstr("version"));
+  }
+  {
+    nlohmann::json d = good;
+    d["entries"]["relu|x"] = -1.0;
+    EXPECT_THAT(std::string(CostProfileFromJson(d).status().message()), HasSubstr("relu|x"));
+  }
+  {
+    nlohmann::json d = good;
+    d["bandwidth_h2d_bytes_per_s"] = "fast";
+    EXPECT_THAT(std::string(CostProfileFromJson(d).status().message()),
+                HasSubstr("bandwidth_h2d_bytes_per_s"));
+  }
+  {
+    nlohmann::json d = good;
+    d.erase("entries");
+    EXPECT_FALSE(CostProfileFromJson(d).ok());
+  }
+  EXPECT_EQ(ReadCostProfileFile("/nonexistent/profile.json").status().code(),
+            absl::StatusCode::kNotFound);
+}
+
+TEST(CostProfileTest, ReadsAFile) {
+  CostProfile p;
+  p.backend = "cpu";
+  p.entries["relu|fp32(4)|fp32|{}"] = 1e-3;
+  const std::string path = std::string(PEBBLE_BINARY_DIR) + "/cost_profile_test.json";
+  {
+    std::ofstream out(path);
+    out << CostProfileToJson(p).dump(2);
+  }
+  auto back = ReadCostProfileFile(path);
+  std::remove(path.c_str());
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->entries, p.entries);
+}
+
+TEST(ApplyCostProfileTest, ReplacesMatchedCostsAndCountsThem) {
+  const Graph g = Conv3d(8);
+  CostProfile p;
+  const NodeId conv1 = g.Find("conv1"), relu1 = g.Find("relu1");
+  p.entries[*CostKey(g, conv1)] = 0.25;
+  p.entries[*CostKey(g, relu1)] = 0.125;
+  p.entries["unknown|fp32(1)|fp32|{}"] = 9.0;  // matches nothing
+  CostProfileMatch match;
+  auto out = ApplyCostProfile(g, p, &match);
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ(match.matched, 2);
+  int computed = 0;
+  for (NodeId v = 0; v < g.num_nodes(); ++v) computed += g.persistent(v) ? 0 : 1;
+  EXPECT_EQ(match.matched + match.unmatched, computed);
+  EXPECT_EQ(out->cost(out->Find("conv1")), 0.25);
+  EXPECT_EQ(out->cost(out->Find("relu1")), 0.125);
+  // Everything else is unchanged, structure included.
+  ASSERT_EQ(out->num_nodes(), g.num_nodes());
+  for (NodeId v = 0; v < g.num_nodes(); ++v) {
+    const NodeId w = out->Find(g.id(v));
+    ASSERT_NE(w, kNoNode);
+    EXPECT_EQ(out->bytes(w), g.bytes(v));
+    if (v != conv1 && v != relu1) {
+      EXPECT_EQ(out->cost(w), g.cost(v)) << g.id(v);
+    }
+  }
+  EXPECT_EQ(out->outputs().size(), g.outputs().size());
+}
+
+}  // namespace
+}  // namespace pebble

@@ -1,0 +1,995 @@
+// The CPU backend's own kernels (runtime/cpu/native_*.cc): each against a
+// straightforward reference (naive loops in double, hand-computed values,
+// finite differences, the adjoint identity <B(g), x> = <g, F(x)> for the
+// backward of a linear map), 16-bit floats, errors, bitwise determinism
+// across buffer addresses and thread counts, and a cross-check against
+// PyTorch when python3 with torch is available.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <unistd.h>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "graph/net_builder.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "runtime/cpu/cpu_backend.h"
+#include "runtime/cpu/native_util.h"
+#include "runtime/kernel.h"
+#include "runtime/npy.h"
+#include "tbb/global_control.h"
+
+namespace pebble {
+namespace {
+
+using Json = nlohmann::json;
+constexpr DType kF32 = DType::kFloat32;
+constexpr DType kF16 = DType::kFloat16;
+constexpr DType kBF16 = DType::kBFloat16;
+constexpr DType kI64 = DType::kInt64;
+constexpr DType kU8 = DType::kUInt8;
+
+// A host tensor: shape, dtype and raw bytes.
+struct HostTensor {
+  Shape shape;
+  DType dtype = kF32;
+  std::vector<std::byte> bytes;
+
+  int64_t size() const { return NumElements(shape); }
+  std::vector<float> Floats() const {
+    std::vector<float> out(size());
+    TensorView v{const_cast<std::byte*>(bytes.data()), shape, dtype};
+    for (int64_t i = 0; i < size(); ++i) out[i] = native::LoadAsFloat(v, i);
+    return out;
+  }
+  template <typename T>
+  std::vector<T> As() const {
+    std::vector<T> out(size());
+    std::memcpy(out.data(), bytes.data(), bytes.size());
+    return out;
+  }
+};
+
+HostTensor Floats(Shape shape, const std::vector<float>& values,
+                  DType dtype = kF32) {
+  HostTensor t{shape, dtype, {}};
+  EXPECT_EQ(static_cast<int64_t>(values.size()), t.size());
+  t.bytes.resize(t.size() * DTypeSize(dtype));
+  TensorView v{t.bytes.data(), shape, dtype};
+  for (size_t i = 0; i < values.size(); ++i) native::StoreFloat(v, i, values[i]);
+  return t;
+}
+
+HostTensor Ints(Shape shape, const std::vector<int64_t>& values) {
+  HostTensor t{shape, kI64, {}};
+  t.bytes.resize(values.size() * 8);
+  std::memcpy(t.bytes.data(), values.data(), t.bytes.size());
+  return t;
+}
+
+std::vector<float> RandomFloats(int64_t n, uint32_t seed, float lo = -1.0f,
+                                float hi = 1.0f) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> dist(lo, hi);
+  std::vector<float> v(n);
+  for (float& x : v) x = dist(rng);
+  return v;
+}
+
+HostTensor Random(Shape shape, uint32_t seed, DType dtype = kF32) {
+  return Floats(shape, RandomFloats(NumElements(shape), seed), dtype);
+}
+
+const KernelTable& NativeTable() {
+  static const KernelTable* table = [] {
+    auto* t = new KernelTable;
+    RegisterNativeKernels(*t);
+    return t;
+  }();
+  return *table;
+}
+
+// 64-byte aligned storage at `offset` bytes past an aligned address (a
+// multiple of 64), filled with garbage.
+struct Buffer {
+  std::vector<std::byte> storage;
+  std::byte* data = nullptr;
+  Buffer(int64_t bytes, int64_t offset, std::byte garbage) {
+    storage.assign(bytes + offset + 128, garbage);
+    auto addr = reinterpret_cast<uintptr_t>(storage.data());
+    data = storage.data() + ((64 - addr % 64) % 64) + offset;
+  }
+};
+
+struct RunOptions {
+  int64_t offset = 0;  // of every buffer past a 64-byte boundary
+  std::byte garbage{0xA5};
+  // Overrides the output view (shape, dtype) to test the checks.
+  const TensorType* output_override = nullptr;
+};
+
+// Builds a one-node graph (an input per operand), runs the native kernel
+// of `op` and returns its output.
+absl::StatusOr<HostTensor> RunKernel(const std::string& op,
+                               const std::vector<HostTensor>& inputs,
+                               Json attrs = Json::object(),
+                               RunOptions options = {}) {
+  NetBuilder nb("t");
+  std::vector<Value> values;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    values.push_back(nb.Input(absl::StrCat("in", i), inputs[i].shape, inputs[i].dtype));
+  }
+  Value y = nb.Apply(op, values, attrs, "y");
+  nb.MarkOutput(y);
+  absl::StatusOr<Graph> graph = nb.Build();
+  if (!graph.ok()) return graph.status();
+  KernelFn kernel = NativeTable().Find(op);
+  if (kernel == nullptr) return absl::NotFoundError(op);
+  KernelContext ctx;
+  ctx.graph = &*graph;
+  ctx.node = graph->Find("y");
+  std::vector<Buffer> buffers;
+  buffers.reserve(inputs.size() + 1);
+  for (const HostTensor& t : inputs) {
+    buffers.emplace_back(t.bytes.size(), options.offset, std::byte{0});
+    std::memcpy(buffers.back().data, t.bytes.data(), t.bytes.size());
+    ctx.inputs.push_back({buffers.back().data, t.shape, t.dtype});
+  }
+  HostTensor out;
+  out.shape = *graph->shape(ctx.node);
+  out.dtype = graph->dtype(ctx.node).value_or(kF32);
+  if (options.output_override != nullptr) {
+    out.shape = options.output_override->shape;
+    out.dtype = options.output_override->dtype;
+  }
+  const int64_t out_bytes = NumElements(out.shape) * DTypeSize(out.dtype);
+  buffers.emplace_back(out_bytes, options.offset, options.garbage);
+  ctx.output = {buffers.back().data, out.shape, out.dtype};
+  absl::Status status = kernel(ctx);
+  if (!status.ok()) return status;
+  out.bytes.assign(buffers.back().data, buffers.back().data + out_bytes);
+  return out;
+}
+
+HostTensor MustRun(const std::string& op, const std::vector<HostTensor>& inputs,
+                   Json attrs = Json::object(), RunOptions options = {}) {
+  absl::StatusOr<HostTensor> out = RunKernel(op, inputs, attrs, options);
+  EXPECT_TRUE(out.ok()) << op << ": " << out.status();
+  return out.ok() ? *out : HostTensor{};
+}
+
+// |a - b| <= tol (1 + |b|) elementwise.
+void ExpectNear(const std::vector<float>& actual,
+                const std::vector<double>& expected, double tol,
+                const std::string& what) {
+  ASSERT_EQ(actual.size(), expected.size()) << what;
+  for (size_t i = 0; i < actual.size(); ++i) {
+    ASSERT_NEAR(actual[i], expected[i], tol * (1 + std::abs(expected[i])))
+        << what << " at " << i;
+  }
+}
+
+std::vector<double> ToDouble(const std::vector<float>& v) {
+  return std::vector<double>(v.begin(), v.end());
+}
+
+double Dot(const std::vector<float>& a, const std::vector<float>& b) {
+  double s = 0;
+  for (size_t i = 0; i < a.size(); ++i) s += static_cast<double>(a[i]) * b[i];
+  return s;
+}
+
+// Row-major multi-index helpers.
+std::vector<int64_t> Unravel(int64_t i, const Shape& s) {
+  std::vector<int64_t> idx(s.size());
+  for (int d = static_cast<int>(s.size()) - 1; d >= 0; --d) {
+    idx[d] = i % s[d];
+    i /= s[d];
+  }
+  return idx;
+}
+int64_t Ravel(const std::vector<int64_t>& idx, const Shape& s) {
+  int64_t i = 0;
+  for (size_t d = 0; d < s.size(); ++d) i = i * s[d] + idx[d];
+  return i;
+}
+
+// The adjoint identity of a linear op F with backward B (attrs `bw_attrs`):
+// <B(g), x> = <g, F(x)> for random x and g.
+void ExpectAdjoint(const std::string& op, const std::string& backward,
+                   const Shape& x_shape, const Json& attrs,
+                   const Json& bw_attrs) {
+  HostTensor x = Random(x_shape, 11);
+  HostTensor y = MustRun(op, {x}, attrs);
+  HostTensor g = Random(y.shape, 12);
+  HostTensor gx = MustRun(backward, {g}, bw_attrs);
+  ASSERT_EQ(gx.shape, x_shape) << backward;
+  const double lhs = Dot(gx.Floats(), x.Floats());
+  const double rhs = Dot(g.Floats(), y.Floats());
+  EXPECT_NEAR(lhs, rhs, 1e-4 * (1 + std::abs(rhs))) << op << " / " << backward;
+}
+
+// ------------------------------------------------------------- registry
+
+TEST(NativeKernelsTest, RegistersItsOpsAndEveryOpIsInTheOpTable) {
+  const std::vector<std::string> ops = NativeTable().Ops();
+  for (const char* op :
+       {"add", "mul", "sum", "sum_backward", "sum_to", "copy", "flatten",
+        "reshape", "slice", "pad", "pad_backward", "concat", "global_avgpool",
+        "global_avgpool_backward", "adaptive_avgpool",
+        "adaptive_avgpool_backward", "upsample", "upsample_backward",
+        "softmax_cross_entropy", "softmax_cross_entropy_backward", "mse_loss",
+        "mse_loss_backward", "layernorm_stats", "layernorm",
+        "layernorm_backward", "layernorm_backward_weight",
+        "layernorm_backward_bias", "dropout_mask", "dropout",
+        "dropout_backward", "embedding", "embedding_backward", "arange",
+        "fill", "split_heads", "split_heads_backward", "merge_heads"}) {
+    EXPECT_NE(NativeTable().Find(op), nullptr) << op;
+  }
+  for (const std::string& op : ops) EXPECT_NE(FindOp(op), nullptr) << op;
+  // The backend's table holds them beside the oneDNN family (a duplicate op
+  // would abort here).
+  for (const std::string& op : ops) EXPECT_NE(CpuKernels().Find(op), nullptr) << op;
+}
+
+// ------------------------------------------------------------- 16-bit floats
+
+TEST(NativeKernelsTest, HalfAndBFloat16ConversionsRoundToNearestEven) {
+  using native::BFloat16ToFloat;
+  using native::FloatToBFloat16;
+  using native::FloatToHalf;
+  using native::HalfToFloat;
+  EXPECT_EQ(FloatToHalf(1.0f), 0x3C00);
+  EXPECT_EQ(FloatToHalf(-2.0f), 0xC000);
+  EXPECT_EQ(FloatToHalf(65504.0f), 0x7BFF);
+  EXPECT_EQ(FloatToHalf(1e6f), 0x7C00);                  // overflow: inf
+  EXPECT_EQ(FloatToHalf(std::ldexp(1.0f, -24)), 0x0001);  // smallest subnormal
+  // 1 + 2^-11 is a tie between 1 and 1 + 2^-10: to even (1).
+  EXPECT_EQ(FloatToHalf(1.0f + std::ldexp(1.0f, -11)), 0x3C00);
+  EXPECT_EQ(FloatToHalf(1.0f + 3 * std::ldexp(1.0f, -11)), 0x3C02);
+  EXPECT_TRUE(std::isnan(HalfToFloat(FloatToHalf(NAN))));
+  for (uint32_t h = 0; h < 0x7C00; ++h) {  // every finite positive half
+    ASSERT_EQ(FloatToHalf(HalfToFloat(static_cast<uint16_t>(h))), h) << h;
+  }
+  EXPECT_EQ(HalfToFloat(0x0001), std::ldexp(1.0f, -24));
+  EXPECT_EQ(FloatToBFloat16(1.0f), 0x3F80);
+  EXPECT_EQ(BFloat16ToFloat(0x4049), 3.140625f);
+  // 1 + 2^-8 is a tie: to even (1); 1 + 3 * 2^-8 rounds up.
+  EXPECT_EQ(FloatToBFloat16(1.0f + std::ldexp(1.0f, -8)), 0x3F80);
+  EXPECT_EQ(FloatToBFloat16(1.0f + 3 * std::ldexp(1.0f, -8)), 0x3F82);
+  EXPECT_TRUE(std::isnan(BFloat16ToFloat(FloatToBFloat16(NAN))));
+}
+
+// ------------------------------------------------------------- add, mul, sum_to
+
+TEST(NativeKernelsTest, AddAndMulWithBroadcastMatchNaiveLoops) {
+  for (DType dtype : {kF32, kF16, kBF16}) {
+    const double tol = dtype == kF32 ? 1e-6 : (dtype == kF16 ? 2e-3 : 1e-2);
+    HostTensor a = Random({3, 5, 7}, 1, dtype);
+    HostTensor b = Random({3, 5, 7}, 2, dtype);
+    HostTensor bias = Random({5, 7}, 3, dtype);
+    const std::vector<float> fa = a.Floats(), fb = b.Floats(), fc = bias.Floats();
+    std::vector<double> sum(105), prod(105), bsum(105), bprod(105);
+    for (int i = 0; i < 105; ++i) {
+      sum[i] = fa[i] + fb[i];
+      prod[i] = static_cast<double>(fa[i]) * fb[i];
+      bsum[i] = fa[i] + fc[i % 35];
+      bprod[i] = static_cast<double>(fc[i % 35]) * fa[i];
+    }
+    ExpectNear(MustRun("add", {a, b}).Floats(), sum, tol, "add");
+    ExpectNear(MustRun("mul", {a, b}).Floats(), prod, tol, "mul");
+    ExpectNear(MustRun("add", {a, bias}).Floats(), bsum, tol, "add bias");
+    ExpectNear(MustRun("mul", {bias, a}).Floats(), bprod, tol, "mul bias first");
+    EXPECT_EQ(MustRun("add", {a, b}).dtype, dtype);
+  }
+  // A large odd size crosses the parallel grain and the broadcast period.
+  HostTensor big = Random({70001, 3}, 4);
+  HostTensor row = Random({3}, 5);
+  const std::vector<float> out = MustRun("add", {big, row}).Floats();
+  const std::vector<float> fbig = big.Floats(), frow = row.Floats();
+  for (int64_t i = 0; i < 210003; ++i) ASSERT_EQ(out[i], fbig[i] + frow[i % 3]);
+}
+
+TEST(NativeKernelsTest, SumToReducesTheLeadingDims) {
+  for (Shape x_shape : {Shape{4, 3, 5}, Shape{3000, 7}, Shape{2, 40000}}) {
+    const Shape target(x_shape.begin() + 1, x_shape.end());
+    HostTensor x = Random(x_shape, 7);
+    const std::vector<float> fx = x.Floats();
+    const int64_t k = NumElements(target);
+    std::vector<double> ref(k, 0.0);
+    for (size_t i = 0; i < fx.size(); ++i) ref[i % k] += fx[i];
+    ExpectNear(MustRun("sum_to", {x}, {{"shape", target}}).Floats(), ref, 1e-6,
+               "sum_to " + ShapeToString(x_shape));
+  }
+  // Down to the last dim only (rank 3 -> 1).
+  HostTensor x = Random({2, 3, 4}, 8);
+  std::vector<double> ref(4, 0.0);
+  const std::vector<float> fx = x.Floats();
+  for (int i = 0; i < 24; ++i) ref[i % 4] += fx[i];
+  ExpectNear(MustRun("sum_to", {x}, {{"shape", {4}}}).Floats(), ref, 1e-6, "sum_to");
+}
+
+// ------------------------------------------------------------- copies
+
+TEST(NativeKernelsTest, CopyFlattenReshapeCopyTheBytes) {
+  HostTensor x = Random({2, 3, 4}, 9);
+  HostTensor c = MustRun("copy", {x});
+  EXPECT_EQ(c.bytes, x.bytes);
+  HostTensor f = MustRun("flatten", {x});
+  EXPECT_EQ(f.shape, (Shape{2, 12}));
+  EXPECT_EQ(f.bytes, x.bytes);
+  HostTensor r = MustRun("reshape", {x}, {{"shape", {4, -1}}});
+  EXPECT_EQ(r.shape, (Shape{4, 6}));
+  EXPECT_EQ(r.bytes, x.bytes);
+  HostTensor h = Random({3, 100003}, 10, kF16);  // parallel copy, odd size
+  EXPECT_EQ(MustRun("copy", {h}).bytes, h.bytes);
+}
+
+// ------------------------------------------------------------- slice, pad, concat
+
+TEST(NativeKernelsTest, SliceMatchesIndexing) {
+  HostTensor x = Random({3, 5, 4}, 13);
+  const std::vector<float> fx = x.Floats();
+  for (int axis = 0; axis < 3; ++axis) {
+    const int64_t begin = 1, end = x.shape[axis] - 1;
+    HostTensor y = MustRun("slice", {x}, {{"axis", axis}, {"begin", begin}, {"end", end}});
+    Shape ys = x.shape;
+    ys[axis] = end - begin;
+    ASSERT_EQ(y.shape, ys);
+    std::vector<double> ref(NumElements(ys));
+    for (int64_t i = 0; i < NumElements(ys); ++i) {
+      std::vector<int64_t> idx = Unravel(i, ys);
+      idx[axis] += begin;
+      ref[i] = fx[Ravel(idx, x.shape)];
+    }
+    ExpectNear(y.Floats(), ref, 0, "slice axis " + std::to_string(axis));
+  }
+}
+
+// out[o] = x[o - before] inside, `value` outside (F.pad semantics).
+std::vector<double> NaivePad(const HostTensor& x, const std::vector<int64_t>& pads,
+                             double value, Shape* out_shape) {
+  const int rank = static_cast<int>(x.shape.size());
+  std::vector<int64_t> before(rank, 0);
+  Shape os = x.shape;
+  for (size_t i = 0; i < pads.size() / 2; ++i) {
+    before[rank - 1 - i] = pads[2 * i];
+    os[rank - 1 - i] += pads[2 * i] + pads[2 * i + 1];
+  }
+  *out_shape = os;
+  const std::vector<float> fx = x.Floats();
+  std::vector<double> out(NumElements(os));
+  for (int64_t i = 0; i < NumElements(os); ++i) {
+    std::vector<int64_t> idx = Unravel(i, os);
+    bool inside = true;
+    for (int d = 0; d < rank; ++d) {
+      idx[d] -= before[d];
+      inside = inside && idx[d] >= 0 && idx[d] < x.shape[d];
+    }
+    out[i] = inside ? fx[Ravel(idx, x.shape)] : value;
+  }
+  return out;
+}
+
+TEST(NativeKernelsTest, PadWithValuesAndNegativeCrops) {
+  HostTensor x = Random({2, 3, 5, 4}, 14);
+  for (const std::vector<int64_t>& pads :
+       {std::vector<int64_t>{1, 2}, std::vector<int64_t>{0, 0, 2, 1},
+        std::vector<int64_t>{-1, 2, 1, -2}, std::vector<int64_t>{1, 1, 1, 1, -1, 0},
+        std::vector<int64_t>{3, -2, 0, 0, 0, 0, 1, 0}}) {
+    Shape os;
+    const std::vector<double> ref = NaivePad(x, pads, 0.5, &os);
+    HostTensor y = MustRun("pad", {x}, {{"pads", pads}, {"value", 0.5}});
+    ASSERT_EQ(y.shape, os);
+    ExpectNear(y.Floats(), ref, 0, "pad");
+    // pad_backward: the gradient of the unpadded region.
+    Json attrs = {{"pads", pads}};
+    ExpectAdjoint("pad", "pad_backward", x.shape, attrs, attrs);
+  }
+  // fp16 keeps the fill value rounded to half.
+  HostTensor h = Random({2, 3}, 15, kF16);
+  HostTensor hy = MustRun("pad", {h}, {{"pads", {1, 0}}, {"value", 0.1}});
+  EXPECT_EQ(hy.Floats()[0], native::HalfToFloat(native::FloatToHalf(0.1f)));
+}
+
+TEST(NativeKernelsTest, SliceBackwardIsAZeroPadAndConcatInvertsSlices) {
+  HostTensor a = Random({2, 3, 4}, 16), b = Random({2, 1, 4}, 17),
+             c = Random({2, 5, 4}, 18);
+  for (int axis : {1, -2}) {
+    HostTensor y = MustRun("concat", {a, b, c}, {{"axis", axis}});
+    ASSERT_EQ(y.shape, (Shape{2, 9, 4}));
+    int64_t begin = 0;
+    for (const HostTensor* part : {&a, &b, &c}) {
+      const int64_t end = begin + part->shape[1];
+      HostTensor s = MustRun("slice", {y}, {{"axis", 1}, {"begin", begin}, {"end", end}});
+      EXPECT_EQ(s.bytes, part->bytes);
+      begin = end;
+    }
+  }
+  HostTensor x0 = Random({4, 3}, 19), x1 = Random({2, 3}, 20);
+  HostTensor y0 = MustRun("concat", {x0, x1}, {{"axis", 0}});
+  std::vector<std::byte> both = x0.bytes;
+  both.insert(both.end(), x1.bytes.begin(), x1.bytes.end());
+  EXPECT_EQ(y0.bytes, both);
+  ExpectAdjoint("slice", "pad", {3, 6}, {{"axis", 1}, {"begin", 2}, {"end", 5}},
+                {{"pads", {2, 1}}});
+}
+
+// ------------------------------------------------------------- pooling
+
+TEST(NativeKernelsTest, GlobalAvgPoolAndItsGradient) {
+  HostTensor x = Random({2, 3, 5, 7}, 21);
+  const std::vector<float> fx = x.Floats();
+  std::vector<double> ref(6, 0.0);
+  for (int i = 0; i < 210; ++i) ref[i / 35] += fx[i] / 35.0;
+  ExpectNear(MustRun("global_avgpool", {x}).Floats(), ref, 1e-6, "global_avgpool");
+  ExpectAdjoint("global_avgpool", "global_avgpool_backward", {2, 3, 5, 7},
+                Json::object(), {{"input_shape", {2, 3, 5, 7}}});
+  ExpectAdjoint("global_avgpool", "global_avgpool_backward", {1, 2, 3, 4, 5},
+                Json::object(), {{"input_shape", {1, 2, 3, 4, 5}}});
+}
+
+TEST(NativeKernelsTest, AdaptiveAvgPoolUsesPyTorchBins) {
+  // 5 -> 3 bins: [0,2), [1,4), [3,5): overlapping.
+  HostTensor x = Floats({1, 1, 1, 5}, {1, 2, 3, 4, 5});
+  ExpectNear(MustRun("adaptive_avgpool", {x}, {{"output_size", {1, 3}}}).Floats(),
+             {1.5, 3.0, 4.5}, 1e-7, "1x5 -> 1x3");
+  // Naive reference on odd sizes, 4-D and 5-D.
+  for (auto [in, out] : {std::pair<Shape, Shape>{{2, 3, 7, 5}, {3, 2}},
+                         std::pair<Shape, Shape>{{1, 2, 5, 6, 7}, {2, 4, 3}}}) {
+    HostTensor t = Random(in, 22);
+    const std::vector<float> ft = t.Floats();
+    Shape os = {in[0], in[1]};
+    os.insert(os.end(), out.begin(), out.end());
+    std::vector<double> ref(NumElements(os), 0.0);
+    const int d = static_cast<int>(out.size());
+    for (int64_t i = 0; i < NumElements(os); ++i) {
+      std::vector<int64_t> o = Unravel(i, os);
+      std::vector<int64_t> lo(d), hi(d);
+      int64_t count = 1;
+      for (int k = 0; k < d; ++k) {
+        lo[k] = o[2 + k] * in[2 + k] / out[k];
+        hi[k] = ((o[2 + k] + 1) * in[2 + k] + out[k] - 1) / out[k];
+        count *= hi[k] - lo[k];
+      }
+      for (int64_t j = 0; j < NumElements(in); ++j) {
+        std::vector<int64_t> idx = Unravel(j, in);
+        bool inside = idx[0] == o[0] && idx[1] == o[1];
+        for (int k = 0; k < d && inside; ++k) {
+          inside = idx[2 + k] >= lo[k] && idx[2 + k] < hi[k];
+        }
+        if (inside) ref[i] += ft[j] / static_cast<double>(count);
+      }
+    }
+    ExpectNear(MustRun("adaptive_avgpool", {t}, {{"output_size", out}}).Floats(), ref,
+               1e-6, "adaptive_avgpool");
+    ExpectAdjoint("adaptive_avgpool", "adaptive_avgpool_backward", in,
+                  {{"output_size", out}}, {{"output_size", out}, {"input_shape", in}});
+  }
+}
+
+TEST(NativeKernelsTest, UpsampleMatchesHandComputedValues) {
+  HostTensor x = Floats({1, 1, 2, 2}, {1, 2, 3, 4});
+  // Nearest x2: each value repeated in a 2x2 block.
+  ExpectNear(MustRun("upsample", {x}, {{"scale", 2}}).Floats(),
+             {1, 1, 2, 2, 1, 1, 2, 2, 3, 3, 4, 4, 3, 3, 4, 4}, 0, "nearest");
+  // Bilinear, align_corners: src = o (in - 1) / (out - 1) = o / 3.
+  HostTensor row = Floats({1, 1, 1, 2}, {0, 3});
+  ExpectNear(MustRun("upsample", {row},
+                     {{"scale", {1, 2}}, {"mode", "bilinear"}, {"align_corners", true}})
+                 .Floats(),
+             {0, 1, 2, 3}, 1e-6, "bilinear align_corners");
+  // Bilinear, half-pixel: src = (o + 0.5) / 2 - 0.5 clamped at 0:
+  // 0, 0.25, 0.75, 1.25 -> 1 (the last index is clamped).
+  ExpectNear(MustRun("upsample", {row}, {{"scale", {1, 2}}, {"mode", "bilinear"}})
+                 .Floats(),
+             {0, 0.75, 2.25, 3}, 1e-6, "bilinear half-pixel");
+  // Nearest x3: floor(o / 3).
+  HostTensor r3 = Floats({1, 1, 1, 2}, {5, 7});
+  ExpectNear(MustRun("upsample", {r3}, {{"scale", {1, 3}}}).Floats(),
+             {5, 5, 5, 7, 7, 7}, 0, "nearest x3");
+  // Trilinear with align_corners on 2x1x1 -> 4x2x2 along depth: 0, 1/3, 2/3, 1.
+  HostTensor v = Floats({1, 1, 2, 1, 1}, {0, 6});
+  std::vector<double> ref;
+  for (double d : {0.0, 2.0, 4.0, 6.0}) ref.insert(ref.end(), 4, d);
+  ExpectNear(MustRun("upsample", {v},
+                     {{"scale", 2}, {"mode", "trilinear"}, {"align_corners", true}})
+                 .Floats(),
+             ref, 1e-6, "trilinear align_corners");
+}
+
+TEST(NativeKernelsTest, UpsampleBackwardIsTheAdjoint) {
+  struct Case {
+    Shape x;
+    Json attrs;
+  };
+  for (const Case& c : std::vector<Case>{
+           {{2, 3, 3, 5}, {{"scale", 2}}},
+           {{1, 2, 3, 4}, {{"scale", {3, 2}}}},
+           {{2, 2, 3, 5}, {{"scale", 2}, {"mode", "bilinear"}}},
+           {{2, 2, 3, 5}, {{"scale", {2, 3}}, {"mode", "bilinear"}, {"align_corners", true}}},
+           {{1, 2, 3, 2, 4}, {{"scale", 2}, {"mode", "trilinear"}}},
+           {{1, 2, 3, 2, 4}, {{"scale", 2}, {"mode", "trilinear"}, {"align_corners", true}}},
+           {{1, 1, 2, 3, 2}, {{"scale", {1, 2, 3}}, {"mode", "nearest"}}}}) {
+    Json bw = c.attrs;
+    bw["input_shape"] = c.x;
+    ExpectAdjoint("upsample", "upsample_backward", c.x, c.attrs, bw);
+  }
+}
+
+// ------------------------------------------------------------- losses
+
+TEST(NativeKernelsTest, SumAndSumBackward) {
+  HostTensor x = Random({3, 100001}, 23);
+  const std::vector<float> fx = x.Floats();
+  double ref = 0;
+  for (float v : fx) ref += v;
+  HostTensor s = MustRun("sum", {x});
+  EXPECT_EQ(s.shape, Shape{});
+  EXPECT_NEAR(s.Floats()[0], ref, 1e-6 * std::abs(ref) + 1e-6);
+  HostTensor ones = MustRun("sum_backward", {}, {{"shape", {2, 3}}, {"dtype", "fp16"}});
+  EXPECT_EQ(ones.dtype, kF16);
+  ExpectNear(ones.Floats(), std::vector<double>(6, 1.0), 0, "ones");
+  HostTensor g = Floats({}, {2.5f});
+  ExpectNear(MustRun("sum_backward", {g}, {{"shape", {4}}, {"dtype", "fp32"}}).Floats(),
+             std::vector<double>(4, 2.5), 0, "g");
+}
+
+// Cross-entropy in double: mean over targets of lse - x[target].
+double NaiveCrossEntropy(const std::vector<float>& x, const std::vector<int64_t>& t,
+                         int64_t outer, int64_t classes, int64_t inner,
+                         std::vector<double>* grad) {
+  double loss = 0;
+  const double count = static_cast<double>(outer * inner);
+  grad->assign(x.size(), 0.0);
+  for (int64_t o = 0; o < outer; ++o) {
+    for (int64_t i = 0; i < inner; ++i) {
+      auto at = [&](int64_t c) { return (o * classes + c) * inner + i; };
+      double m = -1e300;
+      for (int64_t c = 0; c < classes; ++c) m = std::max<double>(m, x[at(c)]);
+      double s = 0;
+      for (int64_t c = 0; c < classes; ++c) s += std::exp(x[at(c)] - m);
+      const int64_t target = t[o * inner + i];
+      loss += m + std::log(s) - x[at(target)];
+      for (int64_t c = 0; c < classes; ++c) {
+        (*grad)[at(c)] = (std::exp(x[at(c)] - m) / s - (c == target)) / count;
+      }
+    }
+  }
+  return loss / count;
+}
+
+TEST(NativeKernelsTest, CrossEntropyForwardAndBackward) {
+  struct Case {
+    Shape logits;
+    int axis;
+  };
+  std::mt19937 rng(24);
+  for (const Case& c : {Case{{5, 7}, 1}, Case{{2, 4, 3, 67}, 1}, Case{{2, 3, 11}, 2}}) {
+    const int64_t outer = std::accumulate(c.logits.begin(), c.logits.begin() + c.axis,
+                                          int64_t{1}, std::multiplies<>());
+    const int64_t classes = c.logits[c.axis];
+    const int64_t inner = NumElements(c.logits) / outer / classes;
+    Shape ts = c.logits;
+    ts.erase(ts.begin() + c.axis);
+    std::vector<int64_t> t(NumElements(ts));
+    for (int64_t& v : t) v = std::uniform_int_distribution<int64_t>(0, classes - 1)(rng);
+    HostTensor x = Floats(c.logits, RandomFloats(NumElements(c.logits), 25, -4, 4));
+    HostTensor target = Ints(ts, t);
+    std::vector<double> grad;
+    const double ref = NaiveCrossEntropy(x.Floats(), t, outer, classes, inner, &grad);
+    HostTensor loss = MustRun("softmax_cross_entropy", {x, target});
+    EXPECT_NEAR(loss.Floats()[0], ref, 1e-6 * std::abs(ref)) << ShapeToString(c.logits);
+    HostTensor dx = MustRun("softmax_cross_entropy_backward", {x, target}, {{"axis", c.axis}});
+    ExpectNear(dx.Floats(), grad, 1e-6, "cross-entropy grad");
+    // With an incoming gradient (not the loss): scaled.
+    HostTensor g = Floats({}, {-3.0f});
+    std::vector<double> scaled = grad;
+    for (double& v : scaled) v *= -3.0;
+    ExpectNear(MustRun("softmax_cross_entropy_backward", {x, target, g}, {{"axis", c.axis}})
+                   .Floats(),
+               scaled, 1e-6, "scaled grad");
+  }
+  // A target outside the classes is an error, not a read out of bounds.
+  absl::StatusOr<HostTensor> bad =
+      RunKernel("softmax_cross_entropy", {Random({2, 3}, 26), Ints({2}, {1, 3})});
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("target 3"), std::string::npos) << bad.status();
+}
+
+TEST(NativeKernelsTest, MseLossForwardAndBackward) {
+  HostTensor p = Random({3, 7, 5}, 27), t = Random({3, 7, 5}, 28);
+  const std::vector<float> fp = p.Floats(), ft = t.Floats();
+  double ref = 0;
+  std::vector<double> grad(fp.size()), grad_t(fp.size());
+  for (size_t i = 0; i < fp.size(); ++i) {
+    ref += (static_cast<double>(fp[i]) - ft[i]) * (fp[i] - ft[i]) / fp.size();
+    grad[i] = 2.0 * (fp[i] - ft[i]) / fp.size();
+    grad_t[i] = -grad[i];
+  }
+  EXPECT_NEAR(MustRun("mse_loss", {p, t}).Floats()[0], ref, 1e-6 * ref);
+  ExpectNear(MustRun("mse_loss_backward", {p, t}).Floats(), grad, 1e-6, "d pred");
+  ExpectNear(MustRun("mse_loss_backward", {t, p}).Floats(), grad_t, 1e-6, "d target");
+  HostTensor g = Floats({}, {0.5f});
+  for (double& v : grad) v *= 0.5;
+  ExpectNear(MustRun("mse_loss_backward", {p, t, g}).Floats(), grad, 1e-6, "scaled");
+}
+
+// ------------------------------------------------------------- layer norm
+
+// Layer norm in double over the last dim of (rows, d).
+std::vector<double> NaiveLayerNorm(const std::vector<double>& x, int64_t rows,
+                                   int64_t d, const std::vector<double>& w,
+                                   const std::vector<double>& b, double eps) {
+  std::vector<double> y(x.size());
+  for (int64_t r = 0; r < rows; ++r) {
+    double m = 0, v = 0;
+    for (int64_t j = 0; j < d; ++j) m += x[r * d + j] / d;
+    for (int64_t j = 0; j < d; ++j) v += (x[r * d + j] - m) * (x[r * d + j] - m) / d;
+    for (int64_t j = 0; j < d; ++j) {
+      y[r * d + j] = (x[r * d + j] - m) / std::sqrt(v + eps) * w[j] + b[j];
+    }
+  }
+  return y;
+}
+
+TEST(NativeKernelsTest, LayerNormMatchesReferenceAndFiniteDifferences) {
+  const int64_t rows = 6, d = 13;
+  const double eps = 1e-5;
+  HostTensor x = Floats({2, 3, d}, RandomFloats(rows * d, 29, -2, 2));
+  HostTensor w = Random({d}, 30), b = Random({d}, 31), g = Random({2, 3, d}, 32);
+  const std::vector<double> fx = ToDouble(x.Floats()), fw = ToDouble(w.Floats()),
+                            fb = ToDouble(b.Floats()), fg = ToDouble(g.Floats());
+  const Json attrs = {{"eps", eps}};
+  HostTensor stats = MustRun("layernorm_stats", {x}, attrs);
+  ASSERT_EQ(stats.shape, (Shape{2, 2, 3}));
+  const std::vector<float> st = stats.Floats();
+  for (int64_t r = 0; r < rows; ++r) {
+    double m = 0, v = 0;
+    for (int64_t j = 0; j < d; ++j) m += fx[r * d + j] / d;
+    for (int64_t j = 0; j < d; ++j) v += (fx[r * d + j] - m) * (fx[r * d + j] - m) / d;
+    EXPECT_NEAR(st[r], m, 1e-6);
+    EXPECT_NEAR(st[rows + r], 1 / std::sqrt(v + eps), 1e-5);
+  }
+  ExpectNear(MustRun("layernorm", {x, stats, w, b}, attrs).Floats(),
+             NaiveLayerNorm(fx, rows, d, fw, fb, eps), 1e-5, "layernorm");
+  ExpectNear(MustRun("layernorm", {x, stats}, attrs).Floats(),
+             NaiveLayerNorm(fx, rows, d, std::vector<double>(d, 1),
+                            std::vector<double>(d, 0), eps),
+             1e-5, "layernorm no affine");
+  // Gradients of L = <g, layernorm(x)> by central differences in double.
+  auto loss = [&](const std::vector<double>& xx, const std::vector<double>& ww,
+                  const std::vector<double>& bb) {
+    const std::vector<double> y = NaiveLayerNorm(xx, rows, d, ww, bb, eps);
+    double s = 0;
+    for (size_t i = 0; i < y.size(); ++i) s += y[i] * fg[i];
+    return s;
+  };
+  const double h = 1e-6;
+  auto numeric = [&](int which, size_t n) {
+    std::vector<double> out(n);
+    for (size_t i = 0; i < n; ++i) {
+      std::vector<double> xp = fx, wp = fw, bp = fb, xm = fx, wm = fw, bm = fb;
+      std::vector<double>& p = which == 0 ? xp : (which == 1 ? wp : bp);
+      std::vector<double>& m = which == 0 ? xm : (which == 1 ? wm : bm);
+      p[i] += h;
+      m[i] -= h;
+      out[i] = (loss(xp, wp, bp) - loss(xm, wm, bm)) / (2 * h);
+    }
+    return out;
+  };
+  ExpectNear(MustRun("layernorm_backward", {g, x, stats, w}, attrs).Floats(),
+             numeric(0, fx.size()), 1e-4, "dx");
+  ExpectNear(MustRun("layernorm_backward_weight", {g, x, stats}, attrs).Floats(),
+             numeric(1, d), 1e-4, "dw");
+  ExpectNear(MustRun("layernorm_backward_bias", {g}).Floats(), numeric(2, d), 1e-4, "db");
+  // Without weight the data gradient is that of weight = 1.
+  std::vector<double> ones(d, 1.0);
+  std::vector<double> fw_saved = fw;
+  HostTensor one = Floats({d}, std::vector<float>(d, 1.0f));
+  EXPECT_EQ(MustRun("layernorm_backward", {g, x, stats}, attrs).bytes,
+            MustRun("layernorm_backward", {g, x, stats, one}, attrs).bytes);
+}
+
+TEST(NativeKernelsTest, LayerNormInHalfPrecisionFollowsFp32) {
+  HostTensor x32 = Random({4, 33}, 33);
+  HostTensor x16 = Floats({4, 33}, x32.Floats(), kF16);
+  HostTensor w = Floats({33}, RandomFloats(33, 34), kF16), b = Floats({33}, RandomFloats(33, 35), kF16);
+  HostTensor stats = MustRun("layernorm_stats", {x16});
+  EXPECT_EQ(stats.dtype, kF32);
+  HostTensor y = MustRun("layernorm", {x16, stats, w, b});
+  EXPECT_EQ(y.dtype, kF16);
+  const std::vector<double> ref =
+      NaiveLayerNorm(ToDouble(x16.Floats()), 4, 33, ToDouble(w.Floats()),
+                     ToDouble(b.Floats()), 1e-5);
+  ExpectNear(y.Floats(), ref, 2e-3, "fp16 layernorm");
+}
+
+// ------------------------------------------------------------- dropout
+
+TEST(NativeKernelsTest, DropoutMaskIsSeededAndKeepsAboutOneMinusP) {
+  HostTensor x = Random({200, 500}, 36);
+  const Json attrs = {{"p", 0.3}, {"seed", 42}};
+  HostTensor mask = MustRun("dropout_mask", {x}, attrs);
+  ASSERT_EQ(mask.dtype, kU8);
+  const std::vector<uint8_t> m = mask.As<uint8_t>();
+  int64_t kept = 0;
+  for (uint8_t v : m) {
+    ASSERT_LE(v, 1);
+    kept += v;
+  }
+  EXPECT_NEAR(static_cast<double>(kept) / m.size(), 0.7, 0.01);
+  EXPECT_EQ(MustRun("dropout_mask", {x}, attrs).bytes, mask.bytes);
+  EXPECT_NE(MustRun("dropout_mask", {x}, {{"p", 0.3}, {"seed", 43}}).bytes, mask.bytes);
+  // p = 0 keeps everything.
+  for (uint8_t v : MustRun("dropout_mask", {x}, {{"p", 0.0}}).As<uint8_t>()) ASSERT_EQ(v, 1);
+
+  const float scale = static_cast<float>(1.0 / 0.7);
+  const std::vector<float> fx = x.Floats();
+  std::vector<double> ref(fx.size());
+  for (size_t i = 0; i < fx.size(); ++i) ref[i] = fx[i] * (m[i] ? scale : 0.0f);
+  ExpectNear(MustRun("dropout", {x, mask}, attrs).Floats(), ref, 0, "dropout");
+  ExpectNear(MustRun("dropout_backward", {x, mask}, attrs).Floats(), ref, 0, "dropout_backward");
+}
+
+// ------------------------------------------------------------- embedding, arange, fill
+
+TEST(NativeKernelsTest, EmbeddingGathersAndScatterAdds) {
+  HostTensor w = Random({5, 3}, 37);
+  HostTensor idx = Ints({2, 4}, {4, 0, 4, 2, 1, 4, 0, 3});
+  HostTensor y = MustRun("embedding", {idx, w});
+  ASSERT_EQ(y.shape, (Shape{2, 4, 3}));
+  const std::vector<float> fw = w.Floats(), fy = y.Floats();
+  const std::vector<int64_t> ix = idx.As<int64_t>();
+  for (int i = 0; i < 8; ++i) {
+    for (int d = 0; d < 3; ++d) ASSERT_EQ(fy[i * 3 + d], fw[ix[i] * 3 + d]);
+  }
+  HostTensor g = Random({2, 4, 3}, 38);
+  const std::vector<float> fg = g.Floats();
+  std::vector<double> ref(15, 0.0);  // repeated rows add up; row 4 three times
+  for (int i = 0; i < 8; ++i) {
+    for (int d = 0; d < 3; ++d) ref[ix[i] * 3 + d] += fg[i * 3 + d];
+  }
+  ExpectNear(MustRun("embedding_backward", {g, idx}, {{"num_embeddings", 5}}).Floats(),
+             ref, 1e-6, "embedding_backward");
+  absl::StatusOr<HostTensor> bad = RunKernel("embedding", {Ints({2}, {0, 5}), w});
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("index 5"), std::string::npos) << bad.status();
+}
+
+TEST(NativeKernelsTest, ArangeAndFill) {
+  HostTensor a = MustRun("arange", {}, {{"n", 7}});
+  EXPECT_EQ(a.dtype, kI64);
+  EXPECT_EQ(a.As<int64_t>(), (std::vector<int64_t>{0, 1, 2, 3, 4, 5, 6}));
+  HostTensor f = MustRun("fill", {}, {{"shape", {2, 2}}, {"value", 0.25}});
+  ExpectNear(f.Floats(), std::vector<double>(4, 0.25), 0, "fill");
+  HostTensor fi = MustRun("fill", {}, {{"shape", {3}}, {"dtype", "i64"}, {"value", 3}});
+  EXPECT_EQ(fi.As<int64_t>(), (std::vector<int64_t>{3, 3, 3}));
+  HostTensor fb = MustRun("fill", {}, {{"shape", {3}}, {"dtype", "bf16"}, {"value", 1}});
+  ExpectNear(fb.Floats(), std::vector<double>(3, 1.0), 0, "fill bf16");
+}
+
+// ------------------------------------------------------------- heads
+
+TEST(NativeKernelsTest, SplitAndMergeHeadsMatchTorchViews) {
+  const int64_t B = 2, S = 3, H = 2, Dh = 4, chunks = 3;
+  const int64_t C = chunks * H * Dh;
+  HostTensor x = Random({B, S, C}, 39);
+  const std::vector<float> fx = x.Floats();
+  std::vector<HostTensor> parts;
+  for (int64_t index = 0; index < chunks; ++index) {
+    HostTensor y = MustRun("split_heads", {x}, {{"heads", H}, {"chunks", chunks}, {"index", index}});
+    ASSERT_EQ(y.shape, (Shape{B, H, S, Dh}));
+    std::vector<double> ref(y.size());
+    for (int64_t i = 0; i < y.size(); ++i) {
+      std::vector<int64_t> o = Unravel(i, y.shape);  // b, h, s, d
+      ref[i] = fx[(o[0] * S + o[2]) * C + index * H * Dh + o[1] * Dh + o[3]];
+    }
+    ExpectNear(y.Floats(), ref, 0, "split_heads");
+    parts.push_back(y);
+    // A part alone: zeros elsewhere.
+    HostTensor back = MustRun("split_heads_backward", {y}, {{"chunks", chunks}, {"index", index}});
+    const std::vector<float> fb = back.Floats();
+    for (int64_t i = 0; i < back.size(); ++i) {
+      const int64_t col = i % C;
+      const bool in_part = col / (H * Dh) == index;
+      ASSERT_EQ(fb[i], in_part ? fx[i] : 0.0f) << i;
+    }
+  }
+  // merge_heads of every part gives x back.
+  EXPECT_EQ(MustRun("merge_heads", parts).bytes, x.bytes);
+}
+
+// ------------------------------------------------------------- errors
+
+TEST(NativeKernelsTest, MismatchedOutputBufferIsAnError) {
+  HostTensor a = Random({2, 3}, 40);
+  const TensorType wrong{{3, 2}, kF32};
+  RunOptions options;
+  options.output_override = &wrong;
+  absl::StatusOr<HostTensor> out = RunKernel("add", {a, a}, Json::object(), options);
+  ASSERT_FALSE(out.ok());
+  EXPECT_EQ(out.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(out.status().message().find("op add"), std::string::npos) << out.status();
+  const TensorType wrong_dtype{{2, 3}, kF16};
+  options.output_override = &wrong_dtype;
+  EXPECT_FALSE(RunKernel("add", {a, a}, Json::object(), options).ok());
+}
+
+// ------------------------------------------------------------- determinism
+
+struct OpCase {
+  std::string op;
+  std::vector<HostTensor> inputs;
+  Json attrs;
+};
+
+std::vector<OpCase> DeterminismCases() {
+  const Shape big = {4, 67, 301};  // ~80k elements: several reduction chunks
+  HostTensor x = Random(big, 41), x2 = Random(big, 42), row = Random({301}, 43);
+  HostTensor mask = MustRun("dropout_mask", {x}, {{"p", 0.2}, {"seed", 1}});
+  HostTensor stats = MustRun("layernorm_stats", {x});
+  std::vector<int64_t> targets(4 * 67);
+  for (size_t i = 0; i < targets.size(); ++i) targets[i] = (i * 37) % 301;
+  HostTensor t = Ints({4, 67}, targets);
+  std::vector<int64_t> ids(4 * 67);
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = (i * 7) % 11;
+  HostTensor idx = Ints({4, 67}, ids);
+  HostTensor img = Random({2, 8, 33, 35}, 44), vol = Random({1, 4, 9, 10, 11}, 45);
+  HostTensor gvol = Random({1, 4, 18, 20, 22}, 46);
+  return {
+      {"add", {x, row}, Json::object()},
+      {"mul", {x, x2}, Json::object()},
+      {"sum_to", {x}, {{"shape", {301}}}},
+      {"sum", {x}, Json::object()},
+      {"mse_loss", {x, x2}, Json::object()},
+      {"softmax_cross_entropy", {x, t}, Json::object()},
+      {"softmax_cross_entropy_backward", {x, t}, {{"axis", 2}}},
+      {"layernorm_stats", {x}, Json::object()},
+      {"layernorm", {x, stats, row, row}, Json::object()},
+      {"layernorm_backward", {x2, x, stats, row}, Json::object()},
+      {"layernorm_backward_weight", {x2, x, stats}, Json::object()},
+      {"layernorm_backward_bias", {x2}, Json::object()},
+      {"dropout", {x, mask}, {{"p", 0.2}}},
+      {"pad", {x}, {{"pads", {1, -2, 3, 0}}}},
+      {"concat", {x, x2}, {{"axis", 1}}},
+      {"embedding_backward", {x, idx}, {{"num_embeddings", 11}}},
+      {"global_avgpool", {img}, Json::object()},
+      {"adaptive_avgpool", {img}, {{"output_size", {5, 7}}}},
+      {"upsample", {vol}, {{"scale", 2}, {"mode", "trilinear"}, {"align_corners", true}}},
+      {"upsample_backward", {gvol},
+       {{"scale", 2}, {"mode", "trilinear"}, {"input_shape", {1, 4, 9, 10, 11}}}},
+  };
+}
+
+TEST(NativeKernelsTest, BitwiseDeterministicAcrossAddressesAndThreadCounts) {
+  for (const OpCase& c : DeterminismCases()) {
+    RunOptions a, b;
+    a.offset = 0;
+    b.offset = 192;
+    b.garbage = std::byte{0x3C};
+    const HostTensor first = MustRun(c.op, c.inputs, c.attrs, a);
+    const HostTensor second = MustRun(c.op, c.inputs, c.attrs, b);
+    EXPECT_EQ(first.bytes, second.bytes) << c.op << " differs across addresses";
+    tbb::global_control one_thread(tbb::global_control::max_allowed_parallelism, 1);
+    const HostTensor serial = MustRun(c.op, c.inputs, c.attrs, b);
+    EXPECT_EQ(first.bytes, serial.bytes) << c.op << " depends on the thread count";
+  }
+}
+
+// ------------------------------------------------------------- PyTorch
+
+// Runs `script` with /usr/bin/python3 in `dir`; false when python3 or torch
+// is missing.
+bool TorchAvailable() {
+  static const bool available =
+      std::system("/usr/bin/python3 -c 'import torch, numpy' > /dev/null 2>&1") == 0;
+  return available;
+}
+
+void Save(const std::string& path, const HostTensor& t) {
+  NpyArray a;
+  a.shape = t.shape;
+  a.dtype = t.dtype;
+  a.data.resize(t.bytes.size());
+  std::memcpy(a.data.data(), t.bytes.data(), t.bytes.size());
+  ASSERT_TRUE(WriteNpy(path, a).ok()) << path;
+}
+
+std::vector<float> Load(const std::string& path) {
+  absl::StatusOr<NpyArray> a = ReadNpy(path);
+  EXPECT_TRUE(a.ok()) << a.status();
+  if (!a.ok()) return {};
+  HostTensor t{a->shape, a->dtype, {}};
+  t.bytes.resize(a->data.size());
+  std::memcpy(t.bytes.data(), a->data.data(), a->data.size());
+  return t.Floats();
+}
+
+TEST(NativeKernelsTest, MatchesPyTorch) {
+  if (!TorchAvailable()) GTEST_SKIP() << "python3 with torch and numpy not found";
+  const std::string dir =
+      (std::filesystem::temp_directory_path() /
+       absl::StrCat("pebble_native_torch_", ::getpid()))
+          .string();
+  std::filesystem::create_directories(dir);
+  HostTensor img = Random({2, 3, 5, 7}, 50), vol = Random({1, 2, 3, 4, 5}, 51);
+  HostTensor logits = Floats({3, 4, 2, 5}, RandomFloats(120, 52, -3, 3));
+  std::vector<int64_t> tv(30);
+  for (size_t i = 0; i < tv.size(); ++i) tv[i] = (i * 3 + 1) % 4;
+  HostTensor target = Ints({3, 2, 5}, tv);
+  HostTensor ln = Random({3, 4, 10}, 53), lw = Random({10}, 54), lb = Random({10}, 55),
+             lg = Random({3, 4, 10}, 56);
+  for (auto& [name, t] : std::vector<std::pair<std::string, const HostTensor*>>{
+           {"img", &img}, {"vol", &vol}, {"logits", &logits}, {"target", &target},
+           {"ln", &ln}, {"lw", &lw}, {"lb", &lb}, {"lg", &lg}}) {
+    Save(dir + "/" + name + ".npy", *t);
+  }
+  const std::string script = R"PY(
+import sys, numpy as np, torch, torch.nn.functional as F
+d = sys.argv[1]
+L = lambda n: torch.from_numpy(np.load(f"{d}/{n}.npy"))
+S = lambda n, t: np.save(f"{d}/out_{n}.npy", t.detach().numpy().astype(np.float32))
+img, vol = L("img"), L("vol")
+S("near2", F.interpolate(img, scale_factor=(2, 3), mode="nearest"))
+S("bil", F.interpolate(img, scale_factor=2, mode="bilinear", align_corners=False))
+S("bil_ac", F.interpolate(img, scale_factor=(3, 2), mode="bilinear", align_corners=True))
+up = torch.nn.Upsample(scale_factor=2, mode="trilinear", align_corners=True)
+S("tri_ac", up(vol))
+S("tri", F.interpolate(vol, scale_factor=2, mode="trilinear", align_corners=False))
+S("near3", F.interpolate(vol, scale_factor=3, mode="nearest"))
+S("adapt", F.adaptive_avg_pool2d(img, (3, 4)))
+S("adapt3", F.adaptive_avg_pool3d(vol, (2, 3, 2)))
+x = L("logits").requires_grad_()
+loss = F.cross_entropy(x, L("target"))
+loss.backward()
+S("ce", loss); S("ce_grad", x.grad)
+x, w, b = L("ln").requires_grad_(), L("lw").requires_grad_(), L("lb").requires_grad_()
+y = F.layer_norm(x, (10,), w, b, 1e-5)
+y.backward(L("lg"))
+S("ln", y); S("ln_dx", x.grad); S("ln_dw", w.grad); S("ln_db", b.grad)
+)PY";
+  {
+    std::ofstream(dir + "/ref.py") << script;
+  }
+  ASSERT_EQ(std::system(("/usr/bin/python3 " + dir + "/ref.py " + dir).c_str()), 0);
+  auto check = [&](const std::string& name, const HostTensor& ours) {
+    const std::vector<float> ref = Load(dir + "/out_" + name + ".npy");
+    ExpectNear(ours.Floats(), ToDouble(ref), 1e-5, "torch " + name);
+  };
+  check("near2", MustRun("upsample", {img}, {{"scale", {2, 3}}}));
+  check("bil", MustRun("upsample", {img}, {{"scale", 2}, {"mode", "bilinear"}}));
+  check("bil_ac", MustRun("upsample", {img},
+                          {{"scale", {3, 2}}, {"mode", "bilinear"}, {"align_corners", true}}));
+  check("tri_ac", MustRun("upsample", {vol},
+                          {{"scale", 2}, {"mode", "trilinear"}, {"align_corners", true}}));
+  check("tri", MustRun("upsample", {vol}, {{"scale", 2}, {"mode", "trilinear"}}));
+  check("near3", MustRun("upsample", {vol}, {{"scale", 3}}));
+  check("adapt", MustRun("adaptive_avgpool", {img}, {{"output_size", {3, 4}}}));
+  check("adapt3", MustRun("adaptive_avgpool", {vol}, {{"output_size", {2, 3, 2}}}));
+  check("ce", MustRun("softmax_cross_entropy", {logits, target}));
+  check("ce_grad", MustRun("softmax_cross_entropy_backward", {logits, target}, {{"axis", 1}}));
+  HostTensor stats = MustRun("layernorm_stats", {ln});
+  check("ln", MustRun("layernorm", {ln, stats, lw, lb}));
+  check("ln_dx", MustRun("layernorm_backward", {lg, ln, stats, lw}));
+  check("ln_dw", MustRun("layernorm_backward_weight", {lg, ln, stats}));
+  check("ln_db", MustRun("layernorm_backward_bias", {lg}));
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace pebble
+

@@ -1,0 +1,361 @@
+// The CUDA backend (docs/cuda.md). Without a CUDA device (or in a build
+// without CUDA) every device test skips with the reason; the one test that
+// needs no device checks that asking for the backend fails cleanly.
+//
+// With a device: gradients equal the CPU backend's within tolerance, equal
+// bitwise across policies (recomputation and offload reproduce bits),
+// measured peak equals the planned arena, the split fallback gives the
+// unsplit result, and errors are Status values naming the culprit.
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "graph/models/models.h"
+#include "graph/status.h"
+#include "gtest/gtest.h"
+#include "runtime/executor.h"
+#include "runtime/make_backend.h"
+#include "scheduler/budget.h"
+#include "scheduler/planner.h"
+#ifdef PEBBLE_HAVE_CUDA_BACKEND
+#include "runtime/cuda/cuda_backend.h"
+#endif
+
+namespace pebble {
+namespace {
+
+using ::testing::HasSubstr;
+
+// Whether a device is present, and why not.
+bool HasDevice(std::string* why) {
+#ifdef PEBBLE_HAVE_CUDA_BACKEND
+  auto count = CudaDeviceCount();
+  if (!count.ok()) *why = std::string(count.status().message());
+  return count.ok();
+#else
+  *why = "pebble was built without CUDA";
+  return false;
+#endif
+}
+
+// Skips without a device, unless PEBBLE_REQUIRE_CUDA is set (scripts/gpu-check
+// sets it, so that a GPU machine whose runtime cannot see the device fails
+// loudly instead of skipping).
+#define SKIP_WITHOUT_DEVICE()                                          \
+  do {                                                                 \
+    std::string why;                                                   \
+    if (!HasDevice(&why)) {                                            \
+      if (std::getenv("PEBBLE_REQUIRE_CUDA") != nullptr) {             \
+        FAIL() << "PEBBLE_REQUIRE_CUDA is set but: " << why;           \
+      }                                                                \
+      GTEST_SKIP() << why;                                              \
+    }                                                                  \
+  } while (false)
+
+TEST(CudaBackendNoDeviceTest, MakeBackendFailsCleanly) {
+  std::string why;
+  if (HasDevice(&why)) GTEST_SKIP() << "a CUDA device is present";
+  auto backend = MakeBackend("cuda");
+  ASSERT_FALSE(backend.ok());
+  EXPECT_EQ(backend.status().code(), absl::StatusCode::kFailedPrecondition);
+  if (BuiltWithCuda()) {
+    EXPECT_THAT(std::string(backend.status().message()), HasSubstr("no CUDA device"));
+  } else {
+    EXPECT_THAT(std::string(backend.status().message()), HasSubstr("without CUDA"));
+  }
+}
+
+#ifdef PEBBLE_HAVE_CUDA_BACKEND
+
+TEST(CudaBackendNoDeviceTest, CoversTheSeedNetworks) {
+  // Needs no device: the op table is static.
+  const std::vector<std::string> ops = CudaOps();
+  for (const char* model : {"conv3d:n=8", "unet3d:batch=1,variant=small,depth=8,height=8,width=8",
+                            "mnist-cnn:batch=2", "resnet18:batch=1,image=32"}) {
+    auto g = BuildModel(model);
+    ASSERT_TRUE(g.ok()) << g.status();
+    for (NodeId v = 0; v < g->num_nodes(); ++v) {
+      if (g->persistent(v)) continue;
+      EXPECT_TRUE(std::binary_search(ops.begin(), ops.end(), g->op(v)))
+          << model << ": op " << g->op(v) << " has no CUDA kernel";
+    }
+  }
+}
+
+std::unique_ptr<Backend> Cuda(const CudaBackendOptions& options = {}) {
+  auto b = MakeCudaBackend(options);
+  EXPECT_TRUE(b.ok()) << b.status();
+  return b.ok() ? *std::move(b) : nullptr;
+}
+
+Graph Model(const std::string& text) {
+  auto g = BuildModel(text);
+  EXPECT_TRUE(g.ok()) << g.status();
+  return g.ok() ? *std::move(g) : Graph();
+}
+
+absl::StatusOr<PlanResult> PlanFor(const Graph& g, const std::string& policy,
+                                   int64_t budget) {
+  ASSIGN_OR_RETURN(std::unique_ptr<Planner> planner, MakePlanner(policy));
+  PlannerOptions options;
+  options.budget_bytes = budget;
+  options.time_limit_s = 20;
+  return planner->Plan(g, options);
+}
+
+absl::StatusOr<ExecutionResult> RunPlan(const Graph& g, const Schedule& s, Backend& b) {
+  ExecutorOptions options;
+  options.seed = 7;
+  return Execute(g, s, b, options);
+}
+
+// The outputs as float vectors (bf16/fp16 come back as fp32 or as their own
+// dtype; compared as raw bytes for bitwise checks).
+std::vector<uint8_t> Bytes(const HostTensor& t) {
+  const auto* p = reinterpret_cast<const uint8_t*>(t.array.data.data());
+  return std::vector<uint8_t>(p, p + t.array.data.size());
+}
+
+std::vector<float> Floats(const HostTensor& t) {
+  std::vector<float> out(t.array.data.size() / sizeof(float));
+  if (t.array.dtype == DType::kFloat32) {
+    std::memcpy(out.data(), t.array.data.data(), out.size() * sizeof(float));
+  } else {
+    out.clear();
+  }
+  return out;
+}
+
+// max |a - b| <= atol + rtol * max |b| over the tensor.
+void ExpectClose(const std::vector<float>& a, const std::vector<float>& b, double rtol,
+                 double atol, const std::string& what) {
+  ASSERT_EQ(a.size(), b.size()) << what;
+  double scale = 0, err = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    scale = std::max(scale, std::abs(static_cast<double>(b[i])));
+    err = std::max(err, std::abs(static_cast<double>(a[i]) - b[i]));
+  }
+  EXPECT_LE(err, atol + rtol * scale) << what << ": max error " << err << " at scale " << scale;
+}
+
+TEST(CudaBackendTest, DescribesTheDevice) {
+  SKIP_WITHOUT_DEVICE();
+  auto b = Cuda();
+  ASSERT_NE(b, nullptr);
+  EXPECT_EQ(b->name(), "cuda");
+  EXPECT_THAT(b->Description(), HasSubstr("cuDNN"));
+  EXPECT_GE(b->MemoryStats().driver_bytes_in_use, 0);
+}
+
+TEST(CudaBackendTest, GradientsMatchTheCpuBackend) {
+  SKIP_WITHOUT_DEVICE();
+  auto cpu = MakeBackend("cpu");
+  if (!cpu.ok() || *cpu == nullptr) GTEST_SKIP() << "CPU backend unavailable";
+  auto gpu = Cuda();
+  ASSERT_NE(gpu, nullptr);
+  for (const std::string model :
+       {"conv3d:n=12,batch=2", "unet3d:batch=1,variant=small,depth=16,height=16,width=16",
+        "mnist-cnn:batch=4", "resnet18:batch=2,image=32"}) {
+    SCOPED_TRACE(model);
+    const Graph g = Model(model);
+    auto plan = PlanFor(g, "baseline", PlannerOptions{}.budget_bytes);
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    auto on_cpu = RunPlan(g, plan->schedule, **cpu);
+    if (!on_cpu.ok()) {
+      ADD_FAILURE() << "CPU run failed: " << on_cpu.status();
+      continue;
+    }
+    auto on_gpu = RunPlan(g, plan->schedule, *gpu);
+    ASSERT_TRUE(on_gpu.ok()) << on_gpu.status();
+    ASSERT_EQ(on_cpu->outputs.size(), on_gpu->outputs.size());
+    for (size_t i = 0; i < on_cpu->outputs.size(); ++i) {
+      const std::string id = g.id(on_cpu->outputs[i].node);
+      ExpectClose(Floats(on_gpu->outputs[i]), Floats(on_cpu->outputs[i]), 2e-3, 1e-6,
+                  model + " " + id);
+    }
+  }
+}
+
+TEST(CudaBackendTest, GradientsAreBitwiseEqualAcrossPolicies) {
+  SKIP_WITHOUT_DEVICE();
+  auto gpu = Cuda();
+  ASSERT_NE(gpu, nullptr);
+  for (const std::string model :
+       {"conv3d:n=24,batch=2", "unet3d:batch=1,variant=small,depth=16,height=16,width=16"}) {
+    SCOPED_TRACE(model);
+    const Graph g = Model(model);
+    auto base = PlanFor(g, "baseline", PlannerOptions{}.budget_bytes);
+    ASSERT_TRUE(base.ok()) << base.status();
+    auto reference = RunPlan(g, base->schedule, *gpu);
+    ASSERT_TRUE(reference.ok()) << reference.status();
+    const int64_t tight = base->report.peak_bytes * 7 / 10;
+    int compared = 0;
+    for (const PolicyInfo* info : PlannerRegistry::Global().List()) {
+      if (info->name == "exact" || info->name == "checkmate" || info->name == "exact-order" ||
+          info->name == "revolve" || info->name == "tree") {
+        continue;  // too slow or refuse these graphs
+      }
+      auto plan = PlanFor(g, info->name, tight);
+      if (!plan.ok() || !plan->feasible) continue;
+      auto run = RunPlan(g, plan->schedule, *gpu);
+      ASSERT_TRUE(run.ok()) << info->name << ": " << run.status();
+      ASSERT_EQ(run->outputs.size(), reference->outputs.size());
+      for (size_t i = 0; i < run->outputs.size(); ++i) {
+        EXPECT_EQ(Bytes(run->outputs[i]), Bytes(reference->outputs[i]))
+            << info->name << ": output " << g.id(run->outputs[i].node) << " differs";
+      }
+      // Measured peak is the planned one, and the arena is the layout's.
+      EXPECT_EQ(run->peak_bytes, plan->report.peak_bytes) << info->name;
+      EXPECT_EQ(run->backend_memory.device_bytes_peak, run->layout.arena_bytes) << info->name;
+      ++compared;
+    }
+    EXPECT_GE(compared, 2) << "too few policies fit the budget";
+  }
+}
+
+TEST(CudaBackendTest, MeasuredPeakEqualsPlannedArena) {
+  SKIP_WITHOUT_DEVICE();
+  auto gpu = Cuda();
+  ASSERT_NE(gpu, nullptr);
+  const Graph g = Model("conv3d:n=32");
+  auto plan = PlanFor(g, "baseline", PlannerOptions{}.budget_bytes);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  auto run = RunPlan(g, plan->schedule, *gpu);
+  ASSERT_TRUE(run.ok()) << run.status();
+  EXPECT_EQ(run->peak_bytes, plan->report.peak_bytes);
+  EXPECT_EQ(run->backend_memory.device_bytes_peak, run->layout.arena_bytes);
+  EXPECT_GE(run->backend_memory.driver_bytes_in_use, run->layout.arena_bytes);
+  ASSERT_TRUE(run->loss.has_value());
+  EXPECT_TRUE(std::isfinite(*run->loss));
+  EXPECT_GT(run->time_s, 0);
+}
+
+TEST(CudaBackendTest, SplitFallbackGivesTheUnsplitResult) {
+  SKIP_WITHOUT_DEVICE();
+  const Graph g = Model("conv3d:n=16,batch=4");
+  auto plan = PlanFor(g, "baseline", PlannerOptions{}.budget_bytes);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  auto whole = Cuda();
+  CudaBackendOptions options;
+  options.refuse_conv_batch_above = 1;  // every convolution splits to single samples
+  auto split = Cuda(options);
+  ASSERT_NE(whole, nullptr);
+  ASSERT_NE(split, nullptr);
+  auto a = RunPlan(g, plan->schedule, *whole);
+  auto b = RunPlan(g, plan->schedule, *split);
+  ASSERT_TRUE(a.ok()) << a.status();
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_EQ(CudaConvSplitCount(*whole), 0);
+  EXPECT_GT(CudaConvSplitCount(*split), 0);
+  for (size_t i = 0; i < a->outputs.size(); ++i) {
+    ExpectClose(Floats(b->outputs[i]), Floats(a->outputs[i]), 1e-4, 1e-7,
+                g.id(a->outputs[i].node));
+  }
+  // Splitting twice gives the same bits (determinism of the split path).
+  auto c = RunPlan(g, plan->schedule, *split);
+  ASSERT_TRUE(c.ok()) << c.status();
+  for (size_t i = 0; i < b->outputs.size(); ++i) {
+    EXPECT_EQ(Bytes(c->outputs[i]), Bytes(b->outputs[i]));
+  }
+}
+
+TEST(CudaBackendTest, HalfAndBfloat16Run) {
+  SKIP_WITHOUT_DEVICE();
+  auto gpu = Cuda();
+  ASSERT_NE(gpu, nullptr);
+  const std::string shape = "unet3d:batch=1,variant=small,depth=16,height=16,width=16";
+  const Graph g32 = Model(shape);
+  auto p32 = PlanFor(g32, "baseline", PlannerOptions{}.budget_bytes);
+  ASSERT_TRUE(p32.ok());
+  auto r32 = RunPlan(g32, p32->schedule, *gpu);
+  ASSERT_TRUE(r32.ok()) << r32.status();
+  for (const char* dtype : {"fp16", "bf16"}) {
+    const Graph g = Model(shape + ",dtype=" + dtype);
+    auto plan = PlanFor(g, "baseline", PlannerOptions{}.budget_bytes);
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    auto run = RunPlan(g, plan->schedule, *gpu);
+    ASSERT_TRUE(run.ok()) << dtype << ": " << run.status();
+    ASSERT_TRUE(run->loss.has_value());
+    EXPECT_TRUE(std::isfinite(*run->loss)) << dtype;
+    // Same seeded inputs rounded: the loss is close to fp32's.
+    EXPECT_NEAR(*run->loss, *r32->loss, 0.05 * std::abs(*r32->loss) + 1e-3) << dtype;
+  }
+}
+
+TEST(CudaBackendTest, ErrorsAreStatusesNamingTheCulprit) {
+  SKIP_WITHOUT_DEVICE();
+  auto gpu = Cuda();
+  ASSERT_NE(gpu, nullptr);
+  // An allocation far beyond any device: ResourceExhausted with the numbers.
+  auto huge = gpu->AllocateDevice(int64_t{1} << 50);
+  ASSERT_FALSE(huge.ok());
+  EXPECT_EQ(huge.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(std::string(huge.status().message()), HasSubstr("1125899906842624 bytes"));
+  EXPECT_THAT(std::string(huge.status().message()), HasSubstr("free"));
+  // An op without a kernel: CheckSupported names node and op.
+  GraphBuilder b("unsupported");
+  NodeSpec x;
+  x.id = "x";
+  x.bytes = 16;
+  x.persistent = true;
+  x.shape = Shape{4};
+  x.dtype = DType::kFloat32;
+  NodeSpec y;
+  y.id = "y";
+  y.op = "no_such_op";
+  y.bytes = 16;
+  y.inputs = {"x"};
+  y.shape = Shape{4};
+  y.dtype = DType::kFloat32;
+  b.AddNode(x);
+  b.AddNode(y);
+  b.AddOutput("y");
+  auto g = b.Build();
+  ASSERT_TRUE(g.ok()) << g.status();
+  const absl::Status s = gpu->CheckSupported(*g);
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnimplemented);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("'y'"));
+  EXPECT_THAT(std::string(s.message()), HasSubstr("no_such_op"));
+  // Unknown events are errors, not crashes.
+  EXPECT_FALSE(gpu->Wait(Stream::kCompute, 12345).ok());
+}
+
+TEST(CudaBackendTest, CopyStreamWaitsForEvents) {
+  SKIP_WITHOUT_DEVICE();
+  auto gpu = Cuda();
+  ASSERT_NE(gpu, nullptr);
+  // Streams and events: a copy enqueued on the copy stream after an event on
+  // the compute stream waits for it; the bytes arrive intact.
+  const int64_t bytes = 64 << 20;
+  auto dev = gpu->AllocateDevice(bytes);
+  auto host = gpu->AllocateHost(bytes);
+  ASSERT_TRUE(dev.ok() && host.ok());
+  ASSERT_TRUE(gpu->Fill(*dev, 0x5A, bytes).ok());
+  auto e = gpu->Record(Stream::kCompute);
+  ASSERT_TRUE(e.ok());
+  ASSERT_TRUE(gpu->Wait(Stream::kCopy, *e).ok());
+  auto t0 = gpu->Record(Stream::kCopy);
+  ASSERT_TRUE(gpu->Copy(CopyDirection::kDeviceToHost, *host, *dev, bytes).ok());
+  auto t1 = gpu->Record(Stream::kCopy);
+  ASSERT_TRUE(gpu->Synchronize().ok());
+  auto seconds = gpu->ElapsedSeconds(*t0, *t1);
+  ASSERT_TRUE(seconds.ok()) << seconds.status();
+  EXPECT_GT(*seconds, 0);
+  for (int64_t i = 0; i < bytes; i += 4097) {
+    ASSERT_EQ(static_cast<uint8_t>((*host)[i]), 0x5A) << i;
+  }
+  gpu->FreeHost(*host);
+  gpu->FreeDevice(*dev);
+  EXPECT_EQ(gpu->MemoryStats().device_bytes_in_use, 0);
+  EXPECT_EQ(gpu->MemoryStats().device_bytes_peak, bytes);
+}
+
+#endif  // PEBBLE_HAVE_CUDA_BACKEND
+
+}  // namespace
+}  // namespace pebble
