@@ -39,6 +39,7 @@
 #include "absl/strings/string_view.h"
 #include "graph/graph.h"
 #include "runtime/backend.h"
+#include "runtime/half.h"  // fp16/bf16 conversions of .npy inputs
 #include "runtime/npy.h"
 #include "scheduler/memory_layout.h"
 #include "scheduler/schedule.h"
@@ -171,12 +172,6 @@ std::string TensorFileName(absl::string_view id);
 // InvalidArgument naming the file and the node.
 absl::StatusOr<std::optional<NpyArray>> ReadInputFile(const Graph& graph, NodeId v,
                                                       const std::string& dir);
-
-// fp16/bf16 <-> fp32, round to nearest even (NaN stays NaN).
-uint16_t FloatToHalf(float x);
-float HalfToFloat(uint16_t h);
-uint16_t FloatToBFloat16(float x);
-float BFloat16ToFloat(uint16_t b);
 
 }  // namespace pebble
 

@@ -47,6 +47,8 @@
 #include "runtime/kernel.h"
 #include "runtime/tensor.h"
 
+#include "runtime/half.h"
+
 namespace pebble::dnnl_internal {
 
 using Json = nlohmann::json;
@@ -158,11 +160,11 @@ absl::StatusOr<Window> ConvWindow(const Json& attrs,
 absl::StatusOr<Shape> WindowShape(const Shape& x, int64_t out_channels,
                                   const Window& w);
 
-// ---- Half precision (bit patterns in uint16_t), round to nearest even.
-float HalfToFloat(uint16_t h);
-uint16_t FloatToHalf(float f);
-float Bf16ToFloat(uint16_t h);
-uint16_t FloatToBf16(float f);
+// ---- Half precision (bit patterns in uint16_t): runtime/half.h.
+using ::pebble::FloatToHalf;
+using ::pebble::HalfToFloat;
+inline float Bf16ToFloat(uint16_t h) { return BFloat16ToFloat(h); }
+inline uint16_t FloatToBf16(float f) { return FloatToBFloat16(f); }
 // Widens n elements of `src` (fp16/bf16/fp32) into fp32 `dst`, in parallel.
 void ToFloat(const TensorView& src, float* dst);
 // Narrows n fp32 elements into `dst` (fp16/bf16/fp32), in parallel.

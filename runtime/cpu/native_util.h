@@ -27,6 +27,7 @@
 #include "graph/graph.h"
 #include "runtime/kernel.h"
 #include "runtime/tensor.h"
+#include "runtime/half.h"
 #include "tbb/blocked_range.h"
 #include "tbb/parallel_for.h"
 
@@ -42,47 +43,11 @@ struct BFloat16 {
   uint16_t bits;
 };
 
-// IEEE binary16 <-> binary32 without F16C (the bit manipulation of the
-// FP16 library, github.com/Maratyszcza/FP16, fp16_ieee_to/from_fp32_value).
-inline float HalfToFloat(uint16_t h) {
-  const uint32_t w = static_cast<uint32_t>(h) << 16;
-  const uint32_t sign = w & 0x80000000u;
-  const uint32_t two_w = w + w;
-  const float normalized =
-      std::bit_cast<float>((two_w >> 4) + (0xE0u << 23)) * 0x1.0p-112f;
-  const float denormalized =
-      std::bit_cast<float>((two_w >> 17) | (126u << 23)) - 0.5f;
-  const uint32_t result =
-      sign | (two_w < (1u << 27) ? std::bit_cast<uint32_t>(denormalized)
-                                 : std::bit_cast<uint32_t>(normalized));
-  return std::bit_cast<float>(result);
-}
-
-inline uint16_t FloatToHalf(float f) {
-  float base = (std::abs(f) * 0x1.0p+112f) * 0x1.0p-110f;
-  const uint32_t w = std::bit_cast<uint32_t>(f);
-  const uint32_t shl1_w = w + w;
-  const uint32_t sign = w & 0x80000000u;
-  uint32_t bias = shl1_w & 0xFF000000u;
-  if (bias < 0x71000000u) bias = 0x71000000u;
-  base = std::bit_cast<float>((bias >> 1) + 0x07800000u) + base;
-  const uint32_t bits = std::bit_cast<uint32_t>(base);
-  const uint32_t exp_bits = (bits >> 13) & 0x00007C00u;
-  const uint32_t mantissa_bits = bits & 0x00000FFFu;
-  const uint32_t nonsign = exp_bits + mantissa_bits;
-  return static_cast<uint16_t>((sign >> 16) |
-                               (shl1_w > 0xFF000000u ? 0x7E00u : nonsign));
-}
-
-inline float BFloat16ToFloat(uint16_t b) {
-  return std::bit_cast<float>(static_cast<uint32_t>(b) << 16);
-}
-
-inline uint16_t FloatToBFloat16(float f) {
-  const uint32_t w = std::bit_cast<uint32_t>(f);
-  if ((w & 0x7FFFFFFFu) > 0x7F800000u) return 0x7FC0;  // NaN stays NaN
-  return static_cast<uint16_t>((w + 0x7FFFu + ((w >> 16) & 1u)) >> 16);
-}
+// Conversions: runtime/half.h.
+using ::pebble::BFloat16ToFloat;
+using ::pebble::FloatToBFloat16;
+using ::pebble::FloatToHalf;
+using ::pebble::HalfToFloat;
 
 inline float ToFloat(float x) { return x; }
 inline float ToFloat(Half x) { return HalfToFloat(x.bits); }
