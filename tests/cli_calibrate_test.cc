@@ -1,37 +1,26 @@
 // `pebble calibrate` end to end on the CPU backend (the same code path as
 // --backend cuda, which needs a device): the profile it writes, and
 // --profile on plan, which replaces costs with the measured times.
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 #include <string>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "runtime/make_backend.h"
+#include "tests/cli_test_util.h"
 
 namespace {
 
 using ::testing::HasSubstr;
 namespace fs = std::filesystem;
 
-struct Result {
-  int exit_code = -1;
-  std::string out;
-  std::string err;
-};
+using Result = ::pebble::testing::CliResult;
 
-std::string Slurp(const std::string& p) {
-  std::ifstream in(p);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
+std::string Slurp(const std::string& p) { return ::pebble::testing::ReadFileText(p); }
 
 std::string TempPath(const std::string& name) {
   return (fs::path(::testing::TempDir()) /
@@ -39,21 +28,7 @@ std::string TempPath(const std::string& name) {
       .string();
 }
 
-Result Pebble(const std::string& args) {
-  static int calls = 0;
-  const std::string out_path = TempPath(std::to_string(++calls) + ".out");
-  const std::string err_path = TempPath(std::to_string(calls) + ".err");
-  const std::string cmd = std::string(PEBBLE_BINARY_DIR) + "/bin/pebble " + args + " >" +
-                          out_path + " 2>" + err_path;
-  const int status = std::system(cmd.c_str());
-  Result r;
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  r.out = Slurp(out_path);
-  r.err = Slurp(err_path);
-  fs::remove(out_path);
-  fs::remove(err_path);
-  return r;
-}
+Result Pebble(const std::string& args) { return ::pebble::testing::RunPebble(args); }
 
 bool CpuBackendRuns() {
   auto b = pebble::MakeBackend("cpu");

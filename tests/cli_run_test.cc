@@ -1,36 +1,27 @@
 // End-to-end tests of `pebble run` and `pebble fit` (SPEC section 5) on the
 // real binary and the CPU backend.
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
-#include <sstream>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "runtime/npy.h"
+#include "tests/cli_test_util.h"
 
 namespace {
 
 using ::testing::HasSubstr;
 namespace fs = std::filesystem;
 
-struct Result {
-  int exit_code = -1;
-  std::string out;
-  std::string err;
-};
+using Result = ::pebble::testing::CliResult;
+using ::pebble::testing::RunPebble;
 
-std::string Slurp(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
+std::string Slurp(const std::string& path) { return ::pebble::testing::ReadFileText(path); }
 
 // A fresh directory for this test process.
 fs::path Scratch(const std::string& name) {
@@ -41,23 +32,7 @@ fs::path Scratch(const std::string& name) {
   return dir;
 }
 
-Result Pebble(const std::string& args) {
-  static int calls = 0;
-  const fs::path dir = fs::path(::testing::TempDir());
-  const std::string stem = "pebble_run_" + std::to_string(getpid()) + "_" + std::to_string(++calls);
-  const std::string out_path = (dir / (stem + ".out")).string();
-  const std::string err_path = (dir / (stem + ".err")).string();
-  const std::string cmd = std::string(PEBBLE_BINARY_DIR) + "/bin/pebble " + args + " >" +
-                          out_path + " 2>" + err_path;
-  const int status = std::system(cmd.c_str());
-  Result r;
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  r.out = Slurp(out_path);
-  r.err = Slurp(err_path);
-  fs::remove(out_path);
-  fs::remove(err_path);
-  return r;
-}
+Result Pebble(const std::string& args) { return RunPebble(args); }
 
 nlohmann::json ParseOrFail(const std::string& text) {
   nlohmann::json j = nlohmann::json::parse(text, nullptr, false);

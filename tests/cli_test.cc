@@ -1,54 +1,24 @@
 // End-to-end tests of the pebble binary: exit codes, JSON on stdout, one-line
 // errors on stderr, files never overwritten without --force.
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <array>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
-#include <sstream>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "tests/cli_test_util.h"
 
 namespace {
 
 using ::testing::HasSubstr;
 namespace fs = std::filesystem;
 
-struct Result {
-  int exit_code = -1;
-  std::string out;
-  std::string err;
-};
+using Result = ::pebble::testing::CliResult;
 
-// Runs `build/bin/pebble <args>` through the shell, capturing both streams.
-Result Pebble(const std::string& args) {
-  // ctest runs the tests of this file in parallel processes: unique names.
-  static int calls = 0;
-  const fs::path dir = fs::path(::testing::TempDir());
-  const std::string stem = "pebble_" + std::to_string(getpid()) + "_" + std::to_string(++calls);
-  const std::string out_path = (dir / (stem + ".out")).string();
-  const std::string err_path = (dir / (stem + ".err")).string();
-  const std::string cmd = std::string(PEBBLE_BINARY_DIR) + "/bin/pebble " + args + " >" +
-                          out_path + " 2>" + err_path;
-  const int status = std::system(cmd.c_str());
-  Result r;
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  auto slurp = [](const std::string& p) {
-    std::ifstream in(p);
-    std::stringstream ss;
-    ss << in.rdbuf();
-    return ss.str();
-  };
-  r.out = slurp(out_path);
-  r.err = slurp(err_path);
-  fs::remove(out_path);
-  fs::remove(err_path);
-  return r;
-}
+Result Pebble(const std::string& args) { return ::pebble::testing::RunPebble(args); }
 
 std::string Source(const std::string& rel) {
   return std::string(PEBBLE_SOURCE_DIR) + "/" + rel;

@@ -1,0 +1,57 @@
+// Running the real pebble binary from a test: the command-line tests share
+// this one runner.
+#ifndef PEBBLE_TESTS_CLI_TEST_UTIL_H_
+#define PEBBLE_TESTS_CLI_TEST_UTIL_H_
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include "gtest/gtest.h"
+
+namespace pebble::testing {
+
+struct CliResult {
+  int exit_code = -1;  // 128 + signal when the process was killed
+  std::string out;
+  std::string err;
+};
+
+// The whole file, or "" when it cannot be read.
+inline std::string ReadFileText(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// Runs `<build>/bin/pebble <args>` through the shell, capturing both
+// streams. ctest runs the tests of one file in parallel processes, so the
+// capture files are named by process id and call.
+inline CliResult RunPebble(const std::string& args) {
+  static int calls = 0;
+  const std::filesystem::path dir = ::testing::TempDir();
+  const std::string stem =
+      "pebble_cli_" + std::to_string(getpid()) + "_" + std::to_string(++calls);
+  const std::string out_path = (dir / (stem + ".out")).string();
+  const std::string err_path = (dir / (stem + ".err")).string();
+  const std::string cmd = std::string(PEBBLE_BINARY_DIR) + "/bin/pebble " + args + " >" +
+                          out_path + " 2>" + err_path;
+  const int status = std::system(cmd.c_str());
+  CliResult r;
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  r.out = ReadFileText(out_path);
+  r.err = ReadFileText(err_path);
+  std::filesystem::remove(out_path);
+  std::filesystem::remove(err_path);
+  return r;
+}
+
+}  // namespace pebble::testing
+
+#endif  // PEBBLE_TESTS_CLI_TEST_UTIL_H_
