@@ -7,12 +7,13 @@
 //
 //   build/bin/offload_bench --benchmark_min_time=0.2
 #include <cstdint>
-#include <map>
+#include <optional>
 #include <memory>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "bench/bench_util.h"
 #include "benchmark/benchmark.h"
 #include "graph/models/models.h"
 #include "graph/status.h"
@@ -22,46 +23,25 @@
 namespace pebble {
 namespace {
 
-// Built once per model name: graph building is not what we measure.
-const Graph& CachedModel(const std::string& name) {
-  static auto* cache = new std::map<std::string, Graph>();
-  auto it = cache->find(name);
-  if (it == cache->end()) {
-    absl::StatusOr<Graph> g = BuildModel(name);
-    PEBBLE_CHECK(g.ok(), "bench model does not build");
-    it = cache->emplace(name, *std::move(g)).first;
-  }
-  return it->second;
-}
+using bench::BudgetFromArg;
+using bench::CachedModel;
+using bench::PlanInLoop;
 
 void PlanOffload(benchmark::State& state, const std::string& policy, const std::string& model) {
   const Graph& graph = CachedModel(model);
   absl::StatusOr<int64_t> base = BaselinePeak(graph);
   PEBBLE_CHECK(base.ok(), "baseline peak");
   PlannerOptions options;
-  options.budget_bytes =
-      state.range(0) == 0 ? PlannerOptions::kMinBudget : *base * state.range(0) / 100;
+  options.budget_bytes = BudgetFromArg(state.range(0), *base);
   options.host_bandwidth_bytes_per_s = 25e9;
-  absl::StatusOr<std::unique_ptr<Planner>> planner = MakePlanner(policy);
-  PEBBLE_CHECK(planner.ok(), "unknown policy");
-  PlanResult last;
-  for (auto _ : state) {
-    absl::StatusOr<PlanResult> r = (*planner)->Plan(graph, options);
-    if (!r.ok()) {
-      state.SkipWithError(std::string(r.status().message()).c_str());
-      return;
-    }
-    last = *std::move(r);
-    // An integer: this benchmark release's DoNotOptimize can clobber a
-    // double held in a register.
-    benchmark::DoNotOptimize(last.report.peak_bytes);
-  }
-  state.counters["peak_pct"] = 100.0 * static_cast<double>(last.report.peak_bytes) /
+  std::optional<PlanResult> last = PlanInLoop(state, policy, graph, options);
+  if (!last) return;
+  state.counters["peak_pct"] = 100.0 * static_cast<double>(last->report.peak_bytes) /
                                static_cast<double>(*base);
-  state.counters["makespan_s"] = last.report.makespan;
-  state.counters["exposed_s"] = last.report.exposed_transfer_time;
-  state.counters["transfer_bytes"] = static_cast<double>(last.report.transfer_bytes);
-  state.counters["feasible"] = last.feasible ? 1 : 0;
+  state.counters["makespan_s"] = last->report.makespan;
+  state.counters["exposed_s"] = last->report.exposed_transfer_time;
+  state.counters["transfer_bytes"] = static_cast<double>(last->report.transfer_bytes);
+  state.counters["feasible"] = last->feasible ? 1 : 0;
 }
 
 void RegisterAll() {

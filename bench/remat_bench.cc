@@ -5,12 +5,13 @@
 // feasibility and the graph's node count. Every plan is simulated inside
 // the planner (FinishPlan), so the time includes it.
 //
-//   build-remat/bin/remat_bench --benchmark_min_time=0.2
+//   build/bin/remat_bench --benchmark_min_time=0.2
 #include <cstdint>
-#include <map>
+#include <optional>
 #include <string>
 #include <utility>
 
+#include "bench/bench_util.h"
 #include "benchmark/benchmark.h"
 #include "graph/models/models.h"
 #include "graph/status.h"
@@ -20,17 +21,9 @@
 namespace pebble {
 namespace {
 
-// Built once per model name: graph building is not what we measure.
-const Graph& CachedModel(const std::string& name) {
-  static auto* cache = new std::map<std::string, Graph>();
-  auto it = cache->find(name);
-  if (it == cache->end()) {
-    absl::StatusOr<Graph> g = BuildModel(name);
-    PEBBLE_CHECK(g.ok(), "bench model does not build");
-    it = cache->emplace(name, *std::move(g)).first;
-  }
-  return it->second;
-}
+using bench::BudgetFromArg;
+using bench::CachedModel;
+using bench::PlanInLoop;
 
 // state.range(0): 0 for min, else a percentage of the baseline peak.
 void PlanModel(benchmark::State& state, const std::string& policy, const std::string& model) {
@@ -38,26 +31,15 @@ void PlanModel(benchmark::State& state, const std::string& policy, const std::st
   absl::StatusOr<int64_t> base = BaselinePeak(graph);
   PEBBLE_CHECK(base.ok(), "baseline peak");
   PlannerOptions options;
-  options.budget_bytes =
-      state.range(0) == 0 ? PlannerOptions::kMinBudget : *base * state.range(0) / 100;
-  absl::StatusOr<std::unique_ptr<Planner>> planner = MakePlanner(policy);
-  PEBBLE_CHECK(planner.ok(), "unknown policy");
-  PlanResult last;
-  for (auto _ : state) {
-    absl::StatusOr<PlanResult> r = (*planner)->Plan(graph, options);
-    if (!r.ok()) {
-      state.SkipWithError(std::string(r.status().message()).c_str());
-      return;
-    }
-    last = *std::move(r);
-    benchmark::DoNotOptimize(last.report.peak_bytes);
-  }
+  options.budget_bytes = BudgetFromArg(state.range(0), *base);
+  std::optional<PlanResult> last = PlanInLoop(state, policy, graph, options);
+  if (!last) return;
   state.counters["nodes"] = graph.num_nodes();
-  state.counters["peak_bytes"] = static_cast<double>(last.report.peak_bytes);
-  state.counters["peak_pct"] = 100.0 * static_cast<double>(last.report.peak_bytes) /
+  state.counters["peak_bytes"] = static_cast<double>(last->report.peak_bytes);
+  state.counters["peak_pct"] = 100.0 * static_cast<double>(last->report.peak_bytes) /
                                static_cast<double>(*base);
-  state.counters["overhead"] = last.report.overhead;
-  state.counters["feasible"] = last.feasible ? 1 : 0;
+  state.counters["overhead"] = last->report.overhead;
+  state.counters["feasible"] = last->feasible ? 1 : 0;
 }
 
 void Register() {
