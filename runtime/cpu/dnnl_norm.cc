@@ -236,10 +236,9 @@ absl::Status BatchNorm(const KernelContext& ctx) {
   return absl::OkStatus();
 }
 
-// batchnorm_backward (g, x, stats[, weight]) -> dx (the training-mode
-// formula of the file comment; weight 1 when absent).
-absl::Status BatchNormBackward(const KernelContext& ctx) {
-  RETURN_IF_ERROR(ExpectInputs(ctx, 3, 4));
+// The operands every batch-norm gradient reads: g and x (fp32, one shape)
+// and the stats; checks them and the eps attr, and returns x's channel view.
+absl::StatusOr<ChannelView> CheckGradXStats(const KernelContext& ctx) {
   const TensorView& gv = ctx.inputs[0];
   const TensorView& xv = ctx.inputs[1];
   RETURN_IF_ERROR(ExpectF32(gv, "input 0 (grad)"));
@@ -249,6 +248,16 @@ absl::Status BatchNormBackward(const KernelContext& ctx) {
   double eps;
   RETURN_IF_ERROR(CheckEps(ctx, &eps));
   RETURN_IF_ERROR(CheckStats(ctx.inputs[2], v.channels, "input 2 (stats)"));
+  return v;
+}
+
+// batchnorm_backward (g, x, stats[, weight]) -> dx (the training-mode
+// formula of the file comment; weight 1 when absent).
+absl::Status BatchNormBackward(const KernelContext& ctx) {
+  RETURN_IF_ERROR(ExpectInputs(ctx, 3, 4));
+  const TensorView& gv = ctx.inputs[0];
+  const TensorView& xv = ctx.inputs[1];
+  ASSIGN_OR_RETURN(ChannelView v, CheckGradXStats(ctx));
   const bool affine = ctx.inputs.size() == 4;
   if (affine) {
     RETURN_IF_ERROR(CheckParam(ctx.inputs[3], v.channels, "input 3 (weight)"));
@@ -287,13 +296,7 @@ absl::Status BatchNormBackwardWeight(const KernelContext& ctx) {
   RETURN_IF_ERROR(ExpectInputs(ctx, 3, 3));
   const TensorView& gv = ctx.inputs[0];
   const TensorView& xv = ctx.inputs[1];
-  RETURN_IF_ERROR(ExpectF32(gv, "input 0 (grad)"));
-  RETURN_IF_ERROR(ExpectF32(xv, "input 1 (x)"));
-  RETURN_IF_ERROR(ExpectShape(gv, xv.shape, "input 0 (grad)"));
-  ASSIGN_OR_RETURN(ChannelView v, ViewOf(xv, "input 1 (x)"));
-  double eps;
-  RETURN_IF_ERROR(CheckEps(ctx, &eps));
-  RETURN_IF_ERROR(CheckStats(ctx.inputs[2], v.channels, "input 2 (stats)"));
+  ASSIGN_OR_RETURN(ChannelView v, CheckGradXStats(ctx));
   RETURN_IF_ERROR(ExpectF32(ctx.output, "the output"));
   RETURN_IF_ERROR(ExpectShape(ctx.output, {v.channels}, "the output"));
   RETURN_IF_ERROR(ExpectData(ctx));
