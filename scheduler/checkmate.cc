@@ -22,6 +22,7 @@
 #include "absl/strings/str_cat.h"
 #include "graph/status.h"
 #include "scheduler/budget.h"
+#include "scheduler/exact_multishot.h"
 #include "scheduler/planner.h"
 #include "scheduler/policies.h"
 #include "scheduler/simulator.h"
@@ -177,6 +178,45 @@ StagePlan ComputeForKeep(const Graph& graph, std::vector<NodeId> order,
   }
   plan.keep = std::move(keep);
   return plan;
+}
+
+StagePlan StagePlanFromSchedule(const Graph& graph, const Schedule& schedule) {
+  std::vector<NodeId> order = DefaultOrder(graph);
+  const StageGraph g = MakeStageGraph(graph, order);
+  const int n = g.n();
+  std::vector<std::vector<uint8_t>> keep(n + 1);
+  for (int t = 0; t <= n; ++t) keep[t].assign(t, 0);
+  std::vector<uint8_t> resident(n, 0), computed(n, 0);
+  // `open_stage`: the stage whose S is taken at the next compute (the first
+  // compute after v_{open_stage - 1}'s first compute), or -1.
+  int open_stage = -1;
+  for (const Step& step : schedule.steps) {
+    const int p = step.node < static_cast<NodeId>(g.position.size())
+                      ? g.position[step.node]
+                      : -1;
+    if (p < 0) continue;  // persistent or not needed
+    switch (step.action) {
+      case Action::kCompute:
+        if (open_stage > 0 && open_stage < n) {
+          for (int i = 0; i < open_stage; ++i) keep[open_stage][i] = resident[i];
+        }
+        open_stage = -1;
+        resident[p] = 1;
+        if (!computed[p]) {
+          computed[p] = 1;
+          open_stage = p + 1;
+        }
+        break;
+      case Action::kFree:
+      case Action::kOffload:
+        resident[p] = 0;
+        break;
+      case Action::kPrefetch:
+        resident[p] = 1;
+        break;
+    }
+  }
+  return ComputeForKeep(graph, std::move(order), std::move(keep));
 }
 
 Schedule RemoveDeadComputes(const Graph& graph, const Schedule& schedule) {
@@ -839,22 +879,45 @@ absl::StatusOr<CheckmateResult> SolveCheckmateMilp(const Graph& graph,
   if (prelude.answer.has_value()) return *std::move(prelude.answer);
   const Candidate one_shot = std::move(prelude.one_shot);
 
+  // Other policies' plans in the model's form (CheckmateOptions::warm_starts).
+  std::vector<Candidate> warm;
+  for (const CheckmateOptions::WarmStart& w : options.warm_starts) {
+    ASSIGN_OR_RETURN(Candidate c, Measure(graph, StagePlanFromSchedule(graph, w.schedule),
+                                          absl::StrCat("start from ", w.name)));
+    warm.push_back(std::move(c));
+  }
+  // The lowest peak (ties: the least cost) of the one-shot plan and `warm`.
+  auto lowest_peak = [&] {
+    Candidate best = one_shot;
+    for (const Candidate& c : warm) {
+      if (c.peak < best.peak || (c.peak == best.peak && c.cost < best.cost)) best = c;
+    }
+    return best;
+  };
+  // The cheapest of `start` and `warm` within `limit`.
+  auto cheapest_within = [&](std::optional<Candidate> start, int64_t limit) {
+    for (const Candidate& c : warm) {
+      if (c.peak <= limit && (!start.has_value() || Better(c, *start))) start = c;
+    }
+    return start;
+  };
+
   int64_t budget = options.budget_bytes;
   bool proven = true;
   std::optional<Candidate> start;
   if (min_budget) {
     // Phase 1: the lowest peak in the model (half the time at most), from
-    // the one-shot plan as a start.
+    // the lowest-peak plan known as a start.
     const Clock::time_point half = started + (deadline - started) / 2;
     ASSIGN_OR_RETURN(MilpAttempt peak_phase,
-                     SolveMilpAt(graph, g, -1, one_shot, half));
+                     SolveMilpAt(graph, g, -1, lowest_peak(), half));
     if (!peak_phase.best.has_value()) {
       peak_phase.best = one_shot;
       proven = false;
     }
     proven = proven && peak_phase.status == CheckmateResult::Status::kOptimal;
     budget = peak_phase.best->peak;
-    start = peak_phase.best;
+    start = cheapest_within(peak_phase.best, budget);
     result.note = absl::StrCat("min-peak phase: peak ", budget, " bytes (",
                                proven ? "optimal" : "not proven optimal", ")");
   } else {
@@ -876,6 +939,7 @@ absl::StatusOr<CheckmateResult> SolveCheckmateMilp(const Graph& graph,
       ASSIGN_OR_RETURN(Candidate c, Measure(graph, lp.plan, "lp-rounding"));
       start = std::move(c);
     }
+    start = cheapest_within(std::move(start), budget);
   }
   ASSIGN_OR_RETURN(MilpAttempt attempt, SolveMilpAt(graph, g, budget, start, deadline));
   result.num_variables = attempt.variables;
@@ -1117,6 +1181,52 @@ absl::StatusOr<PlanResult> ToPlanResult(const Graph& graph,
   return result;
 }
 
+// The policies whose plans the `checkmate` policy offers CBC as starts.
+constexpr const char* kWarmStartPolicies[] = {"rotor", "dtr"};
+
+// Note [Certifying with the exact search]: CBC's bound comes from Checkmate's
+// LP relaxation, which is weak at tight budgets (linear:n=20 at 5 bytes: 58
+// against an optimum of 70), so CBC can hold the optimal plan, from a warm
+// start, without closing the gap in any reasonable time. Every plan of
+// Checkmate's model is a SPEC schedule within the budget, so the cheapest
+// schedule of all (the `exact` search) bounds the model's optimum from
+// below. On graphs within the exact search's reach, the `checkmate` policy
+// gives CBC kCbcShare of the time and, when CBC stops unproven, spends the
+// rest on that search: if the incumbent costs what the search's optimum
+// costs, it is optimal (in the model and overall); otherwise the search's
+// optimum raises the lower bound. `bound_source` in the details says which
+// bound the result rests on.
+constexpr double kCbcShare = 0.75;
+
+// Raises r's lower bound with the exact search's optimum at `budget_bytes`
+// within `seconds`; marks r optimal when the bound meets r's cost. Returns
+// the message for a certified plan, or "" (not certified: search stopped,
+// or a gap remains).
+absl::StatusOr<std::string> CertifyWithExactSearch(const Graph& graph,
+                                                   int64_t budget_bytes, double seconds,
+                                                   CheckmateResult* r) {
+  if (seconds <= 0) return std::string();
+  auto exact = ExactMultiShotSchedule(graph, budget_bytes, seconds);
+  if (!exact.ok() || !exact->has_value()) return std::string();  // out of reach
+  ASSIGN_OR_RETURN(Schedule schedule, StagePlanToSchedule(graph, r->plan));
+  ASSIGN_OR_RETURN(PlanReport report, Simulate(graph, RemoveDeadComputes(graph, schedule)));
+  const double optimum = (*exact)->cost;
+  const double cbc_bound = r->lower_bound;
+  if (report.compute_cost > optimum * (1 + 1e-9) + 1e-12) {
+    // Still a valid bound on the model (in cost units, epsilons aside).
+    r->lower_bound = std::max(r->lower_bound, std::min(optimum, r->objective));
+    r->gap = r->objective > 0 ? std::max(0.0, (r->objective - r->lower_bound) / r->objective)
+                              : 0;
+    return std::string();
+  }
+  r->status = CheckmateResult::Status::kOptimal;
+  r->lower_bound = r->objective;
+  r->gap = 0;
+  return absl::StrCat("optimal in Checkmate's model (fixed order) and overall: CBC's bound ",
+                      cbc_bound, " left a gap, closed by the exact search's optimum of ",
+                      optimum);
+}
+
 class CheckmatePlanner final : public Planner {
  public:
   explicit CheckmatePlanner(bool relaxed) : relaxed_(relaxed) {}
@@ -1131,8 +1241,37 @@ class CheckmatePlanner final : public Planner {
       ASSIGN_OR_RETURN(CheckmateResult r, SolveCheckmateLp(graph, co));
       return ToPlanResult(graph, options, r, /*is_milp=*/false, "checkmate-lp");
     }
+    // Warm starts: the chain DP and DTR are fast and often optimal or close,
+    // which CBC's own heuristics are not within the time limit. Their time
+    // counts against the limit.
+    const Clock::time_point started = Clock::now();
+    std::vector<std::string> offered;
+    for (const char* name : kWarmStartPolicies) {
+      absl::StatusOr<std::unique_ptr<Planner>> planner = MakePlanner(name);
+      if (!planner.ok()) continue;
+      absl::StatusOr<PlanResult> plan = (*planner)->Plan(graph, options);
+      if (!plan.ok()) continue;  // e.g. past a size limit: CBC starts without it
+      co.warm_starts.push_back({name, std::move(plan->schedule)});
+      offered.push_back(name);
+    }
+    const bool certifiable = options.budget_bytes != PlannerOptions::kMinBudget &&
+                             DefaultOrder(graph).size() <=
+                                 static_cast<size_t>(kMaxExactMultiShotNodes);
+    const double left = std::max(0.0, options.time_limit_s - SecondsSince(started));
+    co.time_limit_s = certifiable ? kCbcShare * left : left;
     ASSIGN_OR_RETURN(CheckmateResult r, SolveCheckmateMilp(graph, co));
-    return ToPlanResult(graph, options, r, /*is_milp=*/true, "checkmate");
+    std::string certificate;
+    if (certifiable && r.status == CheckmateResult::Status::kFeasible) {
+      ASSIGN_OR_RETURN(certificate, CertifyWithExactSearch(
+                                        graph, options.budget_bytes,
+                                        options.time_limit_s - SecondsSince(started), &r));
+    }
+    ASSIGN_OR_RETURN(PlanResult result,
+                     ToPlanResult(graph, options, r, /*is_milp=*/true, "checkmate"));
+    result.details["warm_starts"] = offered;
+    result.details["bound_source"] = certificate.empty() ? "cbc" : "exact search";
+    if (!certificate.empty()) result.message = certificate;
+    return result;
   }
 
  private:

@@ -142,6 +142,17 @@ absl::StatusOr<Schedule> StagePlanToSchedule(const Graph& graph,
 // any step.
 Schedule RemoveDeadComputes(const Graph& graph, const Schedule& schedule);
 
+// Checkmate's stage form of any schedule (a warm start for the MILP): S[t]
+// is the set of v_0..v_{t-1} that `schedule` holds on the device right
+// before its first compute after the first compute of v_{t-1} (S[0] empty),
+// and R is ComputeForKeep's least R for that S. When the schedule's first
+// computations follow `DefaultOrder(graph)` and each stage recomputes a node
+// at most once, in that order (the chain policies on a chain), the plan
+// computes what the schedule computes; otherwise it is some valid plan of
+// the model, possibly costlier or larger. Offload steps count as leaving the
+// device; a node never computed is computed in its own stage.
+StagePlan StagePlanFromSchedule(const Graph& graph, const Schedule& schedule);
+
 // The plan that FreeAtLastUse(DefaultOrder) makes: every node computed once
 // in its own stage and kept until its last reader's stage.
 StagePlan OneShotStagePlan(const Graph& graph);
@@ -156,6 +167,16 @@ struct CheckmateOptions {
   int64_t budget_bytes = INT64_MAX;
   double time_limit_s = 60;  // wall clock, for the whole call
   uint64_t seed = 0;         // randomised rounding (LP only)
+  // Plans of other policies offered to the MILP as starts (MILP only): each
+  // is converted by StagePlanFromSchedule and simulated; the best that fits
+  // (cheapest; under kMinBudgetBytes the lowest peak) is CBC's MIP start.
+  // A good start lets CBC prune from the first node: on linear:n=20 at 7
+  // bytes rotor's plan meets the root LP bound, which proves it optimal.
+  struct WarmStart {
+    std::string name;  // the policy, for CheckmateResult::note
+    Schedule schedule;
+  };
+  std::vector<WarmStart> warm_starts;
 };
 
 struct CheckmateResult {

@@ -24,7 +24,7 @@ namespace pebble {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-using Set = uint32_t;
+using Set = uint64_t;
 
 // The needed non-persistent nodes at positions 0..m-1 (DefaultOrder), with
 // input sets as bitsets.
@@ -40,7 +40,7 @@ struct LocalGraph {
 
   int64_t Bytes(Set d) const {
     int64_t total = 0;
-    for (Set rest = d; rest != 0; rest &= rest - 1) total += bytes[__builtin_ctz(rest)];
+    for (Set rest = d; rest != 0; rest &= rest - 1) total += bytes[__builtin_ctzll(rest)];
     return total;
   }
   // X(D) of the Note: what every completion from `d` must compute.
@@ -133,9 +133,9 @@ absl::StatusOr<Found> Search(const LocalGraph& g, Mode mode, int64_t budget,
     }
     const Set x = g.MustCompute(d);
     double c = 0;
-    for (Set rest = x; rest != 0; rest &= rest - 1) c += g.cost[__builtin_ctz(rest)];
+    for (Set rest = x; rest != 0; rest &= rest - 1) c += g.cost[__builtin_ctzll(rest)];
     *h_cost = c;
-    *h_steps = __builtin_popcount(x);
+    *h_steps = __builtin_popcountll(x);
   };
   auto push = [&](int32_t e) {
     const Entry& en = entries[e];
@@ -181,6 +181,14 @@ absl::StatusOr<Found> Search(const LocalGraph& g, Mode mode, int64_t budget,
           "exact: no optimum within the time limit of ", time_limit_s, " s (",
           entries.size(), " states reached); use checkmate or a heuristic policy"));
     }
+    if (static_cast<int64_t>(entries.size()) > kMaxExactMultiShotStates) {
+      stats->states = static_cast<int64_t>(entries.size());
+      stats->seconds = elapsed();
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "exact: more than ", kMaxExactMultiShotStates,
+          " resident sets reached before the optimum (the memory limit of the "
+          "search); use checkmate or a heuristic policy"));
+    }
     const Set d = cur.set;
     const double gc = cur.g;
     const int64_t peak = cur.peak;
@@ -199,7 +207,7 @@ absl::StatusOr<Found> Search(const LocalGraph& g, Mode mode, int64_t budget,
       Set f = 0;
       while (true) {
         const Set child = (d | bit) & ~f;
-        const int32_t child_steps = steps + 1 + __builtin_popcount(f);
+        const int32_t child_steps = steps + 1 + __builtin_popcountll(f);
         auto it = index.find(child);
         if (it == index.end()) {
           const int32_t e = static_cast<int32_t>(entries.size());
@@ -243,7 +251,7 @@ Schedule ToSchedule(const LocalGraph& g, const Found& found) {
     schedule.steps.push_back({Action::kCompute, g.nodes[v]});
     const Set freed = (d | (Set{1} << v)) & ~next;
     for (Set rest = freed; rest != 0; rest &= rest - 1) {
-      schedule.steps.push_back({Action::kFree, g.nodes[__builtin_ctz(rest)]});
+      schedule.steps.push_back({Action::kFree, g.nodes[__builtin_ctzll(rest)]});
     }
     d = next;
   }
