@@ -4,6 +4,8 @@
 // backward of a linear map), 16-bit floats, errors, bitwise determinism
 // across buffer addresses and thread counts, and a cross-check against
 // PyTorch when python3 with torch is available.
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -17,8 +19,6 @@
 #include <string>
 #include <vector>
 
-#include <unistd.h>
-
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "graph/net_builder.h"
@@ -26,9 +26,9 @@
 #include "nlohmann/json.hpp"
 #include "runtime/cpu/cpu_backend.h"
 #include "runtime/cpu/native_util.h"
+#include "runtime/cpu/parallel.h"
 #include "runtime/kernel.h"
 #include "runtime/npy.h"
-#include "tbb/global_control.h"
 
 namespace pebble {
 namespace {
@@ -884,7 +884,7 @@ TEST(NativeKernelsTest, BitwiseDeterministicAcrossAddressesAndThreadCounts) {
     const HostTensor first = MustRun(c.op, c.inputs, c.attrs, a);
     const HostTensor second = MustRun(c.op, c.inputs, c.attrs, b);
     EXPECT_EQ(first.bytes, second.bytes) << c.op << " differs across addresses";
-    tbb::global_control one_thread(tbb::global_control::max_allowed_parallelism, 1);
+    cpu::SingleThreadScope one_thread;
     const HostTensor serial = MustRun(c.op, c.inputs, c.attrs, b);
     EXPECT_EQ(first.bytes, serial.bytes) << c.op << " depends on the thread count";
   }

@@ -17,7 +17,7 @@
 #include "absl/strings/str_join.h"
 #include "graph/status.h"
 #include "oneapi/dnnl/dnnl.h"
-#include "tbb/task_arena.h"
+#include "runtime/cpu/parallel.h"
 
 namespace pebble {
 
@@ -218,7 +218,7 @@ class CpuBackend final : public Backend {
 
 }  // namespace
 
-int CpuBackendThreads() { return tbb::this_task_arena::max_concurrency(); }
+int CpuBackendThreads() { return cpu::ParallelThreads(); }
 
 void NoteCpuKernelScratch(int64_t bytes) {
   std::atomic<int64_t>& peak = ScratchHighWater();

@@ -10,8 +10,7 @@
 #include "graph/ops/op_util.h"
 #include "graph/status.h"
 #include "runtime/cpu/dnnl_util.h"
-#include "tbb/blocked_range.h"
-#include "tbb/parallel_for.h"
+#include "runtime/cpu/parallel.h"
 
 namespace pebble::dnnl_internal {
 namespace {
@@ -120,15 +119,12 @@ absl::StatusOr<Rows> SoftmaxRows(const TensorView& t, bool causal) {
 // query i = row % queries keeps keys j <= i (top-left aligned).
 template <typename Fn>
 void ForEachCausalRow(const Rows& r, Fn fn) {
-  tbb::parallel_for(tbb::blocked_range<int64_t>(0, r.rows, 64),
-                    [&](const tbb::blocked_range<int64_t>& range) {
-                      for (int64_t row = range.begin(); row < range.end();
-                           ++row) {
-                        const int64_t i = row % r.queries;
-                        fn(row, std::min(i + 1, r.cols));
-                      }
-                    },
-                    tbb::simple_partitioner());
+  cpu::ParallelRanges(r.rows, 64, [&](int64_t first_row, int64_t end_row) {
+    for (int64_t row = first_row; row < end_row; ++row) {
+      const int64_t i = row % r.queries;
+      fn(row, std::min(i + 1, r.cols));
+    }
+  });
 }
 
 dnnl::memory::desc RowsDesc(const Rows& r) {

@@ -17,8 +17,7 @@
 #include "graph/ops/op_util.h"
 #include "graph/status.h"
 #include "runtime/cpu/dnnl_util.h"
-#include "tbb/blocked_range.h"
-#include "tbb/parallel_for.h"
+#include "runtime/cpu/parallel.h"
 
 namespace pebble::dnnl_internal {
 namespace {
@@ -45,6 +44,18 @@ absl::StatusOr<ChannelView> ViewOf(const TensorView& x,
 // are added in block order, so the result is independent of the threads.
 constexpr int64_t kBlock = 1 << 15;
 
+// The least number of elements worth a parallel task: a task of a few
+// dozen elements (a 4x4 feature map) costs more in scheduling than in work.
+// Grouping tasks changes neither an element-wise map nor a reduction whose
+// partial sums are stored per block.
+constexpr int64_t kMinTaskElements = 1 << 14;
+
+// The grain (in tasks) for tasks of `elements_per_task` elements.
+int64_t GrainFor(int64_t elements_per_task) {
+  return std::max<int64_t>(
+      1, kMinTaskElements / std::max<int64_t>(1, elements_per_task));
+}
+
 // For each channel c, out[c * K + k] = the sum over the channel's elements
 // of what `seg(c, offset, length, acc)` adds into acc[0..K) for each
 // contiguous run [offset, offset + length) of the channel.
@@ -53,10 +64,10 @@ void ChannelReduce(const ChannelView& v, Seg seg, std::vector<double>& out) {
   const int64_t total = v.count();
   const int64_t blocks = std::max<int64_t>(1, (total + kBlock - 1) / kBlock);
   std::vector<double> partial(v.channels * blocks * K, 0.0);
-  tbb::parallel_for(
-      tbb::blocked_range<int64_t>(0, v.channels * blocks, 1),
-      [&](const tbb::blocked_range<int64_t>& r) {
-        for (int64_t task = r.begin(); task < r.end(); ++task) {
+  cpu::ParallelRanges(
+      v.channels * blocks, GrainFor(std::min(total, kBlock)),
+      [&](int64_t first_task, int64_t end_task) {
+        for (int64_t task = first_task; task < end_task; ++task) {
           const int64_t c = task / blocks;
           const int64_t b = task % blocks;
           const int64_t end = std::min(total, (b + 1) * kBlock);
@@ -69,8 +80,7 @@ void ChannelReduce(const ChannelView& v, Seg seg, std::vector<double>& out) {
             t += len;
           }
         }
-      },
-      tbb::simple_partitioner());
+      });
   out.assign(v.channels * K, 0.0);
   for (int64_t c = 0; c < v.channels; ++c) {
     for (int64_t b = 0; b < blocks; ++b) {
@@ -88,18 +98,17 @@ void ChannelMap(const ChannelView& v, Fn fn) {
   const int64_t chunks_per_run =
       std::max<int64_t>(1, (v.inner + kBlock - 1) / kBlock);
   const int64_t tasks = v.outer * v.channels * chunks_per_run;
-  tbb::parallel_for(
-      tbb::blocked_range<int64_t>(0, tasks, 1),
-      [&](const tbb::blocked_range<int64_t>& r) {
-        for (int64_t task = r.begin(); task < r.end(); ++task) {
+  cpu::ParallelRanges(
+      tasks, GrainFor(std::min(v.inner, kBlock)),
+      [&](int64_t first_task, int64_t end_task) {
+        for (int64_t task = first_task; task < end_task; ++task) {
           const int64_t run = task / chunks_per_run;
           const int64_t chunk = task % chunks_per_run;
           const int64_t begin = chunk * kBlock;
           const int64_t len = std::min(v.inner, begin + kBlock) - begin;
           fn(run % v.channels, run * v.inner + begin, len);
         }
-      },
-      tbb::simple_partitioner());
+      });
 }
 
 absl::Status CheckEps(const KernelContext& ctx, double* eps) {
@@ -120,6 +129,24 @@ absl::Status CheckParam(const TensorView& p, int64_t channels,
   return ExpectShape(p, {channels}, what);
 }
 
+// The sum over i < n of term(i), in double, in eight independent lanes
+// (lane l adds the i = l mod 8 terms; the tail goes to lane 0) combined
+// pairwise. The order depends on n only, so results are reproducible; eight
+// dependency chains instead of one keep the adder busy (a single running
+// double sum is latency-bound, several times slower) and let the compiler
+// vectorise the lanes.
+template <typename Term>
+double LaneSum(int64_t n, Term term) {
+  double lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    for (int l = 0; l < 8; ++l) lane[l] += term(i + l);
+  }
+  for (; i < n; ++i) lane[0] += term(i);
+  return ((lane[0] + lane[1]) + (lane[2] + lane[3])) +
+         ((lane[4] + lane[5]) + (lane[6] + lane[7]));
+}
+
 // Per channel: sum(g) and sum((x - mean) g), in double.
 std::vector<double> GradSums(const ChannelView& v, const float* g,
                              const float* x, const float* mean) {
@@ -128,14 +155,12 @@ std::vector<double> GradSums(const ChannelView& v, const float* g,
       v,
       [&](int64_t c, int64_t offset, int64_t len, double* acc) {
         const double m = mean[c];
-        double s = 0, dot = 0;
-        for (int64_t i = 0; i < len; ++i) {
-          const double gi = g[offset + i];
-          s += gi;
-          dot += (static_cast<double>(x[offset + i]) - m) * gi;
-        }
-        acc[0] += s;
-        acc[1] += dot;
+        const float* gr = g + offset;
+        const float* xr = x + offset;
+        acc[0] += LaneSum(len, [&](int64_t i) { return double{gr[i]}; });
+        acc[1] += LaneSum(len, [&](int64_t i) {
+          return (double{xr[i]} - m) * double{gr[i]};
+        });
       },
       sums);
   return sums;
@@ -165,9 +190,8 @@ absl::Status BatchNormStats(const KernelContext& ctx) {
   ChannelReduce<1>(
       v,
       [&](int64_t, int64_t offset, int64_t len, double* acc) {
-        double s = 0;
-        for (int64_t i = 0; i < len; ++i) s += x[offset + i];
-        acc[0] += s;
+        const float* xr = x + offset;
+        acc[0] += LaneSum(len, [&](int64_t i) { return double{xr[i]}; });
       },
       sums);
   const double n = static_cast<double>(v.count());
@@ -178,12 +202,11 @@ absl::Status BatchNormStats(const KernelContext& ctx) {
       v,
       [&](int64_t c, int64_t offset, int64_t len, double* acc) {
         const double m = mean[c];
-        double s = 0;
-        for (int64_t i = 0; i < len; ++i) {
-          const double d = x[offset + i] - m;
-          s += d * d;
-        }
-        acc[0] += s;
+        const float* xr = x + offset;
+        acc[0] += LaneSum(len, [&](int64_t i) {
+          const double d = double{xr[i]} - m;
+          return d * d;
+        });
       },
       squares);
   float* out = ctx.output.as<float>();

@@ -12,8 +12,7 @@
 #include "graph/ops/op_util.h"
 #include "graph/status.h"
 #include "runtime/cpu/dnnl_util.h"
-#include "tbb/blocked_range.h"
-#include "tbb/parallel_for.h"
+#include "runtime/cpu/parallel.h"
 
 namespace pebble::dnnl_internal {
 namespace {
@@ -180,49 +179,43 @@ absl::Status MaxPoolBackward(const KernelContext& ctx) {
   const float* x = xv.as<float>();
   const float* gy = g.as<float>();
   float* dx = ctx.output.as<float>();
-  tbb::parallel_for(
-      tbb::blocked_range<int64_t>(0, planes, 1),
-      [&](const tbb::blocked_range<int64_t>& r) {
-        for (int64_t plane = r.begin(); plane < r.end(); ++plane) {
-          const float* xp = x + plane * in_plane;
-          const float* gp = gy + plane * out_plane;
-          float* dp = dx + plane * in_plane;
-          std::fill_n(dp, in_plane, 0.0f);
-          int64_t o = 0;
-          for (int64_t od = 0; od < e.out[0]; ++od) {
-            const int64_t d0 = std::max<int64_t>(od * e.s[0] - e.p[0], 0);
-            const int64_t d1 =
-                std::min(od * e.s[0] - e.p[0] + e.k[0], e.in[0]);
-            for (int64_t oh = 0; oh < e.out[1]; ++oh) {
-              const int64_t h0 = std::max<int64_t>(oh * e.s[1] - e.p[1], 0);
-              const int64_t h1 =
-                  std::min(oh * e.s[1] - e.p[1] + e.k[1], e.in[1]);
-              for (int64_t ow = 0; ow < e.out[2]; ++ow, ++o) {
-                const int64_t w0 =
-                    std::max<int64_t>(ow * e.s[2] - e.p[2], 0);
-                const int64_t w1 =
-                    std::min(ow * e.s[2] - e.p[2] + e.k[2], e.in[2]);
-                int64_t arg = (d0 * e.in[1] + h0) * e.in[2] + w0;
-                float best = -std::numeric_limits<float>::infinity();
-                for (int64_t id = d0; id < d1; ++id) {
-                  for (int64_t ih = h0; ih < h1; ++ih) {
-                    const int64_t row = (id * e.in[1] + ih) * e.in[2];
-                    for (int64_t iw = w0; iw < w1; ++iw) {
-                      const float v = xp[row + iw];
-                      if (v > best || std::isnan(v)) {
-                        best = v;
-                        arg = row + iw;
-                      }
-                    }
-                  }
+  cpu::ParallelRanges(planes, 1, [&](int64_t first_plane, int64_t end_plane) {
+    for (int64_t plane = first_plane; plane < end_plane; ++plane) {
+      const float* xp = x + plane * in_plane;
+      const float* gp = gy + plane * out_plane;
+      float* dp = dx + plane * in_plane;
+      std::fill_n(dp, in_plane, 0.0f);
+      int64_t o = 0;
+      for (int64_t od = 0; od < e.out[0]; ++od) {
+        const int64_t d0 = std::max<int64_t>(od * e.s[0] - e.p[0], 0);
+        const int64_t d1 = std::min(od * e.s[0] - e.p[0] + e.k[0], e.in[0]);
+        for (int64_t oh = 0; oh < e.out[1]; ++oh) {
+          const int64_t h0 = std::max<int64_t>(oh * e.s[1] - e.p[1], 0);
+          const int64_t h1 = std::min(oh * e.s[1] - e.p[1] + e.k[1], e.in[1]);
+          for (int64_t ow = 0; ow < e.out[2]; ++ow, ++o) {
+            const int64_t w0 = std::max<int64_t>(ow * e.s[2] - e.p[2], 0);
+            const int64_t w1 = std::min(ow * e.s[2] - e.p[2] + e.k[2], e.in[2]);
+            int64_t arg = (d0 * e.in[1] + h0) * e.in[2] + w0;
+            float best = -std::numeric_limits<float>::infinity();
+            for (int64_t id = d0; id < d1; ++id) {
+              for (int64_t ih = h0; ih < h1; ++ih) {
+                const int64_t row = (id * e.in[1] + ih) * e.in[2];
+                for (int64_t iw = w0; iw < w1; ++iw) {
+                  // Branch-free: on real data the comparison is
+                  // unpredictable.
+                  const float v = xp[row + iw];
+                  const bool take = (v > best) | std::isnan(v);
+                  best = take ? v : best;
+                  arg = take ? row + iw : arg;
                 }
-                dp[arg] += gp[o];
               }
             }
+            dp[arg] += gp[o];
           }
         }
-      },
-      tbb::simple_partitioner());
+      }
+    }
+  });
   return absl::OkStatus();
 }
 

@@ -14,8 +14,7 @@
 #include "graph/ops/op_util.h"
 #include "graph/status.h"
 #include "runtime/cpu/cpu_backend.h"
-#include "tbb/blocked_range.h"
-#include "tbb/parallel_for.h"
+#include "runtime/cpu/parallel.h"
 
 namespace pebble {
 namespace dnnl_internal {
@@ -319,11 +318,9 @@ constexpr int64_t kConvertGrain = 1 << 14;
 
 template <typename Fn>
 void ParallelElements(int64_t n, Fn fn) {
-  tbb::parallel_for(tbb::blocked_range<int64_t>(0, n, kConvertGrain),
-                    [&](const tbb::blocked_range<int64_t>& r) {
-                      for (int64_t i = r.begin(); i < r.end(); ++i) fn(i);
-                    },
-                    tbb::simple_partitioner());
+  cpu::ParallelRanges(n, kConvertGrain, [&](int64_t first, int64_t end) {
+    for (int64_t i = first; i < end; ++i) fn(i);
+  });
 }
 }  // namespace
 
@@ -392,32 +389,27 @@ constexpr int64_t kChannelBlock = 1 << 15;
 void ColumnSums(const float* x, int64_t rows, int64_t cols, float* out) {
   const int64_t blocks = std::max<int64_t>(1, (rows + kRowBlock - 1) / kRowBlock);
   std::vector<double> partial(blocks * cols, 0.0);
-  tbb::parallel_for(
-      tbb::blocked_range<int64_t>(0, blocks, 1),
-      [&](const tbb::blocked_range<int64_t>& r) {
-        for (int64_t b = r.begin(); b < r.end(); ++b) {
-          double* acc = partial.data() + b * cols;
-          const int64_t end = std::min(rows, (b + 1) * kRowBlock);
-          for (int64_t i = b * kRowBlock; i < end; ++i) {
-            const float* row = x + i * cols;
-            for (int64_t c = 0; c < cols; ++c) {
-              acc[c] += static_cast<double>(row[c]);
-            }
-          }
+  cpu::ParallelRanges(blocks, 1, [&](int64_t first_block, int64_t end_block) {
+    for (int64_t b = first_block; b < end_block; ++b) {
+      double* acc = partial.data() + b * cols;
+      const int64_t end = std::min(rows, (b + 1) * kRowBlock);
+      for (int64_t i = b * kRowBlock; i < end; ++i) {
+        const float* row = x + i * cols;
+        for (int64_t c = 0; c < cols; ++c) {
+          acc[c] += static_cast<double>(row[c]);
         }
-      },
-      tbb::simple_partitioner());
-  tbb::parallel_for(tbb::blocked_range<int64_t>(0, cols, 1024),
-                    [&](const tbb::blocked_range<int64_t>& r) {
-                      for (int64_t c = r.begin(); c < r.end(); ++c) {
-                        double s = 0;
-                        for (int64_t b = 0; b < blocks; ++b) {
-                          s += partial[b * cols + c];
-                        }
-                        out[c] = static_cast<float>(s);
-                      }
-                    },
-                    tbb::simple_partitioner());
+      }
+    }
+  });
+  cpu::ParallelRanges(cols, 1024, [&](int64_t first_col, int64_t end_col) {
+    for (int64_t c = first_col; c < end_col; ++c) {
+      double s = 0;
+      for (int64_t b = 0; b < blocks; ++b) {
+        s += partial[b * cols + c];
+      }
+      out[c] = static_cast<float>(s);
+    }
+  });
 }
 
 }  // namespace
@@ -432,10 +424,13 @@ void ChannelSums(const float* x, int64_t outer, int64_t channels,
   const int64_t blocks =
       std::max<int64_t>(1, (total + kChannelBlock - 1) / kChannelBlock);
   std::vector<double> partial(channels * blocks, 0.0);
-  tbb::parallel_for(
-      tbb::blocked_range<int64_t>(0, channels * blocks, 1),
-      [&](const tbb::blocked_range<int64_t>& r) {
-        for (int64_t task = r.begin(); task < r.end(); ++task) {
+  // Tasks of at least ~16K elements (a small feature map makes tiny ones);
+  // the partial sums are per block, so grouping does not change them.
+  const int64_t grain =
+      std::max<int64_t>(1, (int64_t{1} << 14) / std::min(total, kChannelBlock));
+  cpu::ParallelRanges(
+      channels * blocks, grain, [&](int64_t first_task, int64_t end_task) {
+        for (int64_t task = first_task; task < end_task; ++task) {
           const int64_t c = task / blocks;
           const int64_t b = task % blocks;
           const int64_t end = std::min(total, (b + 1) * kChannelBlock);
@@ -449,8 +444,7 @@ void ChannelSums(const float* x, int64_t outer, int64_t channels,
           }
           partial[task] = acc;
         }
-      },
-      tbb::simple_partitioner());
+      });
   for (int64_t c = 0; c < channels; ++c) {
     double s = 0;
     for (int64_t b = 0; b < blocks; ++b) s += partial[c * blocks + b];

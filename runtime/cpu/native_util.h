@@ -25,11 +25,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "graph/graph.h"
+#include "runtime/cpu/parallel.h"
+#include "runtime/half.h"
 #include "runtime/kernel.h"
 #include "runtime/tensor.h"
-#include "runtime/half.h"
-#include "tbb/blocked_range.h"
-#include "tbb/parallel_for.h"
 
 namespace pebble::native {
 
@@ -108,7 +107,7 @@ absl::Status Invalid(const KernelContext& ctx, const Args&... parts) {
       absl::StrCat("op ", ctx.op(), ": ", parts...));
 }
 
-// ---- Parallel loops (oneTBB).
+// ---- Parallel loops (OpenMP, runtime/cpu/parallel.h).
 
 // Element-wise work: grain in elements of a task.
 inline constexpr int64_t kGrain = 1 << 15;
@@ -122,14 +121,7 @@ template <typename Fn>
 void ParallelFor(int64_t n, int64_t grain, Fn&& fn) {
   if (n <= 0) return;
   grain = std::max<int64_t>(grain, 1);
-  if (n <= grain) {
-    fn(int64_t{0}, n);
-    return;
-  }
-  tbb::parallel_for(tbb::blocked_range<int64_t>(0, n, grain),
-                    [&fn](const tbb::blocked_range<int64_t>& r) {
-                      fn(r.begin(), r.end());
-                    });
+  cpu::ParallelRanges(n, grain, fn);
 }
 
 // Rows of `row_elements` each: a grain of about kGrain elements.
