@@ -1215,8 +1215,7 @@ absl::StatusOr<std::string> CertifyWithExactSearch(const Graph& graph,
   if (report.compute_cost > optimum * (1 + 1e-9) + 1e-12) {
     // Still a valid bound on the model (in cost units, epsilons aside).
     r->lower_bound = std::max(r->lower_bound, std::min(optimum, r->objective));
-    r->gap = r->objective > 0 ? std::max(0.0, (r->objective - r->lower_bound) / r->objective)
-                              : 0;
+    r->gap = Gap(r->objective, r->lower_bound);
     return std::string();
   }
   r->status = CheckmateResult::Status::kOptimal;

@@ -174,20 +174,22 @@ absl::StatusOr<Found> Search(const LocalGraph& g, Mode mode, int64_t budget,
     }
     cur.closed = true;
     ++stats->expanded;
-    if ((stats->expanded & 255) == 0 && elapsed() > time_limit_s) {
+    const bool out_of_time =
+        (stats->expanded & 255) == 0 && elapsed() > time_limit_s;
+    const bool out_of_memory =
+        static_cast<int64_t>(entries.size()) > kMaxExactMultiShotStates;
+    if (out_of_time || out_of_memory) {
       stats->states = static_cast<int64_t>(entries.size());
       stats->seconds = elapsed();
       return absl::ResourceExhaustedError(absl::StrCat(
-          "exact: no optimum within the time limit of ", time_limit_s, " s (",
-          entries.size(), " states reached); use checkmate or a heuristic policy"));
-    }
-    if (static_cast<int64_t>(entries.size()) > kMaxExactMultiShotStates) {
-      stats->states = static_cast<int64_t>(entries.size());
-      stats->seconds = elapsed();
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "exact: more than ", kMaxExactMultiShotStates,
-          " resident sets reached before the optimum (the memory limit of the "
-          "search); use checkmate or a heuristic policy"));
+          "exact: ",
+          out_of_time
+              ? absl::StrCat("no optimum within the time limit of ", time_limit_s,
+                             " s (", entries.size(), " states reached)")
+              : absl::StrCat("more than ", kMaxExactMultiShotStates,
+                             " resident sets reached before the optimum (the "
+                             "memory limit of the search)"),
+          "; use checkmate or a heuristic policy"));
     }
     const Set d = cur.set;
     const double gc = cur.g;

@@ -44,17 +44,10 @@ absl::StatusOr<ChannelView> ViewOf(const TensorView& x,
 // are added in block order, so the result is independent of the threads.
 constexpr int64_t kBlock = 1 << 15;
 
-// The least number of elements worth a parallel task: a task of a few
-// dozen elements (a 4x4 feature map) costs more in scheduling than in work.
-// Grouping tasks changes neither an element-wise map nor a reduction whose
-// partial sums are stored per block.
-constexpr int64_t kMinTaskElements = 1 << 14;
-
-// The grain (in tasks) for tasks of `elements_per_task` elements.
-int64_t GrainFor(int64_t elements_per_task) {
-  return std::max<int64_t>(
-      1, kMinTaskElements / std::max<int64_t>(1, elements_per_task));
-}
+// Elements of a parallel chunk (cpu::GrainFor). Grouping tasks changes
+// neither an element-wise map nor a reduction whose partial sums are stored
+// per block.
+constexpr int64_t kChunkElements = 1 << 14;
 
 // For each channel c, out[c * K + k] = the sum over the channel's elements
 // of what `seg(c, offset, length, acc)` adds into acc[0..K) for each
@@ -65,7 +58,7 @@ void ChannelReduce(const ChannelView& v, Seg seg, std::vector<double>& out) {
   const int64_t blocks = std::max<int64_t>(1, (total + kBlock - 1) / kBlock);
   std::vector<double> partial(v.channels * blocks * K, 0.0);
   cpu::ParallelRanges(
-      v.channels * blocks, GrainFor(std::min(total, kBlock)),
+      v.channels * blocks, cpu::GrainFor(std::min(total, kBlock), kChunkElements),
       [&](int64_t first_task, int64_t end_task) {
         for (int64_t task = first_task; task < end_task; ++task) {
           const int64_t c = task / blocks;
@@ -99,7 +92,7 @@ void ChannelMap(const ChannelView& v, Fn fn) {
       std::max<int64_t>(1, (v.inner + kBlock - 1) / kBlock);
   const int64_t tasks = v.outer * v.channels * chunks_per_run;
   cpu::ParallelRanges(
-      tasks, GrainFor(std::min(v.inner, kBlock)),
+      tasks, cpu::GrainFor(std::min(v.inner, kBlock), kChunkElements),
       [&](int64_t first_task, int64_t end_task) {
         for (int64_t task = first_task; task < end_task; ++task) {
           const int64_t run = task / chunks_per_run;
@@ -127,24 +120,6 @@ absl::Status CheckParam(const TensorView& p, int64_t channels,
                         absl::string_view what) {
   RETURN_IF_ERROR(ExpectF32(p, what));
   return ExpectShape(p, {channels}, what);
-}
-
-// The sum over i < n of term(i), in double, in eight independent lanes
-// (lane l adds the i = l mod 8 terms; the tail goes to lane 0) combined
-// pairwise. The order depends on n only, so results are reproducible; eight
-// dependency chains instead of one keep the adder busy (a single running
-// double sum is latency-bound, several times slower) and let the compiler
-// vectorise the lanes.
-template <typename Term>
-double LaneSum(int64_t n, Term term) {
-  double lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    for (int l = 0; l < 8; ++l) lane[l] += term(i + l);
-  }
-  for (; i < n; ++i) lane[0] += term(i);
-  return ((lane[0] + lane[1]) + (lane[2] + lane[3])) +
-         ((lane[4] + lane[5]) + (lane[6] + lane[7]));
 }
 
 // Per channel: sum(g) and sum((x - mean) g), in double.

@@ -368,19 +368,6 @@ void FromFloat(const float* src, const TensorView& dst) {
 
 namespace {
 
-// Sum of n consecutive floats in double, eight lanes combined in a fixed
-// order (the compiler may vectorise the lanes; the order stays the same).
-double SumRun(const float* p, int64_t n) {
-  double lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    for (int k = 0; k < 8; ++k) lane[k] += static_cast<double>(p[i + k]);
-  }
-  for (; i < n; ++i) lane[0] += static_cast<double>(p[i]);
-  return ((lane[0] + lane[1]) + (lane[2] + lane[3])) +
-         ((lane[4] + lane[5]) + (lane[6] + lane[7]));
-}
-
 // Rows of a block in ColumnSums; elements of a block in the channel path.
 constexpr int64_t kRowBlock = 256;
 constexpr int64_t kChannelBlock = 1 << 15;
@@ -424,10 +411,10 @@ void ChannelSums(const float* x, int64_t outer, int64_t channels,
   const int64_t blocks =
       std::max<int64_t>(1, (total + kChannelBlock - 1) / kChannelBlock);
   std::vector<double> partial(channels * blocks, 0.0);
-  // Tasks of at least ~16K elements (a small feature map makes tiny ones);
+  // Chunks of about 16K elements (a small feature map makes tiny tasks);
   // the partial sums are per block, so grouping does not change them.
   const int64_t grain =
-      std::max<int64_t>(1, (int64_t{1} << 14) / std::min(total, kChannelBlock));
+      cpu::GrainFor(std::min(total, kChannelBlock), int64_t{1} << 14);
   cpu::ParallelRanges(
       channels * blocks, grain, [&](int64_t first_task, int64_t end_task) {
         for (int64_t task = first_task; task < end_task; ++task) {

@@ -203,6 +203,29 @@ absl::Status BatchNormBackwardBias(const KernelContext& ctx);
 
 // ---- Deterministic reductions used by several kernels.
 
+// The sum over i < n of term(i), in double, in eight independent lanes
+// (lane l adds the i = l mod 8 terms; the tail goes to lane 0) combined
+// pairwise. The order depends on n only, so results are reproducible; eight
+// dependency chains instead of one keep the adder busy (a single running
+// double sum is latency-bound, several times slower) and let the compiler
+// vectorise the lanes.
+template <typename Term>
+double LaneSum(int64_t n, Term term) {
+  double lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    for (int l = 0; l < 8; ++l) lane[l] += term(i + l);
+  }
+  for (; i < n; ++i) lane[0] += term(i);
+  return ((lane[0] + lane[1]) + (lane[2] + lane[3])) +
+         ((lane[4] + lane[5]) + (lane[6] + lane[7]));
+}
+
+// Sum of n consecutive floats in double (LaneSum).
+inline double SumRun(const float* p, int64_t n) {
+  return LaneSum(n, [p](int64_t i) { return double{p[i]}; });
+}
+
 // out[c] = sum over i of x[(i * C + c) * inner + j] for i < outer, j < inner:
 // x viewed as (outer, C, inner). Each sum is accumulated in double over
 // fixed blocks combined in block order; out is written as fp32.

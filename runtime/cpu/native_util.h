@@ -126,7 +126,7 @@ void ParallelFor(int64_t n, int64_t grain, Fn&& fn) {
 
 // Rows of `row_elements` each: a grain of about kGrain elements.
 inline int64_t RowGrain(int64_t row_elements) {
-  return std::max<int64_t>(1, kGrain / std::max<int64_t>(row_elements, 1));
+  return cpu::GrainFor(row_elements, kGrain);
 }
 
 // memcpy split over threads for large copies.

@@ -39,6 +39,15 @@ void ParallelRanges(int64_t n, int64_t grain, Fn&& fn) {
   }
 }
 
+// The grain, in tasks, that gives chunks of about `chunk_elements` elements
+// when each task covers `elements_per_task` (at least one task a chunk).
+// Tasks of a few dozen elements (a 4x4 feature map) cost more to schedule
+// than to run.
+inline int64_t GrainFor(int64_t elements_per_task, int64_t chunk_elements) {
+  return std::max<int64_t>(
+      1, chunk_elements / std::max<int64_t>(1, elements_per_task));
+}
+
 // The threads a parallel loop uses (OpenMP's, shared with oneDNN).
 inline int ParallelThreads() { return omp_get_max_threads(); }
 
