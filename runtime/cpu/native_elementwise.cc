@@ -8,6 +8,7 @@
 #include "graph/ops/op_util.h"
 #include "graph/status.h"
 #include "runtime/cpu/native_util.h"
+#include "runtime/kernel_math.h"
 
 namespace pebble::native {
 namespace {
@@ -151,23 +152,8 @@ absl::Status Arange(const KernelContext& ctx) {
   return absl::OkStatus();
 }
 
-// ---- dropout.
-//
-// Note [Dropout mask generator]. Element i of dropout_mask(p, seed) is kept
-// (1) when u_i >= p, where u_i = (z_i >> 40) / 2^24 is uniform in [0, 1)
-// and z_i is output i (counting from 0) of the SplitMix64 generator seeded
-// with `seed` (Steele, Lea, Flood: "Fast splittable pseudorandom number
-// generators", OOPSLA 2014; z_i = mix(seed + (i + 1) * 0x9E3779B97F4A7C15)).
-// A counter-based generator: every element is computed on its own, so the
-// mask is the same for any thread count and any recomputation. It is not
-// PyTorch's Bernoulli stream; a cross-check feeds the mask in.
-
-uint64_t SplitMix64At(uint64_t seed, uint64_t i) {
-  uint64_t z = seed + (i + 1) * 0x9E3779B97F4A7C15ull;
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
+// ---- dropout: the mask generator is Note [Dropout mask generator] in
+// runtime/kernel_math.h, shared with the CUDA backend (same bits on both).
 
 absl::Status DropoutMask(const KernelContext& ctx) {
   RETURN_IF_ERROR(CheckOperands(ctx));
@@ -177,10 +163,7 @@ absl::Status DropoutMask(const KernelContext& ctx) {
   const uint64_t useed = static_cast<uint64_t>(seed);
   ParallelFor(ctx.output.num_elements(), kGrain, [&](int64_t b, int64_t e) {
     for (int64_t i = b; i < e; ++i) {
-      const double u = static_cast<double>(
-                           SplitMix64At(useed, static_cast<uint64_t>(i)) >> 40) *
-                       0x1.0p-24;
-      mask[i] = u >= p ? 1 : 0;
+      mask[i] = kmath::DropoutKeeps(useed, static_cast<uint64_t>(i), p) ? 1 : 0;
     }
   });
   return absl::OkStatus();

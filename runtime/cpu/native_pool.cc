@@ -12,6 +12,7 @@
 #include "graph/ops/op_util.h"
 #include "graph/status.h"
 #include "runtime/cpu/native_util.h"
+#include "runtime/kernel_math.h"
 
 namespace pebble::native {
 namespace {
@@ -91,10 +92,14 @@ struct Bins {
 };
 
 Bins AdaptiveBins(int64_t in, int64_t out) {
+  kmath::PoolAxis axis;
+  axis.in = in;
+  axis.out = out;
+  axis.adaptive = true;
   Bins b;
   for (int64_t i = 0; i < out; ++i) {
-    b.begin.push_back((i * in) / out);
-    b.end.push_back(((i + 1) * in + out - 1) / out);
+    b.begin.push_back(kmath::BinBegin(axis, i));
+    b.end.push_back(kmath::BinEnd(axis, i));
   }
   return b;
 }

@@ -691,6 +691,206 @@ __global__ void BroadcastScalarKernel(const float* g, T* out, int64_t n) {
   PEBBLE_GRID_LOOP(i, n) St(out, i, g[0]);
 }
 
+// ---- Averaging pools (kmath::PoolAxis bins).
+
+template <typename T>
+__global__ void AvgPoolKernel(AvgPool3 p, const T* x, T* y, int64_t n) {
+  auto load = [x](int64_t j) { return Ld(x, j); };
+  PEBBLE_GRID_LOOP(i, n) St(y, i, kmath::AvgPoolAt(p.axis, i, load));
+}
+
+template <typename T>
+__global__ void AvgPoolBackwardKernel(AvgPool3 p, const T* g, T* dx,
+                                      int64_t n) {
+  auto load = [g](int64_t j) { return Ld(g, j); };
+  PEBBLE_GRID_LOOP(i, n) St(dx, i, kmath::AvgPoolGradAt(p.axis, i, load));
+}
+
+// ---- Layer norm: one block per row, fp64 sums (Note [Deterministic
+// reductions]).
+
+template <typename T>
+__global__ void LayerNormStatsKernel(const T* x, float* stats, int64_t rows,
+                                     int64_t d, double eps) {
+  const int64_t r = blockIdx.x;
+  const T* row = x + r * d;
+  double v[1] = {0.0};
+  for (int64_t j = threadIdx.x; j < d; j += blockDim.x) v[0] += Ld(row, j);
+  BlockSum<1>(v);
+  const double mean = v[0] / static_cast<double>(d);
+  const float mean_f = static_cast<float>(mean);
+  v[0] = 0.0;
+  for (int64_t j = threadIdx.x; j < d; j += blockDim.x) {
+    const float c = Ld(row, j) - mean_f;
+    v[0] += static_cast<double>(c * c);
+  }
+  BlockSum<1>(v);
+  if (threadIdx.x == 0) {
+    const double var = v[0] / static_cast<double>(d);
+    stats[r] = mean_f;
+    stats[rows + r] =
+        static_cast<float>(1.0 / sqrt((var > 0.0 ? var : 0.0) + eps));
+  }
+}
+
+template <typename T>
+__global__ void LayerNormKernel(const T* x, const float* stats, const T* weight,
+                                const T* bias, T* y, int64_t rows, int64_t d,
+                                int64_t n) {
+  PEBBLE_GRID_LOOP(i, n) {
+    const int64_t r = i / d, j = i - r * d;
+    float v = (Ld(x, i) - stats[r]) * stats[rows + r];
+    if (weight != nullptr) v = v * Ld(weight, j) + Ld(bias, j);
+    St(y, i, v);
+  }
+}
+
+template <typename T>
+__global__ void LayerNormBackwardKernel(const T* g, const T* x,
+                                        const float* stats, const T* weight,
+                                        T* dx, int64_t rows, int64_t d) {
+  const int64_t r = blockIdx.x;
+  const int64_t base = r * d;
+  const float mean = stats[r], rstd = stats[rows + r];
+  double v[2] = {0.0, 0.0};
+  for (int64_t j = threadIdx.x; j < d; j += blockDim.x) {
+    const float gw =
+        Ld(g, base + j) * (weight != nullptr ? Ld(weight, j) : 1.f);
+    const float xhat = (Ld(x, base + j) - mean) * rstd;
+    v[0] += gw;
+    v[1] += static_cast<double>(gw * xhat);
+  }
+  BlockSum<2>(v);
+  const float c1 = static_cast<float>(v[0] / static_cast<double>(d));
+  const float c2 = static_cast<float>(v[1] / static_cast<double>(d));
+  for (int64_t j = threadIdx.x; j < d; j += blockDim.x) {
+    const float gw =
+        Ld(g, base + j) * (weight != nullptr ? Ld(weight, j) : 1.f);
+    const float xhat = (Ld(x, base + j) - mean) * rstd;
+    St(dx, base + j, rstd * (gw - c1 - xhat * c2));
+  }
+}
+
+// Column sums: thread (column c, row chunk j) adds its chunk's rows in
+// order in fp64; ColumnFinish adds the chunks in order.
+template <typename T>
+__global__ void ColumnPartials(const T* g, const T* x, const float* stats,
+                               int64_t rows, int64_t cols, int chunks,
+                               double* partials) {
+  const int64_t c = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
+  if (c >= cols) return;
+  const int64_t j = blockIdx.y;
+  const int64_t per = (rows + chunks - 1) / chunks;
+  const int64_t begin = j * per;
+  const int64_t end = begin + per < rows ? begin + per : rows;
+  double s = 0.0;
+  for (int64_t r = begin; r < end; ++r) {
+    const float gv = Ld(g, r * cols + c);
+    if (stats == nullptr) {
+      s += gv;
+    } else {
+      s += static_cast<double>(
+          gv * ((Ld(x, r * cols + c) - stats[r]) * stats[rows + r]));
+    }
+  }
+  partials[j * cols + c] = s;
+}
+
+template <typename T>
+__global__ void ColumnFinish(const double* partials, int chunks, T* out,
+                             int64_t cols) {
+  PEBBLE_GRID_LOOP(c, cols) {
+    double s = 0.0;
+    for (int j = 0; j < chunks; ++j) s += partials[j * cols + c];
+    St(out, c, static_cast<float>(s));
+  }
+}
+
+// Row chunks of a column sum: enough threads for small column counts, at
+// most 64 chunks and about 2^20 partials. A function of the shape alone.
+int ColumnChunks(int64_t rows, int64_t cols) {
+  int64_t chunks = (rows + 63) / 64;
+  if (chunks > 64) chunks = 64;
+  const int64_t cap = (int64_t{1} << 20) / (cols > 0 ? cols : 1);
+  if (chunks > cap) chunks = cap;
+  return static_cast<int>(chunks < 1 ? 1 : chunks);
+}
+
+// ---- Dropout, embedding, arange, head copies.
+
+__global__ void DropoutMaskKernel(uint8_t* mask, int64_t n, double p,
+                                  uint64_t seed) {
+  PEBBLE_GRID_LOOP(i, n) {
+    mask[i] = kmath::DropoutKeeps(seed, static_cast<uint64_t>(i), p) ? 1 : 0;
+  }
+}
+
+template <typename T>
+__global__ void DropoutApplyKernel(const T* x, const uint8_t* mask, float scale,
+                                   T* y, int64_t n) {
+  PEBBLE_GRID_LOOP(i, n) St(y, i, Ld(x, i) * (mask[i] != 0 ? scale : 0.f));
+}
+
+template <typename T>
+__global__ void EmbeddingKernel(const int64_t* indices, const T* weight, T* out,
+                                int64_t n, int64_t num, int64_t dim) {
+  PEBBLE_GRID_LOOP(i, n * dim) {
+    const int64_t pos = i / dim, e = i - pos * dim;
+    const int64_t j = indices[pos];
+    St(out, i, j >= 0 && j < num ? Ld(weight, j * dim + e) : NAN);
+  }
+}
+
+template <typename T>
+__global__ void EmbeddingBackwardKernel(const T* g, const int64_t* indices,
+                                        float* acc, int64_t n, int64_t num,
+                                        int64_t dim) {
+  PEBBLE_GRID_LOOP(e, dim) {
+    for (int64_t pos = 0; pos < n; ++pos) {
+      const int64_t j = indices[pos];
+      if (j >= 0 && j < num) acc[j * dim + e] += Ld(g, pos * dim + e);
+    }
+  }
+}
+
+template <typename T>
+__global__ void StoreFloats(const float* src, T* out, int64_t n) {
+  PEBBLE_GRID_LOOP(i, n) St(out, i, src[i]);
+}
+
+__global__ void ArangeKernel(int64_t* out, int64_t n) {
+  PEBBLE_GRID_LOOP(i, n) out[i] = i;
+}
+
+template <typename S, bool kGather>
+__global__ void HeadsCopyKernel(kmath::HeadsMap m, const S* src, S* dst,
+                                int64_t n) {
+  PEBBLE_GRID_LOOP(i, n) {
+    const int64_t merged = kmath::MergedIndex(m, i);
+    if (kGather) {
+      dst[i] = src[merged];
+    } else {
+      dst[merged] = src[i];
+    }
+  }
+}
+
+// Calls f(S{}) with S an unsigned integer of `element_bytes`.
+template <typename F>
+cudaError_t DispatchBytes(int element_bytes, F f) {
+  switch (element_bytes) {
+    case 1:
+      return f(uint8_t{});
+    case 2:
+      return f(uint16_t{});
+    case 4:
+      return f(uint32_t{});
+    case 8:
+      return f(uint64_t{});
+  }
+  return cudaErrorInvalidValue;
+}
+
 }  // namespace
 
 // ---- Launchers.
@@ -1088,6 +1288,184 @@ cudaError_t LaunchSoftmaxBackward(KType t, const void* g, const void* y,
     SoftmaxBackwardKernel<T><<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(
         static_cast<const T*>(g), static_cast<const T*>(y), static_cast<T*>(dx),
         length);
+    return Launched();
+  });
+}
+
+cudaError_t LaunchAvgPool(KType t, const AvgPool3& p, const void* x, void* y,
+                          cudaStream_t stream) {
+  const int64_t n = p.nc * p.axis[0].out * p.axis[1].out * p.axis[2].out;
+  if (n == 0) return cudaSuccess;
+  return Dispatch(t, [&](auto tag) {
+    using T = decltype(tag);
+    AvgPoolKernel<T><<<Blocks(n), kThreads, 0, stream>>>(
+        p, static_cast<const T*>(x), static_cast<T*>(y), n);
+    return Launched();
+  });
+}
+
+cudaError_t LaunchAvgPoolBackward(KType t, const AvgPool3& p, const void* g,
+                                  void* dx, cudaStream_t stream) {
+  const int64_t n = p.nc * p.axis[0].in * p.axis[1].in * p.axis[2].in;
+  if (n == 0) return cudaSuccess;
+  return Dispatch(t, [&](auto tag) {
+    using T = decltype(tag);
+    AvgPoolBackwardKernel<T><<<Blocks(n), kThreads, 0, stream>>>(
+        p, static_cast<const T*>(g), static_cast<T*>(dx), n);
+    return Launched();
+  });
+}
+
+cudaError_t LaunchLayerNormStats(KType t, const void* x, float* stats,
+                                 int64_t rows, int64_t d, double eps,
+                                 cudaStream_t stream) {
+  if (rows == 0) return cudaSuccess;
+  if (rows > 0x7fffffff || d == 0) return cudaErrorInvalidValue;
+  return Dispatch(t, [&](auto tag) {
+    using T = decltype(tag);
+    LayerNormStatsKernel<T>
+        <<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(
+            static_cast<const T*>(x), stats, rows, d, eps);
+    return Launched();
+  });
+}
+
+cudaError_t LaunchLayerNorm(KType t, const void* x, const float* stats,
+                            const void* weight, const void* bias, void* y,
+                            int64_t rows, int64_t d, cudaStream_t stream) {
+  const int64_t n = rows * d;
+  if (n == 0) return cudaSuccess;
+  if ((weight == nullptr) != (bias == nullptr)) return cudaErrorInvalidValue;
+  return Dispatch(t, [&](auto tag) {
+    using T = decltype(tag);
+    LayerNormKernel<T><<<Blocks(n), kThreads, 0, stream>>>(
+        static_cast<const T*>(x), stats, static_cast<const T*>(weight),
+        static_cast<const T*>(bias), static_cast<T*>(y), rows, d, n);
+    return Launched();
+  });
+}
+
+cudaError_t LaunchLayerNormBackward(KType t, const void* g, const void* x,
+                                    const float* stats, const void* weight,
+                                    void* dx, int64_t rows, int64_t d,
+                                    cudaStream_t stream) {
+  if (rows == 0 || d == 0) return cudaSuccess;
+  if (rows > 0x7fffffff) return cudaErrorInvalidValue;
+  return Dispatch(t, [&](auto tag) {
+    using T = decltype(tag);
+    LayerNormBackwardKernel<T>
+        <<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(
+            static_cast<const T*>(g), static_cast<const T*>(x), stats,
+            static_cast<const T*>(weight), static_cast<T*>(dx), rows, d);
+    return Launched();
+  });
+}
+
+int64_t ColumnScratchBytes(int64_t rows, int64_t cols) {
+  return int64_t{ColumnChunks(rows, cols)} * cols *
+         static_cast<int64_t>(sizeof(double));
+}
+
+cudaError_t LaunchColumnSum(KType t, const void* g, const void* x,
+                            const float* stats, void* out, int64_t rows,
+                            int64_t cols, void* scratch, cudaStream_t stream) {
+  if (cols == 0) return cudaSuccess;
+  const int chunks = ColumnChunks(rows, cols);
+  const int64_t col_blocks = (cols + kThreads - 1) / kThreads;
+  if (col_blocks > 0x7fffffff) return cudaErrorInvalidValue;
+  return Dispatch(t, [&](auto tag) {
+    using T = decltype(tag);
+    double* partials = static_cast<double*>(scratch);
+    dim3 grid(static_cast<unsigned>(col_blocks), static_cast<unsigned>(chunks));
+    ColumnPartials<T><<<grid, kThreads, 0, stream>>>(
+        static_cast<const T*>(g), static_cast<const T*>(x), stats, rows, cols,
+        chunks, partials);
+    ColumnFinish<T><<<Blocks(cols), kThreads, 0, stream>>>(
+        partials, chunks, static_cast<T*>(out), cols);
+    return Launched();
+  });
+}
+
+cudaError_t LaunchDropoutMask(uint8_t* mask, int64_t n, double p, uint64_t seed,
+                              cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  DropoutMaskKernel<<<Blocks(n), kThreads, 0, stream>>>(mask, n, p, seed);
+  return Launched();
+}
+
+cudaError_t LaunchDropoutApply(KType t, const void* x, const uint8_t* mask,
+                               float scale, void* y, int64_t n,
+                               cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  return Dispatch(t, [&](auto tag) {
+    using T = decltype(tag);
+    DropoutApplyKernel<T><<<Blocks(n), kThreads, 0, stream>>>(
+        static_cast<const T*>(x), mask, scale, static_cast<T*>(y), n);
+    return Launched();
+  });
+}
+
+cudaError_t LaunchEmbedding(KType t, const int64_t* indices, const void* weight,
+                            void* out, int64_t n, int64_t num, int64_t dim,
+                            cudaStream_t stream) {
+  if (n * dim == 0) return cudaSuccess;
+  return Dispatch(t, [&](auto tag) {
+    using T = decltype(tag);
+    EmbeddingKernel<T><<<Blocks(n * dim), kThreads, 0, stream>>>(
+        indices, static_cast<const T*>(weight), static_cast<T*>(out), n, num,
+        dim);
+    return Launched();
+  });
+}
+
+int64_t EmbeddingScratchBytes(KType t, int64_t num, int64_t dim) {
+  return t == KType::kF32 ? 0 : num * dim * static_cast<int64_t>(sizeof(float));
+}
+
+cudaError_t LaunchEmbeddingBackward(KType t, const void* g,
+                                    const int64_t* indices, void* dweight,
+                                    int64_t n, int64_t num, int64_t dim,
+                                    void* scratch, cudaStream_t stream) {
+  const int64_t total = num * dim;
+  if (total == 0) return cudaSuccess;
+  float* acc = t == KType::kF32 ? static_cast<float*>(dweight)
+                                : static_cast<float*>(scratch);
+  cudaError_t e = cudaMemsetAsync(
+      acc, 0, static_cast<size_t>(total) * sizeof(float), stream);
+  if (e != cudaSuccess) return e;
+  return Dispatch(t, [&](auto tag) {
+    using T = decltype(tag);
+    EmbeddingBackwardKernel<T><<<Blocks(dim), kThreads, 0, stream>>>(
+        static_cast<const T*>(g), indices, acc, n, num, dim);
+    if (t != KType::kF32) {
+      StoreFloats<T><<<Blocks(total), kThreads, 0, stream>>>(
+          acc, static_cast<T*>(dweight), total);
+    }
+    return Launched();
+  });
+}
+
+cudaError_t LaunchArange(int64_t* out, int64_t n, cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  ArangeKernel<<<Blocks(n), kThreads, 0, stream>>>(out, n);
+  return Launched();
+}
+
+cudaError_t LaunchHeadsCopy(int element_bytes, const kmath::HeadsMap& m,
+                            bool to_heads, const void* src, void* dst,
+                            int64_t n, cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  return DispatchBytes(element_bytes, [&](auto tag) {
+    using S = decltype(tag);
+    const S* from = static_cast<const S*>(src);
+    S* to = static_cast<S*>(dst);
+    if (to_heads) {
+      HeadsCopyKernel<S, true>
+          <<<Blocks(n), kThreads, 0, stream>>>(m, from, to, n);
+    } else {
+      HeadsCopyKernel<S, false>
+          <<<Blocks(n), kThreads, 0, stream>>>(m, from, to, n);
+    }
     return Launched();
   });
 }

@@ -19,6 +19,8 @@
 
 #include <cstdint>
 
+#include "runtime/kernel_math.h"
+
 namespace pebble::cuda {
 
 // Storage types the kernels take (the floating-point DTypes of graph.h).
@@ -173,6 +175,84 @@ cudaError_t LaunchSoftmax(KType t, const void* x, void* y, int64_t rows,
 cudaError_t LaunchSoftmaxBackward(KType t, const void* g, const void* y,
                                   void* dx, int64_t rows, int64_t length,
                                   cudaStream_t stream);
+
+// ---- Averaging pools: avgpool (count_include_pad) and adaptive_avgpool,
+// the bins of runtime/kernel_math.h (PoolAxis) per spatial dim. x (nc, D,
+// H, W) -> y (nc, oD, oH, oW); a 2-D pool leaves axis 0 at its default.
+struct AvgPool3 {
+  int64_t nc = 0;
+  kmath::PoolAxis axis[3];
+};
+// Sum over each bin in fp64, divided by the product of the divisors.
+cudaError_t LaunchAvgPool(KType t, const AvgPool3& p, const void* x, void* y,
+                          cudaStream_t stream);
+// dx[i] = sum over the bins containing i, in output order, of
+// g / divisor (fp32), gathered per input element (no atomics).
+cudaError_t LaunchAvgPoolBackward(KType t, const AvgPool3& p, const void* g,
+                                  void* dx, cudaStream_t stream);
+
+// ---- Layer norm over rows of `d` elements (the last dim). stats is fp32
+// (2, rows): row 0 the means, row 1 1/sqrt(var + eps) with the biased
+// variance from a second pass over x - mean (no cancellation). weight and
+// bias have x's type and may be null.
+cudaError_t LaunchLayerNormStats(KType t, const void* x, float* stats,
+                                 int64_t rows, int64_t d, double eps,
+                                 cudaStream_t stream);
+cudaError_t LaunchLayerNorm(KType t, const void* x, const float* stats,
+                            const void* weight, const void* bias, void* y,
+                            int64_t rows, int64_t d, cudaStream_t stream);
+// dx = rstd (g w - mean(g w) - xhat mean(g w xhat)) per row.
+cudaError_t LaunchLayerNormBackward(KType t, const void* g, const void* x,
+                                    const float* stats, const void* weight,
+                                    void* dx, int64_t rows, int64_t d,
+                                    cudaStream_t stream);
+
+// Column sums of a (rows, cols) tensor in fp64, out in `t`: with `stats`
+// null, out[c] = sum_r x[r, c] (sum_to, layernorm_backward_bias); with
+// layer-norm stats (2, rows), out[c] = sum_r g[r, c] xhat[r, c] where
+// xhat = (x - mean_r) rstd_r (layernorm_backward_weight; `g` then is the
+// gradient and `x` the input). `scratch` holds ColumnScratchBytes(rows,
+// cols) bytes.
+int64_t ColumnScratchBytes(int64_t rows, int64_t cols);
+cudaError_t LaunchColumnSum(KType t, const void* g, const void* x,
+                            const float* stats, void* out, int64_t rows,
+                            int64_t cols, void* scratch, cudaStream_t stream);
+
+// ---- Dropout (Note [Dropout mask generator] in runtime/kernel_math.h:
+// the CPU backend's bits). mask: n bytes, 1 kept, 0 dropped.
+cudaError_t LaunchDropoutMask(uint8_t* mask, int64_t n, double p, uint64_t seed,
+                              cudaStream_t stream);
+// y = x * (mask ? scale : 0), scale = fp32(1 / (1 - p)).
+cudaError_t LaunchDropoutApply(KType t, const void* x, const uint8_t* mask,
+                               float scale, void* y, int64_t n,
+                               cudaStream_t stream);
+
+// ---- Embedding: out[i, :] = weight[indices[i], :] for n positions of
+// `dim` elements; an index outside [0, num) yields a row of NaN.
+cudaError_t LaunchEmbedding(KType t, const int64_t* indices, const void* weight,
+                            void* out, int64_t n, int64_t num, int64_t dim,
+                            cudaStream_t stream);
+// dweight[j, :] = sum of g[i, :] over positions i with indices[i] = j, in
+// position order, accumulated in fp32 (one thread per column; no atomics),
+// so the bits equal the CPU backend's. fp16/bf16 accumulate in `scratch`
+// (EmbeddingScratchBytes); out-of-range positions are skipped.
+int64_t EmbeddingScratchBytes(KType t, int64_t num, int64_t dim);
+cudaError_t LaunchEmbeddingBackward(KType t, const void* g,
+                                    const int64_t* indices, void* dweight,
+                                    int64_t n, int64_t num, int64_t dim,
+                                    void* scratch, cudaStream_t stream);
+
+// out[i] = i, n int64 elements.
+cudaError_t LaunchArange(int64_t* out, int64_t n, cudaStream_t stream);
+
+// ---- Head split copies (kmath::HeadsMap): n = B H S Dh elements of
+// `element_bytes` (1, 2, 4 or 8). to_heads (split_heads): heads[i] =
+// merged[MergedIndex(i)], src = merged, dst = heads; else (merge_heads):
+// merged[MergedIndex(i)] = heads[i], src = heads, dst = merged, the other
+// merged elements untouched.
+cudaError_t LaunchHeadsCopy(int element_bytes, const kmath::HeadsMap& m,
+                            bool to_heads, const void* src, void* dst,
+                            int64_t n, cudaStream_t stream);
 
 }  // namespace pebble::cuda
 

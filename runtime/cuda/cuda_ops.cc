@@ -847,6 +847,397 @@ absl::Status Concat(CudaContext& cc, const KernelContext& ctx) {
   return absl::OkStatus();
 }
 
+// ---- Averaging pools (kmath::PoolAxis bins).
+
+// avgpool's window bins (count_include_pad) from the node's window attrs.
+absl::StatusOr<AvgPool3> WindowBins(const KernelContext& ctx, const Shape& x,
+                                    const Shape& y) {
+  ASSIGN_OR_RETURN(Window3 w, PoolWindow(ctx, x, y));
+  AvgPool3 p;
+  p.nc = w.nc;
+  for (int i = 0; i < 3; ++i) {
+    p.axis[i].in = w.in[i];
+    p.axis[i].out = w.out[i];
+    p.axis[i].kernel = w.kernel[i];
+    p.axis[i].stride = w.stride[i];
+    p.axis[i].padding = w.padding[i];
+  }
+  return p;
+}
+
+// adaptive_avgpool's bins from the input and output shapes.
+absl::StatusOr<AvgPool3> AdaptiveBins(const Shape& x, const Shape& y) {
+  ASSIGN_OR_RETURN(int d, SpatialDims(x));
+  if (y.size() != x.size() || y[0] != x[0] || y[1] != x[1]) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        ShapeToString(y), " is not an adaptive pooling of ", ShapeToString(x)));
+  }
+  AvgPool3 p;
+  p.nc = x[0] * x[1];
+  const int off = 3 - d;
+  for (int i = 0; i < d; ++i) {
+    if (x[2 + i] < 1 || y[2 + i] < 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("adaptive pooling of ", ShapeToString(x), " to ",
+                       ShapeToString(y), " has an empty dim"));
+    }
+    p.axis[off + i].in = x[2 + i];
+    p.axis[off + i].out = y[2 + i];
+    p.axis[off + i].adaptive = true;
+  }
+  return p;
+}
+
+template <bool kAdaptive>
+absl::Status AvgPool(CudaContext& cc, const KernelContext& ctx) {
+  RETURN_IF_ERROR(ExpectInputs(ctx, 1, 1));
+  const TensorView& x = ctx.inputs[0];
+  if (x.dtype != ctx.output.dtype)
+    return absl::InvalidArgumentError("dtype mismatch");
+  absl::StatusOr<AvgPool3> p = kAdaptive
+                                   ? AdaptiveBins(x.shape, ctx.output.shape)
+                                   : WindowBins(ctx, x.shape, ctx.output.shape);
+  RETURN_IF_ERROR(p.status());
+  ASSIGN_OR_RETURN(KType t, KTypeOf(x.dtype));
+  PEBBLE_LAUNCH(LaunchAvgPool(t, *p, x.data, ctx.output.data, cc.stream));
+  return absl::OkStatus();
+}
+
+template <bool kAdaptive>
+absl::Status AvgPoolBackward(CudaContext& cc, const KernelContext& ctx) {
+  RETURN_IF_ERROR(ExpectInputs(ctx, 1, 1));
+  const TensorView& g = ctx.inputs[0];
+  if (g.dtype != ctx.output.dtype)
+    return absl::InvalidArgumentError("dtype mismatch");
+  absl::StatusOr<AvgPool3> p = kAdaptive
+                                   ? AdaptiveBins(ctx.output.shape, g.shape)
+                                   : WindowBins(ctx, ctx.output.shape, g.shape);
+  RETURN_IF_ERROR(p.status());
+  ASSIGN_OR_RETURN(KType t, KTypeOf(g.dtype));
+  PEBBLE_LAUNCH(
+      LaunchAvgPoolBackward(t, *p, g.data, ctx.output.data, cc.stream));
+  return absl::OkStatus();
+}
+
+// ---- Layer norm over the last dim: rows = numel / D.
+
+struct NormRows {
+  int64_t rows = 0, d = 0;
+};
+
+absl::StatusOr<NormRows> RowsOf(const TensorView& x) {
+  if (x.rank() < 1 || x.shape.back() < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("expected x (..., D) with D >= 1, got ", x.ToString()));
+  }
+  return NormRows{x.num_elements() / x.shape.back(), x.shape.back()};
+}
+
+absl::Status CheckRowStats(const TensorView& stats, int64_t rows) {
+  if (stats.dtype != DType::kFloat32 || stats.num_elements() != 2 * rows) {
+    return absl::InvalidArgumentError(absl::StrCat("stats: expected fp32 with ",
+                                                   2 * rows, " elements, got ",
+                                                   stats.ToString()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckRowParam(const TensorView& p, const TensorView& x,
+                           absl::string_view what) {
+  if (p.dtype != x.dtype || p.shape != Shape{x.shape.back()}) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": expected ", DTypeName(x.dtype), " (",
+                     x.shape.back(), "), got ", p.ToString()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status LayerNormStats(CudaContext& cc, const KernelContext& ctx) {
+  RETURN_IF_ERROR(ExpectInputs(ctx, 1, 1));
+  const TensorView& x = ctx.inputs[0];
+  ASSIGN_OR_RETURN(NormRows r, RowsOf(x));
+  RETURN_IF_ERROR(CheckRowStats(ctx.output, r.rows));
+  ASSIGN_OR_RETURN(double eps, DoubleAttr(ctx.attrs(), "eps", 1e-5));
+  ASSIGN_OR_RETURN(KType t, KTypeOf(x.dtype));
+  PEBBLE_LAUNCH(LaunchLayerNormStats(t, x.data,
+                                     reinterpret_cast<float*>(ctx.output.data),
+                                     r.rows, r.d, eps, cc.stream));
+  return absl::OkStatus();
+}
+
+absl::Status LayerNorm(CudaContext& cc, const KernelContext& ctx) {
+  RETURN_IF_ERROR(ExpectInputs(ctx, 2, 4));
+  const TensorView& x = ctx.inputs[0];
+  RETURN_IF_ERROR(ExpectSameType(x, ctx.output, "output"));
+  ASSIGN_OR_RETURN(NormRows r, RowsOf(x));
+  RETURN_IF_ERROR(CheckRowStats(ctx.inputs[1], r.rows));
+  if (ctx.inputs.size() == 3) {
+    return absl::InvalidArgumentError(
+        "expected both weight and bias, or neither");
+  }
+  const bool affine = ctx.inputs.size() == 4;
+  if (affine) {
+    RETURN_IF_ERROR(CheckRowParam(ctx.inputs[2], x, "input 2 (weight)"));
+    RETURN_IF_ERROR(CheckRowParam(ctx.inputs[3], x, "input 3 (bias)"));
+  }
+  ASSIGN_OR_RETURN(KType t, KTypeOf(x.dtype));
+  PEBBLE_LAUNCH(LaunchLayerNorm(t, x.data, F32(ctx.inputs[1]),
+                                affine ? ctx.inputs[2].data : nullptr,
+                                affine ? ctx.inputs[3].data : nullptr,
+                                ctx.output.data, r.rows, r.d, cc.stream));
+  return absl::OkStatus();
+}
+
+absl::Status LayerNormBackward(CudaContext& cc, const KernelContext& ctx) {
+  RETURN_IF_ERROR(ExpectInputs(ctx, 3, 4));
+  const TensorView& g = ctx.inputs[0];
+  const TensorView& x = ctx.inputs[1];
+  RETURN_IF_ERROR(ExpectSameType(x, g, "input 0 (grad)"));
+  RETURN_IF_ERROR(ExpectSameType(x, ctx.output, "output"));
+  ASSIGN_OR_RETURN(NormRows r, RowsOf(x));
+  RETURN_IF_ERROR(CheckRowStats(ctx.inputs[2], r.rows));
+  const bool affine = ctx.inputs.size() == 4;
+  if (affine)
+    RETURN_IF_ERROR(CheckRowParam(ctx.inputs[3], x, "input 3 (weight)"));
+  ASSIGN_OR_RETURN(KType t, KTypeOf(x.dtype));
+  PEBBLE_LAUNCH(LaunchLayerNormBackward(t, g.data, x.data, F32(ctx.inputs[2]),
+                                        affine ? ctx.inputs[3].data : nullptr,
+                                        ctx.output.data, r.rows, r.d,
+                                        cc.stream));
+  return absl::OkStatus();
+}
+
+// Column sums into an output of x's trailing dims: (rows, cols) with cols =
+// the output's elements. `stats`: layer-norm statistics for the g * xhat
+// form, else null.
+absl::Status ColumnSumInto(CudaContext& cc, const KernelContext& ctx,
+                           const TensorView& g, const TensorView* x,
+                           const float* stats) {
+  const int64_t cols = ctx.output.num_elements();
+  if (g.dtype != ctx.output.dtype || cols == 0 ||
+      g.num_elements() % cols != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cannot sum ", g.ToString(), " to ", ctx.output.ToString()));
+  }
+  const int64_t rows = g.num_elements() / cols;
+  ASSIGN_OR_RETURN(KType t, KTypeOf(g.dtype));
+  ASSIGN_OR_RETURN(void* scratch, cc.scratch(ColumnScratchBytes(rows, cols)));
+  PEBBLE_LAUNCH(LaunchColumnSum(t, g.data, x != nullptr ? x->data : nullptr,
+                                stats, ctx.output.data, rows, cols, scratch,
+                                cc.stream));
+  return absl::OkStatus();
+}
+
+// sum_to (x), layernorm_backward_bias (g): sums of the leading dims.
+absl::Status SumLeading(CudaContext& cc, const KernelContext& ctx) {
+  RETURN_IF_ERROR(ExpectInputs(ctx, 1, 1));
+  return ColumnSumInto(cc, ctx, ctx.inputs[0], nullptr, nullptr);
+}
+
+absl::Status LayerNormBackwardWeight(CudaContext& cc,
+                                     const KernelContext& ctx) {
+  RETURN_IF_ERROR(ExpectInputs(ctx, 3, 3));
+  const TensorView& g = ctx.inputs[0];
+  const TensorView& x = ctx.inputs[1];
+  RETURN_IF_ERROR(ExpectSameType(x, g, "input 0 (grad)"));
+  ASSIGN_OR_RETURN(NormRows r, RowsOf(x));
+  RETURN_IF_ERROR(CheckRowStats(ctx.inputs[2], r.rows));
+  if (ctx.output.num_elements() != r.d) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "output: expected (", r.d, "), got ", ctx.output.ToString()));
+  }
+  return ColumnSumInto(cc, ctx, g, &x, F32(ctx.inputs[2]));
+}
+
+// ---- Dropout.
+
+absl::StatusOr<double> DropoutP(const KernelContext& ctx) {
+  ASSIGN_OR_RETURN(double p, DoubleAttr(ctx.attrs(), "p", 0.5));
+  if (!(p >= 0.0 && p < 1.0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("attr 'p' must be in [0, 1), got ", p));
+  }
+  return p;
+}
+
+absl::Status DropoutMask(CudaContext& cc, const KernelContext& ctx) {
+  RETURN_IF_ERROR(ExpectInputs(ctx, 0, 1));
+  if (ctx.output.dtype != DType::kUInt8) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("output: expected u8, got ", ctx.output.ToString()));
+  }
+  ASSIGN_OR_RETURN(double p, DropoutP(ctx));
+  ASSIGN_OR_RETURN(int64_t seed, IntAttr(ctx.attrs(), "seed", 0));
+  PEBBLE_LAUNCH(LaunchDropoutMask(reinterpret_cast<uint8_t*>(ctx.output.data),
+                                  ctx.output.num_elements(), p,
+                                  static_cast<uint64_t>(seed), cc.stream));
+  return absl::OkStatus();
+}
+
+// dropout (x, mask) and dropout_backward (g, mask).
+absl::Status DropoutApply(CudaContext& cc, const KernelContext& ctx) {
+  RETURN_IF_ERROR(ExpectInputs(ctx, 2, 2));
+  const TensorView& x = ctx.inputs[0];
+  const TensorView& mask = ctx.inputs[1];
+  RETURN_IF_ERROR(ExpectSameType(x, ctx.output, "output"));
+  if (mask.dtype != DType::kUInt8 || mask.shape != x.shape) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("input 1 (mask): expected u8", ShapeToString(x.shape),
+                     ", got ", mask.ToString()));
+  }
+  ASSIGN_OR_RETURN(double p, DropoutP(ctx));
+  ASSIGN_OR_RETURN(KType t, KTypeOf(x.dtype));
+  // The CPU backend's scale: fp32(1 / (1 - p)).
+  const float scale = static_cast<float>(1.0 / (1.0 - p));
+  PEBBLE_LAUNCH(
+      LaunchDropoutApply(t, x.data, reinterpret_cast<const uint8_t*>(mask.data),
+                         scale, ctx.output.data, x.num_elements(), cc.stream));
+  return absl::OkStatus();
+}
+
+// ---- Embedding, arange.
+
+absl::Status Embedding(CudaContext& cc, const KernelContext& ctx) {
+  RETURN_IF_ERROR(ExpectInputs(ctx, 2, 2));
+  const TensorView& indices = ctx.inputs[0];
+  const TensorView& weight = ctx.inputs[1];
+  if (indices.dtype != DType::kInt64 || weight.rank() != 2 ||
+      weight.dtype != ctx.output.dtype ||
+      ctx.output.num_elements() != indices.num_elements() * weight.shape[1]) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("expected i64 indices and a (num, dim) weight of the "
+                     "output's dtype, got ",
+                     indices.ToString(), " and ", weight.ToString()));
+  }
+  ASSIGN_OR_RETURN(KType t, KTypeOf(weight.dtype));
+  PEBBLE_LAUNCH(
+      LaunchEmbedding(t, reinterpret_cast<const int64_t*>(indices.data),
+                      weight.data, ctx.output.data, indices.num_elements(),
+                      weight.shape[0], weight.shape[1], cc.stream));
+  return absl::OkStatus();
+}
+
+absl::Status EmbeddingBackward(CudaContext& cc, const KernelContext& ctx) {
+  RETURN_IF_ERROR(ExpectInputs(ctx, 2, 2));
+  const TensorView& g = ctx.inputs[0];
+  const TensorView& indices = ctx.inputs[1];
+  const TensorView& out = ctx.output;
+  if (indices.dtype != DType::kInt64 || out.rank() != 2 ||
+      g.dtype != out.dtype ||
+      g.num_elements() != indices.num_elements() * out.shape[1]) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "expected a grad of (indices..., dim), i64 indices and a (num, dim) "
+        "output, got ",
+        g.ToString(), ", ", indices.ToString(), " and ", out.ToString()));
+  }
+  ASSIGN_OR_RETURN(KType t, KTypeOf(g.dtype));
+  void* scratch = nullptr;
+  if (const int64_t bytes =
+          EmbeddingScratchBytes(t, out.shape[0], out.shape[1]);
+      bytes > 0) {
+    ASSIGN_OR_RETURN(scratch, cc.scratch(bytes));
+  }
+  PEBBLE_LAUNCH(LaunchEmbeddingBackward(
+      t, g.data, reinterpret_cast<const int64_t*>(indices.data), out.data,
+      indices.num_elements(), out.shape[0], out.shape[1], scratch, cc.stream));
+  return absl::OkStatus();
+}
+
+absl::Status Arange(CudaContext& cc, const KernelContext& ctx) {
+  RETURN_IF_ERROR(ExpectInputs(ctx, 0, 0));
+  if (ctx.output.dtype != DType::kInt64 || ctx.output.rank() != 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("output: expected i64 (n), got ", ctx.output.ToString()));
+  }
+  PEBBLE_LAUNCH(LaunchArange(reinterpret_cast<int64_t*>(ctx.output.data),
+                             ctx.output.num_elements(), cc.stream));
+  return absl::OkStatus();
+}
+
+// ---- Head splits: (B, S, C) <-> (B, H, S, Dh) parts (kmath::HeadsMap).
+
+// The map of a heads tensor `heads` (B, H, S, Dh) as part `index` of a
+// merged (B, S, width) tensor.
+absl::StatusOr<kmath::HeadsMap> HeadsMapOf(const Shape& heads,
+                                           const Shape& merged, int64_t index) {
+  if (heads.size() != 4 || merged.size() != 3 || heads[0] != merged[0] ||
+      heads[2] != merged[1]) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("expected heads (B,H,S,Dh) and (B,S,C), got ",
+                     ShapeToString(heads), " and ", ShapeToString(merged)));
+  }
+  kmath::HeadsMap m;
+  m.heads = heads[1];
+  m.seq = heads[2];
+  m.head_dim = heads[3];
+  m.width = merged[2];
+  m.column = index * m.heads * m.head_dim;
+  if (index < 0 || m.column + m.heads * m.head_dim > m.width) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("part ", index, " of ", ShapeToString(heads),
+                     " does not fit in ", ShapeToString(merged)));
+  }
+  return m;
+}
+
+absl::Status SplitHeads(CudaContext& cc, const KernelContext& ctx) {
+  RETURN_IF_ERROR(ExpectInputs(ctx, 1, 1));
+  const TensorView& x = ctx.inputs[0];
+  if (x.dtype != ctx.output.dtype)
+    return absl::InvalidArgumentError("dtype mismatch");
+  ASSIGN_OR_RETURN(int64_t index, IntAttr(ctx.attrs(), "index", 0));
+  ASSIGN_OR_RETURN(kmath::HeadsMap m,
+                   HeadsMapOf(ctx.output.shape, x.shape, index));
+  PEBBLE_LAUNCH(LaunchHeadsCopy(static_cast<int>(DTypeSize(x.dtype)), m,
+                                /*to_heads=*/true, x.data, ctx.output.data,
+                                ctx.output.num_elements(), cc.stream));
+  return absl::OkStatus();
+}
+
+// merge_heads (x_1 ... x_m): part j goes to columns [j H Dh, (j + 1) H Dh).
+absl::Status MergeHeads(CudaContext& cc, const KernelContext& ctx) {
+  if (ctx.inputs.empty()) return absl::InvalidArgumentError("expected inputs");
+  for (size_t j = 0; j < ctx.inputs.size(); ++j) {
+    const TensorView& part = ctx.inputs[j];
+    if (part.dtype != ctx.output.dtype || part.shape != ctx.inputs[0].shape) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "input ", j, ": expected ", DTypeName(ctx.output.dtype),
+          ShapeToString(ctx.inputs[0].shape), ", got ", part.ToString()));
+    }
+    ASSIGN_OR_RETURN(kmath::HeadsMap m, HeadsMapOf(part.shape, ctx.output.shape,
+                                                   static_cast<int64_t>(j)));
+    PEBBLE_LAUNCH(LaunchHeadsCopy(static_cast<int>(DTypeSize(part.dtype)), m,
+                                  /*to_heads=*/false, part.data,
+                                  ctx.output.data, part.num_elements(),
+                                  cc.stream));
+  }
+  const int64_t covered =
+      static_cast<int64_t>(ctx.inputs.size()) * ctx.inputs[0].num_elements();
+  if (covered != ctx.output.num_elements()) {
+    return absl::InvalidArgumentError(
+        "merge_heads: inputs do not fill the output");
+  }
+  return absl::OkStatus();
+}
+
+// split_heads_backward (g), attrs index: part `index` of the input
+// gradient, zeros elsewhere.
+absl::Status SplitHeadsBackward(CudaContext& cc, const KernelContext& ctx) {
+  RETURN_IF_ERROR(ExpectInputs(ctx, 1, 1));
+  const TensorView& g = ctx.inputs[0];
+  if (g.dtype != ctx.output.dtype)
+    return absl::InvalidArgumentError("dtype mismatch");
+  ASSIGN_OR_RETURN(int64_t index, IntAttr(ctx.attrs(), "index", 0));
+  ASSIGN_OR_RETURN(kmath::HeadsMap m,
+                   HeadsMapOf(g.shape, ctx.output.shape, index));
+  PEBBLE_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(
+      ctx.output.data, 0, static_cast<size_t>(ctx.output.bytes()), cc.stream));
+  PEBBLE_LAUNCH(LaunchHeadsCopy(static_cast<int>(DTypeSize(g.dtype)), m,
+                                /*to_heads=*/false, g.data, ctx.output.data,
+                                g.num_elements(), cc.stream));
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 void AddOwnKernels(std::map<std::string, CudaKernelFn>& t) {
@@ -890,6 +1281,25 @@ void AddOwnKernels(std::map<std::string, CudaKernelFn>& t) {
   t["pad_backward"] = PadBackward;
   t["slice"] = Slice;
   t["concat"] = Concat;
+  t["avgpool"] = AvgPool<false>;
+  t["avgpool_backward"] = AvgPoolBackward<false>;
+  t["adaptive_avgpool"] = AvgPool<true>;
+  t["adaptive_avgpool_backward"] = AvgPoolBackward<true>;
+  t["layernorm_stats"] = LayerNormStats;
+  t["layernorm"] = LayerNorm;
+  t["layernorm_backward"] = LayerNormBackward;
+  t["layernorm_backward_weight"] = LayerNormBackwardWeight;
+  t["layernorm_backward_bias"] = SumLeading;
+  t["sum_to"] = SumLeading;
+  t["dropout_mask"] = DropoutMask;
+  t["dropout"] = DropoutApply;
+  t["dropout_backward"] = DropoutApply;
+  t["embedding"] = Embedding;
+  t["embedding_backward"] = EmbeddingBackward;
+  t["arange"] = Arange;
+  t["split_heads"] = SplitHeads;
+  t["split_heads_backward"] = SplitHeadsBackward;
+  t["merge_heads"] = MergeHeads;
 }
 
 namespace {

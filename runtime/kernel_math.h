@@ -1,0 +1,193 @@
+// Index and random-number arithmetic shared by the CPU backend's kernels
+// and the CUDA backend's device code (runtime/cuda/cuda_kernels.cu), so
+// that both compute the same thing by construction: the dropout mask
+// generator (identical bits on both backends), the windows of the pooling
+// averages and the head-split index map.
+//
+// Plain C++17 with no includes beyond <cstdint>: nvcc compiles it as
+// __host__ __device__ code, and the host compiler (and the tests in
+// tests/kernel_math_test.cc, which need no GPU) as ordinary inline
+// functions.
+#ifndef PEBBLE_RUNTIME_KERNEL_MATH_H_
+#define PEBBLE_RUNTIME_KERNEL_MATH_H_
+
+#include <cstdint>
+
+#if defined(__CUDACC__)
+#define PEBBLE_HOST_DEVICE __host__ __device__
+// A template below may be instantiated with a device-only loader; nvcc
+// then must not check the host instantiation, which is never used.
+#define PEBBLE_NO_EXEC_CHECK _Pragma("nv_exec_check_disable")
+#else
+#define PEBBLE_HOST_DEVICE
+#define PEBBLE_NO_EXEC_CHECK
+#endif
+
+namespace pebble::kmath {
+
+// Note [Dropout mask generator]. Element i of dropout_mask(p, seed) is kept
+// (1) when u_i >= p, where u_i = (z_i >> 40) / 2^24 is uniform in [0, 1)
+// and z_i is output i (counting from 0) of the SplitMix64 generator seeded
+// with `seed` (Steele, Lea, Flood: "Fast splittable pseudorandom number
+// generators", OOPSLA 2014; z_i = mix(seed + (i + 1) * 0x9E3779B97F4A7C15)).
+// A counter-based generator: every element is computed on its own, so the
+// mask is the same for any thread count, any recomputation and either
+// backend. It is not PyTorch's Bernoulli stream; a cross-check feeds the
+// mask in.
+PEBBLE_HOST_DEVICE inline uint64_t SplitMix64At(uint64_t seed, uint64_t i) {
+  uint64_t z = seed + (i + 1) * 0x9E3779B97F4A7C15ull;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+// Whether element i survives dropout with probability p of dropping.
+PEBBLE_HOST_DEVICE inline bool DropoutKeeps(uint64_t seed, uint64_t i,
+                                            double p) {
+  const double u = static_cast<double>(SplitMix64At(seed, i) >> 40) *
+                   (1.0 / 16777216.0);  // 2^-24
+  return u >= p;
+}
+
+// floor(a / b) for b > 0 and any sign of a.
+PEBBLE_HOST_DEVICE inline int64_t FloorDiv(int64_t a, int64_t b) {
+  const int64_t q = a / b;
+  return (a % b != 0 && a < 0) ? q - 1 : q;
+}
+
+// ceil(a / b) for b > 0 and any sign of a.
+PEBBLE_HOST_DEVICE inline int64_t CeilDiv(int64_t a, int64_t b) {
+  return -FloorDiv(-a, b);
+}
+
+// One spatial axis of an averaging pool, mapping `in` positions to `out`
+// bins:
+//  - a window (avgpool): bin o covers [o stride - padding, + kernel),
+//    clipped to the input; the divisor is `kernel` whatever the clipping
+//    (PyTorch's count_include_pad=True default, docs/operators.md);
+//  - adaptive (adaptive_avgpool): bin o covers [floor(o in / out),
+//    ceil((o + 1) in / out)) and its divisor is its size (PyTorch's bins,
+//    aten/src/ATen/native/AdaptiveAvgPooling.cpp).
+// An absent axis of a 2-D pool is in = out = kernel = stride = 1.
+struct PoolAxis {
+  int64_t in = 1, out = 1;
+  bool adaptive = false;
+  int64_t kernel = 1, stride = 1, padding = 0;  // windows only
+};
+
+// First input position of bin o (inclusive).
+PEBBLE_HOST_DEVICE inline int64_t BinBegin(const PoolAxis& a, int64_t o) {
+  if (a.adaptive) return o * a.in / a.out;
+  const int64_t b = o * a.stride - a.padding;
+  return b < 0 ? 0 : b;
+}
+
+// One past the last input position of bin o.
+PEBBLE_HOST_DEVICE inline int64_t BinEnd(const PoolAxis& a, int64_t o) {
+  if (a.adaptive) return CeilDiv((o + 1) * a.in, a.out);
+  const int64_t e = o * a.stride - a.padding + a.kernel;
+  return e > a.in ? a.in : e;
+}
+
+// What bin o's sum is divided by along this axis.
+PEBBLE_HOST_DEVICE inline int64_t BinDivisor(const PoolAxis& a, int64_t o) {
+  return a.adaptive ? BinEnd(a, o) - BinBegin(a, o) : a.kernel;
+}
+
+// The bins that contain input position i are [FirstBin, LastBin]
+// (inclusive; empty when LastBin < FirstBin): what a backward pass gathers
+// from, instead of scattering with atomics.
+PEBBLE_HOST_DEVICE inline int64_t FirstBin(const PoolAxis& a, int64_t i) {
+  // adaptive: ceil((o + 1) in / out) > i  <=>  o >= floor(i out / in).
+  const int64_t f = a.adaptive
+                        ? i * a.out / a.in
+                        : CeilDiv(i + a.padding - a.kernel + 1, a.stride);
+  return f < 0 ? 0 : f;
+}
+
+PEBBLE_HOST_DEVICE inline int64_t LastBin(const PoolAxis& a, int64_t i) {
+  // adaptive: floor(o in / out) <= i  <=>  o < (i + 1) out / in.
+  const int64_t l = a.adaptive ? CeilDiv((i + 1) * a.out, a.in) - 1
+                               : FloorDiv(i + a.padding, a.stride);
+  return l > a.out - 1 ? a.out - 1 : l;
+}
+
+// The two element functions of the averaging pools over planes (D, H, W) ->
+// (oD, oH, oW) with axes[0..2], as the CUDA kernels run them (one thread per
+// element; tests/kernel_math_test.cc runs them on the host). `load(j)` is
+// element j (a flat index) of the input (x, or the gradient g) as float.
+
+// Output element i: the bin's sum in fp64 over the product of the divisors.
+PEBBLE_NO_EXEC_CHECK
+template <typename Load>
+PEBBLE_HOST_DEVICE inline float AvgPoolAt(const PoolAxis* axes, int64_t i,
+                                          const Load& load) {
+  const PoolAxis &ad = axes[0], &ah = axes[1], &aw = axes[2];
+  const int64_t ow = i % aw.out;
+  const int64_t oh = (i / aw.out) % ah.out;
+  const int64_t od = (i / (aw.out * ah.out)) % ad.out;
+  const int64_t plane = i / (aw.out * ah.out * ad.out);
+  const int64_t base = plane * ad.in * ah.in * aw.in;
+  double sum = 0.0;
+  for (int64_t d = BinBegin(ad, od); d < BinEnd(ad, od); ++d) {
+    for (int64_t h = BinBegin(ah, oh); h < BinEnd(ah, oh); ++h) {
+      const int64_t row = base + (d * ah.in + h) * aw.in;
+      for (int64_t w = BinBegin(aw, ow); w < BinEnd(aw, ow); ++w) {
+        sum += load(row + w);
+      }
+    }
+  }
+  const int64_t divisor =
+      BinDivisor(ad, od) * BinDivisor(ah, oh) * BinDivisor(aw, ow);
+  return static_cast<float>(sum / static_cast<double>(divisor));
+}
+
+// Input-gradient element i: g / divisor summed in fp32 over the bins that
+// contain i, in output order (the CPU backend's adaptive-pool order).
+PEBBLE_NO_EXEC_CHECK
+template <typename Load>
+PEBBLE_HOST_DEVICE inline float AvgPoolGradAt(const PoolAxis* axes, int64_t i,
+                                              const Load& load) {
+  const PoolAxis &ad = axes[0], &ah = axes[1], &aw = axes[2];
+  const int64_t w = i % aw.in;
+  const int64_t h = (i / aw.in) % ah.in;
+  const int64_t d = (i / (aw.in * ah.in)) % ad.in;
+  const int64_t plane = i / (aw.in * ah.in * ad.in);
+  const int64_t base = plane * ad.out * ah.out * aw.out;
+  float acc = 0.f;
+  for (int64_t od = FirstBin(ad, d); od <= LastBin(ad, d); ++od) {
+    for (int64_t oh = FirstBin(ah, h); oh <= LastBin(ah, h); ++oh) {
+      for (int64_t ow = FirstBin(aw, w); ow <= LastBin(aw, w); ++ow) {
+        const int64_t divisor =
+            BinDivisor(ad, od) * BinDivisor(ah, oh) * BinDivisor(aw, ow);
+        acc += load(base + (od * ah.out + oh) * aw.out + ow) /
+               static_cast<float>(divisor);
+      }
+    }
+  }
+  return acc;
+}
+
+// Head split geometry (docs/operators.md, split_heads / merge_heads): the
+// heads tensor (B, H, S, Dh) is part of the merged tensor (B, S, width) at
+// column `column`: heads[b, h, s, e] = merged[b, s, column + h Dh + e].
+struct HeadsMap {
+  int64_t heads = 1, seq = 1, head_dim = 1;
+  int64_t width = 1;   // merged row length
+  int64_t column = 0;  // first merged column of this part
+};
+
+// The merged-tensor index of heads-tensor element `i`.
+PEBBLE_HOST_DEVICE inline int64_t MergedIndex(const HeadsMap& m, int64_t i) {
+  const int64_t e = i % m.head_dim;
+  int64_t r = i / m.head_dim;
+  const int64_t s = r % m.seq;
+  r /= m.seq;
+  const int64_t h = r % m.heads;
+  const int64_t b = r / m.heads;
+  return (b * m.seq + s) * m.width + m.column + h * m.head_dim + e;
+}
+
+}  // namespace pebble::kmath
+
+#endif  // PEBBLE_RUNTIME_KERNEL_MATH_H_

@@ -1,0 +1,322 @@
+// runtime/kernel_math.h: the arithmetic the CUDA kernels share with the CPU
+// backend. These tests need no GPU: they check the index maps against brute
+// force, and they run the very element functions of the CUDA averaging-pool
+// kernels (kmath::AvgPoolAt, AvgPoolGradAt) and the head-copy index map
+// (kmath::MergedIndex) on the host against the CPU backend's kernels, so the
+// device code's indexing is checked on every machine.
+#include "runtime/kernel_math.h"
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "graph/net_builder.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "runtime/cpu/cpu_backend.h"
+#include "runtime/kernel.h"
+
+namespace pebble {
+namespace {
+
+using Json = nlohmann::json;
+using kmath::PoolAxis;
+
+TEST(KernelMathTest, SplitMix64MatchesTheReferenceSequence) {
+  // The first outputs of SplitMix64 seeded with 0 (Steele et al. 2014;
+  // the reference splitmix64.c of the xorshift family).
+  EXPECT_EQ(kmath::SplitMix64At(0, 0), 0xE220A8397B1DCDAFull);
+  EXPECT_EQ(kmath::SplitMix64At(0, 1), 0x6E789E6AA1B965F4ull);
+  EXPECT_EQ(kmath::SplitMix64At(0, 2), 0x06C45D188009454Full);
+  EXPECT_NE(kmath::SplitMix64At(1, 0), kmath::SplitMix64At(0, 0));
+}
+
+TEST(KernelMathTest, DropoutKeepsAboutOneMinusP) {
+  for (double p : {0.0, 0.1, 0.5, 0.9}) {
+    int64_t kept = 0;
+    const int64_t n = 200000;
+    for (int64_t i = 0; i < n; ++i) kept += kmath::DropoutKeeps(7, i, p);
+    EXPECT_NEAR(static_cast<double>(kept) / n, 1.0 - p, 0.005) << "p=" << p;
+  }
+  EXPECT_EQ(kmath::DropoutKeeps(3, 12345, 0.5),
+            kmath::DropoutKeeps(3, 12345, 0.5));
+}
+
+TEST(KernelMathTest, FloorAndCeilDivisionOfBothSigns) {
+  for (int64_t a = -20; a <= 20; ++a) {
+    for (int64_t b = 1; b <= 6; ++b) {
+      EXPECT_EQ(kmath::FloorDiv(a, b),
+                static_cast<int64_t>(std::floor(static_cast<double>(a) / b)));
+      EXPECT_EQ(kmath::CeilDiv(a, b),
+                static_cast<int64_t>(std::ceil(static_cast<double>(a) / b)));
+    }
+  }
+}
+
+// Brute force: the bins containing i are exactly [FirstBin, LastBin].
+void ExpectBinsInvert(const PoolAxis& a, const std::string& what) {
+  for (int64_t i = 0; i < a.in; ++i) {
+    int64_t first = -1, last = -2;
+    for (int64_t o = 0; o < a.out; ++o) {
+      if (kmath::BinBegin(a, o) <= i && i < kmath::BinEnd(a, o)) {
+        if (first < 0) first = o;
+        EXPECT_EQ(last, first < o ? o - 1 : last)
+            << what << ": bins not contiguous";
+        last = o;
+      }
+    }
+    if (first < 0) {
+      EXPECT_LT(kmath::LastBin(a, i), kmath::FirstBin(a, i))
+          << what << " i=" << i;
+    } else {
+      EXPECT_EQ(kmath::FirstBin(a, i), first) << what << " i=" << i;
+      EXPECT_EQ(kmath::LastBin(a, i), last) << what << " i=" << i;
+    }
+  }
+}
+
+TEST(KernelMathTest, WindowBinsInvert) {
+  for (int64_t in = 1; in <= 13; ++in) {
+    for (int64_t k = 1; k <= 5; ++k) {
+      for (int64_t s = 1; s <= 4; ++s) {
+        for (int64_t p = 0; p <= k / 2; ++p) {
+          if (in + 2 * p < k) continue;
+          PoolAxis a;
+          a.in = in;
+          a.kernel = k;
+          a.stride = s;
+          a.padding = p;
+          a.out = (in + 2 * p - k) / s + 1;
+          ExpectBinsInvert(
+              a, absl::StrCat("in ", in, " k ", k, " s ", s, " p ", p));
+          for (int64_t o = 0; o < a.out; ++o) {
+            EXPECT_EQ(kmath::BinDivisor(a, o), k);  // count_include_pad
+            EXPECT_LT(kmath::BinBegin(a, o), kmath::BinEnd(a, o));
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(KernelMathTest, AdaptiveBinsInvertAndMatchPyTorch) {
+  for (int64_t in = 1; in <= 17; ++in) {
+    for (int64_t out = 1; out <= 17; ++out) {
+      PoolAxis a;
+      a.in = in;
+      a.out = out;
+      a.adaptive = true;
+      ExpectBinsInvert(a, absl::StrCat("adaptive ", in, " -> ", out));
+      for (int64_t o = 0; o < out; ++o) {
+        // PyTorch: start = floor(o in / out), end = ceil((o + 1) in / out).
+        EXPECT_EQ(kmath::BinBegin(a, o), o * in / out);
+        EXPECT_EQ(kmath::BinEnd(a, o), ((o + 1) * in + out - 1) / out);
+        EXPECT_EQ(kmath::BinDivisor(a, o),
+                  kmath::BinEnd(a, o) - kmath::BinBegin(a, o));
+      }
+    }
+  }
+}
+
+// ---- The CUDA gathers, on the host, against the CPU backend.
+
+struct Tensor {
+  Shape shape;
+  DType dtype = DType::kFloat32;
+  std::vector<std::byte> bytes;
+};
+
+Tensor RandomFloats(Shape shape, uint32_t seed) {
+  Tensor t{shape, DType::kFloat32, {}};
+  std::vector<float> v(NumElements(shape));
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> dist(-1.f, 1.f);
+  for (float& x : v) x = dist(rng);
+  t.bytes.resize(v.size() * sizeof(float));
+  std::memcpy(t.bytes.data(), v.data(), t.bytes.size());
+  return t;
+}
+
+std::vector<float> FloatsOf(const Tensor& t) {
+  std::vector<float> v(t.bytes.size() / sizeof(float));
+  std::memcpy(v.data(), t.bytes.data(), t.bytes.size());
+  return v;
+}
+
+// Runs the CPU backend's kernel of `op` on a one-node graph.
+Tensor RunCpu(const std::string& op, const std::vector<Tensor>& inputs,
+              const Json& attrs) {
+  NetBuilder nb("t");
+  std::vector<Value> values;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    values.push_back(
+        nb.Input(absl::StrCat("in", i), inputs[i].shape, inputs[i].dtype));
+  }
+  nb.MarkOutput(nb.Apply(op, values, attrs, "y"));
+  absl::StatusOr<Graph> graph = nb.Build();
+  EXPECT_TRUE(graph.ok()) << graph.status();
+  if (!graph.ok()) return {};
+  KernelContext ctx;
+  ctx.graph = &*graph;
+  ctx.node = graph->Find("y");
+  std::vector<std::vector<std::byte>> storage;
+  storage.reserve(inputs.size());
+  for (const Tensor& t : inputs) {
+    storage.push_back(t.bytes);
+    ctx.inputs.push_back({storage.back().data(), t.shape, t.dtype});
+  }
+  Tensor out{*graph->shape(ctx.node),
+             graph->dtype(ctx.node).value_or(DType::kFloat32),
+             {}};
+  out.bytes.resize(NumElements(out.shape) * DTypeSize(out.dtype));
+  ctx.output = {out.bytes.data(), out.shape, out.dtype};
+  const KernelFn kernel = CpuKernels().Find(op);
+  EXPECT_NE(kernel, nullptr) << op;
+  if (kernel == nullptr) return {};
+  const absl::Status status = kernel(ctx);
+  EXPECT_TRUE(status.ok()) << op << ": " << status;
+  return out;
+}
+
+// The pool axes of an NC* shape pair, as runtime/cuda/cuda_ops.cc builds
+// them (a 2-D pool leaves axis 0 at its default).
+std::vector<PoolAxis> Axes(const Shape& x, const Shape& y, bool adaptive,
+                           int64_t k, int64_t s, int64_t p) {
+  std::vector<PoolAxis> axes(3);
+  const size_t d = x.size() - 2, off = 3 - d;
+  for (size_t i = 0; i < d; ++i) {
+    PoolAxis& a = axes[off + i];
+    a.in = x[2 + i];
+    a.out = y[2 + i];
+    a.adaptive = adaptive;
+    if (!adaptive) {
+      a.kernel = k;
+      a.stride = s;
+      a.padding = p;
+    }
+  }
+  return axes;
+}
+
+// AvgPoolKernel and AvgPoolBackwardKernel: one element function call per
+// output (input-gradient) element.
+std::vector<float> GatherForward(const std::vector<PoolAxis>& ax, int64_t nc,
+                                 const std::vector<float>& x) {
+  std::vector<float> y(nc * ax[0].out * ax[1].out * ax[2].out);
+  auto load = [&x](int64_t j) { return x[j]; };
+  for (size_t i = 0; i < y.size(); ++i)
+    y[i] = kmath::AvgPoolAt(ax.data(), i, load);
+  return y;
+}
+
+std::vector<float> GatherBackward(const std::vector<PoolAxis>& ax, int64_t nc,
+                                  const std::vector<float>& g) {
+  std::vector<float> dx(nc * ax[0].in * ax[1].in * ax[2].in);
+  auto load = [&g](int64_t j) { return g[j]; };
+  for (size_t i = 0; i < dx.size(); ++i) {
+    dx[i] = kmath::AvgPoolGradAt(ax.data(), i, load);
+  }
+  return dx;
+}
+
+void ExpectClose(const std::vector<float>& a, const std::vector<float>& b,
+                 const std::string& what) {
+  ASSERT_EQ(a.size(), b.size()) << what;
+  for (size_t i = 0; i < a.size(); ++i) {
+    ASSERT_NEAR(a[i], b[i], 1e-5f * (1 + std::abs(b[i])))
+        << what << " at " << i;
+  }
+}
+
+TEST(KernelMathTest, AvgPoolGathersMatchTheCpuBackend) {
+  struct Case {
+    Shape x;
+    int64_t k, s, p;
+  };
+  for (const Case& c :
+       {Case{{2, 3, 9, 7}, 3, 2, 1}, Case{{1, 2, 8, 8}, 2, 2, 0},
+        Case{{1, 2, 7, 6, 5}, 3, 1, 1}, Case{{2, 1, 6, 9, 7}, 2, 3, 1},
+        Case{{1, 1, 5, 5}, 5, 1, 2}}) {
+    const std::string what =
+        absl::StrCat("avgpool k", c.k, " s", c.s, " p", c.p);
+    const Json attrs = {{"kernel", c.k}, {"stride", c.s}, {"padding", c.p}};
+    const Tensor x = RandomFloats(c.x, 3);
+    const Tensor y = RunCpu("avgpool", {x}, attrs);
+    const std::vector<PoolAxis> ax = Axes(c.x, y.shape, false, c.k, c.s, c.p);
+    const int64_t nc = c.x[0] * c.x[1];
+    ExpectClose(GatherForward(ax, nc, FloatsOf(x)), FloatsOf(y), what);
+    Json bw = attrs;
+    bw["input_shape"] = c.x;
+    const Tensor g = RandomFloats(y.shape, 4);
+    ExpectClose(GatherBackward(ax, nc, FloatsOf(g)),
+                FloatsOf(RunCpu("avgpool_backward", {g}, bw)),
+                what + " backward");
+  }
+}
+
+TEST(KernelMathTest, AdaptiveAvgPoolGathersMatchTheCpuBackend) {
+  struct Case {
+    Shape x, out;
+  };
+  for (const Case& c :
+       {Case{{2, 3, 7, 5}, {3, 2}}, Case{{1, 2, 5, 6, 7}, {2, 4, 3}},
+        Case{{1, 1, 3, 4}, {7, 7}}, Case{{2, 2, 13, 11}, {5, 1}}}) {
+    const std::string what = absl::StrCat("adaptive to ", ShapeToString(c.out));
+    const Tensor x = RandomFloats(c.x, 5);
+    const Tensor y = RunCpu("adaptive_avgpool", {x}, {{"output_size", c.out}});
+    const std::vector<PoolAxis> ax = Axes(c.x, y.shape, true, 0, 0, 0);
+    const int64_t nc = c.x[0] * c.x[1];
+    ExpectClose(GatherForward(ax, nc, FloatsOf(x)), FloatsOf(y), what);
+    const Tensor g = RandomFloats(y.shape, 6);
+    // Same order of fp32 additions as the CPU kernel: equal bits.
+    const std::vector<float> dx = GatherBackward(ax, nc, FloatsOf(g));
+    const std::vector<float> cpu =
+        FloatsOf(RunCpu("adaptive_avgpool_backward", {g},
+                        {{"output_size", c.out}, {"input_shape", c.x}}));
+    ASSERT_EQ(dx.size(), cpu.size());
+    EXPECT_EQ(std::memcmp(dx.data(), cpu.data(), dx.size() * sizeof(float)), 0)
+        << what;
+  }
+}
+
+TEST(KernelMathTest, HeadsMapMatchesSplitAndMergeHeads) {
+  const int64_t b = 2, s = 5, h = 3, dh = 4, chunks = 3;
+  const Shape merged = {b, s, chunks * h * dh};
+  const Tensor x = RandomFloats(merged, 7);
+  const std::vector<float> fx = FloatsOf(x);
+  std::vector<Tensor> parts;
+  for (int64_t index = 0; index < chunks; ++index) {
+    const Tensor part =
+        RunCpu("split_heads", {x},
+               {{"heads", h}, {"chunks", chunks}, {"index", index}});
+    ASSERT_EQ(part.shape, (Shape{b, h, s, dh}));
+    kmath::HeadsMap m{h, s, dh, merged[2], index * h * dh};
+    // HeadsCopyKernel<gather>: heads[i] = merged[MergedIndex(i)].
+    std::vector<float> gathered(NumElements(part.shape));
+    for (int64_t i = 0; i < static_cast<int64_t>(gathered.size()); ++i) {
+      gathered[i] = fx[kmath::MergedIndex(m, i)];
+    }
+    EXPECT_EQ(gathered, FloatsOf(part)) << "part " << index;
+    parts.push_back(part);
+  }
+  // HeadsCopyKernel<scatter> of every part rebuilds the merged tensor, as
+  // merge_heads does.
+  const Tensor cpu_merged = RunCpu("merge_heads", parts, Json::object());
+  std::vector<float> scattered(NumElements(merged), NAN);
+  for (int64_t index = 0; index < chunks; ++index) {
+    kmath::HeadsMap m{h, s, dh, merged[2], index * h * dh};
+    const std::vector<float> fp = FloatsOf(parts[index]);
+    for (int64_t i = 0; i < static_cast<int64_t>(fp.size()); ++i) {
+      scattered[kmath::MergedIndex(m, i)] = fp[i];
+    }
+  }
+  EXPECT_EQ(scattered, FloatsOf(cpu_merged));
+  EXPECT_EQ(scattered, fx);
+}
+
+}  // namespace
+}  // namespace pebble
