@@ -15,9 +15,12 @@
 #include <vector>
 
 #include "gmock/gmock.h"
+#include "graph/autodiff.h"
 #include "graph/models/models.h"
+#include "graph/net_builder.h"
 #include "graph/status.h"
 #include "gtest/gtest.h"
+#include "runtime/cpu/cpu_backend.h"
 #include "runtime/executor.h"
 #include "runtime/make_backend.h"
 #include "scheduler/budget.h"
@@ -72,11 +75,18 @@ TEST(CudaBackendNoDeviceTest, MakeBackendFailsCleanly) {
 
 #ifdef PEBBLE_HAVE_CUDA_BACKEND
 
-TEST(CudaBackendNoDeviceTest, CoversTheSeedNetworks) {
-  // Needs no device: the op table is static.
+TEST(CudaBackendNoDeviceTest, CoversEveryOpOfTheCpuBackend) {
+  // Needs no device: the op tables are static.
   const std::vector<std::string> ops = CudaOps();
-  for (const char* model : {"conv3d:n=8", "unet3d:batch=1,variant=small,depth=8,height=8,width=8",
-                            "mnist-cnn:batch=2", "resnet18:batch=1,image=32"}) {
+  for (const std::string& op : CpuKernels().Ops()) {
+    EXPECT_TRUE(std::binary_search(ops.begin(), ops.end(), op))
+        << "op " << op << " has a CPU kernel but no CUDA kernel";
+  }
+  for (const char* model :
+       {"conv3d:n=8", "unet3d:batch=1,variant=small,depth=8,height=8,width=8",
+        "mnist-cnn:batch=2", "resnet18:batch=1,image=32",
+        "vgg16:batch=1,image=32",
+        "transformer:layers=1,seq=8,dim=16,heads=2"}) {
     auto g = BuildModel(model);
     ASSERT_TRUE(g.ok()) << g.status();
     for (NodeId v = 0; v < g->num_nodes(); ++v) {
@@ -159,8 +169,11 @@ TEST(CudaBackendTest, GradientsMatchTheCpuBackend) {
   auto gpu = Cuda();
   ASSERT_NE(gpu, nullptr);
   for (const std::string model :
-       {"conv3d:n=12,batch=2", "unet3d:batch=1,variant=small,depth=16,height=16,width=16",
-        "mnist-cnn:batch=4", "resnet18:batch=2,image=32"}) {
+       {"conv3d:n=12,batch=2",
+        "unet3d:batch=1,variant=small,depth=16,height=16,width=16",
+        "mnist-cnn:batch=4", "resnet18:batch=2,image=32",
+        "vgg16:batch=2,image=32",
+        "transformer:layers=2,seq=16,dim=32,heads=4,batch=2,vocab=50"}) {
     SCOPED_TRACE(model);
     const Graph g = Model(model);
     auto plan = PlanFor(g, "baseline", PlannerOptions{}.budget_bytes);
@@ -235,33 +248,113 @@ TEST(CudaBackendTest, MeasuredPeakEqualsPlannedArena) {
   EXPECT_GT(run->time_s, 0);
 }
 
-TEST(CudaBackendTest, SplitFallbackGivesTheUnsplitResult) {
+// Three 3-D convolutions with the depth cases the seed models lack:
+// kernel 3 stride 1 padding 1; kernel 3 stride 2 padding 2 (padding >=
+// stride); kernel 1 stride 4 padding 1 (stride > kernel: input planes no
+// output reads). Depths 10 -> 10 -> 6 -> 2. Refusing windows of more than 5
+// planes splits them into 4, 4 (8 for backward data) and 2 slices, one of
+// the last a backward-data slice of planes no output reads (zeros).
+Graph StridedConv3d(int64_t batch) {
+  NetBuilder nb("strided-conv3d");
+  Value x = nb.Input("input", {batch, 2, 10, 6, 5});
+  x = nb.Relu(
+      nb.Conv("conv1", x, 3, /*kernel=*/3, /*stride=*/1, /*padding=*/1));
+  x = nb.Relu(
+      nb.Conv("conv2", x, 4, /*kernel=*/3, /*stride=*/2, /*padding=*/2));
+  x = nb.Conv("conv3", x, 2, /*kernel=*/1, /*stride=*/4, /*padding=*/1);
+  const Value target = nb.Input("target", nb.type(x).shape);
+  nb.MarkOutput(
+      nb.Apply("mse_loss", {x, target}, nlohmann::json::object(), "loss"));
+  auto forward = nb.Build();
+  EXPECT_TRUE(forward.ok()) << forward.status();
+  if (!forward.ok()) return Graph();
+  auto g = BuildTrainingGraph(*forward, "loss");
+  EXPECT_TRUE(g.ok()) << g.status();
+  return g.ok() ? *std::move(g) : Graph();
+}
+
+TEST(CudaBackendTest, SplitFallbacksGiveTheUnsplitResult) {
   SKIP_WITHOUT_DEVICE();
-  const Graph g = Model("conv3d:n=16,batch=4");
+  struct Case {
+    std::string what;
+    Graph graph;
+    CudaBackendOptions options;
+  };
+  std::vector<Case> cases(3);
+  // Every convolution split along the batch down to single samples.
+  cases[0].what = "conv3d:n=16,batch=4";
+  cases[0].graph = Model("conv3d:n=16,batch=4");
+  cases[0].options.refuse_conv_batch_above = 1;
+  // One sample: only depth splits. Windows of at most 6 planes: 4 slices
+  // of the 16 outputs forward, 8 slices of the 16 inputs backward data.
+  cases[1].what = "conv3d:n=16";
+  cases[1].graph = Model("conv3d:n=16");
+  cases[1].options.refuse_conv_depth_above = 6;
+  // Two samples split along the batch, then each along the depth: the
+  // weight gradient accumulates over samples and slices.
+  cases[2].what = "strided conv3d, batch 2";
+  cases[2].graph = StridedConv3d(2);
+  cases[2].options.refuse_conv_batch_above = 1;
+  cases[2].options.refuse_conv_depth_above = 5;
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.what);
+    const Graph& g = c.graph;
+    auto plan = PlanFor(g, "baseline", PlannerOptions{}.budget_bytes);
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    auto whole = Cuda();
+    auto split = Cuda(c.options);
+    ASSERT_NE(whole, nullptr);
+    ASSERT_NE(split, nullptr);
+    auto a = RunPlan(g, plan->schedule, *whole);
+    auto b = RunPlan(g, plan->schedule, *split);
+    ASSERT_TRUE(a.ok()) << a.status();
+    ASSERT_TRUE(b.ok()) << b.status();
+    EXPECT_EQ(CudaConvSplitCount(*whole), 0);
+    const int64_t depth_splits = CudaConvDepthSplitCount(*split);
+    if (c.options.refuse_conv_depth_above > 0) {
+      EXPECT_GT(depth_splits, 0);
+    } else {
+      EXPECT_EQ(depth_splits, 0);
+    }
+    if (c.options.refuse_conv_batch_above > 0) {
+      EXPECT_GT(CudaConvSplitCount(*split), depth_splits);
+    } else {  // one sample: depth splits only
+      EXPECT_EQ(CudaConvSplitCount(*split), depth_splits);
+    }
+    ASSERT_EQ(a->outputs.size(), b->outputs.size());
+    for (size_t i = 0; i < a->outputs.size(); ++i) {
+      ExpectClose(Floats(b->outputs[i]), Floats(a->outputs[i]), 1e-4, 1e-7,
+                  g.id(a->outputs[i].node));
+    }
+    // Splitting again gives the same bits (determinism of the split path).
+    auto again = RunPlan(g, plan->schedule, *split);
+    ASSERT_TRUE(again.ok()) << again.status();
+    for (size_t i = 0; i < b->outputs.size(); ++i) {
+      EXPECT_EQ(Bytes(again->outputs[i]), Bytes(b->outputs[i]))
+          << g.id(b->outputs[i].node);
+    }
+  }
+}
+
+TEST(CudaBackendTest, DepthSplitStillRefusedIsUnimplemented) {
+  SKIP_WITHOUT_DEVICE();
+  const Graph g = Model("conv3d:n=8");
   auto plan = PlanFor(g, "baseline", PlannerOptions{}.budget_bytes);
   ASSERT_TRUE(plan.ok()) << plan.status();
-  auto whole = Cuda();
   CudaBackendOptions options;
-  options.refuse_conv_batch_above = 1;  // every convolution splits to single samples
-  auto split = Cuda(options);
-  ASSERT_NE(whole, nullptr);
-  ASSERT_NE(split, nullptr);
-  auto a = RunPlan(g, plan->schedule, *whole);
-  auto b = RunPlan(g, plan->schedule, *split);
-  ASSERT_TRUE(a.ok()) << a.status();
-  ASSERT_TRUE(b.ok()) << b.status();
-  EXPECT_EQ(CudaConvSplitCount(*whole), 0);
-  EXPECT_GT(CudaConvSplitCount(*split), 0);
-  for (size_t i = 0; i < a->outputs.size(); ++i) {
-    ExpectClose(Floats(b->outputs[i]), Floats(a->outputs[i]), 1e-4, 1e-7,
-                g.id(a->outputs[i].node));
-  }
-  // Splitting twice gives the same bits (determinism of the split path).
-  auto c = RunPlan(g, plan->schedule, *split);
-  ASSERT_TRUE(c.ok()) << c.status();
-  for (size_t i = 0; i < b->outputs.size(); ++i) {
-    EXPECT_EQ(Bytes(c->outputs[i]), Bytes(b->outputs[i]));
-  }
+  // Below the kernel's 3 planes: even a one-plane slice's window is refused.
+  options.refuse_conv_depth_above = 2;
+  auto gpu = Cuda(options);
+  ASSERT_NE(gpu, nullptr);
+  auto run = RunPlan(g, plan->schedule, *gpu);
+  ASSERT_FALSE(run.ok());
+  EXPECT_EQ(run.status().code(), absl::StatusCode::kUnimplemented);
+  const std::string message(run.status().message());
+  EXPECT_THAT(message, HasSubstr("node 'conv1' (op conv3d)"));
+  EXPECT_THAT(message, HasSubstr("x(1,1,8,8,8) w(4,1,3,3,3)"));
+  EXPECT_THAT(message, HasSubstr("one output plane per slice"));
+  EXPECT_THAT(message, HasSubstr("refuse_conv_depth_above"));
+  EXPECT_EQ(CudaConvDepthSplitCount(*gpu), 0);  // refused before running
 }
 
 TEST(CudaBackendTest, HalfAndBfloat16Run) {

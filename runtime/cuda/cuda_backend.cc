@@ -84,10 +84,13 @@ class CudaBackend final : public Backend {
     PEBBLE_CUDA_RETURN_IF_ERROR(cublasSetMathMode(cc_.cublas, CUBLAS_DEFAULT_MATH));
     cc_.stream = compute_;
     cc_.refuse_conv_batch_above = options_.refuse_conv_batch_above;
+    cc_.refuse_conv_depth_above = options_.refuse_conv_depth_above;
     cc_.scratch = [this](int64_t bytes) { return Scratch(bytes); };
 
     cudaDeviceProp prop{};
     PEBBLE_CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&prop, options_.device));
+    cc_.max_copy_pitch = static_cast<int64_t>(
+        std::min<size_t>(prop.memPitch, size_t{0x7fffffffffffffff}));
     int runtime = 0, driver = 0, blas = 0;
     PEBBLE_CUDA_RETURN_IF_ERROR(cudaRuntimeGetVersion(&runtime));
     PEBBLE_CUDA_RETURN_IF_ERROR(cudaDriverGetVersion(&driver));
@@ -285,6 +288,7 @@ class CudaBackend final : public Backend {
   void ResetEvents() override { next_event_ = 0; }
 
   int64_t conv_splits() const { return cc_.conv_splits; }
+  int64_t conv_depth_splits() const { return cc_.conv_depth_splits; }
 
  private:
   cudaStream_t StreamOf(Stream s) const {
@@ -364,6 +368,11 @@ std::vector<std::string> CudaOps() { return cuda::CudaKernelOps(); }
 int64_t CudaConvSplitCount(const Backend& backend) {
   const auto* cuda_backend = dynamic_cast<const CudaBackend*>(&backend);
   return cuda_backend == nullptr ? -1 : cuda_backend->conv_splits();
+}
+
+int64_t CudaConvDepthSplitCount(const Backend& backend) {
+  const auto* cuda_backend = dynamic_cast<const CudaBackend*>(&backend);
+  return cuda_backend == nullptr ? -1 : cuda_backend->conv_depth_splits();
 }
 
 }  // namespace pebble

@@ -23,11 +23,17 @@ namespace pebble {
 
 struct CudaBackendOptions {
   int device = 0;  // CUDA device ordinal
-  // Test hook for the split fallback (docs/cuda.md, "Split fallback"): a
+  // Test hooks for the split fallback (docs/cuda.md, "Split fallback"): a
   // convolution over more than this many samples is treated as if cuDNN had
   // answered CUDNN_STATUS_NOT_SUPPORTED, so it is split along the batch.
   // 0: off.
   int64_t refuse_conv_batch_above = 0;
+  // Likewise a 3-D convolution whose x (dx for backward data) has more than
+  // this many depth planes: the batch splits down to one sample, which then
+  // splits along the depth until each slice's window has at most this many
+  // planes; below the kernel's depth nothing passes and the node fails with
+  // Unimplemented. 0: off.
+  int64_t refuse_conv_depth_above = 0;
 };
 
 // The number of CUDA devices, or FailedPrecondition "no CUDA device: <the
@@ -43,9 +49,13 @@ absl::StatusOr<std::unique_ptr<Backend>> MakeCudaBackend(
 // Ops the CUDA backend has kernels for, sorted (docs/cuda.md lists them).
 std::vector<std::string> CudaOps();
 
-// How many times a convolution of `backend` was split because cuDNN refused
-// it (or the test hook did); -1 when `backend` is not a CUDA backend.
+// How many times a convolution of `backend` was split, along the batch or
+// the depth, because cuDNN refused it (or a test hook did); -1 when
+// `backend` is not a CUDA backend.
 int64_t CudaConvSplitCount(const Backend& backend);
+// Of those, the splits along the depth (one per sample split); -1 when
+// `backend` is not a CUDA backend.
+int64_t CudaConvDepthSplitCount(const Backend& backend);
 
 }  // namespace pebble
 

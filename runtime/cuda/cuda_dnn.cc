@@ -18,18 +18,35 @@
 // its own, recursively, down to one sample. Data gradients and outputs of
 // the halves are disjoint slices; the weight gradient adds the second half
 // into the first (beta = 1), in a fixed order, so the result is still
-// deterministic. A single sample that is still refused is an Unimplemented
-// error naming the configuration.
+// deterministic.
+//
+// A single sample of a 3-D convolution that is still refused is split
+// along the depth (runtime/conv_depth_split.h): 2, 4, 8, ... slices, up to
+// one output plane per slice (one input plane for backward data). Every
+// slice geometry of a count is probed (Accept) before anything runs, and
+// the smallest count cuDNN accepts throughout runs, so that the weight
+// gradient never restarts half-way. A slice copies its window of x (with
+// zero planes where the window leaves the tensor) or its planes of dy into
+// packed scratch, runs the convolution with depth padding 0, and copies y
+// or the owned dx planes into place; the weight gradients of the slices
+// add up in slice order (beta = 1 after the first). One scratch request
+// holds the window, the slice's y or dy and any workspace beyond the
+// planned one, as RunOnce would otherwise ask for scratch itself and
+// invalidate the buffer. A 2-D convolution refused for one sample, or a 3-D
+// one refused even one plane per slice, is an Unimplemented error naming
+// the configuration.
 #include <algorithm>
 #include <array>
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "graph/status.h"
+#include "runtime/conv_depth_split.h"
 #include "runtime/cuda/cuda_ops.h"
 #include "runtime/cuda/cuda_status.h"
 
@@ -188,8 +205,9 @@ ConvChoice PickAlgorithm(const Perf* perf, int count, DType dtype,
     const bool fma = p.mathType == CUDNN_FMA_MATH || p.mathType == CUDNN_DEFAULT_MATH;
     if (strict && dtype == DType::kFloat32 && !fma) continue;
     const int64_t ws = static_cast<int64_t>(p.memory);
-    ConvChoice c{true, static_cast<int>(p.algo),
-                 dtype == DType::kFloat32 && fma ? CUDNN_FMA_MATH : p.mathType, ws};
+    const cudnnMathType_t math =
+        dtype == DType::kFloat32 && fma ? CUDNN_FMA_MATH : p.mathType;
+    ConvChoice c{true, static_cast<int>(p.algo), math, ws, ""};
     if (ws <= budget) return c;  // ranked by the heuristics: first fit wins
     if (!best_over.supported || ws < best_over.workspace_bytes) best_over = c;
   }
@@ -248,8 +266,32 @@ absl::StatusOr<ConvChoice> Choose(CudaContext& cc, ConvKind kind,
   if (rc != CUDNN_STATUS_SUCCESS && rc != CUDNN_STATUS_NOT_SUPPORTED) {
     return PEBBLE_CUDA_STATUS(rc);
   }
+  if (rc == CUDNN_STATUS_NOT_SUPPORTED) {
+    choice.why = "cuDNN's heuristics answer CUDNN_STATUS_NOT_SUPPORTED";
+  } else if (!choice.supported) {
+    choice.why =
+        "cuDNN offers no deterministic algorithm for this configuration";
+  }
   cc.conv_choices[key] = choice;
   return choice;
+}
+
+// Choose's answer unless a test hook refuses (kind, g, batch) first;
+// supported == false with `why` when either refuses.
+absl::StatusOr<ConvChoice> Accept(CudaContext& cc, ConvKind kind,
+                                  const ConvGeom& g, int64_t batch,
+                                  int64_t budget) {
+  ConvChoice refused;
+  if (cc.refuse_conv_batch_above > 0 && batch > cc.refuse_conv_batch_above) {
+    refused.why = "refused by the test hook refuse_conv_batch_above";
+    return refused;
+  }
+  if (g.dims == 3 && cc.refuse_conv_depth_above > 0 &&
+      g.in[0] > cc.refuse_conv_depth_above) {
+    refused.why = "refused by the test hook refuse_conv_depth_above";
+    return refused;
+  }
+  return Choose(cc, kind, g, batch, budget);
 }
 
 struct ConvPtrs {
@@ -259,25 +301,43 @@ struct ConvPtrs {
   std::byte* out = nullptr;       // y, dx or dw
 };
 
-// One cuDNN call over samples [0, batch) of the pointers; NOT_SUPPORTED
-// comes back as Unimplemented with `*refused` set.
+// Where one cuDNN call's workspace comes from: the node's planned workspace
+// (`planned`, `budget` bytes) when the chosen algorithm fits it; beyond
+// that `overflow` (`overflow_bytes`) when the caller carved one from its
+// scratch, else a cc.scratch request of its own (which ends the validity
+// of any scratch the caller holds).
+struct ConvWorkspace {
+  int64_t budget = 0;
+  void* planned = nullptr;
+  void* overflow = nullptr;
+  int64_t overflow_bytes = 0;
+};
+
+// One cuDNN call over samples [0, batch) of the pointers; a refusal (test
+// hook, heuristics or the call) comes back as Unimplemented with `*refused`
+// set. A refusal by the call is remembered in cc.conv_choices, so that the
+// depth split's probes skip that configuration from then on.
 absl::Status RunOnce(CudaContext& cc, ConvKind kind, const ConvGeom& g,
                      int64_t batch, const ConvPtrs& p, float beta,
-                     int64_t budget, void* planned_ws, bool* refused) {
+                     const ConvWorkspace& ws, bool* refused) {
   *refused = false;
-  if (cc.refuse_conv_batch_above > 0 && batch > cc.refuse_conv_batch_above) {
-    *refused = true;
-    return absl::UnimplementedError("refused by the test hook");
-  }
-  ASSIGN_OR_RETURN(ConvChoice choice, Choose(cc, kind, g, batch, budget));
+  ASSIGN_OR_RETURN(ConvChoice choice, Accept(cc, kind, g, batch, ws.budget));
   if (!choice.supported) {
     *refused = true;
-    return absl::UnimplementedError(
-        "cuDNN offers no deterministic algorithm for this configuration");
+    return absl::UnimplementedError(choice.why);
   }
-  void* ws = planned_ws;
-  if (choice.workspace_bytes > budget) {
-    ASSIGN_OR_RETURN(ws, cc.scratch(choice.workspace_bytes));
+  void* workspace = ws.planned;
+  if (choice.workspace_bytes > ws.budget) {
+    if (ws.overflow == nullptr) {
+      ASSIGN_OR_RETURN(workspace, cc.scratch(choice.workspace_bytes));
+    } else if (choice.workspace_bytes <= ws.overflow_bytes) {
+      workspace = ws.overflow;
+    } else {
+      return absl::InternalError(absl::StrCat(
+          "the convolution ", KindName(kind), " of ", g.ToString(batch),
+          " needs ", choice.workspace_bytes, " bytes of workspace, ",
+          ws.overflow_bytes, " were set aside"));
+    }
   }
   const size_t ws_bytes = static_cast<size_t>(choice.workspace_bytes);
   Descs d;
@@ -288,39 +348,235 @@ absl::Status RunOnce(CudaContext& cc, ConvKind kind, const ConvGeom& g,
     case ConvKind::kForward:
       rc = cudnnConvolutionForward(
           cc.cudnn, &alpha, d.x.d, p.x, d.w.d, p.w, d.conv.d,
-          static_cast<cudnnConvolutionFwdAlgo_t>(choice.algo), ws, ws_bytes,
-          &beta, d.y.d, p.out);
+          static_cast<cudnnConvolutionFwdAlgo_t>(choice.algo), workspace,
+          ws_bytes, &beta, d.y.d, p.out);
       break;
     case ConvKind::kBackwardData:
       rc = cudnnConvolutionBackwardData(
           cc.cudnn, &alpha, d.w.d, p.w, d.y.d, p.dy, d.conv.d,
-          static_cast<cudnnConvolutionBwdDataAlgo_t>(choice.algo), ws, ws_bytes,
-          &beta, d.x.d, p.out);
+          static_cast<cudnnConvolutionBwdDataAlgo_t>(choice.algo), workspace,
+          ws_bytes, &beta, d.x.d, p.out);
       break;
     case ConvKind::kBackwardFilter:
       rc = cudnnConvolutionBackwardFilter(
           cc.cudnn, &alpha, d.x.d, p.x, d.y.d, p.dy, d.conv.d,
-          static_cast<cudnnConvolutionBwdFilterAlgo_t>(choice.algo), ws, ws_bytes,
-          &beta, d.w.d, p.out);
+          static_cast<cudnnConvolutionBwdFilterAlgo_t>(choice.algo), workspace,
+          ws_bytes, &beta, d.w.d, p.out);
       break;
   }
-  if (rc == CUDNN_STATUS_NOT_SUPPORTED) *refused = true;
-  return PEBBLE_CUDA_STATUS(rc);
+  absl::Status s = PEBBLE_CUDA_STATUS(rc);
+  if (rc == CUDNN_STATUS_NOT_SUPPORTED) {
+    *refused = true;
+    ConvChoice& cached = cc.conv_choices[g.Key(kind, batch, ws.budget)];
+    cached.supported = false;
+    cached.why = absl::StrCat("cuDNN refused the call: ", s.message());
+  }
+  return s;
+}
+
+// ---- The depth split (Note [Split fallback]).
+
+constexpr int64_t kScratchAlign = 256;  // bytes; cudaMalloc's alignment
+
+int64_t AlignUp(int64_t bytes) {
+  return (bytes + kScratchAlign - 1) / kScratchAlign * kScratchAlign;
+}
+
+// For each of `rows` rows (a sample's channel): dst planes [dst_first,
+// dst_first + count) of a row of `dst_planes` planes get the src planes
+// [first, first + count) of a row of `src_planes` planes, zeros where those
+// fall outside [0, src_planes). `plane`: bytes of one depth plane.
+absl::Status CopyPlanes(CudaContext& cc, std::byte* dst, int64_t dst_planes,
+                        int64_t dst_first, const std::byte* src,
+                        int64_t src_planes, int64_t first, int64_t count,
+                        int64_t rows, int64_t plane) {
+  const PlaneRun r = ClipPlanes(src_planes, first, count);
+  const int64_t pitch = dst_planes * plane;
+  std::byte* out = dst + dst_first * plane;
+  RETURN_IF_ERROR(Zero2D(cc, out, pitch, r.zeros_before * plane, rows));
+  out += r.zeros_before * plane;
+  if (r.copied > 0) {
+    RETURN_IF_ERROR(Copy2D(cc, out, pitch, src + r.src_begin * plane,
+                           src_planes * plane, r.copied * plane, rows));
+  }
+  out += r.copied * plane;
+  return Zero2D(cc, out, pitch, r.zeros_after * plane, rows);
+}
+
+// The geometry of one slice: its window of depth planes, padding 0.
+ConvGeom SliceGeom(const ConvGeom& g, const ConvSlice& s) {
+  ConvGeom sg = g;
+  sg.in[0] = s.window;
+  sg.out[0] = s.outputs();
+  sg.pad[0] = 0;
+  return sg;
+}
+
+// What one accepted slice count needs: the largest window and slice output,
+// in depth planes, and the largest workspace beyond the planned one, in
+// bytes.
+struct DepthPlan {
+  int64_t window = 0;
+  int64_t outputs = 0;
+  int64_t overflow_bytes = 0;
+};
+
+// The plan of `slices` when every one of them is accepted (hooks and
+// cuDNN), else nullopt with `*refusal` naming the first refused slice.
+absl::StatusOr<std::optional<DepthPlan>> PlanSlices(
+    CudaContext& cc, ConvKind kind, const ConvGeom& g, int64_t batch,
+    const std::vector<ConvSlice>& slices, int64_t budget,
+    std::string* refusal) {
+  DepthPlan plan;
+  for (const ConvSlice& s : slices) {
+    if (s.outputs() == 0) continue;  // backward data: zeros, no call
+    const ConvGeom sg = SliceGeom(g, s);
+    ASSIGN_OR_RETURN(ConvChoice c, Accept(cc, kind, sg, batch, budget));
+    if (!c.supported) {
+      *refusal = absl::StrCat(sg.ToString(batch), ": ", c.why);
+      return std::optional<DepthPlan>();
+    }
+    plan.window = std::max(plan.window, s.window);
+    plan.outputs = std::max(plan.outputs, s.outputs());
+    if (c.workspace_bytes > budget) {
+      plan.overflow_bytes = std::max(plan.overflow_bytes, c.workspace_bytes);
+    }
+  }
+  return std::optional<DepthPlan>(plan);
+}
+
+// Runs the slices of an accepted plan, in order; `*refused` as RunOnce's.
+absl::Status RunSlices(CudaContext& cc, ConvKind kind, const ConvGeom& g,
+                       int64_t batch, const ConvPtrs& p, float beta,
+                       const ConvWorkspace& ws,
+                       const std::vector<ConvSlice>& slices,
+                       const DepthPlan& plan, bool* refused) {
+  *refused = false;
+  const int64_t es = DTypeSize(g.dtype);
+  const int64_t x_rows = batch * g.c, y_rows = batch * g.o;
+  const int64_t x_plane = g.in[1] * g.in[2] * es;    // bytes
+  const int64_t y_plane = g.out[1] * g.out[2] * es;  // bytes
+  // One request: [x or dx window | y or dy slice | overflow workspace].
+  const int64_t window_bytes = AlignUp(x_rows * plan.window * x_plane);
+  const int64_t part_bytes = AlignUp(y_rows * plan.outputs * y_plane);
+  ASSIGN_OR_RETURN(void* scratch,
+                   cc.scratch(window_bytes + part_bytes + plan.overflow_bytes));
+  std::byte* const window = static_cast<std::byte*>(scratch);
+  std::byte* const part = window + window_bytes;
+  ConvWorkspace slice_ws = ws;
+  slice_ws.overflow = part + part_bytes;
+  slice_ws.overflow_bytes = plan.overflow_bytes;
+  ++cc.conv_splits;
+  ++cc.conv_depth_splits;
+  bool first = true;
+  for (const ConvSlice& s : slices) {
+    const ConvGeom sg = SliceGeom(g, s);
+    switch (kind) {
+      case ConvKind::kForward:
+        RETURN_IF_ERROR(CopyPlanes(cc, window, s.window, 0, p.x, g.in[0],
+                                   s.window_begin, s.window, x_rows, x_plane));
+        RETURN_IF_ERROR(RunOnce(cc, kind, sg, batch,
+                                {window, p.w, nullptr, part}, 0.f, slice_ws,
+                                refused));
+        RETURN_IF_ERROR(CopyPlanes(cc, p.out, g.out[0], s.out_begin, part,
+                                   s.outputs(), 0, s.outputs(), y_rows,
+                                   y_plane));
+        break;
+      case ConvKind::kBackwardFilter:
+        RETURN_IF_ERROR(CopyPlanes(cc, window, s.window, 0, p.x, g.in[0],
+                                   s.window_begin, s.window, x_rows, x_plane));
+        RETURN_IF_ERROR(CopyPlanes(cc, part, s.outputs(), 0, p.dy, g.out[0],
+                                   s.out_begin, s.outputs(), y_rows, y_plane));
+        // The caller's beta for the first slice, then accumulate.
+        RETURN_IF_ERROR(RunOnce(cc, kind, sg, batch,
+                                {window, nullptr, part, p.out},
+                                first ? beta : 1.f, slice_ws, refused));
+        break;
+      case ConvKind::kBackwardData: {
+        const int64_t owned = s.in_end - s.in_begin;
+        if (s.outputs() == 0) {  // no output reads these planes
+          RETURN_IF_ERROR(CopyPlanes(cc, p.out, g.in[0], s.in_begin, nullptr, 0,
+                                     0, owned, x_rows, x_plane));
+          break;
+        }
+        RETURN_IF_ERROR(CopyPlanes(cc, part, s.outputs(), 0, p.dy, g.out[0],
+                                   s.out_begin, s.outputs(), y_rows, y_plane));
+        RETURN_IF_ERROR(RunOnce(cc, kind, sg, batch,
+                                {nullptr, p.w, part, window}, 0.f, slice_ws,
+                                refused));
+        // The owned planes out of the window (zeros outside it).
+        RETURN_IF_ERROR(CopyPlanes(cc, p.out, g.in[0], s.in_begin, window,
+                                   s.window, s.in_begin - s.window_begin, owned,
+                                   x_rows, x_plane));
+        break;
+      }
+    }
+    first = false;
+  }
+  return absl::OkStatus();
+}
+
+// The depth split of a 3-D convolution over `batch` samples that cuDNN
+// refused (`whole`: why). Forward and backward data overwrite y and dx
+// (beta 0 only); backward filter takes the caller's beta as RunOnce would.
+absl::Status RunDepthSplit(CudaContext& cc, ConvKind kind, const ConvGeom& g,
+                           int64_t batch, const ConvPtrs& p, float beta,
+                           const ConvWorkspace& ws, const absl::Status& whole) {
+  if (kind != ConvKind::kBackwardFilter && beta != 0.f) {
+    return absl::InternalError("the depth split writes y and dx with beta 0");
+  }
+  const ConvAxis axis{g.in[0], g.k[0], g.stride[0], g.pad[0], g.out[0]};
+  const bool by_input = kind == ConvKind::kBackwardData;
+  // Later calls of the same configuration start at the count that ran.
+  const std::string key = g.Key(kind, batch, ws.budget);
+  const auto known = cc.conv_depth_parts.find(key);
+  std::string refusal;
+  for (int64_t parts : SplitCounts(by_input ? axis.in : axis.out)) {
+    if (known != cc.conv_depth_parts.end() && parts < known->second) continue;
+    const std::vector<ConvSlice> slices =
+        by_input ? SplitInputs(axis, parts) : SplitOutputs(axis, parts);
+    ASSIGN_OR_RETURN(
+        std::optional<DepthPlan> plan,
+        PlanSlices(cc, kind, g, batch, slices, ws.budget, &refusal));
+    if (!plan.has_value()) continue;
+    bool refused = false;
+    absl::Status s =
+        RunSlices(cc, kind, g, batch, p, beta, ws, slices, *plan, &refused);
+    if (s.ok()) cc.conv_depth_parts[key] = parts;
+    if (s.ok() || !refused) return s;
+    // A slice was refused by the call itself after its probe passed; that
+    // configuration is now known as refused. The slices written so far are
+    // overwritten by a larger count, except a weight gradient that already
+    // added into the caller's (beta != 0).
+    if (kind == ConvKind::kBackwardFilter && beta != 0.f) {
+      return absl::UnimplementedError(absl::StrCat(
+          "cuDNN refused a depth slice of the convolution ", KindName(kind),
+          " of ", g.ToString(batch), " when called (", s.message(),
+          ") after accepting it, while accumulating the weight gradient"));
+    }
+    refusal = std::string(s.message());
+  }
+  return absl::UnimplementedError(absl::StrCat(
+      "cuDNN refuses the convolution ", KindName(kind), " of ",
+      g.ToString(batch), " (", whole.message(),
+      ") even split along the depth down to one ",
+      by_input ? "input" : "output", " plane per slice (", refusal, ")"));
 }
 
 // Runs the convolution over `batch` samples, splitting along the batch
-// where cuDNN refuses (Note [Split fallback]).
+// where cuDNN refuses, then along the depth (Note [Split fallback]).
 absl::Status RunSplit(CudaContext& cc, ConvKind kind, const ConvGeom& g,
                       int64_t batch, const ConvPtrs& p, float beta,
-                      int64_t budget, void* planned_ws) {
+                      const ConvWorkspace& ws) {
   bool refused = false;
-  absl::Status s = RunOnce(cc, kind, g, batch, p, beta, budget, planned_ws, &refused);
+  absl::Status s = RunOnce(cc, kind, g, batch, p, beta, ws, &refused);
   if (s.ok() || !refused) return s;
   if (batch <= 1) {
+    if (g.dims == 3) return RunDepthSplit(cc, kind, g, batch, p, beta, ws, s);
     return absl::UnimplementedError(absl::StrCat(
         "cuDNN refuses the convolution ", KindName(kind), " of ",
         g.ToString(batch), " even for one sample (", s.message(),
-        "); the depth split is not implemented"));
+        "); only 3-D convolutions are split along a spatial axis"));
   }
   ++cc.conv_splits;
   const int64_t first = batch / 2;
@@ -340,10 +596,10 @@ absl::Status RunSplit(CudaContext& cc, ConvKind kind, const ConvGeom& g,
       second.dy = p.dy + first * g.YSample() * es;
       break;
   }
-  RETURN_IF_ERROR(RunSplit(cc, kind, g, first, p, beta, budget, planned_ws));
+  RETURN_IF_ERROR(RunSplit(cc, kind, g, first, p, beta, ws));
   // The weight gradient of the second half adds into the first's.
   const float beta2 = kind == ConvKind::kBackwardFilter ? 1.f : beta;
-  return RunSplit(cc, kind, g, batch - first, second, beta2, budget, planned_ws);
+  return RunSplit(cc, kind, g, batch - first, second, beta2, ws);
 }
 
 absl::Status ExpectInputs(const KernelContext& ctx, size_t lo, size_t hi) {
@@ -409,7 +665,7 @@ absl::Status ConvForward(CudaContext& cc, const KernelContext& ctx) {
                                         ctx.output.shape, x.dtype));
   ConvPtrs p{x.data, w.data, nullptr, ctx.output.data};
   RETURN_IF_ERROR(RunSplit(cc, ConvKind::kForward, g, g.n, p, 0.f,
-                           ctx.workspace_bytes, ctx.workspace));
+                           {ctx.workspace_bytes, ctx.workspace, nullptr, 0}));
   if (ctx.inputs.size() == 3) {
     const TensorView& b = ctx.inputs[2];
     if (b.dtype != x.dtype || b.shape != Shape{g.o}) {
@@ -438,7 +694,7 @@ absl::Status ConvBackwardData(CudaContext& cc, const KernelContext& ctx) {
                                         dy.shape, dy.dtype));
   ConvPtrs p{nullptr, w.data, dy.data, ctx.output.data};
   return RunSplit(cc, ConvKind::kBackwardData, g, g.n, p, 0.f,
-                  ctx.workspace_bytes, ctx.workspace);
+                  {ctx.workspace_bytes, ctx.workspace, nullptr, 0});
 }
 
 // convNd_backward_weight (grad, x) -> dw of the output's shape.
@@ -454,7 +710,7 @@ absl::Status ConvBackwardWeight(CudaContext& cc, const KernelContext& ctx) {
                                         dy.shape, dy.dtype));
   ConvPtrs p{x.data, nullptr, dy.data, ctx.output.data};
   return RunSplit(cc, ConvKind::kBackwardFilter, g, g.n, p, 0.f,
-                  ctx.workspace_bytes, ctx.workspace);
+                  {ctx.workspace_bytes, ctx.workspace, nullptr, 0});
 }
 
 // ---- cuBLAS.

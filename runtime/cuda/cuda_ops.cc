@@ -138,6 +138,48 @@ absl::Status LaunchStatus(cudaError_t e, absl::string_view what) {
                                           cudaGetErrorName(e), ")"));
 }
 
+absl::Status Copy2D(CudaContext& cc, std::byte* dst, int64_t dpitch,
+                    const std::byte* src, int64_t spitch, int64_t width,
+                    int64_t height) {
+  if (width == 0 || height == 0) return absl::OkStatus();
+  if (height == 1 || (width == dpitch && width == spitch)) {
+    PEBBLE_CUDA_RETURN_IF_ERROR(
+        cudaMemcpyAsync(dst, src, static_cast<size_t>(width * height),
+                        cudaMemcpyDeviceToDevice, cc.stream));
+  } else if (dpitch <= cc.max_copy_pitch && spitch <= cc.max_copy_pitch) {
+    PEBBLE_CUDA_RETURN_IF_ERROR(cudaMemcpy2DAsync(
+        dst, static_cast<size_t>(dpitch), src, static_cast<size_t>(spitch),
+        static_cast<size_t>(width), static_cast<size_t>(height),
+        cudaMemcpyDeviceToDevice, cc.stream));
+  } else {
+    for (int64_t r = 0; r < height; ++r) {
+      PEBBLE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(
+          dst + r * dpitch, src + r * spitch, static_cast<size_t>(width),
+          cudaMemcpyDeviceToDevice, cc.stream));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Zero2D(CudaContext& cc, std::byte* dst, int64_t pitch,
+                    int64_t width, int64_t height) {
+  if (width == 0 || height == 0) return absl::OkStatus();
+  if (height == 1 || width == pitch) {
+    PEBBLE_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(
+        dst, 0, static_cast<size_t>(width * height), cc.stream));
+  } else if (pitch <= cc.max_copy_pitch) {
+    PEBBLE_CUDA_RETURN_IF_ERROR(cudaMemset2DAsync(
+        dst, static_cast<size_t>(pitch), 0, static_cast<size_t>(width),
+        static_cast<size_t>(height), cc.stream));
+  } else {
+    for (int64_t r = 0; r < height; ++r) {
+      PEBBLE_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(
+          dst + r * pitch, 0, static_cast<size_t>(width), cc.stream));
+    }
+  }
+  return absl::OkStatus();
+}
+
 namespace {
 
 #define PEBBLE_LAUNCH(call) RETURN_IF_ERROR(LaunchStatus((call), #call))
@@ -710,31 +752,6 @@ absl::Status SoftmaxBackward(CudaContext& cc, const KernelContext& ctx) {
 
 // ---- Data movement.
 
-// `height` rows of `width` bytes from src (row pitch `spitch`) to dst (row
-// pitch `dpitch`), on the stream: one copy when the rows are contiguous,
-// cudaMemcpy2DAsync when the pitches are within its range, else row by row.
-absl::Status Copy2D(std::byte* dst, int64_t dpitch, const std::byte* src,
-                    int64_t spitch, int64_t width, int64_t height,
-                    cudaStream_t stream) {
-  if (width == 0 || height == 0) return absl::OkStatus();
-  if (height == 1 || (dpitch == width && spitch == width)) {
-    PEBBLE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst, src, width * height,
-                                                cudaMemcpyDeviceToDevice, stream));
-    return absl::OkStatus();
-  }
-  constexpr int64_t kMaxPitch = (int64_t{1} << 31) - 1;  // conservative
-  if (dpitch <= kMaxPitch && spitch <= kMaxPitch) {
-    PEBBLE_CUDA_RETURN_IF_ERROR(cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, height,
-                                                  cudaMemcpyDeviceToDevice, stream));
-    return absl::OkStatus();
-  }
-  for (int64_t r = 0; r < height; ++r) {
-    PEBBLE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst + r * dpitch, src + r * spitch, width,
-                                                cudaMemcpyDeviceToDevice, stream));
-  }
-  return absl::OkStatus();
-}
-
 absl::Status CopyBytes(CudaContext& cc, const KernelContext& ctx) {
   RETURN_IF_ERROR(ExpectInputs(ctx, 1, 1));
   const TensorView& x = ctx.inputs[0];
@@ -813,8 +830,9 @@ absl::Status Slice(CudaContext& cc, const KernelContext& ctx) {
   int64_t outer = 1, inner = DTypeSize(x.dtype);
   for (int64_t i = 0; i < axis; ++i) outer *= x.shape[i];
   for (int64_t i = axis + 1; i < x.rank(); ++i) inner *= x.shape[i];
-  return Copy2D(ctx.output.data, (end - begin) * inner, x.data + begin * inner,
-                x.shape[axis] * inner, (end - begin) * inner, outer, cc.stream);
+  return Copy2D(cc, ctx.output.data, (end - begin) * inner,
+                x.data + begin * inner, x.shape[axis] * inner,
+                (end - begin) * inner, outer);
 }
 
 absl::Status Concat(CudaContext& cc, const KernelContext& ctx) {
@@ -837,8 +855,8 @@ absl::Status Concat(CudaContext& cc, const KernelContext& ctx) {
           "concat: input ", k, " ", x.ToString(), " does not fit ", out.ToString()));
     }
     const int64_t width = x.shape[axis] * inner;
-    RETURN_IF_ERROR(Copy2D(out.data + offset, out.shape[axis] * inner, x.data, width,
-                           width, outer, cc.stream));
+    RETURN_IF_ERROR(Copy2D(cc, out.data + offset, out.shape[axis] * inner,
+                           x.data, width, width, outer));
     offset += width;
   }
   if (offset != out.shape[axis] * inner) {

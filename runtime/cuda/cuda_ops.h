@@ -30,6 +30,7 @@ struct ConvChoice {
   int algo = 0;            // cudnnConvolution{Fwd,BwdData,BwdFilter}Algo_t
   cudnnMathType_t math = CUDNN_DEFAULT_MATH;
   int64_t workspace_bytes = 0;
+  std::string why;  // supported == false: who refused and how
 };
 
 struct CudaContext {
@@ -40,9 +41,17 @@ struct CudaContext {
   // `stream`; valid until the next call). The backend reports its size as
   // scratch_bytes_peak.
   std::function<absl::StatusOr<void*>(int64_t bytes)> scratch;
-  int64_t refuse_conv_batch_above = 0;  // CudaBackendOptions' test hook
-  int64_t conv_splits = 0;              // splits done so far
+  // CudaBackendOptions' test hooks.
+  int64_t refuse_conv_batch_above = 0;
+  int64_t refuse_conv_depth_above = 0;
+  int64_t conv_splits = 0;        // splits done so far, along batch or depth
+  int64_t conv_depth_splits = 0;  // of which along the depth
+  // The largest row pitch cudaMemcpy2DAsync takes (cudaDeviceProp::memPitch),
+  // in bytes.
+  int64_t max_copy_pitch = 0x7fffffff;
   std::map<std::string, ConvChoice> conv_choices;  // by configuration key
+  // Depth slice counts that ran, by configuration key (cuda_dnn.cc).
+  std::map<std::string, int64_t> conv_depth_parts;
 };
 
 using CudaKernelFn = absl::Status (*)(CudaContext& cc, const KernelContext& ctx);
@@ -74,6 +83,16 @@ absl::StatusOr<std::vector<int64_t>> SpatialAttr(const nlohmann::json& attrs,
                                                  bool required = false);
 absl::StatusOr<std::vector<int64_t>> IntListAttr(const nlohmann::json& attrs,
                                                  absl::string_view name);
+// On cc.stream: `height` rows of `width` bytes from src (rows `spitch`
+// bytes apart) to dst (rows `dpitch` apart), and zero bytes (the zero of
+// fp32, fp16 and bf16) into such rows. One call when the rows are
+// contiguous, the 2-D call when the pitches are within cc.max_copy_pitch,
+// else row by row.
+absl::Status Copy2D(CudaContext& cc, std::byte* dst, int64_t dpitch,
+                    const std::byte* src, int64_t spitch, int64_t width,
+                    int64_t height);
+absl::Status Zero2D(CudaContext& cc, std::byte* dst, int64_t pitch,
+                    int64_t width, int64_t height);
 // An InvalidArgument when the kernel launch failed (cudaErrorInvalidValue
 // from a launcher's own checks) or the launch error's Status.
 absl::Status LaunchStatus(cudaError_t e, absl::string_view what);
