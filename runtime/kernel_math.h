@@ -112,6 +112,23 @@ PEBBLE_HOST_DEVICE inline int64_t LastBin(const PoolAxis& a, int64_t i) {
   return l > a.out - 1 ? a.out - 1 : l;
 }
 
+// Flat index i of (planes, D, H, W) as its plane and position.
+struct Index3 {
+  int64_t plane, d, h, w;
+};
+PEBBLE_HOST_DEVICE inline Index3 Unravel3(int64_t i, int64_t depth,
+                                          int64_t height, int64_t width) {
+  return {i / (width * height * depth), (i / (width * height)) % depth,
+          (i / width) % height, i % width};
+}
+
+// What bin (od, oh, ow) of axes[0..2] is divided by.
+PEBBLE_HOST_DEVICE inline int64_t BinDivisor3(const PoolAxis* axes, int64_t od,
+                                              int64_t oh, int64_t ow) {
+  return BinDivisor(axes[0], od) * BinDivisor(axes[1], oh) *
+         BinDivisor(axes[2], ow);
+}
+
 // The two element functions of the averaging pools over planes (D, H, W) ->
 // (oD, oH, oW) with axes[0..2], as the CUDA kernels run them (one thread per
 // element; tests/kernel_math_test.cc runs them on the host). `load(j)` is
@@ -123,45 +140,36 @@ template <typename Load>
 PEBBLE_HOST_DEVICE inline float AvgPoolAt(const PoolAxis* axes, int64_t i,
                                           const Load& load) {
   const PoolAxis &ad = axes[0], &ah = axes[1], &aw = axes[2];
-  const int64_t ow = i % aw.out;
-  const int64_t oh = (i / aw.out) % ah.out;
-  const int64_t od = (i / (aw.out * ah.out)) % ad.out;
-  const int64_t plane = i / (aw.out * ah.out * ad.out);
-  const int64_t base = plane * ad.in * ah.in * aw.in;
+  const Index3 o = Unravel3(i, ad.out, ah.out, aw.out);
+  const int64_t base = o.plane * ad.in * ah.in * aw.in;
   double sum = 0.0;
-  for (int64_t d = BinBegin(ad, od); d < BinEnd(ad, od); ++d) {
-    for (int64_t h = BinBegin(ah, oh); h < BinEnd(ah, oh); ++h) {
+  for (int64_t d = BinBegin(ad, o.d); d < BinEnd(ad, o.d); ++d) {
+    for (int64_t h = BinBegin(ah, o.h); h < BinEnd(ah, o.h); ++h) {
       const int64_t row = base + (d * ah.in + h) * aw.in;
-      for (int64_t w = BinBegin(aw, ow); w < BinEnd(aw, ow); ++w) {
+      for (int64_t w = BinBegin(aw, o.w); w < BinEnd(aw, o.w); ++w) {
         sum += load(row + w);
       }
     }
   }
-  const int64_t divisor =
-      BinDivisor(ad, od) * BinDivisor(ah, oh) * BinDivisor(aw, ow);
+  const int64_t divisor = BinDivisor3(axes, o.d, o.h, o.w);
   return static_cast<float>(sum / static_cast<double>(divisor));
 }
 
 // Input-gradient element i: g / divisor summed in fp32 over the bins that
-// contain i, in output order (the CPU backend's adaptive-pool order).
+// contain i, in output order (the order of a scatter over the outputs).
 PEBBLE_NO_EXEC_CHECK
 template <typename Load>
 PEBBLE_HOST_DEVICE inline float AvgPoolGradAt(const PoolAxis* axes, int64_t i,
                                               const Load& load) {
   const PoolAxis &ad = axes[0], &ah = axes[1], &aw = axes[2];
-  const int64_t w = i % aw.in;
-  const int64_t h = (i / aw.in) % ah.in;
-  const int64_t d = (i / (aw.in * ah.in)) % ad.in;
-  const int64_t plane = i / (aw.in * ah.in * ad.in);
-  const int64_t base = plane * ad.out * ah.out * aw.out;
+  const Index3 x = Unravel3(i, ad.in, ah.in, aw.in);
+  const int64_t base = x.plane * ad.out * ah.out * aw.out;
   float acc = 0.f;
-  for (int64_t od = FirstBin(ad, d); od <= LastBin(ad, d); ++od) {
-    for (int64_t oh = FirstBin(ah, h); oh <= LastBin(ah, h); ++oh) {
-      for (int64_t ow = FirstBin(aw, w); ow <= LastBin(aw, w); ++ow) {
-        const int64_t divisor =
-            BinDivisor(ad, od) * BinDivisor(ah, oh) * BinDivisor(aw, ow);
+  for (int64_t od = FirstBin(ad, x.d); od <= LastBin(ad, x.d); ++od) {
+    for (int64_t oh = FirstBin(ah, x.h); oh <= LastBin(ah, x.h); ++oh) {
+      for (int64_t ow = FirstBin(aw, x.w); ow <= LastBin(aw, x.w); ++ow) {
         acc += load(base + (od * ah.out + oh) * aw.out + ow) /
-               static_cast<float>(divisor);
+               static_cast<float>(BinDivisor3(axes, od, oh, ow));
       }
     }
   }

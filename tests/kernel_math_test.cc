@@ -1,9 +1,10 @@
 // runtime/kernel_math.h: the arithmetic the CUDA kernels share with the CPU
 // backend. These tests need no GPU: they check the index maps against brute
 // force, and they run the very element functions of the CUDA averaging-pool
-// kernels (kmath::AvgPoolAt, AvgPoolGradAt) and the head-copy index map
-// (kmath::MergedIndex) on the host against the CPU backend's kernels, so the
-// device code's indexing is checked on every machine.
+// kernels (kmath::AvgPoolAt, AvgPoolGradAt; the CPU backend's adaptive pool
+// runs them too) and the head-copy index map (kmath::MergedIndex) on the
+// host against the CPU backend's kernels and a scatter written out here, so
+// the device code's indexing is checked on every machine.
 #include "runtime/kernel_math.h"
 
 #include <cmath>
@@ -258,7 +259,38 @@ TEST(KernelMathTest, AvgPoolGathersMatchTheCpuBackend) {
   }
 }
 
-TEST(KernelMathTest, AdaptiveAvgPoolGathersMatchTheCpuBackend) {
+// The adaptive-pool gradient as PyTorch's CPU kernel computes it: a scatter
+// over the outputs in row-major order, g / bin size added into every input
+// element of the bin, in fp32.
+std::vector<float> ScatterBackward(const std::vector<PoolAxis>& ax, int64_t nc,
+                                   const std::vector<float>& g) {
+  const PoolAxis &ad = ax[0], &ah = ax[1], &aw = ax[2];
+  std::vector<float> dx(nc * ad.in * ah.in * aw.in, 0.f);
+  int64_t o = 0;  // flat output index
+  for (int64_t p = 0; p < nc; ++p) {
+    for (int64_t od = 0; od < ad.out; ++od) {
+      for (int64_t oh = 0; oh < ah.out; ++oh) {
+        for (int64_t ow = 0; ow < aw.out; ++ow, ++o) {
+          const int64_t count =
+              (kmath::BinEnd(ad, od) - kmath::BinBegin(ad, od)) *
+              (kmath::BinEnd(ah, oh) - kmath::BinBegin(ah, oh)) *
+              (kmath::BinEnd(aw, ow) - kmath::BinBegin(aw, ow));
+          const float delta = g[o] / static_cast<float>(count);
+          for (int64_t d = kmath::BinBegin(ad, od); d < kmath::BinEnd(ad, od);
+               ++d)
+            for (int64_t h = kmath::BinBegin(ah, oh); h < kmath::BinEnd(ah, oh);
+                 ++h)
+              for (int64_t w = kmath::BinBegin(aw, ow);
+                   w < kmath::BinEnd(aw, ow); ++w)
+                dx[((p * ad.in + d) * ah.in + h) * aw.in + w] += delta;
+        }
+      }
+    }
+  }
+  return dx;
+}
+
+TEST(KernelMathTest, AdaptiveAvgPoolGathersMatchTheScatterAndTheCpuBackend) {
   struct Case {
     Shape x, out;
   };
@@ -272,12 +304,17 @@ TEST(KernelMathTest, AdaptiveAvgPoolGathersMatchTheCpuBackend) {
     const int64_t nc = c.x[0] * c.x[1];
     ExpectClose(GatherForward(ax, nc, FloatsOf(x)), FloatsOf(y), what);
     const Tensor g = RandomFloats(y.shape, 6);
-    // Same order of fp32 additions as the CPU kernel: equal bits.
+    // The gather adds in the scatter's order of fp32 additions: equal bits.
     const std::vector<float> dx = GatherBackward(ax, nc, FloatsOf(g));
+    const std::vector<float> scatter = ScatterBackward(ax, nc, FloatsOf(g));
     const std::vector<float> cpu =
         FloatsOf(RunCpu("adaptive_avgpool_backward", {g},
                         {{"output_size", c.out}, {"input_shape", c.x}}));
+    ASSERT_EQ(dx.size(), scatter.size());
     ASSERT_EQ(dx.size(), cpu.size());
+    EXPECT_EQ(std::memcmp(dx.data(), scatter.data(), dx.size() * sizeof(float)),
+              0)
+        << what;
     EXPECT_EQ(std::memcmp(dx.data(), cpu.data(), dx.size() * sizeof(float)), 0)
         << what;
   }

@@ -247,6 +247,21 @@ void EndScratchCount() {
   }
 }
 
+namespace {
+
+// Every dim's kernel and stride >= 1 and padding >= 0.
+absl::Status CheckWindow(const Window& w, int dims) {
+  for (int i = 0; i < dims; ++i) {
+    if (w.kernel[i] < 1 || w.stride[i] < 1 || w.padding[i] < 0) {
+      return Invalid("window dim ", i, ": kernel ", w.kernel[i], ", stride ",
+                     w.stride[i], ", padding ", w.padding[i], " out of range");
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::StatusOr<Window> PoolWindow(const Json& attrs, int dims) {
   Window w;
   ASSIGN_OR_RETURN(w.kernel, ops_internal::SpatialAttr(attrs, "kernel", dims,
@@ -261,12 +276,8 @@ absl::StatusOr<Window> PoolWindow(const Json& attrs, int dims) {
   }
   ASSIGN_OR_RETURN(w.padding,
                    ops_internal::SpatialAttr(attrs, "padding", dims, 0));
+  RETURN_IF_ERROR(CheckWindow(w, dims));
   for (int i = 0; i < dims; ++i) {
-    if (w.kernel[i] < 1 || w.stride[i] < 1 || w.padding[i] < 0) {
-      return Invalid("window dim ", i, ": kernel ", w.kernel[i], ", stride ",
-                     w.stride[i], ", padding ", w.padding[i],
-                     " out of range");
-    }
     // PyTorch: "pad should be at most half of effective kernel size".
     if (w.padding[i] * 2 > w.kernel[i]) {
       return Invalid("padding ", w.padding[i], " is more than half the kernel ",
@@ -285,13 +296,7 @@ absl::StatusOr<Window> ConvWindow(const Json& attrs,
                    ops_internal::SpatialAttr(attrs, "stride", dims, 1));
   ASSIGN_OR_RETURN(w.padding,
                    ops_internal::SpatialAttr(attrs, "padding", dims, 0));
-  for (int i = 0; i < dims; ++i) {
-    if (w.kernel[i] < 1 || w.stride[i] < 1 || w.padding[i] < 0) {
-      return Invalid("window dim ", i, ": kernel ", w.kernel[i], ", stride ",
-                     w.stride[i], ", padding ", w.padding[i],
-                     " out of range");
-    }
-  }
+  RETURN_IF_ERROR(CheckWindow(w, dims));
   return w;
 }
 

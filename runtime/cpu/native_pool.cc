@@ -4,6 +4,7 @@
 // planes; each plane's gradient is accumulated sequentially (deterministic,
 // no two tasks write one element).
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <string>
@@ -85,101 +86,65 @@ absl::Status GlobalAvgPoolBackward(const KernelContext& ctx) {
 }
 
 // ---- adaptive_avgpool: PyTorch's bins [floor(i in / out),
-// ceil((i + 1) in / out)) per dim (aten/src/ATen/native/AdaptiveAvgPooling*).
+// ceil((i + 1) in / out)) per dim (aten/src/ATen/native/AdaptiveAvgPooling*),
+// through the element functions the CUDA backend runs too
+// (runtime/kernel_math.h): the forward sums a bin in double; the backward
+// gathers g / bin size over the bins holding each input element, in output
+// order (bins may overlap), which adds in the order of PyTorch's CPU scatter.
 
-struct Bins {
-  std::vector<int64_t> begin, end;
-};
-
-Bins AdaptiveBins(int64_t in, int64_t out) {
-  kmath::PoolAxis axis;
-  axis.in = in;
-  axis.out = out;
-  axis.adaptive = true;
-  Bins b;
-  for (int64_t i = 0; i < out; ++i) {
-    b.begin.push_back(kmath::BinBegin(axis, i));
-    b.end.push_back(kmath::BinEnd(axis, i));
+std::array<kmath::PoolAxis, 3> AdaptiveAxes(const Volume& in,
+                                            const Volume& out) {
+  const int64_t ins[3] = {in.d, in.h, in.w}, outs[3] = {out.d, out.h, out.w};
+  std::array<kmath::PoolAxis, 3> axes;
+  for (int k = 0; k < 3; ++k) {
+    axes[k].in = ins[k];
+    axes[k].out = outs[k];
+    axes[k].adaptive = true;
   }
-  return b;
+  return axes;
+}
+
+// dst[i] = element(i) for every element of dst's `planes` planes of
+// `dst_size` elements, a plane per task unit (src planes of `src_size`).
+template <typename T, typename Element>
+void ForEachPlaneElement(T* dst, int64_t planes, int64_t dst_size,
+                         int64_t src_size, Element element) {
+  ParallelFor(planes, RowGrain(std::max(src_size, dst_size)),
+              [&](int64_t p0, int64_t p1) {
+                for (int64_t i = p0 * dst_size; i < p1 * dst_size; ++i) {
+                  dst[i] = FromFloat<T>(element(i));
+                }
+              });
 }
 
 absl::Status AdaptiveAvgPool(const KernelContext& ctx) {
   RETURN_IF_ERROR(CheckOperands(ctx));
   const TensorView& x = ctx.inputs[0];
   const Volume vi = VolumeOf(x.shape), vo = VolumeOf(ctx.output.shape);
-  const Bins bd = AdaptiveBins(vi.d, vo.d), bh = AdaptiveBins(vi.h, vo.h),
-             bw = AdaptiveBins(vi.w, vo.w);
+  const std::array<kmath::PoolAxis, 3> axes = AdaptiveAxes(vi, vo);
   return DispatchFloat(x.dtype, "input 0 (x)", [&](auto tag) {
     using T = decltype(tag);
-    ParallelFor(vi.planes, RowGrain(vi.size()), [&](int64_t p0, int64_t p1) {
-      for (int64_t p = p0; p < p1; ++p) {
-        const T* in = x.as<T>() + p * vi.size();
-        T* out = ctx.output.as<T>() + p * vo.size();
-        for (int64_t od = 0; od < vo.d; ++od) {
-          for (int64_t oh = 0; oh < vo.h; ++oh) {
-            for (int64_t ow = 0; ow < vo.w; ++ow) {
-              double sum = 0.0;
-              for (int64_t id = bd.begin[od]; id < bd.end[od]; ++id) {
-                for (int64_t ih = bh.begin[oh]; ih < bh.end[oh]; ++ih) {
-                  const T* row = in + (id * vi.h + ih) * vi.w;
-                  for (int64_t iw = bw.begin[ow]; iw < bw.end[ow]; ++iw) {
-                    sum += ToFloat(row[iw]);
-                  }
-                }
-              }
-              const int64_t count = (bd.end[od] - bd.begin[od]) *
-                                    (bh.end[oh] - bh.begin[oh]) *
-                                    (bw.end[ow] - bw.begin[ow]);
-              out[(od * vo.h + oh) * vo.w + ow] = FromFloat<T>(
-                  static_cast<float>(sum / static_cast<double>(count)));
-            }
-          }
-        }
-      }
-    });
+    const T* px = x.as<T>();
+    auto load = [px](int64_t j) { return ToFloat(px[j]); };
+    ForEachPlaneElement(
+        ctx.output.as<T>(), vi.planes, vo.size(), vi.size(),
+        [&](int64_t i) { return kmath::AvgPoolAt(axes.data(), i, load); });
     return absl::OkStatus();
   });
 }
 
-// Backward: every input element of a bin gets g / bin size (bins may
-// overlap: contributions add up in output order, as PyTorch's CPU kernel).
 absl::Status AdaptiveAvgPoolBackward(const KernelContext& ctx) {
   RETURN_IF_ERROR(CheckOperands(ctx));
   const TensorView& g = ctx.inputs[0];
   const Volume vo = VolumeOf(g.shape), vi = VolumeOf(ctx.output.shape);
-  const Bins bd = AdaptiveBins(vi.d, vo.d), bh = AdaptiveBins(vi.h, vo.h),
-             bw = AdaptiveBins(vi.w, vo.w);
+  const std::array<kmath::PoolAxis, 3> axes = AdaptiveAxes(vi, vo);
   return DispatchFloat(g.dtype, "input 0 (grad)", [&](auto tag) {
     using T = decltype(tag);
-    ParallelFor(vi.planes, RowGrain(vi.size()), [&](int64_t p0, int64_t p1) {
-      std::vector<float> acc(vi.size());
-      for (int64_t p = p0; p < p1; ++p) {
-        const T* gp = g.as<T>() + p * vo.size();
-        std::fill(acc.begin(), acc.end(), 0.0f);
-        for (int64_t od = 0; od < vo.d; ++od) {
-          for (int64_t oh = 0; oh < vo.h; ++oh) {
-            for (int64_t ow = 0; ow < vo.w; ++ow) {
-              const int64_t count = (bd.end[od] - bd.begin[od]) *
-                                    (bh.end[oh] - bh.begin[oh]) *
-                                    (bw.end[ow] - bw.begin[ow]);
-              const float delta = ToFloat(gp[(od * vo.h + oh) * vo.w + ow]) /
-                                  static_cast<float>(count);
-              for (int64_t id = bd.begin[od]; id < bd.end[od]; ++id) {
-                for (int64_t ih = bh.begin[oh]; ih < bh.end[oh]; ++ih) {
-                  float* row = acc.data() + (id * vi.h + ih) * vi.w;
-                  for (int64_t iw = bw.begin[ow]; iw < bw.end[ow]; ++iw) {
-                    row[iw] += delta;
-                  }
-                }
-              }
-            }
-          }
-        }
-        T* out = ctx.output.as<T>() + p * vi.size();
-        for (int64_t i = 0; i < vi.size(); ++i) out[i] = FromFloat<T>(acc[i]);
-      }
-    });
+    const T* pg = g.as<T>();
+    auto load = [pg](int64_t j) { return ToFloat(pg[j]); };
+    ForEachPlaneElement(
+        ctx.output.as<T>(), vi.planes, vi.size(), vo.size(),
+        [&](int64_t i) { return kmath::AvgPoolGradAt(axes.data(), i, load); });
     return absl::OkStatus();
   });
 }

@@ -602,15 +602,6 @@ absl::Status RunSplit(CudaContext& cc, ConvKind kind, const ConvGeom& g,
   return RunSplit(cc, kind, g, batch - first, second, beta2, ws);
 }
 
-absl::Status ExpectInputs(const KernelContext& ctx, size_t lo, size_t hi) {
-  if (ctx.inputs.size() < lo || ctx.inputs.size() > hi) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "expected ", lo, lo == hi ? "" : absl::StrCat(" to ", hi), " inputs, got ",
-        ctx.inputs.size()));
-  }
-  return absl::OkStatus();
-}
-
 // Geometry from x's shape, the weight's shape and the output's, with the
 // node's stride/padding attrs; checks that they agree.
 absl::StatusOr<ConvGeom> Geometry(const KernelContext& ctx, int dims,

@@ -32,98 +32,13 @@ absl::StatusOr<KType> KTypeOf(DType dtype) {
   }
 }
 
-namespace {
-
-const nlohmann::json* Find(const nlohmann::json& attrs, absl::string_view name) {
-  if (!attrs.is_object()) return nullptr;
-  auto it = attrs.find(std::string(name));
-  return it == attrs.end() ? nullptr : &*it;
-}
-
-}  // namespace
-
-absl::StatusOr<int64_t> IntAttr(const nlohmann::json& attrs,
-                                absl::string_view name, int64_t def) {
-  const nlohmann::json* v = Find(attrs, name);
-  if (v == nullptr) return def;
-  if (!v->is_number_integer()) {
+absl::Status ExpectInputs(const KernelContext& ctx, size_t lo, size_t hi) {
+  if (ctx.inputs.size() < lo || ctx.inputs.size() > hi) {
     return absl::InvalidArgumentError(
-        absl::StrCat("attr '", name, "' must be an integer"));
+        absl::StrCat("expected ", lo, lo == hi ? "" : absl::StrCat(" to ", hi),
+                     " inputs, got ", ctx.inputs.size()));
   }
-  return v->get<int64_t>();
-}
-
-absl::StatusOr<double> DoubleAttr(const nlohmann::json& attrs,
-                                  absl::string_view name, double def) {
-  const nlohmann::json* v = Find(attrs, name);
-  if (v == nullptr) return def;
-  if (!v->is_number()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("attr '", name, "' must be a number"));
-  }
-  return v->get<double>();
-}
-
-absl::StatusOr<bool> BoolAttr(const nlohmann::json& attrs,
-                              absl::string_view name, bool def) {
-  const nlohmann::json* v = Find(attrs, name);
-  if (v == nullptr) return def;
-  if (!v->is_boolean()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("attr '", name, "' must be a boolean"));
-  }
-  return v->get<bool>();
-}
-
-absl::StatusOr<std::string> StringAttr(const nlohmann::json& attrs,
-                                       absl::string_view name,
-                                       absl::string_view def) {
-  const nlohmann::json* v = Find(attrs, name);
-  if (v == nullptr) return std::string(def);
-  if (!v->is_string()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("attr '", name, "' must be a string"));
-  }
-  return v->get<std::string>();
-}
-
-absl::StatusOr<std::vector<int64_t>> IntListAttr(const nlohmann::json& attrs,
-                                                 absl::string_view name) {
-  const nlohmann::json* v = Find(attrs, name);
-  if (v == nullptr || !v->is_array()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("attr '", name, "' must be a list of integers"));
-  }
-  std::vector<int64_t> out;
-  for (const auto& e : *v) {
-    if (!e.is_number_integer()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("attr '", name, "' must be a list of integers"));
-    }
-    out.push_back(e.get<int64_t>());
-  }
-  return out;
-}
-
-absl::StatusOr<std::vector<int64_t>> SpatialAttr(const nlohmann::json& attrs,
-                                                 absl::string_view name,
-                                                 int dims, int64_t def,
-                                                 bool required) {
-  const nlohmann::json* v = Find(attrs, name);
-  if (v == nullptr) {
-    if (required) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("attr '", name, "' is required"));
-    }
-    return std::vector<int64_t>(dims, def);
-  }
-  if (v->is_number_integer()) return std::vector<int64_t>(dims, v->get<int64_t>());
-  ASSIGN_OR_RETURN(std::vector<int64_t> list, IntListAttr(attrs, name));
-  if (static_cast<int>(list.size()) != dims) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "attr '", name, "' must hold ", dims, " integers, got ", list.size()));
-  }
-  return list;
+  return absl::OkStatus();
 }
 
 absl::Status LaunchStatus(cudaError_t e, absl::string_view what) {
@@ -183,15 +98,6 @@ absl::Status Zero2D(CudaContext& cc, std::byte* dst, int64_t pitch,
 namespace {
 
 #define PEBBLE_LAUNCH(call) RETURN_IF_ERROR(LaunchStatus((call), #call))
-
-absl::Status ExpectInputs(const KernelContext& ctx, size_t lo, size_t hi) {
-  if (ctx.inputs.size() < lo || ctx.inputs.size() > hi) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("expected ", lo, lo == hi ? "" : absl::StrCat(" to ", hi),
-                     " inputs, got ", ctx.inputs.size()));
-  }
-  return absl::OkStatus();
-}
 
 absl::Status ExpectSameType(const TensorView& a, const TensorView& b,
                             absl::string_view what) {

@@ -19,6 +19,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "graph/graph.h"
+#include "graph/ops/op_util.h"
 #include "runtime/cuda/cuda_kernels.h"
 #include "runtime/kernel.h"
 
@@ -66,23 +67,16 @@ void AddOwnKernels(std::map<std::string, CudaKernelFn>& table);   // cuda_ops.cc
 
 // Helpers shared by the families.
 absl::StatusOr<KType> KTypeOf(DType dtype);
-// Attributes: absent -> default; wrong JSON type -> InvalidArgument.
-absl::StatusOr<int64_t> IntAttr(const nlohmann::json& attrs,
-                                absl::string_view name, int64_t def);
-absl::StatusOr<double> DoubleAttr(const nlohmann::json& attrs,
-                                  absl::string_view name, double def);
-absl::StatusOr<bool> BoolAttr(const nlohmann::json& attrs,
-                              absl::string_view name, bool def);
-absl::StatusOr<std::string> StringAttr(const nlohmann::json& attrs,
-                                       absl::string_view name,
-                                       absl::string_view def);
-// An integer or a list of `dims` integers.
-absl::StatusOr<std::vector<int64_t>> SpatialAttr(const nlohmann::json& attrs,
-                                                 absl::string_view name,
-                                                 int dims, int64_t def,
-                                                 bool required = false);
-absl::StatusOr<std::vector<int64_t>> IntListAttr(const nlohmann::json& attrs,
-                                                 absl::string_view name);
+// InvalidArgument unless the node has lo to hi inputs.
+absl::Status ExpectInputs(const KernelContext& ctx, size_t lo, size_t hi);
+// Attributes: graph/ops/op_util.h's readers, as the CPU backend and the
+// op definitions read them.
+using ops_internal::BoolAttr;
+using ops_internal::DoubleAttr;
+using ops_internal::IntAttr;
+using ops_internal::IntListAttr;
+using ops_internal::SpatialAttr;
+using ops_internal::StringAttr;
 // On cc.stream: `height` rows of `width` bytes from src (rows `spitch`
 // bytes apart) to dst (rows `dpitch` apart), and zero bytes (the zero of
 // fp32, fp16 and bf16) into such rows. One call when the rows are
