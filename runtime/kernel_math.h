@@ -2,7 +2,8 @@
 // and the CUDA backend's device code (runtime/cuda/cuda_kernels.cu), so
 // that both compute the same thing by construction: the dropout mask
 // generator (identical bits on both backends), the windows of the pooling
-// averages and the head-split index map.
+// averages, the head-split index map and the ordering of out-of-range index
+// reports.
 //
 // Plain C++17 with no includes beyond <cstdint>: nvcc compiles it as
 // __host__ __device__ code, and the host compiler (and the tests in
@@ -194,6 +195,33 @@ PEBBLE_HOST_DEVICE inline int64_t MergedIndex(const HeadsMap& m, int64_t i) {
   const int64_t h = r % m.heads;
   const int64_t b = r / m.heads;
   return (b * m.seq + s) * m.width + m.column + h * m.head_dim + e;
+}
+
+// Note [Index fault keys]. The CUDA backend checks the indices of
+// embedding and the targets of softmax_cross_entropy on the device, where a
+// kernel cannot return an error. Each checked launch gets a tag, counting
+// from 0 in enqueue order, and every bad position p of launch `tag` lowers
+// one device word to IndexFaultKey(tag, p) with an atomic minimum. The word
+// then holds the first bad position of the first launch that had one, the
+// position the CPU backend reports, whatever the thread order; it starts at
+// kNoIndexFault.
+inline constexpr int kIndexFaultPositionBits = 40;
+inline constexpr uint64_t kNoIndexFault = ~uint64_t{0};
+// Tags and positions must stay below these (kNoIndexFault is never a key).
+inline constexpr uint64_t kIndexFaultTagLimit =
+    (uint64_t{1} << (64 - kIndexFaultPositionBits)) - 1;
+inline constexpr uint64_t kIndexFaultPositionLimit = uint64_t{1}
+                                                     << kIndexFaultPositionBits;
+
+PEBBLE_HOST_DEVICE inline uint64_t IndexFaultKey(uint64_t tag,
+                                                 uint64_t position) {
+  return (tag << kIndexFaultPositionBits) | position;
+}
+PEBBLE_HOST_DEVICE inline uint64_t IndexFaultTag(uint64_t key) {
+  return key >> kIndexFaultPositionBits;
+}
+PEBBLE_HOST_DEVICE inline uint64_t IndexFaultPosition(uint64_t key) {
+  return key & (kIndexFaultPositionLimit - 1);
 }
 
 }  // namespace pebble::kmath

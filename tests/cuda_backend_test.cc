@@ -5,15 +5,20 @@
 // With a device: gradients equal the CPU backend's within tolerance, equal
 // bitwise across policies (recomputation and offload reproduce bits),
 // measured peak equals the planned arena, the split fallback gives the
-// unsplit result, and errors are Status values naming the culprit.
+// unsplit result, and errors are Status values naming the culprit (an index
+// out of range too, though the device finds it).
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "graph/autodiff.h"
 #include "graph/models/models.h"
@@ -23,6 +28,7 @@
 #include "runtime/cpu/cpu_backend.h"
 #include "runtime/executor.h"
 #include "runtime/make_backend.h"
+#include "runtime/npy.h"
 #include "scheduler/budget.h"
 #include "scheduler/planner.h"
 #ifdef PEBBLE_HAVE_CUDA_BACKEND
@@ -248,6 +254,16 @@ TEST(CudaBackendTest, MeasuredPeakEqualsPlannedArena) {
   EXPECT_GT(run->time_s, 0);
 }
 
+// The training graph of the forward graph `nb` built, with loss "loss".
+Graph TrainingGraph(NetBuilder& nb) {
+  auto forward = nb.Build();
+  EXPECT_TRUE(forward.ok()) << forward.status();
+  if (!forward.ok()) return Graph();
+  auto g = BuildTrainingGraph(*forward, "loss");
+  EXPECT_TRUE(g.ok()) << g.status();
+  return g.ok() ? *std::move(g) : Graph();
+}
+
 // Three 3-D convolutions with the depth cases the seed models lack:
 // kernel 3 stride 1 padding 1; kernel 3 stride 2 padding 2 (padding >=
 // stride); kernel 1 stride 4 padding 1 (stride > kernel: input planes no
@@ -265,12 +281,7 @@ Graph StridedConv3d(int64_t batch) {
   const Value target = nb.Input("target", nb.type(x).shape);
   nb.MarkOutput(
       nb.Apply("mse_loss", {x, target}, nlohmann::json::object(), "loss"));
-  auto forward = nb.Build();
-  EXPECT_TRUE(forward.ok()) << forward.status();
-  if (!forward.ok()) return Graph();
-  auto g = BuildTrainingGraph(*forward, "loss");
-  EXPECT_TRUE(g.ok()) << g.status();
-  return g.ok() ? *std::move(g) : Graph();
+  return TrainingGraph(nb);
 }
 
 TEST(CudaBackendTest, SplitFallbacksGiveTheUnsplitResult) {
@@ -416,6 +427,83 @@ TEST(CudaBackendTest, ErrorsAreStatusesNamingTheCulprit) {
   EXPECT_THAT(std::string(s.message()), HasSubstr("no_such_op"));
   // Unknown events are errors, not crashes.
   EXPECT_FALSE(gpu->Wait(Stream::kCompute, 12345).ok());
+}
+
+// tokens (2, 4) -> embedding "emb" (5 rows of 3) -> cross-entropy over the
+// 3 columns against target (2, 4), with its backward (embedding_backward).
+Graph EmbeddingLoss() {
+  NetBuilder nb("embedding-loss");
+  const Value tokens = nb.Input("tokens", {2, 4}, DType::kInt64);
+  const Value e = nb.Embedding("emb", tokens, 5, 3);
+  const Value target = nb.Input("target", {2, 4}, DType::kInt64);
+  nb.MarkOutput(nb.Apply("softmax_cross_entropy", {e, target},
+                         nlohmann::json{{"axis", 2}}, "loss"));
+  return TrainingGraph(nb);
+}
+
+TEST(CudaBackendTest, OutOfRangeIndicesFailAsOnTheCpuBackend) {
+  SKIP_WITHOUT_DEVICE();
+  const Graph g = EmbeddingLoss();
+  auto plan = PlanFor(g, "baseline", PlannerOptions{}.budget_bytes);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  const std::string dir = (std::filesystem::path(::testing::TempDir()) /
+                           absl::StrCat("cuda_index_faults_", getpid()))
+                              .string();
+  std::filesystem::create_directories(dir);
+  auto write = [&](const std::string& id, std::vector<int64_t> values) {
+    NpyArray a;
+    a.shape = {2, 4};
+    a.dtype = DType::kInt64;
+    a.data.resize(values.size() * sizeof(int64_t));
+    std::memcpy(a.data.data(), values.data(), a.data.size());
+    ASSERT_TRUE(WriteNpy(dir + "/" + TensorFileName(id), a).ok());
+  };
+  ExecutorOptions options;
+  options.inputs_dir = dir;
+  auto cpu = MakeBackend("cpu");
+  ASSERT_TRUE(cpu.ok()) << cpu.status();
+  auto gpu = Cuda();
+  ASSERT_NE(gpu, nullptr);
+  struct Case {
+    std::vector<int64_t> tokens, target;
+    std::string culprit, what;
+  };
+  const std::vector<Case> cases = {
+      // Two bad tokens: the first position is reported, whatever the
+      // thread order on the device.
+      {{0, 1, 2, 3, 4, 7, 9, 0},
+       {0, 1, 2, 0, 1, 2, 0, 1},
+       "node 'emb' (op embedding)",
+       "index 7 at position 5 is outside [0, 5)"},
+      {{0, 1, 2, 3, 4, 0, 1, 2},
+       {0, 1, 3, 0, -1, 2, 0, 1},
+       "node 'loss' (op softmax_cross_entropy)",
+       "target 3 at position 2 is outside [0, 3)"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.what);
+    write("tokens", c.tokens);
+    write("target", c.target);
+    auto on_cpu = Execute(g, plan->schedule, **cpu, options);
+    auto on_gpu = Execute(g, plan->schedule, *gpu, options);
+    ASSERT_FALSE(on_cpu.ok());
+    ASSERT_FALSE(on_gpu.ok());
+    EXPECT_THAT(std::string(on_cpu.status().message()), HasSubstr(c.what));
+    EXPECT_EQ(on_gpu.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(std::string(on_gpu.status().message()), HasSubstr(c.what));
+    EXPECT_THAT(std::string(on_gpu.status().message()), HasSubstr(c.culprit));
+  }
+  // A fault is reported once: the next run with good indices succeeds, and
+  // its loss is the CPU backend's.
+  write("tokens", {0, 1, 2, 3, 4, 0, 1, 2});
+  write("target", {0, 1, 2, 0, 1, 2, 0, 1});
+  auto good_cpu = Execute(g, plan->schedule, **cpu, options);
+  auto good_gpu = Execute(g, plan->schedule, *gpu, options);
+  ASSERT_TRUE(good_cpu.ok()) << good_cpu.status();
+  ASSERT_TRUE(good_gpu.ok()) << good_gpu.status();
+  ASSERT_TRUE(good_cpu->loss.has_value() && good_gpu->loss.has_value());
+  EXPECT_NEAR(*good_gpu->loss, *good_cpu->loss, 1e-5);
+  std::filesystem::remove_all(dir);
 }
 
 TEST(CudaBackendTest, CopyStreamWaitsForEvents) {

@@ -4,7 +4,8 @@
 // kernels (kmath::AvgPoolAt, AvgPoolGradAt; the CPU backend's adaptive pool
 // runs them too) and the head-copy index map (kmath::MergedIndex) on the
 // host against the CPU backend's kernels and a scatter written out here, so
-// the device code's indexing is checked on every machine.
+// the device code's indexing is checked on every machine; and the keys that
+// order the device's index-fault reports.
 #include "runtime/kernel_math.h"
 
 #include <cmath>
@@ -12,6 +13,7 @@
 #include <cstring>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -353,6 +355,29 @@ TEST(KernelMathTest, HeadsMapMatchesSplitAndMergeHeads) {
   }
   EXPECT_EQ(scattered, FloatsOf(cpu_merged));
   EXPECT_EQ(scattered, fx);
+}
+
+// Note [Index fault keys]: keys order by launch first, then by position,
+// decode to what was encoded, and never reach the "no fault" value.
+TEST(KernelMathTest, IndexFaultKeysOrderByLaunchThenPosition) {
+  const uint64_t last_tag = kmath::kIndexFaultTagLimit - 1;
+  const uint64_t last_position = kmath::kIndexFaultPositionLimit - 1;
+  const std::vector<std::pair<uint64_t, uint64_t>> sorted = {
+      {0, 0},        {0, 1},        {0, last_position},
+      {1, 0},        {1, 7},        {2, 0},
+      {last_tag, 0}, {last_tag, 3}, {last_tag, last_position}};
+  for (size_t i = 0; i < sorted.size(); ++i) {
+    const auto [tag, position] = sorted[i];
+    const uint64_t key = kmath::IndexFaultKey(tag, position);
+    EXPECT_EQ(kmath::IndexFaultTag(key), tag);
+    EXPECT_EQ(kmath::IndexFaultPosition(key), position);
+    EXPECT_LT(key, kmath::kNoIndexFault);
+    if (i > 0) {
+      EXPECT_LT(kmath::IndexFaultKey(sorted[i - 1].first, sorted[i - 1].second),
+                key)
+          << "tag " << tag << " position " << position;
+    }
+  }
 }
 
 }  // namespace

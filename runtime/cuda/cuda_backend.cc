@@ -63,6 +63,7 @@ class CudaBackend final : public Backend {
     if (copy_ != nullptr) cudaStreamSynchronize(copy_);
     for (cudaEvent_t e : events_) cudaEventDestroy(e);
     if (scratch_ != nullptr) cudaFree(scratch_);
+    if (cc_.index_fault != nullptr) cudaFree(cc_.index_fault);
     for (const auto& [ptr, bytes] : device_allocs_) cudaFree(ptr);
     for (const auto& [ptr, bytes] : host_allocs_) cudaFreeHost(ptr);
     if (cc_.cublas != nullptr) cublasDestroy(cc_.cublas);
@@ -86,6 +87,15 @@ class CudaBackend final : public Backend {
     cc_.refuse_conv_batch_above = options_.refuse_conv_batch_above;
     cc_.refuse_conv_depth_above = options_.refuse_conv_depth_above;
     cc_.scratch = [this](int64_t bytes) { return Scratch(bytes); };
+    // The index-check word (Note [Index fault keys]): a few bytes outside
+    // the arena for the backend's lifetime, like the library handles.
+    void* fault_word = nullptr;
+    PEBBLE_CUDA_RETURN_IF_ERROR(
+        cudaMalloc(&fault_word, sizeof(cuda::IndexFault)));
+    cc_.index_fault = static_cast<cuda::IndexFault*>(fault_word);
+    PEBBLE_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(
+        cc_.index_fault, 0xff, sizeof(cuda::IndexFault), compute_));
+    PEBBLE_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(compute_));
 
     cudaDeviceProp prop{};
     PEBBLE_CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&prop, options_.device));
@@ -269,10 +279,11 @@ class CudaBackend final : public Backend {
   }
 
   absl::Status Synchronize() override {
-    // A kernel's asynchronous error surfaces here.
+    // A kernel's asynchronous error surfaces here, and so does an index
+    // out of range found by the device checks since the last call.
     PEBBLE_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(compute_));
     PEBBLE_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(copy_));
-    return absl::OkStatus();
+    return cuda::TakeIndexFault(cc_);
   }
 
   absl::StatusOr<double> ElapsedSeconds(EventId from, EventId to) const override {

@@ -831,6 +831,27 @@ __global__ void DropoutApplyKernel(const T* x, const uint8_t* mask, float scale,
   PEBBLE_GRID_LOOP(i, n) St(y, i, Ld(x, i) * (mask[i] != 0 ? scale : 0.f));
 }
 
+__global__ void CheckIndicesKernel(const int64_t* indices, int64_t n,
+                                   int64_t limit, uint64_t tag,
+                                   IndexFault* fault) {
+  PEBBLE_GRID_LOOP(i, n) {
+    const int64_t j = indices[i];
+    if (j < 0 || j >= limit) {
+      atomicMin(&fault->key,
+                static_cast<unsigned long long>(
+                    kmath::IndexFaultKey(tag, static_cast<uint64_t>(i))));
+    }
+  }
+}
+
+__global__ void CaptureIndexFault(const int64_t* indices, uint64_t tag,
+                                  IndexFault* fault) {
+  const uint64_t key = fault->key;
+  if (key != kmath::kNoIndexFault && kmath::IndexFaultTag(key) == tag) {
+    fault->value = indices[kmath::IndexFaultPosition(key)];
+  }
+}
+
 template <typename T>
 __global__ void EmbeddingKernel(const int64_t* indices, const T* weight, T* out,
                                 int64_t n, int64_t num, int64_t dim) {
@@ -1403,6 +1424,20 @@ cudaError_t LaunchDropoutApply(KType t, const void* x, const uint8_t* mask,
         static_cast<const T*>(x), mask, scale, static_cast<T*>(y), n);
     return Launched();
   });
+}
+
+cudaError_t LaunchCheckIndices(const int64_t* indices, int64_t n, int64_t limit,
+                               uint64_t tag, IndexFault* fault,
+                               cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  if (static_cast<uint64_t>(n) >= kmath::kIndexFaultPositionLimit ||
+      tag >= kmath::kIndexFaultTagLimit) {
+    return cudaErrorInvalidValue;
+  }
+  CheckIndicesKernel<<<Blocks(n), kThreads, 0, stream>>>(indices, n, limit, tag,
+                                                         fault);
+  CaptureIndexFault<<<1, 1, 0, stream>>>(indices, tag, fault);
+  return Launched();
 }
 
 cudaError_t LaunchEmbedding(KType t, const int64_t* indices, const void* weight,

@@ -227,8 +227,26 @@ cudaError_t LaunchDropoutApply(KType t, const void* x, const uint8_t* mask,
                                float scale, void* y, int64_t n,
                                cudaStream_t stream);
 
+// ---- Index checks (Note [Index fault keys] in runtime/kernel_math.h). A
+// device word the backend reads when it synchronises: `key` is
+// kmath::kNoIndexFault or the first fault's key, `value` the index found
+// there.
+struct IndexFault {
+  unsigned long long key;
+  long long value;
+};
+// For launch `tag`: lowers fault->key to IndexFaultKey(tag, i) for every
+// position i < n with indices[i] outside [0, limit), then, when the word
+// holds a position of this launch, copies that index into fault->value
+// (ordered after the minimum on `stream`, while `indices` is still valid).
+// n < kmath::kIndexFaultPositionLimit, tag < kmath::kIndexFaultTagLimit.
+cudaError_t LaunchCheckIndices(const int64_t* indices, int64_t n, int64_t limit,
+                               uint64_t tag, IndexFault* fault,
+                               cudaStream_t stream);
+
 // ---- Embedding: out[i, :] = weight[indices[i], :] for n positions of
-// `dim` elements; an index outside [0, num) yields a row of NaN.
+// `dim` elements; an index outside [0, num) yields a row of NaN (the op
+// checks its indices first with LaunchCheckIndices).
 cudaError_t LaunchEmbedding(KType t, const int64_t* indices, const void* weight,
                             void* out, int64_t n, int64_t num, int64_t dim,
                             cudaStream_t stream);

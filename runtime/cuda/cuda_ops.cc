@@ -53,6 +53,56 @@ absl::Status LaunchStatus(cudaError_t e, absl::string_view what) {
                                           cudaGetErrorName(e), ")"));
 }
 
+absl::Status CheckIndicesOnDevice(CudaContext& cc, const KernelContext& ctx,
+                                  const TensorView& indices, int64_t limit,
+                                  absl::string_view what) {
+  const int64_t n = indices.num_elements();
+  if (n == 0) return absl::OkStatus();
+  if (cc.index_checks.size() >= kmath::kIndexFaultTagLimit) {
+    // Out of tags: report what the checks so far found (TakeIndexFault
+    // waits for them), then start over.
+    RETURN_IF_ERROR(TakeIndexFault(cc));
+  }
+  if (static_cast<uint64_t>(n) >= kmath::kIndexFaultPositionLimit) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        n, " positions of ", what, ": more than the device check can report"));
+  }
+  const uint64_t tag = cc.index_checks.size();
+  RETURN_IF_ERROR(LaunchStatus(
+      LaunchCheckIndices(reinterpret_cast<const int64_t*>(indices.data), n,
+                         limit, tag, cc.index_fault, cc.stream),
+      "LaunchCheckIndices"));
+  cc.index_checks.push_back(
+      {ctx.graph->id(ctx.node), ctx.op(), std::string(what), limit});
+  return absl::OkStatus();
+}
+
+absl::Status TakeIndexFault(CudaContext& cc) {
+  if (cc.index_checks.empty()) return absl::OkStatus();
+  std::vector<CudaContext::IndexCheck> checks;
+  checks.swap(cc.index_checks);
+  IndexFault fault{};
+  PEBBLE_CUDA_RETURN_IF_ERROR(
+      cudaMemcpyAsync(&fault, cc.index_fault, sizeof(fault),
+                      cudaMemcpyDeviceToHost, cc.stream));
+  PEBBLE_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(cc.stream));
+  if (fault.key == kmath::kNoIndexFault) return absl::OkStatus();
+  PEBBLE_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(&cc.index_fault->key, 0xff,
+                                              sizeof(fault.key), cc.stream));
+  PEBBLE_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(cc.stream));
+  const uint64_t tag = kmath::IndexFaultTag(fault.key);
+  if (tag >= checks.size()) {
+    return absl::InternalError(absl::StrCat(
+        "the device reported an index fault of unknown check ", tag));
+  }
+  const CudaContext::IndexCheck& check = checks[tag];
+  return absl::InvalidArgumentError(absl::StrCat(
+      "node '", check.node, "' (op ", check.op, "): ", check.what, " ",
+      fault.value, " at position ", kmath::IndexFaultPosition(fault.key),
+      " is outside [0, ", check.limit,
+      ") (found on the device; the run's results are not valid)"));
+}
+
 absl::Status Copy2D(CudaContext& cc, std::byte* dst, int64_t dpitch,
                     const std::byte* src, int64_t spitch, int64_t width,
                     int64_t height) {
@@ -567,6 +617,7 @@ absl::Status CrossEntropyCommon(CudaContext& cc, const KernelContext& ctx,
   for (int i = axis + 1; i < logits.rank(); ++i) inner *= logits.shape[i];
   const int64_t classes = logits.shape[axis];
   ASSIGN_OR_RETURN(KType t, KTypeOf(logits.dtype));
+  RETURN_IF_ERROR(CheckIndicesOnDevice(cc, ctx, target, classes, "target"));
   const auto* tgt = reinterpret_cast<const int64_t*>(target.data);
   if (backward) {
     RETURN_IF_ERROR(ExpectSameType(ctx.output, logits, "input 0 (logits)"));
@@ -1034,6 +1085,8 @@ absl::Status Embedding(CudaContext& cc, const KernelContext& ctx) {
                      indices.ToString(), " and ", weight.ToString()));
   }
   ASSIGN_OR_RETURN(KType t, KTypeOf(weight.dtype));
+  RETURN_IF_ERROR(
+      CheckIndicesOnDevice(cc, ctx, indices, weight.shape[0], "index"));
   PEBBLE_LAUNCH(
       LaunchEmbedding(t, reinterpret_cast<const int64_t*>(indices.data),
                       weight.data, ctx.output.data, indices.num_elements(),
@@ -1055,6 +1108,8 @@ absl::Status EmbeddingBackward(CudaContext& cc, const KernelContext& ctx) {
         g.ToString(), ", ", indices.ToString(), " and ", out.ToString()));
   }
   ASSIGN_OR_RETURN(KType t, KTypeOf(g.dtype));
+  RETURN_IF_ERROR(
+      CheckIndicesOnDevice(cc, ctx, indices, out.shape[0], "index"));
   void* scratch = nullptr;
   if (const int64_t bytes =
           EmbeddingScratchBytes(t, out.shape[0], out.shape[1]);

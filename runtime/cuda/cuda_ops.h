@@ -53,6 +53,16 @@ struct CudaContext {
   std::map<std::string, ConvChoice> conv_choices;  // by configuration key
   // Depth slice counts that ran, by configuration key (cuda_dnn.cc).
   std::map<std::string, int64_t> conv_depth_parts;
+  // Index checks on the device (Note [Index fault keys] in
+  // runtime/kernel_math.h): the fault word, and what the launch of each tag
+  // checked, until the next TakeIndexFault.
+  IndexFault* index_fault = nullptr;
+  struct IndexCheck {
+    std::string node, op;
+    std::string what;  // "index", "target"
+    int64_t limit = 0;
+  };
+  std::vector<IndexCheck> index_checks;
 };
 
 using CudaKernelFn = absl::Status (*)(CudaContext& cc, const KernelContext& ctx);
@@ -87,6 +97,16 @@ absl::Status Copy2D(CudaContext& cc, std::byte* dst, int64_t dpitch,
                     int64_t height);
 absl::Status Zero2D(CudaContext& cc, std::byte* dst, int64_t pitch,
                     int64_t width, int64_t height);
+// Enqueues the check that every element of `indices` (i64) lies in
+// [0, limit); a fault is reported by TakeIndexFault, as the CPU backend
+// words it ("<what> 9 at position 2 is outside [0, 5)").
+absl::Status CheckIndicesOnDevice(CudaContext& cc, const KernelContext& ctx,
+                                  const TensorView& indices, int64_t limit,
+                                  absl::string_view what);
+// Waits for the compute stream, then returns the first fault the checks
+// since the last call found, as InvalidArgument naming the node, or OK.
+// Resets the fault word and forgets the checks either way.
+absl::Status TakeIndexFault(CudaContext& cc);
 // An InvalidArgument when the kernel launch failed (cudaErrorInvalidValue
 // from a launcher's own checks) or the launch error's Status.
 absl::Status LaunchStatus(cudaError_t e, absl::string_view what);
