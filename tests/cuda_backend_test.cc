@@ -506,6 +506,58 @@ TEST(CudaBackendTest, OutOfRangeIndicesFailAsOnTheCpuBackend) {
   std::filesystem::remove_all(dir);
 }
 
+// Products and convolutions with an empty operand, which cuBLAS and cuDNN
+// refuse: every output is the bias or zeros.
+Graph EmptyOperands() {
+  NetBuilder nb("empty-operands");
+  const nlohmann::json none = nlohmann::json::object();
+  auto in = [&](const char* id, Shape shape) { return nb.Input(id, shape); };
+  nb.MarkOutput(nb.Apply(
+      "linear", {in("x", {3, 0}), in("w", {4, 0}), in("b", {4})}, none, "y"));
+  nb.MarkOutput(nb.Apply("linear_backward_data",
+                         {in("lg", {3, 0}), in("lw", {0, 5})}, none, "ldx"));
+  nb.MarkOutput(nb.Apply("linear_backward_weight",
+                         {in("mg", {0, 4}), in("mx", {0, 5})}, none, "ldw"));
+  nb.MarkOutput(nb.Apply("matmul", {in("a", {2, 3, 0}), in("bb", {2, 0, 5})},
+                         none, "ab"));
+  nb.MarkOutput(nb.Apply(
+      "conv3d",
+      {in("cx", {1, 0, 4, 4, 4}), in("cw", {2, 0, 3, 3, 3}), in("cb", {2})},
+      {{"padding", 1}}, "cy"));
+  nb.MarkOutput(
+      nb.Apply("conv3d_backward_data",
+               {in("dy", {1, 0, 4, 4, 4}), in("dw0", {0, 2, 3, 3, 3})},
+               {{"padding", 1}, {"input_shape", {1, 2, 4, 4, 4}}}, "cdx"));
+  nb.MarkOutput(
+      nb.Apply("conv3d_backward_weight",
+               {in("ndy", {0, 2, 4, 4, 4}), in("nx", {0, 1, 4, 4, 4})},
+               {{"padding", 1}, {"kernel", 3}}, "cdw"));
+  auto g = nb.Build();
+  EXPECT_TRUE(g.ok()) << g.status();
+  return g.ok() ? *std::move(g) : Graph();
+}
+
+TEST(CudaBackendTest, EmptyOperandsGiveTheCpuBackendsBits) {
+  SKIP_WITHOUT_DEVICE();
+  const Graph g = EmptyOperands();
+  auto plan = PlanFor(g, "baseline", PlannerOptions{}.budget_bytes);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  auto cpu = MakeBackend("cpu");
+  ASSERT_TRUE(cpu.ok()) << cpu.status();
+  auto gpu = Cuda();
+  ASSERT_NE(gpu, nullptr);
+  auto on_cpu = RunPlan(g, plan->schedule, **cpu);
+  auto on_gpu = RunPlan(g, plan->schedule, *gpu);
+  ASSERT_TRUE(on_cpu.ok()) << on_cpu.status();
+  ASSERT_TRUE(on_gpu.ok()) << on_gpu.status();
+  ASSERT_EQ(on_cpu->outputs.size(), 7u);
+  ASSERT_EQ(on_gpu->outputs.size(), 7u);
+  for (size_t i = 0; i < on_cpu->outputs.size(); ++i) {
+    EXPECT_EQ(Bytes(on_gpu->outputs[i]), Bytes(on_cpu->outputs[i]))
+        << g.id(on_cpu->outputs[i].node);
+  }
+}
+
 TEST(CudaBackendTest, CopyStreamWaitsForEvents) {
   SKIP_WITHOUT_DEVICE();
   auto gpu = Cuda();

@@ -81,8 +81,12 @@ class CudaBackend final : public Backend {
     PEBBLE_CUDA_RETURN_IF_ERROR(cudnnSetStream(cc_.cudnn, compute_));
     PEBBLE_CUDA_RETURN_IF_ERROR(cublasCreate(&cc_.cublas));
     PEBBLE_CUDA_RETURN_IF_ERROR(cublasSetStream(cc_.cublas, compute_));
-    // Plain fp32 products (no TF32), as the CPU backend computes them.
-    PEBBLE_CUDA_RETURN_IF_ERROR(cublasSetMathMode(cc_.cublas, CUBLAS_DEFAULT_MATH));
+    // Plain fp32 products (no TF32), as the CPU backend computes them, and
+    // fp16/bf16 products whose split-K reductions stay in fp32.
+    PEBBLE_CUDA_RETURN_IF_ERROR(cublasSetMathMode(
+        cc_.cublas, static_cast<cublasMath_t>(
+                        CUBLAS_DEFAULT_MATH |
+                        CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION)));
     cc_.stream = compute_;
     cc_.refuse_conv_batch_above = options_.refuse_conv_batch_above;
     cc_.refuse_conv_depth_above = options_.refuse_conv_depth_above;

@@ -147,6 +147,31 @@ absl::Status CheckInt(int64_t v, absl::string_view what) {
   return absl::OkStatus();
 }
 
+// Whether cuDNN refused: cuDNN 9 answers NOT_SUPPORTED with sub-codes
+// (CUDNN_STATUS_NOT_SUPPORTED_SHAPE, ..._PADDING, ...), so the category
+// decides, not the exact value.
+bool Refused(cudnnStatus_t rc) {
+  return CUDNN_STATUS_CATEGORY(rc) == CUDNN_STATUS_NOT_SUPPORTED;
+}
+
+// cuDNN's tensor and filter descriptors hold fewer than 2^31 elements
+// (cudnnSetTensorNdDescriptorEx answers CUDNN_STATUS_NOT_SUPPORTED from
+// 2^31 on); "" when x, y and w of (g, batch) fit, else which does not.
+std::string OverDescriptorLimit(const ConvGeom& g, int64_t batch) {
+  constexpr int64_t kLimit = 0x7fffffff;
+  const int64_t x = batch * g.XSample(), y = batch * g.YSample();
+  const int64_t w = g.o * g.c * g.Prod(g.k);
+  for (const auto& [what, n] :
+       {std::pair<const char*, int64_t>{"x", x}, {"y", y}, {"w", w}}) {
+    if (n > kLimit) {
+      return absl::StrCat(
+          what, " has ", n,
+          " elements; cuDNN's descriptors hold fewer than 2^31");
+    }
+  }
+  return "";
+}
+
 absl::Status MakeDescs(const ConvGeom& g, int64_t batch, cudnnMathType_t math,
                        Descs* d) {
   ASSIGN_OR_RETURN(cudnnDataType_t dt, DnnType(g.dtype));
@@ -220,6 +245,47 @@ ConvChoice PickAlgorithm(const Perf* perf, int count, DType dtype, int64_t budge
   return c.supported ? c : PickAlgorithm(perf, count, dtype, budget, /*strict=*/false);
 }
 
+// The heuristics rank algorithms in the math type the descriptor asked for,
+// but fp32 runs the chosen one in FMA math, which may need another
+// workspace: the chosen algorithm's size is asked again in the math it will
+// run in, and the larger of the two answers is kept. A refusal here refuses
+// the choice.
+absl::Status SetWorkspaceForMath(CudaContext& cc, ConvKind kind, const Descs& d,
+                                 ConvChoice* choice) {
+  PEBBLE_CUDA_RETURN_IF_ERROR(
+      cudnnSetConvolutionMathType(d.conv.d, choice->math));
+  size_t bytes = 0;
+  cudnnStatus_t rc = CUDNN_STATUS_SUCCESS;
+  switch (kind) {
+    case ConvKind::kForward:
+      rc = cudnnGetConvolutionForwardWorkspaceSize(
+          cc.cudnn, d.x.d, d.w.d, d.conv.d, d.y.d,
+          static_cast<cudnnConvolutionFwdAlgo_t>(choice->algo), &bytes);
+      break;
+    case ConvKind::kBackwardData:
+      rc = cudnnGetConvolutionBackwardDataWorkspaceSize(
+          cc.cudnn, d.w.d, d.y.d, d.conv.d, d.x.d,
+          static_cast<cudnnConvolutionBwdDataAlgo_t>(choice->algo), &bytes);
+      break;
+    case ConvKind::kBackwardFilter:
+      rc = cudnnGetConvolutionBackwardFilterWorkspaceSize(
+          cc.cudnn, d.x.d, d.y.d, d.conv.d, d.w.d,
+          static_cast<cudnnConvolutionBwdFilterAlgo_t>(choice->algo), &bytes);
+      break;
+  }
+  if (Refused(rc)) {
+    choice->supported = false;
+    choice->why = absl::StrCat(
+        "cuDNN refused the workspace query of the chosen algorithm: ",
+        cudnnGetErrorString(rc));
+    return absl::OkStatus();
+  }
+  RETURN_IF_ERROR(PEBBLE_CUDA_STATUS(rc));
+  choice->workspace_bytes =
+      std::max(choice->workspace_bytes, static_cast<int64_t>(bytes));
+  return absl::OkStatus();
+}
+
 // The algorithm for (kind, geometry, batch) within `budget` bytes of planned
 // workspace; supported == false when cuDNN offers none.
 absl::StatusOr<ConvChoice> Choose(CudaContext& cc, ConvKind kind,
@@ -229,9 +295,19 @@ absl::StatusOr<ConvChoice> Choose(CudaContext& cc, ConvKind kind,
   if (auto it = cc.conv_choices.find(key); it != cc.conv_choices.end()) {
     return it->second;
   }
-  Descs d;
-  RETURN_IF_ERROR(MakeDescs(g, batch, RequestedMath(g.dtype), &d));
   ConvChoice choice;
+  if (choice.why = OverDescriptorLimit(g, batch); !choice.why.empty()) {
+    cc.conv_choices[key] = choice;
+    return choice;
+  }
+  Descs d;
+  if (absl::Status s = MakeDescs(g, batch, RequestedMath(g.dtype), &d);
+      !s.ok()) {
+    if (s.code() != absl::StatusCode::kUnimplemented) return s;
+    choice.why = absl::StrCat("cuDNN refused the descriptors: ", s.message());
+    cc.conv_choices[key] = choice;
+    return choice;
+  }
   cudnnStatus_t rc = CUDNN_STATUS_SUCCESS;
   int count = 0;
   switch (kind) {
@@ -263,14 +339,17 @@ absl::StatusOr<ConvChoice> Choose(CudaContext& cc, ConvKind kind,
       break;
     }
   }
-  if (rc != CUDNN_STATUS_SUCCESS && rc != CUDNN_STATUS_NOT_SUPPORTED) {
+  if (rc != CUDNN_STATUS_SUCCESS && !Refused(rc)) {
     return PEBBLE_CUDA_STATUS(rc);
   }
-  if (rc == CUDNN_STATUS_NOT_SUPPORTED) {
-    choice.why = "cuDNN's heuristics answer CUDNN_STATUS_NOT_SUPPORTED";
+  if (Refused(rc)) {
+    choice.why =
+        absl::StrCat("cuDNN's heuristics answer ", cudnnGetErrorString(rc));
   } else if (!choice.supported) {
     choice.why =
         "cuDNN offers no deterministic algorithm for this configuration";
+  } else {
+    RETURN_IF_ERROR(SetWorkspaceForMath(cc, kind, d, &choice));
   }
   cc.conv_choices[key] = choice;
   return choice;
@@ -365,7 +444,7 @@ absl::Status RunOnce(CudaContext& cc, ConvKind kind, const ConvGeom& g,
       break;
   }
   absl::Status s = PEBBLE_CUDA_STATUS(rc);
-  if (rc == CUDNN_STATUS_NOT_SUPPORTED) {
+  if (Refused(rc)) {
     *refused = true;
     ConvChoice& cached = cc.conv_choices[g.Key(kind, batch, ws.budget)];
     cached.supported = false;
@@ -602,6 +681,26 @@ absl::Status RunSplit(CudaContext& cc, ConvKind kind, const ConvGeom& g,
   return RunSplit(cc, kind, g, batch - first, second, beta2, ws);
 }
 
+// The whole convolution of a node: RunSplit over all g.n samples, after the
+// cases cuDNN's descriptors refuse (a dimension of 0): an empty output
+// needs no call, and an output summed over nothing (no samples for the
+// weight gradient, no channels) is zeros, as on the CPU backend.
+absl::Status RunConv(CudaContext& cc, ConvKind kind, const ConvGeom& g,
+                     const ConvPtrs& p, const ConvWorkspace& ws) {
+  const int64_t x = g.n * g.XSample(), y = g.n * g.YSample();
+  const int64_t w = g.o * g.c * g.Prod(g.k);
+  const int64_t out = kind == ConvKind::kForward        ? y
+                      : kind == ConvKind::kBackwardData ? x
+                                                        : w;
+  if (out == 0) return absl::OkStatus();
+  if (x == 0 || y == 0 || w == 0) {
+    PEBBLE_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(
+        p.out, 0, static_cast<size_t>(out * DTypeSize(g.dtype)), cc.stream));
+    return absl::OkStatus();
+  }
+  return RunSplit(cc, kind, g, g.n, p, 0.f, ws);
+}
+
 // Geometry from x's shape, the weight's shape and the output's, with the
 // node's stride/padding attrs; checks that they agree.
 absl::StatusOr<ConvGeom> Geometry(const KernelContext& ctx, int dims,
@@ -634,7 +733,7 @@ absl::StatusOr<ConvGeom> Geometry(const KernelContext& ctx, int dims,
     g.out[i] = y[2 + i];
     g.stride[i] = stride[i];
     g.pad[i] = pad[i];
-    if (stride[i] < 1 || pad[i] < 0 ||
+    if (stride[i] < 1 || pad[i] < 0 || g.in[i] + 2 * pad[i] < g.k[i] ||
         (g.in[i] + 2 * pad[i] - g.k[i]) / stride[i] + 1 != g.out[i]) {
       return absl::InvalidArgumentError(absl::StrCat(
           "stride ", stride[i], " and padding ", pad[i], " do not map ",
@@ -655,8 +754,8 @@ absl::Status ConvForward(CudaContext& cc, const KernelContext& ctx) {
   ASSIGN_OR_RETURN(ConvGeom g, Geometry(ctx, kDims, x.shape, w.shape,
                                         ctx.output.shape, x.dtype));
   ConvPtrs p{x.data, w.data, nullptr, ctx.output.data};
-  RETURN_IF_ERROR(RunSplit(cc, ConvKind::kForward, g, g.n, p, 0.f,
-                           {ctx.workspace_bytes, ctx.workspace, nullptr, 0}));
+  RETURN_IF_ERROR(RunConv(cc, ConvKind::kForward, g, p,
+                          {ctx.workspace_bytes, ctx.workspace, nullptr, 0}));
   if (ctx.inputs.size() == 3) {
     const TensorView& b = ctx.inputs[2];
     if (b.dtype != x.dtype || b.shape != Shape{g.o}) {
@@ -684,8 +783,8 @@ absl::Status ConvBackwardData(CudaContext& cc, const KernelContext& ctx) {
   ASSIGN_OR_RETURN(ConvGeom g, Geometry(ctx, kDims, ctx.output.shape, w.shape,
                                         dy.shape, dy.dtype));
   ConvPtrs p{nullptr, w.data, dy.data, ctx.output.data};
-  return RunSplit(cc, ConvKind::kBackwardData, g, g.n, p, 0.f,
-                  {ctx.workspace_bytes, ctx.workspace, nullptr, 0});
+  return RunConv(cc, ConvKind::kBackwardData, g, p,
+                 {ctx.workspace_bytes, ctx.workspace, nullptr, 0});
 }
 
 // convNd_backward_weight (grad, x) -> dw of the output's shape.
@@ -700,8 +799,8 @@ absl::Status ConvBackwardWeight(CudaContext& cc, const KernelContext& ctx) {
   ASSIGN_OR_RETURN(ConvGeom g, Geometry(ctx, kDims, x.shape, ctx.output.shape,
                                         dy.shape, dy.dtype));
   ConvPtrs p{x.data, nullptr, dy.data, ctx.output.data};
-  return RunSplit(cc, ConvKind::kBackwardFilter, g, g.n, p, 0.f,
-                  {ctx.workspace_bytes, ctx.workspace, nullptr, 0});
+  return RunConv(cc, ConvKind::kBackwardFilter, g, p,
+                 {ctx.workspace_bytes, ctx.workspace, nullptr, 0});
 }
 
 // ---- cuBLAS.
@@ -733,6 +832,15 @@ absl::Status RowMajorGemm(CudaContext& cc, DType dtype, bool ta, bool tb,
     RETURN_IF_ERROR(CheckInt(v, "matrix dimension"));
   }
   if (m == 0 || n == 0 || batch == 0) return absl::OkStatus();
+  if (k == 0) {  // sums over nothing: zeros (cuBLAS refuses ld < 1)
+    if (ldc != n || (batch > 1 && stride_c != m * n)) {
+      return absl::InternalError("an empty product into a strided C");
+    }
+    PEBBLE_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(
+        c, 0, static_cast<size_t>(batch * m * n * DTypeSize(dtype)),
+        cc.stream));
+    return absl::OkStatus();
+  }
   const float beta = 0.f;
   PEBBLE_CUDA_RETURN_IF_ERROR(cublasGemmStridedBatchedEx(
       cc.cublas, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N,
@@ -754,18 +862,26 @@ absl::Status SameDType(const KernelContext& ctx) {
   return absl::OkStatus();
 }
 
+// The rows of a (M.., last) tensor: the product of the leading dims.
+int64_t LeadingRows(const Shape& shape) {
+  int64_t rows = 1;
+  for (size_t i = 0; i + 1 < shape.size(); ++i) rows *= shape[i];
+  return rows;
+}
+
 // linear (x (M.., in), weight (out, in) [, bias (out)]) -> (M.., out).
 absl::Status Linear(CudaContext& cc, const KernelContext& ctx) {
   RETURN_IF_ERROR(ExpectInputs(ctx, 2, 3));
   RETURN_IF_ERROR(SameDType(ctx));
   const TensorView& x = ctx.inputs[0];
   const TensorView& w = ctx.inputs[1];
-  if (w.rank() != 2 || x.rank() < 1 || x.shape.back() != w.shape[1] ||
-      ctx.output.shape.back() != w.shape[0]) {
+  if (w.rank() != 2 || x.rank() < 1 || ctx.output.rank() != x.rank() ||
+      x.shape.back() != w.shape[1] || ctx.output.shape.back() != w.shape[0] ||
+      LeadingRows(ctx.output.shape) != LeadingRows(x.shape)) {
     return absl::InvalidArgumentError("linear: x, weight and output do not agree");
   }
   const int64_t in = w.shape[1], out = w.shape[0];
-  const int64_t m = in == 0 ? 0 : x.num_elements() / in;
+  const int64_t m = LeadingRows(x.shape);
   RETURN_IF_ERROR(RowMajorGemm(cc, x.dtype, false, true, m, out, in, 1.f, x.data, in,
                                0, w.data, in, 0, ctx.output.data, out, 0, 1));
   if (ctx.inputs.size() == 3) {
@@ -787,12 +903,13 @@ absl::Status LinearBackwardData(CudaContext& cc, const KernelContext& ctx) {
   RETURN_IF_ERROR(SameDType(ctx));
   const TensorView& g = ctx.inputs[0];
   const TensorView& w = ctx.inputs[1];
-  if (w.rank() != 2 || g.shape.back() != w.shape[0] ||
-      ctx.output.shape.back() != w.shape[1]) {
+  if (w.rank() != 2 || g.rank() < 1 || ctx.output.rank() != g.rank() ||
+      g.shape.back() != w.shape[0] || ctx.output.shape.back() != w.shape[1] ||
+      LeadingRows(ctx.output.shape) != LeadingRows(g.shape)) {
     return absl::InvalidArgumentError("linear_backward_data: shapes do not agree");
   }
   const int64_t in = w.shape[1], out = w.shape[0];
-  const int64_t m = out == 0 ? 0 : g.num_elements() / out;
+  const int64_t m = LeadingRows(g.shape);
   return RowMajorGemm(cc, g.dtype, false, false, m, in, out, 1.f, g.data, out, 0,
                       w.data, in, 0, ctx.output.data, in, 0, 1);
 }
@@ -803,12 +920,14 @@ absl::Status LinearBackwardWeight(CudaContext& cc, const KernelContext& ctx) {
   RETURN_IF_ERROR(SameDType(ctx));
   const TensorView& g = ctx.inputs[0];
   const TensorView& x = ctx.inputs[1];
-  if (ctx.output.rank() != 2 || g.shape.back() != ctx.output.shape[0] ||
-      x.shape.back() != ctx.output.shape[1]) {
+  if (ctx.output.rank() != 2 || g.rank() < 1 || x.rank() < 1 ||
+      g.shape.back() != ctx.output.shape[0] ||
+      x.shape.back() != ctx.output.shape[1] ||
+      LeadingRows(g.shape) != LeadingRows(x.shape)) {
     return absl::InvalidArgumentError("linear_backward_weight: shapes do not agree");
   }
   const int64_t out = ctx.output.shape[0], in = ctx.output.shape[1];
-  const int64_t m = out == 0 ? 0 : g.num_elements() / out;
+  const int64_t m = LeadingRows(g.shape);
   return RowMajorGemm(cc, g.dtype, true, false, out, in, m, 1.f, g.data, out, 0,
                       x.data, in, 0, ctx.output.data, in, 0, 1);
 }

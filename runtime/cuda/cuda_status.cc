@@ -36,9 +36,12 @@ absl::Status CallStatus(cudnnStatus_t e, const char* call, const char* file,
                         int line) {
   const std::string msg =
       absl::StrCat(Where(call, file, line), cudnnGetErrorString(e));
-  switch (e) {
-    case CUDNN_STATUS_ALLOC_FAILED:
-      return absl::ResourceExhaustedError(msg);
+  // cuDNN 9 codes are a category plus a sub-code (cudnn_graph.h).
+  if (e == CUDNN_STATUS_INTERNAL_ERROR_HOST_ALLOCATION_FAILED ||
+      e == CUDNN_STATUS_INTERNAL_ERROR_DEVICE_ALLOCATION_FAILED) {
+    return absl::ResourceExhaustedError(msg);
+  }
+  switch (CUDNN_STATUS_CATEGORY(e)) {
     case CUDNN_STATUS_NOT_SUPPORTED:
       return absl::UnimplementedError(msg);
     case CUDNN_STATUS_BAD_PARAM:
