@@ -2,8 +2,8 @@
 // and the CUDA backend's device code (runtime/cuda/cuda_kernels.cu), so
 // that both compute the same thing by construction: the dropout mask
 // generator (identical bits on both backends), the windows of the pooling
-// averages, the head-split index map and the ordering of out-of-range index
-// reports.
+// averages, the upsampling source indices, the head-split index map and the
+// ordering of out-of-range index reports.
 //
 // Plain C++17 with no includes beyond <cstdint>: nvcc compiles it as
 // __host__ __device__ code, and the host compiler (and the tests in
@@ -175,6 +175,103 @@ PEBBLE_HOST_DEVICE inline float AvgPoolGradAt(const PoolAxis* axes, int64_t i,
     }
   }
   return acc;
+}
+
+// Note [Upsample taps]. upsample by an integer `factor` along one axis of
+// `in` -> out = in * factor elements: output o reads inputs i0 and i1 with
+// weights l0 and l1. Source indices follow PyTorch 1.13's CPU kernels
+// (aten/src/ATen/native/UpSample.h), in float as there:
+//  - nearest: i0 = i1 = min(floor(o * scale), in - 1), scale = float(1 /
+//    factor) (nearest_idx; factors 1 and 2 are exact copies and shifts);
+//  - linear: scale = align_corners ? (in - 1) / (out - 1) (0 when out = 1)
+//    : float(1 / factor) (area_pixel_compute_scale); src = align_corners ?
+//    scale * o : max(scale * (o + 0.5) - 0.5, 0) with o + 0.5 in double
+//    (area_pixel_compute_source_index); i0 = floor(src), i1 = i0 + (i0 <
+//    in - 1), l1 = clamp(src - i0, 0, 1), l0 = 1 - l1; out == in copies.
+struct UpsampleTap {
+  int64_t i0 = 0, i1 = 0;
+  float l0 = 1.f, l1 = 0.f;
+};
+
+PEBBLE_HOST_DEVICE inline UpsampleTap UpsampleTapAt(int64_t o, int64_t in,
+                                                    int64_t factor,
+                                                    bool nearest,
+                                                    bool align_corners) {
+  const int64_t out = in * factor;
+  UpsampleTap t;
+  if (out == in) {
+    t.i0 = t.i1 = o;
+    return t;
+  }
+  if (nearest) {
+    if (out == 2 * in) {
+      t.i0 = o >> 1;
+    } else {
+      const float scale = static_cast<float>(1.0 / static_cast<double>(factor));
+      // floor of a non-negative float: truncation.
+      t.i0 = static_cast<int64_t>(static_cast<float>(o) * scale);
+      if (t.i0 > in - 1) t.i0 = in - 1;
+    }
+    t.i1 = t.i0;
+    return t;
+  }
+  float src;
+  if (align_corners) {
+    const float scale =
+        out > 1 ? static_cast<float>(in - 1) / static_cast<float>(out - 1)
+                : 0.f;
+    src = scale * static_cast<float>(o);
+  } else {
+    const float scale = static_cast<float>(1.0 / static_cast<double>(factor));
+    src = static_cast<float>(
+        static_cast<double>(scale) * (static_cast<double>(o) + 0.5) - 0.5);
+    if (src < 0.f) src = 0.f;
+  }
+  t.i0 = static_cast<int64_t>(src);
+  if (t.i0 > in - 1) t.i0 = in - 1;  // never, short of rounding; keeps reads in
+  float l1 = src - static_cast<float>(t.i0);
+  l1 = l1 < 0.f ? 0.f : (l1 > 1.f ? 1.f : l1);
+  t.i1 = t.i0 + (t.i0 < in - 1 ? 1 : 0);
+  t.l1 = l1;
+  t.l0 = 1.f - l1;
+  return t;
+}
+
+// The weight with which tap `t` reads input i (0 when it does not).
+PEBBLE_HOST_DEVICE inline float UpsampleWeight(const UpsampleTap& t,
+                                               int64_t i) {
+  return (t.i0 == i ? t.l0 : 0.f) + (t.i1 == i ? t.l1 : 0.f);
+}
+
+// The outputs that read input i: [*first, *last], empty when first > last.
+// i0 is non-decreasing in o and i is read exactly where i0 is i - 1 or i,
+// so the readers are contiguous. They lie within factor (i - 2) - 2 ..
+// factor (i + 2) + 2, which bounds the scan: src advances one input per R
+// outputs, R = factor (R = factor + (factor - 1) / (in - 1) with
+// align_corners), and input i < in - 1 is read only while i - 1 < src <
+// i + 1, by outputs strictly between (i - 1) R and (i + 1) R <= factor
+// (i + 2) - 1; the last input's range ends at out - 1. kernel_math_test
+// compares the result with a full scan.
+PEBBLE_HOST_DEVICE inline void UpsampleReaders(int64_t i, int64_t in,
+                                               int64_t factor, bool nearest,
+                                               bool align_corners,
+                                               int64_t* first, int64_t* last) {
+  const int64_t out = in * factor;
+  int64_t lo = factor * (i - 2) - 2, hi = factor * (i + 2) + 2;
+  if (lo < 0) lo = 0;
+  if (hi > out - 1) hi = out - 1;
+  *first = hi + 1;
+  *last = hi;
+  for (int64_t o = lo; o <= hi; ++o) {
+    const UpsampleTap t = UpsampleTapAt(o, in, factor, nearest, align_corners);
+    if (t.i0 == i || t.i1 == i) {
+      if (*first > hi) *first = o;
+      *last = o;
+    } else if (*first <= hi) {
+      break;  // past the contiguous readers
+    }
+  }
+  if (*first > hi) *last = *first - 1;
 }
 
 // Head split geometry (docs/operators.md, split_heads / merge_heads): the

@@ -8,6 +8,7 @@
 // order the device's index-fault reports.
 #include "runtime/kernel_math.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -355,6 +356,147 @@ TEST(KernelMathTest, HeadsMapMatchesSplitAndMergeHeads) {
   }
   EXPECT_EQ(scattered, FloatsOf(cpu_merged));
   EXPECT_EQ(scattered, fx);
+}
+
+// Note [Upsample taps]: the readers of every input are the contiguous
+// range a full scan over the outputs finds. Scales from 14 on have inputs
+// read by more than 40 outputs (the cap an earlier gather had).
+TEST(KernelMathTest, UpsampleReadersAreAFullScan) {
+  int64_t most_readers = 0;
+  for (int64_t in : {1, 2, 3, 4, 7}) {
+    for (int64_t factor : {1, 2, 3, 5, 14, 17, 19, 25}) {
+      for (int mode = 0; mode < 3; ++mode) {  // nearest, linear, aligned
+        const bool nearest = mode == 0, align = mode == 2;
+        const std::string what =
+            absl::StrCat("in ", in, " factor ", factor, " mode ", mode);
+        for (int64_t i = 0; i < in; ++i) {
+          std::vector<int64_t> readers;
+          for (int64_t o = 0; o < in * factor; ++o) {
+            const kmath::UpsampleTap t =
+                kmath::UpsampleTapAt(o, in, factor, nearest, align);
+            ASSERT_TRUE(t.i0 >= 0 && t.i0 < in && t.i1 >= 0 && t.i1 < in)
+                << what << " output " << o;
+            if (t.i0 == i || t.i1 == i) readers.push_back(o);
+          }
+          int64_t first = 0, last = 0;
+          kmath::UpsampleReaders(i, in, factor, nearest, align, &first, &last);
+          ASSERT_EQ(last - first + 1, static_cast<int64_t>(readers.size()))
+              << what << " input " << i;
+          if (!readers.empty()) {
+            EXPECT_EQ(first, readers.front()) << what << " input " << i;
+            EXPECT_EQ(last, readers.back()) << what << " input " << i;
+          }
+          most_readers =
+              std::max(most_readers, static_cast<int64_t>(readers.size()));
+        }
+      }
+    }
+  }
+  EXPECT_GT(most_readers, 40);
+}
+
+// The CUDA upsample kernels' loops (runtime/cuda/cuda_kernels.cu), run on
+// the host over the same kmath functions, against the CPU backend: the
+// forward reads the taps of each output, the backward gathers over the
+// readers of each input.
+TEST(KernelMathTest, UpsampleGathersMatchTheCpuBackend) {
+  struct Case {
+    Shape x;
+    std::vector<int64_t> scale;  // (D, H, W) factors, 1 for missing dims
+    std::string mode;
+    bool align;
+  };
+  const std::vector<Case> cases = {
+      {{1, 2, 3, 4}, {1, 2, 17}, "bilinear", false},
+      {{1, 2, 3, 4}, {1, 17, 3}, "bilinear", true},
+      {{2, 1, 3, 2}, {1, 19, 2}, "bilinear", true},
+      {{1, 1, 2, 3, 2}, {3, 2, 19}, "trilinear", false},
+      {{1, 1, 3, 2, 2}, {14, 2, 1}, "trilinear", true},
+      {{1, 2, 3, 5}, {1, 25, 3}, "nearest", false},
+      {{1, 1, 2, 2, 3}, {2, 3, 5}, "nearest", false},
+  };
+  for (const Case& c : cases) {
+    const size_t dims = c.x.size() - 2;
+    const std::string what = absl::StrCat(ShapeToString(c.x), " ", c.mode,
+                                          c.align ? " aligned" : "");
+    Json scale = Json::array();
+    for (size_t i = 3 - dims; i < 3; ++i) scale.push_back(c.scale[i]);
+    Json attrs = {{"scale", scale}, {"mode", c.mode}};
+    if (c.mode != "nearest") attrs["align_corners"] = c.align;
+    const bool nearest = c.mode == "nearest";
+    int64_t in[3] = {1, 1, 1};
+    for (size_t i = 0; i < dims; ++i) in[3 - dims + i] = c.x[2 + i];
+    const int64_t nc = c.x[0] * c.x[1];
+    const int64_t out[3] = {in[0] * c.scale[0], in[1] * c.scale[1],
+                            in[2] * c.scale[2]};
+    auto tap = [&](int d, int64_t o) {
+      return kmath::UpsampleTapAt(o, in[d], c.scale[d], nearest, c.align);
+    };
+    // Forward: UpsampleKernel.
+    const Tensor x = RandomFloats(c.x, 11);
+    const Tensor y = RunCpu("upsample", {x}, attrs);
+    const std::vector<float> fx = FloatsOf(x);
+    std::vector<float> gathered;
+    for (int64_t p = 0; p < nc; ++p) {
+      const float* xp = fx.data() + p * in[0] * in[1] * in[2];
+      auto at = [&](int64_t d, int64_t h, int64_t w) {
+        return xp[(d * in[1] + h) * in[2] + w];
+      };
+      for (int64_t od = 0; od < out[0]; ++od) {
+        for (int64_t oh = 0; oh < out[1]; ++oh) {
+          for (int64_t ow = 0; ow < out[2]; ++ow) {
+            const kmath::UpsampleTap td = tap(0, od), th = tap(1, oh),
+                                     tw = tap(2, ow);
+            auto plane = [&](int64_t d) {
+              return th.l0 * (tw.l0 * at(d, th.i0, tw.i0) +
+                              tw.l1 * at(d, th.i0, tw.i1)) +
+                     th.l1 * (tw.l0 * at(d, th.i1, tw.i0) +
+                              tw.l1 * at(d, th.i1, tw.i1));
+            };
+            gathered.push_back(td.l0 * plane(td.i0) + td.l1 * plane(td.i1));
+          }
+        }
+      }
+    }
+    ExpectClose(gathered, FloatsOf(y), what + " forward");
+    // Backward: UpsampleBackwardKernel.
+    Json bw = attrs;
+    bw["input_shape"] = c.x;
+    const Tensor g = RandomFloats(y.shape, 12);
+    const std::vector<float> fg = FloatsOf(g);
+    std::vector<float> dx;
+    for (int64_t p = 0; p < nc; ++p) {
+      const float* gp = fg.data() + p * out[0] * out[1] * out[2];
+      for (int64_t id = 0; id < in[0]; ++id) {
+        for (int64_t ih = 0; ih < in[1]; ++ih) {
+          for (int64_t iw = 0; iw < in[2]; ++iw) {
+            int64_t r[3][2];
+            const int64_t idx[3] = {id, ih, iw};
+            for (int d = 0; d < 3; ++d) {
+              kmath::UpsampleReaders(idx[d], in[d], c.scale[d], nearest,
+                                     c.align, &r[d][0], &r[d][1]);
+            }
+            float acc = 0.f;
+            for (int64_t od = r[0][0]; od <= r[0][1]; ++od) {
+              const float wd = kmath::UpsampleWeight(tap(0, od), id);
+              for (int64_t oh = r[1][0]; oh <= r[1][1]; ++oh) {
+                const float wh = kmath::UpsampleWeight(tap(1, oh), ih);
+                float row = 0.f;
+                for (int64_t ow = r[2][0]; ow <= r[2][1]; ++ow) {
+                  row += kmath::UpsampleWeight(tap(2, ow), iw) *
+                         gp[(od * out[1] + oh) * out[2] + ow];
+                }
+                acc += wd * wh * row;
+              }
+            }
+            dx.push_back(acc);
+          }
+        }
+      }
+    }
+    ExpectClose(dx, FloatsOf(RunCpu("upsample_backward", {g}, bw)),
+                what + " backward");
+  }
 }
 
 // Note [Index fault keys]: keys order by launch first, then by position,

@@ -151,76 +151,23 @@ absl::Status AdaptiveAvgPoolBackward(const KernelContext& ctx) {
 
 // ---- upsample by integer factors.
 //
-// Source indices follow PyTorch 1.13 (aten/src/ATen/native/UpSample.h),
-// computed in float as there:
-//  - nearest: src = min(floor(dst * scale), in - 1) with scale = float(1 /
-//    scale_factor) (nearest_idx; scale 1 and 2 are exact shifts);
-//  - linear: scale = align_corners ? (in - 1) / (out - 1) (0 when out = 1)
-//    : float(1 / scale_factor) (area_pixel_compute_scale; nn.Upsample with
-//    scale_factor passes the factor on, and with align_corners=True the
-//    factor is ignored); src = align_corners ? scale * dst :
-//    max(scale * (dst + 0.5) - 0.5, 0) (area_pixel_compute_source_index);
-//    i0 = floor(src), i1 = i0 + (i0 < in - 1), l1 = clamp(src - i0, 0, 1),
-//    l0 = 1 - l1; out == in copies (compute_source_index_and_lambda).
+// Source indices and weights: Note [Upsample taps] in runtime/kernel_math.h,
+// which the CUDA backend's kernels compute too.
 
 struct Axis {
   std::vector<int64_t> i0, i1;
   std::vector<float> l0, l1;
 };
 
-Axis NearestAxis(int64_t in, int64_t out, int64_t factor) {
+Axis AxisOf(int64_t in, int64_t factor, bool nearest, bool align_corners) {
   Axis a;
-  const float scale = static_cast<float>(1.0 / static_cast<double>(factor));
-  for (int64_t o = 0; o < out; ++o) {
-    int64_t i;
-    if (out == in) {
-      i = o;
-    } else if (out == 2 * in) {
-      i = o >> 1;
-    } else {
-      i = std::min(static_cast<int64_t>(std::floor(static_cast<float>(o) * scale)),
-                   in - 1);
-    }
-    a.i0.push_back(i);
-    a.i1.push_back(i);
-    a.l0.push_back(1.0f);
-    a.l1.push_back(0.0f);
-  }
-  return a;
-}
-
-Axis LinearAxis(int64_t in, int64_t out, int64_t factor, bool align_corners) {
-  Axis a;
-  float scale;
-  if (align_corners) {
-    scale = out > 1 ? static_cast<float>(in - 1) / static_cast<float>(out - 1)
-                    : 0.0f;
-  } else {
-    scale = static_cast<float>(1.0 / static_cast<double>(factor));
-  }
-  for (int64_t o = 0; o < out; ++o) {
-    if (out == in) {
-      a.i0.push_back(o);
-      a.i1.push_back(o);
-      a.l0.push_back(1.0f);
-      a.l1.push_back(0.0f);
-      continue;
-    }
-    float src;
-    if (align_corners) {
-      src = scale * static_cast<float>(o);
-    } else {
-      src = static_cast<float>(static_cast<double>(scale) *
-                                   (static_cast<double>(o) + 0.5) -
-                               0.5);
-      if (src < 0) src = 0.0f;
-    }
-    const int64_t i0 = static_cast<int64_t>(src);
-    const float l1 = std::clamp(src - static_cast<float>(i0), 0.0f, 1.0f);
-    a.i0.push_back(i0);
-    a.i1.push_back(i0 + (i0 < in - 1 ? 1 : 0));
-    a.l0.push_back(1.0f - l1);
-    a.l1.push_back(l1);
+  for (int64_t o = 0; o < in * factor; ++o) {
+    const kmath::UpsampleTap t =
+        kmath::UpsampleTapAt(o, in, factor, nearest, align_corners);
+    a.i0.push_back(t.i0);
+    a.i1.push_back(t.i1);
+    a.l0.push_back(t.l0);
+    a.l1.push_back(t.l1);
   }
   return a;
 }
@@ -243,13 +190,9 @@ absl::StatusOr<Resample> ParseResample(const KernelContext& ctx,
   r.in = VolumeOf(x);
   r.out = VolumeOf(y);
   r.nearest = mode == "nearest";
-  auto axis = [&](int64_t in, int64_t out, int64_t factor) {
-    return r.nearest ? NearestAxis(in, out, factor)
-                     : LinearAxis(in, out, factor, align);
-  };
-  r.d = axis(r.in.d, r.out.d, scale[0]);
-  r.h = axis(r.in.h, r.out.h, scale[1]);
-  r.w = axis(r.in.w, r.out.w, scale[2]);
+  r.d = AxisOf(r.in.d, scale[0], r.nearest, align);
+  r.h = AxisOf(r.in.h, scale[1], r.nearest, align);
+  r.w = AxisOf(r.in.w, scale[2], r.nearest, align);
   return r;
 }
 

@@ -23,7 +23,6 @@ constexpr int kThreads = 256;
 constexpr int kMaxChunks = 512;       // partials per channel
 constexpr int kMaxScalarChunks = 1024;
 constexpr int64_t kChunkElements = 16384;
-constexpr int kMaxUpsampleTaps = 40;  // taps per dim in the upsample gather
 
 __device__ __forceinline__ float Ld(const float* p, int64_t i) { return p[i]; }
 __device__ __forceinline__ float Ld(const __half* p, int64_t i) {
@@ -488,42 +487,11 @@ __global__ void MaxPoolBackwardKernel(Window3 w, const T* g, const T* x,
 
 // ---- Upsampling.
 
-struct Tap {
-  int64_t i0, i1;
-  float l0, l1;
-};
-
-// PyTorch's area_pixel_compute_source_index, in fp32 as its CUDA kernels.
-__device__ __forceinline__ Tap LinearTap(int64_t o, int64_t in, int64_t out,
-                                         bool align_corners) {
-  float src;
-  if (align_corners) {
-    const float ratio =
-        out > 1 ? static_cast<float>(in - 1) / static_cast<float>(out - 1) : 0.f;
-    src = ratio * static_cast<float>(o);
-  } else {
-    const float ratio = static_cast<float>(in) / static_cast<float>(out);
-    src = ratio * (static_cast<float>(o) + 0.5f) - 0.5f;
-    if (src < 0.f) src = 0.f;
-  }
-  Tap t;
-  t.i0 = static_cast<int64_t>(src);
-  if (t.i0 > in - 1) t.i0 = in - 1;
-  t.i1 = t.i0 < in - 1 ? t.i0 + 1 : t.i0;
-  t.l1 = src - static_cast<float>(t.i0);
-  t.l0 = 1.f - t.l1;
-  return t;
-}
-
-__device__ __forceinline__ Tap DimTap(const Upsample3& u, int d, int64_t o) {
-  if (u.mode == 0) {
-    Tap t;
-    t.i0 = t.i1 = o * u.in[d] / u.out[d];
-    t.l0 = 1.f;
-    t.l1 = 0.f;
-    return t;
-  }
-  return LinearTap(o, u.in[d], u.out[d], u.align_corners);
+// Output o's taps along dim d (Note [Upsample taps], the CPU backend's).
+__device__ __forceinline__ kmath::UpsampleTap DimTap(const Upsample3& u, int d,
+                                                     int64_t o) {
+  return kmath::UpsampleTapAt(o, u.in[d], u.out[d] / u.in[d], u.mode == 0,
+                              u.align_corners);
 }
 
 template <typename T>
@@ -534,7 +502,8 @@ __global__ void UpsampleKernel(Upsample3 u, const T* x, T* y) {
     const int64_t nc = i / out_plane, r = i - nc * out_plane;
     const int64_t ow = r % u.out[2], oh = (r / u.out[2]) % u.out[1],
                   od = r / (u.out[2] * u.out[1]);
-    const Tap td = DimTap(u, 0, od), th = DimTap(u, 1, oh), tw = DimTap(u, 2, ow);
+    const kmath::UpsampleTap td = DimTap(u, 0, od), th = DimTap(u, 1, oh),
+                             tw = DimTap(u, 2, ow);
     const T* p = x + nc * in_plane;
     auto at = [&](int64_t d, int64_t h, int64_t w) {
       return Ld(p, (d * u.in[1] + h) * u.in[2] + w);
@@ -547,28 +516,21 @@ __global__ void UpsampleKernel(Upsample3 u, const T* x, T* y) {
   }
 }
 
-// The outputs along dim d that read input index i, with their weights.
-__device__ int GatherTaps(const Upsample3& u, int d, int64_t i, int64_t* os,
-                          float* ws) {
-  const int64_t scale = u.out[d] / u.in[d];
-  int64_t lo = (i - 1) * scale - scale - 2, hi = (i + 1) * scale + scale + 2;
-  if (lo < 0) lo = 0;
-  if (hi > u.out[d] - 1) hi = u.out[d] - 1;
-  int n = 0;
-  for (int64_t o = lo; o <= hi && n < kMaxUpsampleTaps; ++o) {
-    const Tap t = DimTap(u, d, o);
-    float w = 0.f;
-    if (t.i0 == i) w += t.l0;
-    if (t.i1 == i) w += t.l1;
-    if (t.i0 == i || t.i1 == i) {
-      os[n] = o;
-      ws[n] = w;
-      ++n;
-    }
-  }
-  return n;
+// The outputs along dim d that read input index i (kmath::UpsampleReaders).
+struct Readers {
+  int64_t first, last;
+};
+__device__ __forceinline__ Readers DimReaders(const Upsample3& u, int d,
+                                              int64_t i) {
+  Readers r;
+  kmath::UpsampleReaders(i, u.in[d], u.out[d] / u.in[d], u.mode == 0,
+                         u.align_corners, &r.first, &r.last);
+  return r;
 }
 
+// dx[i] = sum over the outputs that read i, in output order, of the tap
+// weights times g: a gather per input element (no atomics, no cap on the
+// number of readers).
 template <typename T>
 __global__ void UpsampleBackwardKernel(Upsample3 u, const T* g, T* dx) {
   const int64_t out_plane = u.out[0] * u.out[1] * u.out[2];
@@ -577,20 +539,22 @@ __global__ void UpsampleBackwardKernel(Upsample3 u, const T* g, T* dx) {
     const int64_t nc = i / in_plane, r = i - nc * in_plane;
     const int64_t iw = r % u.in[2], ih = (r / u.in[2]) % u.in[1],
                   id = r / (u.in[2] * u.in[1]);
-    int64_t od[kMaxUpsampleTaps], oh[kMaxUpsampleTaps], ow[kMaxUpsampleTaps];
-    float wd[kMaxUpsampleTaps], wh[kMaxUpsampleTaps], ww[kMaxUpsampleTaps];
-    const int nd = GatherTaps(u, 0, id, od, wd);
-    const int nh = GatherTaps(u, 1, ih, oh, wh);
-    const int nw = GatherTaps(u, 2, iw, ow, ww);
+    const Readers rd = DimReaders(u, 0, id), rh = DimReaders(u, 1, ih),
+                  rw = DimReaders(u, 2, iw);
     const T* p = g + nc * out_plane;
     float acc = 0.f;
-    for (int a = 0; a < nd; ++a)
-      for (int b = 0; b < nh; ++b) {
+    for (int64_t od = rd.first; od <= rd.last; ++od) {
+      const float wd = kmath::UpsampleWeight(DimTap(u, 0, od), id);
+      for (int64_t oh = rh.first; oh <= rh.last; ++oh) {
+        const float wh = kmath::UpsampleWeight(DimTap(u, 1, oh), ih);
+        const int64_t base = (od * u.out[1] + oh) * u.out[2];
         float row = 0.f;
-        const int64_t base = (od[a] * u.out[1] + oh[b]) * u.out[2];
-        for (int c = 0; c < nw; ++c) row += ww[c] * Ld(p, base + ow[c]);
-        acc += wd[a] * wh[b] * row;
+        for (int64_t ow = rw.first; ow <= rw.last; ++ow) {
+          row += kmath::UpsampleWeight(DimTap(u, 2, ow), iw) * Ld(p, base + ow);
+        }
+        acc += wd * wh * row;
       }
+    }
     St(dx, i, acc);
   }
 }
@@ -1161,6 +1125,9 @@ cudaError_t LaunchUpsample(KType t, const Upsample3& u, const void* x, void* y,
                            cudaStream_t stream) {
   const int64_t n = u.nc * u.out[0] * u.out[1] * u.out[2];
   if (n == 0) return cudaSuccess;
+  for (int d = 0; d < 3; ++d) {
+    if (u.in[d] <= 0 || u.out[d] % u.in[d] != 0) return cudaErrorInvalidValue;
+  }
   return Dispatch(t, [&](auto tag) {
     using T = decltype(tag);
     UpsampleKernel<T><<<Blocks(n), kThreads, 0, stream>>>(
@@ -1174,12 +1141,7 @@ cudaError_t LaunchUpsampleBackward(KType t, const Upsample3& u, const void* g,
   const int64_t n = u.nc * u.in[0] * u.in[1] * u.in[2];
   if (n == 0) return cudaSuccess;
   for (int d = 0; d < 3; ++d) {
-    // The gather holds at most kMaxUpsampleTaps outputs per input per dim:
-    // 2 * scale + 2 of them can read one input.
-    if (u.in[d] <= 0 || u.out[d] % u.in[d] != 0 ||
-        2 * (u.out[d] / u.in[d]) + 2 > kMaxUpsampleTaps) {
-      return cudaErrorInvalidValue;
-    }
+    if (u.in[d] <= 0 || u.out[d] % u.in[d] != 0) return cudaErrorInvalidValue;
   }
   return Dispatch(t, [&](auto tag) {
     using T = decltype(tag);

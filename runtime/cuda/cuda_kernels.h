@@ -125,7 +125,9 @@ cudaError_t LaunchMaxPoolBackward(KType t, const Window3& w, const void* g,
                                   const void* x, void* dx, cudaStream_t stream);
 
 // Upsampling by integer factors: mode 0 nearest, 1 (bi/tri)linear.
-// in/out are the spatial sizes (D, H, W), with 1 for missing dims.
+// in/out are the spatial sizes (D, H, W), with 1 for missing dims; each out
+// is a multiple of its in. Source indices and weights are Note [Upsample
+// taps] in runtime/kernel_math.h, the CPU backend's.
 struct Upsample3 {
   int64_t nc = 0;
   int64_t in[3] = {1, 1, 1};
