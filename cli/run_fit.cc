@@ -206,10 +206,14 @@ int RunFit(const FitFlags& f) {
   }
 
   if (f.verify) {
-    auto backend = MakeBackend(f.backend);
-    if (!backend.ok()) return Fail(backend.status());
+    // Fail early when the backend cannot be had at all.
+    if (auto probe = MakeBackend(f.backend); !probe.ok()) return Fail(probe.status());
     for (FitRow& row : rows) {
       if (!row.value.has_value()) continue;
+      // A backend per row: its memory high-water marks (device_peak_bytes,
+      // scratch_bytes) then describe this row's run alone.
+      auto backend = MakeBackend(f.backend);
+      if (!backend.ok()) return Fail(backend.status());
       ExecutorOptions eo;
       eo.seed = f.seed;
       eo.simulator.host_bandwidth_bytes_per_s = options.host_bandwidth_bytes_per_s;

@@ -1232,7 +1232,16 @@ cudaError_t LaunchFill(KType t, void* out, int64_t n, double value,
           static_cast<__nv_bfloat16*>(out), n,
           __float2bfloat16_rn(static_cast<float>(value)));
       break;
+    default:
+      return cudaErrorInvalidValue;
   }
+  return Launched();
+}
+
+cudaError_t LaunchFillInt64(int64_t* out, int64_t n, int64_t value,
+                            cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  FillKernel<int64_t><<<Blocks(n), kThreads, 0, stream>>>(out, n, value);
   return Launched();
 }
 

@@ -163,6 +163,9 @@ cudaError_t LaunchPad(int element_bytes, const PadSpec& p, const void* in,
 // Every element = value (stored in `t`).
 cudaError_t LaunchFill(KType t, void* out, int64_t n, double value,
                        cudaStream_t stream);
+// Every element of an i64 tensor = value.
+cudaError_t LaunchFillInt64(int64_t* out, int64_t n, int64_t value,
+                            cudaStream_t stream);
 // Every element = g[0] (fp32 scalar) in `t`.
 cudaError_t LaunchBroadcastScalar(KType t, const float* g, void* out, int64_t n,
                                   cudaStream_t stream);

@@ -673,9 +673,24 @@ absl::Status SumBackward(CudaContext& cc, const KernelContext& ctx) {
 absl::Status Fill(CudaContext& cc, const KernelContext& ctx) {
   RETURN_IF_ERROR(ExpectInputs(ctx, 0, 0));
   ASSIGN_OR_RETURN(double value, DoubleAttr(ctx.attrs(), "value", 1.0));
+  const int64_t n = ctx.output.num_elements();
+  // The CPU backend's conversions of `value` for each dtype.
+  switch (ctx.output.dtype) {
+    case DType::kInt64:
+      PEBBLE_LAUNCH(LaunchFillInt64(ctx.output.as<int64_t>(), n,
+                                    static_cast<int64_t>(value), cc.stream));
+      return absl::OkStatus();
+    case DType::kUInt8:
+      if (n > 0) {
+        PEBBLE_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(
+            ctx.output.data, static_cast<uint8_t>(value), n, cc.stream));
+      }
+      return absl::OkStatus();
+    default:
+      break;
+  }
   ASSIGN_OR_RETURN(KType t, KTypeOf(ctx.output.dtype));
-  PEBBLE_LAUNCH(LaunchFill(t, ctx.output.data, ctx.output.num_elements(), value,
-                           cc.stream));
+  PEBBLE_LAUNCH(LaunchFill(t, ctx.output.data, n, value, cc.stream));
   return absl::OkStatus();
 }
 
