@@ -435,7 +435,11 @@ absl::StatusOr<ExecutionResult> Execute(const Graph& graph, const Schedule& sche
   std::vector<DeviceBuffer> host_buffers;
   std::vector<StreamEvent> ready(graph.num_nodes());         // v's data is complete
   std::vector<StreamEvent> last_compute_use(graph.num_nodes());  // read or produced v
-  std::vector<StreamEvent> last_offload(graph.num_nodes());
+  // The last copy of v's instance: an offload reads it, a prefetch writes
+  // it. A free waits for both (SPEC section 4 names only the offload; a
+  // prefetch that no compute read before the free would otherwise still be
+  // writing memory the free hands on).
+  std::vector<StreamEvent> last_copy_use(graph.num_nodes());
   StreamEvent freed_compute, freed_copy;  // the latest behind any earlier free
   int64_t held = graph.persistent_bytes(), host_held = 0;
   result.peak_bytes = held;
@@ -532,7 +536,7 @@ absl::StatusOr<ExecutionResult> Execute(const Graph& graph, const Schedule& sche
         auto end = streams.Record(Stream::kCopy);
         if (!end.ok()) return AtStep(graph, schedule, k, end.status());
         events[k] = {*start, *end};
-        last_offload[v] = *end;
+        last_copy_use[v] = *end;
         break;
       }
       case Action::kPrefetch: {
@@ -552,6 +556,7 @@ absl::StatusOr<ExecutionResult> Execute(const Graph& graph, const Schedule& sche
         if (!end.ok()) return AtStep(graph, schedule, k, end.status());
         events[k] = {*start, *end};
         ready[v] = *end;
+        last_copy_use[v] = *end;
         break;
       }
       case Action::kFree: {
@@ -560,10 +565,10 @@ absl::StatusOr<ExecutionResult> Execute(const Graph& graph, const Schedule& sche
         held -= graph.bytes(v);
         during = held;
         // Really free once every compute that read or produced v and every
-        // offload of v is done (SPEC section 4).
+        // copy of v is done (SPEC section 4, and the prefetch above).
         freed_compute = Later(freed_compute, last_compute_use[v]);
-        freed_copy = Later(freed_copy, last_offload[v]);
-        events[k] = {last_compute_use[v], last_offload[v]};  // resolved below
+        freed_copy = Later(freed_copy, last_copy_use[v]);
+        events[k] = {last_compute_use[v], last_copy_use[v]};  // resolved below
         break;
       }
     }
