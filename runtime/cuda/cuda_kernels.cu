@@ -71,7 +71,7 @@ cudaError_t Launched() { return cudaGetLastError(); }
 __device__ __forceinline__ float Unary(UnaryOp op, float v) {
   switch (op) {
     case UnaryOp::kRelu:
-      return v > 0.f ? v : 0.f;
+      return v < 0.f ? 0.f : v;  // NaN stays NaN, as oneDNN's and PyTorch's
     case UnaryOp::kTanh:
       return tanhf(v);
     case UnaryOp::kSigmoid:
@@ -143,6 +143,8 @@ __global__ void ChannelBiasKernel(T* y, const T* bias, int64_t n,
 // ---- Reductions (Note [Deterministic reductions]).
 
 // Sums Q values over the block in a fixed tree; thread 0 gets the result.
+// Every launch of a kernel that calls it (or BlockMaxF) uses kThreads
+// threads per block: the tree spans exactly kThreads slots.
 template <int Q>
 __device__ void BlockSum(double (&v)[Q]) {
   __shared__ double sh[Q][kThreads];
@@ -347,11 +349,12 @@ __device__ double PositionLoss(const T* logits, const int64_t* target,
   const T* row = logits + o * classes * inner + s;
   float mx = -INFINITY;
   for (int64_t c = 0; c < classes; ++c) mx = fmaxf(mx, Ld(row, c * inner));
-  float sum = 0.f;
+  double sum = 0.0;  // the CPU backend's: fp32 exp, fp64 sum and log
   for (int64_t c = 0; c < classes; ++c) sum += expf(Ld(row, c * inner) - mx);
   const int64_t t = target[p];
   if (t < 0 || t >= classes) return NAN;
-  return static_cast<double>(logf(sum) + mx - Ld(row, t * inner));
+  return static_cast<double>(mx) + log(sum) -
+         static_cast<double>(Ld(row, t * inner));
 }
 
 template <typename T>
@@ -384,12 +387,13 @@ __global__ void CrossEntropyBackwardKernel(const T* logits,
     float mx = -INFINITY;
     for (int64_t c = 0; c < classes; ++c)
       mx = fmaxf(mx, Ld(logits, base + c * inner));
-    float sum = 0.f;
+    double sum = 0.0;  // as the forward; the CPU backend's 1 / sum in fp32
     for (int64_t c = 0; c < classes; ++c)
       sum += expf(Ld(logits, base + c * inner) - mx);
+    const float inv = static_cast<float>(1.0 / sum);
     const int64_t t = target[p];
     for (int64_t c = 0; c < classes; ++c) {
-      const float sm = expf(Ld(logits, base + c * inner) - mx) / sum;
+      const float sm = expf(Ld(logits, base + c * inner) - mx) * inv;
       St(d, base + c * inner, (sm - (c == t ? 1.f : 0.f)) * scale);
     }
   }
@@ -417,14 +421,11 @@ __device__ int64_t WindowArgmax(const Window3& w, const T* plane, int64_t od,
         if (x < 0 || x >= w.in[2]) continue;
         const int64_t idx = (d * w.in[1] + h) * w.in[2] + x;
         const float v = Ld(plane, idx);
-        // As PyTorch: the first maximum wins, a NaN always wins.
+        // As PyTorch and the CPU backend: the first maximum wins, and every
+        // NaN takes over (so the last NaN of the window is the argmax).
         if (arg < 0 || v > best || isnan(v)) {
           best = v;
           arg = idx;
-          if (isnan(v)) {
-            *best_out = best;
-            return arg;
-          }
         }
       }
     }

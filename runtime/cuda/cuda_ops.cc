@@ -239,7 +239,9 @@ absl::Status BinaryKernel(CudaContext& cc, const KernelContext& ctx) {
   RETURN_IF_ERROR(ExpectInputs(ctx, 2, 2));
   const TensorView* big = &ctx.inputs[0];
   const TensorView* small = &ctx.inputs[1];
-  if (small->num_elements() > big->num_elements()) std::swap(big, small);
+  // The operand of the output's shape (by shape, not by element count: with
+  // a dim of 1 or 0 the broadcast operand may have as many elements).
+  if (big->shape != ctx.output.shape) std::swap(big, small);
   RETURN_IF_ERROR(ExpectSameType(ctx.output, *big, "the larger operand"));
   const Shape& bs = big->shape;
   const Shape& ss = small->shape;
