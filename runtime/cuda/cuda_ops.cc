@@ -270,6 +270,10 @@ absl::Status BatchNormStats(CudaContext& cc, const KernelContext& ctx) {
       ctx.output.shape != Shape{2, c}) {
     return absl::InvalidArgumentError("batchnorm_stats: expected x (N,C,...) and an fp32 (2,C) output");
   }
+  if (c > 0 && n * s == 0) {  // as the CPU backend: no mean of nothing
+    return absl::InvalidArgumentError(absl::StrCat(
+        "batchnorm_stats of ", x.ToString(), ": no elements per channel"));
+  }
   ASSIGN_OR_RETURN(KType t, KTypeOf(x.dtype));
   ASSIGN_OR_RETURN(double eps, DoubleAttr(ctx.attrs(), "eps", 1e-5));
   ASSIGN_OR_RETURN(void* scratch, cc.scratch(ChannelScratchBytes(c)));
