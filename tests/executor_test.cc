@@ -303,6 +303,24 @@ TEST(ExecutorTest, StreamTimesAreTheSimulatorsOnOffloadSchedules) {
   }
 }
 
+// Runs `s` on a SimBackend at kBandwidth and checks each step's [start,
+// end] against `want`, traced by hand.
+absl::StatusOr<ExecutionResult> RunHandTraced(
+    const Graph& g, const Schedule& s,
+    const std::vector<std::pair<double, double>>& want) {
+  SimBackend backend;
+  ExecutorOptions options;
+  options.simulator.host_bandwidth_bytes_per_s = kBandwidth;
+  auto r = Execute(g, s, backend, options);
+  if (!r.ok()) return r.status();
+  EXPECT_EQ(r->steps.size(), want.size());
+  for (size_t k = 0; k < want.size() && k < r->steps.size(); ++k) {
+    EXPECT_DOUBLE_EQ(r->steps[k].start_s, want[k].first) << k;
+    EXPECT_DOUBLE_EQ(r->steps[k].end_s, want[k].second) << k;
+  }
+  return r;
+}
+
 // A hand-made case whose times are traced by hand (bandwidth 25 bytes per
 // unit; a = 100 bytes takes 4 units to copy). SPEC section 4: a compute or
 // prefetch waits for every earlier free (R_k), and a free of an offloaded
@@ -320,17 +338,8 @@ TEST(ExecutorTest, HandTracedOffloadTimes) {
                                       {Action::kCompute, "b"},
                                       {Action::kPrefetch, "a"},
                                       {Action::kCompute, "c"}});
-  SimBackend backend;
-  ExecutorOptions options;
-  options.simulator.host_bandwidth_bytes_per_s = kBandwidth;
-  auto r = Execute(g, s, backend, options);
+  auto r = RunHandTraced(g, s, {{0, 1}, {1, 5}, {5, 5}, {5, 6}, {5, 9}, {9, 10}});
   ASSERT_TRUE(r.ok()) << r.status();
-  const std::vector<std::pair<double, double>> want = {{0, 1}, {1, 5}, {5, 5},
-                                                       {5, 6}, {5, 9}, {9, 10}};
-  for (size_t k = 0; k < want.size(); ++k) {
-    EXPECT_DOUBLE_EQ(r->steps[k].start_s, want[k].first) << k;
-    EXPECT_DOUBLE_EQ(r->steps[k].end_s, want[k].second) << k;
-  }
   EXPECT_DOUBLE_EQ(r->time_s, 10);
   EXPECT_DOUBLE_EQ(r->kernel_time_s, 3);
   EXPECT_DOUBLE_EQ(r->copy_time_s, 8);
@@ -352,17 +361,8 @@ TEST(ExecutorTest, AFreeWaitsForAnUnreadPrefetch) {
                                       {Action::kPrefetch, "a"},
                                       {Action::kFree, "a"},
                                       {Action::kCompute, "b"}});
-  SimBackend backend;
-  ExecutorOptions options;
-  options.simulator.host_bandwidth_bytes_per_s = kBandwidth;
-  auto r = Execute(g, s, backend, options);
+  auto r = RunHandTraced(g, s, {{0, 1}, {1, 5}, {5, 5}, {5, 9}, {9, 9}, {9, 10}});
   ASSERT_TRUE(r.ok()) << r.status();
-  const std::vector<std::pair<double, double>> want = {{0, 1}, {1, 5}, {5, 5},
-                                                       {5, 9}, {9, 9}, {9, 10}};
-  for (size_t k = 0; k < want.size(); ++k) {
-    EXPECT_DOUBLE_EQ(r->steps[k].start_s, want[k].first) << k;
-    EXPECT_DOUBLE_EQ(r->steps[k].end_s, want[k].second) << k;
-  }
   // The simulator keeps SPEC section 4's time, without that wait.
   EXPECT_DOUBLE_EQ(r->predicted.makespan, 9);
 }
