@@ -476,6 +476,17 @@ absl::StatusOr<ExecutionResult> Execute(const Graph& graph, const Schedule& sche
   ASSIGN_OR_RETURN(StreamEvent origin, streams.Record(Stream::kCompute));
   KernelContext ctx;
   ctx.graph = &graph;
+  // Runs `work` (a Backend call enqueued on `stream`) between two events,
+  // kept as step k's start and end; the end, or the error naming the step.
+  auto timed = [&](int k, Stream stream, const auto& work) -> absl::StatusOr<StreamEvent> {
+    absl::StatusOr<StreamEvent> start = streams.Record(stream);
+    if (!start.ok()) return AtStep(graph, schedule, k, start.status());
+    if (absl::Status s = work(); !s.ok()) return AtStep(graph, schedule, k, s);
+    absl::StatusOr<StreamEvent> end = streams.Record(stream);
+    if (!end.ok()) return AtStep(graph, schedule, k, end.status());
+    events[k] = {*start, *end};
+    return end;
+  };
 
   for (int k = 0; k < num_steps; ++k) {
     const Step& step = schedule.steps[k];
@@ -508,13 +519,8 @@ absl::StatusOr<ExecutionResult> Execute(const Graph& graph, const Schedule& sche
         }
         held += graph.bytes(v);
         during = held + ctx.workspace_bytes;
-        auto start = streams.Record(Stream::kCompute);
-        if (!start.ok()) return AtStep(graph, schedule, k, start.status());
-        s = backend.Compute(ctx);
-        if (!s.ok()) return AtStep(graph, schedule, k, s);
-        auto end = streams.Record(Stream::kCompute);
-        if (!end.ok()) return AtStep(graph, schedule, k, end.status());
-        events[k] = {*start, *end};
+        const auto end = timed(k, Stream::kCompute, [&] { return backend.Compute(ctx); });
+        if (!end.ok()) return end.status();
         ready[v] = *end;
         last_compute_use[v] = *end;
         for (NodeId u : graph.unique_inputs(v)) last_compute_use[u] = *end;
@@ -528,14 +534,11 @@ absl::StatusOr<ExecutionResult> Execute(const Graph& graph, const Schedule& sche
           host_counted[v] = 1;
           host_held += graph.bytes(v);
         }
-        auto start = streams.Record(Stream::kCopy);
-        if (!start.ok()) return AtStep(graph, schedule, k, start.status());
-        s = backend.Copy(CopyDirection::kDeviceToHost, host_buffers[host_index[v]].get(),
-                         address(current[v]), graph.bytes(v));
-        if (!s.ok()) return AtStep(graph, schedule, k, s);
-        auto end = streams.Record(Stream::kCopy);
-        if (!end.ok()) return AtStep(graph, schedule, k, end.status());
-        events[k] = {*start, *end};
+        const auto end = timed(k, Stream::kCopy, [&] {
+          return backend.Copy(CopyDirection::kDeviceToHost, host_buffers[host_index[v]].get(),
+                              address(current[v]), graph.bytes(v));
+        });
+        if (!end.ok()) return end.status();
         last_copy_use[v] = *end;
         break;
       }
@@ -547,14 +550,11 @@ absl::StatusOr<ExecutionResult> Execute(const Graph& graph, const Schedule& sche
         current[v] = step_output[k];
         held += graph.bytes(v);
         during = held;
-        auto start = streams.Record(Stream::kCopy);
-        if (!start.ok()) return AtStep(graph, schedule, k, start.status());
-        s = backend.Copy(CopyDirection::kHostToDevice, address(current[v]),
-                         host_buffers[host_index[v]].get(), graph.bytes(v));
-        if (!s.ok()) return AtStep(graph, schedule, k, s);
-        auto end = streams.Record(Stream::kCopy);
-        if (!end.ok()) return AtStep(graph, schedule, k, end.status());
-        events[k] = {*start, *end};
+        const auto end = timed(k, Stream::kCopy, [&] {
+          return backend.Copy(CopyDirection::kHostToDevice, address(current[v]),
+                              host_buffers[host_index[v]].get(), graph.bytes(v));
+        });
+        if (!end.ok()) return end.status();
         ready[v] = *end;
         last_copy_use[v] = *end;
         break;
