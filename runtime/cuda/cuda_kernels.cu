@@ -439,11 +439,9 @@ __global__ void MaxPoolKernel(Window3 w, const T* x, T* y) {
   const int64_t out_plane = w.out[0] * w.out[1] * w.out[2];
   const int64_t in_plane = w.in[0] * w.in[1] * w.in[2];
   PEBBLE_GRID_LOOP(i, w.nc * out_plane) {
-    const int64_t nc = i / out_plane, r = i - nc * out_plane;
-    const int64_t ow = r % w.out[2], oh = (r / w.out[2]) % w.out[1],
-                  od = r / (w.out[2] * w.out[1]);
+    const kmath::Index3 o = kmath::Unravel3(i, w.out[0], w.out[1], w.out[2]);
     float best;
-    WindowArgmax(w, x + nc * in_plane, od, oh, ow, &best);
+    WindowArgmax(w, x + o.plane * in_plane, o.d, o.h, o.w, &best);
     St(y, i, best);
   }
 }
@@ -465,13 +463,15 @@ __global__ void MaxPoolBackwardKernel(Window3 w, const T* g, const T* x,
   const int64_t out_plane = w.out[0] * w.out[1] * w.out[2];
   const int64_t in_plane = w.in[0] * w.in[1] * w.in[2];
   PEBBLE_GRID_LOOP(i, w.nc * in_plane) {
-    const int64_t nc = i / in_plane, r = i - nc * in_plane;
-    const int64_t iw = r % w.in[2], ih = (r / w.in[2]) % w.in[1],
-                  id = r / (w.in[2] * w.in[1]);
+    const kmath::Index3 in = kmath::Unravel3(i, w.in[0], w.in[1], w.in[2]);
+    const int64_t nc = in.plane, r = i - nc * in_plane;  // r: within the plane
     int64_t dlo, dhi, hlo, hhi, wlo, whi;
-    WindowRange(id, w.kernel[0], w.stride[0], w.padding[0], w.out[0], &dlo, &dhi);
-    WindowRange(ih, w.kernel[1], w.stride[1], w.padding[1], w.out[1], &hlo, &hhi);
-    WindowRange(iw, w.kernel[2], w.stride[2], w.padding[2], w.out[2], &wlo, &whi);
+    WindowRange(in.d, w.kernel[0], w.stride[0], w.padding[0], w.out[0], &dlo,
+                &dhi);
+    WindowRange(in.h, w.kernel[1], w.stride[1], w.padding[1], w.out[1], &hlo,
+                &hhi);
+    WindowRange(in.w, w.kernel[2], w.stride[2], w.padding[2], w.out[2], &wlo,
+                &whi);
     float acc = 0.f;
     const T* plane = x + nc * in_plane;
     for (int64_t od = dlo; od <= dhi; ++od)
@@ -500,12 +500,10 @@ __global__ void UpsampleKernel(Upsample3 u, const T* x, T* y) {
   const int64_t out_plane = u.out[0] * u.out[1] * u.out[2];
   const int64_t in_plane = u.in[0] * u.in[1] * u.in[2];
   PEBBLE_GRID_LOOP(i, u.nc * out_plane) {
-    const int64_t nc = i / out_plane, r = i - nc * out_plane;
-    const int64_t ow = r % u.out[2], oh = (r / u.out[2]) % u.out[1],
-                  od = r / (u.out[2] * u.out[1]);
-    const kmath::UpsampleTap td = DimTap(u, 0, od), th = DimTap(u, 1, oh),
-                             tw = DimTap(u, 2, ow);
-    const T* p = x + nc * in_plane;
+    const kmath::Index3 o = kmath::Unravel3(i, u.out[0], u.out[1], u.out[2]);
+    const kmath::UpsampleTap td = DimTap(u, 0, o.d), th = DimTap(u, 1, o.h),
+                             tw = DimTap(u, 2, o.w);
+    const T* p = x + o.plane * in_plane;
     auto at = [&](int64_t d, int64_t h, int64_t w) {
       return Ld(p, (d * u.in[1] + h) * u.in[2] + w);
     };
@@ -537,21 +535,20 @@ __global__ void UpsampleBackwardKernel(Upsample3 u, const T* g, T* dx) {
   const int64_t out_plane = u.out[0] * u.out[1] * u.out[2];
   const int64_t in_plane = u.in[0] * u.in[1] * u.in[2];
   PEBBLE_GRID_LOOP(i, u.nc * in_plane) {
-    const int64_t nc = i / in_plane, r = i - nc * in_plane;
-    const int64_t iw = r % u.in[2], ih = (r / u.in[2]) % u.in[1],
-                  id = r / (u.in[2] * u.in[1]);
-    const Readers rd = DimReaders(u, 0, id), rh = DimReaders(u, 1, ih),
-                  rw = DimReaders(u, 2, iw);
-    const T* p = g + nc * out_plane;
+    const kmath::Index3 in = kmath::Unravel3(i, u.in[0], u.in[1], u.in[2]);
+    const Readers rd = DimReaders(u, 0, in.d), rh = DimReaders(u, 1, in.h),
+                  rw = DimReaders(u, 2, in.w);
+    const T* p = g + in.plane * out_plane;
     float acc = 0.f;
     for (int64_t od = rd.first; od <= rd.last; ++od) {
-      const float wd = kmath::UpsampleWeight(DimTap(u, 0, od), id);
+      const float wd = kmath::UpsampleWeight(DimTap(u, 0, od), in.d);
       for (int64_t oh = rh.first; oh <= rh.last; ++oh) {
-        const float wh = kmath::UpsampleWeight(DimTap(u, 1, oh), ih);
+        const float wh = kmath::UpsampleWeight(DimTap(u, 1, oh), in.h);
         const int64_t base = (od * u.out[1] + oh) * u.out[2];
         float row = 0.f;
         for (int64_t ow = rw.first; ow <= rw.last; ++ow) {
-          row += kmath::UpsampleWeight(DimTap(u, 2, ow), iw) * Ld(p, base + ow);
+          row +=
+              kmath::UpsampleWeight(DimTap(u, 2, ow), in.w) * Ld(p, base + ow);
         }
         acc += wd * wh * row;
       }
@@ -1122,13 +1119,21 @@ cudaError_t LaunchMaxPoolBackward(KType t, const Window3& w, const void* g,
   });
 }
 
+namespace {
+// Whether every out is a positive multiple of its in (the kernels divide).
+bool IntegerScales(const Upsample3& u) {
+  for (int d = 0; d < 3; ++d) {
+    if (u.in[d] <= 0 || u.out[d] % u.in[d] != 0) return false;
+  }
+  return true;
+}
+}  // namespace
+
 cudaError_t LaunchUpsample(KType t, const Upsample3& u, const void* x, void* y,
                            cudaStream_t stream) {
   const int64_t n = u.nc * u.out[0] * u.out[1] * u.out[2];
   if (n == 0) return cudaSuccess;
-  for (int d = 0; d < 3; ++d) {
-    if (u.in[d] <= 0 || u.out[d] % u.in[d] != 0) return cudaErrorInvalidValue;
-  }
+  if (!IntegerScales(u)) return cudaErrorInvalidValue;
   return Dispatch(t, [&](auto tag) {
     using T = decltype(tag);
     UpsampleKernel<T><<<Blocks(n), kThreads, 0, stream>>>(
@@ -1141,9 +1146,7 @@ cudaError_t LaunchUpsampleBackward(KType t, const Upsample3& u, const void* g,
                                    void* dx, cudaStream_t stream) {
   const int64_t n = u.nc * u.in[0] * u.in[1] * u.in[2];
   if (n == 0) return cudaSuccess;
-  for (int d = 0; d < 3; ++d) {
-    if (u.in[d] <= 0 || u.out[d] % u.in[d] != 0) return cudaErrorInvalidValue;
-  }
+  if (!IntegerScales(u)) return cudaErrorInvalidValue;
   return Dispatch(t, [&](auto tag) {
     using T = decltype(tag);
     UpsampleBackwardKernel<T><<<Blocks(n), kThreads, 0, stream>>>(
