@@ -20,9 +20,16 @@ docs/models.md) runs
 fp32 everywhere with TF32 off on both sides (pebble's CUDA backend runs fp32
 convolutions in FMA math), so times compare the same arithmetic.
 
-Writes bench/results/gpu-<device>-<date>.md and exits non-zero when a pebble
-run fails for any reason other than an infeasible budget, or when a PyTorch
-case fails for any reason other than OOM.
+Writes bench/results/gpu-<device>-<date>.md (with -2, -3, ... added rather
+than replacing an earlier table of the same day) and exits non-zero when a
+pebble run fails for any reason other than an infeasible budget, or when a
+PyTorch case fails for any reason other than OOM.
+
+--device cpu runs the same cases on the CPU (`pebble run --backend cpu`,
+PyTorch on the CPU, the '+fraction' cases left out: a memory fraction is a
+CUDA allocator setting). It checks this script, its parsing and its table
+without a GPU (tests/torch/gpu_bench_smoke.py); its times and peaks compare
+nothing.
 """
 import argparse
 import datetime
@@ -59,9 +66,9 @@ def registered_policies(pebble):
     return [p for p in POLICIES if p in names]
 
 
-def run_pebble(pebble, n, policy, budget, timeout):
+def run_pebble(pebble, n, policy, budget, backend, timeout):
     cmd = [pebble, "run", "--model", f"conv3d:n={n}", "--policy", policy, "--budget",
-           budget, "--backend", "cuda", "--json"]
+           budget, "--backend", backend, "--json"]
     t0 = time.time()
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     wall = time.time() - t0
@@ -98,13 +105,17 @@ TORCH_CASE = r"""
 import json, sys, time, torch
 import torch.nn as nn
 from torch.utils.checkpoint import checkpoint
-n, mode, budget = int(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+n, mode, budget, device = int(sys.argv[1]), sys.argv[2], int(sys.argv[3]), sys.argv[4]
 torch.backends.cudnn.allow_tf32 = False
 torch.backends.cuda.matmul.allow_tf32 = False
 torch.backends.cudnn.benchmark = False
-dev = torch.device("cuda")
-total = torch.cuda.get_device_properties(dev).total_memory
+dev = torch.device(device)
+on_gpu = dev.type == "cuda"
+def sync():
+    if on_gpu:
+        torch.cuda.synchronize()
 if mode.endswith("+fraction"):
+    total = torch.cuda.get_device_properties(dev).total_memory
     torch.cuda.set_per_process_memory_fraction(min(1.0, budget / total), dev)
 torch.manual_seed(0)
 blocks = nn.ModuleList([nn.Sequential(nn.Conv3d(i, o, 3, padding=1), nn.ReLU())
@@ -122,24 +133,27 @@ def step():
     return loss
 res = {"status": "ok"}
 try:
-    step(); torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats(dev)
+    step(); sync()
+    if on_gpu:
+        torch.cuda.reset_peak_memory_stats(dev)
     times = []
     for _ in range(3):
-        torch.cuda.synchronize(); t0 = time.perf_counter()
-        step(); torch.cuda.synchronize()
+        sync(); t0 = time.perf_counter()
+        step(); sync()
         times.append(time.perf_counter() - t0)
     times.sort()
-    res.update(time_s=times[1], peak=torch.cuda.max_memory_allocated(dev),
-               reserved=torch.cuda.max_memory_reserved(dev))
+    res["time_s"] = times[1]
+    if on_gpu:
+        res.update(peak=torch.cuda.max_memory_allocated(dev),
+                   reserved=torch.cuda.max_memory_reserved(dev))
 except torch.cuda.OutOfMemoryError as e:
     res = {"status": "OOM", "note": str(e).splitlines()[0][:160]}
 print(json.dumps(res))
 """
 
 
-def run_torch(python, n, mode, budget_bytes, timeout):
-    out = subprocess.run([python, "-c", TORCH_CASE, str(n), mode, str(budget_bytes)],
+def run_torch(python, n, mode, budget_bytes, device, timeout):
+    out = subprocess.run([python, "-c", TORCH_CASE, str(n), mode, str(budget_bytes), device],
                          capture_output=True, text=True, timeout=timeout)
     row = {"system": "pytorch", "mode": mode, "n": n}
     lines = [l for l in out.stdout.splitlines() if l.startswith("{")]
@@ -154,26 +168,45 @@ def run_torch(python, n, mode, budget_bytes, timeout):
     return row, None
 
 
-def device_name(python):
+def device_name(python, device):
+    if device == "cpu":
+        return "cpu"
     out = subprocess.run([python, "-c", "import torch; print(torch.cuda.get_device_name(0))"],
                          capture_output=True, text=True)
     if out.returncode == 0 and out.stdout.strip():
         return out.stdout.strip()
-    out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
-                         capture_output=True, text=True)
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
+                             capture_output=True, text=True)
+    except OSError:
+        return "unknown-gpu"
     return out.stdout.strip().splitlines()[0] if out.returncode == 0 else "unknown-gpu"
 
 
-def to_markdown(rows, device, budget, torch_version):
-    lines = [f"# conv3d on {device}: pebble policies vs PyTorch at a {budget} budget", "",
+def torch_modes(device):
+    """PyTorch cases per N; a memory fraction exists only for CUDA's allocator."""
+    modes = ["eager", "checkpoint"]
+    return modes + [m + "+fraction" for m in modes] if device == "cuda" else modes
+
+
+def to_markdown(rows, device_label, device, budget, torch_version):
+    if device == "cuda":
+        memory = ("peak = measured peak of the executor's tensors, arena = the one cudaMalloc, "
+                  "driver = cudaMemGetInfo's used bytes after the run (CUDA context and "
+                  "libraries included). PyTorch "
+                  f"{torch_version}: median of 3 steps after a warm-up; peak = "
+                  "torch.cuda.max_memory_allocated; '+fraction' = "
+                  f"set_per_process_memory_fraction({budget} / total).")
+    else:
+        memory = ("peak = measured peak of the executor's tensors, arena = its one "
+                  f"allocation. PyTorch {torch_version} on the CPU: median of 3 steps after "
+                  "a warm-up, no memory figures. A check of the benchmark script, not a "
+                  "measurement to compare.")
+    lines = [f"# conv3d on {device_label}: pebble policies vs PyTorch at a {budget} budget",
+             "",
              f"Date: {datetime.date.today().isoformat()}. Model: `conv3d:n=N` (batch 1, fp32, "
-             "TF32 off on both sides). pebble: `pebble run --backend cuda --budget "
-             f"{budget}`, one training step; peak = measured peak of the executor's "
-             "tensors, arena = the one cudaMalloc, driver = cudaMemGetInfo's used bytes "
-             "after the run (CUDA context and libraries included). PyTorch "
-             f"{torch_version}: median of 3 steps after a warm-up; peak = "
-             "torch.cuda.max_memory_allocated; '+fraction' = "
-             f"set_per_process_memory_fraction({budget} / total).", "",
+             f"TF32 off on both sides). pebble: `pebble run --backend {device} --budget "
+             f"{budget}`, one training step; " + memory, "",
              "| N | system | policy / mode | status | peak GiB | arena / reserved GiB | "
              "driver GiB | time s | note |",
              "| ---: | --- | --- | --- | ---: | ---: | ---: | ---: | --- |"]
@@ -189,48 +222,89 @@ def to_markdown(rows, device, budget, torch_version):
     return "\n".join(lines) + "\n"
 
 
+def unused_path(directory, stem):
+    """directory/stem.md, or stem-2.md, stem-3.md, ... : never an existing file."""
+    path = os.path.join(directory, stem + ".md")
+    k = 2
+    while os.path.exists(path):
+        path = os.path.join(directory, f"{stem}-{k}.md")
+        k += 1
+    return path
+
+
+def guarded(case, what, timeout):
+    """Runs case() -> (row, failure); a timeout or a missing program becomes a failed row."""
+    try:
+        return case()
+    except subprocess.TimeoutExpired:
+        row = dict(what, status="timeout", note=f"over {timeout:g} s")
+    except OSError as e:
+        row = dict(what, status="error", note=str(e))
+    return row, f"{what['system']} {what['mode']} n={what['n']}: {row['note']}"
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--pebble", default="build-gpu/bin/pebble")
     ap.add_argument("--python", default=sys.executable, help="Python with torch (CUDA)")
     ap.add_argument("--sizes", default="128,256,384,512")
     ap.add_argument("--budget", default="8GiB")
+    ap.add_argument("--device", choices=["cuda", "cpu"], default="cuda",
+                    help="cpu: the same cases on the CPU, to check this script without a GPU")
     ap.add_argument("--output-dir", default=os.path.join(os.path.dirname(__file__), "results"))
     ap.add_argument("--timeout", type=float, default=1800, help="seconds per case")
     args = ap.parse_args()
 
-    sizes = [int(s) for s in args.sizes.split(",") if s]
-    budget_bytes = parse_size(args.budget)
-    policies = registered_policies(args.pebble)
-    device = device_name(args.python)
+    try:
+        sizes = [int(s) for s in args.sizes.split(",") if s]
+        budget_bytes = parse_size(args.budget)
+    except ValueError as e:
+        print(f"gpu_bench: {e} (--sizes takes N,N,...; --budget a size such as 8GiB)",
+              file=sys.stderr)
+        return 2
+    if not sizes or min(sizes) < 1:
+        print(f"gpu_bench: --sizes '{args.sizes}' names no positive N", file=sys.stderr)
+        return 2
+    try:
+        policies = registered_policies(args.pebble)
+    except (OSError, RuntimeError, json.JSONDecodeError) as e:
+        print(f"gpu_bench: cannot list the policies of {args.pebble}: {e}", file=sys.stderr)
+        return 2
+    if not policies:
+        print(f"gpu_bench: {args.pebble} registers none of {', '.join(POLICIES)}",
+              file=sys.stderr)
+        return 2
     tv = subprocess.run([args.python, "-c", "import torch; print(torch.__version__)"],
                         capture_output=True, text=True)
-    torch_version = tv.stdout.strip() if tv.returncode == 0 else "(not found)"
     if tv.returncode != 0:
         print("gpu_bench: PyTorch is not importable with " + args.python, file=sys.stderr)
         return 1
+    torch_version = tv.stdout.strip()
+    device_label = device_name(args.python, args.device)
 
     rows, failures = [], []
+    cases = []
     for n in sizes:
         for policy in policies:
-            row, failure = run_pebble(args.pebble, n, policy, args.budget, args.timeout)
-            rows.append(row)
-            print(json.dumps(row), flush=True)
-            if failure:
-                failures.append(failure)
-        for mode in ["eager", "checkpoint", "eager+fraction", "checkpoint+fraction"]:
-            row, failure = run_torch(args.python, n, mode, budget_bytes, args.timeout)
-            rows.append(row)
-            print(json.dumps(row), flush=True)
-            if failure:
-                failures.append(failure)
+            cases.append(({"system": "pebble", "mode": policy, "n": n},
+                          lambda n=n, p=policy: run_pebble(args.pebble, n, p, args.budget,
+                                                           args.device, args.timeout)))
+        for mode in torch_modes(args.device):
+            cases.append(({"system": "pytorch", "mode": mode, "n": n},
+                          lambda n=n, m=mode: run_torch(args.python, n, m, budget_bytes,
+                                                        args.device, args.timeout)))
+    for what, case in cases:
+        row, failure = guarded(case, what, args.timeout)
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+        if failure:
+            failures.append(failure)
 
     os.makedirs(args.output_dir, exist_ok=True)
-    slug = re.sub(r"[^A-Za-z0-9]+", "-", device).strip("-").lower()
-    path = os.path.join(args.output_dir,
-                        f"gpu-{slug}-{datetime.date.today().isoformat()}.md")
+    slug = re.sub(r"[^A-Za-z0-9]+", "-", device_label).strip("-").lower()
+    path = unused_path(args.output_dir, f"gpu-{slug}-{datetime.date.today().isoformat()}")
     with open(path, "w") as f:
-        f.write(to_markdown(rows, device, args.budget, torch_version))
+        f.write(to_markdown(rows, device_label, args.device, args.budget, torch_version))
     print(f"gpu_bench: wrote {path}")
     for failure in failures:
         print("gpu_bench: FAILED: " + failure, file=sys.stderr)

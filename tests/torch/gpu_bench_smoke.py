@@ -1,0 +1,131 @@
+#!/usr/bin/env python3
+"""Checks bench/gpu_bench.py without a GPU.
+
+    gpu_bench_smoke.py --pebble PATH
+
+The GPU benchmark's first run is on a machine with a GPU, where a bug in the
+script costs the whole run. Its --device cpu mode runs the same cases on the
+CPU backend and PyTorch's CPU device; this test runs it on conv3d:n=16 at a
+budget that baseline and best-order exceed (486 KiB peak) and the
+recomputing policies meet, and checks:
+
+  * exit 0; the exceeded plans are 'infeasible', the others 'ok' with a
+    measured peak equal to the predicted one and an arena at least that
+    large; PyTorch eager and checkpoint 'ok' with a time; no '+fraction'
+    case on the CPU; a Markdown row for every case;
+  * a second run writes a new table beside the first, which stays as it was;
+  * a pebble whose `run` fails (not for the budget) makes the script exit 1,
+    naming the policy, and still write the table;
+  * bad --sizes is a usage error (2).
+
+Exit 0 when all hold, 1 otherwise, 77 when PyTorch cannot be imported.
+"""
+
+import argparse
+import json
+import os
+import stat
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+BENCH = os.path.join(HERE, "..", "..", "bench", "gpu_bench.py")
+BUDGET = "470000B"  # below baseline's 497196-byte peak, above sqrtn's 431660
+INFEASIBLE = {"baseline", "best-order"}
+
+
+def bench(pebble, out_dir, *extra):
+    cmd = [sys.executable, BENCH, "--pebble", pebble, "--python", sys.executable,
+           "--device", "cpu", "--sizes", "16", "--budget", BUDGET, "--output-dir", out_dir,
+           "--timeout", "300", *extra]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    rows = [json.loads(l) for l in out.stdout.splitlines() if l.startswith("{")]
+    return out, rows
+
+
+def tables(out_dir):
+    return sorted(f for f in os.listdir(out_dir) if f.endswith(".md"))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--pebble", required=True)
+    args = ap.parse_args()
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        print("SKIP: PyTorch is not importable with " + sys.executable)
+        return 77
+
+    errors = []
+
+    def check(cond, what):
+        if not cond:
+            errors.append(what)
+
+    with tempfile.TemporaryDirectory() as tmp:
+        out_dir = os.path.join(tmp, "results")
+        out, rows = bench(args.pebble, out_dir)
+        check(out.returncode == 0, f"clean run exited {out.returncode}: {out.stderr.strip()}")
+        pebble_rows = [r for r in rows if r["system"] == "pebble"]
+        torch_rows = [r for r in rows if r["system"] == "pytorch"]
+        check(len(pebble_rows) >= 4, f"only {len(pebble_rows)} pebble rows")
+        for r in pebble_rows:
+            if r["mode"] in INFEASIBLE:
+                check(r["status"] == "infeasible", f"{r['mode']}: status {r['status']}")
+            else:
+                check(r["status"] == "ok", f"{r['mode']}: status {r['status']}: {r.get('note')}")
+                check(r.get("peak_equal") is True and r.get("peak") == r.get("predicted_peak"),
+                      f"{r['mode']}: measured peak {r.get('peak')} != predicted "
+                      f"{r.get('predicted_peak')}")
+                check((r.get("arena") or 0) >= (r.get("peak") or 1),
+                      f"{r['mode']}: arena {r.get('arena')} below peak {r.get('peak')}")
+        check(sorted(r["mode"] for r in torch_rows) == ["checkpoint", "eager"],
+              f"PyTorch modes {[r['mode'] for r in torch_rows]}")
+        for r in torch_rows:
+            check(r["status"] == "ok" and r.get("time_s", 0) > 0,
+                  f"PyTorch {r['mode']}: {r['status']} {r.get('note', '')}")
+        first = tables(out_dir)
+        check(len(first) == 1, f"tables after one run: {first}")
+        if len(first) == 1:
+            with open(os.path.join(out_dir, first[0])) as f:
+                text = f.read()
+            body = [l for l in text.splitlines() if l.startswith("| 16 |")]
+            check(len(body) == len(rows), f"{len(body)} table rows for {len(rows)} cases")
+
+            out2, _ = bench(args.pebble, out_dir)
+            check(out2.returncode == 0, f"second run exited {out2.returncode}")
+            second = tables(out_dir)
+            check(len(second) == 2, f"tables after two runs: {second}")
+            with open(os.path.join(out_dir, first[0])) as f:
+                check(f.read() == text, "the second run changed the first table")
+
+        # A pebble whose `run` fails for another reason than the budget.
+        broken = os.path.join(tmp, "broken-pebble")
+        with open(broken, "w") as f:
+            f.write("#!/bin/sh\n"
+                    "if [ \"$1\" = run ]; then echo 'pebble: CUDA error: planted' >&2; "
+                    "exit 3; fi\n"
+                    f"exec '{os.path.abspath(args.pebble)}' \"$@\"\n")
+        os.chmod(broken, os.stat(broken).st_mode | stat.S_IXUSR)
+        broken_dir = os.path.join(tmp, "broken")
+        out3, rows3 = bench(broken, broken_dir)
+        check(out3.returncode == 1, f"failing pebble: exit {out3.returncode}, expected 1")
+        check("FAILED: pebble run sqrtn n=16 failed: pebble: CUDA error: planted"
+              in out3.stderr, f"failing pebble: stderr lacks the policy: {out3.stderr!r}")
+        check(os.path.isdir(broken_dir) and len(tables(broken_dir)) == 1,
+              "failing pebble: no table written")
+        check(any(r["status"] == "error" for r in rows3), "failing pebble: no error row")
+
+        out4, _ = bench(args.pebble, out_dir, "--sizes", "16,x")
+        check(out4.returncode == 2, f"--sizes 16,x: exit {out4.returncode}, expected 2")
+
+    for e in errors:
+        print("FAIL: " + e)
+    print("PASS" if not errors else f"{len(errors)} check(s) failed")
+    return 1 if errors else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
