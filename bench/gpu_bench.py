@@ -189,7 +189,7 @@ def torch_modes(device):
     return modes + [m + "+fraction" for m in modes] if device == "cuda" else modes
 
 
-def to_markdown(rows, device_label, device, budget, torch_version):
+def to_markdown(rows, device_label, device, budget, torch_version, remarks=()):
     if device == "cuda":
         memory = ("peak = measured peak of the executor's tensors, arena = the one cudaMalloc, "
                   "driver = cudaMemGetInfo's used bytes after the run (CUDA context and "
@@ -219,6 +219,8 @@ def to_markdown(rows, device_label, device, budget, torch_version):
         lines.append(f"| {r['n']} | {r['system']} | {r['mode']} | {r.get('status')} | "
                      f"{gib(r.get('peak'))} | {gib(second)} | {gib(r.get('driver'))} | "
                      f"{'-' if t is None else f'{t:.3f}'} | {note.replace('|', '/')} |")
+    if remarks:
+        lines += [""] + [f"- {r}" for r in remarks]
     return "\n".join(lines) + "\n"
 
 
@@ -282,14 +284,26 @@ def main():
     torch_version = tv.stdout.strip()
     device_label = device_name(args.python, args.device)
 
-    rows, failures = [], []
+    rows, failures, remarks = [], [], []
+    torch_ok = True
+    if args.device == "cuda":
+        cu = subprocess.run([args.python, "-c",
+                             "import torch; print(torch.cuda.is_available())"],
+                            capture_output=True, text=True)
+        if cu.stdout.strip() != "True":
+            # pebble's rows still run; the table says what is missing.
+            torch_ok = False
+            remarks.append(f"PyTorch {torch_version} at {args.python} cannot use CUDA, so "
+                           "the table has no PyTorch rows; pass --python with a CUDA "
+                           "build of PyTorch")
+            failures.append(remarks[-1])
     cases = []
     for n in sizes:
         for policy in policies:
             cases.append(({"system": "pebble", "mode": policy, "n": n},
                           lambda n=n, p=policy: run_pebble(args.pebble, n, p, args.budget,
                                                            args.device, args.timeout)))
-        for mode in torch_modes(args.device):
+        for mode in torch_modes(args.device) if torch_ok else []:
             cases.append(({"system": "pytorch", "mode": mode, "n": n},
                           lambda n=n, m=mode: run_torch(args.python, n, m, budget_bytes,
                                                         args.device, args.timeout)))
@@ -304,7 +318,8 @@ def main():
     slug = re.sub(r"[^A-Za-z0-9]+", "-", device_label).strip("-").lower()
     path = unused_path(args.output_dir, f"gpu-{slug}-{datetime.date.today().isoformat()}")
     with open(path, "w") as f:
-        f.write(to_markdown(rows, device_label, args.device, args.budget, torch_version))
+        f.write(to_markdown(rows, device_label, args.device, args.budget, torch_version,
+                            remarks))
     print(f"gpu_bench: wrote {path}")
     for failure in failures:
         print("gpu_bench: FAILED: " + failure, file=sys.stderr)

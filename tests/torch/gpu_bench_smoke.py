@@ -16,7 +16,9 @@ recomputing policies meet, and checks:
   * a second run writes a new table beside the first, which stays as it was;
   * a pebble whose `run` fails (not for the budget) makes the script exit 1,
     naming the policy, and still write the table;
-  * bad --sizes is a usage error (2).
+  * bad --sizes is a usage error (2);
+  * where PyTorch cannot use CUDA, --device cuda exits 1 and says so on
+    stderr and in the table.
 
 Exit 0 when all hold, 1 otherwise, 77 when PyTorch cannot be imported.
 """
@@ -53,7 +55,7 @@ def main():
     ap.add_argument("--pebble", required=True)
     args = ap.parse_args()
     try:
-        import torch  # noqa: F401
+        import torch
     except ImportError:
         print("SKIP: PyTorch is not importable with " + sys.executable)
         return 77
@@ -120,6 +122,23 @@ def main():
 
         out4, _ = bench(args.pebble, out_dir, "--sizes", "16,x")
         check(out4.returncode == 2, f"--sizes 16,x: exit {out4.returncode}, expected 2")
+
+        if not torch.cuda.is_available():
+            # The GPU mode with a PyTorch that cannot use CUDA: pebble's rows
+            # still run (and fail here without a device); the table says why
+            # it has no PyTorch rows.
+            cuda_dir = os.path.join(tmp, "cuda")
+            out5, rows5 = bench(args.pebble, cuda_dir, "--device", "cuda")
+            check(out5.returncode == 1, f"--device cuda: exit {out5.returncode}, expected 1")
+            check(rows5 and all(r["system"] == "pebble" for r in rows5),
+                  f"--device cuda: rows {[(r['system'], r['mode']) for r in rows5]}")
+            names = tables(cuda_dir) if os.path.isdir(cuda_dir) else []
+            text = ""
+            if len(names) == 1:
+                with open(os.path.join(cuda_dir, names[0])) as f:
+                    text = f.read()
+            check("cannot use CUDA" in out5.stderr and "cannot use CUDA" in text,
+                  "--device cuda: the missing CUDA PyTorch is not named in stderr and table")
 
     for e in errors:
         print("FAIL: " + e)
