@@ -476,14 +476,26 @@ absl::StatusOr<ExecutionResult> Execute(const Graph& graph, const Schedule& sche
   ASSIGN_OR_RETURN(StreamEvent origin, streams.Record(Stream::kCompute));
   KernelContext ctx;
   ctx.graph = &graph;
+  // Step k failed: the error naming the step. The work already enqueued is
+  // drained first, so that it finishes before the arena is freed, and so that
+  // what the device found in it meanwhile (an index fault of an earlier op,
+  // docs/cuda.md) is reported with this error, not by the next run's
+  // synchronisation.
+  auto failed = [&](int k, const absl::Status& status) -> absl::Status {
+    const absl::Status at = AtStep(graph, schedule, k, status);
+    const absl::Status drained = backend.Synchronize();
+    if (drained.ok()) return at;
+    return absl::Status(at.code(), absl::StrCat(at.message(), "; the device also reported: ",
+                                                drained.message()));
+  };
   // Runs `work` (a Backend call enqueued on `stream`) between two events,
   // kept as step k's start and end; the end, or the error naming the step.
   auto timed = [&](int k, Stream stream, const auto& work) -> absl::StatusOr<StreamEvent> {
     absl::StatusOr<StreamEvent> start = streams.Record(stream);
-    if (!start.ok()) return AtStep(graph, schedule, k, start.status());
-    if (absl::Status s = work(); !s.ok()) return AtStep(graph, schedule, k, s);
+    if (!start.ok()) return failed(k, start.status());
+    if (absl::Status s = work(); !s.ok()) return failed(k, s);
     absl::StatusOr<StreamEvent> end = streams.Record(stream);
-    if (!end.ok()) return AtStep(graph, schedule, k, end.status());
+    if (!end.ok()) return failed(k, end.status());
     events[k] = {*start, *end};
     return end;
   };
@@ -501,10 +513,10 @@ absl::StatusOr<ExecutionResult> Execute(const Graph& graph, const Schedule& sche
         for (NodeId u : graph.unique_inputs(v)) {
           PEBBLE_CHECK(current[u] >= 0, "compute input not resident");
           auto s = streams.Wait(Stream::kCompute, ready[u]);
-          if (!s.ok()) return AtStep(graph, schedule, k, s);
+          if (!s.ok()) return failed(k, s);
         }
         auto s = streams.Wait(Stream::kCompute, freed_copy);  // R_k
-        if (!s.ok()) return AtStep(graph, schedule, k, s);
+        if (!s.ok()) return failed(k, s);
         ctx.node = v;
         ctx.inputs.clear();
         for (NodeId u : graph.inputs(v)) ctx.inputs.push_back(view(u, current[u]));
@@ -529,7 +541,7 @@ absl::StatusOr<ExecutionResult> Execute(const Graph& graph, const Schedule& sche
       case Action::kOffload: {
         PEBBLE_CHECK(current[v] >= 0, "offload of a tensor not resident");
         auto s = streams.Wait(Stream::kCopy, ready[v]);
-        if (!s.ok()) return AtStep(graph, schedule, k, s);
+        if (!s.ok()) return failed(k, s);
         if (!host_counted[v]) {
           host_counted[v] = 1;
           host_held += graph.bytes(v);
@@ -546,7 +558,7 @@ absl::StatusOr<ExecutionResult> Execute(const Graph& graph, const Schedule& sche
         PEBBLE_CHECK(current[v] < 0 && host_index[v] >= 0 && step_output[k] >= 0,
                      "prefetch without a host copy or a new instance");
         auto s = streams.Wait(Stream::kCopy, freed_compute);  // R_k
-        if (!s.ok()) return AtStep(graph, schedule, k, s);
+        if (!s.ok()) return failed(k, s);
         current[v] = step_output[k];
         held += graph.bytes(v);
         during = held;

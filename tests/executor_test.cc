@@ -22,6 +22,7 @@
 #include <map>
 #include <random>
 #include <set>
+#include <utility>
 
 #include <unistd.h>
 
@@ -143,9 +144,12 @@ class SimBackend final : public Backend {
     clock = std::max(clock, times_.at(event));
     return absl::OkStatus();
   }
+  // Returns, once, the error planted in device_fault: what an asynchronous
+  // device reports at its next synchronisation (CUDA's index faults).
   absl::Status Synchronize() override {
     compute_clock_ = copy_clock_ = std::max(compute_clock_, copy_clock_);
-    return absl::OkStatus();
+    ++synchronizations;
+    return std::exchange(device_fault, absl::OkStatus());
   }
   absl::StatusOr<double> ElapsedSeconds(EventId from, EventId to) const override {
     return times_.at(to) - times_.at(from);
@@ -154,6 +158,8 @@ class SimBackend final : public Backend {
 
   int device_allocations = 0;
   int waits = 0;
+  int synchronizations = 0;
+  absl::Status device_fault;
 
  private:
   double& Clock(Stream s) { return s == Stream::kCompute ? compute_clock_ : copy_clock_; }
@@ -436,6 +442,27 @@ TEST(ExecutorTest, KernelErrorNamesStepActionNodeAndOp) {
   EXPECT_EQ(r.status().code(), absl::StatusCode::kInternal);
   EXPECT_THAT(r.status().message(), HasSubstr("step 1 (compute 'b', op fails)"));
   EXPECT_THAT(r.status().message(), HasSubstr("failed on purpose"));
+}
+
+TEST(ExecutorTest, AFailedStepReportsWhatTheDeviceFoundBeforeIt) {
+  // An earlier op's fault, still unread on the device when step 1 fails: it
+  // is reported with the step's error and taken, not left to the next run.
+  NodeSpec b = Vec("b", 4, {"a"});
+  b.op = "fails";
+  const Graph g = MakeGraph({Vec("x", 4, {}, 0, true), Vec("a", 4, {"x"}), b}, {"b"});
+  SimBackend backend;
+  backend.device_fault = absl::InvalidArgumentError("node 'a' (op vec): index 7 is outside");
+  auto r = Execute(g, BaselineSchedule(g), backend);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInternal);
+  EXPECT_THAT(r.status().message(),
+              HasSubstr("step 1 (compute 'b', op fails): the kernel failed on purpose; the "
+                        "device also reported: node 'a' (op vec): index 7 is outside"));
+  EXPECT_EQ(backend.synchronizations, 1);
+
+  const Graph clean = MakeGraph({Vec("x", 4, {}, 0, true), Vec("a", 4, {"x"})}, {"a"});
+  auto next = Execute(clean, BaselineSchedule(clean), backend);
+  EXPECT_TRUE(next.ok()) << next.status();
 }
 
 TEST(ExecutorTest, GivenLayoutIsVerifiedBeforeAllocating) {
