@@ -31,6 +31,7 @@
 #include "runtime/npy.h"
 #include "scheduler/budget.h"
 #include "scheduler/planner.h"
+#include "tests/test_util.h"
 #ifdef PEBBLE_HAVE_CUDA_BACKEND
 #include "runtime/cuda/cuda_backend.h"
 #endif
@@ -39,6 +40,7 @@ namespace pebble {
 namespace {
 
 using ::testing::HasSubstr;
+using ::pebble::testing::TrainingGraph;
 
 // Whether a device is present, and why not.
 bool HasDevice(std::string* why) {
@@ -255,16 +257,6 @@ TEST(CudaBackendTest, MeasuredPeakEqualsPlannedArena) {
   ASSERT_TRUE(run->loss.has_value());
   EXPECT_TRUE(std::isfinite(*run->loss));
   EXPECT_GT(run->time_s, 0);
-}
-
-// The training graph of the forward graph `nb` built, with loss "loss".
-Graph TrainingGraph(NetBuilder& nb) {
-  auto forward = nb.Build();
-  EXPECT_TRUE(forward.ok()) << forward.status();
-  if (!forward.ok()) return Graph();
-  auto g = BuildTrainingGraph(*forward, "loss");
-  EXPECT_TRUE(g.ok()) << g.status();
-  return g.ok() ? *std::move(g) : Graph();
 }
 
 // Three 3-D convolutions with the depth cases the seed models lack:

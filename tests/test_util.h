@@ -8,7 +8,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "graph/autodiff.h"
 #include "graph/graph.h"
+#include "graph/net_builder.h"
 #include "scheduler/schedule.h"
 
 namespace pebble::testing {
@@ -41,6 +43,17 @@ inline Graph MakeGraph(std::vector<NodeSpec> nodes, std::vector<std::string> out
   for (NodeSpec& s : nodes) b.AddNode(std::move(s));
   for (std::string& o : outputs) b.AddOutput(std::move(o));
   auto g = b.Build();
+  EXPECT_TRUE(g.ok()) << g.status();
+  return g.ok() ? *std::move(g) : Graph();
+}
+
+// The training graph of the forward graph `nb` built, with loss "loss", or
+// fails the test.
+inline Graph TrainingGraph(const NetBuilder& nb) {
+  auto forward = nb.Build();
+  EXPECT_TRUE(forward.ok()) << forward.status();
+  if (!forward.ok()) return Graph();
+  auto g = BuildTrainingGraph(*forward, "loss");
   EXPECT_TRUE(g.ok()) << g.status();
   return g.ok() ? *std::move(g) : Graph();
 }

@@ -7,6 +7,9 @@
 // in index order. No atomics, so a recomputed tensor has the same bits as
 // the first computation (the tests compare gradients across policies
 // bitwise).
+#ifdef PEBBLE_CUDA_EMULATION
+#include "runtime/cuda/emu/cuda_emu.h"  // first: it redefines the keywords
+#endif
 #include "runtime/cuda/cuda_kernels.h"
 
 #include <cuda_bf16.h>
@@ -15,6 +18,19 @@
 
 #include <cmath>
 #include <cstdint>
+
+// PEBBLE_KERNEL_LAUNCH(grid, block, stream, Kernel<T>)(args...) is
+// Kernel<T><<<grid, block, 0, stream>>>(args...), or its host emulation in
+// the emulated build (runtime/cuda/emu/cuda_emu.h). The kernel comes last,
+// as its template arguments may hold commas.
+#ifdef PEBBLE_CUDA_EMULATION
+#define PEBBLE_KERNEL_LAUNCH(grid, block, stream, ...)                \
+  ::pebble::cuda::emu::Launch((grid), (block), (stream), __VA_ARGS__, \
+                              #__VA_ARGS__)
+#else
+#define PEBBLE_KERNEL_LAUNCH(grid, block, stream, ...) \
+  __VA_ARGS__<<<(grid), (block), 0, (stream)>>>
+#endif
 
 namespace pebble::cuda {
 namespace {
@@ -150,7 +166,7 @@ __device__ void BlockSum(double (&v)[Q]) {
   __shared__ double sh[Q][kThreads];
   for (int q = 0; q < Q; ++q) sh[q][threadIdx.x] = v[q];
   __syncthreads();
-  for (int s = kThreads / 2; s > 0; s >>= 1) {
+  for (unsigned s = kThreads / 2; s > 0; s >>= 1) {
     if (threadIdx.x < s) {
       for (int q = 0; q < Q; ++q) sh[q][threadIdx.x] += sh[q][threadIdx.x + s];
     }
@@ -248,10 +264,10 @@ cudaError_t ChannelSums(const T* x, const T* g, const float* stats,
   double* partials = static_cast<double*>(scratch);
   *sums = partials + channels * kMaxChunks * 2;
   dim3 grid(static_cast<unsigned>(channels), static_cast<unsigned>(chunks));
-  ChannelPartials<T, M><<<grid, kThreads, 0, stream>>>(
-      x, g, stats, outer, channels, inner, chunks, partials);
-  ChannelFinish<<<Blocks(channels), kThreads, 0, stream>>>(partials, channels,
-                                                            chunks, *sums);
+  PEBBLE_KERNEL_LAUNCH(grid, kThreads, stream, ChannelPartials<T, M>)
+  (x, g, stats, outer, channels, inner, chunks, partials);
+  PEBBLE_KERNEL_LAUNCH(Blocks(channels), kThreads, stream, ChannelFinish)
+  (partials, channels, chunks, *sums);
   return Launched();
 }
 
@@ -328,9 +344,10 @@ cudaError_t ScalarReduce(F f, const T* a, const T* b, int64_t n, double scale,
                          float* out, void* scratch, cudaStream_t stream) {
   const int chunks = ChunksFor(n, kMaxScalarChunks);
   double* partials = static_cast<double*>(scratch);
-  ScalarPartials<T, F><<<chunks, kThreads, 0, stream>>>(f, a, b, n, chunks,
-                                                        partials);
-  ScalarFinish<<<1, kThreads, 0, stream>>>(partials, chunks, scale, out);
+  PEBBLE_KERNEL_LAUNCH(chunks, kThreads, stream, ScalarPartials<T, F>)
+  (f, a, b, n, chunks, partials);
+  PEBBLE_KERNEL_LAUNCH(1, kThreads, stream, ScalarFinish)
+  (partials, chunks, scale, out);
   return Launched();
 }
 
@@ -580,7 +597,7 @@ __device__ float BlockMaxF(float v) {
   __shared__ float sh[kThreads];
   sh[threadIdx.x] = v;
   __syncthreads();
-  for (int s = kThreads / 2; s > 0; s >>= 1) {
+  for (unsigned s = kThreads / 2; s > 0; s >>= 1) {
     if (threadIdx.x < s) sh[threadIdx.x] = fmaxf(sh[threadIdx.x], sh[threadIdx.x + s]);
     __syncthreads();
   }
@@ -883,8 +900,8 @@ cudaError_t LaunchUnary(UnaryOp op, KType t, const void* x, void* y, int64_t n,
   if (n == 0) return cudaSuccess;
   return Dispatch(t, [&](auto tag) {
     using T = decltype(tag);
-    UnaryKernel<T><<<Blocks(n), kThreads, 0, stream>>>(
-        op, static_cast<const T*>(x), static_cast<T*>(y), n);
+    PEBBLE_KERNEL_LAUNCH(Blocks(n), kThreads, stream, UnaryKernel<T>)
+    (op, static_cast<const T*>(x), static_cast<T*>(y), n);
     return Launched();
   });
 }
@@ -895,9 +912,9 @@ cudaError_t LaunchUnaryBackward(UnaryOp op, KType t, const void* g,
   if (n == 0) return cudaSuccess;
   return Dispatch(t, [&](auto tag) {
     using T = decltype(tag);
-    UnaryGradKernel<T><<<Blocks(n), kThreads, 0, stream>>>(
-        op, static_cast<const T*>(g), static_cast<const T*>(saved),
-        static_cast<T*>(dx), n);
+    PEBBLE_KERNEL_LAUNCH(Blocks(n), kThreads, stream, UnaryGradKernel<T>)
+    (op, static_cast<const T*>(g), static_cast<const T*>(saved),
+     static_cast<T*>(dx), n);
     return Launched();
   });
 }
@@ -908,9 +925,9 @@ cudaError_t LaunchBinary(BinaryOp op, KType t, const void* a, const void* b,
   if (nb <= 0 || n % nb != 0) return cudaErrorInvalidValue;
   return Dispatch(t, [&](auto tag) {
     using T = decltype(tag);
-    BinaryKernel<T><<<Blocks(n), kThreads, 0, stream>>>(
-        op, static_cast<const T*>(a), static_cast<const T*>(b),
-        static_cast<T*>(out), n, nb);
+    PEBBLE_KERNEL_LAUNCH(Blocks(n), kThreads, stream, BinaryKernel<T>)
+    (op, static_cast<const T*>(a), static_cast<const T*>(b),
+     static_cast<T*>(out), n, nb);
     return Launched();
   });
 }
@@ -922,8 +939,8 @@ cudaError_t LaunchChannelBias(KType t, void* y, const void* bias, int64_t outer,
   if (n == 0) return cudaSuccess;
   return Dispatch(t, [&](auto tag) {
     using T = decltype(tag);
-    ChannelBiasKernel<T><<<Blocks(n), kThreads, 0, stream>>>(
-        static_cast<T*>(y), static_cast<const T*>(bias), n, channels, inner);
+    PEBBLE_KERNEL_LAUNCH(Blocks(n), kThreads, stream, ChannelBiasKernel<T>)
+    (static_cast<T*>(y), static_cast<const T*>(bias), n, channels, inner);
     return Launched();
   });
 }
@@ -945,8 +962,8 @@ cudaError_t LaunchChannelSum(KType t, const void* x, KType out_type, void* out,
     if (e != cudaSuccess) return e;
     return Dispatch(out_type, [&](auto out_tag) {
       using O = decltype(out_tag);
-      StoreSums<O><<<Blocks(channels), kThreads, 0, stream>>>(
-          sums, 0, static_cast<O*>(out), channels);
+      PEBBLE_KERNEL_LAUNCH(Blocks(channels), kThreads, stream, StoreSums<O>)
+      (sums, 0, static_cast<O*>(out), channels);
       return Launched();
     });
   });
@@ -963,8 +980,8 @@ cudaError_t LaunchBatchNormStats(KType t, const void* x, float* stats,
         static_cast<const T*>(x), nullptr, nullptr, n, channels, s, scratch,
         stream, &sums);
     if (e != cudaSuccess) return e;
-    StatsFromSums<<<Blocks(channels), kThreads, 0, stream>>>(
-        sums, stats, channels, n * s, eps);
+    PEBBLE_KERNEL_LAUNCH(Blocks(channels), kThreads, stream, StatsFromSums)
+    (sums, stats, channels, n * s, eps);
     return Launched();
   });
 }
@@ -977,9 +994,9 @@ cudaError_t LaunchBatchNorm(KType t, const void* x, const float* stats,
   if (total == 0) return cudaSuccess;
   return Dispatch(t, [&](auto tag) {
     using T = decltype(tag);
-    BatchNormKernel<T><<<Blocks(total), kThreads, 0, stream>>>(
-        static_cast<const T*>(x), stats, weight, bias, static_cast<T*>(y), total,
-        channels, s);
+    PEBBLE_KERNEL_LAUNCH(Blocks(total), kThreads, stream, BatchNormKernel<T>)
+    (static_cast<const T*>(x), stats, weight, bias, static_cast<T*>(y), total,
+     channels, s);
     return Launched();
   });
 }
@@ -998,9 +1015,10 @@ cudaError_t LaunchBatchNormBackward(KType t, const void* g, const void* x,
         static_cast<const T*>(x), static_cast<const T*>(g), stats, n, channels,
         s, scratch, stream, &sums);
     if (e != cudaSuccess) return e;
-    BatchNormBackwardKernel<T><<<Blocks(total), kThreads, 0, stream>>>(
-        static_cast<const T*>(g), static_cast<const T*>(x), stats, weight, sums,
-        static_cast<T*>(dx), total, channels, s, n * s);
+    PEBBLE_KERNEL_LAUNCH(Blocks(total), kThreads, stream,
+                         BatchNormBackwardKernel<T>)
+    (static_cast<const T*>(g), static_cast<const T*>(x), stats, weight, sums,
+     static_cast<T*>(dx), total, channels, s, n * s);
     return Launched();
   });
 }
@@ -1017,8 +1035,8 @@ cudaError_t LaunchBatchNormBackwardWeight(KType t, const void* g, const void* x,
         static_cast<const T*>(x), static_cast<const T*>(g), stats, n, channels,
         s, scratch, stream, &sums);
     if (e != cudaSuccess) return e;
-    StoreSums<float><<<Blocks(channels), kThreads, 0, stream>>>(sums, 1, dweight,
-                                                                channels);
+    PEBBLE_KERNEL_LAUNCH(Blocks(channels), kThreads, stream, StoreSums<float>)
+    (sums, 1, dweight, channels);
     return Launched();
   });
 }
@@ -1044,9 +1062,9 @@ cudaError_t LaunchMseLossBackward(KType t, const void* pred, const void* target,
   if (n == 0) return cudaSuccess;
   return Dispatch(t, [&](auto tag) {
     using T = decltype(tag);
-    MseBackwardKernel<T><<<Blocks(n), kThreads, 0, stream>>>(
-        static_cast<const T*>(pred), static_cast<const T*>(target), g,
-        static_cast<T*>(dpred), n);
+    PEBBLE_KERNEL_LAUNCH(Blocks(n), kThreads, stream, MseBackwardKernel<T>)
+    (static_cast<const T*>(pred), static_cast<const T*>(target), g,
+     static_cast<T*>(dpred), n);
     return Launched();
   });
 }
@@ -1060,11 +1078,11 @@ cudaError_t LaunchCrossEntropy(KType t, const void* logits,
     using T = decltype(tag);
     const int chunks = ChunksFor(positions, kMaxScalarChunks);
     double* partials = static_cast<double*>(scratch);
-    CrossEntropyPartials<T><<<chunks, kThreads, 0, stream>>>(
-        static_cast<const T*>(logits), target, positions, classes, inner, chunks,
-        partials);
-    ScalarFinish<<<1, kThreads, 0, stream>>>(
-        partials, chunks, positions > 0 ? 1.0 / positions : NAN, out);
+    PEBBLE_KERNEL_LAUNCH(chunks, kThreads, stream, CrossEntropyPartials<T>)
+    (static_cast<const T*>(logits), target, positions, classes, inner, chunks,
+     partials);
+    PEBBLE_KERNEL_LAUNCH(1, kThreads, stream, ScalarFinish)
+    (partials, chunks, positions > 0 ? 1.0 / positions : NAN, out);
     return Launched();
   });
 }
@@ -1078,9 +1096,10 @@ cudaError_t LaunchCrossEntropyBackward(KType t, const void* logits,
   if (positions == 0) return cudaSuccess;
   return Dispatch(t, [&](auto tag) {
     using T = decltype(tag);
-    CrossEntropyBackwardKernel<T><<<Blocks(positions), kThreads, 0, stream>>>(
-        static_cast<const T*>(logits), target, g, static_cast<T*>(dlogits),
-        positions, classes, inner);
+    PEBBLE_KERNEL_LAUNCH(Blocks(positions), kThreads, stream,
+                         CrossEntropyBackwardKernel<T>)
+    (static_cast<const T*>(logits), target, g, static_cast<T*>(dlogits),
+     positions, classes, inner);
     return Launched();
   });
 }
@@ -1100,8 +1119,8 @@ cudaError_t LaunchMaxPool(KType t, const Window3& w, const void* x, void* y,
   if (n == 0) return cudaSuccess;
   return Dispatch(t, [&](auto tag) {
     using T = decltype(tag);
-    MaxPoolKernel<T><<<Blocks(n), kThreads, 0, stream>>>(
-        w, static_cast<const T*>(x), static_cast<T*>(y));
+    PEBBLE_KERNEL_LAUNCH(Blocks(n), kThreads, stream, MaxPoolKernel<T>)
+    (w, static_cast<const T*>(x), static_cast<T*>(y));
     return Launched();
   });
 }
@@ -1112,9 +1131,9 @@ cudaError_t LaunchMaxPoolBackward(KType t, const Window3& w, const void* g,
   if (n == 0) return cudaSuccess;
   return Dispatch(t, [&](auto tag) {
     using T = decltype(tag);
-    MaxPoolBackwardKernel<T><<<Blocks(n), kThreads, 0, stream>>>(
-        w, static_cast<const T*>(g), static_cast<const T*>(x),
-        static_cast<T*>(dx));
+    PEBBLE_KERNEL_LAUNCH(Blocks(n), kThreads, stream, MaxPoolBackwardKernel<T>)
+    (w, static_cast<const T*>(g), static_cast<const T*>(x),
+     static_cast<T*>(dx));
     return Launched();
   });
 }
@@ -1136,8 +1155,8 @@ cudaError_t LaunchUpsample(KType t, const Upsample3& u, const void* x, void* y,
   if (!IntegerScales(u)) return cudaErrorInvalidValue;
   return Dispatch(t, [&](auto tag) {
     using T = decltype(tag);
-    UpsampleKernel<T><<<Blocks(n), kThreads, 0, stream>>>(
-        u, static_cast<const T*>(x), static_cast<T*>(y));
+    PEBBLE_KERNEL_LAUNCH(Blocks(n), kThreads, stream, UpsampleKernel<T>)
+    (u, static_cast<const T*>(x), static_cast<T*>(y));
     return Launched();
   });
 }
@@ -1149,8 +1168,8 @@ cudaError_t LaunchUpsampleBackward(KType t, const Upsample3& u, const void* g,
   if (!IntegerScales(u)) return cudaErrorInvalidValue;
   return Dispatch(t, [&](auto tag) {
     using T = decltype(tag);
-    UpsampleBackwardKernel<T><<<Blocks(n), kThreads, 0, stream>>>(
-        u, static_cast<const T*>(g), static_cast<T*>(dx));
+    PEBBLE_KERNEL_LAUNCH(Blocks(n), kThreads, stream, UpsampleBackwardKernel<T>)
+    (u, static_cast<const T*>(g), static_cast<T*>(dx));
     return Launched();
   });
 }
@@ -1161,8 +1180,9 @@ cudaError_t LaunchRowMean(KType t, const void* x, void* out, int64_t rows,
   if (rows > 0x7fffffff) return cudaErrorInvalidValue;
   return Dispatch(t, [&](auto tag) {
     using T = decltype(tag);
-    RowMeanKernel<T><<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(
-        static_cast<const T*>(x), static_cast<T*>(out), length);
+    PEBBLE_KERNEL_LAUNCH(static_cast<unsigned>(rows), kThreads, stream,
+                         RowMeanKernel<T>)
+    (static_cast<const T*>(x), static_cast<T*>(out), length);
     return Launched();
   });
 }
@@ -1174,8 +1194,8 @@ cudaError_t LaunchRowBroadcastMean(KType t, const void* g, void* out,
   if (n == 0) return cudaSuccess;
   return Dispatch(t, [&](auto tag) {
     using T = decltype(tag);
-    RowBroadcastKernel<T><<<Blocks(n), kThreads, 0, stream>>>(
-        static_cast<const T*>(g), static_cast<T*>(out), n, length);
+    PEBBLE_KERNEL_LAUNCH(Blocks(n), kThreads, stream, RowBroadcastKernel<T>)
+    (static_cast<const T*>(g), static_cast<T*>(out), n, length);
     return Launched();
   });
 }
@@ -1188,8 +1208,8 @@ cudaError_t LaunchPad(int element_bytes, const PadSpec& p, const void* in,
   auto run = [&](auto tag) {
     using S = decltype(tag);
     const S fill = static_cast<S>(value);
-    PadKernel<S><<<Blocks(n), kThreads, 0, stream>>>(
-        p, static_cast<const S*>(in), static_cast<S*>(out), n, fill);
+    PEBBLE_KERNEL_LAUNCH(Blocks(n), kThreads, stream, PadKernel<S>)
+    (p, static_cast<const S*>(in), static_cast<S*>(out), n, fill);
     return Launched();
   };
   switch (element_bytes) {
@@ -1199,16 +1219,17 @@ cudaError_t LaunchPad(int element_bytes, const PadSpec& p, const void* in,
       if (t == KType::kBF16) {
         return [&] {
           const __nv_bfloat16 fill = __float2bfloat16_rn(static_cast<float>(value));
-          PadKernel<__nv_bfloat16><<<Blocks(n), kThreads, 0, stream>>>(
-              p, static_cast<const __nv_bfloat16*>(in),
-              static_cast<__nv_bfloat16*>(out), n, fill);
+          PEBBLE_KERNEL_LAUNCH(Blocks(n), kThreads, stream,
+                               PadKernel<__nv_bfloat16>)
+          (p, static_cast<const __nv_bfloat16*>(in),
+           static_cast<__nv_bfloat16*>(out), n, fill);
           return Launched();
         }();
       }
       return [&] {
         const __half fill = __float2half_rn(static_cast<float>(value));
-        PadKernel<__half><<<Blocks(n), kThreads, 0, stream>>>(
-            p, static_cast<const __half*>(in), static_cast<__half*>(out), n, fill);
+        PEBBLE_KERNEL_LAUNCH(Blocks(n), kThreads, stream, PadKernel<__half>)
+        (p, static_cast<const __half*>(in), static_cast<__half*>(out), n, fill);
         return Launched();
       }();
     case 4:
@@ -1224,17 +1245,19 @@ cudaError_t LaunchFill(KType t, void* out, int64_t n, double value,
   if (n == 0) return cudaSuccess;
   switch (t) {
     case KType::kF32:
-      FillKernel<float><<<Blocks(n), kThreads, 0, stream>>>(
-          static_cast<float*>(out), n, static_cast<float>(value));
+      PEBBLE_KERNEL_LAUNCH(Blocks(n), kThreads, stream, FillKernel<float>)
+      (static_cast<float*>(out), n, static_cast<float>(value));
       break;
     case KType::kF16:
-      FillKernel<__half><<<Blocks(n), kThreads, 0, stream>>>(
-          static_cast<__half*>(out), n, __float2half_rn(static_cast<float>(value)));
+      PEBBLE_KERNEL_LAUNCH(Blocks(n), kThreads, stream, FillKernel<__half>)
+      (static_cast<__half*>(out), n,
+       __float2half_rn(static_cast<float>(value)));
       break;
     case KType::kBF16:
-      FillKernel<__nv_bfloat16><<<Blocks(n), kThreads, 0, stream>>>(
-          static_cast<__nv_bfloat16*>(out), n,
-          __float2bfloat16_rn(static_cast<float>(value)));
+      PEBBLE_KERNEL_LAUNCH(Blocks(n), kThreads, stream,
+                           FillKernel<__nv_bfloat16>)
+      (static_cast<__nv_bfloat16*>(out), n,
+       __float2bfloat16_rn(static_cast<float>(value)));
       break;
     default:
       return cudaErrorInvalidValue;
@@ -1245,7 +1268,8 @@ cudaError_t LaunchFill(KType t, void* out, int64_t n, double value,
 cudaError_t LaunchFillInt64(int64_t* out, int64_t n, int64_t value,
                             cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
-  FillKernel<int64_t><<<Blocks(n), kThreads, 0, stream>>>(out, n, value);
+  PEBBLE_KERNEL_LAUNCH(Blocks(n), kThreads, stream, FillKernel<int64_t>)
+  (out, n, value);
   return Launched();
 }
 
@@ -1254,8 +1278,8 @@ cudaError_t LaunchBroadcastScalar(KType t, const float* g, void* out, int64_t n,
   if (n == 0) return cudaSuccess;
   return Dispatch(t, [&](auto tag) {
     using T = decltype(tag);
-    BroadcastScalarKernel<T><<<Blocks(n), kThreads, 0, stream>>>(
-        g, static_cast<T*>(out), n);
+    PEBBLE_KERNEL_LAUNCH(Blocks(n), kThreads, stream, BroadcastScalarKernel<T>)
+    (g, static_cast<T*>(out), n);
     return Launched();
   });
 }
@@ -1267,9 +1291,10 @@ cudaError_t LaunchSoftmax(KType t, const void* x, void* y, int64_t rows,
   if (rows > 0x7fffffff || rows_per_matrix <= 0) return cudaErrorInvalidValue;
   return Dispatch(t, [&](auto tag) {
     using T = decltype(tag);
-    SoftmaxKernel<T><<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(
-        static_cast<const T*>(x), static_cast<T*>(y), length, causal,
-        rows_per_matrix);
+    PEBBLE_KERNEL_LAUNCH(static_cast<unsigned>(rows), kThreads, stream,
+                         SoftmaxKernel<T>)
+    (static_cast<const T*>(x), static_cast<T*>(y), length, causal,
+     rows_per_matrix);
     return Launched();
   });
 }
@@ -1281,9 +1306,10 @@ cudaError_t LaunchSoftmaxBackward(KType t, const void* g, const void* y,
   if (rows > 0x7fffffff) return cudaErrorInvalidValue;
   return Dispatch(t, [&](auto tag) {
     using T = decltype(tag);
-    SoftmaxBackwardKernel<T><<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(
-        static_cast<const T*>(g), static_cast<const T*>(y), static_cast<T*>(dx),
-        length);
+    PEBBLE_KERNEL_LAUNCH(static_cast<unsigned>(rows), kThreads, stream,
+                         SoftmaxBackwardKernel<T>)
+    (static_cast<const T*>(g), static_cast<const T*>(y), static_cast<T*>(dx),
+     length);
     return Launched();
   });
 }
@@ -1294,8 +1320,8 @@ cudaError_t LaunchAvgPool(KType t, const AvgPool3& p, const void* x, void* y,
   if (n == 0) return cudaSuccess;
   return Dispatch(t, [&](auto tag) {
     using T = decltype(tag);
-    AvgPoolKernel<T><<<Blocks(n), kThreads, 0, stream>>>(
-        p, static_cast<const T*>(x), static_cast<T*>(y), n);
+    PEBBLE_KERNEL_LAUNCH(Blocks(n), kThreads, stream, AvgPoolKernel<T>)
+    (p, static_cast<const T*>(x), static_cast<T*>(y), n);
     return Launched();
   });
 }
@@ -1306,8 +1332,8 @@ cudaError_t LaunchAvgPoolBackward(KType t, const AvgPool3& p, const void* g,
   if (n == 0) return cudaSuccess;
   return Dispatch(t, [&](auto tag) {
     using T = decltype(tag);
-    AvgPoolBackwardKernel<T><<<Blocks(n), kThreads, 0, stream>>>(
-        p, static_cast<const T*>(g), static_cast<T*>(dx), n);
+    PEBBLE_KERNEL_LAUNCH(Blocks(n), kThreads, stream, AvgPoolBackwardKernel<T>)
+    (p, static_cast<const T*>(g), static_cast<T*>(dx), n);
     return Launched();
   });
 }
@@ -1319,9 +1345,9 @@ cudaError_t LaunchLayerNormStats(KType t, const void* x, float* stats,
   if (rows > 0x7fffffff || d == 0) return cudaErrorInvalidValue;
   return Dispatch(t, [&](auto tag) {
     using T = decltype(tag);
-    LayerNormStatsKernel<T>
-        <<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(
-            static_cast<const T*>(x), stats, rows, d, eps);
+    PEBBLE_KERNEL_LAUNCH(static_cast<unsigned>(rows), kThreads, stream,
+                         LayerNormStatsKernel<T>)
+    (static_cast<const T*>(x), stats, rows, d, eps);
     return Launched();
   });
 }
@@ -1334,9 +1360,9 @@ cudaError_t LaunchLayerNorm(KType t, const void* x, const float* stats,
   if ((weight == nullptr) != (bias == nullptr)) return cudaErrorInvalidValue;
   return Dispatch(t, [&](auto tag) {
     using T = decltype(tag);
-    LayerNormKernel<T><<<Blocks(n), kThreads, 0, stream>>>(
-        static_cast<const T*>(x), stats, static_cast<const T*>(weight),
-        static_cast<const T*>(bias), static_cast<T*>(y), rows, d, n);
+    PEBBLE_KERNEL_LAUNCH(Blocks(n), kThreads, stream, LayerNormKernel<T>)
+    (static_cast<const T*>(x), stats, static_cast<const T*>(weight),
+     static_cast<const T*>(bias), static_cast<T*>(y), rows, d, n);
     return Launched();
   });
 }
@@ -1349,10 +1375,10 @@ cudaError_t LaunchLayerNormBackward(KType t, const void* g, const void* x,
   if (rows > 0x7fffffff) return cudaErrorInvalidValue;
   return Dispatch(t, [&](auto tag) {
     using T = decltype(tag);
-    LayerNormBackwardKernel<T>
-        <<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(
-            static_cast<const T*>(g), static_cast<const T*>(x), stats,
-            static_cast<const T*>(weight), static_cast<T*>(dx), rows, d);
+    PEBBLE_KERNEL_LAUNCH(static_cast<unsigned>(rows), kThreads, stream,
+                         LayerNormBackwardKernel<T>)
+    (static_cast<const T*>(g), static_cast<const T*>(x), stats,
+     static_cast<const T*>(weight), static_cast<T*>(dx), rows, d);
     return Launched();
   });
 }
@@ -1373,11 +1399,11 @@ cudaError_t LaunchColumnSum(KType t, const void* g, const void* x,
     using T = decltype(tag);
     double* partials = static_cast<double*>(scratch);
     dim3 grid(static_cast<unsigned>(col_blocks), static_cast<unsigned>(chunks));
-    ColumnPartials<T><<<grid, kThreads, 0, stream>>>(
-        static_cast<const T*>(g), static_cast<const T*>(x), stats, rows, cols,
-        chunks, partials);
-    ColumnFinish<T><<<Blocks(cols), kThreads, 0, stream>>>(
-        partials, chunks, static_cast<T*>(out), cols);
+    PEBBLE_KERNEL_LAUNCH(grid, kThreads, stream, ColumnPartials<T>)
+    (static_cast<const T*>(g), static_cast<const T*>(x), stats, rows, cols,
+     chunks, partials);
+    PEBBLE_KERNEL_LAUNCH(Blocks(cols), kThreads, stream, ColumnFinish<T>)
+    (partials, chunks, static_cast<T*>(out), cols);
     return Launched();
   });
 }
@@ -1385,7 +1411,8 @@ cudaError_t LaunchColumnSum(KType t, const void* g, const void* x,
 cudaError_t LaunchDropoutMask(uint8_t* mask, int64_t n, double p, uint64_t seed,
                               cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
-  DropoutMaskKernel<<<Blocks(n), kThreads, 0, stream>>>(mask, n, p, seed);
+  PEBBLE_KERNEL_LAUNCH(Blocks(n), kThreads, stream, DropoutMaskKernel)
+  (mask, n, p, seed);
   return Launched();
 }
 
@@ -1395,8 +1422,8 @@ cudaError_t LaunchDropoutApply(KType t, const void* x, const uint8_t* mask,
   if (n == 0) return cudaSuccess;
   return Dispatch(t, [&](auto tag) {
     using T = decltype(tag);
-    DropoutApplyKernel<T><<<Blocks(n), kThreads, 0, stream>>>(
-        static_cast<const T*>(x), mask, scale, static_cast<T*>(y), n);
+    PEBBLE_KERNEL_LAUNCH(Blocks(n), kThreads, stream, DropoutApplyKernel<T>)
+    (static_cast<const T*>(x), mask, scale, static_cast<T*>(y), n);
     return Launched();
   });
 }
@@ -1409,9 +1436,9 @@ cudaError_t LaunchCheckIndices(const int64_t* indices, int64_t n, int64_t limit,
       tag >= kmath::kIndexFaultTagLimit) {
     return cudaErrorInvalidValue;
   }
-  CheckIndicesKernel<<<Blocks(n), kThreads, 0, stream>>>(indices, n, limit, tag,
-                                                         fault);
-  CaptureIndexFault<<<1, 1, 0, stream>>>(indices, tag, fault);
+  PEBBLE_KERNEL_LAUNCH(Blocks(n), kThreads, stream, CheckIndicesKernel)
+  (indices, n, limit, tag, fault);
+  PEBBLE_KERNEL_LAUNCH(1, 1, stream, CaptureIndexFault)(indices, tag, fault);
   return Launched();
 }
 
@@ -1421,9 +1448,8 @@ cudaError_t LaunchEmbedding(KType t, const int64_t* indices, const void* weight,
   if (n * dim == 0) return cudaSuccess;
   return Dispatch(t, [&](auto tag) {
     using T = decltype(tag);
-    EmbeddingKernel<T><<<Blocks(n * dim), kThreads, 0, stream>>>(
-        indices, static_cast<const T*>(weight), static_cast<T*>(out), n, num,
-        dim);
+    PEBBLE_KERNEL_LAUNCH(Blocks(n * dim), kThreads, stream, EmbeddingKernel<T>)
+    (indices, static_cast<const T*>(weight), static_cast<T*>(out), n, num, dim);
     return Launched();
   });
 }
@@ -1445,11 +1471,12 @@ cudaError_t LaunchEmbeddingBackward(KType t, const void* g,
   if (e != cudaSuccess) return e;
   return Dispatch(t, [&](auto tag) {
     using T = decltype(tag);
-    EmbeddingBackwardKernel<T><<<Blocks(dim), kThreads, 0, stream>>>(
-        static_cast<const T*>(g), indices, acc, n, num, dim);
+    PEBBLE_KERNEL_LAUNCH(Blocks(dim), kThreads, stream,
+                         EmbeddingBackwardKernel<T>)
+    (static_cast<const T*>(g), indices, acc, n, num, dim);
     if (t != KType::kF32) {
-      StoreFloats<T><<<Blocks(total), kThreads, 0, stream>>>(
-          acc, static_cast<T*>(dweight), total);
+      PEBBLE_KERNEL_LAUNCH(Blocks(total), kThreads, stream, StoreFloats<T>)
+      (acc, static_cast<T*>(dweight), total);
     }
     return Launched();
   });
@@ -1457,7 +1484,7 @@ cudaError_t LaunchEmbeddingBackward(KType t, const void* g,
 
 cudaError_t LaunchArange(int64_t* out, int64_t n, cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
-  ArangeKernel<<<Blocks(n), kThreads, 0, stream>>>(out, n);
+  PEBBLE_KERNEL_LAUNCH(Blocks(n), kThreads, stream, ArangeKernel)(out, n);
   return Launched();
 }
 
@@ -1470,11 +1497,13 @@ cudaError_t LaunchHeadsCopy(int element_bytes, const kmath::HeadsMap& m,
     const S* from = static_cast<const S*>(src);
     S* to = static_cast<S*>(dst);
     if (to_heads) {
-      HeadsCopyKernel<S, true>
-          <<<Blocks(n), kThreads, 0, stream>>>(m, from, to, n);
+      PEBBLE_KERNEL_LAUNCH(Blocks(n), kThreads, stream,
+                           HeadsCopyKernel<S, true>)
+      (m, from, to, n);
     } else {
-      HeadsCopyKernel<S, false>
-          <<<Blocks(n), kThreads, 0, stream>>>(m, from, to, n);
+      PEBBLE_KERNEL_LAUNCH(Blocks(n), kThreads, stream,
+                           HeadsCopyKernel<S, false>)
+      (m, from, to, n);
     }
     return Launched();
   });

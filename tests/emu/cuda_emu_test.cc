@@ -1,0 +1,531 @@
+// The CUDA backend's own kernels, run on the host by the emulator
+// (runtime/cuda/emu/cuda_emu.h), against the CPU backend: no GPU needed.
+//
+// Every node of the training graphs below runs on the CPU backend; every
+// node whose op has an own CUDA kernel (everything but the cuDNN
+// convolutions and cuBLAS products) runs as well through the CUDA backend's
+// op code (runtime/cuda/cuda_ops.cc) and kernels, on the CPU backend's
+// inputs, twice: blocks and threads in launch order, then reversed. The two
+// runs must give the same bits (no kernel depends on thread order), the
+// result must equal the CPU backend's within the dtype's rounding (exactly,
+// for ops that only move or select values), no launch may break the
+// device's limits or fault at a barrier, nothing may be written outside the
+// output, and the inputs must be left as they were. The first tests check
+// that the emulator itself catches what it claims to.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "gtest/gtest.h"
+#include "graph/models/models.h"
+#include "graph/net_builder.h"
+#include "runtime/cpu/cpu_backend.h"
+#include "runtime/cuda/cuda_ops.h"
+#include "runtime/cuda/emu/cuda_emu.h"
+#include "runtime/cuda/emu/host_runtime.h"
+#include "runtime/executor.h"
+#include "tests/test_util.h"
+
+namespace pebble {
+namespace {
+
+namespace emu = cuda::emu;
+using ::pebble::testing::TrainingGraph;
+
+// ---- The emulator's own checks, on kernels written here.
+
+// Each block reverses its 256 values through shared memory; with
+// `barrier` false a thread may read a slot before its owner wrote it.
+template <bool kBarrier>
+void ReverseInBlock(const float* in, float* out) {
+  static float sh[256];  // __shared__
+  sh[pebble::cuda::threadIdx.x] = in[pebble::cuda::blockIdx.x * 256 +
+                                     pebble::cuda::threadIdx.x];
+  if (kBarrier) __syncthreads();
+  out[pebble::cuda::blockIdx.x * 256 + pebble::cuda::threadIdx.x] =
+      sh[255 - pebble::cuda::threadIdx.x];
+}
+
+std::vector<float> RunReverse(bool barrier, emu::Order order) {
+  std::vector<float> in(512), out(512, -1.f);
+  for (int i = 0; i < 512; ++i) in[i] = static_cast<float>(i);
+  emu::SetOrder(order);
+  if (barrier) {
+    emu::Launch(2, 256, nullptr, &ReverseInBlock<true>, "reverse")(in.data(),
+                                                                    out.data());
+  } else {
+    emu::Launch(2, 256, nullptr, &ReverseInBlock<false>, "reverse")(
+        in.data(), out.data());
+  }
+  emu::SetOrder(emu::Order::kForward);
+  return out;
+}
+
+TEST(CudaEmulatorTest, BarriersHoldAndTheTwoOrdersExposeARace) {
+  const std::vector<float> a = RunReverse(true, emu::Order::kForward);
+  const std::vector<float> b = RunReverse(true, emu::Order::kReverse);
+  for (int i = 0; i < 512; ++i) {
+    ASSERT_EQ(a[i], static_cast<float>((i / 256) * 256 + 255 - i % 256)) << i;
+  }
+  EXPECT_EQ(a, b);
+  // Without the barrier, forward order reads the upper half of each block
+  // before it is written (the previous block's values, or zeros), reverse
+  // order after.
+  EXPECT_NE(RunReverse(false, emu::Order::kForward),
+            RunReverse(false, emu::Order::kReverse));
+  EXPECT_TRUE(emu::TakeFaults().empty());
+}
+
+void DivergentBarrier(int* out) {
+  if (pebble::cuda::threadIdx.x % 2 == 0) return;
+  __syncthreads();
+  out[pebble::cuda::threadIdx.x] = 1;
+}
+
+void TwoBarriers(int* out) {
+  if (pebble::cuda::threadIdx.x < 32) {
+    __syncthreads();
+  } else {
+    __syncthreads();
+  }
+  out[pebble::cuda::threadIdx.x] = 1;
+}
+
+TEST(CudaEmulatorTest, DivergentBarriersAreFaults) {
+  std::vector<int> out(64, 0);
+  emu::Launch(1, 64, nullptr, &DivergentBarrier, "divergent")(out.data());
+  std::vector<std::string> faults = emu::TakeFaults();
+  ASSERT_EQ(faults.size(), 1u);
+  EXPECT_NE(faults[0].find("32 returned threads never reach"), std::string::npos)
+      << faults[0];
+  EXPECT_EQ(cudaGetLastError(), cudaErrorLaunchFailure);
+  EXPECT_EQ(cudaStreamSynchronize(nullptr), cudaErrorLaunchFailure);
+  emu::ClearStickyError();
+
+  emu::Launch(1, 64, nullptr, &TwoBarriers, "two barriers")(out.data());
+  faults = emu::TakeFaults();
+  ASSERT_EQ(faults.size(), 1u);
+  EXPECT_NE(faults[0].find("at another site"), std::string::npos) << faults[0];
+  emu::ClearStickyError();
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+}
+
+void Touch(int* out) { out[pebble::cuda::threadIdx.x] = 1; }
+
+TEST(CudaEmulatorTest, LaunchLimitsAreTheDevices) {
+  std::vector<int> out(2048, 0);
+  emu::Launch(1, 1025, nullptr, &Touch, "touch")(out.data());
+  EXPECT_EQ(cudaGetLastError(), cudaErrorInvalidConfiguration);
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);  // not sticky
+  emu::Launch(dim3(1, 65536), 1, nullptr, &Touch, "touch")(out.data());
+  EXPECT_EQ(cudaGetLastError(), cudaErrorInvalidConfiguration);
+  emu::Launch(1, dim3(1, 1, 65), nullptr, &Touch, "touch")(out.data());
+  EXPECT_EQ(cudaGetLastError(), cudaErrorInvalidConfiguration);
+  EXPECT_EQ(out[0], 0);  // none of them ran
+  emu::Launch(1, 1024, nullptr, &Touch, "touch")(out.data());
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+  EXPECT_EQ(std::count(out.begin(), out.end(), 1), 1024);
+}
+
+// ---- The own kernels against the CPU backend.
+
+// A node's operands and output in host memory, with guard bytes around the
+// output.
+constexpr size_t kGuard = 64;
+constexpr uint8_t kGuardByte = 0xA5;
+// Poison for outputs and scratch: all-ones bytes are NaN in fp32, fp16,
+// bf16 and fp64, and -1 in integers.
+constexpr uint8_t kPoison = 0xFF;
+
+struct GuardedBuffer {
+  explicit GuardedBuffer(int64_t bytes)
+      : storage(static_cast<size_t>(bytes) + 2 * kGuard + 256, kGuardByte) {
+    // 256-byte aligned, as device allocations are.
+    const auto base = reinterpret_cast<uintptr_t>(storage.data()) + kGuard;
+    offset = static_cast<size_t>((base + 255) / 256 * 256 -
+                                 reinterpret_cast<uintptr_t>(storage.data()));
+    size = static_cast<size_t>(bytes);
+    std::memset(storage.data() + offset, kPoison, size);
+  }
+  std::byte* data() { return reinterpret_cast<std::byte*>(storage.data() + offset); }
+  bool GuardsIntact() const {
+    for (size_t i = 0; i < storage.size(); ++i) {
+      if ((i < offset || i >= offset + size) && storage[i] != kGuardByte) return false;
+    }
+    return true;
+  }
+  std::vector<uint8_t> Contents() const {
+    return std::vector<uint8_t>(storage.begin() + static_cast<ptrdiff_t>(offset),
+                                storage.begin() + static_cast<ptrdiff_t>(offset + size));
+  }
+  std::vector<uint8_t> storage;
+  size_t offset = 0, size = 0;
+};
+
+float HalfBitsToFloat(uint16_t h) {
+  __half_raw raw;
+  raw.x = h;
+  return __half2float(__half(raw));
+}
+float BFloatBitsToFloat(uint16_t h) {
+  uint32_t bits = static_cast<uint32_t>(h) << 16;
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+// The tensor's elements as doubles (integers too), for comparison.
+std::vector<double> Values(const std::vector<uint8_t>& bytes, DType dtype) {
+  const size_t size = static_cast<size_t>(DTypeSize(dtype));
+  std::vector<double> out(bytes.size() / size);
+  for (size_t i = 0; i < out.size(); ++i) {
+    const uint8_t* p = bytes.data() + i * size;
+    switch (dtype) {
+      case DType::kFloat32: {
+        float f;
+        std::memcpy(&f, p, 4);
+        out[i] = f;
+        break;
+      }
+      case DType::kFloat16: {
+        uint16_t h;
+        std::memcpy(&h, p, 2);
+        out[i] = HalfBitsToFloat(h);
+        break;
+      }
+      case DType::kBFloat16: {
+        uint16_t h;
+        std::memcpy(&h, p, 2);
+        out[i] = BFloatBitsToFloat(h);
+        break;
+      }
+      case DType::kInt64: {
+        int64_t v;
+        std::memcpy(&v, p, 8);
+        out[i] = static_cast<double>(v);
+        break;
+      }
+      default:
+        out[i] = p[0];
+        break;
+    }
+  }
+  return out;
+}
+
+// Ops that only move, select or count values: the two backends must agree
+// bit for bit.
+bool IsExactOp(const std::string& op) {
+  static const std::set<std::string> exact = {
+      "relu", "relu_backward", "maxpool", "maxpool_backward", "concat",
+      "slice", "pad", "pad_backward", "copy", "flatten", "reshape", "fill",
+      "split_heads", "split_heads_backward", "merge_heads", "arange",
+      "embedding", "dropout_mask", "dropout", "dropout_backward", "add", "mul"};
+  return exact.count(op) > 0;
+}
+
+// The largest error the comparison accepts, relative to the largest
+// magnitude of the CPU result: a few roundings of the output's dtype (the
+// backends add in other orders, in fp64 here and fp32 lanes there, and the
+// host's libm stands in for the device's).
+double RelativeTolerance(DType dtype) {
+  switch (dtype) {
+    case DType::kFloat16:
+      return 4.0 / 1024;
+    case DType::kBFloat16:
+      return 4.0 / 128;
+    default:
+      return 2e-5;
+  }
+}
+
+struct OpStats {
+  int nodes = 0;
+  double worst = 0;  // largest relative error seen
+  std::string worst_node;
+};
+
+// Runs every needed node of `g` as described at the top; records per-op
+// statistics in `stats`.
+void CompareGraph(const std::string& what, const Graph& g,
+                  std::map<std::string, OpStats>& stats) {
+  SCOPED_TRACE(what);
+  std::vector<std::vector<uint8_t>> values(static_cast<size_t>(g.num_nodes()));
+  for (NodeId v = 0; v < g.num_nodes(); ++v) {
+    if (!g.persistent(v)) continue;
+    auto input = GenerateInput(g, v, /*seed=*/11);
+    ASSERT_TRUE(input.ok()) << input.status();
+    values[static_cast<size_t>(v)] = std::move(input->data);
+  }
+  std::vector<uint8_t> scratch;
+  cuda::CudaContext cc;
+  cc.scratch = [&](int64_t bytes) -> absl::StatusOr<void*> {
+    scratch.assign(static_cast<size_t>(bytes), kPoison);
+    return static_cast<void*>(scratch.data());
+  };
+  cuda::IndexFault fault;
+  std::memset(&fault, 0xff, sizeof(fault));
+  cc.index_fault = &fault;
+
+  for (NodeId v : g.topological_order()) {
+    if (g.persistent(v) || !g.needed()[static_cast<size_t>(v)]) continue;
+    const std::string& op = g.op(v);
+    SCOPED_TRACE(absl::StrCat("node '", g.id(v), "' (op ", op, ")"));
+    ASSERT_TRUE(g.shape(v).has_value() && g.dtype(v).has_value());
+    KernelContext ctx;
+    ctx.graph = &g;
+    ctx.node = v;
+    for (NodeId u : g.inputs(v)) {
+      TensorView t;
+      t.data = reinterpret_cast<std::byte*>(values[static_cast<size_t>(u)].data());
+      t.shape = *g.shape(u);
+      t.dtype = *g.dtype(u);
+      ctx.inputs.push_back(t);
+    }
+    ctx.output.shape = *g.shape(v);
+    ctx.output.dtype = *g.dtype(v);
+    std::vector<uint8_t> workspace(static_cast<size_t>(g.workspace(v)));
+    ctx.workspace = reinterpret_cast<std::byte*>(workspace.data());
+    ctx.workspace_bytes = g.workspace(v);
+
+    GuardedBuffer on_cpu(ctx.output.bytes());
+    KernelFn cpu_kernel = CpuKernels().Find(op);
+    ASSERT_NE(cpu_kernel, nullptr);
+    ctx.output.data = on_cpu.data();
+    const absl::Status cpu_status = cpu_kernel(ctx);
+    ASSERT_TRUE(cpu_status.ok()) << cpu_status;
+    values[static_cast<size_t>(v)] = on_cpu.Contents();
+
+    cuda::CudaKernelFn cuda_kernel = cuda::FindCudaKernel(op);
+    if (cuda_kernel == nullptr) continue;  // cuDNN / cuBLAS: not emulated
+    std::vector<std::vector<uint8_t>> inputs_before;
+    for (NodeId u : g.inputs(v)) inputs_before.push_back(values[static_cast<size_t>(u)]);
+    std::vector<uint8_t> results[2];
+    for (int run = 0; run < 2; ++run) {
+      GuardedBuffer out(ctx.output.bytes());
+      ctx.output.data = out.data();
+      emu::SetOrder(run == 0 ? emu::Order::kForward : emu::Order::kReverse);
+      absl::Status status = cuda_kernel(cc, ctx);
+      if (status.ok()) status = cuda::TakeIndexFault(cc);
+      emu::SetOrder(emu::Order::kForward);
+      const std::vector<std::string> faults = emu::TakeFaults();
+      emu::ClearStickyError();
+      ASSERT_TRUE(status.ok()) << status;
+      ASSERT_TRUE(faults.empty()) << absl::StrJoin(faults, "\n");
+      ASSERT_TRUE(out.GuardsIntact()) << "the kernel wrote outside its output";
+      results[run] = out.Contents();
+    }
+    for (size_t i = 0; i < inputs_before.size(); ++i) {
+      ASSERT_EQ(inputs_before[i], values[static_cast<size_t>(g.inputs(v)[i])])
+          << "the kernel changed input " << i;
+    }
+    ASSERT_EQ(results[0], results[1])
+        << "the result depends on the order of blocks and threads";
+
+    const DType dtype = *g.dtype(v);
+    const std::vector<double> got = Values(results[0], dtype);
+    const std::vector<double> want = Values(values[static_cast<size_t>(v)], dtype);
+    OpStats& s = stats[op];
+    ++s.nodes;
+    if (IsExactOp(op) || dtype == DType::kInt64 || dtype == DType::kUInt8) {
+      // Equal values (a zero's sign aside: relu_backward gives -0 for a
+      // negative gradient on the CPU backend, +0 here), NaN where NaN.
+      for (size_t i = 0; i < want.size(); ++i) {
+        ASSERT_TRUE(got[i] == want[i] || (std::isnan(got[i]) && std::isnan(want[i])))
+            << "element " << i << ": " << got[i] << " here, " << want[i]
+            << " on the CPU backend";
+      }
+      continue;
+    }
+    double scale = 0, err = 0;
+    size_t worst = 0;
+    for (size_t i = 0; i < want.size(); ++i) {
+      ASSERT_EQ(std::isnan(got[i]), std::isnan(want[i])) << "element " << i;
+      if (std::isnan(want[i])) continue;
+      scale = std::max(scale, std::abs(want[i]));
+      const double e = std::abs(got[i] - want[i]);
+      if (e > err) {
+        err = e;
+        worst = i;
+      }
+    }
+    const double relative = scale > 0 ? err / scale : err;
+    if (relative > s.worst) {
+      s.worst = relative;
+      s.worst_node = what + " " + g.id(v);
+    }
+    EXPECT_LE(relative, RelativeTolerance(dtype))
+        << "element " << worst << ": " << got[worst] << " here, " << want[worst]
+        << " on the CPU backend (scale " << scale << ")";
+  }
+}
+
+Graph Model(const std::string& text) {
+  auto g = BuildModel(text);
+  EXPECT_TRUE(g.ok()) << g.status();
+  return g.ok() ? *std::move(g) : Graph();
+}
+
+using nlohmann::json;
+
+// Element-wise ops, a broadcast product, padding with a crop, an averaging
+// pool with padding, a copy and a sum loss (and their backward ops).
+Graph PointwiseGraph() {
+  NetBuilder nb("pointwise");
+  const Value x = nb.Parameter("x", {2, 3, 5, 7});
+  const Value w = nb.Parameter("w", {5, 7});
+  Value y = nb.Apply("tanh", {x});
+  y = nb.Apply("sigmoid", {y});
+  y = nb.Apply("gelu", {y}, {{"approximate", "tanh"}});
+  y = nb.Apply("mul", {y, w});
+  const Value half = nb.Apply("fill", {}, {{"shape", {5, 7}}, {"value", 0.5}});
+  y = nb.Apply("mul", {y, half});
+  y = nb.Apply("pad", {y}, {{"pads", {1, 2, -1, 0}}, {"value", 0.25}});
+  y = nb.Apply("avgpool", {y}, {{"kernel", 3}, {"stride", 2}, {"padding", 1}});
+  y = nb.Apply("copy", {y});
+  y = nb.Dropout(y, 0.3);
+  nb.MarkOutput(nb.Apply("sum", {y}, json::object(), "loss"));
+  return TrainingGraph(nb);
+}
+
+// Interpolating and nearest upsampling, 2-D and 3-D, with and without
+// align_corners, and adaptive pools whose bins overlap.
+Graph ResampleGraph() {
+  NetBuilder nb("resample");
+  const Value x3 = nb.Parameter("x3", {1, 2, 3, 4, 5});
+  Value a = nb.Apply("upsample", {x3},
+                     {{"scale", 2}, {"mode", "trilinear"}, {"align_corners", true}});
+  a = nb.Apply("upsample", {a}, {{"scale", {1, 2, 3}}, {"mode", "nearest"}});
+  a = nb.Apply("adaptive_avgpool", {a}, {{"output_size", {5, 3, 7}}});
+  const Value x2 = nb.Parameter("x2", {2, 3, 5, 4});
+  Value b = nb.Apply("upsample", {x2}, {{"scale", 3}, {"mode", "bilinear"}});
+  b = nb.Apply("adaptive_avgpool", {b}, {{"output_size", 4}});
+  const Value sa = nb.Apply("sum", {a});
+  const Value sb = nb.Apply("sum", {b});
+  nb.MarkOutput(nb.Apply("add", {sa, sb}, json::object(), "loss"));
+  return TrainingGraph(nb);
+}
+
+// One part of a split without its siblings (split_heads_backward), and a
+// softmax that is not causal.
+Graph HeadsGraph() {
+  NetBuilder nb("heads");
+  const Value x = nb.Parameter("x", {2, 4, 12});
+  Value q = nb.Apply("split_heads", {x}, {{"heads", 2}, {"chunks", 3}, {"index", 1}});
+  q = nb.Apply("softmax", {q});
+  nb.MarkOutput(nb.Apply("sum", {q}, json::object(), "loss"));
+  return TrainingGraph(nb);
+}
+
+struct Case {
+  const char* name;
+  Graph (*build)();
+};
+
+const Case kCases[] = {
+    {"conv3d", [] { return Model("conv3d:n=8,batch=2"); }},
+    {"mnist_cnn", [] { return Model("mnist-cnn:batch=2"); }},
+    {"resnet18", [] { return Model("resnet18:batch=2,image=32"); }},
+    {"unet3d", [] { return Model("unet3d:batch=1,variant=small,depth=8,height=8,width=8"); }},
+    {"unet3d_fp16",
+     [] { return Model("unet3d:batch=1,variant=small,depth=8,height=8,width=8,dtype=fp16"); }},
+    {"unet3d_bf16",
+     [] { return Model("unet3d:batch=1,variant=small,depth=8,height=8,width=8,dtype=bf16"); }},
+    {"transformer", [] { return Model("transformer:layers=1,seq=8,dim=16,heads=2,batch=2,vocab=20"); }},
+    {"pointwise", PointwiseGraph},
+    {"resample", ResampleGraph},
+    {"heads", HeadsGraph},
+};
+
+// An index out of range: the device check (CheckIndicesOnDevice, the
+// CheckIndices and CaptureIndexFault kernels, TakeIndexFault) reports the
+// first bad position in the CPU backend's words, whatever the thread order.
+TEST(OwnKernelIndexCheckTest, OutOfRangeIndicesAreReportedInTheCpuBackendsWords) {
+  NetBuilder nb("embedding");
+  const Value tokens = nb.Input("tokens", {2, 4}, DType::kInt64);
+  Value y = nb.Embedding("emb", tokens, 5, 3);
+  nb.MarkOutput(nb.Apply("sum", {y}, json::object(), "loss"));
+  const Graph g = TrainingGraph(nb);
+  const NodeId emb = g.Find("emb");
+  ASSERT_NE(emb, kNoNode);
+  std::vector<int64_t> indices = {0, 1, 2, 3, 4, 7, 9, -1};
+  std::vector<float> weight(15, 1.f), out(24);
+  KernelContext ctx;
+  ctx.graph = &g;
+  ctx.node = emb;
+  ctx.inputs = {TensorView{reinterpret_cast<std::byte*>(indices.data()), {2, 4}, DType::kInt64},
+                TensorView{reinterpret_cast<std::byte*>(weight.data()), {5, 3}, DType::kFloat32}};
+  ctx.output = TensorView{reinterpret_cast<std::byte*>(out.data()), {2, 4, 3}, DType::kFloat32};
+  const absl::Status on_cpu = CpuKernels().Find("embedding")(ctx);
+  ASSERT_FALSE(on_cpu.ok());
+  EXPECT_NE(on_cpu.message().find("index 7 at position 5 is outside [0, 5)"),
+            std::string::npos)
+      << on_cpu;
+
+  cuda::CudaContext cc;
+  cuda::IndexFault fault;
+  std::memset(&fault, 0xff, sizeof(fault));
+  cc.index_fault = &fault;
+  for (emu::Order order : {emu::Order::kForward, emu::Order::kReverse}) {
+    emu::SetOrder(order);
+    ASSERT_TRUE(cuda::FindCudaKernel("embedding")(cc, ctx).ok());
+    const absl::Status on_device = cuda::TakeIndexFault(cc);
+    emu::SetOrder(emu::Order::kForward);
+    EXPECT_EQ(on_device.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(on_device.message().find(
+                  "node 'emb' (op embedding): index 7 at position 5 is outside [0, 5)"),
+              std::string::npos)
+        << on_device;
+    // The word is reset: the next check of good indices finds nothing.
+    std::vector<int64_t> good = {0, 1, 2, 3, 4, 0, 1, 2};
+    KernelContext good_ctx = ctx;
+    good_ctx.inputs[0].data = reinterpret_cast<std::byte*>(good.data());
+    ASSERT_TRUE(cuda::FindCudaKernel("embedding")(cc, good_ctx).ok());
+    EXPECT_TRUE(cuda::TakeIndexFault(cc).ok());
+  }
+  EXPECT_TRUE(emu::TakeFaults().empty());
+}
+
+void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
+
+class OwnKernelsTest : public ::testing::TestWithParam<Case> {};
+
+TEST_P(OwnKernelsTest, MatchTheCpuBackend) {
+  std::map<std::string, OpStats> stats;
+  CompareGraph(GetParam().name, GetParam().build(), stats);
+  for (const auto& [op, s] : stats) {
+    std::printf("  %-32s %3d nodes, largest relative error %.2e%s%s\n", op.c_str(),
+                s.nodes, s.worst, s.worst_node.empty() ? "" : " at ",
+                s.worst_node.c_str());
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Graphs, OwnKernelsTest, ::testing::ValuesIn(kCases),
+                         [](const ::testing::TestParamInfo<Case>& param) {
+                           return std::string(param.param.name);
+                         });
+
+TEST(OwnKernelsCoverageTest, EveryOwnKernelRunsInSomeCase) {
+  std::set<std::string> ops;
+  for (const Case& c : kCases) {
+    const Graph g = c.build();
+    for (NodeId v = 0; v < g.num_nodes(); ++v) {
+      if (!g.persistent(v) && g.needed()[static_cast<size_t>(v)]) ops.insert(g.op(v));
+    }
+  }
+  const std::vector<std::string> own = cuda::CudaKernelOps();
+  EXPECT_GE(own.size(), 50u);  // the table is the own kernels' alone
+  for (const std::string& op : own) {
+    EXPECT_TRUE(ops.count(op) > 0) << "no case runs the own kernel of " << op;
+  }
+}
+
+}  // namespace
+}  // namespace pebble
