@@ -654,12 +654,16 @@ MilpRun RunCbc(const Formulation& f, double seconds,
   // A zero-cost node's epsilon is far below CBC's default cutoff increment
   // (1e-5): let CBC tell such objectives apart.
   const std::string increment = absl::StrCat(f.has_zero_cost ? f.epsilon / 4 : 1e-5);
+  // No CglPreProcess: CBC 2.10's postprocessing can crash (a segfault in
+  // CglPreProcess::postProcess, Debian's 2.10.8) when the time limit stops
+  // the search early, as it does on a loaded machine.
   std::vector<const char*> argv = {"pebble",     "-log",      "0",
                                    "-slog",      "0",         "-seconds",
                                    secs.c_str(), "-timeMode", "elapsed",
                                    "-ratioGap",  "0",         "-allowableGap",
                                    "1e-9",       "-increment", increment.c_str(),
-                                   "-solve",     "-quit"};
+                                   "-preprocess", "off",      "-solve",
+                                   "-quit"};
   const Clock::time_point started = Clock::now();
   CbcMain1(static_cast<int>(argv.size()), argv.data(), model, nullptr, data);
   const double elapsed = SecondsSince(started);
