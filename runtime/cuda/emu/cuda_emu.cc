@@ -57,7 +57,6 @@ struct Runner {
 
 thread_local Runner* current_runner = nullptr;
 thread_local Order order = Order::kForward;
-thread_local int64_t launches = 0;
 
 // One fiber that runs the threads it is given, one after another.
 struct Slot {
@@ -200,8 +199,6 @@ bool RunBlockOnFibers(Runner& r, uint64_t threads, const char* name,
 void SetOrder(Order o) { order = o; }
 Order GetOrder() { return order; }
 
-int64_t LaunchCount() { return launches; }
-
 std::vector<std::string> TakeFaults() {
   std::lock_guard<std::mutex> lock(state_mutex);
   std::vector<std::string> out;
@@ -226,7 +223,6 @@ void SyncThreads(const char* file, int line) {
 
 void RunGrid(dim3 grid, dim3 block, const void* kernel, const char* name,
              const std::function<void()>& thread) {
-  ++launches;
   const uint64_t threads = uint64_t{block.x} * block.y * block.z;
   const uint64_t blocks = uint64_t{grid.x} * grid.y * grid.z;
   if (threads == 0 || blocks == 0 || threads > kMaxThreadsPerBlock ||

@@ -84,9 +84,6 @@ enum class Order { kForward, kReverse };
 void SetOrder(Order order);
 Order GetOrder();
 
-// Launches (and the launches that ran without barriers, by fiber-free
-// direct calls) since the process started; for tests of the emulator.
-int64_t LaunchCount();
 // The faults found since the last call (one line each: the kernel, block,
 // threads and barrier sites), and forgets them.
 std::vector<std::string> TakeFaults();
