@@ -31,6 +31,7 @@
 #include "runtime/cuda/emu/cuda_emu.h"
 #include "runtime/cuda/emu/host_runtime.h"
 #include "runtime/executor.h"
+#include "runtime/half.h"
 #include "tests/test_util.h"
 
 namespace pebble {
@@ -169,18 +170,6 @@ struct GuardedBuffer {
   size_t offset = 0, size = 0;
 };
 
-float HalfBitsToFloat(uint16_t h) {
-  __half_raw raw;
-  raw.x = h;
-  return __half2float(__half(raw));
-}
-float BFloatBitsToFloat(uint16_t h) {
-  uint32_t bits = static_cast<uint32_t>(h) << 16;
-  float f;
-  std::memcpy(&f, &bits, 4);
-  return f;
-}
-
 // The tensor's elements as doubles (integers too), for comparison.
 std::vector<double> Values(const std::vector<uint8_t>& bytes, DType dtype) {
   const size_t size = static_cast<size_t>(DTypeSize(dtype));
@@ -197,13 +186,13 @@ std::vector<double> Values(const std::vector<uint8_t>& bytes, DType dtype) {
       case DType::kFloat16: {
         uint16_t h;
         std::memcpy(&h, p, 2);
-        out[i] = HalfBitsToFloat(h);
+        out[i] = HalfToFloat(h);
         break;
       }
       case DType::kBFloat16: {
         uint16_t h;
         std::memcpy(&h, p, 2);
-        out[i] = BFloatBitsToFloat(h);
+        out[i] = BFloat16ToFloat(h);
         break;
       }
       case DType::kInt64: {

@@ -40,8 +40,8 @@ constexpr unsigned kMaxBlockZ = 64;
 constexpr unsigned kMaxGridX = 0x7fffffffu;
 constexpr unsigned kMaxGridYZ = 65535;
 
-constexpr size_t kStackBytes = size_t{256}
-                               << 10;  // per fiber, above a guard page
+// Stack of each fiber, above a guard page.
+constexpr size_t kStackBytes = size_t{256} << 10;
 
 enum class FiberState { kRunnable, kAtBarrier, kDone };
 

@@ -20,6 +20,30 @@ cudaError_t CheckPitches(size_t width, size_t dpitch, size_t spitch) {
                                           : cudaSuccess;
 }
 
+// The runtime's name and text of the errors the emulated build returns.
+struct ErrorWords {
+  cudaError_t error;
+  const char* name;
+  const char* text;
+};
+constexpr ErrorWords kErrorWords[] = {
+    {cudaSuccess, "cudaSuccess", "no error"},
+    {cudaErrorInvalidValue, "cudaErrorInvalidValue", "invalid argument"},
+    {cudaErrorInvalidConfiguration, "cudaErrorInvalidConfiguration",
+     "invalid configuration argument"},
+    {cudaErrorInvalidPitchValue, "cudaErrorInvalidPitchValue",
+     "invalid pitch argument"},
+    {cudaErrorLaunchFailure, "cudaErrorLaunchFailure",
+     "unspecified launch failure (emulated: see the emulator's faults)"},
+};
+
+ErrorWords Describe(cudaError_t e) {
+  for (const ErrorWords& w : kErrorWords) {
+    if (w.error == e) return w;
+  }
+  return {e, "cudaError (emulated build)", "error of the emulated runtime"};
+}
+
 }  // namespace
 
 void SetLaunchError(cudaError_t e) {
@@ -94,37 +118,11 @@ cudaError_t CUDARTAPI cudaMemset2DAsync(void* dst, size_t pitch, int value,
 }
 
 const char* CUDARTAPI cudaGetErrorName(cudaError_t e) {
-  switch (e) {
-    case cudaSuccess:
-      return "cudaSuccess";
-    case cudaErrorInvalidValue:
-      return "cudaErrorInvalidValue";
-    case cudaErrorInvalidConfiguration:
-      return "cudaErrorInvalidConfiguration";
-    case cudaErrorInvalidPitchValue:
-      return "cudaErrorInvalidPitchValue";
-    case cudaErrorLaunchFailure:
-      return "cudaErrorLaunchFailure";
-    default:
-      return "cudaError (emulated build)";
-  }
+  return pebble::cuda::emu::Describe(e).name;
 }
 
 const char* CUDARTAPI cudaGetErrorString(cudaError_t e) {
-  switch (e) {
-    case cudaSuccess:
-      return "no error";
-    case cudaErrorInvalidValue:
-      return "invalid argument";
-    case cudaErrorInvalidConfiguration:
-      return "invalid configuration argument";
-    case cudaErrorInvalidPitchValue:
-      return "invalid pitch argument";
-    case cudaErrorLaunchFailure:
-      return "unspecified launch failure (emulated: see the emulator's faults)";
-    default:
-      return "error of the emulated runtime";
-  }
+  return pebble::cuda::emu::Describe(e).text;
 }
 
 const char* CUDNNWINAPI cudnnGetErrorString(cudnnStatus_t) {
