@@ -105,6 +105,18 @@ TEST(CudaBackendNoDeviceTest, CoversEveryOpOfTheCpuBackend) {
   }
 }
 
+// The host emulation of the backend (tests/emu/, docs/cuda.md) runs these
+// tests too, on the CPU, where a U-Net step of 16^3 voxels takes most of a
+// minute: there it runs the 8^3 one.
+#ifdef PEBBLE_CUDA_EMULATED_TEST
+constexpr bool kEmulated = true;
+#else
+constexpr bool kEmulated = false;
+#endif
+const std::string kUnet3d =
+    kEmulated ? "unet3d:batch=1,variant=small,depth=8,height=8,width=8"
+              : "unet3d:batch=1,variant=small,depth=16,height=16,width=16";
+
 std::unique_ptr<Backend> Cuda(const CudaBackendOptions& options = {}) {
   auto b = MakeCudaBackend(options);
   EXPECT_TRUE(b.ok()) << b.status();
@@ -176,10 +188,12 @@ TEST(CudaBackendTest, GradientsMatchTheCpuBackend) {
   if (!cpu.ok() || *cpu == nullptr) GTEST_SKIP() << "CPU backend unavailable";
   auto gpu = Cuda();
   ASSERT_NE(gpu, nullptr);
-  for (const std::string model :
-       {"conv3d:n=12,batch=2",
-        "unet3d:batch=1,variant=small,depth=16,height=16,width=16",
-        "mnist-cnn:batch=4", "resnet18:batch=2,image=32",
+  // Sizes at which every batch norm sees at least 8 values per channel
+  // (docs/crosscheck.md: fewer make its backward ill-conditioned in fp32;
+  // resnet18 at image 32 differs by 1% between any two summation orders).
+  for (const std::string& model : std::vector<std::string>{
+           "conv3d:n=12,batch=2", kUnet3d, "mnist-cnn:batch=4",
+           "resnet18:batch=2,image=64",
         "vgg16:batch=2,image=32",
         "transformer:layers=2,seq=16,dim=32,heads=4,batch=2,vocab=50"}) {
     SCOPED_TRACE(model);
@@ -206,23 +220,27 @@ TEST(CudaBackendTest, GradientsAreBitwiseEqualAcrossPolicies) {
   SKIP_WITHOUT_DEVICE();
   auto gpu = Cuda();
   ASSERT_NE(gpu, nullptr);
-  for (const std::string model :
-       {"conv3d:n=24,batch=2", "unet3d:batch=1,variant=small,depth=16,height=16,width=16"}) {
+  for (const std::string& model : std::vector<std::string>{"conv3d:n=24,batch=2", kUnet3d}) {
     SCOPED_TRACE(model);
     const Graph g = Model(model);
     auto base = PlanFor(g, "baseline", PlannerOptions{}.budget_bytes);
     ASSERT_TRUE(base.ok()) << base.status();
     auto reference = RunPlan(g, base->schedule, *gpu);
     ASSERT_TRUE(reference.ok()) << reference.status();
-    const int64_t tight = base->report.peak_bytes * 7 / 10;
-    int compared = 0;
+    int compared = 0, changed = 0;
     for (const PolicyInfo* info : PlannerRegistry::Global().List()) {
       if (info->name == "exact" || info->name == "checkmate" || info->name == "exact-order" ||
           info->name == "revolve" || info->name == "tree") {
         continue;  // too slow or refuse these graphs
       }
-      auto plan = PlanFor(g, info->name, tight);
-      if (!plan.ok() || !plan->feasible) continue;
+      // On the host emulator a U-Net step takes seconds: three policies.
+      if (kEmulated && model == kUnet3d && info->name != "dtr" && info->name != "sqrtn" &&
+          info->name != "vdnn") {
+        continue;
+      }
+      auto plan = ::pebble::testing::TightPlan(g, info->name, base->report.peak_bytes);
+      if (!plan.has_value()) continue;
+      changed += plan->report.recomputations > 0 || plan->report.transfer_bytes > 0;
       auto run = RunPlan(g, plan->schedule, *gpu);
       ASSERT_TRUE(run.ok()) << info->name << ": " << run.status();
       ASSERT_EQ(run->outputs.size(), reference->outputs.size());
@@ -237,7 +255,8 @@ TEST(CudaBackendTest, GradientsAreBitwiseEqualAcrossPolicies) {
       EXPECT_EQ(run->arena_bytes, run->layout.arena_bytes) << info->name;
       ++compared;
     }
-    EXPECT_GE(compared, 2) << "too few policies fit the budget";
+    EXPECT_GE(compared, 3) << "too few policies fit the budget";
+    EXPECT_GE(changed, 2) << "too few plans recompute or move tensors to the host";
   }
 }
 
@@ -367,7 +386,7 @@ TEST(CudaBackendTest, HalfAndBfloat16Run) {
   SKIP_WITHOUT_DEVICE();
   auto gpu = Cuda();
   ASSERT_NE(gpu, nullptr);
-  const std::string shape = "unet3d:batch=1,variant=small,depth=16,height=16,width=16";
+  const std::string shape = kUnet3d;
   const Graph g32 = Model(shape);
   auto p32 = PlanFor(g32, "baseline", PlannerOptions{}.budget_bytes);
   ASSERT_TRUE(p32.ok());

@@ -2,6 +2,7 @@
 #ifndef PEBBLE_TESTS_TEST_UTIL_H_
 #define PEBBLE_TESTS_TEST_UTIL_H_
 
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -11,6 +12,8 @@
 #include "graph/autodiff.h"
 #include "graph/graph.h"
 #include "graph/net_builder.h"
+#include "scheduler/budget.h"
+#include "scheduler/planner.h"
 #include "scheduler/schedule.h"
 
 namespace pebble::testing {
@@ -99,6 +102,26 @@ inline Graph RandomDag(int n, uint64_t seed) {
     if (!read[i]) outputs.push_back(absl::StrCat("v", i));
   }
   return MakeGraph(std::move(nodes), std::move(outputs), absl::StrCat("random-", seed));
+}
+
+// The plan of `policy` at the tightest budget of 70%, 80% and 90% of
+// `peak` (the baseline's) that it fits, else at --budget min (as low as it
+// goes), or nullopt where it fails. No single fraction suits every graph:
+// the smallest peak reachable by recomputation is often above 70% of the
+// baseline's (conv3d's backward holds a layer's input, output and gradient
+// at once), and the offload policies move tensors at "min" only.
+inline std::optional<PlanResult> TightPlan(const Graph& g, const std::string& policy,
+                                           int64_t peak, double time_limit_s = 10) {
+  auto planner = MakePlanner(policy);
+  if (!planner.ok()) return std::nullopt;
+  for (int percent : {70, 80, 90, 0}) {
+    PlannerOptions options;
+    options.budget_bytes = percent > 0 ? peak * percent / 100 : kMinBudgetBytes;
+    options.time_limit_s = time_limit_s;
+    auto plan = (*planner)->Plan(g, options);
+    if (plan.ok() && plan->feasible) return *std::move(plan);
+  }
+  return std::nullopt;
 }
 
 }  // namespace pebble::testing

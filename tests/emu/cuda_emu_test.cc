@@ -1,11 +1,11 @@
-// The CUDA backend's own kernels, run on the host by the emulator
-// (runtime/cuda/emu/cuda_emu.h), against the CPU backend: no GPU needed.
+// The CUDA backend's op code, run on the host by the emulator
+// (runtime/cuda/emu/), against the CPU backend: no GPU needed.
 //
-// Every node of the training graphs below runs on the CPU backend; every
-// node whose op has an own CUDA kernel (everything but the cuDNN
-// convolutions and cuBLAS products) runs as well through the CUDA backend's
-// op code (runtime/cuda/cuda_ops.cc) and kernels, on the CPU backend's
-// inputs, twice: blocks and threads in launch order, then reversed. The two
+// Every node of the training graphs below runs on the CPU backend, and as
+// well through the CUDA backend's op code (runtime/cuda/cuda_ops.cc with
+// the own kernels, cuda_dnn.cc with the emulated cuDNN and cuBLAS), on the
+// CPU backend's inputs, twice: blocks and threads in launch order, then
+// reversed. The two
 // runs must give the same bits (no kernel depends on thread order), the
 // result must equal the CPU backend's within the dtype's rounding (exactly,
 // for ops that only move or select values), no launch may break the
@@ -266,6 +266,16 @@ void CompareGraph(const std::string& what, const Graph& g,
   cuda::IndexFault fault;
   std::memset(&fault, 0xff, sizeof(fault));
   cc.index_fault = &fault;
+  // Library handles on the null stream: every call runs when made.
+  ASSERT_EQ(cudnnCreate(&cc.cudnn), CUDNN_STATUS_SUCCESS);
+  ASSERT_EQ(cublasCreate(&cc.cublas), CUBLAS_STATUS_SUCCESS);
+  struct Handles {
+    cuda::CudaContext& cc;
+    ~Handles() {
+      cudnnDestroy(cc.cudnn);
+      cublasDestroy(cc.cublas);
+    }
+  } handles{cc};
 
   for (NodeId v : g.topological_order()) {
     if (g.persistent(v) || !g.needed()[static_cast<size_t>(v)]) continue;
@@ -297,7 +307,7 @@ void CompareGraph(const std::string& what, const Graph& g,
     values[static_cast<size_t>(v)] = on_cpu.Contents();
 
     cuda::CudaKernelFn cuda_kernel = cuda::FindCudaKernel(op);
-    if (cuda_kernel == nullptr) continue;  // cuDNN / cuBLAS: not emulated
+    ASSERT_NE(cuda_kernel, nullptr) << "the CUDA backend has no kernel for " << op;
     std::vector<std::vector<uint8_t>> inputs_before;
     for (NodeId u : g.inputs(v)) inputs_before.push_back(values[static_cast<size_t>(u)]);
     std::vector<uint8_t> results[2];

@@ -302,6 +302,9 @@ def parse_args(argv):
     parser.add_argument("--fp64", action="store_true",
                         help="also run PyTorch in fp64 and print its own "
                              "fp32 error (column torch32/64), for scale")
+    parser.add_argument("--backend", default="cpu",
+                        help="pebble's backend (default cpu; cuda on a GPU, "
+                             "or with pebble-emu, the host emulation)")
     parser.add_argument("--threads", type=int, default=2,
                         help="PyTorch intra-op threads (default 2)")
     try:
@@ -402,7 +405,7 @@ def run_policies(args, np, torch, pebble, case, x, t, policies, registered,
                 report.get("recomputations"), report.get("transfer_bytes")))
         result = pebble_json(pebble, [
             "run", "--model", args.model, "--policy", policy,
-            "--budget", budget, "--backend", "cpu", "--inputs", inputs_dir,
+            "--budget", budget, "--backend", args.backend, "--inputs", inputs_dir,
             "--dump", dump_dir, "--seed", str(args.seed)] + extra,
             "pebble run --policy %s --budget %s" % (policy, budget))
         predicted = result.get("predicted") or {}

@@ -221,14 +221,20 @@ void SyncThreads(const char* file, int line) {
   s.Yield();
 }
 
+bool ValidLaunch(dim3 grid, dim3 block) {
+  const uint64_t threads = uint64_t{block.x} * block.y * block.z;
+  const uint64_t blocks = uint64_t{grid.x} * grid.y * grid.z;
+  return threads > 0 && blocks > 0 && threads <= kMaxThreadsPerBlock &&
+         block.x <= kMaxThreadsPerBlock && block.y <= kMaxThreadsPerBlock &&
+         block.z <= kMaxBlockZ && grid.x <= kMaxGridX && grid.y <= kMaxGridYZ &&
+         grid.z <= kMaxGridYZ;
+}
+
 void RunGrid(dim3 grid, dim3 block, const void* kernel, const char* name,
              const std::function<void()>& thread) {
   const uint64_t threads = uint64_t{block.x} * block.y * block.z;
   const uint64_t blocks = uint64_t{grid.x} * grid.y * grid.z;
-  if (threads == 0 || blocks == 0 || threads > kMaxThreadsPerBlock ||
-      block.x > kMaxThreadsPerBlock || block.y > kMaxThreadsPerBlock ||
-      block.z > kMaxBlockZ || grid.x > kMaxGridX || grid.y > kMaxGridYZ ||
-      grid.z > kMaxGridYZ) {
+  if (!ValidLaunch(grid, block)) {
     SetLaunchError(cudaErrorInvalidConfiguration);
     return;
   }

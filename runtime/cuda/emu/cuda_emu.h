@@ -1,14 +1,14 @@
 // A host emulator for pebble's own CUDA kernels (runtime/cuda/*.cu), so that
 // their logic runs and is tested on machines without a GPU (docs/cuda.md,
-// "Host emulation of the own kernels").
+// "Host emulation").
 //
 // runtime/cuda/cuda_kernels.cu includes this header first when it is compiled
 // as host C++ with PEBBLE_CUDA_EMULATION defined (cuda_kernels_emu.cc). The
 // CUDA headers still give the types (dim3, uint3, cudaError_t, __half,
 // __nv_bfloat16 with their host conversions); this header turns the device
 // keywords into host C++ and supplies the built-in variables, __syncthreads,
-// atomicMin and the kernel launch. Launches run synchronously when made: a
-// stream is only a name, as in-order execution on one stream allows.
+// atomicMin and the kernel launch. A launch is enqueued on its stream
+// (host_runtime.h), which runs it when the stream's schedule says.
 //
 // What it models, and what it checks on every launch:
 //  - every thread of every block runs, with threadIdx, blockIdx, blockDim
@@ -41,10 +41,13 @@
 #include <cmath>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <tuple>
 #include <utility>
 #include <vector>
+
+#include "runtime/cuda/emu/host_runtime.h"
 
 // Device-code keywords as host C++.
 #undef __global__
@@ -98,33 +101,47 @@ void SyncThreads(const char* file, int line);
 void RunGrid(dim3 grid, dim3 block, const void* kernel, const char* name,
              const std::function<void()>& thread);
 
+// Whether (grid, block) is within the launch limits (see the file comment).
+bool ValidLaunch(dim3 grid, dim3 block);
+
 // The emulated `kernel<<<grid, block, 0, stream>>>(args...)`: the arguments
 // are converted to the kernel's parameter types once, as a launch copies
-// them, and every thread gets a copy.
+// them, every thread gets a copy, and the grid runs in its turn on `stream`
+// (host_runtime.h). A bad configuration fails the launch at once.
 template <typename... Params>
 class Launcher {
  public:
-  Launcher(dim3 grid, dim3 block, void (*kernel)(Params...), const char* name)
-      : grid_(grid), block_(block), kernel_(kernel), name_(name) {}
+  Launcher(dim3 grid, dim3 block, cudaStream_t stream,
+           void (*kernel)(Params...), const char* name)
+      : grid_(grid), block_(block), stream_(stream), kernel_(kernel),
+        name_(name) {}
 
   template <typename... Args>
   void operator()(Args&&... args) const {
-    const std::tuple<std::decay_t<Params>...> params(
+    if (!ValidLaunch(grid_, block_)) {
+      SetLaunchError(cudaErrorInvalidConfiguration);
+      return;
+    }
+    auto params = std::make_shared<const std::tuple<std::decay_t<Params>...>>(
         std::forward<Args>(args)...);
-    RunGrid(grid_, block_, reinterpret_cast<const void*>(kernel_), name_,
-            [&] { std::apply(kernel_, params); });
+    Enqueue(stream_, [grid = grid_, block = block_, kernel = kernel_,
+                      name = name_, params] {
+      RunGrid(grid, block, reinterpret_cast<const void*>(kernel), name,
+              [&] { std::apply(kernel, *params); });
+    });
   }
 
  private:
   dim3 grid_, block_;
+  cudaStream_t stream_;
   void (*kernel_)(Params...);
   const char* name_;
 };
 
 template <typename... Params>
-Launcher<Params...> Launch(dim3 grid, dim3 block, cudaStream_t /*stream*/,
+Launcher<Params...> Launch(dim3 grid, dim3 block, cudaStream_t stream,
                            void (*kernel)(Params...), const char* name) {
-  return Launcher<Params...>(grid, block, kernel, name);
+  return Launcher<Params...>(grid, block, stream, kernel, name);
 }
 
 }  // namespace emu

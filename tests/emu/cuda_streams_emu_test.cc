@@ -1,0 +1,411 @@
+// The whole CUDA backend on the host emulator (runtime/cuda/emu/,
+// docs/cuda.md "Host emulation"): what only the emulator can show.
+//  - Plans that recompute and plans that offload (conv3d, mnist-cnn,
+//    unet3d) give the baseline's bits and their planned peak under each
+//    stream schedule, including the two lazy
+//    ones in which one stream runs as late as its events allow: a missing
+//    event between compute and copies shows there as wrong bits. A backend
+//    that drops the executor's waits is caught, so the check can fail.
+//  - cuDNN refusals (from the heuristics, or only from the call) take the
+//    split fallback, whose results match the unsplit ones.
+//  - Only deterministic algorithms in FMA math run on fp32 data.
+//  - No device is a clear error; a backend returns every byte it took.
+// tests/cuda_backend_test.cc, linked into the same binary, runs the device
+// tests on the emulated device too.
+#include <cstring>
+#include <map>
+#include <optional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "graph/models/models.h"
+#include "graph/status.h"
+#include "gtest/gtest.h"
+#include "runtime/cuda/cuda_backend.h"
+#include "runtime/cuda/emu/host_dnn.h"
+#include "runtime/cuda/emu/host_runtime.h"
+#include "runtime/executor.h"
+#include "runtime/make_backend.h"
+#include "scheduler/budget.h"
+#include "scheduler/planner.h"
+#include "tests/test_util.h"
+
+namespace pebble {
+namespace {
+
+using ::testing::HasSubstr;
+namespace emu = ::pebble::cuda::emu;
+
+// Restores the emulator's defaults when a test ends, however it ends.
+class EmulatorDefaults {
+ public:
+  ~EmulatorDefaults() {
+    emu::SetStreamSchedule(emu::StreamSchedule::kImmediate);
+    emu::SetConvRefusal({});
+    emu::SetDeviceCount(1);
+  }
+};
+
+const char* ScheduleName(emu::StreamSchedule s) {
+  switch (s) {
+    case emu::StreamSchedule::kImmediate:
+      return "immediate";
+    case emu::StreamSchedule::kLazyOldestFirst:
+      return "copies late";
+    case emu::StreamSchedule::kLazyNewestFirst:
+      return "computes late";
+  }
+  return "?";
+}
+
+const std::string kUnet3dSmall = "unet3d:batch=1,variant=small,depth=8,height=8,width=8";
+
+constexpr emu::StreamSchedule kSchedules[] = {
+    emu::StreamSchedule::kImmediate, emu::StreamSchedule::kLazyOldestFirst,
+    emu::StreamSchedule::kLazyNewestFirst};
+
+Graph Model(const std::string& text) {
+  auto g = BuildModel(text);
+  EXPECT_TRUE(g.ok()) << g.status();
+  return g.ok() ? *std::move(g) : Graph();
+}
+
+std::unique_ptr<Backend> Cuda(const CudaBackendOptions& options = {}) {
+  auto b = MakeCudaBackend(options);
+  EXPECT_TRUE(b.ok()) << b.status();
+  return b.ok() ? *std::move(b) : nullptr;
+}
+
+absl::StatusOr<PlanResult> PlanFor(const Graph& g, const std::string& policy,
+                                   int64_t budget) {
+  ASSIGN_OR_RETURN(std::unique_ptr<Planner> planner, MakePlanner(policy));
+  PlannerOptions options;
+  options.budget_bytes = budget;
+  options.time_limit_s = 10;
+  return planner->Plan(g, options);
+}
+
+absl::StatusOr<ExecutionResult> RunPlan(const Graph& g, const Schedule& s,
+                                        Backend& b) {
+  ExecutorOptions options;
+  options.seed = 7;
+  return Execute(g, s, b, options);
+}
+
+std::vector<uint8_t> Bytes(const HostTensor& t) {
+  const auto* p = reinterpret_cast<const uint8_t*>(t.array.data.data());
+  return std::vector<uint8_t>(p, p + t.array.data.size());
+}
+
+std::vector<float> Floats(const HostTensor& t) {
+  std::vector<float> out(t.array.data.size() / sizeof(float));
+  std::memcpy(out.data(), t.array.data.data(), out.size() * sizeof(float));
+  return out;
+}
+
+// Whether every output has the reference's bits.
+bool SameBits(const ExecutionResult& a, const ExecutionResult& b) {
+  if (a.outputs.size() != b.outputs.size()) return false;
+  for (size_t i = 0; i < a.outputs.size(); ++i) {
+    if (Bytes(a.outputs[i]) != Bytes(b.outputs[i])) return false;
+  }
+  return true;
+}
+
+int CountCopies(const Schedule& s) {
+  int copies = 0;
+  for (const Step& step : s.steps) {
+    copies += step.action == Action::kOffload || step.action == Action::kPrefetch;
+  }
+  return copies;
+}
+
+// The plans the stream tests run, chosen so that the emulated runs stay
+// short (a host step of unet3d takes seconds): every policy that plans
+// conv3d quickly, at its tightest fit among 70%, 80% and 90% of the
+// baseline's peak or at its minimum (tests/test_util.h), which gives the
+// recomputing plans; the offload policies at their minimum on mnist-cnn
+// and unet3d, the only budgets at which they move tensors on these graphs.
+struct NamedPlan {
+  std::string model, policy;
+  PlanResult plan;
+};
+
+std::vector<NamedPlan> StreamPlans() {
+  std::vector<NamedPlan> plans;
+  auto add = [&](const std::string& model, const std::string& policy, bool at_min) {
+    const Graph g = Model(model);
+    auto base = PlanFor(g, "baseline", PlannerOptions{}.budget_bytes);
+    if (!base.ok()) return;
+    std::optional<PlanResult> plan;
+    if (at_min) {
+      auto p = PlanFor(g, policy, kMinBudgetBytes);
+      if (p.ok() && p->feasible) plan = *std::move(p);
+    } else {
+      plan = ::pebble::testing::TightPlan(g, policy, base->report.peak_bytes);
+    }
+    if (plan.has_value()) plans.push_back({model, policy, *std::move(plan)});
+  };
+  for (const PolicyInfo* info : PlannerRegistry::Global().List()) {
+    if (info->name == "exact" || info->name == "checkmate" ||
+        info->name == "exact-order" || info->name == "revolve" ||
+        info->name == "tree") {
+      continue;  // too slow, or refuse these graphs
+    }
+    add("conv3d:n=12,batch=2", info->name, false);
+  }
+  for (const char* policy : {"swap", "hybrid", "vdnn"}) add("mnist-cnn:batch=8", policy, true);
+  add(kUnet3dSmall, "vdnn", true);
+  return plans;
+}
+
+TEST(EmulatedStreamsTest, EveryPlanGivesTheBaselineBitsUnderEveryStreamSchedule) {
+  EmulatorDefaults restore;
+  std::map<std::string, ExecutionResult> reference;
+  auto gpu = Cuda();
+  ASSERT_NE(gpu, nullptr);
+  int with_copies = 0, with_recompute = 0;
+  for (const NamedPlan& p : StreamPlans()) {
+    const Graph g = Model(p.model);
+    if (reference.count(p.model) == 0) {
+      auto base = PlanFor(g, "baseline", PlannerOptions{}.budget_bytes);
+      ASSERT_TRUE(base.ok()) << base.status();
+      auto run = RunPlan(g, base->schedule, *gpu);
+      ASSERT_TRUE(run.ok()) << run.status();
+      reference.emplace(p.model, *std::move(run));
+    }
+    with_copies += CountCopies(p.plan.schedule) > 0;
+    with_recompute += p.plan.report.recomputations > 0;
+    for (emu::StreamSchedule schedule : kSchedules) {
+      SCOPED_TRACE(absl::StrCat(p.model, ", ", p.policy, ", ", ScheduleName(schedule)));
+      emu::SetStreamSchedule(schedule);
+      auto run = RunPlan(g, p.plan.schedule, *gpu);
+      emu::SetStreamSchedule(emu::StreamSchedule::kImmediate);
+      ASSERT_TRUE(run.ok()) << run.status();
+      EXPECT_TRUE(SameBits(*run, reference.at(p.model)))
+          << "outputs differ from the baseline's";
+      EXPECT_EQ(run->peak_bytes, p.plan.report.peak_bytes);
+      EXPECT_EQ(run->arena_bytes, run->layout.arena_bytes);
+    }
+  }
+  EXPECT_GE(with_copies, 3) << "too few plans move tensors to the host";
+  EXPECT_GE(with_recompute, 4) << "too few plans recompute";
+}
+
+// The CUDA backend without its waits: compute and copies are ordered by
+// nothing but the stream schedule.
+class NoWaitBackend final : public Backend {
+ public:
+  explicit NoWaitBackend(std::unique_ptr<Backend> inner) : inner_(std::move(inner)) {}
+  std::string name() const override { return inner_->name(); }
+  std::string Description() const override { return inner_->Description(); }
+  absl::Status CheckSupported(const Graph& g) const override {
+    return inner_->CheckSupported(g);
+  }
+  absl::StatusOr<std::byte*> AllocateDevice(int64_t bytes) override {
+    return inner_->AllocateDevice(bytes);
+  }
+  void FreeDevice(std::byte* p) override { inner_->FreeDevice(p); }
+  absl::StatusOr<std::byte*> AllocateHost(int64_t bytes) override {
+    return inner_->AllocateHost(bytes);
+  }
+  void FreeHost(std::byte* p) override { inner_->FreeHost(p); }
+  BackendMemoryStats MemoryStats() const override { return inner_->MemoryStats(); }
+  absl::Status Upload(std::byte* dst, const void* src, int64_t bytes) override {
+    return inner_->Upload(dst, src, bytes);
+  }
+  absl::Status Download(void* dst, const std::byte* src, int64_t bytes) override {
+    return inner_->Download(dst, src, bytes);
+  }
+  absl::Status Fill(std::byte* dst, uint8_t value, int64_t bytes) override {
+    return inner_->Fill(dst, value, bytes);
+  }
+  absl::Status Compute(const KernelContext& ctx) override { return inner_->Compute(ctx); }
+  absl::Status Copy(CopyDirection d, std::byte* dst, const std::byte* src,
+                    int64_t bytes) override {
+    return inner_->Copy(d, dst, src, bytes);
+  }
+  absl::StatusOr<EventId> Record(Stream s) override { return inner_->Record(s); }
+  absl::Status Wait(Stream, EventId) override { return absl::OkStatus(); }
+  absl::Status Synchronize() override { return inner_->Synchronize(); }
+  absl::StatusOr<double> ElapsedSeconds(EventId a, EventId b) const override {
+    return inner_->ElapsedSeconds(a, b);
+  }
+  void ResetEvents() override { inner_->ResetEvents(); }
+
+ private:
+  std::unique_ptr<Backend> inner_;
+};
+
+
+TEST(EmulatedStreamsTest, DroppedWaitsAreCaughtByTheLazySchedules) {
+  EmulatorDefaults restore;
+  auto gpu = Cuda();
+  ASSERT_NE(gpu, nullptr);
+  NoWaitBackend careless(Cuda());
+  int caught[3] = {0, 0, 0}, offload_plans = 0;
+  for (const NamedPlan& p : StreamPlans()) {
+    // mnist-cnn's: a U-Net step takes seconds here.
+    if (CountCopies(p.plan.schedule) == 0 || p.model == kUnet3dSmall) continue;
+    ++offload_plans;
+    const Graph g = Model(p.model);
+    auto base = PlanFor(g, "baseline", PlannerOptions{}.budget_bytes);
+    ASSERT_TRUE(base.ok()) << base.status();
+    auto reference = RunPlan(g, base->schedule, *gpu);
+    ASSERT_TRUE(reference.ok()) << reference.status();
+    for (int i = 0; i < 3; ++i) {
+      emu::SetStreamSchedule(kSchedules[i]);
+      auto run = RunPlan(g, p.plan.schedule, careless);
+      emu::SetStreamSchedule(emu::StreamSchedule::kImmediate);
+      caught[i] += !run.ok() || !SameBits(*run, *reference);
+    }
+  }
+  ASSERT_GT(offload_plans, 0);
+  // Run as enqueued, the streams need no events; lazily, each schedule
+  // exposes some missing wait.
+  EXPECT_EQ(caught[0], 0);
+  EXPECT_GT(caught[1], 0) << "copies running late went unnoticed";
+  EXPECT_GT(caught[2], 0) << "computes running late went unnoticed";
+}
+
+// Runs `g`'s baseline plan on a backend with `options` under `refusal`;
+// the outputs must match `whole`'s within fp32 reordering.
+void ExpectSplitMatches(const Graph& g, const ExecutionResult& whole,
+                        const emu::ConvRefusal& refusal, bool expect_depth) {
+  emu::SetConvRefusal(refusal);
+  auto plan = PlanFor(g, "baseline", PlannerOptions{}.budget_bytes);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  auto gpu = Cuda();
+  ASSERT_NE(gpu, nullptr);
+  auto run = RunPlan(g, plan->schedule, *gpu);
+  emu::SetConvRefusal({});
+  ASSERT_TRUE(run.ok()) << run.status();
+  EXPECT_GT(CudaConvSplitCount(*gpu), 0);
+  if (expect_depth) {
+    EXPECT_GT(CudaConvDepthSplitCount(*gpu), 0);
+  } else {
+    EXPECT_EQ(CudaConvDepthSplitCount(*gpu), 0);
+  }
+  ASSERT_EQ(run->outputs.size(), whole.outputs.size());
+  for (size_t i = 0; i < run->outputs.size(); ++i) {
+    const std::vector<float> a = Floats(run->outputs[i]), b = Floats(whole.outputs[i]);
+    ASSERT_EQ(a.size(), b.size());
+    double scale = 0, err = 0;
+    for (size_t j = 0; j < a.size(); ++j) {
+      scale = std::max(scale, std::abs(static_cast<double>(b[j])));
+      err = std::max(err, std::abs(static_cast<double>(a[j]) - b[j]));
+    }
+    EXPECT_LE(err, 1e-7 + 1e-4 * scale) << g.id(run->outputs[i].node);
+  }
+}
+
+TEST(EmulatedCudnnTest, RefusalsTakeTheSplitFallback) {
+  EmulatorDefaults restore;
+  // conv3d n=12, batch 4: x of conv1 holds 4 * 12^3 = 6912 elements, of
+  // conv2 4 * 4 * 12^3.
+  const Graph g = Model("conv3d:n=12,batch=4");
+  auto plan = PlanFor(g, "baseline", PlannerOptions{}.budget_bytes);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  auto gpu = Cuda();
+  ASSERT_NE(gpu, nullptr);
+  auto whole = RunPlan(g, plan->schedule, *gpu);
+  ASSERT_TRUE(whole.ok()) << whole.status();
+  EXPECT_EQ(CudaConvSplitCount(*gpu), 0);
+  const int64_t sample = 12 * 12 * 12;
+  {
+    SCOPED_TRACE("refused by the heuristics above two samples of 8 channels");
+    ExpectSplitMatches(g, *whole, {2 * 8 * sample, false}, /*expect_depth=*/false);
+  }
+  {
+    SCOPED_TRACE("accepted by the heuristics, refused by the call");
+    ExpectSplitMatches(g, *whole, {2 * 8 * sample, true}, /*expect_depth=*/false);
+  }
+  // 6000 elements: one sample of conv2's x (4 channels) or conv3's (8) is
+  // refused, a slice of up to 5 planes of 8 channels of 12 x 12 accepted.
+  {
+    SCOPED_TRACE("one sample refused: depth slices");
+    ExpectSplitMatches(g, *whole, {6000, false}, /*expect_depth=*/true);
+  }
+  {
+    SCOPED_TRACE("one sample refused only by the call: depth slices");
+    ExpectSplitMatches(g, *whole, {6000, true}, /*expect_depth=*/true);
+  }
+}
+
+TEST(EmulatedCudnnTest, RefusedEvenOnePlanePerSliceIsAnErrorNamingTheNode) {
+  EmulatorDefaults restore;
+  const Graph g = Model("conv3d:n=8");
+  auto plan = PlanFor(g, "baseline", PlannerOptions{}.budget_bytes);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  auto gpu = Cuda();
+  ASSERT_NE(gpu, nullptr);
+  emu::SetConvRefusal({1, false});  // every convolution
+  auto run = RunPlan(g, plan->schedule, *gpu);
+  emu::SetConvRefusal({});
+  ASSERT_FALSE(run.ok());
+  EXPECT_EQ(run.status().code(), absl::StatusCode::kUnimplemented);
+  EXPECT_THAT(std::string(run.status().message()), HasSubstr("node 'conv1' (op conv3d)"));
+  EXPECT_THAT(std::string(run.status().message()),
+              HasSubstr("CUDNN_STATUS_NOT_SUPPORTED_SHAPE"));
+}
+
+TEST(EmulatedCudnnTest, OnlyDeterministicFmaAlgorithmsRunOnFp32) {
+  EmulatorDefaults restore;
+  const emu::ConvCalls before = emu::GetConvCalls();
+  const Graph g = Model("conv3d:n=12,batch=2");
+  auto plan = PlanFor(g, "baseline", PlannerOptions{}.budget_bytes);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  auto gpu = Cuda();
+  ASSERT_NE(gpu, nullptr);
+  auto first = RunPlan(g, plan->schedule, *gpu);
+  auto second = RunPlan(g, plan->schedule, *gpu);
+  ASSERT_TRUE(first.ok()) << first.status();
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_TRUE(SameBits(*first, *second));
+  const emu::ConvCalls after = emu::GetConvCalls();
+  EXPECT_GT(after.total, before.total);
+  EXPECT_EQ(after.non_deterministic, before.non_deterministic);
+  EXPECT_EQ(after.tf32, before.tf32);
+}
+
+TEST(EmulatedDeviceTest, NoDeviceIsAClearError) {
+  EmulatorDefaults restore;
+  emu::SetDeviceCount(0);
+  auto backend = MakeBackend("cuda");
+  ASSERT_FALSE(backend.ok());
+  EXPECT_EQ(backend.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(backend.status().message()), HasSubstr("no CUDA device"));
+  EXPECT_THAT(std::string(backend.status().message()), HasSubstr("cudaErrorNoDevice"));
+  emu::SetDeviceCount(1);
+  CudaBackendOptions options;
+  options.device = 1;
+  auto second = MakeCudaBackend(options);
+  ASSERT_FALSE(second.ok());
+  EXPECT_THAT(std::string(second.status().message()), HasSubstr("1 device(s) present"));
+}
+
+TEST(EmulatedDeviceTest, ABackendReturnsEveryDeviceByte) {
+  EmulatorDefaults restore;
+  const int64_t before = emu::DeviceBytesInUse();
+  {
+    const Graph g = Model("conv3d:n=8");
+    auto gpu = Cuda();
+    ASSERT_NE(gpu, nullptr);
+    auto base = PlanFor(g, "baseline", PlannerOptions{}.budget_bytes);
+    ASSERT_TRUE(base.ok()) << base.status();
+    auto run = RunPlan(g, base->schedule, *gpu);
+    ASSERT_TRUE(run.ok()) << run.status();
+    // The arena went back after the run; the index-check word stays with
+    // the backend.
+    EXPECT_GT(emu::DeviceBytesInUse(), before);
+    // The driver view counts the context and whatever is still allocated.
+    EXPECT_GE(gpu->MemoryStats().driver_bytes_in_use, emu::kContextBytes);
+  }
+  EXPECT_EQ(emu::DeviceBytesInUse(), before);
+}
+
+}  // namespace
+}  // namespace pebble
