@@ -261,7 +261,7 @@ cudaError_t CUDARTAPI cudaGetDeviceProperties(struct cudaDeviceProp* prop,
   if (cudaError_t e = cudaSetDevice(device); e != cudaSuccess) return e;
   *prop = cudaDeviceProp{};
   std::snprintf(prop->name, sizeof(prop->name), "%s",
-                "pebble host emulation of an sm_90 device");
+                "pebble host emulation (no GPU)");
   prop->major = 9;
   prop->minor = 0;
   prop->totalGlobalMem = static_cast<size_t>(emu::kDeviceBytes);
