@@ -29,6 +29,7 @@ struct DnnHandle {
 };
 struct BlasHandle {
   cudaStream_t stream = nullptr;
+  cublasMath_t math = CUBLAS_DEFAULT_MATH;
 };
 
 constexpr int kMaxDims = 5;  // n, c and up to 3 spatial dims
@@ -74,6 +75,13 @@ struct Geom {
     return c * in[0] * in[1] * in[2] * ElementBytes();
   }
 };
+
+// Whether fp32 data runs in TF32: every math type but FMA permits tensor
+// cores from Ampere on (cuDNN's cudnnMathType_t: CUDNN_DEFAULT_MATH
+// permits TF32 there, CUDNN_FMA_MATH does not).
+bool UsesTf32(const Geom& g) {
+  return g.type == CUDNN_DATA_FLOAT && g.math != CUDNN_FMA_MATH;
+}
 
 bool Supported(cudnnDataType_t t) {
   return t == CUDNN_DATA_FLOAT || t == CUDNN_DATA_HALF ||
@@ -211,7 +219,7 @@ struct Axis {
 // reduction in the opposite order (the non-deterministic algorithm).
 void Convolve(Dir dir, const Geom& g, const void* a, const void* b, void* out,
               float alpha, float beta, bool reverse) {
-  const bool tf32 = g.type == CUDNN_DATA_FLOAT && g.math == CUDNN_TENSOR_OP_MATH;
+  const bool tf32 = UsesTf32(g);
   const Axis ax[3] = {{g.in[0], g.k[0], g.out[0], g.stride[0], g.pad[0]},
                       {g.in[1], g.k[1], g.out[1], g.stride[1], g.pad[1]},
                       {g.in[2], g.k[2], g.out[2], g.stride[2], g.pad[2]}};
@@ -448,7 +456,7 @@ cudnnStatus_t Run(cudnnHandle_t handle, Dir dir, const Geom& g, int algo,
       ++calls.non_deterministic;
       reverse = (non_deterministic_runs++ % 2) == 1;
     }
-    if (g.type == CUDNN_DATA_FLOAT && g.math == CUDNN_TENSOR_OP_MATH) ++calls.tf32;
+    if (UsesTf32(g)) ++calls.tf32;
   }
   const cudaStream_t stream = reinterpret_cast<DnnHandle*>(handle)->stream;
   Enqueue(stream, [=] {
@@ -816,9 +824,10 @@ cublasStatus_t CUBLASWINAPI cublasSetStream_v2(cublasHandle_t handle,
 }
 
 cublasStatus_t CUBLASWINAPI cublasSetMathMode(cublasHandle_t handle,
-                                              cublasMath_t) {
-  return handle == nullptr ? CUBLAS_STATUS_NOT_INITIALIZED
-                           : CUBLAS_STATUS_SUCCESS;
+                                              cublasMath_t mode) {
+  if (handle == nullptr) return CUBLAS_STATUS_NOT_INITIALIZED;
+  reinterpret_cast<emu::BlasHandle*>(handle)->math = mode;
+  return CUBLAS_STATUS_SUCCESS;
 }
 
 // Column-major C = alpha op(A) op(B) + beta C over `batch` strided
@@ -846,7 +855,15 @@ cublasStatus_t CUBLASWINAPI cublasGemmStridedBatchedEx(
   const float alpha_v = *static_cast<const float*>(alpha);
   const float beta_v = *static_cast<const float*>(beta);
   const cudnnDataType_t t = emu::AsDnn(a_type);
-  const cudaStream_t stream = reinterpret_cast<emu::BlasHandle*>(handle)->stream;
+  const auto* h = reinterpret_cast<const emu::BlasHandle*>(handle);
+  // fp32 products in CUBLAS_TF32_TENSOR_OP_MATH round their operands to TF32.
+  const bool tf32 = a_type == CUDA_R_32F &&
+                    (h->math & 0xf) == CUBLAS_TF32_TENSOR_OP_MATH;
+  auto load = [t, tf32](const void* p, int64_t i) {
+    const float v = emu::Load(t, p, i);
+    return tf32 ? emu::ToTf32(v) : v;
+  };
+  const cudaStream_t stream = h->stream;
   emu::Enqueue(stream, [=] {
     for (int64_t b = 0; b < batch; ++b) {
       const int64_t a0 = b * stride_a, b0 = b * stride_b, c0 = b * stride_c;
@@ -856,7 +873,7 @@ cublasStatus_t CUBLASWINAPI cublasGemmStridedBatchedEx(
           for (int64_t l = 0; l < k; ++l) {
             const int64_t ai = ta ? l + i * lda : i + l * lda;
             const int64_t bi = tb ? j + l * ldb : l + j * ldb;
-            acc += emu::Load(t, A, a0 + ai) * emu::Load(t, B, b0 + bi);
+            acc += load(A, a0 + ai) * load(B, b0 + bi);
           }
           const int64_t ci = c0 + i + j * ldc;
           float v = alpha_v * acc;

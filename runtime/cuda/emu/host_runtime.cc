@@ -38,6 +38,7 @@ constexpr size_t kMaxPitch = 2147483647;
 
 struct EmuStream {
   int64_t created = 0;  // creation order
+  bool destroyed = false;
   std::deque<std::function<void()>> pending;
   int64_t enqueued = 0, executed = 0;
 };
@@ -65,6 +66,13 @@ Device& Dev() {
   return *device;
 }
 
+// Where events recorded on the null stream point: it runs work when
+// enqueued, so it has always executed everything.
+EmuStream* NullStream() {
+  static EmuStream* null_stream = new EmuStream;
+  return null_stream;
+}
+
 EmuStream* AsStream(cudaStream_t s) { return reinterpret_cast<EmuStream*>(s); }
 EmuEvent* AsEvent(cudaEvent_t e) { return reinterpret_cast<EmuEvent*>(e); }
 
@@ -78,16 +86,24 @@ void Drain(EmuStream* s, int64_t upto) {
   }
 }
 
-// Every stream, in the schedule's order.
-void DrainAll() {
+// The streams in the schedule's order, draining each, up to and including
+// `last` (null: all of them). Draining a stream also runs what its waits
+// need of the others.
+void DrainInOrder(const EmuStream* last) {
   Device& d = Dev();
   std::lock_guard<std::recursive_mutex> lock(d.mutex);
   std::vector<EmuStream*> order = d.streams;
   if (d.schedule == StreamSchedule::kLazyNewestFirst) {
     std::reverse(order.begin(), order.end());
   }
-  for (EmuStream* s : order) Drain(s, s->enqueued);
+  for (EmuStream* s : order) {
+    Drain(s, s->enqueued);
+    if (s == last) return;
+  }
 }
+
+// Every stream (the device synchronises).
+void DrainAll() { DrainInOrder(nullptr); }
 
 void Push(EmuStream* s, std::function<void()> work) {
   s->pending.push_back(std::move(work));
@@ -114,21 +130,24 @@ cudaError_t CheckPitches(size_t width, size_t dpitch, size_t spitch) {
              : cudaSuccess;
 }
 
-// A copy enqueued on `stream`: staged when its source is pageable host
-// memory, finished before returning when its destination is.
-cudaError_t EnqueueCopy(void* dst, const void* src, size_t bytes,
-                        cudaMemcpyKind kind, cudaStream_t stream,
+// A copy enqueued on `stream`, reading `src_bytes` from src and writing
+// `dst_bytes` at dst: staged when its source is pageable host memory,
+// finished before returning when its destination is (CUDA Runtime API,
+// "API synchronization behavior", asynchronous copies).
+cudaError_t EnqueueCopy(void* dst, size_t dst_bytes, const void* src,
+                        size_t src_bytes, cudaMemcpyKind kind,
+                        cudaStream_t stream,
                         std::function<void(void*, const void*)> copy) {
   Device& d = Dev();
   std::lock_guard<std::recursive_mutex> lock(d.mutex);
-  if (kind == cudaMemcpyHostToDevice && !IsPinned(src, bytes)) {
+  if (kind == cudaMemcpyHostToDevice && !IsPinned(src, src_bytes)) {
     auto staged = std::make_shared<std::vector<char>>(
-        static_cast<const char*>(src), static_cast<const char*>(src) + bytes);
+        static_cast<const char*>(src), static_cast<const char*>(src) + src_bytes);
     Enqueue(stream, [dst, staged, copy] { copy(dst, staged->data()); });
     return cudaSuccess;
   }
   Enqueue(stream, [dst, src, copy] { copy(dst, src); });
-  if (kind == cudaMemcpyDeviceToHost && !IsPinned(dst, bytes) &&
+  if (kind == cudaMemcpyDeviceToHost && !IsPinned(dst, dst_bytes) &&
       stream != nullptr) {
     EmuStream* s = AsStream(stream);
     Drain(s, s->enqueued);
@@ -355,20 +374,24 @@ cudaError_t CUDARTAPI cudaStreamCreateWithFlags(cudaStream_t* stream,
   return cudaSuccess;
 }
 
+// Destroying a stream or an event returns at once, as on the device, whose
+// pending work still completes: the emulator keeps both objects (a few
+// bytes each), so that pending records and waits, and events recorded on
+// a destroyed stream, stay valid.
 cudaError_t CUDARTAPI cudaStreamDestroy(cudaStream_t stream) {
   emu::Device& d = emu::Dev();
   std::lock_guard<std::recursive_mutex> lock(d.mutex);
   emu::EmuStream* s = emu::AsStream(stream);
-  auto it = std::find(d.streams.begin(), d.streams.end(), s);
-  if (it == d.streams.end()) return cudaErrorInvalidResourceHandle;
-  emu::DrainAll();  // its work completes, as on the device
-  d.streams.erase(it);
-  delete s;
+  if (std::find(d.streams.begin(), d.streams.end(), s) == d.streams.end() ||
+      s->destroyed) {
+    return cudaErrorInvalidResourceHandle;
+  }
+  s->destroyed = true;
   return cudaSuccess;
 }
 
-cudaError_t CUDARTAPI cudaStreamSynchronize(cudaStream_t) {
-  emu::DrainAll();
+cudaError_t CUDARTAPI cudaStreamSynchronize(cudaStream_t stream) {
+  if (stream != nullptr) emu::DrainInOrder(emu::AsStream(stream));
   std::lock_guard<std::mutex> lock(emu::error_mutex);
   return emu::sticky_error;
 }
@@ -379,16 +402,22 @@ cudaError_t CUDARTAPI cudaEventCreate(cudaEvent_t* event) {
 }
 
 cudaError_t CUDARTAPI cudaEventDestroy(cudaEvent_t event) {
-  emu::DrainAll();  // no pending record refers to it afterwards
-  delete emu::AsEvent(event);
-  return cudaSuccess;
+  if (event == nullptr) return cudaErrorInvalidResourceHandle;
+  return cudaSuccess;  // kept (see cudaStreamDestroy)
 }
 
 cudaError_t CUDARTAPI cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
   emu::Device& d = emu::Dev();
   std::lock_guard<std::recursive_mutex> lock(d.mutex);
-  if (stream == nullptr) return cudaErrorInvalidResourceHandle;  // not used
   emu::EmuEvent* e = emu::AsEvent(event);
+  if (stream == nullptr) {  // the null stream has done everything enqueued
+    ++e->generation;
+    e->stream = emu::NullStream();
+    e->position = 0;
+    e->time = std::chrono::steady_clock::now();
+    e->stamped = true;
+    return cudaSuccess;
+  }
   emu::EmuStream* s = emu::AsStream(stream);
   const int64_t generation = ++e->generation;
   e->stream = s;
@@ -434,7 +463,7 @@ cudaError_t CUDARTAPI cudaMemcpyAsync(void* dst, const void* src, size_t count,
                                       enum cudaMemcpyKind kind,
                                       cudaStream_t stream) {
   if (count == 0) return cudaSuccess;
-  return emu::EnqueueCopy(dst, src, count, kind, stream,
+  return emu::EnqueueCopy(dst, count, src, count, kind, stream,
                           [count](void* to, const void* from) {
                             std::memmove(to, from, count);
                           });
@@ -450,10 +479,11 @@ cudaError_t CUDARTAPI cudaMemcpy2DAsync(void* dst, size_t dpitch,
     return e;
   }
   if (width == 0 || height == 0) return cudaSuccess;
-  // The bytes the copy reads: what a pageable source stages.
-  const size_t span = (height - 1) * spitch + width;
+  // The bytes the copy reads (what a pageable source stages) and writes.
+  const size_t src_span = (height - 1) * spitch + width;
+  const size_t dst_span = (height - 1) * dpitch + width;
   return emu::EnqueueCopy(
-      dst, src, span, kind, stream,
+      dst, dst_span, src, src_span, kind, stream,
       [=](void* to, const void* from) {
         for (size_t r = 0; r < height; ++r) {
           std::memmove(static_cast<char*>(to) + r * dpitch,

@@ -16,11 +16,11 @@
 //    event records, waits). Under StreamSchedule::kImmediate work runs when
 //    it is enqueued, so the streams only name an order the host already
 //    follows. Under the lazy schedules nothing runs until the host has to
-//    wait (cudaStreamSynchronize, cudaFree, cudaEventDestroy, a copy to
-//    pageable memory): then every stream drains, one after another, in
-//    creation order (kLazyOldestFirst) or its reverse (kLazyNewestFirst), a
-//    wait (cudaStreamWaitEvent) first running the other stream up to the
-//    event. Each lazy schedule is a legal execution that a GPU could
+//    wait (cudaStreamSynchronize, cudaFree, cudaFreeHost, a copy to
+//    pageable memory): then the streams drain, one after another, in
+//    creation order (kLazyOldestFirst) or its reverse (kLazyNewestFirst),
+//    up to the one synchronised (all of them for cudaFree), a wait
+//    (cudaStreamWaitEvent) first running the other stream up to the event. Each lazy schedule is a legal execution that a GPU could
 //    produce, the one in which one stream runs as late as its dependencies
 //    allow: work that reads or writes memory without the event that orders
 //    it against the other stream sees the wrong bytes;
