@@ -34,6 +34,7 @@
 #include "tests/test_util.h"
 #ifdef PEBBLE_HAVE_CUDA_BACKEND
 #include "runtime/cuda/cuda_backend.h"
+#include "tests/cuda_test_util.h"
 #endif
 
 namespace pebble {
@@ -117,61 +118,13 @@ const std::string kUnet3d =
     kEmulated ? "unet3d:batch=1,variant=small,depth=8,height=8,width=8"
               : "unet3d:batch=1,variant=small,depth=16,height=16,width=16";
 
-std::unique_ptr<Backend> Cuda(const CudaBackendOptions& options = {}) {
-  auto b = MakeCudaBackend(options);
-  EXPECT_TRUE(b.ok()) << b.status();
-  return b.ok() ? *std::move(b) : nullptr;
-}
-
-Graph Model(const std::string& text) {
-  auto g = BuildModel(text);
-  EXPECT_TRUE(g.ok()) << g.status();
-  return g.ok() ? *std::move(g) : Graph();
-}
-
-absl::StatusOr<PlanResult> PlanFor(const Graph& g, const std::string& policy,
-                                   int64_t budget) {
-  ASSIGN_OR_RETURN(std::unique_ptr<Planner> planner, MakePlanner(policy));
-  PlannerOptions options;
-  options.budget_bytes = budget;
-  options.time_limit_s = 20;
-  return planner->Plan(g, options);
-}
-
-absl::StatusOr<ExecutionResult> RunPlan(const Graph& g, const Schedule& s, Backend& b) {
-  ExecutorOptions options;
-  options.seed = 7;
-  return Execute(g, s, b, options);
-}
-
-// The outputs as float vectors (bf16/fp16 come back as fp32 or as their own
-// dtype; compared as raw bytes for bitwise checks).
-std::vector<uint8_t> Bytes(const HostTensor& t) {
-  const auto* p = reinterpret_cast<const uint8_t*>(t.array.data.data());
-  return std::vector<uint8_t>(p, p + t.array.data.size());
-}
-
-std::vector<float> Floats(const HostTensor& t) {
-  std::vector<float> out(t.array.data.size() / sizeof(float));
-  if (t.array.dtype == DType::kFloat32) {
-    std::memcpy(out.data(), t.array.data.data(), out.size() * sizeof(float));
-  } else {
-    out.clear();
-  }
-  return out;
-}
-
-// max |a - b| <= atol + rtol * max |b| over the tensor.
-void ExpectClose(const std::vector<float>& a, const std::vector<float>& b, double rtol,
-                 double atol, const std::string& what) {
-  ASSERT_EQ(a.size(), b.size()) << what;
-  double scale = 0, err = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    scale = std::max(scale, std::abs(static_cast<double>(b[i])));
-    err = std::max(err, std::abs(static_cast<double>(a[i]) - b[i]));
-  }
-  EXPECT_LE(err, atol + rtol * scale) << what << ": max error " << err << " at scale " << scale;
-}
+using ::pebble::testing::Bytes;
+using ::pebble::testing::Cuda;
+using ::pebble::testing::ExpectClose;
+using ::pebble::testing::Floats;
+using ::pebble::testing::Model;
+using ::pebble::testing::PlanFor;
+using ::pebble::testing::RunPlan;
 
 TEST(CudaBackendTest, DescribesTheDevice) {
   SKIP_WITHOUT_DEVICE();

@@ -32,6 +32,7 @@
 #include "runtime/cuda/emu/host_runtime.h"
 #include "runtime/executor.h"
 #include "runtime/half.h"
+#include "tests/cuda_test_util.h"
 #include "tests/test_util.h"
 
 namespace pebble {
@@ -370,11 +371,7 @@ void CompareGraph(const std::string& what, const Graph& g,
   }
 }
 
-Graph Model(const std::string& text) {
-  auto g = BuildModel(text);
-  EXPECT_TRUE(g.ok()) << g.status();
-  return g.ok() ? *std::move(g) : Graph();
-}
+using ::pebble::testing::Model;
 
 using nlohmann::json;
 

@@ -31,6 +31,7 @@
 #include "runtime/make_backend.h"
 #include "scheduler/budget.h"
 #include "scheduler/planner.h"
+#include "tests/cuda_test_util.h"
 #include "tests/test_util.h"
 
 namespace pebble {
@@ -67,44 +68,13 @@ constexpr emu::StreamSchedule kSchedules[] = {
     emu::StreamSchedule::kImmediate, emu::StreamSchedule::kLazyOldestFirst,
     emu::StreamSchedule::kLazyNewestFirst};
 
-Graph Model(const std::string& text) {
-  auto g = BuildModel(text);
-  EXPECT_TRUE(g.ok()) << g.status();
-  return g.ok() ? *std::move(g) : Graph();
-}
-
-std::unique_ptr<Backend> Cuda(const CudaBackendOptions& options = {}) {
-  auto b = MakeCudaBackend(options);
-  EXPECT_TRUE(b.ok()) << b.status();
-  return b.ok() ? *std::move(b) : nullptr;
-}
-
-absl::StatusOr<PlanResult> PlanFor(const Graph& g, const std::string& policy,
-                                   int64_t budget) {
-  ASSIGN_OR_RETURN(std::unique_ptr<Planner> planner, MakePlanner(policy));
-  PlannerOptions options;
-  options.budget_bytes = budget;
-  options.time_limit_s = 10;
-  return planner->Plan(g, options);
-}
-
-absl::StatusOr<ExecutionResult> RunPlan(const Graph& g, const Schedule& s,
-                                        Backend& b) {
-  ExecutorOptions options;
-  options.seed = 7;
-  return Execute(g, s, b, options);
-}
-
-std::vector<uint8_t> Bytes(const HostTensor& t) {
-  const auto* p = reinterpret_cast<const uint8_t*>(t.array.data.data());
-  return std::vector<uint8_t>(p, p + t.array.data.size());
-}
-
-std::vector<float> Floats(const HostTensor& t) {
-  std::vector<float> out(t.array.data.size() / sizeof(float));
-  std::memcpy(out.data(), t.array.data.data(), out.size() * sizeof(float));
-  return out;
-}
+using ::pebble::testing::Bytes;
+using ::pebble::testing::Cuda;
+using ::pebble::testing::ExpectClose;
+using ::pebble::testing::Floats;
+using ::pebble::testing::Model;
+using ::pebble::testing::PlanFor;
+using ::pebble::testing::RunPlan;
 
 // Whether every output has the reference's bits.
 bool SameBits(const ExecutionResult& a, const ExecutionResult& b) {
@@ -292,14 +262,8 @@ void ExpectSplitMatches(const Graph& g, const ExecutionResult& whole,
   }
   ASSERT_EQ(run->outputs.size(), whole.outputs.size());
   for (size_t i = 0; i < run->outputs.size(); ++i) {
-    const std::vector<float> a = Floats(run->outputs[i]), b = Floats(whole.outputs[i]);
-    ASSERT_EQ(a.size(), b.size());
-    double scale = 0, err = 0;
-    for (size_t j = 0; j < a.size(); ++j) {
-      scale = std::max(scale, std::abs(static_cast<double>(b[j])));
-      err = std::max(err, std::abs(static_cast<double>(a[j]) - b[j]));
-    }
-    EXPECT_LE(err, 1e-7 + 1e-4 * scale) << g.id(run->outputs[i].node);
+    ExpectClose(Floats(run->outputs[i]), Floats(whole.outputs[i]), 1e-4, 1e-7,
+                g.id(run->outputs[i].node));
   }
 }
 

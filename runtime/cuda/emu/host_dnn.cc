@@ -34,13 +34,8 @@ struct BlasHandle {
 
 constexpr int kMaxDims = 5;  // n, c and up to 3 spatial dims
 
-struct TensorDescE {
-  bool set = false;
-  cudnnDataType_t type = CUDNN_DATA_FLOAT;
-  int nd = 0;
-  std::array<int, kMaxDims> dims{};
-};
-struct FilterDescE {
+// A packed NCHW tensor or filter descriptor (they hold the same here).
+struct NdDescE {
   bool set = false;
   cudnnDataType_t type = CUDNN_DATA_FLOAT;
   int nd = 0;
@@ -88,6 +83,29 @@ bool Supported(cudnnDataType_t t) {
          t == CUDNN_DATA_BFLOAT16;
 }
 
+// cudnnSetTensorNdDescriptorEx and cudnnSetFilterNdDescriptor: packed
+// NCHW of 4 or 5 dims, each at least 1, fewer than 2^31 elements.
+template <typename Desc>
+cudnnStatus_t SetNd(Desc desc, cudnnTensorFormat_t format, cudnnDataType_t type,
+                    int nd, const int dims[]) {
+  if (desc == nullptr || dims == nullptr) return CUDNN_STATUS_BAD_PARAM_NULL_POINTER;
+  if (format != CUDNN_TENSOR_NCHW || nd < 4 || nd > kMaxDims || !Supported(type)) {
+    return CUDNN_STATUS_BAD_PARAM;
+  }
+  int64_t elements = 1;
+  for (int i = 0; i < nd; ++i) {
+    if (dims[i] < 1) return CUDNN_STATUS_BAD_PARAM;
+    elements *= dims[i];
+  }
+  if (elements > 0x7fffffff) return CUDNN_STATUS_NOT_SUPPORTED;
+  auto* d = reinterpret_cast<NdDescE*>(desc);
+  d->type = type;
+  d->nd = nd;
+  for (int i = 0; i < nd; ++i) d->dims[static_cast<size_t>(i)] = dims[i];
+  d->set = true;
+  return CUDNN_STATUS_SUCCESS;
+}
+
 // The geometry of (x, w, conv, y), or BAD_PARAM when they do not agree (or
 // NOT_SUPPORTED for what the emulation leaves out: dilation, convolution
 // mode, compute types other than fp32).
@@ -97,10 +115,10 @@ cudnnStatus_t Check(cudnnTensorDescriptor_t xd, cudnnFilterDescriptor_t wd,
   if (xd == nullptr || wd == nullptr || cd == nullptr || yd == nullptr) {
     return CUDNN_STATUS_BAD_PARAM_NULL_POINTER;
   }
-  const auto& x = *reinterpret_cast<const TensorDescE*>(xd);
-  const auto& w = *reinterpret_cast<const FilterDescE*>(wd);
+  const auto& x = *reinterpret_cast<const NdDescE*>(xd);
+  const auto& w = *reinterpret_cast<const NdDescE*>(wd);
   const auto& conv = *reinterpret_cast<const ConvDescE*>(cd);
-  const auto& y = *reinterpret_cast<const TensorDescE*>(yd);
+  const auto& y = *reinterpret_cast<const NdDescE*>(yd);
   if (!x.set || !w.set || !conv.set || !y.set) {
     return CUDNN_STATUS_BAD_PARAM_NOT_FINALIZED;
   }
@@ -139,6 +157,19 @@ cudnnStatus_t Check(cudnnTensorDescriptor_t xd, cudnnFilterDescriptor_t wd,
   }
   if (g->n < 1 || g->c < 1 || g->o < 1) return CUDNN_STATUS_BAD_PARAM;
   return CUDNN_STATUS_SUCCESS;
+}
+
+// Checks (x, w, conv, y) and hands their geometry to `call`, or returns
+// what the check answered.
+template <typename Call>
+cudnnStatus_t WithGeom(cudnnTensorDescriptor_t x, cudnnFilterDescriptor_t w,
+                       cudnnConvolutionDescriptor_t conv,
+                       cudnnTensorDescriptor_t y, Call call) {
+  Geom g;
+  if (cudnnStatus_t s = Check(x, w, conv, y, &g); s != CUDNN_STATUS_SUCCESS) {
+    return s;
+  }
+  return call(g);
 }
 
 bool RefusedHere(const Geom& g, bool at_call) {
@@ -369,26 +400,25 @@ void Convolve(Dir dir, const Geom& g, const void* a, const void* b, void* out,
 struct AlgoInfo {
   int algo;
   cudnnMathType_t math;
-  bool deterministic;
 };
 
 std::vector<AlgoInfo> Ranked(Dir dir) {
   if (dir == Dir::kForward) {
-    return {{CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM,
-             CUDNN_TENSOR_OP_MATH, true},
-            {CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM, CUDNN_FMA_MATH, true}};
+    return {{CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM, CUDNN_TENSOR_OP_MATH},
+            {CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM, CUDNN_FMA_MATH}};
   }
-  return {{0, CUDNN_FMA_MATH, false},
-          {1, CUDNN_TENSOR_OP_MATH, true},
-          {1, CUDNN_FMA_MATH, true}};
+  return {{0, CUDNN_FMA_MATH}, {1, CUDNN_TENSOR_OP_MATH}, {1, CUDNN_FMA_MATH}};
 }
 
+// Whether the heuristics of `dir` offer `algo`.
 bool KnownAlgo(Dir dir, int algo) {
-  return dir == Dir::kForward ? algo == CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM ||
-                                    algo == CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM
-                              : algo == 0 || algo == 1;
+  for (const AlgoInfo& a : Ranked(dir)) {
+    if (a.algo == algo) return true;
+  }
+  return false;
 }
 
+// ALGO_0 of the backward directions is non-deterministic (as in cuDNN).
 bool Deterministic(Dir dir, int algo) { return dir == Dir::kForward || algo != 0; }
 
 // Workspace of (algorithm, math) in bytes.
@@ -414,7 +444,8 @@ cudnnStatus_t Heuristics(Dir dir, const Geom& g, int requested, int* returned,
     Geom with_math = g;
     with_math.math = a.math;
     p.memory = static_cast<size_t>(Workspace(with_math));
-    p.determinism = a.deterministic ? CUDNN_DETERMINISTIC : CUDNN_NON_DETERMINISTIC;
+    p.determinism =
+        Deterministic(dir, a.algo) ? CUDNN_DETERMINISTIC : CUDNN_NON_DETERMINISTIC;
     p.mathType = a.math;
     perf[count++] = p;
   }
@@ -540,71 +571,38 @@ cudnnStatus_t CUDNNWINAPI cudnnSetStream(cudnnHandle_t handle,
 
 cudnnStatus_t CUDNNWINAPI
 cudnnCreateTensorDescriptor(cudnnTensorDescriptor_t* d) {
-  *d = reinterpret_cast<cudnnTensorDescriptor_t>(new emu::TensorDescE);
+  *d = reinterpret_cast<cudnnTensorDescriptor_t>(new emu::NdDescE);
   return CUDNN_STATUS_SUCCESS;
 }
 
 cudnnStatus_t CUDNNWINAPI
 cudnnDestroyTensorDescriptor(cudnnTensorDescriptor_t d) {
-  delete reinterpret_cast<emu::TensorDescE*>(d);
+  delete reinterpret_cast<emu::NdDescE*>(d);
   return CUDNN_STATUS_SUCCESS;
 }
 
 cudnnStatus_t CUDNNWINAPI cudnnSetTensorNdDescriptorEx(
     cudnnTensorDescriptor_t desc, cudnnTensorFormat_t format,
     cudnnDataType_t type, int nd, const int dims[]) {
-  if (desc == nullptr || dims == nullptr) return CUDNN_STATUS_BAD_PARAM_NULL_POINTER;
-  if (format != CUDNN_TENSOR_NCHW || nd < 4 || nd > emu::kMaxDims ||
-      !emu::Supported(type)) {
-    return CUDNN_STATUS_BAD_PARAM;
-  }
-  auto* t = reinterpret_cast<emu::TensorDescE*>(desc);
-  int64_t elements = 1;
-  for (int i = 0; i < nd; ++i) {
-    if (dims[i] < 1) return CUDNN_STATUS_BAD_PARAM;
-    elements *= dims[i];
-  }
-  // Descriptors hold fewer than 2^31 elements.
-  if (elements > 0x7fffffff) return CUDNN_STATUS_NOT_SUPPORTED;
-  t->type = type;
-  t->nd = nd;
-  for (int i = 0; i < nd; ++i) t->dims[static_cast<size_t>(i)] = dims[i];
-  t->set = true;
-  return CUDNN_STATUS_SUCCESS;
+  return emu::SetNd(desc, format, type, nd, dims);
 }
 
 cudnnStatus_t CUDNNWINAPI
 cudnnCreateFilterDescriptor(cudnnFilterDescriptor_t* d) {
-  *d = reinterpret_cast<cudnnFilterDescriptor_t>(new emu::FilterDescE);
+  *d = reinterpret_cast<cudnnFilterDescriptor_t>(new emu::NdDescE);
   return CUDNN_STATUS_SUCCESS;
 }
 
 cudnnStatus_t CUDNNWINAPI
 cudnnDestroyFilterDescriptor(cudnnFilterDescriptor_t d) {
-  delete reinterpret_cast<emu::FilterDescE*>(d);
+  delete reinterpret_cast<emu::NdDescE*>(d);
   return CUDNN_STATUS_SUCCESS;
 }
 
 cudnnStatus_t CUDNNWINAPI cudnnSetFilterNdDescriptor(
     cudnnFilterDescriptor_t desc, cudnnDataType_t type,
     cudnnTensorFormat_t format, int nd, const int dims[]) {
-  if (desc == nullptr || dims == nullptr) return CUDNN_STATUS_BAD_PARAM_NULL_POINTER;
-  if (format != CUDNN_TENSOR_NCHW || nd < 4 || nd > emu::kMaxDims ||
-      !emu::Supported(type)) {
-    return CUDNN_STATUS_BAD_PARAM;
-  }
-  auto* f = reinterpret_cast<emu::FilterDescE*>(desc);
-  int64_t elements = 1;
-  for (int i = 0; i < nd; ++i) {
-    if (dims[i] < 1) return CUDNN_STATUS_BAD_PARAM;
-    elements *= dims[i];
-  }
-  if (elements > 0x7fffffff) return CUDNN_STATUS_NOT_SUPPORTED;
-  f->type = type;
-  f->nd = nd;
-  for (int i = 0; i < nd; ++i) f->dims[static_cast<size_t>(i)] = dims[i];
-  f->set = true;
-  return CUDNN_STATUS_SUCCESS;
+  return emu::SetNd(desc, format, type, nd, dims);
 }
 
 cudnnStatus_t CUDNNWINAPI
@@ -658,12 +656,10 @@ cudnnStatus_t CUDNNWINAPI cudnnGetConvolutionForwardAlgorithm_v7(
     const cudnnFilterDescriptor_t w, const cudnnConvolutionDescriptor_t conv,
     const cudnnTensorDescriptor_t y, const int requested, int* returned,
     cudnnConvolutionFwdAlgoPerf_t* perf) {
-  emu::Geom g;
-  if (cudnnStatus_t s = emu::Check(x, w, conv, y, &g); s != CUDNN_STATUS_SUCCESS) {
-    return s;
-  }
-  return emu::Heuristics<cudnnConvolutionFwdAlgoPerf_t, cudnnConvolutionFwdAlgo_t>(
-      emu::Dir::kForward, g, requested, returned, perf);
+  return emu::WithGeom(x, w, conv, y, [&](const emu::Geom& g) {
+    return emu::Heuristics<cudnnConvolutionFwdAlgoPerf_t, cudnnConvolutionFwdAlgo_t>(
+        emu::Dir::kForward, g, requested, returned, perf);
+  });
 }
 
 cudnnStatus_t CUDNNWINAPI cudnnGetConvolutionBackwardDataAlgorithm_v7(
@@ -671,13 +667,11 @@ cudnnStatus_t CUDNNWINAPI cudnnGetConvolutionBackwardDataAlgorithm_v7(
     const cudnnTensorDescriptor_t dy, const cudnnConvolutionDescriptor_t conv,
     const cudnnTensorDescriptor_t dx, const int requested, int* returned,
     cudnnConvolutionBwdDataAlgoPerf_t* perf) {
-  emu::Geom g;
-  if (cudnnStatus_t s = emu::Check(dx, w, conv, dy, &g); s != CUDNN_STATUS_SUCCESS) {
-    return s;
-  }
-  return emu::Heuristics<cudnnConvolutionBwdDataAlgoPerf_t,
-                         cudnnConvolutionBwdDataAlgo_t>(
-      emu::Dir::kBackwardData, g, requested, returned, perf);
+  return emu::WithGeom(dx, w, conv, dy, [&](const emu::Geom& g) {
+    return emu::Heuristics<cudnnConvolutionBwdDataAlgoPerf_t,
+                           cudnnConvolutionBwdDataAlgo_t>(
+        emu::Dir::kBackwardData, g, requested, returned, perf);
+  });
 }
 
 cudnnStatus_t CUDNNWINAPI cudnnGetConvolutionBackwardFilterAlgorithm_v7(
@@ -685,13 +679,11 @@ cudnnStatus_t CUDNNWINAPI cudnnGetConvolutionBackwardFilterAlgorithm_v7(
     const cudnnTensorDescriptor_t dy, const cudnnConvolutionDescriptor_t conv,
     const cudnnFilterDescriptor_t dw, const int requested, int* returned,
     cudnnConvolutionBwdFilterAlgoPerf_t* perf) {
-  emu::Geom g;
-  if (cudnnStatus_t s = emu::Check(x, dw, conv, dy, &g); s != CUDNN_STATUS_SUCCESS) {
-    return s;
-  }
-  return emu::Heuristics<cudnnConvolutionBwdFilterAlgoPerf_t,
-                         cudnnConvolutionBwdFilterAlgo_t>(
-      emu::Dir::kBackwardFilter, g, requested, returned, perf);
+  return emu::WithGeom(x, dw, conv, dy, [&](const emu::Geom& g) {
+    return emu::Heuristics<cudnnConvolutionBwdFilterAlgoPerf_t,
+                           cudnnConvolutionBwdFilterAlgo_t>(
+        emu::Dir::kBackwardFilter, g, requested, returned, perf);
+  });
 }
 
 cudnnStatus_t CUDNNWINAPI cudnnGetConvolutionForwardWorkspaceSize(
@@ -699,11 +691,9 @@ cudnnStatus_t CUDNNWINAPI cudnnGetConvolutionForwardWorkspaceSize(
     const cudnnFilterDescriptor_t w, const cudnnConvolutionDescriptor_t conv,
     const cudnnTensorDescriptor_t y, cudnnConvolutionFwdAlgo_t algo,
     size_t* bytes) {
-  emu::Geom g;
-  if (cudnnStatus_t s = emu::Check(x, w, conv, y, &g); s != CUDNN_STATUS_SUCCESS) {
-    return s;
-  }
-  return emu::WorkspaceSize(emu::Dir::kForward, g, algo, bytes);
+  return emu::WithGeom(x, w, conv, y, [&](const emu::Geom& g) {
+    return emu::WorkspaceSize(emu::Dir::kForward, g, algo, bytes);
+  });
 }
 
 cudnnStatus_t CUDNNWINAPI cudnnGetConvolutionBackwardDataWorkspaceSize(
@@ -711,11 +701,9 @@ cudnnStatus_t CUDNNWINAPI cudnnGetConvolutionBackwardDataWorkspaceSize(
     const cudnnTensorDescriptor_t dy, const cudnnConvolutionDescriptor_t conv,
     const cudnnTensorDescriptor_t dx, cudnnConvolutionBwdDataAlgo_t algo,
     size_t* bytes) {
-  emu::Geom g;
-  if (cudnnStatus_t s = emu::Check(dx, w, conv, dy, &g); s != CUDNN_STATUS_SUCCESS) {
-    return s;
-  }
-  return emu::WorkspaceSize(emu::Dir::kBackwardData, g, algo, bytes);
+  return emu::WithGeom(dx, w, conv, dy, [&](const emu::Geom& g) {
+    return emu::WorkspaceSize(emu::Dir::kBackwardData, g, algo, bytes);
+  });
 }
 
 cudnnStatus_t CUDNNWINAPI cudnnGetConvolutionBackwardFilterWorkspaceSize(
@@ -723,11 +711,9 @@ cudnnStatus_t CUDNNWINAPI cudnnGetConvolutionBackwardFilterWorkspaceSize(
     const cudnnTensorDescriptor_t dy, const cudnnConvolutionDescriptor_t conv,
     const cudnnFilterDescriptor_t dw, cudnnConvolutionBwdFilterAlgo_t algo,
     size_t* bytes) {
-  emu::Geom g;
-  if (cudnnStatus_t s = emu::Check(x, dw, conv, dy, &g); s != CUDNN_STATUS_SUCCESS) {
-    return s;
-  }
-  return emu::WorkspaceSize(emu::Dir::kBackwardFilter, g, algo, bytes);
+  return emu::WithGeom(x, dw, conv, dy, [&](const emu::Geom& g) {
+    return emu::WorkspaceSize(emu::Dir::kBackwardFilter, g, algo, bytes);
+  });
 }
 
 cudnnStatus_t CUDNNWINAPI cudnnConvolutionForward(
@@ -736,12 +722,10 @@ cudnnStatus_t CUDNNWINAPI cudnnConvolutionForward(
     const cudnnConvolutionDescriptor_t conv, cudnnConvolutionFwdAlgo_t algo,
     void* workspace, size_t workspace_bytes, const void* beta,
     const cudnnTensorDescriptor_t yd, void* y) {
-  emu::Geom g;
-  if (cudnnStatus_t s = emu::Check(xd, wd, conv, yd, &g); s != CUDNN_STATUS_SUCCESS) {
-    return s;
-  }
-  return emu::Run(handle, emu::Dir::kForward, g, algo, alpha, x, w, workspace,
-                  workspace_bytes, beta, y);
+  return emu::WithGeom(xd, wd, conv, yd, [&](const emu::Geom& g) {
+    return emu::Run(handle, emu::Dir::kForward, g, algo, alpha, x, w, workspace,
+                    workspace_bytes, beta, y);
+  });
 }
 
 cudnnStatus_t CUDNNWINAPI cudnnConvolutionBackwardData(
@@ -750,12 +734,10 @@ cudnnStatus_t CUDNNWINAPI cudnnConvolutionBackwardData(
     const cudnnConvolutionDescriptor_t conv, cudnnConvolutionBwdDataAlgo_t algo,
     void* workspace, size_t workspace_bytes, const void* beta,
     const cudnnTensorDescriptor_t dxd, void* dx) {
-  emu::Geom g;
-  if (cudnnStatus_t s = emu::Check(dxd, wd, conv, dyd, &g); s != CUDNN_STATUS_SUCCESS) {
-    return s;
-  }
-  return emu::Run(handle, emu::Dir::kBackwardData, g, algo, alpha, w, dy,
-                  workspace, workspace_bytes, beta, dx);
+  return emu::WithGeom(dxd, wd, conv, dyd, [&](const emu::Geom& g) {
+    return emu::Run(handle, emu::Dir::kBackwardData, g, algo, alpha, w, dy,
+                    workspace, workspace_bytes, beta, dx);
+  });
 }
 
 cudnnStatus_t CUDNNWINAPI cudnnConvolutionBackwardFilter(
@@ -765,12 +747,10 @@ cudnnStatus_t CUDNNWINAPI cudnnConvolutionBackwardFilter(
     cudnnConvolutionBwdFilterAlgo_t algo, void* workspace,
     size_t workspace_bytes, const void* beta,
     const cudnnFilterDescriptor_t dwd, void* dw) {
-  emu::Geom g;
-  if (cudnnStatus_t s = emu::Check(xd, dwd, conv, dyd, &g); s != CUDNN_STATUS_SUCCESS) {
-    return s;
-  }
-  return emu::Run(handle, emu::Dir::kBackwardFilter, g, algo, alpha, x, dy,
-                  workspace, workspace_bytes, beta, dw);
+  return emu::WithGeom(xd, dwd, conv, dyd, [&](const emu::Geom& g) {
+    return emu::Run(handle, emu::Dir::kBackwardFilter, g, algo, alpha, x, dy,
+                    workspace, workspace_bytes, beta, dw);
+  });
 }
 
 // ---- cuBLAS.

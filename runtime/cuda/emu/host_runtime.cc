@@ -37,7 +37,6 @@ cudaError_t sticky_error = cudaSuccess;
 constexpr size_t kMaxPitch = 2147483647;
 
 struct EmuStream {
-  int64_t created = 0;  // creation order
   bool destroyed = false;
   std::deque<std::function<void()>> pending;
   int64_t enqueued = 0, executed = 0;
@@ -55,8 +54,7 @@ struct Device {
   std::recursive_mutex mutex;
   StreamSchedule schedule = StreamSchedule::kImmediate;
   int count = 1;
-  int64_t next_stream = 0;
-  std::vector<EmuStream*> streams;  // live, in creation order
+  std::vector<EmuStream*> streams;  // in creation order
   std::map<const void*, size_t> device_allocs, pinned_allocs;
   int64_t device_in_use = 0;
 };
@@ -368,7 +366,6 @@ cudaError_t CUDARTAPI cudaStreamCreateWithFlags(cudaStream_t* stream,
   emu::Device& d = emu::Dev();
   std::lock_guard<std::recursive_mutex> lock(d.mutex);
   auto* s = new emu::EmuStream;
-  s->created = d.next_stream++;
   d.streams.push_back(s);
   *stream = reinterpret_cast<cudaStream_t>(s);
   return cudaSuccess;

@@ -1,0 +1,88 @@
+// Helpers shared by the CUDA backend's tests: tests/cuda_backend_test.cc
+// (on a GPU, and on the host emulation) and tests/emu/. Needs the CUDA
+// backend (PEBBLE_HAVE_CUDA_BACKEND).
+#ifndef PEBBLE_TESTS_CUDA_TEST_UTIL_H_
+#define PEBBLE_TESTS_CUDA_TEST_UTIL_H_
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "graph/models/models.h"
+#include "graph/status.h"
+#include "gtest/gtest.h"
+#include "runtime/cuda/cuda_backend.h"
+#include "runtime/executor.h"
+#include "scheduler/planner.h"
+
+namespace pebble::testing {
+
+// A CUDA backend, or null with a test failure.
+inline std::unique_ptr<Backend> Cuda(const CudaBackendOptions& options = {}) {
+  auto b = MakeCudaBackend(options);
+  EXPECT_TRUE(b.ok()) << b.status();
+  return b.ok() ? *std::move(b) : nullptr;
+}
+
+// A zoo model, or an empty graph with a test failure.
+inline Graph Model(const std::string& text) {
+  auto g = BuildModel(text);
+  EXPECT_TRUE(g.ok()) << g.status();
+  return g.ok() ? *std::move(g) : Graph();
+}
+
+inline absl::StatusOr<PlanResult> PlanFor(const Graph& g, const std::string& policy,
+                                          int64_t budget) {
+  ASSIGN_OR_RETURN(std::unique_ptr<Planner> planner, MakePlanner(policy));
+  PlannerOptions options;
+  options.budget_bytes = budget;
+  options.time_limit_s = 20;
+  return planner->Plan(g, options);
+}
+
+// One step with inputs generated from seed 7.
+inline absl::StatusOr<ExecutionResult> RunPlan(const Graph& g, const Schedule& s,
+                                               Backend& b) {
+  ExecutorOptions options;
+  options.seed = 7;
+  return Execute(g, s, b, options);
+}
+
+// An output's raw bytes (for bitwise checks).
+inline std::vector<uint8_t> Bytes(const HostTensor& t) {
+  const auto* p = reinterpret_cast<const uint8_t*>(t.array.data.data());
+  return std::vector<uint8_t>(p, p + t.array.data.size());
+}
+
+// An fp32 output's values (bf16 outputs come back as fp32); empty for
+// other dtypes.
+inline std::vector<float> Floats(const HostTensor& t) {
+  std::vector<float> out(t.array.data.size() / sizeof(float));
+  if (t.array.dtype == DType::kFloat32) {
+    std::memcpy(out.data(), t.array.data.data(), out.size() * sizeof(float));
+  } else {
+    out.clear();
+  }
+  return out;
+}
+
+// max |a - b| <= atol + rtol * max |b| over the tensor.
+inline void ExpectClose(const std::vector<float>& a, const std::vector<float>& b,
+                        double rtol, double atol, const std::string& what) {
+  ASSERT_EQ(a.size(), b.size()) << what;
+  double scale = 0, err = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    scale = std::max(scale, std::abs(static_cast<double>(b[i])));
+    err = std::max(err, std::abs(static_cast<double>(a[i]) - b[i]));
+  }
+  EXPECT_LE(err, atol + rtol * scale) << what << ": max error " << err << " at scale " << scale;
+}
+
+}  // namespace pebble::testing
+
+#endif  // PEBBLE_TESTS_CUDA_TEST_UTIL_H_
