@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <iostream>
 #include <memory>
 #include <string>
 #include <vector>
@@ -106,6 +107,31 @@ TEST(CudaBackendNoDeviceTest, CoversEveryOpOfTheCpuBackend) {
   }
 }
 
+TEST(CudaBackendNoDeviceTest, KinkProbesAddTheMaskOpsToTheOutputs) {
+  const Graph g = ::pebble::testing::Model("mnist-cnn:batch=2");
+  const Graph probed = ::pebble::testing::WithKinkProbes(g);
+  ASSERT_EQ(probed.num_nodes(), g.num_nodes());
+  int masks = 0;
+  for (NodeId v = 0; v < g.num_nodes(); ++v) {
+    const NodeId p = probed.Find(g.id(v));
+    ASSERT_NE(p, kNoNode) << g.id(v);
+    const bool mask = g.op(v) == "relu_backward" || g.op(v) == "maxpool_backward";
+    masks += mask;
+    EXPECT_EQ(probed.is_output(p), g.is_output(v) || mask) << g.id(v);
+  }
+  EXPECT_EQ(masks, 5);  // 3 ReLUs, 2 max pools
+}
+
+TEST(CudaBackendNoDeviceTest, KinkDisagreementsCountOneSidedZeros) {
+  using ::pebble::testing::KinkDisagreements;
+  // -0 and 0 agree; 0 against 1e-6 (a ReLU mask) and 1 against 0 (a window's
+  // other candidate) disagree; different nonzero values are a matter for
+  // the tolerance, not the masks.
+  EXPECT_EQ(KinkDisagreements({0.f, 1.f, 0.f, -0.f, 2.f}, {0.f, 0.f, 1e-6f, 0.f, 3.f}), 2);
+  EXPECT_EQ(KinkDisagreements({1.f, 2.f}, {1.f, 2.f}), 0);
+  EXPECT_EQ(KinkDisagreements({1.f}, {1.f, 0.f}), 0);
+}
+
 // The host emulation of the backend (tests/emu/, docs/cuda.md) runs these
 // tests too, on the CPU, where a U-Net step of 16^3 voxels takes most of a
 // minute: there it runs the 8^3 one.
@@ -122,9 +148,11 @@ using ::pebble::testing::Bytes;
 using ::pebble::testing::Cuda;
 using ::pebble::testing::ExpectClose;
 using ::pebble::testing::Floats;
+using ::pebble::testing::KinkDisagreements;
 using ::pebble::testing::Model;
 using ::pebble::testing::PlanFor;
 using ::pebble::testing::RunPlan;
+using ::pebble::testing::WithKinkProbes;
 
 TEST(CudaBackendTest, DescribesTheDevice) {
   SKIP_WITHOUT_DEVICE();
@@ -134,6 +162,17 @@ TEST(CudaBackendTest, DescribesTheDevice) {
   EXPECT_THAT(b->Description(), HasSubstr("cuDNN"));
   EXPECT_GE(b->MemoryStats().driver_bytes_in_use, 0);
 }
+
+// Seeds tried per model until a run puts no value at a kink
+// (tests/cuda_test_util.h, "Kinks"). On the host emulation a U-Net step of
+// 16^3 voxels disagrees at 1, 4, 3, 4, 0 and 0 positions for seeds 7 to 12
+// (gradients 0.8% to 21% apart; 1.3e-5 at seeds 11 and 12): about one seed
+// in three is comparable, so 16 seeds all fail with probability near 0.2%.
+constexpr uint64_t kFirstSeed = 7;
+constexpr uint64_t kSeedsTried = 16;
+// Each value at a kink makes a few positions disagree (a window's two
+// candidates, the ReLU masks beneath them). More is a wrong mask.
+constexpr int64_t kMaxKinkDisagreements = 16;
 
 TEST(CudaBackendTest, GradientsMatchTheCpuBackend) {
   SKIP_WITHOUT_DEVICE();
@@ -150,22 +189,51 @@ TEST(CudaBackendTest, GradientsMatchTheCpuBackend) {
         "vgg16:batch=2,image=32",
         "transformer:layers=2,seq=16,dim=32,heads=4,batch=2,vocab=50"}) {
     SCOPED_TRACE(model);
-    const Graph g = Model(model);
+    const Graph original = Model(model);
+    const Graph g = WithKinkProbes(original);
     auto plan = PlanFor(g, "baseline", PlannerOptions{}.budget_bytes);
     ASSERT_TRUE(plan.ok()) << plan.status();
-    auto on_cpu = RunPlan(g, plan->schedule, **cpu);
-    if (!on_cpu.ok()) {
-      ADD_FAILURE() << "CPU run failed: " << on_cpu.status();
-      continue;
+    bool settled = false;  // compared, or failed for another reason than kinks
+    for (uint64_t seed = kFirstSeed; seed < kFirstSeed + kSeedsTried && !settled; ++seed) {
+      auto on_cpu = RunPlan(g, plan->schedule, **cpu, seed);
+      if (!on_cpu.ok()) {
+        ADD_FAILURE() << "CPU run failed: " << on_cpu.status();
+        settled = true;
+        break;
+      }
+      auto on_gpu = RunPlan(g, plan->schedule, *gpu, seed);
+      ASSERT_TRUE(on_gpu.ok()) << on_gpu.status();
+      ASSERT_EQ(on_cpu->outputs.size(), on_gpu->outputs.size());
+      int64_t disagreements = 0;
+      for (size_t i = 0; i < on_cpu->outputs.size(); ++i) {
+        if (!original.is_output(original.Find(g.id(on_cpu->outputs[i].node)))) {
+          disagreements +=
+              KinkDisagreements(Floats(on_gpu->outputs[i]), Floats(on_cpu->outputs[i]));
+        }
+      }
+      if (disagreements > kMaxKinkDisagreements) {
+        ADD_FAILURE() << "seed " << seed << ": relu_backward and maxpool_backward are zero at "
+                      << disagreements << " positions on one backend only: more than values "
+                      << "at kinks explain";
+        settled = true;
+        break;
+      }
+      if (disagreements > 0) {
+        std::cout << "[   INFO   ] " << model << ", seed " << seed << ": " << disagreements
+                  << " positions where the backends' ReLU masks or max-pool choices differ "
+                     "(values at kinks); the gradients are not comparable, next seed\n";
+        continue;
+      }
+      for (size_t i = 0; i < on_cpu->outputs.size(); ++i) {
+        const std::string& id = g.id(on_cpu->outputs[i].node);
+        if (!original.is_output(original.Find(id))) continue;
+        ExpectClose(Floats(on_gpu->outputs[i]), Floats(on_cpu->outputs[i]), 2e-3, 1e-6,
+                    absl::StrCat(model, " seed ", seed, " ", id));
+      }
+      settled = true;
     }
-    auto on_gpu = RunPlan(g, plan->schedule, *gpu);
-    ASSERT_TRUE(on_gpu.ok()) << on_gpu.status();
-    ASSERT_EQ(on_cpu->outputs.size(), on_gpu->outputs.size());
-    for (size_t i = 0; i < on_cpu->outputs.size(); ++i) {
-      const std::string id = g.id(on_cpu->outputs[i].node);
-      ExpectClose(Floats(on_gpu->outputs[i]), Floats(on_cpu->outputs[i]), 2e-3, 1e-6,
-                  model + " " + id);
-    }
+    EXPECT_TRUE(settled) << "no seed from " << kFirstSeed << " to "
+                          << kFirstSeed + kSeedsTried - 1 << " ran without values at kinks";
   }
 }
 

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "graph/graph.h"
 #include "graph/models/models.h"
 #include "graph/status.h"
 #include "gtest/gtest.h"
@@ -45,11 +46,11 @@ inline absl::StatusOr<PlanResult> PlanFor(const Graph& g, const std::string& pol
   return planner->Plan(g, options);
 }
 
-// One step with inputs generated from seed 7.
+// One step with inputs generated from `seed`.
 inline absl::StatusOr<ExecutionResult> RunPlan(const Graph& g, const Schedule& s,
-                                               Backend& b) {
+                                               Backend& b, uint64_t seed = 7) {
   ExecutorOptions options;
-  options.seed = 7;
+  options.seed = seed;
   return Execute(g, s, b, options);
 }
 
@@ -81,6 +82,42 @@ inline void ExpectClose(const std::vector<float>& a, const std::vector<float>& b
     err = std::max(err, std::abs(static_cast<double>(a[i]) - b[i]));
   }
   EXPECT_LE(err, atol + rtol * scale) << what << ": max error " << err << " at scale " << scale;
+}
+
+// Kinks. relu_backward passes g where y > 0 and maxpool_backward routes g to
+// each window's maximum: both pick a piece of a piecewise-linear function by
+// a comparison. Where a forward value lies within rounding of the kink (a
+// ReLU input next to 0, two values of a window next to each other), two
+// correct backends whose sums differ in the last bits can pick different
+// pieces. The gradient then differs by its own size at that position, and
+// batch-norm and convolution backward spread the difference over whole
+// tensors (unet3d at 16^3, seed 7: one ReLU output is 0 on the CPU backend
+// and 1.3e-6 on the CUDA one, and the first block's weight gradients differ
+// by 0.8%). A comparison of such a run tests the inputs, not the backends.
+
+// The graph with the output of every relu_backward and maxpool_backward node
+// added to its outputs, so that their zero patterns can be compared. The
+// values of the original outputs do not change.
+inline Graph WithKinkProbes(const Graph& g) {
+  GraphBuilder b(g.name());
+  for (NodeId v = 0; v < g.num_nodes(); ++v) b.AddNode(SpecOf(g, v));
+  for (NodeId v : g.outputs()) b.AddOutput(g.id(v));
+  for (NodeId v = 0; v < g.num_nodes(); ++v) {
+    if (g.op(v) == "relu_backward" || g.op(v) == "maxpool_backward") b.AddOutput(g.id(v));
+  }
+  auto probed = b.Build();
+  EXPECT_TRUE(probed.ok()) << probed.status();
+  return probed.ok() ? *std::move(probed) : Graph();
+}
+
+// Positions where exactly one of two runs' outputs of a kink op is zero: the
+// places where the backends picked different pieces (0 where the values are
+// not fp32 or differ in size, which the caller's comparison reports).
+inline int64_t KinkDisagreements(const std::vector<float>& a, const std::vector<float>& b) {
+  if (a.size() != b.size()) return 0;
+  int64_t n = 0;
+  for (size_t i = 0; i < a.size(); ++i) n += (a[i] == 0.f) != (b[i] == 0.f);
+  return n;
 }
 
 }  // namespace pebble::testing
