@@ -31,6 +31,7 @@ nlohmann::json MeasuredToJson(const Graph& graph, const ExecutionResult& r, bool
       {"time_s", r.time_s},
       {"kernel_time_s", r.kernel_time_s},
       {"copy_time_s", r.copy_time_s},
+      {"copy_overlap_s", r.copy_overlap_s},
       {"overhead_s", r.overhead_s},
       {"setup_s", r.setup_s},
   };
@@ -284,10 +285,11 @@ int RunRun(const RunFlags& f) {
   std::cout << absl::StrFormat("  kernel scratch  %s outside the plan\n",
                                FormatBytes(r.backend_memory.scratch_bytes_peak));
   std::cout << absl::StrFormat(
-      "  time            %s (kernels %s, copies %s, executor %s; setup %s before); model "
-      "makespan %s\n",
+      "  time            %s (kernels %s, copies %s of which %s under compute, executor %s; "
+      "setup %s before); model makespan %s\n",
       Seconds(r.time_s), Seconds(r.kernel_time_s), Seconds(r.copy_time_s),
-      Seconds(r.overhead_s), Seconds(r.setup_s), Seconds(p.makespan));
+      Seconds(r.copy_overlap_s), Seconds(r.overhead_s), Seconds(r.setup_s),
+      Seconds(p.makespan));
   std::cout << absl::StrFormat("  steps           %d (%d recomputations, %s transferred)\n",
                                r.steps.size(), p.recomputations, FormatBytes(p.transfer_bytes));
   std::cout << absl::StrFormat("  inputs          %d read from files, %d generated (seed %d)\n",

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <filesystem>
 #include <limits>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "graph/status.h"
@@ -356,6 +357,44 @@ absl::Status AtStep(const Graph& graph, const Schedule& schedule, int k,
 
 }  // namespace
 
+namespace {
+
+using Interval = std::pair<double, double>;  // [start, end], seconds
+
+// Sorted, disjoint intervals covering the same time as `v`.
+std::vector<Interval> UnionOf(std::vector<Interval> v) {
+  std::sort(v.begin(), v.end());
+  std::vector<Interval> merged;
+  for (const Interval& i : v) {
+    if (i.second <= i.first) continue;
+    if (!merged.empty() && i.first <= merged.back().second) {
+      merged.back().second = std::max(merged.back().second, i.second);
+    } else {
+      merged.push_back(i);
+    }
+  }
+  return merged;
+}
+
+}  // namespace
+
+double CopyComputeOverlapSeconds(const std::vector<StepMeasurement>& steps) {
+  std::vector<Interval> compute, copy;
+  for (const StepMeasurement& m : steps) {
+    if (m.action == Action::kCompute) compute.emplace_back(m.start_s, m.end_s);
+    if (m.action == Action::kOffload || m.action == Action::kPrefetch) {
+      copy.emplace_back(m.start_s, m.end_s);
+    }
+  }
+  const std::vector<Interval> a = UnionOf(std::move(compute)), b = UnionOf(std::move(copy));
+  double overlap = 0;
+  for (size_t i = 0, j = 0; i < a.size() && j < b.size();) {
+    overlap += std::max(0.0, std::min(a[i].second, b[j].second) - std::max(a[i].first, b[j].first));
+    (a[i].second < b[j].second) ? ++i : ++j;
+  }
+  return overlap;
+}
+
 absl::StatusOr<ExecutionResult> Execute(const Graph& graph, const Schedule& schedule,
                                         Backend& backend, const ExecutorOptions& options,
                                         const MemoryLayout* given_layout) {
@@ -625,8 +664,11 @@ absl::StatusOr<ExecutionResult> Execute(const Graph& graph, const Schedule& sche
   (void)last_compute;
   (void)last_copy;
   result.time_s = last_end;
-  result.overhead_s =
-      std::max(0.0, result.time_s - result.kernel_time_s - result.copy_time_s);
+  result.copy_overlap_s = CopyComputeOverlapSeconds(result.steps);
+  // Each stream runs its steps one at a time, so kernels + copies - overlap
+  // is the time either stream was busy.
+  result.overhead_s = std::max(0.0, result.time_s - result.kernel_time_s - result.copy_time_s +
+                                        result.copy_overlap_s);
 
   // 6. Outputs.
   if (options.download_outputs) {

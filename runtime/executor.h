@@ -112,10 +112,14 @@ struct ExecutionResult {
   double time_s = 0;         // first event to the end of the last step
   double kernel_time_s = 0;  // sum of compute-step durations
   double copy_time_s = 0;    // sum of offload and prefetch durations
-  // time_s - kernel_time_s - copy_time_s, never negative: what the executor
-  // itself costs on a synchronous backend (on an asynchronous one copies
-  // overlap compute and this is a lower bound).
+  // time_s - (kernel_time_s + copy_time_s - copy_overlap_s), never
+  // negative: the time neither stream ran a step, what the executor itself
+  // costs between steps.
   double overhead_s = 0;
+  // Seconds during which a copy step and a compute step ran at once
+  // (CopyComputeOverlapSeconds): the transfer time the copy stream hid
+  // behind compute. 0 on a synchronous backend (the CPU's).
+  double copy_overlap_s = 0;
   std::vector<StepMeasurement> steps;
 
   // ---- Results.
@@ -137,6 +141,11 @@ struct ExecutionResult {
 absl::StatusOr<ExecutionResult> Execute(const Graph& graph, const Schedule& schedule,
                                         Backend& backend, const ExecutorOptions& options = {},
                                         const MemoryLayout* layout = nullptr);
+
+// The length of the intersection of two time sets: the union of the compute
+// steps' [start_s, end_s] and the union of the offload and prefetch steps'.
+// Free steps take no time and count in neither.
+double CopyComputeOverlapSeconds(const std::vector<StepMeasurement>& steps);
 
 // ---- Persistent tensors (docs/runtime.md, "Inputs").
 

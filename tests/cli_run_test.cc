@@ -68,9 +68,12 @@ TEST(CliRunTest, JsonReportsPredictedAndMeasured) {
   }
   const nlohmann::json& m = j["measured"];
   for (const char* key : {"peak_bytes", "arena_bytes", "host_peak_bytes", "scratch_bytes",
-                          "time_s", "kernel_time_s", "overhead_s", "steps"}) {
+                          "time_s", "kernel_time_s", "copy_time_s", "copy_overlap_s",
+                          "overhead_s", "steps"}) {
     EXPECT_TRUE(m.contains(key)) << key;
   }
+  // The CPU backend runs one step at a time.
+  EXPECT_EQ(m["copy_overlap_s"].get<double>(), 0);
   EXPECT_EQ(m["peak_bytes"], j["predicted"]["peak_bytes"]);
   EXPECT_EQ(m["arena_bytes"], j["predicted"]["arena_bytes"]);
   EXPECT_EQ(j["peak_equal"], true);

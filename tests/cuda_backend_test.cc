@@ -281,6 +281,30 @@ TEST(CudaBackendTest, GradientsAreBitwiseEqualAcrossPolicies) {
   }
 }
 
+TEST(CudaBackendTest, TransfersOverlapCompute) {
+  SKIP_WITHOUT_DEVICE();
+  if (kEmulated) GTEST_SKIP() << "the emulated streams run one call at a time";
+  auto gpu = Cuda();
+  ASSERT_NE(gpu, nullptr);
+  // vDNN at the least budget it fits offloads the U-Net's convolution inputs
+  // after their forward use and prefetches them a layer ahead (30 MB at
+  // 16^3): the copy stream should run while the compute stream does.
+  const Graph g = Model(kUnet3d);
+  auto base = PlanFor(g, "baseline", PlannerOptions{}.budget_bytes);
+  ASSERT_TRUE(base.ok()) << base.status();
+  auto plan = ::pebble::testing::TightPlan(g, "vdnn", base->report.peak_bytes);
+  ASSERT_TRUE(plan.has_value());
+  ASSERT_GT(plan->report.transfer_bytes, 0);
+  auto run = RunPlan(g, plan->schedule, *gpu);
+  ASSERT_TRUE(run.ok()) << run.status();
+  EXPECT_EQ(run->peak_bytes, plan->report.peak_bytes);
+  EXPECT_GT(run->copy_time_s, 0);
+  EXPECT_GT(run->copy_overlap_s, 0) << "no copy ran while a kernel did (copies "
+                                    << run->copy_time_s << " s, kernels "
+                                    << run->kernel_time_s << " s)";
+  EXPECT_LE(run->copy_overlap_s, std::min(run->copy_time_s, run->kernel_time_s));
+}
+
 TEST(CudaBackendTest, MeasuredPeakEqualsPlannedArena) {
   SKIP_WITHOUT_DEVICE();
   auto gpu = Cuda();

@@ -349,6 +349,37 @@ TEST(ExecutorTest, HandTracedOffloadTimes) {
   EXPECT_DOUBLE_EQ(r->time_s, 10);
   EXPECT_DOUBLE_EQ(r->kernel_time_s, 3);
   EXPECT_DOUBLE_EQ(r->copy_time_s, 8);
+  // Compute b [5, 6] runs under prefetch a [5, 9]; neither stream idles.
+  EXPECT_DOUBLE_EQ(r->copy_overlap_s, 1);
+  EXPECT_DOUBLE_EQ(r->overhead_s, 0);
+}
+
+TEST(ExecutorTest, CopyComputeOverlapIsTheIntersectionOfTheStreamsBusyTimes) {
+  auto step = [](Action a, double start, double end) {
+    StepMeasurement m;
+    m.action = a;
+    m.start_s = start;
+    m.end_s = end;
+    return m;
+  };
+  EXPECT_DOUBLE_EQ(CopyComputeOverlapSeconds({}), 0);
+  // Computes [0, 2] [3, 6]; copies [1, 4] and [5, 10] (out of order);
+  // a free spanning everything counts in neither.
+  EXPECT_DOUBLE_EQ(CopyComputeOverlapSeconds({step(Action::kCompute, 0, 2),
+                                              step(Action::kPrefetch, 5, 10),
+                                              step(Action::kCompute, 3, 6),
+                                              step(Action::kOffload, 1, 4),
+                                              step(Action::kFree, 0, 10)}),
+                   1 + 1 + 1);
+  // Copies that overlap each other count once; touching is no overlap.
+  EXPECT_DOUBLE_EQ(CopyComputeOverlapSeconds({step(Action::kCompute, 0, 4),
+                                              step(Action::kOffload, 1, 3),
+                                              step(Action::kPrefetch, 2, 5),
+                                              step(Action::kPrefetch, 4, 4)}),
+                   3);
+  EXPECT_DOUBLE_EQ(CopyComputeOverlapSeconds({step(Action::kCompute, 0, 1),
+                                              step(Action::kOffload, 1, 2)}),
+                   0);
 }
 
 // A prefetch that no compute reads before the tensor is freed: the free
