@@ -21,7 +21,8 @@ dumps with PyTorch's loss and gradients (autograd, training mode):
 
 Exit status: 0 when everything matches, 1 on a mismatch or a failed pebble
 command (the message names the tensor and the policy), 2 on a usage error,
-77 when numpy or torch cannot be imported (ctest's SKIP_RETURN_CODE).
+77 when numpy or torch cannot be imported, or when `--backend cuda` finds no
+CUDA device and PEBBLE_REQUIRE_CUDA is not set (ctest's SKIP_RETURN_CODE).
 """
 
 import argparse
@@ -101,6 +102,28 @@ def check_has_run(pebble):
             "this pebble binary has no usable `run` command (`%s run --help` "
             "exited %d without --inputs/--dump): the cross-check cannot run"
             % (pebble, proc.returncode))
+
+
+class NoDevice(Exception):
+    """The backend has no device here: exit 77 (skip)."""
+
+
+def check_backend_has_device(pebble, backend):
+    """NoDevice when `--backend cuda` finds no CUDA device (a machine without a
+    GPU skips the GPU cross-checks), unless PEBBLE_REQUIRE_CUDA is set (as
+    scripts/gpu-check sets it): then a Failure, since a GPU machine whose
+    runtime cannot see its device must not look green."""
+    if backend == "cpu":
+        return
+    proc = subprocess.run([pebble, "run", "--model", "conv3d:n=4", "--backend", backend],
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          universal_newlines=True)
+    if proc.returncode == 0 or "no CUDA device" not in proc.stderr:
+        return  # a device, or another error that the real runs report
+    why = proc.stderr.strip().splitlines()[-1]
+    if os.environ.get("PEBBLE_REQUIRE_CUDA"):
+        raise Failure("PEBBLE_REQUIRE_CUDA is set but: " + why)
+    raise NoDevice(why)
 
 
 def npy_dtype_name(np, dtype):
@@ -346,6 +369,7 @@ def crosscheck(args, np, torch, models):
                 % p)
     policies = ["baseline"] + [p for p in policies if p != "baseline"]
     check_has_run(pebble)
+    check_backend_has_device(pebble, args.backend)
 
     workdir = args.workdir
     own_workdir = workdir is None
@@ -491,6 +515,9 @@ def main(argv):
     except UsageError as e:
         print("crosscheck: %s" % e, file=sys.stderr)
         return EXIT_USAGE
+    except NoDevice as e:
+        log("SKIP: --backend %s: %s" % (args.backend, e))
+        return EXIT_SKIP
     except Failure as e:
         log("FAIL: %s" % e)
         return EXIT_FAIL
