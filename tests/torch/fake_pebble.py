@@ -2,6 +2,7 @@
 
     fake_pebble.py --real PEBBLE [--corrupt ID] [--flip POLICY:ID]
                    [--drop ID] [--extra ID] [--ignore-input] [--no-run]
+                   [--no-device]
                    -- ARGS...
 
 Every command but `run` is passed on to the real binary PEBBLE (`policies`,
@@ -18,6 +19,7 @@ cross-check must catch:
   --extra ID        writes one more output ID
   --ignore-input    reports one persistent tensor generated, not loaded
   --no-run          has no `run` command at all (an unfinished runtime)
+  --no-device       `run --backend cuda` fails as on a machine without a GPU
 """
 
 import argparse
@@ -98,6 +100,7 @@ def main():
     parser.add_argument("--extra")
     parser.add_argument("--ignore-input", action="store_true")
     parser.add_argument("--no-run", action="store_true")
+    parser.add_argument("--no-device", action="store_true")
     opts = parser.parse_args(argv[:split])
     rest = argv[split + 1:]
     if rest and rest[0] == "run":
@@ -108,6 +111,10 @@ def main():
             print("pebble run --model M --policy P --budget B --inputs DIR "
                   "--dump DIR --json")
             return 0
+        if opts.no_device and "cuda" in rest:
+            print("pebble: no CUDA device: no CUDA-capable device is detected "
+                  "(cudaErrorNoDevice); use --backend cpu", file=sys.stderr)
+            return 1
         return fake_run(rest[1:], opts)
     return subprocess.call([opts.real] + rest)
 

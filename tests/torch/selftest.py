@@ -10,7 +10,8 @@ clean and once with each planted fault. The clean run must pass; each fault
 policy, a missing output, an extra output, an input not read, a pebble
 without `run`, no recomputation where one is expected) must fail with exit 1
 and a message naming the tensor and the policy; a bad model spec or policy is
-a usage error (2). The tolerance rules are also checked on synthetic tensors.
+a usage error (2); `--backend cuda` without a device skips (77), or fails
+under PEBBLE_REQUIRE_CUDA. The tolerance rules are also checked on synthetic tensors.
 Exit 0 when the harness behaves, 1 otherwise, 77 without numpy/torch.
 """
 
@@ -29,7 +30,7 @@ MODEL = "conv3d:n=8"
 POLICIES = "baseline"
 
 # (name, fake_pebble options, crosscheck extra args, expected exit, texts
-# the output must contain).
+# the output must contain[, environment variables set for the case]).
 CASES = [
     ("clean", [], ["--policies", "baseline,sqrtn"], 0, ["PASS"]),
     ("wrong gradient", ["--corrupt", "grad:conv2.weight"], [], 1,
@@ -48,6 +49,12 @@ CASES = [
     ("no run command", ["--no-run"], [], 1, ["no usable `run` command"]),
     ("no recompute", [], ["--expect-recompute"], 1,
      ["no policy recomputed anything"]),
+    ("cuda", [], ["--backend", "cuda"], 0, ["PASS"]),
+    ("no device", ["--no-device"], ["--backend", "cuda"], 77,
+     ["SKIP: --backend cuda: pebble: no CUDA device"]),
+    ("no device, required", ["--no-device"], ["--backend", "cuda"], 1,
+     ["PEBBLE_REQUIRE_CUDA is set but: pebble: no CUDA device"],
+     {"PEBBLE_REQUIRE_CUDA": "1"}),
     ("bad model", [], ["--model", "conv3d:m=3"], 2, []),
     ("bad policy", [], ["--policies", "baseline,no-such-policy"], 2, []),
 ]
@@ -118,19 +125,26 @@ def main(argv):
     print("tolerance rules: %s" % ("ok" if not problems else
                                    "WRONG: " + "; ".join(problems)))
     with tempfile.TemporaryDirectory(prefix="pebble-selftest-") as tmp:
-        for name, faults, extra, want_code, want_texts in CASES:
+        for name, faults, extra, want_code, want_texts, *env in CASES:
             pebble = write_wrapper(tmp, real, faults)
             cc_args = ["--pebble", pebble, "--model", MODEL,
                        "--policies", POLICIES, "--optional-policies", "",
                        "--workdir", os.path.join(tmp, "work")] + extra
             out = io.StringIO()
-            with contextlib.redirect_stdout(out), \
-                    contextlib.redirect_stderr(out):
-                code = crosscheck.main(cc_args)
+            saved = dict(os.environ)
+            os.environ.pop("PEBBLE_REQUIRE_CUDA", None)
+            os.environ.update(env[0] if env else {})
+            try:
+                with contextlib.redirect_stdout(out), \
+                        contextlib.redirect_stderr(out):
+                    code = crosscheck.main(cc_args)
+            finally:
+                os.environ.clear()
+                os.environ.update(saved)
             text = out.getvalue()
             missing = [t for t in want_texts if t not in text]
             verdict = "ok" if code == want_code and not missing else "WRONG"
-            print("%-16s exit %d (want %d) %s" % (name, code, want_code,
+            print("%-20s exit %d (want %d) %s" % (name, code, want_code,
                                                   verdict), flush=True)
             if verdict != "ok":
                 problems.append(name)
