@@ -20,6 +20,11 @@ docs/models.md) runs
 fp32 everywhere with TF32 off on both sides (pebble's CUDA backend runs fp32
 convolutions in FMA math), so times compare the same arithmetic.
 
+Then, for the question the seed report asks ("what is the largest N this
+card trains, and at what cost?"), `pebble fit --model conv3d --vary n
+--budget B --verify --backend cuda` finds each policy's largest N within the
+budget and runs it: a second table (--no-fit leaves it out).
+
 Writes bench/results/gpu-<device>-<date>.md (with -2, -3, ... added rather
 than replacing an earlier table of the same day) and exits non-zero when a
 pebble run fails for any reason other than an infeasible budget, or when a
@@ -99,6 +104,57 @@ def run_pebble(pebble, n, policy, budget, backend, timeout):
                time_s=m.get("time_s"), predicted_peak=p.get("peak_bytes"),
                peak_equal=doc.get("peak_equal"))
     return row, None
+
+
+def run_fit(pebble, policies, budget, device, timeout):
+    """`pebble fit ... --verify --json` over N: (doc, failures). A failed
+    command, or a verify run that failed, is a failure."""
+    cmd = [pebble, "fit", "--model", "conv3d", "--vary", "n", "--budget", budget,
+           "--policies", ",".join(policies), "--verify", "--backend", device, "--json"]
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return None, [f"pebble fit: over {timeout:g} s"]
+    except OSError as e:
+        return None, [f"pebble fit: {e}"]
+    try:
+        doc = json.loads(out.stdout) if out.returncode == 0 else None
+    except json.JSONDecodeError:
+        doc = None
+    if doc is None:
+        err = (out.stderr.strip().splitlines() or ["(no JSON document)"])[-1]
+        return None, [f"pebble fit failed: {err}"]
+    failures = [f"pebble fit: {r['policy']} at n={r.get('value')}: {r['verify_error']}"
+                for r in doc.get("results", []) if r.get("verify_error")]
+    return doc, failures
+
+
+def fit_markdown(doc, device):
+    """The largest-N table of a `pebble fit --verify --json` document."""
+    lines = ["", f"## Largest N within {doc['budget']} (`pebble fit --model conv3d --vary n "
+             f"--verify --backend {device}`)", "",
+             "Each policy's largest N whose planned peak fits the budget, run once: measured "
+             "peak beside the planned one, compute overhead over one pass, bytes moved to the "
+             "host, and the step's time (one step, without a warm-up). The naive row is the "
+             f"seed report's rule of thumb ({doc['naive']['rule']}).", "",
+             "| policy | largest N | planned peak GiB | measured peak GiB | equal | overhead "
+             "| transferred GiB | time s | note |",
+             "| --- | ---: | ---: | ---: | --- | ---: | ---: | ---: | --- |"]
+    naive = doc["naive"].get("value")
+    lines.append(f"| naive | {'-' if naive is None else naive} | | | | | | | |")
+    for r in doc["results"]:
+        m = r.get("measured") or {}
+        value = r.get("value")
+        equal = {True: "yes", False: "NO"}.get(m.get("peak_equal"), "-")
+        overhead = r.get("overhead")
+        t = m.get("time_s")
+        note = (r.get("verify_error") or r.get("note") or "").replace("|", "/")
+        lines.append(f"| {r['policy']} | {'-' if value is None else value} | "
+                     f"{gib(r.get('predicted_peak_bytes'))} | {gib(m.get('peak_bytes'))} | "
+                     f"{equal} | {'-' if overhead is None else f'{overhead:.1%}'} | "
+                     f"{gib(r.get('transfer_bytes'))} | {'-' if t is None else f'{t:.3f}'} | "
+                     f"{note} |")
+    return lines
 
 
 TORCH_CASE = r"""
@@ -189,7 +245,7 @@ def torch_modes(device):
     return modes + [m + "+fraction" for m in modes] if device == "cuda" else modes
 
 
-def to_markdown(rows, device_label, device, budget, torch_version, remarks=()):
+def to_markdown(rows, device_label, device, budget, torch_version, remarks=(), fit_doc=None):
     if device == "cuda":
         memory = ("peak = measured peak of the executor's tensors, arena = the one cudaMalloc, "
                   "driver = cudaMemGetInfo's used bytes after the run (CUDA context and "
@@ -219,6 +275,8 @@ def to_markdown(rows, device_label, device, budget, torch_version, remarks=()):
         lines.append(f"| {r['n']} | {r['system']} | {r['mode']} | {r.get('status')} | "
                      f"{gib(r.get('peak'))} | {gib(second)} | {gib(r.get('driver'))} | "
                      f"{'-' if t is None else f'{t:.3f}'} | {note.replace('|', '/')} |")
+    if fit_doc is not None:
+        lines += fit_markdown(fit_doc, device)
     if remarks:
         lines += [""] + [f"- {r}" for r in remarks]
     return "\n".join(lines) + "\n"
@@ -255,6 +313,8 @@ def main():
                     help="cpu: the same cases on the CPU, to check this script without a GPU")
     ap.add_argument("--output-dir", default=os.path.join(os.path.dirname(__file__), "results"))
     ap.add_argument("--timeout", type=float, default=1800, help="seconds per case")
+    ap.add_argument("--no-fit", action="store_true",
+                    help="leave out the largest-N table (pebble fit --verify)")
     args = ap.parse_args()
 
     try:
@@ -314,12 +374,22 @@ def main():
         if failure:
             failures.append(failure)
 
+    fit_doc = None
+    if not args.no_fit:
+        fit_doc, fit_failures = run_fit(args.pebble, policies, args.budget, args.device,
+                                        args.timeout)
+        failures += fit_failures
+        remarks += fit_failures
+        if fit_doc is not None:
+            print(json.dumps({"system": "pebble-fit", "results": fit_doc["results"],
+                              "naive": fit_doc["naive"]}), flush=True)
+
     os.makedirs(args.output_dir, exist_ok=True)
     slug = re.sub(r"[^A-Za-z0-9]+", "-", device_label).strip("-").lower()
     path = unused_path(args.output_dir, f"gpu-{slug}-{datetime.date.today().isoformat()}")
     with open(path, "w") as f:
         f.write(to_markdown(rows, device_label, args.device, args.budget, torch_version,
-                            remarks))
+                            remarks, fit_doc))
     print(f"gpu_bench: wrote {path}")
     for failure in failures:
         print("gpu_bench: FAILED: " + failure, file=sys.stderr)

@@ -14,8 +14,11 @@ recomputing policies meet, and checks:
     large; PyTorch eager and checkpoint 'ok' with a time; no '+fraction'
     case on the CPU; a Markdown row for every case;
   * a second run writes a new table beside the first, which stays as it was;
+  * the largest-N table (pebble fit --verify): baseline's largest N is 15,
+    sqrtn's 16, every run's measured peak equal to the planned one;
   * a pebble whose `run` fails (not for the budget) makes the script exit 1,
-    naming the policy, and still write the table;
+    naming the policy, and still write the table; a failing `fit` is named
+    too;
   * bad --sizes is a usage error (2);
   * where PyTorch cannot use CUDA, --device cuda exits 1 and says so on
     stderr and in the table.
@@ -43,7 +46,7 @@ def bench(pebble, out_dir, *extra):
            "--timeout", "300", *extra]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     rows = [json.loads(l) for l in out.stdout.splitlines() if l.startswith("{")]
-    return out, rows
+    return out, [r for r in rows if r["system"] != "pebble-fit"]  # per-N cases
 
 
 def tables(out_dir):
@@ -95,6 +98,18 @@ def main():
                 text = f.read()
             body = [l for l in text.splitlines() if l.startswith("| 16 |")]
             check(len(body) == len(rows), f"{len(body)} table rows for {len(rows)} cases")
+            # The largest-N table: baseline's peak passes the budget at 16
+            # (so 15), the recomputing policies' does not; every run's
+            # measured peak is the planned one.
+            check("## Largest N within 470000B" in text, "no largest-N table")
+            fit = {l.split("|")[1].strip(): [c.strip() for c in l.split("|")[2:-1]]
+                   for l in text.split("## Largest N", 1)[-1].splitlines()
+                   if l.startswith("| ") and not l.startswith("| policy")}
+            check(fit.get("baseline", [""])[0] == "15", f"baseline's largest N: {fit.get('baseline')}")
+            check(fit.get("sqrtn", [""])[0] == "16", f"sqrtn's largest N: {fit.get('sqrtn')}")
+            for policy in (r["mode"] for r in pebble_rows):
+                check(policy in fit and fit[policy][3] == "yes",
+                      f"largest-N row of {policy}: {fit.get(policy)}")
 
             out2, _ = bench(args.pebble, out_dir)
             check(out2.returncode == 0, f"second run exited {out2.returncode}")
@@ -109,6 +124,8 @@ def main():
             f.write("#!/bin/sh\n"
                     "if [ \"$1\" = run ]; then echo 'pebble: CUDA error: planted' >&2; "
                     "exit 3; fi\n"
+                    "if [ \"$1\" = fit ]; then echo 'pebble: planted fit error' >&2; "
+                    "exit 1; fi\n"
                     f"exec '{os.path.abspath(args.pebble)}' \"$@\"\n")
         os.chmod(broken, os.stat(broken).st_mode | stat.S_IXUSR)
         broken_dir = os.path.join(tmp, "broken")
@@ -116,6 +133,8 @@ def main():
         check(out3.returncode == 1, f"failing pebble: exit {out3.returncode}, expected 1")
         check("FAILED: pebble run sqrtn n=16 failed: pebble: CUDA error: planted"
               in out3.stderr, f"failing pebble: stderr lacks the policy: {out3.stderr!r}")
+        check("FAILED: pebble fit failed: pebble: planted fit error" in out3.stderr,
+              f"failing pebble fit: not reported: {out3.stderr!r}")
         check(os.path.isdir(broken_dir) and len(tables(broken_dir)) == 1,
               "failing pebble: no table written")
         check(any(r["status"] == "error" for r in rows3), "failing pebble: no error row")
