@@ -30,6 +30,14 @@ inline std::string ReadFileText(const std::string& path) {
   return ss.str();
 }
 
+// The directory whose bin/pebble the CLI tests run: $PEBBLE_BINARY_DIR when
+// set (binaries moved to another machine, scripts/gpu-bundle), else the
+// build tree the tests were built in.
+inline std::string PebbleBinaryDir() {
+  const char* dir = std::getenv("PEBBLE_BINARY_DIR");
+  return dir != nullptr && *dir != '\0' ? dir : PEBBLE_BINARY_DIR;
+}
+
 // Runs `<build>/bin/pebble <args>` through the shell, capturing both
 // streams. ctest runs the tests of one file in parallel processes, so the
 // capture files are named by process id and call.
@@ -40,7 +48,7 @@ inline CliResult RunPebble(const std::string& args) {
       "pebble_cli_" + std::to_string(getpid()) + "_" + std::to_string(++calls);
   const std::string out_path = (dir / (stem + ".out")).string();
   const std::string err_path = (dir / (stem + ".err")).string();
-  const std::string cmd = std::string(PEBBLE_BINARY_DIR) + "/bin/pebble " + args + " >" +
+  const std::string cmd = PebbleBinaryDir() + "/bin/pebble " + args + " >" +
                           out_path + " 2>" + err_path;
   const int status = std::system(cmd.c_str());
   CliResult r;

@@ -2,6 +2,8 @@
 // and applying a profile to a graph.
 #include "scheduler/cost_profile.h"
 
+#include <unistd.h>
+
 #include <cstdio>
 #include <fstream>
 #include <string>
@@ -112,7 +114,8 @@ TEST(CostProfileTest, ReadsAFile) {
   CostProfile p;
   p.backend = "cpu";
   p.entries["relu|fp32(4)|fp32|{}"] = 1e-3;
-  const std::string path = std::string(PEBBLE_BINARY_DIR) + "/cost_profile_test.json";
+  const std::string path = ::testing::TempDir() + "cost_profile_test_" +
+                           std::to_string(getpid()) + ".json";
   {
     std::ofstream out(path);
     out << CostProfileToJson(p).dump(2);

@@ -1,0 +1,60 @@
+#!/usr/bin/env python3
+"""The PyTorch cross-checks of the CUDA backend, in one place.
+
+    crosscheck_cuda.py --pebble PATH [--workdir DIR]
+
+Runs crosscheck.py --backend cuda on each case below: every gradient and the
+loss of `pebble run --backend cuda` against PyTorch, every policy bitwise
+equal to the baseline. ctest registers it as torch_crosscheck_cuda;
+scripts/gpu-check runs it from a build tree or from prebuilt binaries.
+
+The models are small on purpose: the more ReLU and max-pool values a step
+has, the likelier one lies at a kink, where two correct backends differ
+(docs/cuda.md, "Values at kinks").
+
+Exit 0 when every case passes, 1 when one fails, 77 when the first case
+skips (no CUDA device without PEBBLE_REQUIRE_CUDA, or no numpy/torch).
+"""
+
+import argparse
+import os
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+CASES = [
+    ("conv3d", ["--model", "conv3d:n=16",
+                "--policies", "baseline,best-order,sqrtn,dtr,checkmate-lp",
+                "--optional-policies", "vdnn,swap,hybrid", "--expect-recompute"]),
+    ("mnist", ["--model", "mnist-cnn:batch=8",
+               "--optional-policies", "vdnn,swap,hybrid",
+               "--expect-recompute", "--expect-offload"]),
+]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--pebble", required=True, help="a pebble built with CUDA")
+    ap.add_argument("--workdir", help="inputs and dumps go to WORKDIR/<case>")
+    args = ap.parse_args()
+    failed = []
+    for k, (name, case) in enumerate(CASES):
+        cmd = [sys.executable, os.path.join(HERE, "crosscheck.py"), "--pebble", args.pebble,
+               "--backend", "cuda"] + case
+        if args.workdir:
+            cmd += ["--workdir", os.path.join(args.workdir, name)]
+        print(f"== {name}: {' '.join(cmd[2:])}", flush=True)
+        code = subprocess.call(cmd)
+        if code == 77 and k == 0:
+            return 77
+        if code != 0:
+            failed.append(f"{name} (exit {code})")
+    if failed:
+        print("FAIL: " + ", ".join(failed))
+        return 1
+    print(f"PASS: {len(CASES)} cases")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
