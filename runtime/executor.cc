@@ -355,10 +355,6 @@ absl::Status AtStep(const Graph& graph, const Schedule& schedule, int k,
                                                   status.message()));
 }
 
-}  // namespace
-
-namespace {
-
 using Interval = std::pair<double, double>;  // [start, end], seconds
 
 // Sorted, disjoint intervals covering the same time as `v`.
@@ -389,7 +385,9 @@ double CopyComputeOverlapSeconds(const std::vector<StepMeasurement>& steps) {
   const std::vector<Interval> a = UnionOf(std::move(compute)), b = UnionOf(std::move(copy));
   double overlap = 0;
   for (size_t i = 0, j = 0; i < a.size() && j < b.size();) {
-    overlap += std::max(0.0, std::min(a[i].second, b[j].second) - std::max(a[i].first, b[j].first));
+    const double start = std::max(a[i].first, b[j].first);
+    const double end = std::min(a[i].second, b[j].second);
+    overlap += std::max(0.0, end - start);
     (a[i].second < b[j].second) ? ++i : ++j;
   }
   return overlap;
