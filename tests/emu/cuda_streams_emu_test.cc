@@ -9,7 +9,8 @@
 //  - cuDNN refusals (from the heuristics, or only from the call) take the
 //    split fallback, whose results match the unsplit ones.
 //  - Only deterministic algorithms in FMA math run on fp32 data.
-//  - No device is a clear error; a backend returns every byte it took.
+//  - No device is a clear error; a backend returns every byte it took;
+//    overlapping copies (undefined on the device) fail.
 // tests/cuda_backend_test.cc, linked into the same binary, runs the device
 // tests on the emulated device too.
 #include <cstring>
@@ -371,6 +372,25 @@ TEST(EmulatedDeviceTest, ABackendReturnsEveryDeviceByte) {
     EXPECT_GE(gpu->MemoryStats().driver_bytes_in_use, emu::kContextBytes);
   }
   EXPECT_EQ(emu::DeviceBytesInUse(), before);
+}
+
+TEST(EmulatedDeviceTest, OverlappingCopiesFail) {
+  // Undefined on the device; the emulator refuses them (host_runtime.cc).
+  void* p = nullptr;
+  ASSERT_EQ(cudaMalloc(&p, 1024), cudaSuccess);
+  char* b = static_cast<char*>(p);
+  EXPECT_EQ(cudaMemcpyAsync(b + 8, b, 64, cudaMemcpyDeviceToDevice, nullptr),
+            cudaErrorInvalidValue);
+  EXPECT_EQ(cudaMemcpyAsync(b, b + 63, 64, cudaMemcpyDeviceToDevice, nullptr),
+            cudaErrorInvalidValue);
+  // Rows 128 bytes apart: the source's span [0, 320) meets the
+  // destination's [256, 576).
+  EXPECT_EQ(cudaMemcpy2DAsync(b + 256, 128, b, 128, 64, 3, cudaMemcpyDeviceToDevice, nullptr),
+            cudaErrorInvalidValue);
+  // Adjacent spans do not overlap.
+  EXPECT_EQ(cudaMemcpyAsync(b + 64, b, 64, cudaMemcpyDeviceToDevice, nullptr), cudaSuccess);
+  EXPECT_EQ(cudaStreamSynchronize(nullptr), cudaSuccess);
+  EXPECT_EQ(cudaFree(p), cudaSuccess);
 }
 
 }  // namespace

@@ -17,6 +17,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -131,11 +132,17 @@ cudaError_t CheckPitches(size_t width, size_t dpitch, size_t spitch) {
 // A copy enqueued on `stream`, reading `src_bytes` from src and writing
 // `dst_bytes` at dst: staged when its source is pageable host memory,
 // finished before returning when its destination is (CUDA Runtime API,
-// "API synchronization behavior", asynchronous copies).
+// "API synchronization behavior", asynchronous copies). Source and
+// destination spans that overlap are undefined on the device ("the memory
+// areas may not overlap"); here they fail with cudaErrorInvalidValue, so a
+// caller that relies on memmove semantics is found.
 cudaError_t EnqueueCopy(void* dst, size_t dst_bytes, const void* src,
                         size_t src_bytes, cudaMemcpyKind kind,
                         cudaStream_t stream,
                         std::function<void(void*, const void*)> copy) {
+  const auto to = reinterpret_cast<uintptr_t>(dst);
+  const auto from = reinterpret_cast<uintptr_t>(src);
+  if (to < from + src_bytes && from < to + dst_bytes) return cudaErrorInvalidValue;
   Device& d = Dev();
   std::lock_guard<std::recursive_mutex> lock(d.mutex);
   if (kind == cudaMemcpyHostToDevice && !IsPinned(src, src_bytes)) {
@@ -462,7 +469,7 @@ cudaError_t CUDARTAPI cudaMemcpyAsync(void* dst, const void* src, size_t count,
   if (count == 0) return cudaSuccess;
   return emu::EnqueueCopy(dst, count, src, count, kind, stream,
                           [count](void* to, const void* from) {
-                            std::memmove(to, from, count);
+                            std::memcpy(to, from, count);
                           });
 }
 
@@ -483,8 +490,8 @@ cudaError_t CUDARTAPI cudaMemcpy2DAsync(void* dst, size_t dpitch,
       dst, dst_span, src, src_span, kind, stream,
       [=](void* to, const void* from) {
         for (size_t r = 0; r < height; ++r) {
-          std::memmove(static_cast<char*>(to) + r * dpitch,
-                       static_cast<const char*>(from) + r * spitch, width);
+          std::memcpy(static_cast<char*>(to) + r * dpitch,
+                      static_cast<const char*>(from) + r * spitch, width);
         }
       });
 }
