@@ -147,11 +147,14 @@ absl::Status CheckInt(int64_t v, absl::string_view what) {
   return absl::OkStatus();
 }
 
-// Whether cuDNN refused: cuDNN 9 answers NOT_SUPPORTED with sub-codes
-// (CUDNN_STATUS_NOT_SUPPORTED_SHAPE, ..._PADDING, ...), so the category
-// decides, not the exact value.
+// Whether cuDNN refused this configuration: cuDNN 9 answers NOT_SUPPORTED
+// with sub-codes (CUDNN_STATUS_NOT_SUPPORTED_SHAPE, ..._PADDING, ...), so
+// the category decides, except for the sub-codes that describe the
+// installation, not the configuration (CudnnEnvironmentFault: a driver or
+// runtime too old, a missing sub-library): no split helps there, and the
+// call's error says what is wrong.
 bool Refused(cudnnStatus_t rc) {
-  return CUDNN_STATUS_CATEGORY(rc) == CUDNN_STATUS_NOT_SUPPORTED;
+  return CUDNN_STATUS_CATEGORY(rc) == CUDNN_STATUS_NOT_SUPPORTED && !CudnnEnvironmentFault(rc);
 }
 
 // cuDNN's tensor and filter descriptors hold fewer than 2^31 elements

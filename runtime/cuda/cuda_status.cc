@@ -13,8 +13,24 @@ std::string Where(const char* call, const char* file, int line) {
 
 }  // namespace
 
+bool CudnnEnvironmentFault(cudnnStatus_t e) {
+  switch (e) {
+    case CUDNN_STATUS_NOT_SUPPORTED_INCOMPATIBLE_CUDA_DRIVER:
+    case CUDNN_STATUS_NOT_SUPPORTED_INCOMPATIBLE_CUDART:
+    case CUDNN_STATUS_NOT_SUPPORTED_ARCH_MISMATCH:
+    case CUDNN_STATUS_NOT_SUPPORTED_RUNTIME_PREREQUISITE_MISSING:
+    case CUDNN_STATUS_NOT_SUPPORTED_SUBLIBRARY_UNAVAILABLE:
+      return true;
+    default:
+      return false;
+  }
+}
+
 absl::Status CallStatus(cudaError_t e, const char* call, const char* file,
                         int line) {
+  // The runtime also keeps e for cudaGetLastError; clear it, or the next
+  // kernel launch's check would report it again as its own.
+  (void)cudaGetLastError();
   const std::string msg = absl::StrCat(Where(call, file, line),
                                        cudaGetErrorString(e), " (",
                                        cudaGetErrorName(e), ")");
@@ -36,6 +52,14 @@ absl::Status CallStatus(cudnnStatus_t e, const char* call, const char* file,
                         int line) {
   const std::string msg =
       absl::StrCat(Where(call, file, line), cudnnGetErrorString(e));
+  if (CudnnEnvironmentFault(e)) {
+    char detail[512] = "";
+    cudnnGetLastErrorString(detail, sizeof(detail));
+    return absl::FailedPreconditionError(absl::StrCat(
+        msg, detail[0] != '\0' ? absl::StrCat(" (", detail, ")") : std::string(),
+        ": this cuDNN installation cannot run convolutions here (check the driver, the "
+        "CUDA runtime and cuDNN's sub-libraries on the library path)"));
+  }
   // cuDNN 9 codes are a category plus a sub-code (cudnn_graph.h).
   if (e == CUDNN_STATUS_INTERNAL_ERROR_HOST_ALLOCATION_FAILED ||
       e == CUDNN_STATUS_INTERNAL_ERROR_DEVICE_ALLOCATION_FAILED) {

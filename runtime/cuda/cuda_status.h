@@ -7,8 +7,9 @@
 //   cudaMalloc(&ptr, bytes) failed at runtime/cuda/cuda_backend.cc:120:
 //   out of memory (cudaErrorMemoryAllocation)
 // Out-of-memory errors are ResourceExhausted, cuDNN/cuBLAS "not supported"
-// is Unimplemented, "no device / no driver" is FailedPrecondition, anything
-// else Internal. Callers add the node, op and step.
+// is Unimplemented, "no device / no driver" (and a cuDNN installation that
+// cannot run here) is FailedPrecondition, anything else Internal. Callers
+// add the node, op and step.
 #ifndef PEBBLE_RUNTIME_CUDA_CUDA_STATUS_H_
 #define PEBBLE_RUNTIME_CUDA_CUDA_STATUS_H_
 
@@ -23,6 +24,13 @@ namespace pebble::cuda {
 inline bool CallOk(cudaError_t e) { return e == cudaSuccess; }
 inline bool CallOk(cudnnStatus_t e) { return e == CUDNN_STATUS_SUCCESS; }
 inline bool CallOk(cublasStatus_t e) { return e == CUBLAS_STATUS_SUCCESS; }
+
+// cuDNN "not supported" sub-codes that describe the installation, not the
+// configuration (cudnn_graph.h): a driver or CUDA runtime this cuDNN cannot
+// use, another GPU architecture, a missing runtime prerequisite (NVRTC) or
+// sub-library. CallStatus makes them FailedPrecondition with cuDNN's last
+// error string.
+bool CudnnEnvironmentFault(cudnnStatus_t e);
 
 absl::Status CallStatus(cudaError_t e, const char* call, const char* file,
                         int line);

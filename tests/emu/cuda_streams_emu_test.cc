@@ -318,6 +318,31 @@ TEST(EmulatedCudnnTest, RefusedEvenOnePlanePerSliceIsAnErrorNamingTheNode) {
               HasSubstr("CUDNN_STATUS_NOT_SUPPORTED_SHAPE"));
 }
 
+TEST(EmulatedCudnnTest, AnInstallationFaultIsAnErrorNotARefusal) {
+  // NOT_SUPPORTED sub-codes about the installation (here a missing
+  // sub-library) are not refusals of the configuration: no split, a
+  // FailedPrecondition naming the node, the status and cuDNN's last error.
+  EmulatorDefaults restore;
+  const Graph g = Model("conv3d:n=8,batch=2");
+  auto plan = PlanFor(g, "baseline", PlannerOptions{}.budget_bytes);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  for (bool at_call : {false, true}) {
+    SCOPED_TRACE(at_call ? "from the call" : "from the heuristics");
+    auto gpu = Cuda();
+    ASSERT_NE(gpu, nullptr);
+    emu::SetConvRefusal({1, at_call, CUDNN_STATUS_NOT_SUPPORTED_SUBLIBRARY_UNAVAILABLE});
+    auto run = RunPlan(g, plan->schedule, *gpu);
+    emu::SetConvRefusal({});
+    ASSERT_FALSE(run.ok());
+    EXPECT_EQ(run.status().code(), absl::StatusCode::kFailedPrecondition) << run.status();
+    const std::string message(run.status().message());
+    EXPECT_THAT(message, HasSubstr("node 'conv1' (op conv3d)"));
+    EXPECT_THAT(message, HasSubstr("CUDNN_STATUS_NOT_SUPPORTED_SUBLIBRARY_UNAVAILABLE"));
+    EXPECT_THAT(message, HasSubstr("emulated refusal"));  // cuDNN's last error
+    EXPECT_EQ(CudaConvSplitCount(*gpu), 0);
+  }
+}
+
 TEST(EmulatedCudnnTest, OnlyDeterministicFmaAlgorithmsRunOnFp32) {
   EmulatorDefaults restore;
   const emu::ConvCalls before = emu::GetConvCalls();

@@ -9,8 +9,10 @@
 #include <algorithm>
 #include <array>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <mutex>
+#include <string>
 #include <vector>
 
 #include "runtime/cuda/emu/host_runtime.h"
@@ -177,6 +179,14 @@ bool RefusedHere(const Geom& g, bool at_call) {
   if (refusal.x_elements_above <= 0) return false;
   if (refusal.at_call_only && !at_call) return false;
   return g.XElements() > refusal.x_elements_above;
+}
+
+// The refusal's status; cudnnGetLastErrorString then names it.
+std::string last_error;
+cudnnStatus_t RefusalStatus() {
+  std::lock_guard<std::mutex> lock(dnn_mutex);
+  last_error = std::string("emulated refusal: ") + cudnnGetErrorString(refusal.status);
+  return refusal.status;
 }
 
 // ---- Element access and the three directions.
@@ -432,7 +442,7 @@ cudnnStatus_t Heuristics(Dir dir, const Geom& g, int requested, int* returned,
   if (requested < 1 || returned == nullptr || perf == nullptr) {
     return CUDNN_STATUS_BAD_PARAM;
   }
-  if (RefusedHere(g, /*at_call=*/false)) return CUDNN_STATUS_NOT_SUPPORTED_SHAPE;
+  if (RefusedHere(g, /*at_call=*/false)) return RefusalStatus();
   const std::vector<AlgoInfo> ranked = Ranked(dir);
   int count = 0;
   for (const AlgoInfo& a : ranked) {
@@ -455,7 +465,7 @@ cudnnStatus_t Heuristics(Dir dir, const Geom& g, int requested, int* returned,
 
 cudnnStatus_t WorkspaceSize(Dir dir, const Geom& g, int algo, size_t* bytes) {
   if (bytes == nullptr || !KnownAlgo(dir, algo)) return CUDNN_STATUS_BAD_PARAM;
-  if (RefusedHere(g, /*at_call=*/false)) return CUDNN_STATUS_NOT_SUPPORTED_SHAPE;
+  if (RefusedHere(g, /*at_call=*/false)) return RefusalStatus();
   *bytes = static_cast<size_t>(Workspace(g));
   return CUDNN_STATUS_SUCCESS;
 }
@@ -471,7 +481,7 @@ cudnnStatus_t Run(cudnnHandle_t handle, Dir dir, const Geom& g, int algo,
     return CUDNN_STATUS_BAD_PARAM_NULL_POINTER;
   }
   if (!KnownAlgo(dir, algo)) return CUDNN_STATUS_BAD_PARAM;
-  if (RefusedHere(g, /*at_call=*/true)) return CUDNN_STATUS_NOT_SUPPORTED_SHAPE;
+  if (RefusedHere(g, /*at_call=*/true)) return RefusalStatus();
   const int64_t need = Workspace(g);
   if (need > 0 && (workspace == nullptr ||
                    static_cast<int64_t>(workspace_bytes) < need)) {
@@ -531,6 +541,13 @@ extern "C" {
 
 size_t CUDNNWINAPI cudnnGetVersion(void) { return CUDNN_VERSION; }
 
+void CUDNNWINAPI cudnnGetLastErrorString(char* message, size_t max_size) {
+  if (message == nullptr || max_size == 0) return;
+  std::lock_guard<std::mutex> lock(pebble::cuda::emu::dnn_mutex);
+  std::snprintf(message, max_size, "%s", pebble::cuda::emu::last_error.c_str());
+  pebble::cuda::emu::last_error.clear();
+}
+
 const char* CUDNNWINAPI cudnnGetErrorString(cudnnStatus_t status) {
   switch (status) {
     case CUDNN_STATUS_SUCCESS:
@@ -547,6 +564,8 @@ const char* CUDNNWINAPI cudnnGetErrorString(cudnnStatus_t status) {
       return "CUDNN_STATUS_NOT_SUPPORTED";
     case CUDNN_STATUS_NOT_SUPPORTED_SHAPE:
       return "CUDNN_STATUS_NOT_SUPPORTED_SHAPE";
+    case CUDNN_STATUS_NOT_SUPPORTED_SUBLIBRARY_UNAVAILABLE:
+      return "CUDNN_STATUS_NOT_SUPPORTED_SUBLIBRARY_UNAVAILABLE";
     default:
       return "CUDNN_STATUS (emulated build)";
   }

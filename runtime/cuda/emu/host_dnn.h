@@ -26,6 +26,8 @@
 #ifndef PEBBLE_RUNTIME_CUDA_EMU_HOST_DNN_H_
 #define PEBBLE_RUNTIME_CUDA_EMU_HOST_DNN_H_
 
+#include <cudnn.h>
+
 #include <cstdint>
 
 namespace pebble::cuda::emu {
@@ -35,9 +37,12 @@ namespace pebble::cuda::emu {
 // `x_elements_above` elements (0: never), as cuDNN refuses some large 3-D
 // convolutions: from the heuristics on, or, with `at_call_only`, only from
 // the convolution call (after the heuristics offered an algorithm).
+// `status` is the answer (another NOT_SUPPORTED sub-code models an
+// installation fault, which cudnnGetLastErrorString then describes).
 struct ConvRefusal {
   int64_t x_elements_above = 0;
   bool at_call_only = false;
+  cudnnStatus_t status = CUDNN_STATUS_NOT_SUPPORTED_SHAPE;
 };
 void SetConvRefusal(const ConvRefusal& refusal);
 
