@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <numeric>
 #include <utility>
 #include <vector>
 
@@ -97,6 +98,17 @@ PlaneRun ClipPlanes(int64_t planes, int64_t first, int64_t count) {
   r.copied = std::max<int64_t>(0, end - r.src_begin);
   r.zeros_after = count - r.zeros_before - r.copied;
   return r;
+}
+
+int64_t BatchSplitPoint(int64_t batch, const std::vector<int64_t>& sample_bytes) {
+  for (const int64_t align : {int64_t{16}, int64_t{4}}) {
+    int64_t step = 1;  // samples
+    for (const int64_t bytes : sample_bytes) {
+      step = std::lcm(step, align / std::gcd(align, bytes));
+    }
+    if (step < batch) return std::max(step, batch / 2 / step * step);
+  }
+  return batch / 2;
 }
 
 }  // namespace pebble

@@ -1,6 +1,7 @@
 // The arithmetic of splitting a convolution along one spatial axis (the
 // depth of a 3-D convolution) into slices that each run as a convolution of
-// their own with padding 0 along that axis (docs/cuda.md, "Split fallback").
+// their own with padding 0 along that axis, and of the batch split before it
+// (docs/cuda.md, "Split fallback").
 // Pure host code: the CUDA backend runs the slices (runtime/cuda/cuda_dnn.cc),
 // tests/conv_depth_split_test.cc checks on the CPU that the slices reproduce
 // the unsplit convolution.
@@ -93,6 +94,19 @@ struct PlaneRun {
   int64_t zeros_after = 0;
 };
 PlaneRun ClipPlanes(int64_t planes, int64_t first, int64_t count);
+
+// ---- The batch split that comes before the depth split.
+
+// Where to cut `batch` (>= 2) samples in two: the size of the first part,
+// so that the second part of every tensor of the convolution (one entry of
+// `sample_bytes` each: bytes per sample) starts as aligned as the first.
+// The multiple of the least step of samples that keeps every tensor's
+// offset a multiple of 16 bytes, nearest batch / 2 from below; failing
+// that (the step reaches `batch`), of 4 bytes (cuDNN's documented minimum
+// for tensor pointers, fp16 included); failing that, batch / 2. Since each
+// part is cut again at multiples of the same step, every part of a
+// recursive split starts aligned whenever the step fits.
+int64_t BatchSplitPoint(int64_t batch, const std::vector<int64_t>& sample_bytes);
 
 }  // namespace pebble
 

@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <numeric>
 #include <random>
 #include <string>
 #include <utility>
@@ -42,6 +43,45 @@ TEST(ConvDepthSplitTest, SplitCounts) {
   EXPECT_EQ(SplitCounts(3), (Counts{2, 3}));
   EXPECT_EQ(SplitCounts(8), (Counts{2, 4, 8}));
   EXPECT_EQ(SplitCounts(13), (Counts{2, 4, 8, 13}));
+}
+
+TEST(ConvDepthSplitTest, BatchSplitPointKeepsTheSecondPartAligned) {
+  // fp32 samples of 256 and 32 bytes: any cut is aligned, so the half.
+  EXPECT_EQ(BatchSplitPoint(10, {256, 32}), 5);
+  EXPECT_EQ(BatchSplitPoint(7, {256, 32}), 3);
+  EXPECT_EQ(BatchSplitPoint(2, {256, 32}), 1);
+  // fp32 samples of 27 elements (108 bytes): 16-byte cuts every 4 samples.
+  EXPECT_EQ(BatchSplitPoint(10, {108}), 4);
+  EXPECT_EQ(BatchSplitPoint(5, {108}), 4);
+  // fp16 samples of 27 elements (54 bytes): 16-byte cuts every 8 samples,
+  // 4-byte cuts every 2; below that the half, misaligned.
+  EXPECT_EQ(BatchSplitPoint(20, {54}), 8);
+  EXPECT_EQ(BatchSplitPoint(9, {54}), 8);
+  EXPECT_EQ(BatchSplitPoint(8, {54}), 4);
+  EXPECT_EQ(BatchSplitPoint(6, {54}), 2);
+  EXPECT_EQ(BatchSplitPoint(3, {54}), 2);
+  EXPECT_EQ(BatchSplitPoint(2, {54}), 1);
+  // Every tensor counts: 54 bytes needs 8 samples, 8 bytes 2.
+  EXPECT_EQ(BatchSplitPoint(16, {8, 54}), 8);
+  EXPECT_EQ(BatchSplitPoint(16, {8}), 8);
+  EXPECT_EQ(BatchSplitPoint(10, {8}), 4);
+  // Always a cut inside the batch; aligned to 16 whenever a 16-byte step
+  // fits, else to 4 whenever a 4-byte step does.
+  for (int64_t batch = 2; batch <= 40; ++batch) {
+    for (const std::vector<int64_t>& bytes :
+         std::vector<std::vector<int64_t>>{{2}, {6, 10}, {54, 4}, {12}, {1024}}) {
+      const int64_t first = BatchSplitPoint(batch, bytes);
+      ASSERT_GE(first, 1) << batch;
+      ASSERT_LT(first, batch) << batch;
+      for (const int64_t align : {16, 4}) {
+        int64_t step = 1;
+        for (int64_t b : bytes) step = std::lcm(step, align / std::gcd(int64_t{align}, b));
+        if (step >= batch) continue;
+        for (int64_t b : bytes) EXPECT_EQ(first * b % align, 0) << batch << " " << b;
+        break;
+      }
+    }
+  }
 }
 
 TEST(ConvDepthSplitTest, ClipPlanes) {

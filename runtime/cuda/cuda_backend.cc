@@ -304,6 +304,7 @@ class CudaBackend final : public Backend {
 
   int64_t conv_splits() const { return cc_.conv_splits; }
   int64_t conv_depth_splits() const { return cc_.conv_depth_splits; }
+  int64_t conv_algorithm_refusals() const { return cc_.conv_algorithm_refusals; }
 
  private:
   cudaStream_t StreamOf(Stream s) const {
@@ -388,6 +389,11 @@ int64_t CudaConvSplitCount(const Backend& backend) {
 int64_t CudaConvDepthSplitCount(const Backend& backend) {
   const auto* cuda_backend = dynamic_cast<const CudaBackend*>(&backend);
   return cuda_backend == nullptr ? -1 : cuda_backend->conv_depth_splits();
+}
+
+int64_t CudaConvAlgorithmRefusalCount(const Backend& backend) {
+  const auto* cuda_backend = dynamic_cast<const CudaBackend*>(&backend);
+  return cuda_backend == nullptr ? -1 : cuda_backend->conv_algorithm_refusals();
 }
 
 }  // namespace pebble

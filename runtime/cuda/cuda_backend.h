@@ -56,6 +56,11 @@ int64_t CudaConvSplitCount(const Backend& backend);
 // Of those, the splits along the depth (one per sample split); -1 when
 // `backend` is not a CUDA backend.
 int64_t CudaConvDepthSplitCount(const Backend& backend);
+// How many times cuDNN refused an algorithm its heuristics had offered
+// (its workspace query or its call), so that the configuration's next
+// candidate ran instead, or the split when none was left (docs/cuda.md,
+// "Convolution algorithms"); -1 when `backend` is not a CUDA backend.
+int64_t CudaConvAlgorithmRefusalCount(const Backend& backend);
 
 }  // namespace pebble
 

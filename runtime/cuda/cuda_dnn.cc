@@ -3,22 +3,30 @@
 // (linear and its gradients, batched matmul).
 //
 // Note [Convolution algorithms] (docs/cuda.md): cuDNN's heuristics
-// (cudnnGet*Algorithm_v7) rank the algorithms; we keep the first that is
-// deterministic (CUDNN_DETERMINISTIC: recomputation must reproduce bits),
-// runs in plain fp32 FMA for fp32 data (no TF32, so results match the CPU
-// backend to fp32 rounding) and fits the node's planned workspace. When no
-// deterministic algorithm fits, the one needing the least workspace runs
-// with scratch outside the plan (reported as scratch_bytes_peak). Choices
-// are cached per configuration.
+// (cudnnGet*Algorithm_v7) rank the algorithms. The candidates of a
+// configuration are the deterministic ones (CUDNN_DETERMINISTIC:
+// recomputation must reproduce bits) that run in plain fp32 FMA for fp32
+// data (no TF32, so results match the CPU backend to fp32 rounding): first
+// those that fit the node's planned workspace, in the heuristics' rank,
+// then the others by least workspace (those run with scratch outside the
+// plan, reported as scratch_bytes_peak). The first candidate runs; when
+// cuDNN refuses it (its workspace query or its call answers NOT_SUPPORTED,
+// which the heuristics do not rule out), the next one does. When an fp32
+// configuration has no FMA candidate left, the heuristics are asked again
+// in tensor-op math and the deterministic TF32 algorithms become the
+// candidates: asked in FMA math, cuDNN offers none of them. Candidates and
+// how far the trying got are cached per configuration.
 //
 // Note [Split fallback]: when cuDNN refuses a configuration
-// (CUDNN_STATUS_NOT_SUPPORTED from the heuristics or the call, or no
-// deterministic algorithm at all; seen for large 3-D volumes), the
-// convolution is split in two halves along the batch and each half runs on
-// its own, recursively, down to one sample. Data gradients and outputs of
-// the halves are disjoint slices; the weight gradient adds the second half
-// into the first (beta = 1), in a fixed order, so the result is still
-// deterministic.
+// (CUDNN_STATUS_NOT_SUPPORTED from the heuristics, or for every candidate,
+// or no deterministic algorithm at all; seen for large 3-D volumes), the
+// convolution is split in two parts along the batch and each part runs on
+// its own, recursively, down to one sample. The cut is BatchSplitPoint's
+// (runtime/conv_depth_split.h): near the half, where the second part of
+// every tensor starts 16-byte aligned if it can (cuDNN's kernels may need
+// aligned pointers). Data gradients and outputs of the parts are disjoint
+// slices; the weight gradient adds the second part into the first
+// (beta = 1), in a fixed order, so the result is still deterministic.
 //
 // A single sample of a 3-D convolution that is still refused is split
 // along the depth (runtime/conv_depth_split.h): 2, 4, 8, ... slices, up to
@@ -213,50 +221,103 @@ absl::Status MakeDescs(const ConvGeom& g, int64_t batch, cudnnMathType_t math,
   return absl::OkStatus();
 }
 
-// What the heuristics may pick for fp32 data: plain FMA, no TF32.
+// The math the heuristics are asked in first: plain FMA for fp32 (no TF32),
+// tensor-op math for fp16 and bf16.
 cudnnMathType_t RequestedMath(DType d) {
   return d == DType::kFloat32 ? CUDNN_FMA_MATH : CUDNN_TENSOR_OP_MATH;
 }
 
-// `strict`: fp32 data only in FMA math (no TF32). When no strict choice
-// exists, the caller retries with strict = false, which accepts tensor-core
-// math for fp32 too (documented in docs/cuda.md): running with TF32 beats
-// refusing the node.
+// Appends to `cands` the deterministic algorithms of one heuristics answer
+// that it does not hold yet: those within `budget` bytes of workspace in
+// the heuristics' rank, then those over it by least workspace. For fp32
+// data, `tf32` false takes only the FMA ones (run in CUDNN_FMA_MATH), true
+// only the tensor-op ones.
 template <typename Perf>
-ConvChoice PickAlgorithm(const Perf* perf, int count, DType dtype,
-                         int64_t budget, bool strict) {
-  ConvChoice best_over;  // least workspace among those over budget
+void AddCandidates(const Perf* perf, int count, DType dtype, int64_t budget,
+                   bool tf32, ConvCandidates* cands) {
+  std::vector<ConvChoice> fits, over;
   for (int i = 0; i < count; ++i) {
     const Perf& p = perf[i];
     if (p.status != CUDNN_STATUS_SUCCESS) continue;
     if (p.determinism != CUDNN_DETERMINISTIC) continue;
     const bool fma = p.mathType == CUDNN_FMA_MATH || p.mathType == CUDNN_DEFAULT_MATH;
-    if (strict && dtype == DType::kFloat32 && !fma) continue;
-    const int64_t ws = static_cast<int64_t>(p.memory);
+    if (dtype == DType::kFloat32 && fma == tf32) continue;
     const cudnnMathType_t math =
         dtype == DType::kFloat32 && fma ? CUDNN_FMA_MATH : p.mathType;
-    ConvChoice c{true, static_cast<int>(p.algo), math, ws, ""};
-    if (ws <= budget) return c;  // ranked by the heuristics: first fit wins
-    if (!best_over.supported || ws < best_over.workspace_bytes) best_over = c;
+    const int algo = static_cast<int>(p.algo);
+    const bool known = std::any_of(
+        cands->ranked.begin(), cands->ranked.end(),
+        [&](const ConvChoice& c) { return c.algo == algo && c.math == math; });
+    if (known) continue;
+    const int64_t ws = static_cast<int64_t>(p.memory);
+    (ws <= budget ? fits : over).push_back(ConvChoice{true, algo, math, ws, ""});
   }
-  return best_over;
+  std::stable_sort(over.begin(), over.end(), [](const ConvChoice& a, const ConvChoice& b) {
+    return a.workspace_bytes < b.workspace_bytes;
+  });
+  cands->ranked.insert(cands->ranked.end(), fits.begin(), fits.end());
+  cands->ranked.insert(cands->ranked.end(), over.begin(), over.end());
 }
 
-template <typename Perf>
-ConvChoice PickAlgorithm(const Perf* perf, int count, DType dtype, int64_t budget) {
-  ConvChoice c = PickAlgorithm(perf, count, dtype, budget, /*strict=*/true);
-  return c.supported ? c : PickAlgorithm(perf, count, dtype, budget, /*strict=*/false);
+// Asks cuDNN's heuristics (cudnnGet*Algorithm_v7) for (kind, g, batch) in
+// `math` and adds their candidates (AddCandidates). Returns "" when they
+// answered, else why not (the descriptors or the heuristics refused).
+absl::StatusOr<std::string> AskHeuristics(CudaContext& cc, ConvKind kind,
+                                          const ConvGeom& g, int64_t batch,
+                                          int64_t budget, cudnnMathType_t math,
+                                          bool tf32, ConvCandidates* cands) {
+  Descs d;
+  if (absl::Status s = MakeDescs(g, batch, math, &d); !s.ok()) {
+    if (s.code() != absl::StatusCode::kUnimplemented) return s;
+    return absl::StrCat("cuDNN refused the descriptors: ", s.message());
+  }
+  cudnnStatus_t rc = CUDNN_STATUS_SUCCESS;
+  int count = 0;
+  switch (kind) {
+    case ConvKind::kForward: {
+      std::array<cudnnConvolutionFwdAlgoPerf_t, CUDNN_CONVOLUTION_FWD_ALGO_COUNT> perf{};
+      rc = cudnnGetConvolutionForwardAlgorithm_v7(cc.cudnn, d.x.d, d.w.d, d.conv.d,
+                                                  d.y.d, perf.size(), &count,
+                                                  perf.data());
+      if (rc == CUDNN_STATUS_SUCCESS)
+        AddCandidates(perf.data(), count, g.dtype, budget, tf32, cands);
+      break;
+    }
+    case ConvKind::kBackwardData: {
+      std::array<cudnnConvolutionBwdDataAlgoPerf_t,
+                 CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT> perf{};
+      rc = cudnnGetConvolutionBackwardDataAlgorithm_v7(
+          cc.cudnn, d.w.d, d.y.d, d.conv.d, d.x.d, perf.size(), &count, perf.data());
+      if (rc == CUDNN_STATUS_SUCCESS)
+        AddCandidates(perf.data(), count, g.dtype, budget, tf32, cands);
+      break;
+    }
+    case ConvKind::kBackwardFilter: {
+      std::array<cudnnConvolutionBwdFilterAlgoPerf_t,
+                 CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT> perf{};
+      rc = cudnnGetConvolutionBackwardFilterAlgorithm_v7(
+          cc.cudnn, d.x.d, d.y.d, d.conv.d, d.w.d, perf.size(), &count, perf.data());
+      if (rc == CUDNN_STATUS_SUCCESS)
+        AddCandidates(perf.data(), count, g.dtype, budget, tf32, cands);
+      break;
+    }
+  }
+  if (Refused(rc)) {
+    return absl::StrCat("cuDNN's heuristics answer ", cudnnGetErrorString(rc));
+  }
+  RETURN_IF_ERROR(PEBBLE_CUDA_STATUS(rc));
+  return std::string();
 }
 
-// The heuristics rank algorithms in the math type the descriptor asked for,
-// but fp32 runs the chosen one in FMA math, which may need another
-// workspace: the chosen algorithm's size is asked again in the math it will
-// run in, and the larger of the two answers is kept. A refusal here refuses
-// the choice.
-absl::Status SetWorkspaceForMath(CudaContext& cc, ConvKind kind, const Descs& d,
-                                 ConvChoice* choice) {
-  PEBBLE_CUDA_RETURN_IF_ERROR(
-      cudnnSetConvolutionMathType(d.conv.d, choice->math));
+// The heuristics rank algorithms in the math the descriptor asked for, but
+// an algorithm runs in its own (fp32 in FMA math), which may need another
+// workspace: the size is asked again in that math, and the larger of the
+// two answers kept. Returns "" or, when cuDNN refuses the query, why.
+absl::StatusOr<std::string> CheckWorkspace(CudaContext& cc, ConvKind kind,
+                                           const ConvGeom& g, int64_t batch,
+                                           ConvChoice* choice) {
+  Descs d;
+  RETURN_IF_ERROR(MakeDescs(g, batch, choice->math, &d));
   size_t bytes = 0;
   cudnnStatus_t rc = CUDNN_STATUS_SUCCESS;
   switch (kind) {
@@ -277,85 +338,82 @@ absl::Status SetWorkspaceForMath(CudaContext& cc, ConvKind kind, const Descs& d,
       break;
   }
   if (Refused(rc)) {
-    choice->supported = false;
-    choice->why = absl::StrCat(
-        "cuDNN refused the workspace query of the chosen algorithm: ",
-        cudnnGetErrorString(rc));
-    return absl::OkStatus();
+    return absl::StrCat("cuDNN refused the workspace query of algorithm ",
+                        choice->algo, ": ", cudnnGetErrorString(rc));
   }
   RETURN_IF_ERROR(PEBBLE_CUDA_STATUS(rc));
   choice->workspace_bytes =
       std::max(choice->workspace_bytes, static_cast<int64_t>(bytes));
-  return absl::OkStatus();
+  return std::string();
 }
 
-// The algorithm for (kind, geometry, batch) within `budget` bytes of planned
-// workspace; supported == false when cuDNN offers none.
+// ranked[next] was refused (`why`); the next candidate takes its place.
+void GiveWay(CudaContext& cc, ConvCandidates& cands, std::string why) {
+  cands.why = std::move(why);
+  ++cands.next;
+  cands.checked = false;
+  ++cc.conv_algorithm_refusals;
+}
+
+// The candidates of a configuration before any has been tried.
+absl::StatusOr<ConvCandidates> FirstCandidates(CudaContext& cc, ConvKind kind,
+                                               const ConvGeom& g, int64_t batch,
+                                               int64_t budget) {
+  ConvCandidates cands;
+  cands.why = OverDescriptorLimit(g, batch);
+  if (cands.why.empty()) {
+    ASSIGN_OR_RETURN(cands.why, AskHeuristics(cc, kind, g, batch, budget,
+                                              RequestedMath(g.dtype),
+                                              /*tf32=*/false, &cands));
+  }
+  // Only fp32 has TF32 to fall back on, and only where the heuristics
+  // answered: a configuration they refuse is split instead.
+  cands.tensor_op_asked = g.dtype != DType::kFloat32 || !cands.why.empty();
+  if (cands.why.empty() && cands.ranked.empty()) {
+    cands.why = "cuDNN offers no deterministic algorithm for this configuration";
+  }
+  return cands;
+}
+
+// The algorithm to run for (kind, geometry, batch) within `budget` bytes of
+// planned workspace, from the configuration's candidates (cached);
+// supported == false, with `why`, when none is left.
 absl::StatusOr<ConvChoice> Choose(CudaContext& cc, ConvKind kind,
                                   const ConvGeom& g, int64_t batch,
                                   int64_t budget) {
   const std::string key = g.Key(kind, batch, budget);
-  if (auto it = cc.conv_choices.find(key); it != cc.conv_choices.end()) {
-    return it->second;
+  auto it = cc.conv_choices.find(key);
+  if (it == cc.conv_choices.end()) {
+    ASSIGN_OR_RETURN(ConvCandidates fresh, FirstCandidates(cc, kind, g, batch, budget));
+    it = cc.conv_choices.emplace(key, std::move(fresh)).first;
   }
-  ConvChoice choice;
-  if (choice.why = OverDescriptorLimit(g, batch); !choice.why.empty()) {
-    cc.conv_choices[key] = choice;
-    return choice;
-  }
-  Descs d;
-  if (absl::Status s = MakeDescs(g, batch, RequestedMath(g.dtype), &d);
-      !s.ok()) {
-    if (s.code() != absl::StatusCode::kUnimplemented) return s;
-    choice.why = absl::StrCat("cuDNN refused the descriptors: ", s.message());
-    cc.conv_choices[key] = choice;
-    return choice;
-  }
-  cudnnStatus_t rc = CUDNN_STATUS_SUCCESS;
-  int count = 0;
-  switch (kind) {
-    case ConvKind::kForward: {
-      std::array<cudnnConvolutionFwdAlgoPerf_t, CUDNN_CONVOLUTION_FWD_ALGO_COUNT> perf{};
-      rc = cudnnGetConvolutionForwardAlgorithm_v7(cc.cudnn, d.x.d, d.w.d, d.conv.d,
-                                                  d.y.d, perf.size(), &count,
-                                                  perf.data());
-      if (rc == CUDNN_STATUS_SUCCESS)
-        choice = PickAlgorithm(perf.data(), count, g.dtype, budget);
-      break;
+  ConvCandidates& cands = it->second;
+  for (;;) {
+    if (cands.next < cands.ranked.size()) {
+      ConvChoice& c = cands.ranked[cands.next];
+      if (!cands.checked) {
+        ASSIGN_OR_RETURN(std::string refusal, CheckWorkspace(cc, kind, g, batch, &c));
+        if (!refusal.empty()) {
+          GiveWay(cc, cands, std::move(refusal));
+          continue;
+        }
+        cands.checked = true;
+      }
+      return c;
     }
-    case ConvKind::kBackwardData: {
-      std::array<cudnnConvolutionBwdDataAlgoPerf_t,
-                 CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT> perf{};
-      rc = cudnnGetConvolutionBackwardDataAlgorithm_v7(
-          cc.cudnn, d.w.d, d.y.d, d.conv.d, d.x.d, perf.size(), &count, perf.data());
-      if (rc == CUDNN_STATUS_SUCCESS)
-        choice = PickAlgorithm(perf.data(), count, g.dtype, budget);
-      break;
-    }
-    case ConvKind::kBackwardFilter: {
-      std::array<cudnnConvolutionBwdFilterAlgoPerf_t,
-                 CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT> perf{};
-      rc = cudnnGetConvolutionBackwardFilterAlgorithm_v7(
-          cc.cudnn, d.x.d, d.y.d, d.conv.d, d.w.d, perf.size(), &count, perf.data());
-      if (rc == CUDNN_STATUS_SUCCESS)
-        choice = PickAlgorithm(perf.data(), count, g.dtype, budget);
-      break;
-    }
+    if (cands.tensor_op_asked) break;
+    // No FMA algorithm is left for this fp32 configuration: TF32 beats
+    // refusing the node (docs/cuda.md). The heuristics in FMA math offer
+    // none, so they are asked again in tensor-op math.
+    cands.tensor_op_asked = true;
+    ASSIGN_OR_RETURN(std::string refusal,
+                     AskHeuristics(cc, kind, g, batch, budget, CUDNN_TENSOR_OP_MATH,
+                                   /*tf32=*/true, &cands));
+    (void)refusal;  // the first answer's reason stays the one to report
   }
-  if (rc != CUDNN_STATUS_SUCCESS && !Refused(rc)) {
-    return PEBBLE_CUDA_STATUS(rc);
-  }
-  if (Refused(rc)) {
-    choice.why =
-        absl::StrCat("cuDNN's heuristics answer ", cudnnGetErrorString(rc));
-  } else if (!choice.supported) {
-    choice.why =
-        "cuDNN offers no deterministic algorithm for this configuration";
-  } else {
-    RETURN_IF_ERROR(SetWorkspaceForMath(cc, kind, d, &choice));
-  }
-  cc.conv_choices[key] = choice;
-  return choice;
+  ConvChoice none;
+  none.why = cands.why;
+  return none;
 }
 
 // Choose's answer unless a test hook refuses (kind, g, batch) first;
@@ -395,65 +453,68 @@ struct ConvWorkspace {
   int64_t overflow_bytes = 0;
 };
 
-// One cuDNN call over samples [0, batch) of the pointers; a refusal (test
-// hook, heuristics or the call) comes back as Unimplemented with `*refused`
-// set. A refusal by the call is remembered in cc.conv_choices, so that the
-// depth split's probes skip that configuration from then on.
+// One cuDNN call over samples [0, batch) of the pointers. When the call
+// refuses the chosen algorithm, the configuration's next candidate is
+// tried (the refusal is remembered in cc.conv_choices). Comes back as
+// Unimplemented with `*refused` set when no candidate is left (or a test
+// hook refuses), or when the candidate that is left needs more workspace
+// than the caller's `overflow` holds: the caller may split, or plan again.
 absl::Status RunOnce(CudaContext& cc, ConvKind kind, const ConvGeom& g,
                      int64_t batch, const ConvPtrs& p, float beta,
                      const ConvWorkspace& ws, bool* refused) {
   *refused = false;
-  ASSIGN_OR_RETURN(ConvChoice choice, Accept(cc, kind, g, batch, ws.budget));
-  if (!choice.supported) {
-    *refused = true;
-    return absl::UnimplementedError(choice.why);
-  }
-  void* workspace = ws.planned;
-  if (choice.workspace_bytes > ws.budget) {
-    if (ws.overflow == nullptr) {
-      ASSIGN_OR_RETURN(workspace, cc.scratch(choice.workspace_bytes));
-    } else if (choice.workspace_bytes <= ws.overflow_bytes) {
-      workspace = ws.overflow;
-    } else {
-      return absl::InternalError(absl::StrCat(
-          "the convolution ", KindName(kind), " of ", g.ToString(batch),
-          " needs ", choice.workspace_bytes, " bytes of workspace, ",
-          ws.overflow_bytes, " were set aside"));
+  for (;;) {
+    ASSIGN_OR_RETURN(ConvChoice choice, Accept(cc, kind, g, batch, ws.budget));
+    if (!choice.supported) {
+      *refused = true;
+      return absl::UnimplementedError(choice.why);
     }
+    void* workspace = ws.planned;
+    if (choice.workspace_bytes > ws.budget) {
+      if (ws.overflow == nullptr) {
+        ASSIGN_OR_RETURN(workspace, cc.scratch(choice.workspace_bytes));
+      } else if (choice.workspace_bytes <= ws.overflow_bytes) {
+        workspace = ws.overflow;
+      } else {
+        *refused = true;
+        return absl::UnimplementedError(absl::StrCat(
+            "algorithm ", choice.algo, " of the convolution ", KindName(kind), " of ",
+            g.ToString(batch), " needs ", choice.workspace_bytes,
+            " bytes of workspace, ", ws.overflow_bytes, " were set aside"));
+      }
+    }
+    const size_t ws_bytes = static_cast<size_t>(choice.workspace_bytes);
+    Descs d;
+    RETURN_IF_ERROR(MakeDescs(g, batch, choice.math, &d));
+    const float alpha = 1.f;
+    cudnnStatus_t rc = CUDNN_STATUS_SUCCESS;
+    switch (kind) {
+      case ConvKind::kForward:
+        rc = cudnnConvolutionForward(
+            cc.cudnn, &alpha, d.x.d, p.x, d.w.d, p.w, d.conv.d,
+            static_cast<cudnnConvolutionFwdAlgo_t>(choice.algo), workspace,
+            ws_bytes, &beta, d.y.d, p.out);
+        break;
+      case ConvKind::kBackwardData:
+        rc = cudnnConvolutionBackwardData(
+            cc.cudnn, &alpha, d.w.d, p.w, d.y.d, p.dy, d.conv.d,
+            static_cast<cudnnConvolutionBwdDataAlgo_t>(choice.algo), workspace,
+            ws_bytes, &beta, d.x.d, p.out);
+        break;
+      case ConvKind::kBackwardFilter:
+        rc = cudnnConvolutionBackwardFilter(
+            cc.cudnn, &alpha, d.x.d, p.x, d.y.d, p.dy, d.conv.d,
+            static_cast<cudnnConvolutionBwdFilterAlgo_t>(choice.algo), workspace,
+            ws_bytes, &beta, d.w.d, p.out);
+        break;
+    }
+    absl::Status s = PEBBLE_CUDA_STATUS(rc);
+    if (!Refused(rc)) return s;
+    // A refused call enqueued nothing: the next candidate may run instead.
+    GiveWay(cc, cc.conv_choices.at(g.Key(kind, batch, ws.budget)),
+            absl::StrCat("cuDNN refused the call of algorithm ", choice.algo,
+                         ": ", s.message()));
   }
-  const size_t ws_bytes = static_cast<size_t>(choice.workspace_bytes);
-  Descs d;
-  RETURN_IF_ERROR(MakeDescs(g, batch, choice.math, &d));
-  const float alpha = 1.f;
-  cudnnStatus_t rc = CUDNN_STATUS_SUCCESS;
-  switch (kind) {
-    case ConvKind::kForward:
-      rc = cudnnConvolutionForward(
-          cc.cudnn, &alpha, d.x.d, p.x, d.w.d, p.w, d.conv.d,
-          static_cast<cudnnConvolutionFwdAlgo_t>(choice.algo), workspace,
-          ws_bytes, &beta, d.y.d, p.out);
-      break;
-    case ConvKind::kBackwardData:
-      rc = cudnnConvolutionBackwardData(
-          cc.cudnn, &alpha, d.w.d, p.w, d.y.d, p.dy, d.conv.d,
-          static_cast<cudnnConvolutionBwdDataAlgo_t>(choice.algo), workspace,
-          ws_bytes, &beta, d.x.d, p.out);
-      break;
-    case ConvKind::kBackwardFilter:
-      rc = cudnnConvolutionBackwardFilter(
-          cc.cudnn, &alpha, d.x.d, p.x, d.y.d, p.dy, d.conv.d,
-          static_cast<cudnnConvolutionBwdFilterAlgo_t>(choice.algo), workspace,
-          ws_bytes, &beta, d.w.d, p.out);
-      break;
-  }
-  absl::Status s = PEBBLE_CUDA_STATUS(rc);
-  if (Refused(rc)) {
-    *refused = true;
-    ConvChoice& cached = cc.conv_choices[g.Key(kind, batch, ws.budget)];
-    cached.supported = false;
-    cached.why = absl::StrCat("cuDNN refused the call: ", s.message());
-  }
-  return s;
 }
 
 // ---- The depth split (Note [Split fallback]).
@@ -617,26 +678,32 @@ absl::Status RunDepthSplit(CudaContext& cc, ConvKind kind, const ConvGeom& g,
     if (known != cc.conv_depth_parts.end() && parts < known->second) continue;
     const std::vector<ConvSlice> slices =
         by_input ? SplitInputs(axis, parts) : SplitOutputs(axis, parts);
-    ASSIGN_OR_RETURN(
-        std::optional<DepthPlan> plan,
-        PlanSlices(cc, kind, g, batch, slices, ws.budget, &refusal));
-    if (!plan.has_value()) continue;
-    bool refused = false;
-    absl::Status s =
-        RunSlices(cc, kind, g, batch, p, beta, ws, slices, *plan, &refused);
-    if (s.ok()) cc.conv_depth_parts[key] = parts;
-    if (s.ok() || !refused) return s;
-    // A slice was refused by the call itself after its probe passed; that
-    // configuration is now known as refused. The slices written so far are
-    // overwritten by a larger count, except a weight gradient that already
-    // added into the caller's (beta != 0).
-    if (kind == ConvKind::kBackwardFilter && beta != 0.f) {
-      return absl::UnimplementedError(absl::StrCat(
-          "cuDNN refused a depth slice of the convolution ", KindName(kind),
-          " of ", g.ToString(batch), " when called (", s.message(),
-          ") after accepting it, while accumulating the weight gradient"));
+    // Planned again at this count while calls keep refusing algorithms:
+    // each refusal moves a slice to its next candidate, whose workspace
+    // the new plan sets aside; the count fails once a slice has none left.
+    for (;;) {
+      const int64_t refusals_before = cc.conv_algorithm_refusals;
+      ASSIGN_OR_RETURN(
+          std::optional<DepthPlan> plan,
+          PlanSlices(cc, kind, g, batch, slices, ws.budget, &refusal));
+      if (!plan.has_value()) break;
+      bool refused = false;
+      absl::Status s =
+          RunSlices(cc, kind, g, batch, p, beta, ws, slices, *plan, &refused);
+      if (s.ok()) cc.conv_depth_parts[key] = parts;
+      if (s.ok() || !refused) return s;
+      // A slice could not run as its probe planned. The slices written so
+      // far are overwritten by the next attempt, except a weight gradient
+      // that already added into the caller's (beta != 0).
+      if (kind == ConvKind::kBackwardFilter && beta != 0.f) {
+        return absl::UnimplementedError(absl::StrCat(
+            "cuDNN refused a depth slice of the convolution ", KindName(kind),
+            " of ", g.ToString(batch), " when called (", s.message(),
+            ") after accepting it, while accumulating the weight gradient"));
+      }
+      refusal = std::string(s.message());
+      if (cc.conv_algorithm_refusals == refusals_before) break;
     }
-    refusal = std::string(s.message());
   }
   return absl::UnimplementedError(absl::StrCat(
       "cuDNN refuses the convolution ", KindName(kind), " of ",
@@ -661,8 +728,8 @@ absl::Status RunSplit(CudaContext& cc, ConvKind kind, const ConvGeom& g,
         "); only 3-D convolutions are split along a spatial axis"));
   }
   ++cc.conv_splits;
-  const int64_t first = batch / 2;
   const int64_t es = DTypeSize(g.dtype);
+  const int64_t first = BatchSplitPoint(batch, {g.XSample() * es, g.YSample() * es});
   ConvPtrs second = p;
   switch (kind) {
     case ConvKind::kForward:
@@ -679,7 +746,7 @@ absl::Status RunSplit(CudaContext& cc, ConvKind kind, const ConvGeom& g,
       break;
   }
   RETURN_IF_ERROR(RunSplit(cc, kind, g, first, p, beta, ws));
-  // The weight gradient of the second half adds into the first's.
+  // The weight gradient of the second part adds into the first's.
   const float beta2 = kind == ConvKind::kBackwardFilter ? 1.f : beta;
   return RunSplit(cc, kind, g, batch - first, second, beta2, ws);
 }

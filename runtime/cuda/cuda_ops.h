@@ -34,6 +34,18 @@ struct ConvChoice {
   std::string why;  // supported == false: who refused and how
 };
 
+// The usable algorithms of one convolution configuration in the order they
+// are tried (Note [Convolution algorithms] in cuda_dnn.cc), and how far the
+// trying got: ranked[next] runs until cuDNN refuses it (its workspace query
+// or its call), then the next one does.
+struct ConvCandidates {
+  std::vector<ConvChoice> ranked;
+  size_t next = 0;
+  bool checked = false;          // ranked[next]'s workspace was asked in its own math
+  bool tensor_op_asked = false;  // the TF32 candidates were added, or never will be
+  std::string why;               // the last refusal, or why there is no candidate
+};
+
 struct CudaContext {
   cudaStream_t stream = nullptr;  // the compute stream
   cudnnHandle_t cudnn = nullptr;  // bound to `stream`
@@ -50,7 +62,10 @@ struct CudaContext {
   // The largest row pitch cudaMemcpy2DAsync takes (cudaDeviceProp::memPitch),
   // in bytes.
   int64_t max_copy_pitch = 0x7fffffff;
-  std::map<std::string, ConvChoice> conv_choices;  // by configuration key
+  // Algorithms cuDNN offered and then refused, each followed by the next
+  // candidate (or, after the last, by a split).
+  int64_t conv_algorithm_refusals = 0;
+  std::map<std::string, ConvCandidates> conv_choices;  // by configuration key
   // Depth slice counts that ran, by configuration key (cuda_dnn.cc).
   std::map<std::string, int64_t> conv_depth_parts;
   // Index checks on the device (Note [Index fault keys] in

@@ -7,7 +7,8 @@
 //    event between compute and copies shows there as wrong bits. A backend
 //    that drops the executor's waits is caught, so the check can fail.
 //  - cuDNN refusals (from the heuristics, or only from the call) take the
-//    split fallback, whose results match the unsplit ones.
+//    split fallback, whose results match the unsplit ones; a refused
+//    algorithm gives way to the next candidate first, TF32 last.
 //  - Only deterministic algorithms in FMA math run on fp32 data.
 //  - No device is a clear error; a backend returns every byte it took;
 //    overlapping copies (undefined on the device) fail.
@@ -47,6 +48,7 @@ class EmulatorDefaults {
   ~EmulatorDefaults() {
     emu::SetStreamSchedule(emu::StreamSchedule::kImmediate);
     emu::SetConvRefusal({});
+    emu::SetAlgorithmRefusal({});
     emu::SetDeviceCount(1);
   }
 };
@@ -245,6 +247,7 @@ TEST(EmulatedStreamsTest, DroppedWaitsAreCaughtByTheLazySchedules) {
 
 // Runs `g`'s baseline plan on a backend with `options` under `refusal`;
 // the outputs must match `whole`'s within fp32 reordering.
+// A configuration refused as a whole is split, never run in TF32 instead.
 void ExpectSplitMatches(const Graph& g, const ExecutionResult& whole,
                         const emu::ConvRefusal& refusal, bool expect_depth) {
   emu::SetConvRefusal(refusal);
@@ -252,9 +255,11 @@ void ExpectSplitMatches(const Graph& g, const ExecutionResult& whole,
   ASSERT_TRUE(plan.ok()) << plan.status();
   auto gpu = Cuda();
   ASSERT_NE(gpu, nullptr);
+  const emu::ConvCalls before = emu::GetConvCalls();
   auto run = RunPlan(g, plan->schedule, *gpu);
   emu::SetConvRefusal({});
   ASSERT_TRUE(run.ok()) << run.status();
+  EXPECT_EQ(emu::GetConvCalls().tf32, before.tf32);
   EXPECT_GT(CudaConvSplitCount(*gpu), 0);
   if (expect_depth) {
     EXPECT_GT(CudaConvDepthSplitCount(*gpu), 0);
@@ -268,36 +273,144 @@ void ExpectSplitMatches(const Graph& g, const ExecutionResult& whole,
   }
 }
 
+// g's baseline plan and its run on a fresh backend without refusals, which
+// splits nothing: what the refusal tests compare with.
+void RunBaseline(const Graph& g, PlanResult* plan, ExecutionResult* whole) {
+  auto p = PlanFor(g, "baseline", PlannerOptions{}.budget_bytes);
+  ASSERT_TRUE(p.ok()) << p.status();
+  auto gpu = Cuda();
+  ASSERT_NE(gpu, nullptr);
+  auto run = RunPlan(g, p->schedule, *gpu);
+  ASSERT_TRUE(run.ok()) << run.status();
+  EXPECT_EQ(CudaConvSplitCount(*gpu), 0);
+  *plan = *std::move(p);
+  *whole = *std::move(run);
+}
+
 TEST(EmulatedCudnnTest, RefusalsTakeTheSplitFallback) {
   EmulatorDefaults restore;
   // conv3d n=12, batch 4: x of conv1 holds 4 * 12^3 = 6912 elements, of
   // conv2 4 * 4 * 12^3.
   const Graph g = Model("conv3d:n=12,batch=4");
-  auto plan = PlanFor(g, "baseline", PlannerOptions{}.budget_bytes);
-  ASSERT_TRUE(plan.ok()) << plan.status();
-  auto gpu = Cuda();
-  ASSERT_NE(gpu, nullptr);
-  auto whole = RunPlan(g, plan->schedule, *gpu);
-  ASSERT_TRUE(whole.ok()) << whole.status();
-  EXPECT_EQ(CudaConvSplitCount(*gpu), 0);
+  PlanResult plan;
+  ExecutionResult whole;
+  ASSERT_NO_FATAL_FAILURE(RunBaseline(g, &plan, &whole));
   const int64_t sample = 12 * 12 * 12;
   {
     SCOPED_TRACE("refused by the heuristics above two samples of 8 channels");
-    ExpectSplitMatches(g, *whole, {2 * 8 * sample, false}, /*expect_depth=*/false);
+    ExpectSplitMatches(g, whole, {2 * 8 * sample, false}, /*expect_depth=*/false);
   }
   {
     SCOPED_TRACE("accepted by the heuristics, refused by the call");
-    ExpectSplitMatches(g, *whole, {2 * 8 * sample, true}, /*expect_depth=*/false);
+    ExpectSplitMatches(g, whole, {2 * 8 * sample, true}, /*expect_depth=*/false);
   }
   // 6000 elements: one sample of conv2's x (4 channels) or conv3's (8) is
   // refused, a slice of up to 5 planes of 8 channels of 12 x 12 accepted.
   {
     SCOPED_TRACE("one sample refused: depth slices");
-    ExpectSplitMatches(g, *whole, {6000, false}, /*expect_depth=*/true);
+    ExpectSplitMatches(g, whole, {6000, false}, /*expect_depth=*/true);
   }
   {
     SCOPED_TRACE("one sample refused only by the call: depth slices");
-    ExpectSplitMatches(g, *whole, {6000, true}, /*expect_depth=*/true);
+    ExpectSplitMatches(g, whole, {6000, true}, /*expect_depth=*/true);
+  }
+}
+
+// cuDNN's heuristics may offer an algorithm that its workspace query or its
+// call then refuses. The emulated heuristics offer fp32 forward
+// convolutions, asked in FMA math, IMPLICIT_GEMM (no workspace) then GEMM
+// (one sample of x); asked in tensor-op math also IMPLICIT_PRECOMP_GEMM in
+// TF32. A refused algorithm gives way to the next candidate, not to a
+// split; TF32 runs only when no FMA candidate is left, and a configuration
+// with none left at all is split.
+TEST(EmulatedCudnnTest, ARefusedAlgorithmGivesWayToTheNextCandidate) {
+  EmulatorDefaults restore;
+  const Graph g = Model("conv3d:n=8,batch=2");
+  PlanResult plan;
+  ExecutionResult whole;
+  ASSERT_NO_FATAL_FAILURE(RunBaseline(g, &plan, &whole));
+  constexpr int kImplicit = CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM;
+  constexpr int kGemm = CUDNN_CONVOLUTION_FWD_ALGO_GEMM;
+  constexpr int kPrecomp = CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM;
+  struct Case {
+    const char* name;
+    emu::AlgorithmRefusal refusal;
+    bool tf32;
+  };
+  const Case cases[] = {
+      {"IMPLICIT_GEMM refused by its workspace query: GEMM", {{kImplicit}, false}, false},
+      {"IMPLICIT_GEMM refused by its call: GEMM", {{kImplicit}, true}, false},
+      {"both FMA algorithms refused by their calls: TF32", {{kImplicit, kGemm}, true}, true},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    emu::SetAlgorithmRefusal(c.refusal);
+    auto gpu = Cuda();
+    ASSERT_NE(gpu, nullptr);
+    const emu::ConvCalls before = emu::GetConvCalls();
+    auto run = RunPlan(g, plan.schedule, *gpu);
+    emu::SetAlgorithmRefusal({});
+    ASSERT_TRUE(run.ok()) << run.status();
+    const emu::ConvCalls after = emu::GetConvCalls();
+    EXPECT_EQ(CudaConvSplitCount(*gpu), 0);
+    EXPECT_GT(CudaConvAlgorithmRefusalCount(*gpu), 0);
+    // The fallbacks need workspace the plan did not give (0 bytes): the
+    // emulated call fails unless the backend passes enough scratch.
+    if (c.tf32) {
+      EXPECT_GT(after.tf32, before.tf32);
+      // TF32 keeps 10 mantissa bits (relative rounding 2^-11 per operand);
+      // through batch norm and the backward pass the weight gradients move
+      // by up to about 2% of the largest one here.
+      for (size_t i = 0; i < run->outputs.size(); ++i) {
+        ExpectClose(Floats(run->outputs[i]), Floats(whole.outputs[i]), 5e-2, 1e-6,
+                    g.id(run->outputs[i].node));
+      }
+    } else {
+      EXPECT_EQ(after.tf32, before.tf32);
+      EXPECT_TRUE(SameBits(*run, whole));  // GEMM sums as IMPLICIT_GEMM does
+    }
+  }
+  {
+    SCOPED_TRACE("every forward algorithm refused by its call: split, then an error");
+    emu::SetAlgorithmRefusal({{kImplicit, kGemm, kPrecomp}, true});
+    auto gpu = Cuda();
+    ASSERT_NE(gpu, nullptr);
+    auto run = RunPlan(g, plan.schedule, *gpu);
+    emu::SetAlgorithmRefusal({});
+    ASSERT_FALSE(run.ok());
+    EXPECT_EQ(run.status().code(), absl::StatusCode::kUnimplemented) << run.status();
+    const std::string message(run.status().message());
+    EXPECT_THAT(message, HasSubstr("node 'conv1' (op conv3d)"));
+    EXPECT_THAT(message, HasSubstr("cuDNN refused the call of algorithm"));
+    EXPECT_GT(CudaConvSplitCount(*gpu), 0);
+  }
+}
+
+// A depth slice whose algorithm the call refuses after the slice's probe
+// accepted it: the next candidate (GEMM) needs workspace the slice plan did
+// not set aside, so the slices are planned again with it (at the same
+// count) rather than failing.
+TEST(EmulatedCudnnTest, ADepthSliceWhoseAlgorithmIsRefusedStillRuns) {
+  EmulatorDefaults restore;
+  const Graph g = Model("conv3d:n=12,batch=4");
+  PlanResult plan;
+  ExecutionResult whole;
+  ASSERT_NO_FATAL_FAILURE(RunBaseline(g, &plan, &whole));
+  // As in RefusalsTakeTheSplitFallback: one sample of conv2 or conv3 is
+  // refused, depth slices of up to 5 planes are accepted.
+  emu::SetConvRefusal({6000, false});
+  emu::SetAlgorithmRefusal({{CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM}, true});
+  auto gpu = Cuda();
+  ASSERT_NE(gpu, nullptr);
+  auto run = RunPlan(g, plan.schedule, *gpu);
+  emu::SetConvRefusal({});
+  emu::SetAlgorithmRefusal({});
+  ASSERT_TRUE(run.ok()) << run.status();
+  EXPECT_GT(CudaConvDepthSplitCount(*gpu), 0);
+  EXPECT_GT(CudaConvAlgorithmRefusalCount(*gpu), 0);
+  for (size_t i = 0; i < run->outputs.size(); ++i) {
+    ExpectClose(Floats(run->outputs[i]), Floats(whole.outputs[i]), 1e-4, 1e-7,
+                g.id(run->outputs[i].node));
   }
 }
 

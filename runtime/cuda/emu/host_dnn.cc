@@ -23,6 +23,7 @@ namespace {
 
 std::mutex dnn_mutex;
 ConvRefusal refusal;
+AlgorithmRefusal algorithm_refusal;
 ConvCalls calls;
 int64_t non_deterministic_runs = 0;  // alternates their summation order
 
@@ -67,8 +68,8 @@ struct Geom {
   int64_t YElements() const { return n * o * out[0] * out[1] * out[2]; }
   int64_t WElements() const { return o * c * k[0] * k[1] * k[2]; }
   int64_t ElementBytes() const { return type == CUDNN_DATA_FLOAT ? 4 : 2; }
-  // The emulated tensor-op algorithms' workspace: one sample of x.
-  int64_t TensorOpWorkspace() const {
+  // The workspace of the emulated algorithms that need one: one sample of x.
+  int64_t SampleWorkspace() const {
     return c * in[0] * in[1] * in[2] * ElementBytes();
   }
 };
@@ -415,7 +416,8 @@ struct AlgoInfo {
 std::vector<AlgoInfo> Ranked(Dir dir) {
   if (dir == Dir::kForward) {
     return {{CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM, CUDNN_TENSOR_OP_MATH},
-            {CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM, CUDNN_FMA_MATH}};
+            {CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM, CUDNN_FMA_MATH},
+            {CUDNN_CONVOLUTION_FWD_ALGO_GEMM, CUDNN_FMA_MATH}};
   }
   return {{0, CUDNN_FMA_MATH}, {1, CUDNN_TENSOR_OP_MATH}, {1, CUDNN_FMA_MATH}};
 }
@@ -431,9 +433,29 @@ bool KnownAlgo(Dir dir, int algo) {
 // ALGO_0 of the backward directions is non-deterministic (as in cuDNN).
 bool Deterministic(Dir dir, int algo) { return dir == Dir::kForward || algo != 0; }
 
-// Workspace of (algorithm, math) in bytes.
-int64_t Workspace(const Geom& g) {
-  return g.math == CUDNN_TENSOR_OP_MATH ? g.TensorOpWorkspace() : 0;
+// Workspace of `algo` run in g.math, in bytes: one sample of x in
+// tensor-op math and for the forward GEMM (its unfolded input), else none.
+int64_t Workspace(Dir dir, int algo, const Geom& g) {
+  if (dir == Dir::kForward && algo == CUDNN_CONVOLUTION_FWD_ALGO_GEMM) {
+    return g.SampleWorkspace();
+  }
+  return g.math == CUDNN_TENSOR_OP_MATH ? g.SampleWorkspace() : 0;
+}
+
+// Whether the AlgorithmRefusal hook refuses `algo` of `dir` here.
+bool AlgorithmRefusedHere(Dir dir, int algo, bool at_call) {
+  std::lock_guard<std::mutex> lock(dnn_mutex);
+  if (dir != Dir::kForward) return false;
+  if (algorithm_refusal.at_call_only && !at_call) return false;
+  return std::find(algorithm_refusal.forward_algos.begin(),
+                   algorithm_refusal.forward_algos.end(),
+                   algo) != algorithm_refusal.forward_algos.end();
+}
+
+cudnnStatus_t AlgorithmRefusalStatus(int algo) {
+  std::lock_guard<std::mutex> lock(dnn_mutex);
+  last_error = "emulated refusal of algorithm " + std::to_string(algo);
+  return CUDNN_STATUS_NOT_SUPPORTED;
 }
 
 template <typename Perf, typename AlgoT>
@@ -447,13 +469,15 @@ cudnnStatus_t Heuristics(Dir dir, const Geom& g, int requested, int* returned,
   int count = 0;
   for (const AlgoInfo& a : ranked) {
     if (count == requested) break;
+    // Asked in FMA math, the heuristics offer no tensor-op algorithm.
+    if (g.math == CUDNN_FMA_MATH && a.math != CUDNN_FMA_MATH) continue;
     Perf p{};
     p.algo = static_cast<AlgoT>(a.algo);
     p.status = CUDNN_STATUS_SUCCESS;
     p.time = -1.f;  // heuristics, not measurements
     Geom with_math = g;
     with_math.math = a.math;
-    p.memory = static_cast<size_t>(Workspace(with_math));
+    p.memory = static_cast<size_t>(Workspace(dir, a.algo, with_math));
     p.determinism =
         Deterministic(dir, a.algo) ? CUDNN_DETERMINISTIC : CUDNN_NON_DETERMINISTIC;
     p.mathType = a.math;
@@ -466,7 +490,10 @@ cudnnStatus_t Heuristics(Dir dir, const Geom& g, int requested, int* returned,
 cudnnStatus_t WorkspaceSize(Dir dir, const Geom& g, int algo, size_t* bytes) {
   if (bytes == nullptr || !KnownAlgo(dir, algo)) return CUDNN_STATUS_BAD_PARAM;
   if (RefusedHere(g, /*at_call=*/false)) return RefusalStatus();
-  *bytes = static_cast<size_t>(Workspace(g));
+  if (AlgorithmRefusedHere(dir, algo, /*at_call=*/false)) {
+    return AlgorithmRefusalStatus(algo);
+  }
+  *bytes = static_cast<size_t>(Workspace(dir, algo, g));
   return CUDNN_STATUS_SUCCESS;
 }
 
@@ -481,8 +508,18 @@ cudnnStatus_t Run(cudnnHandle_t handle, Dir dir, const Geom& g, int algo,
     return CUDNN_STATUS_BAD_PARAM_NULL_POINTER;
   }
   if (!KnownAlgo(dir, algo)) return CUDNN_STATUS_BAD_PARAM;
+  // cuDNN's documented minimum: tensor and filter pointers 4-byte aligned,
+  // fp16 included.
+  for (const void* p : {a, b, static_cast<const void*>(out)}) {
+    if (reinterpret_cast<uintptr_t>(p) % 4 != 0) {
+      return CUDNN_STATUS_BAD_PARAM_MISALIGNED_POINTER;
+    }
+  }
   if (RefusedHere(g, /*at_call=*/true)) return RefusalStatus();
-  const int64_t need = Workspace(g);
+  if (AlgorithmRefusedHere(dir, algo, /*at_call=*/true)) {
+    return AlgorithmRefusalStatus(algo);
+  }
+  const int64_t need = Workspace(dir, algo, g);
   if (need > 0 && (workspace == nullptr ||
                    static_cast<int64_t>(workspace_bytes) < need)) {
     return CUDNN_STATUS_BAD_PARAM;
@@ -524,6 +561,11 @@ cudnnDataType_t AsDnn(cudaDataType_t t) {
 void SetConvRefusal(const ConvRefusal& r) {
   std::lock_guard<std::mutex> lock(dnn_mutex);
   refusal = r;
+}
+
+void SetAlgorithmRefusal(const AlgorithmRefusal& r) {
+  std::lock_guard<std::mutex> lock(dnn_mutex);
+  algorithm_refusal = r;
 }
 
 ConvCalls GetConvCalls() {

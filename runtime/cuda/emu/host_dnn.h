@@ -8,19 +8,21 @@
 // accumulation), its v7 heuristics and workspace queries, and cuBLAS's
 // cublasGemmStridedBatchedEx in CUBLAS_COMPUTE_32F. Every call checks its
 // descriptors and arguments as the libraries document them (a geometry
-// that does not agree is CUDNN_STATUS_BAD_PARAM, a leading dimension too
-// small CUBLAS_STATUS_INVALID_VALUE) and enqueues the arithmetic on the
+// that does not agree is CUDNN_STATUS_BAD_PARAM, a data pointer off
+// cuDNN's 4-byte minimum alignment CUDNN_STATUS_BAD_PARAM_MISALIGNED_POINTER,
+// a leading dimension too small CUBLAS_STATUS_INVALID_VALUE) and enqueues the arithmetic on the
 // handle's stream, as the libraries do.
 //
 // The heuristics offer, for each direction, algorithms that exercise the
 // caller's choice (Note [Convolution algorithms] in cuda_dnn.cc), ranked:
 //  - forward: IMPLICIT_PRECOMP_GEMM in tensor-op math, then IMPLICIT_GEMM
-//    in FMA math;
+//    in FMA math, then GEMM in FMA math;
 //  - backward data and filter: ALGO_0 (non-deterministic), then ALGO_1 in
 //    tensor-op math, then ALGO_1 in FMA math.
-// Tensor-op math needs a workspace of one sample of x (the emulated
-// algorithm fills it, so a workspace that overlaps live data corrupts it)
-// and rounds fp32 operands to TF32. The non-deterministic algorithm sums in
+// Asked in CUDNN_FMA_MATH, they leave out the tensor-op entries, as cuDNN
+// does. Tensor-op math and the forward GEMM need a workspace of one sample
+// of x (the emulated algorithm fills it, so a workspace that overlaps live
+// data corrupts it); tensor-op math rounds fp32 operands to TF32. The non-deterministic algorithm sums in
 // an order that alternates from call to call, so its results differ in the
 // last bits between runs, as atomics make them differ on a device.
 #ifndef PEBBLE_RUNTIME_CUDA_EMU_HOST_DNN_H_
@@ -29,6 +31,7 @@
 #include <cudnn.h>
 
 #include <cstdint>
+#include <vector>
 
 namespace pebble::cuda::emu {
 
@@ -45,6 +48,16 @@ struct ConvRefusal {
   cudnnStatus_t status = CUDNN_STATUS_NOT_SUPPORTED_SHAPE;
 };
 void SetConvRefusal(const ConvRefusal& refusal);
+
+// Makes the emulated cuDNN answer CUDNN_STATUS_NOT_SUPPORTED for the
+// forward algorithms `forward_algos` (cudnnConvolutionFwdAlgo_t values)
+// that its heuristics still offer: from the workspace query on, or, with
+// `at_call_only`, only from the convolution call. Empty: never.
+struct AlgorithmRefusal {
+  std::vector<int> forward_algos;
+  bool at_call_only = false;
+};
+void SetAlgorithmRefusal(const AlgorithmRefusal& refusal);
 
 // Convolution calls the emulated cuDNN ran (enqueued) since the start, and
 // of those how many ran a non-deterministic algorithm or tensor-op math on
