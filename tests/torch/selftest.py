@@ -11,7 +11,9 @@ policy, a missing output, an extra output, an input not read, a pebble
 without `run`, no recomputation where one is expected) must fail with exit 1
 and a message naming the tensor and the policy; a bad model spec or policy is
 a usage error (2); `--backend cuda` without a device skips (77), or fails
-under PEBBLE_REQUIRE_CUDA. The tolerance rules are also checked on synthetic tensors.
+under PEBBLE_REQUIRE_CUDA. A failure also counts the values at kinks (a
+note); --avoid-kinks passes over a seed with one. The tolerance rules and the kink count are also checked on synthetic
+tensors.
 Exit 0 when the harness behaves, 1 otherwise, 77 without numpy/torch.
 """
 
@@ -34,7 +36,8 @@ POLICIES = "baseline"
 CASES = [
     ("clean", [], ["--policies", "baseline,sqrtn"], 0, ["PASS"]),
     ("wrong gradient", ["--corrupt", "grad:conv2.weight"], [], 1,
-     ["MISMATCH: policy baseline, grad:conv2.weight: rel err"]),
+     ["MISMATCH: policy baseline, grad:conv2.weight: rel err",
+      "note: PyTorch's fp32 forward has"]),
     ("wrong loss", ["--corrupt", "loss"], [], 1,
      ["MISMATCH: policy baseline, loss: rel err"]),
     ("one bit", ["--flip", "sqrtn:grad:conv1.bias"],
@@ -50,6 +53,10 @@ CASES = [
     ("no recompute", [], ["--expect-recompute"], 1,
      ["no policy recomputed anything"]),
     ("cuda", [], ["--backend", "cuda"], 0, ["PASS"]),
+    # mnist-cnn's seed 0 has a ReLU input and a max-pool window at a kink.
+    ("avoid kinks", [], ["--model", "mnist-cnn:batch=8", "--avoid-kinks"], 0,
+     ["note: seed 0 has 1 ReLU inputs and 1 max-pool windows at kinks",
+      "model mnist-cnn:batch=8, seed 1:", "PASS"]),
     ("no device", ["--no-device"], ["--backend", "cuda"], 77,
      ["SKIP: --backend cuda: pebble: no CUDA device"]),
     ("no device, required", ["--no-device"], ["--backend", "cuda"], 1,
@@ -107,6 +114,27 @@ def check_compare(np, crosscheck):
     return wrong
 
 
+def check_kinks(torch, crosscheck):
+    """count_kinks on a hand-made forward: what it misjudges, or ""."""
+    F = torch.nn.functional
+
+    class Net(torch.nn.Module):
+        def forward(self, x, t):
+            pooled = F.max_pool2d(F.relu(x), 2)
+            overlapping = F.max_pool2d(x, 3, stride=2, padding=1)
+            return pooled.sum() + overlapping.sum() + 0 * t.sum()
+
+    # ReLU inputs within 1e-6 * 3 of zero: 1e-9, -1e-9, 0, -1e-7 and
+    # -2e-7. Windows of relu(x) 2 x 2: {1, 1e-9, 0, 1} ties, {3, 0, 2, 0}
+    # does not, {0, 0, 0, 0} are rectified zeros, not a tie. Windows 3 x 3,
+    # stride 2, padding 1 of x: {1, 1e-9, -1e-9, 1} ties, {1e-9, 3, -1, 1,
+    # 2, 0} does not, {-1, -5, -4, 0, -1e-7, -2e-7} ties (0 and -1e-7).
+    x = torch.tensor([[[[1.0, 1e-9, 3.0, -1.0, -5.0, -4.0],
+                        [-1e-9, 1.0, 2.0, 0.0, -1e-7, -2e-7]]]])
+    got = crosscheck.count_kinks(torch, Net(), x, torch.zeros(1))
+    return "" if got == (5, 3) else "count_kinks: %s, want (5, 3)" % (got,)
+
+
 def main(argv):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--pebble", required=True, help="the real pebble")
@@ -124,6 +152,10 @@ def main(argv):
     problems = check_compare(numpy, crosscheck)
     print("tolerance rules: %s" % ("ok" if not problems else
                                    "WRONG: " + "; ".join(problems)))
+    kinks = check_kinks(torch, crosscheck)
+    print("kink count: %s" % (kinks or "ok"))
+    if kinks:
+        problems.append(kinks)
     with tempfile.TemporaryDirectory(prefix="pebble-selftest-") as tmp:
         for name, faults, extra, want_code, want_texts, *env in CASES:
             pebble = write_wrapper(tmp, real, faults)
