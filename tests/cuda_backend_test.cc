@@ -299,9 +299,9 @@ TEST(CudaBackendTest, TransfersOverlapCompute) {
   auto plan = ::pebble::testing::TightPlan(g, "vdnn", base->report.peak_bytes);
   ASSERT_TRUE(plan.has_value());
   ASSERT_GT(plan->report.transfer_bytes, 0);
-  // A warm-up run first: the first one also loads modules, asks cuDNN's
-  // heuristics and grows the scratch buffer, whose cudaFree waits for the
-  // whole device and so would stall the copy stream.
+  // A warm-up run first: the first one also loads modules (lazily, by
+  // default), asks cuDNN's heuristics and grows the scratch buffer, all of
+  // which hold up the compute stream while copies wait for it.
   auto warm = RunPlan(g, plan->schedule, *gpu);
   ASSERT_TRUE(warm.ok()) << warm.status();
   auto run = RunPlan(g, plan->schedule, *gpu);

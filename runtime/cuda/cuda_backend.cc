@@ -62,7 +62,12 @@ class CudaBackend final : public Backend {
     if (compute_ != nullptr) cudaStreamSynchronize(compute_);
     if (copy_ != nullptr) cudaStreamSynchronize(copy_);
     for (cudaEvent_t e : events_) cudaEventDestroy(e);
-    if (scratch_ != nullptr) cudaFree(scratch_);
+    if (scratch_ != nullptr && scratch_stream_ordered_) {
+      cudaFreeAsync(scratch_, compute_);
+      cudaStreamSynchronize(compute_);
+    } else if (scratch_ != nullptr) {
+      cudaFree(scratch_);
+    }
     if (cc_.index_fault != nullptr) cudaFree(cc_.index_fault);
     for (const auto& [ptr, bytes] : device_allocs_) cudaFree(ptr);
     for (const auto& [ptr, bytes] : host_allocs_) cudaFreeHost(ptr);
@@ -105,6 +110,7 @@ class CudaBackend final : public Backend {
     PEBBLE_CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&prop, options_.device));
     cc_.max_copy_pitch = static_cast<int64_t>(
         std::min<size_t>(prop.memPitch, size_t{0x7fffffffffffffff}));
+    scratch_stream_ordered_ = prop.memoryPoolsSupported != 0;
     int runtime = 0, driver = 0, blas = 0;
     PEBBLE_CUDA_RETURN_IF_ERROR(cudaRuntimeGetVersion(&runtime));
     PEBBLE_CUDA_RETURN_IF_ERROR(cudaDriverGetVersion(&driver));
@@ -311,18 +317,30 @@ class CudaBackend final : public Backend {
     return s == Stream::kCompute ? compute_ : copy_;
   }
 
-  // Scratch outside the plan: one buffer, grown (never shrunk) on demand.
+  // Scratch outside the plan: one buffer for the compute stream, its only
+  // user, grown (never shrunk) on demand. Where the device has memory pools,
+  // growth is stream-ordered (cudaFreeAsync, cudaMallocAsync on the compute
+  // stream): the old buffer goes after the work enqueued before, and nothing
+  // waits. cudaFree and cudaMalloc synchronise every stream (CUDA
+  // Programming Guide, "Stream-Ordered Memory Allocator"), so growing with
+  // them mid-run would stall the copy stream's transfers.
   absl::StatusOr<void*> Scratch(int64_t bytes) {
     if (bytes <= scratch_bytes_) return scratch_;
     const int64_t want = (bytes + kScratchGranule - 1) / kScratchGranule * kScratchGranule;
     if (scratch_ != nullptr) {
-      // Work already enqueued may still read the old buffer.
-      PEBBLE_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(compute_));
-      PEBBLE_CUDA_RETURN_IF_ERROR(cudaFree(scratch_));
+      if (scratch_stream_ordered_) {
+        PEBBLE_CUDA_RETURN_IF_ERROR(cudaFreeAsync(scratch_, compute_));
+      } else {
+        // Work already enqueued may still read the old buffer.
+        PEBBLE_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(compute_));
+        PEBBLE_CUDA_RETURN_IF_ERROR(cudaFree(scratch_));
+      }
       scratch_ = nullptr;
       scratch_bytes_ = 0;
     }
-    const cudaError_t e = cudaMalloc(&scratch_, want);
+    const cudaError_t e = scratch_stream_ordered_
+                              ? cudaMallocAsync(&scratch_, want, compute_)
+                              : cudaMalloc(&scratch_, want);
     if (e != cudaSuccess) {
       cudaGetLastError();
       scratch_ = nullptr;
@@ -347,6 +365,7 @@ class CudaBackend final : public Backend {
   std::map<void*, int64_t> host_allocs_;
   BackendMemoryStats stats_;
   void* scratch_ = nullptr;
+  bool scratch_stream_ordered_ = false;  // cudaMallocAsync / cudaFreeAsync
   int64_t scratch_bytes_ = 0;
   int64_t scratch_peak_ = 0;
 };

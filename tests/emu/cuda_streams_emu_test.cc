@@ -11,7 +11,8 @@
 //    algorithm gives way to the next candidate first, TF32 last.
 //  - Only deterministic algorithms in FMA math run on fp32 data.
 //  - No device is a clear error; a backend returns every byte it took;
-//    overlapping copies (undefined on the device) fail.
+//    growing the scratch does not wait for the device; overlapping copies
+//    (undefined on the device) fail.
 // tests/cuda_backend_test.cc, linked into the same binary, runs the device
 // tests on the emulated device too.
 #include <cstring>
@@ -489,6 +490,45 @@ TEST(EmulatedDeviceTest, NoDeviceIsAClearError) {
   auto second = MakeCudaBackend(options);
   ASSERT_FALSE(second.ok());
   EXPECT_THAT(std::string(second.status().message()), HasSubstr("1 device(s) present"));
+}
+
+// The kernel scratch grows mid-run (reductions' partial sums, cuDNN
+// workspace beyond the plan). cudaMalloc and cudaFree would make every
+// stream wait, stalling the copy stream; grown stream-ordered, the first run
+// of a plan (which grows the buffer) waits for the device exactly as often
+// as the second (which reuses it), and the old buffer is freed only after
+// the work that reads it, under every stream schedule.
+TEST(EmulatedDeviceTest, GrowingTheScratchDoesNotWaitForTheDevice) {
+  EmulatorDefaults restore;
+  // With IMPLICIT_GEMM refused, the forward convolutions run GEMM, whose
+  // workspace (one sample of x: 44^3 fp32 = 0.3 MiB for conv1, 4 x 44^3 =
+  // 1.3 MiB for conv2) grows the scratch twice: to 1 MiB, then 2 MiB.
+  emu::SetAlgorithmRefusal({{CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM}, false});
+  const Graph g = Model("conv3d:n=44");
+  auto plan = PlanFor(g, "baseline", PlannerOptions{}.budget_bytes);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  auto gpu = Cuda();
+  ASSERT_NE(gpu, nullptr);
+  const int64_t before = emu::DeviceWideWaits();
+  auto first = RunPlan(g, plan->schedule, *gpu);
+  ASSERT_TRUE(first.ok()) << first.status();
+  const int64_t between = emu::DeviceWideWaits();
+  auto second = RunPlan(g, plan->schedule, *gpu);
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_GT(first->backend_memory.scratch_bytes_peak, int64_t{1} << 20);
+  EXPECT_EQ(between - before, emu::DeviceWideWaits() - between);
+  EXPECT_TRUE(SameBits(*first, *second));
+  for (emu::StreamSchedule schedule :
+       {emu::StreamSchedule::kLazyOldestFirst, emu::StreamSchedule::kLazyNewestFirst}) {
+    SCOPED_TRACE(ScheduleName(schedule));
+    emu::SetStreamSchedule(schedule);
+    auto fresh = Cuda();
+    ASSERT_NE(fresh, nullptr);
+    auto run = RunPlan(g, plan->schedule, *fresh);
+    emu::SetStreamSchedule(emu::StreamSchedule::kImmediate);
+    ASSERT_TRUE(run.ok()) << run.status();
+    EXPECT_TRUE(SameBits(*run, *first));
+  }
 }
 
 TEST(EmulatedDeviceTest, ABackendReturnsEveryDeviceByte) {

@@ -25,6 +25,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <vector>
 
 namespace pebble::cuda::emu {
@@ -57,7 +58,9 @@ struct Device {
   int count = 1;
   std::vector<EmuStream*> streams;  // in creation order
   std::map<const void*, size_t> device_allocs, pinned_allocs;
+  std::set<const void*> freeing;  // cudaFreeAsync enqueued, not yet run
   int64_t device_in_use = 0;
+  int64_t device_wide_waits = 0;
 };
 
 Device& Dev() {
@@ -103,6 +106,42 @@ void DrainInOrder(const EmuStream* last) {
 
 // Every stream (the device synchronises).
 void DrainAll() { DrainInOrder(nullptr); }
+
+// What cudaMalloc, cudaFree, cudaMallocHost and cudaFreeHost do first: the
+// runtime synchronises every stream around them (CUDA Programming Guide,
+// "Implicit Synchronization" and "Stream-Ordered Memory Allocator").
+void WaitForTheDevice() {
+  ++Dev().device_wide_waits;
+  DrainAll();
+}
+
+// Device memory of `bytes` (256-byte aligned), counted against the device.
+cudaError_t AllocateDevice(void** ptr, size_t bytes) {
+  Device& d = Dev();
+  *ptr = nullptr;
+  const size_t rounded = (std::max<size_t>(bytes, 1) + 255) / 256 * 256;
+  if (bytes > static_cast<size_t>(kDeviceBytes) ||
+      static_cast<int64_t>(rounded) > kDeviceBytes - kContextBytes - d.device_in_use) {
+    return cudaErrorMemoryAllocation;
+  }
+  void* p = std::aligned_alloc(256, rounded);
+  if (p == nullptr) return cudaErrorMemoryAllocation;
+  d.device_allocs[p] = rounded;
+  d.device_in_use += static_cast<int64_t>(rounded);
+  *ptr = p;
+  return cudaSuccess;
+}
+
+// Returns an allocation of AllocateDevice to the device, poisoned first so
+// that a read after the free sees NaN bytes rather than the old values.
+void ReleaseDevice(void* ptr) {
+  Device& d = Dev();
+  auto it = d.device_allocs.find(ptr);
+  std::memset(ptr, 0xff, it->second);
+  d.device_in_use -= static_cast<int64_t>(it->second);
+  d.device_allocs.erase(it);
+  std::free(ptr);
+}
 
 void Push(EmuStream* s, std::function<void()> work) {
   s->pending.push_back(std::move(work));
@@ -241,6 +280,12 @@ int64_t DeviceBytesInUse() {
   return d.device_in_use;
 }
 
+int64_t DeviceWideWaits() {
+  Device& d = Dev();
+  std::lock_guard<std::recursive_mutex> lock(d.mutex);
+  return d.device_wide_waits;
+}
+
 }  // namespace pebble::cuda::emu
 
 namespace emu = pebble::cuda::emu;
@@ -291,6 +336,7 @@ cudaError_t CUDARTAPI cudaGetDeviceProperties(struct cudaDeviceProp* prop,
   prop->totalGlobalMem = static_cast<size_t>(emu::kDeviceBytes);
   prop->memPitch = emu::kMaxPitch;
   prop->maxThreadsPerBlock = 1024;
+  prop->memoryPoolsSupported = 1;
   prop->warpSize = 32;
   return cudaSuccess;
 }
@@ -319,37 +365,51 @@ cudaError_t CUDARTAPI cudaMemGetInfo(size_t* free_bytes, size_t* total_bytes) {
 cudaError_t CUDARTAPI cudaMalloc(void** ptr, size_t bytes) {
   emu::Device& d = emu::Dev();
   std::lock_guard<std::recursive_mutex> lock(d.mutex);
-  *ptr = nullptr;
-  const size_t rounded = (std::max<size_t>(bytes, 1) + 255) / 256 * 256;
-  if (bytes > static_cast<size_t>(emu::kDeviceBytes) ||
-      static_cast<int64_t>(rounded) >
-          emu::kDeviceBytes - emu::kContextBytes - d.device_in_use) {
-    return cudaErrorMemoryAllocation;
-  }
-  void* p = std::aligned_alloc(256, rounded);
-  if (p == nullptr) return cudaErrorMemoryAllocation;
-  d.device_allocs[p] = rounded;
-  d.device_in_use += static_cast<int64_t>(rounded);
-  *ptr = p;
-  return cudaSuccess;
+  emu::WaitForTheDevice();
+  return emu::AllocateDevice(ptr, bytes);
 }
 
 cudaError_t CUDARTAPI cudaFree(void* ptr) {
   if (ptr == nullptr) return cudaSuccess;
   emu::Device& d = emu::Dev();
   std::lock_guard<std::recursive_mutex> lock(d.mutex);
-  emu::DrainAll();  // cudaFree waits for the device
-  auto it = d.device_allocs.find(ptr);
-  if (it == d.device_allocs.end()) return cudaErrorInvalidValue;
-  d.device_in_use -= static_cast<int64_t>(it->second);
-  d.device_allocs.erase(it);
-  std::free(ptr);
+  emu::WaitForTheDevice();  // which also runs any cudaFreeAsync pending
+  if (d.device_allocs.count(ptr) == 0) return cudaErrorInvalidValue;
+  emu::ReleaseDevice(ptr);
+  return cudaSuccess;
+}
+
+// Stream-ordered: neither waits for the device. The memory is usable at
+// once (a legal order of the allocation and the stream's work); the free
+// runs on `stream` after the work enqueued before it.
+cudaError_t CUDARTAPI cudaMallocAsync(void** ptr, size_t bytes, cudaStream_t stream) {
+  (void)stream;
+  emu::Device& d = emu::Dev();
+  std::lock_guard<std::recursive_mutex> lock(d.mutex);
+  if (ptr == nullptr) return cudaErrorInvalidValue;
+  return emu::AllocateDevice(ptr, bytes);
+}
+
+cudaError_t CUDARTAPI cudaFreeAsync(void* ptr, cudaStream_t stream) {
+  emu::Device& d = emu::Dev();
+  std::lock_guard<std::recursive_mutex> lock(d.mutex);
+  if (ptr == nullptr || d.device_allocs.count(ptr) == 0 || d.freeing.count(ptr) > 0) {
+    return cudaErrorInvalidValue;
+  }
+  d.freeing.insert(ptr);
+  emu::Enqueue(stream, [ptr] {
+    emu::Device& dev = emu::Dev();
+    std::lock_guard<std::recursive_mutex> held(dev.mutex);
+    dev.freeing.erase(ptr);
+    emu::ReleaseDevice(ptr);
+  });
   return cudaSuccess;
 }
 
 cudaError_t CUDARTAPI cudaMallocHost(void** ptr, size_t bytes) {
   emu::Device& d = emu::Dev();
   std::lock_guard<std::recursive_mutex> lock(d.mutex);
+  emu::WaitForTheDevice();
   *ptr = std::malloc(std::max<size_t>(bytes, 1));
   if (*ptr == nullptr) return cudaErrorMemoryAllocation;
   d.pinned_allocs[*ptr] = std::max<size_t>(bytes, 1);
@@ -360,7 +420,7 @@ cudaError_t CUDARTAPI cudaFreeHost(void* ptr) {
   if (ptr == nullptr) return cudaSuccess;
   emu::Device& d = emu::Dev();
   std::lock_guard<std::recursive_mutex> lock(d.mutex);
-  emu::DrainAll();
+  emu::WaitForTheDevice();
   if (d.pinned_allocs.erase(ptr) == 0) return cudaErrorInvalidValue;
   std::free(ptr);
   return cudaSuccess;

@@ -16,8 +16,8 @@
 //    event records, waits). Under StreamSchedule::kImmediate work runs when
 //    it is enqueued, so the streams only name an order the host already
 //    follows. Under the lazy schedules nothing runs until the host has to
-//    wait (cudaStreamSynchronize, cudaFree, cudaFreeHost, a copy to
-//    pageable memory): then the streams drain, one after another, in
+//    wait (cudaStreamSynchronize, cudaMalloc, cudaFree, cudaMallocHost,
+//    cudaFreeHost, a copy to pageable memory): then the streams drain, one after another, in
 //    creation order (kLazyOldestFirst) or its reverse (kLazyNewestFirst),
 //    up to the one synchronised (all of them for cudaFree), a wait
 //    (cudaStreamWaitEvent) first running the other stream up to the event. Each lazy schedule is a legal execution that a GPU could
@@ -62,8 +62,14 @@ void Enqueue(cudaStream_t stream, std::function<void()> work);
 // cudaErrorNoDevice).
 void SetDeviceCount(int count);
 
-// Device memory in use by cudaMalloc, in bytes.
+// Device memory in use by cudaMalloc and cudaMallocAsync, in bytes.
 int64_t DeviceBytesInUse();
+
+// How many times the host waited for every stream of the device: each
+// cudaMalloc, cudaFree, cudaMallocHost and cudaFreeHost (the runtime
+// synchronises around them), not the stream-ordered cudaMallocAsync and
+// cudaFreeAsync.
+int64_t DeviceWideWaits();
 
 }  // namespace pebble::cuda::emu
 
