@@ -18,7 +18,9 @@ docs/models.md) runs
     for the process; an OOM leaves the caching allocator fragmented).
 
 fp32 everywhere with TF32 off on both sides (pebble's CUDA backend runs fp32
-convolutions in FMA math), so times compare the same arithmetic.
+convolutions in FMA math, and falls back to TF32 only where cuDNN refuses a
+convolution even split: the row's note then counts conv_tf32_calls), so times
+compare the same arithmetic.
 
 Then, for the question the seed report asks ("what is the largest N this
 card trains, and at what cost?"), `pebble fit --model conv3d --vary n
@@ -105,6 +107,11 @@ def run_pebble(pebble, n, policy, budget, backend, timeout):
                driver=m.get("driver_bytes_in_use"), scratch=m.get("scratch_bytes"),
                time_s=m.get("time_s"), predicted_peak=p.get("peak_bytes"),
                peak_equal=doc.get("peak_equal"))
+    # What the backend had to do beyond the plan (docs/cuda.md): splits of
+    # refused convolutions, and TF32 where even the splits were refused.
+    events = ", ".join(f"{k} {v}" for k, v in sorted(m.get("backend_counters", {}).items()))
+    if events:
+        row["note"] = events
     return row, None
 
 
@@ -263,8 +270,10 @@ def to_markdown(rows, device_label, device, budget, torch_version, remarks=(), f
     lines = [f"# conv3d on {device_label}: pebble policies vs PyTorch at a {budget} budget",
              "",
              f"Date: {datetime.date.today().isoformat()}. Model: `conv3d:n=N` (batch 1, fp32, "
-             f"TF32 off on both sides). pebble: `pebble run --backend {device} --budget "
-             f"{budget} --warmup 1`, one training step after a warm-up step; " + memory, "",
+             "TF32 off on both sides, except where a pebble row's note counts "
+             f"conv_tf32_calls). pebble: `pebble run --backend {device} --budget "
+             f"{budget} --warmup 1`, one training step after a warm-up step; its note "
+             "lists the backend's events (refused algorithms, splits); " + memory, "",
              "| N | system | policy / mode | status | peak GiB | arena / reserved GiB | "
              "driver GiB | time s | note |",
              "| ---: | --- | --- | --- | ---: | ---: | ---: | ---: | --- |"]

@@ -2,9 +2,12 @@
 #include <cstdint>
 #include <filesystem>
 #include <iostream>
+#include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "cli/common.h"
 #include "cli/run_common.h"
 #include "graph/status.h"
@@ -38,6 +41,7 @@ nlohmann::json MeasuredToJson(const Graph& graph, const ExecutionResult& r, bool
   if (r.backend_memory.driver_bytes_in_use >= 0) {
     measured["driver_bytes_in_use"] = r.backend_memory.driver_bytes_in_use;
   }
+  measured["backend_counters"] = r.backend_counters;  // an object, {} when none
   if (with_steps) {
     nlohmann::json steps = nlohmann::json::array();
     for (const StepMeasurement& s : r.steps) {
@@ -284,6 +288,13 @@ int RunRun(const RunFlags& f) {
       r.peak_bytes == p.peak_bytes ? "measured == predicted" : "MEASURED != PREDICTED");
   std::cout << absl::StrFormat("  kernel scratch  %s outside the plan\n",
                                FormatBytes(r.backend_memory.scratch_bytes_peak));
+  if (!r.backend_counters.empty()) {
+    std::vector<std::string> counts;
+    for (const auto& [name, count] : r.backend_counters) {
+      counts.push_back(absl::StrCat(name, " ", count));
+    }
+    std::cout << "  backend events  " << absl::StrJoin(counts, ", ") << "\n";
+  }
   std::cout << absl::StrFormat(
       "  time            %s (kernels %s, copies %s of which %s under compute, executor %s; "
       "setup %s before); model makespan %s\n",

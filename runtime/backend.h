@@ -14,6 +14,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 
@@ -95,6 +96,11 @@ class Backend {
                                                 EventId to) const = 0;
   // Forgets every recorded event (between runs).
   virtual void ResetEvents() = 0;
+
+  // Named counts of events of the backend's own since it was made (the CUDA
+  // backend's convolution splits, refused algorithms, TF32 calls); none by
+  // default. The executor reports how much each grew over a run.
+  virtual std::map<std::string, int64_t> Counters() const { return {}; }
 };
 
 }  // namespace pebble

@@ -100,12 +100,13 @@ PlaneRun ClipPlanes(int64_t planes, int64_t first, int64_t count);
 // Where to cut `batch` (>= 2) samples in two: the size of the first part,
 // so that the second part of every tensor of the convolution (one entry of
 // `sample_bytes` each: bytes per sample) starts as aligned as the first.
-// The multiple of the least step of samples that keeps every tensor's
-// offset a multiple of 16 bytes, nearest batch / 2 from below; failing
-// that (the step reaches `batch`), of 4 bytes (cuDNN's documented minimum
-// for tensor pointers, fp16 included); failing that, batch / 2. Since each
-// part is cut again at multiples of the same step, every part of a
-// recursive split starts aligned whenever the step fits.
+// With `step` the fewest samples whose bytes are a multiple of 16 in every
+// tensor: the largest multiple of `step` up to batch / 2, or `step` itself
+// when that exceeds batch / 2. When `step` is not below `batch`, the same
+// with 4 bytes (cuDNN's documented minimum for tensor pointers, fp16
+// included); failing that, batch / 2. Each part is cut again at multiples
+// of the same step, so every part of a recursive split starts aligned
+// except parts of at most their 4-byte step.
 int64_t BatchSplitPoint(int64_t batch, const std::vector<int64_t>& sample_bytes);
 
 }  // namespace pebble

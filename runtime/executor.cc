@@ -401,6 +401,7 @@ absl::StatusOr<ExecutionResult> Execute(const Graph& graph, const Schedule& sche
   // 1-2. Refuse what cannot run, before touching the backend's memory.
   ASSIGN_OR_RETURN(result.predicted, Simulate(graph, schedule, options.simulator));
   RETURN_IF_ERROR(backend.CheckSupported(graph));
+  const std::map<std::string, int64_t> counters_before = backend.Counters();
   for (NodeId v = 0; v < graph.num_nodes(); ++v) {
     if (graph.persistent(v)) RETURN_IF_ERROR(NeedsShape(graph, v));
   }
@@ -714,6 +715,11 @@ absl::StatusOr<ExecutionResult> Execute(const Graph& graph, const Schedule& sche
     }
   }
   result.backend_memory = backend.MemoryStats();
+  for (const auto& [name, count] : backend.Counters()) {
+    const auto before = counters_before.find(name);
+    const int64_t grew = count - (before == counters_before.end() ? 0 : before->second);
+    if (grew != 0) result.backend_counters[name] = grew;
+  }
   return result;
 }
 

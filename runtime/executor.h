@@ -31,6 +31,7 @@
 #define PEBBLE_RUNTIME_EXECUTOR_H_
 
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -104,6 +105,9 @@ struct ExecutionResult {
   // What the backend really allocated: the arena (device_bytes_peak; equals
   // layout.arena_bytes), host buffers, and kernel scratch outside the plan.
   BackendMemoryStats backend_memory;
+  // How much each of the backend's Counters() grew over the run, those that
+  // did (the CUDA backend: docs/cuda.md, "Convolution algorithms").
+  std::map<std::string, int64_t> backend_counters;
 
   // ---- Measured time (seconds).
   // Host wall time before the first step: simulation, layout, the arena's

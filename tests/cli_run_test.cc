@@ -72,8 +72,10 @@ TEST(CliRunTest, JsonReportsPredictedAndMeasured) {
                           "overhead_s", "steps"}) {
     EXPECT_TRUE(m.contains(key)) << key;
   }
-  // The CPU backend runs one step at a time.
+  // The CPU backend runs one step at a time, and counts no events of its own.
   EXPECT_EQ(m["copy_overlap_s"].get<double>(), 0);
+  ASSERT_TRUE(m["backend_counters"].is_object());
+  EXPECT_TRUE(m["backend_counters"].empty());
   EXPECT_EQ(m["peak_bytes"], j["predicted"]["peak_bytes"]);
   EXPECT_EQ(m["arena_bytes"], j["predicted"]["arena_bytes"]);
   EXPECT_EQ(j["peak_equal"], true);

@@ -126,6 +126,7 @@ class SimBackend final : public Backend {
       out[j] = ctx.op() == "copy" ? ctx.inputs[0].as<const float>()[j] : std::tanh(acc);
     }
     compute_clock_ += ctx.graph->cost(ctx.node);
+    ++computes_;
     return absl::OkStatus();
   }
   absl::Status Copy(CopyDirection, std::byte* dst, const std::byte* src,
@@ -155,6 +156,10 @@ class SimBackend final : public Backend {
     return times_.at(to) - times_.at(from);
   }
   void ResetEvents() override { times_.clear(); }
+  // "computes" grows with every compute; "constant" never does.
+  std::map<std::string, int64_t> Counters() const override {
+    return {{"computes", computes_}, {"constant", 7}};
+  }
 
   int device_allocations = 0;
   int waits = 0;
@@ -177,6 +182,7 @@ class SimBackend final : public Backend {
 
   double bandwidth_;
   double compute_clock_ = 0, copy_clock_ = 0;
+  int64_t computes_ = 0;
   std::vector<double> times_;
   BackendMemoryStats stats_;
   std::map<std::byte*, int64_t> sizes_;
@@ -388,6 +394,22 @@ TEST(ExecutorTest, CopyComputeOverlapIsTheIntersectionOfTheStreamsBusyTimes) {
 // would end the free at 5 and start b at 5); the executor waits longer:
 //   0 compute a  [0, 1]    1 offload a  [1, 5]    2 free a     [5, 5]
 //   3 prefetch a [5, 9]    4 free a     [9, 9]    5 compute b  [9, 10]
+TEST(ExecutorTest, BackendCountersAreWhatTheRunAdded) {
+  const Graph g = MakeGraph({Vec("x", 1, {}, 0, true), Vec("a", 25, {"x"}, 1),
+                             Vec("b", 25, {"a"}, 1)},
+                            {"b"});
+  const Schedule s = MakeSchedule(g, {{Action::kCompute, "a"}, {Action::kCompute, "b"}});
+  SimBackend backend;
+  for (int run = 0; run < 2; ++run) {  // the second run on the same backend
+    auto r = Execute(g, s, backend);
+    ASSERT_TRUE(r.ok()) << r.status();
+    // Two computes this run, whatever the backend counted before; a count
+    // that did not grow is left out.
+    EXPECT_EQ(r->backend_counters, (std::map<std::string, int64_t>{{"computes", 2}}))
+        << "run " << run;
+  }
+}
+
 TEST(ExecutorTest, AFreeWaitsForAnUnreadPrefetch) {
   const Graph g = MakeGraph({Vec("x", 1, {}, 0, true), Vec("a", 25, {"x"}, 1),
                              Vec("b", 25, {"x"}, 1)},

@@ -311,6 +311,14 @@ class CudaBackend final : public Backend {
   int64_t conv_splits() const { return cc_.conv_splits; }
   int64_t conv_depth_splits() const { return cc_.conv_depth_splits; }
   int64_t conv_algorithm_refusals() const { return cc_.conv_algorithm_refusals; }
+  int64_t conv_tf32_calls() const { return cc_.conv_tf32_calls; }
+
+  std::map<std::string, int64_t> Counters() const override {
+    return {{"conv_algorithm_refusals", cc_.conv_algorithm_refusals},
+            {"conv_splits", cc_.conv_splits},
+            {"conv_depth_splits", cc_.conv_depth_splits},
+            {"conv_tf32_calls", cc_.conv_tf32_calls}};
+  }
 
  private:
   cudaStream_t StreamOf(Stream s) const {
@@ -338,9 +346,20 @@ class CudaBackend final : public Backend {
       scratch_ = nullptr;
       scratch_bytes_ = 0;
     }
-    const cudaError_t e = scratch_stream_ordered_
-                              ? cudaMallocAsync(&scratch_, want, compute_)
-                              : cudaMalloc(&scratch_, want);
+    cudaError_t e = scratch_stream_ordered_
+                        ? cudaMallocAsync(&scratch_, want, compute_)
+                        : cudaMalloc(&scratch_, want);
+    if (e == cudaErrorMemoryAllocation && scratch_stream_ordered_) {
+      // The old buffer may not be free yet: its free waits for the stream,
+      // and the pool keeps freed memory until a synchronisation (release
+      // threshold 0). Wait for it, hand the pool's memory back, try again.
+      cudaGetLastError();
+      PEBBLE_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(compute_));
+      cudaMemPool_t pool = nullptr;
+      PEBBLE_CUDA_RETURN_IF_ERROR(cudaDeviceGetDefaultMemPool(&pool, options_.device));
+      PEBBLE_CUDA_RETURN_IF_ERROR(cudaMemPoolTrimTo(pool, 0));
+      e = cudaMallocAsync(&scratch_, want, compute_);
+    }
     if (e != cudaSuccess) {
       cudaGetLastError();
       scratch_ = nullptr;
@@ -408,6 +427,11 @@ int64_t CudaConvSplitCount(const Backend& backend) {
 int64_t CudaConvDepthSplitCount(const Backend& backend) {
   const auto* cuda_backend = dynamic_cast<const CudaBackend*>(&backend);
   return cuda_backend == nullptr ? -1 : cuda_backend->conv_depth_splits();
+}
+
+int64_t CudaConvTf32CallCount(const Backend& backend) {
+  const auto* cuda_backend = dynamic_cast<const CudaBackend*>(&backend);
+  return cuda_backend == nullptr ? -1 : cuda_backend->conv_tf32_calls();
 }
 
 int64_t CudaConvAlgorithmRefusalCount(const Backend& backend) {

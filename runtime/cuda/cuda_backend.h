@@ -61,6 +61,10 @@ int64_t CudaConvDepthSplitCount(const Backend& backend);
 // candidate ran instead, or the split when none was left (docs/cuda.md,
 // "Convolution algorithms"); -1 when `backend` is not a CUDA backend.
 int64_t CudaConvAlgorithmRefusalCount(const Backend& backend);
+// How many cuDNN calls ran fp32 data in TF32: only convolutions that cuDNN
+// refused in FMA math even split to the end; -1 when `backend` is not a
+// CUDA backend.
+int64_t CudaConvTf32CallCount(const Backend& backend);
 
 }  // namespace pebble
 

@@ -11,11 +11,15 @@
 // then the others by least workspace (those run with scratch outside the
 // plan, reported as scratch_bytes_peak). The first candidate runs; when
 // cuDNN refuses it (its workspace query or its call answers NOT_SUPPORTED,
-// which the heuristics do not rule out), the next one does. When an fp32
-// configuration has no FMA candidate left, the heuristics are asked again
-// in tensor-op math and the deterministic TF32 algorithms become the
-// candidates: asked in FMA math, cuDNN offers none of them. Candidates and
-// how far the trying got are cached per configuration.
+// which the heuristics do not rule out), the next one does. A configuration
+// with no candidate left takes the split fallback below, in FMA math. Only
+// when an fp32 convolution is refused even split to the end does it run
+// again from the start with TF32 allowed (RunConv): then a configuration
+// whose FMA candidates are exhausted asks the heuristics again in
+// CUDNN_TENSOR_OP_MATH, and its deterministic TF32 algorithms become the
+// candidates (asked in FMA math, cuDNN offers none). Exact FMA parts beat
+// one TF32 call; TF32 beats refusing the node. Candidates and how far the
+// trying got are cached per configuration.
 //
 // Note [Split fallback]: when cuDNN refuses a configuration
 // (CUDNN_STATUS_NOT_SUPPORTED from the heuristics, or for every candidate,
@@ -231,7 +235,8 @@ cudnnMathType_t RequestedMath(DType d) {
 // that it does not hold yet: those within `budget` bytes of workspace in
 // the heuristics' rank, then those over it by least workspace. For fp32
 // data, `tf32` false takes only the FMA ones (run in CUDNN_FMA_MATH), true
-// only the tensor-op ones.
+// only those in CUDNN_TENSOR_OP_MATH (TF32; not ..._ALLOW_CONVERSION,
+// which may convert fp32 data down to fp16).
 template <typename Perf>
 void AddCandidates(const Perf* perf, int count, DType dtype, int64_t budget,
                    bool tf32, ConvCandidates* cands) {
@@ -241,7 +246,10 @@ void AddCandidates(const Perf* perf, int count, DType dtype, int64_t budget,
     if (p.status != CUDNN_STATUS_SUCCESS) continue;
     if (p.determinism != CUDNN_DETERMINISTIC) continue;
     const bool fma = p.mathType == CUDNN_FMA_MATH || p.mathType == CUDNN_DEFAULT_MATH;
-    if (dtype == DType::kFloat32 && fma == tf32) continue;
+    if (dtype == DType::kFloat32 &&
+        (tf32 ? p.mathType != CUDNN_TENSOR_OP_MATH : !fma)) {
+      continue;
+    }
     const cudnnMathType_t math =
         dtype == DType::kFloat32 && fma ? CUDNN_FMA_MATH : p.mathType;
     const int algo = static_cast<int>(p.algo);
@@ -366,9 +374,6 @@ absl::StatusOr<ConvCandidates> FirstCandidates(CudaContext& cc, ConvKind kind,
                                               RequestedMath(g.dtype),
                                               /*tf32=*/false, &cands));
   }
-  // Only fp32 has TF32 to fall back on, and only where the heuristics
-  // answered: a configuration they refuse is split instead.
-  cands.tensor_op_asked = g.dtype != DType::kFloat32 || !cands.why.empty();
   if (cands.why.empty() && cands.ranked.empty()) {
     cands.why = "cuDNN offers no deterministic algorithm for this configuration";
   }
@@ -376,8 +381,9 @@ absl::StatusOr<ConvCandidates> FirstCandidates(CudaContext& cc, ConvKind kind,
 }
 
 // The algorithm to run for (kind, geometry, batch) within `budget` bytes of
-// planned workspace, from the configuration's candidates (cached);
-// supported == false, with `why`, when none is left.
+// planned workspace, from the configuration's candidates (cached), TF32
+// ones included for fp32 data only under cc.allow_tf32; supported == false,
+// with `why`, when none is left.
 absl::StatusOr<ConvChoice> Choose(CudaContext& cc, ConvKind kind,
                                   const ConvGeom& g, int64_t batch,
                                   int64_t budget) {
@@ -401,15 +407,15 @@ absl::StatusOr<ConvChoice> Choose(CudaContext& cc, ConvKind kind,
       }
       return c;
     }
-    if (cands.tensor_op_asked) break;
-    // No FMA algorithm is left for this fp32 configuration: TF32 beats
-    // refusing the node (docs/cuda.md). The heuristics in FMA math offer
-    // none, so they are asked again in tensor-op math.
-    cands.tensor_op_asked = true;
+    if (g.dtype != DType::kFloat32 || !cc.allow_tf32 || cands.tf32_asked) break;
+    // No FMA candidate is left and TF32 is allowed: the heuristics in FMA
+    // math offer no TF32 algorithm, so they are asked in tensor-op math.
     ASSIGN_OR_RETURN(std::string refusal,
                      AskHeuristics(cc, kind, g, batch, budget, CUDNN_TENSOR_OP_MATH,
                                    /*tf32=*/true, &cands));
-    (void)refusal;  // the first answer's reason stays the one to report
+    cands.tf32_asked = true;
+    // When they refuse too, the last FMA refusal stays the reason.
+    (void)refusal;
   }
   ConvChoice none;
   none.why = cands.why;
@@ -509,6 +515,9 @@ absl::Status RunOnce(CudaContext& cc, ConvKind kind, const ConvGeom& g,
         break;
     }
     absl::Status s = PEBBLE_CUDA_STATUS(rc);
+    if (s.ok() && g.dtype == DType::kFloat32 && choice.math != CUDNN_FMA_MATH) {
+      ++cc.conv_tf32_calls;
+    }
     if (!Refused(rc)) return s;
     // A refused call enqueued nothing: the next candidate may run instead.
     GiveWay(cc, cc.conv_choices.at(g.Key(kind, batch, ws.budget)),
@@ -754,7 +763,9 @@ absl::Status RunSplit(CudaContext& cc, ConvKind kind, const ConvGeom& g,
 // The whole convolution of a node: RunSplit over all g.n samples, after the
 // cases cuDNN's descriptors refuse (a dimension of 0): an empty output
 // needs no call, and an output summed over nothing (no samples for the
-// weight gradient, no channels) is zeros, as on the CPU backend.
+// weight gradient, no channels) is zeros, as on the CPU backend. An fp32
+// convolution refused even split runs again with TF32 allowed (Note
+// [Convolution algorithms]).
 absl::Status RunConv(CudaContext& cc, ConvKind kind, const ConvGeom& g,
                      const ConvPtrs& p, const ConvWorkspace& ws) {
   const int64_t x = g.n * g.XSample(), y = g.n * g.YSample();
@@ -768,7 +779,18 @@ absl::Status RunConv(CudaContext& cc, ConvKind kind, const ConvGeom& g,
         p.out, 0, static_cast<size_t>(out * DTypeSize(g.dtype)), cc.stream));
     return absl::OkStatus();
   }
-  return RunSplit(cc, kind, g, g.n, p, 0.f, ws);
+  absl::Status s = RunSplit(cc, kind, g, g.n, p, 0.f, ws);
+  if (s.code() != absl::StatusCode::kUnimplemented || g.dtype != DType::kFloat32) {
+    return s;
+  }
+  // Refused in FMA math even split to the end: once more from the start
+  // (beta 0 overwrites whatever the attempt wrote), TF32 allowed.
+  cc.allow_tf32 = true;
+  absl::Status again = RunSplit(cc, kind, g, g.n, p, 0.f, ws);
+  cc.allow_tf32 = false;
+  if (again.code() != absl::StatusCode::kUnimplemented) return again;
+  return absl::UnimplementedError(
+      absl::StrCat(s.message(), "; refused with TF32 algorithms allowed too"));
 }
 
 // Geometry from x's shape, the weight's shape and the output's, with the

@@ -41,9 +41,9 @@ struct ConvChoice {
 struct ConvCandidates {
   std::vector<ConvChoice> ranked;
   size_t next = 0;
-  bool checked = false;          // ranked[next]'s workspace was asked in its own math
-  bool tensor_op_asked = false;  // the TF32 candidates were added, or never will be
-  std::string why;               // the last refusal, or why there is no candidate
+  bool checked = false;     // ranked[next]'s workspace was asked in its own math
+  bool tf32_asked = false;  // fp32: the heuristics were asked for TF32 candidates
+  std::string why;          // the last refusal, or why there is no candidate
 };
 
 struct CudaContext {
@@ -65,6 +65,11 @@ struct CudaContext {
   // Algorithms cuDNN offered and then refused, each followed by the next
   // candidate (or, after the last, by a split).
   int64_t conv_algorithm_refusals = 0;
+  // Whether fp32 convolutions may take TF32 candidates: only while a
+  // convolution that cuDNN refused in FMA math, even split, runs again
+  // (Note [Convolution algorithms] in cuda_dnn.cc).
+  bool allow_tf32 = false;
+  int64_t conv_tf32_calls = 0;  // cuDNN calls on fp32 data in TF32
   std::map<std::string, ConvCandidates> conv_choices;  // by configuration key
   // Depth slice counts that ran, by configuration key (cuda_dnn.cc).
   std::map<std::string, int64_t> conv_depth_parts;

@@ -8,7 +8,8 @@
 //    that drops the executor's waits is caught, so the check can fail.
 //  - cuDNN refusals (from the heuristics, or only from the call) take the
 //    split fallback, whose results match the unsplit ones; a refused
-//    algorithm gives way to the next candidate first, TF32 last.
+//    algorithm gives way to the next candidate first; TF32 runs only when
+//    even the split is refused.
 //  - Only deterministic algorithms in FMA math run on fp32 data.
 //  - No device is a clear error; a backend returns every byte it took;
 //    growing the scratch does not wait for the device; overlapping copies
@@ -50,6 +51,7 @@ class EmulatorDefaults {
     emu::SetStreamSchedule(emu::StreamSchedule::kImmediate);
     emu::SetConvRefusal({});
     emu::SetAlgorithmRefusal({});
+    emu::SetDeviceMemoryLimit(0);
     emu::SetDeviceCount(1);
   }
 };
@@ -322,26 +324,35 @@ TEST(EmulatedCudnnTest, RefusalsTakeTheSplitFallback) {
 // convolutions, asked in FMA math, IMPLICIT_GEMM (no workspace) then GEMM
 // (one sample of x); asked in tensor-op math also IMPLICIT_PRECOMP_GEMM in
 // TF32. A refused algorithm gives way to the next candidate, not to a
-// split; TF32 runs only when no FMA candidate is left, and a configuration
-// with none left at all is split.
+// split; a configuration with no FMA candidate left is split; TF32 runs
+// only when even the split is refused.
 TEST(EmulatedCudnnTest, ARefusedAlgorithmGivesWayToTheNextCandidate) {
   EmulatorDefaults restore;
   const Graph g = Model("conv3d:n=8,batch=2");
   PlanResult plan;
   ExecutionResult whole;
   ASSERT_NO_FATAL_FAILURE(RunBaseline(g, &plan, &whole));
+  EXPECT_TRUE(whole.backend_counters.empty());
   constexpr int kImplicit = CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM;
   constexpr int kGemm = CUDNN_CONVOLUTION_FWD_ALGO_GEMM;
   constexpr int kPrecomp = CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM;
+  // x of conv3 holds 2 samples of 8 x 8^3 = 8192 elements, conv2's and
+  // conv1's fewer.
+  constexpr int64_t kOneSampleOfConv3 = 8 * 512;
   struct Case {
     const char* name;
     emu::AlgorithmRefusal refusal;
+    bool splits;
     bool tf32;
   };
   const Case cases[] = {
-      {"IMPLICIT_GEMM refused by its workspace query: GEMM", {{kImplicit}, false}, false},
-      {"IMPLICIT_GEMM refused by its call: GEMM", {{kImplicit}, true}, false},
-      {"both FMA algorithms refused by their calls: TF32", {{kImplicit, kGemm}, true}, true},
+      {"IMPLICIT_GEMM refused by its workspace query: GEMM", {{kImplicit}, false},
+       false, false},
+      {"IMPLICIT_GEMM refused by its call: GEMM", {{kImplicit}, true}, false, false},
+      {"both FMA algorithms refused above one sample of conv3: split, not TF32",
+       {{kImplicit, kGemm}, true, kOneSampleOfConv3}, true, false},
+      {"both FMA algorithms refused at every size: split, then TF32",
+       {{kImplicit, kGemm}, true}, true, true},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.name);
@@ -353,12 +364,16 @@ TEST(EmulatedCudnnTest, ARefusedAlgorithmGivesWayToTheNextCandidate) {
     emu::SetAlgorithmRefusal({});
     ASSERT_TRUE(run.ok()) << run.status();
     const emu::ConvCalls after = emu::GetConvCalls();
-    EXPECT_EQ(CudaConvSplitCount(*gpu), 0);
+    EXPECT_EQ(CudaConvSplitCount(*gpu) > 0, c.splits);
     EXPECT_GT(CudaConvAlgorithmRefusalCount(*gpu), 0);
+    EXPECT_EQ(run->backend_counters["conv_algorithm_refusals"],
+              CudaConvAlgorithmRefusalCount(*gpu));
     // The fallbacks need workspace the plan did not give (0 bytes): the
     // emulated call fails unless the backend passes enough scratch.
     if (c.tf32) {
       EXPECT_GT(after.tf32, before.tf32);
+      EXPECT_EQ(CudaConvTf32CallCount(*gpu), after.tf32 - before.tf32);
+      EXPECT_EQ(run->backend_counters["conv_tf32_calls"], CudaConvTf32CallCount(*gpu));
       // TF32 keeps 10 mantissa bits (relative rounding 2^-11 per operand);
       // through batch norm and the backward pass the weight gradients move
       // by up to about 2% of the largest one here.
@@ -368,11 +383,14 @@ TEST(EmulatedCudnnTest, ARefusedAlgorithmGivesWayToTheNextCandidate) {
       }
     } else {
       EXPECT_EQ(after.tf32, before.tf32);
-      EXPECT_TRUE(SameBits(*run, whole));  // GEMM sums as IMPLICIT_GEMM does
+      EXPECT_EQ(CudaConvTf32CallCount(*gpu), 0);
+      // GEMM sums as IMPLICIT_GEMM does, and a forward split along the
+      // batch sums each output as the whole does.
+      EXPECT_TRUE(SameBits(*run, whole));
     }
   }
   {
-    SCOPED_TRACE("every forward algorithm refused by its call: split, then an error");
+    SCOPED_TRACE("every forward algorithm refused by its call: split, TF32, then an error");
     emu::SetAlgorithmRefusal({{kImplicit, kGemm, kPrecomp}, true});
     auto gpu = Cuda();
     ASSERT_NE(gpu, nullptr);
@@ -383,6 +401,7 @@ TEST(EmulatedCudnnTest, ARefusedAlgorithmGivesWayToTheNextCandidate) {
     const std::string message(run.status().message());
     EXPECT_THAT(message, HasSubstr("node 'conv1' (op conv3d)"));
     EXPECT_THAT(message, HasSubstr("cuDNN refused the call of algorithm"));
+    EXPECT_THAT(message, HasSubstr("refused with TF32 algorithms allowed too"));
     EXPECT_GT(CudaConvSplitCount(*gpu), 0);
   }
 }
@@ -502,7 +521,8 @@ TEST(EmulatedDeviceTest, GrowingTheScratchDoesNotWaitForTheDevice) {
   EmulatorDefaults restore;
   // With IMPLICIT_GEMM refused, the forward convolutions run GEMM, whose
   // workspace (one sample of x: 44^3 fp32 = 0.3 MiB for conv1, 4 x 44^3 =
-  // 1.3 MiB for conv2) grows the scratch twice: to 1 MiB, then 2 MiB.
+  // 1.3 MiB for conv2, 8 x 44^3 = 2.7 MiB for conv3) grows the scratch
+  // three times: to 1, 2 and 3 MiB.
   emu::SetAlgorithmRefusal({{CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM}, false});
   const Graph g = Model("conv3d:n=44");
   auto plan = PlanFor(g, "baseline", PlannerOptions{}.budget_bytes);
@@ -529,6 +549,39 @@ TEST(EmulatedDeviceTest, GrowingTheScratchDoesNotWaitForTheDevice) {
     ASSERT_TRUE(run.ok()) << run.status();
     EXPECT_TRUE(SameBits(*run, *first));
   }
+}
+
+// Growing the scratch near the device's limit: the old buffer's
+// stream-ordered free has not run yet when the new buffer is asked for
+// (here under the lazy schedule; on a device the pool keeps freed memory
+// until a synchronisation), so the first cudaMallocAsync fails; the backend
+// waits for the free and tries again rather than failing the run.
+TEST(EmulatedDeviceTest, GrowingTheScratchNearTheLimitWaitsForTheOldBuffer) {
+  EmulatorDefaults restore;
+  // As above: the scratch grows to 1, 2 and 3 MiB.
+  emu::SetAlgorithmRefusal({{CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM}, false});
+  const Graph g = Model("conv3d:n=44");
+  auto plan = PlanFor(g, "baseline", PlannerOptions{}.budget_bytes);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  auto reference = Cuda();
+  ASSERT_NE(reference, nullptr);
+  auto whole = RunPlan(g, plan->schedule, *reference);
+  ASSERT_TRUE(whole.ok()) << whole.status();
+  const int64_t scratch = whole->backend_memory.scratch_bytes_peak;
+  ASSERT_EQ(scratch, int64_t{3} << 20);
+  reference.reset();
+  // Room for the index-check word, the arena and the 3 MiB scratch, with
+  // half a MiB to spare: not for the 2 MiB buffer beside the 3 MiB one.
+  emu::SetDeviceMemoryLimit(emu::DeviceBytesInUse() + 256 + whole->arena_bytes + scratch +
+                            (int64_t{1} << 19));
+  emu::SetStreamSchedule(emu::StreamSchedule::kLazyOldestFirst);
+  auto gpu = Cuda();
+  ASSERT_NE(gpu, nullptr);
+  auto run = RunPlan(g, plan->schedule, *gpu);
+  emu::SetStreamSchedule(emu::StreamSchedule::kImmediate);
+  emu::SetDeviceMemoryLimit(0);
+  ASSERT_TRUE(run.ok()) << run.status();
+  EXPECT_TRUE(SameBits(*run, *whole));
 }
 
 TEST(EmulatedDeviceTest, ABackendReturnsEveryDeviceByte) {

@@ -442,11 +442,12 @@ int64_t Workspace(Dir dir, int algo, const Geom& g) {
   return g.math == CUDNN_TENSOR_OP_MATH ? g.SampleWorkspace() : 0;
 }
 
-// Whether the AlgorithmRefusal hook refuses `algo` of `dir` here.
-bool AlgorithmRefusedHere(Dir dir, int algo, bool at_call) {
+// Whether the AlgorithmRefusal hook refuses `algo` of `dir` on `g` here.
+bool AlgorithmRefusedHere(Dir dir, int algo, const Geom& g, bool at_call) {
   std::lock_guard<std::mutex> lock(dnn_mutex);
   if (dir != Dir::kForward) return false;
   if (algorithm_refusal.at_call_only && !at_call) return false;
+  if (g.XElements() <= algorithm_refusal.x_elements_above) return false;
   return std::find(algorithm_refusal.forward_algos.begin(),
                    algorithm_refusal.forward_algos.end(),
                    algo) != algorithm_refusal.forward_algos.end();
@@ -490,7 +491,7 @@ cudnnStatus_t Heuristics(Dir dir, const Geom& g, int requested, int* returned,
 cudnnStatus_t WorkspaceSize(Dir dir, const Geom& g, int algo, size_t* bytes) {
   if (bytes == nullptr || !KnownAlgo(dir, algo)) return CUDNN_STATUS_BAD_PARAM;
   if (RefusedHere(g, /*at_call=*/false)) return RefusalStatus();
-  if (AlgorithmRefusedHere(dir, algo, /*at_call=*/false)) {
+  if (AlgorithmRefusedHere(dir, algo, g, /*at_call=*/false)) {
     return AlgorithmRefusalStatus(algo);
   }
   *bytes = static_cast<size_t>(Workspace(dir, algo, g));
@@ -516,7 +517,7 @@ cudnnStatus_t Run(cudnnHandle_t handle, Dir dir, const Geom& g, int algo,
     }
   }
   if (RefusedHere(g, /*at_call=*/true)) return RefusalStatus();
-  if (AlgorithmRefusedHere(dir, algo, /*at_call=*/true)) {
+  if (AlgorithmRefusedHere(dir, algo, g, /*at_call=*/true)) {
     return AlgorithmRefusalStatus(algo);
   }
   const int64_t need = Workspace(dir, algo, g);

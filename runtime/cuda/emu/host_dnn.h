@@ -51,11 +51,13 @@ void SetConvRefusal(const ConvRefusal& refusal);
 
 // Makes the emulated cuDNN answer CUDNN_STATUS_NOT_SUPPORTED for the
 // forward algorithms `forward_algos` (cudnnConvolutionFwdAlgo_t values)
-// that its heuristics still offer: from the workspace query on, or, with
-// `at_call_only`, only from the convolution call. Empty: never.
+// that its heuristics still offer, on convolutions whose x has more than
+// `x_elements_above` elements (0: any): from the workspace query on, or,
+// with `at_call_only`, only from the convolution call. Empty: never.
 struct AlgorithmRefusal {
   std::vector<int> forward_algos;
   bool at_call_only = false;
+  int64_t x_elements_above = 0;
 };
 void SetAlgorithmRefusal(const AlgorithmRefusal& refusal);
 

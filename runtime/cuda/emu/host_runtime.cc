@@ -60,6 +60,7 @@ struct Device {
   std::map<const void*, size_t> device_allocs, pinned_allocs;
   std::set<const void*> freeing;  // cudaFreeAsync enqueued, not yet run
   int64_t device_in_use = 0;
+  int64_t device_in_use_limit = 0;  // SetDeviceMemoryLimit; 0: none
   int64_t device_wide_waits = 0;
 };
 
@@ -121,7 +122,9 @@ cudaError_t AllocateDevice(void** ptr, size_t bytes) {
   *ptr = nullptr;
   const size_t rounded = (std::max<size_t>(bytes, 1) + 255) / 256 * 256;
   if (bytes > static_cast<size_t>(kDeviceBytes) ||
-      static_cast<int64_t>(rounded) > kDeviceBytes - kContextBytes - d.device_in_use) {
+      static_cast<int64_t>(rounded) > kDeviceBytes - kContextBytes - d.device_in_use ||
+      (d.device_in_use_limit > 0 &&
+       d.device_in_use + static_cast<int64_t>(rounded) > d.device_in_use_limit)) {
     return cudaErrorMemoryAllocation;
   }
   void* p = std::aligned_alloc(256, rounded);
@@ -280,6 +283,12 @@ int64_t DeviceBytesInUse() {
   return d.device_in_use;
 }
 
+void SetDeviceMemoryLimit(int64_t bytes) {
+  Device& d = Dev();
+  std::lock_guard<std::recursive_mutex> lock(d.mutex);
+  d.device_in_use_limit = bytes;
+}
+
 int64_t DeviceWideWaits() {
   Device& d = Dev();
   std::lock_guard<std::recursive_mutex> lock(d.mutex);
@@ -404,6 +413,21 @@ cudaError_t CUDARTAPI cudaFreeAsync(void* ptr, cudaStream_t stream) {
     emu::ReleaseDevice(ptr);
   });
   return cudaSuccess;
+}
+
+// One default pool per device; trimming has nothing to do here, since a
+// stream-ordered free returns its memory when it runs.
+cudaError_t CUDARTAPI cudaDeviceGetDefaultMemPool(cudaMemPool_t* pool, int device) {
+  if (pool == nullptr) return cudaErrorInvalidValue;
+  if (cudaError_t e = cudaSetDevice(device); e != cudaSuccess) return e;
+  static int default_pool = 0;
+  *pool = reinterpret_cast<cudaMemPool_t>(&default_pool);
+  return cudaSuccess;
+}
+
+cudaError_t CUDARTAPI cudaMemPoolTrimTo(cudaMemPool_t pool, size_t min_bytes_to_keep) {
+  (void)min_bytes_to_keep;
+  return pool == nullptr ? cudaErrorInvalidValue : cudaSuccess;
 }
 
 cudaError_t CUDARTAPI cudaMallocHost(void** ptr, size_t bytes) {

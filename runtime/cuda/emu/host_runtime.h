@@ -65,6 +65,11 @@ void SetDeviceCount(int count);
 // Device memory in use by cudaMalloc and cudaMallocAsync, in bytes.
 int64_t DeviceBytesInUse();
 
+// Makes device allocations fail with cudaErrorMemoryAllocation once the
+// memory in use would exceed `bytes` (0: only the device's own size), to
+// test what runs near the limit.
+void SetDeviceMemoryLimit(int64_t bytes);
+
 // How many times the host waited for every stream of the device: each
 // cudaMalloc, cudaFree, cudaMallocHost and cudaFreeHost (the runtime
 // synchronises around them), not the stream-ordered cudaMallocAsync and
