@@ -273,7 +273,8 @@ def to_markdown(rows, device_label, device, budget, torch_version, remarks=(), f
              "TF32 off on both sides, except where a pebble row's note counts "
              f"conv_tf32_calls). pebble: `pebble run --backend {device} --budget "
              f"{budget} --warmup 1`, one training step after a warm-up step; its note "
-             "lists the backend's events (refused algorithms, splits); " + memory, "",
+             "lists the backend's events in that step (convolution splits, TF32 calls; "
+             "refused algorithms are learned once, in the warm-up); " + memory, "",
              "| N | system | policy / mode | status | peak GiB | arena / reserved GiB | "
              "driver GiB | time s | note |",
              "| ---: | --- | --- | --- | ---: | ---: | ---: | ---: | --- |"]

@@ -388,12 +388,6 @@ TEST(ExecutorTest, CopyComputeOverlapIsTheIntersectionOfTheStreamsBusyTimes) {
                    0);
 }
 
-// A prefetch that no compute reads before the tensor is freed: the free
-// waits for the prefetch, so later work does not reuse memory the copy is
-// still writing. SPEC section 4 names only offloads in a free's start (it
-// would end the free at 5 and start b at 5); the executor waits longer:
-//   0 compute a  [0, 1]    1 offload a  [1, 5]    2 free a     [5, 5]
-//   3 prefetch a [5, 9]    4 free a     [9, 9]    5 compute b  [9, 10]
 TEST(ExecutorTest, BackendCountersAreWhatTheRunAdded) {
   const Graph g = MakeGraph({Vec("x", 1, {}, 0, true), Vec("a", 25, {"x"}, 1),
                              Vec("b", 25, {"a"}, 1)},
@@ -410,6 +404,12 @@ TEST(ExecutorTest, BackendCountersAreWhatTheRunAdded) {
   }
 }
 
+// A prefetch that no compute reads before the tensor is freed: the free
+// waits for the prefetch, so later work does not reuse memory the copy is
+// still writing. SPEC section 4 names only offloads in a free's start (it
+// would end the free at 5 and start b at 5); the executor waits longer:
+//   0 compute a  [0, 1]    1 offload a  [1, 5]    2 free a     [5, 5]
+//   3 prefetch a [5, 9]    4 free a     [9, 9]    5 compute b  [9, 10]
 TEST(ExecutorTest, AFreeWaitsForAnUnreadPrefetch) {
   const Graph g = MakeGraph({Vec("x", 1, {}, 0, true), Vec("a", 25, {"x"}, 1),
                              Vec("b", 25, {"x"}, 1)},

@@ -12,14 +12,15 @@
 // plan, reported as scratch_bytes_peak). The first candidate runs; when
 // cuDNN refuses it (its workspace query or its call answers NOT_SUPPORTED,
 // which the heuristics do not rule out), the next one does. A configuration
-// with no candidate left takes the split fallback below, in FMA math. Only
-// when an fp32 convolution is refused even split to the end does it run
-// again from the start with TF32 allowed (RunConv): then a configuration
-// whose FMA candidates are exhausted asks the heuristics again in
-// CUDNN_TENSOR_OP_MATH, and its deterministic TF32 algorithms become the
-// candidates (asked in FMA math, cuDNN offers none). Exact FMA parts beat
-// one TF32 call; TF32 beats refusing the node. Candidates and how far the
-// trying got are cached per configuration.
+// with no candidate left takes the split fallback below, in FMA math. A
+// sample that is refused even so (its depth split failed at every count,
+// or it is 2-D) is marked fma_exhausted, and the convolution runs again
+// from the start (RunConv): for fp32 data a marked configuration asks the
+// heuristics again in CUDNN_TENSOR_OP_MATH, and its deterministic TF32
+// algorithms become its candidates (asked in FMA math, cuDNN offers none).
+// Exact FMA parts beat one TF32 call; TF32 beats refusing the node.
+// Candidates, how far the trying got and the marks are cached per
+// configuration, so later runs take the same path at once.
 //
 // Note [Split fallback]: when cuDNN refuses a configuration
 // (CUDNN_STATUS_NOT_SUPPORTED from the heuristics, or for every candidate,
@@ -363,6 +364,17 @@ void GiveWay(CudaContext& cc, ConvCandidates& cands, std::string why) {
   ++cc.conv_algorithm_refusals;
 }
 
+// (kind, g, batch) is refused in FMA math even split (Note [Convolution
+// algorithms]). Only configurations Choose has seen are marked: one that a
+// test hook refuses never reaches cuDNN, in any math.
+void MarkFmaExhausted(CudaContext& cc, ConvKind kind, const ConvGeom& g,
+                      int64_t batch, int64_t budget) {
+  auto it = cc.conv_choices.find(g.Key(kind, batch, budget));
+  if (it == cc.conv_choices.end() || it->second.fma_exhausted) return;
+  it->second.fma_exhausted = true;
+  ++cc.conv_fma_exhausted;
+}
+
 // The candidates of a configuration before any has been tried.
 absl::StatusOr<ConvCandidates> FirstCandidates(CudaContext& cc, ConvKind kind,
                                                const ConvGeom& g, int64_t batch,
@@ -382,8 +394,8 @@ absl::StatusOr<ConvCandidates> FirstCandidates(CudaContext& cc, ConvKind kind,
 
 // The algorithm to run for (kind, geometry, batch) within `budget` bytes of
 // planned workspace, from the configuration's candidates (cached), TF32
-// ones included for fp32 data only under cc.allow_tf32; supported == false,
-// with `why`, when none is left.
+// ones for fp32 data once it is fma_exhausted; supported == false, with
+// `why`, when none is left.
 absl::StatusOr<ConvChoice> Choose(CudaContext& cc, ConvKind kind,
                                   const ConvGeom& g, int64_t batch,
                                   int64_t budget) {
@@ -407,9 +419,12 @@ absl::StatusOr<ConvChoice> Choose(CudaContext& cc, ConvKind kind,
       }
       return c;
     }
-    if (g.dtype != DType::kFloat32 || !cc.allow_tf32 || cands.tf32_asked) break;
-    // No FMA candidate is left and TF32 is allowed: the heuristics in FMA
-    // math offer no TF32 algorithm, so they are asked in tensor-op math.
+    if (g.dtype != DType::kFloat32 || !cands.fma_exhausted || cands.tf32_asked ||
+        !OverDescriptorLimit(g, batch).empty()) {
+      break;
+    }
+    // Refused in FMA math even split: the heuristics in FMA math offer no
+    // TF32 algorithm, so they are asked in tensor-op math.
     ASSIGN_OR_RETURN(std::string refusal,
                      AskHeuristics(cc, kind, g, batch, budget, CUDNN_TENSOR_OP_MATH,
                                    /*tf32=*/true, &cands));
@@ -714,6 +729,7 @@ absl::Status RunDepthSplit(CudaContext& cc, ConvKind kind, const ConvGeom& g,
       if (cc.conv_algorithm_refusals == refusals_before) break;
     }
   }
+  MarkFmaExhausted(cc, kind, g, batch, ws.budget);
   return absl::UnimplementedError(absl::StrCat(
       "cuDNN refuses the convolution ", KindName(kind), " of ",
       g.ToString(batch), " (", whole.message(),
@@ -731,6 +747,7 @@ absl::Status RunSplit(CudaContext& cc, ConvKind kind, const ConvGeom& g,
   if (s.ok() || !refused) return s;
   if (batch <= 1) {
     if (g.dims == 3) return RunDepthSplit(cc, kind, g, batch, p, beta, ws, s);
+    MarkFmaExhausted(cc, kind, g, batch, ws.budget);
     return absl::UnimplementedError(absl::StrCat(
         "cuDNN refuses the convolution ", KindName(kind), " of ",
         g.ToString(batch), " even for one sample (", s.message(),
@@ -763,9 +780,9 @@ absl::Status RunSplit(CudaContext& cc, ConvKind kind, const ConvGeom& g,
 // The whole convolution of a node: RunSplit over all g.n samples, after the
 // cases cuDNN's descriptors refuse (a dimension of 0): an empty output
 // needs no call, and an output summed over nothing (no samples for the
-// weight gradient, no channels) is zeros, as on the CPU backend. An fp32
-// convolution refused even split runs again with TF32 allowed (Note
-// [Convolution algorithms]).
+// weight gradient, no channels) is zeros, as on the CPU backend. A
+// convolution refused even split runs again, with what the attempt learned
+// (Note [Convolution algorithms]).
 absl::Status RunConv(CudaContext& cc, ConvKind kind, const ConvGeom& g,
                      const ConvPtrs& p, const ConvWorkspace& ws) {
   const int64_t x = g.n * g.XSample(), y = g.n * g.YSample();
@@ -779,18 +796,20 @@ absl::Status RunConv(CudaContext& cc, ConvKind kind, const ConvGeom& g,
         p.out, 0, static_cast<size_t>(out * DTypeSize(g.dtype)), cc.stream));
     return absl::OkStatus();
   }
-  absl::Status s = RunSplit(cc, kind, g, g.n, p, 0.f, ws);
-  if (s.code() != absl::StatusCode::kUnimplemented || g.dtype != DType::kFloat32) {
-    return s;
+  // A refused attempt runs again from the start (beta 0 overwrites whatever
+  // it wrote) when it taught something: an algorithm refused mid-way (its
+  // successor runs now) or a sample refused even split (its TF32 candidates
+  // may run now). Each lesson is final, so the attempts end.
+  const int64_t marks_before = cc.conv_fma_exhausted;
+  for (;;) {
+    const int64_t lessons = cc.conv_algorithm_refusals + cc.conv_fma_exhausted;
+    absl::Status s = RunSplit(cc, kind, g, g.n, p, 0.f, ws);
+    if (s.code() != absl::StatusCode::kUnimplemented) return s;
+    if (cc.conv_algorithm_refusals + cc.conv_fma_exhausted > lessons) continue;
+    if (g.dtype != DType::kFloat32 || cc.conv_fma_exhausted == marks_before) return s;
+    return absl::UnimplementedError(absl::StrCat(
+        s.message(), "; refused with TF32 algorithms allowed too"));
   }
-  // Refused in FMA math even split to the end: once more from the start
-  // (beta 0 overwrites whatever the attempt wrote), TF32 allowed.
-  cc.allow_tf32 = true;
-  absl::Status again = RunSplit(cc, kind, g, g.n, p, 0.f, ws);
-  cc.allow_tf32 = false;
-  if (again.code() != absl::StatusCode::kUnimplemented) return again;
-  return absl::UnimplementedError(
-      absl::StrCat(s.message(), "; refused with TF32 algorithms allowed too"));
 }
 
 // Geometry from x's shape, the weight's shape and the output's, with the

@@ -42,6 +42,9 @@ struct ConvCandidates {
   std::vector<ConvChoice> ranked;
   size_t next = 0;
   bool checked = false;     // ranked[next]'s workspace was asked in its own math
+  // Refused in FMA math even split (a sample whose depth split failed, or a
+  // 2-D sample): for fp32 data its TF32 candidates may run from now on.
+  bool fma_exhausted = false;
   bool tf32_asked = false;  // fp32: the heuristics were asked for TF32 candidates
   std::string why;          // the last refusal, or why there is no candidate
 };
@@ -65,10 +68,9 @@ struct CudaContext {
   // Algorithms cuDNN offered and then refused, each followed by the next
   // candidate (or, after the last, by a split).
   int64_t conv_algorithm_refusals = 0;
-  // Whether fp32 convolutions may take TF32 candidates: only while a
-  // convolution that cuDNN refused in FMA math, even split, runs again
-  // (Note [Convolution algorithms] in cuda_dnn.cc).
-  bool allow_tf32 = false;
+  // Configurations found refused in FMA math even split
+  // (ConvCandidates::fma_exhausted), so far.
+  int64_t conv_fma_exhausted = 0;
   int64_t conv_tf32_calls = 0;  // cuDNN calls on fp32 data in TF32
   std::map<std::string, ConvCandidates> conv_choices;  // by configuration key
   // Depth slice counts that ran, by configuration key (cuda_dnn.cc).

@@ -381,6 +381,16 @@ TEST(EmulatedCudnnTest, ARefusedAlgorithmGivesWayToTheNextCandidate) {
         ExpectClose(Floats(run->outputs[i]), Floats(whole.outputs[i]), 5e-2, 1e-6,
                     g.id(run->outputs[i].node));
       }
+      // The next run of the plan takes the path the first one found at once
+      // (no refusal left to learn) and gives the same bits, as
+      // recomputation needs.
+      emu::SetAlgorithmRefusal(c.refusal);
+      auto again = RunPlan(g, plan.schedule, *gpu);
+      emu::SetAlgorithmRefusal({});
+      ASSERT_TRUE(again.ok()) << again.status();
+      EXPECT_TRUE(SameBits(*again, *run));
+      EXPECT_EQ(again->backend_counters.count("conv_algorithm_refusals"), 0u);
+      EXPECT_GT(again->backend_counters["conv_tf32_calls"], 0);
     } else {
       EXPECT_EQ(after.tf32, before.tf32);
       EXPECT_EQ(CudaConvTf32CallCount(*gpu), 0);

@@ -16,6 +16,7 @@
 #include <cudnn.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -415,13 +416,18 @@ cudaError_t CUDARTAPI cudaFreeAsync(void* ptr, cudaStream_t stream) {
   return cudaSuccess;
 }
 
-// One default pool per device; trimming has nothing to do here, since a
-// stream-ordered free returns its memory when it runs.
+// One default pool per device (the current device is left as it is);
+// trimming has nothing to do here, since a stream-ordered free returns its
+// memory when it runs.
 cudaError_t CUDARTAPI cudaDeviceGetDefaultMemPool(cudaMemPool_t* pool, int device) {
+  static std::array<int, 64> default_pools{};
+  emu::Device& d = emu::Dev();
+  std::lock_guard<std::recursive_mutex> lock(d.mutex);
   if (pool == nullptr) return cudaErrorInvalidValue;
-  if (cudaError_t e = cudaSetDevice(device); e != cudaSuccess) return e;
-  static int default_pool = 0;
-  *pool = reinterpret_cast<cudaMemPool_t>(&default_pool);
+  if (device < 0 || device >= d.count || device >= static_cast<int>(default_pools.size())) {
+    return cudaErrorInvalidDevice;
+  }
+  *pool = reinterpret_cast<cudaMemPool_t>(&default_pools[static_cast<size_t>(device)]);
   return cudaSuccess;
 }
 
