@@ -521,6 +521,19 @@ TEST(EmulatedDeviceTest, NoDeviceIsAClearError) {
   EXPECT_THAT(std::string(second.status().message()), HasSubstr("1 device(s) present"));
 }
 
+// The case of both scratch tests: conv3d n=44 and its baseline plan, with
+// the forward IMPLICIT_GEMM refused, so that the forward convolutions run
+// GEMM, whose workspace (one sample of x: 44^3 fp32 = 0.3 MiB for conv1,
+// 4 x 44^3 = 1.3 MiB for conv2, 8 x 44^3 = 2.7 MiB for conv3) grows the
+// scratch three times: to 1, 2 and 3 MiB.
+void ScratchGrowingCase(Graph* g, PlanResult* plan) {
+  emu::SetAlgorithmRefusal({{CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM}, false});
+  *g = Model("conv3d:n=44");
+  auto p = PlanFor(*g, "baseline", PlannerOptions{}.budget_bytes);
+  ASSERT_TRUE(p.ok()) << p.status();
+  *plan = *std::move(p);
+}
+
 // The kernel scratch grows mid-run (reductions' partial sums, cuDNN
 // workspace beyond the plan). cudaMalloc and cudaFree would make every
 // stream wait, stalling the copy stream; grown stream-ordered, the first run
@@ -529,21 +542,16 @@ TEST(EmulatedDeviceTest, NoDeviceIsAClearError) {
 // the work that reads it, under every stream schedule.
 TEST(EmulatedDeviceTest, GrowingTheScratchDoesNotWaitForTheDevice) {
   EmulatorDefaults restore;
-  // With IMPLICIT_GEMM refused, the forward convolutions run GEMM, whose
-  // workspace (one sample of x: 44^3 fp32 = 0.3 MiB for conv1, 4 x 44^3 =
-  // 1.3 MiB for conv2, 8 x 44^3 = 2.7 MiB for conv3) grows the scratch
-  // three times: to 1, 2 and 3 MiB.
-  emu::SetAlgorithmRefusal({{CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM}, false});
-  const Graph g = Model("conv3d:n=44");
-  auto plan = PlanFor(g, "baseline", PlannerOptions{}.budget_bytes);
-  ASSERT_TRUE(plan.ok()) << plan.status();
+  Graph g;
+  PlanResult plan;
+  ASSERT_NO_FATAL_FAILURE(ScratchGrowingCase(&g, &plan));
   auto gpu = Cuda();
   ASSERT_NE(gpu, nullptr);
   const int64_t before = emu::DeviceWideWaits();
-  auto first = RunPlan(g, plan->schedule, *gpu);
+  auto first = RunPlan(g, plan.schedule, *gpu);
   ASSERT_TRUE(first.ok()) << first.status();
   const int64_t between = emu::DeviceWideWaits();
-  auto second = RunPlan(g, plan->schedule, *gpu);
+  auto second = RunPlan(g, plan.schedule, *gpu);
   ASSERT_TRUE(second.ok()) << second.status();
   EXPECT_GT(first->backend_memory.scratch_bytes_peak, int64_t{1} << 20);
   EXPECT_EQ(between - before, emu::DeviceWideWaits() - between);
@@ -554,7 +562,7 @@ TEST(EmulatedDeviceTest, GrowingTheScratchDoesNotWaitForTheDevice) {
     emu::SetStreamSchedule(schedule);
     auto fresh = Cuda();
     ASSERT_NE(fresh, nullptr);
-    auto run = RunPlan(g, plan->schedule, *fresh);
+    auto run = RunPlan(g, plan.schedule, *fresh);
     emu::SetStreamSchedule(emu::StreamSchedule::kImmediate);
     ASSERT_TRUE(run.ok()) << run.status();
     EXPECT_TRUE(SameBits(*run, *first));
@@ -568,14 +576,12 @@ TEST(EmulatedDeviceTest, GrowingTheScratchDoesNotWaitForTheDevice) {
 // waits for the free and tries again rather than failing the run.
 TEST(EmulatedDeviceTest, GrowingTheScratchNearTheLimitWaitsForTheOldBuffer) {
   EmulatorDefaults restore;
-  // As above: the scratch grows to 1, 2 and 3 MiB.
-  emu::SetAlgorithmRefusal({{CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM}, false});
-  const Graph g = Model("conv3d:n=44");
-  auto plan = PlanFor(g, "baseline", PlannerOptions{}.budget_bytes);
-  ASSERT_TRUE(plan.ok()) << plan.status();
+  Graph g;
+  PlanResult plan;
+  ASSERT_NO_FATAL_FAILURE(ScratchGrowingCase(&g, &plan));
   auto reference = Cuda();
   ASSERT_NE(reference, nullptr);
-  auto whole = RunPlan(g, plan->schedule, *reference);
+  auto whole = RunPlan(g, plan.schedule, *reference);
   ASSERT_TRUE(whole.ok()) << whole.status();
   const int64_t scratch = whole->backend_memory.scratch_bytes_peak;
   ASSERT_EQ(scratch, int64_t{3} << 20);
@@ -587,7 +593,7 @@ TEST(EmulatedDeviceTest, GrowingTheScratchNearTheLimitWaitsForTheOldBuffer) {
   emu::SetStreamSchedule(emu::StreamSchedule::kLazyOldestFirst);
   auto gpu = Cuda();
   ASSERT_NE(gpu, nullptr);
-  auto run = RunPlan(g, plan->schedule, *gpu);
+  auto run = RunPlan(g, plan.schedule, *gpu);
   emu::SetStreamSchedule(emu::StreamSchedule::kImmediate);
   emu::SetDeviceMemoryLimit(0);
   ASSERT_TRUE(run.ok()) << run.status();
