@@ -317,6 +317,7 @@ class CudaBackend final : public Backend {
     return {{"conv_algorithm_refusals", cc_.conv_algorithm_refusals},
             {"conv_splits", cc_.conv_splits},
             {"conv_depth_splits", cc_.conv_depth_splits},
+            {"conv_fma_exhausted", cc_.conv_fma_exhausted},
             {"conv_tf32_calls", cc_.conv_tf32_calls}};
   }
 

@@ -365,10 +365,12 @@ void GiveWay(CudaContext& cc, ConvCandidates& cands, std::string why) {
 }
 
 // (kind, g, batch) is refused in FMA math even split (Note [Convolution
-// algorithms]). Only configurations Choose has seen are marked: one that a
-// test hook refuses never reaches cuDNN, in any math.
+// algorithms]). Only configurations that have TF32 to try are marked: fp32
+// within the descriptors' limit, and seen by Choose (one that a test hook
+// refuses never reaches cuDNN, in any math).
 void MarkFmaExhausted(CudaContext& cc, ConvKind kind, const ConvGeom& g,
                       int64_t batch, int64_t budget) {
+  if (g.dtype != DType::kFloat32 || !OverDescriptorLimit(g, batch).empty()) return;
   auto it = cc.conv_choices.find(g.Key(kind, batch, budget));
   if (it == cc.conv_choices.end() || it->second.fma_exhausted) return;
   it->second.fma_exhausted = true;
@@ -434,6 +436,7 @@ absl::StatusOr<ConvChoice> Choose(CudaContext& cc, ConvKind kind,
   }
   ConvChoice none;
   none.why = cands.why;
+  if (cands.tf32_asked) absl::StrAppend(&none.why, " (TF32 algorithms were tried too)");
   return none;
 }
 
@@ -782,7 +785,8 @@ absl::Status RunSplit(CudaContext& cc, ConvKind kind, const ConvGeom& g,
 // needs no call, and an output summed over nothing (no samples for the
 // weight gradient, no channels) is zeros, as on the CPU backend. A
 // convolution refused even split runs again, with what the attempt learned
-// (Note [Convolution algorithms]).
+// (Note [Convolution algorithms]); the refusal that ends it says whether
+// TF32 algorithms were tried too.
 absl::Status RunConv(CudaContext& cc, ConvKind kind, const ConvGeom& g,
                      const ConvPtrs& p, const ConvWorkspace& ws) {
   const int64_t x = g.n * g.XSample(), y = g.n * g.YSample();
@@ -800,15 +804,13 @@ absl::Status RunConv(CudaContext& cc, ConvKind kind, const ConvGeom& g,
   // it wrote) when it taught something: an algorithm refused mid-way (its
   // successor runs now) or a sample refused even split (its TF32 candidates
   // may run now). Each lesson is final, so the attempts end.
-  const int64_t marks_before = cc.conv_fma_exhausted;
   for (;;) {
     const int64_t lessons = cc.conv_algorithm_refusals + cc.conv_fma_exhausted;
     absl::Status s = RunSplit(cc, kind, g, g.n, p, 0.f, ws);
-    if (s.code() != absl::StatusCode::kUnimplemented) return s;
-    if (cc.conv_algorithm_refusals + cc.conv_fma_exhausted > lessons) continue;
-    if (g.dtype != DType::kFloat32 || cc.conv_fma_exhausted == marks_before) return s;
-    return absl::UnimplementedError(absl::StrCat(
-        s.message(), "; refused with TF32 algorithms allowed too"));
+    if (s.code() != absl::StatusCode::kUnimplemented ||
+        cc.conv_algorithm_refusals + cc.conv_fma_exhausted == lessons) {
+      return s;
+    }
   }
 }
 
