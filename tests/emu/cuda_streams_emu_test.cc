@@ -16,6 +16,7 @@
 //    (undefined on the device) fail.
 // tests/cuda_backend_test.cc, linked into the same binary, runs the device
 // tests on the emulated device too.
+#include <cmath>
 #include <cstring>
 #include <map>
 #include <optional>
@@ -414,6 +415,37 @@ TEST(EmulatedCudnnTest, ARefusedAlgorithmGivesWayToTheNextCandidate) {
     EXPECT_THAT(message, HasSubstr("cuDNN refused the call of algorithm"));
     EXPECT_THAT(message, HasSubstr("(TF32 algorithms were tried too)"));
     EXPECT_GT(CudaConvSplitCount(*gpu), 0);
+  }
+}
+
+// A 2-D sample cannot be split further: refused in FMA math, it is marked
+// at once and runs in TF32 (mnist-cnn's two 5 x 5 convolutions, both FMA
+// forward algorithms refused at every size).
+TEST(EmulatedCudnnTest, ARefused2dSampleRunsInTf32) {
+  EmulatorDefaults restore;
+  const Graph g = Model("mnist-cnn:batch=2");
+  PlanResult plan;
+  ExecutionResult whole;
+  ASSERT_NO_FATAL_FAILURE(RunBaseline(g, &plan, &whole));
+  emu::SetAlgorithmRefusal(
+      {{CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM, CUDNN_CONVOLUTION_FWD_ALGO_GEMM}, true});
+  auto gpu = Cuda();
+  ASSERT_NE(gpu, nullptr);
+  auto run = RunPlan(g, plan.schedule, *gpu);
+  emu::SetAlgorithmRefusal({});
+  ASSERT_TRUE(run.ok()) << run.status();
+  EXPECT_GT(CudaConvSplitCount(*gpu), 0);  // the batch of 2 first
+  EXPECT_EQ(CudaConvDepthSplitCount(*gpu), 0);
+  // One mark per forward convolution's sample configuration.
+  EXPECT_EQ(run->backend_counters["conv_fma_exhausted"], 2);
+  EXPECT_GT(CudaConvTf32CallCount(*gpu), 0);
+  // TF32 moves the convolutions' outputs by about 1e-3, enough to flip
+  // ReLU masks and max-pool choices here, so the gradients are far from the
+  // FMA run's (by up to 13% of the largest one); the loss stays close.
+  ASSERT_TRUE(run->loss.has_value() && whole.loss.has_value());
+  EXPECT_NEAR(*run->loss, *whole.loss, 1e-2 * std::abs(*whole.loss));
+  for (const auto& out : run->outputs) {
+    for (float v : Floats(out)) ASSERT_TRUE(std::isfinite(v)) << g.id(out.node);
   }
 }
 
