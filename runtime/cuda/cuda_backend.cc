@@ -308,11 +308,6 @@ class CudaBackend final : public Backend {
 
   void ResetEvents() override { next_event_ = 0; }
 
-  int64_t conv_splits() const { return cc_.conv_splits; }
-  int64_t conv_depth_splits() const { return cc_.conv_depth_splits; }
-  int64_t conv_algorithm_refusals() const { return cc_.conv_algorithm_refusals; }
-  int64_t conv_tf32_calls() const { return cc_.conv_tf32_calls; }
-
   std::map<std::string, int64_t> Counters() const override {
     return {{"conv_algorithm_refusals", cc_.conv_algorithm_refusals},
             {"conv_splits", cc_.conv_splits},
@@ -420,24 +415,31 @@ absl::StatusOr<std::unique_ptr<Backend>> MakeCudaBackend(
 
 std::vector<std::string> CudaOps() { return cuda::CudaKernelOps(); }
 
+namespace {
+
+// The CUDA backend's counter `name` (CudaBackend::Counters), or -1 when
+// `backend` is not a CUDA backend.
+int64_t CudaCounter(const Backend& backend, const char* name) {
+  if (dynamic_cast<const CudaBackend*>(&backend) == nullptr) return -1;
+  return backend.Counters().at(name);
+}
+
+}  // namespace
+
 int64_t CudaConvSplitCount(const Backend& backend) {
-  const auto* cuda_backend = dynamic_cast<const CudaBackend*>(&backend);
-  return cuda_backend == nullptr ? -1 : cuda_backend->conv_splits();
+  return CudaCounter(backend, "conv_splits");
 }
 
 int64_t CudaConvDepthSplitCount(const Backend& backend) {
-  const auto* cuda_backend = dynamic_cast<const CudaBackend*>(&backend);
-  return cuda_backend == nullptr ? -1 : cuda_backend->conv_depth_splits();
+  return CudaCounter(backend, "conv_depth_splits");
 }
 
 int64_t CudaConvTf32CallCount(const Backend& backend) {
-  const auto* cuda_backend = dynamic_cast<const CudaBackend*>(&backend);
-  return cuda_backend == nullptr ? -1 : cuda_backend->conv_tf32_calls();
+  return CudaCounter(backend, "conv_tf32_calls");
 }
 
 int64_t CudaConvAlgorithmRefusalCount(const Backend& backend) {
-  const auto* cuda_backend = dynamic_cast<const CudaBackend*>(&backend);
-  return cuda_backend == nullptr ? -1 : cuda_backend->conv_algorithm_refusals();
+  return CudaCounter(backend, "conv_algorithm_refusals");
 }
 
 }  // namespace pebble

@@ -26,6 +26,7 @@ CUDA device and PEBBLE_REQUIRE_CUDA is not set (ctest's SKIP_RETURN_CODE).
 """
 
 import argparse
+import copy
 import json
 import os
 import shutil
@@ -432,7 +433,6 @@ def crosscheck(args, np, torch, models):
     torch.set_num_threads(max(1, args.threads))
     case, x, t = seeded_case(torch, models, args.model, args.seed)
     if args.avoid_kinks:
-        import copy
         first = args.seed
         while True:
             kinks = count_kinks(torch, copy.deepcopy(case.module), x, t)
@@ -487,7 +487,6 @@ def fresh_dir(path):
 
 def run_policies(args, np, torch, pebble, case, x, t, policies, registered,
                  workdir):
-    import copy
     inputs_dir = fresh_dir(os.path.join(workdir, "inputs"))
     written = write_inputs(np, torch, case, x, t, inputs_dir)
     order = ["loss"] + ["grad:" + n for n, _ in case.module.named_parameters()]

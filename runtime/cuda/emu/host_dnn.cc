@@ -459,6 +459,14 @@ cudnnStatus_t AlgorithmRefusalStatus(int algo) {
   return CUDNN_STATUS_NOT_SUPPORTED;
 }
 
+// What the refusal hooks answer for `algo` of `dir` on `g` here (the size
+// refusal first, then the algorithm's), or CUDNN_STATUS_SUCCESS.
+cudnnStatus_t HookedRefusal(Dir dir, int algo, const Geom& g, bool at_call) {
+  if (RefusedHere(g, at_call)) return RefusalStatus();
+  if (AlgorithmRefusedHere(dir, algo, g, at_call)) return AlgorithmRefusalStatus(algo);
+  return CUDNN_STATUS_SUCCESS;
+}
+
 template <typename Perf, typename AlgoT>
 cudnnStatus_t Heuristics(Dir dir, const Geom& g, int requested, int* returned,
                          Perf* perf) {
@@ -490,9 +498,9 @@ cudnnStatus_t Heuristics(Dir dir, const Geom& g, int requested, int* returned,
 
 cudnnStatus_t WorkspaceSize(Dir dir, const Geom& g, int algo, size_t* bytes) {
   if (bytes == nullptr || !KnownAlgo(dir, algo)) return CUDNN_STATUS_BAD_PARAM;
-  if (RefusedHere(g, /*at_call=*/false)) return RefusalStatus();
-  if (AlgorithmRefusedHere(dir, algo, g, /*at_call=*/false)) {
-    return AlgorithmRefusalStatus(algo);
+  if (cudnnStatus_t s = HookedRefusal(dir, algo, g, /*at_call=*/false);
+      s != CUDNN_STATUS_SUCCESS) {
+    return s;
   }
   *bytes = static_cast<size_t>(Workspace(dir, algo, g));
   return CUDNN_STATUS_SUCCESS;
@@ -516,9 +524,9 @@ cudnnStatus_t Run(cudnnHandle_t handle, Dir dir, const Geom& g, int algo,
       return CUDNN_STATUS_BAD_PARAM_MISALIGNED_POINTER;
     }
   }
-  if (RefusedHere(g, /*at_call=*/true)) return RefusalStatus();
-  if (AlgorithmRefusedHere(dir, algo, g, /*at_call=*/true)) {
-    return AlgorithmRefusalStatus(algo);
+  if (cudnnStatus_t s = HookedRefusal(dir, algo, g, /*at_call=*/true);
+      s != CUDNN_STATUS_SUCCESS) {
+    return s;
   }
   const int64_t need = Workspace(dir, algo, g);
   if (need > 0 && (workspace == nullptr ||
