@@ -168,6 +168,7 @@ absl::StatusOr<Graph> GraphBuilder::Build() const {
   g.index_.reserve(n);
   int64_t total_bytes = 0;
   int64_t max_workspace = 0;
+  double total_cost = 0;
   for (NodeId v = 0; v < n; ++v) {
     const NodeSpec& s = specs_[v];
     if (s.id.empty()) {
@@ -208,6 +209,28 @@ absl::StatusOr<Graph> GraphBuilder::Build() const {
           return NodeError(s.id, "'shape' has more elements than 64 bits count");
         }
       }
+      // One rule for every tensor: a backend writes shape x dtype bytes
+      // into the node's slot of `bytes`, so the two must agree.
+      if (s.dtype.has_value()) {
+        int64_t tensor_bytes = 0;
+        const bool overflow =
+            __builtin_mul_overflow(elements, DTypeSize(*s.dtype), &tensor_bytes);
+        if (overflow || tensor_bytes != *s.bytes) {
+          return NodeError(
+              s.id, absl::StrCat("'bytes' is ", *s.bytes, " but 'shape' ", ShapeToString(*s.shape),
+                                 " of ", DTypeName(*s.dtype), " holds ",
+                                 overflow ? std::string("more than 2^63")
+                                          : absl::StrCat(tensor_bytes),
+                                 " bytes"));
+        }
+      }
+    }
+    // The base cost (SPEC section 2) sums every cost once: it must be a
+    // finite number.
+    total_cost += s.cost;
+    if (!std::isfinite(total_cost)) {
+      return NodeError(s.id, "the graph's total cost exceeds the largest double (about 1.8e308); "
+                             "give costs in a smaller unit");
     }
     // Every sum of bytes the simulator forms (all nodes resident, plus one
     // workspace) must fit in int64_t.

@@ -21,6 +21,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "graph/status.h"
+#include "graph/text_input.h"
 
 namespace pebble {
 namespace {
@@ -31,46 +32,11 @@ using OrderedJson = nlohmann::ordered_json;
 constexpr absl::string_view kFormat = "pebble-graph";
 constexpr int64_t kVersion = 1;
 
-// Longest rendering of a value or an id inside an error message.
-constexpr size_t kMaxQuoted = 80;
-
 constexpr std::array<absl::string_view, 5> kTopLevelKeys = {
     "format", "version", "name", "nodes", "outputs"};
 constexpr std::array<absl::string_view, 11> kNodeKeys = {
     "id",         "op",   "bytes", "cost",  "inputs", "workspace",
     "persistent", "role", "shape", "dtype", "attrs"};
-
-// ---------------------------------------------------------------------------
-// Message helpers. Messages are one line: control characters are escaped and
-// long text is cut.
-
-std::string Printable(absl::string_view s, size_t max_len = kMaxQuoted) {
-  std::string out;
-  for (char c : s) {
-    if (out.size() >= max_len) {
-      out += "...";
-      break;
-    }
-    const auto u = static_cast<unsigned char>(c);
-    if (c == '\n') {
-      out += "\\n";
-    } else if (c == '\t') {
-      out += "\\t";
-    } else if (c == '\r') {
-      out += "\\r";
-    } else if (u < 0x20 || u == 0x7f) {
-      out += absl::StrFormat("\\x%02x", u);
-    } else {
-      out += c;
-    }
-  }
-  return out;
-}
-
-// 'id', escaped and cut for a message.
-std::string Quote(absl::string_view s) {
-  return absl::StrCat("'", Printable(s), "'");
-}
 
 // A JSON value as shown after "got": its text, cut.
 std::string Shown(const Json& v) {
@@ -78,47 +44,6 @@ std::string Shown(const Json& v) {
     return absl::StrCat(v.get<double>());  // dump() would write null
   }
   return Printable(v.dump(-1, ' ', false, Json::error_handler_t::replace));
-}
-
-size_t EditDistance(absl::string_view a, absl::string_view b) {
-  std::vector<size_t> row(b.size() + 1);
-  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
-  for (size_t i = 1; i <= a.size(); ++i) {
-    size_t diagonal = row[0];
-    row[0] = i;
-    for (size_t j = 1; j <= b.size(); ++j) {
-      const size_t above = row[j];
-      row[j] = std::min({row[j] + 1, row[j - 1] + 1,
-                         diagonal + (a[i - 1] == b[j - 1] ? 0 : 1)});
-      diagonal = above;
-    }
-  }
-  return row[b.size()];
-}
-
-// Rejects the first key of `object` (in sorted order) that is not in `known`
-// and does not start with '_'; suggests the closest known key.
-template <size_t N>
-absl::Status CheckKeys(const Json& object,
-                       const std::array<absl::string_view, N>& known,
-                       absl::string_view where) {
-  for (auto it = object.begin(); it != object.end(); ++it) {
-    const std::string& key = it.key();
-    if (!key.empty() && key[0] == '_') continue;
-    if (std::find(known.begin(), known.end(), key) != known.end()) continue;
-    std::string hint;
-    size_t best = 3;  // suggest only within edit distance 2
-    for (absl::string_view k : known) {
-      const size_t d = EditDistance(key, k);
-      if (d < best) {
-        best = d;
-        hint = absl::StrCat(" (did you mean '", k, "'?)");
-      }
-    }
-    return absl::InvalidArgumentError(
-        absl::StrCat(where, ": unknown key ", Quote(key), hint));
-  }
-  return absl::OkStatus();
 }
 
 absl::Status FieldError(absl::string_view where, absl::string_view field,
@@ -193,7 +118,7 @@ absl::StatusOr<NodeSpec> ParseNode(const Json& node, size_t index) {
   NodeSpec spec;
   spec.id = id_it->get<std::string>();
   const std::string where = absl::StrCat("node ", Quote(spec.id));
-  RETURN_IF_ERROR(CheckKeys(node, kNodeKeys, where));
+  RETURN_IF_ERROR(CheckJsonKeys(node, kNodeKeys, where));
 
   if (auto it = node.find("op"); it != node.end()) {
     ASSIGN_OR_RETURN(spec.op, ReadString(*it, where, "op"));
@@ -317,7 +242,7 @@ absl::StatusOr<Graph> FromJson(const Json& doc) {
         absl::StrCat("unsupported 'version' ", Shown(*version),
                      " (this pebble reads version 1)"));
   }
-  RETURN_IF_ERROR(CheckKeys(doc, kTopLevelKeys, "graph"));
+  RETURN_IF_ERROR(CheckJsonKeys(doc, kTopLevelKeys, "graph"));
 
   GraphBuilder builder;
   if (auto it = doc.find("name"); it != doc.end()) {
@@ -368,208 +293,13 @@ absl::StatusOr<Graph> FromJson(const Json& doc) {
   return builder.Build();
 }
 
-// ---------------------------------------------------------------------------
-// Text -> document.
-
-// Builds the document as nlohmann's own parser does and keeps the path to the
-// value being parsed, so that errors can say where they are. Also rejects
-// what nlohmann accepts but a graph file must not contain: a key repeated in
-// one object (nlohmann keeps the last one silently) and nesting deeper than
-// kMaxJsonDepth (copying and printing such values recurses).
-class TrackingSax : public nlohmann::json_sax<Json> {
- public:
-  explicit TrackingSax(absl::string_view text) : text_(text) {}
-
-  Json& root() { return root_; }
-  // After a failed parse: "line L, column C: what (at path, node 'id')"
-  // (no line and column when the parser gave no position).
-  const std::string& error() const { return error_; }
-
-  bool null() override { return Put(Json(nullptr)); }
-  bool boolean(bool v) override { return Put(Json(v)); }
-  bool number_integer(number_integer_t v) override { return Put(Json(v)); }
-  bool number_unsigned(number_unsigned_t v) override { return Put(Json(v)); }
-  bool number_float(number_float_t v, const string_t& /*text*/) override {
-    return Put(Json(v));
-  }
-  bool string(string_t& v) override { return Put(Json(std::move(v))); }
-  bool binary(binary_t& v) override { return Put(Json::binary(std::move(v))); }
-  bool start_object(std::size_t /*elements*/) override {
-    return Open(Json::object());
-  }
-  bool start_array(std::size_t /*elements*/) override {
-    return Open(Json::array());
-  }
-  bool end_object() override { return Close(); }
-  bool end_array() override { return Close(); }
-
-  bool key(string_t& key) override {
-    Frame& f = frames_.back();
-    f.key = key;
-    f.has_key = true;
-    if (!f.keys.insert(key).second) {
-      return Fail(std::nullopt, absl::StrCat("duplicate key ", Quote(key)));
-    }
-    return true;
-  }
-
-  bool parse_error(std::size_t position, const std::string& /*last_token*/,
-                   const nlohmann::detail::exception& ex) override {
-    // Drops nlohmann's "[json.exception.parse_error.101] parse error at
-    // line 3, column 4: " prefix: the position is rendered by Fail.
-    std::string what = ex.what();
-    if (size_t p = what.find("] "); p != std::string::npos) {
-      what.erase(0, p + 2);
-    }
-    if (what.rfind("parse error", 0) == 0) {
-      if (size_t p = what.find(": "); p != std::string::npos) {
-        what.erase(0, p + 2);
-      }
-      what = absl::StrCat("invalid JSON: ", what);
-    }
-    return Fail(position, what);
-  }
-
- private:
-  struct Frame {
-    Json* value = nullptr;
-    bool is_array = false;
-    bool has_key = false;
-    std::string key;                        // objects: the key being parsed
-    absl::flat_hash_set<std::string> keys;  // objects: lookups only
-  };
-
-  // Where the next value goes: a new root, the end of an array, or the
-  // current key of an object.
-  Json* Slot() {
-    if (frames_.empty()) return &root_;
-    Frame& f = frames_.back();
-    if (f.is_array) {
-      f.value->push_back(nullptr);
-      return &f.value->back();
-    }
-    return &(*f.value)[f.key];
-  }
-
-  bool Put(Json v) {
-    *Slot() = std::move(v);
-    return true;
-  }
-
-  bool Open(Json container) {
-    if (frames_.size() >= static_cast<size_t>(kMaxJsonDepth)) {
-      return Fail(std::nullopt, absl::StrCat("nested deeper than ",
-                                             kMaxJsonDepth, " levels"));
-    }
-    const bool is_array = container.is_array();
-    Json* slot = Slot();
-    *slot = std::move(container);
-    // The pointer stays valid: a container's parent gains no element until
-    // the container is closed.
-    Frame frame;
-    frame.value = slot;
-    frame.is_array = is_array;
-    frames_.push_back(std::move(frame));
-    return true;
-  }
-
-  bool Close() {
-    frames_.pop_back();
-    return true;
-  }
-
-  // "nodes[2].cost": the path to the value being parsed.
-  std::string Path() const {
-    std::string path;
-    for (size_t j = 0; j < frames_.size(); ++j) {
-      const Frame& f = frames_[j];
-      const bool has_child = j + 1 < frames_.size();
-      if (f.is_array) {
-        // An open child container was already appended; a scalar was not.
-        const size_t n = f.value->size();
-        absl::StrAppend(&path, "[", has_child ? n - 1 : n, "]");
-      } else if (f.has_key) {
-        absl::StrAppend(&path, j == 0 ? "" : ".", Printable(f.key, 40));
-      } else {
-        break;
-      }
-    }
-    return path;
-  }
-
-  // The id of the node being parsed, when the error lies inside a node
-  // object under "nodes" whose id was already read.
-  std::optional<std::string> CurrentNodeId() const {
-    if (frames_.size() < 3 || frames_[0].is_array ||
-        frames_[0].key != "nodes" || !frames_[1].is_array ||
-        frames_[2].is_array) {
-      return std::nullopt;
-    }
-    auto it = frames_[2].value->find("id");
-    if (it == frames_[2].value->end() || !it->is_string()) return std::nullopt;
-    return it->get<std::string>();
-  }
-
-  bool Fail(std::optional<size_t> position, absl::string_view what) {
-    if (position.has_value()) {
-      const size_t pos = std::min(*position, text_.size());
-      const absl::string_view before = text_.substr(0, pos);
-      const size_t line = 1 + static_cast<size_t>(std::count(
-                                  before.begin(), before.end(), '\n'));
-      const size_t line_start = before.rfind('\n');
-      const size_t column =
-          line_start == absl::string_view::npos ? pos : pos - line_start - 1;
-      error_ = absl::StrCat("line ", line, ", column ", column, ": ");
-    }
-    absl::StrAppend(&error_, Printable(what, 200));
-    std::string context = Path();
-    if (std::optional<std::string> id = CurrentNodeId(); id.has_value()) {
-      absl::StrAppend(&context, context.empty() ? "" : ", ", "node ",
-                      Quote(*id));
-    }
-    if (!context.empty()) absl::StrAppend(&error_, " (at ", context, ")");
-    return false;
-  }
-
-  absl::string_view text_;
-  Json root_;
-  std::vector<Frame> frames_;
-  std::string error_;
-};
-
 // `source` is the file the text came from, or empty.
-absl::StatusOr<Graph> ParseText(absl::string_view text,
-                                absl::string_view source) {
-  TrackingSax sax(text);
-  bool ok = false;
-  try {
-    ok = Json::sax_parse(text.begin(), text.end(), &sax);
-  } catch (const std::exception& e) {
-    // Not expected: the parser reports through the handler. Kept so that no
-    // input can escape as an exception.
-    return absl::InvalidArgumentError(
-        absl::StrCat(source, source.empty() ? "" : ": ",
-                     "invalid JSON: ", Printable(e.what(), 200)));
-  }
-  if (!ok) {
-    const std::string& error = sax.error();
-    if (source.empty()) return absl::InvalidArgumentError(error);
-    // "line 3, column 4: x" -> "path:3:4: x", as compilers write it.
-    size_t line = 0;
-    size_t column = 0;
-    int consumed = 0;
-    if (std::sscanf(error.c_str(), "line %zu, column %zu: %n", &line, &column,
-                    &consumed) == 2 &&
-        consumed > 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          source, ":", line, ":", column, ": ", error.substr(consumed)));
-    }
-    return absl::InvalidArgumentError(absl::StrCat(source, ": ", error));
-  }
-  absl::StatusOr<Graph> graph = GraphFromJson(sax.root());
+absl::StatusOr<Graph> ParseText(absl::string_view text, absl::string_view source) {
+  ASSIGN_OR_RETURN(const Json doc, ParseStrictJson(text, source));
+  absl::StatusOr<Graph> graph = GraphFromJson(doc);
   if (!graph.ok() && !source.empty()) {
     return absl::Status(graph.status().code(),
-                        absl::StrCat(source, ": ", graph.status().message()));
+                        absl::StrCat(Printable(source, 200), ": ", graph.status().message()));
   }
   return graph;
 }
@@ -697,28 +427,8 @@ absl::StatusOr<Graph> ParseGraphJson(absl::string_view text) {
 }
 
 absl::StatusOr<Graph> ReadGraphFile(const std::string& path) {
-  std::error_code ec;
-  const std::filesystem::file_status status = std::filesystem::status(path, ec);
-  if (!std::filesystem::exists(status)) {
-    return absl::NotFoundError(
-        absl::StrCat(path, ": cannot read graph file: no such file"));
-  }
-  if (std::filesystem::is_directory(status)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(path, ": cannot read graph file: is a directory"));
-  }
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        path, ": cannot open graph file (", std::strerror(errno), ")"));
-  }
-  std::ostringstream text;
-  text << in.rdbuf();
-  if (in.bad()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(path, ": error while reading graph file"));
-  }
-  return ParseText(text.str(), path);
+  ASSIGN_OR_RETURN(const std::string text, ReadBoundedFile(path, "graph file"));
+  return ParseText(text, Printable(path, 200));
 }
 
 nlohmann::ordered_json GraphToJson(const Graph& graph) {

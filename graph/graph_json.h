@@ -9,6 +9,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "graph/graph.h"
+#include "graph/text_input.h"
 #include "nlohmann/json.hpp"
 
 namespace pebble {
@@ -23,19 +24,17 @@ absl::StatusOr<Graph> GraphFromJson(const nlohmann::json& doc);
 
 // Parses JSON text, then GraphFromJson. Besides its errors, InvalidArgument
 // for: invalid JSON and numbers that overflow a double (1e999: JSON cannot
-// spell infinity), with line and column ("line 3, column 7: ..."); a key
-// repeated in one object (nlohmann would keep the last silently) and nesting
-// deeper than kMaxJsonDepth. All four name the path to the value and, when
+// spell infinity), with line and column ("line 3, column 7: ..."); a NUL
+// byte; a key repeated in one object (nlohmann would keep the last
+// silently) and nesting deeper than kMaxJsonDepth (ParseStrictJson). All four name the path to the value and, when
 // it was already read, the node ("(at nodes[2].cost, node 'a2')").
 absl::StatusOr<Graph> ParseGraphJson(absl::string_view text);
 
-// Reads and parses a file. Every message starts with the path; JSON syntax
-// errors read "path:line:column: ...". NotFound if the file does not exist,
+// Reads and parses a file of at most kMaxJsonFileBytes (ReadBoundedFile).
+// Every message starts with the path; JSON syntax errors read
+// "path:line:column: ...". NotFound if the file does not exist,
 // InvalidArgument for anything else.
 absl::StatusOr<Graph> ReadGraphFile(const std::string& path);
-
-// Deepest array/object nesting ParseGraphJson accepts (attrs included).
-inline constexpr int kMaxJsonDepth = 64;
 
 // Largest `bytes`, `workspace` or shape dimension accepted: 2^53, so that
 // every JSON reader (JavaScript, Python floats) holds the value exactly.

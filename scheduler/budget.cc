@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "graph/status.h"
+#include "graph/text_input.h"
 #include "scheduler/schedule.h"
 #include "scheduler/simulator.h"
 
@@ -37,10 +38,10 @@ absl::StatusOr<int64_t> ParseSize(absl::string_view text) {
   absl::string_view number = absl::StripAsciiWhitespace(s.substr(0, unit_start));
   const std::string unit = absl::AsciiStrToLower(s.substr(unit_start));
   double value = 0;
-  if (number.empty() || !absl::SimpleAtod(number, &value)) {
+  if (!ParseDecimal(number, &value)) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "invalid size '", text,
-        "': expected a number of bytes, optionally with a unit (e.g. 1000000, "
+        "invalid size ", Quote(text),
+        ": expected a number of bytes, optionally with a unit (e.g. 1000000, "
         "1.5e9, 512MiB, 8GiB, 2GB)"));
   }
   const Unit* found = nullptr;
@@ -49,17 +50,17 @@ absl::StatusOr<int64_t> ParseSize(absl::string_view text) {
   }
   if (found == nullptr) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "invalid size '", text, "': unknown unit '", s.substr(unit_start),
-        "' (use B, KiB, MiB, GiB, TiB, kB, MB, GB or TB)"));
+        "invalid size ", Quote(text), ": unknown unit ", Quote(s.substr(unit_start)),
+        " (use B, KiB, MiB, GiB, TiB, kB, MB, GB or TB)"));
   }
   const double bytes = value * found->factor;
   if (!std::isfinite(bytes) || bytes < 0) {
     return absl::InvalidArgumentError(
-        absl::StrCat("invalid size '", text, "': must be a non-negative finite number"));
+        absl::StrCat("invalid size ", Quote(text), ": must be a non-negative finite number"));
   }
   if (bytes >= 9.2e18) {
     return absl::InvalidArgumentError(
-        absl::StrCat("invalid size '", text, "': too large"));
+        absl::StrCat("invalid size ", Quote(text), ": too large"));
   }
   return static_cast<int64_t>(std::floor(bytes));
 }
@@ -73,11 +74,10 @@ absl::StatusOr<BudgetSpec> ParseBudget(absl::string_view text) {
   }
   if (!s.empty() && s.back() == '%') {
     double percent = 0;
-    if (!absl::SimpleAtod(absl::StripAsciiWhitespace(s.substr(0, s.size() - 1)),
-                          &percent) ||
-        !std::isfinite(percent) || percent <= 0) {
+    if (!ParseDecimal(absl::StripAsciiWhitespace(s.substr(0, s.size() - 1)), &percent) ||
+        percent <= 0) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "invalid budget '", text, "': a percentage must be a positive number, e.g. 60%"));
+          "invalid budget ", Quote(text), ": a percentage must be a positive number, e.g. 60%"));
     }
     spec.kind = BudgetSpec::Kind::kPercent;
     spec.percent = percent;
@@ -86,8 +86,8 @@ absl::StatusOr<BudgetSpec> ParseBudget(absl::string_view text) {
   auto bytes = ParseSize(s);
   if (!bytes.ok()) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "invalid budget '", text,
-        "': expected bytes (8GiB, 1.5e9), a percentage of the baseline peak "
+        "invalid budget ", Quote(text),
+        ": expected bytes (8GiB, 1.5e9), a percentage of the baseline peak "
         "(60%) or 'min'"));
   }
   spec.kind = BudgetSpec::Kind::kBytes;

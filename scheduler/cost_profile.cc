@@ -1,14 +1,14 @@
 #include "scheduler/cost_profile.h"
 
 #include <cmath>
-#include <fstream>
-#include <sstream>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "graph/status.h"
+#include "graph/text_input.h"
+#include "scheduler/offload.h"
 
 namespace pebble {
 namespace {
@@ -29,6 +29,20 @@ absl::StatusOr<double> NonNegativeNumber(const nlohmann::json& doc,
         "cost profile: '", field, "' must be a non-negative finite number"));
   }
   return v.get<double>();
+}
+
+// A measured link bandwidth: 0 (not measured) or within the range the
+// planners take.
+absl::StatusOr<double> Bandwidth(const nlohmann::json& doc, const std::string& field) {
+  ASSIGN_OR_RETURN(const double bytes_per_s, NonNegativeNumber(doc, field));
+  if (bytes_per_s != 0 &&
+      (bytes_per_s < kMinBandwidthBytesPerS || bytes_per_s > kMaxBandwidthBytesPerS)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cost profile: '", field, "' is ", bytes_per_s, "; a measured bandwidth lies between ",
+        kMinBandwidthBytesPerS, " and ", kMaxBandwidthBytesPerS,
+        " bytes per second (0: not measured)"));
+  }
+  return bytes_per_s;
 }
 
 }  // namespace
@@ -80,6 +94,10 @@ absl::StatusOr<CostProfile> CostProfileFromJson(const nlohmann::json& doc) {
     return absl::InvalidArgumentError(
         absl::StrCat("cost profile: unsupported 'version' (this pebble reads ", kVersion, ")"));
   }
+  constexpr absl::string_view kKeys[] = {
+      "format", "version", "backend", "device", "bandwidth_h2d_bytes_per_s",
+      "bandwidth_d2h_bytes_per_s", "entries"};
+  RETURN_IF_ERROR(CheckJsonKeys(doc, kKeys, "cost profile"));
   CostProfile p;
   for (const char* field : {"backend", "device"}) {
     if (doc.contains(field) && !doc.at(field).is_string()) {
@@ -89,10 +107,8 @@ absl::StatusOr<CostProfile> CostProfileFromJson(const nlohmann::json& doc) {
   }
   p.backend = doc.value("backend", "");
   p.device = doc.value("device", "");
-  ASSIGN_OR_RETURN(p.bandwidth_h2d_bytes_per_s,
-                   NonNegativeNumber(doc, "bandwidth_h2d_bytes_per_s"));
-  ASSIGN_OR_RETURN(p.bandwidth_d2h_bytes_per_s,
-                   NonNegativeNumber(doc, "bandwidth_d2h_bytes_per_s"));
+  ASSIGN_OR_RETURN(p.bandwidth_h2d_bytes_per_s, Bandwidth(doc, "bandwidth_h2d_bytes_per_s"));
+  ASSIGN_OR_RETURN(p.bandwidth_d2h_bytes_per_s, Bandwidth(doc, "bandwidth_d2h_bytes_per_s"));
   if (!doc.contains("entries") || !doc.at("entries").is_object()) {
     return absl::InvalidArgumentError("cost profile: 'entries' must be an object");
   }
@@ -100,7 +116,7 @@ absl::StatusOr<CostProfile> CostProfileFromJson(const nlohmann::json& doc) {
     if (!value.is_number() || !std::isfinite(value.get<double>()) ||
         value.get<double>() < 0) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "cost profile: entry '", key, "' must be a non-negative finite number of seconds"));
+          "cost profile: entry ", Quote(key), " must be a non-negative finite number of seconds"));
     }
     p.entries[key] = value.get<double>();
   }
@@ -108,18 +124,13 @@ absl::StatusOr<CostProfile> CostProfileFromJson(const nlohmann::json& doc) {
 }
 
 absl::StatusOr<CostProfile> ReadCostProfileFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot read cost profile '", path, "'"));
-  std::stringstream text;
-  text << in.rdbuf();
-  nlohmann::json doc = nlohmann::json::parse(text.str(), nullptr, /*allow_exceptions=*/false);
-  if (doc.is_discarded()) {
-    return absl::InvalidArgumentError(absl::StrCat("cost profile '", path, "' is not valid JSON"));
-  }
+  ASSIGN_OR_RETURN(const std::string text, ReadBoundedFile(path, "cost profile"));
+  const std::string source = Printable(path, 200);
+  ASSIGN_OR_RETURN(const nlohmann::json doc, ParseStrictJson(text, source));
   auto profile = CostProfileFromJson(doc);
   if (!profile.ok()) {
     return absl::Status(profile.status().code(),
-                        absl::StrCat(path, ": ", profile.status().message()));
+                        absl::StrCat(source, ": ", profile.status().message()));
   }
   return profile;
 }

@@ -50,8 +50,15 @@ struct LinkPreset {
   const char* description;
 };
 absl::Span<const LinkPreset> LinkPresets();
+// The host link bandwidths pebble takes, bytes per second: from a slow
+// network link to well past any device link, so that bytes / bandwidth
+// stays a finite, meaningful number of seconds.
+inline constexpr double kMinBandwidthBytesPerS = 1e3;
+inline constexpr double kMaxBandwidthBytesPerS = 1e15;
+
 // "pcie4", "pcie5", "nvlink-c2c" or a size per second as ParseSize takes it
-// ("25e9", "25GB"). Zero, negative or unknown: InvalidArgument.
+// ("25e9", "25GB"). Empty, unknown, or outside [kMinBandwidthBytesPerS,
+// kMaxBandwidthBytesPerS]: InvalidArgument.
 absl::StatusOr<double> ParseBandwidth(absl::string_view text);
 
 // Forward operators whose outputs cost many FLOPs per byte (convolution and

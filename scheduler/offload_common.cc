@@ -10,6 +10,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "graph/status.h"
+#include "graph/text_input.h"
 #include "scheduler/budget.h"
 #include "scheduler/offload.h"
 #include "scheduler/simulator.h"
@@ -39,13 +40,19 @@ absl::StatusOr<double> ParseBandwidth(absl::string_view text) {
     if (lower == p.name) return p.bytes_per_s;
   }
   absl::StatusOr<int64_t> bytes = ParseSize(text);
-  if (!bytes.ok() || *bytes <= 0) {
+  if (!bytes.ok()) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "invalid bandwidth '", text,
-        "': expected a positive number of bytes per second (25e9, 55GB) or a link preset "
-        "(pcie4, pcie5, nvlink-c2c)"));
+        "invalid bandwidth ", Quote(text),
+        ": expected bytes per second (25e9, 55GB) or a link preset (pcie4, pcie5, nvlink-c2c)"));
   }
-  return static_cast<double>(*bytes);
+  const double bytes_per_s = static_cast<double>(*bytes);
+  if (bytes_per_s < kMinBandwidthBytesPerS || bytes_per_s > kMaxBandwidthBytesPerS) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "invalid bandwidth ", Quote(text), ": must lie between ", kMinBandwidthBytesPerS,
+        " and ", kMaxBandwidthBytesPerS,
+        " bytes per second, or be a link preset (pcie4, pcie5, nvlink-c2c)"));
+  }
+  return bytes_per_s;
 }
 
 bool IsHeavyOp(absl::string_view op) {

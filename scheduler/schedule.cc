@@ -1,10 +1,8 @@
 #include "scheduler/schedule.h"
 
-#include <fstream>
-#include <sstream>
-
 #include "absl/strings/str_cat.h"
 #include "graph/status.h"
+#include "graph/text_input.h"
 
 namespace pebble {
 
@@ -24,8 +22,8 @@ absl::StatusOr<Action> ParseAction(absl::string_view name) {
     if (ActionName(a) == name) return a;
   }
   return absl::InvalidArgumentError(
-      absl::StrCat("unknown action '", name,
-                   "' (expected compute, free, offload or prefetch)"));
+      absl::StrCat("unknown action ", Quote(name),
+                   " (expected compute, free, offload or prefetch)"));
 }
 
 nlohmann::json ScheduleToJson(const Graph& graph, const Schedule& schedule) {
@@ -37,6 +35,37 @@ nlohmann::json ScheduleToJson(const Graph& graph, const Schedule& schedule) {
   return {{"format", "pebble-schedule"}, {"version", 1}, {"steps", steps}};
 }
 
+namespace {
+
+constexpr absl::string_view kScheduleKeys[] = {"format", "version", "steps"};
+constexpr absl::string_view kStepKeys[] = {"action", "node"};
+
+absl::StatusOr<Step> StepFromJson(const Graph& graph, const nlohmann::json& s, size_t i) {
+  const std::string where = absl::StrCat("schedule step ", i);
+  if (!s.is_object()) return absl::InvalidArgumentError(absl::StrCat(where, ": not an object"));
+  RETURN_IF_ERROR(CheckJsonKeys(s, kStepKeys, where));
+  auto action = s.find("action");
+  auto node = s.find("node");
+  if (action == s.end() || !action->is_string()) {
+    return absl::InvalidArgumentError(absl::StrCat(where, ": 'action' must be a string"));
+  }
+  if (node == s.end() || !node->is_string()) {
+    return absl::InvalidArgumentError(absl::StrCat(where, ": 'node' must be a string"));
+  }
+  auto parsed = ParseAction(action->get_ref<const std::string&>());
+  if (!parsed.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(where, ": ", parsed.status().message()));
+  }
+  const std::string& id = node->get_ref<const std::string&>();
+  const NodeId v = graph.Find(id);
+  if (v == kNoNode) {
+    return absl::InvalidArgumentError(absl::StrCat(where, ": unknown node ", Quote(id)));
+  }
+  return Step{*parsed, v};
+}
+
+}  // namespace
+
 absl::StatusOr<Schedule> ScheduleFromJson(const Graph& graph,
                                           const nlohmann::json& doc) {
   if (!doc.is_object()) {
@@ -44,7 +73,7 @@ absl::StatusOr<Schedule> ScheduleFromJson(const Graph& graph,
   }
   auto format = doc.find("format");
   if (format == doc.end() || !format->is_string() ||
-      format->get<std::string>() != "pebble-schedule") {
+      format->get_ref<const std::string&>() != "pebble-schedule") {
     return absl::InvalidArgumentError(
         "schedule: 'format' must be \"pebble-schedule\"");
   }
@@ -53,6 +82,7 @@ absl::StatusOr<Schedule> ScheduleFromJson(const Graph& graph,
       version->get<int64_t>() != 1) {
     return absl::InvalidArgumentError("schedule: 'version' must be 1");
   }
+  RETURN_IF_ERROR(CheckJsonKeys(doc, kScheduleKeys, "schedule"));
   auto steps = doc.find("steps");
   if (steps == doc.end() || !steps->is_array()) {
     return absl::InvalidArgumentError("schedule: 'steps' must be an array");
@@ -60,53 +90,21 @@ absl::StatusOr<Schedule> ScheduleFromJson(const Graph& graph,
   Schedule schedule;
   schedule.steps.reserve(steps->size());
   for (size_t i = 0; i < steps->size(); ++i) {
-    const nlohmann::json& s = (*steps)[i];
-    if (!s.is_object()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("schedule step ", i, ": not an object"));
-    }
-    auto action = s.find("action");
-    auto node = s.find("node");
-    if (action == s.end() || !action->is_string()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("schedule step ", i, ": 'action' must be a string"));
-    }
-    if (node == s.end() || !node->is_string()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("schedule step ", i, ": 'node' must be a string"));
-    }
-    auto parsed = ParseAction(action->get<std::string>());
-    if (!parsed.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "schedule step ", i, ": ", parsed.status().message()));
-    }
-    const std::string id = node->get<std::string>();
-    NodeId v = graph.Find(id);
-    if (v == kNoNode) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "schedule step ", i, ": unknown node '", id, "'"));
-    }
-    schedule.steps.push_back({*parsed, v});
+    ASSIGN_OR_RETURN(Step step, StepFromJson(graph, (*steps)[i], i));
+    schedule.steps.push_back(step);
   }
   return schedule;
 }
 
 absl::StatusOr<Schedule> ReadScheduleFile(const Graph& graph,
                                           const std::string& path) {
-  std::ifstream in(path);
-  if (!in) {
-    return absl::NotFoundError(absl::StrCat("cannot open schedule file '",
-                                            path, "'"));
-  }
-  nlohmann::json doc = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
-  if (doc.is_discarded()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("schedule file '", path, "' is not valid JSON"));
-  }
+  ASSIGN_OR_RETURN(const std::string text, ReadBoundedFile(path, "schedule file"));
+  const std::string source = Printable(path, 200);
+  ASSIGN_OR_RETURN(const nlohmann::json doc, ParseStrictJson(text, source));
   auto schedule = ScheduleFromJson(graph, doc);
   if (!schedule.ok()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(path, ": ", schedule.status().message()));
+    return absl::Status(schedule.status().code(),
+                        absl::StrCat(source, ": ", schedule.status().message()));
   }
   return schedule;
 }

@@ -28,8 +28,11 @@ struct Schedule {
 };
 
 // JSON per SPEC section 2 (nodes by id). Reading checks the format, the
-// version, the actions and that every node exists in `graph`; whether the
-// steps are valid is the simulator's business.
+// version, the actions and that every node exists in `graph`, and refuses
+// unknown keys (but '_' annotations); ReadScheduleFile also refuses what
+// ParseStrictJson does (repeated keys, NUL bytes, files over
+// kMaxJsonFileBytes). Whether the steps are valid is the simulator's
+// business.
 nlohmann::json ScheduleToJson(const Graph& graph, const Schedule& schedule);
 absl::StatusOr<Schedule> ScheduleFromJson(const Graph& graph,
                                           const nlohmann::json& doc);

@@ -1,9 +1,11 @@
 #include "scheduler/simulator.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "absl/strings/str_cat.h"
 #include "graph/status.h"
+#include "graph/text_input.h"
 
 namespace pebble {
 
@@ -17,11 +19,14 @@ double BaseCost(const Graph& graph) {
 
 namespace {
 
+constexpr absl::string_view kTransferOverflow =
+    "the bytes transferred so far exceed 2^63 - 1; no link moves that much";
+
 absl::Status StepError(const Graph& graph, size_t k, const Step& step,
                        absl::string_view rule) {
   return absl::InvalidArgumentError(
       absl::StrCat("invalid schedule at step ", k, " (", ActionName(step.action),
-                   " '", graph.id(step.node), "'): ", rule));
+                   " ", Quote(graph.id(step.node)), "): ", rule));
 }
 
 }  // namespace
@@ -136,7 +141,9 @@ absl::StatusOr<PlanReport> Simulate(const Graph& graph,
           on_host[v] = 1;
           host += graph.bytes(v);
         }
-        report.transfer_bytes += graph.bytes(v);
+        if (__builtin_add_overflow(report.transfer_bytes, graph.bytes(v), &report.transfer_bytes)) {
+          return StepError(graph, k, step, kTransferOverflow);
+        }
         rec.peak_bytes = device;
         rec.start = std::max(copy_free_at, ready[v]);
         rec.end = rec.start + static_cast<double>(graph.bytes(v)) / bandwidth;
@@ -154,7 +161,9 @@ absl::StatusOr<PlanReport> Simulate(const Graph& graph,
         }
         on_device[v] = 1;
         device += graph.bytes(v);
-        report.transfer_bytes += graph.bytes(v);
+        if (__builtin_add_overflow(report.transfer_bytes, graph.bytes(v), &report.transfer_bytes)) {
+          return StepError(graph, k, step, kTransferOverflow);
+        }
         rec.peak_bytes = device;
         rec.start = std::max(copy_free_at, frees_done_at);
         rec.end = rec.start + static_cast<double>(graph.bytes(v)) / bandwidth;
@@ -181,6 +190,14 @@ absl::StatusOr<PlanReport> Simulate(const Graph& graph,
           "invalid schedule: output '", graph.id(out),
           "' is not resident at the end"));
     }
+  }
+  // Costs are finite, but their sums may not be: a figure printed as
+  // "inf" or JSON's null would be silently wrong.
+  if (!std::isfinite(report.compute_cost) || !std::isfinite(report.makespan) ||
+      !std::isfinite(report.copy_busy) || !std::isfinite(report.base_cost)) {
+    return absl::InvalidArgumentError(
+        "the schedule's total compute cost or time exceeds the largest double (about 1.8e308); "
+        "give the graph's costs in a smaller unit");
   }
   report.recomputations = computes - distinct_computed;
   report.one_shot = report.recomputations == 0;

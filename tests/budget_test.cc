@@ -22,11 +22,19 @@ TEST(ParseSizeTest, AcceptsBytesAndUnits) {
 }
 
 TEST(ParseSizeTest, RejectsGarbage) {
-  for (const char* bad : {"", "abc", "-5", "5XB", "1.5e", "GiB", "1e30", "inf", "nan"}) {
+  for (const char* bad : {"", "abc", "-5", "5XB", "1.5e", "GiB", "1e30", "inf", "nan", "0x10",
+                          "0x1p4", "1e", "+", ".", "1..2", "infinity", "1 0"}) {
     auto r = ParseSize(bad);
     EXPECT_FALSE(r.ok()) << bad;
     EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << bad;
   }
+}
+
+TEST(ParseBudgetTest, RejectsHexNanAndInfinitePercentages) {
+  for (const char* bad : {"0x10", "nan", "nan%", "inf%", "0x10%", "-5%", "0%", "%", ""}) {
+    EXPECT_FALSE(ParseBudget(bad).ok()) << bad;
+  }
+  EXPECT_EQ(ParseBudget("1e2%")->percent, 100);
 }
 
 TEST(BudgetTest, ParsesTheThreeForms) {

@@ -110,6 +110,24 @@ TEST(CostProfileTest, BadDocumentsAreNamedErrors) {
             absl::StatusCode::kNotFound);
 }
 
+TEST(CostProfileTest, BandwidthsOutsideTheLinkRangeAndUnknownKeysAreRefused) {
+  nlohmann::json good = CostProfileToJson(CostProfile{});
+  for (double bad : {1e-300, 1.0, 1e16}) {
+    nlohmann::json d = good;
+    d["bandwidth_d2h_bytes_per_s"] = bad;
+    EXPECT_THAT(std::string(CostProfileFromJson(d).status().message()),
+                HasSubstr("bandwidth_d2h_bytes_per_s"))
+        << bad;
+  }
+  nlohmann::json unmeasured = good;
+  unmeasured["bandwidth_d2h_bytes_per_s"] = 0;
+  EXPECT_TRUE(CostProfileFromJson(unmeasured).ok());
+  nlohmann::json typo = good;
+  typo["entires"] = nlohmann::json::object();
+  EXPECT_THAT(std::string(CostProfileFromJson(typo).status().message()),
+              HasSubstr("did you mean 'entries'"));
+}
+
 TEST(CostProfileTest, ReadsAFile) {
   CostProfile p;
   p.backend = "cpu";

@@ -89,6 +89,7 @@ Graph RandomGraph(uint64_t seed, int n) {
                                              1.7976931348623157e308,
                                              12345678.9};
   std::vector<NodeSpec> specs(n);
+  double total_cost = 0;
   for (int i = 0; i < n; ++i) {
     NodeSpec& s = specs[i];
     s.id = absl::StrCat(kPieces[pick(0, kPieces.size() - 1)],
@@ -114,6 +115,9 @@ Graph RandomGraph(uint64_t seed, int n) {
                    ? std::uniform_real_distribution<double>(0, 1e12)(rng)
                    : kCosts[pick(0, kCosts.size() - 1)];
     }
+    // The graph's total cost must stay finite (the base cost sums it).
+    if (!std::isfinite(total_cost + s.cost)) s.cost = 1.0;
+    total_cost += s.cost;
     if (pick(0, 3) == 0) s.workspace = pick(0, 1 << 20);
     if (pick(0, 2) == 0) s.role = static_cast<Role>(pick(0, 4));
     if (pick(0, 1)) {
@@ -122,6 +126,10 @@ Graph RandomGraph(uint64_t seed, int n) {
       s.shape = shape;
     }
     if (pick(0, 1)) s.dtype = static_cast<DType>(pick(0, 4));
+    // Where both are given, bytes must be what they hold.
+    if (s.shape.has_value() && s.dtype.has_value()) {
+      s.bytes = NumElements(*s.shape) * DTypeSize(*s.dtype);
+    }
     if (pick(0, 3) == 0) {
       s.attrs = Json::object();
       if (pick(0, 1)) s.attrs["stride"] = pick(1, 3);
@@ -240,7 +248,7 @@ TEST(GraphJsonTest, AllFieldsAndExtensions) {
                      {"dtype", "float32"}};
   doc["nodes"][1] = {{"id", "b"},
                      {"op", "matmul"},
-                     {"bytes", 24},
+                     {"bytes", 12},
                      {"cost", 0.25},
                      {"inputs", {"w", "w"}},
                      {"workspace", 16},
@@ -901,7 +909,7 @@ TEST(GraphToDotTest, ShapesColoursLabelsAndEscaping) {
     "format": "pebble-graph", "version": 1, "name": "dot \"test\"",
     "nodes": [
       {"id": "input", "bytes": 1000000, "persistent": true,
-       "shape": [2, 3], "dtype": "fp32"},
+       "shape": [250, 1000], "dtype": "fp32"},
       {"id": "conv1.weight", "bytes": 1536, "persistent": true,
        "role": "parameter"},
       {"id": "bn1.running_mean", "bytes": 512, "persistent": true,
@@ -950,7 +958,7 @@ TEST(GraphToDotTest, ShapesColoursLabelsAndEscaping) {
   EXPECT_THAT(conv, Not(HasSubstr("peripheries")));
   // Labels: id, op, human bytes, shape and dtype.
   EXPECT_THAT(input,
-              HasSubstr("label=\"input\\ngeneric\\n977 KiB\\n(2,3) fp32\""));
+              HasSubstr("label=\"input\\ngeneric\\n977 KiB\\n(250,1000) fp32\""));
   EXPECT_THAT(weight, HasSubstr("1.50 KiB"));
   EXPECT_THAT(buffer, HasSubstr("512 B"));
   EXPECT_THAT(conv, HasSubstr("y#1\\nconv2d\\n3.00 MiB\""));

@@ -63,7 +63,7 @@ class SplitMix64 {
 // path:n — p0 -> p1 -> ... -> p(n-1); output p(n-1). Needs 2 pebbles (1 when
 // n = 1).
 absl::StatusOr<Graph> BuildPath(const ModelArgs& args, const CostModel&) {
-  ASSIGN_OR_RETURN(const int64_t n, args.Int("n", 1, 10'000'000));
+  ASSIGN_OR_RETURN(const int64_t n, args.Int("n", 1, 1'000'000));
   GraphBuilder b(args.graph_name());
   for (int64_t i = 0; i < n; ++i) {
     b.AddNode(Unit(PathId(i), i == 0 ? std::vector<std::string>{}
@@ -77,7 +77,7 @@ absl::StatusOr<Graph> BuildPath(const ModelArgs& args, const CostModel&) {
 // reads L<l-1>_<i> and L<l-1>_<i+1>. (h+1)(h+2)/2 nodes, h(h+1) edges;
 // black-pebbling number h+2 (SPEC section 2).
 absl::StatusOr<Graph> BuildPyramid(const ModelArgs& args, const CostModel&) {
-  ASSIGN_OR_RETURN(const int64_t h, args.Int("h", 0, 2000));
+  ASSIGN_OR_RETURN(const int64_t h, args.Int("h", 0, 1400));
   GraphBuilder b(args.graph_name());
   for (int64_t level = 0; level <= h; ++level) {
     for (int64_t i = 0; i + level <= h; ++i) {
@@ -96,7 +96,7 @@ absl::StatusOr<Graph> BuildPyramid(const ModelArgs& args, const CostModel&) {
 // node L<l>_<i> reads L<l-1>_<2i> and L<l-1>_<2i+1>, the root is L<h>_0.
 // 2^(h+1)-1 nodes, 2^(h+1)-2 edges; black-pebbling number h+2.
 absl::StatusOr<Graph> BuildTree(const ModelArgs& args, const CostModel&) {
-  ASSIGN_OR_RETURN(const int64_t h, args.Int("h", 0, 20));
+  ASSIGN_OR_RETURN(const int64_t h, args.Int("h", 0, 19));
   GraphBuilder b(args.graph_name());
   for (int64_t level = 0; level <= h; ++level) {
     const int64_t width = int64_t{1} << (h - level);
@@ -118,7 +118,7 @@ absl::StatusOr<Graph> BuildTree(const ModelArgs& args, const CostModel&) {
 // v(i) -> v(2n-i), the shape of a linear network's forward pass (v0..v(n-1)),
 // loss (vn) and backward pass. 2n+1 nodes, 3n edges; output v(2n).
 absl::StatusOr<Graph> BuildLinear(const ModelArgs& args, const CostModel&) {
-  ASSIGN_OR_RETURN(const int64_t n, args.Int("n", 1, 1'000'000));
+  ASSIGN_OR_RETURN(const int64_t n, args.Int("n", 1, 500'000));
   const auto id = [](int64_t i) { return absl::StrCat("v", i); };
   GraphBuilder b(args.graph_name());
   for (int64_t i = 0; i <= 2 * n; ++i) {
