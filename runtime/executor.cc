@@ -5,12 +5,15 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <exception>
 #include <filesystem>
 #include <limits>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "graph/ops.h"
 #include "graph/status.h"
+#include "graph/text_input.h"
 
 namespace pebble {
 
@@ -39,18 +42,86 @@ std::string Describe(const Graph& graph, NodeId v) {
   return absl::StrCat(DTypeName(*graph.dtype(v)), ShapeToString(*graph.shape(v)));
 }
 
-// Checks that v can be executed: shape and dtype known.
-absl::Status NeedsShape(const Graph& graph, NodeId v) {
-  if (graph.shape(v).has_value() && graph.dtype(v).has_value()) return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrCat(
-      "node '", graph.id(v), "' (op ", graph.op(v), ") has no shape or dtype"));
+// Checks that v's tensor fits its slot: shape and dtype known, and
+// shape x dtype exactly `bytes`, the size the layout gives it. GraphBuilder
+// enforces the equality already; the executor relies on it for every byte a
+// kernel or a copy writes, so it checks again rather than trust.
+absl::Status CheckTensorSlot(const Graph& graph, NodeId v) {
+  if (!graph.shape(v).has_value() || !graph.dtype(v).has_value()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "node ", Quote(graph.id(v)), " (op ", Printable(graph.op(v)), ") has no shape or dtype"));
+  }
+  int64_t bytes = DTypeSize(*graph.dtype(v));
+  bool overflow = false;
+  for (int64_t d : *graph.shape(v)) overflow |= __builtin_mul_overflow(bytes, d, &bytes);
+  if (overflow || bytes != graph.bytes(v)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "node ", Quote(graph.id(v)), ": ", Describe(graph, v), " does not fill its ",
+        graph.bytes(v), " bytes"));
+  }
+  return absl::OkStatus();
+}
+
+// Checks that a computed node's shape and dtype are what its operator makes
+// of its inputs' (the operator table's inference), so that no kernel reads
+// or writes past a tensor: a kernel sizes its loops by the shapes it is
+// given. Ops without an entry in the table are left to the backend's
+// CheckSupported.
+absl::Status CheckOperatorTypes(const Graph& graph, NodeId v) {
+  const OpDef* def = FindOp(graph.op(v));
+  if (def == nullptr || def->infer == nullptr) return absl::OkStatus();
+  const int num_inputs = static_cast<int>(graph.inputs(v).size());
+  if (num_inputs < def->min_inputs || (def->max_inputs >= 0 && num_inputs > def->max_inputs)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "node ", Quote(graph.id(v)), " (op ", def->name, ") has ", num_inputs, " inputs"));
+  }
+  std::vector<TensorType> inputs;
+  for (NodeId u : graph.inputs(v)) inputs.push_back({*graph.shape(u), *graph.dtype(u)});
+  absl::StatusOr<TensorType> inferred;
+  try {
+    inferred = def->infer(inputs, graph.attrs(v));
+  } catch (const std::exception& e) {  // attrs of the wrong JSON type
+    inferred = absl::InvalidArgumentError(Printable(e.what(), 200));
+  }
+  if (!inferred.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("node ", Quote(graph.id(v)), " (op ",
+                                                   def->name, "): ", inferred.status().message()));
+  }
+  if (inferred->shape != *graph.shape(v) || inferred->dtype != *graph.dtype(v)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "node ", Quote(graph.id(v)), " (op ", def->name, ") is ", Describe(graph, v),
+        " but its inputs and attrs make ", DTypeName(inferred->dtype),
+        ShapeToString(inferred->shape)));
+  }
+  return absl::OkStatus();
+}
+
+// Phases 1-2 of Execute: refuses what cannot run, before touching the
+// backend's memory. Every tensor the schedule touches must fit its slot and
+// be what its operator makes, and the backend must have every kernel.
+absl::Status CheckRunnable(const Graph& graph, const Schedule& schedule, const Backend& backend) {
+  for (NodeId v = 0; v < graph.num_nodes(); ++v) {
+    if (graph.persistent(v)) RETURN_IF_ERROR(CheckTensorSlot(graph, v));
+  }
+  std::vector<uint8_t> checked(graph.num_nodes(), 0);
+  for (const Step& step : schedule.steps) {
+    if (checked[step.node]) continue;
+    checked[step.node] = 1;
+    RETURN_IF_ERROR(CheckTensorSlot(graph, step.node));
+    for (NodeId u : graph.inputs(step.node)) RETURN_IF_ERROR(CheckTensorSlot(graph, u));
+  }
+  RETURN_IF_ERROR(backend.CheckSupported(graph));
+  for (NodeId v = 0; v < graph.num_nodes(); ++v) {
+    if (checked[v] && !graph.persistent(v)) RETURN_IF_ERROR(CheckOperatorTypes(graph, v));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace
 
 absl::StatusOr<std::optional<NpyArray>> ReadInputFile(const Graph& graph, NodeId v,
                                                       const std::string& dir) {
-  RETURN_IF_ERROR(NeedsShape(graph, v));
+  RETURN_IF_ERROR(CheckTensorSlot(graph, v));
   const std::string path = (std::filesystem::path(dir) / TensorFileName(graph.id(v))).string();
   std::error_code ec;
   if (!std::filesystem::exists(path, ec)) return std::optional<NpyArray>();
@@ -217,7 +288,7 @@ int64_t IndexRangeOf(const Graph& graph, NodeId v) {
 }  // namespace
 
 absl::StatusOr<NpyArray> GenerateInput(const Graph& graph, NodeId v, uint64_t seed) {
-  RETURN_IF_ERROR(NeedsShape(graph, v));
+  RETURN_IF_ERROR(CheckTensorSlot(graph, v));
   NpyArray array;
   array.shape = *graph.shape(v);
   array.dtype = *graph.dtype(v);
@@ -400,12 +471,15 @@ absl::StatusOr<ExecutionResult> Execute(const Graph& graph, const Schedule& sche
   ExecutionResult result;
   // 1-2. Refuse what cannot run, before touching the backend's memory.
   ASSIGN_OR_RETURN(result.predicted, Simulate(graph, schedule, options.simulator));
-  RETURN_IF_ERROR(backend.CheckSupported(graph));
-  const std::map<std::string, int64_t> counters_before = backend.Counters();
-  for (NodeId v = 0; v < graph.num_nodes(); ++v) {
-    if (graph.persistent(v)) RETURN_IF_ERROR(NeedsShape(graph, v));
+  RETURN_IF_ERROR(CheckRunnable(graph, schedule, backend));
+  if (!options.inputs_dir.empty()) {
+    std::error_code ec;
+    if (!std::filesystem::is_directory(options.inputs_dir, ec)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("inputs directory ", Quote(options.inputs_dir), " is not a directory"));
+    }
   }
-  for (const Step& step : schedule.steps) RETURN_IF_ERROR(NeedsShape(graph, step.node));
+  const std::map<std::string, int64_t> counters_before = backend.Counters();
   if (given_layout != nullptr) {
     RETURN_IF_ERROR(VerifyLayout(graph, schedule, *given_layout));
     result.layout = *given_layout;
@@ -460,8 +534,11 @@ absl::StatusOr<ExecutionResult> Execute(const Graph& graph, const Schedule& sche
       ASSIGN_OR_RETURN(array, GenerateInput(graph, v, options.seed));
       result.generated_inputs.push_back(v);
     }
-    PEBBLE_CHECK(static_cast<int64_t>(array->data.size()) == graph.bytes(v),
-                 "tensor bytes differ from the node's bytes");
+    if (static_cast<int64_t>(array->data.size()) != graph.bytes(v)) {
+      return absl::InvalidArgumentError(absl::StrCat("persistent node ", Quote(graph.id(v)), ": ",
+                                                     array->data.size(), " bytes of data for a ",
+                                                     graph.bytes(v), "-byte slot"));
+    }
     RETURN_IF_ERROR(backend.Upload(address(persistent_instance[v]), array->data.data(),
                                    graph.bytes(v)));
   }

@@ -1,7 +1,9 @@
 #include "runtime/npy.h"
 
 #include <cstring>
+#include <filesystem>
 #include <fstream>
+#include <system_error>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -9,6 +11,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "graph/status.h"
+#include "graph/text_input.h"
 
 namespace pebble {
 namespace {
@@ -17,7 +20,7 @@ constexpr char kMagic[] = "\x93NUMPY";
 constexpr size_t kMagicSize = 6;
 
 absl::Status NpyError(const std::string& path, absl::string_view what) {
-  return absl::InvalidArgumentError(absl::StrCat("'", path, "': ", what));
+  return absl::InvalidArgumentError(absl::StrCat(Quote(path), ": ", what));
 }
 
 // The value of key `key` in the header dict, as raw text up to the next
@@ -56,8 +59,20 @@ absl::StatusOr<std::string> NpyDescr(DType dtype) {
 }
 
 absl::StatusOr<NpyArray> ReadNpy(const std::string& path) {
+  // The file's size bounds every allocation below: a header cannot make the
+  // reader allocate more than the file holds.
+  std::error_code ec;
+  const std::filesystem::file_status status = std::filesystem::status(path, ec);
+  if (!std::filesystem::exists(status)) {
+    return absl::NotFoundError(absl::StrCat("cannot open ", Quote(path), ": no such file"));
+  }
+  if (!std::filesystem::is_regular_file(status)) {
+    return NpyError(path, "not a regular file");
+  }
+  const uintmax_t file_size = std::filesystem::file_size(path, ec);
+  if (ec) return NpyError(path, absl::StrCat("cannot read its size (", ec.message(), ")"));
   std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot open '", path, "'"));
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot open ", Quote(path)));
   char magic[kMagicSize + 2] = {};
   if (!in.read(magic, kMagicSize + 2) || std::memcmp(magic, kMagic, kMagicSize) != 0) {
     return NpyError(path, "not a NumPy .npy file (bad magic)");
@@ -75,7 +90,8 @@ absl::StatusOr<NpyArray> ReadNpy(const std::string& path) {
   } else {
     return NpyError(path, absl::StrCat("unsupported .npy version ", major));
   }
-  if (header_len > (1u << 24)) return NpyError(path, "header too large");
+  const uintmax_t data_start = kMagicSize + 2 + (major == 1 ? 2 : 4) + uintmax_t{header_len};
+  if (data_start > file_size) return NpyError(path, "truncated header");
   std::string header(header_len, '\0');
   if (!in.read(header.data(), header_len)) return NpyError(path, "truncated header");
 
@@ -97,24 +113,38 @@ absl::StatusOr<NpyArray> ReadNpy(const std::string& path) {
   } else if (descr == "|u1" || descr == "|b1") {
     array.dtype = DType::kUInt8;
   } else {
-    return NpyError(path, absl::StrCat("unsupported dtype '", descr,
-                                       "' (little-endian float32, float16, int64, uint8 only)"));
+    return NpyError(path, absl::StrCat("unsupported dtype ", Quote(descr),
+                                       " (little-endian float32, float16, int64, uint8 only)"));
   }
   absl::string_view dims = absl::StripAsciiWhitespace(shape_text);
   if (!absl::ConsumePrefix(&dims, "(") || !absl::ConsumeSuffix(&dims, ")")) {
-    return NpyError(path, absl::StrCat("malformed shape ", shape_text));
+    return NpyError(path, absl::StrCat("malformed shape ", Printable(shape_text)));
   }
   for (absl::string_view d : absl::StrSplit(dims, ',', absl::SkipWhitespace())) {
     int64_t value = 0;
     if (!absl::SimpleAtoi(absl::StripAsciiWhitespace(d), &value) || value < 0) {
-      return NpyError(path, absl::StrCat("malformed shape ", shape_text));
+      return NpyError(path, absl::StrCat("malformed shape ", Printable(shape_text)));
     }
     array.shape.push_back(value);
   }
-  const int64_t bytes = NumElements(array.shape) * DTypeSize(array.dtype);
-  array.data.resize(bytes);
+  int64_t bytes = DTypeSize(array.dtype);
+  for (int64_t d : array.shape) {
+    if (__builtin_mul_overflow(bytes, d, &bytes)) {
+      return NpyError(path, absl::StrCat("shape ", Printable(shape_text),
+                                         " holds more than 2^63 bytes"));
+    }
+  }
+  const uintmax_t data_bytes = file_size - data_start;
+  if (data_bytes != static_cast<uintmax_t>(bytes)) {
+    return NpyError(path, absl::StrCat(data_bytes < static_cast<uintmax_t>(bytes)
+                                           ? "truncated data: "
+                                           : "extra bytes after the data: ",
+                                       "shape ", Printable(shape_text), " of ", descr, " takes ",
+                                       bytes, " bytes, the file holds ", data_bytes));
+  }
+  array.data.resize(static_cast<size_t>(bytes));
   if (bytes > 0 && !in.read(reinterpret_cast<char*>(array.data.data()), bytes)) {
-    return NpyError(path, absl::StrCat("truncated data: expected ", bytes, " bytes"));
+    return NpyError(path, absl::StrCat("error reading ", bytes, " bytes of data"));
   }
   return array;
 }

@@ -21,8 +21,10 @@ struct NpyArray {
   std::vector<uint8_t> data;  // NumElements(shape) * DTypeSize(dtype) bytes
 };
 
-// Reads an .npy file. Errors name the path: not an .npy file, Fortran
-// order, big-endian, an unsupported dtype, a truncated payload.
+// Reads an .npy file. Errors name the path: not a regular file, not an .npy
+// file, Fortran order, big-endian, an unsupported dtype, a shape whose bytes
+// overflow, a payload shorter or longer than the shape. Allocates no more
+// than the file's size, whatever its header claims.
 absl::StatusOr<NpyArray> ReadNpy(const std::string& path);
 
 // Writes `array` as an .npy file (version 1.0). bf16 has no NumPy dtype and

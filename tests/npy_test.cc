@@ -66,6 +66,58 @@ TEST(NpyTest, RejectsBadFiles) {
   EXPECT_FALSE(WriteNpy(path, bf16).ok());
 }
 
+// An .npy file whose header is `header_text` (padded) followed by
+// `payload` bytes of zeros.
+std::string NpyWithHeader(const std::string& name, std::string header_text, size_t payload) {
+  header_text.append((64 - (10 + header_text.size() + 1) % 64) % 64, ' ');
+  header_text += '\n';
+  const std::string path = TempPath(name);
+  std::ofstream out(path, std::ios::binary);
+  out.write("\x93NUMPY\x01\x00", 8);
+  const char len[2] = {static_cast<char>(header_text.size() & 0xff),
+                       static_cast<char>(header_text.size() >> 8)};
+  out.write(len, 2);
+  out << header_text << std::string(payload, '\0');
+  return path;
+}
+
+TEST(NpyTest, HeadersCannotClaimMoreThanTheFileHolds) {
+  auto message = [](const std::string& path) {
+    return std::string(ReadNpy(path).status().message());
+  };
+  // 2^40 elements: refused by the file's size, not by a failed allocation.
+  EXPECT_THAT(message(NpyWithHeader(
+                  "huge.npy", "{'descr': '<f4', 'fortran_order': False, 'shape': (1099511627776,), }",
+                  16)),
+              ::testing::HasSubstr("truncated data"));
+  // (2^61, 3) x 4 bytes overflows 64 bits.
+  EXPECT_THAT(
+      message(NpyWithHeader(
+          "overflow.npy",
+          "{'descr': '<f4', 'fortran_order': False, 'shape': (2305843009213693952, 3), }", 16)),
+      ::testing::HasSubstr("more than 2^63 bytes"));
+  EXPECT_THAT(message(NpyWithHeader(
+                  "extra.npy", "{'descr': '<f4', 'fortran_order': False, 'shape': (2,), }", 12)),
+              ::testing::HasSubstr("extra bytes"));
+  const std::string exact =
+      NpyWithHeader("exact.npy", "{'descr': '<f4', 'fortran_order': False, 'shape': (2,), }", 8);
+  ASSERT_TRUE(ReadNpy(exact).ok()) << ReadNpy(exact).status();
+  // A header length past the end of the file.
+  const std::string cut = TempPath("cut.npy");
+  {
+    std::ofstream out(cut, std::ios::binary);
+    out.write("\x93NUMPY\x01\x00\xff\xff", 10);
+  }
+  EXPECT_THAT(message(cut), ::testing::HasSubstr("truncated header"));
+}
+
+TEST(NpyTest, DirectoriesAndDevicesAreNotRead) {
+  EXPECT_THAT(std::string(ReadNpy(::testing::TempDir()).status().message()),
+              ::testing::HasSubstr("not a regular file"));
+  EXPECT_THAT(std::string(ReadNpy("/dev/zero").status().message()),
+              ::testing::HasSubstr("not a regular file"));
+}
+
 // Cross-check with NumPy itself when the system Python has it.
 TEST(NpyTest, InteroperatesWithNumpy) {
   if (std::system("/usr/bin/python3 -c 'import numpy' >/dev/null 2>&1") != 0) {
