@@ -186,10 +186,12 @@ void AddCalibrateCommand(CLI::App& app, int& exit_code) {
   flags.source.AddOptions(cmd);
   cmd->add_option("--backend", flags.backend, "cpu or cuda (default cpu)");
   cmd->add_option("--output,-o", flags.output, "profile file (default: stdout)");
-  cmd->add_option("--repeat", flags.repeat, "timed runs after one warm-up (default 5)");
+  cmd->add_option("--repeat", flags.repeat, "timed runs after one warm-up (default 5)")
+      ->check(IntegerIn(1, 1000));
   cmd->add_option("--transfer-size", flags.transfer_size,
                   "bytes per timed host<->device copy (default 64MiB)");
-  cmd->add_option("--seed", flags.seed, "seed of the generated inputs (default 0)");
+  cmd->add_option("--seed", flags.seed, "seed of the generated inputs (default 0)")
+      ->check(IntegerIn(0, INT64_MAX));
   cmd->add_flag("--force", flags.force, "replace an existing output file");
   cmd->add_flag("--json", flags.json, "print the summary as JSON (with --output)");
   cmd->callback([&exit_code] { exit_code = RunCalibrate(flags); });

@@ -5,14 +5,17 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iostream>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "graph/graph_json.h"
 #include "graph/models/models.h"
 #include "graph/status.h"
+#include "graph/text_input.h"
 #include "scheduler/cost_profile.h"
 
 namespace pebble::cli {
@@ -27,7 +30,7 @@ void GraphSource::AddOptions(CLI::App* cmd) {
   cmd->add_option("--throughput", throughput_flops_per_s,
                   "device FLOP/s that turns a model's FLOPs into seconds of cost "
                   "(default 10e12; ignored for --graph, whose costs are given)")
-      ->check(CLI::PositiveNumber);
+      ->check(NumberAbove(0, "a positive number of FLOP/s"));
   cmd->add_option("--profile", profile,
                   "cost profile from 'pebble calibrate': measured seconds replace the "
                   "cost of every node whose op, shapes, dtype and attrs it has, and its "
@@ -71,25 +74,136 @@ absl::StatusOr<double> GraphSource::PlannerBandwidth(absl::string_view given) co
 
 std::string GraphSource::Label() const { return model.empty() ? graph : model; }
 
+absl::Status CheckOutputPath(const std::string& path, bool force) {
+  if (path.empty() || path == "-") return absl::OkStatus();
+  namespace fs = std::filesystem;
+  const std::string shown = Quote(path);
+  std::error_code ec;
+  const fs::file_status link = fs::symlink_status(path, ec);
+  if (!fs::exists(link)) return absl::OkStatus();
+  const fs::file_status target = fs::status(path, ec);
+  if (fs::is_symlink(link) && !fs::exists(target)) {
+    return absl::AlreadyExistsError(absl::StrCat(
+        shown, " is a symbolic link to a missing file; remove it or choose another path"));
+  }
+  if (fs::is_character_file(target)) return absl::OkStatus();  // /dev/null, /dev/stdout
+  if (fs::is_directory(target)) {
+    return absl::InvalidArgumentError(absl::StrCat(shown, " is a directory"));
+  }
+  if (!fs::is_regular_file(target)) {
+    return absl::InvalidArgumentError(absl::StrCat(shown, " exists and is not a regular file"));
+  }
+  if (!force) {
+    return absl::AlreadyExistsError(absl::StrCat(shown, " exists; pass --force to replace it"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status WriteOutput(const std::string& path, const std::string& text, bool force) {
   if (path.empty() || path == "-") {
     std::cout << text;
     std::cout.flush();
     return absl::OkStatus();
   }
-  std::error_code ec;
-  if (!force && std::filesystem::exists(path, ec)) {
-    return absl::AlreadyExistsError(absl::StrCat(
-        "'", path, "' exists; pass --force to replace it"));
-  }
+  RETURN_IF_ERROR(CheckOutputPath(path, force));
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  if (!out) return absl::PermissionDeniedError(absl::StrCat("cannot write '", path, "'"));
+  if (!out) return absl::PermissionDeniedError(absl::StrCat("cannot write ", Quote(path)));
   out << text;
   out.close();
-  if (!out) return absl::DataLossError(absl::StrCat("failed writing '", path, "'"));
+  if (!out) return absl::DataLossError(absl::StrCat("failed writing ", Quote(path)));
   return absl::OkStatus();
 }
 
+absl::Status CheckDistinctOutputs(
+    const std::vector<std::pair<std::string, std::string>>& outputs) {
+  namespace fs = std::filesystem;
+  std::vector<std::pair<fs::path, std::string>> seen;
+  for (const auto& [path, option] : outputs) {
+    if (path.empty() || path == "-") continue;
+    std::error_code ec;
+    fs::path canonical = fs::weakly_canonical(path, ec);
+    if (ec) canonical = fs::absolute(path, ec).lexically_normal();
+    for (const auto& [other, other_option] : seen) {
+      if (other == canonical) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            other_option, " and ", option, " both write ", Quote(path), "; give them different files"));
+      }
+    }
+    seen.emplace_back(std::move(canonical), option);
+  }
+  return absl::OkStatus();
+}
+
+namespace {
+
+CLI::Validator NumberCheck(std::function<bool(double)> accept, std::string what) {
+  return CLI::Validator(
+      [accept = std::move(accept), what](std::string& text) -> std::string {
+        double value = 0;
+        if (ParseDecimal(text, &value) && accept(value)) return "";
+        return absl::StrCat("must be ", what, ", got ", Quote(text));
+      },
+      "NUMBER");
+}
+
+}  // namespace
+
+CLI::Validator NumberAbove(double min, absl::string_view what) {
+  return NumberCheck([min](double x) { return x > min; }, std::string(what));
+}
+
+CLI::Validator NumberAtLeast(double min, absl::string_view what) {
+  return NumberCheck([min](double x) { return x >= min; }, std::string(what));
+}
+
+CLI::Validator IntegerIn(int64_t min, int64_t max) {
+  return CLI::Validator(
+      [min, max](std::string& text) -> std::string {
+        int64_t value = 0;
+        if (absl::SimpleAtoi(text, &value) && value >= min && value <= max &&
+            text.find_first_of(" \t+") == std::string::npos) {
+          return "";
+        }
+        return absl::StrCat("must be a whole number from ", min, " to ", max, ", got ",
+                            Quote(text));
+      },
+      "INT");
+}
+
+void RefuseEmptyValues(CLI::App& app) {
+  const CLI::Validator not_empty(
+      [](std::string& text) -> std::string {
+        return text.empty() ? std::string("must not be empty") : std::string();
+      },
+      "");
+  for (CLI::Option* option : app.get_options()) {
+    if (option->get_type_size() != 0) option->check(not_empty);
+  }
+  for (CLI::App* sub : app.get_subcommands({})) RefuseEmptyValues(*sub);
+}
+
+std::string OneLineFailure(const CLI::App* app, const CLI::Error& e) {
+  // The command being parsed: the deepest one given.
+  std::string command = "pebble";
+  for (const CLI::App* at = app; at != nullptr;) {
+    const std::vector<const CLI::App*> parsed = at->get_subcommands([](const CLI::App* sub) {
+      return sub->parsed();
+    });
+    if (parsed.empty()) break;
+    at = parsed.front();
+    absl::StrAppend(&command, " ", at->get_name());
+  }
+  std::string what = e.what();
+  if (command == "pebble" && e.get_name() == "RequiredError") {
+    std::vector<std::string> names;
+    for (const CLI::App* sub : app->get_subcommands({})) names.push_back(sub->get_name());
+    const std::vector<std::string> rest = app->remaining();
+    what = rest.empty() ? absl::StrCat("give a command: ", absl::StrJoin(names, ", "))
+                        : absl::StrCat("unknown command ", Quote(rest.front()),
+                                       "; the commands are ", absl::StrJoin(names, ", "));
+  }
+  return absl::StrCat("pebble: ", Printable(what, 300), " (see '", command, " --help')\n");
+}
 void PrintJson(const nlohmann::json& doc) {
   // replace: an invalid UTF-8 sequence becomes U+FFFD instead of throwing.
   std::cout << doc.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
@@ -159,7 +273,7 @@ std::string Table::ToCsv() const {
 }
 
 int Fail(const absl::Status& status) {
-  std::cerr << "pebble: " << status.message() << "\n";
+  std::cerr << "pebble: " << Printable(status.message(), 10000) << "\n";
   return 1;
 }
 

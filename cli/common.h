@@ -4,6 +4,7 @@
 #define PEBBLE_CLI_COMMON_H_
 
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "CLI/CLI.hpp"
@@ -41,9 +42,38 @@ struct GraphSource {
   std::string Label() const;
 };
 
-// Writes `text` to `path` ("-" is stdout). Refuses to replace an existing
-// file unless `force`.
+// Whether `path` may be written: "-" (stdout), a path where nothing is, a
+// character device such as /dev/null (writing one replaces nothing), or,
+// with `force`, an existing regular file (also behind a symbolic link).
+// Refused, naming the path: an existing file without `force`, a directory,
+// a symbolic link whose target is missing (writing would create a file
+// elsewhere), anything else that is not a regular file.
+absl::Status CheckOutputPath(const std::string& path, bool force);
+
+// Writes `text` to `path` ("-" is stdout) after CheckOutputPath.
 absl::Status WriteOutput(const std::string& path, const std::string& text, bool force);
+
+// Refuses two outputs of one command that name the same file ("--trace
+// and --dump both write 'out/loss.npy'"). `outputs` pairs each path with
+// the option that gives it; "-" and empty paths are skipped.
+absl::Status CheckDistinctOutputs(
+    const std::vector<std::pair<std::string, std::string>>& outputs);
+
+// CLI11 validators whose messages fit on one line. A number is decimal
+// (ParseDecimal: no hex, inf or nan); `what` completes "must be ...".
+CLI::Validator NumberAbove(double min, absl::string_view what);     // > min
+CLI::Validator NumberAtLeast(double min, absl::string_view what);   // >= min
+CLI::Validator IntegerIn(int64_t min, int64_t max);
+
+// Adds to every option of `app` and its commands that takes a value a check
+// that the value is not empty: an empty --budget or --bandwidth must not
+// quietly mean the default.
+void RefuseEmptyValues(CLI::App& app);
+
+// The one-line message CLI11 prints for a command-line error ("pebble:
+// --time-limit: must be a positive number of seconds, got 'abc' (see 'pebble
+// plan --help')"), for CLI::App::failure_message.
+std::string OneLineFailure(const CLI::App* app, const CLI::Error& e);
 
 // Prints a JSON document on stdout (2-space indent).
 void PrintJson(const nlohmann::json& doc);
@@ -70,7 +100,8 @@ void AddPlanCommands(CLI::App& app, int& exit_code);
 void AddRunCommands(CLI::App& app, int& exit_code);        // run, fit
 void AddCalibrateCommand(CLI::App& app, int& exit_code);   // calibrate
 
-// Prints "pebble: <message>" on stderr and returns 1.
+// Prints "pebble: <message>" on stderr, on one line (control characters
+// escaped), and returns 1.
 int Fail(const absl::Status& status);
 
 }  // namespace pebble::cli

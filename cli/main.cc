@@ -32,13 +32,14 @@ non-zero exit code (1: bad input or failure, 2: bad command line).)";
 int main(int argc, char** argv) {
   CLI::App app{kDescription, "pebble"};
   app.require_subcommand(1);
-  app.failure_message(CLI::FailureMessage::help);
+  app.failure_message(pebble::cli::OneLineFailure);
   app.set_version_flag("--version", "pebble 0.1.0");
   int exit_code = 0;
   pebble::cli::AddInfoCommands(app, exit_code);
   pebble::cli::AddPlanCommands(app, exit_code);
   pebble::cli::AddRunCommands(app, exit_code);
   pebble::cli::AddCalibrateCommand(app, exit_code);
+  pebble::cli::RefuseEmptyValues(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {

@@ -2,6 +2,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
+#include <stdlib.h>  // mkdtemp
 #include <filesystem>
 #include <iostream>
 
@@ -11,6 +12,7 @@
 #include "absl/strings/strip.h"
 #include "cli/common.h"
 #include "graph/status.h"
+#include "graph/text_input.h"
 #include "scheduler/budget.h"
 #include "scheduler/memory_layout.h"
 #include "scheduler/offload.h"
@@ -48,9 +50,11 @@ struct PlanFlags {
                     "default), pcie5 (55e9), nvlink-c2c (450e9)");
     cmd->add_option("--host-budget", host_budget, "host memory limit for offloaded copies");
     cmd->add_option("--time-limit", time_limit_s,
-                    "seconds an exact or MILP planner may search (default 60)")
-        ->check(CLI::PositiveNumber);
-    cmd->add_option("--seed", seed, "seed of randomised planners (default 0)");
+                    "seconds a planner may search (default 60); a heuristic cut short returns "
+                    "the best plan it has, with a note")
+        ->check(NumberAbove(0, "a positive number of seconds"));
+    cmd->add_option("--seed", seed, "seed of randomised planners (default 0)")
+        ->check(IntegerIn(0, INT64_MAX));
     cmd->add_flag("--json", json, "print one JSON document");
   }
 
@@ -235,17 +239,15 @@ struct ParetoPoint {
 };
 
 // Draws overhead against peak per policy with gnuplot (when it is installed)
-// into `png_path`; the points go through a data file beside it.
+// into `png_path`. The points and the script go through a private temporary
+// directory, removed afterwards, so nothing beside `png_path` is written.
 absl::Status WriteParetoPlot(const std::string& title, std::vector<ParetoPoint> points,
                              const std::string& png_path, bool force) {
   if (std::system("command -v gnuplot >/dev/null 2>&1") != 0) {
     return absl::FailedPreconditionError(
         "--plot needs gnuplot (Debian: apt-get install gnuplot-nox); the table was printed");
   }
-  std::error_code ec;
-  if (!force && std::filesystem::exists(png_path, ec)) {
-    return absl::AlreadyExistsError(absl::StrCat("'", png_path, "' exists; pass --force"));
-  }
+  RETURN_IF_ERROR(CheckOutputPath(png_path, force));
   std::stable_sort(points.begin(), points.end(), [](const ParetoPoint& a, const ParetoPoint& b) {
     return a.policy != b.policy ? a.policy < b.policy : a.peak_bytes < b.peak_bytes;
   });
@@ -255,8 +257,21 @@ absl::Status WriteParetoPlot(const std::string& title, std::vector<ParetoPoint> 
     for (char c : text) out += c == '\'' ? std::string("''") : std::string(1, c);
     return out;
   };
-  const std::string data_path = png_path + ".dat";
-  const std::string script_path = png_path + ".gp";
+  std::string work_template =
+      (std::filesystem::temp_directory_path() / "pebble-plot-XXXXXX").string();
+  if (mkdtemp(work_template.data()) == nullptr) {
+    return absl::InternalError("--plot: cannot create a temporary directory");
+  }
+  const std::filesystem::path work_dir = work_template;
+  struct RemoveDir {
+    std::filesystem::path dir;
+    ~RemoveDir() {
+      std::error_code ec;
+      std::filesystem::remove_all(dir, ec);
+    }
+  } cleanup{work_dir};
+  const std::string data_path = (work_dir / "points.dat").string();
+  const std::string script_path = (work_dir / "plot.gp").string();
   std::string data, plots;
   int block = 0;
   for (size_t i = 0; i < points.size(); ++i) {
@@ -274,14 +289,14 @@ absl::Status WriteParetoPlot(const std::string& title, std::vector<ParetoPoint> 
       "set terminal pngcairo size 1000,650\nset output '%s'\nset title '%s'\n"
       "set xlabel 'peak memory (MiB)'\nset ylabel 'compute overhead (%%)'\n"
       "set key outside right\nset grid\nplot %s\n",
-      quoted(png_path), quoted(title), plots);
-  RETURN_IF_ERROR(WriteOutput(data_path, data, /*force=*/true));
-  RETURN_IF_ERROR(WriteOutput(script_path, script, /*force=*/true));
+      quoted(png_path), quoted(Printable(title)), plots);
+  RETURN_IF_ERROR(WriteOutput(data_path, data, /*force=*/false));
+  RETURN_IF_ERROR(WriteOutput(script_path, script, /*force=*/false));
   std::string shell_path;  // POSIX shell single quotes: ' becomes '\''
   for (char c : script_path) shell_path += c == '\'' ? std::string("'\\''") : std::string(1, c);
   const std::string command = "gnuplot '" + shell_path + "' >/dev/null 2>&1";
   if (std::system(command.c_str()) != 0) {
-    return absl::InternalError(absl::StrCat("gnuplot failed on '", script_path, "'"));
+    return absl::InternalError(absl::StrCat("gnuplot failed to draw ", Quote(png_path)));
   }
   return absl::OkStatus();
 }
@@ -297,7 +312,15 @@ int RunCompare(const PlanFlags& f, const std::string& budgets_text,
   auto baseline_peak = BaselinePeak(*graph);
   if (!baseline_peak.ok()) return Fail(baseline_peak.status());
 
+  if (!plot_path.empty()) {
+    // Before planning, which may take long: a refused --plot path fails now.
+    if (absl::Status s = CheckOutputPath(plot_path, force); !s.ok()) return Fail(s);
+  }
   std::vector<std::string> budgets = absl::StrSplit(budgets_text, ',', absl::SkipWhitespace());
+  if (budgets.empty()) {
+    return Fail(absl::InvalidArgumentError(
+        absl::StrCat("--budgets ", Quote(budgets_text), " names no budget")));
+  }
   std::vector<BudgetSpec> specs;
   for (const std::string& b : budgets) {
     auto spec = ParseBudget(b);
@@ -309,6 +332,10 @@ int RunCompare(const PlanFlags& f, const std::string& budgets_text,
     for (const PolicyInfo* p : PlannerRegistry::Global().List()) policies.push_back(p->name);
   } else {
     policies = absl::StrSplit(policies_text, ',', absl::SkipWhitespace());
+    if (policies.empty()) {
+      return Fail(absl::InvalidArgumentError(
+          absl::StrCat("--policies ", Quote(policies_text), " names no policy")));
+    }
     for (const std::string& p : policies) {
       if (PlannerRegistry::Global().Find(p) == nullptr) {
         return Fail(MakePlanner(p).status());

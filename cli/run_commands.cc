@@ -11,6 +11,7 @@
 #include "cli/common.h"
 #include "cli/run_common.h"
 #include "graph/status.h"
+#include "graph/text_input.h"
 #include "runtime/executor.h"
 #include "runtime/make_backend.h"
 #include "runtime/npy.h"
@@ -125,24 +126,47 @@ absl::StatusOr<RunPlan> MakeRunPlan(const RunFlags& f, const Graph& graph) {
   return p;
 }
 
-// Refuses to replace dump files unless forced; creates the directory.
-absl::Status PrepareDump(const Graph& graph, const std::string& dir, bool force) {
+// The files `run` will write: --trace and one .npy per output under
+// --dump, each with the option that names it.
+std::vector<std::pair<std::string, std::string>> RunOutputs(const RunFlags& f,
+                                                            const Graph& graph) {
+  std::vector<std::pair<std::string, std::string>> outputs;
+  if (!f.trace_path.empty()) outputs.emplace_back(f.trace_path, "--trace");
+  if (!f.dump_dir.empty()) {
+    for (NodeId v : graph.outputs()) {
+      outputs.emplace_back((std::filesystem::path(f.dump_dir) / TensorFileName(graph.id(v))).string(),
+                           "--dump");
+    }
+  }
+  return outputs;
+}
+
+// Checks every input and output path before anything runs: --inputs is a
+// directory; no two outputs are one file; none replaces a file unless
+// forced (CheckOutputPath). Creates the --dump directory.
+absl::Status CheckRunPaths(const RunFlags& f, const Graph& graph) {
   namespace fs = std::filesystem;
   std::error_code ec;
-  if (fs::exists(dir, ec) && !fs::is_directory(dir, ec)) {
-    return absl::InvalidArgumentError(absl::StrCat("--dump '", dir, "' is not a directory"));
+  if (!f.inputs_dir.empty() && !fs::is_directory(f.inputs_dir, ec)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--inputs ", Quote(f.inputs_dir), fs::exists(f.inputs_dir, ec) ? " is not a directory"
+                                                                      : " does not exist"));
   }
-  fs::create_directories(dir, ec);
-  if (ec) {
-    return absl::PermissionDeniedError(
-        absl::StrCat("cannot create --dump directory '", dir, "': ", ec.message()));
+  const std::vector<std::pair<std::string, std::string>> outputs = RunOutputs(f, graph);
+  RETURN_IF_ERROR(CheckDistinctOutputs(outputs));
+  for (const auto& [path, option] : outputs) {
+    absl::Status s = CheckOutputPath(path, f.force);
+    if (!s.ok()) return absl::Status(s.code(), absl::StrCat(option, ": ", s.message()));
   }
-  if (force) return absl::OkStatus();
-  for (NodeId v : graph.outputs()) {
-    const fs::path path = fs::path(dir) / TensorFileName(graph.id(v));
-    if (fs::exists(path, ec)) {
-      return absl::AlreadyExistsError(
-          absl::StrCat("'", path.string(), "' exists; pass --force to replace it"));
+  if (!f.dump_dir.empty()) {
+    if (fs::exists(f.dump_dir, ec) && !fs::is_directory(f.dump_dir, ec)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--dump ", Quote(f.dump_dir), " is not a directory"));
+    }
+    fs::create_directories(f.dump_dir, ec);
+    if (ec) {
+      return absl::PermissionDeniedError(absl::StrCat(
+          "cannot create --dump directory ", Quote(f.dump_dir), ": ", ec.message()));
     }
   }
   return absl::OkStatus();
@@ -183,6 +207,7 @@ nlohmann::json MemoryLogToJson(const Graph& graph, const ExecutionResult& r) {
 int RunRun(const RunFlags& f) {
   auto graph = f.source.Load();
   if (!graph.ok()) return Fail(graph.status());
+  if (absl::Status s = CheckRunPaths(f, *graph); !s.ok()) return Fail(s);
   auto plan = MakeRunPlan(f, *graph);
   if (!plan.ok()) return Fail(plan.status());
   if (!plan->plan.feasible && !f.force) {
@@ -193,15 +218,6 @@ int RunRun(const RunFlags& f) {
   }
   auto backend = MakeBackend(f.backend);
   if (!backend.ok()) return Fail(backend.status());
-  if (!f.dump_dir.empty()) {
-    absl::Status s = PrepareDump(*graph, f.dump_dir, f.force);
-    if (!s.ok()) return Fail(s);
-  }
-  std::error_code ec;
-  if (!f.trace_path.empty() && !f.force && std::filesystem::exists(f.trace_path, ec)) {
-    return Fail(absl::AlreadyExistsError(
-        absl::StrCat("'", f.trace_path, "' exists; pass --force to replace it")));
-  }
   ExecutorOptions options;
   options.seed = f.seed;
   options.inputs_dir = f.inputs_dir;
@@ -340,10 +356,11 @@ void AddRunCommands(CLI::App& app, int& exit_code) {
   run->add_option("--inputs", flags.inputs_dir,
                   "directory of <id>.npy files for persistent tensors (others are generated)");
   run->add_option("--dump", flags.dump_dir, "write every output as DIR/<id>.npy");
-  run->add_option("--seed", flags.seed, "seed of generated inputs (default 0)");
+  run->add_option("--seed", flags.seed, "seed of generated inputs (default 0)")
+      ->check(IntegerIn(0, INT64_MAX));
   run->add_option("--warmup", flags.warmup,
                   "run the step this many times first and measure the next one (default 0)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(IntegerIn(0, 1000));
   run->add_option("--trace", flags.trace_path,
                   "write a Chrome trace (chrome://tracing, ui.perfetto.dev) to this file");
   run->add_flag("--memory-log", flags.memory_log,
@@ -353,7 +370,7 @@ void AddRunCommands(CLI::App& app, int& exit_code) {
   run->add_option("--host-budget", flags.host_budget, "host memory limit for offloaded copies");
   run->add_option("--time-limit", flags.time_limit_s,
                   "seconds an exact or MILP planner may search (default 60)")
-      ->check(CLI::PositiveNumber);
+      ->check(NumberAbove(0, "a positive number of seconds"));
   run->add_flag("--no-poison", flags.no_poison,
                 "do not fill the arena with NaN bytes before running");
   run->add_flag("--force", flags.force,

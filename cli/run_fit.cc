@@ -115,6 +115,10 @@ int RunFit(const FitFlags& f) {
   auto bandwidth = ParseBandwidth(f.bandwidth.empty() ? "25e9" : f.bandwidth);
   if (!bandwidth.ok()) return Fail(bandwidth.status());
   if (f.start < 1) return Fail(absl::InvalidArgumentError("--start must be at least 1"));
+  if (f.max_value != 0 && f.max_value < f.start) {
+    return Fail(absl::InvalidArgumentError(absl::StrCat(
+        "--max ", f.max_value, " is below --start ", f.start, "; nothing to try")));
+  }
   CostModel cost;
   cost.device_flops_per_s = f.throughput_flops_per_s;
 
@@ -351,15 +355,20 @@ void AddFitCommand(CLI::App& app, int& exit_code) {
   fit->add_flag("--verify", flags.verify,
                 "run each policy's largest value on the backend and compare the measured peak");
   fit->add_option("--backend", flags.backend, "backend for --verify")->capture_default_str();
-  fit->add_option("--seed", flags.seed, "seed of generated inputs for --verify");
-  fit->add_option("--start", flags.start, "smallest value tried (default 1)");
-  fit->add_option("--max", flags.max_value, "largest value tried (default: the model's limit)");
+  fit->add_option("--seed", flags.seed, "seed of generated inputs for --verify")
+      ->check(IntegerIn(0, INT64_MAX));
+  fit->add_option("--start", flags.start, "smallest value tried (default 1)")
+      ->check(IntegerIn(1, INT64_MAX));
+  fit->add_option("--max", flags.max_value,
+                  "largest value tried, at least --start (default: the model's limit)")
+      ->check(IntegerIn(1, INT64_MAX));
   fit->add_option("--throughput", flags.throughput_flops_per_s,
-                  "FLOP/s of the cost model (default 10e12)");
+                  "FLOP/s of the cost model (default 10e12)")
+      ->check(NumberAbove(0, "a positive number of FLOP/s"));
   fit->add_option("--bandwidth", flags.bandwidth, "host link bytes/s, or pcie4 (25e9, the default), pcie5, nvlink-c2c");
   fit->add_option("--time-limit", flags.time_limit_s,
                   "seconds an exact or MILP planner may search per plan (default 10)")
-      ->check(CLI::PositiveNumber);
+      ->check(NumberAbove(0, "a positive number of seconds"));
   fit->add_flag("--json", flags.json, "print one JSON document");
   fit->callback([&exit_code] { exit_code = RunFit(flags); });
 }
