@@ -48,7 +48,8 @@ struct PlanFlags {
                     "default), pcie5 (55e9), nvlink-c2c (450e9)");
     cmd->add_option("--host-budget", host_budget, "host memory limit for offloaded copies");
     cmd->add_option("--time-limit", time_limit_s,
-                    "seconds an exact or MILP planner may search (default 60)")
+                    "seconds any planner may search (default 60); past it the best "
+                    "valid plan found so far, the cut noted in the message")
         ->check(CLI::PositiveNumber);
     cmd->add_option("--seed", seed, "seed of randomised planners (default 0)");
     cmd->add_flag("--json", json, "print one JSON document");
