@@ -50,8 +50,8 @@ struct PlanFlags {
                     "default), pcie5 (55e9), nvlink-c2c (450e9)");
     cmd->add_option("--host-budget", host_budget, "host memory limit for offloaded copies");
     cmd->add_option("--time-limit", time_limit_s,
-                    "seconds a planner may search (default 60); a heuristic cut short returns "
-                    "the best plan it has, with a note")
+                    "seconds any planner may search (default 60); past it the best "
+                    "valid plan found so far, the cut noted in the message")
         ->check(NumberAbove(0, "a positive number of seconds"));
     cmd->add_option("--seed", seed, "seed of randomised planners (default 0)")
         ->check(IntegerIn(0, INT64_MAX));

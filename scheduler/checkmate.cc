@@ -1252,7 +1252,9 @@ class CheckmatePlanner final : public Planner {
     for (const char* name : kWarmStartPolicies) {
       absl::StatusOr<std::unique_ptr<Planner>> planner = MakePlanner(name);
       if (!planner.ok()) continue;
-      absl::StatusOr<PlanResult> plan = (*planner)->Plan(graph, options);
+      PlannerOptions warm = options;  // the time left, so a slow one cannot eat CBC's
+      warm.time_limit_s = std::max(0.0, options.time_limit_s - SecondsSince(started));
+      absl::StatusOr<PlanResult> plan = (*planner)->Plan(graph, warm);
       if (!plan.ok()) continue;  // e.g. past a size limit: CBC starts without it
       co.warm_starts.push_back({name, std::move(plan->schedule)});
       offered.push_back(name);

@@ -14,6 +14,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "graph/status.h"
 #include "scheduler/budget.h"
 #include "scheduler/planner.h"
@@ -184,8 +185,9 @@ absl::StatusOr<Found> Search(const LocalGraph& g, Mode mode, int64_t budget,
       return absl::ResourceExhaustedError(absl::StrCat(
           "exact: ",
           out_of_time
-              ? absl::StrCat("no optimum within the time limit of ", time_limit_s,
-                             " s (", entries.size(), " states reached)")
+              ? absl::StrCat("no optimum within the time limit (", entries.size(),
+                             " states reached in ", absl::StrFormat("%.3g", stats->seconds),
+                             " s)")
               : absl::StrCat("more than ", kMaxExactMultiShotStates,
                              " resident sets reached before the optimum (the "
                              "memory limit of the search)"),

@@ -148,6 +148,9 @@ struct SwapSearchOptions {
   std::optional<int64_t> host_budget_bytes;
   double bandwidth_bytes_per_s = 25e9;
   SwapRule rule = SwapRule::kHiddenGapsOnly;
+  // Null: none. Past it the search stops with the swaps it has (each round
+  // keeps the intervals valid, so any prefix of the search is a plan).
+  const Deadline* deadline = nullptr;
 };
 std::vector<SwapInterval> GreedySwaps(const ComputeSequence& seq, const SwapSearchOptions& options,
                                       std::vector<SwapInterval> initial = {});
@@ -158,7 +161,8 @@ std::vector<SwapInterval> GreedySwaps(const ComputeSequence& seq, const SwapSear
 // by simulated makespan among the rounds (the input first).
 std::vector<SwapInterval> RefinePlacement(const ComputeSequence& seq,
                                           std::vector<SwapInterval> swaps, int64_t cap_bytes,
-                                          double bandwidth_bytes_per_s, int rounds);
+                                          double bandwidth_bytes_per_s, int rounds,
+                                          const Deadline* deadline = nullptr);
 
 // Per-tensor classes of a plan, for details JSON and the docs tables: every
 // needed non-persistent node is "kept" (computed once, never offloaded),
@@ -176,8 +180,9 @@ nlohmann::json ClassifyTensors(const Graph& graph, const Schedule& schedule, int
 // (PEBBLE_CHECK).
 class MakespanSelector {
  public:
+  // The deadline (options.time_limit_s) starts here.
   MakespanSelector(const Graph& graph, const PlannerOptions& options)
-      : graph_(graph), options_(options) {}
+      : graph_(graph), options_(options), deadline_(options.time_limit_s) {}
   // Returns the candidate's simulated report.
   const PlanReport& Consider(Schedule schedule, nlohmann::json details);
   bool has_best() const { return has_best_; }
@@ -185,6 +190,10 @@ class MakespanSelector {
   const Schedule& best_schedule() const { return best_schedule_; }
   bool Fits(const PlanReport& report) const;
   int num_considered() const { return considered_; }
+  // True once the time limit has passed: the policy stops offering
+  // candidates, and Finish notes the cut (NoteTimeLimit).
+  bool TimeUp() const { return deadline_.Expired(); }
+  const Deadline& deadline() const { return deadline_; }
   // FinishPlan on the chosen one, its details merged, ClassifyTensors under
   // "tensors".
   absl::StatusOr<PlanResult> Finish();
@@ -194,6 +203,7 @@ class MakespanSelector {
 
   const Graph& graph_;
   PlannerOptions options_;
+  Deadline deadline_;
   bool has_best_ = false;
   int considered_ = 0;
   PlanReport best_report_;

@@ -328,6 +328,7 @@ std::vector<SwapInterval> GreedySwaps(const ComputeSequence& seq, const SwapSear
   }
   const int max_rounds = 8 * T + 64;
   for (int round = 0; round < max_rounds; ++round) {
+    if (options.deadline != nullptr && options.deadline->Expired()) break;
     const std::vector<int64_t> during = DuringBytes(seq, swaps);
     int p = 0;
     for (int k = 1; k < T; ++k) {
@@ -436,7 +437,8 @@ std::vector<SwapInterval> GreedySwaps(const ComputeSequence& seq, const SwapSear
 // make things worse (it delays other transfers on the copy stream).
 std::vector<SwapInterval> RefinePlacement(const ComputeSequence& seq,
                                           std::vector<SwapInterval> swaps, int64_t cap_bytes,
-                                          double bandwidth_bytes_per_s, int rounds) {
+                                          double bandwidth_bytes_per_s, int rounds,
+                                          const Deadline* deadline) {
   if (swaps.empty()) return swaps;
   const Graph& g = seq.graph();
   SimulatorOptions sim;
@@ -451,7 +453,7 @@ std::vector<SwapInterval> RefinePlacement(const ComputeSequence& seq,
       best_makespan = rep->makespan;
       best = swaps;
     }
-    if (round == rounds) break;
+    if (round == rounds || (deadline != nullptr && deadline->Expired())) break;
     const std::vector<StepRecord>& tl = rep->timeline;
     std::vector<int64_t> during = DuringBytes(seq, swaps);
     std::vector<int> order(swaps.size());
@@ -610,6 +612,10 @@ absl::StatusOr<PlanResult> MakespanSelector::Finish() {
   }
   result.details["candidates_simulated"] = considered_;
   result.details["tensors"] = ClassifyTensors(graph_, result.schedule);
+  if (deadline_.hit()) {
+    NoteTimeLimit(result, deadline_.limit_s(),
+                  absl::StrCat("the best of ", considered_, " candidates found so far"));
+  }
   has_best_ = false;
   return result;
 }

@@ -25,6 +25,11 @@
 //     greedy one, prefetches hoisted as early as memory allows (within B),
 //     and the simulator-guided rounds (Note [Placement rounds]).
 //
+// Time limit (PlannerOptions::time_limit_s): one deadline for the whole
+// call. Each nested policy gets the time left; once it has passed, no new
+// candidate is started and the fastest one simulated so far wins (the
+// baseline is always the first), with the cut noted in the message.
+//
 // Not optimal: the per-tensor choice is greedy at each peak and the
 // recompute side comes from heuristics run at a few budgets; an exact
 // joint formulation (POFO's dynamic program on chains, POET's MILP) is
@@ -86,6 +91,14 @@ class HybridPlanner final : public Planner {
   absl::StatusOr<PlanResult> Plan(const Graph& graph,
                                   const PlannerOptions& options) const override {
     MakespanSelector selector(graph, options);
+    const Deadline& deadline = selector.deadline();
+    // Options for a nested policy: the time left of this call's limit.
+    auto nested = [&](int64_t budget) {
+      PlannerOptions o = options;
+      o.budget_bytes = budget;
+      o.time_limit_s = deadline.remaining_s();
+      return o;
+    };
     nlohmann::json tried = nlohmann::json::array();
     auto consider = [&](Schedule schedule, const std::string& name, nlohmann::json details) {
       details["candidate"] = name;
@@ -102,24 +115,32 @@ class HybridPlanner final : public Planner {
     std::vector<NodeId> best_order;
     std::vector<std::pair<std::string, std::vector<NodeId>>> at_budget;
     for (const char* name : kRecomputePolicies) {
+      // The baseline (first) always runs: a valid plan to return.
+      if (selector.has_best() && selector.TimeUp()) break;
       ASSIGN_OR_RETURN(std::unique_ptr<Planner> planner, MakePlanner(name));
-      absl::StatusOr<PlanResult> r = planner->Plan(graph, options);
+      absl::StatusOr<PlanResult> r = planner->Plan(graph, nested(options.budget_bytes));
       if (!r.ok()) continue;  // e.g. revolve on a non-chain
+      if (TimeLimitReached(*r)) deadline.MarkHit();
       std::vector<NodeId> computes = ComputeSequence::FromSchedule(graph, r->schedule).computes();
       if (std::string(name) == "best-order") best_order = computes;
       at_budget.emplace_back(name, std::move(computes));
       consider(std::move(r->schedule), name, {});
     }
-    {
-      ASSIGN_OR_RETURN(PlanResult vdnn, PlanVdnn(graph, options));
+    if (!selector.TimeUp()) {
+      ASSIGN_OR_RETURN(PlanResult vdnn, PlanVdnn(graph, nested(options.budget_bytes)));
+      if (TimeLimitReached(vdnn)) deadline.MarkHit();
       consider(std::move(vdnn.schedule), "vdnn", {});
+    }
+    if (!selector.TimeUp()) {
       ASSIGN_OR_RETURN(PlanResult swap,
-                       PlanSwap(graph, options, best_order.empty() ? nullptr : &best_order));
+                       PlanSwap(graph, nested(options.budget_bytes),
+                                best_order.empty() ? nullptr : &best_order));
+      if (TimeLimitReached(swap)) deadline.MarkHit();
       consider(std::move(swap.schedule), "swap", {});
     }
     const bool is_min = options.budget_bytes == PlannerOptions::kMinBudget;
     ASSIGN_OR_RETURN(const int64_t baseline_peak, BaselinePeak(graph));
-    if (is_min || options.budget_bytes < baseline_peak) {
+    if ((is_min || options.budget_bytes < baseline_peak) && !selector.TimeUp()) {
       // 2. Joint plans from recompute plans at looser budgets.
       std::vector<std::pair<std::string, int64_t>> looser;  // label, B'
       for (int k = 0; k < 4; ++k) {
@@ -139,22 +160,23 @@ class HybridPlanner final : public Planner {
       for (const char* name : kJointBases) {
         ASSIGN_OR_RETURN(std::unique_ptr<Planner> planner, MakePlanner(name));
         for (const auto& [label, b] : looser) {
+          if (selector.TimeUp()) break;
           if (b == options.budget_bytes) {  // planned above
             for (const auto& [done, computes] : at_budget) {
               if (done == name) bases.emplace_back(absl::StrCat(name, "@", label), computes);
             }
             continue;
           }
-          PlannerOptions o = options;
-          o.budget_bytes = b;
-          absl::StatusOr<PlanResult> r = planner->Plan(graph, o);
+          absl::StatusOr<PlanResult> r = planner->Plan(graph, nested(b));
           if (!r.ok()) continue;
+          if (TimeLimitReached(*r)) deadline.MarkHit();
           bases.emplace_back(absl::StrCat(name, "@", label),
                              ComputeSequence::FromSchedule(graph, r->schedule).computes());
         }
       }
       std::vector<std::vector<NodeId>> seen;
       for (const auto& [base_name, computes] : bases) {
+        if (selector.TimeUp()) break;
         if (std::find(seen.begin(), seen.end(), computes) != seen.end()) continue;
         seen.push_back(computes);
         const ComputeSequence seq(graph, computes);
@@ -162,7 +184,8 @@ class HybridPlanner final : public Planner {
         search.target_bytes = options.budget_bytes;
         search.host_budget_bytes = options.host_budget_bytes;
         search.bandwidth_bytes_per_s = options.host_bandwidth_bytes_per_s;
-        for (int hidden_first = 0; hidden_first < 2; ++hidden_first) {
+        search.deadline = &deadline;
+        for (int hidden_first = 0; hidden_first < 2 && !selector.TimeUp(); ++hidden_first) {
           std::vector<SwapInterval> swaps;
           if (hidden_first) {
             search.rule = SwapRule::kHiddenGapsOnly;
@@ -179,11 +202,13 @@ class HybridPlanner final : public Planner {
           consider(EmitSwapSchedule(seq, swaps), name, d);
           std::vector<SwapInterval> hoisted = HoistPrefetches(seq, swaps, cap);
           consider(EmitSwapSchedule(seq, hoisted), name + "+early-prefetch", d);
+          if (selector.TimeUp()) break;
           std::vector<SwapInterval> refined =
-              RefinePlacement(seq, swaps, cap, options.host_bandwidth_bytes_per_s, 4);
+              RefinePlacement(seq, swaps, cap, options.host_bandwidth_bytes_per_s, 4, &deadline);
           consider(EmitSwapSchedule(seq, refined), name + "+refined", d);
+          if (selector.TimeUp()) break;
           refined = RefinePlacement(seq, std::move(hoisted), cap,
-                                    options.host_bandwidth_bytes_per_s, 4);
+                                    options.host_bandwidth_bytes_per_s, 4, &deadline);
           consider(EmitSwapSchedule(seq, refined), name + "+early-prefetch+refined", d);
         }
       }

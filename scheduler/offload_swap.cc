@@ -36,11 +36,16 @@ absl::StatusOr<PlanResult> PlanSwap(const Graph& graph, const PlannerOptions& op
     orders.emplace_back("best-order", *best_order);
   } else {
     ASSIGN_OR_RETURN(std::unique_ptr<Planner> best, MakePlanner("best-order"));
-    ASSIGN_OR_RETURN(PlanResult r, best->Plan(graph, options));
+    PlannerOptions o = options;
+    o.time_limit_s = selector.deadline().remaining_s();
+    ASSIGN_OR_RETURN(PlanResult r, best->Plan(graph, o));
+    if (TimeLimitReached(r)) selector.deadline().MarkHit();
     orders.emplace_back("best-order", ComputeSequence::FromSchedule(graph, r.schedule).computes());
   }
   if (orders[1].second == orders[0].second) orders.pop_back();
   for (const auto& [name, order] : orders) {
+    // The first order's plain schedule is always offered: a valid plan.
+    if (selector.has_best() && selector.TimeUp()) break;
     const ComputeSequence seq(graph, order);
     const PlanReport& plain = selector.Consider(EmitSwapSchedule(seq, {}),
                                                 {{"order", name}, {"swaps", 0}});
@@ -53,6 +58,7 @@ absl::StatusOr<PlanResult> PlanSwap(const Graph& graph, const PlannerOptions& op
     search.host_budget_bytes = options.host_budget_bytes;
     search.bandwidth_bytes_per_s = options.host_bandwidth_bytes_per_s;
     search.rule = SwapRule::kHiddenGapsOnly;
+    search.deadline = &selector.deadline();
     std::vector<SwapInterval> swaps = GreedySwaps(seq, search);
     if (swaps.empty()) continue;
     int64_t cap = options.budget_bytes;
@@ -62,7 +68,9 @@ absl::StatusOr<PlanResult> PlanSwap(const Graph& graph, const PlannerOptions& op
     if (cap == PlannerOptions::kMinBudget || peak > cap) cap = peak;
     selector.Consider(EmitSwapSchedule(seq, swaps),
                       {{"order", name}, {"swaps", swaps.size()}, {"placement", "greedy"}});
-    swaps = RefinePlacement(seq, std::move(swaps), cap, options.host_bandwidth_bytes_per_s, 4);
+    if (selector.TimeUp()) break;
+    swaps = RefinePlacement(seq, std::move(swaps), cap, options.host_bandwidth_bytes_per_s, 4,
+                            &selector.deadline());
     selector.Consider(EmitSwapSchedule(seq, swaps),
                       {{"order", name}, {"swaps", swaps.size()}, {"placement", "refined"}});
   }

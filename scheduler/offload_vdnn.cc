@@ -127,6 +127,7 @@ absl::StatusOr<PlanResult> PlanVdnn(const Graph& graph, const PlannerOptions& op
     for (const auto& [name, layers] :
          {std::pair<const char*, const std::vector<uint8_t>*>{"conv", &heavy},
           std::pair<const char*, const std::vector<uint8_t>*>{"all", &all}}) {
+      if (selector.TimeUp()) break;  // "none" is a valid plan already
       std::vector<SwapInterval> swaps = VdnnSwaps(seq, part, *layers, options);
       if (swaps.empty()) continue;
       const int count = static_cast<int>(swaps.size());

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -26,6 +27,10 @@ class BestOrderPlanner final : public Planner {
                                            started)
           .count();
     };
+    // The baseline order always runs; past the limit the other candidates
+    // are skipped (each is one linear-ish pass, exact-order has its own
+    // limit).
+    const Deadline deadline(options.time_limit_s);
     nlohmann::json candidates = nlohmann::json::array();
     std::vector<NodeId> best;
     int64_t best_peak = 0;
@@ -33,10 +38,17 @@ class BestOrderPlanner final : public Planner {
     bool optimal = false;
     // Candidates in a fixed order; a later one wins only with a strictly
     // lower peak, so ties keep the simplest order (the graph's own first).
+    // `make` builds the candidate's order, only when there is time for it.
     auto consider = [&](const std::string& name,
-                        absl::StatusOr<std::vector<NodeId>> order,
+                        const std::function<absl::StatusOr<std::vector<NodeId>>()>& make,
                         bool exact) -> absl::Status {
       nlohmann::json entry = {{"policy", name}};
+      if (!winner.empty() && deadline.Expired()) {
+        entry["skipped"] = "time limit";
+        candidates.push_back(std::move(entry));
+        return absl::OkStatus();
+      }
+      absl::StatusOr<std::vector<NodeId>> order = make();
       if (!order.ok()) {
         entry["skipped"] = std::string(order.status().message());
         candidates.push_back(std::move(entry));
@@ -53,10 +65,10 @@ class BestOrderPlanner final : public Planner {
       optimal = optimal || exact;
       return absl::OkStatus();
     };
-    RETURN_IF_ERROR(consider("baseline", DefaultOrder(graph), false));
-    RETURN_IF_ERROR(consider("dfs", DfsOrder(graph), false));
-    RETURN_IF_ERROR(consider("greedy", GreedyOrder(graph), false));
-    RETURN_IF_ERROR(consider("tree", TreeOrder(graph), true));
+    RETURN_IF_ERROR(consider("baseline", [&] { return DefaultOrder(graph); }, false));
+    RETURN_IF_ERROR(consider("dfs", [&] { return DfsOrder(graph); }, false));
+    RETURN_IF_ERROR(consider("greedy", [&] { return GreedyOrder(graph); }, false));
+    RETURN_IF_ERROR(consider("tree", [&] { return TreeOrder(graph); }, true));
     if (!optimal) {
       // A quarter of exact-order's own state limit (about 1-3 s and 40 MB
       // at most), so that the default policy stays interactive; exact-order
@@ -64,7 +76,7 @@ class BestOrderPlanner final : public Planner {
       ExactOrderLimits limits;
       limits.max_states = ExactOrderLimits().max_states / 4;
       limits.time_limit_s = std::max(0.0, options.time_limit_s - elapsed());
-      RETURN_IF_ERROR(consider("exact-order", ExactOrder(graph, limits), true));
+      RETURN_IF_ERROR(consider("exact-order", [&] { return ExactOrder(graph, limits); }, true));
     } else {
       candidates.push_back(
           {{"policy", "exact-order"}, {"skipped", "tree is already optimal"}});
@@ -76,6 +88,9 @@ class BestOrderPlanner final : public Planner {
     result.details["optimal"] = optimal;
     result.details["candidates"] = std::move(candidates);
     result.details["plan_s"] = elapsed();
+    if (deadline.hit()) {
+      NoteTimeLimit(result, options.time_limit_s, "the lowest peak of the orders built");
+    }
     return result;
   }
 };

@@ -62,6 +62,38 @@ absl::StatusOr<std::unique_ptr<Planner>> MakePlanner(absl::string_view name) {
   return info->factory();
 }
 
+Deadline::Deadline(double limit_s) : limit_s_(limit_s) {
+  // A limit past a day (or NaN/inf from a caller) is no limit; the clock's
+  // range stays safe.
+  const double capped = limit_s >= 0 && limit_s < 86400.0 ? limit_s : 86400.0;
+  end_ = std::chrono::steady_clock::now() +
+         std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+             std::chrono::duration<double>(limit_s < 0 ? 0.0 : capped));
+}
+
+bool Deadline::Expired() const {
+  if (hit_) return true;
+  if (std::chrono::steady_clock::now() >= end_) hit_ = true;
+  return hit_;
+}
+
+double Deadline::remaining_s() const {
+  const double left =
+      std::chrono::duration<double>(end_ - std::chrono::steady_clock::now()).count();
+  return std::max(0.0, left);
+}
+
+void NoteTimeLimit(PlanResult& result, double limit_s, absl::string_view what) {
+  result.details["time_limit_reached"] = true;
+  if (!result.message.empty()) result.message += "; ";
+  absl::StrAppend(&result.message, "time limit of ", limit_s, " s reached: ", what);
+}
+
+bool TimeLimitReached(const PlanResult& result) {
+  auto it = result.details.find("time_limit_reached");
+  return it != result.details.end() && it->is_boolean() && it->get<bool>();
+}
+
 absl::StatusOr<PlanResult> FinishPlan(const Graph& graph, Schedule schedule,
                                       const PlannerOptions& options) {
   SimulatorOptions sim;

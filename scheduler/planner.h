@@ -3,6 +3,7 @@
 #ifndef PEBBLE_SCHEDULER_PLANNER_H_
 #define PEBBLE_SCHEDULER_PLANNER_H_
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -31,7 +32,10 @@ struct PlannerOptions {
   int64_t budget_bytes = INT64_MAX;
   std::optional<int64_t> host_budget_bytes;  // none: unlimited
   double host_bandwidth_bytes_per_s = kDefaultHostBandwidthBytesPerS;
-  double time_limit_s = 60;  // for exact and MILP policies
+  // Wall-clock seconds for one Plan call, every policy (Deadline below):
+  // past it a policy returns the best valid plan it has, noted in the
+  // result (NoteTimeLimit).
+  double time_limit_s = 60;
   uint64_t seed = 0;         // for randomised policies
 };
 
@@ -42,6 +46,37 @@ struct PlanResult {
   std::string message;    // why infeasible, or notes ("optimal", ...)
   nlohmann::json details = nlohmann::json::object();  // policy-specific
 };
+
+// The time limit of one Plan call, started at construction. Policies check
+// it between candidates and inside their long loops; once it has passed
+// they stop searching and return the best full, valid schedule they have
+// (the baseline when nothing better is ready). Checking costs one clock
+// read.
+class Deadline {
+ public:
+  explicit Deadline(double limit_s);
+  // True once the limit has passed; remembers that it did (hit()).
+  bool Expired() const;
+  // Seconds left, >= 0: the limit to give a nested Plan call.
+  double remaining_s() const;
+  double limit_s() const { return limit_s_; }
+  // Whether Expired() ever returned true, or MarkHit() was called (a nested
+  // call was cut).
+  bool hit() const { return hit_; }
+  void MarkHit() const { hit_ = true; }
+
+ private:
+  double limit_s_;
+  std::chrono::steady_clock::time_point end_;
+  mutable bool hit_ = false;
+};
+
+// Marks a result whose search the time limit cut: details
+// "time_limit_reached" = true and, in message, "time limit of <limit> s
+// reached: <what>" (appended after any earlier message).
+void NoteTimeLimit(PlanResult& result, double limit_s, absl::string_view what);
+// Whether a (nested) result carries that mark.
+bool TimeLimitReached(const PlanResult& result);
 
 class Planner {
  public:

@@ -520,6 +520,10 @@ absl::StatusOr<PlanResult> PlanSelector::Finish() {
     }
   }
   result.details["candidates_simulated"] = considered_;
+  if (deadline_.hit()) {
+    NoteTimeLimit(result, deadline_.limit_s(),
+                  absl::StrCat("the best of ", considered_, " candidates found so far"));
+  }
   has_best_ = false;
   return result;
 }
@@ -539,6 +543,7 @@ absl::StatusOr<PlanResult> PlanCheckpointCandidates(
                     {{"plan", "baseline"}, {"checkpoints", nlohmann::json::array()}});
   std::vector<std::vector<int>> seen;
   for (const CheckpointCandidate& c : candidates) {
+    if (selector.TimeUp()) break;  // the baseline is a valid plan already
     if (std::find(seen.begin(), seen.end(), c.kept) != seen.end()) continue;
     seen.push_back(c.kept);
     nlohmann::json d = c.details;

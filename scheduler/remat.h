@@ -222,8 +222,9 @@ double CostEpsilon(const Graph& graph);
 // an invalid one is a bug (PEBBLE_CHECK).
 class PlanSelector {
  public:
+  // The deadline (options.time_limit_s) starts here.
   PlanSelector(const Graph& graph, const PlannerOptions& options)
-      : graph_(graph), options_(options) {}
+      : graph_(graph), options_(options), deadline_(options.time_limit_s) {}
 
   // Returns the candidate's simulated peak and cost.
   struct Figures {
@@ -237,6 +238,10 @@ class PlanSelector {
   double best_cost() const { return best_.compute_cost; }
   bool best_fits() const { return has_best_ && fits(best_.peak_bytes); }
   int num_considered() const { return considered_; }
+  // True once the time limit has passed: the policy stops offering
+  // candidates, and Finish notes the cut (NoteTimeLimit).
+  bool TimeUp() const { return deadline_.Expired(); }
+  const Deadline& deadline() const { return deadline_; }
 
   // FinishPlan on the chosen one; its details are merged into the result's.
   absl::StatusOr<PlanResult> Finish();
@@ -246,6 +251,7 @@ class PlanSelector {
 
   const Graph& graph_;
   PlannerOptions options_;
+  Deadline deadline_;
   bool has_best_ = false;
   int considered_ = 0;
   Figures best_;

@@ -17,6 +17,12 @@
 // tensors (evicting t merges it with its evicted inputs and readers; a
 // rematerialisation subtracts its cost from its class, never splits it).
 // staleness(t) = steps since t was last computed or read, plus one.
+// Candidates: on graphs of at most kExactNodes nodes (every zoo model),
+// every evictable resident tensor; on larger ones max(kMinDraws,
+// sqrt(pool)) of them drawn with a seeded SplitMix64 (PlannerOptions::seed),
+// which is DTR's own search-space reduction (the paper's appendix: sampling
+// sqrt(n) tensors costs little overhead). An eviction then costs
+// O(sqrt(n) x degree), not O(n x degree).
 // Costs are clamped below by CostEpsilon() (1e-9 of the mean cost) so a
 // zero-cost tensor is the first to go but zero-cost ones still rank by size
 // and age; ties: larger bytes, then the smaller id. A tensor that no later
@@ -30,20 +36,30 @@
 // rematerialised. If nothing more can be evicted the operation runs over
 // budget (the plan is then infeasible); a run that recomputes more than
 // 64 x (nodes) + 10^4 times, or scans more than 3 x 10^8 candidates, is
-// abandoned (thrashing).
+// abandoned (thrashing), and so is a run past the time limit.
 //
 // Budget: the byte budget as given; --budget min sweeps budgets of 95%,
-// 90%, ..., 5% of the baseline peak (down to the largest single operation:
-// inputs, output, workspace and persistent nodes), then bisects between the
+// 90%, ..., 5% of the baseline peak (down to the floor: the persistent
+// bytes plus the larger of the largest single operation, its inputs,
+// output and workspace, and the bytes of the outputs, which are all
+// resident at the end), then bisects between the
 // smallest budget met and the largest failed below it (DTR is not monotone
 // in the budget, so this is a search, not a guarantee), and keeps the
 // lowest simulated peak. When DTR cannot meet a byte budget we return its
-// lowest-peak plan, infeasible.
+// lowest-peak plan, infeasible; a budget below the floor is not run (no
+// schedule meets it, and a run would thrash until its recompute limit).
+// Time limit: checked every 256 computes and 64 evictions; a cut run is
+// dropped and the plan is the best of the runs done (the baseline first).
+// Effort: the --budget min search (and the fallback when a budget is
+// missed) stops starting runs once kSearchComputes compute steps have been
+// simulated over all runs, a deterministic bound: on graphs of a few
+// thousand nodes every planned run happens; on 10^5 nodes a handful do.
 // Not optimal: eviction is greedy and online; on a chain it holds no
 // checkpoints deliberately, so at tight budgets it recomputes much more
 // than Revolve: on `linear:n=100` with 8 unit pebbles its overhead is 2.08
 // where revolve's is 0.92.
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <memory>
 #include <utility>
@@ -56,18 +72,38 @@
 namespace pebble {
 namespace {
 
+// SplitMix64 (Steele, Lea and Flood 2014): the candidate sampler's
+// generator, the same sequence on every platform.
+class SplitMix64 {
+ public:
+  explicit SplitMix64(uint64_t seed) : state_(seed) {}
+  uint64_t Next() {
+    uint64_t z = (state_ += 0x9e3779b97f4a7c15ULL);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+  }
+  // In [0, n); n > 0. The modulo bias (n / 2^64) is irrelevant here.
+  int Below(int n) { return static_cast<int>(Next() % static_cast<uint64_t>(n)); }
+
+ private:
+  uint64_t state_;
+};
+
 struct DtrRun {
   Schedule schedule;
   bool completed = false;  // every output resident at the end
   bool over_budget = false;
   int64_t evictions = 0;
   int64_t rematerializations = 0;
+  int64_t computes = 0;  // compute steps simulated, completed or not
 };
 
 class DtrSimulation {
  public:
-  DtrSimulation(const Graph& graph, int64_t budget)
-      : g_(graph), budget_(budget), n_(graph.num_nodes()) {
+  // `deadline` may be null (no limit).
+  DtrSimulation(const Graph& graph, int64_t budget, uint64_t seed, const Deadline* deadline)
+      : g_(graph), budget_(budget), n_(graph.num_nodes()), rng_(seed), deadline_(deadline) {
     eps_ = CostEpsilon(graph);
     resident_.assign(n_, 0);
     evicted_.assign(n_, 0);
@@ -94,6 +130,13 @@ class DtrSimulation {
   }
 
   DtrRun Run() {
+    DtrRun run = RunSteps();
+    run.computes = computes_;
+    return run;
+  }
+
+ private:
+  DtrRun RunSteps() {
     for (NodeId v : order_) {
       if (!Materialize(v, /*program=*/true)) return std::move(run_);
     }
@@ -111,7 +154,6 @@ class DtrSimulation {
     return std::move(run_);
   }
 
- private:
   double Cost(NodeId v) const { return std::max(g_.cost(v), eps_); }
 
   NodeId Find(NodeId v) {
@@ -233,21 +275,43 @@ class DtrSimulation {
     return c / (static_cast<double>(g_.bytes(t)) * staleness);
   }
 
-  // Evicts until `need` more bytes fit; false when nothing is left to evict.
+  bool TimeUp() const { return deadline_ != nullptr && deadline_->Expired(); }
+
+  // The eviction choice: the least h among the candidates (see the Note),
+  // kNoNode when none is evictable. A sample that finds nothing evictable
+  // falls back to the full scan, so "nothing left" is always exact.
+  NodeId ChooseVictim() {
+    NodeId best = kNoNode;
+    double best_h = 0;
+    auto offer = [&](NodeId t) {
+      if (pinned_[t] != 0 || g_.bytes(t) == 0 || Locked(t)) return;
+      const double h = Score(t);
+      if (best == kNoNode || h < best_h ||
+          (h == best_h && (g_.bytes(t) > g_.bytes(best) ||
+                           (g_.bytes(t) == g_.bytes(best) && t < best)))) {
+        best = t;
+        best_h = h;
+      }
+    };
+    const int size = static_cast<int>(pool_.size());
+    if (g_.num_nodes() > kExactNodes && size > kMinDraws) {
+      const int draws =
+          std::max(kMinDraws, static_cast<int>(std::sqrt(static_cast<double>(size))));
+      for (int k = 0; k < draws; ++k) {
+        offer(pool_[rng_.Below(size)]);
+      }
+      if (best != kNoNode) return best;
+    }
+    for (NodeId t : pool_) offer(t);
+    return best;
+  }
+
+  // Evicts until `need` more bytes fit; false when nothing is left to evict
+  // (or the time limit passed: the run is then abandoned by the caller).
   bool MakeRoom(int64_t need) {
     while (device_ + need > budget_) {
-      NodeId best = kNoNode;
-      double best_h = 0;
-      for (NodeId t : pool_) {
-        if (pinned_[t] != 0 || g_.bytes(t) == 0 || Locked(t)) continue;
-        const double h = Score(t);
-        if (best == kNoNode || h < best_h ||
-            (h == best_h && (g_.bytes(t) > g_.bytes(best) ||
-                             (g_.bytes(t) == g_.bytes(best) && t < best)))) {
-          best = t;
-          best_h = h;
-        }
-      }
+      if ((run_.evictions & 63) == 63 && TimeUp()) return false;
+      const NodeId best = ChooseVictim();
       if (best == kNoNode) return false;
       Free(best);
       ++run_.evictions;
@@ -297,6 +361,7 @@ class DtrSimulation {
       const NodeId v = f.node;
       stack_.pop_back();
       if (++computes_ > max_computes_ || scanned_ > kMaxScanned) return false;
+      if ((computes_ & 255) == 0 && TimeUp()) return false;
       if (!MakeRoom(g_.bytes(v) + g_.workspace(v))) run_.over_budget = true;
       ++clock_;
       run_.schedule.steps.push_back({Action::kCompute, v});
@@ -335,6 +400,9 @@ class DtrSimulation {
     int next;
   };
   static constexpr int64_t kMaxScanned = 300'000'000;
+  // Graphs up to this size scan every candidate; larger ones sample.
+  static constexpr int kExactNodes = 4096;
+  static constexpr int kMinDraws = 32;
 
   const Graph& g_;
   const int64_t budget_;
@@ -357,11 +425,13 @@ class DtrSimulation {
   int64_t computes_ = 0;
   int64_t max_computes_ = 0;
   int64_t scanned_ = 0;
+  SplitMix64 rng_;
+  const Deadline* deadline_;
   DtrRun run_;
 };
 
-DtrRun RunDtr(const Graph& graph, int64_t budget) {
-  return DtrSimulation(graph, budget).Run();
+DtrRun RunDtr(const Graph& graph, int64_t budget, uint64_t seed, const Deadline* deadline) {
+  return DtrSimulation(graph, budget, seed, deadline).Run();
 }
 
 // The largest single operation: a lower bound on any schedule's peak.
@@ -378,14 +448,29 @@ int64_t LargestOperation(const Graph& graph) {
   return graph.persistent_bytes() + most;
 }
 
+// A lower bound on any schedule's peak: the largest operation, or every
+// output resident at the end, whichever is more.
+int64_t PeakFloor(const Graph& graph) {
+  int64_t outputs = graph.persistent_bytes();
+  for (NodeId o : graph.outputs()) {
+    if (!graph.persistent(o)) outputs += graph.bytes(o);
+  }
+  return std::max(LargestOperation(graph), outputs);
+}
+
 class DtrPlanner final : public Planner {
  public:
+  static constexpr int64_t kSearchComputes = 2'000'000;
+
   absl::StatusOr<PlanResult> Plan(const Graph& graph,
                                   const PlannerOptions& options) const override {
     PlanSelector selector(graph, options);
     selector.Consider(BaselineSchedule(graph), {{"plan", "baseline"}});
+    int64_t simulated = 0;  // compute steps over all runs
     auto attempt = [&](int64_t budget) -> bool {
-      DtrRun run = RunDtr(graph, budget);
+      if (selector.TimeUp()) return false;
+      DtrRun run = RunDtr(graph, budget, options.seed, &selector.deadline());
+      simulated += run.computes;
       if (!run.completed) return false;
       const bool ok = !run.over_budget;
       selector.Consider(std::move(run.schedule),
@@ -399,12 +484,12 @@ class DtrPlanner final : public Planner {
     // 5% of the baseline peak) comes before the bisection between the
     // smallest budget met and the largest one failed below it.
     auto lowest = [&] {
-      const int64_t floor_bytes = LargestOperation(graph);
+      const int64_t floor_bytes = PeakFloor(graph);
       const int64_t top = selector.best_peak();  // the baseline meets it
       std::vector<std::pair<int64_t, bool>> swept;  // budget, met
       for (int pct = 95; pct >= 5; pct -= 5) {
         const int64_t b = top / 100 * pct;
-        if (b < floor_bytes) break;
+        if (b < floor_bytes || simulated > kSearchComputes) break;
         swept.emplace_back(b, attempt(b));
       }
       int64_t hi = top;
@@ -415,7 +500,9 @@ class DtrPlanner final : public Planner {
       for (const auto& [b, met] : swept) {
         if (!met && b < hi) lo = std::max(lo, b);
       }
-      for (int probe = 0; probe < 24 && hi - lo > std::max<int64_t>(1, hi / 2000); ++probe) {
+      for (int probe = 0; probe < 24 && hi - lo > std::max<int64_t>(1, hi / 2000) &&
+                          simulated <= kSearchComputes;
+           ++probe) {
         const int64_t mid = lo + (hi - lo) / 2;
         if (attempt(mid)) {
           hi = mid;
@@ -427,7 +514,10 @@ class DtrPlanner final : public Planner {
     if (options.budget_bytes == PlannerOptions::kMinBudget) {
       lowest();
     } else if (!selector.best_fits()) {
-      if (!attempt(options.budget_bytes) || !selector.best_fits()) lowest();
+      if (options.budget_bytes < PeakFloor(graph) || !attempt(options.budget_bytes) ||
+          !selector.best_fits()) {
+        lowest();
+      }
     }
     return selector.Finish();
   }

@@ -143,6 +143,9 @@ class RevolvePlanner final : public Planner {
     PlanSelector selector(graph, options);
     selector.Consider(BaselineSchedule(graph), {{"plan", "baseline"}});
     auto try_slots = [&](int64_t c) {
+      // Past the time limit a candidate counts as not fitting and is not
+      // built: the searches below then end within O(log L) cheap calls.
+      if (selector.TimeUp()) return PlanSelector::Figures{INT64_MAX, 0};
       std::vector<ChainOp> ops;
       RevolveOps(0, L - 1, c, ops);
       return selector.Consider(

@@ -257,6 +257,7 @@ class RotorPlanner final : public Planner {
     // BackwardPlacement): neither dominates, the selector keeps the better.
     for (BackwardPlacement placement :
          {BackwardPlacement::kWithInput, BackwardPlacement::kWithProducer}) {
+      if (selector.TimeUp()) break;
       const Chain chain = CollapseChain(graph, view, boundaries, placement);
       if (chain.num_stages() == 0) break;
       const char* placement_name =
@@ -265,6 +266,7 @@ class RotorPlanner final : public Planner {
       // chain.fixed_bytes); the simulated peak, or -1 when the DP finds
       // nothing.
       auto plan_at = [&](int64_t memory, bool least) -> int64_t {
+        if (selector.TimeUp()) return -1;  // as if the DP found nothing
         const RotorSolution sol = SolveRotor(chain, memory, kRotorSlots, least);
         nlohmann::json a = {{"placement", placement_name},
                             {"memory_bytes", memory},
