@@ -209,8 +209,12 @@ const char* WhyNotRun(const Graph& graph) {
     // infer() assumes it.
     const int arity = static_cast<int>(inputs.size());
     if (arity < def->min_inputs || (def->max_inputs >= 0 && arity > def->max_inputs)) continue;
-    if (def->infer == nullptr || !def->infer(inputs, graph.attrs(v)).ok()) continue;
-    flops += def->flops(inputs, {*graph.shape(v), *graph.dtype(v)}, graph.attrs(v));
+    if (def->infer == nullptr) continue;
+    // The count of the output infer() gives (as NetBuilder calls it), not
+    // of the node's shape: flops() assumes the two agree.
+    const absl::StatusOr<TensorType> out = def->infer(inputs, graph.attrs(v));
+    if (!out.ok()) continue;
+    flops += def->flops(inputs, *out, graph.attrs(v));
     if (!(flops <= kMaxFlops)) return "over the FLOP cap";
   }
   return nullptr;
