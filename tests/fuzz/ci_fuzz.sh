@@ -5,9 +5,9 @@
 # program is not built; non-zero when the fuzzer finds a crash, a leak, a
 # timeout or a broken property, with the reproducer under WORKDIR/artifacts.
 #
-#   ci_fuzz.sh PROGRAM CORPUS_DIR WORKDIR SECONDS
+#   ci_fuzz.sh PROGRAM CORPUS_DIR WORKDIR SECONDS [DICTIONARY]
 set -eu
-bin=$1 corpus=$2 work=$3 seconds=$4
+bin=$1 corpus=$2 work=$3 seconds=$4 dict=${5:-}
 if [ ! -x "$bin" ]; then
   echo "skipped: $bin is not built (scripts/fuzz --build-only builds it)"
   exit 77
@@ -18,9 +18,11 @@ cp "$corpus"/* "$work/corpus/"
 ASAN_OPTIONS=${ASAN_OPTIONS:-abort_on_error=1:detect_leaks=1}
 UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
 export ASAN_OPTIONS UBSAN_OPTIONS
+set -- -max_total_time="$seconds" -timeout=20 -rss_limit_mb=2048 -print_final_stats=1 \
+  -artifact_prefix="$work/artifacts/"
+[ -n "$dict" ] && set -- "$@" -dict="$dict"
 rc=0
-"$bin" -max_total_time="$seconds" -timeout=20 -rss_limit_mb=2048 -print_final_stats=1 \
-  -artifact_prefix="$work/artifacts/" "$work/corpus" || rc=$?
+"$bin" "$@" "$work/corpus" || rc=$?
 if [ "$rc" -ne 0 ]; then
   for f in "$work"/artifacts/*; do
     [ -e "$f" ] && echo "reproducer: $f (run: $bin $f)"
