@@ -89,7 +89,14 @@ nlohmann::json ConsumeAttrValue(FuzzedDataProvider& in) {
       for (int i = 0; i < len; ++i) a.push_back(in.ConsumeIntegralInRange<int64_t>(-1, 8));
       return a;
     }
-    case 4: return in.ConsumeRandomLengthString(12);
+    case 4: {
+      // ASCII only: a graph file's strings are valid UTF-8 (the reader
+      // refuses others), and nlohmann::json throws when it prints invalid
+      // UTF-8 in an error message.
+      std::string text = in.ConsumeRandomLengthString(12);
+      for (char& c : text) c = static_cast<char>(c & 0x7f);
+      return text;
+    }
     case 5: return in.ConsumeIntegral<int64_t>();
     default: return nullptr;
   }
