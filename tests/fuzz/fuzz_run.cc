@@ -1,9 +1,10 @@
 // Fuzz target: `pebble run` on fuzzed small graphs. The input's bytes pick a
-// small zoo training graph and then up to 12
-// mutations of its nodes: a dimension or the rank of a shape, a dtype (the
-// bytes follow the new shape and dtype), an attribute (changed, added or
-// removed), the operator, an input, the bytes, the workspace, the outputs.
-// The graph is planned with `baseline` and executed on the CPU backend, as
+// small zoo training graph and then up to 12 mutations of its nodes: a
+// dimension or the rank of a shape, a dtype (the bytes follow the new shape
+// and dtype), an attribute (changed, added or removed), the operator, an
+// input, the bytes, the workspace, the outputs; then, if the input says so,
+// every computed node takes the shape the operator table infers from its
+// inputs (Propagate). The graph is planned with `baseline` and executed on the CPU backend, as
 // `pebble run --policy baseline --backend cpu` does (cli/run_commands.cc).
 // Graphs over 16 MiB or 1e8 FLOPs are skipped, so that a run takes
 // milliseconds. A run may refuse the graph; it must not crash, and what it
@@ -227,6 +228,33 @@ const char* WhyNotRun(const Graph& graph) {
   return nullptr;
 }
 
+// Gives every computed node the shape and dtype the operator table infers
+// from its (already updated) inputs, in topological order, and bytes to
+// match, where inference succeeds: a mutation of an input's or a weight's
+// shape then reaches the kernels as a consistent graph with odd shapes,
+// instead of a refusal at the first node whose shape no longer fits.
+void Propagate(const Graph& graph, Base& g) {
+  for (NodeId v : graph.topological_order()) {
+    NodeSpec& spec = g.specs[v];
+    const OpDef* def = FindOp(spec.op);
+    if (spec.persistent || def == nullptr || def->infer == nullptr) continue;
+    const int arity = static_cast<int>(graph.inputs(v).size());
+    if (arity < def->min_inputs || (def->max_inputs >= 0 && arity > def->max_inputs)) continue;
+    std::vector<TensorType> inputs;
+    for (NodeId u : graph.inputs(v)) {
+      const NodeSpec& in = g.specs[u];
+      if (!in.shape || !in.dtype || !Elements(*in.shape)) break;
+      inputs.push_back({*in.shape, *in.dtype});
+    }
+    if (static_cast<int>(inputs.size()) != arity) continue;
+    const absl::StatusOr<TensorType> out = def->infer(inputs, spec.attrs);
+    if (!out.ok()) continue;
+    spec.shape = out->shape;
+    spec.dtype = out->dtype;
+    ResizeToShape(spec);
+  }
+}
+
 // PEBBLE_FUZZ_VERBOSE=1: say how far each input got (for tuning the corpus).
 void Note(const std::string& what) {
   static const bool verbose = std::getenv("PEBBLE_FUZZ_VERBOSE") != nullptr;
@@ -248,12 +276,20 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   FuzzedDataProvider in(data, size);
   Base g = Bases()[in.ConsumeIntegralInRange<size_t>(0, Bases().size() - 1)];
   const int mutations = in.ConsumeIntegralInRange<int>(0, 12);
+  const bool propagate = in.ConsumeBool();
   for (int i = 0; i < mutations && in.remaining_bytes() > 0; ++i) Mutate(in, g);
 
-  GraphBuilder builder("fuzz-run");
-  for (NodeSpec& spec : g.specs) builder.AddNode(std::move(spec));
-  for (std::string& id : g.outputs) builder.AddOutput(std::move(id));
-  absl::StatusOr<Graph> graph = builder.Build();
+  auto build = [](const Base& b) {
+    GraphBuilder builder("fuzz-run");
+    for (const NodeSpec& spec : b.specs) builder.AddNode(spec);
+    for (const std::string& id : b.outputs) builder.AddOutput(id);
+    return builder.Build();
+  };
+  absl::StatusOr<Graph> graph = build(g);
+  if (graph.ok() && propagate) {
+    Propagate(*graph, g);
+    graph = build(g);
+  }
   if (!graph.ok()) {
     Note(absl::StrCat("not a graph: ", graph.status().message()));
     return 0;
