@@ -201,7 +201,10 @@ const char* WhyNotRun(const Graph& graph) {
     // TODO(hostile-input): remove once the reader checks bytes == shape x dtype
     // (a computed node with fewer bytes overflows its arena slot; a
     // persistent one with other bytes hits a CHECK in the executor).
-    if (graph.persistent(v) ? graph.bytes(v) != want : graph.bytes(v) < want) {
+    // PEBBLE_FUZZ_KNOWN_GAPS=1 runs them anyway (to check a fix).
+    static const bool known_gaps = std::getenv("PEBBLE_FUZZ_KNOWN_GAPS") != nullptr;
+    if (!known_gaps &&
+        (graph.persistent(v) ? graph.bytes(v) != want : graph.bytes(v) < want)) {
       return "bytes disagree with shape x dtype (known)";
     }
     const OpDef* def = FindOp(graph.op(v));
