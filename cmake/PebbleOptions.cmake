@@ -14,6 +14,16 @@ if(PEBBLE_SANITIZE)
   target_link_options(pebble_options INTERFACE -fsanitize=${PEBBLE_SANITIZE})
 endif()
 
+if(PEBBLE_FUZZ)
+  if(NOT CMAKE_CXX_COMPILER_ID MATCHES "Clang")
+    message(FATAL_ERROR "PEBBLE_FUZZ needs clang (libFuzzer): "
+            "CXX=clang++ cmake ... -DPEBBLE_FUZZ=ON, or scripts/fuzz --build-only")
+  endif()
+  # Coverage feedback for libFuzzer in every pebble library; the fuzz
+  # programs themselves link with -fsanitize=fuzzer (tests/fuzz/).
+  target_compile_options(pebble_options INTERFACE -fsanitize=fuzzer-no-link)
+endif()
+
 # pebble_add_library(NAME DIR): one library per layer; sources are the .cc
 # files of DIR and its subfolders.
 function(pebble_add_library name dir)
