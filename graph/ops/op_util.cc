@@ -17,7 +17,8 @@ const Json* Find(const Json& attrs, absl::string_view name) {
 
 absl::Status BadAttr(absl::string_view name, absl::string_view expected,
                      const Json& got) {
-  std::string text = got.dump();
+  // replace: an invalid UTF-8 string becomes U+FFFD instead of throwing.
+  std::string text = got.dump(-1, ' ', false, Json::error_handler_t::replace);
   if (text.size() > 60) text = text.substr(0, 60) + "...";
   return Invalid("attr '", name, "' must be ", expected, ", got ", text);
 }

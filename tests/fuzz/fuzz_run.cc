@@ -186,8 +186,7 @@ void Mutate(FuzzedDataProvider& in, Base& g) {
   }
 }
 
-// Why `graph` is not run, or nullptr: small enough to run in milliseconds,
-// and clear of the known reader gaps.
+// Why `graph` is not run, or nullptr: small enough to run in milliseconds.
 const char* WhyNotRun(const Graph& graph) {
   int64_t total = 0;
   double flops = 0;
@@ -197,16 +196,6 @@ const char* WhyNotRun(const Graph& graph) {
     if (!graph.shape(v) || !graph.dtype(v)) continue;
     const std::optional<int64_t> n = Elements(*graph.shape(v));
     if (!n || *n * DTypeSize(*graph.dtype(v)) > kMaxTotalBytes) return "a shape over 16 MiB";
-    const int64_t want = *n * DTypeSize(*graph.dtype(v));
-    // TODO(hostile-input): remove once the reader checks bytes == shape x dtype
-    // (a computed node with fewer bytes overflows its arena slot; a
-    // persistent one with other bytes hits a CHECK in the executor).
-    // PEBBLE_FUZZ_KNOWN_GAPS=1 runs them anyway (to check a fix).
-    static const bool known_gaps = std::getenv("PEBBLE_FUZZ_KNOWN_GAPS") != nullptr;
-    if (!known_gaps &&
-        (graph.persistent(v) ? graph.bytes(v) != want : graph.bytes(v) < want)) {
-      return "bytes disagree with shape x dtype (known)";
-    }
     const OpDef* def = FindOp(graph.op(v));
     if (graph.persistent(v) || def == nullptr || def->flops == nullptr) continue;
     std::vector<TensorType> inputs;
