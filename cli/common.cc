@@ -5,7 +5,6 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
-#include <functional>
 #include <iostream>
 
 #include "absl/strings/ascii.h"
@@ -134,26 +133,14 @@ absl::Status CheckDistinctOutputs(
   return absl::OkStatus();
 }
 
-namespace {
-
-CLI::Validator NumberCheck(std::function<bool(double)> accept, std::string what) {
+CLI::Validator NumberAbove(double min, absl::string_view what) {
   return CLI::Validator(
-      [accept = std::move(accept), what](std::string& text) -> std::string {
+      [min, what = std::string(what)](std::string& text) -> std::string {
         double value = 0;
-        if (ParseDecimal(text, &value) && accept(value)) return "";
+        if (ParseDecimal(text, &value) && value > min) return "";
         return absl::StrCat("must be ", what, ", got ", Quote(text));
       },
       "NUMBER");
-}
-
-}  // namespace
-
-CLI::Validator NumberAbove(double min, absl::string_view what) {
-  return NumberCheck([min](double x) { return x > min; }, std::string(what));
-}
-
-CLI::Validator NumberAtLeast(double min, absl::string_view what) {
-  return NumberCheck([min](double x) { return x >= min; }, std::string(what));
 }
 
 CLI::Validator IntegerIn(int64_t min, int64_t max) {

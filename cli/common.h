@@ -61,8 +61,7 @@ absl::Status CheckDistinctOutputs(
 
 // CLI11 validators whose messages fit on one line. A number is decimal
 // (ParseDecimal: no hex, inf or nan); `what` completes "must be ...".
-CLI::Validator NumberAbove(double min, absl::string_view what);     // > min
-CLI::Validator NumberAtLeast(double min, absl::string_view what);   // >= min
+CLI::Validator NumberAbove(double min, absl::string_view what);  // > min
 CLI::Validator IntegerIn(int64_t min, int64_t max);
 
 // Adds to every option of `app` and its commands that takes a value a check

@@ -76,6 +76,14 @@ int64_t NumElements(const Shape& shape) {
   return n;
 }
 
+std::optional<int64_t> TensorBytes(const Shape& shape, DType dtype) {
+  int64_t bytes = DTypeSize(dtype);
+  for (int64_t d : shape) {
+    if (d < 0 || __builtin_mul_overflow(bytes, d, &bytes)) return std::nullopt;
+  }
+  return bytes;
+}
+
 std::string ShapeToString(const Shape& shape) {
   return absl::StrCat("(", absl::StrJoin(shape, ","), ")");
 }
@@ -212,15 +220,13 @@ absl::StatusOr<Graph> GraphBuilder::Build() const {
       // One rule for every tensor: a backend writes shape x dtype bytes
       // into the node's slot of `bytes`, so the two must agree.
       if (s.dtype.has_value()) {
-        int64_t tensor_bytes = 0;
-        const bool overflow =
-            __builtin_mul_overflow(elements, DTypeSize(*s.dtype), &tensor_bytes);
-        if (overflow || tensor_bytes != *s.bytes) {
+        const std::optional<int64_t> tensor_bytes = TensorBytes(*s.shape, *s.dtype);
+        if (tensor_bytes != s.bytes) {
           return NodeError(
               s.id, absl::StrCat("'bytes' is ", *s.bytes, " but 'shape' ", ShapeToString(*s.shape),
                                  " of ", DTypeName(*s.dtype), " holds ",
-                                 overflow ? std::string("more than 2^63")
-                                          : absl::StrCat(tensor_bytes),
+                                 tensor_bytes.has_value() ? absl::StrCat(*tensor_bytes)
+                                                          : std::string("more than 2^63"),
                                  " bytes"));
         }
       }

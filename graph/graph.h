@@ -49,6 +49,10 @@ absl::StatusOr<Role> ParseRole(absl::string_view name);
 
 using Shape = std::vector<int64_t>;
 int64_t NumElements(const Shape& shape);  // 1 for a scalar shape []
+// Bytes of a tensor of `shape` and `dtype` (NumElements x DTypeSize), or
+// nullopt when the product overflows int64_t: the one overflow-checked
+// size of untrusted shapes (graph files, .npy headers).
+std::optional<int64_t> TensorBytes(const Shape& shape, DType dtype);
 std::string ShapeToString(const Shape& shape);  // "(2,1,26,150,320)"
 
 // Bytes for people: "512 B", "1.50 KiB", "977 MiB" (binary units, three

@@ -299,7 +299,7 @@ absl::StatusOr<Graph> ParseText(absl::string_view text, absl::string_view source
   absl::StatusOr<Graph> graph = GraphFromJson(doc);
   if (!graph.ok() && !source.empty()) {
     return absl::Status(graph.status().code(),
-                        absl::StrCat(Printable(source, 200), ": ", graph.status().message()));
+                        absl::StrCat(source, ": ", graph.status().message()));
   }
   return graph;
 }

@@ -51,10 +51,7 @@ absl::Status CheckTensorSlot(const Graph& graph, NodeId v) {
     return absl::InvalidArgumentError(absl::StrCat(
         "node ", Quote(graph.id(v)), " (op ", Printable(graph.op(v)), ") has no shape or dtype"));
   }
-  int64_t bytes = DTypeSize(*graph.dtype(v));
-  bool overflow = false;
-  for (int64_t d : *graph.shape(v)) overflow |= __builtin_mul_overflow(bytes, d, &bytes);
-  if (overflow || bytes != graph.bytes(v)) {
+  if (TensorBytes(*graph.shape(v), *graph.dtype(v)) != graph.bytes(v)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "node ", Quote(graph.id(v)), ": ", Describe(graph, v), " does not fill its ",
         graph.bytes(v), " bytes"));
@@ -100,19 +97,17 @@ absl::Status CheckOperatorTypes(const Graph& graph, NodeId v) {
 // backend's memory. Every tensor the schedule touches must fit its slot and
 // be what its operator makes, and the backend must have every kernel.
 absl::Status CheckRunnable(const Graph& graph, const Schedule& schedule, const Backend& backend) {
+  // The schedule's nodes (a valid schedule computes every non-persistent
+  // input before reading it) and every persistent one, each checked once.
+  std::vector<uint8_t> touched(graph.num_nodes(), 0);
+  for (NodeId v = 0; v < graph.num_nodes(); ++v) touched[v] = graph.persistent(v);
+  for (const Step& step : schedule.steps) touched[step.node] = 1;
   for (NodeId v = 0; v < graph.num_nodes(); ++v) {
-    if (graph.persistent(v)) RETURN_IF_ERROR(CheckTensorSlot(graph, v));
-  }
-  std::vector<uint8_t> checked(graph.num_nodes(), 0);
-  for (const Step& step : schedule.steps) {
-    if (checked[step.node]) continue;
-    checked[step.node] = 1;
-    RETURN_IF_ERROR(CheckTensorSlot(graph, step.node));
-    for (NodeId u : graph.inputs(step.node)) RETURN_IF_ERROR(CheckTensorSlot(graph, u));
+    if (touched[v]) RETURN_IF_ERROR(CheckTensorSlot(graph, v));
   }
   RETURN_IF_ERROR(backend.CheckSupported(graph));
   for (NodeId v = 0; v < graph.num_nodes(); ++v) {
-    if (checked[v] && !graph.persistent(v)) RETURN_IF_ERROR(CheckOperatorTypes(graph, v));
+    if (touched[v] && !graph.persistent(v)) RETURN_IF_ERROR(CheckOperatorTypes(graph, v));
   }
   return absl::OkStatus();
 }

@@ -127,13 +127,12 @@ absl::StatusOr<NpyArray> ReadNpy(const std::string& path) {
     }
     array.shape.push_back(value);
   }
-  int64_t bytes = DTypeSize(array.dtype);
-  for (int64_t d : array.shape) {
-    if (__builtin_mul_overflow(bytes, d, &bytes)) {
-      return NpyError(path, absl::StrCat("shape ", Printable(shape_text),
-                                         " holds more than 2^63 bytes"));
-    }
+  const std::optional<int64_t> tensor_bytes = TensorBytes(array.shape, array.dtype);
+  if (!tensor_bytes.has_value()) {
+    return NpyError(path,
+                    absl::StrCat("shape ", Printable(shape_text), " holds more than 2^63 bytes"));
   }
+  const int64_t bytes = *tensor_bytes;
   const uintmax_t data_bytes = file_size - data_start;
   if (data_bytes != static_cast<uintmax_t>(bytes)) {
     return NpyError(path, absl::StrCat(data_bytes < static_cast<uintmax_t>(bytes)
