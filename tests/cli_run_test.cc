@@ -23,13 +23,8 @@ using ::pebble::testing::RunPebble;
 
 std::string Slurp(const std::string& path) { return ::pebble::testing::ReadFileText(path); }
 
-// A fresh directory for this test process.
 fs::path Scratch(const std::string& name) {
-  const fs::path dir = fs::path(::testing::TempDir()) /
-                       ("pebble_run_" + std::to_string(getpid()) + "_" + name);
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  return dir;
+  return ::pebble::testing::ScratchDir("pebble_run", name);
 }
 
 Result Pebble(const std::string& args) { return RunPebble(args); }

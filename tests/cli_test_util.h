@@ -38,6 +38,16 @@ inline std::string PebbleBinaryDir() {
   return dir != nullptr && *dir != '\0' ? dir : PEBBLE_BINARY_DIR;
 }
 
+// A fresh, empty directory "<temp>/<prefix>_<pid>_<name>" for one test: the
+// processes ctest runs in parallel never share one.
+inline std::filesystem::path ScratchDir(const std::string& prefix, const std::string& name) {
+  const std::filesystem::path dir = std::filesystem::path(::testing::TempDir()) /
+                                    (prefix + "_" + std::to_string(getpid()) + "_" + name);
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  return dir;
+}
+
 // Runs `<build>/bin/pebble <args>` through the shell, capturing both
 // streams. ctest runs the tests of one file in parallel processes, so the
 // capture files are named by process id and call.

@@ -27,13 +27,8 @@ using Result = ::pebble::testing::CliResult;
 
 Result Pebble(const std::string& args) { return ::pebble::testing::RunPebble(args); }
 
-// A fresh directory for one test.
 fs::path Scratch(const std::string& name) {
-  const fs::path dir = fs::path(::testing::TempDir()) /
-                       ("pebble_hostile_" + std::to_string(getpid()) + "_" + name);
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  return dir;
+  return ::pebble::testing::ScratchDir("pebble_hostile", name);
 }
 
 void WriteText(const fs::path& path, const std::string& text) {
