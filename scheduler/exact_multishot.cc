@@ -310,11 +310,8 @@ class ExactMultiShotPlanner final : public Planner {
  public:
   absl::StatusOr<PlanResult> Plan(const Graph& graph,
                                   const PlannerOptions& options) const override {
-    const Clock::time_point started = Clock::now();
-    auto left = [&] {
-      return options.time_limit_s -
-             std::chrono::duration<double>(Clock::now() - started).count();
-    };
+    const Deadline deadline(options.time_limit_s);
+    auto left = [&] { return deadline.remaining_s(); };
     ExactMultiShotStats cost_stats, peak_stats;
     std::optional<int64_t> min_peak;
     std::optional<ExactMultiShotSolution> best;
@@ -337,7 +334,7 @@ class ExactMultiShotPlanner final : public Planner {
       result.message = message;
     } else {
       // Proven infeasible; show the lowest-peak schedule when time allows.
-      auto low = ExactMinPeakSchedule(graph, std::max(0.0, left()), &peak_stats);
+      auto low = ExactMinPeakSchedule(graph, left(), &peak_stats);
       Schedule shown;
       if (low.ok()) {
         min_peak = low->peak;
