@@ -15,6 +15,8 @@
 
 #include "CbcModel.hpp"
 #include "CbcSolver.hpp"
+#include "ClpEventHandler.hpp"
+#include "ClpSimplex.hpp"
 #include "ClpSolve.hpp"
 #include "CoinMessageHandler.hpp"
 #include "CoinPackedMatrix.hpp"
@@ -613,6 +615,23 @@ struct MilpRun {
   double bound = 0;  // best possible objective (model units)
 };
 
+// Stops Clp's simplex at the first iteration past the deadline. Clp's own
+// limit (setMaximumSeconds) counts CPU seconds and is checked less often: on
+// a loaded machine an LP ran 13 s against a 10 s limit.
+class StopAtDeadline final : public ClpEventHandler {
+ public:
+  explicit StopAtDeadline(const Deadline& deadline) : deadline_(&deadline) {}
+  ClpEventHandler* clone() const override { return new StopAtDeadline(*this); }
+  int event(Event what) override {
+    // Non-negative: Clp stops the solve (status "stopped on time").
+    if (what == endOfIteration && deadline_->Expired()) return 0;
+    return -1;
+  }
+
+ private:
+  const Deadline* deadline_;
+};
+
 MilpRun RunCbc(const Formulation& f, double seconds,
                const std::vector<double>* start) {
   const LinearProgram& lp = f.lp;
@@ -627,6 +646,13 @@ MilpRun RunCbc(const Formulation& f, double seconds,
   solve_options.setPresolveType(ClpSolve::presolveOn);
   solver.setSolveOptions(solve_options);
   solver.getModelPtr()->setMaximumSeconds(std::max(0.01, seconds));
+  solver.getModelPtr()->setMaximumWallSeconds(std::max(0.01, seconds));
+  // The root LP is CBC's longest uninterrupted step (resnet18:batch=8,
+  // image=64: 3.4 s of simplex, past a 3.75 s limit): stopped at CBC's own
+  // limit, when CBC stops anyway. The handler is cloned with the solver.
+  const Deadline cbc_deadline(std::max(0.01, seconds));
+  StopAtDeadline stop(cbc_deadline);
+  solver.getModelPtr()->passInEventHandler(&stop);
   std::vector<std::pair<std::string, double>> mip_start;
   if (start != nullptr) {
     // CBC matches a MIP start by column names; only integer columns are
@@ -693,13 +719,29 @@ struct LpRun {
   double objective = 0;
 };
 
-LpRun RunClp(const Formulation& f, double seconds) {
+// Clp's load and presolve run to their end, whatever the deadline: on
+// resnet50:batch=32 (878k columns, 2.6M rows, 7.2M nonzeros) they took 7 s
+// of a loaded 2-core machine, on resnet18:batch=8,image=64 (1.1M nonzeros)
+// about 0.9 s: some 10^6 nonzeros a second. Estimated before each LP from
+// its nonzeros, so that an LP whose set-up alone would overrun the time
+// left is not started; the rate assumed is 60% of that measured.
+constexpr double kLpSetupNonzerosPerS = 6e5;
+
+double LpSetupSeconds(const LinearProgram& lp) {
+  return static_cast<double>(lp.values.size()) / kLpSetupNonzerosPerS;
+}
+
+LpRun RunClp(const Formulation& f, const Deadline& deadline) {
   OsiClpSolverInterface solver;
   solver.messageHandler()->setLogLevel(0);
   solver.getModelPtr()->setLogLevel(0);
   solver.setHintParam(OsiDoReducePrint, true, OsiHintTry);
   f.lp.Load(solver, /*with_integers=*/false);
-  solver.getModelPtr()->setMaximumSeconds(std::max(0.01, seconds));
+  const double seconds = std::max(0.01, deadline.remaining_s());
+  solver.getModelPtr()->setMaximumSeconds(seconds);
+  solver.getModelPtr()->setMaximumWallSeconds(seconds);
+  StopAtDeadline stop(deadline);
+  solver.getModelPtr()->passInEventHandler(&stop);
   // Dual simplex after presolve: on these LPs several times faster than
   // OsiClpSolverInterface's default initial solve (linear:n=40, 17k
   // columns: 1.3 s against 4.6 s); the barrier ignores the time limit.
@@ -749,7 +791,7 @@ struct MilpAttempt {
 absl::StatusOr<MilpAttempt> SolveMilpAt(const Graph& graph, const StageGraph& g,
                                         int64_t budget_bytes,
                                         const std::optional<Candidate>& start,
-                                        Clock::time_point deadline) {
+                                        const Deadline& deadline) {
   MilpAttempt attempt;
   int64_t model_budget = budget_bytes;
   for (int tries = 0; tries < 4; ++tries) {
@@ -757,17 +799,17 @@ absl::StatusOr<MilpAttempt> SolveMilpAt(const Graph& graph, const StageGraph& g,
     attempt.variables = f.lp.num_cols();
     attempt.integers = f.lp.num_integer();
     attempt.constraints = f.lp.num_rows();
-    const double left =
-        std::chrono::duration<double>(deadline - Clock::now()).count();
-    if (left <= 0) break;
+    if (deadline.Expired()) break;
+    const double left = deadline.remaining_s();
     std::vector<double> start_x;
     if (start.has_value() &&
         (budget_bytes < 0 || start->peak <= budget_bytes)) {
       start_x = StartValues(f, start->plan);
     }
-    // CBC checks its clock between nodes and heuristics and may overrun a
-    // little; the conversion and simulation after it take time too.
-    MilpRun run = RunCbc(f, 0.97 * left - 0.05, start_x.empty() ? nullptr : &start_x);
+    // CBC checks its clock between nodes and heuristics and its clean-up
+    // takes time (0.1 s on resnet18:batch=8,image=64); the conversion,
+    // simulation and layout after it another 0.2 s there.
+    MilpRun run = RunCbc(f, 0.95 * left - 0.25, start_x.empty() ? nullptr : &start_x);
     if (budget_bytes < 0) {
       attempt.lower_bound = run.bound * f.byte_scale + g.persistent_bytes;
     } else {
@@ -865,9 +907,7 @@ absl::StatusOr<Prelude> SettleWithoutSolving(const Graph& graph, const StageGrap
 absl::StatusOr<CheckmateResult> SolveCheckmateMilp(const Graph& graph,
                                                    const CheckmateOptions& options) {
   const Clock::time_point started = Clock::now();
-  const Clock::time_point deadline =
-      started + std::chrono::duration_cast<Clock::duration>(
-                    std::chrono::duration<double>(std::max(0.0, options.time_limit_s)));
+  const Deadline deadline(options.time_limit_s);
   const StageGraph g = MakeStageGraph(graph, DefaultOrder(graph));
   if (g.n() > kMaxMilpStages) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -909,12 +949,14 @@ absl::StatusOr<CheckmateResult> SolveCheckmateMilp(const Graph& graph,
   int64_t budget = options.budget_bytes;
   bool proven = true;
   std::optional<Candidate> start;
+  bool peak_phase_cut = false;  // not MarkHit: the cost phase still runs
   if (min_budget) {
     // Phase 1: the lowest peak in the model (half the time at most), from
     // the lowest-peak plan known as a start.
-    const Clock::time_point half = started + (deadline - started) / 2;
+    const Deadline half(deadline.remaining_s() / 2);
     ASSIGN_OR_RETURN(MilpAttempt peak_phase,
                      SolveMilpAt(graph, g, -1, lowest_peak(), half));
+    peak_phase_cut = half.hit();
     if (!peak_phase.best.has_value()) {
       peak_phase.best = one_shot;
       proven = false;
@@ -929,7 +971,7 @@ absl::StatusOr<CheckmateResult> SolveCheckmateMilp(const Graph& graph,
     // time at most: CBC's own heuristics often find nothing on larger
     // graphs before the time limit.
     CheckmateOptions lp_options = options;
-    lp_options.time_limit_s = 0.2 * options.time_limit_s;
+    lp_options.time_limit_s = 0.2 * deadline.remaining_s();
     ASSIGN_OR_RETURN(CheckmateResult lp, SolveCheckmateLp(graph, lp_options));
     if (lp.status == CheckmateResult::Status::kInfeasible) {
       // The relaxation is infeasible, so is the MILP.
@@ -946,6 +988,10 @@ absl::StatusOr<CheckmateResult> SolveCheckmateMilp(const Graph& graph,
     start = cheapest_within(std::move(start), budget);
   }
   ASSIGN_OR_RETURN(MilpAttempt attempt, SolveMilpAt(graph, g, budget, start, deadline));
+  // CBC runs to a proof (ratio gap 0) unless its time runs out.
+  result.time_limit_reached = deadline.hit() || peak_phase_cut ||
+                              attempt.status == CheckmateResult::Status::kFeasible ||
+                              attempt.status == CheckmateResult::Status::kNoSolution;
   result.num_variables = attempt.variables;
   result.num_integer_variables = attempt.integers;
   result.num_constraints = attempt.constraints;
@@ -983,7 +1029,7 @@ absl::StatusOr<std::optional<Candidate>> RoundLp(const Graph& graph,
                                                  const Formulation& f,
                                                  const LpRun& lp, int64_t budget,
                                                  uint64_t seed,
-                                                 Clock::time_point deadline) {
+                                                 const Deadline& deadline) {
   std::optional<Candidate> best;
   auto consider = [&](std::vector<std::vector<uint8_t>> keep,
                       std::string how) -> absl::Status {
@@ -1000,7 +1046,7 @@ absl::StatusOr<std::optional<Candidate>> RoundLp(const Graph& graph,
   for (double threshold : {0.5, 0.4, 0.6, 0.3, 0.7, 0.2, 0.8, 0.1, 0.9, 1e-6}) {
     RETURN_IF_ERROR(consider(KeepFrom(f, lp.x.data(), threshold),
                              absl::StrCat("lp-rounding threshold ", threshold)));
-    if (Clock::now() > deadline) return best;
+    if (deadline.Expired()) return best;
   }
   std::mt19937_64 rng(seed);
   std::uniform_real_distribution<double> uniform(0.0, 1.0);
@@ -1015,7 +1061,7 @@ absl::StatusOr<std::optional<Candidate>> RoundLp(const Graph& graph,
     }
     RETURN_IF_ERROR(consider(std::move(keep),
                              absl::StrCat("lp-rounding random sample ", sample)));
-    if (Clock::now() > deadline) return best;
+    if (deadline.Expired()) return best;
   }
   return best;
 }
@@ -1025,12 +1071,7 @@ absl::StatusOr<std::optional<Candidate>> RoundLp(const Graph& graph,
 absl::StatusOr<CheckmateResult> SolveCheckmateLp(const Graph& graph,
                                                  const CheckmateOptions& options) {
   const Clock::time_point started = Clock::now();
-  const Clock::time_point deadline =
-      started + std::chrono::duration_cast<Clock::duration>(
-                    std::chrono::duration<double>(std::max(0.0, options.time_limit_s)));
-  auto left = [&] {
-    return std::chrono::duration<double>(deadline - Clock::now()).count();
-  };
+  const Deadline deadline(options.time_limit_s);
   const StageGraph g = MakeStageGraph(graph, DefaultOrder(graph));
   if (g.n() > kMaxLpStages) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -1048,16 +1089,28 @@ absl::StatusOr<CheckmateResult> SolveCheckmateLp(const Graph& graph,
   const Candidate one_shot = std::move(prelude.one_shot);
 
   int lp_solves = 0;
+  // > 0: the estimated set-up time of an LP not started, too large for the
+  // time left.
+  double skipped_setup_s = 0;
+  bool lp_cut = false;         // an LP stopped by the time limit
   // Solves the LP at `lp_budget` and rounds it against `target`.
   auto attempt = [&](int64_t lp_budget, int64_t target, bool* lp_infeasible,
                      double* lp_objective) -> absl::StatusOr<std::optional<Candidate>> {
     Formulation f = Formulate(g, lp_budget);
     result.num_variables = f.lp.num_cols();
     result.num_constraints = f.lp.num_rows();
-    LpRun lp = RunClp(f, left());
+    if (LpSetupSeconds(f.lp) > deadline.remaining_s()) {
+      deadline.MarkHit();
+      skipped_setup_s = LpSetupSeconds(f.lp);
+      return std::optional<Candidate>();
+    }
+    LpRun lp = RunClp(f, deadline);
     ++lp_solves;
     *lp_infeasible = lp.infeasible;
-    if (!lp.optimal) return std::optional<Candidate>();
+    if (!lp.optimal) {
+      lp_cut = lp_cut || (!lp.infeasible && deadline.Expired());
+      return std::optional<Candidate>();
+    }
     *lp_objective = ToCost(f, lp.objective);
     return RoundLp(graph, g, f, lp, target, options.seed + lp_solves, deadline);
   };
@@ -1079,7 +1132,7 @@ absl::StatusOr<CheckmateResult> SolveCheckmateLp(const Graph& graph,
     // No rounding fits: ask the LP for less memory (the paper's remedy for
     // roundings that overshoot), down to the lower bound.
     for (double f : {0.9, 0.75, 0.5, 0.25, 0.0}) {
-      if (best.has_value() || left() <= 0) break;
+      if (best.has_value() || deadline.Expired()) break;
       const int64_t lp_budget =
           lower + static_cast<int64_t>(f * static_cast<double>(budget - lower));
       bool ignored = false;
@@ -1093,7 +1146,7 @@ absl::StatusOr<CheckmateResult> SolveCheckmateLp(const Graph& graph,
     // Binary search over the budget: [lo, hi], hi always reached by `best`.
     best = one_shot;
     int64_t lo = lower, hi = one_shot.peak;
-    while (lo < hi && left() > 0) {
+    while (lo < hi && !deadline.Expired()) {
       const int64_t mid = lo + (hi - lo) / 2;
       bool ignored = false;
       double ignored_objective = 0;
@@ -1116,9 +1169,18 @@ absl::StatusOr<CheckmateResult> SolveCheckmateLp(const Graph& graph,
     result.gap = Gap(result.objective, result.lower_bound);
   } else {
     result.status = CheckmateResult::Status::kNoSolution;
-    result.note = "no rounding of the LP fits the budget";
+    result.note = lp_solves == 0 ? "no LP solved"
+                  : lp_cut       ? "the LP did not finish in the time limit"
+                                 : "no rounding of the LP fits the budget";
   }
-  result.note = absl::StrCat(result.note, " (", lp_solves, " LP solves)");
+  if (lp_solves > 0) absl::StrAppend(&result.note, " (", lp_solves, " LP solves)");
+  if (skipped_setup_s > 0) {
+    absl::StrAppend(&result.note, "; an LP of ", result.num_variables, " columns and ",
+                    result.num_constraints, " rows was not started: its set-up alone (",
+                    "an estimated ", absl::SixDigits(skipped_setup_s),
+                    " s) would overrun the time left");
+  }
+  result.time_limit_reached = deadline.hit();
   result.solve_s = SecondsSince(started);
   return result;
 }
@@ -1168,6 +1230,13 @@ absl::StatusOr<PlanResult> ToPlanResult(const Graph& graph,
   } else if (result.feasible) {
     result.message = optimal ? "optimal in Checkmate's model (fixed order)"
                              : absl::StrCat("not proven optimal: ", r.note);
+  }
+  if (r.time_limit_reached) {
+    if (has_plan) {
+      NoteTimeLimit(result, options.time_limit_s, "the best plan found so far");
+    } else {
+      result.details["time_limit_reached"] = true;
+    }
   }
   nlohmann::json& d = result.details;
   d["optimal"] = optimal;
@@ -1223,6 +1292,7 @@ absl::StatusOr<std::string> CertifyWithExactSearch(const Graph& graph,
     return std::string();
   }
   r->status = CheckmateResult::Status::kOptimal;
+  r->time_limit_reached = false;  // the search closed what CBC left open
   r->lower_bound = r->objective;
   r->gap = 0;
   return absl::StrCat("optimal in Checkmate's model (fixed order) and overall: CBC's bound ",
@@ -1247,13 +1317,13 @@ class CheckmatePlanner final : public Planner {
     // Warm starts: the chain DP and DTR are fast and often optimal or close,
     // which CBC's own heuristics are not within the time limit. Their time
     // counts against the limit.
-    const Clock::time_point started = Clock::now();
+    const Deadline deadline(options.time_limit_s);
     std::vector<std::string> offered;
     for (const char* name : kWarmStartPolicies) {
       absl::StatusOr<std::unique_ptr<Planner>> planner = MakePlanner(name);
       if (!planner.ok()) continue;
       PlannerOptions warm = options;  // the time left, so a slow one cannot eat CBC's
-      warm.time_limit_s = std::max(0.0, options.time_limit_s - SecondsSince(started));
+      warm.time_limit_s = deadline.remaining_s();
       absl::StatusOr<PlanResult> plan = (*planner)->Plan(graph, warm);
       if (!plan.ok()) continue;  // e.g. past a size limit: CBC starts without it
       co.warm_starts.push_back({name, std::move(plan->schedule)});
@@ -1262,14 +1332,14 @@ class CheckmatePlanner final : public Planner {
     const bool certifiable = options.budget_bytes != PlannerOptions::kMinBudget &&
                              DefaultOrder(graph).size() <=
                                  static_cast<size_t>(kMaxExactMultiShotNodes);
-    const double left = std::max(0.0, options.time_limit_s - SecondsSince(started));
+    const double left = deadline.remaining_s();
     co.time_limit_s = certifiable ? kCbcShare * left : left;
     ASSIGN_OR_RETURN(CheckmateResult r, SolveCheckmateMilp(graph, co));
     std::string certificate;
     if (certifiable && r.status == CheckmateResult::Status::kFeasible) {
       ASSIGN_OR_RETURN(certificate, CertifyWithExactSearch(
                                         graph, options.budget_bytes,
-                                        options.time_limit_s - SecondsSince(started), &r));
+                                        deadline.remaining_s(), &r));
     }
     ASSIGN_OR_RETURN(PlanResult result,
                      ToPlanResult(graph, options, r, /*is_milp=*/true, "checkmate"));

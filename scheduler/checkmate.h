@@ -197,6 +197,9 @@ struct CheckmateResult {
   int num_integer_variables = 0;
   int num_constraints = 0;
   std::string note;         // how the plan was found (rounding, phases)
+  // The time limit stopped a solve (or kept one from starting) before it
+  // finished: the plan, if any, is the best found by then.
+  bool time_limit_reached = false;
 };
 
 // Solves the MILP with CBC (log silenced; time limit in wall-clock seconds,
