@@ -8,8 +8,10 @@
 #include <exception>
 #include <filesystem>
 #include <limits>
+#include <optional>
 #include <utility>
 
+#include "absl/functional/function_ref.h"
 #include "absl/strings/str_cat.h"
 #include "graph/ops.h"
 #include "graph/status.h"
@@ -459,6 +461,399 @@ double CopyComputeOverlapSeconds(const std::vector<StepMeasurement>& steps) {
   return overlap;
 }
 
+namespace {
+
+// The layout's instances by what creates them.
+struct InstanceIndex {
+  std::vector<int32_t> persistent;      // node -> its instance, or -1
+  std::vector<int32_t> step_output;     // step -> the instance it creates, or -1
+  std::vector<int32_t> step_workspace;  // step -> its workspace instance, or -1
+};
+
+InstanceIndex IndexInstances(const Graph& graph, const MemoryLayout& layout, int num_steps) {
+  InstanceIndex index;
+  index.persistent.assign(graph.num_nodes(), -1);
+  index.step_output.assign(num_steps, -1);
+  index.step_workspace.assign(num_steps, -1);
+  for (size_t i = 0; i < layout.instances.size(); ++i) {
+    const TensorInstance& inst = layout.instances[i];
+    const auto instance = static_cast<int32_t>(i);
+    if (graph.persistent(inst.node)) {
+      index.persistent[inst.node] = instance;
+    } else if (inst.workspace) {
+      index.step_workspace[inst.first_step] = instance;
+    } else {
+      index.step_output[inst.first_step] = instance;
+    }
+  }
+  return index;
+}
+
+// A bfloat16 array as float32 (downloaded outputs are read as float).
+void WidenBFloat16(NpyArray& array) {
+  const int64_t n = NumElements(array.shape);
+  std::vector<uint8_t> wide(static_cast<size_t>(4 * n));
+  for (int64_t i = 0; i < n; ++i) {
+    uint16_t b;
+    std::memcpy(&b, array.data.data() + 2 * i, 2);
+    const float x = BFloat16ToFloat(b);
+    std::memcpy(wide.data() + 4 * i, &x, 4);
+  }
+  array.dtype = DType::kFloat32;
+  array.data = std::move(wide);
+}
+
+// The value of output "loss" when it is a float32 or float16 scalar.
+std::optional<double> ScalarLoss(const Graph& graph, const ExecutionResult& result) {
+  if (graph.Find("loss") == kNoNode) return std::nullopt;
+  const HostTensor* t = result.FindOutput(graph, "loss");
+  if (t == nullptr || NumElements(t->array.shape) != 1) return std::nullopt;
+  switch (t->array.dtype) {
+    case DType::kFloat32: {
+      float x;
+      std::memcpy(&x, t->array.data.data(), 4);
+      return x;
+    }
+    case DType::kFloat16: {
+      uint16_t h;
+      std::memcpy(&h, t->array.data.data(), 2);
+      return HalfToFloat(h);
+    }
+    default:
+      return std::nullopt;
+  }
+}
+
+// One run of a checked schedule on a backend, phase by phase (Execute calls
+// them in order): the arena, the persistent tensors, the host buffers, the
+// steps, their times, the outputs. Holds the executor-side state of every
+// tensor, kept apart from the simulator's, and fills `result`.
+class ScheduleRun {
+ public:
+  ScheduleRun(const Graph& graph, const Schedule& schedule, Backend& backend,
+              ExecutionResult& result)
+      : graph_(graph),
+        schedule_(schedule),
+        backend_(backend),
+        result_(result),
+        layout_(result.layout),
+        num_steps_(static_cast<int>(schedule.steps.size())),
+        instances_(IndexInstances(graph, result.layout, num_steps_)),
+        streams_(backend),
+        current_(graph.num_nodes(), -1),
+        host_index_(graph.num_nodes(), -1),
+        host_counted_(graph.num_nodes(), 0),
+        ready_(graph.num_nodes()),
+        last_compute_use_(graph.num_nodes()),
+        last_copy_use_(graph.num_nodes()),
+        events_(num_steps_) {}
+
+  // 3. One arena, once; poisoned (0xFF) on request.
+  absl::Status AllocateArena(bool poison) {
+    const int64_t device_before = backend_.MemoryStats().device_bytes_in_use;
+    ASSIGN_OR_RETURN(std::byte * arena, backend_.AllocateDevice(layout_.arena_bytes));
+    result_.arena_bytes = backend_.MemoryStats().device_bytes_in_use - device_before;
+    arena_.emplace(backend_, arena, /*host=*/false);
+    if (poison) RETURN_IF_ERROR(backend_.Fill(arena_->get(), 0xFF, layout_.arena_bytes));
+    return absl::OkStatus();
+  }
+
+  // 4. Every persistent tensor, read from `inputs_dir` or generated.
+  absl::Status LoadPersistent(const ExecutorOptions& options) {
+    for (NodeId v = 0; v < graph_.num_nodes(); ++v) {
+      if (!graph_.persistent(v)) continue;
+      const int32_t instance = instances_.persistent[v];
+      PEBBLE_CHECK(instance >= 0, "persistent node without an instance");
+      std::optional<NpyArray> array;
+      if (!options.inputs_dir.empty()) {
+        ASSIGN_OR_RETURN(array, ReadInputFile(graph_, v, options.inputs_dir));
+      }
+      if (array.has_value()) {
+        result_.loaded_inputs.push_back(v);
+      } else {
+        ASSIGN_OR_RETURN(array, GenerateInput(graph_, v, options.seed));
+        result_.generated_inputs.push_back(v);
+      }
+      if (static_cast<int64_t>(array->data.size()) != graph_.bytes(v)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "persistent node ", Quote(graph_.id(v)), ": ", array->data.size(),
+            " bytes of data for a ", graph_.bytes(v), "-byte slot"));
+      }
+      RETURN_IF_ERROR(backend_.Upload(Address(instance), array->data.data(), graph_.bytes(v)));
+      current_[v] = instance;
+    }
+    return absl::OkStatus();
+  }
+
+  // 5a. Host buffers (pinned on CUDA) for every offloaded tensor, before the
+  // timed steps: a pinned allocation is slow and may serialise the device,
+  // which would hide the overlap the plan assumes. They count as held from
+  // their first offload on, as H grows in SPEC section 2.
+  absl::Status AllocateHostBuffers() {
+    for (const Step& step : schedule_.steps) {
+      const NodeId v = step.node;
+      if (step.action != Action::kOffload || host_index_[v] >= 0) continue;
+      auto buffer = backend_.AllocateHost(graph_.bytes(v));
+      if (!buffer.ok()) {
+        return absl::Status(buffer.status().code(),
+                            absl::StrCat("host buffer for offloaded '", graph_.id(v), "' (",
+                                         graph_.bytes(v), " bytes): ",
+                                         buffer.status().message()));
+      }
+      host_index_[v] = static_cast<int32_t>(host_buffers_.size());
+      host_buffers_.emplace_back(backend_, *buffer, /*host=*/true);
+    }
+    return absl::OkStatus();
+  }
+
+  // 5b. The steps, enqueued on the two streams, with the bytes held.
+  absl::Status RunSteps() {
+    backend_.ResetEvents();
+    ASSIGN_OR_RETURN(origin_, streams_.Record(Stream::kCompute));
+    held_ = graph_.persistent_bytes();
+    result_.peak_bytes = held_;
+    result_.peak_step = -1;
+    result_.steps.resize(num_steps_);
+    for (int k = 0; k < num_steps_; ++k) {
+      const Step& step = schedule_.steps[k];
+      StepMeasurement& m = result_.steps[k];
+      m.action = step.action;
+      m.node = step.node;
+      int64_t during = 0;  // bytes held while the step runs
+      switch (step.action) {
+        case Action::kCompute: {
+          ASSIGN_OR_RETURN(during, RunCompute(k));
+          break;
+        }
+        case Action::kOffload: {
+          ASSIGN_OR_RETURN(during, RunOffload(k));
+          break;
+        }
+        case Action::kPrefetch: {
+          ASSIGN_OR_RETURN(during, RunPrefetch(k));
+          break;
+        }
+        case Action::kFree:
+          during = RunFree(k);
+          break;
+      }
+      m.resident_bytes = held_;
+      m.during_bytes = during;
+      m.host_bytes = host_held_;
+      if (during > result_.peak_bytes) {
+        result_.peak_bytes = during;
+        result_.peak_step = k;
+      }
+      result_.host_peak_bytes = std::max(result_.host_peak_bytes, host_held_);
+    }
+    return backend_.Synchronize();
+  }
+
+  // 5c. Each step's start and end, once every event is complete; the
+  // totals of ExecutionResult.
+  absl::Status MeasureTimes() {
+    auto at = [&](const StreamEvent& e) -> absl::StatusOr<double> {
+      if (!e.valid()) return 0.0;
+      return backend_.ElapsedSeconds(origin_.id, e.id);
+    };
+    double last_end = 0;
+    for (int k = 0; k < num_steps_; ++k) {
+      StepMeasurement& m = result_.steps[k];
+      if (m.action == Action::kFree) {
+        ASSIGN_OR_RETURN(double a, at(events_[k].start));
+        ASSIGN_OR_RETURN(double b, at(events_[k].end));
+        m.start_s = m.end_s = std::max(a, b);
+      } else {
+        ASSIGN_OR_RETURN(m.start_s, at(events_[k].start));
+        ASSIGN_OR_RETURN(m.end_s, at(events_[k].end));
+        const double d = m.end_s - m.start_s;
+        if (m.action == Action::kCompute) {
+          result_.kernel_time_s += d;
+        } else {
+          result_.copy_time_s += d;
+        }
+      }
+      last_end = std::max(last_end, m.end_s);
+    }
+    result_.time_s = last_end;
+    result_.copy_overlap_s = CopyComputeOverlapSeconds(result_.steps);
+    // Each stream runs its steps one at a time, so kernels + copies -
+    // overlap is the time either stream was busy.
+    result_.overhead_s = std::max(0.0, result_.time_s - result_.kernel_time_s -
+                                           result_.copy_time_s + result_.copy_overlap_s);
+    return absl::OkStatus();
+  }
+
+  // 6. The graph's outputs, copied to the host (bfloat16 widened to
+  // float32), and the loss when it is a scalar.
+  absl::Status DownloadOutputs() {
+    for (NodeId v : graph_.outputs()) {
+      PEBBLE_CHECK(current_[v] >= 0, "output not resident at the end");
+      HostTensor t;
+      t.node = v;
+      t.array.shape = *graph_.shape(v);
+      t.array.dtype = *graph_.dtype(v);
+      t.array.data.resize(static_cast<size_t>(graph_.bytes(v)));
+      RETURN_IF_ERROR(
+          backend_.Download(t.array.data.data(), Address(current_[v]), graph_.bytes(v)));
+      if (t.array.dtype == DType::kBFloat16) WidenBFloat16(t.array);
+      result_.outputs.push_back(std::move(t));
+    }
+    result_.loss = ScalarLoss(graph_, result_);
+    return absl::OkStatus();
+  }
+
+ private:
+  struct StepEvents {
+    StreamEvent start, end;
+  };
+
+  std::byte* Address(int32_t instance) const {
+    const TensorInstance& inst = layout_.instances[instance];
+    PEBBLE_CHECK(inst.offset >= 0 && inst.offset + inst.bytes <= layout_.arena_bytes,
+                 "instance outside the arena");
+    return arena_->get() + inst.offset;
+  }
+  TensorView View(NodeId v, int32_t instance) const {
+    return TensorView{Address(instance), *graph_.shape(v), *graph_.dtype(v)};
+  }
+
+  // Step k failed: the error naming the step. The work already enqueued is
+  // drained first, so that it finishes before the arena is freed, and so
+  // that what the device found in it meanwhile (an index fault of an
+  // earlier op, docs/cuda.md) is reported with this error, not by the next
+  // run's synchronisation.
+  absl::Status Failed(int k, const absl::Status& status) {
+    const absl::Status at = AtStep(graph_, schedule_, k, status);
+    const absl::Status drained = backend_.Synchronize();
+    if (drained.ok()) return at;
+    return absl::Status(at.code(), absl::StrCat(at.message(), "; the device also reported: ",
+                                                drained.message()));
+  }
+
+  // Runs `work` (a Backend call enqueued on `stream`) between two events,
+  // kept as step k's start and end; the end, or the error naming the step.
+  absl::StatusOr<StreamEvent> Timed(int k, Stream stream,
+                                    absl::FunctionRef<absl::Status()> work) {
+    absl::StatusOr<StreamEvent> start = streams_.Record(stream);
+    if (!start.ok()) return Failed(k, start.status());
+    if (absl::Status s = work(); !s.ok()) return Failed(k, s);
+    absl::StatusOr<StreamEvent> end = streams_.Record(stream);
+    if (!end.ok()) return Failed(k, end.status());
+    events_[k] = {*start, *end};
+    return end;
+  }
+
+  absl::Status WaitOrFail(int k, Stream stream, const StreamEvent& e) {
+    absl::Status s = streams_.Wait(stream, e);
+    return s.ok() ? s : Failed(k, s);
+  }
+
+  // Each Run* returns the bytes held while its step runs.
+  absl::StatusOr<int64_t> RunCompute(int k) {
+    const NodeId v = schedule_.steps[k].node;
+    const int32_t output = instances_.step_output[k];
+    const int32_t workspace = instances_.step_workspace[k];
+    PEBBLE_CHECK(current_[v] < 0 && output >= 0, "compute without a new instance");
+    for (NodeId u : graph_.unique_inputs(v)) {
+      PEBBLE_CHECK(current_[u] >= 0, "compute input not resident");
+      RETURN_IF_ERROR(WaitOrFail(k, Stream::kCompute, ready_[u]));
+    }
+    RETURN_IF_ERROR(WaitOrFail(k, Stream::kCompute, freed_copy_));  // R_k
+    KernelContext& ctx = kernel_context_;
+    ctx.graph = &graph_;
+    ctx.node = v;
+    ctx.inputs.clear();
+    for (NodeId u : graph_.inputs(v)) ctx.inputs.push_back(View(u, current_[u]));
+    current_[v] = output;
+    ctx.output = View(v, output);
+    ctx.workspace = workspace >= 0 ? Address(workspace) : nullptr;
+    ctx.workspace_bytes = workspace >= 0 ? layout_.instances[workspace].bytes : 0;
+    held_ += graph_.bytes(v);
+    const int64_t during = held_ + ctx.workspace_bytes;
+    ASSIGN_OR_RETURN(StreamEvent end,
+                     Timed(k, Stream::kCompute, [&] { return backend_.Compute(ctx); }));
+    ready_[v] = end;
+    last_compute_use_[v] = end;
+    for (NodeId u : graph_.unique_inputs(v)) last_compute_use_[u] = end;
+    return during;
+  }
+
+  absl::StatusOr<int64_t> RunOffload(int k) {
+    const NodeId v = schedule_.steps[k].node;
+    PEBBLE_CHECK(current_[v] >= 0, "offload of a tensor not resident");
+    RETURN_IF_ERROR(WaitOrFail(k, Stream::kCopy, ready_[v]));
+    if (!host_counted_[v]) {
+      host_counted_[v] = 1;
+      host_held_ += graph_.bytes(v);
+    }
+    ASSIGN_OR_RETURN(StreamEvent end, Timed(k, Stream::kCopy, [&] {
+                       return backend_.Copy(CopyDirection::kDeviceToHost,
+                                            host_buffers_[host_index_[v]].get(),
+                                            Address(current_[v]), graph_.bytes(v));
+                     }));
+    last_copy_use_[v] = end;
+    return held_;
+  }
+
+  absl::StatusOr<int64_t> RunPrefetch(int k) {
+    const NodeId v = schedule_.steps[k].node;
+    const int32_t output = instances_.step_output[k];
+    PEBBLE_CHECK(current_[v] < 0 && host_index_[v] >= 0 && output >= 0,
+                 "prefetch without a host copy or a new instance");
+    RETURN_IF_ERROR(WaitOrFail(k, Stream::kCopy, freed_compute_));  // R_k
+    current_[v] = output;
+    held_ += graph_.bytes(v);
+    ASSIGN_OR_RETURN(StreamEvent end, Timed(k, Stream::kCopy, [&] {
+                       return backend_.Copy(CopyDirection::kHostToDevice, Address(output),
+                                            host_buffers_[host_index_[v]].get(),
+                                            graph_.bytes(v));
+                     }));
+    ready_[v] = end;
+    last_copy_use_[v] = end;
+    return held_;
+  }
+
+  int64_t RunFree(int k) {
+    const NodeId v = schedule_.steps[k].node;
+    PEBBLE_CHECK(current_[v] >= 0 && !graph_.persistent(v), "free of a tensor not held");
+    current_[v] = -1;
+    held_ -= graph_.bytes(v);
+    // Really free once every compute that read or produced v and every copy
+    // of v is done (SPEC section 4; a prefetch that no compute read before
+    // the free would otherwise still be writing memory the free hands on).
+    freed_compute_ = Later(freed_compute_, last_compute_use_[v]);
+    freed_copy_ = Later(freed_copy_, last_copy_use_[v]);
+    events_[k] = {last_compute_use_[v], last_copy_use_[v]};  // resolved in MeasureTimes
+    return held_;
+  }
+
+  const Graph& graph_;
+  const Schedule& schedule_;
+  Backend& backend_;
+  ExecutionResult& result_;
+  const MemoryLayout& layout_;
+  const int num_steps_;
+  const InstanceIndex instances_;
+  StreamTracker streams_;
+  std::optional<DeviceBuffer> arena_;
+  std::vector<DeviceBuffer> host_buffers_;
+  std::vector<int32_t> current_;     // node -> the instance it holds, or -1
+  std::vector<int32_t> host_index_;  // node -> its host buffer, or -1
+  std::vector<uint8_t> host_counted_;
+  int64_t held_ = 0, host_held_ = 0;
+  // Per node: its data is complete; the last compute that read or produced
+  // it; the last copy of its instance (an offload reads it, a prefetch
+  // writes it; a free waits for both).
+  std::vector<StreamEvent> ready_, last_compute_use_, last_copy_use_;
+  StreamEvent freed_compute_, freed_copy_;  // the latest behind any earlier free
+  StreamEvent origin_;
+  std::vector<StepEvents> events_;
+  KernelContext kernel_context_;
+};
+
+}  // namespace
+
 absl::StatusOr<ExecutionResult> Execute(const Graph& graph, const Schedule& schedule,
                                         Backend& backend, const ExecutorOptions& options,
                                         const MemoryLayout* given_layout) {
@@ -482,310 +877,17 @@ absl::StatusOr<ExecutionResult> Execute(const Graph& graph, const Schedule& sche
     ASSIGN_OR_RETURN(result.layout, PlanMemoryLayout(graph, schedule, options.layout));
   }
   result.device = backend.Description();
-  const MemoryLayout& layout = result.layout;
-  const int num_steps = static_cast<int>(schedule.steps.size());
 
-  // Instances by what creates them.
-  std::vector<int32_t> persistent_instance(graph.num_nodes(), -1);
-  std::vector<int32_t> step_output(num_steps, -1), step_workspace(num_steps, -1);
-  for (size_t i = 0; i < layout.instances.size(); ++i) {
-    const TensorInstance& inst = layout.instances[i];
-    if (graph.persistent(inst.node)) {
-      persistent_instance[inst.node] = static_cast<int32_t>(i);
-    } else if (inst.workspace) {
-      step_workspace[inst.first_step] = static_cast<int32_t>(i);
-    } else {
-      step_output[inst.first_step] = static_cast<int32_t>(i);
-    }
-  }
-
-  // 3. One arena, once.
-  const int64_t device_before = backend.MemoryStats().device_bytes_in_use;
-  ASSIGN_OR_RETURN(std::byte * arena_ptr, backend.AllocateDevice(layout.arena_bytes));
-  result.arena_bytes = backend.MemoryStats().device_bytes_in_use - device_before;
-  DeviceBuffer arena(backend, arena_ptr, /*host=*/false);
-  if (options.poison_arena) RETURN_IF_ERROR(backend.Fill(arena.get(), 0xFF, layout.arena_bytes));
-  auto address = [&](int32_t instance) {
-    const TensorInstance& inst = layout.instances[instance];
-    PEBBLE_CHECK(inst.offset >= 0 && inst.offset + inst.bytes <= layout.arena_bytes,
-                 "instance outside the arena");
-    return arena.get() + inst.offset;
-  };
-  auto view = [&](NodeId v, int32_t instance) {
-    return TensorView{address(instance), *graph.shape(v), *graph.dtype(v)};
-  };
-
-  // 4. Persistent tensors.
-  for (NodeId v = 0; v < graph.num_nodes(); ++v) {
-    if (!graph.persistent(v)) continue;
-    PEBBLE_CHECK(persistent_instance[v] >= 0, "persistent node without an instance");
-    std::optional<NpyArray> array;
-    if (!options.inputs_dir.empty()) {
-      ASSIGN_OR_RETURN(array, ReadInputFile(graph, v, options.inputs_dir));
-    }
-    if (array.has_value()) {
-      result.loaded_inputs.push_back(v);
-    } else {
-      ASSIGN_OR_RETURN(array, GenerateInput(graph, v, options.seed));
-      result.generated_inputs.push_back(v);
-    }
-    if (static_cast<int64_t>(array->data.size()) != graph.bytes(v)) {
-      return absl::InvalidArgumentError(absl::StrCat("persistent node ", Quote(graph.id(v)), ": ",
-                                                     array->data.size(), " bytes of data for a ",
-                                                     graph.bytes(v), "-byte slot"));
-    }
-    RETURN_IF_ERROR(backend.Upload(address(persistent_instance[v]), array->data.data(),
-                                   graph.bytes(v)));
-  }
-
-  // 5. The steps. Executor-side state, kept apart from the simulator's.
-  std::vector<int32_t> current(graph.num_nodes(), -1);  // instance held, or -1
-  for (NodeId v = 0; v < graph.num_nodes(); ++v) current[v] = persistent_instance[v];
-  std::vector<int32_t> host_index(graph.num_nodes(), -1);  // into host_buffers
-  std::vector<DeviceBuffer> host_buffers;
-  std::vector<StreamEvent> ready(graph.num_nodes());         // v's data is complete
-  std::vector<StreamEvent> last_compute_use(graph.num_nodes());  // read or produced v
-  // The last copy of v's instance: an offload reads it, a prefetch writes
-  // it. A free waits for both (SPEC section 4 names only the offload; a
-  // prefetch that no compute read before the free would otherwise still be
-  // writing memory the free hands on).
-  std::vector<StreamEvent> last_copy_use(graph.num_nodes());
-  StreamEvent freed_compute, freed_copy;  // the latest behind any earlier free
-  int64_t held = graph.persistent_bytes(), host_held = 0;
-  result.peak_bytes = held;
-  result.peak_step = -1;
-
-  // Host buffers (pinned on CUDA) for every offloaded tensor, allocated here,
-  // before the timed steps: a pinned allocation is slow and may serialise
-  // the device, which would hide the overlap the plan assumes. They count as
-  // held from their first offload on, as H grows in SPEC section 2.
-  std::vector<uint8_t> host_counted(graph.num_nodes(), 0);
-  for (const Step& step : schedule.steps) {
-    if (step.action != Action::kOffload || host_index[step.node] >= 0) continue;
-    auto buffer = backend.AllocateHost(graph.bytes(step.node));
-    if (!buffer.ok()) {
-      return absl::Status(buffer.status().code(),
-                          absl::StrCat("host buffer for offloaded '", graph.id(step.node),
-                                       "' (", graph.bytes(step.node), " bytes): ",
-                                       buffer.status().message()));
-    }
-    host_index[step.node] = static_cast<int32_t>(host_buffers.size());
-    host_buffers.emplace_back(backend, *buffer, /*host=*/true);
-  }
-
-  struct StepEvents {
-    StreamEvent start, end;
-  };
-  std::vector<StepEvents> events(num_steps);
-  result.steps.resize(num_steps);
-
+  ScheduleRun run(graph, schedule, backend, result);
+  RETURN_IF_ERROR(run.AllocateArena(options.poison_arena));
+  RETURN_IF_ERROR(run.LoadPersistent(options));
+  RETURN_IF_ERROR(run.AllocateHostBuffers());
   result.setup_s =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - setup_start).count();
-  backend.ResetEvents();
-  StreamTracker streams(backend);
-  ASSIGN_OR_RETURN(StreamEvent origin, streams.Record(Stream::kCompute));
-  KernelContext ctx;
-  ctx.graph = &graph;
-  // Step k failed: the error naming the step. The work already enqueued is
-  // drained first, so that it finishes before the arena is freed, and so that
-  // what the device found in it meanwhile (an index fault of an earlier op,
-  // docs/cuda.md) is reported with this error, not by the next run's
-  // synchronisation.
-  auto failed = [&](int k, const absl::Status& status) -> absl::Status {
-    const absl::Status at = AtStep(graph, schedule, k, status);
-    const absl::Status drained = backend.Synchronize();
-    if (drained.ok()) return at;
-    return absl::Status(at.code(), absl::StrCat(at.message(), "; the device also reported: ",
-                                                drained.message()));
-  };
-  // Runs `work` (a Backend call enqueued on `stream`) between two events,
-  // kept as step k's start and end; the end, or the error naming the step.
-  auto timed = [&](int k, Stream stream, const auto& work) -> absl::StatusOr<StreamEvent> {
-    absl::StatusOr<StreamEvent> start = streams.Record(stream);
-    if (!start.ok()) return failed(k, start.status());
-    if (absl::Status s = work(); !s.ok()) return failed(k, s);
-    absl::StatusOr<StreamEvent> end = streams.Record(stream);
-    if (!end.ok()) return failed(k, end.status());
-    events[k] = {*start, *end};
-    return end;
-  };
+  RETURN_IF_ERROR(run.RunSteps());
+  RETURN_IF_ERROR(run.MeasureTimes());
+  if (options.download_outputs) RETURN_IF_ERROR(run.DownloadOutputs());
 
-  for (int k = 0; k < num_steps; ++k) {
-    const Step& step = schedule.steps[k];
-    const NodeId v = step.node;
-    StepMeasurement& m = result.steps[k];
-    m.action = step.action;
-    m.node = v;
-    int64_t during = held;
-    switch (step.action) {
-      case Action::kCompute: {
-        PEBBLE_CHECK(current[v] < 0 && step_output[k] >= 0, "compute without a new instance");
-        for (NodeId u : graph.unique_inputs(v)) {
-          PEBBLE_CHECK(current[u] >= 0, "compute input not resident");
-          auto s = streams.Wait(Stream::kCompute, ready[u]);
-          if (!s.ok()) return failed(k, s);
-        }
-        auto s = streams.Wait(Stream::kCompute, freed_copy);  // R_k
-        if (!s.ok()) return failed(k, s);
-        ctx.node = v;
-        ctx.inputs.clear();
-        for (NodeId u : graph.inputs(v)) ctx.inputs.push_back(view(u, current[u]));
-        current[v] = step_output[k];
-        ctx.output = view(v, current[v]);
-        if (step_workspace[k] >= 0) {
-          ctx.workspace = address(step_workspace[k]);
-          ctx.workspace_bytes = layout.instances[step_workspace[k]].bytes;
-        } else {
-          ctx.workspace = nullptr;
-          ctx.workspace_bytes = 0;
-        }
-        held += graph.bytes(v);
-        during = held + ctx.workspace_bytes;
-        const auto end = timed(k, Stream::kCompute, [&] { return backend.Compute(ctx); });
-        if (!end.ok()) return end.status();
-        ready[v] = *end;
-        last_compute_use[v] = *end;
-        for (NodeId u : graph.unique_inputs(v)) last_compute_use[u] = *end;
-        break;
-      }
-      case Action::kOffload: {
-        PEBBLE_CHECK(current[v] >= 0, "offload of a tensor not resident");
-        auto s = streams.Wait(Stream::kCopy, ready[v]);
-        if (!s.ok()) return failed(k, s);
-        if (!host_counted[v]) {
-          host_counted[v] = 1;
-          host_held += graph.bytes(v);
-        }
-        const auto end = timed(k, Stream::kCopy, [&] {
-          return backend.Copy(CopyDirection::kDeviceToHost, host_buffers[host_index[v]].get(),
-                              address(current[v]), graph.bytes(v));
-        });
-        if (!end.ok()) return end.status();
-        last_copy_use[v] = *end;
-        break;
-      }
-      case Action::kPrefetch: {
-        PEBBLE_CHECK(current[v] < 0 && host_index[v] >= 0 && step_output[k] >= 0,
-                     "prefetch without a host copy or a new instance");
-        auto s = streams.Wait(Stream::kCopy, freed_compute);  // R_k
-        if (!s.ok()) return failed(k, s);
-        current[v] = step_output[k];
-        held += graph.bytes(v);
-        during = held;
-        const auto end = timed(k, Stream::kCopy, [&] {
-          return backend.Copy(CopyDirection::kHostToDevice, address(current[v]),
-                              host_buffers[host_index[v]].get(), graph.bytes(v));
-        });
-        if (!end.ok()) return end.status();
-        ready[v] = *end;
-        last_copy_use[v] = *end;
-        break;
-      }
-      case Action::kFree: {
-        PEBBLE_CHECK(current[v] >= 0 && !graph.persistent(v), "free of a tensor not held");
-        current[v] = -1;
-        held -= graph.bytes(v);
-        during = held;
-        // Really free once every compute that read or produced v and every
-        // copy of v is done (SPEC section 4, and the prefetch above).
-        freed_compute = Later(freed_compute, last_compute_use[v]);
-        freed_copy = Later(freed_copy, last_copy_use[v]);
-        events[k] = {last_compute_use[v], last_copy_use[v]};  // resolved below
-        break;
-      }
-    }
-    m.resident_bytes = held;
-    m.during_bytes = during;
-    m.host_bytes = host_held;
-    if (during > result.peak_bytes) {
-      result.peak_bytes = during;
-      result.peak_step = k;
-    }
-    result.host_peak_bytes = std::max(result.host_peak_bytes, host_held);
-  }
-  auto synced = backend.Synchronize();
-  if (!synced.ok()) return synced;
-  ASSIGN_OR_RETURN(StreamEvent last_compute, streams.Record(Stream::kCompute));
-  ASSIGN_OR_RETURN(StreamEvent last_copy, streams.Record(Stream::kCopy));
-
-  // Times, now that every event is complete.
-  auto at = [&](const StreamEvent& e) -> absl::StatusOr<double> {
-    if (!e.valid()) return 0.0;
-    return backend.ElapsedSeconds(origin.id, e.id);
-  };
-  double last_end = 0;
-  for (int k = 0; k < num_steps; ++k) {
-    StepMeasurement& m = result.steps[k];
-    if (m.action == Action::kFree) {
-      ASSIGN_OR_RETURN(double a, at(events[k].start));
-      ASSIGN_OR_RETURN(double b, at(events[k].end));
-      m.start_s = m.end_s = std::max(a, b);
-    } else {
-      ASSIGN_OR_RETURN(m.start_s, at(events[k].start));
-      ASSIGN_OR_RETURN(m.end_s, at(events[k].end));
-      const double d = m.end_s - m.start_s;
-      if (m.action == Action::kCompute) {
-        result.kernel_time_s += d;
-      } else {
-        result.copy_time_s += d;
-      }
-    }
-    last_end = std::max(last_end, m.end_s);
-  }
-  (void)last_compute;
-  (void)last_copy;
-  result.time_s = last_end;
-  result.copy_overlap_s = CopyComputeOverlapSeconds(result.steps);
-  // Each stream runs its steps one at a time, so kernels + copies - overlap
-  // is the time either stream was busy.
-  result.overhead_s = std::max(0.0, result.time_s - result.kernel_time_s - result.copy_time_s +
-                                        result.copy_overlap_s);
-
-  // 6. Outputs.
-  if (options.download_outputs) {
-    for (NodeId v : graph.outputs()) {
-      PEBBLE_CHECK(current[v] >= 0, "output not resident at the end");
-      HostTensor t;
-      t.node = v;
-      t.array.shape = *graph.shape(v);
-      t.array.dtype = *graph.dtype(v);
-      t.array.data.resize(static_cast<size_t>(graph.bytes(v)));
-      RETURN_IF_ERROR(backend.Download(t.array.data.data(), address(current[v]), graph.bytes(v)));
-      if (t.array.dtype == DType::kBFloat16) {
-        const int64_t n = NumElements(t.array.shape);
-        std::vector<uint8_t> wide(static_cast<size_t>(4 * n));
-        for (int64_t i = 0; i < n; ++i) {
-          uint16_t b;
-          std::memcpy(&b, t.array.data.data() + 2 * i, 2);
-          const float x = BFloat16ToFloat(b);
-          std::memcpy(wide.data() + 4 * i, &x, 4);
-        }
-        t.array.dtype = DType::kFloat32;
-        t.array.data = std::move(wide);
-      }
-      result.outputs.push_back(std::move(t));
-    }
-    const NodeId loss = graph.Find("loss");
-    if (const HostTensor* t = loss == kNoNode ? nullptr : result.FindOutput(graph, "loss");
-        t != nullptr && NumElements(t->array.shape) == 1) {
-      switch (t->array.dtype) {
-        case DType::kFloat32: {
-          float x;
-          std::memcpy(&x, t->array.data.data(), 4);
-          result.loss = x;
-          break;
-        }
-        case DType::kFloat16: {
-          uint16_t h;
-          std::memcpy(&h, t->array.data.data(), 2);
-          result.loss = HalfToFloat(h);
-          break;
-        }
-        default:
-          break;
-      }
-    }
-  }
   result.backend_memory = backend.MemoryStats();
   for (const auto& [name, count] : backend.Counters()) {
     const auto before = counters_before.find(name);
