@@ -11,6 +11,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "graph/autodiff.h"
 #include "graph/graph_json.h"
 #include "graph/models/models.h"
 #include "graph/status.h"
@@ -26,6 +27,15 @@ void GraphSource::AddOptions(CLI::App* cmd) {
   auto* graph_opt =
       cmd->add_option("--graph,-g", graph, "graph file in the pebble-graph JSON format");
   model_opt->excludes(graph_opt);
+  auto* train_opt = cmd->add_flag(
+      "--train", train,
+      "the --graph is a forward graph: add --loss and differentiate it first (the loss "
+      "reads the graph's one output and a new input 'target')");
+  train_opt->needs(graph_opt);
+  cmd->add_option("--loss", loss,
+                  "loss for --train: cross-entropy (class indices in 'target', the default) "
+                  "or mse")
+      ->check(CLI::IsMember({"cross-entropy", "mse"}));
   cmd->add_option("--throughput", throughput_flops_per_s,
                   "device FLOP/s that turns a model's FLOPs into seconds of cost "
                   "(default 10e12; ignored for --graph, whose costs are given)")
@@ -44,7 +54,19 @@ absl::StatusOr<Graph> LoadWithoutProfile(const GraphSource& source) {
     cost.device_flops_per_s = source.throughput_flops_per_s;
     return BuildModel(source.model, cost);
   }
-  if (!source.graph.empty()) return ReadGraphFile(source.graph);
+  if (!source.graph.empty()) {
+    ASSIGN_OR_RETURN(Graph g, ReadGraphFile(source.graph));
+    if (!source.train) return g;
+    ASSIGN_OR_RETURN(LossKind loss, ParseLossKind(source.loss));
+    CostModel cost;  // for the backward nodes
+    cost.device_flops_per_s = source.throughput_flops_per_s;
+    auto trained = AddLossAndDifferentiate(g, loss, cost);
+    if (!trained.ok()) {
+      return absl::Status(trained.status().code(), absl::StrCat("--train: ", Quote(source.graph),
+                                                                ": ", trained.status().message()));
+    }
+    return trained;
+  }
   return absl::InvalidArgumentError("give a graph: --model NAME[:k=v,...] or --graph FILE");
 }
 

@@ -24,6 +24,9 @@ struct GraphSource {
   // A cost profile from `pebble calibrate` (scheduler/cost_profile.h): node
   // costs become the measured seconds where the profile has the node's key.
   std::string profile;
+  // --train: differentiate a forward --graph with `loss` first.
+  bool train = false;
+  std::string loss = "cross-entropy";
 
   // Adds the options to `cmd`. `graph_only`: no --model (simulate needs the
   // exact graph a schedule was made for, but a model works too).
@@ -98,6 +101,7 @@ void AddInfoCommands(CLI::App& app, int& exit_code);
 void AddPlanCommands(CLI::App& app, int& exit_code);
 void AddRunCommands(CLI::App& app, int& exit_code);        // run, fit
 void AddCalibrateCommand(CLI::App& app, int& exit_code);   // calibrate
+void AddImportCommand(CLI::App& app, int& exit_code);      // import
 
 // Prints "pebble: <message>" on stderr, on one line (control characters
 // escaped), and returns 1.

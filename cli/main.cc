@@ -21,6 +21,8 @@ Examples:
   pebble plan --graph g.json --policy baseline --budget 8GiB --schedule-out s.json
   pebble simulate --graph g.json --schedule s.json
   pebble compare --model resnet18:batch=8 --budgets 100%,80%,60%
+  pebble import resnet18.onnx --loss cross-entropy --output resnet18.json
+  pebble plan --graph forward.json --train --loss mse --policy rotor --budget 60%
 
 Sizes: bytes or with units (512MiB, 8GiB, 2GB, 1.5e9). Budgets also take a
 percentage of the baseline peak (60%) or 'min'. Every command takes --json
@@ -39,6 +41,7 @@ int main(int argc, char** argv) {
   pebble::cli::AddPlanCommands(app, exit_code);
   pebble::cli::AddRunCommands(app, exit_code);
   pebble::cli::AddCalibrateCommand(app, exit_code);
+  pebble::cli::AddImportCommand(app, exit_code);
   pebble::cli::RefuseEmptyValues(app);
   try {
     app.parse(argc, argv);

@@ -26,8 +26,14 @@ endif()
 
 # pebble_add_library(NAME DIR): one library per layer; sources are the .cc
 # files of DIR and its subfolders.
+# pebble_add_library(name dir [EXCLUDE subdir...]): a static library of
+# every .cc under dir, but those under the excluded subdirs.
 function(pebble_add_library name dir)
+  cmake_parse_arguments(ARG "" "" "EXCLUDE" ${ARGN})
   file(GLOB_RECURSE srcs CONFIGURE_DEPENDS ${dir}/*.cc)
+  foreach(sub IN LISTS ARG_EXCLUDE)
+    list(FILTER srcs EXCLUDE REGEX "^${dir}/${sub}/")
+  endforeach()
   add_library(${name} STATIC ${srcs})
   target_include_directories(${name} PUBLIC ${PROJECT_SOURCE_DIR})
   target_link_libraries(${name} PRIVATE pebble_options)

@@ -365,4 +365,66 @@ absl::StatusOr<Graph> BuildTrainingGraph(const Graph& forward,
   return nb.Build();
 }
 
+absl::StatusOr<LossKind> ParseLossKind(absl::string_view name) {
+  if (name == "none") return LossKind::kNone;
+  if (name == "cross-entropy") return LossKind::kCrossEntropy;
+  if (name == "mse") return LossKind::kMse;
+  return absl::InvalidArgumentError(absl::StrCat(
+      "unknown loss '", name, "' (cross-entropy, mse or none)"));
+}
+
+absl::string_view LossKindName(LossKind kind) {
+  switch (kind) {
+    case LossKind::kNone: return "none";
+    case LossKind::kCrossEntropy: return "cross-entropy";
+    case LossKind::kMse: return "mse";
+  }
+  return "?";
+}
+
+absl::StatusOr<Graph> AddLossAndDifferentiate(const Graph& forward, LossKind loss,
+                                              CostModel cost_model) {
+  if (loss == LossKind::kNone) return forward;
+  const absl::string_view what = LossKindName(loss);
+  if (forward.outputs().size() != 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--loss ", what, " needs a forward graph with one output (the prediction); '",
+        forward.name(), "' has ", forward.outputs().size()));
+  }
+  for (const char* taken : {"target", "loss"}) {
+    if (forward.Find(taken) != kNoNode) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--loss ", what, ": the graph already has a node '", taken,
+          "' (is it a training graph already?)"));
+    }
+  }
+  const NodeId out = forward.outputs()[0];
+  if (!forward.shape(out).has_value()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--loss ", what, ": the output '", forward.id(out), "' has no shape"));
+  }
+  NetBuilder nb = NetBuilder::FromGraph(forward, cost_model);
+  const Value prediction = nb.Find(forward.id(out));
+  const TensorType& type = nb.type(prediction);
+  Value target;
+  if (loss == LossKind::kCrossEntropy) {
+    if (type.shape.size() < 2) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--loss cross-entropy: the output '", forward.id(out), "' is ",
+          ShapeToString(type.shape), ", not (N, C, ...) logits"));
+    }
+    Shape target_shape = type.shape;
+    target_shape.erase(target_shape.begin() + 1);
+    target = nb.Input("target", target_shape, DType::kInt64);
+    nb.Apply("softmax_cross_entropy", {prediction, target}, nlohmann::json::object(), "loss");
+  } else {
+    target = nb.Input("target", type.shape, type.dtype);
+    nb.Apply("mse_loss", {prediction, target}, nlohmann::json::object(), "loss");
+  }
+  nb.ClearOutputs();
+  nb.MarkOutput(nb.Find("loss"));
+  ASSIGN_OR_RETURN(Graph with_loss, nb.Build());
+  return BuildTrainingGraph(with_loss, "loss", cost_model);
+}
+
 }  // namespace pebble

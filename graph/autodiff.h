@@ -46,6 +46,25 @@ absl::StatusOr<Graph> BuildTrainingGraph(const Graph& forward,
                                          absl::string_view loss_id,
                                          CostModel cost_model = {});
 
+// The loss a forward graph is trained with (`--loss` on the command line).
+enum class LossKind {
+  kNone,          // the forward graph as it is
+  kCrossEntropy,  // softmax_cross_entropy(output, target), nn.CrossEntropyLoss
+  kMse,           // mse_loss(output, target), nn.MSELoss
+};
+// "none", "cross-entropy", "mse"; InvalidArgument naming the choices.
+absl::StatusOr<LossKind> ParseLossKind(absl::string_view name);
+absl::string_view LossKindName(LossKind kind);
+
+// Adds `loss` to a forward graph whose one output is the prediction, and
+// differentiates it: the persistent input "target" (cross-entropy: i64, the
+// output's shape without dim 1; mse: the output's type), the node "loss",
+// then BuildTrainingGraph. kNone returns `forward` unchanged. Errors name
+// the problem: not exactly one output, an output that is not (N, C, ...)
+// for cross-entropy, "target" or "loss" already taken.
+absl::StatusOr<Graph> AddLossAndDifferentiate(const Graph& forward, LossKind loss,
+                                              CostModel cost_model = {});
+
 // Handed to OpDef::backward for one forward node: what the rule may read and
 // how it hands gradients back.
 class BackwardContext {

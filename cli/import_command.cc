@@ -1,0 +1,96 @@
+// pebble import: an ONNX model as a pebble graph (graph/import/onnx_import.h,
+// docs/import.md).
+#include <iostream>
+#include <optional>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "cli/common.h"
+#include "graph/autodiff.h"
+#include "graph/graph_json.h"
+#include "graph/import/onnx_import.h"
+#include "graph/status.h"
+
+namespace pebble::cli {
+namespace {
+
+struct ImportFlags {
+  std::string model_path;
+  std::string loss = "cross-entropy";
+  int64_t batch = 0;  // 0: the model's own
+  std::string output;
+  double throughput_flops_per_s = 10e12;
+  bool force = false;
+  bool json = false;
+};
+
+int RunImport(const ImportFlags& flags) {
+  absl::Status output_ok = CheckOutputPath(flags.output, flags.force);
+  if (!output_ok.ok()) return Fail(output_ok);
+  auto loss = ParseLossKind(flags.loss);
+  if (!loss.ok()) return Fail(loss.status());
+  OnnxImportOptions options;
+  options.loss = *loss;
+  if (flags.batch > 0) options.batch = flags.batch;
+  options.cost_model.device_flops_per_s = flags.throughput_flops_per_s;
+  auto graph = ImportOnnxFile(flags.model_path, options);
+  if (!graph.ok()) return Fail(graph.status());
+  absl::Status written = WriteOutput(flags.output, GraphToJsonText(*graph), flags.force);
+  if (!written.ok()) return Fail(written);
+
+  int64_t parameters = 0, parameter_bytes = 0;
+  for (NodeId v = 0; v < graph->num_nodes(); ++v) {
+    if (graph->role(v) != Role::kParameter) continue;
+    ++parameters;
+    parameter_bytes += graph->bytes(v);
+  }
+  if (flags.json) {
+    nlohmann::json doc = {{"graph", graph->name()},
+                          {"output", flags.output},
+                          {"loss", LossKindName(*loss)},
+                          {"nodes", graph->num_nodes()},
+                          {"parameters", parameters},
+                          {"parameter_bytes", parameter_bytes},
+                          {"persistent_bytes", graph->persistent_bytes()},
+                          {"outputs", graph->outputs().size()}};
+    PrintJson(doc);
+  } else if (flags.output != "-") {
+    std::cout << "imported " << flags.model_path << " as '" << graph->name() << "' ("
+              << (*loss == LossKind::kNone ? "forward graph"
+                                           : absl::StrCat("training graph, loss ",
+                                                          LossKindName(*loss)))
+              << "): " << graph->num_nodes() << " nodes, " << parameters << " parameters of "
+              << parameter_bytes << " bytes; wrote " << flags.output << "\n";
+  }
+  return 0;
+}
+
+}  // namespace
+
+void AddImportCommand(CLI::App& app, int& exit_code) {
+  static ImportFlags flags;
+  auto* cmd = app.add_subcommand(
+      "import",
+      "read an ONNX model (torch.onnx.export in training mode) and write a pebble graph: "
+      "the training graph with --loss, the forward graph with --loss none (docs/import.md)\n"
+      "  e.g. pebble import resnet18.onnx --loss cross-entropy --output resnet18.json");
+  cmd->add_option("model", flags.model_path, "the .onnx file")->required();
+  cmd->add_option("--loss", flags.loss,
+                  "loss to add and differentiate: cross-entropy (nn.CrossEntropyLoss; "
+                  "input 'target' of class indices), mse (nn.MSELoss), or none (default "
+                  "cross-entropy)")
+      ->check(CLI::IsMember({"cross-entropy", "mse", "none"}));
+  cmd->add_option("--batch", flags.batch,
+                  "batch size: rewrites dimension 0 of every graph input (needed when the "
+                  "model's batch dimension is symbolic)")
+      ->check(IntegerIn(1, int64_t{1} << 24));
+  cmd->add_option("--output,-o", flags.output, "graph file to write ('-': stdout)")->required();
+  cmd->add_option("--throughput", flags.throughput_flops_per_s,
+                  "device FLOP/s that turns FLOPs into seconds of cost (default 10e12)")
+      ->check(NumberAbove(0, "a positive number of FLOP/s"));
+  cmd->add_flag("--force", flags.force, "replace an existing output file");
+  cmd->add_flag("--json", flags.json, "print a JSON summary");
+  cmd->callback([&exit_code] { exit_code = RunImport(flags); });
+}
+
+}  // namespace pebble::cli

@@ -1,0 +1,960 @@
+// ONNX import (see onnx_import.h and docs/import.md).
+#include "graph/import/onnx_import.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <exception>
+#include <filesystem>
+#include <functional>
+#include <map>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "graph/status.h"
+#include "graph/text_input.h"
+#include "onnx/onnx_pb.h"
+#include "onnx/shape_inference/implementation.h"
+
+namespace pebble {
+namespace {
+
+using Json = nlohmann::json;
+
+absl::StatusOr<DType> DTypeOfOnnx(int elem_type) {
+  switch (elem_type) {
+    case onnx::TensorProto::FLOAT: return DType::kFloat32;
+    case onnx::TensorProto::FLOAT16: return DType::kFloat16;
+    case onnx::TensorProto::BFLOAT16: return DType::kBFloat16;
+    case onnx::TensorProto::INT64: return DType::kInt64;
+    case onnx::TensorProto::UINT8: return DType::kUInt8;
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat("ONNX element type ", elem_type, " has no pebble dtype"));
+  }
+}
+
+// The node as errors name it: "ONNX node 'name' (op Conv)".
+std::string NodeLabel(const onnx::NodeProto& node) {
+  const std::string& name = node.name().empty() && node.output_size() > 0
+                                ? node.output(0)
+                                : node.name();
+  return absl::StrCat("ONNX node ", Quote(name), " (op ", Printable(node.op_type()), ")");
+}
+
+absl::Status NodeError(const onnx::NodeProto& node, absl::string_view what) {
+  return absl::InvalidArgumentError(absl::StrCat(NodeLabel(node), ": ", what));
+}
+
+// One ONNX node's attributes, read with their types checked.
+class Attrs {
+ public:
+  explicit Attrs(const onnx::NodeProto& node) : node_(node) {
+    for (const onnx::AttributeProto& a : node.attribute()) by_name_[a.name()] = &a;
+  }
+  bool has(absl::string_view name) const { return by_name_.contains(name); }
+
+  absl::StatusOr<int64_t> Int(absl::string_view name, int64_t fallback) const {
+    const onnx::AttributeProto* a = Find(name);
+    if (a == nullptr) return fallback;
+    if (a->type() != onnx::AttributeProto::INT) return Wrong(name, "an integer");
+    return a->i();
+  }
+  absl::StatusOr<double> Float(absl::string_view name, double fallback) const {
+    const onnx::AttributeProto* a = Find(name);
+    if (a == nullptr) return fallback;
+    if (a->type() != onnx::AttributeProto::FLOAT) return Wrong(name, "a float");
+    return a->f();
+  }
+  absl::StatusOr<std::string> String(absl::string_view name, std::string fallback) const {
+    const onnx::AttributeProto* a = Find(name);
+    if (a == nullptr) return fallback;
+    if (a->type() != onnx::AttributeProto::STRING) return Wrong(name, "a string");
+    return a->s();
+  }
+  absl::StatusOr<std::vector<int64_t>> Ints(absl::string_view name,
+                                            std::vector<int64_t> fallback) const {
+    const onnx::AttributeProto* a = Find(name);
+    if (a == nullptr) return fallback;
+    if (a->type() != onnx::AttributeProto::INTS) return Wrong(name, "a list of integers");
+    return std::vector<int64_t>(a->ints().begin(), a->ints().end());
+  }
+  // Every attribute not in `known` is an error: an attribute the importer
+  // does not read could change the operator's meaning.
+  absl::Status OnlyKnown(std::initializer_list<absl::string_view> known) const {
+    for (const auto& [name, a] : by_name_) {
+      if (std::find(known.begin(), known.end(), name) == known.end()) {
+        return NodeError(node_, absl::StrCat("attribute ", Quote(name),
+                                             " is not supported"));
+      }
+    }
+    return absl::OkStatus();
+  }
+  absl::Status Unsupported(absl::string_view name, absl::string_view value,
+                           absl::string_view why = "") const {
+    return NodeError(node_, absl::StrCat("attribute ", name, " = ", value,
+                                         " is not supported", why.empty() ? "" : " (",
+                                         why, why.empty() ? "" : ")"));
+  }
+
+ private:
+  const onnx::AttributeProto* Find(absl::string_view name) const {
+    auto it = by_name_.find(name);
+    return it == by_name_.end() ? nullptr : it->second;
+  }
+  absl::Status Wrong(absl::string_view name, absl::string_view what) const {
+    return NodeError(node_, absl::StrCat("attribute ", Quote(name), " must be ", what));
+  }
+  const onnx::NodeProto& node_;
+  absl::flat_hash_map<std::string, const onnx::AttributeProto*> by_name_;
+};
+
+// The values of an integer tensor (initializer or Constant), for shapes,
+// pads and axes.
+absl::StatusOr<std::vector<int64_t>> IntValues(const onnx::TensorProto& t) {
+  if (t.data_type() != onnx::TensorProto::INT64 && t.data_type() != onnx::TensorProto::INT32) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tensor ", Quote(t.name()), " is not an integer tensor"));
+  }
+  int64_t count = 1;
+  for (int64_t d : t.dims()) {
+    if (d < 0 || d > (int64_t{1} << 20) || (count *= std::max<int64_t>(d, 1)) > (1 << 20)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("integer tensor ", Quote(t.name()), " is too large"));
+    }
+  }
+  std::vector<int64_t> values;
+  if (t.data_type() == onnx::TensorProto::INT64) {
+    if (!t.raw_data().empty()) {
+      const std::string& raw = t.raw_data();
+      if (raw.size() % 8 != 0) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("tensor ", Quote(t.name()), ": raw data of ", raw.size(), " bytes"));
+      }
+      values.resize(raw.size() / 8);
+      std::memcpy(values.data(), raw.data(), raw.size());
+    } else {
+      values.assign(t.int64_data().begin(), t.int64_data().end());
+    }
+  } else {
+    if (!t.raw_data().empty()) {
+      const std::string& raw = t.raw_data();
+      if (raw.size() % 4 != 0) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("tensor ", Quote(t.name()), ": raw data of ", raw.size(), " bytes"));
+      }
+      for (size_t i = 0; i < raw.size(); i += 4) {
+        int32_t x;
+        std::memcpy(&x, raw.data() + i, 4);
+        values.push_back(x);
+      }
+    } else {
+      values.assign(t.int32_data().begin(), t.int32_data().end());
+    }
+  }
+  const int64_t expected = t.dims().empty() ? 1 : count;
+  if (static_cast<int64_t>(values.size()) != expected) {
+    return absl::InvalidArgumentError(absl::StrCat("tensor ", Quote(t.name()), " holds ",
+                                                   values.size(), " values for ", expected,
+                                                   " elements"));
+  }
+  return values;
+}
+
+// A scalar float tensor's value (Dropout's ratio), when it is one.
+std::optional<double> FloatScalar(const onnx::TensorProto& t) {
+  int64_t count = 1;
+  for (int64_t d : t.dims()) count *= d;
+  if (count != 1) return std::nullopt;
+  if (t.data_type() == onnx::TensorProto::FLOAT) {
+    if (t.raw_data().size() == 4) {
+      float x;
+      std::memcpy(&x, t.raw_data().data(), 4);
+      return x;
+    }
+    if (t.float_data_size() == 1) return t.float_data(0);
+  }
+  if (t.data_type() == onnx::TensorProto::DOUBLE) {
+    if (t.raw_data().size() == 8) {
+      double x;
+      std::memcpy(&x, t.raw_data().data(), 8);
+      return x;
+    }
+    if (t.double_data_size() == 1) return t.double_data(0);
+  }
+  return std::nullopt;
+}
+
+std::optional<bool> BoolScalar(const onnx::TensorProto& t) {
+  if (t.data_type() != onnx::TensorProto::BOOL) return std::nullopt;
+  if (t.raw_data().size() == 1) return t.raw_data()[0] != 0;
+  if (t.int32_data_size() == 1) return t.int32_data(0) != 0;
+  return std::nullopt;
+}
+
+// Symmetric ONNX pads [b_1..b_d, e_1..e_d] as one padding per spatial dim.
+absl::StatusOr<std::vector<int64_t>> SymmetricPads(const Attrs& attrs, const onnx::NodeProto& node,
+                                                   int spatial) {
+  ASSIGN_OR_RETURN(std::vector<int64_t> pads,
+                   attrs.Ints("pads", std::vector<int64_t>(2 * spatial, 0)));
+  if (static_cast<int>(pads.size()) != 2 * spatial) {
+    return NodeError(node, absl::StrCat("attribute pads has ", pads.size(), " values for ",
+                                        spatial, " spatial dims"));
+  }
+  std::vector<int64_t> padding(spatial);
+  for (int d = 0; d < spatial; ++d) {
+    if (pads[d] != pads[d + spatial]) {
+      return attrs.Unsupported("pads", absl::StrCat("[", absl::StrJoin(pads, ","), "]"),
+                               "asymmetric padding");
+    }
+    padding[d] = pads[d];
+  }
+  return padding;
+}
+
+absl::Status OnlyNotSetAutoPad(const Attrs& attrs) {
+  ASSIGN_OR_RETURN(std::string auto_pad, attrs.String("auto_pad", "NOTSET"));
+  if (auto_pad != "NOTSET") {
+    return attrs.Unsupported("auto_pad", Quote(auto_pad), "give explicit pads");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status AllOnes(const Attrs& attrs, absl::string_view name, int spatial) {
+  ASSIGN_OR_RETURN(std::vector<int64_t> v, attrs.Ints(name, std::vector<int64_t>(spatial, 1)));
+  for (int64_t x : v) {
+    if (x != 1) {
+      return attrs.Unsupported(name, absl::StrCat("[", absl::StrJoin(v, ","), "]"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+class Importer {
+ public:
+  using Handler = absl::Status (Importer::*)(const onnx::NodeProto&);
+  // The operator mapping, by ONNX op type.
+  static const std::map<std::string, Handler>& Handlers();
+
+  Importer(const onnx::ModelProto& model, absl::string_view name, const OnnxImportOptions& options)
+      : model_(model), graph_(model.graph()), options_(options), nb_(std::string(name),
+                                                                      options.cost_model) {}
+
+  absl::StatusOr<Graph> Run() {
+    RETURN_IF_ERROR(CheckOpset());
+    RETURN_IF_ERROR(CollectInitializers());
+    ReadDeclaredShapes();
+    for (const onnx::ValueInfoProto& v : graph_.input()) reserved_.insert(v.name());
+    for (const onnx::ValueInfoProto& v : graph_.output()) reserved_.insert(v.name());
+    RETURN_IF_ERROR(AddGraphInputs());
+    for (const onnx::NodeProto& node : graph_.node()) {
+      RETURN_IF_ERROR(ImportNode(node));
+      RETURN_IF_ERROR(nb_.status());
+      RETURN_IF_ERROR(CheckDeclaredShapes(node));
+    }
+    if (graph_.output_size() == 0) {
+      return absl::InvalidArgumentError("the ONNX graph has no outputs");
+    }
+    for (const onnx::ValueInfoProto& out : graph_.output()) {
+      auto it = values_.find(out.name());
+      if (it == values_.end()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "ONNX graph output ", Quote(out.name()), " is not computed by any node"));
+      }
+      nb_.MarkOutput(it->second);
+    }
+    ASSIGN_OR_RETURN(Graph forward, nb_.Build());
+    return AddLossAndDifferentiate(forward, options_.loss, options_.cost_model);
+  }
+
+ private:
+  absl::Status CheckOpset() {
+    bool found = false;
+    for (const onnx::OperatorSetIdProto& op_set : model_.opset_import()) {
+      if (op_set.domain().empty() || op_set.domain() == "ai.onnx") {
+        found = true;
+        opset_ = op_set.version();
+      }
+    }
+    if (!found) return absl::InvalidArgumentError("the model imports no ONNX opset");
+    if (opset_ < kMinOnnxOpset || opset_ > kMaxOnnxOpset) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "ONNX opset ", opset_, " is not supported (", kMinOnnxOpset, " to ", kMaxOnnxOpset,
+          "; torch.onnx.export(..., opset_version=13) writes one)"));
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status CollectInitializers() {
+    for (const onnx::TensorProto& t : graph_.initializer()) {
+      if (t.name().empty()) return absl::InvalidArgumentError("an initializer has no name");
+      if (!initializers_.emplace(t.name(), &t).second) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("initializer ", Quote(t.name()), " is given twice"));
+      }
+    }
+    if (graph_.sparse_initializer_size() > 0) {
+      return absl::InvalidArgumentError("sparse initializers are not supported");
+    }
+    // Batch-norm running statistics are buffers, not parameters.
+    for (const onnx::NodeProto& node : graph_.node()) {
+      if (node.op_type() != "BatchNormalization") continue;
+      for (int i = 3; i < std::min(node.input_size(), 5); ++i) buffers_.insert(node.input(i));
+    }
+    return absl::OkStatus();
+  }
+
+  // Shapes ONNX shape inference gives (or the model declares) by value
+  // name, to check pebble's against. Without --batch every dim counts;
+  // with it, dim 0 is skipped (the model's batch is rewritten).
+  void ReadDeclaredShapes() {
+    onnx::ModelProto inferred = model_;
+    try {
+      onnx::shape_inference::InferShapes(inferred);
+    } catch (const std::exception& e) {
+      // ONNX's inference stops at what it cannot type (an operator of
+      // another domain, a malformed node). The import then reports the
+      // culprit in its own words, or, when it succeeds, checks against the
+      // shapes the model itself declares.
+      inferred = model_;
+    }
+    auto read = [&](const onnx::ValueInfoProto& info) {
+      if (!info.type().has_tensor_type() || !info.type().tensor_type().has_shape()) return;
+      Shape shape;
+      for (const auto& dim : info.type().tensor_type().shape().dim()) {
+        shape.push_back(dim.has_dim_value() ? dim.dim_value() : -1);
+      }
+      declared_[info.name()] = std::move(shape);
+    };
+    for (const auto& info : inferred.graph().value_info()) read(info);
+    for (const auto& info : inferred.graph().output()) read(info);
+  }
+
+  absl::Status AddGraphInputs() {
+    for (const onnx::ValueInfoProto& in : graph_.input()) {
+      if (initializers_.contains(in.name())) continue;  // old exporters list them
+      if (!in.type().has_tensor_type()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("graph input ", Quote(in.name()), " is not a tensor"));
+      }
+      const onnx::TypeProto::Tensor& tt = in.type().tensor_type();
+      auto dtype = DTypeOfOnnx(tt.elem_type());
+      if (!dtype.ok()) {
+        return absl::InvalidArgumentError(absl::StrCat("graph input ", Quote(in.name()), ": ",
+                                                       dtype.status().message()));
+      }
+      if (!tt.has_shape()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("graph input ", Quote(in.name()), " has no shape"));
+      }
+      Shape shape;
+      for (int d = 0; d < tt.shape().dim_size(); ++d) {
+        const auto& dim = tt.shape().dim(d);
+        if (d == 0 && options_.batch.has_value()) {
+          shape.push_back(*options_.batch);
+        } else if (dim.has_dim_value() && dim.dim_value() > 0) {
+          shape.push_back(dim.dim_value());
+        } else {
+          const std::string what =
+              dim.has_dim_param() ? absl::StrCat("symbolic (", Quote(dim.dim_param()), ")")
+                                  : std::string("unknown");
+          return absl::InvalidArgumentError(absl::StrCat(
+              "graph input ", Quote(in.name()), ": dimension ", d, " is ", what,
+              d == 0 ? "; give the batch size with --batch N"
+                     : "; only the batch dimension may be symbolic (export with fixed sizes)"));
+        }
+      }
+      values_[in.name()] = nb_.Input(in.name(), shape, *dtype);
+      RETURN_IF_ERROR(nb_.status());
+    }
+    return absl::OkStatus();
+  }
+
+  // The pebble value of ONNX value `name`: computed, a graph input, or an
+  // initializer made a persistent node on first use.
+  absl::StatusOr<Value> Get(const onnx::NodeProto& node, const std::string& name) {
+    if (auto it = values_.find(name); it != values_.end()) return it->second;
+    if (unreadable_.contains(name)) {
+      return NodeError(node, absl::StrCat("reads ", Quote(name),
+                                          ", an output a training step does not produce "
+                                          "(updated running statistics, a dropout mask)"));
+    }
+    auto init = initializers_.find(name);
+    if (init == initializers_.end()) {
+      return NodeError(node, absl::StrCat("input ", Quote(name),
+                                          " is not computed before it is read"));
+    }
+    const onnx::TensorProto& t = *init->second;
+    auto dtype = DTypeOfOnnx(t.data_type());
+    if (!dtype.ok()) {
+      return NodeError(node, absl::StrCat("initializer ", Quote(name), ": ",
+                                          dtype.status().message()));
+    }
+    Shape shape(t.dims().begin(), t.dims().end());
+    for (int64_t d : shape) {
+      if (d <= 0) {
+        return NodeError(node, absl::StrCat("initializer ", Quote(name), " has shape ",
+                                            ShapeToString(shape)));
+      }
+    }
+    Value v;
+    if (buffers_.contains(name)) {
+      v = nb_.Buffer(name, shape, *dtype);
+      // PyTorch keeps a step counter beside each batch norm's statistics.
+      constexpr absl::string_view kMean = ".running_mean";
+      if (name.size() > kMean.size() && absl::EndsWith(name, kMean)) {
+        const std::string counter =
+            absl::StrCat(name.substr(0, name.size() - kMean.size()), ".num_batches_tracked");
+        if (!nb_.Find(counter).valid() && !initializers_.contains(counter)) {
+          nb_.Buffer(counter, {}, DType::kInt64);
+        }
+      }
+    } else {
+      v = nb_.Parameter(name, shape, *dtype);
+    }
+    RETURN_IF_ERROR(nb_.status());
+    values_[name] = v;
+    return v;
+  }
+
+  // A constant integer input (an initializer or a Constant node's value).
+  absl::StatusOr<std::vector<int64_t>> ConstInts(const onnx::NodeProto& node, int i) {
+    if (i >= node.input_size() || node.input(i).empty()) {
+      return NodeError(node, absl::StrCat("input ", i, " is missing"));
+    }
+    const std::string& name = node.input(i);
+    const onnx::TensorProto* t = ConstTensor(name);
+    if (t == nullptr) {
+      return NodeError(node, absl::StrCat("input ", Quote(name),
+                                          " must be a constant (shapes computed at run time "
+                                          "are not supported: export with fixed shapes)"));
+    }
+    auto values = IntValues(*t);
+    if (!values.ok()) return NodeError(node, values.status().message());
+    return values;
+  }
+
+  const onnx::TensorProto* ConstTensor(const std::string& name) const {
+    if (auto it = constants_.find(name); it != constants_.end()) return it->second;
+    if (auto it = initializers_.find(name); it != initializers_.end()) return it->second;
+    return nullptr;
+  }
+
+  // Whether `id` may name a new node: not a node, initializer or input yet,
+  // and not one of the names the loss and autodiff add.
+  bool Free(const std::string& id) const {
+    return !id.empty() && !nb_.Find(id).valid() && !initializers_.contains(id) &&
+           !reserved_.contains(id) && id != "loss" && id != "target" &&
+           !absl::StartsWith(id, "grad:");
+  }
+  std::string FreshId(const std::string& stem) const {
+    for (int n = 2;; ++n) {
+      std::string id = absl::StrCat(stem, "#", n);
+      if (Free(id)) return id;
+    }
+  }
+
+  // The id of the node computing `node`'s first output: the graph output's
+  // name for a graph output; else the module path torch.onnx.export puts in
+  // the node name ("/layer1/layer1.0/conv1/Conv" -> "layer1.0.conv1", then
+  // "layer1.0.conv1.conv" for a second node of the module); else the op in
+  // lower case; else the ONNX value name.
+  std::string NodeIdFor(const onnx::NodeProto& node) const {
+    const std::string& out = node.output(0);
+    if (reserved_.contains(out)) return out;
+    const std::string op = absl::AsciiStrToLower(node.op_type());
+    std::vector<std::string> candidates;
+    const std::vector<std::string> parts = absl::StrSplit(node.name(), '/', absl::SkipEmpty());
+    if (parts.size() >= 2) {
+      // The scopes are attribute names ("conv1") or, inside containers,
+      // paths that repeat their parent's ("layer1" then "layer1.0";
+      // "downsample" then "downsample.0"): join them into the module's path.
+      std::string path, last;
+      for (size_t i = 0; i + 1 < parts.size(); ++i) {
+        const std::string& scope = parts[i];
+        if (!path.empty() && absl::StartsWith(scope, path + ".")) {
+          path = scope;
+        } else if (!last.empty() && absl::StartsWith(scope, last + ".")) {
+          path = absl::StrCat(path.substr(0, path.size() - last.size()), scope);
+        } else {
+          path = path.empty() ? scope : absl::StrCat(path, ".", scope);
+        }
+        last = scope;
+      }
+      candidates.push_back(path);
+      candidates.push_back(absl::StrCat(path, ".", op));
+    } else {
+      candidates.push_back(op);
+    }
+    candidates.push_back(out);
+    for (const std::string& c : candidates) {
+      if (Free(c)) return c;
+    }
+    return FreshId(candidates.front());
+  }
+
+  absl::Status Define(const onnx::NodeProto& node, Value v) {
+    RETURN_IF_ERROR(nb_.status());
+    if (node.output_size() < 1 || node.output(0).empty()) {
+      return NodeError(node, "has no output");
+    }
+    values_[node.output(0)] = v;
+    return absl::OkStatus();
+  }
+
+  // Applies pebble op `op` with the node's first output as id.
+  absl::Status Apply(const onnx::NodeProto& node, absl::string_view op, std::vector<Value> inputs,
+                     Json attrs = Json::object(), std::string id = "") {
+    if (node.output_size() < 1 || node.output(0).empty()) return NodeError(node, "has no output");
+    const Value v = nb_.Apply(op, std::move(inputs), std::move(attrs), id.empty() ? NodeIdFor(node) : id);
+    if (!nb_.status().ok()) {
+      return NodeError(node, nb_.status().message());
+    }
+    return Define(node, v);
+  }
+
+  absl::Status ExpectInputs(const onnx::NodeProto& node, int min, int max) {
+    if (node.input_size() < min || node.input_size() > max) {
+      return NodeError(node, absl::StrCat("has ", node.input_size(), " inputs; expected ", min,
+                                          min == max ? "" : absl::StrCat(" to ", max)));
+    }
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<std::vector<Value>> Inputs(const onnx::NodeProto& node) {
+    std::vector<Value> inputs;
+    for (const std::string& name : node.input()) {
+      if (name.empty()) continue;
+      ASSIGN_OR_RETURN(Value v, Get(node, name));
+      inputs.push_back(v);
+    }
+    return inputs;
+  }
+
+  absl::Status ImportNode(const onnx::NodeProto& node) {
+    if (!node.domain().empty() && node.domain() != "ai.onnx") {
+      return NodeError(node, absl::StrCat("operator domain ", Quote(node.domain()),
+                                          " is not supported"));
+    }
+    const auto& handlers = Handlers();
+    auto it = handlers.find(node.op_type());
+    if (it == handlers.end()) {
+      return NodeError(node, absl::StrCat("operator not supported (supported: ",
+                                          absl::StrJoin(SupportedOnnxOps(), ", "),
+                                          "; docs/import.md)"));
+    }
+    return (this->*(it->second))(node);
+  }
+
+  absl::Status CheckDeclaredShapes(const onnx::NodeProto& node) {
+    for (const std::string& out : node.output()) {
+      auto v = values_.find(out);
+      auto declared = declared_.find(out);
+      if (v == values_.end() || declared == declared_.end() || !nb_.has_type(v->second)) continue;
+      const Shape& ours = nb_.type(v->second).shape;
+      const Shape& theirs = declared->second;
+      bool same = ours.size() == theirs.size();
+      for (size_t d = 0; same && d < ours.size(); ++d) {
+        if (theirs[d] < 0 || (d == 0 && options_.batch.has_value())) continue;
+        same = ours[d] == theirs[d];
+      }
+      if (!same) {
+        return NodeError(node, absl::StrCat("pebble computes ", Quote(out), " as ",
+                                            ShapeToString(ours), " but ONNX as ",
+                                            ShapeToString(theirs)));
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  // ---- Operators.
+
+  absl::Status Conv(const onnx::NodeProto& node) {
+    RETURN_IF_ERROR(ExpectInputs(node, 2, 3));
+    ASSIGN_OR_RETURN(std::vector<Value> in, Inputs(node));
+    const Attrs attrs(node);
+    RETURN_IF_ERROR(attrs.OnlyKnown({"auto_pad", "dilations", "group", "kernel_shape", "pads",
+                                     "strides"}));
+    const int rank = static_cast<int>(nb_.type(in[0]).shape.size());
+    if (rank != 4 && rank != 5) {
+      return NodeError(node, absl::StrCat("only 2-D and 3-D convolutions are supported; x is ",
+                                          ShapeToString(nb_.type(in[0]).shape)));
+    }
+    const int spatial = rank - 2;
+    RETURN_IF_ERROR(OnlyNotSetAutoPad(attrs));
+    RETURN_IF_ERROR(AllOnes(attrs, "dilations", spatial));
+    ASSIGN_OR_RETURN(int64_t group, attrs.Int("group", 1));
+    if (group != 1) return attrs.Unsupported("group", absl::StrCat(group));
+    ASSIGN_OR_RETURN(std::vector<int64_t> padding, SymmetricPads(attrs, node, spatial));
+    ASSIGN_OR_RETURN(std::vector<int64_t> strides,
+                     attrs.Ints("strides", std::vector<int64_t>(spatial, 1)));
+    ASSIGN_OR_RETURN(std::vector<int64_t> kernel, attrs.Ints("kernel_shape", {}));
+    const Shape& w = nb_.type(in[1]).shape;
+    if (!kernel.empty() && (static_cast<int>(w.size()) != rank ||
+                            !std::equal(kernel.begin(), kernel.end(), w.begin() + 2))) {
+      return NodeError(node, absl::StrCat("kernel_shape [", absl::StrJoin(kernel, ","),
+                                          "] disagrees with the weight ", ShapeToString(w)));
+    }
+    return Apply(node, spatial == 2 ? "conv2d" : "conv3d", in,
+                 {{"stride", strides}, {"padding", padding}});
+  }
+
+  absl::Status BatchNormalization(const onnx::NodeProto& node) {
+    RETURN_IF_ERROR(ExpectInputs(node, 5, 5));
+    const Attrs attrs(node);
+    RETURN_IF_ERROR(attrs.OnlyKnown({"epsilon", "momentum", "training_mode", "spatial"}));
+    ASSIGN_OR_RETURN(int64_t training_mode, attrs.Int("training_mode", 0));
+    // Before opset 14 a training-mode batch norm is told by its extra
+    // outputs (the updated running statistics).
+    const bool training = opset_ >= 14 ? training_mode != 0 : node.output_size() > 1;
+    if (!training) {
+      return NodeError(node, "is in inference mode (running statistics); export the model "
+                             "with training=torch.onnx.TrainingMode.TRAINING");
+    }
+    ASSIGN_OR_RETURN(double eps, attrs.Float("epsilon", 1e-5));
+    ASSIGN_OR_RETURN(double momentum, attrs.Float("momentum", 0.9));
+    ASSIGN_OR_RETURN(std::vector<Value> in, Inputs(node));
+    // ONNX's momentum weighs the old running value; PyTorch's the new one.
+    const Json a = {{"eps", eps}, {"momentum", 1.0 - momentum}};
+    const std::string id = NodeIdFor(node);
+    const std::string stats_id = Free(id + ".stats") ? id + ".stats" : FreshId(id + ".stats");
+    const Value stats = nb_.Apply("batchnorm_stats", {in[0]}, a, stats_id);
+    if (!nb_.status().ok()) return NodeError(node, nb_.status().message());
+    RETURN_IF_ERROR(Apply(node, "batchnorm", {in[0], stats, in[1], in[2]}, a, id));
+    // The updated running statistics (outputs 1 and 2) are the buffers'
+    // in-place update in PyTorch: nothing reads them in a training step.
+    for (int i = 1; i < node.output_size(); ++i) {
+      if (!node.output(i).empty()) unreadable_.insert(node.output(i));
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status Unary(const onnx::NodeProto& node, absl::string_view op) {
+    RETURN_IF_ERROR(ExpectInputs(node, 1, 1));
+    RETURN_IF_ERROR(Attrs(node).OnlyKnown({}));
+    ASSIGN_OR_RETURN(std::vector<Value> in, Inputs(node));
+    return Apply(node, op, in);
+  }
+  absl::Status Relu(const onnx::NodeProto& node) { return Unary(node, "relu"); }
+  absl::Status Tanh(const onnx::NodeProto& node) { return Unary(node, "tanh"); }
+  absl::Status Sigmoid(const onnx::NodeProto& node) { return Unary(node, "sigmoid"); }
+
+  absl::Status Binary(const onnx::NodeProto& node, absl::string_view op) {
+    RETURN_IF_ERROR(ExpectInputs(node, 2, 2));
+    RETURN_IF_ERROR(Attrs(node).OnlyKnown({}));
+    ASSIGN_OR_RETURN(std::vector<Value> in, Inputs(node));
+    return Apply(node, op, in);
+  }
+  absl::Status Add(const onnx::NodeProto& node) { return Binary(node, "add"); }
+  absl::Status Mul(const onnx::NodeProto& node) { return Binary(node, "mul"); }
+
+  absl::Status Pool(const onnx::NodeProto& node, absl::string_view op) {
+    RETURN_IF_ERROR(ExpectInputs(node, 1, 1));
+    const Attrs attrs(node);
+    RETURN_IF_ERROR(attrs.OnlyKnown({"auto_pad", "ceil_mode", "count_include_pad", "dilations",
+                                     "kernel_shape", "pads", "storage_order", "strides"}));
+    if (node.output_size() > 1) return NodeError(node, "the Indices output is not supported");
+    ASSIGN_OR_RETURN(std::vector<Value> in, Inputs(node));
+    const Shape& x = nb_.type(in[0]).shape;
+    const int spatial = static_cast<int>(x.size()) - 2;
+    if (spatial != 2 && spatial != 3) {
+      return NodeError(node, absl::StrCat("only 2-D and 3-D pooling is supported; x is ",
+                                          ShapeToString(x)));
+    }
+    RETURN_IF_ERROR(OnlyNotSetAutoPad(attrs));
+    RETURN_IF_ERROR(AllOnes(attrs, "dilations", spatial));
+    ASSIGN_OR_RETURN(int64_t storage_order, attrs.Int("storage_order", 0));
+    if (storage_order != 0) return attrs.Unsupported("storage_order", "1");
+    ASSIGN_OR_RETURN(std::vector<int64_t> kernel, attrs.Ints("kernel_shape", {}));
+    if (static_cast<int>(kernel.size()) != spatial) {
+      return NodeError(node, "attribute kernel_shape must give one size per spatial dim");
+    }
+    ASSIGN_OR_RETURN(std::vector<int64_t> padding, SymmetricPads(attrs, node, spatial));
+    ASSIGN_OR_RETURN(std::vector<int64_t> strides,
+                     attrs.Ints("strides", std::vector<int64_t>(spatial, 1)));
+    if (static_cast<int>(strides.size()) != spatial) {
+      return NodeError(node, "attribute strides must give one stride per spatial dim");
+    }
+    ASSIGN_OR_RETURN(int64_t ceil_mode, attrs.Int("ceil_mode", 0));
+    if (ceil_mode != 0) {
+      // Honoured where ceil and floor agree (the window fits exactly).
+      for (int d = 0; d < spatial; ++d) {
+        if (strides[d] <= 0) return NodeError(node, "attribute strides must be positive");
+        if ((x[d + 2] + 2 * padding[d] - kernel[d]) % strides[d] != 0) {
+          return attrs.Unsupported("ceil_mode", "1",
+                                   "here it gives a larger output than floor mode");
+        }
+      }
+    }
+    if (op == "avgpool") {
+      ASSIGN_OR_RETURN(int64_t include_pad, attrs.Int("count_include_pad", 0));
+      const bool padded = std::any_of(padding.begin(), padding.end(),
+                                      [](int64_t p) { return p != 0; });
+      if (padded && include_pad == 0) {
+        return attrs.Unsupported("count_include_pad", "0",
+                                 "pebble's avgpool counts the padding, as PyTorch's default");
+      }
+    }
+    return Apply(node, op, in, {{"kernel", kernel}, {"stride", strides}, {"padding", padding}});
+  }
+  absl::Status MaxPool(const onnx::NodeProto& node) { return Pool(node, "maxpool"); }
+  absl::Status AveragePool(const onnx::NodeProto& node) { return Pool(node, "avgpool"); }
+
+  absl::Status GlobalAveragePool(const onnx::NodeProto& node) {
+    RETURN_IF_ERROR(ExpectInputs(node, 1, 1));
+    RETURN_IF_ERROR(Attrs(node).OnlyKnown({}));
+    ASSIGN_OR_RETURN(std::vector<Value> in, Inputs(node));
+    // (N, C, 1, ...): adaptive pooling to size 1 keeps ONNX's rank.
+    return Apply(node, "adaptive_avgpool", in, {{"output_size", 1}});
+  }
+
+  absl::Status Flatten(const onnx::NodeProto& node) {
+    RETURN_IF_ERROR(ExpectInputs(node, 1, 1));
+    const Attrs attrs(node);
+    RETURN_IF_ERROR(attrs.OnlyKnown({"axis"}));
+    ASSIGN_OR_RETURN(int64_t axis, attrs.Int("axis", 1));
+    ASSIGN_OR_RETURN(std::vector<Value> in, Inputs(node));
+    const Shape& x = nb_.type(in[0]).shape;
+    const auto rank = static_cast<int64_t>(x.size());
+    if (axis < 0) axis += rank;
+    if (axis < 0 || axis > rank) {
+      return NodeError(node, absl::StrCat("attribute axis out of range for ", ShapeToString(x)));
+    }
+    // ONNX Flatten is always 2-D: dims [0, axis) and [axis, rank) merged.
+    int64_t outer = 1;
+    for (int64_t d = 0; d < axis; ++d) outer *= x[d];
+    if (axis == 1 && rank >= 2) return Apply(node, "flatten", in, {{"start_dim", 1}});
+    return Apply(node, "reshape", in, {{"shape", std::vector<int64_t>{outer, -1}}});
+  }
+
+  absl::Status Reshape(const onnx::NodeProto& node) {
+    RETURN_IF_ERROR(ExpectInputs(node, 2, 2));
+    const Attrs attrs(node);
+    RETURN_IF_ERROR(attrs.OnlyKnown({"allowzero"}));
+    ASSIGN_OR_RETURN(int64_t allowzero, attrs.Int("allowzero", 0));
+    ASSIGN_OR_RETURN(std::vector<int64_t> shape, ConstInts(node, 1));
+    ASSIGN_OR_RETURN(Value x, Get(node, node.input(0)));
+    const Shape& in = nb_.type(x).shape;
+    for (size_t d = 0; d < shape.size(); ++d) {
+      if (shape[d] == 0 && allowzero == 0) {
+        if (d >= in.size()) return NodeError(node, "shape copies a dimension x does not have");
+        shape[d] = in[d];  // 0 copies the input's dimension
+      }
+    }
+    return Apply(node, "reshape", {x}, {{"shape", shape}});
+  }
+
+  absl::Status Concat(const onnx::NodeProto& node) {
+    const Attrs attrs(node);
+    RETURN_IF_ERROR(attrs.OnlyKnown({"axis"}));
+    if (!attrs.has("axis")) return NodeError(node, "attribute axis is required");
+    ASSIGN_OR_RETURN(int64_t axis, attrs.Int("axis", 1));
+    ASSIGN_OR_RETURN(std::vector<Value> in, Inputs(node));
+    if (in.empty()) return NodeError(node, "has no inputs");
+    return Apply(node, "concat", in, {{"axis", axis}});
+  }
+
+  absl::Status Gemm(const onnx::NodeProto& node) {
+    RETURN_IF_ERROR(ExpectInputs(node, 2, 3));
+    const Attrs attrs(node);
+    RETURN_IF_ERROR(attrs.OnlyKnown({"alpha", "beta", "transA", "transB"}));
+    ASSIGN_OR_RETURN(double alpha, attrs.Float("alpha", 1));
+    ASSIGN_OR_RETURN(double beta, attrs.Float("beta", 1));
+    ASSIGN_OR_RETURN(int64_t trans_a, attrs.Int("transA", 0));
+    ASSIGN_OR_RETURN(int64_t trans_b, attrs.Int("transB", 0));
+    if (alpha != 1) return attrs.Unsupported("alpha", absl::StrCat(alpha));
+    if (beta != 1 && node.input_size() == 3) return attrs.Unsupported("beta", absl::StrCat(beta));
+    if (trans_a != 0) return attrs.Unsupported("transA", "1");
+    if (trans_b != 1) {
+      return attrs.Unsupported("transB", "0", "nn.Linear exports transB = 1");
+    }
+    ASSIGN_OR_RETURN(std::vector<Value> in, Inputs(node));
+    if (in.size() == 3 && nb_.type(in[2]).shape.size() != 1) {
+      return NodeError(node, absl::StrCat("the bias C must be 1-D, is ",
+                                          ShapeToString(nb_.type(in[2]).shape)));
+    }
+    return Apply(node, "linear", in);
+  }
+
+  absl::Status Softmax(const onnx::NodeProto& node) {
+    RETURN_IF_ERROR(ExpectInputs(node, 1, 1));
+    const Attrs attrs(node);
+    RETURN_IF_ERROR(attrs.OnlyKnown({"axis"}));
+    ASSIGN_OR_RETURN(std::vector<Value> in, Inputs(node));
+    const auto rank = static_cast<int64_t>(nb_.type(in[0]).shape.size());
+    ASSIGN_OR_RETURN(int64_t axis, attrs.Int("axis", opset_ >= 13 ? -1 : 1));
+    if (axis < 0) axis += rank;
+    // Before opset 13, axis 1 of a 2-D input is the last one as well.
+    if (axis != rank - 1) {
+      return attrs.Unsupported("axis", absl::StrCat(axis), "softmax over the last dim only");
+    }
+    return Apply(node, "softmax", in);
+  }
+
+  absl::Status Dropout(const onnx::NodeProto& node) {
+    RETURN_IF_ERROR(ExpectInputs(node, 1, 3));
+    const Attrs attrs(node);
+    RETURN_IF_ERROR(attrs.OnlyKnown({"seed", "ratio"}));
+    double ratio = 0.5;
+    bool training = false;
+    if (node.input_size() >= 2 && !node.input(1).empty()) {
+      const onnx::TensorProto* t = ConstTensor(node.input(1));
+      std::optional<double> r = t == nullptr ? std::nullopt : FloatScalar(*t);
+      if (!r.has_value()) return NodeError(node, "the ratio must be a constant scalar");
+      ratio = *r;
+    } else {
+      ASSIGN_OR_RETURN(ratio, attrs.Float("ratio", 0.5));
+    }
+    if (node.input_size() >= 3 && !node.input(2).empty()) {
+      const onnx::TensorProto* t = ConstTensor(node.input(2));
+      std::optional<bool> b = t == nullptr ? std::nullopt : BoolScalar(*t);
+      if (!b.has_value()) return NodeError(node, "training_mode must be a constant boolean");
+      training = *b;
+    }
+    if (node.output_size() > 1 && !node.output(1).empty()) unreadable_.insert(node.output(1));
+    ASSIGN_OR_RETURN(Value x, Get(node, node.input(0)));
+    if (!training || ratio == 0) return Define(node, x);  // identity
+    if (!(ratio > 0 && ratio < 1)) return attrs.Unsupported("ratio", absl::StrCat(ratio));
+    // Seeded masks, not PyTorch's random stream (docs/import.md).
+    return Define(node, nb_.Dropout(x, ratio));
+  }
+
+  absl::Status Identity(const onnx::NodeProto& node) {
+    RETURN_IF_ERROR(ExpectInputs(node, 1, 1));
+    ASSIGN_OR_RETURN(Value x, Get(node, node.input(0)));
+    return Define(node, x);
+  }
+
+  absl::Status Constant(const onnx::NodeProto& node) {
+    const Attrs attrs(node);
+    RETURN_IF_ERROR(attrs.OnlyKnown({"value"}));
+    for (const onnx::AttributeProto& a : node.attribute()) {
+      if (a.name() == "value" && a.type() == onnx::AttributeProto::TENSOR &&
+          node.output_size() == 1) {
+        constants_[node.output(0)] = &a.t();
+        return absl::OkStatus();
+      }
+    }
+    return NodeError(node, "only a tensor 'value' is supported");
+  }
+
+  absl::Status Pad(const onnx::NodeProto& node) {
+    RETURN_IF_ERROR(ExpectInputs(node, 2, 3));
+    const Attrs attrs(node);
+    RETURN_IF_ERROR(attrs.OnlyKnown({"mode"}));
+    ASSIGN_OR_RETURN(std::string mode, attrs.String("mode", "constant"));
+    if (mode != "constant") return attrs.Unsupported("mode", Quote(mode));
+    double value = 0;
+    if (node.input_size() == 3 && !node.input(2).empty()) {
+      const onnx::TensorProto* t = ConstTensor(node.input(2));
+      std::optional<double> v = t == nullptr ? std::nullopt : FloatScalar(*t);
+      if (!v.has_value()) return NodeError(node, "constant_value must be a constant scalar");
+      value = *v;
+    }
+    ASSIGN_OR_RETURN(std::vector<int64_t> pads, ConstInts(node, 1));
+    ASSIGN_OR_RETURN(Value x, Get(node, node.input(0)));
+    const auto rank = static_cast<int64_t>(nb_.type(x).shape.size());
+    if (static_cast<int64_t>(pads.size()) != 2 * rank) {
+      return NodeError(node, absl::StrCat("pads has ", pads.size(), " values for rank ", rank));
+    }
+    // ONNX: [b_0 .. b_r-1, e_0 .. e_r-1]; F.pad: (b_last, e_last, ...).
+    std::vector<int64_t> torch_pads;
+    int64_t last = rank - 1;
+    while (last >= 0 && pads[last] == 0 && pads[last + rank] == 0) --last;
+    for (int64_t d = rank - 1; d >= 0 && d >= (last < 0 ? rank : 0); --d) {
+      torch_pads.push_back(pads[d]);
+      torch_pads.push_back(pads[d + rank]);
+    }
+    return Apply(node, "pad", {x}, {{"pads", torch_pads}, {"mode", "constant"}, {"value", value}});
+  }
+
+  static const std::map<std::string, Handler>& HandlerTable() {
+    static const auto* handlers = new std::map<std::string, Handler>{
+        {"Add", &Importer::Add},
+        {"AveragePool", &Importer::AveragePool},
+        {"BatchNormalization", &Importer::BatchNormalization},
+        {"Concat", &Importer::Concat},
+        {"Constant", &Importer::Constant},
+        {"Conv", &Importer::Conv},
+        {"Dropout", &Importer::Dropout},
+        {"Flatten", &Importer::Flatten},
+        {"Gemm", &Importer::Gemm},
+        {"GlobalAveragePool", &Importer::GlobalAveragePool},
+        {"Identity", &Importer::Identity},
+        {"MaxPool", &Importer::MaxPool},
+        {"Mul", &Importer::Mul},
+        {"Pad", &Importer::Pad},
+        {"Relu", &Importer::Relu},
+        {"Reshape", &Importer::Reshape},
+        {"Sigmoid", &Importer::Sigmoid},
+        {"Softmax", &Importer::Softmax},
+        {"Tanh", &Importer::Tanh},
+    };
+    return *handlers;
+  }
+
+  const onnx::ModelProto& model_;
+  const onnx::GraphProto& graph_;
+  const OnnxImportOptions& options_;
+  NetBuilder nb_;
+  int64_t opset_ = 0;
+  absl::flat_hash_map<std::string, const onnx::TensorProto*> initializers_;
+  absl::flat_hash_map<std::string, const onnx::TensorProto*> constants_;
+  absl::flat_hash_set<std::string> buffers_;
+  // Outputs nothing in a training step reads (batch norm's updated
+  // statistics, dropout's mask): reading one is an error.
+  absl::flat_hash_set<std::string> unreadable_;
+  absl::flat_hash_map<std::string, Value> values_;
+  absl::flat_hash_map<std::string, Shape> declared_;
+  // Graph inputs and outputs: their names are the nodes' ids.
+  absl::flat_hash_set<std::string> reserved_;
+};
+
+const std::map<std::string, Importer::Handler>& Importer::Handlers() { return HandlerTable(); }
+
+}  // namespace
+
+std::vector<std::string> SupportedOnnxOps() {
+  std::vector<std::string> names;
+  for (const auto& [name, handler] : Importer::Handlers()) names.push_back(name);
+  return names;
+}
+
+absl::StatusOr<Graph> ImportOnnxModel(absl::string_view bytes, absl::string_view name,
+                                      const OnnxImportOptions& options) {
+  if (options.batch.has_value() && (*options.batch < 1 || *options.batch > (int64_t{1} << 24))) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--batch must be 1 to ", int64_t{1} << 24, ", got ", *options.batch));
+  }
+  onnx::ModelProto model;
+  if (bytes.size() > static_cast<size_t>(INT32_MAX) ||
+      !model.ParseFromArray(bytes.data(), static_cast<int>(bytes.size()))) {
+    return absl::InvalidArgumentError(
+        "not an ONNX model: the file does not parse as an ONNX ModelProto (truncated?)");
+  }
+  if (!model.has_graph()) return absl::InvalidArgumentError("the ONNX model has no graph");
+  Importer importer(model, name, options);
+  return importer.Run();
+}
+
+absl::StatusOr<Graph> ImportOnnxFile(const std::string& path, const OnnxImportOptions& options) {
+  ASSIGN_OR_RETURN(std::string bytes, ReadBoundedFile(path, "ONNX model", kMaxOnnxFileBytes));
+  const std::string stem = std::filesystem::path(path).stem().string();
+  auto graph = ImportOnnxModel(bytes, stem.empty() ? "model" : stem, options);
+  if (!graph.ok()) {
+    return absl::Status(graph.status().code(),
+                        absl::StrCat(Quote(path), ": ", graph.status().message()));
+  }
+  return graph;
+}
+
+}  // namespace pebble

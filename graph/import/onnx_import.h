@@ -1,0 +1,63 @@
+// ONNX import: a model as torch.onnx.export writes it in training mode
+// becomes a pebble forward graph, and with a loss, a training graph
+// (docs/import.md).
+//
+// Names. Initializers are persistent nodes named by their ONNX names, which
+// torch.onnx.export takes from state_dict(): trainable tensors are
+// parameters ("conv1.weight"), batch-norm running statistics are buffers
+// ("bn1.running_mean", with "bn1.num_batches_tracked" added as PyTorch keeps
+// it). Graph inputs keep their names. Computed nodes are named by their ONNX
+// output value. The loss adds the input "target" and the node "loss"; the
+// gradients are "grad:<parameter>" (autodiff.h).
+//
+// Shapes come from pebble's operator table applied in graph order; where
+// ONNX shape inference knows a value's shape, the two must agree (a
+// different shape means the operator was not honoured, so it is an error).
+// Costs are the table's FLOPs over CostModel's throughput.
+//
+// Anything the importer cannot honour exactly (an operator, an attribute
+// value, a symbolic dimension without --batch) is an InvalidArgument error
+// naming the ONNX node, its op and the attribute: never a silently
+// different graph.
+#ifndef PEBBLE_GRAPH_IMPORT_ONNX_IMPORT_H_
+#define PEBBLE_GRAPH_IMPORT_ONNX_IMPORT_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "graph/autodiff.h"
+#include "graph/graph.h"
+#include "graph/net_builder.h"
+
+namespace pebble {
+
+struct OnnxImportOptions {
+  LossKind loss = LossKind::kCrossEntropy;
+  // Rewrites dimension 0 of every graph input (a symbolic batch needs it).
+  std::optional<int64_t> batch;
+  CostModel cost_model;
+};
+
+// The opsets the importer reads (torch 1.13 exports 9 to 17; the ONNX
+// operators' semantics used here are those of opsets 11 to 17).
+inline constexpr int kMinOnnxOpset = 11;
+inline constexpr int kMaxOnnxOpset = 17;
+// Largest model file read (protobuf's own limit is 2 GiB).
+inline constexpr int64_t kMaxOnnxFileBytes = int64_t{2} << 30;
+
+// Imports the serialized ModelProto `bytes`; `name` names the graph.
+absl::StatusOr<Graph> ImportOnnxModel(absl::string_view bytes, absl::string_view name,
+                                      const OnnxImportOptions& options);
+// Reads and imports the file `path` (the graph is named after its stem).
+absl::StatusOr<Graph> ImportOnnxFile(const std::string& path, const OnnxImportOptions& options);
+
+// The ONNX operators the importer maps, sorted.
+std::vector<std::string> SupportedOnnxOps();
+
+}  // namespace pebble
+
+#endif  // PEBBLE_GRAPH_IMPORT_ONNX_IMPORT_H_

@@ -1,0 +1,333 @@
+// The ONNX importer on models built here with the ONNX protobuf API (the
+// torchvision models exported by PyTorch are checked against PyTorch by
+// tests/torch/import_check.py).
+#include "graph/import/onnx_import.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "graph/ops.h"
+#include "gtest/gtest.h"
+#include "onnx/onnx_pb.h"
+
+namespace pebble {
+namespace {
+
+using ::testing::HasSubstr;
+
+// A small model in torch.onnx.export's style (opset 13, training-mode batch
+// norm): input (N,3,8,8) -> conv1 (4 channels, 3x3, pad 1) -> bn1 -> relu ->
+// global average pool -> flatten -> fc (Gemm, 5 classes) -> "logits".
+class ModelMaker {
+ public:
+  explicit ModelMaker(int opset = 13) {
+    model_.set_ir_version(7);
+    auto* op_set = model_.add_opset_import();
+    op_set->set_domain("");
+    op_set->set_version(opset);
+    graph()->set_name("tiny");
+  }
+  onnx::GraphProto* graph() { return model_.mutable_graph(); }
+
+  void Input(const std::string& name, std::vector<int64_t> dims,
+             const std::string& symbolic_batch = "") {
+    auto* in = graph()->add_input();
+    in->set_name(name);
+    auto* tt = in->mutable_type()->mutable_tensor_type();
+    tt->set_elem_type(onnx::TensorProto::FLOAT);
+    for (size_t i = 0; i < dims.size(); ++i) {
+      auto* dim = tt->mutable_shape()->add_dim();
+      if (i == 0 && !symbolic_batch.empty()) {
+        dim->set_dim_param(symbolic_batch);
+      } else {
+        dim->set_dim_value(dims[i]);
+      }
+    }
+  }
+  void Output(const std::string& name) { graph()->add_output()->set_name(name); }
+  void Initializer(const std::string& name, std::vector<int64_t> dims) {
+    auto* t = graph()->add_initializer();
+    t->set_name(name);
+    t->set_data_type(onnx::TensorProto::FLOAT);
+    int64_t n = 1;
+    for (int64_t d : dims) {
+      t->add_dims(d);
+      n *= d;
+    }
+    t->mutable_raw_data()->assign(static_cast<size_t>(4 * n), '\0');
+  }
+  void IntInitializer(const std::string& name, std::vector<int64_t> values) {
+    auto* t = graph()->add_initializer();
+    t->set_name(name);
+    t->set_data_type(onnx::TensorProto::INT64);
+    t->add_dims(static_cast<int64_t>(values.size()));
+    for (int64_t v : values) t->add_int64_data(v);
+  }
+  onnx::NodeProto* Node(const std::string& op, const std::string& name,
+                        std::vector<std::string> inputs, std::vector<std::string> outputs) {
+    auto* n = graph()->add_node();
+    n->set_op_type(op);
+    n->set_name(name);
+    for (const auto& i : inputs) n->add_input(i);
+    for (const auto& o : outputs) n->add_output(o);
+    return n;
+  }
+  static void IntsAttr(onnx::NodeProto* n, const std::string& name, std::vector<int64_t> v) {
+    auto* a = n->add_attribute();
+    a->set_name(name);
+    a->set_type(onnx::AttributeProto::INTS);
+    for (int64_t x : v) a->add_ints(x);
+  }
+  static void IntAttr(onnx::NodeProto* n, const std::string& name, int64_t v) {
+    auto* a = n->add_attribute();
+    a->set_name(name);
+    a->set_type(onnx::AttributeProto::INT);
+    a->set_i(v);
+  }
+  static void FloatAttr(onnx::NodeProto* n, const std::string& name, float v) {
+    auto* a = n->add_attribute();
+    a->set_name(name);
+    a->set_type(onnx::AttributeProto::FLOAT);
+    a->set_f(v);
+  }
+
+  std::string Bytes() const { return model_.SerializeAsString(); }
+
+ private:
+  onnx::ModelProto model_;
+};
+
+// The tiny model; `edit` may change it before serialisation.
+std::string TinyModel(int opset = 13, const std::string& symbolic_batch = "",
+                      const std::function<void(ModelMaker&)>& edit = nullptr) {
+  ModelMaker m(opset);
+  m.Input("input", {2, 3, 8, 8}, symbolic_batch);
+  m.Initializer("conv1.weight", {4, 3, 3, 3});
+  m.Initializer("conv1.bias", {4});
+  m.Initializer("bn1.weight", {4});
+  m.Initializer("bn1.bias", {4});
+  m.Initializer("bn1.running_mean", {4});
+  m.Initializer("bn1.running_var", {4});
+  m.Initializer("fc.weight", {5, 4});
+  m.Initializer("fc.bias", {5});
+  auto* conv = m.Node("Conv", "/conv1/Conv", {"input", "conv1.weight", "conv1.bias"}, {"c"});
+  ModelMaker::IntsAttr(conv, "kernel_shape", {3, 3});
+  ModelMaker::IntsAttr(conv, "pads", {1, 1, 1, 1});
+  ModelMaker::IntsAttr(conv, "strides", {1, 1});
+  auto* bn = m.Node("BatchNormalization", "/bn1/BatchNormalization",
+                    {"c", "bn1.weight", "bn1.bias", "bn1.running_mean", "bn1.running_var"},
+                    {"b", "b_mean", "b_var"});
+  ModelMaker::FloatAttr(bn, "epsilon", 1e-5f);
+  ModelMaker::FloatAttr(bn, "momentum", 0.9f);
+  if (opset >= 14) ModelMaker::IntAttr(bn, "training_mode", 1);
+  m.Node("Relu", "/relu/Relu", {"b"}, {"r"});
+  m.Node("GlobalAveragePool", "/avgpool/GlobalAveragePool", {"r"}, {"p"});
+  auto* flat = m.Node("Flatten", "/Flatten", {"p"}, {"f"});
+  ModelMaker::IntAttr(flat, "axis", 1);
+  auto* fc = m.Node("Gemm", "/fc/Gemm", {"f", "fc.weight", "fc.bias"}, {"logits"});
+  ModelMaker::IntAttr(fc, "transB", 1);
+  m.Output("logits");
+  if (edit) edit(m);
+  return m.Bytes();
+}
+
+absl::StatusOr<Graph> Import(const std::string& bytes, LossKind loss = LossKind::kCrossEntropy,
+                             std::optional<int64_t> batch = std::nullopt) {
+  OnnxImportOptions options;
+  options.loss = loss;
+  options.batch = batch;
+  return ImportOnnxModel(bytes, "tiny", options);
+}
+
+TEST(OnnxImportTest, ForwardGraphKeepsNamesShapesAndRoles) {
+  auto g = Import(TinyModel(), LossKind::kNone);
+  ASSERT_TRUE(g.ok()) << g.status();
+  // Module paths name the computed nodes; the graph output keeps its name.
+  for (const char* id : {"conv1", "bn1.stats", "bn1", "relu", "avgpool", "flatten", "logits"}) {
+    EXPECT_NE(g->Find(id), kNoNode) << id;
+  }
+  const NodeId logits = g->Find("logits");
+  ASSERT_NE(logits, kNoNode);
+  EXPECT_EQ(*g->shape(logits), (Shape{2, 5}));
+  EXPECT_EQ(g->op(logits), "linear");
+  EXPECT_TRUE(g->is_output(logits));
+  EXPECT_EQ(g->role(g->Find("conv1.weight")), Role::kParameter);
+  EXPECT_EQ(g->role(g->Find("bn1.running_mean")), Role::kBuffer);
+  EXPECT_EQ(g->role(g->Find("bn1.num_batches_tracked")), Role::kBuffer);
+  EXPECT_EQ(g->role(g->Find("input")), Role::kInput);
+  EXPECT_EQ(*g->shape(g->Find("avgpool")), (Shape{2, 4, 1, 1}));
+  // Costs are the operator table's FLOPs, never a default.
+  EXPECT_GT(g->cost(g->Find("conv1")), g->cost(g->Find("relu")));
+  int64_t parameter_bytes = 0;
+  for (NodeId v = 0; v < g->num_nodes(); ++v) {
+    if (g->role(v) == Role::kParameter) parameter_bytes += g->bytes(v);
+  }
+  EXPECT_EQ(parameter_bytes, 4 * (4 * 3 * 9 + 4 + 4 + 4 + 5 * 4 + 5));
+}
+
+TEST(OnnxImportTest, TrainingGraphHasTheLossAndEveryParameterGradient) {
+  auto g = Import(TinyModel());
+  ASSERT_TRUE(g.ok()) << g.status();
+  const NodeId loss = g->Find("loss");
+  ASSERT_NE(loss, kNoNode);
+  EXPECT_EQ(g->op(loss), "softmax_cross_entropy");
+  EXPECT_EQ(*g->shape(g->Find("target")), (Shape{2}));
+  EXPECT_EQ(*g->dtype(g->Find("target")), DType::kInt64);
+  for (const char* p : {"conv1.weight", "conv1.bias", "bn1.weight", "bn1.bias", "fc.weight",
+                        "fc.bias"}) {
+    const NodeId grad = g->Find(std::string("grad:") + p);
+    ASSERT_NE(grad, kNoNode) << p;
+    EXPECT_TRUE(g->is_output(grad)) << p;
+  }
+  EXPECT_EQ(g->Find("grad:bn1.running_mean"), kNoNode);
+  EXPECT_EQ(g->outputs().size(), 7u);  // loss + 6 gradients
+}
+
+TEST(OnnxImportTest, MseLossTakesATargetOfTheOutputsType) {
+  auto g = Import(TinyModel(), LossKind::kMse);
+  ASSERT_TRUE(g.ok()) << g.status();
+  EXPECT_EQ(*g->shape(g->Find("target")), (Shape{2, 5}));
+  EXPECT_EQ(g->op(g->Find("loss")), "mse_loss");
+}
+
+TEST(OnnxImportTest, BatchRewritesTheBatchDimension) {
+  auto g = Import(TinyModel(13, "batch"), LossKind::kCrossEntropy, 6);
+  ASSERT_TRUE(g.ok()) << g.status();
+  EXPECT_EQ(*g->shape(g->Find("input")), (Shape{6, 3, 8, 8}));
+  EXPECT_EQ(*g->shape(g->Find("logits")), (Shape{6, 5}));
+  EXPECT_EQ(*g->shape(g->Find("target")), (Shape{6}));
+  // A fixed batch is rewritten too.
+  auto fixed = Import(TinyModel(), LossKind::kNone, 3);
+  ASSERT_TRUE(fixed.ok()) << fixed.status();
+  EXPECT_EQ(*fixed->shape(fixed->Find("logits")), (Shape{3, 5}));
+}
+
+TEST(OnnxImportTest, SymbolicBatchWithoutBatchIsAnErrorSayingWhatToDo) {
+  auto g = Import(TinyModel(13, "batch"));
+  ASSERT_FALSE(g.ok());
+  EXPECT_THAT(g.status().message(), HasSubstr("'input'"));
+  EXPECT_THAT(g.status().message(), HasSubstr("--batch"));
+}
+
+TEST(OnnxImportTest, TrainingModeBatchNormOfOpset14) {
+  auto g = Import(TinyModel(14));
+  ASSERT_TRUE(g.ok()) << g.status();
+  auto eval = Import(TinyModel(14, "", [](ModelMaker& m) {
+    for (auto& n : *m.graph()->mutable_node()) {
+      if (n.op_type() != "BatchNormalization") continue;
+      for (auto& a : *n.mutable_attribute()) {
+        if (a.name() == "training_mode") a.set_i(0);
+      }
+      n.mutable_output()->DeleteSubrange(1, 2);
+    }
+  }));
+  ASSERT_FALSE(eval.ok());
+  EXPECT_THAT(eval.status().message(), HasSubstr("inference mode"));
+  EXPECT_THAT(eval.status().message(), HasSubstr("TrainingMode.TRAINING"));
+}
+
+// Each edit gives an error that names the ONNX node, its op and what is
+// wrong: never a silently different graph.
+struct BadCase {
+  std::string what;
+  std::function<void(ModelMaker&)> edit;
+  std::vector<std::string> message_parts;
+};
+
+onnx::NodeProto* FindNode(ModelMaker& m, const std::string& op) {
+  for (auto& n : *m.graph()->mutable_node()) {
+    if (n.op_type() == op) return &n;
+  }
+  return nullptr;
+}
+
+TEST(OnnxImportTest, WhatCannotBeHonouredIsAnErrorNamingTheNode) {
+  const std::vector<BadCase> cases = {
+      {"grouped conv",
+       [](ModelMaker& m) { ModelMaker::IntAttr(FindNode(m, "Conv"), "group", 2); },
+       {"'/conv1/Conv'", "op Conv", "group = 2"}},
+      {"dilated conv",
+       [](ModelMaker& m) { ModelMaker::IntsAttr(FindNode(m, "Conv"), "dilations", {2, 2}); },
+       {"'/conv1/Conv'", "dilations"}},
+      {"asymmetric pads",
+       [](ModelMaker& m) {
+         auto* conv = FindNode(m, "Conv");
+         for (auto& a : *conv->mutable_attribute()) {
+           if (a.name() == "pads") a.set_ints(3, 0);
+         }
+       },
+       {"'/conv1/Conv'", "pads", "asymmetric"}},
+      {"unknown attribute",
+       [](ModelMaker& m) { ModelMaker::IntAttr(FindNode(m, "Relu"), "bogus", 1); },
+       {"'/relu/Relu'", "'bogus'"}},
+      {"unknown op",
+       [](ModelMaker& m) { FindNode(m, "Relu")->set_op_type("Selu"); },
+       {"'/relu/Relu'", "op Selu", "not supported"}},
+      {"other domain",
+       [](ModelMaker& m) { FindNode(m, "Relu")->set_domain("com.example"); },
+       {"'/relu/Relu'", "com.example"}},
+      {"gemm without transB",
+       [](ModelMaker& m) {
+         for (auto& a : *FindNode(m, "Gemm")->mutable_attribute()) a.set_i(0);
+       },
+       {"'/fc/Gemm'", "transB"}},
+      {"reads an undefined value",
+       [](ModelMaker& m) { FindNode(m, "Relu")->set_input(0, "nowhere"); },
+       {"'/relu/Relu'", "'nowhere'"}},
+      {"reads batch norm's running statistics output",
+       [](ModelMaker& m) { FindNode(m, "Relu")->set_input(0, "b_mean"); },
+       {"'/relu/Relu'", "'b_mean'", "running statistics"}},
+  };
+  for (const BadCase& c : cases) {
+    auto g = Import(TinyModel(13, "", c.edit));
+    ASSERT_FALSE(g.ok()) << c.what;
+    EXPECT_EQ(g.status().code(), absl::StatusCode::kInvalidArgument) << c.what;
+    for (const std::string& part : c.message_parts) {
+      EXPECT_THAT(g.status().message(), HasSubstr(part)) << c.what;
+    }
+    EXPECT_EQ(g.status().message().find('\n'), absl::string_view::npos) << c.what;
+  }
+}
+
+TEST(OnnxImportTest, OpsetOutsideTheSupportedRangeIsRefused) {
+  for (int opset : {9, 18}) {
+    auto g = Import(TinyModel(opset));
+    ASSERT_FALSE(g.ok()) << opset;
+    EXPECT_THAT(g.status().message(), HasSubstr(absl::StrCat("opset ", opset)));
+  }
+}
+
+TEST(OnnxImportTest, BytesThatAreNotAModelAreRefused) {
+  const std::string model = TinyModel();
+  for (const std::string& bytes :
+       {std::string("not a model"), model.substr(0, model.size() / 2), std::string()}) {
+    auto g = Import(bytes);
+    EXPECT_FALSE(g.ok());
+  }
+}
+
+TEST(OnnxImportTest, PebblesShapeMustAgreeWithOnnxShapeInference) {
+  // Flatten with axis 2 of (N,4,1,1) is (N*4, 1) in ONNX: the importer
+  // reshapes to that, and the Gemm then fails on its weight, naming it.
+  auto g = Import(TinyModel(13, "", [](ModelMaker& m) {
+    for (auto& a : *FindNode(m, "Flatten")->mutable_attribute()) a.set_i(2);
+  }));
+  ASSERT_FALSE(g.ok());
+  EXPECT_THAT(g.status().message(), HasSubstr("'/fc/Gemm'"));
+}
+
+TEST(OnnxImportTest, SupportedOpsAreListed) {
+  const std::vector<std::string> ops = SupportedOnnxOps();
+  EXPECT_THAT(ops, ::testing::Contains("Conv"));
+  EXPECT_THAT(ops, ::testing::Contains("BatchNormalization"));
+  EXPECT_TRUE(std::is_sorted(ops.begin(), ops.end()));
+}
+
+}  // namespace
+}  // namespace pebble
