@@ -866,6 +866,9 @@ class Importer {
     if (static_cast<int64_t>(pads.size()) != 2 * rank) {
       return NodeError(node, absl::StrCat("pads has ", pads.size(), " values for rank ", rank));
     }
+    if (std::all_of(pads.begin(), pads.end(), [](int64_t p) { return p == 0; })) {
+      return Define(node, x);  // no padding (torch exports one before AvgPool)
+    }
     // ONNX: [b_0 .. b_r-1, e_0 .. e_r-1]; F.pad: (b_last, e_last, ...).
     std::vector<int64_t> torch_pads;
     int64_t last = rank - 1;
