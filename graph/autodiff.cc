@@ -386,17 +386,17 @@ absl::StatusOr<Graph> AddLossAndDifferentiate(const Graph& forward, LossKind los
                                               CostModel cost_model) {
   if (loss == LossKind::kNone) return forward;
   const absl::string_view what = LossKindName(loss);
-  if (forward.outputs().size() != 1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--loss ", what, " needs a forward graph with one output (the prediction); '",
-        forward.name(), "' has ", forward.outputs().size()));
-  }
   for (const char* taken : {"target", "loss"}) {
     if (forward.Find(taken) != kNoNode) {
       return absl::InvalidArgumentError(absl::StrCat(
           "--loss ", what, ": the graph already has a node '", taken,
           "' (is it a training graph already?)"));
     }
+  }
+  if (forward.outputs().size() != 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--loss ", what, " needs a forward graph with one output (the prediction); '",
+        forward.name(), "' has ", forward.outputs().size()));
   }
   const NodeId out = forward.outputs()[0];
   if (!forward.shape(out).has_value()) {

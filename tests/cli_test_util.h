@@ -9,9 +9,11 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <initializer_list>
 #include <sstream>
 #include <string>
 
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
 namespace pebble::testing {
@@ -68,6 +70,17 @@ inline CliResult RunPebble(const std::string& args) {
   std::filesystem::remove(out_path);
   std::filesystem::remove(err_path);
   return r;
+}
+
+// Exit `code` with exactly one line on stderr, starting "pebble: " and
+// containing every one of `words`.
+inline void ExpectOneLineError(const CliResult& r, int code,
+                               std::initializer_list<std::string> words) {
+  EXPECT_EQ(r.exit_code, code) << r.err;
+  ASSERT_FALSE(r.err.empty());
+  EXPECT_EQ(r.err.rfind("pebble: ", 0), 0u) << r.err;
+  EXPECT_EQ(r.err.find('\n'), r.err.size() - 1) << "not one line:\n" << r.err;
+  for (const std::string& w : words) EXPECT_THAT(r.err, ::testing::HasSubstr(w));
 }
 
 }  // namespace pebble::testing

@@ -24,6 +24,7 @@ using ::testing::Not;
 namespace fs = std::filesystem;
 using Json = nlohmann::json;
 using Result = ::pebble::testing::CliResult;
+using ::pebble::testing::ExpectOneLineError;
 
 Result Pebble(const std::string& args) { return ::pebble::testing::RunPebble(args); }
 
@@ -34,16 +35,6 @@ fs::path Scratch(const std::string& name) {
 void WriteText(const fs::path& path, const std::string& text) {
   std::ofstream out(path, std::ios::binary);
   out << text;
-}
-
-// Exit `code` with exactly one line on stderr, starting "pebble: " and
-// containing every one of `words`.
-void ExpectOneLineError(const Result& r, int code, std::initializer_list<std::string> words) {
-  EXPECT_EQ(r.exit_code, code) << r.err;
-  ASSERT_FALSE(r.err.empty());
-  EXPECT_EQ(r.err.rfind("pebble: ", 0), 0u) << r.err;
-  EXPECT_EQ(r.err.find('\n'), r.err.size() - 1) << "not one line:\n" << r.err;
-  for (const std::string& w : words) EXPECT_THAT(r.err, HasSubstr(w));
 }
 
 // conv3d:n=8 exported, with `edit` applied to the node `id`.

@@ -1,0 +1,122 @@
+// `pebble import` and `--train` through the real binary, on the tiny models
+// exported by PyTorch in tests/fuzz/corpus/onnx/ (tests/fuzz/onnx_corpus.py).
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "onnx/onnx_pb.h"
+#include "tests/cli_test_util.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using ::pebble::testing::ExpectOneLineError;
+using ::pebble::testing::ReadFileText;
+using ::testing::HasSubstr;
+using Json = nlohmann::json;
+using Result = ::pebble::testing::CliResult;
+
+Result Pebble(const std::string& args) { return ::pebble::testing::RunPebble(args); }
+
+fs::path Scratch(const std::string& name) {
+  return ::pebble::testing::ScratchDir("pebble_import", name);
+}
+
+std::string Corpus(const std::string& name) {
+  return std::string(PEBBLE_SOURCE_DIR) + "/tests/fuzz/corpus/onnx/" + name + ".onnx";
+}
+
+// conv_bn_13.onnx with `edit` applied, written to `dir`.
+fs::path EditedModel(const fs::path& dir, const std::function<void(onnx::ModelProto&)>& edit) {
+  onnx::ModelProto model;
+  EXPECT_TRUE(model.ParseFromString(ReadFileText(Corpus("conv_bn_13"))));
+  edit(model);
+  const fs::path path = dir / "edited.onnx";
+  std::ofstream(path, std::ios::binary) << model.SerializeAsString();
+  return path;
+}
+
+TEST(CliImportTest, ImportedModelsPlanAndRun) {
+  const fs::path dir = Scratch("run");
+  for (const std::string name : {"conv_bn_13", "conv_bn_14", "conv3d_softmax", "branches"}) {
+    const std::string g = (dir / (name + ".json")).string();
+    Result r = Pebble("import " + Corpus(name) + " --output " + g + " --json");
+    ASSERT_EQ(r.exit_code, 0) << name << ": " << r.err;
+    const Json summary = Json::parse(r.out);
+    EXPECT_EQ(summary["loss"], "cross-entropy");
+    EXPECT_GT(summary["parameter_bytes"].get<int64_t>(), 0);
+    r = Pebble("run --backend cpu --graph " + g + " --policy dtr --budget 80% --force --json");
+    ASSERT_EQ(r.exit_code, 0) << name << ": " << r.err;
+    const Json run = Json::parse(r.out);
+    EXPECT_TRUE(run.contains("loss")) << name;
+  }
+}
+
+TEST(CliImportTest, ForwardGraphIsTrainedWithTrain) {
+  const fs::path dir = Scratch("train");
+  const std::string forward = (dir / "forward.json").string();
+  Result r = Pebble("import " + Corpus("conv_bn_13") + " --loss none --output " + forward);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const Json graph = Json::parse(ReadFileText(forward));
+  for (const Json& node : graph["nodes"]) {
+    EXPECT_NE(node["id"], "loss");
+  }
+  r = Pebble("plan --graph " + forward + " --train --loss mse --policy baseline --json");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_TRUE(Json::parse(r.out)["feasible"].get<bool>());
+  // Without --train the forward graph is planned as it is; a training graph
+  // cannot be trained twice.
+  EXPECT_EQ(Pebble("plan --graph " + forward + " --policy baseline").exit_code, 0);
+  const std::string training = (dir / "training.json").string();
+  ASSERT_EQ(Pebble("import " + Corpus("conv_bn_13") + " --output " + training).exit_code, 0);
+  ExpectOneLineError(Pebble("plan --train --graph " + training), 1,
+                     {"--train", "'target'"});
+  // --train reads a --graph only.
+  EXPECT_EQ(Pebble("plan --train --model mnist-cnn").exit_code, 2);
+}
+
+TEST(CliImportTest, BadModelsGiveOneLineErrors) {
+  const fs::path dir = Scratch("bad");
+  const std::string out = (dir / "g.json").string();
+  const std::string model = ReadFileText(Corpus("conv_bn_13"));
+  const fs::path truncated = dir / "truncated.onnx";
+  std::ofstream(truncated, std::ios::binary) << model.substr(0, model.size() / 3);
+  ExpectOneLineError(Pebble("import " + truncated.string() + " --output " + out), 1,
+                     {"truncated.onnx", "not an ONNX model"});
+  ExpectOneLineError(Pebble("import " + (dir / "missing.onnx").string() + " --output " + out), 1,
+                     {"missing.onnx"});
+  ExpectOneLineError(Pebble("import " + dir.string() + " --output " + out), 1,
+                     {"directory"});
+
+  const fs::path old_opset = EditedModel(dir, [](onnx::ModelProto& m) {
+    m.mutable_opset_import(0)->set_version(7);
+  });
+  ExpectOneLineError(Pebble("import " + old_opset.string() + " --output " + out), 1,
+                     {"opset 7", "11 to 17"});
+  const fs::path unknown = EditedModel(dir, [](onnx::ModelProto& m) {
+    m.mutable_graph()->mutable_node(2)->set_op_type("Celu");
+  });
+  ExpectOneLineError(Pebble("import " + unknown.string() + " --output " + out), 1,
+                     {"op Celu", "not supported"});
+  const fs::path symbolic = EditedModel(dir, [](onnx::ModelProto& m) {
+    m.mutable_graph()->mutable_input(0)->mutable_type()->mutable_tensor_type()
+        ->mutable_shape()->mutable_dim(0)->set_dim_param("batch");
+  });
+  ExpectOneLineError(Pebble("import " + symbolic.string() + " --output " + out), 1,
+                     {"'input'", "--batch"});
+  // With --batch it imports, at that batch.
+  Result r = Pebble("import " + symbolic.string() + " --batch 4 --output " + out);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(ReadFileText(out), HasSubstr("\"shape\": [4, 3, 8, 8]"));
+  // An existing output is not replaced without --force.
+  ExpectOneLineError(Pebble("import " + symbolic.string() + " --batch 4 --output " + out), 1,
+                     {"--force"});
+  // Bad options are command-line errors (exit 2).
+  EXPECT_EQ(Pebble("import " + symbolic.string() + " --batch 0 --output -").exit_code, 2);
+  EXPECT_EQ(Pebble("import " + symbolic.string() + " --loss hinge --output -").exit_code, 2);
+}
+
+}  // namespace

@@ -1,0 +1,784 @@
+#!/usr/bin/env python3
+"""Cross-checks `pebble import` of a torchvision model against PyTorch.
+
+    import_check.py --pebble PATH --model NAME [--batch 2] [--image 64]
+                    [--policy rotor] [--budget 70%] [--seed 0]
+                    [--workdir DIR] [--all-policies]
+
+Builds torchvision.models.NAME (10 classes by default) with a seeded
+initialisation (ResNets with zero_init_residual=True, which keeps resnet50's
+fp32 gradients well-conditioned), every dropout's p set to 0 (pebble's
+dropout draws its own seeded mask, not PyTorch's), batch-norm affine
+parameters moved off 1 and 0 (models.perturb_batchnorm);
+exports it in training mode to DIR/model.onnx; runs
+
+    pebble import DIR/model.onnx --loss cross-entropy --output DIR/graph.json
+
+and checks:
+
+- the graph's "parameter" nodes hold 4 x (the model's parameter count) bytes;
+- its persistent nodes are exactly the state_dict() entries (parameters with
+  role "parameter", batch-norm running statistics with role "buffer", no
+  num_batches_tracked) plus `input` and `target` (role "input"), with the same
+  shapes and dtypes; its outputs are `loss` and `grad:<p>` for every
+  parameter p (a mismatch is explained against the ONNX file's initializers);
+- one training step, `pebble run --graph DIR/graph.json --policy P --budget B
+  --backend cpu --inputs DIR/inputs --dump DIR/out` (at `min` where the plan
+  is infeasible at B), reads every persistent tensor from DIR/inputs, and its
+  loss and gradients match PyTorch autograd (training mode, mean
+  cross-entropy) within crosscheck.py's tolerance (docs/crosscheck.md);
+- the run's measured peak equals the plan's predicted peak;
+- with --all-policies: `pebble plan --graph DIR/graph.json` at B succeeds for
+  every policy `pebble policies` lists but `exact` (an infeasible plan is
+  fine, an error exit or a hang is not; exact-order, revolve and tree may
+  refuse a graph outside their domain, as they refuse pebble's own resnet18:
+  OUT_OF_DOMAIN).
+
+Exit status as crosscheck.py: 0 everything matches, 1 a mismatch or a failed
+pebble command, 2 a usage error (torch.onnx.export refusing the model at this
+size included), 77 when numpy, torch, torchvision or onnx cannot be imported,
+or when the pebble binary has no `import` command.
+"""
+
+import argparse
+import collections
+import copy
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import warnings
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import crosscheck as cc  # noqa: E402  (only the standard library at import)
+
+EXIT_OK, EXIT_FAIL, EXIT_USAGE, EXIT_SKIP = (
+    cc.EXIT_OK, cc.EXIT_FAIL, cc.EXIT_USAGE, cc.EXIT_SKIP)
+Failure, UsageError, log = cc.Failure, cc.UsageError, cc.log
+
+# --fp64-judge: a tensor is ill-conditioned in fp32 where PyTorch's own fp32
+# result is this far (relative, as REL_TOL) from its fp64 one; it then passes
+# where pebble's fp32 result is at most FP64_FACTOR times further from fp64.
+ILL_CONDITIONED = 1e-5
+FP64_FACTOR = 10.0
+# Tensor mismatches listed at the end (the table above lists them all).
+MAX_TENSOR_LINES = 10
+# `exact` enumerates every schedule: it handles only tiny graphs.
+ALL_POLICIES_SKIP = ("exact",)
+# Policies that refuse, by design, graphs outside their domain, and the words
+# of that refusal: pebble's own resnet18 graph gets the same. Such an exit is
+# reported as "n/a", not as a failure; any other error exit fails.
+OUT_OF_DOMAIN = {
+    "exact-order": "more than its limit",  # too many nodes for the search
+    "revolve": "needs an adjoint chain",   # a single forward chain only
+    "tree": "takes in-trees only",         # every tensor read at most once
+    "checkmate": "the MILP takes at most",  # too many nodes for the MILP
+}
+
+
+class NoImport(Exception):
+    """The pebble binary has no `import` command: exit 77 (skip)."""
+
+
+def tensor_file_name(node_id):
+    """The file name `pebble run` reads a persistent node from and dumps an
+    output to: TensorFileName in runtime/executor.cc."""
+    if node_id in (".", ".."):
+        return "%2E.npy" if node_id == "." else "%2E%2E.npy"
+    return node_id.replace("%", "%25").replace("/", "%2F") + ".npy"
+
+
+def check_has_import(pebble):
+    """NoImport unless `pebble import --help` describes the import command.
+    (A pebble without it prints its main help for `import --help` and exits
+    0, so the exit status alone does not tell.)"""
+    proc = subprocess.run([pebble, "import", "--help"], stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, universal_newlines=True)
+    text = proc.stdout + proc.stderr
+    if proc.returncode != 0 or "--loss" not in text or "--output" not in text:
+        raise NoImport(
+            "this pebble binary has no `import` command (`%s import --help` "
+            "exited %d without describing --loss and --output)"
+            % (pebble, proc.returncode))
+
+
+def parse_args(argv):
+    parser = argparse.ArgumentParser(
+        description="Cross-check `pebble import` of a torchvision model: "
+                    "the graph's persistent tensors, then one training step "
+                    "(loss, every gradient, peak memory) against PyTorch.")
+    parser.add_argument("--pebble", required=True, help="the pebble binary")
+    parser.add_argument("--model", required=True,
+                        help="a torchvision.models builder, e.g. resnet18")
+    parser.add_argument("--batch", type=int, default=2,
+                        help="batch size of the step (default 2)")
+    parser.add_argument("--export-batch", type=int, default=None,
+                        help="batch size the ONNX file is exported at "
+                             "(default: --batch); where it differs, the "
+                             "import gets --batch to rewrite it")
+    parser.add_argument("--image", type=int, default=64,
+                        help="input height and width (default 64)")
+    parser.add_argument("--classes", type=int, default=10,
+                        help="num_classes of the model (default 10; 0: the "
+                             "builder's default)")
+    parser.add_argument("--opset", type=int, default=13,
+                        help="ONNX opset of the export (default 13)")
+    parser.add_argument("--policy", default="rotor",
+                        help="policy of the run (default rotor)")
+    parser.add_argument("--budget", default="70%",
+                        help="budget of the run and of --all-policies "
+                             "(default 70%%; the run falls back to `min` "
+                             "where infeasible; one-shot policies run at "
+                             "100%%, as in crosscheck.py)")
+    parser.add_argument("--seed", type=int, default=0,
+                        help="seed of the initialisation and the batch")
+    parser.add_argument("--workdir", default=None,
+                        help="where model.onnx, graph.json, inputs/ and out/ "
+                             "go (default: a temporary directory, removed "
+                             "afterwards)")
+    parser.add_argument("--all-policies", action="store_true",
+                        help="also plan the imported graph with every "
+                             "registered policy but exact")
+    parser.add_argument("--time-limit", type=float, default=20,
+                        help="--time-limit of each --all-policies plan "
+                             "(default 20 s)")
+    parser.add_argument("--fp64", action="store_true",
+                        help="also run PyTorch in fp64 and print its own "
+                             "fp32 error (column torch32/64), for scale")
+    parser.add_argument("--fp64-judge", action="store_true",
+                        help="(implies --fp64) a tensor over the 1e-4 "
+                             "tolerance still passes where it is "
+                             "ill-conditioned in fp32, i.e. PyTorch's own "
+                             "fp32 result is at least %g off its fp64 one, "
+                             "and pebble's is at most %g times further off "
+                             "fp64 than PyTorch's (densenet121, mobilenet_v2 "
+                             "at small sizes)" % (ILL_CONDITIONED,
+                                                  FP64_FACTOR))
+    parser.add_argument("--default-init", action="store_true",
+                        help="ResNets with torchvision's default init "
+                             "(zero_init_residual=False): resnet50's fp32 "
+                             "gradients are then ill-conditioned")
+    parser.add_argument("--threads", type=int, default=2,
+                        help="PyTorch intra-op threads (default 2)")
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:  # argparse exits 2 on errors, 0 on --help
+        raise UsageError() if e.code else e
+    for name in ("batch", "image", "opset"):
+        if getattr(args, name) < 1:
+            parser.print_usage(sys.stderr)
+            print("import_check: --%s must be positive" % name,
+                  file=sys.stderr)
+            raise UsageError()
+    if args.export_batch is not None and args.export_batch < 1:
+        print("import_check: --export-batch must be positive", file=sys.stderr)
+        raise UsageError()
+    return args
+
+
+def make_with_loss(torch):
+    """The class of net + mean cross-entropy: the `module(input, target) ->
+    loss` that crosscheck.torch_reference and count_kinks call. Its
+    parameters are the net's, named `net.<name>`."""
+    class _WithLoss(torch.nn.Module):
+        def __init__(self, net):
+            super().__init__()
+            self.net = net
+
+        def forward(self, x, t):
+            out = self.net(x)
+            if not torch.is_tensor(out):
+                raise UsageError(
+                    "the model returns %s in training mode, not one tensor of "
+                    "logits (aux_logits?)" % type(out).__name__)
+            return torch.nn.functional.cross_entropy(out, t)
+    return _WithLoss
+
+
+def build_model(torch, torchvision, models, args):
+    """The seeded torchvision model in training mode, dropout p = 0, batch-norm
+    affine parameters perturbed (models.perturb_batchnorm)."""
+    builder = getattr(torchvision.models, args.model, None)
+    if (args.model.startswith("_") or builder is None or not callable(builder)
+            or isinstance(builder, type)):
+        raise UsageError("--model %s: not a torchvision.models builder "
+                         "(e.g. resnet18, mobilenet_v2)" % args.model)
+    kwargs = {"weights": None}
+    if args.classes:
+        kwargs["num_classes"] = args.classes
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            try:
+                if args.default_init:
+                    raise TypeError("--default-init")
+                # ResNets: the last batch norm of each residual branch starts
+                # at 0 (then perturb_batchnorm moves it off). With
+                # torchvision's default init, resnet50's own fp32 gradients
+                # are 1e-2 off its fp64 ones (any batch, image 64 to 128),
+                # too far for the 1e-4 tolerance; with this, 1.1e-5.
+                torch.manual_seed(args.seed)
+                net = builder(zero_init_residual=True, **kwargs)
+            except TypeError:  # not a ResNet
+                torch.manual_seed(args.seed)
+                net = builder(**kwargs)
+    except (TypeError, ValueError) as e:
+        raise UsageError("--model %s: torchvision.models.%s(%s) failed: %s" % (
+            args.model, args.model,
+            ", ".join("%s=%r" % kv for kv in kwargs.items()), e)) from None
+    if not isinstance(net, torch.nn.Module):
+        raise UsageError("--model %s: torchvision.models.%s() is not a module"
+                         % (args.model, args.model))
+    dropouts = 0
+    for m in net.modules():
+        if isinstance(m, torch.nn.modules.dropout._DropoutNd):
+            m.p = 0.0
+            dropouts += 1
+    models.perturb_batchnorm(net)
+    net.train()
+    return net, dropouts
+
+
+def export_onnx(torch, net, x, path, opset, model_name):
+    """torch.onnx.export in training mode; returns the list of warnings'
+    texts. UsageError where the exporter refuses the model at this size."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            torch.onnx.export(
+                copy.deepcopy(net), x, path,
+                training=torch.onnx.TrainingMode.TRAINING,
+                do_constant_folding=False, input_names=["input"],
+                output_names=["logits"], opset_version=opset)
+        except Exception as e:  # the exporter raises several types
+            first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+            first = first.split(" Please feel free")[0].split("  [Caused by")[0]
+            hint = ""
+            if "adaptive" in first and "factor" in first:
+                hint = (" (the exporter needs the feature map to be a multiple "
+                        "of the adaptive pool's output: for vgg, --image a "
+                        "multiple of 224)")
+            raise UsageError("torch.onnx.export of %s (input %s, opset %d) "
+                             "failed: %.400s%s" % (
+                                 model_name, tuple(x.shape), opset, first,
+                                 hint)) from None
+    return [str(w.message) for w in caught]
+
+
+def summarize_warnings(texts):
+    if not texts:
+        return
+    nbt = [t for t in texts if "num_batches_tracked" in t]
+    others = collections.Counter(
+        t.strip().splitlines()[0][:200] for t in texts if t not in nbt)
+    parts = []
+    if nbt:
+        parts.append("%d about num_batches_tracked's update removed" % len(nbt))
+    log("torch.onnx.export warned %d times%s" % (
+        len(texts), (": " + ", ".join(parts)) if parts else ""))
+    for text, n in others.most_common():
+        log("  %s%s" % (text, " (x%d)" % n if n > 1 else ""))
+
+
+def onnx_summary(np, onnx, path):
+    """{initializers: {name: array}, inputs: [names], opset, ops: Counter}."""
+    from onnx import numpy_helper
+    model = onnx.load(path)
+    g = model.graph
+    inits = {i.name: numpy_helper.to_array(i) for i in g.initializer}
+    opset = max((o.version for o in model.opset_import
+                 if o.domain in ("", "ai.onnx")), default=None)
+    return {"initializers": inits,
+            "inputs": [i.name for i in g.input if i.name not in inits],
+            "outputs": [o.name for o in g.output],
+            "opset": opset,
+            "ops": collections.Counter(n.op_type for n in g.node),
+            "nodes": len(g.node)}
+
+
+def expected_persistent(np, torch, net, x, t):
+    """The persistent tensors pebble's graph must hold: {id: (tensor, role)}.
+    state_dict() minus num_batches_tracked, plus input and target."""
+    nbt = set()
+    for prefix, m in net.named_modules():
+        if isinstance(m, torch.nn.modules.batchnorm._BatchNorm):
+            nbt.add((prefix + "." if prefix else "") + "num_batches_tracked")
+    params = dict(net.named_parameters())
+    expected = collections.OrderedDict()
+    for name, value in net.state_dict().items():
+        if name in nbt:
+            continue
+        expected[name] = (value, "parameter" if name in params else "buffer")
+    expected["input"] = (x, "input")
+    expected["target"] = (t, "input")
+    return expected, sorted(nbt)
+
+
+def write_inputs(np, expected, inputs_dir):
+    """Writes every expected persistent tensor as inputs_dir/<file>.npy;
+    returns {id: (shape, dtype name)} as crosscheck.check_graph_matches
+    takes it."""
+    written = {}
+    for name, (value, _) in expected.items():
+        array = value.detach().cpu().numpy()
+        if array.dtype not in (np.float32, np.int64):
+            raise AssertionError("%s: unexpected dtype %s" % (name, array.dtype))
+        array = np.array(array, order="C", copy=True)
+        np.save(os.path.join(inputs_dir, tensor_file_name(name)), array)
+        written[name] = (tuple(array.shape), cc.npy_dtype_name(np, array.dtype))
+    return written
+
+
+def explain_mismatch(desc, expected, written, summary, nbt):
+    """Lines that say where each id on one side only comes from, ids with
+    the same reason grouped on one line, and shape disagreements beside the
+    ONNX initializer's own shape."""
+    persistent = {n["id"]: n for n in desc["nodes"] if n.get("persistent")}
+    inits = summary["initializers"]
+    reasons = collections.OrderedDict()
+
+    def add(why, name):
+        reasons.setdefault(why, []).append(name)
+
+    for name in sorted(set(persistent) - set(written)):
+        if name in nbt:
+            add("pebble has them, torch does not: batch-norm "
+                "num_batches_tracked, which the contract leaves out of the "
+                "graph", name)
+        elif name in inits:
+            add("pebble has them, torch does not: initializers of the ONNX "
+                "file that are no state_dict() entries of the model", name)
+        elif name in summary["inputs"]:
+            add("pebble has them, torch does not: graph inputs of the ONNX "
+                "file", name)
+        else:
+            add("pebble has them, torch does not: neither ONNX initializers "
+                "nor ONNX graph inputs (the importer made them)", name)
+    for name in sorted(set(written) - set(persistent)):
+        if name == "input":
+            add("torch has it, pebble does not: the ONNX graph input, "
+                "exported with input_names=['input'] (ONNX graph inputs: %s)"
+                % summary["inputs"], name)
+        elif name == "target":
+            add("torch has it, pebble does not: the target of --loss "
+                "cross-entropy", name)
+        elif name in inits:
+            add("torch has them, pebble does not: %ss that are initializers "
+                "of the ONNX file (the importer dropped or renamed them)"
+                % expected[name][1], name)
+        else:
+            add("torch has them, pebble does not: %ss that are not in the "
+                "ONNX file (the exporter left them out: unused by the "
+                "forward pass?)" % expected[name][1], name)
+    lines = ["%s (%d): %s" % (why, len(names), ", ".join(names))
+             for why, names in reasons.items()]
+    for name in sorted(set(persistent) & set(written)):
+        got = (tuple(persistent[name].get("shape") or ()),
+               persistent[name].get("dtype"))
+        if got != written[name]:
+            lines.append("'%s': pebble %s %s, torch %s %s%s" % (
+                name, got[1], list(got[0]), written[name][1],
+                list(written[name][0]),
+                ", ONNX initializer %s %s" % (inits[name].dtype,
+                                              list(inits[name].shape))
+                if name in inits else ""))
+    return lines
+
+
+def check_graph(np, desc, expected, written, order, summary, nbt, n_params):
+    """The graph's persistent nodes, roles, outputs and parameter bytes.
+    Returns failure lines."""
+    failures = []
+    try:
+        cc.check_graph_matches(desc, written, order)
+    except Failure as e:
+        # crosscheck's message names each id; keep its lines on the outputs
+        # and say where the persistent ids on one side only come from.
+        lines = [l.strip() for l in str(e).splitlines()[1:]]
+        outputs = [l for l in lines if l.startswith("graph outputs differ")]
+        failures.append(
+            "the imported graph's persistent nodes are not the model's "
+            "state_dict() entries (without num_batches_tracked) plus input "
+            "and target:\n  " + "\n  ".join(
+                explain_mismatch(desc, expected, written, summary, nbt)
+                + outputs))
+    bad_roles = []
+    for n in desc["nodes"]:
+        if n.get("persistent") and n["id"] in expected:
+            want = expected[n["id"]][1]
+            if n.get("role") != want:
+                bad_roles.append("'%s' is %s, should be %s" % (
+                    n["id"], n.get("role"), want))
+    if bad_roles:
+        failures.append("persistent nodes with the wrong role:\n  "
+                        + "\n  ".join(bad_roles))
+    param_nodes = [n for n in desc["nodes"] if n.get("role") == "parameter"]
+    param_bytes = sum(int(n["bytes"]) for n in param_nodes)
+    log("graph: %d nodes, %d persistent, %d outputs; %d parameter nodes, "
+        "%d bytes (torch: %d parameters, %d bytes as fp32)" % (
+            len(desc["nodes"]),
+            sum(1 for n in desc["nodes"] if n.get("persistent")),
+            sum(1 for n in desc["nodes"] if n.get("output")),
+            len(param_nodes), param_bytes, n_params, 4 * n_params))
+    if param_bytes != 4 * n_params:
+        failures.append("the graph's parameter nodes hold %d bytes, the "
+                        "model's %d parameters %d bytes as fp32" % (
+                            param_bytes, n_params, 4 * n_params))
+    summary_bytes = (desc.get("summary") or {}).get("parameter_bytes")
+    if summary_bytes is not None and summary_bytes != param_bytes:
+        failures.append("pebble describe's summary says %s parameter bytes, "
+                        "its nodes %d" % (summary_bytes, param_bytes))
+    return failures
+
+
+def pick_budget(pebble, graph, policy, kind, budget):
+    """crosscheck.pick_budget for a graph file: 100% for one-shot policies,
+    else `budget`, or `min` (with a note) where that is infeasible."""
+    if kind == "one-shot":
+        budget = "100%"
+    plan_args = ["plan", "--graph", graph, "--policy", policy]
+    plan = cc.pebble_json(pebble, plan_args + ["--budget", budget],
+                          "pebble plan --policy %s --budget %s" % (policy,
+                                                                   budget))
+    if not plan.get("feasible", False):
+        log("note: %s cannot meet --budget %s (%s); running it at --budget min"
+            % (policy, budget, plan.get("message", "infeasible")))
+        budget = "min"
+        plan = cc.pebble_json(pebble, plan_args + ["--budget", budget],
+                              "pebble plan --policy %s --budget min" % policy)
+        if not plan.get("feasible", False):
+            raise Failure("policy %s: the plan at --budget min is infeasible: "
+                          "%s" % (policy, plan.get("message")))
+    return budget, plan
+
+
+def run_step(args, np, pebble, graph, policy, kind, inputs_dir, dump_dir,
+             written, order, ref32, ref64, zero_grads):
+    """One `pebble run`, compared with PyTorch. Returns failure lines."""
+    failures = []
+    budget, plan = pick_budget(pebble, graph, policy, kind, args.budget)
+    report = plan.get("report", {})
+    log("\n== policy %s (%s), --budget %s: planned peak %s bytes (baseline "
+        "%s), %s recomputations, %s bytes transferred" % (
+            policy, kind, budget, report.get("peak_bytes"),
+            plan.get("baseline_peak_bytes"), report.get("recomputations"),
+            report.get("transfer_bytes")))
+    if os.path.isdir(dump_dir):
+        shutil.rmtree(dump_dir)
+    result = cc.pebble_json(pebble, [
+        "run", "--graph", graph, "--policy", policy, "--budget", budget,
+        "--backend", "cpu", "--inputs", inputs_dir, "--dump", dump_dir,
+        "--seed", str(args.seed)],
+        "pebble run --policy %s --budget %s" % (policy, budget))
+    predicted = result.get("predicted") or {}
+    measured = result.get("measured") or {}
+    log("pebble run: loss %s; %s recomputations, %s bytes transferred; peak "
+        "predicted %s, measured %s bytes; time %s s; %s inputs loaded, %s "
+        "generated" % (
+            result.get("loss"), predicted.get("recomputations"),
+            predicted.get("transfer_bytes"), predicted.get("peak_bytes"),
+            measured.get("peak_bytes"), measured.get("time_s"),
+            result.get("loaded_inputs"), result.get("generated_inputs")))
+    if (result.get("loaded_inputs") != len(written)
+            or result.get("generated_inputs") != 0):
+        failures.append("pebble loaded %s of the %d input tensors and "
+                        "generated %s (all must be read from %s)" % (
+                            result.get("loaded_inputs"), len(written),
+                            result.get("generated_inputs"), inputs_dir))
+    if (measured.get("peak_bytes") is None
+            or measured.get("peak_bytes") != predicted.get("peak_bytes")
+            or result.get("peak_equal") is not True):
+        failures.append("measured peak %s bytes, predicted %s (peak_equal %s)"
+                        % (measured.get("peak_bytes"),
+                           predicted.get("peak_bytes"),
+                           result.get("peak_equal")))
+    # The dump holds <file name>.npy; load_dump compares the stems.
+    stems = {tensor_file_name(n)[:-len(".npy")]: n for n in order}
+    got_files = cc.load_dump(np, dump_dir, list(stems), policy)
+    got = {stems[s]: a for s, a in got_files.items()}
+    if result.get("loss") is not None:
+        json_loss, npy_loss = float(result["loss"]), float(got["loss"])
+        if abs(json_loss - npy_loss) > 1e-6 * max(abs(npy_loss), 1e-30):
+            failures.append("the JSON loss %r differs from loss.npy %r" % (
+                json_loss, npy_loss))
+    tensor_failures = cc.compare(np, got, ref32, ref64, order, zero_grads,
+                                 policy)
+    if args.fp64_judge and tensor_failures:
+        tensor_failures = judge_by_fp64(np, got, ref32, ref64, order,
+                                        tensor_failures, policy)
+    return failures + tensor_failures
+
+
+def judge_by_fp64(np, got, ref32, ref64, order, failures, policy):
+    """--fp64-judge: drops the failure lines of tensors that are
+    ill-conditioned in fp32 (PyTorch's own fp32 result at least
+    ILL_CONDITIONED off fp64) where pebble's result is at most FP64_FACTOR
+    times further off fp64 than PyTorch's; prints what it decided."""
+    def rel(a, exact):
+        scale = float(np.max(np.abs(exact))) if exact.size else 0.0
+        err = (float(np.max(np.abs(a.astype(np.float64) - exact)))
+               if exact.size else 0.0)
+        return err / max(scale, cc.TINY)
+
+    log("\n--fp64-judge: tensors over the tolerance, against PyTorch's fp64 "
+        "result")
+    log("%-48s %12s %12s  %s" % ("tensor", "pebble/64", "torch32/64",
+                                  "verdict"))
+    excused = set()
+    for name in order:
+        prefix = "policy %s, %s:" % (policy, name)
+        if not any(line.startswith(prefix) for line in failures):
+            continue
+        a, b, exact = got[name], ref32[name], ref64[name]
+        if (a.shape != exact.shape or a.dtype != b.dtype
+                or not np.all(np.isfinite(a))):
+            continue
+        ours, theirs = rel(a, exact), rel(b, exact)
+        ok = theirs >= ILL_CONDITIONED and ours <= FP64_FACTOR * theirs
+        log("%-48s %12.3e %12.3e  %s" % (
+            name, ours, theirs,
+            "ok (ill-conditioned in fp32)" if ok else "FAIL"))
+        if ok:
+            excused.add(prefix)
+    return [l for l in failures
+            if not any(l.startswith(p) for p in excused)]
+
+
+def plan_all(args, pebble, graph, registered):
+    """`pebble plan` with every policy but `exact`. Returns failure lines."""
+    failures = []
+    log("\n== every policy at --budget %s (--time-limit %g)" % (
+        args.budget, args.time_limit))
+    log("%-14s %-11s %-10s %14s %10s %14s %8s" % (
+        "policy", "kind", "feasible", "peak bytes", "recomputes",
+        "transferred", "wall s"))
+    for policy in sorted(registered):
+        if policy in ALL_POLICIES_SKIP:
+            log("%-14s %-11s skipped (only tiny graphs)" % (
+                policy, registered[policy]))
+            continue
+        cmd = [pebble, "plan", "--graph", graph, "--policy", policy,
+               "--budget", args.budget, "--time-limit", "%g" % args.time_limit,
+               "--json"]
+        start = time.time()
+        try:
+            proc = subprocess.run(cmd, stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE,
+                                  universal_newlines=True,
+                                  timeout=args.time_limit + 120)
+        except subprocess.TimeoutExpired:
+            failures.append("pebble plan --policy %s did not finish within "
+                            "%g s (--time-limit %g)" % (
+                                policy, args.time_limit + 120,
+                                args.time_limit))
+            log("%-14s %-11s TIMEOUT" % (policy, registered[policy]))
+            continue
+        wall = time.time() - start
+        refusal = OUT_OF_DOMAIN.get(policy)
+        if proc.returncode == 1 and refusal and refusal in proc.stderr:
+            log("%-14s %-11s n/a: %s" % (policy, registered[policy],
+                                         proc.stderr.strip()[:300]))
+            continue
+        if proc.returncode != 0:
+            how = ("killed by signal %d" % -proc.returncode
+                   if proc.returncode < 0 else "exit %d" % proc.returncode)
+            failures.append("pebble plan --policy %s failed (%s): %s" % (
+                policy, how, (proc.stderr.strip() or proc.stdout.strip())[:500]))
+            log("%-14s %-11s ERROR (%s)" % (policy, registered[policy], how))
+            continue
+        try:
+            plan = json.loads(proc.stdout)
+        except ValueError as e:
+            failures.append("pebble plan --policy %s printed no JSON "
+                            "document (%s)" % (policy, e))
+            continue
+        report = plan.get("report") or {}
+        log("%-14s %-11s %-10s %14s %10s %14s %8.1f" % (
+            policy, registered[policy], plan.get("feasible"),
+            report.get("peak_bytes"), report.get("recomputations"),
+            report.get("transfer_bytes"), wall))
+    return failures
+
+
+def import_check(args, np, torch, torchvision, onnx, models):
+    pebble = os.path.abspath(args.pebble)
+    if not (os.path.isfile(pebble) and os.access(pebble, os.X_OK)):
+        raise UsageError("--pebble %s: not an executable file" % args.pebble)
+    check_has_import(pebble)
+    cc.check_has_run(pebble)
+    registered = {p["name"]: p["kind"] for p in
+                  cc.pebble_json(pebble, ["policies"], "pebble policies")}
+    if args.policy not in registered:
+        raise UsageError("unknown policy %s (registered: %s)" % (
+            args.policy, ", ".join(sorted(registered))))
+    torch.set_num_threads(max(1, args.threads))
+
+    workdir = args.workdir
+    own_workdir = workdir is None
+    if own_workdir:
+        workdir = tempfile.mkdtemp(prefix="pebble-import-check-")
+    else:
+        os.makedirs(workdir, exist_ok=True)
+    try:
+        return check_in(args, np, torch, torchvision, onnx, models, pebble,
+                        registered, workdir)
+    finally:
+        if own_workdir:
+            shutil.rmtree(workdir, ignore_errors=True)
+
+
+def check_in(args, np, torch, torchvision, onnx, models, pebble, registered,
+             workdir):
+    net, dropouts = build_model(torch, torchvision, models, args)
+    classes = args.classes or 1000  # torchvision's default num_classes
+    gen = torch.Generator().manual_seed(args.seed + 1)
+    shape = (args.batch, 3, args.image, args.image)
+    x = torch.randn(shape, generator=gen)
+    t = torch.randint(0, classes, (args.batch,), generator=gen,
+                      dtype=torch.int64)
+    export_batch = args.export_batch or args.batch
+    x_export = x if export_batch == args.batch else torch.randn(
+        (export_batch,) + shape[1:], generator=gen)
+
+    onnx_path = os.path.join(workdir, "model.onnx")
+    summarize_warnings(export_onnx(torch, net, x_export, onnx_path, args.opset,
+                                   args.model))
+    summary = onnx_summary(np, onnx, onnx_path)
+    n_params = sum(p.numel() for p in net.parameters())
+    log("exported %s (%d parameters, %d dropouts set to p=0) to %s: opset %s, "
+        "%d nodes, %d initializers, inputs %s; ops: %s" % (
+            args.model, n_params, dropouts, onnx_path, summary["opset"],
+            summary["nodes"], len(summary["initializers"]), summary["inputs"],
+            ", ".join("%s %d" % kv for kv in sorted(summary["ops"].items()))))
+    # The torch side of the contract: initializers named by state_dict keys,
+    # holding the parameters' values (a check of the export, not of pebble).
+    for name, p in net.named_parameters():
+        init = summary["initializers"].get(name)
+        if init is not None and not np.array_equal(
+                init, p.detach().numpy()):
+            raise Failure("the ONNX file's initializer %s differs from the "
+                          "model's parameter: the export did not write the "
+                          "weights compared against" % name)
+
+    graph = os.path.join(workdir, "graph.json")
+    if os.path.exists(graph):
+        os.remove(graph)
+    import_args = ["import", onnx_path, "--loss", "cross-entropy",
+                   "--output", graph]
+    if export_batch != args.batch:
+        import_args += ["--batch", str(args.batch)]
+    start = time.time()
+    out = cc.run_pebble(pebble, import_args, "pebble " + " ".join(import_args))
+    log("pebble import: %.1f s%s" % (time.time() - start, (
+        "; it printed:\n  " + "\n  ".join(out.strip().splitlines()[:20]))
+        if out.strip() else ""))
+    if not os.path.isfile(graph):
+        raise Failure("pebble import exited 0 but wrote no %s" % graph)
+    desc = cc.pebble_json(pebble, ["describe", "--graph", graph],
+                          "pebble describe --graph " + graph)
+
+    expected, nbt = expected_persistent(np, torch, net, x, t)
+    inputs_dir = cc.fresh_dir(os.path.join(workdir, "inputs"))
+    written = write_inputs(np, expected, inputs_dir)
+    order = ["loss"] + ["grad:" + n for n, _ in net.named_parameters()]
+    failures = check_graph(np, desc, expected, written, order, summary, nbt,
+                           n_params)
+
+    # The reference runs after the inputs are written: training-mode batch
+    # norm updates the running statistics in place.
+    with_loss = make_with_loss(torch)(net)
+
+    def reference(module, dtype):
+        ref = cc.torch_reference(torch, module, x, t, dtype)
+        return {("grad:" + k[len("grad:net."):] if k.startswith("grad:net.")
+                 else k): v for k, v in ref.items()}
+
+    ref64 = (reference(copy.deepcopy(with_loss), torch.float64)
+             if args.fp64 or args.fp64_judge else None)
+    kink_module = copy.deepcopy(with_loss)  # before the step moves the stats
+    ref32 = reference(with_loss, torch.float32)
+    log("model %s, batch %d, image %d, seed %d: %d persistent tensors, %d "
+        "outputs; torch loss %.8g" % (args.model, args.batch, args.image,
+                                      args.seed, len(written), len(order),
+                                      float(ref32["loss"])))
+    zero_grads = {"grad:" + n for n in models.zero_gradient_names(net)}
+
+    step_failures = []
+    try:
+        step_failures = run_step(
+            args, np, pebble, graph, args.policy, registered[args.policy],
+            inputs_dir, os.path.join(workdir, "out"), written, order, ref32,
+            ref64, zero_grads)
+    except Failure as e:
+        step_failures = ["the training step: %s" % e]
+    failures += step_failures
+    if args.all_policies:
+        failures += plan_all(args, pebble, graph, registered)
+
+    log("")
+    if failures:
+        # The per-tensor table above has every tensor; a long list of them
+        # here is cut short.
+        tensor_lines = [l for l in failures if l.startswith("policy ")]
+        for line in failures:
+            if line in tensor_lines[MAX_TENSOR_LINES:]:
+                continue
+            log("MISMATCH: " + line)
+        if len(tensor_lines) > MAX_TENSOR_LINES:
+            log("MISMATCH: ... and %d more tensors (see the table)" % (
+                len(tensor_lines) - MAX_TENSOR_LINES))
+        if tensor_lines:
+            relu, pool = cc.count_kinks(torch, kink_module, x, t)
+            log("note: PyTorch's fp32 forward has %d ReLU inputs within %.0e "
+                "of zero and %d max-pool windows with two values that close "
+                "(docs/crosscheck.md, \"Values at kinks\"; ReLU6 and "
+                "hard-sigmoid kinks are not counted). %s" % (
+                    relu, cc.KINK_REL, pool,
+                    "Run again with another --seed to tell a kink from a "
+                    "fault." if relu or pool else
+                    "None here: the mismatch is not a kink."))
+        return EXIT_FAIL
+    log("PASS: %s (batch %d, image %d, opset %s) imported: %d persistent "
+        "tensors as in PyTorch; policy %s: loss and %d gradients within %.0e "
+        "of PyTorch, measured peak = predicted%s" % (
+            args.model, args.batch, args.image, summary["opset"], len(written),
+            args.policy, len(order) - 1, cc.REL_TOL,
+            "; every policy plans it (but exact; n/a where out of its domain)" if args.all_policies else ""))
+    return EXIT_OK
+
+
+def main(argv):
+    try:
+        args = parse_args(argv)
+    except UsageError:
+        return EXIT_USAGE
+    try:
+        import numpy as np
+        import torch
+        import torchvision
+        import onnx
+    except ImportError as e:
+        log("SKIP: numpy, torch, torchvision and onnx are needed (%s)" % e)
+        return EXIT_SKIP
+    import models
+    try:
+        return import_check(args, np, torch, torchvision, onnx, models)
+    except UsageError as e:
+        print("import_check: %s" % e, file=sys.stderr)
+        return EXIT_USAGE
+    except NoImport as e:
+        log("SKIP: %s" % e)
+        return EXIT_SKIP
+    except Failure as e:
+        log("FAIL: %s" % e)
+        return EXIT_FAIL
+    except OSError as e:  # pebble could not be started (being relinked?)
+        log("FAIL: %s" % e)
+        return EXIT_FAIL
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
