@@ -116,6 +116,38 @@ absl::Status CheckRunnable(const Graph& graph, const Schedule& schedule, const B
 
 }  // namespace
 
+namespace {
+
+// A float32 array as bfloat16 (a bf16 node reads an fp32 file), and back
+// (downloaded bf16 outputs are read as float).
+void NarrowToBFloat16(NpyArray& array) {
+  const int64_t n = NumElements(array.shape);
+  std::vector<uint8_t> narrow(static_cast<size_t>(2 * n));
+  for (int64_t i = 0; i < n; ++i) {
+    float x;
+    std::memcpy(&x, array.data.data() + 4 * i, 4);
+    const uint16_t b = FloatToBFloat16(x);
+    std::memcpy(narrow.data() + 2 * i, &b, 2);
+  }
+  array.dtype = DType::kBFloat16;
+  array.data = std::move(narrow);
+}
+
+void WidenBFloat16(NpyArray& array) {
+  const int64_t n = NumElements(array.shape);
+  std::vector<uint8_t> wide(static_cast<size_t>(4 * n));
+  for (int64_t i = 0; i < n; ++i) {
+    uint16_t b;
+    std::memcpy(&b, array.data.data() + 2 * i, 2);
+    const float x = BFloat16ToFloat(b);
+    std::memcpy(wide.data() + 4 * i, &x, 4);
+  }
+  array.dtype = DType::kFloat32;
+  array.data = std::move(wide);
+}
+
+}  // namespace
+
 absl::StatusOr<std::optional<NpyArray>> ReadInputFile(const Graph& graph, NodeId v,
                                                       const std::string& dir) {
   RETURN_IF_ERROR(CheckTensorSlot(graph, v));
@@ -138,18 +170,7 @@ absl::StatusOr<std::optional<NpyArray>> ReadInputFile(const Graph& graph, NodeId
         " but node '", graph.id(v), "' is ", Describe(graph, v),
         want == DType::kBFloat16 ? " (a bf16 node takes an fp32 or bf16 file)" : ""));
   }
-  if (bf16_from_fp32) {
-    const int64_t n = NumElements(shape);
-    std::vector<uint8_t> data(static_cast<size_t>(n) * 2);
-    for (int64_t i = 0; i < n; ++i) {
-      float x;
-      std::memcpy(&x, array.data.data() + 4 * i, 4);
-      const uint16_t b = FloatToBFloat16(x);
-      std::memcpy(data.data() + 2 * i, &b, 2);
-    }
-    array.dtype = DType::kBFloat16;
-    array.data = std::move(data);
-  }
+  if (bf16_from_fp32) NarrowToBFloat16(array);
   return std::optional<NpyArray>(std::move(array));
 }
 
@@ -487,20 +508,6 @@ InstanceIndex IndexInstances(const Graph& graph, const MemoryLayout& layout, int
     }
   }
   return index;
-}
-
-// A bfloat16 array as float32 (downloaded outputs are read as float).
-void WidenBFloat16(NpyArray& array) {
-  const int64_t n = NumElements(array.shape);
-  std::vector<uint8_t> wide(static_cast<size_t>(4 * n));
-  for (int64_t i = 0; i < n; ++i) {
-    uint16_t b;
-    std::memcpy(&b, array.data.data() + 2 * i, 2);
-    const float x = BFloat16ToFloat(b);
-    std::memcpy(wide.data() + 4 * i, &x, 4);
-  }
-  array.dtype = DType::kFloat32;
-  array.data = std::move(wide);
 }
 
 // The value of output "loss" when it is a float32 or float16 scalar.
