@@ -78,6 +78,19 @@ TEST(CliImportTest, ForwardGraphIsTrainedWithTrain) {
   EXPECT_EQ(Pebble("plan --train --model mnist-cnn").exit_code, 2);
 }
 
+// examples/mlp-train.json, written by hand, is what --train makes of its
+// forward graph examples/mlp.json: both run, to the same loss.
+TEST(CliImportTest, HandWrittenTrainingGraphEqualsTrainOfItsForwardGraph) {
+  const std::string dir = std::string(PEBBLE_SOURCE_DIR) + "/examples/";
+  Result hand = Pebble("run --backend cpu --json --graph " + dir + "mlp-train.json");
+  ASSERT_EQ(hand.exit_code, 0) << hand.err;
+  Result trained = Pebble("run --backend cpu --json --graph " + dir + "mlp.json --train --loss mse");
+  ASSERT_EQ(trained.exit_code, 0) << trained.err;
+  const Json a = Json::parse(hand.out), b = Json::parse(trained.out);
+  EXPECT_EQ(a["loss"], b["loss"]);
+  EXPECT_EQ(a["measured"]["peak_bytes"], b["measured"]["peak_bytes"]);
+}
+
 TEST(CliImportTest, BadModelsGiveOneLineErrors) {
   const fs::path dir = Scratch("bad");
   const std::string out = (dir / "g.json").string();
