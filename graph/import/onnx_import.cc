@@ -805,7 +805,9 @@ class Importer {
     const Attrs attrs(node);
     RETURN_IF_ERROR(attrs.OnlyKnown({"seed", "ratio"}));
     double ratio = 0.5;
-    bool training = false;
+    // Before opset 12 Dropout has no training input; torch.onnx.export
+    // writes one only in training mode (eval mode drops the node).
+    bool training = opset_ < 12;
     if (node.input_size() >= 2 && !node.input(1).empty()) {
       const onnx::TensorProto* t = ConstTensor(node.input(1));
       std::optional<double> r = t == nullptr ? std::nullopt : FloatScalar(*t);
