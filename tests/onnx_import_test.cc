@@ -322,6 +322,23 @@ TEST(OnnxImportTest, PebblesShapeMustAgreeWithOnnxShapeInference) {
   EXPECT_THAT(g.status().message(), HasSubstr("'/fc/Gemm'"));
 }
 
+// A model that declares another shape than pebble infers (here its output
+// claims 7 classes where the weights give 5) is refused: pebble would
+// otherwise plan a different network than the file describes.
+TEST(OnnxImportTest, ShapesTheModelDeclaresMustMatch) {
+  auto g = Import(TinyModel(13, "", [](ModelMaker& m) {
+    auto* out = m.graph()->mutable_output(0);
+    auto* tt = out->mutable_type()->mutable_tensor_type();
+    tt->set_elem_type(onnx::TensorProto::FLOAT);
+    tt->mutable_shape()->add_dim()->set_dim_value(2);
+    tt->mutable_shape()->add_dim()->set_dim_value(7);
+  }));
+  ASSERT_FALSE(g.ok());
+  EXPECT_THAT(g.status().message(), HasSubstr("'/fc/Gemm'"));
+  EXPECT_THAT(g.status().message(), HasSubstr("(2,5)"));
+  EXPECT_THAT(g.status().message(), HasSubstr("(2,7)"));
+}
+
 TEST(OnnxImportTest, SupportedOpsAreListed) {
   const std::vector<std::string> ops = SupportedOnnxOps();
   EXPECT_THAT(ops, ::testing::Contains("Conv"));
