@@ -199,9 +199,17 @@ class CpuBackend final : public Backend {
     if (bytes < 0) {
       return absl::InvalidArgumentError(absl::StrCat("negative ", what, " allocation: ", bytes));
     }
-    const int64_t rounded =
-        std::max<int64_t>(kCpuAlignment, (bytes + kCpuAlignment - 1) / kCpuAlignment * kCpuAlignment);
-    void* ptr = std::aligned_alloc(kCpuAlignment, static_cast<size_t>(rounded));
+    // Past a 64-bit machine's user address space (128 TiB on x86-64) no
+    // allocator can succeed: refused here, so that the rounding below cannot
+    // overflow and a sanitizer's allocator (which aborts on such sizes) is
+    // never asked.
+    constexpr int64_t kAddressSpaceBytes = int64_t{1} << 47;
+    void* ptr = nullptr;
+    if (bytes <= kAddressSpaceBytes) {
+      const int64_t rounded = std::max<int64_t>(
+          kCpuAlignment, (bytes + kCpuAlignment - 1) / kCpuAlignment * kCpuAlignment);
+      ptr = std::aligned_alloc(kCpuAlignment, static_cast<size_t>(rounded));
+    }
     if (ptr == nullptr) {
       return absl::ResourceExhaustedError(
           absl::StrCat("out of ", what, " memory: cannot allocate ", bytes, " bytes (",
