@@ -252,13 +252,18 @@ class Importer {
   absl::StatusOr<Graph> Run() {
     RETURN_IF_ERROR(CheckOpset());
     RETURN_IF_ERROR(CollectInitializers());
-    ReadDeclaredShapes();
     for (const onnx::ValueInfoProto& v : graph_.input()) reserved_.insert(v.name());
     for (const onnx::ValueInfoProto& v : graph_.output()) reserved_.insert(v.name());
     RETURN_IF_ERROR(AddGraphInputs());
     for (const onnx::NodeProto& node : graph_.node()) {
       RETURN_IF_ERROR(ImportNode(node));
       RETURN_IF_ERROR(nb_.status());
+    }
+    // ONNX's own shape inference runs only now, on nodes whose attributes
+    // pebble has checked: it trusts them (a stride of 0 divides by zero in
+    // libonnx's convolution inference, found by fuzzing).
+    ReadDeclaredShapes();
+    for (const onnx::NodeProto& node : graph_.node()) {
       RETURN_IF_ERROR(CheckDeclaredShapes(node));
     }
     if (graph_.output_size() == 0) {
