@@ -389,19 +389,19 @@ absl::StatusOr<Graph> AddLossAndDifferentiate(const Graph& forward, LossKind los
   for (const char* taken : {"target", "loss"}) {
     if (forward.Find(taken) != kNoNode) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "--loss ", what, ": the graph already has a node '", taken,
+          "the ", what, " loss: the graph already has a node '", taken,
           "' (is it a training graph already?)"));
     }
   }
   if (forward.outputs().size() != 1) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "--loss ", what, " needs a forward graph with one output (the prediction); '",
+        "the ", what, " loss needs a forward graph with one output (the prediction); '",
         forward.name(), "' has ", forward.outputs().size()));
   }
   const NodeId out = forward.outputs()[0];
   if (!forward.shape(out).has_value()) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "--loss ", what, ": the output '", forward.id(out), "' has no shape"));
+        "the ", what, " loss: the output '", forward.id(out), "' has no shape"));
   }
   NetBuilder nb = NetBuilder::FromGraph(forward, cost_model);
   const Value prediction = nb.Find(forward.id(out));
@@ -410,7 +410,7 @@ absl::StatusOr<Graph> AddLossAndDifferentiate(const Graph& forward, LossKind los
   if (loss == LossKind::kCrossEntropy) {
     if (type.shape.size() < 2) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "--loss cross-entropy: the output '", forward.id(out), "' is ",
+          "the cross-entropy loss: the output '", forward.id(out), "' is ",
           ShapeToString(type.shape), ", not (N, C, ...) logits"));
     }
     Shape target_shape = type.shape;
