@@ -326,10 +326,9 @@ class Importer {
     try {
       onnx::shape_inference::InferShapes(inferred);
     } catch (const std::exception& e) {
-      // ONNX's inference stops at what it cannot type (an operator of
-      // another domain, a malformed node). The import then reports the
-      // culprit in its own words, or, when it succeeds, checks against the
-      // shapes the model itself declares.
+      // ONNX's inference refuses what it cannot type (shapes the model
+      // declares in contradiction with its nodes, say): the shapes the model
+      // itself declares are checked instead.
       inferred = model_;
     }
     auto read = [&](const onnx::ValueInfoProto& info) {
@@ -512,7 +511,10 @@ class Importer {
     if (node.output_size() < 1 || node.output(0).empty()) {
       return NodeError(node, "has no output");
     }
-    values_[node.output(0)] = v;
+    if (!values_.emplace(node.output(0), v).second) {
+      return NodeError(node, absl::StrCat("its output ", Quote(node.output(0)),
+                                          " is already defined (ONNX values are assigned once)"));
+    }
     return absl::OkStatus();
   }
 
