@@ -269,6 +269,21 @@ def count_kinks(torch, module, x, t):
     return tuple(counts)
 
 
+def kink_note(torch, module, x, t):
+    """The note printed after a gradient mismatch: how many values of
+    PyTorch's fp32 forward lie at a kink (count_kinks)."""
+    relu, pool = count_kinks(torch, module, x, t)
+    return ("note: PyTorch's fp32 forward has %d ReLU inputs within %.0e of zero "
+            "and %d max-pool windows with two values that close (relative to "
+            "their tensor's largest magnitude). Where a backend rounds such a "
+            "value to the other side, relu_backward or maxpool_backward passes "
+            "another gradient, and a gradient mismatch follows without a fault "
+            "(docs/cuda.md, \"Values at kinks\"). %s" % (
+                relu, KINK_REL, pool,
+                "Run again with another --seed to tell a kink from a fault."
+                if relu or pool else "None here: the mismatch is not a kink."))
+
+
 def pick_budget(pebble, spec, policy, kind, budget, extra):
     """The budget to run `policy` at: 100% for one-shot policies (their plan
     does not depend on it); `budget` for the others, or `min` (with a
@@ -584,16 +599,7 @@ def run_policies(args, np, torch, pebble, case, x, t, policies, registered,
     if failures:
         for line in failures:
             log("MISMATCH: " + line)
-        relu, pool = count_kinks(torch, copy.deepcopy(case.module), x, t)
-        log("note: PyTorch's fp32 forward has %d ReLU inputs within %.0e of zero "
-            "and %d max-pool windows with two values that close (relative to "
-            "their tensor's largest magnitude). Where a backend rounds such a "
-            "value to the other side, relu_backward or maxpool_backward passes "
-            "another gradient, and a gradient mismatch follows without a fault "
-            "(docs/cuda.md, \"Values at kinks\"). %s" % (
-                relu, KINK_REL, pool,
-                "Run again with another --seed to tell a kink from a fault."
-                if relu or pool else "None here: the mismatch is not a kink."))
+        log(kink_note(torch, copy.deepcopy(case.module), x, t))
         return EXIT_FAIL
     log("PASS: %s, policies %s: loss and %d gradients within %.0e of "
         "PyTorch, every policy bitwise identical to baseline"

@@ -762,15 +762,7 @@ def check_in(args, np, torch, torchvision, onnx, models, pebble, registered,
             log("MISMATCH: ... and %d more tensors (see the table)" % (
                 len(tensor_lines) - MAX_TENSOR_LINES))
         if tensor_lines:
-            relu, pool = cc.count_kinks(torch, kink_module, x, t)
-            log("note: PyTorch's fp32 forward has %d ReLU inputs within %.0e "
-                "of zero and %d max-pool windows with two values that close "
-                "(docs/crosscheck.md, \"Values at kinks\"; ReLU6 and "
-                "hard-sigmoid kinks are not counted). %s" % (
-                    relu, cc.KINK_REL, pool,
-                    "Run again with another --seed to tell a kink from a "
-                    "fault." if relu or pool else
-                    "None here: the mismatch is not a kink."))
+            log(cc.kink_note(torch, kink_module, x, t))
         return EXIT_FAIL
     log("PASS: %s (batch %d, image %d, opset %s) imported: %d persistent "
         "tensors as in PyTorch; policy %s: loss and %d gradients within %.0e "
