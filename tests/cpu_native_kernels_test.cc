@@ -234,7 +234,9 @@ TEST(NativeKernelsTest, RegistersItsOpsAndEveryOpIsInTheOpTable) {
         "layernorm_backward", "layernorm_backward_weight",
         "layernorm_backward_bias", "dropout_mask", "dropout",
         "dropout_backward", "embedding", "embedding_backward", "arange",
-        "fill", "split_heads", "split_heads_backward", "merge_heads"}) {
+        "fill", "split_heads", "split_heads_backward", "merge_heads", "clip",
+        "clip_backward", "hardsigmoid", "hardsigmoid_backward", "hardswish",
+        "hardswish_backward", "leaky_relu", "leaky_relu_backward"}) {
     EXPECT_NE(NativeTable().Find(op), nullptr) << op;
   }
   for (const std::string& op : ops) EXPECT_NE(FindOp(op), nullptr) << op;
@@ -299,6 +301,53 @@ TEST(NativeKernelsTest, AddAndMulWithBroadcastMatchNaiveLoops) {
   const std::vector<float> out = MustRun("add", {big, row}).Floats();
   const std::vector<float> fbig = big.Floats(), frow = row.Floats();
   for (int64_t i = 0; i < 210003; ++i) ASSERT_EQ(out[i], fbig[i] + frow[i % 3]);
+}
+
+// The piecewise-linear activations at hand-computed points, boundaries
+// included (PyTorch's ATen conventions: hardtanh_backward is 0 at the bounds,
+// hardswish_backward is x / 3 + 1/2 at x = +-3, leaky_relu_backward takes the
+// slope at 0).
+TEST(NativeKernelsTest, PiecewiseLinearActivationsAndGradients) {
+  const std::vector<float> xs = {-4, -3, -1, 0, 0.5f, 3, 6, 7};
+  const HostTensor x = Floats({8}, xs);
+  const HostTensor g = Floats({8}, std::vector<float>(8, 2.0f));
+  struct Case {
+    std::string op;
+    Json attrs;
+    std::vector<float> y, dx;  // dx for g = 2
+  };
+  const std::vector<Case> cases = {
+      {"clip", {{"min", 0}, {"max", 6}},
+       {0, 0, 0, 0, 0.5f, 3, 6, 6}, {0, 0, 0, 0, 2, 2, 0, 0}},
+      {"clip", {{"max", 1}},  // no lower bound
+       {-4, -3, -1, 0, 0.5f, 1, 1, 1}, {2, 2, 2, 2, 2, 0, 0, 0}},
+      {"hardsigmoid", {{"alpha", 0.25}, {"beta", 0.5}},
+       {0, 0, 0.25f, 0.5f, 0.625f, 1, 1, 1}, {0, 0, 0.5f, 0.5f, 0.5f, 0, 0, 0}},
+      {"hardswish", Json::object(),
+       {0, 0, -1.0f / 3, 0, 0.5f * 3.5f / 6, 3, 6, 7},
+       {0, 2 * (-1 + 0.5f), 2 * (-1.0f / 3 + 0.5f), 1, 2 * (0.5f / 3 + 0.5f), 2 * 1.5f, 2, 2}},
+      {"leaky_relu", {{"negative_slope", 0.1}},
+       {-0.4f, -0.3f, -0.1f, 0, 0.5f, 3, 6, 7}, {0.2f, 0.2f, 0.2f, 0.2f, 2, 2, 2, 2}},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.op + " " + c.attrs.dump());
+    const std::vector<float> y = MustRun(c.op, {x}, c.attrs).Floats();
+    const std::vector<float> dx = MustRun(c.op + "_backward", {g, x}, c.attrs).Floats();
+    for (int i = 0; i < 8; ++i) {
+      EXPECT_FLOAT_EQ(y[i], c.y[i]) << "x = " << xs[i];
+      EXPECT_FLOAT_EQ(dx[i], c.dx[i]) << "x = " << xs[i];
+    }
+  }
+  // The defaults are PyTorch's: hardsigmoid(x) = relu6(x + 3) / 6,
+  // leaky_relu's slope 0.01.
+  EXPECT_FLOAT_EQ(MustRun("hardsigmoid", {Floats({1}, {1.5f})}).Floats()[0], 0.75f);
+  EXPECT_FLOAT_EQ(MustRun("leaky_relu", {Floats({1}, {-2.0f})}).Floats()[0], -0.02f);
+  // Half precision goes through float.
+  const HostTensor h = Random({9}, 7, kF16);
+  const std::vector<float> hy = MustRun("hardswish", {h}).Floats(), hx = h.Floats();
+  for (int i = 0; i < 9; ++i) {
+    EXPECT_NEAR(hy[i], hx[i] * std::min(std::max(hx[i] + 3, 0.0f), 6.0f) / 6, 2e-3);
+  }
 }
 
 TEST(NativeKernelsTest, SumToReducesTheLeadingDims) {

@@ -224,6 +224,14 @@ TEST(ElementwiseTest, ActivationsKeepTypeAndCountFlops) {
   EXPECT_DOUBLE_EQ(Flops("gelu", {T({2, 3})}, {{"approximate", "tanh"}}), 54);
   ExpectError("gelu", {T({2, 3})}, {{"approximate", "fast"}}, "approximate");
   ExpectError("relu", {T({2, 3}, kI64)}, Json::object(), "floating-point");
+  for (const char* op : {"clip", "hardsigmoid", "hardswish", "leaky_relu"}) {
+    ExpectType(op, {T({2, 3}, kF16)}, Json::object(), {2, 3}, kF16);
+    ExpectType(std::string(op) + "_backward", {T({2, 3}), T({2, 3})}, Json::object(), {2, 3});
+  }
+  EXPECT_DOUBLE_EQ(Flops("clip", {T({2, 3})}, {{"min", 0}, {"max", 6}}), 12);
+  EXPECT_DOUBLE_EQ(Flops("hardswish", {T({2, 3})}), 30);
+  ExpectError("clip", {T({2, 3})}, {{"min", 6}, {"max", 0}}, "above");
+  ExpectError("clip_backward", {T({2, 3}), T({2, 3})}, {{"min", "a"}}, "min");
   ExpectType("relu_backward", {T({2, 3}), T({2, 3})}, Json::object(), {2, 3});
   ExpectError("relu_backward", {T({2, 3}), T({3, 2})}, Json::object(),
               "same shape");

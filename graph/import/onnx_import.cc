@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cmath>
 #include <cstring>
 #include <exception>
 #include <filesystem>
@@ -652,6 +653,46 @@ class Importer {
     return Apply(node, op, in);
   }
   absl::Status Relu(const onnx::NodeProto& node) { return Unary(node, "relu"); }
+  absl::Status HardSwish(const onnx::NodeProto& node) { return Unary(node, "hardswish"); }
+
+  absl::Status HardSigmoid(const onnx::NodeProto& node) {
+    RETURN_IF_ERROR(ExpectInputs(node, 1, 1));
+    const Attrs attrs(node);
+    RETURN_IF_ERROR(attrs.OnlyKnown({"alpha", "beta"}));
+    ASSIGN_OR_RETURN(double alpha, attrs.Float("alpha", 0.2));  // ONNX's defaults
+    ASSIGN_OR_RETURN(double beta, attrs.Float("beta", 0.5));
+    ASSIGN_OR_RETURN(std::vector<Value> in, Inputs(node));
+    return Apply(node, "hardsigmoid", in, {{"alpha", alpha}, {"beta", beta}});
+  }
+
+  absl::Status LeakyRelu(const onnx::NodeProto& node) {
+    RETURN_IF_ERROR(ExpectInputs(node, 1, 1));
+    const Attrs attrs(node);
+    RETURN_IF_ERROR(attrs.OnlyKnown({"alpha"}));
+    ASSIGN_OR_RETURN(double slope, attrs.Float("alpha", 0.01));
+    ASSIGN_OR_RETURN(std::vector<Value> in, Inputs(node));
+    return Apply(node, "leaky_relu", in, {{"negative_slope", slope}});
+  }
+
+  // Clip (opset 11 on): optional constant min and max inputs; ReLU6 is
+  // Clip(x, 0, 6).
+  absl::Status Clip(const onnx::NodeProto& node) {
+    RETURN_IF_ERROR(ExpectInputs(node, 1, 3));
+    RETURN_IF_ERROR(Attrs(node).OnlyKnown({}));
+    Json attrs = Json::object();
+    for (int i = 1; i < node.input_size(); ++i) {
+      if (node.input(i).empty()) continue;
+      const onnx::TensorProto* t = ConstTensor(node.input(i));
+      std::optional<double> v = t == nullptr ? std::nullopt : FloatScalar(*t);
+      if (!v.has_value() || !std::isfinite(*v)) {
+        return NodeError(node, absl::StrCat(i == 1 ? "min" : "max",
+                                            " must be a constant finite scalar"));
+      }
+      attrs[i == 1 ? "min" : "max"] = *v;
+    }
+    ASSIGN_OR_RETURN(Value x, Get(node, node.input(0)));
+    return Apply(node, "clip", {x}, std::move(attrs));
+  }
   absl::Status Tanh(const onnx::NodeProto& node) { return Unary(node, "tanh"); }
   absl::Status Sigmoid(const onnx::NodeProto& node) { return Unary(node, "sigmoid"); }
 
@@ -856,6 +897,22 @@ class Importer {
     return NodeError(node, "only a tensor 'value' is supported");
   }
 
+  // Cast of a constant (torch.clamp casts its scalar bounds): the value is
+  // kept as it is, for the operators that read constants by value. A cast
+  // of a computed tensor is refused.
+  absl::Status Cast(const onnx::NodeProto& node) {
+    RETURN_IF_ERROR(ExpectInputs(node, 1, 1));
+    RETURN_IF_ERROR(Attrs(node).OnlyKnown({"to", "saturate"}));
+    const onnx::TensorProto* t = ConstTensor(node.input(0));
+    if (t == nullptr) {
+      return NodeError(node, "only a cast of a constant is supported (this one casts a "
+                             "computed tensor)");
+    }
+    if (node.output_size() != 1 || node.output(0).empty()) return NodeError(node, "has no output");
+    constants_[node.output(0)] = t;
+    return absl::OkStatus();
+  }
+
   absl::Status Pad(const onnx::NodeProto& node) {
     RETURN_IF_ERROR(ExpectInputs(node, 2, 3));
     const Attrs attrs(node);
@@ -894,6 +951,8 @@ class Importer {
         {"Add", &Importer::Add},
         {"AveragePool", &Importer::AveragePool},
         {"BatchNormalization", &Importer::BatchNormalization},
+        {"Cast", &Importer::Cast},
+        {"Clip", &Importer::Clip},
         {"Concat", &Importer::Concat},
         {"Constant", &Importer::Constant},
         {"Conv", &Importer::Conv},
@@ -901,7 +960,10 @@ class Importer {
         {"Flatten", &Importer::Flatten},
         {"Gemm", &Importer::Gemm},
         {"GlobalAveragePool", &Importer::GlobalAveragePool},
+        {"HardSigmoid", &Importer::HardSigmoid},
+        {"HardSwish", &Importer::HardSwish},
         {"Identity", &Importer::Identity},
+        {"LeakyRelu", &Importer::LeakyRelu},
         {"MaxPool", &Importer::MaxPool},
         {"Mul", &Importer::Mul},
         {"Pad", &Importer::Pad},

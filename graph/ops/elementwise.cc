@@ -2,6 +2,7 @@
 // FLOP counts per element are in docs/operators.md (one per arithmetic
 // operation, one per transcendental function).
 #include <algorithm>
+#include <cmath>
 #include <functional>
 #include <string>
 #include <vector>
@@ -72,6 +73,42 @@ std::function<absl::Status(BackwardContext&)> ActivationBackward(
     ctx.AccumulateGrad(
         0, ctx.Emit(backward_op, {ctx.grad_output(), saved}, ctx.attrs()));
     return absl::OkStatus();
+  };
+}
+
+// ---- Piecewise-linear activations with parameters (runtime/activation_math.h).
+
+// clip: attrs min and max, each optional (absent: unbounded on that side).
+absl::StatusOr<TensorType> InferClip(Inputs in, const Json& attrs) {
+  ASSIGN_OR_RETURN(double lo, DoubleAttr(attrs, "min", -HUGE_VAL));
+  ASSIGN_OR_RETURN(double hi, DoubleAttr(attrs, "max", HUGE_VAL));
+  if (!(lo <= hi)) return Invalid("attr 'min' (", lo, ") is above attr 'max' (", hi, ")");
+  return InferUnaryFloat(in, attrs);
+}
+
+// hardsigmoid: attrs alpha (1/6), beta (1/2), as PyTorch's.
+absl::StatusOr<TensorType> InferHardSigmoid(Inputs in, const Json& attrs) {
+  ASSIGN_OR_RETURN(double alpha, DoubleAttr(attrs, "alpha", 1.0 / 6));
+  ASSIGN_OR_RETURN(double beta, DoubleAttr(attrs, "beta", 0.5));
+  if (!std::isfinite(alpha) || !std::isfinite(beta)) {
+    return Invalid("attrs 'alpha' and 'beta' must be finite");
+  }
+  return InferUnaryFloat(in, attrs);
+}
+
+// leaky_relu: attr negative_slope (0.01, as PyTorch's).
+absl::StatusOr<TensorType> InferLeakyRelu(Inputs in, const Json& attrs) {
+  ASSIGN_OR_RETURN(double slope, DoubleAttr(attrs, "negative_slope", 0.01));
+  if (!std::isfinite(slope)) return Invalid("attr 'negative_slope' must be finite");
+  return InferUnaryFloat(in, attrs);
+}
+
+// The backward of one of these: (grad, x), the forward's attrs.
+std::function<absl::StatusOr<TensorType>(Inputs, const Json&)> InferBackwardOf(
+    absl::StatusOr<TensorType> (*infer_forward)(Inputs, const Json&)) {
+  return [infer_forward](Inputs in, const Json& attrs) -> absl::StatusOr<TensorType> {
+    RETURN_IF_ERROR(infer_forward(in.subspan(1, 1), attrs).status());
+    return InferActivationBackward(in, attrs);
   };
 }
 
@@ -216,6 +253,32 @@ void RegisterElementwiseOps(std::vector<OpDef>& t) {
                  return InferActivationBackward(in, attrs);
                },
                .flops = GeluBackwardFlops});
+
+  // Piecewise-linear activations; each backward reads x:
+  // clip: min(max(x, lo), hi) (2); hardsigmoid: clip(alpha x + beta, 0, 1)
+  // (4); hardswish: x relu6(x + 3) / 6 (5); leaky_relu (2).
+  t.push_back({.name = "clip", .min_inputs = 1, .max_inputs = 1, .infer = InferClip,
+               .flops = PerElement(2),
+               .backward = ActivationBackward("clip_backward", false)});
+  t.push_back({.name = "hardsigmoid", .min_inputs = 1, .max_inputs = 1,
+               .infer = InferHardSigmoid, .flops = PerElement(4),
+               .backward = ActivationBackward("hardsigmoid_backward", false)});
+  t.push_back({.name = "hardswish", .min_inputs = 1, .max_inputs = 1,
+               .infer = InferUnaryFloat, .flops = PerElement(5),
+               .backward = ActivationBackward("hardswish_backward", false)});
+  t.push_back({.name = "leaky_relu", .min_inputs = 1, .max_inputs = 1,
+               .infer = InferLeakyRelu, .flops = PerElement(2),
+               .backward = ActivationBackward("leaky_relu_backward", false)});
+  // grad * (lo < x < hi); grad * alpha * (0 < alpha x + beta < 1);
+  // grad * (x / 3 + 1/2) on [-3, 3]; grad * (x > 0 ? 1 : slope).
+  t.push_back({.name = "clip_backward", .min_inputs = 2, .max_inputs = 2,
+               .infer = InferBackwardOf(InferClip), .flops = PerElement(3)});
+  t.push_back({.name = "hardsigmoid_backward", .min_inputs = 2, .max_inputs = 2,
+               .infer = InferBackwardOf(InferHardSigmoid), .flops = PerElement(4)});
+  t.push_back({.name = "hardswish_backward", .min_inputs = 2, .max_inputs = 2,
+               .infer = InferBackwardOf(InferUnaryFloat), .flops = PerElement(4)});
+  t.push_back({.name = "leaky_relu_backward", .min_inputs = 2, .max_inputs = 2,
+               .infer = InferBackwardOf(InferLeakyRelu), .flops = PerElement(2)});
 
   t.push_back({.name = "add", .min_inputs = 2, .max_inputs = 2,
                .infer = InferBinary, .flops = PerElement(1),

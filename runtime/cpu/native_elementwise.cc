@@ -1,12 +1,15 @@
-// Element-wise own kernels: add, mul (bias-style broadcast), sum_to, the
-// copies (copy, flatten, reshape), fill, arange and dropout.
+// Element-wise own kernels: add, mul (bias-style broadcast), the
+// piecewise-linear activations (clip, hardsigmoid, hardswish, leaky_relu),
+// sum_to, the copies (copy, flatten, reshape), fill, arange and dropout.
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <vector>
 
 #include "graph/ops/op_util.h"
 #include "graph/status.h"
+#include "runtime/activation_math.h"
 #include "runtime/cpu/native_util.h"
 #include "runtime/kernel_math.h"
 
@@ -72,6 +75,106 @@ absl::Status Add(const KernelContext& ctx) {
 
 absl::Status Mul(const KernelContext& ctx) {
   return BinaryKernel(ctx, [](float a, float b) { return a * b; });
+}
+
+// ---- clip, hardsigmoid, hardswish, leaky_relu (x) and their backwards
+// (grad, x): element-wise in float (runtime/activation_math.h), any
+// floating dtype.
+
+template <typename F>
+absl::Status UnaryFloatKernel(const KernelContext& ctx, F f) {
+  RETURN_IF_ERROR(CheckOperands(ctx));
+  const TensorView& x = ctx.inputs[0];
+  const int64_t n = ctx.output.num_elements();
+  return DispatchFloat(ctx.output.dtype, "the output", [&](auto tag) {
+    using T = decltype(tag);
+    const T* px = x.as<T>();
+    T* out = ctx.output.as<T>();
+    ParallelFor(n, kGrain, [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) out[i] = FromFloat<T>(f(ToFloat(px[i])));
+    });
+    return absl::OkStatus();
+  });
+}
+
+template <typename F>
+absl::Status UnaryGradKernel(const KernelContext& ctx, F df) {
+  RETURN_IF_ERROR(CheckOperands(ctx));
+  const TensorView& g = ctx.inputs[0];
+  const TensorView& x = ctx.inputs[1];
+  const int64_t n = ctx.output.num_elements();
+  return DispatchFloat(ctx.output.dtype, "the output", [&](auto tag) {
+    using T = decltype(tag);
+    const T* pg = g.as<T>();
+    const T* px = x.as<T>();
+    T* out = ctx.output.as<T>();
+    ParallelFor(n, kGrain, [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) {
+        out[i] = FromFloat<T>(df(ToFloat(pg[i]), ToFloat(px[i])));
+      }
+    });
+    return absl::OkStatus();
+  });
+}
+
+struct ClipBounds {
+  float lo, hi;
+};
+absl::StatusOr<ClipBounds> ClipBoundsOf(const KernelContext& ctx) {
+  ASSIGN_OR_RETURN(double lo, DoubleAttr(ctx.attrs(), "min", -HUGE_VAL));
+  ASSIGN_OR_RETURN(double hi, DoubleAttr(ctx.attrs(), "max", HUGE_VAL));
+  return ClipBounds{static_cast<float>(lo), static_cast<float>(hi)};
+}
+
+absl::Status Clip(const KernelContext& ctx) {
+  ASSIGN_OR_RETURN(ClipBounds c, ClipBoundsOf(ctx));
+  return UnaryFloatKernel(ctx, [c](float x) { return activation::Clip(x, c.lo, c.hi); });
+}
+absl::Status ClipBackward(const KernelContext& ctx) {
+  ASSIGN_OR_RETURN(ClipBounds c, ClipBoundsOf(ctx));
+  return UnaryGradKernel(
+      ctx, [c](float g, float x) { return activation::ClipGrad(g, x, c.lo, c.hi); });
+}
+
+struct HardSigmoidParams {
+  float alpha, beta;
+};
+absl::StatusOr<HardSigmoidParams> HardSigmoidParamsOf(const KernelContext& ctx) {
+  ASSIGN_OR_RETURN(double alpha, DoubleAttr(ctx.attrs(), "alpha", 1.0 / 6));
+  ASSIGN_OR_RETURN(double beta, DoubleAttr(ctx.attrs(), "beta", 0.5));
+  return HardSigmoidParams{static_cast<float>(alpha), static_cast<float>(beta)};
+}
+
+absl::Status HardSigmoid(const KernelContext& ctx) {
+  ASSIGN_OR_RETURN(HardSigmoidParams p, HardSigmoidParamsOf(ctx));
+  return UnaryFloatKernel(
+      ctx, [p](float x) { return activation::HardSigmoid(x, p.alpha, p.beta); });
+}
+absl::Status HardSigmoidBackward(const KernelContext& ctx) {
+  ASSIGN_OR_RETURN(HardSigmoidParams p, HardSigmoidParamsOf(ctx));
+  return UnaryGradKernel(ctx, [p](float g, float x) {
+    return activation::HardSigmoidGrad(g, x, p.alpha, p.beta);
+  });
+}
+
+absl::Status HardSwish(const KernelContext& ctx) {
+  return UnaryFloatKernel(ctx, [](float x) { return activation::HardSwish(x); });
+}
+absl::Status HardSwishBackward(const KernelContext& ctx) {
+  return UnaryGradKernel(ctx,
+                         [](float g, float x) { return activation::HardSwishGrad(g, x); });
+}
+
+absl::Status LeakyRelu(const KernelContext& ctx) {
+  ASSIGN_OR_RETURN(double slope, DoubleAttr(ctx.attrs(), "negative_slope", 0.01));
+  const auto s = static_cast<float>(slope);
+  return UnaryFloatKernel(ctx, [s](float x) { return activation::LeakyRelu(x, s); });
+}
+absl::Status LeakyReluBackward(const KernelContext& ctx) {
+  ASSIGN_OR_RETURN(double slope, DoubleAttr(ctx.attrs(), "negative_slope", 0.01));
+  const auto s = static_cast<float>(slope);
+  return UnaryGradKernel(
+      ctx, [s](float g, float x) { return activation::LeakyReluGrad(g, x, s); });
 }
 
 // ---- sum_to (x), attr shape: the trailing-dims shape; sums the leading
@@ -204,6 +307,14 @@ void RegisterNativeElementwiseKernels(KernelTable& table) {
   table.Register("dropout_mask", DropoutMask);
   table.Register("dropout", DropoutApply);
   table.Register("dropout_backward", DropoutApply);
+  table.Register("clip", Clip);
+  table.Register("clip_backward", ClipBackward);
+  table.Register("hardsigmoid", HardSigmoid);
+  table.Register("hardsigmoid_backward", HardSigmoidBackward);
+  table.Register("hardswish", HardSwish);
+  table.Register("hardswish_backward", HardSwishBackward);
+  table.Register("leaky_relu", LeakyRelu);
+  table.Register("leaky_relu_backward", LeakyReluBackward);
 }
 
 }  // namespace pebble::native

@@ -10,6 +10,7 @@
 #ifdef PEBBLE_CUDA_EMULATION
 #include "runtime/cuda/emu/cuda_emu.h"  // first: it redefines the keywords
 #endif
+#include "runtime/activation_math.h"
 #include "runtime/cuda/cuda_kernels.h"
 
 #include <cuda_bf16.h>
@@ -84,8 +85,16 @@ cudaError_t Launched() { return cudaGetLastError(); }
 
 // ---- Element-wise.
 
-__device__ __forceinline__ float Unary(UnaryOp op, float v) {
+__device__ __forceinline__ float Unary(UnaryOp op, float v, UnaryParams p) {
   switch (op) {
+    case UnaryOp::kClip:
+      return activation::Clip(v, p.a, p.b);
+    case UnaryOp::kHardSigmoid:
+      return activation::HardSigmoid(v, p.a, p.b);
+    case UnaryOp::kHardSwish:
+      return activation::HardSwish(v);
+    case UnaryOp::kLeakyRelu:
+      return activation::LeakyRelu(v, p.a);
     case UnaryOp::kRelu:
       return v < 0.f ? 0.f : v;  // NaN stays NaN, as oneDNN's and PyTorch's
     case UnaryOp::kTanh:
@@ -102,8 +111,16 @@ __device__ __forceinline__ float Unary(UnaryOp op, float v) {
   return v;
 }
 
-__device__ __forceinline__ float UnaryGrad(UnaryOp op, float g, float s) {
+__device__ __forceinline__ float UnaryGrad(UnaryOp op, float g, float s, UnaryParams p) {
   switch (op) {
+    case UnaryOp::kClip:
+      return activation::ClipGrad(g, s, p.a, p.b);
+    case UnaryOp::kHardSigmoid:
+      return activation::HardSigmoidGrad(g, s, p.a, p.b);
+    case UnaryOp::kHardSwish:
+      return activation::HardSwishGrad(g, s);
+    case UnaryOp::kLeakyRelu:
+      return activation::LeakyReluGrad(g, s, p.a);
     case UnaryOp::kRelu:
       return s > 0.f ? g : 0.f;
     case UnaryOp::kTanh:
@@ -128,14 +145,14 @@ __device__ __forceinline__ float UnaryGrad(UnaryOp op, float g, float s) {
 }
 
 template <typename T>
-__global__ void UnaryKernel(UnaryOp op, const T* x, T* y, int64_t n) {
-  PEBBLE_GRID_LOOP(i, n) St(y, i, Unary(op, Ld(x, i)));
+__global__ void UnaryKernel(UnaryOp op, UnaryParams p, const T* x, T* y, int64_t n) {
+  PEBBLE_GRID_LOOP(i, n) St(y, i, Unary(op, Ld(x, i), p));
 }
 
 template <typename T>
-__global__ void UnaryGradKernel(UnaryOp op, const T* g, const T* s, T* dx,
+__global__ void UnaryGradKernel(UnaryOp op, UnaryParams p, const T* g, const T* s, T* dx,
                                 int64_t n) {
-  PEBBLE_GRID_LOOP(i, n) St(dx, i, UnaryGrad(op, Ld(g, i), Ld(s, i)));
+  PEBBLE_GRID_LOOP(i, n) St(dx, i, UnaryGrad(op, Ld(g, i), Ld(s, i), p));
 }
 
 template <typename T>
@@ -896,24 +913,24 @@ cudaError_t DispatchBytes(int element_bytes, F f) {
 // ---- Launchers.
 
 cudaError_t LaunchUnary(UnaryOp op, KType t, const void* x, void* y, int64_t n,
-                        cudaStream_t stream) {
+                        cudaStream_t stream, UnaryParams params) {
   if (n == 0) return cudaSuccess;
   return Dispatch(t, [&](auto tag) {
     using T = decltype(tag);
     PEBBLE_KERNEL_LAUNCH(Blocks(n), kThreads, stream, UnaryKernel<T>)
-    (op, static_cast<const T*>(x), static_cast<T*>(y), n);
+    (op, params, static_cast<const T*>(x), static_cast<T*>(y), n);
     return Launched();
   });
 }
 
 cudaError_t LaunchUnaryBackward(UnaryOp op, KType t, const void* g,
                                 const void* saved, void* dx, int64_t n,
-                                cudaStream_t stream) {
+                                cudaStream_t stream, UnaryParams params) {
   if (n == 0) return cudaSuccess;
   return Dispatch(t, [&](auto tag) {
     using T = decltype(tag);
     PEBBLE_KERNEL_LAUNCH(Blocks(n), kThreads, stream, UnaryGradKernel<T>)
-    (op, static_cast<const T*>(g), static_cast<const T*>(saved),
+    (op, params, static_cast<const T*>(g), static_cast<const T*>(saved),
      static_cast<T*>(dx), n);
     return Launched();
   });

@@ -26,17 +26,28 @@ namespace pebble::cuda {
 // Storage types the kernels take (the floating-point DTypes of graph.h).
 enum class KType : int { kF32 = 0, kF16 = 1, kBF16 = 2 };
 
-enum class UnaryOp : int { kRelu, kTanh, kSigmoid, kGeluErf, kGeluTanh };
+enum class UnaryOp : int {
+  kRelu, kTanh, kSigmoid, kGeluErf, kGeluTanh,
+  // runtime/activation_math.h, with UnaryParams:
+  kClip,         // a = lo, b = hi
+  kHardSigmoid,  // a = alpha, b = beta
+  kHardSwish,
+  kLeakyRelu,    // a = negative slope
+};
+// The parameters of the parameterised unary ops (0 for the others).
+struct UnaryParams {
+  float a = 0.f, b = 0.f;
+};
 enum class BinaryOp : int { kAdd, kMul };
 
 // y = op(x), n elements.
 cudaError_t LaunchUnary(UnaryOp op, KType t, const void* x, void* y, int64_t n,
-                        cudaStream_t stream);
+                        cudaStream_t stream, UnaryParams params = {});
 // dx from g and `saved`: the output y for relu/tanh/sigmoid, the input x for
-// gelu (docs/operators.md).
+// gelu and the parameterised ops (docs/operators.md).
 cudaError_t LaunchUnaryBackward(UnaryOp op, KType t, const void* g,
                                 const void* saved, void* dx, int64_t n,
-                                cudaStream_t stream);
+                                cudaStream_t stream, UnaryParams params = {});
 // out[i] = a[i] op b[i % nb], n elements (nb divides n; nb == n: no
 // broadcast).
 cudaError_t LaunchBinary(BinaryOp op, KType t, const void* a, const void* b,

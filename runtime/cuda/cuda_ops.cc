@@ -3,12 +3,14 @@
 // docs/operators.md's; each function checks what it relies on (ranks,
 // dtypes, attrs) and returns InvalidArgument / Unimplemented otherwise.
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <map>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "graph/ops/op_util.h"
 #include "graph/status.h"
 #include "runtime/cuda/cuda_kernels.h"
 #include "runtime/cuda/cuda_ops.h"
@@ -192,6 +194,61 @@ absl::Status UnaryBackwardKernel(CudaContext& cc, const KernelContext& ctx) {
   PEBBLE_LAUNCH(LaunchUnaryBackward(kOp, t, ctx.inputs[0].data,
                                     ctx.inputs[1].data, ctx.output.data,
                                     ctx.output.num_elements(), cc.stream));
+  return absl::OkStatus();
+}
+
+// The parameters of clip, hardsigmoid and leaky_relu from the node's attrs
+// (the defaults of the operator table).
+absl::StatusOr<UnaryParams> ParamsOf(UnaryOp op, const KernelContext& ctx) {
+  const nlohmann::json& attrs = ctx.attrs();
+  UnaryParams p;
+  auto read = [&](const char* name, double fallback) -> absl::StatusOr<float> {
+    ASSIGN_OR_RETURN(double v, ops_internal::DoubleAttr(attrs, name, fallback));
+    return static_cast<float>(v);
+  };
+  switch (op) {
+    case UnaryOp::kClip: {
+      ASSIGN_OR_RETURN(p.a, read("min", -HUGE_VAL));
+      ASSIGN_OR_RETURN(p.b, read("max", HUGE_VAL));
+      break;
+    }
+    case UnaryOp::kHardSigmoid: {
+      ASSIGN_OR_RETURN(p.a, read("alpha", 1.0 / 6));
+      ASSIGN_OR_RETURN(p.b, read("beta", 0.5));
+      break;
+    }
+    case UnaryOp::kLeakyRelu: {
+      ASSIGN_OR_RETURN(p.a, read("negative_slope", 0.01));
+      break;
+    }
+    default:
+      break;
+  }
+  return p;
+}
+
+// clip, hardsigmoid, hardswish, leaky_relu (x) and their backwards (grad, x).
+template <UnaryOp kOp>
+absl::Status ParamUnaryKernel(CudaContext& cc, const KernelContext& ctx) {
+  RETURN_IF_ERROR(ExpectInputs(ctx, 1, 1));
+  RETURN_IF_ERROR(ExpectSameType(ctx.output, ctx.inputs[0], "input 0"));
+  ASSIGN_OR_RETURN(UnaryParams p, ParamsOf(kOp, ctx));
+  ASSIGN_OR_RETURN(KType t, KTypeOf(ctx.output.dtype));
+  PEBBLE_LAUNCH(LaunchUnary(kOp, t, ctx.inputs[0].data, ctx.output.data,
+                            ctx.output.num_elements(), cc.stream, p));
+  return absl::OkStatus();
+}
+
+template <UnaryOp kOp>
+absl::Status ParamUnaryBackwardKernel(CudaContext& cc, const KernelContext& ctx) {
+  RETURN_IF_ERROR(ExpectInputs(ctx, 2, 2));
+  RETURN_IF_ERROR(ExpectSameType(ctx.output, ctx.inputs[0], "input 0 (grad)"));
+  RETURN_IF_ERROR(ExpectSameType(ctx.output, ctx.inputs[1], "input 1 (x)"));
+  ASSIGN_OR_RETURN(UnaryParams p, ParamsOf(kOp, ctx));
+  ASSIGN_OR_RETURN(KType t, KTypeOf(ctx.output.dtype));
+  PEBBLE_LAUNCH(LaunchUnaryBackward(kOp, t, ctx.inputs[0].data, ctx.inputs[1].data,
+                                    ctx.output.data, ctx.output.num_elements(),
+                                    cc.stream, p));
   return absl::OkStatus();
 }
 
@@ -1249,6 +1306,14 @@ void AddOwnKernels(std::map<std::string, CudaKernelFn>& t) {
   t["tanh_backward"] = UnaryBackwardKernel<UnaryOp::kTanh>;
   t["sigmoid_backward"] = UnaryBackwardKernel<UnaryOp::kSigmoid>;
   t["gelu_backward"] = GeluBackward;
+  t["clip"] = ParamUnaryKernel<UnaryOp::kClip>;
+  t["clip_backward"] = ParamUnaryBackwardKernel<UnaryOp::kClip>;
+  t["hardsigmoid"] = ParamUnaryKernel<UnaryOp::kHardSigmoid>;
+  t["hardsigmoid_backward"] = ParamUnaryBackwardKernel<UnaryOp::kHardSigmoid>;
+  t["hardswish"] = ParamUnaryKernel<UnaryOp::kHardSwish>;
+  t["hardswish_backward"] = ParamUnaryBackwardKernel<UnaryOp::kHardSwish>;
+  t["leaky_relu"] = ParamUnaryKernel<UnaryOp::kLeakyRelu>;
+  t["leaky_relu_backward"] = ParamUnaryBackwardKernel<UnaryOp::kLeakyRelu>;
   t["add"] = BinaryKernel<BinaryOp::kAdd>;
   t["mul"] = BinaryKernel<BinaryOp::kMul>;
   t["batchnorm_stats"] = BatchNormStats;

@@ -375,13 +375,18 @@ using ::pebble::testing::Model;
 
 using nlohmann::json;
 
-// Element-wise ops, a broadcast product, padding with a crop, an averaging
-// pool with padding, a copy and a sum loss (and their backward ops).
+// Element-wise ops (the piecewise-linear activations with points on both
+// sides of their kinks), a broadcast product, padding with a crop, an
+// averaging pool with padding, a copy and a sum loss (and their backward ops).
 Graph PointwiseGraph() {
   NetBuilder nb("pointwise");
   const Value x = nb.Parameter("x", {2, 3, 5, 7});
   const Value w = nb.Parameter("w", {5, 7});
-  Value y = nb.Apply("tanh", {x});
+  Value y = nb.Apply("leaky_relu", {x}, {{"negative_slope", 0.2}});
+  y = nb.Apply("hardswish", {y});
+  y = nb.Apply("clip", {y}, {{"min", -0.25}, {"max", 0.5}});
+  y = nb.Apply("hardsigmoid", {y}, {{"alpha", 2.0}, {"beta", 0.5}});
+  y = nb.Apply("tanh", {y});
   y = nb.Apply("sigmoid", {y});
   y = nb.Apply("gelu", {y}, {{"approximate", "tanh"}});
   y = nb.Apply("mul", {y, w});

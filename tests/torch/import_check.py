@@ -214,9 +214,50 @@ def make_with_loss(torch):
     return _WithLoss
 
 
+def activations_net(torch, num_classes=10):
+    """A small CNN with every piecewise-linear activation the importer maps
+    (ReLU6 = Clip, Hardswish, Hardsigmoid, LeakyReLU, and a Clip with one
+    bound): --model activations."""
+    nn = torch.nn
+
+    class Activations(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv1 = nn.Conv2d(3, 8, 3, padding=1, bias=False)
+            self.bn1 = nn.BatchNorm2d(8)
+            self.act1 = nn.ReLU6()
+            self.conv2 = nn.Conv2d(8, 8, 3, stride=2, padding=1, bias=False)
+            self.act2 = nn.Hardswish()
+            self.gate = nn.Hardsigmoid()
+            self.act3 = nn.LeakyReLU(0.1)
+            self.pool = nn.AdaptiveAvgPool2d(1)
+            self.fc = nn.Linear(8, num_classes)
+
+        def forward(self, x):
+            x = self.act1(self.bn1(self.conv1(x)))
+            x = self.act2(self.conv2(x))
+            x = x * self.gate(x)  # same shapes: no broadcast
+            x = torch.clamp(self.act3(x), min=-0.05)
+            return self.fc(torch.flatten(self.pool(x), 1))
+
+    return Activations()
+
+
+# Models of this file, beside torchvision's.
+LOCAL_MODELS = {"activations": activations_net}
+
+
 def build_model(torch, torchvision, models, args):
-    """The seeded torchvision model in training mode, dropout p = 0, batch-norm
-    affine parameters perturbed (models.perturb_batchnorm)."""
+    """The seeded torchvision model (or one of LOCAL_MODELS) in training mode,
+    dropout p = 0, batch-norm affine parameters perturbed
+    (models.perturb_batchnorm); with the count of dropouts and whether the
+    residual branches start at zero."""
+    if args.model in LOCAL_MODELS:
+        torch.manual_seed(args.seed)
+        net = LOCAL_MODELS[args.model](torch, args.classes or 10)
+        net.train()
+        models.perturb_batchnorm(net)
+        return net, 0, False
     builder = getattr(torchvision.models, args.model, None)
     if (args.model.startswith("_") or builder is None or not callable(builder)
             or isinstance(builder, type)):

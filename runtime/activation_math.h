@@ -1,0 +1,56 @@
+// The piecewise-linear activations of the operator table (clip, hardsigmoid,
+// hardswish, leaky_relu) and their gradients, in float, shared by the CPU
+// kernels and the CUDA kernels (device code, and its host emulation): one
+// definition, so the backends agree to the bit. Each follows PyTorch's ATen
+// definition (hardtanh, hardsigmoid, hardswish, leaky_relu and their
+// *_backward), boundaries included; NaN inputs stay NaN in the forward.
+#ifndef PEBBLE_RUNTIME_ACTIVATION_MATH_H_
+#define PEBBLE_RUNTIME_ACTIVATION_MATH_H_
+
+#if defined(__CUDACC__)
+#define PEBBLE_HOST_DEVICE __host__ __device__
+#else
+#define PEBBLE_HOST_DEVICE
+#endif
+
+namespace pebble::activation {
+
+// min(max(x, lo), hi) (hardtanh; ReLU6 is lo = 0, hi = 6).
+PEBBLE_HOST_DEVICE inline float Clip(float x, float lo, float hi) {
+  return x < lo ? lo : (x > hi ? hi : x);
+}
+// hardtanh_backward: the gradient passes strictly inside (lo, hi).
+PEBBLE_HOST_DEVICE inline float ClipGrad(float g, float x, float lo, float hi) {
+  return (x <= lo || x >= hi) ? 0.f : g;
+}
+
+// clip(alpha x + beta, 0, 1); PyTorch's hardsigmoid is alpha = 1/6, beta = 1/2.
+PEBBLE_HOST_DEVICE inline float HardSigmoid(float x, float alpha, float beta) {
+  return Clip(alpha * x + beta, 0.f, 1.f);
+}
+PEBBLE_HOST_DEVICE inline float HardSigmoidGrad(float g, float x, float alpha, float beta) {
+  const float z = alpha * x + beta;
+  return (z > 0.f && z < 1.f) ? g * alpha : 0.f;
+}
+
+// x relu6(x + 3) / 6.
+PEBBLE_HOST_DEVICE inline float HardSwish(float x) {
+  return x * Clip(x + 3.f, 0.f, 6.f) / 6.f;
+}
+PEBBLE_HOST_DEVICE inline float HardSwishGrad(float g, float x) {
+  if (x < -3.f) return 0.f;
+  if (x <= 3.f) return g * (x / 3.f + 0.5f);
+  return g;
+}
+
+// x for x > 0, slope x otherwise.
+PEBBLE_HOST_DEVICE inline float LeakyRelu(float x, float slope) {
+  return x > 0.f ? x : x * slope;
+}
+PEBBLE_HOST_DEVICE inline float LeakyReluGrad(float g, float x, float slope) {
+  return x > 0.f ? g : g * slope;
+}
+
+}  // namespace pebble::activation
+
+#endif  // PEBBLE_RUNTIME_ACTIVATION_MATH_H_
