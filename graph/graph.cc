@@ -11,6 +11,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "graph/status.h"
+#include "graph/text_input.h"
 
 namespace pebble {
 
@@ -186,6 +187,7 @@ absl::StatusOr<Graph> GraphBuilder::Build() const {
     if (specs_.size() > static_cast<size_t>(INT32_MAX / 2)) {
       return absl::InvalidArgumentError("too many nodes");
     }
+    if (!IsValidUtf8(s.id)) return NodeError(s.id, "id is not valid UTF-8");
     if (!g.index_.emplace(s.id, v).second) {
       return NodeError(s.id, "duplicate id");
     }

@@ -32,6 +32,11 @@ inline constexpr int64_t kMaxJsonFileBytes = int64_t{256} << 20;
 // result is one line whatever `s` holds.
 std::string Printable(absl::string_view s, size_t max_len = 80);
 
+// Whether `s` is well-formed UTF-8 (RFC 3629: no overlong forms, no
+// surrogates, nothing past U+10FFFF). Graph files are JSON text, so a node id
+// must be: two ids that differ only in malformed bytes would write alike.
+bool IsValidUtf8(absl::string_view s);
+
 // Printable(s) in single quotes: 'conv1'.
 std::string Quote(absl::string_view s);
 

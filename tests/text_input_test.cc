@@ -98,3 +98,22 @@ TEST(CheckJsonKeysTest, NamesTheUnknownKeyAndSuggestsTheClosest) {
 
 }  // namespace
 }  // namespace pebble
+
+namespace pebble {
+namespace {
+
+TEST(Utf8Test, WellFormedTextPassesAndMalformedBytesDoNot) {
+  EXPECT_TRUE(IsValidUtf8(""));
+  EXPECT_TRUE(IsValidUtf8("layer1.0.conv1"));
+  EXPECT_TRUE(IsValidUtf8("gr\xc3\xb6\xc3\x9f" "e \xe2\x82\xac \xf0\x9f\x98\x80"));  // ö ß € emoji
+  EXPECT_FALSE(IsValidUtf8("\xff"));
+  EXPECT_FALSE(IsValidUtf8("a\xc3"));                 // truncated
+  EXPECT_FALSE(IsValidUtf8("\xc0\xaf"));              // overlong '/'
+  EXPECT_FALSE(IsValidUtf8("\xed\xa0\x80"));          // a surrogate
+  EXPECT_FALSE(IsValidUtf8("\xf4\x90\x80\x80"));      // past U+10FFFF
+  EXPECT_FALSE(IsValidUtf8("\xe2\x82"));              // truncated at the end
+  EXPECT_FALSE(IsValidUtf8("\x80"));                  // a lone continuation byte
+}
+
+}  // namespace
+}  // namespace pebble

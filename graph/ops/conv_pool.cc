@@ -401,6 +401,9 @@ absl::StatusOr<Upsampling> ParseUpsampling(const Json& attrs, int rank) {
   ASSIGN_OR_RETURN(u.scale, SpatialAttr(attrs, "scale", d, 0, true));
   for (int64_t s : u.scale) {
     if (s < 1) return Invalid("attr 'scale' must be >= 1, got ", s);
+    if (s > kMaxWindowExtent) {
+      return Invalid("attr 'scale' must be at most ", kMaxWindowExtent, ", got ", s);
+    }
   }
   ASSIGN_OR_RETURN(u.mode, StringAttr(attrs, "mode", "nearest"));
   ASSIGN_OR_RETURN(u.align_corners, BoolAttr(attrs, "align_corners", false));
@@ -428,9 +431,13 @@ Json UpsamplingAttrs(const Upsampling& u) {
           {"align_corners", u.align_corners}};
 }
 
-Shape Upsampled(const Shape& x, const Upsampling& u) {
+absl::StatusOr<Shape> Upsampled(const Shape& x, const Upsampling& u) {
   Shape out = x;
-  for (size_t i = 0; i < u.scale.size(); ++i) out[2 + i] *= u.scale[i];
+  for (size_t i = 0; i < u.scale.size(); ++i) {
+    if (__builtin_mul_overflow(out[2 + i], u.scale[i], &out[2 + i])) {
+      return Invalid("attr 'scale' overflows dim ", 2 + i, " of ", ShapeToString(x));
+    }
+  }
   return out;
 }
 
@@ -438,7 +445,8 @@ absl::StatusOr<TensorType> InferUpsample(Inputs in, const Json& attrs) {
   RETURN_IF_ERROR(ExpectFloat(in[0], "input 0 (x)"));
   RETURN_IF_ERROR(PoolDims(in[0], "input 0 (x)").status());
   ASSIGN_OR_RETURN(Upsampling u, ParseUpsampling(attrs, in[0].shape.size()));
-  return TensorType{Upsampled(in[0].shape, u), in[0].dtype};
+  ASSIGN_OR_RETURN(Shape out, Upsampled(in[0].shape, u));
+  return TensorType{out, in[0].dtype};
 }
 
 // Per output element: nearest copies (1), (bi/tri)linear takes a weighted
@@ -461,7 +469,8 @@ absl::StatusOr<TensorType> InferUpsampleBackward(Inputs in,
   RETURN_IF_ERROR(
       PoolDims(TensorType{x, in[0].dtype}, "attr 'input_shape'").status());
   ASSIGN_OR_RETURN(Upsampling u, ParseUpsampling(attrs, x.size()));
-  RETURN_IF_ERROR(ExpectShape(in[0], Upsampled(x, u), "input 0 (grad)"));
+  ASSIGN_OR_RETURN(Shape upsampled, Upsampled(x, u));
+  RETURN_IF_ERROR(ExpectShape(in[0], upsampled, "input 0 (grad)"));
   return TensorType{x, in[0].dtype};
 }
 
@@ -490,9 +499,17 @@ absl::StatusOr<Shape> Padded(const Shape& x, const std::vector<int64_t>& pads,
                    " integers (an even count) for shape ", ShapeToString(x));
   }
   Shape out = x;
+  for (int64_t p : pads) {
+    if (p > kMaxWindowExtent || p < -kMaxWindowExtent) {
+      return Invalid("attr 'pads' holds ", p, ", beyond +-", kMaxWindowExtent);
+    }
+  }
   for (size_t i = 0; i < pads.size() / 2; ++i) {
     const size_t axis = x.size() - 1 - i;
-    out[axis] += sign * (pads[2 * i] + pads[2 * i + 1]);
+    if (__builtin_add_overflow(out[axis], sign * (pads[2 * i] + pads[2 * i + 1]),
+                               &out[axis])) {
+      return Invalid("attr 'pads' overflows dim ", axis, " of ", ShapeToString(x));
+    }
     if (out[axis] < 1) {
       return Invalid("attr 'pads' leaves dim ", axis, " of ",
                      ShapeToString(x), " with size ", out[axis]);

@@ -209,6 +209,13 @@ absl::StatusOr<int64_t> WindowOutput(int64_t in, int64_t kernel,
   if (kernel < 1) return Invalid("kernel size ", kernel, " must be >= 1");
   if (stride < 1) return Invalid("stride ", stride, " must be >= 1");
   if (padding < 0) return Invalid("padding ", padding, " must be >= 0");
+  // Beyond any tensor's extent; keeps in + 2 padding from overflowing (a
+  // fuzzed graph file reached signed overflow here).
+  if (kernel > kMaxWindowExtent || stride > kMaxWindowExtent ||
+      padding > kMaxWindowExtent) {
+    return Invalid("spatial dim ", dim, ": kernel ", kernel, ", stride ", stride,
+                   " or padding ", padding, " exceeds ", kMaxWindowExtent);
+  }
   if (in + 2 * padding < kernel) {
     return Invalid("spatial dim ", dim, ": window ", kernel,
                    " is larger than the padded input ", in, " + 2*", padding);

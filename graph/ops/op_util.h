@@ -87,6 +87,10 @@ absl::StatusOr<DType> FirstFloatDType(Inputs inputs);
 absl::StatusOr<int> NormalizeAxis(int64_t axis, int rank,
                                   absl::string_view name);
 
+// The largest kernel, stride, padding (and pad, scale) an attr may give:
+// 2^40, beyond any tensor's extent, so that size arithmetic stays in int64.
+inline constexpr int64_t kMaxWindowExtent = int64_t{1} << 40;
+
 // Output size of a sliding window along one dimension, PyTorch's floor mode:
 // (in + 2 * padding - kernel) / stride + 1. Errors when the window does not
 // fit or a parameter is out of range.

@@ -18,8 +18,10 @@ cp "$corpus"/* "$work/corpus/"
 ASAN_OPTIONS=${ASAN_OPTIONS:-abort_on_error=1:detect_leaks=1}
 UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
 export ASAN_OPTIONS UBSAN_OPTIONS
+# libFuzzer's own exit code for a finding is 77 (and 70 for a timeout): the
+# code ctest reads as "skipped". Every finding must fail the test instead.
 set -- -max_total_time="$seconds" -timeout=20 -rss_limit_mb=2048 -print_final_stats=1 \
-  -artifact_prefix="$work/artifacts/"
+  -error_exitcode=1 -timeout_exitcode=1 -artifact_prefix="$work/artifacts/"
 [ -n "$dict" ] && set -- "$@" -dict="$dict"
 rc=0
 "$bin" "$@" "$work/corpus" || rc=$?
