@@ -220,6 +220,7 @@ TEST(OpTableTest, HugeWindowPadAndScaleAttrsAreRefused) {
   const Json huge = int64_t{8355289962797855731};
   ExpectError("conv2d", {T({1, 1, 4, 4}), T({1, 1, 3, 3})}, {{"padding", huge}}, "exceeds");
   ExpectError("maxpool", {T({1, 1, 4, 4})}, {{"kernel", 2}, {"stride", huge}}, "exceeds");
+  ExpectError("maxpool", {T({1, 1, 4, 4})}, {{"kernel", 2}, {"padding", huge}}, "half the kernel");
   ExpectError("pad", {T({1, 1, 4, 4})}, {{"pads", {huge, huge}}}, "pads");
   ExpectError("upsample", {T({1, 1, 4, 4})}, {{"scale", huge}}, "scale");
   ExpectError("upsample", {T({1, 1, int64_t{1} << 30, 4})}, {{"scale", int64_t{1} << 40}},

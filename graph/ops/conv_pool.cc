@@ -197,8 +197,9 @@ absl::StatusOr<Window> PoolWindow(const Json& attrs, int d) {
   }
   ASSIGN_OR_RETURN(w.padding, SpatialAttr(attrs, "padding", d, 0));
   for (int i = 0; i < d; ++i) {
-    // PyTorch: "pad should be at most half of effective kernel size".
-    if (w.padding[i] * 2 > w.kernel[i]) {
+    // PyTorch: "pad should be at most half of effective kernel size"
+    // (divided, not doubled: a huge padding must not overflow).
+    if (w.padding[i] > w.kernel[i] / 2) {
       return Invalid("padding ", w.padding[i],
                      " is more than half the kernel ", w.kernel[i]);
     }
