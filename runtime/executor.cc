@@ -292,7 +292,9 @@ int64_t IndexRangeOf(const Graph& graph, NodeId v) {
         }
         if (axis >= 0 && axis < rank) return ls[axis];
       }
-      if (op == "embedding" && i == 0) {
+      // A reader the schedule never runs is not checked against the
+      // operator table (CheckRunnable): its input count may be anything.
+      if (op == "embedding" && i == 0 && graph.inputs(r).size() >= 2) {
         const NodeId weight = graph.inputs(r)[1];
         if (graph.shape(weight).has_value() && !graph.shape(weight)->empty()) {
           return (*graph.shape(weight))[0];
