@@ -175,28 +175,6 @@ const float* F32(const TensorView& t) {
 
 // ---- Element-wise.
 
-template <UnaryOp kOp>
-absl::Status UnaryKernel(CudaContext& cc, const KernelContext& ctx) {
-  RETURN_IF_ERROR(ExpectInputs(ctx, 1, 1));
-  RETURN_IF_ERROR(ExpectSameType(ctx.output, ctx.inputs[0], "input 0"));
-  ASSIGN_OR_RETURN(KType t, KTypeOf(ctx.output.dtype));
-  PEBBLE_LAUNCH(LaunchUnary(kOp, t, ctx.inputs[0].data, ctx.output.data,
-                            ctx.output.num_elements(), cc.stream));
-  return absl::OkStatus();
-}
-
-template <UnaryOp kOp>
-absl::Status UnaryBackwardKernel(CudaContext& cc, const KernelContext& ctx) {
-  RETURN_IF_ERROR(ExpectInputs(ctx, 2, 2));
-  RETURN_IF_ERROR(ExpectSameType(ctx.output, ctx.inputs[0], "input 0 (grad)"));
-  RETURN_IF_ERROR(ExpectSameType(ctx.output, ctx.inputs[1], "input 1"));
-  ASSIGN_OR_RETURN(KType t, KTypeOf(ctx.output.dtype));
-  PEBBLE_LAUNCH(LaunchUnaryBackward(kOp, t, ctx.inputs[0].data,
-                                    ctx.inputs[1].data, ctx.output.data,
-                                    ctx.output.num_elements(), cc.stream));
-  return absl::OkStatus();
-}
-
 // The parameters of clip, hardsigmoid and leaky_relu from the node's attrs
 // (the defaults of the operator table).
 absl::StatusOr<UnaryParams> ParamsOf(UnaryOp op, const KernelContext& ctx) {
@@ -227,9 +205,10 @@ absl::StatusOr<UnaryParams> ParamsOf(UnaryOp op, const KernelContext& ctx) {
   return p;
 }
 
-// clip, hardsigmoid, hardswish, leaky_relu (x) and their backwards (grad, x).
+// y = op(x); the parameterised ops (clip, hardsigmoid, leaky_relu) read
+// theirs from the attrs.
 template <UnaryOp kOp>
-absl::Status ParamUnaryKernel(CudaContext& cc, const KernelContext& ctx) {
+absl::Status UnaryKernel(CudaContext& cc, const KernelContext& ctx) {
   RETURN_IF_ERROR(ExpectInputs(ctx, 1, 1));
   RETURN_IF_ERROR(ExpectSameType(ctx.output, ctx.inputs[0], "input 0"));
   ASSIGN_OR_RETURN(UnaryParams p, ParamsOf(kOp, ctx));
@@ -239,11 +218,12 @@ absl::Status ParamUnaryKernel(CudaContext& cc, const KernelContext& ctx) {
   return absl::OkStatus();
 }
 
+// dx from (grad, saved): y for relu/tanh/sigmoid, x for the others.
 template <UnaryOp kOp>
-absl::Status ParamUnaryBackwardKernel(CudaContext& cc, const KernelContext& ctx) {
+absl::Status UnaryBackwardKernel(CudaContext& cc, const KernelContext& ctx) {
   RETURN_IF_ERROR(ExpectInputs(ctx, 2, 2));
   RETURN_IF_ERROR(ExpectSameType(ctx.output, ctx.inputs[0], "input 0 (grad)"));
-  RETURN_IF_ERROR(ExpectSameType(ctx.output, ctx.inputs[1], "input 1 (x)"));
+  RETURN_IF_ERROR(ExpectSameType(ctx.output, ctx.inputs[1], "input 1"));
   ASSIGN_OR_RETURN(UnaryParams p, ParamsOf(kOp, ctx));
   ASSIGN_OR_RETURN(KType t, KTypeOf(ctx.output.dtype));
   PEBBLE_LAUNCH(LaunchUnaryBackward(kOp, t, ctx.inputs[0].data, ctx.inputs[1].data,
@@ -1306,14 +1286,14 @@ void AddOwnKernels(std::map<std::string, CudaKernelFn>& t) {
   t["tanh_backward"] = UnaryBackwardKernel<UnaryOp::kTanh>;
   t["sigmoid_backward"] = UnaryBackwardKernel<UnaryOp::kSigmoid>;
   t["gelu_backward"] = GeluBackward;
-  t["clip"] = ParamUnaryKernel<UnaryOp::kClip>;
-  t["clip_backward"] = ParamUnaryBackwardKernel<UnaryOp::kClip>;
-  t["hardsigmoid"] = ParamUnaryKernel<UnaryOp::kHardSigmoid>;
-  t["hardsigmoid_backward"] = ParamUnaryBackwardKernel<UnaryOp::kHardSigmoid>;
-  t["hardswish"] = ParamUnaryKernel<UnaryOp::kHardSwish>;
-  t["hardswish_backward"] = ParamUnaryBackwardKernel<UnaryOp::kHardSwish>;
-  t["leaky_relu"] = ParamUnaryKernel<UnaryOp::kLeakyRelu>;
-  t["leaky_relu_backward"] = ParamUnaryBackwardKernel<UnaryOp::kLeakyRelu>;
+  t["clip"] = UnaryKernel<UnaryOp::kClip>;
+  t["clip_backward"] = UnaryBackwardKernel<UnaryOp::kClip>;
+  t["hardsigmoid"] = UnaryKernel<UnaryOp::kHardSigmoid>;
+  t["hardsigmoid_backward"] = UnaryBackwardKernel<UnaryOp::kHardSigmoid>;
+  t["hardswish"] = UnaryKernel<UnaryOp::kHardSwish>;
+  t["hardswish_backward"] = UnaryBackwardKernel<UnaryOp::kHardSwish>;
+  t["leaky_relu"] = UnaryKernel<UnaryOp::kLeakyRelu>;
+  t["leaky_relu_backward"] = UnaryBackwardKernel<UnaryOp::kLeakyRelu>;
   t["add"] = BinaryKernel<BinaryOp::kAdd>;
   t["mul"] = BinaryKernel<BinaryOp::kMul>;
   t["batchnorm_stats"] = BatchNormStats;
