@@ -25,7 +25,9 @@ compare the same arithmetic.
 Then, for the question the seed report asks ("what is the largest N this
 card trains, and at what cost?"), `pebble fit --model conv3d --vary n
 --budget B --verify --backend cuda` finds each policy's largest N within the
-budget and runs it: a second table (--no-fit leaves it out).
+budget and runs it, and a binary search over N finds PyTorch's largest N
+under the same memory fraction (eager and checkpoint): a second table
+(--no-fit leaves it out).
 
 Writes bench/results/gpu-<device>-<date>.md (with -2, -3, ... added rather
 than replacing an earlier table of the same day) and exits non-zero when a
@@ -138,8 +140,9 @@ def run_fit(pebble, policies, budget, device, timeout):
     return doc, failures
 
 
-def fit_markdown(doc, device):
-    """The largest-N table of a `pebble fit --verify --json` document."""
+def fit_markdown(doc, device, torch_fits=()):
+    """The largest-N table of a `pebble fit --verify --json` document, with
+    PyTorch's largest N per mode (TORCH_FIT results) below pebble's rows."""
     lines = ["", f"## Largest N within {doc['budget']} (`pebble fit --model conv3d --vary n "
              f"--verify --backend {device}`)", "",
              "Each policy's largest N whose planned peak fits the budget, run once: measured "
@@ -163,6 +166,18 @@ def fit_markdown(doc, device):
                      f"{equal} | {'-' if overhead is None else f'{overhead:.1%}'} | "
                      f"{gib(r.get('transfer_bytes'))} | {'-' if t is None else f'{t:.3f}'} | "
                      f"{note} |")
+    for r in torch_fits:
+        t, value = r.get("time_s"), r.get("largest_n")
+        note = r.get("note", "")
+        if value is not None and value >= r["upper_bound"]:
+            note = (f"the search's upper bound; " + note).strip("; ")
+        lines.append(f"| PyTorch {r['mode']} | {'-' if value is None else value} | | "
+                     f"{gib(r.get('peak'))} | | | | {'-' if t is None else f'{t:.3f}'} | "
+                     f"{note.replace('|', '/')} |")
+    if torch_fits:
+        lines += ["", "PyTorch rows: the largest N whose step raised no out-of-memory error "
+                  "(a binary search, one process per mode, the allocator emptied after each "
+                  "try), its torch.cuda.max_memory_allocated and the time of one more step."]
     return lines
 
 
@@ -174,7 +189,7 @@ n, mode, budget, device = int(sys.argv[1]), sys.argv[2], int(sys.argv[3]), sys.a
 torch.backends.cudnn.allow_tf32 = False
 torch.backends.cuda.matmul.allow_tf32 = False
 torch.backends.cudnn.benchmark = False
-dev = torch.device(device)
+dev = torch.device("cuda:0" if device == "cuda" else device)  # the fraction needs an index
 on_gpu = dev.type == "cuda"
 def sync():
     if on_gpu:
@@ -217,6 +232,89 @@ print(json.dumps(res))
 """
 
 
+# PyTorch's largest N for one mode, in one process: a binary search over N,
+# each try one step, an out-of-memory error meaning "does not fit" (the
+# caching allocator is emptied after every try, so an earlier failure does
+# not fragment the next). '+fraction' modes cap the allocator at the budget;
+# on the CPU nothing is capped and the search ends at the upper bound.
+TORCH_FIT = r"""
+import gc, json, sys, time, torch
+import torch.nn as nn
+from torch.utils.checkpoint import checkpoint
+mode, budget, device, hi = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
+torch.backends.cudnn.allow_tf32 = False
+torch.backends.cuda.matmul.allow_tf32 = False
+torch.backends.cudnn.benchmark = False
+dev = torch.device("cuda:0" if device == "cuda" else device)  # the fraction needs an index
+on_gpu = dev.type == "cuda"
+if mode.endswith("+fraction"):
+    total = torch.cuda.get_device_properties(dev).total_memory
+    torch.cuda.set_per_process_memory_fraction(min(1.0, budget / total), dev)
+torch.manual_seed(0)
+blocks = nn.ModuleList([nn.Sequential(nn.Conv3d(i, o, 3, padding=1), nn.ReLU())
+                        for i, o in ((1, 4), (4, 8), (8, 1))]).to(dev)
+def sync():
+    if on_gpu:
+        torch.cuda.synchronize()
+def step(n):
+    x = torch.rand(1, 1, n, n, n, device=dev) * 2 - 1
+    target = torch.rand(1, 1, n, n, n, device=dev) * 2 - 1
+    h = x
+    for b in blocks:
+        h = checkpoint(b, h, use_reentrant=False) if mode.startswith("checkpoint") else b(h)
+    nn.functional.mse_loss(h, target).backward()
+    for p in blocks.parameters():
+        p.grad = None
+    sync()
+def fits(n):
+    try:
+        step(n)
+        return True
+    except torch.cuda.OutOfMemoryError:
+        return False
+    finally:
+        gc.collect()
+        if on_gpu:
+            torch.cuda.empty_cache()
+tries = []
+lo, up = 0, hi + 1  # fits(lo) holds (or lo is 0), fits(up) does not (or up is hi + 1)
+while up - lo > 1:
+    mid = (lo + up) // 2
+    ok = fits(mid)
+    tries.append([mid, ok])
+    lo, up = (mid, up) if ok else (lo, mid)
+res = {"mode": mode, "largest_n": lo or None, "upper_bound": hi, "tries": tries}
+if lo:
+    if on_gpu:
+        torch.cuda.reset_peak_memory_stats(dev)
+    t0 = time.perf_counter()
+    ok = fits(lo)
+    res["time_s"] = time.perf_counter() - t0
+    if on_gpu:
+        res["peak"] = torch.cuda.max_memory_allocated(dev)
+    if not ok:
+        res["note"] = f"N={lo} fitted in the search and not on the timed step"
+print(json.dumps(res))
+"""
+
+
+def run_torch_fit(python, mode, budget_bytes, device, upper, timeout):
+    """PyTorch's largest N in `mode` (TORCH_FIT): (result, failure)."""
+    what = f"PyTorch largest N ({mode})"
+    try:
+        out = subprocess.run([python, "-c", TORCH_FIT, mode, str(budget_bytes), device,
+                              str(upper)], capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return None, f"{what}: over {timeout:g} s"
+    except OSError as e:
+        return None, f"{what}: {e}"
+    lines = [l for l in out.stdout.splitlines() if l.startswith("{")]
+    if out.returncode != 0 or not lines:
+        err = (out.stderr.strip().splitlines() or ["(no message)"])[-1]
+        return None, f"{what} failed: {err[:160]}"
+    return json.loads(lines[-1]), None
+
+
 def run_torch(python, n, mode, budget_bytes, device, timeout):
     out = subprocess.run([python, "-c", TORCH_CASE, str(n), mode, str(budget_bytes), device],
                          capture_output=True, text=True, timeout=timeout)
@@ -254,7 +352,8 @@ def torch_modes(device):
     return modes + [m + "+fraction" for m in modes] if device == "cuda" else modes
 
 
-def to_markdown(rows, device_label, device, budget, torch_version, remarks=(), fit_doc=None):
+def to_markdown(rows, device_label, device, budget, torch_version, remarks=(), fit_doc=None,
+                torch_fits=()):
     if device == "cuda":
         memory = ("peak = measured peak of the executor's tensors, arena = the one cudaMalloc, "
                   "driver = cudaMemGetInfo's used bytes after the run (CUDA context and "
@@ -288,7 +387,7 @@ def to_markdown(rows, device_label, device, budget, torch_version, remarks=(), f
                      f"{gib(r.get('peak'))} | {gib(second)} | {gib(r.get('driver'))} | "
                      f"{'-' if t is None else f'{t:.3f}'} | {note.replace('|', '/')} |")
     if fit_doc is not None:
-        lines += fit_markdown(fit_doc, device)
+        lines += fit_markdown(fit_doc, device, torch_fits)
     if remarks:
         lines += [""] + [f"- {r}" for r in remarks]
     return "\n".join(lines) + "\n"
@@ -326,9 +425,15 @@ def main():
     ap.add_argument("--output-dir", default=os.path.join(os.path.dirname(__file__), "results"))
     ap.add_argument("--timeout", type=float, default=1800, help="seconds per case")
     ap.add_argument("--no-fit", action="store_true",
-                    help="leave out the largest-N table (pebble fit --verify)")
+                    help="leave out the largest-N table (pebble fit --verify, and "
+                         "PyTorch's largest N)")
+    ap.add_argument("--torch-fit-max", type=int, default=None,
+                    help="upper bound of the search for PyTorch's largest N (default "
+                         "2048; 32 with --device cpu, where nothing caps the search)")
     args = ap.parse_args()
 
+    if args.torch_fit_max is None:
+        args.torch_fit_max = 2048 if args.device == "cuda" else 32
     try:
         sizes = [int(s) for s in args.sizes.split(",") if s]
         budget_bytes = parse_size(args.budget)
@@ -386,7 +491,7 @@ def main():
         if failure:
             failures.append(failure)
 
-    fit_doc = None
+    fit_doc, torch_fits = None, []
     if not args.no_fit:
         fit_doc, fit_failures = run_fit(args.pebble, policies, args.budget, args.device,
                                         args.timeout)
@@ -395,13 +500,26 @@ def main():
         if fit_doc is not None:
             print(json.dumps({"system": "pebble-fit", "results": fit_doc["results"],
                               "naive": fit_doc["naive"]}), flush=True)
+        # Under the budget's cap on the GPU; on the CPU uncapped (a check of
+        # the search only).
+        fit_modes = [m for m in torch_modes(args.device) if "+fraction" in m] or \
+            torch_modes(args.device)
+        for mode in fit_modes if torch_ok else []:
+            result, failure = run_torch_fit(args.python, mode, budget_bytes, args.device,
+                                            args.torch_fit_max, args.timeout)
+            if failure:
+                failures.append(failure)
+                remarks.append(failure)
+                continue
+            torch_fits.append(result)
+            print(json.dumps(dict(result, system="pytorch-fit")), flush=True)
 
     os.makedirs(args.output_dir, exist_ok=True)
     slug = re.sub(r"[^A-Za-z0-9]+", "-", device_label).strip("-").lower()
     path = unused_path(args.output_dir, f"gpu-{slug}-{datetime.date.today().isoformat()}")
     with open(path, "w") as f:
         f.write(to_markdown(rows, device_label, args.device, args.budget, torch_version,
-                            remarks, fit_doc))
+                            remarks, fit_doc, torch_fits))
     print(f"gpu_bench: wrote {path}")
     for failure in failures:
         print("gpu_bench: FAILED: " + failure, file=sys.stderr)

@@ -15,7 +15,8 @@ recomputing policies meet, and checks:
     case on the CPU; a Markdown row for every case;
   * a second run writes a new table beside the first, which stays as it was;
   * the largest-N table (pebble fit --verify): baseline's largest N is 15,
-    sqrtn's 16, every run's measured peak equal to the planned one;
+    sqrtn's 16, every run's measured peak equal to the planned one; PyTorch's
+    search (uncapped on the CPU) ends at its upper bound, 20;
   * a pebble whose `run` fails (not for the budget) makes the script exit 1,
     naming the policy, and still write the table; a failing `fit` is named
     too;
@@ -43,10 +44,12 @@ INFEASIBLE = {"baseline", "best-order"}
 def bench(pebble, out_dir, *extra):
     cmd = [sys.executable, BENCH, "--pebble", pebble, "--python", sys.executable,
            "--device", "cpu", "--sizes", "16", "--budget", BUDGET, "--output-dir", out_dir,
-           "--timeout", "300", *extra]
+           "--timeout", "300", "--torch-fit-max", "20", *extra]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     rows = [json.loads(l) for l in out.stdout.splitlines() if l.startswith("{")]
-    return out, [r for r in rows if r["system"] != "pebble-fit"]  # per-N cases
+    # per-N cases, then PyTorch's largest N per mode
+    return out, [r for r in rows if r["system"] not in ("pebble-fit", "pytorch-fit")], \
+        [r for r in rows if r["system"] == "pytorch-fit"]
 
 
 def tables(out_dir):
@@ -71,7 +74,7 @@ def main():
 
     with tempfile.TemporaryDirectory() as tmp:
         out_dir = os.path.join(tmp, "results")
-        out, rows = bench(args.pebble, out_dir)
+        out, rows, torch_fits = bench(args.pebble, out_dir)
         check(out.returncode == 0, f"clean run exited {out.returncode}: {out.stderr.strip()}")
         pebble_rows = [r for r in rows if r["system"] == "pebble"]
         torch_rows = [r for r in rows if r["system"] == "pytorch"]
@@ -110,8 +113,19 @@ def main():
             for policy in (r["mode"] for r in pebble_rows):
                 check(policy in fit and fit[policy][3] == "yes",
                       f"largest-N row of {policy}: {fit.get(policy)}")
+            # PyTorch's search: uncapped on the CPU, so every try fits and
+            # it ends at the upper bound (20) after a binary search's tries.
+            check(sorted(r["mode"] for r in torch_fits) == ["checkpoint", "eager"],
+                  f"PyTorch largest-N modes {[r['mode'] for r in torch_fits]}")
+            for r in torch_fits:
+                check(r.get("largest_n") == 20 and r.get("time_s", 0) > 0
+                      and [n for n, _ in r.get("tries", [])] == [10, 15, 18, 19, 20],
+                      f"PyTorch largest N ({r['mode']}): {r}")
+                row = fit.get(f"PyTorch {r['mode']}", [])
+                check(row[:1] == ["20"] and "upper bound" in row[-1],
+                      f"largest-N table row of PyTorch {r['mode']}: {row}")
 
-            out2, _ = bench(args.pebble, out_dir)
+            out2, _, _ = bench(args.pebble, out_dir)
             check(out2.returncode == 0, f"second run exited {out2.returncode}")
             second = tables(out_dir)
             check(len(second) == 2, f"tables after two runs: {second}")
@@ -129,7 +143,7 @@ def main():
                     f"exec '{os.path.abspath(args.pebble)}' \"$@\"\n")
         os.chmod(broken, os.stat(broken).st_mode | stat.S_IXUSR)
         broken_dir = os.path.join(tmp, "broken")
-        out3, rows3 = bench(broken, broken_dir)
+        out3, rows3, _ = bench(broken, broken_dir)
         check(out3.returncode == 1, f"failing pebble: exit {out3.returncode}, expected 1")
         check("FAILED: pebble run sqrtn n=16 failed: pebble: CUDA error: planted"
               in out3.stderr, f"failing pebble: stderr lacks the policy: {out3.stderr!r}")
@@ -139,7 +153,7 @@ def main():
               "failing pebble: no table written")
         check(any(r["status"] == "error" for r in rows3), "failing pebble: no error row")
 
-        out4, _ = bench(args.pebble, out_dir, "--sizes", "16,x")
+        out4, _, _ = bench(args.pebble, out_dir, "--sizes", "16,x")
         check(out4.returncode == 2, f"--sizes 16,x: exit {out4.returncode}, expected 2")
 
         if not torch.cuda.is_available():
@@ -147,7 +161,7 @@ def main():
             # still run (and fail here without a device); the table says why
             # it has no PyTorch rows.
             cuda_dir = os.path.join(tmp, "cuda")
-            out5, rows5 = bench(args.pebble, cuda_dir, "--device", "cuda")
+            out5, rows5, _ = bench(args.pebble, cuda_dir, "--device", "cuda")
             check(out5.returncode == 1, f"--device cuda: exit {out5.returncode}, expected 1")
             check(rows5 and all(r["system"] == "pebble" for r in rows5),
                   f"--device cuda: rows {[(r['system'], r['mode']) for r in rows5]}")

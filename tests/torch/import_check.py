@@ -25,7 +25,8 @@ and checks:
   the same shapes and dtypes; its outputs are `loss` and `grad:<p>` for every
   parameter p (a mismatch is explained against the ONNX file's initializers);
 - one training step, `pebble run --graph DIR/graph.json --policy P --budget B
-  --backend cpu --inputs DIR/inputs --dump DIR/out` (at `min` where the plan
+  --backend cpu --inputs DIR/inputs --dump DIR/out` (--backend cuda on a GPU;
+  at `min` where the plan
   is infeasible at B), reads every persistent tensor from DIR/inputs, and its
   loss and gradients match PyTorch autograd (training mode, mean
   cross-entropy) within crosscheck.py's tolerance (docs/crosscheck.md);
@@ -50,6 +51,7 @@ or when the pebble binary has no `import` command.
 import argparse
 import collections
 import copy
+import inspect
 import json
 import os
 import shutil
@@ -179,6 +181,9 @@ def parse_args(argv):
                              "gradients are then ill-conditioned")
     parser.add_argument("--threads", type=int, default=2,
                         help="PyTorch intra-op threads (default 2)")
+    parser.add_argument("--backend", choices=["cpu", "cuda"], default="cpu",
+                        help="backend of the `pebble run` (default cpu; "
+                             "PyTorch's reference always runs on the CPU)")
     try:
         args = parser.parse_args(argv)
     except SystemExit as e:  # argparse exits 2 on errors, 0 on --help
@@ -304,14 +309,18 @@ def build_model(torch, torchvision, models, args):
 def export_onnx(torch, net, x, path, opset, model_name):
     """torch.onnx.export in training mode; returns the list of warnings'
     texts. UsageError where the exporter refuses the model at this size."""
+    options = dict(training=torch.onnx.TrainingMode.TRAINING,
+                   do_constant_folding=False, input_names=["input"],
+                   output_names=["logits"], opset_version=opset)
+    # PyTorch 2.9 and later export through torch.export by default; the
+    # TorchScript exporter (the only one of PyTorch 1.13) keeps training-mode
+    # batch norm and dropout as this check expects.
+    if "dynamo" in inspect.signature(torch.onnx.export).parameters:
+        options["dynamo"] = False
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
-            torch.onnx.export(
-                copy.deepcopy(net), x, path,
-                training=torch.onnx.TrainingMode.TRAINING,
-                do_constant_folding=False, input_names=["input"],
-                output_names=["logits"], opset_version=opset)
+            torch.onnx.export(copy.deepcopy(net), x, path, **options)
         except Exception as e:  # the exporter raises several types
             first = (str(e).strip().splitlines() or [type(e).__name__])[0]
             first = first.split(" Please feel free")[0].split("  [Caused by")[0]
@@ -535,7 +544,7 @@ def run_step(args, np, pebble, graph, policy, kind, inputs_dir, dump_dir,
         shutil.rmtree(dump_dir)
     result = cc.pebble_json(pebble, [
         "run", "--graph", graph, "--policy", policy, "--budget", budget,
-        "--backend", "cpu", "--inputs", inputs_dir, "--dump", dump_dir,
+        "--backend", args.backend, "--inputs", inputs_dir, "--dump", dump_dir,
         "--seed", str(args.seed)],
         "pebble run --policy %s --budget %s" % (policy, budget))
     predicted = result.get("predicted") or {}
