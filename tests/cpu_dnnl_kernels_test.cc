@@ -225,16 +225,19 @@ void ExpectBitwiseEqual(const Vec& a, const Vec& b, const std::string& what) {
 
 // ---- Reference convolution over 3 spatial dims (2-D: D = 1).
 
+// groups split the c input and o output channels; dil spaces the taps.
 struct Conv {
-  int64_t n, c, o, in[3], k[3], s[3], p[3], out[3];
+  int64_t n, c, o, groups, in[3], k[3], s[3], p[3], dil[3], out[3];
 };
 
 Conv MakeConv(const Shape& x, const Shape& w, std::vector<int64_t> stride,
-              std::vector<int64_t> pad) {
+              std::vector<int64_t> pad, std::vector<int64_t> dilation = {},
+              int64_t groups = 1) {
   Conv cv;
   cv.n = x[0];
   cv.c = x[1];
   cv.o = w[0];
+  cv.groups = groups;
   const int d = static_cast<int>(x.size()) - 2;
   for (int i = 0; i < 3; ++i) {
     const int j = i - (3 - d);
@@ -242,7 +245,9 @@ Conv MakeConv(const Shape& x, const Shape& w, std::vector<int64_t> stride,
     cv.k[i] = j < 0 ? 1 : w[2 + j];
     cv.s[i] = j < 0 ? 1 : stride[j];
     cv.p[i] = j < 0 ? 0 : pad[j];
-    cv.out[i] = (cv.in[i] + 2 * cv.p[i] - cv.k[i]) / cv.s[i] + 1;
+    cv.dil[i] = j < 0 || dilation.empty() ? 1 : dilation[j];
+    cv.out[i] =
+        (cv.in[i] + 2 * cv.p[i] - cv.dil[i] * (cv.k[i] - 1) - 1) / cv.s[i] + 1;
   }
   return cv;
 }
@@ -258,21 +263,24 @@ void ForEachMac(const Conv& cv, F f) {
             const int64_t yi =
                 (((n * cv.o + o) * cv.out[0] + od) * cv.out[1] + oh) *
                     cv.out[2] + ow;
-            for (int64_t c = 0; c < cv.c; ++c)
+            // Output channel o reads the input channels of its group.
+            const int64_t per_group = cv.c / cv.groups;
+            const int64_t first = o / (cv.o / cv.groups) * per_group;
+            for (int64_t c = 0; c < per_group; ++c)
               for (int64_t kd = 0; kd < cv.k[0]; ++kd)
                 for (int64_t kh = 0; kh < cv.k[1]; ++kh)
                   for (int64_t kw = 0; kw < cv.k[2]; ++kw) {
-                    const int64_t id = od * cv.s[0] - cv.p[0] + kd;
-                    const int64_t ih = oh * cv.s[1] - cv.p[1] + kh;
-                    const int64_t iw = ow * cv.s[2] - cv.p[2] + kw;
+                    const int64_t id = od * cv.s[0] - cv.p[0] + kd * cv.dil[0];
+                    const int64_t ih = oh * cv.s[1] - cv.p[1] + kh * cv.dil[1];
+                    const int64_t iw = ow * cv.s[2] - cv.p[2] + kw * cv.dil[2];
                     if (id < 0 || id >= cv.in[0] || ih < 0 ||
                         ih >= cv.in[1] || iw < 0 || iw >= cv.in[2])
                       continue;
                     const int64_t xi =
-                        (((n * cv.c + c) * cv.in[0] + id) * cv.in[1] + ih) *
-                            cv.in[2] + iw;
+                        (((n * cv.c + first + c) * cv.in[0] + id) * cv.in[1] +
+                         ih) * cv.in[2] + iw;
                     const int64_t wi =
-                        (((o * cv.c + c) * cv.k[0] + kd) * cv.k[1] + kh) *
+                        (((o * per_group + c) * cv.k[0] + kd) * cv.k[1] + kh) *
                             cv.k[2] + kw;
                     f(xi, wi, yi);
                   }
@@ -287,14 +295,19 @@ int64_t OutSize(const Conv& cv) {
 
 void CheckConv(const Shape& x_shape, const Shape& w_shape,
                std::vector<int64_t> stride, std::vector<int64_t> pad,
-               bool bias) {
+               bool bias, std::vector<int64_t> dilation = {},
+               int64_t groups = 1) {
   const int d = static_cast<int>(x_shape.size()) - 2;
   const std::string base = d == 2 ? "conv2d" : "conv3d";
-  const Conv cv = MakeConv(x_shape, w_shape, stride, pad);
+  SCOPED_TRACE(base + " x " + ShapeToString(x_shape) + " w " +
+               ShapeToString(w_shape) + " groups " + std::to_string(groups));
+  const Conv cv = MakeConv(x_shape, w_shape, stride, pad, dilation, groups);
   const Vec x = Random(NumElements(x_shape), 1);
   const Vec w = Random(NumElements(w_shape), 2);
   const Vec b = Random(cv.o, 3);
-  const Json attrs = {{"stride", stride}, {"padding", pad}};
+  Json attrs = {{"stride", stride}, {"padding", pad}};
+  if (!dilation.empty()) attrs["dilation"] = dilation;
+  if (groups != 1) attrs["groups"] = groups;
   std::vector<TensorType> in = {{x_shape}, {w_shape}};
   if (bias) in.push_back({{cv.o}});
   Case fwd(base, in, attrs);
@@ -357,6 +370,17 @@ TEST(DnnlConvTest, Conv2dOddSizesStridePadding) {
   CheckConv({2, 3, 7, 9}, {5, 3, 3, 3}, {2, 2}, {1, 1}, true);
   CheckConv({1, 2, 6, 5}, {4, 2, 3, 2}, {1, 2}, {0, 1}, false);
   CheckConv({3, 1, 5, 5}, {2, 1, 5, 5}, {1, 1}, {2, 2}, true);  // 1 channel
+}
+
+// Grouped (depthwise included) and dilated convolutions, forward and both
+// backwards, against the reference loops.
+TEST(DnnlConvTest, GroupedAndDilated) {
+  CheckConv({2, 4, 7, 9}, {6, 2, 3, 3}, {1, 1}, {1, 1}, true, {}, 2);
+  CheckConv({2, 6, 8, 7}, {6, 1, 3, 3}, {2, 1}, {1, 1}, true, {}, 6);  // depthwise
+  CheckConv({1, 3, 9, 10}, {4, 3, 3, 2}, {1, 1}, {2, 1}, false, {2, 3});
+  CheckConv({2, 4, 9, 9}, {8, 1, 3, 3}, {2, 2}, {2, 2}, false, {2, 2}, 4);
+  CheckConv({1, 4, 6, 7, 8}, {4, 2, 3, 3, 2}, {1, 2, 1}, {1, 2, 0}, true,
+            {1, 2, 3}, 2);
 }
 
 TEST(DnnlConvTest, Conv3dForwardAndBackward) {

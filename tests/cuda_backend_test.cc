@@ -516,6 +516,22 @@ TEST(CudaBackendTest, ErrorsAreStatusesNamingTheCulprit) {
   EXPECT_EQ(s.code(), absl::StatusCode::kUnimplemented);
   EXPECT_THAT(std::string(s.message()), HasSubstr("'y'"));
   EXPECT_THAT(std::string(s.message()), HasSubstr("no_such_op"));
+  // A grouped (depthwise) and a dilated convolution, which this backend
+  // does not run yet: refused before the run, naming the node.
+  for (const nlohmann::json& attrs :
+       {nlohmann::json{{"padding", 1}, {"groups", 4}},
+        nlohmann::json{{"padding", 2}, {"dilation", 2}}}) {
+    NetBuilder nb("conv");
+    const Value cx = nb.Input("cx", {1, 4, 6, 6});
+    const Value cw = nb.Parameter("cw", {4, attrs.contains("groups") ? 1 : 4, 3, 3});
+    nb.MarkOutput(nb.Apply("conv2d", {cx, cw}, attrs, "conv"));
+    auto conv = nb.Build();
+    ASSERT_TRUE(conv.ok()) << conv.status();
+    const absl::Status cs = gpu->CheckSupported(*conv);
+    EXPECT_EQ(cs.code(), absl::StatusCode::kUnimplemented) << attrs.dump();
+    EXPECT_THAT(std::string(cs.message()), HasSubstr("'conv'"));
+    EXPECT_THAT(std::string(cs.message()), HasSubstr("grouped or dilated"));
+  }
   // Unknown events are errors, not crashes.
   EXPECT_FALSE(gpu->Wait(Stream::kCompute, 12345).ok());
 }

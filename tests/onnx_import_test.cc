@@ -249,12 +249,19 @@ onnx::NodeProto* FindNode(ModelMaker& m, const std::string& op) {
 
 TEST(OnnxImportTest, WhatCannotBeHonouredIsAnErrorNamingTheNode) {
   const std::vector<BadCase> cases = {
-      {"grouped conv",
+      {"groups that do not divide the channels",
        [](ModelMaker& m) { ModelMaker::IntAttr(FindNode(m, "Conv"), "group", 2); },
-       {"'/conv1/Conv'", "op Conv", "group = 2"}},
-      {"dilated conv",
-       [](ModelMaker& m) { ModelMaker::IntsAttr(FindNode(m, "Conv"), "dilations", {2, 2}); },
-       {"'/conv1/Conv'", "dilations"}},
+       {"'/conv1/Conv'", "op Conv", "3 channels", "groups = 2"}},
+      {"dilation wider than the input",
+       [](ModelMaker& m) { ModelMaker::IntsAttr(FindNode(m, "Conv"), "dilations", {5, 5}); },
+       {"'/conv1/Conv'", "larger than the padded input"}},
+      {"reduce-mean over the channels",
+       [](ModelMaker& m) {
+         auto* pool = FindNode(m, "GlobalAveragePool");
+         pool->set_op_type("ReduceMean");
+         ModelMaker::IntsAttr(pool, "axes", {1});
+       },
+       {"'/avgpool/GlobalAveragePool'", "axes", "every spatial dim"}},
       {"asymmetric pads",
        [](ModelMaker& m) {
          auto* conv = FindNode(m, "Conv");
@@ -340,6 +347,46 @@ TEST(OnnxImportTest, ShapesTheModelDeclaresMustMatch) {
   EXPECT_THAT(g.status().message(), HasSubstr("'/fc/Gemm'"));
   EXPECT_THAT(g.status().message(), HasSubstr("(2,5)"));
   EXPECT_THAT(g.status().message(), HasSubstr("(2,7)"));
+}
+
+// Grouped and dilated convolutions keep their attrs; a ReduceMean over
+// the spatial dims is a global average pool (a view of (N, C) without
+// keepdims).
+TEST(OnnxImportTest, GroupedDilatedConvAndSpatialReduceMean) {
+  auto g = Import(TinyModel(13, "", [](ModelMaker& m) {
+    // conv2: depthwise over conv1's 4 channels, dilation 2, pads 2.
+    m.Initializer("conv2.weight", {4, 1, 3, 3});
+    auto* conv2 = m.Node("Conv", "/conv2/Conv", {"r", "conv2.weight"}, {"r2"});
+    ModelMaker::IntAttr(conv2, "group", 4);
+    ModelMaker::IntsAttr(conv2, "dilations", {2, 2});
+    ModelMaker::IntsAttr(conv2, "pads", {2, 2, 2, 2});
+    // Moved before the pool (nodes are in topological order).
+    auto* nodes = m.graph()->mutable_node();
+    for (int i = nodes->size() - 1; nodes->Get(i - 1).op_type() != "Relu"; --i) {
+      nodes->SwapElements(i, i - 1);
+    }
+    auto* pool = FindNode(m, "GlobalAveragePool");
+    pool->set_op_type("ReduceMean");
+    pool->set_input(0, "r2");
+    ModelMaker::IntsAttr(pool, "axes", {-1, 2});
+    ModelMaker::IntAttr(pool, "keepdims", 0);
+    auto* flatten = FindNode(m, "Flatten");
+    flatten->set_op_type("Identity");
+    flatten->clear_attribute();
+  }));
+  ASSERT_TRUE(g.ok()) << g.status();
+  const NodeId conv2 = g->Find("conv2");
+  ASSERT_NE(conv2, kNoNode);
+  EXPECT_EQ(g->attrs(conv2).value("groups", 0), 4);
+  EXPECT_EQ(g->attrs(conv2)["dilation"], nlohmann::json({2, 2}));
+  EXPECT_EQ(*g->shape(conv2), (Shape{2, 4, 8, 8}));
+  const NodeId mean = g->Find("avgpool");
+  ASSERT_NE(mean, kNoNode);
+  EXPECT_EQ(g->op(mean), "reshape");
+  EXPECT_EQ(*g->shape(mean), (Shape{2, 4}));
+  const NodeId grad = g->Find("grad:conv2.weight");
+  ASSERT_NE(grad, kNoNode);
+  EXPECT_EQ(*g->shape(grad), (Shape{4, 1, 3, 3}));
 }
 
 TEST(OnnxImportTest, SupportedOpsAreListed) {

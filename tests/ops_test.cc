@@ -6,6 +6,7 @@
 #include "absl/status/statusor.h"
 #include "graph/net_builder.h"
 #include "graph/ops.h"
+#include "graph/ops/op_util.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 
@@ -111,6 +112,46 @@ TEST(ConvTest, Conv3dShapeAndFlops) {
   // Per-dim lists are accepted.
   ExpectType("conv3d", in, {{"padding", {1, 0, 0}}, {"stride", {1, 2, 2}}},
              {1, 4, 8, 3, 3});
+}
+
+TEST(ConvTest, GroupsAndDilation) {
+  // Depthwise: 8 groups of one channel; FLOPs count I / groups per output.
+  ExpectType("conv2d", {T({2, 8, 16, 16}), T({8, 1, 3, 3})},
+             {{"padding", 1}, {"groups", 8}}, {2, 8, 16, 16});
+  EXPECT_DOUBLE_EQ(Flops("conv2d", {T({2, 8, 16, 16}), T({8, 1, 3, 3})},
+                         {{"padding", 1}, {"groups", 8}}),
+                   2.0 * 2 * 8 * 256 * 1 * 9);
+  // Dilation 2 spans 5 taps: (16 + 2 - 5) + 1 = 14.
+  ExpectType("conv2d", {T({1, 3, 16, 16}), T({4, 3, 3, 3})},
+             {{"padding", 1}, {"dilation", 2}}, {1, 4, 14, 14});
+  ExpectType("conv3d", {T({1, 4, 8, 8, 8}), T({6, 2, 3, 3, 3})},
+             {{"padding", 2}, {"dilation", {2, 1, 2}}, {"groups", 2}},
+             {1, 6, 8, 10, 8});
+  ExpectError("conv2d", {T({2, 8, 8, 8}), T({6, 2, 3, 3})}, {{"groups", 3}},
+              "divisible by groups = 3");
+  ExpectError("conv2d", {T({2, 8, 8, 8}), T({8, 2, 3, 3})}, {{"groups", 2}},
+              "expects 4 (2 per group");
+  ExpectError("conv2d", {T({2, 8, 8, 8}), T({8, 1, 3, 3})}, {{"groups", 0}},
+              "groups");
+  ExpectError("conv2d", {T({2, 3, 8, 8}), T({4, 3, 3, 3})}, {{"dilation", 0}},
+              "dilation");
+  ExpectError("conv2d", {T({2, 3, 8, 8}), T({4, 3, 3, 3})},
+              {{"dilation", int64_t{1} << 50}}, "dilation");
+  ExpectError("conv2d", {T({2, 3, 8, 8}), T({4, 3, 3, 3})}, {{"dilation", 4}},
+              "larger than the padded input");
+  // The backward ops carry the attrs and agree with the forward.
+  const Json attrs = {{"padding", 1}, {"groups", 4}, {"dilation", 1}};
+  Json data = attrs;
+  data["input_shape"] = {2, 8, 6, 6};
+  ExpectType("conv2d_backward_data", {T({2, 4, 6, 6}), T({4, 2, 3, 3})}, data,
+             {2, 8, 6, 6});
+  Json weight = attrs;
+  weight["kernel"] = {3, 3};
+  ExpectType("conv2d_backward_weight", {T({2, 4, 6, 6}), T({2, 8, 6, 6})},
+             weight, {4, 2, 3, 3});
+  weight["groups"] = 3;
+  ExpectError("conv2d_backward_weight", {T({2, 4, 6, 6}), T({2, 8, 6, 6})},
+              weight, "groups = 3");
 }
 
 TEST(ConvTest, Errors) {
@@ -250,15 +291,47 @@ TEST(ElementwiseTest, ActivationsKeepTypeAndCountFlops) {
               "same shape");
 }
 
-TEST(ElementwiseTest, AddBroadcastsTrailingDims) {
+TEST(ElementwiseTest, AddAndMulBroadcastOneOperand) {
   ExpectType("add", {T({2, 3, 4}), T({2, 3, 4})}, Json::object(), {2, 3, 4});
   ExpectType("add", {T({2, 3, 4}), T({3, 4})}, Json::object(), {2, 3, 4});
   ExpectType("mul", {T({4}), T({2, 3, 4})}, Json::object(), {2, 3, 4});
+  // A squeeze-excitation gate (N, C, 1, 1) and a per-channel (C, 1, 1).
+  ExpectType("mul", {T({2, 8, 1, 1}), T({2, 8, 5, 5})}, Json::object(),
+             {2, 8, 5, 5});
+  ExpectType("add", {T({2, 8, 5, 5}), T({8, 1, 1})}, Json::object(),
+             {2, 8, 5, 5});
+  ExpectType("add", {T({2, 8, 5, 5}), T({1})}, Json::object(), {2, 8, 5, 5});
+  // (2, 3) is not the trailing dims of (2, 3, 4), nor 1 where they differ.
   ExpectError("add", {T({2, 3, 4}), T({2, 3})}, Json::object(),
-              "do not match");
+              "do not broadcast");
+  // Both operands broadcast: the result is neither's shape.
+  ExpectError("add", {T({2, 1}), T({1, 3})}, Json::object(), "do not broadcast");
+  // Kept dims around a repeated one: (N, 1, W) over (N, C, W).
+  ExpectError("mul", {T({2, 3, 4}), T({2, 1, 4})}, Json::object(),
+              "contiguous");
   ExpectError("add", {T({2, 3}), T({2, 3}, kF16)}, Json::object(), "dtype");
   ExpectType("sum_to", {T({2, 3, 4})}, {{"shape", {3, 4}}}, {3, 4});
-  ExpectError("sum_to", {T({2, 3, 4})}, {{"shape", {2, 3}}}, "trailing");
+  ExpectType("sum_to", {T({2, 8, 5, 5})}, {{"shape", {2, 8, 1, 1}}},
+             {2, 8, 1, 1});
+  ExpectType("sum_to", {T({2, 8, 5, 5})}, {{"shape", {8, 1, 1}}}, {8, 1, 1});
+  ExpectError("sum_to", {T({2, 3, 4})}, {{"shape", {2, 3}}}, "broadcast");
+}
+
+TEST(ElementwiseTest, BlockBroadcastFindsTheBlockAndItsPeriod) {
+  using ops_internal::BlockBroadcast;
+  auto block = [](const Shape& big, const Shape& small) {
+    auto b = BlockBroadcast(big, small);
+    return b ? std::vector<int64_t>{b->block, b->inner} : std::vector<int64_t>{};
+  };
+  EXPECT_EQ(block({2, 3, 4}, {2, 3, 4}), (std::vector<int64_t>{24, 1}));
+  EXPECT_EQ(block({2, 3, 4}, {3, 4}), (std::vector<int64_t>{12, 1}));
+  EXPECT_EQ(block({2, 8, 5, 5}, {2, 8, 1, 1}), (std::vector<int64_t>{16, 25}));
+  EXPECT_EQ(block({2, 8, 5, 5}, {8, 1, 1}), (std::vector<int64_t>{8, 25}));
+  EXPECT_EQ(block({2, 8, 5, 5}, {1, 1}), (std::vector<int64_t>{1, 1}));
+  EXPECT_EQ(block({2, 1, 5}, {2, 1, 1}), (std::vector<int64_t>{2, 5}));
+  EXPECT_EQ(block({2, 3, 4}, {2, 1, 4}), std::vector<int64_t>{});
+  EXPECT_EQ(block({2, 3, 4}, {3}), std::vector<int64_t>{});
+  EXPECT_EQ(block({3}, {2, 3}), std::vector<int64_t>{});
 }
 
 TEST(ElementwiseTest, DropoutMaskIsOneBytePerElement) {

@@ -599,9 +599,13 @@ class Importer {
     }
     const int spatial = rank - 2;
     RETURN_IF_ERROR(OnlyNotSetAutoPad(attrs));
-    RETURN_IF_ERROR(AllOnes(attrs, "dilations", spatial));
+    ASSIGN_OR_RETURN(std::vector<int64_t> dilations,
+                     attrs.Ints("dilations", std::vector<int64_t>(spatial, 1)));
+    if (static_cast<int>(dilations.size()) != spatial) {
+      return attrs.Unsupported("dilations", absl::StrCat("[", absl::StrJoin(dilations, ","),
+                                                         "] (one per spatial dim expected)"));
+    }
     ASSIGN_OR_RETURN(int64_t group, attrs.Int("group", 1));
-    if (group != 1) return attrs.Unsupported("group", absl::StrCat(group));
     ASSIGN_OR_RETURN(std::vector<int64_t> padding, SymmetricPads(attrs, node, spatial));
     ASSIGN_OR_RETURN(std::vector<int64_t> strides,
                      attrs.Ints("strides", std::vector<int64_t>(spatial, 1)));
@@ -612,8 +616,15 @@ class Importer {
       return NodeError(node, absl::StrCat("kernel_shape [", absl::StrJoin(kernel, ","),
                                           "] disagrees with the weight ", ShapeToString(w)));
     }
-    return Apply(node, spatial == 2 ? "conv2d" : "conv3d", in,
-                 {{"stride", strides}, {"padding", padding}});
+    // Groups and dilation the operator table checks (a one-line error
+    // naming this node where they do not fit the shapes); written only
+    // where they are not 1, as pebble's own models write them.
+    Json conv_attrs = {{"stride", strides}, {"padding", padding}};
+    if (group != 1) conv_attrs["groups"] = group;
+    if (std::any_of(dilations.begin(), dilations.end(), [](int64_t v) { return v != 1; })) {
+      conv_attrs["dilation"] = dilations;
+    }
+    return Apply(node, spatial == 2 ? "conv2d" : "conv3d", in, conv_attrs);
   }
 
   absl::Status BatchNormalization(const onnx::NodeProto& node) {
@@ -763,6 +774,36 @@ class Importer {
     ASSIGN_OR_RETURN(std::vector<Value> in, Inputs(node));
     // (N, C, 1, ...): adaptive pooling to size 1 keeps ONNX's rank.
     return Apply(node, "adaptive_avgpool", in, {{"output_size", 1}});
+  }
+
+  // ReduceMean over every spatial dim (2 ..): global average pooling, then
+  // without keepdims the (N, C) view. Other axes are refused.
+  absl::Status ReduceMean(const onnx::NodeProto& node) {
+    RETURN_IF_ERROR(ExpectInputs(node, 1, 1));
+    const Attrs attrs(node);
+    RETURN_IF_ERROR(attrs.OnlyKnown({"axes", "keepdims"}));
+    ASSIGN_OR_RETURN(std::vector<Value> in, Inputs(node));
+    const Shape& x = nb_.type(in[0]).shape;
+    const auto rank = static_cast<int64_t>(x.size());
+    ASSIGN_OR_RETURN(std::vector<int64_t> axes, attrs.Ints("axes", {}));
+    ASSIGN_OR_RETURN(int64_t keepdims, attrs.Int("keepdims", 1));
+    std::vector<int64_t> normalized;
+    for (int64_t a : axes) normalized.push_back(a < 0 ? a + rank : a);
+    std::sort(normalized.begin(), normalized.end());
+    std::vector<int64_t> spatial;
+    for (int64_t d = 2; d < rank; ++d) spatial.push_back(d);
+    if (rank < 3 || normalized != spatial) {
+      return attrs.Unsupported(
+          "axes", absl::StrCat("[", absl::StrJoin(axes, ","), "] of ", ShapeToString(x),
+                               " (only the mean over every spatial dim, [2..",
+                               std::max<int64_t>(rank - 1, 2), "], is supported)"));
+    }
+    if (keepdims != 0) return Apply(node, "adaptive_avgpool", in, {{"output_size", 1}});
+    const std::string id = NodeIdFor(node);
+    const std::string pool_id = Free(id + ".pool") ? id + ".pool" : FreshId(id + ".pool");
+    const Value pooled = nb_.Apply("adaptive_avgpool", in, {{"output_size", 1}}, pool_id);
+    if (!nb_.status().ok()) return NodeError(node, nb_.status().message());
+    return Apply(node, "reshape", {pooled}, {{"shape", std::vector<int64_t>{x[0], x[1]}}}, id);
   }
 
   absl::Status Flatten(const onnx::NodeProto& node) {
@@ -960,6 +1001,7 @@ class Importer {
         {"Flatten", &Importer::Flatten},
         {"Gemm", &Importer::Gemm},
         {"GlobalAveragePool", &Importer::GlobalAveragePool},
+        {"ReduceMean", &Importer::ReduceMean},
         {"HardSigmoid", &Importer::HardSigmoid},
         {"HardSwish", &Importer::HardSwish},
         {"Identity", &Importer::Identity},

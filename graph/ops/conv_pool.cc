@@ -1,6 +1,7 @@
 // Convolutions, pooling, upsampling and padding over 2 or 3 spatial dims
 // (NCHW / NCDHW activations, OIHW / OIDHW weights: PyTorch's layouts).
 // Sliding windows use PyTorch's floor mode: out = (in + 2p - k) / s + 1.
+#include <algorithm>
 #include <functional>
 #include <string>
 #include <vector>
@@ -14,8 +15,11 @@ namespace {
 
 // ---- Convolution.
 
+// A sliding window; `dilation` empty means 1 in every dim (pooling), and
+// `groups` applies to convolutions alone.
 struct Window {
-  std::vector<int64_t> kernel, stride, padding;
+  std::vector<int64_t> kernel, stride, padding, dilation;
+  int64_t groups = 1;
 };
 
 // Spatial output dims of a window slid over the spatial dims of `x`
@@ -24,20 +28,41 @@ absl::StatusOr<Shape> SlideWindow(const Shape& x, const Window& w) {
   Shape out;
   const int d = static_cast<int>(w.kernel.size());
   for (int i = 0; i < d; ++i) {
-    ASSIGN_OR_RETURN(int64_t o, WindowOutput(x[2 + i], w.kernel[i],
-                                             w.stride[i], w.padding[i], i));
+    int64_t extent = w.kernel[i];
+    if (!w.dilation.empty()) {
+      ASSIGN_OR_RETURN(extent, DilatedKernel(w.kernel[i], w.dilation[i], i));
+    }
+    ASSIGN_OR_RETURN(int64_t o, WindowOutput(x[2 + i], extent, w.stride[i],
+                                             w.padding[i], i));
     out.push_back(o);
   }
   return out;
 }
 
+// attrs stride (1), padding (0), dilation (1), groups (1); the kernel from
+// the weight's spatial dims.
 absl::StatusOr<Window> ConvWindow(const Json& attrs, const Shape& weight,
                                   int d) {
   Window w;
   w.kernel.assign(weight.begin() + 2, weight.end());
   ASSIGN_OR_RETURN(w.stride, SpatialAttr(attrs, "stride", d, 1));
   ASSIGN_OR_RETURN(w.padding, SpatialAttr(attrs, "padding", d, 0));
+  ASSIGN_OR_RETURN(ConvGroupsDilation gd, ConvGroupsDilationAttrs(attrs, d));
+  w.dilation = std::move(gd.dilation);
+  w.groups = gd.groups;
   return w;
+}
+
+// The attrs of a convolution's backward nodes (the forward's window);
+// dilation and groups only where they are not 1, as the forward may say.
+Json ConvWindowAttrs(const Window& w) {
+  Json attrs = {{"stride", w.stride}, {"padding", w.padding}};
+  if (std::any_of(w.dilation.begin(), w.dilation.end(),
+                  [](int64_t v) { return v != 1; })) {
+    attrs["dilation"] = w.dilation;
+  }
+  if (w.groups != 1) attrs["groups"] = w.groups;
+  return attrs;
 }
 
 std::string Layout(int d, bool weight) {
@@ -53,16 +78,13 @@ absl::StatusOr<TensorType> InferConv(int d, Inputs in, const Json& attrs) {
       ExpectRank(w, d + 2, "input 1 (weight " + Layout(d, true) + ")"));
   RETURN_IF_ERROR(ExpectFloat(x, "input 0 (x)"));
   RETURN_IF_ERROR(ExpectSameDType(x, "x", w, "weight"));
-  if (x.shape[1] != w.shape[1]) {
-    return Invalid("x has ", x.shape[1], " channels ",
-                   ShapeToString(x.shape), " but the weight ",
-                   ShapeToString(w.shape), " expects ", w.shape[1]);
-  }
+  ASSIGN_OR_RETURN(Window win, ConvWindow(attrs, w.shape, d));
+  RETURN_IF_ERROR(CheckConvGroups(x.shape[1], w.shape, win.groups,
+                                  "x " + ShapeToString(x.shape)));
   if (in.size() == 3) {
     RETURN_IF_ERROR(ExpectShape(in[2], {w.shape[0]}, "input 2 (bias)"));
     RETURN_IF_ERROR(ExpectSameDType(x, "x", in[2], "bias"));
   }
-  ASSIGN_OR_RETURN(Window win, ConvWindow(attrs, w.shape, d));
   ASSIGN_OR_RETURN(Shape spatial, SlideWindow(x.shape, win));
   Shape out = {x.shape[0], w.shape[0]};
   out.insert(out.end(), spatial.begin(), spatial.end());
@@ -81,7 +103,8 @@ double ConvFlops(Inputs in, const TensorType& out, const Json&) {
   return f;
 }
 
-// conv{d}_backward_data (grad, weight), attrs stride, padding, input_shape.
+// conv{d}_backward_data (grad, weight), attrs stride, padding, dilation,
+// groups, input_shape.
 absl::StatusOr<TensorType> InferConvBackwardData(int d, Inputs in,
                                                  const Json& attrs) {
   const TensorType& g = in[0];
@@ -90,11 +113,13 @@ absl::StatusOr<TensorType> InferConvBackwardData(int d, Inputs in,
   RETURN_IF_ERROR(ExpectRank(g, d + 2, "input 0 (grad)"));
   RETURN_IF_ERROR(ExpectRank(w, d + 2, "input 1 (weight)"));
   ASSIGN_OR_RETURN(Shape x, ShapeAttr(attrs, "input_shape"));
-  if (static_cast<int>(x.size()) != d + 2 || x[1] != w.shape[1]) {
+  if (static_cast<int>(x.size()) != d + 2) {
     return Invalid("attr 'input_shape' ", ShapeToString(x),
                    " does not match the weight ", ShapeToString(w.shape));
   }
   ASSIGN_OR_RETURN(Window win, ConvWindow(attrs, w.shape, d));
+  RETURN_IF_ERROR(CheckConvGroups(x[1], w.shape, win.groups,
+                                  "attr 'input_shape' " + ShapeToString(x)));
   ASSIGN_OR_RETURN(Shape spatial, SlideWindow(x, win));
   Shape y = {x[0], w.shape[0]};
   y.insert(y.end(), spatial.begin(), spatial.end());
@@ -108,7 +133,8 @@ double ConvBackwardDataFlops(Inputs in, const TensorType&, const Json&) {
   return ConvMacFlops(in[0].shape, in[1].shape);
 }
 
-// conv{d}_backward_weight (grad, x), attrs stride, padding, kernel.
+// conv{d}_backward_weight (grad, x), attrs stride, padding, dilation,
+// groups, kernel.
 absl::StatusOr<TensorType> InferConvBackwardWeight(int d, Inputs in,
                                                    const Json& attrs) {
   const TensorType& g = in[0];
@@ -118,9 +144,15 @@ absl::StatusOr<TensorType> InferConvBackwardWeight(int d, Inputs in,
   RETURN_IF_ERROR(ExpectRank(x, d + 2, "input 1 (x)"));
   ASSIGN_OR_RETURN(std::vector<int64_t> kernel,
                    SpatialAttr(attrs, "kernel", d, 0, /*required=*/true));
-  Shape w = {g.shape[1], x.shape[1]};
+  ASSIGN_OR_RETURN(ConvGroupsDilation gd, ConvGroupsDilationAttrs(attrs, d));
+  if (x.shape[1] % gd.groups != 0) {
+    return Invalid("input 1 (x) has ", x.shape[1],
+                   " channels, not divisible by groups = ", gd.groups);
+  }
+  Shape w = {g.shape[1], x.shape[1] / gd.groups};
   w.insert(w.end(), kernel.begin(), kernel.end());
   ASSIGN_OR_RETURN(Window win, ConvWindow(attrs, w, d));
+  RETURN_IF_ERROR(CheckConvGroups(x.shape[1], w, win.groups, "input 1 (x)"));
   ASSIGN_OR_RETURN(Shape spatial, SlideWindow(x.shape, win));
   Shape y = {x.shape[0], g.shape[1]};
   y.insert(y.end(), spatial.begin(), spatial.end());
@@ -153,7 +185,7 @@ std::function<absl::Status(BackwardContext&)> ConvBackward(int d) {
     const Value g = ctx.grad_output();
     ASSIGN_OR_RETURN(Window win,
                      ConvWindow(ctx.attrs(), ctx.input_type(1).shape, d));
-    const Json common = {{"stride", win.stride}, {"padding", win.padding}};
+    const Json common = ConvWindowAttrs(win);
     if (ctx.needs_grad(0)) {
       Json attrs = common;
       attrs["input_shape"] = ctx.input_type(0).shape;

@@ -112,23 +112,22 @@ std::function<absl::StatusOr<TensorType>(Inputs, const Json&)> InferBackwardOf(
   };
 }
 
-// ---- add / mul with bias-style broadcasting: the operand of lower rank
-// must equal the trailing dims of the other.
+// ---- add / mul with NumPy broadcasting of one operand over the other,
+// where the broadcast operand keeps one contiguous block of dims
+// (BlockBroadcast: a bias over the trailing dims, a (N, C, 1, 1) gate over
+// (N, C, H, W)); the result has the other operand's shape.
 
 absl::StatusOr<TensorType> InferBinary(Inputs in, const Json&) {
   RETURN_IF_ERROR(ExpectFloat(in[0], "input 0 (a)"));
   RETURN_IF_ERROR(ExpectFloat(in[1], "input 1 (b)"));
   RETURN_IF_ERROR(ExpectSameDType(in[0], "a", in[1], "b"));
-  const bool a_bigger = in[0].shape.size() >= in[1].shape.size();
-  const Shape& big = a_bigger ? in[0].shape : in[1].shape;
-  const Shape& small = a_bigger ? in[1].shape : in[0].shape;
-  if (!std::equal(small.begin(), small.end(), big.end() - small.size())) {
-    return Invalid("shapes ", ShapeToString(in[0].shape), " and ",
-                   ShapeToString(in[1].shape),
-                   " do not match (equal shapes, or the lower-rank operand "
-                   "equal to the trailing dims of the other)");
-  }
-  return TensorType{big, in[0].dtype};
+  if (BlockBroadcast(in[0].shape, in[1].shape)) return in[0];
+  if (BlockBroadcast(in[1].shape, in[0].shape)) return in[1];
+  return Invalid("shapes ", ShapeToString(in[0].shape), " and ",
+                 ShapeToString(in[1].shape),
+                 " do not broadcast (one operand must have the result's shape "
+                 "and the other, aligned on the trailing dims, 1 or equal in "
+                 "each dim, its dims other than 1 contiguous)");
 }
 
 // Hands `grad` (the output's shape) to input i, summed down to the input's
@@ -164,11 +163,10 @@ absl::StatusOr<TensorType> InferSumTo(Inputs in, const Json& attrs) {
   RETURN_IF_ERROR(ExpectFloat(in[0], "input 0 (x)"));
   ASSIGN_OR_RETURN(Shape shape, ShapeAttr(attrs, "shape"));
   const Shape& x = in[0].shape;
-  if (shape.size() > x.size() ||
-      !std::equal(shape.begin(), shape.end(), x.end() - shape.size())) {
+  if (!BlockBroadcast(x, shape)) {
     return Invalid("attr 'shape' ", ShapeToString(shape),
-                   " must equal the trailing dims of the input ",
-                   ShapeToString(x));
+                   " does not broadcast to the input ", ShapeToString(x),
+                   " (as the broadcast operand of add or mul)");
   }
   return TensorType{shape, in[0].dtype};
 }

@@ -4,6 +4,7 @@
 #include <limits>
 
 #include "absl/strings/str_join.h"
+#include "graph/status.h"
 
 namespace pebble::ops_internal {
 namespace {
@@ -221,6 +222,80 @@ absl::StatusOr<int64_t> WindowOutput(int64_t in, int64_t kernel,
                    " is larger than the padded input ", in, " + 2*", padding);
   }
   return (in + 2 * padding - kernel) / stride + 1;
+}
+
+absl::StatusOr<ConvGroupsDilation> ConvGroupsDilationAttrs(const Json& attrs,
+                                                           int dims) {
+  ConvGroupsDilation g;
+  ASSIGN_OR_RETURN(g.groups, IntAttr(attrs, "groups", 1));
+  if (g.groups < 1 || g.groups > kMaxWindowExtent) {
+    return Invalid("attr 'groups' = ", g.groups, " must be in [1, ",
+                   kMaxWindowExtent, "]");
+  }
+  ASSIGN_OR_RETURN(g.dilation, SpatialAttr(attrs, "dilation", dims, 1));
+  for (int i = 0; i < dims; ++i) {
+    if (g.dilation[i] < 1 || g.dilation[i] > kMaxWindowExtent) {
+      return Invalid("attr 'dilation' dim ", i, " = ", g.dilation[i],
+                     " must be in [1, ", kMaxWindowExtent, "]");
+    }
+  }
+  return g;
+}
+
+absl::StatusOr<int64_t> DilatedKernel(int64_t kernel, int64_t dilation,
+                                      int dim) {
+  if (kernel < 1) return Invalid("kernel size ", kernel, " must be >= 1");
+  if (dilation < 1) return Invalid("dilation ", dilation, " must be >= 1");
+  if (dilation > 1 && kernel - 1 > (kMaxWindowExtent - 1) / dilation) {
+    return Invalid("spatial dim ", dim, ": kernel ", kernel, " at dilation ",
+                   dilation, " spans more than ", kMaxWindowExtent);
+  }
+  return dilation * (kernel - 1) + 1;
+}
+
+absl::Status CheckConvGroups(int64_t in_channels, const Shape& weight,
+                             int64_t groups, absl::string_view what) {
+  if (in_channels % groups != 0 || weight[0] % groups != 0) {
+    return Invalid(what, " has ", in_channels, " channels and the weight ",
+                   ShapeToString(weight), " ", weight[0],
+                   " outputs: both must be divisible by groups = ", groups);
+  }
+  if (in_channels / groups != weight[1]) {
+    return Invalid(what, " has ", in_channels, " channels but the weight ",
+                   ShapeToString(weight), " expects ", weight[1] * groups,
+                   groups > 1 ? absl::StrCat(" (", weight[1], " per group x ",
+                                             groups, " groups)")
+                              : std::string());
+  }
+  return absl::OkStatus();
+}
+
+std::optional<BroadcastBlock> BlockBroadcast(const Shape& big,
+                                             const Shape& small) {
+  if (small.size() > big.size()) return std::nullopt;
+  const size_t pad = big.size() - small.size();
+  // The dims that `small` keeps (equal and not 1) and those it repeats.
+  int first_kept = -1, last_kept = -1;
+  for (size_t d = 0; d < big.size(); ++d) {
+    const int64_t s = d < pad ? 1 : small[d - pad];
+    if (s == big[d]) {
+      if (s == 1) continue;  // neither kept nor repeated
+      if (first_kept < 0) first_kept = static_cast<int>(d);
+      last_kept = static_cast<int>(d);
+    } else if (s != 1) {
+      return std::nullopt;
+    }
+  }
+  BroadcastBlock b;
+  if (first_kept < 0) return b;  // one element, repeated everywhere
+  for (int d = first_kept; d <= last_kept; ++d) {
+    const int64_t s = static_cast<size_t>(d) < pad ? 1 : small[d - pad];
+    if (s != big[d]) return std::nullopt;  // a repeated dim inside the block
+  }
+  const int rank = static_cast<int>(big.size());
+  b.block = Product(big, first_kept, last_kept + 1);
+  b.inner = Product(big, last_kept + 1, rank);
+  return b;
 }
 
 int64_t Product(const Shape& shape, int begin, int end) {

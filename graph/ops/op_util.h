@@ -8,6 +8,7 @@
 #define PEBBLE_GRAPH_OPS_OP_UTIL_H_
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -97,6 +98,43 @@ inline constexpr int64_t kMaxWindowExtent = int64_t{1} << 40;
 absl::StatusOr<int64_t> WindowOutput(int64_t in, int64_t kernel,
                                      int64_t stride, int64_t padding,
                                      int dim);
+
+// The attrs of a convolution beyond its window: `groups` (default 1; the
+// channels split into that many independent convolutions, depthwise when it
+// equals the input's channels) and `dilation` (one value per spatial dim,
+// default 1: the kernel's taps that far apart).
+struct ConvGroupsDilation {
+  int64_t groups = 1;
+  std::vector<int64_t> dilation;
+};
+absl::StatusOr<ConvGroupsDilation> ConvGroupsDilationAttrs(const Json& attrs,
+                                                           int dims);
+// The extent a kernel of `kernel` taps covers at `dilation`:
+// dilation * (kernel - 1) + 1; an error beyond kMaxWindowExtent.
+absl::StatusOr<int64_t> DilatedKernel(int64_t kernel, int64_t dilation,
+                                      int dim);
+// The channel checks of a grouped convolution with weight (O, I / groups,
+// k...): `in_channels` and O both divisible by `groups`, the weight's
+// second dim I / groups. `what` names the operand holding the input
+// channels.
+absl::Status CheckConvGroups(int64_t in_channels, const Shape& weight,
+                             int64_t groups, absl::string_view what);
+
+// How a broadcast operand of shape `small` is read over a tensor of shape
+// `big` (NumPy rules, `small` left-padded with 1s): where the dims in which
+// `small` is not 1 form one contiguous block [a, b) of `big`'s dims, element
+// i of `big` meets element (i / inner) % block of `small`, with block = the
+// product of big[a, b) and inner = the product of big[b, rank). Equal shapes
+// give block = every element, inner = 1; `small` equal to big's trailing dims
+// gives inner = 1; a (N, C, 1, 1) gate over (N, C, H, W) gives inner = H W.
+struct BroadcastBlock {
+  int64_t block = 1;
+  int64_t inner = 1;
+};
+// nullopt where `small` does not broadcast to `big` that way (a dim that is
+// neither 1 nor big's, a higher rank, or 1s between the dims it keeps).
+std::optional<BroadcastBlock> BlockBroadcast(const Shape& big,
+                                             const Shape& small);
 
 // Product of dims [begin, end) of `shape`.
 int64_t Product(const Shape& shape, int begin, int end);

@@ -25,7 +25,24 @@ int ConvDims(const KernelContext& ctx) {
 }
 
 std::string WindowKey(const Window& w) {
-  return absl::StrCat("s", DimsKey(w.stride), "p", DimsKey(w.padding));
+  return absl::StrCat("s", DimsKey(w.stride), "p", DimsKey(w.padding), "d",
+                      DimsKey(w.dilation), "g", w.groups);
+}
+
+// oneDNN's dilation counts the gaps between taps: PyTorch's minus one.
+dnnl::memory::dims Dilates(const Window& w) {
+  dnnl::memory::dims d(w.kernel.size(), 0);
+  for (size_t i = 0; i < w.dilation.size(); ++i) d[i] = w.dilation[i] - 1;
+  return d;
+}
+
+// The weight (O, I / G, k...) as oneDNN's grouped weights (G, O / G, I / G,
+// k...) where groups > 1: the same bytes, one more dim.
+Shape WeightShape(const Shape& w, const Window& win) {
+  if (win.groups == 1) return w;
+  Shape g = {win.groups, w[0] / win.groups};
+  g.insert(g.end(), w.begin() + 1, w.end());
+  return g;
 }
 
 // The layout of a convolution operand: oneDNN's choice (format_tag::any),
@@ -46,8 +63,8 @@ dnnl::convolution_forward::primitive_desc ForwardPd(const Shape& x,
       bias ? PlainDesc({w[0]}) : dnnl::memory::desc();
   const dnnl::convolution_forward::desc desc(
       dnnl::prop_kind::forward_training, dnnl::algorithm::convolution_direct,
-      AnyDesc(x), AnyDesc(w), bias_md, AnyDesc(y),
-      Dims(win.stride), Dims(win.padding), Dims(win.padding));
+      AnyDesc(x), AnyDesc(WeightShape(w, win)), bias_md, AnyDesc(y),
+      Dims(win.stride), Dilates(win), Dims(win.padding), Dims(win.padding));
   return dnnl::convolution_forward::primitive_desc(desc, DefaultAttr(),
                                                    Engine());
 }
@@ -76,11 +93,6 @@ absl::Status ConvForward(const KernelContext& ctx) {
   RETURN_IF_ERROR(ExpectF32(x, "input 0 (x)"));
   RETURN_IF_ERROR(ExpectF32(w, "input 1 (weight)"));
   RETURN_IF_ERROR(ExpectF32(ctx.output, "the output"));
-  if (x.shape[1] != w.shape[1]) {
-    return Invalid("x ", ShapeToString(x.shape), " has ", x.shape[1],
-                   " channels but the weight ", ShapeToString(w.shape),
-                   " expects ", w.shape[1]);
-  }
   const bool bias = ctx.inputs.size() == 3;
   if (bias) {
     RETURN_IF_ERROR(ExpectShape(ctx.inputs[2], {w.shape[0]}, "input 2 (bias)"));
@@ -91,6 +103,8 @@ absl::Status ConvForward(const KernelContext& ctx) {
       ConvWindow(ctx.attrs(), std::vector<int64_t>(w.shape.begin() + 2,
                                                    w.shape.end()),
                  d));
+  RETURN_IF_ERROR(ops_internal::CheckConvGroups(
+      x.shape[1], w.shape, win.groups, "x " + ShapeToString(x.shape)));
   ASSIGN_OR_RETURN(Shape y, WindowShape(x.shape, w.shape[0], win));
   RETURN_IF_ERROR(ExpectShape(ctx.output, y, "the output"));
   RETURN_IF_ERROR(ExpectData(ctx));
@@ -113,14 +127,14 @@ absl::Status ConvForward(const KernelContext& ctx) {
     auto pd = ForwardPd(x.shape, w.shape, y, win, bias);
     CachedPrimitive c = Cached(pd, dnnl::convolution_forward(pd));
     AddRelayout(c, DNNL_ARG_SRC, PlainDesc(x.shape), pd.src_desc(), false);
-    AddRelayout(c, DNNL_ARG_WEIGHTS, PlainDesc(w.shape), pd.weights_desc(),
-                false);
+    AddRelayout(c, DNNL_ARG_WEIGHTS, PlainDesc(WeightShape(w.shape, win)),
+                pd.weights_desc(), false);
     AddRelayout(c, DNNL_ARG_DST, PlainDesc(y), pd.dst_desc(), true);
     return c;
   });
   std::unordered_map<int, dnnl::memory> args = {
       {DNNL_ARG_SRC, Wrap(PlainDesc(x.shape), x.data)},
-      {DNNL_ARG_WEIGHTS, Wrap(PlainDesc(w.shape), w.data)},
+      {DNNL_ARG_WEIGHTS, Wrap(PlainDesc(WeightShape(w.shape, win)), w.data)},
       {DNNL_ARG_DST, Wrap(PlainDesc(y), ctx.output.data)}};
   if (bias) {
     args.emplace(DNNL_ARG_BIAS,
@@ -130,7 +144,8 @@ absl::Status ConvForward(const KernelContext& ctx) {
   return absl::OkStatus();
 }
 
-// conv{2,3}d_backward_data (g, weight), attrs stride, padding, input_shape.
+// conv{2,3}d_backward_data (g, weight), attrs stride, padding, dilation,
+// groups, input_shape.
 absl::Status ConvBackwardData(const KernelContext& ctx) {
   RETURN_IF_ERROR(ExpectInputs(ctx, 2, 2));
   const int d = ConvDims(ctx);
@@ -143,7 +158,7 @@ absl::Status ConvBackwardData(const KernelContext& ctx) {
   RETURN_IF_ERROR(ExpectF32(ctx.output, "the output"));
   ASSIGN_OR_RETURN(Shape x,
                    ops_internal::ShapeAttr(ctx.attrs(), "input_shape"));
-  if (static_cast<int>(x.size()) != d + 2 || x[1] != w.shape[1]) {
+  if (static_cast<int>(x.size()) != d + 2) {
     return Invalid("attr 'input_shape' ", ShapeToString(x),
                    " does not match the weight ", ShapeToString(w.shape));
   }
@@ -152,6 +167,8 @@ absl::Status ConvBackwardData(const KernelContext& ctx) {
       ConvWindow(ctx.attrs(), std::vector<int64_t>(w.shape.begin() + 2,
                                                    w.shape.end()),
                  d));
+  RETURN_IF_ERROR(ops_internal::CheckConvGroups(
+      x[1], w.shape, win.groups, "attr 'input_shape' " + ShapeToString(x)));
   ASSIGN_OR_RETURN(Shape y, WindowShape(x, w.shape[0], win));
   RETURN_IF_ERROR(ExpectShape(g, y, "input 0 (grad)"));
   RETURN_IF_ERROR(ExpectShape(ctx.output, x, "the output"));
@@ -167,25 +184,28 @@ absl::Status ConvBackwardData(const KernelContext& ctx) {
   const CachedPrimitive& p = GetPrimitive(key, [&] {
     auto hint = ForwardPd(x, w.shape, y, win, false);
     const dnnl::convolution_backward_data::desc desc(
-        dnnl::algorithm::convolution_direct, AnyDesc(x), AnyDesc(w.shape),
-        AnyDesc(y), Dims(win.stride), Dims(win.padding), Dims(win.padding));
+        dnnl::algorithm::convolution_direct, AnyDesc(x),
+        AnyDesc(WeightShape(w.shape, win)), AnyDesc(y), Dims(win.stride),
+        Dilates(win), Dims(win.padding), Dims(win.padding));
     dnnl::convolution_backward_data::primitive_desc pd(desc, DefaultAttr(),
                                                        Engine(), hint);
     CachedPrimitive c = Cached(pd, dnnl::convolution_backward_data(pd));
     AddRelayout(c, DNNL_ARG_DIFF_DST, PlainDesc(y), pd.diff_dst_desc(),
                 false);
-    AddRelayout(c, DNNL_ARG_WEIGHTS, PlainDesc(w.shape), pd.weights_desc(),
-                false);
+    AddRelayout(c, DNNL_ARG_WEIGHTS, PlainDesc(WeightShape(w.shape, win)),
+                pd.weights_desc(), false);
     AddRelayout(c, DNNL_ARG_DIFF_SRC, PlainDesc(x), pd.diff_src_desc(), true);
     return c;
   });
   Execute(p, {{DNNL_ARG_DIFF_DST, Wrap(PlainDesc(y), g.data)},
-              {DNNL_ARG_WEIGHTS, Wrap(PlainDesc(w.shape), w.data)},
+              {DNNL_ARG_WEIGHTS,
+               Wrap(PlainDesc(WeightShape(w.shape, win)), w.data)},
               {DNNL_ARG_DIFF_SRC, Wrap(PlainDesc(x), ctx.output.data)}});
   return absl::OkStatus();
 }
 
-// conv{2,3}d_backward_weight (g, x), attrs stride, padding, kernel.
+// conv{2,3}d_backward_weight (g, x), attrs stride, padding, dilation,
+// groups, kernel.
 absl::Status ConvBackwardWeight(const KernelContext& ctx) {
   RETURN_IF_ERROR(ExpectInputs(ctx, 2, 2));
   const int d = ConvDims(ctx);
@@ -200,8 +220,14 @@ absl::Status ConvBackwardWeight(const KernelContext& ctx) {
                    ops_internal::SpatialAttr(ctx.attrs(), "kernel", d, 0,
                                              /*required=*/true));
   ASSIGN_OR_RETURN(Window win, ConvWindow(ctx.attrs(), kernel, d));
-  Shape w = {g.shape[1], x.shape[1]};
+  if (x.shape[1] % win.groups != 0) {
+    return Invalid("input 1 (x) has ", x.shape[1],
+                   " channels, not divisible by groups = ", win.groups);
+  }
+  Shape w = {g.shape[1], x.shape[1] / win.groups};
   w.insert(w.end(), kernel.begin(), kernel.end());
+  RETURN_IF_ERROR(ops_internal::CheckConvGroups(x.shape[1], w, win.groups,
+                                                "input 1 (x)"));
   ASSIGN_OR_RETURN(Shape y, WindowShape(x.shape, g.shape[1], win));
   RETURN_IF_ERROR(ExpectShape(g, y, "input 0 (grad)"));
   RETURN_IF_ERROR(ExpectShape(ctx.output, w, "the output"));
@@ -217,21 +243,23 @@ absl::Status ConvBackwardWeight(const KernelContext& ctx) {
   const CachedPrimitive& p = GetPrimitive(key, [&] {
     auto hint = ForwardPd(x.shape, w, y, win, false);
     const dnnl::convolution_backward_weights::desc desc(
-        dnnl::algorithm::convolution_direct, AnyDesc(x.shape), AnyDesc(w),
-        AnyDesc(y), Dims(win.stride), Dims(win.padding), Dims(win.padding));
+        dnnl::algorithm::convolution_direct, AnyDesc(x.shape),
+        AnyDesc(WeightShape(w, win)), AnyDesc(y), Dims(win.stride),
+        Dilates(win), Dims(win.padding), Dims(win.padding));
     dnnl::convolution_backward_weights::primitive_desc pd(desc, DefaultAttr(),
                                                           Engine(), hint);
     CachedPrimitive c = Cached(pd, dnnl::convolution_backward_weights(pd));
     AddRelayout(c, DNNL_ARG_DIFF_DST, PlainDesc(y), pd.diff_dst_desc(),
                 false);
     AddRelayout(c, DNNL_ARG_SRC, PlainDesc(x.shape), pd.src_desc(), false);
-    AddRelayout(c, DNNL_ARG_DIFF_WEIGHTS, PlainDesc(w),
+    AddRelayout(c, DNNL_ARG_DIFF_WEIGHTS, PlainDesc(WeightShape(w, win)),
                 pd.diff_weights_desc(), true);
     return c;
   });
   Execute(p, {{DNNL_ARG_DIFF_DST, Wrap(PlainDesc(y), g.data)},
               {DNNL_ARG_SRC, Wrap(PlainDesc(x.shape), x.data)},
-              {DNNL_ARG_DIFF_WEIGHTS, Wrap(PlainDesc(w), ctx.output.data)}});
+              {DNNL_ARG_DIFF_WEIGHTS,
+               Wrap(PlainDesc(WeightShape(w, win)), ctx.output.data)}});
   return absl::OkStatus();
 }
 

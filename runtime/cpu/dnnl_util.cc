@@ -297,6 +297,10 @@ absl::StatusOr<Window> ConvWindow(const Json& attrs,
   ASSIGN_OR_RETURN(w.padding,
                    ops_internal::SpatialAttr(attrs, "padding", dims, 0));
   RETURN_IF_ERROR(CheckWindow(w, dims));
+  ASSIGN_OR_RETURN(ops_internal::ConvGroupsDilation gd,
+                   ops_internal::ConvGroupsDilationAttrs(attrs, dims));
+  w.dilation = std::move(gd.dilation);
+  w.groups = gd.groups;
   return w;
 }
 
@@ -309,9 +313,14 @@ absl::StatusOr<Shape> WindowShape(const Shape& x, int64_t out_channels,
   }
   Shape out = {x[0], out_channels};
   for (int i = 0; i < d; ++i) {
+    int64_t extent = w.kernel[i];
+    if (!w.dilation.empty()) {
+      ASSIGN_OR_RETURN(extent, ops_internal::DilatedKernel(
+                                   w.kernel[i], w.dilation[i], i));
+    }
     ASSIGN_OR_RETURN(int64_t o,
-                     ops_internal::WindowOutput(x[2 + i], w.kernel[i],
-                                                w.stride[i], w.padding[i], i));
+                     ops_internal::WindowOutput(x[2 + i], extent, w.stride[i],
+                                                w.padding[i], i));
     out.push_back(o);
   }
   return out;

@@ -148,11 +148,14 @@ void EndScratchCount();
 
 // ---- Windows (pooling): kernel (required), stride (default: the kernel),
 // padding (0), one value per spatial dim, as graph/ops/conv_pool.cc.
+// Convolutions add dilation (1 per dim; empty for pooling) and groups (1).
 struct Window {
-  std::vector<int64_t> kernel, stride, padding;
+  std::vector<int64_t> kernel, stride, padding, dilation;
+  int64_t groups = 1;
 };
 absl::StatusOr<Window> PoolWindow(const Json& attrs, int dims);
-// Conv window: the kernel from `kernel`, stride (1) and padding (0).
+// Conv window: the kernel from `kernel`, stride (1), padding (0), dilation
+// (1) and groups (1).
 absl::StatusOr<Window> ConvWindow(const Json& attrs,
                                   const std::vector<int64_t>& kernel,
                                   int dims);

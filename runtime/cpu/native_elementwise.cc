@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <optional>
 #include <vector>
 
 #include "graph/ops/op_util.h"
@@ -19,32 +20,41 @@ namespace {
 using ops_internal::DoubleAttr;
 using ops_internal::IntAttr;
 
-// ---- add, mul: equal shapes, or the lower-rank operand equal to the
-// trailing dims of the other (it repeats every `k` elements). Both ops are
-// commutative in IEEE arithmetic, so the larger operand goes first.
+// ---- add, mul: the result has one operand's shape (`big`); the other
+// (`small`) is broadcast over it, element i of `big` meeting small[(i /
+// inner) % block] (BlockBroadcast, graph/ops/op_util.h). Both ops are
+// commutative in IEEE arithmetic, so the order of the operands is free.
 
 template <typename T, typename Op>
-void BinaryLoop(const T* big, const T* small, int64_t k, T* out, int64_t n,
-                Op op) {
+void BinaryLoop(const T* big, const T* small, ops_internal::BroadcastBlock b,
+                T* out, int64_t n, Op op) {
   ParallelFor(n, kGrain, [&](int64_t begin, int64_t end) {
-    if (k == n) {
+    if (b.block == n) {
       for (int64_t i = begin; i < end; ++i) {
         out[i] = FromFloat<T>(op(ToFloat(big[i]), ToFloat(small[i])));
       }
       return;
     }
+    // Runs of `inner` elements that meet one value of `small`, or (inner
+    // 1) runs of up to `block` elements that meet consecutive ones.
     int64_t i = begin;
-    int64_t j = i % k;
     while (i < end) {
-      const int64_t len = std::min(end - i, k - j);
-      const T* b = big + i;
-      const T* s = small + j;
-      T* o = out + i;
-      for (int64_t t = 0; t < len; ++t) {
-        o[t] = FromFloat<T>(op(ToFloat(b[t]), ToFloat(s[t])));
+      const int64_t q = i / b.inner;
+      const int64_t j = q % b.block;
+      if (b.inner == 1) {
+        const int64_t len = std::min(end - i, b.block - j);
+        for (int64_t t = 0; t < len; ++t) {
+          out[i + t] = FromFloat<T>(op(ToFloat(big[i + t]), ToFloat(small[j + t])));
+        }
+        i += len;
+      } else {
+        const int64_t len = std::min(end - i, (q + 1) * b.inner - i);
+        const float v = ToFloat(small[j]);
+        for (int64_t t = 0; t < len; ++t) {
+          out[i + t] = FromFloat<T>(op(ToFloat(big[i + t]), v));
+        }
+        i += len;
       }
-      i += len;
-      j = 0;
     }
   });
 }
@@ -52,19 +62,20 @@ void BinaryLoop(const T* big, const T* small, int64_t k, T* out, int64_t n,
 template <typename Op>
 absl::Status BinaryKernel(const KernelContext& ctx, Op op) {
   RETURN_IF_ERROR(CheckOperands(ctx));
-  const bool a_big = ctx.inputs[0].num_elements() >= ctx.inputs[1].num_elements();
+  const bool a_big = ctx.inputs[0].shape == ctx.output.shape;
   const TensorView& big = ctx.inputs[a_big ? 0 : 1];
   const TensorView& small = ctx.inputs[a_big ? 1 : 0];
-  const int64_t k = small.num_elements();
+  const std::optional<ops_internal::BroadcastBlock> b =
+      ops_internal::BlockBroadcast(big.shape, small.shape);
+  if (big.shape != ctx.output.shape || !b) {
+    return Invalid(ctx, "cannot broadcast ", small.ToString(), " over ",
+                   big.ToString(), " into ", ctx.output.ToString());
+  }
   const int64_t n = ctx.output.num_elements();
   if (n == 0) return absl::OkStatus();
-  if (k == 0 || n % k != 0) {
-    return Invalid(ctx, "cannot broadcast ", small.ToString(), " over ",
-                   big.ToString());
-  }
   return DispatchFloat(ctx.output.dtype, "the operands", [&](auto tag) {
     using T = decltype(tag);
-    BinaryLoop<T>(big.as<T>(), small.as<T>(), k, ctx.output.as<T>(), n, op);
+    BinaryLoop<T>(big.as<T>(), small.as<T>(), *b, ctx.output.as<T>(), n, op);
     return absl::OkStatus();
   });
 }
@@ -177,15 +188,23 @@ absl::Status LeakyReluBackward(const KernelContext& ctx) {
       ctx, [s](float g, float x) { return activation::LeakyReluGrad(g, x, s); });
 }
 
-// ---- sum_to (x), attr shape: the trailing-dims shape; sums the leading
-// dims away (the gradient of a broadcast operand). Deterministic column
-// sums in double (native_util.h).
+// ---- sum_to (x), attr shape: the gradient of a broadcast operand, x
+// summed down to `shape` (BlockBroadcast: the sum over the leading dims and
+// the `inner` trailing ones of each element of the block). Deterministic
+// column sums in double (native_util.h).
 absl::Status SumTo(const KernelContext& ctx) {
   RETURN_IF_ERROR(CheckOperands(ctx));
   const TensorView& x = ctx.inputs[0];
+  const std::optional<ops_internal::BroadcastBlock> b =
+      ops_internal::BlockBroadcast(x.shape, ctx.output.shape);
+  if (!b) {
+    return Invalid(ctx, "cannot sum ", x.ToString(), " down to ",
+                   ctx.output.ToString());
+  }
   const int64_t cols = ctx.output.num_elements();
   if (cols == 0) return absl::OkStatus();
-  const int64_t rows = x.num_elements() / cols;
+  const int64_t inner = b->inner;
+  const int64_t rows = x.num_elements() / (cols * inner);
   return DispatchFloat(x.dtype, "input 0 (x)", [&](auto tag) {
     using T = decltype(tag);
     const T* px = x.as<T>();
@@ -193,8 +212,16 @@ absl::Status SumTo(const KernelContext& ctx) {
     ColumnSums(
         rows, cols,
         [&](int64_t m, int64_t k0, int64_t k1, float* acc) {
-          const T* row = px + m * cols;
-          for (int64_t k = k0; k < k1; ++k) acc[k - k0] += ToFloat(row[k]);
+          const T* row = px + m * cols * inner;
+          for (int64_t k = k0; k < k1; ++k) {
+            if (inner == 1) {
+              acc[k - k0] += ToFloat(row[k]);
+            } else {
+              const T* run = row + k * inner;
+              acc[k - k0] += static_cast<float>(BlockedSum(
+                  0, inner, [run](int64_t r) { return ToFloat(run[r]); }));
+            }
+          }
         },
         sums.data());
     T* out = ctx.output.as<T>();

@@ -144,6 +144,16 @@ class CudaBackend final : public Backend {
             "node '", graph.id(v), "' (op ", op,
             "): a shape and a dtype are needed to execute it"));
       }
+      const bool conv = op.rfind("conv2d", 0) == 0 || op.rfind("conv3d", 0) == 0;
+      if (conv && op.find("_bias") == std::string::npos) {
+        const absl::Status s =
+            cuda::CheckConvSupported(graph.attrs(v), op[4] == '3' ? 3 : 2);
+        if (!s.ok()) {
+          return absl::Status(s.code(), absl::StrCat("node '", graph.id(v),
+                                                     "' (op ", op, "): ",
+                                                     s.message()));
+        }
+      }
     }
     return absl::OkStatus();
   }

@@ -814,6 +814,24 @@ absl::Status RunConv(CudaContext& cc, ConvKind kind, const ConvGeom& g,
   }
 }
 
+}  // namespace
+
+absl::Status CheckConvSupported(const nlohmann::json& attrs, int dims) {
+  ASSIGN_OR_RETURN(ops_internal::ConvGroupsDilation gd,
+                   ops_internal::ConvGroupsDilationAttrs(attrs, dims));
+  const bool dilated = std::any_of(gd.dilation.begin(), gd.dilation.end(),
+                                   [](int64_t v) { return v != 1; });
+  if (gd.groups != 1 || dilated) {
+    return absl::UnimplementedError(absl::StrCat(
+        "the CUDA backend does not run grouped or dilated convolutions yet "
+        "(groups ", gd.groups, ", dilation ", absl::StrJoin(gd.dilation, "x"),
+        "); the CPU backend does (--backend cpu)"));
+  }
+  return absl::OkStatus();
+}
+
+namespace {
+
 // Geometry from x's shape, the weight's shape and the output's, with the
 // node's stride/padding attrs; checks that they agree.
 absl::StatusOr<ConvGeom> Geometry(const KernelContext& ctx, int dims,
@@ -829,6 +847,7 @@ absl::StatusOr<ConvGeom> Geometry(const KernelContext& ctx, int dims,
                    SpatialAttr(ctx.attrs(), "stride", dims, 1));
   ASSIGN_OR_RETURN(std::vector<int64_t> pad,
                    SpatialAttr(ctx.attrs(), "padding", dims, 0));
+  RETURN_IF_ERROR(CheckConvSupported(ctx.attrs(), dims));
   ConvGeom g;
   g.dims = dims;
   g.n = x[0];

@@ -157,9 +157,9 @@ __global__ void UnaryGradKernel(UnaryOp op, UnaryParams p, const T* g, const T* 
 
 template <typename T>
 __global__ void BinaryKernel(BinaryOp op, const T* a, const T* b, T* out,
-                             int64_t n, int64_t nb) {
+                             int64_t n, int64_t nb, int64_t inner) {
   PEBBLE_GRID_LOOP(i, n) {
-    const float u = Ld(a, i), v = Ld(b, nb == n ? i : i % nb);
+    const float u = Ld(a, i), v = Ld(b, nb == n ? i : (i / inner) % nb);
     St(out, i, op == BinaryOp::kAdd ? u + v : u * v);
   }
 }
@@ -937,14 +937,17 @@ cudaError_t LaunchUnaryBackward(UnaryOp op, KType t, const void* g,
 }
 
 cudaError_t LaunchBinary(BinaryOp op, KType t, const void* a, const void* b,
-                         void* out, int64_t n, int64_t nb, cudaStream_t stream) {
+                         void* out, int64_t n, int64_t nb, int64_t inner,
+                         cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
-  if (nb <= 0 || n % nb != 0) return cudaErrorInvalidValue;
+  if (nb <= 0 || inner <= 0 || n % nb != 0 || (n / nb) % inner != 0) {
+    return cudaErrorInvalidValue;
+  }
   return Dispatch(t, [&](auto tag) {
     using T = decltype(tag);
     PEBBLE_KERNEL_LAUNCH(Blocks(n), kThreads, stream, BinaryKernel<T>)
     (op, static_cast<const T*>(a), static_cast<const T*>(b),
-     static_cast<T*>(out), n, nb);
+     static_cast<T*>(out), n, nb, inner);
     return Launched();
   });
 }

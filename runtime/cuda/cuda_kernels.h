@@ -48,10 +48,11 @@ cudaError_t LaunchUnary(UnaryOp op, KType t, const void* x, void* y, int64_t n,
 cudaError_t LaunchUnaryBackward(UnaryOp op, KType t, const void* g,
                                 const void* saved, void* dx, int64_t n,
                                 cudaStream_t stream, UnaryParams params = {});
-// out[i] = a[i] op b[i % nb], n elements (nb divides n; nb == n: no
-// broadcast).
+// out[i] = a[i] op b[(i / inner) % nb], n elements (nb * inner divides n;
+// nb == n: no broadcast; BlockBroadcast in graph/ops/op_util.h).
 cudaError_t LaunchBinary(BinaryOp op, KType t, const void* a, const void* b,
-                         void* out, int64_t n, int64_t nb, cudaStream_t stream);
+                         void* out, int64_t n, int64_t nb, int64_t inner,
+                         cudaStream_t stream);
 // y[o, c, i] += bias[c] over (outer, C, inner); bias has y's type.
 cudaError_t LaunchChannelBias(KType t, void* y, const void* bias, int64_t outer,
                               int64_t channels, int64_t inner,

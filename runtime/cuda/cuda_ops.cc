@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstring>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -270,7 +271,8 @@ absl::Status GeluBackward(CudaContext& cc, const KernelContext& ctx) {
   return absl::OkStatus();
 }
 
-// add / mul: equal shapes, or one operand equal to the other's trailing dims.
+// add / mul: one operand has the output's shape, the other is broadcast
+// over it (BlockBroadcast, graph/ops/op_util.h).
 template <BinaryOp kOp>
 absl::Status BinaryKernel(CudaContext& cc, const KernelContext& ctx) {
   RETURN_IF_ERROR(ExpectInputs(ctx, 2, 2));
@@ -280,18 +282,17 @@ absl::Status BinaryKernel(CudaContext& cc, const KernelContext& ctx) {
   // a dim of 1 or 0 the broadcast operand may have as many elements).
   if (big->shape != ctx.output.shape) std::swap(big, small);
   RETURN_IF_ERROR(ExpectSameType(ctx.output, *big, "the larger operand"));
-  const Shape& bs = big->shape;
-  const Shape& ss = small->shape;
-  const bool trailing =
-      ss.size() <= bs.size() && std::equal(ss.rbegin(), ss.rend(), bs.rbegin());
-  if (small->dtype != big->dtype || !trailing) {
+  const std::optional<ops_internal::BroadcastBlock> b =
+      ops_internal::BlockBroadcast(big->shape, small->shape);
+  if (small->dtype != big->dtype || !b) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "operands ", ShapeToString(bs), " and ", ShapeToString(ss),
-        " must share a dtype and match on the trailing dims"));
+        "operands ", ShapeToString(big->shape), " and ",
+        ShapeToString(small->shape),
+        " must share a dtype and one must broadcast over the other"));
   }
   ASSIGN_OR_RETURN(KType t, KTypeOf(ctx.output.dtype));
   PEBBLE_LAUNCH(LaunchBinary(kOp, t, big->data, small->data, ctx.output.data,
-                             big->num_elements(), small->num_elements(),
+                             big->num_elements(), b->block, b->inner,
                              cc.stream));
   return absl::OkStatus();
 }
@@ -1067,6 +1068,30 @@ absl::Status SumLeading(CudaContext& cc, const KernelContext& ctx) {
   return ColumnSumInto(cc, ctx, ctx.inputs[0], nullptr, nullptr);
 }
 
+// sum_to (x), attr shape: x summed down to the output's shape, a broadcast
+// operand's (BlockBroadcast): over the leading dims alone, or also over
+// `inner` trailing ones (a channel sum).
+absl::Status SumTo(CudaContext& cc, const KernelContext& ctx) {
+  RETURN_IF_ERROR(ExpectInputs(ctx, 1, 1));
+  const TensorView& x = ctx.inputs[0];
+  const std::optional<ops_internal::BroadcastBlock> b =
+      ops_internal::BlockBroadcast(x.shape, ctx.output.shape);
+  if (!b) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cannot sum ", x.ToString(), " down to ", ctx.output.ToString()));
+  }
+  if (b->inner == 1) return SumLeading(cc, ctx);
+  if (ctx.output.num_elements() == 0) return absl::OkStatus();
+  const int64_t outer =
+      b->block == 0 ? 0 : x.num_elements() / (b->block * b->inner);
+  ASSIGN_OR_RETURN(KType t, KTypeOf(x.dtype));
+  ASSIGN_OR_RETURN(KType out_t, KTypeOf(ctx.output.dtype));
+  ASSIGN_OR_RETURN(void* scratch, cc.scratch(ChannelScratchBytes(b->block)));
+  PEBBLE_LAUNCH(LaunchChannelSum(t, x.data, out_t, ctx.output.data, outer,
+                                 b->block, b->inner, scratch, cc.stream));
+  return absl::OkStatus();
+}
+
 absl::Status LayerNormBackwardWeight(CudaContext& cc,
                                      const KernelContext& ctx) {
   RETURN_IF_ERROR(ExpectInputs(ctx, 3, 3));
@@ -1335,7 +1360,7 @@ void AddOwnKernels(std::map<std::string, CudaKernelFn>& t) {
   t["layernorm_backward"] = LayerNormBackward;
   t["layernorm_backward_weight"] = LayerNormBackwardWeight;
   t["layernorm_backward_bias"] = SumLeading;
-  t["sum_to"] = SumLeading;
+  t["sum_to"] = SumTo;
   t["dropout_mask"] = DropoutMask;
   t["dropout"] = DropoutApply;
   t["dropout_backward"] = DropoutApply;

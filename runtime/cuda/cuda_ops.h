@@ -132,6 +132,10 @@ absl::Status TakeIndexFault(CudaContext& cc);
 // An InvalidArgument when the kernel launch failed (cudaErrorInvalidValue
 // from a launcher's own checks) or the launch error's Status.
 absl::Status LaunchStatus(cudaError_t e, absl::string_view what);
+// Unimplemented for a convolution (attrs of a conv{2,3}d* node over `dims`
+// spatial dims) with groups or dilation other than 1, which this backend
+// does not run yet; the attrs' own errors otherwise.
+absl::Status CheckConvSupported(const nlohmann::json& attrs, int dims);
 
 }  // namespace pebble::cuda
 

@@ -376,7 +376,7 @@ using ::pebble::testing::Model;
 using nlohmann::json;
 
 // Element-wise ops (the piecewise-linear activations with points on both
-// sides of their kinks), a broadcast product, padding with a crop, an
+// sides of their kinks), broadcast products and sums, padding with a crop, an
 // averaging pool with padding, a copy and a sum loss (and their backward ops).
 Graph PointwiseGraph() {
   NetBuilder nb("pointwise");
@@ -392,6 +392,10 @@ Graph PointwiseGraph() {
   y = nb.Apply("mul", {y, w});
   const Value half = nb.Apply("fill", {}, {{"shape", {5, 7}}, {"value", 0.5}});
   y = nb.Apply("mul", {y, half});
+  // A squeeze-excitation gate and a per-channel shift: broadcasts whose
+  // gradients sum over the trailing dims too.
+  y = nb.Apply("mul", {nb.Parameter("gate", {2, 3, 1, 1}), y});
+  y = nb.Apply("add", {y, nb.Parameter("shift", {3, 1, 1})});
   y = nb.Apply("pad", {y}, {{"pads", {1, 2, -1, 0}}, {"value", 0.25}});
   y = nb.Apply("avgpool", {y}, {{"kernel", 3}, {"stride", 2}, {"padding", 1}});
   y = nb.Apply("copy", {y});

@@ -248,8 +248,43 @@ def activations_net(torch, num_classes=10):
     return Activations()
 
 
+def grouped_net(torch, num_classes=10):
+    """A small CNN with the convolutions and broadcasts of the mobile
+    networks: grouped, depthwise and dilated convolutions (one of them
+    strided), a squeeze-excitation gate (N, C, 1, 1) times (N, C, H, W), and
+    a per-channel (C, 1, 1) parameter added: --model grouped."""
+    nn = torch.nn
+
+    class Grouped(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv1 = nn.Conv2d(3, 8, 3, padding=1, bias=False)
+            self.bn1 = nn.BatchNorm2d(8)
+            self.depthwise = nn.Conv2d(8, 8, 3, padding=1, groups=8)
+            self.grouped = nn.Conv2d(8, 12, 3, padding=2, dilation=2, groups=4,
+                                     bias=False)
+            self.strided = nn.Conv2d(12, 12, 3, stride=2, padding=2,
+                                     dilation=(2, 1), groups=3)
+            self.squeeze = nn.Conv2d(12, 4, 1)
+            self.excite = nn.Conv2d(4, 12, 1)
+            self.shift = nn.Parameter(torch.randn(12, 1, 1) * 0.1)
+            self.pool = nn.AdaptiveAvgPool2d(1)
+            self.fc = nn.Linear(12, num_classes)
+
+        def forward(self, x):
+            x = torch.relu(self.bn1(self.conv1(x)))
+            x = torch.relu(self.depthwise(x))
+            x = self.strided(self.grouped(x))
+            gate = torch.sigmoid(self.excite(torch.relu(self.squeeze(
+                self.pool(x)))))
+            x = x * gate + self.shift
+            return self.fc(torch.flatten(self.pool(x), 1))
+
+    return Grouped()
+
+
 # Models of this file, beside torchvision's.
-LOCAL_MODELS = {"activations": activations_net}
+LOCAL_MODELS = {"activations": activations_net, "grouped": grouped_net}
 
 
 def build_model(torch, torchvision, models, args):
