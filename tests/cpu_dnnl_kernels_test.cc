@@ -610,6 +610,58 @@ TEST(DnnlPoolTest, TwoDimensionalWithTiesOverlapAndPadding) {
   CheckPool({1, 1, 5, 7}, {3, 2}, {1, 2}, {1, 0});
 }
 
+// Max pooling in PyTorch's ceil mode: the last window may reach past the
+// input (and its padding), and is clipped; one that would start in the right
+// padding is dropped (in 5, kernel 2, stride 2, padding 1: 3 windows, not 4).
+TEST(DnnlPoolTest, MaxPoolCeilMode) {
+  struct CeilCase {
+    Shape x;
+    std::vector<int64_t> k, s, p, out;
+  };
+  for (const CeilCase& c : {CeilCase{{2, 3, 6, 7}, {3, 3}, {2, 2}, {0, 0}, {3, 3}},
+                            CeilCase{{1, 2, 5, 5}, {2, 2}, {2, 2}, {1, 1}, {3, 3}},
+                            CeilCase{{1, 2, 8, 9}, {3, 2}, {2, 3}, {1, 1}, {5, 4}},
+                            CeilCase{{1, 1, 5, 6, 7}, {2, 3, 2}, {2, 2, 3}, {0, 1, 1},
+                                     {3, 4, 3}}}) {
+    SCOPED_TRACE(ShapeToString(c.x));
+    Pool pl = MakePool(c.x, c.k, c.s, c.p);
+    for (size_t i = 0; i < c.out.size(); ++i) pl.out[3 - c.out.size() + i] = c.out[i];
+    const Vec x = RandomInts(NumElements(c.x), 42, 0, 3);
+    const Json attrs = {{"kernel", c.k}, {"stride", c.s}, {"padding", c.p}, {"ceil_mode", true}};
+    Case maxpool("maxpool", {{c.x}}, attrs);
+    ASSERT_TRUE(maxpool.build_status().ok()) << maxpool.build_status();
+    const Shape y_shape = maxpool.out_shape();
+    EXPECT_EQ(Shape(y_shape.begin() + 2, y_shape.end()), Shape(c.out.begin(), c.out.end()));
+    const int64_t ny = NumElements(y_shape);
+    DVec ymax(ny), dmax(x.size(), 0);
+    const Vec g = Random(ny, 43);
+    ForEachWindow(pl, [&](int64_t yi, const std::vector<int64_t>& xs, int64_t) {
+      ASSERT_FALSE(xs.empty());
+      int64_t arg = xs[0];
+      float best = -std::numeric_limits<float>::infinity();
+      for (int64_t xi : xs) {
+        if (x[xi] > best) {
+          best = x[xi];
+          arg = xi;
+        }
+      }
+      ymax[yi] = best;
+      dmax[arg] += g[yi];
+    });
+    absl::StatusOr<Vec> got = maxpool.Run({x});
+    ASSERT_TRUE(got.ok()) << got.status();
+    ExpectNear(*got, ymax, 0, 0, "maxpool ceil_mode");
+    Case bwd("maxpool_backward", {{y_shape}, {c.x}}, attrs);
+    absl::StatusOr<Vec> got_d = bwd.Run({g, x});
+    ASSERT_TRUE(got_d.ok()) << got_d.status();
+    ExpectNear(*got_d, dmax, 1e-6, 1e-6, "maxpool_backward ceil_mode");
+  }
+  // Average pooling's edge divisor in ceil mode is not PyTorch's: refused.
+  Case avg("avgpool", {{Shape{1, 1, 6, 6}}},
+           {{"kernel", 3}, {"stride", 2}, {"ceil_mode", true}});
+  EXPECT_FALSE(avg.build_status().ok());
+}
+
 TEST(DnnlPoolTest, ThreeDimensional) {
   CheckPool({1, 2, 5, 6, 7}, {2, 2, 2}, {2, 2, 2}, {0, 0, 0});
   CheckPool({2, 1, 5, 5, 5}, {3, 3, 3}, {2, 1, 2}, {1, 1, 1});

@@ -154,6 +154,25 @@ TEST(ConvTest, GroupsAndDilation) {
               weight, "groups = 3");
 }
 
+TEST(PoolTest, MaxPoolCeilModeFollowsPyTorch) {
+  // in 6, kernel 3, stride 2: floor 2 windows, ceil 3.
+  ExpectType("maxpool", {T({1, 2, 6, 6})}, {{"kernel", 3}, {"stride", 2}},
+             {1, 2, 2, 2});
+  ExpectType("maxpool", {T({1, 2, 6, 6})},
+             {{"kernel", 3}, {"stride", 2}, {"ceil_mode", true}}, {1, 2, 3, 3});
+  // in 5, kernel 2, stride 2, padding 1: a 4th window would start in the
+  // right padding, so 3 (PyTorch's pooling_output_shape).
+  ExpectType("maxpool", {T({1, 2, 5, 5})},
+             {{"kernel", 2}, {"stride", 2}, {"padding", 1}, {"ceil_mode", true}},
+             {1, 2, 3, 3});
+  ExpectType("maxpool_backward", {T({1, 2, 3, 3}), T({1, 2, 6, 6})},
+             {{"kernel", 3}, {"stride", 2}, {"ceil_mode", true}}, {1, 2, 6, 6});
+  ExpectError("avgpool", {T({1, 2, 6, 6})},
+              {{"kernel", 3}, {"stride", 2}, {"ceil_mode", true}}, "maxpool only");
+  ExpectError("maxpool", {T({1, 2, 6, 6})}, {{"kernel", 3}, {"ceil_mode", "yes"}},
+              "ceil_mode");
+}
+
 TEST(ConvTest, Errors) {
   ExpectError("conv2d", {T({2, 4, 8, 8}), T({16, 3, 3, 3})}, Json::object(),
               "channels");

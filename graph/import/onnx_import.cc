@@ -744,16 +744,17 @@ class Importer {
       return NodeError(node, "attribute strides must give one stride per spatial dim");
     }
     ASSIGN_OR_RETURN(int64_t ceil_mode, attrs.Int("ceil_mode", 0));
-    if (ceil_mode != 0) {
-      // Honoured where ceil and floor agree (the window fits exactly).
-      for (int d = 0; d < spatial; ++d) {
-        if (strides[d] <= 0) return NodeError(node, "attribute strides must be positive");
-        if ((x[d + 2] + 2 * padding[d] - kernel[d]) % strides[d] != 0) {
-          return attrs.Unsupported("ceil_mode", "1",
-                                   "here it gives a larger output than floor mode");
-        }
-      }
+    bool ceil_differs = false;  // whether ceil mode may give a larger output
+    for (int d = 0; d < spatial; ++d) {
+      if (strides[d] <= 0) return NodeError(node, "attribute strides must be positive");
+      ceil_differs |= (x[d + 2] + 2 * padding[d] - kernel[d]) % strides[d] != 0;
     }
+    // maxpool takes PyTorch's ceil mode; avgpool only where ceil and floor
+    // agree (the window fits exactly), since its divisor at the edge differs.
+    if (ceil_mode != 0 && ceil_differs && op != "maxpool") {
+      return attrs.Unsupported("ceil_mode", "1", "here it gives a larger output than floor mode");
+    }
+    const bool ceil_attr = ceil_mode != 0 && ceil_differs;
     if (op == "avgpool") {
       ASSIGN_OR_RETURN(int64_t include_pad, attrs.Int("count_include_pad", 0));
       const bool padded = std::any_of(padding.begin(), padding.end(),
@@ -763,7 +764,9 @@ class Importer {
                                  "pebble's avgpool counts the padding, as PyTorch's default");
       }
     }
-    return Apply(node, op, in, {{"kernel", kernel}, {"stride", strides}, {"padding", padding}});
+    Json pool_attrs = {{"kernel", kernel}, {"stride", strides}, {"padding", padding}};
+    if (ceil_attr) pool_attrs["ceil_mode"] = true;
+    return Apply(node, op, in, pool_attrs);
   }
   absl::Status MaxPool(const onnx::NodeProto& node) { return Pool(node, "maxpool"); }
   absl::Status AveragePool(const onnx::NodeProto& node) { return Pool(node, "avgpool"); }

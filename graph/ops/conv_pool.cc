@@ -15,11 +15,12 @@ namespace {
 
 // ---- Convolution.
 
-// A sliding window; `dilation` empty means 1 in every dim (pooling), and
-// `groups` applies to convolutions alone.
+// A sliding window; `dilation` empty means 1 in every dim (pooling),
+// `groups` applies to convolutions alone and `ceil_mode` to max pooling.
 struct Window {
   std::vector<int64_t> kernel, stride, padding, dilation;
   int64_t groups = 1;
+  bool ceil_mode = false;
 };
 
 // Spatial output dims of a window slid over the spatial dims of `x`
@@ -33,7 +34,7 @@ absl::StatusOr<Shape> SlideWindow(const Shape& x, const Window& w) {
       ASSIGN_OR_RETURN(extent, DilatedKernel(w.kernel[i], w.dilation[i], i));
     }
     ASSIGN_OR_RETURN(int64_t o, WindowOutput(x[2 + i], extent, w.stride[i],
-                                             w.padding[i], i));
+                                             w.padding[i], i, w.ceil_mode));
     out.push_back(o);
   }
   return out;
@@ -205,7 +206,8 @@ std::function<absl::Status(BackwardContext&)> ConvBackward(int d) {
   };
 }
 
-// ---- Pooling: kernel (required), stride (default: kernel), padding (0).
+// ---- Pooling: kernel (required), stride (default: kernel), padding (0),
+// ceil_mode (false; max pooling only).
 
 absl::StatusOr<int> PoolDims(const TensorType& x, absl::string_view what) {
   const int rank = static_cast<int>(x.shape.size());
@@ -228,6 +230,7 @@ absl::StatusOr<Window> PoolWindow(const Json& attrs, int d) {
     ASSIGN_OR_RETURN(w.stride, SpatialAttr(attrs, "stride", d, 1));
   }
   ASSIGN_OR_RETURN(w.padding, SpatialAttr(attrs, "padding", d, 0));
+  ASSIGN_OR_RETURN(w.ceil_mode, BoolAttr(attrs, "ceil_mode", false));
   for (int i = 0; i < d; ++i) {
     // PyTorch: "pad should be at most half of effective kernel size"
     // (divided, not doubled: a huge padding must not overflow).
@@ -240,7 +243,16 @@ absl::StatusOr<Window> PoolWindow(const Json& attrs, int d) {
 }
 
 Json WindowAttrs(const Window& w) {
-  return {{"kernel", w.kernel}, {"stride", w.stride}, {"padding", w.padding}};
+  Json attrs = {{"kernel", w.kernel}, {"stride", w.stride}, {"padding", w.padding}};
+  if (w.ceil_mode) attrs["ceil_mode"] = true;
+  return attrs;
+}
+
+// Average pooling counts padding (count_include_pad) in floor mode only:
+// PyTorch's ceil-mode divisor is not reproduced, so it is refused.
+absl::Status NoCeilMode(const Window& w) {
+  if (w.ceil_mode) return Invalid("attr 'ceil_mode' is supported by maxpool only");
+  return absl::OkStatus();
 }
 
 absl::StatusOr<Shape> PoolShape(const Shape& x, const Window& w) {
@@ -256,6 +268,13 @@ absl::StatusOr<TensorType> InferPool(Inputs in, const Json& attrs) {
   ASSIGN_OR_RETURN(Window w, PoolWindow(attrs, d));
   ASSIGN_OR_RETURN(Shape out, PoolShape(in[0].shape, w));
   return TensorType{out, in[0].dtype};
+}
+
+absl::StatusOr<TensorType> InferAvgPool(Inputs in, const Json& attrs) {
+  ASSIGN_OR_RETURN(TensorType out, InferPool(in, attrs));
+  ASSIGN_OR_RETURN(Window w, PoolWindow(attrs, static_cast<int>(out.shape.size()) - 2));
+  RETURN_IF_ERROR(NoCeilMode(w));
+  return out;
 }
 
 // One operation per window element per output.
@@ -296,6 +315,7 @@ absl::StatusOr<TensorType> InferAvgPoolBackward(Inputs in, const Json& attrs) {
   ASSIGN_OR_RETURN(int d, PoolDims(TensorType{x, in[0].dtype},
                                    "attr 'input_shape'"));
   ASSIGN_OR_RETURN(Window w, PoolWindow(attrs, d));
+  RETURN_IF_ERROR(NoCeilMode(w));
   ASSIGN_OR_RETURN(Shape y, PoolShape(x, w));
   RETURN_IF_ERROR(ExpectShape(in[0], y, "input 0 (grad)"));
   return TensorType{x, in[0].dtype};
@@ -619,7 +639,7 @@ void RegisterConvPoolOps(std::vector<OpDef>& t) {
   t.push_back({.name = "maxpool_backward", .min_inputs = 2, .max_inputs = 2,
                .infer = InferMaxPoolBackward, .flops = MaxPoolBackwardFlops});
   t.push_back({.name = "avgpool", .min_inputs = 1, .max_inputs = 1,
-               .infer = InferPool, .flops = PoolFlops,
+               .infer = InferAvgPool, .flops = PoolFlops,
                .backward = AvgPoolBackward});
   t.push_back({.name = "avgpool_backward", .min_inputs = 1, .max_inputs = 1,
                .infer = InferAvgPoolBackward, .flops = AvgPoolBackwardFlops});

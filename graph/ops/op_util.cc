@@ -206,7 +206,7 @@ absl::StatusOr<int> NormalizeAxis(int64_t axis, int rank,
 
 absl::StatusOr<int64_t> WindowOutput(int64_t in, int64_t kernel,
                                      int64_t stride, int64_t padding,
-                                     int dim) {
+                                     int dim, bool ceil_mode) {
   if (kernel < 1) return Invalid("kernel size ", kernel, " must be >= 1");
   if (stride < 1) return Invalid("stride ", stride, " must be >= 1");
   if (padding < 0) return Invalid("padding ", padding, " must be >= 0");
@@ -221,7 +221,11 @@ absl::StatusOr<int64_t> WindowOutput(int64_t in, int64_t kernel,
     return Invalid("spatial dim ", dim, ": window ", kernel,
                    " is larger than the padded input ", in, " + 2*", padding);
   }
-  return (in + 2 * padding - kernel) / stride + 1;
+  const int64_t span = in + 2 * padding - kernel;
+  if (!ceil_mode) return span / stride + 1;
+  int64_t out = (span + stride - 1) / stride + 1;
+  if ((out - 1) * stride >= in + padding) --out;
+  return out;
 }
 
 absl::StatusOr<ConvGroupsDilation> ConvGroupsDilationAttrs(const Json& attrs,

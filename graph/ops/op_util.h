@@ -93,11 +93,13 @@ absl::StatusOr<int> NormalizeAxis(int64_t axis, int rank,
 inline constexpr int64_t kMaxWindowExtent = int64_t{1} << 40;
 
 // Output size of a sliding window along one dimension, PyTorch's floor mode:
-// (in + 2 * padding - kernel) / stride + 1. Errors when the window does not
-// fit or a parameter is out of range.
+// (in + 2 * padding - kernel) / stride + 1; with `ceil_mode` (pooling),
+// PyTorch's ceil mode: the quotient rounded up, less one where the last
+// window would start in the right padding (pooling_output_shape in ATen).
+// Errors when the window does not fit or a parameter is out of range.
 absl::StatusOr<int64_t> WindowOutput(int64_t in, int64_t kernel,
                                      int64_t stride, int64_t padding,
-                                     int dim);
+                                     int dim, bool ceil_mode = false);
 
 // The attrs of a convolution beyond its window: `groups` (default 1; the
 // channels split into that many independent convolutions, depthwise when it

@@ -28,7 +28,22 @@ absl::StatusOr<int> PoolDims(const Shape& x, absl::string_view what) {
 std::string PoolKey(absl::string_view kind, const Shape& x,
                     const Window& w) {
   return absl::StrCat(kind, ":", DimsKey(Dims(x)), ":k", DimsKey(w.kernel),
-                      "s", DimsKey(w.stride), "p", DimsKey(w.padding));
+                      "s", DimsKey(w.stride), "p", DimsKey(w.padding), "c",
+                      w.ceil_mode);
+}
+
+// The right padding that makes oneDNN produce y: the window's padding,
+// or in ceil mode as much more as the last window reaches past the input
+// (oneDNN's max pooling ignores padded positions, as PyTorch's does).
+dnnl::memory::dims RightPadding(const Shape& x, const Shape& y,
+                                const Window& w) {
+  dnnl::memory::dims right = Dims(w.padding);
+  for (size_t i = 0; i < w.kernel.size(); ++i) {
+    const int64_t reach = (y[2 + i] - 1) * w.stride[i] + w.kernel[i] -
+                          x[2 + i] - w.padding[i];
+    right[i] = std::max<int64_t>(right[i], reach);
+  }
+  return right;
 }
 
 dnnl::pooling_forward::primitive_desc PoolForwardPd(dnnl::algorithm alg,
@@ -58,6 +73,9 @@ absl::Status PoolForward(const KernelContext& ctx, dnnl::algorithm alg,
   RETURN_IF_ERROR(ExpectF32(ctx.output, "the output"));
   ASSIGN_OR_RETURN(int d, PoolDims(x.shape, "input 0 (x)"));
   ASSIGN_OR_RETURN(Window w, PoolWindow(ctx.attrs(), d));
+  if (w.ceil_mode && alg != dnnl::algorithm::pooling_max) {
+    return Invalid("attr 'ceil_mode' is supported by maxpool only");
+  }
   ASSIGN_OR_RETURN(Shape y, WindowShape(x.shape, x.shape[1], w));
   RETURN_IF_ERROR(ExpectShape(ctx.output, y, "the output"));
   RETURN_IF_ERROR(ExpectData(ctx));
@@ -68,7 +86,7 @@ absl::Status PoolForward(const KernelContext& ctx, dnnl::algorithm alg,
     const dnnl::pooling_forward::desc desc(
         dnnl::prop_kind::forward_inference, alg, PlainDesc(x.shape),
         PlainDesc(y), Dims(w.stride), Dims(w.kernel), Dims(w.padding),
-        Dims(w.padding));
+        RightPadding(x.shape, y, w));
     dnnl::pooling_forward::primitive_desc pd(desc, DefaultAttr(), Engine());
     return Cached(pd, dnnl::pooling_forward(pd));
   });
@@ -126,6 +144,7 @@ absl::Status AvgPoolBackward(const KernelContext& ctx) {
                    ops_internal::ShapeAttr(ctx.attrs(), "input_shape"));
   ASSIGN_OR_RETURN(int d, PoolDims(x, "attr 'input_shape'"));
   ASSIGN_OR_RETURN(Window w, PoolWindow(ctx.attrs(), d));
+  if (w.ceil_mode) return Invalid("attr 'ceil_mode' is supported by maxpool only");
   ASSIGN_OR_RETURN(Shape y, WindowShape(x, x[1], w));
   RETURN_IF_ERROR(ExpectShape(g, y, "input 0 (grad)"));
   RETURN_IF_ERROR(ExpectShape(ctx.output, x, "the output"));

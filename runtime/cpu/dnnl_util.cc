@@ -276,6 +276,8 @@ absl::StatusOr<Window> PoolWindow(const Json& attrs, int dims) {
   }
   ASSIGN_OR_RETURN(w.padding,
                    ops_internal::SpatialAttr(attrs, "padding", dims, 0));
+  ASSIGN_OR_RETURN(w.ceil_mode,
+                   ops_internal::BoolAttr(attrs, "ceil_mode", false));
   RETURN_IF_ERROR(CheckWindow(w, dims));
   for (int i = 0; i < dims; ++i) {
     // PyTorch: "pad should be at most half of effective kernel size".
@@ -320,7 +322,7 @@ absl::StatusOr<Shape> WindowShape(const Shape& x, int64_t out_channels,
     }
     ASSIGN_OR_RETURN(int64_t o,
                      ops_internal::WindowOutput(x[2 + i], extent, w.stride[i],
-                                                w.padding[i], i));
+                                                w.padding[i], i, w.ceil_mode));
     out.push_back(o);
   }
   return out;

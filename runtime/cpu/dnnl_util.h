@@ -148,10 +148,12 @@ void EndScratchCount();
 
 // ---- Windows (pooling): kernel (required), stride (default: the kernel),
 // padding (0), one value per spatial dim, as graph/ops/conv_pool.cc.
-// Convolutions add dilation (1 per dim; empty for pooling) and groups (1).
+// Convolutions add dilation (1 per dim; empty for pooling) and groups (1);
+// max pooling ceil_mode (false: PyTorch's floor mode).
 struct Window {
   std::vector<int64_t> kernel, stride, padding, dilation;
   int64_t groups = 1;
+  bool ceil_mode = false;
 };
 absl::StatusOr<Window> PoolWindow(const Json& attrs, int dims);
 // Conv window: the kernel from `kernel`, stride (1), padding (0), dilation

@@ -458,6 +458,9 @@ absl::StatusOr<Window3> PoolWindow(const KernelContext& ctx, const Shape& x,
   }
   ASSIGN_OR_RETURN(std::vector<int64_t> padding,
                    SpatialAttr(ctx.attrs(), "padding", d, 0));
+  // Max pooling's ceil mode: windows clipped to the input, as in floor mode
+  // (the kernels clip every window), only the output size differs.
+  ASSIGN_OR_RETURN(bool ceil_mode, BoolAttr(ctx.attrs(), "ceil_mode", false));
   Window3 w;
   w.nc = x[0] * x[1];
   const int off = 3 - d;
@@ -467,8 +470,9 @@ absl::StatusOr<Window3> PoolWindow(const KernelContext& ctx, const Shape& x,
     w.kernel[off + i] = kernel[i];
     w.stride[off + i] = stride[i];
     w.padding[off + i] = padding[i];
-    if (kernel[i] < 1 || stride[i] < 1 || padding[i] < 0 ||
-        (x[2 + i] + 2 * padding[i] - kernel[i]) / stride[i] + 1 != y[2 + i]) {
+    const absl::StatusOr<int64_t> out = ops_internal::WindowOutput(
+        x[2 + i], kernel[i], stride[i], padding[i], i, ceil_mode);
+    if (!out.ok() || *out != y[2 + i]) {
       return absl::InvalidArgumentError(absl::StrCat(
           "window (kernel ", kernel[i], ", stride ", stride[i], ", padding ",
           padding[i], ") does not map ", ShapeToString(x), " to ",

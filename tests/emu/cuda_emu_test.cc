@@ -376,7 +376,7 @@ using ::pebble::testing::Model;
 using nlohmann::json;
 
 // Element-wise ops (the piecewise-linear activations with points on both
-// sides of their kinks), broadcast products and sums, padding with a crop, an
+// sides of their kinks), broadcast products and sums, a ceil-mode max pool, padding with a crop, an
 // averaging pool with padding, a copy and a sum loss (and their backward ops).
 Graph PointwiseGraph() {
   NetBuilder nb("pointwise");
@@ -398,6 +398,8 @@ Graph PointwiseGraph() {
   y = nb.Apply("add", {y, nb.Parameter("shift", {3, 1, 1})});
   y = nb.Apply("pad", {y}, {{"pads", {1, 2, -1, 0}}, {"value", 0.25}});
   y = nb.Apply("avgpool", {y}, {{"kernel", 3}, {"stride", 2}, {"padding", 1}});
+  // Ceil mode: the last window reaches past the input.
+  y = nb.Apply("maxpool", {y}, {{"kernel", 2}, {"stride", 2}, {"ceil_mode", true}});
   y = nb.Apply("copy", {y});
   y = nb.Dropout(y, 0.3);
   nb.MarkOutput(nb.Apply("sum", {y}, json::object(), "loss"));

@@ -251,8 +251,9 @@ def activations_net(torch, num_classes=10):
 def grouped_net(torch, num_classes=10):
     """A small CNN with the convolutions and broadcasts of the mobile
     networks: grouped, depthwise and dilated convolutions (one of them
-    strided), a squeeze-excitation gate (N, C, 1, 1) times (N, C, H, W), and
-    a per-channel (C, 1, 1) parameter added: --model grouped."""
+    strided), a squeeze-excitation gate (N, C, 1, 1) times (N, C, H, W), a
+    per-channel (C, 1, 1) parameter added, and a max pool in ceil mode whose
+    last window reaches past the input (GoogLeNet's): --model grouped."""
     nn = torch.nn
 
     class Grouped(nn.Module):
@@ -260,6 +261,7 @@ def grouped_net(torch, num_classes=10):
             super().__init__()
             self.conv1 = nn.Conv2d(3, 8, 3, padding=1, bias=False)
             self.bn1 = nn.BatchNorm2d(8)
+            self.ceil_pool = nn.MaxPool2d(3, 2, ceil_mode=True)
             self.depthwise = nn.Conv2d(8, 8, 3, padding=1, groups=8)
             self.grouped = nn.Conv2d(8, 12, 3, padding=2, dilation=2, groups=4,
                                      bias=False)
@@ -272,7 +274,7 @@ def grouped_net(torch, num_classes=10):
             self.fc = nn.Linear(12, num_classes)
 
         def forward(self, x):
-            x = torch.relu(self.bn1(self.conv1(x)))
+            x = self.ceil_pool(torch.relu(self.bn1(self.conv1(x))))
             x = torch.relu(self.depthwise(x))
             x = self.strided(self.grouped(x))
             gate = torch.sigmoid(self.excite(torch.relu(self.squeeze(
@@ -306,6 +308,9 @@ def build_model(torch, torchvision, models, args):
     kwargs = {"weights": None}
     if args.classes:
         kwargs["num_classes"] = args.classes
+    if args.model in ("googlenet", "inception_v3"):
+        # One output for the loss: no auxiliary classifiers.
+        kwargs.update(aux_logits=False, init_weights=True)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
