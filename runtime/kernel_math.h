@@ -294,6 +294,48 @@ PEBBLE_HOST_DEVICE inline int64_t MergedIndex(const HeadsMap& m, int64_t i) {
   return (b * m.seq + s) * m.width + m.column + h * m.head_dim + e;
 }
 
+// Transpose geometry (docs/operators.md, transpose): out[i] =
+// x[PermutedSource(p, i)], where out has dims out_dims (row-major) and
+// src_strides[d] is x's stride (in elements) of the dim that becomes out's
+// dim d, i.e. x's stride of dim perm[d]. Rank at most kMaxPermuteRank.
+inline constexpr int kMaxPermuteRank = 8;
+struct PermuteMap {
+  int rank = 0;
+  int64_t out_dims[kMaxPermuteRank] = {};
+  int64_t src_strides[kMaxPermuteRank] = {};
+};
+
+// The x index of output element `i`.
+PEBBLE_HOST_DEVICE inline int64_t PermutedSource(const PermuteMap& p,
+                                                 int64_t i) {
+  int64_t src = 0;
+  for (int d = p.rank - 1; d >= 0; --d) {
+    src += (i % p.out_dims[d]) * p.src_strides[d];
+    i /= p.out_dims[d];
+  }
+  return src;
+}
+
+// The map of transpose(x, perm) for x of `rank` dims `x_dims`; perm is a
+// permutation of [0, rank) (checked by the operator table).
+PEBBLE_HOST_DEVICE inline PermuteMap MakePermuteMap(const int64_t* x_dims,
+                                                    const int64_t* perm,
+                                                    int rank) {
+  PermuteMap p;
+  p.rank = rank;
+  int64_t x_strides[kMaxPermuteRank];
+  int64_t stride = 1;
+  for (int d = rank - 1; d >= 0; --d) {
+    x_strides[d] = stride;
+    stride *= x_dims[d];
+  }
+  for (int d = 0; d < rank; ++d) {
+    p.out_dims[d] = x_dims[perm[d]];
+    p.src_strides[d] = x_strides[perm[d]];
+  }
+  return p;
+}
+
 // Note [Index fault keys]. The CUDA backend checks the indices of
 // embedding and the targets of softmax_cross_entropy on the device, where a
 // kernel cannot return an error. Each checked launch gets a tag, counting

@@ -226,7 +226,7 @@ TEST(NativeKernelsTest, RegistersItsOpsAndEveryOpIsInTheOpTable) {
   const std::vector<std::string> ops = NativeTable().Ops();
   for (const char* op :
        {"add", "mul", "sum", "sum_backward", "sum_to", "copy", "flatten",
-        "reshape", "slice", "pad", "pad_backward", "concat", "global_avgpool",
+        "reshape", "slice", "transpose", "pad", "pad_backward", "concat", "global_avgpool",
         "global_avgpool_backward", "adaptive_avgpool",
         "adaptive_avgpool_backward", "upsample", "upsample_backward",
         "softmax_cross_entropy", "softmax_cross_entropy_backward", "mse_loss",
@@ -403,6 +403,39 @@ TEST(NativeKernelsTest, SliceMatchesIndexing) {
       ref[i] = fx[Ravel(idx, x.shape)];
     }
     ExpectNear(y.Floats(), ref, 0, "slice axis " + std::to_string(axis));
+  }
+}
+
+// transpose against indexing, for several ranks and dtypes; a transpose by
+// the inverse permutation gives x back.
+TEST(NativeKernelsTest, TransposeMatchesIndexing) {
+  struct PermCase {
+    Shape shape;
+    std::vector<int64_t> perm;
+  };
+  for (const PermCase& c : {PermCase{{3, 5}, {1, 0}}, PermCase{{2, 3, 4}, {2, 0, 1}},
+                            PermCase{{2, 4, 3, 5, 2}, {0, 2, 1, 3, 4}},
+                            PermCase{{70, 3, 600}, {2, 1, 0}}}) {
+    for (DType dtype : {kF32, kF16}) {
+      SCOPED_TRACE(ShapeToString(c.shape));
+      HostTensor x = Random(c.shape, 21, dtype);
+      const std::vector<float> fx = x.Floats();
+      HostTensor y = MustRun("transpose", {x}, {{"perm", c.perm}});
+      Shape ys;
+      for (int64_t p : c.perm) ys.push_back(c.shape[p]);
+      ASSERT_EQ(y.shape, ys);
+      std::vector<double> ref(NumElements(ys));
+      for (int64_t i = 0; i < NumElements(ys); ++i) {
+        const std::vector<int64_t> out_idx = Unravel(i, ys);
+        std::vector<int64_t> in_idx(c.shape.size());
+        for (size_t d = 0; d < c.perm.size(); ++d) in_idx[c.perm[d]] = out_idx[d];
+        ref[i] = fx[Ravel(in_idx, c.shape)];
+      }
+      ExpectNear(y.Floats(), ref, 0, "transpose");
+      std::vector<int64_t> inverse(c.perm.size());
+      for (size_t d = 0; d < c.perm.size(); ++d) inverse[c.perm[d]] = static_cast<int64_t>(d);
+      EXPECT_EQ(MustRun("transpose", {y}, {{"perm", inverse}}).bytes, x.bytes);
+    }
   }
 }
 

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -68,6 +69,12 @@ class ModelMaker {
     t->set_data_type(onnx::TensorProto::INT64);
     t->add_dims(static_cast<int64_t>(values.size()));
     for (int64_t v : values) t->add_int64_data(v);
+  }
+  void ScalarIntInitializer(const std::string& name, int64_t value) {
+    auto* t = graph()->add_initializer();
+    t->set_name(name);
+    t->set_data_type(onnx::TensorProto::INT64);
+    t->add_int64_data(value);
   }
   onnx::NodeProto* Node(const std::string& op, const std::string& name,
                         std::vector<std::string> inputs, std::vector<std::string> outputs) {
@@ -387,6 +394,110 @@ TEST(OnnxImportTest, GroupedDilatedConvAndSpatialReduceMean) {
   const NodeId grad = g->Find("grad:conv2.weight");
   ASSERT_NE(grad, kNoNode);
   EXPECT_EQ(*g->shape(grad), (Shape{4, 1, 3, 3}));
+}
+
+// ShuffleNet's channel shuffle as torch.onnx.export writes it: x.size()
+// (Shape, Gather), the channels per group (Div), the new shape (Unsqueeze,
+// Concat) folded into constants for Reshape; Transpose; a Split, a Slice
+// of a shape vector, and the halves concatenated back in the other order.
+std::string ShuffleModel(const std::function<void(ModelMaker&)>& edit = nullptr) {
+  return TinyModel(13, "", [&](ModelMaker& m) {
+    // r: (2, 4, 8, 8). Nodes go before the pool (topological order): they
+    // are appended, then moved there.
+    auto* nodes = m.graph()->mutable_node();
+    const int before = nodes->size();
+    m.ScalarIntInitializer("i0", 0);
+    m.ScalarIntInitializer("i1", 1);
+    m.ScalarIntInitializer("groups", 2);
+    m.IntInitializer("axes0", {0});
+    m.IntInitializer("two", {2});
+    m.IntInitializer("four", {4});
+    m.IntInitializer("flat", {2, -1, 8, 8});
+    m.IntInitializer("sizes", {1, 3});
+    m.Node("Shape", "/Shape", {"r"}, {"s"});
+    m.Node("Gather", "/Gather", {"s", "i0"}, {"n"});
+    m.Node("Gather", "/Gather_1", {"s", "i1"}, {"c"});
+    m.Node("Div", "/Div", {"c", "groups"}, {"cpg"});
+    m.Node("Unsqueeze", "/Unsqueeze", {"n", "axes0"}, {"n1"});
+    m.Node("Unsqueeze", "/Unsqueeze_1", {"groups", "axes0"}, {"g1"});
+    m.Node("Unsqueeze", "/Unsqueeze_2", {"cpg", "axes0"}, {"cpg1"});
+    m.Node("Slice", "/Slice", {"s", "two", "four", "axes0"}, {"hw"});
+    auto* cat = m.Node("Concat", "/Concat", {"n1", "g1", "cpg1", "hw"}, {"shape5"});
+    ModelMaker::IntAttr(cat, "axis", 0);
+    m.Node("Reshape", "/Reshape", {"r", "shape5"}, {"r5"});
+    auto* t = m.Node("Transpose", "/Transpose", {"r5"}, {"t5"});
+    ModelMaker::IntsAttr(t, "perm", {0, 2, 1, 3, 4});
+    m.Node("Reshape", "/Reshape_1", {"t5", "flat"}, {"shuffled"});
+    auto* split = m.Node("Split", "/Split", {"shuffled", "sizes"}, {"lo", "hi"});
+    ModelMaker::IntAttr(split, "axis", 1);
+    auto* back = m.Node("Concat", "/Concat_1", {"hi", "lo"}, {"swapped"});
+    ModelMaker::IntAttr(back, "axis", 1);
+    m.Node("Slice", "/Slice_1", {"swapped", "i0v", "four", "axes1"}, {"same"});
+    m.IntInitializer("i0v", {0});
+    m.IntInitializer("axes1", {1});
+    const int added = nodes->size() - before;
+    int pool = 0;
+    while (nodes->Get(pool).op_type() != "GlobalAveragePool") ++pool;
+    for (int k = 0; k < added; ++k) {
+      for (int i = before + k; i > pool + k; --i) nodes->SwapElements(i, i - 1);
+    }
+    FindNode(m, "GlobalAveragePool")->set_input(0, "same");
+    if (edit) edit(m);
+  });
+}
+
+TEST(OnnxImportTest, ShapeArithmeticFoldsAndChannelShuffleImports) {
+  auto g = Import(ShuffleModel());
+  ASSERT_TRUE(g.ok()) << g.status();
+  std::map<std::string, int> ops;
+  for (NodeId v = 0; v < g->num_nodes(); ++v) ++ops[g->op(v)];
+  // No node for the shape arithmetic: two reshapes, the transpose, the
+  // split's two slices, the concat (the full-width Slice is the input).
+  EXPECT_EQ(ops["transpose"], 2);  // forward and its gradient
+  const NodeId r5 = g->Find("reshape");
+  ASSERT_NE(r5, kNoNode);
+  EXPECT_EQ(*g->shape(r5), (Shape{2, 2, 2, 8, 8}));
+  const NodeId t = g->Find("transpose");
+  ASSERT_NE(t, kNoNode);
+  EXPECT_EQ(g->attrs(t)["perm"], nlohmann::json({0, 2, 1, 3, 4}));
+  const NodeId lo = g->Find("split");
+  const NodeId hi = g->Find("split.1");
+  ASSERT_NE(lo, kNoNode);
+  ASSERT_NE(hi, kNoNode);
+  EXPECT_EQ(*g->shape(lo), (Shape{2, 1, 8, 8}));
+  EXPECT_EQ(*g->shape(hi), (Shape{2, 3, 8, 8}));
+  EXPECT_EQ(g->Find("shape"), kNoNode);
+  EXPECT_EQ(g->Find("div"), kNoNode);
+}
+
+TEST(OnnxImportTest, WhatTheShapeFoldingCannotDoIsAnErrorNamingTheNode) {
+  const std::vector<BadCase> cases = {
+      {"sub of computed tensors",
+       [](ModelMaker& m) {
+         auto* relu = FindNode(m, "Relu");
+         relu->set_op_type("Sub");
+         relu->add_input("c");
+       },
+       {"'/relu/Relu'", "op Sub", "computed tensor"}},
+      {"slice with a step",
+       [](ModelMaker& m) {
+         m.IntInitializer("step2", {2});
+         auto* slice = FindNode(m, "Slice");
+         while (slice->input_size() < 4) slice->add_input("axes0");
+         slice->add_input("step2");
+       },
+       {"'/Slice'", "step 2"}},
+      {"gather from a computed tensor",
+       [](ModelMaker& m) { FindNode(m, "Gather")->set_input(0, "r"); },
+       {"'/Gather'", "embedding"}},
+  };
+  for (const BadCase& c : cases) {
+    auto g = Import(ShuffleModel(c.edit));
+    ASSERT_FALSE(g.ok()) << c.what;
+    for (const std::string& part : c.message_parts) {
+      EXPECT_THAT(g.status().message(), HasSubstr(part)) << c.what;
+    }
+  }
 }
 
 TEST(OnnxImportTest, SupportedOpsAreListed) {

@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "graph/autodiff.h"
 #include "graph/net_builder.h"
 #include "graph/ops.h"
 #include "graph/ops/op_util.h"
@@ -480,6 +481,33 @@ TEST(PoolTest, Upsample) {
 }
 
 // ------------------------------------------------------------ data movement
+
+TEST(ShapeOpsTest, TransposePermutesAndItsGradientTransposesBack) {
+  ExpectType("transpose", {T({2, 3, 4, 5})}, {{"perm", {0, 2, 1, 3}}}, {2, 4, 3, 5});
+  ExpectType("transpose", {T({2, 3, 4})}, Json::object(), {4, 3, 2});  // reversed
+  EXPECT_DOUBLE_EQ(Flops("transpose", {T({2, 3, 4})}, {{"perm", {1, 0, 2}}}), 24);
+  ExpectError("transpose", {T({2, 3})}, {{"perm", {0, 0}}}, "not a permutation");
+  ExpectError("transpose", {T({2, 3})}, {{"perm", {0, 1, 2}}}, "not a permutation");
+  ExpectError("transpose", {T({1, 1, 1, 1, 1, 1, 1, 1, 1})}, Json::object(), "at most 8");
+  // The backward of perm (2, 0, 1) is a transpose by (1, 2, 0).
+  NetBuilder nb("t");
+  const Value x = nb.Parameter("x", {2, 3, 4});
+  nb.MarkOutput(nb.Apply("sum", {nb.Apply("transpose", {x}, {{"perm", {2, 0, 1}}})}, Json::object(),
+                         "loss"));
+  auto g = nb.Build();
+  ASSERT_TRUE(g.ok()) << g.status();
+  auto train = BuildTrainingGraph(*g, "loss");
+  ASSERT_TRUE(train.ok()) << train.status();
+  bool found = false;
+  for (NodeId v = 0; v < train->num_nodes(); ++v) {
+    if (train->op(v) == "transpose" && train->attrs(v).value("perm", Json()) ==
+                                           Json({1, 2, 0})) {
+      found = true;
+      EXPECT_EQ(*train->shape(v), (Shape{2, 3, 4}));
+    }
+  }
+  EXPECT_TRUE(found) << "no transpose by (1, 2, 0) in the training graph";
+}
 
 TEST(ShapeOpsTest, PadConcatFlattenReshape) {
   // F.pad order: (W left, W right, H top, H bottom).

@@ -5,10 +5,12 @@
 #include <cstdint>
 #include <cmath>
 #include <cstring>
+#include <deque>
 #include <exception>
 #include <filesystem>
 #include <functional>
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 #include <utility>
@@ -710,11 +712,326 @@ class Importer {
   absl::Status Binary(const onnx::NodeProto& node, absl::string_view op) {
     RETURN_IF_ERROR(ExpectInputs(node, 2, 2));
     RETURN_IF_ERROR(Attrs(node).OnlyKnown({}));
+    if (KnownInts(node.input(0)) && KnownInts(node.input(1))) return FoldArithmetic(node);
+    if (op.empty()) {
+      return NodeError(node, absl::StrCat("only integer arithmetic on constants and shapes is "
+                                          "supported (this ", node.op_type(),
+                                          " reads a computed tensor)"));
+    }
     ASSIGN_OR_RETURN(std::vector<Value> in, Inputs(node));
     return Apply(node, op, in);
   }
   absl::Status Add(const onnx::NodeProto& node) { return Binary(node, "add"); }
   absl::Status Mul(const onnx::NodeProto& node) { return Binary(node, "mul"); }
+  absl::Status Sub(const onnx::NodeProto& node) { return Binary(node, ""); }
+  absl::Status Div(const onnx::NodeProto& node) { return Binary(node, ""); }
+
+  // ---- Integer tensors known at import: shapes and their arithmetic.
+  // torch.onnx.export writes `x.size()` and the sizes computed from it
+  // (Shape, Gather, Div, Unsqueeze, Concat, ...) as nodes; every shape is
+  // static here, so they fold into constants that Reshape, Slice and the
+  // others read. No pebble node is made for them.
+
+  struct Ints {
+    Shape dims;
+    std::vector<int64_t> values;
+  };
+  std::optional<Ints> KnownInts(const std::string& name) const {
+    const onnx::TensorProto* t = ConstTensor(name);
+    if (t == nullptr) return std::nullopt;
+    absl::StatusOr<std::vector<int64_t>> values = IntValues(*t);
+    if (!values.ok()) return std::nullopt;
+    return Ints{Shape(t->dims().begin(), t->dims().end()), *std::move(values)};
+  }
+  absl::Status DefineInts(const onnx::NodeProto& node, int output, Ints ints) {
+    if (output >= node.output_size() || node.output(output).empty()) {
+      return NodeError(node, "has no output");
+    }
+    onnx::TensorProto& t = folded_.emplace_back();
+    t.set_name(node.output(output));
+    t.set_data_type(onnx::TensorProto::INT64);
+    for (int64_t d : ints.dims) t.add_dims(d);
+    for (int64_t v : ints.values) t.add_int64_data(v);
+    constants_[node.output(output)] = &t;
+    return absl::OkStatus();
+  }
+
+  // Add, Sub, Mul, Div of two integer tensors (a scalar or one-element
+  // operand broadcast over the other); Div of non-negative values.
+  absl::Status FoldArithmetic(const onnx::NodeProto& node) {
+    Ints a = *KnownInts(node.input(0));
+    const Ints b = *KnownInts(node.input(1));
+    const size_t na = a.values.size(), nb = b.values.size();
+    if (na != nb && na != 1 && nb != 1) {
+      return NodeError(node, absl::StrCat("integer operands of ", na, " and ", nb,
+                                          " values do not broadcast"));
+    }
+    Ints out = na >= nb ? a : b;
+    const std::string& op = node.op_type();
+    for (size_t i = 0; i < out.values.size(); ++i) {
+      const int64_t x = a.values[na == 1 ? 0 : i], y = b.values[nb == 1 ? 0 : i];
+      int64_t r = 0;
+      bool overflow = false;
+      if (op == "Add") {
+        overflow = __builtin_add_overflow(x, y, &r);
+      } else if (op == "Sub") {
+        overflow = __builtin_sub_overflow(x, y, &r);
+      } else if (op == "Mul") {
+        overflow = __builtin_mul_overflow(x, y, &r);
+      } else {
+        if (y <= 0 || x < 0) {
+          return NodeError(node, absl::StrCat("integer division ", x, " / ", y,
+                                              " (only non-negative by positive)"));
+        }
+        r = x / y;
+      }
+      if (overflow) return NodeError(node, "integer arithmetic overflows");
+      out.values[i] = r;
+    }
+    return DefineInts(node, 0, std::move(out));
+  }
+
+  // Shape of a value (its static shape), dims [start, end) from opset 15.
+  absl::Status ShapeOf(const onnx::NodeProto& node) {
+    RETURN_IF_ERROR(ExpectInputs(node, 1, 1));
+    const Attrs attrs(node);
+    RETURN_IF_ERROR(attrs.OnlyKnown({"start", "end"}));
+    Shape shape;
+    if (std::optional<Ints> ints = KnownInts(node.input(0))) {
+      shape = ints->dims;
+    } else {
+      ASSIGN_OR_RETURN(Value x, Get(node, node.input(0)));
+      shape = nb_.type(x).shape;
+    }
+    const auto rank = static_cast<int64_t>(shape.size());
+    ASSIGN_OR_RETURN(int64_t start, attrs.Int("start", 0));
+    ASSIGN_OR_RETURN(int64_t end, attrs.Int("end", rank));
+    start = std::clamp<int64_t>(start < 0 ? start + rank : start, 0, rank);
+    end = std::clamp<int64_t>(end < 0 ? end + rank : end, 0, rank);
+    std::vector<int64_t> dims(shape.begin() + start, shape.begin() + std::max(start, end));
+    const auto n = static_cast<int64_t>(dims.size());
+    return DefineInts(node, 0, Ints{{n}, std::move(dims)});
+  }
+
+  // Gather of a known integer vector (a shape's dims) at constant indices.
+  absl::Status Gather(const onnx::NodeProto& node) {
+    RETURN_IF_ERROR(ExpectInputs(node, 2, 2));
+    const Attrs attrs(node);
+    RETURN_IF_ERROR(attrs.OnlyKnown({"axis"}));
+    ASSIGN_OR_RETURN(int64_t axis, attrs.Int("axis", 0));
+    std::optional<Ints> data = KnownInts(node.input(0));
+    std::optional<Ints> indices = KnownInts(node.input(1));
+    if (!data || !indices || data->dims.size() != 1 || (axis != 0 && axis != -1)) {
+      return NodeError(node, "only a Gather from a constant integer vector (a shape) is "
+                             "supported (an embedding look-up is not yet)");
+    }
+    Ints out{indices->dims, {}};
+    const auto n = static_cast<int64_t>(data->values.size());
+    for (int64_t i : indices->values) {
+      if (i < -n || i >= n) return NodeError(node, absl::StrCat("index ", i, " out of range"));
+      out.values.push_back(data->values[i < 0 ? i + n : i]);
+    }
+    return DefineInts(node, 0, std::move(out));
+  }
+
+  // The axes of Unsqueeze / Squeeze: an input from opset 13, before that
+  // an attribute.
+  absl::StatusOr<std::vector<int64_t>> AxesOf(const onnx::NodeProto& node, bool required) {
+    const Attrs attrs(node);
+    RETURN_IF_ERROR(attrs.OnlyKnown({"axes"}));
+    if (node.input_size() >= 2 && !node.input(1).empty()) return ConstInts(node, 1);
+    if (attrs.has("axes")) return attrs.Ints("axes", {});
+    if (required) return NodeError(node, "has no axes");
+    return std::vector<int64_t>{};
+  }
+
+  // Unsqueeze and Squeeze: new dims of the values' shape; a reshape of a
+  // computed tensor.
+  absl::Status Unsqueeze(const onnx::NodeProto& node) { return SqueezeOrUnsqueeze(node, true); }
+  absl::Status Squeeze(const onnx::NodeProto& node) { return SqueezeOrUnsqueeze(node, false); }
+  absl::Status SqueezeOrUnsqueeze(const onnx::NodeProto& node, bool unsqueeze) {
+    RETURN_IF_ERROR(ExpectInputs(node, 1, 2));
+    ASSIGN_OR_RETURN(std::vector<int64_t> axes, AxesOf(node, unsqueeze));
+    std::optional<Ints> ints = KnownInts(node.input(0));
+    Value x;
+    Shape shape;
+    if (ints) {
+      shape = ints->dims;
+    } else {
+      ASSIGN_OR_RETURN(x, Get(node, node.input(0)));
+      shape = nb_.type(x).shape;
+    }
+    const auto out_rank = static_cast<int64_t>(shape.size()) +
+                          (unsqueeze ? static_cast<int64_t>(axes.size()) : 0);
+    std::set<int64_t> at;
+    for (int64_t a : axes) {
+      const int64_t r = unsqueeze ? out_rank : static_cast<int64_t>(shape.size());
+      if (a < -r || a >= r || !at.insert(a < 0 ? a + r : a).second) {
+        return NodeError(node, absl::StrCat("axes [", absl::StrJoin(axes, ","),
+                                            "] do not fit ", ShapeToString(shape)));
+      }
+    }
+    Shape out;
+    if (unsqueeze) {
+      for (int64_t d = 0, k = 0; d < out_rank; ++d) out.push_back(at.contains(d) ? 1 : shape[k++]);
+    } else {
+      for (int64_t d = 0; d < static_cast<int64_t>(shape.size()); ++d) {
+        const bool drop = at.empty() ? shape[d] == 1 : at.contains(d);
+        if (drop && shape[d] != 1) {
+          return NodeError(node, absl::StrCat("cannot squeeze dim ", d, " of ",
+                                              ShapeToString(shape)));
+        }
+        if (!drop) out.push_back(shape[d]);
+      }
+    }
+    if (ints) return DefineInts(node, 0, Ints{out, ints->values});
+    return Apply(node, "reshape", {x}, {{"shape", std::vector<int64_t>(out.begin(), out.end())}});
+  }
+
+  // Transpose: `perm` (default: the dims reversed).
+  absl::Status Transpose(const onnx::NodeProto& node) {
+    RETURN_IF_ERROR(ExpectInputs(node, 1, 1));
+    const Attrs attrs(node);
+    RETURN_IF_ERROR(attrs.OnlyKnown({"perm"}));
+    ASSIGN_OR_RETURN(std::vector<Value> in, Inputs(node));
+    if (!attrs.has("perm")) return Apply(node, "transpose", in);
+    ASSIGN_OR_RETURN(std::vector<int64_t> perm, attrs.Ints("perm", {}));
+    return Apply(node, "transpose", in, {{"perm", perm}});
+  }
+
+  // [begin, end) of ONNX Slice's start and end along a dim of `size`:
+  // negative values count from the end, both clamped to [0, size].
+  static std::pair<int64_t, int64_t> SliceBounds(int64_t start, int64_t end, int64_t size) {
+    auto clamp = [size](int64_t v) {
+      if (v < 0) v = v < -size ? 0 : v + size;
+      return std::min(v, size);
+    };
+    return {clamp(start), clamp(end)};
+  }
+
+  // Slice with constant (or folded) starts, ends, axes and steps of 1: one
+  // pebble `slice` per dim it narrows (none: the input itself). A slice of
+  // a known integer vector folds.
+  absl::Status Slice(const onnx::NodeProto& node) {
+    RETURN_IF_ERROR(ExpectInputs(node, 3, 5));
+    RETURN_IF_ERROR(Attrs(node).OnlyKnown({}));
+    ASSIGN_OR_RETURN(std::vector<int64_t> starts, ConstInts(node, 1));
+    ASSIGN_OR_RETURN(std::vector<int64_t> ends, ConstInts(node, 2));
+    std::vector<int64_t> axes, steps;
+    if (node.input_size() > 3 && !node.input(3).empty()) {
+      ASSIGN_OR_RETURN(axes, ConstInts(node, 3));
+    } else {
+      for (size_t i = 0; i < starts.size(); ++i) axes.push_back(static_cast<int64_t>(i));
+    }
+    if (node.input_size() > 4 && !node.input(4).empty()) {
+      ASSIGN_OR_RETURN(steps, ConstInts(node, 4));
+    }
+    if (ends.size() != starts.size() || axes.size() != starts.size() ||
+        (!steps.empty() && steps.size() != starts.size())) {
+      return NodeError(node, "starts, ends, axes and steps differ in length");
+    }
+    for (int64_t s : steps) {
+      if (s != 1) return NodeError(node, absl::StrCat("step ", s, " is not supported (only 1)"));
+    }
+    std::optional<Ints> ints = KnownInts(node.input(0));
+    Value x;
+    Shape shape;
+    if (ints) {
+      shape = ints->dims;
+    } else {
+      ASSIGN_OR_RETURN(x, Get(node, node.input(0)));
+      shape = nb_.type(x).shape;
+    }
+    const auto rank = static_cast<int64_t>(shape.size());
+    struct Cut {
+      int64_t axis, begin, end;
+    };
+    std::vector<Cut> cuts;
+    for (size_t i = 0; i < axes.size(); ++i) {
+      const int64_t axis = axes[i] < 0 ? axes[i] + rank : axes[i];
+      if (axis < 0 || axis >= rank) {
+        return NodeError(node, absl::StrCat("axis ", axes[i], " out of range for ",
+                                            ShapeToString(shape)));
+      }
+      const auto [begin, end] = SliceBounds(starts[i], ends[i], shape[axis]);
+      if (begin >= end) {
+        return NodeError(node, absl::StrCat("slice [", starts[i], ", ", ends[i], ") of dim ",
+                                            axis, " of ", ShapeToString(shape),
+                                            " is empty (not supported)"));
+      }
+      if (begin != 0 || end != shape[axis]) cuts.push_back({axis, begin, end});
+    }
+    if (ints) {
+      if (rank != 1) return NodeError(node, "a slice of a constant must be of a vector");
+      Ints out = *ints;
+      for (const Cut& c : cuts) {
+        out.values = std::vector<int64_t>(ints->values.begin() + c.begin,
+                                          ints->values.begin() + c.end);
+        out.dims = {c.end - c.begin};
+      }
+      return DefineInts(node, 0, std::move(out));
+    }
+    if (cuts.empty()) return Define(node, x);
+    const std::string id = NodeIdFor(node);
+    for (size_t i = 0; i + 1 < cuts.size(); ++i) {
+      const std::string part = absl::StrCat(id, ".", cuts[i].axis);
+      x = nb_.Apply("slice", {x},
+                    {{"axis", cuts[i].axis}, {"begin", cuts[i].begin}, {"end", cuts[i].end}},
+                    Free(part) ? part : FreshId(part));
+      if (!nb_.status().ok()) return NodeError(node, nb_.status().message());
+    }
+    const Cut& last = cuts.back();
+    return Apply(node, "slice", {x}, {{"axis", last.axis}, {"begin", last.begin}, {"end", last.end}},
+                 id);
+  }
+
+  // Split along `axis` into the sizes of input `split` (opset 13; the
+  // attribute before), or equal parts: one pebble `slice` per output.
+  absl::Status Split(const onnx::NodeProto& node) {
+    RETURN_IF_ERROR(ExpectInputs(node, 1, 2));
+    const Attrs attrs(node);
+    RETURN_IF_ERROR(attrs.OnlyKnown({"axis", "split"}));
+    ASSIGN_OR_RETURN(Value x, Get(node, node.input(0)));
+    const Shape& shape = nb_.type(x).shape;
+    const auto rank = static_cast<int64_t>(shape.size());
+    ASSIGN_OR_RETURN(int64_t axis, attrs.Int("axis", 0));
+    if (axis < -rank || axis >= rank) {
+      return NodeError(node, absl::StrCat("axis ", axis, " out of range for ",
+                                          ShapeToString(shape)));
+    }
+    if (axis < 0) axis += rank;
+    const int parts = node.output_size();
+    std::vector<int64_t> sizes;
+    if (node.input_size() == 2 && !node.input(1).empty()) {
+      ASSIGN_OR_RETURN(sizes, ConstInts(node, 1));
+    } else if (attrs.has("split")) {
+      ASSIGN_OR_RETURN(sizes, attrs.Ints("split", {}));
+    } else if (parts > 0 && shape[axis] % parts == 0) {
+      sizes.assign(parts, shape[axis] / parts);
+    }
+    int64_t total = 0;
+    for (int64_t s : sizes) total += s > 0 ? s : -(int64_t{1} << 40);
+    if (static_cast<int>(sizes.size()) != parts || total != shape[axis]) {
+      return NodeError(node, absl::StrCat("cannot split dim ", axis, " of ",
+                                          ShapeToString(shape), " into ", parts, " parts [",
+                                          absl::StrJoin(sizes, ","), "]"));
+    }
+    const std::string id = NodeIdFor(node);
+    int64_t begin = 0;
+    for (int i = 0; i < parts; ++i) {
+      const int64_t end = begin + sizes[i];
+      const std::string part = i == 0 ? id : absl::StrCat(id, ".", i);
+      const Value v = nb_.Apply("slice", {x}, {{"axis", axis}, {"begin", begin}, {"end", end}},
+                                Free(part) ? part : FreshId(part));
+      if (!nb_.status().ok()) return NodeError(node, nb_.status().message());
+      if (!node.output(i).empty() && !values_.emplace(node.output(i), v).second) {
+        return NodeError(node, absl::StrCat("its output ", Quote(node.output(i)),
+                                            " is already defined"));
+      }
+      begin = end;
+    }
+    return absl::OkStatus();
+  }
 
   absl::Status Pool(const onnx::NodeProto& node, absl::string_view op) {
     RETURN_IF_ERROR(ExpectInputs(node, 1, 1));
@@ -850,6 +1167,21 @@ class Importer {
     RETURN_IF_ERROR(attrs.OnlyKnown({"axis"}));
     if (!attrs.has("axis")) return NodeError(node, "attribute axis is required");
     ASSIGN_OR_RETURN(int64_t axis, attrs.Int("axis", 1));
+    // Integer vectors (the pieces of a shape) fold.
+    bool all_ints = node.input_size() > 0;
+    for (const std::string& name : node.input()) all_ints = all_ints && KnownInts(name);
+    if (all_ints) {
+      Ints out{{0}, {}};
+      for (const std::string& name : node.input()) {
+        const Ints part = *KnownInts(name);
+        if (part.dims.size() != 1 || (axis != 0 && axis != -1)) {
+          return NodeError(node, "only vectors of integers concatenate into a constant");
+        }
+        out.values.insert(out.values.end(), part.values.begin(), part.values.end());
+      }
+      out.dims = {static_cast<int64_t>(out.values.size())};
+      return DefineInts(node, 0, std::move(out));
+    }
     ASSIGN_OR_RETURN(std::vector<Value> in, Inputs(node));
     if (in.empty()) return NodeError(node, "has no inputs");
     return Apply(node, "concat", in, {{"axis", axis}});
@@ -1005,6 +1337,15 @@ class Importer {
         {"Gemm", &Importer::Gemm},
         {"GlobalAveragePool", &Importer::GlobalAveragePool},
         {"ReduceMean", &Importer::ReduceMean},
+        {"Shape", &Importer::ShapeOf},
+        {"Gather", &Importer::Gather},
+        {"Unsqueeze", &Importer::Unsqueeze},
+        {"Squeeze", &Importer::Squeeze},
+        {"Sub", &Importer::Sub},
+        {"Div", &Importer::Div},
+        {"Transpose", &Importer::Transpose},
+        {"Slice", &Importer::Slice},
+        {"Split", &Importer::Split},
         {"HardSigmoid", &Importer::HardSigmoid},
         {"HardSwish", &Importer::HardSwish},
         {"Identity", &Importer::Identity},
@@ -1028,6 +1369,9 @@ class Importer {
   int64_t opset_ = 0;
   absl::flat_hash_map<std::string, const onnx::TensorProto*> initializers_;
   absl::flat_hash_map<std::string, const onnx::TensorProto*> constants_;
+  // The integer tensors folded at import (DefineInts); a deque keeps the
+  // addresses constants_ holds.
+  std::deque<onnx::TensorProto> folded_;
   absl::flat_hash_set<std::string> buffers_;
   // Outputs nothing in a training step reads (batch norm's updated
   // statistics, dropout's mask): reading one is an error.

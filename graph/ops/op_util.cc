@@ -302,6 +302,23 @@ std::optional<BroadcastBlock> BlockBroadcast(const Shape& big,
   return b;
 }
 
+bool PermutesInto(const Shape& x, const std::vector<int64_t>& perm,
+                  const Shape& out) {
+  if (perm.size() != x.size() || out.size() != x.size() ||
+      static_cast<int>(x.size()) > kMaxTransposeRank) {
+    return false;
+  }
+  std::vector<bool> seen(x.size(), false);
+  for (size_t d = 0; d < perm.size(); ++d) {
+    const int64_t p = perm[d];
+    if (p < 0 || p >= static_cast<int64_t>(x.size()) || seen[p] || out[d] != x[p]) {
+      return false;
+    }
+    seen[p] = true;
+  }
+  return true;
+}
+
 int64_t Product(const Shape& shape, int begin, int end) {
   int64_t p = 1;
   for (int i = begin; i < end; ++i) p *= shape[i];

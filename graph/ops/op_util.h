@@ -138,6 +138,13 @@ struct BroadcastBlock {
 std::optional<BroadcastBlock> BlockBroadcast(const Shape& big,
                                              const Shape& small);
 
+// The highest rank transpose takes (the kernels' index maps are fixed-size).
+inline constexpr int kMaxTransposeRank = 8;
+// Whether `perm` permutes the dims of `x` into `out` (transpose's kernels
+// check what the operator table checked, before indexing with it).
+bool PermutesInto(const Shape& x, const std::vector<int64_t>& perm,
+                  const Shape& out);
+
 // Product of dims [begin, end) of `shape`.
 int64_t Product(const Shape& shape, int begin, int end);
 double Elements(const TensorType& t);  // as a double, for FLOP formulas

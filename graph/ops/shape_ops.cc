@@ -1,6 +1,7 @@
-// Operators that only rearrange data: concat, slice, flatten, reshape. Each
-// output is a tensor of its own (a copy), so the graph counts its bytes;
-// PyTorch's view-returning flatten/reshape are modelled as copies.
+// Operators that only rearrange data: concat, slice, transpose, flatten,
+// reshape. Each output is a tensor of its own (a copy), so the graph counts
+// its bytes; PyTorch's view-returning flatten/reshape/permute are modelled
+// as copies.
 #include <string>
 #include <vector>
 
@@ -101,6 +102,55 @@ absl::Status SliceBackward(BackwardContext& ctx) {
   return absl::OkStatus();
 }
 
+// ---- transpose (x), attr perm: out dim d is x's dim perm[d] (ONNX
+// Transpose, torch.permute); perm defaults to the dims reversed.
+
+absl::StatusOr<std::vector<int64_t>> ParsePerm(const TensorType& x,
+                                               const Json& attrs) {
+  const int rank = static_cast<int>(x.shape.size());
+  if (rank > kMaxTransposeRank) {
+    return Invalid("transpose of rank ", rank, " (at most ",
+                   kMaxTransposeRank, ")");
+  }
+  std::vector<int64_t> perm;
+  if (attrs.is_object() && attrs.contains("perm")) {
+    ASSIGN_OR_RETURN(perm, IntListAttr(attrs, "perm"));
+  } else {
+    for (int d = rank - 1; d >= 0; --d) perm.push_back(d);
+  }
+  std::vector<bool> seen(rank, false);
+  bool ok = static_cast<int>(perm.size()) == rank;
+  for (size_t d = 0; ok && d < perm.size(); ++d) {
+    ok = perm[d] >= 0 && perm[d] < rank && !seen[perm[d]];
+    if (ok) seen[perm[d]] = true;
+  }
+  if (!ok) {
+    return Invalid("attr 'perm' (", absl::StrJoin(perm, ","),
+                   ") is not a permutation of the ", rank, " dims of ",
+                   ShapeToString(x.shape));
+  }
+  return perm;
+}
+
+absl::StatusOr<TensorType> InferTranspose(Inputs in, const Json& attrs) {
+  ASSIGN_OR_RETURN(std::vector<int64_t> perm, ParsePerm(in[0], attrs));
+  TensorType out = in[0];
+  for (size_t d = 0; d < perm.size(); ++d) out.shape[d] = in[0].shape[perm[d]];
+  return out;
+}
+
+// The gradient is the incoming one transposed back: inverse[perm[d]] = d.
+absl::Status TransposeBackward(BackwardContext& ctx) {
+  if (!ctx.needs_grad(0)) return absl::OkStatus();
+  ASSIGN_OR_RETURN(std::vector<int64_t> perm,
+                   ParsePerm(ctx.input_type(0), ctx.attrs()));
+  std::vector<int64_t> inverse(perm.size());
+  for (size_t d = 0; d < perm.size(); ++d) inverse[perm[d]] = static_cast<int64_t>(d);
+  ctx.AccumulateGrad(0, ctx.Emit("transpose", {ctx.grad_output()},
+                                 {{"perm", inverse}}));
+  return absl::OkStatus();
+}
+
 // ---- flatten (x), attrs start_dim (1), end_dim (-1), and reshape (x),
 // attr shape (one entry may be -1).
 
@@ -166,6 +216,9 @@ void RegisterShapeOps(std::vector<OpDef>& t) {
   t.push_back({.name = "slice", .min_inputs = 1, .max_inputs = 1,
                .infer = InferSlice, .flops = CopyFlops,
                .backward = SliceBackward});
+  t.push_back({.name = "transpose", .min_inputs = 1, .max_inputs = 1,
+               .infer = InferTranspose, .flops = CopyFlops,
+               .backward = TransposeBackward});
   t.push_back({.name = "flatten", .min_inputs = 1, .max_inputs = 1,
                .infer = InferFlatten, .flops = CopyFlops,
                .backward = ReshapeBackward});

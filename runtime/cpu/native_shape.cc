@@ -1,5 +1,5 @@
-// Own kernels that move data: slice, pad, pad_backward, concat, the head
-// splits of attention (split_heads, split_heads_backward, merge_heads) and
+// Own kernels that move data: slice, transpose, pad, pad_backward, concat,
+// the head splits of attention (split_heads, split_heads_backward, merge_heads) and
 // the embedding look-up with its scatter-add gradient. Byte copies: the
 // dtype matters only for pad's fill value and the embedding gradient's sum.
 #include <algorithm>
@@ -10,6 +10,7 @@
 #include "graph/ops/op_util.h"
 #include "graph/status.h"
 #include "runtime/cpu/native_util.h"
+#include "runtime/kernel_math.h"
 
 namespace pebble::native {
 namespace {
@@ -51,6 +52,33 @@ absl::Status Slice(const KernelContext& ctx) {
   const int64_t len = ctx.output.shape[axis];
   CopyBlocks(ctx.output.data, len * inner, x.data + begin * inner,
              x.shape[axis] * inner, outer, len * inner);
+  return absl::OkStatus();
+}
+
+// ---- transpose (x), attr perm (checked by the operator table): out[i] =
+// x[PermutedSource(i)] (kernel_math.h), element by element of the dtype's
+// size; rows of the output are split across threads.
+static_assert(kmath::kMaxPermuteRank == ops_internal::kMaxTransposeRank);
+absl::Status Transpose(const KernelContext& ctx) {
+  RETURN_IF_ERROR(CheckOperands(ctx));
+  const TensorView& x = ctx.inputs[0];
+  const int rank = x.rank();
+  ASSIGN_OR_RETURN(std::vector<int64_t> perm, IntListAttr(ctx.attrs(), "perm"));
+  if (!ops_internal::PermutesInto(x.shape, perm, ctx.output.shape)) {
+    return Invalid(ctx, "attr 'perm' does not permute ", x.ToString(), " into ",
+                   ctx.output.ToString());
+  }
+  const kmath::PermuteMap map = kmath::MakePermuteMap(x.shape.data(), perm.data(), rank);
+  const int64_t n = ctx.output.num_elements();
+  const int64_t es = DTypeSize(x.dtype);
+  const std::byte* src = x.data;
+  std::byte* dst = ctx.output.data;
+  ParallelFor(n, kGrain, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      std::memcpy(dst + i * es, src + kmath::PermutedSource(map, i) * es,
+                  static_cast<size_t>(es));
+    }
+  });
   return absl::OkStatus();
 }
 
@@ -290,6 +318,7 @@ absl::Status EmbeddingBackward(const KernelContext& ctx) {
 
 void RegisterNativeShapeKernels(KernelTable& table) {
   table.Register("slice", Slice);
+  table.Register("transpose", Transpose);
   table.Register("pad", Pad);
   table.Register("pad_backward", PadBackward);
   table.Register("concat", Concat);

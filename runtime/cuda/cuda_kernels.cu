@@ -879,6 +879,12 @@ __global__ void ArangeKernel(int64_t* out, int64_t n) {
   PEBBLE_GRID_LOOP(i, n) out[i] = i;
 }
 
+template <typename S>
+__global__ void TransposeKernel(kmath::PermuteMap m, const S* src, S* dst,
+                                int64_t n) {
+  PEBBLE_GRID_LOOP(i, n) dst[i] = src[kmath::PermutedSource(m, i)];
+}
+
 template <typename S, bool kGather>
 __global__ void HeadsCopyKernel(kmath::HeadsMap m, const S* src, S* dst,
                                 int64_t n) {
@@ -1506,6 +1512,18 @@ cudaError_t LaunchArange(int64_t* out, int64_t n, cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
   PEBBLE_KERNEL_LAUNCH(Blocks(n), kThreads, stream, ArangeKernel)(out, n);
   return Launched();
+}
+
+cudaError_t LaunchTranspose(int element_bytes, const kmath::PermuteMap& m,
+                            const void* src, void* dst, int64_t n,
+                            cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  return DispatchBytes(element_bytes, [&](auto tag) {
+    using S = decltype(tag);
+    PEBBLE_KERNEL_LAUNCH(Blocks(n), kThreads, stream, TransposeKernel<S>)
+    (m, static_cast<const S*>(src), static_cast<S*>(dst), n);
+    return Launched();
+  });
 }
 
 cudaError_t LaunchHeadsCopy(int element_bytes, const kmath::HeadsMap& m,

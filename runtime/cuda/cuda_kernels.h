@@ -277,6 +277,11 @@ cudaError_t LaunchEmbeddingBackward(KType t, const void* g,
                                     int64_t n, int64_t num, int64_t dim,
                                     void* scratch, cudaStream_t stream);
 
+// out[i] = src[PermutedSource(m, i)] (transpose), n elements of
+// `element_bytes` (1, 2, 4 or 8).
+cudaError_t LaunchTranspose(int element_bytes, const kmath::PermuteMap& m,
+                            const void* src, void* dst, int64_t n,
+                            cudaStream_t stream);
 // out[i] = i, n int64 elements.
 cudaError_t LaunchArange(int64_t* out, int64_t n, cudaStream_t stream);
 

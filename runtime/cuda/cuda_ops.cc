@@ -1260,6 +1260,25 @@ absl::Status SplitHeads(CudaContext& cc, const KernelContext& ctx) {
   return absl::OkStatus();
 }
 
+// transpose (x), attr perm (checked by the operator table).
+absl::Status Transpose(CudaContext& cc, const KernelContext& ctx) {
+  RETURN_IF_ERROR(ExpectInputs(ctx, 1, 1));
+  const TensorView& x = ctx.inputs[0];
+  ASSIGN_OR_RETURN(std::vector<int64_t> perm,
+                   ops_internal::IntListAttr(ctx.attrs(), "perm"));
+  if (!ops_internal::PermutesInto(x.shape, perm, ctx.output.shape) ||
+      x.dtype != ctx.output.dtype) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "attr 'perm' and ", ctx.output.ToString(), " do not fit ", x.ToString()));
+  }
+  const kmath::PermuteMap m =
+      kmath::MakePermuteMap(x.shape.data(), perm.data(), x.rank());
+  PEBBLE_LAUNCH(LaunchTranspose(static_cast<int>(DTypeSize(x.dtype)), m,
+                                x.data, ctx.output.data,
+                                ctx.output.num_elements(), cc.stream));
+  return absl::OkStatus();
+}
+
 // merge_heads (x_1 ... x_m): part j goes to columns [j H Dh, (j + 1) H Dh).
 absl::Status MergeHeads(CudaContext& cc, const KernelContext& ctx) {
   if (ctx.inputs.empty()) return absl::InvalidArgumentError("expected inputs");
@@ -1372,6 +1391,7 @@ void AddOwnKernels(std::map<std::string, CudaKernelFn>& t) {
   t["embedding_backward"] = EmbeddingBackward;
   t["arange"] = Arange;
   t["split_heads"] = SplitHeads;
+  t["transpose"] = Transpose;
   t["split_heads_backward"] = SplitHeadsBackward;
   t["merge_heads"] = MergeHeads;
 }

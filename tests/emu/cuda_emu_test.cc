@@ -376,7 +376,7 @@ using ::pebble::testing::Model;
 using nlohmann::json;
 
 // Element-wise ops (the piecewise-linear activations with points on both
-// sides of their kinks), broadcast products and sums, a ceil-mode max pool, padding with a crop, an
+// sides of their kinks), broadcast products and sums, a ceil-mode max pool, a transpose, padding with a crop, an
 // averaging pool with padding, a copy and a sum loss (and their backward ops).
 Graph PointwiseGraph() {
   NetBuilder nb("pointwise");
@@ -401,6 +401,7 @@ Graph PointwiseGraph() {
   // Ceil mode: the last window reaches past the input.
   y = nb.Apply("maxpool", {y}, {{"kernel", 2}, {"stride", 2}, {"ceil_mode", true}});
   y = nb.Apply("copy", {y});
+  y = nb.Apply("transpose", {y}, {{"perm", {0, 3, 1, 2}}});
   y = nb.Dropout(y, 0.3);
   nb.MarkOutput(nb.Apply("sum", {y}, json::object(), "loss"));
   return TrainingGraph(nb);
