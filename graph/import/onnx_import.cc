@@ -796,13 +796,8 @@ class Importer {
     RETURN_IF_ERROR(ExpectInputs(node, 1, 1));
     const Attrs attrs(node);
     RETURN_IF_ERROR(attrs.OnlyKnown({"start", "end"}));
-    Shape shape;
-    if (std::optional<Ints> ints = KnownInts(node.input(0))) {
-      shape = ints->dims;
-    } else {
-      ASSIGN_OR_RETURN(Value x, Get(node, node.input(0)));
-      shape = nb_.type(x).shape;
-    }
+    ASSIGN_OR_RETURN(Operand in, FirstOperand(node));
+    const Shape& shape = in.shape;
     const auto rank = static_cast<int64_t>(shape.size());
     ASSIGN_OR_RETURN(int64_t start, attrs.Int("start", 0));
     ASSIGN_OR_RETURN(int64_t end, attrs.Int("end", rank));
@@ -834,6 +829,24 @@ class Importer {
     return DefineInts(node, 0, std::move(out));
   }
 
+  // Input 0 of `node`: known integers, or else a computed value; its shape.
+  struct Operand {
+    std::optional<Ints> ints;
+    Value value;
+    Shape shape;
+  };
+  absl::StatusOr<Operand> FirstOperand(const onnx::NodeProto& node) {
+    Operand in;
+    in.ints = KnownInts(node.input(0));
+    if (in.ints) {
+      in.shape = in.ints->dims;
+    } else {
+      ASSIGN_OR_RETURN(in.value, Get(node, node.input(0)));
+      in.shape = nb_.type(in.value).shape;
+    }
+    return in;
+  }
+
   // The axes of Unsqueeze / Squeeze: an input from opset 13, before that
   // an attribute.
   absl::StatusOr<std::vector<int64_t>> AxesOf(const onnx::NodeProto& node, bool required) {
@@ -852,15 +865,10 @@ class Importer {
   absl::Status SqueezeOrUnsqueeze(const onnx::NodeProto& node, bool unsqueeze) {
     RETURN_IF_ERROR(ExpectInputs(node, 1, 2));
     ASSIGN_OR_RETURN(std::vector<int64_t> axes, AxesOf(node, unsqueeze));
-    std::optional<Ints> ints = KnownInts(node.input(0));
-    Value x;
-    Shape shape;
-    if (ints) {
-      shape = ints->dims;
-    } else {
-      ASSIGN_OR_RETURN(x, Get(node, node.input(0)));
-      shape = nb_.type(x).shape;
-    }
+    ASSIGN_OR_RETURN(Operand in, FirstOperand(node));
+    const std::optional<Ints>& ints = in.ints;
+    Value x = in.value;
+    const Shape& shape = in.shape;
     const auto out_rank = static_cast<int64_t>(shape.size()) +
                           (unsqueeze ? static_cast<int64_t>(axes.size()) : 0);
     std::set<int64_t> at;
@@ -933,15 +941,10 @@ class Importer {
     for (int64_t s : steps) {
       if (s != 1) return NodeError(node, absl::StrCat("step ", s, " is not supported (only 1)"));
     }
-    std::optional<Ints> ints = KnownInts(node.input(0));
-    Value x;
-    Shape shape;
-    if (ints) {
-      shape = ints->dims;
-    } else {
-      ASSIGN_OR_RETURN(x, Get(node, node.input(0)));
-      shape = nb_.type(x).shape;
-    }
+    ASSIGN_OR_RETURN(Operand in, FirstOperand(node));
+    const std::optional<Ints>& ints = in.ints;
+    Value x = in.value;
+    const Shape& shape = in.shape;
     const auto rank = static_cast<int64_t>(shape.size());
     struct Cut {
       int64_t axis, begin, end;
