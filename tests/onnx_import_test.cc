@@ -286,11 +286,9 @@ TEST(OnnxImportTest, WhatCannotBeHonouredIsAnErrorNamingTheNode) {
       {"other domain",
        [](ModelMaker& m) { FindNode(m, "Relu")->set_domain("com.example"); },
        {"'/relu/Relu'", "com.example"}},
-      {"gemm without transB",
-       [](ModelMaker& m) {
-         for (auto& a : *FindNode(m, "Gemm")->mutable_attribute()) a.set_i(0);
-       },
-       {"'/fc/Gemm'", "transB"}},
+      {"gemm with alpha",
+       [](ModelMaker& m) { ModelMaker::FloatAttr(FindNode(m, "Gemm"), "alpha", 2.0f); },
+       {"'/fc/Gemm'", "alpha"}},
       {"reads an undefined value",
        [](ModelMaker& m) { FindNode(m, "Relu")->set_input(0, "nowhere"); },
        {"'/relu/Relu'", "'nowhere'"}},
@@ -498,6 +496,27 @@ TEST(OnnxImportTest, WhatTheShapeFoldingCannotDoIsAnErrorNamingTheNode) {
       EXPECT_THAT(g.status().message(), HasSubstr(part)) << c.what;
     }
   }
+}
+
+// Gemm with B not transposed (K, N), and with A transposed: pebble's linear
+// reads a transpose of the operand.
+TEST(OnnxImportTest, GemmTransposesWhatLinearNeedsTransposed) {
+  auto g = Import(TinyModel(13, "", [](ModelMaker& m) {
+    for (auto& init : *m.graph()->mutable_initializer()) {
+      if (init.name() == "fc.weight") {
+        init.set_dims(0, 4);
+        init.set_dims(1, 5);
+      }
+    }
+    for (auto& a : *FindNode(m, "Gemm")->mutable_attribute()) a.set_i(0);  // transB = 0
+  }));
+  ASSERT_TRUE(g.ok()) << g.status();
+  const NodeId t = g->Find("logits.b_t");
+  ASSERT_NE(t, kNoNode);
+  EXPECT_EQ(g->op(t), "transpose");
+  EXPECT_EQ(*g->shape(t), (Shape{5, 4}));
+  EXPECT_EQ(*g->shape(g->Find("logits")), (Shape{2, 5}));
+  EXPECT_EQ(*g->shape(g->Find("grad:fc.weight")), (Shape{4, 5}));
 }
 
 TEST(OnnxImportTest, SupportedOpsAreListed) {

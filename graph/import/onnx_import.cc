@@ -532,6 +532,30 @@ class Importer {
     return Define(node, v);
   }
 
+  // A node `node` needs beside the one computing its output (a lowering's
+  // reshape, transpose, statistics): id "<node's id>.<suffix>".
+  absl::StatusOr<Value> Aux(const onnx::NodeProto& node, absl::string_view op,
+                            std::vector<Value> inputs, Json attrs, absl::string_view suffix) {
+    const std::string id = absl::StrCat(NodeIdFor(node), ".", suffix);
+    const Value v = nb_.Apply(op, std::move(inputs), std::move(attrs), Free(id) ? id : FreshId(id));
+    if (!nb_.status().ok()) return NodeError(node, nb_.status().message());
+    return v;
+  }
+
+  // The shape of `shape` with a dim of 1 put at `at`: a 1-D convolution or
+  // pooling runs as a 2-D one of height 1.
+  static std::vector<int64_t> WithUnitDim(const Shape& shape, size_t at) {
+    std::vector<int64_t> out(shape.begin(), shape.end());
+    out.insert(out.begin() + static_cast<std::ptrdiff_t>(at), 1);
+    return out;
+  }
+  // 1-D window attrs as 2-D ones of height 1: `fill` (1 for strides and
+  // dilations, 0 for padding) put first.
+  static std::vector<int64_t> Widen(std::vector<int64_t> v, int64_t fill) {
+    v.insert(v.begin(), fill);
+    return v;
+  }
+
   absl::Status ExpectInputs(const onnx::NodeProto& node, int min, int max) {
     if (node.input_size() < min || node.input_size() > max) {
       return NodeError(node, absl::StrCat("has ", node.input_size(), " inputs; expected ", min,
@@ -595,8 +619,8 @@ class Importer {
     RETURN_IF_ERROR(attrs.OnlyKnown({"auto_pad", "dilations", "group", "kernel_shape", "pads",
                                      "strides"}));
     const int rank = static_cast<int>(nb_.type(in[0]).shape.size());
-    if (rank != 4 && rank != 5) {
-      return NodeError(node, absl::StrCat("only 2-D and 3-D convolutions are supported; x is ",
+    if (rank != 3 && rank != 4 && rank != 5) {
+      return NodeError(node, absl::StrCat("only 1-D, 2-D and 3-D convolutions are supported; x is ",
                                           ShapeToString(nb_.type(in[0]).shape)));
     }
     const int spatial = rank - 2;
@@ -626,7 +650,20 @@ class Importer {
     if (std::any_of(dilations.begin(), dilations.end(), [](int64_t v) { return v != 1; })) {
       conv_attrs["dilation"] = dilations;
     }
-    return Apply(node, spatial == 2 ? "conv2d" : "conv3d", in, conv_attrs);
+    if (spatial > 1) return Apply(node, spatial == 2 ? "conv2d" : "conv3d", in, conv_attrs);
+    // 1-D: x (N, C, L) and the weight (O, C/g, k) viewed with a height of 1
+    // (reshapes, which pebble copies), a conv2d, and the result viewed back.
+    const Shape x = nb_.type(in[0]).shape;
+    ASSIGN_OR_RETURN(in[0], Aux(node, "reshape", {in[0]}, {{"shape", WithUnitDim(x, 2)}}, "x2d"));
+    ASSIGN_OR_RETURN(in[1], Aux(node, "reshape", {in[1]}, {{"shape", WithUnitDim(w, 2)}}, "w2d"));
+    conv_attrs["stride"] = Widen(strides, 1);
+    conv_attrs["padding"] = Widen(padding, 0);
+    if (conv_attrs.contains("dilation")) conv_attrs["dilation"] = Widen(dilations, 1);
+    ASSIGN_OR_RETURN(Value y, Aux(node, "conv2d", in, conv_attrs, "conv2d"));
+    Shape y_shape = nb_.type(y).shape;
+    y_shape.erase(y_shape.begin() + 2);
+    return Apply(node, "reshape", {y},
+                 {{"shape", std::vector<int64_t>(y_shape.begin(), y_shape.end())}});
   }
 
   absl::Status BatchNormalization(const onnx::NodeProto& node) {
@@ -1045,8 +1082,8 @@ class Importer {
     ASSIGN_OR_RETURN(std::vector<Value> in, Inputs(node));
     const Shape& x = nb_.type(in[0]).shape;
     const int spatial = static_cast<int>(x.size()) - 2;
-    if (spatial != 2 && spatial != 3) {
-      return NodeError(node, absl::StrCat("only 2-D and 3-D pooling is supported; x is ",
+    if (spatial != 1 && spatial != 2 && spatial != 3) {
+      return NodeError(node, absl::StrCat("only 1-D, 2-D and 3-D pooling is supported; x is ",
                                           ShapeToString(x)));
     }
     RETURN_IF_ERROR(OnlyNotSetAutoPad(attrs));
@@ -1086,7 +1123,18 @@ class Importer {
     }
     Json pool_attrs = {{"kernel", kernel}, {"stride", strides}, {"padding", padding}};
     if (ceil_attr) pool_attrs["ceil_mode"] = true;
-    return Apply(node, op, in, pool_attrs);
+    if (spatial > 1) return Apply(node, op, in, pool_attrs);
+    // 1-D: pooled as 2-D with a height of 1 (see Conv).
+    const Shape x1 = x;
+    ASSIGN_OR_RETURN(in[0], Aux(node, "reshape", in, {{"shape", WithUnitDim(x1, 2)}}, "x2d"));
+    pool_attrs["kernel"] = Widen(kernel, 1);
+    pool_attrs["stride"] = Widen(strides, 1);
+    pool_attrs["padding"] = Widen(padding, 0);
+    ASSIGN_OR_RETURN(Value y, Aux(node, op, in, pool_attrs, op));
+    Shape y_shape = nb_.type(y).shape;
+    y_shape.erase(y_shape.begin() + 2);
+    return Apply(node, "reshape", {y},
+                 {{"shape", std::vector<int64_t>(y_shape.begin(), y_shape.end())}});
   }
   absl::Status MaxPool(const onnx::NodeProto& node) { return Pool(node, "maxpool"); }
   absl::Status AveragePool(const onnx::NodeProto& node) { return Pool(node, "avgpool"); }
@@ -1200,16 +1248,66 @@ class Importer {
     ASSIGN_OR_RETURN(int64_t trans_b, attrs.Int("transB", 0));
     if (alpha != 1) return attrs.Unsupported("alpha", absl::StrCat(alpha));
     if (beta != 1 && node.input_size() == 3) return attrs.Unsupported("beta", absl::StrCat(beta));
-    if (trans_a != 0) return attrs.Unsupported("transA", "1");
-    if (trans_b != 1) {
-      return attrs.Unsupported("transB", "0", "nn.Linear exports transB = 1");
-    }
     ASSIGN_OR_RETURN(std::vector<Value> in, Inputs(node));
+    if (nb_.type(in[0]).shape.size() != 2 || nb_.type(in[1]).shape.size() != 2) {
+      return NodeError(node, "A and B must be matrices");
+    }
+    // pebble's linear takes x (M, K) and the weight (N, K), as nn.Linear
+    // exports them (transB = 1); other layouts are transposed first.
+    if (trans_a != 0) {
+      ASSIGN_OR_RETURN(in[0], Aux(node, "transpose", {in[0]}, {{"perm", {1, 0}}}, "a_t"));
+    }
+    if (trans_b == 0) {
+      ASSIGN_OR_RETURN(in[1], Aux(node, "transpose", {in[1]}, {{"perm", {1, 0}}}, "b_t"));
+    }
     if (in.size() == 3 && nb_.type(in[2]).shape.size() != 1) {
       return NodeError(node, absl::StrCat("the bias C must be 1-D, is ",
                                           ShapeToString(nb_.type(in[2]).shape)));
     }
     return Apply(node, "linear", in);
+  }
+
+  // MatMul: by a matrix B (K, N), pebble's linear of x (..., K) with the
+  // weight B transposed; of two tensors with the same batch dims, matmul.
+  absl::Status MatMul(const onnx::NodeProto& node) {
+    RETURN_IF_ERROR(ExpectInputs(node, 2, 2));
+    RETURN_IF_ERROR(Attrs(node).OnlyKnown({}));
+    ASSIGN_OR_RETURN(std::vector<Value> in, Inputs(node));
+    const Shape& a = nb_.type(in[0]).shape;
+    const Shape& b = nb_.type(in[1]).shape;
+    if (a.size() >= 2 && b.size() == 2) {
+      ASSIGN_OR_RETURN(Value w, Aux(node, "transpose", {in[1]}, {{"perm", {1, 0}}}, "b_t"));
+      return Apply(node, "linear", {in[0], w});
+    }
+    if (a.size() >= 3 && a.size() == b.size()) return Apply(node, "matmul", in);
+    return NodeError(node, absl::StrCat("MatMul of ", ShapeToString(a), " and ", ShapeToString(b),
+                                        " is not supported (a matrix B, or equal ranks with the "
+                                        "same batch dims)"));
+  }
+
+  // LayerNormalization (opset 17) over the last dim: layernorm_stats, then
+  // layernorm with the scale and bias.
+  absl::Status LayerNormalization(const onnx::NodeProto& node) {
+    RETURN_IF_ERROR(ExpectInputs(node, 3, 3));
+    const Attrs attrs(node);
+    RETURN_IF_ERROR(attrs.OnlyKnown({"axis", "epsilon", "stash_type"}));
+    ASSIGN_OR_RETURN(std::vector<Value> in, Inputs(node));
+    const auto rank = static_cast<int64_t>(nb_.type(in[0]).shape.size());
+    ASSIGN_OR_RETURN(int64_t axis, attrs.Int("axis", -1));
+    if ((axis < 0 ? axis + rank : axis) != rank - 1) {
+      return attrs.Unsupported("axis", absl::StrCat(axis), "layer norm over the last dim only");
+    }
+    ASSIGN_OR_RETURN(int64_t stash, attrs.Int("stash_type", 1));
+    if (stash != 1) return attrs.Unsupported("stash_type", absl::StrCat(stash));
+    ASSIGN_OR_RETURN(double eps, attrs.Float("epsilon", 1e-5));
+    const Json a = {{"eps", eps}};
+    ASSIGN_OR_RETURN(Value stats, Aux(node, "layernorm_stats", {in[0]}, a, "stats"));
+    RETURN_IF_ERROR(Apply(node, "layernorm", {in[0], stats, in[1], in[2]}, a));
+    // The saved mean and inverse deviation: nothing reads them in a step.
+    for (int i = 1; i < node.output_size(); ++i) {
+      if (!node.output(i).empty()) unreadable_.insert(node.output(i));
+    }
+    return absl::OkStatus();
   }
 
   absl::Status Softmax(const onnx::NodeProto& node) {
@@ -1220,11 +1318,20 @@ class Importer {
     const auto rank = static_cast<int64_t>(nb_.type(in[0]).shape.size());
     ASSIGN_OR_RETURN(int64_t axis, attrs.Int("axis", opset_ >= 13 ? -1 : 1));
     if (axis < 0) axis += rank;
-    // Before opset 13, axis 1 of a 2-D input is the last one as well.
-    if (axis != rank - 1) {
-      return attrs.Unsupported("axis", absl::StrCat(axis), "softmax over the last dim only");
+    // Before opset 13, axis 1 of a 2-D input is the last one as well; its
+    // other axes flatten the dims after them, which is refused.
+    if (axis == rank - 1) return Apply(node, "softmax", in);
+    if (opset_ < 13 || axis < 0 || axis >= rank) {
+      return attrs.Unsupported("axis", absl::StrCat(axis),
+                               "before opset 13, softmax over the last dim only");
     }
-    return Apply(node, "softmax", in);
+    // Over another dim: swapped with the last one, softmax, swapped back.
+    std::vector<int64_t> perm;
+    for (int64_t d = 0; d < rank; ++d) perm.push_back(d);
+    std::swap(perm[axis], perm.back());
+    ASSIGN_OR_RETURN(Value t, Aux(node, "transpose", in, {{"perm", perm}}, "to_last"));
+    ASSIGN_OR_RETURN(Value sm, Aux(node, "softmax", {t}, Json::object(), "softmax"));
+    return Apply(node, "transpose", {sm}, {{"perm", perm}});
   }
 
   absl::Status Dropout(const onnx::NodeProto& node) {
@@ -1347,6 +1454,8 @@ class Importer {
         {"Sub", &Importer::Sub},
         {"Div", &Importer::Div},
         {"Transpose", &Importer::Transpose},
+        {"MatMul", &Importer::MatMul},
+        {"LayerNormalization", &Importer::LayerNormalization},
         {"Slice", &Importer::Slice},
         {"Split", &Importer::Split},
         {"HardSigmoid", &Importer::HardSigmoid},

@@ -219,7 +219,7 @@ def make_with_loss(torch):
     return _WithLoss
 
 
-def activations_net(torch, num_classes=10):
+def activations_net(torch, num_classes=10, image=None):
     """A small CNN with every piecewise-linear activation the importer maps
     (ReLU6 = Clip, Hardswish, Hardsigmoid, LeakyReLU, and a Clip with one
     bound): --model activations."""
@@ -248,7 +248,7 @@ def activations_net(torch, num_classes=10):
     return Activations()
 
 
-def grouped_net(torch, num_classes=10):
+def grouped_net(torch, num_classes=10, image=None):
     """A small CNN with the convolutions and broadcasts of the mobile
     networks: grouped, depthwise and dilated convolutions (one of them
     strided), a squeeze-excitation gate (N, C, 1, 1) times (N, C, H, W), a
@@ -285,8 +285,39 @@ def grouped_net(torch, num_classes=10):
     return Grouped()
 
 
+def sequence_net(torch, num_classes=10, image=8):
+    """A small 1-D network over the image's pixels as a sequence (export it
+    at opset 17, where LayerNorm is one ONNX op): a dilated Conv1d, batch
+    norm, MaxPool1d, a transpose to (N, L, C), nn.Linear on the last dim
+    (MatMul and a broadcast Add), LayerNorm, a softmax over the sequence (not
+    the last dim) gating the features, and a linear classifier: --model
+    sequence."""
+    nn = torch.nn
+
+    class Sequence(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv1d(3, 8, 3, padding=2, dilation=2, bias=False)
+            self.bn = nn.BatchNorm1d(8)
+            self.pool = nn.MaxPool1d(2)
+            self.proj = nn.Linear(8, 8)
+            self.norm = nn.LayerNorm(8)
+            # (image^2 + 2 pad - 4 dilated taps + 1) pixels, halved by the pool.
+            self.fc = nn.Linear(8 * (image * image // 2), num_classes)
+
+        def forward(self, x):
+            x = torch.flatten(x, 2)
+            x = self.pool(torch.relu(self.bn(self.conv(x))))
+            x = self.norm(self.proj(x.transpose(1, 2)))
+            x = x * torch.softmax(x, dim=1)
+            return self.fc(torch.flatten(x, 1))
+
+    return Sequence()
+
+
 # Models of this file, beside torchvision's.
-LOCAL_MODELS = {"activations": activations_net, "grouped": grouped_net}
+LOCAL_MODELS = {"activations": activations_net, "grouped": grouped_net,
+                "sequence": sequence_net}
 
 
 def build_model(torch, torchvision, models, args):
@@ -296,7 +327,7 @@ def build_model(torch, torchvision, models, args):
     residual branches start at zero."""
     if args.model in LOCAL_MODELS:
         torch.manual_seed(args.seed)
-        net = LOCAL_MODELS[args.model](torch, args.classes or 10)
+        net = LOCAL_MODELS[args.model](torch, args.classes or 10, args.image)
         net.train()
         models.perturb_batchnorm(net)
         return net, 0, False
