@@ -225,7 +225,7 @@ void ExpectAdjoint(const std::string& op, const std::string& backward,
 TEST(NativeKernelsTest, RegistersItsOpsAndEveryOpIsInTheOpTable) {
   const std::vector<std::string> ops = NativeTable().Ops();
   for (const char* op :
-       {"add", "mul", "sum", "sum_backward", "sum_to", "copy", "flatten",
+       {"add", "mul", "sub", "div", "sum", "sum_backward", "sum_to", "copy", "flatten",
         "reshape", "slice", "transpose", "pad", "pad_backward", "concat", "global_avgpool",
         "global_avgpool_backward", "adaptive_avgpool",
         "adaptive_avgpool_backward", "upsample", "upsample_backward",
@@ -294,6 +294,27 @@ TEST(NativeKernelsTest, AddAndMulWithBroadcastMatchNaiveLoops) {
     ExpectNear(MustRun("add", {a, bias}).Floats(), bsum, tol, "add bias");
     ExpectNear(MustRun("mul", {bias, a}).Floats(), bprod, tol, "mul bias first");
     EXPECT_EQ(MustRun("add", {a, b}).dtype, dtype);
+    // sub and div keep the operands' order whichever is broadcast.
+    std::vector<float> away(35);  // divisors in [3, 5]
+    for (int i = 0; i < 35; ++i) away[i] = fc[i] + 4.0f;
+    const HostTensor divisor = Floats({5, 7}, away, dtype);
+    const std::vector<float> fd = divisor.Floats();
+    std::vector<double> diff(105), rdiff(105), quot(105), rquot(105);
+    for (int i = 0; i < 105; ++i) {
+      diff[i] = static_cast<double>(fa[i]) - fc[i % 35];
+      rdiff[i] = static_cast<double>(fc[i % 35]) - fa[i];
+      quot[i] = static_cast<double>(fa[i]) / fd[i % 35];
+      rquot[i] = static_cast<double>(fd[i % 35]) / (fa[i] + 4.0);
+    }
+    ExpectNear(MustRun("sub", {a, bias}).Floats(), diff, tol, "sub");
+    ExpectNear(MustRun("sub", {bias, a}).Floats(), rdiff, tol, "sub bias first");
+    ExpectNear(MustRun("div", {a, divisor}).Floats(), quot, tol, "div");
+    std::vector<float> fa4(105);
+    for (int i = 0; i < 105; ++i) fa4[i] = fa[i] + 4.0f;
+    const HostTensor a4 = Floats({3, 5, 7}, fa4, dtype);
+    const std::vector<float> fa4r = a4.Floats();
+    for (int i = 0; i < 105; ++i) rquot[i] = static_cast<double>(fd[i % 35]) / fa4r[i];
+    ExpectNear(MustRun("div", {divisor, a4}).Floats(), rquot, tol, "div divisor first");
   }
   // A large odd size crosses the parallel grain and the broadcast period.
   HostTensor big = Random({70001, 3}, 4);

@@ -470,13 +470,13 @@ TEST(OnnxImportTest, ShapeArithmeticFoldsAndChannelShuffleImports) {
 
 TEST(OnnxImportTest, WhatTheShapeFoldingCannotDoIsAnErrorNamingTheNode) {
   const std::vector<BadCase> cases = {
-      {"sub of computed tensors",
+      {"sub of shapes that do not broadcast",
        [](ModelMaker& m) {
          auto* relu = FindNode(m, "Relu");
          relu->set_op_type("Sub");
-         relu->add_input("c");
+         relu->add_input("fc.bias");
        },
-       {"'/relu/Relu'", "op Sub", "computed tensor"}},
+       {"'/relu/Relu'", "op Sub", "do not broadcast"}},
       {"slice with a step",
        [](ModelMaker& m) {
          m.IntInitializer("step2", {2});

@@ -330,6 +330,9 @@ TEST(ElementwiseTest, AddAndMulBroadcastOneOperand) {
   ExpectError("mul", {T({2, 3, 4}), T({2, 1, 4})}, Json::object(),
               "contiguous");
   ExpectError("add", {T({2, 3}), T({2, 3}, kF16)}, Json::object(), "dtype");
+  ExpectType("sub", {T({8, 1, 1}), T({2, 8, 5, 5})}, Json::object(), {2, 8, 5, 5});
+  ExpectType("div", {T({2, 8, 5, 5}), T({5})}, Json::object(), {2, 8, 5, 5});
+  ExpectError("div", {T({2, 3, 4}), T({2, 1, 4})}, Json::object(), "contiguous");
   ExpectType("sum_to", {T({2, 3, 4})}, {{"shape", {3, 4}}}, {3, 4});
   ExpectType("sum_to", {T({2, 8, 5, 5})}, {{"shape", {2, 8, 1, 1}}},
              {2, 8, 1, 1});

@@ -750,18 +750,13 @@ class Importer {
     RETURN_IF_ERROR(ExpectInputs(node, 2, 2));
     RETURN_IF_ERROR(Attrs(node).OnlyKnown({}));
     if (KnownInts(node.input(0)) && KnownInts(node.input(1))) return FoldArithmetic(node);
-    if (op.empty()) {
-      return NodeError(node, absl::StrCat("only integer arithmetic on constants and shapes is "
-                                          "supported (this ", node.op_type(),
-                                          " reads a computed tensor)"));
-    }
     ASSIGN_OR_RETURN(std::vector<Value> in, Inputs(node));
     return Apply(node, op, in);
   }
   absl::Status Add(const onnx::NodeProto& node) { return Binary(node, "add"); }
   absl::Status Mul(const onnx::NodeProto& node) { return Binary(node, "mul"); }
-  absl::Status Sub(const onnx::NodeProto& node) { return Binary(node, ""); }
-  absl::Status Div(const onnx::NodeProto& node) { return Binary(node, ""); }
+  absl::Status Sub(const onnx::NodeProto& node) { return Binary(node, "sub"); }
+  absl::Status Div(const onnx::NodeProto& node) { return Binary(node, "div"); }
 
   // ---- Integer tensors known at import: shapes and their arithmetic.
   // torch.onnx.export writes `x.size()` and the sizes computed from it

@@ -112,7 +112,8 @@ std::function<absl::StatusOr<TensorType>(Inputs, const Json&)> InferBackwardOf(
   };
 }
 
-// ---- add / mul with NumPy broadcasting of one operand over the other,
+// ---- add / sub / mul / div with NumPy broadcasting of one operand over
+// the other (a - b, a / b in that order whichever is broadcast),
 // where the broadcast operand keeps one contiguous block of dims
 // (BlockBroadcast: a bias over the trailing dims, a (N, C, 1, 1) gate over
 // (N, C, H, W)); the result has the other operand's shape.
@@ -145,6 +146,36 @@ absl::Status AddBackward(BackwardContext& ctx) {
   // d(a + b) passes the incoming gradient through: an alias, no node.
   for (int i = 0; i < 2; ++i) {
     if (ctx.needs_grad(i)) AccumulateBroadcast(ctx, i, ctx.grad_output());
+  }
+  return absl::OkStatus();
+}
+
+// A scalar of `value` in the output's dtype, broadcast by mul.
+Value ScalarFill(BackwardContext& ctx, double value) {
+  return ctx.Emit("fill", {},
+                  {{"shape", Shape{}},
+                   {"dtype", std::string(DTypeName(ctx.output_type().dtype))},
+                   {"value", value}});
+}
+
+absl::Status SubBackward(BackwardContext& ctx) {
+  // d(a - b) = g for a, -g for b.
+  if (ctx.needs_grad(0)) AccumulateBroadcast(ctx, 0, ctx.grad_output());
+  if (ctx.needs_grad(1)) {
+    AccumulateBroadcast(ctx, 1, ctx.Emit("mul", {ctx.grad_output(), ScalarFill(ctx, -1)}));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status DivBackward(BackwardContext& ctx) {
+  // y = a / b: dy/da = 1 / b, dy/db = -a / b^2 = -(1 / b) y; both start
+  // from g / b.
+  if (!ctx.needs_grad(0) && !ctx.needs_grad(1)) return absl::OkStatus();
+  const Value g_over_b = ctx.Emit("div", {ctx.grad_output(), ctx.input(1)});
+  if (ctx.needs_grad(0)) AccumulateBroadcast(ctx, 0, g_over_b);
+  if (ctx.needs_grad(1)) {
+    const Value times_y = ctx.Emit("mul", {g_over_b, ctx.output()});
+    AccumulateBroadcast(ctx, 1, ctx.Emit("mul", {times_y, ScalarFill(ctx, -1)}));
   }
   return absl::OkStatus();
 }
@@ -284,6 +315,12 @@ void RegisterElementwiseOps(std::vector<OpDef>& t) {
   t.push_back({.name = "mul", .min_inputs = 2, .max_inputs = 2,
                .infer = InferBinary, .flops = PerElement(1),
                .backward = MulBackward});
+  t.push_back({.name = "sub", .min_inputs = 2, .max_inputs = 2,
+               .infer = InferBinary, .flops = PerElement(1),
+               .backward = SubBackward});
+  t.push_back({.name = "div", .min_inputs = 2, .max_inputs = 2,
+               .infer = InferBinary, .flops = PerElement(1),
+               .backward = DivBackward});
   t.push_back({.name = "sum_to", .min_inputs = 1, .max_inputs = 1,
                .infer = InferSumTo, .flops = InputElementsFlops});
   t.push_back({.name = "copy", .min_inputs = 1, .max_inputs = 1,

@@ -20,10 +20,11 @@ namespace {
 using ops_internal::DoubleAttr;
 using ops_internal::IntAttr;
 
-// ---- add, mul: the result has one operand's shape (`big`); the other
-// (`small`) is broadcast over it, element i of `big` meeting small[(i /
-// inner) % block] (BlockBroadcast, graph/ops/op_util.h). Both ops are
-// commutative in IEEE arithmetic, so the order of the operands is free.
+// ---- add, sub, mul, div: the result has one operand's shape (`big`); the
+// other (`small`) is broadcast over it, element i of `big` meeting
+// small[(i / inner) % block] (BlockBroadcast, graph/ops/op_util.h). The
+// loop computes op(big, small); sub and div with a broadcast first operand
+// swap the arguments back.
 
 template <typename T, typename Op>
 void BinaryLoop(const T* big, const T* small, ops_internal::BroadcastBlock b,
@@ -75,7 +76,12 @@ absl::Status BinaryKernel(const KernelContext& ctx, Op op) {
   if (n == 0) return absl::OkStatus();
   return DispatchFloat(ctx.output.dtype, "the operands", [&](auto tag) {
     using T = decltype(tag);
-    BinaryLoop<T>(big.as<T>(), small.as<T>(), *b, ctx.output.as<T>(), n, op);
+    if (a_big) {
+      BinaryLoop<T>(big.as<T>(), small.as<T>(), *b, ctx.output.as<T>(), n, op);
+    } else {
+      BinaryLoop<T>(big.as<T>(), small.as<T>(), *b, ctx.output.as<T>(), n,
+                    [&op](float x, float y) { return op(y, x); });
+    }
     return absl::OkStatus();
   });
 }
@@ -86,6 +92,14 @@ absl::Status Add(const KernelContext& ctx) {
 
 absl::Status Mul(const KernelContext& ctx) {
   return BinaryKernel(ctx, [](float a, float b) { return a * b; });
+}
+
+absl::Status Sub(const KernelContext& ctx) {
+  return BinaryKernel(ctx, [](float a, float b) { return a - b; });
+}
+
+absl::Status Div(const KernelContext& ctx) {
+  return BinaryKernel(ctx, [](float a, float b) { return a / b; });
 }
 
 // ---- clip, hardsigmoid, hardswish, leaky_relu (x) and their backwards
@@ -325,6 +339,8 @@ absl::Status DropoutApply(const KernelContext& ctx) {
 void RegisterNativeElementwiseKernels(KernelTable& table) {
   table.Register("add", Add);
   table.Register("mul", Mul);
+  table.Register("sub", Sub);
+  table.Register("div", Div);
   table.Register("sum_to", SumTo);
   table.Register("copy", CopyBytes);
   table.Register("flatten", CopyBytes);

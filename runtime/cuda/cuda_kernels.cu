@@ -157,10 +157,23 @@ __global__ void UnaryGradKernel(UnaryOp op, UnaryParams p, const T* g, const T* 
 
 template <typename T>
 __global__ void BinaryKernel(BinaryOp op, const T* a, const T* b, T* out,
-                             int64_t n, int64_t nb, int64_t inner) {
+                             int64_t n, int64_t nb, int64_t inner,
+                             bool b_first) {
   PEBBLE_GRID_LOOP(i, n) {
-    const float u = Ld(a, i), v = Ld(b, nb == n ? i : (i / inner) % nb);
-    St(out, i, op == BinaryOp::kAdd ? u + v : u * v);
+    float u = Ld(a, i), v = Ld(b, nb == n ? i : (i / inner) % nb);
+    if (b_first) {
+      const float t = u;
+      u = v;
+      v = t;
+    }
+    float r;
+    switch (op) {
+      case BinaryOp::kAdd: r = u + v; break;
+      case BinaryOp::kMul: r = u * v; break;
+      case BinaryOp::kSub: r = u - v; break;
+      default: r = u / v; break;
+    }
+    St(out, i, r);
   }
 }
 
@@ -944,7 +957,7 @@ cudaError_t LaunchUnaryBackward(UnaryOp op, KType t, const void* g,
 
 cudaError_t LaunchBinary(BinaryOp op, KType t, const void* a, const void* b,
                          void* out, int64_t n, int64_t nb, int64_t inner,
-                         cudaStream_t stream) {
+                         bool b_first, cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
   if (nb <= 0 || inner <= 0 || n % nb != 0 || (n / nb) % inner != 0) {
     return cudaErrorInvalidValue;
@@ -953,7 +966,7 @@ cudaError_t LaunchBinary(BinaryOp op, KType t, const void* a, const void* b,
     using T = decltype(tag);
     PEBBLE_KERNEL_LAUNCH(Blocks(n), kThreads, stream, BinaryKernel<T>)
     (op, static_cast<const T*>(a), static_cast<const T*>(b),
-     static_cast<T*>(out), n, nb, inner);
+     static_cast<T*>(out), n, nb, inner, b_first);
     return Launched();
   });
 }

@@ -38,7 +38,7 @@ enum class UnaryOp : int {
 struct UnaryParams {
   float a = 0.f, b = 0.f;
 };
-enum class BinaryOp : int { kAdd, kMul };
+enum class BinaryOp : int { kAdd, kMul, kSub, kDiv };
 
 // y = op(x), n elements.
 cudaError_t LaunchUnary(UnaryOp op, KType t, const void* x, void* y, int64_t n,
@@ -49,10 +49,11 @@ cudaError_t LaunchUnaryBackward(UnaryOp op, KType t, const void* g,
                                 const void* saved, void* dx, int64_t n,
                                 cudaStream_t stream, UnaryParams params = {});
 // out[i] = a[i] op b[(i / inner) % nb], n elements (nb * inner divides n;
-// nb == n: no broadcast; BlockBroadcast in graph/ops/op_util.h).
+// nb == n: no broadcast; BlockBroadcast in graph/ops/op_util.h); with
+// `b_first`, b[...] op a[i] (sub and div whose first operand is broadcast).
 cudaError_t LaunchBinary(BinaryOp op, KType t, const void* a, const void* b,
                          void* out, int64_t n, int64_t nb, int64_t inner,
-                         cudaStream_t stream);
+                         bool b_first, cudaStream_t stream);
 // y[o, c, i] += bias[c] over (outer, C, inner); bias has y's type.
 cudaError_t LaunchChannelBias(KType t, void* y, const void* bias, int64_t outer,
                               int64_t channels, int64_t inner,

@@ -271,8 +271,8 @@ absl::Status GeluBackward(CudaContext& cc, const KernelContext& ctx) {
   return absl::OkStatus();
 }
 
-// add / mul: one operand has the output's shape, the other is broadcast
-// over it (BlockBroadcast, graph/ops/op_util.h).
+// add / sub / mul / div: one operand has the output's shape, the other is
+// broadcast over it (BlockBroadcast, graph/ops/op_util.h).
 template <BinaryOp kOp>
 absl::Status BinaryKernel(CudaContext& cc, const KernelContext& ctx) {
   RETURN_IF_ERROR(ExpectInputs(ctx, 2, 2));
@@ -280,7 +280,8 @@ absl::Status BinaryKernel(CudaContext& cc, const KernelContext& ctx) {
   const TensorView* small = &ctx.inputs[1];
   // The operand of the output's shape (by shape, not by element count: with
   // a dim of 1 or 0 the broadcast operand may have as many elements).
-  if (big->shape != ctx.output.shape) std::swap(big, small);
+  const bool b_first = big->shape != ctx.output.shape;
+  if (b_first) std::swap(big, small);
   RETURN_IF_ERROR(ExpectSameType(ctx.output, *big, "the larger operand"));
   const std::optional<ops_internal::BroadcastBlock> b =
       ops_internal::BlockBroadcast(big->shape, small->shape);
@@ -293,7 +294,7 @@ absl::Status BinaryKernel(CudaContext& cc, const KernelContext& ctx) {
   ASSIGN_OR_RETURN(KType t, KTypeOf(ctx.output.dtype));
   PEBBLE_LAUNCH(LaunchBinary(kOp, t, big->data, small->data, ctx.output.data,
                              big->num_elements(), b->block, b->inner,
-                             cc.stream));
+                             b_first, cc.stream));
   return absl::OkStatus();
 }
 
@@ -1344,6 +1345,8 @@ void AddOwnKernels(std::map<std::string, CudaKernelFn>& t) {
   t["leaky_relu_backward"] = UnaryBackwardKernel<UnaryOp::kLeakyRelu>;
   t["add"] = BinaryKernel<BinaryOp::kAdd>;
   t["mul"] = BinaryKernel<BinaryOp::kMul>;
+  t["sub"] = BinaryKernel<BinaryOp::kSub>;
+  t["div"] = BinaryKernel<BinaryOp::kDiv>;
   t["batchnorm_stats"] = BatchNormStats;
   t["batchnorm"] = BatchNorm;
   t["batchnorm_backward"] = BatchNormBackward;

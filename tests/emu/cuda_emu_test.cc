@@ -396,6 +396,10 @@ Graph PointwiseGraph() {
   // gradients sum over the trailing dims too.
   y = nb.Apply("mul", {nb.Parameter("gate", {2, 3, 1, 1}), y});
   y = nb.Apply("add", {y, nb.Parameter("shift", {3, 1, 1})});
+  y = nb.Apply("sub", {nb.Parameter("offset", {3, 1, 1}), y});
+  y = nb.Apply("div", {y, nb.Apply("add", {nb.Parameter("scale", {5, 7}),
+                                            nb.Apply("fill", {}, {{"shape", {5, 7}},
+                                                                  {"value", 2.0}})})});
   y = nb.Apply("pad", {y}, {{"pads", {1, 2, -1, 0}}, {"value", 0.25}});
   y = nb.Apply("avgpool", {y}, {{"kernel", 3}, {"stride", 2}, {"padding", 1}});
   // Ceil mode: the last window reaches past the input.

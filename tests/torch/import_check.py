@@ -252,7 +252,8 @@ def grouped_net(torch, num_classes=10, image=None):
     """A small CNN with the convolutions and broadcasts of the mobile
     networks: grouped, depthwise and dilated convolutions (one of them
     strided), a squeeze-excitation gate (N, C, 1, 1) times (N, C, H, W), a
-    per-channel (C, 1, 1) parameter added, and a max pool in ceil mode whose
+    per-channel (C, 1, 1) parameter added, subtracted from and divided by,
+    and a max pool in ceil mode whose
     last window reaches past the input (GoogLeNet's): --model grouped."""
     nn = torch.nn
 
@@ -270,6 +271,8 @@ def grouped_net(torch, num_classes=10, image=None):
             self.squeeze = nn.Conv2d(12, 4, 1)
             self.excite = nn.Conv2d(4, 12, 1)
             self.shift = nn.Parameter(torch.randn(12, 1, 1) * 0.1)
+            self.offset = nn.Parameter(torch.randn(12, 1, 1) * 0.1)
+            self.scale = nn.Parameter(1 + torch.rand(12, 1, 1) * 0.5)
             self.pool = nn.AdaptiveAvgPool2d(1)
             self.fc = nn.Linear(12, num_classes)
 
@@ -280,6 +283,7 @@ def grouped_net(torch, num_classes=10, image=None):
             gate = torch.sigmoid(self.excite(torch.relu(self.squeeze(
                 self.pool(x)))))
             x = x * gate + self.shift
+            x = (self.offset - x) / self.scale  # broadcast first, then second
             return self.fc(torch.flatten(self.pool(x), 1))
 
     return Grouped()
