@@ -1,11 +1,13 @@
 // The piecewise-linear activations of the operator table (clip, hardsigmoid,
-// hardswish, leaky_relu) and their gradients, in float, shared by the CPU
+// hardswish, leaky_relu), erf, and their gradients, in float, shared by the CPU
 // kernels and the CUDA kernels (device code, and its host emulation): one
 // definition, so the backends agree to the bit. Each follows PyTorch's ATen
 // definition (hardtanh, hardsigmoid, hardswish, leaky_relu and their
 // *_backward), boundaries included; NaN inputs stay NaN in the forward.
 #ifndef PEBBLE_RUNTIME_ACTIVATION_MATH_H_
 #define PEBBLE_RUNTIME_ACTIVATION_MATH_H_
+
+#include <cmath>
 
 #if defined(__CUDACC__)
 #define PEBBLE_HOST_DEVICE __host__ __device__
@@ -49,6 +51,13 @@ PEBBLE_HOST_DEVICE inline float LeakyRelu(float x, float slope) {
 }
 PEBBLE_HOST_DEVICE inline float LeakyReluGrad(float g, float x, float slope) {
   return x > 0.f ? g : g * slope;
+}
+
+// The error function (ONNX Erf: GELU written out) and its derivative
+// 2 / sqrt(pi) exp(-x^2).
+PEBBLE_HOST_DEVICE inline float Erf(float x) { return erff(x); }
+PEBBLE_HOST_DEVICE inline float ErfGrad(float g, float x) {
+  return g * 1.12837916709551257f * expf(-x * x);
 }
 
 }  // namespace pebble::activation

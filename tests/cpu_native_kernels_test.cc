@@ -225,7 +225,7 @@ void ExpectAdjoint(const std::string& op, const std::string& backward,
 TEST(NativeKernelsTest, RegistersItsOpsAndEveryOpIsInTheOpTable) {
   const std::vector<std::string> ops = NativeTable().Ops();
   for (const char* op :
-       {"add", "mul", "sub", "div", "sum", "sum_backward", "sum_to", "copy", "flatten",
+       {"add", "mul", "sub", "div", "erf", "erf_backward", "sum", "sum_backward", "sum_to", "copy", "flatten",
         "reshape", "slice", "transpose", "pad", "pad_backward", "concat", "global_avgpool",
         "global_avgpool_backward", "adaptive_avgpool",
         "adaptive_avgpool_backward", "upsample", "upsample_backward",
@@ -358,6 +358,14 @@ TEST(NativeKernelsTest, PiecewiseLinearActivationsAndGradients) {
       EXPECT_FLOAT_EQ(y[i], c.y[i]) << "x = " << xs[i];
       EXPECT_FLOAT_EQ(dx[i], c.dx[i]) << "x = " << xs[i];
     }
+  }
+  // erf and its derivative 2 / sqrt(pi) exp(-x^2) against the C library's.
+  for (float v : xs) {
+    const HostTensor one = Floats({1}, {v});
+    EXPECT_FLOAT_EQ(MustRun("erf", {one}).Floats()[0], std::erf(v)) << v;
+    EXPECT_NEAR(MustRun("erf_backward", {Floats({1}, {2.0f}), one}).Floats()[0],
+                2.0 * 2.0 / std::sqrt(M_PI) * std::exp(-static_cast<double>(v) * v), 1e-6)
+        << v;
   }
   // The defaults are PyTorch's: hardsigmoid(x) = relu6(x + 3) / 6,
   // leaky_relu's slope 0.01.

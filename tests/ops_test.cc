@@ -304,6 +304,9 @@ TEST(ElementwiseTest, ActivationsKeepTypeAndCountFlops) {
   }
   EXPECT_DOUBLE_EQ(Flops("clip", {T({2, 3})}, {{"min", 0}, {"max", 6}}), 12);
   EXPECT_DOUBLE_EQ(Flops("hardswish", {T({2, 3})}), 30);
+  ExpectType("erf", {T({2, 3}, kF16)}, Json::object(), {2, 3}, kF16);
+  ExpectType("erf_backward", {T({2, 3}), T({2, 3})}, Json::object(), {2, 3});
+  ExpectError("erf", {T({2, 3}, kI64)}, Json::object(), "float");
   ExpectError("clip", {T({2, 3})}, {{"min", 6}, {"max", 0}}, "above");
   ExpectError("clip_backward", {T({2, 3}), T({2, 3})}, {{"min", "a"}}, "min");
   ExpectType("relu_backward", {T({2, 3}), T({2, 3})}, Json::object(), {2, 3});

@@ -397,6 +397,22 @@ class Importer {
     }
     auto init = initializers_.find(name);
     if (init == initializers_.end()) {
+      // A float scalar Constant read by a computation (GELU's 0.5 and
+      // sqrt(2), a "+ 1"): a one-element `fill` node of that value.
+      if (auto c = constants_.find(name); c != constants_.end()) {
+        if (std::optional<double> value = FloatScalar(*c->second)) {
+          const Shape shape(c->second->dims().begin(), c->second->dims().end());
+          const std::string id = Free(name) ? name : FreshId(name);
+          const Value v = nb_.Apply("fill", {},
+                                    {{"shape", std::vector<int64_t>(shape.begin(), shape.end())},
+                                     {"dtype", "f32"},
+                                     {"value", *value}},
+                                    id);
+          if (!nb_.status().ok()) return NodeError(node, nb_.status().message());
+          values_[name] = v;
+          return v;
+        }
+      }
       return NodeError(node, absl::StrCat("input ", Quote(name),
                                           " is not computed before it is read"));
     }
@@ -744,6 +760,7 @@ class Importer {
     return Apply(node, "clip", {x}, std::move(attrs));
   }
   absl::Status Tanh(const onnx::NodeProto& node) { return Unary(node, "tanh"); }
+  absl::Status Erf(const onnx::NodeProto& node) { return Unary(node, "erf"); }
   absl::Status Sigmoid(const onnx::NodeProto& node) { return Unary(node, "sigmoid"); }
 
   absl::Status Binary(const onnx::NodeProto& node, absl::string_view op) {
@@ -1461,6 +1478,7 @@ class Importer {
         {"Mul", &Importer::Mul},
         {"Pad", &Importer::Pad},
         {"Relu", &Importer::Relu},
+        {"Erf", &Importer::Erf},
         {"Reshape", &Importer::Reshape},
         {"Sigmoid", &Importer::Sigmoid},
         {"Softmax", &Importer::Softmax},

@@ -298,6 +298,13 @@ void RegisterElementwiseOps(std::vector<OpDef>& t) {
   t.push_back({.name = "leaky_relu", .min_inputs = 1, .max_inputs = 1,
                .infer = InferLeakyRelu, .flops = PerElement(2),
                .backward = ActivationBackward("leaky_relu_backward", false)});
+  // erf (ONNX Erf: GELU written out); its backward reads x:
+  // grad * 2 / sqrt(pi) exp(-x^2).
+  t.push_back({.name = "erf", .min_inputs = 1, .max_inputs = 1,
+               .infer = InferUnaryFloat, .flops = PerElement(8),
+               .backward = ActivationBackward("erf_backward", false)});
+  t.push_back({.name = "erf_backward", .min_inputs = 2, .max_inputs = 2,
+               .infer = InferBackwardOf(InferUnaryFloat), .flops = PerElement(6)});
   // grad * (lo < x < hi); grad * alpha * (0 < alpha x + beta < 1);
   // grad * (x / 3 + 1/2) on [-3, 3]; grad * (x > 0 ? 1 : slope).
   t.push_back({.name = "clip_backward", .min_inputs = 2, .max_inputs = 2,

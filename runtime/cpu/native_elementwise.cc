@@ -190,6 +190,13 @@ absl::Status HardSwishBackward(const KernelContext& ctx) {
                          [](float g, float x) { return activation::HardSwishGrad(g, x); });
 }
 
+absl::Status Erf(const KernelContext& ctx) {
+  return UnaryFloatKernel(ctx, [](float x) { return activation::Erf(x); });
+}
+absl::Status ErfBackward(const KernelContext& ctx) {
+  return UnaryGradKernel(ctx, [](float g, float x) { return activation::ErfGrad(g, x); });
+}
+
 absl::Status LeakyRelu(const KernelContext& ctx) {
   ASSIGN_OR_RETURN(double slope, DoubleAttr(ctx.attrs(), "negative_slope", 0.01));
   const auto s = static_cast<float>(slope);
@@ -354,6 +361,8 @@ void RegisterNativeElementwiseKernels(KernelTable& table) {
   table.Register("clip_backward", ClipBackward);
   table.Register("hardsigmoid", HardSigmoid);
   table.Register("hardsigmoid_backward", HardSigmoidBackward);
+  table.Register("erf", Erf);
+  table.Register("erf_backward", ErfBackward);
   table.Register("hardswish", HardSwish);
   table.Register("hardswish_backward", HardSwishBackward);
   table.Register("leaky_relu", LeakyRelu);

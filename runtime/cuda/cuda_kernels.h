@@ -33,6 +33,7 @@ enum class UnaryOp : int {
   kHardSigmoid,  // a = alpha, b = beta
   kHardSwish,
   kLeakyRelu,    // a = negative slope
+  kErf,
 };
 // The parameters of the parameterised unary ops (0 for the others).
 struct UnaryParams {

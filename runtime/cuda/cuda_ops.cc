@@ -1339,6 +1339,8 @@ void AddOwnKernels(std::map<std::string, CudaKernelFn>& t) {
   t["clip_backward"] = UnaryBackwardKernel<UnaryOp::kClip>;
   t["hardsigmoid"] = UnaryKernel<UnaryOp::kHardSigmoid>;
   t["hardsigmoid_backward"] = UnaryBackwardKernel<UnaryOp::kHardSigmoid>;
+  t["erf"] = UnaryKernel<UnaryOp::kErf>;
+  t["erf_backward"] = UnaryBackwardKernel<UnaryOp::kErf>;
   t["hardswish"] = UnaryKernel<UnaryOp::kHardSwish>;
   t["hardswish_backward"] = UnaryBackwardKernel<UnaryOp::kHardSwish>;
   t["leaky_relu"] = UnaryKernel<UnaryOp::kLeakyRelu>;

@@ -389,6 +389,7 @@ Graph PointwiseGraph() {
   y = nb.Apply("tanh", {y});
   y = nb.Apply("sigmoid", {y});
   y = nb.Apply("gelu", {y}, {{"approximate", "tanh"}});
+  y = nb.Apply("erf", {y});
   y = nb.Apply("mul", {y, w});
   const Value half = nb.Apply("fill", {}, {{"shape", {5, 7}}, {"value", 0.5}});
   y = nb.Apply("mul", {y, half});

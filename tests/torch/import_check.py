@@ -292,9 +292,10 @@ def grouped_net(torch, num_classes=10, image=None):
 def sequence_net(torch, num_classes=10, image=8):
     """A small 1-D network over the image's pixels as a sequence (export it
     at opset 17, where LayerNorm is one ONNX op): a dilated Conv1d, batch
-    norm, MaxPool1d, a transpose to (N, L, C), nn.Linear on the last dim
-    (MatMul and a broadcast Add), LayerNorm, a softmax over the sequence (not
-    the last dim) gating the features, and a linear classifier: --model
+    norm, SiLU (Sigmoid and Mul), MaxPool1d, a transpose to (N, L, C),
+    nn.Linear on the last dim (MatMul and a broadcast Add), GELU (written out
+    with Erf and constants), LayerNorm, a softmax over the sequence (not the
+    last dim) gating the features, and a linear classifier: --model
     sequence."""
     nn = torch.nn
 
@@ -311,8 +312,8 @@ def sequence_net(torch, num_classes=10, image=8):
 
         def forward(self, x):
             x = torch.flatten(x, 2)
-            x = self.pool(torch.relu(self.bn(self.conv(x))))
-            x = self.norm(self.proj(x.transpose(1, 2)))
+            x = self.pool(nn.functional.silu(self.bn(self.conv(x))))
+            x = self.norm(nn.functional.gelu(self.proj(x.transpose(1, 2))))
             x = x * torch.softmax(x, dim=1)
             return self.fc(torch.flatten(x, 1))
 
