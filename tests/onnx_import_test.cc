@@ -485,8 +485,12 @@ TEST(OnnxImportTest, WhatTheShapeFoldingCannotDoIsAnErrorNamingTheNode) {
          slice->add_input("step2");
        },
        {"'/Slice'", "step 2"}},
-      {"gather from a computed tensor",
-       [](ModelMaker& m) { FindNode(m, "Gather")->set_input(0, "r"); },
+      {"gather of several indices from a computed tensor",
+       [](ModelMaker& m) {
+         auto* gather = FindNode(m, "Gather");
+         gather->set_input(0, "r");
+         gather->set_input(1, "axes0");
+       },
        {"'/Gather'", "embedding"}},
   };
   for (const BadCase& c : cases) {

@@ -857,7 +857,9 @@ class Importer {
     return DefineInts(node, 0, Ints{{n}, std::move(dims)});
   }
 
-  // Gather of a known integer vector (a shape's dims) at constant indices.
+  // Gather of a known integer vector (a shape's dims) at constant indices;
+  // of a computed tensor at one constant index (x[:, 0]): a slice and a
+  // reshape dropping the dim.
   absl::Status Gather(const onnx::NodeProto& node) {
     RETURN_IF_ERROR(ExpectInputs(node, 2, 2));
     const Attrs attrs(node);
@@ -865,9 +867,29 @@ class Importer {
     ASSIGN_OR_RETURN(int64_t axis, attrs.Int("axis", 0));
     std::optional<Ints> data = KnownInts(node.input(0));
     std::optional<Ints> indices = KnownInts(node.input(1));
+    if (!data && indices && indices->dims.empty()) {
+      ASSIGN_OR_RETURN(Value x, Get(node, node.input(0)));
+      const Shape shape = nb_.type(x).shape;
+      const auto rank = static_cast<int64_t>(shape.size());
+      if (axis < -rank || axis >= rank) {
+        return NodeError(node, absl::StrCat("axis ", axis, " out of range for ",
+                                            ShapeToString(shape)));
+      }
+      if (axis < 0) axis += rank;
+      int64_t i = indices->values[0];
+      if (i < -shape[axis] || i >= shape[axis]) {
+        return NodeError(node, absl::StrCat("index ", i, " out of range"));
+      }
+      if (i < 0) i += shape[axis];
+      ASSIGN_OR_RETURN(Value part, Aux(node, "slice", {x},
+                                       {{"axis", axis}, {"begin", i}, {"end", i + 1}}, "slice"));
+      std::vector<int64_t> out(shape.begin(), shape.end());
+      out.erase(out.begin() + axis);
+      return Apply(node, "reshape", {part}, {{"shape", out}});
+    }
     if (!data || !indices || data->dims.size() != 1 || (axis != 0 && axis != -1)) {
-      return NodeError(node, "only a Gather from a constant integer vector (a shape) is "
-                             "supported (an embedding look-up is not yet)");
+      return NodeError(node, "only a Gather from a constant integer vector (a shape) or at one "
+                             "constant index is supported (an embedding look-up is not yet)");
     }
     Ints out{indices->dims, {}};
     const auto n = static_cast<int64_t>(data->values.size());
@@ -894,6 +916,95 @@ class Importer {
       in.shape = nb_.type(in.value).shape;
     }
     return in;
+  }
+
+  // ConstantOfShape of a known shape with an integer value: folds (the
+  // ones torch writes for Expand's -1 dims).
+  absl::Status ConstantOfShape(const onnx::NodeProto& node) {
+    RETURN_IF_ERROR(ExpectInputs(node, 1, 1));
+    const Attrs attrs(node);
+    RETURN_IF_ERROR(attrs.OnlyKnown({"value"}));
+    ASSIGN_OR_RETURN(std::vector<int64_t> shape, ConstInts(node, 0));
+    int64_t value = 0;
+    for (const onnx::AttributeProto& a : node.attribute()) {
+      if (a.name() != "value") continue;
+      absl::StatusOr<std::vector<int64_t>> v = IntValues(a.t());
+      if (!v.ok() || v->size() != 1) {
+        return NodeError(node, "only an integer value is supported (a shape's arithmetic)");
+      }
+      value = (*v)[0];
+    }
+    int64_t count = 1;
+    for (int64_t d : shape) {
+      if (d < 0 || (count *= d) > (int64_t{1} << 20)) {
+        return NodeError(node, "shape is negative or too large for a constant");
+      }
+    }
+    return DefineInts(node, 0, Ints{Shape(shape.begin(), shape.end()),
+                                    std::vector<int64_t>(count, value)});
+  }
+
+  // Equal of known integers (0 or 1) and Where over them: Expand's shape.
+  absl::Status Equal(const onnx::NodeProto& node) {
+    RETURN_IF_ERROR(ExpectInputs(node, 2, 2));
+    RETURN_IF_ERROR(Attrs(node).OnlyKnown({}));
+    std::optional<Ints> a = KnownInts(node.input(0)), b = KnownInts(node.input(1));
+    if (!a || !b || (a->values.size() != b->values.size() && b->values.size() != 1)) {
+      return NodeError(node, "only Equal of integer constants and shapes is supported");
+    }
+    Ints out = *a;
+    for (size_t i = 0; i < out.values.size(); ++i) {
+      out.values[i] = a->values[i] == b->values[b->values.size() == 1 ? 0 : i] ? 1 : 0;
+    }
+    return DefineInts(node, 0, std::move(out));
+  }
+  absl::Status Where(const onnx::NodeProto& node) {
+    RETURN_IF_ERROR(ExpectInputs(node, 3, 3));
+    RETURN_IF_ERROR(Attrs(node).OnlyKnown({}));
+    std::optional<Ints> c = KnownInts(node.input(0)), x = KnownInts(node.input(1)),
+                        y = KnownInts(node.input(2));
+    const size_t n = c ? c->values.size() : 0;
+    auto fits = [n](const std::optional<Ints>& t) {
+      return t && (t->values.size() == n || t->values.size() == 1);
+    };
+    if (!c || !fits(x) || !fits(y)) {
+      return NodeError(node, "only Where over integer constants and shapes is supported");
+    }
+    Ints out = *c;
+    for (size_t i = 0; i < n; ++i) {
+      out.values[i] = c->values[i] != 0 ? x->values[x->values.size() == 1 ? 0 : i]
+                                        : y->values[y->values.size() == 1 ? 0 : i];
+    }
+    return DefineInts(node, 0, std::move(out));
+  }
+
+  // Expand of a computed tensor to a known shape (NumPy broadcast): added
+  // to a zero `fill` of the result's shape, which broadcasts it.
+  absl::Status Expand(const onnx::NodeProto& node) {
+    RETURN_IF_ERROR(ExpectInputs(node, 2, 2));
+    RETURN_IF_ERROR(Attrs(node).OnlyKnown({}));
+    ASSIGN_OR_RETURN(std::vector<int64_t> shape, ConstInts(node, 1));
+    ASSIGN_OR_RETURN(Value x, Get(node, node.input(0)));
+    const Shape& in = nb_.type(x).shape;
+    // The result: the two shapes broadcast, aligned on the trailing dims.
+    const size_t rank = std::max(in.size(), shape.size());
+    std::vector<int64_t> out(rank);
+    for (size_t k = 0; k < rank; ++k) {
+      const int64_t a = k < rank - in.size() ? 1 : in[k - (rank - in.size())];
+      const int64_t b = k < rank - shape.size() ? 1 : shape[k - (rank - shape.size())];
+      if (a != b && a != 1 && b != 1) {
+        return NodeError(node, absl::StrCat("cannot expand ", ShapeToString(in), " to [",
+                                            absl::StrJoin(shape, ","), "]"));
+      }
+      out[k] = a == 1 ? b : a;
+    }
+    if (Shape(out.begin(), out.end()) == in) return Define(node, x);
+    ASSIGN_OR_RETURN(Value zeros,
+                     Aux(node, "fill", {},
+                         {{"shape", out}, {"dtype", std::string(DTypeName(nb_.type(x).dtype))},
+                          {"value", 0.0}},
+                         "zeros"));
+    return Apply(node, "add", {zeros, x});
   }
 
   // The axes of Unsqueeze / Squeeze: an input from opset 13, before that
@@ -1214,15 +1325,32 @@ class Importer {
     RETURN_IF_ERROR(attrs.OnlyKnown({"allowzero"}));
     ASSIGN_OR_RETURN(int64_t allowzero, attrs.Int("allowzero", 0));
     ASSIGN_OR_RETURN(std::vector<int64_t> shape, ConstInts(node, 1));
-    ASSIGN_OR_RETURN(Value x, Get(node, node.input(0)));
-    const Shape& in = nb_.type(x).shape;
+    ASSIGN_OR_RETURN(Operand x, FirstOperand(node));
+    const Shape& in = x.shape;
     for (size_t d = 0; d < shape.size(); ++d) {
       if (shape[d] == 0 && allowzero == 0) {
         if (d >= in.size()) return NodeError(node, "shape copies a dimension x does not have");
         shape[d] = in[d];  // 0 copies the input's dimension
       }
     }
-    return Apply(node, "reshape", {x}, {{"shape", shape}});
+    if (!x.ints) return Apply(node, "reshape", {x.value}, {{"shape", shape}});
+    // Known integers keep their values in the new shape.
+    const auto count = static_cast<int64_t>(x.ints->values.size());
+    int64_t known = 1, infer_at = -1;
+    for (size_t d = 0; d < shape.size(); ++d) {
+      if (shape[d] == -1 && infer_at < 0) {
+        infer_at = static_cast<int64_t>(d);
+      } else if (shape[d] < 0) {
+        return NodeError(node, "shape has a negative dimension");
+      } else {
+        known *= shape[d];
+      }
+    }
+    if (infer_at >= 0 && known > 0 && count % known == 0) shape[infer_at] = count / known;
+    int64_t total = 1;
+    for (int64_t d : shape) total *= d;
+    if (total != count) return NodeError(node, "shape does not hold the integers' count");
+    return DefineInts(node, 0, Ints{Shape(shape.begin(), shape.end()), x.ints->values});
   }
 
   absl::Status Concat(const onnx::NodeProto& node) {
@@ -1466,6 +1594,10 @@ class Importer {
         {"Sub", &Importer::Sub},
         {"Div", &Importer::Div},
         {"Transpose", &Importer::Transpose},
+        {"ConstantOfShape", &Importer::ConstantOfShape},
+        {"Equal", &Importer::Equal},
+        {"Where", &Importer::Where},
+        {"Expand", &Importer::Expand},
         {"MatMul", &Importer::MatMul},
         {"LayerNormalization", &Importer::LayerNormalization},
         {"Slice", &Importer::Slice},

@@ -320,9 +320,21 @@ def sequence_net(torch, num_classes=10, image=8):
     return Sequence()
 
 
+def vit_tiny_net(torch, num_classes=10, image=64):
+    """torchvision's VisionTransformer, two layers of width 16 over 16x16
+    patches (export it at opset 17, where LayerNorm is one ONNX op): patch
+    embedding, class token (Expand), position embedding, multi-head
+    attention, GELU MLPs, the class token's output (Gather): --model
+    vit_tiny."""
+    import torchvision
+    return torchvision.models.vision_transformer.VisionTransformer(
+        image_size=image, patch_size=16, num_layers=2, num_heads=2,
+        hidden_dim=16, mlp_dim=32, num_classes=num_classes)
+
+
 # Models of this file, beside torchvision's.
 LOCAL_MODELS = {"activations": activations_net, "grouped": grouped_net,
-                "sequence": sequence_net}
+                "sequence": sequence_net, "vit_tiny": vit_tiny_net}
 
 
 def build_model(torch, torchvision, models, args):
