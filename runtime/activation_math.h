@@ -1,5 +1,5 @@
 // The piecewise-linear activations of the operator table (clip, hardsigmoid,
-// hardswish, leaky_relu), erf, and their gradients, in float, shared by the CPU
+// hardswish, leaky_relu), erf, sqrt, and their gradients, in float, shared by the CPU
 // kernels and the CUDA kernels (device code, and its host emulation): one
 // definition, so the backends agree to the bit. Each follows PyTorch's ATen
 // definition (hardtanh, hardsigmoid, hardswish, leaky_relu and their
@@ -59,6 +59,12 @@ PEBBLE_HOST_DEVICE inline float Erf(float x) { return erff(x); }
 PEBBLE_HOST_DEVICE inline float ErfGrad(float g, float x) {
   return g * 1.12837916709551257f * expf(-x * x);
 }
+
+// The square root (ONNX Sqrt: a layer norm written out) and its derivative
+// 1 / (2 sqrt(x)), read from the output y = sqrt(x) as PyTorch's
+// sqrt_backward does.
+PEBBLE_HOST_DEVICE inline float Sqrt(float x) { return sqrtf(x); }
+PEBBLE_HOST_DEVICE inline float SqrtGrad(float g, float y) { return g / (2.f * y); }
 
 }  // namespace pebble::activation
 

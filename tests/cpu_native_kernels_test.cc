@@ -225,7 +225,7 @@ void ExpectAdjoint(const std::string& op, const std::string& backward,
 TEST(NativeKernelsTest, RegistersItsOpsAndEveryOpIsInTheOpTable) {
   const std::vector<std::string> ops = NativeTable().Ops();
   for (const char* op :
-       {"add", "mul", "sub", "div", "erf", "erf_backward", "sum", "sum_backward", "sum_to", "copy", "flatten",
+       {"add", "mul", "sub", "div", "erf", "erf_backward", "sqrt", "sqrt_backward", "sum", "sum_backward", "sum_to", "copy", "flatten",
         "reshape", "slice", "transpose", "pad", "pad_backward", "concat", "global_avgpool",
         "global_avgpool_backward", "adaptive_avgpool",
         "adaptive_avgpool_backward", "upsample", "upsample_backward",
@@ -367,6 +367,10 @@ TEST(NativeKernelsTest, PiecewiseLinearActivationsAndGradients) {
                 2.0 * 2.0 / std::sqrt(M_PI) * std::exp(-static_cast<double>(v) * v), 1e-6)
         << v;
   }
+  // sqrt, and its gradient g / (2 y) read from the output.
+  EXPECT_FLOAT_EQ(MustRun("sqrt", {Floats({2}, {4.0f, 2.25f})}).Floats()[1], 1.5f);
+  EXPECT_FLOAT_EQ(
+      MustRun("sqrt_backward", {Floats({1}, {3.0f}), Floats({1}, {1.5f})}).Floats()[0], 1.0f);
   // The defaults are PyTorch's: hardsigmoid(x) = relu6(x + 3) / 6,
   // leaky_relu's slope 0.01.
   EXPECT_FLOAT_EQ(MustRun("hardsigmoid", {Floats({1}, {1.5f})}).Floats()[0], 0.75f);

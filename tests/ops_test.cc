@@ -307,6 +307,8 @@ TEST(ElementwiseTest, ActivationsKeepTypeAndCountFlops) {
   ExpectType("erf", {T({2, 3}, kF16)}, Json::object(), {2, 3}, kF16);
   ExpectType("erf_backward", {T({2, 3}), T({2, 3})}, Json::object(), {2, 3});
   ExpectError("erf", {T({2, 3}, kI64)}, Json::object(), "float");
+  ExpectType("sqrt", {T({2, 3})}, Json::object(), {2, 3});
+  ExpectType("sqrt_backward", {T({2, 3}), T({2, 3})}, Json::object(), {2, 3});
   ExpectError("clip", {T({2, 3})}, {{"min", 6}, {"max", 0}}, "above");
   ExpectError("clip_backward", {T({2, 3}), T({2, 3})}, {{"min", "a"}}, "min");
   ExpectType("relu_backward", {T({2, 3}), T({2, 3})}, Json::object(), {2, 3});

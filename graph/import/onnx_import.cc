@@ -761,6 +761,24 @@ class Importer {
   }
   absl::Status Tanh(const onnx::NodeProto& node) { return Unary(node, "tanh"); }
   absl::Status Erf(const onnx::NodeProto& node) { return Unary(node, "erf"); }
+  absl::Status Sqrt(const onnx::NodeProto& node) { return Unary(node, "sqrt"); }
+
+  // Pow by a constant exponent of 2 (x * x) or 0.5 (sqrt): a layer norm
+  // written out squares the deviation.
+  absl::Status Pow(const onnx::NodeProto& node) {
+    RETURN_IF_ERROR(ExpectInputs(node, 2, 2));
+    RETURN_IF_ERROR(Attrs(node).OnlyKnown({}));
+    const onnx::TensorProto* e = ConstTensor(node.input(1));
+    std::optional<double> exponent = e == nullptr ? std::nullopt : FloatScalar(*e);
+    if (!exponent && e != nullptr) {
+      absl::StatusOr<std::vector<int64_t>> ints = IntValues(*e);
+      if (ints.ok() && ints->size() == 1) exponent = static_cast<double>((*ints)[0]);
+    }
+    ASSIGN_OR_RETURN(Value x, Get(node, node.input(0)));
+    if (exponent == 2.0) return Apply(node, "mul", {x, x});
+    if (exponent == 0.5) return Apply(node, "sqrt", {x});
+    return NodeError(node, "only a constant exponent of 2 or 0.5 is supported");
+  }
   absl::Status Sigmoid(const onnx::NodeProto& node) { return Unary(node, "sigmoid"); }
 
   absl::Status Binary(const onnx::NodeProto& node, absl::string_view op) {
@@ -1286,11 +1304,26 @@ class Importer {
     std::sort(normalized.begin(), normalized.end());
     std::vector<int64_t> spatial;
     for (int64_t d = 2; d < rank; ++d) spatial.push_back(d);
+    if (rank >= 2 && normalized == std::vector<int64_t>{rank - 1}) {
+      // Over the last dim (a layer norm written out): a linear layer whose
+      // weight is one row of 1/D, then without keepdims the dim dropped.
+      const int64_t d = x.back();
+      ASSIGN_OR_RETURN(Value row, Aux(node, "fill", {},
+                                      {{"shape", {1, d}},
+                                       {"dtype", std::string(DTypeName(nb_.type(in[0]).dtype))},
+                                       {"value", 1.0 / static_cast<double>(d)}},
+                                      "mean_row"));
+      if (keepdims != 0) return Apply(node, "linear", {in[0], row});
+      ASSIGN_OR_RETURN(Value mean, Aux(node, "linear", {in[0], row}, Json::object(), "mean"));
+      return Apply(node, "reshape", {mean},
+                   {{"shape", std::vector<int64_t>(x.begin(), x.end() - 1)}});
+    }
     if (rank < 3 || normalized != spatial) {
       return attrs.Unsupported(
           "axes", absl::StrCat("[", absl::StrJoin(axes, ","), "] of ", ShapeToString(x),
                                " (only the mean over every spatial dim, [2..",
-                               std::max<int64_t>(rank - 1, 2), "], is supported)"));
+                               std::max<int64_t>(rank - 1, 2),
+                               "], or over the last one is supported)"));
     }
     if (keepdims != 0) return Apply(node, "adaptive_avgpool", in, {{"output_size", 1}});
     const std::string id = NodeIdFor(node);
@@ -1611,6 +1644,8 @@ class Importer {
         {"Pad", &Importer::Pad},
         {"Relu", &Importer::Relu},
         {"Erf", &Importer::Erf},
+        {"Sqrt", &Importer::Sqrt},
+        {"Pow", &Importer::Pow},
         {"Reshape", &Importer::Reshape},
         {"Sigmoid", &Importer::Sigmoid},
         {"Softmax", &Importer::Softmax},

@@ -305,6 +305,12 @@ void RegisterElementwiseOps(std::vector<OpDef>& t) {
                .backward = ActivationBackward("erf_backward", false)});
   t.push_back({.name = "erf_backward", .min_inputs = 2, .max_inputs = 2,
                .infer = InferBackwardOf(InferUnaryFloat), .flops = PerElement(6)});
+  // sqrt; its backward reads the output: grad / (2 y).
+  t.push_back({.name = "sqrt", .min_inputs = 1, .max_inputs = 1,
+               .infer = InferUnaryFloat, .flops = PerElement(1),
+               .backward = ActivationBackward("sqrt_backward", true)});
+  t.push_back({.name = "sqrt_backward", .min_inputs = 2, .max_inputs = 2,
+               .infer = InferBackwardOf(InferUnaryFloat), .flops = PerElement(2)});
   // grad * (lo < x < hi); grad * alpha * (0 < alpha x + beta < 1);
   // grad * (x / 3 + 1/2) on [-3, 3]; grad * (x > 0 ? 1 : slope).
   t.push_back({.name = "clip_backward", .min_inputs = 2, .max_inputs = 2,

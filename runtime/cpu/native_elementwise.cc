@@ -197,6 +197,13 @@ absl::Status ErfBackward(const KernelContext& ctx) {
   return UnaryGradKernel(ctx, [](float g, float x) { return activation::ErfGrad(g, x); });
 }
 
+absl::Status Sqrt(const KernelContext& ctx) {
+  return UnaryFloatKernel(ctx, [](float x) { return activation::Sqrt(x); });
+}
+absl::Status SqrtBackward(const KernelContext& ctx) {
+  return UnaryGradKernel(ctx, [](float g, float y) { return activation::SqrtGrad(g, y); });
+}
+
 absl::Status LeakyRelu(const KernelContext& ctx) {
   ASSIGN_OR_RETURN(double slope, DoubleAttr(ctx.attrs(), "negative_slope", 0.01));
   const auto s = static_cast<float>(slope);
@@ -362,6 +369,8 @@ void RegisterNativeElementwiseKernels(KernelTable& table) {
   table.Register("hardsigmoid", HardSigmoid);
   table.Register("hardsigmoid_backward", HardSigmoidBackward);
   table.Register("erf", Erf);
+  table.Register("sqrt", Sqrt);
+  table.Register("sqrt_backward", SqrtBackward);
   table.Register("erf_backward", ErfBackward);
   table.Register("hardswish", HardSwish);
   table.Register("hardswish_backward", HardSwishBackward);

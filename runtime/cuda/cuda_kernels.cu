@@ -97,6 +97,8 @@ __device__ __forceinline__ float Unary(UnaryOp op, float v, UnaryParams p) {
       return activation::LeakyRelu(v, p.a);
     case UnaryOp::kErf:
       return activation::Erf(v);
+    case UnaryOp::kSqrt:
+      return activation::Sqrt(v);
     case UnaryOp::kRelu:
       return v < 0.f ? 0.f : v;  // NaN stays NaN, as oneDNN's and PyTorch's
     case UnaryOp::kTanh:
@@ -125,6 +127,8 @@ __device__ __forceinline__ float UnaryGrad(UnaryOp op, float g, float s, UnaryPa
       return activation::LeakyReluGrad(g, s, p.a);
     case UnaryOp::kErf:
       return activation::ErfGrad(g, s);
+    case UnaryOp::kSqrt:
+      return activation::SqrtGrad(g, s);
     case UnaryOp::kRelu:
       return s > 0.f ? g : 0.f;
     case UnaryOp::kTanh:

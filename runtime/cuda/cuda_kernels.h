@@ -34,6 +34,7 @@ enum class UnaryOp : int {
   kHardSwish,
   kLeakyRelu,    // a = negative slope
   kErf,
+  kSqrt,  // the backward reads the output
 };
 // The parameters of the parameterised unary ops (0 for the others).
 struct UnaryParams {

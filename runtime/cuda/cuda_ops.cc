@@ -1340,6 +1340,8 @@ void AddOwnKernels(std::map<std::string, CudaKernelFn>& t) {
   t["hardsigmoid"] = UnaryKernel<UnaryOp::kHardSigmoid>;
   t["hardsigmoid_backward"] = UnaryBackwardKernel<UnaryOp::kHardSigmoid>;
   t["erf"] = UnaryKernel<UnaryOp::kErf>;
+  t["sqrt"] = UnaryKernel<UnaryOp::kSqrt>;
+  t["sqrt_backward"] = UnaryBackwardKernel<UnaryOp::kSqrt>;
   t["erf_backward"] = UnaryBackwardKernel<UnaryOp::kErf>;
   t["hardswish"] = UnaryKernel<UnaryOp::kHardSwish>;
   t["hardswish_backward"] = UnaryBackwardKernel<UnaryOp::kHardSwish>;

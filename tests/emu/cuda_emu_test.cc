@@ -388,6 +388,7 @@ Graph PointwiseGraph() {
   y = nb.Apply("hardsigmoid", {y}, {{"alpha", 2.0}, {"beta", 0.5}});
   y = nb.Apply("tanh", {y});
   y = nb.Apply("sigmoid", {y});
+  y = nb.Apply("sqrt", {y});  // of (0, 1)
   y = nb.Apply("gelu", {y}, {{"approximate", "tanh"}});
   y = nb.Apply("erf", {y});
   y = nb.Apply("mul", {y, w});
