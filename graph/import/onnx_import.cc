@@ -954,7 +954,7 @@ class Importer {
     }
     int64_t count = 1;
     for (int64_t d : shape) {
-      if (d < 0 || (count *= d) > (int64_t{1} << 20)) {
+      if (d < 0 || d > (int64_t{1} << 20) || (count *= d) > (int64_t{1} << 20)) {
         return NodeError(node, "shape is negative or too large for a constant");
       }
     }
@@ -1375,13 +1375,15 @@ class Importer {
         infer_at = static_cast<int64_t>(d);
       } else if (shape[d] < 0) {
         return NodeError(node, "shape has a negative dimension");
-      } else {
-        known *= shape[d];
+      } else if (__builtin_mul_overflow(known, shape[d], &known)) {
+        return NodeError(node, "shape overflows");
       }
     }
     if (infer_at >= 0 && known > 0 && count % known == 0) shape[infer_at] = count / known;
     int64_t total = 1;
-    for (int64_t d : shape) total *= d;
+    for (int64_t d : shape) {
+      if (d < 0 || __builtin_mul_overflow(total, d, &total)) total = -1;
+    }
     if (total != count) return NodeError(node, "shape does not hold the integers' count");
     return DefineInts(node, 0, Ints{Shape(shape.begin(), shape.end()), x.ints->values});
   }
