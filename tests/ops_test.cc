@@ -1,5 +1,6 @@
 // The operator table and NetBuilder: shape and dtype inference, FLOPs on
 // hand-computed cases, errors that name the op and the node.
+#include <cmath>
 #include <string>
 #include <vector>
 
@@ -270,6 +271,15 @@ TEST(EmbeddingTest, LookUp) {
               "indices");
   ExpectType("embedding_backward", {T({2, 7, 16}), T({2, 7}, kI64)},
              {{"num_embeddings", 100}}, {100, 16});
+  // A FLOP count of a shape too large for any tensor (the graph refuses its
+  // bytes afterwards) is a finite double, not an int64 overflow (fuzzed).
+  const double huge = Flops("embedding_backward", {T({2, 7, 8}), T({2, 7}, kI64)},
+                            {{"num_embeddings", int64_t{8355079725493122035}}});
+  EXPECT_GT(huge, 6e19);
+  EXPECT_TRUE(std::isfinite(huge));
+  EXPECT_GT(Flops("conv2d", {T({1, 1, 1, 1}), T({1, 1, 1, 1})},
+                  {{"padding", {int64_t{1} << 40, int64_t{1} << 40}}}),
+            1e24);
   ExpectType("arange", {}, {{"n", 5}}, {5}, kI64);
 }
 

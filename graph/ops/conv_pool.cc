@@ -94,8 +94,9 @@ absl::StatusOr<TensorType> InferConv(int d, Inputs in, const Json& attrs) {
 
 // 2 N O prod(out) I prod(k): one multiply-add per weight per output.
 double ConvMacFlops(const Shape& out, const Shape& weight) {
-  return 2.0 * static_cast<double>(NumElements(out)) *
-         static_cast<double>(Product(weight, 1, weight.size()));
+  const Shape per_output(weight.begin() + 1, weight.end());
+  return 2.0 * Elements(TensorType{out, DType::kFloat32}) *
+         Elements(TensorType{per_output, DType::kFloat32});
 }
 
 double ConvFlops(Inputs in, const TensorType& out, const Json&) {
@@ -285,7 +286,7 @@ double WindowFlops(const Shape& out, const Json& attrs) {
   if (w.ok()) {
     for (int64_t e : w->kernel) k *= static_cast<double>(e);
   }
-  return k * static_cast<double>(NumElements(out));
+  return k * Elements(TensorType{out, DType::kFloat32});
 }
 
 double PoolFlops(Inputs, const TensorType& out, const Json& attrs) {
@@ -508,7 +509,7 @@ double UpsampleFlopsFor(const Shape& y, const Json& attrs) {
   absl::StatusOr<Upsampling> u = ParseUpsampling(attrs, y.size());
   double per = 1;
   if (u.ok() && u->mode != "nearest") per = 2.0 * (1 << (y.size() - 2));
-  return per * static_cast<double>(NumElements(y));
+  return per * Elements(TensorType{y, DType::kFloat32});
 }
 
 double UpsampleFlops(Inputs, const TensorType& out, const Json& attrs) {

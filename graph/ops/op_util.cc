@@ -326,7 +326,12 @@ int64_t Product(const Shape& shape, int begin, int end) {
 }
 
 double Elements(const TensorType& t) {
-  return static_cast<double>(NumElements(t.shape));
+  // In double: a FLOP formula may see a shape that inference gave but whose
+  // byte count the graph then refuses (fuzzed: embedding_backward with a
+  // num_embeddings of 8e18), and must not overflow on it.
+  double n = 1;
+  for (int64_t d : t.shape) n *= static_cast<double>(d);
+  return n;
 }
 
 double CopyFlops(Inputs, const TensorType& out, const Json&) {

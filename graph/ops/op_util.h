@@ -147,7 +147,9 @@ bool PermutesInto(const Shape& x, const std::vector<int64_t>& perm,
 
 // Product of dims [begin, end) of `shape`.
 int64_t Product(const Shape& shape, int begin, int end);
-double Elements(const TensorType& t);  // as a double, for FLOP formulas
+// The element count as a double, for FLOP formulas: never overflows, even
+// on a shape the graph later refuses as too large.
+double Elements(const TensorType& t);
 
 // The FLOP count of ops that only move data: one per element written, so
 // that no node is free to recompute (docs/operators.md, "FLOPs").
