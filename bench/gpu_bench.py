@@ -181,11 +181,14 @@ def fit_markdown(doc, device, torch_fits=()):
     return lines
 
 
-TORCH_CASE = r"""
-import json, sys, time, torch
+# What both PyTorch snippets below share: argv[1:4] = mode, budget bytes,
+# device; TF32 off; the memory fraction of '+fraction' modes; the seeded
+# network and one training step of it.
+TORCH_PRELUDE = r"""
+import gc, json, sys, time, torch
 import torch.nn as nn
 from torch.utils.checkpoint import checkpoint
-n, mode, budget, device = int(sys.argv[1]), sys.argv[2], int(sys.argv[3]), sys.argv[4]
+mode, budget, device = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 torch.backends.cudnn.allow_tf32 = False
 torch.backends.cuda.matmul.allow_tf32 = False
 torch.backends.cudnn.benchmark = False
@@ -200,9 +203,9 @@ if mode.endswith("+fraction"):
 torch.manual_seed(0)
 blocks = nn.ModuleList([nn.Sequential(nn.Conv3d(i, o, 3, padding=1), nn.ReLU())
                         for i, o in ((1, 4), (4, 8), (8, 1))]).to(dev)
-x = torch.rand(1, 1, n, n, n, device=dev) * 2 - 1
-target = torch.rand(1, 1, n, n, n, device=dev) * 2 - 1
-def step():
+def volume(n):
+    return torch.rand(1, 1, n, n, n, device=dev) * 2 - 1
+def step(x, target):
     h = x
     for b in blocks:
         h = checkpoint(b, h, use_reentrant=False) if mode.startswith("checkpoint") else b(h)
@@ -211,15 +214,22 @@ def step():
     for p in blocks.parameters():
         p.grad = None
     return loss
+"""
+
+# One case: argv[4] = N; the median of 3 steps after a warm-up, and the
+# peak memory; an out-of-memory error recorded as OOM.
+TORCH_CASE = TORCH_PRELUDE + r"""
+n = int(sys.argv[4])
+x, target = volume(n), volume(n)
 res = {"status": "ok"}
 try:
-    step(); sync()
+    step(x, target); sync()
     if on_gpu:
         torch.cuda.reset_peak_memory_stats(dev)
     times = []
     for _ in range(3):
         sync(); t0 = time.perf_counter()
-        step(); sync()
+        step(x, target); sync()
         times.append(time.perf_counter() - t0)
     times.sort()
     res["time_s"] = times[1]
@@ -232,43 +242,18 @@ print(json.dumps(res))
 """
 
 
-# PyTorch's largest N for one mode, in one process: a binary search over N,
-# each try one step, an out-of-memory error meaning "does not fit" (the
-# caching allocator is emptied after every try, so an earlier failure does
-# not fragment the next). '+fraction' modes cap the allocator at the budget;
-# on the CPU nothing is capped and the search ends at the upper bound.
-TORCH_FIT = r"""
-import gc, json, sys, time, torch
-import torch.nn as nn
-from torch.utils.checkpoint import checkpoint
-mode, budget, device, hi = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
-torch.backends.cudnn.allow_tf32 = False
-torch.backends.cuda.matmul.allow_tf32 = False
-torch.backends.cudnn.benchmark = False
-dev = torch.device("cuda:0" if device == "cuda" else device)  # the fraction needs an index
-on_gpu = dev.type == "cuda"
-if mode.endswith("+fraction"):
-    total = torch.cuda.get_device_properties(dev).total_memory
-    torch.cuda.set_per_process_memory_fraction(min(1.0, budget / total), dev)
-torch.manual_seed(0)
-blocks = nn.ModuleList([nn.Sequential(nn.Conv3d(i, o, 3, padding=1), nn.ReLU())
-                        for i, o in ((1, 4), (4, 8), (8, 1))]).to(dev)
-def sync():
-    if on_gpu:
-        torch.cuda.synchronize()
-def step(n):
-    x = torch.rand(1, 1, n, n, n, device=dev) * 2 - 1
-    target = torch.rand(1, 1, n, n, n, device=dev) * 2 - 1
-    h = x
-    for b in blocks:
-        h = checkpoint(b, h, use_reentrant=False) if mode.startswith("checkpoint") else b(h)
-    nn.functional.mse_loss(h, target).backward()
-    for p in blocks.parameters():
-        p.grad = None
-    sync()
+# PyTorch's largest N for one mode, in one process (argv[4] = the upper
+# bound): a binary search over N, each try one step, an out-of-memory error
+# meaning "does not fit" (the caching allocator is emptied after every try,
+# so an earlier failure does not fragment the next). '+fraction' modes cap
+# the allocator at the budget; on the CPU nothing is capped and the search
+# ends at the upper bound.
+TORCH_FIT = TORCH_PRELUDE + r"""
+hi = int(sys.argv[4])
 def fits(n):
     try:
-        step(n)
+        step(volume(n), volume(n))
+        sync()
         return True
     except torch.cuda.OutOfMemoryError:
         return False
@@ -316,7 +301,7 @@ def run_torch_fit(python, mode, budget_bytes, device, upper, timeout):
 
 
 def run_torch(python, n, mode, budget_bytes, device, timeout):
-    out = subprocess.run([python, "-c", TORCH_CASE, str(n), mode, str(budget_bytes), device],
+    out = subprocess.run([python, "-c", TORCH_CASE, mode, str(budget_bytes), device, str(n)],
                          capture_output=True, text=True, timeout=timeout)
     row = {"system": "pytorch", "mode": mode, "n": n}
     lines = [l for l in out.stdout.splitlines() if l.startswith("{")]

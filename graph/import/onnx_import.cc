@@ -571,6 +571,23 @@ class Importer {
     v.insert(v.begin(), fill);
     return v;
   }
+  // A 1-D convolution or pooling run as 2-D of height 1: the first
+  // `viewed` inputs (x; for a convolution the weight too) get a unit dim at
+  // 2 (reshapes, which pebble copies), `op` runs on them with `attrs`
+  // (already 2-D), and its result is viewed back without that dim.
+  absl::Status ApplyAs2d(const onnx::NodeProto& node, absl::string_view op,
+                         std::vector<Value> in, size_t viewed, Json attrs) {
+    static constexpr absl::string_view kViewSuffix[] = {"x2d", "w2d"};
+    for (size_t i = 0; i < viewed; ++i) {
+      ASSIGN_OR_RETURN(in[i], Aux(node, "reshape", {in[i]},
+                                  {{"shape", WithUnitDim(nb_.type(in[i]).shape, 2)}},
+                                  kViewSuffix[i]));
+    }
+    ASSIGN_OR_RETURN(Value y, Aux(node, op, std::move(in), std::move(attrs), op));
+    std::vector<int64_t> back(nb_.type(y).shape.begin(), nb_.type(y).shape.end());
+    back.erase(back.begin() + 2);
+    return Apply(node, "reshape", {y}, {{"shape", back}});
+  }
 
   absl::Status ExpectInputs(const onnx::NodeProto& node, int min, int max) {
     if (node.input_size() < min || node.input_size() > max) {
@@ -667,19 +684,11 @@ class Importer {
       conv_attrs["dilation"] = dilations;
     }
     if (spatial > 1) return Apply(node, spatial == 2 ? "conv2d" : "conv3d", in, conv_attrs);
-    // 1-D: x (N, C, L) and the weight (O, C/g, k) viewed with a height of 1
-    // (reshapes, which pebble copies), a conv2d, and the result viewed back.
-    const Shape x = nb_.type(in[0]).shape;
-    ASSIGN_OR_RETURN(in[0], Aux(node, "reshape", {in[0]}, {{"shape", WithUnitDim(x, 2)}}, "x2d"));
-    ASSIGN_OR_RETURN(in[1], Aux(node, "reshape", {in[1]}, {{"shape", WithUnitDim(w, 2)}}, "w2d"));
+    // 1-D: x (N, C, L) and the weight (O, C/g, k) as 2-D of height 1.
     conv_attrs["stride"] = Widen(strides, 1);
     conv_attrs["padding"] = Widen(padding, 0);
     if (conv_attrs.contains("dilation")) conv_attrs["dilation"] = Widen(dilations, 1);
-    ASSIGN_OR_RETURN(Value y, Aux(node, "conv2d", in, conv_attrs, "conv2d"));
-    Shape y_shape = nb_.type(y).shape;
-    y_shape.erase(y_shape.begin() + 2);
-    return Apply(node, "reshape", {y},
-                 {{"shape", std::vector<int64_t>(y_shape.begin(), y_shape.end())}});
+    return ApplyAs2d(node, "conv2d", in, 2, conv_attrs);
   }
 
   absl::Status BatchNormalization(const onnx::NodeProto& node) {
@@ -699,11 +708,8 @@ class Importer {
     ASSIGN_OR_RETURN(std::vector<Value> in, Inputs(node));
     // ONNX's momentum weighs the old running value; PyTorch's the new one.
     const Json a = {{"eps", eps}, {"momentum", 1.0 - momentum}};
-    const std::string id = NodeIdFor(node);
-    const std::string stats_id = Free(id + ".stats") ? id + ".stats" : FreshId(id + ".stats");
-    const Value stats = nb_.Apply("batchnorm_stats", {in[0]}, a, stats_id);
-    if (!nb_.status().ok()) return NodeError(node, nb_.status().message());
-    RETURN_IF_ERROR(Apply(node, "batchnorm", {in[0], stats, in[1], in[2]}, a, id));
+    ASSIGN_OR_RETURN(Value stats, Aux(node, "batchnorm_stats", {in[0]}, a, "stats"));
+    RETURN_IF_ERROR(Apply(node, "batchnorm", {in[0], stats, in[1], in[2]}, a));
     // The updated running statistics (outputs 1 and 2) are the buffers'
     // in-place update in PyTorch: nothing reads them in a training step.
     for (int i = 1; i < node.output_size(); ++i) {
@@ -1153,17 +1159,13 @@ class Importer {
       return DefineInts(node, 0, std::move(out));
     }
     if (cuts.empty()) return Define(node, x);
-    const std::string id = NodeIdFor(node);
     for (size_t i = 0; i + 1 < cuts.size(); ++i) {
-      const std::string part = absl::StrCat(id, ".", cuts[i].axis);
-      x = nb_.Apply("slice", {x},
-                    {{"axis", cuts[i].axis}, {"begin", cuts[i].begin}, {"end", cuts[i].end}},
-                    Free(part) ? part : FreshId(part));
-      if (!nb_.status().ok()) return NodeError(node, nb_.status().message());
+      ASSIGN_OR_RETURN(x, Aux(node, "slice", {x},
+                              {{"axis", cuts[i].axis}, {"begin", cuts[i].begin}, {"end", cuts[i].end}},
+                              absl::StrCat(cuts[i].axis)));
     }
     const Cut& last = cuts.back();
-    return Apply(node, "slice", {x}, {{"axis", last.axis}, {"begin", last.begin}, {"end", last.end}},
-                 id);
+    return Apply(node, "slice", {x}, {{"axis", last.axis}, {"begin", last.begin}, {"end", last.end}});
   }
 
   // Split along `axis` into the sizes of input `split` (opset 13; the
@@ -1265,17 +1267,11 @@ class Importer {
     Json pool_attrs = {{"kernel", kernel}, {"stride", strides}, {"padding", padding}};
     if (ceil_attr) pool_attrs["ceil_mode"] = true;
     if (spatial > 1) return Apply(node, op, in, pool_attrs);
-    // 1-D: pooled as 2-D with a height of 1 (see Conv).
-    const Shape x1 = x;
-    ASSIGN_OR_RETURN(in[0], Aux(node, "reshape", in, {{"shape", WithUnitDim(x1, 2)}}, "x2d"));
+    // 1-D: pooled as 2-D of height 1.
     pool_attrs["kernel"] = Widen(kernel, 1);
     pool_attrs["stride"] = Widen(strides, 1);
     pool_attrs["padding"] = Widen(padding, 0);
-    ASSIGN_OR_RETURN(Value y, Aux(node, op, in, pool_attrs, op));
-    Shape y_shape = nb_.type(y).shape;
-    y_shape.erase(y_shape.begin() + 2);
-    return Apply(node, "reshape", {y},
-                 {{"shape", std::vector<int64_t>(y_shape.begin(), y_shape.end())}});
+    return ApplyAs2d(node, op, in, 1, pool_attrs);
   }
   absl::Status MaxPool(const onnx::NodeProto& node) { return Pool(node, "maxpool"); }
   absl::Status AveragePool(const onnx::NodeProto& node) { return Pool(node, "avgpool"); }
@@ -1326,11 +1322,8 @@ class Importer {
                                "], or over the last one is supported)"));
     }
     if (keepdims != 0) return Apply(node, "adaptive_avgpool", in, {{"output_size", 1}});
-    const std::string id = NodeIdFor(node);
-    const std::string pool_id = Free(id + ".pool") ? id + ".pool" : FreshId(id + ".pool");
-    const Value pooled = nb_.Apply("adaptive_avgpool", in, {{"output_size", 1}}, pool_id);
-    if (!nb_.status().ok()) return NodeError(node, nb_.status().message());
-    return Apply(node, "reshape", {pooled}, {{"shape", std::vector<int64_t>{x[0], x[1]}}}, id);
+    ASSIGN_OR_RETURN(Value pooled, Aux(node, "adaptive_avgpool", in, {{"output_size", 1}}, "pool"));
+    return Apply(node, "reshape", {pooled}, {{"shape", std::vector<int64_t>{x[0], x[1]}}});
   }
 
   absl::Status Flatten(const onnx::NodeProto& node) {

@@ -94,9 +94,7 @@ absl::StatusOr<TensorType> InferConv(int d, Inputs in, const Json& attrs) {
 
 // 2 N O prod(out) I prod(k): one multiply-add per weight per output.
 double ConvMacFlops(const Shape& out, const Shape& weight) {
-  const Shape per_output(weight.begin() + 1, weight.end());
-  return 2.0 * Elements(TensorType{out, DType::kFloat32}) *
-         Elements(TensorType{per_output, DType::kFloat32});
+  return 2.0 * Elements(out) * Elements(Shape(weight.begin() + 1, weight.end()));
 }
 
 double ConvFlops(Inputs in, const TensorType& out, const Json&) {
@@ -286,7 +284,7 @@ double WindowFlops(const Shape& out, const Json& attrs) {
   if (w.ok()) {
     for (int64_t e : w->kernel) k *= static_cast<double>(e);
   }
-  return k * Elements(TensorType{out, DType::kFloat32});
+  return k * Elements(out);
 }
 
 double PoolFlops(Inputs, const TensorType& out, const Json& attrs) {
@@ -509,7 +507,7 @@ double UpsampleFlopsFor(const Shape& y, const Json& attrs) {
   absl::StatusOr<Upsampling> u = ParseUpsampling(attrs, y.size());
   double per = 1;
   if (u.ok() && u->mode != "nearest") per = 2.0 * (1 << (y.size() - 2));
-  return per * Elements(TensorType{y, DType::kFloat32});
+  return per * Elements(y);
 }
 
 double UpsampleFlops(Inputs, const TensorType& out, const Json& attrs) {

@@ -302,19 +302,24 @@ std::optional<BroadcastBlock> BlockBroadcast(const Shape& big,
   return b;
 }
 
+bool IsPermutation(const std::vector<int64_t>& perm, size_t rank) {
+  if (perm.size() != rank) return false;
+  std::vector<bool> seen(rank, false);
+  for (int64_t p : perm) {
+    if (p < 0 || p >= static_cast<int64_t>(rank) || seen[p]) return false;
+    seen[p] = true;
+  }
+  return true;
+}
+
 bool PermutesInto(const Shape& x, const std::vector<int64_t>& perm,
                   const Shape& out) {
-  if (perm.size() != x.size() || out.size() != x.size() ||
-      static_cast<int>(x.size()) > kMaxTransposeRank) {
+  if (out.size() != x.size() || static_cast<int>(x.size()) > kMaxTransposeRank ||
+      !IsPermutation(perm, x.size())) {
     return false;
   }
-  std::vector<bool> seen(x.size(), false);
   for (size_t d = 0; d < perm.size(); ++d) {
-    const int64_t p = perm[d];
-    if (p < 0 || p >= static_cast<int64_t>(x.size()) || seen[p] || out[d] != x[p]) {
-      return false;
-    }
-    seen[p] = true;
+    if (out[d] != x[perm[d]]) return false;
   }
   return true;
 }
@@ -325,14 +330,16 @@ int64_t Product(const Shape& shape, int begin, int end) {
   return p;
 }
 
-double Elements(const TensorType& t) {
+double Elements(const Shape& shape) {
   // In double: a FLOP formula may see a shape that inference gave but whose
   // byte count the graph then refuses (fuzzed: embedding_backward with a
   // num_embeddings of 8e18), and must not overflow on it.
   double n = 1;
-  for (int64_t d : t.shape) n *= static_cast<double>(d);
+  for (int64_t d : shape) n *= static_cast<double>(d);
   return n;
 }
+
+double Elements(const TensorType& t) { return Elements(t.shape); }
 
 double CopyFlops(Inputs, const TensorType& out, const Json&) {
   return Elements(out);

@@ -140,6 +140,8 @@ std::optional<BroadcastBlock> BlockBroadcast(const Shape& big,
 
 // The highest rank transpose takes (the kernels' index maps are fixed-size).
 inline constexpr int kMaxTransposeRank = 8;
+// Whether `perm` holds each of 0 .. rank - 1 once.
+bool IsPermutation(const std::vector<int64_t>& perm, size_t rank);
 // Whether `perm` permutes the dims of `x` into `out` (transpose's kernels
 // check what the operator table checked, before indexing with it).
 bool PermutesInto(const Shape& x, const std::vector<int64_t>& perm,
@@ -149,6 +151,7 @@ bool PermutesInto(const Shape& x, const std::vector<int64_t>& perm,
 int64_t Product(const Shape& shape, int begin, int end);
 // The element count as a double, for FLOP formulas: never overflows, even
 // on a shape the graph later refuses as too large.
+double Elements(const Shape& shape);
 double Elements(const TensorType& t);
 
 // The FLOP count of ops that only move data: one per element written, so

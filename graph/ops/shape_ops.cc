@@ -118,13 +118,7 @@ absl::StatusOr<std::vector<int64_t>> ParsePerm(const TensorType& x,
   } else {
     for (int d = rank - 1; d >= 0; --d) perm.push_back(d);
   }
-  std::vector<bool> seen(rank, false);
-  bool ok = static_cast<int>(perm.size()) == rank;
-  for (size_t d = 0; ok && d < perm.size(); ++d) {
-    ok = perm[d] >= 0 && perm[d] < rank && !seen[perm[d]];
-    if (ok) seen[perm[d]] = true;
-  }
-  if (!ok) {
+  if (!IsPermutation(perm, x.shape.size())) {
     return Invalid("attr 'perm' (", absl::StrJoin(perm, ","),
                    ") is not a permutation of the ", rank, " dims of ",
                    ShapeToString(x.shape));
