@@ -262,13 +262,20 @@ TEST(OnnxImportTest, WhatCannotBeHonouredIsAnErrorNamingTheNode) {
       {"dilation wider than the input",
        [](ModelMaker& m) { ModelMaker::IntsAttr(FindNode(m, "Conv"), "dilations", {5, 5}); },
        {"'/conv1/Conv'", "larger than the padded input"}},
-      {"reduce-mean over the channels",
+      {"reduce-mean over a repeated axis",
        [](ModelMaker& m) {
          auto* pool = FindNode(m, "GlobalAveragePool");
          pool->set_op_type("ReduceMean");
-         ModelMaker::IntsAttr(pool, "axes", {1});
+         ModelMaker::IntsAttr(pool, "axes", {1, -3});
        },
-       {"'/avgpool/GlobalAveragePool'", "axes", "every spatial dim"}},
+       {"'/avgpool/GlobalAveragePool'", "axes", "repeated"}},
+      {"operands that do not broadcast",
+       [](ModelMaker& m) {
+         m.Initializer("wrong", {3, 1});
+         FindNode(m, "Relu")->set_op_type("Add");
+         FindNode(m, "Add")->add_input("wrong");
+       },
+       {"'/relu/Relu'", "(2,4,8,8)", "(3,1)", "do not broadcast"}},
       {"asymmetric pads",
        [](ModelMaker& m) {
          auto* conv = FindNode(m, "Conv");
@@ -392,6 +399,51 @@ TEST(OnnxImportTest, GroupedDilatedConvAndSpatialReduceMean) {
   const NodeId grad = g->Find("grad:conv2.weight");
   ASSERT_NE(grad, kNoNode);
   EXPECT_EQ(*g->shape(grad), (Shape{4, 1, 3, 3}));
+}
+
+// ReduceMean over the channels (CBAM's spatial attention) and over no
+// axes (every dim); the broadcasts that are not one block of dims: the
+// (N, 1, H, W) mean times (N, C, H, W), and (N, 1, H, W) + (N, C, 1, 1)
+// where both operands broadcast. Each lowers to transposes around a block
+// broadcast and keeps ONNX's shapes; the gradients of the lowering are
+// checked against PyTorch by import_check.py --model grouped.
+TEST(OnnxImportTest, ReduceMeanOverAnyAxesAndBroadcastsOfAnyDims) {
+  auto g = Import(TinyModel(13, "", [](ModelMaker& m) {
+    auto* nodes = m.graph()->mutable_node();
+    const int before = nodes->size();
+    auto* chan = m.Node("ReduceMean", "/chan/ReduceMean", {"r"}, {"chan"});
+    ModelMaker::IntsAttr(chan, "axes", {1});
+    m.Node("Mul", "/gate/Mul", {"r", "chan"}, {"gated"});
+    auto* spatial = m.Node("ReduceMean", "/spatial/ReduceMean", {"r"}, {"spatial"});
+    ModelMaker::IntsAttr(spatial, "axes", {2, 3});
+    m.Node("Add", "/both/Add", {"chan", "spatial"}, {"both"});
+    m.Node("Sub", "/mix/Sub", {"gated", "both"}, {"mixed"});
+    auto* all = m.Node("ReduceMean", "/all/ReduceMean", {"mixed"}, {"all"});
+    ModelMaker::IntAttr(all, "keepdims", 0);
+    m.Node("Add", "/shift/Add", {"mixed", "all"}, {"shifted"});
+    // Moved, in order, before the pool, the flatten and the gemm (nodes
+    // are in topological order).
+    for (int i = before; i < nodes->size(); ++i) {
+      for (int j = i; j > i - 3; --j) nodes->SwapElements(j, j - 1);
+    }
+    FindNode(m, "GlobalAveragePool")->set_input(0, "shifted");
+  }));
+  ASSERT_TRUE(g.ok()) << g.status();
+  auto shape_of = [&](const char* id) {
+    const NodeId n = g->Find(id);
+    return n == kNoNode ? Shape{} : *g->shape(n);
+  };
+  EXPECT_EQ(shape_of("chan"), (Shape{2, 1, 8, 8}));
+  EXPECT_EQ(shape_of("gate"), (Shape{2, 4, 8, 8}));
+  EXPECT_EQ(g->op(g->Find("gate")), "transpose");
+  EXPECT_EQ(shape_of("spatial"), (Shape{2, 4, 1, 1}));
+  EXPECT_EQ(g->op(g->Find("spatial")), "adaptive_avgpool");
+  EXPECT_EQ(shape_of("both"), (Shape{2, 4, 8, 8}));
+  EXPECT_EQ(shape_of("mix"), (Shape{2, 4, 8, 8}));
+  EXPECT_EQ(g->op(g->Find("mix")), "sub");
+  EXPECT_EQ(shape_of("all"), (Shape{}));
+  EXPECT_EQ(shape_of("shift"), (Shape{2, 4, 8, 8}));
+  EXPECT_NE(g->Find("grad:relu"), kNoNode);
 }
 
 // ShuffleNet's channel shuffle as torch.onnx.export writes it: x.size()

@@ -23,6 +23,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "graph/ops/op_util.h"
 #include "graph/status.h"
 #include "graph/text_input.h"
 #include "onnx/onnx_pb.h"
@@ -792,7 +793,82 @@ class Importer {
     RETURN_IF_ERROR(Attrs(node).OnlyKnown({}));
     if (KnownInts(node.input(0)) && KnownInts(node.input(1))) return FoldArithmetic(node);
     ASSIGN_OR_RETURN(std::vector<Value> in, Inputs(node));
-    return Apply(node, op, in);
+    ASSIGN_OR_RETURN(Value v, Broadcast(node, op, in[0], in[1], ""));
+    return Define(node, v);
+  }
+
+  // A node of `node`'s lowering: with an empty `suffix` the one whose id is
+  // the node's own (its output, still to be defined), else an Aux.
+  absl::StatusOr<Value> Lowered(const onnx::NodeProto& node, absl::string_view op,
+                                std::vector<Value> inputs, Json attrs, absl::string_view suffix) {
+    if (!suffix.empty()) return Aux(node, op, std::move(inputs), std::move(attrs), suffix);
+    const Value v = nb_.Apply(op, std::move(inputs), std::move(attrs), NodeIdFor(node));
+    if (!nb_.status().ok()) return NodeError(node, nb_.status().message());
+    return v;
+  }
+
+  // op(a, b) (add, sub, mul, div) under NumPy broadcasting. The op table
+  // broadcasts an operand whose dims other than 1 form one block of the
+  // other's (BlockBroadcast); every other broadcast is lowered to that
+  // here. Where neither operand has the result's shape, `a` is expanded
+  // first (added to zeros of the result's shape). Then the full operand's
+  // dims that the other is 1 in are moved to the front (a transpose), the
+  // other is viewed without its 1s there (a reshape: its trailing block),
+  // the op applied, and the result moved back. Each transpose copies a
+  // tensor of the result's size.
+  absl::StatusOr<Value> Broadcast(const onnx::NodeProto& node, absl::string_view op, Value a,
+                                  Value b, absl::string_view suffix) {
+    const Shape sa = nb_.type(a).shape, sb = nb_.type(b).shape;
+    if (ops_internal::BlockBroadcast(sa, sb) || ops_internal::BlockBroadcast(sb, sa)) {
+      return Lowered(node, op, {a, b}, Json::object(), suffix);
+    }
+    const size_t rank = std::max(sa.size(), sb.size());
+    auto padded = [rank](const Shape& s) {
+      std::vector<int64_t> p(rank - s.size(), 1);
+      p.insert(p.end(), s.begin(), s.end());
+      return p;
+    };
+    const std::vector<int64_t> pa = padded(sa), pb = padded(sb);
+    std::vector<int64_t> out(rank);
+    for (size_t d = 0; d < rank; ++d) {
+      if (pa[d] != pb[d] && pa[d] != 1 && pb[d] != 1) {
+        return NodeError(node, absl::StrCat("shapes ", ShapeToString(sa), " and ",
+                                            ShapeToString(sb), " do not broadcast"));
+      }
+      out[d] = pa[d] == 1 ? pb[d] : pa[d];
+    }
+    const auto prefix = [&](absl::string_view what) {
+      return suffix.empty() ? std::string(what) : absl::StrCat(suffix, "_", what);
+    };
+    if (pa != out && pb != out) {
+      ASSIGN_OR_RETURN(Value zeros,
+                       Aux(node, "fill", {},
+                           {{"shape", out}, {"dtype", std::string(DTypeName(nb_.type(a).dtype))},
+                            {"value", 0.0}},
+                           prefix("zeros")));
+      ASSIGN_OR_RETURN(a, Broadcast(node, "add", zeros, a, prefix("expanded")));
+      return Broadcast(node, op, a, b, suffix);
+    }
+    const bool a_full = pa == out;
+    const Value full = a_full ? a : b, other = a_full ? b : a;
+    const std::vector<int64_t>& po = a_full ? pb : pa;
+    std::vector<int64_t> perm, kept;  // the broadcast dims first; other's kept dims
+    for (size_t d = 0; d < rank; ++d) {
+      if (po[d] == 1 && out[d] != 1) perm.push_back(static_cast<int64_t>(d));
+    }
+    for (size_t d = 0; d < rank; ++d) {
+      if (po[d] != 1 || out[d] == 1) perm.push_back(static_cast<int64_t>(d)), kept.push_back(po[d]);
+    }
+    std::vector<int64_t> inverse(rank);
+    for (size_t i = 0; i < rank; ++i) inverse[perm[i]] = static_cast<int64_t>(i);
+    ASSIGN_OR_RETURN(Value moved, Aux(node, "transpose", {full}, {{"perm", perm}},
+                                      prefix("broadcast_first")));
+    ASSIGN_OR_RETURN(Value view, Aux(node, "reshape", {other}, {{"shape", kept}},
+                                     prefix("broadcast_view")));
+    ASSIGN_OR_RETURN(Value y, Aux(node, op, a_full ? std::vector<Value>{moved, view}
+                                                   : std::vector<Value>{view, moved},
+                                  Json::object(), prefix(op)));
+    return Lowered(node, "transpose", {y}, {{"perm", inverse}}, suffix);
   }
   absl::Status Add(const onnx::NodeProto& node) { return Binary(node, "add"); }
   absl::Status Mul(const onnx::NodeProto& node) { return Binary(node, "mul"); }
@@ -1028,7 +1104,8 @@ class Importer {
                          {{"shape", out}, {"dtype", std::string(DTypeName(nb_.type(x).dtype))},
                           {"value", 0.0}},
                          "zeros"));
-    return Apply(node, "add", {zeros, x});
+    ASSIGN_OR_RETURN(Value v, Broadcast(node, "add", zeros, x, ""));
+    return Define(node, v);
   }
 
   // The axes of Unsqueeze / Squeeze: an input from opset 13, before that
@@ -1284,8 +1361,12 @@ class Importer {
     return Apply(node, "adaptive_avgpool", in, {{"output_size", 1}});
   }
 
-  // ReduceMean over every spatial dim (2 ..): global average pooling, then
-  // without keepdims the (N, C) view. Other axes are refused.
+  // ReduceMean over every spatial dim (2 ..) of a 2-D or 3-D image: global
+  // average pooling, then
+  // without keepdims the (N, C) view. Over any other axes: the reduced dims
+  // moved last (a transpose, where they are not already), the tensor viewed
+  // as (kept..., R), a `linear` by a `fill` row of 1/R, then the view of
+  // ONNX's result shape. No axes: every dim.
   absl::Status ReduceMean(const onnx::NodeProto& node) {
     RETURN_IF_ERROR(ExpectInputs(node, 1, 1));
     const Attrs attrs(node);
@@ -1295,35 +1376,60 @@ class Importer {
     const auto rank = static_cast<int64_t>(x.size());
     ASSIGN_OR_RETURN(std::vector<int64_t> axes, attrs.Ints("axes", {}));
     ASSIGN_OR_RETURN(int64_t keepdims, attrs.Int("keepdims", 1));
-    std::vector<int64_t> normalized;
-    for (int64_t a : axes) normalized.push_back(a < 0 ? a + rank : a);
-    std::sort(normalized.begin(), normalized.end());
-    std::vector<int64_t> spatial;
-    for (int64_t d = 2; d < rank; ++d) spatial.push_back(d);
-    if (rank >= 2 && normalized == std::vector<int64_t>{rank - 1}) {
-      // Over the last dim (a layer norm written out): a linear layer whose
-      // weight is one row of 1/D, then without keepdims the dim dropped.
-      const int64_t d = x.back();
-      ASSIGN_OR_RETURN(Value row, Aux(node, "fill", {},
-                                      {{"shape", {1, d}},
-                                       {"dtype", std::string(DTypeName(nb_.type(in[0]).dtype))},
-                                       {"value", 1.0 / static_cast<double>(d)}},
-                                      "mean_row"));
-      if (keepdims != 0) return Apply(node, "linear", {in[0], row});
-      ASSIGN_OR_RETURN(Value mean, Aux(node, "linear", {in[0], row}, Json::object(), "mean"));
-      return Apply(node, "reshape", {mean},
-                   {{"shape", std::vector<int64_t>(x.begin(), x.end() - 1)}});
+    std::vector<bool> reduced(rank, axes.empty());
+    for (int64_t a : axes) {
+      if (a < -rank || a >= rank || reduced[a < 0 ? a + rank : a]) {
+        return attrs.Unsupported("axes", absl::StrCat("[", absl::StrJoin(axes, ","), "] of ",
+                                                      ShapeToString(x),
+                                                      " (out of range or repeated)"));
+      }
+      reduced[a < 0 ? a + rank : a] = true;
     }
-    if (rank < 3 || normalized != spatial) {
-      return attrs.Unsupported(
-          "axes", absl::StrCat("[", absl::StrJoin(axes, ","), "] of ", ShapeToString(x),
-                               " (only the mean over every spatial dim, [2..",
-                               std::max<int64_t>(rank - 1, 2),
-                               "], or over the last one is supported)"));
+    std::vector<int64_t> result;  // ONNX's output shape
+    for (int64_t d = 0; d < rank; ++d) {
+      if (!reduced[d]) {
+        result.push_back(x[d]);
+      } else if (keepdims != 0) {
+        result.push_back(1);
+      }
     }
-    if (keepdims != 0) return Apply(node, "adaptive_avgpool", in, {{"output_size", 1}});
-    ASSIGN_OR_RETURN(Value pooled, Aux(node, "adaptive_avgpool", in, {{"output_size", 1}}, "pool"));
-    return Apply(node, "reshape", {pooled}, {{"shape", std::vector<int64_t>{x[0], x[1]}}});
+    // adaptive_avgpool takes (N, C, H, W) and (N, C, D, H, W).
+    const bool spatial = (rank == 4 || rank == 5) && !reduced[0] && !reduced[1] &&
+                         std::all_of(reduced.begin() + 2, reduced.end(), std::identity());
+    if (spatial) {
+      if (keepdims != 0) return Apply(node, "adaptive_avgpool", in, {{"output_size", 1}});
+      ASSIGN_OR_RETURN(Value pooled,
+                       Aux(node, "adaptive_avgpool", in, {{"output_size", 1}}, "pool"));
+      return Apply(node, "reshape", {pooled}, {{"shape", result}});
+    }
+    // The permutation putting the reduced dims last, in order.
+    std::vector<int64_t> perm, kept_dims;
+    int64_t count = 1;  // R: the elements each mean averages
+    for (int64_t d = 0; d < rank; ++d) {
+      if (!reduced[d]) perm.push_back(d), kept_dims.push_back(x[d]);
+    }
+    for (int64_t d = 0; d < rank; ++d) {
+      if (reduced[d]) perm.push_back(d), count *= x[d];
+    }
+    Value v = in[0];
+    if (!std::is_sorted(perm.begin(), perm.end())) {
+      ASSIGN_OR_RETURN(v, Aux(node, "transpose", {v}, {{"perm", perm}}, "reduced_last"));
+    }
+    std::vector<int64_t> rows = kept_dims;  // (kept..., R)
+    rows.push_back(count);
+    if (Shape(rows.begin(), rows.end()) != nb_.type(v).shape) {
+      ASSIGN_OR_RETURN(v, Aux(node, "reshape", {v}, {{"shape", rows}}, "rows"));
+    }
+    ASSIGN_OR_RETURN(Value row, Aux(node, "fill", {},
+                                    {{"shape", {1, count}},
+                                     {"dtype", std::string(DTypeName(nb_.type(v).dtype))},
+                                     {"value", 1.0 / static_cast<double>(count)}},
+                                    "mean_row"));
+    std::vector<int64_t> linear_shape = kept_dims;  // (kept..., 1)
+    linear_shape.push_back(1);
+    if (result == linear_shape) return Apply(node, "linear", {v, row});
+    ASSIGN_OR_RETURN(Value mean, Aux(node, "linear", {v, row}, Json::object(), "mean"));
+    return Apply(node, "reshape", {mean}, {{"shape", result}});
   }
 
   absl::Status Flatten(const onnx::NodeProto& node) {

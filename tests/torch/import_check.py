@@ -253,8 +253,12 @@ def grouped_net(torch, num_classes=10, image=None):
     networks: grouped, depthwise and dilated convolutions (one of them
     strided), a squeeze-excitation gate (N, C, 1, 1) times (N, C, H, W), a
     per-channel (C, 1, 1) parameter added, subtracted from and divided by,
-    and a max pool in ceil mode whose
-    last window reaches past the input (GoogLeNet's): --model grouped."""
+    a max pool in ceil mode whose last window reaches past the input
+    (GoogLeNet's), and the broadcasts that are not one block of dims: a
+    channel mean (N, 1, H, W) gating every channel (CBAM's spatial
+    attention), a product of (N, 1, H, W) and (N, C, 1, 1) (both operands
+    broadcast), and a mean over (C, W) put back as (N, 1, H, 1): --model
+    grouped."""
     nn = torch.nn
 
     class Grouped(nn.Module):
@@ -284,6 +288,10 @@ def grouped_net(torch, num_classes=10, image=None):
                 self.pool(x)))))
             x = x * gate + self.shift
             x = (self.offset - x) / self.scale  # broadcast first, then second
+            chan = x.mean(dim=1, keepdim=True)  # ReduceMean over the channels
+            x = x * torch.sigmoid(chan)
+            x = x - chan * x.mean(dim=(2, 3), keepdim=True) / 4
+            x = x + x.mean(dim=(1, 3))[:, None, :, None]
             return self.fc(torch.flatten(self.pool(x), 1))
 
     return Grouped()
