@@ -1,6 +1,7 @@
 // pebble plan | simulate | compare
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdlib>
 #include <stdlib.h>  // mkdtemp
 #include <filesystem>
@@ -16,6 +17,7 @@
 #include "scheduler/budget.h"
 #include "scheduler/memory_layout.h"
 #include "scheduler/offload.h"
+#include "scheduler/plan_api.h"
 #include "scheduler/planner.h"
 #include "scheduler/simulator.h"
 
@@ -39,7 +41,9 @@ struct PlanFlags {
     if (with_policy_and_budget) {
       policy_option = cmd->add_option(
           "--policy,-p", policy,
-          "planner (see 'pebble policies'); default: best-order when the budget is at least "
+          "planner (see 'pebble policies'), or exec:PROGRAM: a policy outside pebble that "
+          "reads the graph and options as JSON on stdin and writes a schedule on stdout "
+          "(docs/library.md); default: best-order when the budget is at least "
           "the baseline peak, else hybrid (recompute or swap)");
       cmd->add_option("--budget,-b", budget,
                       "device memory budget: bytes (8GiB), a percentage of the baseline "
@@ -73,7 +77,11 @@ struct PlanFlags {
 };
 
 std::string Seconds(double s) { return absl::StrFormat("%.6g", s); }
-std::string Percent(double x) { return absl::StrFormat("%.1f%%", 100 * x); }
+// A one-shot plan's overhead is 0 up to the rounding of summing costs in
+// another order: no "-0.0%".
+std::string Percent(double x) {
+  return absl::StrFormat("%.1f%%", std::abs(x) < 5e-4 ? 0.0 : 100 * x);
+}
 
 // The human summary of a report, shared by plan and simulate.
 void PrintReport(const Graph& g, const Schedule& schedule, const PlanReport& r) {
@@ -114,91 +122,50 @@ void PrintTimeline(const Graph& g, const Schedule& schedule, const PlanReport& r
   std::cout << "\n" << t.ToString();
 }
 
-struct Budgeted {
-  int64_t baseline_peak = 0;
-  int64_t budget_bytes = 0;  // kMinBudgetBytes for min
-};
-
-absl::StatusOr<Budgeted> ResolveBudgetFor(const Graph& g, const std::string& text) {
-  ASSIGN_OR_RETURN(BudgetSpec spec, ParseBudget(text));
-  Budgeted b;
-  ASSIGN_OR_RETURN(b.baseline_peak, BaselinePeak(g));
-  b.budget_bytes = ResolveBudget(spec, b.baseline_peak);
-  return b;
-}
-
 int RunPlan(const PlanFlags& f, bool timeline, bool with_layout, const std::string& schedule_out,
             bool force) {
   auto graph = f.source.Load();
   if (!graph.ok()) return Fail(graph.status());
+  PlanRequest request;
   auto options = f.Options();
   if (!options.ok()) return Fail(options.status());
-  auto budget = ResolveBudgetFor(*graph, f.budget);
-  if (!budget.ok()) return Fail(budget.status());
-  options->budget_bytes = budget->budget_bytes;
-  // Without --policy: best-order when the baseline fits, else hybrid.
-  const std::string policy =
-      f.policy_option != nullptr && f.policy_option->count() == 0
-          ? std::string(DefaultPolicy(budget->budget_bytes, budget->baseline_peak))
-          : f.policy;
-  auto planner = MakePlanner(policy);
-  if (!planner.ok()) return Fail(planner.status());
-  const auto start = std::chrono::steady_clock::now();
-  auto result = (*planner)->Plan(*graph, *options);
-  const double plan_time =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  if (!result.ok()) return Fail(result.status());
-  const bool is_min = budget->budget_bytes == kMinBudgetBytes;
-  const int64_t budget_bytes = is_min ? result->report.peak_bytes : budget->budget_bytes;
+  request.options = *options;
+  request.budget = f.budget;
+  // Without --policy: the library's default (best-order when the baseline
+  // fits, else hybrid).
+  if (f.policy_option == nullptr || f.policy_option->count() > 0) request.policy = f.policy;
+  auto outcome = PlanGraph(*graph, request);
+  if (!outcome.ok()) return Fail(outcome.status());
+  const PlanResult& result = outcome->result;
   if (!schedule_out.empty()) {
     absl::Status w =
-        WriteOutput(schedule_out, ScheduleToJson(*graph, result->schedule).dump(2) + "\n", force);
+        WriteOutput(schedule_out, ScheduleToJson(*graph, result.schedule).dump(2) + "\n", force);
     if (!w.ok()) return Fail(w);
   }
-  auto layout = PlanMemoryLayout(*graph, result->schedule);
-  if (!layout.ok()) return Fail(layout.status());
   if (f.json) {
-    nlohmann::json report = ReportToJson(result->report, *graph, result->schedule, timeline);
-    report["arena_bytes"] = layout->arena_bytes;
-    report["fragmentation"] = layout->fragmentation;
-    nlohmann::json layout_json = layout->ToJson(*graph);
-    if (!with_layout) layout_json.erase("instances");
-    nlohmann::json doc = {
-        {"graph", f.source.Label()},
-        {"policy", policy},
-        {"budget", f.budget},
-        {"budget_bytes", budget_bytes},
-        {"baseline_peak_bytes", budget->baseline_peak},
-        {"bandwidth_bytes_per_s", options->host_bandwidth_bytes_per_s},
-        {"feasible", result->feasible},
-        {"message", result->message},
-        {"plan_time_s", plan_time},
-        {"details", result->details},
-        {"report", report},
-        {"layout", layout_json},
-        {"schedule", ScheduleToJson(*graph, result->schedule)},
-    };
-    PrintJson(doc);
+    PrintJson(PlanDocument(*graph, *outcome, f.source.Label(), timeline, with_layout));
     return 0;
   }
+  const bool is_min = outcome->budget_is_min;
   std::cout << absl::StrFormat(
-      "plan %s with %s, budget %s = %s (baseline peak %s): %s\n", f.source.Label(), policy,
-      f.budget, is_min ? "min" : FormatBytes(budget_bytes), FormatBytes(budget->baseline_peak),
-      result->feasible ? "fits" : "DOES NOT FIT");
-  if (!result->message.empty()) std::cout << "  " << result->message << "\n";
-  PrintReport(*graph, result->schedule, result->report);
-  if (result->details.contains("tensors")) {
-    const nlohmann::json& c = result->details["tensors"]["counts"];
+      "plan %s with %s, budget %s = %s (baseline peak %s): %s\n", f.source.Label(),
+      outcome->policy, f.budget, is_min ? "min" : FormatBytes(outcome->budget_bytes),
+      FormatBytes(outcome->baseline_peak_bytes), result.feasible ? "fits" : "DOES NOT FIT");
+  if (!result.message.empty()) std::cout << "  " << result.message << "\n";
+  PrintReport(*graph, result.schedule, result.report);
+  if (result.details.contains("tensors")) {
+    const nlohmann::json& c = result.details["tensors"]["counts"];
     std::cout << absl::StrFormat(
         "  tensors         %d kept, %d swapped, %d recomputed, %d swapped and recomputed\n",
         c.value("kept", int64_t{0}), c.value("swapped", int64_t{0}),
         c.value("recomputed", int64_t{0}), c.value("swapped_and_recomputed", int64_t{0}));
   }
+  const MemoryLayout& layout = outcome->layout;
   std::cout << absl::StrFormat("  arena           %s (%d bytes, +%.2f%% over the peak, %s layout)\n",
-                               FormatBytes(layout->arena_bytes), layout->arena_bytes,
-                               100 * layout->fragmentation, layout->strategy)
-            << absl::StrFormat("  plan time       %.3f s\n", plan_time);
-  if (timeline) PrintTimeline(*graph, result->schedule, result->report);
+                               FormatBytes(layout.arena_bytes), layout.arena_bytes,
+                               100 * layout.fragmentation, layout.strategy)
+            << absl::StrFormat("  plan time       %.3f s\n", outcome->plan_time_s);
+  if (timeline) PrintTimeline(*graph, result.schedule, result.report);
   if (schedule_out.empty() && !timeline) {
     std::cout << "(--timeline shows every step; --schedule-out FILE writes the schedule; "
                  "--json prints both)\n";
@@ -303,129 +270,72 @@ absl::Status WriteParetoPlot(const std::string& title, std::vector<ParetoPoint> 
 
 int RunCompare(const PlanFlags& f, const std::string& budgets_text,
                const std::string& policies_text, std::string format,
-               const std::string& plot_path, bool force) {
+               const std::string& plot_path, bool force, int jobs) {
   if (f.json) format = "json";
   auto graph = f.source.Load();
   if (!graph.ok()) return Fail(graph.status());
-  auto base_options = f.Options();
-  if (!base_options.ok()) return Fail(base_options.status());
-  auto baseline_peak = BaselinePeak(*graph);
-  if (!baseline_peak.ok()) return Fail(baseline_peak.status());
-
   if (!plot_path.empty()) {
     // Before planning, which may take long: a refused --plot path fails now.
     if (absl::Status s = CheckOutputPath(plot_path, force); !s.ok()) return Fail(s);
   }
-  std::vector<std::string> budgets = absl::StrSplit(budgets_text, ',', absl::SkipWhitespace());
-  if (budgets.empty()) {
+  CompareRequest request;
+  request.jobs = jobs;
+  auto options = f.Options();
+  if (!options.ok()) return Fail(options.status());
+  request.options = *options;
+  request.budgets = absl::StrSplit(budgets_text, ',', absl::SkipWhitespace());
+  if (request.budgets.empty()) {
     return Fail(absl::InvalidArgumentError(
         absl::StrCat("--budgets ", Quote(budgets_text), " names no budget")));
   }
-  std::vector<BudgetSpec> specs;
-  for (const std::string& b : budgets) {
-    auto spec = ParseBudget(b);
-    if (!spec.ok()) return Fail(spec.status());
-    specs.push_back(*spec);
-  }
-  std::vector<std::string> policies;
-  if (policies_text.empty() || policies_text == "all") {
-    for (const PolicyInfo* p : PlannerRegistry::Global().List()) policies.push_back(p->name);
-  } else {
-    policies = absl::StrSplit(policies_text, ',', absl::SkipWhitespace());
-    if (policies.empty()) {
+  if (!policies_text.empty() && policies_text != "all") {
+    request.policies = absl::StrSplit(policies_text, ',', absl::SkipWhitespace());
+    if (request.policies.empty()) {
       return Fail(absl::InvalidArgumentError(
           absl::StrCat("--policies ", Quote(policies_text), " names no policy")));
     }
-    for (const std::string& p : policies) {
-      if (PlannerRegistry::Global().Find(p) == nullptr) {
-        return Fail(MakePlanner(p).status());
-      }
-    }
   }
-
-  // Every plan first, so that the ratio to the exact one-shot optimum (when
-  // exact-order is among the policies and finished) can be shown in each row.
-  struct Entry {
-    std::string policy;
-    size_t budget_index = 0;
-    int64_t budget_bytes = 0;
-    double ms = 0;
-    absl::StatusOr<PlanResult> result;
-  };
-  std::vector<Entry> entries;
-  int64_t optimal_order_peak = -1;
-  for (const std::string& name : policies) {
-    auto planner = MakePlanner(name);
-    if (!planner.ok()) return Fail(planner.status());
-    for (size_t i = 0; i < specs.size(); ++i) {
-      PlannerOptions o = *base_options;
-      o.budget_bytes = ResolveBudget(specs[i], *baseline_peak);
-      const auto start = std::chrono::steady_clock::now();
-      auto result = (*planner)->Plan(*graph, o);
-      const double ms =
-          1e3 * std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-      if (name == "exact-order" && result.ok()) {
-        optimal_order_peak = optimal_order_peak < 0
-                                 ? result->report.peak_bytes
-                                 : std::min(optimal_order_peak, result->report.peak_bytes);
-      }
-      entries.push_back({name, i, o.budget_bytes, ms, std::move(result)});
-    }
-  }
+  auto comparison = Compare(*graph, request);
+  if (!comparison.ok()) return Fail(comparison.status());
 
   std::vector<ParetoPoint> pareto;
-  nlohmann::json rows = nlohmann::json::array();
   Table table({"policy", "budget", "budget_bytes", "fits", "peak_bytes", "peak", "vs_optimal",
                "overhead", "recomputations", "transfer_bytes", "host_peak_bytes", "makespan",
                "exposed", "plan_ms", "note"});
-  for (const Entry& e : entries) {
-    const std::string& budget = budgets[e.budget_index];
+  for (const CompareEntry& e : comparison->entries) {
     const bool is_min = e.budget_bytes == kMinBudgetBytes;
-    nlohmann::json row = {{"policy", e.policy}, {"budget", budget}, {"plan_time_s", e.ms / 1e3}};
-    if (!is_min) row["budget_bytes"] = e.budget_bytes;
+    const std::string ms = absl::StrFormat("%.1f", 1e3 * e.plan_time_s);
     if (!e.result.ok()) {
-      row["error"] = std::string(e.result.status().message());
-      table.AddRow({e.policy, budget, is_min ? "" : absl::StrCat(e.budget_bytes), "error", "", "",
-                    "", "", "", "", "", "", "", absl::StrFormat("%.1f", e.ms),
-                    std::string(e.result.status().message())});
-      rows.push_back(std::move(row));
+      table.AddRow({e.policy, e.budget, is_min ? "" : absl::StrCat(e.budget_bytes), "error", "",
+                    "", "", "", "", "", "", "", "", ms, std::string(e.result.status().message())});
       continue;
     }
     const PlanReport& r = e.result->report;
     std::string ratio;
-    if (optimal_order_peak > 0) {
-      const double x = static_cast<double>(r.peak_bytes) / static_cast<double>(optimal_order_peak);
-      row["peak_vs_optimal_order"] = x;
-      ratio = absl::StrFormat("%.3f", x);
+    if (comparison->optimal_order_peak_bytes.value_or(0) > 0) {
+      ratio = absl::StrFormat("%.3f", static_cast<double>(r.peak_bytes) /
+                                          static_cast<double>(*comparison->optimal_order_peak_bytes));
     }
-    row["feasible"] = e.result->feasible;
     if (e.result->feasible) pareto.push_back({e.policy, r.peak_bytes, r.overhead});
-    row["report"] = ReportToJson(r, *graph, e.result->schedule, false);
-    if (!e.result->message.empty()) row["message"] = e.result->message;
-    table.AddRow({e.policy, budget, is_min ? "" : absl::StrCat(e.budget_bytes),
+    table.AddRow({e.policy, e.budget, is_min ? "" : absl::StrCat(e.budget_bytes),
                   e.result->feasible ? "yes" : "no", absl::StrCat(r.peak_bytes),
                   FormatBytes(r.peak_bytes), ratio, Percent(r.overhead),
                   absl::StrCat(r.recomputations), absl::StrCat(r.transfer_bytes),
                   absl::StrCat(r.host_peak_bytes), Seconds(r.makespan),
-                  Seconds(r.exposed_transfer_time), absl::StrFormat("%.1f", e.ms),
+                  Seconds(r.exposed_transfer_time), ms,
                   e.result->feasible ? "" : e.result->message});
-    rows.push_back(std::move(row));
   }
   if (format == "json") {
-    nlohmann::json doc = {{"graph", f.source.Label()},
-                          {"baseline_peak_bytes", *baseline_peak},
-                          {"results", rows}};
-    if (optimal_order_peak >= 0) doc["optimal_order_peak_bytes"] = optimal_order_peak;
-    PrintJson(doc);
+    PrintJson(CompareDocument(*graph, *comparison, f.source.Label()));
   } else if (format == "csv") {
     std::cout << table.ToCsv();
   } else {
     std::cout << "compare " << f.source.Label() << " (baseline peak "
-              << FormatBytes(*baseline_peak) << ")\n\n"
+              << FormatBytes(comparison->baseline_peak_bytes) << ")\n\n"
               << table.ToString();
-    if (optimal_order_peak >= 0) {
+    if (comparison->optimal_order_peak_bytes) {
       std::cout << "\nvs_optimal: peak over the minimal one-shot peak found by exact-order ("
-                << FormatBytes(optimal_order_peak) << ").\n";
+                << FormatBytes(*comparison->optimal_order_peak_bytes) << ").\n";
     }
   }
   if (!plot_path.empty()) {
@@ -478,21 +388,31 @@ void AddPlanCommands(CLI::App& app, int& exit_code) {
   static std::string cmp_budgets = "100%,80%,60%,40%,min", cmp_policies = "all",
                      cmp_format = "table", cmp_plot;
   static bool cmp_force = false;
+  static int cmp_jobs = 0;
   auto* cmp = app.add_subcommand(
       "compare",
       "every policy at every budget, as a table, CSV or JSON\n"
       "  e.g. pebble compare --model resnet18:batch=8 --budgets 100%,60%,min --format csv");
   cmp_flags.AddOptions(cmp, false);
   cmp->add_option("--budgets", cmp_budgets, "comma-separated budgets")->capture_default_str();
-  cmp->add_option("--policies", cmp_policies, "comma-separated policies, or 'all'")->capture_default_str();
+  cmp->add_option("--policies", cmp_policies,
+                  "comma-separated policies, or 'all' (every registered one); "
+                  "exec:PROGRAM runs a policy outside pebble (docs/library.md)")
+      ->capture_default_str();
   cmp->add_option("--format,-f", cmp_format, "table, csv or json")->capture_default_str()
       ->check(CLI::IsMember({"table", "csv", "json"}));
   cmp->add_option("--plot", cmp_plot,
                   "also draw the Pareto curve (overhead against peak, feasible plans) as a PNG "
                   "with gnuplot");
   cmp->add_flag("--force", cmp_force, "replace an existing --plot file");
+  cmp->add_option("--jobs,-j", cmp_jobs,
+                  "plans made at once (default 0: one per hardware thread; 1: one after the "
+                  "other). The plans are the same, but a search cut by its time limit may "
+                  "reach less, and plan_ms is measured under the sharing")
+      ->check(IntegerIn(0, 4096));
   cmp->callback([&exit_code] {
-    exit_code = RunCompare(cmp_flags, cmp_budgets, cmp_policies, cmp_format, cmp_plot, cmp_force);
+    exit_code = RunCompare(cmp_flags, cmp_budgets, cmp_policies, cmp_format, cmp_plot, cmp_force,
+                           cmp_jobs);
   });
 }
 

@@ -343,8 +343,8 @@ void AddRunCommands(CLI::App& app, int& exit_code) {
       "       pebble run --model resnet18:batch=2,image=64 --budget 60% --dump out/ --trace t.json");
   flags.source.AddOptions(run);
   run->add_option("--policy,-p", flags.policy,
-                  "planner (see 'pebble policies'); default: best-order at or above the "
-                  "baseline peak, hybrid below it");
+                  "planner (see 'pebble policies'), or exec:PROGRAM (docs/library.md); "
+                  "default: best-order at or above the baseline peak, hybrid below it");
   CLI::Option* budget = run->add_option(
       "--budget,-b", flags.budget,
       "device memory budget: bytes (8GiB), a percentage of the baseline peak (60%) or 'min'; "

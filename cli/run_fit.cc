@@ -1,13 +1,7 @@
 // pebble fit: for each policy, the largest value of a model parameter whose
 // training step fits a memory budget (the seed report's 3-D experiment).
-//
-// Search: the predicted peak of a plan is assumed to grow with the
-// parameter (true of every size parameter of the zoo under a fixed policy:
-// each tensor's bytes grow with it; a heuristic planner could in principle
-// find a better plan at a larger size, which the search would miss). Under
-// that assumption an exponential search (1, 2, 4, ...) finds a feasible
-// value and an infeasible one, and a binary search between them the largest
-// feasible value: O(log n) plans per policy.
+// The search is the library's (Fit, scheduler/plan_api.h); this file adds
+// the command line, --verify (each answer run on a backend) and the output.
 #include <cmath>
 #include <iostream>
 #include <optional>
@@ -23,17 +17,11 @@
 #include "runtime/executor.h"
 #include "runtime/make_backend.h"
 #include "scheduler/budget.h"
+#include "scheduler/plan_api.h"
 #include "scheduler/planner.h"
 
 namespace pebble::cli {
 namespace {
-
-// The policies fit tries when --policies is not given: every registered
-// one except the exact searches whose cost explodes with the graph
-// (exact, exact-order, checkmate), which --policies can still name.
-bool InDefaultSet(const std::string& name) {
-  return name != "exact" && name != "exact-order" && name != "checkmate";
-}
 
 struct FitFlags {
   std::string model;
@@ -47,63 +35,24 @@ struct FitFlags {
   int64_t start = 1;
   int64_t max_value = 0;  // 0: the model's own limit
   uint64_t seed = 0;
+  int jobs = 0;  // policies searched at once; 0: one per hardware thread
   bool verify = false;
   bool json = false;
 };
 
-struct Probe {
-  bool feasible = false;
-  std::string error;  // the model or the planner refused this value
-};
-
-// The largest v in [start, max] with probe(v).feasible, assuming
-// monotonicity; nullopt when probe(start) is not feasible.
-template <typename ProbeFn>
-std::optional<int64_t> LargestFeasible(int64_t start, int64_t max_value, ProbeFn probe,
-                                       std::string* first_error) {
-  auto feasible = [&](int64_t v) {
-    Probe p = probe(v);
-    if (!p.error.empty() && first_error->empty()) *first_error = p.error;
-    return p.feasible;
-  };
-  if (!feasible(start)) return std::nullopt;
-  int64_t lo = start, hi = -1;  // lo feasible; hi infeasible (or -1: unknown)
-  while (hi < 0) {
-    if (max_value > 0 && lo >= max_value) return lo;
-    int64_t next = lo * 2;
-    if (max_value > 0) next = std::min(next, max_value);
-    if (feasible(next)) {
-      lo = next;
-    } else {
-      hi = next;
-    }
-  }
-  while (hi - lo > 1) {
-    const int64_t mid = lo + (hi - lo) / 2;
-    if (feasible(mid)) {
-      lo = mid;
-    } else {
-      hi = mid;
-    }
-  }
-  return lo;
-}
-
-struct FitRow {
-  std::string policy;
-  std::string kind;
-  std::optional<int64_t> value;
-  std::optional<Graph> graph;
-  std::optional<PlanResult> plan;
-  std::string note;
-  // --verify
+// A row of the library's search, and its measurement under --verify.
+struct VerifiedRow {
+  const FitRow* row;
   std::optional<ExecutionResult> measured;
   std::string verify_error;
 };
 
 int RunFit(const FitFlags& f) {
+  FitRequest request;
   auto spec = ParseModelSpec(f.model);
   if (!spec.ok()) return Fail(spec.status());
+  request.model = *spec;
+  request.vary = f.vary;
   auto budget_spec = ParseBudget(f.budget);
   if (!budget_spec.ok()) return Fail(budget_spec.status());
   if (budget_spec->kind != BudgetSpec::Kind::kBytes) {
@@ -112,6 +61,7 @@ int RunFit(const FitFlags& f) {
         "parameter"));
   }
   const int64_t budget = budget_spec->bytes;
+  request.budget_bytes = budget;
   auto bandwidth = ParseBandwidth(f.bandwidth.empty() ? "25e9" : f.bandwidth);
   if (!bandwidth.ok()) return Fail(bandwidth.status());
   if (f.start < 1) return Fail(absl::InvalidArgumentError("--start must be at least 1"));
@@ -119,100 +69,32 @@ int RunFit(const FitFlags& f) {
     return Fail(absl::InvalidArgumentError(absl::StrCat(
         "--max ", f.max_value, " is below --start ", f.start, "; nothing to try")));
   }
-  CostModel cost;
-  cost.device_flops_per_s = f.throughput_flops_per_s;
-
-  auto build = [&](int64_t value) {
-    ModelSpec s = *spec;
-    s.params[f.vary] = absl::StrCat(value);
-    return BuildModel(s, cost);
-  };
-  {
-    auto first = build(f.start);
-    if (!first.ok()) return Fail(first.status());
-  }
-
-  std::vector<std::string> policies;
-  if (f.policies.empty() || f.policies == "all") {
+  request.start = f.start;
+  request.jobs = f.jobs;
+  request.max_value = f.max_value;
+  request.cost.device_flops_per_s = f.throughput_flops_per_s;
+  if (!f.policies.empty() && f.policies != "all") {
+    request.policies = absl::StrSplit(f.policies, ',', absl::SkipWhitespace());
+  } else if (f.policies == "all") {
     for (const PolicyInfo* p : PlannerRegistry::Global().List()) {
-      if (f.policies == "all" || InDefaultSet(p->name)) policies.push_back(p->name);
-    }
-  } else {
-    policies = absl::StrSplit(f.policies, ',', absl::SkipWhitespace());
-    for (const std::string& p : policies) {
-      if (PlannerRegistry::Global().Find(p) == nullptr) return Fail(MakePlanner(p).status());
+      request.policies.push_back(p->name);
     }
   }
-  PlannerOptions options;
-  options.budget_bytes = budget;
-  options.host_bandwidth_bytes_per_s = *bandwidth;
-  options.time_limit_s = f.time_limit_s;
-
-  // The seed report's estimate: activations and gradients take about 26
-  // times the input, so the largest value with 26 x bytes(input) <= budget.
-  std::string naive_error;
-  std::optional<int64_t> naive = LargestFeasible(
-      f.start, f.max_value,
-      [&](int64_t v) {
-        Probe p;
-        auto g = build(v);
-        if (!g.ok()) {
-          p.error = std::string(g.status().message());
-          return p;
-        }
-        const NodeId input = g->Find("input");
-        if (input == kNoNode) {
-          p.error = "the model has no node 'input'";
-          return p;
-        }
-        p.feasible = 26 * g->bytes(input) <= budget;
-        return p;
-      },
-      &naive_error);
-
-  std::vector<FitRow> rows;
-  for (const std::string& name : policies) {
-    FitRow row;
-    row.policy = name;
-    const PolicyInfo* info = PlannerRegistry::Global().Find(name);
-    row.kind = std::string(PlanKindName(info->kind));
-    auto planner = info->factory();
-    row.value = LargestFeasible(
-        f.start, f.max_value,
-        [&](int64_t v) {
-          Probe p;
-          auto g = build(v);
-          if (!g.ok()) {
-            p.error = absl::StrCat(f.vary, "=", v, ": ", g.status().message());
-            return p;
-          }
-          auto plan = planner->Plan(*g, options);
-          if (!plan.ok()) {
-            p.error = absl::StrCat(f.vary, "=", v, ": ", plan.status().message());
-            return p;
-          }
-          p.feasible = plan->feasible;
-          return p;
-        },
-        &row.note);
-    // Plan again at the answer (the search keeps no plans, to bound memory).
-    if (row.value.has_value()) {
-      auto g = build(*row.value);
-      auto plan = g.ok() ? planner->Plan(*g, options) : absl::StatusOr<PlanResult>(g.status());
-      if (!plan.ok()) return Fail(plan.status());
-      row.graph = *std::move(g);
-      row.plan = *std::move(plan);
-      row.note.clear();
-    } else if (row.note.empty()) {
-      row.note = absl::StrCat("does not fit even at ", f.vary, "=", f.start);
-    }
-    rows.push_back(std::move(row));
-  }
+  request.options.host_bandwidth_bytes_per_s = *bandwidth;
+  request.options.time_limit_s = f.time_limit_s;
+  const PlannerOptions& options = request.options;
+  auto fit = Fit(request);
+  if (!fit.ok()) return Fail(fit.status());
+  const std::optional<int64_t>& naive = fit->naive_value;
+  const std::string& naive_error = fit->naive_note;
+  std::vector<VerifiedRow> rows;
+  for (const FitRow& row : fit->rows) rows.push_back({&row, std::nullopt, ""});
 
   if (f.verify) {
     // Fail early when the backend cannot be had at all.
     if (auto probe = MakeBackend(f.backend); !probe.ok()) return Fail(probe.status());
-    for (FitRow& row : rows) {
+    for (VerifiedRow& v : rows) {
+      const FitRow& row = *v.row;
       if (!row.value.has_value()) continue;
       // A backend per row: its memory high-water marks (device_peak_bytes,
       // scratch_bytes) then describe this row's run alone.
@@ -228,34 +110,24 @@ int RunFit(const FitFlags& f) {
       }
       auto r = Execute(*row.graph, row.plan->schedule, **backend, eo);
       if (r.ok()) {
-        row.measured = *std::move(r);
+        v.measured = *std::move(r);
       } else {
-        row.verify_error = std::string(r.status().message());
+        v.verify_error = std::string(r.status().message());
       }
     }
   }
 
   if (f.json) {
     nlohmann::json out = nlohmann::json::array();
-    for (const FitRow& row : rows) {
-      nlohmann::json j = {{"policy", row.policy}, {"kind", row.kind},
-                          {"baseline", row.policy == "baseline"}};
-      if (row.value.has_value()) {
-        j["value"] = *row.value;
-        j["model"] = row.graph->name();
-        j["predicted_peak_bytes"] = row.plan->report.peak_bytes;
-        j["overhead"] = row.plan->report.overhead;
-        j["transfer_bytes"] = row.plan->report.transfer_bytes;
-      } else {
-        j["value"] = nullptr;
-      }
-      if (!row.note.empty()) j["note"] = row.note;
-      if (row.measured.has_value()) {
-        nlohmann::json m = MeasuredToJson(*row.graph, *row.measured, /*with_steps=*/false);
-        m["peak_equal"] = row.measured->peak_bytes == row.plan->report.peak_bytes;
+    for (const VerifiedRow& v : rows) {
+      const FitRow& row = *v.row;
+      nlohmann::json j = FitRowJson(row);
+      if (v.measured.has_value()) {
+        nlohmann::json m = MeasuredToJson(*row.graph, *v.measured, /*with_steps=*/false);
+        m["peak_equal"] = v.measured->peak_bytes == row.plan->report.peak_bytes;
         j["measured"] = std::move(m);
       }
-      if (!row.verify_error.empty()) j["verify_error"] = row.verify_error;
+      if (!v.verify_error.empty()) j["verify_error"] = v.verify_error;
       out.push_back(std::move(j));
     }
     nlohmann::json doc = {{"model", spec->ToString()},
@@ -295,7 +167,8 @@ int RunFit(const FitFlags& f) {
     cells.push_back(naive ? "" : naive_error);
     t.AddRow(cells);
   }
-  for (const FitRow& row : rows) {
+  for (const VerifiedRow& v : rows) {
+    const FitRow& row = *v.row;
     std::vector<std::string> cells = {row.policy == "baseline" ? "baseline *" : row.policy,
                                       row.kind};
     if (row.value.has_value()) {
@@ -309,15 +182,15 @@ int RunFit(const FitFlags& f) {
       cells.insert(cells.end(), {"-", "", "", ""});
     }
     if (f.verify) {
-      if (row.measured.has_value()) {
-        cells.push_back(FormatBytes(row.measured->peak_bytes));
-        cells.push_back(row.measured->peak_bytes == row.plan->report.peak_bytes ? "yes" : "NO");
-        cells.push_back(absl::StrFormat("%.3f s", row.measured->time_s));
+      if (v.measured.has_value()) {
+        cells.push_back(FormatBytes(v.measured->peak_bytes));
+        cells.push_back(v.measured->peak_bytes == row.plan->report.peak_bytes ? "yes" : "NO");
+        cells.push_back(absl::StrFormat("%.3f s", v.measured->time_s));
       } else {
         cells.insert(cells.end(), {"", "", ""});
       }
     }
-    std::string note = !row.verify_error.empty() ? row.verify_error : row.note;
+    std::string note = !v.verify_error.empty() ? v.verify_error : row.note;
     if (note.size() > 72) note = note.substr(0, 69) + "...";  // the JSON has it whole
     cells.push_back(note);
     t.AddRow(cells);
@@ -369,6 +242,10 @@ void AddFitCommand(CLI::App& app, int& exit_code) {
   fit->add_option("--time-limit", flags.time_limit_s,
                   "seconds an exact or MILP planner may search per plan (default 10)")
       ->check(NumberAbove(0, "a positive number of seconds"));
+  fit->add_option("--jobs,-j", flags.jobs,
+                  "policies searched at once (default 0: one per hardware thread; 1: one "
+                  "after the other)")
+      ->check(IntegerIn(0, 4096));
   fit->add_flag("--json", flags.json, "print one JSON document");
   fit->callback([&exit_code] { exit_code = RunFit(flags); });
 }

@@ -35,6 +35,19 @@ function(pebble_add_library name dir)
     list(FILTER srcs EXCLUDE REGEX "^${dir}/${sub}/")
   endforeach()
   add_library(${name} STATIC ${srcs})
-  target_include_directories(${name} PUBLIC ${PROJECT_SOURCE_DIR})
+  pebble_public_includes(${name})
   target_link_libraries(${name} PRIVATE pebble_options)
+endfunction()
+
+# The include directory of a pebble library: the source tree while
+# building ("graph/graph.h"), <prefix>/include/pebble once installed. Host
+# C++ libraries also pass C++20 on to whoever links them (their headers
+# need it), device code (pebble_cuda_kernels) does not.
+function(pebble_public_includes name)
+  target_include_directories(${name} PUBLIC
+      $<BUILD_INTERFACE:${PROJECT_SOURCE_DIR}>
+      $<INSTALL_INTERFACE:${CMAKE_INSTALL_INCLUDEDIR}/pebble>)
+  if(NOT name STREQUAL "pebble_cuda_kernels")
+    target_compile_features(${name} PUBLIC cxx_std_20)
+  endif()
 endfunction()

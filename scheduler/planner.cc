@@ -3,9 +3,12 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_join.h"
 #include "graph/status.h"
 #include "scheduler/budget.h"
+#include "scheduler/external_policy.h"
 
 namespace pebble {
 
@@ -33,6 +36,32 @@ void PlannerRegistry::Register(PolicyInfo info) {
   policies_.push_back(std::move(info));
 }
 
+absl::Status PlannerRegistry::RegisterExternal(PolicyInfo info) {
+  if (!info.factory) return absl::InvalidArgumentError("a policy needs a planner");
+  info.external = true;
+  for (PolicyInfo& p : policies_) {
+    if (p.name != info.name) continue;
+    if (!p.external) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("'", info.name, "' is a built-in policy; choose another name"));
+    }
+    p = std::move(info);
+    return absl::OkStatus();
+  }
+  policies_.push_back(std::move(info));
+  return absl::OkStatus();
+}
+
+absl::Status PlannerRegistry::UnregisterExternal(absl::string_view name) {
+  for (auto it = policies_.begin(); it != policies_.end(); ++it) {
+    if (it->name == name && it->external) {
+      policies_.erase(it);
+      return absl::OkStatus();
+    }
+  }
+  return absl::NotFoundError(absl::StrCat("no outside policy '", name, "' is registered"));
+}
+
 const PolicyInfo* PlannerRegistry::Find(absl::string_view name) const {
   for (const PolicyInfo& p : policies_) {
     if (p.name == name) return &p;
@@ -49,6 +78,13 @@ std::vector<const PolicyInfo*> PlannerRegistry::List() const {
 }
 
 absl::StatusOr<std::unique_ptr<Planner>> MakePlanner(absl::string_view name) {
+  if (absl::StartsWith(name, kExecPolicyPrefix)) {
+    const absl::string_view program = absl::StripAsciiWhitespace(name.substr(kExecPolicyPrefix.size()));
+    if (program.empty()) {
+      return absl::InvalidArgumentError("policy 'exec:' names no program (exec:PROGRAM)");
+    }
+    return MakeExecPlanner(std::string(program));
+  }
   const PolicyInfo* info = PlannerRegistry::Global().Find(name);
   if (info == nullptr) {
     std::vector<std::string> names;

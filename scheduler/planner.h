@@ -12,6 +12,7 @@
 #include "absl/strings/string_view.h"
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "graph/graph.h"
 #include "nlohmann/json.hpp"
@@ -94,6 +95,7 @@ struct PolicyInfo {
   std::string description;  // one line: what it does
   PlanKind kind = PlanKind::kOneShot;
   bool exact = false;       // provably optimal within its model
+  bool external = false;    // registered from outside (external_policy.h)
   std::function<std::unique_ptr<Planner>()> factory;
 };
 
@@ -102,6 +104,12 @@ class PlannerRegistry {
   static PlannerRegistry& Global();
   // Aborts on a duplicate name (a programming error).
   void Register(PolicyInfo info);
+  // An outside policy (info.external): added, or replacing an outside one
+  // of the same name; InvalidArgument for a built-in's name. Pointers that
+  // Find and List gave for that name are invalid afterwards.
+  absl::Status RegisterExternal(PolicyInfo info);
+  // Removes an outside policy; NotFound otherwise.
+  absl::Status UnregisterExternal(absl::string_view name);
   const PolicyInfo* Find(absl::string_view name) const;
   // Sorted by name.
   std::vector<const PolicyInfo*> List() const;
@@ -110,7 +118,8 @@ class PlannerRegistry {
   std::vector<PolicyInfo> policies_;
 };
 
-// Looks up and instantiates a policy; NotFound lists the known names.
+// Looks up and instantiates a policy, or makes the planner of
+// "exec:PROGRAM" (external_policy.h); NotFound lists the known names.
 absl::StatusOr<std::unique_ptr<Planner>> MakePlanner(absl::string_view name);
 
 // Simulates `schedule`, fills a PlanResult and decides feasibility against

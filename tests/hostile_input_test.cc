@@ -107,7 +107,7 @@ TEST(HostileInputTest, NpyHeadersCannotAllocateMoreThanTheFileHolds) {
     file += header + std::string(16, '\0');
     WriteText(dir / "input.npy", file);
   };
-  for (const std::string& shape : {"(1099511627776,)", "(1000000000,)"}) {
+  for (const std::string shape : {"(1099511627776,)", "(1000000000,)"}) {
     npy(shape);
     ExpectOneLineError(Pebble("run --model conv3d:n=8 --inputs " + dir.string()), 1,
                        {"'input'", "truncated data"});
@@ -268,7 +268,7 @@ TEST(HostileInputTest, InvalidValuesAreRefused) {
 
 TEST(HostileInputTest, ProfilesWithImpossibleBandwidthsAreRefused) {
   const fs::path dir = Scratch("profile");
-  for (const std::string& bw : {"1e-300", "-1", "1e300"}) {
+  for (const std::string bw : {"1e-300", "-1", "1e300"}) {
     WriteText(dir / "p.json", R"({"format": "pebble-cost-profile", "version": 1,
         "bandwidth_h2d_bytes_per_s": )" + bw + R"(, "entries": {}})");
     ExpectOneLineError(Pebble("plan --model path:n=3 --profile " + (dir / "p.json").string()), 1,

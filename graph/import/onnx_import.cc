@@ -775,15 +775,19 @@ class Importer {
   absl::Status Pow(const onnx::NodeProto& node) {
     RETURN_IF_ERROR(ExpectInputs(node, 2, 2));
     RETURN_IF_ERROR(Attrs(node).OnlyKnown({}));
-    const onnx::TensorProto* e = ConstTensor(node.input(1));
-    std::optional<double> exponent = e == nullptr ? std::nullopt : FloatScalar(*e);
-    if (!exponent && e != nullptr) {
-      absl::StatusOr<std::vector<int64_t>> ints = IntValues(*e);
-      if (ints.ok() && ints->size() == 1) exponent = static_cast<double>((*ints)[0]);
+    // The exponent, 0 where it is not a constant scalar (0 is refused too).
+    double power = 0;
+    if (const onnx::TensorProto* e = ConstTensor(node.input(1)); e != nullptr) {
+      if (std::optional<double> f = FloatScalar(*e)) {
+        power = *f;
+      } else if (absl::StatusOr<std::vector<int64_t>> ints = IntValues(*e);
+                 ints.ok() && ints->size() == 1) {
+        power = static_cast<double>((*ints)[0]);
+      }
     }
     ASSIGN_OR_RETURN(Value x, Get(node, node.input(0)));
-    if (exponent == 2.0) return Apply(node, "mul", {x, x});
-    if (exponent == 0.5) return Apply(node, "sqrt", {x});
+    if (power == 2.0) return Apply(node, "mul", {x, x});
+    if (power == 0.5) return Apply(node, "sqrt", {x});
     return NodeError(node, "only a constant exponent of 2 or 0.5 is supported");
   }
   absl::Status Sigmoid(const onnx::NodeProto& node) { return Unary(node, "sigmoid"); }

@@ -393,8 +393,12 @@ def build_model(torch, torchvision, models, args):
         raise UsageError("--model %s: torchvision.models.%s() is not a module"
                          % (args.model, args.model))
     dropouts = 0
+    # Stochastic depth (EfficientNet, ConvNeXt) drops whole samples at
+    # random in training mode, which torch.onnx.export cannot write
+    # (Bernoulli): at p = 0 it is the identity, like a dropout of 0.
+    stochastic_depth = getattr(getattr(torchvision, "ops", None), "StochasticDepth", ())
     for m in net.modules():
-        if isinstance(m, torch.nn.modules.dropout._DropoutNd):
+        if isinstance(m, (torch.nn.modules.dropout._DropoutNd, stochastic_depth)):
             m.p = 0.0
             dropouts += 1
     models.perturb_batchnorm(net)

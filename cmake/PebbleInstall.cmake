@@ -1,0 +1,115 @@
+# `cmake --install`: the libraries, the `pebble` binary, the public headers
+# under <prefix>/include/pebble/, the CMake package (pebbleConfig.cmake with
+# the imported targets pebble::graph, pebble::import, pebble::scheduler,
+# pebble::runtime, pebble::backends and pebble::pebble, all of them) and
+# pebble.pc for pkg-config. docs/library.md shows how to use them.
+include(GNUInstallDirs)
+include(CMakePackageConfigHelpers)
+
+set(PEBBLE_CMAKE_DIR ${CMAKE_INSTALL_LIBDIR}/cmake/pebble)
+set(PEBBLE_INCLUDE_DIR ${CMAKE_INSTALL_INCLUDEDIR}/pebble)
+
+# pebble/config.h: what this build has.
+set(PEBBLE_HAVE_RUNTIME 0)
+set(PEBBLE_HAVE_CUDA 0)
+if(TARGET pebble_runtime)
+  set(PEBBLE_HAVE_RUNTIME 1)
+endif()
+if(TARGET pebble_runtime_cuda)
+  set(PEBBLE_HAVE_CUDA 1)
+endif()
+configure_file(${PROJECT_SOURCE_DIR}/cmake/config.h.in
+               ${PROJECT_BINARY_DIR}/include/pebble/config.h @ONLY)
+
+# pebble::pebble: every library of this build and the umbrella header.
+add_library(pebble_all INTERFACE)
+target_include_directories(pebble_all INTERFACE
+    $<BUILD_INTERFACE:${PROJECT_SOURCE_DIR}/include>
+    $<BUILD_INTERFACE:${PROJECT_BINARY_DIR}/include>
+    $<INSTALL_INTERFACE:${CMAKE_INSTALL_INCLUDEDIR}>)
+target_link_libraries(pebble_all INTERFACE pebble_graph pebble_import pebble_scheduler)
+set(exported pebble_options pebble_graph pebble_import pebble_scheduler pebble_all)
+set_target_properties(pebble_graph PROPERTIES EXPORT_NAME graph)
+set_target_properties(pebble_import PROPERTIES EXPORT_NAME import)
+set_target_properties(pebble_scheduler PROPERTIES EXPORT_NAME scheduler)
+set_target_properties(pebble_options PROPERTIES EXPORT_NAME options)
+set_target_properties(pebble_all PROPERTIES EXPORT_NAME pebble)
+if(TARGET pebble_runtime)
+  target_link_libraries(pebble_all INTERFACE pebble_backends)
+  set_target_properties(pebble_runtime PROPERTIES EXPORT_NAME runtime)
+  set_target_properties(pebble_backends PROPERTIES EXPORT_NAME backends)
+  list(APPEND exported pebble_runtime pebble_backends)
+  if(TARGET pebble_runtime_cuda)
+    set_target_properties(pebble_runtime_cuda PROPERTIES EXPORT_NAME runtime_cuda)
+    set_target_properties(pebble_cuda_kernels PROPERTIES EXPORT_NAME cuda_kernels)
+    list(APPEND exported pebble_runtime_cuda pebble_cuda_kernels)
+  endif()
+endif()
+install(TARGETS ${exported} EXPORT pebbleTargets
+        ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
+        LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
+        INCLUDES DESTINATION ${CMAKE_INSTALL_INCLUDEDIR} ${PEBBLE_INCLUDE_DIR})
+if(TARGET pebble)
+  install(TARGETS pebble RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
+endif()
+
+# Public headers: what the umbrella header reaches, nothing internal
+# (zoo_internal.h, ops/op_util.h, the kernels' helpers).
+set(public_headers
+    graph/autodiff.h graph/graph.h graph/graph_json.h graph/net_builder.h graph/ops.h
+    graph/status.h graph/text_input.h graph/models/models.h graph/import/onnx_import.h
+    scheduler/budget.h scheduler/checkmate.h scheduler/cost_profile.h
+    scheduler/exact_multishot.h scheduler/external_policy.h scheduler/memory_layout.h
+    scheduler/offload.h scheduler/orders.h scheduler/plan_api.h scheduler/planner.h
+    scheduler/remat.h scheduler/schedule.h scheduler/simulator.h)
+if(TARGET pebble_runtime)
+  list(APPEND public_headers
+       runtime/backend.h runtime/executor.h runtime/half.h runtime/kernel.h
+       runtime/make_backend.h runtime/npy.h runtime/tensor.h runtime/trace.h
+       runtime/cpu/cpu_backend.h)
+  if(TARGET pebble_runtime_cuda)
+    list(APPEND public_headers runtime/cuda/cuda_backend.h)
+  endif()
+endif()
+foreach(header IN LISTS public_headers)
+  get_filename_component(dir ${header} DIRECTORY)
+  install(FILES ${PROJECT_SOURCE_DIR}/${header} DESTINATION ${PEBBLE_INCLUDE_DIR}/${dir})
+endforeach()
+install(FILES ${PROJECT_SOURCE_DIR}/include/pebble/pebble.h
+              ${PROJECT_BINARY_DIR}/include/pebble/config.h
+        DESTINATION ${PEBBLE_INCLUDE_DIR})
+
+install(EXPORT pebbleTargets NAMESPACE pebble:: DESTINATION ${PEBBLE_CMAKE_DIR})
+if(NOT DEFINED PEBBLE_DNNL_FROM_CONFIG)  # set by runtime/CMakeLists.txt
+  set(PEBBLE_DNNL_FROM_CONFIG 0)
+endif()
+# The CUDA toolkit the backend was built with, for find_dependency.
+set(PEBBLE_CUDA_ROOT "")
+if(TARGET pebble_runtime_cuda)
+  get_filename_component(PEBBLE_CUDA_ROOT "${CUDA_cudart_LIBRARY}" DIRECTORY)
+  get_filename_component(PEBBLE_CUDA_ROOT "${PEBBLE_CUDA_ROOT}" DIRECTORY)
+endif()
+configure_package_config_file(${PROJECT_SOURCE_DIR}/cmake/pebbleConfig.cmake.in
+                              ${PROJECT_BINARY_DIR}/pebbleConfig.cmake
+                              INSTALL_DESTINATION ${PEBBLE_CMAKE_DIR})
+write_basic_package_version_file(${PROJECT_BINARY_DIR}/pebbleConfigVersion.cmake
+                                 COMPATIBILITY SameMinorVersion)
+install(FILES ${PROJECT_BINARY_DIR}/pebbleConfig.cmake
+              ${PROJECT_BINARY_DIR}/pebbleConfigVersion.cmake
+        DESTINATION ${PEBBLE_CMAKE_DIR})
+
+# pebble.pc: the same libraries for a Makefile or Meson project. pkg-config
+# cannot follow CMake targets, so the Libs line lists the libraries in link
+# order and Requires the dependencies that ship a .pc file.
+set(pc_libs "-lpebble_scheduler -lpebble_import -lpebble_graph")
+set(pc_requires "cbc")
+if(TARGET pebble_runtime)
+  set(pc_runtime "-lpebble_backends")
+  if(TARGET pebble_runtime_cuda)
+    string(APPEND pc_runtime " -lpebble_runtime_cuda -lpebble_cuda_kernels"
+           " ${CUDA_cublas_LIBRARY} ${CUDA_cudart_LIBRARY} ${PEBBLE_CUDNN_LIBRARY}")
+  endif()
+  set(pc_libs "${pc_runtime} -lpebble_runtime ${pc_libs} -ldnnl -fopenmp")
+endif()
+configure_file(${PROJECT_SOURCE_DIR}/cmake/pebble.pc.in ${PROJECT_BINARY_DIR}/pebble.pc @ONLY)
+install(FILES ${PROJECT_BINARY_DIR}/pebble.pc DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig)

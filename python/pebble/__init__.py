@@ -1,0 +1,35 @@
+"""pebble: plans how a training step uses memory, and proves it.
+
+The functions come from the compiled module pebble._core; docs/library.md
+documents them. In short:
+
+    import pebble
+    g = pebble.model("resnet18:batch=8,image=128")
+    p = pebble.plan(g, policy="rotor", budget="60%")
+    p.feasible, p.report["peak_bytes"], p.schedule[:3]
+    pebble.compare(g, policies=["baseline", "rotor"], budgets=["100%", "min"])
+
+Every error is a ValueError with the command line's message.
+"""
+
+from ._core import (  # noqa: F401
+    Graph,
+    Plan,
+    compare,
+    fit,
+    from_json,
+    import_onnx,
+    load,
+    model,
+    plan,
+    policies,
+    register_policy,
+    simulate,
+    train,
+    unregister_policy,
+)
+
+__all__ = [
+    "Graph", "Plan", "compare", "fit", "from_json", "import_onnx", "load", "model", "plan",
+    "policies", "register_policy", "simulate", "train", "unregister_policy",
+]

@@ -1,0 +1,155 @@
+// The planning entry points shared by the command line, C++ users and the
+// Python module: one call each for `plan`, `compare` and `fit`, with the
+// JSON documents of `plan --json` and `compare --format json`.
+#ifndef PEBBLE_SCHEDULER_PLAN_API_H_
+#define PEBBLE_SCHEDULER_PLAN_API_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "graph/graph.h"
+#include "graph/models/models.h"
+#include "nlohmann/json.hpp"
+#include "scheduler/memory_layout.h"
+#include "scheduler/planner.h"
+
+namespace pebble {
+
+// ---- plan
+
+struct PlanRequest {
+  // A registered policy, or exec:PROGRAM (scheduler/exec_policy.h). Empty:
+  // DefaultPolicy (best-order when the baseline fits the budget, else
+  // hybrid).
+  std::string policy;
+  // The budget as the command line takes it (ParseBudget): "60%", "2GiB",
+  // "min" or bytes.
+  std::string budget = "100%";
+  // Everything but budget_bytes, which `budget` sets.
+  PlannerOptions options;
+};
+
+struct PlanOutcome {
+  std::string policy;  // the policy that planned (the default resolved)
+  std::string budget;  // the request's text
+  int64_t baseline_peak_bytes = 0;
+  bool budget_is_min = false;
+  // The budget in bytes; with "min", the peak reached.
+  int64_t budget_bytes = 0;
+  double bandwidth_bytes_per_s = 0;  // the host link the plan assumed
+  double plan_time_s = 0;
+  PlanResult result;
+  MemoryLayout layout;  // the arena layout of result.schedule
+};
+
+// Resolves the budget against the graph's baseline peak, plans, simulates
+// (the result's report) and lays the schedule out in an arena. Errors: a
+// malformed budget, an unknown policy, a graph the policy cannot take.
+absl::StatusOr<PlanOutcome> PlanGraph(const Graph& graph, const PlanRequest& request);
+
+// The report of `plan --json`: the simulator's figures (ReportToJson, with
+// the per-step timeline when asked) plus arena_bytes and fragmentation.
+nlohmann::json PlanReportJson(const Graph& graph, const PlanOutcome& outcome,
+                              bool with_timeline);
+// The whole `plan --json` document; `label` names the graph (a model spec
+// or a file path). `with_instances`: every tensor's arena offset in
+// "layout".
+nlohmann::json PlanDocument(const Graph& graph, const PlanOutcome& outcome,
+                            const std::string& label, bool with_timeline,
+                            bool with_instances);
+
+// ---- compare
+
+struct CompareRequest {
+  // Policy names (registered or exec:PROGRAM); empty: every registered one.
+  std::vector<std::string> policies;
+  // Budget texts as PlanRequest::budget; at least one.
+  std::vector<std::string> budgets = {"100%", "80%", "60%", "40%", "min"};
+  PlannerOptions options;  // budget_bytes is set per budget
+  // Plans at once (oneTBB): 0 for one per hardware thread, 1 for one
+  // after the other. Each plan is the same either way, but those of
+  // policies that stop at a wall-clock limit (checkmate, exact, a search
+  // cut by --time-limit) may reach less when they share the cores, and
+  // plan_time_s is each plan's wall-clock time under that sharing.
+  int jobs = 0;
+};
+
+struct CompareEntry {
+  std::string policy;
+  std::string budget;    // the request's text
+  int64_t budget_bytes;  // kMinBudgetBytes for "min"
+  double plan_time_s = 0;
+  absl::StatusOr<PlanResult> result;  // an error is a row, not a failure
+};
+
+struct Comparison {
+  int64_t baseline_peak_bytes = 0;
+  // The least peak exact-order found, when it was among the policies and
+  // finished: each row's peak is also shown over it.
+  std::optional<int64_t> optimal_order_peak_bytes;
+  std::vector<CompareEntry> entries;  // policy-major, in the request's order
+};
+
+// Plans every (policy, budget). Errors only for the request itself: no
+// budget, a malformed budget, an unknown policy.
+absl::StatusOr<Comparison> Compare(const Graph& graph, const CompareRequest& request);
+
+// One row of `compare --format json` ("results"): policy, budget,
+// budget_bytes (not for min), plan_time_s, and either error or feasible,
+// report, message, peak_vs_optimal_order.
+nlohmann::json CompareRowJson(const Graph& graph, const Comparison& comparison,
+                              const CompareEntry& entry);
+// The whole document: graph (`label`), baseline_peak_bytes, results and
+// optimal_order_peak_bytes where known.
+nlohmann::json CompareDocument(const Graph& graph, const Comparison& comparison,
+                               const std::string& label);
+
+// ---- fit
+
+struct FitRequest {
+  ModelSpec model;  // a zoo model
+  std::string vary;  // the parameter searched ("n", "batch", ...)
+  int64_t budget_bytes = 0;
+  // Empty: every registered policy but the exact searches (exact,
+  // exact-order, checkmate), whose cost explodes with the graph.
+  std::vector<std::string> policies;
+  PlannerOptions options;  // budget_bytes is set from budget_bytes
+  CostModel cost;
+  int64_t start = 1;      // the first value tried
+  int64_t max_value = 0;  // 0: the model's own limit
+  int jobs = 0;           // policies searched at once, as CompareRequest::jobs
+};
+
+struct FitRow {
+  std::string policy;
+  std::string kind;  // PlanKindName, or "external" for exec:PROGRAM
+  std::optional<int64_t> value;  // the largest value that fits
+  std::optional<Graph> graph;    // the model at that value
+  std::optional<PlanResult> plan;
+  std::string note;  // why nothing fits, or the first refusal
+};
+
+struct FitResult {
+  // The seed report's rule of thumb: the largest value with 26 x
+  // bytes(input) <= budget.
+  std::optional<int64_t> naive_value;
+  std::string naive_note;
+  std::vector<FitRow> rows;
+};
+
+// For each policy, the largest value of `vary` whose training step the
+// policy fits in the budget: an exponential then a binary search over the
+// predicted peak, assuming it grows with the parameter (true of every size
+// parameter of the zoo under a fixed policy; a heuristic could find a
+// better plan at a larger size, which the search would miss).
+absl::StatusOr<FitResult> Fit(const FitRequest& request);
+
+// The rows of `fit --json` ("results"), without measurements.
+nlohmann::json FitRowJson(const FitRow& row);
+
+}  // namespace pebble
+
+#endif  // PEBBLE_SCHEDULER_PLAN_API_H_

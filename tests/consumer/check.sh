@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# Installs a pebble build into a fresh prefix, then uses it from outside as a
+# user would: a CMake project (find_package), a pkg-config compile of the
+# same program, and the installed Python module. Each must give the figures
+# of `pebble plan --json` on the same model, policy and budget.
+#   check.sh BUILD_DIR WORK_DIR PYTHON
+set -euo pipefail
+build=$(cd "$1" && pwd)
+work=$2
+python=$3
+here=$(cd "$(dirname "$0")" && pwd)
+model="resnet18:batch=2,image=32" policy=rotor budget=70%
+
+rm -rf "$work"
+mkdir -p "$work"
+prefix="$work/prefix"
+cmake --install "$build" --prefix "$prefix" >"$work/install.log"
+for must in bin/pebble include/pebble/pebble.h include/pebble/config.h \
+            include/pebble/graph/graph.h lib/cmake/pebble/pebbleConfig.cmake \
+            lib/pkgconfig/pebble.pc; do
+  [[ -e "$prefix/$must" ]] || { echo "FAIL: $must is not installed" >&2; exit 1; }
+done
+if [[ -e "$prefix/include/pebble/graph/models/zoo_internal.h" ]]; then
+  echo "FAIL: an internal header was installed" >&2
+  exit 1
+fi
+
+expected=$("$prefix/bin/pebble" plan --model "$model" --policy "$policy" --budget "$budget" \
+           --json | "$python" -c 'import json,sys; print(json.dumps(json.load(sys.stdin)["report"], sort_keys=True))')
+same() {  # same WHAT JSON
+  local got
+  got=$(printf '%s' "$2" | "$python" -c 'import json,sys; print(json.dumps(json.load(sys.stdin), sort_keys=True))')
+  if [[ "$got" != "$expected" ]]; then
+    echo "FAIL: $1 disagrees with pebble plan --json" >&2
+    echo "  got      $got" >&2
+    echo "  expected $expected" >&2
+    exit 1
+  fi
+  echo "ok: $1 gives the CLI's report"
+}
+
+# CMake: find_package(pebble) and pebble::pebble, nothing else.
+cmake -S "$here" -B "$work/cmake-build" -G Ninja -DCMAKE_PREFIX_PATH="$prefix" \
+      >"$work/cmake.log"
+cmake --build "$work/cmake-build" >"$work/cmake-build.log"
+same "find_package(pebble)" "$("$work/cmake-build/consumer" "$model" "$policy" "$budget")"
+
+# pkg-config.
+export PKG_CONFIG_PATH="$prefix/lib/pkgconfig"
+c++ "$here/main.cc" -o "$work/consumer-pc" $(pkg-config --cflags --libs pebble)
+same "pkg-config pebble" "$("$work/consumer-pc" "$model" "$policy" "$budget")"
+
+# Python, from the prefix's site-packages.
+site=$(find "$prefix/lib" -maxdepth 3 -type d -name site-packages | head -n 1)
+if [[ -n "$site" ]]; then
+  got=$(PYTHONPATH="$site" "$python" -c "
+import json, pebble
+print(json.dumps(pebble.plan(pebble.model('$model'), policy='$policy', budget='$budget').report))")
+  same "the installed Python module" "$got"
+fi

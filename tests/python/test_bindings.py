@@ -1,0 +1,309 @@
+"""The Python module `pebble` against the command line: every function, its
+errors, a policy registered from Python and an exec: policy, and every
+figure equal to the CLI's --json on the same inputs.
+
+Run by ctest (python_bindings) with PYTHONPATH at the build's python/ and
+PEBBLE_CLI the `pebble` binary; by hand:
+
+    PYTHONPATH=build/python PEBBLE_CLI=build/bin/pebble \
+        python3 -m unittest -v tests/python/test_bindings.py
+"""
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import unittest
+
+import pebble
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+CLI = os.environ.get("PEBBLE_CLI", os.path.join(ROOT, "build", "bin", "pebble"))
+GREEDY = os.path.join(ROOT, "examples", "policies", "greedy_order.py")
+EXEC_GREEDY = f"exec:{sys.executable} {GREEDY}"
+MODEL = "resnet18:batch=2,image=32"
+
+sys.path.insert(0, os.path.join(ROOT, "examples", "policies"))
+import greedy_order  # noqa: E402
+
+
+def cli_json(*args):
+    out = subprocess.run([CLI, *args, "--json"], check=True, capture_output=True, text=True)
+    return json.loads(out.stdout)
+
+
+def cli_error(*args):
+    out = subprocess.run([CLI, *args], capture_output=True, text=True)
+    assert out.returncode == 1, (out.returncode, out.stderr)
+    line = out.stderr.strip()
+    assert line.startswith("pebble: "), line
+    return line[len("pebble: "):]
+
+
+def is_wall_clock(key):
+    """plan_time_s, plan_s, solve_s, ...: seconds measured, not simulated."""
+    return key.endswith("_s") and not key.endswith("_per_s") and key != "time_limit_s"
+
+
+def without_times(doc):
+    """A document without the wall-clock figures, which differ run to run,
+    and the graph's label (a model spec on the command line, the graph's
+    name in Python)."""
+    if isinstance(doc, dict):
+        return {k: without_times(v) for k, v in doc.items()
+                if not is_wall_clock(k) and k != "graph"}
+    if isinstance(doc, list):
+        return [without_times(v) for v in doc]
+    return doc
+
+
+class GraphTest(unittest.TestCase):
+    def test_model_load_and_json_round_trip(self):
+        g = pebble.model(MODEL)
+        self.assertEqual(g.name, MODEL)
+        self.assertIn("loss", g.outputs)
+        self.assertEqual(len(g), len(g.ids))
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "g.json")
+            with open(path, "w") as f:
+                f.write(g.to_json())
+            loaded = pebble.load(path)
+            self.assertEqual(loaded.to_json(), g.to_json())
+            exported = subprocess.run([CLI, "export", "--model", MODEL, "--format", "json"],
+                                      check=True, capture_output=True, text=True).stdout
+            self.assertEqual(json.loads(exported), json.loads(g.to_json()))
+        self.assertEqual(pebble.from_json(g.to_json()).ids, g.ids)
+
+    def test_train_differentiates_a_forward_graph(self):
+        path = os.path.join(ROOT, "examples", "mlp.json")
+        forward = pebble.load(path)
+        self.assertEqual(forward.outputs, ["relu"])
+        trained = pebble.train(forward, "mse")
+        self.assertIn("loss", trained.outputs)
+        self.assertIn("grad:fc.weight", trained.outputs)
+        doc = cli_json("plan", "--graph", path, "--train", "--loss", "mse")
+        self.assertEqual(pebble.plan(trained).report, doc["report"])
+        with self.assertRaises(ValueError):
+            pebble.train(forward, "hinge")
+
+    def test_bad_input_raises_value_error_with_the_cli_message(self):
+        for call, args in [
+            (lambda: pebble.model("nosuchmodel"), ["plan", "--model", "nosuchmodel"]),
+            (lambda: pebble.model("resnet18:batch=-1"), ["plan", "--model", "resnet18:batch=-1"]),
+            (lambda: pebble.load("/nonexistent/g.json"), ["plan", "--graph", "/nonexistent/g.json"]),
+        ]:
+            with self.assertRaises(ValueError) as e:
+                call()
+            self.assertEqual(str(e.exception), cli_error(*args))
+
+
+class PlanTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.graph = pebble.model(MODEL)
+
+    def test_plan_equals_the_cli(self):
+        for policy, budget in [("best-order", "100%"), ("rotor", "80%"), ("chen-greedy", "min"),
+                               ("swap", "70%"), ("sqrtn", str(60 << 20))]:
+            with self.subTest(policy=policy, budget=budget):
+                p = pebble.plan(self.graph, policy=policy, budget=budget, time_limit=20)
+                doc = cli_json("plan", "--model", MODEL, "--policy", policy, "--budget", budget,
+                               "--time-limit", "20")
+                self.assertEqual(p.feasible, doc["feasible"])
+                self.assertEqual(p.policy, doc["policy"])
+                self.assertEqual(p.budget_bytes, doc["budget_bytes"])
+                self.assertEqual(p.report, doc["report"])
+                self.assertEqual(without_times(p.details), without_times(doc["details"]))
+                self.assertEqual([{"action": a, "node": n} for a, n in p.schedule],
+                                 doc["schedule"]["steps"])
+                self.assertEqual(without_times(p.document), without_times(doc))
+
+    def test_budget_forms_and_options(self):
+        p = pebble.plan(self.graph, policy="swap", budget=50 << 20, host_budget="1GiB",
+                        bandwidth="pcie5")
+        self.assertEqual(p.budget_bytes, 50 << 20)
+        self.assertEqual(p.document["bandwidth_bytes_per_s"], 55e9)
+        default = pebble.plan(self.graph, budget="60%")
+        self.assertEqual(default.policy, "hybrid")  # below the baseline: the default
+        self.assertEqual(pebble.plan(self.graph).policy, "best-order")
+
+    def test_plan_errors(self):
+        for kwargs, cli_args in [
+            ({"policy": "nope"}, ["--policy", "nope"]),
+            ({"budget": "12 parsecs"}, ["--budget", "12 parsecs"]),
+            ({"policy": "revolve"}, ["--policy", "revolve"]),
+        ]:
+            with self.assertRaises(ValueError) as e:
+                pebble.plan(self.graph, **kwargs)
+            self.assertEqual(str(e.exception), cli_error("plan", "--model", MODEL, *cli_args))
+        with self.assertRaises(ValueError):
+            pebble.plan(self.graph, budget=1.5)
+        with self.assertRaises(ValueError):
+            pebble.plan(self.graph, time_limit=0)
+
+    def test_simulate_equals_the_cli_and_names_a_bad_step(self):
+        p = pebble.plan(self.graph, policy="rotor", budget="70%")
+        # The plan's report is the simulator's, plus the arena's two figures.
+        self.assertEqual(pebble.simulate(self.graph, p.schedule),
+                         {k: v for k, v in p.report.items()
+                          if k not in ("arena_bytes", "fragmentation")})
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "s.json")
+            with open(path, "w") as f:
+                json.dump(p.document["schedule"], f)
+            doc = cli_json("simulate", "--model", MODEL, "--schedule", path)
+            self.assertEqual(pebble.simulate(self.graph, p.document["schedule"]), doc["report"])
+        bad = [("free", p.schedule[0][1])] + p.schedule
+        with self.assertRaises(ValueError) as e:
+            pebble.simulate(self.graph, bad)
+        self.assertIn("step 0", str(e.exception))
+        with self.assertRaises(ValueError):
+            pebble.simulate(self.graph, [("compute", "no-such-node")])
+
+    def test_compare_equals_the_cli(self):
+        policies = ["baseline", "best-order", "rotor", "revolve"]
+        budgets = ["100%", "70%", "min"]
+        rows = pebble.compare(self.graph, policies=policies, budgets=budgets, time_limit=20)
+        doc = cli_json("compare", "--model", MODEL, "--policies", ",".join(policies),
+                       "--budgets", ",".join(budgets), "--time-limit", "20")
+        self.assertEqual(len(rows), len(policies) * len(budgets))
+        self.assertEqual(without_times(rows), without_times(doc["results"]))
+        self.assertIn("error", rows[-1])  # revolve refuses a ResNet, as a row
+        with self.assertRaises(ValueError):
+            pebble.compare(self.graph, policies=["nope"])
+        with self.assertRaises(ValueError):
+            pebble.compare(self.graph, budgets=[])
+
+    def test_compare_in_parallel_makes_the_serial_plans(self):
+        # Policies that stop at no wall-clock limit: the same plans however
+        # the cores are shared; a Python policy and an exec: one among them.
+        pebble.register_policy("greedy-py", lambda graph, options: greedy_order.schedule(
+            json.loads(graph.to_json()), options))
+        try:
+            policies = ["baseline", "best-order", "sqrtn", "chen-greedy", "rotor", "dtr",
+                        "swap", "hybrid", "greedy-py", EXEC_GREEDY]
+            budgets = ["100%", "70%", "min"]
+            serial = pebble.compare(self.graph, policies=policies, budgets=budgets, jobs=1)
+            parallel = pebble.compare(self.graph, policies=policies, budgets=budgets, jobs=4)
+            self.assertEqual(without_times(serial), without_times(parallel))
+        finally:
+            pebble.unregister_policy("greedy-py")
+        with self.assertRaises(ValueError):
+            pebble.compare(self.graph, jobs=-1)
+
+    def test_fit_equals_the_cli(self):
+        got = pebble.fit("conv3d", "n", "64MiB", policies=["baseline", "rotor"], max=256)
+        doc = cli_json("fit", "--model", "conv3d", "--vary", "n", "--budget", "64MiB",
+                       "--policies", "baseline,rotor", "--max", "256")
+        self.assertEqual(got["results"], doc["results"])
+        self.assertEqual(got["naive"], doc["naive"]["value"])
+        with self.assertRaises(ValueError):
+            pebble.fit("conv3d", "n", "60%")
+
+    def test_the_gil_is_released_while_planning(self):
+        # Two plans in two threads finish, and a Python thread runs meanwhile.
+        ticks = []
+        stop = threading.Event()
+
+        def tick():
+            while not stop.is_set():
+                ticks.append(1)
+                stop.wait(0.001)
+
+        ticker = threading.Thread(target=tick)
+        ticker.start()
+        try:
+            pebble.plan(pebble.model("random:n=3000"), policy="dtr", budget="60%")
+        finally:
+            stop.set()
+            ticker.join()
+        self.assertGreater(len(ticks), 10)
+
+
+class OutsidePolicyTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.graph = pebble.model(MODEL)
+
+    def tearDown(self):
+        for name in ("greedy-py", "raises", "invalid"):
+            try:
+                pebble.unregister_policy(name)
+            except ValueError:
+                pass
+
+    def test_registered_policy_is_compared_like_a_built_in(self):
+        seen = []
+
+        def greedy(graph, options):
+            seen.append(options)
+            return greedy_order.schedule(json.loads(graph.to_json()), options)
+
+        pebble.register_policy("greedy-py", greedy, description="greedy", kind="one-shot")
+        listed = {p["name"]: p for p in pebble.policies()}
+        self.assertTrue(listed["greedy-py"]["external"])
+        self.assertEqual(listed["greedy-py"]["kind"], "one-shot")
+        rows = pebble.compare(self.graph, policies=["best-order", "greedy-py"],
+                              budgets=["100%", "min", "10MiB"])
+        ours = [r for r in rows if r["policy"] == "greedy-py"]
+        self.assertEqual([r["feasible"] for r in ours], [True, True, False])
+        # One call a budget, in any order (compare plans them at once).
+        self.assertEqual(len(seen), 3)
+        self.assertIn({"min_budget": True, "budget_bytes": None},
+                      [{k: o[k] for k in ("min_budget", "budget_bytes")} for o in seen])
+        self.assertIn(10 << 20, [o["budget_bytes"] for o in seen])
+        # The same schedule through exec: gives the same figures.
+        exec_rows = pebble.compare(self.graph, policies=[EXEC_GREEDY], budgets=["100%"])
+        self.assertEqual(exec_rows[0]["report"], ours[0]["report"])
+        p = pebble.plan(self.graph, policy="greedy-py", budget="min")
+        self.assertEqual(p.report["peak_bytes"], ours[1]["report"]["peak_bytes"])
+
+    def test_a_policy_that_raises_or_returns_an_invalid_schedule_is_an_error(self):
+        def raises(graph, options):
+            raise RuntimeError("no plan today")
+
+        def invalid(graph, options):
+            return [("compute", "loss")]  # its inputs are not resident
+
+        pebble.register_policy("raises", raises)
+        pebble.register_policy("invalid", invalid)
+        with self.assertRaises(ValueError) as e:
+            pebble.plan(self.graph, policy="raises")
+        self.assertIn("no plan today", str(e.exception))
+        with self.assertRaises(ValueError) as e:
+            pebble.plan(self.graph, policy="invalid")
+        self.assertIn("step 0", str(e.exception))
+        rows = pebble.compare(self.graph, policies=["invalid"], budgets=["100%"])
+        self.assertIn("step 0", rows[0]["error"])
+
+    def test_registration_errors(self):
+        with self.assertRaises(ValueError):
+            pebble.register_policy("rotor", lambda g, o: [])  # a built-in's name
+        with self.assertRaises(ValueError):
+            pebble.register_policy("has space", lambda g, o: [])
+        with self.assertRaises(ValueError):
+            pebble.register_policy("ok", lambda g, o: [], kind="sideways")
+        with self.assertRaises(ValueError):
+            pebble.unregister_policy("rotor")
+
+    def test_exec_policy_equals_the_cli_and_reports_failures(self):
+        p = pebble.plan(self.graph, policy=EXEC_GREEDY, budget="100%")
+        doc = cli_json("plan", "--model", MODEL, "--policy", EXEC_GREEDY)
+        self.assertEqual(p.report, doc["report"])
+        self.assertTrue(p.feasible)
+        for program, words in [("exit 3", "status 3"),
+                               ("echo not json", "pebble-schedule"),
+                               ("true", "wrote nothing"),
+                               ("sleep 30", "time limit")]:
+            with self.subTest(program=program):
+                with self.assertRaises(ValueError) as e:
+                    pebble.plan(self.graph, policy="exec:" + program, time_limit=1)
+                self.assertIn("exec:" + program, str(e.exception))
+                self.assertIn(words, str(e.exception))
+
+
+if __name__ == "__main__":
+    unittest.main()
