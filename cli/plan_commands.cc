@@ -34,6 +34,8 @@ struct PlanFlags {
   std::string host_budget;  // empty: unlimited
   double time_limit_s = 60;
   uint64_t seed = 0;
+  bool own_order = false;
+  int milp_max_stages = 0;
   bool json = false;
 
   void AddOptions(CLI::App* cmd, bool with_policy_and_budget) {
@@ -59,6 +61,14 @@ struct PlanFlags {
         ->check(NumberAbove(0, "a positive number of seconds"));
     cmd->add_option("--seed", seed, "seed of randomised planners (default 0)")
         ->check(IntegerIn(0, INT64_MAX));
+    cmd->add_flag("--own-order", own_order,
+                  "plan over the graph's own order only: the policy as published, not composed with "
+                 "best-order (by default every recomputation and offload policy also plans "
+                 "over best-order's order and takes the better plan; docs/semantics.md)");
+    cmd->add_option("--milp-max-stages", milp_max_stages,
+                    "largest graph (needed non-persistent nodes) checkmate's MILP and "
+                    "checkmate-lp's LP take (default 0: 300 and 600; the model grows as n^2)")
+        ->check(IntegerIn(0, 100000));
     cmd->add_flag("--json", json, "print one JSON document");
   }
 
@@ -72,6 +82,8 @@ struct PlanFlags {
     }
     o.time_limit_s = time_limit_s;
     o.seed = seed;
+    o.own_order = own_order;
+    o.milp_max_stages = milp_max_stages;
     return o;
   }
 };
@@ -198,11 +210,13 @@ int RunSimulate(const GraphSource& source, const std::string& schedule_path,
   return 0;
 }
 
-// One (peak, overhead) point of a feasible plan, for the Pareto plot.
+// One (peak, makespan over the baseline's) point of a feasible plan, for
+// the Pareto plot: makespan, so that an offload plan's exposed transfers
+// count (its compute overhead is 0).
 struct ParetoPoint {
   std::string policy;
   int64_t peak_bytes = 0;
-  double overhead = 0;
+  double slowdown = 0;  // makespan / base_cost - 1
 };
 
 // Draws overhead against peak per policy with gnuplot (when it is installed)
@@ -249,12 +263,12 @@ absl::Status WriteParetoPlot(const std::string& title, std::vector<ParetoPoint> 
                                block++, points[i].policy);
     }
     data += absl::StrFormat("%.6f %.6f\n", static_cast<double>(points[i].peak_bytes) / (1 << 20),
-                            100 * points[i].overhead);
+                            100 * points[i].slowdown);
   }
   if (block == 0) return absl::FailedPreconditionError("--plot: no feasible plan to draw");
   const std::string script = absl::StrFormat(
       "set terminal pngcairo size 1000,650\nset output '%s'\nset title '%s'\n"
-      "set xlabel 'peak memory (MiB)'\nset ylabel 'compute overhead (%%)'\n"
+      "set xlabel 'peak memory (MiB)'\nset ylabel 'makespan over the baseline (+%%)'\n"
       "set key outside right\nset grid\nplot %s\n",
       quoted(png_path), quoted(Printable(title)), plots);
   RETURN_IF_ERROR(WriteOutput(data_path, data, /*force=*/false));
@@ -301,13 +315,14 @@ int RunCompare(const PlanFlags& f, const std::string& budgets_text,
   std::vector<ParetoPoint> pareto;
   Table table({"policy", "budget", "budget_bytes", "fits", "peak_bytes", "peak", "vs_optimal",
                "overhead", "recomputations", "transfer_bytes", "host_peak_bytes", "makespan",
-               "exposed", "plan_ms", "note"});
+               "makespan_x", "exposed", "plan_ms", "note"});
   for (const CompareEntry& e : comparison->entries) {
     const bool is_min = e.budget_bytes == kMinBudgetBytes;
     const std::string ms = absl::StrFormat("%.1f", 1e3 * e.plan_time_s);
     if (!e.result.ok()) {
       table.AddRow({e.policy, e.budget, is_min ? "" : absl::StrCat(e.budget_bytes), "error", "",
-                    "", "", "", "", "", "", "", "", ms, std::string(e.result.status().message())});
+                    "", "", "", "", "", "", "", "", "", ms,
+                    std::string(e.result.status().message())});
       continue;
     }
     const PlanReport& r = e.result->report;
@@ -316,13 +331,14 @@ int RunCompare(const PlanFlags& f, const std::string& budgets_text,
       ratio = absl::StrFormat("%.3f", static_cast<double>(r.peak_bytes) /
                                           static_cast<double>(*comparison->optimal_order_peak_bytes));
     }
-    if (e.result->feasible) pareto.push_back({e.policy, r.peak_bytes, r.overhead});
+    const double slowdown = MakespanOverBaseline(r);
+    if (e.result->feasible) pareto.push_back({e.policy, r.peak_bytes, slowdown - 1});
     table.AddRow({e.policy, e.budget, is_min ? "" : absl::StrCat(e.budget_bytes),
                   e.result->feasible ? "yes" : "no", absl::StrCat(r.peak_bytes),
                   FormatBytes(r.peak_bytes), ratio, Percent(r.overhead),
                   absl::StrCat(r.recomputations), absl::StrCat(r.transfer_bytes),
                   absl::StrCat(r.host_peak_bytes), Seconds(r.makespan),
-                  Seconds(r.exposed_transfer_time), ms,
+                  absl::StrFormat("%.3f", slowdown), Seconds(r.exposed_transfer_time), ms,
                   e.result->feasible ? "" : e.result->message});
   }
   if (format == "json") {

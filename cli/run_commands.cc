@@ -73,6 +73,7 @@ struct RunFlags {
   std::string bandwidth;  // empty: the profile's, else 25e9
   std::string host_budget;
   double time_limit_s = 60;
+  bool own_order = false;
   uint64_t seed = 0;
   int warmup = 0;
   bool json = false;
@@ -97,6 +98,7 @@ absl::StatusOr<RunPlan> MakeRunPlan(const RunFlags& f, const Graph& graph) {
   ASSIGN_OR_RETURN(options.host_bandwidth_bytes_per_s, f.source.PlannerBandwidth(f.bandwidth));
   p.bandwidth_bytes_per_s = options.host_bandwidth_bytes_per_s;
   options.time_limit_s = f.time_limit_s;
+  options.own_order = f.own_order;
   if (!f.host_budget.empty()) {
     ASSIGN_OR_RETURN(int64_t hb, ParseSize(f.host_budget));
     options.host_budget_bytes = hb;
@@ -368,6 +370,10 @@ void AddRunCommands(CLI::App& app, int& exit_code) {
   run->add_option("--bandwidth", flags.bandwidth,
                   "host link bytes/s for the planner's offload timing, or pcie4 (25e9, the default), pcie5 (55e9), nvlink-c2c (450e9); with --profile: its measured bandwidth");
   run->add_option("--host-budget", flags.host_budget, "host memory limit for offloaded copies");
+  run->add_flag("--own-order", flags.own_order,
+                "plan over the graph's own order only: the policy as published, not composed with "
+                 "best-order (by default every recomputation and offload policy also plans "
+                 "over best-order's order and takes the better plan; docs/semantics.md)");
   run->add_option("--time-limit", flags.time_limit_s,
                   "seconds an exact or MILP planner may search (default 60)")
       ->check(NumberAbove(0, "a positive number of seconds"));

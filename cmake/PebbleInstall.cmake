@@ -45,6 +45,11 @@ if(TARGET pebble_runtime)
     list(APPEND exported pebble_runtime_cuda pebble_cuda_kernels)
   endif()
 endif()
+# The installed names inside a build too (add_subdirectory(pebble)).
+foreach(target IN LISTS exported)
+  get_target_property(name ${target} EXPORT_NAME)
+  add_library(pebble::${name} ALIAS ${target})
+endforeach()
 install(TARGETS ${exported} EXPORT pebbleTargets
         ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
         LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}

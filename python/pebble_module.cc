@@ -81,8 +81,9 @@ std::string BudgetText(const py::handle& budget) {
 // functions share. bandwidth: bytes/s or a preset name (pcie4, pcie5,
 // nvlink-c2c); host_budget: like a budget, None for unlimited.
 PlannerOptions Options(const py::object& host_budget, const py::object& bandwidth,
-                       double time_limit, uint64_t seed) {
+                       double time_limit, uint64_t seed, bool own_order = false) {
   PlannerOptions o;
+  o.own_order = own_order;
   if (!host_budget.is_none()) o.host_budget_bytes = Unwrap(ParseSize(BudgetText(host_budget)));
   if (!bandwidth.is_none()) {
     const std::string text = py::isinstance<py::str>(bandwidth)
@@ -152,11 +153,12 @@ struct PyPlan {
 
 PyPlan PlanPy(const Graph& graph, const std::optional<std::string>& policy,
             const py::object& budget, const py::object& host_budget,
-            const py::object& bandwidth, double time_limit, uint64_t seed, bool timeline) {
+            const py::object& bandwidth, double time_limit, uint64_t seed, bool timeline,
+            bool own_order) {
   PlanRequest request;
   request.policy = policy.value_or("");
   request.budget = BudgetText(budget);
-  request.options = Options(host_budget, bandwidth, time_limit, seed);
+  request.options = Options(host_budget, bandwidth, time_limit, seed, own_order);
   absl::StatusOr<PlanOutcome> outcome;
   {
     py::gil_scoped_release release;
@@ -180,7 +182,7 @@ PyPlan PlanPy(const Graph& graph, const std::optional<std::string>& policy,
 py::list ComparePy(const Graph& graph, const std::optional<std::vector<std::string>>& policies,
                  const std::optional<std::vector<py::object>>& budgets,
                  const py::object& host_budget, const py::object& bandwidth, double time_limit,
-                 uint64_t seed, int jobs) {
+                 uint64_t seed, int jobs, bool own_order) {
   CompareRequest request;
   if (jobs < 0) throw py::value_error("jobs must be 0 (one per hardware thread) or more");
   request.jobs = jobs;
@@ -189,7 +191,7 @@ py::list ComparePy(const Graph& graph, const std::optional<std::vector<std::stri
     request.budgets.clear();
     for (const py::object& b : *budgets) request.budgets.push_back(BudgetText(b));
   }
-  request.options = Options(host_budget, bandwidth, time_limit, seed);
+  request.options = Options(host_budget, bandwidth, time_limit, seed, own_order);
   absl::StatusOr<Comparison> comparison;
   {
     py::gil_scoped_release release;
@@ -387,7 +389,7 @@ PYBIND11_MODULE(_core, m) {
   m.def("plan", &PlanPy, py::arg("graph"), py::arg("policy") = py::none(),
         py::arg("budget") = "100%", py::arg("host_budget") = py::none(),
         py::arg("bandwidth") = py::none(), py::arg("time_limit") = 60.0, py::arg("seed") = 0,
-        py::arg("timeline") = false,
+        py::arg("timeline") = false, py::arg("own_order") = false,
         "Plans `graph` under a policy (default: best-order where the baseline fits, else "
         "hybrid) and a budget (\"60%\", \"2GiB\", \"min\" or bytes).");
   m.def("simulate", &SimulatePy, py::arg("graph"), py::arg("schedule"),
@@ -397,7 +399,7 @@ PYBIND11_MODULE(_core, m) {
   m.def("compare", &ComparePy, py::arg("graph"), py::arg("policies") = py::none(),
         py::arg("budgets") = py::none(), py::arg("host_budget") = py::none(),
         py::arg("bandwidth") = py::none(), py::arg("time_limit") = 60.0, py::arg("seed") = 0,
-        py::arg("jobs") = 0,
+        py::arg("jobs") = 0, py::arg("own_order") = false,
         "Every policy at every budget: one dict a row, the rows of `compare --format json`.");
   m.def("fit", &FitPy, py::arg("model"), py::arg("vary"), py::arg("budget"),
         py::arg("policies") = py::none(), py::arg("start") = 1, py::arg("max") = 0,

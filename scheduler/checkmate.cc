@@ -596,8 +596,11 @@ absl::StatusOr<Candidate> Measure(const Graph& graph, StagePlan plan,
 }
 
 // Lower cost first, then lower peak; `a` wins ties (it was found first).
+// The tolerance is relative: costs are in whatever unit the graph uses
+// (1e-13 s a node, or 1e13 FLOPs), and an absolute one would call plans of
+// 11 and 38 recomputations equal at one scale and not at the other.
 bool Better(const Candidate& a, const Candidate& b) {
-  const double tol = 1e-9 * std::max(1.0, std::abs(b.cost));
+  const double tol = 1e-9 * std::abs(b.cost);
   if (a.cost < b.cost - tol) return true;
   if (a.cost > b.cost + tol) return false;
   return a.peak < b.peak;
@@ -909,11 +912,11 @@ absl::StatusOr<CheckmateResult> SolveCheckmateMilp(const Graph& graph,
   const Clock::time_point started = Clock::now();
   const Deadline deadline(options.time_limit_s);
   const StageGraph g = MakeStageGraph(graph, DefaultOrder(graph));
-  if (g.n() > kMaxMilpStages) {
+  const int cap = options.max_stages > 0 ? options.max_stages : kMaxMilpStages;
+  if (g.n() > cap) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "checkmate: the graph has ", g.n(),
-        " needed non-persistent nodes; the MILP takes at most ", kMaxMilpStages,
-        " (use checkmate-lp, or a heuristic policy)"));
+        "checkmate: the graph has ", g.n(), " needed non-persistent nodes; the MILP takes at most ",
+        cap, " (--milp-max-stages raises the cap; or use checkmate-lp, or a heuristic policy)"));
   }
   CheckmateResult result;
   const bool min_budget = options.budget_bytes == kMinBudgetBytes;
@@ -1073,11 +1076,11 @@ absl::StatusOr<CheckmateResult> SolveCheckmateLp(const Graph& graph,
   const Clock::time_point started = Clock::now();
   const Deadline deadline(options.time_limit_s);
   const StageGraph g = MakeStageGraph(graph, DefaultOrder(graph));
-  if (g.n() > kMaxLpStages) {
+  const int cap = options.max_stages > 0 ? options.max_stages : kMaxLpStages;
+  if (g.n() > cap) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "checkmate-lp: the graph has ", g.n(),
-        " needed non-persistent nodes; the LP takes at most ", kMaxLpStages,
-        " (use a heuristic policy)"));
+        "checkmate-lp: the graph has ", g.n(), " needed non-persistent nodes; the LP takes at most ",
+        cap, " (--milp-max-stages raises the cap; or use a heuristic policy)"));
   }
   CheckmateResult result;
   const bool min_budget = options.budget_bytes == kMinBudgetBytes;
@@ -1285,7 +1288,7 @@ absl::StatusOr<std::string> CertifyWithExactSearch(const Graph& graph,
   ASSIGN_OR_RETURN(PlanReport report, Simulate(graph, RemoveDeadComputes(graph, schedule)));
   const double optimum = (*exact)->cost;
   const double cbc_bound = r->lower_bound;
-  if (report.compute_cost > optimum * (1 + 1e-9) + 1e-12) {
+  if (report.compute_cost > optimum * (1 + 1e-9)) {  // relative: any cost unit
     // Still a valid bound on the model (in cost units, epsilons aside).
     r->lower_bound = std::max(r->lower_bound, std::min(optimum, r->objective));
     r->gap = Gap(r->objective, r->lower_bound);
@@ -1310,6 +1313,7 @@ class CheckmatePlanner final : public Planner {
     co.budget_bytes = options.budget_bytes;
     co.time_limit_s = options.time_limit_s;
     co.seed = options.seed;
+    co.max_stages = options.milp_max_stages;
     if (relaxed_) {
       ASSIGN_OR_RETURN(CheckmateResult r, SolveCheckmateLp(graph, co));
       return ToPlanResult(graph, options, r, /*is_milp=*/false, "checkmate-lp");
@@ -1320,7 +1324,7 @@ class CheckmatePlanner final : public Planner {
     const Deadline deadline(options.time_limit_s);
     std::vector<std::string> offered;
     for (const char* name : kWarmStartPolicies) {
-      absl::StatusOr<std::unique_ptr<Planner>> planner = MakePlanner(name);
+      absl::StatusOr<std::unique_ptr<Planner>> planner = MakeOwnOrderPlanner(name);
       if (!planner.ok()) continue;
       PlannerOptions warm = options;  // the time left, so a slow one cannot eat CBC's
       warm.time_limit_s = deadline.remaining_s();

@@ -177,6 +177,11 @@ struct CheckmateOptions {
     Schedule schedule;
   };
   std::vector<WarmStart> warm_starts;
+  // The largest graph (needed non-persistent nodes) the solver takes; 0:
+  // its default (kMaxMilpStages, kMaxLpStages). The model has O(n^2)
+  // variables and constraints: past the defaults, CBC and Clp rarely finish
+  // within minutes, but a user with time may raise the cap.
+  int max_stages = 0;
 };
 
 struct CheckmateResult {

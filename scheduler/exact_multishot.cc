@@ -271,7 +271,7 @@ absl::StatusOr<ExactMultiShotSolution> Finish(const Graph& graph,
   PEBBLE_CHECK(report.peak_bytes == found.peak,
                "exact: simulated peak differs from the search's");
   PEBBLE_CHECK(std::abs(report.compute_cost - found.cost) <=
-                   1e-9 * std::max(1.0, std::abs(found.cost)),
+                   1e-9 * std::abs(found.cost),
                "exact: simulated cost differs from the search's");
   solution.cost = report.compute_cost;
   solution.peak = report.peak_bytes;

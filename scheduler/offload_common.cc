@@ -347,7 +347,8 @@ std::vector<SwapInterval> GreedySwaps(const ComputeSequence& seq, const SwapSear
     Candidate best;
     auto better = [&](const Candidate& c) {
       if (best.instance < 0) return true;
-      const double tiny = 1e-12;
+      // Relative: costs may be in any unit (1e-13 s a node, or FLOPs).
+      const double tiny = 1e-9 * std::max(std::abs(c.est), std::abs(best.est));
       if (options.rule == SwapRule::kHiddenGapsOnly) {
         if (c.bytes != best.bytes) return c.bytes > best.bytes;
         if (std::abs(c.est - best.est) > tiny) return c.est < best.est;
@@ -355,7 +356,7 @@ std::vector<SwapInterval> GreedySwaps(const ComputeSequence& seq, const SwapSear
       }
       const double rc = c.est / static_cast<double>(std::max<int64_t>(c.bytes, 1));
       const double rb = best.est / static_cast<double>(std::max<int64_t>(best.bytes, 1));
-      if (std::abs(rc - rb) > tiny * std::max(1.0, std::max(rc, rb))) return rc < rb;
+      if (std::abs(rc - rb) > 1e-9 * std::max(rc, rb)) return rc < rb;
       if (c.bytes != best.bytes) return c.bytes > best.bytes;
       return c.instance < best.instance;
     };
@@ -467,7 +468,7 @@ std::vector<SwapInterval> RefinePlacement(const ComputeSequence& seq,
     for (int s : order) {
       SwapInterval& w = swaps[s];
       const int64_t b = g.bytes(seq.node(w.instance));
-      const double tiny = 1e-12 * std::max(1.0, rep->makespan);
+      const double tiny = 1e-12 * rep->makespan;  // relative: any cost unit
       // (1) Late offload: evict later.
       const double off_end = tl[em.offload_step[s]].end;
       if (off_end > compute_end(w.evict_after) + tiny) {

@@ -143,6 +143,10 @@ absl::StatusOr<Comparison> Compare(const Graph& graph, const CompareRequest& req
   return c;
 }
 
+double MakespanOverBaseline(const PlanReport& report) {
+  return report.base_cost > 0 ? report.makespan / report.base_cost : 1.0;
+}
+
 nlohmann::json CompareRowJson(const Graph& graph, const Comparison& comparison,
                               const CompareEntry& e) {
   nlohmann::json row = {{"policy", e.policy}, {"budget", e.budget},
@@ -159,6 +163,7 @@ nlohmann::json CompareRowJson(const Graph& graph, const Comparison& comparison,
   }
   row["feasible"] = e.result->feasible;
   row["report"] = ReportToJson(r, graph, e.result->schedule, false);
+  row["makespan_over_baseline"] = MakespanOverBaseline(r);
   if (!e.result->message.empty()) row["message"] = e.result->message;
   return row;
 }

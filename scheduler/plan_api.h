@@ -97,9 +97,13 @@ struct Comparison {
 // budget, a malformed budget, an unknown policy.
 absl::StatusOr<Comparison> Compare(const Graph& graph, const CompareRequest& request);
 
+// A plan's makespan over the baseline's (its base cost: every node once,
+// nothing transferred); 1 for a graph of no cost.
+double MakespanOverBaseline(const PlanReport& report);
+
 // One row of `compare --format json` ("results"): policy, budget,
 // budget_bytes (not for min), plan_time_s, and either error or feasible,
-// report, message, peak_vs_optimal_order.
+// report, makespan_over_baseline, message, peak_vs_optimal_order.
 nlohmann::json CompareRowJson(const Graph& graph, const Comparison& comparison,
                               const CompareEntry& entry);
 // The whole document: graph (`label`), baseline_peak_bytes, results and

@@ -1,8 +1,11 @@
 #include "scheduler/policies.h"
 
+#include "scheduler/compose.h"
+
 namespace pebble {
 
-void RegisterBuiltinPlanners(PlannerRegistry& registry) {
+void RegisterBuiltinPlanners(PlannerRegistry& global) {
+  PlannerRegistry registry;
   RegisterBaselinePlanner(registry);
   RegisterDfsPlanner(registry);
   RegisterGreedyPlanner(registry);
@@ -20,6 +23,19 @@ void RegisterBuiltinPlanners(PlannerRegistry& registry) {
   RegisterVdnnPlanner(registry);
   RegisterSwapPlanner(registry);
   RegisterHybridPlanner(registry);
+  // Every recomputation and offload policy runs composed with best-order
+  // (Note [Composition], compose.cc), but the exhaustive search (which
+  // tries every order) and swap and hybrid (which plan over best-order's
+  // order themselves).
+  for (const PolicyInfo* p : registry.List()) {
+    PolicyInfo info = *p;
+    if (info.kind != PlanKind::kOneShot && info.name != "exact" && info.name != "swap" &&
+        info.name != "hybrid") {
+      info.own_order_factory = info.factory;
+      info.factory = [inner = info.factory] { return ComposeWithBestOrder(inner()); };
+    }
+    global.Register(std::move(info));
+  }
 }
 
 }  // namespace pebble

@@ -52,6 +52,9 @@ absl::StatusOr<PlanResult> PlanWith(const Graph& g, absl::string_view policy,
   PlannerOptions options;
   options.budget_bytes = budget;
   options.time_limit_s = time_limit_s;
+  // Checkmate's own model (the graph's order), not composed with
+  // best-order: what these tests pin (composition: compose_test.cc).
+  options.own_order = true;
   return (*planner)->Plan(g, options);
 }
 
@@ -533,6 +536,54 @@ TEST(CheckmateTest, RejectsGraphsPastTheLimit) {
   auto r = PlanWith(*g, "checkmate", 10);
   EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(r.status().message(), HasSubstr("at most"));
+  EXPECT_THAT(r.status().message(), HasSubstr("--milp-max-stages"));
+  // The cap is an option: raised, the MILP runs (here cut by a short limit).
+  auto planner = MakePlanner("checkmate");
+  ASSERT_TRUE(planner.ok());
+  PlannerOptions o;
+  o.budget_bytes = 10;
+  o.time_limit_s = 1;
+  o.own_order = true;
+  o.milp_max_stages = 2 * kMaxMilpStages;
+  auto raised = (*planner)->Plan(*g, o);
+  EXPECT_TRUE(raised.ok()) << raised.status();
+  o.milp_max_stages = 10;  // and lowered, a small graph is refused
+  auto lowered = (*planner)->Plan(*BuildModel("linear:n=20"), o);
+  EXPECT_FALSE(lowered.ok());
+}
+
+// Costs are in any unit (seconds of 1e-13, or FLOPs of 1e13): the plan
+// and its certificate must not depend on it. At 1e-13 s a node, an absolute
+// tolerance of 1e-9 once called a plan of 38 recomputations optimal on this
+// chain, where exact (and checkmate at 1e13) find 11.
+TEST(CheckmateTest, SamePlanAtAnyCostScale) {
+  const Graph g = *BuildModel("tanh-chain:length=10,size=1");
+  auto scaled = [&](double factor) {
+    GraphBuilder b(g.name());
+    for (NodeId v = 0; v < g.num_nodes(); ++v) {
+      NodeSpec spec = SpecOf(g, v);
+      spec.cost *= factor;
+      b.AddNode(std::move(spec));
+    }
+    for (NodeId o : g.outputs()) b.AddOutput(g.id(o));
+    return *b.Build();
+  };
+  auto exact = PlanWith(g, "exact", 24);
+  ASSERT_TRUE(exact.ok()) << exact.status();
+  for (const char* policy : {"checkmate", "checkmate-lp"}) {
+    std::optional<int> recomputations;
+    for (double factor : {1.0, 1e13, 1e-6, 1e6}) {
+      SCOPED_TRACE(absl::StrCat(policy, " at costs x ", factor));
+      auto r = PlanWith(scaled(factor), policy, 24);
+      ASSERT_TRUE(r.ok()) << r.status();
+      ASSERT_TRUE(r->feasible);
+      if (!recomputations) recomputations = r->report.recomputations;
+      EXPECT_EQ(r->report.recomputations, *recomputations);
+      if (std::string(policy) == "checkmate") {
+        EXPECT_EQ(r->report.recomputations, exact->report.recomputations);
+      }
+    }
+  }
 }
 
 }  // namespace

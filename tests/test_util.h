@@ -118,6 +118,9 @@ inline std::optional<PlanResult> TightPlan(const Graph& g, const std::string& po
     PlannerOptions options;
     options.budget_bytes = percent > 0 ? peak * percent / 100 : kMinBudgetBytes;
     options.time_limit_s = time_limit_s;
+    // The policy as published: composed with best-order, a budget is often
+    // met by best-order's one-shot plan, which recomputes nothing.
+    options.own_order = true;
     auto plan = (*planner)->Plan(g, options);
     if (plan.ok() && plan->feasible) return *std::move(plan);
   }

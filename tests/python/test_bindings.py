@@ -89,6 +89,35 @@ class GraphTest(unittest.TestCase):
         with self.assertRaises(ValueError):
             pebble.train(forward, "hinge")
 
+    def test_import_onnx(self):
+        try:
+            import onnx
+            from onnx import TensorProto, helper
+        except ImportError:
+            self.skipTest("the onnx Python package is not installed")
+        weight = helper.make_tensor("fc.weight", TensorProto.FLOAT, [3, 4], [0.1] * 12)
+        graph = helper.make_graph(
+            [helper.make_node("Gemm", ["input", "fc.weight"], ["logits"], transB=1),
+             helper.make_node("Relu", ["logits"], ["out"])],
+            "tiny", [helper.make_tensor_value_info("input", TensorProto.FLOAT, [2, 4])],
+            [helper.make_tensor_value_info("out", TensorProto.FLOAT, [2, 3])], [weight])
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "tiny.onnx")
+            onnx.save(model, path)
+            forward = pebble.import_onnx(path, loss="none")
+            self.assertIn("fc.weight", forward.ids)
+            trained = pebble.import_onnx(path, loss="cross-entropy")
+            self.assertIn("grad:fc.weight", trained.outputs)
+            bad = os.path.join(d, "bad.onnx")
+            with open(bad, "wb") as f:
+                f.write(b"not a model")
+            with self.assertRaises(ValueError) as e:
+                pebble.import_onnx(bad)
+            out = subprocess.run([CLI, "import", bad, "--output", os.path.join(d, "g.json")],
+                                 capture_output=True, text=True)
+            self.assertEqual("pebble: " + str(e.exception), out.stderr.strip())
+
     def test_bad_input_raises_value_error_with_the_cli_message(self):
         for call, args in [
             (lambda: pebble.model("nosuchmodel"), ["plan", "--model", "nosuchmodel"]),

@@ -47,6 +47,7 @@ def fake_run(argv, opts):
                         help="directory for <id>.npy outputs")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--time-limit", type=float)
+    parser.add_argument("--own-order", action="store_true")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--force", action="store_true")
     args = parser.parse_args(argv)
