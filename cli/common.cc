@@ -1,15 +1,17 @@
 #include "cli/common.h"
 
-#include "scheduler/offload.h"
-
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <memory>
+#include <mutex>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "graph/autodiff.h"
 #include "graph/graph_json.h"
@@ -17,6 +19,7 @@
 #include "graph/status.h"
 #include "graph/text_input.h"
 #include "scheduler/cost_profile.h"
+#include "scheduler/offload.h"
 
 namespace pebble::cli {
 
@@ -279,6 +282,28 @@ std::string Table::ToCsv() const {
   line(header_);
   for (const auto& row : rows_) line(row);
   return out;
+}
+
+std::function<void(const PlanProgress&)> StderrProgress() {
+  struct Shared {
+    std::mutex mutex;
+    std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
+  };
+  auto shared = std::make_shared<Shared>();
+  return [shared](const PlanProgress& p) {
+    const double elapsed =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - shared->start).count();
+    if (elapsed < 1.0) return;
+    std::string line = absl::StrFormat("pebble: [%.1f s] %s", elapsed, p.stage);
+    if (p.incumbent || p.bound) {
+      std::vector<std::string> parts;
+      if (p.incumbent) parts.push_back(absl::StrFormat("incumbent %.6g", *p.incumbent));
+      if (p.bound) parts.push_back(absl::StrFormat("bound %.6g", *p.bound));
+      absl::StrAppend(&line, " (", absl::StrJoin(parts, ", "), ")");
+    }
+    const std::lock_guard<std::mutex> lock(shared->mutex);
+    std::cerr << line << "\n";
+  };
 }
 
 int Fail(const absl::Status& status) {

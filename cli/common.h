@@ -3,6 +3,7 @@
 #ifndef PEBBLE_CLI_COMMON_H_
 #define PEBBLE_CLI_COMMON_H_
 
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -11,6 +12,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "graph/graph.h"
+#include "scheduler/planner.h"
 #include "nlohmann/json.hpp"
 
 namespace pebble::cli {
@@ -102,6 +104,12 @@ void AddPlanCommands(CLI::App& app, int& exit_code);
 void AddRunCommands(CLI::App& app, int& exit_code);        // run, fit
 void AddCalibrateCommand(CLI::App& app, int& exit_code);   // calibrate
 void AddImportCommand(CLI::App& app, int& exit_code);      // import
+
+// Reports of long planning stages on stderr, for PlannerOptions::progress:
+// "pebble: [12.5 s] checkmate: CBC stopped (incumbent 0.0012, bound
+// 0.00119)". Stages reported within the first second are not printed (a
+// quick plan prints nothing); safe to call from several threads.
+std::function<void(const PlanProgress&)> StderrProgress();
 
 // Prints "pebble: <message>" on stderr, on one line (control characters
 // escaped), and returns 1.

@@ -36,6 +36,7 @@ struct PlanFlags {
   uint64_t seed = 0;
   bool own_order = false;
   int milp_max_stages = 0;
+  bool quiet = false;
   bool json = false;
 
   void AddOptions(CLI::App* cmd, bool with_policy_and_budget) {
@@ -69,6 +70,7 @@ struct PlanFlags {
                     "largest graph (needed non-persistent nodes) checkmate's MILP and "
                     "checkmate-lp's LP take (default 0: 300 and 600; the model grows as n^2)")
         ->check(IntegerIn(0, 100000));
+    cmd->add_flag("--quiet,-q", quiet, "print no progress of long planning on stderr (--json prints none either)");
     cmd->add_flag("--json", json, "print one JSON document");
   }
 
@@ -84,6 +86,7 @@ struct PlanFlags {
     o.seed = seed;
     o.own_order = own_order;
     o.milp_max_stages = milp_max_stages;
+    if (!json && !quiet) o.progress = StderrProgress();
     return o;
   }
 };

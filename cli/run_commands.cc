@@ -74,6 +74,7 @@ struct RunFlags {
   std::string host_budget;
   double time_limit_s = 60;
   bool own_order = false;
+  bool quiet = false;
   uint64_t seed = 0;
   int warmup = 0;
   bool json = false;
@@ -99,6 +100,7 @@ absl::StatusOr<RunPlan> MakeRunPlan(const RunFlags& f, const Graph& graph) {
   p.bandwidth_bytes_per_s = options.host_bandwidth_bytes_per_s;
   options.time_limit_s = f.time_limit_s;
   options.own_order = f.own_order;
+  if (!f.json && !f.quiet) options.progress = StderrProgress();
   if (!f.host_budget.empty()) {
     ASSIGN_OR_RETURN(int64_t hb, ParseSize(f.host_budget));
     options.host_budget_bytes = hb;
@@ -370,6 +372,7 @@ void AddRunCommands(CLI::App& app, int& exit_code) {
   run->add_option("--bandwidth", flags.bandwidth,
                   "host link bytes/s for the planner's offload timing, or pcie4 (25e9, the default), pcie5 (55e9), nvlink-c2c (450e9); with --profile: its measured bandwidth");
   run->add_option("--host-budget", flags.host_budget, "host memory limit for offloaded copies");
+  run->add_flag("--quiet,-q", flags.quiet, "print no progress of long planning on stderr (--json prints none either)");
   run->add_flag("--own-order", flags.own_order,
                 "plan over the graph's own order only: the policy as published, not composed with "
                  "best-order (by default every recomputation and offload policy also plans "

@@ -37,6 +37,7 @@ struct FitFlags {
   uint64_t seed = 0;
   int jobs = 0;  // policies searched at once; 0: one per hardware thread
   bool own_order = false;
+  bool quiet = false;
   bool verify = false;
   bool json = false;
 };
@@ -84,6 +85,7 @@ int RunFit(const FitFlags& f) {
   request.options.host_bandwidth_bytes_per_s = *bandwidth;
   request.options.time_limit_s = f.time_limit_s;
   request.options.own_order = f.own_order;
+  if (!f.json && !f.quiet) request.options.progress = StderrProgress();
   const PlannerOptions& options = request.options;
   auto fit = Fit(request);
   if (!fit.ok()) return Fail(fit.status());
@@ -241,6 +243,7 @@ void AddFitCommand(CLI::App& app, int& exit_code) {
                   "FLOP/s of the cost model (default 10e12)")
       ->check(NumberAbove(0, "a positive number of FLOP/s"));
   fit->add_option("--bandwidth", flags.bandwidth, "host link bytes/s, or pcie4 (25e9, the default), pcie5, nvlink-c2c");
+  fit->add_flag("--quiet,-q", flags.quiet, "print no progress of long planning on stderr (--json prints none either)");
   fit->add_flag("--own-order", flags.own_order,
                 "plan over the graph's own order only: the policy as published, not composed with "
                  "best-order (by default every recomputation and offload policy also plans "

@@ -22,8 +22,10 @@
 #include "CoinPackedMatrix.hpp"
 #include "OsiClpSolverInterface.hpp"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "graph/status.h"
 #include "scheduler/budget.h"
+#include "scheduler/compose.h"
 #include "scheduler/exact_multishot.h"
 #include "scheduler/planner.h"
 #include "scheduler/policies.h"
@@ -1303,6 +1305,47 @@ absl::StatusOr<std::string> CertifyWithExactSearch(const Graph& graph,
                       optimum);
 }
 
+// The share of the time limit checkmate-lp's LP and rounding get; the rest
+// is for the repair.
+constexpr double kLpShare = 0.8;
+
+// checkmate-lp: the LP and its rounding, repaired where the rounding meets
+// no budget: the warm-start heuristics (rotor's DP, DTR) plan the same
+// order in the time left, and the better plan (BetterPlan) is returned, so
+// checkmate-lp is feasible wherever they are.
+absl::StatusOr<PlanResult> PlanLp(const Graph& graph, const PlannerOptions& options,
+                                  CheckmateOptions co) {
+  const Deadline deadline(options.time_limit_s);
+  co.time_limit_s = kLpShare * options.time_limit_s;
+  ReportProgress(options,
+                 absl::StrFormat("checkmate-lp: LP and rounding, up to %.1f s", co.time_limit_s));
+  ASSIGN_OR_RETURN(CheckmateResult r, SolveCheckmateLp(graph, co));
+  ASSIGN_OR_RETURN(PlanResult result,
+                   ToPlanResult(graph, options, r, /*is_milp=*/false, "checkmate-lp"));
+  if (result.feasible && options.budget_bytes != PlannerOptions::kMinBudget) return result;
+  for (const char* name : kWarmStartPolicies) {
+    absl::StatusOr<std::unique_ptr<Planner>> planner = MakeOwnOrderPlanner(name);
+    if (!planner.ok() || deadline.Expired()) continue;
+    ReportProgress(options, absl::StrCat("checkmate-lp: repair with ", name));
+    PlannerOptions repair = options;
+    repair.time_limit_s = std::max(0.01, deadline.remaining_s());
+    absl::StatusOr<PlanResult> plan = (*planner)->Plan(graph, repair);
+    // With a byte budget a repair must fit: an infeasible LP result keeps
+    // its own account of why (the model's lower bound, the time limit).
+    const bool byte_budget = options.budget_bytes != PlannerOptions::kMinBudget;
+    if (!plan.ok() || (byte_budget && !plan->feasible) || !BetterPlan(*plan, result, options)) {
+      continue;
+    }
+    nlohmann::json lp = std::move(result.details);
+    const std::string lp_message = std::move(result.message);
+    result = *std::move(plan);
+    result.details["repaired_by"] = name;
+    result.details["lp"] = std::move(lp);
+    if (!lp_message.empty()) result.details["lp_message"] = lp_message;
+  }
+  return result;
+}
+
 class CheckmatePlanner final : public Planner {
  public:
   explicit CheckmatePlanner(bool relaxed) : relaxed_(relaxed) {}
@@ -1314,10 +1357,7 @@ class CheckmatePlanner final : public Planner {
     co.time_limit_s = options.time_limit_s;
     co.seed = options.seed;
     co.max_stages = options.milp_max_stages;
-    if (relaxed_) {
-      ASSIGN_OR_RETURN(CheckmateResult r, SolveCheckmateLp(graph, co));
-      return ToPlanResult(graph, options, r, /*is_milp=*/false, "checkmate-lp");
-    }
+    if (relaxed_) return PlanLp(graph, options, co);
     // Warm starts: the chain DP and DTR are fast and often optimal or close,
     // which CBC's own heuristics are not within the time limit. Their time
     // counts against the limit.
@@ -1326,6 +1366,7 @@ class CheckmatePlanner final : public Planner {
     for (const char* name : kWarmStartPolicies) {
       absl::StatusOr<std::unique_ptr<Planner>> planner = MakeOwnOrderPlanner(name);
       if (!planner.ok()) continue;
+      ReportProgress(options, absl::StrCat("checkmate: warm start from ", name));
       PlannerOptions warm = options;  // the time left, so a slow one cannot eat CBC's
       warm.time_limit_s = deadline.remaining_s();
       absl::StatusOr<PlanResult> plan = (*planner)->Plan(graph, warm);
@@ -1338,9 +1379,16 @@ class CheckmatePlanner final : public Planner {
                                  static_cast<size_t>(kMaxExactMultiShotNodes);
     const double left = deadline.remaining_s();
     co.time_limit_s = certifiable ? kCbcShare * left : left;
+    ReportProgress(options, absl::StrFormat("checkmate: CBC, up to %.1f s", co.time_limit_s));
     ASSIGN_OR_RETURN(CheckmateResult r, SolveCheckmateMilp(graph, co));
+    if (r.status == CheckmateResult::Status::kOptimal ||
+        r.status == CheckmateResult::Status::kFeasible) {
+      ReportProgress(options, "checkmate: CBC stopped", r.objective, r.lower_bound);
+    }
     std::string certificate;
     if (certifiable && r.status == CheckmateResult::Status::kFeasible) {
+      ReportProgress(options, "checkmate: certifying with the exact search", r.objective,
+                     r.lower_bound);
       ASSIGN_OR_RETURN(certificate, CertifyWithExactSearch(
                                         graph, options.budget_bytes,
                                         deadline.remaining_s(), &r));

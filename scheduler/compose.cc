@@ -100,7 +100,8 @@ absl::StatusOr<PlanResult> MapBack(const Graph& graph, const Graph& reordered,
 
 class ComposedPlanner final : public Planner {
  public:
-  explicit ComposedPlanner(std::unique_ptr<Planner> inner) : inner_(std::move(inner)) {}
+  ComposedPlanner(std::unique_ptr<Planner> inner, std::string name)
+      : inner_(std::move(inner)), name_(std::move(name)) {}
 
   absl::StatusOr<PlanResult> Plan(const Graph& graph,
                                   const PlannerOptions& options) const override {
@@ -109,6 +110,7 @@ class ComposedPlanner final : public Planner {
     ASSIGN_OR_RETURN(std::unique_ptr<Planner> best_order, MakePlanner("best-order"));
     PlannerOptions order_options = options;
     order_options.time_limit_s = options.time_limit_s / 4;
+    ReportProgress(options, absl::StrCat(name_, ": best-order's order"));
     ASSIGN_OR_RETURN(PlanResult one_shot, best_order->Plan(graph, order_options));
     bool cut = TimeLimitReached(one_shot);
     std::vector<NodeId> order;
@@ -123,12 +125,15 @@ class ComposedPlanner final : public Planner {
 
     PlannerOptions run_options = options;
     run_options.time_limit_s = second_run ? deadline.remaining_s() / 2 : deadline.remaining_s();
+    ReportProgress(options, absl::StrCat(name_, ": over the graph's own order"));
     ASSIGN_OR_RETURN(PlanResult framework, inner_->Plan(graph, run_options));
     cut = cut || TimeLimitReached(framework);
     PlanResult best = Labelled(std::move(framework), "framework", one_shot);
     if (second_run) {
       ASSIGN_OR_RETURN(Graph reordered, ReorderedGraph(graph, order));
       run_options.time_limit_s = deadline.remaining_s();
+      ReportProgress(options, absl::StrCat(name_, ": over best-order's order"),
+                     best.report.compute_cost);
       // A policy that refuses the rearranged graph (a size limit) keeps the
       // plan of the graph as written.
       absl::StatusOr<PlanResult> composed = inner_->Plan(reordered, run_options);
@@ -159,12 +164,13 @@ class ComposedPlanner final : public Planner {
 
  private:
   std::unique_ptr<Planner> inner_;
+  std::string name_;
 };
 
 }  // namespace
 
-std::unique_ptr<Planner> ComposeWithBestOrder(std::unique_ptr<Planner> inner) {
-  return std::make_unique<ComposedPlanner>(std::move(inner));
+std::unique_ptr<Planner> ComposeWithBestOrder(std::unique_ptr<Planner> inner, std::string name) {
+  return std::make_unique<ComposedPlanner>(std::move(inner), std::move(name));
 }
 
 }  // namespace pebble

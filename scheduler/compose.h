@@ -19,8 +19,8 @@ namespace pebble {
 // needs. Ids, edges and everything else are unchanged.
 absl::StatusOr<Graph> ReorderedGraph(const Graph& graph, const std::vector<NodeId>& order);
 
-// `inner` composed with best-order (see the Note). `kind` is the policy's.
-std::unique_ptr<Planner> ComposeWithBestOrder(std::unique_ptr<Planner> inner);
+// `inner`, policy `name`, composed with best-order (see the Note).
+std::unique_ptr<Planner> ComposeWithBestOrder(std::unique_ptr<Planner> inner, std::string name);
 
 // Which of two plans of one graph is better under SPEC's budget rule
 // (docs/semantics.md): with a byte budget, one that fits over one that

@@ -98,6 +98,11 @@ absl::StatusOr<std::unique_ptr<Planner>> MakePlanner(absl::string_view name) {
   return info->factory();
 }
 
+void ReportProgress(const PlannerOptions& options, std::string stage,
+                    std::optional<double> incumbent, std::optional<double> bound) {
+  if (options.progress) options.progress({std::move(stage), incumbent, bound});
+}
+
 absl::StatusOr<std::unique_ptr<Planner>> MakeOwnOrderPlanner(absl::string_view name) {
   const PolicyInfo* info = PlannerRegistry::Global().Find(name);
   if (info == nullptr || !info->own_order_factory) return MakePlanner(name);

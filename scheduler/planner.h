@@ -26,6 +26,15 @@ namespace pebble {
 enum class PlanKind : uint8_t { kOneShot, kMultiShot, kOffload };
 absl::string_view PlanKindName(PlanKind kind);  // "one-shot", "multi-shot", "offload"
 
+// A report of a long planning stage, for a person watching (stderr on the
+// command line): what runs now, and the best cost found and the best bound
+// known so far where the stage has them (in the graph's cost unit).
+struct PlanProgress {
+  std::string stage;  // "checkmate: CBC on 390803 rows", ...
+  std::optional<double> incumbent;
+  std::optional<double> bound;
+};
+
 struct PlannerOptions {
   // Device memory budget in bytes; kMinBudget asks for the lowest peak the
   // policy can reach.
@@ -44,7 +53,15 @@ struct PlannerOptions {
   // The largest graph (needed non-persistent nodes) checkmate's MILP and
   // checkmate-lp's LP take; 0: their defaults (300 and 600).
   int milp_max_stages = 0;
+  // Called as long stages start and end (from the planning thread; compare
+  // plans on several). Empty: no reports.
+  std::function<void(const PlanProgress&)> progress;
 };
+
+// Calls options.progress, where set.
+void ReportProgress(const PlannerOptions& options, std::string stage,
+                    std::optional<double> incumbent = std::nullopt,
+                    std::optional<double> bound = std::nullopt);
 
 struct PlanResult {
   Schedule schedule;

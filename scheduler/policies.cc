@@ -32,7 +32,9 @@ void RegisterBuiltinPlanners(PlannerRegistry& global) {
     if (info.kind != PlanKind::kOneShot && info.name != "exact" && info.name != "swap" &&
         info.name != "hybrid") {
       info.own_order_factory = info.factory;
-      info.factory = [inner = info.factory] { return ComposeWithBestOrder(inner()); };
+      info.factory = [inner = info.factory, name = info.name] {
+        return ComposeWithBestOrder(inner(), name);
+      };
     }
     global.Register(std::move(info));
   }

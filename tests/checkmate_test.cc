@@ -16,6 +16,7 @@
 #include "gmock/gmock.h"
 #include "graph/models/models.h"
 #include "gtest/gtest.h"
+#include "scheduler/budget.h"
 #include "scheduler/exact_multishot.h"
 #include "scheduler/planner.h"
 #include "scheduler/simulator.h"
@@ -498,7 +499,8 @@ TEST(CheckmateTest, HonoursTheTimeLimitOnALargerModel) {
 
 // checkmate-lp's LP of resnet18:batch=8,image=64 has 1.1M nonzeros: Clp's
 // set-up alone (load and presolve, which no deadline interrupts) would take
-// most of 0.3 s, so the LP is not started and the result says why.
+// most of 0.3 s, so the LP is not started and the result says why; the
+// repair (rotor, dtr) may still find a plan in the time left.
 TEST(CheckmateTest, LpIsNotStartedWhenItsSetUpWouldOverrunTheLimit) {
   auto g = BuildModel("resnet18:batch=8,image=64");
   ASSERT_TRUE(g.ok()) << g.status();
@@ -507,9 +509,14 @@ TEST(CheckmateTest, LpIsNotStartedWhenItsSetUpWouldOverrunTheLimit) {
   const double secs = SecondsOf([&] { r = PlanWith(*g, "checkmate-lp", budget, 0.3); });
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_LT(secs, TimeLimitSlack(0.3));
-  EXPECT_FALSE(r->feasible);
-  EXPECT_EQ(r->details["time_limit_reached"], true);
-  EXPECT_THAT(r->message, HasSubstr("was not started"));
+  if (r->details.contains("repaired_by")) {
+    EXPECT_TRUE(r->feasible);
+    EXPECT_TRUE(r->details["lp"].is_object());
+  } else {
+    EXPECT_FALSE(r->feasible);
+    EXPECT_EQ(r->details["time_limit_reached"], true);
+    EXPECT_THAT(r->message, HasSubstr("was not started"));
+  }
 }
 
 // Given time for the set-up, the LP itself stops at the limit (wall clock,
@@ -584,6 +591,35 @@ TEST(CheckmateTest, SamePlanAtAnyCostScale) {
       }
     }
   }
+}
+
+// checkmate-lp's repair: wherever rotor or dtr (over the same order) fits
+// the budget, so does checkmate-lp, whatever its rounding found.
+TEST(CheckmateTest, LpIsFeasibleWhereverRotorOrDtrIs) {
+  int repaired = 0, compared = 0;
+  for (const char* spec : {"linear:n=20", "mnist-cnn:batch=4", "random:n=60,seed=2",
+                           "resnet18:batch=2,image=32"}) {
+    const Graph g = *BuildModel(spec);
+    const int64_t base = *BaselinePeak(g);
+    for (int percent : {90, 70, 50, 30}) {
+      SCOPED_TRACE(absl::StrCat(spec, " at ", percent, "%"));
+      const int64_t budget = base * percent / 100;
+      bool heuristic_fits = false;
+      for (const char* policy : {"rotor", "dtr"}) {
+        auto r = PlanWith(g, policy, budget, 5);
+        heuristic_fits = heuristic_fits || (r.ok() && r->feasible);
+      }
+      auto lp = PlanWith(g, "checkmate-lp", budget, 5);
+      ASSERT_TRUE(lp.ok()) << lp.status();
+      if (heuristic_fits) {
+        ++compared;
+        EXPECT_TRUE(lp->feasible) << lp->message;
+      }
+      repaired += lp->details.contains("repaired_by");
+    }
+  }
+  EXPECT_GE(compared, 4);
+  RecordProperty("repaired", repaired);
 }
 
 }  // namespace
