@@ -1305,6 +1305,17 @@ absl::StatusOr<std::string> CertifyWithExactSearch(const Graph& graph,
                       optimum);
 }
 
+// A warm start or a repair: policy `name` over the graph's own order (the
+// order of Checkmate's model; composing it again would only repeat work),
+// within the time left of `deadline`. Its error where it refuses the graph.
+absl::StatusOr<PlanResult> PlanInTimeLeft(const char* name, const Graph& graph,
+                                          PlannerOptions options, const Deadline& deadline) {
+  ASSIGN_OR_RETURN(std::unique_ptr<Planner> planner, MakePlanner(name));
+  options.time_limit_s = deadline.remaining_s();
+  options.own_order = true;
+  return planner->Plan(graph, options);
+}
+
 // The share of the time limit checkmate-lp's LP and rounding get; the rest
 // is for the repair.
 constexpr double kLpShare = 0.8;
@@ -1324,12 +1335,9 @@ absl::StatusOr<PlanResult> PlanLp(const Graph& graph, const PlannerOptions& opti
                    ToPlanResult(graph, options, r, /*is_milp=*/false, "checkmate-lp"));
   if (result.feasible && options.budget_bytes != PlannerOptions::kMinBudget) return result;
   for (const char* name : kWarmStartPolicies) {
-    absl::StatusOr<std::unique_ptr<Planner>> planner = MakeOwnOrderPlanner(name);
-    if (!planner.ok() || deadline.Expired()) continue;
+    if (deadline.Expired()) break;
     ReportProgress(options, absl::StrCat("checkmate-lp: repair with ", name));
-    PlannerOptions repair = options;
-    repair.time_limit_s = std::max(0.01, deadline.remaining_s());
-    absl::StatusOr<PlanResult> plan = (*planner)->Plan(graph, repair);
+    absl::StatusOr<PlanResult> plan = PlanInTimeLeft(name, graph, options, deadline);
     // With a byte budget a repair must fit: an infeasible LP result keeps
     // its own account of why (the model's lower bound, the time limit).
     const bool byte_budget = options.budget_bytes != PlannerOptions::kMinBudget;
@@ -1364,12 +1372,9 @@ class CheckmatePlanner final : public Planner {
     const Deadline deadline(options.time_limit_s);
     std::vector<std::string> offered;
     for (const char* name : kWarmStartPolicies) {
-      absl::StatusOr<std::unique_ptr<Planner>> planner = MakeOwnOrderPlanner(name);
-      if (!planner.ok()) continue;
       ReportProgress(options, absl::StrCat("checkmate: warm start from ", name));
-      PlannerOptions warm = options;  // the time left, so a slow one cannot eat CBC's
-      warm.time_limit_s = deadline.remaining_s();
-      absl::StatusOr<PlanResult> plan = (*planner)->Plan(graph, warm);
+      // The time left, so that a slow one cannot eat CBC's.
+      absl::StatusOr<PlanResult> plan = PlanInTimeLeft(name, graph, options, deadline);
       if (!plan.ok()) continue;  // e.g. past a size limit: CBC starts without it
       co.warm_starts.push_back({name, std::move(plan->schedule)});
       offered.push_back(name);

@@ -97,6 +97,7 @@ class HybridPlanner final : public Planner {
       PlannerOptions o = options;
       o.budget_bytes = budget;
       o.time_limit_s = deadline.remaining_s();
+      o.own_order = true;  // the parts over this graph's order, not composed again
       return o;
     };
     nlohmann::json tried = nlohmann::json::array();
@@ -117,7 +118,7 @@ class HybridPlanner final : public Planner {
     for (const char* name : kRecomputePolicies) {
       // The baseline (first) always runs: a valid plan to return.
       if (selector.has_best() && selector.TimeUp()) break;
-      ASSIGN_OR_RETURN(std::unique_ptr<Planner> planner, MakeOwnOrderPlanner(name));
+      ASSIGN_OR_RETURN(std::unique_ptr<Planner> planner, MakePlanner(name));
       absl::StatusOr<PlanResult> r = planner->Plan(graph, nested(options.budget_bytes));
       if (!r.ok()) continue;  // e.g. revolve on a non-chain
       if (TimeLimitReached(*r)) deadline.MarkHit();
@@ -158,7 +159,7 @@ class HybridPlanner final : public Planner {
       bases.emplace_back("baseline", DefaultOrder(graph));
       if (!best_order.empty()) bases.emplace_back("best-order", best_order);
       for (const char* name : kJointBases) {
-        ASSIGN_OR_RETURN(std::unique_ptr<Planner> planner, MakeOwnOrderPlanner(name));
+        ASSIGN_OR_RETURN(std::unique_ptr<Planner> planner, MakePlanner(name));
         for (const auto& [label, b] : looser) {
           if (selector.TimeUp()) break;
           if (b == options.budget_bytes) {  // planned above

@@ -103,12 +103,6 @@ void ReportProgress(const PlannerOptions& options, std::string stage,
   if (options.progress) options.progress({std::move(stage), incumbent, bound});
 }
 
-absl::StatusOr<std::unique_ptr<Planner>> MakeOwnOrderPlanner(absl::string_view name) {
-  const PolicyInfo* info = PlannerRegistry::Global().Find(name);
-  if (info == nullptr || !info->own_order_factory) return MakePlanner(name);
-  return info->own_order_factory();
-}
-
 Deadline::Deadline(double limit_s) : limit_s_(limit_s) {
   // A limit past a day (or NaN/inf from a caller) is no limit; the clock's
   // range stays safe.

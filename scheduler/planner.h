@@ -48,7 +48,9 @@ struct PlannerOptions {
   double time_limit_s = 60;
   uint64_t seed = 0;         // for randomised policies
   // Plan over the graph's own order only: the policy as published, not
-  // composed with best-order (compose.h, --own-order).
+  // composed with best-order (compose.h, --own-order). Policies that run
+  // others as parts of their own search (checkmate's warm starts, hybrid)
+  // set it for them: composing again would only repeat the work.
   bool own_order = false;
   // The largest graph (needed non-persistent nodes) checkmate's MILP and
   // checkmate-lp's LP take; 0: their defaults (300 and 600).
@@ -120,10 +122,6 @@ struct PolicyInfo {
   bool exact = false;       // provably optimal within its model
   bool external = false;    // registered from outside (external_policy.h)
   std::function<std::unique_ptr<Planner>()> factory;
-  // The policy alone, over the graph's own order, where `factory` composes
-  // it with best-order (compose.h); empty: `factory`. Policies that call
-  // others inside (checkmate's warm starts, hybrid) take these.
-  std::function<std::unique_ptr<Planner>()> own_order_factory = nullptr;
 };
 
 class PlannerRegistry {
@@ -148,11 +146,6 @@ class PlannerRegistry {
 // Looks up and instantiates a policy, or makes the planner of
 // "exec:PROGRAM" (external_policy.h); NotFound lists the known names.
 absl::StatusOr<std::unique_ptr<Planner>> MakePlanner(absl::string_view name);
-
-// The planner of a registered policy without composition (PolicyInfo::
-// own_order_factory): for policies that run others as parts of their own
-// search, which composing again would only repeat.
-absl::StatusOr<std::unique_ptr<Planner>> MakeOwnOrderPlanner(absl::string_view name);
 
 // Simulates `schedule`, fills a PlanResult and decides feasibility against
 // the budgets of `options` (kMinBudget is always feasible).

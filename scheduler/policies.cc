@@ -31,7 +31,6 @@ void RegisterBuiltinPlanners(PlannerRegistry& global) {
     PolicyInfo info = *p;
     if (info.kind != PlanKind::kOneShot && info.name != "exact" && info.name != "swap" &&
         info.name != "hybrid") {
-      info.own_order_factory = info.factory;
       info.factory = [inner = info.factory, name = info.name] {
         return ComposeWithBestOrder(inner(), name);
       };
