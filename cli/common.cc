@@ -1,6 +1,7 @@
 #include "cli/common.h"
 
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -282,6 +283,10 @@ std::string Table::ToCsv() const {
   line(header_);
   for (const auto& row : rows_) line(row);
   return out;
+}
+
+std::string OverheadPercent(double overhead) {
+  return absl::StrFormat("%.1f%%", std::abs(overhead) < 5e-4 ? 0.0 : 100 * overhead);
 }
 
 std::function<void(const PlanProgress&)> StderrProgress() {

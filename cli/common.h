@@ -79,6 +79,10 @@ void RefuseEmptyValues(CLI::App& app);
 // plan --help')"), for CLI::App::failure_message.
 std::string OneLineFailure(const CLI::App* app, const CLI::Error& e);
 
+// An overhead (0.032) as "3.2%". A one-shot plan's overhead is 0 up to the
+// rounding of summing costs in another order: no "-0.0%".
+std::string OverheadPercent(double overhead);
+
 // Prints a JSON document on stdout (2-space indent).
 void PrintJson(const nlohmann::json& doc);
 

@@ -1,7 +1,6 @@
 // pebble plan | simulate | compare
 #include <algorithm>
 #include <chrono>
-#include <cmath>
 #include <cstdlib>
 #include <stdlib.h>  // mkdtemp
 #include <filesystem>
@@ -92,11 +91,6 @@ struct PlanFlags {
 };
 
 std::string Seconds(double s) { return absl::StrFormat("%.6g", s); }
-// A one-shot plan's overhead is 0 up to the rounding of summing costs in
-// another order: no "-0.0%".
-std::string Percent(double x) {
-  return absl::StrFormat("%.1f%%", std::abs(x) < 5e-4 ? 0.0 : 100 * x);
-}
 
 // The human summary of a report, shared by plan and simulate.
 void PrintReport(const Graph& g, const Schedule& schedule, const PlanReport& r) {
@@ -110,7 +104,7 @@ void PrintReport(const Graph& g, const Schedule& schedule, const PlanReport& r) 
             << absl::StrFormat("  persistent      %s\n", FormatBytes(r.initial_bytes))
             << absl::StrFormat("  compute cost    %s (base %s, overhead %s, %d recomputations)\n",
                                Seconds(r.compute_cost), Seconds(r.base_cost),
-                               Percent(r.overhead), r.recomputations)
+                               OverheadPercent(r.overhead), r.recomputations)
             << (r.transfer_bytes > 0
                     ? absl::StrFormat(
                           "  transfers       %s (%d bytes), host peak %s, copy stream busy %s, "
@@ -338,7 +332,7 @@ int RunCompare(const PlanFlags& f, const std::string& budgets_text,
     if (e.result->feasible) pareto.push_back({e.policy, r.peak_bytes, slowdown - 1});
     table.AddRow({e.policy, e.budget, is_min ? "" : absl::StrCat(e.budget_bytes),
                   e.result->feasible ? "yes" : "no", absl::StrCat(r.peak_bytes),
-                  FormatBytes(r.peak_bytes), ratio, Percent(r.overhead),
+                  FormatBytes(r.peak_bytes), ratio, OverheadPercent(r.overhead),
                   absl::StrCat(r.recomputations), absl::StrCat(r.transfer_bytes),
                   absl::StrCat(r.host_peak_bytes), Seconds(r.makespan),
                   absl::StrFormat("%.3f", slowdown), Seconds(r.exposed_transfer_time), ms,

@@ -2,7 +2,6 @@
 // training step fits a memory budget (the seed report's 3-D experiment).
 // The search is the library's (Fit, scheduler/plan_api.h); this file adds
 // the command line, --verify (each answer run on a backend) and the output.
-#include <cmath>
 #include <iostream>
 #include <optional>
 
@@ -55,14 +54,9 @@ int RunFit(const FitFlags& f) {
   if (!spec.ok()) return Fail(spec.status());
   request.model = *spec;
   request.vary = f.vary;
-  auto budget_spec = ParseBudget(f.budget);
-  if (!budget_spec.ok()) return Fail(budget_spec.status());
-  if (budget_spec->kind != BudgetSpec::Kind::kBytes) {
-    return Fail(absl::InvalidArgumentError(
-        "fit needs a budget in bytes (e.g. 2GiB): a percentage or 'min' changes with the "
-        "parameter"));
-  }
-  const int64_t budget = budget_spec->bytes;
+  auto budget_bytes = ParseFitBudget(f.budget);
+  if (!budget_bytes.ok()) return Fail(budget_bytes.status());
+  const int64_t budget = *budget_bytes;
   request.budget_bytes = budget;
   auto bandwidth = ParseBandwidth(f.bandwidth.empty() ? "25e9" : f.bandwidth);
   if (!bandwidth.ok()) return Fail(bandwidth.status());
@@ -179,8 +173,7 @@ int RunFit(const FitFlags& f) {
       const PlanReport& r = row.plan->report;
       cells.push_back(absl::StrCat(*row.value));
       cells.push_back(FormatBytes(r.peak_bytes));
-      // A one-shot plan's overhead is 0 up to rounding; print no "-0.0%".
-      cells.push_back(absl::StrFormat("%.1f%%", std::abs(r.overhead) < 5e-4 ? 0.0 : 100 * r.overhead));
+      cells.push_back(OverheadPercent(r.overhead));
       cells.push_back(FormatBytes(r.transfer_bytes));
     } else {
       cells.insert(cells.end(), {"-", "", "", ""});

@@ -214,13 +214,7 @@ py::dict FitPy(const std::string& model, const std::string& vary, const py::obje
   request.jobs = jobs;
   request.model = Unwrap(ParseModelSpec(model));
   request.vary = vary;
-  absl::StatusOr<BudgetSpec> spec = ParseBudget(BudgetText(budget));
-  if (!spec.ok()) Raise(spec.status());
-  if (spec->kind != BudgetSpec::Kind::kBytes) {
-    throw py::value_error("fit needs a budget in bytes (e.g. \"2GiB\"): a percentage or 'min' "
-                          "changes with the parameter");
-  }
-  request.budget_bytes = spec->bytes;
+  request.budget_bytes = Unwrap(ParseFitBudget(BudgetText(budget)));
   if (policies) request.policies = *policies;
   request.start = start;
   request.max_value = max_value;

@@ -269,6 +269,16 @@ absl::Status FitPolicy(const FitRequest& request, const std::string& name,
 
 }  // namespace
 
+absl::StatusOr<int64_t> ParseFitBudget(absl::string_view text) {
+  ASSIGN_OR_RETURN(BudgetSpec spec, ParseBudget(text));
+  if (spec.kind != BudgetSpec::Kind::kBytes) {
+    return absl::InvalidArgumentError(
+        "fit needs a budget in bytes (e.g. 2GiB): a percentage or 'min' changes with the "
+        "parameter");
+  }
+  return spec.bytes;
+}
+
 absl::StatusOr<FitResult> Fit(const FitRequest& request) {
   if (request.start < 1) return absl::InvalidArgumentError("fit: start must be at least 1");
   if (request.max_value != 0 && request.max_value < request.start) {

@@ -144,6 +144,10 @@ struct FitResult {
   std::vector<FitRow> rows;
 };
 
+// fit's budget, from the command line's text: bytes only (a percentage or
+// "min" would change with the parameter searched).
+absl::StatusOr<int64_t> ParseFitBudget(absl::string_view text);
+
 // For each policy, the largest value of `vary` whose training step the
 // policy fits in the budget: an exponential then a binary search over the
 // predicted peak, assuming it grows with the parameter (true of every size

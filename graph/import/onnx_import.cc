@@ -811,6 +811,31 @@ class Importer {
     return v;
   }
 
+  // The NumPy broadcast of shapes `a` and `b` (aligned on the trailing dims,
+  // each dim equal or 1); nullopt where they do not broadcast.
+  template <typename A, typename B>
+  static std::optional<std::vector<int64_t>> BroadcastShape(const A& a, const B& b) {
+    const size_t rank = std::max(a.size(), b.size());
+    std::vector<int64_t> out(rank);
+    for (size_t k = 0; k < rank; ++k) {
+      const int64_t x = k < rank - a.size() ? 1 : a[k - (rank - a.size())];
+      const int64_t y = k < rank - b.size() ? 1 : b[k - (rank - b.size())];
+      if (x != y && x != 1 && y != 1) return std::nullopt;
+      out[k] = x == 1 ? y : x;
+    }
+    return out;
+  }
+
+  // A zero `fill` of `shape` and `like`'s dtype: what Expand and a two-sided
+  // broadcast add a tensor to, to broadcast it.
+  absl::StatusOr<Value> Zeros(const onnx::NodeProto& node, const std::vector<int64_t>& shape,
+                              Value like, absl::string_view suffix) {
+    return Aux(node, "fill", {},
+               {{"shape", shape}, {"dtype", std::string(DTypeName(nb_.type(like).dtype))},
+                {"value", 0.0}},
+               suffix);
+  }
+
   // op(a, b) (add, sub, mul, div) under NumPy broadcasting. The op table
   // broadcasts an operand whose dims other than 1 form one block of the
   // other's (BlockBroadcast); every other broadcast is lowered to that
@@ -826,30 +851,24 @@ class Importer {
     if (ops_internal::BlockBroadcast(sa, sb) || ops_internal::BlockBroadcast(sb, sa)) {
       return Lowered(node, op, {a, b}, Json::object(), suffix);
     }
-    const size_t rank = std::max(sa.size(), sb.size());
+    const std::optional<std::vector<int64_t>> broadcast = BroadcastShape(sa, sb);
+    if (!broadcast) {
+      return NodeError(node, absl::StrCat("shapes ", ShapeToString(sa), " and ",
+                                          ShapeToString(sb), " do not broadcast"));
+    }
+    const std::vector<int64_t>& out = *broadcast;
+    const size_t rank = out.size();
     auto padded = [rank](const Shape& s) {
       std::vector<int64_t> p(rank - s.size(), 1);
       p.insert(p.end(), s.begin(), s.end());
       return p;
     };
     const std::vector<int64_t> pa = padded(sa), pb = padded(sb);
-    std::vector<int64_t> out(rank);
-    for (size_t d = 0; d < rank; ++d) {
-      if (pa[d] != pb[d] && pa[d] != 1 && pb[d] != 1) {
-        return NodeError(node, absl::StrCat("shapes ", ShapeToString(sa), " and ",
-                                            ShapeToString(sb), " do not broadcast"));
-      }
-      out[d] = pa[d] == 1 ? pb[d] : pa[d];
-    }
     const auto prefix = [&](absl::string_view what) {
       return suffix.empty() ? std::string(what) : absl::StrCat(suffix, "_", what);
     };
     if (pa != out && pb != out) {
-      ASSIGN_OR_RETURN(Value zeros,
-                       Aux(node, "fill", {},
-                           {{"shape", out}, {"dtype", std::string(DTypeName(nb_.type(a).dtype))},
-                            {"value", 0.0}},
-                           prefix("zeros")));
+      ASSIGN_OR_RETURN(Value zeros, Zeros(node, out, a, prefix("zeros")));
       ASSIGN_OR_RETURN(a, Broadcast(node, "add", zeros, a, prefix("expanded")));
       return Broadcast(node, op, a, b, suffix);
     }
@@ -1090,24 +1109,13 @@ class Importer {
     ASSIGN_OR_RETURN(std::vector<int64_t> shape, ConstInts(node, 1));
     ASSIGN_OR_RETURN(Value x, Get(node, node.input(0)));
     const Shape& in = nb_.type(x).shape;
-    // The result: the two shapes broadcast, aligned on the trailing dims.
-    const size_t rank = std::max(in.size(), shape.size());
-    std::vector<int64_t> out(rank);
-    for (size_t k = 0; k < rank; ++k) {
-      const int64_t a = k < rank - in.size() ? 1 : in[k - (rank - in.size())];
-      const int64_t b = k < rank - shape.size() ? 1 : shape[k - (rank - shape.size())];
-      if (a != b && a != 1 && b != 1) {
-        return NodeError(node, absl::StrCat("cannot expand ", ShapeToString(in), " to [",
-                                            absl::StrJoin(shape, ","), "]"));
-      }
-      out[k] = a == 1 ? b : a;
+    const std::optional<std::vector<int64_t>> out = BroadcastShape(in, shape);
+    if (!out) {
+      return NodeError(node, absl::StrCat("cannot expand ", ShapeToString(in), " to [",
+                                          absl::StrJoin(shape, ","), "]"));
     }
-    if (Shape(out.begin(), out.end()) == in) return Define(node, x);
-    ASSIGN_OR_RETURN(Value zeros,
-                     Aux(node, "fill", {},
-                         {{"shape", out}, {"dtype", std::string(DTypeName(nb_.type(x).dtype))},
-                          {"value", 0.0}},
-                         "zeros"));
+    if (Shape(out->begin(), out->end()) == in) return Define(node, x);
+    ASSIGN_OR_RETURN(Value zeros, Zeros(node, *out, x, "zeros"));
     ASSIGN_OR_RETURN(Value v, Broadcast(node, "add", zeros, x, ""));
     return Define(node, v);
   }
