@@ -94,15 +94,20 @@ absl::StatusOr<cudnnDataType_t> DnnType(DType d) {
   }
 }
 
-// The geometry of one convolution: x (n, c, *in), w (o, c, *k), y (n, o, *out).
+// The geometry of one convolution: x (n, c, *in), w (o, c / groups, *k),
+// y (n, o, *out); kernel taps `dilation` apart (cuDNN's group count and
+// dilation, cudnnSetConvolutionGroupCount and cudnnSetConvolutionNdDescriptor).
 struct ConvGeom {
   int dims = 0;  // spatial dims: 2 or 3
-  int64_t n = 0, c = 0, o = 0;
-  std::array<int64_t, 3> in{}, k{}, out{}, stride{}, pad{};
+  int64_t n = 0, c = 0, o = 0, groups = 1;
+  std::array<int64_t, 3> in{}, k{}, out{}, stride{}, pad{}, dilation{1, 1, 1};
   DType dtype = DType::kFloat32;
 
   int64_t XSample() const { return c * Prod(in); }
   int64_t YSample() const { return o * Prod(out); }
+  int64_t WeightElements() const { return o * (c / groups) * Prod(k); }
+  // The input planes one output plane reads along spatial dim i.
+  int64_t Extent(int i) const { return dilation[i] * (k[i] - 1) + 1; }
   int64_t Prod(const std::array<int64_t, 3>& a) const {
     int64_t p = 1;
     for (int i = 0; i < dims; ++i) p *= a[i];
@@ -114,15 +119,20 @@ struct ConvGeom {
     };
     return absl::StrCat(static_cast<int>(kind), "|", DTypeName(dtype), "|n", batch,
                         "c", c, "o", o, "|", span(in), "|k", span(k), "|s",
-                        span(stride), "|p", span(pad), "|ws", budget);
+                        span(stride), "|p", span(pad), "|d", span(dilation), "|g",
+                        groups, "|ws", budget);
   }
   std::string ToString(int64_t batch) const {
     auto span = [&](const std::array<int64_t, 3>& a) {
       return absl::StrJoin(a.begin(), a.begin() + dims, ",");
     };
     return absl::StrCat(DTypeName(dtype), " x(", batch, ",", c, ",", span(in),
-                        ") w(", o, ",", c, ",", span(k), ") stride (",
-                        span(stride), ") padding (", span(pad), ")");
+                        ") w(", o, ",", c / groups, ",", span(k), ") stride (",
+                        span(stride), ") padding (", span(pad), ")",
+                        groups != 1 ? absl::StrCat(" groups ", groups) : "",
+                        Prod(dilation) != 1
+                            ? absl::StrCat(" dilation (", span(dilation), ")")
+                            : "");
   }
 };
 
@@ -176,7 +186,7 @@ bool Refused(cudnnStatus_t rc) {
 std::string OverDescriptorLimit(const ConvGeom& g, int64_t batch) {
   constexpr int64_t kLimit = 0x7fffffff;
   const int64_t x = batch * g.XSample(), y = batch * g.YSample();
-  const int64_t w = g.o * g.c * g.Prod(g.k);
+  const int64_t w = g.WeightElements();
   for (const auto& [what, n] :
        {std::pair<const char*, int64_t>{"x", x}, {"y", y}, {"w", w}}) {
     if (n > kLimit) {
@@ -198,7 +208,7 @@ absl::Status MakeDescs(const ConvGeom& g, int64_t batch, cudnnMathType_t math,
   xd[0] = yd[0] = static_cast<int>(batch);
   xd[1] = static_cast<int>(g.c);
   yd[1] = wd[0] = static_cast<int>(g.o);
-  wd[1] = static_cast<int>(g.c);
+  wd[1] = static_cast<int>(g.c / g.groups);
   for (int i = 0; i < g.dims; ++i) {
     RETURN_IF_ERROR(CheckInt(g.in[i], "spatial size"));
     xd[2 + i] = static_cast<int>(g.in[i]);
@@ -206,7 +216,7 @@ absl::Status MakeDescs(const ConvGeom& g, int64_t batch, cudnnMathType_t math,
     wd[2 + i] = static_cast<int>(g.k[i]);
     pad[i] = static_cast<int>(g.pad[i]);
     stride[i] = static_cast<int>(g.stride[i]);
-    dil[i] = 1;
+    dil[i] = static_cast<int>(g.dilation[i]);
   }
   PEBBLE_CUDA_RETURN_IF_ERROR(cudnnCreateTensorDescriptor(&d->x.d));
   PEBBLE_CUDA_RETURN_IF_ERROR(cudnnCreateTensorDescriptor(&d->y.d));
@@ -222,6 +232,10 @@ absl::Status MakeDescs(const ConvGeom& g, int64_t batch, cudnnMathType_t math,
   PEBBLE_CUDA_RETURN_IF_ERROR(cudnnSetConvolutionNdDescriptor(
       d->conv.d, g.dims, pad.data(), stride.data(), dil.data(),
       CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
+  if (g.groups != 1) {
+    PEBBLE_CUDA_RETURN_IF_ERROR(
+        cudnnSetConvolutionGroupCount(d->conv.d, static_cast<int>(g.groups)));
+  }
   PEBBLE_CUDA_RETURN_IF_ERROR(cudnnSetConvolutionMathType(d->conv.d, math));
   return absl::OkStatus();
 }
@@ -695,7 +709,10 @@ absl::Status RunDepthSplit(CudaContext& cc, ConvKind kind, const ConvGeom& g,
   if (kind != ConvKind::kBackwardFilter && beta != 0.f) {
     return absl::InternalError("the depth split writes y and dx with beta 0");
   }
-  const ConvAxis axis{g.in[0], g.k[0], g.stride[0], g.pad[0], g.out[0]};
+  // A dilated kernel's slices take its whole extent: the window holds every
+  // plane an output plane reads (backward data: a superset of the outputs
+  // that read an owned plane, the others adding zeros).
+  const ConvAxis axis{g.in[0], g.Extent(0), g.stride[0], g.pad[0], g.out[0]};
   const bool by_input = kind == ConvKind::kBackwardData;
   // Later calls of the same configuration start at the count that ran.
   const std::string key = g.Key(kind, batch, ws.budget);
@@ -790,7 +807,7 @@ absl::Status RunSplit(CudaContext& cc, ConvKind kind, const ConvGeom& g,
 absl::Status RunConv(CudaContext& cc, ConvKind kind, const ConvGeom& g,
                      const ConvPtrs& p, const ConvWorkspace& ws) {
   const int64_t x = g.n * g.XSample(), y = g.n * g.YSample();
-  const int64_t w = g.o * g.c * g.Prod(g.k);
+  const int64_t w = g.WeightElements();
   const int64_t out = kind == ConvKind::kForward        ? y
                       : kind == ConvKind::kBackwardData ? x
                                                         : w;
@@ -817,17 +834,7 @@ absl::Status RunConv(CudaContext& cc, ConvKind kind, const ConvGeom& g,
 }  // namespace
 
 absl::Status CheckConvSupported(const nlohmann::json& attrs, int dims) {
-  ASSIGN_OR_RETURN(ops_internal::ConvGroupsDilation gd,
-                   ops_internal::ConvGroupsDilationAttrs(attrs, dims));
-  const bool dilated = std::any_of(gd.dilation.begin(), gd.dilation.end(),
-                                   [](int64_t v) { return v != 1; });
-  if (gd.groups != 1 || dilated) {
-    return absl::UnimplementedError(absl::StrCat(
-        "the CUDA backend does not run grouped or dilated convolutions yet "
-        "(groups ", gd.groups, ", dilation ", absl::StrJoin(gd.dilation, "x"),
-        "); the CPU backend does (--backend cpu)"));
-  }
-  return absl::OkStatus();
+  return ops_internal::ConvGroupsDilationAttrs(attrs, dims).status();
 }
 
 namespace {
@@ -847,17 +854,20 @@ absl::StatusOr<ConvGeom> Geometry(const KernelContext& ctx, int dims,
                    SpatialAttr(ctx.attrs(), "stride", dims, 1));
   ASSIGN_OR_RETURN(std::vector<int64_t> pad,
                    SpatialAttr(ctx.attrs(), "padding", dims, 0));
-  RETURN_IF_ERROR(CheckConvSupported(ctx.attrs(), dims));
+  ASSIGN_OR_RETURN(ops_internal::ConvGroupsDilation gd,
+                   ops_internal::ConvGroupsDilationAttrs(ctx.attrs(), dims));
   ConvGeom g;
   g.dims = dims;
   g.n = x[0];
   g.c = x[1];
   g.o = w[0];
+  g.groups = gd.groups;
   g.dtype = dtype;
-  if (w[1] != g.c || y[0] != g.n || y[1] != g.o) {
+  if (g.c % g.groups != 0 || g.o % g.groups != 0 || w[1] * g.groups != g.c ||
+      y[0] != g.n || y[1] != g.o) {
     return absl::InvalidArgumentError(absl::StrCat(
         "x ", ShapeToString(x), ", weight ", ShapeToString(w), " and output ",
-        ShapeToString(y), " do not agree"));
+        ShapeToString(y), " do not agree at groups ", g.groups));
   }
   for (int i = 0; i < dims; ++i) {
     g.in[i] = x[2 + i];
@@ -865,11 +875,15 @@ absl::StatusOr<ConvGeom> Geometry(const KernelContext& ctx, int dims,
     g.out[i] = y[2 + i];
     g.stride[i] = stride[i];
     g.pad[i] = pad[i];
-    if (stride[i] < 1 || pad[i] < 0 || g.in[i] + 2 * pad[i] < g.k[i] ||
-        (g.in[i] + 2 * pad[i] - g.k[i]) / stride[i] + 1 != g.out[i]) {
+    g.dilation[i] = gd.dilation[i];
+    ASSIGN_OR_RETURN(const int64_t extent,
+                     ops_internal::DilatedKernel(g.k[i], g.dilation[i], i));
+    if (stride[i] < 1 || pad[i] < 0 || g.in[i] + 2 * pad[i] < extent ||
+        (g.in[i] + 2 * pad[i] - extent) / stride[i] + 1 != g.out[i]) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "stride ", stride[i], " and padding ", pad[i], " do not map ",
-          ShapeToString(x), " to ", ShapeToString(y)));
+          "stride ", stride[i], ", padding ", pad[i], " and dilation ",
+          g.dilation[i], " do not map ", ShapeToString(x), " to ",
+          ShapeToString(y)));
     }
   }
   return g;

@@ -132,9 +132,8 @@ absl::Status TakeIndexFault(CudaContext& cc);
 // An InvalidArgument when the kernel launch failed (cudaErrorInvalidValue
 // from a launcher's own checks) or the launch error's Status.
 absl::Status LaunchStatus(cudaError_t e, absl::string_view what);
-// Unimplemented for a convolution (attrs of a conv{2,3}d* node over `dims`
-// spatial dims) with groups or dilation other than 1, which this backend
-// does not run yet; the attrs' own errors otherwise.
+// The errors of a convolution's groups and dilation attrs (a conv{2,3}d*
+// node over `dims` spatial dims), found before the run.
 absl::Status CheckConvSupported(const nlohmann::json& attrs, int dims);
 
 }  // namespace pebble::cuda

@@ -712,6 +712,15 @@ cudnnStatus_t CUDNNWINAPI cudnnSetConvolutionNdDescriptor(
   return CUDNN_STATUS_SUCCESS;
 }
 
+// One group only: the emulation models no grouped convolution, and refuses
+// one as cuDNN refuses a configuration it does not support.
+cudnnStatus_t CUDNNWINAPI cudnnSetConvolutionGroupCount(
+    cudnnConvolutionDescriptor_t desc, int groups) {
+  if (desc == nullptr) return CUDNN_STATUS_BAD_PARAM_NULL_POINTER;
+  if (groups < 1) return CUDNN_STATUS_BAD_PARAM;
+  return groups == 1 ? CUDNN_STATUS_SUCCESS : CUDNN_STATUS_NOT_SUPPORTED;
+}
+
 cudnnStatus_t CUDNNWINAPI cudnnSetConvolutionMathType(
     cudnnConvolutionDescriptor_t desc, cudnnMathType_t math) {
   if (desc == nullptr) return CUDNN_STATUS_BAD_PARAM_NULL_POINTER;

@@ -4,8 +4,9 @@
 //
 // What they model: the legacy convolution API of cuDNN 9 (NCHW tensor,
 // filter and convolution descriptors of 2 or 3 spatial dims, dilation 1,
-// one group, cross-correlation, fp32 / fp16 / bf16 data with fp32
-// accumulation), its v7 heuristics and workspace queries, and cuBLAS's
+// one group (other dilations and group counts are NOT_SUPPORTED),
+// cross-correlation, fp32 / fp16 / bf16 data with fp32 accumulation), its
+// v7 heuristics and workspace queries, and cuBLAS's
 // cublasGemmStridedBatchedEx in CUBLAS_COMPUTE_32F. Every call checks its
 // descriptors and arguments as the libraries document them (a geometry
 // that does not agree is CUDNN_STATUS_BAD_PARAM, a data pointer off
