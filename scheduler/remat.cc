@@ -181,7 +181,8 @@ int64_t SequencePeak(const Graph& graph, absl::Span<const NodeId> seq,
 }
 
 Chain CollapseChain(const Graph& graph, const ChainView& view,
-                    const std::vector<int>& boundaries, BackwardPlacement placement) {
+                    const std::vector<int>& boundaries, BackwardPlacement placement,
+                    LossPlacement loss) {
   const int n = graph.num_nodes();
   const std::vector<NodeId>& fwd = view.part.forward;
   const int m = static_cast<int>(fwd.size());
@@ -236,6 +237,21 @@ Chain CollapseChain(const Graph& graph, const ChainView& view,
     chain.stages[s].backward.push_back(b);
   }
   std::sort(chain.irregular.begin(), chain.irregular.end());
+  // Note [Late loss]: the last stage's forward part, when it is all sinks,
+  // becomes the end of its backward part.
+  if (loss != LossPlacement::kEarly) {
+    ChainStage& top = chain.stages[num_stages - 1];
+    const bool sinks = std::all_of(top.forward.begin(), top.forward.end(), [&](NodeId v) {
+      return graph.is_output(v) && graph.readers(v).empty();
+    });
+    if (sinks && num_stages > 1) {
+      if (loss == LossPlacement::kAfterBackward) {
+        top.backward.insert(top.backward.end(), top.forward.begin(), top.forward.end());
+      }
+      top.forward.clear();
+      chain.late_loss = true;
+    }
+  }
   // Frontier: a backward non-output node is resident from its stage down to
   // the lowest stage that reads it.
   std::vector<int> lowest_reader(n, std::numeric_limits<int>::max());
@@ -348,6 +364,7 @@ Chain CollapseChain(const Graph& graph, const ChainView& view,
       in_saved[v] = 0;
       mark[v] = 0;
     }
+    mark[st.output] = 0;  // not in `forward` after a late loss
   }
   return chain;
 }

@@ -53,6 +53,22 @@
 //     B_i reads), F_i^saved (only what B_i reads; B_i must run next) and B_i.
 //     The policies differ only in the program they pick.
 //
+// Note [Late loss]. The loss is a graph output that no node reads (autodiff
+// seeds the backward pass with a constant), so it may be computed at any
+// moment its input is resident. In the chain view it is the last stage's
+// forward part, computed when a forward sweep first reaches it and resident
+// from then on: a whole stage's worth of bytes on a chain of scalars
+// (tanh-chain:size=1). LossPlacement::kAfterBackward moves those forward
+// sinks (graph outputs without readers, the whole forward part of the last
+// stage) to the end of the last stage's backward part, where the input they
+// read is still resident and the backward's incoming gradient has been
+// freed; the stage's forward lists are then empty. Its figures (cost,
+// permanent bytes, backward_reads_input, peaks) count the loss in the
+// backward part. `revolve` and `rotor` plan both placements and keep the
+// better plan. A schedule may also compute the loss after the whole
+// backward pass, from a re-swept input: docs/multi-shot.md says when that
+// is cheaper and which programs miss it.
+//
 // Note [Emission: free at last use per instance]. A program becomes a
 // sequence of computes (EmitChainOps). ScheduleFromComputes turns any
 // compute sequence into a SPEC schedule: each compute starts an "instance"
@@ -142,6 +158,9 @@ struct Chain {
   int64_t fixed_bytes = 0;
   // Backward nodes with no compatible stage (step 3), ascending ids.
   std::vector<NodeId> irregular;
+  // LossPlacement::kAfterBackward applied: the last stage's forward sinks
+  // are at the end of its backward part (Note [Late loss]).
+  bool late_loss = false;
   int num_stages() const { return static_cast<int>(stages.size()); }
 };
 
@@ -155,12 +174,21 @@ struct Chain {
 // better; the checkpoint-set policies use kWithInput.
 enum class BackwardPlacement : uint8_t { kWithInput, kWithProducer };
 
+// When the loss is computed (Note [Late loss]): kEarly, in the forward pass
+// as the last stage's forward part (F^saved of that stage), so it is
+// resident through the whole backward pass; kAfterBackward, as the last
+// operation of the last stage's backward part; kAtEnd, in no list: the
+// program ends with a sweep to the loss's input, and ChainComputes computes
+// the loss last (it makes every output no operation made).
+enum class LossPlacement : uint8_t { kEarly, kAfterBackward, kAtEnd };
+
 // Step 3. `boundaries`: a subset of view.separators (positions, ascending);
 // the stages end there and at the last forward position. A graph with an
 // empty forward part gives a chain with no stages.
 Chain CollapseChain(const Graph& graph, const ChainView& view,
                     const std::vector<int>& boundaries,
-                    BackwardPlacement placement = BackwardPlacement::kWithInput);
+                    BackwardPlacement placement = BackwardPlacement::kWithInput,
+                    LossPlacement loss = LossPlacement::kEarly);
 
 // Step 4.
 enum class ChainOpKind : uint8_t { kForward, kForwardAll, kForwardSaved, kBackward };
@@ -308,6 +336,16 @@ struct RotorSolution {
 // this table can plan in).
 RotorSolution SolveRotor(const Chain& chain, int64_t memory_bytes,
                          int slots = kRotorSlots, bool least_memory = false);
+// Note [Late loss], the loss after the whole backward pass: programs on a
+// chain collapsed with LossPlacement::kAtEnd, one per pinned stage p
+// (-1: none): F_0..F_p, Solve(p+1, L-1) keeping a_p, Solve(0, p) with a_p
+// held, then F_q..F_{L-2} for q = p+1..L-1, a sweep to the loss's input
+// from a_p or from a later state whose last instance stays resident. Only
+// those whose DP parts fit `memory_bytes`, cheapest predicted first; the
+// final sweep's peak is the simulator's to judge.
+std::vector<std::vector<ChainOp>> RotorLossAtEndPrograms(const Chain& chain,
+                                                         int64_t memory_bytes,
+                                                         int slots = kRotorSlots);
 // At most max_stages - 1 of `separators`, evenly by index (all when they
 // already make at most max_stages stages).
 std::vector<int> CoarsenBoundaries(const std::vector<int>& separators, int max_stages);

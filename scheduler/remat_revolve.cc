@@ -132,6 +132,52 @@ void RevolveOps(int s, int t, int64_t c, std::vector<ChainOp>& ops) {
   RevolveOps(s, split - 1, c, ops);
 }
 
+// Offers the binomial schedules of `chain` to the selector: with a byte
+// budget the largest slot count c whose schedule fits, by bisection on c
+// (peak grows with c; a step where it does not only costs optimality, never
+// validity); with --budget min, c = 0..3. Nothing when the baseline fits.
+void SearchSlots(const Graph& graph, const Chain& chain, const char* loss,
+                 bool baseline_fits, const PlannerOptions& options,
+                 PlanSelector& selector) {
+  const int L = chain.num_stages();
+  auto fits = [&](int64_t c) {
+    // Past the time limit a candidate counts as not fitting and is not
+    // built: the searches below then end within O(log L) cheap calls.
+    if (selector.TimeUp()) return false;
+    std::vector<ChainOp> ops;
+    RevolveOps(0, L - 1, c, ops);
+    return selector.fits(
+        selector
+            .Consider(EmitChainOps(graph, chain, ops),
+                      {{"plan", "revolve"},
+                       {"loss", loss},
+                       {"slots", c},
+                       {"snaps", c + 1},
+                       {"predicted_forward_steps", RevolveForwardSteps(L, c)}})
+            .peak_bytes);
+  };
+  const int64_t max_slots = std::max(0, L - 1);
+  if (options.budget_bytes == PlannerOptions::kMinBudget) {
+    for (int64_t c = 0; c <= std::min<int64_t>(3, max_slots); ++c) fits(c);
+  } else if (!baseline_fits) {
+    if (fits(max_slots)) {
+      // Storing every state fits: nothing to recompute beyond it.
+    } else if (!fits(0)) {
+      for (int64_t c = 1; c <= std::min<int64_t>(3, max_slots); ++c) fits(c);
+    } else {
+      int64_t lo = 0, hi = max_slots;  // fits(lo), !fits(hi)
+      while (hi - lo > 1) {
+        const int64_t mid = lo + (hi - lo) / 2;
+        if (fits(mid)) {
+          lo = mid;
+        } else {
+          hi = mid;
+        }
+      }
+    }
+  }
+}
+
 class RevolvePlanner final : public Planner {
  public:
   absl::StatusOr<PlanResult> Plan(const Graph& graph,
@@ -139,42 +185,16 @@ class RevolvePlanner final : public Planner {
     const ChainView view = BuildChainView(graph);
     const Chain chain = CollapseChain(graph, view, view.separators);
     RETURN_IF_ERROR(CheckAdjointChain(graph, view, chain));
-    const int L = chain.num_stages();
     PlanSelector selector(graph, options);
     selector.Consider(BaselineSchedule(graph), {{"plan", "baseline"}});
-    auto try_slots = [&](int64_t c) {
-      // Past the time limit a candidate counts as not fitting and is not
-      // built: the searches below then end within O(log L) cheap calls.
-      if (selector.TimeUp()) return PlanSelector::Figures{INT64_MAX, 0};
-      std::vector<ChainOp> ops;
-      RevolveOps(0, L - 1, c, ops);
-      return selector.Consider(
-          EmitChainOps(graph, chain, ops),
-          {{"plan", "revolve"},
-           {"slots", c},
-           {"snaps", c + 1},
-           {"predicted_forward_steps", RevolveForwardSteps(L, c)}});
-    };
-    const int64_t max_slots = std::max(0, L - 1);
-    if (options.budget_bytes == PlannerOptions::kMinBudget) {
-      for (int64_t c = 0; c <= std::min<int64_t>(3, max_slots); ++c) try_slots(c);
-    } else if (!selector.best_fits()) {
-      if (selector.fits(try_slots(max_slots).peak_bytes)) {
-        // Storing every state fits: nothing to recompute beyond it.
-      } else if (!selector.fits(try_slots(0).peak_bytes)) {
-        for (int64_t c = 1; c <= std::min<int64_t>(3, max_slots); ++c) try_slots(c);
-      } else {
-        int64_t lo = 0, hi = max_slots;  // fits(lo), !fits(hi)
-        while (hi - lo > 1) {
-          const int64_t mid = lo + (hi - lo) / 2;
-          if (selector.fits(try_slots(mid).peak_bytes)) {
-            lo = mid;
-          } else {
-            hi = mid;
-          }
-        }
-      }
-    }
+    const bool baseline_fits = selector.best_fits();
+    // The loss computed in the forward pass, then after the last backward
+    // stage (Note [Late loss]); the selector keeps the better plan.
+    SearchSlots(graph, chain, "early", baseline_fits, options, selector);
+    const Chain late = CollapseChain(graph, view, view.separators,
+                                     BackwardPlacement::kWithInput,
+                                     LossPlacement::kAfterBackward);
+    if (late.late_loss) SearchSlots(graph, late, "late", baseline_fits, options, selector);
     ASSIGN_OR_RETURN(PlanResult result, selector.Finish());
     result.details["chain"] = ChainSummary(graph, view, chain);
     return result;

@@ -28,15 +28,14 @@
 // are regular and each operation reads the stage input only as measured
 // (chains of one node per stage: tanh-chain, conv3d, `linear`), so there
 // the DP is optimal among its programs; the planner runs it for both
-// BackwardPlacements and keeps the better plan. Its programs keep a
-// subproblem's input until the subproblem ends and compute a forward output
-// (the loss) once, so the unrestricted optimum can be cheaper: it may use a
-// checkpoint for one sweep, drop it and recompute it later from an earlier
-// one (2 of 60 random 4-6 stage chains in tests/remat_test.cc, e.g.
-// hetero-25 at 18 bytes: 53 against 48), or compute the loss last (a few
-// bytes lower minimum peak on tanh-chain:size=1). On `linear:n` (n <= 6),
-// tanh-chain and the other 58 random chains it matched an exhaustive search
-// at every budget. On collapsed general graphs it is an estimate: the plan
+// BackwardPlacements and the loss placements of Note [Late loss] (remat.h)
+// and keeps the better plan. Its programs keep a subproblem's input until
+// the subproblem ends, so the unrestricted optimum can be cheaper: it may
+// use a checkpoint for one sweep, drop it and recompute it later from an
+// earlier one (2 of 60 random 4-6 stage chains in tests/remat_test.cc, e.g.
+// hetero-25 at 18 bytes: 53 against 48). On `linear:n` (n <= 6),
+// tanh-chain:size=1 (length <= 7, the least feasible peak included) and the
+// other 58 random chains it matched an exhaustive search at every budget. On collapsed general graphs it is an estimate: the plan
 // is simulated and, when over budget, planned again with the memory bound
 // lowered by the overshoot (at most 8 times), and stages are whole blocks
 // (F^all keeps everything a block's backward reads), so per-tensor
@@ -228,6 +227,60 @@ RotorSolution SolveRotor(const Chain& chain, int64_t memory_bytes, int slots,
   return sol;
 }
 
+std::vector<std::vector<ChainOp>> RotorLossAtEndPrograms(const Chain& chain,
+                                                         int64_t memory_bytes, int slots) {
+  const int L = chain.num_stages();
+  std::vector<std::pair<float, std::vector<ChainOp>>> found;
+  if (L < 2 || memory_bytes <= 0 || slots < 1) return {};
+  RotorTable table(chain, memory_bytes, slots);
+  const int64_t slot = table.slot();
+  const int top = table.top();
+  auto slots_of = [&](int64_t bytes) { return (std::max<int64_t>(0, bytes) + slot - 1) / slot; };
+  int64_t upper_permanent = 0;  // PG(p+1..L-1)
+  for (int i = 0; i < L; ++i) upper_permanent += chain.stages[i].permanent_bytes;
+  double sweep = 0;  // cost of F_0..F_p
+  for (int p = -1; p < L - 1; ++p) {
+    if (p >= 0) {
+      sweep += chain.stages[p].cone_cost;
+      upper_permanent -= chain.stages[p].permanent_bytes;
+    }
+    std::vector<ChainOp> ops;
+    float cost = 0;
+    if (p < 0) {
+      cost = table.Cost(false, 0, L - 1, top);
+      if (!(cost < kInf)) continue;
+      table.Build(false, 0, L - 1, top, ops);
+    } else {
+      const int held = static_cast<int>(slots_of(chain.stages[p].output_bytes) +
+                                        slots_of(upper_permanent));
+      if (held > top) continue;
+      const float upper = table.Cost(true, p + 1, L - 1, top);
+      const float lower = table.Cost(false, 0, p, top - held);
+      if (!(upper < kInf && lower < kInf)) continue;
+      cost = static_cast<float>(sweep) + upper + lower;
+      for (int k = 0; k <= p; ++k) ops.push_back({ChainOpKind::kForward, k});
+      table.Build(true, p + 1, L - 1, top, ops);
+      table.Build(false, 0, p, top - held, ops);
+    }
+    // The sweep may start above a_p, from a_{q-1} when its last instance
+    // is still resident (kept from its last read to the sweep): q = p+1..L-1.
+    for (int q = p + 1; q <= L - 1; ++q) {
+      std::vector<ChainOp> with_tail = ops;
+      double tail = 0;
+      for (int k = q; k < L - 1; ++k) {
+        with_tail.push_back({ChainOpKind::kForward, k});
+        tail += chain.stages[k].cone_cost;
+      }
+      found.emplace_back(cost + static_cast<float>(tail), std::move(with_tail));
+    }
+  }
+  std::stable_sort(found.begin(), found.end(),
+                   [](const auto& a, const auto& b) { return a.first < b.first; });
+  std::vector<std::vector<ChainOp>> programs;
+  for (auto& f : found) programs.push_back(std::move(f.second));
+  return programs;
+}
+
 std::vector<int> CoarsenBoundaries(const std::vector<int>& separators, int max_stages) {
   const int count = static_cast<int>(separators.size());
   if (count + 1 <= max_stages) return separators;
@@ -254,14 +307,28 @@ class RotorPlanner final : public Planner {
     selector.Consider(BaselineSchedule(graph), {{"plan", "baseline"}});
     nlohmann::json attempts = nlohmann::json::array();
     // Both placements of boundary-reading backward nodes (remat.h,
-    // BackwardPlacement): neither dominates, the selector keeps the better.
-    for (BackwardPlacement placement :
-         {BackwardPlacement::kWithInput, BackwardPlacement::kWithProducer}) {
+    // BackwardPlacement) and of the loss (Note [Late loss]): none
+    // dominates, the selector keeps the better plan.
+    struct Variant {
+      BackwardPlacement placement;
+      LossPlacement loss;
+      const char* name;
+    };
+    static constexpr Variant kVariants[] = {
+        {BackwardPlacement::kWithInput, LossPlacement::kEarly, "with-input"},
+        {BackwardPlacement::kWithProducer, LossPlacement::kEarly, "with-producer"},
+        {BackwardPlacement::kWithInput, LossPlacement::kAfterBackward, "with-input, late loss"},
+        {BackwardPlacement::kWithProducer, LossPlacement::kAfterBackward,
+         "with-producer, late loss"},
+    };
+    for (const Variant& variant : kVariants) {
       if (selector.TimeUp()) break;
-      const Chain chain = CollapseChain(graph, view, boundaries, placement);
+      const Chain chain =
+          CollapseChain(graph, view, boundaries, variant.placement, variant.loss);
       if (chain.num_stages() == 0) break;
-      const char* placement_name =
-          placement == BackwardPlacement::kWithInput ? "with-input" : "with-producer";
+      if (variant.loss == LossPlacement::kAfterBackward && !chain.late_loss) continue;
+      const char* placement_name = variant.name;
+      const bool first = &variant == &kVariants[0];
       // Plans at `memory` bytes for the chain (the budget less
       // chain.fixed_bytes); the simulated peak, or -1 when the DP finds
       // nothing.
@@ -312,8 +379,8 @@ class RotorPlanner final : public Planner {
       };
       if (options.budget_bytes == PlannerOptions::kMinBudget) {
         lowest();
-      } else if (!selector.best_fits() || placement == BackwardPlacement::kWithProducer) {
-        // The second placement runs whenever the baseline does not fit, to
+      } else if (!selector.best_fits() || !first) {
+        // The other variants run whenever the baseline does not fit, to
         // compete on cost with the first one's plan.
         if (selector.best_fits() && selector.best_cost() <= BaseCost(graph) * (1 + 1e-12)) {
           continue;  // the baseline fits: nothing to improve
@@ -330,6 +397,39 @@ class RotorPlanner final : public Planner {
           memory -= peak - options.budget_bytes;
         }
         if (!fitted && !selector.best_fits()) lowest();
+      }
+    }
+    // The loss after the whole backward pass (Note [Late loss]): the first
+    // 256 programs by predicted cost. With a byte budget, at the budget's
+    // memory, then lowered a little (the final sweep is not in the DP's
+    // figures) while none fits; at `min`, below the lowest peak found so
+    // far, while that keeps going down.
+    const bool least = options.budget_bytes == PlannerOptions::kMinBudget;
+    if (!selector.TimeUp() && (least || !(selector.best_fits() &&
+                                          selector.best_cost() <= BaseCost(graph) * (1 + 1e-12)))) {
+      const Chain at_end = CollapseChain(graph, view, boundaries,
+                                         BackwardPlacement::kWithInput, LossPlacement::kAtEnd);
+      int64_t memory = (least ? selector.best_peak() - 1 : options.budget_bytes) -
+                       at_end.fixed_bytes;
+      for (int round = 0; at_end.late_loss && memory > 0 && round < 6; ++round) {
+        const int64_t before = selector.best_peak();
+        bool fitted = false;
+        int offered = 0;
+        for (const std::vector<ChainOp>& ops : RotorLossAtEndPrograms(at_end, memory)) {
+          if (offered++ == 256 || selector.TimeUp()) break;
+          const PlanSelector::Figures f = selector.Consider(
+              EmitChainOps(graph, at_end, ops),
+              {{"plan", "rotor"}, {"placement", "with-input, loss at end"},
+               {"memory_bytes", memory}});
+          fitted = fitted || (!least && f.peak_bytes <= options.budget_bytes);
+        }
+        if (least) {
+          if (selector.best_peak() >= before) break;
+          memory = selector.best_peak() - 1 - at_end.fixed_bytes;
+        } else {
+          if (fitted) break;
+          memory -= 1 + memory / 64;
+        }
       }
     }
     ASSIGN_OR_RETURN(PlanResult result, selector.Finish());
