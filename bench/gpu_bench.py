@@ -75,11 +75,11 @@ def registered_policies(pebble):
     return [p for p in POLICIES if p in names]
 
 
-def run_pebble(pebble, n, policy, budget, backend, timeout):
+def run_pebble(pebble, n, policy, budget, backend, timeout, workspace="query"):
     # One warm-up step first, as on the PyTorch side: the first step also
     # pays for cuDNN's heuristics, lazy module loading and scratch growth.
     cmd = [pebble, "run", "--model", f"conv3d:n={n}", "--policy", policy, "--budget",
-           budget, "--backend", backend, "--warmup", "1", "--json"]
+           budget, "--backend", backend, "--warmup", "1", "--workspace", workspace, "--json"]
     t0 = time.time()
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     wall = time.time() - t0
@@ -117,11 +117,12 @@ def run_pebble(pebble, n, policy, budget, backend, timeout):
     return row, None
 
 
-def run_fit(pebble, policies, budget, device, timeout):
+def run_fit(pebble, policies, budget, device, timeout, workspace="query"):
     """`pebble fit ... --verify --json` over N: (doc, failures). A failed
     command, or a verify run that failed, is a failure."""
     cmd = [pebble, "fit", "--model", "conv3d", "--vary", "n", "--budget", budget,
-           "--policies", ",".join(policies), "--verify", "--backend", device, "--json"]
+           "--policies", ",".join(policies), "--verify", "--backend", device,
+           "--workspace", workspace, "--json"]
     try:
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -409,6 +410,9 @@ def main():
                     help="cpu: the same cases on the CPU, to check this script without a GPU")
     ap.add_argument("--output-dir", default=os.path.join(os.path.dirname(__file__), "results"))
     ap.add_argument("--timeout", type=float, default=1800, help="seconds per case")
+    ap.add_argument("--workspace", choices=["query", "graph"], default="query",
+                    help="pebble run/fit --workspace: query (the default) plans each kernel's "
+                         "scratch in the arena; graph leaves it outside, as scratch")
     ap.add_argument("--no-fit", action="store_true",
                     help="leave out the largest-N table (pebble fit --verify, and "
                          "PyTorch's largest N)")
@@ -464,7 +468,8 @@ def main():
         for policy in policies:
             cases.append(({"system": "pebble", "mode": policy, "n": n},
                           lambda n=n, p=policy: run_pebble(args.pebble, n, p, args.budget,
-                                                           args.device, args.timeout)))
+                                                           args.device, args.timeout,
+                                                           args.workspace)))
         for mode in torch_modes(args.device) if torch_ok else []:
             cases.append(({"system": "pytorch", "mode": mode, "n": n},
                           lambda n=n, m=mode: run_torch(args.python, n, m, budget_bytes,
@@ -479,7 +484,7 @@ def main():
     fit_doc, torch_fits = None, []
     if not args.no_fit:
         fit_doc, fit_failures = run_fit(args.pebble, policies, args.budget, args.device,
-                                        args.timeout)
+                                        args.timeout, args.workspace)
         failures += fit_failures
         remarks += fit_failures
         if fit_doc is not None:

@@ -9,7 +9,8 @@
 // samples of a key (nodes of equal key, e.g. repeated layers, pool their
 // samples). The bandwidth is the median of three timed Backend::Copy calls
 // of `--transfer-size` bytes each way between a device buffer and a pinned
-// host buffer.
+// host buffer. Each kernel's scratch (Backend::QueryWorkspace) is planned as
+// its node's workspace during the runs and kept in workspace_bytes.
 #include <algorithm>
 #include <iostream>
 #include <map>
@@ -23,6 +24,7 @@
 #include "graph/status.h"
 #include "runtime/executor.h"
 #include "runtime/make_backend.h"
+#include "runtime/workspace.h"
 #include "scheduler/budget.h"
 #include "scheduler/cost_profile.h"
 #include "scheduler/planner.h"
@@ -98,7 +100,7 @@ absl::Status MeasureLink(Backend& backend, int64_t bytes, CostProfile& profile) 
 }
 
 absl::StatusOr<std::pair<CostProfile, int>> Calibrate(const CalibrateFlags& f,
-                                                      const Graph& graph) {
+                                                      const Graph& given) {
   if (f.repeat < 1) return absl::InvalidArgumentError("--repeat must be at least 1");
   ASSIGN_OR_RETURN(int64_t transfer_bytes, ParseSize(f.transfer_size));
   if (transfer_bytes <= 0) return absl::InvalidArgumentError("--transfer-size must be positive");
@@ -106,6 +108,9 @@ absl::StatusOr<std::pair<CostProfile, int>> Calibrate(const CalibrateFlags& f,
   if (backend == nullptr) {
     return absl::UnimplementedError(absl::StrCat("backend '", f.backend, "' is not available"));
   }
+  // Kernels run with their scratch planned, as they will under a profile.
+  ASSIGN_OR_RETURN(const Graph planned, WithBackendWorkspace(given, *backend));
+  const Graph& graph = planned;
   ASSIGN_OR_RETURN(std::unique_ptr<Planner> planner, MakePlanner("baseline"));
   PlannerOptions options;  // no budget: the baseline order as it is
   ASSIGN_OR_RETURN(PlanResult plan, planner->Plan(graph, options));
@@ -138,6 +143,7 @@ absl::StatusOr<std::pair<CostProfile, int>> Calibrate(const CalibrateFlags& f,
   for (NodeId v = 0; v < graph.num_nodes(); ++v) {
     if (!graph.persistent(v) && keys[v].has_value() && samples.count(*keys[v]) > 0) {
       ++keyed_nodes;
+      if (graph.workspace(v) > 0) profile.workspace_bytes[*keys[v]] = graph.workspace(v);
     }
   }
   RETURN_IF_ERROR(MeasureLink(*backend, transfer_bytes, profile));

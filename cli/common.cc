@@ -19,6 +19,8 @@
 #include "graph/models/models.h"
 #include "graph/status.h"
 #include "graph/text_input.h"
+#include "runtime/make_backend.h"
+#include "runtime/workspace.h"
 #include "scheduler/cost_profile.h"
 #include "scheduler/offload.h"
 
@@ -76,16 +78,31 @@ absl::StatusOr<Graph> LoadWithoutProfile(const GraphSource& source) {
 
 }  // namespace
 
-absl::StatusOr<Graph> GraphSource::Load() const {
+void GraphSource::AddWorkspaceBackendOption(CLI::App* cmd) {
+  cmd->add_option("--backend", workspace_backend,
+                  "plan for this backend (cpu or cuda): the scratch each kernel takes there "
+                  "(oneDNN scratchpads and relayouts, cuDNN workspace) becomes its node's "
+                  "workspace, so the arena holds it (docs/runtime.md, \"Workspace\"); "
+                  "default: the graph's own workspace figures");
+}
+
+absl::StatusOr<Graph> GraphSource::Load(WorkspaceQueryStats* workspace) const {
   ASSIGN_OR_RETURN(Graph g, LoadWithoutProfile(*this));
-  if (profile.empty()) return g;
-  ASSIGN_OR_RETURN(CostProfile p, ReadCostProfileFile(profile));
-  CostProfileMatch match;
-  ASSIGN_OR_RETURN(Graph profiled, ApplyCostProfile(g, p, &match));
-  std::cerr << "pebble: cost profile '" << profile << "' (" << p.backend << "): "
-            << match.matched << " of " << match.matched + match.unmatched
-            << " computed nodes take measured times\n";
-  return profiled;
+  if (!profile.empty()) {
+    ASSIGN_OR_RETURN(CostProfile p, ReadCostProfileFile(profile));
+    CostProfileMatch match;
+    ASSIGN_OR_RETURN(g, ApplyCostProfile(g, p, &match));
+    std::cerr << "pebble: cost profile '" << profile << "' (" << p.backend << "): "
+              << match.matched << " of " << match.matched + match.unmatched
+              << " computed nodes take measured times"
+              << (match.workspaces > 0
+                      ? absl::StrCat(", ", match.workspaces, " a measured kernel workspace")
+                      : std::string())
+              << "\n";
+  }
+  if (workspace_backend.empty()) return g;
+  ASSIGN_OR_RETURN(std::unique_ptr<Backend> backend, MakeBackend(workspace_backend));
+  return WithBackendWorkspace(g, *backend, workspace);
 }
 
 absl::StatusOr<double> GraphSource::PlannerBandwidth(absl::string_view given) const {
@@ -95,6 +112,20 @@ absl::StatusOr<double> GraphSource::PlannerBandwidth(absl::string_view given) co
     if (auto measured = p.PlannerBandwidth()) return *measured;
   }
   return kDefaultHostBandwidthBytesPerS;
+}
+
+nlohmann::json WorkspaceStatsToJson(const std::string& backend,
+                                    const WorkspaceQueryStats& stats) {
+  return {{"backend", backend},
+          {"nodes_queried", stats.queried},
+          {"nodes_raised", stats.raised},
+          {"largest_bytes", stats.largest_bytes}};
+}
+
+std::string WorkspaceStatsLine(const std::string& backend, const WorkspaceQueryStats& stats) {
+  return absl::StrCat(stats.raised, " of ", stats.queried, " computed nodes take kernel scratch on ",
+                      backend, " (the largest ", FormatBytes(stats.largest_bytes),
+                      "), planned in the arena");
 }
 
 std::string GraphSource::Label() const { return model.empty() ? graph : model; }

@@ -12,6 +12,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "graph/graph.h"
+#include "runtime/workspace.h"
 #include "scheduler/planner.h"
 #include "nlohmann/json.hpp"
 
@@ -29,14 +30,22 @@ struct GraphSource {
   // --train: differentiate a forward --graph with `loss` first.
   bool train = false;
   std::string loss = "cross-entropy";
+  // A backend ("cpu", "cuda") whose kernels' scratch becomes each computed
+  // node's workspace (runtime/workspace.h); empty: the graph's own figures.
+  std::string workspace_backend;
 
   // Adds the options to `cmd`. `graph_only`: no --model (simulate needs the
   // exact graph a schedule was made for, but a model works too).
   void AddOptions(CLI::App* cmd);
+  // Adds --backend (into workspace_backend), for commands that plan without
+  // running: plan, compare, simulate.
+  void AddWorkspaceBackendOption(CLI::App* cmd);
   // The graph, or an error naming what was wrong. With --profile the costs
-  // are the profile's where it matches, and one line on stderr says how
-  // many nodes matched.
-  absl::StatusOr<Graph> Load() const;
+  // (and kernel workspaces) are the profile's where it matches, and one line
+  // on stderr says how many nodes matched; with a workspace backend, each
+  // computed node's workspace is raised to what that backend's kernel takes
+  // (`workspace`, optional, counts).
+  absl::StatusOr<Graph> Load(WorkspaceQueryStats* workspace = nullptr) const;
   // The host link bandwidth (bytes/s) a planner should use: `given` (the
   // text of --bandwidth: bytes/s with units, or a preset of ParseBandwidth)
   // when the user passed it; else the profile's measurement
@@ -46,6 +55,13 @@ struct GraphSource {
   // "conv3d:n=128" or the file's path, for headers.
   std::string Label() const;
 };
+
+// What a workspace query did (runtime/workspace.h), for the reports of
+// run and plan: JSON {"backend", "nodes_queried", "nodes_raised",
+// "largest_bytes"}, and one line of text.
+nlohmann::json WorkspaceStatsToJson(const std::string& backend,
+                                    const WorkspaceQueryStats& stats);
+std::string WorkspaceStatsLine(const std::string& backend, const WorkspaceQueryStats& stats);
 
 // Whether `path` may be written: "-" (stdout), a path where nothing is, a
 // character device such as /dev/null (writing one replaces nothing), or,

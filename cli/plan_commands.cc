@@ -133,7 +133,8 @@ void PrintTimeline(const Graph& g, const Schedule& schedule, const PlanReport& r
 
 int RunPlan(const PlanFlags& f, bool timeline, bool with_layout, const std::string& schedule_out,
             bool force) {
-  auto graph = f.source.Load();
+  WorkspaceQueryStats workspace;
+  auto graph = f.source.Load(&workspace);
   if (!graph.ok()) return Fail(graph.status());
   PlanRequest request;
   auto options = f.Options();
@@ -152,7 +153,11 @@ int RunPlan(const PlanFlags& f, bool timeline, bool with_layout, const std::stri
     if (!w.ok()) return Fail(w);
   }
   if (f.json) {
-    PrintJson(PlanDocument(*graph, *outcome, f.source.Label(), timeline, with_layout));
+    nlohmann::json doc = PlanDocument(*graph, *outcome, f.source.Label(), timeline, with_layout);
+    if (!f.source.workspace_backend.empty()) {
+      doc["workspace"] = WorkspaceStatsToJson(f.source.workspace_backend, workspace);
+    }
+    PrintJson(doc);
     return 0;
   }
   const bool is_min = outcome->budget_is_min;
@@ -161,6 +166,10 @@ int RunPlan(const PlanFlags& f, bool timeline, bool with_layout, const std::stri
       outcome->policy, f.budget, is_min ? "min" : FormatBytes(outcome->budget_bytes),
       FormatBytes(outcome->baseline_peak_bytes), result.feasible ? "fits" : "DOES NOT FIT");
   if (!result.message.empty()) std::cout << "  " << result.message << "\n";
+  if (!f.source.workspace_backend.empty()) {
+    std::cout << "  workspace       "
+              << WorkspaceStatsLine(f.source.workspace_backend, workspace) << "\n";
+  }
   PrintReport(*graph, result.schedule, result.report);
   if (result.details.contains("tensors")) {
     const nlohmann::json& c = result.details["tensors"]["counts"];
@@ -369,6 +378,7 @@ void AddPlanCommands(CLI::App& app, int& exit_code) {
       "plan a graph under a policy and a memory budget; prints the simulator's figures\n"
       "  e.g. pebble plan --model conv3d:n=128 --policy baseline --budget 100% --json");
   plan_flags.AddOptions(plan, true);
+  plan_flags.source.AddWorkspaceBackendOption(plan);
   plan->add_flag("--timeline", plan_timeline, "show (or put in the JSON) the per-step memory "
                                               "and time");
   plan->add_flag("--layout", plan_layout,
@@ -387,6 +397,7 @@ void AddPlanCommands(CLI::App& app, int& exit_code) {
       "validate a schedule file against a graph and report its peak, cost and makespan\n"
       "  e.g. pebble simulate --graph g.json --schedule s.json --timeline");
   sim_source.AddOptions(sim);
+  sim_source.AddWorkspaceBackendOption(sim);
   sim->add_option("--schedule,-s", sim_schedule, "schedule file (pebble-schedule JSON)")
       ->required();
   sim->add_option("--bandwidth", sim_bandwidth,
@@ -407,6 +418,7 @@ void AddPlanCommands(CLI::App& app, int& exit_code) {
       "every policy at every budget, as a table, CSV or JSON\n"
       "  e.g. pebble compare --model resnet18:batch=8 --budgets 100%,60%,min --format csv");
   cmp_flags.AddOptions(cmp, false);
+  cmp_flags.source.AddWorkspaceBackendOption(cmp);
   cmp->add_option("--budgets", cmp_budgets, "comma-separated budgets")->capture_default_str();
   cmp->add_option("--policies", cmp_policies,
                   "comma-separated policies, or 'all' (every registered one); "

@@ -82,6 +82,7 @@ struct RunFlags {
   bool force = false;
   bool no_poison = false;
   bool budget_given = false;  // --budget on the command line
+  std::string workspace = "query";  // or "graph"
 };
 
 // The plan to run: planned, or read from --schedule and simulated.
@@ -212,6 +213,13 @@ int RunRun(const RunFlags& f) {
   auto graph = f.source.Load();
   if (!graph.ok()) return Fail(graph.status());
   if (absl::Status s = CheckRunPaths(f, *graph); !s.ok()) return Fail(s);
+  auto backend = MakeBackend(f.backend);
+  if (!backend.ok()) return Fail(backend.status());
+  WorkspaceQueryStats workspace;
+  if (f.workspace == "query") {
+    graph = WithBackendWorkspace(*graph, **backend, &workspace);
+    if (!graph.ok()) return Fail(graph.status());
+  }
   auto plan = MakeRunPlan(f, *graph);
   if (!plan.ok()) return Fail(plan.status());
   if (!plan->plan.feasible && !f.force) {
@@ -220,8 +228,6 @@ int RunRun(const RunFlags& f) {
         " (", plan->plan.message.empty() ? "over budget" : plan->plan.message,
         "); pass --force to run it anyway")));
   }
-  auto backend = MakeBackend(f.backend);
-  if (!backend.ok()) return Fail(backend.status());
   ExecutorOptions options;
   options.seed = f.seed;
   options.inputs_dir = f.inputs_dir;
@@ -274,6 +280,9 @@ int RunRun(const RunFlags& f) {
         {"predicted", predicted},
         {"measured", MeasuredToJson(*graph, r, /*with_steps=*/true)},
         {"peak_equal", r.peak_bytes == plan->plan.report.peak_bytes},
+        {"workspace", f.workspace == "query"
+                          ? WorkspaceStatsToJson((*backend)->name(), workspace)
+                          : nlohmann::json(nullptr)},
         {"loaded_inputs", r.loaded_inputs.size()},
         {"generated_inputs", r.generated_inputs.size()},
     };
@@ -306,6 +315,9 @@ int RunRun(const RunFlags& f) {
   std::cout << absl::StrFormat(
       "  peak            %s\n",
       r.peak_bytes == p.peak_bytes ? "measured == predicted" : "MEASURED != PREDICTED");
+  if (f.workspace == "query") {
+    std::cout << "  workspace       " << WorkspaceStatsLine((*backend)->name(), workspace) << "\n";
+  }
   std::cout << absl::StrFormat("  kernel scratch  %s outside the plan\n",
                                FormatBytes(r.backend_memory.scratch_bytes_peak));
   if (!r.backend_counters.empty()) {
@@ -355,6 +367,13 @@ void AddRunCommands(CLI::App& app, int& exit_code) {
       "with --schedule, none unless given");
   budget->capture_default_str();
   run->add_option("--backend", flags.backend, "cpu or cuda")->capture_default_str();
+  run->add_option("--workspace", flags.workspace,
+                  "query: the scratch each kernel takes on --backend (oneDNN scratchpads and "
+                  "relayouts, cuDNN workspace) becomes its node's workspace, planned in the arena, "
+                  "so that nothing is allocated outside it; graph: the graph's own workspace "
+                  "figures (kernel scratch beyond them lies outside the plan, as scratch_bytes)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"query", "graph"}));
   run->add_option("--schedule,-s", flags.schedule_path,
                   "run this schedule file (pebble-schedule JSON) instead of planning");
   run->add_option("--inputs", flags.inputs_dir,

@@ -3,6 +3,8 @@
 // The search is the library's (Fit, scheduler/plan_api.h); this file adds
 // the command line, --verify (each answer run on a backend) and the output.
 #include <iostream>
+#include <memory>
+#include <mutex>
 #include <optional>
 
 #include "absl/strings/str_cat.h"
@@ -15,6 +17,7 @@
 #include "graph/status.h"
 #include "runtime/executor.h"
 #include "runtime/make_backend.h"
+#include "runtime/workspace.h"
 #include "scheduler/budget.h"
 #include "scheduler/plan_api.h"
 #include "scheduler/planner.h"
@@ -39,6 +42,7 @@ struct FitFlags {
   bool quiet = false;
   bool verify = false;
   bool json = false;
+  std::string workspace = "auto";  // query with --verify, else graph
 };
 
 // A row of the library's search, and its measurement under --verify.
@@ -80,6 +84,19 @@ int RunFit(const FitFlags& f) {
   request.options.time_limit_s = f.time_limit_s;
   request.options.own_order = f.own_order;
   if (!f.json && !f.quiet) request.options.progress = StderrProgress();
+  // --workspace query: each model planned with --backend's kernel scratch
+  // (runtime/workspace.h), one probe at a time.
+  std::unique_ptr<Backend> probe_backend;
+  std::mutex probe_mu;
+  if (f.workspace == "query" || (f.workspace == "auto" && f.verify)) {
+    auto made = MakeBackend(f.backend);
+    if (!made.ok()) return Fail(made.status());
+    probe_backend = *std::move(made);
+    request.prepare_graph = [&](const Graph& g) -> absl::StatusOr<Graph> {
+      std::lock_guard<std::mutex> lock(probe_mu);
+      return WithBackendWorkspace(g, *probe_backend);
+    };
+  }
   const PlannerOptions& options = request.options;
   auto fit = Fit(request);
   if (!fit.ok()) return Fail(fit.status());
@@ -224,7 +241,14 @@ void AddFitCommand(CLI::App& app, int& exit_code) {
                   "(exact, exact-order, checkmate); 'all': every one");
   fit->add_flag("--verify", flags.verify,
                 "run each policy's largest value on the backend and compare the measured peak");
-  fit->add_option("--backend", flags.backend, "backend for --verify")->capture_default_str();
+  fit->add_option("--backend", flags.backend, "backend for --verify and --workspace query")
+      ->capture_default_str();
+  fit->add_option("--workspace", flags.workspace,
+                  "query: plan each model with the scratch its kernels take on --backend as "
+                  "their nodes' workspace (docs/runtime.md, \"Workspace\"); graph: the model's "
+                  "own figures; auto (the default): query with --verify, graph without")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"auto", "query", "graph"}));
   fit->add_option("--seed", flags.seed, "seed of generated inputs for --verify")
       ->check(IntegerIn(0, INT64_MAX));
   fit->add_option("--start", flags.start, "smallest value tried (default 1)")

@@ -77,6 +77,20 @@ class Backend {
   virtual absl::Status Fill(std::byte* device_dst, uint8_t value,
                             int64_t bytes) = 0;
 
+  // The workspace (bytes) the kernel of computed node `node` asks for:
+  // library scratch (oneDNN's scratchpad and relayouts, cuDNN's chosen
+  // algorithm's workspace) that it takes from KernelContext::workspace when
+  // that is at least this large, and from outside the plan otherwise (as
+  // scratch_bytes_peak). The planner gives it an arena offset once it is the
+  // node's `workspace` (WithBackendWorkspace in runtime/workspace.h). May
+  // run the kernel on scratch operands; results are cached per configuration.
+  // 0 by default.
+  virtual absl::StatusOr<int64_t> QueryWorkspace(const Graph& graph, NodeId node) {
+    (void)graph;
+    (void)node;
+    return 0;
+  }
+
   // ---- Work.
   // Enqueues the kernel of ctx.node on the compute stream.
   virtual absl::Status Compute(const KernelContext& ctx) = 0;

@@ -79,6 +79,11 @@ nlohmann::json CostProfileToJson(const CostProfile& profile) {
   nlohmann::json entries = nlohmann::json::object();
   for (const auto& [key, seconds] : profile.entries) entries[key] = seconds;
   doc["entries"] = std::move(entries);
+  if (!profile.workspace_bytes.empty()) {
+    nlohmann::json workspace = nlohmann::json::object();
+    for (const auto& [key, bytes] : profile.workspace_bytes) workspace[key] = bytes;
+    doc["workspace_bytes"] = std::move(workspace);
+  }
   return doc;
 }
 
@@ -96,7 +101,7 @@ absl::StatusOr<CostProfile> CostProfileFromJson(const nlohmann::json& doc) {
   }
   constexpr absl::string_view kKeys[] = {
       "format", "version", "backend", "device", "bandwidth_h2d_bytes_per_s",
-      "bandwidth_d2h_bytes_per_s", "entries"};
+      "bandwidth_d2h_bytes_per_s", "entries", "workspace_bytes"};
   RETURN_IF_ERROR(CheckJsonKeys(doc, kKeys, "cost profile"));
   CostProfile p;
   for (const char* field : {"backend", "device"}) {
@@ -119,6 +124,19 @@ absl::StatusOr<CostProfile> CostProfileFromJson(const nlohmann::json& doc) {
           "cost profile: entry ", Quote(key), " must be a non-negative finite number of seconds"));
     }
     p.entries[key] = value.get<double>();
+  }
+  if (doc.contains("workspace_bytes")) {
+    if (!doc.at("workspace_bytes").is_object()) {
+      return absl::InvalidArgumentError("cost profile: 'workspace_bytes' must be an object");
+    }
+    for (const auto& [key, value] : doc.at("workspace_bytes").items()) {
+      if (!value.is_number_integer() || value.get<int64_t>() < 0) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "cost profile: workspace_bytes ", Quote(key),
+            " must be a non-negative integer number of bytes"));
+      }
+      p.workspace_bytes[key] = value.get<int64_t>();
+    }
   }
   return p;
 }
@@ -149,6 +167,12 @@ absl::StatusOr<Graph> ApplyCostProfile(const Graph& graph, const CostProfile& pr
         ++m.matched;
       } else {
         ++m.unmatched;
+      }
+      auto ws = key.has_value() ? profile.workspace_bytes.find(*key)
+                                : profile.workspace_bytes.end();
+      if (ws != profile.workspace_bytes.end() && ws->second > spec.workspace) {
+        spec.workspace = ws->second;
+        ++m.workspaces;
       }
     }
     builder.AddNode(std::move(spec));

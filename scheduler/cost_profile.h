@@ -7,13 +7,16 @@
 //   {"format": "pebble-cost-profile", "version": 1,
 //    "backend": "cuda", "device": "NVIDIA H100 ...",
 //    "bandwidth_h2d_bytes_per_s": 2.5e10, "bandwidth_d2h_bytes_per_s": 2.6e10,
-//    "entries": {"conv3d|fp32(1,1,64,64,64);fp32(4,1,3,3,3);fp32(4)|fp32|{\"padding\":1,\"stride\":1}": 1.2e-4, ...}}
+//    "entries": {"conv3d|fp32(1,1,64,64,64);fp32(4,1,3,3,3);fp32(4)|fp32|{\"padding\":1,\"stride\":1}": 1.2e-4, ...},
+//    "workspace_bytes": {"conv3d|...": 1048576, ...}}
 //
 // An entry's key is CostKey(): the op, every operand's dtype and shape in
 // order, the output's dtype, and the attrs as canonical JSON (sorted keys).
 // Node ids are not part of it, so the same layer shape in two places of a
 // network, or in another model, shares one entry. Values are seconds for
-// one computation of the node.
+// one computation of the node. "workspace_bytes" (optional) holds, for the
+// keys whose kernel takes scratch on that backend, its bytes
+// (Backend::QueryWorkspace): the node's workspace in a profiled graph.
 //
 // Pure data: nothing here touches a device (scheduler/ never includes
 // runtime/).
@@ -37,6 +40,7 @@ struct CostProfile {
   double bandwidth_h2d_bytes_per_s = 0;  // 0: not measured
   double bandwidth_d2h_bytes_per_s = 0;
   std::map<std::string, double> entries;  // CostKey -> seconds (sorted)
+  std::map<std::string, int64_t> workspace_bytes;  // CostKey -> bytes, > 0
 
   // The bandwidth a planner should assume for both directions: the slower
   // of the two measured ones (SPEC section 4 has one link bandwidth); nullopt
@@ -57,11 +61,14 @@ absl::StatusOr<CostProfile> ReadCostProfileFile(const std::string& path);
 struct CostProfileMatch {
   int matched = 0;    // computed nodes whose cost now is the profile's
   int unmatched = 0;  // computed nodes that keep their own cost
+  int workspaces = 0;  // computed nodes whose workspace the profile raised
 };
 
 // A copy of `graph` in which every non-persistent node whose CostKey is in
 // the profile costs the profiled seconds; the others keep their cost (the
-// model zoo's FLOPs / throughput, also seconds). `match` (optional) counts.
+// model zoo's FLOPs / throughput, also seconds). A node whose key has
+// workspace_bytes gets the larger of its own workspace and that. `match`
+// (optional) counts.
 absl::StatusOr<Graph> ApplyCostProfile(const Graph& graph,
                                        const CostProfile& profile,
                                        CostProfileMatch* match = nullptr);

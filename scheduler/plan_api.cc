@@ -292,7 +292,9 @@ absl::StatusOr<FitResult> Fit(const FitRequest& request) {
   auto build = [&](int64_t value) {
     ModelSpec s = request.model;
     s.params[request.vary] = absl::StrCat(value);
-    return BuildModel(s, request.cost);
+    absl::StatusOr<Graph> g = BuildModel(s, request.cost);
+    if (!g.ok() || !request.prepare_graph) return g;
+    return request.prepare_graph(*g);
   };
   RETURN_IF_ERROR(build(request.start).status());
   ASSIGN_OR_RETURN(std::vector<std::string> policies,

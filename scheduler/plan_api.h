@@ -5,6 +5,7 @@
 #define PEBBLE_SCHEDULER_PLAN_API_H_
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -125,6 +126,11 @@ struct FitRequest {
   int64_t start = 1;      // the first value tried
   int64_t max_value = 0;  // 0: the model's own limit
   int jobs = 0;           // policies searched at once, as CompareRequest::jobs
+  // Applied to the model at each value before it is planned (the command
+  // line's --workspace query gives each node its kernel's scratch on the
+  // backend, runtime/workspace.h); none: the model as built. Called from
+  // the planning threads (jobs), so it must be thread-safe.
+  std::function<absl::StatusOr<Graph>(const Graph&)> prepare_graph;
 };
 
 struct FitRow {

@@ -82,6 +82,22 @@ TEST(CliCalibrateTest, WritesAProfileThatPlanUses) {
   const nlohmann::json q = nlohmann::json::parse(flops.out, nullptr, false);
   ASSERT_FALSE(q.is_discarded());
   EXPECT_NE(p["report"]["compute_cost"], q["report"]["compute_cost"]);
+  // The convolutions' kernel scratch is in the profile and in the plan: the
+  // same peak as planning for the backend itself, above the bare graph's.
+  ASSERT_TRUE(doc.contains("workspace_bytes")) << doc.dump();
+  EXPECT_GE(doc["workspace_bytes"].size(), 1u);
+  for (const auto& [key, bytes] : doc["workspace_bytes"].items()) {
+    EXPECT_GT(bytes.get<int64_t>(), 0) << key;
+    EXPECT_TRUE(doc["entries"].contains(key)) << key;
+  }
+  EXPECT_THAT(plan.err, HasSubstr("a measured kernel workspace"));
+  Result queried = Pebble("plan --model conv3d:n=8 --policy baseline --budget 100% --json "
+                          "--backend cpu");
+  ASSERT_EQ(queried.exit_code, 0) << queried.err;
+  const nlohmann::json w = nlohmann::json::parse(queried.out, nullptr, false);
+  ASSERT_FALSE(w.is_discarded());
+  EXPECT_EQ(p["report"]["peak_bytes"], w["report"]["peak_bytes"]);
+  EXPECT_GT(p["report"]["peak_bytes"].get<int64_t>(), q["report"]["peak_bytes"].get<int64_t>());
   fs::remove(profile);
 }
 

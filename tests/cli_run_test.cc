@@ -91,9 +91,53 @@ TEST(CliRunTest, JsonReportsPredictedAndMeasured) {
   EXPECT_EQ(ParseOrFail(again.out)["loss"], j["loss"]);
 }
 
+// docs/runtime.md, "Workspace": by default every kernel's scratch is asked
+// of the backend and planned in the arena; --workspace graph leaves it
+// outside, where it is measured as scratch.
+TEST(CliRunTest, KernelScratchIsPlannedInTheArena) {
+  if (!Conv3dRuns()) GTEST_SKIP() << "conv3d does not run on the CPU backend yet";
+  Result r = Pebble("run --model conv3d:n=16 --policy baseline --json");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const nlohmann::json j = ParseOrFail(r.out);
+  ASSERT_TRUE(j["workspace"].is_object()) << j.dump();
+  EXPECT_EQ(j["workspace"]["backend"], "cpu");
+  EXPECT_GT(j["workspace"]["nodes_raised"].get<int>(), 0);
+  EXPECT_EQ(j["measured"]["scratch_bytes"], 0);
+  EXPECT_EQ(j["peak_equal"], true);
+
+  Result bare = Pebble("run --model conv3d:n=16 --policy baseline --workspace graph --json");
+  ASSERT_EQ(bare.exit_code, 0) << bare.err;
+  const nlohmann::json b = ParseOrFail(bare.out);
+  EXPECT_TRUE(b["workspace"].is_null());
+  EXPECT_GT(b["measured"]["scratch_bytes"].get<int64_t>(), 0);
+  // What lay outside the plan is inside it now.
+  EXPECT_GE(j["measured"]["arena_bytes"].get<int64_t>(),
+            b["measured"]["arena_bytes"].get<int64_t>() +
+                b["measured"]["scratch_bytes"].get<int64_t>() / 2);
+  EXPECT_EQ(j["loss"], b["loss"]);
+
+  // plan --backend gives run's prediction; plan alone the bare graph's.
+  Result planned = Pebble("plan --model conv3d:n=16 --policy baseline --backend cpu --json");
+  ASSERT_EQ(planned.exit_code, 0) << planned.err;
+  const nlohmann::json p = ParseOrFail(planned.out);
+  EXPECT_EQ(p["report"]["peak_bytes"], j["predicted"]["peak_bytes"]);
+  EXPECT_EQ(p["workspace"]["nodes_raised"], j["workspace"]["nodes_raised"]);
+  Result text = Pebble("plan --model conv3d:n=16 --policy baseline --backend cpu");
+  ASSERT_EQ(text.exit_code, 0) << text.err;
+  EXPECT_THAT(text.out, HasSubstr("take kernel scratch on cpu"));
+
+  Result wrong = Pebble("run --model conv3d:n=8 --workspace sometimes");
+  EXPECT_NE(wrong.exit_code, 0);
+  Result unknown = Pebble("plan --model conv3d:n=8 --backend tpu");
+  EXPECT_NE(unknown.exit_code, 0);
+  EXPECT_THAT(unknown.err, HasSubstr("tpu"));
+}
+
 TEST(CliRunTest, HumanOutputShowsPredictedAndMeasured) {
   if (!Conv3dRuns()) GTEST_SKIP() << "conv3d does not run on the CPU backend yet";
-  Result r = Pebble("run --model conv3d:n=16 --policy sqrtn --budget 90%");
+  // 95%: the CPU kernels' scratch is planned (--workspace query), and no
+  // recomputation shrinks a convolution's workspace.
+  Result r = Pebble("run --model conv3d:n=16 --policy sqrtn --budget 95%");
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_THAT(r.out, HasSubstr("peak memory"));
   EXPECT_THAT(r.out, HasSubstr("measured == predicted"));

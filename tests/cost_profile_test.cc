@@ -2,6 +2,7 @@
 // and applying a profile to a graph.
 #include "scheduler/cost_profile.h"
 
+#include <algorithm>
 #include <unistd.h>
 
 #include <cstdio>
@@ -69,6 +70,27 @@ TEST(CostProfileTest, JsonRoundTrip) {
   EXPECT_EQ(back->bandwidth_h2d_bytes_per_s, 2.5e10);
   EXPECT_EQ(back->entries, p.entries);
   EXPECT_EQ(back->PlannerBandwidth(), 2.0e10);  // the slower direction
+  EXPECT_FALSE(doc.contains("workspace_bytes"));  // none measured: none written
+  p.workspace_bytes["add|fp32(4);fp32(4)|fp32|{}"] = 4096;
+  auto with = CostProfileFromJson(CostProfileToJson(p));
+  ASSERT_TRUE(with.ok()) << with.status();
+  EXPECT_EQ(with->workspace_bytes, p.workspace_bytes);
+}
+
+TEST(CostProfileTest, WorkspaceBytesMustBeWholeNonNegativeNumbers) {
+  CostProfile p;
+  p.entries["relu|fp32(4)|fp32|{}"] = 1e-6;
+  for (const nlohmann::json& bad : {nlohmann::json(-1), nlohmann::json(1.5),
+                                    nlohmann::json("64")}) {
+    nlohmann::json doc = CostProfileToJson(p);
+    doc["workspace_bytes"] = {{"relu|fp32(4)|fp32|{}", bad}};
+    auto r = CostProfileFromJson(doc);
+    ASSERT_FALSE(r.ok()) << bad.dump();
+    EXPECT_THAT(std::string(r.status().message()), HasSubstr("workspace_bytes"));
+  }
+  nlohmann::json doc = CostProfileToJson(p);
+  doc["workspace_bytes"] = nlohmann::json::array();
+  EXPECT_FALSE(CostProfileFromJson(doc).ok());
 }
 
 TEST(CostProfileTest, PlannerBandwidthNeedsAMeasurement) {
@@ -171,6 +193,20 @@ TEST(ApplyCostProfileTest, ReplacesMatchedCostsAndCountsThem) {
     }
   }
   EXPECT_EQ(out->outputs().size(), g.outputs().size());
+}
+
+TEST(ApplyCostProfileTest, WorkspaceOnlyGrows) {
+  const Graph g = Conv3d(8);
+  const NodeId conv1 = g.Find("conv1"), relu1 = g.Find("relu1");
+  CostProfile p;
+  p.workspace_bytes[*CostKey(g, conv1)] = 4096;
+  p.workspace_bytes[*CostKey(g, relu1)] = 0;
+  CostProfileMatch match;
+  auto out = ApplyCostProfile(g, p, &match);
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ(match.workspaces, 1);
+  EXPECT_EQ(out->workspace(out->Find("conv1")), std::max<int64_t>(4096, g.workspace(conv1)));
+  EXPECT_EQ(out->workspace(out->Find("relu1")), g.workspace(relu1));
 }
 
 }  // namespace

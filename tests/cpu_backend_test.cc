@@ -7,8 +7,12 @@
 
 #include "gmock/gmock.h"
 #include "graph/models/models.h"
+#include "graph/status.h"
 #include "gtest/gtest.h"
+#include "runtime/executor.h"
 #include "runtime/make_backend.h"
+#include "runtime/workspace.h"
+#include "scheduler/planner.h"
 #include "test_util.h"
 
 namespace pebble {
@@ -174,6 +178,73 @@ TEST(CpuBackendTest, ScratchOutsideThePlanIsReported) {
   EXPECT_EQ(b->MemoryStats().scratch_bytes_peak, 1000);
   auto fresh = MakeCpuBackend();
   EXPECT_EQ(fresh->MemoryStats().scratch_bytes_peak, 0);
+}
+
+// One baseline step of `g` on a fresh CPU backend.
+absl::StatusOr<ExecutionResult> BaselineStep(const Graph& g) {
+  ASSIGN_OR_RETURN(std::unique_ptr<Planner> planner, MakePlanner("baseline"));
+  ASSIGN_OR_RETURN(PlanResult plan, planner->Plan(g, PlannerOptions{}));
+  auto backend = MakeCpuBackend();
+  ExecutorOptions options;
+  options.seed = 3;
+  return Execute(g, plan.schedule, *backend, options);
+}
+
+// Note [Planned scratch]: each kernel's scratch, planned as its node's
+// workspace, is carved from the arena, so nothing lies outside the plan;
+// unplanned, the same kernels take it outside, with the same results.
+TEST(CpuBackendTest, PlannedWorkspaceHoldsEveryKernelScratch) {
+  for (const std::string model :
+       {"conv3d:n=16", "resnet18:batch=2,image=32", "unet3d:batch=1,variant=small,"
+                                                    "dtype=fp16,depth=8,height=8,width=8"}) {
+    SCOPED_TRACE(model);
+    auto g = BuildModel(model);
+    ASSERT_TRUE(g.ok()) << g.status();
+    auto backend = MakeCpuBackend();
+    WorkspaceQueryStats stats;
+    auto planned = WithBackendWorkspace(*g, *backend, &stats);
+    ASSERT_TRUE(planned.ok()) << planned.status();
+    EXPECT_GT(stats.raised, 0);
+    EXPECT_GT(stats.largest_bytes, 0);
+    int64_t total = 0;
+    for (NodeId v = 0; v < planned->num_nodes(); ++v) {
+      EXPECT_GE(planned->workspace(v), g->workspace(v));
+      total += planned->workspace(v);
+      // Every answer is whole 64-byte pieces.
+      EXPECT_EQ(planned->workspace(v) % 64, 0) << planned->id(v);
+    }
+    EXPECT_GT(total, 0);
+
+    auto outside = BaselineStep(*g);
+    auto inside = BaselineStep(*planned);
+    ASSERT_TRUE(outside.ok()) << outside.status();
+    ASSERT_TRUE(inside.ok()) << inside.status();
+    EXPECT_GT(outside->backend_memory.scratch_bytes_peak, 0);
+    EXPECT_EQ(inside->backend_memory.scratch_bytes_peak, 0);
+    EXPECT_GT(inside->peak_bytes, outside->peak_bytes);
+    ASSERT_EQ(inside->outputs.size(), outside->outputs.size());
+    for (size_t i = 0; i < inside->outputs.size(); ++i) {
+      EXPECT_EQ(inside->outputs[i].array.data, outside->outputs[i].array.data)
+          << g->id(inside->outputs[i].node);
+    }
+  }
+}
+
+TEST(CpuBackendTest, WorkspaceQueryIsZeroWhereNoScratchIsTaken) {
+  auto g = BuildModel("conv3d:n=8");
+  ASSERT_TRUE(g.ok()) << g.status();
+  auto backend = MakeCpuBackend();
+  for (NodeId v = 0; v < g->num_nodes(); ++v) {
+    auto bytes = backend->QueryWorkspace(*g, v);
+    ASSERT_TRUE(bytes.ok()) << bytes.status();
+    const std::string& op = g->op(v);
+    // Own kernels (ReLU, the loss) and persistent tensors take none.
+    if (g->persistent(v) || op.rfind("relu", 0) == 0 || op.rfind("mse", 0) == 0) {
+      EXPECT_EQ(*bytes, 0) << g->id(v);
+    }
+  }
+  // The probes leave nothing outside a plan behind them.
+  EXPECT_EQ(backend->MemoryStats().scratch_bytes_peak, 0);
 }
 
 }  // namespace

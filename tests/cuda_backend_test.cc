@@ -31,6 +31,7 @@
 #include "runtime/kernel.h"
 #include "runtime/make_backend.h"
 #include "runtime/npy.h"
+#include "runtime/workspace.h"
 #include "scheduler/budget.h"
 #include "scheduler/planner.h"
 #include "tests/test_util.h"
@@ -457,6 +458,73 @@ TEST(CudaBackendTest, DepthSplitStillRefusedIsUnimplemented) {
   EXPECT_THAT(message, HasSubstr("one output plane per slice"));
   EXPECT_THAT(message, HasSubstr("refuse_conv_depth_above"));
   EXPECT_EQ(CudaConvDepthSplitCount(*gpu), 0);  // refused before running
+}
+
+// The workspace of cuDNN's first-ranked algorithm, planned per node
+// (QueryWorkspace): every convolution runs from the arena (no scratch
+// outside the plan), the measured peak is the predicted one, and the
+// results are those of the zero-workspace algorithms within rounding.
+TEST(CudaBackendTest, PlannedWorkspaceRunsFromTheArena) {
+  SKIP_WITHOUT_DEVICE();
+  struct Case {
+    std::string what;
+    Graph graph;
+    double rtol;
+  };
+  std::vector<Case> cases;
+  cases.push_back({"conv3d:n=16", Model("conv3d:n=16"), 1e-5});
+  // fp16: different algorithms round differently in fp16 storage.
+  cases.push_back({"fp16 conv3d over 9^3, batch 2", OddHalfConv3d(2), 1e-2});
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.what);
+    auto gpu = Cuda();
+    ASSERT_NE(gpu, nullptr);
+    WorkspaceQueryStats stats;
+    auto planned = WithBackendWorkspace(c.graph, *gpu, &stats);
+    ASSERT_TRUE(planned.ok()) << planned.status();
+    EXPECT_GT(stats.queried, 0);
+    if (kEmulated && c.graph.dtype(c.graph.outputs()[0]) == DType::kFloat16) {
+      // The emulated heuristics rank a tensor-op algorithm with a
+      // workspace first for fp16 (host_dnn.h).
+      EXPECT_GT(stats.raised, 0);
+    }
+    std::cout << "[   INFO   ] " << c.what << ": " << stats.raised << " of " << stats.queried
+              << " nodes take workspace, the largest " << stats.largest_bytes << " bytes\n";
+    auto plan = PlanFor(*planned, "baseline", PlannerOptions{}.budget_bytes);
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    auto with = RunPlan(*planned, plan->schedule, *gpu);
+    ASSERT_TRUE(with.ok()) << with.status();
+    EXPECT_EQ(with->backend_memory.scratch_bytes_peak, 0);
+    EXPECT_EQ(with->peak_bytes, plan->report.peak_bytes);
+    auto bare = Cuda();
+    ASSERT_NE(bare, nullptr);
+    auto bare_plan = PlanFor(c.graph, "baseline", PlannerOptions{}.budget_bytes);
+    ASSERT_TRUE(bare_plan.ok()) << bare_plan.status();
+    auto without = RunPlan(c.graph, bare_plan->schedule, *bare);
+    ASSERT_TRUE(without.ok()) << without.status();
+    ASSERT_EQ(with->outputs.size(), without->outputs.size());
+    for (size_t i = 0; i < with->outputs.size(); ++i) {
+      ExpectClose(Floats(with->outputs[i]), Floats(without->outputs[i]), c.rtol, 1e-6,
+                  c.graph.id(with->outputs[i].node));
+    }
+  }
+  // Every own kernel's scratch (Note [Own kernel scratch]): batch norms,
+  // bias and column sums, layer norms, losses, embedding gradients.
+  for (const std::string& model :
+       {std::string("resnet18:batch=2,image=32"), kUnet3d,
+        std::string("transformer:layers=1,seq=8,dim=16,heads=2,batch=2,vocab=20")}) {
+    SCOPED_TRACE(model);
+    auto gpu = Cuda();
+    ASSERT_NE(gpu, nullptr);
+    auto planned = WithBackendWorkspace(Model(model), *gpu);
+    ASSERT_TRUE(planned.ok()) << planned.status();
+    auto plan = PlanFor(*planned, "baseline", PlannerOptions{}.budget_bytes);
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    auto run = RunPlan(*planned, plan->schedule, *gpu);
+    ASSERT_TRUE(run.ok()) << run.status();
+    EXPECT_EQ(run->backend_memory.scratch_bytes_peak, 0);
+    EXPECT_EQ(run->peak_bytes, plan->report.peak_bytes);
+  }
 }
 
 TEST(CudaBackendTest, HalfAndBfloat16Run) {

@@ -9,17 +9,30 @@
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
+
+#include <sys/mman.h>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "graph/status.h"
 #include "oneapi/dnnl/dnnl.h"
 #include "runtime/cpu/parallel.h"
+#include "scheduler/cost_profile.h"
 
 namespace pebble {
+
+const KernelTable& CpuScratchKernels() {
+  static const KernelTable* table = [] {
+    auto* t = new KernelTable;
+    RegisterDnnlKernels(*t);
+    return t;
+  }();
+  return *table;
+}
 
 const KernelTable& CpuKernels() {
   static const KernelTable* table = [] {
@@ -156,6 +169,58 @@ class CpuBackend final : public Backend {
                                                     status.message()));
   }
 
+  // Note [Planned scratch] in cpu_backend.h: the kernel runs once on zeroed
+  // operands of the node's shapes, and its scratch total is the answer.
+  absl::StatusOr<int64_t> QueryWorkspace(const Graph& graph, NodeId node) override {
+    KernelFn kernel = CpuScratchKernels().Find(graph.op(node));
+    if (kernel == nullptr || graph.persistent(node)) return 0;
+    const std::optional<std::string> key = CostKey(graph, node);
+    if (!key.has_value()) return 0;  // no shapes: never executed
+    if (auto it = workspace_cache_.find(*key); it != workspace_cache_.end()) {
+      return it->second;
+    }
+    // Operands in anonymous mappings (zeros), unmapped afterwards: the heap
+    // would keep freed memory resident beside the arena.
+    std::vector<std::pair<void*, size_t>> mappings;
+    struct Unmap {
+      std::vector<std::pair<void*, size_t>>& m;
+      ~Unmap() {
+        for (auto [p, n] : m) munmap(p, n);
+      }
+    } unmap{mappings};
+    auto zeroed = [&](const Shape& shape, DType dtype) -> absl::StatusOr<TensorView> {
+      TensorView t{nullptr, shape, dtype};
+      const size_t n = static_cast<size_t>(std::max<int64_t>(t.bytes(), 1));
+      void* p = mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+      if (p == MAP_FAILED) {
+        return absl::ResourceExhaustedError(absl::StrCat(
+            "workspace query of node '", graph.id(node), "': cannot map ", n, " bytes"));
+      }
+      mappings.emplace_back(p, n);
+      t.data = static_cast<std::byte*>(p);
+      return t;
+    };
+    KernelContext ctx;
+    ctx.graph = &graph;
+    ctx.node = node;
+    for (NodeId u : graph.inputs(node)) {
+      ASSIGN_OR_RETURN(TensorView in, zeroed(*graph.shape(u), *graph.dtype(u)));
+      ctx.inputs.push_back(in);
+    }
+    ASSIGN_OR_RETURN(ctx.output, zeroed(*graph.shape(node), *graph.dtype(node)));
+    DnnlScratchProbe(true);
+    const absl::Status status = kernel(ctx);
+    const int64_t bytes = DnnlLastCallScratchBytes();
+    DnnlScratchProbe(false);
+    if (!status.ok()) {
+      return absl::Status(status.code(), absl::StrCat("workspace query of node '",
+                                                      graph.id(node), "' (op ", graph.op(node),
+                                                      "): ", status.message()));
+    }
+    workspace_cache_[*key] = bytes;
+    return bytes;
+  }
+
   absl::Status Copy(CopyDirection direction, std::byte* dst, const std::byte* src,
                     int64_t bytes) override {
     (void)direction;  // host to host either way
@@ -219,6 +284,7 @@ class CpuBackend final : public Backend {
   }
 
   std::vector<Clock::time_point> events_;
+  std::map<std::string, int64_t> workspace_cache_;  // CostKey -> bytes
   std::map<std::byte*, int64_t> device_, host_;
   int64_t device_in_use_ = 0, device_peak_ = 0;
   int64_t host_in_use_ = 0, host_peak_ = 0;

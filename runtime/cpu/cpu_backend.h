@@ -20,6 +20,9 @@ void RegisterNativeKernels(KernelTable& table);  // cpu/native_kernels*.cc
 
 // Every CPU kernel (built once, thread-safe).
 const KernelTable& CpuKernels();
+// The kernels that take scratch (RegisterDnnlKernels'): the others never do,
+// so their workspace is 0 without a probe.
+const KernelTable& CpuScratchKernels();
 
 std::unique_ptr<Backend> MakeCpuBackend();
 
@@ -38,13 +41,27 @@ int CpuBackendThreads();
 // backend was made. Thread-safe.
 void NoteCpuKernelScratch(int64_t bytes);
 
+// Note [Planned scratch]
+// A oneDNN-family kernel takes scratch for oneDNN's scratchpad (user-managed),
+// operands relaid into the layout oneDNN chose, and fp32 copies of fp16/bf16
+// operands; each request rounded up to 64 bytes. It carves them, in order,
+// from the planned workspace of its node (KernelContext::workspace); what
+// does not fit comes from buffers of the calling thread, outside the plan,
+// and is reported to NoteCpuKernelScratch. CpuBackend::QueryWorkspace runs
+// the kernel once, on zeros and with no workspace, and returns the total it
+// asked for: planned as the node's workspace, the whole step stays in the
+// arena (scratch_bytes 0).
+//
 // The largest scratch (bytes) one oneDNN-family kernel call has used since
-// the process started: oneDNN scratchpads (user-managed, per calling
-// thread), fp32 copies of fp16/bf16 operands and kernel temporaries. This
-// memory lies outside the planned arena; each calling thread keeps buffers
-// of its own largest request. The same figures reach NoteCpuKernelScratch.
-// Thread-safe.
+// the process started, planned or not. Thread-safe.
 int64_t DnnlScratchPeakBytes();  // cpu/dnnl_util.cc
+// The scratch (bytes, planned or not) the calling thread's last
+// oneDNN-family kernel call asked for.
+int64_t DnnlLastCallScratchBytes();
+// While on, the calling thread's kernel calls report nothing and take their
+// scratch from mappings of their own (a probe of QueryWorkspace); switching
+// it either way unmaps them.
+void DnnlScratchProbe(bool on);
 
 }  // namespace pebble
 

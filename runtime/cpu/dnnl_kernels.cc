@@ -66,7 +66,7 @@ absl::Status Run(const KernelContext& ctx) {
   }
   bool half = IsHalf(ctx.output.dtype);
   for (const TensorView& in : ctx.inputs) half = half || IsHalf(in.dtype);
-  BeginScratchCount();
+  BeginScratchCount(ctx.workspace, ctx.workspace_bytes);
   absl::Status status;
   try {
     status = half ? RunWidened(ctx, kKernel) : kKernel(ctx);

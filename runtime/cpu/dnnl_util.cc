@@ -4,12 +4,16 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <mutex>
 #include <new>
 #include <utility>
+#include <vector>
+
+#include <sys/mman.h>
 
 #include "graph/ops/op_util.h"
 #include "graph/status.h"
@@ -52,9 +56,38 @@ class ScratchBuffer {
   int64_t capacity_ = 0;
 };
 
+// Anonymous memory mapped for one probe, zero-filled by the kernel.
+struct MappedBuffer {
+  explicit MappedBuffer(int64_t bytes) : size(static_cast<size_t>(bytes)) {
+    void* p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) throw std::bad_alloc();
+    data = static_cast<std::byte*>(p);
+  }
+  MappedBuffer(MappedBuffer&& o) noexcept : data(o.data), size(o.size) { o.data = nullptr; }
+  MappedBuffer(const MappedBuffer&) = delete;
+  MappedBuffer& operator=(const MappedBuffer&) = delete;
+  MappedBuffer& operator=(MappedBuffer&&) = delete;
+  ~MappedBuffer() {
+    if (data != nullptr) munmap(data, size);
+  }
+  std::byte* data = nullptr;
+  size_t size = 0;
+};
+
+// The calling thread's scratch: its own buffers (outside the plan) and the
+// current kernel call's planned workspace, carved from the front.
 struct ThreadScratch {
   ScratchBuffer slots[kNumScratchSlots];
-  int64_t call_bytes = 0;
+  int64_t call_bytes = 0;     // every request of the call, rounded
+  int64_t outside_bytes = 0;  // those served by `slots`
+  int64_t last_call_bytes = 0;
+  std::byte* planned = nullptr;
+  int64_t planned_bytes = 0;
+  int64_t planned_used = 0;
+  bool probing = false;  // QueryWorkspace: nothing is noted
+  // While probing, scratch comes from mappings of its own, unmapped when the
+  // probe ends: none of it stays resident (the heap keeps freed memory).
+  std::vector<MappedBuffer> probe_buffers;
 };
 
 ThreadScratch& LocalScratch() {
@@ -231,16 +264,45 @@ void Execute(const CachedPrimitive& p,
 
 std::byte* Scratch(ScratchSlot slot, int64_t bytes) {
   ThreadScratch& s = LocalScratch();
-  s.call_bytes += bytes;
-  return s.slots[slot].Get(std::max<int64_t>(bytes, 1));
+  const int64_t rounded = ScratchRequestBytes(bytes);
+  s.call_bytes += rounded;
+  if (s.planned != nullptr && s.planned_used + rounded <= s.planned_bytes) {
+    std::byte* p = s.planned + s.planned_used;
+    s.planned_used += rounded;
+    return p;
+  }
+  s.outside_bytes += rounded;
+  if (s.probing) return s.probe_buffers.emplace_back(rounded).data;
+  return s.slots[slot].Get(rounded);
 }
 
-void BeginScratchCount() { LocalScratch().call_bytes = 0; }
+int64_t ScratchRequestBytes(int64_t bytes) {
+  return (std::max<int64_t>(bytes, 1) + kScratchAlignment - 1) / kScratchAlignment *
+         kScratchAlignment;
+}
+
+void BeginScratchCount(std::byte* workspace, int64_t workspace_bytes) {
+  ThreadScratch& s = LocalScratch();
+  s.call_bytes = 0;
+  s.outside_bytes = 0;
+  // Requests are carved at multiples of kScratchAlignment from an aligned
+  // start (the layout's offsets are 64-byte aligned by default).
+  const auto address = reinterpret_cast<uintptr_t>(workspace);
+  const int64_t skip = static_cast<int64_t>(
+      (kScratchAlignment - address % kScratchAlignment) % kScratchAlignment);
+  const bool usable = workspace != nullptr && workspace_bytes > skip;
+  s.planned = usable ? workspace + skip : nullptr;
+  s.planned_bytes = usable ? workspace_bytes - skip : 0;
+  s.planned_used = 0;
+}
 
 void EndScratchCount() {
-  const int64_t bytes = LocalScratch().call_bytes;
-  if (bytes == 0) return;
-  NoteCpuKernelScratch(bytes);
+  ThreadScratch& s = LocalScratch();
+  s.last_call_bytes = s.call_bytes;
+  s.planned = nullptr;
+  const int64_t bytes = s.call_bytes;
+  if (bytes == 0 || s.probing) return;
+  if (s.outside_bytes > 0) NoteCpuKernelScratch(s.outside_bytes);
   std::atomic<int64_t>& peak = ScratchPeak();
   int64_t seen = peak.load();
   while (bytes > seen && !peak.compare_exchange_weak(seen, bytes)) {
@@ -459,6 +521,16 @@ void ChannelSums(const float* x, int64_t outer, int64_t channels,
 
 int64_t DnnlScratchPeakBytes() {
   return dnnl_internal::ScratchPeak().load();
+}
+
+int64_t DnnlLastCallScratchBytes() {
+  return dnnl_internal::LocalScratch().last_call_bytes;
+}
+
+void DnnlScratchProbe(bool on) {
+  dnnl_internal::ThreadScratch& s = dnnl_internal::LocalScratch();
+  s.probing = on;
+  s.probe_buffers.clear();
 }
 
 }  // namespace pebble

@@ -126,8 +126,10 @@ dnnl::primitive_attr DefaultAttr();
 void Execute(const CachedPrimitive& p,
              std::unordered_map<int, dnnl::memory> args);
 
-// ---- Scratch: per-thread buffers, 64-byte aligned, grown on demand and
-// kept. Slots let one kernel call hold several at once.
+// ---- Scratch: carved from the kernel call's planned workspace while it
+// lasts (Note [Planned scratch] in runtime/cpu/cpu_backend.h), else from
+// per-thread buffers, 64-byte aligned, grown on demand and kept, which lie
+// outside the plan. Slots let one kernel call hold several buffers at once.
 enum ScratchSlot : int {
   kScratchpad = 0,  // oneDNN scratchpads (Execute)
   kLayout0,         // operands in a primitive's own layout (Relayout)
@@ -137,13 +139,21 @@ enum ScratchSlot : int {
   kConvertOut = kConvert0 + 5,
   kNumScratchSlots,
 };
-// `bytes` of scratch in `slot` of the calling thread; adds `bytes` to the
-// current kernel call's scratch total. The previous contents are garbage.
+inline constexpr int64_t kScratchAlignment = 64;  // bytes
+// What a request of `bytes` takes: rounded up to kScratchAlignment, at
+// least one unit.
+int64_t ScratchRequestBytes(int64_t bytes);
+// `bytes` of scratch for `slot`: the next piece of the planned workspace
+// when it still has room, else the calling thread's buffer for the slot.
+// Adds ScratchRequestBytes(bytes) to the call's total. The previous contents
+// are garbage.
 std::byte* Scratch(ScratchSlot slot, int64_t bytes);
-// Starts counting a kernel call's scratch (resets the thread's total).
-void BeginScratchCount();
-// Ends the count: reports the call's total to the backend and to the
-// process-wide high-water mark.
+// Starts a kernel call's scratch (resets the thread's totals); `workspace`
+// (null for none) is its planned workspace of `workspace_bytes`.
+void BeginScratchCount(std::byte* workspace, int64_t workspace_bytes);
+// Ends the call: what it took outside the planned workspace goes to
+// NoteCpuKernelScratch, its total to the process-wide high-water mark and
+// to DnnlLastCallScratchBytes() (not while probing).
 void EndScratchCount();
 
 // ---- Windows (pooling): kernel (required), stride (default: the kernel),

@@ -252,6 +252,17 @@ class CudaBackend final : public Backend {
     return absl::OkStatus();
   }
 
+  absl::StatusOr<int64_t> QueryWorkspace(const Graph& graph, NodeId node) override {
+    if (graph.persistent(node) || !graph.shape(node).has_value()) return 0;
+    auto conv = cuda::ConvWorkspaceQuery(cc_, graph, node);
+    auto own = conv.ok() ? cuda::OwnKernelScratchBytes(graph, node) : conv;
+    if (own.ok()) return std::max(*conv, *own);
+    const absl::Status& bad = own.status();
+    return absl::Status(bad.code(),
+                        absl::StrCat("workspace query of node '", graph.id(node), "' (op ",
+                                     graph.op(node), "): ", bad.message()));
+  }
+
   absl::Status Compute(const KernelContext& ctx) override {
     const std::string& op = ctx.op();
     cuda::CudaKernelFn fn = cuda::FindCudaKernel(op);

@@ -51,6 +51,7 @@
 #include <algorithm>
 #include <array>
 #include <cstdint>
+#include <limits>
 #include <map>
 #include <optional>
 #include <string>
@@ -888,6 +889,56 @@ absl::StatusOr<ConvGeom> Geometry(const KernelContext& ctx, int dims,
   }
   return g;
 }
+
+// The direction, spatial dims and (x, w, y) shapes of convolution node v, or
+// nullopt for other ops.
+struct ConvNode {
+  ConvKind kind;
+  int dims;
+  Shape x, w, y;
+};
+std::optional<ConvNode> AsConvNode(const Graph& graph, NodeId v) {
+  const std::string& op = graph.op(v);
+  if (op.size() < 6 || (op.rfind("conv2d", 0) != 0 && op.rfind("conv3d", 0) != 0)) {
+    return std::nullopt;
+  }
+  const int dims = op[4] == '3' ? 3 : 2;
+  const std::string rest = op.substr(6);
+  const auto& in = graph.inputs(v);
+  auto shape = [&](NodeId u) { return *graph.shape(u); };
+  if (rest.empty() && in.size() >= 2) {
+    return ConvNode{ConvKind::kForward, dims, shape(in[0]), shape(in[1]), shape(v)};
+  }
+  if (rest == "_backward_data" && in.size() == 2) {  // (grad, weight)
+    return ConvNode{ConvKind::kBackwardData, dims, shape(v), shape(in[1]), shape(in[0])};
+  }
+  if (rest == "_backward_weight" && in.size() == 2) {  // (grad, x)
+    return ConvNode{ConvKind::kBackwardFilter, dims, shape(in[1]), shape(v), shape(in[0])};
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+absl::StatusOr<int64_t> ConvWorkspaceQuery(CudaContext& cc, const Graph& graph, NodeId node) {
+  if (!graph.dtype(node).has_value()) return 0;
+  for (NodeId u : graph.inputs(node)) {
+    if (!graph.shape(u).has_value()) return 0;
+  }
+  const std::optional<ConvNode> conv = AsConvNode(graph, node);
+  if (!conv.has_value()) return 0;
+  KernelContext ctx;  // shapes and attrs only: Geometry reads no data
+  ctx.graph = &graph;
+  ctx.node = node;
+  ASSIGN_OR_RETURN(ConvGeom g,
+                   Geometry(ctx, conv->dims, conv->x, conv->w, conv->y, *graph.dtype(node)));
+  if (g.n * g.XSample() == 0 || g.n * g.YSample() == 0 || g.WeightElements() == 0) return 0;
+  ASSIGN_OR_RETURN(ConvChoice choice,
+                   Choose(cc, conv->kind, g, g.n, std::numeric_limits<int64_t>::max()));
+  return choice.supported ? choice.workspace_bytes : 0;
+}
+
+namespace {
 
 template <int kDims>
 absl::Status ConvForward(CudaContext& cc, const KernelContext& ctx) {

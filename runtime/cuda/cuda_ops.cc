@@ -170,6 +170,13 @@ void ChannelView(const Shape& s, int64_t* outer, int64_t* c, int64_t* inner) {
   for (size_t i = 2; i < s.size(); ++i) *inner *= s[i];
 }
 
+// Scratch of an own kernel (Note [Own kernel scratch]): the node's planned
+// workspace when it holds `bytes`, else the backend's buffer outside the plan.
+absl::StatusOr<void*> KernelScratch(CudaContext& cc, const KernelContext& ctx, int64_t bytes) {
+  if (ctx.workspace != nullptr && ctx.workspace_bytes >= bytes) return ctx.workspace;
+  return cc.scratch(bytes);
+}
+
 const float* F32(const TensorView& t) {
   return reinterpret_cast<const float*>(t.data);
 }
@@ -315,7 +322,7 @@ absl::Status BatchNormStats(CudaContext& cc, const KernelContext& ctx) {
   }
   ASSIGN_OR_RETURN(KType t, KTypeOf(x.dtype));
   ASSIGN_OR_RETURN(double eps, DoubleAttr(ctx.attrs(), "eps", 1e-5));
-  ASSIGN_OR_RETURN(void* scratch, cc.scratch(ChannelScratchBytes(c)));
+  ASSIGN_OR_RETURN(void* scratch, KernelScratch(cc, ctx, ChannelScratchBytes(c)));
   PEBBLE_LAUNCH(LaunchBatchNormStats(t, x.data, ctx.output.as<float>(), n, c, s,
                                      eps, scratch, cc.stream));
   return absl::OkStatus();
@@ -376,7 +383,7 @@ absl::Status BatchNormBackward(CudaContext& cc, const KernelContext& ctx) {
     weight = F32(ctx.inputs[3]);
   }
   ASSIGN_OR_RETURN(KType t, KTypeOf(x.dtype));
-  ASSIGN_OR_RETURN(void* scratch, cc.scratch(ChannelScratchBytes(c)));
+  ASSIGN_OR_RETURN(void* scratch, KernelScratch(cc, ctx, ChannelScratchBytes(c)));
   PEBBLE_LAUNCH(LaunchBatchNormBackward(t, g.data, x.data, F32(ctx.inputs[2]),
                                         weight, ctx.output.data, n, c, s,
                                         scratch, cc.stream));
@@ -393,7 +400,7 @@ absl::Status BatchNormBackwardWeight(CudaContext& cc, const KernelContext& ctx) 
   RETURN_IF_ERROR(CheckStats(ctx.inputs[2], c));
   RETURN_IF_ERROR(CheckChannelParam(ctx.output, c, "output"));
   ASSIGN_OR_RETURN(KType t, KTypeOf(x.dtype));
-  ASSIGN_OR_RETURN(void* scratch, cc.scratch(ChannelScratchBytes(c)));
+  ASSIGN_OR_RETURN(void* scratch, KernelScratch(cc, ctx, ChannelScratchBytes(c)));
   PEBBLE_LAUNCH(LaunchBatchNormBackwardWeight(
       t, g.data, x.data, F32(ctx.inputs[2]), ctx.output.as<float>(), n, c, s,
       scratch, cc.stream));
@@ -420,7 +427,7 @@ absl::Status ChannelSumKernel(CudaContext& cc, const KernelContext& ctx,
   }
   ASSIGN_OR_RETURN(KType t, KTypeOf(g.dtype));
   ASSIGN_OR_RETURN(KType out_t, KTypeOf(ctx.output.dtype));
-  ASSIGN_OR_RETURN(void* scratch, cc.scratch(ChannelScratchBytes(c)));
+  ASSIGN_OR_RETURN(void* scratch, KernelScratch(cc, ctx, ChannelScratchBytes(c)));
   PEBBLE_LAUNCH(LaunchChannelSum(t, g.data, out_t, ctx.output.data, outer, c,
                                  inner, scratch, cc.stream));
   return absl::OkStatus();
@@ -606,7 +613,7 @@ absl::Status MseLoss(CudaContext& cc, const KernelContext& ctx) {
     return absl::InvalidArgumentError("expected an fp32 scalar output");
   }
   ASSIGN_OR_RETURN(KType t, KTypeOf(ctx.inputs[0].dtype));
-  ASSIGN_OR_RETURN(void* scratch, cc.scratch(ScalarScratchBytes()));
+  ASSIGN_OR_RETURN(void* scratch, KernelScratch(cc, ctx, ScalarScratchBytes()));
   PEBBLE_LAUNCH(LaunchMseLoss(t, ctx.inputs[0].data, ctx.inputs[1].data,
                               ctx.output.as<float>(),
                               ctx.inputs[0].num_elements(), scratch, cc.stream));
@@ -678,7 +685,7 @@ absl::Status CrossEntropyCommon(CudaContext& cc, const KernelContext& ctx,
     if (ctx.output.dtype != DType::kFloat32 || ctx.output.num_elements() != 1) {
       return absl::InvalidArgumentError("expected an fp32 scalar output");
     }
-    ASSIGN_OR_RETURN(void* scratch, cc.scratch(ScalarScratchBytes()));
+    ASSIGN_OR_RETURN(void* scratch, KernelScratch(cc, ctx, ScalarScratchBytes()));
     PEBBLE_LAUNCH(LaunchCrossEntropy(t, logits.data, tgt, ctx.output.as<float>(),
                                      outer, classes, inner, scratch, cc.stream));
   }
@@ -698,7 +705,7 @@ absl::Status Sum(CudaContext& cc, const KernelContext& ctx) {
     return absl::InvalidArgumentError("expected an fp32 scalar output");
   }
   ASSIGN_OR_RETURN(KType t, KTypeOf(ctx.inputs[0].dtype));
-  ASSIGN_OR_RETURN(void* scratch, cc.scratch(ScalarScratchBytes()));
+  ASSIGN_OR_RETURN(void* scratch, KernelScratch(cc, ctx, ScalarScratchBytes()));
   PEBBLE_LAUNCH(LaunchSum(t, ctx.inputs[0].data, ctx.output.as<float>(),
                           ctx.inputs[0].num_elements(), scratch, cc.stream));
   return absl::OkStatus();
@@ -1060,7 +1067,7 @@ absl::Status ColumnSumInto(CudaContext& cc, const KernelContext& ctx,
   }
   const int64_t rows = g.num_elements() / cols;
   ASSIGN_OR_RETURN(KType t, KTypeOf(g.dtype));
-  ASSIGN_OR_RETURN(void* scratch, cc.scratch(ColumnScratchBytes(rows, cols)));
+  ASSIGN_OR_RETURN(void* scratch, KernelScratch(cc, ctx, ColumnScratchBytes(rows, cols)));
   PEBBLE_LAUNCH(LaunchColumnSum(t, g.data, x != nullptr ? x->data : nullptr,
                                 stats, ctx.output.data, rows, cols, scratch,
                                 cc.stream));
@@ -1091,7 +1098,7 @@ absl::Status SumTo(CudaContext& cc, const KernelContext& ctx) {
       b->block == 0 ? 0 : x.num_elements() / (b->block * b->inner);
   ASSIGN_OR_RETURN(KType t, KTypeOf(x.dtype));
   ASSIGN_OR_RETURN(KType out_t, KTypeOf(ctx.output.dtype));
-  ASSIGN_OR_RETURN(void* scratch, cc.scratch(ChannelScratchBytes(b->block)));
+  ASSIGN_OR_RETURN(void* scratch, KernelScratch(cc, ctx, ChannelScratchBytes(b->block)));
   PEBBLE_LAUNCH(LaunchChannelSum(t, x.data, out_t, ctx.output.data, outer,
                                  b->block, b->inner, scratch, cc.stream));
   return absl::OkStatus();
@@ -1202,7 +1209,7 @@ absl::Status EmbeddingBackward(CudaContext& cc, const KernelContext& ctx) {
   if (const int64_t bytes =
           EmbeddingScratchBytes(t, out.shape[0], out.shape[1]);
       bytes > 0) {
-    ASSIGN_OR_RETURN(scratch, cc.scratch(bytes));
+    ASSIGN_OR_RETURN(scratch, KernelScratch(cc, ctx, bytes));
   }
   PEBBLE_LAUNCH(LaunchEmbeddingBackward(
       t, g.data, reinterpret_cast<const int64_t*>(indices.data), out.data,
@@ -1325,6 +1332,66 @@ absl::Status SplitHeadsBackward(CudaContext& cc, const KernelContext& ctx) {
 }
 
 }  // namespace
+
+// Note [Own kernel scratch]: the reductions (batch-norm statistics and
+// gradients, bias and column sums, scalar losses) and the embedding
+// gradient combine per-block partial sums in scratch, in a fixed order. Their
+// sizes follow from the node's shapes alone, as each kernel computes them;
+// planned as the node's workspace, the kernel takes its scratch from there
+// (KernelScratch). The emulated backend tests check every model's kernels
+// against these figures (no scratch outside the plan).
+absl::StatusOr<int64_t> OwnKernelScratchBytes(const Graph& graph, NodeId v) {
+  const std::string& op = graph.op(v);
+  const auto in = graph.inputs(v);
+  auto input = [&](size_t i) -> absl::StatusOr<Shape> {
+    if (i >= in.size() || !graph.shape(in[i]).has_value()) {
+      return absl::InvalidArgumentError(absl::StrCat("input ", i, " has no shape"));
+    }
+    return *graph.shape(in[i]);
+  };
+  const Shape& out = *graph.shape(v);
+  auto channels = [](const Shape& s) {
+    int64_t outer, c, inner;
+    ChannelView(s, &outer, &c, &inner);
+    return c;
+  };
+  auto columns = [&](const Shape& g) -> int64_t {  // ColumnSumInto's scratch
+    const int64_t cols = NumElements(out);
+    if (cols == 0 || NumElements(g) % cols != 0) return 0;
+    return ColumnScratchBytes(NumElements(g) / cols, cols);
+  };
+  if (op == "batchnorm_stats" || op == "batchnorm_backward_bias" ||
+      op == "conv2d_backward_bias" || op == "conv3d_backward_bias") {
+    ASSIGN_OR_RETURN(Shape x, input(0));
+    return ChannelScratchBytes(channels(x));
+  }
+  if (op == "batchnorm_backward" || op == "batchnorm_backward_weight") {
+    ASSIGN_OR_RETURN(Shape x, input(1));
+    return ChannelScratchBytes(channels(x));
+  }
+  if (op == "linear_backward_bias") {
+    ASSIGN_OR_RETURN(Shape g, input(0));
+    return ChannelScratchBytes(g.empty() ? 1 : g.back());
+  }
+  if (op == "mse_loss" || op == "softmax_cross_entropy" || op == "sum") {
+    return ScalarScratchBytes();
+  }
+  if (op == "layernorm_backward_weight" || op == "layernorm_backward_bias") {
+    ASSIGN_OR_RETURN(Shape g, input(0));
+    return columns(g);
+  }
+  if (op == "sum_to") {
+    ASSIGN_OR_RETURN(Shape x, input(0));
+    const std::optional<ops_internal::BroadcastBlock> b = ops_internal::BlockBroadcast(x, out);
+    if (!b.has_value()) return 0;  // the kernel's own error
+    return b->inner == 1 ? columns(x) : ChannelScratchBytes(b->block);
+  }
+  if (op == "embedding_backward" && out.size() == 2 && graph.dtype(v).has_value()) {
+    absl::StatusOr<KType> t = KTypeOf(*graph.dtype(v));
+    return t.ok() ? EmbeddingScratchBytes(*t, out[0], out[1]) : 0;
+  }
+  return 0;
+}
 
 void AddOwnKernels(std::map<std::string, CudaKernelFn>& t) {
   t["relu"] = UnaryKernel<UnaryOp::kRelu>;

@@ -135,6 +135,16 @@ absl::Status LaunchStatus(cudaError_t e, absl::string_view what);
 // The errors of a convolution's groups and dilation attrs (a conv{2,3}d*
 // node over `dims` spatial dims), found before the run.
 absl::Status CheckConvSupported(const nlohmann::json& attrs, int dims);
+// The workspace (bytes) of the algorithm cuDNN's heuristics rank first among
+// the candidates of convolution node `node` (Note [Convolution algorithms]
+// in cuda_dnn.cc, with no workspace limit): planned as the node's
+// workspace, that algorithm runs from it. 0 for other ops, and where cuDNN
+// refuses the whole configuration (the split fallback takes scratch of its
+// own).
+absl::StatusOr<int64_t> ConvWorkspaceQuery(CudaContext& cc, const Graph& graph, NodeId node);
+// The scratch (bytes) own kernel `node` combines its partial sums in (Note
+// [Own kernel scratch] in cuda_ops.cc); 0 for kernels that take none.
+absl::StatusOr<int64_t> OwnKernelScratchBytes(const Graph& graph, NodeId node);
 
 }  // namespace pebble::cuda
 

@@ -1,0 +1,32 @@
+#include "runtime/workspace.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "graph/status.h"
+
+namespace pebble {
+
+absl::StatusOr<Graph> WithBackendWorkspace(const Graph& graph, Backend& backend,
+                                           WorkspaceQueryStats* stats) {
+  WorkspaceQueryStats s;
+  GraphBuilder builder(graph.name());
+  for (NodeId v = 0; v < graph.num_nodes(); ++v) {
+    NodeSpec spec = SpecOf(graph, v);
+    if (!graph.persistent(v) && graph.shape(v).has_value() && graph.dtype(v).has_value()) {
+      ASSIGN_OR_RETURN(const int64_t bytes, backend.QueryWorkspace(graph, v));
+      ++s.queried;
+      s.largest_bytes = std::max(s.largest_bytes, bytes);
+      if (bytes > spec.workspace) {
+        spec.workspace = bytes;
+        ++s.raised;
+      }
+    }
+    builder.AddNode(std::move(spec));
+  }
+  for (NodeId v : graph.outputs()) builder.AddOutput(graph.id(v));
+  if (stats != nullptr) *stats = s;
+  return builder.Build();
+}
+
+}  // namespace pebble
