@@ -70,7 +70,7 @@ set(public_headers
 if(TARGET pebble_runtime)
   list(APPEND public_headers
        runtime/backend.h runtime/executor.h runtime/half.h runtime/kernel.h
-       runtime/make_backend.h runtime/npy.h runtime/tensor.h runtime/trace.h
+       runtime/make_backend.h runtime/npy.h runtime/tensor.h runtime/trace.h runtime/workspace.h
        runtime/cpu/cpu_backend.h)
   if(TARGET pebble_runtime_cuda)
     list(APPEND public_headers runtime/cuda/cuda_backend.h)

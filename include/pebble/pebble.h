@@ -40,6 +40,7 @@
 #include "runtime/make_backend.h"
 #include "runtime/npy.h"
 #include "runtime/trace.h"
+#include "runtime/workspace.h"
 #endif
 
 #endif  // PEBBLE_PEBBLE_H_
