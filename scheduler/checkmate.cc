@@ -1320,10 +1320,11 @@ absl::StatusOr<PlanResult> PlanInTimeLeft(const char* name, const Graph& graph,
 // is for the repair.
 constexpr double kLpShare = 0.8;
 
-// checkmate-lp: the LP and its rounding, repaired where the rounding meets
-// no budget: the warm-start heuristics (rotor's DP, DTR) plan the same
-// order in the time left, and the better plan (BetterPlan) is returned, so
-// checkmate-lp is feasible wherever they are.
+// checkmate-lp: the LP and its rounding, then the warm-start heuristics
+// (rotor's DP, DTR) over the same order in the time left; the best plan
+// (BetterPlan) is returned: a repair where the rounding meets no budget, an
+// improvement where a heuristic beats a rounding that fits. So checkmate-lp
+// is feasible wherever they are, and never costs more than they do.
 absl::StatusOr<PlanResult> PlanLp(const Graph& graph, const PlannerOptions& options,
                                   CheckmateOptions co) {
   const Deadline deadline(options.time_limit_s);
@@ -1333,10 +1334,10 @@ absl::StatusOr<PlanResult> PlanLp(const Graph& graph, const PlannerOptions& opti
   ASSIGN_OR_RETURN(CheckmateResult r, SolveCheckmateLp(graph, co));
   ASSIGN_OR_RETURN(PlanResult result,
                    ToPlanResult(graph, options, r, /*is_milp=*/false, "checkmate-lp"));
-  if (result.feasible && options.budget_bytes != PlannerOptions::kMinBudget) return result;
+  const bool rounding_fits = result.feasible && options.budget_bytes != PlannerOptions::kMinBudget;
   for (const char* name : kWarmStartPolicies) {
     if (deadline.Expired()) break;
-    ReportProgress(options, absl::StrCat("checkmate-lp: repair with ", name));
+    ReportProgress(options, absl::StrCat("checkmate-lp: ", rounding_fits ? "compare with " : "repair with ", name));
     absl::StatusOr<PlanResult> plan = PlanInTimeLeft(name, graph, options, deadline);
     // With a byte budget a repair must fit: an infeasible LP result keeps
     // its own account of why (the model's lower bound, the time limit).
@@ -1347,7 +1348,9 @@ absl::StatusOr<PlanResult> PlanLp(const Graph& graph, const PlannerOptions& opti
     nlohmann::json lp = std::move(result.details);
     const std::string lp_message = std::move(result.message);
     result = *std::move(plan);
-    result.details["repaired_by"] = name;
+    result.details[rounding_fits ? "improved_by" : "repaired_by"] = name;
+    // The LP's bound holds whichever plan wins.
+    if (lp.contains("lower_bound")) result.details["lower_bound"] = lp["lower_bound"];
     result.details["lp"] = std::move(lp);
     if (!lp_message.empty()) result.details["lp_message"] = lp_message;
   }

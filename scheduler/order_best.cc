@@ -76,6 +76,7 @@ class BestOrderPlanner final : public Planner {
       ExactOrderLimits limits;
       limits.max_states = ExactOrderLimits().max_states / 4;
       limits.time_limit_s = std::max(0.0, options.time_limit_s - elapsed());
+      limits.progress = ExactOrderProgress(options, "best-order");
       RETURN_IF_ERROR(consider("exact-order", [&] { return ExactOrder(graph, limits); }, true));
     } else {
       candidates.push_back(

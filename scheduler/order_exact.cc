@@ -367,6 +367,7 @@ class ExactPlanner final : public Planner {
                                   const PlannerOptions& options) const override {
     ExactOrderLimits limits;
     limits.time_limit_s = options.time_limit_s;
+    limits.progress = ExactOrderProgress(options, "exact-order");
     ExactOrderStats stats;
     ASSIGN_OR_RETURN(std::vector<NodeId> order, ExactOrder(graph, limits, &stats));
     ASSIGN_OR_RETURN(PlanResult result, PlanFromOrder(graph, order, options));
@@ -384,6 +385,15 @@ class ExactPlanner final : public Planner {
 };
 
 }  // namespace
+
+std::function<void(int64_t, int64_t, int64_t)> ExactOrderProgress(const PlannerOptions& options,
+                                                                  const char* name) {
+  if (!options.progress) return nullptr;
+  return [&options, name](int64_t expanded, int64_t best, int64_t bound) {
+    ReportProgress(options, absl::StrCat(name, ": searching orders, ", expanded, " states"),
+                   static_cast<double>(best), static_cast<double>(bound));
+  };
+}
 
 absl::StatusOr<std::vector<NodeId>> ExactOrder(const Graph& graph,
                                                const ExactOrderLimits& limits,
@@ -460,6 +470,7 @@ absl::StatusOr<std::vector<NodeId>> ExactOrder(const Graph& graph,
     queue.push({label, depth, cursor.mem(), s});
   }
   int32_t goal = -1;
+  double reported_s = elapsed();
   while (!queue.empty()) {
     const QueueEntry e = queue.top();
     queue.pop();
@@ -471,6 +482,10 @@ absl::StatusOr<std::vector<NodeId>> ExactOrder(const Graph& graph,
     }
     table.expanded_[s] = 1;
     ++stats->expanded;
+    if ((stats->expanded & 255) == 0 && limits.progress && elapsed() >= reported_s + 1.0) {
+      reported_s = elapsed();
+      limits.progress(stats->expanded, upper, e.label);
+    }
     if ((stats->expanded & 255) == 0 && elapsed() > limits.time_limit_s) {
       stats->states = table.size();
       stats->seconds = elapsed();

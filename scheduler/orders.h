@@ -27,6 +27,7 @@
 #define PEBBLE_SCHEDULER_ORDERS_H_
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -111,7 +112,16 @@ struct ExactOrderLimits {
   int max_nodes = 200;
   int64_t max_states = 1'000'000;
   double time_limit_s = 60;
+  // Called about once a second while the search runs: states expanded so
+  // far, the best peak known (bytes; the heuristic orders') and the
+  // search's current lower bound on the optimum (bytes). None: no reports.
+  std::function<void(int64_t expanded, int64_t best_bytes, int64_t bound_bytes)> progress;
 };
+
+// ExactOrderLimits::progress as PlannerOptions::progress reports ("NAME:
+// searching orders, N states", incumbent and bound in bytes).
+std::function<void(int64_t, int64_t, int64_t)> ExactOrderProgress(const PlannerOptions& options,
+                                                                  const char* name);
 
 // What the search did, for details JSON and benchmarks.
 struct ExactOrderStats {

@@ -3,11 +3,14 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <set>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "graph/boost_adapter.h"
 #include "graph/status.h"
+#include "oneapi/tbb/parallel_for.h"
+#include "oneapi/tbb/task_arena.h"
 #include "scheduler/simulator.h"
 
 namespace pebble {
@@ -518,6 +521,11 @@ PlanSelector::Figures PlanSelector::Consider(Schedule schedule, nlohmann::json d
   absl::StatusOr<PlanReport> report = Simulate(graph_, schedule, sim);
   PEBBLE_CHECK(report.ok(), "a multi-shot heuristic emitted an invalid schedule");
   Figures f{report->peak_bytes, report->compute_cost};
+  Take(f, std::move(schedule), std::move(details));
+  return f;
+}
+
+void PlanSelector::Take(const Figures& f, Schedule schedule, nlohmann::json details) {
   ++considered_;
   if (!has_best_ || Better(f, best_)) {
     has_best_ = true;
@@ -525,7 +533,30 @@ PlanSelector::Figures PlanSelector::Consider(Schedule schedule, nlohmann::json d
     best_schedule_ = std::move(schedule);
     best_details_ = std::move(details);
   }
-  return f;
+}
+
+void PlanSelector::ConsiderEach(int n, const CandidateMaker& make) {
+  struct Made {
+    Schedule schedule;
+    nlohmann::json details;
+    Figures figures;
+  };
+  // A batch keeps every thread busy while the deadline is checked often.
+  const int batch = std::max(1, 4 * oneapi::tbb::this_task_arena::max_concurrency());
+  SimulatorOptions sim;
+  sim.host_bandwidth_bytes_per_s = options_.host_bandwidth_bytes_per_s;
+  for (int first = 0; first < n && !TimeUp(); first += batch) {
+    const int count = std::min(batch, n - first);
+    std::vector<Made> made(count);
+    oneapi::tbb::parallel_for(0, count, [&](int k) {
+      auto [schedule, details] = make(first + k);
+      absl::StatusOr<PlanReport> report = Simulate(graph_, schedule, sim);
+      PEBBLE_CHECK(report.ok(), "a multi-shot heuristic emitted an invalid schedule");
+      made[k] = {std::move(schedule), std::move(details),
+                 Figures{report->peak_bytes, report->compute_cost}};
+    });
+    for (Made& m : made) Take(m.figures, std::move(m.schedule), std::move(m.details));
+  }
 }
 
 absl::StatusOr<PlanResult> PlanSelector::Finish() {
@@ -558,18 +589,23 @@ absl::StatusOr<PlanResult> PlanCheckpointCandidates(
   PlanSelector selector(graph, options);
   selector.Consider(BaselineSchedule(graph),
                     {{"plan", "baseline"}, {"checkpoints", nlohmann::json::array()}});
-  std::vector<std::vector<int>> seen;
+  // Distinct checkpoint sets, first occurrence first; the baseline is a
+  // valid plan already, so a time limit may cut the rest.
+  std::vector<const CheckpointCandidate*> distinct;
+  std::set<std::vector<int>> seen;
   for (const CheckpointCandidate& c : candidates) {
-    if (selector.TimeUp()) break;  // the baseline is a valid plan already
-    if (std::find(seen.begin(), seen.end(), c.kept) != seen.end()) continue;
-    seen.push_back(c.kept);
+    if (seen.insert(c.kept).second) distinct.push_back(&c);
+  }
+  selector.ConsiderEach(static_cast<int>(distinct.size()), [&](int i) {
+    const CheckpointCandidate& c = *distinct[i];
     nlohmann::json d = c.details;
     d["plan"] = "checkpoints";
     nlohmann::json ids = nlohmann::json::array();
     for (int s : c.kept) ids.push_back(graph.id(chain.stages[s].output));
     d["checkpoints"] = std::move(ids);
-    selector.Consider(EmitChainOps(graph, chain, CheckpointOps(chain, c.kept)), std::move(d));
-  }
+    return std::make_pair(EmitChainOps(graph, chain, CheckpointOps(chain, c.kept)),
+                          std::move(d));
+  });
   ASSIGN_OR_RETURN(PlanResult result, selector.Finish());
   for (auto it = details.begin(); it != details.end(); ++it) {
     result.details[it.key()] = it.value();

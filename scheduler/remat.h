@@ -87,6 +87,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -260,6 +261,14 @@ class PlanSelector {
     double compute_cost = 0;
   };
   Figures Consider(Schedule schedule, nlohmann::json details);
+  // Candidate i's schedule and details.
+  using CandidateMaker = std::function<std::pair<Schedule, nlohmann::json>(int i)>;
+  // Candidates [0, n): made and simulated concurrently (oneTBB), in batches
+  // between which the time limit is checked, then considered in index
+  // order, so that the choice is that of n calls of Consider in order
+  // (identical whenever the time limit does not cut the search). `make`
+  // must be safe to call from several threads at once.
+  void ConsiderEach(int n, const CandidateMaker& make);
   bool fits(int64_t peak) const;
   bool has_best() const { return has_best_; }
   int64_t best_peak() const { return best_.peak_bytes; }
@@ -276,6 +285,8 @@ class PlanSelector {
 
  private:
   bool Better(const Figures& a, const Figures& b) const;
+  // Takes a simulated candidate as the best when it is better.
+  void Take(const Figures& f, Schedule schedule, nlohmann::json details);
 
   const Graph& graph_;
   PlannerOptions options_;

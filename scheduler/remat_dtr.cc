@@ -65,6 +65,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "graph/status.h"
 #include "scheduler/policies.h"
 #include "scheduler/remat.h"
@@ -487,6 +488,8 @@ class DtrPlanner final : public Planner {
       const int64_t floor_bytes = PeakFloor(graph);
       const int64_t top = selector.best_peak();  // the baseline meets it
       std::vector<std::pair<int64_t, bool>> swept;  // budget, met
+      ReportProgress(options, "dtr: budgets from 95% to 5% of the baseline peak",
+                     selector.best_cost());
       for (int pct = 95; pct >= 5; pct -= 5) {
         const int64_t b = top / 100 * pct;
         if (b < floor_bytes || simulated > kSearchComputes) break;
@@ -500,6 +503,9 @@ class DtrPlanner final : public Planner {
       for (const auto& [b, met] : swept) {
         if (!met && b < hi) lo = std::max(lo, b);
       }
+      ReportProgress(options, absl::StrCat("dtr: bisecting between ", FormatBytes(lo + 1),
+                                           " and ", FormatBytes(hi)),
+                     selector.best_cost());
       for (int probe = 0; probe < 24 && hi - lo > std::max<int64_t>(1, hi / 2000) &&
                           simulated <= kSearchComputes;
            ++probe) {

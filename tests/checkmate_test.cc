@@ -594,7 +594,8 @@ TEST(CheckmateTest, SamePlanAtAnyCostScale) {
 }
 
 // checkmate-lp's repair: wherever rotor or dtr (over the same order) fits
-// the budget, so does checkmate-lp, whatever its rounding found.
+// the budget, so does checkmate-lp, whatever its rounding found, at no
+// greater makespan than theirs.
 TEST(CheckmateTest, LpIsFeasibleWhereverRotorOrDtrIs) {
   int repaired = 0, compared = 0;
   for (const char* spec : {"linear:n=20", "mnist-cnn:batch=4", "random:n=60,seed=2",
@@ -605,15 +606,20 @@ TEST(CheckmateTest, LpIsFeasibleWhereverRotorOrDtrIs) {
       SCOPED_TRACE(absl::StrCat(spec, " at ", percent, "%"));
       const int64_t budget = base * percent / 100;
       bool heuristic_fits = false;
+      double best_makespan = std::numeric_limits<double>::infinity();
       for (const char* policy : {"rotor", "dtr"}) {
         auto r = PlanWith(g, policy, budget, 5);
-        heuristic_fits = heuristic_fits || (r.ok() && r->feasible);
+        if (r.ok() && r->feasible) {
+          heuristic_fits = true;
+          best_makespan = std::min(best_makespan, r->report.makespan);
+        }
       }
       auto lp = PlanWith(g, "checkmate-lp", budget, 5);
       ASSERT_TRUE(lp.ok()) << lp.status();
       if (heuristic_fits) {
         ++compared;
         EXPECT_TRUE(lp->feasible) << lp->message;
+        EXPECT_LE(lp->report.makespan, best_makespan * (1 + 1e-9));
       }
       repaired += lp->details.contains("repaired_by");
     }

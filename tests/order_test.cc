@@ -563,5 +563,21 @@ TEST(OrderRegistryTest, PoliciesAreRegistered) {
   EXPECT_TRUE(PlannerRegistry::Global().Find("exact-order")->exact);
 }
 
+// exact-order's reports (PlannerOptions::progress): states expanded, the
+// best peak known as the incumbent and the search's bound, in bytes.
+TEST(ExactOrderTest, ProgressReportsStatesAndBounds) {
+  std::vector<PlanProgress> seen;
+  PlannerOptions options;
+  options.progress = [&](const PlanProgress& p) { seen.push_back(p); };
+  auto report = ExactOrderProgress(options, "exact-order");
+  ASSERT_TRUE(report);
+  report(4096, 1000, 900);
+  ASSERT_EQ(seen.size(), 1u);
+  EXPECT_EQ(seen[0].stage, "exact-order: searching orders, 4096 states");
+  EXPECT_EQ(seen[0].incumbent, 1000.0);
+  EXPECT_EQ(seen[0].bound, 900.0);
+  EXPECT_FALSE(ExactOrderProgress(PlannerOptions{}, "exact-order"));
+}
+
 }  // namespace
 }  // namespace pebble

@@ -19,6 +19,7 @@
 #include "graph/models/models.h"
 #include "gtest/gtest.h"
 #include "scheduler/budget.h"
+#include "scheduler/plan_api.h"
 #include "scheduler/planner.h"
 #include "scheduler/simulator.h"
 #include "tests/test_util.h"
@@ -702,6 +703,56 @@ TEST(DtrTest, EvictsAndRematerialisesUnderABudget) {
   auto tiny = PlanAndCheck("dtr", g, g.persistent_bytes() + 1);
   ASSERT_TRUE(tiny.ok());
   EXPECT_FALSE(tiny->feasible);
+}
+
+// The checkpoint-set policies simulate their candidates concurrently
+// (PlanSelector::ConsiderEach): one thread or every thread, the same plans.
+TEST(CheckpointCandidatesTest, ConcurrentSearchGivesTheSerialPlans) {
+  for (const std::string model :
+       {"resnet18:batch=2,image=32", "transformer:layers=3", "vgg16:batch=2,image=32"}) {
+    SCOPED_TRACE(model);
+    auto g = BuildModel(model);
+    ASSERT_TRUE(g.ok()) << g.status();
+    CompareRequest request;
+    request.policies = {"sqrtn", "chen-greedy", "articulation"};
+    request.budgets = {"90%", "70%", "min"};
+    request.options.own_order = true;
+    request.jobs = 1;  // one thread: every candidate after the other
+    auto serial = Compare(*g, request);
+    request.jobs = 0;  // every hardware thread
+    auto parallel = Compare(*g, request);
+    ASSERT_TRUE(serial.ok()) << serial.status();
+    ASSERT_TRUE(parallel.ok()) << parallel.status();
+    ASSERT_EQ(serial->entries.size(), 9u);
+    ASSERT_EQ(parallel->entries.size(), 9u);
+    for (size_t i = 0; i < serial->entries.size(); ++i) {
+      const CompareEntry& a = serial->entries[i];
+      const CompareEntry& b = parallel->entries[i];
+      ASSERT_TRUE(a.result.ok() && b.result.ok()) << a.policy << " " << a.budget;
+      EXPECT_EQ(a.result->schedule, b.result->schedule) << a.policy << " " << a.budget;
+      EXPECT_GT(a.result->details.value("candidates_simulated", 0), 1);
+      EXPECT_EQ(a.result->details.value("candidates_simulated", -1),
+                b.result->details.value("candidates_simulated", -2))
+          << a.policy << " " << a.budget;
+    }
+  }
+}
+
+// dtr's search reports its stages (PlannerOptions::progress).
+TEST(DtrTest, ReportsItsSearchStages) {
+  auto g = BuildModel("resnet18:batch=2,image=32");
+  ASSERT_TRUE(g.ok()) << g.status();
+  std::vector<std::string> stages;
+  PlannerOptions options;
+  options.budget_bytes = PlannerOptions::kMinBudget;
+  options.own_order = true;
+  options.progress = [&](const PlanProgress& p) { stages.push_back(p.stage); };
+  auto planner = MakePlanner("dtr");
+  ASSERT_TRUE(planner.ok());
+  auto plan = (*planner)->Plan(*g, options);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_THAT(stages, ::testing::Contains(::testing::StartsWith("dtr: budgets from 95%")));
+  EXPECT_THAT(stages, ::testing::Contains(::testing::StartsWith("dtr: bisecting between")));
 }
 
 }  // namespace
