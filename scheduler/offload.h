@@ -84,6 +84,12 @@ class ComputeSequence {
     return absl::MakeConstSpan(readers_.data() + reader_offsets_[i],
                                reader_offsets_[i + 1] - reader_offsets_[i]);
   }
+  // Index of instance i's first reader among all instances' readers, in
+  // position order (the readers of instance 0 first): with k < readers(i).size(),
+  // reader_index(i) + k names the gap that ends at readers(i)[k], a dense
+  // id in [0, num_reads()).
+  int reader_index(int i) const { return reader_offsets_[i]; }
+  int num_reads() const { return static_cast<int>(readers_.size()); }
   // The last position at which instance i is resident without swapping:
   // its last reader, size()-1 for the final instance of an output, i itself
   // when nothing reads it.

@@ -35,6 +35,8 @@
 // joint formulation (POFO's dynamic program on chains, POET's MILP) is
 // left out for time.
 #include <algorithm>
+#include <iterator>
+#include <map>
 #include <memory>
 #include <string>
 #include <tuple>
@@ -42,6 +44,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/string_view.h"
 #include "graph/status.h"
 #include "scheduler/budget.h"
 #include "scheduler/offload.h"
@@ -56,6 +59,19 @@ constexpr const char* kRecomputePolicies[] = {"baseline", "best-order", "sqrtn",
                                               "rotor", "dtr"};
 // Those whose compute sequences seed joint plans at looser budgets.
 constexpr const char* kJointBases[] = {"chen-greedy", "sqrtn", "articulation", "rotor", "dtr"};
+// Those whose plan at a budget they miss is their own lowest-peak search,
+// run the same way whatever the budget (dtr: Note [DTR as a planner]).
+// Once such a policy missed a tighter budget with peak P, a looser budget
+// B' < P is not planned again: the run would miss B' too and return the
+// same lowest-peak plan, unless DTR's non-monotonicity lets it meet B'
+// where its sweep and bisection did not; on 10^5 nodes each such run is
+// the bulk of the time (tens of seconds).
+constexpr const char* kLowestPeakFallback[] = {"dtr"};
+
+bool HasLowestPeakFallback(absl::string_view name) {
+  return std::find(std::begin(kLowestPeakFallback), std::end(kLowestPeakFallback), name) !=
+         std::end(kLowestPeakFallback);
+}
 
 int64_t PeakOf(const ComputeSequence& seq, const std::vector<SwapInterval>& swaps) {
   int64_t peak = seq.graph().persistent_bytes();
@@ -115,6 +131,15 @@ class HybridPlanner final : public Planner {
     // The compute sequences at the budget itself seed the joint plans below.
     std::vector<NodeId> best_order;
     std::vector<std::pair<std::string, std::vector<NodeId>>> at_budget;
+    // Per policy with a lowest-peak fallback: the least peak of its plans at
+    // budgets it missed (kLowestPeakFallback).
+    std::map<std::string, int64_t> missed_peak;
+    auto note_missed = [&](const std::string& name, int64_t budget, const PlanReport& r) {
+      if (!HasLowestPeakFallback(name)) return;
+      if (budget != PlannerOptions::kMinBudget && r.peak_bytes <= budget) return;
+      auto [it, inserted] = missed_peak.try_emplace(name, r.peak_bytes);
+      if (!inserted) it->second = std::min(it->second, r.peak_bytes);
+    };
     for (const char* name : kRecomputePolicies) {
       // The baseline (first) always runs: a valid plan to return.
       if (selector.has_best() && selector.TimeUp()) break;
@@ -124,6 +149,7 @@ class HybridPlanner final : public Planner {
       if (TimeLimitReached(*r)) deadline.MarkHit();
       std::vector<NodeId> computes = ComputeSequence::FromSchedule(graph, r->schedule).computes();
       if (std::string(name) == "best-order") best_order = computes;
+      note_missed(name, options.budget_bytes, r->report);
       at_budget.emplace_back(name, std::move(computes));
       consider(std::move(r->schedule), name, {});
     }
@@ -168,9 +194,14 @@ class HybridPlanner final : public Planner {
             }
             continue;
           }
+          if (b != PlannerOptions::kMinBudget) {
+            auto missed = missed_peak.find(name);
+            if (missed != missed_peak.end() && b < missed->second) continue;
+          }
           absl::StatusOr<PlanResult> r = planner->Plan(graph, nested(b));
           if (!r.ok()) continue;
           if (TimeLimitReached(*r)) deadline.MarkHit();
+          note_missed(name, b, r->report);
           bases.emplace_back(absl::StrCat(name, "@", label),
                              ComputeSequence::FromSchedule(graph, r->schedule).computes());
         }

@@ -299,6 +299,121 @@ Graph RandomTrainingGraph(int n, uint64_t seed) {
   return MakeGraph(std::move(nodes), outputs, absl::StrCat("training-", n, "-", seed));
 }
 
+// The greedy search as first written: every round scans every instance
+// live at the peak (Note [Greedy swaps]). GreedySwaps indexes the
+// candidates (Note [Indexed swap candidates]) and must choose the same.
+std::vector<SwapInterval> FullScanGreedySwaps(const ComputeSequence& seq,
+                                              const SwapSearchOptions& o) {
+  const Graph& g = seq.graph();
+  const int T = seq.size();
+  std::vector<SwapInterval> swaps;
+  std::vector<uint8_t> offloaded(g.num_nodes(), 0);
+  int64_t host = 0;
+  auto exposure = [&](int i, int e, int q, int b, double d) {
+    return std::max(0.0, seq.end(i) + d - seq.end(e)) +
+           std::max(0.0, d - (seq.start(b) - seq.end(q - 1)));
+  };
+  for (int round = 0; round < 8 * T + 64; ++round) {
+    const std::vector<int64_t> during = DuringBytes(seq, swaps);
+    const int p = static_cast<int>(std::max_element(during.begin(), during.end()) - during.begin());
+    if (std::max(g.persistent_bytes(), during[p]) <= o.target_bytes ||
+        during[p] <= g.persistent_bytes()) {
+      break;
+    }
+    struct Candidate {
+      int instance = -1, existing = -1, e = 0, q = 0;
+      double key = 0;  // the rule's first key: exposure per byte, or -bytes
+      double est = 0;
+    } best;
+    for (int i = 0; i < p; ++i) {
+      const NodeId v = seq.node(i);
+      auto r = seq.readers(i);
+      auto it = std::lower_bound(r.begin(), r.end(), p);
+      if (g.persistent(v) || g.bytes(v) == 0 || it == r.end() || *it == p) continue;
+      const int a = it == r.begin() ? i : *(it - 1), b = *it;
+      const double d = static_cast<double>(g.bytes(v)) / o.bandwidth_bytes_per_s;
+      if (o.rule == SwapRule::kHiddenGapsOnly && seq.start(b) - seq.end(a) < 2 * d) continue;
+      Candidate c;
+      c.instance = i;
+      bool evicted = false;
+      for (int s = 0; s < static_cast<int>(swaps.size()); ++s) {
+        const SwapInterval& w = swaps[s];
+        if (w.instance != i || w.evict_after < a || w.prefetch_before > b) continue;
+        evicted = evicted || (w.evict_after < p && p < w.prefetch_before);
+        c.existing = s;
+      }
+      if (evicted) continue;
+      if (c.existing >= 0) {
+        const SwapInterval& w = swaps[c.existing];
+        c.e = std::min(w.evict_after, p - 1);
+        c.q = std::max(w.prefetch_before, p + 1);
+        c.est = exposure(i, c.e, c.q, b, d) - exposure(i, w.evict_after, w.prefetch_before, b, d);
+      } else {
+        if (!offloaded[v] && o.host_budget_bytes && host + g.bytes(v) > *o.host_budget_bytes) {
+          continue;
+        }
+        int e = a, q = b;  // the hidden placement, by linear search
+        while (e < b - 2 && seq.end(e) < seq.end(i) + d) ++e;
+        while (q - 1 > a && seq.end(q - 1) > seq.start(b) - d) --q;
+        if (q < e + 2) {
+          q = std::min(b, e + 2);
+          e = q - 2;
+        }
+        c.e = std::min(e, p - 1);
+        c.q = std::max(q, p + 1);
+        c.est = exposure(i, c.e, c.q, b, d);
+      }
+      const double bytes = static_cast<double>(g.bytes(v));
+      c.key = o.rule == SwapRule::kHiddenGapsOnly ? -bytes : c.est / bytes;
+      const double second = o.rule == SwapRule::kHiddenGapsOnly ? c.est : -bytes;
+      const double best_second = best.instance < 0 ? 0
+                                 : o.rule == SwapRule::kHiddenGapsOnly
+                                     ? best.est
+                                     : -static_cast<double>(g.bytes(seq.node(best.instance)));
+      if (best.instance < 0 || std::tie(c.key, second) < std::tie(best.key, best_second)) {
+        best = c;
+      }
+    }
+    if (best.instance < 0) break;
+    if (best.existing >= 0) {
+      swaps[best.existing].evict_after = best.e;
+      swaps[best.existing].prefetch_before = best.q;
+    } else {
+      swaps.push_back({best.instance, best.e, best.q});
+      const NodeId v = seq.node(best.instance);
+      if (!offloaded[v]) host += g.bytes(v);
+      offloaded[v] = 1;
+    }
+  }
+  return swaps;
+}
+
+TEST(GreedySwapsTest, IndexedSearchChoosesAsTheFullScan) {
+  // Integer costs and power-of-two bandwidths: the estimates are exact, so
+  // the full scan's tolerance never decides.
+  for (uint64_t seed = 1; seed <= 12; ++seed) {
+    Graph g = seed % 2 ? RandomTrainingGraph(10 + static_cast<int>(seed) * 3, seed)
+                       : testing::RandomDag(40 + static_cast<int>(seed) * 5, seed);
+    const ComputeSequence seq(g, DefaultOrder(g));
+    for (SwapRule rule : {SwapRule::kHiddenGapsOnly, SwapRule::kLeastExposure}) {
+      for (double bandwidth : {1.0, 8.0, 64.0}) {
+        for (int pct : {0, 50, 80}) {
+          SCOPED_TRACE(absl::StrCat(g.name(), " rule ", static_cast<int>(rule), " bw ",
+                                    bandwidth, " at ", pct, "%"));
+          SwapSearchOptions o;
+          o.rule = rule;
+          o.bandwidth_bytes_per_s = bandwidth;
+          o.target_bytes = pct == 0 ? kMinBudgetBytes : *BaselinePeak(g) * pct / 100;
+          if (seed % 3 == 0) o.host_budget_bytes = 150;
+          const std::vector<SwapInterval> swaps = GreedySwaps(seq, o);
+          EXPECT_EQ(swaps, FullScanGreedySwaps(seq, o));
+          EXPECT_TRUE(CheckSwaps(seq, swaps).ok());
+        }
+      }
+    }
+  }
+}
+
 // Every offload policy valid at every budget; hybrid never slower than any
 // rival that fits (and feasible whenever one is), never a higher peak at
 // min.
@@ -399,6 +514,33 @@ TEST(OffloadPoliciesTest, ValidOnEveryZooModel) {
           EXPECT_EQ(r.report.transfer_bytes, 0);
           EXPECT_EQ(r.report.recomputations, 0);
         }
+      }
+    }
+  }
+}
+
+// A mid-size random DAG (thousands of instances, thousands of greedy
+// rounds): hybrid's plan is valid at 50% and at min, feasible where a
+// plan it starts from is, and no higher than those where nothing fits or
+// at min.
+TEST(HybridTest, ValidOnAMidSizeRandomGraph) {
+  auto g = BuildModel("random:n=3000");
+  ASSERT_TRUE(g.ok()) << g.status();
+  auto base = BaselinePeak(*g);
+  ASSERT_TRUE(base.ok());
+  for (int64_t budget : {*base / 2, PlannerOptions::kMinBudget}) {
+    SCOPED_TRACE(absl::StrCat("at ", budget));
+    PlannerOptions o = Options(budget, 25e9);
+    PlanResult hybrid = PlanAndCheck("hybrid", *g, o);
+    EXPECT_LT(hybrid.report.peak_bytes, *base);
+    o.own_order = true;
+    for (const char* rival : {"best-order", "dtr", "swap"}) {
+      PlanResult r = PlanAndCheck(rival, *g, o);
+      if (r.feasible) {
+        EXPECT_TRUE(hybrid.feasible) << rival;
+      }
+      if (!hybrid.feasible || budget == PlannerOptions::kMinBudget) {
+        EXPECT_LE(hybrid.report.peak_bytes, r.report.peak_bytes) << rival;
       }
     }
   }
