@@ -114,18 +114,23 @@ absl::StatusOr<double> GraphSource::PlannerBandwidth(absl::string_view given) co
   return kDefaultHostBandwidthBytesPerS;
 }
 
-nlohmann::json WorkspaceStatsToJson(const std::string& backend,
-                                    const WorkspaceQueryStats& stats) {
+nlohmann::json WorkspaceStatsToJson(const std::string& backend, const WorkspaceQueryStats& stats,
+                                    const std::string& choice) {
   return {{"backend", backend},
+          {"choice", choice},
           {"nodes_queried", stats.queried},
           {"nodes_raised", stats.raised},
           {"largest_bytes", stats.largest_bytes}};
 }
 
-std::string WorkspaceStatsLine(const std::string& backend, const WorkspaceQueryStats& stats) {
+std::string WorkspaceStatsLine(const std::string& backend, const WorkspaceQueryStats& stats,
+                               const std::string& choice) {
   return absl::StrCat(stats.raised, " of ", stats.queried, " computed nodes take kernel scratch on ",
                       backend, " (the largest ", FormatBytes(stats.largest_bytes),
-                      "), planned in the arena");
+                      "), planned in the arena",
+                      choice == "least" ? "; the least-workspace configurations, as the "
+                                          "budget does not hold the fastest ones'"
+                                        : "");
 }
 
 std::string GraphSource::Label() const { return model.empty() ? graph : model; }

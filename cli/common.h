@@ -57,11 +57,13 @@ struct GraphSource {
 };
 
 // What a workspace query did (runtime/workspace.h), for the reports of
-// run and plan: JSON {"backend", "nodes_queried", "nodes_raised",
-// "largest_bytes"}, and one line of text.
-nlohmann::json WorkspaceStatsToJson(const std::string& backend,
-                                    const WorkspaceQueryStats& stats);
-std::string WorkspaceStatsLine(const std::string& backend, const WorkspaceQueryStats& stats);
+// run and plan: JSON {"backend", "choice", "nodes_queried", "nodes_raised",
+// "largest_bytes"}, and one line of text. `choice`: "fastest" or "least"
+// (run's pick, PlanWithBackendWorkspace).
+nlohmann::json WorkspaceStatsToJson(const std::string& backend, const WorkspaceQueryStats& stats,
+                                    const std::string& choice = "fastest");
+std::string WorkspaceStatsLine(const std::string& backend, const WorkspaceQueryStats& stats,
+                               const std::string& choice = "fastest");
 
 // Whether `path` may be written: "-" (stdout), a path where nothing is, a
 // character device such as /dev/null (writing one replaces nothing), or,

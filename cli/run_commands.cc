@@ -17,6 +17,7 @@
 #include "runtime/npy.h"
 #include "runtime/trace.h"
 #include "scheduler/budget.h"
+#include "scheduler/compose.h"
 #include "scheduler/memory_layout.h"
 #include "scheduler/planner.h"
 #include "scheduler/simulator.h"
@@ -94,7 +95,10 @@ struct RunPlan {
   PlanResult plan;
 };
 
-absl::StatusOr<RunPlan> MakeRunPlan(const RunFlags& f, const Graph& graph) {
+// `reference` (default: `graph`) is the graph whose baseline peak a budget
+// in percent is of.
+absl::StatusOr<RunPlan> MakeRunPlan(const RunFlags& f, const Graph& graph,
+                                    const Graph* reference = nullptr) {
   RunPlan p;
   PlannerOptions options;
   ASSIGN_OR_RETURN(options.host_bandwidth_bytes_per_s, f.source.PlannerBandwidth(f.bandwidth));
@@ -107,7 +111,7 @@ absl::StatusOr<RunPlan> MakeRunPlan(const RunFlags& f, const Graph& graph) {
     options.host_budget_bytes = hb;
   }
   ASSIGN_OR_RETURN(BudgetSpec spec, ParseBudget(f.budget));
-  ASSIGN_OR_RETURN(p.baseline_peak, BaselinePeak(graph));
+  ASSIGN_OR_RETURN(p.baseline_peak, BaselinePeak(reference != nullptr ? *reference : graph));
   options.budget_bytes = ResolveBudget(spec, p.baseline_peak);
   // A given schedule is run as it is: no budget unless one is asked for.
   if (!f.schedule_path.empty() && !f.budget_given) options.budget_bytes = INT64_MAX;
@@ -129,6 +133,42 @@ absl::StatusOr<RunPlan> MakeRunPlan(const RunFlags& f, const Graph& graph) {
   p.budget_bytes = options.budget_bytes == kMinBudgetBytes ? p.plan.report.peak_bytes
                                                            : options.budget_bytes;
   return p;
+}
+
+// The graph with each kernel's workspace on `backend` (docs/runtime.md,
+// "Workspace"), and its plan. The budget decides: the workspace of the
+// fastest configurations where the plan fits the budget; the least
+// workspace where only that fits, and at `min` where it gives the better
+// plan (BetterPlan). Budgets in percent are of the fastest graph's baseline.
+absl::StatusOr<std::pair<Graph, RunPlan>> PlanWithBackendWorkspace(
+    const RunFlags& f, const Graph& bare, Backend& backend, WorkspaceQueryStats* stats,
+    std::string* choice) {
+  ASSIGN_OR_RETURN(Graph fastest,
+                   WithBackendWorkspace(bare, backend, stats, WorkspaceChoice::kFastest));
+  ASSIGN_OR_RETURN(RunPlan plan, MakeRunPlan(f, fastest));
+  *choice = "fastest";
+  ASSIGN_OR_RETURN(BudgetSpec spec, ParseBudget(f.budget));
+  const bool is_min = spec.kind == BudgetSpec::Kind::kMin;
+  if (!f.schedule_path.empty() || (plan.plan.feasible && !is_min)) {
+    return std::make_pair(std::move(fastest), std::move(plan));
+  }
+  WorkspaceQueryStats least_stats;
+  ASSIGN_OR_RETURN(Graph least, WithBackendWorkspace(bare, backend, &least_stats,
+                                                     WorkspaceChoice::kLeast));
+  int64_t saved = 0;  // workspace bytes the least configurations save
+  for (NodeId v = 0; v < least.num_nodes(); ++v) {
+    saved += fastest.workspace(v) - least.workspace(v);
+  }
+  if (saved == 0) return std::make_pair(std::move(fastest), std::move(plan));
+  ASSIGN_OR_RETURN(RunPlan lean, MakeRunPlan(f, least, &fastest));
+  PlannerOptions rule;
+  rule.budget_bytes = is_min ? PlannerOptions::kMinBudget : plan.budget_bytes;
+  if (!BetterPlan(lean.plan, plan.plan, rule)) {
+    return std::make_pair(std::move(fastest), std::move(plan));
+  }
+  *stats = least_stats;
+  *choice = "least";
+  return std::make_pair(std::move(least), std::move(lean));
 }
 
 // The files `run` will write: --trace and one .npy per output under
@@ -216,11 +256,16 @@ int RunRun(const RunFlags& f) {
   auto backend = MakeBackend(f.backend);
   if (!backend.ok()) return Fail(backend.status());
   WorkspaceQueryStats workspace;
+  std::string workspace_choice;
+  absl::StatusOr<RunPlan> plan = absl::UnknownError("not planned");
   if (f.workspace == "query") {
-    graph = WithBackendWorkspace(*graph, **backend, &workspace);
-    if (!graph.ok()) return Fail(graph.status());
+    auto planned = PlanWithBackendWorkspace(f, *graph, **backend, &workspace, &workspace_choice);
+    if (!planned.ok()) return Fail(planned.status());
+    graph = std::move(planned->first);
+    plan = std::move(planned->second);
+  } else {
+    plan = MakeRunPlan(f, *graph);
   }
-  auto plan = MakeRunPlan(f, *graph);
   if (!plan.ok()) return Fail(plan.status());
   if (!plan->plan.feasible && !f.force) {
     return Fail(absl::FailedPreconditionError(absl::StrCat(
@@ -281,7 +326,8 @@ int RunRun(const RunFlags& f) {
         {"measured", MeasuredToJson(*graph, r, /*with_steps=*/true)},
         {"peak_equal", r.peak_bytes == plan->plan.report.peak_bytes},
         {"workspace", f.workspace == "query"
-                          ? WorkspaceStatsToJson((*backend)->name(), workspace)
+                          ? WorkspaceStatsToJson((*backend)->name(), workspace,
+                                                 workspace_choice)
                           : nlohmann::json(nullptr)},
         {"loaded_inputs", r.loaded_inputs.size()},
         {"generated_inputs", r.generated_inputs.size()},
@@ -316,7 +362,8 @@ int RunRun(const RunFlags& f) {
       "  peak            %s\n",
       r.peak_bytes == p.peak_bytes ? "measured == predicted" : "MEASURED != PREDICTED");
   if (f.workspace == "query") {
-    std::cout << "  workspace       " << WorkspaceStatsLine((*backend)->name(), workspace) << "\n";
+    std::cout << "  workspace       "
+              << WorkspaceStatsLine((*backend)->name(), workspace, workspace_choice) << "\n";
   }
   std::cout << absl::StrFormat("  kernel scratch  %s outside the plan\n",
                                FormatBytes(r.backend_memory.scratch_bytes_peak));

@@ -29,6 +29,11 @@ namespace pebble {
 enum class Stream : uint8_t { kCompute, kCopy };
 enum class CopyDirection : uint8_t { kDeviceToHost, kHostToDevice };
 
+// Which of a kernel's configurations a workspace query answers for: the
+// fastest the library ranks first, or the one that needs the least
+// workspace (where the library offers a choice: cuDNN's algorithms).
+enum class WorkspaceChoice : uint8_t { kFastest, kLeast };
+
 using EventId = int32_t;
 
 // Memory the backend allocated, for the measured report (bytes).
@@ -82,12 +87,15 @@ class Backend {
   // algorithm's workspace) that it takes from KernelContext::workspace when
   // that is at least this large, and from outside the plan otherwise (as
   // scratch_bytes_peak). The planner gives it an arena offset once it is the
-  // node's `workspace` (WithBackendWorkspace in runtime/workspace.h). May
-  // run the kernel on scratch operands; results are cached per configuration.
-  // 0 by default.
-  virtual absl::StatusOr<int64_t> QueryWorkspace(const Graph& graph, NodeId node) {
+  // node's `workspace` (WithBackendWorkspace in runtime/workspace.h). With
+  // `choice` kLeast, the least workspace any of its configurations runs in
+  // (the kernel then runs that one when planned so). May run the kernel on
+  // scratch operands; results are cached per configuration. 0 by default.
+  virtual absl::StatusOr<int64_t> QueryWorkspace(
+      const Graph& graph, NodeId node, WorkspaceChoice choice = WorkspaceChoice::kFastest) {
     (void)graph;
     (void)node;
+    (void)choice;
     return 0;
   }
 

@@ -8,13 +8,13 @@
 namespace pebble {
 
 absl::StatusOr<Graph> WithBackendWorkspace(const Graph& graph, Backend& backend,
-                                           WorkspaceQueryStats* stats) {
+                                           WorkspaceQueryStats* stats, WorkspaceChoice choice) {
   WorkspaceQueryStats s;
   GraphBuilder builder(graph.name());
   for (NodeId v = 0; v < graph.num_nodes(); ++v) {
     NodeSpec spec = SpecOf(graph, v);
     if (!graph.persistent(v) && graph.shape(v).has_value() && graph.dtype(v).has_value()) {
-      ASSIGN_OR_RETURN(const int64_t bytes, backend.QueryWorkspace(graph, v));
+      ASSIGN_OR_RETURN(const int64_t bytes, backend.QueryWorkspace(graph, v, choice));
       ++s.queried;
       s.largest_bytes = std::max(s.largest_bytes, bytes);
       if (bytes > spec.workspace) {

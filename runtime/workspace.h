@@ -20,11 +20,12 @@ struct WorkspaceQueryStats {
 };
 
 // A copy of `graph` in which every computed node with a shape and dtype has
-// workspace max(its own, backend.QueryWorkspace(graph, v)): the graph's own
-// figure stays where it is larger (a workspace the user asked for is never
-// cut). Errors name the node. `stats` (optional) counts.
+// workspace max(its own, backend.QueryWorkspace(graph, v, choice)): the
+// graph's own figure stays where it is larger (a workspace the user asked
+// for is never cut). Errors name the node. `stats` (optional) counts.
 absl::StatusOr<Graph> WithBackendWorkspace(const Graph& graph, Backend& backend,
-                                           WorkspaceQueryStats* stats = nullptr);
+                                           WorkspaceQueryStats* stats = nullptr,
+                                           WorkspaceChoice choice = WorkspaceChoice::kFastest);
 
 }  // namespace pebble
 

@@ -171,7 +171,10 @@ class CpuBackend final : public Backend {
 
   // Note [Planned scratch] in cpu_backend.h: the kernel runs once on zeroed
   // operands of the node's shapes, and its scratch total is the answer.
-  absl::StatusOr<int64_t> QueryWorkspace(const Graph& graph, NodeId node) override {
+  // oneDNN offers one configuration per primitive: `choice` changes nothing.
+  absl::StatusOr<int64_t> QueryWorkspace(const Graph& graph, NodeId node,
+                                         WorkspaceChoice choice) override {
+    (void)choice;
     KernelFn kernel = CpuScratchKernels().Find(graph.op(node));
     if (kernel == nullptr || graph.persistent(node)) return 0;
     const std::optional<std::string> key = CostKey(graph, node);

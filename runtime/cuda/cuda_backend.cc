@@ -252,9 +252,10 @@ class CudaBackend final : public Backend {
     return absl::OkStatus();
   }
 
-  absl::StatusOr<int64_t> QueryWorkspace(const Graph& graph, NodeId node) override {
+  absl::StatusOr<int64_t> QueryWorkspace(const Graph& graph, NodeId node,
+                                         WorkspaceChoice choice) override {
     if (graph.persistent(node) || !graph.shape(node).has_value()) return 0;
-    auto conv = cuda::ConvWorkspaceQuery(cc_, graph, node);
+    auto conv = cuda::ConvWorkspaceQuery(cc_, graph, node, choice == WorkspaceChoice::kLeast);
     auto own = conv.ok() ? cuda::OwnKernelScratchBytes(graph, node) : conv;
     if (own.ok()) return std::max(*conv, *own);
     const absl::Status& bad = own.status();

@@ -920,7 +920,8 @@ std::optional<ConvNode> AsConvNode(const Graph& graph, NodeId v) {
 
 }  // namespace
 
-absl::StatusOr<int64_t> ConvWorkspaceQuery(CudaContext& cc, const Graph& graph, NodeId node) {
+absl::StatusOr<int64_t> ConvWorkspaceQuery(CudaContext& cc, const Graph& graph, NodeId node,
+                                           bool least) {
   if (!graph.dtype(node).has_value()) return 0;
   for (NodeId u : graph.inputs(node)) {
     if (!graph.shape(u).has_value()) return 0;
@@ -933,8 +934,11 @@ absl::StatusOr<int64_t> ConvWorkspaceQuery(CudaContext& cc, const Graph& graph, 
   ASSIGN_OR_RETURN(ConvGeom g,
                    Geometry(ctx, conv->dims, conv->x, conv->w, conv->y, *graph.dtype(node)));
   if (g.n * g.XSample() == 0 || g.n * g.YSample() == 0 || g.WeightElements() == 0) return 0;
+  // With a budget of 0 the candidates run least workspace first (those that
+  // need none in the heuristics' rank).
   ASSIGN_OR_RETURN(ConvChoice choice,
-                   Choose(cc, conv->kind, g, g.n, std::numeric_limits<int64_t>::max()));
+                   Choose(cc, conv->kind, g, g.n,
+                          least ? 0 : std::numeric_limits<int64_t>::max()));
   return choice.supported ? choice.workspace_bytes : 0;
 }
 

@@ -137,11 +137,12 @@ absl::Status LaunchStatus(cudaError_t e, absl::string_view what);
 absl::Status CheckConvSupported(const nlohmann::json& attrs, int dims);
 // The workspace (bytes) of the algorithm cuDNN's heuristics rank first among
 // the candidates of convolution node `node` (Note [Convolution algorithms]
-// in cuda_dnn.cc, with no workspace limit): planned as the node's
-// workspace, that algorithm runs from it. 0 for other ops, and where cuDNN
-// refuses the whole configuration (the split fallback takes scratch of its
-// own).
-absl::StatusOr<int64_t> ConvWorkspaceQuery(CudaContext& cc, const Graph& graph, NodeId node);
+// in cuda_dnn.cc, with no workspace limit), or with `least` of the candidate
+// that needs the least: planned as the node's workspace, that algorithm runs
+// from it. 0 for other ops, and where cuDNN refuses the whole configuration
+// (the split fallback takes scratch of its own).
+absl::StatusOr<int64_t> ConvWorkspaceQuery(CudaContext& cc, const Graph& graph, NodeId node,
+                                           bool least = false);
 // The scratch (bytes) own kernel `node` combines its partial sums in (Note
 // [Own kernel scratch] in cuda_ops.cc); 0 for kernels that take none.
 absl::StatusOr<int64_t> OwnKernelScratchBytes(const Graph& graph, NodeId node);
