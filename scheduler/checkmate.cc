@@ -23,6 +23,7 @@
 #include "OsiClpSolverInterface.hpp"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "oneapi/tbb/parallel_for.h"
 #include "graph/status.h"
 #include "scheduler/budget.h"
 #include "scheduler/compose.h"
@@ -1028,35 +1029,49 @@ namespace {
 
 // Roundings of one LP solution: thresholds (0.5 first), seeded Bernoulli
 // samples, and keeping every checkpoint the LP uses at all. The cheapest
-// whose simulated peak fits `budget` (>= 0), or the lowest peak (< 0).
+// whose simulated peak fits `budget` (>= 0), or the lowest peak (< 0). The
+// roundings of a batch (the thresholds, then the samples) are simulated
+// concurrently (oneTBB) and judged in order: the serial choice, the
+// deadline checked between the batches.
 absl::StatusOr<std::optional<Candidate>> RoundLp(const Graph& graph,
                                                  const StageGraph& g,
                                                  const Formulation& f,
                                                  const LpRun& lp, int64_t budget,
                                                  uint64_t seed,
                                                  const Deadline& deadline) {
+  using Keep = std::vector<std::vector<uint8_t>>;
   std::optional<Candidate> best;
-  auto consider = [&](std::vector<std::vector<uint8_t>> keep,
-                      std::string how) -> absl::Status {
-    StagePlan plan = ComputeForKeep(graph, g.order, std::move(keep));
-    ASSIGN_OR_RETURN(Candidate c, Measure(graph, std::move(plan), std::move(how)));
-    if (budget >= 0 && c.peak > budget) return absl::OkStatus();
-    const bool better = !best.has_value() ||
-                        (budget >= 0 ? Better(c, *best)
-                                     : (c.peak < best->peak ||
-                                        (c.peak == best->peak && c.cost < best->cost)));
-    if (better) best = std::move(c);
+  auto consider_all = [&](std::vector<std::pair<Keep, std::string>> batch) -> absl::Status {
+    std::vector<absl::StatusOr<Candidate>> measured(batch.size(),
+                                                    absl::UnknownError("not measured"));
+    oneapi::tbb::parallel_for(size_t{0}, batch.size(), [&](size_t k) {
+      StagePlan plan = ComputeForKeep(graph, g.order, std::move(batch[k].first));
+      measured[k] = Measure(graph, std::move(plan), std::move(batch[k].second));
+    });
+    for (absl::StatusOr<Candidate>& m : measured) {
+      RETURN_IF_ERROR(m.status());
+      Candidate& c = *m;
+      if (budget >= 0 && c.peak > budget) continue;
+      const bool better = !best.has_value() ||
+                          (budget >= 0 ? Better(c, *best)
+                                       : (c.peak < best->peak ||
+                                          (c.peak == best->peak && c.cost < best->cost)));
+      if (better) best = std::move(c);
+    }
     return absl::OkStatus();
   };
+  std::vector<std::pair<Keep, std::string>> thresholds;
   for (double threshold : {0.5, 0.4, 0.6, 0.3, 0.7, 0.2, 0.8, 0.1, 0.9, 1e-6}) {
-    RETURN_IF_ERROR(consider(KeepFrom(f, lp.x.data(), threshold),
-                             absl::StrCat("lp-rounding threshold ", threshold)));
-    if (deadline.Expired()) return best;
+    thresholds.emplace_back(KeepFrom(f, lp.x.data(), threshold),
+                            absl::StrCat("lp-rounding threshold ", threshold));
   }
+  RETURN_IF_ERROR(consider_all(std::move(thresholds)));
+  if (deadline.Expired()) return best;
   std::mt19937_64 rng(seed);
   std::uniform_real_distribution<double> uniform(0.0, 1.0);
+  std::vector<std::pair<Keep, std::string>> samples;
   for (int sample = 0; sample < 8; ++sample) {
-    std::vector<std::vector<uint8_t>> keep(f.n + 1);
+    Keep keep(f.n + 1);
     for (int t = 0; t <= f.n; ++t) {
       keep[t].assign(t, 0);
       if (t == f.n) continue;
@@ -1064,10 +1079,9 @@ absl::StatusOr<std::optional<Candidate>> RoundLp(const Graph& graph,
         keep[t][i] = uniform(rng) < lp.x[f.S(t, i)] ? 1 : 0;
       }
     }
-    RETURN_IF_ERROR(consider(std::move(keep),
-                             absl::StrCat("lp-rounding random sample ", sample)));
-    if (deadline.Expired()) return best;
+    samples.emplace_back(std::move(keep), absl::StrCat("lp-rounding random sample ", sample));
   }
+  RETURN_IF_ERROR(consider_all(std::move(samples)));
   return best;
 }
 
