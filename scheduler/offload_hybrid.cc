@@ -38,6 +38,7 @@
 #include <iterator>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -144,6 +145,9 @@ class HybridPlanner final : public Planner {
       // The baseline (first) always runs: a valid plan to return.
       if (selector.has_best() && selector.TimeUp()) break;
       ASSIGN_OR_RETURN(std::unique_ptr<Planner> planner, MakePlanner(name));
+      ReportProgress(options, absl::StrCat("hybrid: ", name, " at the budget"),
+                     selector.has_best() ? std::optional<double>(selector.best().makespan)
+                                         : std::nullopt);
       absl::StatusOr<PlanResult> r = planner->Plan(graph, nested(options.budget_bytes));
       if (!r.ok()) continue;  // e.g. revolve on a non-chain
       if (TimeLimitReached(*r)) deadline.MarkHit();
@@ -211,6 +215,9 @@ class HybridPlanner final : public Planner {
         if (selector.TimeUp()) break;
         if (std::find(seen.begin(), seen.end(), computes) != seen.end()) continue;
         seen.push_back(computes);
+        ReportProgress(options, absl::StrCat("hybrid: swaps over ", base_name),
+                       selector.has_best() ? std::optional<double>(selector.best().makespan)
+                                           : std::nullopt);
         const ComputeSequence seq(graph, computes);
         SwapSearchOptions search;
         search.target_bytes = options.budget_bytes;

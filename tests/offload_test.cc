@@ -594,5 +594,21 @@ TEST(HybridTest, LinkSpeedDecidesBetweenSwapAndRecompute) {
   EXPECT_GT(slow.report.recomputations, 0);
 }
 
+// hybrid reports its stages (PlannerOptions::progress): each recompute
+// policy at the budget, then the swap searches over each base order.
+TEST(HybridTest, ReportsItsStages) {
+  auto g = BuildModel("resnet18:batch=2,image=32");
+  ASSERT_TRUE(g.ok()) << g.status();
+  std::vector<std::string> stages;
+  PlannerOptions options;
+  options.budget_bytes = PlannerOptions::kMinBudget;
+  options.progress = [&](const PlanProgress& p) { stages.push_back(p.stage); };
+  auto planner = MakePlanner("hybrid");
+  ASSERT_TRUE(planner.ok());
+  ASSERT_TRUE((*planner)->Plan(*g, options).ok());
+  EXPECT_THAT(stages, ::testing::Contains("hybrid: dtr at the budget"));
+  EXPECT_THAT(stages, ::testing::Contains(::testing::StartsWith("hybrid: swaps over ")));
+}
+
 }  // namespace
 }  // namespace pebble
