@@ -496,6 +496,34 @@ std::string ShuffleModel(const std::function<void(ModelMaker&)>& edit = nullptr)
   });
 }
 
+// Mod of shape integers (newer exporters write it) folds like Div: the
+// channels mod 5 (4) divided by the groups still shape the shuffle; Mod of
+// a float tensor is refused, naming the node.
+TEST(OnnxImportTest, ModOfShapeIntegersFolds) {
+  auto with_mod = [](ModelMaker& m, const std::string& dividend, int64_t fmod) {
+    m.ScalarIntInitializer("five", 5);
+    auto* nodes = m.graph()->mutable_node();
+    auto* mod = m.Node("Mod", "/Mod", {dividend, "five"}, {"cm"});
+    ModelMaker::IntAttr(mod, "fmod", fmod);
+    int div = 0;
+    while (nodes->Get(div).op_type() != "Div") ++div;
+    for (int i = nodes->size() - 1; i > div; --i) nodes->SwapElements(i, i - 1);
+    nodes->Mutable(div + 1)->set_input(0, "cm");
+  };
+  for (int64_t fmod : {0, 1}) {
+    auto g = Import(ShuffleModel([&](ModelMaker& m) { with_mod(m, "c", fmod); }));
+    ASSERT_TRUE(g.ok()) << g.status();
+    const NodeId r5 = g->Find("reshape");
+    ASSERT_NE(r5, kNoNode);
+    EXPECT_EQ(*g->shape(r5), (Shape{2, 2, 2, 8, 8}));
+    EXPECT_EQ(g->Find("mod"), kNoNode);
+  }
+  auto bad = Import(ShuffleModel([&](ModelMaker& m) { with_mod(m, "r", 0); }));
+  ASSERT_FALSE(bad.ok());
+  EXPECT_THAT(std::string(bad.status().message()), HasSubstr("/Mod"));
+  EXPECT_THAT(std::string(bad.status().message()), HasSubstr("Mod of tensors"));
+}
+
 TEST(OnnxImportTest, ShapeArithmeticFoldsAndChannelShuffleImports) {
   auto g = Import(ShuffleModel());
   ASSERT_TRUE(g.ok()) << g.status();

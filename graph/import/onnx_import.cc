@@ -896,6 +896,19 @@ class Importer {
   absl::Status Add(const onnx::NodeProto& node) { return Binary(node, "add"); }
   absl::Status Mul(const onnx::NodeProto& node) { return Binary(node, "mul"); }
   absl::Status Sub(const onnx::NodeProto& node) { return Binary(node, "sub"); }
+  // Mod: shape arithmetic only (newer exporters write it for attention's
+  // head split); both operands must be known integers.
+  absl::Status Mod(const onnx::NodeProto& node) {
+    RETURN_IF_ERROR(ExpectInputs(node, 2, 2));
+    const Attrs attrs(node);
+    RETURN_IF_ERROR(attrs.OnlyKnown({"fmod"}));
+    ASSIGN_OR_RETURN(int64_t fmod, attrs.Int("fmod", 0));
+    if (!KnownInts(node.input(0)) || !KnownInts(node.input(1))) {
+      return NodeError(node, "Mod of tensors is not supported: only integer shape arithmetic, "
+                             "folded at import");
+    }
+    return FoldArithmetic(node, fmod != 0);
+  }
   absl::Status Div(const onnx::NodeProto& node) { return Binary(node, "div"); }
 
   // ---- Integer tensors known at import: shapes and their arithmetic.
@@ -928,9 +941,11 @@ class Importer {
     return absl::OkStatus();
   }
 
-  // Add, Sub, Mul, Div of two integer tensors (a scalar or one-element
-  // operand broadcast over the other); Div of non-negative values.
-  absl::Status FoldArithmetic(const onnx::NodeProto& node) {
+  // Add, Sub, Mul, Div, Mod of two integer tensors (a scalar or one-element
+  // operand broadcast over the other); Div of non-negative values; Mod by a
+  // non-zero divisor, the result's sign the divisor's (fmod 0, as Python's
+  // %) or the dividend's (fmod 1, as C's %).
+  absl::Status FoldArithmetic(const onnx::NodeProto& node, bool fmod = false) {
     Ints a = *KnownInts(node.input(0));
     const Ints b = *KnownInts(node.input(1));
     const size_t na = a.values.size(), nb = b.values.size();
@@ -950,6 +965,14 @@ class Importer {
         overflow = __builtin_sub_overflow(x, y, &r);
       } else if (op == "Mul") {
         overflow = __builtin_mul_overflow(x, y, &r);
+      } else if (op == "Mod") {
+        if (y == 0) return NodeError(node, absl::StrCat("integer ", x, " mod 0"));
+        if (y == -1) {
+          r = 0;  // x % -1 overflows for INT64_MIN in C++
+        } else {
+          r = x % y;
+          if (!fmod && r != 0 && ((r < 0) != (y < 0))) r += y;
+        }
       } else {
         if (y <= 0 || x < 0) {
           return NodeError(node, absl::StrCat("integer division ", x, " / ", y,
@@ -1738,6 +1761,7 @@ class Importer {
         {"Unsqueeze", &Importer::Unsqueeze},
         {"Squeeze", &Importer::Squeeze},
         {"Sub", &Importer::Sub},
+        {"Mod", &Importer::Mod},
         {"Div", &Importer::Div},
         {"Transpose", &Importer::Transpose},
         {"ConstantOfShape", &Importer::ConstantOfShape},
