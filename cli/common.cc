@@ -325,6 +325,18 @@ std::string OverheadPercent(double overhead) {
   return absl::StrFormat("%.1f%%", std::abs(overhead) < 5e-4 ? 0.0 : 100 * overhead);
 }
 
+void AddOwnOrderFlag(CLI::App* cmd, bool& own_order) {
+  cmd->add_flag("--own-order", own_order,
+                "plan over the graph's own order only: the policy as published, not composed with "
+                "best-order (by default every recomputation and offload policy also plans "
+                "over best-order's order and takes the better plan; docs/semantics.md)");
+}
+
+void AddQuietFlag(CLI::App* cmd, bool& quiet) {
+  cmd->add_flag("--quiet,-q", quiet,
+                "print no progress of long planning on stderr (--json prints none either)");
+}
+
 std::function<void(const PlanProgress&)> StderrProgress() {
   struct Shared {
     std::mutex mutex;

@@ -127,6 +127,11 @@ void AddRunCommands(CLI::App& app, int& exit_code);        // run, fit
 void AddCalibrateCommand(CLI::App& app, int& exit_code);   // calibrate
 void AddImportCommand(CLI::App& app, int& exit_code);      // import
 
+// --own-order (PlannerOptions::own_order) and --quiet,-q (no StderrProgress),
+// with the same help on every planning command.
+void AddOwnOrderFlag(CLI::App* cmd, bool& own_order);
+void AddQuietFlag(CLI::App* cmd, bool& quiet);
+
 // Reports of long planning stages on stderr, for PlannerOptions::progress:
 // "pebble: [12.5 s] checkmate: CBC stopped (incumbent 0.0012, bound
 // 0.00119)". Stages reported within the first second are not printed (a

@@ -61,15 +61,12 @@ struct PlanFlags {
         ->check(NumberAbove(0, "a positive number of seconds"));
     cmd->add_option("--seed", seed, "seed of randomised planners (default 0)")
         ->check(IntegerIn(0, INT64_MAX));
-    cmd->add_flag("--own-order", own_order,
-                  "plan over the graph's own order only: the policy as published, not composed with "
-                 "best-order (by default every recomputation and offload policy also plans "
-                 "over best-order's order and takes the better plan; docs/semantics.md)");
+    AddOwnOrderFlag(cmd, own_order);
     cmd->add_option("--milp-max-stages", milp_max_stages,
                     "largest graph (needed non-persistent nodes) checkmate's MILP and "
                     "checkmate-lp's LP take (default 0: 300 and 600; the model grows as n^2)")
         ->check(IntegerIn(0, 100000));
-    cmd->add_flag("--quiet,-q", quiet, "print no progress of long planning on stderr (--json prints none either)");
+    AddQuietFlag(cmd, quiet);
     cmd->add_flag("--json", json, "print one JSON document");
   }
 

@@ -438,11 +438,8 @@ void AddRunCommands(CLI::App& app, int& exit_code) {
   run->add_option("--bandwidth", flags.bandwidth,
                   "host link bytes/s for the planner's offload timing, or pcie4 (25e9, the default), pcie5 (55e9), nvlink-c2c (450e9); with --profile: its measured bandwidth");
   run->add_option("--host-budget", flags.host_budget, "host memory limit for offloaded copies");
-  run->add_flag("--quiet,-q", flags.quiet, "print no progress of long planning on stderr (--json prints none either)");
-  run->add_flag("--own-order", flags.own_order,
-                "plan over the graph's own order only: the policy as published, not composed with "
-                 "best-order (by default every recomputation and offload policy also plans "
-                 "over best-order's order and takes the better plan; docs/semantics.md)");
+  AddQuietFlag(run, flags.quiet);
+  AddOwnOrderFlag(run, flags.own_order);
   run->add_option("--time-limit", flags.time_limit_s,
                   "seconds an exact or MILP planner may search (default 60)")
       ->check(NumberAbove(0, "a positive number of seconds"));

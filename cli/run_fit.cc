@@ -260,11 +260,8 @@ void AddFitCommand(CLI::App& app, int& exit_code) {
                   "FLOP/s of the cost model (default 10e12)")
       ->check(NumberAbove(0, "a positive number of FLOP/s"));
   fit->add_option("--bandwidth", flags.bandwidth, "host link bytes/s, or pcie4 (25e9, the default), pcie5, nvlink-c2c");
-  fit->add_flag("--quiet,-q", flags.quiet, "print no progress of long planning on stderr (--json prints none either)");
-  fit->add_flag("--own-order", flags.own_order,
-                "plan over the graph's own order only: the policy as published, not composed with "
-                 "best-order (by default every recomputation and offload policy also plans "
-                 "over best-order's order and takes the better plan; docs/semantics.md)");
+  AddQuietFlag(fit, flags.quiet);
+  AddOwnOrderFlag(fit, flags.own_order);
   fit->add_option("--time-limit", flags.time_limit_s,
                   "seconds an exact or MILP planner may search per plan (default 10)")
       ->check(NumberAbove(0, "a positive number of seconds"));
