@@ -515,12 +515,16 @@ bool PlanSelector::Better(const Figures& a, const Figures& b) const {
   return a.peak_bytes < b.peak_bytes || (a.peak_bytes == b.peak_bytes && cheaper);
 }
 
-PlanSelector::Figures PlanSelector::Consider(Schedule schedule, nlohmann::json details) {
+PlanSelector::Figures PlanSelector::Evaluate(const Schedule& schedule) const {
   SimulatorOptions sim;
   sim.host_bandwidth_bytes_per_s = options_.host_bandwidth_bytes_per_s;
   absl::StatusOr<PlanReport> report = Simulate(graph_, schedule, sim);
   PEBBLE_CHECK(report.ok(), "a multi-shot heuristic emitted an invalid schedule");
-  Figures f{report->peak_bytes, report->compute_cost};
+  return Figures{report->peak_bytes, report->compute_cost};
+}
+
+PlanSelector::Figures PlanSelector::Consider(Schedule schedule, nlohmann::json details) {
+  const Figures f = Evaluate(schedule);
   Take(f, std::move(schedule), std::move(details));
   return f;
 }
@@ -543,17 +547,13 @@ void PlanSelector::ConsiderEach(int n, const CandidateMaker& make) {
   };
   // A batch keeps every thread busy while the deadline is checked often.
   const int batch = std::max(1, 4 * oneapi::tbb::this_task_arena::max_concurrency());
-  SimulatorOptions sim;
-  sim.host_bandwidth_bytes_per_s = options_.host_bandwidth_bytes_per_s;
   for (int first = 0; first < n && !TimeUp(); first += batch) {
     const int count = std::min(batch, n - first);
     std::vector<Made> made(count);
     oneapi::tbb::parallel_for(0, count, [&](int k) {
       auto [schedule, details] = make(first + k);
-      absl::StatusOr<PlanReport> report = Simulate(graph_, schedule, sim);
-      PEBBLE_CHECK(report.ok(), "a multi-shot heuristic emitted an invalid schedule");
-      made[k] = {std::move(schedule), std::move(details),
-                 Figures{report->peak_bytes, report->compute_cost}};
+      const Figures figures = Evaluate(schedule);
+      made[k] = {std::move(schedule), std::move(details), figures};
     });
     for (Made& m : made) Take(m.figures, std::move(m.schedule), std::move(m.details));
   }

@@ -285,6 +285,8 @@ class PlanSelector {
 
  private:
   bool Better(const Figures& a, const Figures& b) const;
+  // The simulator's figures of a candidate (thread-safe).
+  Figures Evaluate(const Schedule& schedule) const;
   // Takes a simulated candidate as the best when it is better.
   void Take(const Figures& f, Schedule schedule, nlohmann::json details);
 
