@@ -14,8 +14,6 @@
 #include <thread>
 #include <vector>
 
-#include <sys/mman.h>
-
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "graph/status.h"
@@ -182,46 +180,14 @@ class CpuBackend final : public Backend {
     if (auto it = workspace_cache_.find(*key); it != workspace_cache_.end()) {
       return it->second;
     }
-    // Operands in anonymous mappings (zeros), unmapped afterwards: the heap
-    // would keep freed memory resident beside the arena.
-    std::vector<std::pair<void*, size_t>> mappings;
-    struct Unmap {
-      std::vector<std::pair<void*, size_t>>& m;
-      ~Unmap() {
-        for (auto [p, n] : m) munmap(p, n);
-      }
-    } unmap{mappings};
-    auto zeroed = [&](const Shape& shape, DType dtype) -> absl::StatusOr<TensorView> {
-      TensorView t{nullptr, shape, dtype};
-      const size_t n = static_cast<size_t>(std::max<int64_t>(t.bytes(), 1));
-      void* p = mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-      if (p == MAP_FAILED) {
-        return absl::ResourceExhaustedError(absl::StrCat(
-            "workspace query of node '", graph.id(node), "': cannot map ", n, " bytes"));
-      }
-      mappings.emplace_back(p, n);
-      t.data = static_cast<std::byte*>(p);
-      return t;
-    };
-    KernelContext ctx;
-    ctx.graph = &graph;
-    ctx.node = node;
-    for (NodeId u : graph.inputs(node)) {
-      ASSIGN_OR_RETURN(TensorView in, zeroed(*graph.shape(u), *graph.dtype(u)));
-      ctx.inputs.push_back(in);
+    const absl::StatusOr<int64_t> bytes = DnnlProbeScratchBytes(kernel, graph, node);
+    if (!bytes.ok()) {
+      return absl::Status(bytes.status().code(),
+                          absl::StrCat("workspace query of node '", graph.id(node), "' (op ",
+                                       graph.op(node), "): ", bytes.status().message()));
     }
-    ASSIGN_OR_RETURN(ctx.output, zeroed(*graph.shape(node), *graph.dtype(node)));
-    DnnlScratchProbe(true);
-    const absl::Status status = kernel(ctx);
-    const int64_t bytes = DnnlLastCallScratchBytes();
-    DnnlScratchProbe(false);
-    if (!status.ok()) {
-      return absl::Status(status.code(), absl::StrCat("workspace query of node '",
-                                                      graph.id(node), "' (op ", graph.op(node),
-                                                      "): ", status.message()));
-    }
-    workspace_cache_[*key] = bytes;
-    return bytes;
+    workspace_cache_[*key] = *bytes;
+    return *bytes;
   }
 
   absl::Status Copy(CopyDirection direction, std::byte* dst, const std::byte* src,

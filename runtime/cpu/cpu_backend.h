@@ -55,13 +55,14 @@ void NoteCpuKernelScratch(int64_t bytes);
 // The largest scratch (bytes) one oneDNN-family kernel call has used since
 // the process started, planned or not. Thread-safe.
 int64_t DnnlScratchPeakBytes();  // cpu/dnnl_util.cc
-// The scratch (bytes, planned or not) the calling thread's last
-// oneDNN-family kernel call asked for.
-int64_t DnnlLastCallScratchBytes();
-// While on, the calling thread's kernel calls report nothing and take their
-// scratch from mappings of their own (a probe of QueryWorkspace); switching
-// it either way unmaps them.
-void DnnlScratchProbe(bool on);
+// The scratch (bytes) `kernel` (a oneDNN-family kernel) asks for when it
+// computes `node` once, on the calling thread, on zeroed operands of the
+// node's shapes and with no planned workspace: the probe of
+// CpuBackend::QueryWorkspace. Operands and scratch live in mappings of the
+// probe's own, unmapped when it returns (none stays resident), and nothing
+// is reported as scratch outside a plan. The node and its inputs need
+// shapes and dtypes.
+absl::StatusOr<int64_t> DnnlProbeScratchBytes(KernelFn kernel, const Graph& graph, NodeId node);
 
 }  // namespace pebble
 

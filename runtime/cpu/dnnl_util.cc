@@ -56,7 +56,7 @@ class ScratchBuffer {
   int64_t capacity_ = 0;
 };
 
-// Anonymous memory mapped for one probe, zero-filled by the kernel.
+// Anonymous memory mapped for one probe: zeros until the kernel writes.
 struct MappedBuffer {
   explicit MappedBuffer(int64_t bytes) : size(static_cast<size_t>(bytes)) {
     void* p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -523,14 +523,34 @@ int64_t DnnlScratchPeakBytes() {
   return dnnl_internal::ScratchPeak().load();
 }
 
-int64_t DnnlLastCallScratchBytes() {
-  return dnnl_internal::LocalScratch().last_call_bytes;
-}
-
-void DnnlScratchProbe(bool on) {
+absl::StatusOr<int64_t> DnnlProbeScratchBytes(KernelFn kernel, const Graph& graph, NodeId node) {
   dnnl_internal::ThreadScratch& s = dnnl_internal::LocalScratch();
-  s.probing = on;
+  // Operands and scratch in mappings of the probe's own, unmapped at its end.
+  s.probing = true;
   s.probe_buffers.clear();
+  struct EndProbe {
+    dnnl_internal::ThreadScratch& s;
+    ~EndProbe() {
+      s.probing = false;
+      s.probe_buffers.clear();
+    }
+  } end{s};
+  KernelContext ctx;
+  ctx.graph = &graph;
+  ctx.node = node;
+  auto zeroed = [&](NodeId v) {
+    TensorView t{nullptr, *graph.shape(v), *graph.dtype(v)};
+    t.data = s.probe_buffers.emplace_back(std::max<int64_t>(t.bytes(), 1)).data;
+    return t;
+  };
+  try {
+    for (NodeId u : graph.inputs(node)) ctx.inputs.push_back(zeroed(u));
+    ctx.output = zeroed(node);
+  } catch (const std::bad_alloc&) {
+    return absl::ResourceExhaustedError("cannot map the operands of the workspace probe");
+  }
+  RETURN_IF_ERROR(kernel(ctx));
+  return s.last_call_bytes;
 }
 
 }  // namespace pebble

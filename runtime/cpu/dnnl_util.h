@@ -151,9 +151,9 @@ std::byte* Scratch(ScratchSlot slot, int64_t bytes);
 // Starts a kernel call's scratch (resets the thread's totals); `workspace`
 // (null for none) is its planned workspace of `workspace_bytes`.
 void BeginScratchCount(std::byte* workspace, int64_t workspace_bytes);
-// Ends the call: what it took outside the planned workspace goes to
-// NoteCpuKernelScratch, its total to the process-wide high-water mark and
-// to DnnlLastCallScratchBytes() (not while probing).
+// Ends the call: its total is kept for DnnlProbeScratchBytes; outside a
+// probe, what it took outside the planned workspace goes to
+// NoteCpuKernelScratch and its total to the process-wide high-water mark.
 void EndScratchCount();
 
 // ---- Windows (pooling): kernel (required), stride (default: the kernel),
