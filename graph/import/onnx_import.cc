@@ -55,8 +55,10 @@ std::string NodeLabel(const onnx::NodeProto& node) {
   return absl::StrCat("ONNX node ", Quote(name), " (op ", Printable(node.op_type()), ")");
 }
 
+// `what` may quote ids derived from the file's names (a graph builder's
+// message): escaped, so that the error stays one line.
 absl::Status NodeError(const onnx::NodeProto& node, absl::string_view what) {
-  return absl::InvalidArgumentError(absl::StrCat(NodeLabel(node), ": ", what));
+  return absl::InvalidArgumentError(absl::StrCat(NodeLabel(node), ": ", Printable(what, 4000)));
 }
 
 // One ONNX node's attributes, read with their types checked.
