@@ -62,7 +62,13 @@ std::optional<std::string> CostKey(const Graph& graph, NodeId v) {
     if (!graph.shape(u).has_value() || !graph.dtype(u).has_value()) return std::nullopt;
     operands.push_back(TypeText(graph, u));
   }
-  const nlohmann::json& attrs = graph.attrs(v);
+  nlohmann::json attrs = graph.attrs(v);
+  // The buffers a batch norm's statistics update name the layer, not the
+  // work: layers of one shape share a measurement.
+  if (attrs.is_object()) {
+    attrs.erase("running_mean");
+    attrs.erase("running_var");
+  }
   // nlohmann's objects are sorted maps: dump() is canonical.
   const std::string attr_text = attrs.is_object() ? attrs.dump() : "{}";
   return absl::StrCat(graph.op(v), "|", absl::StrJoin(operands, ";"), "|",

@@ -524,6 +524,41 @@ TEST(OnnxImportTest, ModOfShapeIntegersFolds) {
   EXPECT_THAT(std::string(bad.status().message()), HasSubstr("Mod of tensors"));
 }
 
+// F.pad as torch.onnx.export writes it: its pads (last dim first, (before,
+// after) per dim) viewed as (dims, 2), reversed with a Slice of step -1,
+// transposed and flattened into ONNX's order, all folded at import.
+TEST(OnnxImportTest, PadsReversedAndTransposedFold) {
+  auto g = Import(TinyModel(13, "", [](ModelMaker& m) {
+    auto* nodes = m.graph()->mutable_node();
+    const int before = nodes->size();
+    m.IntInitializer("fpads", {1, 3, 2, 0, 0, 0, 0, 0});  // F.pad(r, (1, 3, 2, 0))
+    m.IntInitializer("rows", {-1, 2});
+    m.IntInitializer("start", {-1});
+    m.IntInitializer("end", {-9223372036854775807});
+    m.IntInitializer("axis0", {0});
+    m.IntInitializer("back", {-1});
+    m.IntInitializer("flat", {-1});
+    m.Node("Reshape", "/Reshape_p", {"fpads", "rows"}, {"pairs"});
+    m.Node("Slice", "/Slice_p", {"pairs", "start", "end", "axis0", "back"}, {"reversed"});
+    auto* t = m.Node("Transpose", "/Transpose_p", {"reversed"}, {"columns"});
+    ModelMaker::IntsAttr(t, "perm", {1, 0});
+    m.Node("Reshape", "/Reshape_q", {"columns", "flat"}, {"onnx_pads"});
+    m.Node("Pad", "/Pad", {"r", "onnx_pads"}, {"padded"});
+    const int added = nodes->size() - before;
+    int pool = 0;
+    while (nodes->Get(pool).op_type() != "GlobalAveragePool") ++pool;
+    for (int k = 0; k < added; ++k) {
+      for (int i = before + k; i > pool + k; --i) nodes->SwapElements(i, i - 1);
+    }
+    FindNode(m, "GlobalAveragePool")->set_input(0, "padded");
+  }));
+  ASSERT_TRUE(g.ok()) << g.status();
+  const NodeId pad = g->Find("pad");
+  ASSERT_NE(pad, kNoNode);
+  EXPECT_EQ(*g->shape(pad), (Shape{2, 4, 10, 12}));  // H + 2 + 0, W + 1 + 3
+  EXPECT_EQ(g->attrs(pad)["pads"], nlohmann::json({1, 3, 2, 0, 0, 0, 0, 0}));  // F.pad order
+}
+
 TEST(OnnxImportTest, ShapeArithmeticFoldsAndChannelShuffleImports) {
   auto g = Import(ShuffleModel());
   ASSERT_TRUE(g.ok()) << g.status();
@@ -557,14 +592,14 @@ TEST(OnnxImportTest, WhatTheShapeFoldingCannotDoIsAnErrorNamingTheNode) {
          relu->add_input("fc.bias");
        },
        {"'/relu/Relu'", "op Sub", "do not broadcast"}},
-      {"slice with a step",
+      {"slice of a computed tensor with a step (one of shape integers folds)",
        [](ModelMaker& m) {
          m.IntInitializer("step2", {2});
-         auto* slice = FindNode(m, "Slice");
-         while (slice->input_size() < 4) slice->add_input("axes0");
-         slice->add_input("step2");
+         for (auto& node : *m.graph()->mutable_node()) {
+           if (node.name() == "/Slice_1") node.add_input("step2");
+         }
        },
-       {"'/Slice'", "step 2"}},
+       {"'/Slice_1'", "step 2"}},
       {"gather of several indices from a computed tensor",
        [](ModelMaker& m) {
          auto* gather = FindNode(m, "Gather");

@@ -711,7 +711,13 @@ class Importer {
     ASSIGN_OR_RETURN(std::vector<Value> in, Inputs(node));
     // ONNX's momentum weighs the old running value; PyTorch's the new one.
     const Json a = {{"eps", eps}, {"momentum", 1.0 - momentum}};
-    ASSIGN_OR_RETURN(Value stats, Aux(node, "batchnorm_stats", {in[0]}, a, "stats"));
+    // The statistics node names the running statistics it updates in
+    // PyTorch (pebble.torch updates them; pebble's executors do not).
+    Json stats_attrs = a;
+    stats_attrs["running_mean"] = nb_.id(in[3]);
+    stats_attrs["running_var"] = nb_.id(in[4]);
+    ASSIGN_OR_RETURN(Value stats,
+                     Aux(node, "batchnorm_stats", {in[0]}, std::move(stats_attrs), "stats"));
     RETURN_IF_ERROR(Apply(node, "batchnorm", {in[0], stats, in[1], in[2]}, a));
     // The updated running statistics (outputs 1 and 2) are the buffers'
     // in-place update in PyTorch: nothing reads them in a training step.
@@ -1199,10 +1205,43 @@ class Importer {
     RETURN_IF_ERROR(ExpectInputs(node, 1, 1));
     const Attrs attrs(node);
     RETURN_IF_ERROR(attrs.OnlyKnown({"perm"}));
+    if (std::optional<Ints> ints = KnownInts(node.input(0))) return FoldTranspose(node, *ints);
     ASSIGN_OR_RETURN(std::vector<Value> in, Inputs(node));
     if (!attrs.has("perm")) return Apply(node, "transpose", in);
     ASSIGN_OR_RETURN(std::vector<int64_t> perm, attrs.Ints("perm", {}));
     return Apply(node, "transpose", in, {{"perm", perm}});
+  }
+
+  // Transpose of a known integer tensor (F.pad's export transposes its pads).
+  absl::Status FoldTranspose(const onnx::NodeProto& node, const Ints& ints) {
+    const size_t rank = ints.dims.size();
+    std::vector<int64_t> perm;
+    for (size_t d = rank; d-- > 0;) perm.push_back(static_cast<int64_t>(d));
+    ASSIGN_OR_RETURN(perm, Attrs(node).Ints("perm", perm));
+    std::vector<bool> seen(rank, false);
+    for (int64_t p : perm) {
+      if (perm.size() != rank || p < 0 || p >= static_cast<int64_t>(rank) || seen[p]) {
+        return NodeError(node, "perm is not a permutation of the dims");
+      }
+      seen[p] = true;
+    }
+    // Output dim d walks input dim perm[d]: gather in the input's order.
+    Ints out;
+    for (int64_t p : perm) out.dims.push_back(ints.dims[p]);
+    std::vector<int64_t> out_stride(rank, 1);
+    for (size_t d = rank; d-- > 1;) out_stride[d - 1] = out_stride[d] * out.dims[d];
+    out.values.assign(ints.values.size(), 0);
+    std::vector<int64_t> at(rank, 0);  // an input position
+    for (int64_t value : ints.values) {
+      int64_t target = 0;
+      for (size_t d = 0; d < rank; ++d) target += at[perm[d]] * out_stride[d];
+      out.values[target] = value;
+      for (size_t d = rank; d-- > 0;) {
+        if (++at[d] < ints.dims[d]) break;
+        at[d] = 0;
+      }
+    }
+    return DefineInts(node, 0, std::move(out));
   }
 
   // [begin, end) of ONNX Slice's start and end along a dim of `size`:
@@ -1213,6 +1252,68 @@ class Importer {
       return std::min(v, size);
     };
     return {clamp(start), clamp(end)};
+  }
+
+  // A Slice of a known integer tensor with any steps, as ONNX defines them
+  // (F.pad's export reverses its (dims, 2) pads with a step of -1).
+  absl::Status FoldSteppedSlice(const onnx::NodeProto& node, const Ints& ints,
+                                const std::vector<int64_t>& starts,
+                                const std::vector<int64_t>& ends,
+                                const std::vector<int64_t>& axes,
+                                const std::vector<int64_t>& steps) {
+    const auto rank = static_cast<int64_t>(ints.dims.size());
+    // The source index along each dim of each output position.
+    std::vector<std::vector<int64_t>> picks(rank);
+    for (int64_t d = 0; d < rank; ++d) {
+      for (int64_t i = 0; i < ints.dims[d]; ++i) picks[d].push_back(i);
+    }
+    for (size_t k = 0; k < axes.size(); ++k) {
+      const int64_t axis = axes[k] < 0 ? axes[k] + rank : axes[k];
+      if (axis < 0 || axis >= rank) {
+        return NodeError(node, absl::StrCat("axis ", axes[k], " out of range"));
+      }
+      const int64_t size = ints.dims[axis], step = steps[k];
+      if (step == 0) return NodeError(node, "step 0");
+      auto wrap = [size](int64_t i) { return i < 0 ? i + size : i; };
+      std::vector<int64_t>& pick = picks[axis];
+      pick.clear();
+      if (step > 0) {
+        const int64_t end = std::clamp<int64_t>(wrap(ends[k]), 0, size);
+        for (int64_t i = std::clamp<int64_t>(wrap(starts[k]), 0, size); i < end; i += step) {
+          pick.push_back(i);
+        }
+      } else {
+        const int64_t end = std::clamp<int64_t>(wrap(ends[k]), -1, size - 1);
+        for (int64_t i = std::clamp<int64_t>(wrap(starts[k]), 0, size - 1); i > end; i += step) {
+          pick.push_back(i);
+        }
+      }
+    }
+    Ints out;
+    for (const auto& pick : picks) out.dims.push_back(static_cast<int64_t>(pick.size()));
+    GatherInts(ints, picks, out);
+    return DefineInts(node, 0, std::move(out));
+  }
+
+  // out.values[p] = in.values[source of p], p over out.dims in row-major
+  // order; the source index along dim d of position (i_0, ...) is picks[d][i_d].
+  static void GatherInts(const Ints& in, const std::vector<std::vector<int64_t>>& picks,
+                         Ints& out) {
+    const size_t rank = in.dims.size();
+    std::vector<int64_t> stride(rank, 1);
+    for (size_t d = rank; d-- > 1;) stride[d - 1] = stride[d] * in.dims[d];
+    int64_t count = 1;
+    for (const auto& pick : picks) count *= static_cast<int64_t>(pick.size());
+    std::vector<int64_t> at(rank, 0);
+    for (int64_t p = 0; p < count; ++p) {
+      int64_t source = 0;
+      for (size_t d = 0; d < rank; ++d) source += picks[d][at[d]] * stride[d];
+      out.values.push_back(in.values[source]);
+      for (size_t d = rank; d-- > 0;) {
+        if (++at[d] < static_cast<int64_t>(picks[d].size())) break;
+        at[d] = 0;
+      }
+    }
   }
 
   // Slice with constant (or folded) starts, ends, axes and steps of 1: one
@@ -1236,11 +1337,14 @@ class Importer {
         (!steps.empty() && steps.size() != starts.size())) {
       return NodeError(node, "starts, ends, axes and steps differ in length");
     }
+    ASSIGN_OR_RETURN(Operand in, FirstOperand(node));
+    const std::optional<Ints>& ints = in.ints;
+    const bool unit_steps =
+        std::all_of(steps.begin(), steps.end(), [](int64_t s) { return s == 1; });
+    if (ints && !unit_steps) return FoldSteppedSlice(node, *ints, starts, ends, axes, steps);
     for (int64_t s : steps) {
       if (s != 1) return NodeError(node, absl::StrCat("step ", s, " is not supported (only 1)"));
     }
-    ASSIGN_OR_RETURN(Operand in, FirstOperand(node));
-    const std::optional<Ints>& ints = in.ints;
     Value x = in.value;
     const Shape& shape = in.shape;
     const auto rank = static_cast<int64_t>(shape.size());

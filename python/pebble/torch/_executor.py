@@ -1,0 +1,212 @@
+"""Runs a pebble schedule with PyTorch's operators.
+
+Device memory holds exactly the tensors the schedule holds: `compute v` runs
+v's kernel (_kernels.py) on its resident inputs, `free v` drops the tensor,
+`offload v` copies it to a host buffer (pinned, on a side CUDA stream with an
+event, on a GPU; a separate tensor on the CPU) and `prefetch v` copies it
+back. Every computed tensor owns its storage, exactly its bytes, so the
+measured peak (the executors' rule: the largest sum of the resident tensors'
+bytes, the output counted with its inputs) is the memory the step held.
+"""
+
+import time
+
+import torch
+
+from ._kernels import KERNELS
+
+
+class PlanExecutionError(RuntimeError):
+    """A kernel's output does not match its node (a bug), or a step is impossible."""
+
+
+class BatchNormState:
+    """The running statistics one batchnorm_stats node updates, as the module's
+    forward does: once per step, on the node's first computation."""
+
+    def __init__(self, running_mean, running_var, num_batches_tracked, momentum, eps):
+        self.running_mean = running_mean
+        self.running_var = running_var
+        self.num_batches_tracked = num_batches_tracked
+        self.momentum = momentum
+        self.eps = eps
+        self.pending = True
+
+
+def _nbytes(t):
+    return t.numel() * t.element_size()
+
+
+def _storage_nbytes(t):
+    storage = t.untyped_storage() if hasattr(t, "untyped_storage") else t.storage()
+    return storage.nbytes()
+
+
+class StepResult:
+    """What one run measured."""
+
+    def __init__(self):
+        self.outputs = {}
+        self.peak_bytes = 0
+        self.transfer_bytes = 0
+        self.host_peak_bytes = 0
+        self.computes = 0
+        self.recomputations = 0
+        self.time_s = 0.0
+
+
+class Program:
+    """A schedule compiled against a graph's nodes; `run` executes it."""
+
+    COMPUTE, FREE, OFFLOAD, PREFETCH = range(4)
+    _ACTIONS = {"compute": COMPUTE, "free": FREE, "offload": OFFLOAD, "prefetch": PREFETCH}
+
+    def __init__(self, nodes, schedule, outputs, device, workspace):
+        self.nodes = nodes
+        self.device = device
+        self.workspace = workspace  # node index -> bytes (the graph's `workspace`)
+        index = {n.id: n.index for n in nodes}
+        self.outputs = [index[o] for o in outputs]
+        self.steps = []
+        for action, node_id in schedule:
+            kind = self._ACTIONS.get(action)
+            if kind is None:
+                raise PlanExecutionError(f"unknown schedule action '{action}'")
+            node = nodes[index[node_id]]
+            if kind == self.COMPUTE and node.op not in KERNELS:
+                raise PlanExecutionError(f"node '{node.id}': operator '{node.op}' has no "
+                                         "PyTorch kernel in pebble.torch")
+            inputs = tuple(index[i] for i in node.inputs) if kind == self.COMPUTE else ()
+            self.steps.append((kind, node, inputs))
+        self.cuda = device.type == "cuda"
+        self.copy_stream = torch.cuda.Stream(device) if self.cuda else None
+        # node index -> its host copy (pinned on a GPU), made once and kept
+        # between steps: the plan's host memory.
+        self.host = {}
+        for kind, node, _ in self.steps:
+            if kind == self.OFFLOAD and node.index not in self.host:
+                self.host[node.index] = torch.empty(node.shape, dtype=node.dtype, device="cpu",
+                                                    pin_memory=self.cuda)
+
+    def run(self, persistent):
+        """Executes the schedule; `persistent` maps node index -> tensor (the
+        parameters, buffers, inputs and target, resident throughout)."""
+        state = _RunState(self, persistent)
+        handlers = {self.COMPUTE: state.compute, self.FREE: state.free,
+                    self.OFFLOAD: state.offload, self.PREFETCH: state.prefetch}
+        start = time.perf_counter()
+        # Each handler returns before the next step: no tensor outlives its
+        # `free` in a local variable.
+        for kind, node, inputs in self.steps:
+            handlers[kind](node, inputs)
+        state.finish()
+        result = state.result
+        result.time_s = time.perf_counter() - start
+        result.recomputations = result.computes - len(state.computed)
+        result.outputs = {self.nodes[o].id: state.live[o] for o in self.outputs}
+        return result
+
+    @staticmethod
+    def _checked(node, out, args):
+        """The output as a tensor of its own storage, of the node's shape and dtype."""
+        if not isinstance(out, torch.Tensor):
+            raise PlanExecutionError(f"node '{node.id}' (op {node.op}): the kernel returned "
+                                     f"{type(out).__name__}")
+        if node.shape is not None and tuple(out.shape) != node.shape:
+            raise PlanExecutionError(f"node '{node.id}' (op {node.op}): PyTorch computed shape "
+                                     f"{tuple(out.shape)}, the graph says {node.shape}")
+        if node.dtype is not None and out.dtype != node.dtype:
+            raise PlanExecutionError(f"node '{node.id}' (op {node.op}): PyTorch computed "
+                                     f"{out.dtype}, the graph says {node.dtype}")
+        shares = any(isinstance(a, torch.Tensor) and a.numel() and out.numel() and
+                     a.data_ptr() == out.data_ptr() for a in args)
+        if (shares or not out.is_contiguous() or out.storage_offset() != 0 or
+                _storage_nbytes(out) != _nbytes(out)):
+            out = out.clone(memory_format=torch.contiguous_format)
+        return out
+
+
+class _RunState:
+    """One run: the resident tensors, the byte count and, on CUDA, the events
+    a tensor's users wait for (a prefetch's end before a read, an offload's
+    end before the device copy is dropped)."""
+
+    def __init__(self, program, persistent):
+        self.program = program
+        self.result = StepResult()
+        self.live = [None] * len(program.nodes)
+        for i, t in persistent.items():
+            self.live[i] = t
+        self.resident = sum(_nbytes(t) for t in persistent.values())
+        self.result.peak_bytes = self.resident
+        self.host_bytes = 0
+        self.computed = set()
+        self.ready, self.offloaded = {}, {}
+        self.cuda = program.cuda
+        self.stream = torch.cuda.current_stream(program.device) if self.cuda else None
+
+    def _hold(self, i, t, workspace=0):
+        self.live[i] = t
+        self.resident += _nbytes(t)
+        self.result.peak_bytes = max(self.result.peak_bytes, self.resident + workspace)
+
+    def compute(self, node, inputs):
+        if self.cuda:
+            for u in inputs:
+                event = self.ready.pop(u, None)
+                if event is not None:
+                    self.stream.wait_event(event)
+        args = [self.live[u] for u in inputs]
+        out = Program._checked(node, KERNELS[node.op](node, args), args)
+        self._hold(node.index, out, self.program.workspace.get(node.index, 0))
+        self.result.computes += 1
+        self.computed.add(node.index)
+
+    def free(self, node, _inputs):
+        i = node.index
+        if self.cuda:
+            for pending in (self.offloaded, self.ready):
+                event = pending.pop(i, None)
+                if event is not None:
+                    self.stream.wait_event(event)
+        self.resident -= _nbytes(self.live[i])
+        self.live[i] = None
+
+    def offload(self, node, _inputs):
+        t = self.live[node.index]
+        buffer = self.program.host[node.index]
+        if self.cuda:
+            copy_stream = self.program.copy_stream
+            copy_stream.wait_stream(self.stream)
+            with torch.cuda.stream(copy_stream):
+                buffer.copy_(t, non_blocking=True)
+                event = torch.cuda.Event()
+                event.record()
+            self.offloaded[node.index] = event
+        else:
+            buffer.copy_(t)
+        self.host_bytes += _nbytes(t)
+        self.result.host_peak_bytes = max(self.result.host_peak_bytes, self.host_bytes)
+        self.result.transfer_bytes += _nbytes(t)
+
+    def prefetch(self, node, _inputs):
+        buffer = self.program.host[node.index]
+        t = torch.empty(buffer.shape, dtype=buffer.dtype, device=self.program.device)
+        if self.cuda:
+            copy_stream = self.program.copy_stream
+            copy_stream.wait_stream(self.stream)
+            with torch.cuda.stream(copy_stream):
+                t.copy_(buffer, non_blocking=True)
+                event = torch.cuda.Event()
+                event.record()
+            self.ready[node.index] = event
+        else:
+            t.copy_(buffer)
+        self._hold(node.index, t)
+        self.result.transfer_bytes += _nbytes(t)
+
+    def finish(self):
+        if self.cuda:
+            for event in list(self.ready.values()) + list(self.offloaded.values()):
+                self.stream.wait_event(event)
+            torch.cuda.synchronize(self.program.device)
