@@ -11,7 +11,8 @@ median of --repeat after one warm-up) of:
 - eager PyTorch;
 - checkpoint_sequential over the model as a sequence of its top-level
   stages, for each --segments count;
-- each pebble policy at the budget of each checkpointed run's measured peak
+- pebble.torch with the unplanned order (`baseline`: the plug-in's own cost),
+  then each policy at the budget of each checkpointed run's measured peak
   (equal peak) and at `min`.
 
 Peak memory is pebble.torch.measure's: on a GPU torch.cuda.max_memory_allocated
@@ -26,6 +27,7 @@ peak, and one with a lower peak than eager at no more than 1.3x its time.
 import argparse
 import copy
 import datetime
+import inspect
 import platform
 import statistics
 import sys
@@ -56,18 +58,26 @@ class Conv3dNet(torch.nn.Sequential):
 
 
 def build(name, device, gen):
-    """(model, its stages as nn.Sequential sharing the modules, loss, batch)."""
+    """(model, loss, batch)."""
     batch, side, classes = SIZES[name]
     if name == "conv3d":
-        model = Conv3dNet()
         shape = (batch, 1, side, side, side)
         data = (torch.randn(shape, generator=gen), torch.randn(shape, generator=gen))
-        return model.to(device), model, torch.nn.MSELoss(), tuple(t.to(device) for t in data)
+        return Conv3dNet().to(device), torch.nn.MSELoss(), tuple(t.to(device) for t in data)
     model = getattr(torchvision.models, name)(num_classes=classes)
     for m in model.modules():
         if isinstance(m, torch.nn.Dropout):
             m.p = 0.0
+    x = torch.randn(batch, 3, side, side, generator=gen)
+    y = torch.randint(0, classes, (batch,), generator=gen)
+    return model.to(device), torch.nn.CrossEntropyLoss(), (x.to(device), y.to(device))
+
+
+def stages_of(name, model):
+    """The model as nn.Sequential of its top-level stages (sharing its modules)."""
     nn = torch.nn
+    if name == "conv3d":
+        return model
     if name.startswith("resnet"):
         stages = [model.conv1, model.bn1, model.relu, model.maxpool]
         for layer in (model.layer1, model.layer2, model.layer3, model.layer4):
@@ -80,10 +90,7 @@ def build(name, device, gen):
                                          model.classifier]
     else:
         raise ValueError(f"no sequential form of '{name}' here")
-    x = torch.randn(batch, 3, side, side, generator=gen)
-    y = torch.randint(0, classes, (batch,), generator=gen)
-    return (model.to(device), nn.Sequential(*stages).to(device), nn.CrossEntropyLoss(),
-            (x.to(device), y.to(device)))
+    return nn.Sequential(*stages)
 
 
 def timed(model, fn, data, repeat, uncounted=()):
@@ -104,7 +111,7 @@ def timed(model, fn, data, repeat, uncounted=()):
 def bench_model(name, args, device):
     gen = torch.Generator().manual_seed(0)
     torch.manual_seed(0)
-    model, stages, loss_fn, data = build(name, device, gen)
+    model, loss_fn, data = build(name, device, gen)
     rows = []
 
     def eager(x, y):
@@ -114,33 +121,51 @@ def bench_model(name, args, device):
     rows.append(("eager", "", peak, seconds, ""))
     eager_time, eager_peak = seconds, peak
     equal_peaks = []
-    for segments in args.segments:
-        kwargs = {"use_reentrant": False}
-
+    # PyTorch 1.13's checkpoint_sequential is reentrant only: a segment
+    # backpropagates into its parameters only where its input requires a
+    # gradient, so the batch does (its gradient, one input's size, is counted).
+    reentrant_only = "use_reentrant" not in inspect.signature(checkpoint_sequential).parameters
+    kwargs = {} if reentrant_only else {"use_reentrant": False}
+    # A copy whose activations are not in place: a checkpointed segment's
+    # input is a leaf that requires a gradient.
+    checkpointed_model = copy.deepcopy(model)
+    for m in checkpointed_model.modules():
+        if hasattr(m, "inplace"):
+            m.inplace = False
+    stages = stages_of(name, checkpointed_model)
+    for segments in [s for s in args.segments if s <= len(stages)]:
         def checkpointed(x, y, segments=segments):
+            if reentrant_only:
+                x = x.detach().requires_grad_(True)
             out = checkpoint_sequential(stages, segments, x, **kwargs)
             loss_fn(out, y).backward()
 
-        seconds, peak = timed(model, checkpointed, data, args.repeat)
+        seconds, peak = timed(checkpointed_model, checkpointed, data, args.repeat)
         rows.append((f"checkpoint_sequential({segments})", "", peak, seconds, ""))
         equal_peaks.append((segments, peak, seconds))
     budgets = [(f"= checkpoint({s})", str(p)) for s, p, _ in equal_peaks] + [("min", "min")]
-    for policy in args.policies:
-        for label, budget in budgets:
-            planned = copy.deepcopy(model)
-            try:
-                step = pt.train_step(planned, loss_fn, data[0], data[1], policy=policy,
-                                     budget=budget, time_limit=args.time_limit)
-            except ValueError as e:
-                rows.append((policy, label, None, None, str(e).split(": ", 1)[-1][:60]))
-                continue
-            seconds, peak = timed(planned, step, data, args.repeat,
-                                  list(step.program.host.values()))
-            r = step.report
-            note = (f"{r['recomputations']} recomputed, "
-                    f"{r['transfer_bytes'] / MIB:.0f} MiB moved" if r["transfer_bytes"]
-                    else f"{r['recomputations']} recomputed")
-            rows.append((policy, label, peak, seconds, note))
+    # The unplanned order first (pebble.torch's own cost against eager), then
+    # every policy at every budget.
+    configs = [("baseline", ("100%", "100%"))]
+    configs += [(policy, budget) for policy in args.policies for budget in budgets]
+    for policy, (label, budget) in configs:
+        planned = copy.deepcopy(model)
+        try:
+            step = pt.train_step(planned, loss_fn, data[0], data[1], policy=policy,
+                                 budget=budget, time_limit=args.time_limit)
+        except pt.PlanError as e:
+            rows.append((policy, label, None, None, "does not fit: " + str(e).split(": ", 1)[-1]))
+            continue
+        except ValueError as e:  # a planner refusing the graph (its size, its shape)
+            rows.append((policy, label, None, None, "not planned: " + str(e)))
+            continue
+        seconds, peak = timed(planned, step, data, args.repeat,
+                              list(step.program.host.values()))
+        r = step.report
+        note = (f"{r['recomputations']} recomputed, "
+                f"{r['transfer_bytes'] / MIB:.0f} MiB moved" if r["transfer_bytes"]
+                else f"{r['recomputations']} recomputed")
+        rows.append((policy, label, peak, seconds, note))
     return rows, eager_peak, eager_time, equal_peaks
 
 
@@ -199,7 +224,7 @@ def main():
                   "| --- | --- | ---: | ---: | ---: | --- |"]
         for run, budget, peak, seconds, note in rows:
             if peak is None:
-                lines.append(f"| {run} | {budget} | | | | does not fit: {note} |")
+                lines.append(f"| {run} | {budget} | | | | {note} |")
             else:
                 lines.append(f"| {run} | {budget} | {peak / MIB:.1f} | {seconds:.3f} | "
                              f"{seconds / eager_time:.2f} | {note} |")

@@ -446,6 +446,19 @@ TEST(OnnxImportTest, ReduceMeanOverAnyAxesAndBroadcastsOfAnyDims) {
   EXPECT_NE(g->Find("grad:relu"), kNoNode);
 }
 
+// Moves the nodes from index `before` on (appended to TinyModel's graph)
+// ahead of its pooling, in their order, and pools `value` instead of r.
+void FeedThePool(ModelMaker& m, int before, const std::string& value) {
+  auto* nodes = m.graph()->mutable_node();
+  const int added = nodes->size() - before;
+  int pool = 0;
+  while (nodes->Get(pool).op_type() != "GlobalAveragePool") ++pool;
+  for (int k = 0; k < added; ++k) {
+    for (int i = before + k; i > pool + k; --i) nodes->SwapElements(i, i - 1);
+  }
+  FindNode(m, "GlobalAveragePool")->set_input(0, value);
+}
+
 // ShuffleNet's channel shuffle as torch.onnx.export writes it: x.size()
 // (Shape, Gather), the channels per group (Div), the new shape (Unsqueeze,
 // Concat) folded into constants for Reshape; Transpose; a Split, a Slice
@@ -485,13 +498,7 @@ std::string ShuffleModel(const std::function<void(ModelMaker&)>& edit = nullptr)
     m.Node("Slice", "/Slice_1", {"swapped", "i0v", "four", "axes1"}, {"same"});
     m.IntInitializer("i0v", {0});
     m.IntInitializer("axes1", {1});
-    const int added = nodes->size() - before;
-    int pool = 0;
-    while (nodes->Get(pool).op_type() != "GlobalAveragePool") ++pool;
-    for (int k = 0; k < added; ++k) {
-      for (int i = before + k; i > pool + k; --i) nodes->SwapElements(i, i - 1);
-    }
-    FindNode(m, "GlobalAveragePool")->set_input(0, "same");
+    FeedThePool(m, before, "same");
     if (edit) edit(m);
   });
 }
@@ -544,13 +551,7 @@ TEST(OnnxImportTest, PadsReversedAndTransposedFold) {
     ModelMaker::IntsAttr(t, "perm", {1, 0});
     m.Node("Reshape", "/Reshape_q", {"columns", "flat"}, {"onnx_pads"});
     m.Node("Pad", "/Pad", {"r", "onnx_pads"}, {"padded"});
-    const int added = nodes->size() - before;
-    int pool = 0;
-    while (nodes->Get(pool).op_type() != "GlobalAveragePool") ++pool;
-    for (int k = 0; k < added; ++k) {
-      for (int i = before + k; i > pool + k; --i) nodes->SwapElements(i, i - 1);
-    }
-    FindNode(m, "GlobalAveragePool")->set_input(0, "padded");
+    FeedThePool(m, before, "padded");
   }));
   ASSERT_TRUE(g.ok()) << g.status();
   const NodeId pad = g->Find("pad");

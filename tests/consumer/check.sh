@@ -57,4 +57,10 @@ if [[ -n "$site" ]]; then
 import json, pebble
 print(json.dumps(pebble.plan(pebble.model('$model'), policy='$policy', budget='$budget').report))")
   same "the installed Python module" "$got"
+  # pebble.torch is installed beside it (where PyTorch is there to import it).
+  if PYTHONPATH="$site" "$python" -c "import torch" 2>/dev/null; then
+    PYTHONPATH="$site" "$python" -c "import pebble.torch as pt; assert callable(pt.train_step)" ||
+      { echo "FAIL: the installed pebble.torch does not import" >&2; exit 1; }
+    echo "ok: the installed pebble.torch imports"
+  fi
 fi

@@ -225,13 +225,8 @@ def check_network(torch, pt, name, model, loss_fn, make_batch, device):
 
         def run(x, y):
             held = list(planned_model.parameters()) + list(planned_model.buffers()) + [*x, y]
-            if device.type == "cuda":
-                loss = step(*x, y)
-                seen = step.report["cuda_max_memory_allocated_bytes"]
-            else:
-                with pt.TensorMemory(held + list(step.program.host.values())) as memory:
-                    loss = step(*x, y)
-                seen = pt.tensor_bytes(held) + memory.peak_bytes
+            loss, seen, _ = pt.measure(lambda: step(*x, y), held,
+                                       list(step.program.host.values()))
             peaks.append((step.report["measured_peak_bytes"], step.report["predicted_peak_bytes"],
                           step.report["budget_bytes"], seen))
             return loss
@@ -290,6 +285,12 @@ def error_cases(torch, pt):
         s = step()
         return s(bad_x, y)
 
+    def parameter_replaced():
+        model = Net(nn.ReLU())
+        s = pt.train_step(model, ce, x, y)
+        model.fc.weight = nn.Parameter(torch.randn(9, 8))
+        return s(x, y)
+
     def bn_cumulative():
         m = nn.Sequential(nn.Linear(8, 8), nn.BatchNorm1d(8, momentum=None))
         return pt.train_step(m, ce, x, y)
@@ -312,6 +313,8 @@ def error_cases(torch, pt):
          ["momentum=None", "'1'"]),
         ("a call of another shape", lambda: called_with(torch.randn(5, 8)), ValueError,
          ["(5, 8)", "(4, 8)"]),
+        ("a parameter replaced by one of another shape", parameter_replaced, ValueError,
+         ["'fc.weight'", "(9, 8)", "(8, 8)"]),
         ("unknown policy", lambda: step(policy="no-such-policy"), ValueError,
          ["no-such-policy"]),
         ("budget below the least peak",
@@ -341,7 +344,8 @@ def run_errors(torch, pt, only):
 
 
 def run_accumulation(torch, pt, device):
-    """Two calls without zero_grad add into .grad, as two backward() calls do."""
+    """Two calls without zero_grad add into .grad, as two backward() calls do;
+    a parameter replaced (same shape) after planning gets the next gradient."""
     torch.manual_seed(3)
     model = torch.nn.Sequential(torch.nn.Linear(5, 6), torch.nn.Tanh(),
                                 torch.nn.Linear(6, 2)).to(device)
@@ -353,8 +357,12 @@ def run_accumulation(torch, pt, device):
         torch.nn.functional.mse_loss(eager(x), y).backward()
     worst = max(relative_error(a.grad, b.grad)
                 for a, b in zip(model.parameters(), eager.parameters()))
-    ok = worst <= TOLERANCE
-    print(f"{'ok' if ok else 'FAILED':>6} gradients accumulate across calls: worst {worst:.1e}")
+    model[2].weight = torch.nn.Parameter(model[2].weight.detach().clone())
+    step(x, y)
+    replaced = model[2].weight.grad is not None
+    ok = worst <= TOLERANCE and replaced
+    print(f"{'ok' if ok else 'FAILED':>6} gradients accumulate across calls: worst {worst:.1e}; "
+          f"a replaced parameter {'gets' if replaced else 'misses'} its gradient")
     return not ok
 
 

@@ -22,8 +22,8 @@ and the same optimizer, and the check asserts:
 - every step's measured peak equals the plan's predicted peak, which is at
   most the budget; an offloading plan's measured transfers equal predicted;
 - independently, the storages PyTorch's dispatcher saw live during the step
-  (pebble.torch.TensorMemory, the kernels' temporaries included; on a GPU
-  torch.cuda.max_memory_allocated) peak at most OUTSIDE_PLAN above the
+  (pebble.torch.measure: TensorMemory, the kernels' temporaries included; on
+  a GPU torch.cuda.max_memory_allocated) peak at most OUTSIDE_PLAN above the
   predicted peak (on the CPU: not above it): every tensor the plan frees is
   really gone, and every temporary is in the plan;
 - after the last step: every parameter, running statistic and
@@ -72,17 +72,11 @@ def relative_error(planned, eager):
 
 
 def conv3d_net(torch):
-    nn = torch.nn
+    """The seed network (tests/torch/models.py) without its loss: the prediction."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import models
 
-    class Conv3dNet(nn.Module):
-        """The seed network: three Conv3d(3, padding=1) + ReLU, 1 -> 4 -> 8 -> 1."""
-
-        def __init__(self):
-            super().__init__()
-            self.conv1 = nn.Conv3d(1, 4, 3, padding=1)
-            self.conv2 = nn.Conv3d(4, 8, 3, padding=1)
-            self.conv3 = nn.Conv3d(8, 1, 3, padding=1)
-
+    class Conv3dNet(models.Conv3dNet):
         def forward(self, x):
             x = torch.relu(self.conv1(x))
             x = torch.relu(self.conv2(x))
@@ -174,13 +168,8 @@ def check_config(torch, pt, judge, model, loss_fn, batches, policy, budget, args
 
     def run(x, y):
         held = list(planned.parameters()) + list(planned.buffers()) + [x, y]
-        if x.is_cuda:
-            loss = step(x, y)
-            seen = step.report["cuda_max_memory_allocated_bytes"]
-        else:  # the plan's host copies are not device memory
-            with pt.TensorMemory(held + list(step.program.host.values())) as memory:
-                loss = step(x, y)
-            seen = pt.tensor_bytes(held) + memory.peak_bytes
+        # The plan's host copies are not device memory.
+        loss, seen, _ = pt.measure(lambda: step(x, y), held, list(step.program.host.values()))
         r = step.report
         peaks.append((r["measured_peak_bytes"], r["predicted_peak_bytes"], r["budget_bytes"],
                       r["transfer_bytes"], r["predicted_transfer_bytes"], seen))
@@ -194,28 +183,27 @@ def check_config(torch, pt, judge, model, loss_fn, batches, policy, budget, args
     loss_error = judge.error(loss, "loss", "loss")
     if loss_error is not None and loss_error > args.tolerance:
         problems.append(f"loss {loss.item()} vs eager {eager_loss.item()} ({loss_error:.2e})")
-    grad_worst = (0.0, "")
-    for name, g in grads.items():
-        e = judge.error(g, "grad", name)
-        if e is None:
-            continue
-        grad_worst = max(grad_worst, (e, name))
-        if e > args.tolerance:
-            problems.append(f"grad of {name}: {e:.2e}")
-    state_worst = (0.0, "")
-    for name, t in state.items():
-        ref = eager_state[name]
-        if t.dtype == torch.int64:
-            if not torch.equal(t, ref):
-                problems.append(f"{name} after {args.sgd_steps} steps: {t.tolist()} vs "
-                                f"{ref.tolist()}")
-            continue
-        e = judge.error(t, "state", name)
-        if e is None:
-            continue
-        state_worst = max(state_worst, (e, name))
-        if e > args.tolerance:
-            problems.append(f"{name} after {args.sgd_steps} steps: {e:.2e}")
+    def worst_of(tensors, what, label):
+        """The largest error among `tensors` (name -> tensor); each one over
+        the tolerance is a problem."""
+        worst = (0.0, "")
+        for name, t in tensors.items():
+            if t.dtype == torch.int64:  # num_batches_tracked: exactly
+                if not torch.equal(t, eager_state[name]):
+                    problems.append(f"{label(name)}: {t.tolist()} vs "
+                                    f"{eager_state[name].tolist()}")
+                continue
+            e = judge.error(t, what, name)
+            if e is None:
+                continue
+            worst = max(worst, (e, name))
+            if e > args.tolerance:
+                problems.append(f"{label(name)}: {e:.2e}")
+        return worst
+
+    grad_worst = worst_of(grads, "grad", lambda name: f"grad of {name}")
+    state_worst = worst_of(state, "state",
+                           lambda name: f"{name} after {args.sgd_steps} steps")
     excused = judge.ill_conditioned - excused
     limit = OUTSIDE_PLAN[args.device]
     seen_worst = max(p[5] / p[1] - 1 for p in peaks)

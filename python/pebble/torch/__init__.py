@@ -92,27 +92,26 @@ class TrainStep:
     # --- set-up ---------------------------------------------------------------
 
     def _bind(self, captured):
-        """Persistent nodes to the module's tensors (state_dict() keys), the
-        inputs and target to call arguments, statistics nodes to the buffers."""
+        """Which node is which: persistent nodes are the module's state_dict()
+        entries (looked up again at every call, so a module moved or reloaded
+        since is seen), constants of the export, the inputs and the target."""
         state = self.model.state_dict(keep_vars=True)
         by_id = {n.id: n for n in self.nodes}
-        self.persistent = {}       # node index -> tensor (parameters, buffers, constants)
-        self.gradients = []        # (output id, parameter)
+        self.state_nodes = []      # (node, state_dict key)
+        self.constants = {}        # node index -> tensor (constants of the export)
         self.input_index = [by_id[i].index for i in self.input_ids]
-        self.target_index = by_id["target"].index if "target" in by_id else None
+        self.target_index = by_id["target"].index
         for node, doc in zip(self.nodes, captured.nodes):
             if not doc.get("persistent") or doc.get("op") == "input":
                 continue
             if node.id in state:
-                self.persistent[node.index] = state[node.id].detach()
+                self.state_nodes.append((node, node.id))
             else:
-                self.persistent[node.index] = captured.constants[node.id].to(
+                self.constants[node.index] = captured.constants[node.id].to(
                     self.device, node.dtype)
-        for out in self.graph.outputs:
-            if out.startswith("grad:"):
-                param = state.get(out[len("grad:"):])
-                if isinstance(param, torch.nn.Parameter) and param.requires_grad:
-                    self.gradients.append((out, param))
+        # (graph output, parameter key): where each gradient goes.
+        self.gradient_keys = [(out, out[len("grad:"):]) for out in self.graph.outputs
+                              if out.startswith("grad:") and out[len("grad:"):] in state]
         for node in self.nodes:
             if node.op == "batchnorm_stats":
                 node.bn = self._batchnorm_state(node, state)
@@ -126,12 +125,29 @@ class TrainStep:
         module = _submodule(self.model, prefix) if prefix else None
         momentum = getattr(module, "momentum", None) if module is not None else None
         eps = getattr(module, "eps", None) if module is not None else None
-        counter = state.get(prefix + ".num_batches_tracked") if prefix else None
+        counter = prefix + ".num_batches_tracked" if prefix else None
         return BatchNormState(
-            state[mean_id].detach(), state[var_id].detach(),
-            counter.detach() if counter is not None else None,
+            mean_id, var_id, counter if counter in state else None,
             momentum if momentum is not None else f32_decimal(node.attrs.get("momentum", 0.1)),
             eps if eps is not None else f32_decimal(node.attrs.get("eps", 1e-5)))
+
+    def _module_tensors(self):
+        """(persistent tensors by node index, [(output id, parameter)]) from the
+        module as it is now; ValueError where it changed under the plan."""
+        state = self.model.state_dict(keep_vars=True)
+        persistent = dict(self.constants)
+        for node, key in self.state_nodes:
+            t = state.get(key)
+            if t is None:
+                raise ValueError(f"the module has no '{key}' any more; make a new train_step")
+            _check_tensor(t, node, f"'{key}'", self.device)
+            persistent[node.index] = t.detach()
+        for node in self.nodes:
+            if node.bn is not None:
+                node.bn.bind(state)
+        gradients = [(out, state[key]) for out, key in self.gradient_keys
+                     if isinstance(state[key], torch.nn.Parameter) and state[key].requires_grad]
+        return persistent, gradients
 
     def _check_example(self, inputs, target):
         _check_tensor(target, self.nodes[self.target_index], "example_target", self.device)
@@ -166,15 +182,12 @@ class TrainStep:
             raise TypeError(f"the step takes {len(self.input_index)} input(s) and the target, "
                             f"got {len(args)} argument(s)")
         *inputs, target = args
-        persistent = dict(self.persistent)
+        persistent, gradients = self._module_tensors()
         for k, (t, i) in enumerate(zip(inputs, self.input_index)):
             _check_tensor(t, self.nodes[i], f"input {k}", self.device)
             persistent[i] = t.detach()
         _check_tensor(target, self.nodes[self.target_index], "the target", self.device)
         persistent[self.target_index] = target.detach()
-        for node in self.nodes:
-            if node.bn is not None:
-                node.bn.pending = True
         self.run_context.step += 1
         cuda = self.device.type == "cuda"
         if cuda:
@@ -183,7 +196,7 @@ class TrainStep:
             torch.cuda.reset_peak_memory_stats(self.device)
         with torch.no_grad():
             result = self.program.run(persistent)
-            for out_id, param in self.gradients:
+            for out_id, param in gradients:
                 grad = result.outputs[out_id]
                 if param.grad is None:
                     param.grad = grad

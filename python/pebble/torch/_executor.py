@@ -22,14 +22,23 @@ class PlanExecutionError(RuntimeError):
 
 class BatchNormState:
     """The running statistics one batchnorm_stats node updates, as the module's
-    forward does: once per step, on the node's first computation."""
+    forward does: once per step, on the node's first computation. Built with
+    the buffers' state_dict() keys; `bind` finds them at each step."""
 
-    def __init__(self, running_mean, running_var, num_batches_tracked, momentum, eps):
-        self.running_mean = running_mean
-        self.running_var = running_var
-        self.num_batches_tracked = num_batches_tracked
+    def __init__(self, mean_key, var_key, counter_key, momentum, eps):
+        self.keys = (mean_key, var_key, counter_key)
         self.momentum = momentum
         self.eps = eps
+        self.running_mean = self.running_var = self.num_batches_tracked = None
+        self.pending = False
+
+    def bind(self, state):
+        """The module's buffers (a state_dict(keep_vars=True)), for one step."""
+        mean_key, var_key, counter_key = self.keys
+        self.running_mean = state[mean_key].detach()
+        self.running_var = state[var_key].detach()
+        counter = state.get(counter_key) if counter_key else None
+        self.num_batches_tracked = counter.detach() if counter is not None else None
         self.pending = True
 
 
@@ -174,17 +183,9 @@ class _RunState:
 
     def offload(self, node, _inputs):
         t = self.live[node.index]
-        buffer = self.program.host[node.index]
-        if self.cuda:
-            copy_stream = self.program.copy_stream
-            copy_stream.wait_stream(self.stream)
-            with torch.cuda.stream(copy_stream):
-                buffer.copy_(t, non_blocking=True)
-                event = torch.cuda.Event()
-                event.record()
+        event = self._copy(self.program.host[node.index], t)
+        if event is not None:
             self.offloaded[node.index] = event
-        else:
-            buffer.copy_(t)
         self.host_bytes += _nbytes(t)
         self.result.host_peak_bytes = max(self.result.host_peak_bytes, self.host_bytes)
         self.result.transfer_bytes += _nbytes(t)
@@ -192,18 +193,26 @@ class _RunState:
     def prefetch(self, node, _inputs):
         buffer = self.program.host[node.index]
         t = torch.empty(buffer.shape, dtype=buffer.dtype, device=self.program.device)
-        if self.cuda:
-            copy_stream = self.program.copy_stream
-            copy_stream.wait_stream(self.stream)
-            with torch.cuda.stream(copy_stream):
-                t.copy_(buffer, non_blocking=True)
-                event = torch.cuda.Event()
-                event.record()
+        event = self._copy(t, buffer)
+        if event is not None:
             self.ready[node.index] = event
-        else:
-            t.copy_(buffer)
         self._hold(node.index, t)
         self.result.transfer_bytes += _nbytes(t)
+
+    def _copy(self, dst, src):
+        """dst <- src. On a GPU on the side stream, after the work enqueued on
+        the compute stream so far (the producer of an offloaded tensor; the
+        last readers of memory a prefetch reuses); returns the copy's event."""
+        if not self.cuda:
+            dst.copy_(src)
+            return None
+        copy_stream = self.program.copy_stream
+        copy_stream.wait_stream(self.stream)
+        with torch.cuda.stream(copy_stream):
+            dst.copy_(src, non_blocking=True)
+            event = torch.cuda.Event()
+            event.record()
+        return event
 
     def finish(self):
         if self.cuda:

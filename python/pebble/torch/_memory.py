@@ -80,20 +80,24 @@ def tensor_bytes(tensors):
 def measure(fn, held, uncounted=()):
     """Runs fn(); returns (its result, peak bytes, seconds).
 
-    On a GPU (the `held` tensors on CUDA) the peak is
-    torch.cuda.max_memory_allocated over the call; elsewhere the bytes of
-    `held` (parameters, buffers, the batch: resident throughout) plus the
-    TensorMemory peak of the call. `uncounted`: tensors that exist but are
-    not device memory (a plan's host copies)."""
+    The peak is the bytes of `held` (parameters, buffers, the batch: resident
+    throughout) plus what the call added at most: on a GPU (`held` on CUDA)
+    torch.cuda.max_memory_allocated over the call less what was allocated
+    when it began (so other tensors on the device do not count); elsewhere
+    the TensorMemory peak of the call. `uncounted`: tensors that exist but
+    are not device memory (a plan's host copies)."""
     held = [t for t in held if isinstance(t, torch.Tensor)]
     device = held[0].device if held else torch.device("cpu")
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+        at_start = torch.cuda.memory_allocated(device)
         torch.cuda.reset_peak_memory_stats(device)
         start = time.perf_counter()
         result = fn()
         torch.cuda.synchronize(device)
-        return result, torch.cuda.max_memory_allocated(device), time.perf_counter() - start
+        seconds = time.perf_counter() - start
+        added = torch.cuda.max_memory_allocated(device) - at_start
+        return result, tensor_bytes(held) + added, seconds
     with TensorMemory(held + list(uncounted)) as memory:
         start = time.perf_counter()
         result = fn()
