@@ -16,6 +16,7 @@ with --device cuda, without a GPU.
 """
 
 import argparse
+import contextlib
 import copy
 import sys
 import warnings
@@ -366,6 +367,87 @@ def run_accumulation(torch, pt, device):
     return not ok
 
 
+def run_stream_ordering(torch, pt):
+    """The GPU path's copy ordering, on the CPU with stand-in streams: every
+    copy waits for the compute stream's work so far and records an event on
+    the side stream, and the compute stream waits on each event once (before
+    reading a prefetched tensor or dropping an offloaded one), with the
+    results of the plain run."""
+    from pebble.torch._executor import Program
+
+    log = []
+
+    class Event:
+        def __init__(self):
+            self.stream, self.waits = None, 0
+
+        def record(self):
+            self.stream = current[-1]
+            log.append("record")
+
+    class Stream:
+        def __init__(self, name):
+            self.name = name
+
+        def wait_stream(self, other):
+            log.append(f"{self.name} waits for {other.name}")
+
+        def wait_event(self, event):
+            event.waits += 1
+            log.append(f"{self.name} waits on an event")
+
+    compute = Stream("compute")
+    current = [compute]
+    events = []
+
+    class Streams:
+        @staticmethod
+        def Event():
+            events.append(Event())
+            return events[-1]
+
+        @staticmethod
+        def Stream(device):
+            return Stream("copy")
+
+        @staticmethod
+        @contextlib.contextmanager
+        def stream(s):
+            current.append(s)
+            yield
+            current.pop()
+
+        @staticmethod
+        def current_stream(device):
+            return compute
+
+        @staticmethod
+        def synchronize(device):
+            log.append("synchronize")
+
+    torch.manual_seed(4)
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.ReLU(),
+                                torch.nn.Conv2d(8, 8, 3, padding=1), torch.nn.ReLU(),
+                                torch.nn.Flatten(), torch.nn.Linear(8 * 64, 4))
+    x, y = torch.randn(2, 3, 8, 8), torch.randint(0, 4, (2,))
+    plain = copy.deepcopy(model)
+    step = pt.train_step(model, torch.nn.CrossEntropyLoss(), x, y, policy="swap", budget="min")
+    reference = pt.train_step(plain, torch.nn.CrossEntropyLoss(), x, y, policy="swap",
+                              budget="min")
+    step.program = Program(step.nodes, step.plan.schedule, step.graph.outputs, step.device,
+                           step.program.workspace, streams=Streams)
+    same = torch.equal(step(x, y), reference(x, y)) and all(
+        torch.equal(a.grad, b.grad) for a, b in zip(model.parameters(), plain.parameters()))
+    copies = len(events)
+    ok = (same and copies > 0 and copies == step.report["steps"] - len(
+        [a for a, _ in step.schedule if a in ("compute", "free")]) and
+          all(e.stream is not None and e.stream.name == "copy" and e.waits == 1 for e in events)
+          and log.count("copy waits for compute") == copies and log[-1] == "synchronize")
+    print(f"{'ok' if ok else 'FAILED':>6} copy ordering on stand-in streams: {copies} copies, "
+          f"results {'equal' if same else 'differ'}")
+    return not ok
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
@@ -384,6 +466,8 @@ def main():
     torch.manual_seed(0)
     failures = run_errors(torch, pt, args.k) if args.device == "cpu" else 0
     failures += run_accumulation(torch, pt, device)
+    if args.device == "cpu":
+        failures += run_stream_ordering(torch, pt)
     for name, (model, loss_fn, make_batch) in networks(torch, device).items():
         if args.k and args.k not in name:
             continue

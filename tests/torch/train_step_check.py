@@ -99,8 +99,11 @@ def build(torch, args):
     if factory is None:
         raise ValueError(f"unknown model '{args.model}'")
     model = factory(num_classes=args.classes)
-    for m in model.modules():  # pebble's dropout draws its own masks: compare at p = 0
-        if isinstance(m, torch.nn.modules.dropout._DropoutNd):
+    # pebble's dropout draws its own masks: compare at p = 0 (stochastic depth
+    # too, which the exporter cannot write in training mode).
+    stochastic_depth = getattr(getattr(torchvision, "ops", None), "StochasticDepth", ())
+    for m in model.modules():
+        if isinstance(m, (torch.nn.modules.dropout._DropoutNd, stochastic_depth)):
             m.p = 0.0
 
     def batch(gen):

@@ -222,16 +222,17 @@ def _first_line(error):
 def _op_scope(model, example_inputs, reason):
     """The module path of an operator the exporter refused, found in a
     TorchScript trace by the operator's name; None where it cannot be told."""
-    match = re.search(r"operator '?([A-Za-z_]+::[A-Za-z_0-9.]+)'?", reason)
+    # "operator 'aten::linalg_svd'", "operator Bernoulli": matched by name.
+    match = re.search(r"operator '?(?:[A-Za-z_]+::)?([A-Za-z_0-9]+)", reason)
     if not match:
         return None
-    kind = match.group(1)
+    name = match.group(1).lower()
     try:
         with _buffers_kept(model), warnings.catch_warnings():
             warnings.simplefilter("ignore")
             traced = torch.jit.trace(model, tuple(example_inputs), check_trace=False)
         for node in traced.inlined_graph.nodes():
-            if node.kind() == kind:
+            if node.kind().split("::")[-1].rstrip("_").lower() == name:
                 scope = node.scopeName().split("/")[-1].split("::")[-1]
                 return scope[len("__module."):] if scope.startswith("__module.") else None
     except Exception:  # the trace is a hint only

@@ -14,6 +14,7 @@ import time
 import torch
 
 from ._kernels import KERNELS
+from ._memory import storage_of
 
 
 class PlanExecutionError(RuntimeError):
@@ -46,11 +47,6 @@ def _nbytes(t):
     return t.numel() * t.element_size()
 
 
-def _storage_nbytes(t):
-    storage = t.untyped_storage() if hasattr(t, "untyped_storage") else t.storage()
-    return storage.nbytes()
-
-
 class StepResult:
     """What one run measured."""
 
@@ -70,7 +66,10 @@ class Program:
     COMPUTE, FREE, OFFLOAD, PREFETCH = range(4)
     _ACTIONS = {"compute": COMPUTE, "free": FREE, "offload": OFFLOAD, "prefetch": PREFETCH}
 
-    def __init__(self, nodes, schedule, outputs, device, workspace):
+    def __init__(self, nodes, schedule, outputs, device, workspace, streams=None):
+        """`streams`: the module whose Stream, Event, stream, current_stream
+        and synchronize order the copies (torch.cuda on a GPU; a test may
+        give a stand-in to check the ordering on the CPU)."""
         self.nodes = nodes
         self.device = device
         self.workspace = workspace  # node index -> bytes (the graph's `workspace`)
@@ -87,15 +86,17 @@ class Program:
                                          "PyTorch kernel in pebble.torch")
             inputs = tuple(index[i] for i in node.inputs) if kind == self.COMPUTE else ()
             self.steps.append((kind, node, inputs))
-        self.cuda = device.type == "cuda"
-        self.copy_stream = torch.cuda.Stream(device) if self.cuda else None
+        self.streams = streams if streams is not None else (
+            torch.cuda if device.type == "cuda" else None)
+        self.cuda = self.streams is not None  # copies on a side stream, ordered by events
+        self.copy_stream = self.streams.Stream(device) if self.cuda else None
         # node index -> its host copy (pinned on a GPU), made once and kept
         # between steps: the plan's host memory.
         self.host = {}
         for kind, node, _ in self.steps:
             if kind == self.OFFLOAD and node.index not in self.host:
                 self.host[node.index] = torch.empty(node.shape, dtype=node.dtype, device="cpu",
-                                                    pin_memory=self.cuda)
+                                                    pin_memory=device.type == "cuda")
 
     def run(self, persistent):
         """Executes the schedule; `persistent` maps node index -> tensor (the
@@ -130,7 +131,7 @@ class Program:
         shares = any(isinstance(a, torch.Tensor) and a.numel() and out.numel() and
                      a.data_ptr() == out.data_ptr() for a in args)
         if (shares or not out.is_contiguous() or out.storage_offset() != 0 or
-                _storage_nbytes(out) != _nbytes(out)):
+                storage_of(out).nbytes() != _nbytes(out)):
             out = out.clone(memory_format=torch.contiguous_format)
         return out
 
@@ -152,7 +153,8 @@ class _RunState:
         self.computed = set()
         self.ready, self.offloaded = {}, {}
         self.cuda = program.cuda
-        self.stream = torch.cuda.current_stream(program.device) if self.cuda else None
+        self.streams = program.streams
+        self.stream = self.streams.current_stream(program.device) if self.cuda else None
 
     def _hold(self, i, t, workspace=0):
         self.live[i] = t
@@ -208,9 +210,9 @@ class _RunState:
             return None
         copy_stream = self.program.copy_stream
         copy_stream.wait_stream(self.stream)
-        with torch.cuda.stream(copy_stream):
+        with self.streams.stream(copy_stream):
             dst.copy_(src, non_blocking=True)
-            event = torch.cuda.Event()
+            event = self.streams.Event()
             event.record()
         return event
 
@@ -218,4 +220,4 @@ class _RunState:
         if self.cuda:
             for event in list(self.ready.values()) + list(self.offloaded.values()):
                 self.stream.wait_event(event)
-            torch.cuda.synchronize(self.program.device)
+            self.streams.synchronize(self.program.device)

@@ -19,7 +19,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 
-def _storage(t):
+def storage_of(t):
+    """The tensor's storage (its untyped storage where PyTorch has that)."""
     return t.untyped_storage() if hasattr(t, "untyped_storage") else t.storage()
 
 
@@ -32,7 +33,7 @@ class TensorMemory(TorchDispatchMode):
         them and in-place results on them add no bytes."""
         super().__init__()
         self._storages = {}  # data pointer -> [tensors referring to it, bytes]
-        self._existing = {_storage(t).data_ptr() for t in existing
+        self._existing = {storage_of(t).data_ptr() for t in existing
                           if isinstance(t, torch.Tensor)}
         self.live_bytes = 0
         self.peak_bytes = 0
@@ -45,7 +46,7 @@ class TensorMemory(TorchDispatchMode):
         return out
 
     def _hold(self, t):
-        storage = _storage(t)
+        storage = storage_of(t)
         key = storage.data_ptr()
         if key == 0 or key in self._existing:
             return
@@ -72,7 +73,7 @@ def tensor_bytes(tensors):
     seen = {}
     for t in tensors:
         if isinstance(t, torch.Tensor):
-            storage = _storage(t)
+            storage = storage_of(t)
             seen[storage.data_ptr()] = storage.nbytes()
     return sum(seen.values())
 
