@@ -367,6 +367,32 @@ def run_accumulation(torch, pt, device):
     return not ok
 
 
+def run_bfloat16(torch, pt, device):
+    """A bfloat16 module trains in bfloat16 (the dtypes it was captured in),
+    with the planned peak, and near eager bfloat16's loss and gradients
+    (bfloat16 keeps 8 bits: within 2e-2 of each tensor's largest magnitude)."""
+    torch.manual_seed(5)
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.ReLU(),
+                                torch.nn.Flatten(), torch.nn.Linear(8 * 64, 4))
+    model = model.to(device).bfloat16()
+    eager = copy.deepcopy(model)
+    x = torch.randn(2, 3, 8, 8, device=device).bfloat16()
+    y = torch.randint(0, 4, (2,), device=device)
+    step = pt.train_step(model, torch.nn.CrossEntropyLoss(), x, y, policy="dtr", budget="min")
+    loss = step(x, y)
+    reference = torch.nn.functional.cross_entropy(eager(x), y)
+    reference.backward()
+    worst = max(relative_error(a.grad, b.grad)
+                for a, b in zip(model.parameters(), eager.parameters()))
+    r = step.report
+    ok = (all(p.grad.dtype == torch.bfloat16 for p in model.parameters()) and worst < 2e-2 and
+          relative_error(loss, reference.float()) < 2e-2 and
+          r["measured_peak_bytes"] == r["predicted_peak_bytes"])
+    print(f"{'ok' if ok else 'FAILED':>6} bfloat16: worst gradient {worst:.1e} off eager "
+          f"bfloat16, peak {r['measured_peak_bytes']} (predicted {r['predicted_peak_bytes']})")
+    return not ok
+
+
 def run_stream_ordering(torch, pt):
     """The GPU path's copy ordering, on the CPU with stand-in streams: every
     copy waits for the compute stream's work so far and records an event on
@@ -466,6 +492,7 @@ def main():
     torch.manual_seed(0)
     failures = run_errors(torch, pt, args.k) if args.device == "cpu" else 0
     failures += run_accumulation(torch, pt, device)
+    failures += run_bfloat16(torch, pt, device)
     if args.device == "cpu":
         failures += run_stream_ordering(torch, pt)
     for name, (model, loss_fn, make_batch) in networks(torch, device).items():

@@ -194,7 +194,8 @@ class TrainStep:
             torch.cuda.synchronize(self.device)
             allocated_at_start = torch.cuda.memory_allocated(self.device)
             torch.cuda.reset_peak_memory_stats(self.device)
-        with torch.no_grad():
+        # The plan fixed every tensor's dtype: autocast stays off inside the step.
+        with torch.no_grad(), torch.autocast(self.device.type, enabled=False):
             result = self.program.run(persistent)
             for out_id, param in gradients:
                 grad = result.outputs[out_id]

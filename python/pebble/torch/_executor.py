@@ -168,7 +168,12 @@ class _RunState:
                 if event is not None:
                     self.stream.wait_event(event)
         args = [self.live[u] for u in inputs]
-        out = Program._checked(node, KERNELS[node.op](node, args), args)
+        try:
+            out = KERNELS[node.op](node, args)
+        except RuntimeError as e:  # PyTorch's own refusal (a dtype its kernel lacks, ...)
+            raise PlanExecutionError(f"node '{node.id}' (op {node.op}): PyTorch's kernel "
+                                     f"failed: {str(e).strip().splitlines()[0]}") from e
+        out = Program._checked(node, out, args)
         self._hold(node.index, out, self.program.workspace.get(node.index, 0))
         self.result.computes += 1
         self.computed.add(node.index)

@@ -113,13 +113,11 @@ def conv_backward_weight(node, args):
 
 
 def conv_backward_bias(node, args):
+    """Σ g per output channel. (Autograd's kernel sums it beside the weight
+    gradient, from the input this node does not read; the sums agree to
+    rounding.)"""
     (g,) = args
-    dims = g.dim() - 2
-    stride, padding, dilation, groups = _conv_geometry(node, dims)
-    x = _dummy(g, [g.shape[0], groups] + [1] * dims)
-    w = _dummy(g, [g.shape[1], 1] + [1] * dims)
-    return aten.convolution_backward(g, x, w, [g.shape[1]], stride, padding, dilation, False,
-                                     [0] * dims, groups, [False, False, True])[2]
+    return g.sum(dim=[0] + list(range(2, g.dim())))
 
 
 def linear(node, args):
@@ -674,8 +672,8 @@ def _size_of_one(node):
 
 
 WORKSPACE = {
-    **{f"conv{d}d_backward_{part}": _ws_stand_ins(n)
-       for d in (2, 3) for part, n in (("data", 1), ("weight", 1), ("bias", 2))},
+    **{f"conv{d}d_backward_{part}": _ws_stand_ins(1)
+       for d in (2, 3) for part in ("data", "weight")},
     "avgpool_backward": _ws_stand_ins(1),
     "adaptive_avgpool_backward": _ws_stand_ins(1),
     "layernorm_backward_weight": lambda n, i: 0 if len(i) > 3 else _size_of_one(i[0]),
