@@ -346,7 +346,8 @@ def run_errors(torch, pt, only):
 
 def run_accumulation(torch, pt, device):
     """Two calls without zero_grad add into .grad, as two backward() calls do;
-    a parameter replaced (same shape) after planning gets the next gradient."""
+    a parameter replaced (same shape) after planning gets the next gradient;
+    a frozen one (requires_grad=False) gets none."""
     torch.manual_seed(3)
     model = torch.nn.Sequential(torch.nn.Linear(5, 6), torch.nn.Tanh(),
                                 torch.nn.Linear(6, 2)).to(device)
@@ -361,9 +362,14 @@ def run_accumulation(torch, pt, device):
     model[2].weight = torch.nn.Parameter(model[2].weight.detach().clone())
     step(x, y)
     replaced = model[2].weight.grad is not None
-    ok = worst <= TOLERANCE and replaced
+    model[0].weight.requires_grad_(False)
+    model[0].weight.grad = None
+    step(x, y)
+    frozen = model[0].weight.grad is None
+    ok = worst <= TOLERANCE and replaced and frozen
     print(f"{'ok' if ok else 'FAILED':>6} gradients accumulate across calls: worst {worst:.1e}; "
-          f"a replaced parameter {'gets' if replaced else 'misses'} its gradient")
+          f"a replaced parameter {'gets' if replaced else 'misses'} its gradient, a frozen one "
+          f"{'gets none' if frozen else 'gets one'}")
     return not ok
 
 
