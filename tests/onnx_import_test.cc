@@ -70,6 +70,19 @@ class ModelMaker {
     t->add_dims(static_cast<int64_t>(values.size()));
     for (int64_t v : values) t->add_int64_data(v);
   }
+  void FloatVectorInitializer(const std::string& name, std::vector<float> values) {
+    auto* t = graph()->add_initializer();
+    t->set_name(name);
+    t->set_data_type(onnx::TensorProto::FLOAT);
+    t->add_dims(static_cast<int64_t>(values.size()));
+    for (float v : values) t->add_float_data(v);
+  }
+  static void StringAttr(onnx::NodeProto* n, const std::string& name, const std::string& v) {
+    auto* a = n->add_attribute();
+    a->set_name(name);
+    a->set_type(onnx::AttributeProto::STRING);
+    a->set_s(v);
+  }
   void ScalarIntInitializer(const std::string& name, int64_t value) {
     auto* t = graph()->add_initializer();
     t->set_name(name);
@@ -558,6 +571,63 @@ TEST(OnnxImportTest, PadsReversedAndTransposedFold) {
   ASSERT_NE(pad, kNoNode);
   EXPECT_EQ(*g->shape(pad), (Shape{2, 4, 10, 12}));  // H + 2 + 0, W + 1 + 3
   EXPECT_EQ(g->attrs(pad)["pads"], nlohmann::json({1, 3, 2, 0, 0, 0, 0, 0}));  // F.pad order
+}
+
+// nn.Upsample as torch.onnx.export writes it: Resize by scales that a
+// Concat of float constants makes, folded at import, becomes `upsample`;
+// what PyTorch does not write (a fractional scale, another nearest
+// rounding) is refused, naming the node.
+std::string ResizeModel(const std::string& mode, const std::string& transform,
+                        std::vector<float> spatial_scales, const std::string& nearest = "floor") {
+  return TinyModel(13, "", [&](ModelMaker& m) {
+    const int before = m.graph()->node_size();
+    m.FloatVectorInitializer("keep", {1, 1});
+    m.FloatVectorInitializer("factors", spatial_scales);
+    auto* cat = m.Node("Concat", "/up/Concat", {"keep", "factors"}, {"scales"});
+    ModelMaker::IntAttr(cat, "axis", 0);
+    auto* resize = m.Node("Resize", "/up/Resize", {"r", "", "scales"}, {"big"});
+    ModelMaker::StringAttr(resize, "mode", mode);
+    ModelMaker::StringAttr(resize, "coordinate_transformation_mode", transform);
+    ModelMaker::StringAttr(resize, "nearest_mode", nearest);
+    FeedThePool(m, before, "big");
+  });
+}
+
+TEST(OnnxImportTest, ResizeByWholeFactorsIsUpsample) {
+  struct Case {
+    std::string mode, transform;
+    std::string want_mode;
+    bool align_corners;
+  };
+  for (const Case& c : {Case{"nearest", "asymmetric", "nearest", false},
+                        Case{"linear", "half_pixel", "bilinear", false},
+                        Case{"linear", "pytorch_half_pixel", "bilinear", false},
+                        Case{"linear", "align_corners", "bilinear", true}}) {
+    auto g = Import(ResizeModel(c.mode, c.transform, {2, 3}));
+    ASSERT_TRUE(g.ok()) << c.transform << ": " << g.status();
+    const NodeId up = g->Find("up");
+    ASSERT_NE(up, kNoNode);
+    EXPECT_EQ(g->op(up), "upsample");
+    EXPECT_EQ(*g->shape(up), (Shape{2, 4, 16, 24}));
+    EXPECT_EQ(g->attrs(up)["mode"], c.want_mode);
+    EXPECT_EQ(g->attrs(up).value("align_corners", false), c.align_corners);
+    EXPECT_EQ(g->attrs(up)["scale"], nlohmann::json({2, 3}));
+    EXPECT_NE(g->Find("grad:relu"), kNoNode);  // differentiated through the resize
+  }
+  const std::vector<std::pair<std::string, std::vector<std::string>>> refused = {
+      {ResizeModel("nearest", "asymmetric", {1.5f, 2}), {"'/up/Resize'", "scale 1.5"}},
+      {ResizeModel("nearest", "half_pixel", {2, 2}), {"'/up/Resize'", "half_pixel"}},
+      {ResizeModel("nearest", "asymmetric", {2, 2}, "round_prefer_floor"),
+       {"'/up/Resize'", "round_prefer_floor"}},
+      {ResizeModel("cubic", "half_pixel", {2, 2}), {"'/up/Resize'", "cubic"}},
+  };
+  for (const auto& [bytes, words] : refused) {
+    auto g = Import(bytes);
+    ASSERT_FALSE(g.ok());
+    for (const std::string& w : words) {
+      EXPECT_THAT(std::string(g.status().message()), HasSubstr(w));
+    }
+  }
 }
 
 TEST(OnnxImportTest, ShapeArithmeticFoldsAndChannelShuffleImports) {

@@ -200,6 +200,40 @@ std::optional<double> FloatScalar(const onnx::TensorProto& t) {
   return std::nullopt;
 }
 
+// A float tensor's values (Resize's scales), when it is one.
+std::optional<std::vector<double>> FloatValues(const onnx::TensorProto& t) {
+  int64_t count = 1;
+  for (int64_t d : t.dims()) count *= d;
+  std::vector<double> values;
+  if (t.data_type() == onnx::TensorProto::FLOAT) {
+    if (!t.raw_data().empty()) {
+      if (t.raw_data().size() != static_cast<size_t>(4 * count)) return std::nullopt;
+      for (int64_t i = 0; i < count; ++i) {
+        float x;
+        std::memcpy(&x, t.raw_data().data() + 4 * i, 4);
+        values.push_back(x);
+      }
+    } else {
+      values.assign(t.float_data().begin(), t.float_data().end());
+    }
+  } else if (t.data_type() == onnx::TensorProto::DOUBLE) {
+    if (!t.raw_data().empty()) {
+      if (t.raw_data().size() != static_cast<size_t>(8 * count)) return std::nullopt;
+      for (int64_t i = 0; i < count; ++i) {
+        double x;
+        std::memcpy(&x, t.raw_data().data() + 8 * i, 8);
+        values.push_back(x);
+      }
+    } else {
+      values.assign(t.double_data().begin(), t.double_data().end());
+    }
+  } else {
+    return std::nullopt;
+  }
+  if (static_cast<int64_t>(values.size()) != count) return std::nullopt;
+  return values;
+}
+
 std::optional<bool> BoolScalar(const onnx::TensorProto& t) {
   if (t.data_type() != onnx::TensorProto::BOOL) return std::nullopt;
   if (t.raw_data().size() == 1) return t.raw_data()[0] != 0;
@@ -1648,6 +1682,25 @@ class Importer {
       out.dims = {static_cast<int64_t>(out.values.size())};
       return DefineInts(node, 0, std::move(out));
     }
+    // Float vectors of constants (Resize's scales as nn.Upsample exports
+    // them) fold too.
+    std::vector<float> floats;
+    bool all_floats = node.input_size() > 0 && (axis == 0 || axis == -1);
+    for (const std::string& name : node.input()) {
+      const onnx::TensorProto* t = all_floats ? ConstTensor(name) : nullptr;
+      std::optional<std::vector<double>> part = t ? FloatValues(*t) : std::nullopt;
+      all_floats = part.has_value() && t->dims_size() == 1;
+      if (all_floats) floats.insert(floats.end(), part->begin(), part->end());
+    }
+    if (all_floats) {
+      onnx::TensorProto& t = folded_.emplace_back();
+      t.set_name(node.output(0));
+      t.set_data_type(onnx::TensorProto::FLOAT);
+      t.add_dims(static_cast<int64_t>(floats.size()));
+      for (float f : floats) t.add_float_data(f);
+      constants_[node.output(0)] = &t;
+      return absl::OkStatus();
+    }
     ASSIGN_OR_RETURN(std::vector<Value> in, Inputs(node));
     if (in.empty()) return NodeError(node, "has no inputs");
     return Apply(node, "concat", in, {{"axis", axis}});
@@ -1814,6 +1867,86 @@ class Importer {
     return absl::OkStatus();
   }
 
+  // Resize by whole factors of the spatial dims (nn.Upsample, F.interpolate
+  // with a scale_factor or a size they divide): `upsample`. PyTorch's
+  // nearest is ONNX's asymmetric transform with floor; bilinear and
+  // trilinear are `linear` with half_pixel (align_corners=False) or
+  // align_corners.
+  absl::Status Resize(const onnx::NodeProto& node) {
+    RETURN_IF_ERROR(ExpectInputs(node, 1, 4));
+    const Attrs attrs(node);
+    RETURN_IF_ERROR(attrs.OnlyKnown({"coordinate_transformation_mode", "cubic_coeff_a",
+                                     "exclude_outside", "extrapolation_value", "mode",
+                                     "nearest_mode"}));
+    ASSIGN_OR_RETURN(std::string mode, attrs.String("mode", "nearest"));
+    ASSIGN_OR_RETURN(std::string transform,
+                     attrs.String("coordinate_transformation_mode", "half_pixel"));
+    ASSIGN_OR_RETURN(std::string nearest_mode,
+                     attrs.String("nearest_mode", "round_prefer_floor"));
+    ASSIGN_OR_RETURN(int64_t exclude_outside, attrs.Int("exclude_outside", 0));
+    if (exclude_outside != 0) return attrs.Unsupported("exclude_outside", "1");
+    ASSIGN_OR_RETURN(Value x, Get(node, node.input(0)));
+    const Shape shape = nb_.type(x).shape;
+    const auto rank = static_cast<int64_t>(shape.size());
+    if (rank != 4 && rank != 5) {
+      return NodeError(node, absl::StrCat("resizes ", ShapeToString(shape),
+                                          " (only 4-D and 5-D tensors)"));
+    }
+    // The factor of each dim, from the scales (input 2) or the sizes (3).
+    std::vector<double> factors;
+    const onnx::TensorProto* scales =
+        node.input_size() > 2 && !node.input(2).empty() ? ConstTensor(node.input(2)) : nullptr;
+    std::optional<std::vector<double>> scale_values =
+        scales != nullptr ? FloatValues(*scales) : std::nullopt;
+    if (scale_values && !scale_values->empty()) {
+      factors = *scale_values;
+    } else if (node.input_size() > 3 && !node.input(3).empty()) {
+      ASSIGN_OR_RETURN(std::vector<int64_t> sizes, ConstInts(node, 3));
+      if (static_cast<int64_t>(sizes.size()) != rank) {
+        return NodeError(node, "sizes do not match the input's rank");
+      }
+      for (int64_t d = 0; d < rank; ++d) {
+        factors.push_back(static_cast<double>(sizes[d]) / static_cast<double>(shape[d]));
+      }
+    } else {
+      return NodeError(node, "needs constant scales or sizes");
+    }
+    if (static_cast<int64_t>(factors.size()) != rank) {
+      return NodeError(node, "scales do not match the input's rank");
+    }
+    if (factors[0] != 1 || factors[1] != 1) {
+      return NodeError(node, "resizes the batch or channel dim (only spatial dims)");
+    }
+    std::vector<int64_t> scale;
+    for (int64_t d = 2; d < rank; ++d) {
+      const double f = factors[d];
+      if (!(f >= 1) || f != std::floor(f) || f > 1024) {
+        return NodeError(node, absl::StrCat("scale ", f, " of dim ", d,
+                                            " is not supported (only whole factors)"));
+      }
+      scale.push_back(static_cast<int64_t>(f));
+    }
+    Json a = {{"scale", scale}};
+    if (mode == "nearest") {
+      if (transform != "asymmetric" || nearest_mode != "floor") {
+        return NodeError(node, absl::StrCat("nearest resize with coordinate_transformation_mode ",
+                                            transform, " and nearest_mode ", nearest_mode,
+                                            " (only PyTorch's: asymmetric, floor)"));
+      }
+      a["mode"] = "nearest";
+    } else if (mode == "linear") {
+      if (transform == "align_corners") {
+        a["align_corners"] = true;
+      } else if (transform != "half_pixel" && transform != "pytorch_half_pixel") {
+        return attrs.Unsupported("coordinate_transformation_mode", transform);
+      }
+      a["mode"] = rank == 4 ? "bilinear" : "trilinear";
+    } else {
+      return attrs.Unsupported("mode", mode);
+    }
+    return Apply(node, "upsample", {x}, std::move(a));
+  }
+
   absl::Status Pad(const onnx::NodeProto& node) {
     RETURN_IF_ERROR(ExpectInputs(node, 2, 3));
     const Attrs attrs(node);
@@ -1885,6 +2018,7 @@ class Importer {
         {"MaxPool", &Importer::MaxPool},
         {"Mul", &Importer::Mul},
         {"Pad", &Importer::Pad},
+        {"Resize", &Importer::Resize},
         {"Relu", &Importer::Relu},
         {"Erf", &Importer::Erf},
         {"Sqrt", &Importer::Sqrt},

@@ -78,7 +78,8 @@ def networks(torch, device):
             return self.head(self.blocks(self.inp(x))).transpose(1, 2)
 
     class UNet(nn.Module):
-        """Pooling, concatenation of a skip, padding, leaky ReLU, sigmoid."""
+        """Pooling, concatenation of a skip, bilinear upsampling, padding, leaky
+        ReLU, sigmoid."""
 
         def __init__(self):
             super().__init__()
@@ -86,12 +87,13 @@ def networks(torch, device):
             self.mid = nn.Sequential(nn.MaxPool2d(2), nn.Conv2d(8, 8, 3, padding=1),
                                      nn.Sigmoid(), nn.AvgPool2d(3, 1, 1))
             self.skip = nn.AvgPool2d(2)
+            self.up = nn.Upsample(scale_factor=2, mode="bilinear", align_corners=False)
             self.out = nn.Conv2d(16, 2, 1)
             self.drop = nn.Dropout(0.0)
 
         def forward(self, x):
             d = self.down(x)
-            merged = torch.cat([self.skip(d), self.mid(d)], dim=1)
+            merged = self.up(torch.cat([self.skip(d), self.mid(d)], dim=1))
             return self.out(self.drop(F.pad(merged, (1, 1, 1, 1))))
 
     class Gates(nn.Module):
@@ -132,7 +134,7 @@ def networks(torch, device):
 
     def per_pixel(gen):
         return (torch.randn(2, 3, 16, 16, generator=gen),
-                torch.randn(2, 2, 10, 10, generator=gen))
+                torch.randn(2, 2, 18, 18, generator=gen))
 
     def tokens(gen):
         return (torch.randn(3, 9, 12, generator=gen), torch.randint(0, 7, (3, 9), generator=gen))
