@@ -20,4 +20,8 @@ build_gpu_binaries() {
     exit 1
   fi
   ninja -C "$build" -j "$(nproc 2>/dev/null || echo 2)" "${gpu_binaries[@]}"
+  # The Python module too, where pybind11 is here (pebble.torch's GPU checks).
+  if ninja -C "$build" -t targets all | grep -q '^pebble_python:'; then
+    ninja -C "$build" -j "$(nproc 2>/dev/null || echo 2)" pebble_python
+  fi
 }
