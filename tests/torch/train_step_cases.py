@@ -318,6 +318,9 @@ def error_cases(torch, pt):
          ["(5, 8)", "(4, 8)"]),
         ("a parameter replaced by one of another shape", parameter_replaced, ValueError,
          ["'fc.weight'", "(9, 8)", "(8, 8)"]),
+        ("a channels_last batch",
+         lambda: pt.train_step(conv, ce, image.contiguous(memory_format=torch.channels_last),
+                               label), ValueError, ["example_inputs[0]", "not contiguous"]),
         ("unknown policy", lambda: step(policy="no-such-policy"), ValueError,
          ["no-such-policy"]),
         ("budget below the least peak",
@@ -376,28 +379,38 @@ def run_accumulation(torch, pt, device):
 
 
 def run_bfloat16(torch, pt, device):
-    """A bfloat16 module trains in bfloat16 (the dtypes it was captured in),
-    with the planned peak, and near eager bfloat16's loss and gradients
-    (bfloat16 keeps 8 bits: within 2e-2 of each tensor's largest magnitude)."""
+    """A bfloat16 module with fp32 batch norms trains in those dtypes (as
+    captured), recomputing statistics, with the planned peak, and near eager's
+    loss and gradients (bfloat16 keeps 8 bits: within 2e-2 of each tensor's
+    largest magnitude)."""
     torch.manual_seed(5)
-    model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.ReLU(),
-                                torch.nn.Flatten(), torch.nn.Linear(8 * 64, 4))
+    nn = torch.nn
+    model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8),
+                          nn.ReLU(), nn.Conv2d(8, 8, 3, padding=1, bias=False),
+                          nn.BatchNorm2d(8), nn.ReLU(),
+                          nn.Flatten(), nn.Linear(8 * 64, 4))
     model = model.to(device).bfloat16()
+    for m in model.modules():  # batch norm in fp32 over bfloat16 activations
+        if isinstance(m, nn.BatchNorm2d):
+            m.float()
     eager = copy.deepcopy(model)
     x = torch.randn(2, 3, 8, 8, device=device).bfloat16()
     y = torch.randint(0, 4, (2,), device=device)
-    step = pt.train_step(model, torch.nn.CrossEntropyLoss(), x, y, policy="dtr", budget="min")
+    step = pt.train_step(model, torch.nn.CrossEntropyLoss(), x, y, policy="rotor", budget="min")
     loss = step(x, y)
     reference = torch.nn.functional.cross_entropy(eager(x), y)
     reference.backward()
     worst = max(relative_error(a.grad, b.grad)
                 for a, b in zip(model.parameters(), eager.parameters()))
     r = step.report
-    ok = (all(p.grad.dtype == torch.bfloat16 for p in model.parameters()) and worst < 2e-2 and
+    ok = (all(p.grad.dtype == p.dtype for p in model.parameters()) and worst < 2e-2 and
+          r["recomputations"] > 0 and
           relative_error(loss, reference.float()) < 2e-2 and
           r["measured_peak_bytes"] == r["predicted_peak_bytes"])
     print(f"{'ok' if ok else 'FAILED':>6} bfloat16: worst gradient {worst:.1e} off eager "
-          f"bfloat16, peak {r['measured_peak_bytes']} (predicted {r['predicted_peak_bytes']})")
+          f"bfloat16, loss {loss.item():.5f} (eager {reference.item():.5f}), "
+          f"{r['recomputations']} recomputations, peak {r['measured_peak_bytes']} (predicted "
+          f"{r['predicted_peak_bytes']})")
     return not ok
 
 

@@ -75,6 +75,10 @@ class TrainStep:
         self.run_context = RunContext(self.device, self.loss.ignore_index)
         self.nodes = [Node(i, doc, self.run_context) for i, doc in enumerate(captured.nodes)]
         self.graph = _with_kernel_workspace(captured, self.nodes)
+        by_id = {n.id: n for n in self.nodes}
+        _check_tensor(example_target, by_id["target"], "example_target", self.device)
+        for k, (t, i) in enumerate(zip(inputs, self.input_ids)):
+            _check_tensor(t, by_id[i], f"example_inputs[{k}]", self.device)
         plan = _core.plan(self.graph, policy=policy, budget=budget, host_budget=host_budget,
                           bandwidth=bandwidth, time_limit=time_limit, seed=seed)
         if not plan.feasible:
@@ -86,7 +90,6 @@ class TrainStep:
                      for n, doc in zip(self.nodes, captured.nodes) if doc.get("workspace")}
         self.program = Program(self.nodes, plan.schedule, self.graph.outputs, self.device,
                                workspace)
-        self._check_example(inputs, example_target)
         self.report = self._plan_report()
 
     # --- set-up ---------------------------------------------------------------
@@ -121,11 +124,16 @@ class TrainStep:
         var_id = node.attrs.get("running_var")
         if mean_id not in state or var_id not in state:
             return None  # no running statistics (track_running_stats=False)
-        prefix = mean_id[: -len(".running_mean")] if mean_id.endswith(".running_mean") else None
-        module = _submodule(self.model, prefix) if prefix else None
+        if mean_id == "running_mean":  # the model is a batch norm itself
+            prefix, module = "", self.model
+        elif mean_id.endswith(".running_mean"):
+            prefix = mean_id[: -len("running_mean")]  # with its dot
+            module = _submodule(self.model, prefix[:-1])
+        else:
+            prefix, module = None, None
         momentum = getattr(module, "momentum", None) if module is not None else None
         eps = getattr(module, "eps", None) if module is not None else None
-        counter = prefix + ".num_batches_tracked" if prefix else None
+        counter = prefix + "num_batches_tracked" if prefix is not None else None
         return BatchNormState(
             mean_id, var_id, counter if counter in state else None,
             momentum if momentum is not None else f32_decimal(node.attrs.get("momentum", 0.1)),
@@ -148,11 +156,6 @@ class TrainStep:
         gradients = [(out, state[key]) for out, key in self.gradient_keys
                      if isinstance(state[key], torch.nn.Parameter) and state[key].requires_grad]
         return persistent, gradients
-
-    def _check_example(self, inputs, target):
-        _check_tensor(target, self.nodes[self.target_index], "example_target", self.device)
-        for k, (t, i) in enumerate(zip(inputs, self.input_index)):
-            _check_tensor(t, self.nodes[i], f"example_inputs[{k}]", self.device)
 
     def _plan_report(self):
         r = self.plan.report
@@ -279,3 +282,7 @@ def _check_tensor(t, node, what, device):
                          f"{node.shape} {node.dtype} (make a train_step for these shapes)")
     if t.device != device:
         raise ValueError(f"{what} is on {t.device}; the module is on {device}")
+    if not t.is_contiguous():
+        raise ValueError(f"{what} is not contiguous (channels_last?): pebble.torch plans "
+                         "tensors in PyTorch's default layout; pass .contiguous() or convert "
+                         "the module with .to(memory_format=torch.contiguous_format)")

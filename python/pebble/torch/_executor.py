@@ -150,6 +150,7 @@ class _RunState:
         self.resident = sum(_nbytes(t) for t in persistent.values())
         self.result.peak_bytes = self.resident
         self.host_bytes = 0
+        self.on_host = set()
         self.computed = set()
         self.ready, self.offloaded = {}, {}
         self.cuda = program.cuda
@@ -170,7 +171,8 @@ class _RunState:
         args = [self.live[u] for u in inputs]
         try:
             out = KERNELS[node.op](node, args)
-        except RuntimeError as e:  # PyTorch's own refusal (a dtype its kernel lacks, ...)
+        except (RuntimeError, IndexError, ValueError) as e:  # PyTorch's own refusal (a
+            # dtype its kernel lacks, a class index out of range, ...)
             raise PlanExecutionError(f"node '{node.id}' (op {node.op}): PyTorch's kernel "
                                      f"failed: {str(e).strip().splitlines()[0]}") from e
         out = Program._checked(node, out, args)
@@ -185,6 +187,8 @@ class _RunState:
                 event = pending.pop(i, None)
                 if event is not None:
                     self.stream.wait_event(event)
+        if self.live[i] is None:
+            raise PlanExecutionError(f"the schedule frees '{node.id}', which is not resident")
         self.resident -= _nbytes(self.live[i])
         self.live[i] = None
 
@@ -193,8 +197,10 @@ class _RunState:
         event = self._copy(self.program.host[node.index], t)
         if event is not None:
             self.offloaded[node.index] = event
-        self.host_bytes += _nbytes(t)
-        self.result.host_peak_bytes = max(self.result.host_peak_bytes, self.host_bytes)
+        if node.index not in self.on_host:  # the host set holds each node once
+            self.on_host.add(node.index)
+            self.host_bytes += _nbytes(t)
+            self.result.host_peak_bytes = max(self.result.host_peak_bytes, self.host_bytes)
         self.result.transfer_bytes += _nbytes(t)
 
     def prefetch(self, node, _inputs):

@@ -161,7 +161,8 @@ def _clip_bounds(node):
 
 
 def clip(node, args):
-    return torch.clamp(args[0], node.attrs.get("min"), node.attrs.get("max"))
+    lo, hi = node.attrs.get("min"), node.attrs.get("max")
+    return args[0].clone() if lo is None and hi is None else torch.clamp(args[0], lo, hi)
 
 
 def clip_backward(node, args):
@@ -249,9 +250,17 @@ def batchnorm_stats(node, args):
     (x,) = args
     bn = node.bn
     update = bn is not None and bn.pending
+    if update:
+        running_mean, running_var = bn.running_mean, bn.running_var
+    else:  # a recomputation, or no running statistics: fp32 stand-ins take the
+        # update, so that ATen computes in the same precision every time
+        channels = x.shape[1]
+        running_mean = torch.zeros(channels, dtype=torch.float32, device=x.device)
+        running_var = torch.ones(channels, dtype=torch.float32, device=x.device)
     mean, var = torch.batch_norm_update_stats(
-        x, bn.running_mean if update else None, bn.running_var if update else None,
+        x, running_mean, running_var,
         bn.momentum if bn is not None else node.attrs.get("momentum", 0.1))
+    del running_mean, running_var
     if update:
         bn.pending = False
         if bn.num_batches_tracked is not None:
@@ -270,7 +279,10 @@ def batchnorm(node, args):
     alpha = stats[1] * args[2] if len(args) > 2 else stats[1].clone()
     bias = args[3].double() if len(args) > 3 else 0.0
     beta = (bias - stats[0].double() * alpha.double()).to(alpha.dtype)
-    return torch.addcmul(_channel_view(beta.to(x.dtype), x), x, _channel_view(alpha.to(x.dtype), x))
+    if x.dtype != alpha.dtype:  # half-precision x: in fp32, rounded once (as ATen's mixed kernel)
+        return torch.addcmul(_channel_view(beta, x), x.to(alpha.dtype),
+                             _channel_view(alpha, x)).to(x.dtype)
+    return torch.addcmul(_channel_view(beta, x), x, _channel_view(alpha, x))
 
 
 def batchnorm_backward(node, args):
@@ -315,11 +327,20 @@ def layernorm(node, args):
     return y
 
 
+def _saved_stats(stats, x):
+    """Mean and 1/std as ATen's layer-norm backward takes them: (..., 1), in
+    x's dtype on the CPU (as eager saves them there), fp32 on a GPU."""
+    mean, rstd = stats[0].unsqueeze(-1), stats[1].unsqueeze(-1)
+    if x.device.type == "cpu" and x.dtype != mean.dtype:
+        mean, rstd = mean.to(x.dtype), rstd.to(x.dtype)
+    return mean, rstd
+
+
 def _layernorm_backward(node, args, mask):
     g, x, stats = args[0], args[1], args[2]
     w = args[3] if len(args) > 3 else _dummy(g, (x.shape[-1],))
-    return aten.native_layer_norm_backward(g, x, [x.shape[-1]], stats[0].unsqueeze(-1),
-                                           stats[1].unsqueeze(-1), w, None, mask)
+    mean, rstd = _saved_stats(stats, x)
+    return aten.native_layer_norm_backward(g, x, [x.shape[-1]], mean, rstd, w, None, mask)
 
 
 def layernorm_backward(node, args):
@@ -338,7 +359,8 @@ def layernorm_backward_bias(node, args):
     """Σ g over the rows, summed by ATen's layer-norm backward (x and the
     statistics are stand-ins: they do not enter the bias term)."""
     (g,) = args
-    rows = torch.zeros(g.shape[:-1] + (1,), dtype=torch.float32, device=g.device)
+    stats_dtype = g.dtype if g.device.type == "cpu" else torch.float32
+    rows = torch.zeros(g.shape[:-1] + (1,), dtype=stats_dtype, device=g.device)
     ones = torch.ones(g.shape[-1], dtype=g.dtype, device=g.device)
     return aten.native_layer_norm_backward(g, g, [g.shape[-1]], rows, rows, ones, ones,
                                            [False, False, True])[2]
@@ -633,9 +655,11 @@ def _ws_cross_entropy(node, inputs, backward):
     logits = inputs[-2]
     n = _numel(logits.shape)
     moved = 0 if (len(logits.shape) == 2) else _size(logits)  # the class axis moved last
-    if backward:  # log-probabilities, the NLL gradient, the result before its copy
-        return 2 * n * 4 + 2 * moved
-    return n * 4 + moved
+    widened = 0 if logits.dtype == torch.float32 else n * 4  # the logits in fp32
+    scalars = 16  # the NLL's total weight, the seed gradient
+    if backward:  # log-probabilities, the NLL gradient, the fp32 result before its cast
+        return 3 * n * 4 + 2 * moved + widened + scalars
+    return n * 4 + moved + widened + scalars
 
 
 def _ws_causal_softmax(node, inputs):
@@ -680,7 +704,9 @@ WORKSPACE = {
     "maxpool_backward": _ws_maxpool_backward,
     "softmax_cross_entropy": lambda n, i: _ws_cross_entropy(n, i, False),
     "softmax_cross_entropy_backward": lambda n, i: _ws_cross_entropy(n, i, True),
-    "mse_loss": lambda n, i: 0 if i[0].dtype == torch.float32 else 2 * _numel(i[0].shape) * 4,
+    # ATen's mse_loss keeps the squared errors (n values) under its scalar.
+    "mse_loss": lambda n, i: _numel(i[0].shape) * 4 * (1 if i[0].dtype == torch.float32 else 3),
+    "sum_backward": lambda n, i: 16,
     "softmax": _ws_causal_softmax,
     "matmul": _ws_matmul,
     "erf_backward": lambda n, i: _size(n),
@@ -688,10 +714,14 @@ WORKSPACE = {
     "hardsigmoid_backward": lambda n, i: 0 if _is_torch_hardsigmoid(*_hardsigmoid_params(n))
     else _size(n) + _numel(n.shape),
     # Per-channel terms: (2, C) statistics in double, alpha and beta.
-    "batchnorm_stats": lambda n, i: _ws_channels(n, i, 48),
-    "batchnorm": lambda n, i: _ws_channels(n, i, 48),
+    "batchnorm_stats": lambda n, i: _ws_channels(n, i, 56),
+    "batchnorm": lambda n, i: _ws_channels(n, i, 48) + (
+        0 if i[0].dtype == torch.float32 else _numel(i[0].shape) * 8),
     "batchnorm_backward_bias": lambda n, i: _ws_channels(n, i, 8),
-    "layernorm_stats": lambda n, i: _ws_layernorm_rows(n, i, 8, 0),
+    "layernorm_stats": lambda n, i: _ws_layernorm_rows(n, i, 12, 0) + (
+        0 if i[0].dtype == torch.float32 else _numel(i[0].shape) * 4),
+    "layernorm": lambda n, i: 0 if i[0].dtype == torch.float32 else
+    _ws_layernorm_rows(n, i, 8, 0) + 16,
     "layernorm_backward": lambda n, i: 0 if len(i) > 3 else _ws_layernorm_rows(n, i, 0, 8),
     "layernorm_backward_bias": lambda n, i: _ws_layernorm_rows(n, i, 4, 8),
 }
