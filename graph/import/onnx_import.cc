@@ -124,6 +124,19 @@ class Attrs {
   absl::flat_hash_map<std::string, const onnx::AttributeProto*> by_name_;
 };
 
+// Appends the elements of type T that `raw` holds (ONNX's raw_data: packed,
+// little-endian) to `out`; false when `raw` is not a whole number of them.
+template <typename T, typename Out>
+bool DecodeRaw(const std::string& raw, std::vector<Out>& out) {
+  if (raw.size() % sizeof(T) != 0) return false;
+  for (size_t i = 0; i < raw.size(); i += sizeof(T)) {
+    T x;
+    std::memcpy(&x, raw.data() + i, sizeof(T));
+    out.push_back(static_cast<Out>(x));
+  }
+  return true;
+}
+
 // The values of an integer tensor (initializer or Constant), for shapes,
 // pads and axes.
 absl::StatusOr<std::vector<int64_t>> IntValues(const onnx::TensorProto& t) {
@@ -139,33 +152,16 @@ absl::StatusOr<std::vector<int64_t>> IntValues(const onnx::TensorProto& t) {
     }
   }
   std::vector<int64_t> values;
-  if (t.data_type() == onnx::TensorProto::INT64) {
-    if (!t.raw_data().empty()) {
-      const std::string& raw = t.raw_data();
-      if (raw.size() % 8 != 0) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("tensor ", Quote(t.name()), ": raw data of ", raw.size(), " bytes"));
-      }
-      values.resize(raw.size() / 8);
-      std::memcpy(values.data(), raw.data(), raw.size());
-    } else {
-      values.assign(t.int64_data().begin(), t.int64_data().end());
+  const bool int64 = t.data_type() == onnx::TensorProto::INT64;
+  if (const std::string& raw = t.raw_data(); !raw.empty()) {
+    if (!(int64 ? DecodeRaw<int64_t>(raw, values) : DecodeRaw<int32_t>(raw, values))) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("tensor ", Quote(t.name()), ": raw data of ", raw.size(), " bytes"));
     }
+  } else if (int64) {
+    values.assign(t.int64_data().begin(), t.int64_data().end());
   } else {
-    if (!t.raw_data().empty()) {
-      const std::string& raw = t.raw_data();
-      if (raw.size() % 4 != 0) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("tensor ", Quote(t.name()), ": raw data of ", raw.size(), " bytes"));
-      }
-      for (size_t i = 0; i < raw.size(); i += 4) {
-        int32_t x;
-        std::memcpy(&x, raw.data() + i, 4);
-        values.push_back(x);
-      }
-    } else {
-      values.assign(t.int32_data().begin(), t.int32_data().end());
-    }
+    values.assign(t.int32_data().begin(), t.int32_data().end());
   }
   const int64_t expected = t.dims().empty() ? 1 : count;
   if (static_cast<int64_t>(values.size()) != expected) {
@@ -176,62 +172,42 @@ absl::StatusOr<std::vector<int64_t>> IntValues(const onnx::TensorProto& t) {
   return values;
 }
 
-// A scalar float tensor's value (Dropout's ratio), when it is one.
-std::optional<double> FloatScalar(const onnx::TensorProto& t) {
-  int64_t count = 1;
-  for (int64_t d : t.dims()) count *= d;
-  if (count != 1) return std::nullopt;
-  if (t.data_type() == onnx::TensorProto::FLOAT) {
-    if (t.raw_data().size() == 4) {
-      float x;
-      std::memcpy(&x, t.raw_data().data(), 4);
-      return x;
-    }
-    if (t.float_data_size() == 1) return t.float_data(0);
-  }
-  if (t.data_type() == onnx::TensorProto::DOUBLE) {
-    if (t.raw_data().size() == 8) {
-      double x;
-      std::memcpy(&x, t.raw_data().data(), 8);
-      return x;
-    }
-    if (t.double_data_size() == 1) return t.double_data(0);
-  }
-  return std::nullopt;
-}
-
-// A float tensor's values (Resize's scales), when it is one.
+// A float or double tensor's values (Resize's scales), when it is one of at
+// most 2^20 elements.
 std::optional<std::vector<double>> FloatValues(const onnx::TensorProto& t) {
   int64_t count = 1;
-  for (int64_t d : t.dims()) count *= d;
+  for (int64_t d : t.dims()) {
+    if (d < 0 || d > (int64_t{1} << 20) || (count *= d) > (int64_t{1} << 20)) {
+      return std::nullopt;
+    }
+  }
+  const std::string& raw = t.raw_data();
   std::vector<double> values;
+  bool decoded = true;
   if (t.data_type() == onnx::TensorProto::FLOAT) {
-    if (!t.raw_data().empty()) {
-      if (t.raw_data().size() != static_cast<size_t>(4 * count)) return std::nullopt;
-      for (int64_t i = 0; i < count; ++i) {
-        float x;
-        std::memcpy(&x, t.raw_data().data() + 4 * i, 4);
-        values.push_back(x);
-      }
-    } else {
+    if (raw.empty()) {
       values.assign(t.float_data().begin(), t.float_data().end());
+    } else {
+      decoded = DecodeRaw<float>(raw, values);
     }
   } else if (t.data_type() == onnx::TensorProto::DOUBLE) {
-    if (!t.raw_data().empty()) {
-      if (t.raw_data().size() != static_cast<size_t>(8 * count)) return std::nullopt;
-      for (int64_t i = 0; i < count; ++i) {
-        double x;
-        std::memcpy(&x, t.raw_data().data() + 8 * i, 8);
-        values.push_back(x);
-      }
-    } else {
+    if (raw.empty()) {
       values.assign(t.double_data().begin(), t.double_data().end());
+    } else {
+      decoded = DecodeRaw<double>(raw, values);
     }
   } else {
     return std::nullopt;
   }
-  if (static_cast<int64_t>(values.size()) != count) return std::nullopt;
+  if (!decoded || static_cast<int64_t>(values.size()) != count) return std::nullopt;
   return values;
+}
+
+// A scalar float tensor's value (Dropout's ratio), when it is one.
+std::optional<double> FloatScalar(const onnx::TensorProto& t) {
+  std::optional<std::vector<double>> values = FloatValues(t);
+  if (!values || values->size() != 1) return std::nullopt;
+  return values->front();
 }
 
 std::optional<bool> BoolScalar(const onnx::TensorProto& t) {
