@@ -18,21 +18,17 @@ with --device cuda, without a GPU.
 import argparse
 import contextlib
 import copy
+import os
 import sys
 import warnings
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+# The tolerance rule and the memory allowance of the big-model checks (only
+# the standard library at import).
+from train_step_check import OUTSIDE_PLAN, relative_error  # noqa: E402
+
 TOLERANCE = 1e-5
-# How far above the plan the memory PyTorch sees may peak, as in
-# train_step_check.py.
-OUTSIDE_PLAN = {"cpu": 0.0, "cuda": 0.25}
 CONFIGS = [("best-order", "100%"), ("hybrid", "min"), ("dtr", "min"), ("swap", "min")]
-
-
-def relative_error(planned, eager):
-    planned, eager = planned.double(), eager.double()
-    scale = eager.abs().max().item() if eager.numel() else 0.0
-    diff = (planned - eager).abs().max().item() if eager.numel() else 0.0
-    return diff / scale if scale > 0 else diff
 
 
 def networks(torch, device):

@@ -231,16 +231,14 @@ class TrainStep:
 def _with_kernel_workspace(captured, nodes):
     """The graph with each node's workspace raised to what its PyTorch kernel
     holds beside its operands (_kernels.WORKSPACE), so the plan counts it."""
-    doc = json.loads(captured.graph.to_json())
     by_id = {n.id: n for n in nodes}
     changed = False
-    for node_doc, node in zip(doc["nodes"], nodes):
+    for node_doc, node in zip(captured.nodes, nodes):
         extra = workspace_bytes(node, [by_id[i] for i in node.inputs])
         if extra > node_doc.get("workspace", 0):
             node_doc["workspace"] = extra
             changed = True
-    captured.nodes = doc["nodes"]
-    return _core.from_json(json.dumps(doc)) if changed else captured.graph
+    return _core.from_json(json.dumps(captured.document)) if changed else captured.graph
 
 
 def _as_tuple(inputs, what):

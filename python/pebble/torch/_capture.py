@@ -71,9 +71,10 @@ def resolve_loss(loss_fn):
 class Captured:
     """The training graph and how its persistent nodes meet the module."""
 
-    def __init__(self, graph, nodes, input_ids, constants):
+    def __init__(self, graph, document, input_ids, constants):
         self.graph = graph            # pebble.Graph (the training step)
-        self.nodes = nodes            # its nodes as pebble-graph JSON dicts, in order
+        self.document = document      # the graph as a pebble-graph JSON dict
+        self.nodes = document["nodes"]  # its nodes, in order
         self.input_ids = input_ids    # graph input id of each positional input
         self.constants = constants    # id -> tensor: initializers that are not state_dict()
 
@@ -100,12 +101,13 @@ def capture(model, example_inputs, loss, opset=13):
             more = f" (and {len(suspects) - 1} more)" if len(suspects) > 1 else ""
             warnings.warn(f"pebble.torch: the trace may differ from the module's computation: "
                           f"{suspects[0]}{more}", stacklevel=4)
-        nodes = json.loads(graph.to_json())["nodes"]
+        document = json.loads(graph.to_json())
+        nodes = document["nodes"]
         state = model.state_dict(keep_vars=True)
         missing = [n["id"] for n in nodes
                    if n.get("persistent") and n.get("op") != "input" and n["id"] not in state]
         constants = _initializer_values(path, missing) if missing else {}
-    return Captured(graph, nodes, input_ids, constants)
+    return Captured(graph, document, input_ids, constants)
 
 
 def _describe(module):
