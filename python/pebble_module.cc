@@ -11,6 +11,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <optional>
 #include <string>
 #include <utility>
@@ -219,7 +220,9 @@ py::dict FitPy(const std::string& model, const std::string& vary, const py::obje
   request.start = start;
   request.max_value = max_value;
   request.cost.device_flops_per_s = throughput;
-  request.options = Options(py::none(), bandwidth, time_limit, 0);
+  // time_limit bounds the whole search; each plan takes at most 10 s of it.
+  request.options = Options(py::none(), bandwidth, std::min(10.0, time_limit), 0);
+  request.time_limit_s = time_limit;
   absl::StatusOr<FitResult> fit;
   {
     py::gil_scoped_release release;
@@ -398,9 +401,9 @@ PYBIND11_MODULE(_core, m) {
   m.def("fit", &FitPy, py::arg("model"), py::arg("vary"), py::arg("budget"),
         py::arg("policies") = py::none(), py::arg("start") = 1, py::arg("max") = 0,
         py::arg("throughput") = 10e12, py::arg("bandwidth") = py::none(),
-        py::arg("time_limit") = 10.0, py::arg("jobs") = 0,
+        py::arg("time_limit") = 300.0, py::arg("jobs") = 0,
         "For each policy, the largest value of a zoo model's parameter whose training step "
-        "fits the budget (`pebble fit`).");
+        "fits the budget (`pebble fit`); time_limit (seconds) bounds the whole search.");
   m.def("policies", &Policies, "Every registered policy: name, kind, exact, external, "
                                "description.");
   m.def("register_policy", &RegisterPolicy, py::arg("name"), py::arg("fn"),
