@@ -1,5 +1,7 @@
 #include "scheduler/budget.h"
 
+#include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <cstdlib>
 #include <limits>
@@ -95,13 +97,55 @@ absl::StatusOr<BudgetSpec> ParseBudget(absl::string_view text) {
   return spec;
 }
 
+namespace {
+
+__extension__ using Uint128 = unsigned __int128;
+
+// floor(peak x percent / 100), exactly, for the percentage as written: the
+// shortest decimal that reads back as `percent` ("33.3", not the double's
+// 33.29999...), as digits x 10^exponent, in 128-bit integers. Doubles
+// would round a peak past 2^53, and some below it: 100% was not the peak.
+// Saturates at INT64_MAX; 0 for a peak or percentage that is not positive.
+int64_t PercentOf(int64_t peak, double percent) {
+  if (!(percent > 0) || peak <= 0) return 0;
+  if (std::isinf(percent)) return INT64_MAX;
+  char text[64];
+  const auto [end, ec] =
+      std::to_chars(text, text + sizeof text, percent, std::chars_format::scientific);
+  PEBBLE_CHECK(ec == std::errc() && std::find(text, end, 'e') != end, "to_chars of a double");
+  // "d.ddde+XX": the digits, then the power of ten of the first one.
+  Uint128 value = static_cast<Uint128>(peak);
+  Uint128 digits = 0;
+  int exponent = 0;
+  const char* p = text;
+  for (; p != end && *p != 'e'; ++p) {
+    if (*p == '.') continue;
+    digits = digits * 10 + static_cast<unsigned>(*p - '0');
+    --exponent;  // each digit after the first is a tenth of the one before
+  }
+  const char* power_text = p + 1;  // "+01", "-05": from_chars takes no '+'
+  if (power_text != end && *power_text == '+') ++power_text;
+  int power = 0;
+  std::from_chars(power_text, end, power);
+  exponent += 1 + power - 2;  // the first digit's power; "/ 100"
+  value *= digits;  // below 2^63 x 10^17 < 2^120
+  constexpr auto kMax = static_cast<Uint128>(INT64_MAX);
+  for (; exponent > 0 && value != 0; --exponent) {
+    if (value > kMax) return INT64_MAX;
+    value *= 10;
+  }
+  for (; exponent < 0 && value != 0; ++exponent) value /= 10;
+  return value > kMax ? INT64_MAX : static_cast<int64_t>(value);
+}
+
+}  // namespace
+
 int64_t ResolveBudget(const BudgetSpec& spec, int64_t baseline_peak) {
   switch (spec.kind) {
     case BudgetSpec::Kind::kBytes:
       return spec.bytes;
     case BudgetSpec::Kind::kPercent:
-      return static_cast<int64_t>(
-          std::floor(static_cast<double>(baseline_peak) * spec.percent / 100.0));
+      return PercentOf(baseline_peak, spec.percent);
     case BudgetSpec::Kind::kMin:
       return kMinBudgetBytes;
   }

@@ -229,10 +229,12 @@ absl::Status RegisterExternalPolicy(const std::string& name, const std::string& 
                                     PlanKind kind, ScheduleFunction fn) {
   if (!IsPolicyName(name)) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "policy name '", name,
-        "' must be 1 to 64 letters, digits, '-', '_' or '.' (exec:PROGRAM names a program)"));
+        "policy name ", Quote(name),
+        " must be 1 to 64 letters, digits, '-', '_' or '.' (exec:PROGRAM names a program)"));
   }
-  if (!fn) return absl::InvalidArgumentError(absl::StrCat("policy '", name, "' has no function"));
+  if (!fn) {
+    return absl::InvalidArgumentError(absl::StrCat("policy ", Quote(name), " has no function"));
+  }
   PolicyInfo info;
   info.name = name;
   info.description = description.empty() ? "registered from outside pebble" : description;
