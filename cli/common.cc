@@ -1,5 +1,7 @@
 #include "cli/common.h"
 
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
@@ -11,6 +13,8 @@
 #include <iostream>
 #include <memory>
 #include <mutex>
+#include <optional>
+#include <utility>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/cord.h"
@@ -222,29 +226,56 @@ fs::path NormalPath(const std::string& path) {
 
 }  // namespace
 
-bool SameFile(const std::string& a, const std::string& b) {
-  if (NormalPath(a) == NormalPath(b)) return true;
-  std::error_code ec;
-  return fs::exists(a, ec) && fs::exists(b, ec) && fs::equivalent(a, b, ec) && !ec;
+namespace {
+
+// What identifies a file for SameFile: its normal path, and its device and
+// inode where it exists (after links).
+struct FileKey {
+  fs::path normal;
+  std::optional<std::pair<dev_t, ino_t>> inode;
+};
+
+FileKey KeyOf(const std::string& path) {
+  FileKey key{NormalPath(path), std::nullopt};
+  struct stat st {};
+  if (::stat(path.c_str(), &st) == 0) key.inode = std::make_pair(st.st_dev, st.st_ino);
+  return key;
 }
+
+bool SameKey(const FileKey& a, const FileKey& b) {
+  return a.normal == b.normal || (a.inode.has_value() && a.inode == b.inode);
+}
+
+}  // namespace
+
+bool SameFile(const std::string& a, const std::string& b) { return SameKey(KeyOf(a), KeyOf(b)); }
 
 absl::Status CheckOutputs(const std::vector<PathFlag>& outputs,
                           const std::vector<PathFlag>& inputs, bool force,
                           const std::vector<std::string>& made_directories) {
   auto skipped = [](const std::string& path) { return path.empty() || path == "-"; };
+  // Each path's key once: a run dumps every gradient and reads every
+  // parameter, so the pairs run to tens of thousands.
+  std::vector<FileKey> input_keys;
+  for (const auto& [input, input_option] : inputs) {
+    input_keys.push_back(skipped(input) ? FileKey{} : KeyOf(input));
+  }
+  std::vector<FileKey> output_keys;
   for (size_t i = 0; i < outputs.size(); ++i) {
     const auto& [path, option] = outputs[i];
+    output_keys.push_back(skipped(path) ? FileKey{} : KeyOf(path));
     if (skipped(path)) continue;
     for (size_t j = 0; j < i; ++j) {
       const auto& [other, other_option] = outputs[j];
-      if (!skipped(other) && SameFile(path, other)) {
+      if (!skipped(other) && SameKey(output_keys[i], output_keys[j])) {
         return absl::InvalidArgumentError(absl::StrCat(other_option, " and ", option,
                                                        " both write ", Quote(path),
                                                        "; give them different files"));
       }
     }
-    for (const auto& [input, input_option] : inputs) {
-      if (skipped(input) || !SameFile(path, input)) continue;
+    for (size_t j = 0; j < inputs.size(); ++j) {
+      const auto& [input, input_option] = inputs[j];
+      if (skipped(input) || !SameKey(output_keys[i], input_keys[j])) continue;
       // A device (/dev/null, /dev/stdin) replaces nothing.
       std::error_code ec;
       if (fs::is_character_file(fs::status(path, ec))) continue;
@@ -253,24 +284,26 @@ absl::Status CheckOutputs(const std::vector<PathFlag>& outputs,
           "replace its own input, not even with --force: give another file"));
     }
   }
-  for (const auto& [path, option] : outputs) {
+  std::vector<fs::path> made;
+  for (const std::string& dir : made_directories) {
+    if (!dir.empty()) made.push_back(NormalPath(dir));
+  }
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    const auto& [path, option] = outputs[i];
     absl::Status s = CheckOutputPath(path, force);
     if (!s.ok()) return absl::Status(s.code(), absl::StrCat(option, ": ", s.message()));
     if (skipped(path)) continue;
     // Where the file goes must be a directory by the time it is written,
     // or the write fails after all the work.
-    const fs::path parent = NormalPath(path).parent_path();
+    const fs::path parent = output_keys[i].normal.parent_path();
     std::error_code ec;
     if (fs::is_directory(parent, ec)) continue;
-    bool made = false;
-    for (const std::string& dir : made_directories) {
-      if (dir.empty()) continue;
-      const fs::path normal = NormalPath(dir);
-      // `parent` is `normal` or one of the directories above it.
-      made = made || std::mismatch(parent.begin(), parent.end(), normal.begin(), normal.end())
-                             .first == parent.end();
-    }
-    if (made) continue;
+    // `parent` is a made directory or one of the directories above it.
+    auto above = [&parent](const fs::path& dir) {
+      return std::mismatch(parent.begin(), parent.end(), dir.begin(), dir.end()).first ==
+             parent.end();
+    };
+    if (std::any_of(made.begin(), made.end(), above)) continue;
     const fs::path given = fs::path(path).parent_path();  // as the user spelt it
     return absl::InvalidArgumentError(absl::StrCat(
         option, " ", Quote(path), ": ", Quote(given.empty() ? "." : given.string()),
