@@ -178,6 +178,9 @@ int RunDescribe(const GraphSource& source, bool json) {
 
 int RunExport(const GraphSource& source, const std::string& format,
               const std::string& output, bool force) {
+  if (absl::Status s = CheckOutputs({{output, "--output"}}, source.InputFiles(), force); !s.ok()) {
+    return Fail(s);
+  }
   auto graph = source.Load();
   if (!graph.ok()) return Fail(graph.status());
   std::string text;

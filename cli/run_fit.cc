@@ -18,6 +18,7 @@
 #include "cli/run_common.h"
 #include "graph/models/models.h"
 #include "graph/status.h"
+#include "graph/text_input.h"
 #include "runtime/executor.h"
 #include "runtime/make_backend.h"
 #include "runtime/workspace.h"
@@ -103,19 +104,36 @@ class FitProgressLine {
 int RunFit(const FitFlags& f) {
   FitRequest request;
   auto spec = ParseModelSpec(f.model);
-  if (!spec.ok()) return Fail(spec.status());
+  if (!spec.ok()) return Fail(UsageError(absl::StrCat("--model: ", spec.status().message())));
   request.model = *spec;
   request.vary = f.vary;
   auto budget_bytes = ParseFitBudget(f.budget);
-  if (!budget_bytes.ok()) return Fail(budget_bytes.status());
+  if (!budget_bytes.ok()) {
+    return Fail(UsageError(absl::StrCat("--budget: ", budget_bytes.status().message())));
+  }
   const int64_t budget = *budget_bytes;
   request.budget_bytes = budget;
   auto bandwidth = ParseBandwidth(f.bandwidth.empty() ? "25e9" : f.bandwidth);
-  if (!bandwidth.ok()) return Fail(bandwidth.status());
-  if (f.start < 1) return Fail(absl::InvalidArgumentError("--start must be at least 1"));
+  if (!bandwidth.ok()) {
+    return Fail(UsageError(absl::StrCat("--bandwidth: ", bandwidth.status().message())));
+  }
+  if (f.start < 1) return Fail(UsageError("--start must be at least 1"));
   if (f.max_value != 0 && f.max_value < f.start) {
-    return Fail(absl::InvalidArgumentError(absl::StrCat(
-        "--max ", f.max_value, " is below --start ", f.start, "; nothing to try")));
+    return Fail(UsageError(absl::StrCat("--max ", f.max_value, " is below --start ", f.start,
+                                        "; nothing to try")));
+  }
+  {
+    // The model at --start: a --vary that is no parameter of it, or a
+    // parameter it cannot be built with, is the command line's fault.
+    ModelSpec first = *spec;
+    first.params[f.vary] = absl::StrCat(f.start);
+    CostModel cost;
+    cost.device_flops_per_s = f.throughput_flops_per_s;
+    if (absl::Status built = BuildModel(first, cost).status();
+        built.code() == absl::StatusCode::kInvalidArgument) {
+      return Fail(UsageError(absl::StrCat("--model ", Quote(f.model), " --vary ", Quote(f.vary),
+                                          ": ", built.message())));
+    }
   }
   request.start = f.start;
   request.jobs = f.jobs;
@@ -297,18 +315,23 @@ void AddFitCommand(CLI::App& app, int& exit_code) {
       "       pebble fit --model resnet18:image=64 --vary batch --budget 1GiB --policies "
       "baseline,rotor --verify");
   fit->add_option("--model,-m", flags.model, "model with fixed parameters, e.g. conv3d:batch=1")
-      ->required();
+      ->required()
+      ->check(ModelName());
   fit->add_option("--vary", flags.vary, "the integer parameter to search (n, batch, ...)")
       ->required();
-  fit->add_option("--budget,-b", flags.budget, "device memory budget in bytes (2GiB)")
-      ->required();
+  fit->add_option("--budget,-b", flags.budget,
+                  "device memory budget: whole bytes or a size with units (2GiB)")
+      ->required()
+      ->check(FitBudgetValue());
   fit->add_option("--policies", flags.policies,
                   "comma-separated policies; default: every policy but the exact searches "
-                  "(exact, exact-order, checkmate); 'all': every one");
+                  "(exact, exact-order, checkmate); 'all': every one")
+      ->check(PolicyList());
   fit->add_flag("--verify", flags.verify,
                 "run each policy's largest value on the backend and compare the measured peak");
   fit->add_option("--backend", flags.backend, "backend for --verify and --workspace query")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(BackendName());
   fit->add_option("--workspace", flags.workspace,
                   "query: plan each model with the scratch its kernels take on --backend as "
                   "their nodes' workspace (docs/runtime.md, \"Workspace\"); graph: the model's "
@@ -325,7 +348,9 @@ void AddFitCommand(CLI::App& app, int& exit_code) {
   fit->add_option("--throughput", flags.throughput_flops_per_s,
                   "FLOP/s of the cost model (default 10e12)")
       ->check(NumberAbove(0, "a positive number of FLOP/s"));
-  fit->add_option("--bandwidth", flags.bandwidth, "host link bytes/s, or pcie4 (25e9, the default), pcie5, nvlink-c2c");
+  fit->add_option("--bandwidth", flags.bandwidth,
+                  "host link bytes/s, or pcie4 (25e9, the default), pcie5, nvlink-c2c")
+      ->check(BandwidthValue());
   AddQuietFlag(fit, flags.quiet);
   AddOwnOrderFlag(fit, flags.own_order);
   fit->add_option("--time-limit", flags.time_limit_s,

@@ -20,6 +20,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "graph/file_output.h"
 #include "graph/status.h"
 #include "graph/text_input.h"
 
@@ -484,18 +485,7 @@ std::string GraphToJsonText(const Graph& graph) {
 }
 
 absl::Status WriteGraphFile(const Graph& graph, const std::string& path) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  if (!out) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        path, ": cannot write graph file (", std::strerror(errno), ")"));
-  }
-  out << GraphToJsonText(graph);
-  out.close();
-  if (!out) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(path, ": error while writing graph file"));
-  }
-  return absl::OkStatus();
+  return WriteFileAtomically(path, GraphToJsonText(graph));
 }
 
 std::string GraphToDot(const Graph& graph) {

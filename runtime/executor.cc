@@ -8,10 +8,12 @@
 #include <exception>
 #include <filesystem>
 #include <limits>
+#include <map>
 #include <optional>
 #include <utility>
 
 #include "absl/functional/function_ref.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "graph/ops.h"
 #include "graph/status.h"
@@ -153,7 +155,13 @@ absl::StatusOr<std::optional<NpyArray>> ReadInputFile(const Graph& graph, NodeId
   RETURN_IF_ERROR(CheckTensorSlot(graph, v));
   const std::string path = (std::filesystem::path(dir) / TensorFileName(graph.id(v))).string();
   std::error_code ec;
-  if (!std::filesystem::exists(path, ec)) return std::optional<NpyArray>();
+  const std::filesystem::file_status link = std::filesystem::symlink_status(path, ec);
+  if (!std::filesystem::exists(link)) return std::optional<NpyArray>();
+  if (std::filesystem::is_symlink(link) && !std::filesystem::exists(path, ec)) {
+    return absl::InvalidArgumentError(absl::StrCat("input for node ", Quote(graph.id(v)), ": ",
+                                                   Quote(path),
+                                                   " is a symbolic link to a missing file"));
+  }
   auto read = ReadNpy(path);
   if (!read.ok()) {
     return absl::Status(read.status().code(),
@@ -172,6 +180,54 @@ absl::StatusOr<std::optional<NpyArray>> ReadInputFile(const Graph& graph, NodeId
   }
   if (bf16_from_fp32) NarrowToBFloat16(array);
   return std::optional<NpyArray>(std::move(array));
+}
+
+absl::Status CheckInputsDirectory(const Graph& graph, const std::string& dir) {
+  namespace fs = std::filesystem;
+  std::map<std::string, NodeId> by_file;  // TensorFileName(id) -> node
+  for (NodeId v = 0; v < graph.num_nodes(); ++v) by_file.emplace(TensorFileName(graph.id(v)), v);
+  std::error_code ec;
+  fs::directory_iterator it(dir, ec);
+  if (ec) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot list inputs directory ", Quote(dir), ": ", ec.message()));
+  }
+  // Sorted, so that the first offending file named is the same everywhere.
+  std::vector<fs::path> entries;
+  for (; it != fs::directory_iterator(); it.increment(ec)) entries.push_back(it->path());
+  if (ec) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot list inputs directory ", Quote(dir), ": ", ec.message()));
+  }
+  std::sort(entries.begin(), entries.end());
+  for (const fs::path& entry : entries) {
+    const std::string name = entry.filename().string();
+    if (name.size() < 4) continue;
+    const std::string extension = name.substr(name.size() - 4);
+    if (absl::AsciiStrToLower(extension) != ".npy") continue;
+    const std::string shown = Quote(entry.string());
+    if (extension != ".npy") {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "input file ", shown, ": the extension must be '.npy' in lower case to be read"));
+    }
+    const auto found = by_file.find(name);
+    if (found == by_file.end()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "input file ", shown, " names no node of the graph (files are <id>.npy for a "
+          "persistent node: a parameter, buffer or data input)"));
+    }
+    if (!graph.persistent(found->second)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "input file ", shown, " is for node ", Quote(graph.id(found->second)),
+          ", which the step computes: only persistent tensors are read"));
+    }
+    const fs::file_status link = fs::symlink_status(entry, ec);
+    if (fs::is_symlink(link) && !fs::exists(entry, ec)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("input file ", shown, " is a symbolic link to a missing file"));
+    }
+  }
+  return absl::OkStatus();
 }
 
 // ---------------------------------------------------------------- generator
@@ -877,6 +933,7 @@ absl::StatusOr<ExecutionResult> Execute(const Graph& graph, const Schedule& sche
       return absl::InvalidArgumentError(
           absl::StrCat("inputs directory ", Quote(options.inputs_dir), " is not a directory"));
     }
+    RETURN_IF_ERROR(CheckInputsDirectory(graph, options.inputs_dir));
   }
   const std::map<std::string, int64_t> counters_before = backend.Counters();
   if (given_layout != nullptr) {

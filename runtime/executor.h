@@ -180,11 +180,22 @@ absl::StatusOr<NpyArray> GenerateInput(const Graph& graph, NodeId v, uint64_t se
 std::string TensorFileName(absl::string_view id);
 
 // Reads `dir`/TensorFileName(id) for persistent node `v` when it exists
-// (nullopt when not). Its dtype and shape must be the node's exactly (a bf16
+// (nullopt when nothing is there; a symbolic link to a missing file is an
+// error). Its dtype and shape must be the node's exactly (a bf16
 // node also takes an fp32 file, rounded to nearest even); else
 // InvalidArgument naming the file and the node.
 absl::StatusOr<std::optional<NpyArray>> ReadInputFile(const Graph& graph, NodeId v,
                                                       const std::string& dir);
+
+// Checks a directory of input files against `graph` before anything is read
+// from it, so that no file the user put there is silently passed over: every
+// entry whose name ends in ".npy" must be TensorFileName of a persistent
+// node, else InvalidArgument naming the file (a computed node's tensor is
+// never read; a name that is no node's id is a typo or another model's
+// file); a name ending in ".npy" in another case ("input.NPY") and a
+// symbolic link to a missing file are errors too. Entries of other names
+// are not looked at. Execute calls it for ExecutorOptions::inputs_dir.
+absl::Status CheckInputsDirectory(const Graph& graph, const std::string& dir);
 
 }  // namespace pebble
 

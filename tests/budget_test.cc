@@ -18,7 +18,7 @@ TEST(ParseSizeTest, AcceptsBytesAndUnits) {
   EXPECT_EQ(*ParseSize("1.5KiB"), 1536);
   EXPECT_EQ(*ParseSize("10B"), 10);
   EXPECT_EQ(*ParseSize("0"), 0);
-  EXPECT_EQ(*ParseSize("2.7"), 2);  // rounded down to whole bytes
+  EXPECT_EQ(*ParseSize("2.7KiB"), 2764);  // a unit's fraction rounds down to whole bytes
 }
 
 TEST(ParseSizeTest, RejectsGarbage) {

@@ -204,8 +204,9 @@ TEST(CliRunTest, InfeasiblePlanIsRefusedUnlessForced) {
   Result r = Pebble("run --model conv3d:n=8 --policy baseline --budget 50%");
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_THAT(r.err, HasSubstr("does not fit"));
-  EXPECT_THAT(r.err, HasSubstr("--force"));
-  Result forced = Pebble("run --model conv3d:n=8 --policy baseline --budget 50% --force --json");
+  EXPECT_THAT(r.err, HasSubstr("--over-budget"));
+  Result forced =
+      Pebble("run --model conv3d:n=8 --policy baseline --budget 50% --over-budget --json");
   ASSERT_EQ(forced.exit_code, 0) << forced.err;
   EXPECT_EQ(ParseOrFail(forced.out)["feasible"], false);
 }
@@ -265,8 +266,8 @@ TEST(CliRunTest, RunsAGivenScheduleFile) {
 }
 
 TEST(CliRunTest, BadArgumentsAreErrors) {
-  EXPECT_EQ(Pebble("run --model conv3d:n=8 --backend tpu").exit_code, 1);
-  EXPECT_EQ(Pebble("run --model conv3d:n=8 --policy nope").exit_code, 1);
+  EXPECT_EQ(Pebble("run --model conv3d:n=8 --backend tpu").exit_code, 2);
+  EXPECT_EQ(Pebble("run --model conv3d:n=8 --policy nope").exit_code, 2);
   Result g = Pebble("run --graph " + std::string(PEBBLE_SOURCE_DIR) +
                     "/examples/tanh-chain-4.json --policy baseline");
   EXPECT_EQ(g.exit_code, 1);  // an abstract graph without shapes cannot run
@@ -351,8 +352,8 @@ TEST(CliFitTest, WorkspaceQueryOfTheSeedModelFinishes) {
 }
 
 TEST(CliFitTest, BadArgumentsAreErrors) {
-  EXPECT_EQ(Pebble("fit --model conv3d --vary n --budget 50%").exit_code, 1);
-  EXPECT_EQ(Pebble("fit --model conv3d --vary size --budget 1GiB").exit_code, 1);
+  EXPECT_EQ(Pebble("fit --model conv3d --vary n --budget 50%").exit_code, 2);
+  EXPECT_EQ(Pebble("fit --model conv3d --vary size --budget 1GiB").exit_code, 2);
   EXPECT_EQ(Pebble("fit --model conv3d --budget 1GiB").exit_code, 2);
 }
 
