@@ -103,6 +103,11 @@ std::string FormatBytes(int64_t bytes) {
   return absl::StrFormat("%.*f %s", decimals, value, kNames[i]);
 }
 
+std::string AboveMaxBytes(int64_t bytes) {
+  return absl::StrCat(bytes, " bytes (", FormatBytes(bytes),
+                      ") is above the largest size pebble handles (2^53 bytes)");
+}
+
 NodeId Graph::Find(absl::string_view id) const {
   auto it = index_.find(id);
   return it == index_.end() ? kNoNode : it->second;
@@ -195,6 +200,7 @@ absl::StatusOr<Graph> GraphBuilder::Build() const {
     if (*s.bytes < 0) {
       return NodeError(s.id, absl::StrCat("negative bytes (", *s.bytes, ")"));
     }
+    if (*s.bytes > kMaxBytes) return NodeError(s.id, AboveMaxBytes(*s.bytes));
     if (!std::isfinite(s.cost) || s.cost < 0) {
       return NodeError(s.id, absl::StrCat("cost must be a non-negative finite "
                                           "number, got ", s.cost));
@@ -202,6 +208,9 @@ absl::StatusOr<Graph> GraphBuilder::Build() const {
     if (s.workspace < 0) {
       return NodeError(s.id,
                        absl::StrCat("negative workspace (", s.workspace, ")"));
+    }
+    if (s.workspace > kMaxBytes) {
+      return NodeError(s.id, absl::StrCat("a workspace of ", AboveMaxBytes(s.workspace)));
     }
     if (s.persistent && !s.inputs.empty()) {
       return NodeError(s.id,
@@ -215,6 +224,12 @@ absl::StatusOr<Graph> GraphBuilder::Build() const {
       int64_t elements = 1;
       for (int64_t d : *s.shape) {
         if (d < 0) return NodeError(s.id, "negative dimension in 'shape'");
+        // Only beside a 0 can a dimension exceed the bytes checked above.
+        if (d > kMaxBytes) {
+          return NodeError(s.id, absl::StrCat("'shape' ", ShapeToString(*s.shape),
+                                              " has a dimension above the largest size pebble "
+                                              "handles (2^53)"));
+        }
         if (__builtin_mul_overflow(elements, d, &elements)) {
           return NodeError(s.id, "'shape' has more elements than 64 bits count");
         }
@@ -241,12 +256,14 @@ absl::StatusOr<Graph> GraphBuilder::Build() const {
                              "give costs in a smaller unit");
     }
     // Every sum of bytes the simulator forms (all nodes resident, plus one
-    // workspace) must fit in int64_t.
+    // workspace) is at most kMaxBytes. Both terms are at most 2^53 here, so
+    // the sums cannot overflow.
     max_workspace = std::max(max_workspace, s.workspace);
-    int64_t with_workspace = 0;
-    if (__builtin_add_overflow(total_bytes, *s.bytes, &total_bytes) ||
-        __builtin_add_overflow(total_bytes, max_workspace, &with_workspace)) {
-      return NodeError(s.id, "the graph's total bytes overflow 64 bits");
+    total_bytes += *s.bytes;
+    if (total_bytes + max_workspace > kMaxBytes) {
+      return NodeError(s.id, absl::StrCat("with this node, the graph's total (the bytes of "
+                                          "every node plus the largest workspace) of ",
+                                          AboveMaxBytes(total_bytes + max_workspace)));
     }
   }
 

@@ -59,6 +59,18 @@ std::string ShapeToString(const Shape& shape);  // "(2,1,26,150,320)"
 // significant digits).
 std::string FormatBytes(int64_t bytes);
 
+// The largest size pebble handles: 2^53 bytes (8 PiB). GraphBuilder refuses
+// a node whose bytes, workspace or any shape dimension is larger, and a
+// graph whose bytes summed over every node, plus its largest workspace, are:
+// so every memory figure of a graph and of its plans (persistent bytes, a
+// peak) is at most this. JSON numbers are doubles, which hold every integer
+// up to 2^53 exactly: every graph pebble accepts writes and reads back.
+inline constexpr int64_t kMaxBytes = int64_t{1} << 53;
+
+// "<bytes> bytes (<FormatBytes>) is above the largest size pebble handles
+// (2^53 bytes)": the one way every layer words a size past kMaxBytes.
+std::string AboveMaxBytes(int64_t bytes);
+
 // Everything GraphBuilder takes about one node; fields as in SPEC section 1.
 struct NodeSpec {
   std::string id;
@@ -175,8 +187,10 @@ class GraphBuilder {
 
   // Validates and freezes. Errors (InvalidArgument): empty or duplicate id,
   // missing or negative bytes, negative or non-finite cost, negative
-  // workspace, a persistent node with inputs, attrs that are not an object,
-  // an unknown input or output id, no outputs, a cycle (the message lists it).
+  // workspace, bytes, workspace or a shape dimension above kMaxBytes, a
+  // graph whose bytes (all nodes plus the largest workspace) are, a
+  // persistent node with inputs, attrs that are not an object, an unknown
+  // input or output id, no outputs, a cycle (the message lists it).
   // A repeated output id counts once.
   absl::StatusOr<Graph> Build() const;
 

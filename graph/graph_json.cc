@@ -219,7 +219,9 @@ absl::StatusOr<NodeSpec> ParseNode(const Json& node, size_t index) {
   return spec;
 }
 
-absl::StatusOr<Graph> FromJson(const Json& doc) {
+// The document's fields but its nodes and outputs (format, version, unknown
+// top-level keys, name), into `builder`; then that 'nodes' is an array.
+absl::Status ReadDocument(const Json& doc, GraphBuilder& builder) {
   if (!doc.is_object()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "a pebble-graph document must be a JSON object, got ", Shown(doc)));
@@ -245,7 +247,6 @@ absl::StatusOr<Graph> FromJson(const Json& doc) {
   }
   RETURN_IF_ERROR(CheckJsonKeys(doc, kTopLevelKeys, "graph"));
 
-  GraphBuilder builder;
   if (auto it = doc.find("name"); it != doc.end()) {
     ASSIGN_OR_RETURN(std::string name, ReadString(*it, "graph", "name"));
     builder.set_name(std::move(name));
@@ -259,20 +260,33 @@ absl::StatusOr<Graph> FromJson(const Json& doc) {
     return absl::InvalidArgumentError(absl::StrCat(
         "'nodes' must be an array of objects, got ", Shown(*nodes)));
   }
-  // Reports duplicates with both positions (Build() would name the id only).
-  absl::flat_hash_map<std::string, size_t> first_at;
-  first_at.reserve(nodes->size());
-  for (size_t i = 0; i < nodes->size(); ++i) {
-    ASSIGN_OR_RETURN(NodeSpec spec, ParseNode((*nodes)[i], i));
-    auto [it, inserted] = first_at.emplace(spec.id, i);
+  return absl::OkStatus();
+}
+
+// Node objects, in file order, into a GraphBuilder. Reports duplicates
+// with both positions (Build() would name the id only).
+class NodeReader {
+ public:
+  explicit NodeReader(GraphBuilder& builder) : builder_(builder) {}
+  absl::Status Add(const Json& node, size_t i) {
+    ASSIGN_OR_RETURN(NodeSpec spec, ParseNode(node, i));
+    auto [it, inserted] = first_at_.emplace(spec.id, i);
     if (!inserted) {
       return absl::InvalidArgumentError(
           absl::StrCat("node ", Quote(spec.id), ": duplicate id (nodes[",
                        it->second, "] and nodes[", i, "])"));
     }
-    builder.AddNode(std::move(spec));
+    builder_.AddNode(std::move(spec));
+    return absl::OkStatus();
   }
 
+ private:
+  GraphBuilder& builder_;
+  absl::flat_hash_map<std::string, size_t> first_at_;
+};
+
+// 'outputs' into `builder`, then Build().
+absl::StatusOr<Graph> ReadOutputsAndBuild(const Json& doc, GraphBuilder& builder) {
   auto outputs = doc.find("outputs");
   if (outputs == doc.end()) {
     return absl::InvalidArgumentError(
@@ -294,10 +308,40 @@ absl::StatusOr<Graph> FromJson(const Json& doc) {
   return builder.Build();
 }
 
-// `source` is the file the text came from, or empty.
+absl::StatusOr<Graph> FromJson(const Json& doc) {
+  GraphBuilder builder;
+  RETURN_IF_ERROR(ReadDocument(doc, builder));
+  const Json& nodes = doc["nodes"];
+  NodeReader reader(builder);
+  for (size_t i = 0; i < nodes.size(); ++i) RETURN_IF_ERROR(reader.Add(nodes[i], i));
+  return ReadOutputsAndBuild(doc, builder);
+}
+
+// `source` is the file the text came from, or empty. The nodes are read one
+// at a time as the text is parsed (ParseStrictJsonStreaming), never as a
+// document of all of them, which would take about ten times the text. The
+// first bad node is reported only once the JSON and the document's own
+// fields are found sound, so that errors come in the order FromJson gives
+// them (docs/graph-format.md).
 absl::StatusOr<Graph> ParseText(absl::string_view text, absl::string_view source) {
-  ASSIGN_OR_RETURN(const Json doc, ParseStrictJson(text, source));
-  absl::StatusOr<Graph> graph = GraphFromJson(doc);
+  GraphBuilder builder;
+  NodeReader reader(builder);
+  absl::Status first_bad_node;
+  auto sink = [&](Json& node, size_t i) {
+    if (first_bad_node.ok()) first_bad_node = reader.Add(node, i);
+    return absl::OkStatus();
+  };
+  ASSIGN_OR_RETURN(const Json doc, ParseStrictJsonStreaming(text, source, "nodes", sink));
+  absl::StatusOr<Graph> graph;
+  try {
+    absl::Status status = ReadDocument(doc, builder);
+    if (status.ok()) status = first_bad_node;
+    graph = status.ok() ? ReadOutputsAndBuild(doc, builder) : absl::StatusOr<Graph>(status);
+  } catch (const std::exception& e) {
+    // As in GraphFromJson: every access is type-checked first.
+    graph = absl::InvalidArgumentError(absl::StrCat(
+        "malformed pebble-graph document: ", Printable(e.what(), 200)));
+  }
   if (!graph.ok() && !source.empty()) {
     return absl::Status(graph.status().code(),
                         absl::StrCat(source, ": ", graph.status().message()));

@@ -27,7 +27,10 @@ absl::StatusOr<Graph> GraphFromJson(const nlohmann::json& doc);
 // spell infinity), with line and column ("line 3, column 7: ..."); a NUL
 // byte; a key repeated in one object (nlohmann would keep the last
 // silently) and nesting deeper than kMaxJsonDepth (ParseStrictJson). All four name the path to the value and, when
-// it was already read, the node ("(at nodes[2].cost, node 'a2')").
+// it was already read, the node ("(at nodes[2].cost, node 'a2')"). The
+// nodes are read one at a time as the text is parsed, never held as a JSON
+// document of all of them (which takes about ten times the text); errors
+// come in GraphFromJson's order all the same.
 absl::StatusOr<Graph> ParseGraphJson(absl::string_view text);
 
 // Reads and parses a file of at most kMaxJsonFileBytes (ReadBoundedFile).
@@ -36,9 +39,11 @@ absl::StatusOr<Graph> ParseGraphJson(absl::string_view text);
 // InvalidArgument for anything else.
 absl::StatusOr<Graph> ReadGraphFile(const std::string& path);
 
-// Largest `bytes`, `workspace` or shape dimension accepted: 2^53, so that
-// every JSON reader (JavaScript, Python floats) holds the value exactly.
-inline constexpr int64_t kMaxJsonInteger = int64_t{1} << 53;
+// Largest `bytes`, `workspace` or shape dimension read: 2^53, so that
+// every JSON reader (JavaScript, Python floats) holds the value exactly. It
+// is kMaxBytes, what GraphBuilder accepts: a graph that builds writes a file
+// that reads back.
+inline constexpr int64_t kMaxJsonInteger = kMaxBytes;
 
 // The graph as a pebble-graph document such that GraphFromJson reads back an
 // identical graph (same node order, so the same NodeIds). Keys in the order

@@ -113,9 +113,17 @@ Value NetBuilder::Persistent(std::string id, Shape shape, DType dtype,
   }
   const std::optional<int64_t> bytes = Bytes(type);
   if (!bytes.has_value()) {
-    Fail(absl::InvalidArgumentError(
-        absl::StrCat("node '", id, "': bad or too large shape ",
-                     ShapeToString(type.shape))));
+    const bool negative = std::any_of(type.shape.begin(), type.shape.end(),
+                                      [](int64_t d) { return d < 0; });
+    Fail(absl::InvalidArgumentError(absl::StrCat(
+        "node '", id, "': shape ", ShapeToString(type.shape),
+        negative ? " has a negative dimension"
+                 : " holds more than 2^63 bytes, which is above the largest size pebble "
+                   "handles (2^53 bytes)")));
+    return Value{};
+  }
+  if (*bytes > kMaxBytes) {
+    Fail(absl::InvalidArgumentError(absl::StrCat("node '", id, "': ", AboveMaxBytes(*bytes))));
     return Value{};
   }
   NodeSpec spec;
@@ -192,8 +200,10 @@ Value NetBuilder::Apply(absl::string_view op, std::vector<Value> inputs,
   const std::optional<int64_t> bytes = Bytes(*type);
   if (!bytes.has_value()) {
     return error(absl::StrCat("output shape ", ShapeToString(type->shape),
-                              " is too large"));
+                              " holds more than 2^63 bytes, which is above the largest size "
+                              "pebble handles (2^53 bytes)"));
   }
+  if (*bytes > kMaxBytes) return error(AboveMaxBytes(*bytes));
   const double rate = cost_model_.device_flops_per_s;
   if (!(rate > 0) || !std::isfinite(rate)) {
     return error(absl::StrCat("device_flops_per_s must be positive, got ",

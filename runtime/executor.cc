@@ -162,6 +162,16 @@ absl::StatusOr<std::optional<NpyArray>> ReadInputFile(const Graph& graph, NodeId
                                                    Quote(path),
                                                    " is a symbolic link to a missing file"));
   }
+  // ReadNpy reads the whole file: bound it first by what the node holds
+  // (twice that for an fp32 file of a bf16 node) and a generous header.
+  constexpr uint64_t kHeaderSlack = uint64_t{1} << 20;
+  const uint64_t most = static_cast<uint64_t>(graph.bytes(v)) *
+                            (*graph.dtype(v) == DType::kBFloat16 ? 2 : 1) + kHeaderSlack;
+  if (const uintmax_t size = std::filesystem::file_size(path, ec); !ec && size > most) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "input for node '", graph.id(v), "': ", Quote(path), " is ", size,
+        " bytes, more than the node's ", graph.bytes(v), " bytes and an .npy header"));
+  }
   auto read = ReadNpy(path);
   if (!read.ok()) {
     return absl::Status(read.status().code(),

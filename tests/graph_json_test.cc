@@ -90,6 +90,7 @@ Graph RandomGraph(uint64_t seed, int n) {
                                              12345678.9};
   std::vector<NodeSpec> specs(n);
   double total_cost = 0;
+  bool big_taken = false;
   for (int i = 0; i < n; ++i) {
     NodeSpec& s = specs[i];
     s.id = absl::StrCat(kPieces[pick(0, kPieces.size() - 1)],
@@ -105,7 +106,13 @@ Graph RandomGraph(uint64_t seed, int n) {
         s.bytes = 0;
         break;
       case 1:
-        s.bytes = kMaxJsonInteger;
+        // Near the top of the range. GraphBuilder bounds the graph's total
+        // (every node plus the largest workspace) by 2^53 as well, so the
+        // first such node leaves room for what the others may take (at
+        // most 2^30 each, a workspace at most 2^20); later ones are small.
+        s.bytes = big_taken ? pick(1, 1 << 30)
+                            : kMaxJsonInteger - int64_t{n} * (int64_t{1} << 31) - (1 << 20);
+        big_taken = true;
         break;
       default:
         s.bytes = pick(1, 1 << 30);
@@ -288,6 +295,8 @@ TEST(GraphJsonTest, IntegralFloatsAreIntegers) {
 
 TEST(GraphJsonTest, LargestBytesAccepted) {
   Json doc = BaseDoc();
+  // The graph's total is bounded by 2^53 as well: the other node is empty.
+  doc["nodes"][0]["bytes"] = 0;
   doc["nodes"][1]["bytes"] = kMaxJsonInteger;
   absl::StatusOr<Graph> g = GraphFromJson(doc);
   ASSERT_TRUE(g.ok()) << g.status();
