@@ -161,5 +161,378 @@ TEST(AliasGraphTest, NetBuilderKeepsAliasesThroughRenameAndFromGraph) {
   EXPECT_THAT(bad.status().message(), HasSubstr("node 'relu_2' cannot be an alias of 'relu_1'"));
 }
 
+// ---------------------------------------------------------------- simulator
+
+PlanReport MustSimulate(const Graph& g, const Schedule& s) {
+  auto r = Simulate(g, s);
+  EXPECT_TRUE(r.ok()) << r.status();
+  return r.ok() ? *r : PlanReport{};
+}
+
+// A base with two views read by two consumers.
+TEST(AliasSimulatorTest, BaseWithTwoViewsReadByTwoConsumers) {
+  const Graph g = MakeGraph({Persistent("x", 10), Node("b", 100, {"x"}), View("v1", 100, "b"),
+                             View("v2", 50, "b"), Node("c1", 20, {"v1"}), Node("c2", 30, {"v2"})},
+                            {"c1", "c2"});
+  const Schedule s = MakeSchedule(g, {{kC, "b"},   // 10 + 100 = 110
+                                      {kC, "v1"},  // 110: b's storage, once
+                                      {kC, "v2"},  // 110
+                                      {kF, "b"},   // 110: held by v1 and v2
+                                      {kC, "c1"},  // 130
+                                      {kF, "v1"},  // 130: v2 holds it
+                                      {kC, "c2"},  // 160 (the peak)
+                                      {kF, "v2"}});  // 60: storage released
+  const PlanReport r = MustSimulate(g, s);
+  EXPECT_EQ(r.peak_bytes, 160);
+  EXPECT_EQ(r.peak_step, 6);
+  const std::vector<int64_t> device = {110, 110, 110, 110, 130, 130, 160, 60};
+  for (size_t k = 0; k < device.size(); ++k) EXPECT_EQ(r.timeline[k].device_bytes, device[k]) << k;
+  EXPECT_EQ(r.compute_cost, 5);  // every compute step costs its node's cost
+  EXPECT_EQ(r.base_cost, 5);
+  EXPECT_TRUE(r.one_shot);
+}
+
+// A view that outlives its base's last direct reader keeps the storage.
+TEST(AliasSimulatorTest, AViewOutlivesItsBasesLastDirectReader) {
+  const Graph g = MakeGraph({Node("b", 100), View("v", 100, "b"), Node("d", 10, {"b"}),
+                             Node("e", 1, {"v"})},
+                            {"d", "e"});
+  const Schedule s = MakeSchedule(g, {{kC, "b"},   // 100
+                                      {kC, "v"},   // 100
+                                      {kC, "d"},   // 110
+                                      {kF, "b"},   // 110: v still holds it
+                                      {kC, "e"},   // 111 (the peak)
+                                      {kF, "v"}});  // 11
+  const PlanReport r = MustSimulate(g, s);
+  EXPECT_EQ(r.peak_bytes, 111);
+  EXPECT_EQ(r.timeline[3].device_bytes, 110);
+  EXPECT_EQ(r.timeline[5].device_bytes, 11);
+}
+
+TEST(AliasSimulatorTest, RecomputingABaseWhileAViewLivesIsRefused) {
+  const Graph g = MakeGraph({Node("b", 100), View("v", 100, "b"), Node("e", 1, {"b", "v"})},
+                            {"e"});
+  auto r = Simulate(g, MakeSchedule(g, {{kC, "b"}, {kC, "v"}, {kF, "b"}, {kC, "b"}}));
+  ASSERT_FALSE(r.ok());
+  EXPECT_THAT(r.status().message(),
+              HasSubstr("step 3 (compute 'b'): its storage is still resident through alias 'v'"));
+  // Freeing the view first makes it valid.
+  EXPECT_TRUE(Simulate(g, MakeSchedule(g, {{kC, "b"}, {kC, "v"}, {kF, "b"}, {kF, "v"},
+                                           {kC, "b"}, {kC, "v"}, {kC, "e"}}))
+                  .ok());
+}
+
+TEST(AliasSimulatorTest, OffloadAndPrefetchApplyToBasesOnly) {
+  const Graph g = MakeGraph({Node("b", 100), View("v", 100, "b"), Node("e", 1, {"v"})}, {"e"});
+  auto offload = Simulate(g, MakeSchedule(g, {{kC, "b"}, {kC, "v"}, {kO, "v"}}));
+  ASSERT_FALSE(offload.ok());
+  EXPECT_THAT(offload.status().message(),
+              HasSubstr("step 2 (offload 'v'): the node is an alias; offload its base 'b'"));
+  auto prefetch = Simulate(g, MakeSchedule(g, {{kC, "b"}, {kO, "b"}, {kF, "b"}, {kP, "v"}}));
+  ASSERT_FALSE(prefetch.ok());
+  EXPECT_THAT(prefetch.status().message(), HasSubstr("step 3 (prefetch 'v'): the node is an alias"));
+  // Prefetching a base whose storage a view still holds would copy it twice.
+  auto held = Simulate(g, MakeSchedule(g, {{kC, "b"}, {kC, "v"}, {kO, "b"}, {kF, "b"},
+                                           {kP, "b"}}));
+  ASSERT_FALSE(held.ok());
+  EXPECT_THAT(held.status().message(),
+              HasSubstr("step 4 (prefetch 'b'): its storage is still resident through alias 'v'"));
+  // The valid way: offload the base, free base and view, prefetch, view again.
+  const PlanReport r = MustSimulate(
+      g, MakeSchedule(g, {{kC, "b"}, {kO, "b"}, {kC, "v"}, {kF, "b"}, {kF, "v"}, {kP, "b"},
+                          {kC, "v"}, {kF, "b"}, {kC, "e"}, {kF, "v"}}));
+  EXPECT_EQ(r.peak_bytes, 101);
+  EXPECT_EQ(r.transfer_bytes, 200);
+  EXPECT_EQ(r.host_peak_bytes, 100);
+  EXPECT_EQ(r.recomputations, 1);  // v, computed twice
+}
+
+TEST(AliasSimulatorTest, AViewOfAPersistentNodeCostsNothing) {
+  const Graph g = MakeGraph({Persistent("w", 100), View("wt", 100, "w"), Node("c", 10, {"wt"})},
+                            {"c"});
+  const PlanReport r = MustSimulate(g, MakeSchedule(g, {{kC, "wt"}, {kC, "c"}, {kF, "wt"}}));
+  EXPECT_EQ(r.initial_bytes, 100);
+  EXPECT_EQ(r.peak_bytes, 110);
+  EXPECT_EQ(r.timeline[0].device_bytes, 100);
+  EXPECT_EQ(r.timeline[2].device_bytes, 110);
+}
+
+// ---------------------------------------------------------------- random graphs
+
+// A seeded random DAG with views: like testing::RandomDag, but about a
+// third of the computed nodes are aliases of their first input (a computed
+// node, another alias, or the persistent source), some with a second input
+// of their own, and some aliases are outputs.
+Graph RandomAliasDag(int n, uint64_t seed, bool extra_inputs = true) {
+  std::mt19937_64 rng(seed);
+  std::vector<NodeSpec> nodes;
+  nodes.push_back(Persistent("w", 1 + static_cast<int64_t>(rng() % 50)));
+  std::vector<bool> read(n, false);
+  std::vector<std::string> outputs;
+  for (int i = 0; i < n; ++i) {
+    std::vector<std::string> inputs;
+    const int fan_in = i == 0 ? 1 : 1 + static_cast<int>(rng() % 3);
+    for (int k = 0; k < fan_in; ++k) {
+      if (i == 0 || rng() % 8 == 0) {
+        inputs.push_back("w");
+      } else {
+        const int u = static_cast<int>(rng() % i);
+        read[u] = true;
+        inputs.push_back(absl::StrCat("v", u));
+      }
+    }
+    const double cost = (rng() % 5 == 0) ? 0.0 : static_cast<double>(rng() % 10 + 1);
+    const int64_t bytes = 1 + static_cast<int64_t>(rng() % 100);
+    if (i > 0 && rng() % 3 == 0) {
+      if (inputs.size() > (extra_inputs ? 2u : 1u)) inputs.resize(extra_inputs ? 2 : 1);
+      NodeSpec s = View(absl::StrCat("v", i), bytes, inputs[0], inputs, cost);
+      nodes.push_back(std::move(s));
+      if (rng() % 6 == 0) outputs.push_back(absl::StrCat("v", i));
+    } else {
+      nodes.push_back(Node(absl::StrCat("v", i), bytes, inputs, cost,
+                           static_cast<int64_t>(rng() % 3 == 0 ? rng() % 20 : 0)));
+    }
+  }
+  for (int i = 0; i < n; ++i) {
+    if (!read[i]) outputs.push_back(absl::StrCat("v", i));
+  }
+  return MakeGraph(std::move(nodes), std::move(outputs), absl::StrCat("random-alias-", seed));
+}
+
+// Whether every view reads nothing but its base: then folding is exact for
+// the baseline too (Note [Alias folding]).
+bool ViewsReadOnlyTheirBase(const Graph& g) {
+  for (NodeId v = 0; v < g.num_nodes(); ++v) {
+    if (g.is_alias(v) && g.unique_inputs(v).size() > 1) return false;
+  }
+  return true;
+}
+
+// The reference: SPEC sections 1-2 recomputed from scratch after every step
+// (the storages of D, each once), with every precondition checked by brute
+// force. `bad_step` is the first invalid step (steps.size() when an output
+// is missing at the end), or -1.
+struct Reference {
+  int bad_step = -1;
+  int64_t peak = 0, host_peak = 0, transfer = 0;
+  double compute_cost = 0;
+  std::vector<int64_t> device, during, host;
+};
+
+Reference ReferenceRun(const Graph& g, const Schedule& s) {
+  const int n = g.num_nodes();
+  std::vector<bool> in_d(n, false), in_h(n, false);
+  for (NodeId v = 0; v < n; ++v) in_d[v] = g.persistent(v);
+  auto device = [&] {
+    std::set<NodeId> storages;
+    for (NodeId v = 0; v < n; ++v) {
+      if (in_d[v]) storages.insert(g.storage(v));
+    }
+    int64_t sum = 0;
+    for (NodeId r : storages) sum += g.bytes(r);
+    return sum;
+  };
+  auto held_through_alias = [&](NodeId v) {
+    for (NodeId a = 0; a < n; ++a) {
+      if (in_d[a] && a != v && g.storage(a) == v) return true;
+    }
+    return false;
+  };
+  Reference ref;
+  ref.peak = device();
+  for (int k = 0; k < static_cast<int>(s.steps.size()); ++k) {
+    const NodeId v = s.steps[k].node;
+    int64_t during = 0;
+    bool ok = true;
+    switch (s.steps[k].action) {
+      case kC:
+        ok = !g.persistent(v) && !in_d[v] && (g.is_alias(v) || !held_through_alias(v));
+        for (NodeId u : g.inputs(v)) ok = ok && in_d[u];
+        if (!ok) break;
+        in_d[v] = true;
+        during = device() + g.workspace(v);
+        ref.compute_cost += g.cost(v);
+        break;
+      case kF:
+        ok = !g.persistent(v) && in_d[v];
+        if (!ok) break;
+        in_d[v] = false;
+        during = device();
+        break;
+      case kO:
+        ok = !g.persistent(v) && !g.is_alias(v) && in_d[v];
+        if (!ok) break;
+        in_h[v] = true;
+        ref.transfer += g.bytes(v);
+        during = device();
+        break;
+      case kP:
+        ok = !g.is_alias(v) && in_h[v] && !in_d[v] && !held_through_alias(v);
+        if (!ok) break;
+        in_d[v] = true;
+        ref.transfer += g.bytes(v);
+        during = device();
+        break;
+    }
+    if (!ok) {
+      ref.bad_step = k;
+      return ref;
+    }
+    int64_t host = 0;
+    for (NodeId u = 0; u < n; ++u) host += in_h[u] ? g.bytes(u) : 0;
+    ref.device.push_back(device());
+    ref.during.push_back(during);
+    ref.host.push_back(host);
+    ref.peak = std::max(ref.peak, during);
+    ref.host_peak = std::max(ref.host_peak, host);
+  }
+  for (NodeId o : g.outputs()) {
+    if (!in_d[o]) ref.bad_step = static_cast<int>(s.steps.size());
+  }
+  return ref;
+}
+
+// A random schedule of `g`: a walk of mostly valid steps (computes, frees,
+// offloads and prefetches), with now and then an arbitrary step (often one
+// the alias rules refuse), then every node freed and the needed ones
+// computed in topological order, so that most schedules are valid to the
+// end.
+Schedule RandomSchedule(const Graph& g, std::mt19937_64& rng, double invalid_rate) {
+  const int n = g.num_nodes();
+  std::vector<bool> in_d(n, false), in_h(n, false);
+  for (NodeId v = 0; v < n; ++v) in_d[v] = g.persistent(v);
+  auto held = [&](NodeId v) {
+    for (NodeId a = 0; a < n; ++a) {
+      if (in_d[a] && a != v && g.storage(a) == v) return true;
+    }
+    return false;
+  };
+  auto valid = [&](Step st) {
+    const NodeId v = st.node;
+    switch (st.action) {
+      case kC: {
+        bool ok = !g.persistent(v) && !in_d[v] && (g.is_alias(v) || !held(v));
+        for (NodeId u : g.inputs(v)) ok = ok && in_d[u];
+        return ok;
+      }
+      case kF: return !g.persistent(v) && in_d[v];
+      case kO: return !g.persistent(v) && !g.is_alias(v) && in_d[v];
+      case kP: return !g.is_alias(v) && in_h[v] && !in_d[v] && !held(v);
+    }
+    return false;
+  };
+  auto apply = [&](Step st) {
+    switch (st.action) {
+      case kC: case kP: in_d[st.node] = true; break;
+      case kF: in_d[st.node] = false; break;
+      case kO: in_h[st.node] = true; break;
+    }
+  };
+  Schedule s;
+  const int walk = 3 * n;
+  constexpr Action kActions[] = {kC, kC, kC, kF, kF, kO, kP};
+  for (int i = 0; i < walk; ++i) {
+    const bool arbitrary = std::uniform_real_distribution<double>(0, 1)(rng) < invalid_rate;
+    for (int attempt = 0; attempt < 50; ++attempt) {
+      const Step st{kActions[rng() % 7], static_cast<NodeId>(rng() % n)};
+      if (arbitrary || valid(st)) {
+        s.steps.push_back(st);
+        if (valid(st)) apply(st);
+        break;
+      }
+    }
+  }
+  for (NodeId v = 0; v < n; ++v) {
+    if (in_d[v] && !g.persistent(v)) {
+      s.steps.push_back({kF, v});
+      in_d[v] = false;
+    }
+  }
+  for (NodeId v : g.topological_order()) {
+    if (g.needed()[v] && !g.persistent(v)) s.steps.push_back({kC, v});
+  }
+  return s;
+}
+
+int StepOf(const absl::Status& status) {
+  const std::string m(status.message());
+  const std::string key = "at step ";
+  const size_t at = m.find(key);
+  if (at == std::string::npos) return -2;
+  int k = 0;
+  size_t end = at + key.size();
+  while (end < m.size() && std::isdigit(static_cast<unsigned char>(m[end]))) ++end;
+  if (!absl::SimpleAtoi(m.substr(at + key.size(), end - at - key.size()), &k)) return -2;
+  return k;
+}
+
+TEST(AliasSimulatorTest, AgreesWithTheBruteForceReferenceOnRandomGraphsAndSchedules) {
+  int valid = 0, invalid = 0, aliased = 0;
+  for (uint64_t seed = 1; seed <= 150; ++seed) {
+    const Graph g = RandomAliasDag(4 + static_cast<int>(seed % 14), seed);
+    aliased += g.has_aliases() ? 1 : 0;
+    std::mt19937_64 rng(seed * 7919);
+    for (int trial = 0; trial < 6; ++trial) {
+      const Schedule s = RandomSchedule(g, rng, trial % 2 == 0 ? 0.0 : 0.08);
+      const Reference ref = ReferenceRun(g, s);
+      auto r = Simulate(g, s);
+      const std::string label = absl::StrCat("seed ", seed, " trial ", trial);
+      ASSERT_EQ(r.ok(), ref.bad_step < 0) << label << ": " << r.status();
+      if (!r.ok()) {
+        ++invalid;
+        if (ref.bad_step < static_cast<int>(s.steps.size())) {
+          EXPECT_EQ(StepOf(r.status()), ref.bad_step) << label << ": " << r.status();
+        } else {
+          EXPECT_THAT(r.status().message(), HasSubstr("is not resident at the end")) << label;
+        }
+        continue;
+      }
+      ++valid;
+      EXPECT_EQ(r->peak_bytes, ref.peak) << label;
+      EXPECT_EQ(r->host_peak_bytes, ref.host_peak) << label;
+      EXPECT_EQ(r->transfer_bytes, ref.transfer) << label;
+      EXPECT_DOUBLE_EQ(r->compute_cost, ref.compute_cost) << label;
+      for (size_t k = 0; k < s.steps.size(); ++k) {
+        ASSERT_EQ(r->timeline[k].device_bytes, ref.device[k]) << label << " step " << k;
+        ASSERT_EQ(r->timeline[k].peak_bytes, ref.during[k]) << label << " step " << k;
+        ASSERT_EQ(r->timeline[k].host_bytes, ref.host[k]) << label << " step " << k;
+      }
+      // The layout: one instance per storage lifetime, none for a view.
+      auto layout = PlanMemoryLayout(g, s, LayoutOptions{.alignment = 1});
+      ASSERT_TRUE(layout.ok()) << label << ": " << layout.status();
+      EXPECT_TRUE(VerifyLayout(g, s, *layout).ok()) << label;
+      EXPECT_EQ(layout->aligned_peak_bytes, r->peak_bytes) << label;
+      for (const TensorInstance& inst : layout->instances) {
+        EXPECT_FALSE(g.is_alias(inst.node)) << label << ": an instance of a view";
+      }
+    }
+  }
+  EXPECT_GT(aliased, 130);
+  EXPECT_GT(valid, 300);
+  EXPECT_GT(invalid, 100);
+}
+
+// ---------------------------------------------------------------- layout
+
+TEST(AliasLayoutTest, OneInstancePerStorageLifetimeAndViewsAtTheBasesOffset) {
+  const Graph g = MakeGraph({Node("b", 100), View("v", 100, "b"), Node("d", 10, {"b"}),
+                             Node("e", 1, {"v"})},
+                            {"d", "e"});
+  const Schedule s = MakeSchedule(
+      g, {{kC, "b"}, {kC, "v"}, {kC, "d"}, {kF, "b"}, {kC, "e"}, {kF, "v"}});
+  auto instances = TensorInstances(g, s);
+  ASSERT_TRUE(instances.ok());
+  ASSERT_EQ(instances->size(), 3u);  // b's storage, d, e
+  const TensorInstance& storage = (*instances)[0];
+  EXPECT_EQ(storage.node, g.Find("b"));
+  EXPECT_EQ(storage.first_step, 0);
+  EXPECT_EQ(storage.last_step, 4);  // until the step before `free v`
+  EXPECT_EQ(storage.bytes, 100);
+  auto layout = PlanMemoryLayout(g, s);
+  ASSERT_TRUE(layout.ok());
+  EXPECT_TRUE(VerifyLayout(g, s, *layout).ok());
+  EXPECT_EQ(layout->peak_bytes, 111);
+}
+
 }  // namespace
 }  // namespace pebble
