@@ -1,5 +1,6 @@
 // Aliases (views, SPEC section 1 "Aliases") through every layer: the IR and
 // its JSON, the simulator (checked against a brute-force reference), the
+// memory layout, the planners' fold/unfold wrapper (scheduler/alias_fold.h),
 // autodiff and the CPU executor.
 #include <algorithm>
 #include <cmath>
@@ -22,6 +23,7 @@
 #include "gtest/gtest.h"
 #include "runtime/cpu/cpu_backend.h"
 #include "runtime/executor.h"
+#include "scheduler/alias_fold.h"
 #include "scheduler/budget.h"
 #include "scheduler/checkmate.h"
 #include "scheduler/memory_layout.h"
@@ -532,6 +534,170 @@ TEST(AliasLayoutTest, OneInstancePerStorageLifetimeAndViewsAtTheBasesOffset) {
   ASSERT_TRUE(layout.ok());
   EXPECT_TRUE(VerifyLayout(g, s, *layout).ok());
   EXPECT_EQ(layout->peak_bytes, 111);
+}
+
+// ---------------------------------------------------------------- fold / unfold
+
+TEST(AliasFoldTest, HandTracedFoldAndUnfold) {
+  // The example of Note [Alias folding].
+  const Graph g = MakeGraph({Persistent("x", 1), Node("b", 100, {"x"}), View("v", 100, "b"),
+                             Node("c", 10, {"v"}), Node("d", 20, {"b", "v"})},
+                            {"c", "d"});
+  auto folded = FoldAliases(g);
+  ASSERT_TRUE(folded.ok()) << folded.status();
+  const Graph& f = folded->graph;
+  EXPECT_FALSE(f.has_aliases());
+  EXPECT_EQ(f.num_nodes(), 4);
+  EXPECT_EQ(f.Find("v"), kNoNode);
+  const NodeId fd = f.Find("d");
+  ASSERT_EQ(f.unique_inputs(fd).size(), 1u);  // b and v: one storage
+  EXPECT_EQ(f.id(f.unique_inputs(fd)[0]), "b");
+  EXPECT_EQ(f.id(f.unique_inputs(f.Find("c"))[0]), "b");
+  const Schedule plan = MakeSchedule(f, {{kC, "b"}, {kC, "c"}, {kC, "d"}, {kF, "b"}});
+  const Schedule unfolded = UnfoldSchedule(g, *folded, plan);
+  EXPECT_EQ(unfolded, MakeSchedule(g, {{kC, "b"}, {kC, "v"}, {kC, "c"}, {kC, "d"}, {kF, "v"},
+                                       {kF, "b"}}));
+  EXPECT_EQ(MustSimulate(g, unfolded).peak_bytes, MustSimulate(f, plan).peak_bytes);
+}
+
+TEST(AliasFoldTest, OutputViewsChainsAndRecomputation) {
+  // x -> b, v1 = view(b), v2 = view(v1) an output, c reads v2; the plan
+  // recomputes b after an offload round trip.
+  const Graph g = MakeGraph({Persistent("x", 1), Node("b", 100, {"x"}), View("v1", 100, "b"),
+                             View("v2", 100, "v1"), Node("c", 10, {"v2"}), Node("e", 5, {"c"})},
+                            {"v2", "e"});
+  auto folded = FoldAliases(g);
+  ASSERT_TRUE(folded.ok());
+  const Graph& f = folded->graph;
+  EXPECT_TRUE(f.is_output(f.Find("b")));  // the output view makes its root one
+  const Schedule plan = MakeSchedule(
+      f, {{kC, "b"}, {kC, "c"}, {kO, "b"}, {kF, "b"}, {kC, "e"}, {kF, "c"}, {kP, "b"}});
+  const Schedule unfolded = UnfoldSchedule(g, *folded, plan);
+  EXPECT_EQ(unfolded,
+            MakeSchedule(g, {{kC, "b"}, {kC, "v1"}, {kC, "v2"}, {kC, "c"}, {kO, "b"}, {kF, "v2"},
+                             {kF, "v1"}, {kF, "b"}, {kC, "e"}, {kF, "c"}, {kP, "b"},
+                             {kC, "v1"}, {kC, "v2"}, {kF, "v1"}}));
+  const PlanReport folded_report = MustSimulate(f, plan);
+  const PlanReport r = MustSimulate(g, unfolded);
+  EXPECT_EQ(r.peak_bytes, folded_report.peak_bytes);
+  EXPECT_EQ(r.host_peak_bytes, folded_report.host_peak_bytes);
+  EXPECT_EQ(r.transfer_bytes, folded_report.transfer_bytes);
+}
+
+// Every policy, through MakePlanner (the wrapper), on graphs with views:
+// valid plans, within the budget when feasible, and the unfolded plan's
+// peak is the folded plan's.
+TEST(AliasFoldTest, EveryPolicyPlansStoragesOnRandomGraphsWithViews) {
+  std::vector<std::string> policies;
+  for (const PolicyInfo* p : PlannerRegistry::Global().List()) {
+    if (!p->external) policies.push_back(p->name);
+  }
+  int planned = 0;
+  for (uint64_t seed = 1; seed <= 8; ++seed) {
+    const Graph g = RandomAliasDag(9 + static_cast<int>(seed % 4), 1000 + seed, seed % 4 != 0);
+    ASSERT_TRUE(g.has_aliases());
+    const bool exact = ViewsReadOnlyTheirBase(g);
+    auto baseline = BaselinePeak(g);
+    ASSERT_TRUE(baseline.ok());
+    auto folded = FoldAliases(g);
+    ASSERT_TRUE(folded.ok());
+    // The baseline peak is the storage rule's: the folded graph's own
+    // (never less: a folded reader keeps a view's other inputs).
+    auto folded_baseline = BaselinePeak(folded->graph);
+    ASSERT_TRUE(folded_baseline.ok());
+    EXPECT_LE(*baseline, *folded_baseline) << seed;
+    if (exact) {
+      EXPECT_EQ(*baseline, *folded_baseline) << seed;
+    }
+    EXPECT_LE(PeakLowerBound(g), *baseline) << seed;
+    EXPECT_LE(PeakLowerBound(g), PeakLowerBound(folded->graph)) << seed;
+    for (const std::string& policy : policies) {
+      for (const int64_t budget : {*baseline, kMinBudgetBytes}) {
+        const std::string label = absl::StrCat("seed ", seed, " ", policy, " budget ", budget);
+        PlannerOptions options;
+        options.budget_bytes = budget;
+        options.time_limit_s = 2;
+        options.own_order = seed % 2 == 1;
+        auto planner = MakePlanner(policy);
+        ASSERT_TRUE(planner.ok());
+        auto plan = (*planner)->Plan(g, options);
+        if (!plan.ok()) {  // a policy that does not take this graph (a chain policy)
+          EXPECT_NE(plan.status().code(), absl::StatusCode::kInternal) << label << plan.status();
+          continue;
+        }
+        ++planned;
+        auto r = Simulate(g, plan->schedule);
+        ASSERT_TRUE(r.ok()) << label << ": " << r.status();
+        EXPECT_EQ(r->peak_bytes, plan->report.peak_bytes) << label;
+        if (budget != kMinBudgetBytes) {
+          EXPECT_EQ(plan->feasible, r->peak_bytes <= budget) << label;
+        }
+        if (exact && (policy == "baseline" || policy == "best-order")) {
+          EXPECT_TRUE(plan->feasible || budget == kMinBudgetBytes) << label;
+        }
+        // Fold, plan the folded graph, unfold: the peaks agree.
+        auto inner = (*planner)->Plan(folded->graph, options);
+        ASSERT_TRUE(inner.ok()) << label << ": " << inner.status();
+        const Schedule unfolded = UnfoldSchedule(g, *folded, inner->schedule);
+        auto u = Simulate(g, unfolded);
+        ASSERT_TRUE(u.ok()) << label << ": " << u.status();
+        EXPECT_EQ(u->peak_bytes, inner->report.peak_bytes) << label;
+        EXPECT_EQ(u->host_peak_bytes, inner->report.host_peak_bytes) << label;
+        EXPECT_EQ(u->transfer_bytes, inner->report.transfer_bytes) << label;
+        // Every needed view is computed; a one-shot folded plan stays one-shot.
+        if (inner->report.one_shot && inner->report.transfer_bytes == 0) {
+          EXPECT_TRUE(u->one_shot) << label;
+        }
+      }
+    }
+  }
+  EXPECT_GT(planned, 150);
+}
+
+TEST(AliasFoldTest, FoldUnfoldPeakEqualityOnManyRandomGraphs) {
+  for (uint64_t seed = 1; seed <= 300; ++seed) {
+    const Graph g = RandomAliasDag(5 + static_cast<int>(seed % 40), 5000 + seed);
+    auto folded = FoldAliases(g);
+    ASSERT_TRUE(folded.ok()) << seed;
+    for (const char* policy : {"best-order", "chen-greedy", "sqrtn", "vdnn", "swap"}) {
+      PlannerOptions options;
+      options.budget_bytes = seed % 3 == 0 ? kMinBudgetBytes : PeakLowerBound(folded->graph);
+      options.time_limit_s = 1;
+      options.own_order = true;
+      auto planner = MakePlanner(policy);
+      ASSERT_TRUE(planner.ok());
+      auto inner = (*planner)->Plan(folded->graph, options);
+      ASSERT_TRUE(inner.ok()) << seed << " " << policy << ": " << inner.status();
+      auto u = Simulate(g, UnfoldSchedule(g, *folded, inner->schedule));
+      ASSERT_TRUE(u.ok()) << seed << " " << policy << ": " << u.status();
+      EXPECT_EQ(u->peak_bytes, inner->report.peak_bytes) << seed << " " << policy;
+      EXPECT_EQ(u->host_peak_bytes, inner->report.host_peak_bytes) << seed << " " << policy;
+    }
+  }
+}
+
+TEST(AliasFoldTest, GraphsWithoutAliasesGoThroughUntouched) {
+  // The wrapper hands such a graph to the policy as it is: the same plan as
+  // the registered factory's.
+  auto zoo = BuildModel("mnist-cnn:batch=2");
+  ASSERT_TRUE(zoo.ok());
+  for (const Graph& g : {testing::RandomDag(30, 7), *zoo}) {
+    ASSERT_FALSE(g.has_aliases());
+    for (const char* policy : {"baseline", "best-order", "greedy", "sqrtn", "rotor", "dtr",
+                               "vdnn"}) {
+      PlannerOptions options;
+      options.budget_bytes = kMinBudgetBytes;
+      options.own_order = true;
+      auto wrapped = MakePlanner(policy);
+      ASSERT_TRUE(wrapped.ok());
+      auto a = (*wrapped)->Plan(g, options);
+      auto b = PlannerRegistry::Global().Find(policy)->factory()->Plan(g, options);
+      ASSERT_EQ(a.ok(), b.ok()) << policy;
+      if (!a.ok()) continue;
+      EXPECT_EQ(a->schedule, b->schedule) << policy;
+      EXPECT_FALSE(a->details.contains("folded_aliases")) << policy;
+    }
+  }
 }
 
 }  // namespace
