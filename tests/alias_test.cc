@@ -700,5 +700,105 @@ TEST(AliasFoldTest, GraphsWithoutAliasesGoThroughUntouched) {
   }
 }
 
+// ---------------------------------------------------------------- autodiff, executor
+
+// conv -> relu -> flatten (a view when `views`) -> linear -> cross-entropy.
+Graph SmallNet(bool views) {
+  NetBuilder nb(views ? "views" : "copies");
+  const Value x = nb.Input("input", {2, 3, 6, 6});
+  const Value c = nb.Conv("conv1", x, 4, 3, 1, 1);
+  const Value r = nb.Relu(c);
+  const Value f = nb.Apply("flatten", {r}, {{"start_dim", 1}}, "flat");
+  if (views) nb.SetAliasOf(f, r);
+  const Value y = nb.Linear("fc", f, 5);
+  const Value t = nb.Input("target", {2}, DType::kInt64);
+  nb.Apply("softmax_cross_entropy", {y, t}, nlohmann::json::object(), "loss");
+  return testing::TrainingGraph(nb);
+}
+
+TEST(AliasExecutorTest, ViewsRunInTheirStoragesMemoryAndPeaksMatch) {
+  const Graph views = SmallNet(true);
+  const Graph copies = SmallNet(false);
+  std::unique_ptr<Backend> backend = MakeCpuBackend();
+  auto reference = Execute(copies, *FreeAtLastUse(copies, DefaultOrder(copies)), *backend);
+  ASSERT_TRUE(reference.ok()) << reference.status();
+  auto baseline = BaselinePeak(views);
+  ASSERT_TRUE(baseline.ok());
+  for (const char* policy : {"baseline", "best-order", "sqrtn", "dtr", "checkmate-lp", "vdnn"}) {
+    for (const int64_t budget : {*baseline, kMinBudgetBytes}) {
+      PlannerOptions options;
+      options.budget_bytes = budget;
+      options.time_limit_s = 5;
+      auto planner = MakePlanner(policy);
+      ASSERT_TRUE(planner.ok());
+      auto plan = (*planner)->Plan(views, options);
+      ASSERT_TRUE(plan.ok()) << policy << ": " << plan.status();
+      auto run = Execute(views, plan->schedule, *backend);
+      ASSERT_TRUE(run.ok()) << policy << ": " << run.status();
+      EXPECT_EQ(run->peak_bytes, plan->report.peak_bytes) << policy;
+      EXPECT_EQ(run->peak_bytes, run->predicted.peak_bytes) << policy;
+      // Bitwise the same numbers as the graph whose reshapes copy.
+      ASSERT_EQ(run->outputs.size(), reference->outputs.size());
+      for (size_t i = 0; i < run->outputs.size(); ++i) {
+        const HostTensor& a = run->outputs[i];
+        const HostTensor* b = reference->FindOutput(copies, views.id(a.node));
+        ASSERT_NE(b, nullptr) << views.id(a.node);
+        EXPECT_EQ(a.array.shape, b->array.shape) << views.id(a.node);
+        EXPECT_EQ(a.array.data, b->array.data) << policy << " " << views.id(a.node);
+      }
+    }
+  }
+}
+
+TEST(AliasExecutorTest, ViewsItCannotRunAreRefusedBeforeRunning) {
+  // A transpose is a strided view: the contiguous backends cannot run it.
+  NetBuilder nb("transposed");
+  const Value x = nb.Input("x", {2, 3});
+  const Value r = nb.Apply("relu", {x});
+  const Value t = nb.Apply("transpose", {r}, {{"perm", {1, 0}}}, "t");
+  nb.SetAliasOf(t, r);
+  nb.Apply("relu", {t}, nlohmann::json::object(), "out");
+  auto g = nb.Build();
+  ASSERT_TRUE(g.ok()) << g.status();
+  std::unique_ptr<Backend> backend = MakeCpuBackend();
+  auto run = Execute(*g, *FreeAtLastUse(*g, DefaultOrder(*g)), *backend);
+  ASSERT_FALSE(run.ok());
+  EXPECT_THAT(run.status().message(), HasSubstr("node 't' (op transpose, an alias of 'relu_1')"));
+  EXPECT_EQ(backend->MemoryStats().device_bytes_peak, 0);
+
+  // A slice is not a contiguous reshape either.
+  NetBuilder nb2("sliced");
+  const Value x2 = nb2.Input("x", {4, 3});
+  const Value r2 = nb2.Apply("relu", {x2});
+  const Value s2 = nb2.Apply("slice", {r2}, {{"axis", 0}, {"begin", 0}, {"end", 2}}, "s");
+  nb2.SetAliasOf(s2, r2);
+  nb2.Apply("relu", {s2}, nlohmann::json::object(), "out");
+  auto g2 = nb2.Build();
+  ASSERT_TRUE(g2.ok()) << g2.status();
+  auto run2 = Execute(*g2, *FreeAtLastUse(*g2, DefaultOrder(*g2)), *backend);
+  ASSERT_FALSE(run2.ok());
+  EXPECT_THAT(run2.status().message(), HasSubstr("node 's' (op slice"));
+
+  // A reshape-like view whose bytes are not its storage's.
+  auto typed = [](NodeSpec s, Shape shape) {
+    s.shape = std::move(shape);
+    s.dtype = DType::kFloat32;
+    return s;
+  };
+  NodeSpec r3 = typed(Node("r", 48, {"x"}), {4, 3});
+  r3.op = "relu";
+  NodeSpec s3 = typed(View("s", 24, "r"), {2, 3});
+  s3.op = "identity";
+  NodeSpec o3 = typed(Node("out", 24, {"s"}), {2, 3});
+  o3.op = "relu";
+  const Graph g3 = MakeGraph({typed(Persistent("x", 48), {4, 3}), r3, s3, o3}, {"out"});
+  auto run3 = Execute(g3, *FreeAtLastUse(g3, DefaultOrder(g3)), *backend);
+  ASSERT_FALSE(run3.ok());
+  EXPECT_THAT(run3.status().message(),
+              HasSubstr("node 's' (op identity, an alias of 'r') is fp32(2,3) (24 bytes) but its "
+                        "storage 'r' is fp32(4,3) (48 bytes)"));
+  EXPECT_EQ(backend->MemoryStats().device_bytes_peak, 0);
+}
+
 }  // namespace
 }  // namespace pebble
