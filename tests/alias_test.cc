@@ -716,6 +716,25 @@ Graph SmallNet(bool views) {
   return testing::TrainingGraph(nb);
 }
 
+TEST(AliasAutodiffTest, TheGradientOfAViewIsAViewOfTheIncomingGradient) {
+  const Graph g = SmallNet(true);
+  const NodeId flat = g.Find("flat");
+  ASSERT_NE(flat, kNoNode);
+  EXPECT_EQ(g.alias_of(flat), g.Find("relu_1"));
+  // The gradient of relu_1 (flatten's input) is a view of grad:flat.
+  const NodeId grad = g.Find("grad:relu_1");
+  ASSERT_NE(grad, kNoNode);
+  EXPECT_EQ(g.alias_of(grad), g.Find("grad:flat"));
+  EXPECT_EQ(g.op(grad), "reshape");
+  const Graph copies = SmallNet(false);
+  EXPECT_FALSE(copies.has_aliases());
+  EXPECT_EQ(copies.num_nodes(), g.num_nodes());
+  auto with_views = BaselinePeak(g);
+  auto without = BaselinePeak(copies);
+  ASSERT_TRUE(with_views.ok() && without.ok());
+  EXPECT_LT(*with_views, *without);
+}
+
 TEST(AliasExecutorTest, ViewsRunInTheirStoragesMemoryAndPeaksMatch) {
   const Graph views = SmallNet(true);
   const Graph copies = SmallNet(false);
