@@ -26,6 +26,7 @@
 #include "scheduler/alias_fold.h"
 #include "scheduler/budget.h"
 #include "scheduler/checkmate.h"
+#include "scheduler/external_policy.h"
 #include "scheduler/memory_layout.h"
 #include "scheduler/planner.h"
 #include "scheduler/simulator.h"
@@ -698,6 +699,47 @@ TEST(AliasFoldTest, GraphsWithoutAliasesGoThroughUntouched) {
       EXPECT_FALSE(a->details.contains("folded_aliases")) << policy;
     }
   }
+}
+
+// Policies from outside (a C++ or Python function, an exec: program) plan
+// the folded graph too: they never see a view, and their plans are
+// unfolded and judged on the graph itself.
+TEST(AliasFoldTest, OutsidePoliciesPlanTheFoldedGraph) {
+  bool saw_view = false;
+  ASSERT_TRUE(RegisterExternalPolicy("alias-test-outside", "free at last use", PlanKind::kOneShot,
+                                     [&](const Graph& graph, const PlannerOptions&) {
+                                       saw_view = saw_view || graph.has_aliases();
+                                       return FreeAtLastUse(graph, DefaultOrder(graph));
+                                     })
+                  .ok());
+  const std::string program = absl::StrCat("exec:python3 ", PEBBLE_SOURCE_DIR,
+                                           "/examples/policies/greedy_order.py");
+  for (uint64_t seed = 1; seed <= 6; ++seed) {
+    const Graph g = RandomAliasDag(12, 9000 + seed, false);
+    auto baseline = BaselinePeak(g);
+    ASSERT_TRUE(baseline.ok());
+    for (const std::string& policy : {std::string("alias-test-outside"), program}) {
+      if (policy == program && seed > 2) continue;  // a process per plan: a few suffice
+      PlannerOptions options;
+      options.budget_bytes = *baseline;
+      auto planner = MakePlanner(policy);
+      ASSERT_TRUE(planner.ok()) << planner.status();
+      auto plan = (*planner)->Plan(g, options);
+      ASSERT_TRUE(plan.ok()) << policy << ": " << plan.status();
+      auto r = Simulate(g, plan->schedule);
+      ASSERT_TRUE(r.ok()) << policy << ": " << r.status();
+      EXPECT_EQ(r->peak_bytes, plan->report.peak_bytes) << policy;
+      EXPECT_EQ(plan->details["folded_aliases"], g.num_aliases()) << policy;
+    }
+    // Free at last use of the graph's own order, folded: the baseline.
+    auto own = MakePlanner("alias-test-outside");
+    PlannerOptions options;
+    auto plan = (*own)->Plan(g, options);
+    ASSERT_TRUE(plan.ok());
+    EXPECT_EQ(plan->report.peak_bytes, *baseline) << seed;
+  }
+  EXPECT_FALSE(saw_view);
+  ASSERT_TRUE(UnregisterExternalPolicy("alias-test-outside").ok());
 }
 
 // ---------------------------------------------------------------- autodiff, executor
