@@ -57,6 +57,7 @@ int RunImport(const ImportFlags& flags) {
                           {"output", flags.output},
                           {"loss", LossKindName(*loss)},
                           {"nodes", graph->num_nodes()},
+                          {"aliases", graph->num_aliases()},
                           {"parameters", parameters},
                           {"parameter_bytes", parameter_bytes},
                           {"persistent_bytes", graph->persistent_bytes()},
@@ -67,7 +68,8 @@ int RunImport(const ImportFlags& flags) {
               << (*loss == LossKind::kNone ? "forward graph"
                                            : absl::StrCat("training graph, loss ",
                                                           LossKindName(*loss)))
-              << "): " << graph->num_nodes() << " nodes, " << parameters << " parameters of "
+              << "): " << graph->num_nodes() << " nodes (" << graph->num_aliases()
+              << " views), " << parameters << " parameters of "
               << parameter_bytes << " bytes; wrote " << flags.output << "\n";
   }
   return 0;

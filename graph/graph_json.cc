@@ -35,8 +35,8 @@ constexpr int64_t kVersion = 1;
 
 constexpr std::array<absl::string_view, 5> kTopLevelKeys = {
     "format", "version", "name", "nodes", "outputs"};
-constexpr std::array<absl::string_view, 11> kNodeKeys = {
-    "id",         "op",   "bytes", "cost",  "inputs", "workspace",
+constexpr std::array<absl::string_view, 12> kNodeKeys = {
+    "id",         "op",   "bytes", "cost",  "inputs", "alias_of", "workspace",
     "persistent", "role", "shape", "dtype", "attrs"};
 
 // A JSON value as shown after "got": its text, cut.
@@ -158,6 +158,14 @@ absl::StatusOr<NodeSpec> ParseNode(const Json& node, size_t index) {
       }
       spec.inputs.push_back(in.get<std::string>());
     }
+  }
+  if (auto it = node.find("alias_of"); it != node.end()) {
+    if (!it->is_string()) {
+      return FieldError(where, "alias_of",
+                        absl::StrCat("must be the id of one of its inputs (a string), got ",
+                                     Shown(*it)));
+    }
+    spec.alias_of = it->get<std::string>();
   }
   if (auto it = node.find("workspace"); it != node.end()) {
     ASSIGN_OR_RETURN(spec.workspace, ReadCount(*it, where, "workspace"));
@@ -367,6 +375,7 @@ OrderedJson NodeToJson(const Graph& graph, NodeId v) {
     for (NodeId u : graph.inputs(v)) inputs.push_back(graph.id(u));
     node["inputs"] = std::move(inputs);
   }
+  if (graph.is_alias(v)) node["alias_of"] = graph.id(graph.alias_of(v));
   if (graph.workspace(v) != 0) node["workspace"] = graph.workspace(v);
   if (graph.persistent(v)) node["persistent"] = true;
   const Role default_role = graph.persistent(v) ? Role::kInput : Role::kForward;
@@ -542,7 +551,7 @@ std::string GraphToDot(const Graph& graph) {
       "//   green = data input, yellow = parameter, grey = buffer;\n"
       "// ellipse = computed: blue = forward, red = backward (gradient);\n"
       "// double border = output (resident at the end);\n"
-      "// edge u -> v: v reads u (\"xk\": k times).\n"
+      "// edge u -> v: v reads u (\"xk\": k times); dashed: v is a view of u.\n"
       "// Label: id, op, bytes of the output, shape and dtype when known.\n";
   absl::StrAppend(&out, "digraph ", DotQuote(graph.name()), " {\n");
   out += "  rankdir=TB;\n";
@@ -551,6 +560,7 @@ std::string GraphToDot(const Graph& graph) {
   for (NodeId v = 0; v < graph.num_nodes(); ++v) {
     std::string label = absl::StrCat(graph.id(v), "\n", graph.op(v), "\n",
                                      FormatBytes(graph.bytes(v)));
+    if (graph.is_alias(v)) absl::StrAppend(&label, " (view of ", graph.id(graph.alias_of(v)), ")");
     if (graph.shape(v).has_value()) {
       absl::StrAppend(&label, "\n", ShapeToString(*graph.shape(v)));
       if (graph.dtype(v).has_value()) {
@@ -569,7 +579,11 @@ std::string GraphToDot(const Graph& graph) {
       const auto times = std::count(inputs.begin(), inputs.end(), u);
       absl::StrAppend(&out, "  ", DotQuote(graph.id(u)), " -> ",
                       DotQuote(graph.id(v)));
-      if (times > 1) absl::StrAppend(&out, " [label=\"x", times, "\"]");
+      const bool view = graph.alias_of(v) == u;
+      if (times > 1 || view) {
+        absl::StrAppend(&out, " [", times > 1 ? absl::StrCat("label=\"x", times, "\"") : "",
+                        times > 1 && view ? ", " : "", view ? "style=dashed" : "", "]");
+      }
       out += ";\n";
     }
   }

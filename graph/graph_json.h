@@ -48,8 +48,8 @@ inline constexpr int64_t kMaxJsonInteger = kMaxBytes;
 // The graph as a pebble-graph document such that GraphFromJson reads back an
 // identical graph (same node order, so the same NodeIds). Keys in the order
 // format, version, name, nodes (by NodeId), outputs; node keys in the order
-// id, op, bytes, cost, inputs, workspace, persistent, role, shape, dtype,
-// attrs. Node fields at their default are left out, except id, op and bytes;
+// id, op, bytes, cost, inputs, alias_of, workspace, persistent, role, shape,
+// dtype, attrs. Node fields at their default are left out, except id, op and bytes;
 // `role` is written when it differs from its default (input if persistent,
 // else forward). Converts implicitly to nlohmann::json (keys then sorted).
 // Ids are not checked for UTF-8: to print a graph that did not come from a
@@ -68,8 +68,9 @@ absl::Status WriteGraphFile(const Graph& graph, const std::string& path);
 // green boxes, parameters as yellow boxes, buffers as grey boxes, forward
 // nodes as blue ellipses, backward nodes as red ellipses, outputs with a
 // double border. Labels show id, op, bytes (binary units, 3 significant
-// digits) and the shape when known. An input that a node reads k > 1 times
-// is one edge labelled "xk".
+// digits), "(view of b)" for an alias and the shape when known. An input
+// that a node reads k > 1 times is one edge labelled "xk"; the edge from
+// the node an alias views is dashed.
 std::string GraphToDot(const Graph& graph);
 
 }  // namespace pebble

@@ -15,12 +15,17 @@
 //     their current instances' offsets, the output at the new instance's
 //     offset and the planned workspace; `offload v` copies v into a host
 //     buffer on the copy stream; `prefetch v` copies it back into its new
-//     instance; `free v` is bookkeeping. Every SPEC section 4 dependency is
-//     issued as Backend::Record/Wait (a compute waits for the prefetch of
-//     its inputs and for the offloads behind earlier frees; an offload waits
-//     for the compute that produced its tensor; a prefetch waits for the
-//     computes behind earlier frees), so an asynchronous backend runs the
-//     plan correctly and a synchronous one ignores them;
+//     instance; `free v` is bookkeeping; `compute v` of an alias (a view,
+//     SPEC section 1) runs no kernel and allocates nothing: v is its
+//     storage's memory with v's shape, so only contiguous reshapes (reshape,
+//     flatten, squeeze, unsqueeze, identity, view) of their storage's bytes
+//     run, and any other alias is refused before running, named. Every
+//     SPEC section 4 dependency is issued as Backend::Record/Wait (a
+//     compute waits for the prefetch of its inputs and for the offloads
+//     behind earlier frees; an offload waits for the compute that produced
+//     its tensor; a prefetch waits for the computes behind earlier frees),
+//     so an asynchronous backend runs the plan correctly and a synchronous
+//     one ignores them;
 //  6. downloads the outputs (loss, gradients).
 //
 // Measured memory is the executor's own bookkeeping of the instances it

@@ -363,23 +363,34 @@ std::vector<TensorInstance> InstancesOf(const Graph& graph,
       instances.push_back({v, false, 0, slots - 1, 0, graph.bytes(v)});
     }
   }
-  std::vector<int32_t> open(graph.num_nodes(), -1);  // v's current instance
+  // Per storage root (the node itself without aliases): its current
+  // instance, and how many nodes of D hold it (the simulator's count).
+  std::vector<int32_t> open(graph.num_nodes(), -1);
+  std::vector<int32_t> holders(graph.num_nodes(), 0);
+  for (NodeId v = 0; v < graph.num_nodes(); ++v) holders[v] = graph.persistent(v) ? 1 : 0;
   for (int k = 0; k < static_cast<int>(schedule.steps.size()); ++k) {
     const Step& step = schedule.steps[k];
     const NodeId v = step.node;
+    const NodeId root = graph.storage(v);
     switch (step.action) {
       case Action::kCompute:
       case Action::kPrefetch:
-        open[v] = static_cast<int32_t>(instances.size());
-        instances.push_back({v, false, k, slots - 1, 0, graph.bytes(v)});
+        // Only a base starts a storage; an alias joins its base's.
+        if (holders[root]++ == 0) {
+          open[root] = static_cast<int32_t>(instances.size());
+          instances.push_back({root, false, k, slots - 1, 0, graph.bytes(root)});
+        }
         if (step.action == Action::kCompute && graph.workspace(v) > 0) {
           instances.push_back({v, true, k, k, 0, graph.workspace(v)});
         }
         break;
       case Action::kFree:
-        PEBBLE_CHECK(open[v] >= 0, "free of a node without an instance");
-        instances[open[v]].last_step = k - 1;
-        open[v] = -1;
+        PEBBLE_CHECK(holders[root] > 0, "free of a node without an instance");
+        if (--holders[root] == 0) {
+          PEBBLE_CHECK(open[root] >= 0, "free of a storage without an instance");
+          instances[open[root]].last_step = k - 1;
+          open[root] = -1;
+        }
         break;
       case Action::kOffload:
         break;

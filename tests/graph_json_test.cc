@@ -56,6 +56,8 @@ void ExpectSameGraph(const Graph& a, const Graph& b) {
     EXPECT_EQ(ToVector(a.unique_inputs(v)), ToVector(b.unique_inputs(v)));
     EXPECT_EQ(ToVector(a.readers(v)), ToVector(b.readers(v)));
     EXPECT_EQ(a.is_output(v), b.is_output(v));
+    EXPECT_EQ(a.alias_of(v), b.alias_of(v));
+    EXPECT_EQ(a.storage(v), b.storage(v));
   }
   EXPECT_EQ(ToVector(a.outputs()), ToVector(b.outputs()));
   EXPECT_EQ(ToVector(a.topological_order()), ToVector(b.topological_order()));
@@ -673,6 +675,14 @@ TEST(ExamplesTest, Diamond) {
               ElementsAre(g->Find("b"), g->Find("c")));
 }
 
+TEST(ExamplesTest, Views) {
+  absl::StatusOr<Graph> g = ReadGraphFile(SourcePath("examples/views.json"));
+  ASSERT_TRUE(g.ok()) << g.status();
+  EXPECT_EQ(g->alias_of(g->Find("v")), g->Find("b"));
+  EXPECT_EQ(g->storage(g->Find("v")), g->Find("b"));
+  EXPECT_EQ(g->num_aliases(), 1);
+}
+
 TEST(ExamplesTest, MlpTrain) {
   absl::StatusOr<Graph> g =
       ReadGraphFile(SourcePath("examples/mlp-train.json"));
@@ -694,6 +704,7 @@ TEST(ExamplesTest, BadExamplesFailWithTheirError) {
   // says; each is one error of SPEC section 1 (or of the format's typing).
   const std::vector<std::pair<std::string, std::vector<std::string>>> expected =
       {
+          {"alias-not-input.json", {"node 'v'", "'alias_of' 'a' is not one of its inputs"}},
           {"cycle.json", {"cycle", "c -> b -> c"}},
           {"duplicate-id.json",
            {"node 'a'", "duplicate id", "nodes[0]", "nodes[2]"}},

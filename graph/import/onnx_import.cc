@@ -566,11 +566,21 @@ class Importer {
     return absl::OkStatus();
   }
 
+  // Reshape, Flatten, Squeeze and Unsqueeze, and the reshapes of the
+  // lowerings, become pebble's reshape and flatten: the same bytes in the
+  // same order, so each is an alias (a view) of its input and holds no
+  // memory of its own (docs/import.md).
+  static bool IsView(absl::string_view op) { return op == "reshape" || op == "flatten"; }
+  void MarkView(absl::string_view op, Value v, const std::vector<Value>& inputs) {
+    if (IsView(op) && v.valid() && inputs.size() == 1) nb_.SetAliasOf(v, inputs[0]);
+  }
+
   // Applies pebble op `op` with the node's first output as id.
   absl::Status Apply(const onnx::NodeProto& node, absl::string_view op, std::vector<Value> inputs,
                      Json attrs = Json::object(), std::string id = "") {
     if (node.output_size() < 1 || node.output(0).empty()) return NodeError(node, "has no output");
-    const Value v = nb_.Apply(op, std::move(inputs), std::move(attrs), id.empty() ? NodeIdFor(node) : id);
+    const Value v = nb_.Apply(op, inputs, std::move(attrs), id.empty() ? NodeIdFor(node) : id);
+    MarkView(op, v, inputs);
     if (!nb_.status().ok()) {
       return NodeError(node, nb_.status().message());
     }
@@ -582,7 +592,8 @@ class Importer {
   absl::StatusOr<Value> Aux(const onnx::NodeProto& node, absl::string_view op,
                             std::vector<Value> inputs, Json attrs, absl::string_view suffix) {
     const std::string id = absl::StrCat(NodeIdFor(node), ".", suffix);
-    const Value v = nb_.Apply(op, std::move(inputs), std::move(attrs), Free(id) ? id : FreshId(id));
+    const Value v = nb_.Apply(op, inputs, std::move(attrs), Free(id) ? id : FreshId(id));
+    MarkView(op, v, inputs);
     if (!nb_.status().ok()) return NodeError(node, nb_.status().message());
     return v;
   }
@@ -602,7 +613,7 @@ class Importer {
   }
   // A 1-D convolution or pooling run as 2-D of height 1: the first
   // `viewed` inputs (x; for a convolution the weight too) get a unit dim at
-  // 2 (reshapes, which pebble copies), `op` runs on them with `attrs`
+  // 2 (reshapes: views of their inputs), `op` runs on them with `attrs`
   // (already 2-D), and its result is viewed back without that dim.
   absl::Status ApplyAs2d(const onnx::NodeProto& node, absl::string_view op,
                          std::vector<Value> in, size_t viewed, Json attrs) {
