@@ -20,6 +20,7 @@ bound docs/reliability.md states for it:
     own bound = 512 MiB + 64 KiB x nodes of its graph
                 (+ 2 GiB where a policy of the line solves an LP: checkmate, checkmate-lp)
                 (+ the plan's arena and host copies for `run` and `fit --verify`)
+    a Python example's bound = 1 GiB (the interpreter, PyTorch, a small model)
 
 Exit status: 0 all lines passed, 1 some failed (each is listed), 2 usage.
 """
@@ -41,6 +42,7 @@ MIB = 1 << 20
 BASE_BYTES = 512 * MIB          # the process, its libraries (CUDA's among them) and small graphs
 PER_NODE_BYTES = 64 << 10       # graph, plans and their tables, per node
 LP_BYTES = 2048 * MIB           # CBC's LP or MILP of at most 600 stages
+PYTHON_BYTES = 1024 * MIB       # a Python example: the interpreter, PyTorch and a small model
 ADDRESS_SPACE_SLACK = 8192 * MIB  # virtual reservations (libraries mapped, thread stacks)
 TIME_LIMIT_S = 600
 
@@ -207,7 +209,7 @@ def main():
         expect_failure = comment.startswith("fails:")
         is_pebble = words[0] == "build/bin/pebble"
         nodes = graph_nodes(a.pebble, words, a.workdir) if is_pebble else 0
-        own = BASE_BYTES + PER_NODE_BYTES * nodes
+        own = BASE_BYTES + PER_NODE_BYTES * nodes if is_pebble else PYTHON_BYTES
         policies = " ".join(words)
         if is_pebble and re.search(r"checkmate|compare|--policies all", policies) and \
                 not option(words, "--policies"):

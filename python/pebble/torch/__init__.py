@@ -1,27 +1,32 @@
 """pebble.torch: a PyTorch module's training step under a pebble plan.
 
     import pebble.torch as pt
-    step = pt.train_step(model, torch.nn.CrossEntropyLoss(), example_inputs=(x,),
-                         example_target=y, policy="hybrid", budget="60%")
-    loss = step(x, y)      # forward + backward under the plan; .grad of every parameter set
+    step = pt.train_step(model, loss_fn, example_inputs=(x,), example_target=y,
+                         policy="rotor", budget="60%")
+    loss = step(x, y)      # forward, loss and backward under the plan; .grad of every parameter set
     optimizer.step()       # the user's optimizer, unchanged
     step.report            # predicted and measured peak, recomputations, transfers, time
 
-The module and its loss are captured once (torch.onnx.export, read by
-pebble's importer, differentiated by pebble's autodiff) and planned by the
-policy; each call runs the plan with PyTorch's own operators. docs/torch.md
+PyTorch traces the whole step (module, the user's loss callable and
+autograd's backward) into one graph of ATen operators (_capture.py); each
+operator's output becomes a pebble node (_graph.py), timed and measured once
+on the device (_calibrate.py); a pebble policy plans the graph; each call
+runs the plan's steps with the traced operators (_executor.py). The
+allocator measures what a step really held (_memory.py). docs/torch.md
 documents the API and its limits.
 """
 
 import json
+import time
 
 import torch
 
 from .. import _core
-from ._capture import CaptureError, _submodule, capture, resolve_loss
-from ._executor import BatchNormState, PlanExecutionError, Program
-from ._kernels import Node, RunContext, f32_decimal, workspace_bytes
-from ._memory import TensorMemory, measure, tensor_bytes
+from ._calibrate import calibrate, unplanned_schedule
+from ._capture import CaptureError, propagate, trace
+from ._executor import PlanExecutionError, Program, draws_in_eager_order
+from ._graph import StepGraph
+from ._memory import AllocatorPeak, TensorMemory, measure, tensor_bytes
 
 __all__ = ["CaptureError", "PlanError", "PlanExecutionError", "TensorMemory", "TrainStep",
            "measure", "tensor_bytes", "train_step"]
@@ -39,188 +44,139 @@ def train_step(model, loss_fn, example_inputs, example_target, policy=None, budg
 
 
 class TrainStep:
-    """`step(*inputs, target)` runs forward, loss and backward of `model` under
-    the plan, adds every parameter's gradient into its `.grad` (as autograd
-    does), updates batch-norm running statistics (as the modules do) and
-    returns the loss (a detached 0-dim tensor).
+    """`step(*inputs, target)` runs the module's forward, `loss_fn` and the
+    backward under the plan, adds every parameter's gradient into its
+    `.grad` as autograd does, updates the module's buffers as its forward
+    does (batch-norm running statistics), and returns the loss (detached).
 
     Arguments:
-      model: a torch.nn.Module in training mode, on one device (CPU or CUDA).
-      loss_fn: nn.CrossEntropyLoss() or nn.MSELoss() (mean), F.cross_entropy,
-        F.mse_loss, or the names "cross-entropy" / "mse".
-      example_inputs: a tensor or a tuple of tensors: the shapes every call takes.
-      example_target: a tensor of the target's shape and dtype.
-      policy: any name `pebble.policies()` lists (None: best-order where the
-        unplanned step fits, else hybrid).
-      budget: "60%" (of the unplanned peak), "6GiB", "min", or bytes.
+      model: a torch.nn.Module, its parameters, buffers and the inputs on one
+        device (the CPU or one CUDA GPU).
+      loss_fn: any callable loss_fn(model_output, target) -> a scalar tensor;
+        the output may be a tensor, a tuple or a dict.
+      example_inputs: a tensor or a tuple of tensors (integer ones too:
+        token ids); example_target: a tensor. A call with other shapes is
+        captured and planned again for them (cached per shapes).
+      policy: any name pebble.policies() lists; None: best-order where the
+        unplanned step fits the budget, else hybrid (never offloading on the
+        CPU).
+      budget: "70%" (of the unplanned step's peak as the allocator measured
+        it at capture, above the memory held before the step), "6GiB" (the
+        whole device memory of the step: parameters, buffers, batch and
+        gradients included), "min" (the least the policy reaches) or bytes.
       host_budget, bandwidth, time_limit, seed: as pebble.plan takes them.
-      opset: the ONNX opset of the capture (13).
+      calibrate: time and measure each operator once at capture (True), or
+        estimate from sizes (False).
+      measure: "first" (the allocator measures the first call of each shape;
+        on the CPU its profiler slows that call), "always" or "never". On a
+        GPU every call is measured (the allocator's statistics cost
+        nothing).
+      allow_cpu_offload: run plans that copy tensors to the host on the CPU
+        device, where they save no memory (for testing the offload path;
+        host copies are made before the step and so are not in its measured
+        peak).
     """
 
     def __init__(self, model, loss_fn, example_inputs, example_target, policy=None,
-                 budget="100%", host_budget=None, bandwidth=None, time_limit=60.0, seed=0,
-                 opset=13):
+                 budget="100%", host_budget=None, bandwidth=None, time_limit=10.0, seed=0,
+                 calibrate=True, measure="first", allow_cpu_offload=False):
         if not isinstance(model, torch.nn.Module):
             raise TypeError(f"model must be a torch.nn.Module, not {type(model).__name__}")
-        if not model.training:
-            raise CaptureError(f"module {type(model).__name__} is in eval mode: pebble.torch "
-                               "plans training steps (call model.train() first)")
+        if not callable(loss_fn):
+            raise TypeError(f"loss_fn must be callable, not {type(loss_fn).__name__}")
+        if measure not in ("first", "always", "never"):
+            raise ValueError(f"measure must be 'first', 'always' or 'never', not {measure!r}")
         self.model = model
-        self.loss = resolve_loss(loss_fn)
+        self.loss_fn = loss_fn
+        self.options = dict(policy=policy, budget=budget, host_budget=host_budget,
+                            bandwidth=bandwidth, time_limit=time_limit, seed=seed)
+        self.calibrate = calibrate
+        self.measure_mode = measure
+        self.allow_cpu_offload = allow_cpu_offload
         inputs = _as_tuple(example_inputs, "example_inputs")
-        self.device = _device_of(model, inputs)
-        _check_bn_momentum(model)
-        captured = capture(model, inputs, self.loss, opset=opset)
-        self.input_ids = captured.input_ids
-        self.run_context = RunContext(self.device, self.loss.ignore_index)
-        self.nodes = [Node(i, doc, self.run_context) for i, doc in enumerate(captured.nodes)]
-        self.graph = _with_kernel_workspace(captured, self.nodes)
-        by_id = {n.id: n for n in self.nodes}
-        _check_tensor(example_target, by_id["target"], "example_target", self.device)
-        for k, (t, i) in enumerate(zip(inputs, self.input_ids)):
-            _check_tensor(t, by_id[i], f"example_inputs[{k}]", self.device)
-        plan = _core.plan(self.graph, policy=policy, budget=budget, host_budget=host_budget,
-                          bandwidth=bandwidth, time_limit=time_limit, seed=seed)
-        if not plan.feasible:
-            raise PlanError(f"policy {plan.policy} cannot fit the training step of "
-                            f"{type(model).__name__} in {budget}: {plan.message}")
-        self.plan = plan
-        self._bind(captured)
-        workspace = {n.index: int(doc.get("workspace", 0))
-                     for n, doc in zip(self.nodes, captured.nodes) if doc.get("workspace")}
-        self.program = Program(self.nodes, plan.schedule, self.graph.outputs, self.device,
-                               workspace)
-        self.report = self._plan_report()
+        _check_tensor_arg(example_target, "example_target")
+        self.device = _device_of(model, inputs + (example_target,))
+        self._captures = {}  # signature -> _Capture, shared with replan()'s steps
+        self._variants = {}  # signature -> _Variant (its capture and this step's plan)
+        self._variant = self._variant_for(inputs, example_target)
+        self.report = dict(self._variant.report)
 
-    # --- set-up ---------------------------------------------------------------
+    def replan(self, policy=None, budget="100%", **options):
+        """A TrainStep of the same module and loss under another plan, sharing
+        this one's captures (nothing is traced or calibrated again). Options
+        not given are this step's."""
+        new = object.__new__(TrainStep)
+        new.__dict__.update(self.__dict__)
+        new.options = dict(self.options, policy=policy, budget=budget)
+        for key in ("host_budget", "bandwidth", "time_limit", "seed"):
+            if key in options:
+                new.options[key] = options.pop(key)
+        for key in ("measure", "allow_cpu_offload"):
+            if key in options:
+                setattr(new, "measure_mode" if key == "measure" else key, options.pop(key))
+        if options:
+            raise TypeError(f"replan() got unexpected arguments: {', '.join(options)}")
+        new._variants = {}
+        key = self._variant.key
+        new._variant = new._variants[key] = _Variant(new, self._captures[key])
+        new.report = dict(new._variant.report)
+        return new
 
-    def _bind(self, captured):
-        """Which node is which: persistent nodes are the module's state_dict()
-        entries (looked up again at every call, so a module moved or reloaded
-        since is seen), constants of the export, the inputs and the target."""
-        state = self.model.state_dict(keep_vars=True)
-        by_id = {n.id: n for n in self.nodes}
-        self.state_nodes = []      # (node, state_dict key)
-        self.constants = {}        # node index -> tensor (constants of the export)
-        self.input_index = [by_id[i].index for i in self.input_ids]
-        self.target_index = by_id["target"].index
-        for node, doc in zip(self.nodes, captured.nodes):
-            if not doc.get("persistent") or doc.get("op") == "input":
-                continue
-            if node.id in state:
-                self.state_nodes.append((node, node.id))
-            else:
-                self.constants[node.index] = captured.constants[node.id].to(
-                    self.device, node.dtype)
-        # (graph output, parameter key): where each gradient goes.
-        self.gradient_keys = [(out, out[len("grad:"):]) for out in self.graph.outputs
-                              if out.startswith("grad:") and out[len("grad:"):] in state]
-        for node in self.nodes:
-            if node.op == "batchnorm_stats":
-                node.bn = self._batchnorm_state(node, state)
+    # --- variants: one capture and plan per shapes -----------------------------
 
-    def _batchnorm_state(self, node, state):
-        mean_id = node.attrs.get("running_mean")
-        var_id = node.attrs.get("running_var")
-        if mean_id not in state or var_id not in state:
-            return None  # no running statistics (track_running_stats=False)
-        if mean_id == "running_mean":  # the model is a batch norm itself
-            prefix, module = "", self.model
-        elif mean_id.endswith(".running_mean"):
-            prefix = mean_id[: -len("running_mean")]  # with its dot
-            module = _submodule(self.model, prefix[:-1])
-        else:
-            prefix, module = None, None
-        momentum = getattr(module, "momentum", None) if module is not None else None
-        eps = getattr(module, "eps", None) if module is not None else None
-        counter = prefix + "num_batches_tracked" if prefix is not None else None
-        return BatchNormState(
-            mean_id, var_id, counter if counter in state else None,
-            momentum if momentum is not None else f32_decimal(node.attrs.get("momentum", 0.1)),
-            eps if eps is not None else f32_decimal(node.attrs.get("eps", 1e-5)))
+    def _signature(self, inputs, target):
+        tensors = tuple((tuple(t.shape), t.dtype, t.device) for t in inputs + (target,))
+        accumulate = frozenset(name for name, p in self.model.named_parameters()
+                               if p.requires_grad and p.grad is not None)
+        trainable = frozenset(name for name, p in self.model.named_parameters()
+                              if p.requires_grad)
+        return tensors, accumulate, trainable, self.model.training
 
-    def _module_tensors(self):
-        """(persistent tensors by node index, [(output id, parameter)]) from the
-        module as it is now; ValueError where it changed under the plan."""
-        state = self.model.state_dict(keep_vars=True)
-        persistent = dict(self.constants)
-        for node, key in self.state_nodes:
-            t = state.get(key)
-            if t is None:
-                raise ValueError(f"the module has no '{key}' any more; make a new train_step")
-            _check_tensor(t, node, f"'{key}'", self.device)
-            persistent[node.index] = t.detach()
-        for node in self.nodes:
-            if node.bn is not None:
-                node.bn.bind(state)
-        gradients = [(out, state[key]) for out, key in self.gradient_keys
-                     if isinstance(state[key], torch.nn.Parameter) and state[key].requires_grad]
-        return persistent, gradients
-
-    def _plan_report(self):
-        r = self.plan.report
-        return {
-            "policy": self.plan.policy,
-            "budget_bytes": self.plan.budget_bytes,
-            "baseline_peak_bytes": self.plan.baseline_peak_bytes,
-            "predicted_peak_bytes": r["peak_bytes"],
-            "measured_peak_bytes": None,
-            "recomputations": r["recomputations"],
-            "predicted_transfer_bytes": r["transfer_bytes"],
-            "transfer_bytes": None,
-            "host_peak_bytes": r["host_peak_bytes"],
-            "compute_overhead": r["overhead"],
-            "plan_time_s": self.plan.plan_time_s,
-            "time_s": None,
-            "steps": len(self.plan.schedule),
-            "nodes": len(self.graph),
-            "device": str(self.device),
-        }
+    def _variant_for(self, inputs, target):
+        key = self._signature(inputs, target)
+        variant = self._variants.get(key)
+        if variant is None:
+            capture = self._captures.get(key)
+            if capture is None:
+                capture = self._captures[key] = _Capture(self, inputs, target, key)
+            variant = self._variants[key] = _Variant(self, capture)
+        return variant
 
     # --- one step -------------------------------------------------------------
 
     def __call__(self, *args):
-        """step(*inputs, target) -> the loss; every parameter's .grad accumulated."""
-        if len(args) != len(self.input_index) + 1:
-            raise TypeError(f"the step takes {len(self.input_index)} input(s) and the target, "
-                            f"got {len(args)} argument(s)")
+        """step(*inputs, target) -> the loss; every parameter's .grad set."""
+        if len(args) < 2:
+            raise TypeError("the step takes the input(s) and the target")
         *inputs, target = args
-        persistent, gradients = self._module_tensors()
-        for k, (t, i) in enumerate(zip(inputs, self.input_index)):
-            _check_tensor(t, self.nodes[i], f"input {k}", self.device)
-            persistent[i] = t.detach()
-        _check_tensor(target, self.nodes[self.target_index], "the target", self.device)
-        persistent[self.target_index] = target.detach()
-        self.run_context.step += 1
-        cuda = self.device.type == "cuda"
-        if cuda:
-            torch.cuda.synchronize(self.device)
-            allocated_at_start = torch.cuda.memory_allocated(self.device)
-            torch.cuda.reset_peak_memory_stats(self.device)
-        # The plan fixed every tensor's dtype: autocast stays off inside the step.
-        with torch.no_grad(), torch.autocast(self.device.type, enabled=False):
-            result = self.program.run(persistent)
-            for out_id, param in gradients:
-                grad = result.outputs[out_id]
-                if param.grad is None:
-                    param.grad = grad
-                else:
-                    param.grad.add_(grad)
-        self.report.update(measured_peak_bytes=result.peak_bytes,
-                           transfer_bytes=result.transfer_bytes,
-                           measured_host_peak_bytes=result.host_peak_bytes,
-                           measured_recomputations=result.recomputations,
-                           time_s=result.time_s)
-        if cuda:
-            self.report.update(
-                cuda_max_memory_allocated_bytes=torch.cuda.max_memory_allocated(self.device),
-                cuda_memory_allocated_at_start_bytes=allocated_at_start)
-        return result.outputs["loss"]
+        inputs = tuple(inputs)
+        for k, t in enumerate(inputs):
+            _check_tensor_arg(t, f"input {k}")
+        _check_tensor_arg(target, "the target")
+        for t in inputs + (target,):
+            if t.device != self.device:
+                raise ValueError(f"an input is on {t.device}; the module is on {self.device}")
+        variant = self._variant_for(inputs, target)
+        self._variant = variant
+        loss = variant.run(inputs, target)
+        self.report = dict(variant.report)
+        self.report["shapes_planned"] = len(self._variants)
+        return loss
+
+    @property
+    def plan(self):
+        """The pebble.Plan of the shapes of the last call."""
+        return self._variant.plan
+
+    @property
+    def graph(self):
+        """The captured training graph (a pebble.Graph) of the last call's shapes."""
+        return self._variant.graph
 
     @property
     def schedule(self):
         """The plan's steps, (action, node id) pairs."""
-        return self.plan.schedule
+        return self._variant.plan.schedule
 
     def __repr__(self):
         r = self.report
@@ -228,17 +184,247 @@ class TrainStep:
                 f"predicted peak {r['predicted_peak_bytes']} of {r['budget_bytes']} bytes>")
 
 
-def _with_kernel_workspace(captured, nodes):
-    """The graph with each node's workspace raised to what its PyTorch kernel
-    holds beside its operands (_kernels.WORKSPACE), so the plan counts it."""
-    by_id = {n.id: n for n in nodes}
-    changed = False
-    for node_doc, node in zip(captured.nodes, nodes):
-        extra = workspace_bytes(node, [by_id[i] for i in node.inputs])
-        if extra > node_doc.get("workspace", 0):
-            node_doc["workspace"] = extra
-            changed = True
-    return _core.from_json(json.dumps(captured.document)) if changed else captured.graph
+class _Capture:
+    """The captured graph of one signature (shapes, dtypes, which parameters
+    accumulate into an existing .grad, training mode), calibrated."""
+
+    def __init__(self, step, inputs, target, key):
+        started = time.perf_counter()
+        self.key = key
+        self.device = step.device
+        self.model = step.model
+        traced = trace(step.model, step.loss_fn, inputs, target, self.device)
+        values, self.shapes_from = propagate(traced, self.device)
+        self.traced_with = traced.mode
+        self.nodes = StepGraph(traced, values, accumulate=_slot_ids(traced, key[1]),
+                               round_to=512 if self.device.type == "cuda" else 1)
+        self.capture_s = time.perf_counter() - started
+        if step.calibrate:
+            cal = calibrate(self.nodes, self.device, self.persistent(inputs, target))
+        else:
+            from ._calibrate import Calibration, estimated_seconds
+            cal = Calibration()
+            cal.costs = {n.index: estimated_seconds(n) for n in self.nodes.nodes}
+            cal.source = "estimated: calibrate=False"
+        self.calibration = cal
+        name = type(step.model).__name__
+        self.document = self.nodes.document(cal.costs, name)
+        self.graph = _core.from_json(json.dumps(self.document))
+        # Note [Random calls in eager's order]: planned first without tokens.
+        self.free_graph = self.graph
+        if self.nodes.has_order_tokens:
+            self.free_graph = _core.from_json(json.dumps(
+                self.nodes.document(cal.costs, name, order_tokens=False)))
+        self.persistent_bytes = sum(n.nbytes for n in self.nodes.nodes
+                                    if n.kind == "persistent")
+        self.setup_s = time.perf_counter() - started
+
+    def persistent(self, inputs, target):
+        """node index -> tensor of every persistent node, from the module now."""
+        out = {}
+        for node in self.nodes.nodes:
+            if node.kind != "persistent":
+                continue
+            if node.constant is not None:
+                out[node.index] = node.constant.to(self.device)
+                continue
+            slot = node.slot
+            if node.role == "gradient":
+                tensor = _lookup(self.model, slot.names[0]).grad
+            elif slot.kind in ("parameter", "buffer"):
+                tensor = _lookup(self.model, slot.names[0])
+            elif slot.kind == "input":
+                tensor = inputs[slot.index]
+            else:
+                tensor = target
+            if tensor is None:
+                raise ValueError(f"the module has no '{slot.names[0]}' any more; make a new "
+                                 "train_step")
+            v = node.value
+            if tuple(tensor.shape) != tuple(v.shape) or tensor.dtype != v.dtype:
+                raise ValueError(f"'{node.id}' is {tuple(tensor.shape)} {tensor.dtype}; the "
+                                 f"plan was made for {tuple(v.shape)} {v.dtype} (make a new "
+                                 "train_step after changing the module)")
+            out[node.index] = tensor.detach()
+        return out
+
+
+class _Variant:
+    """A capture planned under one step's policy and budget."""
+
+    def __init__(self, step, capture):
+        started = time.perf_counter()
+        self.step = step
+        self.capture = capture
+        self.key = capture.key
+        self.device = capture.device
+        self.graph_nodes = capture.nodes
+        self.graph = capture.graph
+        self.calibration = capture.calibration
+        self.persistent_bytes = capture.persistent_bytes
+        self.plan, self.budget_info = self._plan(step.options)
+        self.program = Program(self.graph_nodes, self.plan.schedule, self.device)
+        self.measured_once = False
+        self.report = self._report(time.perf_counter() - started)
+
+    # --- planning -------------------------------------------------------------
+
+    def _plan(self, options):
+        """The plan, and how the budget was resolved."""
+        budget, info = self._resolve_budget(options["budget"])
+        policy = options["policy"]
+        host_budget = options["host_budget"]
+        cpu = self.device.type == "cpu"
+        if cpu and not self.step.allow_cpu_offload:
+            if host_budget not in (None, 0, "0", "0B"):
+                raise PlanError("offloading to the host saves no memory on the CPU device: "
+                                "give no host_budget (or allow_cpu_offload=True to test the "
+                                "offload path)")
+            host_budget = 0
+        kwargs = dict(policy=policy, budget=budget, host_budget=host_budget,
+                      bandwidth=options["bandwidth"], time_limit=options["time_limit"],
+                      seed=options["seed"])
+        graph = self.capture.free_graph
+        plan = _core.plan(graph, **kwargs)
+        if plan.feasible and not draws_in_eager_order(self.graph_nodes, plan.schedule):
+            # Note [Random calls in eager's order]: the graph whose tokens
+            # order the random calls.
+            graph = self.graph
+            plan = _core.plan(graph, **kwargs)
+            info["order"] = "planned with random calls ordered as eager draws them"
+            if plan.feasible and not draws_in_eager_order(self.graph_nodes, plan.schedule):
+                raise PlanError(f"internal: policy {plan.policy} computes random operators "
+                                "in another order than eager PyTorch draws them")
+        if not plan.feasible:
+            least = _core.plan(graph, policy=plan.policy, budget="min",
+                               host_budget=host_budget, bandwidth=options["bandwidth"],
+                               time_limit=options["time_limit"], seed=options["seed"])
+            raise PlanError(
+                f"policy {plan.policy} cannot fit the training step of "
+                f"{type(self.step.model).__name__} in {options['budget']} "
+                f"({_mib(plan.budget_bytes)}): its least peak is "
+                f"{_mib(least.report['peak_bytes'])} "
+                f"({_percent(least.report['peak_bytes'] - self.persistent_bytes, info)}); "
+                f"{plan.message}")
+        if cpu and not self.step.allow_cpu_offload and plan.report["transfer_bytes"] > 0:
+            raise PlanError(f"policy {plan.policy} copies tensors to the host, which saves no "
+                            "memory on the CPU device (allow_cpu_offload=True runs it anyway)")
+        return plan, info
+
+    def _resolve_budget(self, budget):
+        """pebble's budget for `budget`: a percentage is of the unplanned step's
+        peak above the persistent tensors, measured at calibration where it
+        ran, else predicted."""
+        reference = self.calibration.unplanned_peak_bytes
+        source = "measured: the unplanned step, by the allocator"
+        if reference is None:
+            baseline = _core.plan(self.graph, policy="baseline", budget="100%")
+            reference = baseline.report["peak_bytes"] - self.persistent_bytes
+            source = "predicted: pebble's baseline (the unplanned step could not run)"
+        info = {"reference_bytes": reference, "reference_source": source}
+        if isinstance(budget, str) and budget.strip().endswith("%"):
+            try:
+                percent = float(budget.strip()[:-1])
+            except ValueError:
+                raise ValueError(f"budget {budget!r} is not a percentage") from None
+            if not (percent >= 0) or percent == float("inf"):
+                raise ValueError(f"budget {budget!r} is not a percentage")
+            step_bytes = int(reference * percent / 100)
+            info["step_budget_bytes"] = step_bytes
+            return self.persistent_bytes + step_bytes, info
+        return budget, info
+
+    # --- running --------------------------------------------------------------
+
+    def run(self, inputs, target):
+        persistent = self.capture.persistent(inputs, target)
+        g = self.graph_nodes
+        measured = self.device.type == "cuda" or self.step.measure_mode == "always" or (
+            self.step.measure_mode == "first" and not self.measured_once)
+        # The plan fixed every tensor's dtype: autocast stays off inside the step.
+        with torch.no_grad(), torch.autocast(self.device.type, enabled=False):
+            if measured:
+                with AllocatorPeak(self.device) as meter:
+                    result = self.program.run(persistent)
+            else:
+                result = self.program.run(persistent)
+            for slot, grad in result.grads:
+                param = _lookup(self.step.model, slot.names[0])
+                if param.grad is None:
+                    param.grad = grad
+                else:  # .grad appeared since planning: add, as autograd would
+                    param.grad.add_(grad)
+            for slot, value in result.updates:
+                _lookup(self.step.model, slot.names[0]).copy_(value)
+        loss = result.loss
+        del result.grads, result.updates
+        r = self.report
+        r.update(counted_peak_bytes=result.counted_peak_bytes,
+                 transfer_bytes=result.transfer_bytes,
+                 measured_host_peak_bytes=result.host_peak_bytes,
+                 measured_recomputations=result.recomputations,
+                 random_reruns=result.random_reruns,
+                 time_s=result.time_s)
+        if measured:
+            self.measured_once = True
+            r["measured_peak_bytes"] = meter.peak_bytes
+            r["measured_by"] = meter.source
+            r["measured_total_peak_bytes"] = meter.peak_bytes + self.persistent_bytes
+        return loss.detach()
+
+    def _report(self, plan_s):
+        c = self.capture
+        p = self.plan
+        r = p.report
+        info = self.budget_info
+        report = {
+            "policy": p.policy,
+            "budget_bytes": p.budget_bytes,
+            "budget_reference_bytes": info["reference_bytes"],
+            "budget_reference_source": info["reference_source"],
+            "persistent_bytes": self.persistent_bytes,
+            "baseline_peak_bytes": p.baseline_peak_bytes,
+            "predicted_peak_bytes": r["peak_bytes"],
+            "predicted_step_peak_bytes": r["peak_bytes"] - self.persistent_bytes,
+            "measured_peak_bytes": None,
+            "measured_by": None,
+            "counted_peak_bytes": None,
+            "recomputations": r["recomputations"],
+            "predicted_transfer_bytes": r["transfer_bytes"],
+            "transfer_bytes": None,
+            "host_peak_bytes": r["host_peak_bytes"],
+            "compute_overhead": r["overhead"],
+            "capture_time_s": c.capture_s,
+            "calibration": self.calibration.source,
+            "calibration_time_s": self.calibration.seconds,
+            "plan_time_s": plan_s,
+            "setup_time_s": c.setup_s + plan_s,
+            "time_s": None,
+            "steps": len(p.schedule),
+            "nodes": len(self.graph),
+            "device": str(self.device),
+            "traced_with": c.traced_with,
+            "shapes_from": c.shapes_from,
+            "unplanned_measured_peak_bytes": self.calibration.unplanned_peak_bytes,
+        }
+        if "step_budget_bytes" in info:
+            report["step_budget_bytes"] = info["step_budget_bytes"]
+        if "order" in info:
+            report["order"] = info["order"]
+        return report
+
+
+def _slot_ids(traced, names):
+    """Ids of the slots that hold any of the parameter names."""
+    return {s.id for s in traced.slots if s.kind == "parameter" and set(s.names) & set(names)}
+
+
+def _lookup(model, name):
+    obj = model
+    *path, attr = name.split(".")
+    for part in path:
+        obj = getattr(obj, part)
+    return getattr(obj, attr)
 
 
 def _as_tuple(inputs, what):
@@ -250,9 +436,14 @@ def _as_tuple(inputs, what):
     raise TypeError(f"{what} must be a tensor or a tuple of tensors")
 
 
-def _device_of(model, inputs):
+def _check_tensor_arg(t, what):
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{what} must be a tensor, not {type(t).__name__}")
+
+
+def _device_of(model, tensors):
     devices = {p.device for p in model.parameters()} | {b.device for b in model.buffers()}
-    devices |= {t.device for t in inputs}
+    devices |= {t.device for t in tensors}
     if len(devices) != 1:
         raise CaptureError(f"module {type(model).__name__} and its inputs span several devices "
                            f"({', '.join(sorted(str(d) for d in devices))}): pebble.torch "
@@ -263,24 +454,12 @@ def _device_of(model, inputs):
     return device
 
 
-def _check_bn_momentum(model):
-    for name, module in model.named_modules():
-        if isinstance(module, torch.nn.modules.batchnorm._BatchNorm) and \
-                module.track_running_stats and module.momentum is None:
-            raise CaptureError(f"module '{name}' ({type(module).__name__}) keeps a cumulative "
-                               "average (momentum=None), which pebble.torch does not "
-                               "reproduce; give it a momentum")
+def _mib(nbytes):
+    return f"{nbytes / 2**20:.1f} MiB"
 
 
-def _check_tensor(t, node, what, device):
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{what} must be a tensor, not {type(t).__name__}")
-    if tuple(t.shape) != node.shape or t.dtype != node.dtype:
-        raise ValueError(f"{what} is {tuple(t.shape)} {t.dtype}; the plan was made for "
-                         f"{node.shape} {node.dtype} (make a train_step for these shapes)")
-    if t.device != device:
-        raise ValueError(f"{what} is on {t.device}; the module is on {device}")
-    if not t.is_contiguous():
-        raise ValueError(f"{what} is not contiguous (channels_last?): pebble.torch plans "
-                         "tensors in PyTorch's default layout; pass .contiguous() or convert "
-                         "the module with .to(memory_format=torch.contiguous_format)")
+def _percent(step_bytes, info):
+    reference = info["reference_bytes"]
+    if not reference:
+        return "of an empty step"
+    return f"{100.0 * step_bytes / reference:.0f}% of the unplanned step"

@@ -1,271 +1,292 @@
-"""Capture: a module and its loss as a pebble training graph.
+"""Capture: a module's whole training step as one graph of ATen operators.
 
-The module is exported with torch.onnx.export (training mode, every
-parameter kept) and read by pebble's ONNX importer, which adds the loss and
-differentiates: one operator mapping, the importer's (docs/import.md).
+PyTorch traces its own step: the module's forward, the user's loss and
+autograd's backward (torch.autograd.grad), with make_fx, then a second time
+through functionalization, so that the graph has no hidden mutation (the
+two-pass scheme of functorch's AOTAutograd). The result is a
+torch.fx.GraphModule whose inputs are the step's persistent tensors (Slot)
+and whose outputs are the loss and the gradients; _graph.py turns it into a
+pebble graph.
+
+Tracing runs on fake tensors where PyTorch can (nothing is computed or
+allocated), else on real ones: then the generator's state and the buffers are
+put back as they were.
 """
 
 import contextlib
-import inspect
-import json
-import os
-import re
-import tempfile
-import warnings
 
 import torch
 
-from .. import _core
+from ._compat import functional_call, functionalize, make_fx
 
 
 class CaptureError(ValueError):
-    """The module or its loss cannot be captured; the message names the module."""
+    """The module or its loss cannot be captured; the message names the module
+    and PyTorch's reason."""
 
 
-# Loss functions pebble's autodiff differentiates, by the name import takes.
-CROSS_ENTROPY, MSE = "cross-entropy", "mse"
+class Slot:
+    """A persistent tensor of the step, as the traced graph takes it.
 
+    kind: "parameter", "buffer", "input" or "target". `names`: every
+    attribute path under the module that holds the tensor (a tied weight has
+    several; the first is its state_dict() key and the pebble id). `index`:
+    the position of an input among the step's inputs."""
 
-class Loss:
-    """The loss as pebble adds it: `kind` and the settings the kernels honour."""
-
-    def __init__(self, kind, ignore_index=-100):
+    def __init__(self, kind, names=(), index=None, trainable=False):
         self.kind = kind
-        self.ignore_index = ignore_index
+        self.names = tuple(names)
+        self.index = index
+        self.trainable = trainable
+        self.tensor = None  # the module's tensor when captured (parameters, buffers)
+
+    @property
+    def id(self):
+        if self.kind in ("parameter", "buffer"):
+            return self.names[0]
+        if self.kind == "target":
+            return "target"
+        return f"input{self.index}" if self.index else "input"
+
+    def __repr__(self):
+        return f"Slot({self.kind}, {self.id})"
 
 
-def resolve_loss(loss_fn):
-    """Loss for nn.CrossEntropyLoss / nn.MSELoss (mean), their functional
-    forms, or the names "cross-entropy" / "mse"; CaptureError otherwise."""
-    nn, F = torch.nn, torch.nn.functional
-    if isinstance(loss_fn, str):
-        if loss_fn in (CROSS_ENTROPY, MSE):
-            return Loss(loss_fn)
-        raise CaptureError(f"loss '{loss_fn}': pebble.torch takes 'cross-entropy' or 'mse'")
-    if loss_fn is F.cross_entropy:
-        return Loss(CROSS_ENTROPY)
-    if loss_fn is F.mse_loss:
-        return Loss(MSE)
-    if isinstance(loss_fn, nn.CrossEntropyLoss):
-        unsupported = []
-        if loss_fn.weight is not None:
-            unsupported.append("class weights")
-        if loss_fn.reduction != "mean":
-            unsupported.append(f"reduction='{loss_fn.reduction}'")
-        if getattr(loss_fn, "label_smoothing", 0.0) != 0.0:
-            unsupported.append("label smoothing")
-        if unsupported:
-            raise CaptureError("nn.CrossEntropyLoss with " + ", ".join(unsupported) +
-                               ": pebble differentiates the unweighted mean only")
-        return Loss(CROSS_ENTROPY, loss_fn.ignore_index)
-    if isinstance(loss_fn, nn.MSELoss):
-        if loss_fn.reduction != "mean":
-            raise CaptureError(f"nn.MSELoss with reduction='{loss_fn.reduction}': pebble "
-                               "differentiates the mean only")
-        return Loss(MSE)
-    name = getattr(loss_fn, "__name__", type(loss_fn).__name__)
-    raise CaptureError(f"loss function {name}: pebble.torch takes nn.CrossEntropyLoss(), "
-                       "nn.MSELoss(), F.cross_entropy, F.mse_loss, 'cross-entropy' or 'mse'")
+def module_slots(model):
+    """The parameters and buffers of `model`, each tensor once with every name
+    that holds it (tied weights), in named_parameters() / named_buffers()
+    order."""
+    slots, by_tensor = [], {}
+    for kind in ("parameter", "buffer"):
+        for module_name, module in model.named_modules(remove_duplicate=False):
+            table = module._parameters if kind == "parameter" else module._buffers
+            for attr, t in table.items():
+                if t is None:
+                    continue
+                name = f"{module_name}.{attr}" if module_name else attr
+                slot = by_tensor.get(id(t))
+                if slot is None:
+                    slot = Slot(kind, (name,), trainable=kind == "parameter" and t.requires_grad)
+                    slot.tensor = t
+                    by_tensor[id(t)] = slot
+                    slots.append(slot)
+                elif name not in slot.names:
+                    slot.names += (name,)
+    # The first name of each is its state_dict() key: both walk the modules
+    # in registration order.
+    return slots
 
 
-class Captured:
-    """The training graph and how its persistent nodes meet the module."""
+class _ModuleStack:
+    """Forward hooks that know which submodule runs, to name it in errors."""
 
-    def __init__(self, graph, document, input_ids, constants):
-        self.graph = graph            # pebble.Graph (the training step)
-        self.document = document      # the graph as a pebble-graph JSON dict
-        self.nodes = document["nodes"]  # its nodes, in order
-        self.input_ids = input_ids    # graph input id of each positional input
-        self.constants = constants    # id -> tensor: initializers that are not state_dict()
+    def __init__(self, model):
+        self.stack = []
+        self.handles = []
+        for name, module in model.named_modules():
+            label = f"'{name}' ({type(module).__name__})" if name else type(module).__name__
+            self.handles.append(module.register_forward_pre_hook(self._enter(label)))
+            self.handles.append(module.register_forward_hook(self._leave))
 
+    def _enter(self, label):
+        def hook(module, args):
+            self.stack.append(label)  # returns None: the inputs stay as they are
+        return hook
 
-def input_ids_for(count):
-    return ["input"] if count == 1 else [f"input{i}" for i in range(count)]
+    def _leave(self, module, args, output):
+        if self.stack:
+            self.stack.pop()  # returns None: the output stays as it is
 
+    def close(self):
+        for h in self.handles:
+            h.remove()
 
-def capture(model, example_inputs, loss, opset=13):
-    """The module's training graph (pebble's autodiff of the ONNX export)."""
-    input_ids = input_ids_for(len(example_inputs))
-    with tempfile.TemporaryDirectory(prefix="pebble-torch-") as tmp:
-        path = os.path.join(tmp, "model.onnx")
-        suspects = _export(model, example_inputs, path, input_ids, opset)
-        try:
-            graph = _core.import_onnx(path, loss=loss.kind)
-        except ValueError as e:
-            message = str(e).replace(f"'{path}': ", "")
-            where = _module_of_onnx_node(model, message) or _describe(model)
-            hint = f" (the trace warned: {suspects[0]})" if suspects else ""
-            raise CaptureError(f"{where}: pebble cannot import its ONNX export: "
-                               f"{message}{hint}") from None
-        if suspects:
-            more = f" (and {len(suspects) - 1} more)" if len(suspects) > 1 else ""
-            warnings.warn(f"pebble.torch: the trace may differ from the module's computation: "
-                          f"{suspects[0]}{more}", stacklevel=4)
-        document = json.loads(graph.to_json())
-        nodes = document["nodes"]
-        state = model.state_dict(keep_vars=True)
-        missing = [n["id"] for n in nodes
-                   if n.get("persistent") and n.get("op") != "input" and n["id"] not in state]
-        constants = _initializer_values(path, missing) if missing else {}
-    return Captured(graph, document, input_ids, constants)
+    def where(self):
+        return f"module {self.stack[-1]}" if self.stack else "the loss or the backward pass"
 
 
-def _describe(module):
-    return f"module {type(module).__name__}"
+def _first_line(e):
+    text = str(e).strip()
+    for line in text.splitlines():
+        if line.strip():
+            return line.strip()
+    return type(e).__name__
+
+
+class Traced:
+    """The functional graph of one step and what its inputs and outputs are.
+
+    gm: inputs are the slots' tensors, in `slots` order, flat; its output is
+    a flat list: the loss, then the gradient of each parameter in
+    `grad_slots` order. `grad_slots`: the trainable parameters the loss
+    reaches (others get no gradient, as in eager mode)."""
+
+    def __init__(self, gm, slots, grad_slots, mode, example):
+        self.gm = gm
+        self.slots = slots
+        self.grad_slots = grad_slots
+        self.mode = mode  # "fake" or "real": how it was traced
+        self.example = example  # the slots' tensors it was traced with (buffers copied)
+
+
+def _step_function(model, loss_fn, slots, grad_found):
+    """f(*slot tensors) -> [loss, gradient, ...] of the module's step."""
+    n_state = sum(1 for s in slots if s.kind in ("parameter", "buffer"))
+    n_inputs = sum(1 for s in slots if s.kind == "input")
+
+    def step(*flat):
+        state = {}
+        for slot, t in zip(slots[:n_state], flat[:n_state]):
+            for name in slot.names:
+                state[name] = t
+        inputs = flat[n_state:n_state + n_inputs]
+        target = flat[n_state + n_inputs]
+        output = functional_call(model, state, tuple(inputs))
+        loss = loss_fn(output, target)
+        if not isinstance(loss, torch.Tensor) or loss.dim() != 0 or \
+                not loss.dtype.is_floating_point:
+            raise CaptureError(f"loss_fn must return a scalar floating-point tensor, got "
+                               f"{_describe(loss)}")
+        trainable = [(slot, t) for slot, t in zip(slots[:n_state], flat[:n_state])
+                     if slot.trainable]
+        if not loss.requires_grad:
+            raise CaptureError("the loss does not depend on any parameter that requires a "
+                               "gradient")
+        grads = torch.autograd.grad(loss, [t for _, t in trainable], allow_unused=True)
+        grad_found.clear()
+        out = [loss]
+        for (slot, _), g in zip(trainable, grads):
+            if g is not None:
+                grad_found.append(slot)
+                out.append(g)
+        return out
+
+    return step
+
+
+def _describe(x):
+    if isinstance(x, torch.Tensor):
+        return f"a tensor of shape {tuple(x.shape)} and dtype {x.dtype}"
+    return type(x).__name__
 
 
 @contextlib.contextmanager
-def _buffers_kept(model):
-    """Tracing runs the module once in training mode: its buffers (batch-norm
-    statistics) are put back as they were."""
-    saved = [(b, b.detach().clone()) for b in model.buffers()]
+def _rng_kept(device):
+    """Puts the generator(s) back as they were: a real trace draws numbers."""
+    cpu = torch.get_rng_state()
+    cuda = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
     try:
         yield
     finally:
-        with torch.no_grad():
-            for buffer, value in saved:
-                buffer.copy_(value)
+        torch.set_rng_state(cpu)
+        if cuda is not None:
+            torch.cuda.set_rng_state(cuda, device)
 
 
-@contextlib.contextmanager
-def _module_stack(model):
-    """Tracks which submodules are running, to name the one that fails."""
-    names = {m: n for n, m in model.named_modules()}
-    stack, handles = [], []
+def trace(model, loss_fn, inputs, target, device, mode=None):
+    """Traced step of `model` on `inputs` and `target`.
 
-    def enter(module, _inputs):
-        stack.append(module)
-
-    def leave(module, _inputs, _output):
-        if stack and stack[-1] is module:
-            stack.pop()
-
-    for module in names:
-        handles.append(module.register_forward_pre_hook(enter))
-        handles.append(module.register_forward_hook(leave))
-    try:
-        yield stack, names
-    finally:
-        for h in handles:
-            h.remove()
-
-
-def _module_of_onnx_node(model, message):
-    """ "module 'layer1.0.conv1' (Conv2d)" for an error naming the ONNX node
-    '/layer1/layer1.0/conv1/Conv' (the scopes PyTorch writes), or None."""
-    match = re.search(r"ONNX node '(/[^']*)'", message)
-    if not match:
-        return None
-    path = ""
-    for part in match.group(1).strip("/").split("/")[:-1]:
-        path = part if not path or part.startswith(path + ".") else f"{path}.{part}"
-    module = _submodule(model, path) if path else None
-    return f"module '{path}' ({type(module).__name__})" if module is not None else None
-
-
-def _submodule(model, path):
-    module = model
-    for part in path.split("."):
-        module = getattr(module, part, None)
-        if not isinstance(module, torch.nn.Module):
-            return None
-    return module
-
-
-def _export(model, example_inputs, path, input_ids, opset):
-    """Exports the module to `path`; returns what the tracer warned of (values
-    it took as constants), each with the module that was running."""
-    options = dict(training=torch.onnx.TrainingMode.TRAINING, do_constant_folding=False,
-                   input_names=input_ids, output_names=["output"], opset_version=opset)
-    # PyTorch 2.9 on exports through torch.export by default; the TorchScript
-    # exporter keeps training-mode batch norm as the importer reads it.
-    if "dynamo" in inspect.signature(torch.onnx.export).parameters:
-        options["dynamo"] = False
-    suspects = []
-    with _buffers_kept(model), _module_stack(model) as (stack, names), \
-            warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-
-        def note(message, category, *_args, **_kwargs):
-            # torch.nn's own modules warn of shape checks (batch norm's
-            # batch-size check) that do not change the trace.
-            if issubclass(category, torch.jit.TracerWarning) and stack and \
-                    not type(stack[-1]).__module__.startswith("torch.nn."):
-                culprit = stack[-1]
-                text = str(message).strip().splitlines()[0]
-                suspects.append(f"module '{names.get(culprit) or '(the top module)'}' "
-                                f"({type(culprit).__name__}): {text}")
-
-        warnings.showwarning = note
-        warnings.simplefilter("always", torch.jit.TracerWarning)
+    mode: "fake" (no computation), "real", or None: fake where PyTorch can
+    trace fake tensors through the step, else real."""
+    slots = module_slots(model)
+    slots += [Slot("input", index=k) for k in range(len(inputs))]
+    slots.append(Slot("target"))
+    flat = []
+    for slot in slots:
+        if slot.kind in ("parameter", "buffer"):
+            t = slot.tensor
+            # A real trace runs the step: buffers updated in place (batch
+            # norm's running statistics) must not be the module's.
+            flat.append(t if slot.kind == "parameter" else t.detach().clone())
+        elif slot.kind == "input":
+            flat.append(inputs[slot.index])
+        else:
+            flat.append(target)
+    modes = [mode] if mode else ["fake", "real"]
+    failure = None
+    for m in modes:
+        grad_found = []
+        stack = _ModuleStack(model)
         try:
-            torch.onnx.export(model, tuple(example_inputs), path, **options)
-        except Exception as e:  # the exporter raises many types
-            reason = _first_line(e)
-            if stack:
-                culprit = stack[-1]
-                where = names.get(culprit) or "(the top module)"
-                raise CaptureError(f"module '{where}' ({type(culprit).__name__}) cannot be "
-                                   f"traced: {reason}") from None
-            path = _op_scope(model, example_inputs, reason)
-            module = _submodule(model, path) if path else None
-            where = (f"module '{path}' ({type(module).__name__})" if module is not None
-                     else _describe(model))
-            raise CaptureError(f"{where} cannot be exported to ONNX: {reason}") from None
-    return list(dict.fromkeys(suspects))
+            with _rng_kept(device):
+                step = _step_function(model, loss_fn, slots, grad_found)
+                first = make_fx(step, tracing_mode=m)(*flat)
+                stack.close()
+
+                def rerun(*args):
+                    return torch.fx.Interpreter(first).run(*args)
+
+                gm = make_fx(functionalize(rerun), tracing_mode=m)(*flat)
+        except CaptureError:
+            stack.close()
+            raise
+        except Exception as e:  # PyTorch's own refusal: try the next mode, else report
+            where = stack.where()
+            stack.close()
+            failure = (where, e)
+            continue
+        _remove_unused_calls(gm)
+        return Traced(gm, slots, list(grad_found), m, flat)
+    where, e = failure
+    raise CaptureError(f"{where} cannot be traced by PyTorch (make_fx): "
+                       f"{type(e).__name__}: {_first_line(e)}") from e
 
 
-def _first_line(error):
-    text = str(error).strip()
-    line = text.splitlines()[0] if text else type(error).__name__
-    return line.split(" Please feel free")[0].split("  [Caused by")[0]
+def _remove_unused_calls(gm):
+    """Drops calls whose value nothing reads, but for those that write into
+    an argument (a write-back into a buffer such as num_batches_tracked's
+    copy_): FX's own dead-code pass would drop those too."""
+    changed = True
+    while changed:
+        changed = False
+        for n in reversed(list(gm.graph.nodes)):
+            if n.op != "call_function" or n.users:
+                continue
+            schema = getattr(n.target, "_schema", None)
+            writes = schema is not None and any(
+                a.alias_info is not None and a.alias_info.is_write for a in schema.arguments)
+            if not writes:
+                gm.graph.erase_node(n)
+                changed = True
+    gm.recompile()
 
 
-def _op_scope(model, example_inputs, reason):
-    """The module path of an operator the exporter refused, found in a
-    TorchScript trace by the operator's name; None where it cannot be told."""
-    # "operator 'aten::linalg_svd'", "operator Bernoulli": matched by name.
-    match = re.search(r"operator '?(?:[A-Za-z_]+::)?([A-Za-z_0-9]+)", reason)
-    if not match:
-        return None
-    name = match.group(1).lower()
+class _Recorder(torch.fx.Interpreter):
+    """Runs a graph and keeps every node's value."""
+
+    def __init__(self, gm, convert=None):
+        super().__init__(gm)
+        self.values = {}
+        self.convert = convert
+
+    def run_node(self, n):
+        value = super().run_node(n)
+        self.values[n] = value
+        return value
+
+    def get_attr(self, target, args, kwargs):
+        value = super().get_attr(target, args, kwargs)
+        return self.convert(value) if self.convert is not None and \
+            isinstance(value, torch.Tensor) else value
+
+
+def propagate(traced, device):
+    """fx node -> its value: fake tensors where PyTorch can (nothing is
+    computed), else real ones (a shape that depends on the data). Returns
+    (values, "fake" or "real")."""
+    from ._compat import FakeTensorMode
     try:
-        with _buffers_kept(model), warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            traced = torch.jit.trace(model, tuple(example_inputs), check_trace=False)
-        for node in traced.inlined_graph.nodes():
-            if node.kind().split("::")[-1].rstrip("_").lower() == name:
-                scope = node.scopeName().split("/")[-1].split("::")[-1]
-                return scope[len("__module."):] if scope.startswith("__module.") else None
-    except Exception:  # the trace is a hint only
-        return None
-    return None
-
-
-def _initializer_values(path, ids):
-    """Tensors the export wrote as initializers that are not the module's
-    state_dict() (constants made in forward), read from the ONNX file."""
-    try:
-        import onnx
-        from onnx import numpy_helper
-    except ImportError:
-        raise CaptureError(
-            f"the ONNX export holds constant tensors that are not in state_dict() "
-            f"({', '.join(ids[:3])}); reading them needs the onnx Python package") from None
-    model = onnx.load(path)
-    wanted = set(ids)
-    values = {}
-    for init in model.graph.initializer:
-        if init.name in wanted:
-            values[init.name] = torch.from_numpy(numpy_helper.to_array(init).copy())
-    for node in model.graph.node:
-        if node.op_type == "Constant" and node.output and node.output[0] in wanted:
-            for attr in node.attribute:
-                if attr.name == "value":
-                    values[node.output[0]] = torch.from_numpy(
-                        numpy_helper.to_array(attr.t).copy())
-    absent = sorted(wanted - values.keys())
-    if absent:
-        raise CaptureError(f"the graph's persistent tensors {absent[:3]} are neither in "
-                           "state_dict() nor constants of the ONNX export")
-    return values
+        mode = FakeTensorMode()
+        fake = [mode.from_tensor(t) for t in traced.example]
+        recorder = _Recorder(traced.gm, mode.from_tensor)
+        with mode, torch.no_grad():
+            recorder.run(*fake)
+        return recorder.values, "fake"
+    except Exception:  # noqa: BLE001 (fake tensors cannot follow this graph: run it)
+        pass
+    recorder = _Recorder(traced.gm)
+    example = [t.detach().clone() if s.kind == "buffer" else t
+               for s, t in zip(traced.slots, traced.example)]
+    with _rng_kept(device), torch.no_grad():
+        recorder.run(*example)
+    return recorder.values, "real"

@@ -1,274 +1,423 @@
-"""Runs a pebble schedule with PyTorch's operators.
+"""Runs a pebble schedule of a captured step with PyTorch's own operators.
 
-Device memory holds exactly the tensors the schedule holds: `compute v` runs
-v's kernel (_kernels.py) on its resident inputs, `free v` drops the tensor,
-`offload v` copies it to a host buffer (pinned, on a side CUDA stream with an
-event, on a GPU; a separate tensor on the CPU) and `prefetch v` copies it
-back. Every computed tensor owns its storage, exactly its bytes, except an
-alias (a view, SPEC section 1): `compute v` of an alias views its base's
-storage with v's shape (a contiguous reshape; no kernel, no memory). So the
-measured peak (the executors' rule: the largest sum of the resident
-storages' bytes, each once, the output counted with its inputs) is the
-memory the step held.
+`compute v` calls v's ATen operator (_graph.Node) on the resident tensors it
+reads; `free v` drops v; `offload v` copies v into a host buffer (pinned, on
+a side CUDA stream ordered by events, on a GPU) and `prefetch v` copies it
+back. A view is computed by its view operator from its base, so it holds no
+memory of its own, as the plan counts it.
+
+Note [Randomness as eager has it]: a random call draws from the generator at
+its first computation in the step, in the graph's order (the plan was
+checked to keep that order, _order_of_first_draws), so it draws what eager
+PyTorch would; its generator state is kept, and every later run of the call
+(a recomputation, a sibling output computed apart) runs from that state and
+puts the generator back afterwards, as torch.utils.checkpoint does with
+preserve_rng_state.
+
+Note [Running statistics once]: a PyTorch 1.13 batch norm updates its
+running statistics in place. Its first run in a step updates the module's
+buffers, as eager does; a recomputation updates copies, which are dropped.
 """
 
 import time
 
 import torch
 
-from ._kernels import KERNELS
-from ._memory import storage_of
+from ._compat import storage_bytes, storage_key
+from ._graph import op_name
 
 
 class PlanExecutionError(RuntimeError):
-    """A kernel's output does not match its node (a bug), or a step is impossible."""
+    """A step of the plan cannot run (a bug, or PyTorch refusing a kernel)."""
 
 
-class BatchNormState:
-    """The running statistics one batchnorm_stats node updates, as the module's
-    forward does: once per step, on the node's first computation. Built with
-    the buffers' state_dict() keys; `bind` finds them at each step."""
-
-    def __init__(self, mean_key, var_key, counter_key, momentum, eps):
-        self.keys = (mean_key, var_key, counter_key)
-        self.momentum = momentum
-        self.eps = eps
-        self.running_mean = self.running_var = self.num_batches_tracked = None
-        self.pending = False
-
-    def bind(self, state):
-        """The module's buffers (a state_dict(keep_vars=True)), for one step."""
-        mean_key, var_key, counter_key = self.keys
-        self.running_mean = state[mean_key].detach()
-        self.running_var = state[var_key].detach()
-        counter = state.get(counter_key) if counter_key else None
-        self.num_batches_tracked = counter.detach() if counter is not None else None
-        self.pending = True
-
-
-def _nbytes(t):
-    return t.numel() * t.element_size()
-
-
-# The ops an alias may have: the bytes of its base in the same order, so a
-# view of a contiguous tensor (runtime/executor.cc runs the same ones).
-VIEW_OPS = frozenset({"reshape", "flatten", "squeeze", "unsqueeze", "identity", "view"})
+COMPUTE, FREE, OFFLOAD, PREFETCH = range(4)
+_ACTIONS = {"compute": COMPUTE, "free": FREE, "offload": OFFLOAD, "prefetch": PREFETCH}
 
 
 class StepResult:
-    """What one run measured."""
+    """What one run did."""
 
     def __init__(self):
-        self.outputs = {}
-        self.peak_bytes = 0
+        self.loss = None
+        self.grads = []        # (Slot, tensor)
+        self.updates = []      # (Slot, tensor)
+        self.counted_peak_bytes = 0  # the largest sum of resident storages (pebble's rule)
         self.transfer_bytes = 0
         self.host_peak_bytes = 0
         self.computes = 0
         self.recomputations = 0
+        self.random_reruns = 0  # runs of a random call from its kept generator state
         self.time_s = 0.0
+        self.node_seconds = None  # node index -> seconds of its first computation (timing runs)
+
+
+def order_of_first_draws(graph, schedule):
+    """The random calls in the order the schedule first runs them."""
+    by_id = {n.id: n for n in graph.nodes}
+    seen, order = set(), []
+    for action, node_id in schedule:
+        if action != "compute":
+            continue
+        node = by_id[node_id]
+        call = node.group or node.fx
+        if node.random and call not in seen:
+            seen.add(call)
+            order.append(call)
+    return order
+
+
+def draws_in_eager_order(graph, schedule):
+    """Whether the schedule first runs the random calls in the graph's order
+    (eager's), which Note [Randomness as eager has it] needs."""
+    order = order_of_first_draws(graph, schedule)
+    position = {n: i for i, n in enumerate(graph.gm.graph.nodes)}
+    return all(position[a] < position[b] for a, b in zip(order, order[1:]))
 
 
 class Program:
-    """A schedule compiled against a graph's nodes; `run` executes it."""
+    """A schedule compiled against a StepGraph; `run` executes it."""
 
-    COMPUTE, FREE, OFFLOAD, PREFETCH = range(4)
-    _ACTIONS = {"compute": COMPUTE, "free": FREE, "offload": OFFLOAD, "prefetch": PREFETCH}
-
-    def __init__(self, nodes, schedule, outputs, device, workspace, streams=None):
+    def __init__(self, graph, schedule, device, streams=None):
         """`streams`: the module whose Stream, Event, stream, current_stream
-        and synchronize order the copies (torch.cuda on a GPU; a test may
-        give a stand-in to check the ordering on the CPU)."""
-        self.nodes = nodes
+        and synchronize order the copies (torch.cuda on a GPU; a test may give
+        a stand-in to check the ordering on the CPU)."""
+        self.graph = graph
         self.device = device
-        self.workspace = workspace  # node index -> bytes (the graph's `workspace`)
-        index = {n.id: n.index for n in nodes}
-        self.outputs = [index[o] for o in outputs]
-        # Views: node index -> the index of its base, and of its storage root.
-        self.base = {n.index: index[n.alias_of] for n in nodes if n.alias_of is not None}
-        self.root = list(range(len(nodes)))
-        for n in nodes:
-            i = n.index
-            while i in self.base:
-                i = self.base[i]
-            self.root[n.index] = i
-        for i in self.base:
-            node = nodes[i]
-            if node.op not in VIEW_OPS:
-                raise PlanExecutionError(f"node '{node.id}' (op {node.op}) is an alias that "
-                                         "pebble.torch cannot run as a view of its base's "
-                                         "memory (only contiguous reshapes)")
+        by_id = {n.id: n for n in graph.nodes}
         self.steps = []
         for action, node_id in schedule:
-            kind = self._ACTIONS.get(action)
-            if kind is None:
-                raise PlanExecutionError(f"unknown schedule action '{action}'")
-            node = nodes[index[node_id]]
-            if kind == self.COMPUTE and node.index not in self.base and node.op not in KERNELS:
-                raise PlanExecutionError(f"node '{node.id}': operator '{node.op}' has no "
-                                         "PyTorch kernel in pebble.torch")
-            inputs = tuple(index[i] for i in node.inputs) if kind == self.COMPUTE else ()
-            self.steps.append((kind, node, inputs))
+            kind = _ACTIONS.get(action)
+            node = by_id.get(node_id)
+            if kind is None or node is None:
+                raise PlanExecutionError(f"schedule step ({action}, {node_id}) is not of this "
+                                         "graph")
+            self.steps.append((kind, node))
+        self.keep_siblings = self._fusions()
+        # call_hook(node, run) -> run(): wraps each call (calibration measures it).
+        self.call_hook = None
         self.streams = streams if streams is not None else (
             torch.cuda if device.type == "cuda" else None)
-        self.cuda = self.streams is not None  # copies on a side stream, ordered by events
+        self.cuda = self.streams is not None
         self.copy_stream = self.streams.Stream(device) if self.cuda else None
-        # node index -> its host copy (pinned on a GPU), made once and kept
-        # between steps: the plan's host memory.
+        # Host copies, made once and kept between steps (the plan's host memory).
         self.host = {}
-        for kind, node, _ in self.steps:
-            if kind == self.OFFLOAD and node.index not in self.host:
-                self.host[node.index] = torch.empty(node.shape, dtype=node.dtype, device="cpu",
-                                                    pin_memory=device.type == "cuda")
+        for kind, node in self.steps:
+            if kind == OFFLOAD and node.kind != "order" and node.index not in self.host:
+                v = node.value
+                self.host[node.index] = torch.empty_strided(
+                    v.shape, v.stride(), dtype=v.dtype, device="cpu",
+                    pin_memory=device.type == "cuda")
 
-    def run(self, persistent):
-        """Executes the schedule; `persistent` maps node index -> tensor (the
-        parameters, buffers, inputs and target, resident throughout)."""
-        state = _RunState(self, persistent)
-        handlers = {self.COMPUTE: state.compute, self.FREE: state.free,
-                    self.OFFLOAD: state.offload, self.PREFETCH: state.prefetch}
+    def _fusions(self):
+        """For each compute step of a node of several-output call, the sibling
+        nodes that the schedule computes next (only frees between): the call
+        runs once and they are kept for those steps."""
+        keep = {}
+        for i, (kind, node) in enumerate(self.steps):
+            if kind != COMPUTE or node.group is None:
+                continue
+            siblings = []
+            for kind2, other in self.steps[i + 1:]:
+                if kind2 == FREE:
+                    continue
+                if kind2 == COMPUTE and other.group is node.group and other is not node:
+                    siblings.append(other)
+                    continue
+                break
+            if siblings:
+                keep[i] = siblings
+        return keep
+
+    def run(self, persistent, timing=False):
+        """Executes the schedule. `persistent`: node index -> tensor for every
+        persistent node. Returns a StepResult; every tensor the schedule
+        freed is gone when it returns."""
+        state = _RunState(self, persistent, timing)
         start = time.perf_counter()
-        # Each handler returns before the next step: no tensor outlives its
-        # `free` in a local variable.
-        for kind, node, inputs in self.steps:
-            handlers[kind](node, inputs)
+        for i, (kind, node) in enumerate(self.steps):
+            if kind == COMPUTE:
+                state.compute(i, node)
+            elif kind == FREE:
+                state.free(node)
+            elif kind == OFFLOAD:
+                state.offload(node)
+            else:
+                state.prefetch(node)
         state.finish()
         result = state.result
         result.time_s = time.perf_counter() - start
+        g = self.graph
+        result.loss = state.live[g.loss.index]
+        result.grads = [(slot, state.live[n.index]) for slot, n in g.grads]
+        result.updates = [(slot, state.live[n.index]) for slot, n in g.updates]
+        result.accumulated = [slot for slot, _, _ in g.accumulators]
         result.recomputations = result.computes - len(state.computed)
-        result.outputs = {self.nodes[o].id: state.live[o] for o in self.outputs}
         return result
-
-    @staticmethod
-    def _checked(node, out, args):
-        """The output as a tensor of its own storage, of the node's shape and dtype."""
-        if not isinstance(out, torch.Tensor):
-            raise PlanExecutionError(f"node '{node.id}' (op {node.op}): the kernel returned "
-                                     f"{type(out).__name__}")
-        if node.shape is not None and tuple(out.shape) != node.shape:
-            raise PlanExecutionError(f"node '{node.id}' (op {node.op}): PyTorch computed shape "
-                                     f"{tuple(out.shape)}, the graph says {node.shape}")
-        if node.dtype is not None and out.dtype != node.dtype:
-            raise PlanExecutionError(f"node '{node.id}' (op {node.op}): PyTorch computed "
-                                     f"{out.dtype}, the graph says {node.dtype}")
-        shares = any(isinstance(a, torch.Tensor) and a.numel() and out.numel() and
-                     a.data_ptr() == out.data_ptr() for a in args)
-        if (shares or not out.is_contiguous() or out.storage_offset() != 0 or
-                storage_of(out).nbytes() != _nbytes(out)):
-            out = out.clone(memory_format=torch.contiguous_format)
-        return out
 
 
 class _RunState:
-    """One run: the resident tensors, the byte count and, on CUDA, the events
-    a tensor's users wait for (a prefetch's end before a read, an offload's
-    end before the device copy is dropped)."""
+    """One run: the resident tensors, pebble's count of their storages, the
+    generator states of random calls, and the CUDA events of copies."""
 
-    def __init__(self, program, persistent):
+    def __init__(self, program, persistent, timing):
         self.program = program
+        self.graph = program.graph
+        self.device = program.device
         self.result = StepResult()
-        self.live = [None] * len(program.nodes)
-        # Per storage root: the nodes holding it (itself and its views) and
-        # its bytes; a storage counts while it has a holder.
-        self.holders = [0] * len(program.nodes)
-        self.storage_bytes = [0] * len(program.nodes)
+        self.live = [None] * len(self.graph.nodes)
+        self.storages = {}  # storage key -> [holders, bytes]
+        self.resident = 0
         for i, t in persistent.items():
             self.live[i] = t
-            self.holders[i] = 1
-            self.storage_bytes[i] = _nbytes(t)
-        self.resident = sum(_nbytes(t) for t in persistent.values())
-        self.result.peak_bytes = self.resident
+            self._count(t, self.graph.nodes[i].nbytes)
+        self.result.counted_peak_bytes = self.resident
+        self.computed = set()
+        self.calls_run = set()   # fx calls run once already (statistics, draws)
+        self.rng_states = {}     # fx call -> generator state before its first run
+        self.kept = {}           # node index -> a sibling's output kept for its step
         self.host_bytes = 0
         self.on_host = set()
-        self.computed = set()
         self.ready, self.offloaded = {}, {}
+        self.timing = timing
+        if timing:
+            self.result.node_seconds = {}
         self.cuda = program.cuda
         self.streams = program.streams
-        self.stream = self.streams.current_stream(program.device) if self.cuda else None
+        self.stream = self.streams.current_stream(self.device) if self.cuda else None
 
-    def _hold(self, i, t, workspace=0):
-        self.live[i] = t
-        self.holders[i] = 1
-        self.storage_bytes[i] = _nbytes(t)
-        self.resident += _nbytes(t)
-        self.result.peak_bytes = max(self.result.peak_bytes, self.resident + workspace)
+    # --- pebble's count of the resident storages -------------------------------
 
-    def _view(self, node):
-        """`compute` of an alias: its base's tensor viewed with its shape."""
-        base = self.live[self.program.base[node.index]]
-        try:
-            out = base.view(node.shape)
-        except RuntimeError as e:
-            raise PlanExecutionError(f"node '{node.id}' (op {node.op}): cannot view its base "
-                                     f"{tuple(base.shape)} as {node.shape}: "
-                                     f"{str(e).strip().splitlines()[0]}") from e
-        if node.dtype is not None and out.dtype != node.dtype:
-            raise PlanExecutionError(f"node '{node.id}' (op {node.op}): a view of {out.dtype} "
-                                     f"data, the graph says {node.dtype}")
-        self.live[node.index] = out
-        self.holders[self.program.root[node.index]] += 1
-        self.result.computes += 1
-        self.computed.add(node.index)
+    def _count(self, t, nbytes):
+        key = storage_key(t)
+        entry = self.storages.get(key)
+        if entry is None:
+            self.storages[key] = [1, nbytes]
+            self.resident += nbytes
+        else:
+            entry[0] += 1
 
-    def compute(self, node, inputs):
+    def _uncount(self, t):
+        key = storage_key(t)
+        entry = self.storages[key]
+        entry[0] -= 1
+        if entry[0] == 0:
+            self.resident -= entry[1]
+            del self.storages[key]
+
+    # --- steps -----------------------------------------------------------------
+
+    def compute(self, step, node):
+        if self.live[node.index] is not None:
+            raise PlanExecutionError(f"the schedule computes '{node.id}', which is resident")
         if self.cuda:
-            for u in inputs:
-                event = self.ready.pop(u, None)
+            for u in node.inputs:
+                event = self.ready.pop(u.index, None)
                 if event is not None:
                     self.stream.wait_event(event)
-        if node.index in self.program.base:
-            self._view(node)
+        if node.kind == "order":  # a token: nothing to run, nothing held
+            self.live[node.index] = _TOKEN
+            self.result.computes += 1
+            self.computed.add(node.index)
             return
-        args = [self.live[u] for u in inputs]
-        try:
-            out = KERNELS[node.op](node, args)
-        except (RuntimeError, IndexError, ValueError) as e:  # PyTorch's own refusal (a
-            # dtype its kernel lacks, a class index out of range, ...)
-            raise PlanExecutionError(f"node '{node.id}' (op {node.op}): PyTorch's kernel "
-                                     f"failed: {str(e).strip().splitlines()[0]}") from e
-        out = Program._checked(node, out, args)
-        self._hold(node.index, out, self.program.workspace.get(node.index, 0))
+        out = self.kept.pop(node.index, None)
+        start = time.perf_counter() if self.timing else 0.0
+        if node.kind == "accumulate":
+            gradient, grad = (self.live[u.index] for u in node.inputs)
+            out = grad.add_(gradient)
+        elif out is None:
+            hook = self.program.call_hook
+            outputs = hook(node, lambda: self._run_call(node)) if hook else self._run_call(node)
+            out = outputs[node.out_index] if node.out_index is not None else outputs
+            for sibling in self.program.keep_siblings.get(step, ()):
+                self.kept[sibling.index] = outputs[sibling.out_index]
+            del outputs
+        out = self._checked(node, out)
+        if self.timing:
+            if self.cuda:
+                self.streams.synchronize(self.device)
+            self.result.node_seconds.setdefault(node.index, time.perf_counter() - start)
+        self.live[node.index] = out
+        base = self.graph.nodes[node.alias_of] if node.alias_of is not None else None
+        self._count(out, base.nbytes if base is not None else node.nbytes)
+        workspace = node.workspace_bytes
+        self.result.counted_peak_bytes = max(self.result.counted_peak_bytes,
+                                             self.resident + workspace)
         self.result.computes += 1
         self.computed.add(node.index)
 
-    def free(self, node, _inputs):
-        i = node.index
+    def _run_call(self, node):
+        """The value of node's call (all its outputs), its folded in-place calls
+        applied; random calls and statistics updates as the notes say."""
+        call = node.fx
+        first_run = call not in self.calls_run
+        self.calls_run.add(call)
+        restore = None
+        if node.random:
+            if first_run:
+                self.rng_states[call] = _rng_state(self.device)
+            else:
+                restore = _rng_state(self.device)
+                _set_rng_state(self.device, self.rng_states[call])
+                self.result.random_reruns += 1
+        try:
+            if op_name(call.target) in _LIKE_TEMPLATE:
+                value = self._like(call)
+            else:
+                args, kwargs = self._arguments(call, node, first_run)
+                value = call.target(*args, **kwargs)
+            for step in node.fold:
+                step_args, step_kwargs = self._arguments(step, node, first_run, value=value)
+                value = step.target(*step_args, **step_kwargs)
+        except (RuntimeError, IndexError, ValueError, TypeError) as e:
+            raise PlanExecutionError(
+                f"node '{node.id}' ({call.target}): PyTorch's kernel failed: "
+                f"{str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__}") \
+                from e
+        finally:
+            if restore is not None:
+                _set_rng_state(self.device, restore)
+        return value
+
+    def _arguments(self, call, node, first_run, value=None):
+        """call's args and kwargs with every fx node replaced by its tensor: a
+        resident tensor, or `value` (the tensor a folded in-place call
+        writes)."""
+        folded_target = call.args[0] if value is not None else None
+        # A method, not a recursive closure: a closure that refers to itself
+        # is a reference cycle, which would keep this run's tensors alive
+        # until the garbage collector runs (in the middle of a later step).
+        args = [self._resolve(a, node, value, folded_target) for a in call.args]
+        kwargs = {k: self._resolve(v, node, value, folded_target)
+                  for k, v in call.kwargs.items()}
+        if node.mask is not None and value is None:
+            _set_arg(call, args, kwargs, "output_mask", list(node.mask))
+        if node.updates_stats and not first_run and value is None:
+            # Note [Running statistics once]: copies take the second update.
+            for name, position in (("running_mean", 3), ("running_var", 4)):
+                t = _get_arg(args, kwargs, name, position)
+                if isinstance(t, torch.Tensor):
+                    _set_arg(call, args, kwargs, name, t.clone())
+        return args, kwargs
+
+    def _resolve(self, a, node, value, folded_target):
+        """An argument with every fx node replaced by its resident tensor (or
+        `value`, for the tensor a folded in-place call writes)."""
+        if isinstance(a, torch.fx.Node):
+            if value is not None and a is folded_target:
+                return value
+            t = self.live[self.graph._ref(a).index]
+            if t is None:
+                raise PlanExecutionError(f"node '{node.id}' reads '{self.graph._ref(a).id}', "
+                                         "which is not resident")
+            return t
+        if isinstance(a, (list, tuple)):
+            return type(a)(self._resolve(b, node, value, folded_target) for b in a)
+        return a
+
+    def _like(self, call):
+        """A *_like or new_* call without its template: the same tensor made
+        from the template's shape, strides and dtype (the template need not be
+        resident), drawing from the generator as the call would."""
+        name = op_name(call.target)
+        template = self.graph.values[call.args[0]]
+        rest = list(call.args[1:])
+        options = dict(call.kwargs)
+        dtype = options.pop("dtype", None) or template.dtype
+        for key in ("layout", "device", "pin_memory", "memory_format", "requires_grad"):
+            options.pop(key, None)
+        made = dict(dtype=dtype, device=self.device)
+        if name.startswith("new_"):
+            size = rest.pop(0)
+            if name == "new_empty_strided":
+                return torch.empty_strided(size, rest.pop(0), **made)
+            fill = {"new_empty": None, "new_zeros": 0, "new_ones": 1}.get(name, None)
+            t = torch.empty(size, **made)
+            if name == "new_full":
+                fill = rest.pop(0)
+            return t if fill is None else t.fill_(fill)
+        t = torch.empty_strided(template.shape, template.stride(), **made)
+        if name == "empty_like":
+            return t
+        if name == "zeros_like":
+            return t.zero_()
+        if name == "ones_like":
+            return t.fill_(1)
+        if name == "full_like":
+            return t.fill_(rest[0])
+        if name == "rand_like":
+            return t.uniform_(0, 1)
+        if name == "randn_like":
+            return t.normal_(0, 1)
+        if name == "randint_like":
+            low, high = (0, rest[0]) if len(rest) == 1 else (rest[0], rest[1])
+            return t.random_(low, high)
+        raise PlanExecutionError(f"internal: no template rule for {call.target}")
+
+    def _checked(self, node, out):
+        if node.kind == "accumulate":
+            return out
+        if not isinstance(out, torch.Tensor):
+            raise PlanExecutionError(f"node '{node.id}' ({node.fx.target}) gave "
+                                     f"{type(out).__name__}, not a tensor")
+        v = node.value
+        if tuple(out.shape) != tuple(v.shape) or out.dtype != v.dtype:
+            raise PlanExecutionError(
+                f"node '{node.id}' ({node.fx.target}): PyTorch computed {tuple(out.shape)} "
+                f"{out.dtype}, the capture {tuple(v.shape)} {v.dtype} (a shape that depends "
+                "on the data?)")
+        if node.alias_of is not None:
+            base = self.live[node.alias_of]
+            if base is None or storage_key(out) != storage_key(base):
+                raise PlanExecutionError(f"node '{node.id}' ({node.fx.target}) was captured as "
+                                         "a view but PyTorch made a copy")
+        return out
+
+    def free(self, node):
+        t = self.live[node.index]
+        if t is None:
+            raise PlanExecutionError(f"the schedule frees '{node.id}', which is not resident")
         if self.cuda:
             for pending in (self.offloaded, self.ready):
-                event = pending.pop(i, None)
+                event = pending.pop(node.index, None)
                 if event is not None:
                     self.stream.wait_event(event)
-        if self.live[i] is None:
-            raise PlanExecutionError(f"the schedule frees '{node.id}', which is not resident")
-        self.live[i] = None
-        root = self.program.root[i]
-        self.holders[root] -= 1
-        if self.holders[root] == 0:  # its last holder: the storage goes
-            self.resident -= self.storage_bytes[root]
+        if t is not _TOKEN:
+            self._uncount(t)
+        self.live[node.index] = None
 
-    def offload(self, node, _inputs):
+    def offload(self, node):
         t = self.live[node.index]
-        event = self._copy(self.program.host[node.index], t)
+        if t is _TOKEN:
+            return
+        buffer = self.program.host[node.index]
+        event = self._copy(buffer, t)
         if event is not None:
             self.offloaded[node.index] = event
-        if node.index not in self.on_host:  # the host set holds each node once
+        if node.index not in self.on_host:
             self.on_host.add(node.index)
-            self.host_bytes += _nbytes(t)
+            self.host_bytes += node.nbytes
             self.result.host_peak_bytes = max(self.result.host_peak_bytes, self.host_bytes)
-        self.result.transfer_bytes += _nbytes(t)
+        self.result.transfer_bytes += node.nbytes
 
-    def prefetch(self, node, _inputs):
+    def prefetch(self, node):
+        if node.kind == "order":
+            self.live[node.index] = _TOKEN
+            return
         buffer = self.program.host[node.index]
-        t = torch.empty(buffer.shape, dtype=buffer.dtype, device=self.program.device)
+        t = torch.empty_strided(buffer.shape, buffer.stride(), dtype=buffer.dtype,
+                                device=self.device)
         event = self._copy(t, buffer)
         if event is not None:
             self.ready[node.index] = event
-        self._hold(node.index, t)
-        self.result.transfer_bytes += _nbytes(t)
+        self.live[node.index] = t
+        self._count(t, node.nbytes)
+        self.result.counted_peak_bytes = max(self.result.counted_peak_bytes, self.resident)
+        self.result.transfer_bytes += node.nbytes
 
     def _copy(self, dst, src):
-        """dst <- src. On a GPU on the side stream, after the work enqueued on
-        the compute stream so far (the producer of an offloaded tensor; the
-        last readers of memory a prefetch reuses); returns the copy's event."""
+        """dst <- src; on a GPU on the side stream after the compute stream's
+        work so far. Returns the copy's event (None on the CPU)."""
         if not self.cuda:
             dst.copy_(src)
             return None
@@ -281,7 +430,48 @@ class _RunState:
         return event
 
     def finish(self):
+        if self.kept:
+            raise PlanExecutionError("internal: sibling outputs kept past their steps")
         if self.cuda:
             for event in list(self.ready.values()) + list(self.offloaded.values()):
                 self.stream.wait_event(event)
-            self.streams.synchronize(self.program.device)
+            self.streams.synchronize(self.device)
+
+
+# The resident value of an order token (Note [Random calls in eager's order]).
+_TOKEN = object()
+
+_LIKE_TEMPLATE = {"empty_like", "zeros_like", "ones_like", "full_like", "rand_like",
+                  "randn_like", "randint_like", "new_empty", "new_empty_strided", "new_zeros",
+                  "new_ones", "new_full"}
+
+
+def _get_arg(args, kwargs, name, position):
+    if name in kwargs:
+        return kwargs[name]
+    return args[position] if position < len(args) else None
+
+
+def _set_arg(call, args, kwargs, name, value):
+    schema = call.target._schema
+    for i, a in enumerate(schema.arguments):
+        if a.name == name:
+            if name in kwargs or i >= len(args):
+                kwargs[name] = value
+            else:
+                args[i] = value
+            return
+    raise PlanExecutionError(f"operator {call.target} has no argument '{name}'")
+
+
+def _rng_state(device):
+    if device.type == "cuda":
+        return torch.cuda.get_rng_state(device)
+    return torch.get_rng_state()
+
+
+def _set_rng_state(device, state):
+    if device.type == "cuda":
+        torch.cuda.set_rng_state(state, device)
+    else:
+        torch.set_rng_state(state)

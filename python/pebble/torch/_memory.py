@@ -1,16 +1,20 @@
-"""Peak tensor memory of any PyTorch code, on the CPU as on a GPU.
+"""Memory as PyTorch's allocator sees it, on the CPU as on a GPU.
 
-`TensorMemory` counts the storages that PyTorch's operators return while it
-is active (forward, loss and backward alike: a dispatch mode sees every
-ATen call, autograd's included), each storage once however many views share
-it, until the last tensor using it is gone. Its peak plus the bytes of the
-tensors that existed before (parameters, the batch) is what the step held:
-the rule pebble's executors measure by, so eager PyTorch, checkpointing and a
-pebble plan compare on equal terms where torch.cuda.max_memory_allocated is
-not available. Caching allocators and kernel scratch outside tensors are not
-seen.
+`AllocatorPeak` measures the most memory the allocator held during a block
+of code, above what it held when the block began: on a GPU
+torch.cuda.max_memory_allocated after reset_peak_memory_stats; on the CPU the
+profiler's memory events (every allocation and free the CPU allocator makes,
+kernel temporaries included), summed in order. This is the judge of memory:
+a figure pebble computes for itself (the plan's prediction, or its count of
+the tensors it holds) is reported beside it, never instead of it.
+
+`TensorMemory` counts the storages PyTorch's operators return (a dispatch
+mode), each once, until its last tensor is gone: the tensors alone, without
+kernel temporaries. It is the fallback where the profiler gives no memory
+events.
 """
 
+import gc
 import time
 import weakref
 
@@ -18,10 +22,76 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
+from ._compat import storage_bytes, storage_key
 
-def storage_of(t):
-    """The tensor's storage (its untyped storage where PyTorch has that)."""
-    return t.untyped_storage() if hasattr(t, "untyped_storage") else t.storage()
+
+class AllocatorPeak:
+    """with AllocatorPeak(device) as m: ...; then m.peak_bytes (bytes above the
+    level at entry; never negative) and m.source ("cuda allocator",
+    "profiler", or "tensors" where the profiler recorded no memory events)."""
+
+    def __init__(self, device, collect=True):
+        """collect: run the garbage collector first (see __enter__); a caller
+        that measures many small blocks in a row collects once itself."""
+        self.device = torch.device(device)
+        self.collect = collect
+        self.peak_bytes = None
+        self.source = None
+        self._profiler = None
+        self._tensors = None
+
+    def __enter__(self):
+        # Garbage made before the block must not be freed inside it: on the
+        # CPU a free of a block allocated before the profiler began would
+        # lower the running sum below the level at entry.
+        if self.collect:
+            gc.collect()
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            self._start = torch.cuda.memory_allocated(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+            return self
+        if torch.autograd._profiler_enabled():
+            # One profiler at a time: inside another's block, count tensors.
+            self._tensors = TensorMemory()
+            self._tensors.__enter__()
+            return self
+        from torch.profiler import ProfilerActivity, profile
+        self._profiler = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
+        self._profiler.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            self.peak_bytes = max(0, torch.cuda.max_memory_allocated(self.device) - self._start)
+            self.source = "cuda allocator"
+            return False
+        if self._tensors is not None:
+            self._tensors.__exit__(*exc)
+            self.peak_bytes = self._tensors.peak_bytes
+            self.source = "tensors (inside another profiler)"
+            return False
+        self._profiler.__exit__(*exc)
+        if exc[0] is None:
+            self.peak_bytes = _profiler_peak(self._profiler)
+            self.source = "profiler"
+        return False
+
+
+def _profiler_peak(prof):
+    """The largest running sum of the CPU allocator's memory events."""
+    events = prof.profiler.kineto_results.events()
+    deltas = []
+    for e in events:
+        if e.name() == "[memory]" and str(e.device_type()).endswith("CPU"):
+            deltas.append((e.start_us(), len(deltas), e.nbytes()))
+    deltas.sort()
+    level = peak = 0
+    for _, _, nbytes in deltas:
+        level += nbytes
+        peak = max(peak, level)
+    return peak
 
 
 class TensorMemory(TorchDispatchMode):
@@ -32,9 +102,8 @@ class TensorMemory(TorchDispatchMode):
         """`existing`: tensors made before (parameters, the batch); views of
         them and in-place results on them add no bytes."""
         super().__init__()
-        self._storages = {}  # data pointer -> [tensors referring to it, bytes]
-        self._existing = {storage_of(t).data_ptr() for t in existing
-                          if isinstance(t, torch.Tensor)}
+        self._storages = {}  # storage key -> [tensors referring to it, bytes]
+        self._existing = {storage_key(t) for t in existing if isinstance(t, torch.Tensor)}
         self.live_bytes = 0
         self.peak_bytes = 0
 
@@ -46,13 +115,12 @@ class TensorMemory(TorchDispatchMode):
         return out
 
     def _hold(self, t):
-        storage = storage_of(t)
-        key = storage.data_ptr()
-        if key == 0 or key in self._existing:
+        key = storage_key(t)
+        if key in self._existing:
             return
         entry = self._storages.get(key)
         if entry is None:
-            entry = self._storages[key] = [0, storage.nbytes()]
+            entry = self._storages[key] = [0, storage_bytes(t)]
             self.live_bytes += entry[1]
             self.peak_bytes = max(self.peak_bytes, self.live_bytes)
         entry[0] += 1
@@ -73,34 +141,23 @@ def tensor_bytes(tensors):
     seen = {}
     for t in tensors:
         if isinstance(t, torch.Tensor):
-            storage = storage_of(t)
-            seen[storage.data_ptr()] = storage.nbytes()
+            seen[storage_key(t)] = storage_bytes(t)
     return sum(seen.values())
 
 
-def measure(fn, held, uncounted=()):
-    """Runs fn(); returns (its result, peak bytes, seconds).
+def measure(fn, device=None):
+    """Runs fn(); returns (its result, step peak bytes, seconds).
 
-    The peak is the bytes of `held` (parameters, buffers, the batch: resident
-    throughout) plus what the call added at most: on a GPU (`held` on CUDA)
-    torch.cuda.max_memory_allocated over the call less what was allocated
-    when it began (so other tensors on the device do not count); elsewhere
-    the TensorMemory peak of the call. `uncounted`: tensors that exist but
-    are not device memory (a plan's host copies)."""
-    held = [t for t in held if isinstance(t, torch.Tensor)]
-    device = held[0].device if held else torch.device("cpu")
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-        at_start = torch.cuda.memory_allocated(device)
-        torch.cuda.reset_peak_memory_stats(device)
+    The step peak is what the allocator held at most during the call above
+    what it held when the call began (AllocatorPeak): the figure a pebble
+    plan's `measured_peak_bytes` reports, so eager code, checkpointing and a
+    plan compare on equal terms. `device`: where fn allocates (default: the
+    CPU)."""
+    device = torch.device(device) if device is not None else torch.device("cpu")
+    with AllocatorPeak(device) as meter:
         start = time.perf_counter()
         result = fn()
-        torch.cuda.synchronize(device)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
         seconds = time.perf_counter() - start
-        added = torch.cuda.max_memory_allocated(device) - at_start
-        return result, tensor_bytes(held) + added, seconds
-    with TensorMemory(held + list(uncounted)) as memory:
-        start = time.perf_counter()
-        result = fn()
-        seconds = time.perf_counter() - start
-    return result, tensor_bytes(held) + memory.peak_bytes, seconds
+    return result, meter.peak_bytes, seconds

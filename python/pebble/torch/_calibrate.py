@@ -1,0 +1,182 @@
+"""Calibration: the captured step run once, unplanned, on the real device.
+
+Three runs of the graph's own order, each tensor freed at its last use (the
+schedule eager PyTorch follows):
+1. timing: each node's seconds (its cost in the plan);
+2. temporaries: what each call allocates beyond its outputs, measured once
+   per distinct call (operator, argument shapes and values) by the
+   allocator (_memory.AllocatorPeak): the node's workspace in the plan;
+3. the step: its peak as the allocator measures it, the reference of
+   percentage budgets ("70%" of the unplanned step).
+Where a run fails (the unplanned step does not fit the device), costs fall
+back to an estimate from the operands' sizes and FLOPs, temporaries to none,
+and percentages to pebble's prediction of the unplanned step; the report
+says which.
+"""
+
+import gc
+import math
+
+import torch
+
+from ._capture import _rng_kept
+from ._executor import Program
+from ._memory import AllocatorPeak
+
+
+class Calibration:
+    def __init__(self):
+        self.costs = {}           # node index -> seconds
+        self.unplanned_peak_bytes = None  # allocator's step peak of the unplanned run
+        self.source = "measured"  # or "estimated: <why>"
+        self.seconds = 0.0        # time the calibration took
+
+
+def unplanned_schedule(graph):
+    """The graph's own order, every tensor freed right after its last reader:
+    what eager PyTorch runs (pebble's `baseline` rule, SPEC "free at last
+    use"), aliases included: a base freed while its views live keeps its
+    storage through them."""
+    outputs = {n.index for n in graph.outputs()}
+    needed = graph.ancestors(outputs)
+    order = [n for n in graph.nodes if n.index in needed and n.kind != "persistent"]
+    last = {}
+    for k, node in enumerate(order):
+        for u in node.inputs:
+            last[u.index] = k
+    schedule = []
+    for k, node in enumerate(order):
+        schedule.append(("compute", node.id))
+        for i in dict.fromkeys(u.index for u in node.inputs):
+            u = graph.nodes[i]
+            if last.get(i) == k and u.kind != "persistent" and i not in outputs:
+                schedule.append(("free", u.id))
+        if node.index not in last and node.index not in outputs:
+            schedule.append(("free", node.id))
+    return schedule
+
+
+def calibrate(graph, device, persistent):
+    """Costs and temporaries of `graph`'s nodes on `device` (set on the nodes:
+    Node.temporary_bytes), and the unplanned step's measured peak."""
+    import time
+    start = time.perf_counter()
+    result = Calibration()
+    program = Program(graph, unplanned_schedule(graph), device)
+    try:
+        # The runs draw random numbers: the generator is put back afterwards.
+        with torch.no_grad(), _rng_kept(device):
+            timed = program.run(_fresh(persistent, graph), timing=True)
+            result.costs = dict(timed.node_seconds)
+            del timed
+            _measure_temporaries(graph, program, persistent, device)
+            with AllocatorPeak(device) as meter:
+                run = program.run(_fresh(persistent, graph))
+                del run
+            result.unplanned_peak_bytes = meter.peak_bytes
+    except (RuntimeError, MemoryError) as e:
+        if not _out_of_memory(e):
+            raise
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        for node in graph.nodes:
+            node.temporary_bytes = 0
+        result.costs = {n.index: estimated_seconds(n) for n in graph.nodes}
+        result.unplanned_peak_bytes = None
+        result.source = f"estimated: the unplanned step does not fit the device ({_first(e)})"
+    result.seconds = time.perf_counter() - start
+    return result
+
+
+def _fresh(persistent, graph):
+    """The persistent tensors for a calibration run: buffers a call updates in
+    place (batch norm's running statistics) are copies."""
+    written = set()
+    for node in graph.nodes:
+        if node.updates_stats:
+            written.update(u.index for u in node.inputs if u.kind == "persistent")
+    return {i: (t.clone() if i in written else t) for i, t in persistent.items()}
+
+
+def _measure_temporaries(graph, program, persistent, device):
+    """Node.temporary_bytes of every computed node: the allocator's peak
+    during its call less its outputs, once per distinct call."""
+    seen = {}
+
+    def on_call(node, run_call):
+        key = _signature(node, graph.values)
+        if key in seen:
+            node.temporary_bytes = seen[key]
+            return run_call()
+        with AllocatorPeak(device, collect=False) as meter:
+            value = run_call()
+        made = node.nbytes + node.other_outputs_bytes if node.kind == "op" else 0
+        node.temporary_bytes = max(0, meter.peak_bytes - made)
+        seen[key] = node.temporary_bytes
+        return value
+
+    program.call_hook = on_call
+    gc.collect()  # once: a step's runs make no garbage (they hold no cycles)
+    try:
+        run = program.run(_fresh(persistent, graph))
+        del run
+    finally:
+        program.call_hook = None
+
+
+def _signature(node, values):
+    """What decides a call's temporaries: the operator, its arguments' shapes,
+    strides and dtypes, its other arguments, the output kept and its mask."""
+    def describe(a):
+        if isinstance(a, torch.fx.Node):
+            v = values.get(a)
+            if isinstance(v, torch.Tensor):
+                return (tuple(v.shape), tuple(v.stride()), str(v.dtype))
+            return ("node", a.name)
+        if isinstance(a, (list, tuple)):
+            return tuple(describe(b) for b in a)
+        return repr(a)
+    call = node.fx
+    return (str(call.target), describe(call.args), describe(tuple(sorted(call.kwargs.items()))),
+            node.out_index, tuple(node.mask) if node.mask else None,
+            tuple(str(f.target) for f in node.fold))
+
+
+def _out_of_memory(e):
+    text = str(e).lower()
+    return isinstance(e, MemoryError) or "out of memory" in text or "can't allocate" in text \
+        or "not enough memory" in text
+
+
+def _first(e):
+    lines = [line for line in str(e).splitlines() if line.strip()]
+    return lines[0].strip() if lines else type(e).__name__
+
+
+# Throughputs of the estimate: a device that multiplies at 10 TFLOP/s and
+# moves 100 GB/s (pebble's default cost model), per second.
+_FLOPS_PER_S = 10e12
+_BYTES_PER_S = 100e9
+
+
+def estimated_seconds(node):
+    """A node's cost without a timing: FLOPs of products and convolutions at
+    10 TFLOP/s, else the bytes it writes at 100 GB/s (views: none)."""
+    if node.kind != "op":
+        return 0.0
+    name = str(node.fx.target)
+    out = node.value
+    flops = 0.0
+    if any(k in name for k in ("mm", "addmm", "bmm", "baddbmm", "matmul", "linear")):
+        ins = [u.value for u in node.inputs if u.value is not None and u.value.dim() >= 2]
+        if ins:
+            k = ins[0].shape[-1]
+            flops = 2.0 * out.numel() * k
+    elif "convolution" in name:
+        # The weight: the smallest operand of rank 3 or more.
+        operands = [u.value for u in node.inputs if u.value is not None and u.value.dim() > 2]
+        if operands:
+            weight = min(operands, key=lambda v: v.numel())
+            flops = 2.0 * max(out.numel(), max(v.numel() for v in operands)) * \
+                math.prod(weight.shape[1:])
+    return max(flops / _FLOPS_PER_S, node.nbytes / _BYTES_PER_S)

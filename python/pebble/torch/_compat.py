@@ -1,0 +1,42 @@
+"""What differs between PyTorch 1.13 (functorch) and 2.x (torch.func).
+
+Every other file of pebble.torch imports these names from here, so that one
+place knows where each lives.
+"""
+
+import torch
+
+try:  # PyTorch 2.x
+    from torch.func import functional_call, functionalize
+except ImportError:  # 1.13: functorch beside torch
+    from functorch import functionalize
+    from torch.nn.utils.stateless import functional_call
+
+try:
+    from torch.fx.experimental.proxy_tensor import make_fx
+except ImportError:  # pragma: no cover (1.13 has it there too)
+    from functorch import make_fx
+
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+__all__ = ["FakeTensorMode", "functional_call", "functionalize", "make_fx", "storage_bytes",
+           "storage_key", "TORCH_2"]
+
+TORCH_2 = int(torch.__version__.split(".")[0]) >= 2
+
+
+def _storage(t):
+    return t.untyped_storage() if hasattr(t, "untyped_storage") else t.storage()
+
+
+def storage_bytes(t):
+    """Bytes of the storage under `t` (all of it, whatever part `t` views)."""
+    return _storage(t).nbytes()
+
+
+def storage_key(t):
+    """An identity of the storage under `t`, the same for every view of it,
+    for real and fake tensors alike (a weak reference's handle)."""
+    from torch.multiprocessing.reductions import StorageWeakRef
+    ref = StorageWeakRef(_storage(t))
+    return getattr(ref, "cdata", None) or getattr(ref, "_cdata")

@@ -1,0 +1,564 @@
+"""The traced step as a pebble graph: one node per tensor the step makes.
+
+_capture.py gives a functional graph of ATen calls (torch.fx). Here each
+call becomes pebble nodes, with sizes from a pass over fake tensors (or
+real ones, where a shape depends on the data):
+
+- a persistent node for each parameter, buffer, input, the target and each
+  constant of the trace;
+- a node for each tensor a call makes. A call with several tensor outputs
+  (batch norm's output and statistics, a convolution's three gradients)
+  makes one node per output the step uses: a gradient call that takes an
+  output mask is run with a mask of that one output; another call is run
+  whole and keeps one output (Node.group: the executor keeps its siblings
+  where the plan computes them next);
+- a view (a transpose, a reshape that shares its input's memory, a slice,
+  split's pieces) is an alias of its input's storage (pebble's `alias_of`):
+  it holds no memory and keeps its base's alive. Which outputs are views is
+  observed, not looked up: a view shares its input's storage;
+- detach and alias calls are their input;
+- an in-place call on a fresh tensor that nothing else reads (dropout's
+  `bernoulli_` on `empty_like`) runs as part of the call that made the
+  tensor (Node.fold);
+- `*_like` factories read only their template's shape and dtype: they are
+  computed from a meta tensor, and do not keep the template alive;
+- a `copy_` into a buffer (functionalization's write-back of batch-norm
+  counters) is a buffer update: its value is an output of the graph, copied
+  into the buffer after the step;
+- random calls are chained by order tokens (Note [Random calls in eager's
+  order]).
+
+Note [Random calls in eager's order]: eager PyTorch draws from the generator
+in its program order, so a plan must first run the random calls in that
+order (a recomputation replays the state the first run saw). A node
+`order:<call>` of no bytes reads each random call's first output, and the
+next random call reads the token: every policy then orders the draws as
+eager does, and holding a token costs nothing. Tokens also join layers that
+a chain policy (rotor, sqrtn) would cut apart, so the graph is planned
+without them first, and with them only where that plan draws out of order
+(document(order_tokens=...)).
+"""
+
+import operator
+
+import torch
+
+from ._capture import CaptureError
+from ._compat import storage_bytes, storage_key
+
+# Calls whose only tensor argument is a template (shape, dtype, layout).
+_LIKE = {"empty_like", "zeros_like", "ones_like", "full_like", "rand_like", "randn_like",
+         "randint_like", "new_empty", "new_empty_strided", "new_zeros", "new_ones", "new_full"}
+# Calls that are their input.
+_IDENTITY = {"detach", "alias", "lift_fresh"}
+# Calls that update their running-statistics arguments in place though
+# their schema (PyTorch 1.13) does not say so.
+_STATS_IN_PLACE = {"native_batch_norm", "cudnn_batch_norm", "miopen_batch_norm"}
+# Random calls where the operator's tags cannot tell (PyTorch before 1.13).
+_RANDOM = {"bernoulli", "bernoulli_", "native_dropout", "rand", "randn", "rand_like",
+           "randn_like", "randint", "randint_like", "randperm", "normal", "normal_", "uniform_",
+           "exponential_", "geometric_", "log_normal_", "cauchy_", "random_", "multinomial",
+           "poisson", "rrelu_with_noise", "_fused_dropout", "_standard_gamma", "binomial"}
+
+
+def op_name(target):
+    """'convolution' for aten.convolution.default."""
+    packet = getattr(target, "overloadpacket", None)
+    return getattr(packet, "__name__", getattr(target, "__name__", str(target)))
+
+
+def is_random(target):
+    tags = getattr(target, "tags", ())
+    if any(getattr(t, "name", "") == "nondeterministic_seeded" for t in tags):
+        return True
+    return op_name(target) in _RANDOM
+
+
+def _schema(target):
+    return getattr(target, "_schema", None)
+
+
+def _written_args(target):
+    """Names of the arguments the call writes (alias annotations with '!')."""
+    schema = _schema(target)
+    if schema is None:
+        return []
+    return [a.name for a in schema.arguments
+            if a.alias_info is not None and a.alias_info.is_write]
+
+
+def _has_output_mask(target):
+    schema = _schema(target)
+    return schema is not None and any(a.name == "output_mask" for a in schema.arguments)
+
+
+def _arg(node, name, position):
+    """An argument of an fx call by schema name or position."""
+    if name in node.kwargs:
+        return node.kwargs[name]
+    return node.args[position] if position < len(node.args) else None
+
+
+def _arg_position(target, name):
+    schema = _schema(target)
+    for i, a in enumerate(schema.arguments):
+        if a.name == name:
+            return i
+    raise KeyError(name)
+
+
+class Node:
+    """One pebble node. `kind`: "persistent", "op" (a call's fresh output),
+    "view" (an alias of `alias_of`'s storage), "accumulate" (adds its first
+    input into its second, a parameter's .grad, in place: no bytes), "order"
+    (a token of no bytes: Note [Random calls in eager's order])."""
+
+    def __init__(self, index, id_, kind, fx=None, out_index=None):
+        self.index = index
+        self.id = id_
+        self.kind = kind
+        self.fx = fx              # the call (None for a persistent node)
+        self.out_index = out_index  # which output of the call (None: the call's value)
+        self.inputs = []          # node indices the call reads, in argument order
+        self.alias_of = None      # the node whose storage a view shares
+        self.fold = []            # in-place calls applied after fx, in order
+        self.mask = None          # the one-hot output mask a gradient call runs with
+        self.group = None         # fx call shared with sibling nodes (several outputs)
+        self.random = False
+        self.updates_stats = False  # writes running statistics (batch norm, PyTorch 1.13)
+        self.slot = None          # persistent: the Slot
+        self.constant = None      # persistent: a constant tensor of the trace
+        self.value = None         # fake (or real) tensor of the node's output
+        self.nbytes = 0           # storage bytes (a view: its logical bytes)
+        self.role = None
+        # Bytes the computation holds beside the output: the call's other
+        # outputs while it runs whole, and the kernel's own temporaries
+        # (measured at calibration).
+        self.other_outputs_bytes = 0
+        self.temporary_bytes = 0
+
+    @property
+    def workspace_bytes(self):
+        return self.other_outputs_bytes + self.temporary_bytes
+
+    @property
+    def op(self):
+        if self.kind == "persistent":
+            return self.role
+        if self.kind == "accumulate":
+            return "accumulate_grad"
+        if self.kind == "order":
+            return "rng_order"
+        name = str(self.fx.target)
+        if self.out_index is not None:
+            name += f"[{self.out_index}]"
+        return name
+
+    @property
+    def shape(self):
+        return tuple(self.value.shape)
+
+    @property
+    def dtype(self):
+        return self.value.dtype
+
+    def __repr__(self):
+        return f"Node({self.id}, {self.kind}, {self.op})"
+
+
+class StepGraph:
+    """The pebble graph of a traced step and how each node is computed."""
+
+    def __init__(self, traced, values, accumulate=(), round_to=1):
+        """accumulate: ids of parameters whose .grad holds a tensor: their
+        gradient is added into it in place as soon as it is made (as autograd
+        does), by a node `acc:<id>`; the others' gradients are outputs that
+        become their .grad. round_to: the allocator's granularity (bytes;
+        CUDA's caching allocator rounds every block up to 512)."""
+        self.accumulate = set(accumulate)
+        self.round_to = round_to
+        self.traced = traced
+        self.gm = traced.gm
+        self.values = values  # fx node -> its fake (or real) output
+        self.nodes = []
+        self.refs = {}        # (fx node, output index or None) -> Node
+        self.loss = None
+        self.grads = []       # (Slot, Node)
+        self.updates = []     # (Slot, Node): buffer <- node after the step
+        self.readers = {}     # fx node -> number of calls that read it
+        self.accumulators = []  # (Slot, Node of the .grad, Node acc)
+        self._build()
+
+    # --- building -------------------------------------------------------------
+
+    def _add(self, id_, kind, fx=None, out_index=None):
+        node = Node(len(self.nodes), id_, kind, fx, out_index)
+        self.nodes.append(node)
+        return node
+
+    def _ref(self, a):
+        """The node an fx argument stands for."""
+        if a.op == "call_function" and a.target is operator.getitem:
+            key = (a.args[0], a.args[1])
+        else:
+            key = (a, None)
+        node = self.refs.get(key)
+        if node is None:
+            raise CaptureError(f"internal: no node for {a.name}")
+        return node
+
+    def _tensor_args(self, call):
+        """Nodes a call reads, in argument order, leaving out templates."""
+        like = op_name(call.target) in _LIKE
+        out = []
+        first = True
+
+        def visit(a):
+            nonlocal first
+            if isinstance(a, torch.fx.Node):
+                if like and first:
+                    first = False
+                    return
+                first = False
+                out.append(self._ref(a))
+            elif isinstance(a, (list, tuple)):
+                for b in a:
+                    visit(b)
+        for a in call.args:
+            visit(a)
+        for a in call.kwargs.values():
+            visit(a)
+        return out
+
+    def _build(self):
+        gm = self.gm
+        for n in gm.graph.nodes:
+            for a in n.all_input_nodes:
+                self.readers[a] = self.readers.get(a, 0) + 1
+        placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+        for slot, n in zip(self.traced.slots, placeholders):
+            node = self._add(slot.id, "persistent")
+            node.slot = slot
+            node.value = self.values[n]
+            node.nbytes = _persistent_bytes(node.value)
+            node.role = {"parameter": "parameter", "buffer": "buffer"}.get(slot.kind, "input")
+            self.refs[(n, None)] = node
+        for n in gm.graph.nodes:
+            if n.op == "get_attr":
+                node = self._add(f"constant:{n.target}", "persistent")
+                node.constant = getattr(gm, n.target)
+                node.value = self.values[n]
+                node.nbytes = _persistent_bytes(node.value)
+                node.role = "buffer"
+                self.refs[(n, None)] = node
+            elif n.op == "call_function" and n.target is not operator.getitem:
+                self._call(n)
+            elif n.op == "output":
+                self._outputs(n)
+        self._accumulators()
+        self._order_random_calls()
+        self._roles()
+        self._ids()
+        if self.round_to > 1:
+            for node in self.nodes:
+                if node.kind != "view":
+                    node.nbytes = -(-node.nbytes // self.round_to) * self.round_to
+
+    def _call(self, n):
+        name = op_name(n.target)
+        value = self.values[n]
+        if name in _IDENTITY:
+            self.refs[(n, None)] = self._ref(n.args[0])
+            return
+        written = _written_args(n.target)
+        if written:
+            self._in_place(n, written)
+            return
+        inputs = self._tensor_args(n)
+        if isinstance(value, torch.Tensor):
+            self._output(n, None, value, inputs)
+            return
+        if not isinstance(value, (tuple, list)):
+            raise CaptureError(f"operator {n.target} returns {type(value).__name__}, which "
+                               "pebble.torch cannot plan")
+        used = sorted({u.args[1] for u in n.users if u.target is operator.getitem})
+        masked = _has_output_mask(n.target)
+        siblings = []
+        for k in used:
+            element = value[k]
+            if not isinstance(element, torch.Tensor):
+                raise CaptureError(f"operator {n.target} returns {type(element).__name__} as "
+                                   f"output {k}, which pebble.torch cannot plan")
+            node = self._output(n, k, element, inputs)
+            if node.kind == "op":
+                if masked:
+                    node.mask = [i == k for i in range(len(value))]
+                else:
+                    siblings.append(node)
+                    node.other_outputs_bytes = sum(
+                        storage_bytes(v) for j, v in enumerate(value)
+                        if j != k and isinstance(v, torch.Tensor) and
+                        self._shared_input(v, inputs) is None)
+        if len(siblings) > 1:
+            for node in siblings:
+                node.group = n
+        if name in _STATS_IN_PLACE and _stats_updated(n):
+            for node in self.nodes:
+                if node.fx is n:
+                    node.updates_stats = True
+
+    def _output(self, n, k, value, inputs):
+        """The node of output k (None: the value) of call n."""
+        base = self._shared_input(value, inputs)
+        node = self._add(n.name if k is None else _getitem_name(n, k),
+                         "view" if base is not None else "op", n, k)
+        node.inputs = inputs
+        node.value = value
+        node.random = is_random(n.target)
+        if base is not None:
+            node.alias_of = base.index
+            node.nbytes = value.numel() * value.element_size()
+        else:
+            node.nbytes = storage_bytes(value)
+        self.refs[(n, k)] = node
+        return node
+
+    def _shared_input(self, value, inputs):
+        """The input whose storage `value` shares, or None (a fresh output)."""
+        if value.numel() == 0 and storage_bytes(value) == 0:
+            return None
+        key = storage_key(value)
+        for node in inputs:
+            if node.value is not None and storage_key(node.value) == key:
+                return node
+        return None
+
+    def _in_place(self, n, written):
+        """An in-place call: a write-back into a buffer, or a step of the call
+        that made a fresh tensor nothing else reads."""
+        position = _arg_position(n.target, written[0])
+        target_fx = _arg(n, written[0], position)
+        if len(written) != 1 or not isinstance(target_fx, torch.fx.Node):
+            raise CaptureError(f"operator {n.target} writes {', '.join(written)}: "
+                               "pebble.torch cannot plan it")
+        target = self._ref(target_fx)
+        if target.kind == "persistent":
+            if op_name(n.target) == "copy_" and target.slot is not None and \
+                    target.slot.kind == "buffer":
+                value = self._ref(n.args[1])
+                self.updates.append((target.slot, value))
+                self.refs[(n, None)] = value
+                return
+            raise CaptureError(f"operator {n.target} writes into '{target.id}' in place, "
+                               "which functionalization should have removed")
+        if target.kind != "op" or self.readers.get(target_fx, 0) != 1 or \
+                target.out_index is not None:
+            raise CaptureError(f"operator {n.target} writes in place into a tensor that other "
+                               f"operations read ('{target.id}'): pebble.torch cannot plan it")
+        target.fold.append(n)
+        target.random = target.random or is_random(n.target)
+        for extra in self._tensor_args(n):
+            if extra is not target and extra not in target.inputs:
+                target.inputs.append(extra)
+        self.refs[(n, None)] = target
+
+    def _outputs(self, n):
+        flat = n.args[0]
+        if isinstance(flat, (tuple, list)) and len(flat) == 1 and \
+                isinstance(flat[0], (tuple, list)):
+            flat = flat[0]
+        flat = list(flat)
+        self.loss = self._ref(flat[0])
+        for slot, g in zip(self.traced.grad_slots, flat[1:]):
+            self.grads.append((slot, self._ref(g)))
+
+    def _accumulators(self):
+        """.grad += gradient, in place, for the parameters in `accumulate`."""
+        kept = []
+        for slot, g in self.grads:
+            if slot.id not in self.accumulate:
+                kept.append((slot, g))
+                continue
+            grad = self._add(f"{slot.id}.grad", "persistent")
+            grad.slot = slot
+            grad.value = g.value  # shape and dtype of the parameter's gradient
+            grad.nbytes = _persistent_bytes(slot.tensor)
+            grad.role = "gradient"
+            acc = self._add(f"acc:{slot.id}", "accumulate")
+            acc.inputs = [g, grad]
+            acc.value = grad.value
+            acc.nbytes = 0
+            self.accumulators.append((slot, grad, acc))
+        self.grads = kept
+
+    def _order_random_calls(self):
+        """Note [Random calls in eager's order]: a token after each random call
+        but the last, read by the next one; the nodes are then put in a
+        topological order that keeps the trace's where it can (each token
+        right after the node it reads) and numbered again."""
+        position = {n: i for i, n in enumerate(self.gm.graph.nodes)}
+
+        def draw_position(node):  # where the call draws: itself or a folded call
+            calls = [c for c in [node.fx] + node.fold if is_random(c.target)]
+            return position[calls[0]] if calls else position[node.fx]
+
+        firsts, by_call = [], {}
+        for node in self.nodes:
+            if node.kind in ("op", "view") and node.random:
+                call = node.group or node.fx
+                if call not in by_call:
+                    by_call[call] = []
+                    firsts.append(node)
+                by_call[call].append(node)
+        if len(firsts) < 2:
+            return
+        firsts.sort(key=draw_position)
+        after = {}
+        for a, b in zip(firsts, firsts[1:]):
+            token = Node(-1, f"order:{a.id}", "order")
+            token.inputs = [a]
+            token.fx = a.fx
+            after[a.index] = token
+            for node in by_call[b.group or b.fx]:
+                node.inputs = node.inputs + [token]  # siblings may share one list
+        listed = []
+        for node in self.nodes:
+            listed.append(node)
+            if node.index in after:
+                listed.append(after[node.index])
+        by_index = {node.index: node for node in self.nodes}
+        self.nodes = []
+        placed = set()
+
+        def place(node):  # depth first: what it reads, then itself
+            stack = [(node, False)]
+            while stack:
+                n, ready = stack.pop()
+                if id(n) in placed:
+                    continue
+                if ready:
+                    placed.add(id(n))
+                    self.nodes.append(n)
+                    continue
+                stack.append((n, True))
+                reads = list(n.inputs)
+                if n.alias_of is not None:
+                    reads.append(by_index[n.alias_of])
+                stack.extend((u, False) for u in reversed(reads) if id(u) not in placed)
+        for node in listed:
+            place(node)
+        renumbered = {node.index: k for k, node in enumerate(self.nodes) if node.index >= 0}
+        for node in self.nodes:
+            if node.alias_of is not None:
+                node.alias_of = renumbered[node.alias_of]
+        for k, node in enumerate(self.nodes):
+            node.index = k
+
+    def ancestors(self, roots):
+        """Indices of `roots` and of every node they read, directly or not
+        (a view reads its base)."""
+        found, stack = set(), list(roots)
+        while stack:
+            i = stack.pop()
+            if i in found:
+                continue
+            found.add(i)
+            node = self.nodes[i]
+            stack.extend(u.index for u in node.inputs)
+            if node.alias_of is not None:
+                stack.append(node.alias_of)
+        return found
+
+    def _roles(self):
+        """Forward: the loss and what it reads; backward: the rest."""
+        forward = self.ancestors([self.loss.index])
+        for node in self.nodes:
+            if node.kind != "persistent":
+                node.role = "forward" if node.index in forward else "backward"
+
+    def _ids(self):
+        """The loss is `loss`, a gradient `grad:<parameter>`, a buffer's new
+        value `new:<buffer>`; other nodes keep their fx names."""
+        special = {self.loss.index: "loss"}
+        for slot, node in self.grads:
+            special.setdefault(node.index, f"grad:{slot.id}")
+        for slot, node in self.updates:
+            special.setdefault(node.index, f"new:{slot.id}")
+        taken = {n.id for n in self.nodes}
+        for i, new_id in special.items():
+            node = self.nodes[i]
+            if node.kind == "persistent" or node.id == new_id:
+                continue
+            if new_id in taken:
+                raise CaptureError(f"internal: two nodes named '{new_id}'")
+            taken.discard(node.id)
+            node.id = new_id
+            taken.add(new_id)
+
+    # --- the pebble graph -----------------------------------------------------
+
+    def outputs(self):
+        """Nodes that must be resident when the step ends."""
+        out = [self.loss] + [n for _, n in self.grads] + [n for _, n in self.updates] + \
+            [acc for _, _, acc in self.accumulators]
+        seen, unique = set(), []
+        for n in out:
+            if n.index not in seen:
+                seen.add(n.index)
+                unique.append(n)
+        return unique
+
+    @property
+    def has_order_tokens(self):
+        return any(node.kind == "order" for node in self.nodes)
+
+    def document(self, costs, name, order_tokens=True):
+        """The pebble-graph JSON document; `costs` by node index (seconds).
+        order_tokens: with the tokens that order random calls (Note [Random
+        calls in eager's order]); without, a schedule of the document runs
+        as well, but may draw out of eager's order."""
+        nodes = []
+        for node in self.nodes:
+            if node.kind == "order" and not order_tokens:
+                continue
+            doc = {"id": node.id, "op": node.op, "bytes": int(node.nbytes)}
+            if node.kind == "persistent":
+                doc["persistent"] = True
+            else:
+                doc["cost"] = float(costs.get(node.index, 0.0))
+                doc["inputs"] = [self.nodes[u.index].id for u in node.inputs
+                                 if order_tokens or u.kind != "order"]
+                if node.alias_of is not None:
+                    doc["alias_of"] = self.nodes[node.alias_of].id
+                    if doc["alias_of"] not in doc["inputs"]:
+                        doc["inputs"].append(doc["alias_of"])
+                if node.workspace_bytes:
+                    doc["workspace"] = int(node.workspace_bytes)
+            # An existing .grad is persistent state of the step: pebble's
+            # "buffer" role.
+            doc["role"] = "buffer" if node.role == "gradient" else node.role
+            if node.kind != "order":
+                doc["attrs"] = {"shape": list(node.shape), "dtype": str(node.dtype).replace(
+                    "torch.", "")}
+            nodes.append(doc)
+        return {"format": "pebble-graph", "version": 1, "name": name, "nodes": nodes,
+                "outputs": [n.id for n in self.outputs()]}
+
+
+def _getitem_name(n, k):
+    for u in n.users:
+        if u.target is operator.getitem and u.args[1] == k:
+            return u.name
+    return f"{n.name}.{k}"
+
+
+def _stats_updated(n):
+    """Whether a batch-norm call updates running statistics: training, with them."""
+    training = _arg(n, "training", 5)
+    return bool(training) and isinstance(_arg(n, "running_mean", 3), torch.fx.Node)
+
+
+def _persistent_bytes(t):
+    """A persistent tensor's bytes: its own elements (a parameter may view a
+    larger flat buffer, which other parameters share)."""
+    return t.numel() * t.element_size()

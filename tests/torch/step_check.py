@@ -1,0 +1,457 @@
+#!/usr/bin/env python3
+"""pebble.torch against eager PyTorch on ordinary training steps.
+
+    step_check.py [--cases gpt,lstm,...] [--device cpu|cuda] [--policies ...]
+                  [--optimizer-steps 5] [--quick]
+
+For each case of step_models.py: eager PyTorch's loss, gradients and buffers
+after one step under a fixed seed; then pebble.torch's under a recomputing,
+an offloading and a hybrid plan, each at 100%, a tight budget (half way from
+the policy's least peak to the unplanned step) and `min`. Checked for each:
+
+- the loss and every .grad equal eager's within 1e-5 of each tensor's largest
+  magnitude (PyTorch's trace replaces a few fused kernels, silu_backward and
+  the GRU cell's, by their decompositions, which round differently), and
+  bit for bit equal to the unplanned plan's: a plan never changes a value;
+- parameters that do not require a gradient get none; buffers (batch-norm
+  running statistics and their counters) equal eager's;
+- the allocator's step peak is within 5% (and 64 KiB) of the plan's
+  prediction and within its budget.
+
+Then five SGD (momentum) and Adam steps of a few cases against eager's
+parameters, a step at another batch size (captured and planned again), and
+the errors a user meets. Exit 0 when all hold, 1 otherwise (each failure
+listed), 77 where torch is missing.
+"""
+
+import argparse
+import copy
+import gc
+import os
+import sys
+import time
+import traceback
+
+try:
+    import torch
+except ImportError:
+    print("step_check: torch is not importable; skipped")
+    sys.exit(77)
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import step_models  # noqa: E402
+
+import pebble.torch as pt  # noqa: E402
+
+TOLERANCE = 1e-5
+PEAK_TOLERANCE = 0.05
+PEAK_SLACK_BYTES = 64 << 10
+EAGER_RATIO = 1.05  # the unplanned plan's measured peak against eager's
+SAVINGS = {}  # case -> share of eager's step beyond its gradients that `min` saved
+DEFAULT_POLICIES = {"recompute": "dtr", "offload": "swap", "hybrid": "hybrid"}
+QUICK_CASES = ["gpt", "bert", "lstm", "gru", "lstm_cell", "tagger", "bag_of_words",
+               "seed_conv3d", "unet3d", "autoencoder", "group_norm", "two_heads",
+               "padded_attention", "tiny_vit", "resnet18", "squeezenet", "frozen_backbone",
+               "label_smoothing", "mobilenet_v3_small"]
+SEED = 1234
+
+
+class Failures:
+    def __init__(self):
+        self.items = []
+
+    def check(self, ok, what):
+        if not ok:
+            self.items.append(what)
+            print(f"  FAILED: {what}", flush=True)
+        return ok
+
+
+def relative_error(a, b):
+    scale = b.abs().max().item() if b.numel() else 0.0
+    diff = (a.double() - b.double()).abs().max().item() if b.numel() else 0.0
+    return diff / scale if scale > 0 else diff
+
+
+def eager_step(case, model):
+    """Eager PyTorch's loss, gradients and buffers after one step."""
+    for p in model.parameters():
+        p.grad = None
+    torch.manual_seed(SEED)
+    loss = case.loss_fn(model(*case.inputs), case.target)
+    loss.backward()
+    grads = {n: (p.grad.detach().clone() if p.grad is not None else None)
+             for n, p in model.named_parameters()}
+    buffers = {n: b.detach().clone() for n, b in model.named_buffers()}
+    return loss.detach(), grads, buffers
+
+
+def eager_peak(case, model):
+    """The allocator's step peak of eager PyTorch (pt.measure), .grad None
+    before the step as PyTorch's default zero_grad leaves it; and the bytes
+    of the gradients the step makes."""
+    for p in model.parameters():
+        p.grad = None
+
+    def step():
+        torch.manual_seed(SEED)
+        case.loss_fn(model(*case.inputs), case.target).backward()
+
+    _, peak, _ = pt.measure(step, case.inputs[0].device)
+    grads = sum(p.grad.numel() * p.grad.element_size() for p in model.parameters()
+                if p.grad is not None)
+    for p in model.parameters():
+        p.grad = None
+    return peak, grads
+
+
+def planned_step(case, step, model, initial):
+    """The plan's loss, gradients and buffers after one step from `initial`."""
+    model.load_state_dict(initial)
+    for p in model.parameters():
+        p.grad = None
+    torch.manual_seed(SEED)
+    loss = step(*case.inputs, case.target)
+    grads = {n: (p.grad.detach().clone() if p.grad is not None else None)
+             for n, p in model.named_parameters()}
+    buffers = {n: b.detach().clone() for n, b in model.named_buffers()}
+    return loss, grads, buffers
+
+
+def compare(failures, label, got, want, bitwise):
+    loss, grads, buffers = got
+    eloss, egrads, ebuffers = want
+    if bitwise:
+        failures.check(torch.equal(loss, eloss), f"{label}: loss {loss.item()} differs from the "
+                       f"unplanned plan's {eloss.item()} (a plan must not change a value)")
+    else:
+        failures.check(relative_error(loss, eloss) <= TOLERANCE,
+                       f"{label}: loss {loss.item()} vs eager {eloss.item()}")
+    for name, want_grad in egrads.items():
+        got_grad = grads.get(name)
+        if want_grad is None or got_grad is None:
+            failures.check(want_grad is None and got_grad is None,
+                           f"{label}: .grad of {name} is {'None' if got_grad is None else 'set'}"
+                           f", eager's is {'None' if want_grad is None else 'set'}")
+            continue
+        if bitwise:
+            failures.check(torch.equal(got_grad, want_grad),
+                           f"{label}: .grad of {name} differs from the unplanned plan's")
+        else:
+            err = relative_error(got_grad, want_grad)
+            failures.check(err <= TOLERANCE, f"{label}: .grad of {name} off by {err:.2e}")
+    for name, want_buffer in ebuffers.items():
+        ok = torch.equal(buffers[name], want_buffer) if bitwise else \
+            relative_error(buffers[name].float(), want_buffer.float()) <= TOLERANCE or \
+            torch.equal(buffers[name], want_buffer)
+        failures.check(ok, f"{label}: buffer {name} differs")
+
+
+def check_memory(failures, label, report):
+    predicted = report["predicted_step_peak_bytes"]
+    measured = report["measured_peak_bytes"]
+    budget = report["budget_bytes"] - report["persistent_bytes"]
+    if measured is None:
+        failures.check(False, f"{label}: no measured peak")
+        return
+    slack = max(PEAK_TOLERANCE * predicted, PEAK_SLACK_BYTES)
+    failures.check(abs(measured - predicted) <= slack,
+                   f"{label}: measured step peak {measured} B vs predicted {predicted} B")
+    failures.check(measured <= budget + slack,
+                   f"{label}: measured step peak {measured} B over the budget {budget} B")
+
+
+def check_case(failures, name, device, policies, budgets_wanted):
+    case = step_models.CASES[name](device)
+    model = case.model.train()
+    initial = copy.deepcopy(model.state_dict())
+    eager_model = copy.deepcopy(model)
+    eager_bytes, grad_bytes = eager_peak(case, copy.deepcopy(model))
+    want = eager_step(case, eager_model)
+    start = time.perf_counter()
+    base = pt.train_step(model, case.loss_fn, case.inputs, case.target, policy="baseline",
+                         budget="100%", allow_cpu_offload=True, measure="always")
+    print(f"{name}: {base.report['nodes']} nodes, captured in "
+          f"{base.report['setup_time_s']:.2f} s ({base.report['calibration']})", flush=True)
+    unplanned = planned_step(case, base, model, initial)
+    compare(failures, f"{name} baseline", unplanned, want, bitwise=False)
+    check_memory(failures, f"{name} baseline", base.report)
+    unplanned_bytes = base.report["measured_peak_bytes"]
+    failures.check(unplanned_bytes <= EAGER_RATIO * eager_bytes + PEAK_SLACK_BYTES,
+                   f"{name}: the unplanned step's measured peak {unplanned_bytes} B is above "
+                   f"{EAGER_RATIO}x eager's {eager_bytes} B")
+    least_measured = unplanned_bytes
+    recomputed_draws = False
+    for kind, policy in policies.items():
+        least = base.replan(policy=policy, budget="min")
+        peak = least.report["predicted_peak_bytes"]
+        full = base.report["persistent_bytes"] + base.report["budget_reference_bytes"]
+        budgets = {"100%": "100%", "tight": (peak + full) // 2, "min": "min"}
+        for label in budgets_wanted:
+            budget = budgets[label]
+            try:
+                step = least if label == "min" else base.replan(policy=policy, budget=budget)
+            except pt.PlanError as e:
+                failures.check(False, f"{name} {policy} {label}: {e}")
+                continue
+            got = planned_step(case, step, model, initial)
+            tag = f"{name} {policy} {label}"
+            compare(failures, tag, got, unplanned, bitwise=True)
+            check_memory(failures, tag, step.report)
+            r = step.report
+            print(f"  {policy:8s} {label:5s} predicted {r['predicted_step_peak_bytes']:>10} "
+                  f"measured {r['measured_peak_bytes']:>10} recomputations "
+                  f"{r['measured_recomputations']:3d} transfers {r['transfer_bytes']:>9} "
+                  f"({step.report['time_s'] * 1e3:.1f} ms)", flush=True)
+            if r["random_reruns"] > 0:
+                recomputed_draws = True
+            # On the CPU a host copy is in the same memory: no saving.
+            if r["measured_peak_bytes"] is not None and (
+                    device.type == "cuda" or not r["transfer_bytes"]):
+                least_measured = min(least_measured, r["measured_peak_bytes"])
+    # Issue's yardstick: what eager's step holds beyond the gradients it makes.
+    beyond = eager_bytes - grad_bytes
+    saved = (eager_bytes - least_measured) / beyond if beyond > 0 else 0.0
+    print(f"  eager {eager_bytes} B (gradients {grad_bytes} B), unplanned {unplanned_bytes} B, "
+          f"least measured {least_measured} B: {100 * saved:.0f}% of eager's step beyond its "
+          f"gradients saved; {time.perf_counter() - start:.1f} s", flush=True)
+    SAVINGS[name] = saved
+    return recomputed_draws
+
+
+def check_optimizers(failures, device, names, steps):
+    """`steps` SGD (momentum) and Adam steps: eager's parameters."""
+    for name in names:
+        for make in (lambda ps: torch.optim.SGD(ps, lr=0.05, momentum=0.9),
+                     lambda ps: torch.optim.Adam(ps, lr=1e-3)):
+            case = step_models.CASES[name](device)
+            model = case.model.train()
+            eager_model = copy.deepcopy(model)
+            step = pt.train_step(model, case.loss_fn, case.inputs, case.target, policy="dtr",
+                                 budget="min", measure="never")
+            opt, eager_opt = make(model.parameters()), make(eager_model.parameters())
+            for k in range(steps):
+                torch.manual_seed(SEED + k)
+                opt.zero_grad(set_to_none=True)
+                step(*case.inputs, case.target)
+                opt.step()
+                torch.manual_seed(SEED + k)
+                eager_opt.zero_grad(set_to_none=True)
+                case.loss_fn(eager_model(*case.inputs), case.target).backward()
+                eager_opt.step()
+            label = f"{name} {type(opt).__name__} x{steps}"
+            worst = max(relative_error(p, q) for p, q in zip(model.parameters(),
+                                                             eager_model.parameters()))
+            failures.check(worst <= 1e-4, f"{label}: parameters off eager's by {worst:.2e}")
+            print(f"{label}: parameters within {worst:.1e} of eager's", flush=True)
+
+
+def check_other_shapes(failures, device):
+    """A smaller last batch is captured and planned again, and cached."""
+    case = step_models.CASES["gpt"](device)
+    model = case.model.train()
+    step = pt.train_step(model, case.loss_fn, case.inputs, case.target, policy="dtr",
+                         budget="min", measure="never")
+    small = (case.inputs[0][:2],)
+    eager_model = copy.deepcopy(model)
+    torch.manual_seed(SEED)
+    loss = step(*small, case.target[:2])
+    torch.manual_seed(SEED)
+    eager = case.loss_fn(eager_model(*small), case.target[:2])
+    failures.check(relative_error(loss, eager.detach()) <= TOLERANCE,
+                   f"other shapes: loss {loss.item()} vs eager {eager.item()}")
+    failures.check(step.report["shapes_planned"] == 2,
+                   f"other shapes: {step.report['shapes_planned']} shapes planned, not 2")
+    # .grad set to None between steps, as zero_grad() leaves it: a .grad that
+    # holds a tensor is another signature (gradients are added into it).
+    for batch, target in ((case.inputs[0], case.target), (small[0], case.target[:2])):
+        for p in model.parameters():
+            p.grad = None
+        step(batch, target)
+    failures.check(step.report["shapes_planned"] == 2, "other shapes: a capture was not cached")
+    print("other shapes: planned again and cached", flush=True)
+
+
+def check_savings(failures, device, names):
+    """At `min`, a recomputing plan holds at least 40% less than eager's step
+    beyond the gradients it makes (sizes where activations dominate), as the
+    allocator measures both; and it gives the unplanned plan's numbers."""
+    for name in names:
+        case = step_models.SAVINGS_CASES[name](device)
+        model = case.model.train()
+        eager_bytes, grad_bytes = eager_peak(case, copy.deepcopy(model))
+        initial = copy.deepcopy(model.state_dict())
+        base = pt.train_step(model, case.loss_fn, case.inputs, case.target, policy="baseline",
+                             measure="always")
+        unplanned = planned_step(case, base, model, initial)
+        # dtr's least peak depends on the measured costs (noisy on a busy
+        # machine); where it misses the mark, checkmate-lp's LP may find the
+        # graph's floor. The lower prediction is run.
+        step = base.replan(policy="dtr", budget="min")
+        target = eager_bytes - 0.4 * (eager_bytes - grad_bytes)
+        if step.report["predicted_step_peak_bytes"] > target:
+            lp = base.replan(policy="checkmate-lp", budget="min", time_limit=10)
+            if lp.report["predicted_step_peak_bytes"] < step.report["predicted_step_peak_bytes"]:
+                step = lp
+        policy = step.report["policy"]
+        got = planned_step(case, step, model, initial)
+        compare(failures, f"{name} {policy} min", got, unplanned, bitwise=True)
+        check_memory(failures, f"{name} {policy} min", step.report)
+        measured = step.report["measured_peak_bytes"]
+        beyond = eager_bytes - grad_bytes
+        saved = (eager_bytes - measured) / beyond
+        print(f"{name}: eager {eager_bytes} B (gradients {grad_bytes} B), {policy} at min "
+              f"{measured} B measured ({step.report['predicted_step_peak_bytes']} B "
+              f"predicted): {100 * saved:.0f}% of eager's step beyond its gradients saved, "
+              f"{step.report['measured_recomputations']} recomputations", flush=True)
+        failures.check(saved >= 0.4, f"{name}: {policy} at min saves {100 * saved:.0f}% of eager's "
+                       "step beyond its gradients, not 40%")
+
+
+def check_no_garbage(failures, device):
+    """A step leaves no reference cycles: a cycle would hold its tensors
+    until the garbage collector runs, in the middle of a later step."""
+    case = step_models.CASES["gpt"](device)
+    step = pt.train_step(case.model.train(), case.loss_fn, case.inputs, case.target,
+                         policy="dtr", budget="min", measure="never")
+    gc.collect()
+    gc.disable()
+    try:
+        step(*case.inputs, case.target)
+        found = gc.collect()
+    finally:
+        gc.enable()
+    failures.check(found == 0, f"a step left {found} objects in reference cycles")
+
+
+def check_leak_is_measured(failures, device):
+    """measured_peak_bytes is the allocator's, not the plan's: a tensor leaked
+    during the step (kept by a hook around each call) must show in it."""
+    case = step_models.CASES["seed_conv3d"](device)
+    step = pt.train_step(case.model.train(), case.loss_fn, case.inputs, case.target,
+                         policy="dtr", budget="100%", measure="always")
+    leaked, chunk = [], 1 << 20
+
+    def leak(node, run):
+        leaked.append(torch.ones(chunk // 4, device=device))
+        return run()
+
+    step._variant.program.call_hook = leak
+    try:
+        step(*case.inputs, case.target)
+    finally:
+        step._variant.program.call_hook = None
+    r = step.report
+    grew = r["measured_peak_bytes"] - r["predicted_step_peak_bytes"]
+    # Every chunk is alive when the step ends, above its outputs.
+    failures.check(grew >= len(leaked) * chunk - r["predicted_step_peak_bytes"] and
+                   grew >= len(leaked) * chunk // 2,
+                   f"{len(leaked)} MiB leaked during the step; the measured peak is only "
+                   f"{grew} B above the prediction")
+    print(f"leak: {len(leaked)} MiB leaked, measured peak {grew} B above the prediction",
+          flush=True)
+
+
+def check_errors(failures, device):
+    class DataDependent(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = torch.nn.Linear(4, 4)
+
+        def forward(self, x):
+            if x.sum().item() > 0:  # Python control flow on a value
+                return self.fc(x)
+            return -self.fc(x)
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.body = DataDependent()
+
+        def forward(self, x):
+            return self.body(x)
+
+    x, y = torch.randn(2, 4, device=device), torch.randn(2, 4, device=device)
+    try:
+        pt.train_step(Net().to(device), torch.nn.functional.mse_loss, x, y)
+        failures.check(False, "a module that branches on a value was captured")
+    except pt.CaptureError as e:
+        failures.check("'body' (DataDependent)" in str(e),
+                       f"the capture error names the module: {e}")
+        print(f"error: {e}", flush=True)
+    try:
+        pt.train_step(torch.nn.Linear(4, 4).to(device), lambda out, t: out, x, y)
+        failures.check(False, "a loss that is not a scalar was accepted")
+    except pt.CaptureError as e:
+        failures.check("scalar" in str(e), f"the loss error says what is wrong: {e}")
+    try:
+        pt.train_step(torch.nn.Linear(4, 4).to(device), torch.nn.functional.mse_loss, x, y,
+                      budget="1%")
+        failures.check(False, "an impossible budget was accepted")
+    except pt.PlanError as e:
+        failures.check("least peak" in str(e), f"the plan error gives the least peak: {e}")
+    try:
+        pt.train_step(torch.nn.Linear(4, 4).to(device), torch.nn.functional.mse_loss, x, y,
+                      policy="swap", host_budget="1GiB")
+        ok = device.type == "cuda"
+    except pt.PlanError as e:
+        ok = device.type == "cpu" and "saves no memory on the CPU" in str(e)
+    failures.check(ok, "offloading on the CPU device is refused unless allowed")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--cases", help="comma-separated names (default: the quick set)")
+    ap.add_argument("--all", action="store_true", help="every case of step_models.py")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--budgets", default="100%,tight,min")
+    ap.add_argument("--optimizer-steps", type=int, default=5)
+    ap.add_argument("--optimizer-cases", default="gpt,resnet18,lstm,unet3d")
+    ap.add_argument("--savings", default="gpt_long,unet3d_large,resnet18_batch8",
+                    help="cases of step_models.SAVINGS_CASES ('' for none)")
+    ap.add_argument("--no-extras", action="store_true",
+                    help="skip the checks of other shapes, leaks and errors")
+    args = ap.parse_args()
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        print("step_check: no CUDA device; skipped")
+        return 77
+    torch.set_num_threads(max(1, min(4, os.cpu_count() or 1)))
+    names = list(step_models.CASES) if args.all else (
+        args.cases.split(",") if args.cases else QUICK_CASES)
+    failures = Failures()
+    random_recomputed = False
+    for name in names:
+        try:
+            random_recomputed |= check_case(failures, name, device, DEFAULT_POLICIES,
+                                            args.budgets.split(","))
+        except Exception as e:  # noqa: BLE001 (a crash is a failure of this case)
+            traceback.print_exc()
+            failures.check(False, f"{name}: {type(e).__name__}: {e}")
+    if "gpt" in names:  # dropout in every layer: some plan recomputes a mask
+        failures.check(random_recomputed, "no plan recomputed a random operator")
+    if args.optimizer_steps:
+        check_optimizers(failures, device, [n for n in args.optimizer_cases.split(",") if n],
+                         args.optimizer_steps)
+    check_savings(failures, device, [n for n in args.savings.split(",") if n])
+    if not args.no_extras:
+        check_other_shapes(failures, device)
+        check_no_garbage(failures, device)
+        check_leak_is_measured(failures, device)
+        check_errors(failures, device)
+    if SAVINGS:
+        print("\nshare of eager's step beyond its gradients that the least plan saved:")
+        for name, saved in SAVINGS.items():
+            print(f"  {name:20s} {100 * saved:4.0f}%")
+    if failures.items:
+        print(f"\n{len(failures.items)} failures:")
+        for f in failures.items:
+            print("  " + f)
+        return 1
+    print("\nall checks passed")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
