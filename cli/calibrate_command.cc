@@ -151,13 +151,24 @@ absl::StatusOr<std::pair<CostProfile, int>> Calibrate(const CalibrateFlags& f,
 }
 
 int RunCalibrate(const CalibrateFlags& f) {
+  const bool to_stdout = f.output.empty() || f.output == "-";
+  if (to_stdout && f.json) {
+    return Fail(UsageError(
+        "--json prints a summary on stdout, where the profile goes without --output: give "
+        "--output FILE with --json"));
+  }
+  // Before measuring, which takes a while: a refused --output fails now.
+  if (absl::Status s = CheckOutputs({{to_stdout ? "-" : f.output, "--output"}},
+                                    f.source.InputFiles(), f.force);
+      !s.ok()) {
+    return Fail(s);
+  }
   auto graph = f.source.Load();
   if (!graph.ok()) return Fail(graph.status());
   auto calibrated = Calibrate(f, *graph);
   if (!calibrated.ok()) return Fail(calibrated.status());
   const CostProfile& profile = calibrated->first;
   const std::string text = CostProfileToJson(profile).dump(2) + "\n";
-  const bool to_stdout = f.output.empty() || f.output == "-";
   if (absl::Status s = WriteOutput(to_stdout ? "-" : f.output, text, f.force); !s.ok()) {
     return Fail(s);
   }
@@ -190,16 +201,19 @@ void AddCalibrateCommand(CLI::App& app, int& exit_code) {
       "measure op times and host link bandwidth on a backend; writes a cost profile for "
       "--profile");
   flags.source.AddOptions(cmd);
-  cmd->add_option("--backend", flags.backend, "cpu or cuda (default cpu)");
+  cmd->add_option("--backend", flags.backend, "cpu or cuda (default cpu)")->check(BackendName());
   cmd->add_option("--output,-o", flags.output, "profile file (default: stdout)");
   cmd->add_option("--repeat", flags.repeat, "timed runs after one warm-up (default 5)")
       ->check(IntegerIn(1, 1000));
   cmd->add_option("--transfer-size", flags.transfer_size,
-                  "bytes per timed host<->device copy (default 64MiB)");
+                  "bytes per timed host<->device copy (default 64MiB)")
+      ->check(PositiveSize());
   cmd->add_option("--seed", flags.seed, "seed of the generated inputs (default 0)")
       ->check(IntegerIn(0, INT64_MAX));
   cmd->add_flag("--force", flags.force, "replace an existing output file");
-  cmd->add_flag("--json", flags.json, "print the summary as JSON (with --output)");
+  cmd->add_flag("--json", flags.json,
+                "print the summary as JSON (with --output FILE: without it, stdout holds the "
+                "profile)");
   cmd->callback([&exit_code] { exit_code = RunCalibrate(flags); });
 }
 

@@ -1,28 +1,44 @@
 #include "cli/common.h"
 
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <memory>
 #include <mutex>
+#include <optional>
+#include <utility>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/cord.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "graph/autodiff.h"
+#include "graph/file_output.h"
 #include "graph/graph_json.h"
 #include "graph/models/models.h"
 #include "graph/status.h"
 #include "graph/text_input.h"
 #include "runtime/make_backend.h"
 #include "runtime/workspace.h"
+#include "scheduler/budget.h"
 #include "scheduler/cost_profile.h"
+#include "scheduler/external_policy.h"
 #include "scheduler/offload.h"
+#include "scheduler/plan_api.h"
+#include "scheduler/planner.h"
 
 namespace pebble::cli {
 
@@ -32,6 +48,7 @@ void GraphSource::AddOptions(CLI::App* cmd) {
       "built-in model with parameters, e.g. conv3d:n=128,batch=2 (see 'pebble models')");
   auto* graph_opt =
       cmd->add_option("--graph,-g", graph, "graph file in the pebble-graph JSON format");
+  model_opt->check(ModelName());
   model_opt->excludes(graph_opt);
   auto* train_opt = cmd->add_flag(
       "--train", train,
@@ -41,7 +58,8 @@ void GraphSource::AddOptions(CLI::App* cmd) {
   cmd->add_option("--loss", loss,
                   "loss for --train: cross-entropy (class indices in 'target', the default) "
                   "or mse")
-      ->check(CLI::IsMember({"cross-entropy", "mse"}));
+      ->check(CLI::IsMember({"cross-entropy", "mse"}))
+      ->needs(train_opt);  // not silently ignored without it
   cmd->add_option("--throughput", throughput_flops_per_s,
                   "device FLOP/s that turns a model's FLOPs into seconds of cost "
                   "(default 10e12; ignored for --graph, whose costs are given)")
@@ -58,7 +76,13 @@ absl::StatusOr<Graph> LoadWithoutProfile(const GraphSource& source) {
   if (!source.model.empty()) {
     CostModel cost;
     cost.device_flops_per_s = source.throughput_flops_per_s;
-    return BuildModel(source.model, cost);
+    absl::StatusOr<Graph> built = BuildModel(source.model, cost);
+    // --model is command-line text: a model or parameter the zoo refuses
+    // is a bad command line.
+    if (built.status().code() == absl::StatusCode::kInvalidArgument) {
+      return UsageError(absl::StrCat("--model: ", built.status().message()));
+    }
+    return built;
   }
   if (!source.graph.empty()) {
     ASSIGN_OR_RETURN(Graph g, ReadGraphFile(source.graph));
@@ -83,7 +107,8 @@ void GraphSource::AddWorkspaceBackendOption(CLI::App* cmd) {
                   "plan for this backend (cpu or cuda): the scratch each kernel takes there "
                   "(oneDNN scratchpads and relayouts, cuDNN workspace) becomes its node's "
                   "workspace, so the arena holds it (docs/runtime.md, \"Workspace\"); "
-                  "default: the graph's own workspace figures");
+                  "default: the graph's own workspace figures")
+      ->check(BackendName());
 }
 
 absl::StatusOr<Graph> GraphSource::Load(WorkspaceQueryStats* workspace) const {
@@ -135,6 +160,13 @@ std::string WorkspaceStatsLine(const std::string& backend, const WorkspaceQueryS
 
 std::string GraphSource::Label() const { return model.empty() ? graph : model; }
 
+std::vector<PathFlag> GraphSource::InputFiles() const {
+  std::vector<PathFlag> files;
+  if (!graph.empty()) files.emplace_back(graph, "--graph");
+  if (!profile.empty()) files.emplace_back(profile, "--profile");
+  return files;
+}
+
 absl::Status CheckOutputPath(const std::string& path, bool force) {
   if (path.empty() || path == "-") return absl::OkStatus();
   namespace fs = std::filesystem;
@@ -162,37 +194,138 @@ absl::Status CheckOutputPath(const std::string& path, bool force) {
 
 absl::Status WriteOutput(const std::string& path, const std::string& text, bool force) {
   if (path.empty() || path == "-") {
+    errno = 0;
     std::cout << text;
     std::cout.flush();
+    if (!std::cout) {
+      return absl::DataLossError(absl::StrCat(
+          "cannot write standard output",
+          errno != 0 ? absl::StrCat(": ", std::strerror(errno)) : std::string()));
+    }
     return absl::OkStatus();
   }
   RETURN_IF_ERROR(CheckOutputPath(path, force));
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  if (!out) return absl::PermissionDeniedError(absl::StrCat("cannot write ", Quote(path)));
-  out << text;
-  out.close();
-  if (!out) return absl::DataLossError(absl::StrCat("failed writing ", Quote(path)));
+  return WriteFileAtomically(path, text);
+}
+
+namespace {
+
+namespace fs = std::filesystem;
+
+// `path` made absolute, resolved through the symbolic links of its longest
+// existing prefix, and normalised (weakly_canonical leaves a relative path
+// relative when no prefix of it exists).
+fs::path NormalPath(const std::string& path) {
+  std::error_code ec;
+  fs::path absolute = fs::absolute(path, ec);
+  if (ec) absolute = fs::path(path);
+  fs::path normal = fs::weakly_canonical(absolute, ec);
+  if (ec) normal = absolute;
+  return normal.lexically_normal();
+}
+
+}  // namespace
+
+namespace {
+
+// What identifies a file for SameFile: its normal path, and its device and
+// inode where it exists (after links).
+struct FileKey {
+  fs::path normal;
+  std::optional<std::pair<dev_t, ino_t>> inode;
+};
+
+FileKey KeyOf(const std::string& path) {
+  FileKey key{NormalPath(path), std::nullopt};
+  struct stat st {};
+  if (::stat(path.c_str(), &st) == 0) key.inode = std::make_pair(st.st_dev, st.st_ino);
+  return key;
+}
+
+bool SameKey(const FileKey& a, const FileKey& b) {
+  return a.normal == b.normal || (a.inode.has_value() && a.inode == b.inode);
+}
+
+}  // namespace
+
+bool SameFile(const std::string& a, const std::string& b) { return SameKey(KeyOf(a), KeyOf(b)); }
+
+absl::Status CheckOutputs(const std::vector<PathFlag>& outputs,
+                          const std::vector<PathFlag>& inputs, bool force,
+                          const std::vector<std::string>& made_directories) {
+  auto skipped = [](const std::string& path) { return path.empty() || path == "-"; };
+  // Each path's key once: a run dumps every gradient and reads every
+  // parameter, so the pairs run to tens of thousands.
+  std::vector<FileKey> input_keys;
+  for (const auto& [input, input_option] : inputs) {
+    input_keys.push_back(skipped(input) ? FileKey{} : KeyOf(input));
+  }
+  std::vector<FileKey> output_keys;
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    const auto& [path, option] = outputs[i];
+    output_keys.push_back(skipped(path) ? FileKey{} : KeyOf(path));
+    if (skipped(path)) continue;
+    for (size_t j = 0; j < i; ++j) {
+      const auto& [other, other_option] = outputs[j];
+      if (!skipped(other) && SameKey(output_keys[i], output_keys[j])) {
+        return absl::InvalidArgumentError(absl::StrCat(other_option, " and ", option,
+                                                       " both write ", Quote(path),
+                                                       "; give them different files"));
+      }
+    }
+    for (size_t j = 0; j < inputs.size(); ++j) {
+      const auto& [input, input_option] = inputs[j];
+      if (skipped(input) || !SameKey(output_keys[i], input_keys[j])) continue;
+      // A device (/dev/null, /dev/stdin) replaces nothing.
+      std::error_code ec;
+      if (fs::is_character_file(fs::status(path, ec))) continue;
+      return absl::InvalidArgumentError(absl::StrCat(
+          option, " ", Quote(path), " is also an input (", input_option, "); pebble does not "
+          "replace its own input, not even with --force: give another file"));
+    }
+  }
+  std::vector<fs::path> made;
+  for (const std::string& dir : made_directories) {
+    if (!dir.empty()) made.push_back(NormalPath(dir));
+  }
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    const auto& [path, option] = outputs[i];
+    absl::Status s = CheckOutputPath(path, force);
+    if (!s.ok()) return absl::Status(s.code(), absl::StrCat(option, ": ", s.message()));
+    if (skipped(path)) continue;
+    // Where the file goes must be a directory by the time it is written,
+    // or the write fails after all the work.
+    const fs::path parent = output_keys[i].normal.parent_path();
+    std::error_code ec;
+    if (fs::is_directory(parent, ec)) continue;
+    // `parent` is a made directory or one of the directories above it.
+    auto above = [&parent](const fs::path& dir) {
+      return std::mismatch(parent.begin(), parent.end(), dir.begin(), dir.end()).first ==
+             parent.end();
+    };
+    if (std::any_of(made.begin(), made.end(), above)) continue;
+    const fs::path given = fs::path(path).parent_path();  // as the user spelt it
+    return absl::InvalidArgumentError(absl::StrCat(
+        option, " ", Quote(path), ": ", Quote(given.empty() ? "." : given.string()),
+        fs::exists(parent, ec) ? " is not a directory" : " does not exist"));
+  }
   return absl::OkStatus();
 }
 
-absl::Status CheckDistinctOutputs(
-    const std::vector<std::pair<std::string, std::string>>& outputs) {
-  namespace fs = std::filesystem;
-  std::vector<std::pair<fs::path, std::string>> seen;
-  for (const auto& [path, option] : outputs) {
-    if (path.empty() || path == "-") continue;
-    std::error_code ec;
-    fs::path canonical = fs::weakly_canonical(path, ec);
-    if (ec) canonical = fs::absolute(path, ec).lexically_normal();
-    for (const auto& [other, other_option] : seen) {
-      if (other == canonical) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            other_option, " and ", option, " both write ", Quote(path), "; give them different files"));
-      }
-    }
-    seen.emplace_back(std::move(canonical), option);
-  }
-  return absl::OkStatus();
+namespace {
+
+constexpr char kUsagePayload[] = "pebble.cli/usage";
+
+}  // namespace
+
+absl::Status UsageError(absl::string_view message) {
+  absl::Status status = absl::InvalidArgumentError(message);
+  status.SetPayload(kUsagePayload, absl::Cord("1"));
+  return status;
+}
+
+bool IsUsageError(const absl::Status& status) {
+  return status.GetPayload(kUsagePayload).has_value();
 }
 
 CLI::Validator NumberAbove(double min, absl::string_view what) {
@@ -203,6 +336,123 @@ CLI::Validator NumberAbove(double min, absl::string_view what) {
         return absl::StrCat("must be ", what, ", got ", Quote(text));
       },
       "NUMBER");
+}
+
+namespace {
+
+// A validator from a parser that returns a Status: its message, or "".
+template <typename Parse>
+CLI::Validator StatusValidator(Parse parse, const std::string& type) {
+  return CLI::Validator(
+      [parse](std::string& text) -> std::string {
+        const absl::Status s = parse(text);
+        return s.ok() ? std::string() : std::string(s.message());
+      },
+      type);
+}
+
+absl::Status CheckPolicyName(absl::string_view name) {
+  if (absl::StartsWith(name, kExecPolicyPrefix)) {
+    if (absl::StripAsciiWhitespace(name.substr(kExecPolicyPrefix.size())).empty()) {
+      return absl::InvalidArgumentError("policy 'exec:' names no program (exec:PROGRAM)");
+    }
+    return absl::OkStatus();
+  }
+  return MakePlanner(name).status();
+}
+
+}  // namespace
+
+CLI::Validator SizeValue() {
+  return StatusValidator([](const std::string& t) { return ParseSize(t).status(); }, "SIZE");
+}
+
+CLI::Validator PositiveSize() {
+  return StatusValidator(
+      [](const std::string& t) -> absl::Status {
+        ASSIGN_OR_RETURN(int64_t bytes, ParseSize(t));
+        if (bytes > 0) return absl::OkStatus();
+        return absl::InvalidArgumentError(absl::StrCat("must be positive, got ", Quote(t)));
+      },
+      "SIZE");
+}
+
+CLI::Validator BudgetValue() {
+  return StatusValidator([](const std::string& t) { return ParseBudget(t).status(); },
+                         "BUDGET");
+}
+
+CLI::Validator FitBudgetValue() {
+  return StatusValidator(
+      [](const std::string& t) -> absl::Status {
+        ASSIGN_OR_RETURN(int64_t bytes, ParseFitBudget(t));
+        if (bytes > 0) return absl::OkStatus();
+        return absl::InvalidArgumentError(absl::StrCat("must be positive, got ", Quote(t)));
+      },
+      "SIZE");
+}
+
+CLI::Validator BudgetList() {
+  return StatusValidator(
+      [](const std::string& t) -> absl::Status {
+        const std::vector<std::string> budgets = absl::StrSplit(t, ',', absl::SkipWhitespace());
+        if (budgets.empty()) {
+          return absl::InvalidArgumentError(absl::StrCat(Quote(t), " names no budget"));
+        }
+        for (const std::string& b : budgets) RETURN_IF_ERROR(ParseBudget(b).status());
+        return absl::OkStatus();
+      },
+      "B1,B2,...");
+}
+
+CLI::Validator BandwidthValue() {
+  return StatusValidator([](const std::string& t) { return ParseBandwidth(t).status(); },
+                         "BYTES/S");
+}
+
+CLI::Validator PolicyName() {
+  return StatusValidator([](const std::string& t) { return CheckPolicyName(t); }, "POLICY");
+}
+
+CLI::Validator PolicyList() {
+  return StatusValidator(
+      [](const std::string& t) -> absl::Status {
+        if (t == "all") return absl::OkStatus();
+        const std::vector<std::string> names = absl::StrSplit(t, ',', absl::SkipWhitespace());
+        if (names.empty()) {
+          return absl::InvalidArgumentError(absl::StrCat(Quote(t), " names no policy"));
+        }
+        for (const std::string& name : names) {
+          RETURN_IF_ERROR(CheckPolicyName(absl::StripAsciiWhitespace(name)));
+        }
+        return absl::OkStatus();
+      },
+      "P1,P2,...");
+}
+
+CLI::Validator BackendName() {
+  return StatusValidator(
+      [](const std::string& t) -> absl::Status {
+        if (t == "cpu" || t == "cuda") return absl::OkStatus();
+        return absl::InvalidArgumentError(
+            absl::StrCat("unknown backend ", Quote(t), "; known: cpu, cuda"));
+      },
+      "BACKEND");
+}
+
+CLI::Validator ModelName() {
+  return StatusValidator([](const std::string& t) { return ParseModelSpec(t).status(); },
+                         "MODEL");
+}
+
+CLI::Validator NotStdout(absl::string_view what) {
+  return CLI::Validator(
+      [what = std::string(what)](std::string& text) -> std::string {
+        if (text != "-") return "";
+        return absl::StrCat("'-' (stdout) cannot take ", what,
+                            ": the command prints its report there; give a file");
+      },
+      "FILE");
 }
 
 CLI::Validator IntegerIn(int64_t min, int64_t max) {
@@ -251,7 +501,7 @@ std::string OneLineFailure(const CLI::App* app, const CLI::Error& e) {
                         : absl::StrCat("unknown command ", Quote(rest.front()),
                                        "; the commands are ", absl::StrJoin(names, ", "));
   }
-  return absl::StrCat("pebble: ", Printable(what, 300), " (see '", command, " --help')\n");
+  return absl::StrCat("pebble: ", Printable(what, 600), " (see '", command, " --help')\n");
 }
 void PrintJson(const nlohmann::json& doc) {
   // replace: an invalid UTF-8 sequence becomes U+FFFD instead of throwing.
@@ -361,6 +611,18 @@ std::function<void(const PlanProgress&)> StderrProgress() {
 
 int Fail(const absl::Status& status) {
   std::cerr << "pebble: " << Printable(status.message(), 10000) << "\n";
+  return IsUsageError(status) ? 2 : 1;
+}
+
+int FinishStdout(int exit_code) {
+  std::cout.flush();
+  errno = 0;
+  const bool flushed = std::fflush(stdout) == 0;
+  const int error = errno;
+  // A command that failed has said why on its one line already.
+  if (exit_code != 0 || (std::cout && flushed && !std::ferror(stdout))) return exit_code;
+  std::cerr << "pebble: cannot write standard output"
+            << (error != 0 ? absl::StrCat(": ", std::strerror(error)) : std::string()) << "\n";
   return 1;
 }
 

@@ -54,6 +54,9 @@ struct GraphSource {
   absl::StatusOr<double> PlannerBandwidth(absl::string_view given) const;
   // "conv3d:n=128" or the file's path, for headers.
   std::string Label() const;
+  // The files Load reads (--graph, --profile), each with its option: no
+  // output of the command may replace one.
+  std::vector<std::pair<std::string, std::string>> InputFiles() const;
 };
 
 // What a workspace query did (runtime/workspace.h), for the reports of
@@ -73,19 +76,59 @@ std::string WorkspaceStatsLine(const std::string& backend, const WorkspaceQueryS
 // elsewhere), anything else that is not a regular file.
 absl::Status CheckOutputPath(const std::string& path, bool force);
 
-// Writes `text` to `path` ("-" is stdout) after CheckOutputPath.
+// Writes `text` to `path` after CheckOutputPath: "-" is stdout; a file is
+// written whole or not at all (WriteFileAtomically). A write that fails
+// (ENOSPC, EIO, a file that cannot be written, stdout closed) is an error
+// naming the file.
 absl::Status WriteOutput(const std::string& path, const std::string& text, bool force);
 
-// Refuses two outputs of one command that name the same file ("--trace
-// and --dump both write 'out/loss.npy'"). `outputs` pairs each path with
-// the option that gives it; "-" and empty paths are skipped.
-absl::Status CheckDistinctOutputs(
-    const std::vector<std::pair<std::string, std::string>>& outputs);
+// A path given on the command line, and the option that gave it
+// ("--graph"; for an input, what it is: "the ONNX model").
+using PathFlag = std::pair<std::string, std::string>;
+
+// Whether two paths name one file: equal once made absolute and resolved
+// through the symbolic links that exist (the rest normalised: "out/x",
+// "./out/../out/x" and "$PWD/out/x" are one file whether or not "out"
+// exists yet), or, when both exist, one device and inode (a hard link).
+bool SameFile(const std::string& a, const std::string& b);
+
+// Checks a command's outputs before it does any work: no two of `outputs`
+// name one file ("--trace and --dump both write 'out/loss.npy'"); none
+// names a file of `inputs`, which the command reads: that is refused even
+// with `force`, as the command would replace its own input; each may be
+// written (CheckOutputPath), into a directory that exists or that the
+// command creates first (one of `made_directories` or a directory above
+// one). "-" and empty paths are skipped.
+absl::Status CheckOutputs(const std::vector<PathFlag>& outputs,
+                          const std::vector<PathFlag>& inputs, bool force,
+                          const std::vector<std::string>& made_directories = {});
+
+// A bad command line that is found only when a command runs (a --vary
+// that is no parameter of --model, a --model the zoo cannot build): Fail
+// prints it as any error but returns 2, as SPEC section 5 asks of a bad
+// command line. The message should start with the option ("--vary: ...").
+absl::Status UsageError(absl::string_view message);
+bool IsUsageError(const absl::Status& status);
 
 // CLI11 validators whose messages fit on one line. A number is decimal
 // (ParseDecimal: no hex, inf or nan); `what` completes "must be ...".
 CLI::Validator NumberAbove(double min, absl::string_view what);  // > min
 CLI::Validator IntegerIn(int64_t min, int64_t max);
+// Values judged when the command line is parsed, so that a malformed one is
+// a command-line error (exit 2) before any work, on every command alike.
+CLI::Validator SizeValue();       // bytes with units (ParseSize)
+CLI::Validator PositiveSize();    // a SizeValue above 0
+CLI::Validator BudgetValue();     // bytes, NN% or min (ParseBudget)
+CLI::Validator FitBudgetValue();  // bytes only (ParseFitBudget)
+CLI::Validator BudgetList();      // comma-separated BudgetValues, at least one
+CLI::Validator BandwidthValue();  // bytes/s or a preset (ParseBandwidth)
+CLI::Validator PolicyName();      // a registered policy or exec:PROGRAM
+CLI::Validator PolicyList();      // comma-separated PolicyNames, or "all"
+CLI::Validator BackendName();     // cpu or cuda (whether it runs here is checked later)
+CLI::Validator ModelName();       // name[:k=v,...] of a built-in model (ParseModelSpec)
+// Refuses "-" for an output that stdout cannot take: the command prints its
+// report there. `what` names the output ("the schedule").
+CLI::Validator NotStdout(absl::string_view what);
 
 // Adds to every option of `app` and its commands that takes a value a check
 // that the value is not empty: an empty --budget or --bandwidth must not
@@ -139,8 +182,13 @@ void AddQuietFlag(CLI::App* cmd, bool& quiet);
 std::function<void(const PlanProgress&)> StderrProgress();
 
 // Prints "pebble: <message>" on stderr, on one line (control characters
-// escaped), and returns 1.
+// escaped), and returns 1, or 2 for a UsageError.
 int Fail(const absl::Status& status);
+
+// Flushes stdout; where the command succeeded but its output could not be
+// written (a full disk, a closed descriptor), prints the error naming
+// standard output and returns 1, else `exit_code`. main calls it last.
+int FinishStdout(int exit_code);
 
 }  // namespace pebble::cli
 

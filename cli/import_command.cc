@@ -25,7 +25,15 @@ struct ImportFlags {
 };
 
 int RunImport(const ImportFlags& flags) {
-  absl::Status output_ok = CheckOutputPath(flags.output, flags.force);
+  if (flags.json && flags.output == "-") {
+    // Two documents on stdout would be one that no JSON reader takes.
+    return Fail(UsageError(
+        "--output - writes the graph on stdout, where --json prints the summary: give "
+        "--output FILE with --json, or leave out --json to get the graph alone"));
+  }
+  absl::Status output_ok =
+      CheckOutputs({{flags.output, "--output"}}, {{flags.model_path, "the ONNX model"}},
+                   flags.force);
   if (!output_ok.ok()) return Fail(output_ok);
   auto loss = ParseLossKind(flags.loss);
   if (!loss.ok()) return Fail(loss.status());
@@ -49,6 +57,7 @@ int RunImport(const ImportFlags& flags) {
                           {"output", flags.output},
                           {"loss", LossKindName(*loss)},
                           {"nodes", graph->num_nodes()},
+                          {"aliases", graph->num_aliases()},
                           {"parameters", parameters},
                           {"parameter_bytes", parameter_bytes},
                           {"persistent_bytes", graph->persistent_bytes()},
@@ -59,7 +68,8 @@ int RunImport(const ImportFlags& flags) {
               << (*loss == LossKind::kNone ? "forward graph"
                                            : absl::StrCat("training graph, loss ",
                                                           LossKindName(*loss)))
-              << "): " << graph->num_nodes() << " nodes, " << parameters << " parameters of "
+              << "): " << graph->num_nodes() << " nodes (" << graph->num_aliases()
+              << " views), " << parameters << " parameters of "
               << parameter_bytes << " bytes; wrote " << flags.output << "\n";
   }
   return 0;
@@ -84,12 +94,14 @@ void AddImportCommand(CLI::App& app, int& exit_code) {
                   "batch size: rewrites dimension 0 of every graph input (needed when the "
                   "model's batch dimension is symbolic)")
       ->check(IntegerIn(1, int64_t{1} << 24));
-  cmd->add_option("--output,-o", flags.output, "graph file to write ('-': stdout)")->required();
+  cmd->add_option("--output,-o", flags.output,
+                  "graph file to write ('-': stdout, without --json); never the model itself")
+      ->required();
   cmd->add_option("--throughput", flags.throughput_flops_per_s,
                   "device FLOP/s that turns FLOPs into seconds of cost (default 10e12)")
       ->check(NumberAbove(0, "a positive number of FLOP/s"));
   cmd->add_flag("--force", flags.force, "replace an existing output file");
-  cmd->add_flag("--json", flags.json, "print a JSON summary");
+  cmd->add_flag("--json", flags.json, "print a JSON summary (with --output FILE)");
   cmd->callback([&exit_code] { exit_code = RunImport(flags); });
 }
 

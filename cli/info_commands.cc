@@ -79,10 +79,22 @@ struct MemorySummary {
   int64_t baseline_peak = 0;
 };
 
+// Storages count once (SPEC section 1, "Aliases"): a view adds no bytes,
+// except that a gradient output that is a view counts its storage, once.
 MemorySummary Summarize(const Graph& g, int64_t baseline_peak) {
   MemorySummary s;
   s.baseline_peak = baseline_peak;
+  std::vector<uint8_t> gradient_storage(g.num_nodes(), 0);
   for (NodeId v = 0; v < g.num_nodes(); ++v) {
+    if (g.is_alias(v)) {
+      const NodeId root = g.storage(v);
+      if (g.role(v) == Role::kBackward && g.is_output(v) && !g.is_output(root) &&
+          !gradient_storage[root]) {
+        gradient_storage[root] = 1;
+        s.gradient_bytes += g.bytes(root);
+      }
+      continue;
+    }
     switch (g.role(v)) {
       case Role::kParameter:
         s.parameters += Elements(g, v);
@@ -124,12 +136,14 @@ int RunDescribe(const GraphSource& source, bool json) {
                           {"output", g.is_output(v)}};
       if (g.shape(v).has_value()) n["shape"] = *g.shape(v);
       if (g.dtype(v).has_value()) n["dtype"] = std::string(DTypeName(*g.dtype(v)));
+      if (g.is_alias(v)) n["alias_of"] = g.id(g.alias_of(v));
       nodes.push_back(std::move(n));
     }
     PrintJson({{"graph", g.name()},
                {"nodes", nodes},
                {"summary",
                 {{"num_nodes", g.num_nodes()},
+                 {"num_aliases", g.num_aliases()},
                  {"parameters", s.parameters},
                  {"parameter_bytes", s.parameter_bytes},
                  {"buffer_bytes", s.buffer_bytes},
@@ -143,20 +157,33 @@ int RunDescribe(const GraphSource& source, bool json) {
                  {"baseline_fragmentation", layout->fragmentation}}}});
     return 0;
   }
-  Table table({"node", "op", "role", "shape", "dtype", "bytes", "cost", "inputs"});
+  // Graphs with views get an "alias of" column (a view's bytes are its
+  // logical size; it holds none of its own).
+  std::vector<std::string> header = {"node", "op", "role", "shape", "dtype", "bytes", "cost",
+                                     "inputs"};
+  if (g.has_aliases()) header.push_back("alias of");
+  Table table(header);
   for (NodeId v = 0; v < g.num_nodes(); ++v) {
     std::vector<std::string> inputs;
     for (NodeId u : g.inputs(v)) inputs.push_back(g.id(u));
     std::string in = absl::StrJoin(inputs, ",");
     if (in.size() > 48) in = in.substr(0, 45) + "...";
-    table.AddRow({g.id(v) + (g.is_output(v) ? " *" : ""), g.op(v),
-                  std::string(RoleName(g.role(v))),
-                  g.shape(v).has_value() ? ShapeToString(*g.shape(v)) : "",
-                  g.dtype(v).has_value() ? std::string(DTypeName(*g.dtype(v))) : "",
-                  FormatBytes(g.bytes(v)), absl::StrFormat("%.4g", g.cost(v)), in});
+    std::vector<std::string> row = {
+        g.id(v) + (g.is_output(v) ? " *" : ""), g.op(v), std::string(RoleName(g.role(v))),
+        g.shape(v).has_value() ? ShapeToString(*g.shape(v)) : "",
+        g.dtype(v).has_value() ? std::string(DTypeName(*g.dtype(v))) : "",
+        FormatBytes(g.bytes(v)), absl::StrFormat("%.4g", g.cost(v)), in};
+    if (g.has_aliases()) row.push_back(g.is_alias(v) ? g.id(g.alias_of(v)) : "");
+    table.AddRow(row);
   }
   std::cout << "Graph " << (g.name().empty() ? source.Label() : g.name()) << " ("
-            << g.num_nodes() << " nodes; * marks outputs)\n\n"
+            << g.num_nodes() << " nodes; * marks outputs"
+            << (g.has_aliases()
+                    ? absl::StrCat("; ", g.num_aliases(),
+                                   g.num_aliases() == 1 ? " view shares its" : " views share their",
+                                   " base's memory, counted once")
+                    : std::string())
+            << ")\n\n"
             << table.ToString() << "\n";
   Table summary({"memory", "bytes", "human"});
   auto row = [&](const std::string& what, int64_t bytes) {
@@ -178,6 +205,9 @@ int RunDescribe(const GraphSource& source, bool json) {
 
 int RunExport(const GraphSource& source, const std::string& format,
               const std::string& output, bool force) {
+  if (absl::Status s = CheckOutputs({{output, "--output"}}, source.InputFiles(), force); !s.ok()) {
+    return Fail(s);
+  }
   auto graph = source.Load();
   if (!graph.ok()) return Fail(graph.status());
   std::string text;

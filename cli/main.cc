@@ -24,10 +24,12 @@ Examples:
   pebble import resnet18.onnx --loss cross-entropy --output resnet18.json
   pebble plan --graph forward.json --train --loss mse --policy rotor --budget 60%
 
-Sizes: bytes or with units (512MiB, 8GiB, 2GB, 1.5e9). Budgets also take a
-percentage of the baseline peak (60%) or 'min'. Every command takes --json
-and then prints one JSON document on stdout. Errors go to stderr with a
-non-zero exit code (1: bad input or failure, 2: bad command line).)";
+Sizes: whole bytes or with units (512MiB, 8GiB, 2GB, 1.5e9; a fraction of a
+unit rounds down to whole bytes). Budgets also take a percentage of the
+baseline peak (60%) or 'min'. Every command takes --json and then prints one
+JSON document on stdout. Outputs never replace a file without --force, nor a
+file the command reads. Errors go to stderr with a non-zero exit code (1: bad
+input or failure, 2: bad command line, e.g. a malformed value).)";
 
 }  // namespace
 
@@ -46,14 +48,14 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
-    return app.exit(e);
+    return pebble::cli::FinishStdout(app.exit(e));
   } catch (const CLI::CallForAllHelp& e) {
-    return app.exit(e);
+    return pebble::cli::FinishStdout(app.exit(e));
   } catch (const CLI::CallForVersion& e) {
-    return app.exit(e);
+    return pebble::cli::FinishStdout(app.exit(e));
   } catch (const CLI::ParseError& e) {
     app.exit(e);
     return 2;
   }
-  return exit_code;
+  return pebble::cli::FinishStdout(exit_code);
 }

@@ -46,15 +46,21 @@ struct PlanFlags {
           "planner (see 'pebble policies'), or exec:PROGRAM: a policy outside pebble that "
           "reads the graph and options as JSON on stdin and writes a schedule on stdout "
           "(docs/library.md); default: best-order when the budget is at least "
-          "the baseline peak, else hybrid (recompute or swap)");
+          "the baseline peak, else hybrid (recompute or swap)")
+          ->check(PolicyName());
       cmd->add_option("--budget,-b", budget,
-                      "device memory budget: bytes (8GiB), a percentage of the baseline "
-                      "peak (60%) or 'min' (the lowest peak the policy reaches)")->capture_default_str();
+                      "device memory budget: whole bytes or a size with units (8GiB, 1.5e9; a "
+                      "fraction of a unit rounds down to whole bytes), a percentage of the "
+                      "baseline peak (60%) or 'min' (the lowest peak the policy reaches)")
+          ->capture_default_str()
+          ->check(BudgetValue());
     }
     cmd->add_option("--bandwidth", bandwidth,
                     "host link bytes/s for offload timing, or a preset: pcie4 (25e9, the "
-                    "default), pcie5 (55e9), nvlink-c2c (450e9)");
-    cmd->add_option("--host-budget", host_budget, "host memory limit for offloaded copies");
+                    "default), pcie5 (55e9), nvlink-c2c (450e9)")
+        ->check(BandwidthValue());
+    cmd->add_option("--host-budget", host_budget, "host memory limit for offloaded copies")
+        ->check(SizeValue());
     cmd->add_option("--time-limit", time_limit_s,
                     "seconds any planner may search (default 60); past it the best "
                     "valid plan found so far, the cut noted in the message")
@@ -130,6 +136,12 @@ void PrintTimeline(const Graph& g, const Schedule& schedule, const PlanReport& r
 
 int RunPlan(const PlanFlags& f, bool timeline, bool with_layout, const std::string& schedule_out,
             bool force) {
+  // Before planning, which may take long: a refused --schedule-out fails now.
+  if (absl::Status s = CheckOutputs({{schedule_out, "--schedule-out"}}, f.source.InputFiles(),
+                                    force);
+      !s.ok()) {
+    return Fail(s);
+  }
   WorkspaceQueryStats workspace;
   auto graph = f.source.Load(&workspace);
   if (!graph.ok()) return Fail(graph.status());
@@ -223,8 +235,11 @@ struct ParetoPoint {
 };
 
 // Draws overhead against peak per policy with gnuplot (when it is installed)
-// into `png_path`. The points and the script go through a private temporary
-// directory, removed afterwards, so nothing beside `png_path` is written.
+// into `png_path`. The points, the script and the picture go through a
+// private temporary directory, removed afterwards, so nothing beside
+// `png_path` is written; the picture is then written to `png_path` by
+// WriteOutput, which reports a write that fails (gnuplot itself exits 0 when
+// it cannot write its output).
 absl::Status WriteParetoPlot(const std::string& title, std::vector<ParetoPoint> points,
                              const std::string& png_path, bool force) {
   if (std::system("command -v gnuplot >/dev/null 2>&1") != 0) {
@@ -256,6 +271,7 @@ absl::Status WriteParetoPlot(const std::string& title, std::vector<ParetoPoint> 
   } cleanup{work_dir};
   const std::string data_path = (work_dir / "points.dat").string();
   const std::string script_path = (work_dir / "plot.gp").string();
+  const std::string picture_path = (work_dir / "plot.png").string();
   std::string data, plots;
   int block = 0;
   for (size_t i = 0; i < points.size(); ++i) {
@@ -273,28 +289,31 @@ absl::Status WriteParetoPlot(const std::string& title, std::vector<ParetoPoint> 
       "set terminal pngcairo size 1000,650\nset output '%s'\nset title '%s'\n"
       "set xlabel 'peak memory (MiB)'\nset ylabel 'makespan over the baseline (+%%)'\n"
       "set key outside right\nset grid\nplot %s\n",
-      quoted(png_path), quoted(Printable(title)), plots);
+      quoted(picture_path), quoted(Printable(title)), plots);
   RETURN_IF_ERROR(WriteOutput(data_path, data, /*force=*/false));
   RETURN_IF_ERROR(WriteOutput(script_path, script, /*force=*/false));
   std::string shell_path;  // POSIX shell single quotes: ' becomes '\''
   for (char c : script_path) shell_path += c == '\'' ? std::string("'\\''") : std::string(1, c);
   const std::string command = "gnuplot '" + shell_path + "' >/dev/null 2>&1";
-  if (std::system(command.c_str()) != 0) {
+  absl::StatusOr<std::string> picture = absl::UnknownError("gnuplot did not run");
+  if (std::system(command.c_str()) == 0) picture = ReadBoundedFile(picture_path, "plot", 1 << 30);
+  if (!picture.ok() || picture->empty()) {
     return absl::InternalError(absl::StrCat("gnuplot failed to draw ", Quote(png_path)));
   }
-  return absl::OkStatus();
+  return WriteOutput(png_path, *picture, force);
 }
 
 int RunCompare(const PlanFlags& f, const std::string& budgets_text,
                const std::string& policies_text, std::string format,
                const std::string& plot_path, bool force, int jobs) {
   if (f.json) format = "json";
+  // Before planning, which may take long: a refused --plot path fails now.
+  if (absl::Status s = CheckOutputs({{plot_path, "--plot"}}, f.source.InputFiles(), force);
+      !s.ok()) {
+    return Fail(s);
+  }
   auto graph = f.source.Load();
   if (!graph.ok()) return Fail(graph.status());
-  if (!plot_path.empty()) {
-    // Before planning, which may take long: a refused --plot path fails now.
-    if (absl::Status s = CheckOutputPath(plot_path, force); !s.ok()) return Fail(s);
-  }
   CompareRequest request;
   request.jobs = jobs;
   auto options = f.Options();
@@ -380,7 +399,9 @@ void AddPlanCommands(CLI::App& app, int& exit_code) {
                                               "and time");
   plan->add_flag("--layout", plan_layout,
                  "put every tensor's arena offset and lifetime in the JSON");
-  plan->add_option("--schedule-out", plan_schedule_out, "also write the schedule to this file");
+  plan->add_option("--schedule-out", plan_schedule_out,
+                   "also write the schedule to this file (not one the command reads)")
+      ->check(NotStdout("the schedule"));
   plan->add_flag("--force", plan_force, "replace an existing --schedule-out file");
   plan->callback([&exit_code] {
     exit_code = RunPlan(plan_flags, plan_timeline, plan_layout, plan_schedule_out, plan_force);
@@ -398,7 +419,8 @@ void AddPlanCommands(CLI::App& app, int& exit_code) {
   sim->add_option("--schedule,-s", sim_schedule, "schedule file (pebble-schedule JSON)")
       ->required();
   sim->add_option("--bandwidth", sim_bandwidth,
-                  "host link bytes/s or a preset: pcie4 (25e9, the default), pcie5, nvlink-c2c");
+                  "host link bytes/s or a preset: pcie4 (25e9, the default), pcie5, nvlink-c2c")
+      ->check(BandwidthValue());
   sim->add_flag("--timeline", sim_timeline, "show the per-step memory and time");
   sim->add_flag("--json", sim_json, "print JSON");
   sim->callback([&exit_code] {
@@ -416,16 +438,20 @@ void AddPlanCommands(CLI::App& app, int& exit_code) {
       "  e.g. pebble compare --model resnet18:batch=8 --budgets 100%,60%,min --format csv");
   cmp_flags.AddOptions(cmp, false);
   cmp_flags.source.AddWorkspaceBackendOption(cmp);
-  cmp->add_option("--budgets", cmp_budgets, "comma-separated budgets")->capture_default_str();
+  cmp->add_option("--budgets", cmp_budgets, "comma-separated budgets")
+      ->capture_default_str()
+      ->check(BudgetList());
   cmp->add_option("--policies", cmp_policies,
                   "comma-separated policies, or 'all' (every registered one); "
                   "exec:PROGRAM runs a policy outside pebble (docs/library.md)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(PolicyList());
   cmp->add_option("--format,-f", cmp_format, "table, csv or json")->capture_default_str()
       ->check(CLI::IsMember({"table", "csv", "json"}));
   cmp->add_option("--plot", cmp_plot,
                   "also draw the Pareto curve (overhead against peak, feasible plans) as a PNG "
-                  "with gnuplot");
+                  "with gnuplot")
+      ->check(NotStdout("the plot"));
   cmp->add_flag("--force", cmp_force, "replace an existing --plot file");
   cmp->add_option("--jobs,-j", cmp_jobs,
                   "plans made at once (default 0: one per hardware thread; 1: one after the "

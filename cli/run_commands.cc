@@ -80,7 +80,8 @@ struct RunFlags {
   int warmup = 0;
   bool json = false;
   bool memory_log = false;
-  bool force = false;
+  bool force = false;        // replace existing output files
+  bool over_budget = false;  // run a plan that does not fit the budget
   bool no_poison = false;
   bool budget_given = false;  // --budget on the command line
   std::string workspace = "query";  // or "graph"
@@ -117,7 +118,7 @@ absl::StatusOr<RunPlan> MakeRunPlan(const RunFlags& f, const Graph& graph,
   if (!f.schedule_path.empty() && !f.budget_given) options.budget_bytes = INT64_MAX;
   if (!f.schedule_path.empty()) {
     if (!f.policy.empty()) {
-      return absl::InvalidArgumentError("give --policy or --schedule, not both");
+      return UsageError("--schedule: give --policy or --schedule, not both");
     }
     p.policy = "schedule";
     ASSIGN_OR_RETURN(Schedule schedule, ReadScheduleFile(graph, f.schedule_path));
@@ -173,36 +174,56 @@ absl::StatusOr<std::pair<Graph, RunPlan>> PlanWithBackendWorkspace(
 
 // The files `run` will write: --trace and one .npy per output under
 // --dump, each with the option that names it.
-std::vector<std::pair<std::string, std::string>> RunOutputs(const RunFlags& f,
-                                                            const Graph& graph) {
-  std::vector<std::pair<std::string, std::string>> outputs;
+std::vector<PathFlag> RunOutputs(const RunFlags& f, const Graph& graph) {
+  std::vector<PathFlag> outputs;
   if (!f.trace_path.empty()) outputs.emplace_back(f.trace_path, "--trace");
   if (!f.dump_dir.empty()) {
     for (NodeId v : graph.outputs()) {
-      outputs.emplace_back((std::filesystem::path(f.dump_dir) / TensorFileName(graph.id(v))).string(),
-                           "--dump");
+      outputs.emplace_back(
+          (std::filesystem::path(f.dump_dir) / TensorFileName(graph.id(v))).string(), "--dump");
     }
   }
   return outputs;
 }
 
+// The files `run` reads: --graph, --profile, --schedule, and each
+// persistent tensor's file under --inputs that is there.
+std::vector<PathFlag> RunInputs(const RunFlags& f, const Graph& graph) {
+  std::vector<PathFlag> inputs = f.source.InputFiles();
+  if (!f.schedule_path.empty()) inputs.emplace_back(f.schedule_path, "--schedule");
+  if (!f.inputs_dir.empty()) {
+    for (NodeId v = 0; v < graph.num_nodes(); ++v) {
+      if (!graph.persistent(v)) continue;
+      const std::string path =
+          (std::filesystem::path(f.inputs_dir) / TensorFileName(graph.id(v))).string();
+      std::error_code ec;
+      if (std::filesystem::exists(std::filesystem::symlink_status(path, ec))) {
+        inputs.emplace_back(path, "--inputs");
+      }
+    }
+  }
+  return inputs;
+}
+
 // Checks every input and output path before anything runs: --inputs is a
-// directory; no two outputs are one file; none replaces a file unless
-// forced (CheckOutputPath). Creates the --dump directory.
+// directory whose .npy files all name persistent nodes
+// (CheckInputsDirectory); no two outputs are one file, none is a file the
+// run reads, none replaces a file unless forced (CheckOutputs). Creates the
+// --dump directory.
 absl::Status CheckRunPaths(const RunFlags& f, const Graph& graph) {
   namespace fs = std::filesystem;
   std::error_code ec;
-  if (!f.inputs_dir.empty() && !fs::is_directory(f.inputs_dir, ec)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--inputs ", Quote(f.inputs_dir), fs::exists(f.inputs_dir, ec) ? " is not a directory"
-                                                                      : " does not exist"));
+  if (!f.inputs_dir.empty()) {
+    if (!fs::is_directory(f.inputs_dir, ec)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--inputs ", Quote(f.inputs_dir),
+                       fs::exists(f.inputs_dir, ec) ? " is not a directory" : " does not exist"));
+    }
+    absl::Status s = CheckInputsDirectory(graph, f.inputs_dir);
+    if (!s.ok()) return absl::Status(s.code(), absl::StrCat("--inputs: ", s.message()));
   }
-  const std::vector<std::pair<std::string, std::string>> outputs = RunOutputs(f, graph);
-  RETURN_IF_ERROR(CheckDistinctOutputs(outputs));
-  for (const auto& [path, option] : outputs) {
-    absl::Status s = CheckOutputPath(path, f.force);
-    if (!s.ok()) return absl::Status(s.code(), absl::StrCat(option, ": ", s.message()));
-  }
+  RETURN_IF_ERROR(CheckOutputs(RunOutputs(f, graph), RunInputs(f, graph), f.force,
+                               {f.dump_dir}));
   if (!f.dump_dir.empty()) {
     if (fs::exists(f.dump_dir, ec) && !fs::is_directory(f.dump_dir, ec)) {
       return absl::InvalidArgumentError(
@@ -267,11 +288,11 @@ int RunRun(const RunFlags& f) {
     plan = MakeRunPlan(f, *graph);
   }
   if (!plan.ok()) return Fail(plan.status());
-  if (!plan->plan.feasible && !f.force) {
+  if (!plan->plan.feasible && !f.over_budget) {
     return Fail(absl::FailedPreconditionError(absl::StrCat(
         "the ", plan->policy, " plan does not fit the budget of ", FormatBytes(plan->budget_bytes),
         " (", plan->plan.message.empty() ? "over budget" : plan->plan.message,
-        "); pass --force to run it anyway")));
+        "); pass --over-budget to run it anyway")));
   }
   ExecutorOptions options;
   options.seed = f.seed;
@@ -347,7 +368,7 @@ int RunRun(const RunFlags& f) {
                                    ? std::string("none")
                                    : absl::StrCat(f.budget, " = ", FormatBytes(plan->budget_bytes)),
                                FormatBytes(plan->baseline_peak),
-                               plan->plan.feasible ? "fits" : "DOES NOT FIT (forced)");
+                               plan->plan.feasible ? "fits" : "DOES NOT FIT (--over-budget)");
   std::cout << absl::StrFormat("  backend         %s (%s)\n", (*backend)->name(), r.device);
   Table t({"", "predicted", "measured", "bytes predicted", "bytes measured"});
   t.AddRow({"peak memory", FormatBytes(p.peak_bytes), FormatBytes(r.peak_bytes),
@@ -405,15 +426,19 @@ void AddRunCommands(CLI::App& app, int& exit_code) {
       "  e.g. pebble run --model conv3d:n=64 --policy baseline --budget 100% --backend cpu\n"
       "       pebble run --model resnet18:batch=2,image=64 --budget 60% --dump out/ --trace t.json");
   flags.source.AddOptions(run);
-  run->add_option("--policy,-p", flags.policy,
-                  "planner (see 'pebble policies'), or exec:PROGRAM (docs/library.md); "
-                  "default: best-order at or above the baseline peak, hybrid below it");
+  CLI::Option* policy =
+      run->add_option("--policy,-p", flags.policy,
+                      "planner (see 'pebble policies'), or exec:PROGRAM (docs/library.md); "
+                      "default: best-order at or above the baseline peak, hybrid below it")
+          ->check(PolicyName());
   CLI::Option* budget = run->add_option(
       "--budget,-b", flags.budget,
-      "device memory budget: bytes (8GiB), a percentage of the baseline peak (60%) or 'min'; "
-      "with --schedule, none unless given");
-  budget->capture_default_str();
-  run->add_option("--backend", flags.backend, "cpu or cuda")->capture_default_str();
+      "device memory budget: whole bytes or a size with units (8GiB), a percentage of the "
+      "baseline peak (60%) or 'min'; with --schedule, none unless given");
+  budget->capture_default_str()->check(BudgetValue());
+  run->add_option("--backend", flags.backend, "cpu or cuda")
+      ->capture_default_str()
+      ->check(BackendName());
   run->add_option("--workspace", flags.workspace,
                   "query: the scratch each kernel takes on --backend (oneDNN scratchpads and "
                   "relayouts, cuDNN workspace) becomes its node's workspace, planned in the arena, "
@@ -422,22 +447,31 @@ void AddRunCommands(CLI::App& app, int& exit_code) {
       ->capture_default_str()
       ->check(CLI::IsMember({"query", "graph"}));
   run->add_option("--schedule,-s", flags.schedule_path,
-                  "run this schedule file (pebble-schedule JSON) instead of planning");
+                  "run this schedule file (pebble-schedule JSON) instead of planning")
+      ->excludes(policy);
   run->add_option("--inputs", flags.inputs_dir,
-                  "directory of <id>.npy files for persistent tensors (others are generated)");
-  run->add_option("--dump", flags.dump_dir, "write every output as DIR/<id>.npy");
+                  "directory of <id>.npy files for persistent tensors (others are generated); "
+                  "a .npy file there that names no persistent node is an error");
+  run->add_option("--dump", flags.dump_dir,
+                  "write every output as DIR/<id>.npy (never over a file the run reads)")
+      ->check(NotStdout("the dumped tensors"));
   run->add_option("--seed", flags.seed, "seed of generated inputs (default 0)")
       ->check(IntegerIn(0, INT64_MAX));
   run->add_option("--warmup", flags.warmup,
                   "run the step this many times first and measure the next one (default 0)")
       ->check(IntegerIn(0, 1000));
   run->add_option("--trace", flags.trace_path,
-                  "write a Chrome trace (chrome://tracing, ui.perfetto.dev) to this file");
+                  "write a Chrome trace (chrome://tracing, ui.perfetto.dev) to this file")
+      ->check(NotStdout("the trace"));
   run->add_flag("--memory-log", flags.memory_log,
                 "print the per-module memory table (module, phase, delta, total)");
   run->add_option("--bandwidth", flags.bandwidth,
-                  "host link bytes/s for the planner's offload timing, or pcie4 (25e9, the default), pcie5 (55e9), nvlink-c2c (450e9); with --profile: its measured bandwidth");
-  run->add_option("--host-budget", flags.host_budget, "host memory limit for offloaded copies");
+                  "host link bytes/s for the planner's offload timing, or pcie4 (25e9, the "
+                  "default), pcie5 (55e9), nvlink-c2c (450e9); with --profile: its measured "
+                  "bandwidth")
+      ->check(BandwidthValue());
+  run->add_option("--host-budget", flags.host_budget, "host memory limit for offloaded copies")
+      ->check(SizeValue());
   AddQuietFlag(run, flags.quiet);
   AddOwnOrderFlag(run, flags.own_order);
   run->add_option("--time-limit", flags.time_limit_s,
@@ -446,7 +480,10 @@ void AddRunCommands(CLI::App& app, int& exit_code) {
   run->add_flag("--no-poison", flags.no_poison,
                 "do not fill the arena with NaN bytes before running");
   run->add_flag("--force", flags.force,
-                "run a plan over budget; replace existing --dump and --trace files");
+                "replace existing --dump and --trace files (never a file the run reads)");
+  run->add_flag("--over-budget", flags.over_budget,
+                "run a plan that does not fit the budget (by default refused, with the "
+                "planner's reason)");
   run->add_flag("--json", flags.json, "print one JSON document");
   run->callback([&exit_code, budget] {
     flags.budget_given = budget->count() > 0;

@@ -2,6 +2,9 @@
 // training step fits a memory budget (the seed report's 3-D experiment).
 // The search is the library's (Fit, scheduler/plan_api.h); this file adds
 // the command line, --verify (each answer run on a backend) and the output.
+#include <unistd.h>
+
+#include <chrono>
 #include <iostream>
 #include <memory>
 #include <mutex>
@@ -15,6 +18,7 @@
 #include "cli/run_common.h"
 #include "graph/models/models.h"
 #include "graph/status.h"
+#include "graph/text_input.h"
 #include "runtime/executor.h"
 #include "runtime/make_backend.h"
 #include "runtime/workspace.h"
@@ -33,7 +37,7 @@ struct FitFlags {
   std::string backend = "cpu";
   std::string bandwidth;  // empty: the profile's, else 25e9
   double throughput_flops_per_s = 10e12;
-  double time_limit_s = 10;
+  double time_limit_s = 300;  // the whole command
   int64_t start = 1;
   int64_t max_value = 0;  // 0: the model's own limit
   uint64_t seed = 0;
@@ -52,22 +56,84 @@ struct VerifiedRow {
   std::string verify_error;
 };
 
+// Each plan of the search may take this long at most (exact and MILP
+// planners search until it), within the whole command's --time-limit.
+constexpr double kFitPlanTimeLimitS = 10;
+
+// Reports each value the search tries on stderr: on a terminal one line,
+// rewritten in place; otherwise a line each. Thread-safe (the policies are
+// searched on several threads).
+class FitProgressLine {
+ public:
+  FitProgressLine(std::string vary, bool terminal)
+      : vary_(std::move(vary)), terminal_(terminal) {}
+
+  void Tried(const FitTry& t) {
+    std::string line = absl::StrFormat("fit: [%.1f s] %s %s=%d: %s", t.elapsed_s, t.policy,
+                                       vary_, t.value, FitOutcomeName(t.outcome));
+    if (t.outcome == FitTry::Outcome::kFits || t.outcome == FitTry::Outcome::kDoesNotFit) {
+      absl::StrAppend(&line, " (peak ", FormatBytes(t.peak_bytes), ")");
+    } else if (t.outcome == FitTry::Outcome::kBelowBound) {
+      absl::StrAppend(&line, " (at least ", FormatBytes(t.peak_bytes), ")");
+    }
+    const std::lock_guard<std::mutex> lock(mu_);
+    if (terminal_) {
+      constexpr size_t kWidth = 99;
+      if (line.size() > kWidth) line.resize(kWidth);
+      std::cerr << "\r" << line << std::string(kWidth - line.size(), ' ') << std::flush;
+      open_ = true;
+    } else {
+      std::cerr << line << "\n";
+    }
+  }
+
+  // Ends the line being rewritten, if any.
+  void Finish() {
+    const std::lock_guard<std::mutex> lock(mu_);
+    if (open_) std::cerr << "\n";
+    open_ = false;
+  }
+
+ private:
+  std::string vary_;
+  bool terminal_;
+  std::mutex mu_;
+  bool open_ = false;
+};
+
 int RunFit(const FitFlags& f) {
   FitRequest request;
   auto spec = ParseModelSpec(f.model);
-  if (!spec.ok()) return Fail(spec.status());
+  if (!spec.ok()) return Fail(UsageError(absl::StrCat("--model: ", spec.status().message())));
   request.model = *spec;
   request.vary = f.vary;
   auto budget_bytes = ParseFitBudget(f.budget);
-  if (!budget_bytes.ok()) return Fail(budget_bytes.status());
+  if (!budget_bytes.ok()) {
+    return Fail(UsageError(absl::StrCat("--budget: ", budget_bytes.status().message())));
+  }
   const int64_t budget = *budget_bytes;
   request.budget_bytes = budget;
   auto bandwidth = ParseBandwidth(f.bandwidth.empty() ? "25e9" : f.bandwidth);
-  if (!bandwidth.ok()) return Fail(bandwidth.status());
-  if (f.start < 1) return Fail(absl::InvalidArgumentError("--start must be at least 1"));
+  if (!bandwidth.ok()) {
+    return Fail(UsageError(absl::StrCat("--bandwidth: ", bandwidth.status().message())));
+  }
+  if (f.start < 1) return Fail(UsageError("--start must be at least 1"));
   if (f.max_value != 0 && f.max_value < f.start) {
-    return Fail(absl::InvalidArgumentError(absl::StrCat(
-        "--max ", f.max_value, " is below --start ", f.start, "; nothing to try")));
+    return Fail(UsageError(absl::StrCat("--max ", f.max_value, " is below --start ", f.start,
+                                        "; nothing to try")));
+  }
+  {
+    // The model at --start: a --vary that is no parameter of it, or a
+    // parameter it cannot be built with, is the command line's fault.
+    ModelSpec first = *spec;
+    first.params[f.vary] = absl::StrCat(f.start);
+    CostModel cost;
+    cost.device_flops_per_s = f.throughput_flops_per_s;
+    if (absl::Status built = BuildModel(first, cost).status();
+        built.code() == absl::StatusCode::kInvalidArgument) {
+      return Fail(UsageError(absl::StrCat("--model ", Quote(f.model), " --vary ", Quote(f.vary),
+                                          ": ", built.message())));
+    }
   }
   request.start = f.start;
   request.jobs = f.jobs;
@@ -81,9 +147,14 @@ int RunFit(const FitFlags& f) {
     }
   }
   request.options.host_bandwidth_bytes_per_s = *bandwidth;
-  request.options.time_limit_s = f.time_limit_s;
+  request.options.time_limit_s = std::min(kFitPlanTimeLimitS, f.time_limit_s);
+  request.time_limit_s = f.time_limit_s;
   request.options.own_order = f.own_order;
-  if (!f.json && !f.quiet) request.options.progress = StderrProgress();
+  const bool report_progress = !f.json && !f.quiet;
+  FitProgressLine progress_line(f.vary, isatty(STDERR_FILENO) != 0);
+  if (report_progress) {
+    request.on_try = [&progress_line](const FitTry& t) { progress_line.Tried(t); };
+  }
   // --workspace query: each model planned with --backend's kernel scratch
   // (runtime/workspace.h), one probe at a time.
   std::unique_ptr<Backend> probe_backend;
@@ -98,7 +169,9 @@ int RunFit(const FitFlags& f) {
     };
   }
   const PlannerOptions& options = request.options;
+  const auto started = std::chrono::steady_clock::now();
   auto fit = Fit(request);
+  progress_line.Finish();
   if (!fit.ok()) return Fail(fit.status());
   const std::optional<int64_t>& naive = fit->naive_value;
   const std::string& naive_error = fit->naive_note;
@@ -111,6 +184,13 @@ int RunFit(const FitFlags& f) {
     for (VerifiedRow& v : rows) {
       const FitRow& row = *v.row;
       if (!row.value.has_value()) continue;
+      const double elapsed =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+      if (elapsed >= f.time_limit_s) {
+        v.verify_error = absl::StrFormat("not run: the time limit of %g s was reached",
+                                         f.time_limit_s);
+        continue;
+      }
       // A backend per row: its memory high-water marks (device_peak_bytes,
       // scratch_bytes) then describe this row's run alone.
       auto backend = MakeBackend(f.backend);
@@ -119,7 +199,7 @@ int RunFit(const FitFlags& f) {
       eo.seed = f.seed;
       eo.simulator.host_bandwidth_bytes_per_s = options.host_bandwidth_bytes_per_s;
       eo.download_outputs = false;
-      if (!f.json) {
+      if (report_progress) {
         std::cerr << absl::StrFormat("fit: running %s at %s=%d on %s...\n", row.policy, f.vary,
                                      *row.value, f.backend);
       }
@@ -149,6 +229,8 @@ int RunFit(const FitFlags& f) {
                           {"vary", f.vary},
                           {"budget", f.budget},
                           {"budget_bytes", budget},
+                          {"time_limit_s", f.time_limit_s},
+                          {"search_time_s", fit->search_time_s},
                           {"search", "exponential then binary over the predicted peak; "
                                      "assumes the peak grows with the parameter"},
                           {"naive", {{"rule", "26 x bytes(input) <= budget"}}},
@@ -188,7 +270,8 @@ int RunFit(const FitFlags& f) {
                                       row.kind};
     if (row.value.has_value()) {
       const PlanReport& r = row.plan->report;
-      cells.push_back(absl::StrCat(*row.value));
+      // Cut by the time limit: a larger value may fit too.
+      cells.push_back(absl::StrCat(row.time_limit_reached ? ">= " : "", *row.value));
       cells.push_back(FormatBytes(r.peak_bytes));
       cells.push_back(OverheadPercent(r.overhead));
       cells.push_back(FormatBytes(r.transfer_bytes));
@@ -215,7 +298,8 @@ int RunFit(const FitFlags& f) {
                "naive: the largest value with 26 x bytes(input) <= budget (the seed report's "
                "rule of thumb).\n"
                "Search: exponential then binary over the predicted peak, assuming it grows with "
-               "the parameter.\n";
+               "the parameter";
+  std::cout << absl::StrFormat(" (%.1f s).\n", fit->search_time_s);
   return 0;
 }
 
@@ -231,18 +315,23 @@ void AddFitCommand(CLI::App& app, int& exit_code) {
       "       pebble fit --model resnet18:image=64 --vary batch --budget 1GiB --policies "
       "baseline,rotor --verify");
   fit->add_option("--model,-m", flags.model, "model with fixed parameters, e.g. conv3d:batch=1")
-      ->required();
+      ->required()
+      ->check(ModelName());
   fit->add_option("--vary", flags.vary, "the integer parameter to search (n, batch, ...)")
       ->required();
-  fit->add_option("--budget,-b", flags.budget, "device memory budget in bytes (2GiB)")
-      ->required();
+  fit->add_option("--budget,-b", flags.budget,
+                  "device memory budget: whole bytes or a size with units (2GiB)")
+      ->required()
+      ->check(FitBudgetValue());
   fit->add_option("--policies", flags.policies,
                   "comma-separated policies; default: every policy but the exact searches "
-                  "(exact, exact-order, checkmate); 'all': every one");
+                  "(exact, exact-order, checkmate); 'all': every one")
+      ->check(PolicyList());
   fit->add_flag("--verify", flags.verify,
                 "run each policy's largest value on the backend and compare the measured peak");
   fit->add_option("--backend", flags.backend, "backend for --verify and --workspace query")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(BackendName());
   fit->add_option("--workspace", flags.workspace,
                   "query: plan each model with the scratch its kernels take on --backend as "
                   "their nodes' workspace (docs/runtime.md, \"Workspace\"); graph: the model's "
@@ -259,11 +348,15 @@ void AddFitCommand(CLI::App& app, int& exit_code) {
   fit->add_option("--throughput", flags.throughput_flops_per_s,
                   "FLOP/s of the cost model (default 10e12)")
       ->check(NumberAbove(0, "a positive number of FLOP/s"));
-  fit->add_option("--bandwidth", flags.bandwidth, "host link bytes/s, or pcie4 (25e9, the default), pcie5, nvlink-c2c");
+  fit->add_option("--bandwidth", flags.bandwidth,
+                  "host link bytes/s, or pcie4 (25e9, the default), pcie5, nvlink-c2c")
+      ->check(BandwidthValue());
   AddQuietFlag(fit, flags.quiet);
   AddOwnOrderFlag(fit, flags.own_order);
   fit->add_option("--time-limit", flags.time_limit_s,
-                  "seconds an exact or MILP planner may search per plan (default 10)")
+                  "seconds for the whole command (default 300): past it the search keeps, per "
+                  "policy, the largest value found to fit so far, and --verify runs no more; "
+                  "each plan takes at most 10 s of it")
       ->check(NumberAbove(0, "a positive number of seconds"));
   fit->add_option("--jobs,-j", flags.jobs,
                   "policies searched at once (default 0: one per hardware thread; 1: one "

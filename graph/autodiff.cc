@@ -246,6 +246,24 @@ Value BackwardContext::Emit(absl::string_view op, std::vector<Value> inputs,
                       std::move(id_hint));
 }
 
+// Note [Gradients of views]. A forward alias (a view: reshape, flatten)
+// is differentiated like the op it views with, but its gradient is itself
+// an alias of the incoming gradient when the rule says so (ReshapeBackward:
+// the gradient of a reshape is the incoming gradient reshaped back, the
+// same bytes in the same order). So a view costs no memory in the backward
+// pass either, and the gradient of a viewed parameter may be an alias of
+// the gradient of its view: "grad:p" is then a view, still an output.
+// Other backward rules of a view emit ordinary nodes.
+Value BackwardContext::EmitView(absl::string_view op, Value base, nlohmann::json attrs) {
+  const Value v = state_->Emit(op, {base}, std::move(attrs), "");
+  if (v.valid()) state_->nb->SetAliasOf(v, base);
+  return v;
+}
+
+bool BackwardContext::is_view() const {
+  return state_->forward->is_alias(state_->node);
+}
+
 void BackwardContext::AccumulateGrad(int i, Value grad) {
   state_->Contribute(input(i).index, grad);
 }

@@ -92,6 +92,13 @@ class BackwardContext {
   Value Emit(absl::string_view op, std::vector<Value> inputs,
              nlohmann::json attrs = nlohmann::json::object(),
              std::string id_hint = "");
+  // Emit, and makes the node an alias (view) of `base`, its one input: for
+  // the backward of a forward view, whose gradient is the incoming one
+  // reshaped (Note [Gradients of views] in autodiff.cc).
+  Value EmitView(absl::string_view op, Value base,
+                 nlohmann::json attrs = nlohmann::json::object());
+  // Whether the forward node being differentiated is an alias (a view).
+  bool is_view() const;
   // Adds a contribution to the gradient of input i (same shape and dtype as
   // the input; ignored when `grad` is invalid after an error).
   void AccumulateGrad(int i, Value grad);

@@ -103,6 +103,11 @@ std::string FormatBytes(int64_t bytes) {
   return absl::StrFormat("%.*f %s", decimals, value, kNames[i]);
 }
 
+std::string AboveMaxBytes(int64_t bytes) {
+  return absl::StrCat(bytes, " bytes (", FormatBytes(bytes),
+                      ") is above the largest size pebble handles (2^53 bytes)");
+}
+
 NodeId Graph::Find(absl::string_view id) const {
   auto it = index_.find(id);
   return it == index_.end() ? kNoNode : it->second;
@@ -114,15 +119,17 @@ std::string Graph::ToString() const {
   for (NodeId v = 0; v < num_nodes(); ++v) {
     if (this->persistent(v)) {
       ++persistent;
-    } else {
+    } else if (!is_alias(v)) {
       activation_bytes += bytes(v);
     }
   }
-  return absl::StrFormat(
+  std::string out = absl::StrFormat(
       "Graph '%s': %d nodes (%d persistent, %d bytes), %d edges, %d outputs, "
       "%d non-persistent bytes",
       name_, num_nodes(), persistent, persistent_bytes_, unique_inputs_.size(),
       outputs_.size(), activation_bytes);
+  if (num_aliases_ > 0) absl::StrAppend(&out, ", ", num_aliases_, " aliases");
+  return out;
 }
 
 namespace {
@@ -195,6 +202,7 @@ absl::StatusOr<Graph> GraphBuilder::Build() const {
     if (*s.bytes < 0) {
       return NodeError(s.id, absl::StrCat("negative bytes (", *s.bytes, ")"));
     }
+    if (*s.bytes > kMaxBytes) return NodeError(s.id, AboveMaxBytes(*s.bytes));
     if (!std::isfinite(s.cost) || s.cost < 0) {
       return NodeError(s.id, absl::StrCat("cost must be a non-negative finite "
                                           "number, got ", s.cost));
@@ -202,6 +210,9 @@ absl::StatusOr<Graph> GraphBuilder::Build() const {
     if (s.workspace < 0) {
       return NodeError(s.id,
                        absl::StrCat("negative workspace (", s.workspace, ")"));
+    }
+    if (s.workspace > kMaxBytes) {
+      return NodeError(s.id, absl::StrCat("a workspace of ", AboveMaxBytes(s.workspace)));
     }
     if (s.persistent && !s.inputs.empty()) {
       return NodeError(s.id,
@@ -211,10 +222,35 @@ absl::StatusOr<Graph> GraphBuilder::Build() const {
     if (!s.attrs.is_null() && !s.attrs.is_object()) {
       return NodeError(s.id, "'attrs' must be an object");
     }
+    if (s.alias_of.has_value()) {
+      // A persistent node has no inputs, so it could view nothing; the
+      // weights and the data batch own their storage.
+      if (s.persistent) {
+        return NodeError(s.id, "a persistent node cannot be an alias ('alias_of')");
+      }
+      if (*s.alias_of == s.id) {
+        return NodeError(s.id, "'alias_of' names the node itself");
+      }
+      if (std::find(s.inputs.begin(), s.inputs.end(), *s.alias_of) == s.inputs.end()) {
+        return NodeError(s.id, absl::StrCat("'alias_of' ", Quote(*s.alias_of),
+                                            " is not one of its inputs"));
+      }
+      // A view runs no kernel; a workspace would also break the rule that
+      // an alias's compute adds no memory (docs/semantics.md).
+      if (s.workspace != 0) {
+        return NodeError(s.id, "an alias ('alias_of') has no workspace");
+      }
+    }
     if (s.shape.has_value()) {
       int64_t elements = 1;
       for (int64_t d : *s.shape) {
         if (d < 0) return NodeError(s.id, "negative dimension in 'shape'");
+        // Only beside a 0 can a dimension exceed the bytes checked above.
+        if (d > kMaxBytes) {
+          return NodeError(s.id, absl::StrCat("'shape' ", ShapeToString(*s.shape),
+                                              " has a dimension above the largest size pebble "
+                                              "handles (2^53)"));
+        }
         if (__builtin_mul_overflow(elements, d, &elements)) {
           return NodeError(s.id, "'shape' has more elements than 64 bits count");
         }
@@ -241,12 +277,14 @@ absl::StatusOr<Graph> GraphBuilder::Build() const {
                              "give costs in a smaller unit");
     }
     // Every sum of bytes the simulator forms (all nodes resident, plus one
-    // workspace) must fit in int64_t.
+    // workspace) is at most kMaxBytes. Both terms are at most 2^53 here, so
+    // the sums cannot overflow.
     max_workspace = std::max(max_workspace, s.workspace);
-    int64_t with_workspace = 0;
-    if (__builtin_add_overflow(total_bytes, *s.bytes, &total_bytes) ||
-        __builtin_add_overflow(total_bytes, max_workspace, &with_workspace)) {
-      return NodeError(s.id, "the graph's total bytes overflow 64 bits");
+    total_bytes += *s.bytes;
+    if (total_bytes + max_workspace > kMaxBytes) {
+      return NodeError(s.id, absl::StrCat("with this node, the graph's total (the bytes of "
+                                          "every node plus the largest workspace) of ",
+                                          AboveMaxBytes(total_bytes + max_workspace)));
     }
   }
 
@@ -265,6 +303,13 @@ absl::StatusOr<Graph> GraphBuilder::Build() const {
     g.dtypes_.push_back(s.dtype);
     g.attrs_.push_back(s.attrs);
     if (s.persistent) g.persistent_bytes_ += *s.bytes;
+  }
+  // Aliases: alias_of names an input, checked above, so it is a known id.
+  g.alias_of_.assign(n, kNoNode);
+  for (NodeId v = 0; v < n; ++v) {
+    if (!specs_[v].alias_of.has_value()) continue;
+    g.alias_of_[v] = g.Find(*specs_[v].alias_of);
+    ++g.num_aliases_;
   }
 
   // Inputs, as given and deduplicated.
@@ -343,6 +388,12 @@ absl::StatusOr<Graph> GraphBuilder::Build() const {
         "the graph has a cycle: ", DescribeCycle(g.ids_, unique, leftover)));
   }
 
+  // Storage roots, in topological order: an alias's input comes first.
+  g.storage_.resize(n);
+  for (NodeId v : g.topo_order_) {
+    g.storage_[v] = g.alias_of_[v] == kNoNode ? v : g.storage_[g.alias_of_[v]];
+  }
+
   // Outputs and their ancestors.
   g.needed_.assign(n, false);
   for (auto it = g.topo_order_.rbegin(); it != g.topo_order_.rend(); ++it) {
@@ -367,6 +418,7 @@ NodeSpec SpecOf(const Graph& graph, NodeId v) {
   s.dtype = graph.dtype(v);
   s.attrs = graph.attrs(v);
   s.role = graph.role(v);
+  if (graph.is_alias(v)) s.alias_of = graph.id(graph.alias_of(v));
   return s;
 }
 

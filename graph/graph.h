@@ -7,6 +7,14 @@
 // GraphBuilder::Build(), which validates everything SPEC section 1 names, so
 // code that holds a Graph may rely on: ids unique and non-empty, sizes and
 // costs in range, every input and output known, no cycle.
+//
+// Aliases (views, SPEC section 1 "Aliases"): a node may be an alias of one
+// of its inputs, its output then a view of that input's storage, as a
+// PyTorch view is of its base. alias_of(v) is that input (kNoNode for a node
+// of its own storage); storage(v) is the end of the chain, the node whose
+// bytes hold v's data (v itself when v is no alias). The memory rules count
+// each storage once, with its root's bytes; an alias's own bytes are its
+// logical size and add nothing (docs/semantics.md).
 #ifndef PEBBLE_GRAPH_GRAPH_H_
 #define PEBBLE_GRAPH_GRAPH_H_
 
@@ -59,6 +67,18 @@ std::string ShapeToString(const Shape& shape);  // "(2,1,26,150,320)"
 // significant digits).
 std::string FormatBytes(int64_t bytes);
 
+// The largest size pebble handles: 2^53 bytes (8 PiB). GraphBuilder refuses
+// a node whose bytes, workspace or any shape dimension is larger, and a
+// graph whose bytes summed over every node, plus its largest workspace, are:
+// so every memory figure of a graph and of its plans (persistent bytes, a
+// peak) is at most this. JSON numbers are doubles, which hold every integer
+// up to 2^53 exactly: every graph pebble accepts writes and reads back.
+inline constexpr int64_t kMaxBytes = int64_t{1} << 53;
+
+// "<bytes> bytes (<FormatBytes>) is above the largest size pebble handles
+// (2^53 bytes)": the one way every layer words a size past kMaxBytes.
+std::string AboveMaxBytes(int64_t bytes);
+
 // Everything GraphBuilder takes about one node; fields as in SPEC section 1.
 struct NodeSpec {
   std::string id;
@@ -72,6 +92,10 @@ struct NodeSpec {
   std::optional<DType> dtype;        // needed only to execute
   nlohmann::json attrs = nullptr;    // null or an object
   std::optional<Role> role;          // default: kInput if persistent, else kForward
+  // The id of the input whose storage this node's output views; none: the
+  // node owns its storage. Must name one of `inputs`; an alias is never
+  // persistent and has no workspace (a view runs no kernel).
+  std::optional<std::string> alias_of;
 };
 
 class Graph {
@@ -94,6 +118,16 @@ class Graph {
   const std::optional<Shape>& shape(NodeId v) const { return shapes_[v]; }
   std::optional<DType> dtype(NodeId v) const { return dtypes_[v]; }
   const nlohmann::json& attrs(NodeId v) const { return attrs_[v]; }
+
+  // Views (see the file comment). alias_of(v): the input v is a view of, or
+  // kNoNode. storage(v): the root of v's alias chain (v when v is no
+  // alias); never an alias itself. has_aliases(): whether any node is one;
+  // a graph without aliases means exactly what it meant before them.
+  NodeId alias_of(NodeId v) const { return alias_of_[v]; }
+  NodeId storage(NodeId v) const { return storage_[v]; }
+  bool is_alias(NodeId v) const { return alias_of_[v] != kNoNode; }
+  bool has_aliases() const { return num_aliases_ > 0; }
+  int num_aliases() const { return num_aliases_; }
 
   // Inputs as written (operand order, repeats kept): what a kernel reads.
   absl::Span<const NodeId> inputs(NodeId v) const {
@@ -147,6 +181,9 @@ class Graph {
   std::vector<std::optional<Shape>> shapes_;
   std::vector<std::optional<DType>> dtypes_;
   std::vector<nlohmann::json> attrs_;
+  std::vector<NodeId> alias_of_;
+  std::vector<NodeId> storage_;
+  int num_aliases_ = 0;
   std::vector<int32_t> input_offsets_{0};
   std::vector<NodeId> inputs_;
   std::vector<int32_t> unique_input_offsets_{0};
@@ -175,9 +212,13 @@ class GraphBuilder {
 
   // Validates and freezes. Errors (InvalidArgument): empty or duplicate id,
   // missing or negative bytes, negative or non-finite cost, negative
-  // workspace, a persistent node with inputs, attrs that are not an object,
-  // an unknown input or output id, no outputs, a cycle (the message lists it).
-  // A repeated output id counts once.
+  // workspace, bytes, workspace or a shape dimension above kMaxBytes, a
+  // graph whose bytes (all nodes plus the largest workspace) are, a
+  // persistent node with inputs, attrs that are not an object, an unknown
+  // input or output id, no outputs, a cycle (the message lists it), an
+  // alias_of that is not one of the node's inputs (or the node itself), a
+  // persistent alias, an alias with workspace. A repeated output id counts
+  // once.
   absl::StatusOr<Graph> Build() const;
 
  private:

@@ -20,6 +20,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "graph/file_output.h"
 #include "graph/status.h"
 #include "graph/text_input.h"
 
@@ -34,8 +35,8 @@ constexpr int64_t kVersion = 1;
 
 constexpr std::array<absl::string_view, 5> kTopLevelKeys = {
     "format", "version", "name", "nodes", "outputs"};
-constexpr std::array<absl::string_view, 11> kNodeKeys = {
-    "id",         "op",   "bytes", "cost",  "inputs", "workspace",
+constexpr std::array<absl::string_view, 12> kNodeKeys = {
+    "id",         "op",   "bytes", "cost",  "inputs", "alias_of", "workspace",
     "persistent", "role", "shape", "dtype", "attrs"};
 
 // A JSON value as shown after "got": its text, cut.
@@ -158,6 +159,14 @@ absl::StatusOr<NodeSpec> ParseNode(const Json& node, size_t index) {
       spec.inputs.push_back(in.get<std::string>());
     }
   }
+  if (auto it = node.find("alias_of"); it != node.end()) {
+    if (!it->is_string()) {
+      return FieldError(where, "alias_of",
+                        absl::StrCat("must be the id of one of its inputs (a string), got ",
+                                     Shown(*it)));
+    }
+    spec.alias_of = it->get<std::string>();
+  }
   if (auto it = node.find("workspace"); it != node.end()) {
     ASSIGN_OR_RETURN(spec.workspace, ReadCount(*it, where, "workspace"));
   }
@@ -218,7 +227,9 @@ absl::StatusOr<NodeSpec> ParseNode(const Json& node, size_t index) {
   return spec;
 }
 
-absl::StatusOr<Graph> FromJson(const Json& doc) {
+// The document's fields but its nodes and outputs (format, version, unknown
+// top-level keys, name), into `builder`; then that 'nodes' is an array.
+absl::Status ReadDocument(const Json& doc, GraphBuilder& builder) {
   if (!doc.is_object()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "a pebble-graph document must be a JSON object, got ", Shown(doc)));
@@ -244,7 +255,6 @@ absl::StatusOr<Graph> FromJson(const Json& doc) {
   }
   RETURN_IF_ERROR(CheckJsonKeys(doc, kTopLevelKeys, "graph"));
 
-  GraphBuilder builder;
   if (auto it = doc.find("name"); it != doc.end()) {
     ASSIGN_OR_RETURN(std::string name, ReadString(*it, "graph", "name"));
     builder.set_name(std::move(name));
@@ -258,20 +268,33 @@ absl::StatusOr<Graph> FromJson(const Json& doc) {
     return absl::InvalidArgumentError(absl::StrCat(
         "'nodes' must be an array of objects, got ", Shown(*nodes)));
   }
-  // Reports duplicates with both positions (Build() would name the id only).
-  absl::flat_hash_map<std::string, size_t> first_at;
-  first_at.reserve(nodes->size());
-  for (size_t i = 0; i < nodes->size(); ++i) {
-    ASSIGN_OR_RETURN(NodeSpec spec, ParseNode((*nodes)[i], i));
-    auto [it, inserted] = first_at.emplace(spec.id, i);
+  return absl::OkStatus();
+}
+
+// Node objects, in file order, into a GraphBuilder. Reports duplicates
+// with both positions (Build() would name the id only).
+class NodeReader {
+ public:
+  explicit NodeReader(GraphBuilder& builder) : builder_(builder) {}
+  absl::Status Add(const Json& node, size_t i) {
+    ASSIGN_OR_RETURN(NodeSpec spec, ParseNode(node, i));
+    auto [it, inserted] = first_at_.emplace(spec.id, i);
     if (!inserted) {
       return absl::InvalidArgumentError(
           absl::StrCat("node ", Quote(spec.id), ": duplicate id (nodes[",
                        it->second, "] and nodes[", i, "])"));
     }
-    builder.AddNode(std::move(spec));
+    builder_.AddNode(std::move(spec));
+    return absl::OkStatus();
   }
 
+ private:
+  GraphBuilder& builder_;
+  absl::flat_hash_map<std::string, size_t> first_at_;
+};
+
+// 'outputs' into `builder`, then Build().
+absl::StatusOr<Graph> ReadOutputsAndBuild(const Json& doc, GraphBuilder& builder) {
   auto outputs = doc.find("outputs");
   if (outputs == doc.end()) {
     return absl::InvalidArgumentError(
@@ -293,10 +316,40 @@ absl::StatusOr<Graph> FromJson(const Json& doc) {
   return builder.Build();
 }
 
-// `source` is the file the text came from, or empty.
+absl::StatusOr<Graph> FromJson(const Json& doc) {
+  GraphBuilder builder;
+  RETURN_IF_ERROR(ReadDocument(doc, builder));
+  const Json& nodes = doc["nodes"];
+  NodeReader reader(builder);
+  for (size_t i = 0; i < nodes.size(); ++i) RETURN_IF_ERROR(reader.Add(nodes[i], i));
+  return ReadOutputsAndBuild(doc, builder);
+}
+
+// `source` is the file the text came from, or empty. The nodes are read one
+// at a time as the text is parsed (ParseStrictJsonStreaming), never as a
+// document of all of them, which would take about ten times the text. The
+// first bad node is reported only once the JSON and the document's own
+// fields are found sound, so that errors come in the order FromJson gives
+// them (docs/graph-format.md).
 absl::StatusOr<Graph> ParseText(absl::string_view text, absl::string_view source) {
-  ASSIGN_OR_RETURN(const Json doc, ParseStrictJson(text, source));
-  absl::StatusOr<Graph> graph = GraphFromJson(doc);
+  GraphBuilder builder;
+  NodeReader reader(builder);
+  absl::Status first_bad_node;
+  auto sink = [&](Json& node, size_t i) {
+    if (first_bad_node.ok()) first_bad_node = reader.Add(node, i);
+    return absl::OkStatus();
+  };
+  ASSIGN_OR_RETURN(const Json doc, ParseStrictJsonStreaming(text, source, "nodes", sink));
+  absl::StatusOr<Graph> graph;
+  try {
+    absl::Status status = ReadDocument(doc, builder);
+    if (status.ok()) status = first_bad_node;
+    graph = status.ok() ? ReadOutputsAndBuild(doc, builder) : absl::StatusOr<Graph>(status);
+  } catch (const std::exception& e) {
+    // As in GraphFromJson: every access is type-checked first.
+    graph = absl::InvalidArgumentError(absl::StrCat(
+        "malformed pebble-graph document: ", Printable(e.what(), 200)));
+  }
   if (!graph.ok() && !source.empty()) {
     return absl::Status(graph.status().code(),
                         absl::StrCat(source, ": ", graph.status().message()));
@@ -322,6 +375,7 @@ OrderedJson NodeToJson(const Graph& graph, NodeId v) {
     for (NodeId u : graph.inputs(v)) inputs.push_back(graph.id(u));
     node["inputs"] = std::move(inputs);
   }
+  if (graph.is_alias(v)) node["alias_of"] = graph.id(graph.alias_of(v));
   if (graph.workspace(v) != 0) node["workspace"] = graph.workspace(v);
   if (graph.persistent(v)) node["persistent"] = true;
   const Role default_role = graph.persistent(v) ? Role::kInput : Role::kForward;
@@ -484,18 +538,7 @@ std::string GraphToJsonText(const Graph& graph) {
 }
 
 absl::Status WriteGraphFile(const Graph& graph, const std::string& path) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  if (!out) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        path, ": cannot write graph file (", std::strerror(errno), ")"));
-  }
-  out << GraphToJsonText(graph);
-  out.close();
-  if (!out) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(path, ": error while writing graph file"));
-  }
-  return absl::OkStatus();
+  return WriteFileAtomically(path, GraphToJsonText(graph));
 }
 
 std::string GraphToDot(const Graph& graph) {
@@ -508,7 +551,7 @@ std::string GraphToDot(const Graph& graph) {
       "//   green = data input, yellow = parameter, grey = buffer;\n"
       "// ellipse = computed: blue = forward, red = backward (gradient);\n"
       "// double border = output (resident at the end);\n"
-      "// edge u -> v: v reads u (\"xk\": k times).\n"
+      "// edge u -> v: v reads u (\"xk\": k times); dashed: v is a view of u.\n"
       "// Label: id, op, bytes of the output, shape and dtype when known.\n";
   absl::StrAppend(&out, "digraph ", DotQuote(graph.name()), " {\n");
   out += "  rankdir=TB;\n";
@@ -517,6 +560,7 @@ std::string GraphToDot(const Graph& graph) {
   for (NodeId v = 0; v < graph.num_nodes(); ++v) {
     std::string label = absl::StrCat(graph.id(v), "\n", graph.op(v), "\n",
                                      FormatBytes(graph.bytes(v)));
+    if (graph.is_alias(v)) absl::StrAppend(&label, " (view of ", graph.id(graph.alias_of(v)), ")");
     if (graph.shape(v).has_value()) {
       absl::StrAppend(&label, "\n", ShapeToString(*graph.shape(v)));
       if (graph.dtype(v).has_value()) {
@@ -535,7 +579,11 @@ std::string GraphToDot(const Graph& graph) {
       const auto times = std::count(inputs.begin(), inputs.end(), u);
       absl::StrAppend(&out, "  ", DotQuote(graph.id(u)), " -> ",
                       DotQuote(graph.id(v)));
-      if (times > 1) absl::StrAppend(&out, " [label=\"x", times, "\"]");
+      const bool view = graph.alias_of(v) == u;
+      if (times > 1 || view) {
+        absl::StrAppend(&out, " [", times > 1 ? absl::StrCat("label=\"x", times, "\"") : "",
+                        times > 1 && view ? ", " : "", view ? "style=dashed" : "", "]");
+      }
       out += ";\n";
     }
   }

@@ -27,7 +27,10 @@ absl::StatusOr<Graph> GraphFromJson(const nlohmann::json& doc);
 // spell infinity), with line and column ("line 3, column 7: ..."); a NUL
 // byte; a key repeated in one object (nlohmann would keep the last
 // silently) and nesting deeper than kMaxJsonDepth (ParseStrictJson). All four name the path to the value and, when
-// it was already read, the node ("(at nodes[2].cost, node 'a2')").
+// it was already read, the node ("(at nodes[2].cost, node 'a2')"). The
+// nodes are read one at a time as the text is parsed, never held as a JSON
+// document of all of them (which takes about ten times the text); errors
+// come in GraphFromJson's order all the same.
 absl::StatusOr<Graph> ParseGraphJson(absl::string_view text);
 
 // Reads and parses a file of at most kMaxJsonFileBytes (ReadBoundedFile).
@@ -36,15 +39,17 @@ absl::StatusOr<Graph> ParseGraphJson(absl::string_view text);
 // InvalidArgument for anything else.
 absl::StatusOr<Graph> ReadGraphFile(const std::string& path);
 
-// Largest `bytes`, `workspace` or shape dimension accepted: 2^53, so that
-// every JSON reader (JavaScript, Python floats) holds the value exactly.
-inline constexpr int64_t kMaxJsonInteger = int64_t{1} << 53;
+// Largest `bytes`, `workspace` or shape dimension read: 2^53, so that
+// every JSON reader (JavaScript, Python floats) holds the value exactly. It
+// is kMaxBytes, what GraphBuilder accepts: a graph that builds writes a file
+// that reads back.
+inline constexpr int64_t kMaxJsonInteger = kMaxBytes;
 
 // The graph as a pebble-graph document such that GraphFromJson reads back an
 // identical graph (same node order, so the same NodeIds). Keys in the order
 // format, version, name, nodes (by NodeId), outputs; node keys in the order
-// id, op, bytes, cost, inputs, workspace, persistent, role, shape, dtype,
-// attrs. Node fields at their default are left out, except id, op and bytes;
+// id, op, bytes, cost, inputs, alias_of, workspace, persistent, role, shape,
+// dtype, attrs. Node fields at their default are left out, except id, op and bytes;
 // `role` is written when it differs from its default (input if persistent,
 // else forward). Converts implicitly to nlohmann::json (keys then sorted).
 // Ids are not checked for UTF-8: to print a graph that did not come from a
@@ -63,8 +68,9 @@ absl::Status WriteGraphFile(const Graph& graph, const std::string& path);
 // green boxes, parameters as yellow boxes, buffers as grey boxes, forward
 // nodes as blue ellipses, backward nodes as red ellipses, outputs with a
 // double border. Labels show id, op, bytes (binary units, 3 significant
-// digits) and the shape when known. An input that a node reads k > 1 times
-// is one edge labelled "xk".
+// digits), "(view of b)" for an alias and the shape when known. An input
+// that a node reads k > 1 times is one edge labelled "xk"; the edge from
+// the node an alias views is dashed.
 std::string GraphToDot(const Graph& graph);
 
 }  // namespace pebble

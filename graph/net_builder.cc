@@ -43,6 +43,7 @@ NetBuilder NetBuilder::FromGraph(const Graph& graph, CostModel cost_model) {
   for (NodeId v = 0; v < graph.num_nodes(); ++v) {
     NodeSpec spec = SpecOf(graph, v);
     spec.inputs.clear();
+    spec.alias_of.reset();
     std::vector<int> inputs(graph.inputs(v).begin(), graph.inputs(v).end());
     TensorType type;
     const bool typed = graph.shape(v).has_value();
@@ -51,6 +52,7 @@ NetBuilder NetBuilder::FromGraph(const Graph& graph, CostModel cost_model) {
       type.dtype = graph.dtype(v).value_or(DType::kFloat32);
     }
     nb.Add(std::move(spec), std::move(inputs), std::move(type), typed);
+    nb.alias_of_.back() = graph.alias_of(v);
   }
   for (NodeId v : graph.outputs()) nb.outputs_.push_back(v);
   return nb;
@@ -62,6 +64,7 @@ Value NetBuilder::Add(NodeSpec spec, std::vector<int> inputs, TensorType type,
   index_.emplace(spec.id, index);
   specs_.push_back(std::move(spec));
   inputs_.push_back(std::move(inputs));
+  alias_of_.push_back(-1);
   types_.push_back(std::move(type));
   typed_.push_back(typed ? 1 : 0);
   return Value{index};
@@ -113,9 +116,17 @@ Value NetBuilder::Persistent(std::string id, Shape shape, DType dtype,
   }
   const std::optional<int64_t> bytes = Bytes(type);
   if (!bytes.has_value()) {
-    Fail(absl::InvalidArgumentError(
-        absl::StrCat("node '", id, "': bad or too large shape ",
-                     ShapeToString(type.shape))));
+    const bool negative = std::any_of(type.shape.begin(), type.shape.end(),
+                                      [](int64_t d) { return d < 0; });
+    Fail(absl::InvalidArgumentError(absl::StrCat(
+        "node '", id, "': shape ", ShapeToString(type.shape),
+        negative ? " has a negative dimension"
+                 : " holds more than 2^63 bytes, which is above the largest size pebble "
+                   "handles (2^53 bytes)")));
+    return Value{};
+  }
+  if (*bytes > kMaxBytes) {
+    Fail(absl::InvalidArgumentError(absl::StrCat("node '", id, "': ", AboveMaxBytes(*bytes))));
     return Value{};
   }
   NodeSpec spec;
@@ -192,8 +203,10 @@ Value NetBuilder::Apply(absl::string_view op, std::vector<Value> inputs,
   const std::optional<int64_t> bytes = Bytes(*type);
   if (!bytes.has_value()) {
     return error(absl::StrCat("output shape ", ShapeToString(type->shape),
-                              " is too large"));
+                              " holds more than 2^63 bytes, which is above the largest size "
+                              "pebble handles (2^53 bytes)"));
   }
+  if (*bytes > kMaxBytes) return error(AboveMaxBytes(*bytes));
   const double rate = cost_model_.device_flops_per_s;
   if (!(rate > 0) || !std::isfinite(rate)) {
     return error(absl::StrCat("device_flops_per_s must be positive, got ",
@@ -252,6 +265,23 @@ void NetBuilder::MarkOutput(Value v) {
 
 void NetBuilder::ClearOutputs() { outputs_.clear(); }
 
+void NetBuilder::SetAliasOf(Value v, Value base) {
+  if (!status_.ok() || !CheckValue(v, "SetAliasOf") || !CheckValue(base, "SetAliasOf")) return;
+  const std::vector<int>& in = inputs_[v.index];
+  if (specs_[v.index].persistent || std::find(in.begin(), in.end(), base.index) == in.end()) {
+    Fail(absl::InvalidArgumentError(absl::StrCat(
+        "node '", specs_[v.index].id, "' cannot be an alias of '", specs_[base.index].id,
+        "': only a computed node views one of its inputs")));
+    return;
+  }
+  alias_of_[v.index] = base.index;
+}
+
+Value NetBuilder::alias_of(Value v) const {
+  if (!v.valid() || v.index >= num_values() || alias_of_[v.index] < 0) return Value{};
+  return Value{alias_of_[v.index]};
+}
+
 const TensorType& NetBuilder::type(Value v) const {
   if (!v.valid() || v.index >= num_values()) return EmptyType();
   return types_[v.index];
@@ -301,6 +331,7 @@ absl::StatusOr<Graph> NetBuilder::Build() const {
   for (int i = 0; i < num_values(); ++i) {
     NodeSpec spec = specs_[i];
     for (int u : inputs_[i]) spec.inputs.push_back(specs_[u].id);
+    if (alias_of_[i] >= 0) spec.alias_of = specs_[alias_of_[i]].id;
     builder.AddNode(std::move(spec));
   }
   if (!outputs_.empty()) {

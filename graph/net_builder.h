@@ -75,6 +75,13 @@ class NetBuilder {
   Value Generic(std::string id, std::vector<Value> inputs, int64_t bytes,
                 double cost);
 
+  // Makes `v` an alias (view) of `base`, one of its inputs (SPEC section 1,
+  // "Aliases"): its output shares base's storage. A base that is not an
+  // input of v, or a persistent v, records an InvalidArgument naming v.
+  void SetAliasOf(Value v, Value base);
+  // The value v is an alias of, or an invalid value.
+  Value alias_of(Value v) const;
+
   // Marks a node as an output of the graph (a repeat counts once).
   void MarkOutput(Value v);
   // Unmarks every output.
@@ -147,11 +154,12 @@ class NetBuilder {
 
   std::string name_;
   CostModel cost_model_;
-  // One entry per node, by index. specs_[i].inputs stays empty: the inputs
-  // live in inputs_ as indices (so Rename is O(1)) and are written as ids
-  // by Build().
+  // One entry per node, by index. specs_[i].inputs and alias_of stay
+  // empty: they live in inputs_ and alias_of_ as indices (so Rename is
+  // O(1)) and are written as ids by Build().
   std::vector<NodeSpec> specs_;
   std::vector<std::vector<int>> inputs_;
+  std::vector<int> alias_of_;  // per node: the index it views, or -1
   std::vector<TensorType> types_;
   std::vector<uint8_t> typed_;
   std::vector<int> outputs_;

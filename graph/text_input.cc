@@ -1,5 +1,9 @@
 #include "graph/text_input.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cerrno>
 #include <cmath>
@@ -7,10 +11,7 @@
 #include <cstdio>
 #include <cstring>
 #include <exception>
-#include <filesystem>
-#include <fstream>
 #include <optional>
-#include <system_error>
 #include <vector>
 
 #include "absl/container/flat_hash_set.h"
@@ -152,41 +153,86 @@ absl::Status CheckJsonKeys(const nlohmann::json& object, absl::Span<const absl::
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::string> ReadBoundedFile(const std::string& path, absl::string_view what,
-                                            int64_t max_bytes) {
-  const std::string shown = Printable(path, 200);
-  std::error_code ec;
-  const std::filesystem::file_status status = std::filesystem::status(path, ec);
-  if (!std::filesystem::exists(status)) {
-    return absl::NotFoundError(absl::StrCat(shown, ": cannot read ", what, ": no such file"));
-  }
-  if (std::filesystem::is_directory(status)) {
+namespace {
+
+// What a file that is not a regular one is, for messages.
+absl::string_view FileKind(mode_t mode) {
+  if (S_ISDIR(mode)) return "a directory";
+  if (S_ISFIFO(mode)) return "a FIFO";
+  if (S_ISCHR(mode)) return "a character device";
+  if (S_ISBLK(mode)) return "a block device";
+  if (S_ISSOCK(mode)) return "a socket";
+  return "not a regular file";
+}
+
+absl::Status NotRegular(const std::string& shown, absl::string_view what, mode_t mode) {
+  if (S_ISDIR(mode)) {
     return absl::InvalidArgumentError(
         absl::StrCat(shown, ": cannot read ", what, ": is a directory"));
   }
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
+  return absl::InvalidArgumentError(absl::StrCat(
+      shown, ": cannot read ", what, ": not a regular file (", FileKind(mode),
+      "); pebble reads its inputs from regular files only"));
+}
+
+absl::Status TooLarge(const std::string& shown, absl::string_view what, int64_t max_bytes) {
+  return absl::InvalidArgumentError(absl::StrCat(
+      shown, ": ", what, " is larger than ", max_bytes, " bytes, the most pebble reads"));
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> ReadBoundedFile(const std::string& path, absl::string_view what,
+                                            int64_t max_bytes) {
+  const std::string shown = Printable(path, 200);
+  // stat before open: opening a FIFO would wait for a writer, and opening a
+  // device may have effects of its own.
+  struct stat before;
+  if (stat(path.c_str(), &before) != 0) {
+    if (errno == ENOENT || errno == ENOTDIR) {
+      return absl::NotFoundError(absl::StrCat(shown, ": cannot read ", what, ": no such file"));
+    }
+    return absl::InvalidArgumentError(
+        absl::StrCat(shown, ": cannot read ", what, " (", std::strerror(errno), ")"));
+  }
+  if (!S_ISREG(before.st_mode)) return NotRegular(shown, what, before.st_mode);
+  if (before.st_size > max_bytes) return TooLarge(shown, what, max_bytes);
+  // O_NONBLOCK: should the path have become a FIFO since the stat, the open
+  // returns at once, and the fstat below refuses it.
+  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
+  if (fd < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat(shown, ": cannot open ", what, " (", std::strerror(errno), ")"));
   }
-  // Read at most max_bytes + 1 bytes: one more than allowed proves the file
-  // too long without reading an endless one to its end.
+  struct FdCloser {
+    int fd;
+    ~FdCloser() { close(fd); }
+  } closer{fd};
+  struct stat opened;
+  if (fstat(fd, &opened) != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(shown, ": cannot read ", what, " (", std::strerror(errno), ")"));
+  }
+  if (!S_ISREG(opened.st_mode)) return NotRegular(shown, what, opened.st_mode);
+  // Read at most max_bytes + 1 bytes: a file that grew since the stat is
+  // refused as soon as one byte too many arrives.
   std::string text;
+  text.reserve(static_cast<size_t>(std::min<int64_t>(opened.st_size, max_bytes) + 1));
   std::vector<char> chunk(1 << 16);
-  while (in) {
+  for (;;) {
     const int64_t room = max_bytes + 1 - static_cast<int64_t>(text.size());
     if (room <= 0) break;
-    in.read(chunk.data(), static_cast<std::streamsize>(
-                              std::min<int64_t>(room, static_cast<int64_t>(chunk.size()))));
-    text.append(chunk.data(), static_cast<size_t>(in.gcount()));
+    const ssize_t n = read(fd, chunk.data(),
+                           static_cast<size_t>(std::min<int64_t>(room, chunk.size())));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(shown, ": error while reading ", what, " (",
+                                                     std::strerror(errno), ")"));
+    }
+    if (n == 0) break;
+    text.append(chunk.data(), static_cast<size_t>(n));
   }
-  if (in.bad()) {
-    return absl::InvalidArgumentError(absl::StrCat(shown, ": error while reading ", what));
-  }
-  if (static_cast<int64_t>(text.size()) > max_bytes) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        shown, ": ", what, " is larger than ", max_bytes, " bytes, the most pebble reads"));
-  }
+  if (static_cast<int64_t>(text.size()) > max_bytes) return TooLarge(shown, what, max_bytes);
   return text;
 }
 
@@ -199,14 +245,22 @@ using Json = nlohmann::json;
 // what nlohmann accepts but a graph file must not contain: a key repeated in
 // one object (nlohmann keeps the last one silently) and nesting deeper than
 // kMaxJsonDepth (copying and printing such values recurses).
+//
+// With a `stream_key`, the elements of the array under that key of the
+// top-level object are not kept: each is built alone and handed to `sink`
+// when complete, so that memory holds one element at a time.
 class TrackingSax : public nlohmann::json_sax<Json> {
  public:
-  explicit TrackingSax(absl::string_view text) : text_(text) {}
+  TrackingSax(absl::string_view text, absl::string_view stream_key = "",
+              const JsonElementSink* sink = nullptr)
+      : text_(text), stream_key_(stream_key), sink_(sink) {}
 
   Json& root() { return root_; }
   // After a failed parse: "line L, column C: what (at path, node 'id')"
   // (no line and column when the parser gave no position).
   const std::string& error() const { return error_; }
+  // An error the sink returned, which ended the parse (else OK).
+  const absl::Status& sink_status() const { return sink_status_; }
 
   bool null() override { return Put(Json(nullptr)); }
   bool boolean(bool v) override { return Put(Json(v)); }
@@ -257,6 +311,8 @@ class TrackingSax : public nlohmann::json_sax<Json> {
   struct Frame {
     Json* value = nullptr;
     bool is_array = false;
+    bool streamed = false;  // an array whose elements go to the sink
+    size_t count = 0;       // streamed arrays: elements begun
     bool has_key = false;
     std::string key;                        // objects: the key being parsed
     absl::flat_hash_set<std::string> keys;  // objects: lookups only
@@ -267,6 +323,11 @@ class TrackingSax : public nlohmann::json_sax<Json> {
   Json* Slot() {
     if (frames_.empty()) return &root_;
     Frame& f = frames_.back();
+    if (f.streamed) {
+      ++f.count;
+      element_ = nullptr;
+      return &element_;
+    }
     if (f.is_array) {
       f.value->push_back(nullptr);
       return &f.value->back();
@@ -276,7 +337,17 @@ class TrackingSax : public nlohmann::json_sax<Json> {
 
   bool Put(Json v) {
     *Slot() = std::move(v);
-    return true;
+    return frames_.empty() || !frames_.back().streamed || Hand();
+  }
+
+  // The streamed element just completed goes to the sink.
+  bool Hand() {
+    const size_t index = frames_.back().count - 1;
+    absl::Status status = (*sink_)(element_, index);
+    element_ = nullptr;
+    if (status.ok()) return true;
+    sink_status_ = std::move(status);
+    return false;
   }
 
   bool Open(Json container) {
@@ -292,13 +363,16 @@ class TrackingSax : public nlohmann::json_sax<Json> {
     Frame frame;
     frame.value = slot;
     frame.is_array = is_array;
+    // The array under the stream key of the top-level object.
+    frame.streamed = is_array && sink_ != nullptr && frames_.size() == 1 &&
+                     !frames_[0].is_array && frames_[0].key == stream_key_;
     frames_.push_back(std::move(frame));
     return true;
   }
 
   bool Close() {
     frames_.pop_back();
-    return true;
+    return frames_.empty() || !frames_.back().streamed || Hand();
   }
 
   // "nodes[2].cost": the path to the value being parsed.
@@ -309,7 +383,7 @@ class TrackingSax : public nlohmann::json_sax<Json> {
       const bool has_child = j + 1 < frames_.size();
       if (f.is_array) {
         // An open child container was already appended; a scalar was not.
-        const size_t n = f.value->size();
+        const size_t n = f.streamed ? f.count : f.value->size();
         absl::StrAppend(&path, "[", has_child ? n - 1 : n, "]");
       } else if (f.has_key) {
         absl::StrAppend(&path, j == 0 ? "" : ".", Printable(f.key, 40));
@@ -355,20 +429,27 @@ class TrackingSax : public nlohmann::json_sax<Json> {
   }
 
   absl::string_view text_;
+  absl::string_view stream_key_;
+  const JsonElementSink* sink_;
   Json root_;
+  Json element_;  // the streamed element being built
   std::vector<Frame> frames_;
   std::string error_;
+  absl::Status sink_status_;
 };
 
 }  // namespace
 
-absl::StatusOr<nlohmann::json> ParseStrictJson(absl::string_view text, absl::string_view source) {
+namespace {
+
+absl::StatusOr<nlohmann::json> Parse(absl::string_view text, absl::string_view source,
+                                     absl::string_view stream_key, const JsonElementSink* sink) {
   const absl::string_view prefix_sep = source.empty() ? "" : ": ";
   if (const size_t nul = text.find('\0'); nul != absl::string_view::npos) {
     return absl::InvalidArgumentError(absl::StrCat(
         source, prefix_sep, "invalid JSON: a NUL byte at offset ", nul));
   }
-  TrackingSax sax(text);
+  TrackingSax sax(text, stream_key, sink);
   bool ok = false;
   try {
     ok = Json::sax_parse(text.begin(), text.end(), &sax);
@@ -379,6 +460,7 @@ absl::StatusOr<nlohmann::json> ParseStrictJson(absl::string_view text, absl::str
         absl::StrCat(source, prefix_sep, "invalid JSON: ", Printable(e.what(), 200)));
   }
   if (ok) return std::move(sax.root());
+  if (!sax.sink_status().ok()) return sax.sink_status();
   const std::string& error = sax.error();
   if (source.empty()) return absl::InvalidArgumentError(error);
   // "line 3, column 4: x" -> "path:3:4: x", as compilers write it.
@@ -391,6 +473,19 @@ absl::StatusOr<nlohmann::json> ParseStrictJson(absl::string_view text, absl::str
         absl::StrCat(source, ":", line, ":", column, ": ", error.substr(consumed)));
   }
   return absl::InvalidArgumentError(absl::StrCat(source, ": ", error));
+}
+
+}  // namespace
+
+absl::StatusOr<nlohmann::json> ParseStrictJson(absl::string_view text, absl::string_view source) {
+  return Parse(text, source, "", nullptr);
+}
+
+absl::StatusOr<nlohmann::json> ParseStrictJsonStreaming(absl::string_view text,
+                                                        absl::string_view source,
+                                                        absl::string_view stream_key,
+                                                        const JsonElementSink& sink) {
+  return Parse(text, source, stream_key, &sink);
 }
 
 }  // namespace pebble

@@ -11,6 +11,7 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "absl/strings/string_view.h"
@@ -54,11 +55,14 @@ bool ParseDecimal(absl::string_view text, double* value);
 absl::Status CheckJsonKeys(const nlohmann::json& object, absl::Span<const absl::string_view> known,
                            absl::string_view where);
 
-// The whole content of the file at `path`, of at most `max_bytes` bytes.
-// `what` names the file in messages ("graph file"). NotFound when nothing is
-// there; InvalidArgument for a directory, an unreadable file, or content
-// longer than `max_bytes` (read no further than that, so /dev/zero or a
-// pipe that never ends is refused, not followed).
+// The whole content of the regular file at `path`, of at most `max_bytes`
+// bytes. `what` names the file in messages ("graph file"). NotFound when
+// nothing is there; InvalidArgument for an unreadable file, one larger than
+// `max_bytes` (refused from its size before reading, and a file that grows
+// meanwhile is read no further than that), and anything but a regular file:
+// a directory, a FIFO (which is never opened for reading in a way that could
+// wait for a writer), a device such as /dev/zero, a socket. Every input file
+// of pebble (graphs, schedules, cost profiles, ONNX models) goes through it.
 absl::StatusOr<std::string> ReadBoundedFile(const std::string& path, absl::string_view what,
                                             int64_t max_bytes = kMaxJsonFileBytes);
 
@@ -72,6 +76,23 @@ absl::StatusOr<std::string> ReadBoundedFile(const std::string& path, absl::strin
 // compilers write it. Never throws.
 absl::StatusOr<nlohmann::json> ParseStrictJson(absl::string_view text,
                                                absl::string_view source = "");
+
+// Receives one element of a streamed array, complete, and its index; may
+// move from it. An error ends the parse and is what the parse returns.
+using JsonElementSink = absl::FunctionRef<absl::Status(nlohmann::json& element, size_t index)>;
+
+// ParseStrictJson, except that the elements of the array under the key
+// `stream_key` of the top-level object are handed to `sink` one at a time,
+// in order, as soon as each is parsed, and not kept: the document returned
+// has an empty array there. Memory is then the rest of the document and one
+// element, not every element (a JSON value takes about ten times its text).
+// Errors and their positions are those of ParseStrictJson; an error of a
+// later element or of the rest of the document may come after the sink has
+// seen earlier elements.
+absl::StatusOr<nlohmann::json> ParseStrictJsonStreaming(absl::string_view text,
+                                                        absl::string_view source,
+                                                        absl::string_view stream_key,
+                                                        const JsonElementSink& sink);
 
 }  // namespace pebble
 

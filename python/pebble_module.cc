@@ -4,13 +4,20 @@
 //
 // Conventions: budgets take the command line's forms ("60%", "2GiB",
 // "min") or an int of bytes; JSON-shaped results are plain dicts and lists
-// with the keys of the CLI's --json output; every error is a ValueError
-// carrying the CLI's message. The GIL is released while planning and
-// taken back only to call a policy written in Python.
-#include <pybind11/functional.h>
+// with the keys of the CLI's --json output. Bad input, and an argument of
+// the wrong type or out of range, is a ValueError whose message names the
+// culprit: the CLI's message where the CLI has one, printed as the CLI
+// prints it (control characters escaped). TypeError is left to Python's
+// own checks (an unknown keyword, a missing argument) and to making a Graph
+// or Plan other than through the functions. KeyboardInterrupt and the other
+// BaseExceptions that are not Exceptions pass through as themselves. The
+// GIL is released while planning and taken back only to call a policy
+// written in Python.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <utility>
@@ -19,123 +26,23 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "graph/autodiff.h"
 #include "graph/graph.h"
 #include "graph/graph_json.h"
 #include "graph/import/onnx_import.h"
 #include "graph/models/models.h"
-#include "scheduler/external_policy.h"
-#include "scheduler/offload.h"
+#include "graph/text_input.h"
+#include "python/convert.h"
+#include "python/python_policy.h"
+#include "scheduler/budget.h"
 #include "scheduler/plan_api.h"
 #include "scheduler/planner.h"
 #include "scheduler/schedule.h"
 #include "scheduler/simulator.h"
 
-namespace py = pybind11;
-
 namespace pebble::python {
 namespace {
-
-// Raises ValueError with the status's message.
-[[noreturn]] void Raise(const absl::Status& status) {
-  throw py::value_error(std::string(status.message()));
-}
-template <typename T>
-T Unwrap(absl::StatusOr<T> value) {
-  if (!value.ok()) Raise(value.status());
-  return *std::move(value);
-}
-void Check(const absl::Status& status) {
-  if (!status.ok()) Raise(status);
-}
-
-// JSON to Python objects and back through the json module: exact for every
-// value pebble writes (integers stay ints, ids stay str).
-template <typename Json>
-py::object ToPython(const Json& j) {
-  return py::module_::import("json").attr("loads")(
-      j.dump(-1, ' ', false, Json::error_handler_t::replace));
-}
-nlohmann::json FromPython(const py::handle& value, const char* what) {
-  std::string text;
-  try {
-    text = py::module_::import("json").attr("dumps")(value).cast<std::string>();
-  } catch (const py::error_already_set& e) {
-    throw py::value_error(absl::StrCat(what, " is not JSON-shaped: ", e.what()));
-  }
-  return nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
-}
-
-// A budget given as text or as an int of bytes.
-std::string BudgetText(const py::handle& budget) {
-  if (py::isinstance<py::str>(budget)) return budget.cast<std::string>();
-  if (py::isinstance<py::int_>(budget) && !py::isinstance<py::bool_>(budget)) {
-    return std::to_string(budget.cast<int64_t>());
-  }
-  throw py::value_error(absl::StrCat("a budget is a str (\"60%\", \"2GiB\", \"min\") or an int "
-                                     "of bytes, not ",
-                                     std::string(py::str(py::type::of(budget)))));
-}
-
-// The budget-independent planner options, from the keyword arguments the
-// functions share. bandwidth: bytes/s or a preset name (pcie4, pcie5,
-// nvlink-c2c); host_budget: like a budget, None for unlimited.
-PlannerOptions Options(const py::object& host_budget, const py::object& bandwidth,
-                       double time_limit, uint64_t seed, bool own_order = false) {
-  PlannerOptions o;
-  o.own_order = own_order;
-  if (!host_budget.is_none()) o.host_budget_bytes = Unwrap(ParseSize(BudgetText(host_budget)));
-  if (!bandwidth.is_none()) {
-    const std::string text = py::isinstance<py::str>(bandwidth)
-                                 ? bandwidth.cast<std::string>()
-                                 : std::string(py::str(bandwidth));
-    o.host_bandwidth_bytes_per_s = Unwrap(ParseBandwidth(text));
-  }
-  if (!(time_limit > 0)) throw py::value_error("time_limit must be a positive number of seconds");
-  o.time_limit_s = time_limit;
-  o.seed = seed;
-  return o;
-}
-
-// A schedule from Python: a pebble-schedule dict, or a list of steps, each
-// an (action, node) pair or an {"action", "node"} dict.
-absl::StatusOr<Schedule> ScheduleFromPython(const Graph& graph, const py::handle& value) {
-  nlohmann::json doc;
-  if (py::isinstance<py::dict>(value)) {
-    doc = FromPython(value, "the schedule");
-  } else {
-    nlohmann::json steps = nlohmann::json::array();
-    if (!py::isinstance<py::sequence>(value) || py::isinstance<py::str>(value)) {
-      return absl::InvalidArgumentError(
-          "a schedule is a list of (action, node) steps or a pebble-schedule dict");
-    }
-    size_t k = 0;
-    for (const py::handle step : value) {
-      if (py::isinstance<py::dict>(step)) {
-        steps.push_back(FromPython(step, "a step"));
-      } else if (py::isinstance<py::sequence>(step) && !py::isinstance<py::str>(step) &&
-                 py::len(step) == 2) {
-        py::sequence pair = py::reinterpret_borrow<py::sequence>(step);
-        steps.push_back({{"action", FromPython(pair[0], "an action")},
-                         {"node", FromPython(pair[1], "a node")}});
-      } else {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "step ", k, " of the schedule is not an (action, node) pair or a dict"));
-      }
-      ++k;
-    }
-    doc = {{"format", "pebble-schedule"}, {"version", 1}, {"steps", std::move(steps)}};
-  }
-  return ScheduleFromJson(graph, doc);
-}
-
-py::list ScheduleToPython(const Graph& graph, const Schedule& schedule) {
-  py::list steps;
-  for (const Step& s : schedule.steps) {
-    steps.append(py::make_tuple(std::string(ActionName(s.action)), graph.id(s.node)));
-  }
-  return steps;
-}
 
 // What pebble.plan returns.
 struct PyPlan {
@@ -151,20 +58,23 @@ struct PyPlan {
   py::dict document;  // the whole plan --json document
 };
 
-PyPlan PlanPy(const Graph& graph, const std::optional<std::string>& policy,
-            const py::object& budget, const py::object& host_budget,
-            const py::object& bandwidth, double time_limit, uint64_t seed, bool timeline,
-            bool own_order) {
+PyPlan PlanPy(const py::object& graph_arg, const py::object& policy, const py::object& budget,
+              const py::object& host_budget, const py::object& bandwidth,
+              const py::object& time_limit, const py::object& seed, const py::object& timeline,
+              const py::object& own_order) {
+  const Graph& graph = GraphArg(graph_arg);
+  PlanningCall call;
   PlanRequest request;
-  request.policy = policy.value_or("");
-  request.budget = BudgetText(budget);
-  request.options = Options(host_budget, bandwidth, time_limit, seed, own_order);
-  absl::StatusOr<PlanOutcome> outcome;
-  {
-    py::gil_scoped_release release;
-    outcome = PlanGraph(graph, request);
+  request.policy = OptionalStrArg(policy, "policy").value_or("");
+  if (!policy.is_none() && request.policy.empty()) {
+    RaiseValueError("policy: the name is empty (None means the default)");
   }
-  if (!outcome.ok()) Raise(outcome.status());
+  request.budget = SizeText(budget, "budget", kBudgetForms);
+  request.options = Options(host_budget, bandwidth, time_limit, seed, own_order);
+  call.Attach(request.options);
+  const bool with_timeline = BoolArg(timeline, "timeline");
+  absl::StatusOr<PlanOutcome> outcome = call.Run([&] { return PlanGraph(graph, request); });
+  if (!outcome.ok()) call.Raise(outcome.status());
   PyPlan p;
   p.feasible = outcome->result.feasible;
   p.policy = outcome->policy;
@@ -172,32 +82,34 @@ PyPlan PlanPy(const Graph& graph, const std::optional<std::string>& policy,
   p.budget_bytes = outcome->budget_bytes;
   p.baseline_peak_bytes = outcome->baseline_peak_bytes;
   p.plan_time_s = outcome->plan_time_s;
-  p.document = ToPython(PlanDocument(graph, *outcome, graph.name(), timeline, false));
+  p.document = ToPython(PlanDocument(graph, *outcome, graph.name(), with_timeline, false));
   p.report = p.document["report"];
   p.details = p.document["details"];
   p.schedule = ScheduleToPython(graph, outcome->result.schedule);
   return p;
 }
 
-py::list ComparePy(const Graph& graph, const std::optional<std::vector<std::string>>& policies,
-                 const std::optional<std::vector<py::object>>& budgets,
-                 const py::object& host_budget, const py::object& bandwidth, double time_limit,
-                 uint64_t seed, int jobs, bool own_order) {
+py::list ComparePy(const py::object& graph_arg, const py::object& policies,
+                   const py::object& budgets, const py::object& host_budget,
+                   const py::object& bandwidth, const py::object& time_limit,
+                   const py::object& seed, const py::object& jobs, const py::object& own_order) {
+  const Graph& graph = GraphArg(graph_arg);
+  PlanningCall call;
   CompareRequest request;
-  if (jobs < 0) throw py::value_error("jobs must be 0 (one per hardware thread) or more");
-  request.jobs = jobs;
-  if (policies) request.policies = *policies;
-  if (budgets) {
+  request.jobs = static_cast<int>(IntArg(jobs, "jobs", 0, 4096));
+  if (!policies.is_none()) request.policies = PolicyListArg(policies);
+  if (!budgets.is_none()) {
     request.budgets.clear();
-    for (const py::object& b : *budgets) request.budgets.push_back(BudgetText(b));
+    for (const py::object& b : ListArg(budgets, "budgets", "a list of budgets")) {
+      request.budgets.push_back(SizeText(
+          b, absl::StrCat("budgets[", request.budgets.size(), "]"), kBudgetForms));
+    }
   }
   request.options = Options(host_budget, bandwidth, time_limit, seed, own_order);
-  absl::StatusOr<Comparison> comparison;
-  {
-    py::gil_scoped_release release;
-    comparison = pebble::Compare(graph, request);
-  }
-  if (!comparison.ok()) Raise(comparison.status());
+  call.Attach(request.options);
+  absl::StatusOr<Comparison> comparison =
+      call.Run([&] { return pebble::Compare(graph, request); });
+  if (!comparison.ok()) call.Raise(comparison.status());
   py::list rows;
   for (const CompareEntry& e : comparison->entries) {
     rows.append(ToPython(CompareRowJson(graph, *comparison, e)));
@@ -205,106 +117,89 @@ py::list ComparePy(const Graph& graph, const std::optional<std::vector<std::stri
   return rows;
 }
 
-py::dict FitPy(const std::string& model, const std::string& vary, const py::object& budget,
-             const std::optional<std::vector<std::string>>& policies, int64_t start,
-             int64_t max_value, double throughput, const py::object& bandwidth,
-             double time_limit, int jobs) {
+py::dict FitPy(const py::object& model, const py::object& vary, const py::object& budget,
+               const py::object& policies, const py::object& start, const py::object& max_value,
+               const py::object& throughput, const py::object& bandwidth,
+               const py::object& time_limit, const py::object& jobs) {
+  PlanningCall call;
   FitRequest request;
-  if (jobs < 0) throw py::value_error("jobs must be 0 (one per hardware thread) or more");
-  request.jobs = jobs;
-  request.model = Unwrap(ParseModelSpec(model));
-  request.vary = vary;
-  request.budget_bytes = Unwrap(ParseFitBudget(BudgetText(budget)));
-  if (policies) request.policies = *policies;
-  request.start = start;
-  request.max_value = max_value;
-  request.cost.device_flops_per_s = throughput;
-  request.options = Options(py::none(), bandwidth, time_limit, 0);
-  absl::StatusOr<FitResult> fit;
-  {
-    py::gil_scoped_release release;
-    fit = pebble::Fit(request);
-  }
-  if (!fit.ok()) Raise(fit.status());
+  request.model = Unwrap(ParseModelSpec(StrArg(model, "model")));
+  request.vary = StrArg(vary, "vary");
+  if (request.vary.empty()) ArgError("vary", "a parameter of the model (n, batch, ...)", vary);
+  request.budget_bytes = Unwrap(ParseFitBudget(SizeText(budget, "budget", kBudgetForms)));
+  if (!policies.is_none()) request.policies = PolicyListArg(policies);
+  request.start = IntArg(start, "start", 1, INT64_MAX);
+  request.max_value = IntArg(max_value, "max", 0, INT64_MAX);
+  request.cost.device_flops_per_s =
+      PositiveArg(throughput, "throughput", "a positive number of FLOP/s");
+  request.jobs = static_cast<int>(IntArg(jobs, "jobs", 0, 4096));
+  // time_limit bounds the whole search; each plan takes at most 10 s of it.
+  request.options = Options(py::none(), bandwidth, time_limit, py::int_(0), py::bool_(false));
+  request.time_limit_s = request.options.time_limit_s;
+  request.options.time_limit_s = std::min(10.0, request.time_limit_s);
+  call.Attach(request.options);
+  absl::StatusOr<FitResult> fit = call.Run([&] { return pebble::Fit(request); });
+  if (!fit.ok()) call.Raise(fit.status());
   py::list rows;
   for (const FitRow& row : fit->rows) rows.append(ToPython(FitRowJson(row)));
   py::dict out;
   out["model"] = request.model.ToString();
-  out["vary"] = vary;
+  out["vary"] = request.vary;
   out["budget_bytes"] = request.budget_bytes;
-  out["naive"] = fit->naive_value ? py::object(py::int_(*fit->naive_value)) : py::object(py::none());
+  out["naive"] =
+      fit->naive_value ? py::object(py::int_(*fit->naive_value)) : py::object(py::none());
   out["results"] = rows;
   return out;
 }
 
-py::dict SimulatePy(const Graph& graph, const py::object& schedule, const py::object& bandwidth,
-                  bool timeline) {
-  Schedule s = Unwrap(ScheduleFromPython(graph, schedule));
+py::object SimulatePy(const py::object& graph_arg, const py::object& schedule,
+                      const py::object& bandwidth, const py::object& timeline) {
+  const Graph& graph = GraphArg(graph_arg);
+  const bool with_timeline = BoolArg(timeline, "timeline");
   SimulatorOptions options;
-  options.host_bandwidth_bytes_per_s = Options(py::none(), bandwidth, 60, 0).host_bandwidth_bytes_per_s;
+  options.host_bandwidth_bytes_per_s =
+      Options(py::none(), bandwidth, py::float_(60.0), py::int_(0), py::bool_(false))
+          .host_bandwidth_bytes_per_s;
+  const Schedule s = Unwrap(ScheduleFromPython(graph, schedule));
   absl::StatusOr<PlanReport> report;
   {
     py::gil_scoped_release release;
     report = pebble::Simulate(graph, s, options);
   }
   if (!report.ok()) Raise(report.status());
-  return ToPython(ReportToJson(*report, graph, s, timeline));
+  return ToPython(ReportToJson(*report, graph, s, with_timeline));
 }
 
-// pebble.register_policy: `fn(graph, options)` returns a schedule. Called
-// with the GIL held; a Python exception becomes the plan's error.
-void RegisterPolicy(const std::string& name, py::function fn, const std::string& description,
-                    const std::string& kind) {
-  PlanKind plan_kind;
-  if (kind == "one-shot") {
-    plan_kind = PlanKind::kOneShot;
-  } else if (kind == "multi-shot") {
-    plan_kind = PlanKind::kMultiShot;
-  } else if (kind == "offload") {
-    plan_kind = PlanKind::kOffload;
-  } else {
-    throw py::value_error(absl::StrCat("kind '", kind,
-                                       "' must be one-shot, multi-shot or offload"));
-  }
-  // The function outlives this call: held (and finally released) under the GIL.
-  auto held = std::shared_ptr<py::function>(new py::function(std::move(fn)), [](py::function* f) {
-    py::gil_scoped_acquire gil;
-    delete f;
-  });
-  ScheduleFunction schedule_fn = [held, name](const Graph& graph,
-                                              const PlannerOptions& options)
-      -> absl::StatusOr<Schedule> {
-    py::gil_scoped_acquire gil;
-    try {
-      py::object result = (*held)(graph, ToPython(PolicyOptionsJson(options)));
-      absl::StatusOr<Schedule> schedule = ScheduleFromPython(graph, result);
-      if (!schedule.ok()) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("policy '", name, "': ", schedule.status().message()));
-      }
-      return schedule;
-    } catch (py::error_already_set& e) {
-      return absl::InvalidArgumentError(absl::StrCat("policy '", name, "' raised ", e.what()));
-    } catch (const std::exception& e) {
-      return absl::InvalidArgumentError(absl::StrCat("policy '", name, "': ", e.what()));
-    }
-  };
-  Check(RegisterExternalPolicy(name, description, plan_kind, std::move(schedule_fn)));
+Graph ModelPy(const py::object& spec, const py::object& throughput) {
+  CostModel cost;
+  cost.device_flops_per_s = PositiveArg(throughput, "throughput", "a positive number of FLOP/s");
+  return Unwrap(BuildModel(StrArg(spec, "spec"), cost));
 }
 
-py::list Policies() {
-  py::list out;
-  for (const PolicyInfo* p : PlannerRegistry::Global().List()) {
-    py::dict d;
-    d["name"] = p->name;
-    d["kind"] = std::string(PlanKindName(p->kind));
-    d["exact"] = p->exact;
-    d["external"] = p->external;
-    d["description"] = p->description;
-    out.append(d);
+Graph ImportOnnxPy(const py::object& path_arg, const py::object& loss, const py::object& batch) {
+  const std::string path = PathArg(path_arg, "path");
+  OnnxImportOptions o;
+  o.loss = Unwrap(ParseLossKind(StrArg(loss, "loss")));
+  if (!batch.is_none()) o.batch = IntArg(batch, "batch", 1, int64_t{1} << 24);
+  absl::StatusOr<Graph> g;
+  {
+    py::gil_scoped_release release;
+    g = ImportOnnxFile(path, o);
   }
-  return out;
+  return Unwrap(std::move(g));
 }
+
+// tp_new of the classes: their objects come only from the functions. (The
+// default would hand out an object whose C++ value was never built.)
+template <const char* kMessage>
+PyObject* RefuseNew(PyTypeObject*, PyObject*, PyObject*) {
+  PyErr_SetString(PyExc_TypeError, kMessage);
+  return nullptr;
+}
+constexpr char kNewGraph[] =
+    "pebble.Graph cannot be created directly: model(), load(), from_json(), import_onnx() "
+    "and train() make graphs";
+constexpr char kNewPlan[] = "pebble.Plan cannot be created directly: plan() makes plans";
 
 }  // namespace
 }  // namespace pebble::python
@@ -314,7 +209,12 @@ PYBIND11_MODULE(_core, m) {
   using namespace pebble::python;  // NOLINT
   m.doc() = "pebble: memory planning for training steps (see docs/library.md)";
 
-  py::class_<Graph>(m, "Graph", "A computation graph (pebble-graph).")
+  AddPolicyTimeLimit(m);
+
+  py::class_<Graph>(m, "Graph", "A computation graph (pebble-graph).", py::is_final(),
+                    py::custom_type_setup([](PyHeapTypeObject* type) {
+                      type->ht_type.tp_new = &RefuseNew<kNewGraph>;
+                    }))
       .def_property_readonly("name", &Graph::name)
       .def("__len__", &Graph::num_nodes)
       .def_property_readonly("ids", [](const Graph& g) {
@@ -330,40 +230,31 @@ PYBIND11_MODULE(_core, m) {
       .def("to_json", [](const Graph& g) { return GraphToJsonText(g); },
            "the graph as pebble-graph JSON text (what `pebble export` writes)")
       .def("__repr__", [](const Graph& g) {
-        return absl::StrCat("<pebble.Graph '", g.name(), "' of ", g.num_nodes(), " nodes>");
+        return absl::StrCat("<pebble.Graph ", Quote(g.name()), " of ", g.num_nodes(), " nodes>");
       });
 
-  m.def("model", [](const std::string& spec, double throughput) {
-        CostModel cost;
-        cost.device_flops_per_s = throughput;
-        return Unwrap(BuildModel(spec, cost));
-      }, py::arg("spec"), py::arg("throughput") = 10e12,
-      "A zoo model's training graph, e.g. model(\"resnet18:batch=8,image=128\"); node costs are "
-      "FLOPs / throughput (FLOP/s).");
-  m.def("load", [](const std::string& path) { return Unwrap(ReadGraphFile(path)); },
-        py::arg("path"), "A graph file (pebble-graph JSON).");
-  m.def("from_json", [](const std::string& text) { return Unwrap(ParseGraphJson(text)); },
-        py::arg("text"), "A graph from pebble-graph JSON text.");
-  m.def("import_onnx", [](const std::string& path, const std::string& loss,
-                          std::optional<int64_t> batch) {
-        OnnxImportOptions o;
-        o.loss = Unwrap(ParseLossKind(loss));
-        o.batch = batch;
-        absl::StatusOr<Graph> g;
-        {
-          py::gil_scoped_release release;
-          g = ImportOnnxFile(path, o);
-        }
-        return Unwrap(std::move(g));
-      }, py::arg("path"), py::arg("loss") = "cross-entropy", py::arg("batch") = py::none(),
-      "An ONNX model as a training graph (pebble import): loss 'cross-entropy', 'mse' or "
-      "'none' (the forward graph).");
-  m.def("train", [](const Graph& forward, const std::string& loss) {
-        return Unwrap(AddLossAndDifferentiate(forward, Unwrap(ParseLossKind(loss))));
+  m.def("model", &ModelPy, py::arg("spec"), py::arg("throughput") = 10e12,
+        "A zoo model's training graph, e.g. model(\"resnet18:batch=8,image=128\"); node costs "
+        "are FLOPs / throughput (FLOP/s).");
+  m.def("load", [](const py::object& path) { return Unwrap(ReadGraphFile(PathArg(path, "path"))); },
+        py::arg("path"), "A graph file (pebble-graph JSON); path: str, bytes or os.PathLike.");
+  m.def("from_json", [](const py::object& text) {
+        return Unwrap(ParseGraphJson(StrArg(text, "text", /*allow_nul=*/true)));
+      }, py::arg("text"), "A graph from pebble-graph JSON text.");
+  m.def("import_onnx", &ImportOnnxPy, py::arg("path"), py::arg("loss") = "cross-entropy",
+        py::arg("batch") = py::none(),
+        "An ONNX model as a training graph (pebble import): loss 'cross-entropy', 'mse' or "
+        "'none' (the forward graph).");
+  m.def("train", [](const py::object& forward, const py::object& loss) {
+        const Graph& graph = GraphArg(forward);
+        return Unwrap(AddLossAndDifferentiate(graph, Unwrap(ParseLossKind(StrArg(loss, "loss")))));
       }, py::arg("graph"), py::arg("loss") = "cross-entropy",
       "A forward graph with the loss added and differentiated (--train).");
 
-  py::class_<PyPlan>(m, "Plan", "What plan() returns.")
+  py::class_<PyPlan>(m, "Plan", "What plan() returns.", py::is_final(),
+                     py::custom_type_setup([](PyHeapTypeObject* type) {
+                       type->ht_type.tp_new = &RefuseNew<kNewPlan>;
+                     }))
       .def_readonly("feasible", &PyPlan::feasible)
       .def_readonly("policy", &PyPlan::policy)
       .def_readonly("message", &PyPlan::message)
@@ -398,16 +289,15 @@ PYBIND11_MODULE(_core, m) {
   m.def("fit", &FitPy, py::arg("model"), py::arg("vary"), py::arg("budget"),
         py::arg("policies") = py::none(), py::arg("start") = 1, py::arg("max") = 0,
         py::arg("throughput") = 10e12, py::arg("bandwidth") = py::none(),
-        py::arg("time_limit") = 10.0, py::arg("jobs") = 0,
+        py::arg("time_limit") = 300.0, py::arg("jobs") = 0,
         "For each policy, the largest value of a zoo model's parameter whose training step "
-        "fits the budget (`pebble fit`).");
+        "fits the budget (`pebble fit`); time_limit (seconds) bounds the whole search.");
   m.def("policies", &Policies, "Every registered policy: name, kind, exact, external, "
                                "description.");
   m.def("register_policy", &RegisterPolicy, py::arg("name"), py::arg("fn"),
         py::arg("description") = "", py::arg("kind") = "multi-shot",
         "Registers fn(graph, options) -> schedule as a policy that plan() and compare() "
-        "take by name; the simulator judges its schedules.");
-  m.def("unregister_policy", [](const std::string& name) {
-        Check(UnregisterExternalPolicy(name));
-      }, py::arg("name"));
+        "take by name; the simulator judges its schedules. It must return within the plan's "
+        "time limit (it is stopped there).");
+  m.def("unregister_policy", &UnregisterPolicy, py::arg("name"));
 }

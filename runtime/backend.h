@@ -60,8 +60,9 @@ class Backend {
 
   // Every op of `graph` that some needed node uses has a kernel here, and
   // every node the executor will run has a shape and a dtype; else
-  // Unimplemented / InvalidArgument naming the node and op. The executor
-  // calls it before running anything.
+  // Unimplemented / InvalidArgument naming the node and op. An alias (a
+  // view, Graph::alias_of) needs no kernel: the executor runs it. The
+  // executor calls it before running anything.
   virtual absl::Status CheckSupported(const Graph& graph) const = 0;
 
   // ---- Memory. Device allocations are aligned to at least 256 bytes.

@@ -8,10 +8,12 @@
 #include <exception>
 #include <filesystem>
 #include <limits>
+#include <map>
 #include <optional>
 #include <utility>
 
 #include "absl/functional/function_ref.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "graph/ops.h"
 #include "graph/status.h"
@@ -95,6 +97,36 @@ absl::Status CheckOperatorTypes(const Graph& graph, NodeId v) {
   return absl::OkStatus();
 }
 
+// The ops an alias may have: those whose output is the input's bytes in the
+// same order (a contiguous reshape). The backends keep every tensor
+// contiguous, without strides, so a transpose, a slice or an expand cannot
+// be a view of its base's memory.
+bool IsContiguousViewOp(absl::string_view op) {
+  return op == "reshape" || op == "flatten" || op == "squeeze" || op == "unsqueeze" ||
+         op == "identity" || op == "view";
+}
+
+// An alias runs as its storage's memory with its own shape: its op must be
+// a contiguous view and its bytes and dtype its storage root's.
+absl::Status CheckView(const Graph& graph, NodeId v) {
+  const NodeId root = graph.storage(v);
+  const std::string where =
+      absl::StrCat("node ", Quote(graph.id(v)), " (op ", Printable(graph.op(v)), ", an alias of ",
+                   Quote(graph.id(graph.alias_of(v))), ")");
+  if (!IsContiguousViewOp(graph.op(v))) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        where, ": the executor runs a view only as a contiguous reshape (reshape, flatten, "
+               "squeeze, unsqueeze, identity, view); tensors have no strides"));
+  }
+  if (graph.bytes(v) != graph.bytes(root) || graph.dtype(v) != graph.dtype(root)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        where, " is ", Describe(graph, v), " (", graph.bytes(v), " bytes) but its storage ",
+        Quote(graph.id(root)), " is ", Describe(graph, root), " (", graph.bytes(root),
+        " bytes): a view must hold its storage's bytes"));
+  }
+  return absl::OkStatus();
+}
+
 // Phases 1-2 of Execute: refuses what cannot run, before touching the
 // backend's memory. Every tensor the schedule touches must fit its slot and
 // be what its operator makes, and the backend must have every kernel.
@@ -106,6 +138,9 @@ absl::Status CheckRunnable(const Graph& graph, const Schedule& schedule, const B
   for (const Step& step : schedule.steps) touched[step.node] = 1;
   for (NodeId v = 0; v < graph.num_nodes(); ++v) {
     if (touched[v]) RETURN_IF_ERROR(CheckTensorSlot(graph, v));
+  }
+  for (NodeId v = 0; v < graph.num_nodes(); ++v) {
+    if (touched[v] && graph.is_alias(v)) RETURN_IF_ERROR(CheckView(graph, v));
   }
   RETURN_IF_ERROR(backend.CheckSupported(graph));
   for (NodeId v = 0; v < graph.num_nodes(); ++v) {
@@ -153,7 +188,23 @@ absl::StatusOr<std::optional<NpyArray>> ReadInputFile(const Graph& graph, NodeId
   RETURN_IF_ERROR(CheckTensorSlot(graph, v));
   const std::string path = (std::filesystem::path(dir) / TensorFileName(graph.id(v))).string();
   std::error_code ec;
-  if (!std::filesystem::exists(path, ec)) return std::optional<NpyArray>();
+  const std::filesystem::file_status link = std::filesystem::symlink_status(path, ec);
+  if (!std::filesystem::exists(link)) return std::optional<NpyArray>();
+  if (std::filesystem::is_symlink(link) && !std::filesystem::exists(path, ec)) {
+    return absl::InvalidArgumentError(absl::StrCat("input for node ", Quote(graph.id(v)), ": ",
+                                                   Quote(path),
+                                                   " is a symbolic link to a missing file"));
+  }
+  // ReadNpy reads the whole file: bound it first by what the node holds
+  // (twice that for an fp32 file of a bf16 node) and a generous header.
+  constexpr uint64_t kHeaderSlack = uint64_t{1} << 20;
+  const uint64_t most = static_cast<uint64_t>(graph.bytes(v)) *
+                            (*graph.dtype(v) == DType::kBFloat16 ? 2 : 1) + kHeaderSlack;
+  if (const uintmax_t size = std::filesystem::file_size(path, ec); !ec && size > most) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "input for node '", graph.id(v), "': ", Quote(path), " is ", size,
+        " bytes, more than the node's ", graph.bytes(v), " bytes and an .npy header"));
+  }
   auto read = ReadNpy(path);
   if (!read.ok()) {
     return absl::Status(read.status().code(),
@@ -172,6 +223,54 @@ absl::StatusOr<std::optional<NpyArray>> ReadInputFile(const Graph& graph, NodeId
   }
   if (bf16_from_fp32) NarrowToBFloat16(array);
   return std::optional<NpyArray>(std::move(array));
+}
+
+absl::Status CheckInputsDirectory(const Graph& graph, const std::string& dir) {
+  namespace fs = std::filesystem;
+  std::map<std::string, NodeId> by_file;  // TensorFileName(id) -> node
+  for (NodeId v = 0; v < graph.num_nodes(); ++v) by_file.emplace(TensorFileName(graph.id(v)), v);
+  std::error_code ec;
+  fs::directory_iterator it(dir, ec);
+  if (ec) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot list inputs directory ", Quote(dir), ": ", ec.message()));
+  }
+  // Sorted, so that the first offending file named is the same everywhere.
+  std::vector<fs::path> entries;
+  for (; it != fs::directory_iterator(); it.increment(ec)) entries.push_back(it->path());
+  if (ec) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot list inputs directory ", Quote(dir), ": ", ec.message()));
+  }
+  std::sort(entries.begin(), entries.end());
+  for (const fs::path& entry : entries) {
+    const std::string name = entry.filename().string();
+    if (name.size() < 4) continue;
+    const std::string extension = name.substr(name.size() - 4);
+    if (absl::AsciiStrToLower(extension) != ".npy") continue;
+    const std::string shown = Quote(entry.string());
+    if (extension != ".npy") {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "input file ", shown, ": the extension must be '.npy' in lower case to be read"));
+    }
+    const auto found = by_file.find(name);
+    if (found == by_file.end()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "input file ", shown, " names no node of the graph (files are <id>.npy for a "
+          "persistent node: a parameter, buffer or data input)"));
+    }
+    if (!graph.persistent(found->second)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "input file ", shown, " is for node ", Quote(graph.id(found->second)),
+          ", which the step computes: only persistent tensors are read"));
+    }
+    const fs::file_status link = fs::symlink_status(entry, ec);
+    if (fs::is_symlink(link) && !fs::exists(entry, ec)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("input file ", shown, " is a symbolic link to a missing file"));
+    }
+  }
+  return absl::OkStatus();
 }
 
 // ---------------------------------------------------------------- generator
@@ -550,6 +649,7 @@ class ScheduleRun {
         instances_(IndexInstances(graph, result.layout, num_steps_)),
         streams_(backend),
         current_(graph.num_nodes(), -1),
+        holders_(graph.num_nodes(), 0),
         host_index_(graph.num_nodes(), -1),
         host_counted_(graph.num_nodes(), 0),
         ready_(graph.num_nodes()),
@@ -590,6 +690,7 @@ class ScheduleRun {
       }
       RETURN_IF_ERROR(backend_.Upload(Address(instance), array->data.data(), graph_.bytes(v)));
       current_[v] = instance;
+      holders_[v] = 1;
     }
     return absl::OkStatus();
   }
@@ -761,6 +862,7 @@ class ScheduleRun {
   // Each Run* returns the bytes held while its step runs.
   absl::StatusOr<int64_t> RunCompute(int k) {
     const NodeId v = schedule_.steps[k].node;
+    if (graph_.is_alias(v)) return RunView(k);
     const int32_t output = instances_.step_output[k];
     const int32_t workspace = instances_.step_workspace[k];
     PEBBLE_CHECK(current_[v] < 0 && output >= 0, "compute without a new instance");
@@ -775,6 +877,7 @@ class ScheduleRun {
     ctx.inputs.clear();
     for (NodeId u : graph_.inputs(v)) ctx.inputs.push_back(View(u, current_[u]));
     current_[v] = output;
+    holders_[v] = 1;
     ctx.output = View(v, output);
     ctx.workspace = workspace >= 0 ? Address(workspace) : nullptr;
     ctx.workspace_bytes = workspace >= 0 ? layout_.instances[workspace].bytes : 0;
@@ -786,6 +889,23 @@ class ScheduleRun {
     last_compute_use_[v] = end;
     for (NodeId u : graph_.unique_inputs(v)) last_compute_use_[u] = end;
     return during;
+  }
+
+  // `compute v` of an alias: v takes its storage's instance (its input's,
+  // resident) with its own shape; no kernel runs and nothing is allocated.
+  // Its data is ready when its input's is; the step is an empty interval
+  // on the compute stream.
+  absl::StatusOr<int64_t> RunView(int k) {
+    const NodeId v = schedule_.steps[k].node;
+    const NodeId base = graph_.alias_of(v);
+    PEBBLE_CHECK(current_[v] < 0 && current_[base] >= 0 && instances_.step_output[k] < 0,
+                 "view without its base's instance");
+    current_[v] = current_[base];
+    ++holders_[graph_.storage(v)];
+    ASSIGN_OR_RETURN(StreamEvent end, Timed(k, Stream::kCompute, [] { return absl::OkStatus(); }));
+    ready_[v] = ready_[base];
+    last_compute_use_[v] = end;
+    return held_;
   }
 
   absl::StatusOr<int64_t> RunOffload(int k) {
@@ -812,6 +932,7 @@ class ScheduleRun {
                  "prefetch without a host copy or a new instance");
     RETURN_IF_ERROR(WaitOrFail(k, Stream::kCopy, freed_compute_));  // R_k
     current_[v] = output;
+    holders_[v] = 1;
     held_ += graph_.bytes(v);
     ASSIGN_OR_RETURN(StreamEvent end, Timed(k, Stream::kCopy, [&] {
                        return backend_.Copy(CopyDirection::kHostToDevice, Address(output),
@@ -827,7 +948,10 @@ class ScheduleRun {
     const NodeId v = schedule_.steps[k].node;
     PEBBLE_CHECK(current_[v] >= 0 && !graph_.persistent(v), "free of a tensor not held");
     current_[v] = -1;
-    held_ -= graph_.bytes(v);
+    // The storage's bytes are released with its last holder (the base or
+    // a view of it).
+    const NodeId root = graph_.storage(v);
+    if (--holders_[root] == 0) held_ -= graph_.bytes(root);
     // Really free once every compute that read or produced v and every copy
     // of v is done (SPEC section 4; a prefetch that no compute read before
     // the free would otherwise still be writing memory the free hands on).
@@ -848,6 +972,7 @@ class ScheduleRun {
   std::optional<DeviceBuffer> arena_;
   std::vector<DeviceBuffer> host_buffers_;
   std::vector<int32_t> current_;     // node -> the instance it holds, or -1
+  std::vector<int32_t> holders_;     // storage root -> nodes holding it
   std::vector<int32_t> host_index_;  // node -> its host buffer, or -1
   std::vector<uint8_t> host_counted_;
   int64_t held_ = 0, host_held_ = 0;
@@ -877,6 +1002,7 @@ absl::StatusOr<ExecutionResult> Execute(const Graph& graph, const Schedule& sche
       return absl::InvalidArgumentError(
           absl::StrCat("inputs directory ", Quote(options.inputs_dir), " is not a directory"));
     }
+    RETURN_IF_ERROR(CheckInputsDirectory(graph, options.inputs_dir));
   }
   const std::map<std::string, int64_t> counters_before = backend.Counters();
   if (given_layout != nullptr) {

@@ -15,12 +15,17 @@
 //     their current instances' offsets, the output at the new instance's
 //     offset and the planned workspace; `offload v` copies v into a host
 //     buffer on the copy stream; `prefetch v` copies it back into its new
-//     instance; `free v` is bookkeeping. Every SPEC section 4 dependency is
-//     issued as Backend::Record/Wait (a compute waits for the prefetch of
-//     its inputs and for the offloads behind earlier frees; an offload waits
-//     for the compute that produced its tensor; a prefetch waits for the
-//     computes behind earlier frees), so an asynchronous backend runs the
-//     plan correctly and a synchronous one ignores them;
+//     instance; `free v` is bookkeeping; `compute v` of an alias (a view,
+//     SPEC section 1) runs no kernel and allocates nothing: v is its
+//     storage's memory with v's shape, so only contiguous reshapes (reshape,
+//     flatten, squeeze, unsqueeze, identity, view) of their storage's bytes
+//     run, and any other alias is refused before running, named. Every
+//     SPEC section 4 dependency is issued as Backend::Record/Wait (a
+//     compute waits for the prefetch of its inputs and for the offloads
+//     behind earlier frees; an offload waits for the compute that produced
+//     its tensor; a prefetch waits for the computes behind earlier frees),
+//     so an asynchronous backend runs the plan correctly and a synchronous
+//     one ignores them;
 //  6. downloads the outputs (loss, gradients).
 //
 // Measured memory is the executor's own bookkeeping of the instances it
@@ -180,11 +185,22 @@ absl::StatusOr<NpyArray> GenerateInput(const Graph& graph, NodeId v, uint64_t se
 std::string TensorFileName(absl::string_view id);
 
 // Reads `dir`/TensorFileName(id) for persistent node `v` when it exists
-// (nullopt when not). Its dtype and shape must be the node's exactly (a bf16
+// (nullopt when nothing is there; a symbolic link to a missing file is an
+// error). Its dtype and shape must be the node's exactly (a bf16
 // node also takes an fp32 file, rounded to nearest even); else
 // InvalidArgument naming the file and the node.
 absl::StatusOr<std::optional<NpyArray>> ReadInputFile(const Graph& graph, NodeId v,
                                                       const std::string& dir);
+
+// Checks a directory of input files against `graph` before anything is read
+// from it, so that no file the user put there is silently passed over: every
+// entry whose name ends in ".npy" must be TensorFileName of a persistent
+// node, else InvalidArgument naming the file (a computed node's tensor is
+// never read; a name that is no node's id is a typo or another model's
+// file); a name ending in ".npy" in another case ("input.NPY") and a
+// symbolic link to a missing file are errors too. Entries of other names
+// are not looked at. Execute calls it for ExecutorOptions::inputs_dir.
+absl::Status CheckInputsDirectory(const Graph& graph, const std::string& dir);
 
 }  // namespace pebble
 

@@ -2,14 +2,17 @@
 
 #include <cstring>
 #include <filesystem>
+#include <map>
 #include <fstream>
 #include <system_error>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "graph/file_output.h"
 #include "graph/status.h"
 #include "graph/text_input.h"
 
@@ -23,26 +26,80 @@ absl::Status NpyError(const std::string& path, absl::string_view what) {
   return absl::InvalidArgumentError(absl::StrCat(Quote(path), ": ", what));
 }
 
-// The value of key `key` in the header dict, as raw text up to the next
-// top-level comma or closing brace.
-bool FindHeaderValue(absl::string_view header, absl::string_view key, std::string* value) {
-  const std::string quoted = absl::StrCat("'", key, "'");
-  size_t pos = header.find(quoted);
-  if (pos == absl::string_view::npos) return false;
-  pos = header.find(':', pos + quoted.size());
-  if (pos == absl::string_view::npos) return false;
+// The header dict's values by key, as raw text up to the next top-level
+// comma or closing brace. The header is a Python dict literal
+// ("{'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), }"); NumPy
+// requires exactly the keys descr, fortran_order and shape, and a literal
+// that repeats a key means its last value, which a reader of the first
+// would not see. So: a repeated or unknown key is an error naming it, as is
+// a missing one, and nothing but blanks may follow the closing brace.
+absl::StatusOr<std::map<std::string, std::string>> ParseHeaderDict(const std::string& path,
+                                                                   absl::string_view header) {
+  std::map<std::string, std::string> values;
+  size_t pos = 0;
+  auto skip_blanks = [&] {
+    while (pos < header.size() && absl::ascii_isspace(static_cast<unsigned char>(header[pos]))) {
+      ++pos;
+    }
+  };
+  skip_blanks();
+  if (pos >= header.size() || header[pos] != '{') return NpyError(path, "header is not a dict");
   ++pos;
-  int depth = 0;
-  size_t end = pos;
-  for (; end < header.size(); ++end) {
-    const char c = header[end];
-    if (c == '(' || c == '[') ++depth;
-    if (c == ')' || c == ']') --depth;
-    if (depth == 0 && (c == ',' || c == '}')) break;
-    if (depth < 0) break;
+  while (true) {
+    skip_blanks();
+    if (pos < header.size() && header[pos] == '}') break;
+    if (pos >= header.size() || (header[pos] != '\'' && header[pos] != '"')) {
+      return NpyError(path, "malformed header: expected a quoted key");
+    }
+    const char quote = header[pos];
+    const size_t close = header.find(quote, pos + 1);
+    if (close == absl::string_view::npos) return NpyError(path, "malformed header: unclosed key");
+    const std::string key(header.substr(pos + 1, close - pos - 1));
+    pos = close + 1;
+    skip_blanks();
+    if (pos >= header.size() || header[pos] != ':') {
+      return NpyError(path, absl::StrCat("malformed header: no ':' after key ", Quote(key)));
+    }
+    ++pos;
+    // The value: up to a comma or the closing brace outside brackets and
+    // quotes.
+    int depth = 0;
+    char in_quote = 0;
+    const size_t start = pos;
+    for (; pos < header.size(); ++pos) {
+      const char c = header[pos];
+      if (in_quote != 0) {
+        if (c == in_quote) in_quote = 0;
+        continue;
+      }
+      if (c == '\'' || c == '"') in_quote = c;
+      if (c == '(' || c == '[') ++depth;
+      if (c == ')' || c == ']') --depth;
+      if (depth < 0 || (depth == 0 && (c == ',' || c == '}'))) break;
+    }
+    if (pos >= header.size() || depth != 0 || in_quote != 0) {
+      return NpyError(path, absl::StrCat("malformed header: the value of ", Quote(key),
+                                         " does not end"));
+    }
+    if (key != "descr" && key != "fortran_order" && key != "shape") {
+      return NpyError(path, absl::StrCat("header has unknown key ", Quote(key),
+                                         " (NumPy writes descr, fortran_order and shape)"));
+    }
+    const std::string value(absl::StripAsciiWhitespace(header.substr(start, pos - start)));
+    if (!values.emplace(key, value).second) {
+      return NpyError(path, absl::StrCat("header repeats key ", Quote(key)));
+    }
+    if (header[pos] == ',') ++pos;
   }
-  *value = std::string(absl::StripAsciiWhitespace(header.substr(pos, end - pos)));
-  return true;
+  ++pos;  // the closing brace
+  skip_blanks();
+  if (pos != header.size()) return NpyError(path, "malformed header: text after the dict");
+  for (const char* key : {"descr", "fortran_order", "shape"}) {
+    if (values.count(key) == 0) {
+      return NpyError(path, absl::StrCat("header lacks key ", Quote(key)));
+    }
+  }
+  return values;
 }
 
 }  // namespace
@@ -95,14 +152,15 @@ absl::StatusOr<NpyArray> ReadNpy(const std::string& path) {
   std::string header(header_len, '\0');
   if (!in.read(header.data(), header_len)) return NpyError(path, "truncated header");
 
-  std::string descr, fortran, shape_text;
-  if (!FindHeaderValue(header, "descr", &descr) ||
-      !FindHeaderValue(header, "fortran_order", &fortran) ||
-      !FindHeaderValue(header, "shape", &shape_text)) {
-    return NpyError(path, "header lacks descr, fortran_order or shape");
-  }
+  ASSIGN_OR_RETURN(auto values, ParseHeaderDict(path, header));
+  std::string descr = values["descr"];
+  const std::string& fortran = values["fortran_order"];
+  const std::string& shape_text = values["shape"];
   if (fortran != "False") return NpyError(path, "Fortran-order arrays are not supported");
-  descr = std::string(absl::StripSuffix(absl::StripPrefix(descr, "'"), "'"));
+  if (descr.size() >= 2 && (descr.front() == '\'' || descr.front() == '"') &&
+      descr.back() == descr.front()) {
+    descr = descr.substr(1, descr.size() - 2);
+  }
   NpyArray array;
   if (descr == "<f4") {
     array.dtype = DType::kFloat32;
@@ -164,19 +222,16 @@ absl::Status WriteNpy(const std::string& path, const NpyArray& array) {
   header.append((64 - unpadded % 64) % 64, ' ');
   header += '\n';
   if (header.size() > 65535) return absl::InvalidArgumentError("shape too long for .npy 1.0");
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  if (!out) return absl::PermissionDeniedError(absl::StrCat("cannot write '", path, "'"));
-  out.write(kMagic, kMagicSize);
-  const char version[2] = {1, 0};
-  out.write(version, 2);
-  const unsigned char len[2] = {static_cast<unsigned char>(header.size() & 0xff),
-                                static_cast<unsigned char>(header.size() >> 8)};
-  out.write(reinterpret_cast<const char*>(len), 2);
-  out.write(header.data(), static_cast<std::streamsize>(header.size()));
-  out.write(reinterpret_cast<const char*>(array.data.data()), bytes);
-  out.close();
-  if (!out) return absl::DataLossError(absl::StrCat("failed writing '", path, "'"));
-  return absl::OkStatus();
+  std::string preamble(kMagic, kMagicSize);
+  preamble += '\x01';  // version 1.0
+  preamble += '\x00';
+  preamble += static_cast<char>(header.size() & 0xff);
+  preamble += static_cast<char>(header.size() >> 8);
+  preamble += header;
+  const absl::string_view parts[] = {
+      preamble, absl::string_view(reinterpret_cast<const char*>(array.data.data()),
+                                  static_cast<size_t>(bytes))};
+  return WriteFileAtomically(path, parts);
 }
 
 }  // namespace pebble

@@ -1,9 +1,13 @@
 #include "scheduler/budget.h"
 
+#include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <cstdlib>
 #include <limits>
+#include <string>
 
+#include "absl/numeric/int128.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -18,51 +22,176 @@ namespace {
 
 struct Unit {
   const char* name;  // lower case
-  double factor;
+  uint64_t factor;
 };
 constexpr Unit kUnits[] = {
-    {"", 1},          {"b", 1},          {"kib", 1024.0},
-    {"mib", 1048576.0}, {"gib", 1073741824.0}, {"tib", 1099511627776.0},
-    {"kb", 1e3},      {"mb", 1e6},       {"gb", 1e9},
-    {"tb", 1e12},
+    {"", 1},           {"b", 1},           {"kib", uint64_t{1} << 10}, {"mib", uint64_t{1} << 20},
+    {"gib", uint64_t{1} << 30}, {"tib", uint64_t{1} << 40}, {"kb", 1000},
+    {"mb", 1000000},   {"gb", 1000000000}, {"tb", 1000000000000},
 };
 
-}  // namespace
+// Sizes at or above this are refused: INT64_MAX itself means "no budget".
+constexpr uint64_t kSizeLimit = 9'200'000'000'000'000'000ull;
 
-absl::StatusOr<int64_t> ParseSize(absl::string_view text) {
+// A size refused for its text (not a number, an unknown unit) or for its
+// value (negative, not whole, under a byte, too large).
+struct SizeParse {
+  int64_t bytes = 0;
+  bool syntax_error = false;
+  std::string problem;  // empty: ok
+};
+
+// `digits` (no sign, no leading or trailing zeros, not empty) times
+// 10^`exponent` times `factor`: the whole bytes (rounded down) and whether
+// they are exact, computed in integers: 9007199254740993 stays itself.
+// False when the value reaches kSizeLimit.
+bool ExactBytes(const std::string& digits, int64_t exponent, uint64_t factor, uint64_t* bytes,
+                bool* exact) {
+  const int64_t k = static_cast<int64_t>(digits.size());
+  // value >= 10^(k-1+exponent): 10^19 is past the limit whatever the unit.
+  if (k - 1 + exponent >= 19) return false;
+  // value < 10^(k+exponent) <= 10^-13, and 10^-13 * 2^40 < 1.
+  if (k + exponent < -13) {
+    *bytes = 0;
+    *exact = false;
+    return true;
+  }
+  std::string whole, fraction;
+  if (exponent >= 0) {
+    whole = digits + std::string(static_cast<size_t>(exponent), '0');
+  } else if (k > -exponent) {
+    whole = digits.substr(0, static_cast<size_t>(k + exponent));
+    fraction = digits.substr(static_cast<size_t>(k + exponent));
+  } else {
+    fraction = std::string(static_cast<size_t>(-exponent - k), '0') + digits;
+  }
+  absl::uint128 total = 0;
+  for (char c : whole) total = total * 10 + static_cast<unsigned>(c - '0');  // < 10^19
+  total *= factor;
+  // floor(0.fraction * factor) by long multiplication from the last digit:
+  // what carries past the first digit is the whole part, and any digit
+  // left behind is a fraction of a byte.
+  uint64_t carry = 0;
+  *exact = true;
+  for (size_t i = fraction.size(); i-- > 0;) {
+    const uint64_t t = static_cast<uint64_t>(fraction[i] - '0') * factor + carry;
+    if (t % 10 != 0) *exact = false;
+    carry = t / 10;
+  }
+  total += carry;
+  if (total >= kSizeLimit) return false;
+  *bytes = absl::Uint128Low64(total);
+  return true;
+}
+
+// `text` split into a decimal number (ParseDecimal's grammar; `*value` its
+// approximation) and a unit of kUnits. False with `*problem` set otherwise.
+bool SplitNumberAndUnit(absl::string_view text, absl::string_view* number, double* value,
+                        const Unit** unit, std::string* problem) {
   absl::string_view s = absl::StripAsciiWhitespace(text);
   // Split the number from the unit: the unit is the trailing run of letters.
   size_t unit_start = s.size();
   while (unit_start > 0 && absl::ascii_isalpha(s[unit_start - 1])) --unit_start;
   // "1e9" ends in a digit; "1.5e" would leave 'e' as a unit, rejected below.
-  absl::string_view number = absl::StripAsciiWhitespace(s.substr(0, unit_start));
-  const std::string unit = absl::AsciiStrToLower(s.substr(unit_start));
-  double value = 0;
-  if (!ParseDecimal(number, &value)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "invalid size ", Quote(text),
-        ": expected a number of bytes, optionally with a unit (e.g. 1000000, "
-        "1.5e9, 512MiB, 8GiB, 2GB)"));
+  *number = absl::StripAsciiWhitespace(s.substr(0, unit_start));
+  const std::string name = absl::AsciiStrToLower(s.substr(unit_start));
+  if (!ParseDecimal(*number, value)) {
+    *problem =
+        "expected a number of bytes, optionally with a unit (e.g. 1000000, 1.5e9, 512MiB, "
+        "8GiB, 2GB)";
+    return false;
   }
-  const Unit* found = nullptr;
+  *unit = nullptr;
   for (const Unit& u : kUnits) {
-    if (unit == u.name) found = &u;
+    if (name == u.name) *unit = &u;
   }
-  if (found == nullptr) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "invalid size ", Quote(text), ": unknown unit ", Quote(s.substr(unit_start)),
-        " (use B, KiB, MiB, GiB, TiB, kB, MB, GB or TB)"));
+  if (*unit == nullptr) {
+    *problem = absl::StrCat("unknown unit ", Quote(s.substr(unit_start)),
+                            " (use B, KiB, MiB, GiB, TiB, kB, MB, GB or TB)");
+    return false;
   }
-  const double bytes = value * found->factor;
-  if (!std::isfinite(bytes) || bytes < 0) {
+  return true;
+}
+
+SizeParse ParseSizeText(absl::string_view text) {
+  SizeParse out;
+  absl::string_view number;
+  double approximate = 0;
+  const Unit* found = nullptr;
+  if (!SplitNumberAndUnit(text, &number, &approximate, &found, &out.problem)) {
+    out.syntax_error = true;
+    return out;
+  }
+  // The decimal digits and the power of ten they are scaled by.
+  const bool negative = number[0] == '-';
+  if (number[0] == '-' || number[0] == '+') number.remove_prefix(1);
+  std::string digits;
+  int64_t exponent = 0;
+  size_t i = 0;
+  for (; i < number.size() && absl::ascii_isdigit(number[i]); ++i) digits += number[i];
+  if (i < number.size() && number[i] == '.') {
+    for (++i; i < number.size() && absl::ascii_isdigit(number[i]); ++i) {
+      digits += number[i];
+      --exponent;
+    }
+  }
+  if (i < number.size()) {  // 'e' or 'E', a sign, digits (ParseDecimal)
+    ++i;
+    const bool minus = number[i] == '-';
+    if (number[i] == '-' || number[i] == '+') ++i;
+    int64_t e = 0;
+    for (; i < number.size(); ++i) e = std::min<int64_t>(e * 10 + (number[i] - '0'), 1000000);
+    exponent += minus ? -e : e;
+  }
+  digits.erase(0, std::min(digits.find_first_not_of('0'), digits.size()));
+  if (digits.empty()) return out;  // zero, whatever its sign and unit
+  while (digits.back() == '0') {
+    digits.pop_back();
+    ++exponent;
+  }
+  if (negative) {
+    out.problem = "must not be negative";
+    return out;
+  }
+  uint64_t bytes = 0;
+  bool exact = false;
+  if (!ExactBytes(digits, exponent, found->factor, &bytes, &exact)) {
+    out.problem = "too large";
+  } else if (!exact && found->factor == 1) {
+    out.problem = "not a whole number of bytes (a fraction is taken of a larger unit: 0.5KiB)";
+  } else if (bytes == 0) {
+    out.problem = "less than one byte (a size is 0 or at least 1 byte)";
+  } else {
+    out.bytes = static_cast<int64_t>(bytes);  // a larger unit's fraction rounds down
+  }
+  return out;
+}
+
+}  // namespace
+
+absl::StatusOr<int64_t> ParseSize(absl::string_view text) {
+  const SizeParse parsed = ParseSizeText(text);
+  if (!parsed.problem.empty()) {
     return absl::InvalidArgumentError(
-        absl::StrCat("invalid size ", Quote(text), ": must be a non-negative finite number"));
+        absl::StrCat("invalid size ", Quote(text), ": ", parsed.problem));
   }
-  if (bytes >= 9.2e18) {
+  return parsed.bytes;
+}
+
+absl::StatusOr<double> ParseByteRate(absl::string_view text) {
+  absl::string_view number;
+  double value = 0;
+  const Unit* unit = nullptr;
+  std::string problem;
+  if (!SplitNumberAndUnit(text, &number, &value, &unit, &problem)) {
+    return absl::InvalidArgumentError(absl::StrCat("invalid rate ", Quote(text), ": ", problem));
+  }
+  const double rate = value * static_cast<double>(unit->factor);
+  if (!std::isfinite(rate) || rate < 0) {
     return absl::InvalidArgumentError(
-        absl::StrCat("invalid size ", Quote(text), ": too large"));
+        absl::StrCat("invalid rate ", Quote(text), ": must be a non-negative finite number"));
   }
-  return static_cast<int64_t>(std::floor(bytes));
+  return rate;
 }
 
 absl::StatusOr<BudgetSpec> ParseBudget(absl::string_view text) {
@@ -83,25 +212,71 @@ absl::StatusOr<BudgetSpec> ParseBudget(absl::string_view text) {
     spec.percent = percent;
     return spec;
   }
-  auto bytes = ParseSize(s);
-  if (!bytes.ok()) {
+  const SizeParse bytes = ParseSizeText(s);
+  if (bytes.syntax_error) {
     return absl::InvalidArgumentError(absl::StrCat(
         "invalid budget ", Quote(text),
         ": expected bytes (8GiB, 1.5e9), a percentage of the baseline peak "
         "(60%) or 'min'"));
   }
+  if (!bytes.problem.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("invalid budget ", Quote(text), ": ", bytes.problem));
+  }
   spec.kind = BudgetSpec::Kind::kBytes;
-  spec.bytes = *bytes;
+  spec.bytes = bytes.bytes;
   return spec;
 }
+
+namespace {
+
+__extension__ using Uint128 = unsigned __int128;
+
+// floor(peak x percent / 100), exactly, for the percentage as written: the
+// shortest decimal that reads back as `percent` ("33.3", not the double's
+// 33.29999...), as digits x 10^exponent, in 128-bit integers. Doubles
+// would round a peak past 2^53, and some below it: 100% was not the peak.
+// Saturates at INT64_MAX; 0 for a peak or percentage that is not positive.
+int64_t PercentOf(int64_t peak, double percent) {
+  if (!(percent > 0) || peak <= 0) return 0;
+  if (std::isinf(percent)) return INT64_MAX;
+  char text[64];
+  const auto [end, ec] =
+      std::to_chars(text, text + sizeof text, percent, std::chars_format::scientific);
+  PEBBLE_CHECK(ec == std::errc() && std::find(text, end, 'e') != end, "to_chars of a double");
+  // "d.ddde+XX": the digits, then the power of ten of the first one.
+  Uint128 value = static_cast<Uint128>(peak);
+  Uint128 digits = 0;
+  int exponent = 0;
+  const char* p = text;
+  for (; p != end && *p != 'e'; ++p) {
+    if (*p == '.') continue;
+    digits = digits * 10 + static_cast<unsigned>(*p - '0');
+    --exponent;  // each digit after the first is a tenth of the one before
+  }
+  const char* power_text = p + 1;  // "+01", "-05": from_chars takes no '+'
+  if (power_text != end && *power_text == '+') ++power_text;
+  int power = 0;
+  std::from_chars(power_text, end, power);
+  exponent += 1 + power - 2;  // the first digit's power; "/ 100"
+  value *= digits;  // below 2^63 x 10^17 < 2^120
+  constexpr auto kMax = static_cast<Uint128>(INT64_MAX);
+  for (; exponent > 0 && value != 0; --exponent) {
+    if (value > kMax) return INT64_MAX;
+    value *= 10;
+  }
+  for (; exponent < 0 && value != 0; ++exponent) value /= 10;
+  return value > kMax ? INT64_MAX : static_cast<int64_t>(value);
+}
+
+}  // namespace
 
 int64_t ResolveBudget(const BudgetSpec& spec, int64_t baseline_peak) {
   switch (spec.kind) {
     case BudgetSpec::Kind::kBytes:
       return spec.bytes;
     case BudgetSpec::Kind::kPercent:
-      return static_cast<int64_t>(
-          std::floor(static_cast<double>(baseline_peak) * spec.percent / 100.0));
+      return PercentOf(baseline_peak, spec.percent);
     case BudgetSpec::Kind::kMin:
       return kMinBudgetBytes;
   }

@@ -13,9 +13,18 @@ namespace pebble {
 
 // "1000000", "1.5e9", "512MiB", "8GiB", "64KB", "2 GB" -> bytes. Binary units
 // KiB MiB GiB TiB are powers of 1024, decimal ones kB/KB MB GB TB of 1000;
-// "B" is bytes. Rounded down to whole bytes. Negative or non-finite:
-// InvalidArgument.
+// "B" is bytes. Computed exactly in integers (9007199254740993 is itself, not
+// the nearest double). A fraction of a larger unit rounds down to whole bytes
+// ("0.1GiB" is 107374182); InvalidArgument naming the text for a number of
+// bytes that is not whole ("0.5", "2.7B"), a size under one byte that is not
+// 0 ("1e-30", "1e-30GiB"), a negative size, 9.2e18 bytes or more, and
+// anything that is not a decimal number with an optional unit.
 absl::StatusOr<int64_t> ParseSize(absl::string_view text);
+
+// A number of bytes per unit of time ("25e9", "12.5GB", "1000.5"): the forms
+// of ParseSize, but a rate need not be whole. Negative, non-finite or
+// malformed: InvalidArgument naming the text.
+absl::StatusOr<double> ParseByteRate(absl::string_view text);
 
 // The planner's marker for "as low as the policy can go" (--budget min).
 inline constexpr int64_t kMinBudgetBytes = -1;

@@ -332,17 +332,30 @@ StagePlan OneShotStagePlan(const Graph& graph) {
 }
 
 int64_t PeakLowerBound(const Graph& graph) {
+  // With aliases, bytes are a storage's (its root's), each storage once:
+  // `seen` stamps the storages counted for the current node (and, with
+  // stamp -2, for the outputs). Without aliases every node is its own
+  // storage and a node's distinct inputs are distinct storages.
+  const bool views = graph.has_aliases();
+  std::vector<NodeId> seen(views ? graph.num_nodes() : 0, kNoNode);
+  auto count = [&](NodeId u, NodeId stamp) -> int64_t {
+    const NodeId root = graph.storage(u);
+    if (graph.persistent(root)) return 0;
+    if (views) {
+      if (seen[root] == stamp) return 0;
+      seen[root] = stamp;
+    }
+    return graph.bytes(root);
+  };
   int64_t largest = 0;
-  int64_t outputs = 0;
   for (NodeId v = 0; v < graph.num_nodes(); ++v) {
     if (!graph.needed()[v] || graph.persistent(v)) continue;
-    int64_t step = graph.bytes(v) + graph.workspace(v);
-    for (NodeId u : graph.unique_inputs(v)) {
-      if (!graph.persistent(u)) step += graph.bytes(u);
-    }
+    int64_t step = count(v, v) + graph.workspace(v);
+    for (NodeId u : graph.unique_inputs(v)) step += count(u, v);
     largest = std::max(largest, step);
-    if (graph.is_output(v)) outputs += graph.bytes(v);
   }
+  int64_t outputs = 0;
+  for (NodeId v : graph.outputs()) outputs += count(v, -2);
   return graph.persistent_bytes() + std::max(largest, outputs);
 }
 

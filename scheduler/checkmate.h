@@ -159,7 +159,8 @@ StagePlan OneShotStagePlan(const Graph& graph);
 
 // A lower bound on the peak of every schedule of `graph`: persistent bytes
 // plus the largest of (the bytes of a needed node, of its distinct
-// non-persistent inputs and its workspace) and the outputs' bytes.
+// non-persistent inputs and its workspace) and the outputs' bytes. With
+// aliases, bytes are the storages' (SPEC section 1), each counted once.
 int64_t PeakLowerBound(const Graph& graph);
 
 struct CheckmateOptions {

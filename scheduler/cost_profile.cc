@@ -136,10 +136,13 @@ absl::StatusOr<CostProfile> CostProfileFromJson(const nlohmann::json& doc) {
       return absl::InvalidArgumentError("cost profile: 'workspace_bytes' must be an object");
     }
     for (const auto& [key, value] : doc.at("workspace_bytes").items()) {
-      if (!value.is_number_integer() || value.get<int64_t>() < 0) {
+      // At most kMaxBytes, as a graph's workspace (and a value past INT64_MAX
+      // reads as negative).
+      if (!value.is_number_integer() || value.get<int64_t>() < 0 ||
+          value.get<int64_t>() > kMaxBytes) {
         return absl::InvalidArgumentError(absl::StrCat(
             "cost profile: workspace_bytes ", Quote(key),
-            " must be a non-negative integer number of bytes"));
+            " must be a non-negative integer number of bytes, at most 2^53"));
       }
       p.workspace_bytes[key] = value.get<int64_t>();
     }

@@ -13,7 +13,6 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
-#include <thread>
 #include <utility>
 
 #include "absl/strings/ascii.h"
@@ -71,7 +70,11 @@ absl::Status Errno(absl::string_view what) {
 
 // Runs `program` under /bin/sh -c in a process group of its own, feeding it
 // `input` and collecting its stdout (at most kMaxJsonFileBytes), within
-// `limit_s` seconds. `who` ("exec:PROGRAM") begins every message.
+// `limit_s` seconds. Its output is what it wrote before it exited. However
+// it ends (an exit, a failure, the time limit, too much output), the whole
+// process group is killed before this returns: what the program left
+// running in the background ends with it (a descendant that left the group,
+// by setsid, is beyond reach). `who` ("exec:PROGRAM") begins every message.
 absl::StatusOr<std::string> RunProgram(const std::string& program, const std::string& input,
                                        double limit_s, const std::string& who) {
   // The child's stdin is a socket, so that writing to a child that has
@@ -112,6 +115,25 @@ absl::StatusOr<std::string> RunProgram(const std::string& program, const std::st
   child_stdin.Close();
   child_stdout.Close();
 
+  // From here on, every way out kills the program's whole process group:
+  // a child it started in the background (a server, a `sleep &`) must not
+  // outlive the plan. The group is killed before the program itself is
+  // reaped, so that its id cannot have been reused by then.
+  bool reaped = false;
+  struct GroupKiller {
+    pid_t pid;
+    bool* reaped;
+    ~GroupKiller() {
+      if (*reaped) return;
+      kill(-pid, SIGKILL);
+      int status = 0;
+      while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {}
+    }
+  } killer{pid, &reaped};
+  if (fcntl(from_child.get(), F_SETFL, fcntl(from_child.get(), F_GETFL) | O_NONBLOCK) != 0) {
+    return Errno(absl::StrCat(who, ": fcntl"));
+  }
+
   using Clock = std::chrono::steady_clock;
   const auto start = Clock::now();
   const double limit = std::isfinite(limit_s) ? std::min(limit_s, 86400.0) : 86400.0;
@@ -119,29 +141,58 @@ absl::StatusOr<std::string> RunProgram(const std::string& program, const std::st
     const double left = limit - std::chrono::duration<double>(Clock::now() - start).count();
     return left <= 0 ? 0 : static_cast<int>(std::min(left * 1e3 + 1, 1e9));
   };
-  auto kill_child = [&] {
-    kill(-pid, SIGKILL);
-    int status = 0;
-    while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {}
-  };
 
   std::string output;
+  // Reads what the pipe holds now; false once it is at its end.
+  absl::Status read_status;
+  auto read_available = [&]() -> bool {
+    char buffer[1 << 16];
+    for (;;) {
+      const ssize_t n = read(from_child.get(), buffer, sizeof buffer);
+      if (n > 0) {
+        output.append(buffer, static_cast<size_t>(n));
+        if (static_cast<int64_t>(output.size()) > kMaxJsonFileBytes) {
+          read_status = absl::InvalidArgumentError(absl::StrCat(
+              who, ": wrote more than ", kMaxJsonFileBytes, " bytes; the program was killed"));
+          return false;
+        }
+        continue;
+      }
+      if (n < 0 && errno == EINTR) continue;
+      return n < 0 && errno == EAGAIN;
+    }
+  };
+  // The program has exited: waitid's WNOWAIT leaves it a zombie, so that
+  // its process group id stays reserved until the group is killed.
+  int lost = 0;  // waitid's errno when the program cannot be waited for
+  auto exited = [&] {
+    siginfo_t info;
+    info.si_pid = 0;
+    if (waitid(P_PID, static_cast<id_t>(pid), &info, WEXITED | WNOHANG | WNOWAIT) != 0) {
+      if (errno != EINTR) lost = errno;
+      return lost != 0;
+    }
+    return info.si_pid == pid;
+  };
+
   size_t written = 0;
   bool writing = true, reading = true;
-  while (reading) {
-    pollfd fds[2] = {{from_child.get(), POLLIN, 0}, {to_child.get(), POLLOUT, 0}};
+  for (;;) {
     const int wait_ms = remaining_ms();
     if (wait_ms == 0) {
-      kill_child();
       return absl::DeadlineExceededError(absl::StrCat(
-          who, ": no schedule within the time limit of ", limit_s, " s; the program was killed"));
+          who, reading ? ": no schedule within the time limit of "
+                       : ": did not exit within the time limit of ",
+          limit_s, " s; the program was killed"));
     }
-    const int ready = poll(fds, writing ? 2 : 1, wait_ms);
-    if (ready < 0 && errno != EINTR) {
-      kill_child();
-      return Errno(absl::StrCat(who, ": poll"));
-    }
-    if (ready <= 0) continue;
+    // The program's end is checked every 10 ms: a child left in the
+    // background may hold its stdout open, so the pipe's end is not the
+    // program's.
+    pollfd fds[2] = {{from_child.get(), POLLIN, 0}, {to_child.get(), POLLOUT, 0}};
+    pollfd* first = reading ? &fds[0] : &fds[1];
+    const nfds_t count = (reading ? 1 : 0) + (writing ? 1 : 0);
+    const int ready = poll(count > 0 ? first : nullptr, count, std::min(wait_ms, 10));
+    if (ready < 0 && errno != EINTR) return Errno(absl::StrCat(who, ": poll"));
     if (writing && (fds[1].revents & (POLLOUT | POLLERR | POLLHUP)) != 0) {
       const ssize_t n = send(to_child.get(), input.data() + written, input.size() - written,
                              MSG_NOSIGNAL | MSG_DONTWAIT);
@@ -152,34 +203,27 @@ absl::StatusOr<std::string> RunProgram(const std::string& program, const std::st
         to_child.Close();  // end of input
       }
     }
-    if ((fds[0].revents & (POLLIN | POLLERR | POLLHUP)) != 0) {
-      char buffer[1 << 16];
-      const ssize_t n = read(from_child.get(), buffer, sizeof buffer);
-      if (n > 0) {
-        output.append(buffer, static_cast<size_t>(n));
-        if (static_cast<int64_t>(output.size()) > kMaxJsonFileBytes) {
-          kill_child();
-          return absl::InvalidArgumentError(absl::StrCat(
-              who, ": wrote more than ", kMaxJsonFileBytes, " bytes; the program was killed"));
-        }
-      } else if (n == 0 || (errno != EAGAIN && errno != EINTR)) {
-        reading = false;
-      }
+    if (reading && (fds[0].revents & (POLLIN | POLLERR | POLLHUP)) != 0) {
+      reading = read_available();
+      if (!read_status.ok()) return read_status;
+    }
+    if (exited()) {
+      // What it wrote before exiting is in the pipe: its output ends there.
+      // What it left running goes first, so that nothing more is written.
+      kill(-pid, SIGKILL);
+      if (reading) read_available();
+      if (!read_status.ok()) return read_status;
+      break;
     }
   }
-  // Its stdout is closed; wait for the exit, within the limit.
+  if (lost != 0) {
+    errno = lost;
+    return Errno(absl::StrCat(who, ": waitid"));
+  }
+  kill(-pid, SIGKILL);
   int status = 0;
-  for (;;) {
-    const pid_t done = waitpid(pid, &status, WNOHANG);
-    if (done == pid) break;
-    if (done < 0 && errno != EINTR) return Errno(absl::StrCat(who, ": waitpid"));
-    if (remaining_ms() == 0) {
-      kill_child();
-      return absl::DeadlineExceededError(absl::StrCat(
-          who, ": did not exit within the time limit of ", limit_s, " s; it was killed"));
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(2));
-  }
+  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {}
+  reaped = true;
   if (WIFSIGNALED(status)) {
     return absl::InvalidArgumentError(
         absl::StrCat(who, ": the program was killed by signal ", WTERMSIG(status)));
@@ -200,16 +244,17 @@ class ExecPlanner : public Planner {
     ASSIGN_OR_RETURN(std::string output,
                      RunProgram(program_, ExecPolicyInput(graph, options).dump() + "\n",
                                 options.time_limit_s, who));
-    absl::StatusOr<nlohmann::json> doc = ParseStrictJson(output, "its output");
-    if (!doc.ok()) {
+    if (output.empty()) {
       return absl::InvalidArgumentError(absl::StrCat(
-          who, ": ", output.empty() ? "wrote nothing on stdout" : doc.status().message(),
-          " (a pebble-schedule JSON document was expected)"));
+          who, ": wrote nothing on stdout (a pebble-schedule JSON document was expected)"));
     }
-    absl::StatusOr<Schedule> schedule = ScheduleFromJson(graph, *doc);
+    bool json_error = false;
+    absl::StatusOr<Schedule> schedule =
+        ParseScheduleText(graph, output, "its output", &json_error);
     if (!schedule.ok()) {
       return absl::InvalidArgumentError(
-          absl::StrCat(who, ": its schedule: ", schedule.status().message()));
+          absl::StrCat(who, ": ", schedule.status().message(),
+                       json_error ? " (a pebble-schedule JSON document was expected)" : ""));
     }
     absl::StatusOr<PlanResult> result = FinishPlan(graph, *std::move(schedule), options);
     if (!result.ok()) {
@@ -229,10 +274,12 @@ absl::Status RegisterExternalPolicy(const std::string& name, const std::string& 
                                     PlanKind kind, ScheduleFunction fn) {
   if (!IsPolicyName(name)) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "policy name '", name,
-        "' must be 1 to 64 letters, digits, '-', '_' or '.' (exec:PROGRAM names a program)"));
+        "policy name ", Quote(name),
+        " must be 1 to 64 letters, digits, '-', '_' or '.' (exec:PROGRAM names a program)"));
   }
-  if (!fn) return absl::InvalidArgumentError(absl::StrCat("policy '", name, "' has no function"));
+  if (!fn) {
+    return absl::InvalidArgumentError(absl::StrCat("policy ", Quote(name), " has no function"));
+  }
   PolicyInfo info;
   info.name = name;
   info.description = description.empty() ? "registered from outside pebble" : description;

@@ -57,58 +57,89 @@ int64_t PeakOf(const std::vector<TensorInstance>& instances, int slots,
 // ancestors of the leaf of its first step (the canonical nodes of (s, e]
 // hold exactly the instances that start there, each once). No duplicates,
 // no scan of what does not overlap, whatever the lifetimes' lengths.
+//
+// Every instance goes into the tree once, before any is placed, in
+// compressed rows (one array of entries, one of offsets per tree node); a
+// query returns the placed ones only. A vector per tree node took 48 bytes
+// a node before its entries (the whole layout of a 2-million-step schedule
+// took 242 bytes a step, 127 with the rows); the rows take 16 bytes a node
+// and 4 an entry. A query also passes over the instances not yet placed,
+// which adds no more than the pairs it would meet once they are.
 class OverlapIndex {
  public:
-  explicit OverlapIndex(int slots) : size_(1) {
+  OverlapIndex(const std::vector<TensorInstance>& instances, int slots)
+      : size_(1), placed_(instances.size(), 0) {
     while (size_ < slots) size_ *= 2;
-    cover_.resize(2 * size_);
-    starts_.resize(2 * size_);
+    // Two passes over the same walk: count the entries of each node (into
+    // offsets[node + 1], summed into the end of each node's row), then fill
+    // each row from its end, which leaves offsets[node + 1] at the row's
+    // start: shifted by one, the offsets are the rows' starts.
+    cover_.offsets.assign(2 * size_ + 1, 0);
+    starts_.offsets.assign(2 * size_ + 1, 0);
+    auto walk = [&](auto&& put) {
+      for (int32_t i = 0; i < static_cast<int32_t>(instances.size()); ++i) {
+        const TensorInstance& inst = instances[i];
+        for (int lo = inst.first_step + size_, hi = inst.last_step + size_ + 1; lo < hi;
+             lo >>= 1, hi >>= 1) {
+          if (lo & 1) put(cover_, lo++, i);
+          if (hi & 1) put(cover_, --hi, i);
+        }
+        for (int node = inst.first_step + size_; node >= 1; node >>= 1) put(starts_, node, i);
+      }
+    };
+    walk([](Rows& rows, int node, int32_t) { ++rows.offsets[node + 1]; });
+    for (Rows* rows : {&cover_, &starts_}) {
+      for (size_t k = 1; k < rows->offsets.size(); ++k) rows->offsets[k] += rows->offsets[k - 1];
+      rows->entries.resize(static_cast<size_t>(rows->offsets.back()));
+    }
+    walk([](Rows& rows, int node, int32_t i) { rows.entries[--rows.offsets[node + 1]] = i; });
+    for (Rows* rows : {&cover_, &starts_}) {
+      const int64_t total = static_cast<int64_t>(rows->entries.size());
+      rows->offsets.erase(rows->offsets.begin());
+      rows->offsets.push_back(total);
+    }
   }
 
-  void Add(int32_t i, const TensorInstance& inst) {
-    for (int lo = inst.first_step + size_, hi = inst.last_step + size_ + 1; lo < hi;
-         lo >>= 1, hi >>= 1) {
-      if (lo & 1) cover_[lo++].push_back(i);
-      if (hi & 1) cover_[--hi].push_back(i);
-    }
-    for (int node = inst.first_step + size_; node >= 1; node >>= 1) {
-      starts_[node].push_back(i);
-    }
-  }
+  void Add(int32_t i) { placed_[i] = 1; }
 
   // Placed instances overlapping `inst` in time, appended to `out`.
   void Overlapping(const TensorInstance& inst, std::vector<int32_t>& out) const {
-    for (int node = inst.first_step + size_; node >= 1; node >>= 1) {
-      out.insert(out.end(), cover_[node].begin(), cover_[node].end());
-    }
+    for (int node = inst.first_step + size_; node >= 1; node >>= 1) Append(cover_, node, out);
     for (int lo = inst.first_step + 1 + size_, hi = inst.last_step + size_ + 1; lo < hi;
          lo >>= 1, hi >>= 1) {
-      if (lo & 1) {
-        out.insert(out.end(), starts_[lo].begin(), starts_[lo].end());
-        ++lo;
-      }
-      if (hi & 1) {
-        --hi;
-        out.insert(out.end(), starts_[hi].begin(), starts_[hi].end());
-      }
+      if (lo & 1) Append(starts_, lo++, out);
+      if (hi & 1) Append(starts_, --hi, out);
     }
   }
 
  private:
+  struct Rows {
+    std::vector<int64_t> offsets;  // node k's entries: [offsets[k], offsets[k + 1])
+    std::vector<int32_t> entries;
+  };
+
+  void Append(const Rows& rows, int node, std::vector<int32_t>& out) const {
+    for (int64_t k = rows.offsets[node]; k < rows.offsets[node + 1]; ++k) {
+      if (placed_[rows.entries[k]]) out.push_back(rows.entries[k]);
+    }
+  }
+
   int size_;  // leaves: a power of two >= the number of steps
-  std::vector<std::vector<int32_t>> cover_;
-  std::vector<std::vector<int32_t>> starts_;
+  std::vector<uint8_t> placed_;
+  Rows cover_;
+  Rows starts_;
 };
 
 // Places the instances in `order` (offline: every lifetime is known), each
 // at the best-fitting gap among the already placed instances it overlaps in
 // time: the smallest gap that holds it, the lowest on a tie, else on top of
-// them all. Returns the arena. O(N log K + sum over instances of k log k),
-// k the placed instances it overlaps.
+// them all. Returns the arena. O(N log K + P + sum over instances of
+// k log k), P the pairs of instances alive together, k the placed instances
+// it overlaps.
 int64_t PlaceOffline(std::vector<TensorInstance>& instances,
                      const std::vector<int32_t>& order, int slots,
                      int64_t alignment) {
-  OverlapIndex index(slots);
+  OverlapIndex index(instances, slots);
   std::vector<int32_t> overlapping;
   std::vector<std::pair<int64_t, int64_t>> busy;  // [offset, end), rounded
   int64_t arena = 0;
@@ -140,7 +171,7 @@ int64_t PlaceOffline(std::vector<TensorInstance>& instances,
     }
     inst.offset = chosen >= 0 ? chosen : cursor;
     arena = std::max(arena, inst.offset + size);
-    index.Add(i, inst);
+    index.Add(i);
   }
   return arena;
 }
@@ -332,23 +363,34 @@ std::vector<TensorInstance> InstancesOf(const Graph& graph,
       instances.push_back({v, false, 0, slots - 1, 0, graph.bytes(v)});
     }
   }
-  std::vector<int32_t> open(graph.num_nodes(), -1);  // v's current instance
+  // Per storage root (the node itself without aliases): its current
+  // instance, and how many nodes of D hold it (the simulator's count).
+  std::vector<int32_t> open(graph.num_nodes(), -1);
+  std::vector<int32_t> holders(graph.num_nodes(), 0);
+  for (NodeId v = 0; v < graph.num_nodes(); ++v) holders[v] = graph.persistent(v) ? 1 : 0;
   for (int k = 0; k < static_cast<int>(schedule.steps.size()); ++k) {
     const Step& step = schedule.steps[k];
     const NodeId v = step.node;
+    const NodeId root = graph.storage(v);
     switch (step.action) {
       case Action::kCompute:
       case Action::kPrefetch:
-        open[v] = static_cast<int32_t>(instances.size());
-        instances.push_back({v, false, k, slots - 1, 0, graph.bytes(v)});
+        // Only a base starts a storage; an alias joins its base's.
+        if (holders[root]++ == 0) {
+          open[root] = static_cast<int32_t>(instances.size());
+          instances.push_back({root, false, k, slots - 1, 0, graph.bytes(root)});
+        }
         if (step.action == Action::kCompute && graph.workspace(v) > 0) {
           instances.push_back({v, true, k, k, 0, graph.workspace(v)});
         }
         break;
       case Action::kFree:
-        PEBBLE_CHECK(open[v] >= 0, "free of a node without an instance");
-        instances[open[v]].last_step = k - 1;
-        open[v] = -1;
+        PEBBLE_CHECK(holders[root] > 0, "free of a node without an instance");
+        if (--holders[root] == 0) {
+          PEBBLE_CHECK(open[root] >= 0, "free of a storage without an instance");
+          instances[open[root]].last_step = k - 1;
+          open[root] = -1;
+        }
         break;
       case Action::kOffload:
         break;

@@ -9,7 +9,13 @@
 //    lives until the step before the `free v` that ends it, or to K-1. A
 //    node computed or prefetched again after a free is a new instance;
 //  - the workspace of `compute v` at step k: an instance [k, k];
-//  - `offload v` allocates nothing on the device.
+//  - `offload v` allocates nothing on the device;
+//  - with aliases (SPEC section 1), an instance is a storage's lifetime: it
+//    starts at the compute or prefetch of its base that makes the storage
+//    resident and ends at the step before the free of its last holder (the
+//    base or an alias); its node is the base. Computing an alias allocates
+//    nothing: an alias lives at the offset of its storage's instance.
+//    Without aliases this is the rule above, node by node.
 // An instance is alive at step k exactly when the simulator counts it in
 // StepRecord::peak_bytes of step k, so the sum of the bytes alive at a step
 // is that step's memory and the largest such sum is the plan's peak.

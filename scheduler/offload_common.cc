@@ -40,7 +40,7 @@ absl::StatusOr<double> ParseBandwidth(absl::string_view text) {
   for (const LinkPreset& p : kPresets) {
     if (lower == p.name) return p.bytes_per_s;
   }
-  absl::StatusOr<int64_t> bytes = ParseSize(text);
+  absl::StatusOr<double> bytes = ParseByteRate(text);  // need not be whole bytes
   if (!bytes.ok()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "invalid bandwidth ", Quote(text),

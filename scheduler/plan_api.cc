@@ -9,6 +9,7 @@
 #include "oneapi/tbb/parallel_for.h"
 #include "oneapi/tbb/task_arena.h"
 #include "scheduler/budget.h"
+#include "scheduler/checkmate.h"  // PeakLowerBound
 #include "scheduler/simulator.h"
 
 namespace pebble {
@@ -185,30 +186,42 @@ nlohmann::json CompareDocument(const Graph& graph, const Comparison& comparison,
 
 namespace {
 
+// What a search learns of one value.
 struct Probe {
   bool feasible = false;
-  std::string error;  // the model or the planner refused this value
+  bool stopped = false;  // the time limit passed before the value was tried
+  std::string error;     // the model or the planner refused this value
 };
 
 // The largest v in [start, max] with probe(v).feasible, assuming
 // monotonicity; nullopt when probe(start) is not feasible. The first
-// refusal goes to `first_error`.
+// refusal goes to `first_error`. A probe that reports `stopped` ends the
+// search with the largest value known to fit (*stopped = true).
 template <typename ProbeFn>
 std::optional<int64_t> LargestFeasible(int64_t start, int64_t max_value, ProbeFn probe,
-                                       std::string* first_error) {
+                                       std::string* first_error, bool* stopped) {
+  *stopped = false;
+  // 1: fits, 0: does not, -1: stopped.
   auto feasible = [&](int64_t v) {
     Probe p = probe(v);
+    if (p.stopped) {
+      *stopped = true;
+      return -1;
+    }
     if (!p.error.empty() && first_error->empty()) *first_error = p.error;
-    return p.feasible;
+    return p.feasible ? 1 : 0;
   };
-  if (!feasible(start)) return std::nullopt;
+  const int first = feasible(start);
+  if (first != 1) return std::nullopt;
   int64_t lo = start, hi = -1;  // lo feasible; hi infeasible (or -1: unknown)
   while (hi < 0) {
     if (max_value > 0 && lo >= max_value) return lo;
     int64_t next = lo > INT64_MAX / 2 ? INT64_MAX : lo * 2;
     if (max_value > 0) next = std::min(next, max_value);
     if (next == lo) return lo;
-    if (feasible(next)) {
+    const int f = feasible(next);
+    if (f < 0) return lo;
+    if (f == 1) {
       lo = next;
     } else {
       hi = next;
@@ -216,7 +229,9 @@ std::optional<int64_t> LargestFeasible(int64_t start, int64_t max_value, ProbeFn
   }
   while (hi - lo > 1) {
     const int64_t mid = lo + (hi - lo) / 2;
-    if (feasible(mid)) {
+    const int f = feasible(mid);
+    if (f < 0) return lo;
+    if (f == 1) {
       lo = mid;
     } else {
       hi = mid;
@@ -225,49 +240,113 @@ std::optional<int64_t> LargestFeasible(int64_t start, int64_t max_value, ProbeFn
   return lo;
 }
 
+// The whole search's clock, shared by the policies' threads.
+class FitClock {
+ public:
+  explicit FitClock(double limit_s)
+      : start_(std::chrono::steady_clock::now()), limit_s_(limit_s) {}
+  double elapsed_s() const { return SecondsSince(start_); }
+  double remaining_s() const { return std::max(0.0, limit_s_ - elapsed_s()); }
+  bool Expired() const { return elapsed_s() >= limit_s_; }
 
-// One policy's search (Fit): fills `row`; an error only where the plan at
-// the value found fails on the second run.
+ private:
+  std::chrono::steady_clock::time_point start_;
+  double limit_s_;
+};
+
+// One policy's search (Fit): fills `row`. The largest plan found to fit is
+// kept as the search goes, so the answer needs no second plan.
 template <typename Build>
 absl::Status FitPolicy(const FitRequest& request, const std::string& name,
-                       const PlannerOptions& options, const Build& build, FitRow& row) {
+                       const PlannerOptions& options, const Build& build,
+                       const FitClock& clock, FitRow& row) {
   row.policy = name;
   const PolicyInfo* info = PlannerRegistry::Global().Find(name);
   row.kind = info != nullptr ? std::string(PlanKindName(info->kind)) : "external";
   ASSIGN_OR_RETURN(std::unique_ptr<Planner> planner, MakePlanner(name));
-  auto plan_at = [&](int64_t v) -> absl::StatusOr<std::pair<Graph, PlanResult>> {
-    absl::StatusOr<Graph> g = build(v);
-    if (!g.ok()) return absl::InvalidArgumentError(g.status().message());
-    absl::StatusOr<PlanResult> plan = planner->Plan(*g, options);
-    if (!plan.ok()) return plan.status();
-    return std::make_pair(*std::move(g), *std::move(plan));
+  auto report = [&](int64_t v, FitTry::Outcome outcome, int64_t peak) {
+    ++row.tries;
+    if (!request.on_try) return;
+    FitTry t;
+    t.policy = name;
+    t.value = v;
+    t.outcome = outcome;
+    t.peak_bytes = peak;
+    t.elapsed_s = clock.elapsed_s();
+    request.on_try(t);
   };
-  row.value = LargestFeasible(
-      request.start, request.max_value,
-      [&](int64_t v) {
-        Probe p;
-        auto planned = plan_at(v);
-        if (!planned.ok()) {
-          p.error = absl::StrCat(request.vary, "=", v, ": ", planned.status().message());
-        } else {
-          p.feasible = planned->second.feasible;
-        }
-        return p;
-      },
-      &row.note);
-  // Plan again at the answer (the search keeps no plans, to bound memory).
-  if (row.value.has_value()) {
-    ASSIGN_OR_RETURN(auto planned, plan_at(*row.value));
-    row.graph = std::move(planned.first);
-    row.plan = std::move(planned.second);
-    row.note.clear();
-  } else if (row.note.empty()) {
-    row.note = absl::StrCat("does not fit even at ", request.vary, "=", request.start);
+  auto probe = [&](int64_t v) {
+    Probe p;
+    if (clock.Expired()) {
+      p.stopped = true;
+      return p;
+    }
+    auto refuse = [&](const absl::Status& status) {
+      p.error = absl::StrCat(request.vary, "=", v, ": ", status.message());
+      report(v, FitTry::Outcome::kRefused, 0);
+      return p;
+    };
+    absl::StatusOr<Graph> g = build(v);
+    if (!g.ok()) return refuse(g.status());
+    // No plan of this graph fits: neither plan nor prepare it (a backend's
+    // workspace probe would touch operands larger than the budget).
+    const int64_t bound = PeakLowerBound(*g);
+    if (bound > request.budget_bytes) {
+      report(v, FitTry::Outcome::kBelowBound, bound);
+      return p;
+    }
+    if (request.prepare_graph) {
+      g = request.prepare_graph(*g);
+      if (!g.ok()) return refuse(g.status());
+    }
+    PlannerOptions o = options;
+    o.time_limit_s = std::max(1e-3, std::min(o.time_limit_s, clock.remaining_s()));
+    absl::StatusOr<PlanResult> plan = planner->Plan(*g, o);
+    if (!plan.ok()) return refuse(plan.status());
+    p.feasible = plan->feasible;
+    report(v, p.feasible ? FitTry::Outcome::kFits : FitTry::Outcome::kDoesNotFit,
+           plan->report.peak_bytes);
+    if (p.feasible && (!row.value.has_value() || v > *row.value)) {
+      row.value = v;
+      row.graph = *std::move(g);
+      row.plan = *std::move(plan);
+    }
+    return p;
+  };
+  std::string first_error;
+  const std::optional<int64_t> found = LargestFeasible(
+      request.start, request.max_value, probe, &first_error, &row.time_limit_reached);
+  PEBBLE_CHECK(found == row.value, "fit: the search and its kept plan disagree");
+  if (row.time_limit_reached) {
+    row.note = row.value.has_value()
+                   ? absl::StrCat("time limit of ", request.time_limit_s,
+                                  " s reached: a larger ", request.vary, " may fit too")
+                   : absl::StrCat("time limit of ", request.time_limit_s,
+                                  " s reached before ", request.vary, "=", request.start,
+                                  " was planned");
+  } else if (!row.value.has_value()) {
+    row.note = first_error.empty()
+                   ? absl::StrCat("does not fit even at ", request.vary, "=", request.start)
+                   : first_error;
   }
   return absl::OkStatus();
 }
 
 }  // namespace
+
+absl::string_view FitOutcomeName(FitTry::Outcome outcome) {
+  switch (outcome) {
+    case FitTry::Outcome::kFits:
+      return "fits";
+    case FitTry::Outcome::kDoesNotFit:
+      return "does not fit";
+    case FitTry::Outcome::kBelowBound:
+      return "over the budget at any plan";
+    case FitTry::Outcome::kRefused:
+      return "refused";
+  }
+  return "?";
+}
 
 absl::StatusOr<int64_t> ParseFitBudget(absl::string_view text) {
   ASSIGN_OR_RETURN(BudgetSpec spec, ParseBudget(text));
@@ -289,12 +368,17 @@ absl::StatusOr<FitResult> Fit(const FitRequest& request) {
   if (request.budget_bytes <= 0) {
     return absl::InvalidArgumentError("fit needs a budget of a positive number of bytes");
   }
+  if (!(request.time_limit_s > 0)) {
+    return absl::InvalidArgumentError("fit: the time limit must be a positive number of seconds");
+  }
+  if (request.jobs < 0) return absl::InvalidArgumentError("fit: jobs must be 0 or more");
+  const FitClock clock(request.time_limit_s);
+  // The model as built: cheap (no tensors), so the naive rule and the
+  // bound need no preparation.
   auto build = [&](int64_t value) {
     ModelSpec s = request.model;
     s.params[request.vary] = absl::StrCat(value);
-    absl::StatusOr<Graph> g = BuildModel(s, request.cost);
-    if (!g.ok() || !request.prepare_graph) return g;
-    return request.prepare_graph(*g);
+    return BuildModel(s, request.cost);
   };
   RETURN_IF_ERROR(build(request.start).status());
   ASSIGN_OR_RETURN(std::vector<std::string> policies,
@@ -305,6 +389,7 @@ absl::StatusOr<FitResult> Fit(const FitRequest& request) {
   options.budget_bytes = request.budget_bytes;
 
   FitResult fit;
+  bool naive_stopped = false;
   fit.naive_value = LargestFeasible(
       request.start, request.max_value,
       [&](int64_t v) {
@@ -322,15 +407,15 @@ absl::StatusOr<FitResult> Fit(const FitRequest& request) {
         p.feasible = 26 * g->bytes(input) <= request.budget_bytes;
         return p;
       },
-      &fit.naive_note);
+      &fit.naive_note, &naive_stopped);
 
-  if (request.jobs < 0) return absl::InvalidArgumentError("fit: jobs must be 0 or more");
   fit.rows.resize(policies.size());
   std::vector<absl::Status> failures(policies.size());
   ForEachIndex(policies.size(), request.jobs, [&](size_t k) {
-    failures[k] = FitPolicy(request, policies[k], options, build, fit.rows[k]);
+    failures[k] = FitPolicy(request, policies[k], options, build, clock, fit.rows[k]);
   });
   for (const absl::Status& failure : failures) RETURN_IF_ERROR(failure);
+  fit.search_time_s = clock.elapsed_s();
   return fit;
 }
 
@@ -347,6 +432,8 @@ nlohmann::json FitRowJson(const FitRow& row) {
     j["value"] = nullptr;
   }
   if (!row.note.empty()) j["note"] = row.note;
+  j["tries"] = row.tries;
+  j["time_limit_reached"] = row.time_limit_reached;
   return j;
 }
 

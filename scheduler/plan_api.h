@@ -114,6 +114,22 @@ nlohmann::json CompareDocument(const Graph& graph, const Comparison& comparison,
 
 // ---- fit
 
+// One value a search tried, for progress reports (FitRequest::on_try).
+struct FitTry {
+  enum class Outcome : uint8_t {
+    kFits,         // planned, within the budget
+    kDoesNotFit,   // planned, over the budget
+    kBelowBound,   // not planned: even the least peak any plan can have is over the budget
+    kRefused,      // the model or the planner refused the value
+  };
+  std::string policy;  // empty for the naive estimate
+  int64_t value = 0;
+  Outcome outcome = Outcome::kRefused;
+  int64_t peak_bytes = 0;  // the plan's peak (kFits, kDoesNotFit) or the bound (kBelowBound)
+  double elapsed_s = 0;    // since the search started
+};
+absl::string_view FitOutcomeName(FitTry::Outcome outcome);  // "fits", ...
+
 struct FitRequest {
   ModelSpec model;  // a zoo model
   std::string vary;  // the parameter searched ("n", "batch", ...)
@@ -121,25 +137,41 @@ struct FitRequest {
   // Empty: every registered policy but the exact searches (exact,
   // exact-order, checkmate), whose cost explodes with the graph.
   std::vector<std::string> policies;
-  PlannerOptions options;  // budget_bytes is set from budget_bytes
+  // budget_bytes is set from budget_bytes; options.time_limit_s bounds each
+  // plan (and is cut to what is left of time_limit_s).
+  PlannerOptions options;
   CostModel cost;
   int64_t start = 1;      // the first value tried
   int64_t max_value = 0;  // 0: the model's own limit
   int jobs = 0;           // policies searched at once, as CompareRequest::jobs
+  // Wall-clock seconds for the whole search, every policy together. Past
+  // it, each policy stops and keeps the largest value found to fit so far
+  // (FitRow::time_limit_reached).
+  double time_limit_s = 60;
   // Applied to the model at each value before it is planned (the command
   // line's --workspace query gives each node its kernel's scratch on the
-  // backend, runtime/workspace.h); none: the model as built. Called from
-  // the planning threads (jobs), so it must be thread-safe.
+  // backend, runtime/workspace.h); none: the model as built. Called only
+  // for values whose PeakLowerBound (as built) is within the budget, so it
+  // never sees operands larger than the budget; called from the planning
+  // threads (jobs), so it must be thread-safe. A prepared graph must not
+  // have a lower peak than the model as built (it only adds workspace).
   std::function<absl::StatusOr<Graph>(const Graph&)> prepare_graph;
+  // Called after each value tried, from the planning threads (jobs): it
+  // must be thread-safe. Empty: no reports.
+  std::function<void(const FitTry&)> on_try;
 };
 
 struct FitRow {
   std::string policy;
   std::string kind;  // PlanKindName, or "external" for exec:PROGRAM
   std::optional<int64_t> value;  // the largest value that fits
-  std::optional<Graph> graph;    // the model at that value
+  std::optional<Graph> graph;    // the model at that value (prepared)
   std::optional<PlanResult> plan;
-  std::string note;  // why nothing fits, or the first refusal
+  std::string note;  // why nothing fits, the first refusal, or where the time limit cut
+  int tries = 0;     // values tried (planned or bounded)
+  // The search stopped at FitRequest::time_limit_s: `value` fits, but a
+  // larger one might too.
+  bool time_limit_reached = false;
 };
 
 struct FitResult {
@@ -148,6 +180,7 @@ struct FitResult {
   std::optional<int64_t> naive_value;
   std::string naive_note;
   std::vector<FitRow> rows;
+  double search_time_s = 0;
 };
 
 // fit's budget, from the command line's text: bytes only (a percentage or
@@ -158,7 +191,10 @@ absl::StatusOr<int64_t> ParseFitBudget(absl::string_view text);
 // policy fits in the budget: an exponential then a binary search over the
 // predicted peak, assuming it grows with the parameter (true of every size
 // parameter of the zoo under a fixed policy; a heuristic could find a
-// better plan at a larger size, which the search would miss).
+// better plan at a larger size, which the search would miss). A value whose
+// PeakLowerBound is over the budget is not planned (nor prepared). Memory:
+// at most two graphs and plans per policy searched at once, plus what
+// prepare_graph takes.
 absl::StatusOr<FitResult> Fit(const FitRequest& request);
 
 // The rows of `fit --json` ("results"), without measurements.

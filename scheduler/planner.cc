@@ -7,6 +7,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_join.h"
 #include "graph/status.h"
+#include "scheduler/alias_fold.h"
 #include "scheduler/budget.h"
 #include "scheduler/external_policy.h"
 
@@ -83,7 +84,7 @@ absl::StatusOr<std::unique_ptr<Planner>> MakePlanner(absl::string_view name) {
     if (program.empty()) {
       return absl::InvalidArgumentError("policy 'exec:' names no program (exec:PROGRAM)");
     }
-    return MakeExecPlanner(std::string(program));
+    return WithAliasFolding(MakeExecPlanner(std::string(program)));
   }
   const PolicyInfo* info = PlannerRegistry::Global().Find(name);
   if (info == nullptr) {
@@ -95,7 +96,8 @@ absl::StatusOr<std::unique_ptr<Planner>> MakePlanner(absl::string_view name) {
                                             "' (known: ", absl::StrJoin(names, ", "),
                                             "; see 'pebble policies')"));
   }
-  return info->factory();
+  // Every policy plans storages, not views (Note [Alias folding]).
+  return WithAliasFolding(info->factory());
 }
 
 void ReportProgress(const PlannerOptions& options, std::string stage,

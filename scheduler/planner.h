@@ -147,7 +147,9 @@ class PlannerRegistry {
 };
 
 // Looks up and instantiates a policy, or makes the planner of
-// "exec:PROGRAM" (external_policy.h); NotFound lists the known names.
+// "exec:PROGRAM" (external_policy.h); NotFound lists the known names. The
+// planner plans a graph with aliases over its storages (WithAliasFolding,
+// alias_fold.h) and takes any other graph as it is.
 absl::StatusOr<std::unique_ptr<Planner>> MakePlanner(absl::string_view name);
 
 // Simulates `schedule`, fills a PlanResult and decides feasibility against

@@ -66,8 +66,11 @@ absl::StatusOr<Step> StepFromJson(const Graph& graph, const nlohmann::json& s, s
 
 }  // namespace
 
-absl::StatusOr<Schedule> ScheduleFromJson(const Graph& graph,
-                                          const nlohmann::json& doc) {
+namespace {
+
+// The checks of a schedule document besides its steps, in the order
+// ScheduleFromJson makes them.
+absl::Status CheckScheduleDocument(const nlohmann::json& doc) {
   if (!doc.is_object()) {
     return absl::InvalidArgumentError("schedule: the document is not an object");
   }
@@ -87,11 +90,54 @@ absl::StatusOr<Schedule> ScheduleFromJson(const Graph& graph,
   if (steps == doc.end() || !steps->is_array()) {
     return absl::InvalidArgumentError("schedule: 'steps' must be an array");
   }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<Schedule> ScheduleFromJson(const Graph& graph,
+                                          const nlohmann::json& doc) {
+  RETURN_IF_ERROR(CheckScheduleDocument(doc));
+  const nlohmann::json& steps = doc["steps"];
   Schedule schedule;
-  schedule.steps.reserve(steps->size());
-  for (size_t i = 0; i < steps->size(); ++i) {
-    ASSIGN_OR_RETURN(Step step, StepFromJson(graph, (*steps)[i], i));
+  schedule.steps.reserve(steps.size());
+  for (size_t i = 0; i < steps.size(); ++i) {
+    ASSIGN_OR_RETURN(Step step, StepFromJson(graph, steps[i], i));
     schedule.steps.push_back(step);
+  }
+  return schedule;
+}
+
+absl::StatusOr<Schedule> ParseScheduleText(const Graph& graph, absl::string_view text,
+                                           absl::string_view source, bool* json_error) {
+  if (json_error != nullptr) *json_error = false;
+  // Each step is checked and kept as a Step as soon as it is parsed. The
+  // first bad step is reported only after the JSON and the rest of the
+  // document are found sound, so that errors come in the order
+  // ScheduleFromJson gives them.
+  Schedule schedule;
+  absl::Status first_bad_step;
+  auto sink = [&](nlohmann::json& element, size_t index) {
+    if (!first_bad_step.ok()) return absl::OkStatus();
+    absl::StatusOr<Step> step = StepFromJson(graph, element, index);
+    if (!step.ok()) {
+      first_bad_step = step.status();
+      schedule.steps = {};
+      return absl::OkStatus();
+    }
+    schedule.steps.push_back(*step);
+    return absl::OkStatus();
+  };
+  absl::StatusOr<nlohmann::json> doc = ParseStrictJsonStreaming(text, source, "steps", sink);
+  if (!doc.ok()) {
+    if (json_error != nullptr) *json_error = true;
+    return doc.status();
+  }
+  absl::Status status = CheckScheduleDocument(*doc);
+  if (status.ok()) status = first_bad_step;
+  if (!status.ok()) {
+    if (source.empty()) return status;
+    return absl::Status(status.code(), absl::StrCat(source, ": ", status.message()));
   }
   return schedule;
 }
@@ -99,14 +145,7 @@ absl::StatusOr<Schedule> ScheduleFromJson(const Graph& graph,
 absl::StatusOr<Schedule> ReadScheduleFile(const Graph& graph,
                                           const std::string& path) {
   ASSIGN_OR_RETURN(const std::string text, ReadBoundedFile(path, "schedule file"));
-  const std::string source = Printable(path, 200);
-  ASSIGN_OR_RETURN(const nlohmann::json doc, ParseStrictJson(text, source));
-  auto schedule = ScheduleFromJson(graph, doc);
-  if (!schedule.ok()) {
-    return absl::Status(schedule.status().code(),
-                        absl::StrCat(source, ": ", schedule.status().message()));
-  }
-  return schedule;
+  return ParseScheduleText(graph, text, Printable(path, 200));
 }
 
 std::vector<NodeId> DefaultOrder(const Graph& graph) {

@@ -29,13 +29,23 @@ struct Schedule {
 
 // JSON per SPEC section 2 (nodes by id). Reading checks the format, the
 // version, the actions and that every node exists in `graph`, and refuses
-// unknown keys (but '_' annotations); ReadScheduleFile also refuses what
-// ParseStrictJson does (repeated keys, NUL bytes, files over
-// kMaxJsonFileBytes). Whether the steps are valid is the simulator's
-// business.
+// unknown keys (but '_' annotations); ParseScheduleText and
+// ReadScheduleFile also refuse what ParseStrictJson does (repeated keys, NUL
+// bytes), and ReadScheduleFile what ReadBoundedFile does (files over
+// kMaxJsonFileBytes, anything but a regular file). Whether the steps are
+// valid is the simulator's business.
 nlohmann::json ScheduleToJson(const Graph& graph, const Schedule& schedule);
 absl::StatusOr<Schedule> ScheduleFromJson(const Graph& graph,
                                           const nlohmann::json& doc);
+// Schedule text, parsed without a JSON document of its steps: each step is
+// checked and kept (8 bytes) as soon as it is read, so memory is the text
+// and the steps, where a document took about 330 bytes a step. A
+// non-empty `source` begins every message ("source:L:C: ..." for JSON
+// errors, "source: schedule step 3: ..." for the others); `json_error`,
+// when given, tells whether the text was not valid JSON at all.
+absl::StatusOr<Schedule> ParseScheduleText(const Graph& graph, absl::string_view text,
+                                           absl::string_view source = "",
+                                           bool* json_error = nullptr);
 absl::StatusOr<Schedule> ReadScheduleFile(const Graph& graph,
                                           const std::string& path);
 

@@ -29,6 +29,20 @@ absl::Status StepError(const Graph& graph, size_t k, const Step& step,
                    " ", Quote(graph.id(step.node)), "): ", rule));
 }
 
+// The rule a base `v` breaks when some alias still holds its storage: names
+// the first such alias (by id order; an error path, so a scan is fine).
+std::string HeldThroughAlias(const Graph& graph, NodeId v,
+                             const std::vector<uint8_t>& on_device) {
+  NodeId holder = kNoNode;
+  for (NodeId a = 0; a < graph.num_nodes() && holder == kNoNode; ++a) {
+    if (on_device[a] && graph.storage(a) == v) holder = a;
+  }
+  PEBBLE_CHECK(holder != kNoNode, "storage held by no node");
+  return absl::StrCat("its storage is still resident through alias ",
+                      Quote(graph.id(holder)),
+                      " (a second copy of a live storage; free its aliases first)");
+}
+
 }  // namespace
 
 absl::StatusOr<PlanReport> Simulate(const Graph& graph,
@@ -44,6 +58,9 @@ absl::StatusOr<PlanReport> Simulate(const Graph& graph,
   report.num_steps = static_cast<int64_t>(schedule.steps.size());
 
   std::vector<uint8_t> on_device(n, 0);
+  // Per storage root: how many nodes of D hold it (itself and its aliases,
+  // SPEC section 1 "Aliases"); its bytes count while this is positive.
+  std::vector<int32_t> holders(n, 0);
   std::vector<uint8_t> on_host(n, 0);
   std::vector<uint8_t> computed(n, 0);
   // Time model state (SPEC section 4).
@@ -59,6 +76,7 @@ absl::StatusOr<PlanReport> Simulate(const Graph& graph,
   for (NodeId v = 0; v < n; ++v) {
     if (graph.persistent(v)) {
       on_device[v] = 1;
+      holders[v] = 1;
       device += graph.bytes(v);
     }
   }
@@ -87,6 +105,9 @@ absl::StatusOr<PlanReport> Simulate(const Graph& graph,
         if (on_device[v]) {
           return StepError(graph, k, step, "the node is already resident");
         }
+        if (!graph.is_alias(v) && holders[v] > 0) {
+          return StepError(graph, k, step, HeldThroughAlias(graph, v, on_device));
+        }
         double start = std::max(compute_free_at, frees_done_at);
         for (NodeId u : graph.unique_inputs(v)) {
           if (!on_device[u]) {
@@ -97,7 +118,10 @@ absl::StatusOr<PlanReport> Simulate(const Graph& graph,
           start = std::max(start, ready[u]);
         }
         on_device[v] = 1;
-        device += graph.bytes(v);
+        // An alias's storage is resident already (its input is in D), so
+        // only a base adds bytes.
+        const NodeId root = graph.storage(v);
+        if (holders[root]++ == 0) device += graph.bytes(root);
         rec.peak_bytes = device + graph.workspace(v);
         rec.start = start;
         rec.end = start + graph.cost(v);
@@ -124,7 +148,8 @@ absl::StatusOr<PlanReport> Simulate(const Graph& graph,
           return StepError(graph, k, step, "the node is not resident");
         }
         on_device[v] = 0;
-        device -= graph.bytes(v);
+        const NodeId root = graph.storage(v);
+        if (--holders[root] == 0) device -= graph.bytes(root);
         rec.peak_bytes = device;
         rec.start = rec.end = last_use[v];
         frees_done_at = std::max(frees_done_at, rec.end);
@@ -133,6 +158,11 @@ absl::StatusOr<PlanReport> Simulate(const Graph& graph,
       case Action::kOffload: {
         if (graph.persistent(v)) {
           return StepError(graph, k, step, "the node is persistent");
+        }
+        if (graph.is_alias(v)) {
+          return StepError(graph, k, step,
+                           absl::StrCat("the node is an alias; offload its base ",
+                                        Quote(graph.id(graph.storage(v))), " instead"));
         }
         if (!on_device[v]) {
           return StepError(graph, k, step, "the node is not resident");
@@ -153,13 +183,23 @@ absl::StatusOr<PlanReport> Simulate(const Graph& graph,
         break;
       }
       case Action::kPrefetch: {
+        if (graph.is_alias(v)) {
+          return StepError(graph, k, step,
+                           absl::StrCat("the node is an alias; prefetch its base ",
+                                        Quote(graph.id(graph.storage(v))),
+                                        " and compute the alias again"));
+        }
         if (!on_host[v]) {
           return StepError(graph, k, step, "the node has no host copy");
         }
         if (on_device[v]) {
           return StepError(graph, k, step, "the node is already resident");
         }
+        if (holders[v] > 0) {
+          return StepError(graph, k, step, HeldThroughAlias(graph, v, on_device));
+        }
         on_device[v] = 1;
+        holders[v] = 1;
         device += graph.bytes(v);
         if (__builtin_add_overflow(report.transfer_bytes, graph.bytes(v), &report.transfer_bytes)) {
           return StepError(graph, k, step, kTransferOverflow);

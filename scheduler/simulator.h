@@ -22,7 +22,7 @@ struct SimulatorOptions {
 
 // One step of the memory timeline.
 struct StepRecord {
-  int64_t device_bytes = 0;  // sum of bytes over D after the step
+  int64_t device_bytes = 0;  // bytes of the storages D holds after the step
   int64_t peak_bytes = 0;    // during the step (compute adds its workspace)
   int64_t host_bytes = 0;    // sum of bytes over H after the step
   double start = 0;          // SPEC section 4, in cost units
@@ -56,7 +56,11 @@ struct PlanReport {
 
 // Runs `schedule` on `graph`. An invalid schedule (a broken precondition of
 // SPEC section 2, or an output missing at the end) is InvalidArgument with
-// the step index, the action, the node and the broken rule.
+// the step index, the action, the node and the broken rule. With aliases
+// (SPEC section 1), memory sums the resident storages, each once with its
+// root's bytes; computing or prefetching a base whose storage an alias still
+// holds is invalid (the message names the alias), and so is offloading or
+// prefetching an alias (docs/semantics.md).
 absl::StatusOr<PlanReport> Simulate(const Graph& graph,
                                     const Schedule& schedule,
                                     const SimulatorOptions& options = {});

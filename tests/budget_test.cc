@@ -18,7 +18,7 @@ TEST(ParseSizeTest, AcceptsBytesAndUnits) {
   EXPECT_EQ(*ParseSize("1.5KiB"), 1536);
   EXPECT_EQ(*ParseSize("10B"), 10);
   EXPECT_EQ(*ParseSize("0"), 0);
-  EXPECT_EQ(*ParseSize("2.7"), 2);  // rounded down to whole bytes
+  EXPECT_EQ(*ParseSize("2.7KiB"), 2764);  // a unit's fraction rounds down to whole bytes
 }
 
 TEST(ParseSizeTest, RejectsGarbage) {
@@ -58,6 +58,32 @@ TEST(BudgetTest, ParsesTheThreeForms) {
   }
   EXPECT_THAT(std::string(ParseBudget("lots").status().message()),
               ::testing::HasSubstr("'min'"));
+}
+
+TEST(BudgetTest, PercentagesResolveExactlyHoweverLargeThePeak) {
+  auto percent = [](const char* text) { return *ParseBudget(text); };
+  // Peaks a double cannot hold, and ones it holds where peak x 100.0 / 100.0
+  // still rounds (4503599627365503 -> one byte less).
+  for (int64_t peak : {int64_t{4503599627365503}, (int64_t{1} << 53) + 1,
+                       (int64_t{1} << 62) + 7, INT64_MAX}) {
+    EXPECT_EQ(ResolveBudget(percent("100%"), peak), peak) << peak;
+    EXPECT_EQ(ResolveBudget(percent("50%"), peak), peak / 2) << peak;
+    EXPECT_EQ(ResolveBudget(percent("12.5%"), peak), peak / 8) << peak;
+    EXPECT_EQ(ResolveBudget(percent("1e2%"), peak), peak) << peak;
+  }
+  EXPECT_EQ(ResolveBudget(percent("50%"), 1000000000000002), 500000000000001);
+  EXPECT_EQ(ResolveBudget(percent("33.3%"), 1000000000000000), 333000000000000);
+  EXPECT_EQ(ResolveBudget(percent("99.9%"), 1000000000000001), 999000000000000);
+  // The percentage as written, not its double (33.29999...): 998 in doubles.
+  EXPECT_EQ(ResolveBudget(percent("33.3%"), 3000), 999);
+  EXPECT_EQ(ResolveBudget(percent("0.7%"), 11000), 77);
+  EXPECT_EQ(ResolveBudget(percent("0.001%"), 100000), 1);
+  EXPECT_EQ(ResolveBudget(percent("150%"), 3), 4);
+  EXPECT_EQ(ResolveBudget(percent("100%"), 0), 0);
+  // Far outside int64: saturated, not undefined.
+  EXPECT_EQ(ResolveBudget(percent("1e300%"), 1000), INT64_MAX);
+  EXPECT_EQ(ResolveBudget(percent("200%"), INT64_MAX), INT64_MAX);
+  EXPECT_EQ(ResolveBudget(percent("1e-300%"), INT64_MAX), 0);
 }
 
 TEST(BudgetTest, FormatBytes) {

@@ -48,7 +48,7 @@ TEST(CliImportTest, ImportedModelsPlanAndRun) {
     const Json summary = Json::parse(r.out);
     EXPECT_EQ(summary["loss"], "cross-entropy");
     EXPECT_GT(summary["parameter_bytes"].get<int64_t>(), 0);
-    r = Pebble("run --backend cpu --graph " + g + " --policy dtr --budget 80% --force --json");
+    r = Pebble("run --backend cpu --graph " + g + " --policy dtr --budget 80% --over-budget --json");
     ASSERT_EQ(r.exit_code, 0) << name << ": " << r.err;
     const Json run = Json::parse(r.out);
     EXPECT_TRUE(run.contains("loss")) << name;

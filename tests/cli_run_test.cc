@@ -204,8 +204,9 @@ TEST(CliRunTest, InfeasiblePlanIsRefusedUnlessForced) {
   Result r = Pebble("run --model conv3d:n=8 --policy baseline --budget 50%");
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_THAT(r.err, HasSubstr("does not fit"));
-  EXPECT_THAT(r.err, HasSubstr("--force"));
-  Result forced = Pebble("run --model conv3d:n=8 --policy baseline --budget 50% --force --json");
+  EXPECT_THAT(r.err, HasSubstr("--over-budget"));
+  Result forced =
+      Pebble("run --model conv3d:n=8 --policy baseline --budget 50% --over-budget --json");
   ASSERT_EQ(forced.exit_code, 0) << forced.err;
   EXPECT_EQ(ParseOrFail(forced.out)["feasible"], false);
 }
@@ -265,8 +266,8 @@ TEST(CliRunTest, RunsAGivenScheduleFile) {
 }
 
 TEST(CliRunTest, BadArgumentsAreErrors) {
-  EXPECT_EQ(Pebble("run --model conv3d:n=8 --backend tpu").exit_code, 1);
-  EXPECT_EQ(Pebble("run --model conv3d:n=8 --policy nope").exit_code, 1);
+  EXPECT_EQ(Pebble("run --model conv3d:n=8 --backend tpu").exit_code, 2);
+  EXPECT_EQ(Pebble("run --model conv3d:n=8 --policy nope").exit_code, 2);
   Result g = Pebble("run --graph " + std::string(PEBBLE_SOURCE_DIR) +
                     "/examples/tanh-chain-4.json --policy baseline");
   EXPECT_EQ(g.exit_code, 1);  // an abstract graph without shapes cannot run
@@ -318,9 +319,41 @@ TEST(CliFitTest, VerifyRunsTheLargestAndMatchesThePrediction) {
   }
 }
 
+// Off a terminal, each value tried is a line on stderr; --json and --quiet
+// print none.
+TEST(CliFitTest, ReportsEveryValueItTries) {
+  Result r = Pebble("fit --model conv3d --vary n --budget 64MiB --policies baseline");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("baseline n=1: fits"));
+  EXPECT_THAT(r.err, HasSubstr(": does not fit (peak "));
+  // The exponential search's first miss is past what any plan could fit.
+  EXPECT_THAT(r.err, HasSubstr(": over the budget at any plan (at least "));
+  EXPECT_EQ(Pebble("fit --model conv3d --vary n --budget 64MiB --policies baseline --json")
+                .err,
+            "");
+  EXPECT_EQ(Pebble("fit --model conv3d --vary n --budget 64MiB --policies baseline --quiet")
+                .err,
+            "");
+}
+
+// The seed model's search with each value's kernel scratch asked of the CPU
+// backend finishes well within its time limit, whatever the budget (the
+// probe runs no arithmetic and never sees a value whose bound is over the
+// budget; it used to run every kernel on operands of each size tried).
+TEST(CliFitTest, WorkspaceQueryOfTheSeedModelFinishes) {
+  Result r = Pebble("fit --model conv3d --vary n --budget 8GiB --workspace query --policies "
+                    "baseline,rotor --json --time-limit 60");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  nlohmann::json j = ParseOrFail(r.out);
+  for (const auto& row : j["results"]) {
+    EXPECT_EQ(row["time_limit_reached"], false) << row.dump();
+    EXPECT_GT(row["value"].get<int64_t>(), 300) << row.dump();
+  }
+}
+
 TEST(CliFitTest, BadArgumentsAreErrors) {
-  EXPECT_EQ(Pebble("fit --model conv3d --vary n --budget 50%").exit_code, 1);
-  EXPECT_EQ(Pebble("fit --model conv3d --vary size --budget 1GiB").exit_code, 1);
+  EXPECT_EQ(Pebble("fit --model conv3d --vary n --budget 50%").exit_code, 2);
+  EXPECT_EQ(Pebble("fit --model conv3d --vary size --budget 1GiB").exit_code, 2);
   EXPECT_EQ(Pebble("fit --model conv3d --budget 1GiB").exit_code, 2);
 }
 

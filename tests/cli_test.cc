@@ -132,14 +132,15 @@ TEST(CliTest, BadGraphFilesGetOneLineErrors) {
 }
 
 TEST(CliTest, BadArgumentsAreNamed) {
+  // Malformed values are command-line errors: exit 2 (SPEC section 5).
   Result budget = Pebble("plan --model conv3d:n=8 --budget lots");
-  EXPECT_EQ(budget.exit_code, 1);
+  EXPECT_EQ(budget.exit_code, 2);
   EXPECT_THAT(budget.err, HasSubstr("invalid budget 'lots'"));
   Result policy = Pebble("plan --model conv3d:n=8 --policy nope");
-  EXPECT_EQ(policy.exit_code, 1);
+  EXPECT_EQ(policy.exit_code, 2);
   EXPECT_THAT(policy.err, HasSubstr("unknown policy 'nope'"));
   Result model = Pebble("describe --model nosuchmodel");
-  EXPECT_EQ(model.exit_code, 1);
+  EXPECT_EQ(model.exit_code, 2);
   EXPECT_THAT(model.err, HasSubstr("nosuchmodel"));
 }
 
@@ -261,7 +262,7 @@ TEST(CliTest, BandwidthPresetsAndOffloadReport) {
   EXPECT_THAT(human.out, HasSubstr("host"));
   EXPECT_THAT(human.out, HasSubstr("prefetch"));
   Result bad = Pebble("plan --model conv3d:n=8 --policy swap --bandwidth warp9");
-  EXPECT_EQ(bad.exit_code, 1);
+  EXPECT_EQ(bad.exit_code, 2);  // a malformed value: a bad command line
   EXPECT_THAT(bad.err, HasSubstr("nvlink-c2c"));
   Result cmp = Pebble("compare --model conv3d:n=16 --policies vdnn,swap,hybrid --budgets 90%,min "
                       "--bandwidth pcie4 --format csv");

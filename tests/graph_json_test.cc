@@ -56,6 +56,8 @@ void ExpectSameGraph(const Graph& a, const Graph& b) {
     EXPECT_EQ(ToVector(a.unique_inputs(v)), ToVector(b.unique_inputs(v)));
     EXPECT_EQ(ToVector(a.readers(v)), ToVector(b.readers(v)));
     EXPECT_EQ(a.is_output(v), b.is_output(v));
+    EXPECT_EQ(a.alias_of(v), b.alias_of(v));
+    EXPECT_EQ(a.storage(v), b.storage(v));
   }
   EXPECT_EQ(ToVector(a.outputs()), ToVector(b.outputs()));
   EXPECT_EQ(ToVector(a.topological_order()), ToVector(b.topological_order()));
@@ -90,6 +92,7 @@ Graph RandomGraph(uint64_t seed, int n) {
                                              12345678.9};
   std::vector<NodeSpec> specs(n);
   double total_cost = 0;
+  bool big_taken = false;
   for (int i = 0; i < n; ++i) {
     NodeSpec& s = specs[i];
     s.id = absl::StrCat(kPieces[pick(0, kPieces.size() - 1)],
@@ -105,7 +108,13 @@ Graph RandomGraph(uint64_t seed, int n) {
         s.bytes = 0;
         break;
       case 1:
-        s.bytes = kMaxJsonInteger;
+        // Near the top of the range. GraphBuilder bounds the graph's total
+        // (every node plus the largest workspace) by 2^53 as well, so the
+        // first such node leaves room for what the others may take (at
+        // most 2^30 each, a workspace at most 2^20); later ones are small.
+        s.bytes = big_taken ? pick(1, 1 << 30)
+                            : kMaxJsonInteger - int64_t{n} * (int64_t{1} << 31) - (1 << 20);
+        big_taken = true;
         break;
       default:
         s.bytes = pick(1, 1 << 30);
@@ -288,6 +297,8 @@ TEST(GraphJsonTest, IntegralFloatsAreIntegers) {
 
 TEST(GraphJsonTest, LargestBytesAccepted) {
   Json doc = BaseDoc();
+  // The graph's total is bounded by 2^53 as well: the other node is empty.
+  doc["nodes"][0]["bytes"] = 0;
   doc["nodes"][1]["bytes"] = kMaxJsonInteger;
   absl::StatusOr<Graph> g = GraphFromJson(doc);
   ASSERT_TRUE(g.ok()) << g.status();
@@ -664,6 +675,14 @@ TEST(ExamplesTest, Diamond) {
               ElementsAre(g->Find("b"), g->Find("c")));
 }
 
+TEST(ExamplesTest, Views) {
+  absl::StatusOr<Graph> g = ReadGraphFile(SourcePath("examples/views.json"));
+  ASSERT_TRUE(g.ok()) << g.status();
+  EXPECT_EQ(g->alias_of(g->Find("v")), g->Find("b"));
+  EXPECT_EQ(g->storage(g->Find("v")), g->Find("b"));
+  EXPECT_EQ(g->num_aliases(), 1);
+}
+
 TEST(ExamplesTest, MlpTrain) {
   absl::StatusOr<Graph> g =
       ReadGraphFile(SourcePath("examples/mlp-train.json"));
@@ -685,6 +704,7 @@ TEST(ExamplesTest, BadExamplesFailWithTheirError) {
   // says; each is one error of SPEC section 1 (or of the format's typing).
   const std::vector<std::pair<std::string, std::vector<std::string>>> expected =
       {
+          {"alias-not-input.json", {"node 'v'", "'alias_of' 'a' is not one of its inputs"}},
           {"cycle.json", {"cycle", "c -> b -> c"}},
           {"duplicate-id.json",
            {"node 'a'", "duplicate id", "nodes[0]", "nodes[2]"}},

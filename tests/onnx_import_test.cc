@@ -16,6 +16,8 @@
 #include "graph/ops.h"
 #include "gtest/gtest.h"
 #include "onnx/onnx_pb.h"
+#include "scheduler/schedule.h"
+#include "scheduler/simulator.h"
 
 namespace pebble {
 namespace {
@@ -652,6 +654,51 @@ TEST(OnnxImportTest, ShapeArithmeticFoldsAndChannelShuffleImports) {
   EXPECT_EQ(*g->shape(hi), (Shape{2, 3, 8, 8}));
   EXPECT_EQ(g->Find("shape"), kNoNode);
   EXPECT_EQ(g->Find("div"), kNoNode);
+}
+
+// Reshape and Flatten (and the reshapes of the lowerings) are views of
+// their input (docs/import.md): aliases that hold no memory of their own,
+// and the gradient of such a view is a view of the incoming gradient.
+TEST(OnnxImportTest, ReshapeFamilyNodesAreViews) {
+  auto forward = Import(ShuffleModel(), LossKind::kNone);
+  ASSERT_TRUE(forward.ok()) << forward.status();
+  auto alias_of = [&](const Graph& g, const char* id) {
+    const NodeId v = g.Find(id);
+    EXPECT_NE(v, kNoNode) << id;
+    return v == kNoNode || !g.is_alias(v) ? std::string() : g.id(g.alias_of(v));
+  };
+  EXPECT_EQ(alias_of(*forward, "flatten"), "avgpool");
+  EXPECT_EQ(alias_of(*forward, "reshape"), "relu");
+  EXPECT_EQ(alias_of(*forward, "shuffled"), "transpose");
+  EXPECT_EQ(alias_of(*forward, "transpose"), "");  // a copy: tensors have no strides
+  auto g = Import(ShuffleModel());
+  ASSERT_TRUE(g.ok()) << g.status();
+  EXPECT_EQ(alias_of(*g, "grad:avgpool"), "grad:flatten");
+  // Computing a view adds no memory; the same graph with copies adds its
+  // bytes.
+  GraphBuilder copies("copies");
+  for (NodeId v = 0; v < g->num_nodes(); ++v) {
+    NodeSpec spec = SpecOf(*g, v);
+    spec.alias_of.reset();
+    copies.AddNode(std::move(spec));
+  }
+  for (NodeId o : g->outputs()) copies.AddOutput(g->id(o));
+  auto plain = copies.Build();
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  auto growth = [](const Graph& graph, const char* id) -> int64_t {
+    const Schedule s = *FreeAtLastUse(graph, DefaultOrder(graph));
+    const PlanReport r = *Simulate(graph, s);
+    for (size_t k = 0; k < s.steps.size(); ++k) {
+      if (s.steps[k].node == graph.Find(id) && s.steps[k].action == Action::kCompute) {
+        return r.timeline[k].device_bytes - (k == 0 ? r.initial_bytes : r.timeline[k - 1].device_bytes);
+      }
+    }
+    return -1;
+  };
+  for (const char* id : {"reshape", "shuffled", "flatten", "grad:avgpool"}) {
+    EXPECT_EQ(growth(*g, id), 0) << id;
+    EXPECT_EQ(growth(*plain, id), g->bytes(g->Find(id))) << id;
+  }
 }
 
 TEST(OnnxImportTest, WhatTheShapeFoldingCannotDoIsAnErrorNamingTheNode) {

@@ -70,9 +70,9 @@ TEST_F(TextFileTest, RefusesDirectoriesMissingFilesAndEndlessDevices) {
               HasSubstr("is a directory"));
   EXPECT_EQ(ReadBoundedFile(Path("missing"), "graph file").status().code(),
             absl::StatusCode::kNotFound);
-  // /dev/zero never ends: the read stops one byte past the bound.
+  // /dev/zero never ends: not a regular file, refused without reading.
   EXPECT_THAT(Message(ReadBoundedFile("/dev/zero", "graph file", 1 << 20).status()),
-              HasSubstr("larger than"));
+              HasSubstr("not a regular file (a character device)"));
 }
 
 TEST(ParseStrictJsonTest, RefusesNulBytesRepeatedKeysAndDeepNesting) {

@@ -61,6 +61,22 @@ absl::Status NodeError(const onnx::NodeProto& node, absl::string_view what) {
   return absl::InvalidArgumentError(absl::StrCat(NodeLabel(node), ": ", Printable(what, 4000)));
 }
 
+// The dim that `axis` of `node` names in an input of rank `rank`. ONNX counts
+// a negative axis from the end, so -rank to rank - 1 are valid (to rank
+// where `one_past_last`: Flatten's axis). Else an error naming the node, the
+// axis as written (`what`: "axis -9", "axis 9 of axes [0,9]") and the rank.
+absl::StatusOr<int64_t> OnnxAxis(const onnx::NodeProto& node, absl::string_view what,
+                                 int64_t axis, int64_t rank, bool one_past_last = false) {
+  const int64_t last = one_past_last ? rank : rank - 1;
+  if (axis < -rank || axis > last) {
+    return NodeError(node, absl::StrCat(what, " is out of range for an input of rank ", rank,
+                                        last < 0 ? " (a scalar has no axis)"
+                                                 : absl::StrCat(" (", -rank, " to ", last,
+                                                                " are valid)")));
+  }
+  return axis < 0 ? axis + rank : axis;
+}
+
 // One ONNX node's attributes, read with their types checked.
 class Attrs {
  public:
@@ -550,11 +566,21 @@ class Importer {
     return absl::OkStatus();
   }
 
+  // Reshape, Flatten, Squeeze and Unsqueeze, and the reshapes of the
+  // lowerings, become pebble's reshape and flatten: the same bytes in the
+  // same order, so each is an alias (a view) of its input and holds no
+  // memory of its own (docs/import.md).
+  static bool IsView(absl::string_view op) { return op == "reshape" || op == "flatten"; }
+  void MarkView(absl::string_view op, Value v, const std::vector<Value>& inputs) {
+    if (IsView(op) && v.valid() && inputs.size() == 1) nb_.SetAliasOf(v, inputs[0]);
+  }
+
   // Applies pebble op `op` with the node's first output as id.
   absl::Status Apply(const onnx::NodeProto& node, absl::string_view op, std::vector<Value> inputs,
                      Json attrs = Json::object(), std::string id = "") {
     if (node.output_size() < 1 || node.output(0).empty()) return NodeError(node, "has no output");
-    const Value v = nb_.Apply(op, std::move(inputs), std::move(attrs), id.empty() ? NodeIdFor(node) : id);
+    const Value v = nb_.Apply(op, inputs, std::move(attrs), id.empty() ? NodeIdFor(node) : id);
+    MarkView(op, v, inputs);
     if (!nb_.status().ok()) {
       return NodeError(node, nb_.status().message());
     }
@@ -566,7 +592,8 @@ class Importer {
   absl::StatusOr<Value> Aux(const onnx::NodeProto& node, absl::string_view op,
                             std::vector<Value> inputs, Json attrs, absl::string_view suffix) {
     const std::string id = absl::StrCat(NodeIdFor(node), ".", suffix);
-    const Value v = nb_.Apply(op, std::move(inputs), std::move(attrs), Free(id) ? id : FreshId(id));
+    const Value v = nb_.Apply(op, inputs, std::move(attrs), Free(id) ? id : FreshId(id));
+    MarkView(op, v, inputs);
     if (!nb_.status().ok()) return NodeError(node, nb_.status().message());
     return v;
   }
@@ -586,7 +613,7 @@ class Importer {
   }
   // A 1-D convolution or pooling run as 2-D of height 1: the first
   // `viewed` inputs (x; for a convolution the weight too) get a unit dim at
-  // 2 (reshapes, which pebble copies), `op` runs on them with `attrs`
+  // 2 (reshapes: views of their inputs), `op` runs on them with `attrs`
   // (already 2-D), and its result is viewed back without that dim.
   absl::Status ApplyAs2d(const onnx::NodeProto& node, absl::string_view op,
                          std::vector<Value> in, size_t viewed, Json attrs) {
@@ -1035,11 +1062,7 @@ class Importer {
       ASSIGN_OR_RETURN(Value x, Get(node, node.input(0)));
       const Shape shape = nb_.type(x).shape;
       const auto rank = static_cast<int64_t>(shape.size());
-      if (axis < -rank || axis >= rank) {
-        return NodeError(node, absl::StrCat("axis ", axis, " out of range for ",
-                                            ShapeToString(shape)));
-      }
-      if (axis < 0) axis += rank;
+      ASSIGN_OR_RETURN(axis, OnnxAxis(node, absl::StrCat("axis ", axis), axis, rank));
       int64_t i = indices->values[0];
       if (i < -shape[axis] || i >= shape[axis]) {
         return NodeError(node, absl::StrCat("index ", i, " out of range"));
@@ -1051,7 +1074,11 @@ class Importer {
       out.erase(out.begin() + axis);
       return Apply(node, "reshape", {part}, {{"shape", out}});
     }
-    if (!data || !indices || data->dims.size() != 1 || (axis != 0 && axis != -1)) {
+    if (data) {
+      ASSIGN_OR_RETURN(axis, OnnxAxis(node, absl::StrCat("axis ", axis), axis,
+                                      static_cast<int64_t>(data->dims.size())));
+    }
+    if (!data || !indices || data->dims.size() != 1) {
       return NodeError(node, "only a Gather from a constant integer vector (a shape) or at one "
                              "constant index is supported (an embedding look-up is not yet)");
     }
@@ -1186,11 +1213,14 @@ class Importer {
     const auto out_rank = static_cast<int64_t>(shape.size()) +
                           (unsqueeze ? static_cast<int64_t>(axes.size()) : 0);
     std::set<int64_t> at;
+    const std::string all = absl::StrCat("axes [", absl::StrJoin(axes, ","), "]");
     for (int64_t a : axes) {
+      // Unsqueeze's axes count in its output's rank.
       const int64_t r = unsqueeze ? out_rank : static_cast<int64_t>(shape.size());
-      if (a < -r || a >= r || !at.insert(a < 0 ? a + r : a).second) {
-        return NodeError(node, absl::StrCat("axes [", absl::StrJoin(axes, ","),
-                                            "] do not fit ", ShapeToString(shape)));
+      ASSIGN_OR_RETURN(const int64_t d,
+                       OnnxAxis(node, absl::StrCat("axis ", a, " of ", all), a, r));
+      if (!at.insert(d).second) {
+        return NodeError(node, absl::StrCat(all, ": dim ", d, " is repeated"));
       }
     }
     Shape out;
@@ -1231,7 +1261,9 @@ class Importer {
     std::vector<bool> seen(rank, false);
     for (int64_t p : perm) {
       if (perm.size() != rank || p < 0 || p >= static_cast<int64_t>(rank) || seen[p]) {
-        return NodeError(node, "perm is not a permutation of the dims");
+        return NodeError(node, absl::StrCat("perm [", absl::StrJoin(perm, ","),
+                                            "] is not a permutation of the ", rank, " dims of ",
+                                            ShapeToString(ints.dims)));
       }
       seen[p] = true;
     }
@@ -1278,10 +1310,8 @@ class Importer {
       for (int64_t i = 0; i < ints.dims[d]; ++i) picks[d].push_back(i);
     }
     for (size_t k = 0; k < axes.size(); ++k) {
-      const int64_t axis = axes[k] < 0 ? axes[k] + rank : axes[k];
-      if (axis < 0 || axis >= rank) {
-        return NodeError(node, absl::StrCat("axis ", axes[k], " out of range"));
-      }
+      ASSIGN_OR_RETURN(const int64_t axis,
+                       OnnxAxis(node, absl::StrCat("axis ", axes[k]), axes[k], rank));
       const int64_t size = ints.dims[axis], step = steps[k];
       if (step == 0) return NodeError(node, "step 0");
       auto wrap = [size](int64_t i) { return i < 0 ? i + size : i; };
@@ -1363,11 +1393,8 @@ class Importer {
     };
     std::vector<Cut> cuts;
     for (size_t i = 0; i < axes.size(); ++i) {
-      const int64_t axis = axes[i] < 0 ? axes[i] + rank : axes[i];
-      if (axis < 0 || axis >= rank) {
-        return NodeError(node, absl::StrCat("axis ", axes[i], " out of range for ",
-                                            ShapeToString(shape)));
-      }
+      ASSIGN_OR_RETURN(const int64_t axis,
+                       OnnxAxis(node, absl::StrCat("axis ", axes[i]), axes[i], rank));
       const auto [begin, end] = SliceBounds(starts[i], ends[i], shape[axis]);
       if (begin >= end) {
         return NodeError(node, absl::StrCat("slice [", starts[i], ", ", ends[i], ") of dim ",
@@ -1406,11 +1433,7 @@ class Importer {
     const Shape& shape = nb_.type(x).shape;
     const auto rank = static_cast<int64_t>(shape.size());
     ASSIGN_OR_RETURN(int64_t axis, attrs.Int("axis", 0));
-    if (axis < -rank || axis >= rank) {
-      return NodeError(node, absl::StrCat("axis ", axis, " out of range for ",
-                                          ShapeToString(shape)));
-    }
-    if (axis < 0) axis += rank;
+    ASSIGN_OR_RETURN(axis, OnnxAxis(node, absl::StrCat("axis ", axis), axis, rank));
     const int parts = node.output_size();
     std::vector<int64_t> sizes;
     if (node.input_size() == 2 && !node.input(1).empty()) {
@@ -1528,13 +1551,12 @@ class Importer {
     ASSIGN_OR_RETURN(std::vector<int64_t> axes, attrs.Ints("axes", {}));
     ASSIGN_OR_RETURN(int64_t keepdims, attrs.Int("keepdims", 1));
     std::vector<bool> reduced(rank, axes.empty());
+    const std::string all = absl::StrCat("axes [", absl::StrJoin(axes, ","), "]");
     for (int64_t a : axes) {
-      if (a < -rank || a >= rank || reduced[a < 0 ? a + rank : a]) {
-        return attrs.Unsupported("axes", absl::StrCat("[", absl::StrJoin(axes, ","), "] of ",
-                                                      ShapeToString(x),
-                                                      " (out of range or repeated)"));
-      }
-      reduced[a < 0 ? a + rank : a] = true;
+      ASSIGN_OR_RETURN(const int64_t d,
+                       OnnxAxis(node, absl::StrCat("axis ", a, " of ", all), a, rank));
+      if (reduced[d]) return NodeError(node, absl::StrCat(all, ": dim ", d, " is repeated"));
+      reduced[d] = true;
     }
     std::vector<int64_t> result;  // ONNX's output shape
     for (int64_t d = 0; d < rank; ++d) {
@@ -1591,10 +1613,8 @@ class Importer {
     ASSIGN_OR_RETURN(std::vector<Value> in, Inputs(node));
     const Shape& x = nb_.type(in[0]).shape;
     const auto rank = static_cast<int64_t>(x.size());
-    if (axis < 0) axis += rank;
-    if (axis < 0 || axis > rank) {
-      return NodeError(node, absl::StrCat("attribute axis out of range for ", ShapeToString(x)));
-    }
+    ASSIGN_OR_RETURN(axis, OnnxAxis(node, absl::StrCat("axis ", axis), axis, rank,
+                                    /*one_past_last=*/true));
     // ONNX Flatten is always 2-D: dims [0, axis) and [axis, rank) merged.
     int64_t outer = 1;
     for (int64_t d = 0; d < axis; ++d) outer *= x[d];
@@ -1679,6 +1699,8 @@ class Importer {
     }
     ASSIGN_OR_RETURN(std::vector<Value> in, Inputs(node));
     if (in.empty()) return NodeError(node, "has no inputs");
+    ASSIGN_OR_RETURN(axis, OnnxAxis(node, absl::StrCat("axis ", axis), axis,
+                                    static_cast<int64_t>(nb_.type(in[0]).shape.size())));
     return Apply(node, "concat", in, {{"axis", axis}});
   }
 
@@ -1737,8 +1759,9 @@ class Importer {
     RETURN_IF_ERROR(attrs.OnlyKnown({"axis", "epsilon", "stash_type"}));
     ASSIGN_OR_RETURN(std::vector<Value> in, Inputs(node));
     const auto rank = static_cast<int64_t>(nb_.type(in[0]).shape.size());
-    ASSIGN_OR_RETURN(int64_t axis, attrs.Int("axis", -1));
-    if ((axis < 0 ? axis + rank : axis) != rank - 1) {
+    ASSIGN_OR_RETURN(const int64_t axis, attrs.Int("axis", -1));
+    ASSIGN_OR_RETURN(const int64_t dim, OnnxAxis(node, absl::StrCat("axis ", axis), axis, rank));
+    if (dim != rank - 1) {
       return attrs.Unsupported("axis", absl::StrCat(axis), "layer norm over the last dim only");
     }
     ASSIGN_OR_RETURN(int64_t stash, attrs.Int("stash_type", 1));
@@ -1760,13 +1783,14 @@ class Importer {
     RETURN_IF_ERROR(attrs.OnlyKnown({"axis"}));
     ASSIGN_OR_RETURN(std::vector<Value> in, Inputs(node));
     const auto rank = static_cast<int64_t>(nb_.type(in[0]).shape.size());
-    ASSIGN_OR_RETURN(int64_t axis, attrs.Int("axis", opset_ >= 13 ? -1 : 1));
-    if (axis < 0) axis += rank;
+    ASSIGN_OR_RETURN(const int64_t given, attrs.Int("axis", opset_ >= 13 ? -1 : 1));
+    ASSIGN_OR_RETURN(const int64_t axis,
+                     OnnxAxis(node, absl::StrCat("axis ", given), given, rank));
     // Before opset 13, axis 1 of a 2-D input is the last one as well; its
     // other axes flatten the dims after them, which is refused.
     if (axis == rank - 1) return Apply(node, "softmax", in);
-    if (opset_ < 13 || axis < 0 || axis >= rank) {
-      return attrs.Unsupported("axis", absl::StrCat(axis),
+    if (opset_ < 13) {
+      return attrs.Unsupported("axis", absl::StrCat(given),
                                "before opset 13, softmax over the last dim only");
     }
     // Over another dim: swapped with the last one, softmax, swapped back.
@@ -2044,8 +2068,12 @@ absl::StatusOr<Graph> ImportOnnxModel(absl::string_view bytes, absl::string_view
         absl::StrCat("--batch must be 1 to ", int64_t{1} << 24, ", got ", *options.batch));
   }
   onnx::ModelProto model;
-  if (bytes.size() > static_cast<size_t>(INT32_MAX) ||
-      !model.ParseFromArray(bytes.data(), static_cast<int>(bytes.size()))) {
+  if (bytes.size() > static_cast<size_t>(kMaxOnnxFileBytes)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the model is ", bytes.size(), " bytes, larger than ", kMaxOnnxFileBytes,
+                     " bytes, the most protobuf reads"));
+  }
+  if (!model.ParseFromArray(bytes.data(), static_cast<int>(bytes.size()))) {
     return absl::InvalidArgumentError(
         "not an ONNX model: the file does not parse as an ONNX ModelProto (truncated?)");
   }

@@ -46,8 +46,9 @@ struct OnnxImportOptions {
 // operators' semantics used here are those of opsets 11 to 17).
 inline constexpr int kMinOnnxOpset = 11;
 inline constexpr int kMaxOnnxOpset = 17;
-// Largest model file read (protobuf's own limit is 2 GiB).
-inline constexpr int64_t kMaxOnnxFileBytes = int64_t{2} << 30;
+// Largest model file read: 2 GiB less one byte, protobuf's own limit for one
+// message.
+inline constexpr int64_t kMaxOnnxFileBytes = (int64_t{2} << 30) - 1;
 
 // Imports the serialized ModelProto `bytes`; `name` names the graph.
 absl::StatusOr<Graph> ImportOnnxModel(absl::string_view bytes, absl::string_view name,

@@ -193,11 +193,13 @@ absl::StatusOr<TensorType> InferReshape(Inputs in, const Json& attrs) {
   return TensorType{shape, in[0].dtype};
 }
 
-// flatten and reshape: the gradient is the incoming one in x's shape.
+// flatten and reshape: the gradient is the incoming one in x's shape; a
+// view of it when the forward node is a view (Note [Gradients of views]).
 absl::Status ReshapeBackward(BackwardContext& ctx) {
   if (!ctx.needs_grad(0)) return absl::OkStatus();
-  ctx.AccumulateGrad(0, ctx.Emit("reshape", {ctx.grad_output()},
-                                 {{"shape", ctx.input_type(0).shape}}));
+  Json attrs = {{"shape", ctx.input_type(0).shape}};
+  ctx.AccumulateGrad(0, ctx.is_view() ? ctx.EmitView("reshape", ctx.grad_output(), std::move(attrs))
+                                      : ctx.Emit("reshape", {ctx.grad_output()}, std::move(attrs)));
   return absl::OkStatus();
 }
 

@@ -9,8 +9,11 @@ documents them. In short:
     p.feasible, p.report["peak_bytes"], p.schedule[:3]
     pebble.compare(g, policies=["baseline", "rotor"], budgets=["100%", "min"])
 
-Every error is a ValueError with the command line's message.
+Bad input and bad arguments raise ValueError, with the command line's
+message where it has one; docs/library.md ("Errors") has the rules.
 """
+
+import copyreg
 
 from ._core import (  # noqa: F401
     Graph,
@@ -28,6 +31,14 @@ from ._core import (  # noqa: F401
     train,
     unregister_policy,
 )
+
+
+def _graph_from_json(text):
+    """Unpickles a Graph (copy, deepcopy and pickle go through its JSON text)."""
+    return from_json(text)
+
+
+copyreg.pickle(Graph, lambda graph: (_graph_from_json, (graph.to_json(),)))
 
 __all__ = [
     "Graph", "Plan", "compare", "fit", "from_json", "import_onnx", "load", "model", "plan",

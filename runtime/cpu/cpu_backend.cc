@@ -82,7 +82,7 @@ class CpuBackend final : public Backend {
             ") has no shape or dtype; the cpu backend executes only graphs with "
             "shapes (built-in models, or graph files with 'shape' and 'dtype')"));
       }
-      if (graph.persistent(v)) continue;
+      if (graph.persistent(v) || graph.is_alias(v)) continue;  // views run no kernel
       if (kernels.Find(graph.op(v)) == nullptr) {
         missing.emplace(graph.op(v), graph.id(v));
       }

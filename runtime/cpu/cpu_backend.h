@@ -50,7 +50,10 @@ void NoteCpuKernelScratch(int64_t bytes);
 // and is reported to NoteCpuKernelScratch. CpuBackend::QueryWorkspace runs
 // the kernel once, on zeros and with no workspace, and returns the total it
 // asked for: planned as the node's workspace, the whole step stays in the
-// arena (scratch_bytes 0).
+// arena (scratch_bytes 0). The probe runs no oneDNN primitive and no
+// half-precision conversion (dnnl_internal::Probing): the requests depend
+// on the shapes alone, and a probe then takes milliseconds and touches
+// little of its operands' mappings, however large they are.
 //
 // The largest scratch (bytes) one oneDNN-family kernel call has used since
 // the process started, planned or not. Thread-safe.

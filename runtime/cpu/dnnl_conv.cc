@@ -69,14 +69,6 @@ dnnl::convolution_forward::primitive_desc ForwardPd(const Shape& x,
                                                    Engine());
 }
 
-CachedPrimitive Cached(const dnnl::primitive_desc_base& pd,
-                       dnnl::primitive primitive) {
-  CachedPrimitive c;
-  c.primitive = std::move(primitive);
-  c.scratchpad_bytes = static_cast<int64_t>(pd.scratchpad_desc().get_size());
-  return c;
-}
-
 // Whether any dim of `shape` is zero (an empty tensor: nothing to compute).
 bool Empty(const Shape& shape) { return NumElements(shape) == 0; }
 
@@ -125,7 +117,7 @@ absl::Status ConvForward(const KernelContext& ctx) {
                    DimsKey(Dims(w.shape)), ":", bias, ":", WindowKey(win));
   const CachedPrimitive& p = GetPrimitive(key, [&] {
     auto pd = ForwardPd(x.shape, w.shape, y, win, bias);
-    CachedPrimitive c = Cached(pd, dnnl::convolution_forward(pd));
+    CachedPrimitive c = Cached(pd);
     AddRelayout(c, DNNL_ARG_SRC, PlainDesc(x.shape), pd.src_desc(), false);
     AddRelayout(c, DNNL_ARG_WEIGHTS, PlainDesc(WeightShape(w.shape, win)),
                 pd.weights_desc(), false);
@@ -189,7 +181,7 @@ absl::Status ConvBackwardData(const KernelContext& ctx) {
         Dilates(win), Dims(win.padding), Dims(win.padding));
     dnnl::convolution_backward_data::primitive_desc pd(desc, DefaultAttr(),
                                                        Engine(), hint);
-    CachedPrimitive c = Cached(pd, dnnl::convolution_backward_data(pd));
+    CachedPrimitive c = Cached(pd);
     AddRelayout(c, DNNL_ARG_DIFF_DST, PlainDesc(y), pd.diff_dst_desc(),
                 false);
     AddRelayout(c, DNNL_ARG_WEIGHTS, PlainDesc(WeightShape(w.shape, win)),
@@ -248,7 +240,7 @@ absl::Status ConvBackwardWeight(const KernelContext& ctx) {
         Dilates(win), Dims(win.padding), Dims(win.padding));
     dnnl::convolution_backward_weights::primitive_desc pd(desc, DefaultAttr(),
                                                           Engine(), hint);
-    CachedPrimitive c = Cached(pd, dnnl::convolution_backward_weights(pd));
+    CachedPrimitive c = Cached(pd);
     AddRelayout(c, DNNL_ARG_DIFF_DST, PlainDesc(y), pd.diff_dst_desc(),
                 false);
     AddRelayout(c, DNNL_ARG_SRC, PlainDesc(x.shape), pd.src_desc(), false);
@@ -323,7 +315,7 @@ void RunMatmul(const MatmulShape& s, const void* src, const void* weights,
     if (s.scale != 1.0f) attr.set_output_scales(0, {s.scale});
     const dnnl::matmul::desc desc(src_md, weights_md, bias_md, dst_md);
     dnnl::matmul::primitive_desc pd(desc, attr, Engine());
-    return Cached(pd, dnnl::matmul(pd));
+    return Cached(pd);
   });
   std::unordered_map<int, dnnl::memory> args = {
       {DNNL_ARG_SRC, Wrap(src_md, src)},

@@ -38,7 +38,7 @@ absl::Status RunWidened(const KernelContext& ctx, KernelFn kernel) {
     float* f = reinterpret_cast<float*>(dnnl_internal::Scratch(
         static_cast<dnnl_internal::ScratchSlot>(slot++),
         in.num_elements() * static_cast<int64_t>(sizeof(float))));
-    dnnl_internal::ToFloat(in, f);
+    if (!dnnl_internal::Probing()) dnnl_internal::ToFloat(in, f);
     in.data = reinterpret_cast<std::byte*>(f);
     in.dtype = DType::kFloat32;
   }
@@ -50,7 +50,7 @@ absl::Status RunWidened(const KernelContext& ctx, KernelFn kernel) {
     wide.output.dtype = DType::kFloat32;
   }
   RETURN_IF_ERROR(kernel(wide));
-  if (half_out) {
+  if (half_out && !dnnl_internal::Probing()) {
     dnnl_internal::FromFloat(wide.output.as<float>(), ctx.output);
   }
   return absl::OkStatus();

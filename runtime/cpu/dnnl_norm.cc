@@ -57,7 +57,8 @@ void ChannelReduce(const ChannelView& v, Seg seg, std::vector<double>& out) {
   const int64_t total = v.count();
   const int64_t blocks = std::max<int64_t>(1, (total + kBlock - 1) / kBlock);
   std::vector<double> partial(v.channels * blocks * K, 0.0);
-  cpu::ParallelRanges(
+  // A workspace probe reads no operand (sums of zeros are zeros).
+  if (!Probing()) cpu::ParallelRanges(
       v.channels * blocks, cpu::GrainFor(std::min(total, kBlock), kChunkElements),
       [&](int64_t first_task, int64_t end_task) {
         for (int64_t task = first_task; task < end_task; ++task) {
@@ -91,6 +92,7 @@ void ChannelMap(const ChannelView& v, Fn fn) {
   const int64_t chunks_per_run =
       std::max<int64_t>(1, (v.inner + kBlock - 1) / kBlock);
   const int64_t tasks = v.outer * v.channels * chunks_per_run;
+  if (Probing()) return;  // a workspace probe discards the results
   cpu::ParallelRanges(
       tasks, cpu::GrainFor(std::min(v.inner, kBlock), kChunkElements),
       [&](int64_t first_task, int64_t end_task) {

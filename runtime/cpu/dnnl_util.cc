@@ -208,6 +208,22 @@ const CachedPrimitive& GetPrimitive(
   return *it->second;
 }
 
+LazyPrimitive::LazyPrimitive(const dnnl::primitive_desc_base& pd)
+    : pd_(pd), state_(std::make_shared<State>()) {}
+
+const dnnl::primitive& LazyPrimitive::Get() const {
+  PEBBLE_CHECK(state_ != nullptr, "LazyPrimitive without a descriptor");
+  std::call_once(state_->once, [&] { state_->primitive = dnnl::primitive(pd_.get()); });
+  return state_->primitive;
+}
+
+CachedPrimitive Cached(const dnnl::primitive_desc_base& pd) {
+  CachedPrimitive c;
+  c.primitive = LazyPrimitive(pd);
+  c.scratchpad_bytes = static_cast<int64_t>(pd.scratchpad_desc().get_size());
+  return c;
+}
+
 dnnl::primitive_attr DefaultAttr() {
   dnnl::primitive_attr attr;
   attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
@@ -222,21 +238,50 @@ void AddRelayout(CachedPrimitive& p, int arg, const dnnl::memory::desc& plain,
   r.arg = arg;
   r.internal = chosen;
   r.output = output;
-  r.reorder = output ? dnnl::reorder(dnnl::reorder::primitive_desc(
-                           Engine(), chosen, Engine(), plain))
-                     : dnnl::reorder(dnnl::reorder::primitive_desc(
-                           Engine(), plain, Engine(), chosen));
+  const dnnl::reorder::primitive_desc pd =
+      output ? dnnl::reorder::primitive_desc(Engine(), chosen, Engine(), plain, DefaultAttr())
+             : dnnl::reorder::primitive_desc(Engine(), plain, Engine(), chosen, DefaultAttr());
+  r.reorder = LazyPrimitive(pd);
+  p.reorder_scratchpad_bytes = std::max(
+      p.reorder_scratchpad_bytes, static_cast<int64_t>(pd.scratchpad_desc().get_size()));
   p.relayouts.push_back(std::move(r));
 }
 
 void Execute(const CachedPrimitive& p,
              std::unordered_map<int, dnnl::memory> args) {
+  // A workspace probe wants the scratch requests, not the results: running
+  // oneDNN on operands as large as the budget would take seconds and touch
+  // every page, and so would wrapping a relayout buffer (oneDNN zeroes the
+  // padding of a blocked layout when it gets a handle). Note [Planned
+  // scratch] in runtime/cpu/cpu_backend.h.
+  if (Probing()) {
+    if (p.scratchpad_bytes > 0) Scratch(kScratchpad, p.scratchpad_bytes);
+    if (p.reorder_scratchpad_bytes > 0) Scratch(kReorderScratchpad, p.reorder_scratchpad_bytes);
+    int slot = kLayout0;
+    for (const Relayout& r : p.relayouts) {
+      Scratch(static_cast<ScratchSlot>(slot++), static_cast<int64_t>(r.internal.get_size()));
+    }
+    return;
+  }
   dnnl::stream& stream = Stream();
   if (p.scratchpad_bytes > 0) {
     std::byte* scratch = Scratch(kScratchpad, p.scratchpad_bytes);
     const dnnl::memory::desc md({p.scratchpad_bytes}, dt::u8, tag::a);
     args.emplace(DNNL_ARG_SCRATCHPAD, Wrap(md, scratch));
   }
+  // Each reorder below gets this scratchpad, or none.
+  std::unordered_map<int, dnnl::memory> reorder_scratchpad;
+  if (p.reorder_scratchpad_bytes > 0) {
+    std::byte* scratch = Scratch(kReorderScratchpad, p.reorder_scratchpad_bytes);
+    const dnnl::memory::desc md({p.reorder_scratchpad_bytes}, dt::u8, tag::a);
+    reorder_scratchpad.emplace(DNNL_ARG_SCRATCHPAD, Wrap(md, scratch));
+  }
+  auto run_reorder = [&](const Relayout& r, const dnnl::memory& from, const dnnl::memory& to) {
+    std::unordered_map<int, dnnl::memory> reorder_args = reorder_scratchpad;
+    reorder_args.emplace(DNNL_ARG_FROM, from);
+    reorder_args.emplace(DNNL_ARG_TO, to);
+    r.reorder.Get().execute(stream, reorder_args);
+  };
   // Outputs computed in the primitive's layout: (relayout, user memory).
   std::vector<std::pair<const Relayout*, dnnl::memory>> outputs;
   int slot = kLayout0;
@@ -249,18 +294,16 @@ void Execute(const CachedPrimitive& p,
     if (r.output) {
       outputs.emplace_back(&r, it->second);
     } else {
-      r.reorder.execute(stream, {{DNNL_ARG_FROM, it->second},
-                                {DNNL_ARG_TO, internal}});
+      run_reorder(r, it->second, internal);
     }
     it->second = internal;
   }
-  p.primitive.execute(stream, args);
-  for (auto& [r, user] : outputs) {
-    r->reorder.execute(stream, {{DNNL_ARG_FROM, args.at(r->arg)},
-                                 {DNNL_ARG_TO, user}});
-  }
+  p.primitive.Get().execute(stream, args);
+  for (auto& [r, user] : outputs) run_reorder(*r, args.at(r->arg), user);
   stream.wait();
 }
+
+bool Probing() { return LocalScratch().probing; }
 
 std::byte* Scratch(ScratchSlot slot, int64_t bytes) {
   ThreadScratch& s = LocalScratch();
@@ -481,6 +524,7 @@ void ColumnSums(const float* x, int64_t rows, int64_t cols, float* out) {
 
 void ChannelSums(const float* x, int64_t outer, int64_t channels,
                  int64_t inner, float* out) {
+  if (Probing()) return;  // a workspace probe discards the results
   if (inner == 1) {
     ColumnSums(x, outer, channels, out);
     return;

@@ -34,6 +34,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <memory>
+#include <mutex>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -93,18 +95,51 @@ std::string DimsKey(const dnnl::memory::dims& dims);
 // An operand the primitive wants in another layout than the plain one
 // (oneDNN chose it through format_tag::any): Execute reorders an input into
 // scratch before the primitive runs, and an output from scratch after.
+// A primitive made from its descriptor on first use (thread-safe). Making
+// one can take seconds and touch memory in proportion to its operands (some
+// reorders of large tensors do); a workspace probe needs only the
+// descriptor's sizes and never pays it.
+class LazyPrimitive {
+ public:
+  LazyPrimitive() = default;
+  explicit LazyPrimitive(const dnnl::primitive_desc_base& pd);
+  // Throws dnnl::error where oneDNN cannot make it (the next call tries
+  // again).
+  const dnnl::primitive& Get() const;
+
+ private:
+  struct State {
+    std::once_flag once;
+    dnnl::primitive primitive;
+  };
+  dnnl::primitive_desc_base pd_;
+  std::shared_ptr<State> state_;
+};
+
 struct Relayout {
   int arg = 0;                    // DNNL_ARG_*
   dnnl::memory::desc internal;    // the primitive's layout
   bool output = false;
-  dnnl::primitive reorder;        // plain -> internal, or internal -> plain
+  LazyPrimitive reorder;          // plain -> internal, or internal -> plain
 };
 
+// A primitive and what it asks of the scratch. Every primitive, reorders
+// included, is made with a user scratchpad (DefaultAttr): in oneDNN's
+// default mode a primitive allocates its scratchpad itself, at creation
+// and outside any plan (a reorder into a blocked layout can take as much
+// as its operand).
 struct CachedPrimitive {
-  dnnl::primitive primitive;
+  LazyPrimitive primitive;
   int64_t scratchpad_bytes = 0;
+  // The largest scratchpad of the relayouts' reorders: they run one after
+  // another and share one buffer.
+  int64_t reorder_scratchpad_bytes = 0;
   std::vector<Relayout> relayouts;  // at most 3 (kLayout0..2)
 };
+
+// A primitive of `pd` (made with DefaultAttr), its scratchpad size, no
+// relayouts yet.
+CachedPrimitive Cached(const dnnl::primitive_desc_base& pd);
 
 // Records a relayout of `arg` when `chosen` (the primitive descriptor's
 // layout) differs from `plain`.
@@ -123,6 +158,8 @@ dnnl::primitive_attr DefaultAttr();
 
 // Runs `p` on the calling thread's stream with `args` plus a scratchpad
 // from this thread's scratch (and the relayouts of p), and waits for it.
+// During a workspace probe (Probing()) it asks for the scratch and runs
+// nothing.
 void Execute(const CachedPrimitive& p,
              std::unordered_map<int, dnnl::memory> args);
 
@@ -135,6 +172,7 @@ enum ScratchSlot : int {
   kLayout0,         // operands in a primitive's own layout (Relayout)
   kLayout1,
   kLayout2,
+  kReorderScratchpad,  // the relayouts' reorders (one at a time)
   kConvert0,  // fp32 copies of half-precision operands (up to 5 inputs)
   kConvertOut = kConvert0 + 5,
   kNumScratchSlots,
@@ -148,6 +186,10 @@ int64_t ScratchRequestBytes(int64_t bytes);
 // Adds ScratchRequestBytes(bytes) to the call's total. The previous contents
 // are garbage.
 std::byte* Scratch(ScratchSlot slot, int64_t bytes);
+// Whether the calling thread runs a workspace probe
+// (DnnlProbeScratchBytes): kernels then ask for their scratch as they
+// would, but may skip their arithmetic (the results are discarded).
+bool Probing();
 // Starts a kernel call's scratch (resets the thread's totals); `workspace`
 // (null for none) is its planned workspace of `workspace_bytes`.
 void BeginScratchCount(std::byte* workspace, int64_t workspace_bytes);

@@ -134,6 +134,7 @@ class CudaBackend final : public Backend {
     for (NodeId v = 0; v < graph.num_nodes(); ++v) {
       if (!graph.needed()[v] || graph.persistent(v)) continue;
       const std::string& op = graph.op(v);
+      if (graph.is_alias(v)) continue;  // a view runs no kernel (the executor checks it)
       if (cuda::FindCudaKernel(op) == nullptr) {
         return absl::UnimplementedError(absl::StrCat(
             "node '", graph.id(v), "' (op ", op,

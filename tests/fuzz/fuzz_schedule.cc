@@ -1,6 +1,7 @@
 // Fuzz target: the schedule reader. The input is the text of a schedule
 // file (SPEC section 2) for a small fixed graph, written to a temporary file
-// and read with ReadScheduleFile (which calls ScheduleFromJson). A schedule
+// and read with ReadScheduleFile, which streams the steps; where the text
+// is JSON, ScheduleFromJson on its document must say the same. A schedule
 // it accepts is then simulated, and where valid, laid out in an arena
 // (PlanMemoryLayout) and the layout verified.
 #include <cstddef>
@@ -8,6 +9,8 @@
 #include <string>
 
 #include "graph/graph.h"
+#include "graph/text_input.h"
+#include "nlohmann/json.hpp"
 #include "scheduler/memory_layout.h"
 #include "scheduler/schedule.h"
 #include "scheduler/simulator.h"
@@ -38,6 +41,18 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   static const Graph graph = fuzz::MustParseGraph(kGraph);
   const std::string path = fuzz::WriteTempFile("schedule.json", data, size);
   absl::StatusOr<Schedule> schedule = ReadScheduleFile(graph, path);
+  // The streaming reader says what the document reader says.
+  const std::string text(reinterpret_cast<const char*>(data), size);
+  if (absl::StatusOr<nlohmann::json> doc = ParseStrictJson(text); doc.ok()) {
+    absl::StatusOr<Schedule> whole = ScheduleFromJson(graph, *doc);
+    const absl::StatusOr<Schedule> streamed = ParseScheduleText(graph, text);
+    fuzz::Expect(whole.status() == streamed.status(),
+                 "the streaming and the document readers disagree: '" +
+                     std::string(streamed.status().message()) + "' and '" +
+                     std::string(whole.status().message()) + "'");
+    fuzz::Expect(!whole.ok() || *whole == *streamed,
+                 "the streaming and the document readers read different steps");
+  }
   if (!schedule.ok()) return 0;
   absl::StatusOr<PlanReport> report = Simulate(graph, *schedule);
   if (!report.ok()) return 0;

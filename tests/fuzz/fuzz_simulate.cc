@@ -1,10 +1,15 @@
 // Fuzz target: the simulator on fuzzed schedules. The input's bytes decode
 // (FuzzedDataProvider) into a small graph (up to 12 nodes, each reading
-// earlier ones, any sizes the reader takes, some persistent) and then a
-// schedule of up to 64 steps (action and node), simulated at a fuzzed host
-// bandwidth. Properties: the free-at-last-use schedule of the graph's own
-// order is always valid; a valid schedule's peak is at least the persistent
-// bytes and at least every step's; its arena layout verifies.
+// earlier ones, any sizes the reader takes, some persistent, some aliases
+// (views) of one of their inputs) and then a schedule of up to 64 steps
+// (action and node), simulated at a fuzzed host bandwidth. Properties: the
+// free-at-last-use schedule of the graph's own order is always valid; so is
+// the one of the folded graph (scheduler/alias_fold.h) unfolded, with the
+// same peak, the graph's own baseline peak where views read only their
+// base (never less); a valid schedule's peak is at least the persistent bytes and
+// at least every step's, and every step's memory is the bytes of the
+// storages resident then, each once, recounted from scratch; its arena
+// layout verifies.
 #include <fuzzer/FuzzedDataProvider.h>
 
 #include <algorithm>
@@ -16,6 +21,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "graph/graph.h"
+#include "scheduler/alias_fold.h"
 #include "scheduler/memory_layout.h"
 #include "scheduler/schedule.h"
 #include "scheduler/simulator.h"
@@ -59,7 +65,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       spec.inputs.push_back(absl::StrCat("n", in.ConsumeIntegralInRange<int>(0, i - 1)));
     }
     spec.persistent = spec.inputs.empty() && in.ConsumeBool();
-    if (in.ConsumeBool()) spec.workspace = ConsumeSize(in);
+    if (!spec.inputs.empty() && in.ConsumeBool()) {
+      spec.alias_of = spec.inputs[in.ConsumeIntegralInRange<size_t>(0, spec.inputs.size() - 1)];
+    } else if (in.ConsumeBool()) {
+      spec.workspace = ConsumeSize(in);
+    }
     if (in.ConsumeBool() || i == n - 1) builder.AddOutput(spec.id);
     builder.AddNode(std::move(spec));
   }
@@ -70,7 +80,32 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   // The graph's own order, freed at last use, is a valid schedule.
   const Schedule natural = fuzz::MustOk(FreeAtLastUse(graph, DefaultOrder(graph)),
                                         "free at last use of the default order");
-  fuzz::MustOk(Simulate(graph, natural), "simulating free at last use");
+  const PlanReport natural_report =
+      fuzz::MustOk(Simulate(graph, natural), "simulating free at last use");
+
+  // Fold, free at last use over the folded graph's own order, unfold: a
+  // valid schedule of the same peak, the baseline's (the folded order is
+  // the graph's own without its aliases).
+  const FoldedGraph folded = fuzz::MustOk(FoldAliases(graph), "folding the aliases");
+  const Schedule folded_natural = fuzz::MustOk(
+      FreeAtLastUse(folded.graph, DefaultOrder(folded.graph)), "free at last use, folded");
+  const PlanReport folded_report =
+      fuzz::MustOk(Simulate(folded.graph, folded_natural), "simulating the folded schedule");
+  const PlanReport unfolded_report = fuzz::MustOk(
+      Simulate(graph, UnfoldSchedule(graph, folded, folded_natural)), "simulating the unfolded");
+  fuzz::Expect(unfolded_report.peak_bytes == folded_report.peak_bytes,
+               "the unfolded schedule's peak is not the folded one's");
+  // Exactly the baseline's when views read nothing but their base (else
+  // the folded reader keeps a view's other inputs until it runs).
+  bool views_read_their_base_only = true;
+  for (NodeId v = 0; v < graph.num_nodes(); ++v) {
+    if (graph.is_alias(v) && graph.unique_inputs(v).size() > 1) views_read_their_base_only = false;
+  }
+  fuzz::Expect(!views_read_their_base_only ||
+                   natural_report.peak_bytes == folded_report.peak_bytes,
+               "the baseline peak differs between the graph and its folded graph");
+  fuzz::Expect(natural_report.peak_bytes <= folded_report.peak_bytes,
+               "the folded baseline is below the graph's");
 
   SimulatorOptions options;
   options.host_bandwidth_bytes_per_s = in.ConsumeBool()
@@ -87,6 +122,25 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (!report.ok()) return 0;
   fuzz::Expect(report->peak_bytes >= graph.persistent_bytes(),
                "peak below the persistent bytes");
+  // Every step's memory, recounted: the distinct storages of D.
+  std::vector<uint8_t> in_d(graph.num_nodes(), 0);
+  for (NodeId v = 0; v < graph.num_nodes(); ++v) in_d[v] = graph.persistent(v);
+  for (size_t k = 0; k < schedule.steps.size(); ++k) {
+    const Step& step = schedule.steps[k];
+    if (step.action == Action::kCompute || step.action == Action::kPrefetch) in_d[step.node] = 1;
+    if (step.action == Action::kFree) in_d[step.node] = 0;
+    std::vector<uint8_t> counted(graph.num_nodes(), 0);
+    int64_t device = 0;
+    for (NodeId v = 0; v < graph.num_nodes(); ++v) {
+      if (in_d[v] && !counted[graph.storage(v)]) {
+        counted[graph.storage(v)] = 1;
+        device += graph.bytes(graph.storage(v));
+      }
+    }
+    fuzz::Expect(report->timeline[k].device_bytes == device,
+                 absl::StrCat("step ", k, " holds ", report->timeline[k].device_bytes,
+                              " bytes, its storages ", device));
+  }
   for (const StepRecord& r : report->timeline) {
     fuzz::Expect(r.peak_bytes <= report->peak_bytes && r.device_bytes <= r.peak_bytes,
                  "a step above the peak");

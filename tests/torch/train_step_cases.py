@@ -122,6 +122,19 @@ def networks(torch, device):
         def forward(self, x, z):
             return self.out(torch.relu(self.a(x)) * torch.sigmoid(self.b(z)))
 
+    class Views(nn.Module):
+        """A flatten on the peak: a view (alias) of the ReLU's output in the
+        imported graph, and its gradient a view of the incoming one, so the
+        plan holds two feature maps where copies would hold three."""
+
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d(3, 16, 3, padding=1)
+            self.fc = nn.Linear(16 * 16 * 16, 5)
+
+        def forward(self, x):
+            return self.fc(torch.relu(self.conv(x)).flatten(1))
+
     def images(batch, channels, size, classes):
         def make(gen):
             x = torch.randn(batch, channels, size, size, generator=gen)
@@ -145,6 +158,7 @@ def networks(torch, device):
         "unet": (UNet(), mse, per_pixel),
         "gates": (Gates(), F.cross_entropy, images(4, 4, 12, 5)),
         "two-inputs": (TwoInputs(), "cross-entropy", two),
+        "views": (Views(), ce, images(4, 3, 16, 5)),
     }
     try:
         import torchvision

@@ -4,9 +4,12 @@ Device memory holds exactly the tensors the schedule holds: `compute v` runs
 v's kernel (_kernels.py) on its resident inputs, `free v` drops the tensor,
 `offload v` copies it to a host buffer (pinned, on a side CUDA stream with an
 event, on a GPU; a separate tensor on the CPU) and `prefetch v` copies it
-back. Every computed tensor owns its storage, exactly its bytes, so the
-measured peak (the executors' rule: the largest sum of the resident tensors'
-bytes, the output counted with its inputs) is the memory the step held.
+back. Every computed tensor owns its storage, exactly its bytes, except an
+alias (a view, SPEC section 1): `compute v` of an alias views its base's
+storage with v's shape (a contiguous reshape; no kernel, no memory). So the
+measured peak (the executors' rule: the largest sum of the resident
+storages' bytes, each once, the output counted with its inputs) is the
+memory the step held.
 """
 
 import time
@@ -47,6 +50,11 @@ def _nbytes(t):
     return t.numel() * t.element_size()
 
 
+# The ops an alias may have: the bytes of its base in the same order, so a
+# view of a contiguous tensor (runtime/executor.cc runs the same ones).
+VIEW_OPS = frozenset({"reshape", "flatten", "squeeze", "unsqueeze", "identity", "view"})
+
+
 class StepResult:
     """What one run measured."""
 
@@ -75,13 +83,27 @@ class Program:
         self.workspace = workspace  # node index -> bytes (the graph's `workspace`)
         index = {n.id: n.index for n in nodes}
         self.outputs = [index[o] for o in outputs]
+        # Views: node index -> the index of its base, and of its storage root.
+        self.base = {n.index: index[n.alias_of] for n in nodes if n.alias_of is not None}
+        self.root = list(range(len(nodes)))
+        for n in nodes:
+            i = n.index
+            while i in self.base:
+                i = self.base[i]
+            self.root[n.index] = i
+        for i in self.base:
+            node = nodes[i]
+            if node.op not in VIEW_OPS:
+                raise PlanExecutionError(f"node '{node.id}' (op {node.op}) is an alias that "
+                                         "pebble.torch cannot run as a view of its base's "
+                                         "memory (only contiguous reshapes)")
         self.steps = []
         for action, node_id in schedule:
             kind = self._ACTIONS.get(action)
             if kind is None:
                 raise PlanExecutionError(f"unknown schedule action '{action}'")
             node = nodes[index[node_id]]
-            if kind == self.COMPUTE and node.op not in KERNELS:
+            if kind == self.COMPUTE and node.index not in self.base and node.op not in KERNELS:
                 raise PlanExecutionError(f"node '{node.id}': operator '{node.op}' has no "
                                          "PyTorch kernel in pebble.torch")
             inputs = tuple(index[i] for i in node.inputs) if kind == self.COMPUTE else ()
@@ -145,8 +167,14 @@ class _RunState:
         self.program = program
         self.result = StepResult()
         self.live = [None] * len(program.nodes)
+        # Per storage root: the nodes holding it (itself and its views) and
+        # its bytes; a storage counts while it has a holder.
+        self.holders = [0] * len(program.nodes)
+        self.storage_bytes = [0] * len(program.nodes)
         for i, t in persistent.items():
             self.live[i] = t
+            self.holders[i] = 1
+            self.storage_bytes[i] = _nbytes(t)
         self.resident = sum(_nbytes(t) for t in persistent.values())
         self.result.peak_bytes = self.resident
         self.host_bytes = 0
@@ -159,8 +187,27 @@ class _RunState:
 
     def _hold(self, i, t, workspace=0):
         self.live[i] = t
+        self.holders[i] = 1
+        self.storage_bytes[i] = _nbytes(t)
         self.resident += _nbytes(t)
         self.result.peak_bytes = max(self.result.peak_bytes, self.resident + workspace)
+
+    def _view(self, node):
+        """`compute` of an alias: its base's tensor viewed with its shape."""
+        base = self.live[self.program.base[node.index]]
+        try:
+            out = base.view(node.shape)
+        except RuntimeError as e:
+            raise PlanExecutionError(f"node '{node.id}' (op {node.op}): cannot view its base "
+                                     f"{tuple(base.shape)} as {node.shape}: "
+                                     f"{str(e).strip().splitlines()[0]}") from e
+        if node.dtype is not None and out.dtype != node.dtype:
+            raise PlanExecutionError(f"node '{node.id}' (op {node.op}): a view of {out.dtype} "
+                                     f"data, the graph says {node.dtype}")
+        self.live[node.index] = out
+        self.holders[self.program.root[node.index]] += 1
+        self.result.computes += 1
+        self.computed.add(node.index)
 
     def compute(self, node, inputs):
         if self.cuda:
@@ -168,6 +215,9 @@ class _RunState:
                 event = self.ready.pop(u, None)
                 if event is not None:
                     self.stream.wait_event(event)
+        if node.index in self.program.base:
+            self._view(node)
+            return
         args = [self.live[u] for u in inputs]
         try:
             out = KERNELS[node.op](node, args)
@@ -189,8 +239,11 @@ class _RunState:
                     self.stream.wait_event(event)
         if self.live[i] is None:
             raise PlanExecutionError(f"the schedule frees '{node.id}', which is not resident")
-        self.resident -= _nbytes(self.live[i])
         self.live[i] = None
+        root = self.program.root[i]
+        self.holders[root] -= 1
+        if self.holders[root] == 0:  # its last holder: the storage goes
+            self.resident -= self.storage_bytes[root]
 
     def offload(self, node, _inputs):
         t = self.live[node.index]

@@ -27,7 +27,8 @@ DTYPES = {
 class Node:
     """What a kernel needs of a graph node."""
 
-    __slots__ = ("id", "index", "op", "attrs", "shape", "dtype", "inputs", "bn", "run")
+    __slots__ = ("id", "index", "op", "attrs", "shape", "dtype", "inputs", "alias_of", "bn",
+                 "run")
 
     def __init__(self, index, doc, run):
         self.index = index
@@ -35,6 +36,8 @@ class Node:
         self.op = doc.get("op", "generic")
         self.attrs = doc.get("attrs") or {}
         self.inputs = list(doc.get("inputs", []))
+        # The id of the input this node is a view of (SPEC section 1), or None.
+        self.alias_of = doc.get("alias_of")
         self.shape = tuple(doc["shape"]) if "shape" in doc else None
         dtype = doc.get("dtype")
         self.dtype = DTYPES.get(dtype) if dtype is not None else None

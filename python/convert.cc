@@ -1,0 +1,318 @@
+#include "python/convert.h"
+
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "graph/status.h"
+#include "graph/text_input.h"
+#include "scheduler/budget.h"
+#include "scheduler/offload.h"
+
+namespace pebble::python {
+namespace {
+
+py::object Steal(PyObject* p) { return py::reinterpret_steal<py::object>(p); }
+
+// `str` (a Python str) as UTF-8, lone surrogates escaped (\udc80). A null
+// `str` is the error in flight of the call that made it.
+std::string Utf8(py::handle str) {
+  if (!str) throw py::error_already_set();
+  py::object bytes = Steal(PyUnicode_AsEncodedString(str.ptr(), "utf-8", "backslashreplace"));
+  if (!bytes) throw py::error_already_set();
+  return std::string(PyBytes_AS_STRING(bytes.ptr()), PyBytes_GET_SIZE(bytes.ptr()));
+}
+
+}  // namespace
+
+// ---- Errors
+
+void RaiseValueError(absl::string_view message, py::handle cause) {
+  const std::string text = Printable(message, 10000);
+  py::object str = Steal(PyUnicode_DecodeUTF8(text.data(), static_cast<Py_ssize_t>(text.size()),
+                                              "backslashreplace"));
+  if (!str) throw py::error_already_set();
+  py::object error = Steal(PyObject_CallFunctionObjArgs(PyExc_ValueError, str.ptr(), nullptr));
+  if (!error) throw py::error_already_set();
+  if (cause) PyException_SetCause(error.ptr(), cause.inc_ref().ptr());  // steals the reference
+  PyErr_SetObject(PyExc_ValueError, error.ptr());
+  throw py::error_already_set();
+}
+
+void Raise(const absl::Status& status) { RaiseValueError(status.message()); }
+
+PyError::PyError(const py::error_already_set& e)
+    : type(e.type()), value(e.value()), trace(e.trace()) {
+  if (trace) PyException_SetTraceback(value.ptr(), trace.ptr());
+}
+
+bool PyError::IsException() const {
+  return PyErr_GivenExceptionMatches(type.ptr(), PyExc_Exception) != 0;
+}
+
+std::string PyError::Describe() const {
+  std::string text = reinterpret_cast<PyTypeObject*>(type.ptr())->tp_name;
+  PyObject* str = PyObject_Str(value.ptr());
+  if (str == nullptr) {
+    PyErr_Clear();
+    return text;
+  }
+  const std::string message = Utf8(Steal(str));
+  if (!message.empty()) absl::StrAppend(&text, ": ", message);
+  return text;
+}
+
+void PyError::Raise() const {
+  PyErr_Restore(type.inc_ref().ptr(), value.inc_ref().ptr(), trace.inc_ref().ptr());
+  throw py::error_already_set();
+}
+
+PyError FetchException() {
+  py::error_already_set e;
+  PyError error(e);
+  if (!error.IsException()) error.Raise();
+  return error;
+}
+
+std::string Shown(py::handle value) {
+  PyObject* repr = PyObject_Repr(value.ptr());
+  if (repr == nullptr) {
+    FetchException();  // a repr that fails (an int too long to print): the type
+    return absl::StrCat("<", Py_TYPE(value.ptr())->tp_name, " object>");
+  }
+  return Printable(Utf8(Steal(repr)));
+}
+
+void ArgError(absl::string_view name, absl::string_view what, py::handle value) {
+  RaiseValueError(absl::StrCat(name, ": must be ", what, ", got ", Shown(value)));
+}
+
+namespace {
+
+// ArgError in place of the Python error in flight, if it is an Exception.
+[[noreturn]] void ArgErrorFromPython(absl::string_view name, absl::string_view what,
+                                     py::handle value) {
+  FetchException();
+  ArgError(name, what, value);
+}
+
+bool IsInteger(py::handle value) {
+  return !PyBool_Check(value.ptr()) && PyIndex_Check(value.ptr());
+}
+
+}  // namespace
+
+// ---- Arguments
+
+std::string StrArg(py::handle value, absl::string_view name, bool allow_nul) {
+  if (!PyUnicode_Check(value.ptr())) ArgError(name, "a str", value);
+  Py_ssize_t size = 0;
+  const char* data = PyUnicode_AsUTF8AndSize(value.ptr(), &size);
+  if (data == nullptr) ArgErrorFromPython(name, "valid Unicode (it holds a lone surrogate)", value);
+  std::string text(data, static_cast<size_t>(size));
+  if (!allow_nul && text.find('\0') != std::string::npos) {
+    RaiseValueError(absl::StrCat(name, ": must not contain a NUL character, got ", Shown(value)));
+  }
+  return text;
+}
+std::optional<std::string> OptionalStrArg(py::handle value, absl::string_view name) {
+  if (value.is_none()) return std::nullopt;
+  return StrArg(value, name);
+}
+
+std::string PathArg(py::handle value, absl::string_view name) {
+  constexpr absl::string_view kWhat = "a path (str, bytes or os.PathLike)";
+  py::object path = Steal(PyOS_FSPath(value.ptr()));
+  if (!path) ArgErrorFromPython(name, kWhat, value);
+  py::object bytes = path;
+  if (PyUnicode_Check(path.ptr())) {
+    bytes = Steal(PyUnicode_EncodeFSDefault(path.ptr()));
+    if (!bytes) ArgErrorFromPython(name, kWhat, value);
+  }
+  std::string text(PyBytes_AS_STRING(bytes.ptr()), PyBytes_GET_SIZE(bytes.ptr()));
+  if (text.find('\0') != std::string::npos) {
+    RaiseValueError(absl::StrCat(name, ": must not contain a NUL character, got ", Shown(value)));
+  }
+  return text;
+}
+
+int64_t IntArg(py::handle value, absl::string_view name, int64_t min, int64_t max) {
+  const std::string what = absl::StrCat("a whole number from ", min, " to ", max);
+  if (!IsInteger(value)) ArgError(name, what, value);
+  py::object index = Steal(PyNumber_Index(value.ptr()));
+  if (!index) ArgErrorFromPython(name, what, value);
+  int overflow = 0;
+  const long long v = PyLong_AsLongLongAndOverflow(index.ptr(), &overflow);
+  if (v == -1 && PyErr_Occurred()) ArgErrorFromPython(name, what, value);
+  if (overflow != 0 || v < min || v > max) ArgError(name, what, value);
+  return v;
+}
+
+double PositiveArg(py::handle value, absl::string_view name, absl::string_view what) {
+  PyObject* v = value.ptr();
+  const PyNumberMethods* number = Py_TYPE(v)->tp_as_number;
+  double x = std::nan("");
+  if (!PyBool_Check(v) && number != nullptr &&
+      (number->nb_float != nullptr || number->nb_index != nullptr)) {
+    x = PyFloat_AsDouble(v);
+    if (x == -1.0 && PyErr_Occurred()) {
+      FetchException();  // an int past the largest double
+      x = std::nan("");
+    }
+  }
+  if (!(std::isfinite(x) && x > 0)) ArgError(name, what, value);
+  return x;
+}
+
+bool BoolArg(py::handle value, absl::string_view name) {
+  if (value.ptr() == Py_True) return true;
+  if (value.ptr() == Py_False) return false;
+  ArgError(name, "True or False", value);
+}
+
+const Graph& GraphArg(py::handle value) {
+  if (!py::isinstance<Graph>(value)) ArgError("graph", "a pebble.Graph", value);
+  return value.cast<const Graph&>();
+}
+
+std::vector<py::object> ListArg(py::handle value, absl::string_view name,
+                                absl::string_view what) {
+  PyObject* v = value.ptr();
+  if (PyUnicode_Check(v) || PyBytes_Check(v) || PyByteArray_Check(v) || PyDict_Check(v)) {
+    ArgError(name, what, value);
+  }
+  py::object iterator = Steal(PyObject_GetIter(v));
+  if (!iterator) ArgErrorFromPython(name, what, value);
+  std::vector<py::object> items;
+  while (PyObject* item = PyIter_Next(iterator.ptr())) items.push_back(Steal(item));
+  if (PyErr_Occurred()) ArgErrorFromPython(name, what, value);
+  return items;
+}
+
+std::vector<std::string> PolicyListArg(py::handle value) {
+  std::vector<std::string> out;
+  for (const py::object& item : ListArg(value, "policies", "a list of policy names")) {
+    out.push_back(StrArg(item, absl::StrCat("policies[", out.size(), "]")));
+  }
+  if (out.empty()) {
+    RaiseValueError("policies: the list names no policy (None means every registered one)");
+  }
+  return out;
+}
+
+std::string SizeText(py::handle value, absl::string_view name, absl::string_view forms) {
+  if (PyUnicode_Check(value.ptr())) return StrArg(value, name);
+  if (!IsInteger(value)) ArgError(name, forms, value);
+  py::object index = Steal(PyNumber_Index(value.ptr()));
+  if (!index) ArgErrorFromPython(name, forms, value);
+  PyObject* text = PyObject_Str(index.ptr());
+  if (text == nullptr) {  // past Python's limit on the digits of an int
+    FetchException();
+    RaiseValueError(absl::StrCat(name, ": an int of thousands of digits is no number of bytes"));
+  }
+  return Utf8(Steal(text));
+}
+
+PlannerOptions Options(const py::object& host_budget, const py::object& bandwidth,
+                       const py::object& time_limit, const py::object& seed,
+                       const py::object& own_order) {
+  PlannerOptions o;
+  if (!host_budget.is_none()) {
+    absl::StatusOr<int64_t> bytes = ParseSize(SizeText(host_budget, "host_budget", kSizeForms));
+    if (!bytes.ok()) RaiseValueError(absl::StrCat("host_budget: ", bytes.status().message()));
+    o.host_budget_bytes = *bytes;
+  }
+  if (!bandwidth.is_none()) {
+    std::string text;
+    if (PyUnicode_Check(bandwidth.ptr())) {
+      text = StrArg(bandwidth, "bandwidth");
+    } else if (IsInteger(bandwidth)) {
+      text = SizeText(bandwidth, "bandwidth", "bytes per second");
+    } else if (PyFloat_Check(bandwidth.ptr())) {
+      text = Utf8(Steal(PyObject_Str(bandwidth.ptr())));  // repr: "25000000000.0", "nan"
+    } else {
+      ArgError("bandwidth",
+               "bytes per second (a number) or a link preset (pcie4, pcie5, nvlink-c2c)",
+               bandwidth);
+    }
+    o.host_bandwidth_bytes_per_s = Unwrap(ParseBandwidth(text));
+  }
+  o.time_limit_s = PositiveArg(time_limit, "time_limit", "a positive number of seconds");
+  o.seed = static_cast<uint64_t>(IntArg(seed, "seed", 0, INT64_MAX));
+  o.own_order = BoolArg(own_order, "own_order");
+  return o;
+}
+
+// ---- JSON and schedules
+
+absl::StatusOr<nlohmann::json> FromPython(py::handle value, absl::string_view what) {
+  py::object dumps = py::module_::import("json").attr("dumps");
+  PyObject* text = PyObject_Call(dumps.ptr(), py::make_tuple(value).ptr(),
+                                 py::dict(py::arg("allow_nan") = false).ptr());
+  if (text == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, " is not JSON-shaped (", FetchException().Describe(), ")"));
+  }
+  absl::StatusOr<nlohmann::json> doc = ParseStrictJson(Utf8(Steal(text)));
+  if (!doc.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": ", doc.status().message()));
+  }
+  return doc;
+}
+
+namespace {
+
+bool IsText(py::handle value) {
+  return PyUnicode_Check(value.ptr()) || PyBytes_Check(value.ptr()) ||
+         PyByteArray_Check(value.ptr());
+}
+
+}  // namespace
+
+absl::StatusOr<Schedule> ScheduleFromPython(const Graph& graph, py::handle value) {
+  nlohmann::json doc;
+  if (py::isinstance<py::dict>(value)) {
+    ASSIGN_OR_RETURN(doc, FromPython(value, "the schedule"));
+    return ScheduleFromJson(graph, doc);
+  }
+  if (!PySequence_Check(value.ptr()) || IsText(value)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "a schedule is a list of (action, node) steps or a pebble-schedule dict, not ",
+        Shown(value)));
+  }
+  nlohmann::json steps = nlohmann::json::array();
+  try {
+    size_t k = 0;
+    for (const py::handle step : value) {
+      const std::string where = absl::StrCat("step ", k);
+      if (py::isinstance<py::dict>(step)) {
+        ASSIGN_OR_RETURN(nlohmann::json s, FromPython(step, where));
+        steps.push_back(std::move(s));
+      } else if (PySequence_Check(step.ptr()) && !IsText(step) && py::len(step) == 2) {
+        py::sequence pair = py::reinterpret_borrow<py::sequence>(step);
+        ASSIGN_OR_RETURN(nlohmann::json action, FromPython(pair[0], where + ": the action"));
+        ASSIGN_OR_RETURN(nlohmann::json node, FromPython(pair[1], where + ": the node"));
+        steps.push_back({{"action", std::move(action)}, {"node", std::move(node)}});
+      } else {
+        return absl::InvalidArgumentError(absl::StrCat(
+            where, " of the schedule is not an (action, node) pair or a dict: ", Shown(step)));
+      }
+      ++k;
+    }
+  } catch (const py::error_already_set& e) {
+    const PyError error(e);
+    if (!error.IsException()) error.Raise();
+    return absl::InvalidArgumentError(absl::StrCat("the schedule: ", error.Describe()));
+  }
+  doc = {{"format", "pebble-schedule"}, {"version", 1}, {"steps", std::move(steps)}};
+  return ScheduleFromJson(graph, doc);
+}
+
+py::list ScheduleToPython(const Graph& graph, const Schedule& schedule) {
+  py::list steps;
+  for (const Step& s : schedule.steps) {
+    steps.append(py::make_tuple(std::string(ActionName(s.action)), graph.id(s.node)));
+  }
+  return steps;
+}
+
+}  // namespace pebble::python

@@ -1,0 +1,135 @@
+// Between Python and pebble, for the module (python/pebble_module.cc):
+// errors raised as ValueErrors that name the culprit, arguments checked by
+// name in the command line's ranges, JSON-shaped values and schedules.
+// Everything here runs with the GIL held.
+//
+// A Python error met on the way (a __repr__, __index__ or json.dumps that
+// raises) becomes the ValueError when it is an Exception; any other
+// BaseException (KeyboardInterrupt, SystemExit) propagates as itself.
+#ifndef PEBBLE_PYTHON_CONVERT_H_
+#define PEBBLE_PYTHON_CONVERT_H_
+
+#include <pybind11/pybind11.h>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "graph/graph.h"
+#include "nlohmann/json.hpp"
+#include "scheduler/planner.h"
+#include "scheduler/schedule.h"
+
+namespace pebble::python {
+
+namespace py = pybind11;
+
+// ---- Errors
+
+// Raises a ValueError carrying `message` as the command line prints it
+// (control characters escaped, at most 10000 characters), whatever bytes it
+// holds; `cause`, an exception object, becomes its __cause__.
+[[noreturn]] void RaiseValueError(absl::string_view message, py::handle cause = {});
+[[noreturn]] void Raise(const absl::Status& status);
+template <typename T>
+T Unwrap(absl::StatusOr<T> value) {
+  if (!value.ok()) Raise(value.status());
+  return *std::move(value);
+}
+inline void Check(const absl::Status& status) {
+  if (!status.ok()) Raise(status);
+}
+
+// A Python exception caught in C++, kept to be raised again or chained.
+struct PyError {
+  explicit PyError(const py::error_already_set& e);
+  // False for KeyboardInterrupt, SystemExit and the other BaseExceptions
+  // that are not errors of the code that raised them.
+  bool IsException() const;
+  // "RuntimeError: no plan today".
+  std::string Describe() const;
+  [[noreturn]] void Raise() const;
+
+  py::object type, value, trace;
+};
+
+// The Python error in flight, cleared, if it is an Exception; any other
+// BaseException is raised on (thrown as py::error_already_set).
+PyError FetchException();
+
+// `value` for a message: its repr on one line, cut after 80 characters.
+std::string Shown(py::handle value);
+
+// Raises "<name>: must be <what>, got <value>", as the command line says
+// "--time-limit: must be a positive number of seconds, got 'abc'".
+[[noreturn]] void ArgError(absl::string_view name, absl::string_view what, py::handle value);
+
+// ---- Arguments: each raises a ValueError naming `name`
+
+// A str, as UTF-8. A NUL (where C would cut the text) is refused unless
+// `allow_nul` (text a parser reads, which says where the NUL is).
+std::string StrArg(py::handle value, absl::string_view name, bool allow_nul = false);
+std::optional<std::string> OptionalStrArg(py::handle value, absl::string_view name);
+// A file path: a str, bytes or os.PathLike, encoded as os.fsencode does.
+std::string PathArg(py::handle value, absl::string_view name);
+// An int (or anything with __index__, as numpy's integers; not a bool) in
+// [min, max].
+int64_t IntArg(py::handle value, absl::string_view name, int64_t min, int64_t max);
+// A finite number above 0; `what` completes "must be" ("a positive number
+// of seconds").
+double PositiveArg(py::handle value, absl::string_view name, absl::string_view what);
+// True or False, nothing else.
+bool BoolArg(py::handle value, absl::string_view name);
+// A pebble.Graph (argument "graph").
+const Graph& GraphArg(py::handle value);
+// The items of a list argument: any iterable but a str, bytes or a dict.
+std::vector<py::object> ListArg(py::handle value, absl::string_view name,
+                                absl::string_view what);
+// A non-empty list of policy names (argument "policies"): None, not an
+// empty list, means every registered policy, as the command line refuses
+// `--policies ,`.
+std::vector<std::string> PolicyListArg(py::handle value);
+
+inline constexpr absl::string_view kBudgetForms =
+    "a str (\"60%\", \"2GiB\", \"min\") or an int of bytes";
+inline constexpr absl::string_view kSizeForms = "a str (\"2GiB\") or an int of bytes";
+// A budget or size given as a str or an int: the text that the command
+// line's parser then judges, so that its messages are the CLI's.
+std::string SizeText(py::handle value, absl::string_view name, absl::string_view forms);
+
+// The options the planning functions share: host_budget (None:
+// unlimited), bandwidth (None: the default link), time_limit, seed,
+// own_order.
+PlannerOptions Options(const py::object& host_budget, const py::object& bandwidth,
+                       const py::object& time_limit, const py::object& seed,
+                       const py::object& own_order);
+
+// ---- JSON and schedules
+
+// JSON to Python objects through the json module: exact for every value
+// pebble writes (integers stay ints, ids stay str).
+template <typename Json>
+py::object ToPython(const Json& j) {
+  return py::module_::import("json").attr("loads")(
+      j.dump(-1, ' ', false, Json::error_handler_t::replace));
+}
+
+// A JSON-shaped Python value as JSON, through json.dumps (which refuses
+// cycles, nan and objects it cannot write) and the strict parser. `what`
+// begins the message ("step 3: the node").
+absl::StatusOr<nlohmann::json> FromPython(py::handle value, absl::string_view what);
+
+// A schedule from Python: a pebble-schedule dict, or a list of steps, each
+// an (action, node) pair or an {"action", "node"} dict.
+absl::StatusOr<Schedule> ScheduleFromPython(const Graph& graph, py::handle value);
+// (action, node) pairs.
+py::list ScheduleToPython(const Graph& graph, const Schedule& schedule);
+
+}  // namespace pebble::python
+
+#endif  // PEBBLE_PYTHON_CONVERT_H_
