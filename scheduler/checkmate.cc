@@ -1403,13 +1403,17 @@ class CheckmatePlanner final : public Planner {
   // At a byte budget no plan meets, the policy's lowest-peak plan: the plan
   // it gives at `min`, planned in the time left (the plan of the budget
   // where the time is up or the `min` plan peaks no lower). So the peak
-  // shown is how far off the budget is, not the one-shot plan's.
+  // shown is how far off the budget is, not the one-shot plan's. A plan
+  // within 0.5% of PeakLowerBound is kept as it is: `min` stops there too
+  // (SPEC section 5), and the search would take seconds to learn it.
   absl::StatusOr<PlanResult> Plan(const Graph& graph,
                                   const PlannerOptions& options) const override {
     const Deadline deadline(options.time_limit_s);
     ASSIGN_OR_RETURN(PlanResult result, PlanAtBudget(graph, options));
     if (options.budget_bytes == PlannerOptions::kMinBudget || result.feasible ||
-        deadline.Expired()) {
+        deadline.Expired() ||
+        static_cast<double>(result.report.peak_bytes) <=
+            kMinPeakSlack * static_cast<double>(PeakLowerBound(graph))) {
       return result;
     }
     const char* policy = relaxed_ ? "checkmate-lp" : "checkmate";

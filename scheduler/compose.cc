@@ -34,9 +34,10 @@ namespace pebble {
 // limit is always a candidate. (It once had a quarter of the limit, and
 // where exact-order needed more, `rotor --time-limit 2` at `min` ended 9%
 // above `best-order --time-limit 2`.) Where best-order takes the whole
-// limit, the policy runs with none left and offers its first candidate. The result's details say which plan won: "order":
-// "framework" (the graph's own), "best-order" (the policy over best-order's
-// order) or "best-order one-shot"; and "best_order_peak_bytes".
+// limit, the policy runs with none left and offers its first candidate.
+// The result's details say which plan won: "order": "framework" (the
+// graph's own), "best-order" (the policy over best-order's order) or
+// "best-order one-shot"; and "best_order_peak_bytes".
 // PlannerOptions::own_order (--own-order) turns composition off: the policy
 // as published, over the graph's own order.
 

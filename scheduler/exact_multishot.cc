@@ -385,8 +385,9 @@ class ExactMultiShotPlanner final : public Planner {
       ASSIGN_OR_RETURN(ExactMultiShotSolution low,
                        ExactMinPeakSchedule(graph, left(), &peak_stats));
       min_peak = low.peak;
-      const int64_t near = std::max(
-          low.peak, static_cast<int64_t>(std::floor(kMinPeakSlack * static_cast<double>(low.peak))));
+      const int64_t near =
+          std::max(low.peak, static_cast<int64_t>(
+                                 std::floor(kMinPeakSlack * static_cast<double>(low.peak))));
       ASSIGN_OR_RETURN(best, ExactMultiShotSchedule(graph, near, left(), &cost_stats));
       PEBBLE_CHECK(best.has_value(), "exact: no plan at the minimum peak");
       message = "optimal: the cheapest plan within 0.5% of the minimum peak";
