@@ -108,6 +108,29 @@ TEST(ReliabilityPlannersTest, NoComposedPolicyIsAboveBestOrderUnderAShortLimit) 
   EXPECT_EQ(graphs, 3);
 }
 
+// The same at a limit of zero, on random DAGs of several seeds: best-order
+// then offers its first order, and so does every policy over it; none is
+// above that plan.
+TEST(ReliabilityPlannersTest, NoComposedPolicyIsAboveBestOrderAtALimitOfZero) {
+  for (int n : {40, 69}) {
+    for (int seed = 1; seed <= 4; ++seed) {
+      const std::string spec = absl::StrCat("random:n=", n, ",seed=", seed, ",sizes=random");
+      SCOPED_TRACE(spec);
+      const Graph g = Model(spec);
+      absl::StatusOr<PlanResult> best = Plan("best-order", g, PlannerOptions::kMinBudget, 0);
+      ASSERT_TRUE(best.ok()) << best.status();
+      for (const char* policy : kComposed) {
+        SCOPED_TRACE(policy);
+        absl::StatusOr<PlanResult> r = Plan(policy, g, PlannerOptions::kMinBudget, 0);
+        ASSERT_TRUE(r.ok()) << r.status();
+        EXPECT_LE(static_cast<double>(r->report.peak_bytes),
+                  1.005 * static_cast<double>(best->report.peak_bytes))
+            << r->message;
+      }
+    }
+  }
+}
+
 // hybrid on a graph where a simulation takes a noticeable part of the limit
 // (a 200,000-node path: tens of milliseconds each): the nested policies'
 // last candidates and final simulations, hybrid's simulation of each and
