@@ -35,6 +35,13 @@ struct LocalGraph {
   std::vector<int64_t> bytes;
   std::vector<int64_t> workspace;
   std::vector<double> cost;
+  // Note [Costs on a grid]: cost[v] in units of 2^(e - 40), e the binary
+  // exponent of the sum of the costs, rounded: sums of these are exact and
+  // associative, so plans that compute the same nodes in another order, or
+  // whole-number costs in any order, cost the same and the peak breaks the
+  // tie. Whole numbers below 2^40 times the total's magnitude are exact; any
+  // other cost is off by at most half a unit, about 2^-41 of the total.
+  std::vector<int64_t> grid_cost;
   Set outputs = 0;
   int64_t persistent_bytes = 0;
   int m() const { return static_cast<int>(nodes.size()); }
@@ -78,6 +85,10 @@ absl::StatusOr<LocalGraph> MakeLocalGraph(const Graph& graph) {
     if (graph.is_output(v)) g.outputs |= Set{1} << p;
   }
   g.persistent_bytes = graph.persistent_bytes();
+  double total = 0;
+  for (double c : g.cost) total += c;
+  const int exponent = total > 0 ? std::ilogb(total) : 0;
+  for (double c : g.cost) g.grid_cost.push_back(std::llround(std::ldexp(c, 40 - exponent)));
   return g;
 }
 
@@ -91,11 +102,12 @@ struct Found {
   int64_t peak = 0;
 };
 
-// Labels of one reached set. In kCost mode the key is (g, steps); in kPeak
-// mode (peak, steps), g kept for the record.
+// Labels of one reached set: in kCost mode ordered by (g, peak, steps), in
+// kPeak mode by (peak, steps), g kept for the record. g is the compute cost
+// on the grid of LocalGraph::grid_cost.
 struct Entry {
   Set set;
-  double g;
+  int64_t g;
   int64_t peak;
   int32_t steps;
   int32_t parent;  // entry index, -1 for the start
@@ -103,18 +115,26 @@ struct Entry {
   bool closed;
 };
 
+// The queue's key: (g + h, peak, steps + h_steps) in kCost mode (A* on the
+// lexicographic order: every component is a lower bound of the final
+// label's, and they never fall along a move), (peak, steps, 0) in kPeak
+// mode.
 struct QueueItem {
-  double key1;   // g + h (kCost) or peak (kPeak)
-  int64_t key2;  // steps + h_steps
+  int64_t key1;
+  int64_t key2;
+  int64_t key3;
   Set set;
   int32_t entry;
   // std::priority_queue pops the largest: order so that the smallest
-  // (key1, key2, set) is the largest.
+  // (key1, key2, key3, set) is the largest.
   bool operator<(const QueueItem& o) const {
-    return std::tie(key1, key2, set) > std::tie(o.key1, o.key2, o.set);
+    return std::tie(key1, key2, key3, set) > std::tie(o.key1, o.key2, o.key3, o.set);
   }
 };
 
+// Both modes keep only moves whose memory is within `budget`: the budget
+// of kCost mode; in kPeak mode a bound below which the lowest peak is
+// sought (INT64_MAX: none).
 absl::StatusOr<Found> Search(const LocalGraph& g, Mode mode, int64_t budget,
                              double time_limit_s, ExactMultiShotStats* stats) {
   const Clock::time_point started = Clock::now();
@@ -122,37 +142,29 @@ absl::StatusOr<Found> Search(const LocalGraph& g, Mode mode, int64_t budget,
     return std::chrono::duration<double>(Clock::now() - started).count();
   };
   Found found;
-  if (mode == Mode::kCost && g.persistent_bytes > budget) return found;
+  if (g.persistent_bytes > budget) return found;
   std::vector<Entry> entries;
   absl::flat_hash_map<Set, int32_t> index;
   std::priority_queue<QueueItem> queue;
-  auto heuristic = [&](Set d, double* h_cost, int64_t* h_steps) {
-    if (mode == Mode::kPeak) {
-      *h_cost = 0;
-      *h_steps = 0;
-      return;
-    }
-    const Set x = g.MustCompute(d);
-    double c = 0;
-    for (Set rest = x; rest != 0; rest &= rest - 1) c += g.cost[__builtin_ctzll(rest)];
-    *h_cost = c;
-    *h_steps = __builtin_popcountll(x);
+  auto key_of = [&](const Entry& en) -> QueueItem {
+    if (mode == Mode::kPeak) return {en.peak, en.steps, 0, en.set, -1};
+    const Set x = g.MustCompute(en.set);
+    int64_t h = 0;
+    for (Set rest = x; rest != 0; rest &= rest - 1) h += g.grid_cost[__builtin_ctzll(rest)];
+    return {en.g + h, en.peak, en.steps + __builtin_popcountll(x), en.set, -1};
   };
   auto push = [&](int32_t e) {
-    const Entry& en = entries[e];
-    double hc = 0;
-    int64_t hs = 0;
-    heuristic(en.set, &hc, &hs);
-    const double key1 = mode == Mode::kCost ? en.g + hc : static_cast<double>(en.peak);
-    queue.push({key1, en.steps + hs, en.set, e});
+    QueueItem item = key_of(entries[e]);
+    item.entry = e;
+    queue.push(item);
   };
   // Is label (g, peak, steps) better than entry e's?
-  auto better = [&](double gc, int64_t peak, int32_t steps, const Entry& e) {
-    if (mode == Mode::kCost) return std::tie(gc, steps) < std::tie(e.g, e.steps);
+  auto better = [&](int64_t gc, int64_t peak, int32_t steps, const Entry& e) {
+    if (mode == Mode::kCost) return std::tie(gc, peak, steps) < std::tie(e.g, e.peak, e.steps);
     return std::tie(peak, steps) < std::tie(e.peak, e.steps);
   };
 
-  entries.push_back({0, 0.0, g.persistent_bytes, 0, -1, -1, false});
+  entries.push_back({0, 0, g.persistent_bytes, 0, -1, -1, false});
   index[0] = 0;
   push(0);
   int32_t goal = -1;
@@ -162,12 +174,10 @@ absl::StatusOr<Found> Search(const LocalGraph& g, Mode mode, int64_t budget,
     Entry& cur = entries[item.entry];
     if (cur.closed) continue;
     {
-      double hc = 0;
-      int64_t hs = 0;
-      heuristic(cur.set, &hc, &hs);
-      const double key1 =
-          mode == Mode::kCost ? cur.g + hc : static_cast<double>(cur.peak);
-      if (key1 != item.key1 || cur.steps + hs != item.key2) continue;  // stale
+      const QueueItem now = key_of(cur);
+      if (std::tie(now.key1, now.key2, now.key3) != std::tie(item.key1, item.key2, item.key3)) {
+        continue;  // stale
+      }
     }
     if ((cur.set & g.outputs) == g.outputs) {
       goal = item.entry;
@@ -194,7 +204,7 @@ absl::StatusOr<Found> Search(const LocalGraph& g, Mode mode, int64_t budget,
           "; use checkmate or a heuristic policy"));
     }
     const Set d = cur.set;
-    const double gc = cur.g;
+    const int64_t gc = cur.g;
     const int64_t peak = cur.peak;
     const int32_t steps = cur.steps;
     const int32_t parent = item.entry;
@@ -203,8 +213,8 @@ absl::StatusOr<Found> Search(const LocalGraph& g, Mode mode, int64_t budget,
       const Set bit = Set{1} << v;
       if ((d & bit) || (g.inputs[v] & ~d)) continue;
       const int64_t during = resident + g.bytes[v] + g.workspace[v];
-      if (mode == Mode::kCost && during > budget) continue;
-      const double child_g = gc + g.cost[v];
+      if (during > budget) continue;
+      const int64_t child_g = gc + g.grid_cost[v];
       const int64_t child_peak = std::max(peak, during);
       // Every subset F of v's inputs, the empty one first.
       const Set in = g.inputs[v];
@@ -239,12 +249,12 @@ absl::StatusOr<Found> Search(const LocalGraph& g, Mode mode, int64_t budget,
   stats->seconds = elapsed();
   if (goal < 0) return found;
   found.reached = true;
-  found.cost = entries[goal].g;
   found.peak = entries[goal].peak;
   for (int32_t e = goal; entries[e].parent >= 0; e = entries[e].parent) {
     found.path.push_back({entries[e].set, entries[e].move});
   }
   std::reverse(found.path.begin(), found.path.end());
+  for (const auto& [set, v] : found.path) found.cost += g.cost[v];
   return found;
 }
 
@@ -294,17 +304,69 @@ absl::StatusOr<std::optional<ExactMultiShotSolution>> ExactMultiShotSchedule(
 }
 
 absl::StatusOr<ExactMultiShotSolution> ExactMinPeakSchedule(
-    const Graph& graph, double time_limit_s, ExactMultiShotStats* stats) {
+    const Graph& graph, double time_limit_s, ExactMultiShotStats* stats,
+    int64_t upper_bytes) {
   ExactMultiShotStats local;
   if (stats == nullptr) stats = &local;
   ASSIGN_OR_RETURN(LocalGraph g, MakeLocalGraph(graph));
-  ASSIGN_OR_RETURN(Found found, Search(g, Mode::kPeak, 0, time_limit_s, stats));
-  // Without a budget every goal is reachable (compute everything once).
-  PEBBLE_CHECK(found.reached, "exact: min-peak search found no schedule");
+  const bool bounded = upper_bytes != std::numeric_limits<int64_t>::max();
+  ASSIGN_OR_RETURN(Found found, Search(g, Mode::kPeak, bounded ? upper_bytes - 1 : upper_bytes,
+                                       time_limit_s, stats));
+  if (!found.reached) {
+    // Without a bound every goal is reachable (compute everything once).
+    PEBBLE_CHECK(bounded, "exact: min-peak search found no schedule");
+    return absl::NotFoundError(
+        absl::StrCat("exact: no schedule peaks below ", upper_bytes, " bytes"));
+  }
   return Finish(graph, g, found);
 }
 
 namespace {
+
+// SPEC section 5: `min` takes the least makespan within 0.5% of the lowest
+// peak.
+constexpr double kMinPeakSlack = 1.005;
+
+// The plan shown where no schedule fits options.budget_bytes (proven): the
+// lowest peak of any schedule, where the search finishes in the time left;
+// else best-order's plan. best-order runs first (half the time left at
+// most): the search then keeps only moves below its peak, and where it
+// finds no schedule there, best-order's plan has the lowest peak. Sets
+// *min_peak where the search finished.
+absl::StatusOr<PlanResult> LowestPeakPlan(const Graph& graph, const PlannerOptions& options,
+                                          const Deadline& deadline,
+                                          ExactMultiShotStats* stats,
+                                          std::optional<int64_t>* min_peak) {
+  ASSIGN_OR_RETURN(std::unique_ptr<Planner> best_order, MakePlanner("best-order"));
+  PlannerOptions order_options = options;
+  order_options.budget_bytes = PlannerOptions::kMinBudget;
+  order_options.time_limit_s = deadline.remaining_s() / 2;
+  ASSIGN_OR_RETURN(PlanResult one_shot, best_order->Plan(graph, order_options));
+  const int64_t upper = one_shot.report.peak_bytes;
+  absl::StatusOr<ExactMultiShotSolution> low =
+      ExactMinPeakSchedule(graph, deadline.remaining_s(), stats, upper);
+  Schedule shown = std::move(one_shot.schedule);
+  if (low.ok()) {
+    *min_peak = low->peak;
+    shown = std::move(low->schedule);
+  } else if (absl::IsNotFound(low.status())) {
+    *min_peak = upper;
+  }
+  ASSIGN_OR_RETURN(PlanResult result, FinishPlan(graph, std::move(shown), options));
+  result.feasible = false;
+  result.message = absl::StrCat("exact: no schedule fits the budget of ",
+                                FormatBytes(options.budget_bytes), " (", options.budget_bytes,
+                                " bytes)");
+  if (min_peak->has_value()) {
+    absl::StrAppend(&result.message, "; the lowest peak of any schedule is ",
+                    FormatBytes(**min_peak), " (", **min_peak, " bytes), the schedule shown");
+  } else {
+    absl::StrAppend(&result.message, "; the search for the lowest peak stopped (",
+                    low.status().message(), "): the schedule shown is best-order's, peak ",
+                    FormatBytes(upper), " (", upper, " bytes)");
+  }
+  return result;
+}
 
 class ExactMultiShotPlanner final : public Planner {
  public:
@@ -317,12 +379,18 @@ class ExactMultiShotPlanner final : public Planner {
     std::optional<ExactMultiShotSolution> best;
     std::string message;
     if (options.budget_bytes == PlannerOptions::kMinBudget) {
+      // SPEC section 5: the cheapest plan within 0.5% of the lowest peak
+      // (the cheapest at that budget has, among equal costs, the lowest
+      // peak: Note [Costs on a grid]).
       ASSIGN_OR_RETURN(ExactMultiShotSolution low,
                        ExactMinPeakSchedule(graph, left(), &peak_stats));
       min_peak = low.peak;
-      ASSIGN_OR_RETURN(best, ExactMultiShotSchedule(graph, low.peak, left(), &cost_stats));
+      const int64_t near =
+          std::max(low.peak, static_cast<int64_t>(
+                                 std::floor(kMinPeakSlack * static_cast<double>(low.peak))));
+      ASSIGN_OR_RETURN(best, ExactMultiShotSchedule(graph, near, left(), &cost_stats));
       PEBBLE_CHECK(best.has_value(), "exact: no plan at the minimum peak");
-      message = "optimal: the cheapest plan at the minimum peak";
+      message = "optimal: the cheapest plan within 0.5% of the minimum peak";
     } else {
       ASSIGN_OR_RETURN(best, ExactMultiShotSchedule(graph, options.budget_bytes,
                                                     left(), &cost_stats));
@@ -333,25 +401,7 @@ class ExactMultiShotPlanner final : public Planner {
       ASSIGN_OR_RETURN(result, FinishPlan(graph, std::move(best->schedule), options));
       result.message = message;
     } else {
-      // Proven infeasible; show the lowest-peak schedule when time allows.
-      auto low = ExactMinPeakSchedule(graph, left(), &peak_stats);
-      Schedule shown;
-      if (low.ok()) {
-        min_peak = low->peak;
-        shown = std::move(low->schedule);
-      } else {
-        ASSIGN_OR_RETURN(shown, FreeAtLastUse(graph, DefaultOrder(graph)));
-      }
-      ASSIGN_OR_RETURN(result, FinishPlan(graph, std::move(shown), options));
-      result.feasible = false;
-      result.message = absl::StrCat(
-          "exact: no schedule fits the budget of ", FormatBytes(options.budget_bytes),
-          " (", options.budget_bytes, " bytes)",
-          min_peak.has_value()
-              ? absl::StrCat("; the lowest peak of any schedule is ",
-                             FormatBytes(*min_peak), " (", *min_peak,
-                             " bytes), the schedule shown")
-              : std::string("; the schedule shown is the one-shot plan"));
+      ASSIGN_OR_RETURN(result, LowestPeakPlan(graph, options, deadline, &peak_stats, &min_peak));
     }
     nlohmann::json& d = result.details;
     d["optimal"] = result.feasible;

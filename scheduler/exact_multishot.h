@@ -21,17 +21,24 @@
 // done. Frees after the last compute are never needed: the outputs stay and
 // nothing else counts at the end.
 //
-// The search is A* on (compute cost, steps) in lexicographic order, with the
-// heuristic h(D) = the cost and the number of nodes of the set X(D) that any
-// completion must compute: the outputs not in D, closed under inputs not in
-// D. It is consistent: a move computes one node, and only that node can
-// leave X (a node of X upstream of v would make an input of v missing), so
-// h drops by at most the move's cost and by at most one step. Ties are
-// broken by the state's bits, so the result is deterministic.
+// The search is A* on (compute cost, peak, steps) in lexicographic order:
+// the cheapest schedule, and among the cheapest the lowest peak (SPEC's
+// budget rule: equal makespans, the lower peak), then the fewest steps. The
+// heuristic h(D) is the cost and the number of nodes of the set X(D) that
+// any completion must compute: the outputs not in D, closed under inputs
+// not in D. It is consistent: a move computes one node, and only that node
+// can leave X (a node of X upstream of v would make an input of v missing),
+// so h drops by at most the move's cost and by at most one step; the peak
+// of a path never falls. So (g + h, peak, steps + h_steps) never falls
+// along a move and label setting holds for the lexicographic order. Costs
+// are summed on a fine grid (Note [Costs on a grid] in the .cc) so that
+// equal costs compare equal. Ties are broken by the state's bits, so the
+// result is deterministic.
 //
 // Minimum peak (--budget min): a bottleneck Dijkstra over the same moves
 // (the label of a path is the largest memory of its computes) gives the
-// lowest peak of any schedule; then the cheapest schedule at that peak.
+// lowest peak of any schedule; then the cheapest schedule within 0.5% of
+// that peak (SPEC section 5).
 //
 // Limits: at most kMaxExactMultiShotNodes needed non-persistent nodes (the
 // states are 64-bit sets), at most kMaxExactMultiShotStates states stored
@@ -44,6 +51,7 @@
 #define PEBBLE_SCHEDULER_EXACT_MULTISHOT_H_
 
 #include <cstdint>
+#include <limits>
 #include <optional>
 
 #include "absl/status/statusor.h"
@@ -75,9 +83,12 @@ absl::StatusOr<std::optional<ExactMultiShotSolution>> ExactMultiShotSchedule(
     ExactMultiShotStats* stats = nullptr);
 
 // A schedule of the lowest peak any schedule reaches (not the cheapest at
-// that peak: ask ExactMultiShotSchedule for that). Same errors.
+// that peak: ask ExactMultiShotSchedule for that). Same errors. A finite
+// `upper_bytes` (a peak some schedule reaches: a heuristic's) prunes the
+// search to moves below it; NotFound where no schedule peaks below it.
 absl::StatusOr<ExactMultiShotSolution> ExactMinPeakSchedule(
-    const Graph& graph, double time_limit_s, ExactMultiShotStats* stats = nullptr);
+    const Graph& graph, double time_limit_s, ExactMultiShotStats* stats = nullptr,
+    int64_t upper_bytes = std::numeric_limits<int64_t>::max());
 
 }  // namespace pebble
 

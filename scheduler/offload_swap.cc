@@ -36,18 +36,20 @@ absl::StatusOr<PlanResult> PlanSwap(const Graph& graph, const PlannerOptions& op
     orders.emplace_back("best-order", *best_order);
   } else {
     ASSIGN_OR_RETURN(std::unique_ptr<Planner> best, MakePlanner("best-order"));
-    // A quarter of the time: best-order's exact search would take all of
-    // it, leaving none for the swaps.
+    // The whole time left, as the composed policies give it (Note
+    // [Composition] in compose.cc): best-order's plan at this limit is a
+    // candidate, so swap is never above it at `min`.
     PlannerOptions o = options;
-    o.time_limit_s = selector.deadline().remaining_s() / 4;
+    o.time_limit_s = selector.deadline().remaining_s();
     ASSIGN_OR_RETURN(PlanResult r, best->Plan(graph, o));
     if (TimeLimitReached(r)) selector.deadline().MarkHit();
     orders.emplace_back("best-order", ComputeSequence::FromSchedule(graph, r.schedule).computes());
   }
   if (orders[1].second == orders[0].second) orders.pop_back();
   for (const auto& [name, order] : orders) {
-    // The first order's plain schedule is always offered: a valid plan.
-    if (selector.has_best() && selector.TimeUp()) break;
+    // Each order's plain schedule is always offered, past the time limit
+    // too: the baseline is a valid plan, and best-order's is the one
+    // `--policy best-order` gives at this limit, which swap never exceeds.
     const ComputeSequence seq(graph, order);
     const PlanReport& plain = selector.Consider(EmitSwapSchedule(seq, {}),
                                                 {{"order", name}, {"swaps", 0}});
@@ -55,6 +57,7 @@ absl::StatusOr<PlanResult> PlanSwap(const Graph& graph, const PlannerOptions& op
         plain.peak_bytes <= options.budget_bytes) {
       continue;
     }
+    if (selector.TimeUp()) continue;
     SwapSearchOptions search;
     search.target_bytes = options.budget_bytes;
     search.host_budget_bytes = options.host_budget_bytes;
@@ -70,7 +73,7 @@ absl::StatusOr<PlanResult> PlanSwap(const Graph& graph, const PlannerOptions& op
     if (cap == PlannerOptions::kMinBudget || peak > cap) cap = peak;
     selector.Consider(EmitSwapSchedule(seq, swaps),
                       {{"order", name}, {"swaps", swaps.size()}, {"placement", "greedy"}});
-    if (selector.TimeUp()) break;
+    if (selector.TimeUp()) continue;
     swaps = RefinePlacement(seq, std::move(swaps), cap, options.host_bandwidth_bytes_per_s, 4,
                             &selector.deadline());
     selector.Consider(EmitSwapSchedule(seq, swaps),

@@ -105,11 +105,14 @@ void ReportProgress(const PlannerOptions& options, std::string stage,
   if (options.progress) options.progress({std::move(stage), incumbent, bound});
 }
 
-Deadline::Deadline(double limit_s) : limit_s_(limit_s) {
+Deadline::Deadline(double limit_s) : Deadline(limit_s, std::chrono::steady_clock::now()) {}
+
+Deadline::Deadline(double limit_s, std::chrono::steady_clock::time_point start)
+    : limit_s_(limit_s) {
   // A limit past a day (or NaN/inf from a caller) is no limit; the clock's
   // range stays safe.
   const double capped = limit_s >= 0 && limit_s < 86400.0 ? limit_s : 86400.0;
-  end_ = std::chrono::steady_clock::now() +
+  end_ = start +
          std::chrono::duration_cast<std::chrono::steady_clock::duration>(
              std::chrono::duration<double>(limit_s < 0 ? 0.0 : capped));
 }

@@ -81,6 +81,9 @@ struct PlanResult {
 class Deadline {
  public:
   explicit Deadline(double limit_s);
+  // A limit counted from `start` (a call's entry, when set-up work came
+  // before the object).
+  Deadline(double limit_s, std::chrono::steady_clock::time_point start);
   // True once the limit has passed; remembers that it did (hit()).
   bool Expired() const;
   // Seconds left, >= 0: the limit to give a nested Plan call.

@@ -138,47 +138,55 @@ ChainView BuildChainView(const Graph& graph) {
 
 int64_t SequencePeak(const Graph& graph, absl::Span<const NodeId> seq,
                      absl::Span<const InitialNode> initial,
-                     const std::function<bool(NodeId)>& keep_after) {
-  // Local state keyed by node through a small map (sequences are one stage
-  // long; a sort keeps it deterministic and allocation-light).
-  std::vector<std::pair<NodeId, int>> last;  // node -> last read position
-  last.reserve(seq.size() * 2 + initial.size());
-  for (int i = 0; i < static_cast<int>(seq.size()); ++i) {
-    for (NodeId u : graph.unique_inputs(seq[i])) last.emplace_back(u, i);
+                     const std::function<bool(NodeId)>& keep_after,
+                     SequencePeakScratch* scratch) {
+  SequencePeakScratch local;
+  if (scratch == nullptr) scratch = &local;
+  SequencePeakScratch& sc = *scratch;
+  if (sc.last.size() < static_cast<size_t>(graph.num_nodes())) {
+    sc.last.assign(graph.num_nodes(), -1);
+    sc.keep.assign(graph.num_nodes(), -1);
   }
-  std::sort(last.begin(), last.end());
-  auto last_read = [&](NodeId v) {
-    auto it = std::upper_bound(last.begin(), last.end(),
-                               std::make_pair(v, std::numeric_limits<int>::max()));
-    if (it == last.begin() || std::prev(it)->first != v) return -1;
-    return std::prev(it)->second;
+  // Dense per-node state, reset on the way out (only the nodes touched):
+  // linear in the sequence, which on a one-stage chain is the whole graph.
+  std::vector<NodeId>& touched = sc.touched;
+  touched.clear();
+  auto touch = [&](NodeId v) {
+    if (sc.last[v] == -1 && sc.keep[v] == -1) touched.push_back(v);
   };
-  // Kind of each tracked node: initial-keep, initial-drop, seq-keep, seq-drop.
-  std::vector<std::pair<NodeId, bool>> tracked;  // node -> keep
+  for (int i = 0; i < static_cast<int>(seq.size()); ++i) {
+    for (NodeId u : graph.unique_inputs(seq[i])) {
+      touch(u);
+      sc.last[u] = i;  // ascending i: the last read wins
+    }
+  }
+  // Whether a tracked node is kept: every entry for it must say keep (a
+  // node both initial and in `seq` is dropped when either drops it).
+  auto track = [&](NodeId v, bool keep) {
+    touch(v);
+    sc.keep[v] = sc.keep[v] == -1 ? (keep ? 1 : 0) : (sc.keep[v] & (keep ? 1 : 0));
+  };
   int64_t live = 0;
   for (const InitialNode& init : initial) {
     if (init.node == kNoNode || graph.persistent(init.node)) continue;
-    if (!init.keep && last_read(init.node) < 0) continue;
+    if (!init.keep && sc.last[init.node] < 0) continue;
     live += graph.bytes(init.node);
-    tracked.emplace_back(init.node, init.keep);
+    track(init.node, init.keep);
   }
-  for (NodeId v : seq) tracked.emplace_back(v, keep_after(v));
-  std::sort(tracked.begin(), tracked.end());
-  auto find = [&](NodeId v) -> const std::pair<NodeId, bool>* {
-    auto it = std::lower_bound(tracked.begin(), tracked.end(), std::make_pair(v, false));
-    if (it == tracked.end() || it->first != v) return nullptr;
-    return &*it;
-  };
+  for (NodeId v : seq) track(v, keep_after(v));
   int64_t peak = live;
   for (int i = 0; i < static_cast<int>(seq.size()); ++i) {
     const NodeId v = seq[i];
     live += graph.bytes(v);
     peak = std::max(peak, live + graph.workspace(v));
     for (NodeId u : graph.unique_inputs(v)) {
-      const auto* t = find(u);
-      if (t != nullptr && !t->second && last_read(u) == i) live -= graph.bytes(u);
+      if (sc.keep[u] == 0 && sc.last[u] == i) live -= graph.bytes(u);
     }
-    if (!keep_after(v) && last_read(v) < 0) live -= graph.bytes(v);
+    if (!keep_after(v) && sc.last[v] < 0) live -= graph.bytes(v);
+  }
+  for (NodeId v : touched) {
+    sc.last[v] = -1;
+    sc.keep[v] = -1;
   }
   return peak;
 }
@@ -275,6 +283,7 @@ Chain CollapseChain(const Graph& graph, const ChainView& view,
   for (ChainStage& st : chain.stages) std::sort(st.frontier.begin(), st.frontier.end());
 
   std::vector<uint8_t> mark(n, 0), in_saved(n, 0);
+  SequencePeakScratch scratch;
   for (int i = 0; i < num_stages; ++i) {
     ChainStage& st = chain.stages[i];
     const bool last = i == num_stages - 1;
@@ -347,13 +356,13 @@ Chain CollapseChain(const Graph& graph, const ChainView& view,
       const InitialNode in[] = {{st.input, keep == 1}};
       st.cone_peak[keep] = SequencePeak(graph, st.cone, in, [&](NodeId v) {
         return v == out || is_out(v);
-      });
+      }, &scratch);
       st.all_peak[keep] = SequencePeak(graph, st.all, in, [&](NodeId v) {
         return v == out || in_saved[v] || is_out(v);
-      });
+      }, &scratch);
       st.saved_peak[keep] = SequencePeak(graph, st.saved, in, [&](NodeId v) {
         return in_saved[v] || is_out(v);
-      });
+      }, &scratch);
       std::vector<InitialNode> init = {{st.input, keep == 1}};
       for (NodeId v : st.forward) {
         if (in_saved[v] || (last && is_out(v))) init.push_back({v, is_out(v)});
@@ -361,7 +370,7 @@ Chain CollapseChain(const Graph& graph, const ChainView& view,
       for (NodeId f : st.frontier) init.push_back({f, lowest_reader[f] < i});
       st.backward_peak[keep] = SequencePeak(graph, st.backward, init, [&](NodeId v) {
         return is_out(v) || lowest_reader[v] < i;
-      });
+      }, &scratch);
     }
     for (NodeId v : st.forward) {
       in_saved[v] = 0;
@@ -585,8 +594,8 @@ Schedule BaselineSchedule(const Graph& graph) {
 absl::StatusOr<PlanResult> PlanCheckpointCandidates(
     const Graph& graph, const PlannerOptions& options, const ChainView& view,
     const Chain& chain, const std::vector<CheckpointCandidate>& candidates,
-    nlohmann::json details) {
-  PlanSelector selector(graph, options);
+    nlohmann::json details, std::chrono::steady_clock::time_point started) {
+  PlanSelector selector(graph, options, started);
   selector.Consider(BaselineSchedule(graph),
                     {{"plan", "baseline"}, {"checkpoints", nlohmann::json::array()}});
   // Distinct checkpoint sets, first occurrence first; the baseline is a

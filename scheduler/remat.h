@@ -84,6 +84,7 @@
 #ifndef PEBBLE_SCHEDULER_REMAT_H_
 #define PEBBLE_SCHEDULER_REMAT_H_
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -233,9 +234,17 @@ struct InitialNode {
   NodeId node;
   bool keep;
 };
+// Per-node state SequencePeak reuses across calls (sized to the graph once;
+// left clean after each call). Null: allocated for the call, O(nodes).
+struct SequencePeakScratch {
+  std::vector<int> last;       // last read position in the sequence, or -1
+  std::vector<int8_t> keep;    // -1 untracked, 0 dropped, 1 kept
+  std::vector<NodeId> touched;
+};
 int64_t SequencePeak(const Graph& graph, absl::Span<const NodeId> seq,
                      absl::Span<const InitialNode> initial,
-                     const std::function<bool(NodeId)>& keep_after);
+                     const std::function<bool(NodeId)>& keep_after,
+                     SequencePeakScratch* scratch = nullptr);
 
 // Smallest cost clamp used where a policy divides by or ranks costs: every
 // cost below it counts as it (zero-cost nodes are free to recompute but
@@ -251,9 +260,13 @@ double CostEpsilon(const Graph& graph);
 // an invalid one is a bug (PEBBLE_CHECK).
 class PlanSelector {
  public:
-  // The deadline (options.time_limit_s) starts here.
+  // The deadline (options.time_limit_s) starts here, or at `start` (the
+  // Plan call's entry: the chain's set-up counts against the limit).
   PlanSelector(const Graph& graph, const PlannerOptions& options)
       : graph_(graph), options_(options), deadline_(options.time_limit_s) {}
+  PlanSelector(const Graph& graph, const PlannerOptions& options,
+               std::chrono::steady_clock::time_point start)
+      : graph_(graph), options_(options), deadline_(options.time_limit_s, start) {}
 
   // Returns the candidate's simulated peak and cost.
   struct Figures {
@@ -309,7 +322,8 @@ Schedule BaselineSchedule(const Graph& graph);
 // chen-greedy): offers the baseline schedule, then CheckpointOps(chain,
 // kept) for every candidate (a repeated set is skipped), and lets a
 // PlanSelector choose. `details` goes into the result, with the winner's
-// candidate details and the chain summary.
+// candidate details and the chain summary. The time limit counts from
+// `started`, the policy's entry (its chain set-up included).
 struct CheckpointCandidate {
   std::vector<int> kept;   // stage indices, ascending, each < L-1
   nlohmann::json details;  // what the candidate is ("segments": 4, ...)
@@ -317,7 +331,7 @@ struct CheckpointCandidate {
 absl::StatusOr<PlanResult> PlanCheckpointCandidates(
     const Graph& graph, const PlannerOptions& options, const ChainView& view,
     const Chain& chain, const std::vector<CheckpointCandidate>& candidates,
-    nlohmann::json details);
+    nlohmann::json details, std::chrono::steady_clock::time_point started);
 
 // Stage indices that cut L stages into k segments of nearly equal length
 // (segment j ends at stage floor((j+1) L / k) - 1); 1 <= k <= L.

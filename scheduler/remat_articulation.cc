@@ -16,6 +16,7 @@
 // then steps 1..count and "all bottlenecks"), under --budget min the lowest
 // peak. Not optimal: the spacing counts bottlenecks, not bytes or costs.
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <memory>
 #include <vector>
@@ -40,6 +41,7 @@ class ArticulationPlanner final : public Planner {
  public:
   absl::StatusOr<PlanResult> Plan(const Graph& graph,
                                   const PlannerOptions& options) const override {
+    const auto started = std::chrono::steady_clock::now();
     const ChainView view = BuildChainView(graph);
     const Chain chain = CollapseChain(graph, view, view.separators);
     const int L = chain.num_stages();
@@ -90,7 +92,8 @@ class ArticulationPlanner final : public Planner {
         {{"bottlenecks", count},
          {"size_filter", filtered},
          {"library_step", library_step == 0 ? nlohmann::json("all")
-                                            : nlohmann::json(library_step)}});
+                                            : nlohmann::json(library_step)}},
+        started);
   }
 };
 

@@ -17,6 +17,7 @@
 // third stage too (1 + 2 + max(2, 2, 1) = 5), and the other thresholds give
 // 5 or 6.
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <memory>
 #include <vector>
@@ -47,6 +48,7 @@ class ChenGreedyPlanner final : public Planner {
  public:
   absl::StatusOr<PlanResult> Plan(const Graph& graph,
                                   const PlannerOptions& options) const override {
+    const auto started = std::chrono::steady_clock::now();
     const ChainView view = BuildChainView(graph);
     const Chain chain = CollapseChain(graph, view, view.separators);
     const int L = chain.num_stages();
@@ -71,7 +73,7 @@ class ChenGreedyPlanner final : public Planner {
       }
     }
     return PlanCheckpointCandidates(graph, options, view, chain, candidates,
-                                    nlohmann::json::object());
+                                    nlohmann::json::object(), started);
   }
 };
 

@@ -31,6 +31,7 @@
 // costs nothing. Optimal in Revolve's model (uniform sizes and costs); on
 // heterogeneous chains `rotor` weighs both.
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -182,10 +183,11 @@ class RevolvePlanner final : public Planner {
  public:
   absl::StatusOr<PlanResult> Plan(const Graph& graph,
                                   const PlannerOptions& options) const override {
+    const auto started = std::chrono::steady_clock::now();  // set-up counts
     const ChainView view = BuildChainView(graph);
     const Chain chain = CollapseChain(graph, view, view.separators);
     RETURN_IF_ERROR(CheckAdjointChain(graph, view, chain));
-    PlanSelector selector(graph, options);
+    PlanSelector selector(graph, options, started);
     selector.Consider(BaselineSchedule(graph), {{"plan", "baseline"}});
     const bool baseline_fits = selector.best_fits();
     // The loss computed in the forward pass, then after the last backward

@@ -301,9 +301,9 @@ class RotorPlanner final : public Planner {
  public:
   absl::StatusOr<PlanResult> Plan(const Graph& graph,
                                   const PlannerOptions& options) const override {
+    PlanSelector selector(graph, options);  // the chain's set-up counts
     const ChainView view = BuildChainView(graph);
     const std::vector<int> boundaries = CoarsenBoundaries(view.separators, kRotorMaxStages);
-    PlanSelector selector(graph, options);
     selector.Consider(BaselineSchedule(graph), {{"plan", "baseline"}});
     nlohmann::json attempts = nlohmann::json::array();
     // Both placements of boundary-reading backward nodes (remat.h,

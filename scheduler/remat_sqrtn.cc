@@ -17,6 +17,7 @@
 // (k = 1: 4; k = 2 cuts after the first: 1 + max(1, 1 + 2); k = 3:
 // 1 + 1 + 2). chen-greedy and rotor weigh bytes.
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <memory>
 #include <vector>
@@ -50,6 +51,7 @@ class SqrtnPlanner final : public Planner {
  public:
   absl::StatusOr<PlanResult> Plan(const Graph& graph,
                                   const PlannerOptions& options) const override {
+    const auto started = std::chrono::steady_clock::now();
     const ChainView view = BuildChainView(graph);
     const Chain chain = CollapseChain(graph, view, view.separators);
     const int L = chain.num_stages();
@@ -61,7 +63,7 @@ class SqrtnPlanner final : public Planner {
     }
     return PlanCheckpointCandidates(
         graph, options, view, chain, candidates,
-        {{"sqrt_rule_segments", L > 0 ? std::lround(std::sqrt(L)) : 0}});
+        {{"sqrt_rule_segments", L > 0 ? std::lround(std::sqrt(L)) : 0}}, started);
   }
 };
 

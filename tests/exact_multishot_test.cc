@@ -253,8 +253,8 @@ TEST(ExactMultiShotTest, MatchesBruteForceOnRandomDags) {
   }
 }
 
-// A zero-cost node is recomputed freely but never for nothing: fewest
-// steps among the cheapest plans.
+// A zero-cost node is recomputed freely but never for nothing: among the
+// cheapest plans the lowest peak, then the fewest steps.
 TEST(ExactMultiShotTest, ZeroCostNodesAreNotRecomputedForNothing) {
   Graph g = MakeGraph({Node("a", 1, {}, 0.0), Node("b", 1, {"a"}, 0.0),
                        Node("c", 1, {"b"}, 0.0)},
@@ -263,8 +263,10 @@ TEST(ExactMultiShotTest, ZeroCostNodesAreNotRecomputedForNothing) {
   ASSERT_TRUE(r.ok()) << r.status();
   ASSERT_TRUE(r->has_value());
   EXPECT_DOUBLE_EQ((*r)->cost, 0);
-  // compute a, b, c: nothing needs freeing.
-  EXPECT_EQ((*r)->schedule.steps.size(), 3u);
+  // compute a, b, free a, c: peak 2 (a, b, c all resident would be 3), each
+  // node computed once.
+  EXPECT_EQ((*r)->peak, 2);
+  EXPECT_EQ((*r)->schedule.steps.size(), 4u);
   // Budget 2: compute a, compute b, free a, compute c.
   r = ExactMultiShotSchedule(g, 2, 10);
   ASSERT_TRUE(r.ok()) << r.status();

@@ -713,12 +713,16 @@ TEST(CheckpointCandidatesTest, ConcurrentSearchGivesTheSerialPlans) {
        {"resnet18:batch=2,image=32", "transformer:layers=3", "vgg16:batch=2,image=32"}) {
     auto g = BuildModel(model);
     ASSERT_TRUE(g.ok()) << g.status();
-    // checkmate-lp at `min` asks its LP for less memory until the time
-    // limit: its byte budgets only.
+    // checkmate-lp at `min` solves an LP per step of its search (seconds
+    // each here), and so does it at a budget it misses (it then shows its
+    // `min` plan): only where its LP and rounding meet the budget, the
+    // transformer at 90% (on the ResNet and VGG every budget here is below
+    // the model's least peak).
     for (const auto& [policies, budgets] :
          {std::pair<std::vector<std::string>, std::vector<std::string>>{
               {"sqrtn", "chen-greedy", "articulation"}, {"90%", "70%", "min"}},
-          {{"checkmate-lp"}, {"90%", "70%"}}}) {
+          {{"checkmate-lp"}, {"90%"}}}) {
+      if (policies[0] == "checkmate-lp" && model != "transformer:layers=3") continue;
       SCOPED_TRACE(absl::StrCat(model, ", ", policies[0]));
       CompareRequest request;
       request.policies = policies;
