@@ -51,6 +51,8 @@ import step_models  # noqa: E402
 
 MIB = 2.0 ** 20
 REENTRANT_ONLY = "use_reentrant" not in inspect.signature(checkpoint).parameters
+# PyTorch 1.13's checkpoint_sequential takes no use_reentrant (its checkpoint does).
+SEQUENTIAL_REENTRANT_ONLY = "use_reentrant" not in str(inspect.signature(checkpoint_sequential))
 
 
 # --- the models and their block structure ------------------------------------------------
@@ -162,12 +164,13 @@ def competitors(name, model, loss_fn, x, y, blocks, stages):
     for m in seq_stages.modules():
         if hasattr(m, "inplace"):
             m.inplace = False
-    kwargs = {} if REENTRANT_ONLY else {"use_reentrant": False}
+    reentrant = SEQUENTIAL_REENTRANT_ONLY
+    kwargs = {} if reentrant else {"use_reentrant": False}
     for segments in (2, 4):
         def seq_step(a, b, segments=segments):
-            if REENTRANT_ONLY and a.dtype.is_floating_point:
+            if reentrant and a.dtype.is_floating_point:
                 a = a.detach().requires_grad_(True)
-            if REENTRANT_ONLY and not a.dtype.is_floating_point:
+            if reentrant and not a.dtype.is_floating_point:
                 # Reentrant checkpointing needs an input that requires a
                 # gradient: run the embedding outside the segments.
                 h = seq_stages[0](a).detach().requires_grad_(True)

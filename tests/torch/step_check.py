@@ -53,7 +53,7 @@ DEFAULT_POLICIES = {"recompute": "dtr", "offload": "swap", "hybrid": "hybrid"}
 QUICK_CASES = ["gpt", "bert", "lstm", "gru", "lstm_cell", "tagger", "bag_of_words",
                "seed_conv3d", "unet3d", "autoencoder", "group_norm", "two_heads",
                "padded_attention", "tiny_vit", "resnet18", "squeezenet", "frozen_backbone",
-               "label_smoothing", "mobilenet_v3_small"]
+               "label_smoothing", "mobilenet_v3_small", "shufflenet"]
 SEED = 1234
 
 
@@ -407,7 +407,7 @@ def main():
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--budgets", default="100%,tight,min")
     ap.add_argument("--optimizer-steps", type=int, default=5)
-    ap.add_argument("--optimizer-cases", default="gpt,resnet18,lstm,unet3d")
+    ap.add_argument("--optimizer-cases", default="gpt,lstm,unet3d,group_norm")
     ap.add_argument("--savings", default="gpt_long,unet3d_large,resnet18_batch8",
                     help="cases of step_models.SAVINGS_CASES ('' for none)")
     ap.add_argument("--no-extras", action="store_true",

@@ -415,15 +415,29 @@ def frozen_backbone(device):
 
 
 def label_smoothing(device):
-    case = _torchvision("shufflenet_v2_x0_5", device, 32, seed=15)
-    case.loss_fn = nn.CrossEntropyLoss(label_smoothing=0.1)
-    return case
+    """A small CNN (batch norm, max pooling) under CrossEntropyLoss with label
+    smoothing and class weights."""
+    torch.manual_seed(15)
+    model = nn.Sequential(
+        nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(8, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(),
+        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(16, 7)).to(device)
+    weight = torch.linspace(0.5, 1.5, 7, device=device)
+    return Case(model, torch.randn(4, 3, 16, 16, device=device),
+                torch.randint(0, 7, (4,), device=device),
+                nn.CrossEntropyLoss(weight=weight, label_smoothing=0.1))
+
+
+def shufflenet(device):
+    """Channel shuffles: views and transposes of every block."""
+    return _torchvision("shufflenet_v2_x0_5", device, 32, seed=15)
 
 
 CASES = {f.__name__: f for f in [
     gpt, bert, lstm, gru, lstm_cell, tagger, bag_of_words, seed_conv3d, unet3d, autoencoder,
     group_norm, two_heads, padded_attention, tiny_vit, resnet18, mobilenet_v2,
-    mobilenet_v3_small, squeezenet, densenet121, frozen_backbone, label_smoothing]}
+    mobilenet_v3_small, squeezenet, densenet121, frozen_backbone, label_smoothing,
+    shufflenet]}
 
 
 # Sizes where activations outweigh parameters and gradients: the check that a

@@ -243,13 +243,17 @@ class StepGraph:
             node.nbytes = _persistent_bytes(node.value)
             node.role = {"parameter": "parameter", "buffer": "buffer"}.get(slot.kind, "input")
             self.refs[(n, None)] = node
+        constants = {}  # attribute -> its node (the trace may fetch one twice)
         for n in gm.graph.nodes:
             if n.op == "get_attr":
-                node = self._add(f"constant:{n.target}", "persistent")
-                node.constant = getattr(gm, n.target)
-                node.value = self.values[n]
-                node.nbytes = _persistent_bytes(node.value)
-                node.role = "buffer"
+                node = constants.get(n.target)
+                if node is None:
+                    node = constants[n.target] = self._add(f"constant:{n.target}",
+                                                           "persistent")
+                    node.constant = getattr(gm, n.target)
+                    node.value = self.values[n]
+                    node.nbytes = _persistent_bytes(node.value)
+                    node.role = "buffer"
                 self.refs[(n, None)] = node
             elif n.op == "call_function" and n.target is not operator.getitem:
                 self._call(n)
