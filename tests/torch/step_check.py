@@ -309,6 +309,22 @@ def check_savings(failures, device, names):
                        "step beyond its gradients, not 40%")
 
 
+def check_eval_mode(failures, device):
+    """A module in eval mode (batch norm on running statistics, whose kernels
+    return the saved statistics empty) trains with eager's gradients."""
+    case = step_models.CASES["unet3d"](device)
+    model = case.model.eval()
+    eager_model = copy.deepcopy(model)
+    want = eager_step(case, eager_model)
+    initial = copy.deepcopy(model.state_dict())
+    step = pt.train_step(model, case.loss_fn, case.inputs, case.target, policy="dtr",
+                         budget="min", measure="always")
+    compare(failures, "unet3d eval dtr min", planned_step(case, step, model, initial), want,
+            bitwise=False)
+    check_memory(failures, "unet3d eval dtr min", step.report)
+    print("eval mode: eager's gradients", flush=True)
+
+
 def check_no_garbage(failures, device):
     """A step leaves no reference cycles: a cycle would hold its tensors
     until the garbage collector runs, in the middle of a later step."""
@@ -437,6 +453,7 @@ def main():
     check_savings(failures, device, [n for n in args.savings.split(",") if n])
     if not args.no_extras:
         check_other_shapes(failures, device)
+        check_eval_mode(failures, device)
         check_no_garbage(failures, device)
         check_leak_is_measured(failures, device)
         check_errors(failures, device)

@@ -126,6 +126,7 @@ class Node:
         self.group = None         # fx call shared with sibling nodes (several outputs)
         self.random = False
         self.updates_stats = False  # writes running statistics (batch norm, PyTorch 1.13)
+        self.empty_when_run = False  # the kernel may return it empty (eval batch norm's stats)
         self.slot = None          # persistent: the Slot
         self.constant = None      # persistent: a constant tensor of the trace
         self.value = None         # fake (or real) tensor of the node's output
@@ -310,6 +311,12 @@ class StepGraph:
             for node in self.nodes:
                 if node.fx is n:
                     node.updates_stats = True
+        if name in _STATS_IN_PLACE and not _arg(n, "training", 5):
+            # In eval mode the kernels return the saved statistics empty,
+            # where the meta functions give their full shape.
+            for node in self.nodes:
+                if node.fx is n and node.out_index:
+                    node.empty_when_run = True
 
     def _output(self, n, k, value, inputs):
         """The node of output k (None: the value) of call n."""
