@@ -309,6 +309,28 @@ def check_savings(failures, device, names):
                        "step beyond its gradients, not 40%")
 
 
+def check_accumulation(failures, device):
+    """Two steps without zeroing .grad add into it, as two backward() calls
+    do: the second step adds each gradient in place as soon as it is made."""
+    case = step_models.CASES["tiny_vit"](device)
+    model = case.model.train()
+    eager_model = copy.deepcopy(model)
+    step = pt.train_step(model, case.loss_fn, case.inputs, case.target, policy="dtr",
+                         budget="min", measure="always")
+    for p in model.parameters():
+        p.grad = None
+    for _ in range(2):
+        torch.manual_seed(SEED)
+        step(*case.inputs, case.target)
+        torch.manual_seed(SEED)
+        case.loss_fn(eager_model(*case.inputs), case.target).backward()
+    worst = max(relative_error(p.grad, q.grad) for p, q in zip(model.parameters(),
+                                                               eager_model.parameters()))
+    failures.check(worst <= TOLERANCE, f"accumulated .grad off eager's by {worst:.2e}")
+    check_memory(failures, "tiny_vit accumulating", step.report)
+    print(f"accumulation: .grad within {worst:.1e} of eager's after two steps", flush=True)
+
+
 def check_eval_mode(failures, device):
     """A module in eval mode (batch norm on running statistics, whose kernels
     return the saved statistics empty) trains with eager's gradients."""
@@ -454,6 +476,7 @@ def main():
     if not args.no_extras:
         check_other_shapes(failures, device)
         check_eval_mode(failures, device)
+        check_accumulation(failures, device)
         check_no_garbage(failures, device)
         check_leak_is_measured(failures, device)
         check_errors(failures, device)

@@ -89,12 +89,15 @@ def calibrate(graph, device, persistent):
 
 
 def _fresh(persistent, graph):
-    """The persistent tensors for a calibration run: buffers a call updates in
-    place (batch norm's running statistics) are copies."""
+    """The persistent tensors for a calibration run: what a step writes in
+    place (batch norm's running statistics, a .grad gradients are added
+    into) are copies."""
     written = set()
     for node in graph.nodes:
         if node.updates_stats:
             written.update(u.index for u in node.inputs if u.kind == "persistent")
+    # An accumulate node adds into its parameter's .grad in place.
+    written.update(grad.index for _, grad, _ in graph.accumulators)
     return {i: (t.clone() if i in written else t) for i, t in persistent.items()}
 
 
