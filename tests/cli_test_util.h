@@ -24,6 +24,25 @@ struct CliResult {
   std::string err;
 };
 
+// Writes `text` to `path`, bytes as they are.
+inline void WriteText(const std::filesystem::path& path, const std::string& text) {
+  std::ofstream out(path, std::ios::binary);
+  out << text;
+}
+
+// The header of a version 1.0 .npy file holding the header dict `dict`
+// (magic, length, the dict padded with spaces and a newline as NumPy pads
+// it); the data follows it.
+inline std::string NpyVersion1Header(std::string dict) {
+  dict.append((64 - (10 + dict.size() + 1) % 64) % 64, ' ');
+  dict += '\n';
+  std::string header = "\x93NUMPY\x01";
+  header += '\0';
+  header += static_cast<char>(dict.size() & 0xff);
+  header += static_cast<char>(dict.size() >> 8);
+  return header + dict;
+}
+
 // The whole file, or "" when it cannot be read.
 inline std::string ReadFileText(const std::string& path) {
   std::ifstream in(path, std::ios::binary);

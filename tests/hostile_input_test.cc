@@ -25,16 +25,13 @@ namespace fs = std::filesystem;
 using Json = nlohmann::json;
 using Result = ::pebble::testing::CliResult;
 using ::pebble::testing::ExpectOneLineError;
+using ::pebble::testing::NpyVersion1Header;
+using ::pebble::testing::WriteText;
 
 Result Pebble(const std::string& args) { return ::pebble::testing::RunPebble(args); }
 
 fs::path Scratch(const std::string& name) {
   return ::pebble::testing::ScratchDir("pebble_hostile", name);
-}
-
-void WriteText(const fs::path& path, const std::string& text) {
-  std::ofstream out(path, std::ios::binary);
-  out << text;
 }
 
 // conv3d:n=8 exported, with `edit` applied to the node `id`.
@@ -97,15 +94,10 @@ TEST(HostileInputTest, DirectoriesAndEndlessFilesAreNotReadAsGraphsOrSchedules) 
 TEST(HostileInputTest, NpyHeadersCannotAllocateMoreThanTheFileHolds) {
   const fs::path dir = Scratch("npy");
   auto npy = [&](const std::string& shape) {
-    std::string header = "{'descr': '<f4', 'fortran_order': False, 'shape': " + shape + ", }";
-    header.append((64 - (10 + header.size() + 1) % 64) % 64, ' ');
-    header += '\n';
-    std::string file = "\x93NUMPY\x01";
-    file += '\0';
-    file += static_cast<char>(header.size() & 0xff);
-    file += static_cast<char>(header.size() >> 8);
-    file += header + std::string(16, '\0');
-    WriteText(dir / "input.npy", file);
+    WriteText(dir / "input.npy",
+              NpyVersion1Header("{'descr': '<f4', 'fortran_order': False, 'shape': " + shape +
+                                ", }") +
+                  std::string(16, '\0'));
   };
   for (const std::string shape : {"(1099511627776,)", "(1000000000,)"}) {
     npy(shape);

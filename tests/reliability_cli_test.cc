@@ -25,7 +25,9 @@
 namespace {
 
 using ::pebble::testing::ExpectOneLineError;
+using ::pebble::testing::NpyVersion1Header;
 using ::pebble::testing::ReadFileText;
+using ::pebble::testing::WriteText;
 using ::testing::HasSubstr;
 namespace fs = std::filesystem;
 using Json = nlohmann::json;
@@ -64,22 +66,10 @@ Result Shell(const fs::path& dir, const std::string& command_line) {
   return r;
 }
 
-void WriteText(const fs::path& path, const std::string& text) {
-  std::ofstream out(path, std::ios::binary);
-  out << text;
-}
-
 // An .npy file of `bytes` zero bytes of data under the header dict `dict`
 // (version 1.0, padded as NumPy pads).
-void WriteNpyWithHeader(const fs::path& path, std::string dict, size_t bytes) {
-  dict.append((64 - (10 + dict.size() + 1) % 64) % 64, ' ');
-  dict += '\n';
-  std::string file = "\x93NUMPY\x01";
-  file += '\0';
-  file += static_cast<char>(dict.size() & 0xff);
-  file += static_cast<char>(dict.size() >> 8);
-  file += dict + std::string(bytes, '\0');
-  WriteText(path, file);
+void WriteNpyWithHeader(const fs::path& path, const std::string& dict, size_t bytes) {
+  WriteText(path, NpyVersion1Header(dict) + std::string(bytes, '\0'));
 }
 
 // conv3d:n=8 exported as a graph file in `dir`.

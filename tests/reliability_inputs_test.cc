@@ -53,17 +53,14 @@ namespace fs = std::filesystem;
 using Json = nlohmann::json;
 using ::pebble::testing::CliResult;
 using ::pebble::testing::ExpectOneLineError;
+using ::pebble::testing::NpyVersion1Header;
 using ::pebble::testing::RunPebble;
+using ::pebble::testing::WriteText;
 
 constexpr char kAboveMax[] = "is above the largest size pebble handles (2^53 bytes)";
 
 fs::path Scratch(const std::string& name) {
   return ::pebble::testing::ScratchDir("pebble_rel_inputs", name);
-}
-
-void WriteText(const fs::path& path, const std::string& text) {
-  std::ofstream out(path, std::ios::binary);
-  out << text;
 }
 
 // x (persistent) -> a -> b: a schedule computes a, then b.
@@ -596,15 +593,8 @@ int64_t ChildrenPeakRss() {
 // A valid .npy file of `count` fp32 zeros, whose data the file system
 // stores sparsely (no disk, no time to write).
 void WriteSparseNpy(const fs::path& path, int64_t count) {
-  std::string header = absl::StrCat("{'descr': '<f4', 'fortran_order': False, 'shape': (",
-                                    count, ",), }");
-  header.append((64 - (10 + header.size() + 1) % 64) % 64, ' ');
-  header += '\n';
-  std::string file = "\x93NUMPY\x01";
-  file += '\0';
-  file += static_cast<char>(header.size() & 0xff);
-  file += static_cast<char>(header.size() >> 8);
-  file += header;
+  const std::string file = NpyVersion1Header(
+      absl::StrCat("{'descr': '<f4', 'fortran_order': False, 'shape': (", count, ",), }"));
   WriteText(path, file);
   fs::resize_file(path, file.size() + 4 * static_cast<uint64_t>(count));
 }
