@@ -361,36 +361,32 @@ absl::Status CheckPolicyName(absl::string_view name) {
   return MakePlanner(name).status();
 }
 
+// A SIZE validator: `parse` (text -> bytes) accepts the value and it is above
+// zero.
+CLI::Validator PositiveBytes(absl::StatusOr<int64_t> (*parse)(absl::string_view)) {
+  return StatusValidator(
+      [parse](const std::string& t) -> absl::Status {
+        ASSIGN_OR_RETURN(int64_t bytes, parse(t));
+        if (bytes > 0) return absl::OkStatus();
+        return absl::InvalidArgumentError(absl::StrCat("must be positive, got ", Quote(t)));
+      },
+      "SIZE");
+}
+
 }  // namespace
 
 CLI::Validator SizeValue() {
   return StatusValidator([](const std::string& t) { return ParseSize(t).status(); }, "SIZE");
 }
 
-CLI::Validator PositiveSize() {
-  return StatusValidator(
-      [](const std::string& t) -> absl::Status {
-        ASSIGN_OR_RETURN(int64_t bytes, ParseSize(t));
-        if (bytes > 0) return absl::OkStatus();
-        return absl::InvalidArgumentError(absl::StrCat("must be positive, got ", Quote(t)));
-      },
-      "SIZE");
-}
+CLI::Validator PositiveSize() { return PositiveBytes(ParseSize); }
 
 CLI::Validator BudgetValue() {
   return StatusValidator([](const std::string& t) { return ParseBudget(t).status(); },
                          "BUDGET");
 }
 
-CLI::Validator FitBudgetValue() {
-  return StatusValidator(
-      [](const std::string& t) -> absl::Status {
-        ASSIGN_OR_RETURN(int64_t bytes, ParseFitBudget(t));
-        if (bytes > 0) return absl::OkStatus();
-        return absl::InvalidArgumentError(absl::StrCat("must be positive, got ", Quote(t)));
-      },
-      "SIZE");
-}
+CLI::Validator FitBudgetValue() { return PositiveBytes(ParseFitBudget); }
 
 CLI::Validator BudgetList() {
   return StatusValidator(
