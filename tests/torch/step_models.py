@@ -9,11 +9,16 @@ hand-written and several-output losses, label smoothing, frozen backbones,
 integer inputs.
 """
 
-import math
+import os
+import sys
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
+                                "examples", "torch"))
+import lm as lm_example  # noqa: E402
 
 
 class Case:
@@ -27,71 +32,15 @@ class Case:
 
 # --- language models ------------------------------------------------------------
 
-class CausalSelfAttention(nn.Module):
-    def __init__(self, dim, heads, seq, dropout):
-        super().__init__()
-        self.heads = heads
-        self.qkv = nn.Linear(dim, 3 * dim)
-        self.proj = nn.Linear(dim, dim)
-        self.drop = nn.Dropout(dropout)
-        self.register_buffer("tril", torch.tril(torch.ones(seq, seq)))
-
-    def forward(self, x):
-        b, t, c = x.shape
-        q, k, v = self.qkv(x).split(c, dim=2)
-        q = q.view(b, t, self.heads, c // self.heads).transpose(1, 2)
-        k = k.view(b, t, self.heads, c // self.heads).transpose(1, 2)
-        v = v.view(b, t, self.heads, c // self.heads).transpose(1, 2)
-        att = (q @ k.transpose(-2, -1)) / math.sqrt(k.size(-1))
-        att = att.masked_fill(self.tril[:t, :t] == 0, float("-inf"))
-        att = self.drop(F.softmax(att, dim=-1))
-        y = (att @ v).transpose(1, 2).contiguous().view(b, t, c)
-        return self.drop(self.proj(y))
-
-
-class GptBlock(nn.Module):
-    def __init__(self, dim, heads, seq, dropout):
-        super().__init__()
-        self.ln1 = nn.LayerNorm(dim)
-        self.attn = CausalSelfAttention(dim, heads, seq, dropout)
-        self.ln2 = nn.LayerNorm(dim)
-        self.mlp = nn.Sequential(nn.Linear(dim, 4 * dim), nn.GELU(), nn.Linear(4 * dim, dim),
-                                 nn.Dropout(dropout))
-
-    def forward(self, x):
-        x = x + self.attn(self.ln1(x))
-        return x + self.mlp(self.ln2(x))
-
-
-class Gpt(nn.Module):
-    """A GPT-2-style decoder: token and position embeddings, pre-norm blocks,
-    the head tied to the token embedding."""
-
-    def __init__(self, vocab=96, dim=32, heads=4, layers=2, seq=16, dropout=0.1):
-        super().__init__()
-        self.tok = nn.Embedding(vocab, dim)
-        self.pos = nn.Embedding(seq, dim)
-        self.drop = nn.Dropout(dropout)
-        self.blocks = nn.ModuleList(GptBlock(dim, heads, seq, dropout) for _ in range(layers))
-        self.ln = nn.LayerNorm(dim)
-        self.head = nn.Linear(dim, vocab, bias=False)
-        self.head.weight = self.tok.weight
-
-    def forward(self, idx):
-        t = idx.shape[1]
-        x = self.drop(self.tok(idx) + self.pos(torch.arange(t, device=idx.device)))
-        for block in self.blocks:
-            x = block(x)
-        return self.head(self.ln(x))
-
-
-def lm_loss(logits, target):
-    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1))
+# The GPT-2-style decoder of examples/torch/lm.py (token and position
+# embeddings, pre-norm blocks, causal masked_fill, dropout, the head tied to
+# the token embedding), so that the example's model is the one checked.
+Gpt, lm_loss = lm_example.Gpt, lm_example.lm_loss
 
 
 def gpt(device):
     torch.manual_seed(0)
-    return Case(Gpt().to(device), torch.randint(0, 96, (4, 16), device=device),
+    return Case(Gpt(vocab=96, dim=32, heads=4, layers=2, seq=16).to(device), torch.randint(0, 96, (4, 16), device=device),
                 torch.randint(0, 96, (4, 16), device=device), lm_loss, random=True)
 
 

@@ -22,7 +22,7 @@ import time
 import torch
 
 from .. import _core
-from ._calibrate import calibrate, unplanned_schedule
+from ._calibrate import calibrate, estimated
 from ._capture import CaptureError, propagate, trace
 from ._executor import PlanExecutionError, Program, draws_in_eager_order
 from ._graph import StepGraph
@@ -202,10 +202,7 @@ class _Capture:
         if step.calibrate:
             cal = calibrate(self.nodes, self.device, self.persistent(inputs, target))
         else:
-            from ._calibrate import Calibration, estimated_seconds
-            cal = Calibration()
-            cal.costs = {n.index: estimated_seconds(n) for n in self.nodes.nodes}
-            cal.source = "estimated: calibrate=False"
+            cal = estimated(self.nodes, "calibrate=False")
         self.calibration = cal
         name = type(step.model).__name__
         self.document = self.nodes.document(cal.costs, name)

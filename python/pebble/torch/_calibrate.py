@@ -16,6 +16,7 @@ says which.
 
 import gc
 import math
+import time
 
 import torch
 
@@ -59,7 +60,6 @@ def unplanned_schedule(graph):
 def calibrate(graph, device, persistent):
     """Costs and temporaries of `graph`'s nodes on `device` (set on the nodes:
     Node.temporary_bytes), and the unplanned step's measured peak."""
-    import time
     start = time.perf_counter()
     result = Calibration()
     program = Program(graph, unplanned_schedule(graph), device)
@@ -81,10 +81,17 @@ def calibrate(graph, device, persistent):
             torch.cuda.empty_cache()
         for node in graph.nodes:
             node.temporary_bytes = 0
-        result.costs = {n.index: estimated_seconds(n) for n in graph.nodes}
-        result.unplanned_peak_bytes = None
-        result.source = f"estimated: the unplanned step does not fit the device ({_first(e)})"
+        result = estimated(graph, f"the unplanned step does not fit the device ({_first(e)})")
     result.seconds = time.perf_counter() - start
+    return result
+
+
+def estimated(graph, why):
+    """A Calibration without running anything: costs from the operands'
+    sizes, no temporaries, no measured peak; `why` goes into its source."""
+    result = Calibration()
+    result.costs = {n.index: estimated_seconds(n) for n in graph.nodes}
+    result.source = f"estimated: {why}"
     return result
 
 

@@ -20,9 +20,7 @@ except ImportError:  # pragma: no cover (1.13 has it there too)
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 __all__ = ["FakeTensorMode", "functional_call", "functionalize", "make_fx", "storage_bytes",
-           "storage_key", "TORCH_2"]
-
-TORCH_2 = int(torch.__version__.split(".")[0]) >= 2
+           "storage_key"]
 
 
 def _storage(t):
