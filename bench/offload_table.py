@@ -31,10 +31,14 @@ RECOMPUTE = ["sqrtn", "chen-greedy", "articulation", "rotor", "dtr"]
 
 def plan(model, policy, budget, link):
     start = time.time()
-    out = subprocess.run(
+    proc = subprocess.run(
         [PEBBLE, "plan", "--model", model, "--policy", policy, "--budget", budget,
          "--bandwidth", link, "--json"],
-        check=True, capture_output=True, text=True).stdout
+        capture_output=True, text=True)
+    # A plan that does not fit exits 1 and still prints its document.
+    if proc.returncode not in (0, 1) or not proc.stdout:
+        raise RuntimeError(f"pebble plan {model} {policy} {budget}: {proc.stderr.strip()}")
+    out = proc.stdout
     doc = json.loads(out)
     doc["wall_s"] = time.time() - start
     return doc

@@ -64,7 +64,7 @@ def main():
                 over += late
                 if out is None:
                     plan, note = "killed", "no answer"
-                elif out.returncode != 0:
+                elif out.returncode != 0 and '"feasible": false' not in out.stdout:
                     plan = "error"
                     note = (out.stderr.strip().splitlines() or [""])[-1][:80]
                 else:

@@ -130,6 +130,52 @@ absl::StatusOr<Graph> GraphSource::Load(WorkspaceQueryStats* workspace) const {
   return WithBackendWorkspace(g, *backend, workspace);
 }
 
+std::string FormatSeconds(double seconds) {
+  const double magnitude = std::abs(seconds);
+  if (magnitude == 0) return "0 s";
+  if (magnitude >= 3600) return absl::StrFormat("%.3g h", seconds / 3600);
+  if (magnitude >= 60) return absl::StrFormat("%.3g min", seconds / 60);
+  if (magnitude >= 1) return absl::StrFormat("%.3g s", seconds);
+  if (magnitude >= 1e-3) return absl::StrFormat("%.3g ms", 1e3 * seconds);
+  if (magnitude >= 1e-6) return absl::StrFormat("%.3g us", 1e6 * seconds);
+  return absl::StrFormat("%.3g ns", 1e9 * seconds);
+}
+
+std::string CostUnit::Amount(double cost) const {
+  return seconds ? FormatSeconds(cost) : absl::StrFormat("%.6g units", cost);
+}
+
+std::string CostUnit::Describe(double cost) const {
+  std::string text = Amount(cost);
+  if (!prefix.empty()) text = absl::StrCat(prefix, " ", text);
+  if (!suffix.empty()) absl::StrAppend(&text, " ", suffix);
+  return text;
+}
+
+CostUnit GraphSource::Costs() const {
+  CostUnit unit;
+  if (!profile.empty()) {
+    unit.prefix = "measured";
+    unit.suffix = absl::StrCat("(profile ", Quote(profile), ")");
+    return unit;
+  }
+  if (model.empty()) {
+    unit.suffix = "(the graph file's costs, as seconds)";
+    return unit;
+  }
+  const absl::StatusOr<ModelSpec> spec = ParseModelSpec(model);
+  for (const ModelInfo& info : ListModels()) {
+    if (spec.ok() && info.name == spec->name && !info.training_graph) {
+      unit.seconds = false;
+      unit.prefix = "pebbling";
+      return unit;
+    }
+  }
+  unit.prefix = "model";
+  unit.suffix = absl::StrFormat("at %g TFLOP/s", throughput_flops_per_s / 1e12);
+  return unit;
+}
+
 absl::StatusOr<double> GraphSource::PlannerBandwidth(absl::string_view given) const {
   if (!given.empty()) return ParseBandwidth(given);
   if (!profile.empty()) {
@@ -363,14 +409,44 @@ absl::Status CheckPolicyName(absl::string_view name) {
 
 // A SIZE validator: `parse` (text -> bytes) accepts the value and it is above
 // zero.
+absl::Status CheckPositiveBytes(absl::StatusOr<int64_t> (*parse)(absl::string_view),
+                                absl::string_view text) {
+  ASSIGN_OR_RETURN(int64_t bytes, parse(text));
+  if (bytes > 0) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat("must be positive, got ", Quote(text)));
+}
+
 CLI::Validator PositiveBytes(absl::StatusOr<int64_t> (*parse)(absl::string_view)) {
   return StatusValidator(
-      [parse](const std::string& t) -> absl::Status {
-        ASSIGN_OR_RETURN(int64_t bytes, parse(t));
-        if (bytes > 0) return absl::OkStatus();
-        return absl::InvalidArgumentError(absl::StrCat("must be positive, got ", Quote(t)));
-      },
-      "SIZE");
+      [parse](const std::string& t) { return CheckPositiveBytes(parse, t); }, "SIZE");
+}
+
+// A budget given as a bare number below 1024 ("70", "0.6") is refused: it
+// reads as a percentage or a fraction, not as a handful of bytes. Larger
+// bare numbers stay bytes ("8589934592", "1.5e9"), as SPEC section 5 has
+// them. `percent_allowed`: whether to suggest a percentage (fit's budget
+// takes bytes only).
+absl::Status CheckBudgetHasUnit(absl::string_view text, bool percent_allowed) {
+  const absl::string_view t = absl::StripAsciiWhitespace(text);
+  double value = 0;
+  // Only numbers that read as a percentage or a fraction with two decimals
+  // ("70", "0.6", "0.75"); others ("1e-30", "0.5") meet ParseSize's errors.
+  if (!ParseDecimal(t, &value) || value >= 1024 || value <= 0 ||
+      std::abs(100 * value - std::round(100 * value)) > 1e-9 * value) {
+    return absl::OkStatus();
+  }
+  std::vector<std::string> readings;
+  if (percent_allowed) {
+    readings.push_back(value < 1 ? absl::StrCat(absl::StrFormat("%g", 100 * value), "%")
+                                 : absl::StrCat(t, "%"));
+    readings.push_back(value == std::floor(value) ? absl::StrCat(t, "B")
+                                                  : absl::StrCat(t, "GiB"));
+  } else {
+    readings = {absl::StrCat(t, "MiB"), absl::StrCat(t, "GiB")};
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      t, ": did you mean ", absl::StrJoin(readings, " or "),
+      "? (a number without a unit is bytes only from 1024 up)"));
 }
 
 }  // namespace
@@ -382,11 +458,22 @@ CLI::Validator SizeValue() {
 CLI::Validator PositiveSize() { return PositiveBytes(ParseSize); }
 
 CLI::Validator BudgetValue() {
-  return StatusValidator([](const std::string& t) { return ParseBudget(t).status(); },
-                         "BUDGET");
+  return StatusValidator(
+      [](const std::string& t) -> absl::Status {
+        RETURN_IF_ERROR(CheckBudgetHasUnit(t, /*percent_allowed=*/true));
+        return ParseBudget(t).status();
+      },
+      "BUDGET");
 }
 
-CLI::Validator FitBudgetValue() { return PositiveBytes(ParseFitBudget); }
+CLI::Validator FitBudgetValue() {
+  return StatusValidator(
+      [](const std::string& t) -> absl::Status {
+        RETURN_IF_ERROR(CheckBudgetHasUnit(t, /*percent_allowed=*/false));
+        return CheckPositiveBytes(ParseFitBudget, t);
+      },
+      "SIZE");
+}
 
 CLI::Validator BudgetList() {
   return StatusValidator(
@@ -395,7 +482,10 @@ CLI::Validator BudgetList() {
         if (budgets.empty()) {
           return absl::InvalidArgumentError(absl::StrCat(Quote(t), " names no budget"));
         }
-        for (const std::string& b : budgets) RETURN_IF_ERROR(ParseBudget(b).status());
+        for (const std::string& b : budgets) {
+          RETURN_IF_ERROR(CheckBudgetHasUnit(b, /*percent_allowed=*/true));
+          RETURN_IF_ERROR(ParseBudget(b).status());
+        }
         return absl::OkStatus();
       },
       "B1,B2,...");
@@ -477,15 +567,53 @@ void RefuseEmptyValues(CLI::App& app) {
   for (CLI::App* sub : app.get_subcommands({})) RefuseEmptyValues(*sub);
 }
 
+namespace {
+
+// Every spelling of `cmd`'s options and of its parents' ("--policy", "-p").
+std::vector<std::string> OptionSpellings(const CLI::App* cmd) {
+  std::vector<std::string> names;
+  for (const CLI::App* at = cmd; at != nullptr; at = at->get_parent()) {
+    for (const CLI::Option* option : at->get_options()) {
+      for (const std::string& name : option->get_lnames()) names.push_back("--" + name);
+      for (const std::string& name : option->get_snames()) names.push_back("-" + name);
+    }
+  }
+  return names;
+}
+
+// "unexpected argument '--polcy' (did you mean '--policy'?)" for the first
+// argument `cmd` did not take that looks like an option; empty when none
+// does or none is near.
+std::string UnknownOptionHint(const CLI::App* cmd) {
+  const std::vector<std::string> spellings = OptionSpellings(cmd);
+  std::vector<std::string> extras;  // what the command and those above it did not take
+  for (const CLI::App* at = cmd; at != nullptr; at = at->get_parent()) {
+    for (const std::string& arg : at->remaining()) extras.push_back(arg);
+  }
+  for (const std::string& arg : extras) {
+    if (arg.size() < 2 || arg[0] != '-' || absl::ascii_isdigit(arg[1])) continue;
+    const std::string flag = arg.substr(0, arg.find('='));
+    // Long names get two edits; a short one ("-x") only the exact spelling.
+    const std::string nearest = flag.size() > 3 ? NearestName(flag, spellings) : "";
+    return absl::StrCat("unknown option ", Quote(flag),
+                        nearest.empty() ? std::string()
+                                        : absl::StrCat(" (did you mean ", Quote(nearest), "?)"));
+  }
+  return "";
+}
+
+}  // namespace
+
 std::string OneLineFailure(const CLI::App* app, const CLI::Error& e) {
   // The command being parsed: the deepest one given.
   std::string command = "pebble";
+  const CLI::App* deepest = app;
   for (const CLI::App* at = app; at != nullptr;) {
     const std::vector<const CLI::App*> parsed = at->get_subcommands([](const CLI::App* sub) {
       return sub->parsed();
     });
     if (parsed.empty()) break;
-    at = parsed.front();
+    at = deepest = parsed.front();
     absl::StrAppend(&command, " ", at->get_name());
   }
   std::string what = e.what();
@@ -493,9 +621,25 @@ std::string OneLineFailure(const CLI::App* app, const CLI::Error& e) {
     std::vector<std::string> names;
     for (const CLI::App* sub : app->get_subcommands({})) names.push_back(sub->get_name());
     const std::vector<std::string> rest = app->remaining();
-    what = rest.empty() ? absl::StrCat("give a command: ", absl::StrJoin(names, ", "))
-                        : absl::StrCat("unknown command ", Quote(rest.front()),
-                                       "; the commands are ", absl::StrJoin(names, ", "));
+    if (rest.empty()) {
+      what = absl::StrCat("give a command: ", absl::StrJoin(names, ", "));
+    } else {
+      const std::string nearest = NearestName(rest.front(), names);
+      what = absl::StrCat("unknown command ", Quote(rest.front()),
+                          nearest.empty() ? std::string()
+                                          : absl::StrCat(" (did you mean ", Quote(nearest), "?)"),
+                          "; the commands are ", absl::StrJoin(names, ", "));
+    }
+  } else if (dynamic_cast<const CLI::ExtrasError*>(&e) != nullptr) {
+    if (std::string hint = UnknownOptionHint(deepest); !hint.empty()) what = hint;
+  } else if (e.get_name() == "ValidationError") {
+    // "--budget: 70: did you mean ..." reads "--budget 70: did you mean ...".
+    const size_t colon = what.find(": ");
+    const size_t value_end = colon == std::string::npos ? colon : what.find(": ", colon + 2);
+    if (value_end != std::string::npos && what.rfind("-", 0) == 0 &&
+        what.find(' ', colon + 2) > value_end) {
+      what.erase(colon, 1);
+    }
   }
   return absl::StrCat("pebble: ", Printable(what, 600), " (see '", command, " --help')\n");
 }
@@ -516,7 +660,7 @@ bool LooksNumeric(const std::string& cell) {
 
 }  // namespace
 
-std::string Table::ToString() const {
+std::string Table::ToString(size_t max_width) const {
   const size_t cols = header_.size();
   std::vector<size_t> width(cols, 0);
   std::vector<bool> numeric(cols, true);
@@ -527,10 +671,23 @@ std::string Table::ToString() const {
       if (!LooksNumeric(row[c])) numeric[c] = false;
     }
   }
+  if (max_width > 0 && cols > 0) {
+    size_t others = 0;
+    for (size_t c = 0; c + 1 < cols; ++c) others += width[c] + 2;
+    constexpr size_t kLeast = 12;
+    if (others + width[cols - 1] > max_width) {
+      width[cols - 1] = std::max({kLeast, header_[cols - 1].size(),
+                                  max_width > others ? max_width - others : 0});
+    }
+  }
+  auto cut = [&](const std::string& cell, size_t c) {
+    if (cell.size() <= width[c]) return cell;
+    return cell.substr(0, width[c] - 3) + "...";
+  };
   auto render = [&](const std::vector<std::string>& row, bool is_header) {
     std::string line;
     for (size_t c = 0; c < cols; ++c) {
-      const std::string cell = c < row.size() ? row[c] : "";
+      const std::string cell = cut(c < row.size() ? row[c] : "", c);
       const std::string pad(width[c] - cell.size(), ' ');
       if (c > 0) line += "  ";
       line += (numeric[c] && !is_header) || (numeric[c] && is_header) ? pad + cell : cell + pad;
@@ -543,6 +700,39 @@ std::string Table::ToString() const {
   for (size_t c = 0; c < cols; ++c) total += width[c] + (c > 0 ? 2 : 0);
   out += std::string(total, '-') + "\n";
   for (const auto& row : rows_) out += render(row, false);
+  return out;
+}
+
+std::string DefinitionList(const std::vector<std::pair<std::string, std::string>>& entries,
+                           size_t max_width) {
+  size_t name_width = 0;
+  for (const auto& [name, text] : entries) name_width = std::max(name_width, name.size());
+  const size_t indent = name_width + 2;
+  const size_t text_width = max_width > indent + 20 ? max_width - indent : 20;
+  std::string out;
+  for (const auto& [name, text] : entries) {
+    std::string line = name + std::string(indent - name.size(), ' ');
+    size_t used = 0;  // characters of text on this line
+    auto new_line = [&] {
+      while (!line.empty() && line.back() == ' ') line.pop_back();
+      out += line + "\n";
+      line = std::string(indent, ' ');
+      used = 0;
+    };
+    for (absl::string_view paragraph : absl::StrSplit(text, '\n')) {
+      if (used > 0) new_line();
+      for (absl::string_view word : absl::StrSplit(paragraph, ' ', absl::SkipEmpty())) {
+        if (used > 0 && used + 1 + word.size() > text_width) new_line();
+        if (used > 0) {
+          line += ' ';
+          ++used;
+        }
+        absl::StrAppend(&line, word);
+        used += word.size();
+      }
+    }
+    new_line();
+  }
   return out;
 }
 

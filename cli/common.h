@@ -18,6 +18,24 @@
 
 namespace pebble::cli {
 
+// A duration with its unit: "1.5 h", "20 min", "4.9 s", "0.23 ms", "12 us",
+// "0 s".
+std::string FormatSeconds(double seconds);
+
+// How a graph's costs read as time, so that every printed time says its unit
+// and whether it is modelled or measured.
+struct CostUnit {
+  bool seconds = true;  // false: abstract unit steps (a pebbling graph)
+  // How the costs were found: "model 0.23 ms at 10 TFLOP/s", "measured 0.23
+  // ms (profile 'p.json')", "0.23 ms (the graph file's costs, as seconds)".
+  std::string prefix;  // "model", "measured" or ""
+  std::string suffix;  // "at 10 TFLOP/s", "(profile 'p.json')", ...
+  // "0.23 ms", or "12 units" for unit steps.
+  std::string Amount(double cost) const;
+  // The amount with its prefix and suffix.
+  std::string Describe(double cost) const;
+};
+
 // --model / --graph and the cost model, shared by every command that reads
 // a graph.
 struct GraphSource {
@@ -52,6 +70,10 @@ struct GraphSource {
   // (CostProfile::PlannerBandwidth) when --profile has one; else SPEC's
   // default, 25e9 (PCIe Gen4).
   absl::StatusOr<double> PlannerBandwidth(absl::string_view given) const;
+  // The unit and source of the graph's costs: a network of the zoo is
+  // modelled (FLOPs at --throughput), a pebbling graph counts unit steps,
+  // --profile's are measured, a --graph file's are read as seconds.
+  CostUnit Costs() const;
   // "conv3d:n=128" or the file's path, for headers.
   std::string Label() const;
   // The files Load reads (--graph, --profile), each with its option: no
@@ -153,7 +175,10 @@ class Table {
  public:
   explicit Table(std::vector<std::string> header) : header_(std::move(header)) {}
   void AddRow(std::vector<std::string> row) { rows_.push_back(std::move(row)); }
-  std::string ToString() const;
+  size_t num_columns() const { return header_.size(); }
+  // The table as text. `max_width` > 0: lines longer than that have their
+  // last column cut ("..."), down to 12 characters of it.
+  std::string ToString(size_t max_width = 0) const;
   // Comma-separated, quoting cells that need it (RFC 4180).
   std::string ToCsv() const;
 
@@ -161,6 +186,12 @@ class Table {
   std::vector<std::string> header_;
   std::vector<std::vector<std::string>> rows_;
 };
+
+// Names, each with its text beside it, wrapped at word boundaries to
+// `max_width` columns; a '\n' in a text starts a new line there. For
+// listings (models, policies) whose texts are too long for a table.
+std::string DefinitionList(const std::vector<std::pair<std::string, std::string>>& entries,
+                           size_t max_width);
 
 // Registers each command on `app`. Each returns the process exit code
 // through the callback's captured int.

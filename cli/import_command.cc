@@ -83,7 +83,8 @@ void AddImportCommand(CLI::App& app, int& exit_code) {
       "import",
       "read an ONNX model (torch.onnx.export in training mode) and write a pebble graph: "
       "the training graph with --loss, the forward graph with --loss none (docs/import.md)\n"
-      "  e.g. pebble import resnet18.onnx --loss cross-entropy --output resnet18.json");
+      "  e.g. /usr/bin/python3 examples/onnx/export.py onnx-out resnet18 --batch 2 --image 64\n"
+      "       pebble import onnx-out/resnet18.onnx --loss cross-entropy --output resnet18.json");
   cmd->add_option("model", flags.model_path, "the .onnx file")->required();
   cmd->add_option("--loss", flags.loss,
                   "loss to add and differentiate: cross-entropy (nn.CrossEntropyLoss; "

@@ -30,15 +30,17 @@ int RunModels(bool json) {
     PrintJson(doc);
     return 0;
   }
-  Table table({"model", "parameters (defaults)", "description"});
+  std::vector<std::pair<std::string, std::string>> entries;
   for (const ModelInfo& m : ListModels()) {
     std::vector<std::string> params;
     for (const ModelParam& p : m.params) params.push_back(p.name + "=" + p.default_value);
-    table.AddRow({m.name, absl::StrJoin(params, ","), m.description});
+    entries.emplace_back(m.name, absl::StrCat(m.description, "\n",
+                                              params.empty() ? "(no parameters)"
+                                                             : absl::StrJoin(params, " ")));
   }
-  std::cout << table.ToString()
-            << "\nName a model with parameters: conv3d:n=128,batch=2. "
-               "Unset parameters take the defaults.\n";
+  std::cout << DefinitionList(entries, 100)
+            << "\nName a model with parameters: conv3d:n=128,batch=2. Unset parameters take "
+               "the defaults\nshown; 'pebble models --json' has what each one means.\n";
   return 0;
 }
 
@@ -55,12 +57,13 @@ int RunPolicies(bool json) {
     PrintJson(doc);
     return 0;
   }
-  Table table({"policy", "kind", "exact", "what it does"});
+  std::vector<std::pair<std::string, std::string>> entries;
   for (const PolicyInfo* p : policies) {
-    table.AddRow({p->name, std::string(PlanKindName(p->kind)), p->exact ? "exact" : "heuristic",
-                  p->description});
+    entries.emplace_back(p->name, absl::StrCat(PlanKindName(p->kind), ", ",
+                                               p->exact ? "exact" : "heuristic", ": ",
+                                               p->description));
   }
-  std::cout << table.ToString();
+  std::cout << DefinitionList(entries, 100);
   return 0;
 }
 

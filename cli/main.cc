@@ -12,21 +12,24 @@ It takes a computation graph, picks an execution order and a forget /
 recompute / swap-to-host policy that fits a memory budget at the least extra
 time, and checks the plan in an exact simulator.
 
-Examples:
+Examples (each runs as it is, in order; the line marked exit 1 fails on purpose):
   pebble models                                   # built-in models
   pebble policies                                 # planners
   pebble describe --model conv3d:n=128            # per-node memory table
-  pebble plan --model conv3d:n=128 --policy baseline --budget 100% --json
-  pebble export --model mnist-cnn --format dot --output mnist.dot
-  pebble plan --graph g.json --policy baseline --budget 8GiB --schedule-out s.json
-  pebble simulate --graph g.json --schedule s.json
-  pebble compare --model resnet18:batch=8 --budgets 100%,80%,60%
-  pebble import resnet18.onnx --loss cross-entropy --output resnet18.json
-  pebble plan --graph forward.json --train --loss mse --policy rotor --budget 60%
+  pebble plan --model conv3d:n=128 --policy rotor --budget 90%
+  pebble plan --model resnet18:batch=8 --policy rotor --budget 60%   # exit 1: reaches 72% at least
+  pebble export --model mnist-cnn --format json --output mnist.json
+  pebble plan --graph mnist.json --budget min --schedule-out mnist-plan.json
+  pebble simulate --graph mnist.json --schedule mnist-plan.json
+  pebble compare --model resnet18:batch=8 --budgets 100%,80%,min
+  pebble run --model conv3d:n=64 --policy rotor --budget 90%
+  pebble fit --model conv3d --vary n --budget 256MiB
 
 Sizes: whole bytes or with units (512MiB, 8GiB, 2GB, 1.5e9; a fraction of a
 unit rounds down to whole bytes). Budgets also take a percentage of the
-baseline peak (60%) or 'min'. Every command takes --json and then prints one
+baseline peak (60%) or 'min'; a bare number under 1024 is refused as
+ambiguous. A plan that does not fit its budget fails plan and run (exit 1),
+naming the least peak the policy reaches. Every command takes --json and then prints one
 JSON document on stdout. Outputs never replace a file without --force, nor a
 file the command reads. Errors go to stderr with a non-zero exit code (1: bad
 input or failure, 2: bad command line, e.g. a malformed value).)";

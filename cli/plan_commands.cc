@@ -5,9 +5,15 @@
 #include <stdlib.h>  // mkdtemp
 #include <filesystem>
 #include <iostream>
+#include <mutex>
+#include <thread>
+#include <unistd.h>
+#include <optional>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "cli/common.h"
@@ -93,10 +99,10 @@ struct PlanFlags {
   }
 };
 
-std::string Seconds(double s) { return absl::StrFormat("%.6g", s); }
-
-// The human summary of a report, shared by plan and simulate.
-void PrintReport(const Graph& g, const Schedule& schedule, const PlanReport& r) {
+// The human summary of a report, shared by plan and simulate; times in
+// `unit`, the makespan said modelled or measured.
+void PrintReport(const Graph& g, const Schedule& schedule, const PlanReport& r,
+                 const CostUnit& unit) {
   std::string peak_at =
       r.peak_step < 0 ? "before the first step"
                       : absl::StrCat("at step ", r.peak_step, " (",
@@ -106,30 +112,31 @@ void PrintReport(const Graph& g, const Schedule& schedule, const PlanReport& r) 
                                r.peak_bytes, peak_at)
             << absl::StrFormat("  persistent      %s\n", FormatBytes(r.initial_bytes))
             << absl::StrFormat("  compute cost    %s (base %s, overhead %s, %d recomputations)\n",
-                               Seconds(r.compute_cost), Seconds(r.base_cost),
+                               unit.Amount(r.compute_cost), unit.Amount(r.base_cost),
                                OverheadPercent(r.overhead), r.recomputations)
             << (r.transfer_bytes > 0
                     ? absl::StrFormat(
                           "  transfers       %s (%d bytes), host peak %s, copy stream busy %s, "
                           "exposed transfer time %s\n",
                           FormatBytes(r.transfer_bytes), r.transfer_bytes,
-                          FormatBytes(r.host_peak_bytes), Seconds(r.copy_busy),
-                          Seconds(r.exposed_transfer_time))
+                          FormatBytes(r.host_peak_bytes), unit.Amount(r.copy_busy),
+                          unit.Amount(r.exposed_transfer_time))
                     : std::string("  transfers       none\n"))
             << absl::StrFormat("  makespan        %s (compute stream busy %s)\n",
-                               Seconds(r.makespan), Seconds(r.compute_busy))
+                               unit.Describe(r.makespan), unit.Amount(r.compute_busy))
             << absl::StrFormat("  steps           %d (%s)\n", r.num_steps,
                                r.one_shot ? "one-shot" : "multi-shot");
 }
 
-void PrintTimeline(const Graph& g, const Schedule& schedule, const PlanReport& r) {
+void PrintTimeline(const Graph& g, const Schedule& schedule, const PlanReport& r,
+                   const CostUnit& unit) {
   Table t({"step", "action", "node", "device", "during", "host", "start", "end"});
   for (size_t k = 0; k < schedule.steps.size(); ++k) {
     const StepRecord& s = r.timeline[k];
     t.AddRow({absl::StrCat(k), std::string(ActionName(schedule.steps[k].action)),
               g.id(schedule.steps[k].node), FormatBytes(s.device_bytes),
-              FormatBytes(s.peak_bytes), FormatBytes(s.host_bytes), Seconds(s.start),
-              Seconds(s.end)});
+              FormatBytes(s.peak_bytes), FormatBytes(s.host_bytes), unit.Amount(s.start),
+              unit.Amount(s.end)});
   }
   std::cout << "\n" << t.ToString();
 }
@@ -156,6 +163,13 @@ int RunPlan(const PlanFlags& f, bool timeline, bool with_layout, const std::stri
   auto outcome = PlanGraph(*graph, request);
   if (!outcome.ok()) return Fail(outcome.status());
   const PlanResult& result = outcome->result;
+  // A plan that does not fit fails the command (exit 1), naming the least
+  // peak the policy reaches (outcome->advice): the budget to try instead.
+  const std::string& advice = outcome->advice;
+  if (!result.feasible && !schedule_out.empty()) {
+    return Fail(absl::FailedPreconditionError(
+        absl::StrCat(advice, " (--schedule-out not written)")));
+  }
   if (!schedule_out.empty()) {
     absl::Status w =
         WriteOutput(schedule_out, ScheduleToJson(*graph, result.schedule).dump(2) + "\n", force);
@@ -167,7 +181,7 @@ int RunPlan(const PlanFlags& f, bool timeline, bool with_layout, const std::stri
       doc["workspace"] = WorkspaceStatsToJson(f.source.workspace_backend, workspace);
     }
     PrintJson(doc);
-    return 0;
+    return result.feasible ? 0 : Fail(absl::FailedPreconditionError(advice));
   }
   const bool is_min = outcome->budget_is_min;
   std::cout << absl::StrFormat(
@@ -179,7 +193,7 @@ int RunPlan(const PlanFlags& f, bool timeline, bool with_layout, const std::stri
     std::cout << "  workspace       "
               << WorkspaceStatsLine(f.source.workspace_backend, workspace) << "\n";
   }
-  PrintReport(*graph, result.schedule, result.report);
+  PrintReport(*graph, result.schedule, result.report, f.source.Costs());
   if (result.details.contains("tensors")) {
     const nlohmann::json& c = result.details["tensors"]["counts"];
     std::cout << absl::StrFormat(
@@ -192,7 +206,11 @@ int RunPlan(const PlanFlags& f, bool timeline, bool with_layout, const std::stri
                                FormatBytes(layout.arena_bytes), layout.arena_bytes,
                                100 * layout.fragmentation, layout.strategy)
             << absl::StrFormat("  plan time       %.3f s\n", outcome->plan_time_s);
-  if (timeline) PrintTimeline(*graph, result.schedule, result.report);
+  if (timeline) PrintTimeline(*graph, result.schedule, result.report, f.source.Costs());
+  if (!result.feasible) {
+    std::cout.flush();
+    return Fail(absl::FailedPreconditionError(advice));
+  }
   if (schedule_out.empty() && !timeline) {
     std::cout << "(--timeline shows every step; --schedule-out FILE writes the schedule; "
                  "--json prints both)\n";
@@ -220,8 +238,8 @@ int RunSimulate(const GraphSource& source, const std::string& schedule_path,
     return 0;
   }
   std::cout << "schedule " << schedule_path << " on " << source.Label() << ": valid\n";
-  PrintReport(*graph, *schedule, *report);
-  if (timeline) PrintTimeline(*graph, *schedule, *report);
+  PrintReport(*graph, *schedule, *report, source.Costs());
+  if (timeline) PrintTimeline(*graph, *schedule, *report, source.Costs());
   return 0;
 }
 
@@ -303,9 +321,139 @@ absl::Status WriteParetoPlot(const std::string& title, std::vector<ParetoPoint> 
   return WriteOutput(png_path, *picture, force);
 }
 
+// The policies `compare` runs without --policies: each plans a graph of a
+// few thousand nodes in seconds. --policies all adds the exact and MILP
+// searches (exact, exact-order, checkmate, checkmate-lp), which run to their
+// time limit on large graphs, and the one-shot orders that best-order
+// already takes the better of (dfs, greedy, tree) and articulation, revolve,
+// vdnn.
+constexpr char kFastComparePolicies[] = "baseline,best-order,sqrtn,chen-greedy,rotor,dtr,swap,hybrid";
+
+// One line on a terminal's stderr, redrawn as the plans of `compare` finish
+// ("compare: [#######.....] 21/40 plans, 12 s"); nothing when stderr is not
+// a terminal. Safe to call from several threads.
+class ProgressBar {
+ public:
+  ProgressBar(size_t total, bool enabled) : total_(total), enabled_(enabled) {}
+  ~ProgressBar() { Clear(); }
+  // Erases the line, before the command prints anything else.
+  void Clear() {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    if (drawn_) std::cerr << "\r\033[K" << std::flush;
+    drawn_ = false;
+  }
+  void Done() {
+    if (!enabled_) return;
+    const std::lock_guard<std::mutex> lock(mutex_);
+    ++done_;
+    constexpr size_t kWidth = 30;
+    const size_t filled = total_ > 0 ? kWidth * done_ / total_ : kWidth;
+    const double elapsed = std::chrono::duration<double>(
+        std::chrono::steady_clock::now() - start_).count();
+    std::cerr << absl::StrFormat("\rcompare: [%s%s] %d/%d plans, %.0f s", std::string(filled, '#'),
+                                 std::string(kWidth - filled, '.'), done_, total_, elapsed)
+              << std::flush;
+    drawn_ = true;
+  }
+
+ private:
+  const size_t total_;
+  const bool enabled_;
+  size_t done_ = 0;
+  bool drawn_ = false;
+  std::mutex mutex_;
+  const std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
+};
+
+// "compare: 8 policies x 5 budgets = 40 plans on 2 threads, at most 20 min
+// (each plan stops at --time-limit 60 s); most take far less".
+std::string CompareForecast(size_t policies, size_t budgets, int jobs, double time_limit_s) {
+  const size_t plans = policies * budgets;
+  const size_t threads =
+      jobs > 0 ? static_cast<size_t>(jobs)
+               : std::max<size_t>(1, std::thread::hardware_concurrency());
+  const size_t used = std::max<size_t>(1, std::min(plans, threads));  // threads with a plan
+  const size_t rounds = (plans + used - 1) / used;
+  return absl::StrFormat(
+      "compare: %d polic%s x %d budget%s = %d plan%s on %d thread%s, at most %s (each plan "
+      "stops at --time-limit %g s; most take far less)",
+      policies, policies == 1 ? "y" : "ies", budgets, budgets == 1 ? "" : "s", plans,
+      plans == 1 ? "" : "s", used, used == 1 ? "" : "s",
+      FormatSeconds(static_cast<double>(rounds) * time_limit_s), time_limit_s);
+}
+
+// The table of `compare`: every figure with --wide (and in CSV), else the
+// columns a person reads, within 100 columns.
+Table CompareTable(const Comparison& comparison, const CostUnit& unit, bool wide) {
+  const bool with_optimal = comparison.optimal_order_peak_bytes.value_or(0) > 0;
+  auto vs_optimal = [&](int64_t peak) {
+    return with_optimal ? absl::StrFormat("%.3f", static_cast<double>(peak) /
+                                                      *comparison.optimal_order_peak_bytes)
+                        : std::string();
+  };
+  Table table = wide ? Table({"policy", "budget", "budget_bytes", "fits", "peak_bytes", "peak",
+                              "vs_optimal", "overhead", "recomputations", "transfer_bytes",
+                              "host_peak_bytes", "makespan", "makespan_x", "exposed", "plan_ms",
+                              "note"})
+                     : Table(with_optimal
+                                 ? std::vector<std::string>{"policy", "budget", "fits", "peak",
+                                                            "vs_opt", "overhead", "recomp",
+                                                            "moved", "makespan", "x_base",
+                                                            "plan", "note"}
+                                 : std::vector<std::string>{"policy", "budget", "fits", "peak",
+                                                            "overhead", "recomp", "moved",
+                                                            "makespan", "x_base", "plan",
+                                                            "note"});
+  for (const CompareEntry& e : comparison.entries) {
+    const bool is_min = e.budget_bytes == kMinBudgetBytes;
+    std::vector<std::string> row;
+    if (!e.result.ok()) {
+      const std::string note(e.result.status().message());
+      row = wide ? std::vector<std::string>{e.policy, e.budget,
+                                            is_min ? "" : absl::StrCat(e.budget_bytes), "error"}
+                 : std::vector<std::string>{e.policy, e.budget, "error"};
+      row.resize(table.num_columns() - 1);
+      row[table.num_columns() - 2] = wide ? absl::StrFormat("%.1f", 1e3 * e.plan_time_s)
+                                          : FormatSeconds(e.plan_time_s);
+      row.push_back(note);
+      table.AddRow(std::move(row));
+      continue;
+    }
+    const PlanReport& r = e.result->report;
+    const std::string fits = e.result->feasible ? "yes" : "no";
+    // "peak 667 MiB exceeds the budget of ..." repeats fits=no: only --wide
+    // and CSV keep it.
+    const bool plain_over_budget = !e.result->feasible && absl::StartsWith(e.result->message, "peak ");
+    const std::string note =
+        e.result->feasible || (!wide && plain_over_budget) ? "" : e.result->message;
+    const double slowdown = MakespanOverBaseline(r);
+    if (wide) {
+      row = {e.policy, e.budget, is_min ? "" : absl::StrCat(e.budget_bytes), fits,
+             absl::StrCat(r.peak_bytes), FormatBytes(r.peak_bytes), vs_optimal(r.peak_bytes),
+             OverheadPercent(r.overhead), absl::StrCat(r.recomputations),
+             absl::StrCat(r.transfer_bytes), absl::StrCat(r.host_peak_bytes),
+             absl::StrFormat("%.6g", r.makespan), absl::StrFormat("%.3f", slowdown),
+             absl::StrFormat("%.6g", r.exposed_transfer_time),
+             absl::StrFormat("%.1f", 1e3 * e.plan_time_s), note};
+    } else {
+      row = {e.policy, e.budget, fits, FormatBytes(r.peak_bytes)};
+      if (with_optimal) row.push_back(vs_optimal(r.peak_bytes));
+      for (std::string cell :
+           {OverheadPercent(r.overhead), absl::StrCat(r.recomputations),
+            r.transfer_bytes > 0 ? FormatBytes(r.transfer_bytes) : std::string("-"),
+            unit.Amount(r.makespan), absl::StrFormat("%.3f", slowdown),
+            FormatSeconds(e.plan_time_s), note}) {
+        row.push_back(std::move(cell));
+      }
+    }
+    table.AddRow(std::move(row));
+  }
+  return table;
+}
+
 int RunCompare(const PlanFlags& f, const std::string& budgets_text,
                const std::string& policies_text, std::string format,
-               const std::string& plot_path, bool force, int jobs) {
+               const std::string& plot_path, bool force, int jobs, bool wide) {
   if (f.json) format = "json";
   // Before planning, which may take long: a refused --plot path fails now.
   if (absl::Status s = CheckOutputs({{plot_path, "--plot"}}, f.source.InputFiles(), force);
@@ -319,60 +467,59 @@ int RunCompare(const PlanFlags& f, const std::string& budgets_text,
   auto options = f.Options();
   if (!options.ok()) return Fail(options.status());
   request.options = *options;
+  // One progress bar instead of each planner's stage lines.
+  request.options.progress = nullptr;
   request.budgets = absl::StrSplit(budgets_text, ',', absl::SkipWhitespace());
   if (request.budgets.empty()) {
     return Fail(absl::InvalidArgumentError(
         absl::StrCat("--budgets ", Quote(budgets_text), " names no budget")));
   }
-  if (!policies_text.empty() && policies_text != "all") {
-    request.policies = absl::StrSplit(policies_text, ',', absl::SkipWhitespace());
+  if (policies_text != "all") {
+    for (absl::string_view name : absl::StrSplit(policies_text, ',', absl::SkipWhitespace())) {
+      request.policies.emplace_back(absl::StripAsciiWhitespace(name));
+    }
     if (request.policies.empty()) {
       return Fail(absl::InvalidArgumentError(
           absl::StrCat("--policies ", Quote(policies_text), " names no policy")));
     }
   }
+  const size_t num_policies =
+      request.policies.empty() ? PlannerRegistry::Global().List().size()
+                               : request.policies.size();
+  if (!f.quiet) {
+    std::cerr << "pebble: "
+              << CompareForecast(num_policies, request.budgets.size(), jobs, f.time_limit_s)
+              << "\n";
+  }
+  ProgressBar bar(num_policies * request.budgets.size(), !f.quiet && isatty(STDERR_FILENO));
+  request.on_entry = [&bar](const CompareEntry&) { bar.Done(); };
   auto comparison = Compare(*graph, request);
+  bar.Clear();
   if (!comparison.ok()) return Fail(comparison.status());
 
   std::vector<ParetoPoint> pareto;
-  Table table({"policy", "budget", "budget_bytes", "fits", "peak_bytes", "peak", "vs_optimal",
-               "overhead", "recomputations", "transfer_bytes", "host_peak_bytes", "makespan",
-               "makespan_x", "exposed", "plan_ms", "note"});
   for (const CompareEntry& e : comparison->entries) {
-    const bool is_min = e.budget_bytes == kMinBudgetBytes;
-    const std::string ms = absl::StrFormat("%.1f", 1e3 * e.plan_time_s);
-    if (!e.result.ok()) {
-      table.AddRow({e.policy, e.budget, is_min ? "" : absl::StrCat(e.budget_bytes), "error", "",
-                    "", "", "", "", "", "", "", "", "", ms,
-                    std::string(e.result.status().message())});
-      continue;
+    if (e.result.ok() && e.result->feasible) {
+      pareto.push_back({e.policy, e.result->report.peak_bytes,
+                        MakespanOverBaseline(e.result->report) - 1});
     }
-    const PlanReport& r = e.result->report;
-    std::string ratio;
-    if (comparison->optimal_order_peak_bytes.value_or(0) > 0) {
-      ratio = absl::StrFormat("%.3f", static_cast<double>(r.peak_bytes) /
-                                          static_cast<double>(*comparison->optimal_order_peak_bytes));
-    }
-    const double slowdown = MakespanOverBaseline(r);
-    if (e.result->feasible) pareto.push_back({e.policy, r.peak_bytes, slowdown - 1});
-    table.AddRow({e.policy, e.budget, is_min ? "" : absl::StrCat(e.budget_bytes),
-                  e.result->feasible ? "yes" : "no", absl::StrCat(r.peak_bytes),
-                  FormatBytes(r.peak_bytes), ratio, OverheadPercent(r.overhead),
-                  absl::StrCat(r.recomputations), absl::StrCat(r.transfer_bytes),
-                  absl::StrCat(r.host_peak_bytes), Seconds(r.makespan),
-                  absl::StrFormat("%.3f", slowdown), Seconds(r.exposed_transfer_time), ms,
-                  e.result->feasible ? "" : e.result->message});
   }
+  const CostUnit unit = f.source.Costs();
   if (format == "json") {
     PrintJson(CompareDocument(*graph, *comparison, f.source.Label()));
   } else if (format == "csv") {
-    std::cout << table.ToCsv();
+    std::cout << CompareTable(*comparison, unit, /*wide=*/true).ToCsv();
   } else {
     std::cout << "compare " << f.source.Label() << " (baseline peak "
               << FormatBytes(comparison->baseline_peak_bytes) << ")\n\n"
-              << table.ToString();
+              << CompareTable(*comparison, unit, wide).ToString(wide ? 0 : 100);
+    std::string basis = unit.prefix;  // "model at 10 TFLOP/s"
+    if (!unit.suffix.empty()) absl::StrAppend(&basis, basis.empty() ? "" : " ", unit.suffix);
+    std::cout << "\nmakespan: " << basis
+              << "; x_base: makespan over the baseline's; plan: time to plan.\n";
+    if (!wide) std::cout << "--wide shows every figure and whole notes.\n";
     if (comparison->optimal_order_peak_bytes) {
-      std::cout << "\nvs_optimal: peak over the minimal one-shot peak found by exact-order ("
+      std::cout << "vs_opt: peak over the minimal one-shot peak found by exact-order ("
                 << FormatBytes(*comparison->optimal_order_peak_bytes) << ").\n";
     }
   }
@@ -392,7 +539,9 @@ void AddPlanCommands(CLI::App& app, int& exit_code) {
   auto* plan = app.add_subcommand(
       "plan",
       "plan a graph under a policy and a memory budget; prints the simulator's figures\n"
-      "  e.g. pebble plan --model conv3d:n=128 --policy baseline --budget 100% --json");
+      "(exit 1 when the plan does not fit, naming the least peak the policy reaches)\n"
+      "  e.g. pebble plan --model conv3d:n=128 --policy baseline --budget 100% --json\n"
+      "       pebble plan --model resnet18:batch=8 --policy rotor --budget min --schedule-out rotor.json");
   plan_flags.AddOptions(plan, true);
   plan_flags.source.AddWorkspaceBackendOption(plan);
   plan->add_flag("--timeline", plan_timeline, "show (or put in the JSON) the per-step memory "
@@ -413,7 +562,8 @@ void AddPlanCommands(CLI::App& app, int& exit_code) {
   auto* sim = app.add_subcommand(
       "simulate",
       "validate a schedule file against a graph and report its peak, cost and makespan\n"
-      "  e.g. pebble simulate --graph g.json --schedule s.json --timeline");
+      "  e.g. pebble plan --graph examples/diamond.json --budget min --schedule-out diamond-plan.json\n"
+      "       pebble simulate --graph examples/diamond.json --schedule diamond-plan.json --timeline");
   sim_source.AddOptions(sim);
   sim_source.AddWorkspaceBackendOption(sim);
   sim->add_option("--schedule,-s", sim_schedule, "schedule file (pebble-schedule JSON)")
@@ -428,24 +578,29 @@ void AddPlanCommands(CLI::App& app, int& exit_code) {
   });
 
   static PlanFlags cmp_flags;
-  static std::string cmp_budgets = "100%,80%,60%,40%,min", cmp_policies = "all",
+  static std::string cmp_budgets = "100%,80%,60%,40%,min", cmp_policies = kFastComparePolicies,
                      cmp_format = "table", cmp_plot;
-  static bool cmp_force = false;
+  static bool cmp_force = false, cmp_wide = false;
   static int cmp_jobs = 0;
   auto* cmp = app.add_subcommand(
       "compare",
-      "every policy at every budget, as a table, CSV or JSON\n"
-      "  e.g. pebble compare --model resnet18:batch=8 --budgets 100%,60%,min --format csv");
+      "every policy (by default a fast set) at every budget, as a table, CSV or JSON\n"
+      "  e.g. pebble compare --model resnet18:batch=8 --budgets 100%,80%,min --format csv\n"
+      "       pebble compare --model linear:n=12 --policies all --budgets 100%,50%,min");
   cmp_flags.AddOptions(cmp, false);
   cmp_flags.source.AddWorkspaceBackendOption(cmp);
   cmp->add_option("--budgets", cmp_budgets, "comma-separated budgets")
       ->capture_default_str()
       ->check(BudgetList());
   cmp->add_option("--policies", cmp_policies,
-                  "comma-separated policies, or 'all' (every registered one); "
-                  "exec:PROGRAM runs a policy outside pebble (docs/library.md)")
+                  "comma-separated policies, or 'all' (every registered one, the exact and "
+                  "MILP searches included: slow on large graphs); exec:PROGRAM runs a policy "
+                  "outside pebble (docs/library.md). The default is the fast set")
       ->capture_default_str()
       ->check(PolicyList());
+  cmp->add_flag("--wide", cmp_wide,
+                "every figure in the table (bytes, host peak, exposed transfer time) and whole "
+                "notes; by default the table fits 100 columns");
   cmp->add_option("--format,-f", cmp_format, "table, csv or json")->capture_default_str()
       ->check(CLI::IsMember({"table", "csv", "json"}));
   cmp->add_option("--plot", cmp_plot,
@@ -460,7 +615,7 @@ void AddPlanCommands(CLI::App& app, int& exit_code) {
       ->check(IntegerIn(0, 4096));
   cmp->callback([&exit_code] {
     exit_code = RunCompare(cmp_flags, cmp_budgets, cmp_policies, cmp_format, cmp_plot, cmp_force,
-                           cmp_jobs);
+                           cmp_jobs, cmp_wide);
   });
 }
 

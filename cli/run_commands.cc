@@ -19,6 +19,7 @@
 #include "scheduler/budget.h"
 #include "scheduler/compose.h"
 #include "scheduler/memory_layout.h"
+#include "scheduler/plan_api.h"
 #include "scheduler/planner.h"
 #include "scheduler/simulator.h"
 
@@ -208,8 +209,9 @@ std::vector<PathFlag> RunInputs(const RunFlags& f, const Graph& graph) {
 // Checks every input and output path before anything runs: --inputs is a
 // directory whose .npy files all name persistent nodes
 // (CheckInputsDirectory); no two outputs are one file, none is a file the
-// run reads, none replaces a file unless forced (CheckOutputs). Creates the
-// --dump directory.
+// run reads, none replaces a file unless forced (CheckOutputs). Creates
+// nothing: the --dump directory is made once the step has run
+// (RunOutputFiles).
 absl::Status CheckRunPaths(const RunFlags& f, const Graph& graph) {
   namespace fs = std::filesystem;
   std::error_code ec;
@@ -224,21 +226,65 @@ absl::Status CheckRunPaths(const RunFlags& f, const Graph& graph) {
   }
   RETURN_IF_ERROR(CheckOutputs(RunOutputs(f, graph), RunInputs(f, graph), f.force,
                                {f.dump_dir}));
-  if (!f.dump_dir.empty()) {
-    if (fs::exists(f.dump_dir, ec) && !fs::is_directory(f.dump_dir, ec)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("--dump ", Quote(f.dump_dir), " is not a directory"));
-    }
-    fs::create_directories(f.dump_dir, ec);
-    if (ec) {
-      return absl::PermissionDeniedError(absl::StrCat(
-          "cannot create --dump directory ", Quote(f.dump_dir), ": ", ec.message()));
-    }
+  if (!f.dump_dir.empty() && fs::exists(f.dump_dir, ec) && !fs::is_directory(f.dump_dir, ec)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--dump ", Quote(f.dump_dir), " is not a directory"));
   }
   return absl::OkStatus();
 }
 
-std::string Seconds(double s) { return absl::StrFormat("%.4g s", s); }
+// The files a run creates, removed again (with the directories it made for
+// them) unless the run succeeds: a failed run leaves nothing behind. A file
+// it replaced (--force) keeps whatever was written into it.
+class RunOutputFiles {
+ public:
+  RunOutputFiles() = default;
+  RunOutputFiles(const RunOutputFiles&) = delete;
+  RunOutputFiles& operator=(const RunOutputFiles&) = delete;
+  ~RunOutputFiles() {
+    if (kept_) return;
+    std::error_code ec;
+    for (auto it = written_.rbegin(); it != written_.rend(); ++it) {
+      std::filesystem::remove(*it, ec);
+    }
+    for (auto it = made_.rbegin(); it != made_.rend(); ++it) std::filesystem::remove(*it, ec);
+  }
+
+  // Creates `dir` and the directories above it that are missing.
+  absl::Status MakeDirectory(const std::string& dir) {
+    namespace fs = std::filesystem;
+    std::vector<fs::path> missing;
+    std::error_code ec;
+    for (fs::path p = fs::absolute(dir, ec).lexically_normal(); !p.empty() && !fs::exists(p, ec);
+         p = p.parent_path()) {
+      missing.push_back(p);
+      if (p == p.parent_path()) break;
+    }
+    fs::create_directories(dir, ec);
+    if (ec) {
+      return absl::PermissionDeniedError(
+          absl::StrCat("cannot create --dump directory ", Quote(dir), ": ", ec.message()));
+    }
+    made_.insert(made_.end(), missing.rbegin(), missing.rend());
+    return absl::OkStatus();
+  }
+  // Records a file about to be written: one that is not there yet is
+  // removed again if the run fails (a file or device that was there, such
+  // as /dev/null, never is).
+  void Writing(const std::string& path) {
+    std::error_code ec;
+    if (!std::filesystem::exists(std::filesystem::symlink_status(path, ec))) {
+      written_.push_back(path);
+    }
+  }
+  // The run succeeded: keep everything.
+  void Keep() { kept_ = true; }
+
+ private:
+  std::vector<std::filesystem::path> made_;  // outermost first
+  std::vector<std::string> written_;
+  bool kept_ = false;
+};
 
 void PrintMemoryLog(const Graph& graph, const ExecutionResult& r) {
   Table t({"steps", "module", "phase", "delta", "total", "delta_bytes", "total_bytes"});
@@ -270,6 +316,26 @@ nlohmann::json MemoryLogToJson(const Graph& graph, const ExecutionResult& r) {
   return rows;
 }
 
+// Why `run` refuses a plan that does not fit, with the least peak the
+// policy reaches (a second plan at --budget min) and what to pass instead.
+absl::Status DoesNotFit(const RunFlags& f, const Graph& graph, const RunPlan& plan) {
+  std::string advice;  // what would fit
+  if (plan.policy != "schedule") {
+    RunFlags at_min = f;
+    at_min.budget = "min";
+    at_min.policy = plan.policy;
+    at_min.quiet = true;
+    auto least = MakeRunPlan(at_min, graph);
+    if (least.ok() && least->plan.report.peak_bytes > plan.budget_bytes) {
+      advice = LeastPeakAdvice(plan.policy, least->plan.report.peak_bytes, plan.baseline_peak);
+    }
+  }
+  if (advice.empty()) advice = plan.plan.message.empty() ? "over budget" : plan.plan.message;
+  return absl::FailedPreconditionError(absl::StrCat(
+      "the ", plan.policy, " plan does not fit ", FormatBytes(plan.budget_bytes), ": ", advice,
+      "; nothing was run (--over-budget runs it anyway)"));
+}
+
 int RunRun(const RunFlags& f) {
   auto graph = f.source.Load();
   if (!graph.ok()) return Fail(graph.status());
@@ -288,12 +354,7 @@ int RunRun(const RunFlags& f) {
     plan = MakeRunPlan(f, *graph);
   }
   if (!plan.ok()) return Fail(plan.status());
-  if (!plan->plan.feasible && !f.over_budget) {
-    return Fail(absl::FailedPreconditionError(absl::StrCat(
-        "the ", plan->policy, " plan does not fit the budget of ", FormatBytes(plan->budget_bytes),
-        " (", plan->plan.message.empty() ? "over budget" : plan->plan.message,
-        "); pass --over-budget to run it anyway")));
-  }
+  if (!plan->plan.feasible && !f.over_budget) return Fail(DoesNotFit(f, *graph, *plan));
   ExecutorOptions options;
   options.seed = f.seed;
   options.inputs_dir = f.inputs_dir;
@@ -307,21 +368,26 @@ int RunRun(const RunFlags& f) {
   }
   auto result = Execute(*graph, plan->plan.schedule, **backend, options);
   if (!result.ok()) return Fail(result.status());
+  RunOutputFiles files;
   if (!f.dump_dir.empty()) {
+    if (absl::Status s = files.MakeDirectory(f.dump_dir); !s.ok()) return Fail(s);
     for (const HostTensor& t : result->outputs) {
       const std::string path =
           (std::filesystem::path(f.dump_dir) / TensorFileName(graph->id(t.node))).string();
+      files.Writing(path);
       absl::Status s = WriteNpy(path, t.array);
       if (!s.ok()) return Fail(s);
     }
   }
   if (!f.trace_path.empty()) {
+    files.Writing(f.trace_path);
     absl::Status s = WriteOutput(f.trace_path, ChromeTrace(*graph, *result).dump(-1, ' ', false,
                                                 nlohmann::json::error_handler_t::replace) +
                                   "\n",
                                  /*force=*/true);
     if (!s.ok()) return Fail(s);
   }
+  files.Keep();
 
   const ExecutionResult& r = *result;
   if (f.json) {
@@ -396,11 +462,12 @@ int RunRun(const RunFlags& f) {
     std::cout << "  backend events  " << absl::StrJoin(counts, ", ") << "\n";
   }
   std::cout << absl::StrFormat(
-      "  time            %s (kernels %s, copies %s of which %s under compute, executor %s; "
-      "setup %s before); model makespan %s\n",
-      Seconds(r.time_s), Seconds(r.kernel_time_s), Seconds(r.copy_time_s),
-      Seconds(r.copy_overlap_s), Seconds(r.overhead_s), Seconds(r.setup_s),
-      Seconds(p.makespan));
+      "  time            measured %s (kernels %s, copies %s of which %s under compute, "
+      "executor %s; setup %s before)\n"
+      "  makespan        %s\n",
+      FormatSeconds(r.time_s), FormatSeconds(r.kernel_time_s), FormatSeconds(r.copy_time_s),
+      FormatSeconds(r.copy_overlap_s), FormatSeconds(r.overhead_s), FormatSeconds(r.setup_s),
+      f.source.Costs().Describe(p.makespan));
   std::cout << absl::StrFormat("  steps           %d (%d recomputations, %s transferred)\n",
                                r.steps.size(), p.recomputations, FormatBytes(p.transfer_bytes));
   std::cout << absl::StrFormat("  inputs          %d read from files, %d generated (seed %d)\n",
@@ -424,7 +491,7 @@ void AddRunCommands(CLI::App& app, int& exit_code) {
       "execute one training step under a plan on a backend; measured peak and time beside "
       "the predicted ones\n"
       "  e.g. pebble run --model conv3d:n=64 --policy baseline --budget 100% --backend cpu\n"
-      "       pebble run --model resnet18:batch=2,image=64 --budget 60% --dump out/ --trace t.json");
+      "       pebble run --model resnet18:batch=8,image=128 --budget 80% --dump out/ --trace t.json");
   flags.source.AddOptions(run);
   CLI::Option* policy =
       run->add_option("--policy,-p", flags.policy,

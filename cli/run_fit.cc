@@ -312,7 +312,7 @@ void AddFitCommand(CLI::App& app, int& exit_code) {
       "for each policy, the largest model parameter (n, batch) whose training step fits a "
       "budget\n"
       "  e.g. pebble fit --model conv3d --vary n --budget 2GiB\n"
-      "       pebble fit --model resnet18:image=64 --vary batch --budget 1GiB --policies "
+      "       pebble fit --model conv3d --vary n --budget 128MiB --policies "
       "baseline,rotor --verify");
   fit->add_option("--model,-m", flags.model, "model with fixed parameters, e.g. conv3d:batch=1")
       ->required()

@@ -103,18 +103,75 @@ install(FILES ${PROJECT_BINARY_DIR}/pebbleConfig.cmake
               ${PROJECT_BINARY_DIR}/pebbleConfigVersion.cmake
         DESTINATION ${PEBBLE_CMAKE_DIR})
 
+# pebble.pc's CUDA part (the CUDA backend was built). cudart and cuBLAS come
+# through the toolkit's own pkg-config files where it ships them (NVIDIA's
+# packages: <toolkit>/pkgconfig/cudart-X.Y.pc and cublas-X.Y.pc): their
+# names go in `requires_var`, and pebble.pc's variable cuda_pcdir says where
+# they are (PKG_CONFIG_PATH must hold it). A toolkit without them (pip's
+# nvidia-* wheels, some tarballs) gets -lcublas -lcudart under the variable
+# cuda_libdir, the directory the build linked them from. cuDNN ships no .pc:
+# -lcudnn under cudnn_libdir. `pkg-config --define-variable=NAME=DIR`
+# moves either directory.
+function(pebble_pc_cuda requires_var libs_var variables_var)
+  get_filename_component(cudart_dir "${CUDA_cudart_LIBRARY}" DIRECTORY)
+  get_filename_component(cublas_dir "${CUDA_cublas_LIBRARY}" DIRECTORY)
+  get_filename_component(cudnn_dir "${PEBBLE_CUDNN_LIBRARY}" DIRECTORY)
+  # <root>/lib64 or <root>/lib, <root>/targets/<arch>/lib, or a system
+  # libdir with its pkgconfig/ below.
+  set(pc_version "")
+  foreach(dir IN ITEMS "${PEBBLE_CUDA_ROOT}/pkgconfig" "${PEBBLE_CUDA_ROOT}/../../pkgconfig"
+                       "${cudart_dir}/pkgconfig")
+    file(GLOB cudart_pcs "${dir}/cudart-*.pc")
+    foreach(pc IN LISTS cudart_pcs)
+      string(REGEX REPLACE "^.*/cudart-(.*)\\.pc$" "\\1" version "${pc}")
+      if(pc_version STREQUAL "" AND EXISTS "${dir}/cublas-${version}.pc")
+        set(pc_version "${version}")
+        get_filename_component(pc_dir "${dir}" ABSOLUTE)
+      endif()
+    endforeach()
+  endforeach()
+  set(variables "cudnn_libdir=${cudnn_dir}\n")
+  set(libs "")
+  if(pc_version STREQUAL "")
+    string(APPEND variables "cuda_libdir=${cudart_dir}\n")
+    string(APPEND libs "-L\${cuda_libdir} -lcublas -lcudart")
+    if(NOT cublas_dir STREQUAL cudart_dir)
+      string(APPEND variables "cublas_libdir=${cublas_dir}\n")
+      set(libs "-L\${cublas_libdir} ${libs}")
+    endif()
+    set(requires "")
+    message(STATUS "pebble: pebble.pc links CUDA from ${cudart_dir} (the toolkit has no "
+                   "cudart-X.Y.pc)")
+  else()
+    string(APPEND variables "cuda_pcdir=${pc_dir}\n")
+    set(requires "cudart-${pc_version} cublas-${pc_version}")
+    message(STATUS "pebble: pebble.pc requires ${requires} (${pc_dir})")
+  endif()
+  string(APPEND libs " -L\${cudnn_libdir} -lcudnn")
+  set(${requires_var} "${requires}" PARENT_SCOPE)
+  set(${libs_var} "${libs}" PARENT_SCOPE)
+  set(${variables_var} "${variables}" PARENT_SCOPE)
+endfunction()
+
 # pebble.pc: the same libraries for a Makefile or Meson project. pkg-config
 # cannot follow CMake targets, so the Libs line lists the libraries in link
-# order and Requires the dependencies that ship a .pc file.
+# order and Requires the dependencies that ship a .pc file. The libraries
+# are static: what they need goes in Requires and Libs, not in the
+# .private fields (which only `pkg-config --static` reads).
 set(pc_libs "-lpebble_scheduler -lpebble_import -lpebble_graph")
 set(pc_requires "cbc")
+set(pc_variables "")
+set(pc_cflags "")
 if(TARGET pebble_runtime)
   set(pc_runtime "-lpebble_backends")
   if(TARGET pebble_runtime_cuda)
-    string(APPEND pc_runtime " -lpebble_runtime_cuda -lpebble_cuda_kernels"
-           " ${CUDA_cublas_LIBRARY} ${CUDA_cudart_LIBRARY} ${PEBBLE_CUDNN_LIBRARY}")
+    pebble_pc_cuda(pc_cuda_requires pc_cuda_libs pc_variables)
+    string(APPEND pc_requires " ${pc_cuda_requires}")
+    string(APPEND pc_runtime " -lpebble_runtime_cuda -lpebble_cuda_kernels ${pc_cuda_libs}")
+    set(pc_cflags " -DPEBBLE_HAVE_CUDA_BACKEND=1")  # as pebble::runtime_cuda defines it
   endif()
   set(pc_libs "${pc_runtime} -lpebble_runtime ${pc_libs} -ldnnl -fopenmp")
 endif()
+string(STRIP "${pc_requires}" pc_requires)
 configure_file(${PROJECT_SOURCE_DIR}/cmake/pebble.pc.in ${PROJECT_BINARY_DIR}/pebble.pc @ONLY)
 install(FILES ${PROJECT_BINARY_DIR}/pebble.pc DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig)

@@ -132,6 +132,20 @@ size_t EditDistance(absl::string_view a, absl::string_view b) {
 
 }  // namespace
 
+std::string NearestName(absl::string_view name, absl::Span<const std::string> known,
+                        size_t max_distance) {
+  std::string nearest;
+  size_t best = max_distance + 1;
+  for (const std::string& k : known) {
+    const size_t d = EditDistance(name, k);
+    if (d < best) {
+      best = d;
+      nearest = k;
+    }
+  }
+  return nearest;
+}
+
 absl::Status CheckJsonKeys(const nlohmann::json& object, absl::Span<const absl::string_view> known,
                            absl::string_view where) {
   if (!object.is_object()) return absl::OkStatus();
@@ -139,15 +153,10 @@ absl::Status CheckJsonKeys(const nlohmann::json& object, absl::Span<const absl::
     const std::string& key = it.key();
     if (!key.empty() && key[0] == '_') continue;
     if (std::find(known.begin(), known.end(), key) != known.end()) continue;
-    std::string hint;
-    size_t best = 3;  // suggest only within edit distance 2
-    for (absl::string_view k : known) {
-      const size_t d = EditDistance(key, k);
-      if (d < best) {
-        best = d;
-        hint = absl::StrCat(" (did you mean '", k, "'?)");
-      }
-    }
+    const std::string nearest =
+        NearestName(key, std::vector<std::string>(known.begin(), known.end()));
+    const std::string hint =
+        nearest.empty() ? std::string() : absl::StrCat(" (did you mean '", nearest, "'?)");
     return absl::InvalidArgumentError(absl::StrCat(where, ": unknown key ", Quote(key), hint));
   }
   return absl::OkStatus();

@@ -48,6 +48,13 @@ std::string Quote(absl::string_view s);
 // and on a value that overflows a double.
 bool ParseDecimal(absl::string_view text, double* value);
 
+// The name of `known` closest to `name` in edit distance (insertions,
+// deletions and substitutions of one character each), when that distance is
+// at most `max_distance`; the first such name on a tie. Empty when none is
+// that close. For "did you mean" hints.
+std::string NearestName(absl::string_view name, absl::Span<const std::string> known,
+                        size_t max_distance = 2);
+
 // OK when every key of `object` is in `known` or starts with '_' (free-form
 // annotations such as "_comment"); else InvalidArgument "where: unknown key
 // 'x'", suggesting the closest known key within edit distance 2. Keys are

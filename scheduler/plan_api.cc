@@ -2,9 +2,11 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "graph/status.h"
 #include "oneapi/tbb/parallel_for.h"
 #include "oneapi/tbb/task_arena.h"
@@ -70,11 +72,37 @@ absl::StatusOr<PlanOutcome> PlanGraph(const Graph& graph, const PlanRequest& req
   out.budget_bytes = options.budget_bytes == kMinBudgetBytes ? out.result.report.peak_bytes
                                                              : options.budget_bytes;
   ASSIGN_OR_RETURN(out.layout, PlanMemoryLayout(graph, out.result.schedule));
+  if (!out.result.feasible && !out.budget_is_min) {
+    options.budget_bytes = kMinBudgetBytes;
+    options.progress = nullptr;
+    // Within the time limit where the first plan left time, else a tenth of
+    // it: the whole call keeps within 1.1 times the limit.
+    options.time_limit_s = std::max(0.1 * options.time_limit_s,
+                                    options.time_limit_s - out.plan_time_s);
+    ASSIGN_OR_RETURN(PlanResult least, planner->Plan(graph, options));
+    out.least_peak_bytes = least.report.peak_bytes;
+    out.advice = absl::StrCat(
+        "the plan does not fit ", FormatBytes(out.budget_bytes), ": ",
+        *out.least_peak_bytes > out.budget_bytes
+            ? LeastPeakAdvice(out.policy, *out.least_peak_bytes, out.baseline_peak_bytes)
+            : out.result.message);  // not the device budget: the host budget, say
+  }
   return out;
 }
 
-nlohmann::json PlanReportJson(const Graph& graph, const PlanOutcome& outcome,
-                              bool with_timeline) {
+std::string LeastPeakAdvice(absl::string_view policy, int64_t least_peak_bytes,
+                            int64_t baseline_peak_bytes) {
+  const double percent =
+      baseline_peak_bytes > 0
+          ? std::ceil(100.0 * static_cast<double>(least_peak_bytes) /
+                      static_cast<double>(baseline_peak_bytes))
+          : 100.0;
+  return absl::StrFormat("%s reaches %s (%g%%) at least: try --budget %g%% or --budget min",
+                         policy, FormatBytes(least_peak_bytes), percent, percent);
+}
+
+nlohmann::json PlanDocumentReport(const Graph& graph, const PlanOutcome& outcome,
+                                  bool with_timeline) {
   nlohmann::json report =
       ReportToJson(outcome.result.report, graph, outcome.result.schedule, with_timeline);
   report["arena_bytes"] = outcome.layout.arena_bytes;
@@ -87,7 +115,7 @@ nlohmann::json PlanDocument(const Graph& graph, const PlanOutcome& outcome,
                             bool with_instances) {
   nlohmann::json layout = outcome.layout.ToJson(graph);
   if (!with_instances) layout.erase("instances");
-  return {
+  nlohmann::json doc = {
       {"graph", label},
       {"policy", outcome.policy},
       {"budget", outcome.budget},
@@ -98,10 +126,15 @@ nlohmann::json PlanDocument(const Graph& graph, const PlanOutcome& outcome,
       {"message", outcome.result.message},
       {"plan_time_s", outcome.plan_time_s},
       {"details", outcome.result.details},
-      {"report", PlanReportJson(graph, outcome, with_timeline)},
+      {"report", PlanDocumentReport(graph, outcome, with_timeline)},
       {"layout", layout},
       {"schedule", ScheduleToJson(graph, outcome.result.schedule)},
   };
+  if (outcome.least_peak_bytes) {
+    doc["least_peak_bytes"] = *outcome.least_peak_bytes;
+    doc["advice"] = outcome.advice;
+  }
+  return doc;
 }
 
 absl::StatusOr<Comparison> Compare(const Graph& graph, const CompareRequest& request) {
@@ -134,6 +167,7 @@ absl::StatusOr<Comparison> Compare(const Graph& graph, const CompareRequest& req
     e.result = planner.ok() ? (*planner)->Plan(graph, o)
                             : absl::StatusOr<PlanResult>(planner.status());
     e.plan_time_s = SecondsSince(start);
+    if (request.on_entry) request.on_entry(e);
   });
   for (const CompareEntry& e : c.entries) {
     if (e.policy == "exact-order" && e.result.ok()) {

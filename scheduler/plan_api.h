@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "graph/graph.h"
 #include "graph/models/models.h"
 #include "nlohmann/json.hpp"
@@ -22,7 +23,7 @@ namespace pebble {
 // ---- plan
 
 struct PlanRequest {
-  // A registered policy, or exec:PROGRAM (scheduler/exec_policy.h). Empty:
+  // A registered policy, or exec:PROGRAM (scheduler/external_policy.h). Empty:
   // DefaultPolicy (best-order when the baseline fits the budget, else
   // hybrid).
   std::string policy;
@@ -44,25 +45,45 @@ struct PlanOutcome {
   double plan_time_s = 0;
   PlanResult result;
   MemoryLayout layout;  // the arena layout of result.schedule
+  // Where the plan does not fit a budget other than "min": the peak the
+  // policy reaches at "min" (a second plan), and what to do about it
+  // (DoesNotFitAdvice). Empty otherwise.
+  std::optional<int64_t> least_peak_bytes;
+  std::string advice;
 };
 
+// "rotor reaches 167 MiB (72%) at least: try --budget 72% or --budget min":
+// the least peak a policy reaches, in bytes and as a percentage of the
+// baseline peak, rounded up so that the budget it suggests admits that peak.
+std::string LeastPeakAdvice(absl::string_view policy, int64_t least_peak_bytes,
+                            int64_t baseline_peak_bytes);
+
 // Resolves the budget against the graph's baseline peak, plans, simulates
-// (the result's report) and lays the schedule out in an arena. Errors: a
-// malformed budget, an unknown policy, a graph the policy cannot take.
+// (the result's report) and lays the schedule out in an arena; where the
+// plan does not fit, plans again at "min" for least_peak_bytes and advice.
+// Errors: a malformed budget, an unknown policy, a graph the policy cannot
+// take.
 absl::StatusOr<PlanOutcome> PlanGraph(const Graph& graph, const PlanRequest& request);
 
-// The report of `plan --json`: the simulator's figures (ReportToJson, with
-// the per-step timeline when asked) plus arena_bytes and fragmentation.
-nlohmann::json PlanReportJson(const Graph& graph, const PlanOutcome& outcome,
-                              bool with_timeline);
-// The whole `plan --json` document; `label` names the graph (a model spec
-// or a file path). `with_instances`: every tensor's arena offset in
-// "layout".
+// The whole `plan --json` document: graph (`label`: a model spec or a file
+// path), policy, budget, budget_bytes, baseline_peak_bytes,
+// bandwidth_bytes_per_s, feasible, message, least_peak_bytes and advice
+// (where the plan does not fit), plan_time_s, details, report
+// (PlanDocumentReport), layout (with every tensor's arena offset in
+// "instances" when `with_instances`) and schedule.
 nlohmann::json PlanDocument(const Graph& graph, const PlanOutcome& outcome,
                             const std::string& label, bool with_timeline,
                             bool with_instances);
+// The document's "report" member alone: the simulator's figures
+// (ReportToJson, with the per-step timeline when asked) plus arena_bytes and
+// fragmentation. Whether the plan fits is not in it: that is the document's
+// "feasible" (outcome.result.feasible).
+nlohmann::json PlanDocumentReport(const Graph& graph, const PlanOutcome& outcome,
+                                  bool with_timeline);
 
 // ---- compare
+
+struct CompareEntry;
 
 struct CompareRequest {
   // Policy names (registered or exec:PROGRAM); empty: every registered one.
@@ -76,6 +97,9 @@ struct CompareRequest {
   // cut by --time-limit) may reach less when they share the cores, and
   // plan_time_s is each plan's wall-clock time under that sharing.
   int jobs = 0;
+  // Called after each plan (policy, budget) is made, on the thread that
+  // made it, so concurrently when jobs != 1: for progress displays.
+  std::function<void(const CompareEntry&)> on_entry;
 };
 
 struct CompareEntry {

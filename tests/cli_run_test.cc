@@ -15,6 +15,7 @@
 
 namespace {
 
+using ::testing::ContainsRegex;
 using ::testing::HasSubstr;
 namespace fs = std::filesystem;
 
@@ -201,10 +202,17 @@ TEST(CliRunTest, InputsAreReadFromTheDirectory) {
 
 TEST(CliRunTest, InfeasiblePlanIsRefusedUnlessForced) {
   if (!Conv3dRuns()) GTEST_SKIP() << "conv3d does not run on the CPU backend yet";
-  Result r = Pebble("run --model conv3d:n=8 --policy baseline --budget 50%");
+  const fs::path dir = fs::path(::testing::TempDir()) / "infeasible_run";
+  fs::remove_all(dir);
+  Result r = Pebble("run --model conv3d:n=8 --policy rotor --budget 50% --dump " +
+                    (dir / "out").string() + " --trace " + (dir / "t.json").string());
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_THAT(r.err, HasSubstr("does not fit"));
+  EXPECT_THAT(r.err, ContainsRegex("rotor reaches .* \\([0-9]+%\\) at least: try --budget "
+                                   "[0-9]+% or --budget min"));
   EXPECT_THAT(r.err, HasSubstr("--over-budget"));
+  // A run that fails leaves nothing behind: no --dump directory, no trace.
+  EXPECT_FALSE(fs::exists(dir)) << dir;
   Result forced =
       Pebble("run --model conv3d:n=8 --policy baseline --budget 50% --over-budget --json");
   ASSERT_EQ(forced.exit_code, 0) << forced.err;
@@ -291,7 +299,7 @@ TEST(CliFitTest, LargestValuePerPolicyAndNaiveEstimate) {
   // n is the largest: n + 1 does not fit.
   Result over = Pebble("plan --model conv3d:n=" + std::to_string(n + 1) +
                        " --policy baseline --budget 64MiB --json");
-  ASSERT_EQ(over.exit_code, 0);
+  ASSERT_EQ(over.exit_code, 1) << over.err;
   EXPECT_EQ(ParseOrFail(over.out)["feasible"], false);
   // Recomputation fits at least as much.
   EXPECT_GE(j["results"][1]["value"].get<int64_t>(), n);

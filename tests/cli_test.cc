@@ -5,6 +5,9 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <regex>
+#include <set>
+#include <string>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -13,7 +16,9 @@
 
 namespace {
 
+using ::testing::ContainsRegex;
 using ::testing::HasSubstr;
+using ::testing::Not;
 namespace fs = std::filesystem;
 
 using Result = ::pebble::testing::CliResult;
@@ -61,12 +66,43 @@ TEST(CliTest, PlanConv3dBaselineJsonFollowsTheSpec) {
   EXPECT_GT(j["schedule"]["steps"].size(), 10u);
 }
 
+// A plan that does not fit exits 1, with the document still printed, and
+// names the least peak the policy reaches and a budget that admits it: that
+// budget then fits.
 TEST(CliTest, InfeasibleBudgetIsReported) {
   Result r = Pebble("plan --model conv3d:n=16 --policy baseline --budget 50% --json");
-  ASSERT_EQ(r.exit_code, 0) << r.err;
+  ASSERT_EQ(r.exit_code, 1) << r.err;
   nlohmann::json j = ParseOrFail(r.out);
   EXPECT_EQ(j["feasible"], false);
   EXPECT_THAT(j["message"].get<std::string>(), HasSubstr("exceeds the budget"));
+  EXPECT_EQ(j["least_peak_bytes"], j["baseline_peak_bytes"]);  // baseline cannot go lower
+  EXPECT_THAT(j["advice"].get<std::string>(), HasSubstr("try --budget 100% or --budget min"));
+  EXPECT_THAT(r.err, HasSubstr(j["advice"].get<std::string>()));
+  for (const std::string model :
+       {"conv3d:n=16", "resnet18:batch=2,image=32", "transformer:layers=2,seq=32,dim=64"}) {
+    for (const std::string policy : {"rotor", "dtr", "hybrid"}) {
+      SCOPED_TRACE(model + " " + policy);
+      Result human = Pebble("plan --model " + model + " --policy " + policy + " --budget 20%");
+      ASSERT_EQ(human.exit_code, 1) << human.err;
+      EXPECT_THAT(human.out, HasSubstr("DOES NOT FIT"));
+      std::smatch m;
+      const std::regex advice(policy + " reaches [^(]+ \\(([0-9]+)%\\) at least: try --budget "
+                              "([0-9]+)% or --budget min");
+      ASSERT_TRUE(std::regex_search(human.err, m, advice)) << human.err;
+      EXPECT_EQ(m[1], m[2]);
+      Result suggested = Pebble("plan --model " + model + " --policy " + policy + " --budget " +
+                                m[2].str() + "% --json");
+      EXPECT_EQ(suggested.exit_code, 0) << suggested.err;
+      EXPECT_EQ(ParseOrFail(suggested.out)["feasible"], true);
+    }
+  }
+  // Nothing written where the plan does not fit.
+  const fs::path out = fs::path(::testing::TempDir()) / "infeasible_schedule.json";
+  fs::remove(out);
+  EXPECT_EQ(Pebble("plan --model conv3d:n=16 --policy baseline --budget 50% --schedule-out " +
+                   out.string()).exit_code,
+            1);
+  EXPECT_FALSE(fs::exists(out));
 }
 
 TEST(CliTest, PlannedScheduleSimulatesToTheSameReport) {
@@ -269,6 +305,98 @@ TEST(CliTest, BandwidthPresetsAndOffloadReport) {
   ASSERT_EQ(cmp.exit_code, 0) << cmp.err;
   EXPECT_THAT(cmp.out, HasSubstr("exposed"));
   EXPECT_EQ(std::count(cmp.out.begin(), cmp.out.end(), '\n'), 7);
+}
+
+// The longest line of `text`, in characters (ASCII output).
+size_t Widest(const std::string& text) {
+  size_t widest = 0, start = 0;
+  for (size_t end = text.find('\n'); end != std::string::npos;
+       start = end + 1, end = text.find('\n', start)) {
+    widest = std::max(widest, end - start);
+  }
+  return std::max(widest, text.size() - start);
+}
+
+TEST(CliTest, UnknownOptionsAndCommandsNameTheNearest) {
+  Result flag = Pebble("plan --model conv3d:n=8 --polcy rotor");
+  EXPECT_EQ(flag.exit_code, 2);
+  EXPECT_THAT(flag.err, HasSubstr("unknown option '--polcy' (did you mean '--policy'?)"));
+  Result wrong_command_flag = Pebble("compare --model conv3d:n=8 --budget 60%");
+  EXPECT_EQ(wrong_command_flag.exit_code, 2);
+  EXPECT_THAT(wrong_command_flag.err,
+              HasSubstr("unknown option '--budget' (did you mean '--budgets'?)"));
+  Result far = Pebble("plan --model conv3d:n=8 --zzzzzzzz");
+  EXPECT_EQ(far.exit_code, 2);
+  EXPECT_THAT(far.err, HasSubstr("unknown option '--zzzzzzzz'"));
+  EXPECT_THAT(far.err, Not(HasSubstr("did you mean")));
+  Result command = Pebble("plna --model conv3d:n=8");
+  EXPECT_EQ(command.exit_code, 2);
+  EXPECT_THAT(command.err, HasSubstr("unknown command 'plna' (did you mean 'plan'?)"));
+}
+
+TEST(CliTest, BareNumberBudgetsAreRefusedWithTheReadingsTheyMayMean) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"plan --model conv3d:n=8 --budget 70", "--budget 70: did you mean 70% or 70B?"},
+      {"plan --model conv3d:n=8 --budget 0.6", "--budget 0.6: did you mean 60% or 0.6GiB?"},
+      {"compare --model conv3d:n=8 --budgets 100%,70", "did you mean 70% or 70B?"},
+      {"fit --model conv3d --vary n --budget 2", "--budget 2: did you mean 2MiB or 2GiB?"},
+  };
+  for (const auto& [args, message] : cases) {
+    Result r = Pebble(args);
+    EXPECT_EQ(r.exit_code, 2) << args;
+    EXPECT_THAT(r.err, HasSubstr(message)) << args;
+  }
+  // With a unit, or as large a number of bytes as a budget is, they plan.
+  for (const std::string budget : {"70B", "70%", "4000000"}) {
+    EXPECT_NE(Pebble("plan --model conv3d:n=8 --budget " + budget).exit_code, 2) << budget;
+  }
+}
+
+TEST(CliTest, TimesCarryUnitsAndSayWhetherModelled) {
+  Result model = Pebble("plan --model conv3d:n=16 --policy rotor --budget 90%");
+  ASSERT_EQ(model.exit_code, 0) << model.err;
+  EXPECT_THAT(model.out, ContainsRegex("makespan +model [0-9.]+ (us|ms|s) at 10 TFLOP/s"));
+  EXPECT_THAT(model.out, ContainsRegex("compute cost +[0-9.]+ (us|ms|s) "));
+  Result slower = Pebble("plan --model conv3d:n=16 --throughput 1e9");
+  EXPECT_THAT(slower.out, HasSubstr("at 0.001 TFLOP/s"));
+  Result pebbling = Pebble("plan --model linear:n=6 --budget min");
+  ASSERT_EQ(pebbling.exit_code, 0) << pebbling.err;
+  EXPECT_THAT(pebbling.out, ContainsRegex("makespan +pebbling [0-9.]+ units"));
+}
+
+TEST(CliTest, CompareFitsOneHundredColumnsAndForecastsItsTime) {
+  Result r = Pebble("compare --model resnet18:batch=2,image=32 --budgets 100%,70%,min");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_LE(Widest(r.out), 100u) << r.out;
+  // The default fast set: no exact or MILP search.
+  for (const char* policy : {"rotor", "dtr", "hybrid", "sqrtn"}) {
+    EXPECT_THAT(r.out, HasSubstr(policy));
+  }
+  EXPECT_THAT(r.out, Not(HasSubstr("checkmate")));
+  EXPECT_THAT(r.err, ContainsRegex("8 policies x 3 budgets = 24 plans on [0-9]+ threads?, at "
+                                   "most [0-9.]+ (s|min|h)"));
+  Result wide = Pebble("compare --model resnet18:batch=2,image=32 --budgets 70% --wide --quiet");
+  ASSERT_EQ(wide.exit_code, 0) << wide.err;
+  EXPECT_GT(Widest(wide.out), 100u);
+  EXPECT_THAT(wide.out, HasSubstr("host_peak_bytes"));
+  EXPECT_TRUE(wide.err.empty()) << wide.err;  // --quiet: no forecast
+  Result all = Pebble("compare --model linear:n=8 --policies all --budgets min --quiet --json");
+  ASSERT_EQ(all.exit_code, 0) << all.err;
+  std::set<std::string> policies;
+  const nlohmann::json doc = ParseOrFail(all.out);
+  for (const auto& row : doc["results"]) policies.insert(row["policy"].get<std::string>());
+  EXPECT_TRUE(policies.count("checkmate") && policies.count("exact"));
+  // Piped stderr: no progress bar (carriage returns).
+  EXPECT_EQ(r.err.find('\r'), std::string::npos);
+}
+
+TEST(CliTest, ListingsFitOneHundredColumns) {
+  for (const std::string command : {"models", "policies"}) {
+    Result r = Pebble(command);
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_LE(Widest(r.out), 100u) << r.out;
+  }
+  EXPECT_THAT(Pebble("models").out, HasSubstr("n=64 batch=1"));
 }
 
 }  // namespace

@@ -10,8 +10,8 @@ starts with `build/bin/pebble` or `/usr/bin/python3 examples/` is run, in
 order, in a scratch directory where `build/bin/pebble` is the binary under
 test and `examples/` the source tree's, so that each runs as written and
 files written by one line are there for the next. A line whose comment says
-`# fails:` must fail (exit 1 or 2, one `pebble:` line); every other line must
-exit 0.
+`# exit 1` (or `# fails:`) must fail (exit 1 or 2, one `pebble:` line);
+every other line must exit 0.
 
 Each command runs under a cap on its address space (RLIMIT_AS) and a time
 limit; its peak resident memory (the kernel's ru_maxrss) must stay within the
@@ -206,7 +206,8 @@ def main():
     failures = []
     print(f"{'where':<16} {'exit':>4} {'time':>8} {'peak RSS':>10} {'bound':>10}  command")
     for where, words, comment in lines:
-        expect_failure = comment.startswith("fails:")
+        # "# exit 1: ..." (tests/docs/doc_commands.py's marker) or "# fails: ...".
+        expect_failure = comment.startswith("fails:") or re.match(r"exit [12]\b", comment)
         is_pebble = words[0] == "build/bin/pebble"
         nodes = graph_nodes(a.pebble, words, a.workdir) if is_pebble else 0
         own = BASE_BYTES + PER_NODE_BYTES * nodes if is_pebble else PYTHON_BYTES

@@ -1,4 +1,4 @@
-// Plans a zoo model with a policy and a budget and prints the report of
+// Plans a zoo model with a policy and a budget and prints the document of
 // `pebble plan --json`: consumer MODEL POLICY BUDGET.
 #include <iostream>
 
@@ -22,6 +22,8 @@ int main(int argc, char** argv) {
     std::cerr << plan.status().message() << "\n";
     return 1;
   }
-  std::cout << pebble::PlanReportJson(*graph, *plan, false).dump() << "\n";
+  const nlohmann::json document = pebble::PlanDocument(
+      *graph, *plan, /*label=*/argv[1], /*with_timeline=*/false, /*with_instances=*/false);
+  std::cout << document.dump() << "\n";
   return 0;
 }

@@ -78,11 +78,15 @@ def log(*args):
     print(*args, flush=True)
 
 
-def run_pebble(pebble, args, what):
-    """Runs pebble with `args`; returns stdout. Failure on a non-zero exit."""
+def run_pebble(pebble, args, what, infeasible_ok=False):
+    """Runs pebble with `args`; returns stdout. Failure on a non-zero exit,
+    but for `plan --json` of a plan that does not fit (exit 1, its document
+    with "feasible": false) where `infeasible_ok`."""
     cmd = [pebble] + args
     proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                           universal_newlines=True)
+    if proc.returncode == 1 and infeasible_ok and '"feasible": false' in proc.stdout:
+        return proc.stdout
     if proc.returncode != 0:
         how = ("killed by signal %d" % -proc.returncode if proc.returncode < 0
                else "exit %d" % proc.returncode)
@@ -92,8 +96,8 @@ def run_pebble(pebble, args, what):
     return proc.stdout
 
 
-def pebble_json(pebble, args, what):
-    out = run_pebble(pebble, args + ["--json"], what)
+def pebble_json(pebble, args, what, infeasible_ok=False):
+    out = run_pebble(pebble, args + ["--json"], what, infeasible_ok)
     try:
         return json.loads(out)
     except ValueError as e:
@@ -292,7 +296,8 @@ def pick_budget(pebble, spec, policy, kind, budget, extra):
         budget = "100%"
     plan_args = ["plan", "--model", spec, "--policy", policy] + extra
     plan = pebble_json(pebble, plan_args + ["--budget", budget],
-                       "pebble plan --policy %s --budget %s" % (policy, budget))
+                       "pebble plan --policy %s --budget %s" % (policy, budget),
+                       infeasible_ok=True)
     if not plan.get("feasible", False):
         log("note: %s cannot meet --budget %s (%s); running it at --budget min"
             % (policy, budget, plan.get("message", "infeasible")))

@@ -616,7 +616,8 @@ def pick_budget(pebble, graph, policy, kind, budget):
     plan_args = ["plan", "--graph", graph, "--policy", policy]
     plan = cc.pebble_json(pebble, plan_args + ["--budget", budget],
                           "pebble plan --policy %s --budget %s" % (policy,
-                                                                   budget))
+                                                                   budget),
+                          infeasible_ok=True)
     if not plan.get("feasible", False):
         log("note: %s cannot meet --budget %s (%s); running it at --budget min"
             % (policy, budget, plan.get("message", "infeasible")))
