@@ -152,6 +152,12 @@ std::string CostUnit::Describe(double cost) const {
   return text;
 }
 
+std::string CostUnit::Basis() const {
+  std::string text = prefix;
+  if (!suffix.empty()) absl::StrAppend(&text, text.empty() ? "" : " ", suffix);
+  return text;
+}
+
 CostUnit GraphSource::Costs() const {
   CostUnit unit;
   if (!profile.empty()) {

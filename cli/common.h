@@ -34,6 +34,8 @@ struct CostUnit {
   std::string Amount(double cost) const;
   // The amount with its prefix and suffix.
   std::string Describe(double cost) const;
+  // The prefix and suffix alone, for a legend: "model at 10 TFLOP/s".
+  std::string Basis() const;
 };
 
 // --model / --graph and the cost model, shared by every command that reads

@@ -166,6 +166,7 @@ int RunDescribe(const GraphSource& source, bool json) {
                                      "inputs"};
   if (g.has_aliases()) header.push_back("alias of");
   Table table(header);
+  const CostUnit unit = source.Costs();
   for (NodeId v = 0; v < g.num_nodes(); ++v) {
     std::vector<std::string> inputs;
     for (NodeId u : g.inputs(v)) inputs.push_back(g.id(u));
@@ -175,7 +176,7 @@ int RunDescribe(const GraphSource& source, bool json) {
         g.id(v) + (g.is_output(v) ? " *" : ""), g.op(v), std::string(RoleName(g.role(v))),
         g.shape(v).has_value() ? ShapeToString(*g.shape(v)) : "",
         g.dtype(v).has_value() ? std::string(DTypeName(*g.dtype(v))) : "",
-        FormatBytes(g.bytes(v)), absl::StrFormat("%.4g", g.cost(v)), in};
+        FormatBytes(g.bytes(v)), unit.Amount(g.cost(v)), in};
     if (g.has_aliases()) row.push_back(g.is_alias(v) ? g.id(g.alias_of(v)) : "");
     table.AddRow(row);
   }
@@ -186,6 +187,7 @@ int RunDescribe(const GraphSource& source, bool json) {
                                    g.num_aliases() == 1 ? " view shares its" : " views share their",
                                    " base's memory, counted once")
                     : std::string())
+            << "; cost: " << unit.Basis()
             << ")\n\n"
             << table.ToString() << "\n";
   Table summary({"memory", "bytes", "human"});

@@ -513,9 +513,7 @@ int RunCompare(const PlanFlags& f, const std::string& budgets_text,
     std::cout << "compare " << f.source.Label() << " (baseline peak "
               << FormatBytes(comparison->baseline_peak_bytes) << ")\n\n"
               << CompareTable(*comparison, unit, wide).ToString(wide ? 0 : 100);
-    std::string basis = unit.prefix;  // "model at 10 TFLOP/s"
-    if (!unit.suffix.empty()) absl::StrAppend(&basis, basis.empty() ? "" : " ", unit.suffix);
-    std::cout << "\nmakespan: " << basis
+    std::cout << "\nmakespan: " << unit.Basis()
               << "; x_base: makespan over the baseline's; plan: time to plan.\n";
     if (!wide) std::cout << "--wide shows every figure and whole notes.\n";
     if (comparison->optimal_order_peak_bytes) {
