@@ -327,7 +327,8 @@ absl::Status DoesNotFit(const RunFlags& f, const Graph& graph, const RunPlan& pl
     at_min.quiet = true;
     auto least = MakeRunPlan(at_min, graph);
     if (least.ok() && least->plan.report.peak_bytes > plan.budget_bytes) {
-      advice = LeastPeakAdvice(plan.policy, least->plan.report.peak_bytes, plan.baseline_peak);
+      advice = LeastPeakAdvice(plan.policy, least->plan.report.peak_bytes, plan.baseline_peak,
+                               EndStateBytes(graph));
     }
   }
   if (advice.empty()) advice = plan.plan.message.empty() ? "over budget" : plan.plan.message;

@@ -72,6 +72,8 @@ absl::StatusOr<PlanOutcome> PlanGraph(const Graph& graph, const PlanRequest& req
   out.budget_bytes = options.budget_bytes == kMinBudgetBytes ? out.result.report.peak_bytes
                                                              : options.budget_bytes;
   ASSIGN_OR_RETURN(out.layout, PlanMemoryLayout(graph, out.result.schedule));
+  out.parameter_bytes = ParameterBytes(graph);
+  out.end_state_bytes = EndStateBytes(graph);
   if (!out.result.feasible && !out.budget_is_min) {
     options.budget_bytes = kMinBudgetBytes;
     options.progress = nullptr;
@@ -84,21 +86,50 @@ absl::StatusOr<PlanOutcome> PlanGraph(const Graph& graph, const PlanRequest& req
     out.advice = absl::StrCat(
         "the plan does not fit ", FormatBytes(out.budget_bytes), ": ",
         *out.least_peak_bytes > out.budget_bytes
-            ? LeastPeakAdvice(out.policy, *out.least_peak_bytes, out.baseline_peak_bytes)
+            ? LeastPeakAdvice(out.policy, *out.least_peak_bytes, out.baseline_peak_bytes,
+                              out.end_state_bytes)
             : out.result.message);  // not the device budget: the host budget, say
   }
   return out;
 }
 
+int64_t ParameterBytes(const Graph& graph) {
+  int64_t bytes = 0;
+  for (NodeId v = 0; v < graph.num_nodes(); ++v) {
+    if (graph.role(v) == Role::kParameter && !graph.is_alias(v)) bytes += graph.bytes(v);
+  }
+  return bytes;
+}
+
+int64_t EndStateBytes(const Graph& graph) {
+  std::vector<bool> counted(graph.num_nodes(), false);
+  int64_t bytes = graph.persistent_bytes();
+  for (NodeId v : graph.outputs()) {
+    const NodeId s = graph.storage(v);
+    if (graph.persistent(s) || counted[s]) continue;
+    counted[s] = true;
+    bytes += graph.bytes(s);
+  }
+  return bytes;
+}
+
 std::string LeastPeakAdvice(absl::string_view policy, int64_t least_peak_bytes,
-                            int64_t baseline_peak_bytes) {
+                            int64_t baseline_peak_bytes, int64_t end_state_bytes) {
   const double percent =
       baseline_peak_bytes > 0
           ? std::ceil(100.0 * static_cast<double>(least_peak_bytes) /
                       static_cast<double>(baseline_peak_bytes))
           : 100.0;
-  return absl::StrFormat("%s reaches %s (%g%%) at least: try --budget %g%% or --budget min",
-                         policy, FormatBytes(least_peak_bytes), percent, percent);
+  // Where the end state is most of the peak, the budget is out of any
+  // policy's reach: say so.
+  const std::string floor =
+      end_state_bytes > 0 && 2 * end_state_bytes >= least_peak_bytes
+          ? absl::StrCat(" (", FormatBytes(end_state_bytes),
+                         " of it are the persistent tensors and outputs, such as parameters and "
+                         "their gradients, that every plan keeps)")
+          : std::string();
+  return absl::StrFormat("%s reaches %s (%g%%) at least: try --budget %g%% or --budget min%s",
+                         policy, FormatBytes(least_peak_bytes), percent, percent, floor);
 }
 
 nlohmann::json PlanDocumentReport(const Graph& graph, const PlanOutcome& outcome,
@@ -121,6 +152,8 @@ nlohmann::json PlanDocument(const Graph& graph, const PlanOutcome& outcome,
       {"budget", outcome.budget},
       {"budget_bytes", outcome.budget_bytes},
       {"baseline_peak_bytes", outcome.baseline_peak_bytes},
+      {"parameter_bytes", outcome.parameter_bytes},
+      {"end_state_bytes", outcome.end_state_bytes},
       {"bandwidth_bytes_per_s", outcome.bandwidth_bytes_per_s},
       {"feasible", outcome.result.feasible},
       {"message", outcome.result.message},

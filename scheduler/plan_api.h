@@ -45,18 +45,32 @@ struct PlanOutcome {
   double plan_time_s = 0;
   PlanResult result;
   MemoryLayout layout;  // the arena layout of result.schedule
+  // The parameters' own bytes, and what every plan holds when it ends
+  // (EndStateBytes): figures that show why a budget cannot be met.
+  int64_t parameter_bytes = 0;
+  int64_t end_state_bytes = 0;
   // Where the plan does not fit a budget other than "min": the peak the
   // policy reaches at "min" (a second plan), and what to do about it
-  // (DoesNotFitAdvice). Empty otherwise.
+  // (LeastPeakAdvice). Empty otherwise.
   std::optional<int64_t> least_peak_bytes;
   std::string advice;
 };
 
+// Bytes of the graph's parameters (Role::kParameter).
+int64_t ParameterBytes(const Graph& graph);
+// What every schedule holds when it ends: the persistent tensors and the
+// outputs (each storage once). For a training graph: parameters, buffers,
+// the batch, the loss and the parameter gradients. No plan's peak is lower.
+int64_t EndStateBytes(const Graph& graph);
+
 // "rotor reaches 167 MiB (72%) at least: try --budget 72% or --budget min":
 // the least peak a policy reaches, in bytes and as a percentage of the
 // baseline peak, rounded up so that the budget it suggests admits that peak.
+// Where `end_state_bytes` (EndStateBytes) is half the least peak or more, it
+// adds that most of the peak is what every plan keeps ("(89.2 MiB of it are
+// the persistent tensors and outputs, ...)").
 std::string LeastPeakAdvice(absl::string_view policy, int64_t least_peak_bytes,
-                            int64_t baseline_peak_bytes);
+                            int64_t baseline_peak_bytes, int64_t end_state_bytes = 0);
 
 // Resolves the budget against the graph's baseline peak, plans, simulates
 // (the result's report) and lays the schedule out in an arena; where the
@@ -66,8 +80,8 @@ std::string LeastPeakAdvice(absl::string_view policy, int64_t least_peak_bytes,
 absl::StatusOr<PlanOutcome> PlanGraph(const Graph& graph, const PlanRequest& request);
 
 // The whole `plan --json` document: graph (`label`: a model spec or a file
-// path), policy, budget, budget_bytes, baseline_peak_bytes,
-// bandwidth_bytes_per_s, feasible, message, least_peak_bytes and advice
+// path), policy, budget, budget_bytes, baseline_peak_bytes, parameter_bytes,
+// end_state_bytes, bandwidth_bytes_per_s, feasible, message, least_peak_bytes and advice
 // (where the plan does not fit), plan_time_s, details, report
 // (PlanDocumentReport), layout (with every tensor's arena offset in
 // "instances" when `with_instances`) and schedule.

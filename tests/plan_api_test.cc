@@ -3,6 +3,7 @@
 #include <string>
 
 #include "gtest/gtest.h"
+#include "graph/models/models.h"
 #include "scheduler/plan_api.h"
 
 namespace pebble {
@@ -51,4 +52,49 @@ TEST(PlanDocumentTest, InstancesAndTimelineOnlyWhenAsked) {
 }
 
 }  // namespace
+// The floor figures: parameters alone, and what every plan keeps at its end
+// (persistent tensors and outputs), which no plan's peak goes below. Where
+// the plan does not fit, the least peak is that of the policy at "min", and
+// the advice names it and a budget that admits it.
+TEST(PlanDocumentTest, FloorFiguresAndTheLeastPeakWhereThePlanDoesNotFit) {
+  const Graph graph = *BuildModel("resnet18:batch=2,image=32");
+  int64_t parameters = 0, persistent = 0, gradients = 0, loss = 0;
+  for (NodeId v = 0; v < graph.num_nodes(); ++v) {
+    if (graph.role(v) == Role::kParameter) parameters += graph.bytes(v);
+    if (graph.persistent(v)) persistent += graph.bytes(v);
+  }
+  for (NodeId v : graph.outputs()) {
+    (graph.role(v) == Role::kBackward ? gradients : loss) += graph.bytes(v);
+  }
+  EXPECT_EQ(ParameterBytes(graph), parameters);
+  EXPECT_EQ(gradients, parameters);  // every parameter gets a gradient
+  EXPECT_EQ(EndStateBytes(graph), persistent + gradients + loss);
+
+  PlanRequest request;
+  request.policy = "rotor";
+  request.budget = "min";
+  const absl::StatusOr<PlanOutcome> least = PlanGraph(graph, request);
+  ASSERT_TRUE(least.ok()) << least.status();
+  EXPECT_FALSE(least->least_peak_bytes.has_value());  // a plan at min fits
+  EXPECT_GE(least->result.report.peak_bytes, EndStateBytes(graph));
+  request.budget = "10%";
+  const absl::StatusOr<PlanOutcome> tight = PlanGraph(graph, request);
+  ASSERT_TRUE(tight.ok()) << tight.status();
+  ASSERT_FALSE(tight->result.feasible);
+  EXPECT_EQ(tight->least_peak_bytes, least->result.report.peak_bytes);
+  EXPECT_NE(tight->advice.find("rotor reaches"), std::string::npos) << tight->advice;
+  const nlohmann::json doc = PlanDocument(graph, *tight, "g", false, false);
+  EXPECT_EQ(doc["least_peak_bytes"], least->result.report.peak_bytes);
+  EXPECT_EQ(doc["parameter_bytes"], parameters);
+  EXPECT_EQ(doc["advice"], tight->advice);
+}
+
+TEST(PlanDocumentTest, LeastPeakAdviceRoundsUpAndNamesTheFloorWhereItDominates) {
+  EXPECT_EQ(LeastPeakAdvice("rotor", 720, 1000),
+            "rotor reaches 720 B (72%) at least: try --budget 72% or --budget min");
+  EXPECT_EQ(LeastPeakAdvice("dtr", 721, 1000, 100),
+            "dtr reaches 721 B (73%) at least: try --budget 73% or --budget min");
+  EXPECT_NE(LeastPeakAdvice("dtr", 721, 1000, 400).find("400 B of it are"), std::string::npos);
+}
+
 }  // namespace pebble
