@@ -429,9 +429,9 @@ CLI::Validator PositiveBytes(absl::StatusOr<int64_t> (*parse)(absl::string_view)
 
 // A budget given as a bare number below 1024 ("70", "0.6") is refused: it
 // reads as a percentage or a fraction, not as a handful of bytes. Larger
-// bare numbers stay bytes ("8589934592", "1.5e9"), as SPEC section 5 has
-// them. `percent_allowed`: whether to suggest a percentage (fit's budget
-// takes bytes only).
+// bare numbers stay bytes ("8589934592", "1.5e9"), as the command line's
+// contract has them (docs/cli.md). `percent_allowed`: whether to suggest a
+// percentage (fit's budget takes bytes only).
 absl::Status CheckBudgetHasUnit(absl::string_view text, bool percent_allowed) {
   const absl::string_view t = absl::StripAsciiWhitespace(text);
   double value = 0;
@@ -587,7 +587,7 @@ std::vector<std::string> OptionSpellings(const CLI::App* cmd) {
   return names;
 }
 
-// "unexpected argument '--polcy' (did you mean '--policy'?)" for the first
+// "unknown option '--polcy' (did you mean '--policy'?)" for the first
 // argument `cmd` did not take that looks like an option; empty when none
 // does or none is near.
 std::string UnknownOptionHint(const CLI::App* cmd) {

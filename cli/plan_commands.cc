@@ -8,7 +8,6 @@
 #include <mutex>
 #include <thread>
 #include <unistd.h>
-#include <optional>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -327,7 +326,8 @@ absl::Status WriteParetoPlot(const std::string& title, std::vector<ParetoPoint> 
 // time limit on large graphs, and the one-shot orders that best-order
 // already takes the better of (dfs, greedy, tree) and articulation, revolve,
 // vdnn.
-constexpr char kFastComparePolicies[] = "baseline,best-order,sqrtn,chen-greedy,rotor,dtr,swap,hybrid";
+constexpr char kFastComparePolicies[] =
+    "baseline,best-order,sqrtn,chen-greedy,rotor,dtr,swap,hybrid";
 
 // One line on a terminal's stderr, redrawn as the plans of `compare` finish
 // ("compare: [#######.....] 21/40 plans, 12 s"); nothing when stderr is not
@@ -423,7 +423,8 @@ Table CompareTable(const Comparison& comparison, const CostUnit& unit, bool wide
     const std::string fits = e.result->feasible ? "yes" : "no";
     // "peak 667 MiB exceeds the budget of ..." repeats fits=no: only --wide
     // and CSV keep it.
-    const bool plain_over_budget = !e.result->feasible && absl::StartsWith(e.result->message, "peak ");
+    const bool plain_over_budget =
+        !e.result->feasible && absl::StartsWith(e.result->message, "peak ");
     const std::string note =
         e.result->feasible || (!wide && plain_over_budget) ? "" : e.result->message;
     const double slowdown = MakespanOverBaseline(r);
@@ -539,7 +540,7 @@ void AddPlanCommands(CLI::App& app, int& exit_code) {
       "plan a graph under a policy and a memory budget; prints the simulator's figures\n"
       "(exit 1 when the plan does not fit, naming the least peak the policy reaches)\n"
       "  e.g. pebble plan --model conv3d:n=128 --policy baseline --budget 100% --json\n"
-      "       pebble plan --model resnet18:batch=8 --policy rotor --budget min --schedule-out rotor.json");
+      "       pebble plan --model resnet18:batch=8 --policy rotor --budget min --schedule-out r.json");
   plan_flags.AddOptions(plan, true);
   plan_flags.source.AddWorkspaceBackendOption(plan);
   plan->add_flag("--timeline", plan_timeline, "show (or put in the JSON) the per-step memory "
@@ -560,8 +561,8 @@ void AddPlanCommands(CLI::App& app, int& exit_code) {
   auto* sim = app.add_subcommand(
       "simulate",
       "validate a schedule file against a graph and report its peak, cost and makespan\n"
-      "  e.g. pebble plan --graph examples/diamond.json --budget min --schedule-out diamond-plan.json\n"
-      "       pebble simulate --graph examples/diamond.json --schedule diamond-plan.json --timeline");
+      "  e.g. pebble plan --graph examples/diamond.json --budget min --schedule-out d.json\n"
+      "       pebble simulate --graph examples/diamond.json --schedule d.json --timeline");
   sim_source.AddOptions(sim);
   sim_source.AddWorkspaceBackendOption(sim);
   sim->add_option("--schedule,-s", sim_schedule, "schedule file (pebble-schedule JSON)")

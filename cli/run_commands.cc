@@ -492,7 +492,8 @@ void AddRunCommands(CLI::App& app, int& exit_code) {
       "execute one training step under a plan on a backend; measured peak and time beside "
       "the predicted ones\n"
       "  e.g. pebble run --model conv3d:n=64 --policy baseline --budget 100% --backend cpu\n"
-      "       pebble run --model resnet18:batch=8,image=128 --budget 80% --dump out/ --trace t.json");
+      "       pebble run --model resnet18:batch=8,image=128 --budget 80% --dump out/ "
+      "--trace t.json");
   flags.source.AddOptions(run);
   CLI::Option* policy =
       run->add_option("--policy,-p", flags.policy,
