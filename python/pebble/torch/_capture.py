@@ -1,23 +1,29 @@
 """Capture: a module's whole training step as one graph of ATen operators.
 
 PyTorch traces its own step: the module's forward, the user's loss and
-autograd's backward (torch.autograd.grad), with make_fx, then a second time
-through functionalization, so that the graph has no hidden mutation (the
-two-pass scheme of functorch's AOTAutograd). The result is a
-torch.fx.GraphModule whose inputs are the step's persistent tensors (Slot)
-and whose outputs are the loss and the gradients; _graph.py turns it into a
-pebble graph.
+autograd's backward (torch.autograd.grad), with make_fx. The graph must have
+no hidden mutation: where its in-place calls are simple (an activation's
+relu_, a residual add_, a batch-norm counter's add_: see _made_functional),
+they are replaced here by their functional variants; otherwise the graph is
+traced a second time through functionalization (the two-pass scheme of
+functorch's AOTAutograd; the second pass costs as much as the first). The
+result is a torch.fx.GraphModule whose inputs are the step's persistent
+tensors (Slot) and whose outputs are the loss and the gradients; _graph.py
+turns it into a pebble graph.
 
 Tracing runs on fake tensors where PyTorch can (nothing is computed or
 allocated), else on real ones: then the generator's state and the buffers are
-put back as they were.
+put back as they were. A fake trace records each node's fake value, which
+_graph.py reads (shapes, and which storage a view shares); a real one is run
+again over fake tensors for them (propagate).
 """
 
 import contextlib
+import operator
 
 import torch
 
-from ._compat import functional_call, functionalize, make_fx
+from ._compat import FakeTensor, functional_call, functionalize, make_fx, storage_key
 
 
 class CaptureError(ValueError):
@@ -127,6 +133,8 @@ class Traced:
         self.grad_slots = grad_slots
         self.mode = mode  # "fake" or "real": how it was traced
         self.example = example  # the slots' tensors it was traced with (buffers copied)
+        self.values = None  # fx node -> fake value, where the trace recorded them all
+        self.passes = 2  # make_fx traces: 1 where in-place calls were made functional here
 
 
 def _step_function(model, loss_fn, slots, grad_found):
@@ -183,11 +191,14 @@ def _rng_kept(device):
             torch.cuda.set_rng_state(cuda, device)
 
 
-def trace(model, loss_fn, inputs, target, device, mode=None):
+def trace(model, loss_fn, inputs, target, device, mode=None, one_pass=True):
     """Traced step of `model` on `inputs` and `target`.
 
     mode: "fake" (no computation), "real", or None: fake where PyTorch can
-    trace fake tensors through the step, else real."""
+    trace fake tensors through the step, else real. one_pass: where the
+    first trace's in-place calls are simple (see _made_functional), make
+    them functional here rather than tracing again through functionalize
+    (the same graph, at half the time); False always traces twice."""
     slots = module_slots(model)
     slots += [Slot("input", index=k) for k in range(len(inputs))]
     slots.append(Slot("target"))
@@ -212,11 +223,18 @@ def trace(model, loss_fn, inputs, target, device, mode=None):
                 step = _step_function(model, loss_fn, slots, grad_found)
                 first = make_fx(step, tracing_mode=m)(*flat)
                 stack.close()
-
-                def rerun(*args):
-                    return torch.fx.Interpreter(first).run(*args)
-
-                gm = make_fx(functionalize(rerun), tracing_mode=m)(*flat)
+                done = None
+                if one_pass and m == "fake":
+                    try:
+                        done = _made_functional(first, slots)
+                    except Exception:  # noqa: BLE001 (a value it could not make)
+                        # The graph may be half rewritten: traced again, and twice.
+                        first = make_fx(step, tracing_mode=m)(*flat)
+                if done is None:
+                    gm = make_fx(functionalize(first), tracing_mode=m)(*flat)
+                    values = traced_values(gm) if m == "fake" else None
+                else:
+                    gm, values = done
         except CaptureError:
             stack.close()
             raise
@@ -226,10 +244,198 @@ def trace(model, loss_fn, inputs, target, device, mode=None):
             failure = (where, e)
             continue
         _remove_unused_calls(gm)
-        return Traced(gm, slots, list(grad_found), m, flat)
+        traced = Traced(gm, slots, list(grad_found), m, flat)
+        traced.values = values
+        traced.passes = 1 if done is not None else 2
+        return traced
     where, e = failure
     raise CaptureError(f"{where} cannot be traced by PyTorch (make_fx): "
                        f"{type(e).__name__}: {_first_line(e)}") from e
+
+
+# --- values recorded by the trace ----------------------------------------------------
+
+def traced_values(gm):
+    """fx node -> its fake value as make_fx recorded it (node.meta["val"]);
+    a call of several outputs -> the tuple of its getitem nodes' values
+    (make_fx makes one for each output). None where a value is missing:
+    then propagate() runs the graph. Call before unused getitems are
+    removed."""
+    values, parts = {}, {}
+    fake_mode = None
+    for n in gm.graph.nodes:
+        v = n.meta.get("val")
+        if isinstance(v, FakeTensor):
+            values[n] = v
+            fake_mode = fake_mode or v.fake_mode
+        if n.op == "call_function" and n.target is operator.getitem:
+            if v is None and n.users:
+                return None
+            # An output that is no tensor (None: convolution_backward's
+            # bias gradient without a bias) has no value; nothing reads it.
+            parts.setdefault(n.args[0], {})[n.args[1]] = v
+    if fake_mode is None:
+        return None
+    for n in gm.graph.nodes:
+        if n in values or n.op == "output" or \
+                (n.op == "call_function" and n.target is operator.getitem):
+            continue
+        if n.op == "get_attr":  # a constant: fake_mode's converter keeps one per tensor
+            values[n] = fake_mode.from_tensor(getattr(gm, n.target))
+        elif n.op == "call_function" and n in parts:
+            got = parts[n]
+            if sorted(got) != list(range(len(got))) or \
+                    len(got) < _returns(n.target, len(got)):
+                return None
+            values[n] = tuple(got[k] for k in range(len(got)))
+        else:
+            return None
+    return values
+
+
+def _returns(target, default):
+    """How many values a call returns (a list's length is not in its schema)."""
+    schema = getattr(target, "_schema", None)
+    if schema is None or any(str(r.type).endswith("[]") for r in schema.returns):
+        return default
+    return len(schema.returns)
+
+
+def _fake_call(n, values, fake_mode):
+    """n's call run on its arguments' fake values: its value, made anew."""
+    args = torch.fx.node.map_arg(n.args, values.__getitem__)
+    kwargs = torch.fx.node.map_arg(n.kwargs, values.__getitem__)
+    with fake_mode:
+        return n.target(*args, **kwargs)
+
+
+# --- in-place calls made functional in the first trace --------------------------------
+
+def _functional_variant(target):
+    """aten.add.Tensor for aten.add_.Tensor: the same arguments, none
+    written, a fresh result; None where there is none."""
+    packet = getattr(target, "overloadpacket", None)
+    name = getattr(packet, "__name__", "")
+    if getattr(target, "namespace", None) != "aten" or not name.endswith("_") or \
+            name.startswith("_"):
+        return None
+    try:
+        variant = getattr(getattr(torch.ops.aten, name[:-1]), target._overloadname)
+    except (AttributeError, RuntimeError):
+        return None
+    ours, theirs = variant._schema, target._schema
+    if [a.name for a in ours.arguments] != [a.name for a in theirs.arguments] or \
+            any(a.alias_info is not None for a in ours.arguments) or \
+            len(ours.returns) != 1 or ours.returns[0].alias_info is not None:
+        return None
+    return variant
+
+
+def _made_functional(gm, slots):
+    """(gm, values) with each in-place call of the first trace replaced by its
+    functional variant, as functionalize would (a later reader of the
+    tensor reads the variant's result; a buffer written in place gets a
+    final copy_ of its new value), or None where a case is not simple:
+    functionalize then traces the graph again.
+
+    Simple: a call writes only its first argument (`self`), and what shares
+    that tensor's storage is the tensor and the calls that write it, but for
+    views made after the last write (they then view the last result). An
+    in-place call without a functional variant (bernoulli_.float) stays
+    where it writes a fresh tensor nothing else reads, as functionalize
+    leaves it. Values are make_fx's, the variants' and the later views'
+    made anew on fake tensors."""
+    from ._graph import _written_args  # noqa: PLC0415 (_graph imports this module)
+    values = traced_values(gm)
+    if values is None:
+        return None
+    graph = gm.graph
+    nodes = list(graph.nodes)
+    position = {n: k for k, n in enumerate(nodes)}
+    writes = [n for n in nodes if n.op == "call_function" and _written_args(n.target)]
+    if not writes:
+        return gm, values
+    # node -> storage key of its value (a call of several outputs: its
+    # getitem nodes stand for it)
+    storage = {n: storage_key(v) for n, v in values.items() if isinstance(v, torch.Tensor)}
+    written = {}   # storage key -> [the tensor, then each call writing it]
+    variants = {}  # in-place call -> its functional variant, or None: stays
+    for n in writes:
+        names = _written_args(n.target)
+        self_name = n.target._schema.arguments[0].name
+        x = n.args[0] if n.args else n.kwargs.get(self_name)
+        if names != [self_name] or not isinstance(x, torch.fx.Node) or \
+                x.op not in ("placeholder", "call_function") or \
+                x not in storage or storage.get(n) != storage[x]:
+            return None
+        chain = written.setdefault(storage[x], [x])
+        if x not in chain:  # writes through a view: functionalize's work
+            return None
+        chain.append(n)
+        variants[n] = _functional_variant(n.target)
+        if variants[n] is None and not (len(chain) == 2 and x.op == "call_function" and
+                                        x.target is not operator.getitem and
+                                        len(x.users) == 1):
+            return None
+    last_write = {key: position[chain[-1]] for key, chain in written.items()}
+    first_of = {key: position[chain[0]] for key, chain in written.items()}
+    later_views = []
+    for n, key in storage.items():
+        if key not in written or n in written[key]:
+            continue
+        if position[n] < last_write[key] or position[n] < first_of[key] or \
+                n.op != "call_function":
+            return None  # an alias before the last write (or a base of the tensor)
+        later_views.append(n)
+    placeholders = {n: slot for n, slot in zip([n for n in nodes if n.op == "placeholder"],
+                                                 slots)}
+    for key, chain in written.items():
+        slot = placeholders.get(chain[0])
+        if chain[0].op == "placeholder" and (slot is None or slot.kind != "buffer"):
+            return None  # a parameter or an input written: functionalize's error
+    fake_mode = next(v.fake_mode for v in values.values() if isinstance(v, FakeTensor))
+
+    holder = {key: chain[0] for key, chain in written.items()}  # the tensor's value now
+    same = {n: key for key, chain in written.items() for n in chain}
+
+    def now(a):
+        return holder[same[a]] if a in same else a
+
+    renew = set(later_views)
+    for view in later_views:  # a getitem's values come from its call
+        if view.op == "call_function" and view.target is operator.getitem:
+            renew.add(view.args[0])
+    for n in nodes:
+        if n.op not in ("call_function", "output"):
+            continue
+        n.args = torch.fx.node.map_arg(n.args, now)
+        n.kwargs = torch.fx.node.map_arg(n.kwargs, now)
+        if n in variants:
+            key = same[n]
+            if variants[n] is None:
+                holder[key] = n
+                continue
+            with graph.inserting_before(n):
+                made = graph.call_function(variants[n], n.args, n.kwargs)
+            values[made] = _fake_call(made, values, fake_mode)
+            holder[key] = made
+        elif n in renew:
+            if n.op == "call_function" and n.target is operator.getitem:
+                values[n] = values[n.args[0]][n.args[1]]
+            else:
+                values[n] = _fake_call(n, values, fake_mode)
+    output = next(n for n in reversed(nodes) if n.op == "output")
+    for key, chain in written.items():
+        if chain[0].op == "placeholder":
+            with graph.inserting_before(output):
+                back = graph.call_function(torch.ops.aten.copy_.default,
+                                           (chain[0], holder[key]))
+            values[back] = values[chain[0]]
+    for n in reversed(nodes):
+        if n in variants and variants[n] is not None:
+            graph.erase_node(n)
+            del values[n]
+    return gm, values  # trace() recompiles it once its unused calls are gone
 
 
 def _remove_unused_calls(gm):
@@ -273,7 +479,10 @@ class _Recorder(torch.fx.Interpreter):
 def propagate(traced, device):
     """fx node -> its value: fake tensors where PyTorch can (nothing is
     computed), else real ones (a shape that depends on the data). Returns
-    (values, "fake" or "real")."""
+    (values, "fake" or "real"). The trace's own values where it recorded
+    them all (Traced.values), else a run of the graph."""
+    if traced.values is not None:
+        return traced.values, "fake"
     from ._compat import FakeTensorMode
     try:
         mode = FakeTensorMode()

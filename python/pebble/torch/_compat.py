@@ -17,10 +17,10 @@ try:
 except ImportError:  # pragma: no cover (1.13 has it there too)
     from functorch import make_fx
 
-from torch._subclasses.fake_tensor import FakeTensorMode
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
-__all__ = ["FakeTensorMode", "functional_call", "functionalize", "make_fx", "storage_bytes",
-           "storage_key"]
+__all__ = ["FakeTensor", "FakeTensorMode", "functional_call", "functionalize", "make_fx",
+           "storage_bytes", "storage_key"]
 
 
 def _storage(t):
