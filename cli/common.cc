@@ -14,6 +14,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <sstream>
 #include <utility>
 
 #include "absl/strings/ascii.h"
@@ -166,7 +167,7 @@ CostUnit GraphSource::Costs() const {
     return unit;
   }
   if (model.empty()) {
-    unit.suffix = "(the graph file's costs, as seconds)";
+    unit.suffix = "from the graph file's costs, read as seconds";
     return unit;
   }
   const absl::StatusOr<ModelSpec> spec = ParseModelSpec(model);
@@ -561,6 +562,68 @@ CLI::Validator IntegerIn(int64_t min, int64_t max) {
       "INT");
 }
 
+namespace {
+
+constexpr size_t kHelpWidth = 100;
+
+// `text` with each line that does not start with a blank wrapped at word
+// boundaries to `width` columns; indented lines (examples) stay as they are.
+std::string WrapProse(const std::string& text, size_t width) {
+  std::string out;
+  bool first_line = true;
+  for (absl::string_view line : absl::StrSplit(text, '\n')) {
+    if (!first_line) out += '\n';
+    first_line = false;
+    if (line.empty() || line.front() == ' ' || line.size() <= width) {
+      absl::StrAppend(&out, line);
+      continue;
+    }
+    size_t used = 0;
+    for (absl::string_view word : absl::StrSplit(line, ' ', absl::SkipEmpty())) {
+      if (used > 0 && used + 1 + word.size() > width) {
+        out += '\n';
+        used = 0;
+      } else if (used > 0) {
+        out += ' ';
+        ++used;
+      }
+      absl::StrAppend(&out, word);
+      used += word.size();
+    }
+  }
+  return out;
+}
+
+class WrappingFormatter : public CLI::Formatter {
+ public:
+  std::string make_option_desc(const CLI::Option* option) const override {
+    return WrapProse(option->get_description(), DescriptionWidth());
+  }
+  // In the list of commands, the first line of each description: its
+  // examples are in the command's own help.
+  std::string make_subcommand(const CLI::App* sub) const override {
+    const std::string& description = sub->get_description();
+    std::stringstream out;
+    CLI::detail::format_help(out, sub->get_display_name(true),
+                             WrapProse(description.substr(0, description.find('\n')),
+                                       DescriptionWidth()),
+                             get_column_width());
+    return out.str();
+  }
+  std::string make_description(const CLI::App* app) const override {
+    return WrapProse(CLI::Formatter::make_description(app), kHelpWidth);
+  }
+
+ private:
+  size_t DescriptionWidth() const {
+    return get_column_width() + 30 < kHelpWidth ? kHelpWidth - get_column_width() : 30;
+  }
+};
+
+}  // namespace
+
+std::shared_ptr<CLI::Formatter> HelpFormatter() { return std::make_shared<WrappingFormatter>(); }
+
 void RefuseEmptyValues(CLI::App& app) {
   const CLI::Validator not_empty(
       [](std::string& text) -> std::string {
@@ -600,7 +663,12 @@ std::string UnknownOptionHint(const CLI::App* cmd) {
     if (arg.size() < 2 || arg[0] != '-' || absl::ascii_isdigit(arg[1])) continue;
     const std::string flag = arg.substr(0, arg.find('='));
     // Long names get two edits; a short one ("-x") only the exact spelling.
-    const std::string nearest = flag.size() > 3 ? NearestName(flag, spellings) : "";
+    std::string nearest = flag.size() > 3 ? NearestName(flag, spellings) : "";
+    // run's and fit's --workspace query is plan's and compare's --backend.
+    if (nearest.empty() && flag == "--workspace" &&
+        std::find(spellings.begin(), spellings.end(), "--backend") != spellings.end()) {
+      nearest = "--backend cpu";
+    }
     return absl::StrCat("unknown option ", Quote(flag),
                         nearest.empty() ? std::string()
                                         : absl::StrCat(" (did you mean ", Quote(nearest), "?)"));

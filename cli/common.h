@@ -4,6 +4,7 @@
 #define PEBBLE_CLI_COMMON_H_
 
 #include <functional>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -27,7 +28,8 @@ std::string FormatSeconds(double seconds);
 struct CostUnit {
   bool seconds = true;  // false: abstract unit steps (a pebbling graph)
   // How the costs were found: "model 0.23 ms at 10 TFLOP/s", "measured 0.23
-  // ms (profile 'p.json')", "0.23 ms (the graph file's costs, as seconds)".
+  // ms (profile 'p.json')", "0.23 ms from the graph file's costs, read as
+  // seconds".
   std::string prefix;  // "model", "measured" or ""
   std::string suffix;  // "at 10 TFLOP/s", "(profile 'p.json')", ...
   // "0.23 ms", or "12 units" for unit steps.
@@ -153,6 +155,13 @@ CLI::Validator ModelName();       // name[:k=v,...] of a built-in model (ParseMo
 // Refuses "-" for an output that stdout cannot take: the command prints its
 // report there. `what` names the output ("the schedule").
 CLI::Validator NotStdout(absl::string_view what);
+
+// CLI11's help formatter with every line within 100 columns: option and
+// command descriptions, and the prose of a command's own description, are
+// wrapped at word boundaries; indented lines (examples) are kept as they
+// are; the list of commands shows the first line of each one's description.
+// Set on the app before its commands are added (they inherit it).
+std::shared_ptr<CLI::Formatter> HelpFormatter();
 
 // Adds to every option of `app` and its commands that takes a value a check
 // that the value is not empty: an empty --budget or --bandwidth must not

@@ -29,15 +29,16 @@ Sizes: whole bytes or with units (512MiB, 8GiB, 2GB, 1.5e9; a fraction of a
 unit rounds down to whole bytes). Budgets also take a percentage of the
 baseline peak (60%) or 'min'; a bare number under 1024 is refused as
 ambiguous. A plan that does not fit its budget fails plan and run (exit 1),
-naming the least peak the policy reaches. Every command takes --json and then prints one
-JSON document on stdout. Outputs never replace a file without --force, nor a
-file the command reads. Errors go to stderr with a non-zero exit code (1: bad
+naming the least peak the policy reaches. Every command takes --json and
+then prints one JSON document on stdout. Outputs never replace a file
+without --force, nor a file the command reads. Errors go to stderr with a non-zero exit code (1: bad
 input or failure, 2: bad command line, e.g. a malformed value).)";
 
 }  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{kDescription, "pebble"};
+  app.formatter(pebble::cli::HelpFormatter());
   app.require_subcommand(1);
   app.failure_message(pebble::cli::OneLineFailure);
   app.set_version_flag("--version", "pebble 0.1.0");

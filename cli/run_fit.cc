@@ -61,8 +61,8 @@ struct VerifiedRow {
 constexpr double kFitPlanTimeLimitS = 10;
 
 // Reports each value the search tries on stderr: on a terminal one line,
-// rewritten in place; otherwise a line each. Thread-safe (the policies are
-// searched on several threads).
+// rewritten in place and erased at the end; otherwise a line each (--quiet:
+// none). Thread-safe (the policies are searched on several threads).
 class FitProgressLine {
  public:
   FitProgressLine(std::string vary, bool terminal)
@@ -87,10 +87,10 @@ class FitProgressLine {
     }
   }
 
-  // Ends the line being rewritten, if any.
+  // Erases the line being rewritten, if any.
   void Finish() {
     const std::lock_guard<std::mutex> lock(mu_);
-    if (open_) std::cerr << "\n";
+    if (open_) std::cerr << "\r\033[K" << std::flush;
     open_ = false;
   }
 
@@ -295,8 +295,8 @@ int RunFit(const FitFlags& f) {
   std::cout << t.ToString();
   std::cout << "\n* baseline: the graph's own order, every tensor freed at its last use (what a "
                "framework runs).\n"
-               "naive: the largest value with 26 x bytes(input) <= budget (the seed report's "
-               "rule of thumb).\n"
+               "naive: the largest value with 26 x bytes(input) <= budget (a rule of thumb "
+               "for 3-D networks).\n"
                "Search: exponential then binary over the predicted peak, assuming it grows with "
                "the parameter";
   std::cout << absl::StrFormat(" (%.1f s).\n", fit->search_time_s);

@@ -7,6 +7,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_join.h"
 #include "graph/status.h"
+#include "graph/text_input.h"
 #include "scheduler/alias_fold.h"
 #include "scheduler/budget.h"
 #include "scheduler/external_policy.h"
@@ -92,9 +93,11 @@ absl::StatusOr<std::unique_ptr<Planner>> MakePlanner(absl::string_view name) {
     for (const PolicyInfo* p : PlannerRegistry::Global().List()) {
       names.push_back(p->name);
     }
-    return absl::NotFoundError(absl::StrCat("unknown policy '", name,
-                                            "' (known: ", absl::StrJoin(names, ", "),
-                                            "; see 'pebble policies')"));
+    const std::string nearest = NearestName(name, names);
+    return absl::NotFoundError(absl::StrCat(
+        "unknown policy '", name, "'",
+        nearest.empty() ? std::string() : absl::StrCat(" (did you mean '", nearest, "'?)"),
+        " (known: ", absl::StrJoin(names, ", "), "; see 'pebble policies')"));
   }
   // Every policy plans storages, not views (Note [Alias folding]).
   return WithAliasFolding(info->factory());

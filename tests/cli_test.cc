@@ -373,7 +373,7 @@ TEST(CliTest, CompareFitsOneHundredColumnsAndForecastsItsTime) {
     EXPECT_THAT(r.out, HasSubstr(policy));
   }
   EXPECT_THAT(r.out, Not(HasSubstr("checkmate")));
-  EXPECT_THAT(r.err, ContainsRegex("8 policies x 3 budgets = 24 plans on [0-9]+ threads?, at "
+  EXPECT_THAT(r.err, ContainsRegex("8 policies x 3 budgets = 24 plans on [0-9]+ threads?: at "
                                    "most [0-9.]+ (s|min|h)"));
   Result wide = Pebble("compare --model resnet18:batch=2,image=32 --budgets 70% --wide --quiet");
   ASSERT_EQ(wide.exit_code, 0) << wide.err;

@@ -49,7 +49,8 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--policy", default="dtr", help="any of pebble.policies() (default dtr)")
     parser.add_argument("--budget", default="60%",
-                        help="60%%: of the unplanned step's measured peak; or 64MiB, min")
+                        help="60%%: of what the unplanned step holds above the parameters "
+                        "and inputs, as measured; or 64MiB (the whole step), or min")
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--image", type=int, default=32)
     parser.add_argument("--steps", type=int, default=3)

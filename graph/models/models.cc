@@ -18,6 +18,7 @@
 #include "graph/models/transformer.h"
 #include "graph/models/zoo_internal.h"
 #include "graph/status.h"
+#include "graph/text_input.h"
 
 namespace pebble {
 namespace {
@@ -148,8 +149,13 @@ std::string ModelNames() {
 }
 
 absl::Status UnknownModel(absl::string_view name) {
+  std::vector<std::string> names;
+  for (const ModelEntry& entry : Registry()) names.push_back(entry.info.name);
+  const std::string nearest = NearestName(name, names);
   return absl::InvalidArgumentError(absl::StrCat(
-      "unknown model '", name, "' (known models: ", ModelNames(), ")"));
+      "unknown model '", name, "'",
+      nearest.empty() ? std::string() : absl::StrCat(" (did you mean '", nearest, "'?)"),
+      " (known models: ", ModelNames(), ")"));
 }
 
 }  // namespace

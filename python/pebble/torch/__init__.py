@@ -17,6 +17,7 @@ documents the API and its limits.
 """
 
 import json
+import math
 import time
 
 import torch
@@ -296,17 +297,35 @@ class _Variant:
             least = _core.plan(graph, policy=plan.policy, budget="min",
                                host_budget=host_budget, bandwidth=options["bandwidth"],
                                time_limit=options["time_limit"], seed=options["seed"])
-            raise PlanError(
-                f"policy {plan.policy} cannot fit the training step of "
-                f"{type(self.step.model).__name__} in {options['budget']} "
-                f"({_mib(plan.budget_bytes)}): its least peak is "
-                f"{_mib(least.report['peak_bytes'])} "
-                f"({_percent(least.report['peak_bytes'] - self.persistent_bytes, info)}); "
-                f"{plan.message}")
+            raise PlanError(self._does_not_fit(plan, least, options, info))
         if cpu and not self.step.allow_cpu_offload and plan.report["transfer_bytes"] > 0:
             raise PlanError(f"policy {plan.policy} copies tensors to the host, which saves no "
                             "memory on the CPU device (allow_cpu_offload=True runs it anyway)")
         return plan, info
+
+    def _does_not_fit(self, plan, least, options, info):
+        """Why `plan` does not fit, with the least peak its policy reaches
+        (`least`, planned at "min") and a budget that admits it, in the
+        terms of train_step's budget (a percentage of the unplanned step)."""
+        least_step = least.report["peak_bytes"] - self.persistent_bytes
+        budget = options["budget"]
+        if least.report["peak_bytes"] <= plan.budget_bytes:  # not the device budget
+            return (f"policy {plan.policy} cannot plan the training step of "
+                    f"{type(self.step.model).__name__} in {budget}: {plan.message}")
+        reference = info["reference_bytes"]
+        percent = math.ceil(100.0 * least_step / reference) if reference else 100
+        message = (f"policy {plan.policy} cannot fit the training step of "
+                   f"{type(self.step.model).__name__} in {budget} "
+                   f"({_mib(plan.budget_bytes - self.persistent_bytes)} above the "
+                   f"parameters and inputs): it reaches {_mib(least_step)} ({percent}% of the "
+                   f"unplanned step) at least: try budget='{percent}%' or budget='min'")
+        # What every plan keeps to its end above the persistent tensors: the
+        # loss and the gradients. Where it is most of the least peak, say so.
+        kept = least.document.get("end_state_bytes", 0) - self.persistent_bytes
+        if kept > 0 and 2 * kept >= least_step:
+            message += (f" ({_mib(kept)} of it are the gradients the step makes, which every "
+                        "plan keeps)")
+        return message
 
     def _resolve_budget(self, budget):
         """pebble's budget for `budget`: a percentage is of the unplanned step's
@@ -319,6 +338,7 @@ class _Variant:
             reference = baseline.report["peak_bytes"] - self.persistent_bytes
             source = "predicted: pebble's baseline (the unplanned step could not run)"
         info = {"reference_bytes": reference, "reference_source": source}
+        _refuse_bare_small_number(budget)
         if isinstance(budget, str) and budget.strip().endswith("%"):
             try:
                 percent = float(budget.strip()[:-1])
@@ -451,12 +471,22 @@ def _device_of(model, tensors):
     return device
 
 
+def _refuse_bare_small_number(budget):
+    """A budget of a bare number under 1024 ("60", 60, "0.6") reads as a
+    percentage or a fraction, not a handful of bytes: refused, with the
+    readings it may have meant (as the command line refuses it)."""
+    text = str(budget).strip() if isinstance(budget, (str, int, float)) else ""
+    try:
+        value = float(text)
+    except ValueError:
+        return
+    if isinstance(budget, bool) or not 0 < value < 1024:
+        return
+    percent = f"{100 * value:g}%" if value < 1 else f"{text}%"
+    other = f"{text}B" if value == int(value) else f"{text}GiB"
+    raise ValueError(f"budget {budget!r}: did you mean '{percent}' or '{other}'? (a number "
+                     "without a unit is bytes only from 1024 up)")
+
+
 def _mib(nbytes):
     return f"{nbytes / 2**20:.1f} MiB"
-
-
-def _percent(step_bytes, info):
-    reference = info["reference_bytes"]
-    if not reference:
-        return "of an empty step"
-    return f"{100.0 * step_bytes / reference:.0f}% of the unplanned step"
