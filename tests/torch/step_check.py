@@ -30,6 +30,7 @@ import copy
 import gc
 import hashlib
 import os
+import re
 import sys
 import time
 import traceback
@@ -514,7 +515,21 @@ def check_errors(failures, device):
                       budget="1%")
         failures.check(False, "an impossible budget was accepted")
     except pt.PlanError as e:
-        failures.check("least peak" in str(e), f"the plan error gives the least peak: {e}")
+        # It names the least peak and a budget that admits it: that one plans.
+        suggested = re.search(r"at least: try budget='([0-9]+%)' or budget='min'", str(e))
+        failures.check(suggested is not None, f"the plan error gives the least peak: {e}")
+        if suggested:
+            try:
+                pt.train_step(torch.nn.Linear(4, 4).to(device), torch.nn.functional.mse_loss,
+                              x, y, budget=suggested.group(1))
+            except pt.PlanError as again:
+                failures.check(False, f"the suggested budget does not plan either: {again}")
+    try:
+        pt.train_step(torch.nn.Linear(4, 4).to(device), torch.nn.functional.mse_loss, x, y,
+                      budget="60")
+        failures.check(False, "a bare-number budget under 1024 was accepted")
+    except ValueError as e:
+        failures.check("did you mean '60%' or '60B'" in str(e), f"bare numbers are refused: {e}")
     try:
         pt.train_step(torch.nn.Linear(4, 4).to(device), torch.nn.functional.mse_loss, x, y,
                       policy="swap", host_budget="1GiB")

@@ -316,14 +316,14 @@ class _Variant:
         percent = math.ceil(100.0 * least_step / reference) if reference else 100
         message = (f"policy {plan.policy} cannot fit the training step of "
                    f"{type(self.step.model).__name__} in {budget} "
-                   f"({_mib(plan.budget_bytes - self.persistent_bytes)} above the "
-                   f"parameters and inputs): it reaches {_mib(least_step)} ({percent}% of the "
+                   f"({_size(plan.budget_bytes - self.persistent_bytes)} above the "
+                   f"parameters and inputs): it reaches {_size(least_step)} ({percent}% of the "
                    f"unplanned step) at least: try budget='{percent}%' or budget='min'")
         # What every plan keeps to its end above the persistent tensors: the
         # loss and the gradients. Where it is most of the least peak, say so.
         kept = least.document.get("end_state_bytes", 0) - self.persistent_bytes
         if kept > 0 and 2 * kept >= least_step:
-            message += (f" ({_mib(kept)} of it are the gradients the step makes, which every "
+            message += (f" ({_size(kept)} of it are the gradients the step makes, which every "
                         "plan keeps)")
         return message
 
@@ -486,6 +486,16 @@ def _refuse_bare_small_number(budget):
     other = f"{text}B" if value == int(value) else f"{text}GiB"
     raise ValueError(f"budget {budget!r}: did you mean '{percent}' or '{other}'? (a number "
                      "without a unit is bytes only from 1024 up)")
+
+
+def _size(nbytes):
+    """Bytes for people: "512 B", "4.2 KiB", "61.1 MiB", "1.50 GiB"."""
+    value = float(nbytes)
+    for unit in ("B", "KiB", "MiB"):
+        if abs(value) < 1024:
+            return f"{int(value)} B" if unit == "B" else f"{value:.3g} {unit}"
+        value /= 1024
+    return f"{value:.3g} GiB"
 
 
 def _mib(nbytes):
