@@ -5,6 +5,7 @@
 #include <functional>
 #include <iterator>
 #include <queue>
+#include <random>
 #include <set>
 #include <utility>
 #include <vector>
@@ -399,6 +400,45 @@ std::vector<TensorInstance> InstancesOf(const Graph& graph,
   return instances;
 }
 
+// A small layout that the strategies leave above its lower bound: a local
+// search over placement orders, from `order` (the best strategy's), each
+// move swapping two instances and kept when the arena does not grow.
+// Seeded, so the same schedule always gets the same layout. Only for at
+// most kSearchInstances instances, with at most kSearchWork / instances
+// placements (each costs about the instances times their overlaps), and it
+// stops after kSearchStale moves without a smaller arena. Calls `better`
+// with each smaller arena found.
+void SearchPlacementOrder(
+    const std::vector<TensorInstance>& instances, std::vector<int32_t> order, int slots,
+    int64_t alignment, int64_t lower_bound,
+    const std::function<void(std::vector<TensorInstance>, int64_t)>& better) {
+  constexpr size_t kSearchInstances = 256;
+  constexpr size_t kSearchWork = 100'000;
+  constexpr int kSearchStale = 200;
+  if (order.size() < 2 || order.size() > kSearchInstances) return;
+  const size_t placements = kSearchWork / order.size();
+  std::vector<TensorInstance> placed = instances;
+  int64_t best = PlaceOffline(placed, order, slots, alignment);
+  std::mt19937_64 random(0x9e3779b97f4a7c15ULL);
+  std::uniform_int_distribution<size_t> pick(0, order.size() - 1);
+  int stale = 0;
+  for (size_t k = 0; k < placements && stale < kSearchStale && best > lower_bound; ++k) {
+    const size_t a = pick(random), b = pick(random);
+    if (a == b) continue;
+    std::swap(order[a], order[b]);
+    placed = instances;
+    const int64_t arena = PlaceOffline(placed, order, slots, alignment);
+    ++stale;
+    if (arena < best) {
+      best = arena;
+      stale = 0;
+      better(placed, arena);
+    } else if (arena > best) {
+      std::swap(order[a], order[b]);  // undo; an equal arena is a sideways move
+    }
+  }
+}
+
 }  // namespace
 
 absl::StatusOr<std::vector<TensorInstance>> TensorInstances(
@@ -471,11 +511,19 @@ absl::StatusOr<MemoryLayout> PlanMemoryLayout(const Graph& graph,
            return a.bytes > b.bytes;
          })},
     };
+    std::vector<int32_t> best_order;
     for (const Strategy& s : strategies) {
       std::vector<TensorInstance> placed = instances;
       const int64_t arena = PlaceOffline(placed, s.order, slots, alignment);
+      if (!have || arena < layout.arena_bytes) best_order = s.order;
       keep(s.name, std::move(placed), arena);
       if (layout.arena_bytes == layout.aligned_peak_bytes) break;  // optimal
+    }
+    if (layout.arena_bytes > layout.aligned_peak_bytes) {
+      SearchPlacementOrder(instances, best_order, slots, alignment, layout.aligned_peak_bytes,
+                           [&](std::vector<TensorInstance> placed, int64_t arena) {
+                             keep("greedy-by-search", std::move(placed), arena);
+                           });
     }
   }
   if (!have || layout.arena_bytes > layout.aligned_peak_bytes) {

@@ -212,7 +212,32 @@ TEST(MemoryLayoutPropertyTest, RandomPlansGetValidTightLayouts) {
   RecordProperty("mean_fragmentation", absl::StrCat(total / layouts));
   RecordProperty("worst_fragmentation", absl::StrCat(worst));
   RecordProperty("arena_at_peak", absl::StrCat(at_peak, "/", layouts));
-  EXPECT_LE(total / layouts, 0.06);  // measured: 4.6% mean, 19% worst
+  // Measured: 1.4% mean, 11% worst, 190 of 360 at the peak (4.6% and 19%
+  // before the order search).
+  EXPECT_LE(total / layouts, 0.03);
+  // The order search gets a fair share of these small layouts to the peak.
+  EXPECT_GE(at_peak * 2, layouts) << at_peak << " of " << layouts;
+}
+
+// Where the strategies leave a small layout above its bound, the search over
+// placement orders finds a smaller arena (and says so), always valid, and
+// the same one every time.
+TEST(MemoryLayoutPropertyTest, OrderSearchImprovesSmallLayoutsDeterministically) {
+  int searched = 0;
+  for (uint64_t seed = 0; seed < 60; ++seed) {
+    Graph g = RandomDag(10 + static_cast<int>(seed % 30), seed);
+    auto plan = (*MakePlanner("baseline"))->Plan(g, {});
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    auto layout = PlanMemoryLayout(g, plan->schedule, Aligned(1));
+    ASSERT_TRUE(layout.ok()) << layout.status();
+    EXPECT_TRUE(VerifyLayout(g, plan->schedule, *layout).ok()) << "seed " << seed;
+    if (layout->strategy != "greedy-by-search") continue;
+    ++searched;
+    auto again = PlanMemoryLayout(g, plan->schedule, Aligned(1));
+    ASSERT_TRUE(again.ok());
+    EXPECT_EQ(again->arena_bytes, layout->arena_bytes) << "seed " << seed;
+  }
+  EXPECT_GT(searched, 0);
 }
 
 TEST(MemoryLayoutPropertyTest, TrainingGraphs) {
