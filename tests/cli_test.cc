@@ -332,6 +332,17 @@ TEST(CliTest, UnknownOptionsAndCommandsNameTheNearest) {
   Result command = Pebble("plna --model conv3d:n=8");
   EXPECT_EQ(command.exit_code, 2);
   EXPECT_THAT(command.err, HasSubstr("unknown command 'plna' (did you mean 'plan'?)"));
+  // Names inside values too: models, their parameters, policies.
+  const std::vector<std::pair<std::string, std::string>> values = {
+      {"plan --model resnt18", "unknown model 'resnt18' (did you mean 'resnet18'?)"},
+      {"plan --model resnet18:imge=64", "no parameter 'imge' (did you mean 'image'?)"},
+      {"plan --model conv3d:n=8 --policy rotr", "unknown policy 'rotr' (did you mean 'rotor'?)"},
+  };
+  for (const auto& [args, message] : values) {
+    Result r = Pebble(args);
+    EXPECT_EQ(r.exit_code, 2) << args;
+    EXPECT_THAT(r.err, HasSubstr(message)) << args;
+  }
 }
 
 TEST(CliTest, BareNumberBudgetsAreRefusedWithTheReadingsTheyMayMean) {

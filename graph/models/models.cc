@@ -290,9 +290,11 @@ absl::StatusOr<Graph> BuildModel(const ModelSpec& spec, CostModel cost) {
   }
   for (const auto& [key, value] : spec.params) {
     if (values.find(key) == values.end()) {
+      const std::string nearest = NearestName(key, valid);
       return absl::InvalidArgumentError(absl::StrCat(
-          "model '", spec.name, "' has no parameter '", key, "' (valid: ",
-          valid.empty() ? "none" : absl::StrJoin(valid, ", "), ")"));
+          "model '", spec.name, "' has no parameter '", key, "'",
+          nearest.empty() ? std::string() : absl::StrCat(" (did you mean '", nearest, "'?)"),
+          " (valid: ", valid.empty() ? "none" : absl::StrJoin(valid, ", "), ")"));
     }
     values[key] = value;
   }
