@@ -26,6 +26,7 @@ Exit status: 0 all lines passed, 1 some failed (each is listed), 2 usage.
 """
 
 import argparse
+import importlib.util
 import json
 import os
 import re
@@ -49,28 +50,31 @@ TIME_LIMIT_S = 600
 PREFIXES = ("build/bin/pebble", "/usr/bin/python3 examples/")
 
 
+def _extractor():
+    """tests/docs/doc_commands.py, the one reader of documented command lines
+    (loaded by path: it shares this file's name)."""
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "docs", "doc_commands.py")
+    spec = importlib.util.spec_from_file_location("doc_command_lines", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def sh_lines(path):
-    """(line number, command, comment) of each runnable line of the sh blocks."""
-    out = []
-    in_block = False
+    """(line number, command words, comment) of each line of the document's
+    command blocks that starts with one of PREFIXES, but for blocks marked
+    to be skipped."""
     with open(path, encoding="utf-8") as f:
-        for number, raw in enumerate(f, 1):
-            line = raw.rstrip("\n")
-            if line.startswith("```"):
-                in_block = line.strip() == "```sh" if not in_block else False
-                continue
-            if not in_block or not line.startswith(PREFIXES):
-                continue
-            # The comment: a ' #' outside quotes.
-            lexer = shlex.shlex(line, posix=True, punctuation_chars=False)
-            lexer.whitespace_split = True
-            lexer.commenters = "#"
-            try:
-                words = list(lexer)
-            except ValueError as e:
-                raise SystemExit(f"{path}:{number}: cannot split the line: {e}")
-            comment = line[line.index(" #") + 2:].strip() if " #" in line else ""
-            out.append((number, words, comment))
+        lines, _ = _extractor().markdown_lines(f.read(), os.path.basename(path))
+    out = []
+    for line in lines:
+        if line.skip or not line.command.startswith(PREFIXES):
+            continue
+        try:
+            words = shlex.split(line.command)
+        except ValueError as e:
+            raise SystemExit(f"{line.where}: cannot split the line: {e}")
+        out.append((int(line.where.rsplit(":", 1)[1]), words, line.comment))
     return out
 
 
