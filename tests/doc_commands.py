@@ -5,7 +5,8 @@ stated bounds of memory and time (docs/reliability.md, "Resource bounds").
     doc_commands.py --pebble BUILD/bin/pebble --source SOURCE_DIR --workdir DIR
                     [--doc README.md ...] [--only REGEX] [--list]
 
-Every line of a ```sh block of the given documents (default: README.md) that
+Every line of the command blocks of the given documents (default: README.md;
+read by tests/docs/doc_commands.py, whose skip marks hold here too) that
 starts with `build/bin/pebble` or `/usr/bin/python3 examples/` is run, in
 order, in a scratch directory where `build/bin/pebble` is the binary under
 test and `examples/` the source tree's, so that each runs as written and
