@@ -414,7 +414,7 @@ void SearchPlacementOrder(
     const std::function<void(std::vector<TensorInstance>, int64_t)>& better) {
   constexpr size_t kSearchInstances = 256;
   constexpr size_t kSearchWork = 100'000;
-  constexpr int kSearchStale = 200;
+  constexpr int kSearchStale = 1000;
   if (order.size() < 2 || order.size() > kSearchInstances) return;
   const size_t placements = kSearchWork / order.size();
   std::vector<TensorInstance> placed = instances;

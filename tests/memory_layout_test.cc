@@ -212,9 +212,9 @@ TEST(MemoryLayoutPropertyTest, RandomPlansGetValidTightLayouts) {
   RecordProperty("mean_fragmentation", absl::StrCat(total / layouts));
   RecordProperty("worst_fragmentation", absl::StrCat(worst));
   RecordProperty("arena_at_peak", absl::StrCat(at_peak, "/", layouts));
-  // Measured: 1.4% mean, 11% worst, 190 of 360 at the peak (4.6% and 19%
+  // Measured: 0.7% mean, 8.9% worst, 236 of 360 at the peak (4.6% and 19%
   // before the order search).
-  EXPECT_LE(total / layouts, 0.03);
+  EXPECT_LE(total / layouts, 0.02);
   // The order search gets a fair share of these small layouts to the peak.
   EXPECT_GE(at_peak * 2, layouts) << at_peak << " of " << layouts;
 }
