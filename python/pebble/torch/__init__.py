@@ -294,22 +294,21 @@ class _Variant:
                 raise PlanError(f"internal: policy {plan.policy} computes random operators "
                                 "in another order than eager PyTorch draws them")
         if not plan.feasible:
-            least = _core.plan(graph, policy=plan.policy, budget="min",
-                               host_budget=host_budget, bandwidth=options["bandwidth"],
-                               time_limit=options["time_limit"], seed=options["seed"])
-            raise PlanError(self._does_not_fit(plan, least, options, info))
+            raise PlanError(self._does_not_fit(plan, options, info))
         if cpu and not self.step.allow_cpu_offload and plan.report["transfer_bytes"] > 0:
             raise PlanError(f"policy {plan.policy} copies tensors to the host, which saves no "
                             "memory on the CPU device (allow_cpu_offload=True runs it anyway)")
         return plan, info
 
-    def _does_not_fit(self, plan, least, options, info):
+    def _does_not_fit(self, plan, options, info):
         """Why `plan` does not fit, with the least peak its policy reaches
-        (`least`, planned at "min") and a budget that admits it, in the
-        terms of train_step's budget (a percentage of the unplanned step)."""
-        least_step = least.report["peak_bytes"] - self.persistent_bytes
+        (which pebble.plan found at "min": the document's least_peak_bytes)
+        and a budget that admits it, in the terms of train_step's budget (a
+        percentage of the unplanned step)."""
+        least_peak = plan.document["least_peak_bytes"]
+        least_step = least_peak - self.persistent_bytes
         budget = options["budget"]
-        if least.report["peak_bytes"] <= plan.budget_bytes:  # not the device budget
+        if least_peak <= plan.budget_bytes:  # not the device budget
             return (f"policy {plan.policy} cannot plan the training step of "
                     f"{type(self.step.model).__name__} in {budget}: {plan.message}")
         reference = info["reference_bytes"]
@@ -321,7 +320,7 @@ class _Variant:
                    f"unplanned step) at least: try budget='{percent}%' or budget='min'")
         # What every plan keeps to its end above the persistent tensors: the
         # loss and the gradients. Where it is most of the least peak, say so.
-        kept = least.document.get("end_state_bytes", 0) - self.persistent_bytes
+        kept = plan.document["end_state_bytes"] - self.persistent_bytes
         if kept > 0 and 2 * kept >= least_step:
             message += (f" ({_size(kept)} of it are the gradients the step makes, which every "
                         "plan keeps)")
