@@ -319,21 +319,19 @@ nlohmann::json MemoryLogToJson(const Graph& graph, const ExecutionResult& r) {
 // Why `run` refuses a plan that does not fit, with the least peak the
 // policy reaches (a second plan at --budget min) and what to pass instead.
 absl::Status DoesNotFit(const RunFlags& f, const Graph& graph, const RunPlan& plan) {
-  std::string advice;  // what would fit
+  int64_t least_peak = 0;  // unknown (a --schedule file): the planner's message says why
   if (plan.policy != "schedule") {
     RunFlags at_min = f;
     at_min.budget = "min";
     at_min.policy = plan.policy;
     at_min.quiet = true;
     auto least = MakeRunPlan(at_min, graph);
-    if (least.ok() && least->plan.report.peak_bytes > plan.budget_bytes) {
-      advice = LeastPeakAdvice(plan.policy, least->plan.report.peak_bytes, plan.baseline_peak,
-                               EndStateBytes(graph));
-    }
+    if (least.ok()) least_peak = least->plan.report.peak_bytes;
   }
-  if (advice.empty()) advice = plan.plan.message.empty() ? "over budget" : plan.plan.message;
   return absl::FailedPreconditionError(absl::StrCat(
-      "the ", plan.policy, " plan does not fit ", FormatBytes(plan.budget_bytes), ": ", advice,
+      DoesNotFitAdvice(plan.policy, plan.budget_bytes, least_peak, plan.baseline_peak,
+                       EndStateBytes(graph),
+                       plan.plan.message.empty() ? "over budget" : plan.plan.message),
       "; nothing was run (--over-budget runs it anyway)"));
 }
 

@@ -83,14 +83,21 @@ absl::StatusOr<PlanOutcome> PlanGraph(const Graph& graph, const PlanRequest& req
                                     options.time_limit_s - out.plan_time_s);
     ASSIGN_OR_RETURN(PlanResult least, planner->Plan(graph, options));
     out.least_peak_bytes = least.report.peak_bytes;
-    out.advice = absl::StrCat(
-        "the plan does not fit ", FormatBytes(out.budget_bytes), ": ",
-        *out.least_peak_bytes > out.budget_bytes
-            ? LeastPeakAdvice(out.policy, *out.least_peak_bytes, out.baseline_peak_bytes,
-                              out.end_state_bytes)
-            : out.result.message);  // not the device budget: the host budget, say
+    out.advice = DoesNotFitAdvice(out.policy, out.budget_bytes, *out.least_peak_bytes,
+                                  out.baseline_peak_bytes, out.end_state_bytes,
+                                  out.result.message);
   }
   return out;
+}
+
+std::string DoesNotFitAdvice(absl::string_view policy, int64_t budget_bytes,
+                             int64_t least_peak_bytes, int64_t baseline_peak_bytes,
+                             int64_t end_state_bytes, absl::string_view message) {
+  return absl::StrCat("the plan does not fit ", FormatBytes(budget_bytes), ": ",
+                      least_peak_bytes > budget_bytes
+                          ? LeastPeakAdvice(policy, least_peak_bytes, baseline_peak_bytes,
+                                            end_state_bytes)
+                          : std::string(message));
 }
 
 int64_t ParameterBytes(const Graph& graph) {

@@ -71,6 +71,13 @@ int64_t EndStateBytes(const Graph& graph);
 // the persistent tensors and outputs, ...)").
 std::string LeastPeakAdvice(absl::string_view policy, int64_t least_peak_bytes,
                             int64_t baseline_peak_bytes, int64_t end_state_bytes = 0);
+// Why a plan does not fit `budget_bytes`, for `plan` and `run` alike: "the
+// plan does not fit 139 MiB: " then LeastPeakAdvice where the least peak the
+// policy reaches is over the budget, else (the host budget failed, say) the
+// planner's `message`.
+std::string DoesNotFitAdvice(absl::string_view policy, int64_t budget_bytes,
+                             int64_t least_peak_bytes, int64_t baseline_peak_bytes,
+                             int64_t end_state_bytes, absl::string_view message);
 
 // Resolves the budget against the graph's baseline peak, plans, simulates
 // (the result's report) and lays the schedule out in an arena; where the
