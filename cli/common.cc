@@ -785,27 +785,11 @@ std::string DefinitionList(const std::vector<std::pair<std::string, std::string>
   const size_t text_width = max_width > indent + 20 ? max_width - indent : 20;
   std::string out;
   for (const auto& [name, text] : entries) {
-    std::string line = name + std::string(indent - name.size(), ' ');
-    size_t used = 0;  // characters of text on this line
-    auto new_line = [&] {
-      while (!line.empty() && line.back() == ' ') line.pop_back();
-      out += line + "\n";
-      line = std::string(indent, ' ');
-      used = 0;
-    };
-    for (absl::string_view paragraph : absl::StrSplit(text, '\n')) {
-      if (used > 0) new_line();
-      for (absl::string_view word : absl::StrSplit(paragraph, ' ', absl::SkipEmpty())) {
-        if (used > 0 && used + 1 + word.size() > text_width) new_line();
-        if (used > 0) {
-          line += ' ';
-          ++used;
-        }
-        absl::StrAppend(&line, word);
-        used += word.size();
-      }
+    std::string lead = name + std::string(indent - name.size(), ' ');
+    for (absl::string_view line : absl::StrSplit(WrapProse(text, text_width), '\n')) {
+      absl::StrAppend(&out, lead, line, "\n");
+      lead = std::string(indent, ' ');
     }
-    new_line();
   }
   return out;
 }
@@ -867,6 +851,21 @@ std::function<void(const PlanProgress&)> StderrProgress() {
     const std::lock_guard<std::mutex> lock(shared->mutex);
     std::cerr << line << "\n";
   };
+}
+
+void StderrStatusLine::Show(std::string text) {
+  constexpr size_t kWidth = 99;
+  if (text.size() > kWidth) text.resize(kWidth);
+  const std::lock_guard<std::mutex> lock(mutex_);
+  const size_t blanks = shown_ > text.size() ? shown_ - text.size() : 0;
+  std::cerr << "\r" << text << std::string(blanks, ' ') << std::flush;
+  shown_ = std::max<size_t>(text.size(), 1);
+}
+
+void StderrStatusLine::Clear() {
+  const std::lock_guard<std::mutex> lock(mutex_);
+  if (shown_ > 0) std::cerr << "\r\033[K" << std::flush;
+  shown_ = 0;
 }
 
 int Fail(const absl::Status& status) {

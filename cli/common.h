@@ -5,6 +5,7 @@
 
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
@@ -222,6 +223,25 @@ void AddQuietFlag(CLI::App* cmd, bool& quiet);
 // 0.00119)". Stages reported within the first second are not printed (a
 // quick plan prints nothing); safe to call from several threads.
 std::function<void(const PlanProgress&)> StderrProgress();
+
+// One status line on stderr that a terminal redraws in place (progress of
+// long work): Show() replaces the line (cut to 99 columns, blanks over what
+// the last one left), Clear() erases it; the destructor clears. For a
+// terminal only: piped, it would leave carriage returns in the output.
+// Thread-safe.
+class StderrStatusLine {
+ public:
+  StderrStatusLine() = default;
+  StderrStatusLine(const StderrStatusLine&) = delete;
+  StderrStatusLine& operator=(const StderrStatusLine&) = delete;
+  ~StderrStatusLine() { Clear(); }
+  void Show(std::string text);
+  void Clear();
+
+ private:
+  std::mutex mutex_;
+  size_t shown_ = 0;  // length of the line on screen; 0: none
+};
 
 // Prints "pebble: <message>" on stderr, on one line (control characters
 // escaped), and returns 1, or 2 for a UsageError.

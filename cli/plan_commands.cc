@@ -340,19 +340,14 @@ absl::Status WriteParetoPlot(const std::string& title, std::vector<ParetoPoint> 
 constexpr char kFastComparePolicies[] =
     "baseline,best-order,sqrtn,chen-greedy,rotor,dtr,swap,hybrid";
 
-// One line on a terminal's stderr, redrawn as the plans of `compare` finish
-// ("compare: [#######.....] 21/40 plans, 12 s"); nothing when stderr is not
-// a terminal. Safe to call from several threads.
+// The progress of `compare` on a terminal's stderr, redrawn as its plans
+// finish ("compare: [#######.....] 21/40 plans, 12 s"); nothing when stderr
+// is not a terminal. Safe to call from several threads.
 class ProgressBar {
  public:
   ProgressBar(size_t total, bool enabled) : total_(total), enabled_(enabled) {}
-  ~ProgressBar() { Clear(); }
   // Erases the line, before the command prints anything else.
-  void Clear() {
-    const std::lock_guard<std::mutex> lock(mutex_);
-    if (drawn_) std::cerr << "\r\033[K" << std::flush;
-    drawn_ = false;
-  }
+  void Clear() { line_.Clear(); }
   void Done() {
     if (!enabled_) return;
     const std::lock_guard<std::mutex> lock(mutex_);
@@ -361,18 +356,16 @@ class ProgressBar {
     const size_t filled = total_ > 0 ? kWidth * done_ / total_ : kWidth;
     const double elapsed = std::chrono::duration<double>(
         std::chrono::steady_clock::now() - start_).count();
-    std::cerr << absl::StrFormat("\rcompare: [%s%s] %d/%d plans, %.0f s", std::string(filled, '#'),
-                                 std::string(kWidth - filled, '.'), done_, total_, elapsed)
-              << std::flush;
-    drawn_ = true;
+    line_.Show(absl::StrFormat("compare: [%s%s] %d/%d plans, %.0f s", std::string(filled, '#'),
+                               std::string(kWidth - filled, '.'), done_, total_, elapsed));
   }
 
  private:
   const size_t total_;
   const bool enabled_;
   size_t done_ = 0;
-  bool drawn_ = false;
   std::mutex mutex_;
+  StderrStatusLine line_;
   const std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
 };
 

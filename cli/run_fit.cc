@@ -76,29 +76,22 @@ class FitProgressLine {
     } else if (t.outcome == FitTry::Outcome::kBelowBound) {
       absl::StrAppend(&line, " (at least ", FormatBytes(t.peak_bytes), ")");
     }
-    const std::lock_guard<std::mutex> lock(mu_);
     if (terminal_) {
-      constexpr size_t kWidth = 99;
-      if (line.size() > kWidth) line.resize(kWidth);
-      std::cerr << "\r" << line << std::string(kWidth - line.size(), ' ') << std::flush;
-      open_ = true;
+      status_.Show(std::move(line));
     } else {
+      const std::lock_guard<std::mutex> lock(mu_);
       std::cerr << line << "\n";
     }
   }
 
   // Erases the line being rewritten, if any.
-  void Finish() {
-    const std::lock_guard<std::mutex> lock(mu_);
-    if (open_) std::cerr << "\r\033[K" << std::flush;
-    open_ = false;
-  }
+  void Finish() { status_.Clear(); }
 
  private:
   std::string vary_;
   bool terminal_;
-  std::mutex mu_;
-  bool open_ = false;
+  std::mutex mu_;  // whole lines when piped
+  StderrStatusLine status_;
 };
 
 int RunFit(const FitFlags& f) {
