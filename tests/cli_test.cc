@@ -318,45 +318,35 @@ size_t Widest(const std::string& text) {
 }
 
 TEST(CliTest, UnknownOptionsAndCommandsNameTheNearest) {
-  Result flag = Pebble("plan --model conv3d:n=8 --polcy rotor");
-  EXPECT_EQ(flag.exit_code, 2);
-  EXPECT_THAT(flag.err, HasSubstr("unknown option '--polcy' (did you mean '--policy'?)"));
-  Result wrong_command_flag = Pebble("compare --model conv3d:n=8 --budget 60%");
-  EXPECT_EQ(wrong_command_flag.exit_code, 2);
-  EXPECT_THAT(wrong_command_flag.err,
-              HasSubstr("unknown option '--budget' (did you mean '--budgets'?)"));
+  using ::pebble::testing::ExpectOneLineError;
+  ExpectOneLineError(Pebble("plan --model conv3d:n=8 --polcy rotor"), 2,
+                     {"unknown option '--polcy' (did you mean '--policy'?)"});
+  ExpectOneLineError(Pebble("compare --model conv3d:n=8 --budget 60%"), 2,
+                     {"unknown option '--budget' (did you mean '--budgets'?)"});
   Result far = Pebble("plan --model conv3d:n=8 --zzzzzzzz");
-  EXPECT_EQ(far.exit_code, 2);
-  EXPECT_THAT(far.err, HasSubstr("unknown option '--zzzzzzzz'"));
+  ExpectOneLineError(far, 2, {"unknown option '--zzzzzzzz'"});
   EXPECT_THAT(far.err, Not(HasSubstr("did you mean")));
-  Result command = Pebble("plna --model conv3d:n=8");
-  EXPECT_EQ(command.exit_code, 2);
-  EXPECT_THAT(command.err, HasSubstr("unknown command 'plna' (did you mean 'plan'?)"));
+  ExpectOneLineError(Pebble("plna --model conv3d:n=8"), 2,
+                     {"unknown command 'plna' (did you mean 'plan'?)"});
   // Names inside values too: models, their parameters, policies.
-  const std::vector<std::pair<std::string, std::string>> values = {
-      {"plan --model resnt18", "unknown model 'resnt18' (did you mean 'resnet18'?)"},
-      {"plan --model resnet18:imge=64", "no parameter 'imge' (did you mean 'image'?)"},
-      {"plan --model conv3d:n=8 --policy rotr", "unknown policy 'rotr' (did you mean 'rotor'?)"},
-  };
-  for (const auto& [args, message] : values) {
-    Result r = Pebble(args);
-    EXPECT_EQ(r.exit_code, 2) << args;
-    EXPECT_THAT(r.err, HasSubstr(message)) << args;
-  }
+  ExpectOneLineError(Pebble("plan --model resnt18"), 2,
+                     {"unknown model 'resnt18' (did you mean 'resnet18'?)"});
+  ExpectOneLineError(Pebble("plan --model resnet18:imge=64"), 2,
+                     {"no parameter 'imge' (did you mean 'image'?)"});
+  ExpectOneLineError(Pebble("plan --model conv3d:n=8 --policy rotr"), 2,
+                     {"unknown policy 'rotr' (did you mean 'rotor'?)"});
 }
 
 TEST(CliTest, BareNumberBudgetsAreRefusedWithTheReadingsTheyMayMean) {
-  const std::vector<std::pair<std::string, std::string>> cases = {
-      {"plan --model conv3d:n=8 --budget 70", "--budget 70: did you mean 70% or 70B?"},
-      {"plan --model conv3d:n=8 --budget 0.6", "--budget 0.6: did you mean 60% or 0.6GiB?"},
-      {"compare --model conv3d:n=8 --budgets 100%,70", "did you mean 70% or 70B?"},
-      {"fit --model conv3d --vary n --budget 2", "--budget 2: did you mean 2MiB or 2GiB?"},
-  };
-  for (const auto& [args, message] : cases) {
-    Result r = Pebble(args);
-    EXPECT_EQ(r.exit_code, 2) << args;
-    EXPECT_THAT(r.err, HasSubstr(message)) << args;
-  }
+  using ::pebble::testing::ExpectOneLineError;
+  ExpectOneLineError(Pebble("plan --model conv3d:n=8 --budget 70"), 2,
+                     {"--budget 70: did you mean 70% or 70B?"});
+  ExpectOneLineError(Pebble("plan --model conv3d:n=8 --budget 0.6"), 2,
+                     {"--budget 0.6: did you mean 60% or 0.6GiB?"});
+  ExpectOneLineError(Pebble("compare --model conv3d:n=8 --budgets 100%,70"), 2,
+                     {"did you mean 70% or 70B?"});
+  ExpectOneLineError(Pebble("fit --model conv3d --vary n --budget 2"), 2,
+                     {"--budget 2: did you mean 2MiB or 2GiB?"});
   // With a unit, or as large a number of bytes as a budget is, they plan.
   for (const std::string budget : {"70B", "70%", "4000000"}) {
     EXPECT_NE(Pebble("plan --model conv3d:n=8 --budget " + budget).exit_code, 2) << budget;
