@@ -35,6 +35,10 @@ import sys
 import time
 import traceback
 
+# Deterministic cuBLAS on a GPU (torch.use_deterministic_algorithms below
+# asks for it); read when CUDA starts, so set before torch is imported.
+os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+
 try:
     import torch
 except ImportError:
@@ -308,6 +312,8 @@ def check_savings(failures, device, names):
               f"{measured} B measured ({step.report['predicted_step_peak_bytes']} B "
               f"predicted): {100 * saved:.0f}% of eager's step beyond its gradients saved, "
               f"{step.report['measured_recomputations']} recomputations", flush=True)
+        workspace = max(n.get("workspace", 0) for n in step._variant.capture.document["nodes"])
+        print(f"  largest kernel temporary measured at calibration: {workspace} B", flush=True)
         failures.check(saved >= 0.4, f"{name}: {policy} at min saves {100 * saved:.0f}% of eager's "
                        "step beyond its gradients, not 40%")
 
@@ -373,6 +379,54 @@ def _one_pass_case(name, device):
                                 torch.randint(0, 5, (2,), device=device),
                                 torch.nn.functional.cross_entropy)
     return step_models.CASES[name](device)
+
+
+def check_calibration_under_plan(failures, device):
+    """Where the unplanned step does not fit the device (made to run out of
+    memory here), calibration runs under dtr's least-peak plan: the report
+    says so, every distinct call's temporaries are those the unplanned run
+    measures, and a plan made from them runs with eager's numbers and its
+    measured peak as predicted."""
+    from pebble.torch import _calibrate
+
+    case = step_models.CASES["gpt"](device)
+    model = case.model.train()
+    initial = copy.deepcopy(model.state_dict())
+    want = eager_step(case, copy.deepcopy(model))
+    normal = pt.train_step(model, case.loss_fn, case.inputs, case.target, policy="dtr",
+                           budget="min", measure="always")
+    unplanned = _calibrate.unplanned_schedule(normal._variant.capture.nodes)
+    plain_program = _calibrate.Program
+
+    class UnplannedRunsOutOfMemory(plain_program):
+        def run(self, *args, **kwargs):
+            if [(k, n.id) for k, n in self.steps] == self._unplanned:
+                raise MemoryError("out of memory (the unplanned step, in this test)")
+            return super().run(*args, **kwargs)
+
+    UnplannedRunsOutOfMemory._unplanned = [
+        (k, n.id) for k, n in plain_program(normal._variant.capture.nodes, unplanned,
+                                            device).steps]
+    _calibrate.Program = UnplannedRunsOutOfMemory
+    try:
+        step = pt.train_step(model, case.loss_fn, case.inputs, case.target, policy="dtr",
+                             budget="min", measure="always")
+    finally:
+        _calibrate.Program = plain_program
+    source = step.report["calibration"]
+    failures.check(source.startswith("measured under dtr's least-peak plan"),
+                   f"calibration under a plan: the report says {source!r}")
+
+    def temporaries(s):
+        return {n.id: n.temporary_bytes for n in s._variant.capture.nodes.nodes}
+    failures.check(temporaries(step) == temporaries(normal),
+                   "calibration under a plan: temporaries differ from the unplanned run's")
+    failures.check(any(temporaries(step).values()),
+                   "calibration under a plan: no call has a temporary (the check checks nothing)")
+    got = planned_step(case, step, model, initial)
+    compare(failures, "calibrated under a plan", got, want, bitwise=False)
+    check_memory(failures, "calibrated under a plan", step.report)
+    print(f"calibration under a plan: {source[:60]}...; temporaries as unplanned", flush=True)
 
 
 def check_one_pass_capture(failures, device):
@@ -557,6 +611,16 @@ def main():
         print("step_check: no CUDA device; skipped")
         return 77
     torch.set_num_threads(max(1, min(4, os.cpu_count() or 1)))
+    if device.type == "cuda":
+        # Equal numbers need equal arithmetic: fp32 without TF32 (PyTorch 2
+        # lets cuDNN use TF32 by default) and deterministic kernels (cuDNN's
+        # backward filters may add with atomics, so two runs of one plan
+        # would differ in the last bits).
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+        torch.backends.cudnn.benchmark = False
+        torch.backends.cudnn.deterministic = True
+        torch.use_deterministic_algorithms(True, warn_only=True)
     names = list(step_models.CASES) if args.all else (
         args.cases.split(",") if args.cases else QUICK_CASES)
     failures = Failures()
@@ -576,6 +640,7 @@ def main():
     check_savings(failures, device, [n for n in args.savings.split(",") if n])
     if not args.no_extras:
         check_one_pass_capture(failures, device)
+        check_calibration_under_plan(failures, device)
         check_other_shapes(failures, device)
         check_eval_mode(failures, device)
         check_accumulation(failures, device)

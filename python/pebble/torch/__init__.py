@@ -198,7 +198,8 @@ class _Capture:
         values, self.shapes_from = propagate(traced, self.device)
         self.traced_with = traced.mode
         self.nodes = StepGraph(traced, values, accumulate=_slot_ids(traced, key[1]),
-                               round_to=512 if self.device.type == "cuda" else 1)
+                               round_to=512 if self.device.type == "cuda" else 1,
+                               device=self.device)
         self.capture_s = time.perf_counter() - started
         if step.calibrate:
             cal = calibrate(self.nodes, self.device, self.persistent(inputs, target))

@@ -219,7 +219,7 @@ def trace(model, loss_fn, inputs, target, device, mode=None, one_pass=True):
         grad_found = []
         stack = _ModuleStack(model)
         try:
-            with _rng_kept(device):
+            with _rng_kept(device), _rnn_without_cudnn(model, device):
                 step = _step_function(model, loss_fn, slots, grad_found)
                 first = make_fx(step, tracing_mode=m)(*flat)
                 stack.close()
@@ -251,6 +251,36 @@ def trace(model, loss_fn, inputs, target, device, mode=None, one_pass=True):
     where, e = failure
     raise CaptureError(f"{where} cannot be traced by PyTorch (make_fx): "
                        f"{type(e).__name__}: {_first_line(e)}") from e
+
+
+@contextlib.contextmanager
+def _rnn_without_cudnn(model, device):
+    """On a GPU, the model's recurrent layers (nn.LSTM, nn.GRU, nn.RNN) are
+    traced through PyTorch's own cells: cuDNN's RNN takes its weights as one
+    flat buffer passed as an untyped storage, which make_fx cannot record
+    (PyTorch 2). Other layers keep cuDNN."""
+    rnns = [m for m in model.modules() if isinstance(m, torch.nn.RNNBase)]
+    if device.type != "cuda" or not rnns:
+        yield
+        return
+    saved = []
+
+    def before(module, args):
+        saved.append(torch.backends.cudnn.enabled)
+        torch.backends.cudnn.enabled = False
+
+    def after(module, args, output):
+        torch.backends.cudnn.enabled = saved.pop()
+
+    handles = [h for m in rnns
+               for h in (m.register_forward_pre_hook(before), m.register_forward_hook(after))]
+    enabled = torch.backends.cudnn.enabled
+    try:
+        yield
+    finally:
+        for h in handles:
+            h.remove()
+        torch.backends.cudnn.enabled = enabled  # also where a forward raised
 
 
 # --- values recorded by the trace ----------------------------------------------------

@@ -170,14 +170,18 @@ class Node:
 class StepGraph:
     """The pebble graph of a traced step and how each node is computed."""
 
-    def __init__(self, traced, values, accumulate=(), round_to=1):
+    def __init__(self, traced, values, accumulate=(), round_to=1, device=None):
         """accumulate: ids of parameters whose .grad holds a tensor: their
         gradient is added into it in place as soon as it is made (as autograd
         does), by a node `acc:<id>`; the others' gradients are outputs that
         become their .grad. round_to: the allocator's granularity (bytes;
-        CUDA's caching allocator rounds every block up to 512)."""
+        CUDA's caching allocator rounds every block up to 512). device: the
+        step's device; an output a kernel leaves on another one (attention's
+        random-number seed and offset stay on the host) holds none of its
+        memory and counts no bytes."""
         self.accumulate = set(accumulate)
         self.round_to = round_to
+        self.device = torch.device(device) if device is not None else None
         self.traced = traced
         self.gm = traced.gm
         self.values = values  # fx node -> its fake (or real) output
@@ -301,7 +305,7 @@ class StepGraph:
                 else:
                     siblings.append(node)
                     node.other_outputs_bytes = sum(
-                        storage_bytes(v) for j, v in enumerate(value)
+                        self._device_bytes(v) for j, v in enumerate(value)
                         if j != k and isinstance(v, torch.Tensor) and
                         self._shared_input(v, inputs) is None)
         if len(siblings) > 1:
@@ -330,9 +334,18 @@ class StepGraph:
             node.alias_of = base.index
             node.nbytes = value.numel() * value.element_size()
         else:
-            node.nbytes = storage_bytes(value)
+            node.nbytes = self._device_bytes(value)
+        if not self._on_device(value):
+            node.nbytes = 0
         self.refs[(n, k)] = node
         return node
+
+    def _on_device(self, value):
+        return self.device is None or value.device.type == self.device.type
+
+    def _device_bytes(self, value):
+        """The bytes of value's storage in the step device's memory."""
+        return storage_bytes(value) if self._on_device(value) else 0
 
     def _shared_input(self, value, inputs):
         """The input whose storage `value` shares, or None (a fresh output)."""
