@@ -71,6 +71,17 @@ absl::StatusOr<Role> ParseRole(absl::string_view name) {
       "' (expected input, parameter, buffer, forward or backward)"));
 }
 
+absl::string_view TierName(Tier tier) {
+  return tier == Tier::kHost ? "host" : "device";
+}
+
+absl::StatusOr<Tier> ParseTier(absl::string_view name) {
+  if (name == "device") return Tier::kDevice;
+  if (name == "host") return Tier::kHost;
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown tier '", name, "' (expected device or host)"));
+}
+
 int64_t NumElements(const Shape& shape) {
   int64_t n = 1;
   for (int64_t d : shape) n *= d;
@@ -175,6 +186,37 @@ std::string DescribeCycle(const std::vector<std::string>& ids,
   return absl::StrJoin(names, " -> ");
 }
 
+// In-place nodes write persistent storages, each after the one before it
+// (NodeSpec::in_place): the writes of one storage form a chain through
+// alias_of, so their order is the graph's, not a schedule's choice.
+absl::Status CheckInPlace(const Graph& g) {
+  if (!g.has_in_place()) return absl::OkStatus();
+  std::vector<NodeId> written_after(g.num_nodes(), kNoNode);
+  for (NodeId v = 0; v < g.num_nodes(); ++v) {
+    if (!g.in_place(v)) continue;
+    const NodeId base = g.storage(v);
+    const NodeId before = g.alias_of(v);
+    if (!g.persistent(base)) {
+      return NodeError(g.id(v), absl::StrCat(
+          "an in-place node writes the storage of ", Quote(g.id(base)),
+          ", which is not persistent (updates in place are of parameters and optimizer state)"));
+    }
+    if (before != base && !g.in_place(before)) {
+      return NodeError(g.id(v), absl::StrCat(
+          "an in-place node's 'alias_of' must be the persistent ", Quote(g.id(base)),
+          " or an earlier in-place node of it, not the view ", Quote(g.id(before))));
+    }
+    if (written_after[before] != kNoNode) {
+      return NodeError(g.id(v), absl::StrCat(
+          "in-place nodes ", Quote(g.id(written_after[before])), " and ", Quote(g.id(v)),
+          " both write after ", Quote(g.id(before)),
+          ": writes of one storage must be ordered (let the second's 'alias_of' be the first)"));
+    }
+    written_after[before] = v;
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<Graph> GraphBuilder::Build() const {
@@ -236,10 +278,18 @@ absl::StatusOr<Graph> GraphBuilder::Build() const {
                                             " is not one of its inputs"));
       }
       // A view runs no kernel; a workspace would also break the rule that
-      // an alias's compute adds no memory (docs/semantics.md).
-      if (s.workspace != 0) {
+      // an alias's compute adds no memory (docs/semantics.md). An in-place
+      // update runs one, and may need temporaries.
+      if (s.workspace != 0 && !s.in_place) {
         return NodeError(s.id, "an alias ('alias_of') has no workspace");
       }
+    }
+    if (s.home.has_value() && !s.persistent) {
+      return NodeError(s.id, "'home' is for persistent nodes (where they live between steps)");
+    }
+    if (s.in_place && !s.alias_of.has_value()) {
+      return NodeError(s.id, "an in-place node ('in_place') needs 'alias_of': the storage "
+                             "it writes");
     }
     if (s.shape.has_value()) {
       int64_t elements = 1;
@@ -302,7 +352,15 @@ absl::StatusOr<Graph> GraphBuilder::Build() const {
     g.shapes_.push_back(s.shape);
     g.dtypes_.push_back(s.dtype);
     g.attrs_.push_back(s.attrs);
-    if (s.persistent) g.persistent_bytes_ += *s.bytes;
+    g.homes_.push_back(s.home);
+    g.in_place_.push_back(s.in_place ? 1 : 0);
+    if (s.home.has_value()) ++g.num_homes_;
+    if (s.in_place) ++g.num_in_place_;
+    if (s.persistent && s.home == Tier::kHost) {
+      g.host_persistent_bytes_ += *s.bytes;
+    } else if (s.persistent) {
+      g.persistent_bytes_ += *s.bytes;
+    }
   }
   // Aliases: alias_of names an input, checked above, so it is a known id.
   g.alias_of_.assign(n, kNoNode);
@@ -390,15 +448,20 @@ absl::StatusOr<Graph> GraphBuilder::Build() const {
 
   // Storage roots, in topological order: an alias's input comes first.
   g.storage_.resize(n);
+  g.versions_.resize(n);
   for (NodeId v : g.topo_order_) {
     g.storage_[v] = g.alias_of_[v] == kNoNode ? v : g.storage_[g.alias_of_[v]];
+    g.versions_[v] = g.alias_of_[v] == kNoNode || g.in_place_[v] ? v
+                                                                 : g.versions_[g.alias_of_[v]];
   }
+  RETURN_IF_ERROR(CheckInPlace(g));
 
   // Outputs and their ancestors.
   g.needed_.assign(n, false);
   for (auto it = g.topo_order_.rbegin(); it != g.topo_order_.rend(); ++it) {
     NodeId v = *it;
-    if (!g.needed_[v] && !g.is_output_[v]) continue;
+    // An in-place update is an effect every step has, output or not.
+    if (!g.needed_[v] && !g.is_output_[v] && !g.in_place_[v]) continue;
     g.needed_[v] = true;
     for (NodeId u : g.unique_inputs(v)) g.needed_[u] = true;
   }
@@ -419,6 +482,8 @@ NodeSpec SpecOf(const Graph& graph, NodeId v) {
   s.attrs = graph.attrs(v);
   s.role = graph.role(v);
   if (graph.is_alias(v)) s.alias_of = graph.id(graph.alias_of(v));
+  s.home = graph.home(v);
+  s.in_place = graph.in_place(v);
   return s;
 }
 

@@ -55,6 +55,14 @@ enum class Role : uint8_t {
 absl::string_view RoleName(Role role);
 absl::StatusOr<Role> ParseRole(absl::string_view name);
 
+// Where a persistent tensor lives between steps ("home"; docs/semantics.md,
+// "Home tiers and in-place updates"): it starts the step there and must end
+// it there. A persistent node without a home is resident throughout, as the
+// contract first defined it.
+enum class Tier : uint8_t { kDevice, kHost };
+absl::string_view TierName(Tier tier);  // "device", "host"
+absl::StatusOr<Tier> ParseTier(absl::string_view name);
+
 using Shape = std::vector<int64_t>;
 int64_t NumElements(const Shape& shape);  // 1 for a scalar shape []
 // Bytes of a tensor of `shape` and `dtype` (NumElements x DTypeSize), or
@@ -96,6 +104,15 @@ struct NodeSpec {
   // node owns its storage. Must name one of `inputs`; an alias is never
   // persistent and has no workspace (a view runs no kernel).
   std::optional<std::string> alias_of;
+  // Persistent nodes only: where the tensor lives between steps. With a
+  // home, it may leave the device while a current host copy keeps it.
+  std::optional<Tier> home;
+  // An alias whose compute writes its storage (an optimizer's update of a
+  // parameter or of its state): the storage must be persistent, alias_of
+  // names the base or the previous in-place node of the same storage, the
+  // node runs once per step, and nothing reads the storage's earlier value
+  // after it. It may have a workspace.
+  bool in_place = false;
 };
 
 class Graph {
@@ -126,6 +143,17 @@ class Graph {
   NodeId alias_of(NodeId v) const { return alias_of_[v]; }
   NodeId storage(NodeId v) const { return storage_[v]; }
   bool is_alias(NodeId v) const { return alias_of_[v] != kNoNode; }
+
+  // Home tiers and in-place updates (NodeSpec::home, NodeSpec::in_place).
+  // home(v): the persistent node's tier, or nullopt (resident throughout).
+  // version(v): the node whose write made the value v reads: the nearest
+  // in-place node on v's alias chain (v itself if in place), else the
+  // storage's base.
+  std::optional<Tier> home(NodeId v) const { return homes_[v]; }
+  bool in_place(NodeId v) const { return in_place_[v] != 0; }
+  NodeId version(NodeId v) const { return versions_[v]; }
+  bool has_homes() const { return num_homes_ > 0; }
+  bool has_in_place() const { return num_in_place_ > 0; }
   bool has_aliases() const { return num_aliases_ > 0; }
   int num_aliases() const { return num_aliases_; }
 
@@ -151,12 +179,15 @@ class Graph {
   // that order. This is "the graph's own order" of the baseline policy.
   absl::Span<const NodeId> topological_order() const { return topo_order_; }
 
-  // needed()[v]: v is an output or an ancestor of one (SPEC's base_cost set
-  // includes the non-persistent ones).
+  // needed()[v]: v is an output, an in-place update, or an ancestor of one
+  // (SPEC's base_cost set includes the non-persistent ones).
   const std::vector<bool>& needed() const { return needed_; }
 
-  // Sum of bytes over persistent nodes: resident for the whole schedule.
+  // Sum of bytes over persistent nodes resident when the step starts (all
+  // but those whose home is the host); without homes, resident throughout.
   int64_t persistent_bytes() const { return persistent_bytes_; }
+  // Sum of bytes over persistent nodes whose home is the host.
+  int64_t host_persistent_bytes() const { return host_persistent_bytes_; }
 
   // A short human-readable summary (counts, bytes), for logs and tests.
   std::string ToString() const;
@@ -184,6 +215,11 @@ class Graph {
   std::vector<NodeId> alias_of_;
   std::vector<NodeId> storage_;
   int num_aliases_ = 0;
+  std::vector<std::optional<Tier>> homes_;
+  std::vector<uint8_t> in_place_;
+  std::vector<NodeId> versions_;
+  int num_homes_ = 0;
+  int num_in_place_ = 0;
   std::vector<int32_t> input_offsets_{0};
   std::vector<NodeId> inputs_;
   std::vector<int32_t> unique_input_offsets_{0};
@@ -195,6 +231,7 @@ class Graph {
   std::vector<NodeId> topo_order_;
   std::vector<bool> needed_;
   int64_t persistent_bytes_ = 0;
+  int64_t host_persistent_bytes_ = 0;
   absl::flat_hash_map<std::string, NodeId> index_;  // lookups only, never iterated
 };
 
@@ -217,8 +254,11 @@ class GraphBuilder {
   // persistent node with inputs, attrs that are not an object, an unknown
   // input or output id, no outputs, a cycle (the message lists it), an
   // alias_of that is not one of the node's inputs (or the node itself), a
-  // persistent alias, an alias with workspace. A repeated output id counts
-  // once.
+  // persistent alias, an alias with workspace (unless in place), a home on a
+  // node that is not persistent, an in-place node that is no alias, writes
+  // a storage that is not persistent, or whose alias_of is neither the base
+  // nor an in-place node, two in-place nodes writing after the same one. A
+  // repeated output id counts once.
   absl::StatusOr<Graph> Build() const;
 
  private:

@@ -35,9 +35,9 @@ constexpr int64_t kVersion = 1;
 
 constexpr std::array<absl::string_view, 5> kTopLevelKeys = {
     "format", "version", "name", "nodes", "outputs"};
-constexpr std::array<absl::string_view, 12> kNodeKeys = {
+constexpr std::array<absl::string_view, 14> kNodeKeys = {
     "id",         "op",   "bytes", "cost",  "inputs", "alias_of", "workspace",
-    "persistent", "role", "shape", "dtype", "attrs"};
+    "persistent", "role", "shape", "dtype", "attrs", "home", "in_place"};
 
 // A JSON value as shown after "got": its text, cut.
 std::string Shown(const Json& v) {
@@ -177,6 +177,21 @@ absl::StatusOr<NodeSpec> ParseNode(const Json& node, size_t index) {
           absl::StrCat("must be true or false, got ", Shown(*it)));
     }
     spec.persistent = it->get<bool>();
+  }
+  if (auto it = node.find("home"); it != node.end()) {
+    ASSIGN_OR_RETURN(std::string name, ReadString(*it, where, "home"));
+    absl::StatusOr<Tier> tier = ParseTier(name);
+    if (!tier.ok()) {
+      return FieldError(where, "home", absl::StrCat("is invalid: ", tier.status().message()));
+    }
+    spec.home = *tier;
+  }
+  if (auto it = node.find("in_place"); it != node.end()) {
+    if (!it->is_boolean()) {
+      return FieldError(where, "in_place",
+                        absl::StrCat("must be true or false, got ", Shown(*it)));
+    }
+    spec.in_place = it->get<bool>();
   }
   if (auto it = node.find("role"); it != node.end()) {
     ASSIGN_OR_RETURN(std::string name, ReadString(*it, where, "role"));
@@ -378,6 +393,8 @@ OrderedJson NodeToJson(const Graph& graph, NodeId v) {
   if (graph.is_alias(v)) node["alias_of"] = graph.id(graph.alias_of(v));
   if (graph.workspace(v) != 0) node["workspace"] = graph.workspace(v);
   if (graph.persistent(v)) node["persistent"] = true;
+  if (graph.home(v).has_value()) node["home"] = std::string(TierName(*graph.home(v)));
+  if (graph.in_place(v)) node["in_place"] = true;
   const Role default_role = graph.persistent(v) ? Role::kInput : Role::kForward;
   if (graph.role(v) != default_role) {
     node["role"] = std::string(RoleName(graph.role(v)));

@@ -48,8 +48,8 @@ inline constexpr int64_t kMaxJsonInteger = kMaxBytes;
 // The graph as a pebble-graph document such that GraphFromJson reads back an
 // identical graph (same node order, so the same NodeIds). Keys in the order
 // format, version, name, nodes (by NodeId), outputs; node keys in the order
-// id, op, bytes, cost, inputs, alias_of, workspace, persistent, role, shape,
-// dtype, attrs. Node fields at their default are left out, except id, op and bytes;
+// id, op, bytes, cost, inputs, alias_of, workspace, persistent, home,
+// in_place, role, shape, dtype, attrs. Node fields at their default are left out, except id, op and bytes;
 // `role` is written when it differs from its default (input if persistent,
 // else forward). Converts implicitly to nlohmann::json (keys then sorted).
 // Ids are not checked for UTF-8: to print a graph that did not come from a

@@ -131,6 +131,13 @@ absl::Status CheckView(const Graph& graph, NodeId v) {
 // backend's memory. Every tensor the schedule touches must fit its slot and
 // be what its operator makes, and the backend must have every kernel.
 absl::Status CheckRunnable(const Graph& graph, const Schedule& schedule, const Backend& backend) {
+  for (NodeId v = 0; v < graph.num_nodes(); ++v) {
+    if (graph.home(v).has_value() || graph.in_place(v)) {
+      return absl::UnimplementedError(absl::StrCat(
+          "node ", Quote(graph.id(v)), " has ", graph.in_place(v) ? "'in_place'" : "'home'",
+          ": the backends do not run home tiers or in-place updates yet (docs/semantics.md)"));
+    }
+  }
   // The schedule's nodes (a valid schedule computes every non-persistent
   // input before reading it) and every persistent one, each checked once.
   std::vector<uint8_t> touched(graph.num_nodes(), 0);

@@ -58,6 +58,7 @@ absl::StatusOr<PlanOutcome> PlanGraph(const Graph& graph, const PlanRequest& req
   PlanOutcome out;
   out.budget = request.budget;
   out.budget_is_min = spec.kind == BudgetSpec::Kind::kMin;
+  RETURN_IF_ERROR(CheckPlannable(graph));
   ASSIGN_OR_RETURN(out.baseline_peak_bytes, BaselinePeak(graph));
   PlannerOptions options = request.options;
   options.budget_bytes = ResolveBudget(spec, out.baseline_peak_bytes);
@@ -187,6 +188,7 @@ absl::StatusOr<Comparison> Compare(const Graph& graph, const CompareRequest& req
                    PolicyList(request.policies, [](const std::string&) { return true; }));
   if (request.jobs < 0) return absl::InvalidArgumentError("compare: jobs must be 0 or more");
   Comparison c;
+  RETURN_IF_ERROR(CheckPlannable(graph));
   ASSIGN_OR_RETURN(c.baseline_peak_bytes, BaselinePeak(graph));
   // Policy-major, every plan independent of the others.
   const size_t n = policies.size() * specs.size();

@@ -143,6 +143,19 @@ bool TimeLimitReached(const PlanResult& result) {
   return it != result.details.end() && it->is_boolean() && it->get<bool>();
 }
 
+absl::Status CheckPlannable(const Graph& graph) {
+  for (NodeId v = 0; v < graph.num_nodes(); ++v) {
+    if (graph.home(v).has_value() || graph.in_place(v)) {
+      return absl::UnimplementedError(absl::StrCat(
+          "node ", Quote(graph.id(v)), " has ",
+          graph.in_place(v) ? "'in_place'" : "'home'",
+          ": pebble's policies do not plan home tiers or in-place updates yet; "
+          "`pebble simulate` checks a schedule of such a graph"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<PlanResult> FinishPlan(const Graph& graph, Schedule schedule,
                                       const PlannerOptions& options) {
   SimulatorOptions sim;

@@ -154,6 +154,12 @@ absl::StatusOr<std::unique_ptr<Planner>> MakePlanner(absl::string_view name);
 
 // Simulates `schedule`, fills a PlanResult and decides feasibility against
 // the budgets of `options` (kMinBudget is always feasible).
+// OK where the planners can plan `graph`; an error naming the first node
+// they cannot where it has home tiers or in-place updates
+// (docs/semantics.md): the simulator checks schedules of such graphs, no
+// policy makes them yet.
+absl::Status CheckPlannable(const Graph& graph);
+
 absl::StatusOr<PlanResult> FinishPlan(const Graph& graph, Schedule schedule,
                                       const PlannerOptions& options);
 

@@ -43,6 +43,39 @@ std::string HeldThroughAlias(const Graph& graph, NodeId v,
                       " (a second copy of a live storage; free its aliases first)");
 }
 
+// Whether persistent v may move: it has a home (docs/semantics.md, "Home
+// tiers and in-place updates"); without one it is resident throughout.
+bool Movable(const Graph& graph, NodeId v) {
+  return graph.persistent(v) && graph.home(v).has_value();
+}
+
+// The end of a step: every persistent node with a home is in it (a host
+// home holds a current host copy, and the device none).
+absl::Status CheckHomes(const Graph& graph, const std::vector<uint8_t>& on_device,
+                        const std::vector<uint8_t>& on_host) {
+  for (NodeId v = 0; v < graph.num_nodes(); ++v) {
+    if (!Movable(graph, v)) continue;
+    const bool host_home = *graph.home(v) == Tier::kHost;
+    if (!host_home && !on_device[v]) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "invalid schedule: persistent ", Quote(graph.id(v)),
+          " (home: device) is not resident at the end; prefetch it back"));
+    }
+    if (host_home && !on_host[v]) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "invalid schedule: persistent ", Quote(graph.id(v)),
+          " (home: host) has no current host copy at the end; offload it after its last "
+          "in-place update"));
+    }
+    if (host_home && on_device[v]) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "invalid schedule: persistent ", Quote(graph.id(v)),
+          " (home: host) is still resident on the device at the end; free it"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<PlanReport> Simulate(const Graph& graph,
@@ -72,18 +105,27 @@ absl::StatusOr<PlanReport> Simulate(const Graph& graph,
   double copy_free_at = 0;     // end of the previous copy
   double frees_done_at = 0;    // R_k: latest end of earlier frees
 
+  // current[s]: the node whose value storage s holds now: its base, then
+  // each in-place node that wrote it.
+  std::vector<NodeId> current(n);
+  for (NodeId v = 0; v < n; ++v) current[v] = v;
   int64_t device = 0;
-  for (NodeId v = 0; v < n; ++v) {
-    if (graph.persistent(v)) {
-      on_device[v] = 1;
-      holders[v] = 1;
-      device += graph.bytes(v);
-    }
-  }
   int64_t host = 0;
+  for (NodeId v = 0; v < n; ++v) {
+    if (!graph.persistent(v)) continue;
+    if (graph.home(v) == Tier::kHost) {
+      on_host[v] = 1;
+      host += graph.bytes(v);
+      continue;
+    }
+    on_device[v] = 1;
+    holders[v] = 1;
+    device += graph.bytes(v);
+  }
   int64_t distinct_computed = 0;
   int64_t computes = 0;
   report.initial_bytes = device;
+  report.host_peak_bytes = host;
   report.peak_bytes = device;
   report.peak_step = -1;
   report.timeline.reserve(schedule.steps.size());
@@ -108,12 +150,23 @@ absl::StatusOr<PlanReport> Simulate(const Graph& graph,
         if (!graph.is_alias(v) && holders[v] > 0) {
           return StepError(graph, k, step, HeldThroughAlias(graph, v, on_device));
         }
+        if (graph.in_place(v) && computed[v]) {
+          return StepError(graph, k, step,
+                           absl::StrCat("the in-place update has run already (it writes ",
+                                        Quote(graph.id(graph.storage(v))), " once per step)"));
+        }
         double start = std::max(compute_free_at, frees_done_at);
         for (NodeId u : graph.unique_inputs(v)) {
           if (!on_device[u]) {
             return StepError(graph, k, step,
                              absl::StrCat("input '", graph.id(u),
                                           "' is not resident"));
+          }
+          if (graph.version(u) != current[graph.storage(u)]) {
+            return StepError(graph, k, step, absl::StrCat(
+                "input ", Quote(graph.id(u)), " was overwritten by the in-place update ",
+                Quote(graph.id(current[graph.storage(u)])), " (reads of a storage's earlier "
+                "value come before its update)"));
           }
           start = std::max(start, ready[u]);
         }
@@ -122,6 +175,14 @@ absl::StatusOr<PlanReport> Simulate(const Graph& graph,
         // only a base adds bytes.
         const NodeId root = graph.storage(v);
         if (holders[root]++ == 0) device += graph.bytes(root);
+        if (graph.in_place(v)) {
+          // The write makes every host copy of the storage stale.
+          current[root] = v;
+          if (on_host[root]) {
+            on_host[root] = 0;
+            host -= graph.bytes(root);
+          }
+        }
         rec.peak_bytes = device + graph.workspace(v);
         rec.start = start;
         rec.end = start + graph.cost(v);
@@ -141,8 +202,12 @@ absl::StatusOr<PlanReport> Simulate(const Graph& graph,
         break;
       }
       case Action::kFree: {
-        if (graph.persistent(v)) {
+        if (graph.persistent(v) && !Movable(graph, v)) {
           return StepError(graph, k, step, "the node is persistent");
+        }
+        if (Movable(graph, v) && !on_host[v] && on_device[v]) {
+          return StepError(graph, k, step,
+                           "the persistent node has no current host copy (offload it first)");
         }
         if (!on_device[v]) {
           return StepError(graph, k, step, "the node is not resident");
@@ -156,7 +221,7 @@ absl::StatusOr<PlanReport> Simulate(const Graph& graph,
         break;
       }
       case Action::kOffload: {
-        if (graph.persistent(v)) {
+        if (graph.persistent(v) && !Movable(graph, v)) {
           return StepError(graph, k, step, "the node is persistent");
         }
         if (graph.is_alias(v)) {
@@ -224,6 +289,14 @@ absl::StatusOr<PlanReport> Simulate(const Graph& graph,
     report.timeline.push_back(rec);
   }
 
+  if (graph.has_homes()) RETURN_IF_ERROR(CheckHomes(graph, on_device, on_host));
+  for (NodeId v = 0; v < n && graph.has_in_place(); ++v) {
+    if (graph.in_place(v) && !computed[v]) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "invalid schedule: the in-place update ", Quote(graph.id(v)),
+          " never ran (every update runs once per step)"));
+    }
+  }
   for (NodeId out : graph.outputs()) {
     if (!on_device[out]) {
       return absl::InvalidArgumentError(absl::StrCat(
