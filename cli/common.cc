@@ -30,6 +30,7 @@
 #include "graph/file_output.h"
 #include "graph/graph_json.h"
 #include "graph/models/models.h"
+#include "graph/optimizer.h"
 #include "graph/status.h"
 #include "graph/text_input.h"
 #include "runtime/make_backend.h"
@@ -61,6 +62,11 @@ void GraphSource::AddOptions(CLI::App* cmd) {
                   "or mse")
       ->check(CLI::IsMember({"cross-entropy", "mse"}))
       ->needs(train_opt);  // not silently ignored without it
+  cmd->add_option("--optimizer", optimizer,
+                  "end the training step with an optimizer's update of every parameter: "
+                  "sgd, adam or adamw, with settings after a colon, e.g. "
+                  "sgd:lr=0.1,momentum=0.9 or adam:lr=1e-3,weight_decay=0.01 (PyTorch's "
+                  "defaults otherwise; docs/training.md)");
   cmd->add_option("--throughput", throughput_flops_per_s,
                   "device FLOP/s that turns a model's FLOPs into seconds of cost "
                   "(default 10e12; ignored for --graph, whose costs are given)")
@@ -114,6 +120,22 @@ void GraphSource::AddWorkspaceBackendOption(CLI::App* cmd) {
 
 absl::StatusOr<Graph> GraphSource::Load(WorkspaceQueryStats* workspace) const {
   ASSIGN_OR_RETURN(Graph g, LoadWithoutProfile(*this));
+  if (!optimizer.empty()) {
+    absl::StatusOr<OptimizerSpec> spec = ParseOptimizer(optimizer);
+    if (!spec.ok()) return UsageError(absl::StrCat("--optimizer: ", spec.status().message()));
+    if (g.has_in_place()) {
+      return UsageError("--optimizer: the graph has an optimizer's step already (a model's "
+                        "optimizer= parameter, or in-place nodes of its own)");
+    }
+    CostModel cost;
+    cost.device_flops_per_s = throughput_flops_per_s;
+    absl::StatusOr<Graph> stepped = AddOptimizerStep(g, *spec, cost);
+    if (!stepped.ok()) {
+      return absl::Status(stepped.status().code(),
+                          absl::StrCat("--optimizer: ", stepped.status().message()));
+    }
+    g = *std::move(stepped);
+  }
   if (!profile.empty()) {
     ASSIGN_OR_RETURN(CostProfile p, ReadCostProfileFile(profile));
     CostProfileMatch match;

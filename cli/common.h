@@ -53,6 +53,9 @@ struct GraphSource {
   // --train: differentiate a forward --graph with `loss` first.
   bool train = false;
   std::string loss = "cross-entropy";
+  // --optimizer: the optimizer's step appended to the training graph
+  // (graph/optimizer.h); empty: none.
+  std::string optimizer;
   // A backend ("cpu", "cuda") whose kernels' scratch becomes each computed
   // node's workspace (runtime/workspace.h); empty: the graph's own figures.
   std::string workspace_backend;

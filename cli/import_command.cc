@@ -9,6 +9,7 @@
 #include "graph/autodiff.h"
 #include "graph/graph_json.h"
 #include "graph/import/onnx_import.h"
+#include "graph/optimizer.h"
 #include "graph/status.h"
 
 namespace pebble::cli {
@@ -19,6 +20,7 @@ struct ImportFlags {
   std::string loss = "cross-entropy";
   int64_t batch = 0;  // 0: the model's own
   std::string output;
+  std::string optimizer;  // empty: none (graph/optimizer.h)
   double throughput_flops_per_s = 10e12;
   bool force = false;
   bool json = false;
@@ -37,12 +39,27 @@ int RunImport(const ImportFlags& flags) {
   if (!output_ok.ok()) return Fail(output_ok);
   auto loss = ParseLossKind(flags.loss);
   if (!loss.ok()) return Fail(loss.status());
+  std::optional<OptimizerSpec> optimizer;
+  if (!flags.optimizer.empty()) {
+    absl::StatusOr<OptimizerSpec> spec = ParseOptimizer(flags.optimizer);
+    if (!spec.ok()) {
+      return Fail(UsageError(absl::StrCat("--optimizer: ", spec.status().message())));
+    }
+    if (*loss == LossKind::kNone) {
+      return Fail(UsageError("--optimizer needs a training graph: give --loss, not --loss none"));
+    }
+    optimizer = *spec;
+  }
   OnnxImportOptions options;
   options.loss = *loss;
   if (flags.batch > 0) options.batch = flags.batch;
   options.cost_model.device_flops_per_s = flags.throughput_flops_per_s;
   auto graph = ImportOnnxFile(flags.model_path, options);
   if (!graph.ok()) return Fail(graph.status());
+  if (optimizer.has_value()) {
+    graph = AddOptimizerStep(*graph, *optimizer, options.cost_model);
+    if (!graph.ok()) return Fail(graph.status());
+  }
   absl::Status written = WriteOutput(flags.output, GraphToJsonText(*graph), flags.force);
   if (!written.ok()) return Fail(written);
 
@@ -91,6 +108,9 @@ void AddImportCommand(CLI::App& app, int& exit_code) {
                   "input 'target' of class indices), mse (nn.MSELoss), or none (default "
                   "cross-entropy)")
       ->check(CLI::IsMember({"cross-entropy", "mse", "none"}));
+  cmd->add_option("--optimizer", flags.optimizer,
+                  "end the training step with an optimizer's update: sgd, adam or adamw, with "
+                  "settings after a colon, e.g. adam:lr=1e-3 (docs/training.md)");
   cmd->add_option("--batch", flags.batch,
                   "batch size: rewrites dimension 0 of every graph input (needed when the "
                   "model's batch dimension is symbolic)")

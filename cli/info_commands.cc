@@ -76,6 +76,7 @@ int64_t Elements(const Graph& g, NodeId v) {
 struct MemorySummary {
   int64_t parameters = 0, parameter_bytes = 0;
   int64_t buffer_bytes = 0, input_bytes = 0;
+  int64_t optimizer_state_bytes = 0;
   int64_t gradient_bytes = 0;  // the parameter gradients (outputs)
   int64_t forward_bytes = 0;   // all forward activations, kept at once
   int64_t backward_bytes = 0;  // all backward tensors
@@ -110,6 +111,8 @@ MemorySummary Summarize(const Graph& g, int64_t baseline_peak) {
         s.backward_bytes += g.bytes(v);
         if (g.is_output(v)) s.gradient_bytes += g.bytes(v);
         break;
+      case Role::kOptimizerState: s.optimizer_state_bytes += g.bytes(v); break;
+      case Role::kUpdate: break;  // in place: no bytes of its own
     }
   }
   return s;
@@ -150,6 +153,7 @@ int RunDescribe(const GraphSource& source, bool json) {
                  {"parameters", s.parameters},
                  {"parameter_bytes", s.parameter_bytes},
                  {"buffer_bytes", s.buffer_bytes},
+                 {"optimizer_state_bytes", s.optimizer_state_bytes},
                  {"input_bytes", s.input_bytes},
                  {"gradient_bytes", s.gradient_bytes},
                  {"forward_activation_bytes", s.forward_bytes},
@@ -197,6 +201,7 @@ int RunDescribe(const GraphSource& source, bool json) {
   row(absl::StrCat("parameters (", s.parameters, " values)"), s.parameter_bytes);
   row("parameter gradients", s.gradient_bytes);
   row("buffers (running stats)", s.buffer_bytes);
+  if (s.optimizer_state_bytes > 0) row("optimizer state", s.optimizer_state_bytes);
   row("data batch (input, target)", s.input_bytes);
   row("forward activations, all kept", s.forward_bytes);
   row("backward tensors, all kept", s.backward_bytes);

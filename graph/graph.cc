@@ -57,18 +57,20 @@ absl::string_view RoleName(Role role) {
     case Role::kBuffer: return "buffer";
     case Role::kForward: return "forward";
     case Role::kBackward: return "backward";
+    case Role::kOptimizerState: return "optimizer_state";
+    case Role::kUpdate: return "update";
   }
   return "?";
 }
 
 absl::StatusOr<Role> ParseRole(absl::string_view name) {
   for (Role r : {Role::kInput, Role::kParameter, Role::kBuffer, Role::kForward,
-                 Role::kBackward}) {
+                 Role::kBackward, Role::kOptimizerState, Role::kUpdate}) {
     if (RoleName(r) == name) return r;
   }
   return absl::InvalidArgumentError(absl::StrCat(
       "unknown role '", name,
-      "' (expected input, parameter, buffer, forward or backward)"));
+      "' (expected input, parameter, buffer, forward, backward, optimizer_state or update)"));
 }
 
 absl::string_view TierName(Tier tier) {

@@ -51,6 +51,8 @@ enum class Role : uint8_t {
   kBuffer,     // persistent non-trainable state (batch-norm running stats)
   kForward,    // activation of the forward pass (the loss included)
   kBackward,   // gradient node produced by autodiff
+  kOptimizerState,  // persistent optimizer state (momentum, Adam's moments, steps)
+  kUpdate,          // an optimizer's in-place update (graph/optimizer.h)
 };
 absl::string_view RoleName(Role role);
 absl::StatusOr<Role> ParseRole(absl::string_view name);

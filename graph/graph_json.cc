@@ -475,6 +475,10 @@ const char* RoleColor(Role role) {
       return "#c6dbef";  // blue
     case Role::kBackward:
       return "#fcbba1";  // red
+    case Role::kOptimizerState:
+      return "#dadaeb";  // lilac
+    case Role::kUpdate:
+      return "#bcbddc";  // purple
   }
   return "#ffffff";
 }

@@ -9,6 +9,7 @@
 #include "graph/status.h"
 #include "graph/text_input.h"
 #include "scheduler/alias_fold.h"
+#include "scheduler/updates_last.h"
 #include "scheduler/budget.h"
 #include "scheduler/external_policy.h"
 
@@ -85,7 +86,7 @@ absl::StatusOr<std::unique_ptr<Planner>> MakePlanner(absl::string_view name) {
     if (program.empty()) {
       return absl::InvalidArgumentError("policy 'exec:' names no program (exec:PROGRAM)");
     }
-    return WithAliasFolding(MakeExecPlanner(std::string(program)));
+    return WithUpdatesLast(WithAliasFolding(MakeExecPlanner(std::string(program))));
   }
   const PolicyInfo* info = PlannerRegistry::Global().Find(name);
   if (info == nullptr) {
@@ -100,7 +101,7 @@ absl::StatusOr<std::unique_ptr<Planner>> MakePlanner(absl::string_view name) {
         " (known: ", absl::StrJoin(names, ", "), "; see 'pebble policies')"));
   }
   // Every policy plans storages, not views (Note [Alias folding]).
-  return WithAliasFolding(info->factory());
+  return WithUpdatesLast(WithAliasFolding(info->factory()));
 }
 
 void ReportProgress(const PlannerOptions& options, std::string stage,
@@ -145,12 +146,11 @@ bool TimeLimitReached(const PlanResult& result) {
 
 absl::Status CheckPlannable(const Graph& graph) {
   for (NodeId v = 0; v < graph.num_nodes(); ++v) {
-    if (graph.home(v).has_value() || graph.in_place(v)) {
+    if (graph.home(v).has_value()) {
       return absl::UnimplementedError(absl::StrCat(
-          "node ", Quote(graph.id(v)), " has ",
-          graph.in_place(v) ? "'in_place'" : "'home'",
-          ": pebble's policies do not plan home tiers or in-place updates yet; "
-          "`pebble simulate` checks a schedule of such a graph"));
+          "node ", Quote(graph.id(v)), " has 'home': pebble's policies do not move "
+          "persistent tensors between tiers yet; `pebble simulate` checks a schedule of such "
+          "a graph"));
     }
   }
   return absl::OkStatus();

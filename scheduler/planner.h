@@ -149,15 +149,16 @@ class PlannerRegistry {
 // Looks up and instantiates a policy, or makes the planner of
 // "exec:PROGRAM" (external_policy.h); NotFound lists the known names. The
 // planner plans a graph with aliases over its storages (WithAliasFolding,
-// alias_fold.h) and takes any other graph as it is.
+// alias_fold.h), a graph with in-place updates without them, running them
+// last (WithUpdatesLast, updates_last.h), and takes any other graph as it is.
 absl::StatusOr<std::unique_ptr<Planner>> MakePlanner(absl::string_view name);
 
 // Simulates `schedule`, fills a PlanResult and decides feasibility against
 // the budgets of `options` (kMinBudget is always feasible).
 // OK where the planners can plan `graph`; an error naming the first node
-// they cannot where it has home tiers or in-place updates
-// (docs/semantics.md): the simulator checks schedules of such graphs, no
-// policy makes them yet.
+// with a home tier (docs/semantics.md): the simulator checks schedules of
+// such graphs, no policy makes them yet. In-place updates are planned (last:
+// updates_last.h).
 absl::Status CheckPlannable(const Graph& graph);
 
 absl::StatusOr<PlanResult> FinishPlan(const Graph& graph, Schedule schedule,

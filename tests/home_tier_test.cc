@@ -192,7 +192,7 @@ TEST(HomeTierTest, PoliciesRefuseWhatTheyDoNotPlanYet) {
   ASSERT_FALSE(plan.ok());
   EXPECT_EQ(plan.status().code(), absl::StatusCode::kUnimplemented);
   EXPECT_THAT(std::string(plan.status().message()),
-              HasSubstr("node 'w' has 'home': pebble's policies do not plan home tiers"));
+              HasSubstr("node 'w' has 'home': pebble's policies do not move persistent tensors"));
 }
 
 }  // namespace

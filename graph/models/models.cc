@@ -16,6 +16,7 @@
 #include "absl/strings/str_split.h"
 #include "graph/autodiff.h"
 #include "graph/models/transformer.h"
+#include "graph/optimizer.h"
 #include "graph/models/zoo_internal.h"
 #include "graph/status.h"
 #include "graph/text_input.h"
@@ -33,6 +34,10 @@ struct ModelEntry {
 
 ModelEntry Network(std::string name, std::string description,
                    std::vector<ModelParam> params, BuildFn build) {
+  // Every network's training step may end with an optimizer's (BuildModel).
+  params.push_back({"optimizer", "none",
+                    "none, sgd, adam or adamw: the optimizer's step in the graph, with "
+                    "PyTorch's defaults (docs/training.md; --optimizer takes settings)"});
   return {{std::move(name), std::move(description), std::move(params),
            /*training_graph=*/true},
           std::move(build)};
@@ -298,8 +303,21 @@ absl::StatusOr<Graph> BuildModel(const ModelSpec& spec, CostModel cost) {
     }
     values[key] = value;
   }
+  std::string optimizer = "none";
+  if (entry->info.training_graph) {
+    optimizer = values["optimizer"];
+    values.erase("optimizer");
+  }
   const zoo::ModelArgs args(spec.name, spec.ToString(), std::move(values));
   absl::StatusOr<Graph> graph = entry->build(args, cost);
+  if (graph.ok() && optimizer != "none") {
+    absl::StatusOr<OptimizerSpec> step = ParseOptimizer(optimizer);
+    if (!step.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("model '", spec.name, "': optimizer=",
+                                                     optimizer, ": ", step.status().message()));
+    }
+    graph = AddOptimizerStep(*graph, *step, cost);
+  }
   if (!graph.ok()) {
     // Prefix the model when the builder's message does not name it (shape
     // errors from NetBuilder name the node only).

@@ -1,0 +1,253 @@
+#include "graph/optimizer.h"
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "graph/status.h"
+#include "graph/text_input.h"
+
+namespace pebble {
+namespace {
+
+absl::string_view KindName(OptimizerKind kind) {
+  switch (kind) {
+    case OptimizerKind::kSgd: return "sgd";
+    case OptimizerKind::kAdam: return "adam";
+    case OptimizerKind::kAdamW: return "adamw";
+  }
+  return "?";
+}
+
+// The keys each optimizer takes, in the order ToString writes them.
+std::vector<std::string> KeysOf(OptimizerKind kind) {
+  if (kind == OptimizerKind::kSgd) return {"lr", "momentum", "weight_decay", "state"};
+  return {"lr", "beta1", "beta2", "eps", "weight_decay", "state"};
+}
+
+absl::Status CheckRange(absl::string_view key, double value) {
+  const bool ok = key == "lr" || key == "eps"       ? value > 0
+                  : key == "weight_decay"           ? value >= 0
+                                                    : value >= 0 && value < 1;
+  if (ok) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "optimizer: ", key, "=", value, " is out of range (",
+      key == "lr" || key == "eps" ? "above 0" : key == "weight_decay" ? "0 or more" : "in [0, 1)",
+      ")"));
+}
+
+// The number field called `key` (a key of KeysOf other than "state").
+template <typename Spec>
+auto* Field(Spec& spec, absl::string_view key) {
+  if (key == "lr") return &spec.lr;
+  if (key == "momentum") return &spec.momentum;
+  if (key == "weight_decay") return &spec.weight_decay;
+  if (key == "beta1") return &spec.beta1;
+  if (key == "beta2") return &spec.beta2;
+  return &spec.eps;
+}
+
+const std::vector<std::string>& OptimizerNames() {
+  static const std::vector<std::string> names = {"sgd", "adam", "adamw"};
+  return names;
+}
+
+}  // namespace
+
+std::string OptimizerSpec::ToString() const {
+  std::vector<std::string> parts;
+  for (const std::string& key : KeysOf(kind)) {
+    if (key == "state") {
+      if (state_home.has_value()) parts.push_back(absl::StrCat("state=", TierName(*state_home)));
+      continue;
+    }
+    parts.push_back(absl::StrCat(key, "=", *Field(*this, key)));
+  }
+  return absl::StrCat(KindName(kind), ":", absl::StrJoin(parts, ","));
+}
+
+absl::StatusOr<OptimizerSpec> ParseOptimizer(absl::string_view text) {
+  std::pair<absl::string_view, absl::string_view> name_params =
+      absl::StrSplit(text, absl::MaxSplits(':', 1));
+  const absl::string_view name = absl::StripAsciiWhitespace(name_params.first);
+  OptimizerSpec spec;
+  if (name == "sgd") {
+    spec.kind = OptimizerKind::kSgd;
+  } else if (name == "adam" || name == "adamw") {
+    spec.kind = name == "adam" ? OptimizerKind::kAdam : OptimizerKind::kAdamW;
+    spec.lr = 0.001;
+    if (spec.kind == OptimizerKind::kAdamW) spec.weight_decay = 0.01;
+  } else {
+    const std::string near = NearestName(name, OptimizerNames());
+    return absl::InvalidArgumentError(absl::StrCat(
+        "unknown optimizer ", Quote(name), " (expected sgd, adam or adamw",
+        near.empty() ? "" : absl::StrCat("; did you mean ", near, "?"), ")"));
+  }
+  const std::vector<std::string> keys = KeysOf(spec.kind);
+  if (name_params.second.empty()) return spec;
+  std::map<std::string, bool> seen;
+  for (absl::string_view item : absl::StrSplit(name_params.second, ',')) {
+    std::pair<absl::string_view, absl::string_view> kv = absl::StrSplit(item, '=');
+    const std::string key(absl::StripAsciiWhitespace(kv.first));
+    const absl::string_view value = absl::StripAsciiWhitespace(kv.second);
+    if (std::find(keys.begin(), keys.end(), key) == keys.end()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "optimizer ", name, ": unknown parameter ", Quote(key), " (", name, " takes ",
+          absl::StrJoin(keys, ", "), ")"));
+    }
+    if (seen[key]) {
+      return absl::InvalidArgumentError(absl::StrCat("optimizer ", name, ": ", key,
+                                                     " is given twice"));
+    }
+    seen[key] = true;
+    if (key == "state") {
+      ASSIGN_OR_RETURN(spec.state_home, ParseTier(value));
+      continue;
+    }
+    double number = 0;
+    if (!absl::SimpleAtod(value, &number) || !std::isfinite(number)) {
+      return absl::InvalidArgumentError(absl::StrCat("optimizer ", name, ": ", key, "=",
+                                                     Quote(value), " is not a finite number"));
+    }
+    RETURN_IF_ERROR(CheckRange(key, number));
+    *Field(spec, key) = number;
+  }
+  return spec;
+}
+
+namespace {
+
+// Builds the nodes of Note [Optimizer nodes] beside a copy of the training
+// graph's own.
+class OptimizerStepBuilder {
+ public:
+  OptimizerStepBuilder(const Graph& training, const OptimizerSpec& spec, CostModel cost)
+      : training_(training), spec_(spec), cost_(cost) {}
+
+  absl::StatusOr<Graph> Build() {
+    GraphBuilder b(training_.name());
+    for (NodeId v = 0; v < training_.num_nodes(); ++v) b.AddNode(SpecOf(training_, v));
+    for (NodeId out : training_.outputs()) b.AddOutput(training_.id(out));
+    const bool adam = spec_.kind != OptimizerKind::kSgd;
+    std::string step_now;
+    if (adam) {
+      RETURN_IF_ERROR(Add(b, State("optimizer.step", {}, DType::kFloat32, 4)));
+      step_now = "optimizer.step#1";
+      RETURN_IF_ERROR(Add(b, Update(step_now, "optimizer_step", "optimizer.step",
+                                    {"optimizer.step"}, {}, DType::kFloat32, 4, 1)));
+    }
+    int params = 0;
+    for (NodeId g : training_.outputs()) {
+      const std::string& gid = training_.id(g);
+      if (gid.rfind("grad:", 0) != 0) continue;
+      const std::string p = gid.substr(5);
+      const NodeId pv = training_.Find(p);
+      if (pv == kNoNode || training_.role(pv) != Role::kParameter) continue;
+      if (!training_.shape(pv).has_value()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "optimizer: parameter ", Quote(p), " has no shape"));
+      }
+      ++params;
+      const Shape& shape = *training_.shape(pv);
+      const DType dtype = training_.dtype(pv).value_or(DType::kFloat32);
+      const int64_t bytes = training_.bytes(pv);
+      const double n = static_cast<double>(NumElements(shape));
+      if (!adam) {
+        std::string step = gid;
+        if (spec_.momentum > 0) {
+          const std::string buf = "momentum_buffer:" + p;
+          RETURN_IF_ERROR(Add(b, State(buf, shape, dtype, bytes)));
+          RETURN_IF_ERROR(Add(b, Update(buf + "#1", "sgd_momentum", buf, {buf, gid, p},
+                                        shape, dtype, bytes, 3 * n)));
+          step = buf + "#1";
+        }
+        RETURN_IF_ERROR(Add(b, Update("update:" + p, "sgd_update", p, {p, step}, shape,
+                                      dtype, bytes, 3 * n)));
+        continue;
+      }
+      const std::string m = "exp_avg:" + p, v2 = "exp_avg_sq:" + p;
+      RETURN_IF_ERROR(Add(b, State(m, shape, dtype, bytes)));
+      RETURN_IF_ERROR(Add(b, State(v2, shape, dtype, bytes)));
+      RETURN_IF_ERROR(Add(b, Update(m + "#1", "adam_exp_avg", m, {m, gid, p}, shape, dtype,
+                                    bytes, 4 * n)));
+      RETURN_IF_ERROR(Add(b, Update(v2 + "#1", "adam_exp_avg_sq", v2, {v2, gid, p}, shape,
+                                    dtype, bytes, 5 * n)));
+      RETURN_IF_ERROR(Add(b, Update("update:" + p, "adam_update", p,
+                                    {p, m + "#1", v2 + "#1", step_now}, shape, dtype, bytes,
+                                    10 * n)));
+    }
+    if (params == 0) {
+      return absl::InvalidArgumentError(
+          "optimizer: the graph has no parameter with a gradient among its outputs "
+          "(a training graph's grad:<parameter>)");
+    }
+    return b.Build();
+  }
+
+ private:
+  NodeSpec State(const std::string& id, Shape shape, DType dtype, int64_t bytes) const {
+    NodeSpec s;
+    s.id = id;
+    s.op = "optimizer_state";
+    s.bytes = bytes;
+    s.persistent = true;
+    s.role = Role::kOptimizerState;
+    s.shape = std::move(shape);
+    s.dtype = dtype;
+    s.home = spec_.state_home;
+    return s;
+  }
+
+  NodeSpec Update(const std::string& id, const std::string& op, const std::string& writes,
+                  std::vector<std::string> inputs, Shape shape, DType dtype, int64_t bytes,
+                  double operations) const {
+    NodeSpec s;
+    s.id = id;
+    s.op = op;
+    s.bytes = bytes;
+    s.cost = operations / cost_.device_flops_per_s;
+    s.inputs = std::move(inputs);
+    s.alias_of = writes;
+    s.in_place = true;
+    s.role = Role::kUpdate;
+    s.shape = std::move(shape);
+    s.dtype = dtype;
+    nlohmann::json attrs = {{"lr", spec_.lr}, {"weight_decay", spec_.weight_decay}};
+    if (spec_.kind == OptimizerKind::kSgd) {
+      attrs["momentum"] = spec_.momentum;
+    } else {
+      attrs.update({{"beta1", spec_.beta1}, {"beta2", spec_.beta2}, {"eps", spec_.eps},
+                    {"decoupled_weight_decay", spec_.kind == OptimizerKind::kAdamW}});
+    }
+    s.attrs = std::move(attrs);
+    return s;
+  }
+
+  absl::Status Add(GraphBuilder& b, NodeSpec spec) {
+    if (training_.Find(spec.id) != kNoNode) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "optimizer: the graph already has a node ", Quote(spec.id)));
+    }
+    b.AddNode(std::move(spec));
+    return absl::OkStatus();
+  }
+
+  const Graph& training_;
+  const OptimizerSpec& spec_;
+  CostModel cost_;
+};
+
+}  // namespace
+
+absl::StatusOr<Graph> AddOptimizerStep(const Graph& training, const OptimizerSpec& spec,
+                                       CostModel cost) {
+  return OptimizerStepBuilder(training, spec, cost).Build();
+}
+
+}  // namespace pebble

@@ -1,0 +1,71 @@
+// The optimizer's step as part of a training graph (docs/training.md,
+// "The optimizer in the graph"): its state tensors are persistent nodes and
+// its updates in-place nodes (docs/semantics.md, "Home tiers and in-place
+// updates"), so a plan places them like any other tensor.
+//
+// Note [Optimizer nodes]. For every parameter p with a gradient "grad:p":
+//   SGD, momentum m > 0:  "momentum_buffer:p" (persistent, p's shape and
+//     dtype, zeros at the first step), "momentum_buffer:p#1" writes it
+//     (buf <- m buf + g, where g = grad + weight_decay p), "update:p" writes
+//     p (p <- p - lr buf). PyTorch starts the buffer as a copy of the first
+//     gradient, which is m 0 + g: the same (dampening is 0).
+//   SGD, momentum 0:      "update:p" writes p (p <- p - lr g).
+//   Adam and AdamW:       one "optimizer.step" (a float32 scalar, the steps
+//     taken), which "optimizer.step#1" increments first; "exp_avg:p",
+//     "exp_avg_sq:p" (zeros at the first step), written by "exp_avg:p#1"
+//     (b1 m + (1 - b1) g) and "exp_avg_sq:p#1" (b2 v + (1 - b2) g^2);
+//     "update:p" writes p with the bias-corrected step of
+//     torch.optim.Adam / AdamW (AdamW decays p by lr weight_decay first,
+//     Adam adds weight_decay p to g).
+// The updates are needed (every step runs them) but not outputs; the
+// gradients stay outputs. Persistent states take role optimizer_state and
+// the updates role update; their home is `home` (device by default).
+#ifndef PEBBLE_GRAPH_OPTIMIZER_H_
+#define PEBBLE_GRAPH_OPTIMIZER_H_
+
+#include <optional>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "graph/graph.h"
+#include "graph/net_builder.h"
+
+namespace pebble {
+
+enum class OptimizerKind { kSgd, kAdam, kAdamW };
+
+struct OptimizerSpec {
+  OptimizerKind kind = OptimizerKind::kSgd;
+  double lr = 0.01;
+  double momentum = 0.0;      // SGD
+  double weight_decay = 0.0;  // SGD, Adam: added to the gradient; AdamW: decoupled
+  double beta1 = 0.9;         // Adam, AdamW
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  // Where the optimizer's state lives between steps; nullopt: resident
+  // throughout (a persistent node without a home).
+  std::optional<Tier> state_home;
+  std::string ToString() const;  // "adam:lr=0.001,betas=0.9/0.999,..." (canonical)
+};
+
+// "sgd", "adam", "adamw", optionally with parameters after a colon:
+// "sgd:lr=0.1,momentum=0.9,weight_decay=1e-4", "adam:lr=1e-3,beta1=0.9,
+// beta2=0.999,eps=1e-8,weight_decay=0", "...,state=host". Defaults are
+// PyTorch's (lr 0.01 for SGD, 0.001 for Adam and AdamW; AdamW's
+// weight_decay 0.01). InvalidArgument names an unknown optimizer or key,
+// a value that is not a finite number, and a value out of range (lr > 0,
+// momentum and the betas in [0, 1), eps > 0, weight_decay >= 0).
+absl::StatusOr<OptimizerSpec> ParseOptimizer(absl::string_view text);
+
+// `training` (a training graph: parameters with gradients "grad:p" among
+// its outputs) with the optimizer's state and updates (Note [Optimizer
+// nodes]). Costs: element-wise work at cost.device_flops_per_s (SGD 3 and
+// Adam 10 operations per element). Errors: no parameter with a gradient, a
+// parameter without a shape, a state id already taken.
+absl::StatusOr<Graph> AddOptimizerStep(const Graph& training, const OptimizerSpec& spec,
+                                       CostModel cost = {});
+
+}  // namespace pebble
+
+#endif  // PEBBLE_GRAPH_OPTIMIZER_H_

@@ -1,0 +1,36 @@
+// Planning graphs with in-place updates (an optimizer's step; docs/semantics.md,
+// "Home tiers and in-place updates") with any policy (Note [Updates last]
+// in updates_last.cc).
+//
+// Contract. WithoutUpdates(g) is g without its in-place nodes, each value
+// an update reads (a gradient, a state) made an output. A policy plans that
+// graph; its schedule, followed by every update in g's topological order,
+// each value freed after the last update that reads it (unless an output of
+// g), is a schedule of g: every compute that reads a storage comes before
+// the storage's update, and each update runs once. Its peak is the larger of
+// the policy's peak and the state at its end plus each update's workspace.
+#ifndef PEBBLE_SCHEDULER_UPDATES_LAST_H_
+#define PEBBLE_SCHEDULER_UPDATES_LAST_H_
+
+#include <memory>
+
+#include "absl/status/statusor.h"
+#include "graph/graph.h"
+#include "scheduler/planner.h"
+#include "scheduler/schedule.h"
+
+namespace pebble {
+
+// g without its in-place nodes (see above), same ids and order otherwise.
+// Errors: a node other than an update reads an update (nothing may follow
+// an update but another).
+absl::StatusOr<Graph> WithoutUpdates(const Graph& graph);
+
+// `inner` planning WithoutUpdates(g) of a graph with in-place nodes, the
+// updates appended; any other graph goes to `inner` as it is. Every
+// planner the registry makes is wrapped (planner.cc).
+std::unique_ptr<Planner> WithUpdatesLast(std::unique_ptr<Planner> inner);
+
+}  // namespace pebble
+
+#endif  // PEBBLE_SCHEDULER_UPDATES_LAST_H_

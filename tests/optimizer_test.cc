@@ -1,0 +1,180 @@
+// The optimizer's step in the training graph (graph/optimizer.h) and its
+// planning by every policy, the updates last (scheduler/updates_last.h).
+#include "graph/optimizer.h"
+
+#include <set>
+#include <string>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "graph/models/models.h"
+#include "gtest/gtest.h"
+#include "scheduler/budget.h"
+#include "scheduler/plan_api.h"
+#include "scheduler/planner.h"
+#include "scheduler/simulator.h"
+#include "scheduler/updates_last.h"
+
+namespace pebble {
+namespace {
+
+using ::testing::HasSubstr;
+
+TEST(OptimizerTest, ParsesNamesSettingsAndRefusesBadOnes) {
+  absl::StatusOr<OptimizerSpec> sgd = ParseOptimizer("sgd");
+  ASSERT_TRUE(sgd.ok()) << sgd.status();
+  EXPECT_EQ(sgd->ToString(), "sgd:lr=0.01,momentum=0,weight_decay=0");
+  absl::StatusOr<OptimizerSpec> adamw = ParseOptimizer("adamw: lr=3e-4, beta2=0.95,state=host");
+  ASSERT_TRUE(adamw.ok()) << adamw.status();
+  EXPECT_EQ(adamw->ToString(),
+            "adamw:lr=0.0003,beta1=0.9,beta2=0.95,eps=1e-08,weight_decay=0.01,state=host");
+  const std::pair<const char*, const char*> bad[] = {
+      {"adma", "unknown optimizer 'adma' (expected sgd, adam or adamw; did you mean adam?)"},
+      {"sgd:betas=1", "optimizer sgd: unknown parameter 'betas' (sgd takes lr, momentum"},
+      {"adam:lr=fast", "optimizer adam: lr='fast' is not a finite number"},
+      {"adam:lr=inf", "is not a finite number"},
+      {"sgd:lr=0", "lr=0 is out of range (above 0)"},
+      {"sgd:momentum=1", "momentum=1 is out of range (in [0, 1))"},
+      {"adam:weight_decay=-1", "weight_decay=-1 is out of range (0 or more)"},
+      {"sgd:lr=1,lr=2", "optimizer sgd: lr is given twice"},
+      {"adam:state=disk", "unknown tier 'disk'"},
+  };
+  for (const auto& [text, message] : bad) {
+    absl::StatusOr<OptimizerSpec> spec = ParseOptimizer(text);
+    ASSERT_FALSE(spec.ok()) << text;
+    EXPECT_THAT(std::string(spec.status().message()), HasSubstr(message)) << text;
+  }
+}
+
+// Parameters with a gradient, their bytes summed.
+int64_t GradedParameterBytes(const Graph& g) {
+  int64_t bytes = 0;
+  for (NodeId v = 0; v < g.num_nodes(); ++v) {
+    if (g.role(v) == Role::kParameter && g.Find("grad:" + g.id(v)) != kNoNode) {
+      bytes += g.bytes(v);
+    }
+  }
+  return bytes;
+}
+
+TEST(OptimizerTest, AdamAddsTwoMomentsAStepCounterAndThreeUpdatesPerParameter) {
+  absl::StatusOr<Graph> plain = BuildModel("mnist-cnn:batch=2");
+  absl::StatusOr<Graph> adam = BuildModel("mnist-cnn:batch=2,optimizer=adam");
+  ASSERT_TRUE(plain.ok() && adam.ok()) << adam.status();
+  int params = 0, updates = 0, states = 0;
+  for (NodeId v = 0; v < plain->num_nodes(); ++v) {
+    params += plain->role(v) == Role::kParameter;
+  }
+  for (NodeId v = 0; v < adam->num_nodes(); ++v) {
+    updates += adam->in_place(v);
+    states += adam->role(v) == Role::kOptimizerState;
+  }
+  EXPECT_EQ(updates, 3 * params + 1);
+  EXPECT_EQ(states, 2 * params + 1);
+  EXPECT_EQ(adam->persistent_bytes(), plain->persistent_bytes() + 2 * GradedParameterBytes(*plain) + 4);
+  // The outputs are the training graph's: loss and gradients.
+  EXPECT_EQ(adam->outputs().size(), plain->outputs().size());
+  const NodeId update = adam->Find("update:conv1.weight");
+  ASSERT_NE(update, kNoNode);
+  EXPECT_EQ(adam->storage(update), adam->Find("conv1.weight"));
+  EXPECT_EQ(adam->op(update), "adam_update");
+  EXPECT_TRUE(adam->needed()[update]);
+  EXPECT_DOUBLE_EQ(adam->attrs(update)["lr"].get<double>(), 0.001);
+}
+
+TEST(OptimizerTest, SgdWithoutMomentumHasNoState) {
+  absl::StatusOr<Graph> plain = BuildModel("conv3d:n=8");
+  absl::StatusOr<Graph> sgd = BuildModel("conv3d:n=8,optimizer=sgd");
+  ASSERT_TRUE(plain.ok() && sgd.ok()) << sgd.status();
+  EXPECT_EQ(sgd->persistent_bytes(), plain->persistent_bytes());
+  EXPECT_EQ(sgd->num_nodes(), plain->num_nodes() + 6);  // three weights, three biases
+  OptimizerSpec momentum;
+  momentum.momentum = 0.9;
+  absl::StatusOr<Graph> with_momentum = AddOptimizerStep(*plain, momentum);
+  ASSERT_TRUE(with_momentum.ok()) << with_momentum.status();
+  EXPECT_EQ(with_momentum->persistent_bytes(),
+            plain->persistent_bytes() + GradedParameterBytes(*plain));
+  EXPECT_NE(with_momentum->Find("momentum_buffer:conv1.weight#1"), kNoNode);
+}
+
+TEST(OptimizerTest, RefusesGraphsWithoutGradientsAndUnknownModelValues) {
+  absl::StatusOr<Graph> chain = BuildModel("path:n=4");
+  ASSERT_TRUE(chain.ok()) << chain.status();
+  absl::StatusOr<Graph> none = AddOptimizerStep(*chain, OptimizerSpec{});
+  ASSERT_FALSE(none.ok());
+  EXPECT_THAT(std::string(none.status().message()), HasSubstr("no parameter with a gradient"));
+  absl::StatusOr<Graph> bad = BuildModel("conv3d:n=8,optimizer=lamb");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_THAT(std::string(bad.status().message()),
+              HasSubstr("model 'conv3d': optimizer=lamb: unknown optimizer 'lamb'"));
+}
+
+// Every policy plans a step with Adam where it plans the step without: a
+// valid plan whose updates run once each, after every other compute; the
+// peak is the plan's without the optimizer plus the state's bytes (the
+// updates hold nothing more: the gradients are kept to the end either way).
+TEST(OptimizerTest, EveryPolicyPlansTheUpdatesLast) {
+  // Small enough for the exhaustive policies (exact, exact-order).
+  absl::StatusOr<Graph> plain = BuildModel("conv3d:n=8");
+  absl::StatusOr<Graph> adam = BuildModel("conv3d:n=8,optimizer=adam");
+  ASSERT_TRUE(plain.ok() && adam.ok());
+  const int64_t state_bytes = adam->persistent_bytes() - plain->persistent_bytes();
+  absl::StatusOr<Graph> rest = WithoutUpdates(*adam);
+  ASSERT_TRUE(rest.ok()) << rest.status();
+  for (const PolicyInfo* info : PlannerRegistry::Global().List()) {
+    if (info->external) continue;
+    for (const char* budget : {"100%", "min"}) {
+      PlanRequest request;
+      request.policy = info->name;
+      request.budget = budget;
+      request.options.time_limit_s = 2;
+      absl::StatusOr<PlanOutcome> with = PlanGraph(*adam, request);
+      absl::StatusOr<PlanOutcome> without = PlanGraph(*plain, request);
+      if (!without.ok()) {  // the policy's own limits (tree: in-trees only)
+        EXPECT_EQ(with.status().code(), without.status().code()) << info->name;
+        continue;
+      }
+      ASSERT_TRUE(with.ok()) << info->name << " " << budget << ": " << with.status();
+      const Schedule& s = with->result.schedule;
+      std::set<NodeId> updated;
+      bool update_seen = false;
+      for (const Step& step : s.steps) {
+        if (step.action != Action::kCompute) continue;
+        if (adam->in_place(step.node)) {
+          EXPECT_TRUE(updated.insert(step.node).second) << info->name << ": an update twice";
+          update_seen = true;
+        } else {
+          EXPECT_FALSE(update_seen) << info->name << ": " << adam->id(step.node)
+                                    << " computed after an update";
+        }
+      }
+      int updates = 0;
+      for (NodeId v = 0; v < adam->num_nodes(); ++v) updates += adam->in_place(v);
+      EXPECT_EQ(static_cast<int>(updated.size()), updates) << info->name;
+      // Deterministic policies give the plain graph's plan plus the state.
+      if (std::string(budget) == "100%" && info->kind == PlanKind::kOneShot) {
+        EXPECT_EQ(with->result.report.peak_bytes,
+                  without->result.report.peak_bytes + state_bytes)
+            << info->name;
+      }
+    }
+  }
+}
+
+TEST(OptimizerTest, StateOnTheHostIsSimulatedButNotPlannedYet) {
+  absl::StatusOr<Graph> plain = BuildModel("conv3d:n=8");
+  ASSERT_TRUE(plain.ok());
+  absl::StatusOr<OptimizerSpec> spec = ParseOptimizer("adam:state=host");
+  ASSERT_TRUE(spec.ok());
+  absl::StatusOr<Graph> g = AddOptimizerStep(*plain, *spec);
+  ASSERT_TRUE(g.ok()) << g.status();
+  EXPECT_EQ(g->home(g->Find("exp_avg:conv1.weight")), Tier::kHost);
+  EXPECT_EQ(g->host_persistent_bytes(), 2 * GradedParameterBytes(*plain) + 4);
+  PlanRequest request;
+  absl::StatusOr<PlanOutcome> plan = PlanGraph(*g, request);
+  ASSERT_FALSE(plan.ok());
+  EXPECT_THAT(std::string(plan.status().message()), HasSubstr("has 'home'"));
+}
+
+}  // namespace
+}  // namespace pebble
