@@ -3,6 +3,8 @@
 // simulator's rules, on a hand-traced step of SGD with momentum whose
 // momentum lives on the host.
 #include <algorithm>
+#include <random>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -18,6 +20,7 @@
 namespace pebble {
 namespace {
 
+using ::pebble::testing::MakeGraph;
 using ::pebble::testing::MakeSchedule;
 using ::testing::HasSubstr;
 
@@ -193,6 +196,289 @@ TEST(HomeTierTest, PoliciesRefuseWhatTheyDoNotPlanYet) {
   EXPECT_EQ(plan.status().code(), absl::StatusCode::kUnimplemented);
   EXPECT_THAT(std::string(plan.status().message()),
               HasSubstr("node 'w' has 'home': pebble's policies do not move persistent tensors"));
+}
+
+// ---------------------------------------------------------------- oracle
+
+// A random graph of persistent tensors (each with no home, a device home or
+// a host home) read by computed nodes, some of them in-place updates of a
+// persistent storage, chained per storage; outputs are computed nodes that
+// nothing reads.
+Graph RandomHomeDag(uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::vector<NodeSpec> nodes;
+  std::vector<std::string> ids;
+  std::vector<std::string> last_write;  // per persistent: its latest writer (or itself)
+  const int persistent = 2 + static_cast<int>(rng() % 3);
+  for (int i = 0; i < persistent; ++i) {
+    NodeSpec p = ::pebble::testing::Persistent(absl::StrCat("p", i), 1 + rng() % 40);
+    const int home = static_cast<int>(rng() % 3);
+    if (home > 0) p.home = home == 1 ? Tier::kDevice : Tier::kHost;
+    ids.push_back(p.id);
+    last_write.push_back(p.id);
+    nodes.push_back(std::move(p));
+  }
+  const int computed = 4 + static_cast<int>(rng() % 8);
+  std::vector<std::string> plain;  // computed nodes that are not updates
+  std::set<std::string> read;
+  for (int i = 0; i < computed; ++i) {
+    NodeSpec v;
+    v.id = absl::StrCat("v", i);
+    v.bytes = 1 + rng() % 60;
+    v.cost = 1 + static_cast<double>(rng() % 3);
+    const bool update = i >= 2 && rng() % 3 == 0;
+    if (update) {
+      const int target = static_cast<int>(rng() % persistent);
+      v.alias_of = last_write[target];
+      v.in_place = true;
+      v.inputs.push_back(last_write[target]);
+      last_write[target] = v.id;
+      if (!plain.empty()) v.inputs.push_back(plain[rng() % plain.size()]);
+    } else {
+      const int reads = 1 + static_cast<int>(rng() % 2);
+      for (int r = 0; r < reads; ++r) {
+        // Mostly earlier computed nodes; sometimes a persistent (through its
+        // latest writer, or its base: reading it after an update is invalid).
+        if (!plain.empty() && rng() % 3 != 0) {
+          v.inputs.push_back(plain[rng() % plain.size()]);
+        } else {
+          const int target = static_cast<int>(rng() % persistent);
+          v.inputs.push_back(rng() % 2 ? last_write[target] : ids[target]);
+        }
+      }
+      plain.push_back(v.id);
+    }
+    for (const std::string& in : v.inputs) read.insert(in);
+    nodes.push_back(std::move(v));
+  }
+  std::vector<std::string> outputs;
+  for (const std::string& id : plain) {
+    if (!read.count(id)) outputs.push_back(id);
+  }
+  if (outputs.empty()) outputs.push_back(plain.back());
+  return MakeGraph(std::move(nodes), std::move(outputs), absl::StrCat("random-home-", seed));
+}
+
+// The reference: docs/semantics.md's rules recomputed from scratch after
+// every step (the storages of D, each once; host copies summed), every
+// precondition checked by brute force. bad_step: the first invalid step
+// (steps.size() when the end state is wrong), or -1.
+struct HomeReference {
+  int bad_step = -1;
+  int64_t peak = 0, host_peak = 0, transfer = 0;
+  std::vector<int64_t> device, host;
+};
+
+class HomeOracle {
+ public:
+  explicit HomeOracle(const Graph& g) : g_(g), in_d_(g.num_nodes()), in_h_(g.num_nodes()),
+                                        done_(g.num_nodes()) {
+    for (NodeId v = 0; v < g.num_nodes(); ++v) {
+      if (!g.persistent(v)) continue;
+      (g.home(v) == Tier::kHost ? in_h_ : in_d_)[v] = true;
+    }
+  }
+  bool Movable(NodeId v) const { return g_.persistent(v) && g_.home(v).has_value(); }
+  // The node whose write made the value u reads: walk the alias chain
+  // to an update or the base.
+  NodeId VersionOf(NodeId u) const {
+    while (g_.is_alias(u) && !g_.in_place(u)) u = g_.alias_of(u);
+    return u;
+  }
+  // The latest update of storage s that ran, else s.
+  NodeId Current(NodeId s) const {
+    NodeId current = s;
+    for (NodeId w : writes_) {
+      if (g_.storage(w) == s) current = w;
+    }
+    return current;
+  }
+  bool HeldThroughAlias(NodeId v) const {
+    for (NodeId a = 0; a < g_.num_nodes(); ++a) {
+      if (in_d_[a] && a != v && g_.storage(a) == v) return true;
+    }
+    return false;
+  }
+  bool Valid(const Step& st) const {
+    const NodeId v = st.node;
+    switch (st.action) {
+      case Action::kCompute: {
+        bool ok = !g_.persistent(v) && !in_d_[v] && (g_.is_alias(v) || !HeldThroughAlias(v)) &&
+                  !(g_.in_place(v) && done_[v]);
+        for (NodeId u : g_.inputs(v)) {
+          ok = ok && in_d_[u] && VersionOf(u) == Current(g_.storage(u));
+        }
+        return ok;
+      }
+      case Action::kFree:
+        return in_d_[v] && (!g_.persistent(v) || (Movable(v) && in_h_[v]));
+      case Action::kOffload:
+        return (!g_.persistent(v) || Movable(v)) && !g_.is_alias(v) && in_d_[v];
+      case Action::kPrefetch:
+        return !g_.is_alias(v) && in_h_[v] && !in_d_[v] && !HeldThroughAlias(v);
+    }
+    return false;
+  }
+  void Apply(const Step& st) {
+    const NodeId v = st.node;
+    switch (st.action) {
+      case Action::kCompute:
+        in_d_[v] = true;
+        done_[v] = true;
+        if (g_.in_place(v)) {
+          writes_.push_back(v);
+          in_h_[g_.storage(v)] = false;
+        }
+        break;
+      case Action::kFree: in_d_[v] = false; break;
+      case Action::kOffload: in_h_[v] = true; break;
+      case Action::kPrefetch: in_d_[v] = true; break;
+    }
+  }
+  int64_t Device() const {
+    std::set<NodeId> storages;
+    for (NodeId v = 0; v < g_.num_nodes(); ++v) {
+      if (in_d_[v]) storages.insert(g_.storage(v));
+    }
+    int64_t sum = 0;
+    for (NodeId r : storages) sum += g_.bytes(r);
+    return sum;
+  }
+  int64_t Host() const {
+    int64_t sum = 0;
+    for (NodeId v = 0; v < g_.num_nodes(); ++v) sum += in_h_[v] ? g_.bytes(v) : 0;
+    return sum;
+  }
+  bool EndValid() const {
+    for (NodeId o : g_.outputs()) {
+      if (!in_d_[o]) return false;
+    }
+    for (NodeId v = 0; v < g_.num_nodes(); ++v) {
+      if (g_.in_place(v) && !done_[v]) return false;
+      if (!Movable(v)) continue;
+      if (*g_.home(v) == Tier::kDevice && !in_d_[v]) return false;
+      if (*g_.home(v) == Tier::kHost && (!in_h_[v] || in_d_[v])) return false;
+    }
+    return true;
+  }
+  bool resident(NodeId v) const { return in_d_[v]; }
+  bool has_host_copy(NodeId v) const { return in_h_[v]; }
+
+ private:
+  const Graph& g_;
+  std::vector<bool> in_d_, in_h_, done_;
+  std::vector<NodeId> writes_;
+};
+
+HomeReference ReferenceRun(const Graph& g, const Schedule& s) {
+  HomeOracle oracle(g);
+  HomeReference ref;
+  ref.peak = oracle.Device();
+  ref.host_peak = oracle.Host();
+  for (int k = 0; k < static_cast<int>(s.steps.size()); ++k) {
+    const Step& st = s.steps[k];
+    if (!oracle.Valid(st)) {
+      ref.bad_step = k;
+      return ref;
+    }
+    oracle.Apply(st);
+    if (st.action == Action::kOffload || st.action == Action::kPrefetch) {
+      ref.transfer += g.bytes(st.node);
+    }
+    const int64_t during =
+        oracle.Device() + (st.action == Action::kCompute ? g.workspace(st.node) : 0);
+    ref.device.push_back(oracle.Device());
+    ref.host.push_back(oracle.Host());
+    ref.peak = std::max(ref.peak, during);
+    ref.host_peak = std::max(ref.host_peak, oracle.Host());
+  }
+  if (!oracle.EndValid()) ref.bad_step = static_cast<int>(s.steps.size());
+  return ref;
+}
+
+// A random walk of mostly valid steps (computes, frees, offloads and
+// prefetches of anything, homed persistent tensors included), now and then
+// an arbitrary one; then a finish that brings each homed tensor home and
+// the outputs and updates in where it still can.
+Schedule RandomHomeSchedule(const Graph& g, std::mt19937_64& rng, double invalid_rate) {
+  HomeOracle oracle(g);
+  Schedule s;
+  auto push = [&](Step st) {
+    s.steps.push_back(st);
+    if (oracle.Valid(st)) oracle.Apply(st);
+  };
+  const int n = g.num_nodes();
+  constexpr Action kActions[] = {Action::kCompute, Action::kCompute, Action::kCompute,
+                                 Action::kFree, Action::kOffload, Action::kPrefetch};
+  for (int i = 0; i < 3 * n; ++i) {
+    const bool arbitrary = std::uniform_real_distribution<double>(0, 1)(rng) < invalid_rate;
+    for (int attempt = 0; attempt < 50; ++attempt) {
+      const Step st{kActions[rng() % 6], static_cast<NodeId>(rng() % n)};
+      if (arbitrary || oracle.Valid(st)) {
+        push(st);
+        break;
+      }
+    }
+  }
+  for (NodeId v : g.topological_order()) {
+    const Step compute{Action::kCompute, v};
+    if (g.needed()[v] && !oracle.resident(v) && oracle.Valid(compute)) push(compute);
+  }
+  for (NodeId v = 0; v < n; ++v) {
+    if (!g.persistent(v) || !g.home(v).has_value()) continue;
+    if (*g.home(v) == Tier::kDevice && !oracle.resident(v)) push({Action::kPrefetch, v});
+    if (*g.home(v) == Tier::kHost && oracle.resident(v)) {
+      if (!oracle.has_host_copy(v)) push({Action::kOffload, v});
+      for (NodeId a = 0; a < n; ++a) {  // the updates holding it, then the base
+        if (a != v && g.storage(a) == v && oracle.resident(a) && !g.is_output(a)) {
+          push({Action::kFree, a});
+        }
+      }
+      push({Action::kFree, v});
+    }
+  }
+  return s;
+}
+
+TEST(HomeTierTest, AgreesWithTheBruteForceReferenceOnRandomGraphsAndSchedules) {
+  int valid = 0, invalid = 0, with_updates = 0, with_host_homes = 0;
+  for (uint64_t seed = 1; seed <= 200; ++seed) {
+    const Graph g = RandomHomeDag(seed);
+    with_updates += g.has_in_place();
+    with_host_homes += g.host_persistent_bytes() > 0;
+    std::mt19937_64 rng(seed * 104729);
+    for (int trial = 0; trial < 6; ++trial) {
+      const Schedule s = RandomHomeSchedule(g, rng, trial % 2 == 0 ? 0.0 : 0.08);
+      const HomeReference ref = ReferenceRun(g, s);
+      absl::StatusOr<PlanReport> r = Simulate(g, s);
+      const std::string label = absl::StrCat("seed ", seed, " trial ", trial);
+      ASSERT_EQ(r.ok(), ref.bad_step < 0) << label << ": " << r.status();
+      if (!r.ok()) {
+        ++invalid;
+        const std::string message(r.status().message());
+        if (ref.bad_step < static_cast<int>(s.steps.size())) {
+          EXPECT_THAT(message, HasSubstr(absl::StrCat("at step ", ref.bad_step, " ")))
+              << label;
+        } else {
+          EXPECT_THAT(message, HasSubstr("invalid schedule: ")) << label;
+          EXPECT_THAT(message, ::testing::Not(HasSubstr("at step"))) << label;
+        }
+        continue;
+      }
+      ++valid;
+      EXPECT_EQ(r->peak_bytes, ref.peak) << label;
+      EXPECT_EQ(r->host_peak_bytes, ref.host_peak) << label;
+      EXPECT_EQ(r->transfer_bytes, ref.transfer) << label;
+      for (size_t k = 0; k < s.steps.size(); ++k) {
+        ASSERT_EQ(r->timeline[k].device_bytes, ref.device[k]) << label << " step " << k;
+        ASSERT_EQ(r->timeline[k].host_bytes, ref.host[k]) << label << " step " << k;
+      }
+    }
+  }
+  EXPECT_GT(with_updates, 100);
+  EXPECT_GT(with_host_homes, 100);
+  EXPECT_GT(valid, 150);
+  EXPECT_GT(invalid, 150);
 }
 
 }  // namespace
