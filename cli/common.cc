@@ -62,11 +62,7 @@ void GraphSource::AddOptions(CLI::App* cmd) {
                   "or mse")
       ->check(CLI::IsMember({"cross-entropy", "mse"}))
       ->needs(train_opt);  // not silently ignored without it
-  cmd->add_option("--optimizer", optimizer,
-                  "end the training step with an optimizer's update of every parameter: "
-                  "sgd, adam or adamw, with settings after a colon, e.g. "
-                  "sgd:lr=0.1,momentum=0.9 or adam:lr=1e-3,weight_decay=0.01 (PyTorch's "
-                  "defaults otherwise; docs/training.md)");
+  AddOptimizerOption(cmd, optimizer);
   cmd->add_option("--throughput", throughput_flops_per_s,
                   "device FLOP/s that turns a model's FLOPs into seconds of cost "
                   "(default 10e12; ignored for --graph, whose costs are given)")
@@ -121,20 +117,14 @@ void GraphSource::AddWorkspaceBackendOption(CLI::App* cmd) {
 absl::StatusOr<Graph> GraphSource::Load(WorkspaceQueryStats* workspace) const {
   ASSIGN_OR_RETURN(Graph g, LoadWithoutProfile(*this));
   if (!optimizer.empty()) {
-    absl::StatusOr<OptimizerSpec> spec = ParseOptimizer(optimizer);
-    if (!spec.ok()) return UsageError(absl::StrCat("--optimizer: ", spec.status().message()));
+    ASSIGN_OR_RETURN(const OptimizerSpec spec, ParseOptimizerOption(optimizer));
     if (g.has_in_place()) {
       return UsageError("--optimizer: the graph has an optimizer's step already (a model's "
                         "optimizer= parameter, or in-place nodes of its own)");
     }
     CostModel cost;
     cost.device_flops_per_s = throughput_flops_per_s;
-    absl::StatusOr<Graph> stepped = AddOptimizerStep(g, *spec, cost);
-    if (!stepped.ok()) {
-      return absl::Status(stepped.status().code(),
-                          absl::StrCat("--optimizer: ", stepped.status().message()));
-    }
-    g = *std::move(stepped);
+    ASSIGN_OR_RETURN(g, AppendOptimizerStep(g, spec, cost));
   }
   if (!profile.empty()) {
     ASSIGN_OR_RETURN(CostProfile p, ReadCostProfileFile(profile));
@@ -553,6 +543,30 @@ CLI::Validator BackendName() {
             absl::StrCat("unknown backend ", Quote(t), "; known: cpu, cuda"));
       },
       "BACKEND");
+}
+
+void AddOptimizerOption(CLI::App* cmd, std::string& optimizer) {
+  cmd->add_option("--optimizer", optimizer,
+                  "end the training step with an optimizer's update of every parameter: "
+                  "sgd, adam or adamw, with settings after a colon, e.g. "
+                  "sgd:lr=0.1,momentum=0.9 or adam:lr=1e-3,weight_decay=0.01 (PyTorch's "
+                  "defaults otherwise; docs/training.md)");
+}
+
+absl::StatusOr<OptimizerSpec> ParseOptimizerOption(const std::string& text) {
+  absl::StatusOr<OptimizerSpec> spec = ParseOptimizer(text);
+  if (!spec.ok()) return UsageError(absl::StrCat("--optimizer: ", spec.status().message()));
+  return spec;
+}
+
+absl::StatusOr<Graph> AppendOptimizerStep(const Graph& graph, const OptimizerSpec& spec,
+                                          CostModel cost) {
+  absl::StatusOr<Graph> stepped = AddOptimizerStep(graph, spec, cost);
+  if (!stepped.ok()) {
+    return absl::Status(stepped.status().code(),
+                        absl::StrCat("--optimizer: ", stepped.status().message()));
+  }
+  return stepped;
 }
 
 CLI::Validator ModelName() {

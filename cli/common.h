@@ -14,6 +14,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "graph/graph.h"
+#include "graph/optimizer.h"
 #include "runtime/workspace.h"
 #include "scheduler/planner.h"
 #include "nlohmann/json.hpp"
@@ -220,6 +221,16 @@ void AddImportCommand(CLI::App& app, int& exit_code);      // import
 // with the same help on every planning command.
 void AddOwnOrderFlag(CLI::App* cmd, bool& own_order);
 void AddQuietFlag(CLI::App* cmd, bool& quiet);
+
+// --optimizer (graph/optimizer.h, docs/training.md), one help text for every
+// command that takes it.
+void AddOptimizerOption(CLI::App* cmd, std::string& optimizer);
+// The optimizer --optimizer names; a UsageError "--optimizer: ..." where
+// ParseOptimizer refuses it.
+absl::StatusOr<OptimizerSpec> ParseOptimizerOption(const std::string& text);
+// AddOptimizerStep, its errors prefixed "--optimizer: " (their code kept).
+absl::StatusOr<Graph> AppendOptimizerStep(const Graph& graph, const OptimizerSpec& spec,
+                                          CostModel cost);
 
 // Reports of long planning stages on stderr, for PlannerOptions::progress:
 // "pebble: [12.5 s] checkmate: CBC stopped (incumbent 0.0012, bound

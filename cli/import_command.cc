@@ -9,7 +9,6 @@
 #include "graph/autodiff.h"
 #include "graph/graph_json.h"
 #include "graph/import/onnx_import.h"
-#include "graph/optimizer.h"
 #include "graph/status.h"
 
 namespace pebble::cli {
@@ -41,10 +40,8 @@ int RunImport(const ImportFlags& flags) {
   if (!loss.ok()) return Fail(loss.status());
   std::optional<OptimizerSpec> optimizer;
   if (!flags.optimizer.empty()) {
-    absl::StatusOr<OptimizerSpec> spec = ParseOptimizer(flags.optimizer);
-    if (!spec.ok()) {
-      return Fail(UsageError(absl::StrCat("--optimizer: ", spec.status().message())));
-    }
+    absl::StatusOr<OptimizerSpec> spec = ParseOptimizerOption(flags.optimizer);
+    if (!spec.ok()) return Fail(spec.status());
     if (*loss == LossKind::kNone) {
       return Fail(UsageError("--optimizer needs a training graph: give --loss, not --loss none"));
     }
@@ -57,7 +54,7 @@ int RunImport(const ImportFlags& flags) {
   auto graph = ImportOnnxFile(flags.model_path, options);
   if (!graph.ok()) return Fail(graph.status());
   if (optimizer.has_value()) {
-    graph = AddOptimizerStep(*graph, *optimizer, options.cost_model);
+    graph = AppendOptimizerStep(*graph, *optimizer, options.cost_model);
     if (!graph.ok()) return Fail(graph.status());
   }
   absl::Status written = WriteOutput(flags.output, GraphToJsonText(*graph), flags.force);
@@ -108,9 +105,7 @@ void AddImportCommand(CLI::App& app, int& exit_code) {
                   "input 'target' of class indices), mse (nn.MSELoss), or none (default "
                   "cross-entropy)")
       ->check(CLI::IsMember({"cross-entropy", "mse", "none"}));
-  cmd->add_option("--optimizer", flags.optimizer,
-                  "end the training step with an optimizer's update: sgd, adam or adamw, with "
-                  "settings after a colon, e.g. adam:lr=1e-3 (docs/training.md)");
+  AddOptimizerOption(cmd, flags.optimizer);
   cmd->add_option("--batch", flags.batch,
                   "batch size: rewrites dimension 0 of every graph input (needed when the "
                   "model's batch dimension is symbolic)")
