@@ -68,20 +68,8 @@ def calibrate(graph, device, persistent):
     result = Calibration()
     program = Program(graph, unplanned_schedule(graph), device)
     try:
-        # The runs draw random numbers: the generator is put back afterwards.
-        with torch.no_grad(), _rng_kept(device):
-            timed = program.run(_fresh(persistent, graph), timing=True)
-            result.costs = dict(timed.node_seconds)
-            del timed
-            peak = _measure_on_cpu(graph, program, persistent) if device.type == "cpu" \
-                else None
-            if peak is None:
-                _measure_temporaries(graph, program, persistent, device)
-                with AllocatorPeak(device) as meter:
-                    run = program.run(_fresh(persistent, graph))
-                    del run
-                peak = meter.peak_bytes
-            result.unplanned_peak_bytes = peak
+        result.costs, result.unplanned_peak_bytes = _time_and_measure(
+            graph, program, persistent, device, step_peak=True)
     except (RuntimeError, MemoryError) as e:
         if not _out_of_memory(e):
             raise
@@ -89,6 +77,26 @@ def calibrate(graph, device, persistent):
         result = _calibrate_under_plan(graph, device, persistent, why)
     result.seconds = time.perf_counter() - start
     return result
+
+
+def _time_and_measure(graph, program, persistent, device, step_peak):
+    """Runs `program`: each node's seconds (its first computation) and each
+    distinct call's temporaries (set on the nodes); with step_peak, also the
+    run's peak as the allocator measures it (else it may be None)."""
+    # The runs draw random numbers: the generator is put back afterwards.
+    with torch.no_grad(), _rng_kept(device):
+        timed = program.run(_fresh(persistent, graph), timing=True)
+        seconds = dict(timed.node_seconds)
+        del timed
+        peak = _measure_on_cpu(graph, program, persistent) if device.type == "cpu" else None
+        if peak is None:
+            _measure_temporaries(graph, program, persistent, device)
+            if step_peak:
+                with AllocatorPeak(device) as meter:
+                    run = program.run(_fresh(persistent, graph))
+                    del run
+                peak = meter.peak_bytes
+    return seconds, peak
 
 
 # Note [Calibrating under a plan]: a step that does not fit unplanned is
@@ -115,19 +123,14 @@ def _calibrate_under_plan(graph, device, persistent, why):
     program = Program(graph, plan.schedule, device)
     result = Calibration()
     try:
-        with torch.no_grad(), _rng_kept(device):
-            timed = program.run(_fresh(persistent, graph), timing=True)
-            result.costs = {n.index: timed.node_seconds.get(n.index, guess.costs[n.index])
-                            for n in graph.nodes}
-            del timed
-            if device.type != "cpu" or _measure_on_cpu(graph, program, persistent) is None:
-                _measure_temporaries(graph, program, persistent, device)
+        seconds, _ = _time_and_measure(graph, program, persistent, device, step_peak=False)
     except (RuntimeError, MemoryError) as e:
         if not _out_of_memory(e):
             raise
         _release(graph, device)
         return estimated(graph, f"{why}; nor does {_FALLBACK_POLICY}'s least-peak plan "
                                 f"({_first(e)})")
+    result.costs = {n.index: seconds.get(n.index, guess.costs[n.index]) for n in graph.nodes}
     result.source = (f"measured under {_FALLBACK_POLICY}'s least-peak plan ({why}); "
                      "percentages of pebble's prediction of the unplanned step")
     return result

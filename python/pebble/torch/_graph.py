@@ -332,11 +332,9 @@ class StepGraph:
         node.random = is_random(n.target)
         if base is not None:
             node.alias_of = base.index
-            node.nbytes = value.numel() * value.element_size()
+            node.nbytes = value.numel() * value.element_size() if self._on_device(value) else 0
         else:
             node.nbytes = self._device_bytes(value)
-        if not self._on_device(value):
-            node.nbytes = 0
         self.refs[(n, k)] = node
         return node
 
