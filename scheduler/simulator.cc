@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <numeric>
 
 #include "absl/strings/str_cat.h"
 #include "graph/status.h"
@@ -106,9 +107,9 @@ absl::StatusOr<PlanReport> Simulate(const Graph& graph,
   double frees_done_at = 0;    // R_k: latest end of earlier frees
 
   // current[s]: the node whose value storage s holds now: its base, then
-  // each in-place node that wrote it.
-  std::vector<NodeId> current(n);
-  for (NodeId v = 0; v < n; ++v) current[v] = v;
+  // each in-place node that wrote it. Only graphs with updates need it.
+  std::vector<NodeId> current(graph.has_in_place() ? n : 0);
+  std::iota(current.begin(), current.end(), NodeId{0});
   int64_t device = 0;
   int64_t host = 0;
   for (NodeId v = 0; v < n; ++v) {
@@ -162,7 +163,7 @@ absl::StatusOr<PlanReport> Simulate(const Graph& graph,
                              absl::StrCat("input '", graph.id(u),
                                           "' is not resident"));
           }
-          if (graph.version(u) != current[graph.storage(u)]) {
+          if (graph.has_in_place() && graph.version(u) != current[graph.storage(u)]) {
             return StepError(graph, k, step, absl::StrCat(
                 "input ", Quote(graph.id(u)), " was overwritten by the in-place update ",
                 Quote(graph.id(current[graph.storage(u)])), " (reads of a storage's earlier "
