@@ -256,7 +256,7 @@ class Job:
             self.last_report = dict(report, margin=margin)
         return self.pebble_steps[key](x, y)
 
-    def run(self, b, steps, timed=False):
+    def run(self, b, steps):
         """Runs `steps` training steps at batch b; returns (seconds per step,
         allocator peak bytes), or raises OutOfMemory."""
         torch = self.torch
@@ -385,7 +385,7 @@ def timed_steps(job, best):
         try:
             with job.lock.alone():
                 job.run(best, 1)  # warm-up (and, for pebble, the plan at this batch)
-                times, peak = job.run(best, job.args.timed_steps, timed=True)
+                times, peak = job.run(best, job.args.timed_steps)
             return times, peak, best
         except OutOfMemory:
             if attempt == 3 or best <= job.min_batch:
@@ -506,7 +506,7 @@ def gpu_name(args):
     return "cpu"
 
 
-def write_report(args, rows, workdir, started):
+def write_report(args, rows, started):
     import torch
     name = gpu_name(args)
     slug = re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
@@ -644,7 +644,7 @@ def main(argv=None):
     os.makedirs(workdir, exist_ok=True)
     started = time.monotonic()
     rows = run_all(args, workdir)
-    path = write_report(args, rows, workdir, started)
+    path = write_report(args, rows, started)
     print(open(path).read())
     print(f"moonshot: wrote {path}; job logs in {workdir}", file=sys.stderr)
     failed = [k for k, r in rows.items() if r.get("status") == "failed"]
