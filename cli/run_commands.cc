@@ -173,13 +173,30 @@ absl::StatusOr<std::pair<Graph, RunPlan>> PlanWithBackendWorkspace(
   return std::make_pair(std::move(least), std::move(lean));
 }
 
-// The files `run` will write: --trace and one .npy per output under
-// --dump, each with the option that names it.
+// The persistent tensors the step's in-place updates write (parameters and
+// optimizer state), in node order: --dump writes their new values.
+std::vector<NodeId> UpdatedStorages(const Graph& graph) {
+  std::vector<uint8_t> written(graph.num_nodes(), 0);
+  for (NodeId v = 0; v < graph.num_nodes(); ++v) {
+    if (graph.in_place(v)) written[graph.storage(v)] = 1;
+  }
+  std::vector<NodeId> storages;
+  for (NodeId v = 0; v < graph.num_nodes(); ++v) {
+    if (written[v]) storages.push_back(v);
+  }
+  return storages;
+}
+
+// The files `run` will write: --trace and one .npy per output and per
+// updated persistent tensor under --dump, each with the option that names
+// it.
 std::vector<PathFlag> RunOutputs(const RunFlags& f, const Graph& graph) {
   std::vector<PathFlag> outputs;
   if (!f.trace_path.empty()) outputs.emplace_back(f.trace_path, "--trace");
   if (!f.dump_dir.empty()) {
-    for (NodeId v : graph.outputs()) {
+    std::vector<NodeId> dumped(graph.outputs().begin(), graph.outputs().end());
+    for (NodeId v : UpdatedStorages(graph)) dumped.push_back(v);
+    for (NodeId v : dumped) {
       outputs.emplace_back(
           (std::filesystem::path(f.dump_dir) / TensorFileName(graph.id(v))).string(), "--dump");
     }
@@ -370,11 +387,14 @@ int RunRun(const RunFlags& f) {
   RunOutputFiles files;
   if (!f.dump_dir.empty()) {
     if (absl::Status s = files.MakeDirectory(f.dump_dir); !s.ok()) return Fail(s);
-    for (const HostTensor& t : result->outputs) {
+    std::vector<const HostTensor*> dumped;
+    for (const HostTensor& t : result->outputs) dumped.push_back(&t);
+    for (const HostTensor& t : result->updated) dumped.push_back(&t);
+    for (const HostTensor* t : dumped) {
       const std::string path =
-          (std::filesystem::path(f.dump_dir) / TensorFileName(graph->id(t.node))).string();
+          (std::filesystem::path(f.dump_dir) / TensorFileName(graph->id(t->node))).string();
       files.Writing(path);
-      absl::Status s = WriteNpy(path, t.array);
+      absl::Status s = WriteNpy(path, t->array);
       if (!s.ok()) return Fail(s);
     }
   }
@@ -421,6 +441,7 @@ int RunRun(const RunFlags& f) {
     if (!f.source.model.empty()) doc["model"] = f.source.model;
     doc["loss"] = r.loss.has_value() ? nlohmann::json(*r.loss) : nlohmann::json(nullptr);
     if (!f.dump_dir.empty()) doc["dump"] = f.dump_dir;
+    doc["updated"] = r.updated.size();
     if (!f.trace_path.empty()) doc["trace"] = f.trace_path;
     if (f.memory_log) doc["memory_log"] = MemoryLogToJson(*graph, r);
     PrintJson(doc);
@@ -473,8 +494,11 @@ int RunRun(const RunFlags& f) {
                                r.loaded_inputs.size(), r.generated_inputs.size(), f.seed);
   if (r.loss.has_value()) std::cout << absl::StrFormat("  loss            %.9g\n", *r.loss);
   if (!f.dump_dir.empty()) {
-    std::cout << absl::StrFormat("  dump            %d outputs in %s\n", r.outputs.size(),
-                                 f.dump_dir);
+    const std::string updated =
+        r.updated.empty() ? ""
+                          : absl::StrFormat(" and %d updated persistent tensors", r.updated.size());
+    std::cout << absl::StrFormat("  dump            %d outputs%s in %s\n", r.outputs.size(),
+                                 updated, f.dump_dir);
   }
   if (!f.trace_path.empty()) std::cout << "  trace           " << f.trace_path << "\n";
   if (f.memory_log) PrintMemoryLog(*graph, r);
@@ -520,7 +544,8 @@ void AddRunCommands(CLI::App& app, int& exit_code) {
                   "directory of <id>.npy files for persistent tensors (others are generated); "
                   "a .npy file there that names no persistent node is an error");
   run->add_option("--dump", flags.dump_dir,
-                  "write every output as DIR/<id>.npy (never over a file the run reads)")
+                  "write every output, and every persistent tensor an optimizer's update wrote, "
+                  "as DIR/<id>.npy (never over a file the run reads)")
       ->check(NotStdout("the dumped tensors"));
   run->add_option("--seed", flags.seed, "seed of generated inputs (default 0)")
       ->check(IntegerIn(0, INT64_MAX));

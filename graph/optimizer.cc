@@ -10,6 +10,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "graph/ops/op_util.h"
 #include "graph/status.h"
 #include "graph/text_input.h"
 
@@ -29,17 +30,6 @@ absl::string_view KindName(OptimizerKind kind) {
 std::vector<std::string> KeysOf(OptimizerKind kind) {
   if (kind == OptimizerKind::kSgd) return {"lr", "momentum", "weight_decay", "state"};
   return {"lr", "beta1", "beta2", "eps", "weight_decay", "state"};
-}
-
-absl::Status CheckRange(absl::string_view key, double value) {
-  const bool ok = key == "lr" || key == "eps"       ? value > 0
-                  : key == "weight_decay"           ? value >= 0
-                                                    : value >= 0 && value < 1;
-  if (ok) return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrCat(
-      "optimizer: ", key, "=", value, " is out of range (",
-      key == "lr" || key == "eps" ? "above 0" : key == "weight_decay" ? "0 or more" : "in [0, 1)",
-      ")"));
 }
 
 // The number field called `key` (a key of KeysOf other than "state").
@@ -115,7 +105,9 @@ absl::StatusOr<OptimizerSpec> ParseOptimizer(absl::string_view text) {
       return absl::InvalidArgumentError(absl::StrCat("optimizer ", name, ": ", key, "=",
                                                      Quote(value), " is not a finite number"));
     }
-    RETURN_IF_ERROR(CheckRange(key, number));
+    if (absl::Status s = ops_internal::CheckOptimizerValue(key, number); !s.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("optimizer: ", s.message()));
+    }
     *Field(spec, key) = number;
   }
   return spec;

@@ -127,15 +127,29 @@ absl::Status CheckView(const Graph& graph, NodeId v) {
   return absl::OkStatus();
 }
 
+// An in-place update writes its storage whole: it must have the storage's
+// shape, dtype and bytes.
+absl::Status CheckInPlace(const Graph& graph, NodeId v) {
+  const NodeId root = graph.storage(v);
+  if (graph.shape(v) == graph.shape(root) && graph.dtype(v) == graph.dtype(root) &&
+      graph.bytes(v) == graph.bytes(root)) {
+    return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "in-place node ", Quote(graph.id(v)), " is ", Describe(graph, v), " (", graph.bytes(v),
+      " bytes) but the storage it writes, ", Quote(graph.id(root)), ", is ",
+      Describe(graph, root), " (", graph.bytes(root), " bytes)"));
+}
+
 // Phases 1-2 of Execute: refuses what cannot run, before touching the
 // backend's memory. Every tensor the schedule touches must fit its slot and
 // be what its operator makes, and the backend must have every kernel.
 absl::Status CheckRunnable(const Graph& graph, const Schedule& schedule, const Backend& backend) {
   for (NodeId v = 0; v < graph.num_nodes(); ++v) {
-    if (graph.home(v).has_value() || graph.in_place(v)) {
+    if (graph.home(v).has_value()) {
       return absl::UnimplementedError(absl::StrCat(
-          "node ", Quote(graph.id(v)), " has ", graph.in_place(v) ? "'in_place'" : "'home'",
-          ": the backends do not run home tiers or in-place updates yet (docs/semantics.md)"));
+          "node ", Quote(graph.id(v)),
+          " has 'home': the backends do not run home tiers yet (docs/semantics.md)"));
     }
   }
   // The schedule's nodes (a valid schedule computes every non-persistent
@@ -147,7 +161,8 @@ absl::Status CheckRunnable(const Graph& graph, const Schedule& schedule, const B
     if (touched[v]) RETURN_IF_ERROR(CheckTensorSlot(graph, v));
   }
   for (NodeId v = 0; v < graph.num_nodes(); ++v) {
-    if (touched[v] && graph.is_alias(v)) RETURN_IF_ERROR(CheckView(graph, v));
+    if (!touched[v] || !graph.is_alias(v)) continue;
+    RETURN_IF_ERROR(graph.in_place(v) ? CheckInPlace(graph, v) : CheckView(graph, v));
   }
   RETURN_IF_ERROR(backend.CheckSupported(graph));
   for (NodeId v = 0; v < graph.num_nodes(); ++v) {
@@ -339,6 +354,8 @@ struct FloatRule {
 FloatRule FloatRuleOf(const Graph& graph, NodeId v) {
   const Shape& shape = *graph.shape(v);
   switch (graph.role(v)) {
+    case Role::kOptimizerState:  // zeros, as torch.optim starts
+      return {true, 0.0f, 0};
     case Role::kBuffer: {
       const std::string& id = graph.id(v);
       const absl::string_view suffix = "running_var";
@@ -659,6 +676,7 @@ class ScheduleRun {
         holders_(graph.num_nodes(), 0),
         host_index_(graph.num_nodes(), -1),
         host_counted_(graph.num_nodes(), 0),
+        written_(graph.num_nodes(), 0),
         ready_(graph.num_nodes()),
         last_compute_use_(graph.num_nodes()),
         last_copy_use_(graph.num_nodes()),
@@ -801,20 +819,19 @@ class ScheduleRun {
     return absl::OkStatus();
   }
 
-  // 6. The graph's outputs, copied to the host (bfloat16 widened to
-  // float32), and the loss when it is a scalar.
+  // 6. The graph's outputs and the persistent tensors an update wrote,
+  // copied to the host (bfloat16 widened to float32), and the loss when it
+  // is a scalar.
   absl::Status DownloadOutputs() {
     for (NodeId v : graph_.outputs()) {
       PEBBLE_CHECK(current_[v] >= 0, "output not resident at the end");
-      HostTensor t;
-      t.node = v;
-      t.array.shape = *graph_.shape(v);
-      t.array.dtype = *graph_.dtype(v);
-      t.array.data.resize(static_cast<size_t>(graph_.bytes(v)));
-      RETURN_IF_ERROR(
-          backend_.Download(t.array.data.data(), Address(current_[v]), graph_.bytes(v)));
-      if (t.array.dtype == DType::kBFloat16) WidenBFloat16(t.array);
+      ASSIGN_OR_RETURN(HostTensor t, Download(v));
       result_.outputs.push_back(std::move(t));
+    }
+    for (NodeId v = 0; v < graph_.num_nodes(); ++v) {
+      if (!written_[v]) continue;
+      ASSIGN_OR_RETURN(HostTensor t, Download(v));
+      result_.updated.push_back(std::move(t));
     }
     result_.loss = ScalarLoss(graph_, result_);
     return absl::OkStatus();
@@ -824,6 +841,19 @@ class ScheduleRun {
   struct StepEvents {
     StreamEvent start, end;
   };
+
+  // v's current instance on the host (bfloat16 widened to float32).
+  absl::StatusOr<HostTensor> Download(NodeId v) {
+    HostTensor t;
+    t.node = v;
+    t.array.shape = *graph_.shape(v);
+    t.array.dtype = *graph_.dtype(v);
+    t.array.data.resize(static_cast<size_t>(graph_.bytes(v)));
+    RETURN_IF_ERROR(
+        backend_.Download(t.array.data.data(), Address(current_[v]), graph_.bytes(v)));
+    if (t.array.dtype == DType::kBFloat16) WidenBFloat16(t.array);
+    return t;
+  }
 
   std::byte* Address(int32_t instance) const {
     const TensorInstance& inst = layout_.instances[instance];
@@ -869,29 +899,64 @@ class ScheduleRun {
   // Each Run* returns the bytes held while its step runs.
   absl::StatusOr<int64_t> RunCompute(int k) {
     const NodeId v = schedule_.steps[k].node;
+    if (graph_.in_place(v)) return RunInPlace(k);
     if (graph_.is_alias(v)) return RunView(k);
     const int32_t output = instances_.step_output[k];
-    const int32_t workspace = instances_.step_workspace[k];
     PEBBLE_CHECK(current_[v] < 0 && output >= 0, "compute without a new instance");
+    RETURN_IF_ERROR(PrepareKernel(k, output));
+    current_[v] = output;
+    holders_[v] = 1;
+    held_ += graph_.bytes(v);
+    return RunKernel(k);
+  }
+
+  // `compute v` of an in-place update: its kernel writes v's storage (its
+  // base's instance, resident: the storage is persistent), and v then
+  // holds that instance like a view.
+  absl::StatusOr<int64_t> RunInPlace(int k) {
+    const NodeId v = schedule_.steps[k].node;
+    const NodeId root = graph_.storage(v);
+    const int32_t instance = current_[root];
+    PEBBLE_CHECK(current_[v] < 0 && instance >= 0 && instances_.step_output[k] < 0,
+                 "in-place update without its storage's instance");
+    RETURN_IF_ERROR(PrepareKernel(k, instance));
+    current_[v] = instance;
+    ++holders_[root];
+    written_[root] = 1;
+    ASSIGN_OR_RETURN(const int64_t during, RunKernel(k));
+    ready_[root] = ready_[v];
+    last_compute_use_[root] = last_compute_use_[v];
+    return during;
+  }
+
+  // Step k's kernel context, once its inputs are ready and earlier frees
+  // done (R_k): the operands, the output at `output`, the workspace.
+  absl::Status PrepareKernel(int k, int32_t output) {
+    const NodeId v = schedule_.steps[k].node;
     for (NodeId u : graph_.unique_inputs(v)) {
       PEBBLE_CHECK(current_[u] >= 0, "compute input not resident");
       RETURN_IF_ERROR(WaitOrFail(k, Stream::kCompute, ready_[u]));
     }
     RETURN_IF_ERROR(WaitOrFail(k, Stream::kCompute, freed_copy_));  // R_k
+    const int32_t workspace = instances_.step_workspace[k];
     KernelContext& ctx = kernel_context_;
     ctx.graph = &graph_;
     ctx.node = v;
     ctx.inputs.clear();
     for (NodeId u : graph_.inputs(v)) ctx.inputs.push_back(View(u, current_[u]));
-    current_[v] = output;
-    holders_[v] = 1;
     ctx.output = View(v, output);
     ctx.workspace = workspace >= 0 ? Address(workspace) : nullptr;
     ctx.workspace_bytes = workspace >= 0 ? layout_.instances[workspace].bytes : 0;
-    held_ += graph_.bytes(v);
-    const int64_t during = held_ + ctx.workspace_bytes;
-    ASSIGN_OR_RETURN(StreamEvent end,
-                     Timed(k, Stream::kCompute, [&] { return backend_.Compute(ctx); }));
+    return absl::OkStatus();
+  }
+
+  // Runs the prepared kernel of step k on the compute stream; the bytes
+  // held while it runs (its workspace included).
+  absl::StatusOr<int64_t> RunKernel(int k) {
+    const NodeId v = schedule_.steps[k].node;
+    const int64_t during = held_ + kernel_context_.workspace_bytes;
+    ASSIGN_OR_RETURN(StreamEvent end, Timed(k, Stream::kCompute,
+                                            [&] { return backend_.Compute(kernel_context_); }));
     ready_[v] = end;
     last_compute_use_[v] = end;
     for (NodeId u : graph_.unique_inputs(v)) last_compute_use_[u] = end;
@@ -982,6 +1047,7 @@ class ScheduleRun {
   std::vector<int32_t> holders_;     // storage root -> nodes holding it
   std::vector<int32_t> host_index_;  // node -> its host buffer, or -1
   std::vector<uint8_t> host_counted_;
+  std::vector<uint8_t> written_;  // storage root -> an in-place update wrote it
   int64_t held_ = 0, host_held_ = 0;
   // Per node: its data is complete; the last compute that read or produced
   // it; the last copy of its instance (an offload reads it, a prefetch

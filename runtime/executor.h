@@ -133,6 +133,10 @@ struct ExecutionResult {
 
   // ---- Results.
   std::vector<HostTensor> outputs;  // graph.outputs(), in order
+  // The persistent tensors an in-place update wrote (a training step's
+  // parameters and optimizer state: graph/optimizer.h), their values at the
+  // end of the step, in node order; node is the persistent tensor.
+  std::vector<HostTensor> updated;
   std::optional<double> loss;       // node "loss" when it is a scalar
   std::vector<NodeId> loaded_inputs;     // persistent tensors read from files
   std::vector<NodeId> generated_inputs;  // persistent tensors generated

@@ -9,6 +9,9 @@
 //    for bit: the tests compare the gradients of every policy bitwise);
 //  - the output never aliases an input (each node is its own tensor,
 //    docs/operators.md), and the output's previous contents are garbage;
+//    except for an in-place update (graph.in_place(node): an optimizer's
+//    step), whose output is its input 0's memory, read and then written
+//    element by element;
 //  - bad attributes or an operand of an unexpected dtype/shape are an
 //    InvalidArgument naming the problem (the executor adds node and step);
 //    an unsupported configuration is Unimplemented. Nothing throws.

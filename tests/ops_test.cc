@@ -728,5 +728,30 @@ TEST(NetBuilderTest, GenericNodesAndOutputs) {
   EXPECT_EQ(g2->id(g2->outputs()[0]), "b");
 }
 
+// -------------------------------------------------------------- optimizer
+
+TEST(OptimizerOpsTest, UpdatesHaveTheWrittenTensorsTypeAndCheckTheirSettings) {
+  const Json sgd = {{"lr", 0.1}, {"momentum", 0.9}, {"weight_decay", 0.0}};
+  const Json adam = {{"lr", 1e-3}, {"beta1", 0.9}, {"beta2", 0.999}, {"eps", 1e-8},
+                     {"weight_decay", 0.0}, {"decoupled_weight_decay", true}};
+  const TensorType w = T({4, 3}), scalar = T({});
+  ExpectType("sgd_momentum", {w, w, w}, sgd, {4, 3});
+  ExpectType("sgd_update", {w, w}, sgd, {4, 3});
+  ExpectType("adam_exp_avg", {w, w, w}, adam, {4, 3});
+  ExpectType("adam_exp_avg_sq", {w, w, w}, adam, {4, 3});
+  ExpectType("adam_update", {w, w, w, scalar}, adam, {4, 3});
+  ExpectType("optimizer_step", {scalar}, Json::object(), {});
+  EXPECT_DOUBLE_EQ(Flops("adam_update", {w, w, w, scalar}, adam), 10.0 * 12);
+  EXPECT_DOUBLE_EQ(Flops("sgd_update", {w, w}, sgd), 3.0 * 12);
+  ExpectError("sgd_update", {w, T({3, 4})}, sgd, "shape");
+  ExpectError("adam_update", {w, w, w, T({1})}, adam, "the step count (input 3)");
+  ExpectError("adam_exp_avg", {w, w, T({4, 3}, DType::kFloat16)}, adam, "dtype");
+  ExpectError("sgd_update", {w, w}, {{"lr", 0.0}}, "lr=0 is out of range (above 0)");
+  ExpectError("adam_update", {w, w, w, scalar}, {{"lr", 1e-3}, {"beta2", 1.0}},
+                "beta2=1 is out of range (in [0, 1))");
+  ExpectError("optimizer_step", {T({2})}, Json::object(), "the step count");
+  EXPECT_EQ(FindOp("adam_update")->backward, nullptr);
+}
+
 }  // namespace
 }  // namespace pebble

@@ -158,6 +158,20 @@ double Elements(const TensorType& t);
 // that no node is free to recompute (docs/operators.md, "FLOPs").
 double CopyFlops(Inputs inputs, const TensorType& out, const Json& attrs);
 
+// ---- The optimizer's updates (graph/optimizer.h): their hyper-parameters,
+// as the operator table checks them and the kernels read them.
+struct OptimizerAttrs {
+  double lr = 0, weight_decay = 0;
+  double momentum = 0;                           // sgd_*
+  double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;  // adam_*
+  bool decoupled_weight_decay = false;           // AdamW
+};
+// key=value in range: lr and eps above 0, weight_decay 0 or more, momentum
+// and the betas in [0, 1). InvalidArgument names the key.
+absl::Status CheckOptimizerValue(absl::string_view key, double value);
+// The attrs of an update node (absent keys: 0, or Adam's defaults).
+absl::StatusOr<OptimizerAttrs> ReadOptimizerAttrs(const Json& attrs);
+
 // ---- Registration, one function per family (explicit calls from
 // registry.cc: a static library drops files whose symbols nobody uses, so
 // self-registering globals would silently vanish).
@@ -167,6 +181,7 @@ void RegisterLinalgOps(std::vector<OpDef>& table);       // linalg.cc
 void RegisterNormOps(std::vector<OpDef>& table);         // norm.cc
 void RegisterShapeOps(std::vector<OpDef>& table);        // shape_ops.cc
 void RegisterLossOps(std::vector<OpDef>& table);         // loss.cc
+void RegisterOptimizerOps(std::vector<OpDef>& table);    // optimizer_ops.cc
 
 }  // namespace pebble::ops_internal
 

@@ -82,7 +82,8 @@ class CpuBackend final : public Backend {
             ") has no shape or dtype; the cpu backend executes only graphs with "
             "shapes (built-in models, or graph files with 'shape' and 'dtype')"));
       }
-      if (graph.persistent(v) || graph.is_alias(v)) continue;  // views run no kernel
+      // Views run no kernel; an in-place update, an alias too, does.
+      if (graph.persistent(v) || (graph.is_alias(v) && !graph.in_place(v))) continue;
       if (kernels.Find(graph.op(v)) == nullptr) {
         missing.emplace(graph.op(v), graph.id(v));
       }

@@ -13,6 +13,7 @@ void RegisterNativeKernels(KernelTable& table) {
   native::RegisterNativePoolKernels(table);
   native::RegisterNativeLossKernels(table);
   native::RegisterNativeNormKernels(table);
+  native::RegisterNativeOptimizerKernels(table);
 }
 
 }  // namespace pebble

@@ -213,6 +213,7 @@ void RegisterNativeShapeKernels(KernelTable& table);        // native_shape.cc
 void RegisterNativePoolKernels(KernelTable& table);         // native_pool.cc
 void RegisterNativeLossKernels(KernelTable& table);         // native_loss.cc
 void RegisterNativeNormKernels(KernelTable& table);         // native_norm.cc
+void RegisterNativeOptimizerKernels(KernelTable& table);    // native_optimizer.cc
 
 }  // namespace pebble::native
 

@@ -12,6 +12,7 @@
 #endif
 #include "runtime/activation_math.h"
 #include "runtime/cuda/cuda_kernels.h"
+#include "runtime/optimizer_math.h"
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -704,6 +705,20 @@ __global__ void FillKernel(S* out, int64_t n, S value) {
 }
 
 template <typename T>
+__global__ void OptimizerUpdateKernel(optim::UpdateOp op, optim::UpdateScalars s,
+                                      optim::AdamHyper h, T* a, const T* b, const T* c,
+                                      const float* step, int64_t n) {
+  if (op == optim::UpdateOp::kAdamUpdate) optim::AdamStep(s, h, step[0]);
+  PEBBLE_GRID_LOOP(i, n) {
+    St(a, i, optim::Update(op, s, Ld(a, i), Ld(b, i), c != nullptr ? Ld(c, i) : 0.f));
+  }
+}
+
+__global__ void IncrementKernel(float* count) {
+  if (blockIdx.x == 0 && threadIdx.x == 0) count[0] += 1.f;
+}
+
+template <typename T>
 __global__ void BroadcastScalarKernel(const float* g, T* out, int64_t n) {
   PEBBLE_GRID_LOOP(i, n) St(out, i, g[0]);
 }
@@ -1285,6 +1300,23 @@ cudaError_t LaunchPad(int element_bytes, const PadSpec& p, const void* in,
       return run(int64_t{});
   }
   return cudaErrorInvalidValue;
+}
+
+cudaError_t LaunchOptimizerUpdate(optim::UpdateOp op, KType t, optim::UpdateScalars s,
+                                  optim::AdamHyper h, void* a, const void* b, const void* c,
+                                  const float* step, int64_t n, cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  return Dispatch(t, [&](auto tag) {
+    using T = decltype(tag);
+    PEBBLE_KERNEL_LAUNCH(Blocks(n), kThreads, stream, OptimizerUpdateKernel<T>)
+    (op, s, h, static_cast<T*>(a), static_cast<const T*>(b), static_cast<const T*>(c), step, n);
+    return Launched();
+  });
+}
+
+cudaError_t LaunchIncrement(float* count, cudaStream_t stream) {
+  PEBBLE_KERNEL_LAUNCH(1, 1, stream, IncrementKernel)(count);
+  return Launched();
 }
 
 cudaError_t LaunchFill(KType t, void* out, int64_t n, double value,

@@ -20,6 +20,7 @@
 #include <cstdint>
 
 #include "runtime/kernel_math.h"
+#include "runtime/optimizer_math.h"
 
 namespace pebble::cuda {
 
@@ -174,6 +175,16 @@ struct PadSpec {
 };
 cudaError_t LaunchPad(int element_bytes, const PadSpec& p, const void* in,
                       void* out, double value, KType t, cudaStream_t stream);
+
+// The optimizer's in-place update `op` (runtime/optimizer_math.h): a[i] =
+// Update(op, s, a[i], b[i], c[i]) for n elements (c null: 0). kAdamUpdate
+// first sets s's step factors from `h` and the step count *step (an fp32
+// scalar in device memory, read on the device).
+cudaError_t LaunchOptimizerUpdate(optim::UpdateOp op, KType t, optim::UpdateScalars s,
+                                  optim::AdamHyper h, void* a, const void* b, const void* c,
+                                  const float* step, int64_t n, cudaStream_t stream);
+// *count += 1 (an fp32 scalar in device memory).
+cudaError_t LaunchIncrement(float* count, cudaStream_t stream);
 
 // Every element = value (stored in `t`).
 cudaError_t LaunchFill(KType t, void* out, int64_t n, double value,

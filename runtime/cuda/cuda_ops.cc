@@ -750,6 +750,52 @@ absl::Status Fill(CudaContext& cc, const KernelContext& ctx) {
   return absl::OkStatus();
 }
 
+// ---- The optimizer's in-place updates (graph/optimizer.h): the output is
+// input 0's memory (runtime/kernel.h).
+
+absl::Status ExpectInPlace(const KernelContext& ctx) {
+  if (ctx.output.data != ctx.inputs[0].data) {
+    return absl::InvalidArgumentError("an in-place update writes its input 0's memory");
+  }
+  return absl::OkStatus();
+}
+
+template <optim::UpdateOp kOp>
+absl::Status OptimizerUpdate(CudaContext& cc, const KernelContext& ctx) {
+  const bool adam_update = kOp == optim::UpdateOp::kAdamUpdate;
+  const size_t inputs = kOp == optim::UpdateOp::kSgdUpdate ? 2 : adam_update ? 4 : 3;
+  RETURN_IF_ERROR(ExpectInputs(ctx, inputs, inputs));
+  RETURN_IF_ERROR(ExpectInPlace(ctx));
+  for (size_t i = 1; i < std::min<size_t>(inputs, 3); ++i) {
+    RETURN_IF_ERROR(ExpectSameType(ctx.output, ctx.inputs[i], absl::StrCat("input ", i)));
+  }
+  if (adam_update && (ctx.inputs[3].dtype != DType::kFloat32 ||
+                      ctx.inputs[3].num_elements() != 1)) {
+    return absl::InvalidArgumentError("expected an fp32 scalar step count (input 3)");
+  }
+  ASSIGN_OR_RETURN(const ops_internal::OptimizerAttrs a,
+                   ops_internal::ReadOptimizerAttrs(ctx.attrs()));
+  const optim::UpdateScalars s = optim::MakeUpdateScalars(
+      a.lr, a.weight_decay, a.momentum, a.beta1, a.beta2, a.eps, a.decoupled_weight_decay);
+  ASSIGN_OR_RETURN(KType t, KTypeOf(ctx.output.dtype));
+  PEBBLE_LAUNCH(LaunchOptimizerUpdate(
+      kOp, t, s, {a.lr, a.beta1, a.beta2}, ctx.output.data, ctx.inputs[1].data,
+      inputs > 2 ? ctx.inputs[2].data : nullptr,
+      adam_update ? ctx.inputs[3].as<float>() : nullptr, ctx.output.num_elements(),
+      cc.stream));
+  return absl::OkStatus();
+}
+
+absl::Status OptimizerStep(CudaContext& cc, const KernelContext& ctx) {
+  RETURN_IF_ERROR(ExpectInputs(ctx, 1, 1));
+  RETURN_IF_ERROR(ExpectInPlace(ctx));
+  if (ctx.output.dtype != DType::kFloat32 || ctx.output.num_elements() != 1) {
+    return absl::InvalidArgumentError("expected an fp32 scalar step count");
+  }
+  PEBBLE_LAUNCH(LaunchIncrement(ctx.output.as<float>(), cc.stream));
+  return absl::OkStatus();
+}
+
 absl::Status Softmax(CudaContext& cc, const KernelContext& ctx) {
   RETURN_IF_ERROR(ExpectInputs(ctx, 1, 1));
   const TensorView& x = ctx.inputs[0];
@@ -1418,6 +1464,12 @@ void AddOwnKernels(std::map<std::string, CudaKernelFn>& t) {
   t["mul"] = BinaryKernel<BinaryOp::kMul>;
   t["sub"] = BinaryKernel<BinaryOp::kSub>;
   t["div"] = BinaryKernel<BinaryOp::kDiv>;
+  t["sgd_momentum"] = OptimizerUpdate<optim::UpdateOp::kSgdMomentum>;
+  t["sgd_update"] = OptimizerUpdate<optim::UpdateOp::kSgdUpdate>;
+  t["adam_exp_avg"] = OptimizerUpdate<optim::UpdateOp::kAdamExpAvg>;
+  t["adam_exp_avg_sq"] = OptimizerUpdate<optim::UpdateOp::kAdamExpAvgSq>;
+  t["adam_update"] = OptimizerUpdate<optim::UpdateOp::kAdamUpdate>;
+  t["optimizer_step"] = OptimizerStep;
   t["batchnorm_stats"] = BatchNormStats;
   t["batchnorm"] = BatchNorm;
   t["batchnorm_backward"] = BatchNormBackward;

@@ -26,6 +26,7 @@
 #include "gtest/gtest.h"
 #include "graph/models/models.h"
 #include "graph/net_builder.h"
+#include "graph/optimizer.h"
 #include "runtime/cpu/cpu_backend.h"
 #include "runtime/cuda/cuda_ops.h"
 #include "runtime/cuda/emu/cuda_emu.h"
@@ -299,10 +300,19 @@ void CompareGraph(const std::string& what, const Graph& g,
     ctx.workspace = reinterpret_cast<std::byte*>(workspace.data());
     ctx.workspace_bytes = g.workspace(v);
 
+    // An in-place update (an optimizer's step) writes its input 0: it gets
+    // a copy of input 0's value as its output, and reads input 0 there.
+    auto set_output = [&](GuardedBuffer& out) {
+      ctx.output.data = out.data();
+      if (!g.in_place(v)) return;
+      const std::vector<uint8_t>& base = values[static_cast<size_t>(g.inputs(v)[0])];
+      std::memcpy(out.data(), base.data(), base.size());
+      ctx.inputs[0].data = out.data();
+    };
     GuardedBuffer on_cpu(ctx.output.bytes());
     KernelFn cpu_kernel = CpuKernels().Find(op);
     ASSERT_NE(cpu_kernel, nullptr);
-    ctx.output.data = on_cpu.data();
+    set_output(on_cpu);
     const absl::Status cpu_status = cpu_kernel(ctx);
     ASSERT_TRUE(cpu_status.ok()) << cpu_status;
     values[static_cast<size_t>(v)] = on_cpu.Contents();
@@ -314,7 +324,7 @@ void CompareGraph(const std::string& what, const Graph& g,
     std::vector<uint8_t> results[2];
     for (int run = 0; run < 2; ++run) {
       GuardedBuffer out(ctx.output.bytes());
-      ctx.output.data = out.data();
+      set_output(out);
       emu::SetOrder(run == 0 ? emu::Order::kForward : emu::Order::kReverse);
       absl::Status status = cuda_kernel(cc, ctx);
       if (status.ok()) status = cuda::TakeIndexFault(cc);
@@ -442,6 +452,14 @@ Graph HeadsGraph() {
   return TrainingGraph(nb);
 }
 
+Graph WithOptimizer(const Graph& training, const char* optimizer) {
+  absl::StatusOr<OptimizerSpec> spec = ParseOptimizer(optimizer);
+  PEBBLE_CHECK(spec.ok(), "bad optimizer spec");
+  absl::StatusOr<Graph> g = AddOptimizerStep(training, *spec);
+  PEBBLE_CHECK(g.ok(), "AddOptimizerStep failed");
+  return *std::move(g);
+}
+
 struct Case {
   const char* name;
   Graph (*build)();
@@ -457,6 +475,11 @@ const Case kCases[] = {
     {"unet3d_bf16",
      [] { return Model("unet3d:batch=1,variant=small,depth=8,height=8,width=8,dtype=bf16"); }},
     {"transformer", [] { return Model("transformer:layers=1,seq=8,dim=16,heads=2,batch=2,vocab=20"); }},
+    // The optimizers' in-place updates (graph/optimizer.h).
+    {"mnist_cnn_adamw", [] { return Model("mnist-cnn:batch=2,optimizer=adamw"); }},
+    {"conv3d_adam", [] { return WithOptimizer(Model("conv3d:n=8,batch=2"), "adam:weight_decay=0.1"); }},
+    {"conv3d_sgd_momentum",
+     [] { return WithOptimizer(Model("conv3d:n=8,batch=2"), "sgd:momentum=0.9,weight_decay=0.01"); }},
     {"pointwise", PointwiseGraph},
     {"resample", ResampleGraph},
     {"heads", HeadsGraph},
