@@ -124,7 +124,7 @@ int RunDescribe(const GraphSource& source, bool json) {
   const Graph& g = *graph;
   // The baseline plan, simulated once by PlanMemoryLayout: its peak and the
   // arena it needs (the runtime allocates exactly this).
-  auto baseline_schedule = FreeAtLastUse(g, DefaultOrder(g));
+  auto baseline_schedule = BaselinePlanSchedule(g);
   if (!baseline_schedule.ok()) return Fail(baseline_schedule.status());
   auto layout = PlanMemoryLayout(g, *baseline_schedule);
   if (!layout.ok()) return Fail(layout.status());

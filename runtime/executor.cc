@@ -145,13 +145,6 @@ absl::Status CheckInPlace(const Graph& graph, NodeId v) {
 // backend's memory. Every tensor the schedule touches must fit its slot and
 // be what its operator makes, and the backend must have every kernel.
 absl::Status CheckRunnable(const Graph& graph, const Schedule& schedule, const Backend& backend) {
-  for (NodeId v = 0; v < graph.num_nodes(); ++v) {
-    if (graph.home(v).has_value()) {
-      return absl::UnimplementedError(absl::StrCat(
-          "node ", Quote(graph.id(v)),
-          " has 'home': the backends do not run home tiers yet (docs/semantics.md)"));
-    }
-  }
   // The schedule's nodes (a valid schedule computes every non-persistent
   // input before reading it) and every persistent one, each checked once.
   std::vector<uint8_t> touched(graph.num_nodes(), 0);
@@ -624,7 +617,11 @@ InstanceIndex IndexInstances(const Graph& graph, const MemoryLayout& layout, int
   for (size_t i = 0; i < layout.instances.size(); ++i) {
     const TensorInstance& inst = layout.instances[i];
     const auto instance = static_cast<int32_t>(i);
-    if (graph.persistent(inst.node)) {
+    // A persistent tensor's instance from the start (one whose home is the
+    // host has none; a later one, after a prefetch, is that step's).
+    const bool from_start = graph.persistent(inst.node) && !inst.workspace &&
+                            graph.home(inst.node) != Tier::kHost && inst.first_step == 0;
+    if (from_start) {
       index.persistent[inst.node] = instance;
     } else if (inst.workspace) {
       index.step_workspace[inst.first_step] = instance;
@@ -697,7 +694,8 @@ class ScheduleRun {
     for (NodeId v = 0; v < graph_.num_nodes(); ++v) {
       if (!graph_.persistent(v)) continue;
       const int32_t instance = instances_.persistent[v];
-      PEBBLE_CHECK(instance >= 0, "persistent node without an instance");
+      PEBBLE_CHECK(instance >= 0 || graph_.home(v) == Tier::kHost,
+                   "persistent node without an instance");
       std::optional<NpyArray> array;
       if (!options.inputs_dir.empty()) {
         ASSIGN_OR_RETURN(array, ReadInputFile(graph_, v, options.inputs_dir));
@@ -712,6 +710,14 @@ class ScheduleRun {
         return absl::InvalidArgumentError(absl::StrCat(
             "persistent node ", Quote(graph_.id(v)), ": ", array->data.size(),
             " bytes of data for a ", graph_.bytes(v), "-byte slot"));
+      }
+      if (graph_.home(v) == Tier::kHost) {  // starts in its host buffer
+        RETURN_IF_ERROR(AllocateHostBuffer(v));
+        std::memcpy(host_buffers_[host_index_[v]].get(), array->data.data(),
+                    array->data.size());
+        host_counted_[v] = 1;
+        host_held_ += graph_.bytes(v);
+        continue;
       }
       RETURN_IF_ERROR(backend_.Upload(Address(instance), array->data.data(), graph_.bytes(v)));
       current_[v] = instance;
@@ -728,15 +734,7 @@ class ScheduleRun {
     for (const Step& step : schedule_.steps) {
       const NodeId v = step.node;
       if (step.action != Action::kOffload || host_index_[v] >= 0) continue;
-      auto buffer = backend_.AllocateHost(graph_.bytes(v));
-      if (!buffer.ok()) {
-        return absl::Status(buffer.status().code(),
-                            absl::StrCat("host buffer for offloaded '", graph_.id(v), "' (",
-                                         graph_.bytes(v), " bytes): ",
-                                         buffer.status().message()));
-      }
-      host_index_[v] = static_cast<int32_t>(host_buffers_.size());
-      host_buffers_.emplace_back(backend_, *buffer, /*host=*/true);
+      RETURN_IF_ERROR(AllocateHostBuffer(v));
     }
     return absl::OkStatus();
   }
@@ -745,8 +743,9 @@ class ScheduleRun {
   absl::Status RunSteps() {
     backend_.ResetEvents();
     ASSIGN_OR_RETURN(origin_, streams_.Record(Stream::kCompute));
-    held_ = graph_.persistent_bytes();
+    held_ = graph_.persistent_bytes();  // the device-resident ones
     result_.peak_bytes = held_;
+    result_.host_peak_bytes = host_held_;
     result_.peak_step = -1;
     result_.steps.resize(num_steps_);
     for (int k = 0; k < num_steps_; ++k) {
@@ -842,17 +841,36 @@ class ScheduleRun {
     StreamEvent start, end;
   };
 
-  // v's current instance on the host (bfloat16 widened to float32).
+  // v's value at the end on the host (bfloat16 widened to float32): its
+  // instance's, or its host copy's where it is not resident (a host home).
   absl::StatusOr<HostTensor> Download(NodeId v) {
     HostTensor t;
     t.node = v;
     t.array.shape = *graph_.shape(v);
     t.array.dtype = *graph_.dtype(v);
     t.array.data.resize(static_cast<size_t>(graph_.bytes(v)));
-    RETURN_IF_ERROR(
-        backend_.Download(t.array.data.data(), Address(current_[v]), graph_.bytes(v)));
+    if (current_[v] >= 0) {
+      RETURN_IF_ERROR(
+          backend_.Download(t.array.data.data(), Address(current_[v]), graph_.bytes(v)));
+    } else {
+      PEBBLE_CHECK(host_counted_[v], "a tensor neither resident nor with a host copy");
+      std::memcpy(t.array.data.data(), host_buffers_[host_index_[v]].get(), graph_.bytes(v));
+    }
     if (t.array.dtype == DType::kBFloat16) WidenBFloat16(t.array);
     return t;
+  }
+
+  // A host buffer (pinned on CUDA) for v's copies, kept in host_index_[v].
+  absl::Status AllocateHostBuffer(NodeId v) {
+    auto buffer = backend_.AllocateHost(graph_.bytes(v));
+    if (!buffer.ok()) {
+      return absl::Status(buffer.status().code(),
+                          absl::StrCat("host buffer for '", graph_.id(v), "' (", graph_.bytes(v),
+                                       " bytes): ", buffer.status().message()));
+    }
+    host_index_[v] = static_cast<int32_t>(host_buffers_.size());
+    host_buffers_.emplace_back(backend_, *buffer, /*host=*/true);
+    return absl::OkStatus();
   }
 
   std::byte* Address(int32_t instance) const {
@@ -923,6 +941,10 @@ class ScheduleRun {
     current_[v] = instance;
     ++holders_[root];
     written_[root] = 1;
+    if (host_counted_[root]) {  // the write makes the host copy stale
+      host_counted_[root] = 0;
+      host_held_ -= graph_.bytes(root);
+    }
     ASSIGN_OR_RETURN(const int64_t during, RunKernel(k));
     ready_[root] = ready_[v];
     last_compute_use_[root] = last_compute_use_[v];
@@ -1018,7 +1040,8 @@ class ScheduleRun {
 
   int64_t RunFree(int k) {
     const NodeId v = schedule_.steps[k].node;
-    PEBBLE_CHECK(current_[v] >= 0 && !graph_.persistent(v), "free of a tensor not held");
+    PEBBLE_CHECK(current_[v] >= 0 && (!graph_.persistent(v) || graph_.home(v).has_value()),
+                 "free of a tensor not held");
     current_[v] = -1;
     // The storage's bytes are released with its last holder (the base or
     // a view of it).

@@ -14,6 +14,7 @@
 #include "absl/strings/str_format.h"
 #include "graph/status.h"
 #include "graph/text_input.h"
+#include "scheduler/planner.h"
 #include "scheduler/schedule.h"
 #include "scheduler/simulator.h"
 
@@ -283,8 +284,19 @@ int64_t ResolveBudget(const BudgetSpec& spec, int64_t baseline_peak) {
   return spec.bytes;
 }
 
+absl::StatusOr<Schedule> BaselinePlanSchedule(const Graph& graph) {
+  if (!graph.has_homes()) return FreeAtLastUse(graph, DefaultOrder(graph));
+  // Tensors that move between tiers: the baseline policy places their
+  // copies (Note [Updates last]).
+  ASSIGN_OR_RETURN(std::unique_ptr<Planner> baseline, MakePlanner("baseline"));
+  PlannerOptions options;
+  options.budget_bytes = PlannerOptions::kMinBudget;
+  ASSIGN_OR_RETURN(PlanResult plan, baseline->Plan(graph, options));
+  return std::move(plan.schedule);
+}
+
 absl::StatusOr<int64_t> BaselinePeak(const Graph& graph) {
-  ASSIGN_OR_RETURN(Schedule schedule, FreeAtLastUse(graph, DefaultOrder(graph)));
+  ASSIGN_OR_RETURN(Schedule schedule, BaselinePlanSchedule(graph));
   ASSIGN_OR_RETURN(PlanReport report, Simulate(graph, schedule));
   return report.peak_bytes;
 }

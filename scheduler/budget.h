@@ -8,6 +8,7 @@
 
 #include "absl/status/statusor.h"
 #include "graph/graph.h"
+#include "scheduler/schedule.h"
 
 namespace pebble {
 
@@ -41,8 +42,13 @@ absl::StatusOr<BudgetSpec> ParseBudget(absl::string_view text);
 // kMinBudgetBytes.
 int64_t ResolveBudget(const BudgetSpec& spec, int64_t baseline_peak);
 
-// The peak of the baseline policy (the graph's own order, freed at last
-// use): the reference of percentage budgets.
+// The baseline policy's schedule: the graph's own order, freed at last use
+// (with the copies of tensors that move between tiers, where the graph has
+// homes: Note [Updates last]).
+absl::StatusOr<Schedule> BaselinePlanSchedule(const Graph& graph);
+
+// The peak of the baseline policy's schedule: the reference of percentage
+// budgets.
 absl::StatusOr<int64_t> BaselinePeak(const Graph& graph);
 
 // The policy `plan` and `run` use when none is given: the best one-shot

@@ -359,16 +359,18 @@ std::vector<TensorInstance> InstancesOf(const Graph& graph,
                                         const Schedule& schedule) {
   const int slots = NumSlots(schedule);
   std::vector<TensorInstance> instances;
-  for (NodeId v = 0; v < graph.num_nodes(); ++v) {
-    if (graph.persistent(v)) {
-      instances.push_back({v, false, 0, slots - 1, 0, graph.bytes(v)});
-    }
-  }
   // Per storage root (the node itself without aliases): its current
   // instance, and how many nodes of D hold it (the simulator's count).
   std::vector<int32_t> open(graph.num_nodes(), -1);
   std::vector<int32_t> holders(graph.num_nodes(), 0);
-  for (NodeId v = 0; v < graph.num_nodes(); ++v) holders[v] = graph.persistent(v) ? 1 : 0;
+  // A persistent tensor starts resident unless its home is the host; one
+  // with a home may be freed (and prefetched again) like any other.
+  for (NodeId v = 0; v < graph.num_nodes(); ++v) {
+    if (!graph.persistent(v) || graph.home(v) == Tier::kHost) continue;
+    holders[v] = 1;
+    if (graph.home(v).has_value()) open[v] = static_cast<int32_t>(instances.size());
+    instances.push_back({v, false, 0, slots - 1, 0, graph.bytes(v)});
+  }
   for (int k = 0; k < static_cast<int>(schedule.steps.size()); ++k) {
     const Step& step = schedule.steps[k];
     const NodeId v = step.node;

@@ -9,6 +9,9 @@
 // g), is a schedule of g: every compute that reads a storage comes before
 // the storage's update, and each update runs once. Its peak is the larger of
 // the policy's peak and the state at its end plus each update's workspace.
+// State whose home is the host (read by updates alone) is left out of the
+// planned graph too, and streamed through the updates: prefetched before
+// the first that touches it, offloaded and freed after the last.
 #ifndef PEBBLE_SCHEDULER_UPDATES_LAST_H_
 #define PEBBLE_SCHEDULER_UPDATES_LAST_H_
 
@@ -21,7 +24,8 @@
 
 namespace pebble {
 
-// g without its in-place nodes (see above), same ids and order otherwise.
+// g without its in-place nodes and its streamed state (see above), same ids
+// and order otherwise.
 // Errors: a node other than an update reads an update (nothing may follow
 // an update but another).
 absl::StatusOr<Graph> WithoutUpdates(const Graph& graph);
@@ -30,6 +34,10 @@ absl::StatusOr<Graph> WithoutUpdates(const Graph& graph);
 // updates appended; any other graph goes to `inner` as it is. Every
 // planner the registry makes is wrapped (planner.cc).
 std::unique_ptr<Planner> WithUpdatesLast(std::unique_ptr<Planner> inner);
+
+// Whether only in-place updates read v (an optimizer's state): such a
+// tensor may have a home the policies honour.
+bool OnlyUpdatesRead(const Graph& graph, NodeId v);
 
 }  // namespace pebble
 

@@ -195,7 +195,8 @@ TEST(HomeTierTest, PoliciesRefuseWhatTheyDoNotPlanYet) {
   ASSERT_FALSE(plan.ok());
   EXPECT_EQ(plan.status().code(), absl::StatusCode::kUnimplemented);
   EXPECT_THAT(std::string(plan.status().message()),
-              HasSubstr("node 'w' has 'home': pebble's policies do not move persistent tensors"));
+              HasSubstr("node 'w' has 'home' and is read by more than the optimizer's "
+                        "updates: pebble's policies move only optimizer state"));
 }
 
 // ---------------------------------------------------------------- oracle

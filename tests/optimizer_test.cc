@@ -240,19 +240,93 @@ TEST(OptimizerTest, TheCpuBackendRunsTheUpdatesOfEveryPolicy) {
   }
 }
 
-TEST(OptimizerTest, StateOnTheHostIsSimulatedButNotPlannedYet) {
-  absl::StatusOr<Graph> plain = BuildModel("conv3d:n=8");
-  ASSERT_TRUE(plain.ok());
+// state=host: every policy plans the step without the state and streams it
+// through the updates (Note [Updates last]): prefetched once, offloaded and
+// freed once, on the host at the end; the peak drops by all the state but
+// one parameter's.
+TEST(OptimizerTest, StateOnTheHostIsStreamedThroughTheUpdates) {
+  absl::StatusOr<Graph> resident = BuildModel("transformer:layers=2,optimizer=adam");
+  absl::StatusOr<Graph> plain = BuildModel("transformer:layers=2");
   absl::StatusOr<OptimizerSpec> spec = ParseOptimizer("adam:state=host");
-  ASSERT_TRUE(spec.ok());
+  ASSERT_TRUE(resident.ok() && plain.ok() && spec.ok());
   absl::StatusOr<Graph> g = AddOptimizerStep(*plain, *spec);
   ASSERT_TRUE(g.ok()) << g.status();
-  EXPECT_EQ(g->home(g->Find("exp_avg:conv1.weight")), Tier::kHost);
+  EXPECT_EQ(g->home(g->Find("exp_avg:ln_f.weight")), Tier::kHost);
   EXPECT_EQ(g->host_persistent_bytes(), 2 * GradedParameterBytes(*plain) + 4);
+  for (const char* policy : {"baseline", "rotor", "dtr"}) {
+    SCOPED_TRACE(policy);
+    PlanRequest request;
+    request.policy = policy;
+    request.budget = "min";
+    absl::StatusOr<PlanOutcome> host = PlanGraph(*g, request);
+    absl::StatusOr<PlanOutcome> device = PlanGraph(*resident, request);
+    ASSERT_TRUE(host.ok() && device.ok()) << host.status() << device.status();
+    EXPECT_LT(host->result.report.peak_bytes,
+              device->result.report.peak_bytes - g->host_persistent_bytes() / 2);
+    EXPECT_EQ(host->result.report.transfer_bytes, 2 * g->host_persistent_bytes());
+    std::vector<int> prefetched(g->num_nodes(), 0), offloaded(g->num_nodes(), 0);
+    for (const Step& step : host->result.schedule.steps) {
+      prefetched[step.node] += step.action == Action::kPrefetch;
+      offloaded[step.node] += step.action == Action::kOffload;
+    }
+    for (NodeId v = 0; v < g->num_nodes(); ++v) {
+      const int moves = g->home(v) == Tier::kHost ? 1 : 0;
+      EXPECT_EQ(prefetched[v], moves) << g->id(v);
+      EXPECT_EQ(offloaded[v], moves) << g->id(v);
+    }
+  }
+}
+
+// The same step with the state on the host and resident: the same bits,
+// and measured peak == predicted on the CPU backend.
+TEST(OptimizerTest, StateOnTheHostRunsToTheResidentStatesBits) {
+  absl::StatusOr<Graph> plain = BuildModel("conv3d:n=8");
+  ASSERT_TRUE(plain.ok());
+  std::unique_ptr<Backend> backend = MakeCpuBackend();
+  std::vector<std::vector<HostTensor>> updated;
+  for (const char* text : {"adamw:lr=0.01", "adamw:lr=0.01,state=host"}) {
+    SCOPED_TRACE(text);
+    absl::StatusOr<OptimizerSpec> spec = ParseOptimizer(text);
+    ASSERT_TRUE(spec.ok());
+    absl::StatusOr<Graph> g = AddOptimizerStep(*plain, *spec);
+    ASSERT_TRUE(g.ok());
+    PlanRequest request;
+    request.policy = "dtr";
+    request.budget = "min";
+    absl::StatusOr<PlanOutcome> plan = PlanGraph(*g, request);
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    absl::StatusOr<ExecutionResult> r = Execute(*g, plan->result.schedule, *backend);
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->peak_bytes, r->predicted.peak_bytes);
+    EXPECT_EQ(r->host_peak_bytes, r->predicted.host_peak_bytes);
+    updated.push_back(r->updated);
+  }
+  ASSERT_FALSE(updated[0].empty());
+  ASSERT_EQ(updated[0].size(), updated[1].size());
+  for (size_t i = 0; i < updated[0].size(); ++i) {
+    EXPECT_TRUE(updated[0][i].array.data == updated[1][i].array.data) << i;
+  }
+}
+
+// Only the optimizer's state may have a home a policy honours yet.
+TEST(OptimizerTest, APlannedHomeOnAParameterIsRefused) {
+  absl::StatusOr<Graph> plain = BuildModel("conv3d:n=8");
+  ASSERT_TRUE(plain.ok());
+  GraphBuilder b(plain->name());
+  for (NodeId v = 0; v < plain->num_nodes(); ++v) {
+    NodeSpec spec = SpecOf(*plain, v);
+    if (spec.id == "conv1.weight") spec.home = Tier::kHost;
+    b.AddNode(std::move(spec));
+  }
+  for (NodeId o : plain->outputs()) b.AddOutput(plain->id(o));
+  absl::StatusOr<Graph> g = b.Build();
+  ASSERT_TRUE(g.ok()) << g.status();
   PlanRequest request;
   absl::StatusOr<PlanOutcome> plan = PlanGraph(*g, request);
   ASSERT_FALSE(plan.ok());
-  EXPECT_THAT(std::string(plan.status().message()), HasSubstr("has 'home'"));
+  EXPECT_THAT(std::string(plan.status().message()),
+              HasSubstr("node 'conv1.weight' has 'home' and is read by more than the "
+                        "optimizer's updates"));
 }
 
 }  // namespace

@@ -70,8 +70,10 @@ def parse_optimizer(text):
     values = dict(defaults[name])
     for item in filter(None, (p.strip() for p in params.split(","))):
         key, _, value = item.partition("=")
+        if key == "state":  # where pebble keeps the state: no matter to torch.optim
+            continue
         if key not in values:
-            raise cc.UsageError("--optimizer %s: %s takes %s (state= is not run here)"
+            raise cc.UsageError("--optimizer %s: %s takes %s and state"
                                 % (text, name, ", ".join(values)))
         values[key] = float(value)
     return name, values
