@@ -38,6 +38,9 @@ ModelEntry Network(std::string name, std::string description,
   params.push_back({"optimizer", "none",
                     "none, sgd, adam or adamw: the optimizer's step in the graph, with "
                     "PyTorch's defaults (docs/training.md; --optimizer takes settings)"});
+  params.push_back({"optimizer_state", "device",
+                    "device or host: where the optimizer's state lives between steps (host: "
+                    "streamed through the updates, docs/training.md)"});
   return {{std::move(name), std::move(description), std::move(params),
            /*training_graph=*/true},
           std::move(build)};
@@ -303,10 +306,21 @@ absl::StatusOr<Graph> BuildModel(const ModelSpec& spec, CostModel cost) {
     }
     values[key] = value;
   }
-  std::string optimizer = "none";
+  std::string optimizer = "none", state = "device";
   if (entry->info.training_graph) {
     optimizer = values["optimizer"];
+    state = values["optimizer_state"];
     values.erase("optimizer");
+    values.erase("optimizer_state");
+    if (state != "device" && state != "host") {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "model '", spec.name, "': optimizer_state=", state, " (expected device or host)"));
+    }
+    if (state == "host" && optimizer == "none") {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "model '", spec.name, "': optimizer_state=host needs an optimizer (optimizer=sgd, "
+          "adam or adamw)"));
+    }
   }
   const zoo::ModelArgs args(spec.name, spec.ToString(), std::move(values));
   absl::StatusOr<Graph> graph = entry->build(args, cost);
@@ -316,6 +330,7 @@ absl::StatusOr<Graph> BuildModel(const ModelSpec& spec, CostModel cost) {
       return absl::InvalidArgumentError(absl::StrCat("model '", spec.name, "': optimizer=",
                                                      optimizer, ": ", step.status().message()));
     }
+    if (state == "host") step->state_home = Tier::kHost;
     graph = AddOptimizerStep(*graph, *step, cost);
   }
   if (!graph.ok()) {
