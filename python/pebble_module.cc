@@ -32,6 +32,7 @@
 #include "graph/graph_json.h"
 #include "graph/import/onnx_import.h"
 #include "graph/models/models.h"
+#include "graph/optimizer.h"
 #include "graph/text_input.h"
 #include "python/convert.h"
 #include "python/python_policy.h"
@@ -250,6 +251,12 @@ PYBIND11_MODULE(_core, m) {
         return Unwrap(AddLossAndDifferentiate(graph, Unwrap(ParseLossKind(StrArg(loss, "loss")))));
       }, py::arg("graph"), py::arg("loss") = "cross-entropy",
       "A forward graph with the loss added and differentiated (--train).");
+  m.def("with_optimizer", [](const py::object& training, const py::object& optimizer) {
+        const Graph& graph = GraphArg(training);
+        return Unwrap(AddOptimizerStep(graph, Unwrap(ParseOptimizer(StrArg(optimizer, "optimizer")))));
+      }, py::arg("graph"), py::arg("optimizer"),
+      "A training graph ending with the optimizer's step (--optimizer): optimizer is "
+      "'sgd', 'adam' or 'adamw' with settings, e.g. 'adam:lr=1e-3,weight_decay=0'.");
 
   py::class_<PyPlan>(m, "Plan", "What plan() returns.", py::is_final(),
                      py::custom_type_setup([](PyHeapTypeObject* type) {

@@ -30,6 +30,7 @@ from ._core import (  # noqa: F401
     simulate,
     train,
     unregister_policy,
+    with_optimizer,
 )
 
 
@@ -42,5 +43,5 @@ copyreg.pickle(Graph, lambda graph: (_graph_from_json, (graph.to_json(),)))
 
 __all__ = [
     "Graph", "Plan", "compare", "fit", "from_json", "import_onnx", "load", "model", "plan",
-    "policies", "register_policy", "simulate", "train", "unregister_policy",
+    "policies", "register_policy", "simulate", "train", "unregister_policy", "with_optimizer",
 ]

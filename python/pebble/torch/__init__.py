@@ -5,6 +5,8 @@
                          policy="rotor", budget="60%")
     loss = step(x, y)      # forward, loss and backward under the plan; .grad of every parameter set
     optimizer.step()       # the user's optimizer, unchanged
+    # or the optimizer's step in the plan too (its state counted and placed):
+    step = pt.train_step(model, loss_fn, (x,), y, optimizer=optimizer, budget="60%")
     step.report            # predicted and measured peak, recomputations, transfers, time
 
 PyTorch traces the whole step (module, the user's loss callable and
@@ -28,9 +30,10 @@ from ._capture import CaptureError, propagate, trace
 from ._executor import PlanExecutionError, Program, draws_in_eager_order
 from ._graph import StepGraph
 from ._memory import AllocatorPeak, TensorMemory, measure, tensor_bytes
+from ._optimizer import OptimizerError, Updates, split_schedule
 
-__all__ = ["CaptureError", "PlanError", "PlanExecutionError", "TensorMemory", "TrainStep",
-           "measure", "tensor_bytes", "train_step"]
+__all__ = ["CaptureError", "OptimizerError", "PlanError", "PlanExecutionError", "TensorMemory",
+           "TrainStep", "measure", "tensor_bytes", "train_step"]
 
 
 class PlanError(ValueError):
@@ -76,11 +79,18 @@ class TrainStep:
         device, where they save no memory (for testing the offload path;
         host copies are made before the step and so are not in its measured
         peak).
+      optimizer: a torch.optim.SGD, Adam or AdamW over every trainable
+        parameter: the step then ends with its update, planned with the rest
+        (its state counted, resident; the updates last), and `step(...)`
+        updates the parameters: do not call optimizer.step() as well. Its
+        state lives in optimizer.state in torch.optim's format (state_dict()
+        stays loadable); clear the gradients between steps as usual
+        (optimizer.zero_grad()).
     """
 
     def __init__(self, model, loss_fn, example_inputs, example_target, policy=None,
                  budget="100%", host_budget=None, bandwidth=None, time_limit=10.0, seed=0,
-                 calibrate=True, measure="first", allow_cpu_offload=False):
+                 calibrate=True, measure="first", allow_cpu_offload=False, optimizer=None):
         if not isinstance(model, torch.nn.Module):
             raise TypeError(f"model must be a torch.nn.Module, not {type(model).__name__}")
         if not callable(loss_fn):
@@ -94,6 +104,7 @@ class TrainStep:
         self.calibrate = calibrate
         self.measure_mode = measure
         self.allow_cpu_offload = allow_cpu_offload
+        self.updates = Updates(optimizer, model) if optimizer is not None else None
         inputs = _as_tuple(example_inputs, "example_inputs")
         _check_tensor_arg(example_target, "example_target")
         self.device = _device_of(model, inputs + (example_target,))
@@ -258,11 +269,17 @@ class _Variant:
         self.key = capture.key
         self.device = capture.device
         self.graph_nodes = capture.nodes
+        self.updates = step.updates
         self.graph = capture.graph
-        self.calibration = capture.calibration
         self.persistent_bytes = capture.persistent_bytes
+        if self.updates is not None:  # the optimizer's step in the plan
+            self.graph = self.updates.extend(capture.graph)
+            self.persistent_bytes += self.updates.state_bytes()
+        self.calibration = capture.calibration
         self.plan, self.budget_info = self._plan(step.options)
-        self.program = Program(self.graph_nodes, self.plan.schedule, self.device)
+        step_schedule, self.optimizer_steps = split_schedule(
+            self.plan.schedule, self.updates.ops if self.updates is not None else {})
+        self.program = Program(self.graph_nodes, step_schedule, self.device)
         self.measured_once = False
         self.report = self._report(time.perf_counter() - started)
 
@@ -283,15 +300,15 @@ class _Variant:
         kwargs = dict(policy=policy, budget=budget, host_budget=host_budget,
                       bandwidth=options["bandwidth"], time_limit=options["time_limit"],
                       seed=options["seed"])
-        graph = self.capture.free_graph
+        graph = self._with_updates(self.capture.free_graph)
         plan = _core.plan(graph, **kwargs)
-        if plan.feasible and not draws_in_eager_order(self.graph_nodes, plan.schedule):
+        if plan.feasible and not self._draws_in_eager_order(plan):
             # Note [Random calls in eager's order]: the graph whose tokens
             # order the random calls.
             graph = self.graph
             plan = _core.plan(graph, **kwargs)
             info["order"] = "planned with random calls ordered as eager draws them"
-            if plan.feasible and not draws_in_eager_order(self.graph_nodes, plan.schedule):
+            if plan.feasible and not self._draws_in_eager_order(plan):
                 raise PlanError(f"internal: policy {plan.policy} computes random operators "
                                 "in another order than eager PyTorch draws them")
         if not plan.feasible:
@@ -300,6 +317,15 @@ class _Variant:
             raise PlanError(f"policy {plan.policy} copies tensors to the host, which saves no "
                             "memory on the CPU device (allow_cpu_offload=True runs it anyway)")
         return plan, info
+
+    def _with_updates(self, graph):
+        if self.updates is None:
+            return graph
+        return self.graph if graph is self.capture.graph else self.updates.extend(graph)
+
+    def _draws_in_eager_order(self, plan):
+        ids = self.updates.ops if self.updates is not None else {}
+        return draws_in_eager_order(self.graph_nodes, split_schedule(plan.schedule, ids)[0])
 
     def _does_not_fit(self, plan, options, info):
         """Why `plan` does not fit, with the least peak its policy reaches
@@ -337,6 +363,15 @@ class _Variant:
             baseline = _core.plan(self.graph, policy="baseline", budget="100%")
             reference = baseline.report["peak_bytes"] - self.persistent_bytes
             source = "predicted: pebble's baseline (the unplanned step could not run)"
+        if self.updates is not None and self.calibration.unplanned_peak_bytes is not None:
+            # The calibration ran the step without the optimizer: its update
+            # (the gradients held, one parameter's temporaries) may peak above.
+            baseline = _core.plan(self.graph, policy="baseline", budget="100%")
+            update_peak = baseline.report["peak_bytes"] - self.persistent_bytes
+            if update_peak > reference:
+                reference = update_peak
+                source = ("predicted: the optimizer's update after the unplanned step, above "
+                          "the step's measured peak")
         info = {"reference_bytes": reference, "reference_source": source}
         _refuse_bare_small_number(budget)
         if isinstance(budget, str) and budget.strip().endswith("%"):
@@ -355,24 +390,17 @@ class _Variant:
 
     def run(self, inputs, target):
         persistent = self.capture.persistent(inputs, target)
-        g = self.graph_nodes
         measured = self.device.type == "cuda" or self.step.measure_mode == "always" or (
             self.step.measure_mode == "first" and not self.measured_once)
+        if self.updates is not None:
+            self.updates.ensure_state()  # held before the step, as the plan holds it
         # The plan fixed every tensor's dtype: autocast stays off inside the step.
         with torch.no_grad(), torch.autocast(self.device.type, enabled=False):
             if measured:
                 with AllocatorPeak(self.device) as meter:
-                    result = self.program.run(persistent)
+                    result = self._run_step(persistent)
             else:
-                result = self.program.run(persistent)
-            for slot, grad in result.grads:
-                param = _lookup(self.step.model, slot.names[0])
-                if param.grad is None:
-                    param.grad = grad
-                else:  # .grad appeared since planning: add, as autograd would
-                    param.grad.add_(grad)
-            for slot, value in result.updates:
-                _lookup(self.step.model, slot.names[0]).copy_(value)
+                result = self._run_step(persistent)
         loss = result.loss
         del result.grads, result.updates
         r = self.report
@@ -388,6 +416,22 @@ class _Variant:
             r["measured_by"] = meter.source
             r["measured_total_peak_bytes"] = meter.peak_bytes + self.persistent_bytes
         return loss.detach()
+
+    def _run_step(self, persistent):
+        """The planned step: the program, each gradient into .grad, each buffer
+        updated, then the optimizer's updates (the plan's last steps)."""
+        result = self.program.run(persistent)
+        for slot, grad in result.grads:
+            param = _lookup(self.step.model, slot.names[0])
+            if param.grad is None:
+                param.grad = grad
+            else:  # .grad appeared since planning: add, as autograd would
+                param.grad.add_(grad)
+        for slot, value in result.updates:
+            _lookup(self.step.model, slot.names[0]).copy_(value)
+        if self.optimizer_steps:
+            self.updates.run(self.optimizer_steps)
+        return result
 
     def _report(self, plan_s):
         c = self.capture

@@ -1,0 +1,240 @@
+"""The optimizer's step under the plan (docs/torch.md, "The optimizer in the plan").
+
+train_step(..., optimizer=opt) plans the whole step: pebble.with_optimizer
+adds the optimizer's state (persistent) and its updates (in place, run last,
+after every gradient is complete) to the captured graph. The updates run in
+the plan's order with PyTorch's in-place operators on the module's
+parameters and on the state kept in opt.state, in torch.optim's own format,
+so opt.state_dict() stays loadable. Each follows torch.optim's
+single-tensor SGD and Adam of PyTorch 1.13 operation by operation; an
+operation that needs a temporary of the parameter's size (Adam's
+denominator, a coupled weight decay) is the update node's workspace in the
+plan, so the allocator's peak is the plan's.
+"""
+
+import json
+import math
+
+import torch
+
+from .. import _core
+
+
+class OptimizerError(ValueError):
+    """An optimizer that pebble.torch cannot plan (the message says why)."""
+
+
+# The node ops of graph/optimizer.h, each run by Updates._run.
+_UPDATE_OPS = ("sgd_momentum", "sgd_update", "adam_exp_avg", "adam_exp_avg_sq", "adam_update",
+               "optimizer_step")
+
+
+_DTYPES = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
+
+
+class Updates:
+    """A torch.optim optimizer as pebble's optimizer step of a module."""
+
+    def __init__(self, optimizer, model):
+        if not isinstance(optimizer, torch.optim.Optimizer):
+            raise TypeError(f"optimizer must be a torch.optim.Optimizer, not "
+                            f"{type(optimizer).__name__}")
+        self.optimizer = optimizer
+        self.kind, self.settings = _settings(optimizer)
+        self.spec = self.kind + ":" + ",".join(
+            f"{k}={float(v)!r}" for k, v in self.settings.items() if k != "decoupled")
+        self.ops = {}  # node id -> op of the optimizer's nodes (extend)
+        # Note [Scalars without allocations]: a Python number as an operand
+        # (x.mul_(0.9)) makes a small tensor on each call, outside the plan;
+        # a held 0-dim tensor, filled in place, gives the same bits without
+        # one. Made before the first step, per device.
+        self._scalars = {}
+        self._one = torch.ones(())  # Adam's step count is a CPU tensor
+        in_optimizer = {id(p) for group in optimizer.param_groups for p in group["params"]}
+        self.params = {}
+        for name, p in model.named_parameters():
+            if not p.requires_grad:
+                continue
+            if id(p) not in in_optimizer:
+                raise OptimizerError(f"parameter '{name}' is trainable but not in the "
+                                     "optimizer: pebble plans one optimizer for every "
+                                     "trainable parameter")
+            self.params[name] = p
+        extra = in_optimizer - {id(p) for p in self.params.values()}
+        if extra:
+            raise OptimizerError(f"the optimizer holds {len(extra)} tensor(s) that are not "
+                                 "trainable parameters of the module")
+
+    # --- the graph ----------------------------------------------------------------
+
+    def extend(self, graph):
+        """`graph` (a captured training graph) with the optimizer's step, each
+        update's temporaries as its workspace."""
+        # The parameters' shapes and dtypes, which the optimizer's nodes take
+        # (the capture keeps them in attrs).
+        doc = json.loads(graph.to_json())
+        for node in doc["nodes"]:
+            if node.get("role") != "parameter":
+                continue
+            attrs = node.get("attrs") or {}
+            dtype = _DTYPES.get(attrs.get("dtype"))
+            if dtype is None:
+                raise OptimizerError(f"parameter '{node['id']}' is {attrs.get('dtype')}: "
+                                     "pebble's optimizer step takes float32, float16 and "
+                                     "bfloat16 parameters")
+            node["shape"], node["dtype"] = attrs["shape"], dtype
+        graph = _core.from_json(json.dumps(doc))
+        doc = json.loads(_core.with_optimizer(graph, self.spec).to_json())
+        for node in doc["nodes"]:
+            if node.get("op") in _UPDATE_OPS or node.get("role") == "optimizer_state":
+                self.ops[node["id"]] = node["op"]
+            if node.get("op") in _UPDATE_OPS and _temporary(node["op"], self.settings):
+                node["workspace"] = node["bytes"]
+        return _core.from_json(json.dumps(doc))
+
+    def state_bytes(self):
+        """The bytes of the state the plan holds (persistent, resident)."""
+        if self.kind == "sgd":
+            per_param = 1 if self.settings["momentum"] > 0 else 0
+        else:
+            per_param = 2
+        total = sum(per_param * p.numel() * p.element_size() for p in self.params.values())
+        return total + (4 if self.kind != "sgd" else 0)
+
+    # --- the state ----------------------------------------------------------------
+
+    def ensure_state(self):
+        """Every parameter's state in opt.state, as torch.optim makes it on its
+        first step (zeros; Adam's step count 0), where it is not there yet:
+        made before the step, it is held before the step as the plan holds
+        it (persistent). A momentum buffer starts at zeros: momentum 0 + g
+        is the copy of g that torch.optim makes."""
+        state = self.optimizer.state
+        for p in self.params.values():
+            if p.device not in self._scalars:
+                self._scalars[p.device] = torch.zeros((), device=p.device)
+            s = state[p]
+            if self.kind == "sgd":
+                if self.settings["momentum"] > 0 and s.get("momentum_buffer") is None:
+                    s["momentum_buffer"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                continue
+            if "step" not in s:
+                s["step"] = torch.tensor(0.0)
+                s["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                s["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+
+    # --- running ------------------------------------------------------------------
+
+    def run(self, steps):
+        """Runs the optimizer's steps of the plan, (action, node id) pairs in
+        order, reading each parameter's .grad."""
+        for action, node_id in steps:
+            if action == "free":  # an update's version of its storage: nothing held
+                continue
+            if action != "compute":
+                raise RuntimeError(f"internal: the plan {action}s '{node_id}' in the "
+                                   "optimizer's step, which pebble.torch does not run")
+            self._run(self.ops[node_id], node_id)
+
+    def _run(self, op, node_id):
+        if op == "optimizer_step":  # each parameter's count, at its update
+            return
+        name = node_id.split(":", 1)[1].split("#", 1)[0]
+        p = self.params[name]
+        g = p.grad
+        s = self.optimizer.state[p]
+        c = self.settings
+        wd = c["weight_decay"]
+        scalar = self._scalars[p.device].fill_
+        if op == "sgd_momentum":
+            d = g.add(p, alpha=wd) if wd != 0 else g
+            s["momentum_buffer"].mul_(scalar(c["momentum"])).add_(d)
+        elif op == "sgd_update":
+            if c["momentum"] > 0:
+                d = s["momentum_buffer"]
+            else:
+                d = g.add(p, alpha=wd) if wd != 0 else g
+            p.add_(d, alpha=-c["lr"])
+        elif op in ("adam_exp_avg", "adam_exp_avg_sq"):
+            d = g.add(p, alpha=wd) if wd != 0 and self.kind == "adam" else g
+            if op == "adam_exp_avg":
+                s["exp_avg"].mul_(scalar(c["beta1"])).add_(d, alpha=1 - c["beta1"])
+            else:
+                s["exp_avg_sq"].mul_(scalar(c["beta2"])).addcmul_(d, d, value=1 - c["beta2"])
+        elif op == "adam_update":
+            s["step"].add_(self._one)
+            t = float(s["step"])
+            if self.kind == "adamw" and wd != 0:
+                p.mul_(scalar(1 - c["lr"] * wd))
+            bias_correction2_sqrt = math.sqrt(1 - c["beta2"] ** t)
+            step_size = c["lr"] / (1 - c["beta1"] ** t)
+            denom = s["exp_avg_sq"].sqrt()
+            denom.div_(scalar(bias_correction2_sqrt)).add_(scalar(c["eps"]))
+            p.addcdiv_(s["exp_avg"], denom, value=-step_size)
+        else:
+            raise RuntimeError(f"internal: no update rule for op {op}")
+
+
+def split_schedule(schedule, optimizer_ids):
+    """(the captured step's steps, the optimizer's steps): the updates run
+    last (Note [Updates last]), so every optimizer step follows the others."""
+    for i, (_, node_id) in enumerate(schedule):
+        if node_id in optimizer_ids:
+            rest = schedule[i:]
+            if any(n not in optimizer_ids for _, n in rest):
+                raise RuntimeError("internal: the plan interleaves the optimizer's updates "
+                                   "with the step")
+            return schedule[:i], rest
+    return list(schedule), []
+
+
+def _temporary(op, c):
+    """Whether pebble.torch's rule for `op` makes a temporary of the
+    parameter's size (Updates._run)."""
+    coupled = c["weight_decay"] != 0 and not c.get("decoupled", False)
+    if op == "adam_update":
+        return True
+    if op in ("adam_exp_avg", "adam_exp_avg_sq", "sgd_momentum"):
+        return coupled
+    if op == "sgd_update":
+        return coupled and c["momentum"] == 0
+    return False
+
+
+def _settings(optimizer):
+    """("sgd" | "adam" | "adamw", the settings pebble's optimizer spec takes);
+    OptimizerError for what pebble does not plan."""
+    groups = optimizer.param_groups
+    first = groups[0]
+    for group in groups[1:]:
+        differ = [k for k in first if k != "params" and group.get(k) != first[k]]
+        if differ:
+            raise OptimizerError(f"the optimizer's parameter groups differ in "
+                                 f"{', '.join(differ)}: pebble plans one setting for all")
+    unsupported = []
+    for key, fine in (("nesterov", False), ("maximize", False), ("amsgrad", False),
+                      ("capturable", False), ("differentiable", False), ("fused", None),
+                      ("dampening", 0)):
+        if key in first and first[key] not in (fine, False) and first[key] is not None:
+            unsupported.append(f"{key}={first[key]}")
+    if type(optimizer) is torch.optim.SGD:
+        kind = "sgd"
+        settings = {"lr": first["lr"], "momentum": first["momentum"],
+                    "weight_decay": first["weight_decay"]}
+    elif type(optimizer) in (torch.optim.Adam, torch.optim.AdamW):
+        kind = "adam" if type(optimizer) is torch.optim.Adam else "adamw"
+        beta1, beta2 = first["betas"]
+        settings = {"lr": first["lr"], "beta1": beta1, "beta2": beta2, "eps": first["eps"],
+                    "weight_decay": first["weight_decay"]}
+    else:
+        raise OptimizerError(f"optimizer {type(optimizer).__name__}: pebble.torch plans "
+                             "torch.optim.SGD, Adam and AdamW")
+    if unsupported:
+        raise OptimizerError(f"{type(optimizer).__name__} with {', '.join(unsupported)}: "
+                             "pebble plans plain SGD (momentum, weight decay), Adam and AdamW")
+    for key, value in settings.items():
+        if torch.is_tensor(value):
+            raise OptimizerError(f"{type(optimizer).__name__}: a tensor {key} is not planned")
+    if kind == "adamw":
+        settings["decoupled"] = True
+    return kind, settings

@@ -1,0 +1,205 @@
+#!/usr/bin/env python3
+"""pebble.torch with the optimizer's step in the plan, against eager PyTorch.
+
+    step_optimizer_check.py [--device cpu|cuda] [--steps N]
+
+For each case (a model, a torch.optim optimizer, a policy and a budget),
+trains two copies of the model from the same initialisation on the same
+batches: one eagerly (loss.backward(); optimizer.step(), with foreach=False,
+the single-tensor implementation pebble follows), one with
+pebble.torch.train_step(..., optimizer=opt). Checks after every step:
+
+- the loss, and after N steps every parameter and every state tensor of the
+  optimizer, equal eager's to 1e-5 relative (bitwise on the CPU, in practice);
+- the allocator's (or the profiler's) peak of the step equals the plan's
+  predicted peak, the optimizer's update and its temporaries included;
+- opt.state_dict() loads into a fresh optimizer, which then takes one more
+  eager step to the same parameters as pebble's next step.
+
+And that an optimizer pebble cannot plan (Nesterov momentum, a parameter
+left out, another optimizer class) is refused with OptimizerError naming why.
+Exit 0 on success, 1 on a mismatch, 77 without torch or (cuda) without a GPU.
+"""
+
+import argparse
+import copy
+import sys
+
+
+def models(torch):
+    nn = torch.nn
+
+    def mlp():
+        return nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 64), nn.Tanh(),
+                             nn.Linear(64, 10))
+
+    class ConvNet(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv1 = nn.Conv2d(3, 8, 3, padding=1)
+            self.bn1 = nn.BatchNorm2d(8)
+            self.conv2 = nn.Conv2d(8, 16, 3, padding=1)
+            self.fc = nn.Linear(16 * 8 * 8, 10)
+
+        def forward(self, x):
+            x = torch.relu(self.bn1(self.conv1(x)))
+            x = torch.max_pool2d(torch.relu(self.conv2(x)), 2)
+            return self.fc(x.flatten(1))
+
+    def batch_mlp(g, device):
+        return (torch.randn(16, 32, generator=g).to(device),
+                torch.randint(0, 10, (16,), generator=g).to(device))
+
+    def batch_conv(g, device):
+        return (torch.randn(8, 3, 16, 16, generator=g).to(device),
+                torch.randint(0, 10, (8,), generator=g).to(device))
+
+    return {"mlp": (mlp, batch_mlp), "convnet": (ConvNet, batch_conv)}
+
+
+def optimizers(torch):
+    return {
+        "sgd": lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9, weight_decay=1e-3),
+        "sgd-plain": lambda ps: torch.optim.SGD(ps, lr=0.05),
+        "adam": lambda ps: torch.optim.Adam(ps, lr=1e-2, weight_decay=1e-3, foreach=False),
+        "adamw": lambda ps: torch.optim.AdamW(ps, lr=1e-2, foreach=False),
+    }
+
+
+CASES = [  # (model, optimizer, policy, budget)
+    ("mlp", "sgd", "baseline", "100%"),
+    ("mlp", "adam", "rotor", "min"),
+    ("mlp", "adamw", "dtr", "min"),
+    ("mlp", "sgd-plain", "sqrtn", "min"),
+    ("convnet", "adam", "rotor", "min"),
+    ("convnet", "sgd", "dtr", "90%"),
+]
+
+TOL = 1e-5
+
+
+def close(torch, a, b):
+    if a.shape != b.shape:
+        return False
+    scale = float(b.abs().max()) if b.numel() else 0.0
+    return float((a - b).abs().max()) <= TOL * max(scale, 1e-30) if a.numel() else True
+
+
+def run_case(torch, pt, device, steps, model_name, opt_name, policy, budget):
+    make_model, make_batch = models(torch)[model_name]
+    make_opt = optimizers(torch)[opt_name]
+    torch.manual_seed(0)
+    eager_model = make_model().to(device)
+    planned_model = copy.deepcopy(eager_model)
+    eager_opt = make_opt(eager_model.parameters())
+    planned_opt = make_opt(planned_model.parameters())
+    loss_fn = torch.nn.functional.cross_entropy
+    g = torch.Generator().manual_seed(1)
+    batches = [make_batch(g, device) for _ in range(steps + 1)]
+    x0, y0 = batches[0]
+    step = pt.train_step(planned_model, loss_fn, (x0,), y0, optimizer=planned_opt,
+                         policy=policy, budget=budget, measure="always")
+    failures = []
+    for k in range(steps):
+        x, y = batches[k]
+        eager_opt.zero_grad(set_to_none=True)
+        eager_loss = loss_fn(eager_model(x), y)
+        eager_loss.backward()
+        eager_opt.step()
+        planned_opt.zero_grad(set_to_none=True)
+        loss = step(x, y)
+        if not close(torch, loss.detach().cpu(), eager_loss.detach().cpu()):
+            failures.append(f"step {k + 1}: loss {float(loss)}, eager {float(eager_loss)}")
+        r = step.report
+        if r["measured_peak_bytes"] != r["predicted_step_peak_bytes"]:
+            failures.append(f"step {k + 1}: measured peak {r['measured_peak_bytes']} "
+                            f"({r['measured_by']}), predicted {r['predicted_step_peak_bytes']}")
+    for (name, a), b in zip(planned_model.named_parameters(), eager_model.parameters()):
+        if not close(torch, a.detach().cpu(), b.detach().cpu()):
+            failures.append(f"parameter {name} differs from eager's")
+    eager_state = eager_opt.state_dict()["state"]
+    planned_state = planned_opt.state_dict()["state"]
+    for i, entry in eager_state.items():
+        for key, value in entry.items():
+            if value is None or not torch.is_tensor(value):
+                continue
+            other = planned_state.get(i, {}).get(key)
+            if other is None or not close(torch, other.cpu(), value.cpu()):
+                failures.append(f"optimizer state {i}/{key} differs from eager's")
+    # The state dict loads into a fresh optimizer, which continues as pebble does.
+    resumed_model = copy.deepcopy(planned_model)
+    resumed_opt = make_opt(resumed_model.parameters())
+    resumed_opt.load_state_dict(planned_opt.state_dict())
+    x, y = batches[steps]
+    resumed_opt.zero_grad(set_to_none=True)
+    loss_fn(resumed_model(x), y).backward()
+    resumed_opt.step()
+    planned_opt.zero_grad(set_to_none=True)
+    step(x, y)
+    for (name, a), b in zip(planned_model.named_parameters(), resumed_model.parameters()):
+        if not close(torch, a.detach().cpu(), b.detach().cpu()):
+            failures.append(f"after loading the state dict, parameter {name} differs")
+    r = step.report
+    print(f"{model_name:8} {opt_name:9} {policy:8} {budget:5}: predicted step peak "
+          f"{r['predicted_step_peak_bytes']}, measured {r['measured_peak_bytes']} "
+          f"({r['measured_by']}), {r['recomputations']} recomputations"
+          f"{'' if not failures else ' FAIL'}")
+    return [f"{model_name}/{opt_name}/{policy}: {f}" for f in failures]
+
+
+def refusals(torch, pt, device):
+    failures = []
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 2)).to(device)
+    x = torch.randn(3, 4, device=device)
+    y = torch.randint(0, 2, (3,), device=device)
+    cases = [
+        (torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, nesterov=True), "nesterov"),
+        (torch.optim.SGD(model[0].parameters(), lr=0.1), "'1.weight' is trainable but not in"),
+        (torch.optim.RMSprop(model.parameters(), lr=0.1), "plans torch.optim.SGD, Adam and AdamW"),
+        (torch.optim.Adam(model.parameters(), amsgrad=True), "amsgrad=True"),
+    ]
+    for opt, needle in cases:
+        try:
+            pt.train_step(model, torch.nn.functional.cross_entropy, (x,), y, optimizer=opt)
+        except pt.OptimizerError as e:
+            if needle not in str(e):
+                failures.append(f"refusal without '{needle}': {e}")
+            continue
+        failures.append(f"{type(opt).__name__} ({needle}) was not refused")
+    return failures
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--steps", type=int, default=5)
+    args = parser.parse_args()
+    try:
+        import torch
+        import pebble.torch as pt
+    except ImportError as e:
+        print(f"SKIP: {e}")
+        return 77
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("SKIP: no CUDA device")
+        return 77
+    device = torch.device(args.device)
+    failures = []
+    for case in CASES:
+        try:
+            failures += run_case(torch, pt, device, args.steps, *case)
+        except (pt.PlanError, pt.PlanExecutionError, pt.OptimizerError) as e:
+            failures.append(f"{'/'.join(case)}: {type(e).__name__}: {e}")
+    failures += refusals(torch, pt, device)
+    for f in failures:
+        print("MISMATCH:", f)
+    if failures:
+        return 1
+    print(f"PASS: {len(CASES)} cases, {args.steps} steps each: losses, parameters and "
+          "optimizer state as eager's, measured peak == predicted, state_dict loadable; "
+          "unsupported optimizers refused")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
