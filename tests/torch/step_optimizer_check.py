@@ -12,12 +12,14 @@ pebble.torch.train_step(..., optimizer=opt). Checks after every step:
 - the loss, and after N steps every parameter and every state tensor of the
   optimizer, equal eager's to 1e-5 relative (bitwise on the CPU, in practice);
 - the allocator's (or the profiler's) peak of the step equals the plan's
-  predicted peak, the optimizer's update and its temporaries included;
+  predicted peak, the optimizer's update and its temporaries included, and
+  so does pebble's own count of the tensors held;
 - opt.state_dict() loads into a fresh optimizer, which then takes one more
   eager step to the same parameters as pebble's next step.
 
 And that an optimizer pebble cannot plan (Nesterov momentum, a parameter
-left out, another optimizer class) is refused with OptimizerError naming why.
+left out, another optimizer class) is refused with OptimizerError naming why,
+while a frozen parameter in the optimizer is skipped, as torch.optim skips it.
 Exit 0 on success, 1 on a mismatch, 77 without torch or (cuda) without a GPU.
 """
 
@@ -111,6 +113,9 @@ def run_case(torch, pt, device, steps, model_name, opt_name, policy, budget):
         if not close(torch, loss.detach().cpu(), eager_loss.detach().cpu()):
             failures.append(f"step {k + 1}: loss {float(loss)}, eager {float(eager_loss)}")
         r = step.report
+        if r["counted_peak_bytes"] != r["predicted_peak_bytes"]:
+            failures.append(f"step {k + 1}: pebble's count {r['counted_peak_bytes']}, "
+                            f"predicted {r['predicted_peak_bytes']}")
         if r["measured_peak_bytes"] != r["predicted_step_peak_bytes"]:
             failures.append(f"step {k + 1}: measured peak {r['measured_peak_bytes']} "
                             f"({r['measured_by']}), predicted {r['predicted_step_peak_bytes']}")
@@ -166,6 +171,15 @@ def refusals(torch, pt, device):
                 failures.append(f"refusal without '{needle}': {e}")
             continue
         failures.append(f"{type(opt).__name__} ({needle}) was not refused")
+    # A frozen parameter in the optimizer is skipped, as torch.optim skips it.
+    frozen = copy.deepcopy(model)
+    frozen[0].weight.requires_grad_(False)
+    before = [p.detach().clone() for p in frozen.parameters()]
+    opt = torch.optim.SGD(frozen.parameters(), lr=0.1)
+    pt.train_step(frozen, torch.nn.functional.cross_entropy, (x,), y, optimizer=opt)(x, y)
+    moved = [not torch.equal(a, p.detach()) for a, p in zip(before, frozen.parameters())]
+    if moved != [False, True, True, True]:
+        failures.append(f"with a frozen first weight, the parameters moved: {moved}")
     return failures
 
 

@@ -431,6 +431,10 @@ class _Variant:
             _lookup(self.step.model, slot.names[0]).copy_(value)
         if self.optimizer_steps:
             self.updates.run(self.optimizer_steps)
+            # pebble's count: the state throughout, the update's temporary at the end.
+            result.counted_peak_bytes = self.updates.state_bytes() + max(
+                result.counted_peak_bytes,
+                result.resident_bytes + self.updates.workspace_bytes())
         return result
 
     def _report(self, plan_s):

@@ -43,6 +43,7 @@ class StepResult:
         self.grads = []        # (Slot, tensor)
         self.updates = []      # (Slot, tensor)
         self.counted_peak_bytes = 0  # the largest sum of resident storages (pebble's rule)
+        self.resident_bytes = 0  # the sum of resident storages at the end
         self.transfer_bytes = 0
         self.host_peak_bytes = 0
         self.computes = 0
@@ -153,6 +154,7 @@ class Program:
         result.updates = [(slot, state.live[n.index]) for slot, n in g.updates]
         result.accumulated = [slot for slot, _, _ in g.accumulators]
         result.recomputations = result.computes - len(state.computed)
+        result.resident_bytes = state.resident
         return result
 
 

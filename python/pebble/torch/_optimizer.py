@@ -60,10 +60,11 @@ class Updates:
                                      "optimizer: pebble plans one optimizer for every "
                                      "trainable parameter")
             self.params[name] = p
-        extra = in_optimizer - {id(p) for p in self.params.values()}
+        # Frozen parameters may be in it: torch.optim skips them (no .grad).
+        extra = in_optimizer - {id(p) for p in model.parameters()}
         if extra:
             raise OptimizerError(f"the optimizer holds {len(extra)} tensor(s) that are not "
-                                 "trainable parameters of the module")
+                                 "parameters of the module")
 
     # --- the graph ----------------------------------------------------------------
 
@@ -91,6 +92,12 @@ class Updates:
             if node.get("op") in _UPDATE_OPS and _temporary(node["op"], self.settings):
                 node["workspace"] = node["bytes"]
         return _core.from_json(json.dumps(doc))
+
+    def workspace_bytes(self):
+        """The largest temporary of one update (the plan's workspace)."""
+        sizes = [p.numel() * p.element_size() for p in self.params.values()]
+        needs = any(_temporary(op, self.settings) for op in self.ops.values())
+        return max(sizes, default=0) if needs else 0
 
     def state_bytes(self):
         """The bytes of the state the plan holds (persistent, resident)."""
