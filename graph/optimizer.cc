@@ -28,11 +28,14 @@ absl::string_view KindName(OptimizerKind kind) {
 
 // The keys each optimizer takes, in the order ToString writes them.
 std::vector<std::string> KeysOf(OptimizerKind kind) {
-  if (kind == OptimizerKind::kSgd) return {"lr", "momentum", "weight_decay", "state"};
-  return {"lr", "beta1", "beta2", "eps", "weight_decay", "state"};
+  if (kind == OptimizerKind::kSgd) {
+    return {"lr", "momentum", "weight_decay", "state", "gradients"};
+  }
+  return {"lr", "beta1", "beta2", "eps", "weight_decay", "state", "gradients"};
 }
 
-// The number field called `key` (a key of KeysOf other than "state").
+// The number field called `key` (a key of KeysOf other than "state" and
+// "gradients").
 template <typename Spec>
 auto* Field(Spec& spec, absl::string_view key) {
   if (key == "lr") return &spec.lr;
@@ -55,6 +58,10 @@ std::string OptimizerSpec::ToString() const {
   for (const std::string& key : KeysOf(kind)) {
     if (key == "state") {
       if (state_home.has_value()) parts.push_back(absl::StrCat("state=", TierName(*state_home)));
+      continue;
+    }
+    if (key == "gradients") {
+      if (!keep_gradients) parts.push_back("gradients=drop");
       continue;
     }
     parts.push_back(absl::StrCat(key, "=", *Field(*this, key)));
@@ -100,6 +107,14 @@ absl::StatusOr<OptimizerSpec> ParseOptimizer(absl::string_view text) {
       ASSIGN_OR_RETURN(spec.state_home, ParseTier(value));
       continue;
     }
+    if (key == "gradients") {
+      if (value != "keep" && value != "drop") {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "optimizer ", name, ": gradients=", Quote(value), " (expected keep or drop)"));
+      }
+      spec.keep_gradients = value == "keep";
+      continue;
+    }
     double number = 0;
     if (!absl::SimpleAtod(value, &number) || !std::isfinite(number)) {
       return absl::InvalidArgumentError(absl::StrCat("optimizer ", name, ": ", key, "=",
@@ -125,7 +140,10 @@ class OptimizerStepBuilder {
   absl::StatusOr<Graph> Build() {
     GraphBuilder b(training_.name());
     for (NodeId v = 0; v < training_.num_nodes(); ++v) b.AddNode(SpecOf(training_, v));
-    for (NodeId out : training_.outputs()) b.AddOutput(training_.id(out));
+    for (NodeId out : training_.outputs()) {
+      if (!spec_.keep_gradients && IsUpdatedGradient(out)) continue;  // only updates read it
+      b.AddOutput(training_.id(out));
+    }
     const bool adam = spec_.kind != OptimizerKind::kSgd;
     std::string step_now;
     if (adam) {
@@ -183,6 +201,14 @@ class OptimizerStepBuilder {
   }
 
  private:
+  // Whether `out` is "grad:p" of a parameter p the step updates.
+  bool IsUpdatedGradient(NodeId out) const {
+    const std::string& gid = training_.id(out);
+    if (gid.rfind("grad:", 0) != 0) return false;
+    const NodeId pv = training_.Find(gid.substr(5));
+    return pv != kNoNode && training_.role(pv) == Role::kParameter;
+  }
+
   NodeSpec State(const std::string& id, Shape shape, DType dtype, int64_t bytes) const {
     NodeSpec s;
     s.id = id;

@@ -18,8 +18,9 @@
 //     torch.optim.Adam / AdamW (AdamW decays p by lr weight_decay first,
 //     Adam adds weight_decay p to g).
 // The updates are needed (every step runs them) but not outputs; the
-// gradients stay outputs. Persistent states take role optimizer_state and
-// the updates role update; their home is `home` (device by default).
+// gradients stay outputs unless the spec drops them (keep_gradients).
+// Persistent states take role optimizer_state and the updates role update;
+// their home is `home` (device by default).
 #ifndef PEBBLE_GRAPH_OPTIMIZER_H_
 #define PEBBLE_GRAPH_OPTIMIZER_H_
 
@@ -46,12 +47,17 @@ struct OptimizerSpec {
   // Where the optimizer's state lives between steps; nullopt: resident
   // throughout (a persistent node without a home).
   std::optional<Tier> state_home;
+  // Whether the gradients stay outputs of the step (true: resident at its
+  // end, as without an optimizer); false ("gradients=drop"): only the
+  // updates read them, and a plan may free each after its update.
+  bool keep_gradients = true;
   std::string ToString() const;  // "adam:lr=0.001,betas=0.9/0.999,..." (canonical)
 };
 
 // "sgd", "adam", "adamw", optionally with parameters after a colon:
 // "sgd:lr=0.1,momentum=0.9,weight_decay=1e-4", "adam:lr=1e-3,beta1=0.9,
-// beta2=0.999,eps=1e-8,weight_decay=0", "...,state=host". Defaults are
+// beta2=0.999,eps=1e-8,weight_decay=0", "...,state=host",
+// "...,gradients=drop". Defaults are
 // PyTorch's (lr 0.01 for SGD, 0.001 for Adam and AdamW; AdamW's
 // weight_decay 0.01). InvalidArgument names an unknown optimizer or key,
 // a value that is not a finite number, and a value out of range (lr > 0,

@@ -68,50 +68,169 @@ absl::StatusOr<Graph> WithoutUpdates(const Graph& graph) {
 
 namespace {
 
-// The updates of `graph`, in its topological order, with the frees that
-// follow each, and the prefetch, offload and free of each streamed state
-// tensor around the updates that touch it (Note [Updates last]).
-void AppendUpdates(const Graph& graph, Schedule& schedule) {
+// The in-place updates of `graph`, in its topological order.
+std::vector<NodeId> UpdatesOf(const Graph& graph) {
   std::vector<NodeId> updates;
   for (NodeId v : graph.topological_order()) {
     if (graph.in_place(v)) updates.push_back(v);
   }
-  std::vector<int> last_reader(graph.num_nodes(), -1);  // index into updates
-  std::vector<int> last_touch(graph.num_nodes(), -1);   // per storage root
-  for (int k = 0; k < static_cast<int>(updates.size()); ++k) {
-    for (NodeId u : graph.unique_inputs(updates[k])) {
-      last_reader[u] = k;
-      last_touch[graph.storage(u)] = k;
+  return updates;
+}
+
+// Emits the updates of `graph`, in the order given (each after those it
+// reads), into a schedule: each with the frees that follow it, and the
+// prefetch, offload and free of each streamed state tensor around the
+// updates that touch it (Note [Updates last]).
+class UpdateEmitter {
+ public:
+  UpdateEmitter(const Graph& graph, std::vector<NodeId> order)
+      : graph_(graph),
+        updates_(std::move(order)),
+        last_reader_(graph.num_nodes(), -1),
+        last_touch_(graph.num_nodes(), -1),
+        fetched_(graph.num_nodes(), 0) {
+    for (int k = 0; k < num_updates(); ++k) {
+      for (NodeId u : graph.unique_inputs(updates_[k])) {
+        last_reader_[u] = k;
+        last_touch_[graph.storage(u)] = k;
+      }
+      last_touch_[graph.storage(updates_[k])] = k;
     }
-    last_touch[graph.storage(updates[k])] = k;
   }
-  auto droppable = [&](NodeId u) { return !graph.persistent(u) && !graph.is_output(u); };
-  auto streamed = [&](NodeId root) {
-    return graph.home(root) == Tier::kHost && OnlyUpdatesRead(graph, root);
-  };
-  std::vector<uint8_t> fetched(graph.num_nodes(), 0);
-  for (int k = 0; k < static_cast<int>(updates.size()); ++k) {
-    const NodeId w = updates[k];
-    for (NodeId u : graph.unique_inputs(w)) {
-      const NodeId root = graph.storage(u);
-      if (streamed(root) && !fetched[root]) {
-        fetched[root] = 1;
+
+  int num_updates() const { return static_cast<int>(updates_.size()); }
+
+  // Update k and the moves and frees around it.
+  void Emit(int k, Schedule& schedule) {
+    const NodeId w = updates_[k];
+    for (NodeId u : graph_.unique_inputs(w)) {
+      const NodeId root = graph_.storage(u);
+      if (Streamed(root) && !fetched_[root]) {
+        fetched_[root] = 1;
         schedule.steps.push_back({Action::kPrefetch, root});
       }
     }
     schedule.steps.push_back({Action::kCompute, w});
-    for (NodeId u : graph.unique_inputs(w)) {
-      if (last_reader[u] == k && droppable(u)) schedule.steps.push_back({Action::kFree, u});
+    for (NodeId u : graph_.unique_inputs(w)) {
+      if (last_reader_[u] == k && Droppable(u)) schedule.steps.push_back({Action::kFree, u});
     }
-    if (last_reader[w] < 0 && droppable(w)) schedule.steps.push_back({Action::kFree, w});
-    for (NodeId u : graph.unique_inputs(w)) {  // w's own storage is among its inputs'
-      const NodeId root = graph.storage(u);
-      if (!streamed(root) || last_touch[root] != k || fetched[root] != 1) continue;
-      fetched[root] = 2;
+    if (last_reader_[w] < 0 && Droppable(w)) schedule.steps.push_back({Action::kFree, w});
+    for (NodeId u : graph_.unique_inputs(w)) {  // w's own storage is among its inputs'
+      const NodeId root = graph_.storage(u);
+      if (!Streamed(root) || last_touch_[root] != k || fetched_[root] != 1) continue;
+      fetched_[root] = 2;
       schedule.steps.push_back({Action::kOffload, root});
       schedule.steps.push_back({Action::kFree, root});
     }
   }
+
+  // Whether some update reads a value that no output keeps (a dropped
+  // gradient): running it early frees that value early.
+  bool FreesEarly() const {
+    for (NodeId w : updates_) {
+      for (NodeId u : graph_.unique_inputs(w)) {
+        if (!graph_.in_place(u) && Droppable(u)) return true;
+      }
+    }
+    return false;
+  }
+
+ private:
+  bool Droppable(NodeId u) const { return !graph_.persistent(u) && !graph_.is_output(u); }
+  bool Streamed(NodeId root) const {
+    return graph_.home(root) == Tier::kHost && OnlyUpdatesRead(graph_, root);
+  }
+
+  const Graph& graph_;
+  const std::vector<NodeId> updates_;
+  std::vector<int> last_reader_;  // node -> index of the last update reading it
+  std::vector<int> last_touch_;   // storage root -> the last update touching it
+  std::vector<uint8_t> fetched_;  // streamed root: 1 prefetched, 2 back on the host
+};
+
+// Note [Updates early]. Where the gradients are not outputs
+// (gradients=drop), an update run as soon as it may frees its gradient then
+// instead of at the step's end. An update may run once every value it reads
+// is computed and nothing later reads its storage's value before the write:
+// after the last inner step on one of its inputs and the last that reads
+// its storage (a recomputation of a forward node included), and after the
+// updates it reads. The simulator checks the result; where it peaks higher
+// than the updates last (a prefetched state beside live activations), or
+// is refused, the updates stay last. `inner` holds the step's own steps (the policy's plan,
+// ids of `graph`); the updates are inserted after those positions, in
+// topological order.
+//
+// Running every update as soon as it may is not always best: a state
+// tensor streamed in beside live activations may raise the peak. So the
+// choice is per parameter (its update and the updates only it reads, one
+// group), greedily in the graph's order: a group runs early where that
+// lowers the plan's peak (or its makespan at the same peak), else last.
+// Updates that several groups read (Adam's step count) run as soon as they
+// may.
+Schedule UpdatesEarly(const Graph& graph, const std::vector<Step>& inner,
+                      const std::vector<uint8_t>& early) {
+  const std::vector<NodeId> updates = UpdatesOf(graph);
+  const int n = static_cast<int>(updates.size());
+  // Per node, the last inner step on it (any action: a swapped gradient is
+  // back before its update frees it); per storage, the last compute reading it.
+  std::vector<int> last_step(graph.num_nodes(), -1), last_read(graph.num_nodes(), -1);
+  for (int i = 0; i < static_cast<int>(inner.size()); ++i) {
+    last_step[inner[i].node] = i;
+    if (inner[i].action != Action::kCompute) continue;
+    for (NodeId u : graph.unique_inputs(inner[i].node)) last_read[graph.storage(u)] = i;
+  }
+  std::vector<int> after(graph.num_nodes(), -1);  // update -> inner step it follows
+  std::vector<std::vector<NodeId>> at(inner.size() + 1);  // updates run before step i
+  const int end = static_cast<int>(inner.size()) - 1;
+  for (NodeId w : updates) {
+    int pos = early[w] ? last_read[graph.storage(w)] : end;
+    for (NodeId u : graph.unique_inputs(w)) {
+      pos = std::max(pos, graph.in_place(u) ? after[u] : last_step[u]);
+    }
+    after[w] = pos;
+    at[pos + 1].push_back(w);
+  }
+  std::vector<NodeId> order;
+  for (const std::vector<NodeId>& group : at) order.insert(order.end(), group.begin(), group.end());
+  UpdateEmitter emitter(graph, order);
+  Schedule schedule;
+  schedule.steps.reserve(inner.size() + 4 * n);
+  int k = 0;
+  for (size_t i = 0; i <= inner.size(); ++i) {
+    for (size_t j = 0; j < at[i].size(); ++j) emitter.Emit(k++, schedule);
+    if (i < inner.size()) schedule.steps.push_back(inner[i]);
+  }
+  return schedule;
+}
+
+// The groups of Note [Updates early]: per update of a parameter, it and the
+// updates that only it reads; `early` starts with the updates that several
+// groups read set (they run as soon as they may).
+std::vector<std::vector<NodeId>> UpdateGroups(const Graph& graph, std::vector<uint8_t>& early) {
+  std::vector<std::vector<NodeId>> groups;
+  early.assign(graph.num_nodes(), 0);
+  for (NodeId w : UpdatesOf(graph)) {
+    bool shared = false;
+    for (NodeId r : graph.readers(w)) shared = shared || r != graph.readers(w).front();
+    if (graph.role(graph.storage(w)) != Role::kParameter) {
+      early[w] = shared ? 1 : 0;
+      continue;
+    }
+    std::vector<NodeId> group = {w};
+    for (size_t i = 0; i < group.size(); ++i) {
+      for (NodeId u : graph.unique_inputs(group[i])) {
+        if (graph.in_place(u) && graph.readers(u).size() == 1) group.push_back(u);
+      }
+    }
+    groups.push_back(std::move(group));
+  }
+  return groups;
+}
+
+// Whether `a` beats `b`: a lower peak, or the same at a lower makespan.
+bool Better(const PlanResult& a, const PlanResult& b) {
+  return a.report.peak_bytes < b.report.peak_bytes ||
+         (a.report.peak_bytes == b.report.peak_bytes && a.report.makespan < b.report.makespan);
 }
 
 class UpdatesLastPlanner final : public Planner {
@@ -123,20 +242,46 @@ class UpdatesLastPlanner final : public Planner {
     if (!graph.has_in_place()) return inner_->Plan(graph, options);
     ASSIGN_OR_RETURN(const Graph rest, WithoutUpdates(graph));
     ASSIGN_OR_RETURN(PlanResult inner, inner_->Plan(rest, options));
-    Schedule schedule;
-    schedule.steps.reserve(inner.schedule.steps.size() + 2 * graph.num_nodes());
+    std::vector<Step> steps;
+    steps.reserve(inner.schedule.steps.size());
     for (const Step& step : inner.schedule.steps) {
-      schedule.steps.push_back({step.action, graph.Find(rest.id(step.node))});
+      steps.push_back({step.action, graph.Find(rest.id(step.node))});
     }
-    AppendUpdates(graph, schedule);
-    ASSIGN_OR_RETURN(PlanResult result, FinishPlan(graph, std::move(schedule), options));
-    const bool updates_over = inner.feasible && !result.feasible;
-    if (!inner.feasible) result.feasible = false;
-    result.message = updates_over ? absl::StrCat("the updates' workspace takes the peak to ",
-                                                 result.report.peak_bytes, " bytes")
-                                  : std::move(inner.message);
+    Schedule last;
+    last.steps = steps;
+    UpdateEmitter emitter(graph, UpdatesOf(graph));
+    for (int k = 0; k < emitter.num_updates(); ++k) emitter.Emit(k, last);
+    ASSIGN_OR_RETURN(PlanResult result, FinishPlan(graph, std::move(last), options));
+    int early_groups = 0;
+    if (emitter.FreesEarly()) {  // Note [Updates early]
+      std::vector<uint8_t> early;
+      const std::vector<std::vector<NodeId>> groups = UpdateGroups(graph, early);
+      for (const std::vector<NodeId>& group : groups) {
+        for (NodeId w : group) early[w] = 1;
+        absl::StatusOr<PlanResult> other =
+            FinishPlan(graph, UpdatesEarly(graph, steps, early), options);
+        if (other.ok() && Better(*other, result)) {
+          result = *std::move(other);
+          ++early_groups;
+          continue;
+        }
+        for (NodeId w : group) early[w] = 0;
+      }
+    }
+    // With the updates last, the whole step peaks at least where the step
+    // without them does: the inner plan's verdict stands. Updates run early
+    // may free what the inner plan kept: the whole schedule's verdict
+    // (FinishPlan's, against the budget) is the one.
+    if (early_groups == 0) {
+      const bool updates_over = inner.feasible && !result.feasible;
+      if (!inner.feasible) result.feasible = false;
+      result.message = updates_over ? absl::StrCat("the updates' workspace takes the peak to ",
+                                                   result.report.peak_bytes, " bytes")
+                                    : std::move(inner.message);
+    }
     result.details = std::move(inner.details);
-    result.details["updates_last"] = true;
+    result.details["updates"] = early_groups > 0 ? "early" : "last";
+    if (early_groups > 0) result.details["updates_early_groups"] = early_groups;
     return result;
   }
 

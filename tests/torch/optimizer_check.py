@@ -19,7 +19,8 @@ torch.optim optimizer. Then:
   max|a - b| / max(max|b|, tiny) below the tolerance (crosscheck.REL_TOL;
   for Adam's parameters, see ADAM_DIRECTION_SLACK);
 - each step, replayed by torch.optim from pebble's own state and gradients,
-  gives pebble's parameters and state to REPLAY_TOL (the baseline policy);
+  gives pebble's parameters and state to REPLAY_TOL (the baseline policy;
+  not with gradients=drop, where the gradients are not dumped);
 - every policy's tensors after N steps are byte-for-byte the baseline
   policy's (recomputation and reordering must not change a bit);
 - every run's measured peak equals its predicted peak.
@@ -70,7 +71,7 @@ def parse_optimizer(text):
     values = dict(defaults[name])
     for item in filter(None, (p.strip() for p in params.split(","))):
         key, _, value = item.partition("=")
-        if key == "state":  # where pebble keeps the state: no matter to torch.optim
+        if key in ("state", "gradients"):  # where pebble keeps what: no matter to torch.optim
             continue
         if key not in values:
             raise cc.UsageError("--optimizer %s: %s takes %s and state"
@@ -182,7 +183,11 @@ def run_policy(args, np, pebble, policy, kind, inputs_dir, workdir, expected, ex
             raise cc.Failure("policy %s, step %d: --dump has no %s" % (
                 policy, step + 1, ", ".join(missing)))
         losses.append(float(dumped["loss"]))
-        if replay is not None:
+        if replay is not None and not all("grad:" + n in dumped for n in expected
+                                          if ":" not in n and n != "optimizer.step"):
+            if step == 0:
+                cc.log("note: the gradients are not outputs (gradients=drop): no step replay")
+        elif replay is not None:
             if before is None:  # pebble generated the state: zeros
                 before = {n: np.load(os.path.join(step_inputs, n + ".npy"))
                           for n in expected if os.path.exists(
