@@ -937,6 +937,8 @@ class ScheduleRun {
     const int32_t instance = current_[root];
     PEBBLE_CHECK(current_[v] < 0 && instance >= 0 && instances_.step_output[k] < 0,
                  "in-place update without its storage's instance");
+    // A copy of the storage still in flight (an earlier offload) reads it.
+    RETURN_IF_ERROR(WaitOrFail(k, Stream::kCompute, last_copy_use_[root]));
     RETURN_IF_ERROR(PrepareKernel(k, instance));
     current_[v] = instance;
     ++holders_[root];

@@ -7,9 +7,12 @@
 //   SGD   d = grad + wd p;  buf = buf * momentum + d;  p = p + (-lr) d'
 //   Adam  g = grad + wd p (AdamW: p = p * (1 - lr wd) before the step);
 //         m = m * beta1 + (1 - beta1) g;  v = v * beta2 + ((1 - beta2) g) g;
-//         p = p + (-step_size) (m / (sqrt(v) / sqrt(bc2) + eps))
+//         p = p + ((-step_size) m) / (sqrt(v) / sqrt(bc2) + eps)
 // with step_size = lr / (1 - beta1^t) and bc2 = 1 - beta2^t computed in
-// double from the step count t, as Python does.
+// double from the step count t, as Python does (ATen's CPU addcdiv
+// multiplies by the value before it divides). Every product and sum is
+// rounded on its own (Mul, Add): nvcc would fuse them into an FMA, which
+// rounds once, and the backends would differ.
 #ifndef PEBBLE_RUNTIME_OPTIMIZER_MATH_H_
 #define PEBBLE_RUNTIME_OPTIMIZER_MATH_H_
 
@@ -74,9 +77,25 @@ PEBBLE_HOST_DEVICE inline void AdamStep(UpdateScalars& s, const AdamHyper& h, fl
       static_cast<float>(sqrt(1.0 - pow(h.beta2, static_cast<double>(t))));
 }
 
+// a b and a + b, each rounded to float on its own (no FMA contraction).
+PEBBLE_HOST_DEVICE inline float Mul(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fmul_rn(a, b);
+#else
+  return a * b;
+#endif
+}
+PEBBLE_HOST_DEVICE inline float Add(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fadd_rn(a, b);
+#else
+  return a + b;
+#endif
+}
+
 // The gradient an update uses: grad + weight_decay p (coupled decay).
 PEBBLE_HOST_DEVICE inline float DecayedGrad(const UpdateScalars& s, float grad, float p) {
-  return (s.weight_decay != 0.f && !s.decoupled) ? grad + s.weight_decay * p : grad;
+  return (s.weight_decay != 0.f && !s.decoupled) ? Add(grad, Mul(s.weight_decay, p)) : grad;
 }
 
 // The new value of `a` (UpdateOp lists the operands).
@@ -84,21 +103,21 @@ PEBBLE_HOST_DEVICE inline float Update(UpdateOp op, const UpdateScalars& s, floa
                                        float c) {
   switch (op) {
     case UpdateOp::kSgdMomentum:
-      return a * s.momentum + DecayedGrad(s, b, c);
+      return Add(Mul(a, s.momentum), DecayedGrad(s, b, c));
     case UpdateOp::kSgdUpdate: {
       const float d = s.momentum != 0.f ? b : DecayedGrad(s, b, a);
-      return a + (-s.lr) * d;
+      return Add(a, Mul(-s.lr, d));
     }
     case UpdateOp::kAdamExpAvg:
-      return a * s.beta1 + s.one_minus_beta1 * DecayedGrad(s, b, c);
+      return Add(Mul(a, s.beta1), Mul(s.one_minus_beta1, DecayedGrad(s, b, c)));
     case UpdateOp::kAdamExpAvgSq: {
       const float g = DecayedGrad(s, b, c);
-      return a * s.beta2 + s.one_minus_beta2 * g * g;
+      return Add(Mul(a, s.beta2), Mul(Mul(s.one_minus_beta2, g), g));
     }
     case UpdateOp::kAdamUpdate: {
-      const float p = s.decoupled ? a * s.decay : a;
-      const float denom = sqrtf(c) / s.bias_correction2_sqrt + s.eps;
-      return p + (-s.step_size) * (b / denom);
+      const float p = s.decoupled ? Mul(a, s.decay) : a;
+      const float denom = Add(sqrtf(c) / s.bias_correction2_sqrt, s.eps);
+      return Add(p, Mul(-s.step_size, b) / denom);
     }
   }
   return a;

@@ -272,12 +272,11 @@ class UpdatesLastPlanner final : public Planner {
     // without them does: the inner plan's verdict stands. Updates run early
     // may free what the inner plan kept: the whole schedule's verdict
     // (FinishPlan's, against the budget) is the one.
-    if (early_groups == 0) {
-      const bool updates_over = inner.feasible && !result.feasible;
-      if (!inner.feasible) result.feasible = false;
-      result.message = updates_over ? absl::StrCat("the updates' workspace takes the peak to ",
-                                                   result.report.peak_bytes, " bytes")
-                                    : std::move(inner.message);
+    // Where the inner plan fits but the whole does not, FinishPlan's message
+    // says why (the updates' workspace, the streamed state, the host budget).
+    if (early_groups == 0 && !inner.feasible) {
+      result.feasible = false;
+      result.message = std::move(inner.message);
     }
     result.details = std::move(inner.details);
     result.details["updates"] = early_groups > 0 ? "early" : "last";

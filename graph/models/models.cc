@@ -330,6 +330,11 @@ absl::StatusOr<Graph> BuildModel(const ModelSpec& spec, CostModel cost) {
       return absl::InvalidArgumentError(absl::StrCat("model '", spec.name, "': optimizer=",
                                                      optimizer, ": ", step.status().message()));
     }
+    if (state == "host" && step->kind == OptimizerKind::kSgd && step->momentum == 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "model '", spec.name, "': optimizer_state=host, but ", optimizer,
+          " keeps no state (SGD without momentum)"));
+    }
     if (state == "host") step->state_home = Tier::kHost;
     graph = AddOptimizerStep(*graph, *step, cost);
   }

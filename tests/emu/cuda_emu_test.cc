@@ -218,7 +218,10 @@ bool IsExactOp(const std::string& op) {
       "relu", "relu_backward", "maxpool", "maxpool_backward", "concat",
       "slice", "pad", "pad_backward", "copy", "flatten", "reshape", "fill",
       "split_heads", "split_heads_backward", "merge_heads", "arange",
-      "embedding", "dropout_mask", "dropout", "dropout_backward", "add", "mul"};
+      "embedding", "dropout_mask", "dropout", "dropout_backward", "add", "mul",
+      // runtime/optimizer_math.h: one definition, each operation rounded alone.
+      "sgd_momentum", "sgd_update", "adam_exp_avg", "adam_exp_avg_sq", "adam_update",
+      "optimizer_step"};
   return exact.count(op) > 0;
 }
 

@@ -15,7 +15,8 @@ pebble.torch.train_step(..., optimizer=opt). Checks after every step:
   predicted peak, the optimizer's update and its temporaries included, and
   so does pebble's own count of the tensors held;
 - opt.state_dict() loads into a fresh optimizer, which then takes one more
-  eager step to the same parameters as pebble's next step.
+  eager step to the same parameters as pebble's next step;
+- a learning-rate scheduler's lr is followed, as eager follows it.
 
 And that an optimizer pebble cannot plan (Nesterov momentum, a parameter
 left out, another optimizer class) is refused with OptimizerError naming why,
@@ -152,6 +153,37 @@ def run_case(torch, pt, device, steps, model_name, opt_name, policy, budget):
     return [f"{model_name}/{opt_name}/{policy}: {f}" for f in failures]
 
 
+def scheduled(torch, pt, device, steps):
+    """A learning-rate scheduler changes lr between steps: the planned step
+    follows it as eager does."""
+    make_model, make_batch = models(torch)["mlp"]
+    torch.manual_seed(0)
+    eager_model = make_model().to(device)
+    planned_model = copy.deepcopy(eager_model)
+    runs = []
+    for model in (eager_model, planned_model):
+        opt = torch.optim.Adam(model.parameters(), lr=1e-2, foreach=False)
+        runs.append((model, opt, torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)))
+    g = torch.Generator().manual_seed(2)
+    x, y = make_batch(g, device)
+    loss_fn = torch.nn.functional.cross_entropy
+    step = pt.train_step(planned_model, loss_fn, (x,), y, optimizer=runs[1][1])
+    for _ in range(steps):
+        for model, opt, sched in runs:
+            opt.zero_grad(set_to_none=True)
+            if model is eager_model:
+                loss_fn(model(x), y).backward()
+                opt.step()
+            else:
+                step(x, y)
+            sched.step()
+    failures = []
+    for (name, a), b in zip(planned_model.named_parameters(), eager_model.parameters()):
+        if not close(torch, a.detach().cpu(), b.detach().cpu()):
+            failures.append(f"with a StepLR scheduler, parameter {name} differs from eager's")
+    return failures
+
+
 def refusals(torch, pt, device):
     failures = []
     model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 2)).to(device)
@@ -162,6 +194,7 @@ def refusals(torch, pt, device):
         (torch.optim.SGD(model[0].parameters(), lr=0.1), "'1.weight' is trainable but not in"),
         (torch.optim.RMSprop(model.parameters(), lr=0.1), "plans torch.optim.SGD, Adam and AdamW"),
         (torch.optim.Adam(model.parameters(), amsgrad=True), "amsgrad=True"),
+        (torch.optim.SGD(model.parameters(), lr=0.0), "lr=0.0; pebble plans lr above 0"),
     ]
     for opt, needle in cases:
         try:
@@ -204,6 +237,7 @@ def main():
             failures += run_case(torch, pt, device, args.steps, *case)
         except (pt.PlanError, pt.PlanExecutionError, pt.OptimizerError) as e:
             failures.append(f"{'/'.join(case)}: {type(e).__name__}: {e}")
+    failures += scheduled(torch, pt, device, args.steps)
     failures += refusals(torch, pt, device)
     for f in failures:
         print("MISMATCH:", f)

@@ -274,7 +274,7 @@ class _Variant:
         self.persistent_bytes = capture.persistent_bytes
         if self.updates is not None:  # the optimizer's step in the plan
             self.graph = self.updates.extend(capture.graph)
-            self.persistent_bytes += self.updates.state_bytes()
+            self.persistent_bytes += self.updates.planned_state_bytes
         self.calibration = capture.calibration
         self.plan, self.budget_info = self._plan(step.options)
         step_schedule, self.optimizer_steps = split_schedule(
@@ -432,9 +432,9 @@ class _Variant:
         if self.optimizer_steps:
             self.updates.run(self.optimizer_steps)
             # pebble's count: the state throughout, the update's temporary at the end.
-            result.counted_peak_bytes = self.updates.state_bytes() + max(
+            result.counted_peak_bytes = self.updates.planned_state_bytes + max(
                 result.counted_peak_bytes,
-                result.resident_bytes + self.updates.workspace_bytes())
+                result.resident_bytes + self.updates.planned_workspace_bytes)
         return result
 
     def _report(self, plan_s):

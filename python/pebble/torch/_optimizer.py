@@ -44,11 +44,16 @@ class Updates:
         self.spec = self.kind + ":" + ",".join(
             f"{k}={float(v)!r}" for k, v in self.settings.items() if k != "decoupled")
         self.ops = {}  # node id -> op of the optimizer's nodes (extend)
+        # The plan's bytes of the state and the largest update workspace
+        # (extend): the graph's, rounded as the capture rounds every tensor.
+        self.planned_state_bytes = 0
+        self.planned_workspace_bytes = 0
         # Note [Scalars without allocations]: a Python number as an operand
-        # (x.mul_(0.9)) makes a small tensor on each call, outside the plan;
-        # a held 0-dim tensor, filled in place, gives the same bits without
-        # one. Made before the first step, per device.
-        self._scalars = {}
+        # (x.mul_(0.9)) makes a small CPU tensor on each call, outside the
+        # plan (the CPU device's profiler counts it); a held CPU 0-dim tensor,
+        # filled in place, takes the same path through ATen (a CPU scalar,
+        # read in the operation's precision) without one.
+        self._scalar = torch.zeros(())
         self._one = torch.ones(())  # Adam's step count is a CPU tensor
         in_optimizer = {id(p) for group in optimizer.param_groups for p in group["params"]}
         self.params = {}
@@ -75,8 +80,8 @@ class Updates:
         # (the capture keeps them in attrs).
         doc = json.loads(graph.to_json())
         for node in doc["nodes"]:
-            if node.get("role") != "parameter":
-                continue
+            if node.get("role") != "parameter" or node["id"] not in self.params:
+                continue  # a frozen parameter takes no update
             attrs = node.get("attrs") or {}
             dtype = _DTYPES.get(attrs.get("dtype"))
             if dtype is None:
@@ -86,27 +91,16 @@ class Updates:
             node["shape"], node["dtype"] = attrs["shape"], dtype
         graph = _core.from_json(json.dumps(doc))
         doc = json.loads(_core.with_optimizer(graph, self.spec).to_json())
+        self.planned_state_bytes = self.planned_workspace_bytes = 0
         for node in doc["nodes"]:
             if node.get("op") in _UPDATE_OPS or node.get("role") == "optimizer_state":
                 self.ops[node["id"]] = node["op"]
+            if node.get("role") == "optimizer_state":
+                self.planned_state_bytes += node["bytes"]
             if node.get("op") in _UPDATE_OPS and _temporary(node["op"], self.settings):
                 node["workspace"] = node["bytes"]
+                self.planned_workspace_bytes = max(self.planned_workspace_bytes, node["bytes"])
         return _core.from_json(json.dumps(doc))
-
-    def workspace_bytes(self):
-        """The largest temporary of one update (the plan's workspace)."""
-        sizes = [p.numel() * p.element_size() for p in self.params.values()]
-        needs = any(_temporary(op, self.settings) for op in self.ops.values())
-        return max(sizes, default=0) if needs else 0
-
-    def state_bytes(self):
-        """The bytes of the state the plan holds (persistent, resident)."""
-        if self.kind == "sgd":
-            per_param = 1 if self.settings["momentum"] > 0 else 0
-        else:
-            per_param = 2
-        total = sum(per_param * p.numel() * p.element_size() for p in self.params.values())
-        return total + (4 if self.kind != "sgd" else 0)
 
     # --- the state ----------------------------------------------------------------
 
@@ -118,8 +112,6 @@ class Updates:
         is the copy of g that torch.optim makes."""
         state = self.optimizer.state
         for p in self.params.values():
-            if p.device not in self._scalars:
-                self._scalars[p.device] = torch.zeros((), device=p.device)
             s = state[p]
             if self.kind == "sgd":
                 if self.settings["momentum"] > 0 and s.get("momentum_buffer") is None:
@@ -134,7 +126,13 @@ class Updates:
 
     def run(self, steps):
         """Runs the optimizer's steps of the plan, (action, node id) pairs in
-        order, reading each parameter's .grad."""
+        order, reading each parameter's .grad, with the settings the
+        optimizer holds now (a learning-rate scheduler's lr)."""
+        self._follow_settings()
+        # What optimizer.step() counts, which learning-rate schedulers check
+        # (they warn of a scheduler step before any optimizer step).
+        if hasattr(self.optimizer, "_step_count"):
+            self.optimizer._step_count += 1
         for action, node_id in steps:
             if action == "free":  # an update's version of its storage: nothing held
                 continue
@@ -142,6 +140,18 @@ class Updates:
                 raise RuntimeError(f"internal: the plan {action}s '{node_id}' in the "
                                    "optimizer's step, which pebble.torch does not run")
             self._run(self.ops[node_id], node_id)
+
+    def _follow_settings(self):
+        """Takes the optimizer's current lr, betas and eps (a scheduler changes
+        them); a change of weight decay or momentum would change the
+        update's temporaries, which the plan holds: OptimizerError."""
+        kind, now = _settings(self.optimizer)
+        for key in ("weight_decay", "momentum"):
+            if key in now and (now[key] == 0) != (self.settings[key] == 0):
+                raise OptimizerError(f"the optimizer's {key} changed from {self.settings[key]} "
+                                     f"to {now[key]} since the step was planned: make a new "
+                                     "train_step")
+        self.settings = now
 
     def _run(self, op, node_id):
         if op == "optimizer_step":  # each parameter's count, at its update
@@ -152,7 +162,7 @@ class Updates:
         s = self.optimizer.state[p]
         c = self.settings
         wd = c["weight_decay"]
-        scalar = self._scalars[p.device].fill_
+        scalar = self._scalar.fill_
         if op == "sgd_momentum":
             d = g.add(p, alpha=wd) if wd != 0 else g
             s["momentum_buffer"].mul_(scalar(c["momentum"])).add_(d)
@@ -242,6 +252,9 @@ def _settings(optimizer):
     for key, value in settings.items():
         if torch.is_tensor(value):
             raise OptimizerError(f"{type(optimizer).__name__}: a tensor {key} is not planned")
+        if key in ("lr", "eps") and not value > 0:
+            raise OptimizerError(f"{type(optimizer).__name__}: {key}={value}; pebble plans "
+                                 f"{key} above 0")
     if kind == "adamw":
         settings["decoupled"] = True
     return kind, settings
