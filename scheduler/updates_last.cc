@@ -154,19 +154,19 @@ class UpdateEmitter {
 // is computed and nothing later reads its storage's value before the write:
 // after the last inner step on one of its inputs and the last that reads
 // its storage (a recomputation of a forward node included), and after the
-// updates it reads. The simulator checks the result; where it peaks higher
-// than the updates last (a prefetched state beside live activations), or
-// is refused, the updates stay last. `inner` holds the step's own steps (the policy's plan,
-// ids of `graph`); the updates are inserted after those positions, in
-// topological order.
+// updates it reads. (Running a parameter's moments only where its update
+// may run, to stream its state in later, gave no lower peaks on resnet18
+// and the transformer, and a higher one on resnet18 at batch 8.)
 //
 // Running every update as soon as it may is not always best: a state
 // tensor streamed in beside live activations may raise the peak. So the
-// choice is per parameter (its update and the updates only it reads, one
-// group), greedily in the graph's order: a group runs early where that
-// lowers the plan's peak (or its makespan at the same peak), else last.
-// Updates that several groups read (Adam's step count) run as soon as they
-// may.
+// choice is per parameter's group (its update and the updates that only it
+// reads), greedily in the graph's order: a group runs early
+// where that lowers the simulated peak (or the makespan at the same peak),
+// else last. Updates that several groups read (Adam's step count) run as
+// soon as they may. `inner` holds the step's own steps (the policy's plan,
+// ids of `graph`); the updates are inserted between them, in topological
+// order; the simulator checks every candidate.
 Schedule UpdatesEarly(const Graph& graph, const std::vector<Step>& inner,
                       const std::vector<uint8_t>& early) {
   const std::vector<NodeId> updates = UpdatesOf(graph);

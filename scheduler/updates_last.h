@@ -11,7 +11,11 @@
 // the policy's peak and the state at its end plus each update's workspace.
 // State whose home is the host (read by updates alone) is left out of the
 // planned graph too, and streamed through the updates: prefetched before
-// the first that touches it, offloaded and freed after the last.
+// the first that touches it, offloaded and freed after the last. Where an
+// update reads a value no output keeps (gradients=drop), a parameter's
+// updates may instead run as soon as they may, inside the policy's
+// schedule, where the simulated peak is lower so (Note [Updates early]);
+// details["updates"] says "early" or "last".
 #ifndef PEBBLE_SCHEDULER_UPDATES_LAST_H_
 #define PEBBLE_SCHEDULER_UPDATES_LAST_H_
 
