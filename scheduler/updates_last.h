@@ -12,10 +12,11 @@
 // State whose home is the host (read by updates alone) is left out of the
 // planned graph too, and streamed through the updates: prefetched before
 // the first that touches it, offloaded and freed after the last. Where an
-// update reads a value no output keeps (gradients=drop), a parameter's
-// updates may instead run as soon as they may, inside the policy's
-// schedule, where the simulated peak is lower so (Note [Updates early]);
-// details["updates"] says "early" or "last".
+// update reads a value no output keeps (gradients=drop), the updates may
+// instead run as soon as they may, inside the policy's schedule: planned
+// with a sink per such value, or moved per parameter afterwards, whichever
+// simulates lower (Note [Updates early]); details["updates"] says "early"
+// or "last".
 #ifndef PEBBLE_SCHEDULER_UPDATES_LAST_H_
 #define PEBBLE_SCHEDULER_UPDATES_LAST_H_
 
@@ -32,7 +33,10 @@ namespace pebble {
 // and order otherwise.
 // Errors: a node other than an update reads an update (nothing may follow
 // an update but another).
-absl::StatusOr<Graph> WithoutUpdates(const Graph& graph);
+// With `sinks`, each value that only updates read and no output keeps (a
+// dropped gradient) is read by a zero-byte output "update_sink:<id>"
+// instead of being an output itself (Note [Updates early]).
+absl::StatusOr<Graph> WithoutUpdates(const Graph& graph, bool sinks = false);
 
 // `inner` planning WithoutUpdates(g) of a graph with in-place nodes, the
 // updates appended; any other graph goes to `inner` as it is. Every
