@@ -173,20 +173,6 @@ absl::StatusOr<std::pair<Graph, RunPlan>> PlanWithBackendWorkspace(
   return std::make_pair(std::move(least), std::move(lean));
 }
 
-// The persistent tensors the step's in-place updates write (parameters and
-// optimizer state), in node order: --dump writes their new values.
-std::vector<NodeId> UpdatedStorages(const Graph& graph) {
-  std::vector<uint8_t> written(graph.num_nodes(), 0);
-  for (NodeId v = 0; v < graph.num_nodes(); ++v) {
-    if (graph.in_place(v)) written[graph.storage(v)] = 1;
-  }
-  std::vector<NodeId> storages;
-  for (NodeId v = 0; v < graph.num_nodes(); ++v) {
-    if (written[v]) storages.push_back(v);
-  }
-  return storages;
-}
-
 // The files `run` will write: --trace and one .npy per output and per
 // updated persistent tensor under --dump, each with the option that names
 // it.

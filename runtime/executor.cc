@@ -673,7 +673,6 @@ class ScheduleRun {
         holders_(graph.num_nodes(), 0),
         host_index_(graph.num_nodes(), -1),
         host_counted_(graph.num_nodes(), 0),
-        written_(graph.num_nodes(), 0),
         ready_(graph.num_nodes()),
         last_compute_use_(graph.num_nodes()),
         last_copy_use_(graph.num_nodes()),
@@ -827,8 +826,7 @@ class ScheduleRun {
       ASSIGN_OR_RETURN(HostTensor t, Download(v));
       result_.outputs.push_back(std::move(t));
     }
-    for (NodeId v = 0; v < graph_.num_nodes(); ++v) {
-      if (!written_[v]) continue;
+    for (NodeId v : UpdatedStorages(graph_)) {
       ASSIGN_OR_RETURN(HostTensor t, Download(v));
       result_.updated.push_back(std::move(t));
     }
@@ -942,7 +940,6 @@ class ScheduleRun {
     RETURN_IF_ERROR(PrepareKernel(k, instance));
     current_[v] = instance;
     ++holders_[root];
-    written_[root] = 1;
     if (host_counted_[root]) {  // the write makes the host copy stale
       host_counted_[root] = 0;
       host_held_ -= graph_.bytes(root);
@@ -1072,7 +1069,6 @@ class ScheduleRun {
   std::vector<int32_t> holders_;     // storage root -> nodes holding it
   std::vector<int32_t> host_index_;  // node -> its host buffer, or -1
   std::vector<uint8_t> host_counted_;
-  std::vector<uint8_t> written_;  // storage root -> an in-place update wrote it
   int64_t held_ = 0, host_held_ = 0;
   // Per node: its data is complete; the last compute that read or produced
   // it; the last copy of its instance (an offload reads it, a prefetch
@@ -1085,6 +1081,18 @@ class ScheduleRun {
 };
 
 }  // namespace
+
+std::vector<NodeId> UpdatedStorages(const Graph& graph) {
+  std::vector<uint8_t> written(graph.num_nodes(), 0);
+  for (NodeId v = 0; v < graph.num_nodes(); ++v) {
+    if (graph.in_place(v)) written[graph.storage(v)] = 1;
+  }
+  std::vector<NodeId> storages;
+  for (NodeId v = 0; v < graph.num_nodes(); ++v) {
+    if (written[v]) storages.push_back(v);
+  }
+  return storages;
+}
 
 absl::StatusOr<ExecutionResult> Execute(const Graph& graph, const Schedule& schedule,
                                         Backend& backend, const ExecutorOptions& options,

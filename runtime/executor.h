@@ -145,6 +145,11 @@ struct ExecutionResult {
   const HostTensor* FindOutput(const Graph& graph, absl::string_view id) const;
 };
 
+// The persistent tensors that the graph's in-place updates write (a
+// training step's parameters and optimizer state), in node order: every
+// schedule runs every update, so these are ExecutionResult::updated's.
+std::vector<NodeId> UpdatedStorages(const Graph& graph);
+
 // Runs `schedule` on `backend` (see the file comment). `layout` may be
 // given (it is verified against the schedule with VerifyLayout) or is
 // planned with options.layout. Errors: the simulator's for an invalid

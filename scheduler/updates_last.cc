@@ -69,8 +69,8 @@ absl::StatusOr<Graph> WithoutUpdates(const Graph& graph, bool sinks) {
     sink.op = "update_sink";
     sink.bytes = 0;
     sink.inputs = {graph.id(v)};
+    b.AddOutput(sink.id);
     b.AddNode(std::move(sink));
-    b.AddOutput(absl::StrCat(kSinkPrefix, graph.id(v)));
   }
   for (NodeId out : graph.outputs()) {
     if (!graph.in_place(out)) output[out] = 1;
@@ -256,6 +256,24 @@ bool Better(const PlanResult& a, const PlanResult& b) {
          (a.report.peak_bytes == b.report.peak_bytes && a.report.makespan < b.report.makespan);
 }
 
+// `inner` (a schedule of `rest`, WithoutUpdates(graph, ...)) in `graph`'s
+// ids: without the sinks, and without the free of a value a sink read (its
+// update frees it).
+std::vector<Step> StepsOf(const Graph& graph, const Graph& rest, const Schedule& inner) {
+  std::vector<Step> steps;
+  steps.reserve(inner.steps.size());
+  for (const Step& step : inner.steps) {
+    const NodeId v = graph.Find(rest.id(step.node));
+    if (v == kNoNode) continue;  // a sink
+    if (step.action == Action::kFree && !graph.is_output(v) &&
+        rest.Find(absl::StrCat(kSinkPrefix, graph.id(v))) != kNoNode) {
+      continue;
+    }
+    steps.push_back({step.action, v});
+  }
+  return steps;
+}
+
 class UpdatesLastPlanner final : public Planner {
  public:
   explicit UpdatesLastPlanner(std::unique_ptr<Planner> inner) : inner_(std::move(inner)) {}
@@ -265,11 +283,7 @@ class UpdatesLastPlanner final : public Planner {
     if (!graph.has_in_place()) return inner_->Plan(graph, options);
     ASSIGN_OR_RETURN(const Graph rest, WithoutUpdates(graph));
     ASSIGN_OR_RETURN(PlanResult inner, inner_->Plan(rest, options));
-    std::vector<Step> steps;
-    steps.reserve(inner.schedule.steps.size());
-    for (const Step& step : inner.schedule.steps) {
-      steps.push_back({step.action, graph.Find(rest.id(step.node))});
-    }
+    const std::vector<Step> steps = StepsOf(graph, rest, inner.schedule);
     Schedule last;
     last.steps = steps;
     UpdateEmitter emitter(graph, UpdatesOf(graph));
@@ -325,18 +339,7 @@ class UpdatesLastPlanner final : public Planner {
                                            const PlannerOptions& options) const {
     ASSIGN_OR_RETURN(const Graph rest, WithoutUpdates(graph, /*sinks=*/true));
     ASSIGN_OR_RETURN(PlanResult inner, inner_->Plan(rest, options));
-    std::vector<Step> steps;
-    steps.reserve(inner.schedule.steps.size());
-    for (const Step& step : inner.schedule.steps) {
-      const NodeId v = graph.Find(rest.id(step.node));
-      if (v == kNoNode) continue;  // a sink
-      // The gradient a sink read: its update frees it.
-      if (step.action == Action::kFree && !graph.is_output(v) &&
-          rest.Find(absl::StrCat(kSinkPrefix, graph.id(v))) != kNoNode) {
-        continue;
-      }
-      steps.push_back({step.action, v});
-    }
+    const std::vector<Step> steps = StepsOf(graph, rest, inner.schedule);
     std::vector<uint8_t> early(graph.num_nodes(), 1);
     ASSIGN_OR_RETURN(PlanResult result, FinishPlan(graph, UpdatesEarly(graph, steps, early),
                                                    options));

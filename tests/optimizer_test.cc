@@ -169,6 +169,15 @@ TEST(OptimizerTest, EveryPolicyPlansTheUpdatesLast) {
   }
 }
 
+// `graph` planned by `policy` at its least peak (2 s of search at most).
+absl::StatusOr<PlanOutcome> PlanAtMin(const Graph& graph, const char* policy) {
+  PlanRequest request;
+  request.policy = policy;
+  request.budget = "min";
+  request.options.time_limit_s = 2;
+  return PlanGraph(graph, request);
+}
+
 std::vector<float> Floats(const NpyArray& a) {
   std::vector<float> x(a.data.size() / sizeof(float));
   std::memcpy(x.data(), a.data.data(), a.data.size());
@@ -222,11 +231,7 @@ TEST(OptimizerTest, TheCpuBackendRunsTheUpdatesOfEveryPolicy) {
   EXPECT_EQ(static_cast<int>(base->updated.size()), 2 * params);
   for (const char* policy : {"dtr", "rotor", "sqrtn", "checkmate-lp"}) {
     SCOPED_TRACE(policy);
-    PlanRequest request;
-    request.policy = policy;
-    request.budget = "min";
-    request.options.time_limit_s = 2;
-    absl::StatusOr<PlanOutcome> plan = PlanGraph(*g, request);
+    absl::StatusOr<PlanOutcome> plan = PlanAtMin(*g, policy);
     ASSERT_TRUE(plan.ok()) << plan.status();
     absl::StatusOr<ExecutionResult> r = Execute(*g, plan->result.schedule, *backend);
     ASSERT_TRUE(r.ok()) << r.status();
@@ -255,11 +260,8 @@ TEST(OptimizerTest, StateOnTheHostIsStreamedThroughTheUpdates) {
   EXPECT_EQ(g->host_persistent_bytes(), 2 * GradedParameterBytes(*plain) + 4);
   for (const char* policy : {"baseline", "rotor", "dtr"}) {
     SCOPED_TRACE(policy);
-    PlanRequest request;
-    request.policy = policy;
-    request.budget = "min";
-    absl::StatusOr<PlanOutcome> host = PlanGraph(*g, request);
-    absl::StatusOr<PlanOutcome> device = PlanGraph(*resident, request);
+    absl::StatusOr<PlanOutcome> host = PlanAtMin(*g, policy);
+    absl::StatusOr<PlanOutcome> device = PlanAtMin(*resident, policy);
     ASSERT_TRUE(host.ok() && device.ok()) << host.status() << device.status();
     EXPECT_LT(host->result.report.peak_bytes,
               device->result.report.peak_bytes - g->host_persistent_bytes() / 2);
@@ -289,10 +291,7 @@ void ExpectSameUpdatedBits(const Graph& training, const std::vector<OptimizerSpe
     SCOPED_TRACE(spec.ToString());
     absl::StatusOr<Graph> g = AddOptimizerStep(training, spec);
     ASSERT_TRUE(g.ok()) << g.status();
-    PlanRequest request;
-    request.policy = policy;
-    request.budget = "min";
-    absl::StatusOr<PlanOutcome> plan = PlanGraph(*g, request);
+    absl::StatusOr<PlanOutcome> plan = PlanAtMin(*g, policy);
     ASSERT_TRUE(plan.ok()) << plan.status();
     absl::StatusOr<ExecutionResult> r = Execute(*g, plan->result.schedule, *backend);
     ASSERT_TRUE(r.ok()) << r.status();
@@ -341,11 +340,8 @@ TEST(OptimizerTest, DroppedGradientsLetTheUpdatesRunEarly) {
   EXPECT_EQ(dropped->outputs().size(), 1u);  // the loss alone
   for (const char* policy : {"baseline", "rotor", "dtr"}) {
     SCOPED_TRACE(policy);
-    PlanRequest request;
-    request.policy = policy;
-    request.budget = "min";
-    absl::StatusOr<PlanOutcome> early = PlanGraph(*dropped, request);
-    absl::StatusOr<PlanOutcome> last = PlanGraph(*kept, request);
+    absl::StatusOr<PlanOutcome> early = PlanAtMin(*dropped, policy);
+    absl::StatusOr<PlanOutcome> last = PlanAtMin(*kept, policy);
     ASSERT_TRUE(early.ok() && last.ok()) << early.status() << last.status();
     EXPECT_EQ(early->result.details.value("updates", ""), "early");
     // resnet18's gradients are about its parameters' size: most of them go.
@@ -359,11 +355,8 @@ TEST(OptimizerTest, DroppedGradientsLetTheUpdatesRunEarly) {
   absl::StatusOr<Graph> lm_dropped = AddOptimizerStep(*lm, *spec);
   absl::StatusOr<Graph> lm_kept = AddOptimizerStep(*lm, *keep);
   ASSERT_TRUE(lm_dropped.ok() && lm_kept.ok());
-  PlanRequest rotor;
-  rotor.policy = "rotor";
-  rotor.budget = "min";
-  absl::StatusOr<PlanOutcome> joint = PlanGraph(*lm_dropped, rotor);
-  absl::StatusOr<PlanOutcome> apart = PlanGraph(*lm_kept, rotor);
+  absl::StatusOr<PlanOutcome> joint = PlanAtMin(*lm_dropped, "rotor");
+  absl::StatusOr<PlanOutcome> apart = PlanAtMin(*lm_kept, "rotor");
   ASSERT_TRUE(joint.ok() && apart.ok()) << joint.status() << apart.status();
   EXPECT_EQ(joint->result.details.value("updates_planned_with_sinks", false), true);
   EXPECT_LT(joint->result.report.peak_bytes, apart->result.report.peak_bytes * 3 / 4);

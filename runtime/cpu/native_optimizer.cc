@@ -11,12 +11,18 @@ namespace {
 
 using optim::UpdateOp;
 
-template <UpdateOp kOp>
-absl::Status UpdateKernel(const KernelContext& ctx) {
+// The operands checked, and the output input 0's memory (runtime/kernel.h).
+absl::Status CheckInPlaceOperands(const KernelContext& ctx) {
   RETURN_IF_ERROR(CheckOperands(ctx));
   if (ctx.output.data != ctx.inputs[0].data) {
     return Invalid(ctx, "an in-place update writes its input 0's memory");
   }
+  return absl::OkStatus();
+}
+
+template <UpdateOp kOp>
+absl::Status UpdateKernel(const KernelContext& ctx) {
+  RETURN_IF_ERROR(CheckInPlaceOperands(ctx));
   ASSIGN_OR_RETURN(const ops_internal::OptimizerAttrs a,
                    ops_internal::ReadOptimizerAttrs(ctx.attrs()));
   optim::UpdateScalars s = optim::MakeUpdateScalars(a.lr, a.weight_decay, a.momentum, a.beta1,
@@ -44,10 +50,7 @@ absl::Status UpdateKernel(const KernelContext& ctx) {
 
 // t <- t + 1, in place.
 absl::Status OptimizerStep(const KernelContext& ctx) {
-  RETURN_IF_ERROR(CheckOperands(ctx));
-  if (ctx.output.data != ctx.inputs[0].data) {
-    return Invalid(ctx, "an in-place update writes its input 0's memory");
-  }
+  RETURN_IF_ERROR(CheckInPlaceOperands(ctx));
   StoreFloat(ctx.output, 0, LoadAsFloat(ctx.inputs[0], 0) + 1.f);
   return absl::OkStatus();
 }
