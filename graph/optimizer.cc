@@ -147,7 +147,11 @@ class OptimizerStepBuilder {
     const bool adam = spec_.kind != OptimizerKind::kSgd;
     std::string step_now;
     if (adam) {
-      RETURN_IF_ERROR(Add(b, State("optimizer.step", {}, DType::kFloat32, 4)));
+      // The step count stays resident whatever the state's home: streaming
+      // 4 bytes would cost two copies' latency per step and save nothing.
+      NodeSpec count = State("optimizer.step", {}, DType::kFloat32, 4);
+      count.home.reset();
+      RETURN_IF_ERROR(Add(b, std::move(count)));
       step_now = "optimizer.step#1";
       RETURN_IF_ERROR(Add(b, Update(step_now, "optimizer_step", "optimizer.step",
                                     {"optimizer.step"}, {}, DType::kFloat32, 4, 1)));

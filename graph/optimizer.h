@@ -20,7 +20,8 @@
 // The updates are needed (every step runs them) but not outputs; the
 // gradients stay outputs unless the spec drops them (keep_gradients).
 // Persistent states take role optimizer_state and the updates role update;
-// their home is `home` (device by default).
+// their home is `home` (resident by default), but for Adam's step count,
+// which is resident always.
 #ifndef PEBBLE_GRAPH_OPTIMIZER_H_
 #define PEBBLE_GRAPH_OPTIMIZER_H_
 

@@ -16,7 +16,10 @@ pebble.torch.train_step(..., optimizer=opt). Checks after every step:
   so does pebble's own count of the tensors held;
 - opt.state_dict() loads into a fresh optimizer, which then takes one more
   eager step to the same parameters as pebble's next step;
-- a learning-rate scheduler's lr is followed, as eager follows it.
+- a learning-rate scheduler's lr is followed, as eager follows it;
+- with optimizer_state="host", the state is in (pinned) host memory after
+  each step and the plan streamed it (on the CPU device, with
+  allow_cpu_offload, the copies are measured as a GPU's would be).
 
 And that an optimizer pebble cannot plan (Nesterov momentum, a parameter
 left out, another optimizer class) is refused with OptimizerError naming why,
@@ -69,13 +72,16 @@ def optimizers(torch):
     }
 
 
-CASES = [  # (model, optimizer, policy, budget)
-    ("mlp", "sgd", "baseline", "100%"),
-    ("mlp", "adam", "rotor", "min"),
-    ("mlp", "adamw", "dtr", "min"),
-    ("mlp", "sgd-plain", "sqrtn", "min"),
-    ("convnet", "adam", "rotor", "min"),
-    ("convnet", "sgd", "dtr", "90%"),
+CASES = [  # (model, optimizer, policy, budget, where the state lives)
+    ("mlp", "sgd", "baseline", "100%", "device"),
+    ("mlp", "adam", "rotor", "min", "device"),
+    ("mlp", "adamw", "dtr", "min", "device"),
+    ("mlp", "sgd-plain", "sqrtn", "min", "device"),
+    ("convnet", "adam", "rotor", "min", "device"),
+    ("convnet", "sgd", "dtr", "90%", "device"),
+    ("mlp", "adam", "rotor", "min", "host"),
+    ("convnet", "adamw", "baseline", "100%", "host"),
+    ("convnet", "sgd", "dtr", "min", "host"),
 ]
 
 TOL = 1e-5
@@ -88,7 +94,7 @@ def close(torch, a, b):
     return float((a - b).abs().max()) <= TOL * max(scale, 1e-30) if a.numel() else True
 
 
-def run_case(torch, pt, device, steps, model_name, opt_name, policy, budget):
+def run_case(torch, pt, device, steps, model_name, opt_name, policy, budget, state):
     make_model, make_batch = models(torch)[model_name]
     make_opt = optimizers(torch)[opt_name]
     torch.manual_seed(0)
@@ -100,9 +106,15 @@ def run_case(torch, pt, device, steps, model_name, opt_name, policy, budget):
     g = torch.Generator().manual_seed(1)
     batches = [make_batch(g, device) for _ in range(steps + 1)]
     x0, y0 = batches[0]
+    # On the CPU device the host is the same memory: allow_cpu_offload runs
+    # the streaming path anyway, its copies measured as a GPU's would be.
     step = pt.train_step(planned_model, loss_fn, (x0,), y0, optimizer=planned_opt,
-                         policy=policy, budget=budget, measure="always")
+                         policy=policy, budget=budget, measure="always",
+                         optimizer_state=state, allow_cpu_offload=state == "host")
     failures = []
+    streamed = step.plan.report["transfer_bytes"]
+    if state == "host" and streamed == 0:
+        failures.append("the state's home is the host, but the plan moves nothing")
     for k in range(steps):
         x, y = batches[k]
         eager_opt.zero_grad(set_to_none=True)
@@ -117,12 +129,25 @@ def run_case(torch, pt, device, steps, model_name, opt_name, policy, budget):
         if r["counted_peak_bytes"] != r["predicted_peak_bytes"]:
             failures.append(f"step {k + 1}: pebble's count {r['counted_peak_bytes']}, "
                             f"predicted {r['predicted_peak_bytes']}")
+        if r["transfer_bytes"] != r["predicted_transfer_bytes"]:
+            failures.append(f"step {k + 1}: {r['transfer_bytes']} bytes moved, predicted "
+                            f"{r['predicted_transfer_bytes']}")
         if r["measured_peak_bytes"] != r["predicted_step_peak_bytes"]:
             failures.append(f"step {k + 1}: measured peak {r['measured_peak_bytes']} "
                             f"({r['measured_by']}), predicted {r['predicted_step_peak_bytes']}")
     for (name, a), b in zip(planned_model.named_parameters(), eager_model.parameters()):
         if not close(torch, a.detach().cpu(), b.detach().cpu()):
             failures.append(f"parameter {name} differs from eager's")
+    for entry in planned_opt.state.values():
+        for key, value in entry.items():
+            if key == "step" or not torch.is_tensor(value):
+                continue
+            home = value.device.type == "cpu" and (device.type == "cpu" or value.is_pinned())
+            if state == "host" and not home:
+                failures.append(f"optimizer state {key} is on {value.device}, not in "
+                                "pinned host memory")
+            if state == "device" and value.device != device:
+                failures.append(f"optimizer state {key} is on {value.device}, not {device}")
     eager_state = eager_opt.state_dict()["state"]
     planned_state = planned_opt.state_dict()["state"]
     for i, entry in eager_state.items():
@@ -146,11 +171,12 @@ def run_case(torch, pt, device, steps, model_name, opt_name, policy, budget):
         if not close(torch, a.detach().cpu(), b.detach().cpu()):
             failures.append(f"after loading the state dict, parameter {name} differs")
     r = step.report
-    print(f"{model_name:8} {opt_name:9} {policy:8} {budget:5}: predicted step peak "
+    print(f"{model_name:8} {opt_name:9} {policy:8} {budget:5} state on {state:6}: "
+          f"{streamed} bytes moved, predicted step peak "
           f"{r['predicted_step_peak_bytes']}, measured {r['measured_peak_bytes']} "
           f"({r['measured_by']}), {r['recomputations']} recomputations"
           f"{'' if not failures else ' FAIL'}")
-    return [f"{model_name}/{opt_name}/{policy}: {f}" for f in failures]
+    return [f"{model_name}/{opt_name}/{policy}/{state}: {f}" for f in failures]
 
 
 def scheduled(torch, pt, device, steps):
@@ -204,6 +230,20 @@ def refusals(torch, pt, device):
                 failures.append(f"refusal without '{needle}': {e}")
             continue
         failures.append(f"{type(opt).__name__} ({needle}) was not refused")
+    opt = torch.optim.Adam(model.parameters())
+    for kwargs, needle in (
+            (dict(optimizer_state="disk", optimizer=opt), "'device' or 'host', not 'disk'"),
+            (dict(optimizer_state="host"), "give the optimizer too"),
+            (dict(optimizer_state="host", optimizer=opt),
+             "saves no memory on the CPU device" if device.type == "cpu" else None)):
+        try:
+            pt.train_step(model, torch.nn.functional.cross_entropy, (x,), y, **kwargs)
+        except ValueError as e:
+            if needle is None or needle not in str(e):
+                failures.append(f"{kwargs}: refused with '{e}'")
+            continue
+        if needle is not None:
+            failures.append(f"{kwargs} was not refused")
     # A frozen parameter in the optimizer is skipped, as torch.optim skips it.
     frozen = copy.deepcopy(model)
     frozen[0].weight.requires_grad_(False)

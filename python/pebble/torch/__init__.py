@@ -86,11 +86,17 @@ class TrainStep:
         state lives in optimizer.state in torch.optim's format (state_dict()
         stays loadable); clear the gradients between steps as usual
         (optimizer.zero_grad()).
+      optimizer_state: where the optimizer's state lives between steps:
+        "device" (resident) or "host" (pinned host memory beside a GPU; the
+        plan streams each state tensor to the device for its update and
+        back, so the device holds one parameter's state at a time). On the
+        CPU device "host" saves nothing and needs allow_cpu_offload=True.
     """
 
     def __init__(self, model, loss_fn, example_inputs, example_target, policy=None,
                  budget="100%", host_budget=None, bandwidth=None, time_limit=10.0, seed=0,
-                 calibrate=True, measure="first", allow_cpu_offload=False, optimizer=None):
+                 calibrate=True, measure="first", allow_cpu_offload=False, optimizer=None,
+                 optimizer_state="device"):
         if not isinstance(model, torch.nn.Module):
             raise TypeError(f"model must be a torch.nn.Module, not {type(model).__name__}")
         if not callable(loss_fn):
@@ -104,10 +110,17 @@ class TrainStep:
         self.calibrate = calibrate
         self.measure_mode = measure
         self.allow_cpu_offload = allow_cpu_offload
-        self.updates = Updates(optimizer, model) if optimizer is not None else None
+        if optimizer is None and optimizer_state != "device":
+            raise ValueError("optimizer_state is where the optimizer's state lives: give the "
+                             "optimizer too")
+        self.updates = (Updates(optimizer, model, optimizer_state) if optimizer is not None
+                        else None)
         inputs = _as_tuple(example_inputs, "example_inputs")
         _check_tensor_arg(example_target, "example_target")
         self.device = _device_of(model, inputs + (example_target,))
+        if optimizer_state == "host" and self.device.type == "cpu" and not allow_cpu_offload:
+            raise ValueError("optimizer_state='host' saves no memory on the CPU device: give "
+                             "allow_cpu_offload=True to run it anyway (to test the path)")
         self._captures = {}  # signature -> _Capture, shared with replan()'s steps
         self._variants = {}  # signature -> _Variant (its capture and this step's plan)
         self._variant = self._variant_for(inputs, example_target)
@@ -431,10 +444,12 @@ class _Variant:
             _lookup(self.step.model, slot.names[0]).copy_(value)
         if self.optimizer_steps:
             self.updates.run(self.optimizer_steps)
-            # pebble's count: the state throughout, the update's temporary at the end.
+            result.transfer_bytes += self.updates.transfer_bytes
+            # pebble's count: the resident state throughout; at the end, the
+            # streamed state and the updates' temporaries.
             result.counted_peak_bytes = self.updates.planned_state_bytes + max(
                 result.counted_peak_bytes,
-                result.resident_bytes + self.updates.planned_workspace_bytes)
+                result.resident_bytes + self.updates.counted_peak_bytes)
         return result
 
     def _report(self, plan_s):

@@ -10,6 +10,13 @@ single-tensor SGD and Adam of PyTorch 1.13 operation by operation; an
 operation that needs a temporary of the parameter's size (Adam's
 denominator, a coupled weight decay) is the update node's workspace in the
 plan, so the allocator's peak is the plan's.
+
+With optimizer_state="host" the state's home is the host (pinned memory
+beside a GPU): opt.state holds host tensors between steps, and the plan
+streams each through the update phase (Note [Updates last] in
+scheduler/updates_last.cc): a device copy made where the plan prefetches
+it, updated in place, copied back where the plan offloads it and dropped
+where it frees it.
 """
 
 import json
@@ -35,19 +42,28 @@ _DTYPES = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
 class Updates:
     """A torch.optim optimizer as pebble's optimizer step of a module."""
 
-    def __init__(self, optimizer, model):
+    def __init__(self, optimizer, model, state="device"):
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise TypeError(f"optimizer must be a torch.optim.Optimizer, not "
                             f"{type(optimizer).__name__}")
+        if state not in ("device", "host"):
+            raise ValueError(f"optimizer_state must be 'device' or 'host', not {state!r}")
         self.optimizer = optimizer
+        self.state_home = state
         self.kind, self.settings = _settings(optimizer)
         self.spec = self.kind + ":" + ",".join(
             f"{k}={float(v)!r}" for k, v in self.settings.items() if k != "decoupled")
+        if state == "host":
+            self.spec += ",state=host"
         self.ops = {}  # node id -> op of the optimizer's nodes (extend)
-        # The plan's bytes of the state and the largest update workspace
-        # (extend): the graph's, rounded as the capture rounds every tensor.
+        # The plan's bytes of the resident state (streamed state not
+        # included), and of each update's workspace and each streamed state
+        # tensor by node id (extend): the graph's, rounded as the capture
+        # rounds every tensor.
         self.planned_state_bytes = 0
-        self.planned_workspace_bytes = 0
+        self.workspace_bytes = {}
+        self.streamed_bytes = {}
+        self.streamed = {}  # streamed state node id -> its device copy, during run()
         # Note [Scalars without allocations]: a Python number as an operand
         # (x.mul_(0.9)) makes a small CPU tensor on each call, outside the
         # plan (the CPU device's profiler counts it); a held CPU 0-dim tensor,
@@ -65,6 +81,7 @@ class Updates:
                                      "optimizer: pebble plans one optimizer for every "
                                      "trainable parameter")
             self.params[name] = p
+        self._name = {p: name for name, p in self.params.items()}
         # Frozen parameters may be in it: torch.optim skips them (no .grad).
         extra = in_optimizer - {id(p) for p in model.parameters()}
         if extra:
@@ -91,15 +108,19 @@ class Updates:
             node["shape"], node["dtype"] = attrs["shape"], dtype
         graph = _core.from_json(json.dumps(doc))
         doc = json.loads(_core.with_optimizer(graph, self.spec).to_json())
-        self.planned_state_bytes = self.planned_workspace_bytes = 0
+        self.planned_state_bytes = 0
+        self.workspace_bytes, self.streamed_bytes = {}, {}
         for node in doc["nodes"]:
             if node.get("op") in _UPDATE_OPS or node.get("role") == "optimizer_state":
                 self.ops[node["id"]] = node["op"]
             if node.get("role") == "optimizer_state":
-                self.planned_state_bytes += node["bytes"]
+                if node.get("home") == "host":
+                    self.streamed_bytes[node["id"]] = node["bytes"]
+                else:
+                    self.planned_state_bytes += node["bytes"]
             if node.get("op") in _UPDATE_OPS and _temporary(node["op"], self.settings):
                 node["workspace"] = node["bytes"]
-                self.planned_workspace_bytes = max(self.planned_workspace_bytes, node["bytes"])
+                self.workspace_bytes[node["id"]] = node["bytes"]
         return _core.from_json(json.dumps(doc))
 
     # --- the state ----------------------------------------------------------------
@@ -108,19 +129,33 @@ class Updates:
         """Every parameter's state in opt.state, as torch.optim makes it on its
         first step (zeros; Adam's step count 0), where it is not there yet:
         made before the step, it is held before the step as the plan holds
-        it (persistent). A momentum buffer starts at zeros: momentum 0 + g
-        is the copy of g that torch.optim makes."""
+        it (persistent), on the device or, with optimizer_state="host", on
+        the host (pinned beside a GPU; state a loaded state_dict put on the
+        device moves there). A momentum buffer starts at zeros: momentum 0
+        + g is the copy of g that torch.optim makes."""
         state = self.optimizer.state
         for p in self.params.values():
             s = state[p]
             if self.kind == "sgd":
-                if self.settings["momentum"] > 0 and s.get("momentum_buffer") is None:
-                    s["momentum_buffer"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                continue
-            if "step" not in s:
-                s["step"] = torch.tensor(0.0)
-                s["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                s["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                keys = ("momentum_buffer",) if self.settings["momentum"] > 0 else ()
+            else:
+                keys = ("exp_avg", "exp_avg_sq")
+                if "step" not in s:
+                    s["step"] = torch.tensor(0.0)
+            for key in keys:
+                if s.get(key) is None:
+                    s[key] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                s[key] = self._at_home(s[key], p)
+
+    def _at_home(self, t, p):
+        """State tensor t where its home is: p's device, or the host."""
+        if self.state_home == "device":
+            return t if t.device == p.device else t.to(p.device)
+        if p.device.type == "cuda":
+            if t.device.type == "cpu" and t.is_pinned():
+                return t
+            return t.to("cpu").pin_memory()
+        return t
 
     # --- running ------------------------------------------------------------------
 
@@ -133,13 +168,58 @@ class Updates:
         # (they warn of a scheduler step before any optimizer step).
         if hasattr(self.optimizer, "_step_count"):
             self.optimizer._step_count += 1
+        # The largest device memory the updates hold at once: streamed state
+        # copies and one update's temporaries (pebble's count, not measured).
+        self.counted_peak_bytes = live = 0
+        self.transfer_bytes = 0  # the streamed state's copies, both ways
+        offloaded = False
         for action, node_id in steps:
-            if action == "free":  # an update's version of its storage: nothing held
+            if node_id in self.streamed_bytes and action != "compute":
+                live += self._move(action, node_id)
+                offloaded = offloaded or action == "offload"
+                if action != "free":
+                    self.transfer_bytes += self.streamed_bytes[node_id]
+            elif action == "free":  # an update's version of its storage: nothing held
                 continue
-            if action != "compute":
+            elif action != "compute":
                 raise RuntimeError(f"internal: the plan {action}s '{node_id}' in the "
                                    "optimizer's step, which pebble.torch does not run")
-            self._run(self.ops[node_id], node_id)
+            else:
+                self._run(self.ops[node_id], node_id)
+            self.counted_peak_bytes = max(self.counted_peak_bytes,
+                                          live + self.workspace_bytes.get(node_id, 0))
+        if self.streamed:
+            raise RuntimeError(f"internal: the plan leaves '{next(iter(self.streamed))}' on "
+                               "the device after the optimizer's step")
+        if offloaded and any(p.device.type == "cuda" for p in self.params.values()):
+            # The host copies are opt.state's: complete before the caller reads them.
+            torch.cuda.current_stream().synchronize()
+
+    def _move(self, action, node_id):
+        """A streamed state tensor's prefetch, offload or free; the device
+        bytes it adds (or, negative, drops)."""
+        key, name = node_id.split(":", 1)
+        p = self.params[name]
+        host = self.optimizer.state[p][key]
+        if action == "prefetch":
+            if p.device.type == "cpu":  # allow_cpu_offload: a copy, as on a GPU
+                self.streamed[node_id] = host.clone()
+            else:
+                self.streamed[node_id] = host.to(p.device, non_blocking=True)
+            return self.streamed_bytes[node_id]
+        if action == "offload":
+            host.copy_(self.streamed[node_id], non_blocking=True)
+            return 0
+        if action == "free":
+            del self.streamed[node_id]
+            return -self.streamed_bytes[node_id]
+        raise RuntimeError(f"internal: the plan {action}s the state '{node_id}'")
+
+    def _state(self, p, key):
+        """The tensor an update of p's state `key` reads and writes: the
+        device copy of streamed state, else opt.state's."""
+        copy = self.streamed.get(f"{key}:{self._name[p]}")
+        return copy if copy is not None else self.optimizer.state[p][key]
 
     def _follow_settings(self):
         """Takes the optimizer's current lr, betas and eps (a scheduler changes
@@ -159,7 +239,9 @@ class Updates:
         name = node_id.split(":", 1)[1].split("#", 1)[0]
         p = self.params[name]
         g = p.grad
-        s = self.optimizer.state[p]
+        s = {key: self._state(p, key) for key in ("momentum_buffer", "exp_avg", "exp_avg_sq")
+             if key in self.optimizer.state[p]}
+        s["step"] = self.optimizer.state[p].get("step")
         c = self.settings
         wd = c["weight_decay"]
         scalar = self._scalar.fill_
