@@ -202,6 +202,13 @@ int RunPlan(const PlanFlags& f, bool timeline, bool with_layout, const std::stri
         c.value("kept", int64_t{0}), c.value("swapped", int64_t{0}),
         c.value("recomputed", int64_t{0}), c.value("swapped_and_recomputed", int64_t{0}));
   }
+  if (result.details.contains("state_placement")) {  // state=auto
+    const nlohmann::json& p = result.details["state_placement"];
+    std::cout << absl::StrFormat(
+        "  state placement %d tensors resident (%s), %d streamed from the host (%s)\n",
+        p.value("resident_tensors", 0), FormatBytes(p.value("resident_bytes", int64_t{0})),
+        p.value("streamed_tensors", 0), FormatBytes(p.value("streamed_bytes", int64_t{0})));
+  }
   const MemoryLayout& layout = outcome->layout;
   std::cout << absl::StrFormat("  arena           %s (%d bytes, +%.2f%% over the peak, %s layout)\n",
                                FormatBytes(layout.arena_bytes), layout.arena_bytes,

@@ -74,14 +74,20 @@ absl::StatusOr<Role> ParseRole(absl::string_view name) {
 }
 
 absl::string_view TierName(Tier tier) {
-  return tier == Tier::kHost ? "host" : "device";
+  switch (tier) {
+    case Tier::kDevice: return "device";
+    case Tier::kHost: return "host";
+    case Tier::kAuto: return "auto";
+  }
+  return "device";
 }
 
 absl::StatusOr<Tier> ParseTier(absl::string_view name) {
   if (name == "device") return Tier::kDevice;
   if (name == "host") return Tier::kHost;
+  if (name == "auto") return Tier::kAuto;
   return absl::InvalidArgumentError(
-      absl::StrCat("unknown tier '", name, "' (expected device or host)"));
+      absl::StrCat("unknown tier '", name, "' (expected device, host or auto)"));
 }
 
 int64_t NumElements(const Shape& shape) {
@@ -357,10 +363,11 @@ absl::StatusOr<Graph> GraphBuilder::Build() const {
     g.homes_.push_back(s.home);
     g.in_place_.push_back(s.in_place ? 1 : 0);
     if (s.home.has_value()) ++g.num_homes_;
+    if (s.home == Tier::kAuto) ++g.num_auto_homes_;
     if (s.in_place) ++g.num_in_place_;
     if (s.persistent && s.home == Tier::kHost) {
       g.host_persistent_bytes_ += *s.bytes;
-    } else if (s.persistent) {
+    } else if (s.persistent && s.home != Tier::kAuto) {
       g.persistent_bytes_ += *s.bytes;
     }
   }
@@ -467,6 +474,19 @@ absl::StatusOr<Graph> GraphBuilder::Build() const {
     g.needed_[v] = true;
     for (NodeId u : g.unique_inputs(v)) g.needed_[u] = true;
   }
+  return g;
+}
+
+Graph Graph::WithAutoHomesAs(const std::function<Tier(NodeId)>& tier_of) const {
+  Graph g = *this;
+  for (NodeId v = 0; v < num_nodes(); ++v) {
+    if (homes_[v] != Tier::kAuto) continue;
+    const Tier tier = tier_of(v);
+    PEBBLE_CHECK(tier != Tier::kAuto, "an auto home resolved to auto");
+    g.homes_[v] = tier;
+    (tier == Tier::kHost ? g.host_persistent_bytes_ : g.persistent_bytes_) += bytes(v);
+  }
+  g.num_auto_homes_ = 0;
   return g;
 }
 

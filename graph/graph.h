@@ -19,6 +19,7 @@
 #define PEBBLE_GRAPH_GRAPH_H_
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include "absl/strings/string_view.h"
@@ -60,9 +61,11 @@ absl::StatusOr<Role> ParseRole(absl::string_view name);
 // Where a persistent tensor lives between steps ("home"; docs/semantics.md,
 // "Home tiers and in-place updates"): it starts the step there and must end
 // it there. A persistent node without a home is resident throughout, as the
-// contract first defined it.
-enum class Tier : uint8_t { kDevice, kHost };
-absl::string_view TierName(Tier tier);  // "device", "host"
+// contract first defined it. kAuto leaves the choice to the plan: the tier
+// is the host where the schedule's first step on the node is a prefetch,
+// else the device (ResolveHomes, scheduler/schedule.h).
+enum class Tier : uint8_t { kDevice, kHost, kAuto };
+absl::string_view TierName(Tier tier);  // "device", "host", "auto"
 absl::StatusOr<Tier> ParseTier(absl::string_view name);
 
 using Shape = std::vector<int64_t>;
@@ -155,6 +158,10 @@ class Graph {
   bool in_place(NodeId v) const { return in_place_[v] != 0; }
   NodeId version(NodeId v) const { return versions_[v]; }
   bool has_homes() const { return num_homes_ > 0; }
+  bool has_auto_homes() const { return num_auto_homes_ > 0; }
+  // This graph with each auto home v replaced by tier_of(v), which must be
+  // kDevice or kHost; everything else unchanged.
+  Graph WithAutoHomesAs(const std::function<Tier(NodeId)>& tier_of) const;
   bool has_in_place() const { return num_in_place_ > 0; }
   bool has_aliases() const { return num_aliases_ > 0; }
   int num_aliases() const { return num_aliases_; }
@@ -186,9 +193,11 @@ class Graph {
   const std::vector<bool>& needed() const { return needed_; }
 
   // Sum of bytes over persistent nodes resident when the step starts (all
-  // but those whose home is the host); without homes, resident throughout.
+  // but those whose home is the host or auto); without homes, resident
+  // throughout.
   int64_t persistent_bytes() const { return persistent_bytes_; }
-  // Sum of bytes over persistent nodes whose home is the host.
+  // Sum of bytes over persistent nodes whose home is the host (auto ones
+  // are in neither sum: a schedule decides).
   int64_t host_persistent_bytes() const { return host_persistent_bytes_; }
 
   // A short human-readable summary (counts, bytes), for logs and tests.
@@ -221,6 +230,7 @@ class Graph {
   std::vector<uint8_t> in_place_;
   std::vector<NodeId> versions_;
   int num_homes_ = 0;
+  int num_auto_homes_ = 0;
   int num_in_place_ = 0;
   std::vector<int32_t> input_offsets_{0};
   std::vector<NodeId> inputs_;

@@ -1097,6 +1097,9 @@ std::vector<NodeId> UpdatedStorages(const Graph& graph) {
 absl::StatusOr<ExecutionResult> Execute(const Graph& graph, const Schedule& schedule,
                                         Backend& backend, const ExecutorOptions& options,
                                         const MemoryLayout* given_layout) {
+  if (graph.has_auto_homes()) {
+    return Execute(ResolveHomes(graph, schedule), schedule, backend, options, given_layout);
+  }
   const auto setup_start = std::chrono::steady_clock::now();
   ExecutionResult result;
   // 1-2. Refuse what cannot run, before touching the backend's memory.

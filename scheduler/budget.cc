@@ -287,10 +287,11 @@ int64_t ResolveBudget(const BudgetSpec& spec, int64_t baseline_peak) {
 absl::StatusOr<Schedule> BaselinePlanSchedule(const Graph& graph) {
   if (!graph.has_homes()) return FreeAtLastUse(graph, DefaultOrder(graph));
   // Tensors that move between tiers: the baseline policy places their
-  // copies (Note [Updates last]).
+  // copies (Note [Updates last]). Auto homes are resident in the baseline,
+  // as a framework keeps them (no budget: Note [State placement]).
   ASSIGN_OR_RETURN(std::unique_ptr<Planner> baseline, MakePlanner("baseline"));
   PlannerOptions options;
-  options.budget_bytes = PlannerOptions::kMinBudget;
+  if (!graph.has_auto_homes()) options.budget_bytes = PlannerOptions::kMinBudget;
   ASSIGN_OR_RETURN(PlanResult plan, baseline->Plan(graph, options));
   return std::move(plan.schedule);
 }

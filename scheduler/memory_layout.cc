@@ -445,6 +445,7 @@ void SearchPlacementOrder(
 
 absl::StatusOr<std::vector<TensorInstance>> TensorInstances(
     const Graph& graph, const Schedule& schedule) {
+  if (graph.has_auto_homes()) return TensorInstances(ResolveHomes(graph, schedule), schedule);
   RETURN_IF_ERROR(Simulate(graph, schedule).status());
   return InstancesOf(graph, schedule);
 }
@@ -452,6 +453,9 @@ absl::StatusOr<std::vector<TensorInstance>> TensorInstances(
 absl::StatusOr<MemoryLayout> PlanMemoryLayout(const Graph& graph,
                                               const Schedule& schedule,
                                               const LayoutOptions& options) {
+  if (graph.has_auto_homes()) {
+    return PlanMemoryLayout(ResolveHomes(graph, schedule), schedule, options);
+  }
   const int64_t alignment = options.alignment;
   if (alignment <= 0 || (alignment & (alignment - 1)) != 0) {
     return absl::InvalidArgumentError(
@@ -545,6 +549,7 @@ absl::StatusOr<MemoryLayout> PlanMemoryLayout(const Graph& graph,
 
 absl::Status VerifyLayout(const Graph& graph, const Schedule& schedule,
                           const MemoryLayout& layout) {
+  if (graph.has_auto_homes()) return VerifyLayout(ResolveHomes(graph, schedule), schedule, layout);
   ASSIGN_OR_RETURN(PlanReport report, Simulate(graph, schedule));
   const std::vector<TensorInstance> expected = InstancesOf(graph, schedule);
   const int64_t alignment = layout.alignment;

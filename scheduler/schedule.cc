@@ -156,6 +156,16 @@ std::vector<NodeId> DefaultOrder(const Graph& graph) {
   return order;
 }
 
+Graph ResolveHomes(const Graph& graph, const Schedule& schedule) {
+  std::vector<int8_t> first(graph.num_nodes(), -1);  // the first action on a node
+  for (const Step& step : schedule.steps) {
+    if (first[step.node] < 0) first[step.node] = static_cast<int8_t>(step.action);
+  }
+  return graph.WithAutoHomesAs([&](NodeId v) {
+    return first[v] == static_cast<int8_t>(Action::kPrefetch) ? Tier::kHost : Tier::kDevice;
+  });
+}
+
 absl::StatusOr<Schedule> FreeAtLastUse(const Graph& graph,
                                        const std::vector<NodeId>& order) {
   const int n = graph.num_nodes();

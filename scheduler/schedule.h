@@ -49,6 +49,13 @@ absl::StatusOr<Schedule> ParseScheduleText(const Graph& graph, absl::string_view
 absl::StatusOr<Schedule> ReadScheduleFile(const Graph& graph,
                                           const std::string& path);
 
+// `graph` with each auto home (Tier::kAuto: the plan chooses) resolved by
+// `schedule`: the host where the schedule's first step on the node is a
+// prefetch, else the device (docs/semantics.md, "Home tiers and in-place
+// updates"). The simulator, the memory layout and the executor read a
+// graph with auto homes so.
+Graph ResolveHomes(const Graph& graph, const Schedule& schedule);
+
 // SPEC section 2, "free at last use": the one-shot schedule of an execution
 // order. `order` must be a topological order of exactly the non-persistent
 // ancestors of the outputs (each once); else InvalidArgument naming the

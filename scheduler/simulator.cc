@@ -85,6 +85,7 @@ absl::StatusOr<PlanReport> Simulate(const Graph& graph,
   if (!(options.host_bandwidth_bytes_per_s > 0)) {
     return absl::InvalidArgumentError("host bandwidth must be positive");
   }
+  if (graph.has_auto_homes()) return Simulate(ResolveHomes(graph, schedule), schedule, options);
   const int n = graph.num_nodes();
   const double bandwidth = options.host_bandwidth_bytes_per_s;
   PlanReport report;

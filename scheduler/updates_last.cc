@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "graph/status.h"
 #include "graph/text_input.h"
+#include "scheduler/state_placement.h"
 
 namespace pebble {
 
@@ -281,6 +282,11 @@ class UpdatesLastPlanner final : public Planner {
   absl::StatusOr<PlanResult> Plan(const Graph& graph,
                                   const PlannerOptions& options) const override {
     if (!graph.has_in_place()) return inner_->Plan(graph, options);
+    if (graph.has_auto_homes()) {  // Note [State placement]
+      return PlaceAutoState(graph, options, [this](const Graph& g, const PlannerOptions& o) {
+        return Plan(g, o);
+      });
+    }
     ASSIGN_OR_RETURN(const Graph rest, WithoutUpdates(graph));
     ASSIGN_OR_RETURN(PlanResult inner, inner_->Plan(rest, options));
     const std::vector<Step> steps = StepsOf(graph, rest, inner.schedule);

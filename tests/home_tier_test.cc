@@ -159,7 +159,7 @@ TEST(HomeTierTest, GraphErrorsNameTheNode) {
   const std::pair<const char*, const char*> cases[] = {
       {R"({"id": "a", "bytes": 1, "home": "device"})", "node 'a': 'home' is for persistent"},
       {R"({"id": "w", "bytes": 1, "persistent": true, "home": "disk"})",
-       "unknown tier 'disk' (expected device or host)"},
+       "unknown tier 'disk' (expected device, host or auto)"},
       {R"({"id": "a", "bytes": 1, "inputs": ["w"], "in_place": true})",
        "node 'a': an in-place node ('in_place') needs 'alias_of'"},
       {R"({"id": "a", "bytes": 1, "inputs": ["w"], "alias_of": "w", "in_place": 1})",

@@ -39,8 +39,9 @@ ModelEntry Network(std::string name, std::string description,
                     "none, sgd, adam or adamw: the optimizer's step in the graph, with "
                     "PyTorch's defaults (docs/training.md; --optimizer takes settings)"});
   params.push_back({"optimizer_state", "device",
-                    "device or host: where the optimizer's state lives between steps (host: "
-                    "streamed through the updates, docs/training.md)"});
+                    "device, host or auto: where the optimizer's state lives between steps "
+                    "(host: streamed through the updates; auto: the plan chooses per tensor, "
+                    "docs/training.md)"});
   return {{std::move(name), std::move(description), std::move(params),
            /*training_graph=*/true},
           std::move(build)};
@@ -312,14 +313,14 @@ absl::StatusOr<Graph> BuildModel(const ModelSpec& spec, CostModel cost) {
     state = values["optimizer_state"];
     values.erase("optimizer");
     values.erase("optimizer_state");
-    if (state != "device" && state != "host") {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "model '", spec.name, "': optimizer_state=", state, " (expected device or host)"));
+    if (state != "device" && state != "host" && state != "auto") {
+      return absl::InvalidArgumentError(absl::StrCat("model '", spec.name, "': optimizer_state=",
+                                                     state, " (expected device, host or auto)"));
     }
-    if (state == "host" && optimizer == "none") {
+    if (state != "device" && optimizer == "none") {
       return absl::InvalidArgumentError(absl::StrCat(
-          "model '", spec.name, "': optimizer_state=host needs an optimizer (optimizer=sgd, "
-          "adam or adamw)"));
+          "model '", spec.name, "': optimizer_state=", state,
+          " needs an optimizer (optimizer=sgd, adam or adamw)"));
     }
   }
   const zoo::ModelArgs args(spec.name, spec.ToString(), std::move(values));
@@ -330,12 +331,12 @@ absl::StatusOr<Graph> BuildModel(const ModelSpec& spec, CostModel cost) {
       return absl::InvalidArgumentError(absl::StrCat("model '", spec.name, "': optimizer=",
                                                      optimizer, ": ", step.status().message()));
     }
-    if (state == "host" && step->kind == OptimizerKind::kSgd && step->momentum == 0) {
+    if (state != "device" && step->kind == OptimizerKind::kSgd && step->momentum == 0) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "model '", spec.name, "': optimizer_state=host, but ", optimizer,
+          "model '", spec.name, "': optimizer_state=", state, ", but ", optimizer,
           " keeps no state (SGD without momentum)"));
     }
-    if (state == "host") step->state_home = Tier::kHost;
+    if (state != "device") step->state_home = *ParseTier(state);
     graph = AddOptimizerStep(*graph, *step, cost);
   }
   if (!graph.ok()) {

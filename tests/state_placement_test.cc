@@ -1,0 +1,227 @@
+// Auto homes (Tier::kAuto; state=auto): the plan chooses per optimizer
+// state tensor whether it lives on the device or on the host
+// (scheduler/state_placement.h), and the schedule says which
+// (ResolveHomes, scheduler/schedule.h).
+#include "scheduler/state_placement.h"
+
+#include <string>
+#include <vector>
+
+#include "graph/graph_json.h"
+#include "graph/models/models.h"
+#include "graph/optimizer.h"
+#include "graph/status.h"
+#include "gtest/gtest.h"
+#include "runtime/cpu/cpu_backend.h"
+#include "runtime/executor.h"
+#include "scheduler/plan_api.h"
+#include "scheduler/schedule.h"
+#include "scheduler/simulator.h"
+
+namespace pebble {
+namespace {
+
+// x and w resident; m (momentum, home auto); the step's gradient gw feeds
+// m1 (m <- mu m + gw) and w1 (w <- w - lr m1).
+constexpr char kSgdStep[] = R"({"format": "pebble-graph", "version": 1, "name": "sgd",
+  "nodes": [
+    {"id": "x", "bytes": 10, "persistent": true},
+    {"id": "w", "bytes": 100, "persistent": true, "role": "parameter"},
+    {"id": "m", "bytes": 100, "persistent": true, "home": "auto", "role": "optimizer_state"},
+    {"id": "y", "bytes": 50, "inputs": ["x", "w"]},
+    {"id": "loss", "bytes": 4, "inputs": ["y"]},
+    {"id": "gw", "bytes": 100, "inputs": ["x", "y", "loss"]},
+    {"id": "m1", "bytes": 100, "inputs": ["m", "gw"], "alias_of": "m", "in_place": true},
+    {"id": "w1", "bytes": 100, "inputs": ["w", "m1"], "alias_of": "w", "in_place": true}
+  ],
+  "outputs": ["loss"]})";
+
+int Count(const Schedule& s, Action action, NodeId v) {
+  int n = 0;
+  for (const Step& step : s.steps) n += step.action == action && step.node == v;
+  return n;
+}
+
+TEST(StatePlacementTest, AnAutoHomeIsWhatTheScheduleMakesIt) {
+  absl::StatusOr<Graph> g = ParseGraphJson(kSgdStep);
+  ASSERT_TRUE(g.ok()) << g.status();
+  const NodeId m = g->Find("m");
+  EXPECT_EQ(g->home(m), Tier::kAuto);
+  EXPECT_TRUE(g->has_auto_homes());
+  EXPECT_EQ(g->persistent_bytes(), 110);  // m is in neither sum until a schedule decides
+  EXPECT_EQ(g->host_persistent_bytes(), 0);
+  EXPECT_EQ(GraphToJson(*g)["nodes"][2]["home"], "auto");
+
+  absl::StatusOr<std::unique_ptr<Planner>> baseline = MakePlanner("baseline");
+  ASSERT_TRUE(baseline.ok());
+  PlannerOptions roomy;  // no budget: resident, no copies
+  absl::StatusOr<PlanResult> resident = (*baseline)->Plan(*g, roomy);
+  ASSERT_TRUE(resident.ok()) << resident.status();
+  EXPECT_EQ(Count(resident->schedule, Action::kPrefetch, m), 0);
+  EXPECT_EQ(ResolveHomes(*g, resident->schedule).home(m), Tier::kDevice);
+  EXPECT_EQ(resident->report.initial_bytes, 210);
+  EXPECT_EQ(resident->report.transfer_bytes, 0);
+
+  PlannerOptions least;
+  least.budget_bytes = PlannerOptions::kMinBudget;  // streamed: the least peak
+  absl::StatusOr<PlanResult> streamed = (*baseline)->Plan(*g, least);
+  ASSERT_TRUE(streamed.ok()) << streamed.status();
+  EXPECT_EQ(Count(streamed->schedule, Action::kPrefetch, m), 1);
+  EXPECT_EQ(Count(streamed->schedule, Action::kOffload, m), 1);
+  EXPECT_EQ(ResolveHomes(*g, streamed->schedule).home(m), Tier::kHost);
+  EXPECT_EQ(streamed->report.initial_bytes, 110);
+  EXPECT_EQ(streamed->report.transfer_bytes, 200);
+  EXPECT_LT(streamed->report.peak_bytes, resident->report.peak_bytes);
+  EXPECT_EQ(streamed->details["state_placement"]["streamed_tensors"], 1);
+
+  // The simulator reads either schedule as the graph with that home would.
+  absl::StatusOr<PlanReport> as_host =
+      Simulate(ResolveHomes(*g, streamed->schedule), streamed->schedule);
+  absl::StatusOr<PlanReport> as_auto = Simulate(*g, streamed->schedule);
+  ASSERT_TRUE(as_host.ok() && as_auto.ok());
+  EXPECT_EQ(as_auto->peak_bytes, as_host->peak_bytes);
+  EXPECT_EQ(as_auto->host_peak_bytes, as_host->host_peak_bytes);
+  // A schedule that offloads m without bringing it back ends with m on the
+  // host though its first step did not prefetch it: its home is the device.
+  Schedule wrong = resident->schedule;
+  wrong.steps.push_back({Action::kOffload, m});
+  wrong.steps.push_back({Action::kFree, m});
+  absl::StatusOr<PlanReport> bad = Simulate(*g, wrong);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(std::string(bad.status().message()).find("(home: device)"), std::string::npos)
+      << bad.status();
+}
+
+struct Placed {
+  PlanOutcome outcome;
+  int streamed = 0;  // auto tensors the schedule prefetches
+};
+
+absl::StatusOr<Placed> PlanAt(const Graph& g, const std::string& budget) {
+  PlanRequest request;
+  request.policy = "rotor";
+  request.budget = budget;
+  request.options.time_limit_s = 10;
+  ASSIGN_OR_RETURN(PlanOutcome outcome, PlanGraph(g, request));
+  Placed placed{std::move(outcome)};
+  for (NodeId v = 0; v < g.num_nodes(); ++v) {
+    if (g.home(v) != Tier::kAuto) continue;
+    const int prefetches = Count(placed.outcome.result.schedule, Action::kPrefetch, v);
+    EXPECT_LE(prefetches, 1) << g.id(v);
+    placed.streamed += prefetches;
+  }
+  return placed;
+}
+
+absl::StatusOr<Graph> TransformerWith(const char* state) {
+  return BuildModel(std::string("transformer:layers=2,optimizer=adam,optimizer_state=") + state);
+}
+
+// Between the two fixed rules: with a budget all-resident does not fit and
+// all-streamed does, state=auto fits it, copying less and finishing sooner
+// than the all-on-the-host rule; at `min` it reaches that rule's peak, and
+// with room for everything it copies nothing.
+TEST(StatePlacementTest, AutoFitsBetweenTheFixedRulesAndCopiesLess) {
+  absl::StatusOr<Graph> device = TransformerWith("device");
+  absl::StatusOr<Graph> host = TransformerWith("host");
+  absl::StatusOr<Graph> automatic = TransformerWith("auto");
+  ASSERT_TRUE(device.ok() && host.ok() && automatic.ok()) << automatic.status();
+  absl::StatusOr<Placed> device_min = PlanAt(*device, "min");
+  absl::StatusOr<Placed> host_min = PlanAt(*host, "min");
+  absl::StatusOr<Placed> auto_min = PlanAt(*automatic, "min");
+  ASSERT_TRUE(device_min.ok() && host_min.ok() && auto_min.ok()) << auto_min.status();
+  const PlanReport& lowest = host_min->outcome.result.report;
+  EXPECT_EQ(auto_min->outcome.result.report.peak_bytes, lowest.peak_bytes);
+  EXPECT_LE(auto_min->outcome.result.report.transfer_bytes, lowest.transfer_bytes);
+  // The budget percentages of state=auto are of the all-resident baseline.
+  EXPECT_EQ(auto_min->outcome.baseline_peak_bytes, device_min->outcome.baseline_peak_bytes);
+
+  const int64_t between =
+      (lowest.peak_bytes + device_min->outcome.result.report.peak_bytes) / 2;
+  const std::string budget = std::to_string(between);
+  absl::StatusOr<Placed> d = PlanAt(*device, budget);
+  absl::StatusOr<Placed> h = PlanAt(*host, budget);
+  absl::StatusOr<Placed> a = PlanAt(*automatic, budget);
+  ASSERT_TRUE(d.ok() && h.ok() && a.ok()) << a.status();
+  EXPECT_FALSE(d->outcome.result.feasible);
+  ASSERT_TRUE(h->outcome.result.feasible);
+  ASSERT_TRUE(a->outcome.result.feasible) << a->outcome.result.message;
+  const PlanReport& r = a->outcome.result.report;
+  EXPECT_LE(r.peak_bytes, between);
+  EXPECT_LT(r.transfer_bytes, h->outcome.result.report.transfer_bytes);
+  EXPECT_LT(r.makespan, h->outcome.result.report.makespan);
+  const nlohmann::json& placement = a->outcome.result.details["state_placement"];
+  EXPECT_GT(placement["resident_tensors"].get<int>(), 0);
+  EXPECT_GT(placement["streamed_tensors"].get<int>(), 0);
+  EXPECT_EQ(placement["streamed_tensors"].get<int>(), a->streamed);
+  EXPECT_EQ(r.transfer_bytes, 2 * placement["streamed_bytes"].get<int64_t>());
+
+  absl::StatusOr<Placed> roomy = PlanAt(*automatic, "100%");
+  ASSERT_TRUE(roomy.ok()) << roomy.status();
+  EXPECT_EQ(roomy->streamed, 0);
+  EXPECT_EQ(roomy->outcome.result.report.transfer_bytes, 0);
+}
+
+// A placed plan runs on the CPU backend: measured peaks == predicted (device
+// and host), and the updated parameters and state are the all-resident
+// run's, bit for bit.
+TEST(StatePlacementTest, APlacedPlanRunsToTheResidentBits) {
+  absl::StatusOr<Graph> plain = BuildModel("conv3d:n=8");
+  ASSERT_TRUE(plain.ok());
+  std::unique_ptr<Backend> backend = MakeCpuBackend();
+  std::vector<HostTensor> reference;
+  for (const char* spec_text : {"adamw:lr=0.01", "adamw:lr=0.01,state=auto"}) {
+    SCOPED_TRACE(spec_text);
+    absl::StatusOr<OptimizerSpec> spec = ParseOptimizer(spec_text);
+    ASSERT_TRUE(spec.ok()) << spec.status();
+    absl::StatusOr<Graph> g = AddOptimizerStep(*plain, *spec);
+    ASSERT_TRUE(g.ok()) << g.status();
+    // Halfway between the streamed plan's least peak and the baseline.
+    absl::StatusOr<Placed> least = PlanAt(*g, "min");
+    ASSERT_TRUE(least.ok()) << least.status();
+    const int64_t budget =
+        (least->outcome.result.report.peak_bytes + least->outcome.baseline_peak_bytes) / 2;
+    absl::StatusOr<Placed> plan = PlanAt(*g, std::to_string(budget));
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    ASSERT_TRUE(plan->outcome.result.feasible);
+    if (g->has_auto_homes()) {
+      EXPECT_GT(plan->streamed, 0);
+      EXPECT_GT(plan->outcome.result.details["state_placement"]["resident_tensors"].get<int>(),
+                0);
+    }
+    absl::StatusOr<ExecutionResult> r = Execute(*g, plan->outcome.result.schedule, *backend);
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->peak_bytes, r->predicted.peak_bytes);
+    EXPECT_EQ(r->host_peak_bytes, r->predicted.host_peak_bytes);
+    if (reference.empty()) {
+      reference = r->updated;
+      continue;
+    }
+    ASSERT_EQ(r->updated.size(), reference.size());
+    for (size_t i = 0; i < reference.size(); ++i) {
+      EXPECT_EQ(r->updated[i].node, reference[i].node);
+      EXPECT_TRUE(r->updated[i].array.data == reference[i].array.data) << i;
+    }
+  }
+}
+
+TEST(StatePlacementTest, TheZooAndTheOptimizerSpecTakeAuto) {
+  absl::StatusOr<OptimizerSpec> spec = ParseOptimizer("adam:state=auto");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->ToString(), "adam:lr=0.001,beta1=0.9,beta2=0.999,eps=1e-08,weight_decay=0,"
+                              "state=auto");
+  absl::StatusOr<Graph> g = BuildModel("mnist-cnn:batch=2,optimizer=adam,optimizer_state=auto");
+  ASSERT_TRUE(g.ok()) << g.status();
+  EXPECT_TRUE(g->has_auto_homes());
+  absl::StatusOr<Graph> none = BuildModel("mnist-cnn:batch=2,optimizer_state=auto");
+  ASSERT_FALSE(none.ok());
+  EXPECT_NE(std::string(none.status().message()).find("optimizer_state=auto needs an optimizer"),
+            std::string::npos)
+      << none.status();
+  absl::StatusOr<Graph> sgd = BuildModel("mnist-cnn:batch=2,optimizer=sgd,optimizer_state=auto");
+  ASSERT_FALSE(sgd.ok());
+  EXPECT_NE(std::string(sgd.status().message()).find("keeps no state"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace pebble
