@@ -82,6 +82,10 @@ CASES = [  # (model, optimizer, policy, budget, where the state lives)
     ("mlp", "adam", "rotor", "min", "host"),
     ("convnet", "adamw", "baseline", "100%", "host"),
     ("convnet", "sgd", "dtr", "min", "host"),
+    # "between": halfway between the least peaks with the state on the host
+    # and resident, where the plan keeps some state resident, streams the rest.
+    ("mlp", "adam", "rotor", "between", "auto"),
+    ("convnet", "sgd", "baseline", "between", "auto"),
 ]
 
 TOL = 1e-5
@@ -108,13 +112,18 @@ def run_case(torch, pt, device, steps, model_name, opt_name, policy, budget, sta
     x0, y0 = batches[0]
     # On the CPU device the host is the same memory: allow_cpu_offload runs
     # the streaming path anyway, its copies measured as a GPU's would be.
+    if budget == "between":
+        budget = between(torch, pt, planned_model, make_opt, loss_fn, x0, y0, policy)
     step = pt.train_step(planned_model, loss_fn, (x0,), y0, optimizer=planned_opt,
                          policy=policy, budget=budget, measure="always",
-                         optimizer_state=state, allow_cpu_offload=state == "host")
+                         optimizer_state=state, allow_cpu_offload=state != "device")
     failures = []
     streamed = step.plan.report["transfer_bytes"]
     if state == "host" and streamed == 0:
         failures.append("the state's home is the host, but the plan moves nothing")
+    placed = step.report["optimizer_state"]
+    if state == "auto" and not (placed["resident_tensors"] and placed["streamed_tensors"]):
+        failures.append(f"state=auto between the fixed rules placed {placed}")
     for k in range(steps):
         x, y = batches[k]
         eager_opt.zero_grad(set_to_none=True)
@@ -138,15 +147,21 @@ def run_case(torch, pt, device, steps, model_name, opt_name, policy, budget, sta
     for (name, a), b in zip(planned_model.named_parameters(), eager_model.parameters()):
         if not close(torch, a.detach().cpu(), b.detach().cpu()):
             failures.append(f"parameter {name} differs from eager's")
-    for entry in planned_opt.state.values():
+    names = {p: name for name, p in planned_model.named_parameters()}
+    streamed_ids = {n for n in step.plan.schedule if n[0] == "prefetch"}
+    for p, entry in planned_opt.state.items():
         for key, value in entry.items():
             if key == "step" or not torch.is_tensor(value):
                 continue
-            home = value.device.type == "cpu" and (device.type == "cpu" or value.is_pinned())
-            if state == "host" and not home:
+            on_host = ("prefetch", f"{key}:{names[p]}") in streamed_ids
+            if state == "host" and not on_host:
+                failures.append(f"optimizer state {key} of {names[p]} is not streamed")
+            if state == "device" and on_host:
+                failures.append(f"optimizer state {key} of {names[p]} is streamed")
+            if on_host and device.type == "cuda" and not value.is_pinned():
                 failures.append(f"optimizer state {key} is on {value.device}, not in "
                                 "pinned host memory")
-            if state == "device" and value.device != device:
+            if not on_host and value.device != device:
                 failures.append(f"optimizer state {key} is on {value.device}, not {device}")
     eager_state = eager_opt.state_dict()["state"]
     planned_state = planned_opt.state_dict()["state"]
@@ -177,6 +192,19 @@ def run_case(torch, pt, device, steps, model_name, opt_name, policy, budget, sta
           f"({r['measured_by']}), {r['recomputations']} recomputations"
           f"{'' if not failures else ' FAIL'}")
     return [f"{model_name}/{opt_name}/{policy}/{state}: {f}" for f in failures]
+
+
+def between(torch, pt, model, make_opt, loss_fn, x, y, policy):
+    """A budget (bytes) halfway between the least peaks of the step with the
+    optimizer's state on the host and resident."""
+    peaks = []
+    for state in ("host", "device"):
+        probe = copy.deepcopy(model)
+        step = pt.train_step(probe, loss_fn, (x,), y, optimizer=make_opt(probe.parameters()),
+                             policy=policy, budget="min", optimizer_state=state,
+                             allow_cpu_offload=True, measure="never")
+        peaks.append(step.report["predicted_peak_bytes"])
+    return str((peaks[0] + peaks[1]) // 2)
 
 
 def scheduled(torch, pt, device, steps):
@@ -232,7 +260,7 @@ def refusals(torch, pt, device):
         failures.append(f"{type(opt).__name__} ({needle}) was not refused")
     opt = torch.optim.Adam(model.parameters())
     for kwargs, needle in (
-            (dict(optimizer_state="disk", optimizer=opt), "'device' or 'host', not 'disk'"),
+            (dict(optimizer_state="disk", optimizer=opt), "'device', 'host' or 'auto', not 'disk'"),
             (dict(optimizer_state="host"), "give the optimizer too"),
             (dict(optimizer_state="host", optimizer=opt),
              "saves no memory on the CPU device" if device.type == "cpu" else None)):
@@ -240,10 +268,11 @@ def refusals(torch, pt, device):
             pt.train_step(model, torch.nn.functional.cross_entropy, (x,), y, **kwargs)
         except ValueError as e:
             if needle is None or needle not in str(e):
-                failures.append(f"{kwargs}: refused with '{e}'")
+                failures.append(f"optimizer_state={kwargs['optimizer_state']!r}: refused "
+                                f"with '{e}'")
             continue
         if needle is not None:
-            failures.append(f"{kwargs} was not refused")
+            failures.append(f"optimizer_state={kwargs['optimizer_state']!r} was not refused")
     # A frozen parameter in the optimizer is skipped, as torch.optim skips it.
     frozen = copy.deepcopy(model)
     frozen[0].weight.requires_grad_(False)

@@ -87,10 +87,12 @@ class TrainStep:
         stays loadable); clear the gradients between steps as usual
         (optimizer.zero_grad()).
       optimizer_state: where the optimizer's state lives between steps:
-        "device" (resident) or "host" (pinned host memory beside a GPU; the
+        "device" (resident), "host" (pinned host memory beside a GPU; the
         plan streams each state tensor to the device for its update and
-        back, so the device holds one parameter's state at a time). On the
-        CPU device "host" saves nothing and needs allow_cpu_offload=True.
+        back, so the device holds one parameter's state at a time) or
+        "auto" (the plan chooses per tensor: resident what the budget
+        allows, the rest on the host). On the CPU device the host saves
+        nothing: "host" and "auto" need allow_cpu_offload=True there.
     """
 
     def __init__(self, model, loss_fn, example_inputs, example_target, policy=None,
@@ -118,9 +120,10 @@ class TrainStep:
         inputs = _as_tuple(example_inputs, "example_inputs")
         _check_tensor_arg(example_target, "example_target")
         self.device = _device_of(model, inputs + (example_target,))
-        if optimizer_state == "host" and self.device.type == "cpu" and not allow_cpu_offload:
-            raise ValueError("optimizer_state='host' saves no memory on the CPU device: give "
-                             "allow_cpu_offload=True to run it anyway (to test the path)")
+        if optimizer_state != "device" and self.device.type == "cpu" and not allow_cpu_offload:
+            raise ValueError(f"optimizer_state={optimizer_state!r} saves no memory on the CPU "
+                             "device: give allow_cpu_offload=True to run it anyway (to test "
+                             "the path)")
         self._captures = {}  # signature -> _Capture, shared with replan()'s steps
         self._variants = {}  # signature -> _Variant (its capture and this step's plan)
         self._variant = self._variant_for(inputs, example_target)
@@ -292,6 +295,12 @@ class _Variant:
         self.plan, self.budget_info = self._plan(step.options)
         step_schedule, self.optimizer_steps = split_schedule(
             self.plan.schedule, self.updates.ops if self.updates is not None else {})
+        # The state the plan streams from the host (optimizer_state "host",
+        # or chosen per tensor with "auto"); the rest is resident.
+        self.streamed_state = Updates.streamed_in(self.optimizer_steps)
+        if self.updates is not None:
+            self.persistent_bytes = (capture.persistent_bytes +
+                                     self.updates.resident_state_bytes(self.streamed_state))
         self.program = Program(self.graph_nodes, step_schedule, self.device)
         self.measured_once = False
         self.report = self._report(time.perf_counter() - started)
@@ -406,7 +415,8 @@ class _Variant:
         measured = self.device.type == "cuda" or self.step.measure_mode == "always" or (
             self.step.measure_mode == "first" and not self.measured_once)
         if self.updates is not None:
-            self.updates.ensure_state()  # held before the step, as the plan holds it
+            # Held before the step, where the plan holds it.
+            self.updates.ensure_state(self.streamed_state)
         # The plan fixed every tensor's dtype: autocast stays off inside the step.
         with torch.no_grad(), torch.autocast(self.device.type, enabled=False):
             if measured:
@@ -447,7 +457,8 @@ class _Variant:
             result.transfer_bytes += self.updates.transfer_bytes
             # pebble's count: the resident state throughout; at the end, the
             # streamed state and the updates' temporaries.
-            result.counted_peak_bytes = self.updates.planned_state_bytes + max(
+            result.counted_peak_bytes = self.updates.resident_state_bytes(
+                self.streamed_state) + max(
                 result.counted_peak_bytes,
                 result.resident_bytes + self.updates.counted_peak_bytes)
         return result
@@ -487,6 +498,14 @@ class _Variant:
             "shapes_from": c.shapes_from,
             "unplanned_measured_peak_bytes": self.calibration.unplanned_peak_bytes,
         }
+        if self.updates is not None:  # where the plan keeps the optimizer's state
+            state = self.updates.state_bytes
+            streamed = self.streamed_state
+            report["optimizer_state"] = {
+                "resident_tensors": sum(1 for n in state if n not in streamed),
+                "streamed_tensors": len(streamed),
+                "resident_bytes": self.updates.resident_state_bytes(streamed),
+                "streamed_bytes": sum(state[n] for n in streamed)}
         if "step_budget_bytes" in info:
             report["step_budget_bytes"] = info["step_budget_bytes"]
         if "order" in info:

@@ -12,11 +12,13 @@ denominator, a coupled weight decay) is the update node's workspace in the
 plan, so the allocator's peak is the plan's.
 
 With optimizer_state="host" the state's home is the host (pinned memory
-beside a GPU): opt.state holds host tensors between steps, and the plan
-streams each through the update phase (Note [Updates last] in
-scheduler/updates_last.cc): a device copy made where the plan prefetches
-it, updated in place, copied back where the plan offloads it and dropped
-where it frees it.
+beside a GPU), and with "auto" the plan chooses per tensor (Note [State
+placement] in scheduler/state_placement.cc). Either way the plan's steps
+say which state tensors are streamed: those it prefetches. opt.state holds
+them on the host between steps, and each is streamed through the update
+phase (Note [Updates last] in scheduler/updates_last.cc): a device copy
+made where the plan prefetches it, updated in place, copied back where the
+plan offloads it and dropped where it frees it.
 """
 
 import json
@@ -46,24 +48,24 @@ class Updates:
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise TypeError(f"optimizer must be a torch.optim.Optimizer, not "
                             f"{type(optimizer).__name__}")
-        if state not in ("device", "host"):
-            raise ValueError(f"optimizer_state must be 'device' or 'host', not {state!r}")
+        if state not in ("device", "host", "auto"):
+            raise ValueError(f"optimizer_state must be 'device', 'host' or 'auto', not {state!r}")
         self.optimizer = optimizer
         self.state_home = state
         self.kind, self.settings = _settings(optimizer)
         self.spec = self.kind + ":" + ",".join(
             f"{k}={float(v)!r}" for k, v in self.settings.items() if k != "decoupled")
-        if state == "host":
-            self.spec += ",state=host"
+        if state != "device":
+            self.spec += f",state={state}"
         self.ops = {}  # node id -> op of the optimizer's nodes (extend)
-        # The plan's bytes of the resident state (streamed state not
-        # included), and of each update's workspace and each streamed state
-        # tensor by node id (extend): the graph's, rounded as the capture
-        # rounds every tensor.
+        # The plan's bytes of the state that may be resident (home device or
+        # auto: what a budget is framed with), and of each update's
+        # workspace and each state tensor by node id (extend): the graph's,
+        # rounded as the capture rounds every tensor.
         self.planned_state_bytes = 0
         self.workspace_bytes = {}
-        self.streamed_bytes = {}
-        self.streamed = {}  # streamed state node id -> its device copy, during run()
+        self.state_bytes = {}
+        self.on_device = {}  # streamed state node id -> its device copy, during run()
         # Note [Scalars without allocations]: a Python number as an operand
         # (x.mul_(0.9)) makes a small CPU tensor on each call, outside the
         # plan (the CPU device's profiler counts it); a held CPU 0-dim tensor,
@@ -109,14 +111,13 @@ class Updates:
         graph = _core.from_json(json.dumps(doc))
         doc = json.loads(_core.with_optimizer(graph, self.spec).to_json())
         self.planned_state_bytes = 0
-        self.workspace_bytes, self.streamed_bytes = {}, {}
+        self.workspace_bytes, self.state_bytes = {}, {}
         for node in doc["nodes"]:
             if node.get("op") in _UPDATE_OPS or node.get("role") == "optimizer_state":
                 self.ops[node["id"]] = node["op"]
             if node.get("role") == "optimizer_state":
-                if node.get("home") == "host":
-                    self.streamed_bytes[node["id"]] = node["bytes"]
-                else:
+                self.state_bytes[node["id"]] = node["bytes"]
+                if node.get("home") != "host":
                     self.planned_state_bytes += node["bytes"]
             if node.get("op") in _UPDATE_OPS and _temporary(node["op"], self.settings):
                 node["workspace"] = node["bytes"]
@@ -125,14 +126,24 @@ class Updates:
 
     # --- the state ----------------------------------------------------------------
 
-    def ensure_state(self):
+    @staticmethod
+    def streamed_in(steps):
+        """The state node ids that the plan's optimizer steps stream (prefetch)."""
+        return frozenset(node_id for action, node_id in steps if action == "prefetch")
+
+    def resident_state_bytes(self, streamed):
+        """The plan's bytes of the state that stays on the device."""
+        return sum(b for node_id, b in self.state_bytes.items() if node_id not in streamed)
+
+    def ensure_state(self, streamed):
         """Every parameter's state in opt.state, as torch.optim makes it on its
         first step (zeros; Adam's step count 0), where it is not there yet:
         made before the step, it is held before the step as the plan holds
-        it (persistent), on the device or, with optimizer_state="host", on
-        the host (pinned beside a GPU; state a loaded state_dict put on the
-        device moves there). A momentum buffer starts at zeros: momentum 0
-        + g is the copy of g that torch.optim makes."""
+        it (persistent): on the device, or on the host (pinned beside a GPU)
+        where the plan streams it (`streamed`, node ids); a tensor moves
+        where the plan of these shapes wants it (state a loaded state_dict
+        put on the device, say). A momentum buffer starts at zeros:
+        momentum 0 + g is the copy of g that torch.optim makes."""
         state = self.optimizer.state
         for p in self.params.values():
             s = state[p]
@@ -145,11 +156,12 @@ class Updates:
             for key in keys:
                 if s.get(key) is None:
                     s[key] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                s[key] = self._at_home(s[key], p)
+                s[key] = self._at_home(s[key], p, f"{key}:{self._name[p]}" in streamed)
 
-    def _at_home(self, t, p):
+    @staticmethod
+    def _at_home(t, p, on_host):
         """State tensor t where its home is: p's device, or the host."""
-        if self.state_home == "device":
+        if not on_host:
             return t if t.device == p.device else t.to(p.device)
         if p.device.type == "cuda":
             if t.device.type == "cpu" and t.is_pinned():
@@ -174,11 +186,11 @@ class Updates:
         self.transfer_bytes = 0  # the streamed state's copies, both ways
         offloaded = False
         for action, node_id in steps:
-            if node_id in self.streamed_bytes and action != "compute":
+            if node_id in self.state_bytes and action != "compute":
                 live += self._move(action, node_id)
                 offloaded = offloaded or action == "offload"
                 if action != "free":
-                    self.transfer_bytes += self.streamed_bytes[node_id]
+                    self.transfer_bytes += self.state_bytes[node_id]
             elif action == "free":  # an update's version of its storage: nothing held
                 continue
             elif action != "compute":
@@ -188,8 +200,8 @@ class Updates:
                 self._run(self.ops[node_id], node_id)
             self.counted_peak_bytes = max(self.counted_peak_bytes,
                                           live + self.workspace_bytes.get(node_id, 0))
-        if self.streamed:
-            raise RuntimeError(f"internal: the plan leaves '{next(iter(self.streamed))}' on "
+        if self.on_device:
+            raise RuntimeError(f"internal: the plan leaves '{next(iter(self.on_device))}' on "
                                "the device after the optimizer's step")
         if offloaded and any(p.device.type == "cuda" for p in self.params.values()):
             # The host copies are opt.state's: complete before the caller reads them.
@@ -203,22 +215,22 @@ class Updates:
         host = self.optimizer.state[p][key]
         if action == "prefetch":
             if p.device.type == "cpu":  # allow_cpu_offload: a copy, as on a GPU
-                self.streamed[node_id] = host.clone()
+                self.on_device[node_id] = host.clone()
             else:
-                self.streamed[node_id] = host.to(p.device, non_blocking=True)
-            return self.streamed_bytes[node_id]
+                self.on_device[node_id] = host.to(p.device, non_blocking=True)
+            return self.state_bytes[node_id]
         if action == "offload":
-            host.copy_(self.streamed[node_id], non_blocking=True)
+            host.copy_(self.on_device[node_id], non_blocking=True)
             return 0
         if action == "free":
-            del self.streamed[node_id]
-            return -self.streamed_bytes[node_id]
+            del self.on_device[node_id]
+            return -self.state_bytes[node_id]
         raise RuntimeError(f"internal: the plan {action}s the state '{node_id}'")
 
     def _state(self, p, key):
         """The tensor an update of p's state `key` reads and writes: the
         device copy of streamed state, else opt.state's."""
-        copy = self.streamed.get(f"{key}:{self._name[p]}")
+        copy = self.on_device.get(f"{key}:{self._name[p]}")
         return copy if copy is not None else self.optimizer.state[p][key]
 
     def _follow_settings(self):
