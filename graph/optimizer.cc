@@ -29,13 +29,13 @@ absl::string_view KindName(OptimizerKind kind) {
 // The keys each optimizer takes, in the order ToString writes them.
 std::vector<std::string> KeysOf(OptimizerKind kind) {
   if (kind == OptimizerKind::kSgd) {
-    return {"lr", "momentum", "weight_decay", "state", "gradients"};
+    return {"lr", "momentum", "weight_decay", "state", "parameters", "gradients"};
   }
-  return {"lr", "beta1", "beta2", "eps", "weight_decay", "state", "gradients"};
+  return {"lr", "beta1", "beta2", "eps", "weight_decay", "state", "parameters", "gradients"};
 }
 
-// The number field called `key` (a key of KeysOf other than "state" and
-// "gradients").
+// The number field called `key` (a key of KeysOf other than "state",
+// "parameters" and "gradients").
 template <typename Spec>
 auto* Field(Spec& spec, absl::string_view key) {
   if (key == "lr") return &spec.lr;
@@ -58,6 +58,12 @@ std::string OptimizerSpec::ToString() const {
   for (const std::string& key : KeysOf(kind)) {
     if (key == "state") {
       if (state_home.has_value()) parts.push_back(absl::StrCat("state=", TierName(*state_home)));
+      continue;
+    }
+    if (key == "parameters") {
+      if (parameter_home.has_value()) {
+        parts.push_back(absl::StrCat("parameters=", TierName(*parameter_home)));
+      }
       continue;
     }
     if (key == "gradients") {
@@ -107,6 +113,10 @@ absl::StatusOr<OptimizerSpec> ParseOptimizer(absl::string_view text) {
       ASSIGN_OR_RETURN(spec.state_home, ParseTier(value));
       continue;
     }
+    if (key == "parameters") {
+      ASSIGN_OR_RETURN(spec.parameter_home, ParseTier(value));
+      continue;
+    }
     if (key == "gradients") {
       if (value != "keep" && value != "drop") {
         return absl::InvalidArgumentError(absl::StrCat(
@@ -139,7 +149,11 @@ class OptimizerStepBuilder {
 
   absl::StatusOr<Graph> Build() {
     GraphBuilder b(training_.name());
-    for (NodeId v = 0; v < training_.num_nodes(); ++v) b.AddNode(SpecOf(training_, v));
+    for (NodeId v = 0; v < training_.num_nodes(); ++v) {
+      NodeSpec node = SpecOf(training_, v);
+      if (training_.role(v) == Role::kParameter && Updated(v)) node.home = spec_.parameter_home;
+      b.AddNode(std::move(node));
+    }
     for (NodeId out : training_.outputs()) {
       if (!spec_.keep_gradients && IsUpdatedGradient(out)) continue;  // only updates read it
       b.AddOutput(training_.id(out));
@@ -205,6 +219,12 @@ class OptimizerStepBuilder {
   }
 
  private:
+  // Whether the step updates parameter p (its gradient is an output).
+  bool Updated(NodeId p) const {
+    const NodeId g = training_.Find("grad:" + training_.id(p));
+    return g != kNoNode && training_.is_output(g);
+  }
+
   // Whether `out` is "grad:p" of a parameter p the step updates.
   bool IsUpdatedGradient(NodeId out) const {
     const std::string& gid = training_.id(out);

@@ -48,6 +48,10 @@ struct OptimizerSpec {
   // Where the optimizer's state lives between steps; nullopt: resident
   // throughout (a persistent node without a home).
   std::optional<Tier> state_home;
+  // Where the updated parameters live between steps; nullopt: resident
+  // throughout. With a host home every policy streams each parameter to
+  // its uses (Note [Parameters streamed], scheduler/updates_last.cc).
+  std::optional<Tier> parameter_home;
   // Whether the gradients stay outputs of the step (true: resident at its
   // end, as without an optimizer); false ("gradients=drop"): only the
   // updates read them, and a plan may free each after its update.
@@ -57,8 +61,8 @@ struct OptimizerSpec {
 
 // "sgd", "adam", "adamw", optionally with parameters after a colon:
 // "sgd:lr=0.1,momentum=0.9,weight_decay=1e-4", "adam:lr=1e-3,beta1=0.9,
-// beta2=0.999,eps=1e-8,weight_decay=0", "...,state=host",
-// "...,gradients=drop". Defaults are
+// beta2=0.999,eps=1e-8,weight_decay=0", "...,state=host|auto",
+// "...,parameters=host|auto", "...,gradients=drop". Defaults are
 // PyTorch's (lr 0.01 for SGD, 0.001 for Adam and AdamW; AdamW's
 // weight_decay 0.01). InvalidArgument names an unknown optimizer or key,
 // a value that is not a finite number, and a value out of range (lr > 0,

@@ -10,18 +10,22 @@
 namespace pebble {
 
 // Note [State placement]. A fixed rule puts all of the optimizer's state on
-// the host (ZeRO-Offload) or none of it. Streamed state costs two copies a
-// step and saves its bytes at the step's boundary and in its backward;
-// resident state costs nothing in time. So the fastest placement that fits
-// keeps as much state resident as the budget allows. With the tensors
-// sorted by size, the k smallest resident and the rest streamed, the peak
+// the host (ZeRO-Offload) or none of it, and all of the parameters (FSDP's
+// CPU offload) or none. Streamed state costs two copies a step and saves
+// its bytes at the step's boundary and in its backward; a streamed
+// parameter costs a copy per use window and the update's two (Note
+// [Parameters streamed]) and saves its bytes between its uses; a resident
+// tensor costs nothing in time. So the fastest placement that fits keeps
+// as much resident as the budget allows, the parameters (dearer to stream)
+// first. With the tensors in that order, parameters then state, each
+// smallest first, the k first resident and the rest streamed, the peak
 // grows with k (each resident tensor adds its bytes to every step from the
 // first on, and the largest stay streamed, one at a time): the search
 // plans k = 0 (all streamed, the least peak) and k = n (all resident, no
 // copies), then bisects for the largest k that fits, 2 + log2(n) plans,
 // and keeps the fastest plan that fits among those made. Keeping the small
 // tensors resident keeps most of the tensors out of the copies, not most
-// of the bytes; every byte costs the same transfer time, so either way the
+// of the bytes; within a kind every byte costs the same transfer time, so the
 // time saved is the resident bytes' copies.
 //
 // The choice is written in the schedule: a streamed tensor's first step is
@@ -31,14 +35,19 @@ namespace pebble {
 
 namespace {
 
-// Tensors whose home the plan chooses, smallest first (ties: graph order).
+// Tensors whose home the plan chooses, in the order they are kept
+// resident: parameters before state, then the smallest first (ties: graph
+// order).
 std::vector<NodeId> AutoHomes(const Graph& graph) {
   std::vector<NodeId> nodes;
   for (NodeId v = 0; v < graph.num_nodes(); ++v) {
     if (graph.home(v) == Tier::kAuto) nodes.push_back(v);
   }
+  auto key = [&](NodeId v) {
+    return std::pair(graph.role(v) != Role::kParameter, graph.bytes(v));
+  };
   std::stable_sort(nodes.begin(), nodes.end(),
-                   [&](NodeId a, NodeId b) { return graph.bytes(a) < graph.bytes(b); });
+                   [&](NodeId a, NodeId b) { return key(a) < key(b); });
   return nodes;
 }
 

@@ -1,5 +1,6 @@
 #include "scheduler/updates_last.h"
 
+#include <algorithm>
 #include <utility>
 #include <vector>
 
@@ -37,6 +38,106 @@ bool OnlyUpdatesRead(const Graph& graph, NodeId v) {
   }
   return true;
 }
+
+bool UpdatedParameter(const Graph& graph, NodeId v) {
+  if (graph.role(v) != Role::kParameter || !graph.persistent(v)) return false;
+  for (NodeId r : graph.readers(v)) {
+    if (graph.in_place(r) && graph.storage(r) == v) return true;
+  }
+  return false;
+}
+
+namespace {
+
+// Note [Parameters streamed]. A parameter whose home is the host is read
+// by the forward and by the backward, so it cannot be left out of the
+// planned graph as streamed state is: the policy plans the step with it
+// resident, and this pass then keeps a device copy only around its uses.
+// Its uses are the compute steps that read its storage (a view of it
+// included), and a view's free (the view holds the storage while it is
+// resident). Uses with at least kMinStreamGap compute steps between them
+// are in different windows; each window prefetches the parameter before
+// the compute step that precedes its first use (so the copy overlaps that
+// compute) and frees it after its last use. The device then holds the
+// parameter only where the policy's plan used it, which the policy had
+// counted, so the peak is the policy's or lower; the price is a copy per
+// window (two per step for a layer's weight: its forward and its
+// backward), plus the update's (Note [Updates last]). The policy does not
+// know the memory this frees; planning with it is a later step.
+constexpr int kMinStreamGap = 2;
+
+// Bytes of the parameters streamed to their uses (home host, updated).
+int64_t StreamedParameterBytes(const Graph& graph) {
+  int64_t bytes = 0;
+  for (NodeId v = 0; v < graph.num_nodes(); ++v) {
+    if (graph.home(v) == Tier::kHost && UpdatedParameter(graph, v)) bytes += graph.bytes(v);
+  }
+  return bytes;
+}
+
+std::vector<Step> StreamParameters(const Graph& graph, const std::vector<Step>& steps) {
+  std::vector<uint8_t> streamed(graph.num_nodes(), 0);
+  bool any = false;
+  for (NodeId v = 0; v < graph.num_nodes(); ++v) {
+    streamed[v] = graph.home(v) == Tier::kHost && UpdatedParameter(graph, v);
+    any = any || streamed[v];
+  }
+  if (!any) return steps;
+  const int n = static_cast<int>(steps.size());
+  std::vector<std::vector<int>> uses(graph.num_nodes());  // per parameter, step indices
+  std::vector<int> computes;  // indices of compute steps, in order
+  for (int i = 0; i < n; ++i) {
+    const Step& step = steps[i];
+    if (step.action == Action::kCompute) {
+      computes.push_back(i);
+      for (NodeId u : graph.unique_inputs(step.node)) {
+        const NodeId root = graph.storage(u);
+        if (streamed[root] && (uses[root].empty() || uses[root].back() != i)) {
+          uses[root].push_back(i);
+        }
+      }
+    } else if (step.action == Action::kFree && graph.is_alias(step.node) &&
+               streamed[graph.storage(step.node)]) {
+      uses[graph.storage(step.node)].push_back(i);
+    }
+  }
+  // Compute steps strictly before step i.
+  auto computes_before = [&](int i) {
+    return static_cast<int>(std::lower_bound(computes.begin(), computes.end(), i) -
+                            computes.begin());
+  };
+  std::vector<std::vector<Step>> before(n + 1), after(n);
+  for (NodeId p = 0; p < graph.num_nodes(); ++p) {
+    const std::vector<int>& u = uses[p];
+    int previous_end = -1;  // the last use of the previous window
+    for (size_t a = 0; a < u.size();) {
+      size_t b = a;
+      while (b + 1 < u.size() && computes_before(u[b + 1]) - computes_before(u[b] + 1) <
+                                     kMinStreamGap) {
+        ++b;
+      }
+      // Prefetch before the compute preceding the first use, where that
+      // comes after the previous window's free.
+      int at = u[a];
+      const int c = computes_before(u[a]);
+      if (c > 0 && computes[c - 1] > previous_end) at = computes[c - 1];
+      before[at].push_back({Action::kPrefetch, p});
+      after[u[b]].push_back({Action::kFree, p});
+      previous_end = u[b];
+      a = b + 1;
+    }
+  }
+  std::vector<Step> out;
+  out.reserve(steps.size() + 4 * graph.num_nodes());
+  for (int i = 0; i < n; ++i) {
+    out.insert(out.end(), before[i].begin(), before[i].end());
+    out.push_back(steps[i]);
+    out.insert(out.end(), after[i].begin(), after[i].end());
+  }
+  return out;
+}
+
+}  // namespace
 
 absl::StatusOr<Graph> WithoutUpdates(const Graph& graph, bool sinks) {
   GraphBuilder b(graph.name());
@@ -153,8 +254,11 @@ class UpdateEmitter {
 
  private:
   bool Droppable(NodeId u) const { return !graph_.persistent(u) && !graph_.is_output(u); }
+  // State whose home is the host, and parameters streamed to their uses
+  // (which leave the device after their last use before the updates).
   bool Streamed(NodeId root) const {
-    return graph_.home(root) == Tier::kHost && OnlyUpdatesRead(graph_, root);
+    return graph_.home(root) == Tier::kHost &&
+           (OnlyUpdatesRead(graph_, root) || UpdatedParameter(graph_, root));
   }
 
   const Graph& graph_;
@@ -284,12 +388,51 @@ class UpdatesLastPlanner final : public Planner {
     if (!graph.has_in_place()) return inner_->Plan(graph, options);
     if (graph.has_auto_homes()) {  // Note [State placement]
       return PlaceAutoState(graph, options, [this](const Graph& g, const PlannerOptions& o) {
-        return Plan(g, o);
+        return PlanStreamed(g, o);
       });
     }
+    return PlanStreamed(graph, options);
+  }
+
+ private:
+  // Note [Parameters streamed]: the policy plans with the parameters
+  // resident, so a budget it cannot meet so may still fit once they are
+  // streamed; and the memory they free lets it keep more. It plans at the
+  // budget plus the streamed parameters' bytes, then at the budget, then
+  // at its least peak, and the first whole plan that fits is kept (else
+  // the last).
+  absl::StatusOr<PlanResult> PlanStreamed(const Graph& graph,
+                                          const PlannerOptions& options) const {
+    const int64_t streamed_bytes = StreamedParameterBytes(graph);
+    if (streamed_bytes == 0 || options.budget_bytes == PlannerOptions::kMinBudget) {
+      return PlanOnce(graph, options);
+    }
+    std::vector<int64_t> budgets = {options.budget_bytes, PlannerOptions::kMinBudget};
+    if (options.budget_bytes <= INT64_MAX - streamed_bytes) {
+      budgets.insert(budgets.begin(), options.budget_bytes + streamed_bytes);
+    }
+    absl::StatusOr<PlanResult> result = absl::InternalError("no plan");
+    for (int64_t inner_budget : budgets) {
+      PlannerOptions inner = options;
+      inner.budget_bytes = inner_budget;
+      ASSIGN_OR_RETURN(PlanResult planned, PlanOnce(graph, inner));
+      nlohmann::json details = std::move(planned.details);
+      ASSIGN_OR_RETURN(result, FinishPlan(graph, std::move(planned.schedule), options));
+      result->details = std::move(details);
+      if (inner_budget != options.budget_bytes) {
+        result->details["parameters_streamed_inner_budget"] =
+            inner_budget == PlannerOptions::kMinBudget ? nlohmann::json("min")
+                                                       : nlohmann::json(inner_budget);
+      }
+      if (result->feasible) break;
+    }
+    return result;
+  }
+
+  absl::StatusOr<PlanResult> PlanOnce(const Graph& graph, const PlannerOptions& options) const {
     ASSIGN_OR_RETURN(const Graph rest, WithoutUpdates(graph));
     ASSIGN_OR_RETURN(PlanResult inner, inner_->Plan(rest, options));
-    const std::vector<Step> steps = StepsOf(graph, rest, inner.schedule);
+    const std::vector<Step> steps = StreamParameters(graph, StepsOf(graph, rest, inner.schedule));
     Schedule last;
     last.steps = steps;
     UpdateEmitter emitter(graph, UpdatesOf(graph));
@@ -326,7 +469,9 @@ class UpdatesLastPlanner final : public Planner {
     // (FinishPlan's, against the budget) is the one.
     // Where the inner plan fits but the whole does not, FinishPlan's message
     // says why (the updates' workspace, the streamed state, the host budget).
-    if (early_groups == 0 && !inner.feasible) {
+    // Streamed parameters (Note [Parameters streamed]) free what the inner
+    // plan held: there too the whole schedule's verdict is the one.
+    if (early_groups == 0 && !inner.feasible && StreamedParameterBytes(graph) == 0) {
       result.feasible = false;
       result.message = std::move(inner.message);
     }
@@ -345,7 +490,7 @@ class UpdatesLastPlanner final : public Planner {
                                            const PlannerOptions& options) const {
     ASSIGN_OR_RETURN(const Graph rest, WithoutUpdates(graph, /*sinks=*/true));
     ASSIGN_OR_RETURN(PlanResult inner, inner_->Plan(rest, options));
-    const std::vector<Step> steps = StepsOf(graph, rest, inner.schedule);
+    const std::vector<Step> steps = StreamParameters(graph, StepsOf(graph, rest, inner.schedule));
     std::vector<uint8_t> early(graph.num_nodes(), 1);
     ASSIGN_OR_RETURN(PlanResult result, FinishPlan(graph, UpdatesEarly(graph, steps, early),
                                                    options));
@@ -353,7 +498,6 @@ class UpdatesLastPlanner final : public Planner {
     return result;
   }
 
- private:
   std::unique_ptr<Planner> inner_;
 };
 

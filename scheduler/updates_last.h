@@ -47,6 +47,11 @@ std::unique_ptr<Planner> WithUpdatesLast(std::unique_ptr<Planner> inner);
 // tensor may have a home the policies honour.
 bool OnlyUpdatesRead(const Graph& graph, NodeId v);
 
+// Whether v is a parameter that an in-place update writes: such a tensor
+// may have a home too, and is streamed to its uses (Note [Parameters
+// streamed] in updates_last.cc).
+bool UpdatedParameter(const Graph& graph, NodeId v);
+
 }  // namespace pebble
 
 #endif  // PEBBLE_SCHEDULER_UPDATES_LAST_H_

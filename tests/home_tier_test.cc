@@ -186,17 +186,28 @@ TEST(HomeTierTest, GraphErrorsNameTheNode) {
   }
 }
 
-TEST(HomeTierTest, PoliciesRefuseWhatTheyDoNotPlanYet) {
-  Graph g = SgdStep();
+// A home on an updated parameter (w) is planned; on a tensor that computes
+// read and no update writes, refused.
+TEST(HomeTierTest, PoliciesPlanParameterHomesAndRefuseOthers) {
   PlanRequest request;
   request.policy = "baseline";
   request.budget = "100%";
-  absl::StatusOr<PlanOutcome> plan = PlanGraph(g, request);
+  absl::StatusOr<PlanOutcome> plan = PlanGraph(SgdStep(), request);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_TRUE(plan->result.feasible);
+  std::string text = kSgdStep;
+  text.replace(text.find(R"("id": "x", "bytes": 10, "persistent": true)"),
+               std::string(R"("id": "x", "bytes": 10, "persistent": true)").size(),
+               R"("id": "x", "bytes": 10, "persistent": true, "home": "host")");
+  absl::StatusOr<Graph> g = ParseGraphJson(text);
+  ASSERT_TRUE(g.ok()) << g.status();
+  plan = PlanGraph(*g, request);
   ASSERT_FALSE(plan.ok());
   EXPECT_EQ(plan.status().code(), absl::StatusCode::kUnimplemented);
   EXPECT_THAT(std::string(plan.status().message()),
-              HasSubstr("node 'w' has 'home' and is read by more than the optimizer's "
-                        "updates: pebble's policies move only optimizer state"));
+              HasSubstr("node 'x' has 'home' and is read by more than the optimizer's "
+                        "updates: pebble's policies move the optimizer's state and the "
+                        "parameters it updates"));
 }
 
 // ---------------------------------------------------------------- oracle

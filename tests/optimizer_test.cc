@@ -371,8 +371,8 @@ TEST(OptimizerTest, DroppedGradientsLetTheUpdatesRunEarly) {
   }
 }
 
-// Only the optimizer's state may have a home a policy honours yet.
-TEST(OptimizerTest, APlannedHomeOnAParameterIsRefused) {
+// A home on a parameter that no update writes (no optimizer) is refused.
+TEST(OptimizerTest, AHomeOnAParameterNoUpdateWritesIsRefused) {
   absl::StatusOr<Graph> plain = BuildModel("conv3d:n=8");
   ASSERT_TRUE(plain.ok());
   GraphBuilder b(plain->name());

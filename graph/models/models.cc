@@ -42,6 +42,10 @@ ModelEntry Network(std::string name, std::string description,
                     "device, host or auto: where the optimizer's state lives between steps "
                     "(host: streamed through the updates; auto: the plan chooses per tensor, "
                     "docs/training.md)"});
+  params.push_back({"parameters", "device",
+                    "device, host or auto: where the updated parameters live between steps "
+                    "(host: streamed to their uses; auto: the plan chooses per tensor; needs "
+                    "an optimizer, docs/training.md)"});
   return {{std::move(name), std::move(description), std::move(params),
            /*training_graph=*/true},
           std::move(build)};
@@ -307,20 +311,25 @@ absl::StatusOr<Graph> BuildModel(const ModelSpec& spec, CostModel cost) {
     }
     values[key] = value;
   }
-  std::string optimizer = "none", state = "device";
+  std::string optimizer = "none", state = "device", parameters = "device";
   if (entry->info.training_graph) {
     optimizer = values["optimizer"];
     state = values["optimizer_state"];
+    parameters = values["parameters"];
     values.erase("optimizer");
     values.erase("optimizer_state");
-    if (state != "device" && state != "host" && state != "auto") {
-      return absl::InvalidArgumentError(absl::StrCat("model '", spec.name, "': optimizer_state=",
-                                                     state, " (expected device, host or auto)"));
-    }
-    if (state != "device" && optimizer == "none") {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "model '", spec.name, "': optimizer_state=", state,
-          " needs an optimizer (optimizer=sgd, adam or adamw)"));
+    values.erase("parameters");
+    for (const auto& [key, tier] : {std::pair{"optimizer_state", state},
+                                    std::pair{"parameters", parameters}}) {
+      if (tier != "device" && tier != "host" && tier != "auto") {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "model '", spec.name, "': ", key, "=", tier, " (expected device, host or auto)"));
+      }
+      if (tier != "device" && optimizer == "none") {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "model '", spec.name, "': ", key, "=", tier,
+            " needs an optimizer (optimizer=sgd, adam or adamw)"));
+      }
     }
   }
   const zoo::ModelArgs args(spec.name, spec.ToString(), std::move(values));
@@ -337,6 +346,7 @@ absl::StatusOr<Graph> BuildModel(const ModelSpec& spec, CostModel cost) {
           " keeps no state (SGD without momentum)"));
     }
     if (state != "device") step->state_home = *ParseTier(state);
+    if (parameters != "device") step->parameter_home = *ParseTier(parameters);
     graph = AddOptimizerStep(*graph, *step, cost);
   }
   if (!graph.ok()) {
