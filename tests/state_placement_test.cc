@@ -296,6 +296,15 @@ TEST(StatePlacementTest, TheZooAndTheOptimizerSpecTakeAuto) {
   EXPECT_NE(std::string(none.status().message()).find("optimizer_state=auto needs an optimizer"),
             std::string::npos)
       << none.status();
+  absl::StatusOr<Graph> dropped =
+      BuildModel("mnist-cnn:batch=2,optimizer=adam,parameters=host,gradients=drop");
+  ASSERT_TRUE(dropped.ok()) << dropped.status();
+  EXPECT_FALSE(dropped->is_output(dropped->Find("grad:fc1.weight")));
+  EXPECT_EQ(dropped->home(dropped->Find("fc1.weight")), Tier::kHost);
+  absl::StatusOr<Graph> nothing_reads = BuildModel("mnist-cnn:batch=2,gradients=drop");
+  ASSERT_FALSE(nothing_reads.ok());
+  EXPECT_NE(std::string(nothing_reads.status().message()).find("gradients=drop needs an optimizer"),
+            std::string::npos);
   absl::StatusOr<Graph> sgd = BuildModel("mnist-cnn:batch=2,optimizer=sgd,optimizer_state=auto");
   ASSERT_FALSE(sgd.ok());
   EXPECT_NE(std::string(sgd.status().message()).find("keeps no state"), std::string::npos);

@@ -46,6 +46,10 @@ ModelEntry Network(std::string name, std::string description,
                     "device, host or auto: where the updated parameters live between steps "
                     "(host: streamed to their uses; auto: the plan chooses per tensor; needs "
                     "an optimizer, docs/training.md)"});
+  params.push_back({"gradients", "keep",
+                    "keep or drop: whether the parameters' gradients stay outputs of the step "
+                    "(drop: each freed by its update, which may then run early; needs an "
+                    "optimizer, docs/training.md)"});
   return {{std::move(name), std::move(description), std::move(params),
            /*training_graph=*/true},
           std::move(build)};
@@ -311,14 +315,25 @@ absl::StatusOr<Graph> BuildModel(const ModelSpec& spec, CostModel cost) {
     }
     values[key] = value;
   }
-  std::string optimizer = "none", state = "device", parameters = "device";
+  std::string optimizer = "none", state = "device", parameters = "device", gradients = "keep";
   if (entry->info.training_graph) {
     optimizer = values["optimizer"];
     state = values["optimizer_state"];
     parameters = values["parameters"];
     values.erase("optimizer");
     values.erase("optimizer_state");
+    gradients = values["gradients"];
     values.erase("parameters");
+    values.erase("gradients");
+    if (gradients != "keep" && gradients != "drop") {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "model '", spec.name, "': gradients=", gradients, " (expected keep or drop)"));
+    }
+    if (gradients == "drop" && optimizer == "none") {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "model '", spec.name, "': gradients=drop needs an optimizer (optimizer=sgd, adam or "
+          "adamw): without one nothing reads the gradients"));
+    }
     for (const auto& [key, tier] : {std::pair{"optimizer_state", state},
                                     std::pair{"parameters", parameters}}) {
       if (tier != "device" && tier != "host" && tier != "auto") {
@@ -347,6 +362,7 @@ absl::StatusOr<Graph> BuildModel(const ModelSpec& spec, CostModel cost) {
     }
     if (state != "device") step->state_home = *ParseTier(state);
     if (parameters != "device") step->parameter_home = *ParseTier(parameters);
+    step->keep_gradients = gradients == "keep";
     graph = AddOptimizerStep(*graph, *step, cost);
   }
   if (!graph.ok()) {
