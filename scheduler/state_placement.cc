@@ -1,6 +1,7 @@
 #include "scheduler/state_placement.h"
 
 #include <algorithm>
+#include <cmath>
 #include <optional>
 #include <utility>
 #include <vector>
@@ -68,10 +69,14 @@ absl::StatusOr<PlanResult> PlaceAutoState(const Graph& graph, const PlannerOptio
   const Deadline deadline(options.time_limit_s);
   PlannerOptions probe_options = options;
   int plans = 0;
+  // Each plan gets an equal share of what is left of the call's time limit
+  // (the bisection's depth bounds how many are left).
+  const int most_plans = 2 + static_cast<int>(std::ceil(std::log2(std::max(n, 1))));
   // The plan with the k smallest resident.
   auto plan_with = [&](int k) -> absl::StatusOr<PlanResult> {
     ++plans;
-    probe_options.time_limit_s = std::max(0.01, deadline.remaining_s());
+    probe_options.time_limit_s =
+        std::max(0.01, deadline.remaining_s() / std::max(1, most_plans - plans + 1));
     const Graph concrete = graph.WithAutoHomesAs(
         [&](NodeId v) { return rank[v] < k ? Tier::kDevice : Tier::kHost; });
     return plan(concrete, probe_options);

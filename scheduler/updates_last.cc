@@ -412,9 +412,14 @@ class UpdatesLastPlanner final : public Planner {
       budgets.insert(budgets.begin(), options.budget_bytes + streamed_bytes);
     }
     absl::StatusOr<PlanResult> result = absl::InternalError("no plan");
-    for (int64_t inner_budget : budgets) {
+    const Deadline deadline(options.time_limit_s);
+    for (size_t i = 0; i < budgets.size(); ++i) {
+      const int64_t inner_budget = budgets[i];
       PlannerOptions inner = options;
       inner.budget_bytes = inner_budget;
+      // An equal share of the time left to each plan still to make.
+      inner.time_limit_s =
+          std::max(0.01, deadline.remaining_s() / static_cast<double>(budgets.size() - i));
       ASSIGN_OR_RETURN(PlanResult planned, PlanOnce(graph, inner));
       nlohmann::json details = std::move(planned.details);
       ASSIGN_OR_RETURN(result, FinishPlan(graph, std::move(planned.schedule), options));
