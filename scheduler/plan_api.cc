@@ -74,7 +74,9 @@ absl::StatusOr<PlanOutcome> PlanGraph(const Graph& graph, const PlanRequest& req
                                                              : options.budget_bytes;
   ASSIGN_OR_RETURN(out.layout, PlanMemoryLayout(graph, out.result.schedule));
   out.parameter_bytes = ParameterBytes(graph);
-  out.end_state_bytes = EndStateBytes(graph);
+  // Auto homes count where the plan put them.
+  out.end_state_bytes = EndStateBytes(
+      graph.has_auto_homes() ? ResolveHomes(graph, out.result.schedule) : graph);
   if (!out.result.feasible && !out.budget_is_min) {
     options.budget_bytes = kMinBudgetBytes;
     options.progress = nullptr;

@@ -54,9 +54,9 @@ namespace {
 // planned graph as streamed state is: the policy plans the step with it
 // resident, and this pass then keeps a device copy only around its uses.
 // Its uses are the compute steps that read its storage (a view of it
-// included), and a view's free (the view holds the storage while it is
-// resident). Uses with at least kMinStreamGap compute steps between them
-// are in different windows; each window prefetches the parameter before
+// included), and a view's free. Uses with at least kMinStreamGap compute
+// steps between them, and no view of it resident in between (a view holds
+// the storage), are in different windows; each window prefetches the parameter before
 // the compute step that precedes its first use (so the copy overlaps that
 // compute) and frees it after its last use. The device then holds the
 // parameter only where the policy's plan used it, which the policy had
@@ -84,22 +84,34 @@ std::vector<Step> StreamParameters(const Graph& graph, const std::vector<Step>& 
   }
   if (!any) return steps;
   const int n = static_cast<int>(steps.size());
-  std::vector<std::vector<int>> uses(graph.num_nodes());  // per parameter, step indices
+  // Per parameter, its uses: the step index, and whether a view of it is
+  // resident after that step (the window may not close there).
+  struct Use {
+    int step;
+    bool view_held;
+  };
+  std::vector<std::vector<Use>> uses(graph.num_nodes());
+  std::vector<int> views(graph.num_nodes(), 0);  // per parameter, its resident views
   std::vector<int> computes;  // indices of compute steps, in order
   for (int i = 0; i < n; ++i) {
     const Step& step = steps[i];
+    const NodeId v = step.node;
+    std::vector<NodeId> used;
     if (step.action == Action::kCompute) {
       computes.push_back(i);
-      for (NodeId u : graph.unique_inputs(step.node)) {
-        const NodeId root = graph.storage(u);
-        if (streamed[root] && (uses[root].empty() || uses[root].back() != i)) {
-          uses[root].push_back(i);
-        }
+      for (NodeId u : graph.unique_inputs(v)) {
+        if (streamed[graph.storage(u)]) used.push_back(graph.storage(u));
       }
-    } else if (step.action == Action::kFree && graph.is_alias(step.node) &&
-               streamed[graph.storage(step.node)]) {
-      uses[graph.storage(step.node)].push_back(i);
+      if (graph.is_alias(v) && streamed[graph.storage(v)]) ++views[graph.storage(v)];
+    } else if (step.action == Action::kFree && graph.is_alias(v) && streamed[graph.storage(v)]) {
+      --views[graph.storage(v)];
+      used.push_back(graph.storage(v));
     }
+    for (NodeId root : used) {
+      if (!uses[root].empty() && uses[root].back().step == i) continue;
+      uses[root].push_back({i, false});
+    }
+    for (NodeId root : used) uses[root].back().view_held = views[root] > 0;
   }
   // Compute steps strictly before step i.
   auto computes_before = [&](int i) {
@@ -108,22 +120,23 @@ std::vector<Step> StreamParameters(const Graph& graph, const std::vector<Step>& 
   };
   std::vector<std::vector<Step>> before(n + 1), after(n);
   for (NodeId p = 0; p < graph.num_nodes(); ++p) {
-    const std::vector<int>& u = uses[p];
+    const std::vector<Use>& u = uses[p];
     int previous_end = -1;  // the last use of the previous window
     for (size_t a = 0; a < u.size();) {
       size_t b = a;
-      while (b + 1 < u.size() && computes_before(u[b + 1]) - computes_before(u[b] + 1) <
-                                     kMinStreamGap) {
+      while (b + 1 < u.size() &&
+             (u[b].view_held ||
+              computes_before(u[b + 1].step) - computes_before(u[b].step + 1) < kMinStreamGap)) {
         ++b;
       }
       // Prefetch before the compute preceding the first use, where that
       // comes after the previous window's free.
-      int at = u[a];
-      const int c = computes_before(u[a]);
+      int at = u[a].step;
+      const int c = computes_before(u[a].step);
       if (c > 0 && computes[c - 1] > previous_end) at = computes[c - 1];
       before[at].push_back({Action::kPrefetch, p});
-      after[u[b]].push_back({Action::kFree, p});
-      previous_end = u[b];
+      after[u[b].step].push_back({Action::kFree, p});
+      previous_end = u[b].step;
       a = b + 1;
     }
   }
@@ -421,9 +434,12 @@ class UpdatesLastPlanner final : public Planner {
       inner.time_limit_s =
           std::max(0.01, deadline.remaining_s() / static_cast<double>(budgets.size() - i));
       ASSIGN_OR_RETURN(PlanResult planned, PlanOnce(graph, inner));
+      const bool cut = TimeLimitReached(planned);
       nlohmann::json details = std::move(planned.details);
+      // Judged against the caller's budget, not the one the policy had.
       ASSIGN_OR_RETURN(result, FinishPlan(graph, std::move(planned.schedule), options));
       result->details = std::move(details);
+      if (cut) NoteTimeLimit(*result, inner.time_limit_s, "the policy's search");
       if (inner_budget != options.budget_bytes) {
         result->details["parameters_streamed_inner_budget"] =
             inner_budget == PlannerOptions::kMinBudget ? nlohmann::json("min")

@@ -163,6 +163,39 @@ TEST(StatePlacementTest, AutoFitsBetweenTheFixedRulesAndCopiesLess) {
   EXPECT_EQ(roomy->outcome.result.report.transfer_bytes, 0);
 }
 
+// A host budget bounds how much may be streamed: the plan keeps resident
+// what the host cannot hold, at "min" and at a budget alike.
+TEST(StatePlacementTest, AutoKeepsWithinTheHostBudget) {
+  absl::StatusOr<Graph> g = TransformerWith("auto");
+  ASSERT_TRUE(g.ok()) << g.status();
+  absl::StatusOr<Placed> free_host = PlanAt(*g, "min");
+  ASSERT_TRUE(free_host.ok()) << free_host.status();
+  const int64_t all_state = free_host->outcome.result.report.host_peak_bytes;
+  ASSERT_GT(all_state, 0);
+  for (const char* budget : {"min", "100%"}) {
+    SCOPED_TRACE(budget);
+    PlanRequest request;
+    request.policy = "rotor";
+    request.budget = budget;
+    request.options.host_budget_bytes = all_state / 3;
+    absl::StatusOr<PlanOutcome> plan = PlanGraph(*g, request);
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    ASSERT_TRUE(plan->result.feasible) << plan->result.message;
+    EXPECT_LE(plan->result.report.host_peak_bytes, all_state / 3);
+    if (std::string(budget) == "min") {
+      EXPECT_GT(plan->result.report.transfer_bytes, 0);  // as much streamed as the host takes
+      EXPECT_GT(plan->result.report.peak_bytes, free_host->outcome.result.report.peak_bytes);
+    }
+  }
+  PlanRequest none;
+  none.policy = "rotor";
+  none.budget = std::to_string(free_host->outcome.result.report.peak_bytes);
+  none.options.host_budget_bytes = all_state / 3;
+  absl::StatusOr<PlanOutcome> plan = PlanGraph(*g, none);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_FALSE(plan->result.feasible);  // the least peak needs all of the state streamed
+}
+
 // A placed plan runs on the CPU backend: measured peaks == predicted (device
 // and host), and the updated parameters and state are the all-resident
 // run's, bit for bit.
@@ -240,7 +273,8 @@ TEST(StatePlacementTest, ParametersOnTheHostAreStreamedToTheirUses) {
     EXPECT_LT(with->result.report.peak_bytes, without->result.report.peak_bytes);
     for (NodeId v = 0; v < g->num_nodes(); ++v) {
       if (g->role(v) != Role::kParameter || g->home(v) != Tier::kHost) continue;
-      // A forward window, a backward one and the update's.
+      // At least a window of its uses and its update's (a weight's forward
+      // and backward uses are two windows where far enough apart).
       EXPECT_GE(Count(with->result.schedule, Action::kPrefetch, v), 2) << g->id(v);
       EXPECT_EQ(Count(with->result.schedule, Action::kOffload, v), 1) << g->id(v);
     }
@@ -253,6 +287,44 @@ TEST(StatePlacementTest, ParametersOnTheHostAreStreamedToTheirUses) {
     for (size_t i = 0; i < a->updated.size(); ++i) {
       EXPECT_EQ(g->id(a->updated[i].node), resident->id(b->updated[i].node));
       EXPECT_TRUE(a->updated[i].array.data == b->updated[i].array.data) << i;
+    }
+  }
+}
+
+// A view of a streamed parameter (a transposed weight read by the forward
+// and, much later, by the backward) holds its storage: the parameter stays
+// on the device while the view does, whatever the gap between its uses.
+TEST(StatePlacementTest, AStreamedParameterStaysWhileItsViewIsResident) {
+  absl::StatusOr<Graph> g = ParseGraphJson(R"({"format": "pebble-graph", "version": 1,
+    "nodes": [
+      {"id": "x", "bytes": 100, "persistent": true},
+      {"id": "w", "bytes": 400, "persistent": true, "role": "parameter", "home": "host"},
+      {"id": "wt", "bytes": 400, "inputs": ["w"], "alias_of": "w", "cost": 1},
+      {"id": "a1", "bytes": 100, "inputs": ["x", "wt"], "cost": 1},
+      {"id": "a2", "bytes": 100, "inputs": ["a1"], "cost": 1},
+      {"id": "a3", "bytes": 100, "inputs": ["a2"], "cost": 1},
+      {"id": "a4", "bytes": 100, "inputs": ["a3"], "cost": 1},
+      {"id": "loss", "bytes": 4, "inputs": ["a4"], "cost": 1},
+      {"id": "g4", "bytes": 100, "inputs": ["loss", "a4"], "cost": 1},
+      {"id": "g3", "bytes": 100, "inputs": ["g4", "a3"], "cost": 1},
+      {"id": "g2", "bytes": 100, "inputs": ["g3", "a2"], "cost": 1},
+      {"id": "gx", "bytes": 100, "inputs": ["g2", "wt"], "cost": 1},
+      {"id": "grad:w", "bytes": 400, "inputs": ["g2", "x"], "cost": 1},
+      {"id": "update:w", "bytes": 400, "inputs": ["w", "grad:w"], "alias_of": "w",
+       "in_place": true, "cost": 1}],
+    "outputs": ["loss", "gx"]})");
+  ASSERT_TRUE(g.ok()) << g.status();
+  for (const char* policy : {"baseline", "rotor", "dtr", "checkmate-lp"}) {
+    SCOPED_TRACE(policy);
+    for (const char* budget : {"min", "100%"}) {
+      PlanRequest request;
+      request.policy = policy;
+      request.budget = budget;
+      request.options.time_limit_s = 5;
+      absl::StatusOr<PlanOutcome> plan = PlanGraph(*g, request);
+      ASSERT_TRUE(plan.ok()) << budget << ": " << plan.status();
+      EXPECT_TRUE(plan->result.feasible) << budget;
+      EXPECT_GE(Count(plan->result.schedule, Action::kPrefetch, g->Find("w")), 1);
     }
   }
 }
