@@ -46,6 +46,8 @@ TEST(OptimizerTest, ParsesNamesSettingsAndRefusesBadOnes) {
       {"adam:weight_decay=-1", "weight_decay=-1 is out of range (0 or more)"},
       {"sgd:lr=1,lr=2", "optimizer sgd: lr is given twice"},
       {"adam:state=disk", "unknown tier 'disk'"},
+      {"sgd:state=host", "state=host, but SGD without momentum keeps no state"},
+      {"sgd:lr=0.1,state=auto", "state=auto, but SGD without momentum keeps no state"},
   };
   for (const auto& [text, message] : bad) {
     absl::StatusOr<OptimizerSpec> spec = ParseOptimizer(text);

@@ -147,22 +147,7 @@ def run_case(torch, pt, device, steps, model_name, opt_name, policy, budget, sta
     for (name, a), b in zip(planned_model.named_parameters(), eager_model.parameters()):
         if not close(torch, a.detach().cpu(), b.detach().cpu()):
             failures.append(f"parameter {name} differs from eager's")
-    names = {p: name for name, p in planned_model.named_parameters()}
-    streamed_ids = {n for n in step.plan.schedule if n[0] == "prefetch"}
-    for p, entry in planned_opt.state.items():
-        for key, value in entry.items():
-            if key == "step" or not torch.is_tensor(value):
-                continue
-            on_host = ("prefetch", f"{key}:{names[p]}") in streamed_ids
-            if state == "host" and not on_host:
-                failures.append(f"optimizer state {key} of {names[p]} is not streamed")
-            if state == "device" and on_host:
-                failures.append(f"optimizer state {key} of {names[p]} is streamed")
-            if on_host and device.type == "cuda" and not value.is_pinned():
-                failures.append(f"optimizer state {key} is on {value.device}, not in "
-                                "pinned host memory")
-            if not on_host and value.device != device:
-                failures.append(f"optimizer state {key} is on {value.device}, not {device}")
+    failures += placement(torch, step, planned_model, planned_opt, state, device)
     eager_state = eager_opt.state_dict()["state"]
     planned_state = planned_opt.state_dict()["state"]
     for i, entry in eager_state.items():
@@ -180,8 +165,13 @@ def run_case(torch, pt, device, steps, model_name, opt_name, policy, budget, sta
     resumed_opt.zero_grad(set_to_none=True)
     loss_fn(resumed_model(x), y).backward()
     resumed_opt.step()
+    # A state dict loaded into the planned optimizer (torch puts its tensors
+    # on the parameters' device) is used, and moved where the plan keeps it.
+    planned_opt.load_state_dict(copy.deepcopy(planned_opt.state_dict()))
     planned_opt.zero_grad(set_to_none=True)
     step(x, y)
+    failures += [f"after loading the state dict, {f}"
+                 for f in placement(torch, step, planned_model, planned_opt, state, device)]
     for (name, a), b in zip(planned_model.named_parameters(), resumed_model.parameters()):
         if not close(torch, a.detach().cpu(), b.detach().cpu()):
             failures.append(f"after loading the state dict, parameter {name} differs")
@@ -192,6 +182,29 @@ def run_case(torch, pt, device, steps, model_name, opt_name, policy, budget, sta
           f"({r['measured_by']}), {r['recomputations']} recomputations"
           f"{'' if not failures else ' FAIL'}")
     return [f"{model_name}/{opt_name}/{policy}/{state}: {f}" for f in failures]
+
+
+def placement(torch, step, model, opt, state, device):
+    """Each state tensor where the plan keeps it: on the host where the plan
+    streams it (pinned beside a GPU), else on the device."""
+    failures = []
+    names = {p: name for name, p in model.named_parameters()}
+    streamed = {node_id for action, node_id in step.plan.schedule if action == "prefetch"}
+    for p, entry in opt.state.items():
+        for key, value in entry.items():
+            if key == "step" or not torch.is_tensor(value):
+                continue
+            on_host = f"{key}:{names[p]}" in streamed
+            if state == "host" and not on_host:
+                failures.append(f"optimizer state {key} of {names[p]} is not streamed")
+            if state == "device" and on_host:
+                failures.append(f"optimizer state {key} of {names[p]} is streamed")
+            if on_host and device.type == "cuda" and not value.is_pinned():
+                failures.append(f"optimizer state {key} is on {value.device}, not in "
+                                "pinned host memory")
+            if not on_host and value.device != device:
+                failures.append(f"optimizer state {key} is on {value.device}, not {device}")
+    return failures
 
 
 def between(torch, pt, model, make_opt, loss_fn, x, y, policy):
