@@ -55,15 +55,16 @@ namespace {
 // resident, and this pass then keeps a device copy only around its uses.
 // Its uses are the compute steps that read its storage (a view of it
 // included), and a view's free. Uses with at least kMinStreamGap compute
-// steps between them, and no view of it resident in between (a view holds
-// the storage), are in different windows; each window prefetches the parameter before
-// the compute step that precedes its first use (so the copy overlaps that
-// compute) and frees it after its last use. The device then holds the
-// parameter only where the policy's plan used it, which the policy had
-// counted, so the peak is the policy's or lower; the price is a copy per
-// window (two per step for a layer's weight: its forward and its
-// backward), plus the update's (Note [Updates last]). The policy does not
-// know the memory this frees; planning with it is a later step.
+// steps between them, and no view of it resident in between (a view
+// holds the storage), are in different windows; each window prefetches
+// the parameter before the compute step that precedes its first use (so
+// the copy overlaps that compute) and frees it after its last use. The
+// device then holds the parameter only where the policy's plan used it,
+// which the policy had counted, so the peak is that plan's or lower; the
+// price is a copy per window (two per step for a layer's weight: its
+// forward and its backward), plus the update's (Note [Updates last]). The
+// policy does not know the memory this frees (PlanStreamed makes up for
+// some of that); a recomputation that reads a parameter fetches it again.
 constexpr int kMinStreamGap = 2;
 
 // Bytes of the parameters streamed to their uses (home host, updated).
@@ -409,11 +410,11 @@ class UpdatesLastPlanner final : public Planner {
 
  private:
   // Note [Parameters streamed]: the policy plans with the parameters
-  // resident, so a budget it cannot meet so may still fit once they are
-  // streamed; and the memory they free lets it keep more. It plans at the
+  // resident, so a budget it cannot meet may still fit once they are
+  // streamed, and the memory they free lets it keep more. It plans at the
   // budget plus the streamed parameters' bytes, then at the budget, then
-  // at its least peak, and the first whole plan that fits is kept (else
-  // the last).
+  // at its least peak; the first whole plan that fits is kept (else the
+  // last).
   absl::StatusOr<PlanResult> PlanStreamed(const Graph& graph,
                                           const PlannerOptions& options) const {
     const int64_t streamed_bytes = StreamedParameterBytes(graph);
