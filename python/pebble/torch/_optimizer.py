@@ -51,7 +51,6 @@ class Updates:
         if state not in ("device", "host", "auto"):
             raise ValueError(f"optimizer_state must be 'device', 'host' or 'auto', not {state!r}")
         self.optimizer = optimizer
-        self.state_home = state
         self.kind, self.settings = _settings(optimizer)
         self.spec = self.kind + ":" + ",".join(
             f"{k}={float(v)!r}" for k, v in self.settings.items() if k != "decoupled")
