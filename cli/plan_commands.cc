@@ -204,10 +204,13 @@ int RunPlan(const PlanFlags& f, bool timeline, bool with_layout, const std::stri
   }
   if (result.details.contains("state_placement")) {  // state=auto
     const nlohmann::json& p = result.details["state_placement"];
+    const int streamed_parameters = p.value("streamed_parameters", 0);
     std::cout << absl::StrFormat(
-        "  state placement %d tensors resident (%s), %d streamed from the host (%s)\n",
+        "  state placement %d tensors resident (%s), %d streamed from the host (%s)%s\n",
         p.value("resident_tensors", 0), FormatBytes(p.value("resident_bytes", int64_t{0})),
-        p.value("streamed_tensors", 0), FormatBytes(p.value("streamed_bytes", int64_t{0})));
+        p.value("streamed_tensors", 0), FormatBytes(p.value("streamed_bytes", int64_t{0})),
+        streamed_parameters > 0 ? absl::StrCat(", ", streamed_parameters, " of them parameters")
+                                : std::string());
   }
   const MemoryLayout& layout = outcome->layout;
   std::cout << absl::StrFormat("  arena           %s (%d bytes, +%.2f%% over the peak, %s layout)\n",

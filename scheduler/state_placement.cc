@@ -167,9 +167,14 @@ absl::StatusOr<PlanResult> PlaceAutoState(const Graph& graph, const PlannerOptio
   const int chosen = fits ? best_k : least_k;
   result.feasible = fits;
   int64_t resident_bytes = 0, streamed_bytes = 0;
-  for (int i = 0; i < n; ++i) (i < chosen ? resident_bytes : streamed_bytes) += graph.bytes(nodes[i]);
+  int streamed_parameters = 0;
+  for (int i = 0; i < n; ++i) {
+    (i < chosen ? resident_bytes : streamed_bytes) += graph.bytes(nodes[i]);
+    streamed_parameters += i >= chosen && graph.role(nodes[i]) == Role::kParameter;
+  }
   result.details["state_placement"] = {{"resident_tensors", chosen},
                                        {"streamed_tensors", n - chosen},
+                                       {"streamed_parameters", streamed_parameters},
                                        {"resident_bytes", resident_bytes},
                                        {"streamed_bytes", streamed_bytes},
                                        {"plans", plans}};

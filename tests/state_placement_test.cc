@@ -108,7 +108,9 @@ absl::StatusOr<Placed> PlanAt(const Graph& g, const std::string& budget) {
     if (g.home(v) != Tier::kAuto) continue;
     // State is fetched once, for its updates; a parameter per use window.
     const int prefetches = Count(placed.outcome.result.schedule, Action::kPrefetch, v);
-    if (g.role(v) != Role::kParameter) EXPECT_LE(prefetches, 1) << g.id(v);
+    if (g.role(v) != Role::kParameter) {
+      EXPECT_LE(prefetches, 1) << g.id(v);
+    }
     placed.streamed += prefetches > 0;
   }
   return placed;
@@ -353,6 +355,12 @@ TEST(StatePlacementTest, AutoPlacesParametersAndStateTogether) {
   const nlohmann::json& placement = a->outcome.result.details["state_placement"];
   EXPECT_GT(placement["resident_tensors"].get<int>(), 0);
   EXPECT_GT(placement["streamed_tensors"].get<int>(), 0);
+  int streamed_parameters = 0;
+  for (NodeId v = 0; v < automatic->num_nodes(); ++v) {
+    streamed_parameters += automatic->role(v) == Role::kParameter &&
+                           Count(a->outcome.result.schedule, Action::kPrefetch, v) > 0;
+  }
+  EXPECT_EQ(placement["streamed_parameters"].get<int>(), streamed_parameters);
 }
 
 TEST(StatePlacementTest, TheZooAndTheOptimizerSpecTakeAuto) {
