@@ -135,8 +135,7 @@ absl::StatusOr<OptimizerSpec> ParseOptimizer(absl::string_view text) {
     }
     *Field(spec, key) = number;
   }
-  if (spec.kind == OptimizerKind::kSgd && spec.momentum == 0 && spec.state_home.has_value() &&
-      *spec.state_home != Tier::kDevice) {
+  if (!spec.keeps_state() && spec.state_home.has_value() && *spec.state_home != Tier::kDevice) {
     return absl::InvalidArgumentError(absl::StrCat(
         "optimizer ", name, ": state=", TierName(*spec.state_home),
         ", but SGD without momentum keeps no state (give momentum=...)"));

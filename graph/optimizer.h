@@ -56,6 +56,9 @@ struct OptimizerSpec {
   // end, as without an optimizer); false ("gradients=drop"): only the
   // updates read them, and a plan may free each after its update.
   bool keep_gradients = true;
+  // Whether the optimizer keeps state (all but SGD without momentum): only
+  // then may the state have a home.
+  bool keeps_state() const { return kind != OptimizerKind::kSgd || momentum > 0; }
   std::string ToString() const;  // "adam:lr=0.001,betas=0.9/0.999,..." (canonical)
 };
 

@@ -67,11 +67,16 @@ namespace {
 // some of that); a recomputation that reads a parameter fetches it again.
 constexpr int kMinStreamGap = 2;
 
-// Bytes of the parameters streamed to their uses (home host, updated).
+// Whether v is a parameter streamed to its uses (home host, updated).
+bool StreamedParameter(const Graph& graph, NodeId v) {
+  return graph.home(v) == Tier::kHost && UpdatedParameter(graph, v);
+}
+
+// Bytes of the parameters streamed to their uses.
 int64_t StreamedParameterBytes(const Graph& graph) {
   int64_t bytes = 0;
   for (NodeId v = 0; v < graph.num_nodes(); ++v) {
-    if (graph.home(v) == Tier::kHost && UpdatedParameter(graph, v)) bytes += graph.bytes(v);
+    if (StreamedParameter(graph, v)) bytes += graph.bytes(v);
   }
   return bytes;
 }
@@ -80,7 +85,7 @@ std::vector<Step> StreamParameters(const Graph& graph, const std::vector<Step>& 
   std::vector<uint8_t> streamed(graph.num_nodes(), 0);
   bool any = false;
   for (NodeId v = 0; v < graph.num_nodes(); ++v) {
-    streamed[v] = graph.home(v) == Tier::kHost && UpdatedParameter(graph, v);
+    streamed[v] = StreamedParameter(graph, v);
     any = any || streamed[v];
   }
   if (!any) return steps;
@@ -271,8 +276,8 @@ class UpdateEmitter {
   // State whose home is the host, and parameters streamed to their uses
   // (which leave the device after their last use before the updates).
   bool Streamed(NodeId root) const {
-    return graph_.home(root) == Tier::kHost &&
-           (OnlyUpdatesRead(graph_, root) || UpdatedParameter(graph_, root));
+    return (graph_.home(root) == Tier::kHost && OnlyUpdatesRead(graph_, root)) ||
+           StreamedParameter(graph_, root);
   }
 
   const Graph& graph_;
@@ -419,7 +424,7 @@ class UpdatesLastPlanner final : public Planner {
                                           const PlannerOptions& options) const {
     const int64_t streamed_bytes = StreamedParameterBytes(graph);
     if (streamed_bytes == 0 || options.budget_bytes == PlannerOptions::kMinBudget) {
-      return PlanOnce(graph, options);
+      return PlanOnce(graph, options, streamed_bytes > 0);
     }
     std::vector<int64_t> budgets = {options.budget_bytes, PlannerOptions::kMinBudget};
     if (options.budget_bytes <= INT64_MAX - streamed_bytes) {
@@ -434,7 +439,7 @@ class UpdatesLastPlanner final : public Planner {
       // An equal share of the time left to each plan still to make.
       inner.time_limit_s =
           std::max(0.01, deadline.remaining_s() / static_cast<double>(budgets.size() - i));
-      ASSIGN_OR_RETURN(PlanResult planned, PlanOnce(graph, inner));
+      ASSIGN_OR_RETURN(PlanResult planned, PlanOnce(graph, inner, /*streams_parameters=*/true));
       const bool cut = TimeLimitReached(planned);
       nlohmann::json details = std::move(planned.details);
       // Judged against the caller's budget, not the one the policy had.
@@ -451,7 +456,11 @@ class UpdatesLastPlanner final : public Planner {
     return result;
   }
 
-  absl::StatusOr<PlanResult> PlanOnce(const Graph& graph, const PlannerOptions& options) const {
+  // The policy's plan of the step, the updates placed (Note [Updates last],
+  // Note [Updates early]) and the parameters streamed where
+  // `streams_parameters`.
+  absl::StatusOr<PlanResult> PlanOnce(const Graph& graph, const PlannerOptions& options,
+                                      bool streams_parameters) const {
     ASSIGN_OR_RETURN(const Graph rest, WithoutUpdates(graph));
     ASSIGN_OR_RETURN(PlanResult inner, inner_->Plan(rest, options));
     const std::vector<Step> steps = StreamParameters(graph, StepsOf(graph, rest, inner.schedule));
@@ -493,7 +502,7 @@ class UpdatesLastPlanner final : public Planner {
     // says why (the updates' workspace, the streamed state, the host budget).
     // Streamed parameters (Note [Parameters streamed]) free what the inner
     // plan held: there too the whole schedule's verdict is the one.
-    if (early_groups == 0 && !inner.feasible && StreamedParameterBytes(graph) == 0) {
+    if (early_groups == 0 && !inner.feasible && !streams_parameters) {
       result.feasible = false;
       result.message = std::move(inner.message);
     }

@@ -355,7 +355,7 @@ absl::StatusOr<Graph> BuildModel(const ModelSpec& spec, CostModel cost) {
       return absl::InvalidArgumentError(absl::StrCat("model '", spec.name, "': optimizer=",
                                                      optimizer, ": ", step.status().message()));
     }
-    if (state != "device" && step->kind == OptimizerKind::kSgd && step->momentum == 0) {
+    if (state != "device" && !step->keeps_state()) {
       return absl::InvalidArgumentError(absl::StrCat(
           "model '", spec.name, "': optimizer_state=", state, ", but ", optimizer,
           " keeps no state (SGD without momentum)"));

@@ -290,6 +290,8 @@ class _Variant:
         self.persistent_bytes = capture.persistent_bytes
         if self.updates is not None:  # the optimizer's step in the plan
             self.graph = self.updates.extend(capture.graph)
+            # While planning: the state that may be resident frames the
+            # budget; once planned, only what the plan keeps resident (below).
             self.persistent_bytes += self.updates.planned_state_bytes
         self.calibration = capture.calibration
         self.plan, self.budget_info = self._plan(step.options)
