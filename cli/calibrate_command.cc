@@ -9,8 +9,10 @@
 // samples of a key (nodes of equal key, e.g. repeated layers, pool their
 // samples). The bandwidth is the median of three timed Backend::Copy calls
 // of `--transfer-size` bytes each way between a device buffer and a pinned
-// host buffer. Each kernel's scratch (Backend::QueryWorkspace) is planned as
-// its node's workspace during the runs and kept in workspace_bytes.
+// host buffer. The host's rate for an optimizer's update on host copies
+// (updates=host) is timed likewise (MeasureHostUpdate). Each kernel's
+// scratch (Backend::QueryWorkspace) is planned as its node's workspace
+// during the runs and kept in workspace_bytes.
 #include <algorithm>
 #include <iostream>
 #include <map>
@@ -21,6 +23,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "cli/common.h"
+#include "graph/optimizer.h"
 #include "graph/status.h"
 #include "runtime/executor.h"
 #include "runtime/make_backend.h"
@@ -99,6 +102,64 @@ absl::Status MeasureLink(Backend& backend, int64_t bytes, CostProfile& profile) 
   return s;
 }
 
+// The host's rate for an optimizer's update on host copies (bytes read
+// plus written per second): Adam's first-moment update (three operands of
+// `bytes`, one written) run as a host compute through the executor, on
+// `backend`'s host buffers (pinned on CUDA); the median of three runs.
+absl::StatusOr<double> MeasureHostUpdate(Backend& backend, int64_t bytes) {
+  const int64_t elements = std::max<int64_t>(1, bytes / 4);
+  bytes = elements * 4;
+  GraphBuilder b("host-update-probe");
+  for (const char* id : {"p", "g", "m"}) {
+    NodeSpec t;
+    t.id = id;
+    t.bytes = bytes;
+    t.persistent = true;
+    t.home = Tier::kHost;
+    t.shape = Shape{elements};
+    t.dtype = DType::kFloat32;
+    b.AddNode(std::move(t));
+  }
+  NodeSpec out;  // a graph has an output: a resident scalar
+  out.id = "out";
+  out.bytes = 4;
+  out.persistent = true;
+  out.shape = Shape{};
+  out.dtype = DType::kFloat32;
+  b.AddNode(std::move(out));
+  b.AddOutput("out");
+  NodeSpec update;
+  update.id = "m#1";
+  update.op = "adam_exp_avg";
+  update.bytes = bytes;
+  update.inputs = {"m", "g", "p"};
+  update.alias_of = "m";
+  update.in_place = true;
+  update.host_cost = 0;
+  update.shape = Shape{elements};
+  update.dtype = DType::kFloat32;
+  update.attrs = {{"lr", 1e-3},   {"weight_decay", 0.0}, {"beta1", 0.9},
+                  {"beta2", 0.999}, {"eps", 1e-8},       {"decoupled_weight_decay", false}};
+  b.AddNode(std::move(update));
+  ASSIGN_OR_RETURN(const Graph graph, b.Build());
+  Schedule schedule;
+  schedule.steps.push_back({Action::kHostCompute, graph.Find("m#1")});
+  ExecutorOptions exec;
+  exec.download_outputs = false;
+  std::vector<double> rates;
+  for (int run = 0; run <= 3; ++run) {  // run 0 warms up (first touch)
+    ASSIGN_OR_RETURN(ExecutionResult r, Execute(graph, schedule, backend, exec));
+    if (run > 0 && r.host_time_s > 0) {
+      rates.push_back(HostUpdateSeconds(3, bytes, 1.0) / r.host_time_s);
+    }
+  }
+  if (rates.empty()) {
+    return absl::InternalError("the host update timings were all zero; try a larger "
+                               "--transfer-size");
+  }
+  return Median(rates);
+}
+
 absl::StatusOr<std::pair<CostProfile, int>> Calibrate(const CalibrateFlags& f,
                                                       const Graph& given) {
   if (f.repeat < 1) return absl::InvalidArgumentError("--repeat must be at least 1");
@@ -147,6 +208,9 @@ absl::StatusOr<std::pair<CostProfile, int>> Calibrate(const CalibrateFlags& f,
     }
   }
   RETURN_IF_ERROR(MeasureLink(*backend, transfer_bytes, profile));
+  // Up to 16 MiB a tensor: four of them live on the host at once.
+  ASSIGN_OR_RETURN(profile.host_update_bytes_per_s,
+                   MeasureHostUpdate(*backend, std::min<int64_t>(transfer_bytes, 16 << 20)));
   return std::make_pair(std::move(profile), keyed_nodes);
 }
 
@@ -180,14 +244,15 @@ int RunCalibrate(const CalibrateFlags& f) {
                {"entries", profile.entries.size()},
                {"nodes_measured", calibrated->second},
                {"bandwidth_h2d_bytes_per_s", profile.bandwidth_h2d_bytes_per_s},
-               {"bandwidth_d2h_bytes_per_s", profile.bandwidth_d2h_bytes_per_s}});
+               {"bandwidth_d2h_bytes_per_s", profile.bandwidth_d2h_bytes_per_s},
+               {"host_update_bytes_per_s", profile.host_update_bytes_per_s}});
   } else {
     std::cout << absl::StrFormat(
         "%s: %d op entries from %d nodes of %s on %s (%s); link %.3g GB/s host->device, "
-        "%.3g GB/s device->host\n",
+        "%.3g GB/s device->host; host updates %.3g GB/s\n",
         f.output, profile.entries.size(), calibrated->second, f.source.Label(),
         profile.backend, profile.device, profile.bandwidth_h2d_bytes_per_s / 1e9,
-        profile.bandwidth_d2h_bytes_per_s / 1e9);
+        profile.bandwidth_d2h_bytes_per_s / 1e9, profile.host_update_bytes_per_s / 1e9);
   }
   return 0;
 }

@@ -100,6 +100,12 @@ struct PlanFlags {
 
 // The human summary of a report, shared by plan and simulate; times in
 // `unit`, the makespan said modelled or measured.
+int HostComputeSteps(const Schedule& schedule) {
+  int n = 0;
+  for (const Step& step : schedule.steps) n += step.action == Action::kHostCompute;
+  return n;
+}
+
 void PrintReport(const Graph& g, const Schedule& schedule, const PlanReport& r,
                  const CostUnit& unit) {
   std::string peak_at =
@@ -121,6 +127,11 @@ void PrintReport(const Graph& g, const Schedule& schedule, const PlanReport& r,
                           FormatBytes(r.host_peak_bytes), unit.Amount(r.copy_busy),
                           unit.Amount(r.exposed_transfer_time))
                     : std::string("  transfers       none\n"))
+            << (r.host_compute_cost > 0
+                    ? absl::StrFormat("  host updates    %s on the host stream (%d steps)\n",
+                                      unit.Amount(r.host_compute_cost),
+                                      HostComputeSteps(schedule))
+                    : std::string())
             << absl::StrFormat("  makespan        %s (compute stream busy %s)\n",
                                unit.Describe(r.makespan), unit.Amount(r.compute_busy))
             << absl::StrFormat("  steps           %d (%s)\n", r.num_steps,

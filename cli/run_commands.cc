@@ -37,6 +37,7 @@ nlohmann::json MeasuredToJson(const Graph& graph, const ExecutionResult& r, bool
       {"time_s", r.time_s},
       {"kernel_time_s", r.kernel_time_s},
       {"copy_time_s", r.copy_time_s},
+      {"host_time_s", r.host_time_s},
       {"copy_overlap_s", r.copy_overlap_s},
       {"overhead_s", r.overhead_s},
       {"setup_s", r.setup_s},
@@ -468,11 +469,14 @@ int RunRun(const RunFlags& f) {
     std::cout << "  backend events  " << absl::StrJoin(counts, ", ") << "\n";
   }
   std::cout << absl::StrFormat(
-      "  time            measured %s (kernels %s, copies %s of which %s under compute, "
+      "  time            measured %s (kernels %s, copies %s of which %s under compute, %s"
       "executor %s; setup %s before)\n"
       "  makespan        %s\n",
       FormatSeconds(r.time_s), FormatSeconds(r.kernel_time_s), FormatSeconds(r.copy_time_s),
-      FormatSeconds(r.copy_overlap_s), FormatSeconds(r.overhead_s), FormatSeconds(r.setup_s),
+      FormatSeconds(r.copy_overlap_s),
+      r.host_time_s > 0 ? absl::StrCat("host updates ", FormatSeconds(r.host_time_s), ", ")
+                        : std::string(),
+      FormatSeconds(r.overhead_s), FormatSeconds(r.setup_s),
       f.source.Costs().Describe(p.makespan));
   std::cout << absl::StrFormat("  steps           %d (%d recomputations, %s transferred)\n",
                                r.steps.size(), p.recomputations, FormatBytes(p.transfer_bytes));

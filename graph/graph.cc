@@ -295,6 +295,14 @@ absl::StatusOr<Graph> GraphBuilder::Build() const {
     if (s.home.has_value() && !s.persistent) {
       return NodeError(s.id, "'home' is for persistent nodes (where they live between steps)");
     }
+    if (s.host_cost.has_value() && !s.in_place) {
+      return NodeError(s.id, "'host_cost' is for in-place nodes (an update that may run on "
+                             "the host)");
+    }
+    if (s.host_cost.has_value() && !(std::isfinite(*s.host_cost) && *s.host_cost >= 0)) {
+      return NodeError(s.id, absl::StrCat("'host_cost' must be a non-negative finite number, "
+                                          "got ", *s.host_cost));
+    }
     if (s.in_place && !s.alias_of.has_value()) {
       return NodeError(s.id, "an in-place node ('in_place') needs 'alias_of': the storage "
                              "it writes");
@@ -362,6 +370,8 @@ absl::StatusOr<Graph> GraphBuilder::Build() const {
     g.attrs_.push_back(s.attrs);
     g.homes_.push_back(s.home);
     g.in_place_.push_back(s.in_place ? 1 : 0);
+    g.host_costs_.push_back(s.host_cost);
+    if (s.host_cost.has_value()) ++g.num_host_costs_;
     if (s.home.has_value()) ++g.num_homes_;
     if (s.home == Tier::kAuto) ++g.num_auto_homes_;
     if (s.in_place) ++g.num_in_place_;
@@ -506,6 +516,7 @@ NodeSpec SpecOf(const Graph& graph, NodeId v) {
   if (graph.is_alias(v)) s.alias_of = graph.id(graph.alias_of(v));
   s.home = graph.home(v);
   s.in_place = graph.in_place(v);
+  s.host_cost = graph.host_cost(v);
   return s;
 }
 

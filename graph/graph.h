@@ -118,6 +118,10 @@ struct NodeSpec {
   // node runs once per step, and nothing reads the storage's earlier value
   // after it. It may have a workspace.
   bool in_place = false;
+  // In-place nodes only: the node may also run on the host (a CPU update
+  // of host copies, action host_compute) and takes this long there, in the
+  // graph's cost unit; nullopt: it runs on the device only.
+  std::optional<double> host_cost;
 };
 
 class Graph {
@@ -156,6 +160,10 @@ class Graph {
   // storage's base.
   std::optional<Tier> home(NodeId v) const { return homes_[v]; }
   bool in_place(NodeId v) const { return in_place_[v] != 0; }
+  // host_cost(v): the in-place node's time on the host, or nullopt (it
+  // runs on the device only; NodeSpec::host_cost).
+  std::optional<double> host_cost(NodeId v) const { return host_costs_[v]; }
+  bool has_host_costs() const { return num_host_costs_ > 0; }
   NodeId version(NodeId v) const { return versions_[v]; }
   bool has_homes() const { return num_homes_ > 0; }
   bool has_auto_homes() const { return num_auto_homes_ > 0; }
@@ -228,6 +236,8 @@ class Graph {
   int num_aliases_ = 0;
   std::vector<std::optional<Tier>> homes_;
   std::vector<uint8_t> in_place_;
+  std::vector<std::optional<double>> host_costs_;
+  int num_host_costs_ = 0;
   std::vector<NodeId> versions_;
   int num_homes_ = 0;
   int num_auto_homes_ = 0;
@@ -269,8 +279,9 @@ class GraphBuilder {
   // persistent alias, an alias with workspace (unless in place), a home on a
   // node that is not persistent, an in-place node that is no alias, writes
   // a storage that is not persistent, or whose alias_of is neither the base
-  // nor an in-place node, two in-place nodes writing after the same one. A
-  // repeated output id counts once.
+  // nor an in-place node, two in-place nodes writing after the same one, a
+  // host_cost on a node that is not in place, or that is negative or not
+  // finite. A repeated output id counts once.
   absl::StatusOr<Graph> Build() const;
 
  private:

@@ -37,6 +37,11 @@ struct CostModel {
   // Default: 10 TFLOP/s, the fp32 rate of the 8 GiB consumer cards the seed
   // report used. `--throughput` on the command line overrides it.
   double device_flops_per_s = 10e12;
+  // The rate at which the host streams an element-wise update (an
+  // optimizer's update on the host): bytes read plus bytes written per
+  // second. The default, 10 GB/s, is a placeholder of the right order for
+  // one socket; `pebble calibrate` measures it (host_update_bytes_per_s).
+  double host_bytes_per_s = 10e9;
 };
 
 // A tensor under construction: an index into the builder. Invalid after an

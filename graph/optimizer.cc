@@ -29,13 +29,14 @@ absl::string_view KindName(OptimizerKind kind) {
 // The keys each optimizer takes, in the order ToString writes them.
 std::vector<std::string> KeysOf(OptimizerKind kind) {
   if (kind == OptimizerKind::kSgd) {
-    return {"lr", "momentum", "weight_decay", "state", "parameters", "gradients"};
+    return {"lr", "momentum", "weight_decay", "state", "parameters", "gradients", "updates"};
   }
-  return {"lr", "beta1", "beta2", "eps", "weight_decay", "state", "parameters", "gradients"};
+  return {"lr",    "beta1",      "beta2",     "eps",    "weight_decay",
+          "state", "parameters", "gradients", "updates"};
 }
 
 // The number field called `key` (a key of KeysOf other than "state",
-// "parameters" and "gradients").
+// "parameters", "gradients" and "updates").
 template <typename Spec>
 auto* Field(Spec& spec, absl::string_view key) {
   if (key == "lr") return &spec.lr;
@@ -68,6 +69,10 @@ std::string OptimizerSpec::ToString() const {
     }
     if (key == "gradients") {
       if (!keep_gradients) parts.push_back("gradients=drop");
+      continue;
+    }
+    if (key == "updates") {
+      if (updates_on_host) parts.push_back("updates=host");
       continue;
     }
     parts.push_back(absl::StrCat(key, "=", *Field(*this, key)));
@@ -125,6 +130,14 @@ absl::StatusOr<OptimizerSpec> ParseOptimizer(absl::string_view text) {
       spec.keep_gradients = value == "keep";
       continue;
     }
+    if (key == "updates") {
+      if (value != "device" && value != "host") {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "optimizer ", name, ": updates=", Quote(value), " (expected device or host)"));
+      }
+      spec.updates_on_host = value == "host";
+      continue;
+    }
     double number = 0;
     if (!absl::SimpleAtod(value, &number) || !std::isfinite(number)) {
       return absl::InvalidArgumentError(absl::StrCat("optimizer ", name, ": ", key, "=",
@@ -156,7 +169,7 @@ class OptimizerStepBuilder {
     GraphBuilder b(training_.name());
     for (NodeId v = 0; v < training_.num_nodes(); ++v) {
       NodeSpec node = SpecOf(training_, v);
-      if (training_.role(v) == Role::kParameter && Updated(v)) node.home = spec_.parameter_home;
+      if (training_.role(v) == Role::kParameter && Updated(v)) node.home = ParameterHome();
       b.AddNode(std::move(node));
     }
     for (NodeId out : training_.outputs()) {
@@ -168,8 +181,10 @@ class OptimizerStepBuilder {
     if (adam) {
       // The step count stays resident whatever the state's home: streaming
       // 4 bytes would cost two copies' latency per step and save nothing.
+      // Updates on the host read it there, so it lives on the host then.
       NodeSpec count = State("optimizer.step", {}, DType::kFloat32, 4);
       count.home.reset();
+      if (spec_.updates_on_host) count.home = Tier::kHost;
       RETURN_IF_ERROR(Add(b, std::move(count)));
       step_now = "optimizer.step#1";
       RETURN_IF_ERROR(Add(b, Update(step_now, "optimizer_step", "optimizer.step",
@@ -238,6 +253,18 @@ class OptimizerStepBuilder {
     return pv != kNoNode && training_.role(pv) == Role::kParameter;
   }
 
+  // The homes, where the spec leaves them open: host updates write host
+  // copies, so what they touch must be able to move (the state lives on
+  // the host, the parameters return to the device).
+  std::optional<Tier> StateHome() const {
+    if (spec_.updates_on_host && !spec_.state_home.has_value()) return Tier::kHost;
+    return spec_.state_home;
+  }
+  std::optional<Tier> ParameterHome() const {
+    if (spec_.updates_on_host && !spec_.parameter_home.has_value()) return Tier::kDevice;
+    return spec_.parameter_home;
+  }
+
   NodeSpec State(const std::string& id, Shape shape, DType dtype, int64_t bytes) const {
     NodeSpec s;
     s.id = id;
@@ -247,7 +274,7 @@ class OptimizerStepBuilder {
     s.role = Role::kOptimizerState;
     s.shape = std::move(shape);
     s.dtype = dtype;
-    s.home = spec_.state_home;
+    s.home = StateHome();
     return s;
   }
 
@@ -273,6 +300,9 @@ class OptimizerStepBuilder {
                     {"decoupled_weight_decay", spec_.kind == OptimizerKind::kAdamW}});
     }
     s.attrs = std::move(attrs);
+    if (spec_.updates_on_host) {
+      s.host_cost = HostUpdateSeconds(s.inputs.size(), bytes, cost_.host_bytes_per_s);
+    }
     return s;
   }
 

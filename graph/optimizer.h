@@ -56,6 +56,12 @@ struct OptimizerSpec {
   // end, as without an optimizer); false ("gradients=drop"): only the
   // updates read them, and a plan may free each after its update.
   bool keep_gradients = true;
+  // Where the updates run ("updates=device|host"). On the host, each
+  // update node gets a host_cost (CostModel::host_bytes_per_s) and every
+  // policy runs it there, on host copies (docs/training.md, "Updates on
+  // the host"); the state's home is then the host unless given, Adam's
+  // step count's too, and the parameters' the device unless given.
+  bool updates_on_host = false;
   // Whether the optimizer keeps state (all but SGD without momentum): only
   // then may the state have a home.
   bool keeps_state() const { return kind != OptimizerKind::kSgd || momentum > 0; }
@@ -65,7 +71,8 @@ struct OptimizerSpec {
 // "sgd", "adam", "adamw", optionally with parameters after a colon:
 // "sgd:lr=0.1,momentum=0.9,weight_decay=1e-4", "adam:lr=1e-3,beta1=0.9,
 // beta2=0.999,eps=1e-8,weight_decay=0", "...,state=host|auto",
-// "...,parameters=host|auto", "...,gradients=drop". Defaults are
+// "...,parameters=host|auto", "...,gradients=drop", "...,updates=host".
+// Defaults are
 // PyTorch's (lr 0.01 for SGD, 0.001 for Adam and AdamW; AdamW's
 // weight_decay 0.01). InvalidArgument names an unknown optimizer or key,
 // a value that is not a finite number, and a value out of range (lr > 0,
@@ -75,10 +82,18 @@ absl::StatusOr<OptimizerSpec> ParseOptimizer(absl::string_view text);
 // `training` (a training graph: parameters with gradients "grad:p" among
 // its outputs) with the optimizer's state and updates (Note [Optimizer
 // nodes]). Costs: element-wise work at cost.device_flops_per_s (SGD 3 and
-// Adam 10 operations per element). Errors: no parameter with a gradient, a
+// Adam 10 operations per element); with updates on the host, host_cost is
+// the bytes each update reads and writes at cost.host_bytes_per_s. Errors: no parameter with a gradient, a
 // parameter without a shape, a state id already taken.
 absl::StatusOr<Graph> AddOptimizerStep(const Graph& training, const OptimizerSpec& spec,
                                        CostModel cost = {});
+
+// The host cost model of an element-wise update (seconds): it reads
+// `operands` tensors of `bytes` each and writes one, at `bytes_per_s`
+// (CostModel::host_bytes_per_s, or a profile's measured rate).
+inline double HostUpdateSeconds(size_t operands, int64_t bytes, double bytes_per_s) {
+  return static_cast<double>(operands + 1) * static_cast<double>(bytes) / bytes_per_s;
+}
 
 }  // namespace pebble
 

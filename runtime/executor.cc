@@ -18,6 +18,7 @@
 #include "graph/ops.h"
 #include "graph/status.h"
 #include "graph/text_input.h"
+#include "runtime/cpu/native_util.h"
 
 namespace pebble {
 
@@ -653,6 +654,17 @@ std::optional<double> ScalarLoss(const Graph& graph, const ExecutionResult& resu
   }
 }
 
+// The kernels a host compute may run: the CPU backend's own optimizer
+// updates (the same arithmetic as every backend's, runtime/optimizer_math.h).
+const KernelTable& HostKernels() {
+  static const KernelTable* const table = [] {
+    auto* t = new KernelTable;
+    native::RegisterNativeOptimizerKernels(*t);
+    return t;
+  }();
+  return *table;
+}
+
 // One run of a checked schedule on a backend, phase by phase (Execute calls
 // them in order): the arena, the persistent tensors, the host buffers, the
 // steps, their times, the outputs. Holds the executor-side state of every
@@ -769,6 +781,10 @@ class ScheduleRun {
         case Action::kFree:
           during = RunFree(k);
           break;
+        case Action::kHostCompute: {
+          ASSIGN_OR_RETURN(during, RunOnHost(k));
+          break;
+        }
       }
       m.resident_bytes = held_;
       m.during_bytes = during;
@@ -802,6 +818,8 @@ class ScheduleRun {
         const double d = m.end_s - m.start_s;
         if (m.action == Action::kCompute) {
           result_.kernel_time_s += d;
+        } else if (m.action == Action::kHostCompute) {
+          result_.host_time_s += d;
         } else {
           result_.copy_time_s += d;
         }
@@ -812,8 +830,9 @@ class ScheduleRun {
     result_.copy_overlap_s = CopyComputeOverlapSeconds(result_.steps);
     // Each stream runs its steps one at a time, so kernels + copies -
     // overlap is the time either stream was busy.
-    result_.overhead_s = std::max(0.0, result_.time_s - result_.kernel_time_s -
-                                           result_.copy_time_s + result_.copy_overlap_s);
+    result_.overhead_s =
+        std::max(0.0, result_.time_s - result_.kernel_time_s - result_.copy_time_s -
+                          result_.host_time_s + result_.copy_overlap_s);
     return absl::OkStatus();
   }
 
@@ -1034,6 +1053,44 @@ class ScheduleRun {
                      }));
     ready_[v] = end;
     last_copy_use_[v] = end;
+    return held_;
+  }
+
+  // `host_compute v` (docs/semantics.md, "Updates on the host"): the
+  // update's CPU kernel (runtime/cpu, on every backend; pinned buffers on
+  // CUDA) on the host copies, on this thread. Every enqueued step is
+  // drained first, so that no copy of those host copies is still in flight
+  // (a GPU would overlap more with a wait on those copies alone; this
+  // first version is exact, not fast). Timed between two copy-stream
+  // events: exact on a synchronous backend.
+  absl::StatusOr<int64_t> RunOnHost(int k) {
+    const NodeId v = schedule_.steps[k].node;
+    const NodeId root = graph_.storage(v);
+    PEBBLE_CHECK(current_[root] < 0 && host_index_[root] >= 0 && host_counted_[root],
+                 "host compute without its storage's host copy");
+    if (absl::Status s = backend_.Synchronize(); !s.ok()) return Failed(k, s);
+    KernelContext& ctx = kernel_context_;
+    ctx.graph = &graph_;
+    ctx.node = v;
+    ctx.inputs.clear();
+    for (NodeId u : graph_.inputs(v)) {
+      const NodeId s = graph_.storage(u);
+      PEBBLE_CHECK(host_counted_[s], "host compute input without a host copy");
+      ctx.inputs.push_back(
+          TensorView{host_buffers_[host_index_[s]].get(), *graph_.shape(u), *graph_.dtype(u)});
+    }
+    ctx.output = TensorView{host_buffers_[host_index_[root]].get(), *graph_.shape(v),
+                            *graph_.dtype(v)};
+    ctx.workspace = nullptr;
+    ctx.workspace_bytes = 0;
+    const KernelFn kernel = HostKernels().Find(graph_.op(v));
+    if (kernel == nullptr) {
+      return Failed(k, absl::UnimplementedError(absl::StrCat(
+                           "op ", Quote(graph_.op(v)), " has no host kernel (only the "
+                           "optimizer's updates run on the host)")));
+    }
+    ASSIGN_OR_RETURN(StreamEvent end, Timed(k, Stream::kCopy, [&] { return kernel(ctx); }));
+    last_copy_use_[root] = end;
     return held_;
   }
 

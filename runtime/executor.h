@@ -121,8 +121,12 @@ struct ExecutionResult {
   double time_s = 0;         // first event to the end of the last step
   double kernel_time_s = 0;  // sum of compute-step durations
   double copy_time_s = 0;    // sum of offload and prefetch durations
-  // time_s - (kernel_time_s + copy_time_s - copy_overlap_s), never
-  // negative: the time neither stream ran a step, what the executor itself
+  // Sum of host-compute durations (updates on the host, docs/semantics.md,
+  // "Updates on the host"): host wall time between two events of the copy
+  // stream, so exact on a synchronous backend (the CPU's) only.
+  double host_time_s = 0;
+  // time_s - (kernel_time_s + copy_time_s + host_time_s - copy_overlap_s),
+  // never negative: the time no stream ran a step, what the executor itself
   // costs between steps.
   double overhead_s = 0;
   // Seconds during which a copy step and a compute step ran at once

@@ -12,6 +12,7 @@ namespace {
 constexpr int kPid = 1;
 constexpr int kComputeTid = 1;
 constexpr int kCopyTid = 2;
+constexpr int kHostTid = 3;  // host computes (updates on the host)
 
 double Micros(double seconds) { return seconds * 1e6; }
 
@@ -26,6 +27,10 @@ nlohmann::json ChromeTrace(const Graph& graph, const ExecutionResult& result) {
                     {"args", {{"name", "compute"}}}});
   events.push_back({{"ph", "M"}, {"pid", kPid}, {"tid", kCopyTid}, {"name", "thread_name"},
                     {"args", {{"name", "copy"}}}});
+  if (graph.has_host_costs()) {
+    events.push_back({{"ph", "M"}, {"pid", kPid}, {"tid", kHostTid}, {"name", "thread_name"},
+                      {"args", {{"name", "host"}}}});
+  }
   auto counter = [&](double t, int64_t device, int64_t host) {
     events.push_back({{"ph", "C"}, {"pid", kPid}, {"name", "device memory"}, {"ts", Micros(t)},
                       {"args", {{"bytes", device}}}});
@@ -55,6 +60,12 @@ nlohmann::json ChromeTrace(const Graph& graph, const ExecutionResult& result) {
                           {"cat", std::string(ActionName(s.action))}, {"ts", Micros(s.start_s)},
                           {"dur", Micros(s.end_s - s.start_s)},
                           {"args", {{"step", k}, {"bytes", bytes}}}});
+        break;
+      case Action::kHostCompute:
+        events.push_back({{"ph", "X"}, {"pid", kPid}, {"tid", kHostTid}, {"name", id},
+                          {"cat", "host_compute"}, {"ts", Micros(s.start_s)},
+                          {"dur", Micros(s.end_s - s.start_s)},
+                          {"args", {{"step", k}, {"op", graph.op(s.node)}}}});
         break;
       case Action::kFree:
         events.push_back({{"ph", "i"}, {"pid", kPid}, {"tid", kComputeTid}, {"s", "t"},

@@ -177,6 +177,7 @@ Schedule UnfoldSchedule(const Graph& graph, const FoldedGraph& folded,
         break;
       case Action::kOffload:
       case Action::kPrefetch:
+      case Action::kHostCompute:  // reads host copies: no view to make
         break;
     }
     out.steps.push_back({step.action, v});

@@ -223,6 +223,8 @@ StagePlan StagePlanFromSchedule(const Graph& graph, const Schedule& schedule) {
       case Action::kPrefetch:
         resident[p] = 1;
         break;
+      case Action::kHostCompute:  // no device residency
+        break;
     }
   }
   return ComputeForKeep(graph, std::move(order), std::move(keep));
@@ -262,6 +264,11 @@ Schedule RemoveDeadComputes(const Graph& graph, const Schedule& schedule) {
       case Action::kPrefetch:
         live[s.node] = 0;
         pending_free[s.node] = -1;
+        break;
+      case Action::kHostCompute:  // an update: an effect, never dead
+        for (NodeId u : graph.unique_inputs(s.node)) {
+          if (!graph.persistent(u)) live[u] = 1;
+        }
         break;
     }
   }

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "graph/optimizer.h"
 #include "graph/status.h"
 #include "graph/text_input.h"
 #include "scheduler/offload.h"
@@ -82,6 +83,9 @@ nlohmann::json CostProfileToJson(const CostProfile& profile) {
                         {"device", profile.device},
                         {"bandwidth_h2d_bytes_per_s", profile.bandwidth_h2d_bytes_per_s},
                         {"bandwidth_d2h_bytes_per_s", profile.bandwidth_d2h_bytes_per_s}};
+  if (profile.host_update_bytes_per_s > 0) {
+    doc["host_update_bytes_per_s"] = profile.host_update_bytes_per_s;
+  }
   nlohmann::json entries = nlohmann::json::object();
   for (const auto& [key, seconds] : profile.entries) entries[key] = seconds;
   doc["entries"] = std::move(entries);
@@ -107,7 +111,7 @@ absl::StatusOr<CostProfile> CostProfileFromJson(const nlohmann::json& doc) {
   }
   constexpr absl::string_view kKeys[] = {
       "format", "version", "backend", "device", "bandwidth_h2d_bytes_per_s",
-      "bandwidth_d2h_bytes_per_s", "entries", "workspace_bytes"};
+      "bandwidth_d2h_bytes_per_s", "host_update_bytes_per_s", "entries", "workspace_bytes"};
   RETURN_IF_ERROR(CheckJsonKeys(doc, kKeys, "cost profile"));
   CostProfile p;
   for (const char* field : {"backend", "device"}) {
@@ -120,6 +124,9 @@ absl::StatusOr<CostProfile> CostProfileFromJson(const nlohmann::json& doc) {
   p.device = doc.value("device", "");
   ASSIGN_OR_RETURN(p.bandwidth_h2d_bytes_per_s, Bandwidth(doc, "bandwidth_h2d_bytes_per_s"));
   ASSIGN_OR_RETURN(p.bandwidth_d2h_bytes_per_s, Bandwidth(doc, "bandwidth_d2h_bytes_per_s"));
+  if (doc.contains("host_update_bytes_per_s")) {
+    ASSIGN_OR_RETURN(p.host_update_bytes_per_s, Bandwidth(doc, "host_update_bytes_per_s"));
+  }
   if (!doc.contains("entries") || !doc.at("entries").is_object()) {
     return absl::InvalidArgumentError("cost profile: 'entries' must be an object");
   }
@@ -182,6 +189,10 @@ absl::StatusOr<Graph> ApplyCostProfile(const Graph& graph, const CostProfile& pr
       if (ws != profile.workspace_bytes.end() && ws->second > spec.workspace) {
         spec.workspace = ws->second;
         ++m.workspaces;
+      }
+      if (spec.host_cost.has_value() && profile.host_update_bytes_per_s > 0) {
+        spec.host_cost = HostUpdateSeconds(graph.inputs(v).size(), graph.bytes(v),
+                                           profile.host_update_bytes_per_s);
       }
     }
     builder.AddNode(std::move(spec));

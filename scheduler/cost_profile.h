@@ -39,6 +39,10 @@ struct CostProfile {
   std::string device;   // Backend::Description()
   double bandwidth_h2d_bytes_per_s = 0;  // 0: not measured
   double bandwidth_d2h_bytes_per_s = 0;
+  // The host's rate for an optimizer's update on host copies (bytes read
+  // plus written per second; graph/optimizer.h HostUpdateSeconds); 0: not
+  // measured. Optional in the file ("host_update_bytes_per_s").
+  double host_update_bytes_per_s = 0;
   std::map<std::string, double> entries;  // CostKey -> seconds (sorted)
   std::map<std::string, int64_t> workspace_bytes;  // CostKey -> bytes, > 0
 
@@ -67,8 +71,10 @@ struct CostProfileMatch {
 // A copy of `graph` in which every non-persistent node whose CostKey is in
 // the profile costs the profiled seconds; the others keep their cost (the
 // model zoo's FLOPs / throughput, also seconds). A node whose key has
-// workspace_bytes gets the larger of its own workspace and that. `match`
-// (optional) counts.
+// workspace_bytes gets the larger of its own workspace and that. Where the
+// profile has a host update rate, every node with a host_cost (an update
+// that may run on the host) costs HostUpdateSeconds at that rate there.
+// `match` (optional) counts.
 absl::StatusOr<Graph> ApplyCostProfile(const Graph& graph,
                                        const CostProfile& profile,
                                        CostProfileMatch* match = nullptr);

@@ -396,6 +396,7 @@ std::vector<TensorInstance> InstancesOf(const Graph& graph,
         }
         break;
       case Action::kOffload:
+      case Action::kHostCompute:  // host copies only: no device memory
         break;
     }
   }

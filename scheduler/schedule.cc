@@ -12,18 +12,19 @@ absl::string_view ActionName(Action action) {
     case Action::kFree: return "free";
     case Action::kOffload: return "offload";
     case Action::kPrefetch: return "prefetch";
+    case Action::kHostCompute: return "host_compute";
   }
   return "?";
 }
 
 absl::StatusOr<Action> ParseAction(absl::string_view name) {
-  for (Action a :
-       {Action::kCompute, Action::kFree, Action::kOffload, Action::kPrefetch}) {
+  for (Action a : {Action::kCompute, Action::kFree, Action::kOffload, Action::kPrefetch,
+                   Action::kHostCompute}) {
     if (ActionName(a) == name) return a;
   }
   return absl::InvalidArgumentError(
       absl::StrCat("unknown action ", Quote(name),
-                   " (expected compute, free, offload or prefetch)"));
+                   " (expected compute, free, offload, prefetch or host_compute)"));
 }
 
 nlohmann::json ScheduleToJson(const Graph& graph, const Schedule& schedule) {
@@ -157,13 +158,21 @@ std::vector<NodeId> DefaultOrder(const Graph& graph) {
 }
 
 Graph ResolveHomes(const Graph& graph, const Schedule& schedule) {
-  std::vector<int8_t> first(graph.num_nodes(), -1);  // the first action on a node
+  // Per node, whether the first step on it needs its host copy: a prefetch
+  // of it, or a host compute that reads or writes its storage.
+  std::vector<int8_t> first_on_host(graph.num_nodes(), -1);
   for (const Step& step : schedule.steps) {
-    if (first[step.node] < 0) first[step.node] = static_cast<int8_t>(step.action);
+    if (step.action == Action::kHostCompute) {
+      for (NodeId u : graph.unique_inputs(step.node)) {
+        int8_t& first = first_on_host[graph.storage(u)];
+        if (first < 0) first = 1;
+      }
+    }
+    int8_t& first = first_on_host[step.node];
+    if (first < 0) first = step.action == Action::kPrefetch ? 1 : 0;
   }
-  return graph.WithAutoHomesAs([&](NodeId v) {
-    return first[v] == static_cast<int8_t>(Action::kPrefetch) ? Tier::kHost : Tier::kDevice;
-  });
+  return graph.WithAutoHomesAs(
+      [&](NodeId v) { return first_on_host[v] == 1 ? Tier::kHost : Tier::kDevice; });
 }
 
 absl::StatusOr<Schedule> FreeAtLastUse(const Graph& graph,

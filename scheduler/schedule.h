@@ -12,7 +12,9 @@
 
 namespace pebble {
 
-enum class Action : uint8_t { kCompute, kFree, kOffload, kPrefetch };
+// kHostCompute ("host_compute") runs an in-place node with a host_cost on
+// the host, on host copies (docs/semantics.md, "Updates on the host").
+enum class Action : uint8_t { kCompute, kFree, kOffload, kPrefetch, kHostCompute };
 absl::string_view ActionName(Action action);  // "compute", "free", ...
 absl::StatusOr<Action> ParseAction(absl::string_view name);
 
@@ -51,7 +53,7 @@ absl::StatusOr<Schedule> ReadScheduleFile(const Graph& graph,
 
 // `graph` with each auto home (Tier::kAuto: the plan chooses) resolved by
 // `schedule`: the host where the schedule's first step on the node is a
-// prefetch, else the device (docs/semantics.md, "Home tiers and in-place
+// prefetch or a host compute that reads or writes it, else the device (docs/semantics.md, "Home tiers and in-place
 // updates"). The simulator, the memory layout and the executor read a
 // graph with auto homes so.
 Graph ResolveHomes(const Graph& graph, const Schedule& schedule);

@@ -105,6 +105,11 @@ absl::StatusOr<PlanReport> Simulate(const Graph& graph,
                                          // offload
   double compute_free_at = 0;  // end of the previous compute
   double copy_free_at = 0;     // end of the previous copy
+  double host_free_at = 0;     // end of the previous host compute
+  // Per storage: the end of the latest copy or host compute on its host
+  // copy (a host compute and a copy of one host copy run one after the
+  // other; copies alone are ordered by their stream already).
+  std::vector<double> host_copy_until(graph.has_host_costs() ? n : 0, 0.0);
   double frees_done_at = 0;    // R_k: latest end of earlier frees
 
   // current[s]: the node whose value storage s holds now: its base, then
@@ -243,8 +248,10 @@ absl::StatusOr<PlanReport> Simulate(const Graph& graph,
         }
         rec.peak_bytes = device;
         rec.start = std::max(copy_free_at, ready[v]);
+        if (!host_copy_until.empty()) rec.start = std::max(rec.start, host_copy_until[v]);
         rec.end = rec.start + static_cast<double>(graph.bytes(v)) / bandwidth;
         copy_free_at = rec.end;
+        if (!host_copy_until.empty()) host_copy_until[v] = rec.end;
         last_use[v] = std::max(last_use[v], rec.end);
         report.copy_busy += rec.end - rec.start;
         break;
@@ -273,10 +280,52 @@ absl::StatusOr<PlanReport> Simulate(const Graph& graph,
         }
         rec.peak_bytes = device;
         rec.start = std::max(copy_free_at, frees_done_at);
+        if (!host_copy_until.empty()) rec.start = std::max(rec.start, host_copy_until[v]);
         rec.end = rec.start + static_cast<double>(graph.bytes(v)) / bandwidth;
         copy_free_at = rec.end;
+        if (!host_copy_until.empty()) host_copy_until[v] = rec.end;
         ready[v] = rec.end;
         report.copy_busy += rec.end - rec.start;
+        break;
+      }
+      case Action::kHostCompute: {
+        if (!graph.host_cost(v).has_value()) {
+          return StepError(graph, k, step,
+                           "the node has no host_cost (only in-place updates given one may run "
+                           "on the host)");
+        }
+        const NodeId root = graph.storage(v);
+        if (computed[v]) {
+          return StepError(graph, k, step,
+                           absl::StrCat("the in-place update has run already (it writes ",
+                                        Quote(graph.id(root)), " once per step)"));
+        }
+        if (holders[root] > 0) {
+          return StepError(graph, k, step, absl::StrCat(
+              "its storage ", Quote(graph.id(root)), " is resident on the device; a host "
+              "compute writes the host copy, which would leave the device copy stale (free "
+              "it first, after an offload if the device holds the current value)"));
+        }
+        double start = host_free_at;
+        for (NodeId u : graph.unique_inputs(v)) {
+          const NodeId s = graph.storage(u);
+          if (!on_host[s] || graph.version(u) != current[s]) {
+            return StepError(graph, k, step, absl::StrCat(
+                "input ", Quote(graph.id(u)), " has no current host copy (offload ",
+                Quote(graph.id(s)), " after the step that wrote it)"));
+          }
+          start = std::max(start, host_copy_until[s]);
+        }
+        current[root] = v;  // the host copy stays current: it was written
+        rec.peak_bytes = device;
+        rec.start = start;
+        rec.end = start + *graph.host_cost(v);
+        host_free_at = rec.end;
+        for (NodeId u : graph.unique_inputs(v)) host_copy_until[graph.storage(u)] = rec.end;
+        report.host_compute_cost += *graph.host_cost(v);
+        ++computes;
+        computed[v] = 1;
+        ++distinct_computed;
         break;
       }
     }
@@ -309,7 +358,8 @@ absl::StatusOr<PlanReport> Simulate(const Graph& graph,
   // Costs are finite, but their sums may not be: a figure printed as
   // "inf" or JSON's null would be silently wrong.
   if (!std::isfinite(report.compute_cost) || !std::isfinite(report.makespan) ||
-      !std::isfinite(report.copy_busy) || !std::isfinite(report.base_cost)) {
+      !std::isfinite(report.copy_busy) || !std::isfinite(report.base_cost) ||
+      !std::isfinite(report.host_compute_cost)) {
     return absl::InvalidArgumentError(
         "the schedule's total compute cost or time exceeds the largest double (about 1.8e308); "
         "give the graph's costs in a smaller unit");
@@ -342,6 +392,7 @@ nlohmann::json ReportToJson(const PlanReport& report, const Graph& graph,
       {"copy_busy", report.copy_busy},
       {"exposed_transfer_time", report.exposed_transfer_time},
   };
+  if (graph.has_host_costs()) j["host_compute_cost"] = report.host_compute_cost;
   if (with_timeline) {
     PEBBLE_CHECK(schedule.steps.size() == report.timeline.size(),
                  "timeline and schedule differ in length");

@@ -51,6 +51,9 @@ struct PlanReport {
   double compute_busy = 0;
   double copy_busy = 0;
   double exposed_transfer_time = 0;
+  // Host computes (docs/semantics.md, "Updates on the host"): the sum of
+  // their host_cost, on the host stream. compute_cost leaves them out.
+  double host_compute_cost = 0;
   std::vector<StepRecord> timeline;
 };
 

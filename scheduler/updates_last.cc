@@ -224,7 +224,9 @@ class UpdateEmitter {
         updates_(std::move(order)),
         last_reader_(graph.num_nodes(), -1),
         last_touch_(graph.num_nodes(), -1),
-        fetched_(graph.num_nodes(), 0) {
+        fetched_(graph.num_nodes(), 0),
+        host_current_(graph.num_nodes(), 0),
+        freed_(graph.num_nodes(), 0) {
     for (int k = 0; k < num_updates(); ++k) {
       for (NodeId u : graph.unique_inputs(updates_[k])) {
         last_reader_[u] = k;
@@ -239,6 +241,7 @@ class UpdateEmitter {
   // Update k and the moves and frees around it.
   void Emit(int k, Schedule& schedule) {
     const NodeId w = updates_[k];
+    if (graph_.host_cost(w).has_value()) return EmitOnHost(k, schedule);
     for (NodeId u : graph_.unique_inputs(w)) {
       const NodeId root = graph_.storage(u);
       if (Streamed(root) && !fetched_[root]) {
@@ -260,6 +263,48 @@ class UpdateEmitter {
     }
   }
 
+  // Note [Updates on the host]. An update with a host_cost runs on the
+  // host, on host copies. Before it, each storage it reads without a
+  // current host copy is offloaded: a gradient (then freed on the device
+  // at once where it is dropped and only host updates read it, as
+  // ZeRO-Offload sends a gradient to the host when it is complete), or a
+  // storage whose home is the device. The storage it writes leaves the
+  // device (the write would leave a device copy stale); one whose home is
+  // the device is prefetched back after the last update that touches it.
+  // State and parameters whose home is the host are there already and
+  // never cross the link for an update.
+  void EmitOnHost(int k, Schedule& schedule) {
+    const NodeId w = updates_[k];
+    for (NodeId u : graph_.unique_inputs(w)) {
+      const NodeId root = graph_.storage(u);
+      if (HostCurrent(root)) continue;
+      schedule.steps.push_back({Action::kOffload, root});
+      host_current_[root] = 1;
+      if (!graph_.persistent(root) && Droppable(root) && OnlyHostUpdatesRead(root)) {
+        schedule.steps.push_back({Action::kFree, root});
+        freed_[root] = 1;
+      }
+    }
+    const NodeId own = graph_.storage(w);
+    if (graph_.home(own) != Tier::kHost && fetched_[own] == 0) {
+      schedule.steps.push_back({Action::kFree, own});
+      fetched_[own] = 3;  // back to the device after its last update
+    }
+    schedule.steps.push_back({Action::kHostCompute, w});
+    for (NodeId u : graph_.unique_inputs(w)) {
+      if (last_reader_[u] == k && Droppable(u) && !freed_[u] && !graph_.in_place(u)) {
+        schedule.steps.push_back({Action::kFree, u});
+        freed_[u] = 1;
+      }
+    }
+    for (NodeId u : graph_.unique_inputs(w)) {
+      const NodeId root = graph_.storage(u);
+      if (fetched_[root] != 3 || last_touch_[root] != k) continue;
+      fetched_[root] = 2;
+      schedule.steps.push_back({Action::kPrefetch, root});
+    }
+  }
+
   // Whether some update reads a value that no output keeps (a dropped
   // gradient): running it early frees that value early.
   bool FreesEarly() const {
@@ -273,6 +318,18 @@ class UpdateEmitter {
 
  private:
   bool Droppable(NodeId u) const { return !graph_.persistent(u) && !graph_.is_output(u); }
+  // Whether root has a current host copy for a host update: its home is the
+  // host (nothing on the device writes it before its updates), or this
+  // emitter offloaded it or a host update wrote it.
+  bool HostCurrent(NodeId root) const {
+    return host_current_[root] || (graph_.persistent(root) && graph_.home(root) == Tier::kHost);
+  }
+  bool OnlyHostUpdatesRead(NodeId u) const {
+    for (NodeId r : graph_.readers(u)) {
+      if (!graph_.host_cost(r).has_value()) return false;
+    }
+    return true;
+  }
   // State whose home is the host, and parameters streamed to their uses
   // (which leave the device after their last use before the updates).
   bool Streamed(NodeId root) const {
@@ -284,7 +341,11 @@ class UpdateEmitter {
   const std::vector<NodeId> updates_;
   std::vector<int> last_reader_;  // node -> index of the last update reading it
   std::vector<int> last_touch_;   // storage root -> the last update touching it
-  std::vector<uint8_t> fetched_;  // streamed root: 1 prefetched, 2 back on the host
+  // Streamed root: 1 prefetched, 2 back on the host; a device home moved
+  // for host updates: 3 on the host, 2 back on the device.
+  std::vector<uint8_t> fetched_;
+  std::vector<uint8_t> host_current_;  // offloaded here for a host update
+  std::vector<uint8_t> freed_;         // freed here already
 };
 
 // Note [Updates early]. Where the gradients are not outputs
@@ -470,7 +531,8 @@ class UpdatesLastPlanner final : public Planner {
     for (int k = 0; k < emitter.num_updates(); ++k) emitter.Emit(k, last);
     ASSIGN_OR_RETURN(PlanResult result, FinishPlan(graph, std::move(last), options));
     int early_groups = 0;
-    if (emitter.FreesEarly()) {  // Note [Updates early]
+    // Note [Updates early]; host updates run beside the backward where early.
+    if (emitter.FreesEarly() || graph.has_host_costs()) {
       std::vector<uint8_t> early;
       const std::vector<std::vector<NodeId>> groups = UpdateGroups(graph, early);
       for (const std::vector<NodeId>& group : groups) {

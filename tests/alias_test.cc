@@ -376,6 +376,9 @@ Reference ReferenceRun(const Graph& g, const Schedule& s) {
         ref.transfer += g.bytes(v);
         during = device();
         break;
+      case Action::kHostCompute:  // these graphs have no host_cost
+        ok = false;
+        break;
     }
     if (!ok) {
       ref.bad_step = k;
@@ -421,6 +424,7 @@ Schedule RandomSchedule(const Graph& g, std::mt19937_64& rng, double invalid_rat
       case kF: return !g.persistent(v) && in_d[v];
       case kO: return !g.persistent(v) && !g.is_alias(v) && in_d[v];
       case kP: return !g.is_alias(v) && in_h[v] && !in_d[v] && !held(v);
+      case Action::kHostCompute: return false;  // these graphs have no host_cost
     }
     return false;
   };
@@ -429,6 +433,7 @@ Schedule RandomSchedule(const Graph& g, std::mt19937_64& rng, double invalid_rat
       case kC: case kP: in_d[st.node] = true; break;
       case kF: in_d[st.node] = false; break;
       case kO: in_h[st.node] = true; break;
+      case Action::kHostCompute: break;
     }
   };
   Schedule s;

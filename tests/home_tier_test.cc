@@ -246,6 +246,7 @@ Graph RandomHomeDag(uint64_t seed) {
       v.inputs.push_back(last_write[target]);
       last_write[target] = v.id;
       if (!plain.empty()) v.inputs.push_back(plain[rng() % plain.size()]);
+      if (rng() % 2 == 0) v.host_cost = static_cast<double>(rng() % 4);  // may run on the host
     } else {
       const int reads = 1 + static_cast<int>(rng() % 2);
       for (int r = 0; r < reads; ++r) {
@@ -328,6 +329,15 @@ class HomeOracle {
         return (!g_.persistent(v) || Movable(v)) && !g_.is_alias(v) && in_d_[v];
       case Action::kPrefetch:
         return !g_.is_alias(v) && in_h_[v] && !in_d_[v] && !HeldThroughAlias(v);
+      case Action::kHostCompute: {
+        const NodeId root = g_.storage(v);
+        bool ok = g_.host_cost(v).has_value() && !done_[v];
+        for (NodeId a = 0; a < g_.num_nodes(); ++a) ok = ok && !(in_d_[a] && g_.storage(a) == root);
+        for (NodeId u : g_.inputs(v)) {
+          ok = ok && in_h_[g_.storage(u)] && VersionOf(u) == Current(g_.storage(u));
+        }
+        return ok;
+      }
     }
     return false;
   }
@@ -345,6 +355,10 @@ class HomeOracle {
       case Action::kFree: in_d_[v] = false; break;
       case Action::kOffload: in_h_[v] = true; break;
       case Action::kPrefetch: in_d_[v] = true; break;
+      case Action::kHostCompute:  // writes the host copy, which stays current
+        done_[v] = true;
+        writes_.push_back(v);
+        break;
     }
   }
   int64_t Device() const {
@@ -421,11 +435,29 @@ Schedule RandomHomeSchedule(const Graph& g, std::mt19937_64& rng, double invalid
   };
   const int n = g.num_nodes();
   constexpr Action kActions[] = {Action::kCompute, Action::kCompute, Action::kCompute,
-                                 Action::kFree, Action::kOffload, Action::kPrefetch};
+                                 Action::kFree,    Action::kOffload, Action::kPrefetch,
+                                 Action::kHostCompute};
   for (int i = 0; i < 3 * n; ++i) {
     const bool arbitrary = std::uniform_real_distribution<double>(0, 1)(rng) < invalid_rate;
     for (int attempt = 0; attempt < 50; ++attempt) {
-      const Step st{kActions[rng() % 6], static_cast<NodeId>(rng() % n)};
+      const Step st{kActions[rng() % 7], static_cast<NodeId>(rng() % n)};
+      if (!arbitrary && st.action == Action::kHostCompute && g.host_cost(st.node).has_value()) {
+        // Prepare it where the rules allow: host copies of what it reads,
+        // then its storage off the device (each holder freed).
+        for (NodeId u : g.inputs(st.node)) {
+          const Step offload{Action::kOffload, g.storage(u)};
+          if (!oracle.has_host_copy(g.storage(u)) && oracle.Valid(offload)) push(offload);
+        }
+        for (NodeId a = 0; a < n; ++a) {
+          const Step free{Action::kFree, a};
+          if (a != g.storage(st.node) && g.storage(a) == g.storage(st.node) &&
+              oracle.resident(a) && oracle.Valid(free)) {
+            push(free);
+          }
+        }
+        const Step free_base{Action::kFree, g.storage(st.node)};
+        if (oracle.resident(g.storage(st.node)) && oracle.Valid(free_base)) push(free_base);
+      }
       if (arbitrary || oracle.Valid(st)) {
         push(st);
         break;
@@ -453,7 +485,7 @@ Schedule RandomHomeSchedule(const Graph& g, std::mt19937_64& rng, double invalid
 }
 
 TEST(HomeTierTest, AgreesWithTheBruteForceReferenceOnRandomGraphsAndSchedules) {
-  int valid = 0, invalid = 0, with_updates = 0, with_host_homes = 0;
+  int valid = 0, invalid = 0, with_updates = 0, with_host_homes = 0, host_computes = 0;
   for (uint64_t seed = 1; seed <= 200; ++seed) {
     const Graph g = RandomHomeDag(seed);
     with_updates += g.has_in_place();
@@ -478,6 +510,7 @@ TEST(HomeTierTest, AgreesWithTheBruteForceReferenceOnRandomGraphsAndSchedules) {
         continue;
       }
       ++valid;
+      for (const Step& st : s.steps) host_computes += st.action == Action::kHostCompute;
       EXPECT_EQ(r->peak_bytes, ref.peak) << label;
       EXPECT_EQ(r->host_peak_bytes, ref.host_peak) << label;
       EXPECT_EQ(r->transfer_bytes, ref.transfer) << label;
@@ -491,6 +524,7 @@ TEST(HomeTierTest, AgreesWithTheBruteForceReferenceOnRandomGraphsAndSchedules) {
   EXPECT_GT(with_host_homes, 100);
   EXPECT_GT(valid, 150);
   EXPECT_GT(invalid, 150);
+  EXPECT_GT(host_computes, 15);  // valid host computes, in valid schedules
 }
 
 }  // namespace

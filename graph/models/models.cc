@@ -50,6 +50,10 @@ ModelEntry Network(std::string name, std::string description,
                     "keep or drop: whether the parameters' gradients stay outputs of the step "
                     "(drop: each freed by its update, which may then run early; needs an "
                     "optimizer, docs/training.md)"});
+  params.push_back({"updates", "device",
+                    "device or host: where the optimizer's updates run (host: on the CPU, on "
+                    "host copies, the state then on the host; needs an optimizer, "
+                    "docs/training.md)"});
   return {{std::move(name), std::move(description), std::move(params),
            /*training_graph=*/true},
           std::move(build)};
@@ -315,7 +319,8 @@ absl::StatusOr<Graph> BuildModel(const ModelSpec& spec, CostModel cost) {
     }
     values[key] = value;
   }
-  std::string optimizer = "none", state = "device", parameters = "device", gradients = "keep";
+  std::string optimizer = "none", state = "device", parameters = "device", gradients = "keep",
+              updates = "device";
   if (entry->info.training_graph) {
     optimizer = values["optimizer"];
     state = values["optimizer_state"];
@@ -325,6 +330,17 @@ absl::StatusOr<Graph> BuildModel(const ModelSpec& spec, CostModel cost) {
     gradients = values["gradients"];
     values.erase("parameters");
     values.erase("gradients");
+    updates = values["updates"];
+    values.erase("updates");
+    if (updates != "device" && updates != "host") {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "model '", spec.name, "': updates=", updates, " (expected device or host)"));
+    }
+    if (updates == "host" && optimizer == "none") {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "model '", spec.name, "': updates=host needs an optimizer (optimizer=sgd, adam or "
+          "adamw)"));
+    }
     if (gradients != "keep" && gradients != "drop") {
       return absl::InvalidArgumentError(absl::StrCat(
           "model '", spec.name, "': gradients=", gradients, " (expected keep or drop)"));
@@ -363,6 +379,7 @@ absl::StatusOr<Graph> BuildModel(const ModelSpec& spec, CostModel cost) {
     if (state != "device") step->state_home = *ParseTier(state);
     if (parameters != "device") step->parameter_home = *ParseTier(parameters);
     step->keep_gradients = gradients == "keep";
+    if (updates == "host") step->updates_on_host = true;
     graph = AddOptimizerStep(*graph, *step, cost);
   }
   if (!graph.ok()) {

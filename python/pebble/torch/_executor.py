@@ -88,6 +88,11 @@ class Program:
         by_id = {n.id: n for n in graph.nodes}
         self.steps = []
         for action, node_id in schedule:
+            if action == "host_compute":
+                raise PlanExecutionError(
+                    f"schedule step ({action}, {node_id}): pebble.torch runs the optimizer's "
+                    "updates on the device; updates on the host run in pebble's own executor "
+                    "(pebble run)")
             kind = _ACTIONS.get(action)
             node = by_id.get(node_id)
             if kind is None or node is None:

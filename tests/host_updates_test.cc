@@ -1,0 +1,274 @@
+// Updates on the host (docs/semantics.md, "Updates on the host"): an
+// in-place node with a host_cost may run as `host_compute`, on host copies,
+// on a host stream of its own; the optimizer's updates=host gives every
+// update one, and the policies run them there (Note [Updates on the host],
+// scheduler/updates_last.cc).
+#include <string>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "graph/graph_json.h"
+#include "graph/models/models.h"
+#include "graph/optimizer.h"
+#include "gtest/gtest.h"
+#include "runtime/cpu/cpu_backend.h"
+#include "runtime/executor.h"
+#include "scheduler/plan_api.h"
+#include "scheduler/schedule.h"
+#include "scheduler/simulator.h"
+
+namespace pebble {
+namespace {
+
+using ::testing::HasSubstr;
+
+// x resident; w (home device) and its gradient gw; w1 writes w and may run
+// on the host (5 units there); y reads x only, so it may overlap the update.
+constexpr char kStep[] = R"({"format": "pebble-graph", "version": 1, "name": "host-step",
+  "nodes": [
+    {"id": "x", "bytes": 10, "persistent": true},
+    {"id": "w", "bytes": 100, "persistent": true, "home": "HOME", "role": "parameter"},
+    {"id": "gw", "bytes": 100, "cost": 2, "inputs": ["x"]},
+    {"id": "w1", "bytes": 100, "cost": 1, "host_cost": 5, "inputs": ["w", "gw"],
+     "alias_of": "w", "in_place": true},
+    {"id": "y", "bytes": 20, "cost": 4, "inputs": ["x"]}
+  ],
+  "outputs": ["y"]})";
+
+Graph StepGraph(const std::string& home) {
+  std::string text = kStep;
+  text.replace(text.find("HOME"), 4, home);
+  absl::StatusOr<Graph> g = ParseGraphJson(text);
+  EXPECT_TRUE(g.ok()) << g.status();
+  return g.ok() ? *std::move(g) : Graph();
+}
+
+Schedule Steps(const Graph& g, std::vector<std::pair<Action, std::string>> steps) {
+  Schedule s;
+  for (const auto& [action, id] : steps) s.steps.push_back({action, g.Find(id)});
+  return s;
+}
+
+constexpr Action kC = Action::kCompute, kF = Action::kFree, kO = Action::kOffload,
+                 kP = Action::kPrefetch, kH = Action::kHostCompute;
+
+TEST(HostUpdatesTest, HostCostIsReadWrittenAndChecked) {
+  const Graph g = StepGraph("device");
+  EXPECT_EQ(g.host_cost(g.Find("w1")), 5.0);
+  EXPECT_FALSE(g.host_cost(g.Find("gw")).has_value());
+  EXPECT_TRUE(g.has_host_costs());
+  EXPECT_EQ(GraphToJson(g)["nodes"][3]["host_cost"], 5.0);
+  absl::StatusOr<Graph> back = ParseGraphJson(GraphToJson(g).dump());
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->host_cost(back->Find("w1")), 5.0);
+
+  std::string not_in_place = kStep;
+  not_in_place.replace(not_in_place.find("\"cost\": 4,"), 10, "\"cost\": 4, \"host_cost\": 1,");
+  not_in_place.replace(not_in_place.find("HOME"), 4, "device");
+  absl::StatusOr<Graph> bad = ParseGraphJson(not_in_place);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_THAT(bad.status().message(), HasSubstr("'host_cost' is for in-place nodes"));
+  EXPECT_THAT(bad.status().message(), HasSubstr("y"));
+
+  std::string negative = kStep;
+  negative.replace(negative.find("\"host_cost\": 5"), 14, "\"host_cost\": -1");
+  negative.replace(negative.find("HOME"), 4, "device");
+  bad = ParseGraphJson(negative);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_THAT(bad.status().message(), HasSubstr("host_cost"));
+}
+
+// The time model: the update starts once the copies it reads are on the
+// host, runs on its own stream beside the compute, and the prefetch that
+// brings w back waits for it.
+TEST(HostUpdatesTest, AHostComputeRunsOnItsOwnStreamAfterItsCopies) {
+  const Graph g = StepGraph("device");
+  SimulatorOptions options;
+  options.host_bandwidth_bytes_per_s = 100;  // 100 bytes: 1 unit
+  const Schedule s = Steps(g, {{kC, "gw"}, {kO, "gw"}, {kO, "w"}, {kF, "w"}, {kF, "gw"},
+                               {kH, "w1"}, {kC, "y"}, {kP, "w"}});
+  absl::StatusOr<PlanReport> r = Simulate(g, s, options);
+  ASSERT_TRUE(r.ok()) << r.status();
+  // gw: [0, 2]; its offload [2, 3]; w's [3, 4]; w1 on the host [4, 9];
+  // y on the compute stream from 2 (after the frees at 3 and 4: R_k);
+  // the prefetch of w after w1's end.
+  EXPECT_DOUBLE_EQ(r->timeline[5].start, 4);
+  EXPECT_DOUBLE_EQ(r->timeline[5].end, 9);
+  EXPECT_DOUBLE_EQ(r->timeline[6].start, 4);
+  EXPECT_DOUBLE_EQ(r->timeline[6].end, 8);
+  EXPECT_DOUBLE_EQ(r->timeline[7].start, 9);
+  EXPECT_DOUBLE_EQ(r->makespan, 10);
+  EXPECT_DOUBLE_EQ(r->host_compute_cost, 5);
+  EXPECT_DOUBLE_EQ(r->compute_cost, 6);  // gw and y: the update ran on the host
+  EXPECT_EQ(r->transfer_bytes, 300);
+  EXPECT_EQ(r->recomputations, 0);
+  // While w1 runs the device holds x alone (then y).
+  EXPECT_EQ(r->timeline[5].device_bytes, 10);
+  EXPECT_EQ(ReportToJson(*r, g, s, false)["host_compute_cost"], 5.0);
+
+  // The schedule file names the action.
+  const nlohmann::json doc = ScheduleToJson(g, s);
+  EXPECT_EQ(doc["steps"][5]["action"], "host_compute");
+  absl::StatusOr<Schedule> back = ScheduleFromJson(g, doc);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(*back, s);
+}
+
+TEST(HostUpdatesTest, EveryBrokenRuleIsRefusedNamingTheStep) {
+  const Graph g = StepGraph("device");
+  struct Case {
+    std::vector<std::pair<Action, std::string>> steps;
+    std::string message;
+  };
+  const std::vector<Case> cases = {
+      {{{kC, "gw"}, {kO, "gw"}, {kH, "w1"}}, "is resident on the device"},
+      {{{kC, "gw"}, {kO, "w"}, {kF, "w"}, {kH, "w1"}}, "input 'gw' has no current host copy"},
+      {{{kC, "gw"}, {kO, "gw"}, {kF, "w"}}, "no current host copy (offload it first)"},
+      {{{kC, "gw"}, {kO, "gw"}, {kO, "w"}, {kF, "w"}, {kH, "w1"}, {kH, "w1"}},
+       "has run already"},
+      {{{kC, "gw"}, {kH, "gw"}}, "has no host_cost"},
+      {{{kC, "gw"}, {kO, "gw"}, {kO, "w"}, {kF, "w"}, {kH, "w1"}, {kC, "y"}},
+       "(home: device) is not resident at the end"},
+  };
+  for (const Case& c : cases) {
+    absl::StatusOr<PlanReport> r = Simulate(g, Steps(g, c.steps));
+    ASSERT_FALSE(r.ok()) << c.message;
+    EXPECT_THAT(r.status().message(), HasSubstr(c.message));
+  }
+  // A device compute of the update after it ran on the host.
+  absl::StatusOr<PlanReport> twice = Simulate(
+      g, Steps(g, {{kC, "gw"}, {kO, "gw"}, {kO, "w"}, {kF, "w"}, {kH, "w1"}, {kP, "w"},
+                   {kC, "w1"}}));
+  ASSERT_FALSE(twice.ok());
+  EXPECT_THAT(twice.status().message(), HasSubstr("at step 6 (compute 'w1')"));
+}
+
+// A home the schedule chooses: a host compute that touches the storage
+// first makes it the host.
+TEST(HostUpdatesTest, AnAutoHomeFirstTouchedByAHostComputeIsTheHost) {
+  const Graph g = StepGraph("auto");
+  const Schedule s = Steps(g, {{kC, "gw"}, {kO, "gw"}, {kF, "gw"}, {kH, "w1"}, {kC, "y"}});
+  EXPECT_EQ(ResolveHomes(g, s).home(g.Find("w")), Tier::kHost);
+  absl::StatusOr<PlanReport> r = Simulate(g, s);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->transfer_bytes, 100);  // the gradient alone crosses the link
+  EXPECT_EQ(r->initial_bytes, 10);
+}
+
+TEST(HostUpdatesTest, UpdatesEqualsHostParsesAndGivesEveryUpdateAHostCost) {
+  absl::StatusOr<OptimizerSpec> spec = ParseOptimizer("adam:updates=host,gradients=drop");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_TRUE(spec->updates_on_host);
+  EXPECT_EQ(spec->ToString(),
+            "adam:lr=0.001,beta1=0.9,beta2=0.999,eps=1e-08,weight_decay=0,gradients=drop,"
+            "updates=host");
+  absl::StatusOr<OptimizerSpec> bad = ParseOptimizer("sgd:updates=cpu");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_THAT(bad.status().message(), HasSubstr("expected device or host"));
+
+  absl::StatusOr<Graph> g = BuildModel("mnist-cnn:batch=2,optimizer=adam,updates=host");
+  ASSERT_TRUE(g.ok()) << g.status();
+  int updates = 0;
+  for (NodeId v = 0; v < g->num_nodes(); ++v) {
+    if (g->in_place(v)) {
+      ++updates;
+      ASSERT_TRUE(g->host_cost(v).has_value()) << g->id(v);
+      EXPECT_GT(*g->host_cost(v), 0) << g->id(v);
+    }
+    if (g->role(v) == Role::kOptimizerState) {
+      EXPECT_EQ(g->home(v), Tier::kHost) << g->id(v);
+    }
+    if (g->role(v) == Role::kParameter) {
+      EXPECT_EQ(g->home(v), Tier::kDevice) << g->id(v);
+    }
+  }
+  EXPECT_GT(updates, 3);
+  // The host's rate sets the cost: an update reading 4 operands of b bytes
+  // and writing one costs 5 b / rate.
+  CostModel slow;
+  slow.host_bytes_per_s = 1e6;
+  absl::StatusOr<Graph> s = BuildModel("mnist-cnn:batch=2,optimizer=adam,updates=host", slow);
+  ASSERT_TRUE(s.ok());
+  const NodeId exp_avg = s->Find("exp_avg:conv1.weight#1");
+  ASSERT_NE(exp_avg, kNoNode);
+  EXPECT_DOUBLE_EQ(*s->host_cost(exp_avg),
+                   4.0 * static_cast<double>(s->bytes(exp_avg)) / 1e6);
+
+  for (const char* text : {"mnist-cnn:updates=host", "mnist-cnn:optimizer=sgd,updates=gpu"}) {
+    absl::StatusOr<Graph> refused = BuildModel(text);
+    ASSERT_FALSE(refused.ok()) << text;
+    EXPECT_THAT(refused.status().message(), HasSubstr("updates=")) << text;
+  }
+}
+
+int Count(const Schedule& s, Action action) {
+  int n = 0;
+  for (const Step& step : s.steps) n += step.action == action;
+  return n;
+}
+
+// Every policy runs every update on the host: no update on the device,
+// each gradient sent to the host once (and, dropped, freed then), the
+// state never crossing the link; and the step runs on the CPU backend to
+// the device updates' bits, measured peaks == predicted.
+TEST(HostUpdatesTest, EveryPolicyRunsTheUpdatesOnTheHostToTheDeviceUpdatesBits) {
+  absl::StatusOr<Graph> plain = BuildModel("transformer:layers=2");
+  ASSERT_TRUE(plain.ok());
+  absl::StatusOr<OptimizerSpec> device_spec = ParseOptimizer("adamw:lr=0.01,gradients=drop");
+  absl::StatusOr<OptimizerSpec> host_spec =
+      ParseOptimizer("adamw:lr=0.01,gradients=drop,updates=host");
+  ASSERT_TRUE(device_spec.ok() && host_spec.ok());
+  absl::StatusOr<Graph> on_device = AddOptimizerStep(*plain, *device_spec);
+  absl::StatusOr<Graph> on_host = AddOptimizerStep(*plain, *host_spec);
+  ASSERT_TRUE(on_device.ok() && on_host.ok()) << on_host.status();
+  int updates = 0, gradients = 0;
+  for (NodeId v = 0; v < on_host->num_nodes(); ++v) {
+    updates += on_host->in_place(v);
+    gradients += on_host->id(v).rfind("grad:", 0) == 0 && on_host->readers(v).size() > 0 &&
+                 on_host->in_place(on_host->readers(v).front());
+  }
+  std::unique_ptr<Backend> backend = MakeCpuBackend();
+  PlanRequest reference_request;
+  reference_request.policy = "baseline";
+  absl::StatusOr<PlanOutcome> reference = PlanGraph(*on_device, reference_request);
+  ASSERT_TRUE(reference.ok()) << reference.status();
+  absl::StatusOr<ExecutionResult> expected =
+      Execute(*on_device, reference->result.schedule, *backend);
+  ASSERT_TRUE(expected.ok()) << expected.status();
+  for (const char* policy : {"baseline", "rotor", "dtr", "swap", "hybrid"}) {
+    SCOPED_TRACE(policy);
+    PlanRequest request;
+    request.policy = policy;
+    request.budget = "min";
+    request.options.time_limit_s = 5;
+    absl::StatusOr<PlanOutcome> plan = PlanGraph(*on_host, request);
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    ASSERT_TRUE(plan->result.feasible) << plan->result.message;
+    const Schedule& s = plan->result.schedule;
+    EXPECT_EQ(Count(s, Action::kHostCompute), updates);
+    for (const Step& step : s.steps) {
+      if (step.action == Action::kCompute) {
+        EXPECT_FALSE(on_host->in_place(step.node));
+      }
+      if (step.action == Action::kOffload || step.action == Action::kPrefetch) {
+        EXPECT_NE(on_host->role(step.node), Role::kOptimizerState) << on_host->id(step.node);
+      }
+    }
+    EXPECT_GE(Count(s, Action::kOffload), gradients);
+    EXPECT_GT(plan->result.report.host_compute_cost, 0);
+    absl::StatusOr<ExecutionResult> r = Execute(*on_host, s, *backend);
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->peak_bytes, r->predicted.peak_bytes);
+    EXPECT_EQ(r->host_peak_bytes, r->predicted.host_peak_bytes);
+    EXPECT_GT(r->host_time_s, 0);
+    ASSERT_EQ(r->updated.size(), expected->updated.size());
+    for (size_t i = 0; i < r->updated.size(); ++i) {
+      EXPECT_EQ(on_host->id(r->updated[i].node), on_device->id(expected->updated[i].node));
+      EXPECT_TRUE(r->updated[i].array.data == expected->updated[i].array.data)
+          << on_host->id(r->updated[i].node);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace pebble
