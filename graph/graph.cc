@@ -295,9 +295,14 @@ absl::StatusOr<Graph> GraphBuilder::Build() const {
     if (s.home.has_value() && !s.persistent) {
       return NodeError(s.id, "'home' is for persistent nodes (where they live between steps)");
     }
-    if (s.host_cost.has_value() && !s.in_place) {
-      return NodeError(s.id, "'host_cost' is for in-place nodes (an update that may run on "
-                             "the host)");
+    if ((s.host_cost.has_value() || s.runs_on.has_value()) && !s.in_place) {
+      return NodeError(s.id, absl::StrCat("'", s.host_cost.has_value() ? "host_cost" : "runs_on",
+                                          "' is for in-place nodes (an update that may run on "
+                                          "the host)"));
+    }
+    if (s.runs_on.has_value() && *s.runs_on != Tier::kDevice && !s.host_cost.has_value()) {
+      return NodeError(s.id, absl::StrCat("'runs_on': '", TierName(*s.runs_on),
+                                          "' needs 'host_cost' (its time on the host)"));
     }
     if (s.host_cost.has_value() && !(std::isfinite(*s.host_cost) && *s.host_cost >= 0)) {
       return NodeError(s.id, absl::StrCat("'host_cost' must be a non-negative finite number, "
@@ -370,8 +375,10 @@ absl::StatusOr<Graph> GraphBuilder::Build() const {
     g.attrs_.push_back(s.attrs);
     g.homes_.push_back(s.home);
     g.in_place_.push_back(s.in_place ? 1 : 0);
+    g.runs_on_.push_back(s.runs_on.value_or(Tier::kDevice));
     g.host_costs_.push_back(s.host_cost);
     if (s.host_cost.has_value()) ++g.num_host_costs_;
+    if (s.runs_on == Tier::kAuto) ++g.num_auto_runs_on_;
     if (s.home.has_value()) ++g.num_homes_;
     if (s.home == Tier::kAuto) ++g.num_auto_homes_;
     if (s.in_place) ++g.num_in_place_;
@@ -487,6 +494,15 @@ absl::StatusOr<Graph> GraphBuilder::Build() const {
   return g;
 }
 
+Graph Graph::WithAutoRunsOnAs(const std::function<bool(NodeId)>& on_host) const {
+  Graph g = *this;
+  for (NodeId v = 0; v < num_nodes(); ++v) {
+    if (runs_on_[v] == Tier::kAuto) g.runs_on_[v] = on_host(v) ? Tier::kHost : Tier::kDevice;
+  }
+  g.num_auto_runs_on_ = 0;
+  return g;
+}
+
 Graph Graph::WithAutoHomesAs(const std::function<Tier(NodeId)>& tier_of) const {
   Graph g = *this;
   for (NodeId v = 0; v < num_nodes(); ++v) {
@@ -516,6 +532,7 @@ NodeSpec SpecOf(const Graph& graph, NodeId v) {
   if (graph.is_alias(v)) s.alias_of = graph.id(graph.alias_of(v));
   s.home = graph.home(v);
   s.in_place = graph.in_place(v);
+  if (graph.runs_on(v) != Tier::kDevice) s.runs_on = graph.runs_on(v);
   s.host_cost = graph.host_cost(v);
   return s;
 }

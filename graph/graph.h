@@ -118,9 +118,11 @@ struct NodeSpec {
   // node runs once per step, and nothing reads the storage's earlier value
   // after it. It may have a workspace.
   bool in_place = false;
-  // In-place nodes only: the node may also run on the host (a CPU update
-  // of host copies, action host_compute) and takes this long there, in the
-  // graph's cost unit; nullopt: it runs on the device only.
+  // In-place nodes only: where the node runs ("runs_on"): the device (the
+  // default), the host (a CPU update of host copies, action host_compute),
+  // or either, as the plan chooses (kAuto). Host and auto need host_cost,
+  // its time on the host in the graph's cost unit.
+  std::optional<Tier> runs_on;
   std::optional<double> host_cost;
 };
 
@@ -160,10 +162,16 @@ class Graph {
   // storage's base.
   std::optional<Tier> home(NodeId v) const { return homes_[v]; }
   bool in_place(NodeId v) const { return in_place_[v] != 0; }
-  // host_cost(v): the in-place node's time on the host, or nullopt (it
-  // runs on the device only; NodeSpec::host_cost).
+  // runs_on(v): where the node runs (kDevice unless an in-place node says
+  // otherwise); host_cost(v): its time on the host, where it may run there
+  // (NodeSpec::runs_on, NodeSpec::host_cost).
+  Tier runs_on(NodeId v) const { return runs_on_[v]; }
   std::optional<double> host_cost(NodeId v) const { return host_costs_[v]; }
   bool has_host_costs() const { return num_host_costs_ > 0; }
+  bool has_auto_runs_on() const { return num_auto_runs_on_ > 0; }
+  // This graph with each node that runs_on kAuto set to on_host(v) ? kHost
+  // : kDevice; everything else unchanged.
+  Graph WithAutoRunsOnAs(const std::function<bool(NodeId)>& on_host) const;
   NodeId version(NodeId v) const { return versions_[v]; }
   bool has_homes() const { return num_homes_ > 0; }
   bool has_auto_homes() const { return num_auto_homes_ > 0; }
@@ -236,8 +244,10 @@ class Graph {
   int num_aliases_ = 0;
   std::vector<std::optional<Tier>> homes_;
   std::vector<uint8_t> in_place_;
+  std::vector<Tier> runs_on_;
   std::vector<std::optional<double>> host_costs_;
   int num_host_costs_ = 0;
+  int num_auto_runs_on_ = 0;
   std::vector<NodeId> versions_;
   int num_homes_ = 0;
   int num_auto_homes_ = 0;
@@ -280,8 +290,9 @@ class GraphBuilder {
   // node that is not persistent, an in-place node that is no alias, writes
   // a storage that is not persistent, or whose alias_of is neither the base
   // nor an in-place node, two in-place nodes writing after the same one, a
-  // host_cost on a node that is not in place, or that is negative or not
-  // finite. A repeated output id counts once.
+  // runs_on or host_cost on a node that is not in place, a runs_on host or
+  // auto without a host_cost, a host_cost that is negative or not finite.
+  // A repeated output id counts once.
   absl::StatusOr<Graph> Build() const;
 
  private:

@@ -35,9 +35,9 @@ constexpr int64_t kVersion = 1;
 
 constexpr std::array<absl::string_view, 5> kTopLevelKeys = {
     "format", "version", "name", "nodes", "outputs"};
-constexpr std::array<absl::string_view, 15> kNodeKeys = {
-    "id",   "op",    "bytes", "cost",  "inputs", "alias_of", "workspace", "persistent",
-    "role", "shape", "dtype", "attrs", "home",   "in_place", "host_cost"};
+constexpr std::array<absl::string_view, 16> kNodeKeys = {
+    "id",    "op",    "bytes", "cost",     "inputs",  "alias_of",  "workspace", "persistent",
+    "role",  "shape", "dtype", "attrs",    "home",    "in_place",  "runs_on",   "host_cost"};
 
 // A JSON value as shown after "got": its text, cut.
 std::string Shown(const Json& v) {
@@ -192,6 +192,14 @@ absl::StatusOr<NodeSpec> ParseNode(const Json& node, size_t index) {
                         absl::StrCat("must be true or false, got ", Shown(*it)));
     }
     spec.in_place = it->get<bool>();
+  }
+  if (auto it = node.find("runs_on"); it != node.end()) {
+    ASSIGN_OR_RETURN(std::string name, ReadString(*it, where, "runs_on"));
+    absl::StatusOr<Tier> tier = ParseTier(name);
+    if (!tier.ok()) {
+      return FieldError(where, "runs_on", absl::StrCat("is invalid: ", tier.status().message()));
+    }
+    spec.runs_on = *tier;
   }
   if (auto it = node.find("host_cost"); it != node.end()) {
     if (!it->is_number() || !std::isfinite(it->get<double>()) || it->get<double>() < 0) {
@@ -402,6 +410,7 @@ OrderedJson NodeToJson(const Graph& graph, NodeId v) {
   if (graph.persistent(v)) node["persistent"] = true;
   if (graph.home(v).has_value()) node["home"] = std::string(TierName(*graph.home(v)));
   if (graph.in_place(v)) node["in_place"] = true;
+  if (graph.runs_on(v) != Tier::kDevice) node["runs_on"] = std::string(TierName(graph.runs_on(v)));
   if (graph.host_cost(v).has_value()) node["host_cost"] = *graph.host_cost(v);
   const Role default_role = graph.persistent(v) ? Role::kInput : Role::kForward;
   if (graph.role(v) != default_role) {

@@ -72,7 +72,7 @@ std::string OptimizerSpec::ToString() const {
       continue;
     }
     if (key == "updates") {
-      if (updates_on_host) parts.push_back("updates=host");
+      if (updates != Tier::kDevice) parts.push_back(absl::StrCat("updates=", TierName(updates)));
       continue;
     }
     parts.push_back(absl::StrCat(key, "=", *Field(*this, key)));
@@ -131,11 +131,12 @@ absl::StatusOr<OptimizerSpec> ParseOptimizer(absl::string_view text) {
       continue;
     }
     if (key == "updates") {
-      if (value != "device" && value != "host") {
+      absl::StatusOr<Tier> tier = ParseTier(value);
+      if (!tier.ok()) {
         return absl::InvalidArgumentError(absl::StrCat(
-            "optimizer ", name, ": updates=", Quote(value), " (expected device or host)"));
+            "optimizer ", name, ": updates=", Quote(value), " (expected device, host or auto)"));
       }
-      spec.updates_on_host = value == "host";
+      spec.updates = *tier;
       continue;
     }
     double number = 0;
@@ -147,6 +148,13 @@ absl::StatusOr<OptimizerSpec> ParseOptimizer(absl::string_view text) {
       return absl::InvalidArgumentError(absl::StrCat("optimizer: ", s.message()));
     }
     *Field(spec, key) = number;
+  }
+  if (spec.updates == Tier::kAuto && spec.state_home.has_value() &&
+      *spec.state_home != Tier::kHost) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "optimizer ", name, ": updates=auto places the updates with the state on the host; "
+        "state=", TierName(*spec.state_home), " with it is not planned (give state=host, or "
+        "updates=device to place the state)"));
   }
   if (!spec.keeps_state() && spec.state_home.has_value() && *spec.state_home != Tier::kDevice) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -184,11 +192,19 @@ class OptimizerStepBuilder {
       // Updates on the host read it there, so it lives on the host then.
       NodeSpec count = State("optimizer.step", {}, DType::kFloat32, 4);
       count.home.reset();
-      if (spec_.updates_on_host) count.home = Tier::kHost;
+      // With updates=auto it is counted on the device and offloaded (4
+      // bytes) for the updates that run on the host.
+      if (spec_.updates == Tier::kHost) count.home = Tier::kHost;
+      if (spec_.updates == Tier::kAuto) count.home = Tier::kDevice;
       RETURN_IF_ERROR(Add(b, std::move(count)));
       step_now = "optimizer.step#1";
-      RETURN_IF_ERROR(Add(b, Update(step_now, "optimizer_step", "optimizer.step",
-                                    {"optimizer.step"}, {}, DType::kFloat32, 4, 1)));
+      NodeSpec count_update = Update(step_now, "optimizer_step", "optimizer.step",
+                                   {"optimizer.step"}, {}, DType::kFloat32, 4, 1);
+    if (spec_.updates == Tier::kAuto) {  // counted on the device
+      count_update.runs_on.reset();
+      count_update.host_cost.reset();
+    }
+    RETURN_IF_ERROR(Add(b, std::move(count_update)));
     }
     int params = 0;
     for (NodeId g : training_.outputs()) {
@@ -257,11 +273,13 @@ class OptimizerStepBuilder {
   // copies, so what they touch must be able to move (the state lives on
   // the host, the parameters return to the device).
   std::optional<Tier> StateHome() const {
-    if (spec_.updates_on_host && !spec_.state_home.has_value()) return Tier::kHost;
+    if (spec_.updates != Tier::kDevice && !spec_.state_home.has_value()) return Tier::kHost;
     return spec_.state_home;
   }
   std::optional<Tier> ParameterHome() const {
-    if (spec_.updates_on_host && !spec_.parameter_home.has_value()) return Tier::kDevice;
+    if (spec_.updates != Tier::kDevice && !spec_.parameter_home.has_value()) {
+      return Tier::kDevice;
+    }
     return spec_.parameter_home;
   }
 
@@ -300,7 +318,8 @@ class OptimizerStepBuilder {
                     {"decoupled_weight_decay", spec_.kind == OptimizerKind::kAdamW}});
     }
     s.attrs = std::move(attrs);
-    if (spec_.updates_on_host) {
+    if (spec_.updates != Tier::kDevice) {
+      s.runs_on = spec_.updates;
       s.host_cost = HostUpdateSeconds(s.inputs.size(), bytes, cost_.host_bytes_per_s);
     }
     return s;

@@ -56,12 +56,14 @@ struct OptimizerSpec {
   // end, as without an optimizer); false ("gradients=drop"): only the
   // updates read them, and a plan may free each after its update.
   bool keep_gradients = true;
-  // Where the updates run ("updates=device|host"). On the host, each
-  // update node gets a host_cost (CostModel::host_bytes_per_s) and every
-  // policy runs it there, on host copies (docs/training.md, "Updates on
-  // the host"); the state's home is then the host unless given, Adam's
-  // step count's too, and the parameters' the device unless given.
-  bool updates_on_host = false;
+  // Where the updates run ("updates=device|host|auto"; docs/training.md,
+  // "Updates on the host"). host: every update runs on the host, on host
+  // copies, at a host_cost from CostModel::host_bytes_per_s; the state's
+  // home is then the host unless given, Adam's step count's too, and the
+  // parameters' the device unless given. auto: the plan chooses per
+  // parameter whether its updates run on the host or the device; the state
+  // lives on the host, Adam's step count is counted on the device.
+  Tier updates = Tier::kDevice;
   // Whether the optimizer keeps state (all but SGD without momentum): only
   // then may the state have a home.
   bool keeps_state() const { return kind != OptimizerKind::kSgd || momentum > 0; }
@@ -71,7 +73,7 @@ struct OptimizerSpec {
 // "sgd", "adam", "adamw", optionally with parameters after a colon:
 // "sgd:lr=0.1,momentum=0.9,weight_decay=1e-4", "adam:lr=1e-3,beta1=0.9,
 // beta2=0.999,eps=1e-8,weight_decay=0", "...,state=host|auto",
-// "...,parameters=host|auto", "...,gradients=drop", "...,updates=host".
+// "...,parameters=host|auto", "...,gradients=drop", "...,updates=host|auto".
 // Defaults are
 // PyTorch's (lr 0.01 for SGD, 0.001 for Adam and AdamW; AdamW's
 // weight_decay 0.01). InvalidArgument names an unknown optimizer or key,
@@ -82,8 +84,8 @@ absl::StatusOr<OptimizerSpec> ParseOptimizer(absl::string_view text);
 // `training` (a training graph: parameters with gradients "grad:p" among
 // its outputs) with the optimizer's state and updates (Note [Optimizer
 // nodes]). Costs: element-wise work at cost.device_flops_per_s (SGD 3 and
-// Adam 10 operations per element); with updates on the host, host_cost is
-// the bytes each update reads and writes at cost.host_bytes_per_s. Errors: no parameter with a gradient, a
+// Adam 10 operations per element); updates that may run on the host have a
+// host_cost: the bytes each reads and writes at cost.host_bytes_per_s. Errors: no parameter with a gradient, a
 // parameter without a shape, a state id already taken.
 absl::StatusOr<Graph> AddOptimizerStep(const Graph& training, const OptimizerSpec& spec,
                                        CostModel cost = {});

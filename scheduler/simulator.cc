@@ -157,6 +157,10 @@ absl::StatusOr<PlanReport> Simulate(const Graph& graph,
         if (!graph.is_alias(v) && holders[v] > 0) {
           return StepError(graph, k, step, HeldThroughAlias(graph, v, on_device));
         }
+        if (graph.runs_on(v) == Tier::kHost) {
+          return StepError(graph, k, step,
+                           "the node runs on the host (runs_on: host): use host_compute");
+        }
         if (graph.in_place(v) && computed[v]) {
           return StepError(graph, k, step,
                            absl::StrCat("the in-place update has run already (it writes ",
@@ -289,10 +293,10 @@ absl::StatusOr<PlanReport> Simulate(const Graph& graph,
         break;
       }
       case Action::kHostCompute: {
-        if (!graph.host_cost(v).has_value()) {
+        if (graph.runs_on(v) == Tier::kDevice) {
           return StepError(graph, k, step,
-                           "the node has no host_cost (only in-place updates given one may run "
-                           "on the host)");
+                           "the node runs on the device (only an in-place update with "
+                           "runs_on host or auto, and a host_cost, runs on the host)");
         }
         const NodeId root = graph.storage(v);
         if (computed[v]) {

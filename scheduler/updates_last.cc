@@ -8,6 +8,7 @@
 #include "graph/status.h"
 #include "graph/text_input.h"
 #include "scheduler/state_placement.h"
+#include "scheduler/update_placement.h"
 
 namespace pebble {
 
@@ -241,7 +242,7 @@ class UpdateEmitter {
   // Update k and the moves and frees around it.
   void Emit(int k, Schedule& schedule) {
     const NodeId w = updates_[k];
-    if (graph_.host_cost(w).has_value()) return EmitOnHost(k, schedule);
+    if (graph_.runs_on(w) == Tier::kHost) return EmitOnHost(k, schedule);
     for (NodeId u : graph_.unique_inputs(w)) {
       const NodeId root = graph_.storage(u);
       if (Streamed(root) && !fetched_[root]) {
@@ -263,8 +264,9 @@ class UpdateEmitter {
     }
   }
 
-  // Note [Updates on the host]. An update with a host_cost runs on the
-  // host, on host copies. Before it, each storage it reads without a
+  // Note [Updates on the host]. An update that runs_on the host runs
+  // there, on host copies (where it may run on either side, the plan has
+  // chosen first: Note [Update placement]). Before it, each storage it reads without a
   // current host copy is offloaded: a gradient (then freed on the device
   // at once where it is dropped and only host updates read it, as
   // ZeRO-Offload sends a gradient to the host when it is complete), or a
@@ -326,7 +328,7 @@ class UpdateEmitter {
   }
   bool OnlyHostUpdatesRead(NodeId u) const {
     for (NodeId r : graph_.readers(u)) {
-      if (!graph_.host_cost(r).has_value()) return false;
+      if (graph_.runs_on(r) != Tier::kHost) return false;
     }
     return true;
   }
@@ -466,6 +468,17 @@ class UpdatesLastPlanner final : public Planner {
   absl::StatusOr<PlanResult> Plan(const Graph& graph,
                                   const PlannerOptions& options) const override {
     if (!graph.has_in_place()) return inner_->Plan(graph, options);
+    if (graph.has_auto_runs_on()) {  // Note [Update placement]
+      return PlaceUpdates(graph, options, [this](const Graph& g, const PlannerOptions& o) {
+        return PlanPlaced(g, o);
+      });
+    }
+    return PlanPlaced(graph, options);
+  }
+
+ private:
+  // The plan of a graph whose updates' sides are chosen.
+  absl::StatusOr<PlanResult> PlanPlaced(const Graph& graph, const PlannerOptions& options) const {
     if (graph.has_auto_homes()) {  // Note [State placement]
       return PlaceAutoState(graph, options, [this](const Graph& g, const PlannerOptions& o) {
         return PlanStreamed(g, o);
@@ -474,7 +487,6 @@ class UpdatesLastPlanner final : public Planner {
     return PlanStreamed(graph, options);
   }
 
- private:
   // Note [Parameters streamed]: the policy plans with the parameters
   // resident, so a budget it cannot meet may still fit once they are
   // streamed, and the memory they free lets it keep more. It plans at the

@@ -246,7 +246,10 @@ Graph RandomHomeDag(uint64_t seed) {
       v.inputs.push_back(last_write[target]);
       last_write[target] = v.id;
       if (!plain.empty()) v.inputs.push_back(plain[rng() % plain.size()]);
-      if (rng() % 2 == 0) v.host_cost = static_cast<double>(rng() % 4);  // may run on the host
+      if (rng() % 2 == 0) {  // runs on the host, or where the schedule says
+        v.host_cost = static_cast<double>(rng() % 4);
+        v.runs_on = rng() % 2 == 0 ? Tier::kHost : Tier::kAuto;
+      }
     } else {
       const int reads = 1 + static_cast<int>(rng() % 2);
       for (int r = 0; r < reads; ++r) {
@@ -317,7 +320,7 @@ class HomeOracle {
     switch (st.action) {
       case Action::kCompute: {
         bool ok = !g_.persistent(v) && !in_d_[v] && (g_.is_alias(v) || !HeldThroughAlias(v)) &&
-                  !(g_.in_place(v) && done_[v]);
+                  !(g_.in_place(v) && done_[v]) && g_.runs_on(v) != Tier::kHost;
         for (NodeId u : g_.inputs(v)) {
           ok = ok && in_d_[u] && VersionOf(u) == Current(g_.storage(u));
         }
@@ -331,7 +334,7 @@ class HomeOracle {
         return !g_.is_alias(v) && in_h_[v] && !in_d_[v] && !HeldThroughAlias(v);
       case Action::kHostCompute: {
         const NodeId root = g_.storage(v);
-        bool ok = g_.host_cost(v).has_value() && !done_[v];
+        bool ok = g_.runs_on(v) != Tier::kDevice && !done_[v];
         for (NodeId a = 0; a < g_.num_nodes(); ++a) ok = ok && !(in_d_[a] && g_.storage(a) == root);
         for (NodeId u : g_.inputs(v)) {
           ok = ok && in_h_[g_.storage(u)] && VersionOf(u) == Current(g_.storage(u));
@@ -441,7 +444,7 @@ Schedule RandomHomeSchedule(const Graph& g, std::mt19937_64& rng, double invalid
     const bool arbitrary = std::uniform_real_distribution<double>(0, 1)(rng) < invalid_rate;
     for (int attempt = 0; attempt < 50; ++attempt) {
       const Step st{kActions[rng() % 7], static_cast<NodeId>(rng() % n)};
-      if (!arbitrary && st.action == Action::kHostCompute && g.host_cost(st.node).has_value()) {
+      if (!arbitrary && st.action == Action::kHostCompute && g.runs_on(st.node) != Tier::kDevice) {
         // Prepare it where the rules allow: host copies of what it reads,
         // then its storage off the device (each holder freed).
         for (NodeId u : g.inputs(st.node)) {

@@ -1,8 +1,9 @@
 // Updates on the host (docs/semantics.md, "Updates on the host"): an
-// in-place node with a host_cost may run as `host_compute`, on host copies,
-// on a host stream of its own; the optimizer's updates=host gives every
-// update one, and the policies run them there (Note [Updates on the host],
-// scheduler/updates_last.cc).
+// in-place node that runs_on the host (or auto) runs as `host_compute`, on
+// host copies, on a host stream of its own, for its host_cost; the
+// optimizer's updates=host puts every update there and updates=auto lets
+// the plan choose per parameter (Note [Updates on the host],
+// scheduler/updates_last.cc; Note [Update placement]).
 #include <string>
 #include <vector>
 
@@ -22,22 +23,25 @@ namespace {
 
 using ::testing::HasSubstr;
 
-// x resident; w (home device) and its gradient gw; w1 writes w and may run
-// on the host (5 units there); y reads x only, so it may overlap the update.
+// x resident; w (home HOME) and its gradient gw; w1 writes w and runs on
+// RUNS_ON (5 units on the host); y reads x only, so it may overlap the
+// update.
 constexpr char kStep[] = R"({"format": "pebble-graph", "version": 1, "name": "host-step",
   "nodes": [
     {"id": "x", "bytes": 10, "persistent": true},
     {"id": "w", "bytes": 100, "persistent": true, "home": "HOME", "role": "parameter"},
     {"id": "gw", "bytes": 100, "cost": 2, "inputs": ["x"]},
-    {"id": "w1", "bytes": 100, "cost": 1, "host_cost": 5, "inputs": ["w", "gw"],
+    {"id": "w1", "bytes": 100, "cost": 1, "host_cost": 5, "runs_on": "RUNS_ON",
+     "inputs": ["w", "gw"],
      "alias_of": "w", "in_place": true},
     {"id": "y", "bytes": 20, "cost": 4, "inputs": ["x"]}
   ],
   "outputs": ["y"]})";
 
-Graph StepGraph(const std::string& home) {
+Graph StepGraph(const std::string& home, const std::string& runs_on = "host") {
   std::string text = kStep;
   text.replace(text.find("HOME"), 4, home);
+  text.replace(text.find("RUNS_ON"), 7, runs_on);
   absl::StatusOr<Graph> g = ParseGraphJson(text);
   EXPECT_TRUE(g.ok()) << g.status();
   return g.ok() ? *std::move(g) : Graph();
@@ -65,6 +69,7 @@ TEST(HostUpdatesTest, HostCostIsReadWrittenAndChecked) {
   std::string not_in_place = kStep;
   not_in_place.replace(not_in_place.find("\"cost\": 4,"), 10, "\"cost\": 4, \"host_cost\": 1,");
   not_in_place.replace(not_in_place.find("HOME"), 4, "device");
+  not_in_place.replace(not_in_place.find("RUNS_ON"), 7, "host");
   absl::StatusOr<Graph> bad = ParseGraphJson(not_in_place);
   ASSERT_FALSE(bad.ok());
   EXPECT_THAT(bad.status().message(), HasSubstr("'host_cost' is for in-place nodes"));
@@ -73,9 +78,20 @@ TEST(HostUpdatesTest, HostCostIsReadWrittenAndChecked) {
   std::string negative = kStep;
   negative.replace(negative.find("\"host_cost\": 5"), 14, "\"host_cost\": -1");
   negative.replace(negative.find("HOME"), 4, "device");
+  negative.replace(negative.find("RUNS_ON"), 7, "host");
   bad = ParseGraphJson(negative);
   ASSERT_FALSE(bad.ok());
   EXPECT_THAT(bad.status().message(), HasSubstr("host_cost"));
+
+  std::string no_cost = kStep;
+  no_cost.replace(no_cost.find("\"host_cost\": 5, "), 16, "");
+  no_cost.replace(no_cost.find("HOME"), 4, "device");
+  no_cost.replace(no_cost.find("RUNS_ON"), 7, "auto");
+  bad = ParseGraphJson(no_cost);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_THAT(bad.status().message(), HasSubstr("'runs_on': 'auto' needs 'host_cost'"));
+  EXPECT_EQ(GraphToJson(StepGraph("device", "auto"))["nodes"][3]["runs_on"], "auto");
+  EXPECT_FALSE(GraphToJson(StepGraph("device", "device"))["nodes"][3].contains("runs_on"));
 }
 
 // The time model: the update starts once the copies it reads are on the
@@ -126,7 +142,7 @@ TEST(HostUpdatesTest, EveryBrokenRuleIsRefusedNamingTheStep) {
       {{{kC, "gw"}, {kO, "gw"}, {kF, "w"}}, "no current host copy (offload it first)"},
       {{{kC, "gw"}, {kO, "gw"}, {kO, "w"}, {kF, "w"}, {kH, "w1"}, {kH, "w1"}},
        "has run already"},
-      {{{kC, "gw"}, {kH, "gw"}}, "has no host_cost"},
+      {{{kC, "gw"}, {kH, "gw"}}, "the node runs on the device"},
       {{{kC, "gw"}, {kO, "gw"}, {kO, "w"}, {kF, "w"}, {kH, "w1"}, {kC, "y"}},
        "(home: device) is not resident at the end"},
   };
@@ -135,12 +151,23 @@ TEST(HostUpdatesTest, EveryBrokenRuleIsRefusedNamingTheStep) {
     ASSERT_FALSE(r.ok()) << c.message;
     EXPECT_THAT(r.status().message(), HasSubstr(c.message));
   }
-  // A device compute of the update after it ran on the host.
+  // A device compute of the update after it ran on the host, where either
+  // side is allowed; on the device where only the host is.
+  const Graph either = StepGraph("device", "auto");
   absl::StatusOr<PlanReport> twice = Simulate(
-      g, Steps(g, {{kC, "gw"}, {kO, "gw"}, {kO, "w"}, {kF, "w"}, {kH, "w1"}, {kP, "w"},
-                   {kC, "w1"}}));
+      either, Steps(either, {{kC, "gw"}, {kO, "gw"}, {kO, "w"}, {kF, "w"}, {kH, "w1"},
+                             {kP, "w"}, {kC, "w1"}}));
   ASSERT_FALSE(twice.ok());
   EXPECT_THAT(twice.status().message(), HasSubstr("at step 6 (compute 'w1')"));
+  EXPECT_THAT(twice.status().message(), HasSubstr("has run already"));
+  absl::StatusOr<PlanReport> on_device = Simulate(g, Steps(g, {{kC, "gw"}, {kC, "w1"}}));
+  ASSERT_FALSE(on_device.ok());
+  EXPECT_THAT(on_device.status().message(), HasSubstr("runs on the host (runs_on: host)"));
+  absl::StatusOr<PlanReport> device_only =
+      Simulate(StepGraph("device", "device"),
+               Steps(g, {{kC, "gw"}, {kO, "gw"}, {kO, "w"}, {kF, "w"}, {kH, "w1"}}));
+  ASSERT_FALSE(device_only.ok());
+  EXPECT_THAT(device_only.status().message(), HasSubstr("the node runs on the device"));
 }
 
 // A home the schedule chooses: a host compute that touches the storage
@@ -158,13 +185,16 @@ TEST(HostUpdatesTest, AnAutoHomeFirstTouchedByAHostComputeIsTheHost) {
 TEST(HostUpdatesTest, UpdatesEqualsHostParsesAndGivesEveryUpdateAHostCost) {
   absl::StatusOr<OptimizerSpec> spec = ParseOptimizer("adam:updates=host,gradients=drop");
   ASSERT_TRUE(spec.ok()) << spec.status();
-  EXPECT_TRUE(spec->updates_on_host);
+  EXPECT_EQ(spec->updates, Tier::kHost);
   EXPECT_EQ(spec->ToString(),
             "adam:lr=0.001,beta1=0.9,beta2=0.999,eps=1e-08,weight_decay=0,gradients=drop,"
             "updates=host");
   absl::StatusOr<OptimizerSpec> bad = ParseOptimizer("sgd:updates=cpu");
   ASSERT_FALSE(bad.ok());
-  EXPECT_THAT(bad.status().message(), HasSubstr("expected device or host"));
+  EXPECT_THAT(bad.status().message(), HasSubstr("expected device, host or auto"));
+  bad = ParseOptimizer("adam:updates=auto,state=auto");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_THAT(bad.status().message(), HasSubstr("updates=auto places the updates"));
 
   absl::StatusOr<Graph> g = BuildModel("mnist-cnn:batch=2,optimizer=adam,updates=host");
   ASSERT_TRUE(g.ok()) << g.status();
@@ -172,6 +202,7 @@ TEST(HostUpdatesTest, UpdatesEqualsHostParsesAndGivesEveryUpdateAHostCost) {
   for (NodeId v = 0; v < g->num_nodes(); ++v) {
     if (g->in_place(v)) {
       ++updates;
+      EXPECT_EQ(g->runs_on(v), Tier::kHost) << g->id(v);
       ASSERT_TRUE(g->host_cost(v).has_value()) << g->id(v);
       EXPECT_GT(*g->host_cost(v), 0) << g->id(v);
     }
@@ -267,6 +298,83 @@ TEST(HostUpdatesTest, EveryPolicyRunsTheUpdatesOnTheHostToTheDeviceUpdatesBits) 
       EXPECT_TRUE(r->updated[i].array.data == expected->updated[i].array.data)
           << on_host->id(r->updated[i].node);
     }
+  }
+}
+
+}  // namespace
+}  // namespace pebble
+
+namespace pebble {
+namespace {
+
+PlanOutcome PlanOrDie(const Graph& g, const std::string& policy, const std::string& budget) {
+  PlanRequest request;
+  request.policy = policy;
+  request.budget = budget;
+  request.options.time_limit_s = 10;
+  absl::StatusOr<PlanOutcome> plan = PlanGraph(g, request);
+  EXPECT_TRUE(plan.ok()) << plan.status();
+  return plan.ok() ? *std::move(plan) : PlanOutcome{};
+}
+
+// updates=auto: the plan runs on the host only the updates the budget
+// needs there, the largest parameters' first (Note [Update placement]).
+// With room, none (the device is faster); at the least peak, as low as
+// all on the host; between, some, no slower than either fixed rule that
+// fits; and a placed plan runs on the CPU backend to the device updates'
+// bits with measured peaks == predicted.
+TEST(HostUpdatesTest, AutoRunsOnTheHostOnlyWhatTheBudgetNeeds) {
+  absl::StatusOr<Graph> on_device = BuildModel("transformer:layers=3,optimizer=adam,"
+                                               "optimizer_state=host,gradients=drop");
+  absl::StatusOr<Graph> on_host = BuildModel("transformer:layers=3,optimizer=adam,"
+                                             "gradients=drop,updates=host");
+  absl::StatusOr<Graph> placed = BuildModel("transformer:layers=3,optimizer=adam,"
+                                            "gradients=drop,updates=auto");
+  ASSERT_TRUE(on_device.ok() && on_host.ok() && placed.ok()) << placed.status();
+  EXPECT_TRUE(placed->has_auto_runs_on());
+  EXPECT_EQ(placed->runs_on(placed->Find("optimizer.step#1")), Tier::kDevice);
+  EXPECT_EQ(placed->home(placed->Find("optimizer.step")), Tier::kDevice);
+
+  const PlanOutcome roomy = PlanOrDie(*placed, "rotor", "100%");
+  ASSERT_TRUE(roomy.result.feasible);
+  EXPECT_EQ(roomy.result.details["update_placement"]["host_parameters"], 0);
+  EXPECT_EQ(Count(roomy.result.schedule, Action::kHostCompute), 0);
+
+  const PlanOutcome least = PlanOrDie(*placed, "rotor", "min");
+  const PlanOutcome host_least = PlanOrDie(*on_host, "rotor", "min");
+  const PlanOutcome device_least = PlanOrDie(*on_device, "rotor", "min");
+  // As low as all on the host, but for Adam's step count (4 bytes), which
+  // auto counts on the device.
+  EXPECT_LE(least.result.report.peak_bytes, host_least.result.report.peak_bytes + 4);
+  EXPECT_LT(host_least.result.report.peak_bytes, device_least.result.report.peak_bytes);
+  EXPECT_GT(least.result.details["update_placement"]["host_parameters"].get<int>(), 0);
+
+  // Halfway between the least peaks of the two fixed rules.
+  const int64_t budget =
+      (host_least.result.report.peak_bytes + device_least.result.report.peak_bytes) / 2;
+  const PlanOutcome between = PlanOrDie(*placed, "rotor", std::to_string(budget));
+  ASSERT_TRUE(between.result.feasible) << between.result.message;
+  const int host_parameters = between.result.details["update_placement"]["host_parameters"];
+  const int device_parameters = between.result.details["update_placement"]["device_parameters"];
+  EXPECT_GT(host_parameters, 0);
+  EXPECT_GT(device_parameters, 0);
+  const PlanOutcome host_rule = PlanOrDie(*on_host, "rotor", std::to_string(budget));
+  ASSERT_TRUE(host_rule.result.feasible);
+  EXPECT_LE(between.result.report.makespan, host_rule.result.report.makespan);
+  EXPECT_LT(between.result.report.peak_bytes, device_least.result.report.peak_bytes);
+
+  std::unique_ptr<Backend> backend = MakeCpuBackend();
+  const PlanOutcome reference = PlanOrDie(*on_device, "baseline", "100%");
+  absl::StatusOr<ExecutionResult> expected =
+      Execute(*on_device, reference.result.schedule, *backend);
+  absl::StatusOr<ExecutionResult> r = Execute(*placed, between.result.schedule, *backend);
+  ASSERT_TRUE(expected.ok() && r.ok()) << r.status();
+  EXPECT_EQ(r->peak_bytes, r->predicted.peak_bytes);
+  EXPECT_EQ(r->host_peak_bytes, r->predicted.host_peak_bytes);
+  ASSERT_EQ(r->updated.size(), expected->updated.size());
+  for (size_t i = 0; i < r->updated.size(); ++i) {
+    EXPECT_TRUE(r->updated[i].array.data == expected->updated[i].array.data)
+        << placed->id(r->updated[i].node);
   }
 }
 

@@ -51,9 +51,9 @@ ModelEntry Network(std::string name, std::string description,
                     "(drop: each freed by its update, which may then run early; needs an "
                     "optimizer, docs/training.md)"});
   params.push_back({"updates", "device",
-                    "device or host: where the optimizer's updates run (host: on the CPU, on "
-                    "host copies, the state then on the host; needs an optimizer, "
-                    "docs/training.md)"});
+                    "device, host or auto: where the optimizer's updates run (host: on the "
+                    "CPU, on host copies, the state then on the host; auto: the plan chooses "
+                    "per parameter; needs an optimizer, docs/training.md)"});
   return {{std::move(name), std::move(description), std::move(params),
            /*training_graph=*/true},
           std::move(build)};
@@ -332,14 +332,14 @@ absl::StatusOr<Graph> BuildModel(const ModelSpec& spec, CostModel cost) {
     values.erase("gradients");
     updates = values["updates"];
     values.erase("updates");
-    if (updates != "device" && updates != "host") {
+    if (updates != "device" && updates != "host" && updates != "auto") {
       return absl::InvalidArgumentError(absl::StrCat(
-          "model '", spec.name, "': updates=", updates, " (expected device or host)"));
+          "model '", spec.name, "': updates=", updates, " (expected device, host or auto)"));
     }
-    if (updates == "host" && optimizer == "none") {
+    if (updates != "device" && optimizer == "none") {
       return absl::InvalidArgumentError(absl::StrCat(
-          "model '", spec.name, "': updates=host needs an optimizer (optimizer=sgd, adam or "
-          "adamw)"));
+          "model '", spec.name, "': updates=", updates, " needs an optimizer (optimizer=sgd, "
+          "adam or adamw)"));
     }
     if (gradients != "keep" && gradients != "drop") {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -379,7 +379,13 @@ absl::StatusOr<Graph> BuildModel(const ModelSpec& spec, CostModel cost) {
     if (state != "device") step->state_home = *ParseTier(state);
     if (parameters != "device") step->parameter_home = *ParseTier(parameters);
     step->keep_gradients = gradients == "keep";
-    if (updates == "host") step->updates_on_host = true;
+    if (updates != "device") step->updates = *ParseTier(updates);
+    if (step->updates == Tier::kAuto && step->state_home.has_value() &&
+        *step->state_home != Tier::kHost) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "model '", spec.name, "': updates=auto places the updates with the state on the host; "
+          "optimizer_state=", state, " with it is not planned"));
+    }
     graph = AddOptimizerStep(*graph, *step, cost);
   }
   if (!graph.ok()) {
