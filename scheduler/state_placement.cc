@@ -59,13 +59,12 @@ std::vector<NodeId> AutoHomes(const Graph& graph) {
   return nodes;
 }
 
-// Whether `a` is faster than `b` (then: a lower peak).
+}  // namespace
+
 bool Faster(const PlanResult& a, const PlanResult& b) {
   return a.report.makespan < b.report.makespan ||
          (a.report.makespan == b.report.makespan && a.report.peak_bytes < b.report.peak_bytes);
 }
-
-}  // namespace
 
 absl::StatusOr<PlanResult> PlaceAutoState(const Graph& graph, const PlannerOptions& options,
                                           const ConcretePlanner& plan) {

@@ -23,6 +23,10 @@ using ConcretePlanner =
 // the least peak). The schedule is one of `graph` (ResolveHomes reads the
 // choice back from it); details["state_placement"] gives the counts and
 // bytes of each side and the plans made. Errors: those of `plan`.
+// Whether plan `a` is faster than `b` (then: a lower peak): how the
+// placement searches rank the plans that fit.
+bool Faster(const PlanResult& a, const PlanResult& b);
+
 absl::StatusOr<PlanResult> PlaceAutoState(const Graph& graph, const PlannerOptions& options,
                                           const ConcretePlanner& plan);
 

@@ -78,12 +78,6 @@ Groups GroupsOf(const Graph& graph) {
   return groups;
 }
 
-// Whether `a` is faster than `b` (then: a lower peak).
-bool Faster(const PlanResult& a, const PlanResult& b) {
-  return a.report.makespan < b.report.makespan ||
-         (a.report.makespan == b.report.makespan && a.report.peak_bytes < b.report.peak_bytes);
-}
-
 }  // namespace
 
 absl::StatusOr<PlanResult> PlaceUpdates(const Graph& graph, const PlannerOptions& options,

@@ -38,11 +38,19 @@ constexpr char kStep[] = R"({"format": "pebble-graph", "version": 1, "name": "ho
   ],
   "outputs": ["y"]})";
 
-Graph StepGraph(const std::string& home, const std::string& runs_on = "host") {
+// kStep's text with its placeholders filled, and `from` (where given)
+// replaced by `to`.
+std::string StepText(const std::string& home, const std::string& runs_on,
+                     const std::string& from = "", const std::string& to = "") {
   std::string text = kStep;
   text.replace(text.find("HOME"), 4, home);
   text.replace(text.find("RUNS_ON"), 7, runs_on);
-  absl::StatusOr<Graph> g = ParseGraphJson(text);
+  if (!from.empty()) text.replace(text.find(from), from.size(), to);
+  return text;
+}
+
+Graph StepGraph(const std::string& home, const std::string& runs_on = "host") {
+  absl::StatusOr<Graph> g = ParseGraphJson(StepText(home, runs_on));
   EXPECT_TRUE(g.ok()) << g.status();
   return g.ok() ? *std::move(g) : Graph();
 }
@@ -66,28 +74,15 @@ TEST(HostUpdatesTest, HostCostIsReadWrittenAndChecked) {
   ASSERT_TRUE(back.ok()) << back.status();
   EXPECT_EQ(back->host_cost(back->Find("w1")), 5.0);
 
-  std::string not_in_place = kStep;
-  not_in_place.replace(not_in_place.find("\"cost\": 4,"), 10, "\"cost\": 4, \"host_cost\": 1,");
-  not_in_place.replace(not_in_place.find("HOME"), 4, "device");
-  not_in_place.replace(not_in_place.find("RUNS_ON"), 7, "host");
-  absl::StatusOr<Graph> bad = ParseGraphJson(not_in_place);
+  absl::StatusOr<Graph> bad = ParseGraphJson(
+      StepText("device", "host", "\"cost\": 4,", "\"cost\": 4, \"host_cost\": 1,"));
   ASSERT_FALSE(bad.ok());
   EXPECT_THAT(bad.status().message(), HasSubstr("'host_cost' is for in-place nodes"));
   EXPECT_THAT(bad.status().message(), HasSubstr("y"));
-
-  std::string negative = kStep;
-  negative.replace(negative.find("\"host_cost\": 5"), 14, "\"host_cost\": -1");
-  negative.replace(negative.find("HOME"), 4, "device");
-  negative.replace(negative.find("RUNS_ON"), 7, "host");
-  bad = ParseGraphJson(negative);
+  bad = ParseGraphJson(StepText("device", "host", "\"host_cost\": 5", "\"host_cost\": -1"));
   ASSERT_FALSE(bad.ok());
   EXPECT_THAT(bad.status().message(), HasSubstr("host_cost"));
-
-  std::string no_cost = kStep;
-  no_cost.replace(no_cost.find("\"host_cost\": 5, "), 16, "");
-  no_cost.replace(no_cost.find("HOME"), 4, "device");
-  no_cost.replace(no_cost.find("RUNS_ON"), 7, "auto");
-  bad = ParseGraphJson(no_cost);
+  bad = ParseGraphJson(StepText("device", "auto", "\"host_cost\": 5, ", ""));
   ASSERT_FALSE(bad.ok());
   EXPECT_THAT(bad.status().message(), HasSubstr("'runs_on': 'auto' needs 'host_cost'"));
   EXPECT_EQ(GraphToJson(StepGraph("device", "auto"))["nodes"][3]["runs_on"], "auto");
