@@ -320,7 +320,11 @@ class OptimizerStepBuilder {
     s.attrs = std::move(attrs);
     if (spec_.updates != Tier::kDevice) {
       s.runs_on = spec_.updates;
-      s.host_cost = HostUpdateSeconds(s.inputs.size(), bytes, cost_.host_bytes_per_s);
+      int64_t moved = bytes;  // the output written, then each operand read
+      for (const std::string& in : s.inputs) {
+        moved += in.rfind("optimizer.step", 0) == 0 ? 4 : bytes;  // the count, or a tensor
+      }
+      s.host_cost = HostUpdateSeconds(moved, cost_.host_bytes_per_s);
     }
     return s;
   }

@@ -90,11 +90,11 @@ absl::StatusOr<OptimizerSpec> ParseOptimizer(absl::string_view text);
 absl::StatusOr<Graph> AddOptimizerStep(const Graph& training, const OptimizerSpec& spec,
                                        CostModel cost = {});
 
-// The host cost model of an element-wise update (seconds): it reads
-// `operands` tensors of `bytes` each and writes one, at `bytes_per_s`
-// (CostModel::host_bytes_per_s, or a profile's measured rate).
-inline double HostUpdateSeconds(size_t operands, int64_t bytes, double bytes_per_s) {
-  return static_cast<double>(operands + 1) * static_cast<double>(bytes) / bytes_per_s;
+// The host cost model of an element-wise update (seconds): it streams
+// `bytes_moved` (its operands' bytes read plus its output's written) at
+// `bytes_per_s` (CostModel::host_bytes_per_s, or a profile's measured rate).
+inline double HostUpdateSeconds(int64_t bytes_moved, double bytes_per_s) {
+  return static_cast<double>(bytes_moved) / bytes_per_s;
 }
 
 }  // namespace pebble

@@ -142,6 +142,17 @@ absl::Status CheckInPlace(const Graph& graph, NodeId v) {
       Describe(graph, root), " (", graph.bytes(root), " bytes)"));
 }
 
+// The kernels a host compute may run: the CPU backend's own optimizer
+// updates (the same arithmetic as every backend's, runtime/optimizer_math.h).
+const KernelTable& HostKernels() {
+  static const KernelTable* const table = [] {
+    auto* t = new KernelTable;
+    native::RegisterNativeOptimizerKernels(*t);
+    return t;
+  }();
+  return *table;
+}
+
 // Phases 1-2 of Execute: refuses what cannot run, before touching the
 // backend's memory. Every tensor the schedule touches must fit its slot and
 // be what its operator makes, and the backend must have every kernel.
@@ -159,6 +170,14 @@ absl::Status CheckRunnable(const Graph& graph, const Schedule& schedule, const B
     RETURN_IF_ERROR(graph.in_place(v) ? CheckInPlace(graph, v) : CheckView(graph, v));
   }
   RETURN_IF_ERROR(backend.CheckSupported(graph));
+  for (const Step& step : schedule.steps) {
+    if (step.action == Action::kHostCompute &&
+        HostKernels().Find(graph.op(step.node)) == nullptr) {
+      return absl::UnimplementedError(absl::StrCat(
+          "node ", Quote(graph.id(step.node)), ": op ", Quote(graph.op(step.node)),
+          " has no host kernel (only the optimizer's updates run on the host)"));
+    }
+  }
   for (NodeId v = 0; v < graph.num_nodes(); ++v) {
     if (touched[v] && !graph.persistent(v)) RETURN_IF_ERROR(CheckOperatorTypes(graph, v));
   }
@@ -654,17 +673,6 @@ std::optional<double> ScalarLoss(const Graph& graph, const ExecutionResult& resu
   }
 }
 
-// The kernels a host compute may run: the CPU backend's own optimizer
-// updates (the same arithmetic as every backend's, runtime/optimizer_math.h).
-const KernelTable& HostKernels() {
-  static const KernelTable* const table = [] {
-    auto* t = new KernelTable;
-    native::RegisterNativeOptimizerKernels(*t);
-    return t;
-  }();
-  return *table;
-}
-
 // One run of a checked schedule on a backend, phase by phase (Execute calls
 // them in order): the arena, the persistent tensors, the host buffers, the
 // steps, their times, the outputs. Holds the executor-side state of every
@@ -1084,11 +1092,7 @@ class ScheduleRun {
     ctx.workspace = nullptr;
     ctx.workspace_bytes = 0;
     const KernelFn kernel = HostKernels().Find(graph_.op(v));
-    if (kernel == nullptr) {
-      return Failed(k, absl::UnimplementedError(absl::StrCat(
-                           "op ", Quote(graph_.op(v)), " has no host kernel (only the "
-                           "optimizer's updates run on the host)")));
-    }
+    PEBBLE_CHECK(kernel != nullptr, "a host compute without a host kernel (CheckRunnable)");
     ASSIGN_OR_RETURN(StreamEvent end, Timed(k, Stream::kCopy, [&] { return kernel(ctx); }));
     last_copy_use_[root] = end;
     return held_;

@@ -191,8 +191,9 @@ absl::StatusOr<Graph> ApplyCostProfile(const Graph& graph, const CostProfile& pr
         ++m.workspaces;
       }
       if (spec.host_cost.has_value() && profile.host_update_bytes_per_s > 0) {
-        spec.host_cost = HostUpdateSeconds(graph.inputs(v).size(), graph.bytes(v),
-                                           profile.host_update_bytes_per_s);
+        int64_t moved = graph.bytes(v);
+        for (NodeId u : graph.inputs(v)) moved += graph.bytes(u);
+        spec.host_cost = HostUpdateSeconds(moved, profile.host_update_bytes_per_s);
       }
     }
     builder.AddNode(std::move(spec));

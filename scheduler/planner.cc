@@ -155,6 +155,21 @@ absl::Status CheckPlannable(const Graph& graph) {
         "it updates between tiers, nothing else yet; `pebble simulate` checks a schedule of "
         "such a graph"));
   }
+  // An update that may run on the host reads and writes host copies: every
+  // persistent storage it touches must be able to move (Note [Updates on
+  // the host]).
+  for (NodeId w = 0; w < graph.num_nodes(); ++w) {
+    if (graph.runs_on(w) == Tier::kDevice) continue;
+    for (NodeId u : graph.unique_inputs(w)) {
+      const NodeId s = graph.storage(u);
+      if (graph.persistent(s) && !graph.home(s).has_value()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "update ", Quote(graph.id(w)), " may run on the host (runs_on: ",
+            TierName(graph.runs_on(w)), "), but ", Quote(graph.id(s)), " has no 'home': a "
+            "tensor a host update reads or writes must be able to move (give it a home)"));
+      }
+    }
+  }
   return absl::OkStatus();
 }
 

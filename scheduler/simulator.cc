@@ -306,9 +306,11 @@ absl::StatusOr<PlanReport> Simulate(const Graph& graph,
         }
         if (holders[root] > 0) {
           return StepError(graph, k, step, absl::StrCat(
-              "its storage ", Quote(graph.id(root)), " is resident on the device; a host "
-              "compute writes the host copy, which would leave the device copy stale (free "
-              "it first, after an offload if the device holds the current value)"));
+              on_device[root] ? absl::StrCat("its storage ", Quote(graph.id(root)),
+                                             " is resident on the device")
+                              : HeldThroughAlias(graph, root, on_device),
+              "; a host compute writes the host copy, which would leave the device copy stale "
+              "(free it first, after an offload if the device holds the current value)"));
         }
         double start = host_free_at;
         for (NodeId u : graph.unique_inputs(v)) {

@@ -52,7 +52,8 @@ struct PlanReport {
   double copy_busy = 0;
   double exposed_transfer_time = 0;
   // Host computes (docs/semantics.md, "Updates on the host"): the sum of
-  // their host_cost, on the host stream. compute_cost leaves them out.
+  // their host_cost, on the host stream. compute_cost leaves them out, and
+  // exposed_transfer_time counts the host's time that compute did not hide.
   double host_compute_cost = 0;
   std::vector<StepRecord> timeline;
 };

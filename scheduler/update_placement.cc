@@ -13,7 +13,7 @@ namespace pebble {
 // Note [Update placement]. ZeRO-Offload runs every update on the host: each
 // gradient leaves the device as soon as it is complete, the state never
 // comes to the device, and the host's time (an update reads and writes
-// about thirteen times a parameter's bytes for Adam) replaces the copies of
+// about twelve times a parameter's bytes for Adam) replaces the copies of
 // the state. The device then never holds a parameter's state, which lowers
 // the least peak (the largest parameter's update, with its state streamed
 // in, sets it otherwise); but a host streams an update several times more
@@ -25,8 +25,12 @@ namespace pebble {
 // device) and k = n (all on the host), bisects for the smallest k that
 // fits, tries two more k past it (the peak falls with k only roughly), and
 // keeps the fastest plan that fits among those made. At "min" the budget is
-// the lower of k = 0's and k = n's least peaks. A placement the policy or
-// the simulator refuses fits nothing.
+// the lower of k = 0's and k = n's least peaks, at which the later plans
+// are made. A placement the policy or the simulator refuses fits nothing.
+// Where k = 0 fits, only k = n is tried besides: an update is faster on
+// the host only where the host's rate is several times the link's (Adam's
+// update moves twelve times a parameter's bytes on the host, its streamed
+// state four times over the link), and then all of them are.
 
 namespace {
 
@@ -116,10 +120,12 @@ absl::StatusOr<PlanResult> PlaceUpdates(const Graph& graph, const PlannerOptions
     for (int k : {0, n}) {
       if (made[k].has_value()) device_budget = std::min(device_budget, made[k]->report.peak_bytes);
     }
+    // The least peak, then the fastest at it: later plans have that budget.
+    probe_options.budget_bytes = device_budget;
   }
   auto fits = [&](int k) {
     const std::optional<PlanResult>& r = made[k];
-    return r.has_value() && r->report.peak_bytes <= device_budget &&
+    return r.has_value() && (r->feasible || at_min) && r->report.peak_bytes <= device_budget &&
            (!options.host_budget_bytes.has_value() ||
             r->report.host_peak_bytes <= *options.host_budget_bytes);
   };

@@ -227,6 +227,7 @@ class UpdateEmitter {
         last_touch_(graph.num_nodes(), -1),
         fetched_(graph.num_nodes(), 0),
         host_current_(graph.num_nodes(), 0),
+        device_written_(graph.num_nodes(), 0),
         freed_(graph.num_nodes(), 0) {
     for (int k = 0; k < num_updates(); ++k) {
       for (NodeId u : graph.unique_inputs(updates_[k])) {
@@ -251,6 +252,8 @@ class UpdateEmitter {
       }
     }
     schedule.steps.push_back({Action::kCompute, w});
+    device_written_[graph_.storage(w)] = 1;  // its host copy is stale now
+    host_current_[graph_.storage(w)] = 0;
     for (NodeId u : graph_.unique_inputs(w)) {
       if (last_reader_[u] == k && Droppable(u)) schedule.steps.push_back({Action::kFree, u});
     }
@@ -261,6 +264,7 @@ class UpdateEmitter {
       fetched_[root] = 2;
       schedule.steps.push_back({Action::kOffload, root});
       schedule.steps.push_back({Action::kFree, root});
+      host_current_[root] = 1;
     }
   }
 
@@ -301,9 +305,14 @@ class UpdateEmitter {
     }
     for (NodeId u : graph_.unique_inputs(w)) {
       const NodeId root = graph_.storage(u);
-      if (fetched_[root] != 3 || last_touch_[root] != k) continue;
-      fetched_[root] = 2;
-      schedule.steps.push_back({Action::kPrefetch, root});
+      if (last_touch_[root] != k) continue;
+      if (fetched_[root] == 3) {  // a device home, back for the step's end
+        fetched_[root] = 2;
+        schedule.steps.push_back({Action::kPrefetch, root});
+      } else if (fetched_[root] == 1 && Streamed(root)) {  // streamed in for a device update
+        fetched_[root] = 2;
+        schedule.steps.push_back({Action::kFree, root});  // offloaded above: the host copy is current
+      }
     }
   }
 
@@ -324,7 +333,8 @@ class UpdateEmitter {
   // host (nothing on the device writes it before its updates), or this
   // emitter offloaded it or a host update wrote it.
   bool HostCurrent(NodeId root) const {
-    return host_current_[root] || (graph_.persistent(root) && graph_.home(root) == Tier::kHost);
+    return host_current_[root] || (graph_.persistent(root) && graph_.home(root) == Tier::kHost &&
+                                   !device_written_[root]);
   }
   bool OnlyHostUpdatesRead(NodeId u) const {
     for (NodeId r : graph_.readers(u)) {
@@ -346,8 +356,9 @@ class UpdateEmitter {
   // Streamed root: 1 prefetched, 2 back on the host; a device home moved
   // for host updates: 3 on the host, 2 back on the device.
   std::vector<uint8_t> fetched_;
-  std::vector<uint8_t> host_current_;  // offloaded here for a host update
-  std::vector<uint8_t> freed_;         // freed here already
+  std::vector<uint8_t> host_current_;    // offloaded here: a current host copy
+  std::vector<uint8_t> device_written_;  // a device update wrote it
+  std::vector<uint8_t> freed_;           // freed here already
 };
 
 // Note [Updates early]. Where the gradients are not outputs
@@ -377,15 +388,69 @@ class UpdateEmitter {
 // them. Both candidates are simulated and the lower peak (then makespan)
 // kept: transformer:layers=8 with Adam's state on the host, 52.5 MiB with
 // the updates last, 52.0 MiB moved afterwards, 32.9 MiB planned jointly.
-Schedule UpdatesEarly(const Graph& graph, const std::vector<Step>& inner,
+// `steps` with the views of each persistent storage that an update on the
+// host writes freed right after their last use instead of later: a view of
+// a persistent storage holds no bytes of its own, so no figure changes, and
+// the update need not wait for the free (the policies' plans free such views
+// at the step's end, alias_fold.h).
+std::vector<Step> FreeHostWrittenViewsEarly(const Graph& graph, const std::vector<Step>& steps) {
+  const int n = graph.num_nodes();
+  std::vector<uint8_t> host_written(n, 0);
+  bool any = false;
+  for (NodeId w = 0; w < n; ++w) {
+    if (graph.in_place(w) && graph.runs_on(w) == Tier::kHost) {
+      host_written[graph.storage(w)] = 1;
+      any = true;
+    }
+  }
+  if (!any) return steps;
+  // Per view: its last use (the compute that made it or read it) and its
+  // last free, where that free ends its last residency.
+  std::vector<int> last_use(n, -1), last_free(n, -1);
+  for (int i = 0; i < static_cast<int>(steps.size()); ++i) {
+    const Step& step = steps[i];
+    if (step.action == Action::kFree) {
+      last_free[step.node] = i;
+    } else if (step.action == Action::kCompute) {
+      last_use[step.node] = i;
+      last_free[step.node] = -1;
+      for (NodeId u : graph.unique_inputs(step.node)) last_use[u] = i;
+    }
+  }
+  std::vector<uint8_t> moved(steps.size(), 0);
+  std::vector<std::vector<Step>> after(steps.size());
+  for (NodeId v = 0; v < n; ++v) {
+    if (!graph.is_alias(v) || graph.in_place(v) || !host_written[graph.storage(v)] ||
+        !graph.persistent(graph.storage(v)) || last_free[v] < 0 || last_use[v] < 0 ||
+        last_free[v] <= last_use[v] + 1) {
+      continue;
+    }
+    moved[last_free[v]] = 1;
+    after[last_use[v]].push_back(steps[last_free[v]]);
+  }
+  std::vector<Step> out;
+  out.reserve(steps.size());
+  for (size_t i = 0; i < steps.size(); ++i) {
+    if (!moved[i]) out.push_back(steps[i]);
+    out.insert(out.end(), after[i].begin(), after[i].end());
+  }
+  return out;
+}
+
+Schedule UpdatesEarly(const Graph& graph, const std::vector<Step>& given,
                       const std::vector<uint8_t>& early) {
+  const std::vector<Step> inner = FreeHostWrittenViewsEarly(graph, given);
   const std::vector<NodeId> updates = UpdatesOf(graph);
   const int n = static_cast<int>(updates.size());
   // Per node, the last inner step on it (any action: a swapped gradient is
   // back before its update frees it); per storage, the last compute reading it.
   std::vector<int> last_step(graph.num_nodes(), -1), last_read(graph.num_nodes(), -1);
+  // Per storage, the last inner step on a view of it: an update on the host
+  // writes the host copy, so it waits until no view holds the device copy.
+  std::vector<int> last_view_step(graph.num_nodes(), -1);
   for (int i = 0; i < static_cast<int>(inner.size()); ++i) {
     last_step[inner[i].node] = i;
+    if (graph.is_alias(inner[i].node)) last_view_step[graph.storage(inner[i].node)] = i;
     if (inner[i].action != Action::kCompute) continue;
     for (NodeId u : graph.unique_inputs(inner[i].node)) last_read[graph.storage(u)] = i;
   }
@@ -394,6 +459,7 @@ Schedule UpdatesEarly(const Graph& graph, const std::vector<Step>& inner,
   const int end = static_cast<int>(inner.size()) - 1;
   for (NodeId w : updates) {
     int pos = early[w] ? last_read[graph.storage(w)] : end;
+    if (graph.runs_on(w) == Tier::kHost) pos = std::max(pos, last_view_step[graph.storage(w)]);
     for (NodeId u : graph.unique_inputs(w)) {
       pos = std::max(pos, graph.in_place(u) ? after[u] : last_step[u]);
     }

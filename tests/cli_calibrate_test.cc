@@ -46,6 +46,7 @@ TEST(CliCalibrateTest, WritesAProfileThatPlanUses) {
   ASSERT_FALSE(summary.is_discarded()) << r.out;
   EXPECT_EQ(summary["backend"], "cpu");
   EXPECT_GT(summary["bandwidth_h2d_bytes_per_s"].get<double>(), 0);
+  EXPECT_GT(summary["host_update_bytes_per_s"].get<double>(), 0);
 
   const nlohmann::json doc = nlohmann::json::parse(Slurp(profile), nullptr, false);
   ASSERT_FALSE(doc.is_discarded());

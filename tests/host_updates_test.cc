@@ -209,8 +209,9 @@ TEST(HostUpdatesTest, UpdatesEqualsHostParsesAndGivesEveryUpdateAHostCost) {
     }
   }
   EXPECT_GT(updates, 3);
-  // The host's rate sets the cost: an update reading 4 operands of b bytes
-  // and writing one costs 5 b / rate.
+  // The host's rate sets the cost: the bytes an update reads and writes
+  // over the rate (exp_avg: m, the gradient and p read, m written; Adam's
+  // step: p and both moments read, the 4-byte count, p written).
   CostModel slow;
   slow.host_bytes_per_s = 1e6;
   absl::StatusOr<Graph> s = BuildModel("mnist-cnn:batch=2,optimizer=adam,updates=host", slow);
@@ -219,8 +220,19 @@ TEST(HostUpdatesTest, UpdatesEqualsHostParsesAndGivesEveryUpdateAHostCost) {
   ASSERT_NE(exp_avg, kNoNode);
   EXPECT_DOUBLE_EQ(*s->host_cost(exp_avg),
                    4.0 * static_cast<double>(s->bytes(exp_avg)) / 1e6);
+  const NodeId update = s->Find("update:conv1.weight");
+  ASSERT_NE(update, kNoNode);
+  EXPECT_DOUBLE_EQ(*s->host_cost(update),
+                   (4.0 * static_cast<double>(s->bytes(update)) + 4) / 1e6);
 
-  for (const char* text : {"mnist-cnn:updates=host", "mnist-cnn:optimizer=sgd,updates=gpu"}) {
+  // Said, optimizer_state=device keeps the state's home on the device.
+  absl::StatusOr<Graph> kept =
+      BuildModel("mnist-cnn:batch=2,optimizer=adam,updates=host,optimizer_state=device");
+  ASSERT_TRUE(kept.ok()) << kept.status();
+  EXPECT_EQ(kept->home(kept->Find("exp_avg:conv1.weight")), Tier::kDevice);
+  EXPECT_EQ(g->home(g->Find("exp_avg:conv1.weight")), Tier::kHost);
+  for (const char* text : {"mnist-cnn:updates=host", "mnist-cnn:optimizer=sgd,updates=gpu",
+                           "mnist-cnn:optimizer=adam,updates=auto,optimizer_state=device"}) {
     absl::StatusOr<Graph> refused = BuildModel(text);
     ASSERT_FALSE(refused.ok()) << text;
     EXPECT_THAT(refused.status().message(), HasSubstr("updates=")) << text;
@@ -370,6 +382,88 @@ TEST(HostUpdatesTest, AutoRunsOnTheHostOnlyWhatTheBudgetNeeds) {
   for (size_t i = 0; i < r->updated.size(); ++i) {
     EXPECT_TRUE(r->updated[i].array.data == expected->updated[i].array.data)
         << placed->id(r->updated[i].node);
+  }
+}
+
+}  // namespace
+}  // namespace pebble
+
+namespace pebble {
+namespace {
+
+// A weight read through a view (a transposed weight) by the forward and by
+// the data gradient, its gradient dropped, its update on the host: the
+// update waits until the view is freed, and runs beside the compute that
+// follows (h), ahead of the step's end.
+constexpr char kViewStep[] = R"({"format": "pebble-graph", "version": 1, "name": "view-step",
+  "nodes": [
+    {"id": "x", "bytes": 10, "persistent": true},
+    {"id": "w", "bytes": 100, "persistent": true, "home": "device", "role": "parameter"},
+    {"id": "wt", "bytes": 100, "inputs": ["w"], "alias_of": "w", "cost": 0},
+    {"id": "y", "bytes": 20, "inputs": ["x", "wt"]},
+    {"id": "loss", "bytes": 4, "inputs": ["y"]},
+    {"id": "gw", "bytes": 100, "inputs": ["x", "loss"]},
+    {"id": "gx", "bytes": 10, "inputs": ["wt", "loss"]},
+    {"id": "h", "bytes": 4, "cost": 50, "inputs": ["gx"]},
+    {"id": "w1", "bytes": 100, "host_cost": 5, "runs_on": "host", "inputs": ["w", "gw"],
+     "alias_of": "w", "in_place": true}
+  ],
+  "outputs": ["loss", "h"]})";
+
+TEST(HostUpdatesTest, AHostUpdateWaitsForTheViewsOfItsStorageAndRunsEarly) {
+  absl::StatusOr<Graph> g = ParseGraphJson(kViewStep);
+  ASSERT_TRUE(g.ok()) << g.status();
+  const PlanOutcome plan = PlanOrDie(*g, "baseline", "100%");
+  ASSERT_TRUE(plan.result.feasible) << plan.result.message;
+  EXPECT_EQ(plan.result.details["updates"], "early");
+  const Schedule& s = plan.result.schedule;
+  int update = -1, view_free = -1, h = -1;
+  for (int i = 0; i < static_cast<int>(s.steps.size()); ++i) {
+    const std::string& id = g->id(s.steps[i].node);
+    if (s.steps[i].action == Action::kHostCompute && id == "w1") update = i;
+    if (s.steps[i].action == Action::kFree && id == "wt") view_free = i;
+    if (s.steps[i].action == Action::kCompute && id == "h") h = i;
+  }
+  ASSERT_GE(update, 0);
+  EXPECT_GT(update, view_free);
+  EXPECT_LT(update, h);  // beside h, not after the step
+}
+
+TEST(HostUpdatesTest, AHostUpdateOfATensorWithoutAHomeIsRefusedNamingIt) {
+  std::string text = kViewStep;
+  text.replace(text.find("\"home\": \"device\", "), 18, "");
+  absl::StatusOr<Graph> g = ParseGraphJson(text);
+  ASSERT_TRUE(g.ok()) << g.status();
+  PlanRequest request;
+  request.policy = "rotor";
+  absl::StatusOr<PlanOutcome> plan = PlanGraph(*g, request);
+  ASSERT_FALSE(plan.ok());
+  EXPECT_THAT(plan.status().message(), HasSubstr("update 'w1' may run on the host"));
+  EXPECT_THAT(plan.status().message(), HasSubstr("'w' has no 'home'"));
+}
+
+// A state written on the device (m1) and read by an update on the host (w1):
+// the plan offloads its new value for the host update, and the state still
+// ends the step on the host.
+TEST(HostUpdatesTest, AStateWrittenOnTheDeviceIsOffloadedForAHostUpdate) {
+  absl::StatusOr<Graph> g = ParseGraphJson(R"({"format": "pebble-graph", "version": 1,
+    "nodes": [
+      {"id": "x", "bytes": 10, "persistent": true},
+      {"id": "w", "bytes": 100, "persistent": true, "home": "device", "role": "parameter"},
+      {"id": "m", "bytes": 100, "persistent": true, "home": "host",
+       "role": "optimizer_state"},
+      {"id": "y", "bytes": 20, "inputs": ["x", "w"]},
+      {"id": "gw", "bytes": 100, "inputs": ["x", "y"]},
+      {"id": "m1", "bytes": 100, "inputs": ["m", "gw"], "alias_of": "m", "in_place": true},
+      {"id": "w1", "bytes": 100, "host_cost": 1, "runs_on": "host", "inputs": ["w", "m1"],
+       "alias_of": "w", "in_place": true}
+    ],
+    "outputs": ["y"]})");
+  ASSERT_TRUE(g.ok()) << g.status();
+  for (const char* policy : {"baseline", "rotor", "hybrid"}) {
+    const PlanOutcome plan = PlanOrDie(*g, policy, "min");
+    EXPECT_TRUE(plan.result.feasible) << policy << ": " << plan.result.message;
+    EXPECT_EQ(Count(plan.result.schedule, Action::kHostCompute), 1) << policy;
   }
 }
 

@@ -376,7 +376,11 @@ absl::StatusOr<Graph> BuildModel(const ModelSpec& spec, CostModel cost) {
           "model '", spec.name, "': optimizer_state=", state, ", but ", optimizer,
           " keeps no state (SGD without momentum)"));
     }
-    if (state != "device") step->state_home = *ParseTier(state);
+    // With updates on the host the state lives there unless the spec says
+    // optimizer_state=device itself.
+    if (state != "device" || (updates != "device" && spec.params.count("optimizer_state") > 0)) {
+      step->state_home = *ParseTier(state);
+    }
     if (parameters != "device") step->parameter_home = *ParseTier(parameters);
     step->keep_gradients = gradients == "keep";
     if (updates != "device") step->updates = *ParseTier(updates);
