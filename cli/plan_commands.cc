@@ -122,10 +122,11 @@ void PrintReport(const Graph& g, const Schedule& schedule, const PlanReport& r,
             << (r.transfer_bytes > 0
                     ? absl::StrFormat(
                           "  transfers       %s (%d bytes), host peak %s, copy stream busy %s, "
-                          "exposed transfer time %s\n",
+                          "exposed transfer time %s%s\n",
                           FormatBytes(r.transfer_bytes), r.transfer_bytes,
                           FormatBytes(r.host_peak_bytes), unit.Amount(r.copy_busy),
-                          unit.Amount(r.exposed_transfer_time))
+                          unit.Amount(r.exposed_transfer_time),
+                          r.host_compute_cost > 0 ? " (with the host updates')" : "")
                     : std::string("  transfers       none\n"))
             << (r.host_compute_cost > 0
                     ? absl::StrFormat("  host updates    %s on the host stream (%d steps)\n",

@@ -256,7 +256,11 @@ absl::StatusOr<TensorType> InferSplitHeads(Inputs in, const Json& attrs) {
   RETURN_IF_ERROR(ExpectRank(in[0], 3, "input 0 (x (B, S, C))"));
   ASSIGN_OR_RETURN(Split s, ParseSplit(attrs, true));
   const Shape& x = in[0].shape;
-  if (x[2] % (s.chunks * s.heads) != 0) {
+  int64_t parts = 0;
+  if (__builtin_mul_overflow(s.chunks, s.heads, &parts)) {
+    return Invalid("attrs 'chunks' ", s.chunks, " x 'heads' ", s.heads, " overflow 64 bits");
+  }
+  if (x[2] % parts != 0) {
     return Invalid("the last dim ", x[2], " of ", ShapeToString(x),
                    " does not split into ", s.chunks, " x ", s.heads,
                    " heads");
@@ -315,7 +319,12 @@ absl::StatusOr<TensorType> InferSplitHeadsBackward(Inputs in,
   RETURN_IF_ERROR(ExpectRank(in[0], 4, "input 0 (grad (B, H, S, Dh))"));
   ASSIGN_OR_RETURN(Split s, ParseSplit(attrs, false));
   const Shape& g = in[0].shape;
-  return TensorType{{g[0], g[2], s.chunks * g[1] * g[3]}, in[0].dtype};
+  int64_t width = 0;
+  if (__builtin_mul_overflow(s.chunks, g[1], &width) || __builtin_mul_overflow(width, g[3], &width)) {
+    return Invalid("attr 'chunks' ", s.chunks, " x the heads and width of ", ShapeToString(g),
+                   " overflow 64 bits");
+  }
+  return TensorType{{g[0], g[2], width}, in[0].dtype};
 }
 
 // ---- embedding: y[..., :] = weight[indices[...], :].
