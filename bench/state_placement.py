@@ -20,7 +20,8 @@ whole rule: the state on the host, each gradient sent there as soon as it is
 complete, Adam run on the host (`updates=host`) at --host-rate bytes per
 second (read plus written), the parameters back on the device; and a fifth,
 `updates=auto`, the state on the host with the plan choosing per parameter
-whether its updates run on the host or the device. All figures
+whether its updates run on the host or the device; and a sixth, `both auto`,
+the state and the updates placed together. All figures
 are the simulator's (pebble plan --json), not measurements.
 """
 
@@ -89,6 +90,7 @@ def table(args, profile):
         rows = {name: keys + ",gradients=drop" for name, keys in rows.items()}
         rows["zero-offload"] = "updates=host,gradients=drop"
         rows["updates=auto"] = "updates=auto,gradients=drop"
+        rows["both auto"] = "optimizer_state=auto,updates=auto,gradients=drop"
     print(f"{args.model} with {args.optimizer}, policy {args.policy}"
           f"{', bandwidth ' + args.bandwidth if args.bandwidth else ''}"
           f"{', parameters placed as the state' if args.parameters else ''}"
@@ -107,9 +109,10 @@ def table(args, profile):
             r = d["report"]
             p = d["details"].get("state_placement")
             u = d["details"].get("update_placement")
-            split = (f"{p['resident_tensors']} / {p['streamed_tensors']}" if p else
-                     f"{u['device_parameters']} on device / {u['host_parameters']} on host"
-                     if u else "")
+            split = " ".join(filter(None, [
+                f"{p['resident_tensors']} / {p['streamed_tensors']}" if p else "",
+                f"({u['host_parameters']} of {u['host_parameters'] + u['device_parameters']} "
+                "updates on the host)" if u else ""]))
             ratio = (f"{r['makespan'] / host_makespan:.2f}"
                      if budget != "min" and d["feasible"] and docs["host"]["feasible"]
                      else "")

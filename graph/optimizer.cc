@@ -149,12 +149,11 @@ absl::StatusOr<OptimizerSpec> ParseOptimizer(absl::string_view text) {
     }
     *Field(spec, key) = number;
   }
-  if (spec.updates == Tier::kAuto && spec.state_home.has_value() &&
-      *spec.state_home != Tier::kHost) {
+  if (spec.updates == Tier::kAuto && spec.state_home == Tier::kDevice) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "optimizer ", name, ": updates=auto places the updates with the state on the host; "
-        "state=", TierName(*spec.state_home), " with it is not planned (give state=host, or "
-        "updates=device to place the state)"));
+        "optimizer ", name, ": updates=auto with state=device is not planned (an update on "
+        "the host would move its state out and back each step): give state=host or "
+        "state=auto"));
   }
   if (!spec.keeps_state() && spec.state_home.has_value() && *spec.state_home != Tier::kDevice) {
     return absl::InvalidArgumentError(absl::StrCat(

@@ -62,7 +62,8 @@ struct OptimizerSpec {
   // home is then the host unless given, Adam's step count's too, and the
   // parameters' the device unless given. auto: the plan chooses per
   // parameter whether its updates run on the host or the device; the state
-  // lives on the host, Adam's step count is counted on the device.
+  // lives on the host, or (state=auto) where the plan places it; Adam's
+  // step count is counted on the device.
   Tier updates = Tier::kDevice;
   // Whether the optimizer keeps state (all but SGD without momentum): only
   // then may the state have a home.

@@ -187,9 +187,9 @@ TEST(HostUpdatesTest, UpdatesEqualsHostParsesAndGivesEveryUpdateAHostCost) {
   absl::StatusOr<OptimizerSpec> bad = ParseOptimizer("sgd:updates=cpu");
   ASSERT_FALSE(bad.ok());
   EXPECT_THAT(bad.status().message(), HasSubstr("expected device, host or auto"));
-  bad = ParseOptimizer("adam:updates=auto,state=auto");
+  bad = ParseOptimizer("adam:updates=auto,state=device");
   ASSERT_FALSE(bad.ok());
-  EXPECT_THAT(bad.status().message(), HasSubstr("updates=auto places the updates"));
+  EXPECT_THAT(bad.status().message(), HasSubstr("updates=auto with state=device"));
 
   absl::StatusOr<Graph> g = BuildModel("mnist-cnn:batch=2,optimizer=adam,updates=host");
   ASSERT_TRUE(g.ok()) << g.status();
@@ -464,6 +464,62 @@ TEST(HostUpdatesTest, AStateWrittenOnTheDeviceIsOffloadedForAHostUpdate) {
     const PlanOutcome plan = PlanOrDie(*g, policy, "min");
     EXPECT_TRUE(plan.result.feasible) << policy << ": " << plan.result.message;
     EXPECT_EQ(Count(plan.result.schedule, Action::kHostCompute), 1) << policy;
+  }
+}
+
+}  // namespace
+}  // namespace pebble
+
+namespace pebble {
+namespace {
+
+// updates=auto with state=auto: the plan places the updates and the state
+// together (Note [Update placement] plans through Note [State placement]):
+// it fits wherever either search alone fits, no slower, and runs to the
+// device updates' bits.
+TEST(HostUpdatesTest, UpdatesAndStatePlacedTogether) {
+  const std::string base = "transformer:layers=3,optimizer=adam,gradients=drop,";
+  absl::StatusOr<Graph> both = BuildModel(base + "optimizer_state=auto,updates=auto");
+  absl::StatusOr<Graph> updates_only = BuildModel(base + "updates=auto");
+  absl::StatusOr<Graph> state_only = BuildModel(base + "optimizer_state=auto");
+  ASSERT_TRUE(both.ok() && updates_only.ok() && state_only.ok()) << both.status();
+  EXPECT_TRUE(both->has_auto_runs_on());
+  EXPECT_TRUE(both->has_auto_homes());
+  const PlanOutcome least = PlanOrDie(*updates_only, "rotor", "min");
+  const PlanOutcome state_least = PlanOrDie(*state_only, "rotor", "min");
+  for (const int64_t budget :
+       {least.result.report.peak_bytes + 4,
+        (least.result.report.peak_bytes + state_least.result.report.peak_bytes) / 2,
+        state_least.result.report.peak_bytes + (int64_t{4} << 20)}) {
+    SCOPED_TRACE(budget);
+    const PlanOutcome together = PlanOrDie(*both, "rotor", std::to_string(budget));
+    ASSERT_TRUE(together.result.feasible) << together.result.message;
+    EXPECT_LE(together.result.report.peak_bytes, budget);
+    ASSERT_TRUE(together.result.details.contains("update_placement"));
+    for (const Graph* alone : {&*updates_only, &*state_only}) {
+      const PlanOutcome other = PlanOrDie(*alone, "rotor", std::to_string(budget));
+      if (other.result.feasible) {
+        EXPECT_LE(together.result.report.makespan, other.result.report.makespan * (1 + 1e-9));
+      }
+    }
+  }
+  std::unique_ptr<Backend> backend = MakeCpuBackend();
+  absl::StatusOr<Graph> on_device = BuildModel(base + "optimizer_state=host");
+  ASSERT_TRUE(on_device.ok());
+  const PlanOutcome reference = PlanOrDie(*on_device, "baseline", "100%");
+  const int64_t budget =
+      (least.result.report.peak_bytes + state_least.result.report.peak_bytes) / 2;
+  const PlanOutcome together = PlanOrDie(*both, "rotor", std::to_string(budget));
+  absl::StatusOr<ExecutionResult> expected =
+      Execute(*on_device, reference.result.schedule, *backend);
+  absl::StatusOr<ExecutionResult> r = Execute(*both, together.result.schedule, *backend);
+  ASSERT_TRUE(expected.ok() && r.ok()) << r.status();
+  EXPECT_EQ(r->peak_bytes, r->predicted.peak_bytes);
+  EXPECT_EQ(r->host_peak_bytes, r->predicted.host_peak_bytes);
+  ASSERT_EQ(r->updated.size(), expected->updated.size());
+  for (size_t i = 0; i < r->updated.size(); ++i) {
+    EXPECT_TRUE(r->updated[i].array.data == expected->updated[i].array.data)
+        << both->id(r->updated[i].node);
   }
 }
 

@@ -384,11 +384,10 @@ absl::StatusOr<Graph> BuildModel(const ModelSpec& spec, CostModel cost) {
     if (parameters != "device") step->parameter_home = *ParseTier(parameters);
     step->keep_gradients = gradients == "keep";
     if (updates != "device") step->updates = *ParseTier(updates);
-    if (step->updates == Tier::kAuto && step->state_home.has_value() &&
-        *step->state_home != Tier::kHost) {
+    if (step->updates == Tier::kAuto && step->state_home == Tier::kDevice) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "model '", spec.name, "': updates=auto places the updates with the state on the host; "
-          "optimizer_state=", state, " with it is not planned"));
+          "model '", spec.name, "': updates=auto with optimizer_state=device is not planned "
+          "(give optimizer_state=host or auto)"));
     }
     graph = AddOptimizerStep(*graph, *step, cost);
   }
