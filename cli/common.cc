@@ -550,7 +550,9 @@ void AddOptimizerOption(CLI::App* cmd, std::string& optimizer) {
                   "end the training step with an optimizer's update of every parameter: "
                   "sgd, adam or adamw, with settings after a colon, e.g. "
                   "sgd:lr=0.1,momentum=0.9 or adam:lr=1e-3,weight_decay=0.01 (PyTorch's "
-                  "defaults otherwise; docs/training.md)");
+                  "defaults otherwise); placement: "
+                  "state= and parameters= (device, host or auto), gradients=keep|drop, "
+                  "updates=device|host|auto (docs/training.md)");
 }
 
 absl::StatusOr<OptimizerSpec> ParseOptimizerOption(const std::string& text) {

@@ -19,7 +19,9 @@ namespace pebble {
 // in, sets it otherwise); but a host streams an update several times more
 // slowly than a device computes it. So the fastest placement that fits runs
 // on the host only the updates the budget needs there, and those of the
-// largest parameters first (they set the peak). With the parameters'
+// largest parameters first (they set the peak; with state=auto too, each
+// placement is planned with the state placed per tensor, Note [State
+// placement], which streams the largest state first). With the parameters'
 // groups (a parameter's update and the updates only it reads) in that
 // order and the k first on the host, the search plans k = 0 (all on the
 // device) and k = n (all on the host), bisects for the smallest k that
