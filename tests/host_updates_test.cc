@@ -324,6 +324,25 @@ PlanOutcome PlanOrDie(const Graph& g, const std::string& policy, const std::stri
   return plan.ok() ? *std::move(plan) : PlanOutcome{};
 }
 
+// `schedule` of `g` runs on the CPU backend with measured peaks ==
+// predicted, to the parameters and state of the all-resident baseline
+// plan of `reference` (the same step with device updates), bit for bit.
+void ExpectRunsToTheDeviceUpdatesBits(const Graph& g, const Schedule& schedule,
+                                      const Graph& reference) {
+  std::unique_ptr<Backend> backend = MakeCpuBackend();
+  const PlanOutcome plan = PlanOrDie(reference, "baseline", "100%");
+  absl::StatusOr<ExecutionResult> expected = Execute(reference, plan.result.schedule, *backend);
+  absl::StatusOr<ExecutionResult> r = Execute(g, schedule, *backend);
+  ASSERT_TRUE(expected.ok() && r.ok()) << r.status();
+  EXPECT_EQ(r->peak_bytes, r->predicted.peak_bytes);
+  EXPECT_EQ(r->host_peak_bytes, r->predicted.host_peak_bytes);
+  ASSERT_EQ(r->updated.size(), expected->updated.size());
+  for (size_t i = 0; i < r->updated.size(); ++i) {
+    EXPECT_TRUE(r->updated[i].array.data == expected->updated[i].array.data)
+        << g.id(r->updated[i].node);
+  }
+}
+
 // updates=auto: the plan runs on the host only the updates the budget
 // needs there, the largest parameters' first (Note [Update placement]).
 // With room, none (the device is faster); at the least peak, as low as
@@ -370,19 +389,7 @@ TEST(HostUpdatesTest, AutoRunsOnTheHostOnlyWhatTheBudgetNeeds) {
   EXPECT_LE(between.result.report.makespan, host_rule.result.report.makespan);
   EXPECT_LT(between.result.report.peak_bytes, device_least.result.report.peak_bytes);
 
-  std::unique_ptr<Backend> backend = MakeCpuBackend();
-  const PlanOutcome reference = PlanOrDie(*on_device, "baseline", "100%");
-  absl::StatusOr<ExecutionResult> expected =
-      Execute(*on_device, reference.result.schedule, *backend);
-  absl::StatusOr<ExecutionResult> r = Execute(*placed, between.result.schedule, *backend);
-  ASSERT_TRUE(expected.ok() && r.ok()) << r.status();
-  EXPECT_EQ(r->peak_bytes, r->predicted.peak_bytes);
-  EXPECT_EQ(r->host_peak_bytes, r->predicted.host_peak_bytes);
-  ASSERT_EQ(r->updated.size(), expected->updated.size());
-  for (size_t i = 0; i < r->updated.size(); ++i) {
-    EXPECT_TRUE(r->updated[i].array.data == expected->updated[i].array.data)
-        << placed->id(r->updated[i].node);
-  }
+  ExpectRunsToTheDeviceUpdatesBits(*placed, between.result.schedule, *on_device);
 }
 
 }  // namespace
@@ -503,24 +510,12 @@ TEST(HostUpdatesTest, UpdatesAndStatePlacedTogether) {
       }
     }
   }
-  std::unique_ptr<Backend> backend = MakeCpuBackend();
   absl::StatusOr<Graph> on_device = BuildModel(base + "optimizer_state=host");
   ASSERT_TRUE(on_device.ok());
-  const PlanOutcome reference = PlanOrDie(*on_device, "baseline", "100%");
   const int64_t budget =
       (least.result.report.peak_bytes + state_least.result.report.peak_bytes) / 2;
   const PlanOutcome together = PlanOrDie(*both, "rotor", std::to_string(budget));
-  absl::StatusOr<ExecutionResult> expected =
-      Execute(*on_device, reference.result.schedule, *backend);
-  absl::StatusOr<ExecutionResult> r = Execute(*both, together.result.schedule, *backend);
-  ASSERT_TRUE(expected.ok() && r.ok()) << r.status();
-  EXPECT_EQ(r->peak_bytes, r->predicted.peak_bytes);
-  EXPECT_EQ(r->host_peak_bytes, r->predicted.host_peak_bytes);
-  ASSERT_EQ(r->updated.size(), expected->updated.size());
-  for (size_t i = 0; i < r->updated.size(); ++i) {
-    EXPECT_TRUE(r->updated[i].array.data == expected->updated[i].array.data)
-        << both->id(r->updated[i].node);
-  }
+  ExpectRunsToTheDeviceUpdatesBits(*both, together.result.schedule, *on_device);
 }
 
 }  // namespace
