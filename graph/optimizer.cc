@@ -165,6 +165,10 @@ absl::StatusOr<OptimizerSpec> ParseOptimizer(absl::string_view text) {
 
 namespace {
 
+// Adam's step count and its increment (Note [Optimizer nodes]).
+constexpr char kStepCount[] = "optimizer.step";
+constexpr char kStepCountNow[] = "optimizer.step#1";
+
 // Builds the nodes of Note [Optimizer nodes] beside a copy of the training
 // graph's own.
 class OptimizerStepBuilder {
@@ -189,16 +193,16 @@ class OptimizerStepBuilder {
       // The step count stays resident whatever the state's home: streaming
       // 4 bytes would cost two copies' latency per step and save nothing.
       // Updates on the host read it there, so it lives on the host then.
-      NodeSpec count = State("optimizer.step", {}, DType::kFloat32, 4);
+      NodeSpec count = State(kStepCount, {}, DType::kFloat32, 4);
       count.home.reset();
       // With updates=auto it is counted on the device and offloaded (4
       // bytes) for the updates that run on the host.
       if (spec_.updates == Tier::kHost) count.home = Tier::kHost;
       if (spec_.updates == Tier::kAuto) count.home = Tier::kDevice;
       RETURN_IF_ERROR(Add(b, std::move(count)));
-      step_now = "optimizer.step#1";
-      NodeSpec count_update = Update(step_now, "optimizer_step", "optimizer.step",
-                                   {"optimizer.step"}, {}, DType::kFloat32, 4, 1);
+      step_now = kStepCountNow;
+      NodeSpec count_update = Update(step_now, "optimizer_step", kStepCount, {kStepCount}, {},
+                                   DType::kFloat32, 4, 1);
     if (spec_.updates == Tier::kAuto) {  // counted on the device
       count_update.runs_on.reset();
       count_update.host_cost.reset();
@@ -321,7 +325,7 @@ class OptimizerStepBuilder {
       s.runs_on = spec_.updates;
       int64_t moved = bytes;  // the output written, then each operand read
       for (const std::string& in : s.inputs) {
-        moved += in.rfind("optimizer.step", 0) == 0 ? 4 : bytes;  // the count, or a tensor
+        moved += in == kStepCount || in == kStepCountNow ? 4 : bytes;  // the count, or a tensor
       }
       s.host_cost = HostUpdateSeconds(moved, cost_.host_bytes_per_s);
     }

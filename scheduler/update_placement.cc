@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "graph/status.h"
+#include "scheduler/updates_last.h"
 
 namespace pebble {
 
@@ -36,50 +37,30 @@ namespace pebble {
 
 namespace {
 
-// Per update that runs_on auto, the index of its parameter's group in
-// `order` (largest parameter first); -1 for every other node.
+// Per update that runs_on auto, the index of its parameter's group
+// (ParameterUpdateGroups) in the order they go to the host: the largest
+// parameter first (ties: the lower node id); -1 for every other node.
 struct Groups {
   std::vector<int> of;
   std::vector<NodeId> parameter;  // per group, the parameter its update writes
 };
 
 Groups GroupsOf(const Graph& graph) {
-  const int n = graph.num_nodes();
-  std::vector<NodeId> head(n, kNoNode);  // update -> the parameter update of its group
-  const absl::Span<const NodeId> order = graph.topological_order();
-  for (auto it = order.rbegin(); it != order.rend(); ++it) {
-    const NodeId w = *it;
-    if (graph.runs_on(w) != Tier::kAuto) continue;
-    if (graph.role(graph.storage(w)) == Role::kParameter) {
-      head[w] = w;
-      continue;
-    }
-    // A state's update: in its reader's group where one parameter's update
-    // reads it (through other updates), else a group of its own.
-    NodeId group = kNoNode;
-    bool one = true;
-    for (NodeId r : graph.readers(w)) {
-      if (head[r] == kNoNode || (group != kNoNode && head[r] != group)) one = false;
-      group = head[r];
-    }
-    head[w] = one && group != kNoNode ? group : w;
-  }
-  std::vector<NodeId> heads;
-  for (NodeId w = 0; w < n; ++w) {
-    if (head[w] == w) heads.push_back(w);
-  }
-  std::stable_sort(heads.begin(), heads.end(), [&](NodeId a, NodeId b) {
-    return graph.bytes(graph.storage(a)) > graph.bytes(graph.storage(b));
+  std::vector<std::vector<NodeId>> all = ParameterUpdateGroups(graph);
+  std::erase_if(all, [&](const std::vector<NodeId>& g) {
+    return graph.runs_on(g.front()) != Tier::kAuto;
   });
+  auto key = [&](const std::vector<NodeId>& g) {
+    return std::pair(-graph.bytes(graph.storage(g.front())), g.front());
+  };
+  std::sort(all.begin(), all.end(), [&](const auto& a, const auto& b) { return key(a) < key(b); });
   Groups groups;
-  groups.of.assign(n, -1);
-  std::vector<int> rank(n, -1);
-  for (int i = 0; i < static_cast<int>(heads.size()); ++i) {
-    rank[heads[i]] = i;
-    groups.parameter.push_back(graph.storage(heads[i]));
-  }
-  for (NodeId w = 0; w < n; ++w) {
-    if (head[w] != kNoNode) groups.of[w] = rank[head[w]];
+  groups.of.assign(graph.num_nodes(), -1);
+  for (int i = 0; i < static_cast<int>(all.size()); ++i) {
+    groups.parameter.push_back(graph.storage(all[i].front()));
+    for (NodeId w : all[i]) {
+      if (graph.runs_on(w) == Tier::kAuto) groups.of[w] = i;
+    }
   }
   return groups;
 }

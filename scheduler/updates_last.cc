@@ -227,8 +227,11 @@ class UpdateEmitter {
         last_touch_(graph.num_nodes(), -1),
         fetched_(graph.num_nodes(), 0),
         host_current_(graph.num_nodes(), 0),
-        device_written_(graph.num_nodes(), 0),
         freed_(graph.num_nodes(), 0) {
+    // A host home starts the step with a current host copy.
+    for (NodeId v = 0; v < graph.num_nodes(); ++v) {
+      host_current_[v] = graph.persistent(v) && graph.home(v) == Tier::kHost;
+    }
     for (int k = 0; k < num_updates(); ++k) {
       for (NodeId u : graph.unique_inputs(updates_[k])) {
         last_reader_[u] = k;
@@ -252,8 +255,7 @@ class UpdateEmitter {
       }
     }
     schedule.steps.push_back({Action::kCompute, w});
-    device_written_[graph_.storage(w)] = 1;  // its host copy is stale now
-    host_current_[graph_.storage(w)] = 0;
+    host_current_[graph_.storage(w)] = 0;  // its host copy is stale now
     for (NodeId u : graph_.unique_inputs(w)) {
       if (last_reader_[u] == k && Droppable(u)) schedule.steps.push_back({Action::kFree, u});
     }
@@ -283,7 +285,7 @@ class UpdateEmitter {
     const NodeId w = updates_[k];
     for (NodeId u : graph_.unique_inputs(w)) {
       const NodeId root = graph_.storage(u);
-      if (HostCurrent(root)) continue;
+      if (host_current_[root]) continue;
       schedule.steps.push_back({Action::kOffload, root});
       host_current_[root] = 1;
       if (!graph_.persistent(root) && Droppable(root) && OnlyHostUpdatesRead(root)) {
@@ -329,13 +331,6 @@ class UpdateEmitter {
 
  private:
   bool Droppable(NodeId u) const { return !graph_.persistent(u) && !graph_.is_output(u); }
-  // Whether root has a current host copy for a host update: its home is the
-  // host (nothing on the device writes it before its updates), or this
-  // emitter offloaded it or a host update wrote it.
-  bool HostCurrent(NodeId root) const {
-    return host_current_[root] || (graph_.persistent(root) && graph_.home(root) == Tier::kHost &&
-                                   !device_written_[root]);
-  }
   bool OnlyHostUpdatesRead(NodeId u) const {
     for (NodeId r : graph_.readers(u)) {
       if (graph_.runs_on(r) != Tier::kHost) return false;
@@ -356,9 +351,10 @@ class UpdateEmitter {
   // Streamed root: 1 prefetched, 2 back on the host; a device home moved
   // for host updates: 3 on the host, 2 back on the device.
   std::vector<uint8_t> fetched_;
-  std::vector<uint8_t> host_current_;    // offloaded here: a current host copy
-  std::vector<uint8_t> device_written_;  // a device update wrote it
-  std::vector<uint8_t> freed_;           // freed here already
+  // Per storage root, whether its host copy is current: a host home not
+  // yet written on the device, or offloaded here since.
+  std::vector<uint8_t> host_current_;
+  std::vector<uint8_t> freed_;  // freed here already
 };
 
 // Note [Updates early]. Where the gradients are not outputs
@@ -479,19 +475,12 @@ Schedule UpdatesEarly(const Graph& graph, const std::vector<Step>& given,
   return schedule;
 }
 
-// The groups of Note [Updates early]: per update of a parameter, it and the
-// updates that only it reads; `early` starts with the updates that several
-// groups read set (they run as soon as they may).
-std::vector<std::vector<NodeId>> UpdateGroups(const Graph& graph, std::vector<uint8_t>& early) {
+}  // namespace
+
+std::vector<std::vector<NodeId>> ParameterUpdateGroups(const Graph& graph) {
   std::vector<std::vector<NodeId>> groups;
-  early.assign(graph.num_nodes(), 0);
   for (NodeId w : UpdatesOf(graph)) {
-    bool shared = false;
-    for (NodeId r : graph.readers(w)) shared = shared || r != graph.readers(w).front();
-    if (graph.role(graph.storage(w)) != Role::kParameter) {
-      early[w] = shared ? 1 : 0;
-      continue;
-    }
+    if (graph.role(graph.storage(w)) != Role::kParameter) continue;
     std::vector<NodeId> group = {w};
     for (size_t i = 0; i < group.size(); ++i) {
       for (NodeId u : graph.unique_inputs(group[i])) {
@@ -501,6 +490,20 @@ std::vector<std::vector<NodeId>> UpdateGroups(const Graph& graph, std::vector<ui
     groups.push_back(std::move(group));
   }
   return groups;
+}
+
+namespace {
+
+// The groups of Note [Updates early] (ParameterUpdateGroups); `early`
+// starts with the other updates that several read set (they run as soon
+// as they may).
+std::vector<std::vector<NodeId>> UpdateGroups(const Graph& graph, std::vector<uint8_t>& early) {
+  early.assign(graph.num_nodes(), 0);
+  for (NodeId w : UpdatesOf(graph)) {
+    if (graph.role(graph.storage(w)) == Role::kParameter) continue;
+    for (NodeId r : graph.readers(w)) early[w] = early[w] || r != graph.readers(w).front();
+  }
+  return ParameterUpdateGroups(graph);
 }
 
 // Whether `a` beats `b`: a lower peak, or the same at a lower makespan.

@@ -21,6 +21,7 @@
 #define PEBBLE_SCHEDULER_UPDATES_LAST_H_
 
 #include <memory>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "graph/graph.h"
@@ -51,6 +52,11 @@ bool OnlyUpdatesRead(const Graph& graph, NodeId v);
 // may have a home too, and is streamed to its uses (Note [Parameters
 // streamed] in updates_last.cc).
 bool UpdatedParameter(const Graph& graph, NodeId v);
+
+// Per parameter that an update writes, in the graph's topological order:
+// that update, then the updates only it reads (transitively: Adam's
+// moments, a momentum buffer). One parameter's step.
+std::vector<std::vector<NodeId>> ParameterUpdateGroups(const Graph& graph);
 
 }  // namespace pebble
 
