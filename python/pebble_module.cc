@@ -251,12 +251,21 @@ PYBIND11_MODULE(_core, m) {
         return Unwrap(AddLossAndDifferentiate(graph, Unwrap(ParseLossKind(StrArg(loss, "loss")))));
       }, py::arg("graph"), py::arg("loss") = "cross-entropy",
       "A forward graph with the loss added and differentiated (--train).");
-  m.def("with_optimizer", [](const py::object& training, const py::object& optimizer) {
+  m.def("with_optimizer", [](const py::object& training, const py::object& optimizer,
+                             const py::object& host_bytes_per_s) {
         const Graph& graph = GraphArg(training);
-        return Unwrap(AddOptimizerStep(graph, Unwrap(ParseOptimizer(StrArg(optimizer, "optimizer")))));
-      }, py::arg("graph"), py::arg("optimizer"),
+        CostModel cost;
+        if (!host_bytes_per_s.is_none()) {
+          cost.host_bytes_per_s = PositiveArg(host_bytes_per_s, "host_bytes_per_s",
+                                              "a positive number of bytes per second");
+        }
+        return Unwrap(AddOptimizerStep(
+            graph, Unwrap(ParseOptimizer(StrArg(optimizer, "optimizer"))), cost));
+      }, py::arg("graph"), py::arg("optimizer"), py::arg("host_bytes_per_s") = py::none(),
       "A training graph ending with the optimizer's step (--optimizer): optimizer is "
-      "'sgd', 'adam' or 'adamw' with settings, e.g. 'adam:lr=1e-3,weight_decay=0'.");
+      "'sgd', 'adam' or 'adamw' with settings, e.g. 'adam:lr=1e-3,weight_decay=0'. "
+      "host_bytes_per_s: the host's rate for the host_cost of updates that may run on the "
+      "host (bytes read and written per second; default pebble's cost model's, 10e9).");
 
   py::class_<PyPlan>(m, "Plan", "What plan() returns.", py::is_final(),
                      py::custom_type_setup([](PyHeapTypeObject* type) {

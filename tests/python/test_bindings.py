@@ -98,6 +98,24 @@ class GraphTest(unittest.TestCase):
         with self.assertRaises(ValueError):
             pebble.train(forward, "hinge")
 
+    def test_with_optimizer_takes_the_host_rate(self):
+        path = os.path.join(ROOT, "examples", "mlp.json")
+        trained = pebble.train(pebble.load(path), "mse")
+        spec = "adam:lr=0.001,updates=host"
+        default = json.loads(pebble.with_optimizer(trained, spec).to_json())
+        doc = cli_json("export", "--graph", path, "--train", "--loss", "mse", "--optimizer",
+                       spec, "--format", "json")
+        self.assertEqual(default, doc)
+        slow = json.loads(pebble.with_optimizer(trained, spec, host_bytes_per_s=1e9).to_json())
+        costs = {n["id"]: n["host_cost"] for n in default["nodes"] if "host_cost" in n}
+        self.assertTrue(costs)
+        for node in slow["nodes"]:
+            if "host_cost" in node:  # a tenth of the default rate: ten times the time
+                self.assertAlmostEqual(node["host_cost"], 10 * costs[node["id"]])
+        for bad in (0, -1.0, float("nan"), "fast"):
+            with self.assertRaises((ValueError, TypeError)):
+                pebble.with_optimizer(trained, spec, host_bytes_per_s=bad)
+
     def test_import_onnx(self):
         try:
             import onnx

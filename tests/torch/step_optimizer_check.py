@@ -19,7 +19,11 @@ pebble.torch.train_step(..., optimizer=opt). Checks after every step:
 - a learning-rate scheduler's lr is followed, as eager follows it;
 - with optimizer_state="host", the state is in (pinned) host memory after
   each step and the plan streamed it (on the CPU device, with
-  allow_cpu_offload, the copies are measured as a GPU's would be).
+  allow_cpu_offload, the copies are measured as a GPU's would be);
+- with optimizer_updates="host", every update ran on the host (ZeRO-Offload's
+  rule), the state lives there, and the parameters are back on the device,
+  still the module's Parameters; with "auto" between the least peaks of the
+  two rules, the plan ran some updates on the host and some on the device.
 
 And that an optimizer pebble cannot plan (Nesterov momentum, a parameter
 left out, another optimizer class) is refused with OptimizerError naming why,
@@ -72,23 +76,40 @@ def optimizers(torch):
     }
 
 
-CASES = [  # (model, optimizer, policy, budget, where the state lives)
-    ("mlp", "sgd", "baseline", "100%", "device"),
-    ("mlp", "adam", "rotor", "min", "device"),
-    ("mlp", "adamw", "dtr", "min", "device"),
-    ("mlp", "sgd-plain", "sqrtn", "min", "device"),
-    ("convnet", "adam", "rotor", "min", "device"),
-    ("convnet", "sgd", "dtr", "90%", "device"),
-    ("mlp", "adam", "rotor", "min", "host"),
-    ("convnet", "adamw", "baseline", "100%", "host"),
-    ("convnet", "sgd", "dtr", "min", "host"),
+CASES = [  # (model, optimizer, policy, budget, where the state lives, where the updates run)
+    ("mlp", "sgd", "baseline", "100%", "device", "device"),
+    ("mlp", "adam", "rotor", "min", "device", "device"),
+    ("mlp", "adamw", "dtr", "min", "device", "device"),
+    ("mlp", "sgd-plain", "sqrtn", "min", "device", "device"),
+    ("convnet", "adam", "rotor", "min", "device", "device"),
+    ("convnet", "sgd", "dtr", "90%", "device", "device"),
+    ("mlp", "adam", "rotor", "min", "host", "device"),
+    ("convnet", "adamw", "baseline", "100%", "host", "device"),
+    ("convnet", "sgd", "dtr", "min", "host", "device"),
     # "between": halfway between the least peaks with the state on the host
     # and resident, where the plan keeps some state resident, streams the rest.
-    ("mlp", "adam", "rotor", "between", "auto"),
-    ("convnet", "sgd", "baseline", "between", "auto"),
+    ("mlp", "adam", "rotor", "between", "auto", "device"),
+    ("convnet", "sgd", "baseline", "between", "auto", "device"),
+    # Updates on the host (the state there too: optimizer_state None).
+    ("mlp", "adam", "rotor", "min", None, "host"),
+    ("mlp", "sgd-plain", "baseline", "100%", None, "host"),
+    ("convnet", "sgd", "dtr", "min", None, "host"),
+    ("convnet", "adamw", "checkmate-lp", "min", "host", "host"),
+    # "split": halfway between the least peaks with every update on the host
+    # and with everything on the device, where the plan splits them (over a
+    # slow link, SLOW_LINK, which makes the host's updates cost more); the
+    # convnet's plan there keeps them on the device, streaming some state.
+    ("mlp", "adam", "rotor", "split", "auto", "auto"),
+    ("convnet", "sgd", "dtr", "between", "auto", "auto"),
+    # The gradients dropped: each freed once its updates have read it, .grad None.
+    ("mlp", "adam", "rotor", "min", None, "host", "drop"),
+    ("convnet", "sgd", "dtr", "min", "device", "device", "drop"),
+    ("convnet", "adamw", "rotor", "min", "host", "device", "drop"),
+    ("mlp", "sgd-plain", "checkmate-lp", "min", None, "auto", "drop"),
 ]
 
 TOL = 1e-5
+SLOW_LINK = 1e8  # bytes/s, for updates="auto"
 
 
 def close(torch, a, b):
@@ -98,7 +119,8 @@ def close(torch, a, b):
     return float((a - b).abs().max()) <= TOL * max(scale, 1e-30) if a.numel() else True
 
 
-def run_case(torch, pt, device, steps, model_name, opt_name, policy, budget, state):
+def run_case(torch, pt, device, steps, model_name, opt_name, policy, budget, state, updates,
+             gradients="keep"):
     make_model, make_batch = models(torch)[model_name]
     make_opt = optimizers(torch)[opt_name]
     torch.manual_seed(0)
@@ -112,18 +134,34 @@ def run_case(torch, pt, device, steps, model_name, opt_name, policy, budget, sta
     x0, y0 = batches[0]
     # On the CPU device the host is the same memory: allow_cpu_offload runs
     # the streaming path anyway, its copies measured as a GPU's would be.
-    if budget == "between":
-        budget = between(torch, pt, planned_model, make_opt, loss_fn, x0, y0, policy)
+    split = budget == "split"
+    if budget in ("between", "split"):
+        budget = between(torch, pt, planned_model, make_opt, loss_fn, x0, y0, policy, updates)
     step = pt.train_step(planned_model, loss_fn, (x0,), y0, optimizer=planned_opt,
                          policy=policy, budget=budget, measure="always",
-                         optimizer_state=state, allow_cpu_offload=state != "device")
+                         bandwidth=SLOW_LINK if updates == "auto" else None,
+                         optimizer_state=state, optimizer_updates=updates,
+                         optimizer_gradients=gradients,
+                         allow_cpu_offload=state not in (None, "device") or updates != "device")
     failures = []
     streamed = step.plan.report["transfer_bytes"]
-    if state == "host" and streamed == 0:
+    if (state == "host" or updates == "host") and streamed == 0:
         failures.append("the state's home is the host, but the plan moves nothing")
     placed = step.report["optimizer_state"]
-    if state == "auto" and not (placed["resident_tensors"] and placed["streamed_tensors"]):
+    ran = step.report["optimizer_updates"]
+    if state == "auto" and updates == "device" and not (placed["resident_tensors"] and
+                                                         placed["streamed_tensors"]):
         failures.append(f"state=auto between the fixed rules placed {placed}")
+    if split and not (ran["host_parameters"] and ran["device_parameters"]):
+        failures.append(f"updates=auto between the fixed rules ran {ran}")
+    if updates == "host" and ran["device_parameters"]:
+        failures.append(f"updates=host ran {ran}")
+    rate = step.report["host_update_bytes_per_s"]
+    if (updates == "device") != (rate is None) or (rate is not None and not rate > 0):
+        failures.append(f"updates={updates}: the host's rate is {rate}")
+    host_updates = {n for a, n in step.plan.schedule if a == "host_compute"}
+    if updates != "auto" and (updates == "device") == bool(host_updates):
+        failures.append(f"updates={updates}: {len(host_updates)} updates on the host")
     for k in range(steps):
         x, y = batches[k]
         eager_opt.zero_grad(set_to_none=True)
@@ -141,13 +179,16 @@ def run_case(torch, pt, device, steps, model_name, opt_name, policy, budget, sta
         if r["transfer_bytes"] != r["predicted_transfer_bytes"]:
             failures.append(f"step {k + 1}: {r['transfer_bytes']} bytes moved, predicted "
                             f"{r['predicted_transfer_bytes']}")
+        kept = [p.grad is not None for p in planned_model.parameters()]
+        if kept != [gradients == "keep"] * len(kept):
+            failures.append(f"step {k + 1}: gradients={gradients}, .grad set: {kept}")
         if r["measured_peak_bytes"] != r["predicted_step_peak_bytes"]:
             failures.append(f"step {k + 1}: measured peak {r['measured_peak_bytes']} "
                             f"({r['measured_by']}), predicted {r['predicted_step_peak_bytes']}")
     for (name, a), b in zip(planned_model.named_parameters(), eager_model.parameters()):
         if not close(torch, a.detach().cpu(), b.detach().cpu()):
             failures.append(f"parameter {name} differs from eager's")
-    failures += placement(torch, step, planned_model, planned_opt, state, device)
+    failures += placement(torch, step, planned_model, planned_opt, state, updates, device)
     eager_state = eager_opt.state_dict()["state"]
     planned_state = planned_opt.state_dict()["state"]
     for i, entry in eager_state.items():
@@ -171,32 +212,41 @@ def run_case(torch, pt, device, steps, model_name, opt_name, policy, budget, sta
     planned_opt.zero_grad(set_to_none=True)
     step(x, y)
     failures += [f"after loading the state dict, {f}"
-                 for f in placement(torch, step, planned_model, planned_opt, state, device)]
+                 for f in placement(torch, step, planned_model, planned_opt, state, updates,
+                                    device)]
     for (name, a), b in zip(planned_model.named_parameters(), resumed_model.parameters()):
         if not close(torch, a.detach().cpu(), b.detach().cpu()):
             failures.append(f"after loading the state dict, parameter {name} differs")
     r = step.report
-    print(f"{model_name:8} {opt_name:9} {policy:8} {budget:5} state on {state:6}: "
+    print(f"{model_name:8} {opt_name:9} {policy:12} {budget:6} state on {str(state):6} "
+          f"updates on {updates:6} gradients {gradients}: "
           f"{streamed} bytes moved, predicted step peak "
           f"{r['predicted_step_peak_bytes']}, measured {r['measured_peak_bytes']} "
           f"({r['measured_by']}), {r['recomputations']} recomputations"
           f"{'' if not failures else ' FAIL'}")
-    return [f"{model_name}/{opt_name}/{policy}/{state}: {f}" for f in failures]
+    return [f"{model_name}/{opt_name}/{policy}/{state}/{updates}/{gradients}: {f}"
+            for f in failures]
 
 
-def placement(torch, step, model, opt, state, device):
+def placement(torch, step, model, opt, state, updates, device):
     """Each state tensor where the plan keeps it: on the host where the plan
-    streams it (pinned beside a GPU), else on the device."""
+    streams it or updates it on the host (pinned beside a GPU), else on the
+    device; each parameter on the device, a leaf Parameter of the module."""
     failures = []
     names = {p: name for name, p in model.named_parameters()}
     streamed = {node_id for action, node_id in step.plan.schedule if action == "prefetch"}
+    host_updated = {node_id.split("#")[0] for action, node_id in step.plan.schedule
+                    if action == "host_compute"}
+    for name, p in model.named_parameters():
+        if p.device != device or not isinstance(p, torch.nn.Parameter) or not p.is_leaf:
+            failures.append(f"parameter {name} is {type(p).__name__} on {p.device}")
     for p, entry in opt.state.items():
         for key, value in entry.items():
             if key == "step" or not torch.is_tensor(value):
                 continue
-            on_host = f"{key}:{names[p]}" in streamed
-            if state == "host" and not on_host:
-                failures.append(f"optimizer state {key} of {names[p]} is not streamed")
+            on_host = f"{key}:{names[p]}" in streamed | host_updated
+            if (state == "host" or updates == "host") and not on_host:
+                failures.append(f"optimizer state {key} of {names[p]} is not on the host")
             if state == "device" and on_host:
                 failures.append(f"optimizer state {key} of {names[p]} is streamed")
             if on_host and device.type == "cuda" and not value.is_pinned():
@@ -207,15 +257,19 @@ def placement(torch, step, model, opt, state, device):
     return failures
 
 
-def between(torch, pt, model, make_opt, loss_fn, x, y, policy):
+def between(torch, pt, model, make_opt, loss_fn, x, y, policy, updates):
     """A budget (bytes) halfway between the least peaks of the step with the
-    optimizer's state on the host and resident."""
+    optimizer's state on the host and resident (updates="device"), or with
+    every update on the host and with everything on the device (else)."""
     peaks = []
-    for state in ("host", "device"):
+    rules = ((dict(optimizer_state="host"), dict(optimizer_state="device"))
+             if updates == "device" else
+             (dict(optimizer_updates="host"), dict(optimizer_state="device")))
+    for rule in rules:
         probe = copy.deepcopy(model)
         step = pt.train_step(probe, loss_fn, (x,), y, optimizer=make_opt(probe.parameters()),
-                             policy=policy, budget="min", optimizer_state=state,
-                             allow_cpu_offload=True, measure="never")
+                             policy=policy, budget="min", allow_cpu_offload=True,
+                             measure="never", **rule)
         peaks.append(step.report["predicted_peak_bytes"])
     return str((peaks[0] + peaks[1]) // 2)
 
@@ -272,20 +326,61 @@ def refusals(torch, pt, device):
             continue
         failures.append(f"{type(opt).__name__} ({needle}) was not refused")
     opt = torch.optim.Adam(model.parameters())
+    on_cpu = device.type == "cpu"
     for kwargs, needle in (
             (dict(optimizer_state="disk", optimizer=opt), "'device', 'host' or 'auto', not 'disk'"),
             (dict(optimizer_state="host"), "give the optimizer too"),
             (dict(optimizer_state="host", optimizer=opt),
-             "saves no memory on the CPU device" if device.type == "cpu" else None)):
+             "saves no memory on the CPU device" if on_cpu else None),
+            (dict(optimizer_updates="gpu", optimizer=opt),
+             "'device', 'host' or 'auto', not 'gpu'"),
+            (dict(optimizer_updates="host"), "give the optimizer too"),
+            (dict(optimizer_updates="auto", optimizer_state="device", optimizer=opt,
+                  allow_cpu_offload=True), "optimizer_state='host' or 'auto'"),
+            (dict(optimizer_updates="host", optimizer=opt),
+             "saves no memory on the CPU device" if on_cpu else None),
+            (dict(optimizer_gradients="lose", optimizer=opt), "'keep' or 'drop', not 'lose'"),
+            (dict(optimizer_gradients="drop"), "give the optimizer too")):
+        placed = {k: v for k, v in kwargs.items() if k.startswith("optimizer_")}
         try:
             pt.train_step(model, torch.nn.functional.cross_entropy, (x,), y, **kwargs)
         except ValueError as e:
             if needle is None or needle not in str(e):
-                failures.append(f"optimizer_state={kwargs['optimizer_state']!r}: refused "
-                                f"with '{e}'")
+                failures.append(f"{placed}: refused with '{e}'")
             continue
         if needle is not None:
-            failures.append(f"optimizer_state={kwargs['optimizer_state']!r} was not refused")
+            failures.append(f"{placed} was not refused")
+    # A .grad kept from before the step (PyTorch 1.13's zero_grad() keeps
+    # zeros): the step adds to it, as backward() does, and the update reads
+    # the sum; updates on the host refuse it, naming the remedy.
+    for updates in ("device", "host"):
+        torch.manual_seed(0)
+        eager = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(),
+                                    torch.nn.Linear(8, 2)).to(device)
+        planned = copy.deepcopy(eager)
+        eager_opt = torch.optim.Adam(eager.parameters(), lr=0.1, foreach=False)
+        planned_opt = torch.optim.Adam(planned.parameters(), lr=0.1, foreach=False)
+        step = pt.train_step(planned, torch.nn.functional.cross_entropy, (x,), y,
+                             optimizer=planned_opt, optimizer_updates=updates,
+                             allow_cpu_offload=True)
+        try:
+            for _ in range(3):
+                for p in list(eager.parameters()) + list(planned.parameters()):
+                    if p.grad is not None:
+                        p.grad.zero_()
+                torch.nn.functional.cross_entropy(eager(x), y).backward()
+                eager_opt.step()
+                step(x, y)
+        except pt.OptimizerError as e:
+            if updates == "device" or "zero_grad(set_to_none=True)" not in str(e):
+                failures.append(f"with .grad kept, updates on the {updates}: {e}")
+            continue
+        if updates == "host":
+            failures.append("with .grad kept, updates on the host were not refused")
+        elif not all(close(torch, a.detach(), b.detach())
+                     for a, b in zip(planned.parameters(), eager.parameters())):
+            failures.append("with .grad kept (zeroed, not None), the parameters differ from "
+                            "eager's")
     # A frozen parameter in the optimizer is skipped, as torch.optim skips it.
     frozen = copy.deepcopy(model)
     frozen[0].weight.requires_grad_(False)
@@ -295,6 +390,91 @@ def refusals(torch, pt, device):
     moved = [not torch.equal(a, p.detach()) for a, p in zip(before, frozen.parameters())]
     if moved != [False, True, True, True]:
         failures.append(f"with a frozen first weight, the parameters moved: {moved}")
+    return failures
+
+
+def host_refusals(torch, pt, device):
+    """Updates on the host refuse what they cannot run, naming why: a
+    parameter that views a larger storage, a dtype without CPU kernels."""
+    failures = []
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 2)).to(device)
+    x = torch.randn(3, 4, device=device)
+    y = torch.randint(0, 2, (3,), device=device)
+    flat = copy.deepcopy(model)
+    buffer = torch.zeros(sum(p.numel() for p in flat.parameters()), device=device)
+    offset = 0
+    for p in flat.parameters():
+        buffer[offset:offset + p.numel()].copy_(p.detach().flatten())
+        p.data = buffer[offset:offset + p.numel()].view_as(p)
+        offset += p.numel()
+    half = copy.deepcopy(model).half()
+    try:
+        torch.ones(2, dtype=torch.half).addcdiv_(torch.ones(2, dtype=torch.half),
+                                                 torch.ones(2, dtype=torch.half))
+        half_on_cpu = True
+    except RuntimeError:
+        half_on_cpu = False
+    for net, needle in ((flat, "a view of a larger storage"),
+                        (half, None if half_on_cpu else "cannot run Adam's update of "
+                         "torch.float16 tensors on the CPU")):
+        try:
+            pt.train_step(net, torch.nn.functional.cross_entropy, (x.to(net[0].weight.dtype),),
+                          y, optimizer=torch.optim.Adam(net.parameters()),
+                          optimizer_updates="host", allow_cpu_offload=True, calibrate=False)
+        except pt.OptimizerError as e:
+            if needle is None or needle not in str(e):
+                failures.append(f"updates on the host refused with '{e}', not '{needle}'")
+            continue
+        except (pt.CaptureError, pt.PlanError) as e:  # a half model the CPU cannot trace
+            if needle is not None:
+                failures.append(f"updates on the host: {type(e).__name__} ({e}), not "
+                                f"OptimizerError '{needle}'")
+            continue
+        if needle is not None:
+            failures.append(f"updates on the host were not refused ('{needle}')")
+    return failures
+
+
+def failure_midstep(torch, pt, device):
+    """A step that fails in the first parameter update on the host (after the
+    plan freed that parameter's device memory; its moments already updated)
+    leaves every parameter whole on the device, at its value before the
+    step, and the next step runs."""
+    make_model, make_batch = models(torch)["mlp"]
+    torch.manual_seed(0)
+    eager = make_model().to(device)
+    planned = copy.deepcopy(eager)
+    eager_opt = torch.optim.Adam(eager.parameters(), lr=1e-2, foreach=False)
+    planned_opt = torch.optim.Adam(planned.parameters(), lr=1e-2, foreach=False)
+    x, y = make_batch(torch.Generator().manual_seed(3), device)
+    loss_fn = torch.nn.functional.cross_entropy
+    step = pt.train_step(planned, loss_fn, (x,), y, optimizer=planned_opt,
+                         optimizer_updates="host", policy="rotor", budget="min",
+                         allow_cpu_offload=True)
+    optimizer_module = sys.modules["pebble.torch._optimizer"]
+    update = optimizer_module._update
+
+    def broken(op, *args, **kwargs):
+        if op == "adam_update":
+            raise RuntimeError("injected failure")
+        return update(op, *args, **kwargs)
+    optimizer_module._update = broken
+    failures = []
+    try:
+        step(x, y)
+        failures.append("the injected failure did not reach the caller")
+    except RuntimeError as e:
+        if "injected failure" not in str(e):
+            failures.append(f"the injected failure came back as {e}")
+    finally:
+        optimizer_module._update = update
+    for (name, p), q in zip(planned.named_parameters(), eager.parameters()):
+        if p.device != q.device or not torch.equal(p.detach(), q.detach()):
+            failures.append(f"after a failed step, parameter {name} is not as before the step")
+    planned_opt.zero_grad(set_to_none=True)
+    loss = step(x, y)
+    if not torch.isfinite(loss) or any(not torch.isfinite(p).all() for p in planned.parameters()):
+        failures.append("the step after a failed one gave non-finite values")
     return failures
 
 
@@ -318,16 +498,18 @@ def main():
         try:
             failures += run_case(torch, pt, device, args.steps, *case)
         except (pt.PlanError, pt.PlanExecutionError, pt.OptimizerError) as e:
-            failures.append(f"{'/'.join(case)}: {type(e).__name__}: {e}")
+            failures.append(f"{'/'.join(map(str, case))}: {type(e).__name__}: {e}")
     failures += scheduled(torch, pt, device, args.steps)
     failures += refusals(torch, pt, device)
+    failures += host_refusals(torch, pt, device)
+    failures += failure_midstep(torch, pt, device)
     for f in failures:
         print("MISMATCH:", f)
     if failures:
         return 1
     print(f"PASS: {len(CASES)} cases, {args.steps} steps each: losses, parameters and "
           "optimizer state as eager's, measured peak == predicted, state_dict loadable; "
-          "unsupported optimizers refused")
+          "unsupported optimizers refused; a failed host update leaves the module whole")
     return 0
 
 

@@ -29,8 +29,8 @@ from ._calibrate import calibrate, estimated
 from ._capture import CaptureError, propagate, trace
 from ._executor import PlanExecutionError, Program, draws_in_eager_order
 from ._graph import StepGraph
-from ._memory import AllocatorPeak, TensorMemory, measure, tensor_bytes
-from ._optimizer import OptimizerError, Updates, split_schedule
+from ._memory import AllocatorPeak, TensorMemory, allocated_where_profiled, measure, tensor_bytes
+from ._optimizer import OptimizerError, Updates
 
 __all__ = ["CaptureError", "OptimizerError", "PlanError", "PlanExecutionError", "TensorMemory",
            "TrainStep", "measure", "tensor_bytes", "train_step"]
@@ -80,25 +80,39 @@ class TrainStep:
         host copies are made before the step and so are not in its measured
         peak).
       optimizer: a torch.optim.SGD, Adam or AdamW over every trainable
-        parameter: the step then ends with its update, planned with the rest
-        (its state counted, resident; the updates last), and `step(...)`
-        updates the parameters: do not call optimizer.step() as well. Its
-        state lives in optimizer.state in torch.optim's format (state_dict()
-        stays loadable); clear the gradients between steps as usual
-        (optimizer.zero_grad()).
+        parameter: the step then includes its update, planned with the rest
+        (its state counted; the updates where the plan runs them), and
+        `step(...)` updates the parameters: do not call optimizer.step() as
+        well. Its state lives in optimizer.state in torch.optim's format
+        (state_dict() stays loadable); clear the gradients between steps as
+        usual (optimizer.zero_grad(); a .grad kept is added to, as backward()
+        adds).
       optimizer_state: where the optimizer's state lives between steps:
-        "device" (resident), "host" (pinned host memory beside a GPU; the
-        plan streams each state tensor to the device for its update and
-        back, so the device holds one parameter's state at a time) or
-        "auto" (the plan chooses per tensor: resident what the budget
-        allows, the rest on the host). On the CPU device the host saves
-        nothing: "host" and "auto" need allow_cpu_offload=True there.
+        "device" (resident), "host" (pinned host memory beside a GPU; a
+        device update streams each state tensor to the device and back, so
+        the device holds one parameter's state at a time) or "auto" (the
+        plan chooses per tensor: resident what the budget allows, the rest
+        on the host). None (the default): "device" where the updates run on
+        the device, else "host".
+      optimizer_updates: where the optimizer's updates run: "device", "host"
+        (every update on the CPU, on host copies of the gradient and the
+        parameter, as DeepSpeed's ZeRO-Offload does; the parameter's device
+        copy is freed meanwhile and fetched back updated) or "auto" (the
+        plan chooses per parameter: on the host what the budget needs
+        there, the rest on the device). On the CPU device the host saves
+        nothing: a host or auto state or updates need allow_cpu_offload=True
+        there.
+      optimizer_gradients: "keep" (each gradient ends the step in .grad, as
+        backward() leaves it) or "drop" (only the updates read a gradient:
+        the plan frees each once its updates have read it, sending it to the
+        host as soon as it is complete where its update runs there, and
+        .grad is None after the step).
     """
 
     def __init__(self, model, loss_fn, example_inputs, example_target, policy=None,
                  budget="100%", host_budget=None, bandwidth=None, time_limit=10.0, seed=0,
                  calibrate=True, measure="first", allow_cpu_offload=False, optimizer=None,
-                 optimizer_state="device"):
+                 optimizer_state=None, optimizer_updates="device", optimizer_gradients="keep"):
         if not isinstance(model, torch.nn.Module):
             raise TypeError(f"model must be a torch.nn.Module, not {type(model).__name__}")
         if not callable(loss_fn):
@@ -112,18 +126,24 @@ class TrainStep:
         self.calibrate = calibrate
         self.measure_mode = measure
         self.allow_cpu_offload = allow_cpu_offload
-        if optimizer is None and optimizer_state != "device":
-            raise ValueError("optimizer_state is where the optimizer's state lives: give the "
-                             "optimizer too")
-        self.updates = (Updates(optimizer, model, optimizer_state) if optimizer is not None
-                        else None)
+        if optimizer is None and (optimizer_state is not None or
+                                  optimizer_updates != "device" or
+                                  optimizer_gradients != "keep"):
+            raise ValueError("optimizer_state, optimizer_updates and optimizer_gradients place "
+                             "the optimizer's state, updates and gradients: give the optimizer "
+                             "too")
+        self.updates = (Updates(optimizer, model, optimizer_state, optimizer_updates,
+                                optimizer_gradients) if optimizer is not None else None)
+        if self.updates is not None and self.updates.on_host and calibrate:
+            self.updates.measure_host_rate()  # the host's cost of an update, on this CPU
         inputs = _as_tuple(example_inputs, "example_inputs")
         _check_tensor_arg(example_target, "example_target")
         self.device = _device_of(model, inputs + (example_target,))
-        if optimizer_state != "device" and self.device.type == "cpu" and not allow_cpu_offload:
-            raise ValueError(f"optimizer_state={optimizer_state!r} saves no memory on the CPU "
-                             "device: give allow_cpu_offload=True to run it anyway (to test "
-                             "the path)")
+        for name, value in (("optimizer_state", optimizer_state),
+                            ("optimizer_updates", optimizer_updates)):
+            if value in ("host", "auto") and self.device.type == "cpu" and not allow_cpu_offload:
+                raise ValueError(f"{name}={value!r} saves no memory on the CPU device: give "
+                                 "allow_cpu_offload=True to run it anyway (to test the path)")
         self._captures = {}  # signature -> _Capture, shared with replan()'s steps
         self._variants = {}  # signature -> _Variant (its capture and this step's plan)
         self._variant = self._variant_for(inputs, example_target)
@@ -295,15 +315,28 @@ class _Variant:
             self.persistent_bytes += self.updates.planned_state_bytes
         self.calibration = capture.calibration
         self.plan, self.budget_info = self._plan(step.options)
-        step_schedule, self.optimizer_steps = split_schedule(
-            self.plan.schedule, self.updates.ops if self.updates is not None else {})
-        # The state the plan streams from the host (optimizer_state "host",
-        # or chosen per tensor with "auto"); the rest is resident.
-        self.streamed_state = Updates.streamed_in(self.optimizer_steps)
+        # Where the plan keeps the optimizer's state (the rest of it on the
+        # host) and runs each update.
+        self.placement = None
         if self.updates is not None:
+            self.placement = self.updates.placement(self.plan.schedule)
             self.persistent_bytes = (capture.persistent_bytes +
-                                     self.updates.resident_state_bytes(self.streamed_state))
-        self.program = Program(self.graph_nodes, step_schedule, self.device)
+                                     self.placement.resident_state_bytes)
+        self.program = Program(self.graph_nodes, self.plan.schedule, self.device,
+                               foreign=self.updates, rebind=self._rebind)
+        # The parameters the plan frees for their updates on the host.
+        by_id = {n.id: n for n in self.graph_nodes.nodes}
+        self.freed_parameters = [
+            by_id[node_id].slot.names[0] for action, node_id in self.plan.schedule
+            if action == "free" and node_id in by_id and by_id[node_id].kind == "persistent"
+            and by_id[node_id].role == "parameter"]
+        if self.freed_parameters and capture.shapes_from == "real":
+            # Real values (a shape that depends on the data) keep the
+            # parameters' storage of the capture: a free would release nothing.
+            raise PlanError(f"the plan frees parameters for their updates on the host, but "
+                            f"{type(step.model).__name__}'s step was captured with real "
+                            "tensors (a shape depends on the data), which hold the "
+                            "parameters' memory: give optimizer_updates='device'")
         self.measured_once = False
         self.report = self._report(time.perf_counter() - started)
 
@@ -348,8 +381,7 @@ class _Variant:
         return self.graph if graph is self.capture.graph else self.updates.extend(graph)
 
     def _draws_in_eager_order(self, plan):
-        ids = self.updates.ops if self.updates is not None else {}
-        return draws_in_eager_order(self.graph_nodes, split_schedule(plan.schedule, ids)[0])
+        return draws_in_eager_order(self.graph_nodes, plan.schedule)
 
     def _does_not_fit(self, plan, options, info):
         """Why `plan` does not fit, with the least peak its policy reaches
@@ -413,12 +445,14 @@ class _Variant:
     # --- running --------------------------------------------------------------
 
     def run(self, inputs, target):
-        persistent = self.capture.persistent(inputs, target)
         measured = self.device.type == "cuda" or self.step.measure_mode == "always" or (
             self.step.measure_mode == "first" and not self.measured_once)
+        if measured and self.device.type == "cpu" and self.freed_parameters:
+            self._reallocate_freed_parameters()
+        persistent = self.capture.persistent(inputs, target)
         if self.updates is not None:
             # Held before the step, where the plan holds it.
-            self.updates.ensure_state(self.streamed_state)
+            self.updates.ensure_state(self.placement)
         # The plan fixed every tensor's dtype: autocast stays off inside the step.
         with torch.no_grad(), torch.autocast(self.device.type, enabled=False):
             if measured:
@@ -443,10 +477,12 @@ class _Variant:
         return loss.detach()
 
     def _run_step(self, persistent):
-        """The planned step: the program, each gradient into .grad, each buffer
-        updated, then the optimizer's updates (the plan's last steps)."""
-        result = self.program.run(persistent)
+        """The planned step (the optimizer's updates where the plan runs them),
+        then each gradient into .grad, each buffer updated."""
+        result = self.program.run(persistent, release=True)
         for slot, grad in result.grads:
+            if grad is None:  # dropped (optimizer_gradients="drop"): the updates read it
+                continue
             param = _lookup(self.step.model, slot.names[0])
             if param.grad is None:
                 param.grad = grad
@@ -454,16 +490,32 @@ class _Variant:
                 param.grad.add_(grad)
         for slot, value in result.updates:
             _lookup(self.step.model, slot.names[0]).copy_(value)
-        if self.optimizer_steps:
-            self.updates.run(self.optimizer_steps)
-            result.transfer_bytes += self.updates.transfer_bytes
-            # pebble's count: the resident state throughout; at the end, the
-            # streamed state and the updates' temporaries.
-            result.counted_peak_bytes = self.updates.resident_state_bytes(
-                self.streamed_state) + max(
-                result.counted_peak_bytes,
-                result.resident_bytes + self.updates.counted_peak_bytes)
+        if self.placement is not None:  # pebble's count: the resident state throughout
+            result.counted_peak_bytes += self.placement.resident_state_bytes
         return result
+
+    def _reallocate_freed_parameters(self):
+        """The parameters that the plan frees, each in a copy made where the CPU
+        profiler sees it (allocated_where_profiled), so that it measures
+        their frees. Nothing here outlives the call but the module's
+        parameters."""
+        params = [_lookup(self.step.model, n) for n in self.freed_parameters]
+        for param, fresh in zip(params, allocated_where_profiled(params)):
+            param.data = fresh
+
+    def _rebind(self, node, tensor):
+        """The module's parameter of the persistent node `node` follows the
+        plan (Note [Steps of the optimizer] in _executor.py): released where
+        the plan frees it (tensor None), the fetched copy where it prefetches
+        it. False for other persistent nodes, which the module keeps."""
+        slot = node.slot
+        if slot is None or slot.kind != "parameter" or node.role == "gradient":
+            return False
+        param = _lookup(self.step.model, slot.names[0])
+        if tensor is None:
+            tensor = torch.empty(0, dtype=param.dtype, device=param.device)
+        param.data = tensor
+        return True
 
     def _report(self, plan_s):
         c = self.capture
@@ -500,14 +552,9 @@ class _Variant:
             "shapes_from": c.shapes_from,
             "unplanned_measured_peak_bytes": self.calibration.unplanned_peak_bytes,
         }
-        if self.updates is not None:  # where the plan keeps the optimizer's state
-            state = self.updates.state_bytes
-            streamed = self.streamed_state
-            report["optimizer_state"] = {
-                "resident_tensors": sum(1 for n in state if n not in streamed),
-                "streamed_tensors": len(streamed),
-                "resident_bytes": self.updates.resident_state_bytes(streamed),
-                "streamed_bytes": sum(state[n] for n in streamed)}
+        if self.placement is not None:  # where the optimizer's state lives and its updates run
+            report.update(self.placement.report())
+            report["host_update_bytes_per_s"] = self.updates.host_bytes_per_s
         if "step_budget_bytes" in info:
             report["step_budget_bytes"] = info["step_budget_bytes"]
         if "order" in info:

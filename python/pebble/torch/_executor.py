@@ -6,6 +6,16 @@ a side CUDA stream ordered by events, on a GPU) and `prefetch v` copies it
 back. A view is computed by its view operator from its base, so it holds no
 memory of its own, as the plan counts it.
 
+Note [Steps of the optimizer]: a plan of the whole step (train_step(...,
+optimizer=opt)) also has steps on nodes the capture does not have: the
+optimizer's state and updates. The program hands each to the optimizer's
+runner (`foreign`, _optimizer.Updates) where the plan puts it, between the
+backward's steps where the plan runs an update early, with this run's
+resident tensors and host copies (_RunState.device_value, host_value). A
+free or prefetch of a parameter (an update on the host writes the host
+copy, so the plan drops the device's and fetches it back) rebinds the
+module's parameter (`rebind`), so that the freed storage is released.
+
 Note [Randomness as eager has it]: a random call draws from the generator at
 its first computation in the step, in the graph's order (the plan was
 checked to keep that order, _order_of_first_draws), so it draws what eager
@@ -31,7 +41,7 @@ class PlanExecutionError(RuntimeError):
     """A step of the plan cannot run (a bug, or PyTorch refusing a kernel)."""
 
 
-COMPUTE, FREE, OFFLOAD, PREFETCH = range(4)
+COMPUTE, FREE, OFFLOAD, PREFETCH, FOREIGN = range(5)
 _ACTIONS = {"compute": COMPUTE, "free": FREE, "offload": OFFLOAD, "prefetch": PREFETCH}
 
 
@@ -58,9 +68,9 @@ def order_of_first_draws(graph, schedule):
     by_id = {n.id: n for n in graph.nodes}
     seen, order = set(), []
     for action, node_id in schedule:
-        if action != "compute":
+        node = by_id.get(node_id)
+        if action != "compute" or node is None:  # None: an optimizer's node
             continue
-        node = by_id[node_id]
         call = node.group or node.fx
         if node.random and call not in seen:
             seen.add(call)
@@ -79,22 +89,30 @@ def draws_in_eager_order(graph, schedule):
 class Program:
     """A schedule compiled against a StepGraph; `run` executes it."""
 
-    def __init__(self, graph, schedule, device, streams=None):
+    def __init__(self, graph, schedule, device, streams=None, foreign=None, rebind=None):
         """`streams`: the module whose Stream, Event, stream, current_stream
         and synchronize order the copies (torch.cuda on a GPU; a test may give
-        a stand-in to check the ordering on the CPU)."""
+        a stand-in to check the ordering on the CPU). `foreign`: the runner
+        of the steps on nodes outside `graph` (Note [Steps of the
+        optimizer]): owns(node_id) says which, step(action, node_id, run)
+        runs one, begin() and finish() bracket a run. `rebind(node, tensor)`:
+        called where the plan frees (tensor None) or prefetches a persistent
+        node."""
         self.graph = graph
         self.device = device
-        by_id = {n.id: n for n in graph.nodes}
+        self.by_id = by_id = {n.id: n for n in graph.nodes}
+        self.foreign = foreign
+        self.rebind = rebind
         self.steps = []
         for action, node_id in schedule:
-            if action == "host_compute":
-                raise PlanExecutionError(
-                    f"schedule step ({action}, {node_id}): pebble.torch runs the optimizer's "
-                    "updates on the device; updates on the host run in pebble's own executor "
-                    "(pebble run)")
             kind = _ACTIONS.get(action)
             node = by_id.get(node_id)
+            if node is None and foreign is not None and foreign.owns(node_id):
+                self.steps.append((FOREIGN, (action, node_id)))
+                continue
+            if action == "host_compute" and node is not None:
+                raise PlanExecutionError(f"schedule step ({action}, {node_id}): only the "
+                                         "optimizer's updates run on the host")
             if kind is None or node is None:
                 raise PlanExecutionError(f"schedule step ({action}, {node_id}) is not of this "
                                          "graph")
@@ -135,22 +153,40 @@ class Program:
                 keep[i] = siblings
         return keep
 
-    def run(self, persistent, timing=False):
+    def run(self, persistent, timing=False, release=False):
         """Executes the schedule. `persistent`: node index -> tensor for every
-        persistent node. Returns a StepResult; every tensor the schedule
-        freed is gone when it returns."""
+        persistent node; release: empty it once the run holds them, so that
+        a persistent tensor the plan frees is released. Returns a
+        StepResult; every tensor the schedule freed is gone when it
+        returns."""
         state = _RunState(self, persistent, timing)
+        if release:
+            persistent.clear()
         start = time.perf_counter()
-        for i, (kind, node) in enumerate(self.steps):
-            if kind == COMPUTE:
-                state.compute(i, node)
-            elif kind == FREE:
-                state.free(node)
-            elif kind == OFFLOAD:
-                state.offload(node)
-            else:
-                state.prefetch(node)
-        state.finish()
+        if self.foreign is not None:
+            self.foreign.begin()
+        try:
+            for i, (kind, node) in enumerate(self.steps):
+                if kind == COMPUTE:
+                    state.compute(i, node)
+                elif kind == FREE:
+                    state.free(node)
+                elif kind == OFFLOAD:
+                    state.offload(node)
+                elif kind == PREFETCH:
+                    state.prefetch(node)
+                else:
+                    self.foreign.step(*node, state)
+            state.finish()
+            if self.foreign is not None:
+                self.foreign.finish(state)
+        except BaseException:
+            if self.cuda:  # no copy may still write a tensor dropped below
+                self.streams.synchronize(self.device)
+            if self.foreign is not None:
+                self.foreign.abort()
+            state.restore_persistent()
+            raise
         result = state.result
         result.time_s = time.perf_counter() - start
         g = self.graph
@@ -186,6 +222,8 @@ class _RunState:
         self.host_bytes = 0
         self.on_host = set()
         self.ready, self.offloaded = {}, {}
+        self.copied_out = {}  # node index -> its last offload's event, until the host reads it
+        self.dropped = {}  # persistent node index -> node, freed and not prefetched back yet
         self.timing = timing
         if timing:
             self.result.node_seconds = {}
@@ -212,6 +250,64 @@ class _RunState:
             self.resident -= entry[1]
             del self.storages[key]
 
+    def hold(self, nbytes, workspace=0):
+        """Counts `nbytes` of device memory that a foreign step holds (negative:
+        releases), and a momentary `workspace` above it."""
+        self.resident += nbytes
+        self.result.counted_peak_bytes = max(self.result.counted_peak_bytes,
+                                             self.resident + workspace)
+
+    # --- tensors for the optimizer's steps (Note [Steps of the optimizer]) -------
+
+    def device_value(self, node_id):
+        """The resident tensor of the graph's node `node_id`, on a GPU once a
+        prefetch into its storage is complete (for the compute stream)."""
+        node = self.program.by_id[node_id]
+        t = self.live[node.index]
+        if t is None or t is _TOKEN:
+            raise PlanExecutionError(f"the plan's update reads '{node_id}', which is not "
+                                     "resident")
+        if self.cuda:
+            for index in (node.index, self._root(node).index):
+                event = self.ready.pop(index, None)
+                if event is not None:
+                    self.stream.wait_event(event)
+        return t
+
+    def _root(self, node):
+        """The node whose storage `node` shares (itself where it is no view)."""
+        while node.alias_of is not None:
+            node = self.graph.nodes[node.alias_of]
+        return node
+
+    def host_value(self, node_id):
+        """The host copy of the graph's node `node_id` (a view of its storage's
+        host buffer), once the copy into it is complete."""
+        node = self.program.by_id[node_id]
+        root = self._root(node)
+        if root.index not in self.on_host:
+            raise PlanExecutionError(f"the plan's update on the host reads '{node_id}', whose "
+                                     "storage has no host copy")
+        event = self.copied_out.pop(root.index, None)
+        if event is not None:
+            event.synchronize()
+        buffer = self.program.host[root.index]
+        if root is node:
+            return buffer
+        v, base = node.value, root.value
+        return buffer.as_strided(v.shape, v.stride(), v.storage_offset() - base.storage_offset())
+
+    def restore_persistent(self):
+        """After a failed run: each persistent node the plan freed is rebound to
+        a device copy of its host copy, so that the module keeps its
+        parameters. (The plan frees a parameter only after offloading it, so
+        each has a host copy.)"""
+        rebind = self.program.rebind
+        for index, node in self.dropped.items():
+            if rebind is not None and index in self.on_host:
+                rebind(node, self.program.host[index].to(self.device))
+        self.dropped.clear()
+
     # --- steps -----------------------------------------------------------------
 
     def compute(self, step, node):
@@ -222,6 +318,9 @@ class _RunState:
                 event = self.ready.pop(u.index, None)
                 if event is not None:
                     self.stream.wait_event(event)
+        if node.kind == "accumulate" and node.index in self.computed:
+            raise PlanExecutionError(f"the schedule computes '{node.id}' again: it adds the "
+                                     "step's gradient into .grad in place, once")
         if node.kind == "order":  # a token: nothing to run, nothing held
             self.live[node.index] = _TOKEN
             self.result.computes += 1
@@ -394,6 +493,9 @@ class _RunState:
         if t is not _TOKEN:
             self._uncount(t)
         self.live[node.index] = None
+        if node.kind == "persistent" and self.program.rebind is not None and \
+                self.program.rebind(node, None):
+            self.dropped[node.index] = node
 
     def offload(self, node):
         t = self.live[node.index]
@@ -403,6 +505,7 @@ class _RunState:
         event = self._copy(buffer, t)
         if event is not None:
             self.offloaded[node.index] = event
+            self.copied_out[node.index] = event
         if node.index not in self.on_host:
             self.on_host.add(node.index)
             self.host_bytes += node.nbytes
@@ -423,6 +526,9 @@ class _RunState:
         self._count(t, node.nbytes)
         self.result.counted_peak_bytes = max(self.result.counted_peak_bytes, self.resident)
         self.result.transfer_bytes += node.nbytes
+        if node.kind == "persistent" and self.program.rebind is not None and \
+                self.dropped.pop(node.index, None) is not None:
+            self.program.rebind(node, t)
 
     def _copy(self, dst, src):
         """dst <- src; on a GPU on the side stream after the compute stream's
@@ -441,6 +547,9 @@ class _RunState:
     def finish(self):
         if self.kept:
             raise PlanExecutionError("internal: sibling outputs kept past their steps")
+        if self.dropped:
+            raise PlanExecutionError(f"the plan leaves '{next(iter(self.dropped.values())).id}' "
+                                     "off the device at the step's end")
         if self.cuda:
             for event in list(self.ready.values()) + list(self.offloaded.values()):
                 self.stream.wait_event(event)

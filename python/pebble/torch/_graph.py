@@ -406,10 +406,13 @@ class StepGraph:
             grad.value = g.value  # shape and dtype of the parameter's gradient
             grad.nbytes = _persistent_bytes(slot.tensor)
             grad.role = "gradient"
+            # The sum is the .grad itself (an alias of its storage, updated in
+            # place), named as a gradient is: the optimizer's update reads it.
             acc = self._add(f"acc:{slot.id}", "accumulate")
             acc.inputs = [g, grad]
             acc.value = grad.value
-            acc.nbytes = 0
+            acc.alias_of = grad.index
+            acc.nbytes = grad.nbytes
             self.accumulators.append((slot, grad, acc))
         self.grads = kept
 
@@ -504,6 +507,8 @@ class StepGraph:
         special = {self.loss.index: "loss"}
         for slot, node in self.grads:
             special.setdefault(node.index, f"grad:{slot.id}")
+        for slot, _, acc in self.accumulators:
+            special.setdefault(acc.index, f"grad:{slot.id}")
         for slot, node in self.updates:
             special.setdefault(node.index, f"new:{slot.id}")
         taken = {n.id for n in self.nodes}

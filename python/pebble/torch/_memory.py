@@ -82,6 +82,21 @@ class AllocatorPeak:
         return False
 
 
+def allocated_where_profiled(tensors):
+    """Copies of `tensors` allocated while the CPU profiler records. PyTorch's
+    CPU allocator reports the free of a block only where the profiler saw
+    its allocation ("Memory block of unknown size was allocated before the
+    profiling started"): a step that frees a tensor made before any
+    profiling (a parameter the plan frees while its update runs on the
+    host) would measure its later fetch as new memory without the free.
+    Inside another profiler (one runs at a time), where AllocatorPeak counts
+    tensors instead, plain copies."""
+    if torch.autograd._profiler_enabled():
+        return [t.clone() for t in tensors]
+    with CpuMemoryEvents():
+        return [t.clone() for t in tensors]
+
+
 class CpuMemoryEvents:
     """with CpuMemoryEvents() as m: ...; then m.deltas: the bytes of each
     allocation (positive) and free (negative) the CPU allocator made in the

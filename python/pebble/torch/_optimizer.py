@@ -13,20 +13,34 @@ plan, so the allocator's peak is the plan's.
 
 With optimizer_state="host" the state's home is the host (pinned memory
 beside a GPU), and with "auto" the plan chooses per tensor (Note [State
-placement] in scheduler/state_placement.cc). Either way the plan's steps
-say which state tensors are streamed: those it prefetches. opt.state holds
-them on the host between steps, and each is streamed through the update
-phase (Note [Updates last] in scheduler/updates_last.cc): a device copy
-made where the plan prefetches it, updated in place, copied back where the
-plan offloads it and dropped where it frees it.
+placement] in scheduler/state_placement.cc). The plan's steps say where
+each state tensor lives (Placement): on the host where its first step is a
+prefetch or an update on the host. opt.state holds those on the host
+between steps. A device update streams them (Note [Updates last] in
+scheduler/updates_last.cc): a device copy made where the plan prefetches
+it, updated in place, copied back where the plan offloads it and dropped
+where it frees it.
+
+With optimizer_updates="host" every update runs on the host, ZeRO-Offload's
+rule, and with "auto" the plan chooses per parameter (Note [Updates on the
+host], Note [Update placement]). An update on the host runs the same
+operations on the CPU, on the host copies the plan made of the gradient and
+the parameter (the program's offloads) and on the state in opt.state, its
+temporaries in a host scratch buffer made before the step; the plan then
+frees the parameter's device storage and fetches the updated copy back
+(the program rebinds the module's parameter: Note [Steps of the
+optimizer] in _executor.py). The plan may run such updates early, as soon
+as a gradient is complete, while the backward goes on.
 """
 
 import json
 import math
+import time
 
 import torch
 
 from .. import _core
+from ._compat import storage_bytes
 
 
 class OptimizerError(ValueError):
@@ -40,22 +54,50 @@ _UPDATE_OPS = ("sgd_momentum", "sgd_update", "adam_exp_avg", "adam_exp_avg_sq", 
 
 _DTYPES = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
 
+# Each optimizer's update ops, in their order, and how many tensors each
+# reads and writes as the host cost model counts them (its output and
+# tensor operands: graph/optimizer.cc).
+_OPS_OF = {"sgd": ("sgd_momentum", "sgd_update"),
+           "adam": ("adam_exp_avg", "adam_exp_avg_sq", "adam_update"),
+           "adamw": ("adam_exp_avg", "adam_exp_avg_sq", "adam_update")}
+_TENSORS_MOVED = {"sgd_momentum": 4, "sgd_update": 3, "adam_exp_avg": 4,
+                  "adam_exp_avg_sq": 4, "adam_update": 4}
+
 
 class Updates:
-    """A torch.optim optimizer as pebble's optimizer step of a module."""
+    """A torch.optim optimizer as pebble's optimizer step of a module, and
+    the runner of its steps in a plan (Note [Steps of the optimizer])."""
 
-    def __init__(self, optimizer, model, state="device"):
+    def __init__(self, optimizer, model, state=None, updates="device", gradients="keep"):
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise TypeError(f"optimizer must be a torch.optim.Optimizer, not "
                             f"{type(optimizer).__name__}")
-        if state not in ("device", "host", "auto"):
+        if state not in (None, "device", "host", "auto"):
             raise ValueError(f"optimizer_state must be 'device', 'host' or 'auto', not {state!r}")
+        if updates not in ("device", "host", "auto"):
+            raise ValueError(f"optimizer_updates must be 'device', 'host' or 'auto', not "
+                             f"{updates!r}")
+        if gradients not in ("keep", "drop"):
+            raise ValueError(f"optimizer_gradients must be 'keep' or 'drop', not {gradients!r}")
+        if updates != "device" and state == "device":
+            raise ValueError(f"optimizer_updates={updates!r} with optimizer_state='device': an "
+                             "update on the host reads and writes its state there; give "
+                             "optimizer_state='host' or 'auto', or leave it out (the host)")
         self.optimizer = optimizer
         self.kind, self.settings = _settings(optimizer)
         self.spec = self.kind + ":" + ",".join(
             f"{k}={float(v)!r}" for k, v in self.settings.items() if k != "decoupled")
-        if state != "device":
+        if state not in (None, "device"):
             self.spec += f",state={state}"
+        if updates != "device":
+            self.spec += f",updates={updates}"
+        if gradients == "drop":
+            self.spec += ",gradients=drop"
+        self.on_host = updates != "device"  # whether some update may run on the host
+        self.keep_gradients = gradients == "keep"
+        # The host's rate for an update's host_cost (bytes read and written
+        # per second; measure_host_rate), None: pebble's default.
+        self.host_bytes_per_s = None
         self.ops = {}  # node id -> op of the optimizer's nodes (extend)
         # The plan's bytes of the state that may be resident (home device or
         # auto: what a budget is framed with), and of each update's
@@ -64,7 +106,9 @@ class Updates:
         self.planned_state_bytes = 0
         self.workspace_bytes = {}
         self.state_bytes = {}
-        self.on_device = {}  # streamed state node id -> its device copy, during run()
+        self.on_device = {}  # streamed state node id -> its device copy, during a run
+        self._offloaded = False
+        self._host_scratch = {}  # dtype -> flat host buffer for host updates' temporaries
         # Note [Scalars without allocations]: a Python number as an operand
         # (x.mul_(0.9)) makes a small CPU tensor on each call, outside the
         # plan (the CPU device's profiler counts it); a held CPU 0-dim tensor,
@@ -88,6 +132,34 @@ class Updates:
         if extra:
             raise OptimizerError(f"the optimizer holds {len(extra)} tensor(s) that are not "
                                  "parameters of the module")
+        if self.on_host:
+            self._check_host_updates()
+
+    def _check_host_updates(self):
+        """OptimizerError where an update could not run on the host: a
+        parameter that shares its storage (the plan frees a parameter's
+        storage for its update, which would free nothing there), or a dtype
+        this PyTorch has no CPU kernel of the update for (float16 in 1.13)."""
+        for name, p in self.params.items():
+            if p.storage_offset() != 0 or storage_bytes(p) != p.numel() * p.element_size():
+                raise OptimizerError(f"parameter '{name}' is a view of a larger storage (a "
+                                     "flattened parameter buffer): its update cannot run on "
+                                     "the host, which frees the parameter's storage meanwhile; "
+                                     "give optimizer_updates='device'")
+        for dtype in {p.dtype for p in self.params.values()}:
+            one = torch.ones(2, dtype=dtype)
+            try:
+                for op in _OPS_OF[self.kind]:
+                    state = {"momentum_buffer": one.clone(), "exp_avg": one.clone(),
+                             "exp_avg_sq": one.clone(), "step": torch.zeros(())}
+                    _update(op, self.kind, dict(self.settings, momentum=0.9), one.clone(),
+                            one.clone(), state, lambda: torch.empty(2, dtype=dtype),
+                            torch.zeros(()).fill_, torch.ones(()))
+            except RuntimeError as e:
+                raise OptimizerError(
+                    f"updates on the host: PyTorch {torch.__version__} cannot run "
+                    f"{type(self.optimizer).__name__}'s update of {dtype} tensors on the CPU "
+                    f"({str(e).splitlines()[0]}); give optimizer_updates='device'") from None
 
     # --- the graph ----------------------------------------------------------------
 
@@ -98,6 +170,16 @@ class Updates:
         # (the capture keeps them in attrs).
         doc = json.loads(graph.to_json())
         for node in doc["nodes"]:
+            if (self.on_host or not self.keep_gradients) and node.get("persistent") and \
+                    node["id"].endswith(".grad") and node["id"][:-len(".grad")] in self.params:
+                raise OptimizerError(
+                    f"parameter '{node['id'][:-len('.grad')]}' has a .grad from before the "
+                    "step, which the step adds to: an update on the host reads a host copy "
+                    "of its gradient, and a dropped gradient leaves the device, but pebble "
+                    "plans neither for a .grad that lives across steps; clear the gradients "
+                    "with optimizer.zero_grad(set_to_none=True) (PyTorch 1.13's zero_grad() "
+                    "keeps zero tensors), or give optimizer_updates='device' and "
+                    "optimizer_gradients='keep'")
             if node.get("role") != "parameter" or node["id"] not in self.params:
                 continue  # a frozen parameter takes no update
             attrs = node.get("attrs") or {}
@@ -108,7 +190,8 @@ class Updates:
                                      "bfloat16 parameters")
             node["shape"], node["dtype"] = attrs["shape"], dtype
         graph = _core.from_json(json.dumps(doc))
-        doc = json.loads(_core.with_optimizer(graph, self.spec).to_json())
+        doc = json.loads(_core.with_optimizer(
+            graph, self.spec, host_bytes_per_s=self.host_bytes_per_s).to_json())
         self.planned_state_bytes = 0
         self.workspace_bytes, self.state_bytes = {}, {}
         for node in doc["nodes"]:
@@ -123,26 +206,53 @@ class Updates:
                 self.workspace_bytes[node["id"]] = node["bytes"]
         return _core.from_json(json.dumps(doc))
 
+    def measure_host_rate(self, repeat=3):
+        """Measures host_bytes_per_s: the bytes per second this machine's CPU
+        reads and writes in one parameter's updates, as pebble's host cost
+        model counts them (each update's output and tensor operands: twelve
+        tensors for Adam's three updates, seven for SGD's two), the best of
+        `repeat` runs on float32 tensors of 2**22 elements (16 MiB each):
+        larger than most caches, as the gradients, parameters and state of
+        a step are when their updates read them."""
+        numel = 2 ** 22
+        g, p = torch.rand(numel), torch.rand(numel)
+        state = {"momentum_buffer": torch.rand(numel), "exp_avg": torch.rand(numel),
+                 "exp_avg_sq": torch.rand(numel), "step": torch.zeros(())}
+        settings = self.settings
+        ops = [op for op in _OPS_OF[self.kind]
+               if op != "sgd_momentum" or settings.get("momentum", 0) > 0]
+        counted = sum(_TENSORS_MOVED[op] for op in ops) * numel * 4
+        scratch = torch.empty(numel)
+        best = math.inf
+        for _ in range(repeat + 1):  # the first warms the caches
+            started = time.perf_counter()
+            for op in ops:
+                _update(op, self.kind, settings, p, g, state, lambda: scratch,
+                        self._scalar.fill_, self._one)
+            best = min(best, time.perf_counter() - started)
+        self.host_bytes_per_s = counted / max(best, 1e-9)
+        return self.host_bytes_per_s
+
+    def owns(self, node_id):
+        """Whether `node_id` is one of the optimizer's nodes (state, updates)."""
+        return node_id in self.ops
+
+    def placement(self, schedule):
+        """Where the plan `schedule` keeps the state and runs the updates."""
+        return Placement(self, schedule)
+
     # --- the state ----------------------------------------------------------------
 
-    @staticmethod
-    def streamed_in(steps):
-        """The state node ids that the plan's optimizer steps stream (prefetch)."""
-        return frozenset(node_id for action, node_id in steps if action == "prefetch")
-
-    def resident_state_bytes(self, streamed):
-        """The plan's bytes of the state that stays on the device."""
-        return sum(b for node_id, b in self.state_bytes.items() if node_id not in streamed)
-
-    def ensure_state(self, streamed):
+    def ensure_state(self, placement):
         """Every parameter's state in opt.state, as torch.optim makes it on its
         first step (zeros; Adam's step count 0), where it is not there yet:
         made before the step, it is held before the step as the plan holds
         it (persistent): on the device, or on the host (pinned beside a GPU)
-        where the plan streams it (`streamed`, node ids); a tensor moves
-        where the plan of these shapes wants it (state a loaded state_dict
-        put on the device, say). A momentum buffer starts at zeros:
-        momentum 0 + g is the copy of g that torch.optim makes."""
+        where the plan keeps it there (`placement`); a tensor moves where
+        the plan of these shapes wants it (state a loaded state_dict put on
+        the device, say). A momentum buffer starts at zeros: momentum 0 + g
+        is the copy of g that torch.optim makes. The host updates' scratch
+        buffer is made here too, outside the step."""
         state = self.optimizer.state
         for p in self.params.values():
             s = state[p]
@@ -155,7 +265,11 @@ class Updates:
             for key in keys:
                 if s.get(key) is None:
                     s[key] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                s[key] = self._at_home(s[key], p, f"{key}:{self._name[p]}" in streamed)
+                s[key] = self._at_home(s[key], p, f"{key}:{self._name[p]}" in placement.host_state)
+        for dtype, numel in placement.scratch_numel.items():
+            held = self._host_scratch.get(dtype)
+            if held is None or held.numel() < numel:
+                self._host_scratch[dtype] = torch.empty(numel, dtype=dtype)
 
     @staticmethod
     def _at_home(t, p, on_host):
@@ -168,67 +282,88 @@ class Updates:
             return t.to("cpu").pin_memory()
         return t
 
-    # --- running ------------------------------------------------------------------
+    # --- running (called by the program: Note [Steps of the optimizer]) ----------
 
-    def run(self, steps):
-        """Runs the optimizer's steps of the plan, (action, node id) pairs in
-        order, reading each parameter's .grad, with the settings the
-        optimizer holds now (a learning-rate scheduler's lr)."""
+    def begin(self):
+        """Before a run of the plan: the settings the optimizer holds now (a
+        learning-rate scheduler's lr), and the count that optimizer.step()
+        keeps (learning-rate schedulers check it)."""
         self._follow_settings()
-        # What optimizer.step() counts, which learning-rate schedulers check
-        # (they warn of a scheduler step before any optimizer step).
         if hasattr(self.optimizer, "_step_count"):
             self.optimizer._step_count += 1
-        # The largest device memory the updates hold at once: streamed state
-        # copies and one update's temporaries (pebble's count, not measured).
-        self.counted_peak_bytes = live = 0
-        self.transfer_bytes = 0  # the streamed state's copies, both ways
-        offloaded = False
-        for action, node_id in steps:
-            if node_id in self.state_bytes and action != "compute":
-                live += self._move(action, node_id)
-                offloaded = offloaded or action == "offload"
-                if action != "free":
-                    self.transfer_bytes += self.state_bytes[node_id]
-            elif action == "free":  # an update's version of its storage: nothing held
-                continue
-            elif action != "compute":
-                raise RuntimeError(f"internal: the plan {action}s '{node_id}' in the "
-                                   "optimizer's step, which pebble.torch does not run")
-            else:
-                self._run(self.ops[node_id], node_id)
-            self.counted_peak_bytes = max(self.counted_peak_bytes,
-                                          live + self.workspace_bytes.get(node_id, 0))
+        self.on_device = {}
+        self._offloaded = False
+
+    def step(self, action, node_id, run):
+        """One step of the plan on the optimizer's node `node_id`; `run` is the
+        program's run (_executor._RunState): its resident tensors, host copies
+        and count of device memory."""
+        if node_id in self.state_bytes:
+            self._move(action, node_id, run)
+        elif action == "free":  # an update's version of its storage: nothing held
+            return
+        elif action in ("compute", "host_compute"):
+            op = self.ops[node_id]
+            if op != "optimizer_step":  # each parameter's count, at its update
+                self._apply(op, node_id, run, on_host=action == "host_compute")
+        else:
+            raise RuntimeError(f"internal: the plan {action}s '{node_id}' in the "
+                               "optimizer's step, which pebble.torch does not run")
+
+    def abort(self):
+        """After a failed run: the streamed state's device copies are dropped
+        (opt.state keeps its host tensors, as the last completed copy left
+        them)."""
+        self.on_device = {}
+
+    def finish(self, run):
+        """After the run's last step."""
         if self.on_device:
             raise RuntimeError(f"internal: the plan leaves '{next(iter(self.on_device))}' on "
                                "the device after the optimizer's step")
-        if offloaded and any(p.device.type == "cuda" for p in self.params.values()):
+        if self._offloaded and any(p.device.type == "cuda" for p in self.params.values()):
             # The host copies are opt.state's: complete before the caller reads them.
             torch.cuda.current_stream().synchronize()
 
-    def _move(self, action, node_id):
-        """A streamed state tensor's prefetch, offload or free; the device
-        bytes it adds (or, negative, drops)."""
-        key, name = node_id.split(":", 1)
-        p = self.params[name]
-        host = self.optimizer.state[p][key]
+    def _move(self, action, node_id, run):
+        """A streamed state tensor's prefetch, offload or free, counted in `run`."""
+        nbytes = self.state_bytes[node_id]
+        host = self._host_state(node_id)  # None: Adam's step count (below)
         if action == "prefetch":
-            if p.device.type == "cpu":  # allow_cpu_offload: a copy, as on a GPU
-                self.on_device[node_id] = host.clone()
+            if host is None:
+                self.on_device[node_id] = None
+            elif host.device.type == "cpu" and self._device_of(node_id).type == "cpu":
+                self.on_device[node_id] = host.clone()  # allow_cpu_offload: a copy, as on a GPU
             else:
-                self.on_device[node_id] = host.to(p.device, non_blocking=True)
-            return self.state_bytes[node_id]
-        if action == "offload":
-            host.copy_(self.on_device[node_id], non_blocking=True)
-            return 0
-        if action == "free":
+                self.on_device[node_id] = host.to(self._device_of(node_id), non_blocking=True)
+            run.hold(nbytes)
+            run.result.transfer_bytes += nbytes
+        elif action == "offload":
+            if host is not None:
+                host.copy_(self.on_device[node_id], non_blocking=True)
+                self._offloaded = True
+            run.result.transfer_bytes += nbytes
+        elif action == "free":
             del self.on_device[node_id]
-            return -self.state_bytes[node_id]
-        raise RuntimeError(f"internal: the plan {action}s the state '{node_id}'")
+            run.hold(-nbytes)
+        else:
+            raise RuntimeError(f"internal: the plan {action}s the state '{node_id}'")
+
+    def _host_state(self, node_id):
+        """opt.state's tensor of the state node `node_id`; None for Adam's step
+        count, which torch.optim keeps per parameter as a CPU tensor and
+        pebble.torch leaves there (the plan counts it as one small tensor)."""
+        if ":" not in node_id:
+            return None
+        key, name = node_id.split(":", 1)
+        return self.optimizer.state[self.params[name]][key]
+
+    def _device_of(self, node_id):
+        return self.params[node_id.split(":", 1)[1]].device
 
     def _state(self, p, key):
-        """The tensor an update of p's state `key` reads and writes: the
-        device copy of streamed state, else opt.state's."""
+        """The tensor an update of p's state `key` reads and writes on the
+        device: the device copy of streamed state, else opt.state's."""
         copy = self.on_device.get(f"{key}:{self._name[p]}")
         return copy if copy is not None else self.optimizer.state[p][key]
 
@@ -244,58 +379,152 @@ class Updates:
                                      "train_step")
         self.settings = now
 
-    def _run(self, op, node_id):
-        if op == "optimizer_step":  # each parameter's count, at its update
-            return
-        name = node_id.split(":", 1)[1].split("#", 1)[0]
+    def _apply(self, op, node_id, run, on_host):
+        """The update `node_id`: on the device, on the resident parameter and
+        gradient, a temporary being the node's planned workspace; on the
+        host, on their host copies, a temporary in the host scratch."""
+        name = _parameter_of(node_id)
         p = self.params[name]
-        g = p.grad
-        s = {key: self._state(p, key) for key in ("momentum_buffer", "exp_avg", "exp_avg_sq")
-             if key in self.optimizer.state[p]}
-        s["step"] = self.optimizer.state[p].get("step")
-        c = self.settings
-        wd = c["weight_decay"]
-        scalar = self._scalar.fill_
-        if op == "sgd_momentum":
-            d = g.add(p, alpha=wd) if wd != 0 else g
-            s["momentum_buffer"].mul_(scalar(c["momentum"])).add_(d)
-        elif op == "sgd_update":
-            if c["momentum"] > 0:
-                d = s["momentum_buffer"]
-            else:
-                d = g.add(p, alpha=wd) if wd != 0 else g
-            p.add_(d, alpha=-c["lr"])
-        elif op in ("adam_exp_avg", "adam_exp_avg_sq"):
-            d = g.add(p, alpha=wd) if wd != 0 and self.kind == "adam" else g
-            if op == "adam_exp_avg":
-                s["exp_avg"].mul_(scalar(c["beta1"])).add_(d, alpha=1 - c["beta1"])
-            else:
-                s["exp_avg_sq"].mul_(scalar(c["beta2"])).addcmul_(d, d, value=1 - c["beta2"])
-        elif op == "adam_update":
-            s["step"].add_(self._one)
-            t = float(s["step"])
-            if self.kind == "adamw" and wd != 0:
-                p.mul_(scalar(1 - c["lr"] * wd))
-            bias_correction2_sqrt = math.sqrt(1 - c["beta2"] ** t)
-            step_size = c["lr"] / (1 - c["beta1"] ** t)
-            denom = s["exp_avg_sq"].sqrt()
-            denom.div_(scalar(bias_correction2_sqrt)).add_(scalar(c["eps"]))
-            p.addcdiv_(s["exp_avg"], denom, value=-step_size)
+        keys = [k for k in ("momentum_buffer", "exp_avg", "exp_avg_sq")
+                if k in self.optimizer.state[p]]
+        # Only what the node reads: a gradient the plan dropped after its
+        # last reader is gone by Adam's final update.
+        value = run.host_value if on_host else run.device_value
+        grad = value(f"grad:{name}") if _reads_gradient(op, self.settings) else None
+        if on_host:
+            param = run.host_value(name)
+            s = {key: self.optimizer.state[p][key] for key in keys}
+            for key, t in s.items():
+                if t.device.type != "cpu":
+                    raise RuntimeError(f"internal: the plan updates '{key}:{name}' on the "
+                                       "host, but its home is the device")
+            # The host copy's shape: the parameter itself is freed meanwhile.
+            scratch = lambda: self._host_scratch[param.dtype][:param.numel()].view(  # noqa: E731
+                param.shape)
         else:
-            raise RuntimeError(f"internal: no update rule for op {op}")
+            param = run.device_value(name)
+            s = {key: self._state(p, key) for key in keys}
+            scratch = lambda: torch.empty_like(param)  # noqa: E731
+            run.hold(0, self.workspace_bytes.get(node_id, 0))
+        s["step"] = self.optimizer.state[p].get("step")
+        _update(op, self.kind, self.settings, param, grad, s, scratch, self._scalar.fill_,
+                self._one)
 
 
-def split_schedule(schedule, optimizer_ids):
-    """(the captured step's steps, the optimizer's steps): the updates run
-    last (Note [Updates last]), so every optimizer step follows the others."""
-    for i, (_, node_id) in enumerate(schedule):
-        if node_id in optimizer_ids:
-            rest = schedule[i:]
-            if any(n not in optimizer_ids for _, n in rest):
-                raise RuntimeError("internal: the plan interleaves the optimizer's updates "
-                                   "with the step")
-            return schedule[:i], rest
-    return list(schedule), []
+class Placement:
+    """Where one plan keeps the optimizer's state and runs its updates: the
+    homes that the plan's steps imply (ResolveHomes in scheduler/schedule.h:
+    the host where a tensor's first step is a prefetch or an update on the
+    host that touches it)."""
+
+    def __init__(self, updates, schedule):
+        first_on_host = {}
+        self.host_updates = set()
+        for action, node_id in schedule:
+            if not updates.owns(node_id):
+                continue
+            if action == "host_compute":
+                self.host_updates.add(node_id)
+                state_id = _state_of(node_id)
+                if state_id is not None:
+                    first_on_host.setdefault(state_id, True)
+                if updates.ops[node_id] == "optimizer_step":
+                    first_on_host.setdefault("optimizer.step", True)
+            if node_id in updates.state_bytes:
+                first_on_host.setdefault(node_id, action == "prefetch")
+        self.host_state = frozenset(n for n, on_host in first_on_host.items() if on_host)
+        self.streamed = frozenset(n for action, n in schedule
+                                  if action == "prefetch" and n in updates.state_bytes)
+        self.state_bytes = updates.state_bytes
+        self.resident_state_bytes = sum(b for n, b in updates.state_bytes.items()
+                                        if n not in self.host_state)
+        self.host_parameters = sorted({_parameter_of(n) for n in self.host_updates
+                                       if updates.ops[n] != "optimizer_step"})
+        self.device_parameters = sorted(set(updates.params) - set(self.host_parameters))
+        # The host updates' temporaries, per dtype: the largest parameter's.
+        self.scratch_numel = {}
+        for node_id in self.host_updates:
+            op = updates.ops[node_id]
+            if op != "optimizer_step" and _temporary(op, updates.settings):
+                p = updates.params[_parameter_of(node_id)]
+                self.scratch_numel[p.dtype] = max(self.scratch_numel.get(p.dtype, 0), p.numel())
+
+    def report(self):
+        """The report's "optimizer_state" and "optimizer_updates" entries."""
+        state = self.state_bytes
+        host = self.host_state
+        return {
+            "optimizer_state": {
+                "resident_tensors": sum(1 for n in state if n not in host),
+                "host_tensors": len(host),
+                "streamed_tensors": len(self.streamed),
+                "resident_bytes": self.resident_state_bytes,
+                "host_bytes": sum(state[n] for n in host),
+                "streamed_bytes": sum(state[n] for n in self.streamed)},
+            "optimizer_updates": {
+                "host_parameters": len(self.host_parameters),
+                "device_parameters": len(self.device_parameters)},
+        }
+
+
+def _parameter_of(node_id):
+    """The parameter an update node ("exp_avg:fc.weight#1", "update:fc.weight") updates."""
+    return node_id.split(":", 1)[1].split("#", 1)[0]
+
+
+def _state_of(update_id):
+    """The state tensor an update node writes ("exp_avg:fc.weight#1" ->
+    "exp_avg:fc.weight"); None for the parameter's own update."""
+    if update_id.startswith("update:") or ":" not in update_id:
+        return None
+    return update_id.split("#", 1)[0]
+
+
+def _update(op, kind, c, p, g, s, scratch, scalar, one):
+    """torch.optim's single-tensor SGD or Adam (PyTorch 1.13), operation by
+    operation, for the update node's op: p, g and the state `s` (key ->
+    tensor; "step" Adam's count) are updated in place; scratch() gives a
+    tensor of p's shape for the one temporary an op may need; scalar(x) is
+    a held CPU scalar tensor holding x (Note [Scalars without allocations])."""
+    wd = c["weight_decay"]
+
+    def decayed():  # g + wd * p, torch.optim's coupled weight decay
+        return torch.add(g, p, alpha=wd, out=scratch())
+
+    if op == "sgd_momentum":
+        d = decayed() if wd != 0 else g
+        s["momentum_buffer"].mul_(scalar(c["momentum"])).add_(d)
+    elif op == "sgd_update":
+        if c["momentum"] > 0:
+            d = s["momentum_buffer"]
+        else:
+            d = decayed() if wd != 0 else g
+        p.add_(d, alpha=-c["lr"])
+    elif op in ("adam_exp_avg", "adam_exp_avg_sq"):
+        d = decayed() if wd != 0 and kind == "adam" else g
+        if op == "adam_exp_avg":
+            s["exp_avg"].mul_(scalar(c["beta1"])).add_(d, alpha=1 - c["beta1"])
+        else:
+            s["exp_avg_sq"].mul_(scalar(c["beta2"])).addcmul_(d, d, value=1 - c["beta2"])
+    elif op == "adam_update":
+        s["step"].add_(one)
+        t = float(s["step"])
+        if kind == "adamw" and wd != 0:
+            p.mul_(scalar(1 - c["lr"] * wd))
+        bias_correction2_sqrt = math.sqrt(1 - c["beta2"] ** t)
+        step_size = c["lr"] / (1 - c["beta1"] ** t)
+        denom = torch.sqrt(s["exp_avg_sq"], out=scratch())
+        denom.div_(scalar(bias_correction2_sqrt)).add_(scalar(c["eps"]))
+        p.addcdiv_(s["exp_avg"], denom, value=-step_size)
+    else:
+        raise RuntimeError(f"internal: no update rule for op {op}")
+
+
+def _reads_gradient(op, c):
+    """Whether the update node `op` reads its parameter's gradient (its
+    inputs in graph/optimizer.cc): all but Adam's final update and SGD's
+    update with momentum, which read the state."""
+    return not (op == "adam_update" or (op == "sgd_update" and c["momentum"] > 0))
 
 
 def _temporary(op, c):
