@@ -27,6 +27,8 @@ import torch
 from .. import _core
 from ._calibrate import calibrate, estimated
 from ._capture import CaptureError, propagate, trace
+from ._distributed import (GradientAverage, agree, broadcast_module, check_same_call,
+                           check_same_plan, same_on_every_rank)
 from ._executor import PlanExecutionError, Program, draws_in_eager_order
 from ._graph import StepGraph
 from ._memory import AllocatorPeak, TensorMemory, allocated_where_profiled, measure, tensor_bytes
@@ -107,12 +109,26 @@ class TrainStep:
         the plan frees each once its updates have read it, sending it to the
         host as soon as it is complete where its update runs there, and
         .grad is None after the step).
+      process_group: a torch.distributed process group (initialised; gloo on
+        the CPU, NCCL on GPUs): data parallelism, DistributedDataParallel's
+        rule. Rank 0's parameters and buffers are copied to every rank here.
+        Each rank calls the step with its own slice of the batch (every rank
+        the same shapes) and runs the same plan; each gradient is averaged
+        over the ranks as soon as the backward is done with it (an
+        asynchronous all-reduce), so every rank ends the step with the whole
+        batch's gradients (equal slices, a mean loss) and, with `optimizer`,
+        the same parameters. A step that fails leaves the TrainStep
+        refusing further calls.
+      shard: "none" (each rank holds the whole model: data parallelism);
+        sharding the parameters, gradients and state over the ranks
+        ("full") is not built yet and is refused.
     """
 
     def __init__(self, model, loss_fn, example_inputs, example_target, policy=None,
                  budget="100%", host_budget=None, bandwidth=None, time_limit=10.0, seed=0,
                  calibrate=True, measure="first", allow_cpu_offload=False, optimizer=None,
-                 optimizer_state=None, optimizer_updates="device", optimizer_gradients="keep"):
+                 optimizer_state=None, optimizer_updates="device", optimizer_gradients="keep",
+                 process_group=None, shard="none"):
         if not isinstance(model, torch.nn.Module):
             raise TypeError(f"model must be a torch.nn.Module, not {type(model).__name__}")
         if not callable(loss_fn):
@@ -126,6 +142,7 @@ class TrainStep:
         self.calibrate = calibrate
         self.measure_mode = measure
         self.allow_cpu_offload = allow_cpu_offload
+        self.process_group = _checked_group(process_group, shard)
         if optimizer is None and (optimizer_state is not None or
                                   optimizer_updates != "device" or
                                   optimizer_gradients != "keep"):
@@ -136,6 +153,9 @@ class TrainStep:
                                 optimizer_gradients) if optimizer is not None else None)
         if self.updates is not None and self.updates.on_host and calibrate:
             self.updates.measure_host_rate()  # the host's cost of an update, on this CPU
+            if self.process_group is not None:  # Note [One plan on every rank]
+                self.updates.host_bytes_per_s = same_on_every_rank(
+                    self.updates.host_bytes_per_s, self.process_group)
         inputs = _as_tuple(example_inputs, "example_inputs")
         _check_tensor_arg(example_target, "example_target")
         self.device = _device_of(model, inputs + (example_target,))
@@ -144,6 +164,9 @@ class TrainStep:
             if value in ("host", "auto") and self.device.type == "cpu" and not allow_cpu_offload:
                 raise ValueError(f"{name}={value!r} saves no memory on the CPU device: give "
                                  "allow_cpu_offload=True to run it anyway (to test the path)")
+        self._failed = None  # why a step failed, where that leaves the ranks out of step
+        if self.process_group is not None:
+            broadcast_module(model, self.process_group)  # rank 0's weights, as DDP starts
         self._captures = {}  # signature -> _Capture, shared with replan()'s steps
         self._variants = {}  # signature -> _Variant (its capture and this step's plan)
         self._variant = self._variant_for(inputs, example_target)
@@ -204,9 +227,22 @@ class TrainStep:
         for t in inputs + (target,):
             if t.device != self.device:
                 raise ValueError(f"an input is on {t.device}; the module is on {self.device}")
-        variant = self._variant_for(inputs, target)
+        if self.process_group is None:
+            variant = self._variant_for(inputs, target)
+            loss = variant.run(inputs, target)
+        else:  # Note [One plan on every rank]
+            if self._failed is not None:
+                raise PlanExecutionError(f"an earlier step failed on this rank ({self._failed}), "
+                                         "which leaves its collectives out of step with the "
+                                         "other ranks': make a new process group and train_step")
+            try:
+                check_same_call(self._signature(inputs, target), self.process_group)
+                variant = self._variant_for(inputs, target)
+                loss = variant.run(inputs, target)
+            except Exception as e:
+                self._failed = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+                raise
         self._variant = variant
-        loss = variant.run(inputs, target)
         self.report = dict(variant.report)
         self.report["shapes_planned"] = len(self._variants)
         return loss
@@ -241,17 +277,20 @@ class _Capture:
         self.key = key
         self.device = step.device
         self.model = step.model
-        traced = trace(step.model, step.loss_fn, inputs, target, self.device)
-        values, self.shapes_from = propagate(traced, self.device)
-        self.traced_with = traced.mode
-        self.nodes = StepGraph(traced, values, accumulate=_slot_ids(traced, key[1]),
-                               round_to=512 if self.device.type == "cuda" else 1,
-                               device=self.device)
-        self.capture_s = time.perf_counter() - started
-        if step.calibrate:
-            cal = calibrate(self.nodes, self.device, self.persistent(inputs, target))
-        else:
-            cal = estimated(self.nodes, "calibrate=False")
+        if step.process_group is None:
+            cal = self._capture(step, inputs, target, key)
+        else:  # Note [One plan on every rank]: a failure on one rank stops every rank
+            cal = error = None
+            try:
+                cal = self._capture(step, inputs, target, key)
+            except Exception as e:  # noqa: BLE001 (raised again by agree, on every rank)
+                error = e
+            agree(error, step.process_group)
+            cal.costs, cal.unplanned_peak_bytes, temporaries = same_on_every_rank(
+                (cal.costs, cal.unplanned_peak_bytes,
+                 [n.temporary_bytes for n in self.nodes.nodes]), step.process_group)
+            for node, nbytes in zip(self.nodes.nodes, temporaries):
+                node.temporary_bytes = nbytes
         self.calibration = cal
         name = type(step.model).__name__
         self.document = self.nodes.document(cal.costs, name)
@@ -264,6 +303,20 @@ class _Capture:
         self.persistent_bytes = sum(n.nbytes for n in self.nodes.nodes
                                     if n.kind == "persistent")
         self.setup_s = time.perf_counter() - started
+
+    def _capture(self, step, inputs, target, key):
+        """This rank's part: the trace, its graph and its calibration."""
+        started = time.perf_counter()
+        traced = trace(step.model, step.loss_fn, inputs, target, self.device)
+        values, self.shapes_from = propagate(traced, self.device)
+        self.traced_with = traced.mode
+        self.nodes = StepGraph(traced, values, accumulate=_slot_ids(traced, key[1]),
+                               round_to=512 if self.device.type == "cuda" else 1,
+                               device=self.device)
+        self.capture_s = time.perf_counter() - started
+        if step.calibrate:
+            return calibrate(self.nodes, self.device, self.persistent(inputs, target))
+        return estimated(self.nodes, "calibrate=False")
 
     def persistent(self, inputs, target):
         """node index -> tensor of every persistent node, from the module now."""
@@ -306,6 +359,23 @@ class _Variant:
         self.device = capture.device
         self.graph_nodes = capture.nodes
         self.updates = step.updates
+        group = step.process_group
+        if group is None:
+            self._plan_here(step, capture)
+        else:  # Note [One plan on every rank]: a failure on one rank stops every rank
+            error = None
+            try:
+                self._plan_here(step, capture)
+            except Exception as e:  # noqa: BLE001 (raised again by agree, on every rank)
+                error = e
+            agree(error, group)
+            check_same_plan(self.plan.schedule, group)
+        self.measured_once = False
+        self.report = self._report(time.perf_counter() - started)
+
+    def _plan_here(self, step, capture):
+        """This rank's part: the graph with the optimizer's step, its plan and
+        the program that runs it."""
         self.graph = capture.graph
         self.persistent_bytes = capture.persistent_bytes
         if self.updates is not None:  # the optimizer's step in the plan
@@ -322,8 +392,10 @@ class _Variant:
             self.placement = self.updates.placement(self.plan.schedule)
             self.persistent_bytes = (capture.persistent_bytes +
                                      self.placement.resident_state_bytes)
+        group = step.process_group
         self.program = Program(self.graph_nodes, self.plan.schedule, self.device,
-                               foreign=self.updates, rebind=self._rebind)
+                               foreign=self.updates, rebind=self._rebind,
+                               sync=GradientAverage(group) if group is not None else None)
         # The parameters the plan frees for their updates on the host.
         by_id = {n.id: n for n in self.graph_nodes.nodes}
         self.freed_parameters = [
@@ -337,8 +409,6 @@ class _Variant:
                             f"{type(step.model).__name__}'s step was captured with real "
                             "tensors (a shape depends on the data), which hold the "
                             "parameters' memory: give optimizer_updates='device'")
-        self.measured_once = False
-        self.report = self._report(time.perf_counter() - started)
 
     # --- planning -------------------------------------------------------------
 
@@ -548,6 +618,7 @@ class _Variant:
             "steps": len(p.schedule),
             "nodes": len(self.graph),
             "device": str(self.device),
+            "ranks": self.program.sync.ranks if self.program.sync is not None else 1,
             "traced_with": c.traced_with,
             "shapes_from": c.shapes_from,
             "unplanned_measured_peak_bytes": self.calibration.unplanned_peak_bytes,
@@ -560,6 +631,28 @@ class _Variant:
         if "order" in info:
             report["order"] = info["order"]
         return report
+
+
+def _checked_group(group, shard):
+    """The process group train_step was given (None: one process), checked."""
+    if shard not in ("none", "full"):
+        raise ValueError(f"shard must be 'none' or 'full', not {shard!r}")
+    if group is None:
+        if shard != "none":
+            raise ValueError("shard shards the model over the ranks of a process_group: give "
+                             "the process group too")
+        return None
+    import torch.distributed as dist
+    if not dist.is_available() or not dist.is_initialized():
+        raise ValueError("process_group: torch.distributed is not initialised "
+                         "(torch.distributed.init_process_group first)")
+    if not isinstance(group, dist.ProcessGroup):
+        raise TypeError(f"process_group must be a torch.distributed.ProcessGroup (such as "
+                        f"torch.distributed.group.WORLD), not {type(group).__name__}")
+    if shard == "full":
+        raise ValueError("shard='full' (the parameters, gradients and optimizer state sharded "
+                         "over the ranks) is not built yet: shard='none' is data parallelism")
+    return group
 
 
 def _slot_ids(traced, names):

@@ -89,7 +89,8 @@ def draws_in_eager_order(graph, schedule):
 class Program:
     """A schedule compiled against a StepGraph; `run` executes it."""
 
-    def __init__(self, graph, schedule, device, streams=None, foreign=None, rebind=None):
+    def __init__(self, graph, schedule, device, streams=None, foreign=None, rebind=None,
+                 sync=None):
         """`streams`: the module whose Stream, Event, stream, current_stream
         and synchronize order the copies (torch.cuda on a GPU; a test may give
         a stand-in to check the ordering on the CPU). `foreign`: the runner
@@ -97,12 +98,18 @@ class Program:
         optimizer]): owns(node_id) says which, step(action, node_id, run)
         runs one, begin() and finish() bracket a run. `rebind(node, tensor)`:
         called where the plan frees (tensor None) or prefetches a persistent
-        node."""
+        node. `sync`: a _distributed.GradientAverage, which averages each
+        gradient over the ranks (Note [Gradients averaged as they
+        complete])."""
         self.graph = graph
         self.device = device
         self.by_id = by_id = {n.id: n for n in graph.nodes}
         self.foreign = foreign
         self.rebind = rebind
+        self.sync = sync
+        # The nodes whose value is a parameter's gradient at the step's end.
+        self.gradients = {n.index for _, n in graph.grads} | \
+            {acc.index for _, _, acc in graph.accumulators}
         self.steps = []
         for action, node_id in schedule:
             kind = _ACTIONS.get(action)
@@ -118,6 +125,13 @@ class Program:
                                          "graph")
             self.steps.append((kind, node))
         self.keep_siblings = self._fusions()
+        # Step index -> the gradients whose all-reduce starts after it; a
+        # storage root -> the gradients in it.
+        self.reduce_after = self._reductions() if sync is not None else {}
+        self.gradients_in = {}
+        for g in self.gradients:
+            root = _root_of(graph, graph.nodes[g]).index
+            self.gradients_in.setdefault(root, []).append(g)
         # call_hook(node, run) -> run(): wraps each call (calibration measures it).
         self.call_hook = None
         self.streams = streams if streams is not None else (
@@ -132,6 +146,51 @@ class Program:
                 self.host[node.index] = torch.empty_strided(
                     v.shape, v.stride(), dtype=v.dtype, device="cpu",
                     pin_memory=device.type == "cuda")
+
+    def _reductions(self):
+        """Where each gradient's all-reduce starts (Note [Gradients averaged as
+        they complete], _distributed.py): after the step that computes it,
+        or after the last later step of the backward that reads its storage
+        (a gradient the backward also uses, as autograd returns one tensor
+        for both operands of `x + p`), so that the backward reads the rank's
+        own value. PlanExecutionError for a gradient that cannot be averaged
+        in place, or that the optimizer's steps or a copy would read before
+        the backward is done with it."""
+        roots = {n.index: _root_of(self.graph, n).index for n in self.graph.nodes}
+        for g in self.gradients:
+            node, root = self.graph.nodes[g], self.graph.nodes[roots[g]]
+            if not node.value.is_contiguous() and not (
+                    root.value.is_contiguous() and root.value.numel() == node.value.numel()):
+                raise PlanExecutionError(f"gradient '{node.id}' is not contiguous, nor the whole "
+                                         "of a contiguous storage: pebble.torch cannot "
+                                         "all-reduce it in place")
+        reads = [{roots[u.index] for u in node.inputs} if kind == COMPUTE else ()
+                 for kind, node in self.steps]  # the storages each compute step reads
+        reduce_after = {}
+        for i, (kind, node) in enumerate(self.steps):
+            if kind != COMPUTE or node.index not in self.gradients:
+                continue
+            root, last, between = roots[node.index], i, []
+            for j in range(i + 1, len(self.steps)):
+                kind2, other = self.steps[j]
+                if kind2 == FOREIGN:
+                    between.append(j)
+                    continue
+                if (kind2 in (FREE, COMPUTE) and other.index == root) or other is node:
+                    # Its storage freed or made again, or the gradient itself
+                    # freed (a view: the all-reduce must start while it is
+                    # resident) or recomputed, which averages again.
+                    break
+                if kind2 == OFFLOAD and roots[other.index] == root:
+                    between.append(j)
+                if root in reads[j]:
+                    last = j
+            if any(j <= last for j in between):
+                raise PlanExecutionError(f"gradient '{node.id}' is read by the backward after the "
+                                         "plan copies it or runs an update that reads it: it "
+                                         "cannot be averaged over the ranks in between")
+            reduce_after.setdefault(last, []).append(node)
+        return reduce_after
 
     def _fusions(self):
         """For each compute step of a node of several-output call, the sibling
@@ -177,12 +236,16 @@ class Program:
                     state.prefetch(node)
                 else:
                     self.foreign.step(*node, state)
+                for gradient in self.reduce_after.get(i, ()):
+                    state.reduce(gradient)
             state.finish()
             if self.foreign is not None:
                 self.foreign.finish(state)
         except BaseException:
             if self.cuda:  # no copy may still write a tensor dropped below
                 self.streams.synchronize(self.device)
+            if self.sync is not None:
+                self.sync.abandon()
             if self.foreign is not None:
                 self.foreign.abort()
             state.restore_persistent()
@@ -224,6 +287,7 @@ class _RunState:
         self.ready, self.offloaded = {}, {}
         self.copied_out = {}  # node index -> its last offload's event, until the host reads it
         self.dropped = {}  # persistent node index -> node, freed and not prefetched back yet
+        self.averaged = set()  # gradients averaged over the ranks in this run
         self.timing = timing
         if timing:
             self.result.node_seconds = {}
@@ -250,6 +314,30 @@ class _RunState:
             self.resident -= entry[1]
             del self.storages[key]
 
+    def _settle(self, node):
+        """Before a step reads, moves or frees `node`: the all-reduce of its
+        storage, if one is in flight, is complete and averaged."""
+        if self.program.sync is not None:
+            self.program.sync.settle(self._root(node).index)
+
+    def reduce(self, node):
+        """Starts the all-reduce of the gradient `node`: the tensor itself, or
+        where it is a view that is not contiguous, its whole storage's
+        tensor (Program._reductions checked which). Not where it was
+        averaged already in this run and its storage not made again since
+        (a view of it computed again)."""
+        if node.index in self.averaged:
+            return
+        root = self._root(node)
+        t = self.live[node.index]
+        if t is not None and not t.is_contiguous():
+            t = self.live[root.index]
+        if t is None:
+            raise PlanExecutionError(f"internal: gradient '{node.id}' is not resident when its "
+                                     "all-reduce starts")
+        self.averaged.add(node.index)
+        self.program.sync.start(root.index, t)
+
     def hold(self, nbytes, workspace=0):
         """Counts `nbytes` of device memory that a foreign step holds (negative:
         releases), and a momentary `workspace` above it."""
@@ -267,6 +355,7 @@ class _RunState:
         if t is None or t is _TOKEN:
             raise PlanExecutionError(f"the plan's update reads '{node_id}', which is not "
                                      "resident")
+        self._settle(node)
         if self.cuda:
             for index in (node.index, self._root(node).index):
                 event = self.ready.pop(index, None)
@@ -275,16 +364,14 @@ class _RunState:
         return t
 
     def _root(self, node):
-        """The node whose storage `node` shares (itself where it is no view)."""
-        while node.alias_of is not None:
-            node = self.graph.nodes[node.alias_of]
-        return node
+        return _root_of(self.graph, node)
 
     def host_value(self, node_id):
         """The host copy of the graph's node `node_id` (a view of its storage's
         host buffer), once the copy into it is complete."""
         node = self.program.by_id[node_id]
         root = self._root(node)
+        self._settle(node)  # (its offload settled it already)
         if root.index not in self.on_host:
             raise PlanExecutionError(f"the plan's update on the host reads '{node_id}', whose "
                                      "storage has no host copy")
@@ -313,6 +400,8 @@ class _RunState:
     def compute(self, step, node):
         if self.live[node.index] is not None:
             raise PlanExecutionError(f"the schedule computes '{node.id}', which is resident")
+        for u in node.inputs:
+            self._settle(u)
         if self.cuda:
             for u in node.inputs:
                 event = self.ready.pop(u.index, None)
@@ -351,6 +440,8 @@ class _RunState:
                                              self.resident + workspace)
         self.result.computes += 1
         self.computed.add(node.index)
+        if node.alias_of is None and self.averaged:  # a fresh storage: the rank's own values
+            self.averaged.difference_update(self.program.gradients_in.get(node.index, ()))
 
     def _run_call(self, node):
         """The value of node's call (all its outputs), its folded in-place calls
@@ -485,6 +576,7 @@ class _RunState:
         t = self.live[node.index]
         if t is None:
             raise PlanExecutionError(f"the schedule frees '{node.id}', which is not resident")
+        self._settle(node)
         if self.cuda:
             for pending in (self.offloaded, self.ready):
                 event = pending.pop(node.index, None)
@@ -501,6 +593,7 @@ class _RunState:
         t = self.live[node.index]
         if t is _TOKEN:
             return
+        self._settle(node)
         buffer = self.program.host[node.index]
         event = self._copy(buffer, t)
         if event is not None:
@@ -545,6 +638,8 @@ class _RunState:
         return event
 
     def finish(self):
+        if self.program.sync is not None:
+            self.program.sync.settle_all()
         if self.kept:
             raise PlanExecutionError("internal: sibling outputs kept past their steps")
         if self.dropped:
@@ -554,6 +649,13 @@ class _RunState:
             for event in list(self.ready.values()) + list(self.offloaded.values()):
                 self.stream.wait_event(event)
             self.streams.synchronize(self.device)
+
+
+def _root_of(graph, node):
+    """The node whose storage `node` shares (itself where it is no view)."""
+    while node.alias_of is not None:
+        node = graph.nodes[node.alias_of]
+    return node
 
 
 # The resident value of an order token (Note [Random calls in eager's order]).

@@ -1,0 +1,190 @@
+"""Data parallelism under a plan: train_step(..., process_group=pg).
+
+Each rank runs the same plan (SPMD) on its own slice of the batch. Note
+[One plan on every rank]: the plan must be the same on every rank, since
+the ranks' collectives pair up by their order. Each rank captures and
+calibrates its own step, but takes rank 0's measurements (costs, kernel
+temporaries, the unplanned step's peak, the host's update rate), so that
+every rank plans the same graph; the ranks then compare their schedules and
+refuse to run different ones (a policy whose search stops at its time limit
+may find different plans: give it a fixed seed and enough time, or a policy
+without a time limit).
+
+Each rank also checks, at every call, that the others make the same call
+(the same shapes, gradients held and training mode), and the ranks agree on
+failures before any collective that follows them: an error on one rank
+(a trace, a plan that does not fit) is raised on every rank, not left for
+the others to wait on. A step that failed leaves its TrainStep unusable,
+since its collectives are then out of step with the other ranks'.
+
+Note [Gradients averaged as they complete]: DistributedDataParallel's rule.
+Once the plan has completed a parameter's gradient and no later step of the
+backward reads it, the gradient is divided by the number of ranks and an
+asynchronous all-reduce sums it over the ranks, in place; any later step
+that reads, moves or frees that gradient's storage first waits for it. So
+each rank's gradient is the mean of the ranks' gradients: with equal slices
+and a mean loss, the gradient of the whole batch. The all-reduce runs while
+the plan goes on with the backward. It is one collective per gradient, in
+the plan's order (DDP groups gradients into 25 MB buckets); the plan does
+not model the network's time yet.
+"""
+
+import hashlib
+
+import torch
+
+from ._executor import PlanExecutionError
+
+
+class GradientAverage:
+    """The all-reduce of each gradient of a run over the ranks of `group`
+    (Note [Gradients averaged as they complete])."""
+
+    def __init__(self, group):
+        import torch.distributed as dist
+        self.dist = dist
+        self.group = group
+        self.ranks = dist.get_world_size(group)
+        # Note [Scalars without allocations] (_optimizer.py): a held 0-dim
+        # tensor, not a Python number, divides.
+        self._ranks = torch.full((), float(self.ranks))
+        self.pending = {}  # storage root index -> [work in flight on that storage]
+
+    def start(self, root_index, tensor):
+        """Averages `tensor` (a gradient, or the storage it is a view of) over
+        the ranks, asynchronously: divided first, as DDP divides (no
+        overflow of a half-precision sum), then summed."""
+        if not tensor.is_contiguous():
+            raise PlanExecutionError("internal: a gradient to all-reduce is not contiguous")
+        tensor.div_(self._ranks)
+        try:
+            work = self.dist.all_reduce(tensor, group=self.group, async_op=True)
+        except RuntimeError as e:
+            raise _failed(e) from e
+        self.pending.setdefault(root_index, []).append(work)
+
+    def settle(self, root_index):
+        """Waits for the all-reduce of the storage `root_index`, if one is in
+        flight."""
+        for work in self.pending.pop(root_index, ()):
+            try:
+                work.wait()
+            except RuntimeError as e:
+                self.pending.clear()
+                raise _failed(e) from e
+
+    def settle_all(self):
+        for root_index in list(self.pending):
+            self.settle(root_index)
+
+    def abandon(self):
+        """After a failed run: nothing waits for the collectives in flight."""
+        self.pending.clear()
+
+
+def _failed(e, what="the all-reduce of a gradient"):
+    lines = str(e).strip().splitlines()
+    return PlanExecutionError(f"{what} failed (a rank stopped, or the process group timed "
+                              f"out): {lines[0] if lines else e!r}")
+
+
+def _collective(what, call, *args, **kwargs):
+    """call(*args, **kwargs), a torch.distributed collective; its failure as a
+    PlanExecutionError naming `what`."""
+    try:
+        return call(*args, **kwargs)
+    except RuntimeError as e:
+        raise _failed(e, what) from e
+
+
+def same_on_every_rank(value, group):
+    """rank 0's `value` (any picklable object) on every rank of `group`."""
+    import torch.distributed as dist
+    box = [value]
+    _collective("sharing rank 0's calibration", dist.broadcast_object_list, box,
+                src=_global_rank(group, 0), group=group)
+    return box[0]
+
+
+def _global_rank(group, rank):
+    """The global rank of `group`'s rank `rank` (PyTorch 2.x and 1.13)."""
+    import torch.distributed as dist
+    if group is None or group is dist.group.WORLD:
+        return rank
+    if hasattr(dist, "get_global_rank"):
+        return dist.get_global_rank(group, rank)
+    return dist.distributed_c10d._get_global_rank(group, rank)
+
+
+def agree(error, group):
+    """Every rank of `group` learns whether any failed (`error`: this rank's
+    exception, or None): each rank that failed raises its own error, the
+    others a PlanError naming the first rank that failed and why. Call it
+    where each rank may fail alone, before the next collective."""
+    import torch.distributed as dist
+    from . import PlanError
+    mine = None if error is None else f"{type(error).__name__}: {error}"
+    reports = [None] * dist.get_world_size(group)
+    _collective("comparing the ranks' captures and plans", dist.all_gather_object, reports,
+                mine, group=group)
+    if error is not None:
+        raise error
+    failed = [(rank, why) for rank, why in enumerate(reports) if why is not None]
+    if failed:
+        rank, why = failed[0]
+        raise PlanError(f"rank {rank} failed, so this rank stops too: {why}")
+
+
+def check_same_call(signature, group):
+    """PlanExecutionError unless every rank of `group` makes a call of the same
+    signature (shapes, dtypes, gradients held, training mode): a rank that
+    planned alone for other shapes would pair its collectives with the
+    others' wrongly."""
+    differing = _ranks_differing(signature, group, "calls")
+    if differing:
+        raise PlanExecutionError(
+            f"ranks {differing} call the step with other shapes, gradients held or training "
+            "mode than rank 0: every rank must make the same calls (equal slices of the batch)")
+
+
+def _ranks_differing(value, group, what):
+    """The ranks of `group` whose `value` (compared by a digest of its text,
+    sets sorted) differs from rank 0's."""
+    import torch.distributed as dist
+    digest = hashlib.sha256(repr(_canonical(value)).encode()).hexdigest()
+    digests = [None] * dist.get_world_size(group)
+    _collective(f"comparing the ranks' {what}", dist.all_gather_object, digests, digest,
+                group=group)
+    return [rank for rank, d in enumerate(digests) if d != digests[0]]
+
+
+def _canonical(value):
+    """`value` with every set sorted: the same text in every process (a set's
+    order of strings changes with each interpreter's hash seed)."""
+    if isinstance(value, (set, frozenset)):
+        return sorted(_canonical(v) for v in value)
+    if isinstance(value, (tuple, list)):
+        return type(value)(_canonical(v) for v in value)
+    return value
+
+
+def broadcast_module(model, group):
+    """Rank 0's parameters and buffers on every rank, in place, as
+    DistributedDataParallel makes them at construction."""
+    import torch.distributed as dist
+    src = _global_rank(group, 0)
+    with torch.no_grad():
+        for t in list(model.parameters()) + list(model.buffers()):
+            _collective("sharing rank 0's weights", dist.broadcast, t.data, src=src,
+                        group=group)
+
+
+def check_same_plan(schedule, group):
+    """PlanExecutionError unless every rank of `group` has this schedule (Note
+    [One plan on every rank])."""
+    differing = _ranks_differing(list(schedule), group, "plans")
+    if differing:
+        raise PlanExecutionError(
+            f"the ranks planned different schedules (ranks {differing} differ from rank 0): "
+            "their collectives would not pair up; a policy whose search stops at its time "
+            "limit may do this: give a longer time_limit, or another policy")
