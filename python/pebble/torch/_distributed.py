@@ -26,7 +26,11 @@ each rank's gradient is the mean of the ranks' gradients: with equal slices
 and a mean loss, the gradient of the whole batch. The all-reduce runs while
 the plan goes on with the backward. It is one collective per gradient, in
 the plan's order (DDP groups gradients into 25 MB buckets); the plan does
-not model the network's time yet.
+not model the network's time yet. gloo's worker thread lets go of a reduced
+tensor a moment after wait() returns; where that is the last reference (a
+gradient the plan frees), the free happens in that thread, which PyTorch's
+CPU profiler does not watch: the CPU measurement of such a step can exceed
+the plan although the memory is freed (docs/torch.md).
 """
 
 import hashlib

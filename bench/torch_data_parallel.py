@@ -1,0 +1,149 @@
+#!/usr/bin/env python3
+"""Data-parallel training per rank: DistributedDataParallel against
+pebble.torch's plans on the same ranks, measured.
+
+    PYTHONPATH=build/python /usr/bin/python3 bench/torch_data_parallel.py
+        [--ranks 2] [--layers 4] [--policy rotor] [--budget min]
+
+Starts --ranks processes on this machine (gloo; one thread each). Every rank
+builds the GPT-2-style decoder of bench/torch_updates.py with Adam and takes
+its slice (batch 2 per rank) of the same batches, three ways from the same
+weights, two steps each after a warm-up step:
+
+- DDP: torch.nn.parallel.DistributedDataParallel, loss.backward(),
+  optimizer.step() (foreach=False);
+- pebble: train_step(..., optimizer=opt, process_group=...), everything on
+  the device;
+- pebble, ZeRO-Offload: the same with every update on the host and the
+  gradients dropped (optimizer_updates="host", optimizer_gradients="drop").
+
+Rank 0 prints a Markdown table: each row's whole-step peak on rank 0 (what
+the step began with plus the most the allocator held above it, as the CPU
+profiler measured it), the plan's prediction, the largest difference of its
+parameters from DDP's after the three steps, and the wall time of an
+unmeasured step. On the CPU the host is the same memory
+(allow_cpu_offload): the peaks are what a GPU would hold, the times the
+CPU's. DDP sums a flat bucket where pebble sums each gradient, so the sums
+round differently, and Adam's normalised step turns a rounding difference
+in a near-zero gradient into up to lr per step: the parameters agree to a
+few times lr, not to the bit (tests/torch/distributed_check.py checks the
+gradients to 1e-5). Exit 1 where they differ by more than 3 x lr x steps.
+"""
+
+import argparse
+import copy
+import datetime
+import importlib.util
+import json
+import os
+import socket
+import sys
+import time
+
+
+def load_updates_bench():
+    here = os.path.dirname(os.path.abspath(__file__))
+    spec = importlib.util.spec_from_file_location("torch_updates",
+                                                  os.path.join(here, "torch_updates.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def rank_main(rank, args, port, out):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    import torch
+    import torch.distributed as dist
+    import pebble.torch as pt
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=args.ranks,
+                            timeout=datetime.timedelta(seconds=300))
+    torch.manual_seed(0)
+    base, make_batch = load_updates_bench().gpt(torch, args.layers)
+    g = torch.Generator().manual_seed(1)
+    batches = [make_batch(g, "cpu", size=2 * args.ranks) for _ in range(3)]
+    mine = [(x[2 * rank:2 * rank + 2], y[2 * rank * 128:(2 * rank + 2) * 128])
+            for x, y in batches]
+    loss_fn = torch.nn.functional.cross_entropy
+    rows = []
+    # DDP
+    model = copy.deepcopy(base)
+    ddp = torch.nn.parallel.DistributedDataParallel(model)
+    opt = torch.optim.Adam(ddp.parameters(), lr=1e-3, foreach=False)
+
+    def eager(x, y):
+        loss_fn(ddp(x), y).backward()
+        opt.step()
+    eager(*mine[0])
+    opt.zero_grad(set_to_none=True)
+    held = sum(t.numel() * t.element_size() for t in
+               list(model.parameters()) + list(model.buffers()) + list(mine[1]))
+    held += sum(t.numel() * t.element_size() for s in opt.state.values() for t in s.values()
+                if torch.is_tensor(t) and t.dim() > 0)
+    _, peak, _ = pt.measure(lambda: eager(*mine[1]), "cpu")
+    opt.zero_grad(set_to_none=True)
+    started = time.perf_counter()
+    eager(*mine[2])
+    rows.append(("DDP", None, held + peak, 0.0, time.perf_counter() - started))
+    reference = [p.detach().clone() for p in model.parameters()]
+    for name, placement in (("pebble", {}),
+                            ("pebble, ZeRO-Offload", dict(optimizer_updates="host",
+                                                          optimizer_gradients="drop",
+                                                          allow_cpu_offload=True))):
+        model = copy.deepcopy(base)
+        opt = torch.optim.Adam(model.parameters(), lr=1e-3, foreach=False)
+        step = pt.train_step(model, loss_fn, mine[0][:1], mine[0][1], optimizer=opt,
+                             policy=args.policy, budget=args.budget, measure="always",
+                             process_group=dist.group.WORLD, **placement)
+        for x, y in mine[:2]:
+            opt.zero_grad(set_to_none=True)
+            step(x, y)
+        r = dict(step.report)
+        step.measure_mode = "never"
+        opt.zero_grad(set_to_none=True)
+        started = time.perf_counter()
+        step(*mine[2])
+        seconds = time.perf_counter() - started
+        diff = max(float((p.detach() - q).abs().max())
+                   for p, q in zip(model.parameters(), reference))
+        rows.append((name, r["predicted_peak_bytes"], r["measured_total_peak_bytes"], diff,
+                     seconds))
+    if rank == 0:
+        with open(out, "w") as f:
+            json.dump(rows, f)
+    dist.destroy_process_group()
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--ranks", type=int, default=2)
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--policy", default="rotor")
+    parser.add_argument("--budget", default="min")
+    args = parser.parse_args()
+    import tempfile
+    import torch.multiprocessing as mp
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "rows")
+        mp.spawn(rank_main, args=(args, port, out), nprocs=args.ranks)
+        with open(out) as f:
+            rows = json.load(f)
+    print(f"gpt, {args.layers} layers, Adam, {args.ranks} ranks (gloo), batch 2 per rank; "
+          f"pebble's policy {args.policy} at {args.budget}; rank 0's figures")
+    print()
+    print("| row | peak predicted | peak measured | largest parameter difference from DDP "
+          "| step time |")
+    print("| --- | ---: | ---: | ---: | ---: |")
+    failed = False
+    for name, predicted, measured, diff, seconds in rows:
+        failed = failed or diff > 3 * 1e-3 * 3  # 3 x lr x steps
+        print(f"| {name} | {'' if predicted is None else f'{predicted / 2**20:.2f} MiB'} | "
+              f"{measured / 2**20:.2f} MiB | {diff:.1e} | {seconds * 1e3:.0f} ms |")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
