@@ -320,7 +320,8 @@ absl::StatusOr<TensorType> InferSplitHeadsBackward(Inputs in,
   ASSIGN_OR_RETURN(Split s, ParseSplit(attrs, false));
   const Shape& g = in[0].shape;
   int64_t width = 0;
-  if (__builtin_mul_overflow(s.chunks, g[1], &width) || __builtin_mul_overflow(width, g[3], &width)) {
+  if (__builtin_mul_overflow(s.chunks, g[1], &width) ||
+      __builtin_mul_overflow(width, g[3], &width)) {
     return Invalid("attr 'chunks' ", s.chunks, " x the heads and width of ", ShapeToString(g),
                    " overflow 64 bits");
   }

@@ -29,7 +29,7 @@ from ._calibrate import calibrate, estimated
 from ._capture import CaptureError, propagate, trace
 from ._distributed import (GradientAverage, agree, broadcast_module, check_same_call,
                            check_same_plan, same_on_every_rank)
-from ._executor import PlanExecutionError, Program, draws_in_eager_order
+from ._executor import FREE, PlanExecutionError, Program, draws_in_eager_order
 from ._graph import StepGraph
 from ._memory import AllocatorPeak, TensorMemory, allocated_where_profiled, measure, tensor_bytes
 from ._optimizer import OptimizerError, Updates
@@ -397,11 +397,9 @@ class _Variant:
                                foreign=self.updates, rebind=self._rebind,
                                sync=GradientAverage(group) if group is not None else None)
         # The parameters the plan frees for their updates on the host.
-        by_id = {n.id: n for n in self.graph_nodes.nodes}
-        self.freed_parameters = [
-            by_id[node_id].slot.names[0] for action, node_id in self.plan.schedule
-            if action == "free" and node_id in by_id and by_id[node_id].kind == "persistent"
-            and by_id[node_id].role == "parameter"]
+        self.freed_parameters = [node.slot.names[0] for kind, node in self.program.steps
+                                 if kind == FREE and node.kind == "persistent" and
+                                 node.role == "parameter"]
         if self.freed_parameters and capture.shapes_from == "real":
             # Real values (a shape that depends on the data) keep the
             # parameters' storage of the capture: a free would release nothing.

@@ -126,12 +126,13 @@ class Program:
             self.steps.append((kind, node))
         self.keep_siblings = self._fusions()
         # Step index -> the gradients whose all-reduce starts after it; a
-        # storage root -> the gradients in it.
-        self.reduce_after = self._reductions() if sync is not None else {}
-        self.gradients_in = {}
-        for g in self.gradients:
-            root = _root_of(graph, graph.nodes[g]).index
-            self.gradients_in.setdefault(root, []).append(g)
+        # storage root -> the gradients in it (with `sync` only).
+        self.reduce_after, self.gradients_in = {}, {}
+        if sync is not None:
+            self.reduce_after = self._reductions()
+            for g in self.gradients:
+                root = _root_of(graph, graph.nodes[g]).index
+                self.gradients_in.setdefault(root, []).append(g)
         # call_hook(node, run) -> run(): wraps each call (calibration measures it).
         self.call_hook = None
         self.streams = streams if streams is not None else (

@@ -99,6 +99,9 @@ class Updates:
         # per second; measure_host_rate), None: pebble's default.
         self.host_bytes_per_s = None
         self.ops = {}  # node id -> op of the optimizer's nodes (extend)
+        # Update node id -> the ids it reads, and the storages it touches
+        # (its inputs' and its own, as the graph's alias_of chains say).
+        self.inputs, self.touches = {}, {}
         # The plan's bytes of the state that may be resident (home device or
         # auto: what a budget is framed with), and of each update's
         # workspace and each state tensor by node id (extend): the graph's,
@@ -194,9 +197,18 @@ class Updates:
             graph, self.spec, host_bytes_per_s=self.host_bytes_per_s).to_json())
         self.planned_state_bytes = 0
         self.workspace_bytes, self.state_bytes = {}, {}
+        alias_of = {node["id"]: node.get("alias_of") for node in doc["nodes"]}
+
+        def storage(node_id):
+            while alias_of.get(node_id) is not None:
+                node_id = alias_of[node_id]
+            return node_id
         for node in doc["nodes"]:
             if node.get("op") in _UPDATE_OPS or node.get("role") == "optimizer_state":
                 self.ops[node["id"]] = node["op"]
+            if node.get("op") in _UPDATE_OPS:
+                self.inputs[node["id"]] = frozenset(node["inputs"])
+                self.touches[node["id"]] = frozenset(map(storage, node["inputs"] + [node["id"]]))
             if node.get("role") == "optimizer_state":
                 self.state_bytes[node["id"]] = node["bytes"]
                 if node.get("home") != "host":
@@ -330,12 +342,12 @@ class Updates:
         nbytes = self.state_bytes[node_id]
         host = self._host_state(node_id)  # None: Adam's step count (below)
         if action == "prefetch":
-            if host is None:
-                self.on_device[node_id] = None
-            elif host.device.type == "cpu" and self._device_of(node_id).type == "cpu":
-                self.on_device[node_id] = host.clone()  # allow_cpu_offload: a copy, as on a GPU
-            else:
-                self.on_device[node_id] = host.to(self._device_of(node_id), non_blocking=True)
+            copy = None  # Adam's step count: nothing to copy
+            if host is not None:
+                device = self._device_of(node_id)
+                # On the CPU device (allow_cpu_offload), a copy as on a GPU.
+                copy = host.clone() if device.type == "cpu" else host.to(device, non_blocking=True)
+            self.on_device[node_id] = copy
             run.hold(nbytes)
             run.result.transfer_bytes += nbytes
         elif action == "offload":
@@ -390,7 +402,7 @@ class Updates:
         # Only what the node reads: a gradient the plan dropped after its
         # last reader is gone by Adam's final update.
         value = run.host_value if on_host else run.device_value
-        grad = value(f"grad:{name}") if _reads_gradient(op, self.settings) else None
+        grad = value(f"grad:{name}") if f"grad:{name}" in self.inputs[node_id] else None
         if on_host:
             param = run.host_value(name)
             s = {key: self.optimizer.state[p][key] for key in keys}
@@ -413,9 +425,9 @@ class Updates:
 
 class Placement:
     """Where one plan keeps the optimizer's state and runs its updates: the
-    homes that the plan's steps imply (ResolveHomes in scheduler/schedule.h:
-    the host where a tensor's first step is a prefetch or an update on the
-    host that touches it)."""
+    homes that the plan's steps imply, as ResolveHomes (scheduler/schedule.h)
+    resolves them: the host where a tensor's first step is a prefetch, or an
+    update on the host that touches its storage."""
 
     def __init__(self, updates, schedule):
         first_on_host = {}
@@ -425,14 +437,11 @@ class Placement:
                 continue
             if action == "host_compute":
                 self.host_updates.add(node_id)
-                state_id = _state_of(node_id)
-                if state_id is not None:
-                    first_on_host.setdefault(state_id, True)
-                if updates.ops[node_id] == "optimizer_step":
-                    first_on_host.setdefault("optimizer.step", True)
-            if node_id in updates.state_bytes:
-                first_on_host.setdefault(node_id, action == "prefetch")
-        self.host_state = frozenset(n for n, on_host in first_on_host.items() if on_host)
+                for root in updates.touches[node_id]:
+                    first_on_host.setdefault(root, True)
+            first_on_host.setdefault(node_id, action == "prefetch")
+        self.host_state = frozenset(n for n, on_host in first_on_host.items()
+                                    if on_host and n in updates.state_bytes)
         self.streamed = frozenset(n for action, n in schedule
                                   if action == "prefetch" and n in updates.state_bytes)
         self.state_bytes = updates.state_bytes
@@ -470,14 +479,6 @@ class Placement:
 def _parameter_of(node_id):
     """The parameter an update node ("exp_avg:fc.weight#1", "update:fc.weight") updates."""
     return node_id.split(":", 1)[1].split("#", 1)[0]
-
-
-def _state_of(update_id):
-    """The state tensor an update node writes ("exp_avg:fc.weight#1" ->
-    "exp_avg:fc.weight"); None for the parameter's own update."""
-    if update_id.startswith("update:") or ":" not in update_id:
-        return None
-    return update_id.split("#", 1)[0]
 
 
 def _update(op, kind, c, p, g, s, scratch, scalar, one):
@@ -518,13 +519,6 @@ def _update(op, kind, c, p, g, s, scratch, scalar, one):
         p.addcdiv_(s["exp_avg"], denom, value=-step_size)
     else:
         raise RuntimeError(f"internal: no update rule for op {op}")
-
-
-def _reads_gradient(op, c):
-    """Whether the update node `op` reads its parameter's gradient (its
-    inputs in graph/optimizer.cc): all but Adam's final update and SGD's
-    update with momentum, which read the state."""
-    return not (op == "adam_update" or (op == "sgd_update" and c["momentum"] > 0))
 
 
 def _temporary(op, c):
