@@ -35,6 +35,7 @@
 #include "graph/text_input.h"
 #include "runtime/make_backend.h"
 #include "runtime/workspace.h"
+#include "scheduler/collectives.h"
 #include "scheduler/budget.h"
 #include "scheduler/cost_profile.h"
 #include "scheduler/external_policy.h"
@@ -508,6 +509,11 @@ CLI::Validator BudgetList() {
         return absl::OkStatus();
       },
       "B1,B2,...");
+}
+
+CLI::Validator NetworkValue() {
+  return StatusValidator([](const std::string& t) { return ParseNetwork(t).status(); },
+                         "LINK");
 }
 
 CLI::Validator BandwidthValue() {

@@ -153,6 +153,7 @@ CLI::Validator BudgetValue();     // bytes, NN% or min (ParseBudget)
 CLI::Validator FitBudgetValue();  // bytes only (ParseFitBudget)
 CLI::Validator BudgetList();      // comma-separated BudgetValues, at least one
 CLI::Validator BandwidthValue();  // bytes/s or a preset (ParseBandwidth)
+CLI::Validator NetworkValue();    // bytes/s or a network preset (ParseNetwork)
 CLI::Validator PolicyName();      // a registered policy or exec:PROGRAM
 CLI::Validator PolicyList();      // comma-separated PolicyNames, or "all"
 CLI::Validator BackendName();     // cpu or cuda (whether it runs here is checked later)

@@ -19,6 +19,7 @@
 #include "graph/status.h"
 #include "graph/text_input.h"
 #include "scheduler/budget.h"
+#include "scheduler/collectives.h"
 #include "scheduler/memory_layout.h"
 #include "scheduler/offload.h"
 #include "scheduler/plan_api.h"
@@ -27,6 +28,40 @@
 
 namespace pebble::cli {
 namespace {
+
+// Data parallelism (--ranks, --network, --network-latency): plan, compare
+// and simulate take them.
+struct RankFlags {
+  int ranks = 1;
+  std::string network;  // empty: NetworkLink's default
+  double latency_s = -1;  // < 0: the link's own
+
+  void AddOptions(CLI::App* cmd) {
+    cmd->add_option("--ranks", ranks,
+                    "data-parallel ranks running the plan, each on its own slice of the batch "
+                    "(default 1); above 1 every parameter's gradient is summed over them by "
+                    "an all_reduce step after the backward's last use, and the figures are one "
+                    "rank's (docs/semantics.md, \"Collectives across ranks\")")
+        ->check(IntegerIn(1, 1 << 20));
+    cmd->add_option("--network", network,
+                    "the ranks' link: bytes/s, or a preset: ethernet-10g, ethernet-100g "
+                    "(12.5e9 and 10 us, the default), ib-hdr, ib-ndr, nvlink4")
+        ->check(NetworkValue());
+    cmd->add_option("--network-latency", latency_s,
+                    "seconds per message on the ranks' link (default: the preset's, else 10e-6)")
+        ->check(NumberAbove(-1e-300, "a non-negative number of seconds"));
+  }
+
+  // Sets `ranks` and `link` from the flags.
+  absl::Status Apply(int* ranks_out, NetworkLink* link) const {
+    *ranks_out = ranks;
+    if (!network.empty()) {
+      ASSIGN_OR_RETURN(*link, ParseNetwork(network));
+    }
+    if (latency_s >= 0) link->latency_s = latency_s;
+    return absl::OkStatus();
+  }
+};
 
 // Options shared by plan and compare.
 struct PlanFlags {
@@ -42,6 +77,7 @@ struct PlanFlags {
   int milp_max_stages = 0;
   bool quiet = false;
   bool json = false;
+  RankFlags rank_flags;
 
   void AddOptions(CLI::App* cmd, bool with_policy_and_budget) {
     source.AddOptions(cmd);
@@ -77,6 +113,7 @@ struct PlanFlags {
                     "largest graph (needed non-persistent nodes) checkmate's MILP and "
                     "checkmate-lp's LP take (default 0: 300 and 600; the model grows as n^2)")
         ->check(IntegerIn(0, 100000));
+    rank_flags.AddOptions(cmd);
     AddQuietFlag(cmd, quiet);
     cmd->add_flag("--json", json, "print one JSON document");
   }
@@ -93,6 +130,7 @@ struct PlanFlags {
     o.seed = seed;
     o.own_order = own_order;
     o.milp_max_stages = milp_max_stages;
+    RETURN_IF_ERROR(rank_flags.Apply(&o.ranks, &o.network));
     if (!json && !quiet) o.progress = StderrProgress();
     return o;
   }
@@ -132,6 +170,11 @@ void PrintReport(const Graph& g, const Schedule& schedule, const PlanReport& r,
                     ? absl::StrFormat("  host updates    %s on the host stream (%d steps)\n",
                                       unit.Amount(r.host_compute_cost),
                                       HostComputeSteps(schedule))
+                    : std::string())
+            << (r.collectives > 0
+                    ? absl::StrFormat("  collectives     %d all-reduces of %s, network busy %s\n",
+                                      r.collectives, FormatBytes(r.collective_bytes),
+                                      unit.Amount(r.network_busy))
                     : std::string())
             << absl::StrFormat("  makespan        %s (compute stream busy %s)\n",
                                unit.Describe(r.makespan), unit.Amount(r.compute_busy))
@@ -251,7 +294,8 @@ int RunPlan(const PlanFlags& f, bool timeline, bool with_layout, const std::stri
 }
 
 int RunSimulate(const GraphSource& source, const std::string& schedule_path,
-                const std::string& bandwidth, bool timeline, bool json) {
+                const std::string& bandwidth, const RankFlags& rank_flags, bool timeline,
+                bool json) {
   auto graph = source.Load();
   if (!graph.ok()) return Fail(graph.status());
   auto schedule = ReadScheduleFile(*graph, schedule_path);
@@ -260,6 +304,7 @@ int RunSimulate(const GraphSource& source, const std::string& schedule_path,
   if (!bw.ok()) return Fail(bw.status());
   SimulatorOptions options;
   options.host_bandwidth_bytes_per_s = *bw;
+  if (absl::Status s = rank_flags.Apply(&options.ranks, &options.network); !s.ok()) return Fail(s);
   auto report = Simulate(*graph, *schedule, options);
   if (!report.ok()) return Fail(report.status());
   if (json) {
@@ -582,6 +627,7 @@ void AddPlanCommands(CLI::App& app, int& exit_code) {
   });
 
   static GraphSource sim_source;
+  static RankFlags sim_ranks;
   static std::string sim_schedule, sim_bandwidth;
   static bool sim_timeline = false, sim_json = false;
   auto* sim = app.add_subcommand(
@@ -596,10 +642,12 @@ void AddPlanCommands(CLI::App& app, int& exit_code) {
   sim->add_option("--bandwidth", sim_bandwidth,
                   "host link bytes/s or a preset: pcie4 (25e9, the default), pcie5, nvlink-c2c")
       ->check(BandwidthValue());
+  sim_ranks.AddOptions(sim);
   sim->add_flag("--timeline", sim_timeline, "show the per-step memory and time");
   sim->add_flag("--json", sim_json, "print JSON");
   sim->callback([&exit_code] {
-    exit_code = RunSimulate(sim_source, sim_schedule, sim_bandwidth, sim_timeline, sim_json);
+    exit_code =
+        RunSimulate(sim_source, sim_schedule, sim_bandwidth, sim_ranks, sim_timeline, sim_json);
   });
 
   static PlanFlags cmp_flags;

@@ -3,8 +3,10 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "graph/status.h"
 #include "graph/text_input.h"
+#include "scheduler/collectives.h"
 #include "scheduler/budget.h"
 #include "scheduler/offload.h"
 
@@ -240,6 +242,31 @@ PlannerOptions Options(const py::object& host_budget, const py::object& bandwidt
   o.seed = static_cast<uint64_t>(IntArg(seed, "seed", 0, INT64_MAX));
   o.own_order = BoolArg(own_order, "own_order");
   return o;
+}
+
+void RankOptions(const py::object& ranks, const py::object& network,
+                 const py::object& network_latency, int* ranks_out, NetworkLink* link) {
+  *ranks_out = static_cast<int>(IntArg(ranks, "ranks", 1, 1 << 20));
+  if (!network.is_none()) {
+    std::string text;
+    if (PyUnicode_Check(network.ptr())) {
+      text = StrArg(network, "network");
+    } else {
+      text = absl::StrFormat(
+          "%.17g", PositiveArg(network, "network",
+                               "bytes per second (a number) or a network preset "
+                               "(ethernet-10g, ethernet-100g, ib-hdr, ib-ndr, nvlink4)"));
+    }
+    *link = Unwrap(ParseNetwork(text));
+  }
+  if (!network_latency.is_none()) {
+    // PositiveArg refuses 0, which a latency may be.
+    PyObject* v = network_latency.ptr();
+    const bool zero = !PyBool_Check(v) && (PyFloat_Check(v) || PyLong_Check(v)) &&
+                      PyObject_Not(v) == 1;
+    link->latency_s = zero ? 0.0 : PositiveArg(network_latency, "network_latency",
+                                               "a non-negative number of seconds");
+  }
 }
 
 // ---- JSON and schedules

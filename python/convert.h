@@ -109,6 +109,12 @@ PlannerOptions Options(const py::object& host_budget, const py::object& bandwidt
                        const py::object& time_limit, const py::object& seed,
                        const py::object& own_order);
 
+// Data parallelism's options (scheduler/collectives.h): ranks (an int >=
+// 1), network (None: the default link; a preset's name, or bytes per
+// second) and network_latency (None: the link's; seconds >= 0).
+void RankOptions(const py::object& ranks, const py::object& network,
+                 const py::object& network_latency, int* ranks_out, NetworkLink* link);
+
 // ---- JSON and schedules
 
 // JSON to Python objects through the json module: exact for every value

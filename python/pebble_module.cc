@@ -62,7 +62,8 @@ struct PyPlan {
 PyPlan PlanPy(const py::object& graph_arg, const py::object& policy, const py::object& budget,
               const py::object& host_budget, const py::object& bandwidth,
               const py::object& time_limit, const py::object& seed, const py::object& timeline,
-              const py::object& own_order) {
+              const py::object& own_order, const py::object& ranks, const py::object& network,
+              const py::object& network_latency) {
   const Graph& graph = GraphArg(graph_arg);
   PlanningCall call;
   PlanRequest request;
@@ -72,6 +73,7 @@ PyPlan PlanPy(const py::object& graph_arg, const py::object& policy, const py::o
   }
   request.budget = SizeText(budget, "budget", kBudgetForms);
   request.options = Options(host_budget, bandwidth, time_limit, seed, own_order);
+  RankOptions(ranks, network, network_latency, &request.options.ranks, &request.options.network);
   call.Attach(request.options);
   const bool with_timeline = BoolArg(timeline, "timeline");
   absl::StatusOr<PlanOutcome> outcome = call.Run([&] { return PlanGraph(graph, request); });
@@ -154,13 +156,16 @@ py::dict FitPy(const py::object& model, const py::object& vary, const py::object
 }
 
 py::object SimulatePy(const py::object& graph_arg, const py::object& schedule,
-                      const py::object& bandwidth, const py::object& timeline) {
+                      const py::object& bandwidth, const py::object& timeline,
+                      const py::object& ranks, const py::object& network,
+                      const py::object& network_latency) {
   const Graph& graph = GraphArg(graph_arg);
   const bool with_timeline = BoolArg(timeline, "timeline");
   SimulatorOptions options;
   options.host_bandwidth_bytes_per_s =
       Options(py::none(), bandwidth, py::float_(60.0), py::int_(0), py::bool_(false))
           .host_bandwidth_bytes_per_s;
+  RankOptions(ranks, network, network_latency, &options.ranks, &options.network);
   const Schedule s = Unwrap(ScheduleFromPython(graph, schedule));
   absl::StatusOr<PlanReport> report;
   {
@@ -290,11 +295,15 @@ PYBIND11_MODULE(_core, m) {
   m.def("plan", &PlanPy, py::arg("graph"), py::arg("policy") = py::none(),
         py::arg("budget") = "100%", py::arg("host_budget") = py::none(),
         py::arg("bandwidth") = py::none(), py::arg("time_limit") = 60.0, py::arg("seed") = 0,
-        py::arg("timeline") = false, py::arg("own_order") = false,
+        py::arg("timeline") = false, py::arg("own_order") = false, py::arg("ranks") = 1,
+        py::arg("network") = py::none(), py::arg("network_latency") = py::none(),
         "Plans `graph` under a policy (default: best-order where the baseline fits, else "
-        "hybrid) and a budget (\"60%\", \"2GiB\", \"min\" or bytes).");
+        "hybrid) and a budget (\"60%\", \"2GiB\", \"min\" or bytes); ranks > 1 adds the "
+        "gradients' all-reduces over the ranks' network (a preset or bytes/s; "
+        "network_latency in seconds).");
   m.def("simulate", &SimulatePy, py::arg("graph"), py::arg("schedule"),
-        py::arg("bandwidth") = py::none(), py::arg("timeline") = false,
+        py::arg("bandwidth") = py::none(), py::arg("timeline") = false, py::arg("ranks") = 1,
+        py::arg("network") = py::none(), py::arg("network_latency") = py::none(),
         "The simulator's report of a schedule (a list of (action, node) steps or a "
         "pebble-schedule dict); ValueError naming the first invalid step.");
   m.def("compare", &ComparePy, py::arg("graph"), py::arg("policies") = py::none(),

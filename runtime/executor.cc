@@ -171,6 +171,12 @@ absl::Status CheckRunnable(const Graph& graph, const Schedule& schedule, const B
   }
   RETURN_IF_ERROR(backend.CheckSupported(graph));
   for (const Step& step : schedule.steps) {
+    if (step.action == Action::kAllReduce) {
+      return absl::UnimplementedError(absl::StrCat(
+          "step all_reduce ", Quote(graph.id(step.node)), ": the C++ runtime runs one rank and "
+          "has no collectives yet; a data-parallel plan runs under pebble.torch "
+          "(train_step(..., process_group=...); docs/torch.md)"));
+    }
     if (step.action == Action::kHostCompute &&
         HostKernels().Find(graph.op(step.node)) == nullptr) {
       return absl::UnimplementedError(absl::StrCat(
@@ -793,6 +799,8 @@ class ScheduleRun {
           ASSIGN_OR_RETURN(during, RunOnHost(k));
           break;
         }
+        case Action::kAllReduce:  // refused before the run (CheckRunnable)
+          return absl::InternalError("an all_reduce step reached the executor");
       }
       m.resident_bytes = held_;
       m.during_bytes = during;

@@ -67,6 +67,8 @@ nlohmann::json ChromeTrace(const Graph& graph, const ExecutionResult& result) {
                           {"dur", Micros(s.end_s - s.start_s)},
                           {"args", {{"step", k}, {"op", graph.op(s.node)}}}});
         break;
+      case Action::kAllReduce:  // the C++ runtime refuses collectives (executor.cc)
+        break;
       case Action::kFree:
         events.push_back({{"ph", "i"}, {"pid", kPid}, {"tid", kComputeTid}, {"s", "t"},
                           {"name", absl::StrCat("free ", id)}, {"cat", "free"},

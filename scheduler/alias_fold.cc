@@ -178,6 +178,7 @@ Schedule UnfoldSchedule(const Graph& graph, const FoldedGraph& folded,
       case Action::kOffload:
       case Action::kPrefetch:
       case Action::kHostCompute:  // reads host copies: no view to make
+      case Action::kAllReduce:    // reduces the node itself, resident already
         break;
     }
     out.steps.push_back({step.action, v});

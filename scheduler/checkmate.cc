@@ -224,6 +224,7 @@ StagePlan StagePlanFromSchedule(const Graph& graph, const Schedule& schedule) {
         resident[p] = 1;
         break;
       case Action::kHostCompute:  // no device residency
+      case Action::kAllReduce:    // in place: residency unchanged
         break;
     }
   }
@@ -258,7 +259,9 @@ Schedule RemoveDeadComputes(const Graph& graph, const Schedule& schedule) {
         pending_free[s.node] = -1;
         break;
       case Action::kOffload:
-        // A host copy may be read later by a prefetch: the value is live.
+      case Action::kAllReduce:
+        // A host copy may be read later by a prefetch, and a reduced value
+        // by an update: the value is live.
         live[s.node] = 1;
         break;
       case Action::kPrefetch:

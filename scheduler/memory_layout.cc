@@ -397,6 +397,7 @@ std::vector<TensorInstance> InstancesOf(const Graph& graph,
         break;
       case Action::kOffload:
       case Action::kHostCompute:  // host copies only: no device memory
+      case Action::kAllReduce:    // in place: no device memory
         break;
     }
   }

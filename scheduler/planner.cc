@@ -9,6 +9,7 @@
 #include "graph/status.h"
 #include "graph/text_input.h"
 #include "scheduler/alias_fold.h"
+#include "scheduler/collectives.h"
 #include "scheduler/updates_last.h"
 #include "scheduler/budget.h"
 #include "scheduler/external_policy.h"
@@ -86,7 +87,8 @@ absl::StatusOr<std::unique_ptr<Planner>> MakePlanner(absl::string_view name) {
     if (program.empty()) {
       return absl::InvalidArgumentError("policy 'exec:' names no program (exec:PROGRAM)");
     }
-    return WithUpdatesLast(WithAliasFolding(MakeExecPlanner(std::string(program))));
+    return WithGradientReduction(
+        WithUpdatesLast(WithAliasFolding(MakeExecPlanner(std::string(program)))));
   }
   const PolicyInfo* info = PlannerRegistry::Global().Find(name);
   if (info == nullptr) {
@@ -101,7 +103,7 @@ absl::StatusOr<std::unique_ptr<Planner>> MakePlanner(absl::string_view name) {
         " (known: ", absl::StrJoin(names, ", "), "; see 'pebble policies')"));
   }
   // Every policy plans storages, not views (Note [Alias folding]).
-  return WithUpdatesLast(WithAliasFolding(info->factory()));
+  return WithGradientReduction(WithUpdatesLast(WithAliasFolding(info->factory())));
 }
 
 void ReportProgress(const PlannerOptions& options, std::string stage,
@@ -177,6 +179,8 @@ absl::StatusOr<PlanResult> FinishPlan(const Graph& graph, Schedule schedule,
                                       const PlannerOptions& options) {
   SimulatorOptions sim;
   sim.host_bandwidth_bytes_per_s = options.host_bandwidth_bytes_per_s;
+  sim.ranks = options.ranks;
+  sim.network = options.network;
   ASSIGN_OR_RETURN(PlanReport report, Simulate(graph, schedule, sim));
   PlanResult result;
   result.schedule = std::move(schedule);

@@ -42,6 +42,11 @@ struct PlannerOptions {
   int64_t budget_bytes = INT64_MAX;
   std::optional<int64_t> host_budget_bytes;  // none: unlimited
   double host_bandwidth_bytes_per_s = kDefaultHostBandwidthBytesPerS;
+  // Data parallelism (scheduler/collectives.h): above 1, every plan sums
+  // each parameter's gradient over the ranks with an all_reduce step on
+  // `network`, and its figures are one rank's.
+  int ranks = 1;
+  NetworkLink network;
   // Wall-clock seconds for one Plan call, every policy (Deadline below):
   // past it a policy returns the best valid plan it has, noted in the
   // result (NoteTimeLimit).
@@ -150,7 +155,9 @@ class PlannerRegistry {
 // "exec:PROGRAM" (external_policy.h); NotFound lists the known names. The
 // planner plans a graph with aliases over its storages (WithAliasFolding,
 // alias_fold.h), a graph with in-place updates without them, running them
-// last (WithUpdatesLast, updates_last.h), and takes any other graph as it is.
+// last (WithUpdatesLast, updates_last.h), and takes any other graph as it is;
+// with options.ranks > 1 it adds the gradients' all-reduces
+// (WithGradientReduction, collectives.h).
 absl::StatusOr<std::unique_ptr<Planner>> MakePlanner(absl::string_view name);
 
 // Simulates `schedule`, fills a PlanResult and decides feasibility against

@@ -13,18 +13,19 @@ absl::string_view ActionName(Action action) {
     case Action::kOffload: return "offload";
     case Action::kPrefetch: return "prefetch";
     case Action::kHostCompute: return "host_compute";
+    case Action::kAllReduce: return "all_reduce";
   }
   return "?";
 }
 
 absl::StatusOr<Action> ParseAction(absl::string_view name) {
   for (Action a : {Action::kCompute, Action::kFree, Action::kOffload, Action::kPrefetch,
-                   Action::kHostCompute}) {
+                   Action::kHostCompute, Action::kAllReduce}) {
     if (ActionName(a) == name) return a;
   }
   return absl::InvalidArgumentError(
       absl::StrCat("unknown action ", Quote(name),
-                   " (expected compute, free, offload, prefetch or host_compute)"));
+                   " (expected compute, free, offload, prefetch, host_compute or all_reduce)"));
 }
 
 nlohmann::json ScheduleToJson(const Graph& graph, const Schedule& schedule) {

@@ -13,8 +13,11 @@
 namespace pebble {
 
 // kHostCompute ("host_compute") runs an in-place node with a host_cost on
-// the host, on host copies (docs/semantics.md, "Updates on the host").
-enum class Action : uint8_t { kCompute, kFree, kOffload, kPrefetch, kHostCompute };
+// the host, on host copies (docs/semantics.md, "Updates on the host");
+// kAllReduce ("all_reduce") sums a resident tensor over the ranks of data
+// parallelism, in place, on the network (docs/semantics.md, "Collectives
+// across ranks").
+enum class Action : uint8_t { kCompute, kFree, kOffload, kPrefetch, kHostCompute, kAllReduce };
 absl::string_view ActionName(Action action);  // "compute", "free", ...
 absl::StatusOr<Action> ParseAction(absl::string_view name);
 

@@ -18,6 +18,13 @@ double BaseCost(const Graph& graph) {
   return base;
 }
 
+double AllReduceSeconds(int64_t bytes, int ranks, const NetworkLink& link) {
+  if (ranks <= 1) return 0;
+  const double r = ranks;
+  return 2 * (r - 1) * link.latency_s +
+         2 * (r - 1) / r * static_cast<double>(bytes) / link.bandwidth_bytes_per_s;
+}
+
 namespace {
 
 constexpr absl::string_view kTransferOverflow =
@@ -85,6 +92,13 @@ absl::StatusOr<PlanReport> Simulate(const Graph& graph,
   if (!(options.host_bandwidth_bytes_per_s > 0)) {
     return absl::InvalidArgumentError("host bandwidth must be positive");
   }
+  if (options.ranks < 1) return absl::InvalidArgumentError("ranks must be at least 1");
+  if (!(options.network.bandwidth_bytes_per_s > 0) ||
+      !std::isfinite(options.network.bandwidth_bytes_per_s) ||
+      !(options.network.latency_s >= 0) || !std::isfinite(options.network.latency_s)) {
+    return absl::InvalidArgumentError(
+        "the network's bandwidth must be positive and its latency non-negative, both finite");
+  }
   if (graph.has_auto_homes()) return Simulate(ResolveHomes(graph, schedule), schedule, options);
   const int n = graph.num_nodes();
   const double bandwidth = options.host_bandwidth_bytes_per_s;
@@ -111,6 +125,14 @@ absl::StatusOr<PlanReport> Simulate(const Graph& graph,
   // other; copies alone are ordered by their stream already).
   std::vector<double> host_copy_until(graph.has_host_costs() ? n : 0, 0.0);
   double frees_done_at = 0;    // R_k: latest end of earlier frees
+  double network_free_at = 0;  // end of the previous collective
+  // Per storage, with collectives only: the all_reduce that summed its
+  // value over the ranks (kNoNode: none since the value was made), and
+  // when that ended.
+  const bool collectives = std::any_of(schedule.steps.begin(), schedule.steps.end(),
+                                       [](const Step& s) { return s.action == Action::kAllReduce; });
+  std::vector<NodeId> reduced_by(collectives ? n : 0, kNoNode);
+  std::vector<double> reduced_until(collectives ? n : 0, 0.0);
 
   // current[s]: the node whose value storage s holds now: its base, then
   // each in-place node that wrote it. Only graphs with updates need it.
@@ -180,12 +202,24 @@ absl::StatusOr<PlanReport> Simulate(const Graph& graph,
                 "value come before its update)"));
           }
           start = std::max(start, ready[u]);
+          if (!collectives) continue;
+          const NodeId reducer = reduced_by[graph.storage(u)];
+          if (reducer != kNoNode && !graph.in_place(v) && !graph.is_alias(v)) {
+            return StepError(graph, k, step, absl::StrCat(
+                "input ", Quote(graph.id(u)), " was summed over the ranks by all_reduce ",
+                Quote(graph.id(reducer)), "; only in-place updates read a reduced value (the "
+                "backward reads the rank's own: reduce after this step)"));
+          }
+          start = std::max(start, reduced_until[graph.storage(u)]);
         }
         on_device[v] = 1;
         // An alias's storage is resident already (its input is in D), so
         // only a base adds bytes.
         const NodeId root = graph.storage(v);
         if (holders[root]++ == 0) device += graph.bytes(root);
+        // A new value of the storage (a base made again, an in-place write)
+        // is this rank's own.
+        if (collectives && (!graph.is_alias(v) || graph.in_place(v))) reduced_by[root] = kNoNode;
         if (graph.in_place(v)) {
           // The write makes every host copy of the storage stale.
           current[root] = v;
@@ -227,7 +261,7 @@ absl::StatusOr<PlanReport> Simulate(const Graph& graph,
         const NodeId root = graph.storage(v);
         if (--holders[root] == 0) device -= graph.bytes(root);
         rec.peak_bytes = device;
-        rec.start = rec.end = last_use[v];
+        rec.start = rec.end = collectives ? std::max(last_use[v], reduced_until[root]) : last_use[v];
         frees_done_at = std::max(frees_done_at, rec.end);
         break;
       }
@@ -334,6 +368,45 @@ absl::StatusOr<PlanReport> Simulate(const Graph& graph,
         ++distinct_computed;
         break;
       }
+      case Action::kAllReduce: {
+        const NodeId root = graph.storage(v);
+        if (graph.persistent(v)) return StepError(graph, k, step, "the node is persistent");
+        if (!on_device[v]) return StepError(graph, k, step, "the node is not resident");
+        if (graph.has_in_place() && graph.version(v) != current[root]) {
+          return StepError(graph, k, step, absl::StrCat(
+              "the in-place update ", Quote(graph.id(current[root])), " overwrote it"));
+        }
+        if (reduced_by[root] != kNoNode) {
+          return StepError(graph, k, step, absl::StrCat(
+              "its storage was summed over the ranks already, by all_reduce ",
+              Quote(graph.id(reduced_by[root])), " (a value is reduced once)"));
+        }
+        if (on_host[root]) {  // the host copy holds this rank's own value
+          on_host[root] = 0;
+          host -= graph.bytes(root);
+        }
+        const int64_t bytes = graph.bytes(v);
+        if (__builtin_add_overflow(report.collective_bytes, bytes, &report.collective_bytes)) {
+          return StepError(graph, k, step, kTransferOverflow);
+        }
+        // It follows every compute issued before it (a collective on the
+        // compute stream's order, as NCCL's and gloo's are) and every copy
+        // of its storage.
+        rec.peak_bytes = device;
+        rec.start = std::max({network_free_at, compute_free_at, ready[v], ready[root],
+                              last_use[root]});
+        rec.end = rec.start + AllReduceSeconds(bytes, options.ranks, options.network);
+        network_free_at = rec.end;
+        reduced_by[root] = v;
+        reduced_until[root] = rec.end;
+        for (NodeId u : {v, root}) {
+          ready[u] = std::max(ready[u], rec.end);
+          last_use[u] = std::max(last_use[u], rec.end);
+        }
+        report.network_busy += rec.end - rec.start;
+        ++report.collectives;
+        break;
+      }
     }
     rec.device_bytes = device;
     rec.host_bytes = host;
@@ -365,7 +438,7 @@ absl::StatusOr<PlanReport> Simulate(const Graph& graph,
   // "inf" or JSON's null would be silently wrong.
   if (!std::isfinite(report.compute_cost) || !std::isfinite(report.makespan) ||
       !std::isfinite(report.copy_busy) || !std::isfinite(report.base_cost) ||
-      !std::isfinite(report.host_compute_cost)) {
+      !std::isfinite(report.host_compute_cost) || !std::isfinite(report.network_busy)) {
     return absl::InvalidArgumentError(
         "the schedule's total compute cost or time exceeds the largest double (about 1.8e308); "
         "give the graph's costs in a smaller unit");
@@ -399,6 +472,11 @@ nlohmann::json ReportToJson(const PlanReport& report, const Graph& graph,
       {"exposed_transfer_time", report.exposed_transfer_time},
   };
   if (graph.has_host_costs()) j["host_compute_cost"] = report.host_compute_cost;
+  if (report.collectives > 0) {
+    j["collectives"] = report.collectives;
+    j["collective_bytes"] = report.collective_bytes;
+    j["network_busy"] = report.network_busy;
+  }
   if (with_timeline) {
     PEBBLE_CHECK(schedule.steps.size() == report.timeline.size(),
                  "timeline and schedule differ in length");

@@ -16,8 +16,29 @@ namespace pebble {
 
 inline constexpr double kDefaultHostBandwidthBytesPerS = 25e9;
 
+// The link the ranks of data parallelism share (docs/semantics.md,
+// "Collectives across ranks"): its bandwidth in bytes/s and the latency of
+// one message in seconds. The default is 100 Gb/s Ethernet's nominal rate.
+struct NetworkLink {
+  double bandwidth_bytes_per_s = 12.5e9;
+  double latency_s = 10e-6;
+};
+
+// Seconds of one all-reduce of `bytes` over `ranks` ranks by the ring
+// algorithm (a reduce-scatter then an all-gather: 2 (ranks - 1) messages,
+// each rank sending 2 (ranks - 1) / ranks of the bytes; Thakur, Rabenseifner
+// and Gropp, "Optimization of Collective Communication Operations in
+// MPICH", 2005): 2 (r - 1) latency + 2 (r - 1) / r bytes / bandwidth; 0 for
+// one rank.
+double AllReduceSeconds(int64_t bytes, int ranks, const NetworkLink& link);
+
 struct SimulatorOptions {
   double host_bandwidth_bytes_per_s = kDefaultHostBandwidthBytesPerS;
+  // The ranks that run the schedule, each on its own slice of the batch
+  // (SPMD: one schedule, the same on every rank), and their link. Figures
+  // are per rank.
+  int ranks = 1;
+  NetworkLink network;
 };
 
 // One step of the memory timeline.
@@ -55,6 +76,12 @@ struct PlanReport {
   // their host_cost, on the host stream. compute_cost leaves them out, and
   // exposed_transfer_time counts the host's time that compute did not hide.
   double host_compute_cost = 0;
+  // Collectives (docs/semantics.md, "Collectives across ranks"): how many
+  // all_reduce steps ran, the bytes of the tensors they reduced, and the
+  // network stream's busy time (in makespan and exposed_transfer_time too).
+  int64_t collectives = 0;
+  int64_t collective_bytes = 0;
+  double network_busy = 0;
   std::vector<StepRecord> timeline;
 };
 
@@ -64,7 +91,8 @@ struct PlanReport {
 // (SPEC section 1), memory sums the resident storages, each once with its
 // root's bytes; computing or prefetching a base whose storage an alias still
 // holds is invalid (the message names the alias), and so is offloading or
-// prefetching an alias (docs/semantics.md).
+// prefetching an alias (docs/semantics.md). Invalid options (a bandwidth
+// not positive, ranks < 1, a latency negative) are InvalidArgument too.
 absl::StatusOr<PlanReport> Simulate(const Graph& graph,
                                     const Schedule& schedule,
                                     const SimulatorOptions& options = {});

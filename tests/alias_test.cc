@@ -377,6 +377,7 @@ Reference ReferenceRun(const Graph& g, const Schedule& s) {
         during = device();
         break;
       case Action::kHostCompute:  // these graphs have no host_cost
+      case Action::kAllReduce:    // nor collectives
         ok = false;
         break;
     }
@@ -425,6 +426,7 @@ Schedule RandomSchedule(const Graph& g, std::mt19937_64& rng, double invalid_rat
       case kO: return !g.persistent(v) && !g.is_alias(v) && in_d[v];
       case kP: return !g.is_alias(v) && in_h[v] && !in_d[v] && !held(v);
       case Action::kHostCompute: return false;  // these graphs have no host_cost
+      case Action::kAllReduce: return false;    // nor collectives
     }
     return false;
   };
@@ -434,6 +436,7 @@ Schedule RandomSchedule(const Graph& g, std::mt19937_64& rng, double invalid_rat
       case kF: in_d[st.node] = false; break;
       case kO: in_h[st.node] = true; break;
       case Action::kHostCompute: break;
+      case Action::kAllReduce: break;
     }
   };
   Schedule s;

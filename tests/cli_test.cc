@@ -400,4 +400,41 @@ TEST(CliTest, ListingsFitOneHundredColumns) {
   EXPECT_THAT(Pebble("models").out, HasSubstr("n=64 batch=1"));
 }
 
+// Data parallelism (--ranks): plan prints and reports the all-reduces,
+// simulate times a schedule with them on the link given, run refuses it.
+TEST(CliTest, RanksPlanTheGradientsAllReduces) {
+  const fs::path dir = ::pebble::testing::ScratchDir("cli", "ranks");
+  const std::string model = "--model mnist-cnn:batch=4,optimizer=adam";
+  const std::string schedule = (dir / "dp.json").string();
+  Result plan = Pebble("plan " + model + " --policy rotor --budget min --ranks 4 --network "
+                       "ethernet-10g --schedule-out " + schedule);
+  ASSERT_EQ(plan.exit_code, 0) << plan.err;
+  EXPECT_THAT(plan.out, HasSubstr("  collectives     8 all-reduces of"));
+  Result json = Pebble("plan " + model + " --policy rotor --budget min --ranks 4 --network "
+                       "ethernet-10g --json");
+  ASSERT_EQ(json.exit_code, 0) << json.err;
+  const nlohmann::json doc = ParseOrFail(json.out);
+  EXPECT_EQ(doc["report"]["collectives"], 8);
+  EXPECT_EQ(doc["details"]["collectives"]["ranks"], 4);
+  EXPECT_EQ(doc["details"]["collectives"]["network_bandwidth_bytes_per_s"], 1.25e9);
+  EXPECT_EQ(doc["details"]["collectives"]["network_latency_s"], 25e-6);
+  // The same schedule on the same link simulates to the plan's makespan; a
+  // slower link takes longer.
+  Result sim = Pebble("simulate " + model + " --schedule " + schedule +
+                      " --ranks 4 --network 1.25e9 --network-latency 25e-6 --json");
+  ASSERT_EQ(sim.exit_code, 0) << sim.err;
+  EXPECT_EQ(ParseOrFail(sim.out)["report"]["makespan"], doc["report"]["makespan"]);
+  Result slow = Pebble("simulate " + model + " --schedule " + schedule +
+                       " --ranks 4 --network 1e8 --json");
+  ASSERT_EQ(slow.exit_code, 0) << slow.err;
+  EXPECT_GT(ParseOrFail(slow.out)["report"]["makespan"], doc["report"]["makespan"]);
+  ::pebble::testing::ExpectOneLineError(Pebble("plan " + model + " --ranks 0"), 2, {"--ranks"});
+  ::pebble::testing::ExpectOneLineError(Pebble("plan " + model + " --ranks 2 --network token-ring"), 2,
+                     {"--network", "invalid network 'token-ring'", "ib-ndr"});
+  ::pebble::testing::ExpectOneLineError(Pebble("plan " + model + " --ranks 2 --network-latency -1"), 2,
+                     {"--network-latency"});
+  ::pebble::testing::ExpectOneLineError(Pebble("run " + model + " --schedule " + schedule + " --backend cpu"), 1,
+                     {"all_reduce", "has no collectives yet", "pebble.torch"});
+}
+
 }  // namespace

@@ -341,6 +341,8 @@ class HomeOracle {
         }
         return ok;
       }
+      case Action::kAllReduce:  // the schedules drawn here have none
+        return false;
     }
     return false;
   }
@@ -361,6 +363,8 @@ class HomeOracle {
       case Action::kHostCompute:  // writes the host copy, which stays current
         done_[v] = true;
         writes_.push_back(v);
+        break;
+      case Action::kAllReduce:
         break;
     }
   }

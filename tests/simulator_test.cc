@@ -28,6 +28,13 @@ Graph Chain() {
                    {"c"});
 }
 
+// Simulator options with a host link of `bytes_per_s`, the rest default.
+SimulatorOptions HostLink(double bytes_per_s) {
+  SimulatorOptions o;
+  o.host_bandwidth_bytes_per_s = bytes_per_s;
+  return o;
+}
+
 TEST(SimulatorTest, FreeAtLastUseOnAChain) {
   Graph g = Chain();
   auto schedule = FreeAtLastUse(g, DefaultOrder(g));
@@ -94,7 +101,7 @@ TEST(SimulatorTest, OffloadAndPrefetchFollowTheTimeModel) {
                       {"c"});
   Schedule s = MakeSchedule(g, {{kC, "a"}, {kO, "a"}, {kF, "a"}, {kC, "b"},
                                 {kP, "a"}, {kC, "c"}});
-  auto r = Simulate(g, s, {.host_bandwidth_bytes_per_s = 50});
+  auto r = Simulate(g, s, HostLink(50));
   ASSERT_TRUE(r.ok()) << r.status();
   // Step      start end  device host
   // compute a   0    1    100    0
@@ -129,7 +136,7 @@ TEST(SimulatorTest, PrefetchWaitsForEarlierFrees) {
                       {"d"});
   Schedule s = MakeSchedule(g, {{kC, "a"}, {kO, "a"}, {kC, "b"}, {kF, "a"},
                                 {kC, "c"}, {kP, "a"}, {kC, "d"}});
-  auto r = Simulate(g, s, {.host_bandwidth_bytes_per_s = 50});
+  auto r = Simulate(g, s, HostLink(50));
   ASSERT_TRUE(r.ok()) << r.status();
   // compute a 0-1; offload a 1-3; compute b 1-5; free a at 5 (b read it);
   // compute c 5-6 (R_k = 5); prefetch a 5-7 (R_k = 5 > copy end 3);
@@ -195,7 +202,7 @@ TEST(SimulatorTest, RejectsEveryBrokenPrecondition) {
 
 TEST(SimulatorTest, RejectsNonPositiveBandwidth) {
   Graph g = Chain();
-  EXPECT_FALSE(Simulate(g, Schedule{}, {.host_bandwidth_bytes_per_s = 0}).ok());
+  EXPECT_FALSE(Simulate(g, Schedule{}, HostLink(0)).ok());
 }
 
 TEST(ScheduleTest, FreeAtLastUseRejectsBadOrders) {

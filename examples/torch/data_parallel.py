@@ -69,6 +69,12 @@ def main():
                          optimizer_updates=args.updates,
                          allow_cpu_offload=not gpu and args.updates != "device",
                          process_group=dist.group.WORLD)
+    c = step.report["collectives"]
+    if rank == 0:
+        print(f"the plan's {c['all_reduce']} all-reduces ({c['bytes']} B) keep the network busy "
+              f"{1e3 * c['predicted_network_busy_s']:.3f} ms a step, predicted on a link of "
+              f"{c['network_bytes_per_s'] / 1e9:.2f} GB/s and {1e6 * c['network_latency_s']:.1f} "
+              f"us a message ({'measured' if c['network_measured'] else 'assumed'})")
     for k, (x, y) in enumerate(data):
         optimizer.zero_grad(set_to_none=True)
         loss = step(x[mine].to(device), y[mine].to(device))

@@ -226,6 +226,32 @@ class PlanTest(unittest.TestCase):
         with self.assertRaises(ValueError):
             pebble.simulate(self.graph, [("compute", "no-such-node")])
 
+    def test_ranks_equal_the_cli(self):
+        """Data parallelism: the plan's all-reduces, as `plan --ranks` makes
+        them, and simulate times them on the same link."""
+        p = pebble.plan(self.graph, policy="rotor", budget="min", ranks=4, network="ib-ndr",
+                        network_latency=2e-6)
+        doc = cli_json("plan", "--model", MODEL, "--policy", "rotor", "--budget", "min",
+                       "--ranks", "4", "--network", "ib-ndr", "--network-latency", "2e-6")
+        self.assertEqual(p.report, doc["report"])
+        self.assertEqual(without_times(p.details), without_times(doc["details"]))
+        reduces = [n for a, n in p.schedule if a == "all_reduce"]
+        self.assertEqual(p.report["collectives"], len(reduces))
+        self.assertEqual(len(reduces), len(set(reduces)))
+        self.assertEqual(p.details["collectives"]["network_bandwidth_bytes_per_s"], 50e9)
+        one = pebble.plan(self.graph, policy="rotor", budget="min")
+        self.assertEqual(p.report["peak_bytes"], one.report["peak_bytes"])
+        self.assertGreater(p.report["makespan"], one.report["makespan"])
+        sim = pebble.simulate(self.graph, p.schedule, ranks=4, network=50e9,
+                              network_latency=2e-6)
+        self.assertEqual(sim["makespan"], p.report["makespan"])
+        # One rank: the same steps, the network free.
+        self.assertLess(pebble.simulate(self.graph, p.schedule)["makespan"], sim["makespan"])
+        for bad in ({"ranks": 0}, {"network": "token-ring"}, {"network": 0},
+                    {"network_latency": -1.0}, {"ranks": 2.5}):
+            with self.subTest(bad=bad), self.assertRaises((ValueError, TypeError)):
+                pebble.plan(self.graph, policy="rotor", budget="min", **bad)
+
     def test_compare_equals_the_cli(self):
         policies = ["baseline", "best-order", "rotor", "revolve"]
         budgets = ["100%", "70%", "min"]

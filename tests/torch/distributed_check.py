@@ -91,6 +91,28 @@ def check_gradients(torch, pt, dist, rank, ranks):
         if r["measured_peak_bytes"] != r["predicted_step_peak_bytes"] or r["ranks"] != ranks:
             failures.append(f"step {k + 1}: measured peak {r['measured_peak_bytes']}, "
                             f"predicted {r['predicted_step_peak_bytes']}, ranks {r['ranks']}")
+    failures += check_planned_reductions(step, model)
+    return failures
+
+
+def check_planned_reductions(step, model):
+    """The plan places one all-reduce per gradient, after its compute, and
+    times them on the link calibration measured."""
+    failures = []
+    schedule = step.schedule
+    reduced = [node for action, node in schedule if action == "all_reduce"]
+    expected = sorted(f"grad:{name}" for name, _ in model.named_parameters())
+    if sorted(reduced) != expected:
+        failures.append(f"the plan all-reduces {sorted(reduced)}, not every gradient once")
+    for node in reduced:
+        computed = max(i for i, (a, n) in enumerate(schedule) if a == "compute" and n == node)
+        if schedule.index(("all_reduce", node)) < computed:
+            failures.append(f"{node} is all-reduced before its last compute")
+    c = step.report.get("collectives")
+    if (c is None or c["all_reduce"] != len(expected) or not c["network_measured"] or
+            not c["network_bytes_per_s"] > 0 or not c["network_latency_s"] >= 0 or
+            not c["predicted_network_busy_s"] > 0):
+        failures.append(f"report['collectives'] is {c}")
     return failures
 
 

@@ -28,7 +28,7 @@ from .. import _core
 from ._calibrate import calibrate, estimated
 from ._capture import CaptureError, propagate, trace
 from ._distributed import (GradientAverage, agree, broadcast_module, check_same_call,
-                           check_same_plan, same_on_every_rank)
+                           check_same_plan, measure_link, same_on_every_rank)
 from ._executor import FREE, PlanExecutionError, Program, draws_in_eager_order
 from ._graph import StepGraph
 from ._memory import AllocatorPeak, TensorMemory, allocated_where_profiled, measure, tensor_bytes
@@ -117,7 +117,10 @@ class TrainStep:
         over the ranks as soon as the backward is done with it (an
         asynchronous all-reduce), so every rank ends the step with the whole
         batch's gradients (equal slices, a mean loss) and, with `optimizer`,
-        the same parameters. A step that fails leaves the TrainStep
+        the same parameters. The plan places each all-reduce (an all_reduce
+        step) and times it on the ranks' link, which calibration measures
+        (rank 0's all-reduces of two sizes; the default link of
+        pebble.plan otherwise). A step that fails leaves the TrainStep
         refusing further calls.
       shard: "none" (each rank holds the whole model: data parallelism);
         sharding the parameters, gradients and state over the ranks
@@ -165,8 +168,14 @@ class TrainStep:
                 raise ValueError(f"{name}={value!r} saves no memory on the CPU device: give "
                                  "allow_cpu_offload=True to run it anyway (to test the path)")
         self._failed = None  # why a step failed, where that leaves the ranks out of step
+        # The ranks' link as the plan times it: (bytes/s, latency s), or None
+        # (pebble.plan's default link).
+        self.network = None
         if self.process_group is not None:
             broadcast_module(model, self.process_group)  # rank 0's weights, as DDP starts
+            if calibrate:  # Note [One plan on every rank]: rank 0's measurement
+                self.network = same_on_every_rank(
+                    measure_link(self.process_group, self.device), self.process_group)
         self._captures = {}  # signature -> _Capture, shared with replan()'s steps
         self._variants = {}  # signature -> _Variant (its capture and this step's plan)
         self._variant = self._variant_for(inputs, example_target)
@@ -425,6 +434,12 @@ class _Variant:
         kwargs = dict(policy=policy, budget=budget, host_budget=host_budget,
                       bandwidth=options["bandwidth"], time_limit=options["time_limit"],
                       seed=options["seed"])
+        group = self.step.process_group
+        if group is not None:  # the gradients' all-reduces (Note [Gradients averaged as they complete])
+            import torch.distributed as dist
+            kwargs["ranks"] = dist.get_world_size(group)
+            if self.step.network is not None:
+                kwargs["network"], kwargs["network_latency"] = self.step.network
         graph = self._with_updates(self.capture.free_graph)
         plan = _core.plan(graph, **kwargs)
         if plan.feasible and not self._draws_in_eager_order(plan):
@@ -617,6 +632,7 @@ class _Variant:
             "nodes": len(self.graph),
             "device": str(self.device),
             "ranks": self.program.sync.ranks if self.program.sync is not None else 1,
+            "predicted_time_s": r["makespan"],
             "traced_with": c.traced_with,
             "shapes_from": c.shapes_from,
             "unplanned_measured_peak_bytes": self.calibration.unplanned_peak_bytes,
@@ -624,6 +640,14 @@ class _Variant:
         if self.placement is not None:  # where the optimizer's state lives and its updates run
             report.update(self.placement.report())
             report["host_update_bytes_per_s"] = self.updates.host_bytes_per_s
+        if "collectives" in p.details:  # data parallelism: the plan's all-reduces
+            c = p.details["collectives"]
+            report["collectives"] = {
+                "all_reduce": c["all_reduce"], "bytes": c["bytes"],
+                "predicted_network_busy_s": c["network_busy"],
+                "network_bytes_per_s": c["network_bandwidth_bytes_per_s"],
+                "network_latency_s": c["network_latency_s"],
+                "network_measured": self.step.network is not None}
         if "step_budget_bytes" in info:
             report["step_budget_bytes"] = info["step_budget_bytes"]
         if "order" in info:

@@ -25,8 +25,9 @@ that reads, moves or frees that gradient's storage first waits for it. So
 each rank's gradient is the mean of the ranks' gradients: with equal slices
 and a mean loss, the gradient of the whole batch. The all-reduce runs while
 the plan goes on with the backward. It is one collective per gradient, in
-the plan's order (DDP groups gradients into 25 MB buckets); the plan does
-not model the network's time yet. gloo's worker thread lets go of a reduced
+the plan's order (DDP groups gradients into 25 MB buckets). The plan
+places them (its all_reduce steps, scheduler/collectives.h) and times them
+on the link measure_link measured. gloo's worker thread lets go of a reduced
 tensor a moment after wait() returns; where that is the last reference (a
 gradient the plan frees), the free happens in that thread, which PyTorch's
 CPU profiler does not watch: the CPU measurement of such a step can exceed
@@ -34,6 +35,8 @@ the plan although the memory is freed (docs/torch.md).
 """
 
 import hashlib
+import statistics
+import time
 
 import torch
 
@@ -84,6 +87,43 @@ class GradientAverage:
     def abandon(self):
         """After a failed run: nothing waits for the collectives in flight."""
         self.pending.clear()
+
+
+def measure_link(group, device, small=1 << 10, large=1 << 21, repeats=5):
+    """The ranks' link as pebble's simulator times an all-reduce (the ring's
+    2 (r - 1) latency + 2 (r - 1) / r bytes / bandwidth; AllReduceSeconds in
+    scheduler/simulator.h): this rank's median time of `repeats`
+    all-reduces of `small` and of `large` float32 elements on `device`,
+    solved for (bandwidth bytes/s, latency s). The latency is 0 where the
+    small one takes no longer per byte than the large one allows; None for
+    one rank, or a link too fast to time (pebble.plan's default then)."""
+    import torch.distributed as dist
+    ranks = dist.get_world_size(group)
+    if ranks < 2:
+        return None
+
+    def seconds(numel):
+        t = torch.ones(numel, dtype=torch.float32, device=device)
+        times = []
+        for run in range(repeats + 1):  # run 0 warms up (connections, buffers)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            start = time.perf_counter()
+            _collective("measuring the ranks' link", dist.all_reduce, t, group=group)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            if run > 0:
+                times.append(time.perf_counter() - start)
+        return statistics.median(times)
+
+    t_small, t_large = seconds(small), seconds(large)
+    per_byte = 2 * (ranks - 1) / ranks  # of the tensor's bytes, sent by each rank
+    slope = (t_large - t_small) / (4 * (large - small))  # seconds per byte of tensor
+    if not slope > 0:
+        return None
+    bandwidth = per_byte / slope
+    latency = max(0.0, (t_small - per_byte * 4 * small / bandwidth) / (2 * (ranks - 1)))
+    return bandwidth, latency
 
 
 def _failed(e, what="the all-reduce of a gradient"):

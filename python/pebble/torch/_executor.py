@@ -41,8 +41,9 @@ class PlanExecutionError(RuntimeError):
     """A step of the plan cannot run (a bug, or PyTorch refusing a kernel)."""
 
 
-COMPUTE, FREE, OFFLOAD, PREFETCH, FOREIGN = range(5)
-_ACTIONS = {"compute": COMPUTE, "free": FREE, "offload": OFFLOAD, "prefetch": PREFETCH}
+COMPUTE, FREE, OFFLOAD, PREFETCH, FOREIGN, REDUCE = range(6)
+_ACTIONS = {"compute": COMPUTE, "free": FREE, "offload": OFFLOAD, "prefetch": PREFETCH,
+            "all_reduce": REDUCE}
 
 
 class StepResult:
@@ -125,14 +126,7 @@ class Program:
                                          "graph")
             self.steps.append((kind, node))
         self.keep_siblings = self._fusions()
-        # Step index -> the gradients whose all-reduce starts after it; a
-        # storage root -> the gradients in it (with `sync` only).
-        self.reduce_after, self.gradients_in = {}, {}
-        if sync is not None:
-            self.reduce_after = self._reductions()
-            for g in self.gradients:
-                root = _root_of(graph, graph.nodes[g]).index
-                self.gradients_in.setdefault(root, []).append(g)
+        self._check_reductions()
         # call_hook(node, run) -> run(): wraps each call (calibration measures it).
         self.call_hook = None
         self.streams = streams if streams is not None else (
@@ -148,50 +142,25 @@ class Program:
                     v.shape, v.stride(), dtype=v.dtype, device="cpu",
                     pin_memory=device.type == "cuda")
 
-    def _reductions(self):
-        """Where each gradient's all-reduce starts (Note [Gradients averaged as
-        they complete], _distributed.py): after the step that computes it,
-        or after the last later step of the backward that reads its storage
-        (a gradient the backward also uses, as autograd returns one tensor
-        for both operands of `x + p`), so that the backward reads the rank's
-        own value. PlanExecutionError for a gradient that cannot be averaged
-        in place, or that the optimizer's steps or a copy would read before
-        the backward is done with it."""
-        roots = {n.index: _root_of(self.graph, n).index for n in self.graph.nodes}
-        for g in self.gradients:
-            node, root = self.graph.nodes[g], self.graph.nodes[roots[g]]
+    def _check_reductions(self):
+        """PlanExecutionError for an all_reduce step without a process group
+        (or a group without the plan's all-reduces), or on a tensor that
+        cannot be averaged in place: a gradient neither contiguous nor the
+        whole of a contiguous storage. The plan places the steps
+        (scheduler/collectives.h); the simulator checked their order."""
+        reduced = [node for kind, node in self.steps if kind == REDUCE]
+        if (self.sync is None) != (not reduced) and self.gradients:
+            raise PlanExecutionError(
+                "internal: the plan's all-reduces do not match the process group "
+                f"({len(reduced)} all_reduce steps, process group "
+                f"{'given' if self.sync is not None else 'none'})")
+        for node in reduced:
+            root = _root_of(self.graph, node)
             if not node.value.is_contiguous() and not (
                     root.value.is_contiguous() and root.value.numel() == node.value.numel()):
                 raise PlanExecutionError(f"gradient '{node.id}' is not contiguous, nor the whole "
                                          "of a contiguous storage: pebble.torch cannot "
                                          "all-reduce it in place")
-        reads = [{roots[u.index] for u in node.inputs} if kind == COMPUTE else ()
-                 for kind, node in self.steps]  # the storages each compute step reads
-        reduce_after = {}
-        for i, (kind, node) in enumerate(self.steps):
-            if kind != COMPUTE or node.index not in self.gradients:
-                continue
-            root, last, between = roots[node.index], i, []
-            for j in range(i + 1, len(self.steps)):
-                kind2, other = self.steps[j]
-                if kind2 == FOREIGN:
-                    between.append(j)
-                    continue
-                if (kind2 in (FREE, COMPUTE) and other.index == root) or other is node:
-                    # Its storage freed or made again, or the gradient itself
-                    # freed (a view: the all-reduce must start while it is
-                    # resident) or recomputed, which averages again.
-                    break
-                if kind2 == OFFLOAD and roots[other.index] == root:
-                    between.append(j)
-                if root in reads[j]:
-                    last = j
-            if any(j <= last for j in between):
-                raise PlanExecutionError(f"gradient '{node.id}' is read by the backward after the "
-                                         "plan copies it or runs an update that reads it: it "
-                                         "cannot be averaged over the ranks in between")
-            reduce_after.setdefault(last, []).append(node)
-        return reduce_after
 
     def _fusions(self):
         """For each compute step of a node of several-output call, the sibling
@@ -235,10 +204,10 @@ class Program:
                     state.offload(node)
                 elif kind == PREFETCH:
                     state.prefetch(node)
+                elif kind == REDUCE:
+                    state.reduce(node)
                 else:
                     self.foreign.step(*node, state)
-                for gradient in self.reduce_after.get(i, ()):
-                    state.reduce(gradient)
             state.finish()
             if self.foreign is not None:
                 self.foreign.finish(state)
@@ -288,7 +257,6 @@ class _RunState:
         self.ready, self.offloaded = {}, {}
         self.copied_out = {}  # node index -> its last offload's event, until the host reads it
         self.dropped = {}  # persistent node index -> node, freed and not prefetched back yet
-        self.averaged = set()  # gradients averaged over the ranks in this run
         self.timing = timing
         if timing:
             self.result.node_seconds = {}
@@ -322,13 +290,9 @@ class _RunState:
             self.program.sync.settle(self._root(node).index)
 
     def reduce(self, node):
-        """Starts the all-reduce of the gradient `node`: the tensor itself, or
-        where it is a view that is not contiguous, its whole storage's
-        tensor (Program._reductions checked which). Not where it was
-        averaged already in this run and its storage not made again since
-        (a view of it computed again)."""
-        if node.index in self.averaged:
-            return
+        """Starts the all-reduce of the gradient `node` (an all_reduce step):
+        the tensor itself, or where it is a view that is not contiguous, its
+        whole storage's tensor (Program._check_reductions checked which)."""
         root = self._root(node)
         t = self.live[node.index]
         if t is not None and not t.is_contiguous():
@@ -336,7 +300,6 @@ class _RunState:
         if t is None:
             raise PlanExecutionError(f"internal: gradient '{node.id}' is not resident when its "
                                      "all-reduce starts")
-        self.averaged.add(node.index)
         self.program.sync.start(root.index, t)
 
     def hold(self, nbytes, workspace=0):
@@ -441,8 +404,6 @@ class _RunState:
                                              self.resident + workspace)
         self.result.computes += 1
         self.computed.add(node.index)
-        if node.alias_of is None and self.averaged:  # a fresh storage: the rank's own values
-            self.averaged.difference_update(self.program.gradients_in.get(node.index, ()))
 
     def _run_call(self, node):
         """The value of node's call (all its outputs), its folded in-place calls

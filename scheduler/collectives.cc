@@ -1,0 +1,176 @@
+#include "scheduler/collectives.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
+#include "scheduler/budget.h"
+#include "graph/status.h"
+#include "graph/text_input.h"
+
+namespace pebble {
+
+namespace {
+
+struct NetworkPreset {
+  absl::string_view name;
+  NetworkLink link;
+};
+constexpr NetworkPreset kNetworkPresets[] = {
+    {"ethernet-10g", {1.25e9, 25e-6}}, {"ethernet-100g", {12.5e9, 10e-6}},
+    {"ib-hdr", {25e9, 5e-6}},          {"ib-ndr", {50e9, 5e-6}},
+    {"nvlink4", {450e9, 3e-6}}};
+
+}  // namespace
+
+absl::StatusOr<NetworkLink> ParseNetwork(absl::string_view text) {
+  const std::string lower = absl::AsciiStrToLower(absl::StripAsciiWhitespace(text));
+  for (const NetworkPreset& p : kNetworkPresets) {
+    if (lower == p.name) return p.link;
+  }
+  absl::StatusOr<double> rate = ParseByteRate(text);
+  if (!rate.ok() || !(*rate > 0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "invalid network ", Quote(text), ": expected bytes per second (12.5e9, 10GB) or a "
+        "preset (ethernet-10g, ethernet-100g, ib-hdr, ib-ndr, nvlink4)"));
+  }
+  NetworkLink link;
+  link.bandwidth_bytes_per_s = *rate;
+  return link;
+}
+
+std::vector<NodeId> GradientsToReduce(const Graph& graph) {
+  std::vector<NodeId> gradients;
+  for (NodeId p = 0; p < graph.num_nodes(); ++p) {
+    if (!graph.persistent(p) || graph.role(p) != Role::kParameter) continue;
+    const NodeId g = graph.Find(absl::StrCat("grad:", graph.id(p)));
+    if (g != kNoNode && !graph.persistent(g) && graph.needed()[g]) gradients.push_back(g);
+  }
+  std::sort(gradients.begin(), gradients.end());
+  return gradients;
+}
+
+namespace {
+
+// Note [Where a gradient is reduced]. DistributedDataParallel's rule: a
+// gradient is all-reduced as soon as autograd has completed it, while the
+// backward goes on. In a plan, "completed" is after the gradient's last
+// compute, and "the backward is done with it" is after the last compute
+// that reads its storage and is no optimizer update: autograd may hand one
+// tensor to two consumers (the gradients of both operands of x + p), and
+// the backward must read the rank's own value there. The all-reduce must
+// also come before the first step that copies its storage to the host,
+// frees the gradient, or updates from it: past those, the host copy, the
+// freed memory or the update would miss the sum. Where the backward still
+// reads the storage after such a step, no place is right: an error.
+absl::StatusOr<size_t> ReducePosition(const Graph& graph, const Schedule& schedule,
+                                      NodeId gradient) {
+  const NodeId root = graph.storage(gradient);
+  const size_t n = schedule.steps.size();
+  size_t last_compute = n;
+  for (size_t k = 0; k < n; ++k) {
+    const Step& s = schedule.steps[k];
+    if (s.action == Action::kCompute && s.node == gradient) last_compute = k;
+  }
+  if (last_compute == n) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "gradient ", Quote(graph.id(gradient)), " is never computed by the schedule"));
+  }
+  auto reads_storage = [&](NodeId w) {
+    for (NodeId u : graph.unique_inputs(w)) {
+      if (graph.storage(u) == root) return true;
+    }
+    return false;
+  };
+  size_t after = last_compute;
+  bool closed = false;  // a copy, free or update of the storage came
+  for (size_t k = last_compute + 1; k < n; ++k) {
+    const Step& s = schedule.steps[k];
+    const bool on_storage = graph.storage(s.node) == root;
+    const bool closes =
+        (s.action == Action::kOffload && on_storage) ||
+        (s.action == Action::kFree && (s.node == gradient || s.node == root)) ||
+        ((s.action == Action::kCompute || s.action == Action::kHostCompute) &&
+         graph.role(s.node) == Role::kUpdate && reads_storage(s.node));
+    if (closes) closed = true;
+    const bool backward_read = s.action == Action::kCompute && !graph.in_place(s.node) &&
+                               !graph.is_alias(s.node) && reads_storage(s.node);
+    if (!backward_read) continue;
+    if (closed) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "gradient ", Quote(graph.id(gradient)), " is read by ", Quote(graph.id(s.node)),
+          " (step ", k, ") after the schedule copied, freed or updated from it: no point of "
+          "the schedule can sum it over the ranks"));
+    }
+    after = k;
+  }
+  return after;
+}
+
+}  // namespace
+
+absl::StatusOr<Schedule> ReduceGradients(const Graph& graph, const Schedule& schedule) {
+  std::vector<std::pair<size_t, NodeId>> inserts;  // (after step, gradient)
+  for (NodeId g : GradientsToReduce(graph)) {
+    ASSIGN_OR_RETURN(size_t after, ReducePosition(graph, schedule, g));
+    inserts.emplace_back(after, g);
+  }
+  std::stable_sort(inserts.begin(), inserts.end(),
+                   [](const auto& a, const auto& b) { return a.first < b.first; });
+  Schedule out;
+  out.steps.reserve(schedule.steps.size() + inserts.size());
+  size_t next = 0;
+  for (size_t k = 0; k < schedule.steps.size(); ++k) {
+    out.steps.push_back(schedule.steps[k]);
+    for (; next < inserts.size() && inserts[next].first == k; ++next) {
+      out.steps.push_back({Action::kAllReduce, inserts[next].second});
+    }
+  }
+  return out;
+}
+
+namespace {
+
+class GradientReductionPlanner : public Planner {
+ public:
+  explicit GradientReductionPlanner(std::unique_ptr<Planner> inner) : inner_(std::move(inner)) {}
+
+  absl::StatusOr<PlanResult> Plan(const Graph& graph,
+                                  const PlannerOptions& options) const override {
+    if (options.ranks <= 1) return inner_->Plan(graph, options);
+    // One rank's plan: a policy that plans with others (hybrid, checkmate's
+    // warm starts) makes them through MakePlanner, wrapped too, and the
+    // all-reduces are added once, here.
+    PlannerOptions one_rank = options;
+    one_rank.ranks = 1;
+    ASSIGN_OR_RETURN(PlanResult planned, inner_->Plan(graph, one_rank));
+    ASSIGN_OR_RETURN(Schedule schedule, ReduceGradients(graph, planned.schedule));
+    ASSIGN_OR_RETURN(PlanResult result, FinishPlan(graph, std::move(schedule), options));
+    // The all-reduces move no memory: the inner plan's verdict and notes
+    // stand, its figures are replaced by those with the network's time.
+    result.message = std::move(planned.message);
+    result.details = std::move(planned.details);
+    const PlanReport& r = result.report;
+    result.details["collectives"] = {
+        {"ranks", options.ranks},
+        {"all_reduce", r.collectives},
+        {"bytes", r.collective_bytes},
+        {"network_busy", r.network_busy},
+        {"network_bandwidth_bytes_per_s", options.network.bandwidth_bytes_per_s},
+        {"network_latency_s", options.network.latency_s}};
+    return result;
+  }
+
+ private:
+  std::unique_ptr<Planner> inner_;
+};
+
+}  // namespace
+
+std::unique_ptr<Planner> WithGradientReduction(std::unique_ptr<Planner> inner) {
+  return std::make_unique<GradientReductionPlanner>(std::move(inner));
+}
+
+}  // namespace pebble
