@@ -929,4 +929,52 @@ int FinishStdout(int exit_code) {
   return 1;
 }
 
+void RankFlags::AddOptions(CLI::App* cmd) {
+  cmd->add_option("--ranks", ranks,
+                  "data-parallel ranks running the plan, each on its own slice of the batch "
+                  "(default 1); above 1 every parameter's gradient is summed over them by "
+                  "an all_reduce step after the backward's last use, and the figures are one "
+                  "rank's (docs/semantics.md, \"Collectives across ranks\")")
+      ->check(IntegerIn(1, 1 << 20));
+  cmd->add_option("--network", network,
+                  "the ranks' link: bytes/s, or a preset: ethernet-10g, ethernet-100g "
+                  "(12.5e9 and 10 us, the default), ib-hdr, ib-ndr, nvlink4")
+      ->check(NetworkValue());
+  cmd->add_option("--network-latency", latency_s,
+                  "seconds per message on the ranks' link (default: the preset's, else 10e-6)")
+      ->check(CLI::Validator(
+          [](std::string& text) -> std::string {
+            double value = 0;
+            if (ParseDecimal(text, &value) && value >= 0) return "";
+            return absl::StrCat("must be a non-negative number of seconds, got ", Quote(text));
+          },
+          "SECONDS"));
+  cmd->add_option("--shard", shard,
+                  "none (data parallelism: every rank holds the whole model) or full "
+                  "(ZeRO-3 / FSDP FULL_SHARD: parameters, gradients and optimizer state in "
+                  "1/ranks shards, each parameter gathered where read, each gradient "
+                  "reduce-scattered; the plan decides when to gather again; needs --ranks 2 "
+                  "or more; docs/semantics.md, \"Sharding\")")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"none", "full"}));
+}
+
+absl::Status RankFlags::Apply(int* ranks_out, NetworkLink* link) const {
+  *ranks_out = ranks;
+  if (!network.empty()) {
+    ASSIGN_OR_RETURN(*link, ParseNetwork(network));
+  }
+  if (latency_s >= 0) link->latency_s = latency_s;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Graph> RankFlags::Sharded(absl::StatusOr<Graph> graph) const {
+  if (!graph.ok() || shard == "none") return graph;
+  if (ranks < 2) return UsageError("--shard full: give --ranks 2 or more");
+  NetworkLink link;
+  int unused = 0;
+  RETURN_IF_ERROR(Apply(&unused, &link));
+  return ShardGraph(*graph, ranks, link);
+}
+
 }  // namespace pebble::cli

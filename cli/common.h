@@ -186,6 +186,22 @@ std::string OverheadPercent(double overhead);
 // Prints a JSON document on stdout (2-space indent).
 void PrintJson(const nlohmann::json& doc);
 
+// Several ranks (--ranks, --network, --network-latency, --shard): plan,
+// compare, simulate and fit take them (docs/cli.md).
+struct RankFlags {
+  int ranks = 1;
+  std::string network;    // empty: NetworkLink's default
+  double latency_s = -1;  // < 0: the link's own
+  std::string shard = "none";
+
+  void AddOptions(CLI::App* cmd);
+  // Sets `ranks_out` and `link` from the flags.
+  absl::Status Apply(int* ranks_out, NetworkLink* link) const;
+  // The graph as one rank runs it: `graph` itself, or sharded (ShardGraph)
+  // with --shard full (a usage error without --ranks 2 or more).
+  absl::StatusOr<Graph> Sharded(absl::StatusOr<Graph> graph) const;
+};
+
 // A plain text table: a header row, then rows; columns whose cells all look
 // numeric are right-aligned.
 class Table {

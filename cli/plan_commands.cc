@@ -29,40 +29,6 @@
 namespace pebble::cli {
 namespace {
 
-// Data parallelism (--ranks, --network, --network-latency): plan, compare
-// and simulate take them.
-struct RankFlags {
-  int ranks = 1;
-  std::string network;  // empty: NetworkLink's default
-  double latency_s = -1;  // < 0: the link's own
-
-  void AddOptions(CLI::App* cmd) {
-    cmd->add_option("--ranks", ranks,
-                    "data-parallel ranks running the plan, each on its own slice of the batch "
-                    "(default 1); above 1 every parameter's gradient is summed over them by "
-                    "an all_reduce step after the backward's last use, and the figures are one "
-                    "rank's (docs/semantics.md, \"Collectives across ranks\")")
-        ->check(IntegerIn(1, 1 << 20));
-    cmd->add_option("--network", network,
-                    "the ranks' link: bytes/s, or a preset: ethernet-10g, ethernet-100g "
-                    "(12.5e9 and 10 us, the default), ib-hdr, ib-ndr, nvlink4")
-        ->check(NetworkValue());
-    cmd->add_option("--network-latency", latency_s,
-                    "seconds per message on the ranks' link (default: the preset's, else 10e-6)")
-        ->check(NumberAbove(-1e-300, "a non-negative number of seconds"));
-  }
-
-  // Sets `ranks` and `link` from the flags.
-  absl::Status Apply(int* ranks_out, NetworkLink* link) const {
-    *ranks_out = ranks;
-    if (!network.empty()) {
-      ASSIGN_OR_RETURN(*link, ParseNetwork(network));
-    }
-    if (latency_s >= 0) link->latency_s = latency_s;
-    return absl::OkStatus();
-  }
-};
-
 // Options shared by plan and compare.
 struct PlanFlags {
   GraphSource source;
@@ -136,14 +102,15 @@ struct PlanFlags {
   }
 };
 
-// The human summary of a report, shared by plan and simulate; times in
-// `unit`, the makespan said modelled or measured.
-int HostComputeSteps(const Schedule& schedule) {
+// How many steps of `schedule` take `action`.
+int CountSteps(const Schedule& schedule, Action action) {
   int n = 0;
-  for (const Step& step : schedule.steps) n += step.action == Action::kHostCompute;
+  for (const Step& step : schedule.steps) n += step.action == action;
   return n;
 }
 
+// The human summary of a report, shared by plan and simulate; times in
+// `unit`, the makespan said modelled or measured.
 void PrintReport(const Graph& g, const Schedule& schedule, const PlanReport& r,
                  const CostUnit& unit) {
   std::string peak_at =
@@ -169,11 +136,12 @@ void PrintReport(const Graph& g, const Schedule& schedule, const PlanReport& r,
             << (r.host_compute_cost > 0
                     ? absl::StrFormat("  host updates    %s on the host stream (%d steps)\n",
                                       unit.Amount(r.host_compute_cost),
-                                      HostComputeSteps(schedule))
+                                      CountSteps(schedule, Action::kHostCompute))
                     : std::string())
             << (r.collectives > 0
-                    ? absl::StrFormat("  collectives     %d all-reduces of %s, network busy %s\n",
-                                      r.collectives, FormatBytes(r.collective_bytes),
+                    ? absl::StrFormat("  collectives     %d (%d all-reduces) of %s, network busy %s\n",
+                                      r.collectives, CountSteps(schedule, Action::kAllReduce),
+                                      FormatBytes(r.collective_bytes),
                                       unit.Amount(r.network_busy))
                     : std::string())
             << absl::StrFormat("  makespan        %s (compute stream busy %s)\n",
@@ -204,7 +172,7 @@ int RunPlan(const PlanFlags& f, bool timeline, bool with_layout, const std::stri
     return Fail(s);
   }
   WorkspaceQueryStats workspace;
-  auto graph = f.source.Load(&workspace);
+  auto graph = f.rank_flags.Sharded(f.source.Load(&workspace));
   if (!graph.ok()) return Fail(graph.status());
   PlanRequest request;
   auto options = f.Options();
@@ -296,7 +264,7 @@ int RunPlan(const PlanFlags& f, bool timeline, bool with_layout, const std::stri
 int RunSimulate(const GraphSource& source, const std::string& schedule_path,
                 const std::string& bandwidth, const RankFlags& rank_flags, bool timeline,
                 bool json) {
-  auto graph = source.Load();
+  auto graph = rank_flags.Sharded(source.Load());
   if (!graph.ok()) return Fail(graph.status());
   auto schedule = ReadScheduleFile(*graph, schedule_path);
   if (!schedule.ok()) return Fail(schedule.status());
@@ -532,7 +500,7 @@ int RunCompare(const PlanFlags& f, const std::string& budgets_text,
       !s.ok()) {
     return Fail(s);
   }
-  auto graph = f.source.Load();
+  auto graph = f.rank_flags.Sharded(f.source.Load());
   if (!graph.ok()) return Fail(graph.status());
   CompareRequest request;
   request.jobs = jobs;

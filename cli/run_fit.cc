@@ -47,6 +47,7 @@ struct FitFlags {
   bool verify = false;
   bool json = false;
   std::string workspace = "auto";  // query with --verify, else graph
+  RankFlags rank_flags;
 };
 
 // A row of the library's search, and its measurement under --verify.
@@ -143,6 +144,18 @@ int RunFit(const FitFlags& f) {
   request.options.time_limit_s = std::min(kFitPlanTimeLimitS, f.time_limit_s);
   request.time_limit_s = f.time_limit_s;
   request.options.own_order = f.own_order;
+  if (absl::Status s = f.rank_flags.Apply(&request.options.ranks, &request.options.network);
+      !s.ok()) {
+    return Fail(s);
+  }
+  if (f.rank_flags.ranks > 1 && f.verify) {
+    return Fail(UsageError("--verify runs one rank on the backend: not with --ranks"));
+  }
+  if (f.rank_flags.shard == "full") {
+    const RankFlags& ranks = f.rank_flags;
+    request.transform_model = [&ranks](const Graph& g) { return ranks.Sharded(g); };
+    if (ranks.ranks < 2) return Fail(UsageError("--shard full: give --ranks 2 or more"));
+  }
   const bool report_progress = !f.json && !f.quiet;
   FitProgressLine progress_line(f.vary, isatty(STDERR_FILENO) != 0);
   if (report_progress) {
@@ -235,12 +248,21 @@ int RunFit(const FitFlags& f) {
       if (!naive_error.empty()) doc["naive"]["note"] = naive_error;
     }
     if (f.verify) doc["backend"] = f.backend;
+    if (f.rank_flags.ranks > 1) {
+      doc["ranks"] = f.rank_flags.ranks;
+      doc["shard"] = f.rank_flags.shard;
+    }
     PrintJson(doc);
     return 0;
   }
 
-  std::cout << absl::StrFormat("fit %s: the largest %s whose training step fits %s (%d bytes)\n\n",
-                               spec->ToString(), f.vary, FormatBytes(budget), budget);
+  const std::string per_rank =
+      f.rank_flags.ranks > 1
+          ? absl::StrFormat(" on each of %d ranks (%s)", f.rank_flags.ranks,
+                            f.rank_flags.shard == "full" ? "sharded" : "data parallel")
+          : std::string();
+  std::cout << absl::StrFormat("fit %s: the largest %s whose training step fits %s (%d bytes)%s\n\n",
+                               spec->ToString(), f.vary, FormatBytes(budget), budget, per_rank);
   std::vector<std::string> header = {"policy", "kind", f.vary, "predicted peak", "overhead",
                                      "transferred"};
   if (f.verify) {
@@ -344,6 +366,7 @@ void AddFitCommand(CLI::App& app, int& exit_code) {
   fit->add_option("--bandwidth", flags.bandwidth,
                   "host link bytes/s, or pcie4 (25e9, the default), pcie5, nvlink-c2c")
       ->check(BandwidthValue());
+  flags.rank_flags.AddOptions(fit);
   AddQuietFlag(fit, flags.quiet);
   AddOwnOrderFlag(fit, flags.own_order);
   fit->add_option("--time-limit", flags.time_limit_s,

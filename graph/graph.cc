@@ -308,6 +308,11 @@ absl::StatusOr<Graph> GraphBuilder::Build() const {
       return NodeError(s.id, absl::StrCat("'host_cost' must be a non-negative finite number, "
                                           "got ", *s.host_cost));
     }
+    if (s.collective && (s.persistent || s.alias_of.has_value() || s.workspace != 0 ||
+                         s.inputs.size() != 1)) {
+      return NodeError(s.id, "a collective ('collective') reads one input into a tensor of its "
+                             "own: it is not persistent, no alias and has no workspace");
+    }
     if (s.in_place && !s.alias_of.has_value()) {
       return NodeError(s.id, "an in-place node ('in_place') needs 'alias_of': the storage "
                              "it writes");
@@ -378,6 +383,8 @@ absl::StatusOr<Graph> GraphBuilder::Build() const {
     g.runs_on_.push_back(s.runs_on.value_or(Tier::kDevice));
     g.host_costs_.push_back(s.host_cost);
     if (s.host_cost.has_value()) ++g.num_host_costs_;
+    g.collective_.push_back(s.collective ? 1 : 0);
+    if (s.collective) ++g.num_collectives_;
     if (s.runs_on == Tier::kAuto) ++g.num_auto_runs_on_;
     if (s.home.has_value()) ++g.num_homes_;
     if (s.home == Tier::kAuto) ++g.num_auto_homes_;
@@ -534,6 +541,7 @@ NodeSpec SpecOf(const Graph& graph, NodeId v) {
   s.in_place = graph.in_place(v);
   if (graph.runs_on(v) != Tier::kDevice) s.runs_on = graph.runs_on(v);
   s.host_cost = graph.host_cost(v);
+  s.collective = graph.collective(v);
   return s;
 }
 

@@ -124,6 +124,12 @@ struct NodeSpec {
   // its time on the host in the graph's cost unit.
   std::optional<Tier> runs_on;
   std::optional<double> host_cost;
+  // A collective that the ranks run together on their network (an
+  // all-gather of a sharded parameter, a reduce-scatter of a gradient;
+  // docs/semantics.md, "Sharding"): computed on the network stream, its
+  // `cost` the network's time. Not persistent, no alias, no workspace, one
+  // input.
+  bool collective = false;
 };
 
 class Graph {
@@ -173,6 +179,9 @@ class Graph {
   // : kDevice; everything else unchanged.
   Graph WithAutoRunsOnAs(const std::function<bool(NodeId)>& on_host) const;
   NodeId version(NodeId v) const { return versions_[v]; }
+  // collective(v): the node runs on the ranks' network (NodeSpec::collective).
+  bool collective(NodeId v) const { return collective_[v] != 0; }
+  bool has_collectives() const { return num_collectives_ > 0; }
   bool has_homes() const { return num_homes_ > 0; }
   bool has_auto_homes() const { return num_auto_homes_ > 0; }
   // This graph with each auto home v replaced by tier_of(v), which must be
@@ -247,6 +256,8 @@ class Graph {
   std::vector<Tier> runs_on_;
   std::vector<std::optional<double>> host_costs_;
   int num_host_costs_ = 0;
+  std::vector<uint8_t> collective_;
+  int num_collectives_ = 0;
   int num_auto_runs_on_ = 0;
   std::vector<NodeId> versions_;
   int num_homes_ = 0;
@@ -291,8 +302,9 @@ class GraphBuilder {
   // a storage that is not persistent, or whose alias_of is neither the base
   // nor an in-place node, two in-place nodes writing after the same one, a
   // runs_on or host_cost on a node that is not in place, a runs_on host or
-  // auto without a host_cost, a host_cost that is negative or not finite.
-  // A repeated output id counts once.
+  // auto without a host_cost, a host_cost that is negative or not finite, a
+  // collective that is persistent, an alias, has a workspace or has not
+  // exactly one input. A repeated output id counts once.
   absl::StatusOr<Graph> Build() const;
 
  private:

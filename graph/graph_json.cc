@@ -35,9 +35,10 @@ constexpr int64_t kVersion = 1;
 
 constexpr std::array<absl::string_view, 5> kTopLevelKeys = {
     "format", "version", "name", "nodes", "outputs"};
-constexpr std::array<absl::string_view, 16> kNodeKeys = {
+constexpr std::array<absl::string_view, 17> kNodeKeys = {
     "id",    "op",    "bytes", "cost",     "inputs",  "alias_of",  "workspace", "persistent",
-    "role",  "shape", "dtype", "attrs",    "home",    "in_place",  "runs_on",   "host_cost"};
+    "role",  "shape", "dtype", "attrs",    "home",    "in_place",  "runs_on",   "host_cost",
+    "collective"};
 
 // A JSON value as shown after "got": its text, cut.
 std::string Shown(const Json& v) {
@@ -192,6 +193,13 @@ absl::StatusOr<NodeSpec> ParseNode(const Json& node, size_t index) {
                         absl::StrCat("must be true or false, got ", Shown(*it)));
     }
     spec.in_place = it->get<bool>();
+  }
+  if (auto it = node.find("collective"); it != node.end()) {
+    if (!it->is_boolean()) {
+      return FieldError(where, "collective",
+                        absl::StrCat("must be true or false, got ", Shown(*it)));
+    }
+    spec.collective = it->get<bool>();
   }
   if (auto it = node.find("runs_on"); it != node.end()) {
     ASSIGN_OR_RETURN(std::string name, ReadString(*it, where, "runs_on"));
@@ -412,6 +420,7 @@ OrderedJson NodeToJson(const Graph& graph, NodeId v) {
   if (graph.in_place(v)) node["in_place"] = true;
   if (graph.runs_on(v) != Tier::kDevice) node["runs_on"] = std::string(TierName(graph.runs_on(v)));
   if (graph.host_cost(v).has_value()) node["host_cost"] = *graph.host_cost(v);
+  if (graph.collective(v)) node["collective"] = true;
   const Role default_role = graph.persistent(v) ? Role::kInput : Role::kForward;
   if (graph.role(v) != default_role) {
     node["role"] = std::string(RoleName(graph.role(v)));

@@ -36,6 +36,7 @@
 #include "graph/text_input.h"
 #include "python/convert.h"
 #include "python/python_policy.h"
+#include "scheduler/collectives.h"
 #include "scheduler/budget.h"
 #include "scheduler/plan_api.h"
 #include "scheduler/planner.h"
@@ -95,7 +96,9 @@ PyPlan PlanPy(const py::object& graph_arg, const py::object& policy, const py::o
 py::list ComparePy(const py::object& graph_arg, const py::object& policies,
                    const py::object& budgets, const py::object& host_budget,
                    const py::object& bandwidth, const py::object& time_limit,
-                   const py::object& seed, const py::object& jobs, const py::object& own_order) {
+                   const py::object& seed, const py::object& jobs, const py::object& own_order,
+                   const py::object& ranks, const py::object& network,
+                   const py::object& network_latency) {
   const Graph& graph = GraphArg(graph_arg);
   PlanningCall call;
   CompareRequest request;
@@ -109,6 +112,7 @@ py::list ComparePy(const py::object& graph_arg, const py::object& policies,
     }
   }
   request.options = Options(host_budget, bandwidth, time_limit, seed, own_order);
+  RankOptions(ranks, network, network_latency, &request.options.ranks, &request.options.network);
   call.Attach(request.options);
   absl::StatusOr<Comparison> comparison =
       call.Run([&] { return pebble::Compare(graph, request); });
@@ -271,6 +275,20 @@ PYBIND11_MODULE(_core, m) {
       "'sgd', 'adam' or 'adamw' with settings, e.g. 'adam:lr=1e-3,weight_decay=0'. "
       "host_bytes_per_s: the host's rate for the host_cost of updates that may run on the "
       "host (bytes read and written per second; default pebble's cost model's, 10e9).");
+  m.def("shard", [](const py::object& training, const py::object& ranks,
+                    const py::object& network, const py::object& network_latency) {
+        const Graph& graph = GraphArg(training);
+        int n = 1;
+        NetworkLink link;
+        RankOptions(ranks, network, network_latency, &n, &link);
+        return Unwrap(ShardGraph(graph, n, link));
+      }, py::arg("graph"), py::arg("ranks"), py::arg("network") = py::none(),
+      py::arg("network_latency") = py::none(),
+      "The training graph as one of `ranks` ranks runs it sharded (--shard full: ZeRO-3 / "
+      "FSDP FULL_SHARD): parameters, gradients and optimizer state in shards, a collective "
+      "'gather:p' before each parameter's use and a reduce-scatter of each gradient, timed on "
+      "the network (a preset or bytes/s; network_latency in seconds). Plan it with "
+      "plan(..., ranks=ranks); policy 'fsdp' is FSDP's own rule.");
 
   py::class_<PyPlan>(m, "Plan", "What plan() returns.", py::is_final(),
                      py::custom_type_setup([](PyHeapTypeObject* type) {
@@ -309,7 +327,8 @@ PYBIND11_MODULE(_core, m) {
   m.def("compare", &ComparePy, py::arg("graph"), py::arg("policies") = py::none(),
         py::arg("budgets") = py::none(), py::arg("host_budget") = py::none(),
         py::arg("bandwidth") = py::none(), py::arg("time_limit") = 60.0, py::arg("seed") = 0,
-        py::arg("jobs") = 0, py::arg("own_order") = false,
+        py::arg("jobs") = 0, py::arg("own_order") = false, py::arg("ranks") = 1,
+        py::arg("network") = py::none(), py::arg("network_latency") = py::none(),
         "Every policy at every budget: one dict a row, the rows of `compare --format json`.");
   m.def("fit", &FitPy, py::arg("model"), py::arg("vary"), py::arg("budget"),
         py::arg("policies") = py::none(), py::arg("start") = 1, py::arg("max") = 0,

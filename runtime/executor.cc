@@ -163,6 +163,11 @@ absl::Status CheckRunnable(const Graph& graph, const Schedule& schedule, const B
   for (NodeId v = 0; v < graph.num_nodes(); ++v) touched[v] = graph.persistent(v);
   for (const Step& step : schedule.steps) touched[step.node] = 1;
   for (NodeId v = 0; v < graph.num_nodes(); ++v) {
+    if (touched[v] && graph.collective(v)) {
+      return absl::UnimplementedError(absl::StrCat(
+          "node ", Quote(graph.id(v)), " is a collective (", graph.op(v), "): the C++ runtime "
+          "runs one rank and has no collectives yet (a sharded plan is simulated, not run)"));
+    }
     if (touched[v]) RETURN_IF_ERROR(CheckTensorSlot(graph, v));
   }
   for (NodeId v = 0; v < graph.num_nodes(); ++v) {

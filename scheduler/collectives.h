@@ -15,14 +15,11 @@
 
 namespace pebble {
 
-// The gradients data parallelism sums: for each parameter p (a persistent
-// node of role parameter), the node "grad:p" (SPEC section 3's name) where
-// it exists and is computed (not persistent), in the graph's id order.
-std::vector<NodeId> GradientsToReduce(const Graph& graph);
-
-// `schedule` with an all_reduce of each of GradientsToReduce(graph) right
+// `schedule` with an all_reduce of each of GradientsToReduce(graph)
+// (scheduler/simulator.h) right
 // after the step that completes it: its last compute, or the last later
-// compute of the backward (no in-place update) that reads its storage,
+// compute of the backward (no in-place update, no view) that reads its
+// storage,
 // whichever comes later; and before anything copies, frees or updates from
 // that storage. So the all-reduce overlaps the rest of the backward, and
 // the backward reads each rank's own gradient (Note [Where a gradient is
@@ -38,10 +35,24 @@ absl::StatusOr<Schedule> ReduceGradients(const Graph& graph, const Schedule& sch
 // latency. InvalidArgument names the text and the presets.
 absl::StatusOr<NetworkLink> ParseNetwork(absl::string_view text);
 
+// Note [Sharded graphs] in collectives.cc: `training` (a training graph,
+// with or without an optimizer's step) as one rank of `ranks` runs it
+// under ZeRO-3 / FSDP FULL_SHARD's layout. Each parameter p with a
+// gradient keeps only its shard (ceil(numel / ranks) elements, shape
+// [that]), read through a collective "gather:p" (op all_gather, the whole
+// tensor); the backward's gradient becomes "local_grad:p", and "grad:p" is
+// its reduce-scatter (op reduce_scatter, the shard); the optimizer's state
+// of p and its updates work on shards (bytes, cost and workspace divided).
+// Collectives cost AllGatherSeconds on `link`. Errors: ranks < 2, a graph
+// sharded already, no parameter with a gradient, a parameter or state with
+// a home or an update that may run on the host (not modelled with
+// sharding yet), a gradient that is an alias or in place.
+absl::StatusOr<Graph> ShardGraph(const Graph& training, int ranks, const NetworkLink& link);
+
 // `inner`, and where options.ranks > 1, its schedule with ReduceGradients's
 // all_reduce steps, simulated again with the ranks and their link
-// (details["collectives"]: how many, their bytes and the network's busy
-// time). Every planner the registry makes is wrapped (planner.cc).
+// (details["collectives"]: how many collectives, how many of them
+// all_reduce steps, their bytes, the network's busy time and the link). Every planner the registry makes is wrapped (planner.cc).
 std::unique_ptr<Planner> WithGradientReduction(std::unique_ptr<Planner> inner);
 
 }  // namespace pebble

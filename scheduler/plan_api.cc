@@ -456,7 +456,9 @@ absl::StatusOr<FitResult> Fit(const FitRequest& request) {
   auto build = [&](int64_t value) {
     ModelSpec s = request.model;
     s.params[request.vary] = absl::StrCat(value);
-    return BuildModel(s, request.cost);
+    absl::StatusOr<Graph> built = BuildModel(s, request.cost);
+    if (!built.ok() || !request.transform_model) return built;
+    return request.transform_model(*built);
   };
   RETURN_IF_ERROR(build(request.start).status());
   ASSIGN_OR_RETURN(std::vector<std::string> policies,

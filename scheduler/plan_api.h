@@ -201,6 +201,10 @@ struct FitRequest {
   // threads (jobs), so it must be thread-safe. A prepared graph must not
   // have a lower peak than the model as built (it only adds workspace).
   std::function<absl::StatusOr<Graph>(const Graph&)> prepare_graph;
+  // Applied to the model as built at each value, before any bound or rule
+  // sees it: the graph one rank runs (ShardGraph for sharding). None: the
+  // model as built. Called from the planning threads: thread-safe.
+  std::function<absl::StatusOr<Graph>(const Graph&)> transform_model;
   // Called after each value tried, from the planning threads (jobs): it
   // must be thread-safe. Empty: no reports.
   std::function<void(const FitTry&)> on_try;

@@ -23,14 +23,15 @@ void RegisterBuiltinPlanners(PlannerRegistry& global) {
   RegisterVdnnPlanner(registry);
   RegisterSwapPlanner(registry);
   RegisterHybridPlanner(registry);
+  RegisterFsdpPlanner(registry);
   // Every recomputation and offload policy runs composed with best-order
   // (Note [Composition], compose.cc), but the exhaustive search (which
-  // tries every order) and swap and hybrid (which plan over best-order's
-  // order themselves).
+  // tries every order), swap and hybrid (which plan over best-order's
+  // order themselves) and fsdp (a framework's fixed rule, as baseline is).
   for (const PolicyInfo* p : registry.List()) {
     PolicyInfo info = *p;
     if (info.kind != PlanKind::kOneShot && info.name != "exact" && info.name != "swap" &&
-        info.name != "hybrid") {
+        info.name != "hybrid" && info.name != "fsdp") {
       info.factory = [inner = info.factory, name = info.name] {
         return ComposeWithBestOrder(inner(), name);
       };

@@ -30,6 +30,8 @@ void RegisterDtrPlanner(PlannerRegistry& registry);
 void RegisterVdnnPlanner(PlannerRegistry& registry);
 void RegisterSwapPlanner(PlannerRegistry& registry);
 void RegisterHybridPlanner(PlannerRegistry& registry);
+// PyTorch FSDP's rule on a sharded graph (scheduler/collectives.h).
+void RegisterFsdpPlanner(PlannerRegistry& registry);
 
 }  // namespace pebble
 

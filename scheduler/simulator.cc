@@ -13,16 +13,20 @@ namespace pebble {
 double BaseCost(const Graph& graph) {
   double base = 0;
   for (NodeId v = 0; v < graph.num_nodes(); ++v) {
-    if (graph.needed()[v] && !graph.persistent(v)) base += graph.cost(v);
+    if (graph.needed()[v] && !graph.persistent(v) && !graph.collective(v)) base += graph.cost(v);
   }
   return base;
 }
 
-double AllReduceSeconds(int64_t bytes, int ranks, const NetworkLink& link) {
+double AllGatherSeconds(int64_t bytes, int ranks, const NetworkLink& link) {
   if (ranks <= 1) return 0;
   const double r = ranks;
-  return 2 * (r - 1) * link.latency_s +
-         2 * (r - 1) / r * static_cast<double>(bytes) / link.bandwidth_bytes_per_s;
+  return (r - 1) * link.latency_s +
+         (r - 1) / r * static_cast<double>(bytes) / link.bandwidth_bytes_per_s;
+}
+
+double AllReduceSeconds(int64_t bytes, int ranks, const NetworkLink& link) {
+  return 2 * AllGatherSeconds(bytes, ranks, link);
 }
 
 namespace {
@@ -84,7 +88,117 @@ absl::Status CheckHomes(const Graph& graph, const std::vector<uint8_t>& on_devic
   return absl::OkStatus();
 }
 
+// The rules of data parallelism's all_reduce (docs/semantics.md,
+// "Collectives across ranks"): which values were summed over the ranks,
+// when, and which gradients must be before an update reads them.
+class Reductions {
+ public:
+  Reductions(const Graph& graph, const Schedule& schedule, const SimulatorOptions& options)
+      : graph_(graph) {
+    const bool steps = std::any_of(schedule.steps.begin(), schedule.steps.end(),
+                                   [](const Step& s) { return s.action == Action::kAllReduce; });
+    const bool required = options.ranks > 1 && !graph.has_collectives();
+    if (!steps && !required) return;
+    const int n = graph.num_nodes();
+    reduced_by_.assign(n, kNoNode);
+    reduced_until_.assign(n, 0.0);
+    node_reduced_.assign(n, 0);
+    if (required) {
+      gradient_in_.assign(n, kNoNode);
+      for (NodeId g : GradientsToReduce(graph)) gradient_in_[graph.storage(g)] = g;
+    }
+  }
+  bool active() const { return !reduced_by_.empty(); }
+
+  // Why a compute of v may not read u, or "": the backward reads a rank's
+  // own values; an update (but one that writes u's storage: the gradient
+  // being made) reads a gradient only once it is summed.
+  std::string ReadError(NodeId v, NodeId u) const {
+    const NodeId s = graph_.storage(u);
+    if (reduced_by_[s] != kNoNode && !graph_.in_place(v) && !graph_.is_alias(v)) {
+      return absl::StrCat("input ", Quote(graph_.id(u)), " was summed over the ranks by "
+                          "all_reduce ", Quote(graph_.id(reduced_by_[s])), "; only in-place "
+                          "updates read a reduced value (the backward reads the rank's own: "
+                          "reduce after this step)");
+    }
+    if (!gradient_in_.empty() && gradient_in_[s] != kNoNode && graph_.in_place(v) &&
+        graph_.storage(v) != s && !Summed(u)) {
+      return absl::StrCat("input ", Quote(graph_.id(u)), " is not summed over the ranks yet: "
+                          "with several ranks an update reads a gradient after its all_reduce");
+    }
+    return "";
+  }
+  double ReadyAt(NodeId u) const { return reduced_until_[graph_.storage(u)]; }
+  double FreeAt(NodeId v) const { return active() ? ReadyAt(v) : 0.0; }
+
+  // A compute of v: a new value of v, and of its storage where v makes or
+  // writes it (a base computed again, an in-place write).
+  void Computed(NodeId v) {
+    if (!active()) return;
+    node_reduced_[v] = 0;
+    if (!graph_.is_alias(v) || graph_.in_place(v)) reduced_by_[graph_.storage(v)] = kNoNode;
+  }
+
+  // Why v may not be summed now, or "". Views of one storage are taken to
+  // be disjoint: each may be summed once; the base once, and not beside a
+  // view.
+  std::string ReduceError(NodeId v) const {
+    const NodeId first = reduced_by_[graph_.storage(v)];
+    if (first == kNoNode || (graph_.is_alias(v) && graph_.is_alias(first) && !node_reduced_[v])) {
+      return "";
+    }
+    return absl::StrCat("its storage was summed over the ranks already, by all_reduce ",
+                        Quote(graph_.id(first)), " (a value is reduced once)");
+  }
+  void Reduced(NodeId v, double end) {
+    const NodeId s = graph_.storage(v);
+    if (reduced_by_[s] == kNoNode) reduced_by_[s] = v;
+    node_reduced_[v] = 1;
+    reduced_until_[s] = std::max(reduced_until_[s], end);
+  }
+
+  // An output gradient that was not summed, at the end of the step.
+  absl::Status CheckEnd() const {
+    if (gradient_in_.empty()) return absl::OkStatus();
+    for (NodeId g : GradientsToReduce(graph_)) {
+      if (graph_.is_output(g) && !Summed(g)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "invalid schedule: gradient ", Quote(graph_.id(g)), " ends the step without an "
+            "all_reduce (with several ranks every gradient is summed over them; plan with the "
+            "ranks, or simulate one rank)"));
+      }
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  // Whether u's value is the ranks' sum: u itself reduced, or its whole
+  // storage (the base).
+  bool Summed(NodeId u) const {
+    const NodeId first = reduced_by_[graph_.storage(u)];
+    return node_reduced_[u] || (first != kNoNode && !graph_.is_alias(first));
+  }
+
+  const Graph& graph_;
+  std::vector<NodeId> reduced_by_;     // per storage: its first all_reduce since its value
+  std::vector<double> reduced_until_;  // per storage: when its last all_reduce ended
+  std::vector<uint8_t> node_reduced_;  // per node: summed since it was computed
+  std::vector<NodeId> gradient_in_;    // per storage: the gradient it holds (ranks > 1)
+};
+
 }  // namespace
+
+std::vector<NodeId> GradientsToReduce(const Graph& graph) {
+  std::vector<NodeId> gradients;
+  if (graph.has_collectives()) return gradients;
+  for (NodeId p = 0; p < graph.num_nodes(); ++p) {
+    if (!graph.persistent(p) || graph.role(p) != Role::kParameter) continue;
+    const NodeId g = graph.Find(absl::StrCat("grad:", graph.id(p)));
+    if (g != kNoNode && !graph.persistent(g) && graph.needed()[g]) gradients.push_back(g);
+  }
+  std::sort(gradients.begin(), gradients.end());
+  return gradients;
+}
 
 absl::StatusOr<PlanReport> Simulate(const Graph& graph,
                                     const Schedule& schedule,
@@ -126,13 +240,7 @@ absl::StatusOr<PlanReport> Simulate(const Graph& graph,
   std::vector<double> host_copy_until(graph.has_host_costs() ? n : 0, 0.0);
   double frees_done_at = 0;    // R_k: latest end of earlier frees
   double network_free_at = 0;  // end of the previous collective
-  // Per storage, with collectives only: the all_reduce that summed its
-  // value over the ranks (kNoNode: none since the value was made), and
-  // when that ended.
-  const bool collectives = std::any_of(schedule.steps.begin(), schedule.steps.end(),
-                                       [](const Step& s) { return s.action == Action::kAllReduce; });
-  std::vector<NodeId> reduced_by(collectives ? n : 0, kNoNode);
-  std::vector<double> reduced_until(collectives ? n : 0, 0.0);
+  Reductions reductions(graph, schedule, options);
 
   // current[s]: the node whose value storage s holds now: its base, then
   // each in-place node that wrote it. Only graphs with updates need it.
@@ -188,7 +296,10 @@ absl::StatusOr<PlanReport> Simulate(const Graph& graph,
                            absl::StrCat("the in-place update has run already (it writes ",
                                         Quote(graph.id(graph.storage(v))), " once per step)"));
         }
-        double start = std::max(compute_free_at, frees_done_at);
+        // A collective node runs on the network stream (docs/semantics.md,
+        // "Sharding"), anything else on the compute stream.
+        const bool on_network = graph.collective(v);
+        double start = std::max(on_network ? network_free_at : compute_free_at, frees_done_at);
         for (NodeId u : graph.unique_inputs(v)) {
           if (!on_device[u]) {
             return StepError(graph, k, step,
@@ -202,24 +313,18 @@ absl::StatusOr<PlanReport> Simulate(const Graph& graph,
                 "value come before its update)"));
           }
           start = std::max(start, ready[u]);
-          if (!collectives) continue;
-          const NodeId reducer = reduced_by[graph.storage(u)];
-          if (reducer != kNoNode && !graph.in_place(v) && !graph.is_alias(v)) {
-            return StepError(graph, k, step, absl::StrCat(
-                "input ", Quote(graph.id(u)), " was summed over the ranks by all_reduce ",
-                Quote(graph.id(reducer)), "; only in-place updates read a reduced value (the "
-                "backward reads the rank's own: reduce after this step)"));
+          if (!reductions.active()) continue;
+          if (std::string e = reductions.ReadError(v, u); !e.empty()) {
+            return StepError(graph, k, step, e);
           }
-          start = std::max(start, reduced_until[graph.storage(u)]);
+          start = std::max(start, reductions.ReadyAt(u));
         }
         on_device[v] = 1;
         // An alias's storage is resident already (its input is in D), so
         // only a base adds bytes.
         const NodeId root = graph.storage(v);
         if (holders[root]++ == 0) device += graph.bytes(root);
-        // A new value of the storage (a base made again, an in-place write)
-        // is this rank's own.
-        if (collectives && (!graph.is_alias(v) || graph.in_place(v))) reduced_by[root] = kNoNode;
+        reductions.Computed(v);  // this rank's own value
         if (graph.in_place(v)) {
           // The write makes every host copy of the storage stale.
           current[root] = v;
@@ -231,14 +336,25 @@ absl::StatusOr<PlanReport> Simulate(const Graph& graph,
         rec.peak_bytes = device + graph.workspace(v);
         rec.start = start;
         rec.end = start + graph.cost(v);
-        compute_free_at = rec.end;
         ready[v] = rec.end;
         last_use[v] = std::max(last_use[v], rec.end);
         for (NodeId u : graph.unique_inputs(v)) {
           last_use[u] = std::max(last_use[u], rec.end);
         }
-        report.compute_cost += graph.cost(v);
-        report.compute_busy += graph.cost(v);
+        if (on_network) {
+          network_free_at = rec.end;
+          report.network_busy += graph.cost(v);
+          ++report.collectives;
+          // The whole tensor's bytes: a gather's output, a reduce-scatter's input.
+          const int64_t bytes = std::max(graph.bytes(v), graph.bytes(graph.inputs(v)[0]));
+          if (__builtin_add_overflow(report.collective_bytes, bytes, &report.collective_bytes)) {
+            return StepError(graph, k, step, kTransferOverflow);
+          }
+        } else {
+          compute_free_at = rec.end;
+          report.compute_cost += graph.cost(v);
+          report.compute_busy += graph.cost(v);
+        }
         ++computes;
         if (!computed[v]) {
           computed[v] = 1;
@@ -261,7 +377,7 @@ absl::StatusOr<PlanReport> Simulate(const Graph& graph,
         const NodeId root = graph.storage(v);
         if (--holders[root] == 0) device -= graph.bytes(root);
         rec.peak_bytes = device;
-        rec.start = rec.end = collectives ? std::max(last_use[v], reduced_until[root]) : last_use[v];
+        rec.start = rec.end = std::max(last_use[v], reductions.FreeAt(v));
         frees_done_at = std::max(frees_done_at, rec.end);
         break;
       }
@@ -355,6 +471,10 @@ absl::StatusOr<PlanReport> Simulate(const Graph& graph,
                 Quote(graph.id(s)), " after the step that wrote it)"));
           }
           start = std::max(start, host_copy_until[s]);
+          if (!reductions.active()) continue;
+          if (std::string e = reductions.ReadError(v, u); !e.empty()) {
+            return StepError(graph, k, step, e);
+          }
         }
         current[root] = v;  // the host copy stays current: it was written
         rec.peak_bytes = device;
@@ -376,10 +496,8 @@ absl::StatusOr<PlanReport> Simulate(const Graph& graph,
           return StepError(graph, k, step, absl::StrCat(
               "the in-place update ", Quote(graph.id(current[root])), " overwrote it"));
         }
-        if (reduced_by[root] != kNoNode) {
-          return StepError(graph, k, step, absl::StrCat(
-              "its storage was summed over the ranks already, by all_reduce ",
-              Quote(graph.id(reduced_by[root])), " (a value is reduced once)"));
+        if (std::string e = reductions.ReduceError(v); !e.empty()) {
+          return StepError(graph, k, step, e);
         }
         if (on_host[root]) {  // the host copy holds this rank's own value
           on_host[root] = 0;
@@ -397,8 +515,7 @@ absl::StatusOr<PlanReport> Simulate(const Graph& graph,
                               last_use[root]});
         rec.end = rec.start + AllReduceSeconds(bytes, options.ranks, options.network);
         network_free_at = rec.end;
-        reduced_by[root] = v;
-        reduced_until[root] = rec.end;
+        reductions.Reduced(v, rec.end);
         for (NodeId u : {v, root}) {
           ready[u] = std::max(ready[u], rec.end);
           last_use[u] = std::max(last_use[u], rec.end);
@@ -420,6 +537,7 @@ absl::StatusOr<PlanReport> Simulate(const Graph& graph,
   }
 
   if (graph.has_homes()) RETURN_IF_ERROR(CheckHomes(graph, on_device, on_host));
+  RETURN_IF_ERROR(reductions.CheckEnd());
   for (NodeId v = 0; v < n && graph.has_in_place(); ++v) {
     if (graph.in_place(v) && !computed[v]) {
       return absl::InvalidArgumentError(absl::StrCat(

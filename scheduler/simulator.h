@@ -31,6 +31,10 @@ struct NetworkLink {
 // MPICH", 2005): 2 (r - 1) latency + 2 (r - 1) / r bytes / bandwidth; 0 for
 // one rank.
 double AllReduceSeconds(int64_t bytes, int ranks, const NetworkLink& link);
+// Seconds of one all-gather of a tensor of `bytes` (the whole, gathered) or
+// one reduce-scatter of it, by the ring: half an all-reduce, (r - 1)
+// latency + (r - 1) / r bytes / bandwidth; 0 for one rank.
+double AllGatherSeconds(int64_t bytes, int ranks, const NetworkLink& link);
 
 struct SimulatorOptions {
   double host_bandwidth_bytes_per_s = kDefaultHostBandwidthBytesPerS;
@@ -76,9 +80,11 @@ struct PlanReport {
   // their host_cost, on the host stream. compute_cost leaves them out, and
   // exposed_transfer_time counts the host's time that compute did not hide.
   double host_compute_cost = 0;
-  // Collectives (docs/semantics.md, "Collectives across ranks"): how many
-  // all_reduce steps ran, the bytes of the tensors they reduced, and the
-  // network stream's busy time (in makespan and exposed_transfer_time too).
+  // Collectives (docs/semantics.md, "Collectives across ranks" and
+  // "Sharding"): how many ran (all_reduce steps, and computes of collective
+  // nodes: gathers again included), the bytes of the whole tensors they
+  // reduced or gathered, and the network stream's busy time (in makespan
+  // and exposed_transfer_time too; compute_cost leaves collectives out).
   int64_t collectives = 0;
   int64_t collective_bytes = 0;
   double network_busy = 0;
@@ -96,6 +102,15 @@ struct PlanReport {
 absl::StatusOr<PlanReport> Simulate(const Graph& graph,
                                     const Schedule& schedule,
                                     const SimulatorOptions& options = {});
+
+// The gradients data parallelism sums (docs/semantics.md, "Collectives
+// across ranks"): for each parameter p (a persistent node of role
+// parameter), the node "grad:p" (SPEC section 3's name) where it exists and
+// is computed (not persistent), in id order; none in a sharded graph (one
+// with collective nodes: its reduce-scatters sum the gradients). With
+// SimulatorOptions::ranks > 1, an update reads each only once it is summed,
+// and each output one ends the step summed.
+std::vector<NodeId> GradientsToReduce(const Graph& graph);
 
 // SPEC's base_cost alone (no schedule needed).
 double BaseCost(const Graph& graph);

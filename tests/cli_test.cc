@@ -409,7 +409,7 @@ TEST(CliTest, RanksPlanTheGradientsAllReduces) {
   Result plan = Pebble("plan " + model + " --policy rotor --budget min --ranks 4 --network "
                        "ethernet-10g --schedule-out " + schedule);
   ASSERT_EQ(plan.exit_code, 0) << plan.err;
-  EXPECT_THAT(plan.out, HasSubstr("  collectives     8 all-reduces of"));
+  EXPECT_THAT(plan.out, HasSubstr("  collectives     8 (8 all-reduces) of"));
   Result json = Pebble("plan " + model + " --policy rotor --budget min --ranks 4 --network "
                        "ethernet-10g --json");
   ASSERT_EQ(json.exit_code, 0) << json.err;
@@ -428,6 +428,13 @@ TEST(CliTest, RanksPlanTheGradientsAllReduces) {
                        " --ranks 4 --network 1e8 --json");
   ASSERT_EQ(slow.exit_code, 0) << slow.err;
   EXPECT_GT(ParseOrFail(slow.out)["report"]["makespan"], doc["report"]["makespan"]);
+  // One rank's schedule is no data-parallel one: its updates read unsummed gradients.
+  const std::string one_rank = (dir / "one.json").string();
+  ASSERT_EQ(Pebble("plan " + model + " --policy rotor --budget min --schedule-out " + one_rank)
+                .exit_code, 0);
+  ::pebble::testing::ExpectOneLineError(
+      Pebble("simulate " + model + " --schedule " + one_rank + " --ranks 2"), 1,
+      {"is not summed over the ranks yet"});
   ::pebble::testing::ExpectOneLineError(Pebble("plan " + model + " --ranks 0"), 2, {"--ranks"});
   ::pebble::testing::ExpectOneLineError(Pebble("plan " + model + " --ranks 2 --network token-ring"), 2,
                      {"--network", "invalid network 'token-ring'", "ib-ndr"});
@@ -435,6 +442,17 @@ TEST(CliTest, RanksPlanTheGradientsAllReduces) {
                      {"--network-latency"});
   ::pebble::testing::ExpectOneLineError(Pebble("run " + model + " --schedule " + schedule + " --backend cpu"), 1,
                      {"all_reduce", "has no collectives yet", "pebble.torch"});
+  // Sharded (--shard full): FSDP's rule and a policy of pebble's.
+  for (const char* policy : {"fsdp", "dtr"}) {
+    Result sharded = Pebble("plan " + model + " --policy " + policy +
+                            " --budget min --ranks 4 --shard full --json");
+    ASSERT_EQ(sharded.exit_code, 0) << sharded.err;
+    const nlohmann::json s = ParseOrFail(sharded.out);
+    EXPECT_GE(s["report"]["collectives"], 16) << policy;  // 8 gathers, 8 reduce-scatters
+    EXPECT_LT(s["report"]["peak_bytes"], doc["report"]["peak_bytes"]) << policy;
+  }
+  ::pebble::testing::ExpectOneLineError(Pebble("plan " + model + " --shard full"), 2,
+                                        {"--shard full: give --ranks 2 or more"});
 }
 
 }  // namespace

@@ -4,6 +4,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "graph/graph_json.h"
 #include "graph/models/models.h"
@@ -104,15 +105,63 @@ TEST(CollectivesTest, OverlapsComputeAndDelaysItsReaders) {
   EXPECT_FALSE(ReportToJson(*Simulate(g, plain), g, plain, false).contains("collectives"));
 }
 
+// g (100 bytes, 2 units) and out (4 units) read x; g views: va and vb.
+constexpr char kViews[] = R"({"format": "pebble-graph", "version": 1, "nodes": [
+    {"id": "x", "bytes": 10, "persistent": true},
+    {"id": "g", "bytes": 100, "cost": 2, "inputs": ["x"]},
+    {"id": "va", "bytes": 50, "cost": 0, "inputs": ["g"], "alias_of": "g"},
+    {"id": "vb", "bytes": 50, "cost": 0, "inputs": ["g"], "alias_of": "g"},
+    {"id": "out", "bytes": 10, "cost": 4, "inputs": ["x"]}],
+  "outputs": ["out"]})";
+
 TEST(CollectivesTest, AFreeWaitsForTheSum) {
-  const Graph g = StepGraph();
+  absl::StatusOr<Graph> g = ParseGraphJson(kViews);
+  ASSERT_TRUE(g.ok()) << g.status();
   absl::StatusOr<PlanReport> r = Simulate(
-      g, MakeSchedule(g, {{kC, "grad:w"}, {kC, "r"}, {kC, "w1"}, {kA, "grad:w"}, {kF, "grad:w"},
-                   {kC, "y"}}), FourRanks());
+      *g, MakeSchedule(*g, {{kC, "g"}, {kA, "g"}, {kF, "g"}, {kC, "out"}}), FourRanks());
   ASSERT_TRUE(r.ok()) << r.status();
-  EXPECT_DOUBLE_EQ(r->timeline[3].end, 6 + 4.5);
-  EXPECT_DOUBLE_EQ(r->timeline[4].end, 10.5);  // the free takes effect then
-  EXPECT_DOUBLE_EQ(r->timeline[5].start, 10.5);  // and y, a compute, after the free
+  EXPECT_DOUBLE_EQ(r->timeline[1].end, 2 + 4.5);
+  EXPECT_DOUBLE_EQ(r->timeline[2].end, 6.5);    // the free takes effect then
+  EXPECT_DOUBLE_EQ(r->timeline[3].start, 6.5);  // and out, a compute, after the free
+}
+
+// Views of one storage are disjoint parts (a concatenation's gradients):
+// each is summed once; the base is not summed beside a view.
+TEST(CollectivesTest, ViewsOfOneStorageAreSummedOnceEach) {
+  absl::StatusOr<Graph> g = ParseGraphJson(kViews);
+  ASSERT_TRUE(g.ok()) << g.status();
+  auto error = [&](std::vector<std::pair<Action, std::string>> steps) {
+    absl::StatusOr<PlanReport> r = Simulate(*g, MakeSchedule(*g, std::move(steps)), FourRanks());
+    return r.ok() ? std::string("valid") : std::string(r.status().message());
+  };
+  EXPECT_EQ(error({{kC, "g"}, {kC, "va"}, {kC, "vb"}, {kA, "va"}, {kA, "vb"}, {kC, "out"}}),
+            "valid");
+  EXPECT_THAT(error({{kC, "g"}, {kC, "va"}, {kA, "va"}, {kA, "va"}}),
+              HasSubstr("summed over the ranks already, by all_reduce 'va'"));
+  EXPECT_THAT(error({{kC, "g"}, {kC, "va"}, {kA, "va"}, {kA, "g"}}),
+              HasSubstr("summed over the ranks already, by all_reduce 'va'"));
+  EXPECT_THAT(error({{kC, "g"}, {kC, "va"}, {kA, "g"}, {kA, "va"}}),
+              HasSubstr("summed over the ranks already, by all_reduce 'g'"));
+}
+
+// With several ranks, an update reads a gradient only once it is summed,
+// and an output gradient ends the step summed; one rank needs neither.
+TEST(CollectivesTest, SeveralRanksSumEveryGradient) {
+  const Graph g = StepGraph();
+  const Schedule early = MakeSchedule(g, {{kC, "grad:w"}, {kC, "r"}, {kC, "w1"}, {kC, "y"}});
+  EXPECT_THAT(Simulate(g, early, FourRanks()).status().message(),
+              HasSubstr("step 2 (compute 'w1'): input 'grad:w' is not summed over the ranks "
+                        "yet"));
+  EXPECT_TRUE(Simulate(g, early).ok());
+  absl::StatusOr<Graph> kept = ParseGraphJson(
+      std::string(kStep).replace(std::string(kStep).find(R"("outputs": ["r", "y"])"), 21,
+                                 R"("outputs": ["r", "y", "grad:w"])"));
+  ASSERT_TRUE(kept.ok()) << kept.status();
+  const Schedule unsummed = MakeSchedule(*kept, {{kC, "grad:w"}, {kC, "r"}, {kA, "grad:w"},
+                                                 {kC, "w1"}, {kF, "grad:w"}, {kC, "grad:w"},
+                                                 {kC, "y"}});
+  EXPECT_THAT(Simulate(*kept, unsummed, FourRanks()).status().message(),
+              HasSubstr("gradient 'grad:w' ends the step without an all_reduce"));
 }
 
 TEST(CollectivesTest, RulesAreChecked) {
@@ -226,6 +275,153 @@ TEST(CollectivesTest, EveryPolicyReducesEachGradientOnce) {
         ASSERT_TRUE(again.ok()) << again.status();
         EXPECT_DOUBLE_EQ(again->makespan, dp->report.makespan);
       }
+    }
+  }
+}
+
+// ---- Sharding (docs/semantics.md, "Sharding")
+
+// A collective node runs on the network stream: it does not wait for the
+// compute stream, and its reader waits for it.
+TEST(ShardingTest, ACollectiveNodeRunsOnTheNetwork) {
+  absl::StatusOr<Graph> g = ParseGraphJson(R"({"format": "pebble-graph", "version": 1,
+    "nodes": [
+      {"id": "x", "bytes": 10, "persistent": true},
+      {"id": "p", "bytes": 25, "persistent": true, "role": "parameter"},
+      {"id": "a", "bytes": 10, "cost": 2, "inputs": ["x"]},
+      {"id": "gather:p", "op": "all_gather", "bytes": 100, "cost": 3, "inputs": ["p"],
+       "collective": true},
+      {"id": "b", "bytes": 10, "cost": 1, "inputs": ["a", "gather:p"]}],
+    "outputs": ["b"]})");
+  ASSERT_TRUE(g.ok()) << g.status();
+  EXPECT_TRUE(g->collective(g->Find("gather:p")));
+  EXPECT_EQ(GraphToJson(*g)["nodes"][3]["collective"], true);
+  absl::StatusOr<PlanReport> r =
+      Simulate(*g, MakeSchedule(*g, {{kC, "a"}, {kC, "gather:p"}, {kC, "b"}}));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_DOUBLE_EQ(r->timeline[1].start, 0);  // beside a, on its own stream
+  EXPECT_DOUBLE_EQ(r->timeline[2].start, 3);  // b waits for the gather
+  EXPECT_DOUBLE_EQ(r->makespan, 4);
+  EXPECT_DOUBLE_EQ(r->compute_cost, 3);
+  EXPECT_DOUBLE_EQ(r->base_cost, 3);
+  EXPECT_DOUBLE_EQ(r->network_busy, 3);
+  EXPECT_EQ(r->collectives, 1);
+  EXPECT_EQ(r->collective_bytes, 100);
+  EXPECT_EQ(r->peak_bytes, 35 + 10 + 100 + 10);
+
+  for (const char* bad : {R"("workspace": 4)", R"("alias_of": "p")"}) {
+    absl::StatusOr<Graph> b = ParseGraphJson(absl::StrCat(R"({"format": "pebble-graph",
+      "version": 1, "nodes": [{"id": "p", "bytes": 1, "persistent": true},
+      {"id": "g", "bytes": 4, "inputs": ["p"], "collective": true, )", bad, R"(}],
+      "outputs": ["g"]})"));
+    EXPECT_THAT(b.status().message(), HasSubstr("a collective ('collective') reads one input"))
+        << bad;
+  }
+}
+
+absl::StatusOr<Graph> Sharded(const std::string& model, int ranks) {
+  absl::StatusOr<Graph> g = BuildModel(model);
+  if (!g.ok()) return g.status();
+  return ShardGraph(*g, ranks, NetworkLink{1e9, 5e-6});
+}
+
+TEST(ShardingTest, ShardGraphShardsParametersGradientsAndState) {
+  const std::string model = "mnist-cnn:batch=4,optimizer=adam";
+  absl::StatusOr<Graph> whole = BuildModel(model);
+  ASSERT_TRUE(whole.ok()) << whole.status();
+  absl::StatusOr<Graph> g = Sharded(model, 4);
+  ASSERT_TRUE(g.ok()) << g.status();
+  int parameters = 0;
+  for (NodeId p = 0; p < whole->num_nodes(); ++p) {
+    if (whole->role(p) != Role::kParameter) continue;
+    ++parameters;
+    const std::string& id = whole->id(p);
+    SCOPED_TRACE(id);
+    const int64_t numel = NumElements(*whole->shape(p));
+    const int64_t shard_bytes = (numel + 3) / 4 * 4;  // float32
+    const NodeId shard = g->Find(id), gather = g->Find("gather:" + id);
+    const NodeId local = g->Find("local_grad:" + id), grad = g->Find("grad:" + id);
+    ASSERT_NE(gather, kNoNode);
+    ASSERT_NE(grad, kNoNode);
+    ASSERT_NE(local, kNoNode);
+    EXPECT_EQ(g->bytes(shard), shard_bytes);
+    EXPECT_EQ(*g->shape(shard), Shape{(numel + 3) / 4});
+    EXPECT_TRUE(g->collective(gather));
+    EXPECT_EQ(g->op(gather), "all_gather");
+    EXPECT_EQ(g->bytes(gather), whole->bytes(p));
+    EXPECT_DOUBLE_EQ(g->cost(gather), AllGatherSeconds(whole->bytes(p), 4, {1e9, 5e-6}));
+    EXPECT_EQ(g->op(grad), "reduce_scatter");
+    EXPECT_EQ(g->bytes(grad), shard_bytes);
+    EXPECT_EQ(g->unique_inputs(grad)[0], local);
+    EXPECT_EQ(g->bytes(g->Find("exp_avg:" + id)), shard_bytes);
+    const NodeId update = g->Find("update:" + id);
+    EXPECT_DOUBLE_EQ(g->cost(update), whole->cost(whole->Find("update:" + id)) / 4);
+    // Only the gather and the updates read the shard; the updates read the
+    // reduced shard, not the local gradient.
+    for (NodeId r : g->readers(shard)) {
+      EXPECT_TRUE(r == gather || g->in_place(r)) << g->id(r);
+    }
+    for (NodeId r : g->readers(local)) EXPECT_FALSE(g->in_place(r)) << g->id(r);
+    EXPECT_TRUE(g->is_output(grad) || !whole->is_output(whole->Find("grad:" + id)));
+  }
+  EXPECT_GT(parameters, 2);
+  // Adam's step count stays whole; the persistent memory shrinks about 4x.
+  EXPECT_EQ(g->bytes(g->Find("optimizer.step")), whole->bytes(whole->Find("optimizer.step")));
+  EXPECT_LT(g->persistent_bytes(), whole->persistent_bytes() / 3);
+  EXPECT_TRUE(GradientsToReduce(*g).empty());
+
+  PlannerOptions options;
+  options.budget_bytes = kMinBudgetBytes;
+  options.ranks = 2;
+  EXPECT_THAT((*MakePlanner("baseline"))->Plan(*g, options).status().message(),
+              HasSubstr("the graph is sharded for 4 ranks"));
+  EXPECT_EQ(g->attrs(g->Find("gather:conv1.weight"))["ranks"], 4);
+  EXPECT_THAT(Sharded(model, 1).status().message(), HasSubstr("at least 2 ranks"));
+  EXPECT_THAT(ShardGraph(*g, 2, {}).status().message(), HasSubstr("sharded once"));
+  EXPECT_THAT(Sharded("path:n=3", 2).status().message(),
+              HasSubstr("no parameter with a gradient"));
+  EXPECT_THAT(Sharded("mnist-cnn:batch=4,optimizer=adam,updates=host", 2).status().message(),
+              HasSubstr("sharding with"));
+}
+
+// Every policy plans sharded graphs (the gathers are tensors to keep,
+// free and gather again); FSDP's rule is one of the plans, and pebble's
+// least peak is never above it.
+TEST(ShardingTest, PoliciesPlanShardedGraphsAndFsdpIsOneOfThem) {
+  // Planning the transformer takes seconds a policy: 4 ranks only.
+  for (const auto& [model, ranks] : std::vector<std::pair<std::string, int>>{
+           {"transformer:layers=2,seq=16,dim=32,heads=2,vocab=50,optimizer=adam", 4},
+           {"mnist-cnn:batch=4,optimizer=sgd", 2}, {"mnist-cnn:batch=4,optimizer=sgd", 4},
+           {"resnet18:batch=2,image=32,optimizer=adam", 2},
+           {"resnet18:batch=2,image=32,optimizer=adam", 4}}) {
+    absl::StatusOr<Graph> whole = BuildModel(model);
+    ASSERT_TRUE(whole.ok()) << whole.status();
+    {
+      SCOPED_TRACE(absl::StrCat(model, " ranks ", ranks));
+      absl::StatusOr<Graph> g = Sharded(model, ranks);
+      ASSERT_TRUE(g.ok()) << g.status();
+      PlannerOptions options;
+      options.budget_bytes = kMinBudgetBytes;
+      options.time_limit_s = 10;
+      options.ranks = ranks;
+      auto plan = [&](const Graph& graph, const char* policy) {
+        absl::StatusOr<PlanResult> r = (*MakePlanner(policy))->Plan(graph, options);
+        EXPECT_TRUE(r.ok()) << policy << ": " << r.status();
+        return r.ok() ? *std::move(r) : PlanResult();
+      };
+      const PlanResult fsdp = plan(*g, "fsdp");
+      EXPECT_GT(fsdp.details.value("resharded_parameters", 0), 2);
+      EXPECT_GT(fsdp.report.recomputations, 0);  // the backward's gathers
+      EXPECT_GT(fsdp.report.network_busy, 0);
+      // Sharded, FSDP's rule holds less than the unsharded step.
+      EXPECT_LT(fsdp.report.peak_bytes, plan(*whole, "baseline").report.peak_bytes);
+      int64_t least = INT64_MAX;
+      for (const char* policy : {"baseline", "rotor", "dtr", "hybrid"}) {
+        const PlanResult r = plan(*g, policy);
+        EXPECT_EQ(r.report.collectives > 0, true) << policy;
+        least = std::min(least, r.report.peak_bytes);
+      }
+      EXPECT_LE(least, fsdp.report.peak_bytes);
     }
   }
 }

@@ -69,8 +69,8 @@ def main():
                          optimizer_updates=args.updates,
                          allow_cpu_offload=not gpu and args.updates != "device",
                          process_group=dist.group.WORLD)
-    c = step.report["collectives"]
-    if rank == 0:
+    c = step.report.get("collectives")
+    if rank == 0 and c is not None:  # one rank averages nothing
         print(f"the plan's {c['all_reduce']} all-reduces ({c['bytes']} B) keep the network busy "
               f"{1e3 * c['predicted_network_busy_s']:.3f} ms a step, predicted on a link of "
               f"{c['network_bytes_per_s'] / 1e9:.2f} GB/s and {1e6 * c['network_latency_s']:.1f} "

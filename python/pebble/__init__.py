@@ -27,6 +27,7 @@ from ._core import (  # noqa: F401
     plan,
     policies,
     register_policy,
+    shard,
     simulate,
     train,
     unregister_policy,
@@ -43,5 +44,6 @@ copyreg.pickle(Graph, lambda graph: (_graph_from_json, (graph.to_json(),)))
 
 __all__ = [
     "Graph", "Plan", "compare", "fit", "from_json", "import_onnx", "load", "model", "plan",
-    "policies", "register_policy", "simulate", "train", "unregister_policy", "with_optimizer",
+    "policies", "register_policy", "shard", "simulate", "train", "unregister_policy",
+    "with_optimizer",
 ]

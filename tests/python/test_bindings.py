@@ -252,6 +252,24 @@ class PlanTest(unittest.TestCase):
             with self.subTest(bad=bad), self.assertRaises((ValueError, TypeError)):
                 pebble.plan(self.graph, policy="rotor", budget="min", **bad)
 
+    def test_shard_equals_the_cli(self):
+        sharded = pebble.shard(self.graph, 4, network="ib-ndr")
+        self.assertIn("gather:conv1.weight", sharded.ids)
+        for policy in ("fsdp", "dtr"):
+            p = pebble.plan(sharded, policy=policy, budget="min", ranks=4, network="ib-ndr")
+            doc = cli_json("plan", "--model", MODEL, "--policy", policy, "--budget", "min",
+                           "--ranks", "4", "--network", "ib-ndr", "--shard", "full")
+            self.assertEqual(p.report, doc["report"])
+            self.assertEqual([{"action": a, "node": n} for a, n in p.schedule],
+                             doc["schedule"]["steps"])
+        self.assertLess(p.report["peak_bytes"],
+                        pebble.plan(self.graph, policy="dtr", budget="min").report["peak_bytes"])
+        for bad in ({"ranks": 1}, {"ranks": 4, "network": "carrier-pigeon"}):
+            with self.subTest(bad=bad), self.assertRaises(ValueError):
+                pebble.shard(self.graph, **bad)
+        with self.assertRaises(ValueError):
+            pebble.shard(sharded, 2)  # sharded already
+
     def test_compare_equals_the_cli(self):
         policies = ["baseline", "best-order", "rotor", "revolve"]
         budgets = ["100%", "70%", "min"]

@@ -123,8 +123,8 @@ class TrainStep:
         pebble.plan otherwise). A step that fails leaves the TrainStep
         refusing further calls.
       shard: "none" (each rank holds the whole model: data parallelism);
-        sharding the parameters, gradients and state over the ranks
-        ("full") is not built yet and is refused.
+        running the step sharded over the ranks ("full", ZeRO-3) is not
+        built yet and is refused (pebble.shard plans and simulates it).
     """
 
     def __init__(self, model, loss_fn, example_inputs, example_target, policy=None,
@@ -402,9 +402,11 @@ class _Variant:
             self.persistent_bytes = (capture.persistent_bytes +
                                      self.placement.resident_state_bytes)
         group = step.process_group
+        # One rank has nothing to average: its plan has no all-reduce.
+        averaged = group is not None and _world_size(group) > 1
         self.program = Program(self.graph_nodes, self.plan.schedule, self.device,
                                foreign=self.updates, rebind=self._rebind,
-                               sync=GradientAverage(group) if group is not None else None)
+                               sync=GradientAverage(group) if averaged else None)
         # The parameters the plan frees for their updates on the host.
         self.freed_parameters = [node.slot.names[0] for kind, node in self.program.steps
                                  if kind == FREE and node.kind == "persistent" and
@@ -436,8 +438,7 @@ class _Variant:
                       seed=options["seed"])
         group = self.step.process_group
         if group is not None:  # the gradients' all-reduces (Note [Gradients averaged as they complete])
-            import torch.distributed as dist
-            kwargs["ranks"] = dist.get_world_size(group)
+            kwargs["ranks"] = _world_size(group)
             if self.step.network is not None:
                 kwargs["network"], kwargs["network_latency"] = self.step.network
         graph = self._with_updates(self.capture.free_graph)
@@ -655,6 +656,11 @@ class _Variant:
         return report
 
 
+def _world_size(group):
+    import torch.distributed as dist
+    return dist.get_world_size(group)
+
+
 def _checked_group(group, shard):
     """The process group train_step was given (None: one process), checked."""
     if shard not in ("none", "full"):
@@ -673,7 +679,9 @@ def _checked_group(group, shard):
                         f"torch.distributed.group.WORLD), not {type(group).__name__}")
     if shard == "full":
         raise ValueError("shard='full' (the parameters, gradients and optimizer state sharded "
-                         "over the ranks) is not built yet: shard='none' is data parallelism")
+                         "over the ranks) does not run in pebble.torch yet (pebble.shard and "
+                         "`pebble plan --shard full` plan and simulate it): shard='none' is "
+                         "data parallelism")
     return group
 
 

@@ -149,18 +149,27 @@ class Program:
         whole of a contiguous storage. The plan places the steps
         (scheduler/collectives.h); the simulator checked their order."""
         reduced = [node for kind, node in self.steps if kind == REDUCE]
-        if (self.sync is None) != (not reduced) and self.gradients:
+        expected = self.gradients if self.sync is not None else set()
+        if {node.index for node in reduced} != expected or len(reduced) != len(expected):
             raise PlanExecutionError(
-                "internal: the plan's all-reduces do not match the process group "
-                f"({len(reduced)} all_reduce steps, process group "
-                f"{'given' if self.sync is not None else 'none'})")
+                "internal: the plan's all-reduces do not match the gradients to average "
+                f"({len(reduced)} all_reduce steps for {len(expected)} gradients)")
+        storages = {}
         for node in reduced:
             root = _root_of(self.graph, node)
-            if not node.value.is_contiguous() and not (
-                    root.value.is_contiguous() and root.value.numel() == node.value.numel()):
+            whole = not node.value.is_contiguous()  # reduced through its whole storage
+            if whole and not (root.value.is_contiguous() and
+                              root.value.numel() == node.value.numel()):
                 raise PlanExecutionError(f"gradient '{node.id}' is not contiguous, nor the whole "
                                          "of a contiguous storage: pebble.torch cannot "
                                          "all-reduce it in place")
+            storages.setdefault(root.index, []).append((node, whole))
+        for shared in storages.values():
+            if len(shared) > 1 and any(whole for _, whole in shared):
+                names = ", ".join(f"'{node.id}'" for node, _ in shared)
+                raise PlanExecutionError(f"gradients {names} share one storage, and one is "
+                                         "reduced through the whole of it: pebble.torch would "
+                                         "sum the others twice")
 
     def _fusions(self):
         """For each compute step of a node of several-output call, the sibling
