@@ -105,7 +105,18 @@ absl::StatusOr<size_t> ReducePosition(const Graph& graph, const Schedule& schedu
 
 absl::StatusOr<Schedule> ReduceGradients(const Graph& graph, const Schedule& schedule) {
   std::vector<std::pair<size_t, NodeId>> inserts;  // (after step, gradient)
-  for (NodeId g : GradientsToReduce(graph)) {
+  const std::vector<NodeId> gradients = GradientsToReduce(graph);
+  // A gradient that is a view of another is summed with it.
+  std::vector<uint8_t> is_gradient(graph.num_nodes(), 0);
+  for (NodeId g : gradients) is_gradient[g] = 1;
+  auto within_another = [&](NodeId g) {
+    for (NodeId a = graph.alias_of(g); a != kNoNode; a = graph.alias_of(a)) {
+      if (is_gradient[a]) return true;
+    }
+    return false;
+  };
+  for (NodeId g : gradients) {
+    if (within_another(g)) continue;
     ASSIGN_OR_RETURN(size_t after, ReducePosition(graph, schedule, g));
     inserts.emplace_back(after, g);
   }
@@ -261,7 +272,10 @@ NodeId StateOwner(const Graph& g, NodeId s,
   const size_t colon = id.find(':');
   if (colon == std::string::npos) return kNoNode;
   const NodeId p = g.Find(absl::string_view(id).substr(colon + 1));
-  return p != kNoNode && sharded.contains(p) && g.bytes(s) == g.bytes(p) ? p : kNoNode;
+  return p != kNoNode && sharded.contains(p) && g.bytes(s) == g.bytes(p) &&
+                 g.dtype(s) == g.dtype(p)
+             ? p
+             : kNoNode;
 }
 
 }  // namespace
@@ -367,7 +381,7 @@ absl::StatusOr<Graph> ShardGraph(const Graph& g, int ranks, const NetworkLink& l
       continue;
     }
     s.id = absl::StrCat("local_grad:", g.id(p));
-    const ShardedParameter& shard = sharded.at(p);
+    const ShardedParameter shard = ShardOf(g, v, ranks);  // the gradient's own dtype
     NodeSpec scatter;
     scatter.id = g.id(v);
     scatter.op = "reduce_scatter";
@@ -397,8 +411,9 @@ namespace {
 // after its last forward reader (reshard_after_forward) and gathered again
 // right before its first backward reader. Gathers run on the network
 // stream, so one issued after a compute may start before it ends: the
-// prefetch FSDP makes. A gathered parameter that a view reads is kept (its
-// storage would stay held). A graph without gathers gets the baseline.
+// prefetch FSDP makes. Every policy plans the alias-folded graph
+// (planner.cc), so a view of a gathered parameter is computed again from
+// the gather. A graph without gathers gets the baseline.
 class FsdpPlanner final : public Planner {
  public:
   absl::StatusOr<PlanResult> Plan(const Graph& graph,
@@ -413,17 +428,15 @@ class FsdpPlanner final : public Planner {
     for (NodeId g : order) {
       if (!graph.collective(g) || graph.op(g) != "all_gather") continue;
       int last_forward = -1, first_backward = INT32_MAX;
-      bool viewed = false;
       for (NodeId r : graph.readers(g)) {
         if (position[r] < 0) continue;
-        viewed = viewed || graph.is_alias(r);
         if (graph.role(r) == Role::kBackward) {
           first_backward = std::min(first_backward, position[r]);
         } else {
           last_forward = std::max(last_forward, position[r]);
         }
       }
-      if (viewed || last_forward < 0 || first_backward == INT32_MAX ||
+      if (last_forward < 0 || first_backward == INT32_MAX ||
           last_forward > first_backward) {
         continue;
       }

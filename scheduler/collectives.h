@@ -23,7 +23,8 @@ namespace pebble {
 // whichever comes later; and before anything copies, frees or updates from
 // that storage. So the all-reduce overlaps the rest of the backward, and
 // the backward reads each rank's own gradient (Note [Where a gradient is
-// reduced] in collectives.cc). Errors: a gradient the schedule never
+// reduced] in collectives.cc). A gradient that is a view of another is
+// summed with it, not on its own. Errors: a gradient the schedule never
 // computes; one the backward reads after it was freed, copied or updated.
 absl::StatusOr<Schedule> ReduceGradients(const Graph& graph, const Schedule& schedule);
 
@@ -52,7 +53,10 @@ absl::StatusOr<Graph> ShardGraph(const Graph& training, int ranks, const Network
 // `inner`, and where options.ranks > 1, its schedule with ReduceGradients's
 // all_reduce steps, simulated again with the ranks and their link
 // (details["collectives"]: how many collectives, how many of them
-// all_reduce steps, their bytes, the network's busy time and the link). Every planner the registry makes is wrapped (planner.cc).
+// all_reduce steps, their bytes, the network's busy time and the link).
+// A graph sharded for other ranks (ShardGraph's attrs) is refused where
+// options.ranks > 1; at 1 (the nested calls of a policy) it is planned as
+// it is. Every planner the registry makes is wrapped (planner.cc).
 std::unique_ptr<Planner> WithGradientReduction(std::unique_ptr<Planner> inner);
 
 }  // namespace pebble

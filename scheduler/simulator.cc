@@ -89,8 +89,11 @@ absl::Status CheckHomes(const Graph& graph, const std::vector<uint8_t>& on_devic
 }
 
 // The rules of data parallelism's all_reduce (docs/semantics.md,
-// "Collectives across ranks"): which values were summed over the ranks,
-// when, and which gradients must be before an update reads them.
+// "Collectives across ranks"): which parts of which values were summed
+// over the ranks, when, and which gradients must be before an update reads
+// them. A storage's value is new when its base is computed or an in-place
+// node writes it; views of it are parts of that value (a view computed
+// again is the same part).
 class Reductions {
  public:
   Reductions(const Graph& graph, const Schedule& schedule, const SimulatorOptions& options)
@@ -100,24 +103,23 @@ class Reductions {
     const bool required = options.ranks > 1 && !graph.has_collectives();
     if (!steps && !required) return;
     const int n = graph.num_nodes();
-    reduced_by_.assign(n, kNoNode);
+    reduced_.assign(n, {});
     reduced_until_.assign(n, 0.0);
-    node_reduced_.assign(n, 0);
     if (required) {
       gradient_in_.assign(n, kNoNode);
       for (NodeId g : GradientsToReduce(graph)) gradient_in_[graph.storage(g)] = g;
     }
   }
-  bool active() const { return !reduced_by_.empty(); }
+  bool active() const { return !reduced_.empty(); }
 
   // Why a compute of v may not read u, or "": the backward reads a rank's
   // own values; an update (but one that writes u's storage: the gradient
   // being made) reads a gradient only once it is summed.
   std::string ReadError(NodeId v, NodeId u) const {
     const NodeId s = graph_.storage(u);
-    if (reduced_by_[s] != kNoNode && !graph_.in_place(v) && !graph_.is_alias(v)) {
+    if (!reduced_[s].empty() && !graph_.in_place(v) && !graph_.is_alias(v)) {
       return absl::StrCat("input ", Quote(graph_.id(u)), " was summed over the ranks by "
-                          "all_reduce ", Quote(graph_.id(reduced_by_[s])), "; only in-place "
+                          "all_reduce ", Quote(graph_.id(reduced_[s][0])), "; only in-place "
                           "updates read a reduced value (the backward reads the rank's own: "
                           "reduce after this step)");
     }
@@ -131,29 +133,29 @@ class Reductions {
   double ReadyAt(NodeId u) const { return reduced_until_[graph_.storage(u)]; }
   double FreeAt(NodeId v) const { return active() ? ReadyAt(v) : 0.0; }
 
-  // A compute of v: a new value of v, and of its storage where v makes or
-  // writes it (a base computed again, an in-place write).
+  // A compute of v: where it makes a new value of its storage, nothing of
+  // that value is summed yet.
   void Computed(NodeId v) {
-    if (!active()) return;
-    node_reduced_[v] = 0;
-    if (!graph_.is_alias(v) || graph_.in_place(v)) reduced_by_[graph_.storage(v)] = kNoNode;
+    if (active() && (!graph_.is_alias(v) || graph_.in_place(v))) {
+      reduced_[graph_.storage(v)].clear();
+    }
   }
 
-  // Why v may not be summed now, or "". Views of one storage are taken to
-  // be disjoint: each may be summed once; the base once, and not beside a
-  // view.
+  // Why v may not be summed now, or "": a part is summed once, so not v
+  // where v, a view it is part of, or a part of v was summed already.
+  // Sibling views are taken to be disjoint parts.
   std::string ReduceError(NodeId v) const {
-    const NodeId first = reduced_by_[graph_.storage(v)];
-    if (first == kNoNode || (graph_.is_alias(v) && graph_.is_alias(first) && !node_reduced_[v])) {
-      return "";
+    for (NodeId r : reduced_[graph_.storage(v)]) {
+      if (PartOf(v, r) || PartOf(r, v)) {
+        return absl::StrCat("its storage was summed over the ranks already, by all_reduce ",
+                            Quote(graph_.id(r)), " (a value is reduced once)");
+      }
     }
-    return absl::StrCat("its storage was summed over the ranks already, by all_reduce ",
-                        Quote(graph_.id(first)), " (a value is reduced once)");
+    return "";
   }
   void Reduced(NodeId v, double end) {
     const NodeId s = graph_.storage(v);
-    if (reduced_by_[s] == kNoNode) reduced_by_[s] = v;
-    node_reduced_[v] = 1;
+    reduced_[s].push_back(v);
     reduced_until_[s] = std::max(reduced_until_[s], end);
   }
 
@@ -172,17 +174,24 @@ class Reductions {
   }
 
  private:
-  // Whether u's value is the ranks' sum: u itself reduced, or its whole
-  // storage (the base).
+  // Whether `part` is `whole` or a view of it (following alias_of).
+  bool PartOf(NodeId part, NodeId whole) const {
+    for (NodeId a = part; a != kNoNode; a = graph_.alias_of(a)) {
+      if (a == whole) return true;
+    }
+    return false;
+  }
+  // Whether u's value is the ranks' sum: u, or a value u is part of, summed.
   bool Summed(NodeId u) const {
-    const NodeId first = reduced_by_[graph_.storage(u)];
-    return node_reduced_[u] || (first != kNoNode && !graph_.is_alias(first));
+    for (NodeId r : reduced_[graph_.storage(u)]) {
+      if (PartOf(u, r)) return true;
+    }
+    return false;
   }
 
   const Graph& graph_;
-  std::vector<NodeId> reduced_by_;     // per storage: its first all_reduce since its value
+  std::vector<std::vector<NodeId>> reduced_;  // per storage: the summed parts of its value
   std::vector<double> reduced_until_;  // per storage: when its last all_reduce ended
-  std::vector<uint8_t> node_reduced_;  // per node: summed since it was computed
   std::vector<NodeId> gradient_in_;    // per storage: the gradient it holds (ranks > 1)
 };
 

@@ -111,6 +111,7 @@ constexpr char kViews[] = R"({"format": "pebble-graph", "version": 1, "nodes": [
     {"id": "g", "bytes": 100, "cost": 2, "inputs": ["x"]},
     {"id": "va", "bytes": 50, "cost": 0, "inputs": ["g"], "alias_of": "g"},
     {"id": "vb", "bytes": 50, "cost": 0, "inputs": ["g"], "alias_of": "g"},
+    {"id": "vaa", "bytes": 20, "cost": 0, "inputs": ["va"], "alias_of": "va"},
     {"id": "out", "bytes": 10, "cost": 4, "inputs": ["x"]}],
   "outputs": ["out"]})";
 
@@ -142,6 +143,35 @@ TEST(CollectivesTest, ViewsOfOneStorageAreSummedOnceEach) {
               HasSubstr("summed over the ranks already, by all_reduce 'va'"));
   EXPECT_THAT(error({{kC, "g"}, {kC, "va"}, {kA, "g"}, {kA, "va"}}),
               HasSubstr("summed over the ranks already, by all_reduce 'g'"));
+  // A view computed again is the same part; a view of a summed view is
+  // summed already.
+  EXPECT_THAT(error({{kC, "g"}, {kC, "va"}, {kA, "va"}, {kF, "va"}, {kC, "va"}, {kA, "va"}}),
+              HasSubstr("summed over the ranks already, by all_reduce 'va'"));
+  EXPECT_THAT(error({{kC, "g"}, {kC, "va"}, {kA, "va"}, {kC, "vaa"}, {kA, "vaa"}}),
+              HasSubstr("summed over the ranks already, by all_reduce 'va'"));
+  // The base computed again is a new value.
+  EXPECT_EQ(error({{kC, "g"}, {kA, "g"}, {kF, "g"}, {kC, "g"}, {kA, "g"}, {kC, "out"}}),
+            "valid");
+}
+
+// A parameter's gradient that is a view of another's (autograd hands one
+// tensor to both) is summed with it, once.
+TEST(CollectivesTest, AGradientWithinAnotherIsSummedWithIt) {
+  absl::StatusOr<Graph> g = ParseGraphJson(R"({"format": "pebble-graph", "version": 1,
+    "nodes": [
+      {"id": "x", "bytes": 10, "persistent": true},
+      {"id": "p", "bytes": 40, "persistent": true, "role": "parameter"},
+      {"id": "q", "bytes": 40, "persistent": true, "role": "parameter"},
+      {"id": "grad:p", "bytes": 40, "cost": 1, "inputs": ["x"], "role": "backward"},
+      {"id": "grad:q", "bytes": 40, "cost": 0, "inputs": ["grad:p"], "alias_of": "grad:p",
+       "role": "backward"}],
+    "outputs": ["grad:p", "grad:q"]})");
+  ASSERT_TRUE(g.ok()) << g.status();
+  absl::StatusOr<Schedule> s =
+      ReduceGradients(*g, MakeSchedule(*g, {{kC, "grad:p"}, {kC, "grad:q"}}));
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(*s, MakeSchedule(*g, {{kC, "grad:p"}, {kA, "grad:p"}, {kC, "grad:q"}}));
+  EXPECT_TRUE(Simulate(*g, *s, FourRanks()).ok());
 }
 
 // With several ranks, an update reads a gradient only once it is summed,
