@@ -21,7 +21,9 @@ Rank 0 prints a Markdown table: each row's whole-step peak on rank 0 (what
 the step began with plus the most the allocator held above it, as the CPU
 profiler measured it), the plan's prediction, the largest difference of its
 parameters from DDP's after the three steps, and the wall time of an
-unmeasured step. On the CPU the host is the same memory
+unmeasured step beside the plan's prediction of it (its makespan: the
+operators' calibrated times, the copies and the all-reduces on the link
+calibration measured). On the CPU the host is the same memory
 (allow_cpu_offload): the peaks are what a GPU would hold, the times the
 CPU's. DDP sums a flat bucket where pebble sums each gradient, so the sums
 round differently, and Adam's normalised step turns a rounding difference
@@ -84,7 +86,7 @@ def rank_main(rank, args, port, out):
     opt.zero_grad(set_to_none=True)
     started = time.perf_counter()
     eager(*mine[2])
-    rows.append(("DDP", None, held + peak, 0.0, time.perf_counter() - started))
+    rows.append(("DDP", None, held + peak, 0.0, time.perf_counter() - started, None, None))
     reference = [p.detach().clone() for p in model.parameters()]
     for name, placement in (("pebble", {}),
                             ("pebble, ZeRO-Offload", dict(optimizer_updates="host",
@@ -107,7 +109,7 @@ def rank_main(rank, args, port, out):
         diff = max(float((p.detach() - q).abs().max())
                    for p, q in zip(model.parameters(), reference))
         rows.append((name, r["predicted_peak_bytes"], r["measured_total_peak_bytes"], diff,
-                     seconds))
+                     seconds, r["predicted_time_s"], r.get("collectives")))
     if rank == 0:
         with open(out, "w") as f:
             json.dump(rows, f)
@@ -135,13 +137,22 @@ def main():
           f"pebble's policy {args.policy} at {args.budget}; rank 0's figures")
     print()
     print("| row | peak predicted | peak measured | largest parameter difference from DDP "
-          "| step time |")
-    print("| --- | ---: | ---: | ---: | ---: |")
+          "| step time predicted | step time measured |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: |")
     failed = False
-    for name, predicted, measured, diff, seconds in rows:
+    for name, predicted, measured, diff, seconds, predicted_s, _ in rows:
         failed = failed or diff > 3 * 1e-3 * 3  # 3 x lr x steps
         print(f"| {name} | {'' if predicted is None else f'{predicted / 2**20:.2f} MiB'} | "
-              f"{measured / 2**20:.2f} MiB | {diff:.1e} | {seconds * 1e3:.0f} ms |")
+              f"{measured / 2**20:.2f} MiB | {diff:.1e} | "
+              f"{'' if predicted_s is None else f'{predicted_s * 1e3:.0f} ms'} | "
+              f"{seconds * 1e3:.0f} ms |")
+    for name, *_, c in rows:
+        if c is not None:
+            print(f"\n{name}: {c['all_reduce']} all-reduces of {c['bytes'] / 2**20:.2f} MiB, "
+                  f"network busy {c['predicted_network_busy_s'] * 1e3:.1f} ms predicted on a "
+                  f"link of {c['network_bytes_per_s'] / 1e9:.2f} GB/s and "
+                  f"{c['network_latency_s'] * 1e6:.0f} us a message "
+                  f"({'measured' if c['network_measured'] else 'assumed'})")
     return 1 if failed else 0
 
 
