@@ -127,7 +127,9 @@ py::list ComparePy(const py::object& graph_arg, const py::object& policies,
 py::dict FitPy(const py::object& model, const py::object& vary, const py::object& budget,
                const py::object& policies, const py::object& start, const py::object& max_value,
                const py::object& throughput, const py::object& bandwidth,
-               const py::object& time_limit, const py::object& jobs) {
+               const py::object& time_limit, const py::object& jobs, const py::object& ranks,
+               const py::object& network, const py::object& network_latency,
+               const py::object& shard) {
   PlanningCall call;
   FitRequest request;
   request.model = Unwrap(ParseModelSpec(StrArg(model, "model")));
@@ -144,6 +146,17 @@ py::dict FitPy(const py::object& model, const py::object& vary, const py::object
   request.options = Options(py::none(), bandwidth, time_limit, py::int_(0), py::bool_(false));
   request.time_limit_s = request.options.time_limit_s;
   request.options.time_limit_s = std::min(10.0, request.time_limit_s);
+  RankOptions(ranks, network, network_latency, &request.options.ranks, &request.options.network);
+  const std::string shard_mode = StrArg(shard, "shard");
+  if (shard_mode != "none" && shard_mode != "full") {
+    ArgError("shard", "\"none\" (data parallelism) or \"full\" (ZeRO-3 / FSDP sharding)", shard);
+  }
+  if (shard_mode == "full") {
+    const int n = request.options.ranks;
+    const NetworkLink link = request.options.network;
+    if (n < 2) RaiseValueError("shard='full': give ranks=2 or more");
+    request.transform_model = [n, link](const Graph& g) { return ShardGraph(g, n, link); };
+  }
   call.Attach(request.options);
   absl::StatusOr<FitResult> fit = call.Run([&] { return pebble::Fit(request); });
   if (!fit.ok()) call.Raise(fit.status());
@@ -333,7 +346,9 @@ PYBIND11_MODULE(_core, m) {
   m.def("fit", &FitPy, py::arg("model"), py::arg("vary"), py::arg("budget"),
         py::arg("policies") = py::none(), py::arg("start") = 1, py::arg("max") = 0,
         py::arg("throughput") = 10e12, py::arg("bandwidth") = py::none(),
-        py::arg("time_limit") = 300.0, py::arg("jobs") = 0,
+        py::arg("time_limit") = 300.0, py::arg("jobs") = 0, py::arg("ranks") = 1,
+        py::arg("network") = py::none(), py::arg("network_latency") = py::none(),
+        py::arg("shard") = "none",
         "For each policy, the largest value of a zoo model's parameter whose training step "
         "fits the budget (`pebble fit`); time_limit (seconds) bounds the whole search.");
   m.def("policies", &Policies, "Every registered policy: name, kind, exact, external, "

@@ -269,6 +269,19 @@ class PlanTest(unittest.TestCase):
                 pebble.shard(self.graph, **bad)
         with self.assertRaises(ValueError):
             pebble.shard(sharded, 2)  # sharded already
+        # fit on 4 sharded ranks, as the command line's.
+        fit = pebble.fit("transformer:optimizer=adam", "layers", "48MiB", policies=["fsdp", "dtr"],
+                         max=12, ranks=4, shard="full", time_limit=60)
+        doc = cli_json("fit", "--model", "transformer:optimizer=adam", "--vary", "layers",
+                       "--budget", "48MiB", "--policies", "fsdp,dtr", "--max", "12",
+                       "--ranks", "4", "--shard", "full", "--json")
+        self.assertEqual([r["value"] for r in fit["results"]],
+                         [r["value"] for r in doc["results"]])
+        unsharded = pebble.fit("transformer:optimizer=adam", "layers", "48MiB",
+                               policies=["dtr"], max=12, time_limit=60)
+        self.assertGreater(fit["results"][1]["value"], unsharded["results"][0]["value"])
+        with self.assertRaises(ValueError):
+            pebble.fit("transformer:optimizer=adam", "layers", "48MiB", shard="full")
 
     def test_compare_equals_the_cli(self):
         policies = ["baseline", "best-order", "rotor", "revolve"]
