@@ -959,21 +959,24 @@ void RankFlags::AddOptions(CLI::App* cmd) {
       ->check(CLI::IsMember({"none", "full"}));
 }
 
-absl::Status RankFlags::Apply(int* ranks_out, NetworkLink* link) const {
-  *ranks_out = ranks;
+absl::StatusOr<NetworkLink> RankFlags::Link() const {
+  NetworkLink link;
   if (!network.empty()) {
-    ASSIGN_OR_RETURN(*link, ParseNetwork(network));
+    ASSIGN_OR_RETURN(link, ParseNetwork(network));
   }
-  if (latency_s >= 0) link->latency_s = latency_s;
+  if (latency_s >= 0) link.latency_s = latency_s;
+  return link;
+}
+
+absl::Status RankFlags::CheckShard() const {
+  if (shard == "full" && ranks < 2) return UsageError("--shard full: give --ranks 2 or more");
   return absl::OkStatus();
 }
 
 absl::StatusOr<Graph> RankFlags::Sharded(absl::StatusOr<Graph> graph) const {
   if (!graph.ok() || shard == "none") return graph;
-  if (ranks < 2) return UsageError("--shard full: give --ranks 2 or more");
-  NetworkLink link;
-  int unused = 0;
-  RETURN_IF_ERROR(Apply(&unused, &link));
+  RETURN_IF_ERROR(CheckShard());
+  ASSIGN_OR_RETURN(const NetworkLink link, Link());
   return ShardGraph(*graph, ranks, link);
 }
 

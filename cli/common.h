@@ -195,8 +195,10 @@ struct RankFlags {
   std::string shard = "none";
 
   void AddOptions(CLI::App* cmd);
-  // Sets `ranks_out` and `link` from the flags.
-  absl::Status Apply(int* ranks_out, NetworkLink* link) const;
+  // The ranks' link (--network, --network-latency).
+  absl::StatusOr<NetworkLink> Link() const;
+  // A usage error where --shard full comes without --ranks 2 or more.
+  absl::Status CheckShard() const;
   // The graph as one rank runs it: `graph` itself, or sharded (ShardGraph)
   // with --shard full (a usage error without --ranks 2 or more).
   absl::StatusOr<Graph> Sharded(absl::StatusOr<Graph> graph) const;

@@ -96,18 +96,12 @@ struct PlanFlags {
     o.seed = seed;
     o.own_order = own_order;
     o.milp_max_stages = milp_max_stages;
-    RETURN_IF_ERROR(rank_flags.Apply(&o.ranks, &o.network));
+    o.ranks = rank_flags.ranks;
+    ASSIGN_OR_RETURN(o.network, rank_flags.Link());
     if (!json && !quiet) o.progress = StderrProgress();
     return o;
   }
 };
-
-// How many steps of `schedule` take `action`.
-int CountSteps(const Schedule& schedule, Action action) {
-  int n = 0;
-  for (const Step& step : schedule.steps) n += step.action == action;
-  return n;
-}
 
 // The human summary of a report, shared by plan and simulate; times in
 // `unit`, the makespan said modelled or measured.
@@ -272,7 +266,10 @@ int RunSimulate(const GraphSource& source, const std::string& schedule_path,
   if (!bw.ok()) return Fail(bw.status());
   SimulatorOptions options;
   options.host_bandwidth_bytes_per_s = *bw;
-  if (absl::Status s = rank_flags.Apply(&options.ranks, &options.network); !s.ok()) return Fail(s);
+  options.ranks = rank_flags.ranks;
+  auto link = rank_flags.Link();
+  if (!link.ok()) return Fail(link.status());
+  options.network = *link;
   auto report = Simulate(*graph, *schedule, options);
   if (!report.ok()) return Fail(report.status());
   if (json) {

@@ -144,17 +144,17 @@ int RunFit(const FitFlags& f) {
   request.options.time_limit_s = std::min(kFitPlanTimeLimitS, f.time_limit_s);
   request.time_limit_s = f.time_limit_s;
   request.options.own_order = f.own_order;
-  if (absl::Status s = f.rank_flags.Apply(&request.options.ranks, &request.options.network);
-      !s.ok()) {
-    return Fail(s);
-  }
+  request.options.ranks = f.rank_flags.ranks;
+  auto link = f.rank_flags.Link();
+  if (!link.ok()) return Fail(link.status());
+  request.options.network = *link;
   if (f.rank_flags.ranks > 1 && f.verify) {
     return Fail(UsageError("--verify runs one rank on the backend: not with --ranks"));
   }
+  if (absl::Status s = f.rank_flags.CheckShard(); !s.ok()) return Fail(s);
   if (f.rank_flags.shard == "full") {
     const RankFlags& ranks = f.rank_flags;
     request.transform_model = [&ranks](const Graph& g) { return ranks.Sharded(g); };
-    if (ranks.ranks < 2) return Fail(UsageError("--shard full: give --ranks 2 or more"));
   }
   const bool report_progress = !f.json && !f.quiet;
   FitProgressLine progress_line(f.vary, isatty(STDERR_FILENO) != 0);

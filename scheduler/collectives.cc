@@ -187,21 +187,16 @@ class GradientReductionPlanner : public Planner {
     result.message = std::move(planned.message);
     result.details = std::move(planned.details);
     const PlanReport& r = result.report;
-    int64_t all_reduces = 0;
-    for (const Step& step : result.schedule.steps) all_reduces += step.action == Action::kAllReduce;
+    // A sharded graph's collectives were timed on the link it records.
+    const NetworkLink& link = sharded.has_value() ? sharded->link : options.network;
     result.details["collectives"] = {
         {"ranks", options.ranks},
         {"count", r.collectives},
-        {"all_reduce", all_reduces},
+        {"all_reduce", CountSteps(result.schedule, Action::kAllReduce)},
         {"bytes", r.collective_bytes},
         {"network_busy", r.network_busy},
-        {"network_bandwidth_bytes_per_s", options.network.bandwidth_bytes_per_s},
-        {"network_latency_s", options.network.latency_s}};
-    if (sharded.has_value()) {  // the link the graph's collectives were timed on
-      result.details["collectives"]["network_bandwidth_bytes_per_s"] =
-          sharded->link.bandwidth_bytes_per_s;
-      result.details["collectives"]["network_latency_s"] = sharded->link.latency_s;
-    }
+        {"network_bandwidth_bytes_per_s", link.bandwidth_bytes_per_s},
+        {"network_latency_s", link.latency_s}};
     return result;
   }
 
@@ -214,10 +209,6 @@ class GradientReductionPlanner : public Planner {
 std::unique_ptr<Planner> WithGradientReduction(std::unique_ptr<Planner> inner) {
   return std::make_unique<GradientReductionPlanner>(std::move(inner));
 }
-
-}  // namespace pebble
-
-namespace pebble {
 
 // Note [Sharded graphs]. ZeRO-3 (Rajbhandari et al., "ZeRO: Memory
 // Optimizations Toward Training Trillion Parameter Models", 2020) and
@@ -400,9 +391,6 @@ absl::StatusOr<Graph> ShardGraph(const Graph& g, int ranks, const NetworkLink& l
   return b.Build();
 }
 
-}  // namespace pebble
-
-namespace pebble {
 namespace {
 
 // The "fsdp" policy: PyTorch FSDP's FULL_SHARD rule on a sharded graph

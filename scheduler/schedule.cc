@@ -28,6 +28,12 @@ absl::StatusOr<Action> ParseAction(absl::string_view name) {
                    " (expected compute, free, offload, prefetch, host_compute or all_reduce)"));
 }
 
+int64_t CountSteps(const Schedule& schedule, Action action) {
+  int64_t n = 0;
+  for (const Step& step : schedule.steps) n += step.action == action;
+  return n;
+}
+
 nlohmann::json ScheduleToJson(const Graph& graph, const Schedule& schedule) {
   nlohmann::json steps = nlohmann::json::array();
   for (const Step& step : schedule.steps) {

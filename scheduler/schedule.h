@@ -54,6 +54,9 @@ absl::StatusOr<Schedule> ParseScheduleText(const Graph& graph, absl::string_view
 absl::StatusOr<Schedule> ReadScheduleFile(const Graph& graph,
                                           const std::string& path);
 
+// How many steps of `schedule` take `action`.
+int64_t CountSteps(const Schedule& schedule, Action action);
+
 // `graph` with each auto home (Tier::kAuto: the plan chooses) resolved by
 // `schedule`: the host where the schedule's first step on the node is a
 // prefetch or a host compute that reads or writes it, else the device (docs/semantics.md, "Home tiers and in-place

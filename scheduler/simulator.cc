@@ -106,8 +106,9 @@ class Reductions {
     reduced_.assign(n, {});
     reduced_until_.assign(n, 0.0);
     if (required) {
+      gradients_ = GradientsToReduce(graph);
       gradient_in_.assign(n, kNoNode);
-      for (NodeId g : GradientsToReduce(graph)) gradient_in_[graph.storage(g)] = g;
+      for (NodeId g : gradients_) gradient_in_[graph.storage(g)] = g;
     }
   }
   bool active() const { return !reduced_.empty(); }
@@ -161,8 +162,7 @@ class Reductions {
 
   // An output gradient that was not summed, at the end of the step.
   absl::Status CheckEnd() const {
-    if (gradient_in_.empty()) return absl::OkStatus();
-    for (NodeId g : GradientsToReduce(graph_)) {
+    for (NodeId g : gradients_) {
       if (graph_.is_output(g) && !Summed(g)) {
         return absl::InvalidArgumentError(absl::StrCat(
             "invalid schedule: gradient ", Quote(graph_.id(g)), " ends the step without an "
@@ -192,6 +192,7 @@ class Reductions {
   const Graph& graph_;
   std::vector<std::vector<NodeId>> reduced_;  // per storage: the summed parts of its value
   std::vector<double> reduced_until_;  // per storage: when its last all_reduce ended
+  std::vector<NodeId> gradients_;      // GradientsToReduce (ranks > 1)
   std::vector<NodeId> gradient_in_;    // per storage: the gradient it holds (ranks > 1)
 };
 
@@ -250,6 +251,15 @@ absl::StatusOr<PlanReport> Simulate(const Graph& graph,
   double frees_done_at = 0;    // R_k: latest end of earlier frees
   double network_free_at = 0;  // end of the previous collective
   Reductions reductions(graph, schedule, options);
+  // Counts a collective on the network stream, `seconds` long and ending at
+  // `end`, of a tensor of `bytes` (the whole); false where the bytes
+  // overflow.
+  auto on_network_stream = [&](int64_t bytes, double seconds, double end) {
+    network_free_at = end;
+    report.network_busy += seconds;
+    ++report.collectives;
+    return !__builtin_add_overflow(report.collective_bytes, bytes, &report.collective_bytes);
+  };
 
   // current[s]: the node whose value storage s holds now: its base, then
   // each in-place node that wrote it. Only graphs with updates need it.
@@ -351,12 +361,9 @@ absl::StatusOr<PlanReport> Simulate(const Graph& graph,
           last_use[u] = std::max(last_use[u], rec.end);
         }
         if (on_network) {
-          network_free_at = rec.end;
-          report.network_busy += graph.cost(v);
-          ++report.collectives;
           // The whole tensor's bytes: a gather's output, a reduce-scatter's input.
           const int64_t bytes = std::max(graph.bytes(v), graph.bytes(graph.inputs(v)[0]));
-          if (__builtin_add_overflow(report.collective_bytes, bytes, &report.collective_bytes)) {
+          if (!on_network_stream(bytes, graph.cost(v), rec.end)) {
             return StepError(graph, k, step, kTransferOverflow);
           }
         } else {
@@ -512,25 +519,21 @@ absl::StatusOr<PlanReport> Simulate(const Graph& graph,
           on_host[root] = 0;
           host -= graph.bytes(root);
         }
-        const int64_t bytes = graph.bytes(v);
-        if (__builtin_add_overflow(report.collective_bytes, bytes, &report.collective_bytes)) {
-          return StepError(graph, k, step, kTransferOverflow);
-        }
         // It follows every compute issued before it (a collective on the
         // compute stream's order, as NCCL's and gloo's are) and every copy
         // of its storage.
         rec.peak_bytes = device;
         rec.start = std::max({network_free_at, compute_free_at, ready[v], ready[root],
                               last_use[root]});
-        rec.end = rec.start + AllReduceSeconds(bytes, options.ranks, options.network);
-        network_free_at = rec.end;
+        rec.end = rec.start + AllReduceSeconds(graph.bytes(v), options.ranks, options.network);
+        if (!on_network_stream(graph.bytes(v), rec.end - rec.start, rec.end)) {
+          return StepError(graph, k, step, kTransferOverflow);
+        }
         reductions.Reduced(v, rec.end);
         for (NodeId u : {v, root}) {
           ready[u] = std::max(ready[u], rec.end);
           last_use[u] = std::max(last_use[u], rec.end);
         }
-        report.network_busy += rec.end - rec.start;
-        ++report.collectives;
         break;
       }
     }

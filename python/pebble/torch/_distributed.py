@@ -117,10 +117,10 @@ def measure_link(group, device, small=1 << 10, large=1 << 21, repeats=5):
         return min(times)  # noise (other processes on these cores) only adds
 
     t_small, t_large = seconds(small), seconds(large)
-    per_byte = 2 * (ranks - 1) / ranks  # of the tensor's bytes, sent by each rank
-    slope = (t_large - t_small) / (4 * (large - small))  # seconds per byte of tensor
     if not t_large > 1.5 * t_small:  # the large one lost in the noise: no fit
         return None
+    per_byte = 2 * (ranks - 1) / ranks  # of the tensor's bytes, sent by each rank
+    slope = (t_large - t_small) / (4 * (large - small))  # seconds per byte of tensor
     bandwidth = per_byte / slope
     latency = max(0.0, (t_small - per_byte * 4 * small / bandwidth) / (2 * (ranks - 1)))
     return bandwidth, latency
