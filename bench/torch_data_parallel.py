@@ -15,15 +15,21 @@ weights, two steps each after a warm-up step:
 - pebble: train_step(..., optimizer=opt, process_group=...), everything on
   the device;
 - pebble, ZeRO-Offload: the same with every update on the host and the
-  gradients dropped (optimizer_updates="host", optimizer_gradients="drop").
+  gradients dropped (optimizer_updates="host", optimizer_gradients="drop");
+- pebble, sharded: shard="full" (ZeRO-3), under FSDP's own rule (policy
+  fsdp), under --policy at FSDP's predicted peak (the same memory: which
+  is faster?) and under --policy at --budget: each rank holds 1/ranks of
+  the parameters, gradients and Adam's state, and the plan gathers the
+  parameters where they are read.
 
 Rank 0 prints a Markdown table: each row's whole-step peak on rank 0 (what
 the step began with plus the most the allocator held above it, as the CPU
 profiler measured it), the plan's prediction, the largest difference of its
 parameters from DDP's after the three steps, and the wall time of an
 unmeasured step beside the plan's prediction of it (its makespan: the
-operators' calibrated times, the copies and the all-reduces on the link
-calibration measured). On the CPU the host is the same memory
+operators' calibrated times, the copies and the collectives on the link
+the first pebble row's calibration measured, which every later row's plan
+takes, so that the rows' predictions compare). On the CPU the host is the same memory
 (allow_cpu_offload): the peaks are what a GPU would hold, the times the
 CPU's. DDP sums a flat bucket where pebble sums each gradient, so the sums
 round differently, and Adam's normalised step turns a rounding difference
@@ -87,16 +93,29 @@ def rank_main(rank, args, port, out):
     started = time.perf_counter()
     eager(*mine[2])
     rows.append(("DDP", None, held + peak, 0.0, time.perf_counter() - started, None, None))
-    reference = [p.detach().clone() for p in model.parameters()]
-    for name, placement in (("pebble", {}),
-                            ("pebble, ZeRO-Offload", dict(optimizer_updates="host",
+    reference = {name: p.detach().clone() for name, p in model.named_parameters()}
+    plain = dict(policy=args.policy, budget=args.budget)
+    link = None
+    for name, placement in (("pebble", plain),
+                            ("pebble, ZeRO-Offload", dict(plain, optimizer_updates="host",
                                                           optimizer_gradients="drop",
-                                                          allow_cpu_offload=True))):
+                                                          allow_cpu_offload=True)),
+                            ("pebble, sharded: FSDP's rule", dict(policy="fsdp", budget="min",
+                                                                  shard="full")),
+                            (f"pebble, sharded: {args.policy} at FSDP's peak",
+                             dict(policy=args.policy, shard="full")),
+                            (f"pebble, sharded: {args.policy}", dict(plain, shard="full"))):
+        if "budget" not in placement:  # the FSDP row's predicted peak: the same memory
+            placement = dict(placement, budget=rows[-1][1])
+        if link is not None:  # the first row's measured link: one link for every plan
+            placement = dict(placement, network=link[0], network_latency=link[1])
         model = copy.deepcopy(base)
         opt = torch.optim.Adam(model.parameters(), lr=1e-3, foreach=False)
         step = pt.train_step(model, loss_fn, mine[0][:1], mine[0][1], optimizer=opt,
-                             policy=args.policy, budget=args.budget, measure="always",
-                             process_group=dist.group.WORLD, **placement)
+                             measure="always", process_group=dist.group.WORLD, **placement)
+        c = step.report.get("collectives")
+        if link is None and c is not None and c["network_measured"]:
+            link = (c["network_bytes_per_s"], c["network_latency_s"])
         for x, y in mine[:2]:
             opt.zero_grad(set_to_none=True)
             step(x, y)
@@ -106,10 +125,10 @@ def rank_main(rank, args, port, out):
         started = time.perf_counter()
         step(*mine[2])
         seconds = time.perf_counter() - started
-        diff = max(float((p.detach() - q).abs().max())
-                   for p, q in zip(model.parameters(), reference))
+        after = step.full_state_dict()  # the parameters whole, sharded or not
+        diff = max(float((after[n] - q).abs().max()) for n, q in reference.items())
         rows.append((name, r["predicted_peak_bytes"], r["measured_total_peak_bytes"], diff,
-                     seconds, r["predicted_time_s"], r.get("collectives")))
+                     seconds, r["predicted_time_s"], r.get("sharding") or r.get("collectives")))
     if rank == 0:
         with open(out, "w") as f:
             json.dump(rows, f)
@@ -147,12 +166,16 @@ def main():
               f"{'' if predicted_s is None else f'{predicted_s * 1e3:.0f} ms'} | "
               f"{seconds * 1e3:.0f} ms |")
     for name, *_, c in rows:
-        if c is not None:
+        if c is not None and "all_reduce" in c:
             print(f"\n{name}: {c['all_reduce']} all-reduces of {c['bytes'] / 2**20:.2f} MiB, "
                   f"network busy {c['predicted_network_busy_s'] * 1e3:.1f} ms predicted on a "
                   f"link of {c['network_bytes_per_s'] / 1e9:.2f} GB/s and "
                   f"{c['network_latency_s'] * 1e6:.0f} us a message "
-                  f"({'measured' if c['network_measured'] else 'assumed'})")
+                  f"({'measured' if c['network_measured'] else 'given'})")
+        elif c is not None:
+            print(f"\n{name}: {c['gathers']} all-gathers ({c['regathers']} again for the "
+                  f"backward), {c['reduce_scatters']} reduce-scatters, network busy "
+                  f"{c['predicted_network_busy_s'] * 1e3:.1f} ms predicted")
     return 1 if failed else 0
 
 

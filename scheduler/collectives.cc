@@ -224,7 +224,13 @@ std::unique_ptr<Planner> WithGradientReduction(std::unique_ptr<Planner> inner) {
 // own rule is one schedule among them (the "fsdp" policy). The gathered
 // node's id is "gather:p", placed before p's first reader in the graph's
 // own order; the reduce-scatter takes the gradient's id, "grad:p", so the
-// optimizer's updates and the outputs read the shard.
+// optimizer's updates and the outputs read the shard. Shards are equal, of
+// ceil(numel / ranks) elements (the last one padded); the gathered tensor
+// is the parameter's own size. A gradient may be a view (PyTorch's Linear weight
+// gradient is the transpose of a matmul's output, and one bias's gradient
+// may be a view of another's), and then the local gradient keeps that view;
+// the reduce-scatter reads it into a shard of its own. A gradient added
+// into one kept from before the step is refused.
 namespace {
 
 struct ShardedParameter {
@@ -232,19 +238,24 @@ struct ShardedParameter {
   std::optional<Shape> shard_shape;
 };
 
-ShardedParameter ShardOf(const Graph& g, NodeId p, int ranks) {
+// The shard of a tensor of `bytes` and `shape` (nullopt: unknown, then
+// the bytes are split evenly).
+ShardedParameter ShardOf(int64_t bytes, const std::optional<Shape>& shape, int ranks) {
   ShardedParameter s;
-  if (g.shape(p).has_value() && NumElements(*g.shape(p)) > 0 &&
-      g.bytes(p) % NumElements(*g.shape(p)) == 0) {
-    const int64_t numel = NumElements(*g.shape(p));
-    const int64_t item = g.bytes(p) / numel;
+  if (shape.has_value() && NumElements(*shape) > 0 && bytes % NumElements(*shape) == 0) {
+    const int64_t numel = NumElements(*shape);
+    const int64_t item = bytes / numel;
     const int64_t shard = (numel + ranks - 1) / ranks;
     s.shard_bytes = shard * item;
     s.shard_shape = Shape{shard};
   } else {
-    s.shard_bytes = (g.bytes(p) + ranks - 1) / ranks;
+    s.shard_bytes = (bytes + ranks - 1) / ranks;
   }
   return s;
+}
+
+ShardedParameter ShardOf(const Graph& g, NodeId p, int ranks) {
+  return ShardOf(g.bytes(p), g.shape(p), ranks);
 }
 
 // A collective node's attrs: the ranks and the link its cost assumes,
@@ -285,10 +296,10 @@ absl::StatusOr<Graph> ShardGraph(const Graph& g, int ranks, const NetworkLink& l
     if (!g.persistent(p) || g.role(p) != Role::kParameter) continue;
     const NodeId grad = g.Find(absl::StrCat("grad:", g.id(p)));
     if (grad == kNoNode || g.persistent(grad)) continue;
-    if (g.is_alias(grad) || g.in_place(grad)) {
+    if (g.in_place(grad) || g.persistent(g.storage(grad))) {
       return absl::UnimplementedError(absl::StrCat(
-          "gradient ", Quote(g.id(grad)), " is a view or written in place: pebble shards "
-          "gradients that own their storage"));
+          "gradient ", Quote(g.id(grad)), " is added into a gradient kept from before the "
+          "step: pebble shards gradients that the step makes"));
     }
     sharded[p] = ShardOf(g, p, ranks);
     shard_root[p] = p;
@@ -362,7 +373,9 @@ absl::StatusOr<Graph> ShardGraph(const Graph& g, int ranks, const NetworkLink& l
       s.shape = shard.shard_shape;
       if (g.in_place(v)) {  // an update of a shard: 1/ranks of the work
         s.cost /= ranks;
-        s.workspace = (s.workspace + ranks - 1) / ranks;
+        // A temporary of the tensor's size (Adam's denominator) is the shard's.
+        s.workspace = s.workspace == g.bytes(owner) ? shard.shard_bytes
+                                                    : (s.workspace + ranks - 1) / ranks;
         if (s.host_cost.has_value()) *s.host_cost /= ranks;
       }
     }
@@ -372,7 +385,9 @@ absl::StatusOr<Graph> ShardGraph(const Graph& g, int ranks, const NetworkLink& l
       continue;
     }
     s.id = absl::StrCat("local_grad:", g.id(p));
-    const ShardedParameter shard = ShardOf(g, v, ranks);  // the gradient's own dtype
+    // The gradient's own dtype; its parameter's shape where it has none.
+    const ShardedParameter shard =
+        ShardOf(g.bytes(v), g.shape(v).has_value() ? g.shape(v) : g.shape(p), ranks);
     NodeSpec scatter;
     scatter.id = g.id(v);
     scatter.op = "reduce_scatter";

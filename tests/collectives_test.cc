@@ -414,6 +414,54 @@ TEST(ShardingTest, ShardGraphShardsParametersGradientsAndState) {
               HasSubstr("sharding with"));
 }
 
+// PyTorch's Linear weight gradient is a view (the transpose of a matmul's
+// output): its local gradient stays that view, and the reduce-scatter reads
+// it; so does a gradient that is a view of another. A gradient added into
+// a persistent .grad (a view of it) is refused.
+TEST(ShardingTest, AGradientMayBeAViewButNotOfAnotherGradient) {
+  auto graph = [](const std::string& grad_b) {
+    return ParseGraphJson(absl::StrCat(R"({"format": "pebble-graph", "version": 1,
+      "nodes": [
+        {"id": "x", "bytes": 40, "persistent": true},
+        {"id": "a", "bytes": 40, "shape": [10], "dtype": "fp32", "persistent": true,
+         "role": "parameter"},
+        {"id": "b", "bytes": 12, "shape": [3], "dtype": "fp32", "persistent": true,
+         "role": "parameter"},
+        {"id": "y", "bytes": 40, "cost": 1, "inputs": ["x", "a", "b"]},
+        {"id": "mm", "bytes": 40, "cost": 1, "inputs": ["y", "x"], "role": "backward"},
+        {"id": "grad:a", "bytes": 40, "inputs": ["mm"], "alias_of": "mm",
+         "role": "backward"},
+        )", grad_b, R"(],
+      "outputs": ["grad:a", "grad:b"]})"));
+  };
+  absl::StatusOr<Graph> g = graph(R"({"id": "grad:b", "bytes": 12, "cost": 1,
+      "inputs": ["y"], "role": "backward"})");
+  ASSERT_TRUE(g.ok()) << g.status();
+  absl::StatusOr<Graph> s = ShardGraph(*g, 4, NetworkLink{1e9, 0});
+  ASSERT_TRUE(s.ok()) << s.status();
+  const NodeId local = s->Find("local_grad:a");
+  ASSERT_NE(local, kNoNode);
+  EXPECT_EQ(s->alias_of(local), s->Find("mm"));
+  EXPECT_EQ(s->unique_inputs(s->Find("grad:a"))[0], local);
+  EXPECT_EQ(s->bytes(s->Find("grad:a")), 3 * 4);  // ceil(10 / 4) floats
+  EXPECT_EQ(s->bytes(s->Find("a")), 3 * 4);
+  EXPECT_EQ(s->bytes(s->Find("gather:a")), 40);
+
+  g = graph(R"({"id": "grad:b", "bytes": 12, "inputs": ["grad:a"], "alias_of": "grad:a",
+      "role": "backward"})");
+  ASSERT_TRUE(g.ok()) << g.status();
+  s = ShardGraph(*g, 2, {});
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(s->alias_of(s->Find("local_grad:b")), s->Find("local_grad:a"));
+
+  g = graph(R"({"id": "b.grad", "bytes": 12, "persistent": true},
+      {"id": "grad:b", "bytes": 12, "inputs": ["b.grad", "y"], "alias_of": "b.grad",
+       "role": "backward"})");
+  ASSERT_TRUE(g.ok()) << g.status();
+  EXPECT_THAT(ShardGraph(*g, 2, {}).status().message(),
+              HasSubstr("'grad:b' is added into a gradient kept from before the step"));
+}
+
 // Every policy plans sharded graphs (the gathers are tensors to keep,
 // free and gather again); FSDP's rule is one of the plans, and pebble's
 // least peak is never above it.

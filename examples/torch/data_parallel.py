@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
-"""Data-parallel training under a pebble plan, one process per rank.
+"""Data-parallel or sharded training under a pebble plan, one process per rank.
 
     torchrun --nproc_per_node 4 examples/torch/data_parallel.py \\
         [--layers 4] [--dim 128] [--batch 8] [--policy rotor] [--budget min] \\
-        [--updates device|host|auto] [--steps 5]
+        [--updates device|host|auto] [--shard none|full] [--steps 5]
 
 (scripts/torchrun-example runs it with the build tree's pebble.) torchrun
 starts the ranks and sets RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT;
@@ -11,9 +11,12 @@ each rank joins the process group (NCCL on GPUs, gloo on the CPU), builds
 the same model from the same seed, and trains it with
 pebble.torch.train_step(..., process_group=...) on its own slice of each
 batch: the plan is the same on every rank, and each gradient is averaged
-over the ranks as soon as the plan completes it. Rank 0 prints each step's
-loss and the measured and predicted step peaks; every rank checks at the
-end that its parameters equal rank 0's.
+over the ranks as soon as the plan completes it. With --shard full each
+rank keeps 1/ranks of the parameters, gradients and Adam's state (ZeRO-3),
+and the plan gathers the parameters where they are read. Rank 0 prints
+each step's loss and the measured and predicted step peaks; every rank
+checks at the end that its parameters (gathered, where sharded) equal rank
+0's.
 """
 
 import argparse
@@ -43,6 +46,8 @@ def main():
     parser.add_argument("--policy", default="rotor")
     parser.add_argument("--budget", default="min")
     parser.add_argument("--updates", default="device", choices=("device", "host", "auto"))
+    parser.add_argument("--shard", default="none", choices=("none", "full"),
+                        help="full: parameters, gradients and optimizer state sharded")
     parser.add_argument("--steps", type=int, default=5)
     args = parser.parse_args()
     if "RANK" not in os.environ:
@@ -68,9 +73,14 @@ def main():
                          optimizer=optimizer, policy=args.policy, budget=args.budget,
                          optimizer_updates=args.updates,
                          allow_cpu_offload=not gpu and args.updates != "device",
-                         process_group=dist.group.WORLD)
+                         process_group=dist.group.WORLD, shard=args.shard)
+    s = step.report.get("sharding")
+    if rank == 0 and s is not None:
+        print(f"sharded over {s['ranks']} ranks: {s['shard_bytes']} B of shards a rank; the "
+              f"plan gathers {s['gathers']} times ({s['regathers']} again for the backward) and "
+              f"reduce-scatters {s['reduce_scatters']} gradients")
     c = step.report.get("collectives")
-    if rank == 0 and c is not None:  # one rank averages nothing
+    if rank == 0 and c is not None and c["all_reduce"]:  # one rank averages nothing
         print(f"the plan's {c['all_reduce']} all-reduces ({c['bytes']} B) keep the network busy "
               f"{1e3 * c['predicted_network_busy_s']:.3f} ms a step, predicted on a link of "
               f"{c['network_bytes_per_s'] / 1e9:.2f} GB/s and {1e6 * c['network_latency_s']:.1f} "
@@ -83,7 +93,8 @@ def main():
             print(f"step {k + 1}: loss {float(loss):.4f} (rank 0's slice), step peak measured "
                   f"{r['measured_peak_bytes']} B, predicted {r['predicted_step_peak_bytes']} B "
                   f"({r['measured_by']}), {r['ranks']} ranks")
-    flat = torch.cat([p.detach().flatten() for p in model.parameters()])
+    whole = step.full_state_dict()  # gathered where sharded, on every rank
+    flat = torch.cat([whole[name].flatten() for name, _ in model.named_parameters()])
     first = flat.clone()
     dist.broadcast(first, src=0)
     same = torch.equal(flat, first)

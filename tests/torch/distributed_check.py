@@ -19,6 +19,13 @@ Each rank takes its slice of one batch. Checks, on every rank:
   in the plan (its updates on the device, and on the host) give the
   parameters of torch.nn.parallel.DistributedDataParallel on the same slices
   (to 1e-5 relative);
+- sharded training (shard="full", ZeRO-3): five steps of Adam and of SGD
+  with momentum under FSDP's rule and under dtr at its least peak give the
+  parameters of eager single-process training on the whole batch
+  (step.full_state_dict() on every rank, to 1e-5 relative), with the
+  allocator's measured peak equal to the plan's on every rank and step; the
+  module's parameters stay empty between steps and the optimizer's state
+  is this rank's shards; a model with an embedding and layer norms too;
 - a rank that dies mid-step: the others' step fails within the process
   group's timeout with pebble.torch's error saying a rank may have stopped,
   and none hangs.
@@ -180,6 +187,123 @@ def check_training(torch, pt, dist, rank, ranks, kind, updates):
     return failures
 
 
+def make_token_model(torch):
+    """An embedding, layer norms and a residual block: gradients that are
+    views (a Linear weight's is a transposed matmul), an embedding's
+    scattered gradient, parameters whose sizes the ranks do not divide."""
+    nn = torch.nn
+
+    class Tokens(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed = nn.Embedding(50, 18)
+            self.norm = nn.LayerNorm(18)
+            self.mlp = nn.Sequential(nn.Linear(18, 37), nn.GELU(), nn.Linear(37, 18))
+            self.head = nn.Linear(18, 5)
+
+        def forward(self, tokens):
+            h = self.norm(self.embed(tokens))
+            h = h + self.mlp(h)
+            return self.head(h.mean(dim=1))
+    return Tokens()
+
+
+def check_sharded(torch, pt, dist, rank, ranks, kind, policy, tokens=False):
+    """shard="full": the parameters of eager training on the whole batch, on
+    every rank, and the measured peak the plan's."""
+    failures = []
+    torch.manual_seed(0)
+    model = make_token_model(torch) if tokens else make_model(torch)
+    whole = copy.deepcopy(model)
+    def make(params):
+        if kind == "adam":
+            # eps well above the rounding of a summed gradient: a gradient whose
+            # terms cancel to about eps is otherwise rounded (summed in another
+            # order) into another normalised step.
+            return torch.optim.Adam(params, lr=1e-2, eps=1e-3, foreach=False)
+        return optimizer(torch, kind, params)
+    opt, whole_opt = make(model.parameters()), make(whole.parameters())
+    g = torch.Generator().manual_seed(11)
+    if tokens:
+        data = [(torch.randint(0, 50, (BATCH_PER_RANK * ranks, 6), generator=g),
+                 torch.randint(0, 5, (BATCH_PER_RANK * ranks,), generator=g)) for _ in range(5)]
+    else:
+        data = batches(torch, ranks, 5)
+    loss_fn = torch.nn.functional.cross_entropy
+    x0, y0 = data[0]
+    # The token model's plan takes a given link (no measurement).
+    link = dict(network="ib-ndr") if tokens else {}
+    step = pt.train_step(model, loss_fn, (mine(x0, rank),), mine(y0, rank), optimizer=opt,
+                         policy=policy, budget="min", measure="always",
+                         process_group=dist.group.WORLD, shard="full", **link)
+    what = f"sharded, {'tokens, ' if tokens else ''}{kind}, {policy}"
+    for k, (x, y) in enumerate(data):
+        step(mine(x, rank), mine(y, rank))
+        whole_opt.zero_grad(set_to_none=True)
+        loss_fn(whole(x), y).backward()
+        whole_opt.step()
+        r = step.report
+        if r["measured_peak_bytes"] != r["predicted_step_peak_bytes"]:
+            failures.append(f"{what}: step {k + 1}: measured peak {r['measured_peak_bytes']}, "
+                            f"predicted {r['predicted_step_peak_bytes']}")
+    s = step.report["sharding"]
+    # (a policy may reduce-scatter a gradient again, from the local one kept)
+    if s["ranks"] != ranks or s["reduce_scatters"] < len(list(model.parameters())) or \
+            s["gathers"] < len(list(model.parameters())) or \
+            (policy == "fsdp" and not s["regathers"] > 0) or \
+            s["network_measured"] == tokens or \
+            (tokens and s["network_bytes_per_s"] != 400e9 / 8):
+        failures.append(f"{what}: report['sharding'] is {s}")
+    if any(p.numel() != 0 or p.grad is not None for p in model.parameters()):
+        failures.append(f"{what}: the module's parameters hold memory between steps")
+    for p in model.parameters():
+        for key, t in opt.state[p].items():
+            if key != "step" and t.numel() != -(-whole.state_dict()[_name(model, p)].numel()
+                                                // ranks):
+                failures.append(f"{what}: the optimizer's {key} is {tuple(t.shape)}, not a shard")
+    full = step.full_state_dict()
+    for name, value in whole.state_dict().items():
+        if not close(full[name], value):
+            failures.append(f"{what}: after five steps, {name} differs from eager training's "
+                            "on the whole batch")
+    return failures
+
+
+def check_sharded_failure(torch, pt, dist, rank, ranks):
+    """A sharded step that cannot be planned leaves the module whole, and a
+    new one trains it; one step's module cannot be sharded by another."""
+    failures = []
+    torch.manual_seed(0)
+    model = make_model(torch)
+    before = copy.deepcopy(model.state_dict())
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    (x, y), = batches(torch, ranks, 1)
+    loss_fn = torch.nn.functional.cross_entropy
+    args = (model, loss_fn, (mine(x, rank),), mine(y, rank))
+    kwargs = dict(optimizer=opt, policy="dtr", process_group=dist.group.WORLD, shard="full")
+    try:
+        pt.train_step(*args, budget="1%", **kwargs)
+        failures.append("sharded: a budget of 1% was planned")
+    except pt.PlanError:
+        pass
+    after = model.state_dict()
+    if any(not torch.equal(v, after[k]) for k, v in before.items()):
+        failures.append("sharded: a train_step that failed left the module changed")
+    step = pt.train_step(*args, budget="min", **kwargs)
+    step(mine(x, rank), mine(y, rank))
+    try:
+        pt.train_step(*args, budget="min", **kwargs)
+        failures.append("sharded: a module sharded already was sharded again")
+    except ValueError as e:
+        if "sharded by another train_step" not in str(e):
+            failures.append(f"sharded again: refused with '{e}'")
+    return failures
+
+
+def _name(model, param):
+    return next(n for n, p in model.named_parameters() if p is param)
+
+
 def check_dead_rank(torch, pt, dist, rank, ranks):
     """The last rank dies instead of stepping; the others must fail cleanly."""
     torch.manual_seed(0)
@@ -209,6 +333,9 @@ def refusals(torch, pt):
     for kwargs, error, needle in (
             (dict(shard="half"), ValueError, "'none' or 'full', not 'half'"),
             (dict(shard="full"), ValueError, "give the process group too"),
+            (dict(network="ib-ndr"), ValueError, "give the process group too"),
+            (dict(optimizer_gradients="sometimes"), ValueError,
+             "'keep' or 'drop', not 'sometimes'"),
             (dict(process_group=object()), ValueError, "is not initialised")):
         try:
             pt.train_step(model, torch.nn.functional.cross_entropy, (x,), y, **kwargs)
@@ -231,13 +358,20 @@ def worker(rank, ranks, port, outdir, timeout):
                             timeout=datetime.timedelta(seconds=timeout))
     failures = check_gradients(torch, pt, dist, rank, ranks)
     failures += check_shared_storage(torch, pt, dist, rank, ranks)
-    if rank == 0:  # with the group initialised: not a group, sharding
+    if rank == 0:  # with the group initialised: not a group, what sharding cannot run
+        model = make_model(torch)
+        sgd = torch.optim.SGD(model.parameters(), lr=0.1)
+        world = dist.group.WORLD
         for kwargs, error, needle in (
                 (dict(process_group="world"), TypeError, "must be a torch.distributed"),
-                (dict(process_group=dist.group.WORLD, shard="full"), ValueError,
-                 "does not run in pebble.torch yet")):
+                (dict(process_group=world, shard="full"), ValueError, "give the optimizer too"),
+                (dict(process_group=world, shard="full", optimizer=sgd,
+                      optimizer_gradients="keep"), ValueError, "is not possible"),
+                (dict(process_group=world, shard="full", optimizer=sgd,
+                      optimizer_updates="host", allow_cpu_offload=True), ValueError,
+                 "host state or host updates")):
             try:
-                pt.train_step(make_model(torch), torch.nn.functional.cross_entropy,
+                pt.train_step(model, torch.nn.functional.cross_entropy,
                               (torch.randn(4, 16),), torch.randint(0, 5, (4,)), **kwargs)
                 failures.append(f"{kwargs} was not refused")
             except error as e:
@@ -246,6 +380,10 @@ def worker(rank, ranks, port, outdir, timeout):
     for kind in ("sgd", "adam"):
         for updates in ("device", "host"):
             failures += check_training(torch, pt, dist, rank, ranks, kind, updates)
+    for kind, policy in (("adam", "fsdp"), ("adam", "dtr"), ("sgd", "rotor")):
+        failures += check_sharded(torch, pt, dist, rank, ranks, kind, policy)
+    failures += check_sharded(torch, pt, dist, rank, ranks, "adam", "hybrid", tokens=True)
+    failures += check_sharded_failure(torch, pt, dist, rank, ranks)
     with open(os.path.join(outdir, f"rank{rank}.json"), "w") as f:
         json.dump(failures, f)  # before the last check, which one rank does not survive
     dead = check_dead_rank(torch, pt, dist, rank, ranks)
@@ -302,8 +440,9 @@ def main():
     if failures:
         return 1
     print(f"PASS: {args.ranks} ranks: gradients of the whole batch, five SGD and Adam steps "
-          "as DistributedDataParallel's (updates on the device and the host), measured peak "
-          "== predicted, a dead rank fails the others cleanly")
+          "as DistributedDataParallel's (updates on the device and the host), sharded "
+          "training as eager's on the whole batch, measured peak == predicted, a dead rank "
+          "fails the others cleanly")
     return 0
 
 

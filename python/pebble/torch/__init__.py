@@ -8,6 +8,9 @@
     # or the optimizer's step in the plan too (its state counted and placed):
     step = pt.train_step(model, loss_fn, (x,), y, optimizer=optimizer, budget="60%")
     step.report            # predicted and measured peak, recomputations, transfers, time
+    # on several ranks, sharded (ZeRO-3): each rank its slice of the batch
+    step = pt.train_step(model, loss_fn, (x_mine,), y_mine, optimizer=optimizer,
+                         process_group=torch.distributed.group.WORLD, shard="full")
 
 PyTorch traces the whole step (module, the user's loss callable and
 autograd's backward) into one graph of ATen operators (_capture.py); each
@@ -18,6 +21,7 @@ allocator measures what a step really held (_memory.py). docs/torch.md
 documents the API and its limits.
 """
 
+import contextlib
 import json
 import math
 import time
@@ -33,6 +37,7 @@ from ._executor import FREE, PlanExecutionError, Program, draws_in_eager_order
 from ._graph import StepGraph
 from ._memory import AllocatorPeak, TensorMemory, allocated_where_profiled, measure, tensor_bytes
 from ._optimizer import OptimizerError, Updates
+from ._sharding import ShardedRunner, Shards
 
 __all__ = ["CaptureError", "OptimizerError", "PlanError", "PlanExecutionError", "TensorMemory",
            "TrainStep", "measure", "tensor_bytes", "train_step"]
@@ -108,7 +113,8 @@ class TrainStep:
         backward() leaves it) or "drop" (only the updates read a gradient:
         the plan frees each once its updates have read it, sending it to the
         host as soon as it is complete where its update runs there, and
-        .grad is None after the step).
+        .grad is None after the step). None (the default): "keep", but
+        "drop" with shard="full".
       process_group: a torch.distributed process group (initialised; gloo on
         the CPU, NCCL on GPUs): data parallelism, DistributedDataParallel's
         rule. Rank 0's parameters and buffers are copied to every rank here.
@@ -122,16 +128,27 @@ class TrainStep:
         (rank 0's all-reduces of two sizes; the default link of
         pebble.plan otherwise). A step that fails leaves the TrainStep
         refusing further calls.
-      shard: "none" (each rank holds the whole model: data parallelism);
-        running the step sharded over the ranks ("full", ZeRO-3) is not
-        built yet and is refused (pebble.shard plans and simulates it).
+      shard: "none" (each rank holds the whole model: data parallelism) or
+        "full" (ZeRO-3 / FSDP FULL_SHARD, with `optimizer`): each rank keeps
+        1/ranks of every trainable parameter, gradient and optimizer state;
+        the plan gathers each parameter where its readers need it (and
+        again for the backward, or keeps it) and reduce-scatters each
+        gradient for the updates (_sharding.py). Between steps the module's
+        parameters are empty tensors: step.full_state_dict() gathers them;
+        opt.state holds each rank's shards. The gradients are dropped after
+        the updates (optimizer_gradients="drop"), and the state and updates
+        stay on the device.
+      network, network_latency: the ranks' link as the plan times its
+        collectives, as pebble.plan takes them (a preset such as "ib-ndr"
+        or bytes per second; seconds a message). None: calibration measures
+        it (else pebble.plan's default link).
     """
 
     def __init__(self, model, loss_fn, example_inputs, example_target, policy=None,
                  budget="100%", host_budget=None, bandwidth=None, time_limit=10.0, seed=0,
                  calibrate=True, measure="first", allow_cpu_offload=False, optimizer=None,
-                 optimizer_state=None, optimizer_updates="device", optimizer_gradients="keep",
-                 process_group=None, shard="none"):
+                 optimizer_state=None, optimizer_updates="device", optimizer_gradients=None,
+                 process_group=None, shard="none", network=None, network_latency=None):
         if not isinstance(model, torch.nn.Module):
             raise TypeError(f"model must be a torch.nn.Module, not {type(model).__name__}")
         if not callable(loss_fn):
@@ -146,6 +163,8 @@ class TrainStep:
         self.measure_mode = measure
         self.allow_cpu_offload = allow_cpu_offload
         self.process_group = _checked_group(process_group, shard)
+        optimizer_gradients = _checked_sharding(shard, optimizer, optimizer_state,
+                                                optimizer_updates, optimizer_gradients)
         if optimizer is None and (optimizer_state is not None or
                                   optimizer_updates != "device" or
                                   optimizer_gradients != "keep"):
@@ -168,18 +187,41 @@ class TrainStep:
                 raise ValueError(f"{name}={value!r} saves no memory on the CPU device: give "
                                  "allow_cpu_offload=True to run it anyway (to test the path)")
         self._failed = None  # why a step failed, where that leaves the ranks out of step
-        # The ranks' link as the plan times it: (bytes/s, latency s), or None
-        # (pebble.plan's default link).
-        self.network = None
+        # The ranks' link as the plan times it: (a preset or bytes/s, latency
+        # s or None), or None (pebble.plan's default link).
+        if network is None and network_latency is not None:
+            raise ValueError("network_latency goes with network: give the link's bandwidth "
+                             "(a preset or bytes per second) too")
+        if network is not None and self.process_group is None:
+            raise ValueError("network is the link between the ranks of a process_group: give "
+                             "the process group too")
+        self.network = (network, network_latency) if network is not None else None
+        self.network_measured = False
         if self.process_group is not None:
             broadcast_module(model, self.process_group)  # rank 0's weights, as DDP starts
-            if calibrate:  # Note [One plan on every rank]: rank 0's measurement
+            if calibrate and network is None:  # Note [One plan on every rank]: rank 0's
                 self.network = same_on_every_rank(
                     measure_link(self.process_group, self.device), self.process_group)
+                self.network_measured = self.network is not None
+        # The parameters' shards (shard="full"): the module's are empty once
+        # the first step is planned.
+        self.shards = (Shards(model, self.process_group, self.updates)
+                       if shard == "full" else None)
         self._captures = {}  # signature -> _Capture, shared with replan()'s steps
         self._variants = {}  # signature -> _Variant (its capture and this step's plan)
         self._variant = self._variant_for(inputs, example_target)
+        if self.shards is not None:
+            self.shards.release()
         self.report = dict(self._variant.report)
+
+    def full_state_dict(self):
+        """The module's state_dict, every parameter whole, as copies. Sharded
+        (shard="full"), it gathers the parameters, on every rank: call it on
+        every rank together."""
+        if self.shards is not None:
+            self._refuse_after_failure()
+            return self.shards.full_state_dict()
+        return {k: v.detach().clone() for k, v in self.model.state_dict().items()}
 
     def replan(self, policy=None, budget="100%", **options):
         """A TrainStep of the same module and loss under another plan, sharing
@@ -218,7 +260,10 @@ class TrainStep:
         if variant is None:
             capture = self._captures.get(key)
             if capture is None:
-                capture = self._captures[key] = _Capture(self, inputs, target, key)
+                # A sharded module is traced and calibrated whole.
+                with (self.shards.full_parameters() if self.shards is not None
+                      else contextlib.nullcontext()):
+                    capture = self._captures[key] = _Capture(self, inputs, target, key)
             variant = self._variants[key] = _Variant(self, capture)
         return variant
 
@@ -240,10 +285,13 @@ class TrainStep:
             variant = self._variant_for(inputs, target)
             loss = variant.run(inputs, target)
         else:  # Note [One plan on every rank]
-            if self._failed is not None:
-                raise PlanExecutionError(f"an earlier step failed on this rank ({self._failed}), "
-                                         "which leaves its collectives out of step with the "
-                                         "other ranks': make a new process group and train_step")
+            self._refuse_after_failure()
+            if self.shards is not None:
+                trainable = {n for n, p in self.model.named_parameters() if p.requires_grad}
+                if trainable != set(self.shards.params):
+                    raise ValueError("the module's trainable parameters changed since the "
+                                     "sharded step was made (requires_grad): make a new "
+                                     "train_step")
             try:
                 check_same_call(self._signature(inputs, target), self.process_group)
                 variant = self._variant_for(inputs, target)
@@ -255,6 +303,12 @@ class TrainStep:
         self.report = dict(variant.report)
         self.report["shapes_planned"] = len(self._variants)
         return loss
+
+    def _refuse_after_failure(self):
+        if self._failed is not None:
+            raise PlanExecutionError(f"an earlier step failed on this rank ({self._failed}), "
+                                     "which leaves its collectives out of step with the "
+                                     "other ranks': make a new process group and train_step")
 
     @property
     def plan(self):
@@ -327,11 +381,13 @@ class _Capture:
             return calibrate(self.nodes, self.device, self.persistent(inputs, target))
         return estimated(self.nodes, "calibrate=False")
 
-    def persistent(self, inputs, target):
-        """node index -> tensor of every persistent node, from the module now."""
+    def persistent(self, inputs, target, sharded=()):
+        """node index -> tensor of every persistent node, from the module now;
+        but the parameters named in `sharded`, which the plan gathers."""
         out = {}
         for node in self.nodes.nodes:
-            if node.kind != "persistent":
+            if node.kind != "persistent" or (node.role == "parameter" and
+                                             node.slot.names[0] in sharded):
                 continue
             if node.constant is not None:
                 out[node.index] = node.constant.to(self.device)
@@ -385,10 +441,12 @@ class _Variant:
     def _plan_here(self, step, capture):
         """This rank's part: the graph with the optimizer's step, its plan and
         the program that runs it."""
-        self.graph = capture.graph
+        self.shards = step.shards
+        self.graph = self._whole_step(capture.graph)
         self.persistent_bytes = capture.persistent_bytes
-        if self.updates is not None:  # the optimizer's step in the plan
-            self.graph = self.updates.extend(capture.graph)
+        if self.shards is not None:  # the shards, the state and what stays whole
+            self.persistent_bytes = _persistent_bytes(self.graph)
+        elif self.updates is not None:  # the optimizer's step in the plan
             # While planning: the state that may be resident frames the
             # budget; once planned, only what the plan keeps resident (below).
             self.persistent_bytes += self.updates.planned_state_bytes
@@ -399,13 +457,19 @@ class _Variant:
         self.placement = None
         if self.updates is not None:
             self.placement = self.updates.placement(self.plan.schedule)
-            self.persistent_bytes = (capture.persistent_bytes +
-                                     self.placement.resident_state_bytes)
+            if self.shards is None:
+                self.persistent_bytes = (capture.persistent_bytes +
+                                         self.placement.resident_state_bytes)
         group = step.process_group
-        # One rank has nothing to average: its plan has no all-reduce.
-        averaged = group is not None and _world_size(group) > 1
-        self.program = Program(self.graph_nodes, self.plan.schedule, self.device,
-                               foreign=self.updates, rebind=self._rebind,
+        # One rank has nothing to average: its plan has no all-reduce; a
+        # sharded plan reduce-scatters instead.
+        averaged = group is not None and _world_size(group) > 1 and self.shards is None
+        schedule, foreign = self.plan.schedule, self.updates
+        if self.shards is not None:
+            schedule = self.shards.translate(schedule)
+            foreign = ShardedRunner(self.shards, self.updates, self.graph_nodes, schedule)
+        self.program = Program(self.graph_nodes, schedule, self.device,
+                               foreign=foreign, rebind=self._rebind,
                                sync=GradientAverage(group) if averaged else None)
         # The parameters the plan frees for their updates on the host.
         self.freed_parameters = [node.slot.names[0] for kind, node in self.program.steps
@@ -441,7 +505,7 @@ class _Variant:
             kwargs["ranks"] = _world_size(group)
             if self.step.network is not None:
                 kwargs["network"], kwargs["network_latency"] = self.step.network
-        graph = self._with_updates(self.capture.free_graph)
+        graph = self._whole_step(self.capture.free_graph)
         plan = _core.plan(graph, **kwargs)
         if plan.feasible and not self._draws_in_eager_order(plan):
             # Note [Random calls in eager's order]: the graph whose tokens
@@ -459,13 +523,31 @@ class _Variant:
                             "memory on the CPU device (allow_cpu_offload=True runs it anyway)")
         return plan, info
 
-    def _with_updates(self, graph):
-        if self.updates is None:
-            return graph
-        return self.graph if graph is self.capture.graph else self.updates.extend(graph)
+    def _whole_step(self, graph):
+        """The captured `graph` with the optimizer's step, sharded where the
+        step is."""
+        if graph is self.capture.graph and hasattr(self, "graph"):
+            return self.graph
+        if self.updates is not None:
+            graph = self.updates.extend(graph)
+        if self.shards is not None:
+            if self.capture.shapes_from == "real":
+                # Its real values view the whole parameters (kept past the capture).
+                raise PlanError(f"{type(self.step.model).__name__}'s step was captured with "
+                                "real tensors (a shape depends on the data), which hold the "
+                                "whole parameters: shard='full' cannot run it")
+            try:
+                graph = self.shards.shard_graph(graph, self.step.network, self.updates,
+                                                self.graph_nodes.round_to)
+            except ValueError as e:
+                raise PlanError(str(e)) from None
+        return graph
 
     def _draws_in_eager_order(self, plan):
-        return draws_in_eager_order(self.graph_nodes, plan.schedule)
+        schedule = plan.schedule
+        if self.shards is not None:
+            schedule = self.shards.translate(schedule)
+        return draws_in_eager_order(self.graph_nodes, schedule)
 
     def _does_not_fit(self, plan, options, info):
         """Why `plan` does not fit, with the least peak its policy reaches
@@ -475,6 +557,8 @@ class _Variant:
         least_peak = plan.document["least_peak_bytes"]
         least_step = least_peak - self.persistent_bytes
         budget = options["budget"]
+        reference_name = ("pebble's baseline of the sharded step" if self.shards is not None
+                          else "the unplanned step")
         if least_peak <= plan.budget_bytes:  # not the device budget
             return (f"policy {plan.policy} cannot plan the training step of "
                     f"{type(self.step.model).__name__} in {budget}: {plan.message}")
@@ -483,8 +567,8 @@ class _Variant:
         message = (f"policy {plan.policy} cannot fit the training step of "
                    f"{type(self.step.model).__name__} in {budget} "
                    f"({_size(plan.budget_bytes - self.persistent_bytes)} above the "
-                   f"parameters and inputs): it reaches {_size(least_step)} ({percent}% of the "
-                   f"unplanned step) at least: try budget='{percent}%' or budget='min'")
+                   f"parameters and inputs): it reaches {_size(least_step)} ({percent}% of "
+                   f"{reference_name}) at least: try budget='{percent}%' or budget='min'")
         # What every plan keeps to its end above the persistent tensors: the
         # loss and the gradients. Where it is most of the least peak, say so.
         kept = plan.document["end_state_bytes"] - self.persistent_bytes
@@ -499,11 +583,19 @@ class _Variant:
         ran, else predicted."""
         reference = self.calibration.unplanned_peak_bytes
         source = "measured: the unplanned step, by the allocator"
-        if reference is None:
+        if self.shards is not None:  # the step measured was whole, not sharded
+            reference = None
+        if reference is None and self.shards is not None:
+            baseline = _core.plan(self.graph, policy="baseline", budget="100%")
+            reference = baseline.report["peak_bytes"] - self.persistent_bytes
+            source = ("predicted: pebble's baseline of the sharded step (each parameter "
+                      "gathered before its first reader and kept to its last)")
+        elif reference is None:
             baseline = _core.plan(self.graph, policy="baseline", budget="100%")
             reference = baseline.report["peak_bytes"] - self.persistent_bytes
             source = "predicted: pebble's baseline (the unplanned step could not run)"
-        if self.updates is not None and self.calibration.unplanned_peak_bytes is not None:
+        if self.updates is not None and self.shards is None and \
+                self.calibration.unplanned_peak_bytes is not None:
             # The calibration ran the step without the optimizer: its update
             # (the gradients held, one parameter's temporaries) may peak above.
             baseline = _core.plan(self.graph, policy="baseline", budget="100%")
@@ -533,10 +625,11 @@ class _Variant:
             self.step.measure_mode == "first" and not self.measured_once)
         if measured and self.device.type == "cpu" and self.freed_parameters:
             self._reallocate_freed_parameters()
-        persistent = self.capture.persistent(inputs, target)
+        sharded = self.shards.params if self.shards is not None else ()
+        persistent = self.capture.persistent(inputs, target, sharded)
         if self.updates is not None:
             # Held before the step, where the plan holds it.
-            self.updates.ensure_state(self.placement)
+            self.updates.ensure_state(self.placement, like=self.shards and self.shards.shards)
         # The plan fixed every tensor's dtype: autocast stays off inside the step.
         with torch.no_grad(), torch.autocast(self.device.type, enabled=False):
             if measured:
@@ -567,6 +660,9 @@ class _Variant:
         for slot, grad in result.grads:
             if grad is None:  # dropped (optimizer_gradients="drop"): the updates read it
                 continue
+            if self.shards is not None:
+                raise PlanExecutionError(f"internal: the sharded plan keeps the local gradient "
+                                         f"of '{slot.names[0]}' past the step")
             param = _lookup(self.step.model, slot.names[0])
             if param.grad is None:
                 param.grad = grad
@@ -576,6 +672,8 @@ class _Variant:
             _lookup(self.step.model, slot.names[0]).copy_(value)
         if self.placement is not None:  # pebble's count: the resident state throughout
             result.counted_peak_bytes += self.placement.resident_state_bytes
+        if self.shards is not None:  # and the shards, and their staging buffers
+            result.counted_peak_bytes += self.shards.shard_bytes + self.shards.staging_bytes
         return result
 
     def _reallocate_freed_parameters(self):
@@ -632,7 +730,8 @@ class _Variant:
             "steps": len(p.schedule),
             "nodes": len(self.graph),
             "device": str(self.device),
-            "ranks": self.program.sync.ranks if self.program.sync is not None else 1,
+            "ranks": (_world_size(self.step.process_group)
+                      if self.step.process_group is not None else 1),
             "predicted_time_s": r["makespan"],
             "traced_with": c.traced_with,
             "shapes_from": c.shapes_from,
@@ -648,12 +747,37 @@ class _Variant:
                 "predicted_network_busy_s": c["network_busy"],
                 "network_bytes_per_s": c["network_bandwidth_bytes_per_s"],
                 "network_latency_s": c["network_latency_s"],
-                "network_measured": self.step.network is not None}
+                "network_measured": self.step.network_measured}
+        if self.shards is not None:
+            report["sharding"] = _sharding_report(p, self.shards, self.step.network_measured)
         if "step_budget_bytes" in info:
             report["step_budget_bytes"] = info["step_budget_bytes"]
         if "order" in info:
             report["order"] = info["order"]
         return report
+
+
+def _persistent_bytes(graph):
+    """The bytes of the persistent tensors of `graph` (a pebble.Graph) on the device."""
+    return sum(n["bytes"] for n in json.loads(graph.to_json())["nodes"]
+               if n.get("persistent") and n.get("home", "device") == "device")
+
+
+def _sharding_report(plan, shards, network_measured):
+    """The report's "sharding" entry: the shards, the plan's collectives and
+    the link it times them on."""
+    computes = [node_id for action, node_id in plan.schedule if action == "compute"]
+    gathers = sum(1 for n in computes if n.startswith("gather:"))
+    link = plan.details.get("collectives", {})
+    return {"ranks": shards.ranks, "parameters": len(shards.params),
+            "network_bytes_per_s": link.get("network_bandwidth_bytes_per_s"),
+            "network_latency_s": link.get("network_latency_s"),
+            "network_measured": network_measured,
+            "shard_bytes": shards.shard_bytes,
+            "gathers": gathers, "regathers": gathers - len(shards.params),
+            "reduce_scatters": sum(1 for n in computes if n.startswith("grad:") and
+                                   n[len("grad:"):] in shards.params),
+            "predicted_network_busy_s": plan.report.get("network_busy", 0.0)}
 
 
 def _world_size(group):
@@ -677,12 +801,27 @@ def _checked_group(group, shard):
     if not isinstance(group, dist.ProcessGroup):
         raise TypeError(f"process_group must be a torch.distributed.ProcessGroup (such as "
                         f"torch.distributed.group.WORLD), not {type(group).__name__}")
-    if shard == "full":
-        raise ValueError("shard='full' (the parameters, gradients and optimizer state sharded "
-                         "over the ranks) does not run in pebble.torch yet (pebble.shard and "
-                         "`pebble plan --shard full` plan and simulate it): shard='none' is "
-                         "data parallelism")
     return group
+
+
+def _checked_sharding(shard, optimizer, state, updates, gradients):
+    """optimizer_gradients as given or by default ("drop" sharded, else
+    "keep"); ValueError for what a sharded step does not run."""
+    if gradients not in (None, "keep", "drop"):
+        raise ValueError(f"optimizer_gradients must be 'keep' or 'drop', not {gradients!r}")
+    if shard != "full":
+        return gradients or "keep"
+    if optimizer is None:
+        raise ValueError("shard='full' shards the optimizer's state and runs its updates on "
+                         "the shards: give the optimizer too")
+    if state not in (None, "device") or updates != "device":
+        raise ValueError("shard='full' keeps the optimizer's state and runs its updates on the "
+                         "device: pebble does not shard with host state or host updates yet")
+    if gradients == "keep":
+        raise ValueError("shard='full' gives each rank 1/ranks of each gradient, which the "
+                         "updates read and the plan then frees: optimizer_gradients='keep' "
+                         "(gradients in .grad) is not possible; leave it out")
+    return "drop"
 
 
 def _slot_ids(traced, names):

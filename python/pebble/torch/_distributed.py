@@ -88,15 +88,18 @@ class GradientAverage:
         self.pending.clear()
 
 
-def measure_link(group, device, small=1 << 10, large=1 << 21, repeats=5):
+def measure_link(group, device, small=1 << 10, large=1 << 21, repeats=5, attempts=3):
     """The ranks' link as pebble's simulator times an all-reduce (the ring's
     2 (r - 1) latency + 2 (r - 1) / r bytes / bandwidth; AllReduceSeconds in
     scheduler/simulator.h): this rank's least time of `repeats`
     all-reduces of `small` and of `large` float32 elements on `device`,
-    solved for (bandwidth bytes/s, latency s). The latency is 0 where the
-    small one takes no longer per byte than the large one allows; None for
-    one rank, or a link too fast to time here: the large all-reduce not
-    clearly slower than the small one (pebble.plan's default link then)."""
+    each started together (a barrier first), solved for (bandwidth bytes/s,
+    latency s). The latency is 0 where the small one takes no longer per
+    byte than the large one allows. Where the large all-reduce is not
+    clearly slower than the small one on rank 0 (another process took the
+    cores meanwhile), the ranks measure again, up to `attempts` times in
+    all. None for one rank, or a link too fast to time here (pebble.plan's
+    default link then)."""
     import torch.distributed as dist
     ranks = dist.get_world_size(group)
     if ranks < 2:
@@ -108,6 +111,7 @@ def measure_link(group, device, small=1 << 10, large=1 << 21, repeats=5):
         for run in range(repeats + 1):  # run 0 warms up (connections, buffers)
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
+            _collective("measuring the ranks' link", dist.barrier, group=group)
             start = time.perf_counter()
             _collective("measuring the ranks' link", dist.all_reduce, t, group=group)
             if device.type == "cuda":
@@ -116,7 +120,11 @@ def measure_link(group, device, small=1 << 10, large=1 << 21, repeats=5):
                 times.append(time.perf_counter() - start)
         return min(times)  # noise (other processes on these cores) only adds
 
-    t_small, t_large = seconds(small), seconds(large)
+    for _ in range(attempts):
+        t_small, t_large = seconds(small), seconds(large)
+        # Rank 0's verdict on every rank: they measure again together, or stop.
+        if same_on_every_rank(t_large > 1.5 * t_small, group):
+            break
     if not t_large > 1.5 * t_small:  # the large one lost in the noise: no fit
         return None
     per_byte = 2 * (ranks - 1) / ranks  # of the tensor's bytes, sent by each rank

@@ -326,6 +326,23 @@ class _RunState:
         self.result.counted_peak_bytes = max(self.result.counted_peak_bytes,
                                              self.resident + workspace)
 
+    def put(self, node, t):
+        """`t` is the captured node `node`'s value from now on, made by a
+        foreign step (a gathered parameter, _sharding.py)."""
+        if self.live[node.index] is not None:
+            raise PlanExecutionError(f"the plan makes '{node.id}' again while it is resident")
+        self.live[node.index] = t
+        self._count(t, node.nbytes)
+        self.result.counted_peak_bytes = max(self.result.counted_peak_bytes, self.resident)
+
+    def take(self, node):
+        """A foreign step drops the captured node `node`'s value."""
+        t = self.live[node.index]
+        if t is None:
+            raise PlanExecutionError(f"the plan frees '{node.id}', which is not resident")
+        self._uncount(t)
+        self.live[node.index] = None
+
     # --- tensors for the optimizer's steps (Note [Steps of the optimizer]) -------
 
     def device_value(self, node_id):

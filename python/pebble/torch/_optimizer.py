@@ -53,6 +53,7 @@ _UPDATE_OPS = ("sgd_momentum", "sgd_update", "adam_exp_avg", "adam_exp_avg_sq", 
 
 
 _DTYPES = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
+_ITEM_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
 
 # Each optimizer's update ops, in their order, and how many tensors each
 # reads and writes as the host cost model counts them (its output and
@@ -191,7 +192,10 @@ class Updates:
                 raise OptimizerError(f"parameter '{node['id']}' is {attrs.get('dtype')}: "
                                      "pebble's optimizer step takes float32, float16 and "
                                      "bfloat16 parameters")
-            node["shape"], node["dtype"] = attrs["shape"], dtype
+            if math.prod(attrs["shape"]) * _ITEM_BYTES[dtype] == node["bytes"]:
+                # (Not where the capture rounded the bytes to the allocator's
+                # granularity, on a GPU: the shape would not hold them.)
+                node["shape"], node["dtype"] = attrs["shape"], dtype
         graph = _core.from_json(json.dumps(doc))
         doc = json.loads(_core.with_optimizer(
             graph, self.spec, host_bytes_per_s=self.host_bytes_per_s).to_json())
@@ -255,7 +259,7 @@ class Updates:
 
     # --- the state ----------------------------------------------------------------
 
-    def ensure_state(self, placement):
+    def ensure_state(self, placement, like=None):
         """Every parameter's state in opt.state, as torch.optim makes it on its
         first step (zeros; Adam's step count 0), where it is not there yet:
         made before the step, it is held before the step as the plan holds
@@ -264,10 +268,13 @@ class Updates:
         the plan of these shapes wants it (state a loaded state_dict put on
         the device, say). A momentum buffer starts at zeros: momentum 0 + g
         is the copy of g that torch.optim makes. The host updates' scratch
-        buffer is made here too, outside the step."""
+        buffer is made here too, outside the step. `like`: parameter name ->
+        the tensor its state is shaped as where that is not the parameter
+        (its shard, in a sharded step)."""
         state = self.optimizer.state
-        for p in self.params.values():
+        for name, p in self.params.items():
             s = state[p]
+            template = like[name] if like is not None and name in like else p
             if self.kind == "sgd":
                 keys = ("momentum_buffer",) if self.settings["momentum"] > 0 else ()
             else:
@@ -276,8 +283,13 @@ class Updates:
                     s["step"] = torch.tensor(0.0)
             for key in keys:
                 if s.get(key) is None:
-                    s[key] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                s[key] = self._at_home(s[key], p, f"{key}:{self._name[p]}" in placement.host_state)
+                    s[key] = torch.zeros_like(template, memory_format=torch.preserve_format)
+                elif s[key].shape != template.shape:
+                    raise OptimizerError(
+                        f"the optimizer's {key} of '{name}' is {tuple(s[key].shape)}; the "
+                        f"step keeps it {tuple(template.shape)} (a state from a step sharded "
+                        "otherwise, or from one not sharded?)")
+                s[key] = self._at_home(s[key], template, f"{key}:{name}" in placement.host_state)
         for dtype, numel in placement.scratch_numel.items():
             held = self._host_scratch.get(dtype)
             if held is None or held.numel() < numel:

@@ -1,0 +1,365 @@
+"""Sharded training under a plan: train_step(..., process_group=pg, shard="full").
+
+ZeRO-3 / FSDP FULL_SHARD: each rank keeps 1/ranks of every trainable
+parameter (its shard: the parameter flattened, ceil(numel / ranks)
+elements, the last rank's padded with zeros), of its gradient and of its
+optimizer state. pebble.shard rewrites the captured step (Note [Sharded
+graphs] in scheduler/collectives.cc): the parameter `p` is its shard, a
+collective `gather:p` makes the whole parameter for its readers,
+`local_grad:p` is this rank's gradient and `grad:p` its reduce-scatter,
+which the optimizer's updates read. The plan decides when each parameter is
+gathered, how long the gathered copy lives and whether it is gathered again
+for the backward.
+
+Note [One staging buffer for the collectives]: gloo (the CPU's backend) has
+no reduce-scatter, and its all-gather stages the whole tensor in buffers of
+its own, outside the plan. And gloo's worker thread lets go of a tensor a
+moment after the collective returns: where that is the last reference, the
+tensor is freed in that thread, which PyTorch's CPU profiler does not
+watch, so the measured peak would exceed the plan's. So each rank holds one
+staging buffer per dtype, of the largest parameter's elements, made before
+the first step and kept (the graph counts it: a persistent node
+"staging:<dtype>"), and runs both collectives as one all-reduce on it: a
+gather zeroes the buffer, writes its own shard in its place, sums the
+buffer over the ranks and copies it into the gathered parameter; a
+reduce-scatter copies the local gradient into the buffer, divides it by the
+number of ranks (as FSDP averages), sums it and copies this rank's part
+into the gradient's shard. That moves twice the bytes that an all-gather or
+a reduce-scatter moves (the plan times the latter), and costs a buffer of
+the largest parameter: NCCL's own collectives would spare both, and wait
+for a GPU to be checked.
+
+The module's parameters hold no memory between steps (an empty tensor each,
+as FSDP frees them): the shards are the parameters. A capture (the first
+call of each shapes) and full_state_dict() gather them for their duration.
+"""
+
+import contextlib
+import json
+import math
+
+import torch
+
+from .. import _core
+from ._compat import storage_bytes
+from ._distributed import _collective
+from ._executor import PlanExecutionError
+
+
+class Shards:
+    """This rank's shards of the trainable parameters of `model` (those of
+    `updates`, the optimizer in the plan), over the ranks of `group`."""
+
+    def __init__(self, model, group, updates):
+        import torch.distributed as dist
+        self.dist = dist
+        self.model = model
+        self.group = group
+        self.ranks = dist.get_world_size(group)
+        self.rank = dist.get_rank(group)
+        if self.ranks < 2:
+            raise ValueError("shard='full' shards over 2 ranks or more; this process group "
+                             "has 1 (shard='none' trains it whole)")
+        self.params = dict(updates.params)  # name -> the module's parameter
+        for name, p in self.params.items():
+            if p.numel() == 0:
+                raise ValueError(f"parameter '{name}' is empty: is the module sharded by "
+                                 "another train_step already? (make one TrainStep per module)")
+            if p.grad is not None:
+                raise ValueError(f"parameter '{name}' has a .grad: a sharded step makes each "
+                                 "rank's gradient shards itself; clear the gradients first "
+                                 "(optimizer.zero_grad(set_to_none=True))")
+            if p.storage_offset() != 0 or storage_bytes(p) != p.numel() * p.element_size() \
+                    or not p.is_contiguous():
+                raise ValueError(f"parameter '{name}' is a view of a larger storage or not "
+                                 "contiguous: shard='full' shards parameters that own their "
+                                 "storage")
+        self.shapes = {name: tuple(p.shape) for name, p in self.params.items()}
+        # dtype -> the staging buffer (Note [One staging buffer for the collectives])
+        self.staging = {}
+        for name, p in self.params.items():
+            held = self.staging.get(p.dtype)
+            if held is None or held.numel() < p.numel():
+                self.staging[p.dtype] = torch.empty(p.numel(), dtype=p.dtype, device=p.device)
+        self.shards = {}  # name -> this rank's shard (flat, padded)
+        with torch.no_grad():
+            for name, p in self.params.items():
+                shard = torch.zeros(self.shard_numel(name), dtype=p.dtype, device=p.device)
+                lo, hi = self.bounds(name)
+                shard[:hi - lo].copy_(p.detach().reshape(-1)[lo:hi])
+                self.shards[name] = shard
+        # The parameters stay whole until the first step is planned (release()),
+        # so that a failure on the way leaves the module as it was.
+        self.released = False
+        # Note [Scalars without allocations] (_optimizer.py): a held 0-dim
+        # tensor divides.
+        self._ranks = torch.full((), float(self.ranks))
+
+    def shard_numel(self, name):
+        return math.ceil(math.prod(self.shapes[name]) / self.ranks)
+
+    def bounds(self, name):
+        """[lo, hi): the elements of the flattened parameter in this rank's shard."""
+        numel = math.prod(self.shapes[name])
+        s = self.shard_numel(name)
+        return min(numel, self.rank * s), min(numel, (self.rank + 1) * s)
+
+    @property
+    def shard_bytes(self):
+        return sum(s.numel() * s.element_size() for s in self.shards.values())
+
+    # --- whole parameters --------------------------------------------------------
+
+    def gather(self, name):
+        """The whole parameter `name`, a new tensor (Note [One staging buffer
+        for the collectives])."""
+        shard = self.shards[name]
+        numel = math.prod(self.shapes[name])
+        buffer = self.staging[shard.dtype][:numel]
+        buffer.zero_()
+        lo, hi = self.bounds(name)
+        buffer[lo:hi].copy_(shard[:hi - lo])
+        _collective(f"the all-gather of parameter '{name}'", self.dist.all_reduce, buffer,
+                    group=self.group)
+        return buffer.clone().view(self.shapes[name])
+
+    def reduce_scatter(self, name, grad):
+        """This rank's shard of `grad` (the local gradient of `name`) averaged
+        over the ranks, a new tensor (Note [One staging buffer for the
+        collectives])."""
+        buffer = self.staging[grad.dtype][:grad.numel()]
+        buffer.view(grad.shape).copy_(grad)
+        buffer.div_(self._ranks)
+        _collective(f"the reduce-scatter of the gradient of '{name}'", self.dist.all_reduce,
+                    buffer, group=self.group)
+        shard = torch.zeros(self.shard_numel(name), dtype=grad.dtype, device=grad.device)
+        lo, hi = self.bounds(name)
+        shard[:hi - lo].copy_(buffer[lo:hi])
+        return shard
+
+    @property
+    def staging_bytes(self):
+        return sum(b.numel() * b.element_size() for b in self.staging.values())
+
+    @contextlib.contextmanager
+    def full_parameters(self):
+        """The module's parameters whole for the block's duration (a collective:
+        every rank enters it together), released afterwards where they were."""
+        if not self.released:
+            yield
+            return
+        try:
+            with torch.no_grad():
+                for name, p in self.params.items():
+                    p.data = self.gather(name)
+            yield
+        finally:
+            self.release()
+
+    def release(self):
+        """The module's parameters hold no memory from here: the shards are them."""
+        for p in self.params.values():
+            p.data = torch.empty(0, dtype=p.dtype, device=p.device)
+        self.released = True
+
+    # --- the plan ----------------------------------------------------------------
+
+    def shard_graph(self, graph, network, updates, round_to=1):
+        """The whole-step graph (the optimizer's step in it) as this rank runs
+        it sharded, each shard's bytes this runner's (rounded to `round_to`,
+        the allocator's granularity, as the capture rounds); `updates` (the
+        optimizer in the plan) takes the sharded state's and workspaces'
+        bytes. ValueError where the graph shards other parameters than the
+        optimizer's."""
+        kwargs = {}
+        if network is not None:
+            kwargs["network"], kwargs["network_latency"] = network
+        sharded = _core.shard(graph, self.ranks, **kwargs)
+        doc = json.loads(sharded.to_json())
+        self._exact_bytes(doc, round_to)
+        for node in doc["nodes"]:
+            if node["id"] in updates.state_bytes:
+                updates.state_bytes[node["id"]] = node["bytes"]
+            if node["id"] in updates.workspace_bytes:
+                updates.workspace_bytes[node["id"]] = node.get("workspace", 0)
+        updates.planned_state_bytes = sum(updates.state_bytes.values())
+        for dtype, buffer in self.staging.items():  # what the ranks' collectives hold
+            doc["nodes"].append({"id": f"staging:{str(dtype).replace('torch.', '')}",
+                                 "op": "staging_buffer", "persistent": True,
+                                 "bytes": buffer.numel() * buffer.element_size()})
+        sharded = _core.from_json(json.dumps(doc))
+        gathered = {node_id[len("gather:"):] for node_id in sharded.ids
+                    if node_id.startswith("gather:")}
+        missing = sorted(set(self.params) - gathered)
+        if missing:
+            raise ValueError(f"parameter '{missing[0]}' is trainable but the step reads it "
+                             "without a gradient (or not at all): freeze it "
+                             "(requires_grad=False) to train with shard='full'")
+        return sharded
+
+    def _exact_bytes(self, doc, round_to):
+        """The sharded graph `doc` with the bytes this runner allocates: each
+        shard (and the state and updates on it, and an update's temporary)
+        and each reduce-scatter's output ceil(numel / ranks) elements, rounded
+        to `round_to`. (pebble.shard takes an element's size from bytes over
+        elements, which the capture's rounding on a GPU breaks.)"""
+        nodes = {n["id"]: n for n in doc["nodes"]}
+
+        def storage(node_id):
+            while nodes[node_id].get("alias_of") is not None:
+                node_id = nodes[node_id]["alias_of"]
+            return node_id
+
+        def shard_bytes(name):
+            nbytes = self.shard_numel(name) * self.params[name].element_size()
+            return -(-nbytes // round_to) * round_to
+
+        owner = {name: name for name in self.params}  # a sharded storage -> its parameter
+        for n in doc["nodes"]:
+            _, _, name = n["id"].partition(":")
+            if n.get("role") == "optimizer_state" and name in self.params:
+                owner[n["id"]] = name
+        for n in doc["nodes"]:
+            name = owner.get(storage(n["id"]))
+            if name is not None and (n.get("persistent") or n.get("in_place")):
+                n["bytes"] = shard_bytes(name)
+                if n.get("workspace"):
+                    n["workspace"] = shard_bytes(name)
+            elif n.get("op") == "reduce_scatter":
+                n["bytes"] = shard_bytes(n["id"][len("grad:"):])
+            else:
+                continue
+            if round_to > 1:  # the shape no longer holds the bytes
+                n.pop("shape", None)
+                n.pop("dtype", None)
+
+    def translate(self, schedule):
+        """The sharded plan's steps with the capture's ids where the capture
+        has the node: the local gradient "local_grad:p" is the capture's
+        "grad:p"; the shard "p" becomes "shard:p" and the reduce-scatter
+        "grad:p" "scatter:p", which the runner owns."""
+        out = []
+        for action, node_id in schedule:
+            if node_id in self.params:
+                node_id = "shard:" + node_id
+            elif node_id.startswith("local_grad:"):
+                node_id = "grad:" + node_id[len("local_grad:"):]
+            elif node_id.startswith("grad:") and node_id[len("grad:"):] in self.params:
+                node_id = "scatter:" + node_id[len("grad:"):]
+            out.append((action, node_id))
+        return out
+
+    def full_state_dict(self):
+        """The module's state_dict with every parameter whole (copies), on every
+        rank (a collective)."""
+        with self.full_parameters():
+            return {k: v.detach().clone() for k, v in
+                    self.model.state_dict().items()}
+
+
+class ShardedRunner:
+    """The program's runner of the steps on nodes outside the capture (Note
+    [Steps of the optimizer] in _executor.py) for a sharded plan: the
+    gathers and reduce-scatters here, the optimizer's steps by `updates`,
+    which read the shards (_ShardValues)."""
+
+    def __init__(self, shards, updates, capture_nodes, schedule):
+        self.shards = shards
+        self.updates = updates
+        by_id = {n.id: n for n in capture_nodes.nodes}
+        self.parameter = {name: by_id[name] for name in shards.params}
+        self.gradient = {}
+        for name in shards.params:
+            node = by_id.get("grad:" + name)
+            if node is None:
+                raise PlanExecutionError(f"internal: the capture has no gradient of '{name}'")
+            self.gradient[name] = node
+        self._check(schedule)
+        self.scattered = {}  # name -> this run's gradient shard
+
+    def _check(self, schedule):
+        """PlanExecutionError for a plan this runner cannot run: a shard or a
+        gathered parameter copied to the host."""
+        for action, node_id in schedule:
+            kind, _, name = node_id.partition(":")
+            if kind == "shard" and name in self.shards.params:
+                raise PlanExecutionError(f"the plan moves the shard of '{name}' ({action}): "
+                                         "pebble.torch keeps the shards resident; plan without "
+                                         "a host budget")
+            if kind in ("gather", "scatter") and action not in ("compute", "free"):
+                raise PlanExecutionError(f"the plan {action}s '{node_id}': pebble.torch does "
+                                         "not copy gathered parameters or gradient shards to "
+                                         "the host; plan without a host budget")
+
+    # --- the runner's protocol (_executor.Program) ------------------------------
+
+    def owns(self, node_id):
+        kind, _, name = node_id.partition(":")
+        if kind in ("gather", "shard", "scatter") and name in self.shards.params:
+            return True
+        return self.updates.owns(node_id)
+
+    def begin(self):
+        self.updates.begin()
+        self.scattered = {}
+
+    def step(self, action, node_id, run):
+        kind, _, name = node_id.partition(":")
+        if kind == "gather" and name in self.shards.params:
+            node = self.parameter[name]
+            if action == "compute":
+                run.put(node, self.shards.gather(name))
+            else:
+                run.take(node)
+        elif kind == "scatter" and name in self.shards.params:
+            if action == "compute":
+                if name in self.scattered:
+                    raise PlanExecutionError(f"internal: the plan reduce-scatters the gradient "
+                                             f"of '{name}' while its shard is resident")
+                grad = run.device_value(self.gradient[name].id)
+                shard = self.scattered[name] = self.shards.reduce_scatter(name, grad)
+                run.hold(shard.numel() * shard.element_size())
+            else:
+                shard = self.scattered.pop(name)
+                run.hold(-shard.numel() * shard.element_size())
+        else:
+            self.updates.step(action, node_id, _ShardValues(run, self))
+
+    def abort(self):
+        self.updates.abort()
+        self.scattered = {}
+
+    def finish(self, run):
+        self.updates.finish(run)
+        if self.scattered:
+            raise PlanExecutionError(f"internal: the plan keeps the gradient shard of "
+                                     f"'{next(iter(self.scattered))}' past the step")
+
+
+class _ShardValues:
+    """The program's run as the optimizer's updates see it in a sharded plan:
+    the parameter `p` is its shard, "grad:p" the gradient's shard."""
+
+    def __init__(self, run, runner):
+        self._run = run
+        self._runner = runner
+        self.result = run.result
+
+    def device_value(self, node_id):
+        shards = self._runner.shards
+        if node_id in shards.params:
+            return shards.shards[node_id]
+        if node_id.startswith("grad:") and node_id[len("grad:"):] in shards.params:
+            shard = self._runner.scattered.get(node_id[len("grad:"):])
+            if shard is None:
+                raise PlanExecutionError(f"the plan's update reads '{node_id}' before its "
+                                         "reduce-scatter")
+            return shard
+        return self._run.device_value(node_id)
+
+    def host_value(self, node_id):
+        raise PlanExecutionError(f"the plan updates '{node_id}' on the host: pebble.torch runs "
+                                 "a sharded step's updates on the device")
+
+    def hold(self, nbytes, workspace=0):
+        self._run.hold(nbytes, workspace)
