@@ -238,13 +238,16 @@ struct ShardedParameter {
   std::optional<Shape> shard_shape;
 };
 
-// The shard of a tensor of `bytes` and `shape` (nullopt: unknown, then
-// the bytes are split evenly).
-ShardedParameter ShardOf(int64_t bytes, const std::optional<Shape>& shape, int ranks) {
+// The shard of a tensor of `bytes`, `shape` and `dtype` (nullopt: unknown;
+// without a shape the bytes are split evenly). An element's size is the
+// dtype's, else bytes over elements.
+ShardedParameter ShardOf(int64_t bytes, const std::optional<Shape>& shape,
+                         std::optional<DType> dtype, int ranks) {
   ShardedParameter s;
-  if (shape.has_value() && NumElements(*shape) > 0 && bytes % NumElements(*shape) == 0) {
+  if (shape.has_value() && NumElements(*shape) > 0 &&
+      (dtype.has_value() || bytes % NumElements(*shape) == 0)) {
     const int64_t numel = NumElements(*shape);
-    const int64_t item = bytes / numel;
+    const int64_t item = dtype.has_value() ? *TensorBytes(Shape{1}, *dtype) : bytes / numel;
     const int64_t shard = (numel + ranks - 1) / ranks;
     s.shard_bytes = shard * item;
     s.shard_shape = Shape{shard};
@@ -255,7 +258,7 @@ ShardedParameter ShardOf(int64_t bytes, const std::optional<Shape>& shape, int r
 }
 
 ShardedParameter ShardOf(const Graph& g, NodeId p, int ranks) {
-  return ShardOf(g.bytes(p), g.shape(p), ranks);
+  return ShardOf(g.bytes(p), g.shape(p), g.dtype(p), ranks);
 }
 
 // A collective node's attrs: the ranks and the link its cost assumes,
@@ -386,8 +389,9 @@ absl::StatusOr<Graph> ShardGraph(const Graph& g, int ranks, const NetworkLink& l
     }
     s.id = absl::StrCat("local_grad:", g.id(p));
     // The gradient's own dtype; its parameter's shape where it has none.
-    const ShardedParameter shard =
-        ShardOf(g.bytes(v), g.shape(v).has_value() ? g.shape(v) : g.shape(p), ranks);
+    const ShardedParameter shard = g.shape(v).has_value()
+                                       ? ShardOf(g, v, ranks)
+                                       : ShardOf(g.bytes(v), g.shape(p), g.dtype(v), ranks);
     NodeSpec scatter;
     scatter.id = g.id(v);
     scatter.op = "reduce_scatter";

@@ -418,7 +418,7 @@ TEST(ShardingTest, ShardGraphShardsParametersGradientsAndState) {
 // output): its local gradient stays that view, and the reduce-scatter reads
 // it; so does a gradient that is a view of another. A gradient added into
 // a persistent .grad (a view of it) is refused.
-TEST(ShardingTest, AGradientMayBeAViewButNotOfAnotherGradient) {
+TEST(ShardingTest, AGradientMayBeAViewButNotAddedIntoAKeptOne) {
   auto graph = [](const std::string& grad_b) {
     return ParseGraphJson(absl::StrCat(R"({"format": "pebble-graph", "version": 1,
       "nodes": [
@@ -431,6 +431,10 @@ TEST(ShardingTest, AGradientMayBeAViewButNotOfAnotherGradient) {
         {"id": "mm", "bytes": 40, "cost": 1, "inputs": ["y", "x"], "role": "backward"},
         {"id": "grad:a", "bytes": 40, "inputs": ["mm"], "alias_of": "mm",
          "role": "backward"},
+        {"id": "update:a", "bytes": 40, "inputs": ["a", "grad:a"], "alias_of": "a",
+         "in_place": true, "role": "update", "workspace": 40},
+        {"id": "update:b", "bytes": 12, "inputs": ["b", "grad:b"], "alias_of": "b",
+         "in_place": true, "role": "update", "workspace": 6},
         )", grad_b, R"(],
       "outputs": ["grad:a", "grad:b"]})"));
   };
@@ -446,6 +450,10 @@ TEST(ShardingTest, AGradientMayBeAViewButNotOfAnotherGradient) {
   EXPECT_EQ(s->bytes(s->Find("grad:a")), 3 * 4);  // ceil(10 / 4) floats
   EXPECT_EQ(s->bytes(s->Find("a")), 3 * 4);
   EXPECT_EQ(s->bytes(s->Find("gather:a")), 40);
+  // An update's temporary of its tensor's size (Adam's denominator) is the
+  // shard's; another is split evenly.
+  EXPECT_EQ(s->workspace(s->Find("update:a")), 3 * 4);
+  EXPECT_EQ(s->workspace(s->Find("update:b")), 2);
 
   g = graph(R"({"id": "grad:b", "bytes": 12, "inputs": ["grad:a"], "alias_of": "grad:a",
       "role": "backward"})");

@@ -270,8 +270,10 @@ def check_sharded(torch, pt, dist, rank, ranks, kind, policy, tokens=False):
 
 
 def check_sharded_failure(torch, pt, dist, rank, ranks):
-    """A sharded step that cannot be planned leaves the module whole, and a
-    new one trains it; one step's module cannot be sharded by another."""
+    """A sharded step that cannot be planned, or whose optimizer holds a state
+    of the whole parameters, leaves the module whole, and a new one trains
+    it; one step's module cannot be sharded by another; full_state_dict()
+    called on one rank alone fails on every rank, which stay in step."""
     failures = []
     torch.manual_seed(0)
     model = make_model(torch)
@@ -288,14 +290,37 @@ def check_sharded_failure(torch, pt, dist, rank, ranks):
         pass
     after = model.state_dict()
     if any(not torch.equal(v, after[k]) for k, v in before.items()):
-        failures.append("sharded: a train_step that failed left the module changed")
+        failures.append("sharded: a train_step that could not plan left the module changed")
+    loss_fn(model(x), y).backward()  # an eager step: a momentum buffer of the whole
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    before = copy.deepcopy(model.state_dict())
+    try:
+        pt.train_step(*args, budget="min", **kwargs)
+        failures.append("sharded: an optimizer state of the whole parameters was taken")
+    except (pt.OptimizerError, pt.PlanError) as e:
+        if "momentum_buffer" not in str(e):
+            failures.append(f"sharded, a whole state: refused with '{e}'")
+    after = model.state_dict()
+    if any(not torch.equal(v, after[k]) for k, v in before.items()):
+        failures.append("sharded: a train_step refusing the state left the module changed")
+    opt.state.clear()
     step = pt.train_step(*args, budget="min", **kwargs)
     step(mine(x, rank), mine(y, rank))
+    alone = None
+    try:  # rank 0 gathers while the others step: every rank fails, the ranks stay in step
+        alone = step.full_state_dict() if rank == 0 else step(mine(x, rank), mine(y, rank))
+    except pt.PlanExecutionError:
+        pass
+    if alone is not None:
+        failures.append("sharded: full_state_dict() on one rank alone did not fail")
+    if set(step.full_state_dict()) != set(before):
+        failures.append("sharded: full_state_dict() after a refused call differs")
     try:
         pt.train_step(*args, budget="min", **kwargs)
         failures.append("sharded: a module sharded already was sharded again")
     except ValueError as e:
-        if "sharded by another train_step" not in str(e):
+        if "another train_step shards" not in str(e):
             failures.append(f"sharded again: refused with '{e}'")
     return failures
 

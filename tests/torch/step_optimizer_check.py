@@ -478,6 +478,42 @@ def failure_midstep(torch, pt, device):
     return failures
 
 
+def rounded_capture(torch, pt, device):
+    """On a GPU the capture rounds each tensor's bytes to the allocator's 512:
+    the optimizer's step of such a graph (emulated here by rounding a CPU
+    capture) is a valid graph, its tensors and temporaries rounded alike,
+    and it plans."""
+    import json
+    import pebble
+    from pebble.torch._optimizer import Updates
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 10), torch.nn.Tanh(),
+                                torch.nn.Linear(10, 3)).to(device)
+    x, y = torch.randn(4, 6, device=device), torch.randint(0, 3, (4,), device=device)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1, foreach=False)
+    step = pt.train_step(model, torch.nn.functional.cross_entropy, (x,), y, optimizer=opt,
+                         calibrate=False)
+    doc = json.loads(step._variant.capture.graph.to_json())
+    for node in doc["nodes"]:
+        if node.get("alias_of") is None:
+            node["bytes"] = -(-node["bytes"] // 512) * 512
+    failures = []
+    try:
+        extended = Updates(opt, model).extend(pebble.from_json(json.dumps(doc)), 512)
+    except ValueError as e:
+        return [f"a capture rounded to 512 bytes: the optimizer's step fails: {e}"]
+    for node in json.loads(extended.to_json())["nodes"]:
+        if node.get("alias_of") is None and node["id"] != "optimizer.step" and \
+                node["bytes"] % 512:
+            failures.append(f"rounded to 512: '{node['id']}' holds {node['bytes']} bytes")
+        if node.get("role") == "update" and node.get("workspace", 0) % 512:
+            failures.append(f"rounded to 512: '{node['id']}' has a workspace of "
+                            f"{node['workspace']} bytes")
+    if not pebble.plan(extended, policy="baseline", budget="100%").feasible:
+        failures.append("rounded to 512: the optimizer's step does not plan")
+    return failures
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cpu")
@@ -503,6 +539,7 @@ def main():
     failures += refusals(torch, pt, device)
     failures += host_refusals(torch, pt, device)
     failures += failure_midstep(torch, pt, device)
+    failures += rounded_capture(torch, pt, device)
     for f in failures:
         print("MISMATCH:", f)
     if failures:

@@ -32,7 +32,8 @@ from .. import _core
 from ._calibrate import calibrate, estimated
 from ._capture import CaptureError, propagate, trace
 from ._distributed import (GradientAverage, agree, broadcast_module, check_same_call,
-                           check_same_plan, measure_link, same_on_every_rank)
+                           check_same_collective, check_same_plan, measure_link,
+                           same_on_every_rank)
 from ._executor import FREE, PlanExecutionError, Program, draws_in_eager_order
 from ._graph import StepGraph
 from ._memory import AllocatorPeak, TensorMemory, allocated_where_profiled, measure, tensor_bytes
@@ -126,8 +127,9 @@ class TrainStep:
         the same parameters. The plan places each all-reduce (an all_reduce
         step) and times it on the ranks' link, which calibration measures
         (rank 0's all-reduces of two sizes; the default link of
-        pebble.plan otherwise). A step that fails leaves the TrainStep
-        refusing further calls.
+        pebble.plan otherwise). A step that fails while it runs leaves
+        the TrainStep refusing further calls (a call refused on every rank
+        alike, before it runs, does not).
       shard: "none" (each rank holds the whole model: data parallelism) or
         "full" (ZeRO-3 / FSDP FULL_SHARD, with `optimizer`): each rank keeps
         1/ranks of every trainable parameter, gradient and optimizer state;
@@ -204,13 +206,20 @@ class TrainStep:
                     measure_link(self.process_group, self.device), self.process_group)
                 self.network_measured = self.network is not None
         # The parameters' shards (shard="full"): the module's are empty once
-        # the first step is planned.
-        self.shards = (Shards(model, self.process_group, self.updates)
-                       if shard == "full" else None)
+        # the first step is planned and the optimizer's state made.
+        self.shards = None
+        if shard == "full":
+            self.shards = _on_every_rank(
+                lambda: Shards(model, self.process_group, self.updates), self.process_group)
         self._captures = {}  # signature -> _Capture, shared with replan()'s steps
         self._variants = {}  # signature -> _Variant (its capture and this step's plan)
         self._variant = self._variant_for(inputs, example_target)
         if self.shards is not None:
+            # A state of other shapes (loaded from an unsharded step) is
+            # refused while the module still holds its weights.
+            _on_every_rank(lambda: self.updates.ensure_state(self._variant.placement,
+                                                             like=self.shards.shards),
+                           self.process_group)
             self.shards.release()
         self.report = dict(self._variant.report)
 
@@ -220,7 +229,12 @@ class TrainStep:
         every rank together."""
         if self.shards is not None:
             self._refuse_after_failure()
-            return self.shards.full_state_dict()
+            check_same_collective("full_state_dict()", self.process_group)
+            try:
+                return self.shards.full_state_dict()
+            except Exception as e:
+                self._failed = _why(e)
+                raise
         return {k: v.detach().clone() for k, v in self.model.state_dict().items()}
 
     def replan(self, policy=None, budget="100%", **options):
@@ -286,18 +300,20 @@ class TrainStep:
             loss = variant.run(inputs, target)
         else:  # Note [One plan on every rank]
             self._refuse_after_failure()
+            # Each of these fails on every rank alike, which leaves the ranks
+            # in step: other calls on some rank, a capture or plan that fails.
+            check_same_call(self._signature(inputs, target), self.process_group)
             if self.shards is not None:
                 trainable = {n for n, p in self.model.named_parameters() if p.requires_grad}
                 if trainable != set(self.shards.params):
                     raise ValueError("the module's trainable parameters changed since the "
                                      "sharded step was made (requires_grad): make a new "
                                      "train_step")
+            variant = self._variant_for(inputs, target)
             try:
-                check_same_call(self._signature(inputs, target), self.process_group)
-                variant = self._variant_for(inputs, target)
                 loss = variant.run(inputs, target)
             except Exception as e:
-                self._failed = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+                self._failed = _why(e)
                 raise
         self._variant = variant
         self.report = dict(variant.report)
@@ -529,7 +545,7 @@ class _Variant:
         if graph is self.capture.graph and hasattr(self, "graph"):
             return self.graph
         if self.updates is not None:
-            graph = self.updates.extend(graph)
+            graph = self.updates.extend(graph, self.graph_nodes.round_to)
         if self.shards is not None:
             if self.capture.shapes_from == "real":
                 # Its real values view the whole parameters (kept past the capture).
@@ -755,6 +771,23 @@ class _Variant:
         if "order" in info:
             report["order"] = info["order"]
         return report
+
+
+def _on_every_rank(make, group):
+    """make()'s value; where it fails on any rank of `group`, an error on
+    every rank (agree), before the collectives that follow."""
+    value = error = None
+    try:
+        value = make()
+    except Exception as e:  # noqa: BLE001 (raised again by agree, on every rank)
+        error = e
+    agree(error, group)
+    return value
+
+
+def _why(e):
+    """An exception in a line, for the refusals after a failed step."""
+    return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
 
 
 def _persistent_bytes(graph):

@@ -199,6 +199,15 @@ def check_same_call(signature, group):
             "mode than rank 0: every rank must make the same calls (equal slices of the batch)")
 
 
+def check_same_collective(what, group):
+    """PlanExecutionError unless every rank of `group` calls `what` (a
+    collective of pebble.torch, such as full_state_dict()) together."""
+    differing = _ranks_differing(("collective", what), group, "calls")
+    if differing:
+        raise PlanExecutionError(f"{what} is a collective: every rank must call it together "
+                                 f"(ranks {differing} made another call than rank 0)")
+
+
 def _ranks_differing(value, group, what):
     """The ranks of `group` whose `value` (compared by a digest of its text,
     sets sorted) differs from rank 0's."""

@@ -167,9 +167,11 @@ class Updates:
 
     # --- the graph ----------------------------------------------------------------
 
-    def extend(self, graph):
+    def extend(self, graph, round_to=1):
         """`graph` (a captured training graph) with the optimizer's step, each
-        update's temporaries as its workspace."""
+        update's temporaries as its workspace. round_to: the allocator's
+        granularity, to which the capture rounded every tensor's bytes (512
+        on a GPU): the optimizer's tensors are rounded alike."""
         # The parameters' shapes and dtypes, which the optimizer's nodes take
         # (the capture keeps them in attrs).
         doc = json.loads(graph.to_json())
@@ -192,13 +194,14 @@ class Updates:
                 raise OptimizerError(f"parameter '{node['id']}' is {attrs.get('dtype')}: "
                                      "pebble's optimizer step takes float32, float16 and "
                                      "bfloat16 parameters")
-            if math.prod(attrs["shape"]) * _ITEM_BYTES[dtype] == node["bytes"]:
-                # (Not where the capture rounded the bytes to the allocator's
-                # granularity, on a GPU: the shape would not hold them.)
-                node["shape"], node["dtype"] = attrs["shape"], dtype
+            # The tensor's own bytes, which its shape holds (rounded again below).
+            node["shape"], node["dtype"] = attrs["shape"], dtype
+            node["bytes"] = math.prod(attrs["shape"]) * _ITEM_BYTES[dtype]
         graph = _core.from_json(json.dumps(doc))
         doc = json.loads(_core.with_optimizer(
             graph, self.spec, host_bytes_per_s=self.host_bytes_per_s).to_json())
+        if round_to > 1:
+            _round_bytes(doc, round_to)
         self.planned_state_bytes = 0
         self.workspace_bytes, self.state_bytes = {}, {}
         alias_of = {node["id"]: node.get("alias_of") for node in doc["nodes"]}
@@ -218,8 +221,8 @@ class Updates:
                 if node.get("home") != "host":
                     self.planned_state_bytes += node["bytes"]
             if node.get("op") in _UPDATE_OPS and _temporary(node["op"], self.settings):
-                node["workspace"] = node["bytes"]
-                self.workspace_bytes[node["id"]] = node["bytes"]
+                node["workspace"] = -(-node["bytes"] // round_to) * round_to
+                self.workspace_bytes[node["id"]] = node["workspace"]
         return _core.from_json(json.dumps(doc))
 
     def measure_host_rate(self, repeat=3):
@@ -486,6 +489,21 @@ class Placement:
                 "host_parameters": len(self.host_parameters),
                 "device_parameters": len(self.device_parameters)},
         }
+
+
+def _round_bytes(doc, round_to):
+    """Each tensor of the graph `doc` that owns its storage (no view, no
+    in-place update) at the allocator's granularity, as the capture rounds
+    its own; a shape that no longer holds the bytes is dropped. Adam's step
+    count stays as it is: torch.optim keeps it on the CPU."""
+    for node in doc["nodes"]:
+        if node.get("alias_of") is not None or node["id"] == "optimizer.step":
+            continue
+        rounded = -(-node["bytes"] // round_to) * round_to
+        if rounded != node["bytes"]:
+            node["bytes"] = rounded
+            node.pop("shape", None)
+            node.pop("dtype", None)
 
 
 def _parameter_of(node_id):

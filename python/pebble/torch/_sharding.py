@@ -2,7 +2,7 @@
 
 ZeRO-3 / FSDP FULL_SHARD: each rank keeps 1/ranks of every trainable
 parameter (its shard: the parameter flattened, ceil(numel / ranks)
-elements, the last rank's padded with zeros), of its gradient and of its
+elements, the last ranks' padded with zeros), of its gradient and of its
 optimizer state. pebble.shard rewrites the captured step (Note [Sharded
 graphs] in scheduler/collectives.cc): the parameter `p` is its shard, a
 collective `gather:p` makes the whole parameter for its readers,
@@ -63,8 +63,10 @@ class Shards:
         self.params = dict(updates.params)  # name -> the module's parameter
         for name, p in self.params.items():
             if p.numel() == 0:
-                raise ValueError(f"parameter '{name}' is empty: is the module sharded by "
-                                 "another train_step already? (make one TrainStep per module)")
+                raise ValueError(f"parameter '{name}' has no elements: a module that another "
+                                 "train_step shards has empty parameters (make one TrainStep "
+                                 "per module), and an empty parameter cannot be sharded "
+                                 "(freeze it)")
             if p.grad is not None:
                 raise ValueError(f"parameter '{name}' has a .grad: a sharded step makes each "
                                  "rank's gradient shards itself; clear the gradients first "
@@ -94,9 +96,14 @@ class Shards:
         # Note [Scalars without allocations] (_optimizer.py): a held 0-dim
         # tensor divides.
         self._ranks = torch.full((), float(self.ranks))
+        self.round_to = 1  # the allocator's granularity (shard_graph)
 
     def shard_numel(self, name):
-        return math.ceil(math.prod(self.shapes[name]) / self.ranks)
+        return -(-math.prod(self.shapes[name]) // self.ranks)
+
+    def held_bytes(self, t):
+        """The device memory a tensor made here holds, as the plan counts it."""
+        return -(-t.numel() * t.element_size() // self.round_to) * self.round_to
 
     def bounds(self, name):
         """[lo, hi): the elements of the flattened parameter in this rank's shard."""
@@ -106,7 +113,7 @@ class Shards:
 
     @property
     def shard_bytes(self):
-        return sum(s.numel() * s.element_size() for s in self.shards.values())
+        return sum(self.held_bytes(s) for s in self.shards.values())
 
     # --- whole parameters --------------------------------------------------------
 
@@ -139,7 +146,7 @@ class Shards:
 
     @property
     def staging_bytes(self):
-        return sum(b.numel() * b.element_size() for b in self.staging.values())
+        return sum(self.held_bytes(b) for b in self.staging.values())
 
     @contextlib.contextmanager
     def full_parameters(self):
@@ -176,6 +183,7 @@ class Shards:
             kwargs["network"], kwargs["network_latency"] = network
         sharded = _core.shard(graph, self.ranks, **kwargs)
         doc = json.loads(sharded.to_json())
+        self.round_to = round_to
         self._exact_bytes(doc, round_to)
         for node in doc["nodes"]:
             if node["id"] in updates.state_bytes:
@@ -186,7 +194,7 @@ class Shards:
         for dtype, buffer in self.staging.items():  # what the ranks' collectives hold
             doc["nodes"].append({"id": f"staging:{str(dtype).replace('torch.', '')}",
                                  "op": "staging_buffer", "persistent": True,
-                                 "bytes": buffer.numel() * buffer.element_size()})
+                                 "bytes": self.held_bytes(buffer)})
         sharded = _core.from_json(json.dumps(doc))
         gathered = {node_id[len("gather:"):] for node_id in sharded.ids
                     if node_id.startswith("gather:")}
@@ -309,6 +317,7 @@ class ShardedRunner:
             node = self.parameter[name]
             if action == "compute":
                 run.put(node, self.shards.gather(name))
+                self._computed(node_id, run)
             else:
                 run.take(node)
         elif kind == "scatter" and name in self.shards.params:
@@ -318,12 +327,19 @@ class ShardedRunner:
                                              f"of '{name}' while its shard is resident")
                 grad = run.device_value(self.gradient[name].id)
                 shard = self.scattered[name] = self.shards.reduce_scatter(name, grad)
-                run.hold(shard.numel() * shard.element_size())
+                run.hold(self.shards.held_bytes(shard))
+                self._computed(node_id, run)
             else:
-                shard = self.scattered.pop(name)
-                run.hold(-shard.numel() * shard.element_size())
+                run.hold(-self.shards.held_bytes(self.scattered.pop(name)))
         else:
             self.updates.step(action, node_id, _ShardValues(run, self))
+
+    @staticmethod
+    def _computed(node_id, run):
+        """Counts a collective's compute as the plan counts it: a gather or a
+        reduce-scatter run again is a recomputation."""
+        run.result.computes += 1
+        run.computed.add(node_id)
 
     def abort(self):
         self.updates.abort()
