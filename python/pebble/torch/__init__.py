@@ -521,7 +521,9 @@ class _Variant:
             kwargs["ranks"] = _world_size(group)
             if self.step.network is not None:
                 kwargs["network"], kwargs["network_latency"] = self.step.network
-        graph = self._whole_step(self.capture.free_graph)
+        graph = self.graph  # the graph without order tokens where there is one
+        if self.capture.free_graph is not self.capture.graph:
+            graph = self._whole_step(self.capture.free_graph)
         plan = _core.plan(graph, **kwargs)
         if plan.feasible and not self._draws_in_eager_order(plan):
             # Note [Random calls in eager's order]: the graph whose tokens
@@ -542,8 +544,6 @@ class _Variant:
     def _whole_step(self, graph):
         """The captured `graph` with the optimizer's step, sharded where the
         step is."""
-        if graph is self.capture.graph and hasattr(self, "graph"):
-            return self.graph
         if self.updates is not None:
             graph = self.updates.extend(graph, self.graph_nodes.round_to)
         if self.shards is not None:
@@ -599,17 +599,13 @@ class _Variant:
         ran, else predicted."""
         reference = self.calibration.unplanned_peak_bytes
         source = "measured: the unplanned step, by the allocator"
-        if self.shards is not None:  # the step measured was whole, not sharded
-            reference = None
-        if reference is None and self.shards is not None:
+        if reference is None or self.shards is not None:  # (sharded: the step measured was whole)
             baseline = _core.plan(self.graph, policy="baseline", budget="100%")
             reference = baseline.report["peak_bytes"] - self.persistent_bytes
             source = ("predicted: pebble's baseline of the sharded step (each parameter "
-                      "gathered before its first reader and kept to its last)")
-        elif reference is None:
-            baseline = _core.plan(self.graph, policy="baseline", budget="100%")
-            reference = baseline.report["peak_bytes"] - self.persistent_bytes
-            source = "predicted: pebble's baseline (the unplanned step could not run)"
+                      "gathered before its first reader and kept to its last)"
+                      if self.shards is not None else
+                      "predicted: pebble's baseline (the unplanned step could not run)")
         if self.updates is not None and self.shards is None and \
                 self.calibration.unplanned_peak_bytes is not None:
             # The calibration ran the step without the optimizer: its update
