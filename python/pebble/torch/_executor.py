@@ -19,14 +19,20 @@ module's parameter (`rebind`), so that the freed storage is released.
 Note [Randomness as eager has it]: a random call draws from the generator at
 its first computation in the step, in the graph's order (the plan was
 checked to keep that order, _order_of_first_draws), so it draws what eager
-PyTorch would; its generator state is kept, and every later run of the call
-(a recomputation, a sibling output computed apart) runs from that state and
-puts the generator back afterwards, as torch.utils.checkpoint does with
-preserve_rng_state.
+PyTorch would. Where the schedule runs the call again (a recomputation, a
+sibling output computed apart), its generator state is kept, and every
+later run runs from that state and puts the generator back afterwards, as
+torch.utils.checkpoint does with preserve_rng_state. (A CPU generator's
+state is a 5056-byte tensor, which the plan does not count: on the CPU
+device, such a plan's measured peak may exceed the prediction by that much
+per call run again.)
 
 Note [Running statistics once]: a PyTorch 1.13 batch norm updates its
 running statistics in place. Its first run in a step updates the module's
 buffers, as eager does; a recomputation updates copies, which are dropped.
+The copies (two tensors of the channels' size) are outside the plan: on the
+device, a plan that recomputes a batch norm may measure that much above its
+prediction.
 """
 
 import time
@@ -125,7 +131,14 @@ class Program:
                 raise PlanExecutionError(f"schedule step ({action}, {node_id}) is not of this "
                                          "graph")
             self.steps.append((kind, node))
-        self.keep_siblings = self._fusions()
+        self.keep_siblings, fused_steps = self._fusions()
+        # The random calls the schedule runs more than once (Note [Randomness
+        # as eager has it]): only these keep their generator state.
+        runs = {}
+        for i, (kind, node) in enumerate(self.steps):
+            if kind == COMPUTE and node.random and i not in fused_steps:
+                runs[node.fx] = runs.get(node.fx, 0) + 1
+        self.rerun_calls = {call for call, count in runs.items() if count > 1}
         self._check_reductions()
         # call_hook(node, run) -> run(): wraps each call (calibration measures it).
         self.call_hook = None
@@ -182,22 +195,25 @@ class Program:
     def _fusions(self):
         """For each compute step of a node of several-output call, the sibling
         nodes that the schedule computes next (only frees between): the call
-        runs once and they are kept for those steps."""
-        keep = {}
+        runs once and they are kept for those steps. Also the indices of
+        those siblings' steps, which run nothing."""
+        keep, fused = {}, set()
         for i, (kind, node) in enumerate(self.steps):
-            if kind != COMPUTE or node.group is None:
+            if kind != COMPUTE or node.group is None or i in fused:
                 continue
             siblings = []
-            for kind2, other in self.steps[i + 1:]:
+            for j in range(i + 1, len(self.steps)):
+                kind2, other = self.steps[j]
                 if kind2 == FREE:
                     continue
                 if kind2 == COMPUTE and other.group is node.group and other is not node:
                     siblings.append(other)
+                    fused.add(j)
                     continue
                 break
             if siblings:
                 keep[i] = siblings
-        return keep
+        return keep, fused
 
     def run(self, persistent, timing=False, release=False):
         """Executes the schedule. `persistent`: node index -> tensor for every
@@ -419,6 +435,7 @@ class _RunState:
             gradient, grad = (self.live[u.index] for u in node.inputs)
             out = grad.add_(gradient)
         elif out is None:
+            self._keep_rng_state(node)
             hook = self.program.call_hook
             outputs = hook(node, lambda: self._run_call(node)) if hook else self._run_call(node)
             out = outputs[node.out_index] if node.out_index is not None else outputs
@@ -439,6 +456,16 @@ class _RunState:
         self.result.computes += 1
         self.computed.add(node.index)
 
+    def _keep_rng_state(self, node):
+        """Before the first run of a random call that the schedule runs again:
+        the generator's state, for the later runs (Note [Randomness as eager
+        has it]); taken outside the call, whose temporaries calibration
+        measures. A CPU generator's state is a 5056-byte tensor, memory of
+        the CPU device that the plan does not count."""
+        call = node.fx
+        if node.random and call not in self.calls_run and call in self.program.rerun_calls:
+            self.rng_states[call] = _rng_state(self.device)
+
     def _run_call(self, node):
         """The value of node's call (all its outputs), its folded in-place calls
         applied; random calls and statistics updates as the notes say."""
@@ -447,9 +474,7 @@ class _RunState:
         self.calls_run.add(call)
         restore = None
         if node.random:
-            if first_run:
-                self.rng_states[call] = _rng_state(self.device)
-            else:
+            if not first_run:
                 restore = _rng_state(self.device)
                 _set_rng_state(self.device, self.rng_states[call])
                 self.result.random_reruns += 1
