@@ -365,11 +365,14 @@ class _Capture:
             except Exception as e:  # noqa: BLE001 (raised again by agree, on every rank)
                 error = e
             agree(error, step.process_group)
-            cal.costs, cal.unplanned_peak_bytes, temporaries = same_on_every_rank(
+            # (Calibration measures each node's temporaries and the storage
+            # its kernel's output holds.)
+            cal.costs, cal.unplanned_peak_bytes, measured = same_on_every_rank(
                 (cal.costs, cal.unplanned_peak_bytes,
-                 [n.temporary_bytes for n in self.nodes.nodes]), step.process_group)
-            for node, nbytes in zip(self.nodes.nodes, temporaries):
-                node.temporary_bytes = nbytes
+                 [(n.temporary_bytes, n.nbytes) for n in self.nodes.nodes]),
+                step.process_group)
+            for node, (temporary, nbytes) in zip(self.nodes.nodes, measured):
+                node.temporary_bytes, node.nbytes = temporary, nbytes
         self.calibration = cal
         name = type(step.model).__name__
         self.document = self.nodes.document(cal.costs, name)

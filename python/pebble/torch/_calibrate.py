@@ -25,6 +25,7 @@ import time
 import torch
 
 from ._capture import _rng_kept
+from ._compat import storage_bytes
 from ._executor import Program
 from ._memory import AllocatorPeak, CpuMemoryEvents
 
@@ -184,6 +185,7 @@ def _measure_temporaries(graph, program, persistent, device):
             return run_call()
         with AllocatorPeak(device, collect=False) as meter:
             value = run_call()
+        _storage_held(node, value, graph)
         made = node.nbytes + node.other_outputs_bytes if node.kind == "op" else 0
         node.temporary_bytes = max(0, meter.peak_bytes - made)
         seen[key] = node.temporary_bytes
@@ -196,6 +198,26 @@ def _measure_temporaries(graph, program, persistent, device):
         del run
     finally:
         program.call_hook = None
+
+
+def _storage_held(node, value, graph):
+    """Where the kernel's output holds a larger storage than its elements (the
+    CPU's binary_cross_entropy computes each element's loss into its output,
+    then resizes it to the mean's 0-dim tensor: 4 bytes that keep the whole
+    4 KiB storage), node.nbytes becomes that storage's, rounded as the
+    capture rounds: the plan holds what the kernel holds. The capture's
+    fake tensors cannot know it. (Calls of one output only: several outputs
+    may share a storage.)"""
+    if node.kind != "op" or node.alias_of is not None or node.out_index is not None or \
+            not isinstance(value, torch.Tensor):
+        return
+    out = value
+    if graph.device is not None and out.device.type != graph.device.type:
+        return
+    held = storage_bytes(out)
+    held = -(-held // graph.round_to) * graph.round_to
+    if held > node.nbytes:
+        node.nbytes = held
 
 
 # Note [One profiled run on the CPU]: a profiler started and stopped around
@@ -227,12 +249,15 @@ def _measure_on_cpu(graph, program, persistent):
         key = _signature(node, graph.values)
         called.append((node, key))
         if key in seen:
-            return run_call()
+            value = run_call()
+            _storage_held(node, value, graph)
+            return value
         seen[key] = len(windows)
         windows.append((node, key))
         mark(2 * seen[key])
         value = run_call()
         mark(2 * seen[key] + 1)
+        _storage_held(node, value, graph)
         return value
 
     program.call_hook = on_call
