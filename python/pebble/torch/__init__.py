@@ -31,7 +31,7 @@ import torch
 from .. import _core
 from ._calibrate import calibrate, estimated
 from ._capture import CaptureError, propagate, trace
-from ._distributed import (GradientAverage, agree, broadcast_module, check_same_call,
+from ._distributed import (GradientAverage, agreed, broadcast_module, check_same_call,
                            check_same_collective, check_same_plan, measure_link,
                            same_on_every_rank)
 from ._executor import FREE, PlanExecutionError, Program, draws_in_eager_order
@@ -209,17 +209,17 @@ class TrainStep:
         # the first step is planned and the optimizer's state made.
         self.shards = None
         if shard == "full":
-            self.shards = _on_every_rank(
-                lambda: Shards(model, self.process_group, self.updates), self.process_group)
+            self.shards = agreed(lambda: Shards(model, self.process_group, self.updates),
+                                 self.process_group)
         self._captures = {}  # signature -> _Capture, shared with replan()'s steps
         self._variants = {}  # signature -> _Variant (its capture and this step's plan)
         self._variant = self._variant_for(inputs, example_target)
         if self.shards is not None:
             # A state of other shapes (loaded from an unsharded step) is
             # refused while the module still holds its weights.
-            _on_every_rank(lambda: self.updates.ensure_state(self._variant.placement,
-                                                             like=self.shards.shards),
-                           self.process_group)
+            agreed(lambda: self.updates.ensure_state(self._variant.placement,
+                                                     like=self.shards.shards),
+                   self.process_group)
             self.shards.release()
         self.report = dict(self._variant.report)
 
@@ -359,12 +359,7 @@ class _Capture:
         if step.process_group is None:
             cal = self._capture(step, inputs, target, key)
         else:  # Note [One plan on every rank]: a failure on one rank stops every rank
-            cal = error = None
-            try:
-                cal = self._capture(step, inputs, target, key)
-            except Exception as e:  # noqa: BLE001 (raised again by agree, on every rank)
-                error = e
-            agree(error, step.process_group)
+            cal = agreed(lambda: self._capture(step, inputs, target, key), step.process_group)
             # (Calibration measures each node's temporaries and the storage
             # its kernel's output holds.)
             cal.costs, cal.unplanned_peak_bytes, measured = same_on_every_rank(
@@ -447,12 +442,7 @@ class _Variant:
         if group is None:
             self._plan_here(step, capture)
         else:  # Note [One plan on every rank]: a failure on one rank stops every rank
-            error = None
-            try:
-                self._plan_here(step, capture)
-            except Exception as e:  # noqa: BLE001 (raised again by agree, on every rank)
-                error = e
-            agree(error, group)
+            agreed(lambda: self._plan_here(step, capture), group)
             check_same_plan(self.plan.schedule, group)
         self.measured_once = False
         self.report = self._report(time.perf_counter() - started)
@@ -770,18 +760,6 @@ class _Variant:
         if "order" in info:
             report["order"] = info["order"]
         return report
-
-
-def _on_every_rank(make, group):
-    """make()'s value; where it fails on any rank of `group`, an error on
-    every rank (agree), before the collectives that follow."""
-    value = error = None
-    try:
-        value = make()
-    except Exception as e:  # noqa: BLE001 (raised again by agree, on every rank)
-        error = e
-    agree(error, group)
-    return value
 
 
 def _why(e):

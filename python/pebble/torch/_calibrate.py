@@ -27,7 +27,7 @@ import torch
 from ._capture import _rng_kept
 from ._compat import storage_bytes
 from ._executor import Program
-from ._memory import AllocatorPeak, CpuMemoryEvents
+from ._memory import AllocatorPeak, CpuMemoryEvents, round_up
 
 
 class Calibration:
@@ -214,8 +214,7 @@ def _storage_held(node, value, graph):
     out = value
     if graph.device is not None and out.device.type != graph.device.type:
         return
-    held = storage_bytes(out)
-    held = -(-held // graph.round_to) * graph.round_to
+    held = round_up(storage_bytes(out), graph.round_to)
     if held > node.nbytes:
         node.nbytes = held
 

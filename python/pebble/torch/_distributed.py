@@ -187,6 +187,19 @@ def agree(error, group):
         raise PlanError(f"rank {rank} failed, so this rank stops too: {why}")
 
 
+def agreed(make, group):
+    """make()'s value, where it succeeds on every rank of `group`; where it
+    fails on any, an error on every rank (agree), before the collectives
+    that follow."""
+    value = error = None
+    try:
+        value = make()
+    except Exception as e:  # noqa: BLE001 (raised again by agree, on every rank)
+        error = e
+    agree(error, group)
+    return value
+
+
 def check_same_call(signature, group):
     """PlanExecutionError unless every rank of `group` makes a call of the same
     signature (shapes, dtypes, gradients held, training mode): a rank that

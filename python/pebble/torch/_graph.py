@@ -45,6 +45,7 @@ import torch
 
 from ._capture import CaptureError
 from ._compat import storage_bytes, storage_key
+from ._memory import round_up
 
 # Calls whose only tensor argument is a template (shape, dtype, layout).
 _LIKE = {"empty_like", "zeros_like", "ones_like", "full_like", "rand_like", "randn_like",
@@ -271,7 +272,7 @@ class StepGraph:
         if self.round_to > 1:
             for node in self.nodes:
                 if node.kind != "view":
-                    node.nbytes = -(-node.nbytes // self.round_to) * self.round_to
+                    node.nbytes = round_up(node.nbytes, self.round_to)
 
     def _call(self, n):
         name = op_name(n.target)

@@ -183,6 +183,12 @@ class TensorMemory(TorchDispatchMode):
             del self._storages[key]
 
 
+def round_up(nbytes, granularity):
+    """`nbytes` rounded up to a multiple of `granularity` (the allocator's
+    block: 512 bytes on a GPU, 1 on the CPU)."""
+    return -(-nbytes // granularity) * granularity
+
+
 def tensor_bytes(tensors):
     """The bytes of distinct storages among `tensors` (parameters, a batch)."""
     seen = {}

@@ -41,6 +41,7 @@ import torch
 
 from .. import _core
 from ._compat import storage_bytes
+from ._memory import round_up
 
 
 class OptimizerError(ValueError):
@@ -221,7 +222,7 @@ class Updates:
                 if node.get("home") != "host":
                     self.planned_state_bytes += node["bytes"]
             if node.get("op") in _UPDATE_OPS and _temporary(node["op"], self.settings):
-                node["workspace"] = -(-node["bytes"] // round_to) * round_to
+                node["workspace"] = round_up(node["bytes"], round_to)
                 self.workspace_bytes[node["id"]] = node["workspace"]
         return _core.from_json(json.dumps(doc))
 
@@ -499,7 +500,7 @@ def _round_bytes(doc, round_to):
     for node in doc["nodes"]:
         if node.get("alias_of") is not None or node["id"] == "optimizer.step":
             continue
-        rounded = -(-node["bytes"] // round_to) * round_to
+        rounded = round_up(node["bytes"], round_to)
         if rounded != node["bytes"]:
             node["bytes"] = rounded
             node.pop("shape", None)

@@ -44,6 +44,7 @@ from .. import _core
 from ._compat import storage_bytes
 from ._distributed import _collective
 from ._executor import PlanExecutionError
+from ._memory import round_up
 
 
 class Shards:
@@ -103,7 +104,7 @@ class Shards:
 
     def held_bytes(self, t):
         """The device memory a tensor made here holds, as the plan counts it."""
-        return -(-t.numel() * t.element_size() // self.round_to) * self.round_to
+        return round_up(t.numel() * t.element_size(), self.round_to)
 
     def bounds(self, name):
         """[lo, hi): the elements of the flattened parameter in this rank's shard."""
@@ -208,8 +209,8 @@ class Shards:
     def _exact_bytes(self, doc, round_to):
         """The sharded graph `doc` with the bytes this runner allocates: each
         shard (and the state and updates on it, and an update's temporary)
-        and each reduce-scatter's output ceil(numel / ranks) elements, rounded
-        to `round_to`. (pebble.shard takes an element's size from bytes over
+        and each reduce-scatter's output a shard's (held_bytes), rounded to
+        `round_to`. (pebble.shard takes an element's size from bytes over
         elements, which the capture's rounding on a GPU breaks.)"""
         nodes = {n["id"]: n for n in doc["nodes"]}
 
@@ -217,10 +218,6 @@ class Shards:
             while nodes[node_id].get("alias_of") is not None:
                 node_id = nodes[node_id]["alias_of"]
             return node_id
-
-        def shard_bytes(name):
-            nbytes = self.shard_numel(name) * self.params[name].element_size()
-            return -(-nbytes // round_to) * round_to
 
         owner = {name: name for name in self.params}  # a sharded storage -> its parameter
         for n in doc["nodes"]:
@@ -230,11 +227,11 @@ class Shards:
         for n in doc["nodes"]:
             name = owner.get(storage(n["id"]))
             if name is not None and (n.get("persistent") or n.get("in_place")):
-                n["bytes"] = shard_bytes(name)
+                n["bytes"] = self.held_bytes(self.shards[name])
                 if n.get("workspace"):
-                    n["workspace"] = shard_bytes(name)
+                    n["workspace"] = self.held_bytes(self.shards[name])
             elif n.get("op") == "reduce_scatter":
-                n["bytes"] = shard_bytes(n["id"][len("grad:"):])
+                n["bytes"] = self.held_bytes(self.shards[n["id"][len("grad:"):]])
             else:
                 continue
             if round_to > 1:  # the shape no longer holds the bytes
