@@ -34,6 +34,7 @@ CPU profiler does not watch: the CPU measurement of such a step can exceed
 the plan although the memory is freed (docs/torch.md).
 """
 
+import datetime
 import hashlib
 import time
 
@@ -76,16 +77,41 @@ class GradientAverage:
             try:
                 work.wait()
             except RuntimeError as e:
-                self.pending.clear()
                 raise _failed(e) from e
 
     def settle_all(self):
         for root_index in list(self.pending):
             self.settle(root_index)
 
-    def abandon(self):
-        """After a failed run: nothing waits for the collectives in flight."""
+    def abandon(self, grace_s=5.0):
+        """After a failed run: waits up to `grace_s` seconds in all for the
+        all-reduces still in flight, ignoring their failures (Note [Draining
+        the collectives of a failed run])."""
+        deadline = time.monotonic() + grace_s
+        works = [work for works in self.pending.values() for work in works]
         self.pending.clear()
+        for work in works:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            try:
+                work.wait(datetime.timedelta(seconds=left))
+            except RuntimeError:
+                pass  # failed or still running: the run has failed already
+
+
+# Note [Draining the collectives of a failed run]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# A run that fails (a rank stopped: its first all-reduce to wait fails) may
+# leave later all-reduces queued in PyTorch's gloo worker threads. Once such
+# a collective is done, the worker lets go of its tensors; where that is the
+# last reference and the interpreter is already exiting, freeing the tensor
+# needs the GIL, the worker thread is stopped on the spot, and the process
+# aborts ("terminate called without an active exception", seen with
+# PyTorch 1.13's gloo). So the failed run waits for them: after a stopped
+# rank, gloo fails each at once. It waits a few seconds at most, since after
+# a timeout each one may take the group's whole timeout; a process that then
+# exits at once may still abort.
 
 
 def measure_link(group, device, small=1 << 10, large=1 << 21, repeats=5, attempts=3):
