@@ -5,14 +5,17 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_replace.h"
 #include "cli/common.h"
 #include "cli/run_common.h"
 #include "graph/status.h"
 #include "graph/text_input.h"
 #include "runtime/executor.h"
+#include "runtime/gloo/gloo_collectives.h"
 #include "runtime/make_backend.h"
 #include "runtime/npy.h"
 #include "runtime/trace.h"
@@ -38,6 +41,7 @@ nlohmann::json MeasuredToJson(const Graph& graph, const ExecutionResult& r, bool
       {"kernel_time_s", r.kernel_time_s},
       {"copy_time_s", r.copy_time_s},
       {"host_time_s", r.host_time_s},
+      {"collective_time_s", r.collective_time_s},
       {"copy_overlap_s", r.copy_overlap_s},
       {"overhead_s", r.overhead_s},
       {"setup_s", r.setup_s},
@@ -87,7 +91,60 @@ struct RunFlags {
   bool no_poison = false;
   bool budget_given = false;  // --budget on the command line
   std::string workspace = "query";  // or "graph"
+  // Several ranks (docs/runtime.md, "Several ranks").
+  RankFlags rank_flags;
+  int rank = 0;
+  std::string rendezvous;  // the directory the ranks meet through
+  std::string address = "127.0.0.1";
+  double rank_timeout_s = 300;
 };
+
+// The placeholder in --dump and --trace that each rank replaces with its
+// number, so that ranks on one machine write apart.
+constexpr absl::string_view kRankPlaceholder = "{rank}";
+
+// Refuses rank flags that cannot work together, naming them.
+absl::Status CheckRankFlags(const RunFlags& f) {
+  const int ranks = f.rank_flags.ranks;
+  if (f.rank_flags.shard == "full") {
+    return UsageError(
+        "--shard full: the C++ runtime runs data-parallel plans (all_reduce steps), not sharded "
+        "ones; 'pebble plan --shard full' plans one, pebble.torch runs it "
+        "(train_step(..., shard=\"full\"))");
+  }
+  if (ranks == 1) {
+    if (f.rank != 0 || !f.rendezvous.empty()) {
+      return UsageError("--rank and --rendezvous come with --ranks 2 or more");
+    }
+    return absl::OkStatus();
+  }
+  if (f.rendezvous.empty()) {
+    return UsageError(absl::StrCat(
+        "--ranks ", ranks, ": give --rank and --rendezvous DIR, a new directory every rank "
+        "sees (scripts/pebble-ranks starts the ranks on this machine)"));
+  }
+  if (f.rank >= ranks) {
+    return UsageError(absl::StrCat("--rank ", f.rank, ": ranks are 0 to ", ranks - 1));
+  }
+  for (const auto& [flag, path] : {std::pair{"--dump", &f.dump_dir},
+                                   std::pair{"--trace", &f.trace_path}}) {
+    if (!path->empty() && !absl::StrContains(*path, kRankPlaceholder)) {
+      return UsageError(absl::StrCat(flag, " ", Quote(*path), ": with --ranks, put ",
+                                     kRankPlaceholder, " in the path, which each rank "
+                                     "replaces with its number (out/rank{rank})"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// `f` as rank `f.rank` runs it: {rank} in --dump and --trace replaced.
+RunFlags ForThisRank(const RunFlags& f) {
+  RunFlags mine = f;
+  const std::string rank = absl::StrCat(f.rank);
+  mine.dump_dir = absl::StrReplaceAll(f.dump_dir, {{kRankPlaceholder, rank}});
+  mine.trace_path = absl::StrReplaceAll(f.trace_path, {{kRankPlaceholder, rank}});
+  return mine;
+}
 
 // The plan to run: planned, or read from --schedule and simulated.
 struct RunPlan {
@@ -108,6 +165,8 @@ absl::StatusOr<RunPlan> MakeRunPlan(const RunFlags& f, const Graph& graph,
   p.bandwidth_bytes_per_s = options.host_bandwidth_bytes_per_s;
   options.time_limit_s = f.time_limit_s;
   options.own_order = f.own_order;
+  options.ranks = f.rank_flags.ranks;
+  ASSIGN_OR_RETURN(options.network, f.rank_flags.Link());
   if (!f.json && !f.quiet) options.progress = StderrProgress();
   if (!f.host_budget.empty()) {
     ASSIGN_OR_RETURN(int64_t hb, ParseSize(f.host_budget));
@@ -339,7 +398,9 @@ absl::Status DoesNotFit(const RunFlags& f, const Graph& graph, const RunPlan& pl
       "; nothing was run (--over-budget runs it anyway)"));
 }
 
-int RunRun(const RunFlags& f) {
+int RunRun(const RunFlags& given) {
+  if (absl::Status s = CheckRankFlags(given); !s.ok()) return Fail(s);
+  const RunFlags f = ForThisRank(given);
   auto graph = f.source.Load();
   if (!graph.ok()) return Fail(graph.status());
   if (absl::Status s = CheckRunPaths(f, *graph); !s.ok()) return Fail(s);
@@ -363,6 +424,15 @@ int RunRun(const RunFlags& f) {
   options.inputs_dir = f.inputs_dir;
   options.poison_arena = !f.no_poison;
   options.simulator.host_bandwidth_bytes_per_s = plan->bandwidth_bytes_per_s;
+  std::unique_ptr<Collectives> collectives;  // after planning, which may take a while
+  if (f.rank_flags.ranks > 1) {
+    auto connected = ConnectGloo(
+        {f.rank, f.rank_flags.ranks, f.rendezvous, f.address, f.rank_timeout_s});
+    if (!connected.ok()) return Fail(connected.status());
+    collectives = *std::move(connected);
+    options.collectives = collectives.get();
+    options.simulator.network = *f.rank_flags.Link();
+  }
   for (int i = 0; i < f.warmup; ++i) {  // primitive caches, page faults
     ExecutorOptions quiet = options;
     quiet.download_outputs = false;
@@ -424,7 +494,17 @@ int RunRun(const RunFlags& f) {
                           : nlohmann::json(nullptr)},
         {"loaded_inputs", r.loaded_inputs.size()},
         {"generated_inputs", r.generated_inputs.size()},
+        {"ranks", f.rank_flags.ranks},
     };
+    if (collectives != nullptr) {
+      doc["rank"] = f.rank;
+      doc["collectives"] = {
+          {"description", collectives->Description()},
+          {"all_reduce", CountSteps(plan->plan.schedule, Action::kAllReduce)},
+          {"bytes", plan->plan.report.collective_bytes},
+          {"predicted_network_busy_s", plan->plan.report.network_busy},
+          {"measured_s", r.collective_time_s}};
+    }
     if (!f.source.model.empty()) doc["model"] = f.source.model;
     doc["loss"] = r.loss.has_value() ? nlohmann::json(*r.loss) : nlohmann::json(nullptr);
     if (!f.dump_dir.empty()) doc["dump"] = f.dump_dir;
@@ -443,6 +523,13 @@ int RunRun(const RunFlags& f) {
                                FormatBytes(plan->baseline_peak),
                                plan->plan.feasible ? "fits" : "DOES NOT FIT (--over-budget)");
   std::cout << absl::StrFormat("  backend         %s (%s)\n", (*backend)->name(), r.device);
+  if (collectives != nullptr) {
+    std::cout << absl::StrFormat(
+        "  ranks           %s; %d all-reduces of %s, measured %s (network busy %s predicted)\n",
+        collectives->Description(), CountSteps(plan->plan.schedule, Action::kAllReduce),
+        FormatBytes(plan->plan.report.collective_bytes), FormatSeconds(r.collective_time_s),
+        FormatSeconds(plan->plan.report.network_busy));
+  }
   Table t({"", "predicted", "measured", "bytes predicted", "bytes measured"});
   t.AddRow({"peak memory", FormatBytes(p.peak_bytes), FormatBytes(r.peak_bytes),
             absl::StrCat(p.peak_bytes), absl::StrCat(r.peak_bytes)});
@@ -469,19 +556,25 @@ int RunRun(const RunFlags& f) {
     std::cout << "  backend events  " << absl::StrJoin(counts, ", ") << "\n";
   }
   std::cout << absl::StrFormat(
-      "  time            measured %s (kernels %s, copies %s of which %s under compute, %s"
+      "  time            measured %s (kernels %s, copies %s of which %s under compute, %s%s"
       "executor %s; setup %s before)\n"
       "  makespan        %s\n",
       FormatSeconds(r.time_s), FormatSeconds(r.kernel_time_s), FormatSeconds(r.copy_time_s),
       FormatSeconds(r.copy_overlap_s),
       r.host_time_s > 0 ? absl::StrCat("host updates ", FormatSeconds(r.host_time_s), ", ")
                         : std::string(),
+      r.collective_time_s > 0
+          ? absl::StrCat("all-reduces ", FormatSeconds(r.collective_time_s), ", ")
+          : std::string(),
       FormatSeconds(r.overhead_s), FormatSeconds(r.setup_s),
       f.source.Costs().Describe(p.makespan));
   std::cout << absl::StrFormat("  steps           %d (%d recomputations, %s transferred)\n",
                                r.steps.size(), p.recomputations, FormatBytes(p.transfer_bytes));
-  std::cout << absl::StrFormat("  inputs          %d read from files, %d generated (seed %d)\n",
-                               r.loaded_inputs.size(), r.generated_inputs.size(), f.seed);
+  std::cout << absl::StrFormat("  inputs          %d read from files, %d generated (seed %d%s)\n",
+                               r.loaded_inputs.size(), r.generated_inputs.size(), f.seed,
+                               collectives == nullptr
+                                   ? ""
+                                   : absl::StrFormat("; the batch's %d + rank", f.seed));
   if (r.loss.has_value()) std::cout << absl::StrFormat("  loss            %.9g\n", *r.loss);
   if (!f.dump_dir.empty()) {
     const std::string updated =
@@ -567,6 +660,22 @@ void AddRunCommands(CLI::App& app, int& exit_code) {
                 "run a plan that does not fit the budget (by default refused, with the "
                 "planner's reason)");
   run->add_flag("--json", flags.json, "print one JSON document");
+  flags.rank_flags.AddOptions(run);
+  run->add_option("--rank", flags.rank,
+                  "this process's rank, 0 to --ranks - 1 (each rank is one process running the "
+                  "same plan on its own batch: the inputs of role 'input' generated with seed "
+                  "--seed + rank, or read from its own --inputs)")
+      ->check(IntegerIn(0, 1 << 20));
+  run->add_option("--rendezvous", flags.rendezvous,
+                  "with --ranks: a new, empty directory that every rank sees (one machine, or a "
+                  "shared file system), where the ranks meet; scripts/pebble-ranks makes one");
+  run->add_option("--address", flags.address,
+                  "with --ranks: the address other ranks reach this one at (default 127.0.0.1: "
+                  "every rank on this machine)");
+  run->add_option("--rank-timeout", flags.rank_timeout_s,
+                  "with --ranks: seconds a rank waits for the others, to meet and in each "
+                  "all-reduce (default 300)")
+      ->check(NumberAbove(0, "a positive number of seconds"));
   run->callback([&exit_code, budget] {
     flags.budget_given = budget->count() > 0;
     exit_code = RunRun(flags);

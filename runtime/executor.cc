@@ -156,7 +156,8 @@ const KernelTable& HostKernels() {
 // Phases 1-2 of Execute: refuses what cannot run, before touching the
 // backend's memory. Every tensor the schedule touches must fit its slot and
 // be what its operator makes, and the backend must have every kernel.
-absl::Status CheckRunnable(const Graph& graph, const Schedule& schedule, const Backend& backend) {
+absl::Status CheckRunnable(const Graph& graph, const Schedule& schedule, const Backend& backend,
+                           const Collectives* collectives) {
   // The schedule's nodes (a valid schedule computes every non-persistent
   // input before reading it) and every persistent one, each checked once.
   std::vector<uint8_t> touched(graph.num_nodes(), 0);
@@ -166,7 +167,8 @@ absl::Status CheckRunnable(const Graph& graph, const Schedule& schedule, const B
     if (touched[v] && graph.collective(v)) {
       return absl::UnimplementedError(absl::StrCat(
           "node ", Quote(graph.id(v)), " is a collective (", graph.op(v), "): the C++ runtime "
-          "runs one rank and has no collectives yet (a sharded plan is simulated, not run)"));
+          "runs data-parallel plans (all_reduce steps) but not sharded ones, which run under "
+          "pebble.torch (train_step(..., shard=\"full\"); docs/torch.md)"));
     }
     if (touched[v]) RETURN_IF_ERROR(CheckTensorSlot(graph, v));
   }
@@ -176,11 +178,19 @@ absl::Status CheckRunnable(const Graph& graph, const Schedule& schedule, const B
   }
   RETURN_IF_ERROR(backend.CheckSupported(graph));
   for (const Step& step : schedule.steps) {
+    if (step.action == Action::kAllReduce && collectives == nullptr) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "step all_reduce ", Quote(graph.id(step.node)), ": a data-parallel plan runs on "
+          "several ranks; give them (pebble run --ranks N --rank R --rendezvous DIR; "
+          "docs/runtime.md, \"Several ranks\")"));
+    }
     if (step.action == Action::kAllReduce) {
-      return absl::UnimplementedError(absl::StrCat(
-          "step all_reduce ", Quote(graph.id(step.node)), ": the C++ runtime runs one rank and "
-          "has no collectives yet; a data-parallel plan runs under pebble.torch "
-          "(train_step(..., process_group=...); docs/torch.md)"));
+      const DType dtype = graph.dtype(step.node).value_or(DType::kFloat32);
+      if (dtype != DType::kFloat32 && dtype != DType::kFloat16 && dtype != DType::kBFloat16) {
+        return absl::UnimplementedError(absl::StrCat(
+            "step all_reduce ", Quote(graph.id(step.node)), ": a ", DTypeName(dtype),
+            " tensor; the ranks average floating-point gradients only"));
+      }
     }
     if (step.action == Action::kHostCompute &&
         HostKernels().Find(graph.op(step.node)) == nullptr) {
@@ -193,6 +203,36 @@ absl::Status CheckRunnable(const Graph& graph, const Schedule& schedule, const B
     if (touched[v] && !graph.persistent(v)) RETURN_IF_ERROR(CheckOperatorTypes(graph, v));
   }
   return absl::OkStatus();
+}
+
+// What the ranks of a data-parallel run must share, as one number that is
+// the same in every process (FNV-1a; absl::Hash is seeded per process): the
+// nodes (id, op, bytes, dtype), the steps, and the seed.
+uint64_t RunFingerprint(const Graph& graph, const Schedule& schedule, uint64_t seed) {
+  uint64_t h = 1469598103934665603ull;
+  auto mix_bytes = [&h](const void* data, size_t n) {
+    const auto* p = static_cast<const unsigned char*>(data);
+    for (size_t i = 0; i < n; ++i) h = (h ^ p[i]) * 1099511628211ull;
+  };
+  auto mix = [&](int64_t x) { mix_bytes(&x, sizeof x); };
+  auto mix_text = [&](absl::string_view text) {
+    mix(static_cast<int64_t>(text.size()));
+    mix_bytes(text.data(), text.size());
+  };
+  mix(graph.num_nodes());
+  for (NodeId v = 0; v < graph.num_nodes(); ++v) {
+    mix_text(graph.id(v));
+    mix_text(graph.op(v));
+    mix(graph.bytes(v));
+    mix(graph.dtype(v).has_value() ? static_cast<int64_t>(*graph.dtype(v)) : -1);
+  }
+  mix(static_cast<int64_t>(schedule.steps.size()));
+  for (const Step& step : schedule.steps) {
+    mix(static_cast<int64_t>(step.action));
+    mix(step.node);
+  }
+  mix(static_cast<int64_t>(seed));
+  return h;
 }
 
 }  // namespace
@@ -691,10 +731,11 @@ std::optional<double> ScalarLoss(const Graph& graph, const ExecutionResult& resu
 class ScheduleRun {
  public:
   ScheduleRun(const Graph& graph, const Schedule& schedule, Backend& backend,
-              ExecutionResult& result)
+              Collectives* collectives, ExecutionResult& result)
       : graph_(graph),
         schedule_(schedule),
         backend_(backend),
+        collectives_(collectives),
         result_(result),
         layout_(result.layout),
         num_steps_(static_cast<int>(schedule.steps.size())),
@@ -733,7 +774,12 @@ class ScheduleRun {
       if (array.has_value()) {
         result_.loaded_inputs.push_back(v);
       } else {
-        ASSIGN_OR_RETURN(array, GenerateInput(graph_, v, options.seed));
+        // Each rank its own batch, the same parameters and state everywhere.
+        const uint64_t rank_offset =
+            options.collectives != nullptr && graph_.role(v) == Role::kInput
+                ? static_cast<uint64_t>(options.collectives->rank())
+                : 0;
+        ASSIGN_OR_RETURN(array, GenerateInput(graph_, v, options.seed + rank_offset));
         result_.generated_inputs.push_back(v);
       }
       if (static_cast<int64_t>(array->data.size()) != graph_.bytes(v)) {
@@ -804,8 +850,10 @@ class ScheduleRun {
           ASSIGN_OR_RETURN(during, RunOnHost(k));
           break;
         }
-        case Action::kAllReduce:  // refused before the run (CheckRunnable)
-          return absl::InternalError("an all_reduce step reached the executor");
+        case Action::kAllReduce: {
+          ASSIGN_OR_RETURN(during, RunAllReduce(k));
+          break;
+        }
       }
       m.resident_bytes = held_;
       m.during_bytes = during;
@@ -841,6 +889,8 @@ class ScheduleRun {
           result_.kernel_time_s += d;
         } else if (m.action == Action::kHostCompute) {
           result_.host_time_s += d;
+        } else if (m.action == Action::kAllReduce) {
+          result_.collective_time_s += d;
         } else {
           result_.copy_time_s += d;
         }
@@ -853,7 +903,8 @@ class ScheduleRun {
     // overlap is the time either stream was busy.
     result_.overhead_s =
         std::max(0.0, result_.time_s - result_.kernel_time_s - result_.copy_time_s -
-                          result_.host_time_s + result_.copy_overlap_s);
+                          result_.host_time_s - result_.collective_time_s +
+                          result_.copy_overlap_s);
     return absl::OkStatus();
   }
 
@@ -1111,6 +1162,56 @@ class ScheduleRun {
     return held_;
   }
 
+  // An all_reduce step: the gradient's average over the ranks, in place.
+  // DistributedDataParallel's rule: each rank's value divided by the ranks,
+  // then summed (in float32, whatever the gradient's dtype). After the
+  // compute before it, staged through host memory, on the compute stream.
+  absl::StatusOr<int64_t> RunAllReduce(int k) {
+    const NodeId v = schedule_.steps[k].node;
+    const NodeId root = graph_.storage(v);
+    PEBBLE_CHECK(collectives_ != nullptr && current_[v] >= 0, "all_reduce of a tensor not held");
+    RETURN_IF_ERROR(WaitOrFail(k, Stream::kCompute, last_copy_use_[root]));
+    if (absl::Status s = backend_.Synchronize(); !s.ok()) return Failed(k, s);
+    const DType dtype = *graph_.dtype(v);
+    const int64_t bytes = graph_.bytes(v);
+    const int64_t count = bytes / DTypeSize(dtype);
+    const float ranks = static_cast<float>(collectives_->ranks());
+    auto average = [&]() -> absl::Status {
+      staging_bytes_.resize(static_cast<size_t>(bytes));
+      staging_.resize(static_cast<size_t>(count));
+      RETURN_IF_ERROR(backend_.Download(staging_bytes_.data(), Address(current_[v]), bytes));
+      const auto* half = reinterpret_cast<const uint16_t*>(staging_bytes_.data());
+      for (int64_t i = 0; i < count; ++i) {
+        const float x = dtype == DType::kFloat32 ? reinterpret_cast<const float*>(half)[i]
+                        : dtype == DType::kFloat16 ? HalfToFloat(half[i])
+                                                   : BFloat16ToFloat(half[i]);
+        staging_[i] = x / ranks;
+      }
+      RETURN_IF_ERROR(collectives_->AllReduceSum(
+          staging_.data(), count, absl::StrCat("the all-reduce of ", Quote(graph_.id(v)))));
+      auto* out = reinterpret_cast<uint16_t*>(staging_bytes_.data());
+      for (int64_t i = 0; i < count; ++i) {
+        if (dtype == DType::kFloat32) {
+          reinterpret_cast<float*>(out)[i] = staging_[i];
+        } else {
+          out[i] = dtype == DType::kFloat16 ? FloatToHalf(staging_[i])
+                                            : FloatToBFloat16(staging_[i]);
+        }
+      }
+      return backend_.Upload(Address(current_[v]), staging_bytes_.data(), bytes);
+    };
+    ASSIGN_OR_RETURN(StreamEvent end, Timed(k, Stream::kCompute, average));
+    if (host_counted_[root]) {  // the host copy holds this rank's own value
+      host_counted_[root] = 0;
+      host_held_ -= graph_.bytes(root);
+    }
+    for (NodeId u : {v, root}) {
+      ready_[u] = end;
+      last_compute_use_[u] = end;
+    }
+    return held_;
+  }
+
   int64_t RunFree(int k) {
     const NodeId v = schedule_.steps[k].node;
     PEBBLE_CHECK(current_[v] >= 0 && (!graph_.persistent(v) || graph_.home(v).has_value()),
@@ -1132,6 +1233,9 @@ class ScheduleRun {
   const Graph& graph_;
   const Schedule& schedule_;
   Backend& backend_;
+  Collectives* const collectives_;  // nullptr: one rank
+  std::vector<std::byte> staging_bytes_;  // an all-reduced tensor, as the device holds it
+  std::vector<float> staging_;            // ... in float32, averaged
   ExecutionResult& result_;
   const MemoryLayout& layout_;
   const int num_steps_;
@@ -1177,8 +1281,15 @@ absl::StatusOr<ExecutionResult> Execute(const Graph& graph, const Schedule& sche
   const auto setup_start = std::chrono::steady_clock::now();
   ExecutionResult result;
   // 1-2. Refuse what cannot run, before touching the backend's memory.
-  ASSIGN_OR_RETURN(result.predicted, Simulate(graph, schedule, options.simulator));
-  RETURN_IF_ERROR(CheckRunnable(graph, schedule, backend));
+  SimulatorOptions simulator = options.simulator;
+  if (options.collectives != nullptr) simulator.ranks = options.collectives->ranks();
+  ASSIGN_OR_RETURN(result.predicted, Simulate(graph, schedule, simulator));
+  RETURN_IF_ERROR(CheckRunnable(graph, schedule, backend, options.collectives));
+  if (options.collectives != nullptr) {
+    RETURN_IF_ERROR(CheckSameOnEveryRank(*options.collectives,
+                                         RunFingerprint(graph, schedule, options.seed),
+                                         "the graph, schedule or seed"));
+  }
   if (!options.inputs_dir.empty()) {
     std::error_code ec;
     if (!std::filesystem::is_directory(options.inputs_dir, ec)) {
@@ -1196,7 +1307,7 @@ absl::StatusOr<ExecutionResult> Execute(const Graph& graph, const Schedule& sche
   }
   result.device = backend.Description();
 
-  ScheduleRun run(graph, schedule, backend, result);
+  ScheduleRun run(graph, schedule, backend, options.collectives, result);
   RETURN_IF_ERROR(run.AllocateArena(options.poison_arena));
   RETURN_IF_ERROR(run.LoadPersistent(options));
   RETURN_IF_ERROR(run.AllocateHostBuffers());

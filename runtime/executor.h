@@ -45,6 +45,7 @@
 #include "absl/strings/string_view.h"
 #include "graph/graph.h"
 #include "runtime/backend.h"
+#include "runtime/collectives.h"
 #include "runtime/half.h"  // fp16/bf16 conversions of .npy inputs
 #include "runtime/npy.h"
 #include "scheduler/memory_layout.h"
@@ -68,6 +69,13 @@ struct ExecutorOptions {
   LayoutOptions layout;
   // Copy every graph output back to ExecutionResult::outputs.
   bool download_outputs = true;
+  // The ranks of a data-parallel run (not owned; nullptr: one rank). With
+  // them, each all_reduce step averages its gradient over the ranks
+  // (docs/runtime.md, "Several ranks"), the ranks first check that they run
+  // the same graph and schedule, and the generated inputs of role "input"
+  // (the batch) take the seed `seed + rank`: each rank its own slice, the
+  // same parameters everywhere.
+  Collectives* collectives = nullptr;
 };
 
 // What the executor measured for one step. Times are seconds from the
@@ -121,11 +129,16 @@ struct ExecutionResult {
   double time_s = 0;         // first event to the end of the last step
   double kernel_time_s = 0;  // sum of compute-step durations
   double copy_time_s = 0;    // sum of offload and prefetch durations
+  // Sum of all_reduce durations: each waits for the compute before it, then
+  // stages the gradient in host memory, averages it over the ranks and
+  // copies it back, on the compute stream (nothing overlaps it yet).
+  double collective_time_s = 0;
   // Sum of host-compute durations (updates on the host, docs/semantics.md,
   // "Updates on the host"): host wall time between two events of the copy
   // stream, so exact on a synchronous backend (the CPU's) only.
   double host_time_s = 0;
-  // time_s - (kernel_time_s + copy_time_s + host_time_s - copy_overlap_s),
+  // time_s - (kernel_time_s + copy_time_s + host_time_s + collective_time_s
+  // - copy_overlap_s),
   // never negative: the time no stream ran a step, what the executor itself
   // costs between steps.
   double overhead_s = 0;

@@ -67,7 +67,11 @@ nlohmann::json ChromeTrace(const Graph& graph, const ExecutionResult& result) {
                           {"dur", Micros(s.end_s - s.start_s)},
                           {"args", {{"step", k}, {"op", graph.op(s.node)}}}});
         break;
-      case Action::kAllReduce:  // the C++ runtime refuses collectives (executor.cc)
+      case Action::kAllReduce:  // on the compute stream (executor.cc, RunAllReduce)
+        events.push_back({{"ph", "X"}, {"pid", kPid}, {"tid", kComputeTid},
+                          {"name", absl::StrCat("all_reduce ", id)}, {"cat", "all_reduce"},
+                          {"ts", Micros(s.start_s)}, {"dur", Micros(s.end_s - s.start_s)},
+                          {"args", {{"step", k}, {"bytes", bytes}}}});
         break;
       case Action::kFree:
         events.push_back({{"ph", "i"}, {"pid", kPid}, {"tid", kComputeTid}, {"s", "t"},

@@ -441,7 +441,22 @@ TEST(CliTest, RanksPlanTheGradientsAllReduces) {
   ::pebble::testing::ExpectOneLineError(Pebble("plan " + model + " --ranks 2 --network-latency -1"), 2,
                      {"--network-latency"});
   ::pebble::testing::ExpectOneLineError(Pebble("run " + model + " --schedule " + schedule + " --backend cpu"), 1,
-                     {"all_reduce", "has no collectives yet", "pebble.torch"});
+                     {"all_reduce", "several ranks", "pebble run --ranks N --rank R"});
+  // pebble run --ranks (docs/runtime.md, "Several ranks"): flags that cannot work together.
+  ::pebble::testing::ExpectOneLineError(Pebble("run " + model + " --ranks 2"), 2,
+                                        {"--rendezvous", "scripts/pebble-ranks"});
+  ::pebble::testing::ExpectOneLineError(Pebble("run " + model + " --rank 1"), 2,
+                                        {"--rank and --rendezvous come with --ranks 2"});
+  ::pebble::testing::ExpectOneLineError(
+      Pebble("run " + model + " --ranks 2 --rank 2 --rendezvous " + dir.string()), 2,
+      {"--rank 2: ranks are 0 to 1"});
+  ::pebble::testing::ExpectOneLineError(
+      Pebble("run " + model + " --ranks 2 --rank 0 --rendezvous " + dir.string() + " --dump " +
+             (dir / "out").string()),
+      2, {"--dump", "{rank}"});
+  ::pebble::testing::ExpectOneLineError(
+      Pebble("run " + model + " --ranks 2 --shard full --rank 0 --rendezvous " + dir.string()),
+      2, {"--shard full", "pebble.torch"});
   // Sharded (--shard full): FSDP's rule and a policy of pebble's.
   for (const char* policy : {"fsdp", "dtr"}) {
     Result sharded = Pebble("plan " + model + " --policy " + policy +

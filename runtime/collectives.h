@@ -1,0 +1,39 @@
+// The collectives a data-parallel run calls across its ranks (docs/runtime.md,
+// "Several ranks"). The executor runs each all_reduce step of a schedule
+// through this interface; runtime/gloo/ implements it with gloo over TCP.
+// Every rank makes the same calls in the same order (SPMD): a call that one
+// rank skips leaves the others waiting until the timeout.
+#ifndef PEBBLE_RUNTIME_COLLECTIVES_H_
+#define PEBBLE_RUNTIME_COLLECTIVES_H_
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+
+namespace pebble {
+
+class Collectives {
+ public:
+  virtual ~Collectives() = default;
+  virtual int rank() const = 0;
+  virtual int ranks() const = 0;
+  // E.g. "gloo over TCP, rank 0 of 2, timeout 300 s".
+  virtual std::string Description() const = 0;
+  // Sums `count` elements at `data` (host memory) over the ranks, in place.
+  // Every rank ends with the same bits. An error (a rank stopped, the
+  // timeout passed) is a Status naming `what`.
+  virtual absl::Status AllReduceSum(float* data, int64_t count, absl::string_view what) = 0;
+  virtual absl::Status AllReduceSum(int64_t* data, int64_t count, absl::string_view what) = 0;
+};
+
+// Whether every rank gave the same `fingerprint` (of its graph and schedule,
+// say): an error naming `what` and the ranks that differ from rank 0
+// otherwise, on every rank alike.
+absl::Status CheckSameOnEveryRank(Collectives& collectives, uint64_t fingerprint,
+                                  absl::string_view what);
+
+}  // namespace pebble
+
+#endif  // PEBBLE_RUNTIME_COLLECTIVES_H_

@@ -1,0 +1,149 @@
+#include "runtime/gloo/gloo_collectives.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <system_error>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "graph/status.h"
+#include "graph/text_input.h"
+
+#ifdef PEBBLE_WITH_GLOO
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <gloo/allreduce.h>
+#include <gloo/math.h>
+#include <gloo/rendezvous/context.h>
+#include <gloo/rendezvous/file_store.h>
+#include <gloo/transport/tcp/device.h>
+#endif
+
+namespace pebble {
+
+#ifdef PEBBLE_WITH_GLOO
+
+namespace {
+
+class GlooCollectives : public Collectives {
+ public:
+  GlooCollectives(std::shared_ptr<gloo::Context> context, double timeout_s)
+      : context_(std::move(context)), timeout_s_(timeout_s) {}
+
+  int rank() const override { return context_->rank; }
+  int ranks() const override { return context_->size; }
+  std::string Description() const override {
+    return absl::StrFormat("gloo over TCP, rank %d of %d, timeout %g s", rank(), ranks(),
+                           timeout_s_);
+  }
+
+  absl::Status AllReduceSum(float* data, int64_t count, absl::string_view what) override {
+    return Sum(data, count, what);
+  }
+  absl::Status AllReduceSum(int64_t* data, int64_t count, absl::string_view what) override {
+    return Sum(data, count, what);
+  }
+
+ private:
+  template <typename T>
+  absl::Status Sum(T* data, int64_t count, absl::string_view what) {
+    if (count == 0) return absl::OkStatus();
+    try {
+      gloo::AllreduceOptions options(context_);
+      options.setOutput(data, static_cast<size_t>(count));
+      options.setReduceFunction([](void* c, const void* a, const void* b, size_t n) {
+        gloo::sum<T>(c, a, b, n);
+      });
+      options.setTag(next_tag_++);
+      gloo::allreduce(options);
+    } catch (const std::exception& e) {
+      return absl::UnavailableError(absl::StrCat(
+          what, " failed (a rank stopped, or the ranks did not all reach it within ",
+          absl::StrFormat("%g", timeout_s_), " s): ", e.what()));
+    }
+    return absl::OkStatus();
+  }
+
+  std::shared_ptr<gloo::Context> context_;
+  double timeout_s_;
+  uint32_t next_tag_ = 0;
+};
+
+// Creates `dir`/pebble-rank-<rank> exclusively: a rank that finds it
+// already there is in a directory of an earlier run.
+absl::Status ClaimRank(const std::string& dir, int rank) {
+  const std::string marker =
+      (std::filesystem::path(dir) / absl::StrCat("pebble-rank-", rank)).string();
+  const int fd = ::open(marker.c_str(), O_WRONLY | O_CREAT | O_EXCL, 0644);
+  if (fd >= 0) {
+    ::close(fd);
+    return absl::OkStatus();
+  }
+  if (errno == EEXIST) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "rendezvous directory ", Quote(dir), " already has rank ", rank,
+        "'s marker (pebble-rank-", rank, "): it is left from an earlier run, or two ranks "
+        "were given the same --rank; give each run a new empty directory"));
+  }
+  return absl::InvalidArgumentError(absl::StrCat("rendezvous directory ", Quote(dir),
+                                                 ": cannot create ", Quote(marker), ": ",
+                                                 std::generic_category().message(errno)));
+}
+
+}  // namespace
+
+bool HaveGloo() { return true; }
+
+absl::StatusOr<std::unique_ptr<Collectives>> ConnectGloo(const GlooOptions& options) {
+  if (options.ranks < 1 || options.rank < 0 || options.rank >= options.ranks) {
+    return absl::InvalidArgumentError(absl::StrCat("rank ", options.rank, " of ",
+                                                   options.ranks, ": a rank is 0 to ranks - 1"));
+  }
+  if (!(options.timeout_s > 0) || !std::isfinite(options.timeout_s)) {
+    return absl::InvalidArgumentError("the ranks' timeout must be a positive number of seconds");
+  }
+  std::error_code ec;
+  if (!std::filesystem::is_directory(options.rendezvous_dir, ec)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "rendezvous directory ", Quote(options.rendezvous_dir), " is not a directory"));
+  }
+  RETURN_IF_ERROR(ClaimRank(options.rendezvous_dir, options.rank));
+  const auto timeout = std::chrono::milliseconds(
+      static_cast<int64_t>(std::min(options.timeout_s, 1e9) * 1000));
+  try {
+    gloo::transport::tcp::attr attr;
+    attr.hostname = options.address;
+    auto device = gloo::transport::tcp::CreateDevice(attr);
+    gloo::rendezvous::FileStore store(options.rendezvous_dir);
+    auto context = std::make_shared<gloo::rendezvous::Context>(options.rank, options.ranks);
+    context->setTimeout(timeout);
+    context->connectFullMesh(store, device);
+    return std::unique_ptr<Collectives>(
+        std::make_unique<GlooCollectives>(std::move(context), options.timeout_s));
+  } catch (const std::exception& e) {
+    return absl::UnavailableError(absl::StrCat(
+        "rank ", options.rank, " of ", options.ranks, " could not meet the others through ",
+        Quote(options.rendezvous_dir), " at address ", Quote(options.address), " within ",
+        absl::StrFormat("%g", options.timeout_s), " s: ", e.what()));
+  }
+}
+
+#else  // !PEBBLE_WITH_GLOO
+
+bool HaveGloo() { return false; }
+
+absl::StatusOr<std::unique_ptr<Collectives>> ConnectGloo(const GlooOptions&) {
+  return absl::UnimplementedError(
+      "this build of pebble has no gloo, so it runs one rank: install Debian's libgloo-dev "
+      "(scripts/setup does) and build again");
+}
+
+#endif  // PEBBLE_WITH_GLOO
+
+}  // namespace pebble

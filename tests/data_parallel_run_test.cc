@@ -1,0 +1,266 @@
+// Data-parallel runs of the C++ runtime (docs/runtime.md, "Several ranks"):
+// ranks as threads of this process, each with its own gloo context and CPU
+// backend, meeting through a temporary directory.
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <future>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "graph/models/models.h"
+#include "graph/optimizer.h"
+#include "gtest/gtest.h"
+#include "runtime/executor.h"
+#include "runtime/gloo/gloo_collectives.h"
+#include "runtime/make_backend.h"
+#include "runtime/npy.h"
+#include "scheduler/planner.h"
+
+namespace pebble {
+namespace {
+
+using ::testing::HasSubstr;
+
+class DataParallelRunTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!HaveGloo()) GTEST_SKIP() << "this build has no gloo (libgloo-dev)";
+    dir_ = std::filesystem::temp_directory_path() /
+           absl::StrCat("pebble-dp-", ::testing::UnitTest::GetInstance()->random_seed(), "-",
+                        reinterpret_cast<uintptr_t>(this));
+    std::filesystem::create_directories(dir_);
+  }
+  void TearDown() override {
+    std::error_code ec;
+    std::filesystem::remove_all(dir_, ec);
+  }
+
+  // A fresh rendezvous directory.
+  std::string Rendezvous(const std::string& name) {
+    const std::filesystem::path path = dir_ / name;
+    std::filesystem::create_directories(path);
+    return path.string();
+  }
+
+  // `ranks` ranks of `graph` under `schedule` (seed 0, each rank's batch
+  // from seed + rank), each run's result.
+  std::vector<absl::StatusOr<ExecutionResult>> RunRanks(const Graph& graph,
+                                                        const Schedule& schedule, int ranks,
+                                                        std::vector<uint64_t> seeds = {}) {
+    const std::string rendezvous = Rendezvous(absl::StrCat("run", runs_++));
+    std::vector<absl::StatusOr<ExecutionResult>> results(ranks,
+                                                         absl::UnknownError("not run"));
+    std::vector<std::thread> threads;
+    for (int r = 0; r < ranks; ++r) {
+      threads.emplace_back([&, r] {
+        auto collectives = ConnectGloo({r, ranks, rendezvous, "127.0.0.1", 60});
+        if (!collectives.ok()) {
+          results[r] = collectives.status();
+          return;
+        }
+        auto backend = MakeBackend("cpu");
+        if (!backend.ok()) {
+          results[r] = backend.status();
+          return;
+        }
+        ExecutorOptions options;
+        options.seed = seeds.empty() ? 0 : seeds[r];
+        options.collectives = collectives->get();
+        results[r] = Execute(graph, schedule, **backend, options);
+      });
+    }
+    for (std::thread& t : threads) t.join();
+    return results;
+  }
+
+  // One process's run of `graph` on rank `rank`'s batch (its inputs written
+  // to a directory, the rest generated from seed 0, as the ranks do).
+  absl::StatusOr<ExecutionResult> RunAlone(const Graph& graph, const Schedule& schedule,
+                                           int rank) {
+    const std::filesystem::path inputs = dir_ / absl::StrCat("batch", rank);
+    std::filesystem::create_directories(inputs);
+    for (NodeId v = 0; v < graph.num_nodes(); ++v) {
+      if (!graph.persistent(v) || graph.role(v) != Role::kInput) continue;
+      auto array = GenerateInput(graph, v, static_cast<uint64_t>(rank));
+      if (!array.ok()) return array.status();
+      if (absl::Status s = WriteNpy((inputs / TensorFileName(graph.id(v))).string(), *array);
+          !s.ok()) {
+        return s;
+      }
+    }
+    auto backend = MakeBackend("cpu");
+    if (!backend.ok()) return backend.status();
+    ExecutorOptions options;
+    options.inputs_dir = inputs.string();
+    return Execute(graph, schedule, **backend, options);
+  }
+
+  static Schedule Plan(const Graph& graph, const char* policy, int ranks) {
+    auto planner = MakePlanner(policy);
+    EXPECT_TRUE(planner.ok()) << planner.status();
+    PlannerOptions options;
+    options.ranks = ranks;
+    options.budget_bytes = PlannerOptions::kMinBudget;
+    auto plan = (*planner)->Plan(graph, options);
+    EXPECT_TRUE(plan.ok()) << plan.status();
+    return plan->schedule;
+  }
+
+  std::filesystem::path dir_;
+  int runs_ = 0;
+};
+
+int CountAllReduces(const Schedule& schedule) {
+  int n = 0;
+  for (const Step& s : schedule.steps) n += s.action == Action::kAllReduce;
+  return n;
+}
+
+std::vector<float> Floats(const NpyArray& array) {
+  std::vector<float> out(array.data.size() / sizeof(float));
+  std::memcpy(out.data(), array.data.data(), out.size() * sizeof(float));
+  return out;
+}
+
+// With two ranks, (g0 / 2) + (g1 / 2) is (g0 + g1) / 2 to the bit: halving is
+// exact, and so each rank's gradient is the two single runs' mean exactly.
+TEST_F(DataParallelRunTest, GradientsAreTheMeanOfTheRanksBitwise) {
+  const Graph g = *BuildModel("mnist-cnn:batch=2");
+  for (const char* policy : {"baseline", "rotor"}) {
+    SCOPED_TRACE(policy);
+    const Schedule dp = Plan(g, policy, 2);
+    ASSERT_GT(CountAllReduces(dp), 0);
+    const Schedule alone = Plan(g, policy, 1);
+    auto a0 = RunAlone(g, alone, 0);
+    auto a1 = RunAlone(g, alone, 1);
+    ASSERT_TRUE(a0.ok()) << a0.status();
+    ASSERT_TRUE(a1.ok()) << a1.status();
+    ASSERT_NE(*a0->loss, *a1->loss) << "the two batches should differ";
+    auto ranks = RunRanks(g, dp, 2);
+    for (int r = 0; r < 2; ++r) {
+      ASSERT_TRUE(ranks[r].ok()) << "rank " << r << ": " << ranks[r].status();
+      EXPECT_EQ(ranks[r]->peak_bytes, ranks[r]->predicted.peak_bytes);
+      EXPECT_GT(ranks[r]->collective_time_s, 0);
+    }
+    EXPECT_EQ(*ranks[0]->loss, *a0->loss);  // each rank its own batch
+    EXPECT_EQ(*ranks[1]->loss, *a1->loss);
+    int compared = 0;
+    for (size_t i = 0; i < g.outputs().size(); ++i) {
+      const NodeId v = g.outputs()[i];
+      if (!absl::StartsWith(g.id(v), "grad:")) continue;
+      const std::vector<float> x0 = Floats(a0->outputs[i].array);
+      const std::vector<float> x1 = Floats(a1->outputs[i].array);
+      for (int r = 0; r < 2; ++r) {
+        const std::vector<float> got = Floats(ranks[r]->outputs[i].array);
+        ASSERT_EQ(got.size(), x0.size());
+        for (size_t j = 0; j < got.size(); ++j) {
+          ASSERT_EQ(got[j], (x0[j] + x1[j]) / 2) << g.id(v) << "[" << j << "] on rank " << r;
+        }
+      }
+      ++compared;
+    }
+    EXPECT_GT(compared, 3);
+  }
+}
+
+// SGD after the all-reduce: every rank ends with the same parameters, those
+// of one step on the mean gradient (up to rounding: p - lr g rounds once
+// per rank alone, once here).
+TEST_F(DataParallelRunTest, SgdStepsLeaveTheSameParametersOnEveryRank) {
+  const Graph training = *BuildModel("mnist-cnn:batch=2");
+  const Graph g = *AddOptimizerStep(training, *ParseOptimizer("sgd:lr=0.5"));
+  const Schedule dp = Plan(g, "dtr", 3);
+  const Schedule alone = Plan(g, "dtr", 1);
+  std::vector<ExecutionResult> single;
+  for (int r = 0; r < 3; ++r) {
+    auto run = RunAlone(g, alone, r);
+    ASSERT_TRUE(run.ok()) << run.status();
+    single.push_back(*std::move(run));
+  }
+  auto ranks = RunRanks(g, dp, 3);
+  for (int r = 0; r < 3; ++r) ASSERT_TRUE(ranks[r].ok()) << "rank " << r << ": " << ranks[r].status();
+  ASSERT_FALSE(single[0].updated.empty());
+  for (size_t i = 0; i < single[0].updated.size(); ++i) {
+    const std::string& id = g.id(single[0].updated[i].node);
+    const std::vector<float> on0 = Floats(ranks[0]->updated[i].array);
+    for (int r = 1; r < 3; ++r) {
+      EXPECT_EQ(Floats(ranks[r]->updated[i].array), on0) << id << ": rank " << r;
+    }
+    std::vector<std::vector<float>> each;
+    for (const ExecutionResult& s : single) each.push_back(Floats(s.updated[i].array));
+    for (size_t j = 0; j < on0.size(); ++j) {
+      const float mean = (each[0][j] + each[1][j] + each[2][j]) / 3;
+      ASSERT_NEAR(on0[j], mean, 1e-6f + 1e-5f * std::abs(mean)) << id << "[" << j << "]";
+    }
+  }
+}
+
+TEST_F(DataParallelRunTest, RanksThatDisagreeAreRefusedOnEveryRank) {
+  const Graph g = *BuildModel("mnist-cnn:batch=2");
+  const Schedule dp = Plan(g, "baseline", 2);
+  auto ranks = RunRanks(g, dp, 2, /*seeds=*/{0, 1});
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_FALSE(ranks[r].ok()) << "rank " << r;
+    EXPECT_THAT(ranks[r].status().message(), HasSubstr("differs between the ranks (rank 1"));
+  }
+}
+
+TEST_F(DataParallelRunTest, ARankThatStopsFailsTheOthersWithoutHanging) {
+  const Graph g = *BuildModel("mnist-cnn:batch=2");
+  const Schedule dp = Plan(g, "baseline", 2);
+  const std::string rendezvous = Rendezvous("dead");
+  absl::Status survivor;
+  const auto start = std::chrono::steady_clock::now();
+  std::promise<void> connected;
+  std::thread rank1([&] {
+    auto collectives = ConnectGloo({1, 2, rendezvous, "127.0.0.1", 20});
+    EXPECT_TRUE(collectives.ok()) << collectives.status();
+    connected.get_future().wait();
+  });  // stops once both are connected: its connections close
+  std::thread rank0([&] {
+    auto collectives = ConnectGloo({0, 2, rendezvous, "127.0.0.1", 20});
+    connected.set_value();
+    rank1.join();
+    if (!collectives.ok()) {
+      survivor = collectives.status();
+      return;
+    }
+    auto backend = MakeBackend("cpu");
+    ExecutorOptions options;
+    options.collectives = collectives->get();
+    survivor = Execute(g, dp, **backend, options).status();
+  });
+  rank0.join();
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_FALSE(survivor.ok());
+  EXPECT_THAT(survivor.message(), HasSubstr("a rank stopped"));
+  EXPECT_LT(seconds, 25);
+}
+
+TEST_F(DataParallelRunTest, MisuseIsRefusedNamingTheCulprit) {
+  const Graph g = *BuildModel("mnist-cnn:batch=2");
+  const Schedule dp = Plan(g, "baseline", 2);
+  auto backend = MakeBackend("cpu");
+  auto one_rank = Execute(g, dp, **backend);
+  EXPECT_THAT(one_rank.status().message(), HasSubstr("give them (pebble run --ranks"));
+  const std::string rendezvous = Rendezvous("stale");
+  std::ofstream(std::filesystem::path(rendezvous) / "pebble-rank-0");  // an earlier run's
+  auto again = ConnectGloo({0, 2, rendezvous, "127.0.0.1", 2});
+  EXPECT_THAT(again.status().message(), HasSubstr("left from an earlier run"));
+  EXPECT_THAT(ConnectGloo({2, 2, rendezvous, "127.0.0.1", 2}).status().message(),
+              HasSubstr("a rank is 0 to ranks - 1"));
+  EXPECT_THAT(ConnectGloo({0, 2, (dir_ / "missing").string(), "127.0.0.1", 2})
+                  .status()
+                  .message(),
+              HasSubstr("is not a directory"));
+}
+
+}  // namespace
+}  // namespace pebble
