@@ -2,6 +2,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <iostream>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -97,28 +98,27 @@ struct RunFlags {
   std::string rendezvous;  // the directory the ranks meet through
   std::string address = "127.0.0.1";
   double rank_timeout_s = 300;
+  std::vector<std::string> rank_only_given;  // the flags above given on the command line
+  bool rank_given = false;
 };
 
-// The placeholder in --dump and --trace that each rank replaces with its
-// number, so that ranks on one machine write apart.
+// The placeholder in --dump, --trace and --inputs that each rank replaces
+// with its number, so that ranks on one machine write apart and read their
+// own batches.
 constexpr absl::string_view kRankPlaceholder = "{rank}";
 
 // Refuses rank flags that cannot work together, naming them.
 absl::Status CheckRankFlags(const RunFlags& f) {
   const int ranks = f.rank_flags.ranks;
-  if (f.rank_flags.shard == "full") {
-    return UsageError(
-        "--shard full: the C++ runtime runs data-parallel plans (all_reduce steps), not sharded "
-        "ones; 'pebble plan --shard full' plans one, pebble.torch runs it "
-        "(train_step(..., shard=\"full\"))");
-  }
+  RETURN_IF_ERROR(f.rank_flags.CheckShard());
   if (ranks == 1) {
-    if (f.rank != 0 || !f.rendezvous.empty()) {
-      return UsageError("--rank and --rendezvous come with --ranks 2 or more");
+    if (!f.rank_only_given.empty()) {
+      return UsageError(absl::StrCat(absl::StrJoin(f.rank_only_given, ", "),
+                                     ": with --ranks 2 or more only"));
     }
     return absl::OkStatus();
   }
-  if (f.rendezvous.empty()) {
+  if (f.rendezvous.empty() || !f.rank_given) {
     return UsageError(absl::StrCat(
         "--ranks ", ranks, ": give --rank and --rendezvous DIR, a new directory every rank "
         "sees (scripts/pebble-ranks starts the ranks on this machine)"));
@@ -137,13 +137,37 @@ absl::Status CheckRankFlags(const RunFlags& f) {
   return absl::OkStatus();
 }
 
-// `f` as rank `f.rank` runs it: {rank} in --dump and --trace replaced.
+// `f` as rank `f.rank` runs it: {rank} in --dump, --trace and --inputs
+// replaced.
 RunFlags ForThisRank(const RunFlags& f) {
   RunFlags mine = f;
   const std::string rank = absl::StrCat(f.rank);
-  mine.dump_dir = absl::StrReplaceAll(f.dump_dir, {{kRankPlaceholder, rank}});
-  mine.trace_path = absl::StrReplaceAll(f.trace_path, {{kRankPlaceholder, rank}});
+  for (std::string* path : {&mine.dump_dir, &mine.trace_path, &mine.inputs_dir}) {
+    *path = absl::StrReplaceAll(*path, {{kRankPlaceholder, rank}});
+  }
   return mine;
+}
+
+// With several ranks, --inputs without {rank} would give every rank the
+// same batch: refused where the directory holds a file of the batch (a
+// persistent tensor of role "input").
+absl::Status CheckSharedInputs(const RunFlags& given, const Graph& graph) {
+  if (given.rank_flags.ranks == 1 || given.inputs_dir.empty() ||
+      absl::StrContains(given.inputs_dir, kRankPlaceholder)) {
+    return absl::OkStatus();
+  }
+  for (NodeId v = 0; v < graph.num_nodes(); ++v) {
+    if (!graph.persistent(v) || graph.role(v) != Role::kInput) continue;
+    std::error_code ec;
+    if (std::filesystem::exists(
+            std::filesystem::path(given.inputs_dir) / TensorFileName(graph.id(v)), ec)) {
+      return UsageError(absl::StrCat(
+          "--inputs ", Quote(given.inputs_dir), " holds the batch tensor ",
+          Quote(graph.id(v)), ", which every rank would read: with --ranks, put ",
+          kRankPlaceholder, " in the path (data/rank{rank}), one batch per rank"));
+    }
+  }
+  return absl::OkStatus();
 }
 
 // The plan to run: planned, or read from --schedule and simulated.
@@ -403,6 +427,15 @@ int RunRun(const RunFlags& given) {
   const RunFlags f = ForThisRank(given);
   auto graph = f.source.Load();
   if (!graph.ok()) return Fail(graph.status());
+  if (absl::Status s = CheckSharedInputs(given, *graph); !s.ok()) return Fail(s);
+  // --shard full: the rank's graph; its shards start as slices of the
+  // unsharded graph's tensors (ExecutorOptions::unsharded).
+  std::optional<Graph> unsharded;
+  if (f.rank_flags.shard == "full") {
+    unsharded = *graph;
+    graph = f.rank_flags.Sharded(std::move(graph));
+    if (!graph.ok()) return Fail(graph.status());
+  }
   if (absl::Status s = CheckRunPaths(f, *graph); !s.ok()) return Fail(s);
   auto backend = MakeBackend(f.backend);
   if (!backend.ok()) return Fail(backend.status());
@@ -426,12 +459,21 @@ int RunRun(const RunFlags& given) {
   options.simulator.host_bandwidth_bytes_per_s = plan->bandwidth_bytes_per_s;
   std::unique_ptr<Collectives> collectives;  // after planning, which may take a while
   if (f.rank_flags.ranks > 1) {
-    auto connected = ConnectGloo(
-        {f.rank, f.rank_flags.ranks, f.rendezvous, f.address, f.rank_timeout_s});
+    auto connected = ConnectGloo({.rank = f.rank,
+                                  .ranks = f.rank_flags.ranks,
+                                  .rendezvous_dir = f.rendezvous,
+                                  .address = f.address,
+                                  .timeout_s = f.rank_timeout_s});
     if (!connected.ok()) return Fail(connected.status());
     collectives = *std::move(connected);
+    // Every rank runs as many steps (a warm-up of one would pair with
+    // another's measured step).
+    if (absl::Status s = CheckSameOnEveryRank(*collectives, f.warmup, "--warmup"); !s.ok()) {
+      return Fail(s);
+    }
     options.collectives = collectives.get();
-    options.simulator.network = *f.rank_flags.Link();
+    if (unsharded.has_value()) options.unsharded = &*unsharded;
+    options.simulator.network = *f.rank_flags.Link();  // checked when planning
   }
   for (int i = 0; i < f.warmup; ++i) {  // primitive caches, page faults
     ExecutorOptions quiet = options;
@@ -466,6 +508,15 @@ int RunRun(const RunFlags& given) {
   files.Keep();
 
   const ExecutionResult& r = *result;
+  // The collectives the run made: all-reduces (data parallel), gathers and
+  // reduce-scatters (sharded), recomputed gathers included.
+  int all_reduces = 0, gathers = 0, scatters = 0;
+  for (const Step& step : plan->plan.schedule.steps) {
+    all_reduces += step.action == Action::kAllReduce;
+    if (step.action == Action::kCompute && graph->collective(step.node)) {
+      ++(graph->op(step.node) == "all_gather" ? gathers : scatters);
+    }
+  }
   if (f.json) {
     nlohmann::json predicted =
         ReportToJson(plan->plan.report, *graph, plan->plan.schedule, /*with_timeline=*/false);
@@ -498,9 +549,12 @@ int RunRun(const RunFlags& given) {
     };
     if (collectives != nullptr) {
       doc["rank"] = f.rank;
+      doc["shard"] = f.rank_flags.shard;
       doc["collectives"] = {
           {"description", collectives->Description()},
-          {"all_reduce", CountSteps(plan->plan.schedule, Action::kAllReduce)},
+          {"all_reduce", all_reduces},
+          {"all_gather", gathers},
+          {"reduce_scatter", scatters},
           {"bytes", plan->plan.report.collective_bytes},
           {"predicted_network_busy_s", plan->plan.report.network_busy},
           {"measured_s", r.collective_time_s}};
@@ -524,11 +578,14 @@ int RunRun(const RunFlags& given) {
                                plan->plan.feasible ? "fits" : "DOES NOT FIT (--over-budget)");
   std::cout << absl::StrFormat("  backend         %s (%s)\n", (*backend)->name(), r.device);
   if (collectives != nullptr) {
+    const std::string made =
+        unsharded.has_value()
+            ? absl::StrFormat("sharded: %d gathers, %d reduce-scatters", gathers, scatters)
+            : absl::StrFormat("%d all-reduces", all_reduces);
     std::cout << absl::StrFormat(
-        "  ranks           %s; %d all-reduces of %s, measured %s (network busy %s predicted)\n",
-        collectives->Description(), CountSteps(plan->plan.schedule, Action::kAllReduce),
-        FormatBytes(plan->plan.report.collective_bytes), FormatSeconds(r.collective_time_s),
-        FormatSeconds(plan->plan.report.network_busy));
+        "  ranks           %s; %s of %s, measured %s (network busy %s predicted)\n",
+        collectives->Description(), made, FormatBytes(plan->plan.report.collective_bytes),
+        FormatSeconds(r.collective_time_s), FormatSeconds(plan->plan.report.network_busy));
   }
   Table t({"", "predicted", "measured", "bytes predicted", "bytes measured"});
   t.AddRow({"peak memory", FormatBytes(p.peak_bytes), FormatBytes(r.peak_bytes),
@@ -564,7 +621,7 @@ int RunRun(const RunFlags& given) {
       r.host_time_s > 0 ? absl::StrCat("host updates ", FormatSeconds(r.host_time_s), ", ")
                         : std::string(),
       r.collective_time_s > 0
-          ? absl::StrCat("all-reduces ", FormatSeconds(r.collective_time_s), ", ")
+          ? absl::StrCat("collectives ", FormatSeconds(r.collective_time_s), ", ")
           : std::string(),
       FormatSeconds(r.overhead_s), FormatSeconds(r.setup_s),
       f.source.Costs().Describe(p.makespan));
@@ -661,22 +718,31 @@ void AddRunCommands(CLI::App& app, int& exit_code) {
                 "planner's reason)");
   run->add_flag("--json", flags.json, "print one JSON document");
   flags.rank_flags.AddOptions(run);
-  run->add_option("--rank", flags.rank,
-                  "this process's rank, 0 to --ranks - 1 (each rank is one process running the "
-                  "same plan on its own batch: the inputs of role 'input' generated with seed "
-                  "--seed + rank, or read from its own --inputs)")
-      ->check(IntegerIn(0, 1 << 20));
-  run->add_option("--rendezvous", flags.rendezvous,
-                  "with --ranks: a new, empty directory that every rank sees (one machine, or a "
-                  "shared file system), where the ranks meet; scripts/pebble-ranks makes one");
-  run->add_option("--address", flags.address,
-                  "with --ranks: the address other ranks reach this one at (default 127.0.0.1: "
-                  "every rank on this machine)");
-  run->add_option("--rank-timeout", flags.rank_timeout_s,
-                  "with --ranks: seconds a rank waits for the others, to meet and in each "
-                  "all-reduce (default 300)")
-      ->check(NumberAbove(0, "a positive number of seconds"));
-  run->callback([&exit_code, budget] {
+  CLI::Option* rank = run->add_option(
+      "--rank", flags.rank,
+      "with --ranks: this process's rank, 0 to --ranks - 1 (each rank is one process running "
+      "the same plan on its own batch: the inputs of role 'input' generated with seed --seed + "
+      "rank, or read from its own --inputs, {rank} in the path)");
+  rank->check(IntegerIn(0, 1 << 20));
+  const std::vector<CLI::Option*> rank_only = {
+      rank,
+      run->add_option("--rendezvous", flags.rendezvous,
+                      "with --ranks: a new, empty directory that every rank sees (one machine, "
+                      "or a shared file system), where the ranks meet; scripts/pebble-ranks "
+                      "makes one"),
+      run->add_option("--address", flags.address,
+                      "with --ranks: the address other ranks reach this one at (default "
+                      "127.0.0.1: every rank on this machine)"),
+      run->add_option("--rank-timeout", flags.rank_timeout_s,
+                      "with --ranks: seconds a rank waits for the others, to meet and in each "
+                      "collective (default 300)")
+          ->check(NumberAbove(0, "a positive number of seconds"))};
+  run->callback([&exit_code, budget, rank, rank_only] {
+    flags.rank_given = rank->count() > 0;
+    flags.rank_only_given.clear();
+    for (CLI::Option* option : rank_only) {
+      if (option->count() > 0) flags.rank_only_given.push_back(option->get_name());
+    }
     flags.budget_given = budget->count() > 0;
     exit_code = RunRun(flags);
   });

@@ -69,7 +69,7 @@ set(public_headers
     scheduler/remat.h scheduler/schedule.h scheduler/simulator.h)
 if(TARGET pebble_runtime)
   list(APPEND public_headers
-       runtime/backend.h runtime/executor.h runtime/half.h runtime/kernel.h
+       runtime/backend.h runtime/collectives.h runtime/executor.h runtime/half.h runtime/kernel.h
        runtime/make_backend.h runtime/npy.h runtime/tensor.h runtime/trace.h runtime/workspace.h
        runtime/cpu/cpu_backend.h)
   if(TARGET pebble_runtime_cuda)

@@ -156,6 +156,109 @@ const KernelTable& HostKernels() {
 // Phases 1-2 of Execute: refuses what cannot run, before touching the
 // backend's memory. Every tensor the schedule touches must fit its slot and
 // be what its operator makes, and the backend must have every kernel.
+// `count` elements of `dtype` (fp32, fp16 or bf16) at `data` as float32,
+// each divided by `divisor`, into out[0, count).
+void WidenToFloat(const std::byte* data, DType dtype, int64_t count, float divisor, float* out) {
+  for (int64_t i = 0; i < count; ++i) {
+    float x;
+    if (dtype == DType::kFloat32) {
+      std::memcpy(&x, data + 4 * i, 4);
+    } else {
+      uint16_t h;
+      std::memcpy(&h, data + 2 * i, 2);
+      x = dtype == DType::kFloat16 ? HalfToFloat(h) : BFloat16ToFloat(h);
+    }
+    out[i] = x / divisor;
+  }
+}
+
+// in[0, count) rounded to `dtype` (fp32, fp16 or bf16) at `data`.
+void NarrowFromFloat(const float* in, int64_t count, DType dtype, std::byte* data) {
+  for (int64_t i = 0; i < count; ++i) {
+    if (dtype == DType::kFloat32) {
+      std::memcpy(data + 4 * i, &in[i], 4);
+    } else {
+      const uint16_t h = dtype == DType::kFloat16 ? FloatToHalf(in[i]) : FloatToBFloat16(in[i]);
+      std::memcpy(data + 2 * i, &h, 2);
+    }
+  }
+}
+
+// A collective node of a sharded graph (ShardGraph) that the executor can
+// run: an all_gather or a reduce_scatter of floating-point tensors, sharded
+// for as many ranks as `collectives` has.
+absl::Status CheckCollective(const Graph& graph, NodeId v, const Collectives* collectives) {
+  const std::string who = absl::StrCat("node ", Quote(graph.id(v)), " (", graph.op(v), ")");
+  if (collectives == nullptr) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        who, " is a collective: a sharded plan runs on several ranks; give them (pebble run "
+        "--ranks N --shard full --rank R --rendezvous DIR; docs/runtime.md, \"Several ranks\")"));
+  }
+  if (graph.op(v) != "all_gather" && graph.op(v) != "reduce_scatter") {
+    return absl::UnimplementedError(absl::StrCat(
+        who, ": the C++ runtime runs the collectives all_gather and reduce_scatter only"));
+  }
+  const nlohmann::json& attrs = graph.attrs(v);
+  const auto ranks = attrs.find("ranks");
+  if (ranks == attrs.end() || !ranks->is_number_integer() ||
+      ranks->get<int64_t>() != collectives->ranks()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        who, " is sharded for ", ranks == attrs.end() ? std::string("an unknown number of")
+                                                      : ranks->dump(),
+        " ranks, but the run has ", collectives->ranks()));
+  }
+  for (NodeId u : {v, graph.inputs(v).empty() ? v : graph.inputs(v)[0]}) {
+    const DType dtype = graph.dtype(u).value_or(DType::kInt64);
+    if (graph.inputs(v).size() != 1 ||
+        (dtype != DType::kFloat32 && dtype != DType::kFloat16 && dtype != DType::kBFloat16)) {
+      return absl::UnimplementedError(absl::StrCat(
+          who, ": the C++ runtime's collectives take one floating-point tensor"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// An all_reduce step of `v` that the executor can run: with ranks, of a
+// floating-point tensor.
+absl::Status CheckAllReduce(const Graph& graph, NodeId v, const Collectives* collectives) {
+  const std::string who = absl::StrCat("step all_reduce ", Quote(graph.id(v)));
+  if (collectives == nullptr) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        who, ": a data-parallel plan runs on several ranks; give them (pebble run --ranks N "
+        "--rank R --rendezvous DIR; docs/runtime.md, \"Several ranks\")"));
+  }
+  const DType dtype = *graph.dtype(v);  // CheckTensorSlot
+  if (dtype != DType::kFloat32 && dtype != DType::kFloat16 && dtype != DType::kBFloat16) {
+    return absl::UnimplementedError(absl::StrCat(
+        who, ": a ", DTypeName(dtype), " tensor; the ranks average floating-point gradients "
+        "only"));
+  }
+  return absl::OkStatus();
+}
+
+// The executor's views start where their storage does (CheckView), so two
+// all-reduces of one storage's value would average its first bytes twice
+// (the simulator takes sibling views for disjoint parts): refused.
+absl::Status CheckOneAllReducePerValue(const Graph& graph, const Schedule& schedule) {
+  std::vector<int> reduced_by(graph.num_nodes(), -1);  // storage -> the step that reduced it
+  for (size_t k = 0; k < schedule.steps.size(); ++k) {
+    const Step& step = schedule.steps[k];
+    const NodeId root = graph.storage(step.node);
+    if (step.action == Action::kCompute && (step.node == root || graph.in_place(step.node))) {
+      reduced_by[root] = -1;  // a new value
+    } else if (step.action == Action::kAllReduce) {
+      if (reduced_by[root] >= 0) {
+        return absl::UnimplementedError(absl::StrCat(
+            "steps ", reduced_by[root], " and ", k, " all-reduce two views of one storage, ",
+            Quote(graph.id(root)), ": the C++ runtime's views all start at their storage's "
+            "first byte, so it would average it twice"));
+      }
+      reduced_by[root] = static_cast<int>(k);
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CheckRunnable(const Graph& graph, const Schedule& schedule, const Backend& backend,
                            const Collectives* collectives) {
   // The schedule's nodes (a valid schedule computes every non-persistent
@@ -164,12 +267,7 @@ absl::Status CheckRunnable(const Graph& graph, const Schedule& schedule, const B
   for (NodeId v = 0; v < graph.num_nodes(); ++v) touched[v] = graph.persistent(v);
   for (const Step& step : schedule.steps) touched[step.node] = 1;
   for (NodeId v = 0; v < graph.num_nodes(); ++v) {
-    if (touched[v] && graph.collective(v)) {
-      return absl::UnimplementedError(absl::StrCat(
-          "node ", Quote(graph.id(v)), " is a collective (", graph.op(v), "): the C++ runtime "
-          "runs data-parallel plans (all_reduce steps) but not sharded ones, which run under "
-          "pebble.torch (train_step(..., shard=\"full\"); docs/torch.md)"));
-    }
+    if (touched[v] && graph.collective(v)) RETURN_IF_ERROR(CheckCollective(graph, v, collectives));
     if (touched[v]) RETURN_IF_ERROR(CheckTensorSlot(graph, v));
   }
   for (NodeId v = 0; v < graph.num_nodes(); ++v) {
@@ -177,20 +275,10 @@ absl::Status CheckRunnable(const Graph& graph, const Schedule& schedule, const B
     RETURN_IF_ERROR(graph.in_place(v) ? CheckInPlace(graph, v) : CheckView(graph, v));
   }
   RETURN_IF_ERROR(backend.CheckSupported(graph));
+  RETURN_IF_ERROR(CheckOneAllReducePerValue(graph, schedule));
   for (const Step& step : schedule.steps) {
-    if (step.action == Action::kAllReduce && collectives == nullptr) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "step all_reduce ", Quote(graph.id(step.node)), ": a data-parallel plan runs on "
-          "several ranks; give them (pebble run --ranks N --rank R --rendezvous DIR; "
-          "docs/runtime.md, \"Several ranks\")"));
-    }
     if (step.action == Action::kAllReduce) {
-      const DType dtype = graph.dtype(step.node).value_or(DType::kFloat32);
-      if (dtype != DType::kFloat32 && dtype != DType::kFloat16 && dtype != DType::kBFloat16) {
-        return absl::UnimplementedError(absl::StrCat(
-            "step all_reduce ", Quote(graph.id(step.node)), ": a ", DTypeName(dtype),
-            " tensor; the ranks average floating-point gradients only"));
-      }
+      RETURN_IF_ERROR(CheckAllReduce(graph, step.node, collectives));
     }
     if (step.action == Action::kHostCompute &&
         HostKernels().Find(graph.op(step.node)) == nullptr) {
@@ -205,34 +293,53 @@ absl::Status CheckRunnable(const Graph& graph, const Schedule& schedule, const B
   return absl::OkStatus();
 }
 
-// What the ranks of a data-parallel run must share, as one number that is
-// the same in every process (FNV-1a; absl::Hash is seeded per process): the
-// nodes (id, op, bytes, dtype), the steps, and the seed.
-uint64_t RunFingerprint(const Graph& graph, const Schedule& schedule, uint64_t seed) {
-  uint64_t h = 1469598103934665603ull;
-  auto mix_bytes = [&h](const void* data, size_t n) {
+// FNV-1a over bytes: the same in every process (absl::Hash is seeded per
+// process), for the ranks to compare.
+class Fnv1a {
+ public:
+  void Bytes(const void* data, size_t n) {
     const auto* p = static_cast<const unsigned char*>(data);
-    for (size_t i = 0; i < n; ++i) h = (h ^ p[i]) * 1099511628211ull;
-  };
-  auto mix = [&](int64_t x) { mix_bytes(&x, sizeof x); };
-  auto mix_text = [&](absl::string_view text) {
-    mix(static_cast<int64_t>(text.size()));
-    mix_bytes(text.data(), text.size());
-  };
-  mix(graph.num_nodes());
+    for (size_t i = 0; i < n; ++i) h_ = (h_ ^ p[i]) * 1099511628211ull;
+  }
+  void Int(int64_t x) { Bytes(&x, sizeof x); }
+  void Text(absl::string_view text) {
+    Int(static_cast<int64_t>(text.size()));
+    Bytes(text.data(), text.size());
+  }
+  uint64_t value() const { return h_; }
+
+ private:
+  uint64_t h_ = 1469598103934665603ull;
+};
+
+// What the ranks of a run must share: every node's id, op, inputs, attrs
+// (an optimizer's learning rate), bytes, shape, dtype, role, aliasing and
+// home; the steps; the seed.
+uint64_t RunFingerprint(const Graph& graph, const Schedule& schedule, uint64_t seed) {
+  Fnv1a h;
+  h.Int(graph.num_nodes());
   for (NodeId v = 0; v < graph.num_nodes(); ++v) {
-    mix_text(graph.id(v));
-    mix_text(graph.op(v));
-    mix(graph.bytes(v));
-    mix(graph.dtype(v).has_value() ? static_cast<int64_t>(*graph.dtype(v)) : -1);
+    h.Text(graph.id(v));
+    h.Text(graph.op(v));
+    h.Int(static_cast<int64_t>(graph.inputs(v).size()));
+    for (NodeId u : graph.inputs(v)) h.Int(u);
+    h.Text(graph.attrs(v).dump());
+    h.Int(graph.bytes(v));
+    h.Text(graph.shape(v).has_value() ? ShapeToString(*graph.shape(v)) : "?");
+    h.Int(graph.dtype(v).has_value() ? static_cast<int64_t>(*graph.dtype(v)) : -1);
+    h.Int(static_cast<int64_t>(graph.role(v)));
+    h.Int(graph.alias_of(v));
+    h.Int(graph.in_place(v));
+    h.Int(graph.persistent(v));
+    h.Int(graph.home(v).has_value() ? static_cast<int64_t>(*graph.home(v)) : -1);
   }
-  mix(static_cast<int64_t>(schedule.steps.size()));
+  h.Int(static_cast<int64_t>(schedule.steps.size()));
   for (const Step& step : schedule.steps) {
-    mix(static_cast<int64_t>(step.action));
-    mix(step.node);
+    h.Int(static_cast<int64_t>(step.action));
+    h.Int(step.node);
   }
-  mix(static_cast<int64_t>(seed));
-  return h;
+  h.Int(static_cast<int64_t>(seed));
+  return h.value();
 }
 
 }  // namespace
@@ -493,6 +600,26 @@ int64_t IndexRangeOf(const Graph& graph, NodeId v) {
 }
 
 }  // namespace
+
+absl::StatusOr<NpyArray> GenerateShard(const Graph& unsharded, NodeId v, uint64_t seed,
+                                       int rank, int ranks) {
+  if (ranks < 1 || rank < 0 || rank >= ranks) {
+    return absl::InvalidArgumentError(absl::StrCat("rank ", rank, " of ", ranks));
+  }
+  ASSIGN_OR_RETURN(NpyArray whole, GenerateInput(unsharded, v, seed));
+  const int64_t numel = NumElements(whole.shape);
+  const int64_t item = DTypeSize(whole.dtype);
+  const int64_t shard = (numel + ranks - 1) / ranks;
+  const int64_t begin = std::min(numel, shard * rank);
+  const int64_t end = std::min(numel, begin + shard);
+  NpyArray out;
+  out.shape = {shard};
+  out.dtype = whole.dtype;
+  out.data.assign(static_cast<size_t>(shard * item), 0);  // the padding: zeros
+  std::memcpy(out.data.data(), whole.data.data() + begin * item,
+              static_cast<size_t>((end - begin) * item));
+  return out;
+}
 
 absl::StatusOr<NpyArray> GenerateInput(const Graph& graph, NodeId v, uint64_t seed) {
   RETURN_IF_ERROR(CheckTensorSlot(graph, v));
@@ -774,13 +901,12 @@ class ScheduleRun {
       if (array.has_value()) {
         result_.loaded_inputs.push_back(v);
       } else {
-        // Each rank its own batch, the same parameters and state everywhere.
-        const uint64_t rank_offset =
-            options.collectives != nullptr && graph_.role(v) == Role::kInput
-                ? static_cast<uint64_t>(options.collectives->rank())
-                : 0;
-        ASSIGN_OR_RETURN(array, GenerateInput(graph_, v, options.seed + rank_offset));
+        ASSIGN_OR_RETURN(array, Generate(v, options));
         result_.generated_inputs.push_back(v);
+      }
+      if (graph_.role(v) != Role::kInput && ShardOf(v, options) == kNoNode) {
+        replicated_.Text(graph_.id(v));
+        replicated_.Bytes(array->data.data(), array->data.size());
       }
       if (static_cast<int64_t>(array->data.size()) != graph_.bytes(v)) {
         return absl::InvalidArgumentError(absl::StrCat(
@@ -801,6 +927,37 @@ class ScheduleRun {
     }
     return absl::OkStatus();
   }
+
+  // Persistent tensor v as generated: each rank its own batch (seed + rank),
+  // the same parameters and state everywhere, a shard as its rank's slice
+  // of the unsharded tensor.
+  absl::StatusOr<NpyArray> Generate(NodeId v, const ExecutorOptions& options) const {
+    const Collectives* ranks = options.collectives;
+    if (ranks == nullptr) return GenerateInput(graph_, v, options.seed);
+    if (graph_.role(v) == Role::kInput) {
+      return GenerateInput(graph_, v, options.seed + static_cast<uint64_t>(ranks->rank()));
+    }
+    if (const NodeId whole = ShardOf(v, options); whole != kNoNode) {
+      return GenerateShard(*options.unsharded, whole, options.seed, ranks->rank(),
+                           ranks->ranks());
+    }
+    return GenerateInput(graph_, v, options.seed);
+  }
+
+  // The tensor of options.unsharded that persistent v is a shard of, or
+  // kNoNode.
+  NodeId ShardOf(NodeId v, const ExecutorOptions& options) const {
+    if (options.unsharded == nullptr) return kNoNode;
+    const NodeId whole = options.unsharded->Find(graph_.id(v));
+    return whole != kNoNode && options.unsharded->persistent(whole) &&
+                   options.unsharded->bytes(whole) != graph_.bytes(v)
+               ? whole
+               : kNoNode;
+  }
+
+  // The persistent tensors every rank holds alike (all but the batch and the
+  // shards), as loaded: for the ranks to compare.
+  uint64_t ReplicatedFingerprint() const { return replicated_.value(); }
 
   // 5a. Host buffers (pinned on CUDA) for every offloaded tensor, before the
   // timed steps: a pinned allocation is slow and may serialise the device,
@@ -885,12 +1042,14 @@ class ScheduleRun {
         ASSIGN_OR_RETURN(m.start_s, at(events_[k].start));
         ASSIGN_OR_RETURN(m.end_s, at(events_[k].end));
         const double d = m.end_s - m.start_s;
-        if (m.action == Action::kCompute) {
+        const bool collective = m.action == Action::kAllReduce ||
+                                (m.action == Action::kCompute && graph_.collective(m.node));
+        if (collective) {
+          result_.collective_time_s += d;
+        } else if (m.action == Action::kCompute) {
           result_.kernel_time_s += d;
         } else if (m.action == Action::kHostCompute) {
           result_.host_time_s += d;
-        } else if (m.action == Action::kAllReduce) {
-          result_.collective_time_s += d;
         } else {
           result_.copy_time_s += d;
         }
@@ -1067,8 +1226,13 @@ class ScheduleRun {
   absl::StatusOr<int64_t> RunKernel(int k) {
     const NodeId v = schedule_.steps[k].node;
     const int64_t during = held_ + kernel_context_.workspace_bytes;
-    ASSIGN_OR_RETURN(StreamEvent end, Timed(k, Stream::kCompute,
-                                            [&] { return backend_.Compute(kernel_context_); }));
+    if (graph_.collective(v)) {  // after the compute before it (staged on the host)
+      if (absl::Status s = backend_.Synchronize(); !s.ok()) return Failed(k, s);
+    }
+    ASSIGN_OR_RETURN(StreamEvent end, Timed(k, Stream::kCompute, [&] {
+                       return graph_.collective(v) ? RunCollective(kernel_context_)
+                                                   : backend_.Compute(kernel_context_);
+                     }));
     ready_[v] = end;
     last_compute_use_[v] = end;
     for (NodeId u : graph_.unique_inputs(v)) last_compute_use_[u] = end;
@@ -1170,7 +1334,8 @@ class ScheduleRun {
     const NodeId v = schedule_.steps[k].node;
     const NodeId root = graph_.storage(v);
     PEBBLE_CHECK(collectives_ != nullptr && current_[v] >= 0, "all_reduce of a tensor not held");
-    RETURN_IF_ERROR(WaitOrFail(k, Stream::kCompute, last_copy_use_[root]));
+    // Every stream's work before it done (copies of the storage included),
+    // outside the step's timed interval.
     if (absl::Status s = backend_.Synchronize(); !s.ok()) return Failed(k, s);
     const DType dtype = *graph_.dtype(v);
     const int64_t bytes = graph_.bytes(v);
@@ -1180,24 +1345,10 @@ class ScheduleRun {
       staging_bytes_.resize(static_cast<size_t>(bytes));
       staging_.resize(static_cast<size_t>(count));
       RETURN_IF_ERROR(backend_.Download(staging_bytes_.data(), Address(current_[v]), bytes));
-      const auto* half = reinterpret_cast<const uint16_t*>(staging_bytes_.data());
-      for (int64_t i = 0; i < count; ++i) {
-        const float x = dtype == DType::kFloat32 ? reinterpret_cast<const float*>(half)[i]
-                        : dtype == DType::kFloat16 ? HalfToFloat(half[i])
-                                                   : BFloat16ToFloat(half[i]);
-        staging_[i] = x / ranks;
-      }
+      WidenToFloat(staging_bytes_.data(), dtype, count, ranks, staging_.data());
       RETURN_IF_ERROR(collectives_->AllReduceSum(
           staging_.data(), count, absl::StrCat("the all-reduce of ", Quote(graph_.id(v)))));
-      auto* out = reinterpret_cast<uint16_t*>(staging_bytes_.data());
-      for (int64_t i = 0; i < count; ++i) {
-        if (dtype == DType::kFloat32) {
-          reinterpret_cast<float*>(out)[i] = staging_[i];
-        } else {
-          out[i] = dtype == DType::kFloat16 ? FloatToHalf(staging_[i])
-                                            : FloatToBFloat16(staging_[i]);
-        }
-      }
+      NarrowFromFloat(staging_.data(), count, dtype, staging_bytes_.data());
       return backend_.Upload(Address(current_[v]), staging_bytes_.data(), bytes);
     };
     ASSIGN_OR_RETURN(StreamEvent end, Timed(k, Stream::kCompute, average));
@@ -1210,6 +1361,45 @@ class ScheduleRun {
       last_compute_use_[u] = end;
     }
     return held_;
+  }
+
+  // A sharded graph's collective (Note [Sharded graphs], scheduler/
+  // collectives.cc) on `ctx`'s one input and its output, as one all-reduce
+  // of ranks * s float32 elements, s the shard's: all_gather puts this
+  // rank's shard in its slot of zeros, and the sum holds every shard (the
+  // padding past the tensor's end dropped); reduce_scatter puts the whole
+  // local gradient divided by the ranks (DistributedDataParallel's and
+  // FSDP's average), and this rank keeps its slot of the sum. Twice the
+  // traffic of gloo's own all-gather and reduce-scatter, on one code path.
+  absl::Status RunCollective(const KernelContext& ctx) {
+    const NodeId v = ctx.node;
+    const bool gather = graph_.op(v) == "all_gather";
+    const TensorView& in = ctx.inputs[0];
+    const int ranks = collectives_->ranks();
+    const int64_t in_count = NumElements(in.shape);
+    const int64_t out_count = NumElements(ctx.output.shape);
+    const int64_t shard = gather ? in_count : out_count;
+    const int64_t whole = gather ? out_count : in_count;
+    if (shard * ranks < whole) {
+      return absl::InternalError(absl::StrCat(Quote(graph_.id(v)), ": shards of ", shard,
+                                              " elements cannot hold ", whole));
+    }
+    staging_.assign(static_cast<size_t>(shard * ranks), 0.0f);
+    staging_bytes_.resize(static_cast<size_t>(in_count * DTypeSize(in.dtype)));
+    RETURN_IF_ERROR(backend_.Download(staging_bytes_.data(), in.data,
+                                      static_cast<int64_t>(staging_bytes_.size())));
+    float* slot = staging_.data() + shard * collectives_->rank();
+    WidenToFloat(staging_bytes_.data(), in.dtype, in_count, gather ? 1.0f : ranks,
+                 gather ? slot : staging_.data());
+    RETURN_IF_ERROR(collectives_->AllReduceSum(
+        staging_.data(), static_cast<int64_t>(staging_.size()),
+        absl::StrCat("the ", gather ? "all-gather" : "reduce-scatter", " ",
+                     Quote(graph_.id(v)))));
+    staging_bytes_.resize(static_cast<size_t>(out_count * DTypeSize(ctx.output.dtype)));
+    NarrowFromFloat(gather ? staging_.data() : slot, out_count, ctx.output.dtype,
+                    staging_bytes_.data());
+    return backend_.Upload(ctx.output.data, staging_bytes_.data(),
+                           static_cast<int64_t>(staging_bytes_.size()));
   }
 
   int64_t RunFree(int k) {
@@ -1234,6 +1424,7 @@ class ScheduleRun {
   const Schedule& schedule_;
   Backend& backend_;
   Collectives* const collectives_;  // nullptr: one rank
+  Fnv1a replicated_;                // ReplicatedFingerprint
   std::vector<std::byte> staging_bytes_;  // an all-reduced tensor, as the device holds it
   std::vector<float> staging_;            // ... in float32, averaged
   ExecutionResult& result_;
@@ -1310,6 +1501,10 @@ absl::StatusOr<ExecutionResult> Execute(const Graph& graph, const Schedule& sche
   ScheduleRun run(graph, schedule, backend, options.collectives, result);
   RETURN_IF_ERROR(run.AllocateArena(options.poison_arena));
   RETURN_IF_ERROR(run.LoadPersistent(options));
+  if (options.collectives != nullptr) {
+    RETURN_IF_ERROR(CheckSameOnEveryRank(*options.collectives, run.ReplicatedFingerprint(),
+                                         "the parameters, buffers or optimizer state"));
+  }
   RETURN_IF_ERROR(run.AllocateHostBuffers());
   result.setup_s =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - setup_start).count();

@@ -76,6 +76,12 @@ struct ExecutorOptions {
   // (the batch) take the seed `seed + rank`: each rank its own slice, the
   // same parameters everywhere.
   Collectives* collectives = nullptr;
+  // The graph before ShardGraph, for a sharded run (not owned; nullptr:
+  // none). A persistent tensor sharded from one of it (a parameter or its
+  // optimizer state) that is generated starts as this rank's slice of the
+  // whole tensor as `unsharded` generates it (GenerateShard), so that a
+  // sharded run starts where the unsharded one does.
+  const Graph* unsharded = nullptr;
 };
 
 // What the executor measured for one step. Times are seconds from the
@@ -129,9 +135,10 @@ struct ExecutionResult {
   double time_s = 0;         // first event to the end of the last step
   double kernel_time_s = 0;  // sum of compute-step durations
   double copy_time_s = 0;    // sum of offload and prefetch durations
-  // Sum of all_reduce durations: each waits for the compute before it, then
-  // stages the gradient in host memory, averages it over the ranks and
-  // copies it back, on the compute stream (nothing overlaps it yet).
+  // Sum of the collectives' durations (all_reduce steps; a sharded graph's
+  // all_gather and reduce_scatter computes): each waits for the compute
+  // before it, stages its tensor in host memory, runs over the ranks and
+  // copies the result back, on the compute stream (nothing overlaps it yet).
   double collective_time_s = 0;
   // Sum of host-compute durations (updates on the host, docs/semantics.md,
   // "Updates on the host"): host wall time between two events of the copy
@@ -203,6 +210,13 @@ double CopyComputeOverlapSeconds(const std::vector<StepMeasurement>& steps);
 // fp16 and bf16 values are the fp32 ones rounded to nearest even. bf16
 // tensors are returned as bf16 bytes (NpyArray with dtype kBFloat16).
 absl::StatusOr<NpyArray> GenerateInput(const Graph& graph, NodeId v, uint64_t seed);
+
+// Rank `rank`'s shard of `unsharded`'s persistent tensor `v` as
+// GenerateInput makes it: elements [rank * s, (rank + 1) * s) of the
+// flattened tensor, s = ceil(numel / ranks), zeros past its end (ShardGraph's
+// shards).
+absl::StatusOr<NpyArray> GenerateShard(const Graph& unsharded, NodeId v, uint64_t seed,
+                                       int rank, int ranks);
 
 // The file name of tensor `id` in an --inputs or --dump directory: the id
 // itself plus ".npy" (ids such as "grad:conv1.weight" keep their ':'),

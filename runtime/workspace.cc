@@ -13,7 +13,9 @@ absl::StatusOr<Graph> WithBackendWorkspace(const Graph& graph, Backend& backend,
   GraphBuilder builder(graph.name());
   for (NodeId v = 0; v < graph.num_nodes(); ++v) {
     NodeSpec spec = SpecOf(graph, v);
-    if (!graph.persistent(v) && graph.shape(v).has_value() && graph.dtype(v).has_value()) {
+    // A collective runs no kernel on the backend (its staging is host memory).
+    if (!graph.persistent(v) && !graph.collective(v) && graph.shape(v).has_value() &&
+        graph.dtype(v).has_value()) {
       ASSIGN_OR_RETURN(const int64_t bytes, backend.QueryWorkspace(graph, v, choice));
       ++s.queried;
       s.largest_bytes = std::max(s.largest_bytes, bytes);

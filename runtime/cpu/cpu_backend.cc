@@ -82,8 +82,12 @@ class CpuBackend final : public Backend {
             ") has no shape or dtype; the cpu backend executes only graphs with "
             "shapes (built-in models, or graph files with 'shape' and 'dtype')"));
       }
-      // Views run no kernel; an in-place update, an alias too, does.
-      if (graph.persistent(v) || (graph.is_alias(v) && !graph.in_place(v))) continue;
+      // Views run no kernel; an in-place update, an alias too, does. A
+      // collective runs through the executor's Collectives.
+      if (graph.persistent(v) || (graph.is_alias(v) && !graph.in_place(v)) ||
+          graph.collective(v)) {
+        continue;
+      }
       if (kernels.Find(graph.op(v)) == nullptr) {
         missing.emplace(graph.op(v), graph.id(v));
       }

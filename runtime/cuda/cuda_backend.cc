@@ -134,8 +134,9 @@ class CudaBackend final : public Backend {
     for (NodeId v = 0; v < graph.num_nodes(); ++v) {
       if (!graph.needed()[v] || graph.persistent(v)) continue;
       const std::string& op = graph.op(v);
-      // A view runs no kernel (the executor checks it); an in-place update does.
-      if (graph.is_alias(v) && !graph.in_place(v)) continue;
+      // A view runs no kernel (the executor checks it); an in-place update
+      // does. A collective runs through the executor's Collectives.
+      if ((graph.is_alias(v) && !graph.in_place(v)) || graph.collective(v)) continue;
       if (cuda::FindCudaKernel(op) == nullptr) {
         return absl::UnimplementedError(absl::StrCat(
             "node '", graph.id(v), "' (op ", op,

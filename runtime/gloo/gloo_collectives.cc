@@ -5,7 +5,6 @@
 #include <chrono>
 #include <cmath>
 #include <filesystem>
-#include <fstream>
 #include <system_error>
 #include <utility>
 
@@ -81,11 +80,12 @@ absl::Status ClaimRank(const std::string& dir, int rank) {
   const std::string marker =
       (std::filesystem::path(dir) / absl::StrCat("pebble-rank-", rank)).string();
   const int fd = ::open(marker.c_str(), O_WRONLY | O_CREAT | O_EXCL, 0644);
+  const int error = errno;
   if (fd >= 0) {
     ::close(fd);
     return absl::OkStatus();
   }
-  if (errno == EEXIST) {
+  if (error == EEXIST) {
     return absl::FailedPreconditionError(absl::StrCat(
         "rendezvous directory ", Quote(dir), " already has rank ", rank,
         "'s marker (pebble-rank-", rank, "): it is left from an earlier run, or two ranks "
@@ -93,7 +93,7 @@ absl::Status ClaimRank(const std::string& dir, int rank) {
   }
   return absl::InvalidArgumentError(absl::StrCat("rendezvous directory ", Quote(dir),
                                                  ": cannot create ", Quote(marker), ": ",
-                                                 std::generic_category().message(errno)));
+                                                 std::generic_category().message(error)));
 }
 
 }  // namespace

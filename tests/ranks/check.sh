@@ -4,7 +4,9 @@
 # plan, each on its own batch. Checks: every rank exits 0 with measured peak
 # == predicted; every parameter and optimizer state that the update wrote is
 # the same, to the bit, on every rank (the all-reduced gradients are); the
-# losses differ (each rank's own batch). Skipped (77) without gloo.
+# losses differ (each rank's own batch). Sharded (--shard full, 2 ranks):
+# each rank's dumped tensors are its shards of the data-parallel run's, to
+# the bit. Skipped (77) without gloo.
 #   tests/ranks/check.sh SOURCE_DIR BUILD_DIR
 set -euo pipefail
 source_dir="$1"
@@ -14,12 +16,18 @@ work="$(mktemp -d "${TMPDIR:-/tmp}/pebble-ranks-check.XXXXXX")"
 trap 'rm -rf "$work"' EXIT
 fail() { echo "FAIL: $*" >&2; exit 1; }
 
+run_ranks() {  # run_ranks N OPTIMIZER POLICY OUT [OPTIONS...]
+  local ranks="$1" optimizer="$2" policy="$3" out="$4"
+  shift 4
+  PEBBLE_BIN="$pebble" "$source_dir/scripts/pebble-ranks" "$ranks" -- run \
+    --model mnist-cnn:batch=4 --optimizer "$optimizer" --policy "$policy" --budget min \
+    --dump "$out/rank{rank}" "$@" > "$out.log" 2>&1
+}
+
 check() {  # check N OPTIMIZER POLICY
   local ranks="$1" optimizer="$2" policy="$3" out="$work/$1-$3"
   echo "== $ranks ranks, $optimizer, $policy"
-  if ! PEBBLE_BIN="$pebble" "$source_dir/scripts/pebble-ranks" "$ranks" -- run \
-      --model mnist-cnn:batch=4 --optimizer "$optimizer" --policy "$policy" --budget min \
-      --dump "$out/rank{rank}" > "$out.log" 2>&1; then
+  if ! run_ranks "$ranks" "$optimizer" "$policy" "$out"; then
     cat "$out.log"
     if grep -q "has no gloo" "$out.log"; then echo "SKIP: no gloo"; exit 77; fi
     fail "$ranks ranks, $policy: a rank failed"
@@ -44,4 +52,38 @@ check() {  # check N OPTIMIZER POLICY
 
 check 2 sgd:lr=0.1,momentum=0.9 rotor
 check 3 adam dtr
-echo "PASS: 2 and 3 ranks of pebble run give every rank the same parameters and state"
+
+# Sharded against the data-parallel run of 2 ranks with the same optimizer.
+echo "== 2 ranks sharded, adam, fsdp and dtr"
+run_ranks 2 adam baseline "$work/dp" || { cat "$work/dp.log"; fail "the data-parallel run failed"; }
+for policy in fsdp dtr; do
+  out="$work/sharded-$policy"
+  run_ranks 2 adam "$policy" "$out" --shard full ||
+    { cat "$out.log"; fail "sharded $policy: a rank failed"; }
+  [[ "$(grep -c "measured == predicted" "$out.log")" == 2 ]] ||
+    { cat "$out.log"; fail "sharded $policy: a rank's measured peak differs from the prediction"; }
+  /usr/bin/python3 - "$work/dp" "$out" <<'PY' || fail "sharded $policy: not the data-parallel run's shards"
+import os, sys
+import numpy as np
+dp, sharded = sys.argv[1:3]
+compared = 0
+for name in sorted(os.listdir(f"{sharded}/rank0")):
+    if name == "loss.npy":
+        continue
+    whole = np.load(f"{dp}/rank0/{name}").reshape(-1)
+    shards = [np.load(f"{sharded}/rank{r}/{name}").reshape(-1) for r in (0, 1)]
+    if all(s.size == whole.size for s in shards):  # not sharded: Adam's step count
+        if any(s.tobytes() != whole.tobytes() for s in shards):
+            sys.exit(f"{name}: not the data-parallel run's")
+        continue
+    joined = np.concatenate(shards)
+    if joined[:whole.size].tobytes() != whole.tobytes() or np.any(joined[whole.size:] != 0):
+        sys.exit(f"{name}: the shards are not the data-parallel tensor's")
+    compared += 1
+if compared < 20:
+    sys.exit(f"only {compared} tensors compared")
+print(f"ok: {compared} tensors, each the data-parallel run's in two shards")
+PY
+done
+echo "PASS: 2 and 3 ranks of pebble run give every rank the same parameters and state;" \
+     "sharded runs hold the data-parallel run's shards"
