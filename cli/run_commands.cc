@@ -21,6 +21,7 @@
 #include "runtime/npy.h"
 #include "runtime/trace.h"
 #include "scheduler/budget.h"
+#include "scheduler/collectives.h"
 #include "scheduler/compose.h"
 #include "scheduler/memory_layout.h"
 #include "scheduler/plan_api.h"
@@ -149,22 +150,28 @@ RunFlags ForThisRank(const RunFlags& f) {
 }
 
 // With several ranks, --inputs without {rank} would give every rank the
-// same batch: refused where the directory holds a file of the batch (a
-// persistent tensor of role "input").
+// same batch, or with --shard full the same shard: refused where the
+// directory holds a file of one (a persistent tensor of role "input", or
+// one ShardGraph shards). `graph` is the unsharded graph.
 absl::Status CheckSharedInputs(const RunFlags& given, const Graph& graph) {
   if (given.rank_flags.ranks == 1 || given.inputs_dir.empty() ||
       absl::StrContains(given.inputs_dir, kRankPlaceholder)) {
     return absl::OkStatus();
   }
+  const std::vector<uint8_t> sharded =
+      given.rank_flags.shard == "full" ? ShardedTensors(graph)
+                                       : std::vector<uint8_t>(graph.num_nodes(), 0);
   for (NodeId v = 0; v < graph.num_nodes(); ++v) {
-    if (!graph.persistent(v) || graph.role(v) != Role::kInput) continue;
+    const bool batch = graph.role(v) == Role::kInput;
+    if (!graph.persistent(v) || !(batch || sharded[v])) continue;
     std::error_code ec;
     if (std::filesystem::exists(
             std::filesystem::path(given.inputs_dir) / TensorFileName(graph.id(v)), ec)) {
       return UsageError(absl::StrCat(
-          "--inputs ", Quote(given.inputs_dir), " holds the batch tensor ",
-          Quote(graph.id(v)), ", which every rank would read: with --ranks, put ",
-          kRankPlaceholder, " in the path (data/rank{rank}), one batch per rank"));
+          "--inputs ", Quote(given.inputs_dir), " holds ", batch ? "the batch tensor " : "",
+          batch ? "" : "the sharded tensor ", Quote(graph.id(v)), ", which every rank would "
+          "read: with --ranks, put ", kRankPlaceholder, " in the path (data/rank{rank}), one "
+          "per rank"));
     }
   }
   return absl::OkStatus();
@@ -468,7 +475,9 @@ int RunRun(const RunFlags& given) {
     collectives = *std::move(connected);
     // Every rank runs as many steps (a warm-up of one would pair with
     // another's measured step).
-    if (absl::Status s = CheckSameOnEveryRank(*collectives, f.warmup, "--warmup"); !s.ok()) {
+    if (absl::Status s = CheckSameOnEveryRank(*collectives, f.warmup, "--warmup",
+                                              "give every rank the same --warmup");
+        !s.ok()) {
       return Fail(s);
     }
     options.collectives = collectives.get();

@@ -8,7 +8,7 @@
 namespace pebble {
 
 absl::Status CheckSameOnEveryRank(Collectives& collectives, uint64_t fingerprint,
-                                  absl::string_view what) {
+                                  absl::string_view what, absl::string_view advice) {
   // An all-gather made of a sum: each rank writes its slot, zeros elsewhere.
   // The fingerprint goes in two 32-bit halves, so that no sum overflows.
   const int ranks = collectives.ranks();
@@ -27,9 +27,7 @@ absl::Status CheckSameOnEveryRank(Collectives& collectives, uint64_t fingerprint
   if (differ.empty()) return absl::OkStatus();
   return absl::FailedPreconditionError(absl::StrCat(
       what, " differs between the ranks (rank", differ.size() > 1 ? "s " : " ",
-      absl::StrJoin(differ, ", "), " from rank 0): every rank must run the same plan, since "
-      "their collectives pair up by their order; give every rank the same graph, options and "
-      "seed, and a policy without a time limit or with time to finish"));
+      absl::StrJoin(differ, ", "), " from rank 0): ", advice));
 }
 
 }  // namespace pebble

@@ -29,10 +29,10 @@ class Collectives {
 };
 
 // Whether every rank gave the same `fingerprint` (of its graph and schedule,
-// say): an error naming `what` and the ranks that differ from rank 0
-// otherwise, on every rank alike.
+// say): otherwise an error on every rank alike, naming `what`, the ranks
+// that differ from rank 0, and then `advice`.
 absl::Status CheckSameOnEveryRank(Collectives& collectives, uint64_t fingerprint,
-                                  absl::string_view what);
+                                  absl::string_view what, absl::string_view advice);
 
 }  // namespace pebble
 

@@ -19,6 +19,7 @@
 #include "graph/status.h"
 #include "graph/text_input.h"
 #include "runtime/cpu/native_util.h"
+#include "scheduler/collectives.h"
 
 namespace pebble {
 
@@ -153,9 +154,6 @@ const KernelTable& HostKernels() {
   return *table;
 }
 
-// Phases 1-2 of Execute: refuses what cannot run, before touching the
-// backend's memory. Every tensor the schedule touches must fit its slot and
-// be what its operator makes, and the backend must have every kernel.
 // `count` elements of `dtype` (fp32, fp16 or bf16) at `data` as float32,
 // each divided by `divisor`, into out[0, count).
 void WidenToFloat(const std::byte* data, DType dtype, int64_t count, float divisor, float* out) {
@@ -207,13 +205,25 @@ absl::Status CheckCollective(const Graph& graph, NodeId v, const Collectives* co
                                                       : ranks->dump(),
         " ranks, but the run has ", collectives->ranks()));
   }
-  for (NodeId u : {v, graph.inputs(v).empty() ? v : graph.inputs(v)[0]}) {
-    const DType dtype = graph.dtype(u).value_or(DType::kInt64);
-    if (graph.inputs(v).size() != 1 ||
-        (dtype != DType::kFloat32 && dtype != DType::kFloat16 && dtype != DType::kBFloat16)) {
-      return absl::UnimplementedError(absl::StrCat(
-          who, ": the C++ runtime's collectives take one floating-point tensor"));
-    }
+  if (graph.inputs(v).size() != 1) {
+    return absl::InvalidArgumentError(absl::StrCat(who, ": a collective reads one tensor"));
+  }
+  const NodeId in = graph.inputs(v)[0];
+  const DType dtype = graph.dtype(v).value_or(DType::kInt64);
+  if (graph.dtype(in) != dtype ||
+      (dtype != DType::kFloat32 && dtype != DType::kFloat16 && dtype != DType::kBFloat16)) {
+    return absl::UnimplementedError(absl::StrCat(
+        who, ": the C++ runtime's collectives take a floating-point tensor and make one of "
+        "its dtype"));
+  }
+  // ShardGraph's shards: ceil(numel / ranks) elements of the whole tensor.
+  const bool gather = graph.op(v) == "all_gather";
+  const int64_t whole = NumElements(*graph.shape(gather ? v : in));
+  const int64_t shard = NumElements(*graph.shape(gather ? in : v));
+  const int64_t ranks_here = collectives->ranks();
+  if (shard != (whole + ranks_here - 1) / ranks_here) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        who, ": a shard of ", shard, " elements is not 1/", ranks_here, " of ", whole));
   }
   return absl::OkStatus();
 }
@@ -259,6 +269,9 @@ absl::Status CheckOneAllReducePerValue(const Graph& graph, const Schedule& sched
   return absl::OkStatus();
 }
 
+// Phases 1-2 of Execute: refuses what cannot run, before touching the
+// backend's memory. Every tensor the schedule touches must fit its slot and
+// be what its operator makes, and the backend must have every kernel.
 absl::Status CheckRunnable(const Graph& graph, const Schedule& schedule, const Backend& backend,
                            const Collectives* collectives) {
   // The schedule's nodes (a valid schedule computes every non-persistent
@@ -293,13 +306,20 @@ absl::Status CheckRunnable(const Graph& graph, const Schedule& schedule, const B
   return absl::OkStatus();
 }
 
-// FNV-1a over bytes: the same in every process (absl::Hash is seeded per
+// FNV-1a's rule over 8-byte words: the same in every process (absl::Hash is seeded per
 // process), for the ranks to compare.
+// Eight bytes a step (a parameter's megabytes hash in milliseconds).
 class Fnv1a {
  public:
   void Bytes(const void* data, size_t n) {
     const auto* p = static_cast<const unsigned char*>(data);
-    for (size_t i = 0; i < n; ++i) h_ = (h_ ^ p[i]) * 1099511628211ull;
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+      uint64_t word;
+      std::memcpy(&word, p + i, 8);
+      h_ = (h_ ^ word) * 1099511628211ull;
+    }
+    for (; i < n; ++i) h_ = (h_ ^ p[i]) * 1099511628211ull;
   }
   void Int(int64_t x) { Bytes(&x, sizeof x); }
   void Text(absl::string_view text) {
@@ -889,6 +909,7 @@ class ScheduleRun {
 
   // 4. Every persistent tensor, read from `inputs_dir` or generated.
   absl::Status LoadPersistent(const ExecutorOptions& options) {
+    if (options.unsharded != nullptr) sharded_ = ShardedTensors(*options.unsharded);
     for (NodeId v = 0; v < graph_.num_nodes(); ++v) {
       if (!graph_.persistent(v)) continue;
       const int32_t instance = instances_.persistent[v];
@@ -904,7 +925,7 @@ class ScheduleRun {
         ASSIGN_OR_RETURN(array, Generate(v, options));
         result_.generated_inputs.push_back(v);
       }
-      if (graph_.role(v) != Role::kInput && ShardOf(v, options) == kNoNode) {
+      if (graph_.role(v) != Role::kInput && UnshardedOf(v, options) == kNoNode) {
         replicated_.Text(graph_.id(v));
         replicated_.Bytes(array->data.data(), array->data.size());
       }
@@ -937,22 +958,19 @@ class ScheduleRun {
     if (graph_.role(v) == Role::kInput) {
       return GenerateInput(graph_, v, options.seed + static_cast<uint64_t>(ranks->rank()));
     }
-    if (const NodeId whole = ShardOf(v, options); whole != kNoNode) {
+    if (const NodeId whole = UnshardedOf(v, options); whole != kNoNode) {
       return GenerateShard(*options.unsharded, whole, options.seed, ranks->rank(),
                            ranks->ranks());
     }
     return GenerateInput(graph_, v, options.seed);
   }
 
-  // The tensor of options.unsharded that persistent v is a shard of, or
-  // kNoNode.
-  NodeId ShardOf(NodeId v, const ExecutorOptions& options) const {
+  // The tensor of options.unsharded that persistent v is a shard of
+  // (ShardedTensors), or kNoNode.
+  NodeId UnshardedOf(NodeId v, const ExecutorOptions& options) const {
     if (options.unsharded == nullptr) return kNoNode;
     const NodeId whole = options.unsharded->Find(graph_.id(v));
-    return whole != kNoNode && options.unsharded->persistent(whole) &&
-                   options.unsharded->bytes(whole) != graph_.bytes(v)
-               ? whole
-               : kNoNode;
+    return whole != kNoNode && sharded_[whole] ? whole : kNoNode;
   }
 
   // The persistent tensors every rank holds alike (all but the batch and the
@@ -1384,7 +1402,8 @@ class ScheduleRun {
       return absl::InternalError(absl::StrCat(Quote(graph_.id(v)), ": shards of ", shard,
                                               " elements cannot hold ", whole));
     }
-    staging_.assign(static_cast<size_t>(shard * ranks), 0.0f);
+    // -0.0: the gather's sum of one shard and zeros keeps every bit (x + -0 == x).
+    staging_.assign(static_cast<size_t>(shard * ranks), gather ? -0.0f : 0.0f);
     staging_bytes_.resize(static_cast<size_t>(in_count * DTypeSize(in.dtype)));
     RETURN_IF_ERROR(backend_.Download(staging_bytes_.data(), in.data,
                                       static_cast<int64_t>(staging_bytes_.size())));
@@ -1425,8 +1444,11 @@ class ScheduleRun {
   Backend& backend_;
   Collectives* const collectives_;  // nullptr: one rank
   Fnv1a replicated_;                // ReplicatedFingerprint
-  std::vector<std::byte> staging_bytes_;  // an all-reduced tensor, as the device holds it
-  std::vector<float> staging_;            // ... in float32, averaged
+  std::vector<uint8_t> sharded_;    // per node of options.unsharded: ShardedTensors
+  // A collective's tensor as the device holds it, and its float32 buffer
+  // (RunAllReduce, RunCollective).
+  std::vector<std::byte> staging_bytes_;
+  std::vector<float> staging_;
   ExecutionResult& result_;
   const MemoryLayout& layout_;
   const int num_steps_;
@@ -1477,9 +1499,18 @@ absl::StatusOr<ExecutionResult> Execute(const Graph& graph, const Schedule& sche
   ASSIGN_OR_RETURN(result.predicted, Simulate(graph, schedule, simulator));
   RETURN_IF_ERROR(CheckRunnable(graph, schedule, backend, options.collectives));
   if (options.collectives != nullptr) {
-    RETURN_IF_ERROR(CheckSameOnEveryRank(*options.collectives,
-                                         RunFingerprint(graph, schedule, options.seed),
-                                         "the graph, schedule or seed"));
+    if (graph.has_collectives() && options.unsharded == nullptr) {
+      return absl::InvalidArgumentError(
+          "the graph is sharded (it has collectives): run it with the graph it was sharded "
+          "from (ExecutorOptions::unsharded; pebble run --shard full on the unsharded graph), "
+          "whose tensors its shards start from");
+    }
+    RETURN_IF_ERROR(CheckSameOnEveryRank(
+        *options.collectives, RunFingerprint(graph, schedule, options.seed),
+        "the graph, schedule or seed",
+        "every rank must run the same plan, since their collectives pair up by their order; "
+        "give every rank the same graph, options and seed, and a policy without a time limit "
+        "or with time to finish"));
   }
   if (!options.inputs_dir.empty()) {
     std::error_code ec;
@@ -1502,8 +1533,11 @@ absl::StatusOr<ExecutionResult> Execute(const Graph& graph, const Schedule& sche
   RETURN_IF_ERROR(run.AllocateArena(options.poison_arena));
   RETURN_IF_ERROR(run.LoadPersistent(options));
   if (options.collectives != nullptr) {
-    RETURN_IF_ERROR(CheckSameOnEveryRank(*options.collectives, run.ReplicatedFingerprint(),
-                                         "the parameters, buffers or optimizer state"));
+    RETURN_IF_ERROR(CheckSameOnEveryRank(
+        *options.collectives, run.ReplicatedFingerprint(),
+        "the parameters, buffers or optimizer state",
+        "every rank must start from the same ones: give the ranks the same --inputs files of "
+        "them (or none), and the same seed"));
   }
   RETURN_IF_ERROR(run.AllocateHostBuffers());
   result.setup_s =

@@ -283,7 +283,35 @@ NodeId StateOwner(const Graph& g, NodeId s,
              : kNoNode;
 }
 
+// The parameters ShardGraph shards: persistent, with a gradient "grad:p"
+// that the step makes (ShardGraph refuses one added into a kept gradient).
+std::vector<NodeId> ShardableParameters(const Graph& g) {
+  std::vector<NodeId> out;
+  for (NodeId p = 0; p < g.num_nodes(); ++p) {
+    if (!g.persistent(p) || g.role(p) != Role::kParameter) continue;
+    const NodeId grad = g.Find(absl::StrCat("grad:", g.id(p)));
+    if (grad != kNoNode && !g.persistent(grad)) out.push_back(p);
+  }
+  return out;
+}
+
 }  // namespace
+
+std::vector<uint8_t> ShardedTensors(const Graph& g) {
+  std::vector<uint8_t> sharded_mask(g.num_nodes(), 0);
+  absl::flat_hash_map<NodeId, ShardedParameter> sharded;
+  for (NodeId p : ShardableParameters(g)) {
+    sharded[p] = ShardOf(g, p, 2);  // StateOwner compares bytes with the parameter's own
+    sharded_mask[p] = 1;
+  }
+  for (NodeId s = 0; s < g.num_nodes(); ++s) {
+    if (g.persistent(s) && g.role(s) == Role::kOptimizerState &&
+        StateOwner(g, s, sharded) != kNoNode) {
+      sharded_mask[s] = 1;
+    }
+  }
+  return sharded_mask;
+}
 
 absl::StatusOr<Graph> ShardGraph(const Graph& g, int ranks, const NetworkLink& link) {
   if (ranks < 2) return absl::InvalidArgumentError("sharding needs at least 2 ranks");
@@ -295,10 +323,8 @@ absl::StatusOr<Graph> ShardGraph(const Graph& g, int ranks, const NetworkLink& l
   absl::flat_hash_map<NodeId, ShardedParameter> sharded;
   std::vector<NodeId> shard_root(n, kNoNode);  // a storage -> its parameter
   std::vector<NodeId> gradient_of(n, kNoNode);  // grad:p -> p
-  for (NodeId p = 0; p < n; ++p) {
-    if (!g.persistent(p) || g.role(p) != Role::kParameter) continue;
+  for (NodeId p : ShardableParameters(g)) {
     const NodeId grad = g.Find(absl::StrCat("grad:", g.id(p)));
-    if (grad == kNoNode || g.persistent(grad)) continue;
     if (g.in_place(grad) || g.persistent(g.storage(grad))) {
       return absl::UnimplementedError(absl::StrCat(
           "gradient ", Quote(g.id(grad)), " is added into a gradient kept from before the "

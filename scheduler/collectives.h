@@ -50,6 +50,10 @@ absl::StatusOr<NetworkLink> ParseNetwork(absl::string_view text);
 // sharding yet), a gradient that is an alias or in place.
 absl::StatusOr<Graph> ShardGraph(const Graph& training, int ranks, const NetworkLink& link);
 
+// Per node of `training`: whether ShardGraph keeps only a shard of it (a
+// parameter with a gradient, or its optimizer state), whatever the ranks.
+std::vector<uint8_t> ShardedTensors(const Graph& training);
+
 // `inner`, and where options.ranks > 1, its schedule with ReduceGradients's
 // all_reduce steps, simulated again with the ranks and their link
 // (details["collectives"]: how many collectives, how many of them

@@ -456,6 +456,19 @@ TEST(CliTest, RanksPlanTheGradientsAllReduces) {
       2, {"--dump", "{rank}"});
   ::pebble::testing::ExpectOneLineError(Pebble("run " + model + " --shard full"), 2,
                                         {"--shard full: give --ranks 2 or more"});
+  ::pebble::testing::ExpectOneLineError(Pebble("run " + model + " --address 10.0.0.2"), 2,
+                                        {"--address: with --ranks 2 or more only"});
+  // One --inputs for every rank that holds the batch, or (sharded) a shard: refused.
+  const fs::path shared = dir / "shared";
+  fs::create_directories(shared);
+  ::pebble::testing::WriteText(shared / "conv1.weight.npy", "");
+  const std::string ranked =
+      " --ranks 2 --rank 0 --rendezvous " + dir.string() + " --inputs " + shared.string();
+  ::pebble::testing::ExpectOneLineError(Pebble("run " + model + ranked + " --shard full"), 2,
+                                        {"the sharded tensor 'conv1.weight'", "{rank}"});
+  ::pebble::testing::WriteText(shared / "input.npy", "");
+  ::pebble::testing::ExpectOneLineError(Pebble("run " + model + ranked), 2,
+                                        {"the batch tensor 'input'", "{rank}"});
   // Sharded (--shard full): FSDP's rule and a policy of pebble's.
   for (const char* policy : {"fsdp", "dtr"}) {
     Result sharded = Pebble("plan " + model + " --policy " + policy +
