@@ -12,7 +12,10 @@
 // host buffer. The host's rate for an optimizer's update on host copies
 // (updates=host) is timed likewise (MeasureHostUpdate). Each kernel's
 // scratch (Backend::QueryWorkspace) is planned as its node's workspace
-// during the runs and kept in workspace_bytes.
+// during the runs and kept in workspace_bytes. With --ranks N, the ranks
+// (one process each) then meet and measure their network link
+// (MeasureNetworkLink: all-reduces of 4 KiB and of --network-size), which
+// rank 0 writes into the profile.
 #include <algorithm>
 #include <iostream>
 #include <map>
@@ -25,7 +28,9 @@
 #include "cli/common.h"
 #include "graph/optimizer.h"
 #include "graph/status.h"
+#include "runtime/collectives.h"
 #include "runtime/executor.h"
+#include "runtime/gloo/gloo_collectives.h"
 #include "runtime/make_backend.h"
 #include "runtime/workspace.h"
 #include "scheduler/budget.h"
@@ -44,7 +49,41 @@ struct CalibrateFlags {
   uint64_t seed = 0;
   bool force = false;
   bool json = false;
+  // Several ranks: the network link (docs/cuda.md, "Calibration").
+  int ranks = 1;
+  int rank = 0;
+  bool rank_given = false;
+  std::string rendezvous;
+  std::string address = "127.0.0.1";
+  double rank_timeout_s = 300;
+  std::string network_size = "8MiB";
 };
+
+// With --ranks N: meets the other ranks and measures the link into
+// `profile`.
+absl::Status MeasureNetwork(const CalibrateFlags& f, CostProfile& profile) {
+  if (f.rendezvous.empty() || !f.rank_given || f.rank >= f.ranks) {
+    return UsageError(absl::StrCat("--ranks ", f.ranks, ": give --rank (0 to ", f.ranks - 1,
+                                   ") and --rendezvous DIR, a new directory every rank sees "
+                                   "(scripts/pebble-ranks starts the ranks on this machine)"));
+  }
+  ASSIGN_OR_RETURN(const int64_t large, ParseSize(f.network_size));
+  ASSIGN_OR_RETURN(std::unique_ptr<Collectives> collectives,
+                   ConnectGloo({.rank = f.rank,
+                                .ranks = f.ranks,
+                                .rendezvous_dir = f.rendezvous,
+                                .address = f.address,
+                                .timeout_s = f.rank_timeout_s}));
+  constexpr int64_t kSmallBytes = 4096;
+  if (large < 4 * kSmallBytes) {
+    return UsageError("--network-size: at least 16KiB (four times the small all-reduce)");
+  }
+  ASSIGN_OR_RETURN(const NetworkLink link, MeasureNetworkLink(*collectives, kSmallBytes, large));
+  profile.network_bandwidth_bytes_per_s = link.bandwidth_bytes_per_s;
+  profile.network_latency_s = link.latency_s;
+  profile.network_ranks = f.ranks;
+  return absl::OkStatus();
+}
 
 double Median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
@@ -222,17 +261,31 @@ int RunCalibrate(const CalibrateFlags& f) {
         "--json prints a summary on stdout, where the profile goes without --output: give "
         "--output FILE with --json"));
   }
-  // Before measuring, which takes a while: a refused --output fails now.
+  if (f.ranks == 1 && (f.rank_given || !f.rendezvous.empty())) {
+    return Fail(UsageError("--rank and --rendezvous: with --ranks 2 or more only"));
+  }
+  // Before measuring, which takes a while: a refused --output fails now
+  // (rank 0 alone writes it).
   if (absl::Status s = CheckOutputs({{to_stdout ? "-" : f.output, "--output"}},
                                     f.source.InputFiles(), f.force);
-      !s.ok()) {
+      f.rank == 0 && !s.ok()) {
     return Fail(s);
   }
   auto graph = f.source.Load();
   if (!graph.ok()) return Fail(graph.status());
   auto calibrated = Calibrate(f, *graph);
   if (!calibrated.ok()) return Fail(calibrated.status());
-  const CostProfile& profile = calibrated->first;
+  CostProfile& profile = calibrated->first;
+  if (f.ranks > 1) {
+    if (absl::Status s = MeasureNetwork(f, profile); !s.ok()) return Fail(s);
+    if (f.rank != 0) {
+      std::cout << absl::StrFormat(
+          "rank %d of %d: link %.3g GB/s, latency %s (rank 0 writes the profile)\n", f.rank,
+          f.ranks, profile.network_bandwidth_bytes_per_s / 1e9,
+          FormatSeconds(profile.network_latency_s));
+      return 0;
+    }
+  }
   const std::string text = CostProfileToJson(profile).dump(2) + "\n";
   if (absl::Status s = WriteOutput(to_stdout ? "-" : f.output, text, f.force); !s.ok()) {
     return Fail(s);
@@ -246,7 +299,10 @@ int RunCalibrate(const CalibrateFlags& f) {
                {"nodes_measured", calibrated->second},
                {"bandwidth_h2d_bytes_per_s", profile.bandwidth_h2d_bytes_per_s},
                {"bandwidth_d2h_bytes_per_s", profile.bandwidth_d2h_bytes_per_s},
-               {"host_update_bytes_per_s", profile.host_update_bytes_per_s}});
+               {"host_update_bytes_per_s", profile.host_update_bytes_per_s},
+               {"network_bandwidth_bytes_per_s", profile.network_bandwidth_bytes_per_s},
+               {"network_latency_s", profile.network_latency_s},
+               {"network_ranks", profile.network_ranks}});
   } else {
     std::cout << absl::StrFormat(
         "%s: %d op entries from %d nodes of %s on %s (%s); link %.3g GB/s host->device, "
@@ -254,6 +310,12 @@ int RunCalibrate(const CalibrateFlags& f) {
         f.output, profile.entries.size(), calibrated->second, f.source.Label(),
         profile.backend, profile.device, profile.bandwidth_h2d_bytes_per_s / 1e9,
         profile.bandwidth_d2h_bytes_per_s / 1e9, profile.host_update_bytes_per_s / 1e9);
+    if (profile.network_ranks > 0) {
+      std::cout << absl::StrFormat("  network: %.3g GB/s, latency %s, measured on %d ranks\n",
+                                   profile.network_bandwidth_bytes_per_s / 1e9,
+                                   FormatSeconds(profile.network_latency_s),
+                                   profile.network_ranks);
+    }
   }
   return 0;
 }
@@ -280,7 +342,29 @@ void AddCalibrateCommand(CLI::App& app, int& exit_code) {
   cmd->add_flag("--json", flags.json,
                 "print the summary as JSON (with --output FILE: without it, stdout holds the "
                 "profile)");
-  cmd->callback([&exit_code] { exit_code = RunCalibrate(flags); });
+  cmd->add_option("--ranks", flags.ranks,
+                  "ranks that also measure their network link (all-reduces over gloo), each "
+                  "one process; rank 0 writes it into the profile, which plan, compare, "
+                  "simulate and fit then take as --network (default 1: no link)")
+      ->check(IntegerIn(1, 1 << 20));
+  CLI::Option* rank = cmd->add_option("--rank", flags.rank, "with --ranks: this process's rank");
+  rank->check(IntegerIn(0, 1 << 20));
+  cmd->add_option("--rendezvous", flags.rendezvous,
+                  "with --ranks: a new, empty directory every rank sees, where they meet "
+                  "(scripts/pebble-ranks makes one)");
+  cmd->add_option("--address", flags.address,
+                  "with --ranks: the address other ranks reach this one at (default 127.0.0.1)");
+  cmd->add_option("--rank-timeout", flags.rank_timeout_s,
+                  "with --ranks: seconds a rank waits for the others (default 300)")
+      ->check(NumberAbove(0, "a positive number of seconds"));
+  cmd->add_option("--network-size", flags.network_size,
+                  "with --ranks: bytes of the large timed all-reduce (default 8MiB; the small "
+                  "one is 4KiB)")
+      ->check(PositiveSize());
+  cmd->callback([&exit_code, rank] {
+    flags.rank_given = rank->count() > 0;
+    exit_code = RunCalibrate(flags);
+  });
 }
 
 }  // namespace pebble::cli

@@ -929,7 +929,8 @@ int FinishStdout(int exit_code) {
   return 1;
 }
 
-void RankFlags::AddOptions(CLI::App* cmd) {
+void RankFlags::AddOptions(CLI::App* cmd, const GraphSource* source) {
+  source_ = source;
   cmd->add_option("--ranks", ranks,
                   "data-parallel ranks running the plan, each on its own slice of the batch "
                   "(default 1); above 1 every parameter's gradient is summed over them by "
@@ -938,7 +939,8 @@ void RankFlags::AddOptions(CLI::App* cmd) {
       ->check(IntegerIn(1, 1 << 20));
   cmd->add_option("--network", network,
                   "the ranks' link: bytes/s, or a preset: ethernet-10g, ethernet-100g "
-                  "(12.5e9 and 10 us, the default), ib-hdr, ib-ndr, nvlink4")
+                  "(12.5e9 and 10 us, the default), ib-hdr, ib-ndr, nvlink4; without it, the "
+                  "--profile's measured link where it has one (pebble calibrate --ranks)")
       ->check(NetworkValue());
   cmd->add_option("--network-latency", latency_s,
                   "seconds per message on the ranks' link (default: the preset's, else 10e-6)")
@@ -963,6 +965,12 @@ absl::StatusOr<NetworkLink> RankFlags::Link() const {
   NetworkLink link;
   if (!network.empty()) {
     ASSIGN_OR_RETURN(link, ParseNetwork(network));
+  } else if (source_ != nullptr && !source_->profile.empty()) {
+    ASSIGN_OR_RETURN(const CostProfile profile, ReadCostProfileFile(source_->profile));
+    if (profile.network_bandwidth_bytes_per_s > 0) {
+      link.bandwidth_bytes_per_s = profile.network_bandwidth_bytes_per_s;
+      link.latency_s = profile.network_latency_s;
+    }
   }
   if (latency_s >= 0) link.latency_s = latency_s;
   return link;

@@ -194,14 +194,20 @@ struct RankFlags {
   double latency_s = -1;  // < 0: the link's own
   std::string shard = "none";
 
-  void AddOptions(CLI::App* cmd);
-  // The ranks' link (--network, --network-latency).
+  // `source` (not owned): whose --profile's measured link (pebble calibrate
+  // --ranks) stands where --network is not given.
+  void AddOptions(CLI::App* cmd, const GraphSource* source);
+  // The ranks' link: --network, else the --profile's measured one, else
+  // NetworkLink's default; --network-latency over its latency.
   absl::StatusOr<NetworkLink> Link() const;
   // A usage error where --shard full comes without --ranks 2 or more.
   absl::Status CheckShard() const;
   // The graph as one rank runs it: `graph` itself, or sharded (ShardGraph)
   // with --shard full (a usage error without --ranks 2 or more).
   absl::StatusOr<Graph> Sharded(absl::StatusOr<Graph> graph) const;
+
+ private:
+  const GraphSource* source_ = nullptr;
 };
 
 // A plain text table: a header row, then rows; columns whose cells all look

@@ -79,7 +79,7 @@ struct PlanFlags {
                     "largest graph (needed non-persistent nodes) checkmate's MILP and "
                     "checkmate-lp's LP take (default 0: 300 and 600; the model grows as n^2)")
         ->check(IntegerIn(0, 100000));
-    rank_flags.AddOptions(cmd);
+    rank_flags.AddOptions(cmd, &source);
     AddQuietFlag(cmd, quiet);
     cmd->add_flag("--json", json, "print one JSON document");
   }
@@ -607,7 +607,7 @@ void AddPlanCommands(CLI::App& app, int& exit_code) {
   sim->add_option("--bandwidth", sim_bandwidth,
                   "host link bytes/s or a preset: pcie4 (25e9, the default), pcie5, nvlink-c2c")
       ->check(BandwidthValue());
-  sim_ranks.AddOptions(sim);
+  sim_ranks.AddOptions(sim, &sim_source);
   sim->add_flag("--timeline", sim_timeline, "show the per-step memory and time");
   sim->add_flag("--json", sim_json, "print JSON");
   sim->callback([&exit_code] {

@@ -726,7 +726,7 @@ void AddRunCommands(CLI::App& app, int& exit_code) {
                 "run a plan that does not fit the budget (by default refused, with the "
                 "planner's reason)");
   run->add_flag("--json", flags.json, "print one JSON document");
-  flags.rank_flags.AddOptions(run);
+  flags.rank_flags.AddOptions(run, &flags.source);
   CLI::Option* rank = run->add_option(
       "--rank", flags.rank,
       "with --ranks: this process's rank, 0 to --ranks - 1 (each rank is one process running "

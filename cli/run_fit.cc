@@ -366,7 +366,7 @@ void AddFitCommand(CLI::App& app, int& exit_code) {
   fit->add_option("--bandwidth", flags.bandwidth,
                   "host link bytes/s, or pcie4 (25e9, the default), pcie5, nvlink-c2c")
       ->check(BandwidthValue());
-  flags.rank_flags.AddOptions(fit);
+  flags.rank_flags.AddOptions(fit, /*source=*/nullptr);  // fit takes no --profile
   AddQuietFlag(fit, flags.quiet);
   AddOwnOrderFlag(fit, flags.own_order);
   fit->add_option("--time-limit", flags.time_limit_s,

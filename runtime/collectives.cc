@@ -1,5 +1,8 @@
 #include "runtime/collectives.h"
 
+#include <algorithm>
+#include <chrono>
+#include <limits>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -28,6 +31,74 @@ absl::Status CheckSameOnEveryRank(Collectives& collectives, uint64_t fingerprint
   return absl::FailedPreconditionError(absl::StrCat(
       what, " differs between the ranks (rank", differ.size() > 1 ? "s " : " ",
       absl::StrJoin(differ, ", "), " from rank 0): ", advice));
+}
+
+namespace {
+
+// The least seconds of `repeats` all-reduces of `count` float32 elements.
+absl::StatusOr<double> LeastAllReduceSeconds(Collectives& collectives, int64_t count,
+                                             int repeats) {
+  std::vector<float> data(static_cast<size_t>(count), 1.0f);
+  double least = std::numeric_limits<double>::infinity();
+  for (int i = 0; i < repeats; ++i) {
+    int64_t start_together = 0;
+    if (absl::Status s = collectives.AllReduceSum(&start_together, 1, "the link's barrier");
+        !s.ok()) {
+      return s;
+    }
+    const auto start = std::chrono::steady_clock::now();
+    if (absl::Status s = collectives.AllReduceSum(data.data(), count, "the link's measurement");
+        !s.ok()) {
+      return s;
+    }
+    least = std::min(
+        least, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  }
+  return least;
+}
+
+}  // namespace
+
+absl::StatusOr<NetworkLink> MeasureNetworkLink(Collectives& collectives, int64_t small_bytes,
+                                               int64_t large_bytes, int repeats) {
+  const int ranks = collectives.ranks();
+  if (ranks < 2 || small_bytes < 4 || large_bytes <= small_bytes || repeats < 1) {
+    return absl::InvalidArgumentError(
+        "measuring a link takes 2 ranks or more and a large size above the small one");
+  }
+  const int64_t small = small_bytes / 4, large = large_bytes / 4;  // float32 elements
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    double times[2];
+    for (int i = 0; i < 2; ++i) {
+      absl::StatusOr<double> t = LeastAllReduceSeconds(collectives, i == 0 ? small : large,
+                                                       repeats);
+      if (!t.ok()) return t.status();
+      times[i] = *t;
+    }
+    // Rank 0's times on every rank (a sum of zeros and rank 0's), so that
+    // the ranks decide alike.
+    float shared[2] = {0, 0};
+    if (collectives.rank() == 0) {
+      shared[0] = static_cast<float>(times[0]);
+      shared[1] = static_cast<float>(times[1]);
+    }
+    if (absl::Status s = collectives.AllReduceSum(shared, 2, "the link's times"); !s.ok()) {
+      return s;
+    }
+    const double t_small = shared[0], t_large = shared[1];
+    if (!(t_large > 1.5 * t_small)) continue;  // lost in the noise: measure again
+    const double per_byte = 2.0 * (ranks - 1) / ranks;  // of the tensor, sent by each rank
+    const double seconds_per_byte = (t_large - t_small) / static_cast<double>(4 * (large - small));
+    NetworkLink link;
+    link.bandwidth_bytes_per_s = per_byte / seconds_per_byte;
+    link.latency_s = std::max(
+        0.0, (t_small - per_byte * static_cast<double>(4 * small) / link.bandwidth_bytes_per_s) /
+                 (2.0 * (ranks - 1)));
+    return link;
+  }
+  return absl::UnavailableError(
+      "the link could not be measured: three times, an all-reduce of the large size took "
+      "less than 1.5 times the small one's (other work on these cores?); try a larger size");
 }
 
 }  // namespace pebble

@@ -10,7 +10,9 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "scheduler/simulator.h"
 
 namespace pebble {
 
@@ -33,6 +35,17 @@ class Collectives {
 // that differ from rank 0, and then `advice`.
 absl::Status CheckSameOnEveryRank(Collectives& collectives, uint64_t fingerprint,
                                   absl::string_view what, absl::string_view advice);
+
+// The ranks' link as the simulator times an all-reduce (AllReduceSeconds:
+// 2 (r - 1) latency + 2 (r - 1) / r bytes / bandwidth), fitted to the least
+// time of `repeats` all-reduces of `small_bytes` and of `large_bytes`
+// float32 bytes, each started together (a one-element all-reduce first).
+// Rank 0's fit, on every rank. Where the large one is not clearly slower
+// than the small one (other work took the cores), the ranks measure again,
+// up to three times, then fail. The latency is 0 where the small one takes
+// no longer per byte than the large one allows.
+absl::StatusOr<NetworkLink> MeasureNetworkLink(Collectives& collectives, int64_t small_bytes,
+                                               int64_t large_bytes, int repeats = 5);
 
 }  // namespace pebble
 

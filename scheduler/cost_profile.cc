@@ -86,6 +86,11 @@ nlohmann::json CostProfileToJson(const CostProfile& profile) {
   if (profile.host_update_bytes_per_s > 0) {
     doc["host_update_bytes_per_s"] = profile.host_update_bytes_per_s;
   }
+  if (profile.network_bandwidth_bytes_per_s > 0) {
+    doc["network_bandwidth_bytes_per_s"] = profile.network_bandwidth_bytes_per_s;
+    doc["network_latency_s"] = profile.network_latency_s;
+    doc["network_ranks"] = profile.network_ranks;
+  }
   nlohmann::json entries = nlohmann::json::object();
   for (const auto& [key, seconds] : profile.entries) entries[key] = seconds;
   doc["entries"] = std::move(entries);
@@ -111,7 +116,8 @@ absl::StatusOr<CostProfile> CostProfileFromJson(const nlohmann::json& doc) {
   }
   constexpr absl::string_view kKeys[] = {
       "format", "version", "backend", "device", "bandwidth_h2d_bytes_per_s",
-      "bandwidth_d2h_bytes_per_s", "host_update_bytes_per_s", "entries", "workspace_bytes"};
+      "bandwidth_d2h_bytes_per_s", "host_update_bytes_per_s", "network_bandwidth_bytes_per_s",
+      "network_latency_s", "network_ranks", "entries", "workspace_bytes"};
   RETURN_IF_ERROR(CheckJsonKeys(doc, kKeys, "cost profile"));
   CostProfile p;
   for (const char* field : {"backend", "device"}) {
@@ -126,6 +132,27 @@ absl::StatusOr<CostProfile> CostProfileFromJson(const nlohmann::json& doc) {
   ASSIGN_OR_RETURN(p.bandwidth_d2h_bytes_per_s, Bandwidth(doc, "bandwidth_d2h_bytes_per_s"));
   if (doc.contains("host_update_bytes_per_s")) {
     ASSIGN_OR_RETURN(p.host_update_bytes_per_s, Bandwidth(doc, "host_update_bytes_per_s"));
+  }
+  const int network_keys = static_cast<int>(doc.contains("network_bandwidth_bytes_per_s")) +
+                           static_cast<int>(doc.contains("network_latency_s")) +
+                           static_cast<int>(doc.contains("network_ranks"));
+  if (network_keys != 0 && network_keys != 3) {
+    return absl::InvalidArgumentError(
+        "cost profile: give network_bandwidth_bytes_per_s, network_latency_s and "
+        "network_ranks together, or none of them");
+  }
+  if (network_keys == 3) {
+    ASSIGN_OR_RETURN(p.network_bandwidth_bytes_per_s,
+                     Bandwidth(doc, "network_bandwidth_bytes_per_s"));
+    ASSIGN_OR_RETURN(p.network_latency_s, NonNegativeNumber(doc, "network_latency_s"));
+    const nlohmann::json& ranks = doc.at("network_ranks");
+    if (!ranks.is_number_integer() || ranks.get<int64_t>() < 2 || ranks.get<int64_t>() > 1 << 20 ||
+        !(p.network_bandwidth_bytes_per_s > 0)) {
+      return absl::InvalidArgumentError(
+          "cost profile: 'network_ranks' must be a whole number of ranks, 2 or more, and "
+          "network_bandwidth_bytes_per_s positive");
+    }
+    p.network_ranks = static_cast<int>(ranks.get<int64_t>());
   }
   if (!doc.contains("entries") || !doc.at("entries").is_object()) {
     return absl::InvalidArgumentError("cost profile: 'entries' must be an object");

@@ -43,6 +43,14 @@ struct CostProfile {
   // plus written per second; graph/optimizer.h HostUpdateSeconds); 0: not
   // measured. Optional in the file ("host_update_bytes_per_s").
   double host_update_bytes_per_s = 0;
+  // The ranks' network link as `pebble calibrate --ranks N` measured it
+  // (the ring model's bandwidth and per-message latency, AllReduceSeconds
+  // in simulator.h), on `network_ranks` ranks; 0: not measured. Optional in
+  // the file ("network_bandwidth_bytes_per_s", "network_latency_s",
+  // "network_ranks", all three or none).
+  double network_bandwidth_bytes_per_s = 0;
+  double network_latency_s = 0;
+  int network_ranks = 0;
   std::map<std::string, double> entries;  // CostKey -> seconds (sorted)
   std::map<std::string, int64_t> workspace_bytes;  // CostKey -> bytes, > 0
 

@@ -77,6 +77,32 @@ TEST(CostProfileTest, JsonRoundTrip) {
   EXPECT_EQ(with->workspace_bytes, p.workspace_bytes);
 }
 
+// The ranks' link of `pebble calibrate --ranks`: written where measured,
+// read back, and its three keys come together.
+TEST(CostProfileTest, NetworkLinkRoundTripsAndComesWhole) {
+  CostProfile p;
+  p.backend = "cpu";
+  EXPECT_FALSE(CostProfileToJson(p).contains("network_bandwidth_bytes_per_s"));
+  p.network_bandwidth_bytes_per_s = 1.25e9;
+  p.network_latency_s = 2e-5;
+  p.network_ranks = 4;
+  nlohmann::json doc = CostProfileToJson(p);
+  auto back = CostProfileFromJson(doc);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->network_bandwidth_bytes_per_s, 1.25e9);
+  EXPECT_EQ(back->network_latency_s, 2e-5);
+  EXPECT_EQ(back->network_ranks, 4);
+  doc.erase("network_ranks");
+  EXPECT_THAT(CostProfileFromJson(doc).status().message(),
+              ::testing::HasSubstr("together, or none of them"));
+  doc["network_ranks"] = 1;
+  EXPECT_THAT(CostProfileFromJson(doc).status().message(),
+              ::testing::HasSubstr("'network_ranks' must be a whole number of ranks, 2"));
+  doc["network_ranks"] = 2;
+  doc["network_latency_s"] = -1;
+  EXPECT_FALSE(CostProfileFromJson(doc).ok());
+}
+
 TEST(CostProfileTest, WorkspaceBytesMustBeWholeNonNegativeNumbers) {
   CostProfile p;
   p.entries["relu|fp32(4)|fp32|{}"] = 1e-6;

@@ -4,6 +4,7 @@
 #include <stdlib.h>  // mkdtemp
 
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -18,6 +19,7 @@
 #include "graph/models/models.h"
 #include "graph/optimizer.h"
 #include "gtest/gtest.h"
+#include "runtime/collectives.h"
 #include "runtime/executor.h"
 #include "runtime/gloo/gloo_collectives.h"
 #include "runtime/make_backend.h"
@@ -121,6 +123,20 @@ class DataParallelRunTest : public ::testing::Test {
   int runs_ = 0;
 };
 
+// Rank 0 of 2 whose collectives all fail: for refusals that come first.
+class LoneRank : public Collectives {
+ public:
+  int rank() const override { return 0; }
+  int ranks() const override { return 2; }
+  std::string Description() const override { return "a lone rank"; }
+  absl::Status AllReduceSum(float*, int64_t, absl::string_view what) override {
+    return absl::UnavailableError(absl::StrCat(what, ": no other rank"));
+  }
+  absl::Status AllReduceSum(int64_t*, int64_t, absl::string_view what) override {
+    return absl::UnavailableError(absl::StrCat(what, ": no other rank"));
+  }
+};
+
 int CountAllReduces(const Schedule& schedule) {
   int n = 0;
   for (const Step& s : schedule.steps) n += s.action == Action::kAllReduce;
@@ -189,7 +205,9 @@ TEST_F(DataParallelRunTest, SgdStepsLeaveTheSameParametersOnEveryRank) {
     single.push_back(*std::move(run));
   }
   auto ranks = RunRanks(g, dp, 3);
-  for (int r = 0; r < 3; ++r) ASSERT_TRUE(ranks[r].ok()) << "rank " << r << ": " << ranks[r].status();
+  for (int r = 0; r < 3; ++r) {
+    ASSERT_TRUE(ranks[r].ok()) << "rank " << r << ": " << ranks[r].status();
+  }
   ASSERT_FALSE(single[0].updated.empty());
   for (size_t i = 0; i < single[0].updated.size(); ++i) {
     const std::string& id = g.id(single[0].updated[i].node);
@@ -217,9 +235,17 @@ TEST_F(DataParallelRunTest, ShardedRunsHoldTheShardsOfTheDataParallelRun) {
   auto sharded = ShardGraph(g, 2, NetworkLink{});
   ASSERT_TRUE(sharded.ok()) << sharded.status();
   // Without the unsharded graph its shards would start from nothing that
-  // the unsharded run knows: refused.
-  for (const auto& bare : RunRanks(*sharded, Plan(*sharded, "fsdp", 2), 2)) {
-    EXPECT_THAT(bare.status().message(), HasSubstr("the graph is sharded"));
+  // the unsharded run knows: refused, before any collective.
+  {
+    LoneRank lone;
+    auto backend = MakeBackend("cpu");
+    ASSERT_TRUE(backend.ok()) << backend.status();
+    ExecutorOptions options;
+    options.collectives = &lone;
+    EXPECT_THAT(Execute(*sharded, Plan(*sharded, "fsdp", 2), **backend, options)
+                    .status()
+                    .message(),
+                HasSubstr("the graph is sharded"));
   }
   for (const char* policy : {"fsdp", "dtr"}) {
     SCOPED_TRACE(policy);
@@ -292,6 +318,34 @@ TEST_F(DataParallelRunTest, ThreeShardedRanksEndInZeroPadding) {
     }
   }
   EXPECT_GT(padded, 0);
+}
+
+// pebble calibrate --ranks's measurement: a link every rank agrees on, with
+// a positive bandwidth and a non-negative latency.
+TEST_F(DataParallelRunTest, TheMeasuredLinkIsRankZerosOnEveryRank) {
+  const std::string rendezvous = Rendezvous("link");
+  std::vector<absl::StatusOr<NetworkLink>> links(2, absl::UnknownError("not run"));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] {
+      auto collectives = ConnectGloo(
+          {.rank = r, .ranks = 2, .rendezvous_dir = rendezvous, .timeout_s = 60});
+      if (!collectives.ok()) {
+        links[r] = collectives.status();
+        return;
+      }
+      links[r] = MeasureNetworkLink(**collectives, 4096, 4 << 20, 3);
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_TRUE(links[r].ok()) << "rank " << r << ": " << links[r].status();
+  }
+  EXPECT_GT(links[0]->bandwidth_bytes_per_s, 0);
+  EXPECT_TRUE(std::isfinite(links[0]->bandwidth_bytes_per_s));
+  EXPECT_GE(links[0]->latency_s, 0);
+  EXPECT_EQ(links[1]->bandwidth_bytes_per_s, links[0]->bandwidth_bytes_per_s);
+  EXPECT_EQ(links[1]->latency_s, links[0]->latency_s);
 }
 
 TEST_F(DataParallelRunTest, RanksThatDisagreeAreRefusedOnEveryRank) {

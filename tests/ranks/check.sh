@@ -85,5 +85,21 @@ if compared < 20:
 print(f"ok: {compared} tensors, each the data-parallel run's in two shards")
 PY
 done
+# The link, measured by calibrate on 2 ranks, is what plan then assumes.
+echo "== calibrate --ranks 2, then plan --profile"
+PEBBLE_BIN="$pebble" "$source_dir/scripts/pebble-ranks" 2 -- calibrate \
+  --model mnist-cnn:batch=2 --repeat 1 --transfer-size 1MiB --output "$work/profile.json" \
+  > "$work/calibrate.log" 2>&1 || { cat "$work/calibrate.log"; fail "calibrate --ranks failed"; }
+"$pebble" plan --model mnist-cnn:batch=2 --ranks 2 --profile "$work/profile.json" \
+  --policy rotor --budget min --json > "$work/plan.json" 2> /dev/null
+/usr/bin/python3 - "$work/profile.json" "$work/plan.json" <<'PY' || fail "plan did not take the measured link"
+import json, sys
+profile, plan = (json.load(open(p)) for p in sys.argv[1:3])
+link = plan["details"]["collectives"]
+assert profile["network_ranks"] == 2 and profile["network_bandwidth_bytes_per_s"] > 0, profile
+assert link["network_bandwidth_bytes_per_s"] == profile["network_bandwidth_bytes_per_s"], link
+assert link["network_latency_s"] == profile["network_latency_s"], link
+print(f"ok: plan assumes the measured {link['network_bandwidth_bytes_per_s'] / 1e9:.3g} GB/s")
+PY
 echo "PASS: 2 and 3 ranks of pebble run give every rank the same parameters and state;" \
-     "sharded runs hold the data-parallel run's shards"
+     "sharded runs hold the data-parallel run's shards; calibrate measures the link plan uses"
