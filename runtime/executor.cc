@@ -1382,7 +1382,7 @@ class ScheduleRun {
   }
 
   // A sharded graph's collective (Note [Sharded graphs], scheduler/
-  // collectives.cc) on `ctx`'s one input and its output, as one all-reduce
+  // sharding.cc) on `ctx`'s one input and its output, as one all-reduce
   // of ranks * s float32 elements, s the shard's: all_gather puts this
   // rank's shard in its slot of zeros, and the sum holds every shard (the
   // padding past the tensor's end dropped); reduce_scatter puts the whole

@@ -36,7 +36,7 @@ absl::StatusOr<Schedule> ReduceGradients(const Graph& graph, const Schedule& sch
 // latency. InvalidArgument names the text and the presets.
 absl::StatusOr<NetworkLink> ParseNetwork(absl::string_view text);
 
-// Note [Sharded graphs] in collectives.cc: `training` (a training graph,
+// Note [Sharded graphs] in sharding.cc: `training` (a training graph,
 // with or without an optimizer's step) as one rank of `ranks` runs it
 // under ZeRO-3 / FSDP FULL_SHARD's layout. Each parameter p with a
 // gradient keeps only its shard (ceil(numel / ranks) elements, shape

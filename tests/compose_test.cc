@@ -93,12 +93,12 @@ TEST(ComposeTest, NoPolicyIsWorseThanBestOrder) {
     const int64_t budget = best.report.peak_bytes;
     for (const char* policy : kComposed) {
       SCOPED_TRACE(absl::StrCat(policy, " on ", spec));
-      // Whatever the limit cuts (checkmate-lp's LP at 2 s), best-order's
+      // Whatever the limit cuts (checkmate-lp's LP at 1 s), best-order's
       // plan is among the candidates.
-      const PlanResult at_best = Plan(policy, g, budget, false, 2);
+      const PlanResult at_best = Plan(policy, g, budget, false, 1);
       EXPECT_TRUE(at_best.feasible) << at_best.message;
       EXPECT_LE(at_best.report.makespan, best.report.makespan * (1 + 1e-12));
-      const PlanResult min = Plan(policy, g, PlannerOptions::kMinBudget, false, 2);
+      const PlanResult min = Plan(policy, g, PlannerOptions::kMinBudget, false, 1);
       // The lowest peak, or one within 0.5% of it at a lower makespan.
       EXPECT_LE(static_cast<double>(min.report.peak_bytes),
                 1.005 * static_cast<double>(best.report.peak_bytes));

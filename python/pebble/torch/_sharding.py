@@ -4,7 +4,7 @@ ZeRO-3 / FSDP FULL_SHARD: each rank keeps 1/ranks of every trainable
 parameter (its shard: the parameter flattened, ceil(numel / ranks)
 elements, the last ranks' padded with zeros), of its gradient and of its
 optimizer state. pebble.shard rewrites the captured step (Note [Sharded
-graphs] in scheduler/collectives.cc): the parameter `p` is its shard, a
+graphs] in scheduler/sharding.cc): the parameter `p` is its shard, a
 collective `gather:p` makes the whole parameter for its readers,
 `local_grad:p` is this rank's gradient and `grad:p` its reduce-scatter,
 which the optimizer's updates read. The plan decides when each parameter is

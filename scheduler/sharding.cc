@@ -1,0 +1,241 @@
+// Sharded graphs (ZeRO-3 / FSDP FULL_SHARD): ShardGraph and ShardedTensors,
+// declared in collectives.h.
+#include <algorithm>
+#include <optional>
+#include <utility>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_cat.h"
+#include "graph/status.h"
+#include "graph/text_input.h"
+#include "scheduler/collectives.h"
+
+namespace pebble {
+
+// Note [Sharded graphs]. ZeRO-3 (Rajbhandari et al., "ZeRO: Memory
+// Optimizations Toward Training Trillion Parameter Models", 2020) and
+// PyTorch FSDP's FULL_SHARD keep 1/ranks of every parameter, gradient and
+// optimizer state on each rank. A layer's parameter is all-gathered before
+// the layer runs and freed after; the backward gathers it again; each
+// gradient is reduce-scattered, so a rank keeps the sum of its shard, and
+// the optimizer updates that shard. As a graph: the gathered parameter is
+// an ordinary tensor, computed (gathered) from the persistent shard by a
+// collective node and freeable and computable again like any activation.
+// So every policy decides when each parameter is gathered and how long the
+// gathered copy lives, jointly with recomputation and offload, and FSDP's
+// own rule is one schedule among them (the "fsdp" policy). The gathered
+// node's id is "gather:p", placed before p's first reader in the graph's
+// own order; the reduce-scatter takes the gradient's id, "grad:p", so the
+// optimizer's updates and the outputs read the shard. Shards are equal, of
+// ceil(numel / ranks) elements (the last one padded); the gathered tensor
+// is the parameter's own size. A gradient may be a view (PyTorch's Linear weight
+// gradient is the transpose of a matmul's output, and one bias's gradient
+// may be a view of another's), and then the local gradient keeps that view;
+// the reduce-scatter reads it into a shard of its own. A gradient added
+// into one kept from before the step is refused.
+namespace {
+
+struct ShardedParameter {
+  int64_t shard_bytes = 0;
+  std::optional<Shape> shard_shape;
+};
+
+// The shard of a tensor of `bytes`, `shape` and `dtype` (nullopt: unknown;
+// without a shape the bytes are split evenly). An element's size is the
+// dtype's, else bytes over elements.
+ShardedParameter ShardOf(int64_t bytes, const std::optional<Shape>& shape,
+                         std::optional<DType> dtype, int ranks) {
+  ShardedParameter s;
+  if (shape.has_value() && NumElements(*shape) > 0 &&
+      (dtype.has_value() || bytes % NumElements(*shape) == 0)) {
+    const int64_t numel = NumElements(*shape);
+    const int64_t item = dtype.has_value() ? *TensorBytes(Shape{1}, *dtype) : bytes / numel;
+    const int64_t shard = (numel + ranks - 1) / ranks;
+    s.shard_bytes = shard * item;
+    s.shard_shape = Shape{shard};
+  } else {
+    s.shard_bytes = (bytes + ranks - 1) / ranks;
+  }
+  return s;
+}
+
+ShardedParameter ShardOf(const Graph& g, NodeId p, int ranks) {
+  return ShardOf(g.bytes(p), g.shape(p), g.dtype(p), ranks);
+}
+
+// A collective node's attrs: the ranks and the link its cost assumes,
+// which ShardedRanks (collectives.cc) reads back.
+nlohmann::json ShardAttrs(int ranks, const NetworkLink& link) {
+  return {{"ranks", ranks},
+          {"network_bandwidth_bytes_per_s", link.bandwidth_bytes_per_s},
+          {"network_latency_s", link.latency_s}};
+}
+
+// The parameter whose shard a persistent optimizer state "<name>:<p>"
+// belongs to, or kNoNode.
+NodeId StateOwner(const Graph& g, NodeId s,
+                  const absl::flat_hash_map<NodeId, ShardedParameter>& sharded) {
+  const std::string& id = g.id(s);
+  const size_t colon = id.find(':');
+  if (colon == std::string::npos) return kNoNode;
+  const NodeId p = g.Find(absl::string_view(id).substr(colon + 1));
+  return p != kNoNode && sharded.contains(p) && g.bytes(s) == g.bytes(p) &&
+                 g.dtype(s) == g.dtype(p)
+             ? p
+             : kNoNode;
+}
+
+// The parameters ShardGraph shards: persistent, with a gradient "grad:p"
+// that the step makes (ShardGraph refuses one added into a kept gradient).
+std::vector<NodeId> ShardableParameters(const Graph& g) {
+  std::vector<NodeId> out;
+  for (NodeId p = 0; p < g.num_nodes(); ++p) {
+    if (!g.persistent(p) || g.role(p) != Role::kParameter) continue;
+    const NodeId grad = g.Find(absl::StrCat("grad:", g.id(p)));
+    if (grad != kNoNode && !g.persistent(grad)) out.push_back(p);
+  }
+  return out;
+}
+
+}  // namespace
+
+std::vector<uint8_t> ShardedTensors(const Graph& g) {
+  std::vector<uint8_t> sharded_mask(g.num_nodes(), 0);
+  absl::flat_hash_map<NodeId, ShardedParameter> sharded;
+  for (NodeId p : ShardableParameters(g)) {
+    sharded[p] = ShardOf(g, p, 2);  // StateOwner compares bytes with the parameter's own
+    sharded_mask[p] = 1;
+  }
+  for (NodeId s = 0; s < g.num_nodes(); ++s) {
+    if (g.persistent(s) && g.role(s) == Role::kOptimizerState &&
+        StateOwner(g, s, sharded) != kNoNode) {
+      sharded_mask[s] = 1;
+    }
+  }
+  return sharded_mask;
+}
+
+absl::StatusOr<Graph> ShardGraph(const Graph& g, int ranks, const NetworkLink& link) {
+  if (ranks < 2) return absl::InvalidArgumentError("sharding needs at least 2 ranks");
+  if (g.has_collectives()) {
+    return absl::InvalidArgumentError("the graph has collectives already (sharded once)");
+  }
+  const int n = g.num_nodes();
+  // The sharded parameters, and the nodes each shard's storage ends in.
+  absl::flat_hash_map<NodeId, ShardedParameter> sharded;
+  std::vector<NodeId> shard_root(n, kNoNode);  // a storage -> its parameter
+  std::vector<NodeId> gradient_of(n, kNoNode);  // grad:p -> p
+  for (NodeId p : ShardableParameters(g)) {
+    const NodeId grad = g.Find(absl::StrCat("grad:", g.id(p)));
+    if (g.in_place(grad) || g.persistent(g.storage(grad))) {
+      return absl::UnimplementedError(absl::StrCat(
+          "gradient ", Quote(g.id(grad)), " is added into a gradient kept from before the "
+          "step: pebble shards gradients that the step makes"));
+    }
+    sharded[p] = ShardOf(g, p, ranks);
+    shard_root[p] = p;
+    gradient_of[grad] = p;
+  }
+  if (sharded.empty()) {
+    return absl::InvalidArgumentError(
+        "the graph has no parameter with a gradient \"grad:<parameter>\" to shard");
+  }
+  for (NodeId s = 0; s < n; ++s) {
+    if (g.persistent(s) && g.role(s) == Role::kOptimizerState) {
+      if (NodeId p = StateOwner(g, s, sharded); p != kNoNode) shard_root[s] = p;
+    }
+  }
+  for (NodeId v = 0; v < n; ++v) {
+    const NodeId root = g.storage(v);
+    const bool touched = shard_root[root] != kNoNode;
+    if (touched && g.home(root).has_value()) {
+      return absl::UnimplementedError(absl::StrCat(
+          Quote(g.id(root)), " has a home: pebble does not model sharding with offload yet"));
+    }
+    if (touched && g.in_place(v) && g.runs_on(v) != Tier::kDevice) {
+      return absl::UnimplementedError(absl::StrCat(
+          "update ", Quote(g.id(v)), " may run on the host: pebble does not model sharding "
+          "with host updates yet"));
+    }
+  }
+  // Every node but the update chains of a sharded storage reads the
+  // gathered parameter and the local gradient; the updates read the shards.
+  auto is_update = [&](NodeId w) { return g.role(w) == Role::kUpdate || g.in_place(w); };
+  auto renamed_input = [&](NodeId w, NodeId u) -> std::string {
+    if (sharded.contains(u) && !is_update(w)) return absl::StrCat("gather:", g.id(u));
+    if (gradient_of[u] != kNoNode && !is_update(w)) return absl::StrCat("local_grad:", g.id(gradient_of[u]));
+    return g.id(u);
+  };
+  std::vector<NodeId> first_reader(n, kNoNode);
+  for (NodeId w : g.topological_order()) {
+    for (NodeId u : g.unique_inputs(w)) {
+      if (sharded.contains(u) && !is_update(w) && first_reader[u] == kNoNode) first_reader[u] = w;
+    }
+  }
+  std::vector<std::vector<NodeId>> gathers_before(n);
+  for (const auto& [p, shard] : sharded) {
+    if (first_reader[p] != kNoNode) gathers_before[first_reader[p]].push_back(p);
+  }
+  GraphBuilder b(absl::StrCat(g.name(), ":sharded", ranks));
+  for (NodeId v = 0; v < n; ++v) {
+    std::sort(gathers_before[v].begin(), gathers_before[v].end());
+    for (NodeId p : gathers_before[v]) {
+      NodeSpec gather;
+      gather.id = absl::StrCat("gather:", g.id(p));
+      gather.op = "all_gather";
+      gather.bytes = g.bytes(p);
+      gather.shape = g.shape(p);
+      gather.dtype = g.dtype(p);
+      gather.inputs = {g.id(p)};
+      gather.cost = AllGatherSeconds(g.bytes(p), ranks, link);
+      gather.collective = true;
+      gather.attrs = ShardAttrs(ranks, link);
+      b.AddNode(std::move(gather));
+    }
+    NodeSpec s = SpecOf(g, v);
+    for (size_t i = 0; i < s.inputs.size(); ++i) s.inputs[i] = renamed_input(v, g.inputs(v)[i]);
+    if (g.is_alias(v)) s.alias_of = renamed_input(v, g.alias_of(v));
+    // The shard itself and the updates that write it (a view of the
+    // gathered parameter keeps the whole tensor's size).
+    if (const NodeId owner = shard_root[g.storage(v)];
+        owner != kNoNode && (g.persistent(v) || g.in_place(v))) {
+      const ShardedParameter& shard = sharded.at(owner);
+      s.bytes = shard.shard_bytes;
+      s.shape = shard.shard_shape;
+      if (g.in_place(v)) {  // an update of a shard: 1/ranks of the work
+        s.cost /= ranks;
+        // A temporary of the tensor's size (Adam's denominator) is the shard's.
+        s.workspace = s.workspace == g.bytes(owner) ? shard.shard_bytes
+                                                    : (s.workspace + ranks - 1) / ranks;
+        if (s.host_cost.has_value()) *s.host_cost /= ranks;
+      }
+    }
+    const NodeId p = gradient_of[v];
+    if (p == kNoNode) {
+      b.AddNode(std::move(s));
+      continue;
+    }
+    s.id = absl::StrCat("local_grad:", g.id(p));
+    // The gradient's own dtype; its parameter's shape where it has none.
+    const ShardedParameter shard = g.shape(v).has_value()
+                                       ? ShardOf(g, v, ranks)
+                                       : ShardOf(g.bytes(v), g.shape(p), g.dtype(v), ranks);
+    NodeSpec scatter;
+    scatter.id = g.id(v);
+    scatter.op = "reduce_scatter";
+    scatter.bytes = shard.shard_bytes;
+    scatter.shape = shard.shard_shape;
+    scatter.dtype = g.dtype(v);
+    scatter.role = Role::kBackward;
+    scatter.inputs = {s.id};
+    scatter.cost = AllGatherSeconds(g.bytes(v), ranks, link);
+    scatter.collective = true;
+    scatter.attrs = ShardAttrs(ranks, link);
+    b.AddNode(std::move(s));
+    b.AddNode(std::move(scatter));
+  }
+  for (NodeId o : g.outputs()) b.AddOutput(g.id(o));
+  return b.Build();
+}
+
+}  // namespace pebble
