@@ -28,6 +28,10 @@ class Collectives {
   // timeout passed) is a Status naming `what`.
   virtual absl::Status AllReduceSum(float* data, int64_t count, absl::string_view what) = 0;
   virtual absl::Status AllReduceSum(int64_t* data, int64_t count, absl::string_view what) = 0;
+  // Every rank's `count` elements at `in`, into `out` (ranks * count
+  // elements, rank r's at r * count), on every rank, bit for bit.
+  virtual absl::Status AllGather(const float* in, int64_t count, float* out,
+                                 absl::string_view what) = 0;
 };
 
 // Whether every rank gave the same `fingerprint` (of its graph and schedule,

@@ -1382,13 +1382,13 @@ class ScheduleRun {
   }
 
   // A sharded graph's collective (Note [Sharded graphs], scheduler/
-  // sharding.cc) on `ctx`'s one input and its output, as one all-reduce
-  // of ranks * s float32 elements, s the shard's: all_gather puts this
-  // rank's shard in its slot of zeros, and the sum holds every shard (the
-  // padding past the tensor's end dropped); reduce_scatter puts the whole
-  // local gradient divided by the ranks (DistributedDataParallel's and
-  // FSDP's average), and this rank keeps its slot of the sum. Twice the
-  // traffic of gloo's own all-gather and reduce-scatter, on one code path.
+  // sharding.cc) on `ctx`'s one input and its output, in float32 buffers
+  // of ranks * s elements, s the shard's: all_gather gathers every rank's
+  // shard (the padding past the tensor's end dropped); reduce_scatter is
+  // one all-reduce of the whole local gradient divided by the ranks
+  // (DistributedDataParallel's and FSDP's average), of which this rank
+  // keeps its slot: twice the traffic of a reduce-scatter (gloo's is only
+  // the older algorithm class).
   absl::Status RunCollective(const KernelContext& ctx) {
     const NodeId v = ctx.node;
     const bool gather = graph_.op(v) == "all_gather";
@@ -1402,18 +1402,22 @@ class ScheduleRun {
       return absl::InternalError(absl::StrCat(Quote(graph_.id(v)), ": shards of ", shard,
                                               " elements cannot hold ", whole));
     }
-    // -0.0: the gather's sum of one shard and zeros keeps every bit (x + -0 == x).
-    staging_.assign(static_cast<size_t>(shard * ranks), gather ? -0.0f : 0.0f);
+    staging_.assign(static_cast<size_t>(shard * ranks), 0.0f);
     staging_bytes_.resize(static_cast<size_t>(in_count * DTypeSize(in.dtype)));
     RETURN_IF_ERROR(backend_.Download(staging_bytes_.data(), in.data,
                                       static_cast<int64_t>(staging_bytes_.size())));
+    const std::string what = absl::StrCat("the ", gather ? "all-gather" : "reduce-scatter",
+                                          " ", Quote(graph_.id(v)));
     float* slot = staging_.data() + shard * collectives_->rank();
-    WidenToFloat(staging_bytes_.data(), in.dtype, in_count, gather ? 1.0f : ranks,
-                 gather ? slot : staging_.data());
-    RETURN_IF_ERROR(collectives_->AllReduceSum(
-        staging_.data(), static_cast<int64_t>(staging_.size()),
-        absl::StrCat("the ", gather ? "all-gather" : "reduce-scatter", " ",
-                     Quote(graph_.id(v)))));
+    if (gather) {
+      own_shard_.resize(static_cast<size_t>(shard));
+      WidenToFloat(staging_bytes_.data(), in.dtype, in_count, 1.0f, own_shard_.data());
+      RETURN_IF_ERROR(collectives_->AllGather(own_shard_.data(), shard, staging_.data(), what));
+    } else {
+      WidenToFloat(staging_bytes_.data(), in.dtype, in_count, ranks, staging_.data());
+      RETURN_IF_ERROR(collectives_->AllReduceSum(
+          staging_.data(), static_cast<int64_t>(staging_.size()), what));
+    }
     staging_bytes_.resize(static_cast<size_t>(out_count * DTypeSize(ctx.output.dtype)));
     NarrowFromFloat(gather ? staging_.data() : slot, out_count, ctx.output.dtype,
                     staging_bytes_.data());
@@ -1449,6 +1453,7 @@ class ScheduleRun {
   // (RunAllReduce, RunCollective).
   std::vector<std::byte> staging_bytes_;
   std::vector<float> staging_;
+  std::vector<float> own_shard_;  // an all-gather's input
   ExecutionResult& result_;
   const MemoryLayout& layout_;
   const int num_steps_;

@@ -135,6 +135,9 @@ class LoneRank : public Collectives {
   absl::Status AllReduceSum(int64_t*, int64_t, absl::string_view what) override {
     return absl::UnavailableError(absl::StrCat(what, ": no other rank"));
   }
+  absl::Status AllGather(const float*, int64_t, float*, absl::string_view what) override {
+    return absl::UnavailableError(absl::StrCat(what, ": no other rank"));
+  }
 };
 
 int CountAllReduces(const Schedule& schedule) {

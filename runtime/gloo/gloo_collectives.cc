@@ -17,6 +17,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <gloo/allgather.h>
 #include <gloo/allreduce.h>
 #include <gloo/math.h>
 #include <gloo/rendezvous/context.h>
@@ -48,12 +49,24 @@ class GlooCollectives : public Collectives {
   absl::Status AllReduceSum(int64_t* data, int64_t count, absl::string_view what) override {
     return Sum(data, count, what);
   }
+  absl::Status AllGather(const float* in, int64_t count, float* out,
+                         absl::string_view what) override {
+    if (count == 0) return absl::OkStatus();
+    return Guarded(what, [&] {
+      gloo::AllgatherOptions options(context_);
+      // gloo reads the input only; its API takes a mutable pointer.
+      options.setInput(const_cast<float*>(in), static_cast<size_t>(count));
+      options.setOutput(out, static_cast<size_t>(count) * static_cast<size_t>(ranks()));
+      options.setTag(next_tag_++);
+      gloo::allgather(options);
+    });
+  }
 
  private:
   template <typename T>
   absl::Status Sum(T* data, int64_t count, absl::string_view what) {
     if (count == 0) return absl::OkStatus();
-    try {
+    return Guarded(what, [&] {
       gloo::AllreduceOptions options(context_);
       options.setOutput(data, static_cast<size_t>(count));
       options.setReduceFunction([](void* c, const void* a, const void* b, size_t n) {
@@ -61,6 +74,14 @@ class GlooCollectives : public Collectives {
       });
       options.setTag(next_tag_++);
       gloo::allreduce(options);
+    });
+  }
+
+  // `collective()`, gloo's exceptions as a Status naming `what`.
+  template <typename Fn>
+  absl::Status Guarded(absl::string_view what, Fn collective) {
+    try {
+      collective();
     } catch (const std::exception& e) {
       return absl::UnavailableError(absl::StrCat(
           what, " failed (a rank stopped, or the ranks did not all reach it within ",
