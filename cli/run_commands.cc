@@ -183,6 +183,7 @@ struct RunPlan {
   int64_t budget_bytes = 0;  // resolved (the peak itself for 'min')
   int64_t baseline_peak = 0;
   double bandwidth_bytes_per_s = kDefaultHostBandwidthBytesPerS;
+  NetworkLink network;  // the ranks' link the plan was timed on
   PlanResult plan;
 };
 
@@ -198,6 +199,7 @@ absl::StatusOr<RunPlan> MakeRunPlan(const RunFlags& f, const Graph& graph,
   options.own_order = f.own_order;
   options.ranks = f.rank_flags.ranks;
   ASSIGN_OR_RETURN(options.network, f.rank_flags.Link());
+  p.network = options.network;
   if (!f.json && !f.quiet) options.progress = StderrProgress();
   if (!f.host_budget.empty()) {
     ASSIGN_OR_RETURN(int64_t hb, ParseSize(f.host_budget));
@@ -482,7 +484,7 @@ int RunRun(const RunFlags& given) {
     }
     options.collectives = collectives.get();
     if (unsharded.has_value()) options.unsharded = &*unsharded;
-    options.simulator.network = *f.rank_flags.Link();  // checked when planning
+    options.simulator.network = plan->network;
   }
   for (int i = 0; i < f.warmup; ++i) {  // primitive caches, page faults
     ExecutorOptions quiet = options;

@@ -154,32 +154,21 @@ const KernelTable& HostKernels() {
   return *table;
 }
 
+bool IsFloat(DType t) {
+  return t == DType::kFloat32 || t == DType::kFloat16 || t == DType::kBFloat16;
+}
+
 // `count` elements of `dtype` (fp32, fp16 or bf16) at `data` as float32,
 // each divided by `divisor`, into out[0, count).
-void WidenToFloat(const std::byte* data, DType dtype, int64_t count, float divisor, float* out) {
-  for (int64_t i = 0; i < count; ++i) {
-    float x;
-    if (dtype == DType::kFloat32) {
-      std::memcpy(&x, data + 4 * i, 4);
-    } else {
-      uint16_t h;
-      std::memcpy(&h, data + 2 * i, 2);
-      x = dtype == DType::kFloat16 ? HalfToFloat(h) : BFloat16ToFloat(h);
-    }
-    out[i] = x / divisor;
-  }
+void WidenToFloat(std::byte* data, DType dtype, int64_t count, float divisor, float* out) {
+  const TensorView view{data, Shape{count}, dtype};
+  for (int64_t i = 0; i < count; ++i) out[i] = native::LoadAsFloat(view, i) / divisor;
 }
 
 // in[0, count) rounded to `dtype` (fp32, fp16 or bf16) at `data`.
 void NarrowFromFloat(const float* in, int64_t count, DType dtype, std::byte* data) {
-  for (int64_t i = 0; i < count; ++i) {
-    if (dtype == DType::kFloat32) {
-      std::memcpy(data + 4 * i, &in[i], 4);
-    } else {
-      const uint16_t h = dtype == DType::kFloat16 ? FloatToHalf(in[i]) : FloatToBFloat16(in[i]);
-      std::memcpy(data + 2 * i, &h, 2);
-    }
-  }
+  const TensorView view{data, Shape{count}, dtype};
+  for (int64_t i = 0; i < count; ++i) native::StoreFloat(view, i, in[i]);
 }
 
 // A collective node of a sharded graph (ShardGraph) that the executor can
@@ -210,8 +199,7 @@ absl::Status CheckCollective(const Graph& graph, NodeId v, const Collectives* co
   }
   const NodeId in = graph.inputs(v)[0];
   const DType dtype = graph.dtype(v).value_or(DType::kInt64);
-  if (graph.dtype(in) != dtype ||
-      (dtype != DType::kFloat32 && dtype != DType::kFloat16 && dtype != DType::kBFloat16)) {
+  if (graph.dtype(in) != dtype || !IsFloat(dtype)) {
     return absl::UnimplementedError(absl::StrCat(
         who, ": the C++ runtime's collectives take a floating-point tensor and make one of "
         "its dtype"));
@@ -238,7 +226,7 @@ absl::Status CheckAllReduce(const Graph& graph, NodeId v, const Collectives* col
         "--rank R --rendezvous DIR; docs/runtime.md, \"Several ranks\")"));
   }
   const DType dtype = *graph.dtype(v);  // CheckTensorSlot
-  if (dtype != DType::kFloat32 && dtype != DType::kFloat16 && dtype != DType::kBFloat16) {
+  if (!IsFloat(dtype)) {
     return absl::UnimplementedError(absl::StrCat(
         who, ": a ", DTypeName(dtype), " tensor; the ranks average floating-point gradients "
         "only"));
@@ -306,9 +294,9 @@ absl::Status CheckRunnable(const Graph& graph, const Schedule& schedule, const B
   return absl::OkStatus();
 }
 
-// FNV-1a's rule over 8-byte words: the same in every process (absl::Hash is seeded per
-// process), for the ranks to compare.
-// Eight bytes a step (a parameter's megabytes hash in milliseconds).
+// FNV-1a's rule over 8-byte words (a parameter's megabytes hash in
+// milliseconds): the same in every process, where absl::Hash is seeded per
+// process, for the ranks to compare.
 class Fnv1a {
  public:
   void Bytes(const void* data, size_t n) {
@@ -512,10 +500,6 @@ uint64_t HashId(absl::string_view id) {
     h *= 0x100000001B3ull;
   }
   return h;
-}
-
-bool IsFloat(DType t) {
-  return t == DType::kFloat32 || t == DType::kFloat16 || t == DType::kBFloat16;
 }
 
 int64_t FanIn(const Shape& shape) {
