@@ -929,7 +929,7 @@ int FinishStdout(int exit_code) {
   return 1;
 }
 
-void RankFlags::AddOptions(CLI::App* cmd, const GraphSource* source) {
+void RankFlags::AddOptions(CLI::App* cmd, const GraphSource* source, bool planned) {
   source_ = source;
   cmd->add_option("--ranks", ranks,
                   "data-parallel ranks running the plan, each on its own slice of the batch "
@@ -959,6 +959,32 @@ void RankFlags::AddOptions(CLI::App* cmd, const GraphSource* source) {
                   "or more; docs/semantics.md, \"Sharding\")")
       ->capture_default_str()
       ->check(CLI::IsMember({"none", "full"}));
+  if (!planned) return;
+  cmd->add_option("--buckets", buckets,
+                  "how the gradients' all-reduces are grouped, each group one collective: "
+                  "auto (the plan chooses the groups of least time), none (one all-reduce per "
+                  "gradient), or a size such as 25MiB (DistributedDataParallel's rule with that "
+                  "bucket cap); docs/semantics.md, \"Buckets\"")
+      ->capture_default_str()
+      ->check(CLI::Validator(
+          [](std::string& text) -> std::string {
+            absl::StatusOr<int64_t> b = ParseBuckets(text);
+            return b.ok() ? "" : std::string(b.status().message());
+          },
+          "auto|none|SIZE"));
+}
+
+absl::Status RankFlags::Apply(PlannerOptions& options) const {
+  ASSIGN_OR_RETURN(options.bucket_bytes, ParseBuckets(buckets));
+  if (options.bucket_bytes != PlannerOptions::kPlannedBuckets && (ranks < 2 || shard == "full")) {
+    return UsageError(absl::StrCat(
+        "--buckets ", buckets, ": buckets group the all-reduces of data parallelism; ",
+        ranks < 2 ? "give --ranks 2 or more"
+                  : "a sharded graph (--shard full) reduce-scatters each gradient on its own"));
+  }
+  options.ranks = ranks;
+  ASSIGN_OR_RETURN(options.network, Link());
+  return absl::OkStatus();
 }
 
 absl::StatusOr<NetworkLink> RankFlags::Link() const {

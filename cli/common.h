@@ -193,10 +193,16 @@ struct RankFlags {
   std::string network;    // empty: NetworkLink's default
   double latency_s = -1;  // < 0: the link's own
   std::string shard = "none";
+  std::string buckets = "auto";  // ParseBuckets
 
   // `source` (not owned): whose --profile's measured link (pebble calibrate
-  // --ranks) stands where --network is not given.
-  void AddOptions(CLI::App* cmd, const GraphSource* source);
+  // --ranks) stands where --network is not given. `planned`: the command
+  // plans (--buckets), where simulate reads a schedule's own.
+  void AddOptions(CLI::App* cmd, const GraphSource* source, bool planned = true);
+  // Sets the planner's ranks, link (Link) and buckets; a usage error for
+  // --buckets other than auto without --ranks 2 or more, or with --shard
+  // full (its gradients are reduce-scattered one by one).
+  absl::Status Apply(PlannerOptions& options) const;
   // The ranks' link: --network, else the --profile's measured one, else
   // NetworkLink's default; --network-latency over its latency.
   absl::StatusOr<NetworkLink> Link() const;

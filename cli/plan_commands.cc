@@ -29,6 +29,18 @@
 namespace pebble::cli {
 namespace {
 
+// "8 all-reduces", or "8 all-reduces in 3 buckets" where some are grouped.
+std::string AllReducesText(const Schedule& schedule) {
+  int64_t steps = 0, joining = 0;
+  for (const Step& s : schedule.steps) {
+    steps += s.action == Action::kAllReduce;
+    joining += s.joins_bucket;
+  }
+  if (joining == 0) return absl::StrFormat("%d all-reduces", steps);
+  return absl::StrFormat("%d all-reduces in %d buckets", steps, steps - joining);
+}
+
+
 // Options shared by plan and compare.
 struct PlanFlags {
   GraphSource source;
@@ -96,8 +108,7 @@ struct PlanFlags {
     o.seed = seed;
     o.own_order = own_order;
     o.milp_max_stages = milp_max_stages;
-    o.ranks = rank_flags.ranks;
-    ASSIGN_OR_RETURN(o.network, rank_flags.Link());
+    RETURN_IF_ERROR(rank_flags.Apply(o));
     if (!json && !quiet) o.progress = StderrProgress();
     return o;
   }
@@ -133,8 +144,8 @@ void PrintReport(const Graph& g, const Schedule& schedule, const PlanReport& r,
                                       CountSteps(schedule, Action::kHostCompute))
                     : std::string())
             << (r.collectives > 0
-                    ? absl::StrFormat("  collectives     %d (%d all-reduces) of %s, network busy %s\n",
-                                      r.collectives, CountSteps(schedule, Action::kAllReduce),
+                    ? absl::StrFormat("  collectives     %d (%s) of %s, network busy %s\n",
+                                      r.collectives, AllReducesText(schedule),
                                       FormatBytes(r.collective_bytes),
                                       unit.Amount(r.network_busy))
                     : std::string())
@@ -607,7 +618,7 @@ void AddPlanCommands(CLI::App& app, int& exit_code) {
   sim->add_option("--bandwidth", sim_bandwidth,
                   "host link bytes/s or a preset: pcie4 (25e9, the default), pcie5, nvlink-c2c")
       ->check(BandwidthValue());
-  sim_ranks.AddOptions(sim, &sim_source);
+  sim_ranks.AddOptions(sim, &sim_source, /*planned=*/false);
   sim->add_flag("--timeline", sim_timeline, "show the per-step memory and time");
   sim->add_flag("--json", sim_json, "print JSON");
   sim->callback([&exit_code] {

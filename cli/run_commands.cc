@@ -197,8 +197,7 @@ absl::StatusOr<RunPlan> MakeRunPlan(const RunFlags& f, const Graph& graph,
   p.bandwidth_bytes_per_s = options.host_bandwidth_bytes_per_s;
   options.time_limit_s = f.time_limit_s;
   options.own_order = f.own_order;
-  options.ranks = f.rank_flags.ranks;
-  ASSIGN_OR_RETURN(options.network, f.rank_flags.Link());
+  RETURN_IF_ERROR(f.rank_flags.Apply(options));
   p.network = options.network;
   if (!f.json && !f.quiet) options.progress = StderrProgress();
   if (!f.host_budget.empty()) {
@@ -213,6 +212,10 @@ absl::StatusOr<RunPlan> MakeRunPlan(const RunFlags& f, const Graph& graph,
   if (!f.schedule_path.empty()) {
     if (!f.policy.empty()) {
       return UsageError("--schedule: give --policy or --schedule, not both");
+    }
+    if (options.bucket_bytes != PlannerOptions::kPlannedBuckets) {
+      return UsageError("--buckets: a --schedule file runs with its own buckets (the steps' "
+                        "\"bucket\" numbers)");
     }
     p.policy = "schedule";
     ASSIGN_OR_RETURN(Schedule schedule, ReadScheduleFile(graph, f.schedule_path));
@@ -521,9 +524,10 @@ int RunRun(const RunFlags& given) {
   const ExecutionResult& r = *result;
   // The collectives the run made: all-reduces (data parallel), gathers and
   // reduce-scatters (sharded), recomputed gathers included.
-  int all_reduces = 0, gathers = 0, scatters = 0;
+  int all_reduces = 0, buckets = 0, gathers = 0, scatters = 0;
   for (const Step& step : plan->plan.schedule.steps) {
     all_reduces += step.action == Action::kAllReduce;
+    buckets += step.action == Action::kAllReduce && !step.joins_bucket;
     if (step.action == Action::kCompute && graph->collective(step.node)) {
       ++(graph->op(step.node) == "all_gather" ? gathers : scatters);
     }
@@ -564,6 +568,7 @@ int RunRun(const RunFlags& given) {
       doc["collectives"] = {
           {"description", collectives->Description()},
           {"all_reduce", all_reduces},
+          {"buckets", buckets},
           {"all_gather", gathers},
           {"reduce_scatter", scatters},
           {"bytes", plan->plan.report.collective_bytes},
@@ -592,7 +597,9 @@ int RunRun(const RunFlags& given) {
     const std::string made =
         unsharded.has_value()
             ? absl::StrFormat("sharded: %d gathers, %d reduce-scatters", gathers, scatters)
-            : absl::StrFormat("%d all-reduces", all_reduces);
+            : all_reduces == buckets
+                  ? absl::StrFormat("%d all-reduces", all_reduces)
+                  : absl::StrFormat("%d all-reduces in %d buckets", all_reduces, buckets);
     std::cout << absl::StrFormat(
         "  ranks           %s; %s of %s, measured %s (network busy %s predicted)\n",
         collectives->Description(), made, FormatBytes(plan->plan.report.collective_bytes),

@@ -144,10 +144,7 @@ int RunFit(const FitFlags& f) {
   request.options.time_limit_s = std::min(kFitPlanTimeLimitS, f.time_limit_s);
   request.time_limit_s = f.time_limit_s;
   request.options.own_order = f.own_order;
-  request.options.ranks = f.rank_flags.ranks;
-  auto link = f.rank_flags.Link();
-  if (!link.ok()) return Fail(link.status());
-  request.options.network = *link;
+  if (absl::Status s = f.rank_flags.Apply(request.options); !s.ok()) return Fail(s);
   if (f.rank_flags.ranks > 1 && f.verify) {
     return Fail(UsageError("--verify runs one rank on the backend: not with --ranks"));
   }

@@ -269,6 +269,20 @@ void RankOptions(const py::object& ranks, const py::object& network,
   }
 }
 
+int64_t BucketsArg(const py::object& buckets, int ranks) {
+  if (buckets.is_none()) return PlannerOptions::kPlannedBuckets;
+  int64_t bytes = 0;
+  if (PyUnicode_Check(buckets.ptr())) {
+    bytes = Unwrap(ParseBuckets(StrArg(buckets, "buckets")));
+  } else {
+    bytes = IntArg(buckets, "buckets", 0, INT64_MAX);
+  }
+  if (bytes != PlannerOptions::kPlannedBuckets && ranks < 2) {
+    RaiseValueError("buckets group the all-reduces of data parallelism: give ranks=2 or more");
+  }
+  return bytes;
+}
+
 // ---- JSON and schedules
 
 absl::StatusOr<nlohmann::json> FromPython(py::handle value, absl::string_view what) {
@@ -314,14 +328,19 @@ absl::StatusOr<Schedule> ScheduleFromPython(const Graph& graph, py::handle value
       if (py::isinstance<py::dict>(step)) {
         ASSIGN_OR_RETURN(nlohmann::json s, FromPython(step, where));
         steps.push_back(std::move(s));
-      } else if (PySequence_Check(step.ptr()) && !IsText(step) && py::len(step) == 2) {
+      } else if (PySequence_Check(step.ptr()) && !IsText(step) &&
+                 (py::len(step) == 2 || py::len(step) == 3)) {
         py::sequence pair = py::reinterpret_borrow<py::sequence>(step);
         ASSIGN_OR_RETURN(nlohmann::json action, FromPython(pair[0], where + ": the action"));
         ASSIGN_OR_RETURN(nlohmann::json node, FromPython(pair[1], where + ": the node"));
         steps.push_back({{"action", std::move(action)}, {"node", std::move(node)}});
+        if (py::len(step) == 3) {
+          ASSIGN_OR_RETURN(steps.back()["bucket"], FromPython(pair[2], where + ": the bucket"));
+        }
       } else {
         return absl::InvalidArgumentError(absl::StrCat(
-            where, " of the schedule is not an (action, node) pair or a dict: ", Shown(step)));
+            where, " of the schedule is not an (action, node) pair, an (\"all_reduce\", node, "
+            "bucket) triple or a dict: ", Shown(step)));
       }
       ++k;
     }
@@ -335,9 +354,17 @@ absl::StatusOr<Schedule> ScheduleFromPython(const Graph& graph, py::handle value
 }
 
 py::list ScheduleToPython(const Graph& graph, const Schedule& schedule) {
+  // The JSON's steps, for their bucket numbers.
+  const nlohmann::json doc = ScheduleToJson(graph, schedule);
   py::list steps;
-  for (const Step& s : schedule.steps) {
-    steps.append(py::make_tuple(std::string(ActionName(s.action)), graph.id(s.node)));
+  for (const nlohmann::json& s : doc["steps"]) {
+    const std::string& action = s["action"].get_ref<const std::string&>();
+    const std::string& node = s["node"].get_ref<const std::string&>();
+    if (s.contains("bucket")) {
+      steps.append(py::make_tuple(action, node, s["bucket"].get<int64_t>()));
+    } else {
+      steps.append(py::make_tuple(action, node));
+    }
   }
   return steps;
 }

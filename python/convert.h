@@ -114,6 +114,11 @@ PlannerOptions Options(const py::object& host_budget, const py::object& bandwidt
 // second) and network_latency (None: the link's; seconds >= 0).
 void RankOptions(const py::object& ranks, const py::object& network,
                  const py::object& network_latency, int* ranks_out, NetworkLink* link);
+// The bucket rule of data parallelism's all-reduces (PlannerOptions::
+// bucket_bytes): None or "auto" (planned), "none" or 0, a size ("25MB") or
+// bytes. ValueError for anything else, and for a rule other than planned
+// where `ranks` is below 2.
+int64_t BucketsArg(const py::object& buckets, int ranks);
 
 // ---- JSON and schedules
 

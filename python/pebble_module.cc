@@ -55,7 +55,7 @@ struct PyPlan {
   int64_t baseline_peak_bytes = 0;
   double plan_time_s = 0;
   py::dict report;   // plan --json's "report"
-  py::list schedule;  // (action, node) pairs
+  py::list schedule;  // (action, node) pairs; ("all_reduce", node, bucket) in buckets
   py::dict details;
   py::dict document;  // the whole plan --json document
 };
@@ -64,7 +64,7 @@ PyPlan PlanPy(const py::object& graph_arg, const py::object& policy, const py::o
               const py::object& host_budget, const py::object& bandwidth,
               const py::object& time_limit, const py::object& seed, const py::object& timeline,
               const py::object& own_order, const py::object& ranks, const py::object& network,
-              const py::object& network_latency) {
+              const py::object& network_latency, const py::object& buckets) {
   const Graph& graph = GraphArg(graph_arg);
   PlanningCall call;
   PlanRequest request;
@@ -75,6 +75,7 @@ PyPlan PlanPy(const py::object& graph_arg, const py::object& policy, const py::o
   request.budget = SizeText(budget, "budget", kBudgetForms);
   request.options = Options(host_budget, bandwidth, time_limit, seed, own_order);
   RankOptions(ranks, network, network_latency, &request.options.ranks, &request.options.network);
+  request.options.bucket_bytes = BucketsArg(buckets, request.options.ranks);
   call.Attach(request.options);
   const bool with_timeline = BoolArg(timeline, "timeline");
   absl::StatusOr<PlanOutcome> outcome = call.Run([&] { return PlanGraph(graph, request); });
@@ -98,7 +99,7 @@ py::list ComparePy(const py::object& graph_arg, const py::object& policies,
                    const py::object& bandwidth, const py::object& time_limit,
                    const py::object& seed, const py::object& jobs, const py::object& own_order,
                    const py::object& ranks, const py::object& network,
-                   const py::object& network_latency) {
+                   const py::object& network_latency, const py::object& buckets) {
   const Graph& graph = GraphArg(graph_arg);
   PlanningCall call;
   CompareRequest request;
@@ -113,6 +114,7 @@ py::list ComparePy(const py::object& graph_arg, const py::object& policies,
   }
   request.options = Options(host_budget, bandwidth, time_limit, seed, own_order);
   RankOptions(ranks, network, network_latency, &request.options.ranks, &request.options.network);
+  request.options.bucket_bytes = BucketsArg(buckets, request.options.ranks);
   call.Attach(request.options);
   absl::StatusOr<Comparison> comparison =
       call.Run([&] { return pebble::Compare(graph, request); });
@@ -129,7 +131,7 @@ py::dict FitPy(const py::object& model, const py::object& vary, const py::object
                const py::object& throughput, const py::object& bandwidth,
                const py::object& time_limit, const py::object& jobs, const py::object& ranks,
                const py::object& network, const py::object& network_latency,
-               const py::object& shard) {
+               const py::object& shard, const py::object& buckets) {
   PlanningCall call;
   FitRequest request;
   request.model = Unwrap(ParseModelSpec(StrArg(model, "model")));
@@ -147,9 +149,14 @@ py::dict FitPy(const py::object& model, const py::object& vary, const py::object
   request.time_limit_s = request.options.time_limit_s;
   request.options.time_limit_s = std::min(10.0, request.time_limit_s);
   RankOptions(ranks, network, network_latency, &request.options.ranks, &request.options.network);
+  request.options.bucket_bytes = BucketsArg(buckets, request.options.ranks);
   const std::string shard_mode = StrArg(shard, "shard");
   if (shard_mode != "none" && shard_mode != "full") {
     ArgError("shard", "\"none\" (data parallelism) or \"full\" (ZeRO-3 / FSDP sharding)", shard);
+  }
+  if (shard_mode == "full" && request.options.bucket_bytes != PlannerOptions::kPlannedBuckets) {
+    RaiseValueError("buckets: a sharded model (shard='full') reduce-scatters each gradient on "
+                    "its own");
   }
   if (shard_mode == "full") {
     const int n = request.options.ranks;
@@ -328,27 +335,32 @@ PYBIND11_MODULE(_core, m) {
         py::arg("bandwidth") = py::none(), py::arg("time_limit") = 60.0, py::arg("seed") = 0,
         py::arg("timeline") = false, py::arg("own_order") = false, py::arg("ranks") = 1,
         py::arg("network") = py::none(), py::arg("network_latency") = py::none(),
+        py::arg("buckets") = py::none(),
         "Plans `graph` under a policy (default: best-order where the baseline fits, else "
         "hybrid) and a budget (\"60%\", \"2GiB\", \"min\" or bytes); ranks > 1 adds the "
         "gradients' all-reduces over the ranks' network (a preset or bytes/s; "
-        "network_latency in seconds).");
+        "network_latency in seconds), grouped in buckets (None or 'auto': planned; 'none'; "
+        "or a size: DistributedDataParallel's rule). A bucket's steps in plan.schedule are "
+        "(\"all_reduce\", node, bucket) triples.");
   m.def("simulate", &SimulatePy, py::arg("graph"), py::arg("schedule"),
         py::arg("bandwidth") = py::none(), py::arg("timeline") = false, py::arg("ranks") = 1,
         py::arg("network") = py::none(), py::arg("network_latency") = py::none(),
-        "The simulator's report of a schedule (a list of (action, node) steps or a "
-        "pebble-schedule dict); ValueError naming the first invalid step.");
+        "The simulator's report of a schedule (a list of (action, node) steps, with "
+        "(\"all_reduce\", node, bucket) triples for buckets, or a pebble-schedule dict); "
+        "ValueError naming the first invalid step.");
   m.def("compare", &ComparePy, py::arg("graph"), py::arg("policies") = py::none(),
         py::arg("budgets") = py::none(), py::arg("host_budget") = py::none(),
         py::arg("bandwidth") = py::none(), py::arg("time_limit") = 60.0, py::arg("seed") = 0,
         py::arg("jobs") = 0, py::arg("own_order") = false, py::arg("ranks") = 1,
         py::arg("network") = py::none(), py::arg("network_latency") = py::none(),
+        py::arg("buckets") = py::none(),
         "Every policy at every budget: one dict a row, the rows of `compare --format json`.");
   m.def("fit", &FitPy, py::arg("model"), py::arg("vary"), py::arg("budget"),
         py::arg("policies") = py::none(), py::arg("start") = 1, py::arg("max") = 0,
         py::arg("throughput") = 10e12, py::arg("bandwidth") = py::none(),
         py::arg("time_limit") = 300.0, py::arg("jobs") = 0, py::arg("ranks") = 1,
         py::arg("network") = py::none(), py::arg("network_latency") = py::none(),
-        py::arg("shard") = "none",
+        py::arg("shard") = "none", py::arg("buckets") = py::none(),
         "For each policy, the largest value of a zoo model's parameter whose training step "
         "fits the budget (`pebble fit`); time_limit (seconds) bounds the whole search.");
   m.def("policies", &Policies, "Every registered policy: name, kind, exact, external, "

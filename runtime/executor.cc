@@ -277,7 +277,14 @@ absl::Status CheckRunnable(const Graph& graph, const Schedule& schedule, const B
   }
   RETURN_IF_ERROR(backend.CheckSupported(graph));
   RETURN_IF_ERROR(CheckOneAllReducePerValue(graph, schedule));
-  for (const Step& step : schedule.steps) {
+  for (size_t k = 0; k < schedule.steps.size(); ++k) {
+    const Step& step = schedule.steps[k];
+    if (step.joins_bucket && (step.action != Action::kAllReduce || k == 0 ||
+                              schedule.steps[k - 1].action != Action::kAllReduce)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "step ", k, " joins a bucket, but only an all_reduce step right after another joins "
+          "one"));
+    }
     if (step.action == Action::kAllReduce) {
       RETURN_IF_ERROR(CheckAllReduce(graph, step.node, collectives));
     }
@@ -345,6 +352,7 @@ uint64_t RunFingerprint(const Graph& graph, const Schedule& schedule, uint64_t s
   for (const Step& step : schedule.steps) {
     h.Int(static_cast<int64_t>(step.action));
     h.Int(step.node);
+    h.Int(step.joins_bucket);
   }
   h.Int(static_cast<int64_t>(seed));
   return h.value();
@@ -1332,37 +1340,74 @@ class ScheduleRun {
   // DistributedDataParallel's rule: each rank's value divided by the ranks,
   // then summed (in float32, whatever the gradient's dtype). After the
   // compute before it, staged through host memory, on the compute stream.
+  // A bucket (the step and the all_reduce steps that join it) is one
+  // all-reduce of its gradients side by side, run at its first step; the
+  // steps that join it only take its end.
   absl::StatusOr<int64_t> RunAllReduce(int k) {
     const NodeId v = schedule_.steps[k].node;
     const NodeId root = graph_.storage(v);
     PEBBLE_CHECK(collectives_ != nullptr && current_[v] >= 0, "all_reduce of a tensor not held");
-    // Every stream's work before it done (copies of the storage included),
-    // outside the step's timed interval.
-    if (absl::Status s = backend_.Synchronize(); !s.ok()) return Failed(k, s);
-    const DType dtype = *graph_.dtype(v);
-    const int64_t bytes = graph_.bytes(v);
-    const int64_t count = bytes / DTypeSize(dtype);
-    const float ranks = static_cast<float>(collectives_->ranks());
-    auto average = [&]() -> absl::Status {
-      staging_bytes_.resize(static_cast<size_t>(bytes));
-      staging_.resize(static_cast<size_t>(count));
-      RETURN_IF_ERROR(backend_.Download(staging_bytes_.data(), Address(current_[v]), bytes));
-      WidenToFloat(staging_bytes_.data(), dtype, count, ranks, staging_.data());
-      RETURN_IF_ERROR(collectives_->AllReduceSum(
-          staging_.data(), count, absl::StrCat("the all-reduce of ", Quote(graph_.id(v)))));
-      NarrowFromFloat(staging_.data(), count, dtype, staging_bytes_.data());
-      return backend_.Upload(Address(current_[v]), staging_bytes_.data(), bytes);
-    };
-    ASSIGN_OR_RETURN(StreamEvent end, Timed(k, Stream::kCompute, average));
+    if (schedule_.steps[k].joins_bucket) {
+      events_[k] = {bucket_end_, bucket_end_};
+    } else {
+      // Every stream's work before it done (copies of the storage
+      // included), outside the step's timed interval.
+      if (absl::Status s = backend_.Synchronize(); !s.ok()) return Failed(k, s);
+      int last = k;
+      while (last + 1 < num_steps_ && schedule_.steps[last + 1].joins_bucket) ++last;
+      ASSIGN_OR_RETURN(bucket_end_, Timed(k, Stream::kCompute, [&] {
+                         return AverageBucket(k, last);
+                       }));
+    }
     if (host_counted_[root]) {  // the host copy holds this rank's own value
       host_counted_[root] = 0;
       host_held_ -= graph_.bytes(root);
     }
     for (NodeId u : {v, root}) {
-      ready_[u] = end;
-      last_compute_use_[u] = end;
+      ready_[u] = bucket_end_;
+      last_compute_use_[u] = bucket_end_;
     }
     return held_;
+  }
+
+  // The average over the ranks of the gradients of steps first..last, in
+  // one float32 buffer.
+  absl::Status AverageBucket(int first, int last) {
+    const float ranks = static_cast<float>(collectives_->ranks());
+    int64_t total = 0;
+    for (int j = first; j <= last; ++j) {
+      const NodeId g = schedule_.steps[j].node;
+      total += graph_.bytes(g) / DTypeSize(*graph_.dtype(g));
+    }
+    staging_.resize(static_cast<size_t>(total));
+    auto each = [&](auto&& use) -> absl::Status {
+      int64_t offset = 0;
+      for (int j = first; j <= last; ++j) {
+        const NodeId g = schedule_.steps[j].node;
+        const DType dtype = *graph_.dtype(g);
+        const int64_t count = graph_.bytes(g) / DTypeSize(dtype);
+        staging_bytes_.resize(static_cast<size_t>(graph_.bytes(g)));
+        RETURN_IF_ERROR(use(g, dtype, count, staging_.data() + offset));
+        offset += count;
+      }
+      return absl::OkStatus();
+    };
+    RETURN_IF_ERROR(each([&](NodeId g, DType dtype, int64_t count, float* slot) {
+      RETURN_IF_ERROR(backend_.Download(staging_bytes_.data(), Address(current_[g]),
+                                        graph_.bytes(g)));
+      WidenToFloat(staging_bytes_.data(), dtype, count, ranks, slot);
+      return absl::OkStatus();
+    }));
+    const NodeId head = schedule_.steps[first].node;
+    RETURN_IF_ERROR(collectives_->AllReduceSum(
+        staging_.data(), total,
+        first == last ? absl::StrCat("the all-reduce of ", Quote(graph_.id(head)))
+                      : absl::StrCat("the all-reduce of the bucket of ", Quote(graph_.id(head)),
+                                     " and ", last - first, " more")));
+    return each([&](NodeId g, DType dtype, int64_t count, float* slot) {
+      NarrowFromFloat(slot, count, dtype, staging_bytes_.data());
+      return backend_.Upload(Address(current_[g]), staging_bytes_.data(), graph_.bytes(g));
+    });
   }
 
   // A sharded graph's collective (Note [Sharded graphs], scheduler/
@@ -1438,6 +1483,7 @@ class ScheduleRun {
   std::vector<std::byte> staging_bytes_;
   std::vector<float> staging_;
   std::vector<float> own_shard_;  // an all-gather's input
+  StreamEvent bucket_end_;        // the end of the last all_reduce bucket
   ExecutionResult& result_;
   const MemoryLayout& layout_;
   const int num_steps_;

@@ -28,6 +28,21 @@ namespace pebble {
 // computes; one the backward reads after it was freed, copied or updated.
 absl::StatusOr<Schedule> ReduceGradients(const Graph& graph, const Schedule& schedule);
 
+// `reduced` (ReduceGradients's schedule: one all_reduce step per gradient,
+// none in a bucket) with its all_reduce steps grouped into buckets
+// (Step::joins_bucket; docs/semantics.md, "Buckets"), each bucket's steps
+// moved to its last member's place: DistributedDataParallel's rule where
+// cap_bytes > 0 (in the order the steps come, a bucket closes once its
+// bytes reach the cap), one step a bucket where 0. A gradient is not
+// delayed past a step that copies, frees or updates from its storage: the
+// bucket closes before the gradient that would be.
+Schedule BucketGradients(const Graph& graph, const Schedule& reduced, int64_t cap_bytes);
+
+// A bucket rule as `--buckets` gives it: "auto" (PlannerOptions::
+// kPlannedBuckets), "none" or 0 (0), or a size (ParseSize: 25MiB, 25MB,
+// 26214400). InvalidArgument names the text.
+absl::StatusOr<int64_t> ParseBuckets(absl::string_view text);
+
 // A network link by name, with the nominal rate of its standard per
 // direction (not a measurement): ethernet-10g (1.25e9 bytes/s, 25 us),
 // ethernet-100g (12.5e9, 10 us; NetworkLink's default), ib-hdr (25e9, 5
@@ -55,9 +70,14 @@ absl::StatusOr<Graph> ShardGraph(const Graph& training, int ranks, const Network
 std::vector<uint8_t> ShardedTensors(const Graph& training);
 
 // `inner`, and where options.ranks > 1, its schedule with ReduceGradients's
-// all_reduce steps, simulated again with the ranks and their link
-// (details["collectives"]: how many collectives, how many of them
-// all_reduce steps, their bytes, the network's busy time and the link).
+// all_reduce steps in buckets (options.bucket_bytes: where planned, the
+// grouping of least simulated makespan that a search finds, Note [Planned
+// buckets] in collectives.cc), simulated again with the ranks and their
+// link (details["collectives"]: how many collectives, how many all_reduce
+// steps in how many buckets and by which rule, the search's simulations,
+// their bytes, the network's busy time and the link). Buckets move no
+// memory: the plan's peak is the inner one's. A bucket rule other than
+// planned on a sharded graph is refused.
 // A graph sharded for other ranks (ShardGraph's attrs) is refused where
 // options.ranks > 1; at 1 (the nested calls of a policy) it is planned as
 // it is. Every planner the registry makes is wrapped (planner.cc).

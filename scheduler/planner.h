@@ -47,6 +47,12 @@ struct PlannerOptions {
   // `network`, and its figures are one rank's.
   int ranks = 1;
   NetworkLink network;
+  // How the all_reduce steps are grouped into buckets (one collective
+  // each): kPlannedBuckets, the plan chooses (BucketGradients in
+  // scheduler/collectives.h); 0, one all-reduce per gradient; above 0,
+  // DistributedDataParallel's rule with that cap in bytes.
+  static constexpr int64_t kPlannedBuckets = -1;
+  int64_t bucket_bytes = kPlannedBuckets;
   // Wall-clock seconds for one Plan call, every policy (Deadline below):
   // past it a policy returns the best valid plan it has, noted in the
   // result (NoteTimeLimit).

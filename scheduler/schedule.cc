@@ -1,5 +1,6 @@
 #include "scheduler/schedule.h"
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "graph/status.h"
 #include "graph/text_input.h"
@@ -36,9 +37,22 @@ int64_t CountSteps(const Schedule& schedule, Action action) {
 
 nlohmann::json ScheduleToJson(const Graph& graph, const Schedule& schedule) {
   nlohmann::json steps = nlohmann::json::array();
-  for (const Step& step : schedule.steps) {
-    steps.push_back({{"action", std::string(ActionName(step.action))},
-                     {"node", graph.id(step.node)}});
+  int64_t bucket = -1;  // the number of the last bucket written
+  const size_t n = schedule.steps.size();
+  for (size_t k = 0; k < n; ++k) {
+    const Step& step = schedule.steps[k];
+    nlohmann::json s = {{"action", std::string(ActionName(step.action))},
+                        {"node", graph.id(step.node)}};
+    // Only all_reduce steps are in buckets (a misplaced flag, which the
+    // simulator refuses, is not written).
+    auto joins = [&](size_t j) {
+      return schedule.steps[j].joins_bucket && schedule.steps[j].action == Action::kAllReduce;
+    };
+    const bool heads_bucket = step.action == Action::kAllReduce && !joins(k) && k + 1 < n &&
+                              joins(k + 1);
+    if (heads_bucket) ++bucket;
+    if (heads_bucket || (joins(k) && bucket >= 0)) s["bucket"] = bucket;
+    steps.push_back(std::move(s));
   }
   return {{"format", "pebble-schedule"}, {"version", 1}, {"steps", steps}};
 }
@@ -46,7 +60,7 @@ nlohmann::json ScheduleToJson(const Graph& graph, const Schedule& schedule) {
 namespace {
 
 constexpr absl::string_view kScheduleKeys[] = {"format", "version", "steps"};
-constexpr absl::string_view kStepKeys[] = {"action", "node"};
+constexpr absl::string_view kStepKeys[] = {"action", "node", "bucket"};
 
 absl::StatusOr<Step> StepFromJson(const Graph& graph, const nlohmann::json& s, size_t i) {
   const std::string where = absl::StrCat("schedule step ", i);
@@ -71,6 +85,42 @@ absl::StatusOr<Step> StepFromJson(const Graph& graph, const nlohmann::json& s, s
   }
   return Step{*parsed, v};
 }
+
+// The "bucket" numbers of a schedule's steps, read in order: a step
+// joins the bucket of the step before it when both are all_reduce steps
+// with the same number; a number may not come back after other steps.
+class BucketReader {
+ public:
+  absl::Status Read(const nlohmann::json& s, size_t i, Step& step) {
+    auto bucket = s.find("bucket");
+    if (bucket == s.end()) {
+      previous_ = -1;
+      return absl::OkStatus();
+    }
+    const std::string where = absl::StrCat("schedule step ", i);
+    if (!bucket->is_number_integer() || bucket->get<int64_t>() < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          where, ": 'bucket' must be a non-negative integer, not ", bucket->dump()));
+    }
+    const int64_t number = bucket->get<int64_t>();
+    if (step.action != Action::kAllReduce) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          where, ": only an all_reduce step is in a bucket, not ", ActionName(step.action)));
+    }
+    step.joins_bucket = number == previous_;
+    if (!step.joins_bucket && !seen_.insert(number).second) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          where, ": bucket ", number, " came before, with other steps between: a bucket's "
+          "all_reduce steps are consecutive (one collective)"));
+    }
+    previous_ = number;
+    return absl::OkStatus();
+  }
+
+ private:
+  int64_t previous_ = -1;  // the bucket of the step before; -1: none
+  absl::flat_hash_set<int64_t> seen_;
+};
 
 }  // namespace
 
@@ -109,8 +159,10 @@ absl::StatusOr<Schedule> ScheduleFromJson(const Graph& graph,
   const nlohmann::json& steps = doc["steps"];
   Schedule schedule;
   schedule.steps.reserve(steps.size());
+  BucketReader buckets;
   for (size_t i = 0; i < steps.size(); ++i) {
     ASSIGN_OR_RETURN(Step step, StepFromJson(graph, steps[i], i));
+    RETURN_IF_ERROR(buckets.Read(steps[i], i, step));
     schedule.steps.push_back(step);
   }
   return schedule;
@@ -125,9 +177,13 @@ absl::StatusOr<Schedule> ParseScheduleText(const Graph& graph, absl::string_view
   // ScheduleFromJson gives them.
   Schedule schedule;
   absl::Status first_bad_step;
+  BucketReader buckets;
   auto sink = [&](nlohmann::json& element, size_t index) {
     if (!first_bad_step.ok()) return absl::OkStatus();
     absl::StatusOr<Step> step = StepFromJson(graph, element, index);
+    if (step.ok()) {
+      if (absl::Status s = buckets.Read(element, index, *step); !s.ok()) step = s;
+    }
     if (!step.ok()) {
       first_bad_step = step.status();
       schedule.steps = {};

@@ -21,11 +21,21 @@ enum class Action : uint8_t { kCompute, kFree, kOffload, kPrefetch, kHostCompute
 absl::string_view ActionName(Action action);  // "compute", "free", ...
 absl::StatusOr<Action> ParseAction(absl::string_view name);
 
+// A step acts on one node. `joins_bucket` (all_reduce steps only) makes
+// the step one collective with the all_reduce step before it: a bucket of
+// gradients summed as one message, as DistributedDataParallel's buckets are
+// (docs/semantics.md, "Buckets"). In JSON, the steps of a bucket share a
+// "bucket" number.
 struct Step {
-  Action action;
-  NodeId node;
+  Step() = default;
+  constexpr Step(Action a, NodeId v, bool joins = false)
+      : action(a), joins_bucket(joins), node(v) {}
+  Action action = Action::kCompute;
+  bool joins_bucket = false;
+  NodeId node = kNoNode;
   bool operator==(const Step&) const = default;
 };
+static_assert(sizeof(Step) == 8, "a schedule of millions of steps keeps 8 bytes a step");
 
 struct Schedule {
   std::vector<Step> steps;
@@ -34,7 +44,9 @@ struct Schedule {
 
 // JSON per SPEC section 2 (nodes by id). Reading checks the format, the
 // version, the actions and that every node exists in `graph`, and refuses
-// unknown keys (but '_' annotations); ParseScheduleText and
+// unknown keys (but '_' annotations) and a "bucket" (a non-negative
+// integer) on anything but an all_reduce step or on steps that are not
+// consecutive; writing numbers the buckets of two steps or more from 0; ParseScheduleText and
 // ReadScheduleFile also refuse what ParseStrictJson does (repeated keys, NUL
 // bytes), and ReadScheduleFile what ReadBoundedFile does (files over
 // kMaxJsonFileBytes, anything but a regular file). Whether the steps are

@@ -250,6 +250,9 @@ absl::StatusOr<PlanReport> Simulate(const Graph& graph,
   std::vector<double> host_copy_until(graph.has_host_costs() ? n : 0, 0.0);
   double frees_done_at = 0;    // R_k: latest end of earlier frees
   double network_free_at = 0;  // end of the previous collective
+  struct {
+    double start = 0, end = 0;
+  } bucket;  // the interval of the last all_reduce bucket
   Reductions reductions(graph, schedule, options);
   // Counts a collective on the network stream, `seconds` long and ending at
   // `end`, of a tensor of `bytes` (the whole); false where the bytes
@@ -295,6 +298,12 @@ absl::StatusOr<PlanReport> Simulate(const Graph& graph,
                        " out of range"));
     }
     StepRecord rec;
+    if (step.joins_bucket &&
+        (step.action != Action::kAllReduce || k == 0 ||
+         schedule.steps[k - 1].action != Action::kAllReduce)) {
+      return StepError(graph, k, step, "it joins a bucket, but only an all_reduce step right "
+                                       "after another joins one");
+    }
     switch (step.action) {
       case Action::kCompute: {
         if (graph.persistent(v)) {
@@ -519,15 +528,32 @@ absl::StatusOr<PlanReport> Simulate(const Graph& graph,
           on_host[root] = 0;
           host -= graph.bytes(root);
         }
-        // It follows every compute issued before it (a collective on the
-        // compute stream's order, as NCCL's and gloo's are) and every copy
-        // of its storage.
+        // A bucket (this step and the all_reduce steps that join it) is one
+        // collective of its tensors' bytes. It follows every compute
+        // issued before it (a collective on the compute stream's order, as
+        // NCCL's and gloo's are) and every copy of its storages.
         rec.peak_bytes = device;
-        rec.start = std::max({network_free_at, compute_free_at, ready[v], ready[root],
-                              last_use[root]});
-        rec.end = rec.start + AllReduceSeconds(graph.bytes(v), options.ranks, options.network);
-        if (!on_network_stream(graph.bytes(v), rec.end - rec.start, rec.end)) {
-          return StepError(graph, k, step, kTransferOverflow);
+        if (step.joins_bucket) {
+          rec.start = bucket.start;
+          rec.end = bucket.end;
+        } else {
+          int64_t bytes = 0;
+          rec.start = std::max(network_free_at, compute_free_at);
+          for (size_t j = k; j < schedule.steps.size(); ++j) {
+            const Step& member = schedule.steps[j];
+            if (j > k && !(member.joins_bucket && member.action == Action::kAllReduce)) break;
+            if (member.node < 0 || member.node >= n) break;  // refused at its own step
+            const NodeId m = member.node, m_root = graph.storage(m);
+            if (__builtin_add_overflow(bytes, graph.bytes(m), &bytes)) {
+              return StepError(graph, k, step, kTransferOverflow);
+            }
+            rec.start = std::max({rec.start, ready[m], ready[m_root], last_use[m_root]});
+          }
+          rec.end = rec.start + AllReduceSeconds(bytes, options.ranks, options.network);
+          if (!on_network_stream(bytes, rec.end - rec.start, rec.end)) {
+            return StepError(graph, k, step, kTransferOverflow);
+          }
+          bucket = {rec.start, rec.end};
         }
         reductions.Reduced(v, rec.end);
         for (NodeId u : {v, root}) {

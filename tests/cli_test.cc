@@ -407,14 +407,43 @@ TEST(CliTest, RanksPlanTheGradientsAllReduces) {
   const std::string model = "--model mnist-cnn:batch=4,optimizer=adam";
   const std::string schedule = (dir / "dp.json").string();
   Result plan = Pebble("plan " + model + " --policy rotor --budget min --ranks 4 --network "
-                       "ethernet-10g --schedule-out " + schedule);
+                       "ethernet-10g --buckets none --schedule-out " + schedule);
   ASSERT_EQ(plan.exit_code, 0) << plan.err;
   EXPECT_THAT(plan.out, HasSubstr("  collectives     8 (8 all-reduces) of"));
   Result json = Pebble("plan " + model + " --policy rotor --budget min --ranks 4 --network "
-                       "ethernet-10g --json");
+                       "ethernet-10g --buckets none --json");
   ASSERT_EQ(json.exit_code, 0) << json.err;
   const nlohmann::json doc = ParseOrFail(json.out);
   EXPECT_EQ(doc["report"]["collectives"], 8);
+  EXPECT_EQ(doc["details"]["collectives"]["bucket_rule"], "none");
+  // Buckets (--buckets, default auto): fewer collectives for the same 8
+  // all-reduces, no more time; a given cap is DDP's rule.
+  Result planned = Pebble("plan " + model + " --policy rotor --budget min --ranks 4 --network "
+                          "ethernet-10g --json");
+  ASSERT_EQ(planned.exit_code, 0) << planned.err;
+  const nlohmann::json auto_doc = ParseOrFail(planned.out);
+  EXPECT_EQ(auto_doc["details"]["collectives"]["all_reduce"], 8);
+  EXPECT_LT(auto_doc["report"]["collectives"], 8);
+  EXPECT_LE(auto_doc["report"]["makespan"], doc["report"]["makespan"]);
+  EXPECT_EQ(auto_doc["details"]["collectives"]["bucket_rule"], "planned");
+  EXPECT_THAT(Pebble("plan " + model + " --policy rotor --budget min --ranks 4 --network "
+                     "ethernet-10g").out,
+              ContainsRegex("collectives +[1-7] \\(8 all-reduces in [1-7] buckets\\) of"));
+  Result capped = Pebble("plan " + model + " --policy rotor --budget min --ranks 4 --buckets 1KiB "
+                         "--json");
+  ASSERT_EQ(capped.exit_code, 0) << capped.err;
+  EXPECT_EQ(ParseOrFail(capped.out)["details"]["collectives"]["bucket_cap_bytes"], 1024);
+  ::pebble::testing::ExpectOneLineError(Pebble("plan " + model + " --buckets 25MB"), 2,
+                                        {"--buckets 25MB", "give --ranks 2 or more"});
+  ::pebble::testing::ExpectOneLineError(
+      Pebble("plan " + model + " --ranks 2 --shard full --buckets none"), 2,
+      {"--buckets none", "reduce-scatters each gradient on its own"});
+  ::pebble::testing::ExpectOneLineError(Pebble("plan " + model + " --ranks 2 --buckets often"), 2,
+                                        {"--buckets", "invalid buckets 'often'"});
+  ::pebble::testing::ExpectOneLineError(
+      Pebble("run " + model + " --schedule " + schedule + " --ranks 2 --rank 0 --rendezvous " +
+             (dir / "meet").string() + " --buckets none"), 2,
+      {"--buckets: a --schedule file runs with its own buckets"});
   EXPECT_EQ(doc["details"]["collectives"]["ranks"], 4);
   EXPECT_EQ(doc["details"]["collectives"]["network_bandwidth_bytes_per_s"], 1.25e9);
   EXPECT_EQ(doc["details"]["collectives"]["network_latency_s"], 25e-6);

@@ -259,11 +259,212 @@ TEST(CollectivesTest, ReduceGradientsPlacesAfterTheBackwardsLastRead) {
               HasSubstr("never computed"));
 }
 
+// ---- Buckets (docs/semantics.md, "Buckets")
+
+// Two gradients of 100 bytes (2 units each) and y (4 units), which reads
+// only x; each gradient is an output, summed at the end.
+constexpr char kTwoGradients[] = R"({"format": "pebble-graph", "version": 1, "nodes": [
+    {"id": "x", "bytes": 10, "persistent": true, "role": "input"},
+    {"id": "a", "bytes": 100, "persistent": true, "role": "parameter"},
+    {"id": "b", "bytes": 100, "persistent": true, "role": "parameter"},
+    {"id": "grad:a", "bytes": 100, "cost": 2, "inputs": ["x", "a"], "role": "backward"},
+    {"id": "grad:b", "bytes": 100, "cost": 2, "inputs": ["x", "b"], "role": "backward"},
+    {"id": "y", "bytes": 20, "cost": 4, "inputs": ["x"]}],
+  "outputs": ["grad:a", "grad:b", "y"]})";
+
+Schedule WithBucket(Schedule s, size_t joining_step) {
+  s.steps[joining_step].joins_bucket = true;
+  return s;
+}
+
+TEST(BucketsTest, AreReadAndWrittenAsNumbers) {
+  absl::StatusOr<Graph> g = ParseGraphJson(kTwoGradients);
+  ASSERT_TRUE(g.ok()) << g.status();
+  const Schedule s = WithBucket(
+      MakeSchedule(*g, {{kC, "grad:a"}, {kC, "grad:b"}, {kA, "grad:a"}, {kA, "grad:b"}}), 3);
+  const nlohmann::json j = ScheduleToJson(*g, s);
+  EXPECT_FALSE(j["steps"][1].contains("bucket"));
+  EXPECT_EQ(j["steps"][2]["bucket"], 0);
+  EXPECT_EQ(j["steps"][3]["bucket"], 0);
+  absl::StatusOr<Schedule> back = ScheduleFromJson(*g, j);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(*back, s);
+  absl::StatusOr<Schedule> parsed = ParseScheduleText(*g, j.dump());
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_EQ(*parsed, s);
+  // A bucket of one step is an all-reduce on its own.
+  nlohmann::json single = j;
+  single["steps"][3]["bucket"] = 7;
+  EXPECT_FALSE(ScheduleFromJson(*g, single)->steps[3].joins_bucket);
+
+  auto error = [&](const nlohmann::json& doc) {
+    absl::StatusOr<Schedule> a = ScheduleFromJson(*g, doc);
+    absl::StatusOr<Schedule> b = ParseScheduleText(*g, doc.dump());
+    EXPECT_EQ(a.status().message(), b.status().message());
+    return a.ok() ? std::string("valid") : std::string(a.status().message());
+  };
+  nlohmann::json bad = j;
+  bad["steps"][0]["bucket"] = 0;
+  EXPECT_THAT(error(bad), HasSubstr("schedule step 0: only an all_reduce step is in a bucket, "
+                                    "not compute"));
+  bad = j;
+  bad["steps"][3]["bucket"] = -1;
+  EXPECT_THAT(error(bad), HasSubstr("step 3: 'bucket' must be a non-negative integer, not -1"));
+  bad["steps"][3]["bucket"] = "0";
+  EXPECT_THAT(error(bad), HasSubstr("'bucket' must be a non-negative integer"));
+  bad = j;
+  bad["steps"].insert(bad["steps"].begin() + 3,
+                      nlohmann::json::object({{"action", "compute"}, {"node", "y"}}));
+  EXPECT_THAT(error(bad), HasSubstr("step 4: bucket 0 came before, with other steps between"));
+}
+
+TEST(BucketsTest, ABucketIsOneCollectiveAfterItsLastGradient) {
+  absl::StatusOr<Graph> g = ParseGraphJson(kTwoGradients);
+  ASSERT_TRUE(g.ok()) << g.status();
+  const Schedule separate = MakeSchedule(
+      *g, {{kC, "grad:a"}, {kC, "grad:b"}, {kA, "grad:a"}, {kA, "grad:b"}, {kC, "y"}});
+  absl::StatusOr<PlanReport> apart = Simulate(*g, separate, FourRanks());
+  ASSERT_TRUE(apart.ok()) << apart.status();
+  // 4.5 s each, one after the other from 4: 13.
+  EXPECT_DOUBLE_EQ(apart->makespan, 13);
+  EXPECT_EQ(apart->collectives, 2);
+  absl::StatusOr<PlanReport> one = Simulate(*g, WithBucket(separate, 3), FourRanks());
+  ASSERT_TRUE(one.ok()) << one.status();
+  // One latency for 200 bytes: 2 * 3 * 0.5 + 2 * 3 / 4 * 200 / 100 = 6 s,
+  // 4-10, both steps; y runs 4-8 beside it.
+  EXPECT_EQ(one->collectives, 1);
+  EXPECT_EQ(one->collective_bytes, 200);
+  EXPECT_DOUBLE_EQ(one->network_busy, 6);
+  for (int k : {2, 3}) {
+    EXPECT_DOUBLE_EQ(one->timeline[k].start, 4);
+    EXPECT_DOUBLE_EQ(one->timeline[k].end, 10);
+  }
+  EXPECT_DOUBLE_EQ(one->makespan, 10);
+  EXPECT_EQ(one->peak_bytes, apart->peak_bytes);
+  // A bucket starts once all its gradients are ready and every compute
+  // issued before it has ended.
+  const Schedule late = WithBucket(MakeSchedule(*g, {{kC, "grad:a"}, {kC, "y"}, {kC, "grad:b"},
+                                                     {kA, "grad:a"}, {kA, "grad:b"}}), 4);
+  EXPECT_DOUBLE_EQ(Simulate(*g, late, FourRanks())->timeline[3].start, 8);
+
+  auto error = [&](const Schedule& s) {
+    absl::StatusOr<PlanReport> r = Simulate(*g, s, FourRanks());
+    return r.ok() ? std::string("valid") : std::string(r.status().message());
+  };
+  EXPECT_THAT(error(WithBucket(separate, 4)),
+              HasSubstr("step 4 (compute 'y'): it joins a bucket, but only an all_reduce step"));
+  EXPECT_THAT(error(WithBucket(MakeSchedule(*g, {{kC, "grad:a"}, {kA, "grad:a"}}), 0)),
+              HasSubstr("step 0 (compute 'grad:a'): it joins a bucket"));
+  EXPECT_THAT(error(WithBucket(MakeSchedule(*g, {{kC, "grad:a"}, {kC, "grad:b"}, {kA, "grad:a"},
+                                                 {kA, "grad:a"}}), 3)),
+              HasSubstr("summed over the ranks already"));
+}
+
+TEST(BucketsTest, BucketGradientsFollowsTheCapAndStopsBeforeAClosedGradient) {
+  absl::StatusOr<Graph> g = ParseGraphJson(kTwoGradients);
+  ASSERT_TRUE(g.ok()) << g.status();
+  const Schedule reduced = MakeSchedule(
+      *g, {{kC, "grad:a"}, {kA, "grad:a"}, {kC, "y"}, {kC, "grad:b"}, {kA, "grad:b"}});
+  EXPECT_EQ(BucketGradients(*g, reduced, 0), reduced);
+  EXPECT_EQ(BucketGradients(*g, reduced, 100), reduced);  // the first fills a bucket
+  EXPECT_EQ(BucketGradients(*g, reduced, 101),
+            WithBucket(MakeSchedule(*g, {{kC, "grad:a"}, {kC, "y"}, {kC, "grad:b"},
+                                         {kA, "grad:a"}, {kA, "grad:b"}}), 4));
+  // grad:a offloaded before grad:b's all-reduce: it may not wait for it.
+  const Schedule offloaded = MakeSchedule(*g, {{kC, "grad:a"}, {kA, "grad:a"}, {kO, "grad:a"},
+                                               {kC, "grad:b"}, {kA, "grad:b"}, {kC, "y"}});
+  EXPECT_EQ(BucketGradients(*g, offloaded, INT64_MAX), offloaded);
+  // Offloaded before its all-reduce: its stale host copy leaves at the
+  // all-reduce, which may not wait (the host peak would grow).
+  const Schedule early_copy = MakeSchedule(*g, {{kC, "grad:a"}, {kO, "grad:a"}, {kA, "grad:a"},
+                                                {kC, "grad:b"}, {kA, "grad:b"}, {kC, "y"}});
+  EXPECT_EQ(BucketGradients(*g, early_copy, INT64_MAX), early_copy);
+  // An in-place node of any role that reads a gradient reads the sum: the
+  // gradient may not wait past it.
+  absl::StatusOr<Graph> momentum = ParseGraphJson(
+      std::string(kTwoGradients)
+          .replace(std::string(kTwoGradients).find(R"({"id": "y")"), 0,
+                   R"({"id": "a1", "bytes": 100, "cost": 1, "inputs": ["a", "grad:a"],
+                       "alias_of": "a", "in_place": true},)"));
+  ASSERT_TRUE(momentum.ok()) << momentum.status();
+  const Schedule updated = MakeSchedule(*momentum, {{kC, "grad:a"}, {kA, "grad:a"}, {kC, "a1"},
+                                                    {kC, "grad:b"}, {kA, "grad:b"}, {kC, "y"}});
+  EXPECT_EQ(BucketGradients(*momentum, updated, INT64_MAX), updated);
+  ASSERT_TRUE(Simulate(*momentum, updated, FourRanks()).ok());
+
+  EXPECT_EQ(*ParseBuckets("auto"), PlannerOptions::kPlannedBuckets);
+  EXPECT_EQ(*ParseBuckets("None"), 0);
+  EXPECT_EQ(*ParseBuckets("25MB"), 25000000);
+  EXPECT_EQ(*ParseBuckets("25MiB"), 25 << 20);
+  EXPECT_EQ(*ParseBuckets("0"), 0);
+  EXPECT_EQ(*ParseBuckets("1KiB"), 1024);
+  for (const char* bad : {"-1", "sometimes", ""}) {
+    EXPECT_THAT(ParseBuckets(bad).status().message(),
+                HasSubstr("expected auto (the plan places them), none")) << bad;
+  }
+}
+
+// Planned buckets on training graphs, on a slow link (latency matters)
+// and a fast one: the same steps and memory as one all-reduce a gradient,
+// no more time than that nor than DDP's 25 MiB rule, and the figures are
+// the simulator's for the schedule returned.
+TEST(BucketsTest, PlannedBucketsAreNoSlowerThanNoneOrDdpsRule) {
+  const std::vector<std::string> models = {
+      "mnist-cnn:batch=4,optimizer=adam",
+      "transformer:layers=2,seq=16,dim=32,heads=2,vocab=50,optimizer=sgd",
+      "resnet18:batch=2,image=32"};
+  for (const std::string& model : models) {
+    absl::StatusOr<Graph> g = BuildModel(model);
+    ASSERT_TRUE(g.ok()) << model << ": " << g.status();
+    const size_t gradients = GradientsToReduce(*g).size();
+    for (const NetworkLink link : {NetworkLink{1e9, 1e-3}, NetworkLink{100e9, 2e-6}}) {
+      SCOPED_TRACE(absl::StrCat(model, " latency ", link.latency_s));
+      auto planner = MakePlanner("rotor");
+      ASSERT_TRUE(planner.ok());
+      PlannerOptions options;
+      options.budget_bytes = kMinBudgetBytes;
+      options.time_limit_s = 20;
+      options.ranks = 4;
+      options.network = link;
+      std::vector<PlanResult> results;
+      for (int64_t rule : {PlannerOptions::kPlannedBuckets, int64_t{0}, int64_t{25} << 20}) {
+        options.bucket_bytes = rule;
+        absl::StatusOr<PlanResult> r = (*planner)->Plan(*g, options);
+        ASSERT_TRUE(r.ok()) << r.status();
+        EXPECT_EQ(CountSteps(r->schedule, kA), static_cast<int64_t>(gradients));
+        EXPECT_EQ(r->details["collectives"]["buckets"], r->report.collectives);
+        SimulatorOptions sim;
+        sim.ranks = 4;
+        sim.network = link;
+        absl::StatusOr<PlanReport> again = Simulate(*g, r->schedule, sim);
+        ASSERT_TRUE(again.ok()) << again.status();
+        EXPECT_DOUBLE_EQ(again->makespan, r->report.makespan);
+        results.push_back(*std::move(r));
+      }
+      const PlanResult &planned = results[0], &none = results[1], &ddp = results[2];
+      EXPECT_EQ(planned.details["collectives"]["bucket_rule"], "planned");
+      EXPECT_EQ(none.report.collectives, static_cast<int64_t>(gradients));
+      EXPECT_EQ(ddp.details["collectives"]["bucket_cap_bytes"], 25 << 20);
+      EXPECT_EQ(planned.report.peak_bytes, none.report.peak_bytes);
+      EXPECT_EQ(planned.report.peak_bytes, ddp.report.peak_bytes);
+      EXPECT_LE(planned.report.makespan, none.report.makespan);
+      EXPECT_LE(planned.report.makespan, ddp.report.makespan);
+      // A millisecond a message on gradients of kilobytes: fewer
+      // collectives than gradients pay off.
+      if (link.latency_s >= 1e-3) {
+        EXPECT_LT(planned.report.collectives, none.report.collectives);
+        EXPECT_LT(planned.report.makespan, none.report.makespan);
+      }
+    }
+  }
+}
+
 // Every policy, on training graphs with and without an optimizer (the
 // transformer's tied embedding sums two gradients into one), at 2 and 4
-// ranks: one all-reduce per gradient, after every read of the backward
-// and before every update that reads it (the simulator checks both), the
-// same memory as the one-rank plan, and no less time.
+// ranks: one all_reduce step per gradient (in planned buckets), after
+// every read of the backward and before every update that reads it (the
+// simulator checks both), the same memory as the one-rank plan, and no
+// less time.
 TEST(CollectivesTest, EveryPolicyReducesEachGradientOnce) {
   const std::vector<std::string> models = {
       "mnist-cnn:batch=4", "transformer:layers=2,seq=16,dim=32,heads=2,vocab=50",
@@ -289,7 +490,8 @@ TEST(CollectivesTest, EveryPolicyReducesEachGradientOnce) {
         options.network = {1e9, 5e-6};
         absl::StatusOr<PlanResult> dp = (*planner)->Plan(*g, options);
         ASSERT_TRUE(dp.ok()) << dp.status();
-        EXPECT_EQ(dp->report.collectives, static_cast<int64_t>(gradients));
+        EXPECT_LE(dp->report.collectives, static_cast<int64_t>(gradients));
+        EXPECT_EQ(dp->details["collectives"]["buckets"], dp->report.collectives);
         EXPECT_EQ(dp->details["collectives"]["all_reduce"], gradients);
         EXPECT_EQ(dp->report.peak_bytes, single->report.peak_bytes);
         EXPECT_GE(dp->report.makespan, single->report.makespan);

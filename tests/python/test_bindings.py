@@ -235,9 +235,17 @@ class PlanTest(unittest.TestCase):
                        "--ranks", "4", "--network", "ib-ndr", "--network-latency", "2e-6")
         self.assertEqual(p.report, doc["report"])
         self.assertEqual(without_times(p.details), without_times(doc["details"]))
-        reduces = [n for a, n in p.schedule if a == "all_reduce"]
-        self.assertEqual(p.report["collectives"], len(reduces))
+        # The steps of a bucket are ("all_reduce", node, bucket) triples,
+        # numbered as the CLI's schedule numbers them.
+        steps = [{"action": s[0], "node": s[1], **({"bucket": s[2]} if len(s) == 3 else {})}
+                 for s in p.schedule]
+        self.assertEqual(steps, doc["schedule"]["steps"])
+        reduces = [s[1] for s in p.schedule if s[0] == "all_reduce"]
         self.assertEqual(len(reduces), len(set(reduces)))
+        buckets = {s[2] for s in p.schedule if len(s) == 3}
+        singles = sum(1 for s in p.schedule if s[0] == "all_reduce" and len(s) == 2)
+        self.assertEqual(p.report["collectives"], len(buckets) + singles)
+        self.assertEqual(p.details["collectives"]["buckets"], p.report["collectives"])
         self.assertEqual(p.details["collectives"]["network_bandwidth_bytes_per_s"], 50e9)
         one = pebble.plan(self.graph, policy="rotor", budget="min")
         self.assertEqual(p.report["peak_bytes"], one.report["peak_bytes"])
@@ -248,15 +256,43 @@ class PlanTest(unittest.TestCase):
         # One rank: the same steps, the network free.
         self.assertLess(pebble.simulate(self.graph, p.schedule)["makespan"], sim["makespan"])
         for bad in ({"ranks": 0}, {"network": "token-ring"}, {"network": 0},
-                    {"network_latency": -1.0}, {"ranks": 2.5}):
+                    {"network_latency": -1.0}, {"ranks": 2.5}, {"buckets": "25MB"},
+                    {"ranks": 2, "buckets": "sometimes"}, {"ranks": 2, "buckets": -1}):
             with self.subTest(bad=bad), self.assertRaises((ValueError, TypeError)):
                 pebble.plan(self.graph, policy="rotor", budget="min", **bad)
+
+    def test_buckets_equal_the_cli(self):
+        """Each bucket rule as `plan --buckets` takes it; a millisecond a
+        message makes planned buckets worth it."""
+        link = {"ranks": 4, "network": 1e9, "network_latency": 1e-3}
+        plans = {}
+        for rule in ("none", "25MiB", "auto"):
+            with self.subTest(rule=rule):
+                p = pebble.plan(self.graph, policy="rotor", budget="min", buckets=rule, **link)
+                doc = cli_json("plan", "--model", MODEL, "--policy", "rotor", "--budget", "min",
+                               "--ranks", "4", "--network", "1e9", "--network-latency", "1e-3",
+                               "--buckets", rule)
+                self.assertEqual(p.report, doc["report"])
+                self.assertEqual(without_times(p.details), without_times(doc["details"]))
+                sim = pebble.simulate(self.graph, p.schedule, **link)
+                self.assertEqual(sim["makespan"], p.report["makespan"])
+                plans[rule] = p
+        self.assertEqual(plans["none"].details["collectives"]["bucket_rule"], "none")
+        self.assertTrue(all(len(s) == 2 for s in plans["none"].schedule))
+        self.assertEqual(plans["25MiB"].details["collectives"]["bucket_cap_bytes"], 25 << 20)
+        self.assertEqual(pebble.plan(self.graph, policy="rotor", budget="min", buckets=25 << 20,
+                                     **link).report, plans["25MiB"].report)
+        self.assertLess(plans["auto"].report["collectives"], plans["none"].report["collectives"])
+        self.assertLess(plans["auto"].report["makespan"], plans["none"].report["makespan"])
+        self.assertEqual(plans["auto"].report["peak_bytes"], plans["none"].report["peak_bytes"])
 
     def test_shard_equals_the_cli(self):
         sharded = pebble.shard(self.graph, 4, network="ib-ndr")
         self.assertIn("gather:conv1.weight", sharded.ids)
         for policy in ("fsdp", "dtr"):
             p = pebble.plan(sharded, policy=policy, budget="min", ranks=4, network="ib-ndr")
+            with self.assertRaises(ValueError):  # its gradients are reduce-scattered
+                pebble.plan(sharded, policy=policy, budget="min", ranks=4, buckets="none")
             doc = cli_json("plan", "--model", MODEL, "--policy", policy, "--budget", "min",
                            "--ranks", "4", "--network", "ib-ndr", "--shard", "full")
             self.assertEqual(p.report, doc["report"])

@@ -512,6 +512,12 @@ class _Variant:
         group = self.step.process_group
         if group is not None:  # the gradients' all-reduces (Note [Gradients averaged as they complete])
             kwargs["ranks"] = _world_size(group)
+            if kwargs["ranks"] > 1 and self.shards is None:
+                # One message a gradient, as GradientAverage sends them: a
+                # bucket would be one message only through a flat copy of
+                # its gradients that the plan does not hold (Note [Gradients
+                # averaged as they complete]).
+                kwargs["buckets"] = "none"
             if self.step.network is not None:
                 kwargs["network"], kwargs["network_latency"] = self.step.network
         graph = self.graph  # the graph without order tokens where there is one

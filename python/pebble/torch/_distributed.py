@@ -25,9 +25,11 @@ that reads, moves or frees that gradient's storage first waits for it. So
 each rank's gradient is the mean of the ranks' gradients: with equal slices
 and a mean loss, the gradient of the whole batch. The all-reduce runs while
 the plan goes on with the backward. It is one collective per gradient, in
-the plan's order (DDP groups gradients into 25 MB buckets). The plan
-places them (its all_reduce steps, scheduler/collectives.h) and times them
-on the link measure_link measured. gloo's worker thread lets go of a reduced
+the plan's order, and the plan is made so (buckets="none"): DDP groups
+gradients into 25 MiB buckets, one message each, through a flat copy of
+them that this plan would not hold. The plan places the all-reduces (its
+all_reduce steps, scheduler/collectives.h) and times them on the link
+measure_link measured. gloo's worker thread lets go of a reduced
 tensor a moment after wait() returns; where that is the last reference (a
 gradient the plan frees), the free happens in that thread, which PyTorch's
 CPU profiler does not watch: the CPU measurement of such a step can exceed
