@@ -20,9 +20,8 @@ loopback, one process a rank), each rule planned for the link given
 `scripts/pebble-ranks 2 -- calibrate --ranks 2 ...`). Printed: the
 collectives the plan runs, the network's busy time the plan predicts on
 that link, the measured time of its all-reduces (`collective_time_s`, rank
-0, the least of --repeats runs) and of the whole step (the fastest run). The runtime runs each collective on the compute stream, so the
-all-reduces' time adds to the step's here (docs/runtime.md, "Several
-ranks").
+0, the least of --repeats runs: each from its issue to its sums' copy back,
+beside the compute) and of the whole step (the fastest run).
 """
 
 import argparse

@@ -4,12 +4,20 @@
 #include <bit>
 #include <chrono>
 #include <cmath>
+#include <condition_variable>
 #include <cstring>
+#include <deque>
 #include <exception>
 #include <filesystem>
+#include <functional>
+#include <future>
 #include <limits>
 #include <map>
+#include <memory>
+#include <mutex>
 #include <optional>
+#include <system_error>
+#include <thread>
 #include <utility>
 
 #include "absl/functional/function_ref.h"
@@ -789,6 +797,66 @@ std::vector<Interval> UnionOf(std::vector<Interval> v) {
   return merged;
 }
 
+// The seconds that some interval of `v` covers.
+double CoveredSeconds(std::vector<Interval> v) {
+  double covered = 0;
+  for (const Interval& i : UnionOf(std::move(v))) covered += i.second - i.first;
+  return covered;
+}
+
+// One thread that runs tasks in the order they are given (the collectives
+// of Note [Collectives in flight]: every rank must call them in the same
+// order). Destroying it drops the tasks not started yet (their futures
+// report a broken promise; nobody waits for them after a failed run) and
+// waits for the one running.
+class TaskThread {
+ public:
+  TaskThread() : thread_([this] { Loop(); }) {}
+  TaskThread(const TaskThread&) = delete;
+  TaskThread& operator=(const TaskThread&) = delete;
+  ~TaskThread() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      queue_.clear();
+      stop_ = true;
+    }
+    wake_.notify_one();
+    thread_.join();
+  }
+
+  std::future<absl::Status> Run(std::function<absl::Status()> task) {
+    std::packaged_task<absl::Status()> packaged(std::move(task));
+    std::future<absl::Status> done = packaged.get_future();
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      queue_.push_back(std::move(packaged));
+    }
+    wake_.notify_one();
+    return done;
+  }
+
+ private:
+  void Loop() {
+    for (;;) {
+      std::packaged_task<absl::Status()> task;
+      {
+        std::unique_lock<std::mutex> lock(mutex_);
+        wake_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+        if (queue_.empty()) return;  // stopped
+        task = std::move(queue_.front());
+        queue_.pop_front();
+      }
+      task();  // the task, and what it holds, ends here
+    }
+  }
+
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  std::deque<std::packaged_task<absl::Status()>> queue_;
+  bool stop_ = false;
+  std::thread thread_;  // last: started once the rest is built
+};
+
 }  // namespace
 
 double CopyComputeOverlapSeconds(const std::vector<StepMeasurement>& steps) {
@@ -991,7 +1059,9 @@ class ScheduleRun {
     result_.host_peak_bytes = host_held_;
     result_.peak_step = -1;
     result_.steps.resize(num_steps_);
+    in_flight_storage_.assign(graph_.num_nodes(), 0);
     for (int k = 0; k < num_steps_; ++k) {
+      RETURN_IF_ERROR(SettleFor(k));
       const Step& step = schedule_.steps[k];
       StepMeasurement& m = result_.steps[k];
       m.action = step.action;
@@ -1031,6 +1101,7 @@ class ScheduleRun {
       }
       result_.host_peak_bytes = std::max(result_.host_peak_bytes, host_held_);
     }
+    RETURN_IF_ERROR(SettleFor(num_steps_));
     return backend_.Synchronize();
   }
 
@@ -1042,6 +1113,7 @@ class ScheduleRun {
       return backend_.ElapsedSeconds(origin_.id, e.id);
     };
     double last_end = 0;
+    std::vector<Interval> collectives;
     for (int k = 0; k < num_steps_; ++k) {
       StepMeasurement& m = result_.steps[k];
       if (m.action == Action::kFree) {
@@ -1055,7 +1127,7 @@ class ScheduleRun {
         const bool collective = m.action == Action::kAllReduce ||
                                 (m.action == Action::kCompute && graph_.collective(m.node));
         if (collective) {
-          result_.collective_time_s += d;
+          collectives.emplace_back(m.start_s, m.end_s);
         } else if (m.action == Action::kCompute) {
           result_.kernel_time_s += d;
         } else if (m.action == Action::kHostCompute) {
@@ -1068,12 +1140,13 @@ class ScheduleRun {
     }
     result_.time_s = last_end;
     result_.copy_overlap_s = CopyComputeOverlapSeconds(result_.steps);
-    // Each stream runs its steps one at a time, so kernels + copies -
-    // overlap is the time either stream was busy.
-    result_.overhead_s =
-        std::max(0.0, result_.time_s - result_.kernel_time_s - result_.copy_time_s -
-                          result_.host_time_s - result_.collective_time_s +
-                          result_.copy_overlap_s);
+    // Buckets in flight overlap one another and the compute: their union.
+    result_.collective_time_s = CoveredSeconds(std::move(collectives));
+    std::vector<Interval> busy;
+    for (const StepMeasurement& m : result_.steps) {
+      if (m.action != Action::kFree) busy.emplace_back(m.start_s, m.end_s);
+    }
+    result_.overhead_s = std::max(0.0, result_.time_s - CoveredSeconds(std::move(busy)));
     return absl::OkStatus();
   }
 
@@ -1338,76 +1411,163 @@ class ScheduleRun {
 
   // An all_reduce step: the gradient's average over the ranks, in place.
   // DistributedDataParallel's rule: each rank's value divided by the ranks,
-  // then summed (in float32, whatever the gradient's dtype). After the
-  // compute before it, staged through host memory, on the compute stream.
-  // A bucket (the step and the all_reduce steps that join it) is one
-  // all-reduce of its gradients side by side, run at its first step; the
-  // steps that join it only take its end.
+  // then summed (in float32, whatever the gradient's dtype). A bucket (the
+  // step and the all_reduce steps that join it) is one all-reduce of its
+  // gradients side by side, issued at its first step; the steps that join
+  // it only count as held. It runs while the steps after it do (Note
+  // [Collectives in flight]).
   absl::StatusOr<int64_t> RunAllReduce(int k) {
     const NodeId v = schedule_.steps[k].node;
     const NodeId root = graph_.storage(v);
     PEBBLE_CHECK(collectives_ != nullptr && current_[v] >= 0, "all_reduce of a tensor not held");
-    if (schedule_.steps[k].joins_bucket) {
-      events_[k] = {bucket_end_, bucket_end_};
-    } else {
-      // Every stream's work before it done (copies of the storage
-      // included), outside the step's timed interval.
-      if (absl::Status s = backend_.Synchronize(); !s.ok()) return Failed(k, s);
+    if (!schedule_.steps[k].joins_bucket) {
       int last = k;
       while (last + 1 < num_steps_ && schedule_.steps[last + 1].joins_bucket) ++last;
-      ASSIGN_OR_RETURN(bucket_end_, Timed(k, Stream::kCompute, [&] {
-                         return AverageBucket(k, last);
-                       }));
+      RETURN_IF_ERROR(IssueBucket(k, last));
     }
     if (host_counted_[root]) {  // the host copy holds this rank's own value
       host_counted_[root] = 0;
       host_held_ -= graph_.bytes(root);
     }
-    for (NodeId u : {v, root}) {
-      ready_[u] = bucket_end_;
-      last_compute_use_[u] = bucket_end_;
-    }
     return held_;
   }
 
-  // The average over the ranks of the gradients of steps first..last, in
-  // one float32 buffer.
-  absl::Status AverageBucket(int first, int last) {
+  // Note [Collectives in flight]. The plan lets the network's collectives
+  // overlap the compute that follows them. So an all_reduce bucket is
+  // staged at its step (every stream drained, each gradient copied to a
+  // host buffer in float32 and divided by the ranks) and summed on the
+  // collectives' thread (TaskThread), while the steps go on. That thread
+  // sums the buckets one after the other, in the schedule's order, the
+  // same on every rank, as the collectives of one gloo context must. A
+  // bucket is settled (its sums copied back, its end recorded) once it is
+  // done, checked before each step, and at the latest before a step (but
+  // an all_reduce) that reads, writes, copies or frees one of its storages,
+  // before a sharded graph's collective and at the end of the run; its end
+  // is thus measured up to a step late. The buckets in flight hold host
+  // memory outside the plan (their float32 buffers), as every collective's
+  // staging does.
+  struct InFlight {
+    int first = 0, last = 0;  // its steps
+    StreamEvent start;
+    std::shared_ptr<std::vector<float>> sums;  // shared with its task until that ends
+    std::future<absl::Status> done;
+  };
+
+  absl::Status IssueBucket(int first, int last) {
+    if (absl::Status s = backend_.Synchronize(); !s.ok()) return Failed(first, s);
+    InFlight bucket;
+    bucket.first = first;
+    bucket.last = last;
+    absl::StatusOr<StreamEvent> start = streams_.Record(Stream::kCompute);
+    if (!start.ok()) return Failed(first, start.status());
+    bucket.start = *start;
     const float ranks = static_cast<float>(collectives_->ranks());
     int64_t total = 0;
+    for (int j = first; j <= last; ++j) total += Elements(schedule_.steps[j].node);
+    auto sums = std::make_shared<std::vector<float>>(static_cast<size_t>(total));
+    int64_t offset = 0;
     for (int j = first; j <= last; ++j) {
       const NodeId g = schedule_.steps[j].node;
-      total += graph_.bytes(g) / DTypeSize(*graph_.dtype(g));
-    }
-    staging_.resize(static_cast<size_t>(total));
-    auto each = [&](auto&& use) -> absl::Status {
-      int64_t offset = 0;
-      for (int j = first; j <= last; ++j) {
-        const NodeId g = schedule_.steps[j].node;
-        const DType dtype = *graph_.dtype(g);
-        const int64_t count = graph_.bytes(g) / DTypeSize(dtype);
-        staging_bytes_.resize(static_cast<size_t>(graph_.bytes(g)));
-        RETURN_IF_ERROR(use(g, dtype, count, staging_.data() + offset));
-        offset += count;
+      staging_bytes_.resize(static_cast<size_t>(graph_.bytes(g)));
+      if (absl::Status s = backend_.Download(staging_bytes_.data(), Address(current_[g]),
+                                             graph_.bytes(g));
+          !s.ok()) {
+        return Failed(first, s);
       }
-      return absl::OkStatus();
-    };
-    RETURN_IF_ERROR(each([&](NodeId g, DType dtype, int64_t count, float* slot) {
-      RETURN_IF_ERROR(backend_.Download(staging_bytes_.data(), Address(current_[g]),
-                                        graph_.bytes(g)));
-      WidenToFloat(staging_bytes_.data(), dtype, count, ranks, slot);
-      return absl::OkStatus();
-    }));
+      WidenToFloat(staging_bytes_.data(), *graph_.dtype(g), Elements(g), ranks,
+                   sums->data() + offset);
+      offset += Elements(g);
+      in_flight_storage_[graph_.storage(g)] = 1;
+    }
     const NodeId head = schedule_.steps[first].node;
-    RETURN_IF_ERROR(collectives_->AllReduceSum(
-        staging_.data(), total,
+    std::string what =
         first == last ? absl::StrCat("the all-reduce of ", Quote(graph_.id(head)))
                       : absl::StrCat("the all-reduce of the bucket of ", Quote(graph_.id(head)),
-                                     " and ", last - first, " more")));
-    return each([&](NodeId g, DType dtype, int64_t count, float* slot) {
-      NarrowFromFloat(slot, count, dtype, staging_bytes_.data());
-      return backend_.Upload(Address(current_[g]), staging_bytes_.data(), graph_.bytes(g));
-    });
+                                     " and ", last - first, " more");
+    if (collective_thread_ == nullptr) {
+      try {
+        collective_thread_ = std::make_unique<TaskThread>();
+      } catch (const std::system_error& e) {
+        return Failed(first, absl::ResourceExhaustedError(absl::StrCat(
+                                 "cannot start the collectives' thread: ", e.what())));
+      }
+    }
+    bucket.sums = sums;
+    bucket.done = collective_thread_->Run(
+        [collectives = collectives_, sums = std::move(sums), what = std::move(what)] {
+          try {
+            return collectives->AllReduceSum(sums->data(), static_cast<int64_t>(sums->size()),
+                                             what);
+          } catch (const std::exception& e) {  // a Collectives that throws
+            return absl::InternalError(absl::StrCat(what, ": ", e.what()));
+          }
+        });
+    in_flight_.push_back(std::move(bucket));
+    return absl::OkStatus();
+  }
+
+  int64_t Elements(NodeId v) const { return graph_.bytes(v) / DTypeSize(*graph_.dtype(v)); }
+
+  // The oldest bucket in flight, once its all-reduce is done: the sums
+  // copied back into its gradients, its steps' ends recorded.
+  absl::Status SettleOldest() {
+    InFlight bucket = std::move(in_flight_.front());
+    in_flight_.pop_front();
+    if (absl::Status s = bucket.done.get(); !s.ok()) return Failed(bucket.first, s);
+    int64_t offset = 0;
+    for (int j = bucket.first; j <= bucket.last; ++j) {
+      const NodeId g = schedule_.steps[j].node;
+      staging_bytes_.resize(static_cast<size_t>(graph_.bytes(g)));
+      NarrowFromFloat(bucket.sums->data() + offset, Elements(g), *graph_.dtype(g),
+                      staging_bytes_.data());
+      offset += Elements(g);
+      if (absl::Status s = backend_.Upload(Address(current_[g]), staging_bytes_.data(),
+                                           graph_.bytes(g));
+          !s.ok()) {
+        return Failed(bucket.first, s);
+      }
+      in_flight_storage_[graph_.storage(g)] = 0;
+    }
+    absl::StatusOr<StreamEvent> end = streams_.Record(Stream::kCompute);
+    if (!end.ok()) return Failed(bucket.first, end.status());
+    for (int j = bucket.first; j <= bucket.last; ++j) {
+      events_[j] = {j == bucket.first ? bucket.start : *end, *end};
+      const NodeId g = schedule_.steps[j].node;
+      for (NodeId u : {g, graph_.storage(g)}) {
+        ready_[u] = *end;
+        last_compute_use_[u] = *end;
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  // Before step k (num_steps_: the end of the run): settles each bucket
+  // that is done, and, waiting for them, the buckets up to the last that
+  // holds a storage the step touches (each, before a sharded graph's
+  // collective or at the end).
+  absl::Status SettleFor(int k) {
+    while (!in_flight_.empty()) {
+      const bool done = in_flight_.front().done.wait_for(std::chrono::seconds(0)) ==
+                        std::future_status::ready;
+      if (!done && k < num_steps_ && !Touches(k)) break;
+      RETURN_IF_ERROR(SettleOldest());
+    }
+    return absl::OkStatus();
+  }
+
+  // Whether step k still touches a storage in flight, or is a collective.
+  bool Touches(int k) const {
+    const Step& step = schedule_.steps[k];
+    // A bucket's own later steps (a storage is all-reduced once: CheckOne-
+    // AllReducePerValue), and every other bucket, go on.
+    if (step.action == Action::kAllReduce) return false;
+    if (in_flight_storage_[graph_.storage(step.node)]) return true;
+    if (step.action == Action::kCompute && graph_.collective(step.node)) return true;
+    if (step.action != Action::kCompute && step.action != Action::kHostCompute) return false;
+    for (NodeId u : graph_.unique_inputs(step.node)) {
+      if (in_flight_storage_[graph_.storage(u)]) return true;
+    }
+    return false;
   }
 
   // A sharded graph's collective (Note [Sharded graphs], scheduler/
@@ -1483,7 +1643,8 @@ class ScheduleRun {
   std::vector<std::byte> staging_bytes_;
   std::vector<float> staging_;
   std::vector<float> own_shard_;  // an all-gather's input
-  StreamEvent bucket_end_;        // the end of the last all_reduce bucket
+  std::deque<InFlight> in_flight_;       // Note [Collectives in flight], oldest first
+  std::vector<uint8_t> in_flight_storage_;  // per storage: in a bucket in flight
   ExecutionResult& result_;
   const MemoryLayout& layout_;
   const int num_steps_;
@@ -1504,6 +1665,8 @@ class ScheduleRun {
   StreamEvent origin_;
   std::vector<StepEvents> events_;
   KernelContext kernel_context_;
+  // Last: destroyed first, so that no collective runs past the run's end.
+  std::unique_ptr<TaskThread> collective_thread_;
 };
 
 }  // namespace

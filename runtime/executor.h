@@ -135,19 +135,18 @@ struct ExecutionResult {
   double time_s = 0;         // first event to the end of the last step
   double kernel_time_s = 0;  // sum of compute-step durations
   double copy_time_s = 0;    // sum of offload and prefetch durations
-  // Sum of the collectives' durations (all_reduce steps; a sharded graph's
-  // all_gather and reduce_scatter computes): each waits for the compute
-  // before it, stages its tensor in host memory, runs over the ranks and
-  // copies the result back, on the compute stream (nothing overlaps it yet).
+  // The time some collective ran (the union of their intervals): an
+  // all_reduce bucket from its issue to its sums' copy back, beside the
+  // compute (Note [Collectives in flight], executor.cc); a sharded graph's
+  // all_gather and reduce_scatter computes on the compute stream.
   double collective_time_s = 0;
   // Sum of host-compute durations (updates on the host, docs/semantics.md,
   // "Updates on the host"): host wall time between two events of the copy
   // stream, so exact on a synchronous backend (the CPU's) only.
   double host_time_s = 0;
-  // time_s - (kernel_time_s + copy_time_s + host_time_s + collective_time_s
-  // - copy_overlap_s),
-  // never negative: the time no stream ran a step, what the executor itself
-  // costs between steps.
+  // time_s minus the time some step ran (the union of every step's
+  // interval), never negative: the time no stream ran a step, what the
+  // executor itself costs between steps.
   double overhead_s = 0;
   // Seconds during which a copy step and a compute step ran at once
   // (CopyComputeOverlapSeconds): the transfer time the copy stream hid

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "absl/algorithm/container.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
@@ -13,6 +14,7 @@ constexpr int kPid = 1;
 constexpr int kComputeTid = 1;
 constexpr int kCopyTid = 2;
 constexpr int kHostTid = 3;  // host computes (updates on the host)
+constexpr int kNetworkTid = 4;  // all_reduce buckets in flight (several ranks)
 
 double Micros(double seconds) { return seconds * 1e6; }
 
@@ -30,6 +32,12 @@ nlohmann::json ChromeTrace(const Graph& graph, const ExecutionResult& result) {
   if (graph.has_host_costs()) {
     events.push_back({{"ph", "M"}, {"pid", kPid}, {"tid", kHostTid}, {"name", "thread_name"},
                       {"args", {{"name", "host"}}}});
+  }
+  if (absl::c_any_of(result.steps, [](const StepMeasurement& s) {
+        return s.action == Action::kAllReduce;
+      })) {
+    events.push_back({{"ph", "M"}, {"pid", kPid}, {"tid", kNetworkTid}, {"name", "thread_name"},
+                      {"args", {{"name", "network"}}}});
   }
   auto counter = [&](double t, int64_t device, int64_t host) {
     events.push_back({{"ph", "C"}, {"pid", kPid}, {"name", "device memory"}, {"ts", Micros(t)},
@@ -67,8 +75,8 @@ nlohmann::json ChromeTrace(const Graph& graph, const ExecutionResult& result) {
                           {"dur", Micros(s.end_s - s.start_s)},
                           {"args", {{"step", k}, {"op", graph.op(s.node)}}}});
         break;
-      case Action::kAllReduce:  // on the compute stream (executor.cc, RunAllReduce)
-        events.push_back({{"ph", "X"}, {"pid", kPid}, {"tid", kComputeTid},
+      case Action::kAllReduce:  // issue to settle (Note [Collectives in flight], executor.cc)
+        events.push_back({{"ph", "X"}, {"pid", kPid}, {"tid", kNetworkTid},
                           {"name", absl::StrCat("all_reduce ", id)}, {"cat", "all_reduce"},
                           {"ts", Micros(s.start_s)}, {"dur", Micros(s.end_s - s.start_s)},
                           {"args", {{"step", k}, {"bytes", bytes}}}});

@@ -21,7 +21,12 @@ namespace pebble {
 //  - thread 1 "compute": one complete ("X") event per compute step
 //    (name = node id, cat = "compute", args: step, op, bytes, recompute);
 //  - thread 2 "copy": one "X" event per offload / prefetch (cat = the action);
-//  - "M" metadata events naming the process and both threads;
+//  - thread 3 "host" (a graph with host costs): one "X" event per host
+//    compute (cat = "host_compute");
+//  - thread 4 "network" (a run with all_reduce steps): one "X" event per
+//    all_reduce step, from its bucket's issue to its settling (cat =
+//    "all_reduce"; Note [Collectives in flight] in executor.cc);
+//  - "M" metadata events naming the process and its threads;
 //  - counter ("C") events "device memory" {"bytes": ...} and "host memory"
 //    {"bytes": ...} at each step's start (memory during the step) and end
 //    (after it);

@@ -3,6 +3,8 @@
 // backend, meeting through a temporary directory.
 #include <stdlib.h>  // mkdtemp
 
+#include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -24,6 +26,7 @@
 #include "runtime/gloo/gloo_collectives.h"
 #include "runtime/make_backend.h"
 #include "runtime/npy.h"
+#include "runtime/trace.h"
 #include "scheduler/collectives.h"
 #include "scheduler/planner.h"
 
@@ -144,6 +147,42 @@ class LoneRank : public Collectives {
   }
 };
 
+// Two ranks' collectives as one process sees them where the other rank
+// holds the same values: each all-reduce doubles what it is given, after
+// `delay_s`, or fails where `fail`. For the executor's collectives in
+// flight, without gloo.
+class MirroredRank : public Collectives {
+ public:
+  MirroredRank(double delay_s, bool fail) : delay_s_(delay_s), fail_(fail) {}
+  int rank() const override { return 0; }
+  int ranks() const override { return 2; }
+  std::string Description() const override { return "a mirrored rank"; }
+  absl::Status AllReduceSum(float* data, int64_t count, absl::string_view what) override {
+    std::this_thread::sleep_for(std::chrono::duration<double>(delay_s_));
+    if (fail_) return absl::UnavailableError(absl::StrCat(what, ": the other rank stopped"));
+    for (int64_t i = 0; i < count; ++i) data[i] *= 2;
+    ++calls;
+    return absl::OkStatus();
+  }
+  // Only CheckSameOnEveryRank's all-gather made of a sum: rank 1's slots,
+  // the second half, are rank 0's.
+  absl::Status AllReduceSum(int64_t* data, int64_t count, absl::string_view) override {
+    for (int64_t i = count / 2; i < count; ++i) data[i] += data[i - count / 2];
+    return absl::OkStatus();
+  }
+  absl::Status AllGather(const float* in, int64_t count, float* out,
+                         absl::string_view) override {
+    std::copy(in, in + count, out);
+    std::copy(in, in + count, out + count);
+    return absl::OkStatus();
+  }
+  std::atomic<int> calls{0};
+
+ private:
+  double delay_s_;
+  bool fail_;
+};
+
 int CountAllReduces(const Schedule& schedule) {
   int n = 0;
   for (const Step& s : schedule.steps) n += s.action == Action::kAllReduce;
@@ -217,6 +256,85 @@ TEST_F(DataParallelRunTest, GradientsAreTheMeanOfTheRanksBitwise) {
       ++compared;
     }
     EXPECT_GT(compared, 3);
+  }
+}
+
+// Note [Collectives in flight] (executor.cc): an all-reduce runs while the
+// steps after it do, and is settled before anything reads its gradient.
+// With the other rank's values equal to this one's, every gradient is this
+// rank's own, exactly (halved, then doubled); the first compute step after
+// the first bucket starts before that bucket's 200 ms have passed. One
+// all-reduce a gradient, and DDP's rule with a cap of 64 KiB (three
+// buckets, the first amid the backward).
+TEST(CollectivesInFlightTest, RunBesideTheComputeAndSettleBeforeAReader) {
+  const Graph training = *BuildModel("mnist-cnn:batch=2");
+  const Graph g = *AddOptimizerStep(training, *ParseOptimizer("sgd:lr=0.5"));
+  auto backend = MakeBackend("cpu");
+  ASSERT_TRUE(backend.ok()) << backend.status();
+  for (const bool bucketed : {false, true}) {
+    SCOPED_TRACE(bucketed ? "buckets of 64 KiB" : "one all-reduce a gradient");
+    auto planner = MakePlanner("baseline");
+    ASSERT_TRUE(planner.ok());
+    PlannerOptions options;
+    options.ranks = 2;
+    options.bucket_bytes = bucketed ? 64 << 10 : 0;
+    auto dp = (*planner)->Plan(g, options);
+    ASSERT_TRUE(dp.ok()) << dp.status();
+    options.ranks = 1;
+    auto alone = (*planner)->Plan(g, options);
+    ASSERT_TRUE(alone.ok()) << alone.status();
+    auto single = Execute(g, alone->schedule, **backend, {});
+    ASSERT_TRUE(single.ok()) << single.status();
+    const std::vector<Step>& steps = dp->schedule.steps;
+    EXPECT_EQ(CountJoining(dp->schedule) > 0, bucketed);
+
+    MirroredRank mirror(0.2, /*fail=*/false);
+    ExecutorOptions with_ranks;
+    with_ranks.collectives = &mirror;
+    auto run = Execute(g, dp->schedule, **backend, with_ranks);
+    ASSERT_TRUE(run.ok()) << run.status();
+    EXPECT_EQ(mirror.calls, CountAllReduces(dp->schedule) - CountJoining(dp->schedule));
+    EXPECT_EQ(run->peak_bytes, run->predicted.peak_bytes);
+    ASSERT_EQ(run->updated.size(), single->updated.size());
+    for (size_t i = 0; i < run->updated.size(); ++i) {
+      EXPECT_EQ(Floats(run->updated[i].array), Floats(single->updated[i].array))
+          << g.id(run->updated[i].node);
+    }
+    size_t first = 0;
+    while (steps[first].action != Action::kAllReduce) ++first;
+    size_t next = first + 1;
+    while (next < steps.size() && steps[next].joins_bucket) ++next;
+    EXPECT_EQ(next - first > 1, bucketed);
+    while (next < steps.size() && steps[next].action != Action::kCompute) ++next;
+    ASSERT_LT(next, steps.size()) << "no compute after the first bucket";
+    const StepMeasurement& reduce = run->steps[first];
+    EXPECT_GE(reduce.end_s - reduce.start_s, 0.2);
+    EXPECT_LT(run->steps[next].start_s, reduce.end_s)
+        << "step " << next << " (compute " << g.id(steps[next].node)
+        << ") waited for the all-reduce of " << g.id(steps[first].node);
+    EXPECT_GE(run->collective_time_s, 0.2);
+    EXPECT_LT(run->collective_time_s, run->time_s);
+    // The trace draws the all-reduces on a row of their own.
+    const nlohmann::json trace = ChromeTrace(g, *run);
+    int network_row = -1, on_it = 0;
+    for (const nlohmann::json& e : trace["traceEvents"]) {
+      if (e["ph"] == "M" && e["name"] == "thread_name" && e["args"]["name"] == "network") {
+        network_row = e["tid"];
+      }
+    }
+    for (const nlohmann::json& e : trace["traceEvents"]) {
+      on_it += e["ph"] == "X" && e["cat"] == "all_reduce" && e["tid"] == network_row;
+    }
+    EXPECT_EQ(on_it, CountAllReduces(dp->schedule));
+
+    // A collective that fails is the run's error, naming its step, once it
+    // is settled; nothing hangs.
+    MirroredRank failing(0.05, /*fail=*/true);
+    with_ranks.collectives = &failing;
+    auto failed = Execute(g, dp->schedule, **backend, with_ranks);
+    ASSERT_FALSE(failed.ok());
+    EXPECT_THAT(failed.status().message(), HasSubstr("the other rank stopped"));
+    EXPECT_THAT(failed.status().message(), HasSubstr(absl::StrCat("step ", first, " (")));
   }
 }
 
