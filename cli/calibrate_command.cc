@@ -51,29 +51,16 @@ struct CalibrateFlags {
   bool json = false;
   // Several ranks: the network link (docs/cuda.md, "Calibration").
   int ranks = 1;
-  int rank = 0;
-  bool rank_given = false;
-  std::string rendezvous;
-  std::string address = "127.0.0.1";
-  double rank_timeout_s = 300;
+  RankProcessFlags process;  // --rank, --rendezvous, --address, --rank-timeout
   std::string network_size = "8MiB";
 };
 
 // With --ranks N: meets the other ranks and measures the link into
 // `profile`.
 absl::Status MeasureNetwork(const CalibrateFlags& f, CostProfile& profile) {
-  if (f.rendezvous.empty() || !f.rank_given || f.rank >= f.ranks) {
-    return UsageError(absl::StrCat("--ranks ", f.ranks, ": give --rank (0 to ", f.ranks - 1,
-                                   ") and --rendezvous DIR, a new directory every rank sees "
-                                   "(scripts/pebble-ranks starts the ranks on this machine)"));
-  }
   ASSIGN_OR_RETURN(const int64_t large, ParseSize(f.network_size));
   ASSIGN_OR_RETURN(std::unique_ptr<Collectives> collectives,
-                   ConnectGloo({.rank = f.rank,
-                                .ranks = f.ranks,
-                                .rendezvous_dir = f.rendezvous,
-                                .address = f.address,
-                                .timeout_s = f.rank_timeout_s}));
+                   ConnectGloo(f.process.Gloo(f.ranks)));
   constexpr int64_t kSmallBytes = 4096;
   if (large < 4 * kSmallBytes) {
     return UsageError("--network-size: at least 16KiB (four times the small all-reduce)");
@@ -261,14 +248,12 @@ int RunCalibrate(const CalibrateFlags& f) {
         "--json prints a summary on stdout, where the profile goes without --output: give "
         "--output FILE with --json"));
   }
-  if (f.ranks == 1 && (f.rank_given || !f.rendezvous.empty())) {
-    return Fail(UsageError("--rank and --rendezvous: with --ranks 2 or more only"));
-  }
+  if (absl::Status s = f.process.Check(f.ranks); !s.ok()) return Fail(s);
   // Before measuring, which takes a while: a refused --output fails now
   // (rank 0 alone writes it).
   if (absl::Status s = CheckOutputs({{to_stdout ? "-" : f.output, "--output"}},
                                     f.source.InputFiles(), f.force);
-      f.rank == 0 && !s.ok()) {
+      f.process.rank == 0 && !s.ok()) {
     return Fail(s);
   }
   auto graph = f.source.Load();
@@ -278,9 +263,10 @@ int RunCalibrate(const CalibrateFlags& f) {
   CostProfile& profile = calibrated->first;
   if (f.ranks > 1) {
     if (absl::Status s = MeasureNetwork(f, profile); !s.ok()) return Fail(s);
-    if (f.rank != 0) {
+    if (f.process.rank != 0) {
       std::cout << absl::StrFormat(
-          "rank %d of %d: link %.3g GB/s, latency %s (rank 0 writes the profile)\n", f.rank,
+          "rank %d of %d: link %.3g GB/s, latency %s (rank 0 writes the profile)\n",
+          f.process.rank,
           f.ranks, profile.network_bandwidth_bytes_per_s / 1e9,
           FormatSeconds(profile.network_latency_s));
       return 0;
@@ -347,22 +333,13 @@ void AddCalibrateCommand(CLI::App& app, int& exit_code) {
                   "one process; rank 0 writes it into the profile, which plan, compare, "
                   "simulate and fit then take as --network (default 1: no link)")
       ->check(IntegerIn(1, 1 << 20));
-  CLI::Option* rank = cmd->add_option("--rank", flags.rank, "with --ranks: this process's rank");
-  rank->check(IntegerIn(0, 1 << 20));
-  cmd->add_option("--rendezvous", flags.rendezvous,
-                  "with --ranks: a new, empty directory every rank sees, where they meet "
-                  "(scripts/pebble-ranks makes one)");
-  cmd->add_option("--address", flags.address,
-                  "with --ranks: the address other ranks reach this one at (default 127.0.0.1)");
-  cmd->add_option("--rank-timeout", flags.rank_timeout_s,
-                  "with --ranks: seconds a rank waits for the others (default 300)")
-      ->check(NumberAbove(0, "a positive number of seconds"));
+  flags.process.AddOptions(cmd, "");
   cmd->add_option("--network-size", flags.network_size,
                   "with --ranks: bytes of the large timed all-reduce (default 8MiB; the small "
                   "one is 4KiB)")
       ->check(PositiveSize());
-  cmd->callback([&exit_code, rank] {
-    flags.rank_given = rank->count() > 0;
+  cmd->callback([&exit_code] {
+    flags.process.NoteGiven();
     exit_code = RunCalibrate(flags);
   });
 }

@@ -987,6 +987,56 @@ absl::Status RankFlags::Apply(PlannerOptions& options) const {
   return absl::OkStatus();
 }
 
+void RankProcessFlags::AddOptions(CLI::App* cmd, absl::string_view rank_help) {
+  rank_option_ = cmd->add_option("--rank", rank,
+                                 absl::StrCat("with --ranks: this process's rank, 0 to --ranks "
+                                              "- 1", rank_help.empty() ? "" : " (", rank_help,
+                                              rank_help.empty() ? "" : ")"));
+  rank_option_->check(IntegerIn(0, 1 << 20));
+  options_ = {
+      rank_option_,
+      cmd->add_option("--rendezvous", rendezvous,
+                      "with --ranks: a new, empty directory that every rank sees (one machine, "
+                      "or a shared file system), where the ranks meet; scripts/pebble-ranks "
+                      "makes one"),
+      cmd->add_option("--address", address,
+                      "with --ranks: the address other ranks reach this one at (default "
+                      "127.0.0.1: every rank on this machine)"),
+      cmd->add_option("--rank-timeout", timeout_s,
+                      "with --ranks: seconds a rank waits for the others, to meet and in each "
+                      "collective (default 300)")
+          ->check(NumberAbove(0, "a positive number of seconds"))};
+}
+
+void RankProcessFlags::NoteGiven() {
+  given_.clear();
+  for (CLI::Option* option : options_) {
+    if (option->count() > 0) given_.push_back(option->get_name());
+  }
+}
+
+absl::Status RankProcessFlags::Check(int ranks) const {
+  if (ranks == 1) {
+    if (given_.empty()) return absl::OkStatus();
+    return UsageError(absl::StrCat(absl::StrJoin(given_, ", "),
+                                   ": with --ranks 2 or more only"));
+  }
+  if (rendezvous.empty() || rank_option_ == nullptr || rank_option_->count() == 0) {
+    return UsageError(absl::StrCat(
+        "--ranks ", ranks, ": give --rank and --rendezvous DIR, a new directory every rank "
+        "sees (scripts/pebble-ranks starts the ranks on this machine)"));
+  }
+  if (rank >= ranks) {
+    return UsageError(absl::StrCat("--rank ", rank, ": ranks are 0 to ", ranks - 1));
+  }
+  return absl::OkStatus();
+}
+
+GlooOptions RankProcessFlags::Gloo(int ranks) const {
+  return {.rank = rank, .ranks = ranks, .rendezvous_dir = rendezvous, .address = address,
+          .timeout_s = timeout_s};
+}
+
 absl::StatusOr<NetworkLink> RankFlags::Link() const {
   NetworkLink link;
   if (!network.empty()) {

@@ -15,6 +15,7 @@
 #include "absl/status/statusor.h"
 #include "graph/graph.h"
 #include "graph/optimizer.h"
+#include "runtime/gloo/gloo_collectives.h"
 #include "runtime/workspace.h"
 #include "scheduler/planner.h"
 #include "nlohmann/json.hpp"
@@ -214,6 +215,32 @@ struct RankFlags {
 
  private:
   const GraphSource* source_ = nullptr;
+};
+
+// The flags of one process among several ranks (`run` and `calibrate`
+// with --ranks N): --rank, --rendezvous, --address, --rank-timeout.
+class RankProcessFlags {
+ public:
+  int rank = 0;
+  std::string rendezvous;  // the directory the ranks meet through
+  std::string address = "127.0.0.1";
+  double timeout_s = 300;
+
+  // `rank_help`: what a rank is to the command, for --rank's help.
+  void AddOptions(CLI::App* cmd, absl::string_view rank_help);
+  // From the command's callback: which of the flags were given.
+  void NoteGiven();
+  // A usage error naming the flags given where `ranks` is 1, or, from 2
+  // ranks, where --rank or --rendezvous is missing or --rank is out of
+  // range.
+  absl::Status Check(int ranks) const;
+  // How ConnectGloo meets the other ranks.
+  GlooOptions Gloo(int ranks) const;
+
+ private:
+  CLI::Option* rank_option_ = nullptr;
+  std::vector<CLI::Option*> options_;
+  std::vector<std::string> given_;  // the flags given, by name
 };
 
 // A plain text table: a header row, then rows; columns whose cells all look

@@ -95,12 +95,7 @@ struct RunFlags {
   std::string workspace = "query";  // or "graph"
   // Several ranks (docs/runtime.md, "Several ranks").
   RankFlags rank_flags;
-  int rank = 0;
-  std::string rendezvous;  // the directory the ranks meet through
-  std::string address = "127.0.0.1";
-  double rank_timeout_s = 300;
-  std::vector<std::string> rank_only_given;  // the flags above given on the command line
-  bool rank_given = false;
+  RankProcessFlags process;  // --rank, --rendezvous, --address, --rank-timeout
 };
 
 // The placeholder in --dump, --trace and --inputs that each rank replaces
@@ -112,21 +107,8 @@ constexpr absl::string_view kRankPlaceholder = "{rank}";
 absl::Status CheckRankFlags(const RunFlags& f) {
   const int ranks = f.rank_flags.ranks;
   RETURN_IF_ERROR(f.rank_flags.CheckShard());
-  if (ranks == 1) {
-    if (!f.rank_only_given.empty()) {
-      return UsageError(absl::StrCat(absl::StrJoin(f.rank_only_given, ", "),
-                                     ": with --ranks 2 or more only"));
-    }
-    return absl::OkStatus();
-  }
-  if (f.rendezvous.empty() || !f.rank_given) {
-    return UsageError(absl::StrCat(
-        "--ranks ", ranks, ": give --rank and --rendezvous DIR, a new directory every rank "
-        "sees (scripts/pebble-ranks starts the ranks on this machine)"));
-  }
-  if (f.rank >= ranks) {
-    return UsageError(absl::StrCat("--rank ", f.rank, ": ranks are 0 to ", ranks - 1));
-  }
+  RETURN_IF_ERROR(f.process.Check(ranks));
+  if (ranks == 1) return absl::OkStatus();
   for (const auto& [flag, path] : {std::pair{"--dump", &f.dump_dir},
                                    std::pair{"--trace", &f.trace_path}}) {
     if (!path->empty() && !absl::StrContains(*path, kRankPlaceholder)) {
@@ -138,11 +120,11 @@ absl::Status CheckRankFlags(const RunFlags& f) {
   return absl::OkStatus();
 }
 
-// `f` as rank `f.rank` runs it: {rank} in --dump, --trace and --inputs
+// `f` as rank `f.process.rank` runs it: {rank} in --dump, --trace and --inputs
 // replaced.
 RunFlags ForThisRank(const RunFlags& f) {
   RunFlags mine = f;
-  const std::string rank = absl::StrCat(f.rank);
+  const std::string rank = absl::StrCat(f.process.rank);
   for (std::string* path : {&mine.dump_dir, &mine.trace_path, &mine.inputs_dir}) {
     *path = absl::StrReplaceAll(*path, {{kRankPlaceholder, rank}});
   }
@@ -471,11 +453,7 @@ int RunRun(const RunFlags& given) {
   options.simulator.host_bandwidth_bytes_per_s = plan->bandwidth_bytes_per_s;
   std::unique_ptr<Collectives> collectives;  // after planning, which may take a while
   if (f.rank_flags.ranks > 1) {
-    auto connected = ConnectGloo({.rank = f.rank,
-                                  .ranks = f.rank_flags.ranks,
-                                  .rendezvous_dir = f.rendezvous,
-                                  .address = f.address,
-                                  .timeout_s = f.rank_timeout_s});
+    auto connected = ConnectGloo(f.process.Gloo(f.rank_flags.ranks));
     if (!connected.ok()) return Fail(connected.status());
     collectives = *std::move(connected);
     // Every rank runs as many steps (a warm-up of one would pair with
@@ -563,7 +541,7 @@ int RunRun(const RunFlags& given) {
         {"ranks", f.rank_flags.ranks},
     };
     if (collectives != nullptr) {
-      doc["rank"] = f.rank;
+      doc["rank"] = f.process.rank;
       doc["shard"] = f.rank_flags.shard;
       doc["collectives"] = {
           {"description", collectives->Description()},
@@ -736,31 +714,12 @@ void AddRunCommands(CLI::App& app, int& exit_code) {
                 "planner's reason)");
   run->add_flag("--json", flags.json, "print one JSON document");
   flags.rank_flags.AddOptions(run, &flags.source);
-  CLI::Option* rank = run->add_option(
-      "--rank", flags.rank,
-      "with --ranks: this process's rank, 0 to --ranks - 1 (each rank is one process running "
-      "the same plan on its own batch: the inputs of role 'input' generated with seed --seed + "
-      "rank, or read from its own --inputs, {rank} in the path)");
-  rank->check(IntegerIn(0, 1 << 20));
-  const std::vector<CLI::Option*> rank_only = {
-      rank,
-      run->add_option("--rendezvous", flags.rendezvous,
-                      "with --ranks: a new, empty directory that every rank sees (one machine, "
-                      "or a shared file system), where the ranks meet; scripts/pebble-ranks "
-                      "makes one"),
-      run->add_option("--address", flags.address,
-                      "with --ranks: the address other ranks reach this one at (default "
-                      "127.0.0.1: every rank on this machine)"),
-      run->add_option("--rank-timeout", flags.rank_timeout_s,
-                      "with --ranks: seconds a rank waits for the others, to meet and in each "
-                      "collective (default 300)")
-          ->check(NumberAbove(0, "a positive number of seconds"))};
-  run->callback([&exit_code, budget, rank, rank_only] {
-    flags.rank_given = rank->count() > 0;
-    flags.rank_only_given.clear();
-    for (CLI::Option* option : rank_only) {
-      if (option->count() > 0) flags.rank_only_given.push_back(option->get_name());
-    }
+  flags.process.AddOptions(
+      run, "each rank is one process running the same plan on its own batch: the inputs of "
+           "role 'input' generated with seed --seed + rank, or read from its own --inputs, "
+           "{rank} in the path");
+  run->callback([&exit_code, budget] {
+    flags.process.NoteGiven();
     flags.budget_given = budget->count() > 0;
     exit_code = RunRun(flags);
   });
