@@ -1309,13 +1309,12 @@ class ScheduleRun {
   absl::StatusOr<int64_t> RunKernel(int k) {
     const NodeId v = schedule_.steps[k].node;
     const int64_t during = held_ + kernel_context_.workspace_bytes;
-    if (graph_.collective(v)) {  // after the compute before it (staged on the host)
-      if (absl::Status s = backend_.Synchronize(); !s.ok()) return Failed(k, s);
+    if (graph_.collective(v)) {
+      RETURN_IF_ERROR(IssueCollective(k));
+      return during;
     }
-    ASSIGN_OR_RETURN(StreamEvent end, Timed(k, Stream::kCompute, [&] {
-                       return graph_.collective(v) ? RunCollective(kernel_context_)
-                                                   : backend_.Compute(kernel_context_);
-                     }));
+    ASSIGN_OR_RETURN(StreamEvent end, Timed(k, Stream::kCompute,
+                                            [&] { return backend_.Compute(kernel_context_); }));
     ready_[v] = end;
     last_compute_use_[v] = end;
     for (NodeId u : graph_.unique_inputs(v)) last_compute_use_[u] = end;
@@ -1433,23 +1432,25 @@ class ScheduleRun {
   }
 
   // Note [Collectives in flight]. The plan lets the network's collectives
-  // overlap the compute that follows them. So an all_reduce bucket is
-  // staged at its step (every stream drained, each gradient copied to a
-  // host buffer in float32 and divided by the ranks) and summed on the
-  // collectives' thread (TaskThread), while the steps go on. That thread
-  // sums the buckets one after the other, in the schedule's order, the
-  // same on every rank, as the collectives of one gloo context must. A
-  // bucket is settled (its sums copied back, its end recorded) once it is
-  // done, checked before each step, and at the latest before a step (but
-  // an all_reduce) that reads, writes, copies or frees one of its storages,
-  // before a sharded graph's collective and at the end of the run; its end
-  // is thus measured up to a step late. The buckets in flight hold host
-  // memory outside the plan (their float32 buffers), as every collective's
-  // staging does.
+  // overlap the compute that follows them. So an all_reduce bucket, or a
+  // sharded graph's gather or reduce-scatter, is staged at its step (every
+  // stream drained, its tensors copied to a host buffer in float32, a
+  // gradient divided by the ranks) and run on the collectives' thread
+  // (TaskThread), while the steps go on. That thread runs them one after
+  // the other, in the schedule's order, the same on every rank, as the
+  // collectives of one gloo context must. A collective is settled (its
+  // result copied into place, its end recorded) once it is done, checked
+  // before each step, and at the latest before a step (but an all_reduce)
+  // that reads, writes, copies or frees a storage it writes, and at the end
+  // of the run; its end is thus measured up to a step late. The
+  // collectives in flight hold host memory outside the plan (their float32
+  // buffers), as every collective's staging does.
   struct InFlight {
-    int first = 0, last = 0;  // its steps
+    int first = 0, last = 0;  // its steps: a bucket's, or a collective's compute
+    bool compute = false;     // a sharded graph's collective
     StreamEvent start;
     std::shared_ptr<std::vector<float>> sums;  // shared with its task until that ends
+    int64_t result_offset = 0;                 // a collective's: where its output lies
     std::future<absl::Status> done;
   };
 
@@ -1484,25 +1485,93 @@ class ScheduleRun {
         first == last ? absl::StrCat("the all-reduce of ", Quote(graph_.id(head)))
                       : absl::StrCat("the all-reduce of the bucket of ", Quote(graph_.id(head)),
                                      " and ", last - first, " more");
+    bucket.sums = sums;
+    return Enqueue(std::move(bucket), what, [collectives = collectives_, sums, what] {
+      return collectives->AllReduceSum(sums->data(), static_cast<int64_t>(sums->size()), what);
+    });
+  }
+
+  // A sharded graph's collective (Note [Sharded graphs], scheduler/
+  // sharding.cc) at step k, on kernel_context_'s one input and its output,
+  // in a float32 buffer of ranks * s elements, s the shard's, staged and
+  // run as a bucket is (Note [Collectives in flight]): all_gather gathers
+  // every rank's shard (the padding past the tensor's end dropped);
+  // reduce_scatter is one all-reduce of the whole local gradient divided
+  // by the ranks (DistributedDataParallel's and FSDP's average), of which
+  // this rank keeps its slot: twice the traffic of a reduce-scatter (gloo's
+  // is only the older algorithm class).
+  absl::Status IssueCollective(int k) {
+    const KernelContext& ctx = kernel_context_;
+    const NodeId v = ctx.node;
+    const bool gather = graph_.op(v) == "all_gather";
+    const TensorView& in = ctx.inputs[0];
+    const int ranks = collectives_->ranks();
+    const int64_t in_count = NumElements(in.shape);
+    const int64_t out_count = NumElements(ctx.output.shape);
+    const int64_t shard = gather ? in_count : out_count;
+    const int64_t whole = gather ? out_count : in_count;
+    if (shard * ranks < whole) {
+      return Failed(k, absl::InternalError(absl::StrCat(
+                           Quote(graph_.id(v)), ": shards of ", shard, " elements cannot hold ",
+                           whole)));
+    }
+    if (absl::Status s = backend_.Synchronize(); !s.ok()) return Failed(k, s);
+    InFlight op;
+    op.first = op.last = k;
+    op.compute = true;
+    absl::StatusOr<StreamEvent> start = streams_.Record(Stream::kCompute);
+    if (!start.ok()) return Failed(k, start.status());
+    op.start = *start;
+    staging_bytes_.resize(static_cast<size_t>(in_count * DTypeSize(in.dtype)));
+    if (absl::Status s = backend_.Download(staging_bytes_.data(), in.data,
+                                           static_cast<int64_t>(staging_bytes_.size()));
+        !s.ok()) {
+      return Failed(k, s);
+    }
+    absl::StatusOr<StreamEvent> staged = streams_.Record(Stream::kCompute);
+    if (!staged.ok()) return Failed(k, staged.status());
+    for (NodeId u : graph_.unique_inputs(v)) last_compute_use_[u] = *staged;
+    auto buffer = std::make_shared<std::vector<float>>(static_cast<size_t>(shard * ranks), 0.0f);
+    op.sums = buffer;
+    in_flight_storage_[graph_.storage(v)] = 1;
+    const std::string what = absl::StrCat("the ", gather ? "all-gather" : "reduce-scatter", " ",
+                                          Quote(graph_.id(v)));
+    if (gather) {
+      auto own = std::make_shared<std::vector<float>>(static_cast<size_t>(shard));
+      WidenToFloat(staging_bytes_.data(), in.dtype, in_count, 1.0f, own->data());
+      return Enqueue(std::move(op), what, [collectives = collectives_, own, buffer, shard, what] {
+        return collectives->AllGather(own->data(), shard, buffer->data(), what);
+      });
+    }
+    WidenToFloat(staging_bytes_.data(), in.dtype, in_count, static_cast<float>(ranks),
+                 buffer->data());
+    op.result_offset = shard * collectives_->rank();
+    return Enqueue(std::move(op), what, [collectives = collectives_, buffer, what] {
+      return collectives->AllReduceSum(buffer->data(), static_cast<int64_t>(buffer->size()),
+                                       what);
+    });
+  }
+
+  // Queues `task` (`op`'s collective, named `what`) on the collectives'
+  // thread, started on first use.
+  absl::Status Enqueue(InFlight op, const std::string& what,
+                       std::function<absl::Status()> task) {
     if (collective_thread_ == nullptr) {
       try {
         collective_thread_ = std::make_unique<TaskThread>();
       } catch (const std::system_error& e) {
-        return Failed(first, absl::ResourceExhaustedError(absl::StrCat(
-                                 "cannot start the collectives' thread: ", e.what())));
+        return Failed(op.first, absl::ResourceExhaustedError(absl::StrCat(
+                                    "cannot start the collectives' thread: ", e.what())));
       }
     }
-    bucket.sums = sums;
-    bucket.done = collective_thread_->Run(
-        [collectives = collectives_, sums = std::move(sums), what = std::move(what)] {
-          try {
-            return collectives->AllReduceSum(sums->data(), static_cast<int64_t>(sums->size()),
-                                             what);
-          } catch (const std::exception& e) {  // a Collectives that throws
-            return absl::InternalError(absl::StrCat(what, ": ", e.what()));
-          }
-        });
-    in_flight_.push_back(std::move(bucket));
+    op.done = collective_thread_->Run([task = std::move(task), what]() -> absl::Status {
+      try {
+        return task();
+      } catch (const std::exception& e) {  // a Collectives that throws
+        return absl::InternalError(absl::StrCat(what, ": ", e.what()));
+      }
+    });
+    in_flight_.push_back(std::move(op));
     return absl::OkStatus();
   }
 
@@ -1514,6 +1583,7 @@ class ScheduleRun {
     InFlight bucket = std::move(in_flight_.front());
     in_flight_.pop_front();
     if (absl::Status s = bucket.done.get(); !s.ok()) return Failed(bucket.first, s);
+    if (bucket.compute) return SettleCollective(bucket);
     int64_t offset = 0;
     for (int j = bucket.first; j <= bucket.last; ++j) {
       const NodeId g = schedule_.steps[j].node;
@@ -1541,10 +1611,30 @@ class ScheduleRun {
     return absl::OkStatus();
   }
 
-  // Before step k (num_steps_: the end of the run): settles each bucket
-  // that is done, and, waiting for them, the buckets up to the last that
-  // holds a storage the step touches (each, before a sharded graph's
-  // collective or at the end).
+  // A sharded graph's collective, done: its output copied into place.
+  absl::Status SettleCollective(const InFlight& op) {
+    const NodeId v = schedule_.steps[op.first].node;
+    const DType dtype = *graph_.dtype(v);
+    const int64_t count = NumElements(*graph_.shape(v));
+    staging_bytes_.resize(static_cast<size_t>(count * DTypeSize(dtype)));
+    NarrowFromFloat(op.sums->data() + op.result_offset, count, dtype, staging_bytes_.data());
+    if (absl::Status s = backend_.Upload(Address(current_[v]), staging_bytes_.data(),
+                                         static_cast<int64_t>(staging_bytes_.size()));
+        !s.ok()) {
+      return Failed(op.first, s);
+    }
+    in_flight_storage_[graph_.storage(v)] = 0;
+    absl::StatusOr<StreamEvent> end = streams_.Record(Stream::kCompute);
+    if (!end.ok()) return Failed(op.first, end.status());
+    events_[op.first] = {op.start, *end};
+    ready_[v] = *end;
+    last_compute_use_[v] = *end;
+    return absl::OkStatus();
+  }
+
+  // Before step k (num_steps_: the end of the run): settles each
+  // collective in flight that is done, and, waiting for them, those up to
+  // the last that writes a storage the step touches (each, at the end).
   absl::Status SettleFor(int k) {
     while (!in_flight_.empty()) {
       const bool done = in_flight_.front().done.wait_for(std::chrono::seconds(0)) ==
@@ -1555,63 +1645,18 @@ class ScheduleRun {
     return absl::OkStatus();
   }
 
-  // Whether step k still touches a storage in flight, or is a collective.
+  // Whether step k touches a storage that a collective in flight writes.
   bool Touches(int k) const {
     const Step& step = schedule_.steps[k];
     // A bucket's own later steps (a storage is all-reduced once: CheckOne-
     // AllReducePerValue), and every other bucket, go on.
     if (step.action == Action::kAllReduce) return false;
     if (in_flight_storage_[graph_.storage(step.node)]) return true;
-    if (step.action == Action::kCompute && graph_.collective(step.node)) return true;
     if (step.action != Action::kCompute && step.action != Action::kHostCompute) return false;
     for (NodeId u : graph_.unique_inputs(step.node)) {
       if (in_flight_storage_[graph_.storage(u)]) return true;
     }
     return false;
-  }
-
-  // A sharded graph's collective (Note [Sharded graphs], scheduler/
-  // sharding.cc) on `ctx`'s one input and its output, in float32 buffers
-  // of ranks * s elements, s the shard's: all_gather gathers every rank's
-  // shard (the padding past the tensor's end dropped); reduce_scatter is
-  // one all-reduce of the whole local gradient divided by the ranks
-  // (DistributedDataParallel's and FSDP's average), of which this rank
-  // keeps its slot: twice the traffic of a reduce-scatter (gloo's is only
-  // the older algorithm class).
-  absl::Status RunCollective(const KernelContext& ctx) {
-    const NodeId v = ctx.node;
-    const bool gather = graph_.op(v) == "all_gather";
-    const TensorView& in = ctx.inputs[0];
-    const int ranks = collectives_->ranks();
-    const int64_t in_count = NumElements(in.shape);
-    const int64_t out_count = NumElements(ctx.output.shape);
-    const int64_t shard = gather ? in_count : out_count;
-    const int64_t whole = gather ? out_count : in_count;
-    if (shard * ranks < whole) {
-      return absl::InternalError(absl::StrCat(Quote(graph_.id(v)), ": shards of ", shard,
-                                              " elements cannot hold ", whole));
-    }
-    staging_.assign(static_cast<size_t>(shard * ranks), 0.0f);
-    staging_bytes_.resize(static_cast<size_t>(in_count * DTypeSize(in.dtype)));
-    RETURN_IF_ERROR(backend_.Download(staging_bytes_.data(), in.data,
-                                      static_cast<int64_t>(staging_bytes_.size())));
-    const std::string what = absl::StrCat("the ", gather ? "all-gather" : "reduce-scatter",
-                                          " ", Quote(graph_.id(v)));
-    float* slot = staging_.data() + shard * collectives_->rank();
-    if (gather) {
-      own_shard_.resize(static_cast<size_t>(shard));
-      WidenToFloat(staging_bytes_.data(), in.dtype, in_count, 1.0f, own_shard_.data());
-      RETURN_IF_ERROR(collectives_->AllGather(own_shard_.data(), shard, staging_.data(), what));
-    } else {
-      WidenToFloat(staging_bytes_.data(), in.dtype, in_count, ranks, staging_.data());
-      RETURN_IF_ERROR(collectives_->AllReduceSum(
-          staging_.data(), static_cast<int64_t>(staging_.size()), what));
-    }
-    staging_bytes_.resize(static_cast<size_t>(out_count * DTypeSize(ctx.output.dtype)));
-    NarrowFromFloat(gather ? staging_.data() : slot, out_count, ctx.output.dtype,
-                    staging_bytes_.data());
-    return backend_.Upload(ctx.output.data, staging_bytes_.data(),
-                           static_cast<int64_t>(staging_bytes_.size()));
   }
 
   int64_t RunFree(int k) {
@@ -1638,13 +1683,11 @@ class ScheduleRun {
   Collectives* const collectives_;  // nullptr: one rank
   Fnv1a replicated_;                // ReplicatedFingerprint
   std::vector<uint8_t> sharded_;    // per node of options.unsharded: ShardedTensors
-  // A collective's tensor as the device holds it, and its float32 buffer
-  // (RunAllReduce, RunCollective).
+  // A collective's tensor as the device holds it (IssueBucket,
+  // IssueCollective and their settling).
   std::vector<std::byte> staging_bytes_;
-  std::vector<float> staging_;
-  std::vector<float> own_shard_;  // an all-gather's input
-  std::deque<InFlight> in_flight_;       // Note [Collectives in flight], oldest first
-  std::vector<uint8_t> in_flight_storage_;  // per storage: in a bucket in flight
+  std::deque<InFlight> in_flight_;          // Note [Collectives in flight], oldest first
+  std::vector<uint8_t> in_flight_storage_;  // per storage: written by a collective in flight
   ExecutionResult& result_;
   const MemoryLayout& layout_;
   const int num_steps_;

@@ -14,7 +14,7 @@ constexpr int kPid = 1;
 constexpr int kComputeTid = 1;
 constexpr int kCopyTid = 2;
 constexpr int kHostTid = 3;  // host computes (updates on the host)
-constexpr int kNetworkTid = 4;  // all_reduce buckets in flight (several ranks)
+constexpr int kNetworkTid = 4;  // collectives in flight (several ranks)
 
 double Micros(double seconds) { return seconds * 1e6; }
 
@@ -33,9 +33,13 @@ nlohmann::json ChromeTrace(const Graph& graph, const ExecutionResult& result) {
     events.push_back({{"ph", "M"}, {"pid", kPid}, {"tid", kHostTid}, {"name", "thread_name"},
                       {"args", {{"name", "host"}}}});
   }
-  if (absl::c_any_of(result.steps, [](const StepMeasurement& s) {
-        return s.action == Action::kAllReduce;
-      })) {
+  // Collectives run beside the compute (Note [Collectives in flight],
+  // executor.cc): all_reduce steps and a sharded graph's collective nodes.
+  auto on_network = [&](const StepMeasurement& s) {
+    return s.action == Action::kAllReduce ||
+           (s.action == Action::kCompute && graph.collective(s.node));
+  };
+  if (absl::c_any_of(result.steps, on_network)) {
     events.push_back({{"ph", "M"}, {"pid", kPid}, {"tid", kNetworkTid}, {"name", "thread_name"},
                       {"args", {{"name", "network"}}}});
   }
@@ -53,7 +57,8 @@ nlohmann::json ChromeTrace(const Graph& graph, const ExecutionResult& result) {
     const int64_t bytes = graph.bytes(s.node);
     switch (s.action) {
       case Action::kCompute: {
-        events.push_back({{"ph", "X"}, {"pid", kPid}, {"tid", kComputeTid}, {"name", id},
+        events.push_back({{"ph", "X"}, {"pid", kPid},
+                          {"tid", on_network(s) ? kNetworkTid : kComputeTid}, {"name", id},
                           {"cat", "compute"}, {"ts", Micros(s.start_s)},
                           {"dur", Micros(s.end_s - s.start_s)},
                           {"args", {{"step", k}, {"op", graph.op(s.node)}, {"bytes", bytes},

@@ -23,9 +23,10 @@ namespace pebble {
 //  - thread 2 "copy": one "X" event per offload / prefetch (cat = the action);
 //  - thread 3 "host" (a graph with host costs): one "X" event per host
 //    compute (cat = "host_compute");
-//  - thread 4 "network" (a run with all_reduce steps): one "X" event per
-//    all_reduce step, from its bucket's issue to its settling (cat =
-//    "all_reduce"; Note [Collectives in flight] in executor.cc);
+//  - thread 4 "network" (a run with collectives): one "X" event per
+//    all_reduce step (cat = "all_reduce") or collective compute (cat =
+//    "compute"), from its issue to its settling (Note [Collectives in
+//    flight] in executor.cc);
 //  - "M" metadata events naming the process and its threads;
 //  - counter ("C") events "device memory" {"bytes": ...} and "host memory"
 //    {"bytes": ...} at each step's start (memory during the step) and end
