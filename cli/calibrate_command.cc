@@ -59,12 +59,12 @@ struct CalibrateFlags {
 // `profile`.
 absl::Status MeasureNetwork(const CalibrateFlags& f, CostProfile& profile) {
   ASSIGN_OR_RETURN(const int64_t large, ParseSize(f.network_size));
-  ASSIGN_OR_RETURN(std::unique_ptr<Collectives> collectives,
-                   ConnectGloo(f.process.Gloo(f.ranks)));
   constexpr int64_t kSmallBytes = 4096;
   if (large < 4 * kSmallBytes) {
     return UsageError("--network-size: at least 16KiB (four times the small all-reduce)");
   }
+  ASSIGN_OR_RETURN(std::unique_ptr<Collectives> collectives,
+                   ConnectGloo(f.process.Gloo(f.ranks)));
   ASSIGN_OR_RETURN(const NetworkLink link, MeasureNetworkLink(*collectives, kSmallBytes, large));
   profile.network_bandwidth_bytes_per_s = link.bandwidth_bytes_per_s;
   profile.network_latency_s = link.latency_s;

@@ -17,8 +17,8 @@
 namespace pebble {
 
 // The executor calls a Collectives from one thread at a time, not always
-// the thread that made it: an all_reduce bucket is summed on a thread of
-// its own while the steps go on (Note [Collectives in flight],
+// the thread that made it: its all-reduces and all-gathers run on a thread
+// of their own while the steps go on (Note [Collectives in flight],
 // runtime/executor.cc).
 class Collectives {
  public:

@@ -1139,7 +1139,12 @@ class ScheduleRun {
       last_end = std::max(last_end, m.end_s);
     }
     result_.time_s = last_end;
-    result_.copy_overlap_s = CopyComputeOverlapSeconds(result_.steps);
+    // The compute that copies hide behind: not a collective in flight.
+    std::vector<StepMeasurement> computing;
+    for (const StepMeasurement& m : result_.steps) {
+      if (m.action != Action::kCompute || !graph_.collective(m.node)) computing.push_back(m);
+    }
+    result_.copy_overlap_s = CopyComputeOverlapSeconds(computing);
     // Buckets in flight overlap one another and the compute: their union.
     result_.collective_time_s = CoveredSeconds(std::move(collectives));
     std::vector<Interval> busy;

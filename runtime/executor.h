@@ -133,12 +133,12 @@ struct ExecutionResult {
   // allocation and poisoning, reading or generating the persistent tensors.
   double setup_s = 0;
   double time_s = 0;         // first event to the end of the last step
-  double kernel_time_s = 0;  // sum of compute-step durations
+  double kernel_time_s = 0;  // sum of compute-step durations (but collectives)
   double copy_time_s = 0;    // sum of offload and prefetch durations
   // The time some collective ran (the union of their intervals): an
-  // all_reduce bucket from its issue to its sums' copy back, beside the
-  // compute (Note [Collectives in flight], executor.cc); a sharded graph's
-  // all_gather and reduce_scatter computes on the compute stream.
+  // all_reduce bucket, or a sharded graph's all_gather or reduce_scatter,
+  // from its issue to its result's copy into place, beside the compute
+  // (Note [Collectives in flight], executor.cc).
   double collective_time_s = 0;
   // Sum of host-compute durations (updates on the host, docs/semantics.md,
   // "Updates on the host"): host wall time between two events of the copy

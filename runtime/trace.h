@@ -18,7 +18,8 @@ namespace pebble {
 // The Trace Event Format of chrome://tracing and Perfetto
 // (https://docs.google.com/document/d/1CvAClvFfyA5R-PWSQk4Uq3b1FDQ3tTfLHxCWUHnnW0Q):
 // {"displayTimeUnit": "ms", "traceEvents": [...]} with, in process 1,
-//  - thread 1 "compute": one complete ("X") event per compute step
+//  - thread 1 "compute": one complete ("X") event per compute step but
+//    collectives
 //    (name = node id, cat = "compute", args: step, op, bytes, recompute);
 //  - thread 2 "copy": one "X" event per offload / prefetch (cat = the action);
 //  - thread 3 "host" (a graph with host costs): one "X" event per host
