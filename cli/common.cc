@@ -144,6 +144,13 @@ absl::StatusOr<Graph> GraphSource::Load(WorkspaceQueryStats* workspace) const {
   return WithBackendWorkspace(g, *backend, workspace);
 }
 
+std::string AllReducesText(const Schedule& schedule) {
+  const int64_t steps = CountSteps(schedule, Action::kAllReduce);
+  const int64_t buckets = CountBuckets(schedule);
+  if (buckets == steps) return absl::StrFormat("%d all-reduces", steps);
+  return absl::StrFormat("%d all-reduces in %d buckets", steps, buckets);
+}
+
 std::string FormatSeconds(double seconds) {
   const double magnitude = std::abs(seconds);
   if (magnitude == 0) return "0 s";

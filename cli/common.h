@@ -18,6 +18,7 @@
 #include "runtime/gloo/gloo_collectives.h"
 #include "runtime/workspace.h"
 #include "scheduler/planner.h"
+#include "scheduler/schedule.h"
 #include "nlohmann/json.hpp"
 
 namespace pebble::cli {
@@ -25,6 +26,10 @@ namespace pebble::cli {
 // A duration with its unit: "1.5 h", "20 min", "4.9 s", "0.23 ms", "12 us",
 // "0 s".
 std::string FormatSeconds(double seconds);
+
+// A schedule's all-reduces for people: "8 all-reduces", or "8 all-reduces
+// in 3 buckets" where some are grouped.
+std::string AllReducesText(const Schedule& schedule);
 
 // How a graph's costs read as time, so that every printed time says its unit
 // and whether it is modelled or measured.

@@ -29,18 +29,6 @@
 namespace pebble::cli {
 namespace {
 
-// "8 all-reduces", or "8 all-reduces in 3 buckets" where some are grouped.
-std::string AllReducesText(const Schedule& schedule) {
-  int64_t steps = 0, joining = 0;
-  for (const Step& s : schedule.steps) {
-    steps += s.action == Action::kAllReduce;
-    joining += s.joins_bucket;
-  }
-  if (joining == 0) return absl::StrFormat("%d all-reduces", steps);
-  return absl::StrFormat("%d all-reduces in %d buckets", steps, steps - joining);
-}
-
-
 // Options shared by plan and compare.
 struct PlanFlags {
   GraphSource source;

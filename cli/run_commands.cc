@@ -502,10 +502,10 @@ int RunRun(const RunFlags& given) {
   const ExecutionResult& r = *result;
   // The collectives the run made: all-reduces (data parallel), gathers and
   // reduce-scatters (sharded), recomputed gathers included.
-  int all_reduces = 0, buckets = 0, gathers = 0, scatters = 0;
+  const int64_t all_reduces = CountSteps(plan->plan.schedule, Action::kAllReduce);
+  const int64_t buckets = CountBuckets(plan->plan.schedule);
+  int gathers = 0, scatters = 0;
   for (const Step& step : plan->plan.schedule.steps) {
-    all_reduces += step.action == Action::kAllReduce;
-    buckets += step.action == Action::kAllReduce && !step.joins_bucket;
     if (step.action == Action::kCompute && graph->collective(step.node)) {
       ++(graph->op(step.node) == "all_gather" ? gathers : scatters);
     }
@@ -575,9 +575,7 @@ int RunRun(const RunFlags& given) {
     const std::string made =
         unsharded.has_value()
             ? absl::StrFormat("sharded: %d gathers, %d reduce-scatters", gathers, scatters)
-            : all_reduces == buckets
-                  ? absl::StrFormat("%d all-reduces", all_reduces)
-                  : absl::StrFormat("%d all-reduces in %d buckets", all_reduces, buckets);
+            : AllReducesText(plan->plan.schedule);
     std::cout << absl::StrFormat(
         "  ranks           %s; %s of %s, measured %s (network busy %s predicted)\n",
         collectives->Description(), made, FormatBytes(plan->plan.report.collective_bytes),

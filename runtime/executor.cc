@@ -1113,7 +1113,10 @@ class ScheduleRun {
       return backend_.ElapsedSeconds(origin_.id, e.id);
     };
     double last_end = 0;
-    std::vector<Interval> collectives;
+    // Collectives in flight overlap one another and the compute: their
+    // union, and not compute that copies hide behind.
+    std::vector<Interval> collectives, busy;
+    std::vector<StepMeasurement> besides_collectives;
     for (int k = 0; k < num_steps_; ++k) {
       StepMeasurement& m = result_.steps[k];
       if (m.action == Action::kFree) {
@@ -1123,6 +1126,7 @@ class ScheduleRun {
       } else {
         ASSIGN_OR_RETURN(m.start_s, at(events_[k].start));
         ASSIGN_OR_RETURN(m.end_s, at(events_[k].end));
+        busy.emplace_back(m.start_s, m.end_s);
         const double d = m.end_s - m.start_s;
         const bool collective = m.action == Action::kAllReduce ||
                                 (m.action == Action::kCompute && graph_.collective(m.node));
@@ -1135,22 +1139,13 @@ class ScheduleRun {
         } else {
           result_.copy_time_s += d;
         }
+        if (!collective) besides_collectives.push_back(m);
       }
       last_end = std::max(last_end, m.end_s);
     }
     result_.time_s = last_end;
-    // The compute that copies hide behind: not a collective in flight.
-    std::vector<StepMeasurement> computing;
-    for (const StepMeasurement& m : result_.steps) {
-      if (m.action != Action::kCompute || !graph_.collective(m.node)) computing.push_back(m);
-    }
-    result_.copy_overlap_s = CopyComputeOverlapSeconds(computing);
-    // Buckets in flight overlap one another and the compute: their union.
+    result_.copy_overlap_s = CopyComputeOverlapSeconds(besides_collectives);
     result_.collective_time_s = CoveredSeconds(std::move(collectives));
-    std::vector<Interval> busy;
-    for (const StepMeasurement& m : result_.steps) {
-      if (m.action != Action::kFree) busy.emplace_back(m.start_s, m.end_s);
-    }
     result_.overhead_s = std::max(0.0, result_.time_s - CoveredSeconds(std::move(busy)));
     return absl::OkStatus();
   }
@@ -1452,21 +1447,33 @@ class ScheduleRun {
   // buffers), as every collective's staging does.
   struct InFlight {
     int first = 0, last = 0;  // its steps: a bucket's, or a collective's compute
-    bool compute = false;     // a sharded graph's collective
     StreamEvent start;
     std::shared_ptr<std::vector<float>> sums;  // shared with its task until that ends
-    int64_t result_offset = 0;                 // a collective's: where its output lies
+    // What it writes once done: `count` elements of `sums` from `offset`
+    // into `node` (a bucket's gradients; a collective's output).
+    struct Output {
+      NodeId node;
+      int64_t offset, count;
+    };
+    std::vector<Output> outputs;
     std::future<absl::Status> done;
   };
 
-  absl::Status IssueBucket(int first, int last) {
+  // Step `first`'s collective begins: every stream drained (the work before
+  // it, copies of its tensors included), its start recorded.
+  absl::StatusOr<InFlight> BeginCollective(int first, int last) {
     if (absl::Status s = backend_.Synchronize(); !s.ok()) return Failed(first, s);
-    InFlight bucket;
-    bucket.first = first;
-    bucket.last = last;
+    InFlight op;
+    op.first = first;
+    op.last = last;
     absl::StatusOr<StreamEvent> start = streams_.Record(Stream::kCompute);
     if (!start.ok()) return Failed(first, start.status());
-    bucket.start = *start;
+    op.start = *start;
+    return op;
+  }
+
+  absl::Status IssueBucket(int first, int last) {
+    ASSIGN_OR_RETURN(InFlight bucket, BeginCollective(first, last));
     const float ranks = static_cast<float>(collectives_->ranks());
     int64_t total = 0;
     for (int j = first; j <= last; ++j) total += Elements(schedule_.steps[j].node);
@@ -1482,8 +1489,8 @@ class ScheduleRun {
       }
       WidenToFloat(staging_bytes_.data(), *graph_.dtype(g), Elements(g), ranks,
                    sums->data() + offset);
+      bucket.outputs.push_back({g, offset, Elements(g)});
       offset += Elements(g);
-      in_flight_storage_[graph_.storage(g)] = 1;
     }
     const NodeId head = schedule_.steps[first].node;
     std::string what =
@@ -1520,13 +1527,7 @@ class ScheduleRun {
                            Quote(graph_.id(v)), ": shards of ", shard, " elements cannot hold ",
                            whole)));
     }
-    if (absl::Status s = backend_.Synchronize(); !s.ok()) return Failed(k, s);
-    InFlight op;
-    op.first = op.last = k;
-    op.compute = true;
-    absl::StatusOr<StreamEvent> start = streams_.Record(Stream::kCompute);
-    if (!start.ok()) return Failed(k, start.status());
-    op.start = *start;
+    ASSIGN_OR_RETURN(InFlight op, BeginCollective(k, k));
     staging_bytes_.resize(static_cast<size_t>(in_count * DTypeSize(in.dtype)));
     if (absl::Status s = backend_.Download(staging_bytes_.data(), in.data,
                                            static_cast<int64_t>(staging_bytes_.size()));
@@ -1538,7 +1539,7 @@ class ScheduleRun {
     for (NodeId u : graph_.unique_inputs(v)) last_compute_use_[u] = *staged;
     auto buffer = std::make_shared<std::vector<float>>(static_cast<size_t>(shard * ranks), 0.0f);
     op.sums = buffer;
-    in_flight_storage_[graph_.storage(v)] = 1;
+    op.outputs.push_back({v, gather ? 0 : shard * collectives_->rank(), out_count});
     const std::string what = absl::StrCat("the ", gather ? "all-gather" : "reduce-scatter", " ",
                                           Quote(graph_.id(v)));
     if (gather) {
@@ -1550,7 +1551,6 @@ class ScheduleRun {
     }
     WidenToFloat(staging_bytes_.data(), in.dtype, in_count, static_cast<float>(ranks),
                  buffer->data());
-    op.result_offset = shard * collectives_->rank();
     return Enqueue(std::move(op), what, [collectives = collectives_, buffer, what] {
       return collectives->AllReduceSum(buffer->data(), static_cast<int64_t>(buffer->size()),
                                        what);
@@ -1558,7 +1558,7 @@ class ScheduleRun {
   }
 
   // Queues `task` (`op`'s collective, named `what`) on the collectives'
-  // thread, started on first use.
+  // thread, started on first use; `op`'s outputs are in flight from here.
   absl::Status Enqueue(InFlight op, const std::string& what,
                        std::function<absl::Status()> task) {
     if (collective_thread_ == nullptr) {
@@ -1576,64 +1576,40 @@ class ScheduleRun {
         return absl::InternalError(absl::StrCat(what, ": ", e.what()));
       }
     });
+    for (const InFlight::Output& out : op.outputs) in_flight_storage_[graph_.storage(out.node)] = 1;
     in_flight_.push_back(std::move(op));
     return absl::OkStatus();
   }
 
   int64_t Elements(NodeId v) const { return graph_.bytes(v) / DTypeSize(*graph_.dtype(v)); }
 
-  // The oldest bucket in flight, once its all-reduce is done: the sums
-  // copied back into its gradients, its steps' ends recorded.
+  // The oldest collective in flight, once done: its outputs copied into
+  // place, its steps' ends recorded (the first step's interval from its
+  // start; the steps that join a bucket take none of their own).
   absl::Status SettleOldest() {
-    InFlight bucket = std::move(in_flight_.front());
+    InFlight op = std::move(in_flight_.front());
     in_flight_.pop_front();
-    if (absl::Status s = bucket.done.get(); !s.ok()) return Failed(bucket.first, s);
-    if (bucket.compute) return SettleCollective(bucket);
-    int64_t offset = 0;
-    for (int j = bucket.first; j <= bucket.last; ++j) {
-      const NodeId g = schedule_.steps[j].node;
-      staging_bytes_.resize(static_cast<size_t>(graph_.bytes(g)));
-      NarrowFromFloat(bucket.sums->data() + offset, Elements(g), *graph_.dtype(g),
-                      staging_bytes_.data());
-      offset += Elements(g);
-      if (absl::Status s = backend_.Upload(Address(current_[g]), staging_bytes_.data(),
-                                           graph_.bytes(g));
+    if (absl::Status s = op.done.get(); !s.ok()) return Failed(op.first, s);
+    for (const InFlight::Output& out : op.outputs) {
+      const DType dtype = *graph_.dtype(out.node);
+      staging_bytes_.resize(static_cast<size_t>(out.count * DTypeSize(dtype)));
+      NarrowFromFloat(op.sums->data() + out.offset, out.count, dtype, staging_bytes_.data());
+      if (absl::Status s = backend_.Upload(Address(current_[out.node]), staging_bytes_.data(),
+                                           static_cast<int64_t>(staging_bytes_.size()));
           !s.ok()) {
-        return Failed(bucket.first, s);
+        return Failed(op.first, s);
       }
-      in_flight_storage_[graph_.storage(g)] = 0;
+      in_flight_storage_[graph_.storage(out.node)] = 0;
     }
     absl::StatusOr<StreamEvent> end = streams_.Record(Stream::kCompute);
-    if (!end.ok()) return Failed(bucket.first, end.status());
-    for (int j = bucket.first; j <= bucket.last; ++j) {
-      events_[j] = {j == bucket.first ? bucket.start : *end, *end};
-      const NodeId g = schedule_.steps[j].node;
-      for (NodeId u : {g, graph_.storage(g)}) {
+    if (!end.ok()) return Failed(op.first, end.status());
+    for (int j = op.first; j <= op.last; ++j) events_[j] = {j == op.first ? op.start : *end, *end};
+    for (const InFlight::Output& out : op.outputs) {
+      for (NodeId u : {out.node, graph_.storage(out.node)}) {
         ready_[u] = *end;
         last_compute_use_[u] = *end;
       }
     }
-    return absl::OkStatus();
-  }
-
-  // A sharded graph's collective, done: its output copied into place.
-  absl::Status SettleCollective(const InFlight& op) {
-    const NodeId v = schedule_.steps[op.first].node;
-    const DType dtype = *graph_.dtype(v);
-    const int64_t count = NumElements(*graph_.shape(v));
-    staging_bytes_.resize(static_cast<size_t>(count * DTypeSize(dtype)));
-    NarrowFromFloat(op.sums->data() + op.result_offset, count, dtype, staging_bytes_.data());
-    if (absl::Status s = backend_.Upload(Address(current_[v]), staging_bytes_.data(),
-                                         static_cast<int64_t>(staging_bytes_.size()));
-        !s.ok()) {
-      return Failed(op.first, s);
-    }
-    in_flight_storage_[graph_.storage(v)] = 0;
-    absl::StatusOr<StreamEvent> end = streams_.Record(Stream::kCompute);
-    if (!end.ok()) return Failed(op.first, end.status());
-    events_[op.first] = {op.start, *end};
-    ready_[v] = *end;
-    last_compute_use_[v] = *end;
     return absl::OkStatus();
   }
 

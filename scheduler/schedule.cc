@@ -35,6 +35,14 @@ int64_t CountSteps(const Schedule& schedule, Action action) {
   return n;
 }
 
+int64_t CountBuckets(const Schedule& schedule) {
+  int64_t n = 0;
+  for (const Step& step : schedule.steps) {
+    n += step.action == Action::kAllReduce && !step.joins_bucket;
+  }
+  return n;
+}
+
 nlohmann::json ScheduleToJson(const Graph& graph, const Schedule& schedule) {
   nlohmann::json steps = nlohmann::json::array();
   int64_t bucket = -1;  // the number of the last bucket written

@@ -68,6 +68,8 @@ absl::StatusOr<Schedule> ReadScheduleFile(const Graph& graph,
 
 // How many steps of `schedule` take `action`.
 int64_t CountSteps(const Schedule& schedule, Action action);
+// How many collectives its all_reduce steps make: one a bucket.
+int64_t CountBuckets(const Schedule& schedule);
 
 // `graph` with each auto home (Tier::kAuto: the plan chooses) resolved by
 // `schedule`: the host where the schedule's first step on the node is a
