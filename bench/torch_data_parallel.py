@@ -3,7 +3,7 @@
 pebble.torch's plans on the same ranks, measured.
 
     PYTHONPATH=build/python /usr/bin/python3 bench/torch_data_parallel.py
-        [--ranks 2] [--layers 4] [--policy rotor] [--budget min]
+        [--ranks 2] [--layers 4] [--policy rotor] [--budget min] [--time-limit 10]
 
 Starts --ranks processes on this machine (gloo; one thread each). Every rank
 builds the GPT-2-style decoder of bench/torch_updates.py with Adam and takes
@@ -13,7 +13,10 @@ weights, two steps each after a warm-up step:
 - DDP: torch.nn.parallel.DistributedDataParallel, loss.backward(),
   optimizer.step() (foreach=False);
 - pebble: train_step(..., optimizer=opt, process_group=...), everything on
-  the device;
+  the device, the gradients' all-reduces in buckets the plan places
+  (buckets="auto"); then with one all-reduce per gradient (buckets="none"),
+  and at DDP's measured peak with planned buckets and with DDP's 25 MiB
+  rule (each bucket sent through a flat copy that the plan holds);
 - pebble, ZeRO-Offload: the same with every update on the host and the
   gradients dropped (optimizer_updates="host", optimizer_gradients="drop");
 - pebble, sharded: shard="full" (ZeRO-3), under FSDP's own rule (policy
@@ -31,8 +34,8 @@ operators' calibrated times, the copies and the collectives on the link
 the first pebble row's calibration measured, which every later row's plan
 takes, so that the rows' predictions compare). On the CPU the host is the same memory
 (allow_cpu_offload): the peaks are what a GPU would hold, the times the
-CPU's. DDP sums a flat bucket where pebble sums each gradient, so the sums
-round differently, and Adam's normalised step turns a rounding difference
+CPU's. DDP sums flat buckets where pebble sums each gradient or buckets of
+its own, so the sums may round differently, and Adam's normalised step turns a rounding difference
 in a near-zero gradient into up to lr per step: the parameters agree to a
 few times lr, not to the bit (tests/torch/distributed_check.py checks the
 gradients to 1e-5). Exit 1 where they differ by more than 3 x lr x steps.
@@ -94,16 +97,23 @@ def rank_main(rank, args, port, out):
     eager(*mine[2])
     rows.append(("DDP", None, held + peak, 0.0, time.perf_counter() - started, None, None))
     reference = {name: p.detach().clone() for name, p in model.named_parameters()}
-    plain = dict(policy=args.policy, budget=args.budget)
+    plain = dict(policy=args.policy, budget=args.budget, time_limit=args.time_limit)
     link = None
+    ddp_peak = rows[0][2]
     for name, placement in (("pebble", plain),
+                            ("pebble, one all-reduce a gradient", dict(plain, buckets="none")),
+                            ("pebble, planned buckets at DDP's peak",
+                             dict(plain, budget=ddp_peak)),
+                            ("pebble, DDP's 25 MiB buckets at DDP's peak",
+                             dict(plain, budget=ddp_peak, buckets="25MiB")),
                             ("pebble, ZeRO-Offload", dict(plain, optimizer_updates="host",
                                                           optimizer_gradients="drop",
                                                           allow_cpu_offload=True)),
-                            ("pebble, sharded: FSDP's rule", dict(policy="fsdp", budget="min",
-                                                                  shard="full")),
+                            ("pebble, sharded: FSDP's rule", dict(plain, policy="fsdp",
+                                                                  budget="min", shard="full")),
                             (f"pebble, sharded: {args.policy} at FSDP's peak",
-                             dict(policy=args.policy, shard="full")),
+                             dict(policy=args.policy, time_limit=args.time_limit,
+                                  shard="full")),
                             (f"pebble, sharded: {args.policy}", dict(plain, shard="full"))):
         if "budget" not in placement:  # the FSDP row's predicted peak: the same memory
             placement = dict(placement, budget=rows[-1][1])
@@ -141,6 +151,8 @@ def main():
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--policy", default="rotor")
     parser.add_argument("--budget", default="min")
+    parser.add_argument("--time-limit", type=float, default=10.0,
+                        help="each plan's time limit, seconds (train_step's time_limit)")
     args = parser.parse_args()
     import tempfile
     import torch.multiprocessing as mp
@@ -167,7 +179,9 @@ def main():
               f"{seconds * 1e3:.0f} ms |")
     for name, *_, c in rows:
         if c is not None and "all_reduce" in c:
-            print(f"\n{name}: {c['all_reduce']} all-reduces of {c['bytes'] / 2**20:.2f} MiB, "
+            print(f"\n{name}: {c['all_reduce']} all-reduces in {c['buckets']} collectives "
+                  f"(largest {c['largest_bucket_bytes'] / 2**20:.2f} MiB) of "
+                  f"{c['bytes'] / 2**20:.2f} MiB, "
                   f"network busy {c['predicted_network_busy_s'] * 1e3:.1f} ms predicted on a "
                   f"link of {c['network_bytes_per_s'] / 1e9:.2f} GB/s and "
                   f"{c['network_latency_s'] * 1e6:.0f} us a message "

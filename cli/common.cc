@@ -936,7 +936,8 @@ int FinishStdout(int exit_code) {
   return 1;
 }
 
-void RankFlags::AddOptions(CLI::App* cmd, const GraphSource* source, bool planned) {
+void RankFlags::AddOptions(CLI::App* cmd, const GraphSource* source, bool planned,
+                           bool copies) {
   source_ = source;
   cmd->add_option("--ranks", ranks,
                   "data-parallel ranks running the plan, each on its own slice of the batch "
@@ -966,6 +967,16 @@ void RankFlags::AddOptions(CLI::App* cmd, const GraphSource* source, bool planne
                   "or more; docs/semantics.md, \"Sharding\")")
       ->capture_default_str()
       ->check(CLI::IsMember({"none", "full"}));
+  if (copies) {
+    cmd->add_option("--bucket-copies", bucket_copies,
+                    "none (a bucket's all-reduce works on its gradients where they lie, or "
+                    "off the device, as pebble run does) or device (the runtime sends a bucket "
+                    "of several gradients as one message through a flat copy of them in device "
+                    "memory, as pebble.torch does: the plan holds the copy until a later step "
+                    "touches one of them); docs/semantics.md, \"Buckets\"")
+        ->capture_default_str()
+        ->check(CLI::IsMember({"none", "device"}));
+  }
   if (!planned) return;
   cmd->add_option("--buckets", buckets,
                   "how the gradients' all-reduces are grouped, each group one collective: "
@@ -982,6 +993,8 @@ void RankFlags::AddOptions(CLI::App* cmd, const GraphSource* source, bool planne
 }
 
 absl::Status RankFlags::Apply(PlannerOptions& options) const {
+  RETURN_IF_ERROR(CheckBucketCopies());
+  options.device_bucket_copies = bucket_copies == "device";
   ASSIGN_OR_RETURN(options.bucket_bytes, ParseBuckets(buckets));
   if (options.bucket_bytes != PlannerOptions::kPlannedBuckets && (ranks < 2 || shard == "full")) {
     return UsageError(absl::StrCat(
@@ -1042,6 +1055,14 @@ absl::Status RankProcessFlags::Check(int ranks) const {
 GlooOptions RankProcessFlags::Gloo(int ranks) const {
   return {.rank = rank, .ranks = ranks, .rendezvous_dir = rendezvous, .address = address,
           .timeout_s = timeout_s};
+}
+
+absl::Status RankFlags::CheckBucketCopies() const {
+  if (bucket_copies != "device" || (ranks >= 2 && shard != "full")) return absl::OkStatus();
+  return UsageError(absl::StrCat(
+      "--bucket-copies device: buckets group the all-reduces of data parallelism; ",
+      ranks < 2 ? "give --ranks 2 or more"
+                : "a sharded graph (--shard full) reduce-scatters each gradient on its own"));
 }
 
 absl::StatusOr<NetworkLink> RankFlags::Link() const {

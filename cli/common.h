@@ -200,20 +200,28 @@ struct RankFlags {
   double latency_s = -1;  // < 0: the link's own
   std::string shard = "none";
   std::string buckets = "auto";  // ParseBuckets
+  std::string bucket_copies = "none";  // or "device": PlannerOptions::device_bucket_copies
 
   // `source` (not owned): whose --profile's measured link (pebble calibrate
   // --ranks) stands where --network is not given. `planned`: the command
-  // plans (--buckets), where simulate reads a schedule's own.
-  void AddOptions(CLI::App* cmd, const GraphSource* source, bool planned = true);
-  // Sets the planner's ranks, link (Link) and buckets; a usage error for
-  // --buckets other than auto without --ranks 2 or more, or with --shard
-  // full (its gradients are reduce-scattered one by one).
+  // plans (--buckets), where simulate reads a schedule's own. `copies`:
+  // the command plans or simulates for another runtime (--bucket-copies),
+  // where run runs its own.
+  void AddOptions(CLI::App* cmd, const GraphSource* source, bool planned = true,
+                  bool copies = true);
+  // Sets the planner's ranks, link (Link), buckets and bucket copies; a
+  // usage error for --buckets other than auto or --bucket-copies device
+  // without --ranks 2 or more, or with --shard full (its gradients are
+  // reduce-scattered one by one).
   absl::Status Apply(PlannerOptions& options) const;
   // The ranks' link: --network, else the --profile's measured one, else
   // NetworkLink's default; --network-latency over its latency.
   absl::StatusOr<NetworkLink> Link() const;
   // A usage error where --shard full comes without --ranks 2 or more.
   absl::Status CheckShard() const;
+  // A usage error for --bucket-copies device without --ranks 2 or more, or
+  // with --shard full.
+  absl::Status CheckBucketCopies() const;
   // The graph as one rank runs it: `graph` itself, or sharded (ShardGraph)
   // with --shard full (a usage error without --ranks 2 or more).
   absl::StatusOr<Graph> Sharded(absl::StatusOr<Graph> graph) const;

@@ -269,6 +269,8 @@ int RunSimulate(const GraphSource& source, const std::string& schedule_path,
   auto link = rank_flags.Link();
   if (!link.ok()) return Fail(link.status());
   options.network = *link;
+  if (absl::Status s = rank_flags.CheckBucketCopies(); !s.ok()) return Fail(s);
+  options.device_bucket_copies = rank_flags.bucket_copies == "device";
   auto report = Simulate(*graph, *schedule, options);
   if (!report.ok()) return Fail(report.status());
   if (json) {

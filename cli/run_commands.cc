@@ -711,7 +711,7 @@ void AddRunCommands(CLI::App& app, int& exit_code) {
                 "run a plan that does not fit the budget (by default refused, with the "
                 "planner's reason)");
   run->add_flag("--json", flags.json, "print one JSON document");
-  flags.rank_flags.AddOptions(run, &flags.source);
+  flags.rank_flags.AddOptions(run, &flags.source, /*planned=*/true, /*copies=*/false);
   flags.process.AddOptions(
       run, "each rank is one process running the same plan on its own batch: the inputs of "
            "role 'input' generated with seed --seed + rank, or read from its own --inputs, "

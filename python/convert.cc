@@ -283,6 +283,30 @@ int64_t BucketsArg(const py::object& buckets, int ranks) {
   return bytes;
 }
 
+BucketCopies BucketCopiesArg(const py::object& copies, const py::object& alignment, int ranks) {
+  const std::string text = StrArg(copies, "bucket_copies");
+  if (text != "none" && text != "device") {
+    ArgError("bucket_copies", "\"none\" or \"device\"", copies);
+  }
+  if (text == "device" && ranks < 2) {
+    RaiseValueError("bucket_copies: buckets group the all-reduces of data parallelism: give "
+                    "ranks=2 or more");
+  }
+  BucketCopies out{text == "device", IntArg(alignment, "bucket_alignment", 1, int64_t{1} << 30)};
+  if (out.alignment > 1 && !out.device) {
+    RaiseValueError("bucket_alignment rounds the places in a bucket's device copy: give "
+                    "bucket_copies='device' too");
+  }
+  return out;
+}
+
+void SetBucketCopies(const py::object& copies, const py::object& alignment, int ranks,
+                     PlannerOptions& options) {
+  const BucketCopies c = BucketCopiesArg(copies, alignment, ranks);
+  options.device_bucket_copies = c.device;
+  options.bucket_copy_alignment = c.alignment;
+}
+
 // ---- JSON and schedules
 
 absl::StatusOr<nlohmann::json> FromPython(py::handle value, absl::string_view what) {

@@ -119,6 +119,20 @@ void RankOptions(const py::object& ranks, const py::object& network,
 // bytes. ValueError for anything else, and for a rule other than planned
 // where `ranks` is below 2.
 int64_t BucketsArg(const py::object& buckets, int ranks);
+// Where a bucket of several gradients is copied to be sent as one message
+// (PlannerOptions::device_bucket_copies): `copies` "none" (reduced where
+// they lie, or staged off the device) or "device"; `alignment` the bytes
+// each gradient's place in the copy is rounded up to (an integer >= 1).
+// ValueError for anything else, for "device" where `ranks` is below 2, and
+// for an alignment above 1 without "device".
+struct BucketCopies {
+  bool device = false;
+  int64_t alignment = 1;
+};
+BucketCopies BucketCopiesArg(const py::object& copies, const py::object& alignment, int ranks);
+// Sets `options`'s bucket copies (BucketCopiesArg).
+void SetBucketCopies(const py::object& copies, const py::object& alignment, int ranks,
+                     PlannerOptions& options);
 
 // ---- JSON and schedules
 

@@ -64,7 +64,8 @@ PyPlan PlanPy(const py::object& graph_arg, const py::object& policy, const py::o
               const py::object& host_budget, const py::object& bandwidth,
               const py::object& time_limit, const py::object& seed, const py::object& timeline,
               const py::object& own_order, const py::object& ranks, const py::object& network,
-              const py::object& network_latency, const py::object& buckets) {
+              const py::object& network_latency, const py::object& buckets,
+              const py::object& bucket_copies, const py::object& bucket_alignment) {
   const Graph& graph = GraphArg(graph_arg);
   PlanningCall call;
   PlanRequest request;
@@ -76,6 +77,7 @@ PyPlan PlanPy(const py::object& graph_arg, const py::object& policy, const py::o
   request.options = Options(host_budget, bandwidth, time_limit, seed, own_order);
   RankOptions(ranks, network, network_latency, &request.options.ranks, &request.options.network);
   request.options.bucket_bytes = BucketsArg(buckets, request.options.ranks);
+  SetBucketCopies(bucket_copies, bucket_alignment, request.options.ranks, request.options);
   call.Attach(request.options);
   const bool with_timeline = BoolArg(timeline, "timeline");
   absl::StatusOr<PlanOutcome> outcome = call.Run([&] { return PlanGraph(graph, request); });
@@ -99,7 +101,8 @@ py::list ComparePy(const py::object& graph_arg, const py::object& policies,
                    const py::object& bandwidth, const py::object& time_limit,
                    const py::object& seed, const py::object& jobs, const py::object& own_order,
                    const py::object& ranks, const py::object& network,
-                   const py::object& network_latency, const py::object& buckets) {
+                   const py::object& network_latency, const py::object& buckets,
+                   const py::object& bucket_copies, const py::object& bucket_alignment) {
   const Graph& graph = GraphArg(graph_arg);
   PlanningCall call;
   CompareRequest request;
@@ -115,6 +118,7 @@ py::list ComparePy(const py::object& graph_arg, const py::object& policies,
   request.options = Options(host_budget, bandwidth, time_limit, seed, own_order);
   RankOptions(ranks, network, network_latency, &request.options.ranks, &request.options.network);
   request.options.bucket_bytes = BucketsArg(buckets, request.options.ranks);
+  SetBucketCopies(bucket_copies, bucket_alignment, request.options.ranks, request.options);
   call.Attach(request.options);
   absl::StatusOr<Comparison> comparison =
       call.Run([&] { return pebble::Compare(graph, request); });
@@ -131,7 +135,8 @@ py::dict FitPy(const py::object& model, const py::object& vary, const py::object
                const py::object& throughput, const py::object& bandwidth,
                const py::object& time_limit, const py::object& jobs, const py::object& ranks,
                const py::object& network, const py::object& network_latency,
-               const py::object& shard, const py::object& buckets) {
+               const py::object& shard, const py::object& buckets,
+               const py::object& bucket_copies, const py::object& bucket_alignment) {
   PlanningCall call;
   FitRequest request;
   request.model = Unwrap(ParseModelSpec(StrArg(model, "model")));
@@ -150,13 +155,15 @@ py::dict FitPy(const py::object& model, const py::object& vary, const py::object
   request.options.time_limit_s = std::min(10.0, request.time_limit_s);
   RankOptions(ranks, network, network_latency, &request.options.ranks, &request.options.network);
   request.options.bucket_bytes = BucketsArg(buckets, request.options.ranks);
+  SetBucketCopies(bucket_copies, bucket_alignment, request.options.ranks, request.options);
   const std::string shard_mode = StrArg(shard, "shard");
   if (shard_mode != "none" && shard_mode != "full") {
     ArgError("shard", "\"none\" (data parallelism) or \"full\" (ZeRO-3 / FSDP sharding)", shard);
   }
-  if (shard_mode == "full" && request.options.bucket_bytes != PlannerOptions::kPlannedBuckets) {
-    RaiseValueError("buckets: a sharded model (shard='full') reduce-scatters each gradient on "
-                    "its own");
+  if (shard_mode == "full" && (request.options.bucket_bytes != PlannerOptions::kPlannedBuckets ||
+                               request.options.device_bucket_copies)) {
+    RaiseValueError("buckets, bucket_copies: a sharded model (shard='full') reduce-scatters "
+                    "each gradient on its own");
   }
   if (shard_mode == "full") {
     const int n = request.options.ranks;
@@ -182,7 +189,8 @@ py::dict FitPy(const py::object& model, const py::object& vary, const py::object
 py::object SimulatePy(const py::object& graph_arg, const py::object& schedule,
                       const py::object& bandwidth, const py::object& timeline,
                       const py::object& ranks, const py::object& network,
-                      const py::object& network_latency) {
+                      const py::object& network_latency, const py::object& bucket_copies,
+                      const py::object& bucket_alignment) {
   const Graph& graph = GraphArg(graph_arg);
   const bool with_timeline = BoolArg(timeline, "timeline");
   SimulatorOptions options;
@@ -190,6 +198,9 @@ py::object SimulatePy(const py::object& graph_arg, const py::object& schedule,
       Options(py::none(), bandwidth, py::float_(60.0), py::int_(0), py::bool_(false))
           .host_bandwidth_bytes_per_s;
   RankOptions(ranks, network, network_latency, &options.ranks, &options.network);
+  const BucketCopies copies = BucketCopiesArg(bucket_copies, bucket_alignment, options.ranks);
+  options.device_bucket_copies = copies.device;
+  options.bucket_copy_alignment = copies.alignment;
   const Schedule s = Unwrap(ScheduleFromPython(graph, schedule));
   absl::StatusOr<PlanReport> report;
   {
@@ -335,25 +346,32 @@ PYBIND11_MODULE(_core, m) {
         py::arg("bandwidth") = py::none(), py::arg("time_limit") = 60.0, py::arg("seed") = 0,
         py::arg("timeline") = false, py::arg("own_order") = false, py::arg("ranks") = 1,
         py::arg("network") = py::none(), py::arg("network_latency") = py::none(),
-        py::arg("buckets") = py::none(),
+        py::arg("buckets") = py::none(), py::arg("bucket_copies") = "none",
+        py::arg("bucket_alignment") = 1,
         "Plans `graph` under a policy (default: best-order where the baseline fits, else "
         "hybrid) and a budget (\"60%\", \"2GiB\", \"min\" or bytes); ranks > 1 adds the "
         "gradients' all-reduces over the ranks' network (a preset or bytes/s; "
         "network_latency in seconds), grouped in buckets (None or 'auto': planned; 'none'; "
         "or a size: DistributedDataParallel's rule). A bucket's steps in plan.schedule are "
-        "(\"all_reduce\", node, bucket) triples.");
+        "(\"all_reduce\", node, bucket) triples. bucket_copies='device': the runtime sends "
+        "a bucket of several gradients through a flat device copy of them, which the plan "
+        "holds (pebble.torch's way), each gradient's place in it rounded up to "
+        "bucket_alignment bytes.");
   m.def("simulate", &SimulatePy, py::arg("graph"), py::arg("schedule"),
         py::arg("bandwidth") = py::none(), py::arg("timeline") = false, py::arg("ranks") = 1,
         py::arg("network") = py::none(), py::arg("network_latency") = py::none(),
+        py::arg("bucket_copies") = "none", py::arg("bucket_alignment") = 1,
         "The simulator's report of a schedule (a list of (action, node) steps, with "
         "(\"all_reduce\", node, bucket) triples for buckets, or a pebble-schedule dict); "
-        "ValueError naming the first invalid step.");
+        "ValueError naming the first invalid step. bucket_copies='device': a bucket of "
+        "several gradients holds a flat device copy of them until a later step touches one.");
   m.def("compare", &ComparePy, py::arg("graph"), py::arg("policies") = py::none(),
         py::arg("budgets") = py::none(), py::arg("host_budget") = py::none(),
         py::arg("bandwidth") = py::none(), py::arg("time_limit") = 60.0, py::arg("seed") = 0,
         py::arg("jobs") = 0, py::arg("own_order") = false, py::arg("ranks") = 1,
         py::arg("network") = py::none(), py::arg("network_latency") = py::none(),
-        py::arg("buckets") = py::none(),
+        py::arg("buckets") = py::none(), py::arg("bucket_copies") = "none",
+        py::arg("bucket_alignment") = 1,
         "Every policy at every budget: one dict a row, the rows of `compare --format json`.");
   m.def("fit", &FitPy, py::arg("model"), py::arg("vary"), py::arg("budget"),
         py::arg("policies") = py::none(), py::arg("start") = 1, py::arg("max") = 0,
@@ -361,6 +379,7 @@ PYBIND11_MODULE(_core, m) {
         py::arg("time_limit") = 300.0, py::arg("jobs") = 0, py::arg("ranks") = 1,
         py::arg("network") = py::none(), py::arg("network_latency") = py::none(),
         py::arg("shard") = "none", py::arg("buckets") = py::none(),
+        py::arg("bucket_copies") = "none", py::arg("bucket_alignment") = 1,
         "For each policy, the largest value of a zoo model's parameter whose training step "
         "fits the budget (`pebble fit`); time_limit (seconds) bounds the whole search.");
   m.def("policies", &Policies, "Every registered policy: name, kind, exact, external, "

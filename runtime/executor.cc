@@ -1717,6 +1717,11 @@ absl::StatusOr<ExecutionResult> Execute(const Graph& graph, const Schedule& sche
   ExecutionResult result;
   // 1-2. Refuse what cannot run, before touching the backend's memory.
   SimulatorOptions simulator = options.simulator;
+  if (simulator.device_bucket_copies) {
+    return absl::InvalidArgumentError(
+        "this runtime stages each bucket through host memory, not a device copy: simulate "
+        "without device bucket copies");
+  }
   if (options.collectives != nullptr) simulator.ranks = options.collectives->ranks();
   ASSIGN_OR_RETURN(result.predicted, Simulate(graph, schedule, simulator));
   RETURN_IF_ERROR(CheckRunnable(graph, schedule, backend, options.collectives));

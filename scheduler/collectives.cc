@@ -280,7 +280,11 @@ namespace {
 // the network sits idle until then. Buckets move no memory in the model
 // (the collective reduces the gradients where they lie, as DDP's
 // gradient_as_bucket_view does), so the choice is one of time alone: the
-// simulator's makespan judges it. The search tries DDP's rule for caps of
+// simulator's makespan judges it. Where the runtime sends a bucket through
+// a device copy of it (PlannerOptions::device_bucket_copies), a bucket
+// costs memory too, and a grouping is kept only within the budget (within
+// one all-reduce a gradient's peak where that is over the budget, or the
+// budget is "min"). The search tries DDP's rule for caps of
 // 1 MiB to 256 MiB and no cap, then from the best grouping merges
 // neighbouring buckets and splits buckets in two while the makespan drops.
 // It is bounded by a number of simulated steps, not by the clock: every
@@ -302,14 +306,20 @@ class BucketSearch {
             kMaxBucketSimulations))) {}
 
   // The best grouping found, planned (simulated). A grouping the simulator
-  // refuses, or one whose memory differs from one all-reduce a gradient,
-  // is passed over (neither should happen: ReductionSteps keeps a gradient
+  // refuses, or one whose memory differs from one all-reduce a gradient's
+  // other than by the buckets' device copies within the budget, is passed
+  // over (the simulator should refuse none: ReductionSteps keeps a gradient
   // from waiting past a step that would tell).
   absl::StatusOr<PlanResult> Run() {
     BucketEnds singles(r_.size());
     std::iota(singles.begin(), singles.end(), size_t{0});
     ++simulations_;
     ASSIGN_OR_RETURN(PlanResult ungrouped, FinishPlan(graph_, reduced_, options_));
+    peak_limit_ = ungrouped.report.peak_bytes;
+    if (options_.device_bucket_copies && ungrouped.feasible &&
+        options_.budget_bytes != PlannerOptions::kMinBudget) {
+      peak_limit_ = options_.budget_bytes;
+    }
     tried_.insert(singles);
     best_ = std::move(ungrouped);
     best_ends_ = singles;
@@ -335,7 +345,7 @@ class BucketSearch {
     absl::StatusOr<PlanResult> planned =
         FinishPlan(graph_, ApplyBuckets(reduced_, r_, ends), options_);
     if (!planned.ok() || planned->feasible != best_->feasible ||
-        planned->report.peak_bytes != best_->report.peak_bytes ||
+        planned->report.peak_bytes > peak_limit_ ||
         planned->report.host_peak_bytes != best_->report.host_peak_bytes) {
       return;
     }
@@ -374,11 +384,13 @@ class BucketSearch {
   std::set<BucketEnds> tried_;
   std::optional<PlanResult> best_;
   BucketEnds best_ends_;
+  int64_t peak_limit_ = 0;  // the most a grouping's peak may be
   int simulations_ = 0;
 };
 
 // What the plan's buckets are: how many, their rule, the largest.
-nlohmann::json BucketDetails(const Graph& graph, const Schedule& schedule, int64_t bucket_bytes) {
+nlohmann::json BucketDetails(const Graph& graph, const Schedule& schedule, int64_t bucket_bytes,
+                             bool device_copies) {
   int64_t buckets = 0, largest = 0, bytes = 0;
   for (const Step& s : schedule.steps) {
     if (s.action != Action::kAllReduce) continue;
@@ -389,7 +401,8 @@ nlohmann::json BucketDetails(const Graph& graph, const Schedule& schedule, int64
     bytes += graph.bytes(s.node);
     largest = std::max(largest, bytes);
   }
-  nlohmann::json j = {{"buckets", buckets}, {"largest_bucket_bytes", largest}};
+  nlohmann::json j = {{"buckets", buckets}, {"largest_bucket_bytes", largest},
+                      {"bucket_copies", device_copies ? "device" : "none"}};
   if (bucket_bytes == PlannerOptions::kPlannedBuckets) {
     j["bucket_rule"] = "planned";
   } else if (bucket_bytes == 0) {
@@ -446,10 +459,11 @@ class GradientReductionPlanner : public Planner {
     // One rank's plan: a policy that plans with others (hybrid, checkmate's
     // warm starts) makes them through MakePlanner, wrapped too, and the
     // all-reduces are added once, here.
-    if (sharded.has_value() && options.bucket_bytes != PlannerOptions::kPlannedBuckets) {
+    if (sharded.has_value() && (options.bucket_bytes != PlannerOptions::kPlannedBuckets ||
+                                options.device_bucket_copies)) {
       return absl::InvalidArgumentError(
-          "buckets group the all-reduces of data parallelism; a sharded graph reduce-scatters "
-          "each gradient on its own");
+          "buckets (and their device copies) group the all-reduces of data parallelism; a "
+          "sharded graph reduce-scatters each gradient on its own");
     }
     PlannerOptions one_rank = options;
     one_rank.ranks = 1;
@@ -464,8 +478,15 @@ class GradientReductionPlanner : public Planner {
       ASSIGN_OR_RETURN(result, FinishPlan(graph, BucketGradients(graph, reduced,
                                                                  options.bucket_bytes), options));
     }
-    // The all-reduces move no memory: the inner plan's verdict and notes
-    // stand, its figures are replaced by those with the network's time.
+    // The all-reduces move no memory (but the buckets' device copies, which
+    // a planned grouping keeps within the budget): the inner plan's verdict
+    // and notes stand, its figures are replaced by those with the network's
+    // time. A bucket rule whose copies break the budget says so.
+    if (options.device_bucket_copies && planned.feasible && !result.feasible) {
+      if (!planned.message.empty()) planned.message += "; ";
+      absl::StrAppend(&planned.message, "with the buckets' device copies, ", result.message,
+                      " (a smaller bucket cap, or buckets planned or none, may fit)");
+    }
     result.message = std::move(planned.message);
     result.details = std::move(planned.details);
     const PlanReport& r = result.report;
@@ -481,7 +502,8 @@ class GradientReductionPlanner : public Planner {
         {"network_latency_s", link.latency_s}};
     if (!sharded.has_value()) {
       result.details["collectives"].update(
-          BucketDetails(graph, result.schedule, options.bucket_bytes));
+          BucketDetails(graph, result.schedule, options.bucket_bytes,
+                        options.device_bucket_copies));
       if (!search.is_null()) result.details["collectives"]["bucket_search"] = std::move(search);
     }
     return result;

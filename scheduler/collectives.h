@@ -76,7 +76,10 @@ std::vector<uint8_t> ShardedTensors(const Graph& training);
 // link (details["collectives"]: how many collectives, how many all_reduce
 // steps in how many buckets and by which rule, the search's simulations,
 // their bytes, the network's busy time and the link). Buckets move no
-// memory: the plan's peak is the inner one's. A bucket rule other than
+// memory, so the plan's peak is the inner one's, unless
+// options.device_bucket_copies: then planned buckets stay within the
+// budget (or the inner peak), and a cap whose copies break it makes the
+// plan infeasible, saying so. A bucket rule other than
 // planned on a sharded graph is refused.
 // A graph sharded for other ranks (ShardGraph's attrs) is refused where
 // options.ranks > 1; at 1 (the nested calls of a policy) it is planned as

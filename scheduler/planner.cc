@@ -181,6 +181,8 @@ absl::StatusOr<PlanResult> FinishPlan(const Graph& graph, Schedule schedule,
   sim.host_bandwidth_bytes_per_s = options.host_bandwidth_bytes_per_s;
   sim.ranks = options.ranks;
   sim.network = options.network;
+  sim.device_bucket_copies = options.device_bucket_copies;
+  sim.bucket_copy_alignment = options.bucket_copy_alignment;
   ASSIGN_OR_RETURN(PlanReport report, Simulate(graph, schedule, sim));
   PlanResult result;
   result.schedule = std::move(schedule);

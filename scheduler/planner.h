@@ -53,6 +53,11 @@ struct PlannerOptions {
   // DistributedDataParallel's rule with that cap in bytes.
   static constexpr int64_t kPlannedBuckets = -1;
   int64_t bucket_bytes = kPlannedBuckets;
+  // Whether the runtime sends a bucket of several gradients through a flat
+  // copy of them in device memory (SimulatorOptions::device_bucket_copies):
+  // then buckets cost memory, and planned ones stay within the budget.
+  bool device_bucket_copies = false;
+  int64_t bucket_copy_alignment = 1;  // SimulatorOptions::bucket_copy_alignment
   // Wall-clock seconds for one Plan call, every policy (Deadline below):
   // past it a policy returns the best valid plan it has, noted in the
   // result (NoteTimeLimit).

@@ -223,6 +223,9 @@ absl::StatusOr<PlanReport> Simulate(const Graph& graph,
     return absl::InvalidArgumentError(
         "the network's bandwidth must be positive and its latency non-negative, both finite");
   }
+  if (options.bucket_copy_alignment < 1 || options.bucket_copy_alignment > (int64_t{1} << 30)) {
+    return absl::InvalidArgumentError("the bucket copies' alignment must be 1 byte to 1 GiB");
+  }
   if (graph.has_auto_homes()) return Simulate(ResolveHomes(graph, schedule), schedule, options);
   const int n = graph.num_nodes();
   const double bandwidth = options.host_bandwidth_bytes_per_s;
@@ -281,6 +284,20 @@ absl::StatusOr<PlanReport> Simulate(const Graph& graph,
     holders[v] = 1;
     device += graph.bytes(v);
   }
+  // Buckets' device copies (SimulatorOptions::device_bucket_copies): each
+  // copy's bytes (0 once freed), and per storage root the copies that hold
+  // a sum for it (two views of one storage may be in different buckets).
+  std::vector<int64_t> copy_bytes;
+  std::vector<std::vector<int>> copies_of(options.device_bucket_copies ? n : 0);
+  // Frees every copy that holds a sum for `u`'s storage: the runtime settles
+  // them before a step touches that storage.
+  auto settle_copies_of = [&](NodeId u) {
+    for (int c : copies_of[graph.storage(u)]) {
+      device -= copy_bytes[c];
+      copy_bytes[c] = 0;
+    }
+    copies_of[graph.storage(u)].clear();
+  };
   int64_t distinct_computed = 0;
   int64_t computes = 0;
   report.initial_bytes = device;
@@ -303,6 +320,12 @@ absl::StatusOr<PlanReport> Simulate(const Graph& graph,
          schedule.steps[k - 1].action != Action::kAllReduce)) {
       return StepError(graph, k, step, "it joins a bucket, but only an all_reduce step right "
                                        "after another joins one");
+    }
+    if (!copies_of.empty() && step.action != Action::kAllReduce) {
+      settle_copies_of(v);
+      if (step.action == Action::kCompute || step.action == Action::kHostCompute) {
+        for (NodeId u : graph.unique_inputs(v)) settle_copies_of(u);
+      }
     }
     switch (step.action) {
       case Action::kCompute: {
@@ -532,12 +555,12 @@ absl::StatusOr<PlanReport> Simulate(const Graph& graph,
         // collective of its tensors' bytes. It follows every compute
         // issued before it (a collective on the compute stream's order, as
         // NCCL's and gloo's are) and every copy of its storages.
-        rec.peak_bytes = device;
         if (step.joins_bucket) {
           rec.start = bucket.start;
           rec.end = bucket.end;
         } else {
-          int64_t bytes = 0;
+          int64_t bytes = 0, copied = 0;
+          std::vector<NodeId> roots;
           rec.start = std::max(network_free_at, compute_free_at);
           for (size_t j = k; j < schedule.steps.size(); ++j) {
             const Step& member = schedule.steps[j];
@@ -547,6 +570,15 @@ absl::StatusOr<PlanReport> Simulate(const Graph& graph,
             if (__builtin_add_overflow(bytes, graph.bytes(m), &bytes)) {
               return StepError(graph, k, step, kTransferOverflow);
             }
+            // Each member's place in the copy, rounded up to the runtime's
+            // alignment (a GPU allocator's block, for one allocation per copy).
+            const int64_t align = options.bucket_copy_alignment;
+            const int64_t place = graph.bytes(m) / align * align;
+            if (__builtin_add_overflow(copied, place, &copied) ||
+                (place < graph.bytes(m) && __builtin_add_overflow(copied, align, &copied))) {
+              return StepError(graph, k, step, kTransferOverflow);
+            }
+            roots.push_back(m_root);
             rec.start = std::max({rec.start, ready[m], ready[m_root], last_use[m_root]});
           }
           rec.end = rec.start + AllReduceSeconds(bytes, options.ranks, options.network);
@@ -554,7 +586,17 @@ absl::StatusOr<PlanReport> Simulate(const Graph& graph,
             return StepError(graph, k, step, kTransferOverflow);
           }
           bucket = {rec.start, rec.end};
+          // One member is reduced where it lies; several, through a copy.
+          if (!copies_of.empty() && roots.size() > 1) {
+            if (__builtin_add_overflow(device, copied, &device)) {
+              return StepError(graph, k, step, "the bucket's device copy takes memory past "
+                                               "2^63 - 1 bytes");
+            }
+            for (NodeId r : roots) copies_of[r].push_back(static_cast<int>(copy_bytes.size()));
+            copy_bytes.push_back(copied);
+          }
         }
+        rec.peak_bytes = device;
         reductions.Reduced(v, rec.end);
         for (NodeId u : {v, root}) {
           ready[u] = std::max(ready[u], rec.end);

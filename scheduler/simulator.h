@@ -43,6 +43,17 @@ struct SimulatorOptions {
   // are per rank.
   int ranks = 1;
   NetworkLink network;
+  // A runtime that sends a bucket of several all_reduce steps as one
+  // message through a flat copy of its tensors in device memory
+  // (pebble.torch; docs/semantics.md, "Buckets"): the copy, the bucket's
+  // bytes, is resident from the bucket's first step until the first later
+  // step that reads, writes, copies or frees one of its members' storages
+  // (the runtime then waits for the sum and copies it back), or the end.
+  // False: a bucket moves no memory (the C++ runtime stages it on the host).
+  bool device_bucket_copies = false;
+  // Bytes each member's place in a device copy is rounded up to (>= 1; the
+  // device allocator's block where each copy is one allocation).
+  int64_t bucket_copy_alignment = 1;
 };
 
 // One step of the memory timeline.

@@ -440,6 +440,21 @@ TEST(CliTest, RanksPlanTheGradientsAllReduces) {
       {"--buckets none", "reduce-scatters each gradient on its own"});
   ::pebble::testing::ExpectOneLineError(Pebble("plan " + model + " --ranks 2 --buckets often"), 2,
                                         {"--buckets", "invalid buckets 'often'"});
+  // --bucket-copies device: the buckets' copies are in the plan, within
+  // the budget ("min": the peak of one all-reduce a gradient).
+  Result copied = Pebble("plan " + model + " --policy rotor --budget min --ranks 4 --network "
+                         "ethernet-10g --bucket-copies device --json");
+  ASSERT_EQ(copied.exit_code, 0) << copied.err;
+  const nlohmann::json copied_doc = ParseOrFail(copied.out);
+  EXPECT_EQ(copied_doc["details"]["collectives"]["bucket_copies"], "device");
+  EXPECT_EQ(copied_doc["report"]["peak_bytes"], doc["report"]["peak_bytes"]);
+  ::pebble::testing::ExpectOneLineError(Pebble("plan " + model + " --bucket-copies device"), 2,
+                                        {"--bucket-copies device", "give --ranks 2 or more"});
+  ::pebble::testing::ExpectOneLineError(
+      Pebble("simulate " + model + " --schedule " + schedule + " --bucket-copies device"), 2,
+      {"--bucket-copies device", "give --ranks 2 or more"});
+  EXPECT_EQ(Pebble("run " + model + " --schedule " + schedule + " --bucket-copies device")
+                .exit_code, 2);  // pebble run stages its buckets on the host
   ::pebble::testing::ExpectOneLineError(
       Pebble("run " + model + " --schedule " + schedule + " --ranks 2 --rank 0 --rendezvous " +
              (dir / "meet").string() + " --buckets none"), 2,

@@ -404,6 +404,128 @@ TEST(BucketsTest, BucketGradientsFollowsTheCapAndStopsBeforeAClosedGradient) {
   }
 }
 
+// A runtime that sends a bucket through a flat device copy
+// (SimulatorOptions::device_bucket_copies): the copy holds the bucket's
+// bytes from its first step until a later step touches one of its
+// gradients, or the end; a bucket of one gradient has none.
+TEST(BucketsTest, DeviceCopiesHoldTheBucketUntilAStepTouchesIt) {
+  absl::StatusOr<Graph> g = ParseGraphJson(
+      std::string(kTwoGradients)
+          .replace(std::string(kTwoGradients).find(R"({"id": "y")"), 0,
+                   R"({"id": "a1", "bytes": 100, "cost": 1, "inputs": ["a", "grad:a"],
+                       "alias_of": "a", "in_place": true},)"));
+  ASSERT_TRUE(g.ok()) << g.status();
+  SimulatorOptions copies = FourRanks();
+  copies.device_bucket_copies = true;
+  // 210 persistent; the gradients 100 each, y 20.
+  const Schedule bucket = WithBucket(
+      MakeSchedule(*g, {{kC, "grad:a"}, {kC, "grad:b"}, {kA, "grad:a"}, {kA, "grad:b"},
+                        {kC, "a1"}, {kC, "y"}}), 3);
+  absl::StatusOr<PlanReport> without = Simulate(*g, bucket, FourRanks());
+  absl::StatusOr<PlanReport> with = Simulate(*g, bucket, copies);
+  ASSERT_TRUE(without.ok()) << without.status();
+  ASSERT_TRUE(with.ok()) << with.status();
+  EXPECT_EQ(without->peak_bytes, 430);
+  EXPECT_EQ(with->timeline[2].device_bytes, 610);  // the copy, at the bucket's first step
+  EXPECT_EQ(with->timeline[3].device_bytes, 610);
+  EXPECT_EQ(with->timeline[4].device_bytes, 410);  // a1 reads grad:a: settled before it
+  EXPECT_EQ(with->timeline[5].device_bytes, 430);
+  EXPECT_EQ(with->peak_bytes, 610);
+  EXPECT_EQ(with->peak_step, 2);
+  EXPECT_DOUBLE_EQ(with->makespan, without->makespan);  // the copy takes no time
+  // Untouched, the copy lasts to the end.
+  const Schedule untouched = WithBucket(
+      MakeSchedule(*g, {{kC, "grad:a"}, {kC, "grad:b"}, {kA, "grad:a"}, {kA, "grad:b"},
+                        {kC, "y"}, {kC, "a1"}}), 3);
+  absl::StatusOr<PlanReport> late = Simulate(*g, untouched, copies);
+  ASSERT_TRUE(late.ok()) << late.status();
+  EXPECT_EQ(late->timeline[4].device_bytes, 630);
+  EXPECT_EQ(late->timeline[5].device_bytes, 430);
+  EXPECT_EQ(late->peak_bytes, 630);
+  // One gradient a bucket: reduced where it lies.
+  const Schedule singles = MakeSchedule(
+      *g, {{kC, "grad:a"}, {kC, "grad:b"}, {kA, "grad:a"}, {kA, "grad:b"}, {kC, "a1"},
+           {kC, "y"}});
+  EXPECT_EQ(Simulate(*g, singles, copies)->peak_bytes, 430);
+}
+
+// Two views of one storage in two buckets: a step that touches the
+// storage settles (frees) both copies, as the runtime settles every
+// collective on a storage; each member's place rounds up to the alignment.
+TEST(BucketsTest, DeviceCopiesOfOneStorageAreSettledTogether) {
+  absl::StatusOr<Graph> g = ParseGraphJson(R"({"format": "pebble-graph", "version": 1,
+    "nodes": [
+      {"id": "x", "bytes": 10, "persistent": true, "role": "input"},
+      {"id": "g", "bytes": 200, "cost": 1, "inputs": ["x"]},
+      {"id": "v1", "bytes": 100, "cost": 0, "inputs": ["g"], "alias_of": "g"},
+      {"id": "v2", "bytes": 100, "cost": 0, "inputs": ["g"], "alias_of": "g"},
+      {"id": "h", "bytes": 100, "cost": 1, "inputs": ["x"]},
+      {"id": "h2", "bytes": 100, "cost": 1, "inputs": ["x"]}],
+    "outputs": ["h", "h2", "v2"]})");
+  ASSERT_TRUE(g.ok()) << g.status();
+  Schedule s = MakeSchedule(*g, {{kC, "g"}, {kC, "v1"}, {kC, "v2"}, {kC, "h"}, {kC, "h2"},
+                                 {kA, "v1"}, {kA, "h"}, {kA, "v2"}, {kA, "h2"}, {kF, "v1"}});
+  s.steps[6].joins_bucket = s.steps[8].joins_bucket = true;
+  SimulatorOptions copies = FourRanks();
+  copies.device_bucket_copies = true;
+  absl::StatusOr<PlanReport> r = Simulate(*g, s, copies);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->timeline[5].device_bytes, 610);  // 410 and the first copy
+  EXPECT_EQ(r->timeline[7].device_bytes, 810);  // and the second
+  EXPECT_EQ(r->timeline[9].device_bytes, 410);  // freeing v1 touches g: both settled
+  copies.bucket_copy_alignment = 256;
+  r = Simulate(*g, s, copies);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->timeline[5].device_bytes, 410 + 512);
+  EXPECT_EQ(r->peak_bytes, 410 + 1024);
+  copies.bucket_copy_alignment = 0;
+  EXPECT_THAT(Simulate(*g, s, copies).status().message(), HasSubstr("alignment must be"));
+}
+
+// With device copies, planned buckets cost memory: the search keeps a
+// grouping only within the budget (the ungrouped peak at "min"), and a cap
+// whose copies break the budget makes the plan infeasible, saying so.
+TEST(BucketsTest, DeviceCopiesKeepPlannedBucketsWithinTheBudget) {
+  absl::StatusOr<Graph> g = ParseGraphJson(kTwoGradients);
+  ASSERT_TRUE(g.ok()) << g.status();
+  auto planner = MakePlanner("best-order");
+  ASSERT_TRUE(planner.ok());
+  PlannerOptions options;
+  options.ranks = 4;
+  options.network = {100, 0.5};  // latency dominates: one bucket of both saves time
+  options.device_bucket_copies = true;
+  auto plan = [&](int64_t budget, int64_t rule) {
+    options.budget_bytes = budget;
+    options.bucket_bytes = rule;
+    absl::StatusOr<PlanResult> r = (*planner)->Plan(*g, options);
+    EXPECT_TRUE(r.ok()) << r.status();
+    return r.ok() ? *std::move(r) : PlanResult();
+  };
+  const PlanResult none = plan(kMinBudgetBytes, 0);
+  EXPECT_EQ(none.report.collectives, 2);
+  const PlanResult at_min = plan(kMinBudgetBytes, PlannerOptions::kPlannedBuckets);
+  EXPECT_EQ(at_min.report.peak_bytes, none.report.peak_bytes);
+  EXPECT_EQ(at_min.report.collectives, 2);
+  EXPECT_EQ(at_min.details["collectives"]["bucket_copies"], "device");
+  const PlanResult roomy = plan(none.report.peak_bytes + 200, PlannerOptions::kPlannedBuckets);
+  EXPECT_TRUE(roomy.feasible);
+  EXPECT_EQ(roomy.report.collectives, 1);
+  EXPECT_EQ(roomy.report.peak_bytes, none.report.peak_bytes + 200);
+  EXPECT_LT(roomy.report.makespan, none.report.makespan);
+  const PlanResult tight = plan(none.report.peak_bytes + 199, PlannerOptions::kPlannedBuckets);
+  EXPECT_TRUE(tight.feasible);
+  EXPECT_EQ(tight.report.collectives, 2);
+  const PlanResult capped = plan(none.report.peak_bytes + 199, INT64_MAX);
+  EXPECT_FALSE(capped.feasible);
+  EXPECT_THAT(capped.message, HasSubstr("with the buckets' device copies, peak"));
+  // Without copies the same cap fits: a bucket moves no memory.
+  options.device_bucket_copies = false;
+  const PlanResult staged = plan(none.report.peak_bytes, INT64_MAX);
+  EXPECT_TRUE(staged.feasible);
+  EXPECT_EQ(staged.report.collectives, 1);
+  EXPECT_EQ(staged.details["collectives"]["bucket_copies"], "none");
+}
+
 // Planned buckets on training graphs, on a slow link (latency matters)
 // and a fast one: the same steps and memory as one all-reduce a gradient,
 // no more time than that nor than DDP's 25 MiB rule, and the figures are

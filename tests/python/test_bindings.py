@@ -285,6 +285,29 @@ class PlanTest(unittest.TestCase):
         self.assertLess(plans["auto"].report["collectives"], plans["none"].report["collectives"])
         self.assertLess(plans["auto"].report["makespan"], plans["none"].report["makespan"])
         self.assertEqual(plans["auto"].report["peak_bytes"], plans["none"].report["peak_bytes"])
+        # Buckets sent through a device copy (pebble.torch's way): the copy
+        # is in the plan, which keeps planned buckets within the budget.
+        cap = plans["none"].report["peak_bytes"] + 64 * 1024
+        p = pebble.plan(self.graph, policy="rotor", budget=cap, bucket_copies="device", **link)
+        doc = cli_json("plan", "--model", MODEL, "--policy", "rotor", "--budget", str(cap),
+                       "--ranks", "4", "--network", "1e9", "--network-latency", "1e-3",
+                       "--bucket-copies", "device")
+        self.assertEqual(p.report, doc["report"])
+        self.assertEqual(p.details["collectives"]["bucket_copies"], "device")
+        self.assertLessEqual(p.report["peak_bytes"], cap)
+        copied = pebble.simulate(self.graph, p.schedule, bucket_copies="device", **link)
+        self.assertEqual(copied["peak_bytes"], p.report["peak_bytes"])
+        if any(len(s) == 3 for s in p.schedule):  # a bucket of several: its copy counts
+            self.assertGreaterEqual(copied["peak_bytes"],
+                                    pebble.simulate(self.graph, p.schedule, **link)["peak_bytes"])
+        aligned = pebble.simulate(self.graph, p.schedule, bucket_copies="device",
+                                  bucket_alignment=4096, **link)
+        self.assertGreaterEqual(aligned["peak_bytes"], copied["peak_bytes"])
+        for bad in ({"bucket_copies": "device", "ranks": 1}, {"bucket_copies": "host"},
+                    {"bucket_copies": True}, {"bucket_alignment": 512},
+                    {"bucket_copies": "device", "bucket_alignment": 0}):
+            with self.subTest(bad=bad), self.assertRaises((ValueError, TypeError)):
+                pebble.plan(self.graph, policy="rotor", budget="min", **{**link, **bad})
 
     def test_shard_equals_the_cli(self):
         sharded = pebble.shard(self.graph, 4, network="ib-ndr")

@@ -18,7 +18,9 @@ Each rank takes its slice of one batch. Checks, on every rank:
 - training: five steps of SGD with momentum and of Adam with the optimizer
   in the plan (its updates on the device, and on the host) give the
   parameters of torch.nn.parallel.DistributedDataParallel on the same slices
-  (to 1e-5 relative);
+  (to 1e-5 relative), the measured peak the plan's; so do five Adam steps
+  with DDP's 25 MiB bucket rule (buckets of several gradients, each sent
+  through a flat copy that the plan holds);
 - sharded training (shard="full", ZeRO-3): five steps of Adam and of SGD
   with momentum under FSDP's rule and under dtr at its least peak give the
   parameters of eager single-process training on the whole batch
@@ -109,7 +111,7 @@ def check_planned_reductions(step, model):
     """The plan places one all-reduce per gradient, after its compute, and
     times them on the link calibration measured."""
     failures = []
-    schedule = step.schedule
+    schedule = [tuple(s[:2]) for s in step.schedule]  # a bucket's steps are triples
     reduced = [node for action, node in schedule if action == "all_reduce"]
     expected = sorted(f"grad:{name}" for name, _ in model.named_parameters())
     if sorted(reduced) != expected:
@@ -126,9 +128,10 @@ def check_planned_reductions(step, model):
     return failures
 
 
-def check_shared_storage(torch, pt, dist, rank, ranks):
+def check_shared_storage(torch, pt, dist, rank, ranks, buckets="auto", budget="min"):
     """Parameters concatenated: their gradients are views of one storage,
-    each all-reduced once (not the storage twice)."""
+    each all-reduced once (not the storage twice), alone or both in one
+    bucket (its copy holds each once; settling it frees it once)."""
     class Cat(torch.nn.Module):
         def __init__(self):
             super().__init__()
@@ -146,16 +149,25 @@ def check_shared_storage(torch, pt, dist, rank, ranks):
     (x, y), = batches(torch, ranks, 1)
     loss_fn = torch.nn.functional.cross_entropy
     step = pt.train_step(model, loss_fn, (mine(x, rank),), mine(y, rank), policy="rotor",
-                         budget="min", process_group=dist.group.WORLD)
+                         budget=budget, measure="always", process_group=dist.group.WORLD,
+                         buckets=buckets)
     step(mine(x, rank), mine(y, rank))
     loss_fn(whole(x), y).backward()
-    failures = [f"concatenated parameters: gradient of {name} differs from the whole batch's"
+    what = f"concatenated parameters, buckets {buckets}"
+    failures = [f"{what}: gradient of {name} differs from the whole batch's"
                 for (name, p), q in zip(model.named_parameters(), whole.parameters())
                 if p.grad is None or not close(p.grad, q.grad)]
+    r = step.report
+    if r["measured_peak_bytes"] != r["predicted_step_peak_bytes"] or \
+            r["counted_peak_bytes"] != r["predicted_peak_bytes"]:
+        failures.append(f"{what}: measured peak {r['measured_peak_bytes']}, predicted "
+                        f"{r['predicted_step_peak_bytes']}; pebble's count "
+                        f"{r['counted_peak_bytes']} of the predicted {r['predicted_peak_bytes']}")
     return failures + check_planned_reductions(step, model)
 
 
-def check_training(torch, pt, dist, rank, ranks, kind, updates):
+def check_training(torch, pt, dist, rank, ranks, kind, updates, buckets="auto",
+                   budget="min"):
     failures = []
     torch.manual_seed(0)
     model = make_model(torch)
@@ -167,9 +179,9 @@ def check_training(torch, pt, dist, rank, ranks, kind, updates):
     loss_fn = torch.nn.functional.cross_entropy
     x0, y0 = data[0]
     step = pt.train_step(model, loss_fn, (mine(x0, rank),), mine(y0, rank), optimizer=opt,
-                         policy="rotor", budget="min", measure="always",
+                         policy="rotor", budget=budget, measure="always",
                          optimizer_updates=updates, allow_cpu_offload=updates != "device",
-                         process_group=dist.group.WORLD)
+                         process_group=dist.group.WORLD, buckets=buckets)
     for k, (x, y) in enumerate(data):
         opt.zero_grad(set_to_none=True)
         step(mine(x, rank), mine(y, rank))
@@ -182,8 +194,13 @@ def check_training(torch, pt, dist, rank, ranks, kind, updates):
                             f"predicted {r['predicted_step_peak_bytes']}")
     for (name, p), q in zip(model.named_parameters(), ddp_model.parameters()):
         if not close(p.detach(), q.detach()):
-            failures.append(f"{kind}, updates on the {updates}: after five steps, {name} "
-                            "differs from DistributedDataParallel's")
+            failures.append(f"{kind}, updates on the {updates}, buckets {buckets}: after five "
+                            f"steps, {name} differs from DistributedDataParallel's")
+    c = step.report["collectives"]
+    if buckets != "auto" and (c["bucket_rule"] != "cap" or
+                              not 0 < c["buckets"] < c["all_reduce"]):
+        failures.append(f"buckets {buckets}: the plan's collectives are {c}, not buckets of "
+                        "several gradients")
     return failures
 
 
@@ -361,7 +378,9 @@ def refusals(torch, pt):
             (dict(network="ib-ndr"), ValueError, "give the process group too"),
             (dict(optimizer_gradients="sometimes"), ValueError,
              "'keep' or 'drop', not 'sometimes'"),
-            (dict(process_group=object()), ValueError, "is not initialised")):
+            (dict(process_group=object()), ValueError, "is not initialised"),
+            (dict(buckets="25MiB"), ValueError, "give a process_group"),
+            (dict(buckets=1.5), TypeError, "buckets must be 'auto', 'none' or a size")):
         try:
             pt.train_step(model, torch.nn.functional.cross_entropy, (x,), y, **kwargs)
         except error as e:
@@ -383,6 +402,8 @@ def worker(rank, ranks, port, outdir, timeout):
                             timeout=datetime.timedelta(seconds=timeout))
     failures = check_gradients(torch, pt, dist, rank, ranks)
     failures += check_shared_storage(torch, pt, dist, rank, ranks)
+    for cap in ("25MiB", "100B"):  # both views in one bucket's copy, then each on its own
+        failures += check_shared_storage(torch, pt, dist, rank, ranks, cap, "1MiB")
     if rank == 0:  # with the group initialised: not a group, what sharding cannot run
         model = make_model(torch)
         sgd = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -394,7 +415,9 @@ def worker(rank, ranks, port, outdir, timeout):
                       optimizer_gradients="keep"), ValueError, "is not possible"),
                 (dict(process_group=world, shard="full", optimizer=sgd,
                       optimizer_updates="host", allow_cpu_offload=True), ValueError,
-                 "host state or host updates")):
+                 "host state or host updates"),
+                (dict(process_group=world, shard="full", optimizer=sgd, buckets="none"),
+                 ValueError, "reduce-scatters each gradient on its own")):
             try:
                 pt.train_step(model, torch.nn.functional.cross_entropy,
                               (torch.randn(4, 16),), torch.randint(0, 5, (4,)), **kwargs)
@@ -405,6 +428,9 @@ def worker(rank, ranks, port, outdir, timeout):
     for kind in ("sgd", "adam"):
         for updates in ("device", "host"):
             failures += check_training(torch, pt, dist, rank, ranks, kind, updates)
+    # DDP's rule: buckets of several gradients, each through a flat copy.
+    failures += check_training(torch, pt, dist, rank, ranks, "adam", "device", buckets="25MiB",
+                               budget="1MiB")
     for kind, policy in (("adam", "fsdp"), ("adam", "dtr"), ("sgd", "rotor")):
         failures += check_sharded(torch, pt, dist, rank, ranks, kind, policy)
     failures += check_sharded(torch, pt, dist, rank, ranks, "adam", "hybrid", tokens=True)

@@ -144,13 +144,20 @@ class TrainStep:
         collectives, as pebble.plan takes them (a preset such as "ib-ndr"
         or bytes per second; seconds a message). None: calibration measures
         it (else pebble.plan's default link).
+      buckets: with a process_group and shard="none", how the gradients'
+        all-reduces are grouped, each group one message through a flat copy
+        of its gradients that the plan holds (pebble.plan's bucket_copies=
+        "device"): "auto" (the plan chooses, within the budget), "none" (one
+        all-reduce per gradient, in place) or a size such as "25MiB"
+        (DistributedDataParallel's rule with that cap).
     """
 
     def __init__(self, model, loss_fn, example_inputs, example_target, policy=None,
                  budget="100%", host_budget=None, bandwidth=None, time_limit=10.0, seed=0,
                  calibrate=True, measure="first", allow_cpu_offload=False, optimizer=None,
                  optimizer_state=None, optimizer_updates="device", optimizer_gradients=None,
-                 process_group=None, shard="none", network=None, network_latency=None):
+                 process_group=None, shard="none", network=None, network_latency=None,
+                 buckets="auto"):
         if not isinstance(model, torch.nn.Module):
             raise TypeError(f"model must be a torch.nn.Module, not {type(model).__name__}")
         if not callable(loss_fn):
@@ -198,6 +205,7 @@ class TrainStep:
             raise ValueError("network is the link between the ranks of a process_group: give "
                              "the process group too")
         self.network = (network, network_latency) if network is not None else None
+        self.buckets = _checked_buckets(buckets, self.process_group, shard)
         self.network_measured = False
         if self.process_group is not None:
             broadcast_module(model, self.process_group)  # rank 0's weights, as DDP starts
@@ -513,11 +521,11 @@ class _Variant:
         if group is not None:  # the gradients' all-reduces (Note [Gradients averaged as they complete])
             kwargs["ranks"] = _world_size(group)
             if kwargs["ranks"] > 1 and self.shards is None:
-                # One message a gradient, as GradientAverage sends them: a
-                # bucket would be one message only through a flat copy of
-                # its gradients that the plan does not hold (Note [Gradients
-                # averaged as they complete]).
-                kwargs["buckets"] = "none"
+                # GradientAverage sends a bucket through a flat copy (Note [A
+                # bucket through a flat copy]), which the plan holds.
+                kwargs["buckets"] = self.step.buckets
+                kwargs["bucket_copies"] = "device"
+                kwargs["bucket_alignment"] = self.graph_nodes.round_to
             if self.step.network is not None:
                 kwargs["network"], kwargs["network_latency"] = self.step.network
         graph = self.graph  # the graph without order tokens where there is one
@@ -590,6 +598,9 @@ class _Variant:
         if kept > 0 and 2 * kept >= least_step:
             message += (f" ({_size(kept)} of it are the gradients the step makes, which every "
                         "plan keeps)")
+        if self.step.buckets not in ("auto", "none") and self.shards is None:
+            message += (f"; with buckets={self.step.buckets!r}, each bucket's copy counts: "
+                        "buckets='auto' keeps them within the budget")
         return message
 
     def _resolve_budget(self, budget):
@@ -754,7 +765,9 @@ class _Variant:
         if "collectives" in p.details:  # data parallelism: the plan's all-reduces
             c = p.details["collectives"]
             report["collectives"] = {
-                "all_reduce": c["all_reduce"], "bytes": c["bytes"],
+                "all_reduce": c["all_reduce"], "buckets": c.get("buckets"),
+                "bucket_rule": c.get("bucket_rule"),
+                "largest_bucket_bytes": c.get("largest_bucket_bytes"), "bytes": c["bytes"],
                 "predicted_network_busy_s": c["network_busy"],
                 "network_bytes_per_s": c["network_bandwidth_bytes_per_s"],
                 "network_latency_s": c["network_latency_s"],
@@ -782,7 +795,7 @@ def _persistent_bytes(graph):
 def _sharding_report(plan, shards, network_measured):
     """The report's "sharding" entry: the shards, the plan's collectives and
     the link it times them on."""
-    computes = [node_id for action, node_id in plan.schedule if action == "compute"]
+    computes = [node_id for action, node_id, *_ in plan.schedule if action == "compute"]
     gathers = sum(1 for n in computes if n.startswith("gather:"))
     link = plan.details.get("collectives", {})
     return {"ranks": shards.ranks, "parameters": len(shards.params),
@@ -818,6 +831,21 @@ def _checked_group(group, shard):
         raise TypeError(f"process_group must be a torch.distributed.ProcessGroup (such as "
                         f"torch.distributed.group.WORLD), not {type(group).__name__}")
     return group
+
+
+def _checked_buckets(buckets, group, shard):
+    """The bucket rule train_step was given; checked here for its type and
+    its use (pebble.plan checks a size's text)."""
+    if buckets == "auto":
+        return buckets
+    if isinstance(buckets, bool) or not isinstance(buckets, (str, int)):
+        raise TypeError(f"buckets must be 'auto', 'none' or a size such as '25MiB', not "
+                        f"{type(buckets).__name__}")
+    if group is None or shard != "none":
+        raise ValueError(f"buckets={buckets!r}: buckets group the all-reduces of data "
+                         "parallelism: give a process_group, with shard='none' (a sharded "
+                         "step reduce-scatters each gradient on its own)")
+    return buckets
 
 
 def _checked_sharding(shard, optimizer, state, updates, gradients):

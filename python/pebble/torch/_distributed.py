@@ -24,11 +24,11 @@ asynchronous all-reduce sums it over the ranks, in place; any later step
 that reads, moves or frees that gradient's storage first waits for it. So
 each rank's gradient is the mean of the ranks' gradients: with equal slices
 and a mean loss, the gradient of the whole batch. The all-reduce runs while
-the plan goes on with the backward. It is one collective per gradient, in
-the plan's order, and the plan is made so (buckets="none"): DDP groups
-gradients into 25 MiB buckets, one message each, through a flat copy of
-them that this plan would not hold. The plan places the all-reduces (its
-all_reduce steps, scheduler/collectives.h) and times them on the link
+the plan goes on with the backward. The plan may group the all-reduces of
+consecutive gradients into a bucket (docs/semantics.md, "Buckets"), sent
+as one message, as DDP sends its buckets: Note [A bucket through a flat
+copy]. The plan places the all-reduces and buckets (its all_reduce steps,
+scheduler/collectives.h) and times them on the link
 measure_link measured. gloo's worker thread lets go of a reduced
 tensor a moment after wait() returns; where that is the last reference (a
 gradient the plan frees), the free happens in that thread, which PyTorch's
@@ -42,7 +42,42 @@ import time
 
 import torch
 
+from ._compat import free_storage
 from ._executor import PlanExecutionError
+
+
+# Note [A bucket through a flat copy]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# One collective of torch.distributed sends one tensor (gloo's coalesced
+# all-reduce flattens its tensors too, in its worker thread). So a bucket of
+# several gradients is copied into one flat tensor per dtype, divided, and
+# all-reduced asynchronously; settling it (before a later step reads, moves
+# or frees one of its gradients, or at the step's end) waits, copies the
+# sums back and frees the copy. The plan holds that copy from the bucket's
+# step to its settling (pebble.plan's bucket_copies="device";
+# docs/semantics.md, "Buckets through a device copy"): each gradient takes its planned bytes in it,
+# rounded up to the allocator's block as the plan rounds them
+# (bucket_alignment), so one allocation per copy, and the allocator's peak
+# is the plan's. A gradient that is a view that is not contiguous is
+# reduced through its whole storage, of the same elements. The copy is
+# freed through its storage, on this thread: gloo's worker thread
+# lets go of the tensor a moment after wait() returns, and a free there
+# would escape PyTorch's CPU profiler (and the measured peak).
+
+
+class _Bucket:
+    """A bucket in flight: per dtype (flat copy, its work, [(gradient, its
+    part of the copy)]), the storage roots it holds sums for and its
+    copies' planned bytes."""
+
+    def __init__(self, roots, nbytes):
+        self.roots = list(dict.fromkeys(roots))  # two views of one storage: once
+        self.nbytes = nbytes
+        self.parts = []
+        self.settled = False
+
+    def all_works(self):
+        return [work for _, work, _ in self.parts]
 
 
 class GradientAverage:
@@ -57,40 +92,97 @@ class GradientAverage:
         # Note [Scalars without allocations] (_optimizer.py): a held 0-dim
         # tensor, not a Python number, divides.
         self._ranks = torch.full((), float(self.ranks))
-        self.pending = {}  # storage root index -> [work in flight on that storage]
+        # storage root index -> [work or _Bucket in flight on that storage]
+        self.pending = {}
 
-    def start(self, root_index, tensor):
-        """Averages `tensor` (a gradient, or the storage it is a view of) over
-        the ranks, asynchronously: divided first, as DDP divides (no
-        overflow of a half-precision sum), then summed."""
-        if not tensor.is_contiguous():
+    def start(self, members):
+        """Averages the gradients `members`, [(storage root index, tensor,
+        planned bytes, rounded as the plan rounds a place in a copy)], over
+        the ranks, asynchronously: each divided first, as DDP divides (no
+        overflow of a half-precision sum), then summed.
+        One member is reduced in place; several are a bucket (Note [A bucket
+        through a flat copy]). A tensor is a gradient, or the whole storage
+        it is a view of. Returns the bytes of the copy (0 for one member)."""
+        if any(not t.is_contiguous() for _, t, _ in members):
             raise PlanExecutionError("internal: a gradient to all-reduce is not contiguous")
+        if len(members) == 1:
+            root_index, tensor, _ = members[0]
+            self.pending.setdefault(root_index, []).append(self._all_reduce(tensor))
+            return 0
+        bucket = _Bucket([root_index for root_index, _, _ in members],
+                         sum(nbytes for _, _, nbytes in members))
+        by_dtype = {}
+        for _, tensor, nbytes in members:
+            by_dtype.setdefault(tensor.dtype, []).append((tensor, nbytes // tensor.element_size()))
+        for dtype, gradients in by_dtype.items():
+            flat = torch.empty(sum(slot for _, slot in gradients), dtype=dtype,
+                               device=gradients[0][0].device)
+            copied, offset = [], 0
+            for tensor, slot in gradients:
+                if tensor.numel() > slot:
+                    raise PlanExecutionError("internal: a gradient is larger than its place in "
+                                             "its bucket's copy")
+                part = flat[offset:offset + tensor.numel()]
+                part.copy_(tensor.view(-1))
+                copied.append((tensor, part))
+                offset += slot
+            bucket.parts.append((flat, self._all_reduce(flat), copied))
+        for root_index in bucket.roots:
+            self.pending.setdefault(root_index, []).append(bucket)
+        return bucket.nbytes
+
+    def _all_reduce(self, tensor):
         tensor.div_(self._ranks)
         try:
-            work = self.dist.all_reduce(tensor, group=self.group, async_op=True)
+            return self.dist.all_reduce(tensor, group=self.group, async_op=True)
         except RuntimeError as e:
             raise _failed(e) from e
-        self.pending.setdefault(root_index, []).append(work)
 
     def settle(self, root_index):
         """Waits for the all-reduce of the storage `root_index`, if one is in
-        flight."""
-        for work in self.pending.pop(root_index, ()):
-            try:
-                work.wait()
-            except RuntimeError as e:
-                raise _failed(e) from e
+        flight; a bucket's sums are copied back and its copy freed. Returns
+        the bytes freed so (start's figure)."""
+        freed = 0
+        for item in self.pending.pop(root_index, ()):
+            works = item.all_works() if isinstance(item, _Bucket) else [item]
+            for work in works:
+                try:
+                    work.wait()
+                except RuntimeError as e:
+                    raise _failed(e) from e
+            if isinstance(item, _Bucket):
+                freed += self._unpack(item)
+        return freed
+
+    def _unpack(self, bucket):
+        if bucket.settled:
+            return 0
+        bucket.settled = True
+        freed = bucket.nbytes
+        for flat, _, copied in bucket.parts:
+            for tensor, part in copied:
+                tensor.view(-1).copy_(part)
+            free_storage(flat)
+        bucket.parts = []
+        for root_index in bucket.roots:
+            left = [item for item in self.pending.get(root_index, ()) if item is not bucket]
+            if left:
+                self.pending[root_index] = left
+            else:
+                self.pending.pop(root_index, None)
+        return freed
 
     def settle_all(self):
-        for root_index in list(self.pending):
-            self.settle(root_index)
+        return sum(self.settle(root_index) for root_index in list(self.pending))
 
     def abandon(self, grace_s=5.0):
         """After a failed run: waits up to `grace_s` seconds in all for the
         all-reduces still in flight, ignoring their failures (Note [Draining
         the collectives of a failed run])."""
         deadline = time.monotonic() + grace_s
-        works = [work for works in self.pending.values() for work in works]
+        items = {id(item): item for items in self.pending.values() for item in items}
+        works = [work for item in items.values()
+                 for work in (item.all_works() if isinstance(item, _Bucket) else [item])]
         self.pending.clear()
         for work in works:
             left = deadline - time.monotonic()

@@ -41,6 +41,7 @@ import torch
 
 from ._compat import storage_bytes, storage_key
 from ._graph import op_name
+from ._memory import round_up
 
 
 class PlanExecutionError(RuntimeError):
@@ -74,7 +75,7 @@ def order_of_first_draws(graph, schedule):
     """The random calls in the order the schedule first runs them."""
     by_id = {n.id: n for n in graph.nodes}
     seen, order = set(), []
-    for action, node_id in schedule:
+    for action, node_id, *_ in schedule:
         node = by_id.get(node_id)
         if action != "compute" or node is None:  # None: an optimizer's node
             continue
@@ -118,9 +119,16 @@ class Program:
         self.gradients = {n.index for _, n in graph.grads} | \
             {acc.index for _, _, acc in graph.accumulators}
         self.steps = []
-        for action, node_id in schedule:
+        # A bucket's all_reduce steps (("all_reduce", node, bucket) triples,
+        # consecutive): its first step's index -> its nodes; the later
+        # steps' indices, which run nothing of their own.
+        self.buckets, self.joined, self._bucket_numbers = {}, set(), {}
+        for entry in schedule:
+            action, node_id = entry[0], entry[1]
             kind = _ACTIONS.get(action)
             node = by_id.get(node_id)
+            if len(entry) > 2 and kind == REDUCE and node is not None:
+                self._bucket_member(entry[2], node)
             if node is None and foreign is not None and foreign.owns(node_id):
                 self.steps.append((FOREIGN, (action, node_id)))
                 continue
@@ -154,6 +162,20 @@ class Program:
                 self.host[node.index] = torch.empty_strided(
                     v.shape, v.stride(), dtype=v.dtype, device="cpu",
                     pin_memory=device.type == "cuda")
+
+    def _bucket_member(self, bucket, node):
+        """Notes the all_reduce step about to be appended as one of bucket
+        number `bucket`: it starts the bucket, or joins the one before it."""
+        i = len(self.steps)
+        first = i - 1
+        while first in self.joined:
+            first -= 1
+        if i > 0 and self.steps[i - 1][0] == REDUCE and self._bucket_numbers.get(first) == bucket:
+            self.buckets[first].append(node)
+            self.joined.add(i)
+        else:
+            self.buckets[i] = [node]
+            self._bucket_numbers[i] = bucket
 
     def _check_reductions(self):
         """PlanExecutionError for an all_reduce step without a process group
@@ -238,7 +260,8 @@ class Program:
                 elif kind == PREFETCH:
                     state.prefetch(node)
                 elif kind == REDUCE:
-                    state.reduce(node)
+                    if i not in self.joined:
+                        state.reduce(self.buckets.get(i, (node,)))
                 else:
                     self.foreign.step(*node, state)
             state.finish()
@@ -320,20 +343,24 @@ class _RunState:
         """Before a step reads, moves or frees `node`: the all-reduce of its
         storage, if one is in flight, is complete and averaged."""
         if self.program.sync is not None:
-            self.program.sync.settle(self._root(node).index)
+            self.hold(-self.program.sync.settle(self._root(node).index))
 
-    def reduce(self, node):
-        """Starts the all-reduce of the gradient `node` (an all_reduce step):
-        the tensor itself, or where it is a view that is not contiguous, its
-        whole storage's tensor (Program._check_reductions checked which)."""
-        root = self._root(node)
-        t = self.live[node.index]
-        if t is not None and not t.is_contiguous():
-            t = self.live[root.index]
-        if t is None:
-            raise PlanExecutionError(f"internal: gradient '{node.id}' is not resident when its "
-                                     "all-reduce starts")
-        self.program.sync.start(root.index, t)
+    def reduce(self, nodes):
+        """Starts the all-reduce of the gradients `nodes` (an all_reduce step,
+        or a bucket's steps): each tensor itself, or where it is a view that
+        is not contiguous, its whole storage's tensor
+        (Program._check_reductions checked which)."""
+        members = []
+        for node in nodes:
+            root = self._root(node)
+            t = self.live[node.index]
+            if t is not None and not t.is_contiguous():
+                t = self.live[root.index]
+            if t is None:
+                raise PlanExecutionError(f"internal: gradient '{node.id}' is not resident when "
+                                         "its all-reduce starts")
+            members.append((root.index, t, round_up(node.nbytes, self.graph.round_to)))
+        self.hold(self.program.sync.start(members))  # a bucket's copy
 
     def hold(self, nbytes, workspace=0):
         """Counts `nbytes` of device memory that a foreign step holds (negative:
@@ -660,7 +687,7 @@ class _RunState:
 
     def finish(self):
         if self.program.sync is not None:
-            self.program.sync.settle_all()
+            self.hold(-self.program.sync.settle_all())
         if self.kept:
             raise PlanExecutionError("internal: sibling outputs kept past their steps")
         if self.dropped:

@@ -448,7 +448,7 @@ class Placement:
     def __init__(self, updates, schedule):
         first_on_host = {}
         self.host_updates = set()
-        for action, node_id in schedule:
+        for action, node_id, *_ in schedule:
             if not updates.owns(node_id):
                 continue
             if action == "host_compute":
@@ -458,7 +458,7 @@ class Placement:
             first_on_host.setdefault(node_id, action == "prefetch")
         self.host_state = frozenset(n for n, on_host in first_on_host.items()
                                     if on_host and n in updates.state_bytes)
-        self.streamed = frozenset(n for action, n in schedule
+        self.streamed = frozenset(n for action, n, *_ in schedule
                                   if action == "prefetch" and n in updates.state_bytes)
         self.state_bytes = updates.state_bytes
         self.resident_state_bytes = sum(b for n, b in updates.state_bytes.items()

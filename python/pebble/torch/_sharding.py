@@ -244,7 +244,7 @@ class Shards:
         "grad:p"; the shard "p" becomes "shard:p" and the reduce-scatter
         "grad:p" "scatter:p", which the runner owns."""
         out = []
-        for action, node_id in schedule:
+        for action, node_id, *_ in schedule:
             if node_id in self.params:
                 node_id = "shard:" + node_id
             elif node_id.startswith("local_grad:"):
@@ -285,7 +285,7 @@ class ShardedRunner:
     def _check(self, schedule):
         """PlanExecutionError for a plan this runner cannot run: a shard or a
         gathered parameter copied to the host."""
-        for action, node_id in schedule:
+        for action, node_id, *_ in schedule:
             kind, _, name = node_id.partition(":")
             if kind == "shard" and name in self.shards.params:
                 raise PlanExecutionError(f"the plan moves the shard of '{name}' ({action}): "
