@@ -39,7 +39,7 @@ import time
 
 import torch
 
-from ._compat import storage_bytes, storage_key
+from ._compat import free_storage, storage_bytes, storage_key
 from ._graph import op_name
 from ._memory import round_up
 
@@ -300,6 +300,15 @@ class _RunState:
         self.live = [None] * len(self.graph.nodes)
         self.storages = {}  # storage key -> [holders, bytes]
         self.resident = 0
+        # Collectives a foreign step started (a sharded plan's gathers and
+        # reduce-scatters): storage root index -> callables that complete
+        # them, run once before a step reads, moves or frees that storage.
+        self.waits = {}
+        # Storages a collective wrote: freed through the storage once the
+        # plan lets go of them (free_storage), so that gloo's worker thread,
+        # which lets go of a tensor a moment after its collective, never
+        # frees one where PyTorch's CPU profiler would miss it.
+        self.collective_storages = set()
         for i, t in persistent.items():
             self.live[i] = t
             self._count(t, self.graph.nodes[i].nbytes)
@@ -338,10 +347,16 @@ class _RunState:
         if entry[0] == 0:
             self.resident -= entry[1]
             del self.storages[key]
+            if key in self.collective_storages:
+                self.collective_storages.discard(key)
+                free_storage(t)
 
     def _settle(self, node):
-        """Before a step reads, moves or frees `node`: the all-reduce of its
-        storage, if one is in flight, is complete and averaged."""
+        """Before a step reads, moves or frees `node`: the collective on its
+        storage, if one is in flight, is complete (a gradient's all-reduce
+        averaged, a gather or reduce-scatter done)."""
+        for complete in self.waits.pop(self._root(node).index, ()):
+            complete()
         if self.program.sync is not None:
             self.hold(-self.program.sync.settle(self._root(node).index))
 
@@ -383,8 +398,18 @@ class _RunState:
         t = self.live[node.index]
         if t is None:
             raise PlanExecutionError(f"the plan frees '{node.id}', which is not resident")
+        self._settle(node)
         self._uncount(t)
         self.live[node.index] = None
+
+    def wait_before(self, node, complete):
+        """A foreign step's collective writes the storage of `node`: complete()
+        runs before a later step reads, moves or frees it (or at the end),
+        and the storage is freed through itself once the plan lets go of it."""
+        self.waits.setdefault(self._root(node).index, []).append(complete)
+        t = self.live[node.index]
+        if t is not None and t is not _TOKEN:
+            self.collective_storages.add(storage_key(t))
 
     # --- tensors for the optimizer's steps (Note [Steps of the optimizer]) -------
 
@@ -686,6 +711,10 @@ class _RunState:
         return event
 
     def finish(self):
+        for completes in list(self.waits.values()):
+            for complete in completes:
+                complete()
+        self.waits.clear()
         if self.program.sync is not None:
             self.hold(-self.program.sync.settle_all())
         if self.kept:

@@ -11,23 +11,30 @@ which the optimizer's updates read. The plan decides when each parameter is
 gathered, how long the gathered copy lives and whether it is gathered again
 for the backward.
 
-Note [One staging buffer for the collectives]: gloo (the CPU's backend) has
-no reduce-scatter, and its all-gather stages the whole tensor in buffers of
-its own, outside the plan. And gloo's worker thread lets go of a tensor a
-moment after the collective returns: where that is the last reference, the
-tensor is freed in that thread, which PyTorch's CPU profiler does not
-watch, so the measured peak would exceed the plan's. So each rank holds one
-staging buffer per dtype, of the largest parameter's elements, made before
-the first step and kept (the graph counts it: a persistent node
-"staging:<dtype>"), and runs both collectives as one all-reduce on it: a
-gather zeroes the buffer, writes its own shard in its place, sums the
-buffer over the ranks and copies it into the gathered parameter; a
-reduce-scatter copies the local gradient into the buffer, divides it by the
-number of ranks (as FSDP averages), sums it and copies this rank's part
-into the gradient's shard. That moves twice the bytes that an all-gather or
-a reduce-scatter moves (the plan times the latter), and costs a buffer of
-the largest parameter: NCCL's own collectives would spare both, and wait
-for a GPU to be checked.
+Note [Gathers in flight]: a gather makes the whole parameter (its node,
+resident from its step: zeros, this rank's shard written in its place) and
+sums it over the ranks with one asynchronous all-reduce of
+torch.distributed, in place (gloo, the CPU's backend, stages an all-gather
+in buffers of its own, outside the plan). The steps after it run while it
+is in flight, as the plan times it; it completes before a later step reads
+or frees the parameter (_RunState.wait_before). Its storage is freed through
+itself once the plan lets go of it: gloo's worker thread lets go of a tensor
+a moment after its collective, and a free there would escape PyTorch's CPU
+profiler (and the measured peak).
+
+Note [One staging buffer for the reduce-scatters]: gloo has no
+reduce-scatter. Each rank holds one staging buffer per dtype, of the
+largest parameter's elements, made before the first step and kept (the
+graph counts it: a persistent node "staging:<dtype>"). A reduce-scatter
+copies the local gradient into it, divides it by the number of ranks (as
+FSDP averages), sums it over the ranks and copies this rank's part into the
+gradient's shard, before the step goes on: the local gradient keeps its own
+value (another gradient may be a view of its storage, and the plan may
+reduce-scatter it again), and the buffer is the plan's memory.
+
+Both move twice the bytes of an all-gather or a reduce-scatter (the plan
+times the latter): NCCL's own collectives would spare that, and the
+reduce-scatter's buffer, and wait for a GPU to be checked.
 
 The module's parameters hold no memory between steps (an empty tensor each,
 as FSDP frees them): the shards are the parameters. A capture (the first
@@ -35,8 +42,10 @@ call of each shapes) and full_state_dict() gather them for their duration.
 """
 
 import contextlib
+import datetime
 import json
 import math
+import time
 
 import torch
 
@@ -78,7 +87,7 @@ class Shards:
                                  "contiguous: shard='full' shards parameters that own their "
                                  "storage")
         self.shapes = {name: tuple(p.shape) for name, p in self.params.items()}
-        # dtype -> the staging buffer (Note [One staging buffer for the collectives])
+        # dtype -> the staging buffer (Note [One staging buffer for the reduce-scatters])
         self.staging = {}
         for name, p in self.params.items():
             held = self.staging.get(p.dtype)
@@ -119,22 +128,21 @@ class Shards:
     # --- whole parameters --------------------------------------------------------
 
     def gather(self, name):
-        """The whole parameter `name`, a new tensor (Note [One staging buffer
-        for the collectives])."""
+        """The whole parameter `name`, a new tensor, and the work of the ranks'
+        all-reduce that makes it: wait for it before reading the tensor
+        (Note [Gathers in flight])."""
         shard = self.shards[name]
-        numel = math.prod(self.shapes[name])
-        buffer = self.staging[shard.dtype][:numel]
-        buffer.zero_()
+        whole = torch.zeros(math.prod(self.shapes[name]), dtype=shard.dtype, device=shard.device)
         lo, hi = self.bounds(name)
-        buffer[lo:hi].copy_(shard[:hi - lo])
-        _collective(f"the all-gather of parameter '{name}'", self.dist.all_reduce, buffer,
-                    group=self.group)
-        return buffer.clone().view(self.shapes[name])
+        whole[lo:hi].copy_(shard[:hi - lo])
+        work = _collective(f"the all-gather of parameter '{name}'", self.dist.all_reduce, whole,
+                           group=self.group, async_op=True)
+        return whole.view(self.shapes[name]), work
 
     def reduce_scatter(self, name, grad):
         """This rank's shard of `grad` (the local gradient of `name`) averaged
         over the ranks, a new tensor (Note [One staging buffer for the
-        collectives])."""
+        reduce-scatters])."""
         buffer = self.staging[grad.dtype][:grad.numel()]
         buffer.view(grad.shape).copy_(grad)
         buffer.div_(self._ranks)
@@ -159,7 +167,9 @@ class Shards:
         try:
             with torch.no_grad():
                 for name, p in self.params.items():
-                    p.data = self.gather(name)
+                    whole, work = self.gather(name)
+                    _collective(f"the all-gather of parameter '{name}'", work.wait)
+                    p.data = whole
             yield
         finally:
             self.release()
@@ -281,6 +291,7 @@ class ShardedRunner:
             self.gradient[name] = node
         self._check(schedule)
         self.scattered = {}  # name -> this run's gradient shard
+        self.works = []
 
     def _check(self, schedule):
         """PlanExecutionError for a plan this runner cannot run: a shard or a
@@ -307,13 +318,18 @@ class ShardedRunner:
     def begin(self):
         self.updates.begin()
         self.scattered = {}
+        self.works = []  # this run's gathers (drained after a failure)
 
     def step(self, action, node_id, run):
         kind, _, name = node_id.partition(":")
         if kind == "gather" and name in self.shards.params:
             node = self.parameter[name]
-            if action == "compute":
-                run.put(node, self.shards.gather(name))
+            if action == "compute":  # Note [Gathers in flight]
+                whole, work = self.shards.gather(name)
+                self.works.append(work)
+                run.put(node, whole)
+                what = f"the all-gather of parameter '{name}'"
+                run.wait_before(node, lambda: _collective(what, work.wait))
                 self._computed(node_id, run)
             else:
                 run.take(node)
@@ -338,11 +354,25 @@ class ShardedRunner:
         run.result.computes += 1
         run.computed.add(node_id)
 
-    def abort(self):
+    def abort(self, grace_s=5.0):
+        """After a failed run: waits up to `grace_s` seconds in all for the
+        gathers still in flight, ignoring their failures (Note [Draining the
+        collectives of a failed run] in _distributed.py)."""
         self.updates.abort()
+        deadline = time.monotonic() + grace_s
+        for work in self.works:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            try:
+                work.wait(datetime.timedelta(seconds=left))
+            except RuntimeError:
+                pass  # failed or still running: the run has failed already
+        self.works = []
         self.scattered = {}
 
     def finish(self, run):
+        self.works = []
         self.updates.finish(run)
         if self.scattered:
             raise PlanExecutionError(f"internal: the plan keeps the gradient shard of "
