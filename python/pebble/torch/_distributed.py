@@ -179,19 +179,26 @@ class GradientAverage:
         """After a failed run: waits up to `grace_s` seconds in all for the
         all-reduces still in flight, ignoring their failures (Note [Draining
         the collectives of a failed run])."""
-        deadline = time.monotonic() + grace_s
         items = {id(item): item for items in self.pending.values() for item in items}
         works = [work for item in items.values()
                  for work in (item.all_works() if isinstance(item, _Bucket) else [item])]
         self.pending.clear()
-        for work in works:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                break
-            try:
-                work.wait(datetime.timedelta(seconds=left))
-            except RuntimeError:
-                pass  # failed or still running: the run has failed already
+        drain(works, grace_s)
+
+
+def drain(works, grace_s=5.0):
+    """After a failed run: waits up to `grace_s` seconds in all for the
+    collectives `works` still in flight, ignoring their failures (Note
+    [Draining the collectives of a failed run])."""
+    deadline = time.monotonic() + grace_s
+    for work in works:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            break
+        try:
+            work.wait(datetime.timedelta(seconds=left))
+        except RuntimeError:
+            pass  # failed or still running: the run has failed already
 
 
 # Note [Draining the collectives of a failed run]

@@ -42,16 +42,14 @@ call of each shapes) and full_state_dict() gather them for their duration.
 """
 
 import contextlib
-import datetime
 import json
 import math
-import time
 
 import torch
 
 from .. import _core
 from ._compat import storage_bytes
-from ._distributed import _collective
+from ._distributed import _collective, drain
 from ._executor import PlanExecutionError
 from ._memory import round_up
 
@@ -359,15 +357,7 @@ class ShardedRunner:
         gathers still in flight, ignoring their failures (Note [Draining the
         collectives of a failed run] in _distributed.py)."""
         self.updates.abort()
-        deadline = time.monotonic() + grace_s
-        for work in self.works:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                break
-            try:
-                work.wait(datetime.timedelta(seconds=left))
-            except RuntimeError:
-                pass  # failed or still running: the run has failed already
+        drain(self.works, grace_s)
         self.works = []
         self.scattered = {}
 
