@@ -973,7 +973,8 @@ void RankFlags::AddOptions(CLI::App* cmd, const GraphSource* source, bool planne
                     "off the device, as pebble run does) or device (the runtime sends a bucket "
                     "of several gradients as one message through a flat copy of them in device "
                     "memory, as pebble.torch does: the plan holds the copy until a later step "
-                    "touches one of them); docs/semantics.md, \"Buckets\"")
+                    "touches one of them); docs/semantics.md, \"Buckets through a device "
+                    "copy\"")
         ->capture_default_str()
         ->check(CLI::IsMember({"none", "device"}));
   }

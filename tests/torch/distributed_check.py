@@ -28,6 +28,8 @@ Each rank takes its slice of one batch. Checks, on every rank:
   allocator's measured peak equal to the plan's on every rank and step; the
   module's parameters stay empty between steps and the optimizer's state
   is this rank's shards; a model with an embedding and layer norms too;
+- a process group of one rank runs the single process's step, no
+  all-reduce planned;
 - a rank that dies mid-step: the others' step fails within the process
   group's timeout with pebble.torch's error saying a rank may have stopped,
   and none hangs.
@@ -391,6 +393,36 @@ def refusals(torch, pt):
     return failures
 
 
+def check_one_rank(torch, pt, dist):
+    """A process group of one rank (this process): the step is the single
+    process's, with no all-reduce in its plan, whatever the bucket rule."""
+    failures = []
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0,
+                            world_size=1)
+    try:
+        torch.manual_seed(0)
+        model = make_model(torch)
+        whole = copy.deepcopy(model)
+        (x, y), = batches(torch, 1, 1)
+        loss_fn = torch.nn.functional.cross_entropy
+        step = pt.train_step(model, loss_fn, (x,), y, policy="rotor", budget="min",
+                             measure="always", process_group=dist.group.WORLD, buckets="25MiB")
+        step(x, y)
+        loss_fn(whole(x), y).backward()
+        for (name, p), q in zip(model.named_parameters(), whole.parameters()):
+            if p.grad is None or not close(p.grad, q.grad):
+                failures.append(f"one rank: gradient of {name} differs from eager's")
+        r = step.report
+        if r["ranks"] != 1 or any(s[0] == "all_reduce" for s in step.schedule) or \
+                r["measured_peak_bytes"] != r["predicted_step_peak_bytes"]:
+            failures.append(f"one rank: ranks {r['ranks']}, measured peak "
+                            f"{r['measured_peak_bytes']} of {r['predicted_step_peak_bytes']}, "
+                            "or all-reduces in the plan")
+    finally:
+        dist.destroy_process_group()
+    return failures
+
+
 def worker(rank, ranks, port, outdir, timeout):
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
@@ -470,7 +502,7 @@ def main():
         return 77
     import torch
     import pebble.torch as pt
-    failures = refusals(torch, pt)
+    failures = refusals(torch, pt) + check_one_rank(torch, pt, dist)
     context = mp.get_context("spawn")
     with tempfile.TemporaryDirectory() as outdir:
         port = free_port()
