@@ -148,7 +148,8 @@ std::string AllReducesText(const Schedule& schedule) {
   const int64_t steps = CountSteps(schedule, Action::kAllReduce);
   const int64_t buckets = CountBuckets(schedule);
   if (buckets == steps) return absl::StrFormat("%d all-reduces", steps);
-  return absl::StrFormat("%d all-reduces in %d buckets", steps, buckets);
+  return absl::StrFormat("%d all-reduces in %d bucket%s", steps, buckets,
+                         buckets == 1 ? "" : "s");
 }
 
 std::string FormatSeconds(double seconds) {

@@ -229,9 +229,18 @@ int RunPlan(const PlanFlags& f, bool timeline, bool with_layout, const std::stri
                                 : std::string());
   }
   const MemoryLayout& layout = outcome->layout;
-  std::cout << absl::StrFormat("  arena           %s (%d bytes, +%.2f%% over the peak, %s layout)\n",
-                               FormatBytes(layout.arena_bytes), layout.arena_bytes,
-                               100 * layout.fragmentation, layout.strategy);
+  // The layout places the graph's tensors; buckets' device copies (a
+  // runtime's own allocations) are not among them.
+  const bool bucket_copies = result.details.contains("collectives") &&
+                             result.details["collectives"].value("bucket_copies", "") == "device";
+  std::cout << absl::StrFormat(
+      "  arena           %s (%d bytes, +%.2f%% over the %speak, %s layout)\n",
+      FormatBytes(layout.arena_bytes), layout.arena_bytes, 100 * layout.fragmentation,
+      bucket_copies ? "tensors' " : "", layout.strategy);
+  if (bucket_copies) {
+    std::cout << "                  the buckets' device copies are not in it (peak memory "
+                 "counts them)\n";
+  }
   // The budget bounds the peak (docs/semantics.md); the one block that
   // holds every tensor at its offset may need more.
   if (!is_min && layout.arena_bytes > outcome->budget_bytes) {
