@@ -111,15 +111,13 @@ TEST(CliCalibrateTest, BadInputsAreErrors) {
   EXPECT_NE(p.exit_code, 0);
   EXPECT_THAT(p.err, HasSubstr("profile"));
   // The rank flags, as `run` refuses them, before anything is measured.
-  Result lone = Pebble("calibrate --model conv3d:n=8 --address 10.0.0.2 --rank-timeout 5");
-  EXPECT_EQ(lone.exit_code, 2);
-  EXPECT_THAT(lone.err, HasSubstr("--address, --rank-timeout: with --ranks 2 or more only"));
-  Result unmet = Pebble("calibrate --model conv3d:n=8 --ranks 2 --rank 0");
-  EXPECT_EQ(unmet.exit_code, 2);
-  EXPECT_THAT(unmet.err, HasSubstr("--ranks 2: give --rank and --rendezvous DIR"));
-  Result beyond = Pebble("calibrate --model conv3d:n=8 --ranks 2 --rank 2 --rendezvous /tmp");
-  EXPECT_EQ(beyond.exit_code, 2);
-  EXPECT_THAT(beyond.err, HasSubstr("--rank 2: ranks are 0 to 1"));
+  using ::pebble::testing::ExpectOneLineError;
+  ExpectOneLineError(Pebble("calibrate --model conv3d:n=8 --address 10.0.0.2 --rank-timeout 5"),
+                     2, {"--address, --rank-timeout: with --ranks 2 or more only"});
+  ExpectOneLineError(Pebble("calibrate --model conv3d:n=8 --ranks 2 --rank 0"), 2,
+                     {"--ranks 2: give --rank and --rendezvous DIR"});
+  ExpectOneLineError(Pebble("calibrate --model conv3d:n=8 --ranks 2 --rank 2 --rendezvous /tmp"),
+                     2, {"--rank 2: ranks are 0 to 1"});
 }
 
 TEST(CliCalibrateTest, CudaWithoutDeviceSaysSo) {

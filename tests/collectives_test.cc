@@ -272,6 +272,15 @@ constexpr char kTwoGradients[] = R"({"format": "pebble-graph", "version": 1, "no
     {"id": "y", "bytes": 20, "cost": 4, "inputs": ["x"]}],
   "outputs": ["grad:a", "grad:b", "y"]})";
 
+// kTwoGradients with a1, an in-place update of a that reads grad:a.
+absl::StatusOr<Graph> TwoGradientsAndAnUpdate() {
+  std::string text = kTwoGradients;
+  text.insert(text.find(R"({"id": "y")"),
+              R"({"id": "a1", "bytes": 100, "cost": 1, "inputs": ["a", "grad:a"],
+                  "alias_of": "a", "in_place": true},)");
+  return ParseGraphJson(text);
+}
+
 Schedule WithBucket(Schedule s, size_t joining_step) {
   s.steps[joining_step].joins_bucket = true;
   return s;
@@ -381,11 +390,7 @@ TEST(BucketsTest, BucketGradientsFollowsTheCapAndStopsBeforeAClosedGradient) {
   EXPECT_EQ(BucketGradients(*g, early_copy, INT64_MAX), early_copy);
   // An in-place node of any role that reads a gradient reads the sum: the
   // gradient may not wait past it.
-  absl::StatusOr<Graph> momentum = ParseGraphJson(
-      std::string(kTwoGradients)
-          .replace(std::string(kTwoGradients).find(R"({"id": "y")"), 0,
-                   R"({"id": "a1", "bytes": 100, "cost": 1, "inputs": ["a", "grad:a"],
-                       "alias_of": "a", "in_place": true},)"));
+  absl::StatusOr<Graph> momentum = TwoGradientsAndAnUpdate();
   ASSERT_TRUE(momentum.ok()) << momentum.status();
   const Schedule updated = MakeSchedule(*momentum, {{kC, "grad:a"}, {kA, "grad:a"}, {kC, "a1"},
                                                     {kC, "grad:b"}, {kA, "grad:b"}, {kC, "y"}});
@@ -409,11 +414,7 @@ TEST(BucketsTest, BucketGradientsFollowsTheCapAndStopsBeforeAClosedGradient) {
 // bytes from its first step until a later step touches one of its
 // gradients, or the end; a bucket of one gradient has none.
 TEST(BucketsTest, DeviceCopiesHoldTheBucketUntilAStepTouchesIt) {
-  absl::StatusOr<Graph> g = ParseGraphJson(
-      std::string(kTwoGradients)
-          .replace(std::string(kTwoGradients).find(R"({"id": "y")"), 0,
-                   R"({"id": "a1", "bytes": 100, "cost": 1, "inputs": ["a", "grad:a"],
-                       "alias_of": "a", "in_place": true},)"));
+  absl::StatusOr<Graph> g = TwoGradientsAndAnUpdate();
   ASSERT_TRUE(g.ok()) << g.status();
   SimulatorOptions copies = FourRanks();
   copies.device_bucket_copies = true;

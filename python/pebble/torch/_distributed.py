@@ -55,14 +55,14 @@ from ._executor import PlanExecutionError
 # or frees one of its gradients, or at the step's end) waits, copies the
 # sums back and frees the copy. The plan holds that copy from the bucket's
 # step to its settling (pebble.plan's bucket_copies="device";
-# docs/semantics.md, "Buckets through a device copy"): each gradient takes its planned bytes in it,
-# rounded up to the allocator's block as the plan rounds them
-# (bucket_alignment), so one allocation per copy, and the allocator's peak
-# is the plan's. A gradient that is a view that is not contiguous is
-# reduced through its whole storage, of the same elements. The copy is
-# freed through its storage, on this thread: gloo's worker thread
-# lets go of the tensor a moment after wait() returns, and a free there
-# would escape PyTorch's CPU profiler (and the measured peak).
+# docs/semantics.md, "Buckets through a device copy"): each gradient takes
+# its planned bytes in it, rounded up to the allocator's block as the plan
+# rounds them (bucket_alignment), so one allocation per copy, and the
+# allocator's peak is the plan's. A gradient that is a view that is not
+# contiguous is reduced through its whole storage, of the same elements.
+# The copy is freed through its storage, on this thread: gloo's worker
+# thread lets go of the tensor a moment after wait() returns, and a free
+# there would escape PyTorch's CPU profiler (and the measured peak).
 
 
 class _Bucket:
@@ -78,6 +78,11 @@ class _Bucket:
 
     def all_works(self):
         return [work for _, work, _ in self.parts]
+
+
+def _works_of(item):
+    """The collectives of one item in flight: a bucket's, or the work itself."""
+    return item.all_works() if isinstance(item, _Bucket) else [item]
 
 
 class GradientAverage:
@@ -144,8 +149,7 @@ class GradientAverage:
         the bytes freed so (start's figure)."""
         freed = 0
         for item in self.pending.pop(root_index, ()):
-            works = item.all_works() if isinstance(item, _Bucket) else [item]
-            for work in works:
+            for work in _works_of(item):
                 try:
                     work.wait()
                 except RuntimeError as e:
@@ -180,8 +184,7 @@ class GradientAverage:
         all-reduces still in flight, ignoring their failures (Note [Draining
         the collectives of a failed run])."""
         items = {id(item): item for items in self.pending.values() for item in items}
-        works = [work for item in items.values()
-                 for work in (item.all_works() if isinstance(item, _Bucket) else [item])]
+        works = [work for item in items.values() for work in _works_of(item)]
         self.pending.clear()
         drain(works, grace_s)
 

@@ -355,10 +355,11 @@ class _RunState:
         """Before a step reads, moves or frees `node`: the collective on its
         storage, if one is in flight, is complete (a gradient's all-reduce
         averaged, a gather or reduce-scatter done)."""
-        for complete in self.waits.pop(self._root(node).index, ()):
+        root_index = self._root(node).index
+        for complete in self.waits.pop(root_index, ()):
             complete()
         if self.program.sync is not None:
-            self.hold(-self.program.sync.settle(self._root(node).index))
+            self.hold(-self.program.sync.settle(root_index))
 
     def reduce(self, nodes):
         """Starts the all-reduce of the gradients `nodes` (an all_reduce step,
