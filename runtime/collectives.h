@@ -36,6 +36,14 @@ class Collectives {
   // elements, rank r's at r * count), on every rank, bit for bit.
   virtual absl::Status AllGather(const float* in, int64_t count, float* out,
                                  absl::string_view what) = 0;
+  // Sums `ranks() * count` elements at `data` over the ranks and leaves
+  // rank r's part of the sum (elements r * count to (r + 1) * count) in
+  // place on rank r; the rest of `data` is scratch afterwards. This default
+  // is one AllReduceSum of the whole (twice a reduce-scatter's traffic);
+  // an implementation with a reduce-scatter of its own overrides it.
+  virtual absl::Status ReduceScatterSum(float* data, int64_t count, absl::string_view what) {
+    return AllReduceSum(data, count * ranks(), what);
+  }
 };
 
 // Whether every rank gave the same `fingerprint` (of its graph and schedule,

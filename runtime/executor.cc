@@ -1508,10 +1508,9 @@ class ScheduleRun {
   // in a float32 buffer of ranks * s elements, s the shard's, staged and
   // run as a bucket is (Note [Collectives in flight]): all_gather gathers
   // every rank's shard (the padding past the tensor's end dropped);
-  // reduce_scatter is one all-reduce of the whole local gradient divided
-  // by the ranks (DistributedDataParallel's and FSDP's average), of which
-  // this rank keeps its slot: twice the traffic of a reduce-scatter (gloo's
-  // is only the older algorithm class).
+  // reduce_scatter sums the whole local gradient divided by the ranks
+  // (DistributedDataParallel's and FSDP's average), of which this rank
+  // keeps its slot (Collectives::ReduceScatterSum).
   absl::Status IssueCollective(int k) {
     const KernelContext& ctx = kernel_context_;
     const NodeId v = ctx.node;
@@ -1551,9 +1550,8 @@ class ScheduleRun {
     }
     WidenToFloat(staging_bytes_.data(), in.dtype, in_count, static_cast<float>(ranks),
                  buffer->data());
-    return Enqueue(std::move(op), what, [collectives = collectives_, buffer, what] {
-      return collectives->AllReduceSum(buffer->data(), static_cast<int64_t>(buffer->size()),
-                                       what);
+    return Enqueue(std::move(op), what, [collectives = collectives_, buffer, shard, what] {
+      return collectives->ReduceScatterSum(buffer->data(), shard, what);
     });
   }
 

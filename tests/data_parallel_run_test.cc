@@ -10,7 +10,9 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <future>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
@@ -20,6 +22,7 @@
 #include "gmock/gmock.h"
 #include "graph/models/models.h"
 #include "graph/optimizer.h"
+#include "graph/status.h"
 #include "gtest/gtest.h"
 #include "runtime/collectives.h"
 #include "runtime/executor.h"
@@ -55,38 +58,64 @@ class DataParallelRunTest : public ::testing::Test {
     return path.string();
   }
 
+  // body(r, collectives) on `ranks` threads, rank r's collectives connected
+  // to the others' through a new rendezvous directory `name`: each rank's
+  // result, or its failure to connect.
+  template <typename T>
+  std::vector<absl::StatusOr<T>> OnEachRank(
+      int ranks, const std::string& name,
+      const std::function<absl::StatusOr<T>(int, Collectives&)>& body) {
+    const std::string rendezvous = Rendezvous(name);
+    std::vector<absl::StatusOr<T>> results(ranks, absl::UnknownError("not run"));
+    std::vector<std::thread> threads;
+    for (int r = 0; r < ranks; ++r) {
+      threads.emplace_back([&, r] {
+        auto collectives = ConnectGloo(
+            {.rank = r, .ranks = ranks, .rendezvous_dir = rendezvous, .timeout_s = 60});
+        results[r] = collectives.ok() ? body(r, **collectives)
+                                      : absl::StatusOr<T>(collectives.status());
+      });
+    }
+    for (std::thread& t : threads) t.join();
+    return results;
+  }
+
   // `ranks` ranks of `graph` under `schedule` (seed 0, each rank's batch
   // from seed + rank), each run's result.
   std::vector<absl::StatusOr<ExecutionResult>> RunRanks(const Graph& graph,
                                                         const Schedule& schedule, int ranks,
                                                         std::vector<uint64_t> seeds = {},
                                                         const Graph* unsharded = nullptr) {
-    const std::string rendezvous = Rendezvous(absl::StrCat("run", runs_++));
-    std::vector<absl::StatusOr<ExecutionResult>> results(ranks,
-                                                         absl::UnknownError("not run"));
-    std::vector<std::thread> threads;
-    for (int r = 0; r < ranks; ++r) {
-      threads.emplace_back([&, r] {
-        auto collectives = ConnectGloo(
-            {.rank = r, .ranks = ranks, .rendezvous_dir = rendezvous, .timeout_s = 60});
-        if (!collectives.ok()) {
-          results[r] = collectives.status();
-          return;
-        }
-        auto backend = MakeBackend("cpu");
-        if (!backend.ok()) {
-          results[r] = backend.status();
-          return;
-        }
-        ExecutorOptions options;
-        options.seed = seeds.empty() ? 0 : seeds[r];
-        options.collectives = collectives->get();
-        options.unsharded = unsharded;
-        results[r] = Execute(graph, schedule, **backend, options);
-      });
-    }
-    for (std::thread& t : threads) t.join();
-    return results;
+    return OnEachRank<ExecutionResult>(
+        ranks, absl::StrCat("run", runs_++),
+        [&](int r, Collectives& collectives) -> absl::StatusOr<ExecutionResult> {
+          ASSIGN_OR_RETURN(std::unique_ptr<Backend> backend, MakeBackend("cpu"));
+          ExecutorOptions options;
+          options.seed = seeds.empty() ? 0 : seeds[r];
+          options.collectives = &collectives;
+          options.unsharded = unsharded;
+          return Execute(graph, schedule, *backend, options);
+        });
+  }
+
+  // Rank 0 of 2, connected to a rank 1 that stops once both are connected
+  // (its connections close). The timeout is far beyond what the tests
+  // allow, so that a failure must come from the closed connection.
+  absl::StatusOr<std::unique_ptr<Collectives>> ConnectBesideAStoppedRank(
+      const std::string& name) {
+    const GlooOptions meet = {.ranks = 2, .rendezvous_dir = Rendezvous(name), .timeout_s = 120};
+    std::promise<void> connected;
+    std::thread rank1([&] {
+      GlooOptions options = meet;
+      options.rank = 1;
+      auto collectives = ConnectGloo(options);
+      EXPECT_TRUE(collectives.ok()) << collectives.status();
+      connected.get_future().wait();
+    });
+    auto collectives = ConnectGloo(meet);
+    connected.set_value();
+    rank1.join();
+    return collectives;
   }
 
   // One process's run of `graph` on rank `rank`'s batch (its inputs written
@@ -531,24 +560,56 @@ TEST_F(DataParallelRunTest, ThreeShardedRanksEndInZeroPadding) {
   EXPECT_GT(padded, 0);
 }
 
+// The reduce-scatter of the sharded runs (an all-to-all and a sum): with
+// 2 to 5 ranks and parts of 1 to 1000 elements, each rank ends with its
+// part of the exact sum in place (small whole numbers, so no rounding),
+// and the threads end at once after it, their connections closed.
+TEST_F(DataParallelRunTest, GlooReduceScatterLeavesEachRankItsPartOfTheSum) {
+  for (int ranks = 2; ranks <= 5; ++ranks) {
+    for (int64_t count : {1, 7, 1000}) {
+      SCOPED_TRACE(absl::StrCat(ranks, " ranks, parts of ", count));
+      auto parts = OnEachRank<std::vector<float>>(
+          ranks, absl::StrCat("scatter", ranks, "-", count),
+          [&](int r, Collectives& collectives) -> absl::StatusOr<std::vector<float>> {
+            std::vector<float> data;
+            for (int64_t i = 0; i < ranks * count; ++i) {
+              data.push_back(static_cast<float>((r + 1) * 10000 + i));
+            }
+            RETURN_IF_ERROR(collectives.ReduceScatterSum(data.data(), count, "the test's sum"));
+            return data;
+          });
+      const int64_t rank_sum = ranks * (ranks + 1) / 2;
+      for (int r = 0; r < ranks; ++r) {
+        ASSERT_TRUE(parts[r].ok()) << "rank " << r << ": " << parts[r].status();
+        for (int64_t j = 0; j < count; ++j) {
+          const int64_t i = r * count + j;
+          ASSERT_EQ((*parts[r])[i], static_cast<float>(rank_sum * 10000 + ranks * i))
+              << "rank " << r << ", element " << i;
+        }
+      }
+    }
+  }
+}
+
+// A reduce-scatter whose other rank has stopped fails at once, saying so.
+TEST_F(DataParallelRunTest, GlooReduceScatterFailsWhenTheOtherRankStopped) {
+  auto collectives = ConnectBesideAStoppedRank("scatter-dead");
+  ASSERT_TRUE(collectives.ok()) << collectives.status();
+  const auto start = std::chrono::steady_clock::now();
+  std::vector<float> data(2000, 1.0f);
+  const absl::Status s = (*collectives)->ReduceScatterSum(data.data(), 1000, "the test's sum");
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_THAT(s.message(), HasSubstr("the test's sum failed (a rank stopped"));
+  EXPECT_LT(seconds, 10);
+}
+
 // pebble calibrate --ranks's measurement: a link every rank agrees on, with
 // a positive bandwidth and a non-negative latency.
 TEST_F(DataParallelRunTest, TheMeasuredLinkIsRankZerosOnEveryRank) {
-  const std::string rendezvous = Rendezvous("link");
-  std::vector<absl::StatusOr<NetworkLink>> links(2, absl::UnknownError("not run"));
-  std::vector<std::thread> threads;
-  for (int r = 0; r < 2; ++r) {
-    threads.emplace_back([&, r] {
-      auto collectives = ConnectGloo(
-          {.rank = r, .ranks = 2, .rendezvous_dir = rendezvous, .timeout_s = 60});
-      if (!collectives.ok()) {
-        links[r] = collectives.status();
-        return;
-      }
-      links[r] = MeasureNetworkLink(**collectives, 4096, 4 << 20, 3);
-    });
-  }
-  for (std::thread& t : threads) t.join();
+  auto links = OnEachRank<NetworkLink>(2, "link", [](int, Collectives& collectives) {
+    return MeasureNetworkLink(collectives, 4096, 4 << 20, 3);
+  });
   for (int r = 0; r < 2; ++r) {
     ASSERT_TRUE(links[r].ok()) << "rank " << r << ": " << links[r].status();
   }
@@ -572,38 +633,14 @@ TEST_F(DataParallelRunTest, RanksThatDisagreeAreRefusedOnEveryRank) {
 TEST_F(DataParallelRunTest, ARankThatStopsFailsTheOthersWithoutHanging) {
   const Graph g = *BuildModel("mnist-cnn:batch=2");
   const Schedule dp = Plan(g, "baseline", 2);
-  const std::string rendezvous = Rendezvous("dead");
-  absl::Status survivor;
+  auto collectives = ConnectBesideAStoppedRank("dead");
+  ASSERT_TRUE(collectives.ok()) << collectives.status();
+  auto backend = MakeBackend("cpu");
+  ASSERT_TRUE(backend.ok()) << backend.status();
   const auto start = std::chrono::steady_clock::now();
-  // A timeout far beyond the time allowed: the failure must come from the
-  // closed connection, not from the timeout.
-  const GlooOptions meet = {.ranks = 2, .rendezvous_dir = rendezvous, .timeout_s = 120};
-  std::promise<void> connected;
-  std::thread rank1([&] {
-    GlooOptions options = meet;
-    options.rank = 1;
-    auto collectives = ConnectGloo(options);
-    EXPECT_TRUE(collectives.ok()) << collectives.status();
-    connected.get_future().wait();
-  });  // stops once both are connected: its connections close
-  std::thread rank0([&] {
-    auto collectives = ConnectGloo(meet);
-    connected.set_value();
-    rank1.join();
-    if (!collectives.ok()) {
-      survivor = collectives.status();
-      return;
-    }
-    auto backend = MakeBackend("cpu");
-    if (!backend.ok()) {
-      survivor = backend.status();
-      return;
-    }
-    ExecutorOptions options;
-    options.collectives = collectives->get();
-    survivor = Execute(g, dp, **backend, options).status();
-  });
-  rank0.join();
+  ExecutorOptions options;
+  options.collectives = collectives->get();
+  const absl::Status survivor = Execute(g, dp, **backend, options).status();
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   EXPECT_FALSE(survivor.ok());

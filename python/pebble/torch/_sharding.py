@@ -27,10 +27,17 @@ reduce-scatter. Each rank holds one staging buffer per dtype, of the
 largest parameter's elements, made before the first step and kept (the
 graph counts it: a persistent node "staging:<dtype>"). A reduce-scatter
 copies the local gradient into it, divides it by the number of ranks (as
-FSDP averages), sums it over the ranks and copies this rank's part into the
-gradient's shard, before the step goes on: the local gradient keeps its own
-value (another gradient may be a view of its storage, and the plan may
-reduce-scatter it again), and the buffer is the plan's memory.
+FSDP averages) and starts one asynchronous all-reduce of it; the gradient's
+shard (its node, resident from its step, zeros until then) takes this
+rank's part once the all-reduce completes: before a step reads or frees the
+shard, before the next reduce-scatter of that dtype reuses the buffer, or at
+the end (ShardedRunner.settle). The steps in between run while it is in
+flight, as the plan times it. The local gradient keeps its own value and is
+free from the copy on (another gradient may be a view of its storage, and
+the plan may reduce-scatter it again), and the buffer is the plan's memory.
+One buffer serialises the reduce-scatters of a dtype, as the plan's one
+network stream does; the compute waits for the previous one only where the
+next starts before it is done.
 
 Both move twice the bytes of an all-gather or a reduce-scatter (the plan
 times the latter): NCCL's own collectives would spare that, and the
@@ -138,18 +145,29 @@ class Shards:
         return whole.view(self.shapes[name]), work
 
     def reduce_scatter(self, name, grad):
-        """This rank's shard of `grad` (the local gradient of `name`) averaged
-        over the ranks, a new tensor (Note [One staging buffer for the
-        reduce-scatters])."""
+        """Starts the reduce-scatter of `grad` (the local gradient of `name`):
+        this rank's shard, a new tensor that holds the gradient averaged over
+        the ranks once complete_scatter() has run, and the work of the ranks'
+        all-reduce on the staging buffer, which stays busy until then (Note
+        [One staging buffer for the reduce-scatters])."""
         buffer = self.staging[grad.dtype][:grad.numel()]
         buffer.view(grad.shape).copy_(grad)
         buffer.div_(self._ranks)
-        _collective(f"the reduce-scatter of the gradient of '{name}'", self.dist.all_reduce,
-                    buffer, group=self.group)
+        work = _collective(self._scatter_what(name), self.dist.all_reduce, buffer,
+                           group=self.group, async_op=True)
         shard = torch.zeros(self.shard_numel(name), dtype=grad.dtype, device=grad.device)
+        return shard, work
+
+    def complete_scatter(self, name, shard, work):
+        """Waits for the reduce-scatter `work` of `name` and copies this rank's
+        part of the staging buffer into `shard`."""
+        _collective(self._scatter_what(name), work.wait)
         lo, hi = self.bounds(name)
-        shard[:hi - lo].copy_(buffer[lo:hi])
-        return shard
+        shard[:hi - lo].copy_(self.staging[shard.dtype][lo:hi])
+
+    @staticmethod
+    def _scatter_what(name):
+        return f"the reduce-scatter of the gradient of '{name}'"
 
     @property
     def staging_bytes(self):
@@ -290,6 +308,8 @@ class ShardedRunner:
         self._check(schedule)
         self.scattered = {}  # name -> this run's gradient shard
         self.works = []
+        self.scatters_in_flight = {}  # name -> its reduce-scatter's work, not complete yet
+        self.staging_user = {}  # dtype -> the name whose reduce-scatter holds its buffer
 
     def _check(self, schedule):
         """PlanExecutionError for a plan this runner cannot run: a shard or a
@@ -316,7 +336,9 @@ class ShardedRunner:
     def begin(self):
         self.updates.begin()
         self.scattered = {}
-        self.works = []  # this run's gathers (drained after a failure)
+        self.works = []  # this run's collectives (drained after a failure)
+        self.scatters_in_flight = {}
+        self.staging_user = {}
 
     def step(self, action, node_id, run):
         kind, _, name = node_id.partition(":")
@@ -337,13 +359,33 @@ class ShardedRunner:
                     raise PlanExecutionError(f"internal: the plan reduce-scatters the gradient "
                                              f"of '{name}' while its shard is resident")
                 grad = run.device_value(self.gradient[name].id)
-                shard = self.scattered[name] = self.shards.reduce_scatter(name, grad)
+                previous = self.staging_user.get(grad.dtype)
+                if previous is not None:  # the staging buffer is free once it is done
+                    self.settle(previous)
+                shard, work = self.shards.reduce_scatter(name, grad)
+                self.works.append(work)
+                self.scattered[name] = shard
+                self.scatters_in_flight[name] = work
+                self.staging_user[grad.dtype] = name
                 run.hold(self.shards.held_bytes(shard))
                 self._computed(node_id, run)
             else:
+                self.settle(name)
                 run.hold(-self.shards.held_bytes(self.scattered.pop(name)))
         else:
             self.updates.step(action, node_id, _ShardValues(run, self))
+
+    def settle(self, name):
+        """The reduce-scatter of `name`'s gradient, if in flight, is complete:
+        its shard holds this rank's part (Note [One staging buffer for the
+        reduce-scatters])."""
+        work = self.scatters_in_flight.pop(name, None)
+        if work is None:
+            return
+        shard = self.scattered[name]
+        if self.staging_user.get(shard.dtype) == name:
+            del self.staging_user[shard.dtype]
+        self.shards.complete_scatter(name, shard, work)
 
     @staticmethod
     def _computed(node_id, run):
@@ -360,8 +402,12 @@ class ShardedRunner:
         drain(self.works, grace_s)
         self.works = []
         self.scattered = {}
+        self.scatters_in_flight = {}
+        self.staging_user = {}
 
     def finish(self, run):
+        for name in list(self.scatters_in_flight):
+            self.settle(name)
         self.works = []
         self.updates.finish(run)
         if self.scattered:
@@ -383,10 +429,12 @@ class _ShardValues:
         if node_id in shards.params:
             return shards.shards[node_id]
         if node_id.startswith("grad:") and node_id[len("grad:"):] in shards.params:
-            shard = self._runner.scattered.get(node_id[len("grad:"):])
+            name = node_id[len("grad:"):]
+            shard = self._runner.scattered.get(name)
             if shard is None:
                 raise PlanExecutionError(f"the plan's update reads '{node_id}' before its "
                                          "reduce-scatter")
+            self._runner.settle(name)
             return shard
         return self._run.device_value(node_id)
 
