@@ -13,13 +13,15 @@ TFLOP/s) and the link's nominal rate. Rows per (model, ranks):
 - dp baseline: data parallelism, the graph's own order (what DDP runs,
   without its gradient buckets), each gradient all-reduced once complete;
 - dp <policy>: data parallelism under pebble's plan at its least peak;
-- fsdp: FULL_SHARD (scheduler/collectives.cc, policy fsdp): each parameter
-  gathered before its forward and again before its backward;
+- fsdp, fsdp-module, fsdp-blocks: FULL_SHARD (scheduler/remat_fsdp.cc),
+  each unit gathered before its forward and again before its backward, a
+  unit being a parameter, a module, or a block of a module list (the rest
+  in the root unit, kept for the backward);
 - sharded <policy> min: pebble's plan of the sharded step at its least peak;
-- sharded <policy> @fsdp: pebble's plan within FSDP's peak, the fastest
-  such plan (makespan), where one fits.
+- sharded best @<rule>: pebble's plan within that FSDP rule's peak, the
+  fastest such plan (makespan), where one fits.
 
-The last rows answer "at FSDP's memory, is pebble's plan at least as
+The @ rows answer "at FSDP's memory, is pebble's plan at least as
 fast?", and the min rows "how much lower can the memory go?".
 """
 
@@ -35,6 +37,7 @@ DEFAULT_MODELS = [
     "resnet18:batch=16,image=112,optimizer=adam",
 ]
 POLICIES = ["rotor", "dtr", "checkmate-lp", "hybrid"]
+FSDP_RULES = ["fsdp", "fsdp-module", "fsdp-blocks"]
 
 
 def mib(n):
@@ -71,11 +74,15 @@ def rows_for(model, ranks, args):
     row("dp baseline", plan(whole, "baseline", "100%", ranks, args))
     for policy in ("rotor", "dtr"):
         row(f"dp {policy} min", plan(whole, policy, "min", ranks, args))
-    fsdp = plan(sharded, "fsdp", "min", ranks, args)
-    row("fsdp (FULL_SHARD)", fsdp)
+    rules = {rule: plan(sharded, rule, "min", ranks, args) for rule in FSDP_RULES}
+    for rule, p in rules.items():
+        units = f", {p.details['fsdp_units']} units" if p is not None else ""
+        row(f"{rule} (FULL_SHARD{units})", p)
     for policy in POLICIES:
         row(f"sharded {policy} min", plan(sharded, policy, "min", ranks, args))
-    if fsdp is not None and fsdp.feasible:
+    for rule, fsdp in rules.items():
+        if fsdp is None or not fsdp.feasible:
+            continue
         budget = str(fsdp.report["peak_bytes"])
         best = None
         for policy in POLICIES + ["baseline", "best-order"]:
@@ -83,7 +90,7 @@ def rows_for(model, ranks, args):
             if p is not None and p.feasible and (
                     best is None or p.report["makespan"] < best.report["makespan"]):
                 best = p
-        row(f"sharded best @fsdp ({best.policy if best else 'none'})", best)
+        row(f"sharded best @{rule} ({best.policy if best else 'none'})", best)
     return rows
 
 

@@ -23,7 +23,9 @@ weights, two steps each after a warm-up step:
   fsdp), under --policy at FSDP's predicted peak (the same memory: which
   is faster?) and under --policy at --budget: each rank holds 1/ranks of
   the parameters, gradients and Adam's state, and the plan gathers the
-  parameters where they are read.
+  parameters where they are read; then FSDP's rule with a unit per block
+  (policy fsdp-blocks: each decoder block's parameters gathered together,
+  as FSDP wraps them) and --policy at its predicted peak.
 
 Rank 0 prints a Markdown table: each row's whole-step peak on rank 0 (what
 the step began with plus the most the allocator held above it, as the CPU
@@ -114,8 +116,13 @@ def rank_main(rank, args, port, out):
                             (f"pebble, sharded: {args.policy} at FSDP's peak",
                              dict(policy=args.policy, time_limit=args.time_limit,
                                   shard="full")),
-                            (f"pebble, sharded: {args.policy}", dict(plain, shard="full"))):
-        if "budget" not in placement:  # the FSDP row's predicted peak: the same memory
+                            (f"pebble, sharded: {args.policy}", dict(plain, shard="full")),
+                            ("pebble, sharded: FSDP's rule, a unit per block",
+                             dict(plain, policy="fsdp-blocks", budget="min", shard="full")),
+                            (f"pebble, sharded: {args.policy} at its peak",
+                             dict(policy=args.policy, time_limit=args.time_limit,
+                                  shard="full"))):
+        if "budget" not in placement:  # the FSDP rows' predicted peak: the same memory
             placement = dict(placement, budget=rows[-1][1])
         if link is not None:  # the first row's measured link: one link for every plan
             placement = dict(placement, network=link[0], network_latency=link[1])

@@ -9,7 +9,8 @@
 //
 //  1. The recompute-only and one-shot plans at the same options: baseline,
 //     best-order, sqrtn, chen-greedy, articulation, revolve (chains only),
-//     rotor and dtr; and the offload-only plans, vdnn and swap. Taking the
+//     rotor and dtr; on a sharded graph, FSDP's rules (fsdp, fsdp-module,
+//     fsdp-blocks); and the offload-only plans, vdnn and swap. Taking the
 //     minimum over them makes `hybrid` never slower than any of them at the
 //     same budget, by construction (the property tests check it).
 //  2. Joint plans: a recompute plan made for a looser budget B' (B' from
@@ -66,6 +67,8 @@ namespace {
 constexpr const char* kRecomputePolicies[] = {"baseline", "best-order", "sqrtn",
                                               "chen-greedy", "articulation", "revolve",
                                               "rotor", "dtr"};
+// FSDP's rules (remat_fsdp.cc), candidates on a sharded graph.
+constexpr const char* kFsdpRules[] = {"fsdp", "fsdp-module", "fsdp-blocks"};
 // Those whose compute sequences seed joint plans at looser budgets.
 constexpr const char* kJointBases[] = {"chen-greedy", "sqrtn", "articulation", "rotor", "dtr"};
 // Those whose plan at a budget they miss is their own lowest-peak search,
@@ -162,6 +165,15 @@ class HybridPlanner final : public Planner {
       auto [it, inserted] = missed_peak.try_emplace(name, r.peak_bytes);
       if (!inserted) it->second = std::min(it->second, r.peak_bytes);
     };
+    // On a sharded graph, FSDP's rules first, whatever the time left (each
+    // is one order and one simulation): hybrid is never slower than they
+    // are where they fit.
+    for (const char* name : kFsdpRules) {
+      if (!graph.has_collectives()) break;
+      ASSIGN_OR_RETURN(std::unique_ptr<Planner> planner, MakePlanner(name));
+      absl::StatusOr<PlanResult> r = planner->Plan(graph, nested(options.budget_bytes));
+      if (r.ok()) consider(std::move(r->schedule), name, {});
+    }
     for (const char* name : kRecomputePolicies) {
       // The baseline (first) always runs: a valid plan to return. So does
       // best-order, with the whole time left: its plan is the one

@@ -1,5 +1,6 @@
 #include "scheduler/policies.h"
 
+#include "absl/strings/match.h"
 #include "scheduler/compose.h"
 
 namespace pebble {
@@ -27,11 +28,12 @@ void RegisterBuiltinPlanners(PlannerRegistry& global) {
   // Every recomputation and offload policy runs composed with best-order
   // (Note [Composition], compose.cc), but the exhaustive search (which
   // tries every order), swap and hybrid (which plan over best-order's
-  // order themselves) and fsdp (a framework's fixed rule, as baseline is).
+  // order themselves) and the fsdp rules (a framework's fixed rule, as
+  // baseline is).
   for (const PolicyInfo* p : registry.List()) {
     PolicyInfo info = *p;
     if (info.kind != PlanKind::kOneShot && info.name != "exact" && info.name != "swap" &&
-        info.name != "hybrid" && info.name != "fsdp") {
+        info.name != "hybrid" && !absl::StartsWith(info.name, "fsdp")) {
       info.factory = [inner = info.factory, name = info.name] {
         return ComposeWithBestOrder(inner(), name);
       };

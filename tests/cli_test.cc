@@ -517,8 +517,8 @@ TEST(CliTest, RanksPlanTheGradientsAllReduces) {
   ::pebble::testing::WriteText(shared / "input.npy", "");
   ::pebble::testing::ExpectOneLineError(Pebble("run " + model + ranked), 2,
                                         {"the batch tensor 'input'", "{rank}"});
-  // Sharded (--shard full): FSDP's rule and a policy of pebble's.
-  for (const char* policy : {"fsdp", "dtr"}) {
+  // Sharded (--shard full): FSDP's rules and a policy of pebble's.
+  for (const char* policy : {"fsdp", "fsdp-module", "dtr"}) {
     Result sharded = Pebble("plan " + model + " --policy " + policy +
                             " --budget min --ranks 4 --shard full --json");
     ASSERT_EQ(sharded.exit_code, 0) << sharded.err;

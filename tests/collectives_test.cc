@@ -1,10 +1,15 @@
 // Collectives across ranks (docs/semantics.md, "Collectives across ranks"):
 // the all_reduce step's rules and time in the simulator, and the planners'
 // placement of the gradients' all-reduces (scheduler/collectives.h).
+#include <algorithm>
+#include <map>
+#include <tuple>
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "gmock/gmock.h"
 #include "graph/graph_json.h"
 #include "graph/models/models.h"
@@ -795,6 +800,19 @@ TEST(ShardingTest, AGradientMayBeAViewButNotAddedIntoAKeptOne) {
               HasSubstr("'grad:b' is added into a gradient kept from before the step"));
 }
 
+// `policy`'s plan of `graph` (sharded over `ranks`) within `budget`, in
+// at most 10 s; an empty result (and a test failure) where it fails.
+PlanResult PlanSharded(const Graph& graph, int ranks, const char* policy,
+                       int64_t budget = kMinBudgetBytes) {
+  PlannerOptions options;
+  options.budget_bytes = budget;
+  options.time_limit_s = 10;
+  options.ranks = ranks;
+  absl::StatusOr<PlanResult> r = (*MakePlanner(policy))->Plan(graph, options);
+  EXPECT_TRUE(r.ok()) << policy << ": " << r.status();
+  return r.ok() ? *std::move(r) : PlanResult();
+}
+
 // Every policy plans sharded graphs (the gathers are tensors to keep,
 // free and gather again); FSDP's rule is one of the plans, and pebble's
 // least peak is never above it.
@@ -811,14 +829,8 @@ TEST(ShardingTest, PoliciesPlanShardedGraphsAndFsdpIsOneOfThem) {
       SCOPED_TRACE(absl::StrCat(model, " ranks ", ranks));
       absl::StatusOr<Graph> g = Sharded(model, ranks);
       ASSERT_TRUE(g.ok()) << g.status();
-      PlannerOptions options;
-      options.budget_bytes = kMinBudgetBytes;
-      options.time_limit_s = 10;
-      options.ranks = ranks;
       auto plan = [&](const Graph& graph, const char* policy) {
-        absl::StatusOr<PlanResult> r = (*MakePlanner(policy))->Plan(graph, options);
-        EXPECT_TRUE(r.ok()) << policy << ": " << r.status();
-        return r.ok() ? *std::move(r) : PlanResult();
+        return PlanSharded(graph, ranks, policy);
       };
       const PlanResult fsdp = plan(*g, "fsdp");
       EXPECT_GT(fsdp.details.value("resharded_parameters", 0), 2);
@@ -833,6 +845,136 @@ TEST(ShardingTest, PoliciesPlanShardedGraphsAndFsdpIsOneOfThem) {
         least = std::min(least, r.report.peak_bytes);
       }
       EXPECT_LE(least, fsdp.report.peak_bytes);
+    }
+  }
+}
+
+// FSDP's rule splits the order at its forward's end, not by each reader's
+// role: a statistic the forward computes for the backward (a layer norm's
+// mean, which a capture labels backward) is a forward reader, so the
+// parameter is freed after it and gathered again after the loss (not at
+// once); and a sink after the backward (a planner's own node) is no forward.
+TEST(ShardingTest, FsdpSplitsTheOrderAtTheLoss) {
+  absl::StatusOr<Graph> g = ParseGraphJson(R"({"format": "pebble-graph", "version": 1,
+    "nodes": [
+      {"id": "x", "bytes": 10, "persistent": true, "role": "input"},
+      {"id": "p", "bytes": 25, "persistent": true, "role": "parameter"},
+      {"id": "gather:p", "op": "all_gather", "bytes": 100, "cost": 3, "inputs": ["p"],
+       "collective": true},
+      {"id": "a", "bytes": 10, "cost": 1, "inputs": ["x", "gather:p"]},
+      {"id": "mean", "bytes": 4, "cost": 1, "inputs": ["a", "gather:p"], "role": "backward"},
+      {"id": "b", "bytes": 10, "cost": 1, "inputs": ["a"]},
+      {"id": "loss", "bytes": 4, "cost": 1, "inputs": ["b"]},
+      {"id": "grad:a", "bytes": 10, "cost": 1, "inputs": ["loss", "mean", "gather:p"],
+       "role": "backward"},
+      {"id": "sink", "bytes": 4, "cost": 1, "inputs": ["grad:a"]}],
+    "outputs": ["loss", "sink"]})");
+  ASSERT_TRUE(g.ok()) << g.status();
+  PlannerOptions options;
+  options.ranks = 2;
+  absl::StatusOr<PlanResult> plan = (*MakePlanner("fsdp"))->Plan(*g, options);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  std::vector<std::string> steps;
+  for (const Step& step : plan->schedule.steps) {
+    steps.push_back(absl::StrCat(step.action == Action::kCompute ? "compute " : "free ",
+                                 g->id(step.node)));
+  }
+  const auto at = [&](const std::string& step) {
+    return std::find(steps.begin(), steps.end(), step) - steps.begin();
+  };
+  const std::vector<std::string> gathers = {"compute gather:p", "free gather:p"};
+  EXPECT_EQ(std::count(steps.begin(), steps.end(), gathers[0]), 2) << absl::StrJoin(steps, ", ");
+  EXPECT_LT(at("compute mean"), at("free gather:p")) << absl::StrJoin(steps, ", ");
+  // The second gather comes after the loss, right before the backward's reader.
+  const auto second = std::find(steps.begin() + at("compute gather:p") + 1, steps.end(),
+                                gathers[0]) - steps.begin();
+  EXPECT_GT(second, at("compute loss")) << absl::StrJoin(steps, ", ");
+  EXPECT_EQ(plan->details.value("resharded_parameters", 0), 1);
+}
+
+// FSDP's rule with units of several parameters (fsdp-blocks: a unit per
+// element of a module list, the rest in the root unit; fsdp-module: a unit
+// per module). A unit's gathers are issued together before its first
+// reader and each stays resident until the unit's last forward reader;
+// its reduce-scatters follow its last local gradient; the root unit is
+// gathered once. Whole units cost memory: fsdp-blocks peaks at least as
+// high as per-parameter fsdp; and hybrid at each rule's peak is no slower.
+TEST(ShardingTest, FsdpUnitsGatherAndScatterTogether) {
+  for (const auto& [model, ranks, blocks] : std::vector<std::tuple<std::string, int, int>>{
+           {"transformer:layers=2,seq=16,dim=32,heads=2,vocab=50,optimizer=adam", 4, 2},
+           {"resnet18:batch=2,image=32,optimizer=adam", 2, 8}}) {
+    SCOPED_TRACE(model);
+    absl::StatusOr<Graph> g = Sharded(model, ranks);
+    ASSERT_TRUE(g.ok()) << g.status();
+    auto plan = [&](const char* policy) { return PlanSharded(*g, ranks, policy); };
+    const PlanResult per_parameter = plan("fsdp");
+    const PlanResult per_module = plan("fsdp-module");
+    const PlanResult per_block = plan("fsdp-blocks");
+    EXPECT_EQ(per_block.details.value("fsdp_units", 0), blocks + 1);
+    EXPECT_LT(per_module.details.value("fsdp_units", 0),
+              per_parameter.details.value("fsdp_units", 0));
+    EXPECT_GE(per_block.report.peak_bytes, per_parameter.report.peak_bytes);
+
+    // The block of a collective's parameter ("h.1", "layer2.0"), or "".
+    auto block_of = [&](NodeId v) -> std::string {
+      const std::string& id = g->id(v);
+      const std::string name = id.substr(id.find(':') + 1);
+      size_t dot = 0;
+      while ((dot = name.find('.', dot)) != std::string::npos) {
+        const size_t end = name.find('.', dot + 1);
+        if (end == std::string::npos) break;
+        const std::string part = name.substr(dot + 1, end - dot - 1);
+        if (!part.empty() && part.find_first_not_of("0123456789") == std::string::npos) {
+          return name.substr(0, end);
+        }
+        dot = end;
+      }
+      return "";
+    };
+    const std::vector<Step>& steps = per_block.schedule.steps;
+    std::map<std::string, std::vector<int>> gathered_at, scattered_at;
+    std::map<std::string, int> last_local_gradient;
+    std::map<NodeId, int> gathers;
+    for (int k = 0; k < static_cast<int>(steps.size()); ++k) {
+      if (steps[k].action != Action::kCompute) continue;
+      const NodeId v = steps[k].node;
+      if (g->op(v) == "all_gather") {
+        gathered_at[block_of(v)].push_back(k);
+        ++gathers[v];
+      } else if (g->op(v) == "reduce_scatter") {
+        scattered_at[block_of(v)].push_back(k);
+      } else if (absl::StartsWith(g->id(v), "local_grad:")) {
+        int& last = last_local_gradient[block_of(v)];
+        last = std::max(last, k);
+      }
+    }
+    ASSERT_EQ(gathered_at.size(), static_cast<size_t>(blocks + 1));
+    for (const auto& [block, at] : gathered_at) {
+      SCOPED_TRACE(block.empty() ? "the root unit" : block);
+      // The forward's gathers of a block: consecutive computes.
+      const size_t members = scattered_at[block].size();
+      ASSERT_GE(at.size(), members);
+      for (size_t i = 1; i < members; ++i) {
+        int computes_between = 0;
+        for (int k = at[i - 1] + 1; k < at[i]; ++k) {
+          computes_between += steps[k].action == Action::kCompute;
+        }
+        EXPECT_EQ(computes_between, 0) << "gather " << i;
+      }
+      for (int k : scattered_at[block]) EXPECT_GT(k, last_local_gradient[block]);
+    }
+    for (const auto& [v, count] : gathers) {
+      if (block_of(v).empty()) EXPECT_EQ(count, 1) << g->id(v) << " (the root unit)";
+    }
+
+    // At each rule's peak, hybrid (which counts the rules among its
+    // candidates) is no slower.
+    for (const auto& [name, rule] : std::vector<std::pair<const char*, const PlanResult*>>{
+             {"fsdp", &per_parameter}, {"fsdp-module", &per_module},
+             {"fsdp-blocks", &per_block}}) {
+      const PlanResult hybrid = PlanSharded(*g, ranks, "hybrid", rule->report.peak_bytes);
+      EXPECT_TRUE(hybrid.feasible) << name;
+      EXPECT_LE(hybrid.report.makespan, rule->report.makespan) << name;
     }
   }
 }

@@ -27,7 +27,8 @@ Each rank takes its slice of one batch. Checks, on every rank:
   (step.full_state_dict() on every rank, to 1e-5 relative), with the
   allocator's measured peak equal to the plan's on every rank and step; the
   module's parameters stay empty between steps and the optimizer's state
-  is this rank's shards; a model with an embedding and layer norms too;
+  is this rank's shards; a model with an embedding and layer norms too,
+  under hybrid and under FSDP's rule with a unit per block (fsdp-blocks);
 - a process group of one rank runs the single process's step, no
   all-reduce planned;
 - a rank that dies mid-step: the others' step fails within the process
@@ -269,7 +270,7 @@ def check_sharded(torch, pt, dist, rank, ranks, kind, policy, tokens=False):
     # (a policy may reduce-scatter a gradient again, from the local one kept)
     if s["ranks"] != ranks or s["reduce_scatters"] < len(list(model.parameters())) or \
             s["gathers"] < len(list(model.parameters())) or \
-            (policy == "fsdp" and not s["regathers"] > 0) or \
+            (policy.startswith("fsdp") and not s["regathers"] > 0) or \
             s["network_measured"] == tokens or \
             (tokens and s["network_bytes_per_s"] != 400e9 / 8):
         failures.append(f"{what}: report['sharding'] is {s}")
@@ -466,6 +467,8 @@ def worker(rank, ranks, port, outdir, timeout):
     for kind, policy in (("adam", "fsdp"), ("adam", "dtr"), ("sgd", "rotor")):
         failures += check_sharded(torch, pt, dist, rank, ranks, kind, policy)
     failures += check_sharded(torch, pt, dist, rank, ranks, "adam", "hybrid", tokens=True)
+    # FSDP's rule with a unit per block (mlp.0, mlp.2; the rest the root unit)
+    failures += check_sharded(torch, pt, dist, rank, ranks, "adam", "fsdp-blocks", tokens=True)
     failures += check_sharded_failure(torch, pt, dist, rank, ranks)
     with open(os.path.join(outdir, f"rank{rank}.json"), "w") as f:
         json.dump(failures, f)  # before the last check, which one rank does not survive

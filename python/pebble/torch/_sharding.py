@@ -396,10 +396,15 @@ class ShardedRunner:
 
     def abort(self, grace_s=5.0):
         """After a failed run: waits up to `grace_s` seconds in all for the
-        gathers still in flight, ignoring their failures (Note [Draining the
-        collectives of a failed run] in _distributed.py)."""
+        gathers and reduce-scatters still in flight, ignoring their failures
+        (Note [Draining the collectives of a failed run] in _distributed.py).
+        A collective still running then may be a reduce-scatter, which keeps
+        its staging buffer: the next run gets a new one."""
         self.updates.abort()
         drain(self.works, grace_s)
+        if any(not w.is_completed() for w in self.works):
+            self.shards.staging = {dtype: torch.empty_like(buffer)
+                                   for dtype, buffer in self.shards.staging.items()}
         self.works = []
         self.scattered = {}
         self.scatters_in_flight = {}
