@@ -210,7 +210,8 @@ def check_training(torch, pt, dist, rank, ranks, kind, updates, buckets="auto",
 def make_token_model(torch):
     """An embedding, layer norms and a residual block: gradients that are
     views (a Linear weight's is a transposed matmul), an embedding's
-    scattered gradient, parameters whose sizes the ranks do not divide."""
+    scattered gradient, parameters whose sizes the ranks do not divide, and
+    a one-element parameter (every rank but the first holds only padding)."""
     nn = torch.nn
 
     class Tokens(nn.Module):
@@ -220,11 +221,12 @@ def make_token_model(torch):
             self.norm = nn.LayerNorm(18)
             self.mlp = nn.Sequential(nn.Linear(18, 37), nn.GELU(), nn.Linear(37, 18))
             self.head = nn.Linear(18, 5)
+            self.scale = nn.Parameter(torch.full((1,), 1.5))
 
         def forward(self, tokens):
             h = self.norm(self.embed(tokens))
             h = h + self.mlp(h)
-            return self.head(h.mean(dim=1))
+            return self.head(h.mean(dim=1)) * self.scale
     return Tokens()
 
 
