@@ -165,15 +165,6 @@ class HybridPlanner final : public Planner {
       auto [it, inserted] = missed_peak.try_emplace(name, r.peak_bytes);
       if (!inserted) it->second = std::min(it->second, r.peak_bytes);
     };
-    // On a sharded graph, FSDP's rules first, whatever the time left (each
-    // is one order and one simulation): hybrid is never slower than they
-    // are where they fit.
-    for (const char* name : kFsdpRules) {
-      if (!graph.has_collectives()) break;
-      ASSIGN_OR_RETURN(std::unique_ptr<Planner> planner, MakePlanner(name));
-      absl::StatusOr<PlanResult> r = planner->Plan(graph, nested(options.budget_bytes));
-      if (r.ok()) consider(std::move(r->schedule), name, {});
-    }
     for (const char* name : kRecomputePolicies) {
       // The baseline (first) always runs: a valid plan to return. So does
       // best-order, with the whole time left: its plan is the one
@@ -200,6 +191,15 @@ class HybridPlanner final : public Planner {
             std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
         search_deadline.emplace(std::max(0.0, options.time_limit_s - 2 * first_s), started);
       }
+    }
+    // On a sharded graph, FSDP's rules, whatever the time left (each is an
+    // order and a simulation or two): hybrid is never slower than they are
+    // where they fit.
+    for (const char* name : kFsdpRules) {
+      if (!graph.has_collectives()) break;
+      ASSIGN_OR_RETURN(std::unique_ptr<Planner> planner, MakePlanner(name));
+      absl::StatusOr<PlanResult> r = planner->Plan(graph, nested(options.budget_bytes));
+      if (r.ok()) consider(std::move(r->schedule), name, {});
     }
     if (!time_up()) {
       ASSIGN_OR_RETURN(PlanResult vdnn, PlanVdnn(graph, nested(options.budget_bytes)));

@@ -216,14 +216,16 @@ class FsdpPlanner final : public Planner {
                            unit.first_backward != INT_MAX &&
                            unit.last_forward < unit.first_backward;
       for (NodeId g : unit.gathers) {
-        placed_free[g] = 1;
+        // An output (a graph written by hand) stays resident at the end.
+        const bool output = graph.is_output(g);
+        placed_free[g] = !output;
         if (!reshard) {
-          free_after[last].push_back(g);
+          if (!output) free_after[last].push_back(g);
           continue;
         }
         free_after[unit.last_forward].push_back(g);
         gather_before[unit.first_backward].push_back(g);  // the whole unit, as FSDP
-        free_after[unit.last_backward].push_back(g);
+        if (!output) free_after[unit.last_backward].push_back(g);
         ++resharded;
       }
     }

@@ -310,6 +310,7 @@ class ShardedRunner:
         self.works = []
         self.scatters_in_flight = {}  # name -> its reduce-scatter's work, not complete yet
         self.staging_user = {}  # dtype -> the name whose reduce-scatter holds its buffer
+        self.retired = []  # (works, staging buffers) a failed run left in flight (abort)
 
     def _check(self, schedule):
         """PlanExecutionError for a plan this runner cannot run: a shard or a
@@ -334,6 +335,8 @@ class ShardedRunner:
         return self.updates.owns(node_id)
 
     def begin(self):
+        self.retired = [(works, buffers) for works, buffers in self.retired
+                        if not all(w.is_completed() for w in works)]
         self.updates.begin()
         self.scattered = {}
         self.works = []  # this run's collectives (drained after a failure)
@@ -379,13 +382,14 @@ class ShardedRunner:
         """The reduce-scatter of `name`'s gradient, if in flight, is complete:
         its shard holds this rank's part (Note [One staging buffer for the
         reduce-scatters])."""
-        work = self.scatters_in_flight.pop(name, None)
+        work = self.scatters_in_flight.get(name)
         if work is None:
             return
         shard = self.scattered[name]
+        self.shards.complete_scatter(name, shard, work)  # in flight until it returns (abort)
+        del self.scatters_in_flight[name]
         if self.staging_user.get(shard.dtype) == name:
             del self.staging_user[shard.dtype]
-        self.shards.complete_scatter(name, shard, work)
 
     @staticmethod
     def _computed(node_id, run):
@@ -398,11 +402,14 @@ class ShardedRunner:
         """After a failed run: waits up to `grace_s` seconds in all for the
         gathers and reduce-scatters still in flight, ignoring their failures
         (Note [Draining the collectives of a failed run] in _distributed.py).
-        A collective still running then may be a reduce-scatter, which keeps
-        its staging buffer: the next run gets a new one."""
+        A reduce-scatter still running then keeps its staging buffer: the
+        next run gets a new one, and the old one is held here until its
+        collective is done (so that gloo's thread does not free it)."""
         self.updates.abort()
         drain(self.works, grace_s)
-        if any(not w.is_completed() for w in self.works):
+        running = [w for w in self.scatters_in_flight.values() if not w.is_completed()]
+        if running:
+            self.retired.append((running, self.shards.staging))
             self.shards.staging = {dtype: torch.empty_like(buffer)
                                    for dtype, buffer in self.shards.staging.items()}
         self.works = []
