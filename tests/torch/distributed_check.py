@@ -31,9 +31,9 @@ Each rank takes its slice of one batch. Checks, on every rank:
   under hybrid and under FSDP's rule with a unit per block (fsdp-blocks);
 - a process group of one rank runs the single process's step, no
   all-reduce planned;
-- a rank that dies mid-step: the others' step fails within the process
-  group's timeout with pebble.torch's error saying a rank may have stopped,
-  and none hangs.
+- a rank that dies mid-step, data parallel and (in a group of its own)
+  sharded: the others' step fails within the process group's timeout with
+  pebble.torch's error saying a rank may have stopped, and none hangs.
 
 Exit 0 on success, 1 on a mismatch, 77 without torch or torch.distributed.
 """
@@ -351,14 +351,18 @@ def _name(model, param):
     return next(n for n, p in model.named_parameters() if p is param)
 
 
-def check_dead_rank(torch, pt, dist, rank, ranks):
-    """The last rank dies instead of stepping; the others must fail cleanly."""
+def check_dead_rank(torch, pt, dist, rank, ranks, shard="none"):
+    """The last rank dies instead of stepping; the others must fail cleanly
+    (sharded: in a gather or a reduce-scatter in flight)."""
     torch.manual_seed(0)
     model = make_model(torch)
     (x, y), = batches(torch, ranks, 1)
+    sharded = {}
+    if shard == "full":
+        sharded = dict(shard="full", optimizer=torch.optim.Adam(model.parameters(), lr=1e-2))
     step = pt.train_step(model, torch.nn.functional.cross_entropy, (mine(x, rank),),
-                         mine(y, rank), policy="rotor", budget="min",
-                         process_group=dist.group.WORLD)
+                         mine(y, rank), policy="fsdp" if sharded else "rotor", budget="min",
+                         process_group=dist.group.WORLD, **sharded)
     dist.barrier()
     if rank == ranks - 1:
         os._exit(3)  # mid-training, without a word to the others
@@ -426,7 +430,10 @@ def check_one_rank(torch, pt, dist):
     return failures
 
 
-def worker(rank, ranks, port, outdir, timeout):
+def worker(rank, ranks, port, outdir, timeout, dead_shard):
+    """Every check on this rank (dead_shard "none"), or only the dead rank's,
+    sharded (dead_shard "full": a group of its own, since a dead rank ends
+    one)."""
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
     import torch
@@ -435,6 +442,25 @@ def worker(rank, ranks, port, outdir, timeout):
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=ranks,
                             timeout=datetime.timedelta(seconds=timeout))
+    failures = [] if dead_shard == "full" else checks(torch, pt, dist, rank, ranks)
+    with open(os.path.join(outdir, f"rank{rank}.json"), "w") as f:
+        json.dump(failures, f)  # before the last check, which one rank does not survive
+    dead = check_dead_rank(torch, pt, dist, rank, ranks, dead_shard)
+    with open(os.path.join(outdir, f"rank{rank}.json"), "w") as f:
+        json.dump(failures + dead, f)
+    # A survivor leaves without the interpreter's teardown: with 3 ranks or
+    # more, an all-reduce queued behind the failed one waits for a live peer
+    # until the group's timeout, and PyTorch 1.13's gloo thread that then
+    # lets go of its tensor while the interpreter finalizes aborts the
+    # process (docs/torch.md, "A rank that dies"). What this check asserts,
+    # the step's clear error without a hang, is in `dead`.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+def checks(torch, pt, dist, rank, ranks):
+    """Every check but the dead rank's, on this rank: its failures."""
     failures = check_gradients(torch, pt, dist, rank, ranks)
     failures += check_shared_storage(torch, pt, dist, rank, ranks)
     for cap in ("25MiB", "100B"):  # both views in one bucket's copy, then each on its own
@@ -472,20 +498,39 @@ def worker(rank, ranks, port, outdir, timeout):
     # FSDP's rule with a unit per block (mlp.0, mlp.2; the rest the root unit)
     failures += check_sharded(torch, pt, dist, rank, ranks, "adam", "fsdp-blocks", tokens=True)
     failures += check_sharded_failure(torch, pt, dist, rank, ranks)
-    with open(os.path.join(outdir, f"rank{rank}.json"), "w") as f:
-        json.dump(failures, f)  # before the last check, which one rank does not survive
-    dead = check_dead_rank(torch, pt, dist, rank, ranks)
-    with open(os.path.join(outdir, f"rank{rank}.json"), "w") as f:
-        json.dump(failures + dead, f)
-    # A survivor leaves without the interpreter's teardown: with 3 ranks or
-    # more, an all-reduce queued behind the failed one waits for a live peer
-    # until the group's timeout, and PyTorch 1.13's gloo thread that then
-    # lets go of its tensor while the interpreter finalizes aborts the
-    # process (docs/torch.md, "A rank that dies"). What this check asserts,
-    # the step's clear error without a hang, is in `dead`.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    return failures
+
+
+def launch(context, args, dead_shard):
+    """Runs worker() on --ranks processes of one group: the failures they
+    report, and any that hangs or exits otherwise than the dead rank's 3."""
+    failures = []
+    with tempfile.TemporaryDirectory() as outdir:
+        port = free_port()
+        procs = [context.Process(target=worker,
+                                 args=(r, args.ranks, port, outdir, args.timeout, dead_shard))
+                 for r in range(args.ranks)]
+        for p in procs:
+            p.start()
+        deadline = time.monotonic() + 4 * args.timeout  # all ranks together
+        for rank, p in enumerate(procs):
+            p.join(max(0.0, deadline - time.monotonic()))
+            if p.is_alive():
+                p.kill()
+                p.join()
+                failures.append(f"rank {rank} still ran after {4 * args.timeout:.0f} s: it "
+                                "hangs")
+            expected = 3 if rank == args.ranks - 1 else 0
+            if p.exitcode not in (expected, None):
+                failures.append(f"rank {rank} exited with {p.exitcode}, not {expected}")
+            path = os.path.join(outdir, f"rank{rank}.json")
+            if not os.path.exists(path):
+                failures.append(f"rank {rank} reported nothing")
+                continue
+            with open(path) as f:
+                failures += [f"rank {rank}{' (sharded)' if dead_shard == 'full' else ''}: {f_}"
+                             for f_ in json.load(f)]
+    return failures
 
 
 def main():
@@ -509,29 +554,8 @@ def main():
     import pebble.torch as pt
     failures = refusals(torch, pt) + check_one_rank(torch, pt, dist)
     context = mp.get_context("spawn")
-    with tempfile.TemporaryDirectory() as outdir:
-        port = free_port()
-        procs = [context.Process(target=worker, args=(r, args.ranks, port, outdir, args.timeout))
-                 for r in range(args.ranks)]
-        for p in procs:
-            p.start()
-        deadline = time.monotonic() + 4 * args.timeout  # all ranks together
-        for rank, p in enumerate(procs):
-            p.join(max(0.0, deadline - time.monotonic()))
-            if p.is_alive():
-                p.kill()
-                p.join()
-                failures.append(f"rank {rank} still ran after {4 * args.timeout:.0f} s: it "
-                                "hangs")
-            expected = 3 if rank == args.ranks - 1 else 0
-            if p.exitcode not in (expected, None):
-                failures.append(f"rank {rank} exited with {p.exitcode}, not {expected}")
-            path = os.path.join(outdir, f"rank{rank}.json")
-            if not os.path.exists(path):
-                failures.append(f"rank {rank} reported nothing")
-                continue
-            with open(path) as f:
-                failures += [f"rank {rank}: {f_}" for f_ in json.load(f)]
+    for dead_shard in ("none", "full"):
+        failures += launch(context, args, dead_shard)
     for f in failures:
         print("MISMATCH:", f)
     if failures:
@@ -539,7 +563,7 @@ def main():
     print(f"PASS: {args.ranks} ranks: gradients of the whole batch, five SGD and Adam steps "
           "as DistributedDataParallel's (updates on the device and the host), sharded "
           "training as eager's on the whole batch, measured peak == predicted, a dead rank "
-          "fails the others cleanly")
+          "fails the others cleanly (data parallel and sharded)")
     return 0
 
 
