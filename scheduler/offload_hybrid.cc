@@ -67,8 +67,6 @@ namespace {
 constexpr const char* kRecomputePolicies[] = {"baseline", "best-order", "sqrtn",
                                               "chen-greedy", "articulation", "revolve",
                                               "rotor", "dtr"};
-// FSDP's rules (remat_fsdp.cc), candidates on a sharded graph.
-constexpr const char* kFsdpRules[] = {"fsdp", "fsdp-module", "fsdp-blocks"};
 // Those whose compute sequences seed joint plans at looser budgets.
 constexpr const char* kJointBases[] = {"chen-greedy", "sqrtn", "articulation", "rotor", "dtr"};
 // Those whose plan at a budget they miss is their own lowest-peak search,
@@ -195,11 +193,12 @@ class HybridPlanner final : public Planner {
     // On a sharded graph, FSDP's rules, whatever the time left (each is an
     // order and a simulation or two): hybrid is never slower than they are
     // where they fit.
-    for (const char* name : kFsdpRules) {
-      if (!graph.has_collectives()) break;
-      ASSIGN_OR_RETURN(std::unique_ptr<Planner> planner, MakePlanner(name));
-      absl::StatusOr<PlanResult> r = planner->Plan(graph, nested(options.budget_bytes));
-      if (r.ok()) consider(std::move(r->schedule), name, {});
+    if (graph.has_collectives()) {
+      for (const char* name : kFsdpPolicies) {
+        ASSIGN_OR_RETURN(std::unique_ptr<Planner> planner, MakePlanner(name));
+        absl::StatusOr<PlanResult> r = planner->Plan(graph, nested(options.budget_bytes));
+        if (r.ok()) consider(std::move(r->schedule), name, {});
+      }
     }
     if (!time_up()) {
       ASSIGN_OR_RETURN(PlanResult vdnn, PlanVdnn(graph, nested(options.budget_bytes)));

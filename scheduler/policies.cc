@@ -1,6 +1,8 @@
 #include "scheduler/policies.h"
 
-#include "absl/strings/match.h"
+#include <algorithm>
+#include <string>
+
 #include "scheduler/compose.h"
 
 namespace pebble {
@@ -30,10 +32,13 @@ void RegisterBuiltinPlanners(PlannerRegistry& global) {
   // tries every order), swap and hybrid (which plan over best-order's
   // order themselves) and the fsdp rules (a framework's fixed rule, as
   // baseline is).
+  auto is_fsdp = [](const std::string& name) {
+    return std::find(kFsdpPolicies.begin(), kFsdpPolicies.end(), name) != kFsdpPolicies.end();
+  };
   for (const PolicyInfo* p : registry.List()) {
     PolicyInfo info = *p;
     if (info.kind != PlanKind::kOneShot && info.name != "exact" && info.name != "swap" &&
-        info.name != "hybrid" && !absl::StartsWith(info.name, "fsdp")) {
+        info.name != "hybrid" && !is_fsdp(info.name)) {
       info.factory = [inner = info.factory, name = info.name] {
         return ComposeWithBestOrder(inner(), name);
       };

@@ -4,6 +4,8 @@
 #ifndef PEBBLE_SCHEDULER_POLICIES_H_
 #define PEBBLE_SCHEDULER_POLICIES_H_
 
+#include <array>
+
 #include "scheduler/planner.h"
 
 namespace pebble {
@@ -30,8 +32,11 @@ void RegisterDtrPlanner(PlannerRegistry& registry);
 void RegisterVdnnPlanner(PlannerRegistry& registry);
 void RegisterSwapPlanner(PlannerRegistry& registry);
 void RegisterHybridPlanner(PlannerRegistry& registry);
-// PyTorch FSDP's rule on a sharded graph (scheduler/collectives.h).
+// PyTorch FSDP's rules on a sharded graph (scheduler/remat_fsdp.cc): one
+// policy per way of wrapping its units, these names.
 void RegisterFsdpPlanner(PlannerRegistry& registry);
+inline constexpr std::array<const char*, 3> kFsdpPolicies = {"fsdp", "fsdp-module",
+                                                            "fsdp-blocks"};
 
 }  // namespace pebble
 

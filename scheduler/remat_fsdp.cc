@@ -261,9 +261,10 @@ void RegisterFsdpPlanner(PlannerRegistry& registry) {
       "PyTorch FSDP's FULL_SHARD rule on a sharded graph (--shard full): the graph's own order, "
       "each unit gathered before its forward and again before its backward, freed after each; ";
   for (const auto& [name, wrap, units] : std::vector<std::tuple<const char*, Wrap, const char*>>{
-           {"fsdp", Wrap::kParameter, "each parameter a unit of its own"},
-           {"fsdp-module", Wrap::kModule, "a unit per module (a Linear's weight and bias together)"},
-           {"fsdp-blocks", Wrap::kBlock,
+           {kFsdpPolicies[0], Wrap::kParameter, "each parameter a unit of its own"},
+           {kFsdpPolicies[1], Wrap::kModule,
+            "a unit per module (a Linear's weight and bias together)"},
+           {kFsdpPolicies[2], Wrap::kBlock,
             "a unit per block of a module list or sequence (layers.3), the other parameters in "
             "the root unit, kept for the backward"}}) {
     registry.Register(PolicyInfo{

@@ -140,7 +140,7 @@ class Shards:
         whole = torch.zeros(math.prod(self.shapes[name]), dtype=shard.dtype, device=shard.device)
         lo, hi = self.bounds(name)
         whole[lo:hi].copy_(shard[:hi - lo])
-        work = _collective(f"the all-gather of parameter '{name}'", self.dist.all_reduce, whole,
+        work = _collective(self.gather_what(name), self.dist.all_reduce, whole,
                            group=self.group, async_op=True)
         return whole.view(self.shapes[name]), work
 
@@ -166,6 +166,10 @@ class Shards:
         shard[:hi - lo].copy_(self.staging[shard.dtype][lo:hi])
 
     @staticmethod
+    def gather_what(name):
+        return f"the all-gather of parameter '{name}'"
+
+    @staticmethod
     def _scatter_what(name):
         return f"the reduce-scatter of the gradient of '{name}'"
 
@@ -184,7 +188,7 @@ class Shards:
             with torch.no_grad():
                 for name, p in self.params.items():
                     whole, work = self.gather(name)
-                    _collective(f"the all-gather of parameter '{name}'", work.wait)
+                    _collective(self.gather_what(name), work.wait)
                     p.data = whole
             yield
         finally:
@@ -306,11 +310,15 @@ class ShardedRunner:
                 raise PlanExecutionError(f"internal: the capture has no gradient of '{name}'")
             self.gradient[name] = node
         self._check(schedule)
-        self.scattered = {}  # name -> this run's gradient shard
-        self.works = []
-        self.scatters_in_flight = {}  # name -> its reduce-scatter's work, not complete yet
-        self.staging_user = {}  # dtype -> the name whose reduce-scatter holds its buffer
+        self._new_run()
         self.retired = []  # (works, staging buffers) a failed run left in flight (abort)
+
+    def _new_run(self):
+        self.scattered = {}  # name -> this run's gradient shard
+        self.works = []  # this run's collectives (drained after a failure)
+        # name -> its reduce-scatter's work, not complete yet: at most one a
+        # dtype, the one that holds that dtype's staging buffer
+        self.scatters_in_flight = {}
 
     def _check(self, schedule):
         """PlanExecutionError for a plan this runner cannot run: a shard or a
@@ -338,10 +346,7 @@ class ShardedRunner:
         self.retired = [(works, buffers) for works, buffers in self.retired
                         if not all(w.is_completed() for w in works)]
         self.updates.begin()
-        self.scattered = {}
-        self.works = []  # this run's collectives (drained after a failure)
-        self.scatters_in_flight = {}
-        self.staging_user = {}
+        self._new_run()
 
     def step(self, action, node_id, run):
         kind, _, name = node_id.partition(":")
@@ -351,7 +356,7 @@ class ShardedRunner:
                 whole, work = self.shards.gather(name)
                 self.works.append(work)
                 run.put(node, whole)
-                what = f"the all-gather of parameter '{name}'"
+                what = self.shards.gather_what(name)
                 run.wait_before(node, lambda: _collective(what, work.wait))
                 self._computed(node_id, run)
             else:
@@ -362,14 +367,13 @@ class ShardedRunner:
                     raise PlanExecutionError(f"internal: the plan reduce-scatters the gradient "
                                              f"of '{name}' while its shard is resident")
                 grad = run.device_value(self.gradient[name].id)
-                previous = self.staging_user.get(grad.dtype)
-                if previous is not None:  # the staging buffer is free once it is done
-                    self.settle(previous)
+                for previous in [n for n in self.scatters_in_flight
+                                 if self.scattered[n].dtype == grad.dtype]:
+                    self.settle(previous)  # the staging buffer is free once it is done
                 shard, work = self.shards.reduce_scatter(name, grad)
                 self.works.append(work)
                 self.scattered[name] = shard
                 self.scatters_in_flight[name] = work
-                self.staging_user[grad.dtype] = name
                 run.hold(self.shards.held_bytes(shard))
                 self._computed(node_id, run)
             else:
@@ -385,11 +389,8 @@ class ShardedRunner:
         work = self.scatters_in_flight.get(name)
         if work is None:
             return
-        shard = self.scattered[name]
-        self.shards.complete_scatter(name, shard, work)  # in flight until it returns (abort)
-        del self.scatters_in_flight[name]
-        if self.staging_user.get(shard.dtype) == name:
-            del self.staging_user[shard.dtype]
+        self.shards.complete_scatter(name, self.scattered[name], work)
+        del self.scatters_in_flight[name]  # in flight until it returns (abort)
 
     @staticmethod
     def _computed(node_id, run):
@@ -412,10 +413,7 @@ class ShardedRunner:
             self.retired.append((running, self.shards.staging))
             self.shards.staging = {dtype: torch.empty_like(buffer)
                                    for dtype, buffer in self.shards.staging.items()}
-        self.works = []
-        self.scattered = {}
-        self.scatters_in_flight = {}
-        self.staging_user = {}
+        self._new_run()
 
     def finish(self, run):
         for name in list(self.scatters_in_flight):
