@@ -195,7 +195,8 @@ def main():
                   f"({'measured' if c['network_measured'] else 'given'})")
         elif c is not None:
             print(f"\n{name}: {c['gathers']} all-gathers ({c['regathers']} again for the "
-                  f"backward), {c['reduce_scatters']} reduce-scatters, network busy "
+                  f"backward), {c['reduce_scatters']} reduce-scatters, sent in "
+                  f"{c['messages']} messages ({c['planned_messages']} planned), network busy "
                   f"{c['predicted_network_busy_s'] * 1e3:.1f} ms predicted")
     return 1 if failed else 0
 

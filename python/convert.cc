@@ -363,8 +363,8 @@ absl::StatusOr<Schedule> ScheduleFromPython(const Graph& graph, py::handle value
         }
       } else {
         return absl::InvalidArgumentError(absl::StrCat(
-            where, " of the schedule is not an (action, node) pair, an (\"all_reduce\", node, "
-            "bucket) triple or a dict: ", Shown(step)));
+            where, " of the schedule is not an (action, node) pair, an (action, node, bucket) "
+            "triple or a dict: ", Shown(step)));
       }
       ++k;
     }

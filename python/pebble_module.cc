@@ -55,7 +55,7 @@ struct PyPlan {
   int64_t baseline_peak_bytes = 0;
   double plan_time_s = 0;
   py::dict report;   // plan --json's "report"
-  py::list schedule;  // (action, node) pairs; ("all_reduce", node, bucket) in buckets
+  py::list schedule;  // (action, node) pairs; (action, node, bucket) in buckets
   py::dict details;
   py::dict document;  // the whole plan --json document
 };
@@ -353,7 +353,8 @@ PYBIND11_MODULE(_core, m) {
         "gradients' all-reduces over the ranks' network (a preset or bytes/s; "
         "network_latency in seconds), grouped in buckets (None or 'auto': planned; 'none'; "
         "or a size: DistributedDataParallel's rule). A bucket's steps in plan.schedule are "
-        "(\"all_reduce\", node, bucket) triples. bucket_copies='device': the runtime sends "
+        "(action, node, bucket) triples (all_reduce steps, or a unit's gathers or "
+        "reduce-scatters under fsdp-module and fsdp-blocks). bucket_copies='device': the runtime sends "
         "a bucket of several gradients through a flat device copy of them, which the plan "
         "holds (pebble.torch's way), each gradient's place in it rounded up to "
         "bucket_alignment bytes.");
@@ -362,7 +363,7 @@ PYBIND11_MODULE(_core, m) {
         py::arg("network") = py::none(), py::arg("network_latency") = py::none(),
         py::arg("bucket_copies") = "none", py::arg("bucket_alignment") = 1,
         "The simulator's report of a schedule (a list of (action, node) steps, with "
-        "(\"all_reduce\", node, bucket) triples for buckets, or a pebble-schedule dict); "
+        "(action, node, bucket) triples for buckets, or a pebble-schedule dict); "
         "ValueError naming the first invalid step. bucket_copies='device': a bucket of "
         "several gradients holds a flat device copy of them until a later step touches one.");
   m.def("compare", &ComparePy, py::arg("graph"), py::arg("policies") = py::none(),

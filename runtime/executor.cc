@@ -287,11 +287,8 @@ absl::Status CheckRunnable(const Graph& graph, const Schedule& schedule, const B
   RETURN_IF_ERROR(CheckOneAllReducePerValue(graph, schedule));
   for (size_t k = 0; k < schedule.steps.size(); ++k) {
     const Step& step = schedule.steps[k];
-    if (step.joins_bucket && (step.action != Action::kAllReduce || k == 0 ||
-                              schedule.steps[k - 1].action != Action::kAllReduce)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "step ", k, " joins a bucket, but only an all_reduce step right after another joins "
-          "one"));
+    if (std::string e = BucketJoinError(graph, schedule, k); !e.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat("step ", k, ": ", e));
     }
     if (step.action == Action::kAllReduce) {
       RETURN_IF_ERROR(CheckAllReduce(graph, step.node, collectives));
@@ -1310,7 +1307,12 @@ class ScheduleRun {
     const NodeId v = schedule_.steps[k].node;
     const int64_t during = held_ + kernel_context_.workspace_bytes;
     if (graph_.collective(v)) {
-      RETURN_IF_ERROR(IssueCollective(k));
+      // A bucket of collectives is issued at its last step, all its members
+      // allocated (IssueCollectives).
+      if (k + 1 < num_steps_ && schedule_.steps[k + 1].joins_bucket) return during;
+      int first = k;
+      while (schedule_.steps[first].joins_bucket) --first;
+      RETURN_IF_ERROR(IssueCollectives(first, k));
       return during;
     }
     ASSIGN_OR_RETURN(StreamEvent end, Timed(k, Stream::kCompute,
@@ -1433,7 +1435,8 @@ class ScheduleRun {
 
   // Note [Collectives in flight]. The plan lets the network's collectives
   // overlap the compute that follows them. So an all_reduce bucket, or a
-  // sharded graph's gather or reduce-scatter, is staged at its step (every
+  // sharded graph's gather or reduce-scatter (or a bucket of them), is staged at
+  // its (last) step (every
   // stream drained, its tensors copied to a host buffer in float32, a
   // gradient divided by the ranks) and run on the collectives' thread
   // (TaskThread), while the steps go on. That thread runs them one after
@@ -1503,56 +1506,145 @@ class ScheduleRun {
     });
   }
 
-  // A sharded graph's collective (Note [Sharded graphs], scheduler/
-  // sharding.cc) at step k, on kernel_context_'s one input and its output,
-  // in a float32 buffer of ranks * s elements, s the shard's, staged and
-  // run as a bucket is (Note [Collectives in flight]): all_gather gathers
-  // every rank's shard (the padding past the tensor's end dropped);
-  // reduce_scatter sums the whole local gradient divided by the ranks
-  // (DistributedDataParallel's and FSDP's average), of which this rank
-  // keeps its slot (Collectives::ReduceScatterSum).
-  absl::Status IssueCollective(int k) {
-    const KernelContext& ctx = kernel_context_;
-    const NodeId v = ctx.node;
-    const bool gather = graph_.op(v) == "all_gather";
-    const TensorView& in = ctx.inputs[0];
+  // A sharded graph's collectives (Note [Sharded graphs], scheduler/
+  // sharding.cc) at steps first..last: one compute of a collective node, or
+  // a bucket of them (Step::joins_bucket: a unit's gathers or reduce-
+  // scatters), sent as one message. Each member's input is staged in
+  // float32; a member of s elements a shard has its place at `offset` in
+  // every rank's part of the message (the parts of ranks * S elements, S
+  // the members' shards together), and the collective runs as a bucket
+  // does (Note [Collectives in flight]): all_gather gathers every rank's
+  // shards, then each member's are put side by side (the padding past the
+  // tensor's end dropped); reduce_scatter sums the whole local gradients
+  // divided by the ranks (DistributedDataParallel's and FSDP's average),
+  // rank r's part of each in rank r's part of the message, of which this
+  // rank keeps its own (Collectives::ReduceScatterSum).
+  absl::Status IssueCollectives(int first, int last) {
+    const bool gather = graph_.op(schedule_.steps[first].node) == "all_gather";
     const int ranks = collectives_->ranks();
-    const int64_t in_count = NumElements(in.shape);
-    const int64_t out_count = NumElements(ctx.output.shape);
-    const int64_t shard = gather ? in_count : out_count;
-    const int64_t whole = gather ? out_count : in_count;
-    if (shard * ranks < whole) {
-      return Failed(k, absl::InternalError(absl::StrCat(
-                           Quote(graph_.id(v)), ": shards of ", shard, " elements cannot hold ",
-                           whole)));
-    }
-    ASSIGN_OR_RETURN(InFlight op, BeginCollective(k, k));
-    staging_bytes_.resize(static_cast<size_t>(in_count * DTypeSize(in.dtype)));
-    if (absl::Status s = backend_.Download(staging_bytes_.data(), in.data,
-                                           static_cast<int64_t>(staging_bytes_.size()));
-        !s.ok()) {
-      return Failed(k, s);
+    int64_t total = 0;  // S: the members' shards, in elements
+    ASSIGN_OR_RETURN(const std::vector<CollectiveMember> members,
+                     CollectiveMembers(first, last, gather, total));
+    ASSIGN_OR_RETURN(InFlight op, BeginCollective(first, last));
+    auto buffer = std::make_shared<std::vector<float>>(static_cast<size_t>(total * ranks), 0.0f);
+    auto own = std::make_shared<std::vector<float>>(gather ? static_cast<size_t>(total) : 0);
+    for (const CollectiveMember& m : members) {
+      if (absl::Status s = StageMember(m, gather, members.size() == 1, total,
+                                       gather ? *own : *buffer);
+          !s.ok()) {
+        return Failed(first, s);
+      }
     }
     absl::StatusOr<StreamEvent> staged = streams_.Record(Stream::kCompute);
-    if (!staged.ok()) return Failed(k, staged.status());
-    for (NodeId u : graph_.unique_inputs(v)) last_compute_use_[u] = *staged;
-    auto buffer = std::make_shared<std::vector<float>>(static_cast<size_t>(shard * ranks), 0.0f);
-    op.sums = buffer;
-    op.outputs.push_back({v, gather ? 0 : shard * collectives_->rank(), out_count});
-    const std::string what = absl::StrCat("the ", gather ? "all-gather" : "reduce-scatter", " ",
-                                          Quote(graph_.id(v)));
-    if (gather) {
-      auto own = std::make_shared<std::vector<float>>(static_cast<size_t>(shard));
-      WidenToFloat(staging_bytes_.data(), in.dtype, in_count, 1.0f, own->data());
-      return Enqueue(std::move(op), what, [collectives = collectives_, own, buffer, shard, what] {
-        return collectives->AllGather(own->data(), shard, buffer->data(), what);
-      });
+    if (!staged.ok()) return Failed(first, staged.status());
+    for (const CollectiveMember& m : members) {
+      for (NodeId u : graph_.unique_inputs(m.node)) last_compute_use_[u] = *staged;
     }
-    WidenToFloat(staging_bytes_.data(), in.dtype, in_count, static_cast<float>(ranks),
-                 buffer->data());
-    return Enqueue(std::move(op), what, [collectives = collectives_, buffer, shard, what] {
-      return collectives->ReduceScatterSum(buffer->data(), shard, what);
+    const NodeId head = members.front().node;
+    const std::string kind = gather ? "all-gather" : "reduce-scatter";
+    const std::string what =
+        members.size() == 1
+            ? absl::StrCat("the ", kind, " ", Quote(graph_.id(head)))
+            : absl::StrCat("the ", kind, " of the bucket of ", Quote(graph_.id(head)), " and ",
+                           members.size() - 1, " more");
+    if (gather) return EnqueueGather(std::move(op), members, own, buffer, total, what);
+    for (const CollectiveMember& m : members) {
+      op.outputs.push_back({m.node, collectives_->rank() * total + m.offset, m.out_count});
+    }
+    op.sums = buffer;
+    return Enqueue(std::move(op), what, [collectives = collectives_, buffer, total, what] {
+      return collectives->ReduceScatterSum(buffer->data(), total, what);
     });
+  }
+
+  // A member of a sharded collective (IssueCollectives): its node, its
+  // input, their elements, a shard's, and its place in a rank's part.
+  struct CollectiveMember {
+    NodeId node;
+    TensorView in;
+    int64_t in_count, out_count, shard, offset;
+  };
+
+  // The members of steps first..last, each at `total`, which grows by its shard.
+  absl::StatusOr<std::vector<CollectiveMember>> CollectiveMembers(int first, int last,
+                                                                  bool gather, int64_t& total) {
+    const int ranks = collectives_->ranks();
+    std::vector<CollectiveMember> members;
+    for (int j = first; j <= last; ++j) {
+      const NodeId v = schedule_.steps[j].node;
+      const NodeId u = graph_.inputs(v)[0];
+      CollectiveMember m{v, View(u, current_[u]), NumElements(*graph_.shape(u)),
+                         NumElements(*graph_.shape(v)), 0, total};
+      m.shard = gather ? m.in_count : m.out_count;
+      const int64_t whole = gather ? m.out_count : m.in_count;
+      if (m.shard * ranks < whole) {
+        return Failed(j, absl::InternalError(absl::StrCat(
+                             Quote(graph_.id(v)), ": shards of ", m.shard,
+                             " elements cannot hold ", whole)));
+      }
+      total += m.shard;
+      members.push_back(m);
+    }
+    return members;
+  }
+
+  // `m`'s input in float32 at its place in `message` (ranks parts of
+  // `total` elements): a gather's shard at its offset of this rank's one
+  // part (`message` is then that part alone); a reduce-scatter's gradient
+  // divided by the ranks, rank r's slice at its offset of part r (in
+  // order, where it is the only member).
+  absl::Status StageMember(const CollectiveMember& m, bool gather, bool alone, int64_t total,
+                           std::vector<float>& message) {
+    const int ranks = collectives_->ranks();
+    staging_bytes_.resize(static_cast<size_t>(m.in_count * DTypeSize(m.in.dtype)));
+    RETURN_IF_ERROR(backend_.Download(staging_bytes_.data(), m.in.data,
+                                      static_cast<int64_t>(staging_bytes_.size())));
+    if (gather || alone) {
+      WidenToFloat(staging_bytes_.data(), m.in.dtype, m.in_count,
+                   gather ? 1.0f : static_cast<float>(ranks), message.data() + m.offset);
+      return absl::OkStatus();
+    }
+    std::vector<float> gradient(static_cast<size_t>(m.in_count));
+    WidenToFloat(staging_bytes_.data(), m.in.dtype, m.in_count, static_cast<float>(ranks),
+                 gradient.data());
+    for (int64_t r = 0, lo = 0; r < ranks && lo < m.in_count; ++r, lo += m.shard) {
+      std::copy(gradient.begin() + lo, gradient.begin() + std::min(m.in_count, lo + m.shard),
+                message.begin() + r * total + m.offset);
+    }
+    return absl::OkStatus();
+  }
+
+  // Enqueues the all-gather of `own` (this rank's shards side by side) into
+  // `message` (every rank's, rank-major), whose sums then hold each member's
+  // whole tensor: its shards from every rank side by side (the message
+  // itself where there is one member).
+  absl::Status EnqueueGather(InFlight op, const std::vector<CollectiveMember>& members,
+                             std::shared_ptr<std::vector<float>> own,
+                             std::shared_ptr<std::vector<float>> message, int64_t total,
+                             const std::string& what) {
+    const int ranks = collectives_->ranks();
+    std::vector<std::pair<int64_t, int64_t>> places;  // (offset, shard) per member
+    for (const CollectiveMember& m : members) {
+      op.outputs.push_back({m.node, m.offset * ranks, m.out_count});
+      places.push_back({m.offset, m.shard});
+    }
+    auto sums = members.size() == 1 ? message
+                                    : std::make_shared<std::vector<float>>(message->size());
+    op.sums = sums;
+    return Enqueue(std::move(op), what,
+                   [collectives = collectives_, own, message, sums, places = std::move(places),
+                    total, ranks, what]() -> absl::Status {
+                     RETURN_IF_ERROR(
+                         collectives->AllGather(own->data(), total, message->data(), what));
+                     if (sums == message) return absl::OkStatus();
+                     for (const auto& [offset, shard] : places) {
+                       for (int r = 0; r < ranks; ++r) {
+                         const auto from = message->begin() + r * total + offset;
+                         std::copy(from, from + shard, sums->begin() + offset * ranks + r * shard);
+                       }
+                     }
+                     return absl::OkStatus();
+                   });
   }
 
   // Queues `task` (`op`'s collective, named `what`) on the collectives'

@@ -158,14 +158,21 @@ Schedule UnfoldSchedule(const Graph& graph, const FoldedGraph& folded,
     }
   };
 
-  for (const Step& step : schedule.steps) {
+  const size_t num_steps = schedule.steps.size();
+  for (size_t k = 0; k < num_steps; ++k) {
+    const Step& step = schedule.steps[k];
     PEBBLE_CHECK(step.node >= 0 && step.node < static_cast<NodeId>(folded.original.size()),
                  "UnfoldSchedule: a step names no folded node");
     const NodeId v = folded.original[step.node];
     switch (step.action) {
       case Action::kCompute:
-        for (NodeId u : graph.unique_inputs(v)) {
-          if (graph.is_alias(u)) ensure(u);
+        // A bucket's members (Step::joins_bucket) stay side by side: the
+        // views they read are made before its first step.
+        if (step.joins_bucket) break;
+        for (size_t j = k; j < num_steps && (j == k || schedule.steps[j].joins_bucket); ++j) {
+          for (NodeId u : graph.unique_inputs(folded.original[schedule.steps[j].node])) {
+            if (graph.is_alias(u)) ensure(u);
+          }
         }
         break;
       case Action::kFree:
@@ -181,7 +188,7 @@ Schedule UnfoldSchedule(const Graph& graph, const FoldedGraph& folded,
       case Action::kAllReduce:    // reduces the node itself, resident already
         break;
     }
-    out.steps.push_back({step.action, v});
+    out.steps.push_back({step.action, v, step.joins_bucket});
   }
   for (NodeId o : graph.outputs()) {
     if (graph.is_alias(o)) ensure(o);

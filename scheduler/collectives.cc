@@ -421,22 +421,9 @@ namespace {
 // What a sharded graph's collectives were timed for, as ShardGraph writes
 // it in their attrs; nullopt where no collective says (a graph written by
 // hand).
-struct ShardedFor {
-  int ranks = 0;
-  NetworkLink link;
-};
-
-std::optional<ShardedFor> ShardedRanks(const Graph& graph) {
+std::optional<CollectiveLink> ShardedRanks(const Graph& graph) {
   for (NodeId v = 0; v < graph.num_nodes() && graph.has_collectives(); ++v) {
-    if (!graph.collective(v)) continue;
-    const nlohmann::json& a = graph.attrs(v);
-    if (a.is_object() && a.contains("ranks") && a["ranks"].is_number_integer() &&
-        a.contains("network_bandwidth_bytes_per_s") && a.contains("network_latency_s") &&
-        a["network_bandwidth_bytes_per_s"].is_number() && a["network_latency_s"].is_number()) {
-      return ShardedFor{a["ranks"].get<int>(),
-                        {a["network_bandwidth_bytes_per_s"].get<double>(),
-                         a["network_latency_s"].get<double>()}};
-    }
+    if (std::optional<CollectiveLink> link = CollectiveLinkOf(graph, v)) return link;
   }
   return std::nullopt;
 }
@@ -447,7 +434,7 @@ class GradientReductionPlanner : public Planner {
 
   absl::StatusOr<PlanResult> Plan(const Graph& graph,
                                   const PlannerOptions& options) const override {
-    const std::optional<ShardedFor> sharded = ShardedRanks(graph);
+    const std::optional<CollectiveLink> sharded = ShardedRanks(graph);
     // ranks 1: a nested policy's call, planning for one rank what this
     // wrapper completes (below).
     if (sharded.has_value() && options.ranks > 1 && sharded->ranks != options.ranks) {

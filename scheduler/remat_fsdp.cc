@@ -5,11 +5,14 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <queue>
 #include <string>
 #include <tuple>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -19,6 +22,7 @@
 #include "scheduler/planner.h"
 #include "scheduler/policies.h"
 #include "scheduler/schedule.h"
+#include "scheduler/simulator.h"
 
 namespace pebble {
 
@@ -172,6 +176,142 @@ std::vector<NodeId> UnitOrder(const Graph& graph, const std::vector<NodeId>& ord
   return result;
 }
 
+// The bytes a message of reduce-scatters may hold where the graph sends
+// them through a staging buffer of its own (a persistent node of op
+// "staging_buffer", as pebble.torch's graphs have: the least of them), else
+// no bound.
+int64_t StagingCap(const Graph& graph) {
+  int64_t cap = INT64_MAX;
+  for (NodeId v = 0; v < graph.num_nodes(); ++v) {
+    if (graph.persistent(v) && graph.op(v) == "staging_buffer") cap = std::min(cap, graph.bytes(v));
+  }
+  return cap;
+}
+
+// The buckets of `collectives` (a run of them, JoinUnits) by (unit, op), in
+// the order they first come; a bucket of reduce-scatters closes before its
+// local gradients' bytes would pass `scatter_cap`. A collective of no unit
+// (-1) is a bucket of its own.
+std::vector<std::vector<NodeId>> UnitBuckets(const Graph& graph,
+                                             const std::vector<Step>& collectives,
+                                             const std::vector<int>& unit_of,
+                                             int64_t scatter_cap) {
+  std::vector<std::vector<NodeId>> buckets;
+  std::vector<int64_t> bucket_bytes;
+  std::map<std::pair<int, std::string>, size_t> open;  // (unit, op) -> its open bucket
+  for (const Step& s : collectives) {
+    const auto key = std::make_pair(unit_of[s.node], graph.op(s.node));
+    const int64_t bytes =
+        graph.op(s.node) == "reduce_scatter" ? graph.bytes(graph.inputs(s.node)[0]) : 0;
+    const auto [it, added] = open.try_emplace(key, buckets.size());
+    if (added || key.first < 0 || bucket_bytes[it->second] > scatter_cap - bytes) {
+      it->second = buckets.size();
+      buckets.emplace_back();
+      bucket_bytes.push_back(0);
+    }
+    buckets[it->second].push_back(s.node);
+    bucket_bytes[it->second] += bytes;
+  }
+  return buckets;
+}
+
+// The steps of one run of collectives (JoinUnits), its buckets joined: the
+// frees of nodes that the run gathers again first; then each bucket, a free
+// that came after some of its members moved after its last (within a bucket
+// nothing may come between); every other free and sink after the last
+// collective that came before it.
+void EmitRun(const Graph& graph, const std::vector<Step>& run,
+             const std::vector<std::vector<NodeId>>& buckets, std::vector<Step>& out) {
+  // Per collective: its place in the joined order, and that of its bucket's last.
+  absl::flat_hash_map<NodeId, int> place, bucket_end;
+  int next = 0;
+  for (const std::vector<NodeId>& bucket : buckets) {
+    for (NodeId v : bucket) place[v] = next++;
+    for (NodeId v : bucket) bucket_end[v] = next - 1;
+  }
+  std::vector<std::vector<Step>> after(next);
+  std::vector<Step> first;
+  absl::flat_hash_set<NodeId> computed_later;
+  for (const Step& s : run) {
+    if (place.contains(s.node) && s.action == Action::kCompute) computed_later.insert(s.node);
+  }
+  int last = -1;  // the latest place of a collective seen so far in `run`
+  for (const Step& s : run) {
+    if (s.action == Action::kCompute && place.contains(s.node)) {
+      computed_later.erase(s.node);
+      last = std::max(last, bucket_end[s.node]);
+    } else if (computed_later.contains(s.node) || last < 0) {
+      first.push_back(s);
+    } else {
+      after[last].push_back(s);
+    }
+  }
+  out.insert(out.end(), first.begin(), first.end());
+  for (const std::vector<NodeId>& bucket : buckets) {
+    std::optional<CollectiveLink> previous;
+    for (size_t m = 0; m < bucket.size(); ++m) {
+      const std::optional<CollectiveLink> link = CollectiveLinkOf(graph, bucket[m]);
+      out.push_back({Action::kCompute, bucket[m], m > 0 && link.has_value() && link == previous});
+      previous = link;
+      out.insert(out.end(), after[place[bucket[m]]].begin(), after[place[bucket[m]]].end());
+    }
+  }
+}
+
+// `schedule` with each unit's collectives sent as one message, as FSDP
+// sends its flat parameter: in each run of consecutive collective computes
+// (frees and the planner's zero-byte sinks between them included), the
+// gathers of one unit, and its reduce-scatters, are put side by side and
+// joined (Step::joins_bucket), in the order the units first come (EmitRun
+// places the rest). `unit_of`: per node, its unit's index, or -1. A run
+// whose collectives read each other, or compute a node twice, is left as
+// it is; a collective without the link attrs a bucket needs, or with
+// another link than the one before it, does not join. A bucket of
+// reduce-scatters holds at most `scatter_cap` bytes of local gradients
+// (StagingCap), but one larger gradient alone.
+Schedule JoinUnits(const Graph& graph, const Schedule& schedule,
+                   const std::vector<int>& unit_of, int64_t scatter_cap) {
+  auto is_collective = [&](const Step& s) {
+    return s.action == Action::kCompute && graph.collective(s.node);
+  };
+  auto movable = [&](const Step& s) {
+    return s.action == Action::kFree ||
+           (s.action == Action::kCompute && graph.op(s.node) == "update_sink");
+  };
+  const size_t n = schedule.steps.size();
+  Schedule out;
+  out.steps.reserve(n);
+  for (size_t i = 0; i < n;) {
+    if (!is_collective(schedule.steps[i])) {
+      out.steps.push_back(schedule.steps[i++]);
+      continue;
+    }
+    size_t end = i;  // one past the run's last collective
+    for (size_t j = i; j < n && (is_collective(schedule.steps[j]) || movable(schedule.steps[j]));
+         ++j) {
+      if (is_collective(schedule.steps[j])) end = j + 1;
+    }
+    const std::vector<Step> run(schedule.steps.begin() + static_cast<std::ptrdiff_t>(i),
+                                schedule.steps.begin() + static_cast<std::ptrdiff_t>(end));
+    i = end;
+    std::vector<Step> collectives;
+    absl::flat_hash_set<NodeId> computed;
+    bool joinable = true;
+    for (const Step& s : run) {
+      if (!is_collective(s)) continue;
+      for (NodeId u : graph.unique_inputs(s.node)) joinable = joinable && !computed.contains(u);
+      joinable = joinable && computed.insert(s.node).second;
+      collectives.push_back(s);
+    }
+    if (!joinable) {
+      out.steps.insert(out.steps.end(), run.begin(), run.end());
+      continue;
+    }
+    EmitRun(graph, run, UnitBuckets(graph, collectives, unit_of, scatter_cap), out.steps);
+  }
+  return out;
+}
+
 // The FSDP policies: PyTorch FSDP's FULL_SHARD rule on a sharded graph
 // (ShardGraph), its units wrapped by `wrap`. The graph's own order (a
 // unit's gathers moved to its first reader, its reduce-scatters to its
@@ -184,8 +324,8 @@ std::vector<NodeId> UnitOrder(const Graph& graph, const std::vector<NodeId>& ord
 // root unit is not resharded after the forward (FSDP keeps it for the
 // backward, which starts with it). Gathers run on the network stream, so
 // one issued after a compute may start before it ends: the prefetch FSDP
-// makes. Each parameter is still a collective of its own (pebble's
-// runtimes send them so), where FSDP sends one per unit. Every policy plans
+// makes. A unit's gathers, and its reduce-scatters, are one message each
+// (JoinUnits), as FSDP's flat parameter is. Every policy plans
 // the alias-folded graph (planner.cc), so a view of a gathered parameter
 // is computed again from the gather. A graph without gathers gets the
 // baseline.
@@ -241,6 +381,14 @@ class FsdpPlanner final : public Planner {
         for (NodeId g : free_after[at]) schedule.steps.push_back({Action::kFree, g});
       }
     }
+    if (wrap_ != Wrap::kParameter) {
+      std::vector<int> unit_of(graph.num_nodes(), -1);
+      for (size_t u = 0; u < units.size(); ++u) {
+        for (NodeId g : units[u].gathers) unit_of[g] = static_cast<int>(u);
+        for (NodeId r : units[u].scatters) unit_of[r] = static_cast<int>(u);
+      }
+      schedule = JoinUnits(graph, schedule, unit_of, StagingCap(graph));
+    }
     ASSIGN_OR_RETURN(PlanResult result, FinishPlan(graph, std::move(schedule), options));
     result.details["resharded_parameters"] = resharded;
     result.details["fsdp_units"] = static_cast<int64_t>(units.size());
@@ -263,10 +411,12 @@ void RegisterFsdpPlanner(PlannerRegistry& registry) {
   for (const auto& [name, wrap, units] : std::vector<std::tuple<const char*, Wrap, const char*>>{
            {kFsdpPolicies[0], Wrap::kParameter, "each parameter a unit of its own"},
            {kFsdpPolicies[1], Wrap::kModule,
-            "a unit per module (a Linear's weight and bias together)"},
+            "a unit per module (a Linear's weight and bias together), its gathers and its "
+            "reduce-scatters one message each"},
            {kFsdpPolicies[2], Wrap::kBlock,
             "a unit per block of a module list or sequence (layers.3), the other parameters in "
-            "the root unit, kept for the backward"}}) {
+            "the root unit, kept for the backward; a unit's gathers and its reduce-scatters one "
+            "message each"}}) {
     registry.Register(PolicyInfo{
         .name = name,
         .description = rule + units,

@@ -51,13 +51,20 @@ nlohmann::json ScheduleToJson(const Graph& graph, const Schedule& schedule) {
     const Step& step = schedule.steps[k];
     nlohmann::json s = {{"action", std::string(ActionName(step.action))},
                         {"node", graph.id(step.node)}};
-    // Only all_reduce steps are in buckets (a misplaced flag, which the
-    // simulator refuses, is not written).
-    auto joins = [&](size_t j) {
-      return schedule.steps[j].joins_bucket && schedule.steps[j].action == Action::kAllReduce;
+    // Only all_reduce steps and computes of collective nodes are in
+    // buckets (a misplaced flag, which the simulator refuses, is not written).
+    auto bucketable = [&](size_t j) {
+      const Step& at = schedule.steps[j];
+      return at.action == Action::kAllReduce ||
+             (at.action == Action::kCompute && graph.collective(at.node));
     };
-    const bool heads_bucket = step.action == Action::kAllReduce && !joins(k) && k + 1 < n &&
-                              joins(k + 1);
+    // A flag joins only a step of the same kind (both all_reduce steps, or
+    // both computes of collectives), as the simulator requires.
+    auto joins = [&](size_t j) {
+      return j > 0 && schedule.steps[j].joins_bucket && bucketable(j) && bucketable(j - 1) &&
+             schedule.steps[j].action == schedule.steps[j - 1].action;
+    };
+    const bool heads_bucket = bucketable(k) && !joins(k) && k + 1 < n && joins(k + 1);
     if (heads_bucket) ++bucket;
     if (heads_bucket || (joins(k) && bucket >= 0)) s["bucket"] = bucket;
     steps.push_back(std::move(s));
@@ -95,10 +102,13 @@ absl::StatusOr<Step> StepFromJson(const Graph& graph, const nlohmann::json& s, s
 }
 
 // The "bucket" numbers of a schedule's steps, read in order: a step
-// joins the bucket of the step before it when both are all_reduce steps
-// with the same number; a number may not come back after other steps.
+// joins the bucket of the step before it when both have the same number
+// (all_reduce steps, or computes of collective nodes: whether they may
+// join is the simulator's rule); a number may not come back after other
+// steps.
 class BucketReader {
  public:
+  explicit BucketReader(const Graph& graph) : graph_(graph) {}
   absl::Status Read(const nlohmann::json& s, size_t i, Step& step) {
     auto bucket = s.find("bucket");
     if (bucket == s.end()) {
@@ -111,21 +121,24 @@ class BucketReader {
           where, ": 'bucket' must be a non-negative integer, not ", bucket->dump()));
     }
     const int64_t number = bucket->get<int64_t>();
-    if (step.action != Action::kAllReduce) {
+    if (step.action != Action::kAllReduce &&
+        !(step.action == Action::kCompute && graph_.collective(step.node))) {
       return absl::InvalidArgumentError(absl::StrCat(
-          where, ": only an all_reduce step is in a bucket, not ", ActionName(step.action)));
+          where, ": only an all_reduce step, or a compute of a collective node, is in a bucket, "
+                 "not ", ActionName(step.action), " of ", Quote(graph_.id(step.node))));
     }
     step.joins_bucket = number == previous_;
     if (!step.joins_bucket && !seen_.insert(number).second) {
       return absl::InvalidArgumentError(absl::StrCat(
           where, ": bucket ", number, " came before, with other steps between: a bucket's "
-          "all_reduce steps are consecutive (one collective)"));
+          "steps are consecutive (one collective)"));
     }
     previous_ = number;
     return absl::OkStatus();
   }
 
  private:
+  const Graph& graph_;
   int64_t previous_ = -1;  // the bucket of the step before; -1: none
   absl::flat_hash_set<int64_t> seen_;
 };
@@ -167,7 +180,7 @@ absl::StatusOr<Schedule> ScheduleFromJson(const Graph& graph,
   const nlohmann::json& steps = doc["steps"];
   Schedule schedule;
   schedule.steps.reserve(steps.size());
-  BucketReader buckets;
+  BucketReader buckets(graph);
   for (size_t i = 0; i < steps.size(); ++i) {
     ASSIGN_OR_RETURN(Step step, StepFromJson(graph, steps[i], i));
     RETURN_IF_ERROR(buckets.Read(steps[i], i, step));
@@ -185,7 +198,7 @@ absl::StatusOr<Schedule> ParseScheduleText(const Graph& graph, absl::string_view
   // ScheduleFromJson gives them.
   Schedule schedule;
   absl::Status first_bad_step;
-  BucketReader buckets;
+  BucketReader buckets(graph);
   auto sink = [&](nlohmann::json& element, size_t index) {
     if (!first_bad_step.ok()) return absl::OkStatus();
     absl::StatusOr<Step> step = StepFromJson(graph, element, index);

@@ -21,10 +21,13 @@ enum class Action : uint8_t { kCompute, kFree, kOffload, kPrefetch, kHostCompute
 absl::string_view ActionName(Action action);  // "compute", "free", ...
 absl::StatusOr<Action> ParseAction(absl::string_view name);
 
-// A step acts on one node. `joins_bucket` (all_reduce steps only) makes
-// the step one collective with the all_reduce step before it: a bucket of
-// gradients summed as one message, as DistributedDataParallel's buckets are
-// (docs/semantics.md, "Buckets"). In JSON, the steps of a bucket share a
+// A step acts on one node. `joins_bucket` makes the step one collective
+// with the step before it: an all_reduce step joins an all_reduce step (a
+// bucket of gradients summed as one message, as DistributedDataParallel's
+// buckets are: docs/semantics.md, "Buckets"); a compute of a collective
+// node joins a compute of the same op (a unit's parameters gathered or
+// its gradients reduce-scattered as one message, as FSDP's flat parameter
+// is: "Buckets of collectives"). In JSON, the steps of a bucket share a
 // "bucket" number.
 struct Step {
   Step() = default;
@@ -45,8 +48,8 @@ struct Schedule {
 // JSON per SPEC section 2 (nodes by id). Reading checks the format, the
 // version, the actions and that every node exists in `graph`, and refuses
 // unknown keys (but '_' annotations) and a "bucket" (a non-negative
-// integer) on anything but an all_reduce step or on steps that are not
-// consecutive; writing numbers the buckets of two steps or more from 0; ParseScheduleText and
+// integer) on anything but an all_reduce step or a compute of a collective
+// node, or on steps that are not consecutive; writing numbers the buckets of two steps or more from 0; ParseScheduleText and
 // ReadScheduleFile also refuse what ParseStrictJson does (repeated keys, NUL
 // bytes), and ReadScheduleFile what ReadBoundedFile does (files over
 // kMaxJsonFileBytes, anything but a regular file). Whether the steps are

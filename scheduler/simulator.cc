@@ -29,6 +29,64 @@ double AllReduceSeconds(int64_t bytes, int ranks, const NetworkLink& link) {
   return 2 * AllGatherSeconds(bytes, ranks, link);
 }
 
+std::optional<CollectiveLink> CollectiveLinkOf(const Graph& graph, NodeId v) {
+  const nlohmann::json& a = graph.attrs(v);
+  if (!graph.collective(v) || !a.is_object()) return std::nullopt;
+  auto ranks = a.find("ranks");
+  auto bandwidth = a.find("network_bandwidth_bytes_per_s");
+  auto latency = a.find("network_latency_s");
+  if (ranks == a.end() || bandwidth == a.end() || latency == a.end() ||
+      !ranks->is_number_integer() || !bandwidth->is_number() || !latency->is_number()) {
+    return std::nullopt;
+  }
+  return CollectiveLink{ranks->get<int>(), {bandwidth->get<double>(), latency->get<double>()}};
+}
+
+std::string BucketJoinError(const Graph& graph, const Schedule& schedule, size_t k) {
+  const Step& step = schedule.steps[k];
+  if (!step.joins_bucket) return "";
+  const Step* before = k > 0 ? &schedule.steps[k - 1] : nullptr;
+  if (before != nullptr && (before->node < 0 || before->node >= graph.num_nodes())) return "";
+  if (step.action == Action::kAllReduce) {
+    if (before != nullptr && before->action == Action::kAllReduce) return "";
+    return "it joins a bucket, but the step before is no all_reduce";
+  }
+  if (step.action != Action::kCompute || !graph.collective(step.node)) {
+    return "it joins a bucket, but only an all_reduce step, or a compute of a collective node, "
+           "joins one";
+  }
+  if (before == nullptr || before->action != Action::kCompute ||
+      !graph.collective(before->node) || graph.op(before->node) != graph.op(step.node)) {
+    return absl::StrCat("it joins a bucket, but the step before is no compute of another ",
+                        Quote(graph.op(step.node)), " collective");
+  }
+  const std::optional<CollectiveLink> link = CollectiveLinkOf(graph, step.node);
+  if (!link.has_value()) {
+    return "it joins a bucket, but its attrs do not say the ranks and link its cost was timed "
+           "for (ranks, network_bandwidth_bytes_per_s, network_latency_s), so its message's "
+           "time is unknown";
+  }
+  if (CollectiveLinkOf(graph, before->node) != link) {
+    return absl::StrCat("it joins a bucket, but ", Quote(graph.id(before->node)),
+                        " before it was timed for other ranks or another link (attrs)");
+  }
+  // One message reads its members' inputs together: none is another's output.
+  const absl::Span<const NodeId> inputs = graph.unique_inputs(step.node);
+  if (std::none_of(inputs.begin(), inputs.end(), [&](NodeId u) { return graph.collective(u); })) {
+    return "";
+  }
+  for (size_t j = k; j > 0 && schedule.steps[j].joins_bucket; --j) {
+    const NodeId member = schedule.steps[j - 1].node;
+    for (NodeId u : graph.unique_inputs(step.node)) {
+      if (u == member) {
+        return absl::StrCat("it joins a bucket, but it reads ", Quote(graph.id(member)),
+                            ", which the bucket makes");
+      }
+    }
+  }
+  return "";
+}
+
 namespace {
 
 constexpr absl::string_view kTransferOverflow =
@@ -210,6 +268,35 @@ std::vector<NodeId> GradientsToReduce(const Graph& graph) {
   return gradients;
 }
 
+namespace {
+
+// The members of the bucket of collectives that step k heads, after it
+// (those its flag joins: a step refused for its own reasons ends them):
+// their whole tensors' bytes added to `bytes`, and `start` moved to the
+// latest time one of their inputs is ready. False where the bytes overflow.
+bool JoinedCollectives(const Graph& graph, const Schedule& schedule, size_t k,
+                       const std::vector<double>& ready, const Reductions& reductions,
+                       int64_t& bytes, double& start) {
+  for (size_t j = k + 1; j < schedule.steps.size() && schedule.steps[j].joins_bucket; ++j) {
+    const NodeId m = schedule.steps[j].node;
+    if (schedule.steps[j].action != Action::kCompute || m < 0 || m >= graph.num_nodes() ||
+        !graph.collective(m)) {
+      break;
+    }
+    if (__builtin_add_overflow(bytes, std::max(graph.bytes(m), graph.bytes(graph.inputs(m)[0])),
+                               &bytes)) {
+      return false;
+    }
+    for (NodeId u : graph.unique_inputs(m)) {
+      start = std::max(start, ready[u]);
+      if (reductions.active()) start = std::max(start, reductions.ReadyAt(u));
+    }
+  }
+  return true;
+}
+
+}  // namespace
+
 absl::StatusOr<PlanReport> Simulate(const Graph& graph,
                                     const Schedule& schedule,
                                     const SimulatorOptions& options) {
@@ -255,7 +342,7 @@ absl::StatusOr<PlanReport> Simulate(const Graph& graph,
   double network_free_at = 0;  // end of the previous collective
   struct {
     double start = 0, end = 0;
-  } bucket;  // the interval of the last all_reduce bucket
+  } bucket;  // the interval of the last bucket (of all_reduce steps or of collectives)
   Reductions reductions(graph, schedule, options);
   // Counts a collective on the network stream, `seconds` long and ending at
   // `end`, of a tensor of `bytes` (the whole); false where the bytes
@@ -315,11 +402,8 @@ absl::StatusOr<PlanReport> Simulate(const Graph& graph,
                        " out of range"));
     }
     StepRecord rec;
-    if (step.joins_bucket &&
-        (step.action != Action::kAllReduce || k == 0 ||
-         schedule.steps[k - 1].action != Action::kAllReduce)) {
-      return StepError(graph, k, step, "it joins a bucket, but only an all_reduce step right "
-                                       "after another joins one");
+    if (std::string e = BucketJoinError(graph, schedule, k); !e.empty()) {
+      return StepError(graph, k, step, e);
     }
     if (!copies_of.empty() && step.action != Action::kAllReduce) {
       settle_copies_of(v);
@@ -387,18 +471,39 @@ absl::StatusOr<PlanReport> Simulate(const Graph& graph,
         rec.peak_bytes = device + graph.workspace(v);
         rec.start = start;
         rec.end = start + graph.cost(v);
+        // The whole tensor's bytes: a gather's output, a reduce-scatter's input.
+        const int64_t bytes =
+            on_network ? std::max(graph.bytes(v), graph.bytes(graph.inputs(v)[0])) : 0;
+        if (step.joins_bucket) {  // one message with the steps before (BucketJoinError)
+          rec.start = bucket.start;
+          rec.end = bucket.end;
+        } else if (on_network && k + 1 < schedule.steps.size() &&
+                   schedule.steps[k + 1].joins_bucket) {
+          // A bucket of collectives: one message of all their bytes, when
+          // every member's input is ready.
+          int64_t total = bytes;
+          if (!JoinedCollectives(graph, schedule, k, ready, reductions, total, rec.start)) {
+            return StepError(graph, k, step, kTransferOverflow);
+          }
+          const std::optional<CollectiveLink> link = CollectiveLinkOf(graph, v);
+          if (!link.has_value()) {  // the next step is refused for it
+            return StepError(graph, k + 1, schedule.steps[k + 1],
+                             BucketJoinError(graph, schedule, k + 1));
+          }
+          rec.end = rec.start + AllGatherSeconds(total, link->ranks, link->link);
+          if (!on_network_stream(total, rec.end - rec.start, rec.end)) {
+            return StepError(graph, k, step, kTransferOverflow);
+          }
+          bucket = {rec.start, rec.end};
+        } else if (on_network && !on_network_stream(bytes, graph.cost(v), rec.end)) {
+          return StepError(graph, k, step, kTransferOverflow);
+        }
         ready[v] = rec.end;
         last_use[v] = std::max(last_use[v], rec.end);
         for (NodeId u : graph.unique_inputs(v)) {
           last_use[u] = std::max(last_use[u], rec.end);
         }
-        if (on_network) {
-          // The whole tensor's bytes: a gather's output, a reduce-scatter's input.
-          const int64_t bytes = std::max(graph.bytes(v), graph.bytes(graph.inputs(v)[0]));
-          if (!on_network_stream(bytes, graph.cost(v), rec.end)) {
-            return StepError(graph, k, step, kTransferOverflow);
-          }
-        } else {
+        if (!on_network) {
           compute_free_at = rec.end;
           report.compute_cost += graph.cost(v);
           report.compute_busy += graph.cost(v);

@@ -5,6 +5,8 @@
 #define PEBBLE_SCHEDULER_SIMULATOR_H_
 
 #include <cstdint>
+#include <optional>
+#include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -35,6 +37,20 @@ double AllReduceSeconds(int64_t bytes, int ranks, const NetworkLink& link);
 // one reduce-scatter of it, by the ring: half an all-reduce, (r - 1)
 // latency + (r - 1) / r bytes / bandwidth; 0 for one rank.
 double AllGatherSeconds(int64_t bytes, int ranks, const NetworkLink& link);
+
+// The ranks and link a collective node's `cost` was timed for, as
+// ShardGraph writes them in its attrs ("ranks", "network_bandwidth_bytes_per_s",
+// "network_latency_s"); nullopt where its attrs do not say (a graph written
+// by hand).
+struct CollectiveLink {
+  int ranks = 0;
+  NetworkLink link;
+  bool operator==(const CollectiveLink& o) const {
+    return ranks == o.ranks && link.bandwidth_bytes_per_s == o.link.bandwidth_bytes_per_s &&
+           link.latency_s == o.link.latency_s;
+  }
+};
+std::optional<CollectiveLink> CollectiveLinkOf(const Graph& graph, NodeId v);
 
 struct SimulatorOptions {
   double host_bandwidth_bytes_per_s = kDefaultHostBandwidthBytesPerS;
@@ -113,6 +129,15 @@ struct PlanReport {
 absl::StatusOr<PlanReport> Simulate(const Graph& graph,
                                     const Schedule& schedule,
                                     const SimulatorOptions& options = {});
+
+// Why step k of `schedule` may not join the step before it in a bucket
+// (Step::joins_bucket), or "" where it may: an all_reduce step joins an
+// all_reduce step (docs/semantics.md, "Buckets"); a compute of a collective
+// node joins a compute of a collective node of the same op, timed for the
+// same ranks and link (CollectiveLinkOf), as one message ("Buckets of
+// collectives").
+// A step that joins nothing is "".
+std::string BucketJoinError(const Graph& graph, const Schedule& schedule, size_t k);
 
 // The gradients data parallelism sums (docs/semantics.md, "Collectives
 // across ranks"): for each parameter p (a persistent node of role

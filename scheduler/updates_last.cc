@@ -421,8 +421,11 @@ std::vector<Step> FreeHostWrittenViewsEarly(const Graph& graph, const std::vecto
         last_free[v] <= last_use[v] + 1) {
       continue;
     }
+    int at = last_use[v];  // not inside a bucket of collectives: after it
+    while (at + 1 < static_cast<int>(steps.size()) && steps[at + 1].joins_bucket) ++at;
+    if (last_free[v] <= at + 1) continue;
     moved[last_free[v]] = 1;
-    after[last_use[v]].push_back(steps[last_free[v]]);
+    after[at].push_back(steps[last_free[v]]);
   }
   std::vector<Step> out;
   out.reserve(steps.size());
@@ -459,6 +462,8 @@ Schedule UpdatesEarly(const Graph& graph, const std::vector<Step>& given,
     for (NodeId u : graph.unique_inputs(w)) {
       pos = std::max(pos, graph.in_place(u) ? after[u] : last_step[u]);
     }
+    // Not inside a bucket of collectives (a unit's reduce-scatters): after it.
+    while (pos + 1 < static_cast<int>(inner.size()) && inner[pos + 1].joins_bucket) ++pos;
     after[w] = pos;
     at[pos + 1].push_back(w);
   }
@@ -525,7 +530,7 @@ std::vector<Step> StepsOf(const Graph& graph, const Graph& rest, const Schedule&
         rest.Find(absl::StrCat(kSinkPrefix, graph.id(v))) != kNoNode) {
       continue;
     }
-    steps.push_back({step.action, v});
+    steps.push_back({step.action, v, step.joins_bucket});
   }
   return steps;
 }

@@ -319,8 +319,9 @@ TEST(BucketsTest, AreReadAndWrittenAsNumbers) {
   };
   nlohmann::json bad = j;
   bad["steps"][0]["bucket"] = 0;
-  EXPECT_THAT(error(bad), HasSubstr("schedule step 0: only an all_reduce step is in a bucket, "
-                                    "not compute"));
+  EXPECT_THAT(error(bad), HasSubstr("schedule step 0: only an all_reduce step, or a compute of "
+                                    "a collective node, is in a bucket, not compute of "
+                                    "'grad:a'"));
   bad = j;
   bad["steps"][3]["bucket"] = -1;
   EXPECT_THAT(error(bad), HasSubstr("step 3: 'bucket' must be a non-negative integer, not -1"));
@@ -679,6 +680,97 @@ TEST(ShardingTest, ACollectiveNodeRunsOnTheNetwork) {
   }
 }
 
+// A bucket of collective computes (a unit's gathers, as FSDP's flat
+// parameter) is one message: the latency once, of all its bytes, when
+// every member's input is ready; its steps share its start and end, and
+// only collectives of one op, timed for one link, make one.
+TEST(ShardingTest, ABucketOfCollectivesIsOneMessage) {
+  // 4 ranks, 100 bytes/s, 1 s a message: a gather of b bytes takes
+  // 3 + 3/4 b / 100 seconds (AllGatherSeconds).
+  const std::string link =
+      R"("attrs": {"ranks": 4, "network_bandwidth_bytes_per_s": 100, "network_latency_s": 1})";
+  absl::StatusOr<Graph> g = ParseGraphJson(absl::StrCat(R"({"format": "pebble-graph",
+    "version": 1, "nodes": [
+      {"id": "p", "bytes": 25, "persistent": true, "role": "parameter"},
+      {"id": "q", "bytes": 50, "persistent": true, "role": "parameter"},
+      {"id": "r", "bytes": 5, "persistent": true, "role": "parameter"},
+      {"id": "gather:p", "op": "all_gather", "bytes": 100, "cost": 3.75, "inputs": ["p"],
+       "collective": true, )", link, R"(},
+      {"id": "gather:q", "op": "all_gather", "bytes": 200, "cost": 4.5, "inputs": ["q"],
+       "collective": true, )", link, R"(},
+      {"id": "gather:r", "op": "all_gather", "bytes": 20, "cost": 3.15, "inputs": ["r"],
+       "collective": true},
+      {"id": "b", "bytes": 10, "cost": 1, "inputs": ["gather:p", "gather:q", "gather:r"]},
+      {"id": "grad:q", "op": "reduce_scatter", "bytes": 50, "cost": 4.5, "inputs": ["b"],
+       "collective": true, )", link, R"(},
+      {"id": "scatter:p", "op": "reduce_scatter", "bytes": 7, "cost": 3.75, "inputs": ["p"],
+       "collective": true, )", link, R"(}],
+    "outputs": ["grad:q", "scatter:p"]})"));
+  ASSERT_TRUE(g.ok()) << g.status();
+  Schedule s = MakeSchedule(*g, {{kC, "gather:p"}, {kC, "gather:q"}, {kC, "gather:r"},
+                                 {kC, "scatter:p"}, {kC, "b"}, {kC, "grad:q"}});
+  absl::StatusOr<PlanReport> apart = Simulate(*g, s);
+  ASSERT_TRUE(apart.ok()) << apart.status();
+  EXPECT_DOUBLE_EQ(apart->timeline[1].start, 3.75);
+  EXPECT_EQ(apart->collectives, 5);
+
+  s.steps[1].joins_bucket = true;
+  absl::StatusOr<PlanReport> joined = Simulate(*g, s);
+  ASSERT_TRUE(joined.ok()) << joined.status();
+  for (int k : {0, 1}) {
+    EXPECT_DOUBLE_EQ(joined->timeline[k].start, 0) << k;
+    EXPECT_DOUBLE_EQ(joined->timeline[k].end, 3 + 0.75 * 300 / 100) << k;
+  }
+  EXPECT_DOUBLE_EQ(joined->timeline[2].start, 5.25);  // gather:r, a message of its own
+  EXPECT_DOUBLE_EQ(joined->makespan, apart->makespan - 3);  // one latency of 3 s saved
+  EXPECT_EQ(joined->collectives, 4);
+  EXPECT_EQ(joined->collective_bytes, apart->collective_bytes);
+  EXPECT_DOUBLE_EQ(joined->network_busy, apart->network_busy - 3);
+  EXPECT_EQ(joined->peak_bytes, apart->peak_bytes);  // each gathered tensor its own
+
+  // In a file, the bucket's computes share a number.
+  const nlohmann::json j = ScheduleToJson(*g, s);
+  EXPECT_EQ(j["steps"][0]["bucket"], 0);
+  EXPECT_EQ(j["steps"][1]["bucket"], 0);
+  EXPECT_FALSE(j["steps"][2].contains("bucket"));
+  absl::StatusOr<Schedule> back = ParseScheduleText(*g, j.dump());
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(*back, s);
+
+  // What may not join: a collective without its link (attrs), a compute
+  // of another kind, a collective of another op, the first step.
+  auto refused = [&](int step) {
+    Schedule bad = MakeSchedule(*g, {{kC, "gather:p"}, {kC, "gather:q"}, {kC, "gather:r"},
+                                     {kC, "scatter:p"}, {kC, "b"}, {kC, "grad:q"}});
+    bad.steps[step].joins_bucket = true;
+    absl::StatusOr<PlanReport> r = Simulate(*g, bad);
+    return r.ok() ? std::string("valid") : std::string(r.status().message());
+  };
+  EXPECT_THAT(refused(2), HasSubstr("its attrs do not say the ranks and link"));
+  EXPECT_THAT(refused(4), HasSubstr("only an all_reduce step, or a compute of a collective node"));
+  EXPECT_THAT(refused(3), HasSubstr("the step before is no compute of another 'reduce_scatter'"));
+  EXPECT_THAT(refused(5), HasSubstr("the step before is no compute of another 'reduce_scatter'"));
+  EXPECT_THAT(refused(0), HasSubstr("the step before is no compute"));
+
+  // One message reads its members' inputs together: a gather of a gathered
+  // tensor (a graph written by hand) does not join the gather that makes it.
+  nlohmann::json doc = GraphToJson(*g);
+  nlohmann::json again = doc["nodes"][3];  // gather:p
+  again["id"] = "gather:gather:p";
+  again["inputs"] = {"gather:p"};
+  doc["nodes"].push_back(again);
+  doc["outputs"].push_back("gather:gather:p");
+  absl::StatusOr<Graph> chained = ParseGraphJson(doc.dump());
+  ASSERT_TRUE(chained.ok()) << chained.status();
+  Schedule chain = MakeSchedule(*chained, {{kC, "gather:p"}, {kC, "gather:gather:p"},
+                                           {kC, "gather:q"}, {kC, "gather:r"}, {kC, "scatter:p"},
+                                           {kC, "b"}, {kC, "grad:q"}});
+  ASSERT_TRUE(Simulate(*chained, chain).ok());
+  chain.steps[1].joins_bucket = true;
+  EXPECT_THAT(Simulate(*chained, chain).status().message(),
+              HasSubstr("it reads 'gather:p', which the bucket makes"));
+}
+
 absl::StatusOr<Graph> Sharded(const std::string& model, int ranks) {
   absl::StatusOr<Graph> g = BuildModel(model);
   if (!g.ok()) return g.status();
@@ -974,10 +1066,29 @@ TEST(ShardingTest, FsdpUnitsGatherAndScatterTogether) {
         }
         EXPECT_EQ(computes_between, 0) << "gather " << i;
       }
+      // ... one message: a bucket (JoinUnits), as are its reduce-scatters.
+      for (const std::vector<int>* member_steps :
+           std::vector<const std::vector<int>*>{&at, &scattered_at[block]}) {
+        for (size_t i = 0; i < members; ++i) {
+          EXPECT_EQ(steps[(*member_steps)[i]].joins_bucket, i > 0) << i;
+        }
+      }
       for (int k : scattered_at[block]) EXPECT_GT(k, last_local_gradient[block]);
     }
+    // A message a unit: fewer collectives than collective steps; FSDP's
+    // rule per parameter joins nothing.
+    for (const PlanResult* rule : {&per_module, &per_block}) {
+      int64_t collective_steps = 0;
+      for (const Step& step : rule->schedule.steps) {
+        collective_steps += step.action == Action::kCompute && g->collective(step.node);
+      }
+      EXPECT_LT(rule->report.collectives, collective_steps);
+    }
+    for (const Step& step : per_parameter.schedule.steps) EXPECT_FALSE(step.joins_bucket);
     for (const auto& [v, count] : gathers) {
-      if (block_of(v).empty()) EXPECT_EQ(count, 1) << g->id(v) << " (the root unit)";
+      if (block_of(v).empty()) {
+        EXPECT_EQ(count, 1) << g->id(v) << " (the root unit)";
+      }
     }
 
     // At each rule's peak, hybrid (which counts the rules among its
@@ -991,6 +1102,56 @@ TEST(ShardingTest, FsdpUnitsGatherAndScatterTogether) {
       EXPECT_LE(hybrid.report.makespan, rule->report.makespan * (1 + 1e-9)) << name;
     }
   }
+}
+
+// A unit's reduce-scatters that go through a staging buffer (a persistent
+// node of op staging_buffer, as pebble.torch's graphs have) close a bucket
+// before its local gradients pass the buffer's bytes; a collective timed
+// for another link joins nothing, and the plan stays valid.
+TEST(ShardingTest, UnitBucketsFitTheStagingBufferAndKeepToOneLink) {
+  absl::StatusOr<Graph> sharded = Sharded("mnist-cnn:batch=2,optimizer=adam", 2);
+  ASSERT_TRUE(sharded.ok()) << sharded.status();
+  nlohmann::json doc = GraphToJson(*sharded);
+  int64_t largest = 0;  // the largest local gradient, as a staging buffer holds
+  for (const nlohmann::json& node : doc["nodes"]) {
+    if (absl::StartsWith(node["id"].get<std::string>(), "local_grad:")) {
+      largest = std::max(largest, node["bytes"].get<int64_t>());
+    }
+  }
+  doc["nodes"].push_back({{"id", "staging:float32"}, {"op", "staging_buffer"},
+                          {"persistent", true}, {"bytes", largest}});
+  for (nlohmann::json& node : doc["nodes"]) {  // one gather timed for another link
+    if (node["id"] == "gather:fc1.bias") node["attrs"]["network_latency_s"] = 1e-3;
+  }
+  absl::StatusOr<Graph> g = ParseGraphJson(doc.dump());
+  ASSERT_TRUE(g.ok()) << g.status();
+  // mnist-cnn has no module list: fsdp-blocks makes one root unit of it all.
+  const PlanResult plan = PlanSharded(*g, 2, "fsdp-blocks");
+  const std::vector<Step>& steps = plan.schedule.steps;
+  ASSERT_FALSE(steps.empty());
+  int scatter_buckets = 0, joined_gathers = 0;
+  for (size_t k = 0; k < steps.size(); ++k) {
+    const NodeId v = steps[k].node;
+    if (steps[k].action != Action::kCompute || !g->collective(v)) continue;
+    if (steps[k].joins_bucket || (k + 1 < steps.size() && steps[k + 1].joins_bucket)) {
+      EXPECT_NE(g->id(v), "gather:fc1.bias");  // its link is another
+    }
+    if (g->op(v) == "all_gather") joined_gathers += steps[k].joins_bucket;
+    if (g->op(v) != "reduce_scatter" || steps[k].joins_bucket) continue;
+    ++scatter_buckets;
+    int64_t bytes = 0;
+    size_t members = 0;
+    for (size_t j = k; j < steps.size() && (j == k || steps[j].joins_bucket); ++j, ++members) {
+      bytes += g->bytes(g->inputs(steps[j].node)[0]);
+    }
+    if (members > 1) {
+      EXPECT_LE(bytes, largest) << g->id(v);
+    }
+  }
+  EXPECT_GT(joined_gathers, 0);
+  // 8 gradients, the largest alone the cap: several buckets, fewer than one each.
+  EXPECT_GT(scatter_buckets, 1);
+  EXPECT_LT(scatter_buckets, 8);
 }
 
 }  // namespace

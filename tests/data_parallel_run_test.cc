@@ -155,6 +155,12 @@ class DataParallelRunTest : public ::testing::Test {
     return plan->schedule;
   }
 
+  // Whether `schedule` has a bucket of collectives (or of all-reduces).
+  static bool HasBuckets(const Schedule& schedule) {
+    return std::any_of(schedule.steps.begin(), schedule.steps.end(),
+                       [](const Step& step) { return step.joins_bucket; });
+  }
+
   std::filesystem::path dir_;
   int runs_ = 0;
 };
@@ -487,9 +493,13 @@ TEST_F(DataParallelRunTest, ShardedRunsHoldTheShardsOfTheDataParallelRun) {
                     .message(),
                 HasSubstr("the graph is sharded"));
   }
-  for (const char* policy : {"fsdp", "dtr"}) {
+  // fsdp-module sends each module's gathers, and its reduce-scatters, as one
+  // message (a bucket of collectives): the same sums, in the same order.
+  for (const char* policy : {"fsdp", "dtr", "fsdp-module"}) {
     SCOPED_TRACE(policy);
-    auto runs = RunRanks(*sharded, Plan(*sharded, policy, 2), 2, {}, &g);
+    const Schedule schedule = Plan(*sharded, policy, 2);
+    EXPECT_EQ(HasBuckets(schedule), std::string(policy) == "fsdp-module");
+    auto runs = RunRanks(*sharded, schedule, 2, {}, &g);
     int compared = 0;
     for (int r = 0; r < 2; ++r) {
       ASSERT_TRUE(runs[r].ok()) << "rank " << r << ": " << runs[r].status();
@@ -534,30 +544,38 @@ TEST_F(DataParallelRunTest, ThreeShardedRanksEndInZeroPadding) {
   auto dp = RunRanks(g, Plan(g, "baseline", 3), 3);
   auto sharded = ShardGraph(g, 3, NetworkLink{});
   ASSERT_TRUE(sharded.ok()) << sharded.status();
-  auto runs = RunRanks(*sharded, Plan(*sharded, "rotor", 3), 3, {}, &g);
-  int padded = 0;
-  for (int r = 0; r < 3; ++r) {
-    ASSERT_TRUE(dp[r].ok()) << "rank " << r << ": " << dp[r].status();
-    ASSERT_TRUE(runs[r].ok()) << "rank " << r << ": " << runs[r].status();
-    EXPECT_EQ(runs[r]->peak_bytes, runs[r]->predicted.peak_bytes);
-    for (size_t i = 0; i < runs[r]->updated.size(); ++i) {
-      const std::string& id = sharded->id(runs[r]->updated[i].node);
-      const std::vector<float> shard = Floats(runs[r]->updated[i].array);
-      const std::vector<float> all = Floats(dp[r]->updated[i].array);
-      ASSERT_EQ(g.id(dp[r]->updated[i].node), id);
-      for (size_t j = 0; j < shard.size(); ++j) {
-        const size_t at = r * shard.size() + j;
-        if (at >= all.size()) {
-          EXPECT_EQ(shard[j], 0.0f) << id << " padding [" << at << "]";
-          ++padded;
-        } else {
-          EXPECT_NEAR(shard[j], all[at], 1e-5f + 1e-5f * std::abs(all[at])) << id << "[" << at
-                                                                           << "]";
+  // rotor sends each collective on its own; fsdp-blocks, here one root unit
+  // (mnist-cnn has no module list), its gathers as one message, each
+  // parameter's shard at its place in every rank's part, padding included.
+  for (const char* policy : {"rotor", "fsdp-blocks"}) {
+    SCOPED_TRACE(policy);
+    const Schedule schedule = Plan(*sharded, policy, 3);
+    EXPECT_EQ(HasBuckets(schedule), std::string(policy) == "fsdp-blocks");
+    auto runs = RunRanks(*sharded, schedule, 3, {}, &g);
+    int padded = 0;
+    for (int r = 0; r < 3; ++r) {
+      ASSERT_TRUE(dp[r].ok()) << "rank " << r << ": " << dp[r].status();
+      ASSERT_TRUE(runs[r].ok()) << "rank " << r << ": " << runs[r].status();
+      EXPECT_EQ(runs[r]->peak_bytes, runs[r]->predicted.peak_bytes);
+      for (size_t i = 0; i < runs[r]->updated.size(); ++i) {
+        const std::string& id = sharded->id(runs[r]->updated[i].node);
+        const std::vector<float> shard = Floats(runs[r]->updated[i].array);
+        const std::vector<float> all = Floats(dp[r]->updated[i].array);
+        ASSERT_EQ(g.id(dp[r]->updated[i].node), id);
+        for (size_t j = 0; j < shard.size(); ++j) {
+          const size_t at = r * shard.size() + j;
+          if (at >= all.size()) {
+            EXPECT_EQ(shard[j], 0.0f) << id << " padding [" << at << "]";
+            ++padded;
+          } else {
+            EXPECT_NEAR(shard[j], all[at], 1e-5f + 1e-5f * std::abs(all[at]))
+                << id << "[" << at << "]";
+          }
         }
       }
     }
+    EXPECT_GT(padded, 0);
   }
-  EXPECT_GT(padded, 0);
 }
 
 // The reduce-scatter of the sharded runs (an all-to-all and a sum): with

@@ -312,15 +312,23 @@ class PlanTest(unittest.TestCase):
     def test_shard_equals_the_cli(self):
         sharded = pebble.shard(self.graph, 4, network="ib-ndr")
         self.assertIn("gather:conv1.weight", sharded.ids)
-        for policy in ("fsdp", "dtr"):
+        for policy in ("fsdp", "dtr", "fsdp-module"):
             p = pebble.plan(sharded, policy=policy, budget="min", ranks=4, network="ib-ndr")
             with self.assertRaises(ValueError):  # its gradients are reduce-scattered
                 pebble.plan(sharded, policy=policy, budget="min", ranks=4, buckets="none")
             doc = cli_json("plan", "--model", MODEL, "--policy", policy, "--budget", "min",
                            "--ranks", "4", "--network", "ib-ndr", "--shard", "full")
             self.assertEqual(p.report, doc["report"])
-            self.assertEqual([{"action": a, "node": n} for a, n in p.schedule],
-                             doc["schedule"]["steps"])
+            # A module's gathers, and its reduce-scatters, are one bucket each
+            # ("compute", node, bucket): the same steps, and the same report again.
+            steps = [{"action": a, "node": n, **({"bucket": b[0]} if b else {})}
+                     for a, n, *b in p.schedule]
+            self.assertEqual(steps, doc["schedule"]["steps"])
+            joined = [b for _, _, *b in p.schedule if b]
+            self.assertEqual(bool(joined), policy == "fsdp-module")
+            again = pebble.simulate(sharded, p.schedule, ranks=4, network="ib-ndr")
+            for key in ("peak_bytes", "makespan", "collectives", "network_busy"):
+                self.assertEqual(again[key], p.report[key], key)
         self.assertLess(p.report["peak_bytes"],
                         pebble.plan(self.graph, policy="dtr", budget="min").report["peak_bytes"])
         for bad in ({"ranks": 1}, {"ranks": 4, "network": "carrier-pigeon"}):

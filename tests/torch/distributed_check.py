@@ -276,6 +276,15 @@ def check_sharded(torch, pt, dist, rank, ranks, kind, policy, tokens=False):
             s["network_measured"] == tokens or \
             (tokens and s["network_bytes_per_s"] != 400e9 / 8):
         failures.append(f"{what}: report['sharding'] is {s}")
+    # As many messages as the plan times; a unit of several parameters sends
+    # its gathers, and its reduce-scatters, as one message each.
+    if s["messages"] != s["planned_messages"] or \
+            (policy in ("fsdp-blocks", "fsdp-module") and
+             not s["messages"] < s["gathers"] + s["reduce_scatters"]) or \
+            (policy == "fsdp" and s["messages"] != s["gathers"] + s["reduce_scatters"]):
+        failures.append(f"{what}: {s['messages']} messages for {s['gathers']} gathers and "
+                        f"{s['reduce_scatters']} reduce-scatters, "
+                        f"{s['planned_messages']} planned")
     if any(p.numel() != 0 or p.grad is not None for p in model.parameters()):
         failures.append(f"{what}: the module's parameters hold memory between steps")
     for p in model.parameters():
@@ -492,7 +501,8 @@ def checks(torch, pt, dist, rank, ranks):
     # DDP's rule: buckets of several gradients, each through a flat copy.
     failures += check_training(torch, pt, dist, rank, ranks, "adam", "device", buckets="25MiB",
                                budget="1MiB")
-    for kind, policy in (("adam", "fsdp"), ("adam", "dtr"), ("sgd", "rotor")):
+    for kind, policy in (("adam", "fsdp"), ("adam", "dtr"), ("sgd", "rotor"),
+                         ("adam", "fsdp-module")):
         failures += check_sharded(torch, pt, dist, rank, ranks, kind, policy)
     failures += check_sharded(torch, pt, dist, rank, ranks, "adam", "hybrid", tokens=True)
     # FSDP's rule with a unit per block (mlp.0, mlp.2; the rest the root unit)

@@ -773,7 +773,8 @@ class _Variant:
                 "network_latency_s": c["network_latency_s"],
                 "network_measured": self.step.network_measured}
         if self.shards is not None:
-            report["sharding"] = _sharding_report(p, self.shards, self.step.network_measured)
+            report["sharding"] = _sharding_report(p, self.shards, self.step.network_measured,
+                                                  self.program.foreign)
         if "step_budget_bytes" in info:
             report["step_budget_bytes"] = info["step_budget_bytes"]
         if "order" in info:
@@ -792,9 +793,10 @@ def _persistent_bytes(graph):
                if n.get("persistent") and n.get("home", "device") == "device")
 
 
-def _sharding_report(plan, shards, network_measured):
-    """The report's "sharding" entry: the shards, the plan's collectives and
-    the link it times them on."""
+def _sharding_report(plan, shards, network_measured, runner):
+    """The report's "sharding" entry: the shards, the plan's collectives, the
+    messages the runner sends for them (a unit's in one where it may: Note
+    [A unit's collectives as one message]) and the link it times them on."""
     computes = [node_id for action, node_id, *_ in plan.schedule if action == "compute"]
     gathers = sum(1 for n in computes if n.startswith("gather:"))
     link = plan.details.get("collectives", {})
@@ -806,6 +808,8 @@ def _sharding_report(plan, shards, network_measured):
             "gathers": gathers, "regathers": gathers - len(shards.params),
             "reduce_scatters": sum(1 for n in computes if n.startswith("grad:") and
                                    n[len("grad:"):] in shards.params),
+            "planned_messages": plan.report.get("collectives", 0),
+            "messages": sum(1 for kind in runner.messages.values() for m in kind if m),
             "predicted_network_busy_s": plan.report.get("network_busy", 0.0)}
 
 

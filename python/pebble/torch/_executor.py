@@ -385,13 +385,14 @@ class _RunState:
         self.result.counted_peak_bytes = max(self.result.counted_peak_bytes,
                                              self.resident + workspace)
 
-    def put(self, node, t):
+    def put(self, node, t, nbytes=None):
         """`t` is the captured node `node`'s value from now on, made by a
-        foreign step (a gathered parameter, _sharding.py)."""
+        foreign step (a gathered parameter, _sharding.py); its storage holds
+        `nbytes` (default: the node's) where no other node holds it yet."""
         if self.live[node.index] is not None:
             raise PlanExecutionError(f"the plan makes '{node.id}' again while it is resident")
         self.live[node.index] = t
-        self._count(t, node.nbytes)
+        self._count(t, node.nbytes if nbytes is None else nbytes)
         self.result.counted_peak_bytes = max(self.result.counted_peak_bytes, self.resident)
 
     def take(self, node):

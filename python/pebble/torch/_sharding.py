@@ -24,8 +24,9 @@ profiler (and the measured peak).
 
 Note [One staging buffer for the reduce-scatters]: gloo has no
 reduce-scatter. Each rank holds one staging buffer per dtype, of the
-largest parameter's elements, made before the first step and kept (the
-graph counts it: a persistent node "staging:<dtype>"). A reduce-scatter
+largest parameter's elements (rounded up to the allocator's block once the
+step is planned), made before the first step and kept (the graph counts
+it: a persistent node "staging:<dtype>"). A reduce-scatter
 copies the local gradient into it, divides it by the number of ranks (as
 FSDP averages) and starts one asynchronous all-reduce of it; the gradient's
 shard (its node, resident from its step, zeros until then) takes this
@@ -38,6 +39,25 @@ the plan may reduce-scatter it again), and the buffer is the plan's memory.
 One buffer serialises the reduce-scatters of a dtype, as the plan's one
 network stream does; the compute waits for the previous one only where the
 next starts before it is done.
+
+Note [A unit's collectives as one message]: a plan may join a unit's
+gathers, or its reduce-scatters, in a bucket (consecutive compute steps
+with one "bucket" number: docs/semantics.md, "Sharding"), one message each,
+as FSDP sends its flat parameter. The bucket's first step sends it:
+- gathers: one flat tensor of the members' bytes side by side (each its
+  node's bytes, rounded as the plan rounds them), zeros but this rank's
+  shard of each, summed by one all-reduce; each gathered parameter is a view
+  of its place. The flat storage goes once its last member is freed, so a
+  bucket goes as one message only where the plan frees its members in one
+  run of free steps (nothing allocated between: the plan's peak holds);
+- reduce-scatters: the local gradients side by side in the staging buffer,
+  one all-reduce; each shard takes its part as above. Only where they fit
+  the staging buffer (its dtype's largest parameter), one dtype: the fsdp
+  rules make no larger bucket (their cap is the staging node's bytes).
+Any other bucket (one of several dtypes, or of gathers that the plan frees
+apart) goes member by member, one message each: the plan's memory exactly,
+its time not (ShardedRunner._messages decides; report["sharding"] counts
+the messages sent and planned).
 
 Both move twice the bytes of an all-gather or a reduce-scatter (the plan
 times the latter): NCCL's own collectives would spare that, and the
@@ -144,6 +164,46 @@ class Shards:
                            group=self.group, async_op=True)
         return whole.view(self.shapes[name]), work
 
+    def gather_bucket(self, names, nbytes):
+        """The whole parameters `names` (one dtype) as views of one flat
+        tensor, each at a place of its `nbytes` (the plan's bytes of its
+        gathered node), and the work of the one all-reduce that makes them
+        (Note [A unit's collectives as one message])."""
+        first = self.shards[names[0]]
+        item = first.element_size()
+        places, total = [], 0
+        for name, size in zip(names, nbytes):
+            places.append((name, total))
+            total += -(-size // item)
+        flat = torch.zeros(total, dtype=first.dtype, device=first.device)
+        for name, offset in places:
+            lo, hi = self.bounds(name)
+            flat[offset + lo:offset + hi].copy_(self.shards[name][:hi - lo])
+        work = _collective(self.gather_what(names[0], len(names)), self.dist.all_reduce, flat,
+                           group=self.group, async_op=True)
+        wholes = [flat[offset:offset + math.prod(self.shapes[name])].view(self.shapes[name])
+                  for name, offset in places]
+        return wholes, work
+
+    def reduce_scatter_bucket(self, names, grads):
+        """reduce_scatter() of the local gradients `grads` of `names` (one
+        dtype, fitting the staging buffer) side by side, one all-reduce:
+        their shards, each one's offset in the buffer, and the work."""
+        buffer = self.staging[grads[0].dtype]
+        offsets, total = [], 0
+        for grad in grads:
+            offsets.append(total)
+            buffer[total:total + grad.numel()].view(grad.shape).copy_(grad)
+            total += grad.numel()
+        buffer = buffer[:total]
+        buffer.div_(self._ranks)
+        # (made before the all-reduce starts: a failure then leaves none in flight)
+        shards = [torch.zeros(self.shard_numel(name), dtype=grad.dtype, device=grad.device)
+                  for name, grad in zip(names, grads)]
+        work = _collective(self._scatter_what(names[0], len(names)), self.dist.all_reduce,
+                           buffer, group=self.group, async_op=True)
+        return shards, offsets, work
+
     def reduce_scatter(self, name, grad):
         """Starts the reduce-scatter of `grad` (the local gradient of `name`):
         this rank's shard, a new tensor that holds the gradient averaged over
@@ -153,25 +213,28 @@ class Shards:
         buffer = self.staging[grad.dtype][:grad.numel()]
         buffer.view(grad.shape).copy_(grad)
         buffer.div_(self._ranks)
+        # (made before the all-reduce starts: a failure then leaves none in flight)
+        shard = torch.zeros(self.shard_numel(name), dtype=grad.dtype, device=grad.device)
         work = _collective(self._scatter_what(name), self.dist.all_reduce, buffer,
                            group=self.group, async_op=True)
-        shard = torch.zeros(self.shard_numel(name), dtype=grad.dtype, device=grad.device)
         return shard, work
 
-    def complete_scatter(self, name, shard, work):
+    def complete_scatter(self, name, shard, work, offset=0):
         """Waits for the reduce-scatter `work` of `name` and copies this rank's
-        part of the staging buffer into `shard`."""
+        part of the staging buffer (its gradient from `offset`) into `shard`."""
         _collective(self._scatter_what(name), work.wait)
         lo, hi = self.bounds(name)
-        shard[:hi - lo].copy_(self.staging[shard.dtype][lo:hi])
+        shard[:hi - lo].copy_(self.staging[shard.dtype][offset + lo:offset + hi])
 
     @staticmethod
-    def gather_what(name):
-        return f"the all-gather of parameter '{name}'"
+    def gather_what(name, members=1):
+        more = f" and {members - 1} more in one message" if members > 1 else ""
+        return f"the all-gather of parameter '{name}'{more}"
 
     @staticmethod
-    def _scatter_what(name):
-        return f"the reduce-scatter of the gradient of '{name}'"
+    def _scatter_what(name, members=1):
+        more = f" and {members - 1} more in one message" if members > 1 else ""
+        return f"the reduce-scatter of the gradient of '{name}'{more}"
 
     @property
     def staging_bytes(self):
@@ -215,6 +278,12 @@ class Shards:
         sharded = _core.shard(graph, self.ranks, **kwargs)
         doc = json.loads(sharded.to_json())
         self.round_to = round_to
+        for dtype, buffer in self.staging.items():
+            # The allocator's whole block, which the plan counts: a bucket of
+            # reduce-scatters that the plan fits in it fits (_scatters_as_one).
+            numel = self.held_bytes(buffer) // buffer.element_size()
+            if numel > buffer.numel():
+                self.staging[dtype] = torch.empty(numel, dtype=dtype, device=buffer.device)
         self._exact_bytes(doc, round_to)
         for node in doc["nodes"]:
             if node["id"] in updates.state_bytes:
@@ -223,6 +292,7 @@ class Shards:
                 updates.workspace_bytes[node["id"]] = node.get("workspace", 0)
         updates.planned_state_bytes = sum(updates.state_bytes.values())
         for dtype, buffer in self.staging.items():  # what the ranks' collectives hold
+            # (op staging_buffer: the fsdp rules cap a message of reduce-scatters at it)
             doc["nodes"].append({"id": f"staging:{str(dtype).replace('torch.', '')}",
                                  "op": "staging_buffer", "persistent": True,
                                  "bytes": self.held_bytes(buffer)})
@@ -274,14 +344,17 @@ class Shards:
         "grad:p"; the shard "p" becomes "shard:p" and the reduce-scatter
         "grad:p" "scatter:p", which the runner owns."""
         out = []
-        for action, node_id, *_ in schedule:
+        for action, node_id, *bucket in schedule:
             if node_id in self.params:
                 node_id = "shard:" + node_id
             elif node_id.startswith("local_grad:"):
                 node_id = "grad:" + node_id[len("local_grad:"):]
             elif node_id.startswith("grad:") and node_id[len("grad:"):] in self.params:
                 node_id = "scatter:" + node_id[len("grad:"):]
-            out.append((action, node_id))
+            # A unit's collectives keep their bucket (Note [A unit's
+            # collectives as one message]).
+            joined = bucket and node_id.partition(":")[0] in ("gather", "scatter")
+            out.append((action, node_id, bucket[0]) if joined else (action, node_id))
         return out
 
     def full_state_dict(self):
@@ -310,15 +383,73 @@ class ShardedRunner:
                 raise PlanExecutionError(f"internal: the capture has no gradient of '{name}'")
             self.gradient[name] = node
         self._check(schedule)
+        self.messages = self._messages(schedule)
         self._new_run()
         self.retired = []  # (works, staging buffers) a failed run left in flight (abort)
 
     def _new_run(self):
         self.scattered = {}  # name -> this run's gradient shard
         self.works = []  # this run's collectives (drained after a failure)
-        # name -> its reduce-scatter's work, not complete yet: at most one a
-        # dtype, the one that holds that dtype's staging buffer
+        # name -> its reduce-scatter's work, not complete yet: those of one
+        # message a dtype, the one that holds that dtype's staging buffer
         self.scatters_in_flight = {}
+        self.scatter_offset = {}  # name -> its gradient's offset in the staging buffer
+        self.sent = {"gather": 0, "scatter": 0}  # the compute steps of each kind so far
+
+    def _messages(self, schedule):
+        """Per kind ("gather", "scatter"), per compute step of that kind in
+        the plan's order: the parameters whose collectives that step sends,
+        one message (its own; a whole bucket at the bucket's first step;
+        none at a later step of a bucket sent so) (Note [A unit's
+        collectives as one message])."""
+        steps = list(schedule)
+        messages = {"gather": [], "scatter": []}
+        i = 0
+        while i < len(steps):
+            action, node_id, *bucket = steps[i]
+            kind, _, name = node_id.partition(":")
+            i += 1
+            if action != "compute" or kind not in messages or name not in self.shards.params:
+                continue
+            members = [name]
+            while bucket and i < len(steps) and list(steps[i][2:]) == bucket and \
+                    steps[i][0] == "compute" and steps[i][1].partition(":")[0] == kind:
+                members.append(steps[i][1].partition(":")[2])
+                i += 1
+            if kind == "gather":
+                one = self._gathers_as_one(members, steps, i)
+            else:
+                one = self._scatters_as_one(members)
+            if len(members) > 1 and one:
+                messages[kind] += [tuple(members)] + [()] * (len(members) - 1)
+            else:
+                messages[kind] += [(m,) for m in members]
+        return messages
+
+    def _gathers_as_one(self, members, steps, end):
+        """Whether the gathers of `members` (the steps before `end`) may be
+        one flat tensor: one dtype, and each member's next free after them
+        in one run of free steps (its storage goes with the last)."""
+        if len({self.shards.shards[m].dtype for m in members}) != 1:
+            return False
+        frees = []
+        for m in members:
+            at = next((j for j in range(end, len(steps))
+                       if steps[j][0] == "free" and steps[j][1] == "gather:" + m), None)
+            if at is None:
+                return False
+            frees.append(at)
+        return all(steps[j][0] == "free" for j in range(min(frees), max(frees) + 1))
+
+    def _scatters_as_one(self, members):
+        """Whether the reduce-scatters of `members` fit the staging buffer
+        side by side: one dtype, their gradients' elements together (the
+        plan's buckets do: its fsdp rules cap them at the buffer's bytes)."""
+        dtypes = {self.shards.shards[m].dtype for m in members}
+        if len(dtypes) != 1:
+            return False
+        total = sum(math.prod(self.shards.shapes[m]) for m in members)
+        return total <= self.shards.staging[dtypes.pop()].numel()
 
     def _check(self, schedule):
         """PlanExecutionError for a plan this runner cannot run: a shard or a
@@ -351,36 +482,75 @@ class ShardedRunner:
     def step(self, action, node_id, run):
         kind, _, name = node_id.partition(":")
         if kind == "gather" and name in self.shards.params:
-            node = self.parameter[name]
-            if action == "compute":  # Note [Gathers in flight]
-                whole, work = self.shards.gather(name)
-                self.works.append(work)
-                run.put(node, whole)
-                what = self.shards.gather_what(name)
-                run.wait_before(node, lambda: _collective(what, work.wait))
+            if action == "compute":
+                self._gather(self._next_message(kind, name), run)
                 self._computed(node_id, run)
             else:
-                run.take(node)
+                run.take(self.parameter[name])
         elif kind == "scatter" and name in self.shards.params:
             if action == "compute":
-                if name in self.scattered:
-                    raise PlanExecutionError(f"internal: the plan reduce-scatters the gradient "
-                                             f"of '{name}' while its shard is resident")
-                grad = run.device_value(self.gradient[name].id)
-                for previous in [n for n in self.scatters_in_flight
-                                 if self.scattered[n].dtype == grad.dtype]:
-                    self.settle(previous)  # the staging buffer is free once it is done
-                shard, work = self.shards.reduce_scatter(name, grad)
-                self.works.append(work)
-                self.scattered[name] = shard
-                self.scatters_in_flight[name] = work
-                run.hold(self.shards.held_bytes(shard))
+                self._scatter(self._next_message(kind, name), run)
                 self._computed(node_id, run)
             else:
                 self.settle(name)
                 run.hold(-self.shards.held_bytes(self.scattered.pop(name)))
         else:
             self.updates.step(action, node_id, _ShardValues(run, self))
+
+    def _next_message(self, kind, name):
+        """The parameters whose collectives of `kind` this step sends (_messages)."""
+        i = self.sent[kind]
+        self.sent[kind] += 1
+        members = self.messages[kind][i] if i < len(self.messages[kind]) else None
+        if members is None or (members and members[0] != name):
+            raise PlanExecutionError(f"internal: the plan's {kind} of '{name}' is not the one "
+                                     "its schedule had there")
+        return members
+
+    def _gather(self, members, run):
+        """Note [Gathers in flight]: the whole parameters `members`, each its
+        own all-reduce, or one for them all (Note [A unit's collectives as
+        one message])."""
+        if not members:
+            return  # sent with its bucket's first step
+        nodes = [self.parameter[m] for m in members]
+        if len(members) == 1:
+            whole, work = self.shards.gather(members[0])
+            wholes, counted = [whole], [None]
+        else:
+            wholes, work = self.shards.gather_bucket(members, [n.nbytes for n in nodes])
+            # One storage: counted once, with every member's bytes.
+            counted = [sum(n.nbytes for n in nodes)] + [0] * (len(nodes) - 1)
+        self.works.append(work)
+        what = self.shards.gather_what(members[0], len(members))
+        for node, whole, nbytes in zip(nodes, wholes, counted):
+            run.put(node, whole, nbytes)
+            run.wait_before(node, lambda: _collective(what, work.wait))
+
+    def _scatter(self, members, run):
+        """The reduce-scatters of `members`, each its own all-reduce of the
+        staging buffer, or one for them all."""
+        if not members:
+            return  # sent with its bucket's first step
+        for name in members:
+            if name in self.scattered:
+                raise PlanExecutionError(f"internal: the plan reduce-scatters the gradient "
+                                         f"of '{name}' while its shard is resident")
+        grads = [run.device_value(self.gradient[name].id) for name in members]
+        for previous in [n for n in self.scatters_in_flight
+                         if self.scattered[n].dtype == grads[0].dtype]:
+            self.settle(previous)  # the staging buffer is free once it is done
+        if len(members) == 1:
+            shard, work = self.shards.reduce_scatter(members[0], grads[0])
+            shards, offsets = [shard], [0]
+        else:
+            shards, offsets, work = self.shards.reduce_scatter_bucket(members, grads)
+        self.works.append(work)
+        for name, shard, offset in zip(members, shards, offsets):
+            self.scattered[name] = shard
+            self.scatters_in_flight[name] = work
+            self.scatter_offset[name] = offset
+            run.hold(self.shards.held_bytes(shard))
 
     def settle(self, name):
         """The reduce-scatter of `name`'s gradient, if in flight, is complete:
@@ -389,7 +559,8 @@ class ShardedRunner:
         work = self.scatters_in_flight.get(name)
         if work is None:
             return
-        self.shards.complete_scatter(name, self.scattered[name], work)
+        self.shards.complete_scatter(name, self.scattered[name], work,
+                                     self.scatter_offset.get(name, 0))
         del self.scatters_in_flight[name]  # in flight until it returns (abort)
 
     @staticmethod
