@@ -1434,11 +1434,11 @@ class ScheduleRun {
   }
 
   // Note [Collectives in flight]. The plan lets the network's collectives
-  // overlap the compute that follows them. So an all_reduce bucket, or a
-  // sharded graph's gather or reduce-scatter (or a bucket of them), is staged at
-  // its (last) step (every
-  // stream drained, its tensors copied to a host buffer in float32, a
-  // gradient divided by the ranks) and run on the collectives' thread
+  // overlap the compute that follows them. So an all_reduce bucket (at its
+  // first step), or a sharded graph's gather or reduce-scatter (or a bucket
+  // of them, at its last step), is staged (every stream drained, its
+  // tensors copied to a host buffer in float32, a gradient divided by the
+  // ranks) and run on the collectives' thread
   // (TaskThread), while the steps go on. That thread runs them one after
   // the other, in the schedule's order, the same on every rank, as the
   // collectives of one gloo context must. A collective is settled (its

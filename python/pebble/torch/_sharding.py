@@ -42,8 +42,9 @@ next starts before it is done.
 
 Note [A unit's collectives as one message]: a plan may join a unit's
 gathers, or its reduce-scatters, in a bucket (consecutive compute steps
-with one "bucket" number: docs/semantics.md, "Sharding"), one message each,
-as FSDP sends its flat parameter. The bucket's first step sends it:
+with one "bucket" number: docs/semantics.md, "Buckets of collectives"), one
+message each, as FSDP sends its flat parameter. The bucket's first step
+sends it:
 - gathers: one flat tensor of the members' bytes side by side (each its
   node's bytes, rounded as the plan rounds them), zeros but this rank's
   shard of each, summed by one all-reduce; each gathered parameter is a view
