@@ -285,6 +285,8 @@ def check_sharded(torch, pt, dist, rank, ranks, kind, policy, tokens=False):
         failures.append(f"{what}: {s['messages']} messages for {s['gathers']} gathers and "
                         f"{s['reduce_scatters']} reduce-scatters, "
                         f"{s['planned_messages']} planned")
+    if policy == "fsdp-blocks":
+        failures += check_message_fallbacks(step, what)
     if any(p.numel() != 0 or p.grad is not None for p in model.parameters()):
         failures.append(f"{what}: the module's parameters hold memory between steps")
     for p in model.parameters():
@@ -297,6 +299,41 @@ def check_sharded(torch, pt, dist, rank, ranks, kind, policy, tokens=False):
         if not close(full[name], value):
             failures.append(f"{what}: after five steps, {name} differs from eager training's "
                             "on the whole batch")
+    return failures
+
+
+def check_message_fallbacks(step, what):
+    """pebble.torch sends a bucket of collectives whole only where that keeps
+    the plan's memory: the runner's choice (ShardedRunner._messages) on the
+    step's own schedule, then on it changed so that a bucket of gathers is
+    freed apart (a compute between two of its frees) and a bucket of
+    reduce-scatters holds every gradient (past the staging buffer)."""
+    failures = []
+    variant = step._variant
+    runner = variant.program.foreign
+    schedule = [tuple(s) for s in variant.shards.translate(variant.plan.schedule)]
+    if runner._messages(schedule) != runner.messages:
+        failures.append(f"{what}: the runner's messages are not its schedule's")
+    sent = [m for m in runner.messages["gather"] if len(m) > 1]
+    if not sent or not any(len(m) > 1 for m in runner.messages["scatter"]):
+        return failures + [f"{what}: no bucket of gathers and of reduce-scatters sent whole"]
+    # The first bucket of gathers freed apart: a compute moved between its frees.
+    members = sent[0]
+    frees = [i for i, s in enumerate(schedule) if s[0] == "free" and
+             s[1] in {"gather:" + m for m in members}]
+    first_compute = next(i for i, s in enumerate(schedule) if s[0] == "compute" and
+                         i > frees[0] and not s[1].startswith(("gather:", "scatter:")))
+    apart = list(schedule)
+    apart.insert(frees[0] + 1, apart.pop(first_compute))
+    if runner._messages(apart)["gather"][0] != (members[0],):
+        failures.append(f"{what}: a bucket of gathers freed apart is sent whole")
+    # Every reduce-scatter in one bucket: more than the staging buffer holds.
+    scatters = [s for s in schedule if s[0] == "compute" and s[1].startswith("scatter:")]
+    rest = [s for s in schedule if s not in scatters]
+    one = rest[:len(rest) // 2] + [(a, n, 99) for a, n, *_ in scatters] + rest[len(rest) // 2:]
+    if any(len(m) > 1 for m in runner._messages(one)["scatter"]):
+        failures.append(f"{what}: a bucket of reduce-scatters past the staging buffer is sent "
+                        "whole")
     return failures
 
 
