@@ -1484,14 +1484,11 @@ class ScheduleRun {
     int64_t offset = 0;
     for (int j = first; j <= last; ++j) {
       const NodeId g = schedule_.steps[j].node;
-      staging_bytes_.resize(static_cast<size_t>(graph_.bytes(g)));
-      if (absl::Status s = backend_.Download(staging_bytes_.data(), Address(current_[g]),
-                                             graph_.bytes(g));
+      if (absl::Status s = StageAsFloat(Address(current_[g]), *graph_.dtype(g), Elements(g),
+                                        ranks, sums->data() + offset);
           !s.ok()) {
         return Failed(first, s);
       }
-      WidenToFloat(staging_bytes_.data(), *graph_.dtype(g), Elements(g), ranks,
-                   sums->data() + offset);
       bucket.outputs.push_back({g, offset, Elements(g)});
       offset += Elements(g);
     }
@@ -1596,21 +1593,28 @@ class ScheduleRun {
   absl::Status StageMember(const CollectiveMember& m, bool gather, bool alone, int64_t total,
                            std::vector<float>& message) {
     const int ranks = collectives_->ranks();
-    staging_bytes_.resize(static_cast<size_t>(m.in_count * DTypeSize(m.in.dtype)));
-    RETURN_IF_ERROR(backend_.Download(staging_bytes_.data(), m.in.data,
-                                      static_cast<int64_t>(staging_bytes_.size())));
     if (gather || alone) {
-      WidenToFloat(staging_bytes_.data(), m.in.dtype, m.in_count,
-                   gather ? 1.0f : static_cast<float>(ranks), message.data() + m.offset);
-      return absl::OkStatus();
+      return StageAsFloat(m.in.data, m.in.dtype, m.in_count,
+                          gather ? 1.0f : static_cast<float>(ranks), message.data() + m.offset);
     }
     std::vector<float> gradient(static_cast<size_t>(m.in_count));
-    WidenToFloat(staging_bytes_.data(), m.in.dtype, m.in_count, static_cast<float>(ranks),
-                 gradient.data());
+    RETURN_IF_ERROR(StageAsFloat(m.in.data, m.in.dtype, m.in_count, static_cast<float>(ranks),
+                                 gradient.data()));
     for (int64_t r = 0, lo = 0; r < ranks && lo < m.in_count; ++r, lo += m.shard) {
       std::copy(gradient.begin() + lo, gradient.begin() + std::min(m.in_count, lo + m.shard),
                 message.begin() + r * total + m.offset);
     }
+    return absl::OkStatus();
+  }
+
+  // `count` elements of `dtype` at `data` (device memory), each divided by
+  // `divisor`, in float32 at `out` (host memory), through staging_bytes_.
+  absl::Status StageAsFloat(const std::byte* data, DType dtype, int64_t count, float divisor,
+                            float* out) {
+    staging_bytes_.resize(static_cast<size_t>(count * DTypeSize(dtype)));
+    RETURN_IF_ERROR(backend_.Download(staging_bytes_.data(), data,
+                                      static_cast<int64_t>(staging_bytes_.size())));
+    WidenToFloat(staging_bytes_.data(), dtype, count, divisor, out);
     return absl::OkStatus();
   }
 

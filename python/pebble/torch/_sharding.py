@@ -153,25 +153,17 @@ class Shards:
 
     # --- whole parameters --------------------------------------------------------
 
-    def gather(self, name):
-        """The whole parameter `name`, a new tensor, and the work of the ranks'
-        all-reduce that makes it: wait for it before reading the tensor
-        (Note [Gathers in flight])."""
-        shard = self.shards[name]
-        whole = torch.zeros(math.prod(self.shapes[name]), dtype=shard.dtype, device=shard.device)
-        lo, hi = self.bounds(name)
-        whole[lo:hi].copy_(shard[:hi - lo])
-        work = _collective(self.gather_what(name), self.dist.all_reduce, whole,
-                           group=self.group, async_op=True)
-        return whole.view(self.shapes[name]), work
-
-    def gather_bucket(self, names, nbytes):
-        """The whole parameters `names` (one dtype) as views of one flat
+    def gather(self, names, nbytes=None):
+        """The whole parameters `names` (one dtype; one, or a bucket's: Note
+        [A unit's collectives as one message]) as views of one new flat
         tensor, each at a place of its `nbytes` (the plan's bytes of its
-        gathered node), and the work of the one all-reduce that makes them
-        (Note [A unit's collectives as one message])."""
+        gathered node; default: its own), and the work of the ranks' one
+        all-reduce that makes them: wait for it before reading them (Note
+        [Gathers in flight])."""
         first = self.shards[names[0]]
         item = first.element_size()
+        if nbytes is None:
+            nbytes = [math.prod(self.shapes[name]) * item for name in names]
         places, total = [], 0
         for name, size in zip(names, nbytes):
             places.append((name, total))
@@ -186,10 +178,14 @@ class Shards:
                   for name, offset in places]
         return wholes, work
 
-    def reduce_scatter_bucket(self, names, grads):
-        """reduce_scatter() of the local gradients `grads` of `names` (one
-        dtype, fitting the staging buffer) side by side, one all-reduce:
-        their shards, each one's offset in the buffer, and the work."""
+    def reduce_scatter(self, names, grads):
+        """Starts the reduce-scatter of the local gradients `grads` of `names`
+        (one, or a bucket's of one dtype that fit the staging buffer side by
+        side): one all-reduce on the staging buffer, which stays busy until
+        complete_scatter() has run for each (Note [One staging buffer for the
+        reduce-scatters]). Returns this rank's shards, new tensors that hold
+        the gradients averaged over the ranks once complete, each gradient's
+        offset in the buffer, and the work."""
         buffer = self.staging[grads[0].dtype]
         offsets, total = [], 0
         for grad in grads:
@@ -204,21 +200,6 @@ class Shards:
         work = _collective(self._scatter_what(names[0], len(names)), self.dist.all_reduce,
                            buffer, group=self.group, async_op=True)
         return shards, offsets, work
-
-    def reduce_scatter(self, name, grad):
-        """Starts the reduce-scatter of `grad` (the local gradient of `name`):
-        this rank's shard, a new tensor that holds the gradient averaged over
-        the ranks once complete_scatter() has run, and the work of the ranks'
-        all-reduce on the staging buffer, which stays busy until then (Note
-        [One staging buffer for the reduce-scatters])."""
-        buffer = self.staging[grad.dtype][:grad.numel()]
-        buffer.view(grad.shape).copy_(grad)
-        buffer.div_(self._ranks)
-        # (made before the all-reduce starts: a failure then leaves none in flight)
-        shard = torch.zeros(self.shard_numel(name), dtype=grad.dtype, device=grad.device)
-        work = _collective(self._scatter_what(name), self.dist.all_reduce, buffer,
-                           group=self.group, async_op=True)
-        return shard, work
 
     def complete_scatter(self, name, shard, work, offset=0):
         """Waits for the reduce-scatter `work` of `name` and copies this rank's
@@ -251,7 +232,7 @@ class Shards:
         try:
             with torch.no_grad():
                 for name, p in self.params.items():
-                    whole, work = self.gather(name)
+                    (whole,), work = self.gather([name])
                     _collective(self.gather_what(name), work.wait)
                     p.data = whole
             yield
@@ -509,19 +490,14 @@ class ShardedRunner:
         return members
 
     def _gather(self, members, run):
-        """Note [Gathers in flight]: the whole parameters `members`, each its
-        own all-reduce, or one for them all (Note [A unit's collectives as
-        one message])."""
+        """Note [Gathers in flight]: the whole parameters `members` (one, or a
+        bucket's: Note [A unit's collectives as one message]), one all-reduce."""
         if not members:
             return  # sent with its bucket's first step
         nodes = [self.parameter[m] for m in members]
-        if len(members) == 1:
-            whole, work = self.shards.gather(members[0])
-            wholes, counted = [whole], [None]
-        else:
-            wholes, work = self.shards.gather_bucket(members, [n.nbytes for n in nodes])
-            # One storage: counted once, with every member's bytes.
-            counted = [sum(n.nbytes for n in nodes)] + [0] * (len(nodes) - 1)
+        wholes, work = self.shards.gather(members, [n.nbytes for n in nodes])
+        # One storage: counted once, with every member's bytes.
+        counted = [sum(n.nbytes for n in nodes)] + [0] * (len(nodes) - 1)
         self.works.append(work)
         what = self.shards.gather_what(members[0], len(members))
         for node, whole, nbytes in zip(nodes, wholes, counted):
@@ -529,8 +505,8 @@ class ShardedRunner:
             run.wait_before(node, lambda: _collective(what, work.wait))
 
     def _scatter(self, members, run):
-        """The reduce-scatters of `members`, each its own all-reduce of the
-        staging buffer, or one for them all."""
+        """The reduce-scatters of `members` (one, or a bucket's), one
+        all-reduce of the staging buffer."""
         if not members:
             return  # sent with its bucket's first step
         for name in members:
@@ -541,11 +517,7 @@ class ShardedRunner:
         for previous in [n for n in self.scatters_in_flight
                          if self.scattered[n].dtype == grads[0].dtype]:
             self.settle(previous)  # the staging buffer is free once it is done
-        if len(members) == 1:
-            shard, work = self.shards.reduce_scatter(members[0], grads[0])
-            shards, offsets = [shard], [0]
-        else:
-            shards, offsets, work = self.shards.reduce_scatter_bucket(members, grads)
+        shards, offsets, work = self.shards.reduce_scatter(members, grads)
         self.works.append(work)
         for name, shard, offset in zip(members, shards, offsets):
             self.scattered[name] = shard
