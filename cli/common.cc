@@ -984,7 +984,9 @@ void RankFlags::AddOptions(CLI::App* cmd, const GraphSource* source, bool planne
                   "how the gradients' all-reduces are grouped, each group one collective: "
                   "auto (the plan chooses the groups of least time), none (one all-reduce per "
                   "gradient), or a size such as 25MiB (DistributedDataParallel's rule with that "
-                  "bucket cap); docs/semantics.md, \"Buckets\"")
+                  "bucket cap); docs/semantics.md, \"Buckets\". With --shard full, auto joins "
+                  "gathers, and reduce-scatters, into one message where the plan is faster, "
+                  "none sends each on its own (FSDP's rules keep their units either way)")
       ->capture_default_str()
       ->check(CLI::Validator(
           [](std::string& text) -> std::string {
@@ -998,11 +1000,15 @@ absl::Status RankFlags::Apply(PlannerOptions& options) const {
   RETURN_IF_ERROR(CheckBucketCopies());
   options.device_bucket_copies = bucket_copies == "device";
   ASSIGN_OR_RETURN(options.bucket_bytes, ParseBuckets(buckets));
-  if (options.bucket_bytes != PlannerOptions::kPlannedBuckets && (ranks < 2 || shard == "full")) {
+  if (options.bucket_bytes != PlannerOptions::kPlannedBuckets && ranks < 2) {
+    return UsageError(absl::StrCat("--buckets ", buckets, ": buckets group the collectives of "
+                                   "several ranks; give --ranks 2 or more"));
+  }
+  if (options.bucket_bytes > 0 && shard == "full") {
     return UsageError(absl::StrCat(
-        "--buckets ", buckets, ": buckets group the all-reduces of data parallelism; ",
-        ranks < 2 ? "give --ranks 2 or more"
-                  : "a sharded graph (--shard full) reduce-scatters each gradient on its own"));
+        "--buckets ", buckets, ": a bucket cap groups the all-reduces of data parallelism; "
+        "with --shard full, buckets are auto (gathers and reduce-scatters joined where the "
+        "plan is faster) or none (each its own message)"));
   }
   options.ranks = ranks;
   ASSIGN_OR_RETURN(options.network, Link());

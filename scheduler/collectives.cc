@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "scheduler/budget.h"
+#include "scheduler/collective_buckets.h"
 #include "graph/status.h"
 #include "graph/text_input.h"
 
@@ -430,7 +431,8 @@ std::optional<CollectiveLink> ShardedRanks(const Graph& graph) {
 
 class GradientReductionPlanner : public Planner {
  public:
-  explicit GradientReductionPlanner(std::unique_ptr<Planner> inner) : inner_(std::move(inner)) {}
+  GradientReductionPlanner(std::unique_ptr<Planner> inner, bool join_collectives)
+      : inner_(std::move(inner)), join_collectives_(join_collectives) {}
 
   absl::StatusOr<PlanResult> Plan(const Graph& graph,
                                   const PlannerOptions& options) const override {
@@ -446,11 +448,13 @@ class GradientReductionPlanner : public Planner {
     // One rank's plan: a policy that plans with others (hybrid, checkmate's
     // warm starts) makes them through MakePlanner, wrapped too, and the
     // all-reduces are added once, here.
-    if (sharded.has_value() && (options.bucket_bytes != PlannerOptions::kPlannedBuckets ||
+    if (sharded.has_value() && ((options.bucket_bytes != PlannerOptions::kPlannedBuckets &&
+                                 options.bucket_bytes != 0) ||
                                 options.device_bucket_copies)) {
       return absl::InvalidArgumentError(
-          "buckets (and their device copies) group the all-reduces of data parallelism; a "
-          "sharded graph reduce-scatters each gradient on its own");
+          "a bucket cap (and the buckets' device copies) group the all-reduces of data "
+          "parallelism; on a sharded graph, buckets are auto (gathers and reduce-scatters "
+          "joined where the plan is faster) or none (each its own message)");
     }
     PlannerOptions one_rank = options;
     one_rank.ranks = 1;
@@ -474,6 +478,12 @@ class GradientReductionPlanner : public Planner {
       absl::StrAppend(&planned.message, "with the buckets' device copies, ", result.message,
                       " (a smaller bucket cap, or buckets planned or none, may fit)");
     }
+    nlohmann::json joined;
+    if (sharded.has_value() && join_collectives_ &&
+        options.bucket_bytes == PlannerOptions::kPlannedBuckets) {
+      ASSIGN_OR_RETURN(result, JoinCollectiveMessages(graph, std::move(result), options));
+      joined = std::move(result.details["collective_buckets"]);
+    }
     result.message = std::move(planned.message);
     result.details = std::move(planned.details);
     const PlanReport& r = result.report;
@@ -487,6 +497,7 @@ class GradientReductionPlanner : public Planner {
         {"network_busy", r.network_busy},
         {"network_bandwidth_bytes_per_s", link.bandwidth_bytes_per_s},
         {"network_latency_s", link.latency_s}};
+    if (!joined.is_null()) result.details["collectives"]["collective_buckets"] = std::move(joined);
     if (!sharded.has_value()) {
       result.details["collectives"].update(
           BucketDetails(graph, result.schedule, options.bucket_bytes,
@@ -498,12 +509,14 @@ class GradientReductionPlanner : public Planner {
 
  private:
   std::unique_ptr<Planner> inner_;
+  bool join_collectives_;
 };
 
 }  // namespace
 
-std::unique_ptr<Planner> WithGradientReduction(std::unique_ptr<Planner> inner) {
-  return std::make_unique<GradientReductionPlanner>(std::move(inner));
+std::unique_ptr<Planner> WithGradientReduction(std::unique_ptr<Planner> inner,
+                                               bool join_collectives) {
+  return std::make_unique<GradientReductionPlanner>(std::move(inner), join_collectives);
 }
 
 }  // namespace pebble

@@ -80,11 +80,16 @@ std::vector<uint8_t> ShardedTensors(const Graph& training);
 // options.device_bucket_copies: then planned buckets stay within the
 // budget (or the inner peak), and a cap whose copies break it makes the
 // plan infeasible, saying so. A bucket rule other than
-// planned on a sharded graph is refused.
+// planned or none on a sharded graph is refused. On a sharded graph with
+// planned buckets and `join_collectives`, the plan's gathers and
+// reduce-scatters are joined into messages where that is faster
+// (JoinCollectiveMessages, collective_buckets.h; details["collectives"]
+// ["collective_buckets"]).
 // A graph sharded for other ranks (ShardGraph's attrs) is refused where
 // options.ranks > 1; at 1 (the nested calls of a policy) it is planned as
 // it is. Every planner the registry makes is wrapped (planner.cc).
-std::unique_ptr<Planner> WithGradientReduction(std::unique_ptr<Planner> inner);
+std::unique_ptr<Planner> WithGradientReduction(std::unique_ptr<Planner> inner,
+                                               bool join_collectives = true);
 
 }  // namespace pebble
 

@@ -57,6 +57,7 @@
 #include "absl/strings/string_view.h"
 #include "graph/status.h"
 #include "scheduler/budget.h"
+#include "scheduler/collective_buckets.h"
 #include "scheduler/offload.h"
 #include "scheduler/policies.h"
 
@@ -140,8 +141,18 @@ class HybridPlanner final : public Planner {
       return o;
     };
     nlohmann::json tried = nlohmann::json::array();
+    // On a sharded graph each candidate is judged with its collectives
+    // joined into messages where buckets are planned (Note [Planned buckets
+    // of collectives]): the joins change which candidate is fastest.
+    const bool join = graph.has_collectives() &&
+                      options.bucket_bytes == PlannerOptions::kPlannedBuckets;
     auto consider = [&](Schedule schedule, const std::string& name, nlohmann::json details) {
       details["candidate"] = name;
+      if (join) {
+        absl::StatusOr<PlanResult> planned = FinishPlan(graph, schedule, options);
+        if (planned.ok()) planned = JoinCollectiveMessages(graph, *std::move(planned), options);
+        if (planned.ok()) schedule = std::move(planned->schedule);
+      }
       const PlanReport& r = selector.Consider(std::move(schedule), std::move(details));
       tried.push_back({{"candidate", name},
                        {"peak_bytes", r.peak_bytes},

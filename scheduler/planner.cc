@@ -88,7 +88,8 @@ absl::StatusOr<std::unique_ptr<Planner>> MakePlanner(absl::string_view name) {
       return absl::InvalidArgumentError("policy 'exec:' names no program (exec:PROGRAM)");
     }
     return WithGradientReduction(
-        WithUpdatesLast(WithAliasFolding(MakeExecPlanner(std::string(program)))));
+        WithUpdatesLast(WithAliasFolding(MakeExecPlanner(std::string(program)))),
+        /*join_collectives=*/false);
   }
   const PolicyInfo* info = PlannerRegistry::Global().Find(name);
   if (info == nullptr) {
@@ -103,7 +104,8 @@ absl::StatusOr<std::unique_ptr<Planner>> MakePlanner(absl::string_view name) {
         " (known: ", absl::StrJoin(names, ", "), "; see 'pebble policies')"));
   }
   // Every policy plans storages, not views (Note [Alias folding]).
-  return WithGradientReduction(WithUpdatesLast(WithAliasFolding(info->factory())));
+  return WithGradientReduction(WithUpdatesLast(WithAliasFolding(info->factory())),
+                               /*join_collectives=*/!info->external && !info->own_messages);
 }
 
 void ReportProgress(const PlannerOptions& options, std::string stage,

@@ -140,6 +140,10 @@ struct PolicyInfo {
   PlanKind kind = PlanKind::kOneShot;
   bool exact = false;       // provably optimal within its model
   bool external = false;    // registered from outside (external_policy.h)
+  // On a sharded graph, its collectives are sent as it plans them, not
+  // joined into planned buckets (collective_buckets.h): FSDP's rules, the
+  // fixed points the plans compare with. Outside policies keep theirs too.
+  bool own_messages = false;
   std::function<std::unique_ptr<Planner>()> factory;
 };
 

@@ -19,10 +19,12 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "graph/status.h"
+#include "scheduler/collective_buckets.h"
 #include "scheduler/planner.h"
 #include "scheduler/policies.h"
 #include "scheduler/schedule.h"
 #include "scheduler/simulator.h"
+#include "scheduler/updates_last.h"
 
 namespace pebble {
 
@@ -88,7 +90,7 @@ int ForwardEnd(const Graph& graph, const std::vector<NodeId>& order) {
   for (size_t i = 0; i < order.size(); ++i) {
     const NodeId v = order[i];
     const int at = static_cast<int>(i);
-    if (graph.role(v) == Role::kForward && !graph.collective(v) && graph.op(v) != "update_sink" &&
+    if (graph.role(v) == Role::kForward && !graph.collective(v) && graph.op(v) != kUpdateSinkOp &&
         (at < last_backward || last_backward < 0)) {
       end = at;
     }
@@ -174,18 +176,6 @@ std::vector<NodeId> UnitOrder(const Graph& graph, const std::vector<NodeId>& ord
     }
   }
   return result;
-}
-
-// The bytes a message of reduce-scatters may hold where the graph sends
-// them through a staging buffer of its own (a persistent node of op
-// "staging_buffer", as pebble.torch's graphs have: the least of them), else
-// no bound.
-int64_t StagingCap(const Graph& graph) {
-  int64_t cap = INT64_MAX;
-  for (NodeId v = 0; v < graph.num_nodes(); ++v) {
-    if (graph.persistent(v) && graph.op(v) == "staging_buffer") cap = std::min(cap, graph.bytes(v));
-  }
-  return cap;
 }
 
 // The buckets of `collectives` (a run of them, JoinUnits) by (unit, op), in
@@ -276,7 +266,7 @@ Schedule JoinUnits(const Graph& graph, const Schedule& schedule,
   };
   auto movable = [&](const Step& s) {
     return s.action == Action::kFree ||
-           (s.action == Action::kCompute && graph.op(s.node) == "update_sink");
+           (s.action == Action::kCompute && graph.op(s.node) == kUpdateSinkOp);
   };
   const size_t n = schedule.steps.size();
   Schedule out;
@@ -422,6 +412,7 @@ void RegisterFsdpPlanner(PlannerRegistry& registry) {
         .description = rule + units,
         .kind = PlanKind::kMultiShot,
         .exact = false,
+        .own_messages = true,
         .factory = [wrap = wrap] { return std::make_unique<FsdpPlanner>(wrap); },
     });
   }

@@ -188,7 +188,7 @@ absl::StatusOr<Graph> WithoutUpdates(const Graph& graph, bool sinks) {
     output[v] = 0;
     NodeSpec sink;
     sink.id = absl::StrCat(kSinkPrefix, graph.id(v));
-    sink.op = "update_sink";
+    sink.op = std::string(kUpdateSinkOp);
     sink.bytes = 0;
     sink.inputs = {graph.id(v)};
     b.AddOutput(sink.id);

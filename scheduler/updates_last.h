@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "graph/graph.h"
 #include "scheduler/planner.h"
 #include "scheduler/schedule.h"
@@ -35,9 +36,12 @@ namespace pebble {
 // Errors: a node other than an update reads an update (nothing may follow
 // an update but another).
 // With `sinks`, each value that only updates read and no output keeps (a
-// dropped gradient) is read by a zero-byte output "update_sink:<id>"
-// instead of being an output itself (Note [Updates early]).
+// dropped gradient) is read by a zero-byte output "update_sink:<id>" of op
+// kUpdateSinkOp instead of being an output itself (Note [Updates early]).
 absl::StatusOr<Graph> WithoutUpdates(const Graph& graph, bool sinks = false);
+
+// The op of WithoutUpdates' sinks: a planner may move their steps freely.
+inline constexpr absl::string_view kUpdateSinkOp = "update_sink";
 
 // `inner` planning WithoutUpdates(g) of a graph with in-place nodes, the
 // updates appended; any other graph goes to `inner` as it is. Every

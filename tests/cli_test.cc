@@ -436,8 +436,8 @@ TEST(CliTest, RanksPlanTheGradientsAllReduces) {
   ::pebble::testing::ExpectOneLineError(Pebble("plan " + model + " --buckets 25MB"), 2,
                                         {"--buckets 25MB", "give --ranks 2 or more"});
   ::pebble::testing::ExpectOneLineError(
-      Pebble("plan " + model + " --ranks 2 --shard full --buckets none"), 2,
-      {"--buckets none", "reduce-scatters each gradient on its own"});
+      Pebble("plan " + model + " --ranks 2 --shard full --buckets 1MiB"), 2,
+      {"--buckets 1MiB", "with --shard full, buckets are auto"});
   ::pebble::testing::ExpectOneLineError(Pebble("plan " + model + " --ranks 2 --buckets often"), 2,
                                         {"--buckets", "invalid buckets 'often'"});
   // --bucket-copies device: the buckets' copies are in the plan, within
@@ -538,17 +538,28 @@ TEST(CliTest, RanksPlanTheGradientsAllReduces) {
       in_buckets += step.contains("bucket");
     }
     EXPECT_GE(collective_steps, 16) << policy;  // 8 gathers, 8 reduce-scatters
-    // fsdp-module sends a module's gathers, and its reduce-scatters, as one message.
-    if (std::string(policy) == "fsdp-module") {
-      EXPECT_GT(in_buckets, 0);
-      EXPECT_LT(s["report"]["collectives"], collective_steps);
+    // fsdp-module sends a module's gathers, and its reduce-scatters, as one
+    // message; dtr's plan joins messages where they are faster; fsdp none.
+    if (std::string(policy) != "fsdp") {
+      EXPECT_GT(in_buckets, 0) << policy;
+      EXPECT_LT(s["report"]["collectives"], collective_steps) << policy;
     } else {
-      EXPECT_EQ(s["report"]["collectives"], collective_steps) << policy;
+      EXPECT_EQ(in_buckets, 0);
+      EXPECT_EQ(s["report"]["collectives"], collective_steps);
     }
+    EXPECT_EQ(s["details"]["collectives"].contains("collective_buckets"),
+              std::string(policy) == "dtr") << policy;
     EXPECT_LT(s["report"]["peak_bytes"], doc["report"]["peak_bytes"]) << policy;
   }
   ::pebble::testing::ExpectOneLineError(Pebble("plan " + model + " --shard full"), 2,
                                         {"--shard full: give --ranks 2 or more"});
+  // --buckets none: each collective its own message.
+  Result alone = Pebble("plan " + model + " --policy dtr --budget min --ranks 4 --shard full "
+                        "--buckets none --json");
+  ASSERT_EQ(alone.exit_code, 0) << alone.err;
+  for (const nlohmann::json& step : ParseOrFail(alone.out)["schedule"]["steps"]) {
+    EXPECT_FALSE(step.contains("bucket")) << step;
+  }
 }
 
 }  // namespace

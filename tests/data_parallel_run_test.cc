@@ -395,6 +395,7 @@ TEST(CollectivesInFlightTest, ShardedCollectivesRunBesideTheCompute) {
     PlannerOptions options;
     options.ranks = 2;
     options.budget_bytes = PlannerOptions::kMinBudget;
+    options.bucket_bytes = 0;  // each collective its own message, timed alone
     auto plan = (*planner)->Plan(*sharded, options);
     ASSERT_TRUE(plan.ok()) << plan.status();
     const std::vector<Step>& steps = plan->schedule.steps;
@@ -494,11 +495,13 @@ TEST_F(DataParallelRunTest, ShardedRunsHoldTheShardsOfTheDataParallelRun) {
                 HasSubstr("the graph is sharded"));
   }
   // fsdp-module sends each module's gathers, and its reduce-scatters, as one
-  // message (a bucket of collectives): the same sums, in the same order.
+  // message (a bucket of collectives), and dtr's plan joins messages where
+  // they are faster (collective_buckets.h); fsdp joins none: the same sums,
+  // in the same order.
   for (const char* policy : {"fsdp", "dtr", "fsdp-module"}) {
     SCOPED_TRACE(policy);
     const Schedule schedule = Plan(*sharded, policy, 2);
-    EXPECT_EQ(HasBuckets(schedule), std::string(policy) == "fsdp-module");
+    EXPECT_EQ(HasBuckets(schedule), std::string(policy) != "fsdp");
     auto runs = RunRanks(*sharded, schedule, 2, {}, &g);
     int compared = 0;
     for (int r = 0; r < 2; ++r) {
@@ -544,13 +547,16 @@ TEST_F(DataParallelRunTest, ThreeShardedRanksEndInZeroPadding) {
   auto dp = RunRanks(g, Plan(g, "baseline", 3), 3);
   auto sharded = ShardGraph(g, 3, NetworkLink{});
   ASSERT_TRUE(sharded.ok()) << sharded.status();
-  // rotor sends each collective on its own; fsdp-blocks, here one root unit
-  // (mnist-cnn has no module list), its gathers as one message, each
-  // parameter's shard at its place in every rank's part, padding included.
+  // rotor with buckets none sends each collective on its own; fsdp-blocks,
+  // here one root unit (mnist-cnn has no module list), its gathers as one
+  // message, each parameter's shard at its place in every rank's part,
+  // padding included.
   for (const char* policy : {"rotor", "fsdp-blocks"}) {
     SCOPED_TRACE(policy);
-    const Schedule schedule = Plan(*sharded, policy, 3);
-    EXPECT_EQ(HasBuckets(schedule), std::string(policy) == "fsdp-blocks");
+    const bool rotor = std::string(policy) == "rotor";
+    const Schedule schedule =
+        Plan(*sharded, policy, 3, rotor ? 0 : PlannerOptions::kPlannedBuckets);
+    EXPECT_EQ(HasBuckets(schedule), !rotor);
     auto runs = RunRanks(*sharded, schedule, 3, {}, &g);
     int padded = 0;
     for (int r = 0; r < 3; ++r) {

@@ -314,18 +314,28 @@ class PlanTest(unittest.TestCase):
         self.assertIn("gather:conv1.weight", sharded.ids)
         for policy in ("fsdp", "dtr", "fsdp-module"):
             p = pebble.plan(sharded, policy=policy, budget="min", ranks=4, network="ib-ndr")
-            with self.assertRaises(ValueError):  # its gradients are reduce-scattered
-                pebble.plan(sharded, policy=policy, budget="min", ranks=4, buckets="none")
+            with self.assertRaises(ValueError):  # a cap groups all-reduces, not these
+                pebble.plan(sharded, policy=policy, budget="min", ranks=4, buckets="25MiB")
             doc = cli_json("plan", "--model", MODEL, "--policy", policy, "--budget", "min",
                            "--ranks", "4", "--network", "ib-ndr", "--shard", "full")
             self.assertEqual(p.report, doc["report"])
             # A module's gathers, and its reduce-scatters, are one bucket each
-            # ("compute", node, bucket): the same steps, and the same report again.
+            # under fsdp-module; dtr's plan joins messages where that is faster;
+            # fsdp's joins none ("compute", node, bucket): the same steps, and
+            # the same report again.
             steps = [{"action": a, "node": n, **({"bucket": b[0]} if b else {})}
                      for a, n, *b in p.schedule]
             self.assertEqual(steps, doc["schedule"]["steps"])
             joined = [b for _, _, *b in p.schedule if b]
-            self.assertEqual(bool(joined), policy == "fsdp-module")
+            self.assertEqual(bool(joined), policy != "fsdp")
+            # buckets="none": the policy's own messages (fsdp-module's units).
+            alone = pebble.plan(sharded, policy=policy, budget="min", ranks=4,
+                                network="ib-ndr", buckets="none")
+            self.assertEqual(bool([b for _, _, *b in alone.schedule if b]),
+                             policy == "fsdp-module")
+            self.assertGreaterEqual(alone.report["collectives"], p.report["collectives"])
+            self.assertGreaterEqual(alone.report["makespan"], p.report["makespan"])
+            self.assertEqual("collective_buckets" in p.details["collectives"], policy == "dtr")
             again = pebble.simulate(sharded, p.schedule, ranks=4, network="ib-ndr")
             for key in ("peak_bytes", "makespan", "collectives", "network_busy"):
                 self.assertEqual(again[key], p.report[key], key)

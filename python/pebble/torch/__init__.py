@@ -149,7 +149,10 @@ class TrainStep:
         of its gradients that the plan holds (pebble.plan's bucket_copies=
         "device"): "auto" (the plan chooses, within the budget), "none" (one
         all-reduce per gradient, in place) or a size such as "25MiB"
-        (DistributedDataParallel's rule with that cap).
+        (DistributedDataParallel's rule with that cap). With shard="full":
+        "auto" (the plan joins gathers, and reduce-scatters, into one
+        message where that is faster) or "none" (each its own message; the
+        fsdp rules' units either way).
     """
 
     def __init__(self, model, loss_fn, example_inputs, example_target, policy=None,
@@ -526,6 +529,8 @@ class _Variant:
                 kwargs["buckets"] = self.step.buckets
                 kwargs["bucket_copies"] = "device"
                 kwargs["bucket_alignment"] = self.graph_nodes.round_to
+            elif self.shards is not None:  # gathers, reduce-scatters joined or not
+                kwargs["buckets"] = self.step.buckets
             if self.step.network is not None:
                 kwargs["network"], kwargs["network_latency"] = self.step.network
         graph = self.graph  # the graph without order tokens where there is one
@@ -845,10 +850,13 @@ def _checked_buckets(buckets, group, shard):
     if isinstance(buckets, bool) or not isinstance(buckets, (str, int)):
         raise TypeError(f"buckets must be 'auto', 'none' or a size such as '25MiB', not "
                         f"{type(buckets).__name__}")
-    if group is None or shard != "none":
-        raise ValueError(f"buckets={buckets!r}: buckets group the all-reduces of data "
-                         "parallelism: give a process_group, with shard='none' (a sharded "
-                         "step reduce-scatters each gradient on its own)")
+    if group is None:
+        raise ValueError(f"buckets={buckets!r}: buckets group the collectives of several "
+                         "ranks: give a process_group")
+    if shard != "none" and str(buckets).strip().lower() not in ("none", "0"):
+        raise ValueError(f"buckets={buckets!r}: a bucket cap groups the all-reduces of data "
+                         "parallelism (shard='none'); a sharded step takes 'auto' (gathers and "
+                         "reduce-scatters joined where the plan is faster) or 'none'")
     return buckets
 
 
