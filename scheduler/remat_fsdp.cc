@@ -178,23 +178,27 @@ std::vector<NodeId> UnitOrder(const Graph& graph, const std::vector<NodeId>& ord
   return result;
 }
 
-// The buckets of `collectives` (a run of them, JoinUnits) by (unit, op), in
-// the order they first come; a bucket of reduce-scatters closes before its
-// local gradients' bytes would pass `scatter_cap`. A collective of no unit
-// (-1) is a bucket of its own.
+// The buckets of `collectives` (a run of them, JoinUnits) by (unit, op,
+// dtype), in the order they first come; a bucket of reduce-scatters closes
+// before its local gradients' bytes would pass `scatter_cap`. A collective
+// of no unit (-1) is a bucket of its own.
 std::vector<std::vector<NodeId>> UnitBuckets(const Graph& graph,
                                              const std::vector<Step>& collectives,
                                              const std::vector<int>& unit_of,
                                              int64_t scatter_cap) {
   std::vector<std::vector<NodeId>> buckets;
   std::vector<int64_t> bucket_bytes;
-  std::map<std::pair<int, std::string>, size_t> open;  // (unit, op) -> its open bucket
+  // (unit, op, dtype or -1) -> its open bucket: one buffer holds one dtype,
+  // as FSDP's flat parameter does.
+  std::map<std::tuple<int, std::string, int>, size_t> open;
   for (const Step& s : collectives) {
-    const auto key = std::make_pair(unit_of[s.node], graph.op(s.node));
+    const std::optional<DType> dtype = graph.dtype(s.node);
+    const auto key = std::make_tuple(unit_of[s.node], graph.op(s.node),
+                                     dtype.has_value() ? static_cast<int>(*dtype) : -1);
     const int64_t bytes =
         graph.op(s.node) == "reduce_scatter" ? graph.bytes(graph.inputs(s.node)[0]) : 0;
     const auto [it, added] = open.try_emplace(key, buckets.size());
-    if (added || key.first < 0 || bucket_bytes[it->second] > scatter_cap - bytes) {
+    if (added || std::get<0>(key) < 0 || bucket_bytes[it->second] > scatter_cap - bytes) {
       it->second = buckets.size();
       buckets.emplace_back();
       bucket_bytes.push_back(0);

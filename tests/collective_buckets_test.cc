@@ -284,5 +284,44 @@ TEST(CollectiveBucketsTest, PoliciesJoinMessagesOfShardedModels) {
   }
 }
 
+// FSDP's unit rules send a unit's gathers, and its reduce-scatters, as one
+// message a dtype (a flat parameter holds one): conv1's bias in float16
+// goes apart from its float32 weight, under the rule and under the search.
+TEST(CollectiveBucketsTest, AMessageHoldsOneDtype) {
+  absl::StatusOr<Graph> whole = BuildModel("mnist-cnn:batch=2,optimizer=adam");
+  ASSERT_TRUE(whole.ok()) << whole.status();
+  absl::StatusOr<Graph> sharded = ShardGraph(*whole, 2, NetworkLink{1e9, 1e-3});
+  ASSERT_TRUE(sharded.ok()) << sharded.status();
+  nlohmann::json doc = GraphToJson(*sharded);
+  for (nlohmann::json& node : doc["nodes"]) {
+    if (node["id"] == "gather:conv1.bias" || node["id"] == "grad:conv1.bias") {
+      node["dtype"] = "float16";
+      node["bytes"] = node["bytes"].get<int64_t>() / 2;
+    }
+  }
+  absl::StatusOr<Graph> g = ParseGraphJson(doc.dump());
+  ASSERT_TRUE(g.ok()) << g.status();
+  for (const char* policy : {"fsdp-module", "dtr"}) {
+    SCOPED_TRACE(policy);
+    const PlanResult plan =
+        PlanSharded(*g, 2, policy, kMinBudgetBytes, PlannerOptions::kPlannedBuckets);
+    const std::vector<Step>& steps = plan.schedule.steps;
+    int joined = 0;
+    for (size_t k = 0; k < steps.size(); ++k) {
+      if (steps[k].action != kC || !g->collective(steps[k].node)) continue;
+      joined += steps[k].joins_bucket;
+      const bool half = g->dtype(steps[k].node) == DType::kFloat16;
+      if (steps[k].joins_bucket) {
+        EXPECT_EQ(g->dtype(steps[k - 1].node), g->dtype(steps[k].node)) << g->id(steps[k].node);
+      }
+      if (half) {
+        EXPECT_FALSE(steps[k].joins_bucket) << g->id(steps[k].node);
+        EXPECT_FALSE(k + 1 < steps.size() && steps[k + 1].joins_bucket) << g->id(steps[k].node);
+      }
+    }
+    EXPECT_GT(joined, 0);  // the other units, or messages, still join
+  }
+}
+
 }  // namespace
 }  // namespace pebble
