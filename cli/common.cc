@@ -1070,7 +1070,8 @@ absl::Status RankFlags::CheckBucketCopies() const {
   return UsageError(absl::StrCat(
       "--bucket-copies device: buckets group the all-reduces of data parallelism; ",
       ranks < 2 ? "give --ranks 2 or more"
-                : "a sharded graph (--shard full) reduce-scatters each gradient on its own"));
+                : "a sharded graph (--shard full) has none (its gathers and reduce-scatters are "
+                  "sent where they lie)"));
 }
 
 absl::StatusOr<NetworkLink> RankFlags::Link() const {

@@ -160,10 +160,12 @@ py::dict FitPy(const py::object& model, const py::object& vary, const py::object
   if (shard_mode != "none" && shard_mode != "full") {
     ArgError("shard", "\"none\" (data parallelism) or \"full\" (ZeRO-3 / FSDP sharding)", shard);
   }
-  if (shard_mode == "full" && (request.options.bucket_bytes != PlannerOptions::kPlannedBuckets ||
+  if (shard_mode == "full" && (request.options.bucket_bytes > 0 ||
                                request.options.device_bucket_copies)) {
-    RaiseValueError("buckets, bucket_copies: a sharded model (shard='full') reduce-scatters "
-                    "each gradient on its own");
+    RaiseValueError("buckets, bucket_copies: a bucket cap (and the buckets' device copies) "
+                    "group the all-reduces of data parallelism; a sharded model "
+                    "(shard='full') takes buckets 'auto' (gathers and reduce-scatters joined "
+                    "where the plan is faster) or 'none' (each its own message)");
   }
   if (shard_mode == "full") {
     const int n = request.options.ranks;

@@ -43,13 +43,25 @@ int64_t StagingCap(const Graph& graph) {
   return cap;
 }
 
+std::string MessageDtype(const Graph& graph, NodeId v) {
+  for (int depth = 0; depth < 2; ++depth) {
+    if (const std::optional<DType> dtype = graph.dtype(v)) return std::string(DTypeName(*dtype));
+    const nlohmann::json& attrs = graph.attrs(v);
+    if (attrs.is_object() && attrs.contains("dtype") && attrs["dtype"].is_string()) {
+      const std::string name = attrs["dtype"].get<std::string>();
+      const absl::StatusOr<DType> dtype = ParseDType(name);
+      return dtype.ok() ? std::string(DTypeName(*dtype)) : name;
+    }
+    if (!graph.collective(v) || graph.inputs(v).empty()) break;
+    v = graph.inputs(v)[0];
+  }
+  return "";
+}
+
 namespace {
 
 constexpr absl::string_view kGatherOp = "all_gather";
 constexpr absl::string_view kScatterOp = "reduce_scatter";
-// About 10 s of simulation, as the all-reduce buckets' search
-// (collectives.cc), and at most two tries a message of a large plan.
-constexpr int64_t kMaxJoinSimulatedSteps = 30'000'000;
 constexpr int kMaxJoinSimulations = 4000;
 
 // One message: the steps first..last of a schedule, consecutive computes of
@@ -100,16 +112,17 @@ absl::flat_hash_set<NodeId> StoragesOf(const Graph& graph,
 }
 
 // Whether the members of `a` and `b` may be one message: every one timed
-// for one link, and of one dtype (a runtime sends one buffer).
+// for one link, and of one dtype (a runtime sends one buffer: MessageDtype).
 bool SameLinkAndDtype(const Graph& graph, const Schedule& schedule, const Message& a,
                       const Message& b) {
   const NodeId first = schedule.steps[a.first].node;
   const std::optional<CollectiveLink> link = CollectiveLinkOf(graph, first);
   if (!link.has_value()) return false;
+  const std::string dtype = MessageDtype(graph, first);
   for (const Message& m : {a, b}) {
     for (size_t k = m.first; k <= m.last; ++k) {
       const NodeId v = schedule.steps[k].node;
-      if (CollectiveLinkOf(graph, v) != link || graph.dtype(v) != graph.dtype(first)) return false;
+      if (CollectiveLinkOf(graph, v) != link || MessageDtype(graph, v) != dtype) return false;
     }
   }
   return true;
@@ -124,25 +137,19 @@ bool Reads(const Graph& graph, const Step& s, const absl::flat_hash_set<NodeId>&
 
 // `schedule` with the next free of each member of the message first..last
 // moved to the latest of them, side by side; nullopt where a member has
-// none (a member kept to the end, unless all are) or another step of it
-// comes first, or where one's next step after its free touches it.
+// none (kept to the end: pebble.torch frees a bucket's tensor with its
+// members' frees) or another step of it comes first, or where one's next
+// step after its free touches it.
 std::optional<Schedule> FreeTogether(const Schedule& schedule, size_t first, size_t last) {
   const size_t n = schedule.steps.size();
   std::vector<size_t> frees;
-  size_t kept = 0;
   for (size_t k = first; k <= last; ++k) {
     const NodeId v = schedule.steps[k].node;
     size_t next = last + 1;
     while (next < n && schedule.steps[next].node != v) ++next;
-    if (next == n) {
-      ++kept;
-    } else if (schedule.steps[next].action == Action::kFree) {
-      frees.push_back(next);
-    } else {
-      return std::nullopt;
-    }
+    if (next == n || schedule.steps[next].action != Action::kFree) return std::nullopt;
+    frees.push_back(next);
   }
-  if (kept > 0) return kept == last - first + 1 ? std::optional<Schedule>(schedule) : std::nullopt;
   const size_t at = *std::max_element(frees.begin(), frees.end());
   std::vector<uint8_t> moved(n, 0);
   for (size_t f : frees) {
@@ -191,11 +198,11 @@ std::optional<Schedule> JoinGathers(const Graph& graph, const Schedule& schedule
   return FreeTogether(joined, a.first, a.last + (b.last - b.first + 1));
 }
 
-// The reduce-scatters of `a` moved down to join `b`, the frees of their
-// local gradients between them after the bucket; nullopt where a step
-// between reads a's outputs, touches them, or touches their inputs'
-// storages otherwise, or where the local gradients would pass
-// `staging_cap` bytes.
+// The reduce-scatters of `a` moved down to join `b`, the frees between
+// them of their local gradients' storages (the gradients, their bases,
+// other views) after the bucket; nullopt where a step between reads a's
+// outputs, touches them, or touches those storages otherwise, or where the
+// local gradients would pass `staging_cap` bytes.
 std::optional<Schedule> JoinScatters(const Graph& graph, const Schedule& schedule,
                                      const Message& a, const Message& b, int64_t staging_cap) {
   const absl::flat_hash_set<NodeId> members = MembersOf(schedule, a);
@@ -209,10 +216,9 @@ std::optional<Schedule> JoinScatters(const Graph& graph, const Schedule& schedul
   for (size_t k = a.last + 1; k < b.first; ++k) {
     const Step& s = schedule.steps[k];
     if (members.contains(s.node) || Reads(graph, s, members)) return std::nullopt;
-    if (inputs.contains(s.node) && s.action == Action::kFree) {
+    if (storages.contains(graph.storage(s.node))) {
+      if (s.action != Action::kFree) return std::nullopt;
       moved_frees.push_back(s);
-    } else if (storages.contains(graph.storage(s.node))) {
-      return std::nullopt;
     } else {
       between.push_back(s);
     }
@@ -232,10 +238,11 @@ std::optional<Schedule> JoinScatters(const Graph& graph, const Schedule& schedul
 
 class JoinSearch {
  public:
-  JoinSearch(const Graph& graph, PlanResult planned, const PlannerOptions& options)
+  JoinSearch(const Graph& graph, PlanResult planned, const PlannerOptions& options,
+             int64_t max_simulated_steps)
       : graph_(graph), options_(options), staging_cap_(StagingCap(graph)),
         max_simulations_(static_cast<int>(std::clamp<int64_t>(
-            kMaxJoinSimulatedSteps / std::max<int64_t>(1, std::ssize(planned.schedule.steps)),
+            max_simulated_steps / std::max<int64_t>(1, std::ssize(planned.schedule.steps)),
             12, kMaxJoinSimulations))),
         best_(std::move(planned)) {
     peak_limit_ = best_.feasible && options.budget_bytes != PlannerOptions::kMinBudget
@@ -245,11 +252,17 @@ class JoinSearch {
 
   absl::StatusOr<PlanResult> Run() {
     const int64_t messages_before = best_.report.collectives;
-    for (absl::string_view op : {kGatherOp, kScatterOp}) {
+    // Half the simulations for the gathers, the rest for the reduce-scatters.
+    for (const auto& [op, share] : {std::pair(kGatherOp, 2), std::pair(kScatterOp, 1)}) {
+      const int limit = simulations_ + (max_simulations_ - simulations_) / share;
       size_t open = 0;  // the message the next one may join, by its index
-      while (!Stop()) {
+      while (true) {
         const std::vector<Message> messages = MessagesOf(graph_, best_.schedule, op);
         if (open + 1 >= messages.size()) break;
+        if (simulations_ >= limit) {
+          cut_ = true;
+          break;
+        }
         const Message& a = messages[open];
         const Message& b = messages[open + 1];
         std::optional<Schedule> joined;
@@ -263,13 +276,11 @@ class JoinSearch {
     best_.details["collective_buckets"] = {
         {"messages_joined", messages_before - best_.report.collectives},
         {"simulations", simulations_},
-        {"cut", Stop()}};
+        {"cut", cut_}};
     return std::move(best_);
   }
 
  private:
-  bool Stop() const { return simulations_ >= max_simulations_; }
-
   // Simulates `schedule`, kept where it is no slower, and faster or no
   // higher in peak, within the limits. A schedule the simulator refuses is
   // passed over (the joins keep every step's inputs in place, so none
@@ -298,13 +309,15 @@ class JoinSearch {
   PlanResult best_;
   int64_t peak_limit_ = 0;
   int simulations_ = 0;
+  bool cut_ = false;  // a pair was left untried
 };
 
 }  // namespace
 
 absl::StatusOr<PlanResult> JoinCollectiveMessages(const Graph& graph, PlanResult planned,
-                                                  const PlannerOptions& options) {
-  return JoinSearch(graph, std::move(planned), options).Run();
+                                                  const PlannerOptions& options,
+                                                  int64_t max_simulated_steps) {
+  return JoinSearch(graph, std::move(planned), options, max_simulated_steps).Run();
 }
 
 }  // namespace pebble

@@ -7,6 +7,7 @@
 #define PEBBLE_SCHEDULER_COLLECTIVE_BUCKETS_H_
 
 #include <cstdint>
+#include <string>
 
 #include "absl/status/statusor.h"
 #include "graph/graph.h"
@@ -20,6 +21,13 @@ namespace pebble {
 // have), the least of those buffers' bytes; else INT64_MAX (no bound).
 int64_t StagingCap(const Graph& graph);
 
+// The dtype a collective's message carries, by name ("fp32"), for telling
+// whether two may be one message: the node's dtype, else the "dtype" its
+// attrs name (a capture's), else its input's (a gather's shard, a
+// reduce-scatter's local gradient), else "" (unknown: equal only to
+// another unknown, as in a graph written without dtypes).
+std::string MessageDtype(const Graph& graph, NodeId v);
+
 // `planned` (a plan of a sharded graph, simulated with `options`) with
 // neighbouring messages of one op joined into one where that makes the
 // simulated makespan no longer, and shorter or no higher in peak, within
@@ -30,12 +38,15 @@ int64_t StagingCap(const Graph& graph);
 //  - reduce-scatters: the earlier message's steps move down to the later
 //    one's, with the frees of their local gradients after the bucket; at
 //    most StagingCap(graph) bytes of local gradients a message.
-// Members must carry one link (CollectiveLinkOf) and one dtype. Bounded by
-// a number of simulated steps, not by the clock (the ranks must reach the
-// same plan). details["collective_buckets"]: messages joined, simulations,
-// and whether the bound cut the search.
-absl::StatusOr<PlanResult> JoinCollectiveMessages(const Graph& graph, PlanResult planned,
-                                                  const PlannerOptions& options);
+// Members must carry one link (CollectiveLinkOf) and one dtype
+// (MessageDtype). Bounded by `max_simulated_steps` (the default about a
+// second of simulation), half for the gathers, not by the clock (the ranks
+// must reach the same plan). details["collective_buckets"]: messages
+// joined, simulations, and whether the bound left pairs untried ("cut").
+inline constexpr int64_t kMaxJoinSimulatedSteps = 30'000'000;
+absl::StatusOr<PlanResult> JoinCollectiveMessages(
+    const Graph& graph, PlanResult planned, const PlannerOptions& options,
+    int64_t max_simulated_steps = kMaxJoinSimulatedSteps);
 
 }  // namespace pebble
 

@@ -143,14 +143,19 @@ class HybridPlanner final : public Planner {
     nlohmann::json tried = nlohmann::json::array();
     // On a sharded graph each candidate is judged with its collectives
     // joined into messages where buckets are planned (Note [Planned buckets
-    // of collectives]): the joins change which candidate is fastest.
+    // of collectives]): the joins change which candidate is fastest. Each
+    // join search gets a quarter of the usual bound, and none starts once
+    // the time is up (the candidate is then judged as it is).
     const bool join = graph.has_collectives() &&
                       options.bucket_bytes == PlannerOptions::kPlannedBuckets;
     auto consider = [&](Schedule schedule, const std::string& name, nlohmann::json details) {
       details["candidate"] = name;
-      if (join) {
+      if (join && !work().Expired()) {
         absl::StatusOr<PlanResult> planned = FinishPlan(graph, schedule, options);
-        if (planned.ok()) planned = JoinCollectiveMessages(graph, *std::move(planned), options);
+        if (planned.ok()) {
+          planned = JoinCollectiveMessages(graph, *std::move(planned), options,
+                                           kMaxJoinSimulatedSteps / 4);
+        }
         if (planned.ok()) schedule = std::move(planned->schedule);
       }
       const PlanReport& r = selector.Consider(std::move(schedule), std::move(details));

@@ -188,13 +188,12 @@ std::vector<std::vector<NodeId>> UnitBuckets(const Graph& graph,
                                              int64_t scatter_cap) {
   std::vector<std::vector<NodeId>> buckets;
   std::vector<int64_t> bucket_bytes;
-  // (unit, op, dtype or -1) -> its open bucket: one buffer holds one dtype,
-  // as FSDP's flat parameter does.
-  std::map<std::tuple<int, std::string, int>, size_t> open;
+  // (unit, op, dtype) -> its open bucket: one buffer holds one dtype, as
+  // FSDP's flat parameter does (MessageDtype).
+  std::map<std::tuple<int, std::string, std::string>, size_t> open;
   for (const Step& s : collectives) {
-    const std::optional<DType> dtype = graph.dtype(s.node);
-    const auto key = std::make_tuple(unit_of[s.node], graph.op(s.node),
-                                     dtype.has_value() ? static_cast<int>(*dtype) : -1);
+    const auto key =
+        std::make_tuple(unit_of[s.node], graph.op(s.node), MessageDtype(graph, s.node));
     const int64_t bytes =
         graph.op(s.node) == "reduce_scatter" ? graph.bytes(graph.inputs(s.node)[0]) : 0;
     const auto [it, added] = open.try_emplace(key, buckets.size());

@@ -112,7 +112,8 @@ TEST(CollectiveBucketsTest, GathersStayApartWhereTheyOverlapTheCompute) {
 // Two local gradients (8 bytes each) reduce-scattered: the first message
 // waits for the second gradient, its gradient's free after the bucket;
 // not where a staging buffer of fewer bytes than both would carry them,
-// nor where their dtypes differ.
+// nor where their dtypes differ (here a capture's, in the gradients' attrs:
+// MessageDtype).
 TEST(CollectiveBucketsTest, ReduceScattersJoinTheLaterMessageWithinTheStagingBuffer) {
   auto graph = [](const std::string& extra_node, const std::string& second_dtype) {
     const std::string link =
@@ -120,12 +121,13 @@ TEST(CollectiveBucketsTest, ReduceScattersJoinTheLaterMessageWithinTheStagingBuf
     absl::StatusOr<Graph> g = ParseGraphJson(absl::StrCat(R"({"format": "pebble-graph",
       "version": 1, "nodes": [)", extra_node, R"(
         {"id": "x", "bytes": 1, "persistent": true},
-        {"id": "l1", "bytes": 8, "cost": 0.1, "inputs": ["x"]},
-        {"id": "l2", "bytes": 8, "cost": 0.1, "inputs": ["x"]},
+        {"id": "l1", "bytes": 8, "cost": 0.1, "inputs": ["x"], "attrs": {"dtype": "float32"}},
+        {"id": "l2", "bytes": 8, "cost": 0.1, "inputs": ["x"],
+         "attrs": {"dtype": ")", second_dtype, R"("}},
         {"id": "r1", "op": "reduce_scatter", "bytes": 2, "cost": 3.06, "inputs": ["l1"],
-         "dtype": "float32", "collective": true, )", link, R"(},
+         "collective": true, )", link, R"(},
         {"id": "r2", "op": "reduce_scatter", "bytes": 2, "cost": 3.06, "inputs": ["l2"],
-         "dtype": ")", second_dtype, R"(", "collective": true, )", link, R"(}],
+         "collective": true, )", link, R"(}],
       "outputs": ["r1", "r2"]})"));
     EXPECT_TRUE(g.ok()) << g.status();
     return g.ok() ? *std::move(g) : Graph();
@@ -147,6 +149,8 @@ TEST(CollectiveBucketsTest, ReduceScattersJoinTheLaterMessageWithinTheStagingBuf
     EXPECT_DOUBLE_EQ(r.report.makespan, 0.2 + 3 + 0.75 * 16 / 100);
   }
   const std::string staging15 = absl::StrReplaceAll(staging16, {{"16", "15"}});
+  const Graph half = graph("", "float16");
+  EXPECT_EQ(MessageDtype(half, half.Find("r2")), "fp16");
   for (const Graph& g : {graph(staging15, "float32"), graph("", "float16")}) {
     const PlanResult r = Joined(g, apart(g), INT64_MAX);
     EXPECT_EQ(Steps(g, r.schedule), Steps(g, apart(g)));
@@ -167,8 +171,8 @@ PlanResult PlanSharded(const Graph& graph, int ranks, const char* policy, int64_
 }
 
 // Where pebble.torch may send a bucket of gathers as one flat tensor: each
-// member's next step after the bucket is its free, all in one run of frees
-// (or none is freed again). Returns the first bucket that is not so, or "".
+// member's next step after the bucket is its free, all in one run of frees.
+// Returns the first bucket that is not so, or "".
 std::string GathersNotFreedTogether(const Graph& g, const Schedule& s) {
   const std::vector<Step>& steps = s.steps;
   for (size_t k = 0; k < steps.size(); ++k) {
@@ -182,11 +186,9 @@ std::string GathersNotFreedTogether(const Graph& g, const Schedule& s) {
     for (size_t m = k; m < end; ++m) {
       size_t next = end;
       while (next < steps.size() && steps[next].node != steps[m].node) ++next;
-      if (next < steps.size() && steps[next].action != kF) return g.id(steps[k].node);
-      if (next < steps.size()) frees.push_back(next);
+      if (next == steps.size() || steps[next].action != kF) return g.id(steps[k].node);
+      frees.push_back(next);
     }
-    if (frees.empty()) continue;
-    if (frees.size() != end - k) return g.id(steps[k].node);
     for (size_t j = *std::min_element(frees.begin(), frees.end());
          j <= *std::max_element(frees.begin(), frees.end()); ++j) {
       if (steps[j].action != kF) return g.id(steps[k].node);

@@ -359,6 +359,17 @@ class PlanTest(unittest.TestCase):
         self.assertGreater(fit["results"][1]["value"], unsharded["results"][0]["value"])
         with self.assertRaises(ValueError):
             pebble.fit("transformer:optimizer=adam", "layers", "48MiB", shard="full")
+        # Sharded: buckets "none" (each collective its own message) or "auto"
+        # (joined within the budget: what fits is the same), no cap.
+        fits = {b: pebble.fit("mnist-cnn:optimizer=adam", "batch", "20MiB", policies=["dtr"],
+                              max=64, ranks=2, shard="full", buckets=b,
+                              time_limit=30)["results"][0]["value"]
+                for b in ("none", "auto")}
+        self.assertGreater(fits["none"], 1)
+        self.assertEqual(fits["auto"], fits["none"])
+        with self.assertRaisesRegex(ValueError, "takes buckets 'auto'"):
+            pebble.fit("mnist-cnn:optimizer=adam", "batch", "20MiB", ranks=2, shard="full",
+                       buckets="25MiB")
 
     def test_compare_equals_the_cli(self):
         policies = ["baseline", "best-order", "rotor", "revolve"]

@@ -845,15 +845,15 @@ def _checked_group(group, shard):
 def _checked_buckets(buckets, group, shard):
     """The bucket rule train_step was given; checked here for its type and
     its use (pebble.plan checks a size's text)."""
-    if buckets == "auto":
-        return buckets
     if isinstance(buckets, bool) or not isinstance(buckets, (str, int)):
         raise TypeError(f"buckets must be 'auto', 'none' or a size such as '25MiB', not "
                         f"{type(buckets).__name__}")
+    if str(buckets).strip().lower() == "auto":
+        return "auto"
     if group is None:
         raise ValueError(f"buckets={buckets!r}: buckets group the collectives of several "
                          "ranks: give a process_group")
-    if shard != "none" and str(buckets).strip().lower() not in ("none", "0"):
+    if shard != "none" and str(buckets).strip().lower() not in ("none", "0", "0b"):
         raise ValueError(f"buckets={buckets!r}: a bucket cap groups the all-reduces of data "
                          "parallelism (shard='none'); a sharded step takes 'auto' (gathers and "
                          "reduce-scatters joined where the plan is faster) or 'none'")

@@ -53,12 +53,13 @@ sends it:
   run of free steps (nothing allocated between: the plan's peak holds);
 - reduce-scatters: the local gradients side by side in the staging buffer,
   one all-reduce; each shard takes its part as above. Only where they fit
-  the staging buffer (its dtype's largest parameter), one dtype: the fsdp
-  rules make no larger bucket (their cap is the staging node's bytes).
+  the staging buffer (its dtype's largest parameter), one dtype: pebble's
+  planners make no larger bucket (their cap is the staging node's bytes).
 Any other bucket (one of several dtypes, or of gathers that the plan frees
-apart) goes member by member, one message each: the plan's memory exactly,
-its time not (ShardedRunner._messages decides; report["sharding"] counts
-the messages sent and planned).
+apart: only a schedule from elsewhere makes them) goes member by member,
+one message each: the plan's memory exactly, its time not
+(ShardedRunner._messages decides; report["sharding"] counts the messages
+sent and planned).
 
 Both move twice the bytes of an all-gather or a reduce-scatter (the plan
 times the latter): NCCL's own collectives would spare that, and the
@@ -426,7 +427,7 @@ class ShardedRunner:
     def _scatters_as_one(self, members):
         """Whether the reduce-scatters of `members` fit the staging buffer
         side by side: one dtype, their gradients' elements together (the
-        plan's buckets do: its fsdp rules cap them at the buffer's bytes)."""
+        planners' buckets do: they cap them at the buffer's bytes)."""
         dtypes = {self.shards.shards[m].dtype for m in members}
         if len(dtypes) != 1:
             return False
