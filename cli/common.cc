@@ -144,12 +144,22 @@ absl::StatusOr<Graph> GraphSource::Load(WorkspaceQueryStats* workspace) const {
   return WithBackendWorkspace(g, *backend, workspace);
 }
 
-std::string AllReducesText(const Schedule& schedule) {
+std::string CollectivesText(const Graph& graph, const Schedule& schedule) {
+  int64_t gathers = 0, scatters = 0, messages = 0;
+  for (const Step& step : schedule.steps) {
+    if (step.action != Action::kCompute || !graph.collective(step.node)) continue;
+    ++(graph.op(step.node) == "all_gather" ? gathers : scatters);
+    messages += !step.joins_bucket;
+  }
   const int64_t steps = CountSteps(schedule, Action::kAllReduce);
   const int64_t buckets = CountBuckets(schedule);
-  if (buckets == steps) return absl::StrFormat("%d all-reduces", steps);
-  return absl::StrFormat("%d all-reduces in %d bucket%s", steps, buckets,
-                         buckets == 1 ? "" : "s");
+  std::string text = buckets == steps ? absl::StrFormat("%d all-reduces", steps)
+                                      : absl::StrFormat("%d all-reduces in %d bucket%s", steps,
+                                                        buckets, buckets == 1 ? "" : "s");
+  if (gathers + scatters == 0) return text;
+  return absl::StrFormat("%d gathers and %d reduce-scatters in %d message%s%s", gathers,
+                         scatters, messages, messages == 1 ? "" : "s",
+                         steps > 0 ? absl::StrCat(", ", text) : std::string());
 }
 
 std::string FormatSeconds(double seconds) {

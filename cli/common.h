@@ -27,9 +27,10 @@ namespace pebble::cli {
 // "0 s".
 std::string FormatSeconds(double seconds);
 
-// A schedule's all-reduces for people: "8 all-reduces", or "8 all-reduces
-// in 3 buckets" where some are grouped.
-std::string AllReducesText(const Schedule& schedule);
+// A schedule's collectives for people: "8 all-reduces", or "8 all-reduces
+// in 3 buckets" where some are grouped; on a sharded graph "52 gathers and
+// 26 reduce-scatters in 20 messages" (a bucket of collectives is one).
+std::string CollectivesText(const Graph& graph, const Schedule& schedule);
 
 // How a graph's costs read as time, so that every printed time says its unit
 // and whether it is modelled or measured.

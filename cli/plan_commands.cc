@@ -133,7 +133,7 @@ void PrintReport(const Graph& g, const Schedule& schedule, const PlanReport& r,
                     : std::string())
             << (r.collectives > 0
                     ? absl::StrFormat("  collectives     %d (%s) of %s, network busy %s\n",
-                                      r.collectives, AllReducesText(schedule),
+                                      r.collectives, CollectivesText(g, schedule),
                                       FormatBytes(r.collective_bytes),
                                       unit.Amount(r.network_busy))
                     : std::string())

@@ -573,9 +573,8 @@ int RunRun(const RunFlags& given) {
   std::cout << absl::StrFormat("  backend         %s (%s)\n", (*backend)->name(), r.device);
   if (collectives != nullptr) {
     const std::string made =
-        unsharded.has_value()
-            ? absl::StrFormat("sharded: %d gathers, %d reduce-scatters", gathers, scatters)
-            : AllReducesText(plan->plan.schedule);
+        absl::StrCat(unsharded.has_value() ? "sharded: " : "",
+                     CollectivesText(*graph, plan->plan.schedule));
     std::cout << absl::StrFormat(
         "  ranks           %s; %s of %s, measured %s (network busy %s predicted)\n",
         collectives->Description(), made, FormatBytes(plan->plan.report.collective_bytes),

@@ -557,9 +557,27 @@ TEST(CliTest, RanksPlanTheGradientsAllReduces) {
   Result alone = Pebble("plan " + model + " --policy dtr --budget min --ranks 4 --shard full "
                         "--buckets none --json");
   ASSERT_EQ(alone.exit_code, 0) << alone.err;
-  for (const nlohmann::json& step : ParseOrFail(alone.out)["schedule"]["steps"]) {
-    EXPECT_FALSE(step.contains("bucket")) << step;
+  int alone_collectives = 0;  // gathers, and reduce-scatters of gathered parameters
+  const nlohmann::json alone_doc = ParseOrFail(alone.out);
+  std::set<std::string> gathered;
+  for (const nlohmann::json& step : alone_doc["schedule"]["steps"]) {
+    const std::string node = step["node"];
+    if (node.rfind("gather:", 0) == 0) gathered.insert(node.substr(7));
   }
+  for (const nlohmann::json& step : alone_doc["schedule"]["steps"]) {
+    EXPECT_FALSE(step.contains("bucket")) << step;
+    const std::string node = step["node"];
+    alone_collectives += step["action"] == "compute" &&
+                         (node.rfind("gather:", 0) == 0 ||
+                          (node.rfind("grad:", 0) == 0 && gathered.count(node.substr(5)) > 0));
+  }
+  // The summary counts the gathers and reduce-scatters, and the messages.
+  Result text = Pebble("plan " + model + " --policy dtr --budget min --ranks 4 --shard full "
+                       "--buckets none");
+  ASSERT_EQ(text.exit_code, 0) << text.err;
+  EXPECT_THAT(text.out, ContainsRegex("collectives +[0-9]+ \\([0-9]+ gathers and [0-9]+ "
+                                      "reduce-scatters in [0-9]+ messages\\) of"));
+  EXPECT_THAT(text.out, HasSubstr(" in " + std::to_string(alone_collectives) + " messages)"));
 }
 
 }  // namespace

@@ -309,7 +309,8 @@ def check_message_fallbacks(step, what):
     the plan's memory: the runner's choice (ShardedRunner._messages) on the
     step's own schedule, then on it changed so that a bucket of gathers is
     freed apart (a compute between two of its frees) and a bucket of
-    reduce-scatters holds every gradient (past the staging buffer)."""
+    reduce-scatters holds every gradient (past the staging buffer), and with
+    a member of another dtype."""
     failures = []
     variant = step._variant
     runner = variant.program.foreign
@@ -336,6 +337,18 @@ def check_message_fallbacks(step, what):
     if any(len(m) > 1 for m in runner._messages(one)["scatter"]):
         failures.append(f"{what}: a bucket of reduce-scatters past the staging buffer is sent "
                         "whole")
+    # A bucket of two dtypes (one member's shard made float64 for the
+    # question): one buffer holds one dtype, so member by member.
+    shards = runner.shards.shards
+    for kind in ("gather", "scatter"):
+        member = next(m for m in runner.messages[kind] if len(m) > 1)[0]
+        saved = shards[member]
+        shards[member] = saved.double()
+        try:
+            if any(len(m) > 1 and member in m for m in runner._messages(schedule)[kind]):
+                failures.append(f"{what}: a bucket of {kind}s of two dtypes is sent whole")
+        finally:
+            shards[member] = saved
     return failures
 
 

@@ -399,11 +399,8 @@ class ShardedRunner:
                     steps[i][0] == "compute" and steps[i][1].partition(":")[0] == kind:
                 members.append(steps[i][1].partition(":")[2])
                 i += 1
-            if kind == "gather":
-                one = self._gathers_as_one(members, steps, i)
-            else:
-                one = self._scatters_as_one(members)
-            if len(members) > 1 and one:
+            if len(members) > 1 and (self._gathers_as_one(members, steps, i) if kind == "gather"
+                                     else self._scatters_as_one(members)):
                 messages[kind] += [tuple(members)] + [()] * (len(members) - 1)
             else:
                 messages[kind] += [(m,) for m in members]
