@@ -144,13 +144,18 @@ absl::StatusOr<Graph> GraphSource::Load(WorkspaceQueryStats* workspace) const {
   return WithBackendWorkspace(g, *backend, workspace);
 }
 
-std::string CollectivesText(const Graph& graph, const Schedule& schedule) {
-  int64_t gathers = 0, scatters = 0, messages = 0;
+CollectiveComputes CountCollectiveComputes(const Graph& graph, const Schedule& schedule) {
+  CollectiveComputes n;
   for (const Step& step : schedule.steps) {
     if (step.action != Action::kCompute || !graph.collective(step.node)) continue;
-    ++(graph.op(step.node) == "all_gather" ? gathers : scatters);
-    messages += !step.joins_bucket;
+    ++(graph.op(step.node) == "all_gather" ? n.gathers : n.scatters);
+    n.messages += !step.joins_bucket;
   }
+  return n;
+}
+
+std::string CollectivesText(const Graph& graph, const Schedule& schedule) {
+  const auto [gathers, scatters, messages] = CountCollectiveComputes(graph, schedule);
   const int64_t steps = CountSteps(schedule, Action::kAllReduce);
   const int64_t buckets = CountBuckets(schedule);
   std::string text = buckets == steps ? absl::StrFormat("%d all-reduces", steps)

@@ -504,12 +504,7 @@ int RunRun(const RunFlags& given) {
   // reduce-scatters (sharded), recomputed gathers included.
   const int64_t all_reduces = CountSteps(plan->plan.schedule, Action::kAllReduce);
   const int64_t buckets = CountBuckets(plan->plan.schedule);
-  int gathers = 0, scatters = 0;
-  for (const Step& step : plan->plan.schedule.steps) {
-    if (step.action == Action::kCompute && graph->collective(step.node)) {
-      ++(graph->op(step.node) == "all_gather" ? gathers : scatters);
-    }
-  }
+  const CollectiveComputes sharded = CountCollectiveComputes(*graph, plan->plan.schedule);
   if (f.json) {
     nlohmann::json predicted =
         ReportToJson(plan->plan.report, *graph, plan->plan.schedule, /*with_timeline=*/false);
@@ -547,8 +542,8 @@ int RunRun(const RunFlags& given) {
           {"description", collectives->Description()},
           {"all_reduce", all_reduces},
           {"buckets", buckets},
-          {"all_gather", gathers},
-          {"reduce_scatter", scatters},
+          {"all_gather", sharded.gathers},
+          {"reduce_scatter", sharded.scatters},
           {"bytes", plan->plan.report.collective_bytes},
           {"predicted_network_busy_s", plan->plan.report.network_busy},
           {"measured_s", r.collective_time_s}};

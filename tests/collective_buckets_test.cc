@@ -24,6 +24,7 @@ namespace pebble {
 namespace {
 
 using ::pebble::testing::MakeSchedule;
+using ::pebble::testing::PlanSharded;
 
 constexpr Action kC = Action::kCompute, kF = Action::kFree;
 
@@ -156,18 +157,6 @@ TEST(CollectiveBucketsTest, ReduceScattersJoinTheLaterMessageWithinTheStagingBuf
     EXPECT_EQ(Steps(g, r.schedule), Steps(g, apart(g)));
     EXPECT_EQ(r.report.collectives, 2);
   }
-}
-
-PlanResult PlanSharded(const Graph& graph, int ranks, const char* policy, int64_t budget,
-                       int64_t buckets) {
-  PlannerOptions options;
-  options.budget_bytes = budget;
-  options.time_limit_s = 10;
-  options.ranks = ranks;
-  options.bucket_bytes = buckets;
-  absl::StatusOr<PlanResult> r = (*MakePlanner(policy))->Plan(graph, options);
-  EXPECT_TRUE(r.ok()) << policy << ": " << r.status();
-  return r.ok() ? *std::move(r) : PlanResult();
 }
 
 // Where pebble.torch may send a bucket of gathers as one flat tensor: each

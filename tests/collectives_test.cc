@@ -24,6 +24,7 @@ namespace pebble {
 namespace {
 
 using ::pebble::testing::MakeSchedule;
+using ::pebble::testing::PlanSharded;
 using ::testing::HasSubstr;
 
 // w a parameter; its gradient grad:w (100 bytes, 2 units) is read by the
@@ -890,19 +891,6 @@ TEST(ShardingTest, AGradientMayBeAViewButNotAddedIntoAKeptOne) {
   ASSERT_TRUE(g.ok()) << g.status();
   EXPECT_THAT(ShardGraph(*g, 2, {}).status().message(),
               HasSubstr("'grad:b' is added into a gradient kept from before the step"));
-}
-
-// `policy`'s plan of `graph` (sharded over `ranks`) within `budget`, in
-// at most 10 s; an empty result (and a test failure) where it fails.
-PlanResult PlanSharded(const Graph& graph, int ranks, const char* policy,
-                       int64_t budget = kMinBudgetBytes) {
-  PlannerOptions options;
-  options.budget_bytes = budget;
-  options.time_limit_s = 10;
-  options.ranks = ranks;
-  absl::StatusOr<PlanResult> r = (*MakePlanner(policy))->Plan(graph, options);
-  EXPECT_TRUE(r.ok()) << policy << ": " << r.status();
-  return r.ok() ? *std::move(r) : PlanResult();
 }
 
 // Every policy plans sharded graphs (the gathers are tensors to keep,

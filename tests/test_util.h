@@ -127,6 +127,22 @@ inline std::optional<PlanResult> TightPlan(const Graph& g, const std::string& po
   return std::nullopt;
 }
 
+// `policy`'s plan of `graph` (sharded over `ranks`) within `budget`, with
+// `buckets` (PlannerOptions::bucket_bytes), in at most 10 s; an empty result
+// (and a test failure) where it fails.
+inline PlanResult PlanSharded(const Graph& graph, int ranks, const char* policy,
+                              int64_t budget = kMinBudgetBytes,
+                              int64_t buckets = PlannerOptions::kPlannedBuckets) {
+  PlannerOptions options;
+  options.budget_bytes = budget;
+  options.time_limit_s = 10;
+  options.ranks = ranks;
+  options.bucket_bytes = buckets;
+  absl::StatusOr<PlanResult> r = (*MakePlanner(policy))->Plan(graph, options);
+  EXPECT_TRUE(r.ok()) << policy << ": " << r.status();
+  return r.ok() ? *std::move(r) : PlanResult();
+}
+
 }  // namespace pebble::testing
 
 #endif  // PEBBLE_TESTS_TEST_UTIL_H_

@@ -69,6 +69,39 @@ def batches(torch, ranks, count):
              torch.randint(0, 5, (BATCH_PER_RANK * ranks,), generator=g)) for _ in range(count)]
 
 
+def token_batches(torch, ranks, count):
+    """make_token_model's batches: 6 tokens of 50 each, 5 classes."""
+    g = torch.Generator().manual_seed(11)
+    return [(torch.randint(0, 50, (BATCH_PER_RANK * ranks, 6), generator=g),
+             torch.randint(0, 5, (BATCH_PER_RANK * ranks,), generator=g)) for _ in range(count)]
+
+
+def step_beside_eager(step, whole, whole_opt, loss_fn, data, rank, what):
+    """Runs the sharded `step` on this rank's slice of each batch of `data`
+    and eager training of `whole` on the whole batch; the failures where a
+    step's measured peak (the allocator's, as the profiler saw it) is not
+    the plan's."""
+    failures = []
+    for k, (x, y) in enumerate(data):
+        step(mine(x, rank), mine(y, rank))
+        whole_opt.zero_grad(set_to_none=True)
+        loss_fn(whole(x), y).backward()
+        whole_opt.step()
+        r = step.report
+        if r["measured_peak_bytes"] != r["predicted_step_peak_bytes"]:
+            failures.append(f"{what}: step {k + 1}: measured peak {r['measured_peak_bytes']}, "
+                            f"predicted {r['predicted_step_peak_bytes']}")
+    return failures
+
+
+def differs_from_eager(step, whole, steps, what):
+    """The failures where `step`'s full parameters (gathered on every rank
+    together) are not eager training's after `steps` steps."""
+    full = step.full_state_dict()
+    return [f"{what}: after {steps} steps, {name} differs from eager training's on the whole "
+            "batch" for name, value in whole.state_dict().items() if not close(full[name], value)]
+
+
 def mine(t, rank):
     return t[rank * BATCH_PER_RANK:(rank + 1) * BATCH_PER_RANK]
 
@@ -245,12 +278,7 @@ def check_sharded(torch, pt, dist, rank, ranks, kind, policy, tokens=False, buck
             return torch.optim.Adam(params, lr=1e-2, eps=1e-3, foreach=False)
         return optimizer(torch, kind, params)
     opt, whole_opt = make(model.parameters()), make(whole.parameters())
-    g = torch.Generator().manual_seed(11)
-    if tokens:
-        data = [(torch.randint(0, 50, (BATCH_PER_RANK * ranks, 6), generator=g),
-                 torch.randint(0, 5, (BATCH_PER_RANK * ranks,), generator=g)) for _ in range(5)]
-    else:
-        data = batches(torch, ranks, 5)
+    data = token_batches(torch, ranks, 5) if tokens else batches(torch, ranks, 5)
     loss_fn = torch.nn.functional.cross_entropy
     x0, y0 = data[0]
     # The token model's plan takes a given link (no measurement).
@@ -259,15 +287,7 @@ def check_sharded(torch, pt, dist, rank, ranks, kind, policy, tokens=False, buck
                          policy=policy, budget="min", measure="always",
                          process_group=dist.group.WORLD, shard="full", buckets=buckets, **link)
     what = f"sharded, {'tokens, ' if tokens else ''}{kind}, {policy}, buckets {buckets}"
-    for k, (x, y) in enumerate(data):
-        step(mine(x, rank), mine(y, rank))
-        whole_opt.zero_grad(set_to_none=True)
-        loss_fn(whole(x), y).backward()
-        whole_opt.step()
-        r = step.report
-        if r["measured_peak_bytes"] != r["predicted_step_peak_bytes"]:
-            failures.append(f"{what}: step {k + 1}: measured peak {r['measured_peak_bytes']}, "
-                            f"predicted {r['predicted_step_peak_bytes']}")
+    failures += step_beside_eager(step, whole, whole_opt, loss_fn, data, rank, what)
     s = step.report["sharding"]
     # (a policy may reduce-scatter a gradient again, from the local one kept)
     if s["ranks"] != ranks or s["reduce_scatters"] < len(list(model.parameters())) or \
@@ -296,12 +316,7 @@ def check_sharded(torch, pt, dist, rank, ranks, kind, policy, tokens=False, buck
             if key != "step" and t.numel() != -(-whole.state_dict()[_name(model, p)].numel()
                                                 // ranks):
                 failures.append(f"{what}: the optimizer's {key} is {tuple(t.shape)}, not a shard")
-    full = step.full_state_dict()
-    for name, value in whole.state_dict().items():
-        if not close(full[name], value):
-            failures.append(f"{what}: after five steps, {name} differs from eager training's "
-                            "on the whole batch")
-    return failures
+    return failures + differs_from_eager(step, whole, len(data), what)
 
 
 def check_message_fallbacks(step, what):
@@ -383,38 +398,23 @@ def check_gathers_freed_apart(torch, pt, dist, rank, ranks):
     whole = copy.deepcopy(model)
     opt = torch.optim.Adam(model.parameters(), lr=1e-2, eps=1e-3, foreach=False)
     whole_opt = torch.optim.Adam(whole.parameters(), lr=1e-2, eps=1e-3, foreach=False)
-    g = torch.Generator().manual_seed(11)
-    data = [(torch.randint(0, 50, (BATCH_PER_RANK * ranks, 6), generator=g),
-             torch.randint(0, 5, (BATCH_PER_RANK * ranks,), generator=g)) for _ in range(3)]
+    data = token_batches(torch, ranks, 3)
     loss_fn = torch.nn.functional.cross_entropy
+    what = "gathers freed apart"
     pebble.register_policy("gathers-freed-apart", gathers_freed_apart)
     try:
         x0, y0 = data[0]
         step = pt.train_step(model, loss_fn, (mine(x0, rank),), mine(y0, rank), optimizer=opt,
                              policy="gathers-freed-apart", budget="min", measure="always",
                              process_group=dist.group.WORLD, shard="full", network="ib-ndr")
-        for k, (x, y) in enumerate(data):
-            step(mine(x, rank), mine(y, rank))
-            whole_opt.zero_grad(set_to_none=True)
-            loss_fn(whole(x), y).backward()
-            whole_opt.step()
-            r = step.report
-            if r["measured_peak_bytes"] != r["predicted_step_peak_bytes"]:
-                failures.append(f"gathers freed apart: step {k + 1}: measured peak "
-                                f"{r['measured_peak_bytes']}, predicted "
-                                f"{r['predicted_step_peak_bytes']}")
+        failures += step_beside_eager(step, whole, whole_opt, loss_fn, data, rank, what)
     finally:
         pebble.unregister_policy("gathers-freed-apart")
     s = step.report["sharding"]
     if not s["planned_messages"] < s["messages"] < s["gathers"] + s["reduce_scatters"]:
-        failures.append(f"gathers freed apart: {s['messages']} messages sent for "
-                        f"{s['planned_messages']} planned")
-    full = step.full_state_dict()
-    for name, value in whole.state_dict().items():
-        if not close(full[name], value):
-            failures.append(f"gathers freed apart: after three steps, {name} differs from eager "
-                            "training's on the whole batch")
-    return failures
+        failures.append(f"{what}: {s['messages']} messages sent for {s['planned_messages']} "
+                        "planned")
+    return failures + differs_from_eager(step, whole, len(data), what)
 
 
 def check_sharded_failure(torch, pt, dist, rank, ranks):

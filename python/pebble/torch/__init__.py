@@ -848,12 +848,13 @@ def _checked_buckets(buckets, group, shard):
     if isinstance(buckets, bool) or not isinstance(buckets, (str, int)):
         raise TypeError(f"buckets must be 'auto', 'none' or a size such as '25MiB', not "
                         f"{type(buckets).__name__}")
-    if str(buckets).strip().lower() == "auto":
+    text = str(buckets).strip().lower()
+    if text == "auto":
         return "auto"
     if group is None:
         raise ValueError(f"buckets={buckets!r}: buckets group the collectives of several "
                          "ranks: give a process_group")
-    if shard != "none" and str(buckets).strip().lower() not in ("none", "0", "0b"):
+    if shard != "none" and text not in ("none", "0", "0b"):
         raise ValueError(f"buckets={buckets!r}: a bucket cap groups the all-reduces of data "
                          "parallelism (shard='none'); a sharded step takes 'auto' (gathers and "
                          "reduce-scatters joined where the plan is faster) or 'none'")
