@@ -6,8 +6,7 @@ sharded step, on the same models, ranks and link.
     PYTHONPATH=build/python /usr/bin/python3 bench/sharding_model.py
         [--models M1 M2 ...] [--ranks 2 4 8] [--network ib-ndr] [--time-limit 20]
 
-Every figure is pebble's simulator's (a prediction: no backend runs sharded
-plans yet), one rank's, in the zoo's cost model (analytic FLOPs at 10
+Every figure is pebble's simulator's (a prediction), one rank's, in the zoo's cost model (analytic FLOPs at 10
 TFLOP/s) and the link's nominal rate. Rows per (model, ranks):
 
 - dp baseline: data parallelism, the graph's own order (what DDP runs,
@@ -22,7 +21,11 @@ TFLOP/s) and the link's nominal rate. Rows per (model, ranks):
   fastest such plan (makespan), where one fits.
 
 The @ rows answer "at FSDP's memory, is pebble's plan at least as
-fast?", and the min rows "how much lower can the memory go?".
+fast?", and the min rows "how much lower can the memory go?". A model's
+optimizer placement (optimizer_state=host, updates=host, parameters=host,
+gradients=drop in its spec) applies to every row: sharding with ZeRO-Offload
+(docs/training.md); the host memory and the bytes copied each way between
+device and host are per rank too.
 """
 
 import argparse
@@ -64,10 +67,12 @@ def rows_for(model, ranks, args):
 
     def row(name, p):
         if p is None or not p.feasible:
-            rows.append((name, "-", "-", "-", "-", "does not fit" if p is not None else "error"))
+            rows.append((name, "-", "-", "-", "-", "-", "-",
+                         "does not fit" if p is not None else "error"))
             return
         r = p.report
-        rows.append((name, mib(r["peak_bytes"]), ms(r["makespan"]),
+        rows.append((name, mib(r["peak_bytes"]), mib(r.get("host_peak_bytes", 0)),
+                     mib(r.get("transfer_bytes", 0)), ms(r["makespan"]),
                      ms(r.get("network_busy", 0.0)), str(r.get("collectives", 0)),
                      str(r["recomputations"])))
 
@@ -107,9 +112,9 @@ def main():
     for model in args.models:
         for ranks in args.ranks:
             print(f"## {model}, {ranks} ranks\n")
-            print("| plan | peak per rank (MiB) | makespan (ms) | network busy (ms) | "
-                  "collectives | recomputations |")
-            print("| --- | ---: | ---: | ---: | ---: | ---: |")
+            print("| plan | peak per rank (MiB) | host peak (MiB) | copied (MiB) | "
+                  "makespan (ms) | network busy (ms) | collectives | recomputations |")
+            print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
             for r in rows_for(model, ranks, args):
                 print("| " + " | ".join(r) + " |")
             print()

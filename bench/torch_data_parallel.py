@@ -25,7 +25,11 @@ weights, two steps each after a warm-up step:
   the parameters, gradients and Adam's state, and the plan gathers the
   parameters where they are read; then FSDP's rule with a unit per block
   (policy fsdp-blocks: each decoder block's parameters gathered together,
-  as FSDP wraps them) and --policy at its predicted peak.
+  as FSDP wraps them) and --policy at its predicted peak;
+- pebble, sharded + ZeRO-Offload: the same with Adam's state shards on the
+  host and every update there (optimizer_state="host",
+  optimizer_updates="host"), under fsdp-blocks, --policy at its peak and
+  --policy at --budget.
 
 Rank 0 prints a Markdown table: each row's whole-step peak on rank 0 (what
 the step began with plus the most the allocator held above it, as the CPU
@@ -102,6 +106,8 @@ def rank_main(rank, args, port, out):
     plain = dict(policy=args.policy, budget=args.budget, time_limit=args.time_limit)
     link = None
     ddp_peak = rows[0][2]
+    # Adam's state shards on the host and its updates there (docs/torch.md)
+    offload = dict(optimizer_state="host", optimizer_updates="host", allow_cpu_offload=True)
     for name, placement in (("pebble", plain),
                             ("pebble, one all-reduce a gradient", dict(plain, buckets="none")),
                             ("pebble, planned buckets at DDP's peak",
@@ -121,7 +127,15 @@ def rank_main(rank, args, port, out):
                              dict(plain, policy="fsdp-blocks", budget="min", shard="full")),
                             (f"pebble, sharded: {args.policy} at its peak",
                              dict(policy=args.policy, time_limit=args.time_limit,
-                                  shard="full"))):
+                                  shard="full")),
+                            ("pebble, sharded + ZeRO-Offload: FSDP's rule, a unit per block",
+                             dict(plain, policy="fsdp-blocks", budget="min", shard="full",
+                                  **offload)),
+                            (f"pebble, sharded + ZeRO-Offload: {args.policy} at its peak",
+                             dict(policy=args.policy, time_limit=args.time_limit,
+                                  shard="full", **offload)),
+                            (f"pebble, sharded + ZeRO-Offload: {args.policy}",
+                             dict(plain, shard="full", **offload))):
         if "budget" not in placement:  # the FSDP rows' predicted peak: the same memory
             placement = dict(placement, budget=rows[-1][1])
         if link is not None:  # the first row's measured link: one link for every plan

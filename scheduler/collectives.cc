@@ -14,6 +14,8 @@
 #include "absl/strings/strip.h"
 #include "scheduler/budget.h"
 #include "scheduler/collective_buckets.h"
+#include "scheduler/offload.h"
+#include "scheduler/policies.h"
 #include "graph/status.h"
 #include "graph/text_input.h"
 
@@ -512,11 +514,60 @@ class GradientReductionPlanner : public Planner {
   bool join_collectives_;
 };
 
+class FsdpRulesComparedPlanner : public Planner {
+ public:
+  explicit FsdpRulesComparedPlanner(std::unique_ptr<Planner> inner) : inner_(std::move(inner)) {}
+
+  absl::StatusOr<PlanResult> Plan(const Graph& graph,
+                                  const PlannerOptions& options) const override {
+    ASSIGN_OR_RETURN(PlanResult best, inner_->Plan(graph, options));
+    bool updates = false;
+    for (NodeId v = 0; v < graph.num_nodes() && !updates; ++v) updates = graph.in_place(v);
+    if (!graph.has_collectives() || options.ranks <= 1 || !updates) return best;
+    const MakespanSelector judge(graph, options);
+    nlohmann::json tried = best.details.value("tried", nlohmann::json::array());
+    std::string chosen;
+    for (const char* rule : kFsdpPolicies) {
+      ASSIGN_OR_RETURN(std::unique_ptr<Planner> planner, MakePlanner(rule));
+      absl::StatusOr<PlanResult> r = planner->Plan(graph, options);
+      if (!r.ok()) continue;
+      // The rule's messages joined further where the whole step is faster.
+      if (options.bucket_bytes == PlannerOptions::kPlannedBuckets) {
+        absl::StatusOr<PlanResult> joined =
+            JoinCollectiveMessages(graph, *r, options, kMaxJoinSimulatedSteps / 4);
+        if (joined.ok()) r = std::move(joined);
+      }
+      tried.push_back({{"candidate", absl::StrCat(rule, " (whole step)")},
+                       {"peak_bytes", r->report.peak_bytes},
+                       {"makespan", r->report.makespan},
+                       {"transfer_bytes", r->report.transfer_bytes},
+                       {"fits", judge.Fits(r->report)}});
+      if (judge.Prefers(r->report, best.report)) {
+        best = *std::move(r);
+        chosen = rule;
+      }
+    }
+    best.details["tried"] = std::move(tried);
+    if (!chosen.empty()) {
+      best.details["candidate"] = chosen;
+      best.details["whole_step_rule"] = true;
+    }
+    return best;
+  }
+
+ private:
+  std::unique_ptr<Planner> inner_;
+};
+
 }  // namespace
 
 std::unique_ptr<Planner> WithGradientReduction(std::unique_ptr<Planner> inner,
                                                bool join_collectives) {
   return std::make_unique<GradientReductionPlanner>(std::move(inner), join_collectives);
+}
+
+std::unique_ptr<Planner> WithFsdpRulesCompared(std::unique_ptr<Planner> inner) {
+  return std::make_unique<FsdpRulesComparedPlanner>(std::move(inner));
 }
 
 }  // namespace pebble

@@ -195,6 +195,8 @@ class MakespanSelector {
   const PlanReport& best() const { return best_report_; }
   const Schedule& best_schedule() const { return best_schedule_; }
   bool Fits(const PlanReport& report) const;
+  // Whether report `a` is chosen over `b` by the rule Consider follows.
+  bool Prefers(const PlanReport& a, const PlanReport& b) const { return Better(a, b); }
   int num_considered() const { return considered_; }
   // True once the time limit has passed: the policy stops offering
   // candidates, and Finish notes the cut (NoteTimeLimit).

@@ -104,8 +104,11 @@ absl::StatusOr<std::unique_ptr<Planner>> MakePlanner(absl::string_view name) {
         " (known: ", absl::StrJoin(names, ", "), "; see 'pebble policies')"));
   }
   // Every policy plans storages, not views (Note [Alias folding]).
-  return WithGradientReduction(WithUpdatesLast(WithAliasFolding(info->factory())),
-                               /*join_collectives=*/!info->external && !info->own_messages);
+  std::unique_ptr<Planner> planner =
+      WithGradientReduction(WithUpdatesLast(WithAliasFolding(info->factory())),
+                            /*join_collectives=*/!info->external && !info->own_messages);
+  if (name == "hybrid") return WithFsdpRulesCompared(std::move(planner));
+  return planner;
 }
 
 void ReportProgress(const PlannerOptions& options, std::string stage,

@@ -32,7 +32,10 @@ namespace pebble {
 // gradient is the transpose of a matmul's output, and one bias's gradient
 // may be a view of another's), and then the local gradient keeps that view;
 // the reduce-scatter reads it into a shard of its own. A gradient added
-// into one kept from before the step is refused.
+// into one kept from before the step is refused. A shard keeps its
+// tensor's home and an update its runs_on (with 1/ranks of its host_cost),
+// so the optimizer's placement holds on the shards: ZeRO-Offload's updates
+// on the host, ZeRO-Infinity's parameters fetched from it for their gathers.
 namespace {
 
 struct ShardedParameter {
@@ -143,19 +146,6 @@ absl::StatusOr<Graph> ShardGraph(const Graph& g, int ranks, const NetworkLink& l
   for (NodeId s = 0; s < n; ++s) {
     if (g.persistent(s) && g.role(s) == Role::kOptimizerState) {
       if (NodeId p = StateOwner(g, s, sharded); p != kNoNode) shard_root[s] = p;
-    }
-  }
-  for (NodeId v = 0; v < n; ++v) {
-    const NodeId root = g.storage(v);
-    const bool touched = shard_root[root] != kNoNode;
-    if (touched && g.home(root).has_value()) {
-      return absl::UnimplementedError(absl::StrCat(
-          Quote(g.id(root)), " has a home: pebble does not model sharding with offload yet"));
-    }
-    if (touched && g.in_place(v) && g.runs_on(v) != Tier::kDevice) {
-      return absl::UnimplementedError(absl::StrCat(
-          "update ", Quote(g.id(v)), " may run on the host: pebble does not model sharding "
-          "with host updates yet"));
     }
   }
   // Every node but the update chains of a sharded storage reads the

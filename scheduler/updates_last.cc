@@ -125,6 +125,16 @@ std::vector<Step> StreamParameters(const Graph& graph, const std::vector<Step>& 
     return static_cast<int>(std::lower_bound(computes.begin(), computes.end(), i) -
                             computes.begin());
   };
+  // A bucket of collectives (a unit's gathers of sharded parameters) is
+  // consecutive steps: a prefetch or free goes before or after it whole.
+  auto bucket_first = [&](int i) {
+    while (i > 0 && steps[i].joins_bucket) --i;
+    return i;
+  };
+  auto bucket_last = [&](int i) {
+    while (i + 1 < n && steps[i + 1].joins_bucket) ++i;
+    return i;
+  };
   std::vector<std::vector<Step>> before(n + 1), after(n);
   for (NodeId p = 0; p < graph.num_nodes(); ++p) {
     const std::vector<Use>& u = uses[p];
@@ -138,12 +148,12 @@ std::vector<Step> StreamParameters(const Graph& graph, const std::vector<Step>& 
       }
       // Prefetch before the compute preceding the first use, where that
       // comes after the previous window's free.
-      int at = u[a].step;
-      const int c = computes_before(u[a].step);
-      if (c > 0 && computes[c - 1] > previous_end) at = computes[c - 1];
+      int at = bucket_first(u[a].step);
+      const int c = computes_before(at);
+      if (c > 0 && computes[c - 1] > previous_end) at = bucket_first(computes[c - 1]);
       before[at].push_back({Action::kPrefetch, p});
-      after[u[b].step].push_back({Action::kFree, p});
-      previous_end = u[b].step;
+      previous_end = bucket_last(u[b].step);
+      after[previous_end].push_back({Action::kFree, p});
       a = b + 1;
     }
   }

@@ -479,7 +479,7 @@ TEST_F(DataParallelRunTest, ShardedRunsHoldTheShardsOfTheDataParallelRun) {
   const Graph g = *AddOptimizerStep(training, *ParseOptimizer("adam:lr=0.01"));
   auto dp = RunRanks(g, Plan(g, "baseline", 2), 2);
   for (int r = 0; r < 2; ++r) ASSERT_TRUE(dp[r].ok()) << "rank " << r << ": " << dp[r].status();
-  auto sharded = ShardGraph(g, 2, NetworkLink{});
+  const auto sharded = ShardGraph(g, 2, NetworkLink{});
   ASSERT_TRUE(sharded.ok()) << sharded.status();
   // Without the unsharded graph its shards would start from nothing that
   // the unsharded run knows: refused, before any collective.
@@ -497,22 +497,44 @@ TEST_F(DataParallelRunTest, ShardedRunsHoldTheShardsOfTheDataParallelRun) {
   // fsdp-module sends each module's gathers, and its reduce-scatters, as one
   // message (a bucket of collectives), and dtr's plan joins messages where
   // they are faster (collective_buckets.h); fsdp joins none: the same sums,
-  // in the same order.
-  for (const char* policy : {"fsdp", "dtr", "fsdp-module"}) {
-    SCOPED_TRACE(policy);
-    const Schedule schedule = Plan(*sharded, policy, 2);
-    EXPECT_EQ(HasBuckets(schedule), std::string(policy) != "fsdp");
-    auto runs = RunRanks(*sharded, schedule, 2, {}, &g);
+  // in the same order. With the optimizer's state on the host and its
+  // updates there too (ZeRO-Offload on shards), or the shards streamed from
+  // the host to their gathers, the same.
+  struct Case {
+    const char* optimizer;
+    const char* policy;
+  };
+  for (const Case& c : {Case{"adam:lr=0.01", "fsdp"}, Case{"adam:lr=0.01", "dtr"},
+                        Case{"adam:lr=0.01", "fsdp-module"},
+                        Case{"adam:lr=0.01,state=host,updates=host,gradients=drop", "fsdp-blocks"},
+                        Case{"adam:lr=0.01,state=host,parameters=host", "dtr"}}) {
+    SCOPED_TRACE(absl::StrCat(c.optimizer, " ", c.policy));
+    const Graph offloaded = *AddOptimizerStep(training, *ParseOptimizer(c.optimizer));
+    auto step_graph = ShardGraph(offloaded, 2, NetworkLink{});
+    ASSERT_TRUE(step_graph.ok()) << step_graph.status();
+    const Schedule schedule = Plan(*step_graph, c.policy, 2);
+    EXPECT_EQ(HasBuckets(schedule), std::string(c.policy) != "fsdp");
+    const bool on_host = std::string(c.optimizer) != "adam:lr=0.01";
+    int host_computes = 0, moves = 0;
+    for (const Step& step : schedule.steps) {
+      host_computes += step.action == Action::kHostCompute;
+      moves += step.action == Action::kPrefetch || step.action == Action::kOffload;
+    }
+    EXPECT_EQ(host_computes > 0, absl::StrContains(c.optimizer, "updates=host"));
+    EXPECT_EQ(moves > 0, on_host);
+    auto runs = RunRanks(*step_graph, schedule, 2, {}, &offloaded);
     int compared = 0;
     for (int r = 0; r < 2; ++r) {
       ASSERT_TRUE(runs[r].ok()) << "rank " << r << ": " << runs[r].status();
       EXPECT_EQ(runs[r]->peak_bytes, runs[r]->predicted.peak_bytes);
+      EXPECT_EQ(runs[r]->host_peak_bytes, runs[r]->predicted.host_peak_bytes);
+      EXPECT_EQ(runs[r]->host_peak_bytes > 0, on_host);
       EXPECT_EQ(*runs[r]->loss, *dp[r]->loss);
       std::vector<const HostTensor*> mine, whole;
       for (const HostTensor& t : runs[r]->updated) mine.push_back(&t);
       for (const HostTensor& t : runs[r]->outputs) mine.push_back(&t);
       for (const HostTensor* t : mine) {
-        const std::string& id = sharded->id(t->node);
+        const std::string& id = step_graph->id(t->node);
         if (id == "loss") continue;
         const HostTensor* full = nullptr;
         for (const auto* list : {&dp[r]->updated, &dp[r]->outputs}) {
@@ -534,7 +556,8 @@ TEST_F(DataParallelRunTest, ShardedRunsHoldTheShardsOfTheDataParallelRun) {
         ++compared;
       }
     }
-    EXPECT_GT(compared, 20);  // 8 parameters, their gradients and Adam's moments, per rank
+    // 8 parameters, their gradients (unless dropped) and Adam's moments, per rank
+    EXPECT_GT(compared, 20);
   }
 }
 

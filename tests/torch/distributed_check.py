@@ -29,6 +29,9 @@ Each rank takes its slice of one batch. Checks, on every rank:
   module's parameters stay empty between steps and the optimizer's state
   is this rank's shards; a model with an embedding and layer norms too,
   under hybrid and under FSDP's rule with a unit per block (fsdp-blocks);
+  and with the optimizer's state shards on the host, its updates there too,
+  or both where the plan chooses (ZeRO-Offload on shards): the same, the
+  bytes copied as planned;
 - a process group of one rank runs the single process's step, no
   all-reduce planned;
 - a rank that dies mid-step, data parallel and (in a group of its own)
@@ -263,9 +266,11 @@ def make_token_model(torch):
     return Tokens()
 
 
-def check_sharded(torch, pt, dist, rank, ranks, kind, policy, tokens=False, buckets="auto"):
+def check_sharded(torch, pt, dist, rank, ranks, kind, policy, tokens=False, buckets="auto",
+                  state=None, updates="device"):
     """shard="full": the parameters of eager training on the whole batch, on
-    every rank, and the measured peak the plan's."""
+    every rank, and the measured peak the plan's; with the optimizer's state
+    and updates where `state` and `updates` say (ZeRO-Offload on shards)."""
     failures = []
     torch.manual_seed(0)
     model = make_token_model(torch) if tokens else make_model(torch)
@@ -283,11 +288,17 @@ def check_sharded(torch, pt, dist, rank, ranks, kind, policy, tokens=False, buck
     x0, y0 = data[0]
     # The token model's plan takes a given link (no measurement).
     link = dict(network="ib-ndr") if tokens else {}
+    offload = {} if state is None and updates == "device" else dict(
+        optimizer_state=state, optimizer_updates=updates, allow_cpu_offload=True)
     step = pt.train_step(model, loss_fn, (mine(x0, rank),), mine(y0, rank), optimizer=opt,
                          policy=policy, budget="min", measure="always",
-                         process_group=dist.group.WORLD, shard="full", buckets=buckets, **link)
-    what = f"sharded, {'tokens, ' if tokens else ''}{kind}, {policy}, buckets {buckets}"
+                         process_group=dist.group.WORLD, shard="full", buckets=buckets,
+                         **link, **offload)
+    what = (f"sharded, {'tokens, ' if tokens else ''}{kind}, {policy}, buckets {buckets}"
+            + (f", state {state}, updates {updates}" if offload else ""))
     failures += step_beside_eager(step, whole, whole_opt, loss_fn, data, rank, what)
+    if offload:
+        failures += check_offloaded_shards(step, opt, model, state, updates, what)
     s = step.report["sharding"]
     # (a policy may reduce-scatter a gradient again, from the local one kept)
     if s["ranks"] != ranks or s["reduce_scatters"] < len(list(model.parameters())) or \
@@ -317,6 +328,30 @@ def check_sharded(torch, pt, dist, rank, ranks, kind, policy, tokens=False, buck
                                                 // ranks):
                 failures.append(f"{what}: the optimizer's {key} is {tuple(t.shape)}, not a shard")
     return failures + differs_from_eager(step, whole, len(data), what)
+
+
+def check_offloaded_shards(step, opt, model, state, updates, what):
+    """The plan's placement of the sharded state and updates, as asked, and
+    opt.state's shards where it says."""
+    failures = []
+    r = step.report
+    placed, ran = r["optimizer_state"], r["optimizer_updates"]
+    # (Adam's step count stays where torch.optim keeps it: a tensor of its own)
+    tensors = sum(1 for p in model.parameters() for key in opt.state[p] if key != "step")
+    if state == "host" and placed["host_tensors"] < tensors:
+        failures.append(f"{what}: the state's home is the host, but {placed}")
+    if updates == "host" and (ran["device_parameters"] != 0 or
+                              ran["host_parameters"] != len(list(model.parameters()))):
+        failures.append(f"{what}: updates on the host, but {ran}")
+    if updates == "host" and not r["predicted_transfer_bytes"] > 0:
+        failures.append(f"{what}: updates on the host move nothing: {r}")
+    if r["transfer_bytes"] != r["predicted_transfer_bytes"]:
+        failures.append(f"{what}: moved {r['transfer_bytes']} bytes, the plan "
+                        f"{r['predicted_transfer_bytes']}")
+    if r["measured_host_peak_bytes"] > r["host_peak_bytes"]:
+        failures.append(f"{what}: {r['measured_host_peak_bytes']} bytes of host copies, the "
+                        f"plan's host peak {r['host_peak_bytes']}")
+    return failures
 
 
 def check_message_fallbacks(step, what):
@@ -600,9 +635,6 @@ def checks(torch, pt, dist, rank, ranks):
                 (dict(process_group=world, shard="full"), ValueError, "give the optimizer too"),
                 (dict(process_group=world, shard="full", optimizer=sgd,
                       optimizer_gradients="keep"), ValueError, "is not possible"),
-                (dict(process_group=world, shard="full", optimizer=sgd,
-                      optimizer_updates="host", allow_cpu_offload=True), ValueError,
-                 "host state or host updates"),
                 (dict(process_group=world, shard="full", optimizer=sgd, buckets="25MiB"),
                  ValueError, "a sharded step takes 'auto'")):
             try:
@@ -625,6 +657,13 @@ def checks(torch, pt, dist, rank, ranks):
     failures += check_sharded(torch, pt, dist, rank, ranks, "adam", "hybrid", tokens=True)
     # FSDP's rule with a unit per block (mlp.0, mlp.2; the rest the root unit)
     failures += check_sharded(torch, pt, dist, rank, ranks, "adam", "fsdp-blocks", tokens=True)
+    # ZeRO-Offload on shards: the state's shards on the host, and the updates
+    # there too, or where the plan puts them.
+    failures += check_sharded(torch, pt, dist, rank, ranks, "adam", "dtr", state="host")
+    failures += check_sharded(torch, pt, dist, rank, ranks, "adam", "fsdp-blocks", tokens=True,
+                              state="host", updates="host")
+    failures += check_sharded(torch, pt, dist, rank, ranks, "sgd", "hybrid", state="auto",
+                              updates="auto")
     failures += check_gathers_freed_apart(torch, pt, dist, rank, ranks)
     failures += check_sharded_failure(torch, pt, dist, rank, ranks)
     return failures

@@ -464,8 +464,9 @@ class _Variant:
         self.shards = step.shards
         self.graph = self._whole_step(capture.graph)
         self.persistent_bytes = capture.persistent_bytes
-        if self.shards is not None:  # the shards, the state and what stays whole
-            self.persistent_bytes = _persistent_bytes(self.graph)
+        if self.shards is not None:  # the shards, what stays whole, the state that may stay
+            self.persistent_bytes = (_persistent_bytes(self.graph, but=self.updates.state_bytes)
+                                     + self.updates.planned_state_bytes)
         elif self.updates is not None:  # the optimizer's step in the plan
             # While planning: the state that may be resident frames the
             # budget; once planned, only what the plan keeps resident (below).
@@ -480,6 +481,10 @@ class _Variant:
             if self.shards is None:
                 self.persistent_bytes = (capture.persistent_bytes +
                                          self.placement.resident_state_bytes)
+            else:  # the shards and staging buffers, and the state the plan keeps here
+                self.persistent_bytes = (
+                    _persistent_bytes(self.graph, but=self.updates.state_bytes)
+                    + self.placement.resident_state_bytes)
         group = step.process_group
         # One rank has nothing to average: its plan has no all-reduce; a
         # sharded plan reduce-scatters instead.
@@ -652,6 +657,8 @@ class _Variant:
             self.step.measure_mode == "first" and not self.measured_once)
         if measured and self.device.type == "cpu" and self.freed_parameters:
             self._reallocate_freed_parameters()
+        if measured and self.device.type == "cpu" and self.shards is not None:
+            self.shards.reallocate_where_profiled(self.program.foreign.freed_shards)
         sharded = self.shards.params if self.shards is not None else ()
         persistent = self.capture.persistent(inputs, target, sharded)
         if self.updates is not None:
@@ -792,10 +799,12 @@ def _why(e):
     return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
 
 
-def _persistent_bytes(graph):
-    """The bytes of the persistent tensors of `graph` (a pebble.Graph) on the device."""
+def _persistent_bytes(graph, but=()):
+    """The bytes of the persistent tensors of `graph` (a pebble.Graph) whose
+    home is the device, but those of the ids in `but`."""
     return sum(n["bytes"] for n in json.loads(graph.to_json())["nodes"]
-               if n.get("persistent") and n.get("home", "device") == "device")
+               if n.get("persistent") and n.get("home", "device") == "device" and
+               n["id"] not in but)
 
 
 def _sharding_report(plan, shards, network_measured, runner):
@@ -871,9 +880,6 @@ def _checked_sharding(shard, optimizer, state, updates, gradients):
     if optimizer is None:
         raise ValueError("shard='full' shards the optimizer's state and runs its updates on "
                          "the shards: give the optimizer too")
-    if state not in (None, "device") or updates != "device":
-        raise ValueError("shard='full' keeps the optimizer's state and runs its updates on the "
-                         "device: pebble does not shard with host state or host updates yet")
     if gradients == "keep":
         raise ValueError("shard='full' gives each rank 1/ranks of each gradient, which the "
                          "updates read and the plan then frees: optimizer_gradients='keep' "

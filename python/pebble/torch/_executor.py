@@ -670,15 +670,20 @@ class _RunState:
             return
         self._settle(node)
         buffer = self.program.host[node.index]
-        event = self._copy(buffer, t)
+        event = self.copy(buffer, t)
         if event is not None:
             self.offloaded[node.index] = event
             self.copied_out[node.index] = event
         if node.index not in self.on_host:
             self.on_host.add(node.index)
-            self.host_bytes += node.nbytes
-            self.result.host_peak_bytes = max(self.result.host_peak_bytes, self.host_bytes)
+            self.count_host(node.nbytes)
         self.result.transfer_bytes += node.nbytes
+
+    def count_host(self, nbytes):
+        """Counts a host copy of `nbytes` that this run made current (kept
+        to the end: host buffers are kept between steps) in its host peak."""
+        self.host_bytes += nbytes
+        self.result.host_peak_bytes = max(self.result.host_peak_bytes, self.host_bytes)
 
     def prefetch(self, node):
         if node.kind == "order":
@@ -687,7 +692,7 @@ class _RunState:
         buffer = self.program.host[node.index]
         t = torch.empty_strided(buffer.shape, buffer.stride(), dtype=buffer.dtype,
                                 device=self.device)
-        event = self._copy(t, buffer)
+        event = self.copy(t, buffer)
         if event is not None:
             self.ready[node.index] = event
         self.live[node.index] = t
@@ -698,7 +703,7 @@ class _RunState:
                 self.dropped.pop(node.index, None) is not None:
             self.program.rebind(node, t)
 
-    def _copy(self, dst, src):
+    def copy(self, dst, src):
         """dst <- src; on a GPU on the side stream after the compute stream's
         work so far. Returns the copy's event (None on the CPU)."""
         if not self.cuda:

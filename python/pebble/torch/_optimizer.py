@@ -294,7 +294,11 @@ class Updates:
                         f"step keeps it {tuple(template.shape)} (a state from a step sharded "
                         "otherwise, or from one not sharded?)")
                 s[key] = self._at_home(s[key], template, f"{key}:{name}" in placement.host_state)
-        for dtype, numel in placement.scratch_numel.items():
+        scratch_numel = {}  # dtype -> the largest tensor a host update of that dtype takes
+        for name in placement.scratch_parameters:
+            t = like[name] if like is not None and name in like else self.params[name]
+            scratch_numel[t.dtype] = max(scratch_numel.get(t.dtype, 0), t.numel())
+        for dtype, numel in scratch_numel.items():
             held = self._host_scratch.get(dtype)
             if held is None or held.numel() < numel:
                 self._host_scratch[dtype] = torch.empty(numel, dtype=dtype)
@@ -466,13 +470,11 @@ class Placement:
         self.host_parameters = sorted({_parameter_of(n) for n in self.host_updates
                                        if updates.ops[n] != "optimizer_step"})
         self.device_parameters = sorted(set(updates.params) - set(self.host_parameters))
-        # The host updates' temporaries, per dtype: the largest parameter's.
-        self.scratch_numel = {}
-        for node_id in self.host_updates:
-            op = updates.ops[node_id]
-            if op != "optimizer_step" and _temporary(op, updates.settings):
-                p = updates.params[_parameter_of(node_id)]
-                self.scratch_numel[p.dtype] = max(self.scratch_numel.get(p.dtype, 0), p.numel())
+        # The parameters whose host updates take a temporary (the host
+        # scratch holds the largest of a dtype: Updates.ensure_state).
+        self.scratch_parameters = sorted({
+            _parameter_of(n) for n in self.host_updates
+            if updates.ops[n] != "optimizer_step" and _temporary(updates.ops[n], updates.settings)})
 
     def report(self):
         """The report's "optimizer_state" and "optimizer_updates" entries."""

@@ -65,6 +65,20 @@ Both move twice the bytes of an all-gather or a reduce-scatter (the plan
 times the latter): NCCL's own collectives would spare that, and the
 reduce-scatter's buffer, and wait for a GPU to be checked.
 
+Note [Shards on the host]: with optimizer_state="host" or "auto" the
+optimizer's state shards live where the plan keeps them (opt.state, as
+unsharded), and with optimizer_updates="host" or "auto" an update may run
+on the host (ZeRO-Offload's rule, on 1/ranks of the state). Such an update
+reads host copies of the parameter's shard and of its gradient's shard: the
+plan offloads both ("offload shard:p", "offload scatter:p" here), frees the
+device shard, runs the update on the host copy and fetches the updated
+shard back ("prefetch shard:p") before its next gather. Each host copy is
+a buffer made with the runner (pinned beside a GPU) and kept between steps,
+as the plan's host memory is; a fetched shard is a new device tensor, and
+the shard it replaces went at the plan's free. After a failed run, a shard
+the plan had freed is fetched back from its host copy (the updated value
+where its update had run).
+
 The module's parameters hold no memory between steps (an empty tensor each,
 as FSDP frees them): the shards are the parameters. A capture (the first
 call of each shapes) and full_state_dict() gather them for their duration.
@@ -80,7 +94,7 @@ from .. import _core
 from ._compat import storage_bytes
 from ._distributed import _collective, drain
 from ._executor import PlanExecutionError
-from ._memory import round_up
+from ._memory import allocated_where_profiled, round_up
 
 
 class Shards:
@@ -141,6 +155,12 @@ class Shards:
     def held_bytes(self, t):
         """The device memory a tensor made here holds, as the plan counts it."""
         return round_up(t.numel() * t.element_size(), self.round_to)
+
+    def shard_held_bytes(self, name):
+        """The device memory of a shard of `name` (or of its gradient's), as
+        the plan counts it."""
+        item = self.params[name].element_size()
+        return round_up(self.shard_numel(name) * item, self.round_to)
 
     def bounds(self, name):
         """[lo, hi): the elements of the flattened parameter in this rank's shard."""
@@ -240,6 +260,14 @@ class Shards:
         finally:
             self.release()
 
+    def reallocate_where_profiled(self, names):
+        """The shards of `names` (those a plan frees) as copies allocated where
+        the CPU profiler sees them, so that it measures their frees
+        (_memory.allocated_where_profiled)."""
+        fresh = allocated_where_profiled([self.shards[name] for name in names])
+        for name, t in zip(names, fresh):
+            self.shards[name] = t
+
     def release(self):
         """The module's parameters hold no memory from here: the shards are them."""
         for p in self.params.values():
@@ -268,12 +296,14 @@ class Shards:
             if numel > buffer.numel():
                 self.staging[dtype] = torch.empty(numel, dtype=dtype, device=buffer.device)
         self._exact_bytes(doc, round_to)
+        updates.planned_state_bytes = 0  # the state that may be resident (home not the host)
         for node in doc["nodes"]:
             if node["id"] in updates.state_bytes:
                 updates.state_bytes[node["id"]] = node["bytes"]
+                if node.get("home") != "host":
+                    updates.planned_state_bytes += node["bytes"]
             if node["id"] in updates.workspace_bytes:
                 updates.workspace_bytes[node["id"]] = node.get("workspace", 0)
-        updates.planned_state_bytes = sum(updates.state_bytes.values())
         for dtype, buffer in self.staging.items():  # what the ranks' collectives hold
             # (op staging_buffer: the fsdp rules cap a message of reduce-scatters at it)
             doc["nodes"].append({"id": f"staging:{str(dtype).replace('torch.', '')}",
@@ -367,10 +397,33 @@ class ShardedRunner:
             self.gradient[name] = node
         self._check(schedule)
         self.messages = self._messages(schedule)
+        self.host = self._host_buffers(schedule)
+        # The shards the plan frees (for their updates on the host).
+        self.freed_shards = sorted({node_id.partition(":")[2] for action, node_id, *_ in schedule
+                                    if action == "free" and node_id.startswith("shard:")})
         self._new_run()
         self.retired = []  # (works, staging buffers) a failed run left in flight (abort)
 
+    def _host_buffers(self, schedule):
+        """Note [Shards on the host]: a host buffer per shard, gradient shard
+        or gathered parameter ("shard:p", "scatter:p", "gather:p") that the
+        plan offloads, kept between steps."""
+        buffers = {}
+        for action, node_id, *_ in schedule:
+            kind, _, name = node_id.partition(":")
+            if action == "offload" and kind in ("gather", "shard", "scatter") and \
+                    name in self.shards.params and node_id not in buffers:
+                shard = self.shards.shards[name]
+                shape = self.shards.shapes[name] if kind == "gather" else (shard.numel(),)
+                buffers[node_id] = torch.empty(shape, dtype=shard.dtype, device="cpu",
+                                               pin_memory=shard.device.type == "cuda")
+        return buffers
+
     def _new_run(self):
+        self.on_host = set()  # the host copies this run made current (_host_buffers' keys)
+        self.copied_out = {}  # host copy -> its offload's event, until the host reads it
+        self.offloaded = {}  # host copy -> its offload's event, until the device copy goes
+        self.ready = {}  # "shard:p", "scatter:p" -> its prefetch's event, until read
         self.scattered = {}  # name -> this run's gradient shard
         self.works = []  # this run's collectives (drained after a failure)
         # name -> its reduce-scatter's work, not complete yet: those of one
@@ -432,18 +485,20 @@ class ShardedRunner:
         return total <= self.shards.staging[dtypes.pop()].numel()
 
     def _check(self, schedule):
-        """PlanExecutionError for a plan this runner cannot run: a shard or a
-        gathered parameter copied to the host."""
+        """PlanExecutionError for a plan this runner cannot run: a shard, a
+        gradient shard or a gathered parameter fetched before any offload
+        made its host copy (a shard whose home is the host)."""
+        offloaded = set()
         for action, node_id, *_ in schedule:
             kind, _, name = node_id.partition(":")
-            if kind == "shard" and name in self.shards.params:
-                raise PlanExecutionError(f"the plan moves the shard of '{name}' ({action}): "
-                                         "pebble.torch keeps the shards resident; plan without "
-                                         "a host budget")
-            if kind in ("gather", "scatter") and action not in ("compute", "free"):
-                raise PlanExecutionError(f"the plan {action}s '{node_id}': pebble.torch does "
-                                         "not copy gathered parameters or gradient shards to "
-                                         "the host; plan without a host budget")
+            if kind not in ("gather", "shard", "scatter") or name not in self.shards.params:
+                continue
+            if action == "offload":
+                offloaded.add(node_id)
+            if action == "prefetch" and node_id not in offloaded:
+                raise PlanExecutionError(f"the plan fetches '{node_id}' before any copy of it "
+                                         "to the host: pebble.torch keeps each shard on the "
+                                         "device between steps")
 
     # --- the runner's protocol (_executor.Program) ------------------------------
 
@@ -461,21 +516,105 @@ class ShardedRunner:
 
     def step(self, action, node_id, run):
         kind, _, name = node_id.partition(":")
-        if kind == "gather" and name in self.shards.params:
+        if kind == "gather" and name in self.shards.params and action in ("compute", "free"):
             if action == "compute":
                 self._gather(self._next_message(kind, name), run)
                 self._computed(node_id, run)
             else:
+                event = self.offloaded.pop(node_id, None)  # a copy to the host reads it
+                if event is not None:
+                    run.stream.wait_event(event)
                 run.take(self.parameter[name])
-        elif kind == "scatter" and name in self.shards.params:
-            if action == "compute":
-                self._scatter(self._next_message(kind, name), run)
-                self._computed(node_id, run)
-            else:
-                self.settle(name)
-                run.hold(-self.shards.held_bytes(self.scattered.pop(name)))
+        elif kind == "scatter" and name in self.shards.params and action == "compute":
+            self._scatter(self._next_message(kind, name), run)
+            self._computed(node_id, run)
+        elif kind in ("gather", "shard", "scatter") and name in self.shards.params:
+            self._move(action, node_id, run)
         else:
             self.updates.step(action, node_id, _ShardValues(run, self))
+
+    # --- shards on the host (Note [Shards on the host]) ---------------------------
+
+    def device_shard(self, node_id, run):
+        """The device tensor of "shard:p" or "scatter:p" (a gradient shard's
+        reduce-scatter complete), its fetch complete for the compute stream."""
+        kind, _, name = node_id.partition(":")
+        if kind == "scatter":
+            self.settle(name)
+        t = (self.shards.shards if kind == "shard" else self.scattered).get(name)
+        if t is None:
+            raise PlanExecutionError(f"the plan reads '{node_id}', which is not on the device")
+        event = self.ready.pop(node_id, None)
+        if event is not None:
+            run.stream.wait_event(event)
+        return t
+
+    def _put_device_shard(self, node_id, t):
+        """`t` is the device tensor of "shard:p" or "scatter:p" (None: freed)."""
+        kind, _, name = node_id.partition(":")
+        if kind == "shard":
+            self.shards.shards[name] = t
+        elif t is None:
+            del self.scattered[name]
+        else:
+            self.scattered[name] = t
+
+    def _move(self, action, node_id, run):
+        """An offload, free or fetch of a shard or of a gradient shard, or the
+        offload or fetch of a gathered parameter (the captured parameter's
+        node, which `run` holds: a copy of it to the host instead of a
+        gather again, where the plan finds that faster)."""
+        kind, _, name = node_id.partition(":")
+        if kind == "gather":
+            node = self.parameter[name]
+            nbytes = node.nbytes
+        else:
+            nbytes = self.shards.shard_held_bytes(name)
+        if action == "offload":
+            t = run.device_value(node.id) if kind == "gather" else self.device_shard(node_id, run)
+            event = run.copy(self.host[node_id], t)
+            if event is not None:
+                self.copied_out[node_id] = event
+                self.offloaded[node_id] = event
+            if node_id not in self.on_host:
+                self.on_host.add(node_id)
+                run.count_host(nbytes)
+            run.result.transfer_bytes += nbytes
+        elif action == "free":
+            self.device_shard(node_id, run)  # (complete, and its fetch)
+            event = self.offloaded.pop(node_id, None)
+            if event is not None:  # the memory is the compute stream's once the copy is done
+                run.stream.wait_event(event)
+            self._put_device_shard(node_id, None)
+            run.hold(-nbytes)
+        elif action == "prefetch":
+            host = self.host_copy(node_id)
+            t = torch.empty(host.shape, dtype=host.dtype, device=run.device)
+            event = run.copy(t, host)
+            if kind == "gather":
+                if event is not None:  # its readers wait for it (_RunState.compute)
+                    run.ready[node.index] = event
+                run.put(node, t)
+            else:
+                if event is not None:
+                    self.ready[node_id] = event
+                self._put_device_shard(node_id, t)
+                run.hold(nbytes)
+            run.result.transfer_bytes += nbytes
+        else:
+            raise PlanExecutionError(f"internal: the plan {action}s '{node_id}'")
+
+    def host_copy(self, node_id):
+        """The host copy of "shard:p", "scatter:p" or "gather:p", once
+        complete: an offload this run made it current, and (a shard) an
+        update on the host may have written it since."""
+        if node_id not in self.on_host:
+            raise PlanExecutionError(f"the plan reads the host copy of '{node_id}', which no "
+                                     "offload made in this step")
+        event = self.copied_out.pop(node_id, None)
+        if event is not None:
+            event.synchronize()
+        return self.host[node_id]
 
     def _next_message(self, kind, name):
         """The parameters whose collectives of `kind` this step sends (_messages)."""
@@ -493,6 +632,8 @@ class ShardedRunner:
         if not members:
             return  # sent with its bucket's first step
         nodes = [self.parameter[m] for m in members]
+        for m in members:  # each shard on the device (Note [Shards on the host])
+            self.device_shard("shard:" + m, run)
         wholes, work = self.shards.gather(members, [n.nbytes for n in nodes])
         # One storage: counted once, with every member's bytes.
         counted = [sum(n.nbytes for n in nodes)] + [0] * (len(nodes) - 1)
@@ -550,6 +691,10 @@ class ShardedRunner:
         collective is done (so that gloo's thread does not free it)."""
         self.updates.abort()
         drain(self.works, grace_s)
+        for name, shard in self.shards.shards.items():
+            if shard is None:  # freed for its update on the host: back from the host copy
+                host = self.host["shard:" + name]
+                self.shards.shards[name] = host.to(self.shards.params[name].device)
         running = [w for w in self.scatters_in_flight.values() if not w.is_completed()]
         if running:
             self.retired.append((running, self.shards.staging))
@@ -565,6 +710,13 @@ class ShardedRunner:
         if self.scattered:
             raise PlanExecutionError(f"internal: the plan keeps the gradient shard of "
                                      f"'{next(iter(self.scattered))}' past the step")
+        away = [name for name, shard in self.shards.shards.items() if shard is None]
+        if away:
+            raise PlanExecutionError(f"internal: the plan leaves the shard of '{away[0]}' off "
+                                     "the device after the step")
+        for event in self.ready.values():  # fetched shards complete before anyone reads them
+            run.stream.wait_event(event)
+        self.ready = {}
 
 
 class _ShardValues:
@@ -576,23 +728,30 @@ class _ShardValues:
         self._runner = runner
         self.result = run.result
 
+    def _runner_id(self, node_id):
+        """The runner's id of the plan's parameter `p` ("shard:p") or gradient
+        "grad:p" ("scatter:p"), or None for another node."""
+        params = self._runner.shards.params
+        if node_id in params:
+            return "shard:" + node_id
+        if node_id.startswith("grad:") and node_id[len("grad:"):] in params:
+            return "scatter:" + node_id[len("grad:"):]
+        return None
+
     def device_value(self, node_id):
-        shards = self._runner.shards
-        if node_id in shards.params:
-            return shards.shards[node_id]
-        if node_id.startswith("grad:") and node_id[len("grad:"):] in shards.params:
-            name = node_id[len("grad:"):]
-            shard = self._runner.scattered.get(name)
-            if shard is None:
-                raise PlanExecutionError(f"the plan's update reads '{node_id}' before its "
-                                         "reduce-scatter")
-            self._runner.settle(name)
-            return shard
-        return self._run.device_value(node_id)
+        own = self._runner_id(node_id)
+        if own is None:
+            return self._run.device_value(node_id)
+        if own.startswith("scatter:") and own[len("scatter:"):] not in self._runner.scattered:
+            raise PlanExecutionError(f"the plan's update reads '{node_id}' before its "
+                                     "reduce-scatter")
+        return self._runner.device_shard(own, self._run)
 
     def host_value(self, node_id):
-        raise PlanExecutionError(f"the plan updates '{node_id}' on the host: pebble.torch runs "
-                                 "a sharded step's updates on the device")
+        own = self._runner_id(node_id)
+        if own is None:
+            return self._run.host_value(node_id)
+        return self._runner.host_copy(own)
 
     def hold(self, nbytes, workspace=0):
         self._run.hold(nbytes, workspace)
