@@ -97,8 +97,10 @@ std::unique_ptr<Planner> WithGradientReduction(std::unique_ptr<Planner> inner,
 // rules among its candidates, but judges them on the step without the
 // updates, whose placement (on the host above all: ZeRO-Offload on shards)
 // changes which is faster; so hybrid is never slower than a rule at the
-// rule's peak. A rule's plan taken says so in details["candidate"] and
-// ["whole_step_rule"].
+// rule's peak. The rules' plans join details["candidates"]; one taken says
+// so in details["candidate"] and ["whole_step_rule"]. Within
+// options.time_limit_s, counted from the call: past it the rules left are
+// not compared (details["time_limit_reached"]).
 std::unique_ptr<Planner> WithFsdpRulesCompared(std::unique_ptr<Planner> inner);
 
 }  // namespace pebble

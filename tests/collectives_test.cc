@@ -1030,13 +1030,20 @@ TEST(ShardingTest, HybridIsNoSlowerThanTheRulesWithUpdatesOnTheHost) {
   // (ib-ndr: on this link, hybrid alone was 3% slower than fsdp-blocks)
   absl::StatusOr<Graph> g = ShardGraph(*whole, 4, NetworkLink{50e9, 5e-6});
   ASSERT_TRUE(g.ok()) << g.status();
+  int rules_taken = 0;
   for (const char* rule : kFsdpPolicies) {
     SCOPED_TRACE(rule);
     const PlanResult fixed = PlanSharded(*g, 4, rule);
     const PlanResult hybrid = PlanSharded(*g, 4, "hybrid", fixed.report.peak_bytes);
     EXPECT_TRUE(hybrid.feasible);
     EXPECT_LE(hybrid.report.makespan, fixed.report.makespan * (1 + 1e-9));
+    // Whichever plan is taken, its details are its own.
+    rules_taken += hybrid.details.value("whole_step_rule", false);
+    EXPECT_EQ(hybrid.details["collectives"]["count"], hybrid.report.collectives);
+    EXPECT_TRUE(hybrid.details.contains("tensors"));
+    EXPECT_FALSE(hybrid.details.contains("collective_buckets"));
   }
+  EXPECT_GT(rules_taken, 0);  // (fsdp-blocks' plan, its messages joined)
 }
 
 // FSDP's rule splits the order at its forward's end, not by each reader's

@@ -340,6 +340,8 @@ def check_offloaded_shards(step, opt, model, state, updates, what):
     tensors = sum(1 for p in model.parameters() for key in opt.state[p] if key != "step")
     if state == "host" and placed["host_tensors"] < tensors:
         failures.append(f"{what}: the state's home is the host, but {placed}")
+    if state == "auto" and not placed["host_tensors"] > 0:  # (at the least peak)
+        failures.append(f"{what}: the plan keeps all the state on the device: {placed}")
     if updates == "host" and (ran["device_parameters"] != 0 or
                               ran["host_parameters"] != len(list(model.parameters()))):
         failures.append(f"{what}: updates on the host, but {ran}")
@@ -508,6 +510,52 @@ def check_sharded_failure(torch, pt, dist, rank, ranks):
     return failures
 
 
+def check_failed_host_update(torch, pt, dist, rank, ranks):
+    """A sharded step whose update on the host fails (on every rank alike)
+    fails on every rank, and the shards that the plan had freed for their
+    updates are back on the device, fetched from their host copies."""
+    from pebble.torch import _optimizer
+    failures = []
+    torch.manual_seed(0)
+    model = make_model(torch)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2, foreach=False)
+    (x, y), = batches(torch, ranks, 1)
+    step = pt.train_step(model, torch.nn.functional.cross_entropy, (mine(x, rank),),
+                         mine(y, rank), optimizer=opt, policy="dtr", budget="min",
+                         process_group=dist.group.WORLD, shard="full",
+                         optimizer_updates="host", allow_cpu_offload=True)
+    real, calls, away = _optimizer._update, [], []
+
+    def failing(*args):
+        calls.append(args[0])
+        if calls.count("adam_update") == 2:  # the second parameter's, its shard freed for it
+            away.extend(n for n, t in step.shards.shards.items() if t is None)
+            raise RuntimeError("an injected failure of an update on the host")
+        return real(*args)
+    _optimizer._update = failing
+    try:
+        step(mine(x, rank), mine(y, rank))
+        failures.append("sharded, updates on the host: a failing update did not fail the step")
+    except RuntimeError as e:
+        if "injected" not in str(e):
+            failures.append(f"sharded, updates on the host: the step failed with '{e}'")
+    finally:
+        _optimizer._update = real
+    if not away:
+        failures.append("sharded, updates on the host: no shard was off the device when the "
+                        "update failed (the check checks nothing)")
+    for name, shard in step.shards.shards.items():
+        if shard is None or shard.numel() != step.shards.shard_numel(name):
+            failures.append(f"sharded, updates on the host: after the failed step the shard of "
+                            f"'{name}' is {None if shard is None else tuple(shard.shape)}")
+    try:
+        step(mine(x, rank), mine(y, rank))
+        failures.append("sharded, updates on the host: a step after the failed one ran")
+    except pt.PlanExecutionError:
+        pass
+    return failures
+
+
 def _name(model, param):
     return next(n for n, p in model.named_parameters() if p is param)
 
@@ -666,6 +714,7 @@ def checks(torch, pt, dist, rank, ranks):
                               updates="auto")
     failures += check_gathers_freed_apart(torch, pt, dist, rank, ranks)
     failures += check_sharded_failure(torch, pt, dist, rank, ranks)
+    failures += check_failed_host_update(torch, pt, dist, rank, ranks)
     return failures
 
 

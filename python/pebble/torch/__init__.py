@@ -138,8 +138,9 @@ class TrainStep:
         gradient for the updates (_sharding.py). Between steps the module's
         parameters are empty tensors: step.full_state_dict() gathers them;
         opt.state holds each rank's shards. The gradients are dropped after
-        the updates (optimizer_gradients="drop"), and the state and updates
-        stay on the device.
+        the updates (optimizer_gradients="drop"); optimizer_state and
+        optimizer_updates place the state's shards and run the updates on
+        them as unsharded (ZeRO-Offload on shards).
       network, network_latency: the ranks' link as the plan times its
         collectives, as pebble.plan takes them (a preset such as "ib-ndr"
         or bytes per second; seconds a message). None: calibration measures

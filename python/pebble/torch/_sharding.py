@@ -521,10 +521,12 @@ class ShardedRunner:
                 self._gather(self._next_message(kind, name), run)
                 self._computed(node_id, run)
             else:
-                event = self.offloaded.pop(node_id, None)  # a copy to the host reads it
-                if event is not None:
-                    run.stream.wait_event(event)
-                run.take(self.parameter[name])
+                node = self.parameter[name]
+                # A copy to the host reads it, or a fetch writes it.
+                for event in (self.offloaded.pop(node_id, None), run.ready.pop(node.index, None)):
+                    if event is not None:
+                        run.stream.wait_event(event)
+                run.take(node)
         elif kind == "scatter" and name in self.shards.params and action == "compute":
             self._scatter(self._next_message(kind, name), run)
             self._computed(node_id, run)
@@ -587,8 +589,8 @@ class ShardedRunner:
                 run.stream.wait_event(event)
             self._put_device_shard(node_id, None)
             run.hold(-nbytes)
-        elif action == "prefetch":
-            host = self.host_copy(node_id)
+        elif action == "prefetch":  # (after its offload on the same copy stream)
+            host = self.host_copy(node_id, synchronize=False)
             t = torch.empty(host.shape, dtype=host.dtype, device=run.device)
             event = run.copy(t, host)
             if kind == "gather":
@@ -604,16 +606,18 @@ class ShardedRunner:
         else:
             raise PlanExecutionError(f"internal: the plan {action}s '{node_id}'")
 
-    def host_copy(self, node_id):
-        """The host copy of "shard:p", "scatter:p" or "gather:p", once
-        complete: an offload this run made it current, and (a shard) an
-        update on the host may have written it since."""
+    def host_copy(self, node_id, synchronize=True):
+        """The host copy of "shard:p", "scatter:p" or "gather:p": an offload
+        this run made it current, and (a shard) an update on the host may
+        have written it since. `synchronize`: complete for the host to read
+        (a fetch, queued after the offload on the copy stream, need not wait)."""
         if node_id not in self.on_host:
             raise PlanExecutionError(f"the plan reads the host copy of '{node_id}', which no "
                                      "offload made in this step")
-        event = self.copied_out.pop(node_id, None)
-        if event is not None:
-            event.synchronize()
+        if synchronize:
+            event = self.copied_out.pop(node_id, None)
+            if event is not None:
+                event.synchronize()
         return self.host[node_id]
 
     def _next_message(self, kind, name):
@@ -694,7 +698,7 @@ class ShardedRunner:
         for name, shard in self.shards.shards.items():
             if shard is None:  # freed for its update on the host: back from the host copy
                 host = self.host["shard:" + name]
-                self.shards.shards[name] = host.to(self.shards.params[name].device)
+                self.shards.shards[name] = host.to(self.shards.params[name].device, copy=True)
         running = [w for w in self.scatters_in_flight.values() if not w.is_completed()]
         if running:
             self.retired.append((running, self.shards.staging))
