@@ -29,7 +29,8 @@ weights, two steps each after a warm-up step:
 - pebble, sharded + ZeRO-Offload: the same with Adam's state shards on the
   host and every update there (optimizer_state="host",
   optimizer_updates="host"), under fsdp-blocks, --policy at its peak and
-  --policy at --budget.
+  --policy at --budget; then the parameters' shards on the host too
+  (optimizer_parameters="host": ZeRO-Infinity's parameter offload).
 
 Rank 0 prints a Markdown table: each row's whole-step peak on rank 0 (what
 the step began with plus the most the allocator held above it, as the CPU
@@ -135,7 +136,11 @@ def rank_main(rank, args, port, out):
                              dict(policy=args.policy, time_limit=args.time_limit,
                                   shard="full", **offload)),
                             (f"pebble, sharded + ZeRO-Offload: {args.policy}",
-                             dict(plain, shard="full", **offload))):
+                             dict(plain, shard="full", **offload)),
+                            (f"pebble, sharded + ZeRO-Offload, shards on the host: "
+                             f"{args.policy}",
+                             dict(plain, shard="full", optimizer_parameters="host",
+                                  **offload))):
         if "budget" not in placement:  # the FSDP rows' predicted peak: the same memory
             placement = dict(placement, budget=rows[-1][1])
         if link is not None:  # the first row's measured link: one link for every plan

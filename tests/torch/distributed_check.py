@@ -267,10 +267,11 @@ def make_token_model(torch):
 
 
 def check_sharded(torch, pt, dist, rank, ranks, kind, policy, tokens=False, buckets="auto",
-                  state=None, updates="device"):
+                  state=None, updates="device", parameters="device"):
     """shard="full": the parameters of eager training on the whole batch, on
-    every rank, and the measured peak the plan's; with the optimizer's state
-    and updates where `state` and `updates` say (ZeRO-Offload on shards)."""
+    every rank, and the measured peak the plan's; with the optimizer's state,
+    updates and parameter shards where `state`, `updates` and `parameters`
+    say (ZeRO-Offload on shards, ZeRO-Infinity's parameters on the host)."""
     failures = []
     torch.manual_seed(0)
     model = make_token_model(torch) if tokens else make_model(torch)
@@ -288,17 +289,18 @@ def check_sharded(torch, pt, dist, rank, ranks, kind, policy, tokens=False, buck
     x0, y0 = data[0]
     # The token model's plan takes a given link (no measurement).
     link = dict(network="ib-ndr") if tokens else {}
-    offload = {} if state is None and updates == "device" else dict(
-        optimizer_state=state, optimizer_updates=updates, allow_cpu_offload=True)
+    offload = {} if state is None and updates == "device" and parameters == "device" else dict(
+        optimizer_state=state, optimizer_updates=updates, optimizer_parameters=parameters,
+        allow_cpu_offload=True)
     step = pt.train_step(model, loss_fn, (mine(x0, rank),), mine(y0, rank), optimizer=opt,
                          policy=policy, budget="min", measure="always",
                          process_group=dist.group.WORLD, shard="full", buckets=buckets,
                          **link, **offload)
     what = (f"sharded, {'tokens, ' if tokens else ''}{kind}, {policy}, buckets {buckets}"
-            + (f", state {state}, updates {updates}" if offload else ""))
+            + (f", state {state}, updates {updates}, parameters {parameters}" if offload else ""))
     failures += step_beside_eager(step, whole, whole_opt, loss_fn, data, rank, what)
     if offload:
-        failures += check_offloaded_shards(step, opt, model, state, updates, what)
+        failures += check_offloaded_shards(step, opt, model, state, updates, parameters, what)
     s = step.report["sharding"]
     # (a policy may reduce-scatter a gradient again, from the local one kept)
     if s["ranks"] != ranks or s["reduce_scatters"] < len(list(model.parameters())) or \
@@ -330,11 +332,15 @@ def check_sharded(torch, pt, dist, rank, ranks, kind, policy, tokens=False, buck
     return failures + differs_from_eager(step, whole, len(data), what)
 
 
-def check_offloaded_shards(step, opt, model, state, updates, what):
-    """The plan's placement of the sharded state and updates, as asked, and
-    opt.state's shards where it says."""
+def check_offloaded_shards(step, opt, model, state, updates, parameters, what):
+    """The plan's placement of the sharded state, updates and parameter
+    shards, as asked, and the bytes moved as planned."""
     failures = []
     r = step.report
+    on_host = r["sharding"]["shards_on_host"]
+    expected = {"host": len(list(model.parameters())), "device": 0}.get(parameters, on_host)
+    if on_host != expected:
+        failures.append(f"{what}: {on_host} parameter shards on the host between steps")
     placed, ran = r["optimizer_state"], r["optimizer_updates"]
     # (Adam's step count stays where torch.optim keeps it: a tensor of its own)
     tensors = sum(1 for p in model.parameters() for key in opt.state[p] if key != "step")
@@ -598,7 +604,11 @@ def refusals(torch, pt):
              "'keep' or 'drop', not 'sometimes'"),
             (dict(process_group=object()), ValueError, "is not initialised"),
             (dict(buckets="25MiB"), ValueError, "give a process_group"),
-            (dict(buckets=1.5), TypeError, "buckets must be 'auto', 'none' or a size")):
+            (dict(buckets=1.5), TypeError, "buckets must be 'auto', 'none' or a size"),
+            (dict(optimizer_parameters="host", allow_cpu_offload=True), ValueError,
+             "(shard='full'): pebble.torch does not stream whole parameters"),
+            (dict(optimizer_parameters="disk"), ValueError,
+             "'device', 'host' or 'auto', not 'disk'")):
         try:
             pt.train_step(model, torch.nn.functional.cross_entropy, (x,), y, **kwargs)
         except error as e:
@@ -712,6 +722,12 @@ def checks(torch, pt, dist, rank, ranks):
                               state="host", updates="host")
     failures += check_sharded(torch, pt, dist, rank, ranks, "sgd", "hybrid", state="auto",
                               updates="auto")
+    # ZeRO-Infinity's parameters on the host: each rank's shards live there
+    # between steps, fetched for their gathers (and their updates).
+    failures += check_sharded(torch, pt, dist, rank, ranks, "adam", "fsdp-blocks", tokens=True,
+                              state="host", parameters="host")
+    failures += check_sharded(torch, pt, dist, rank, ranks, "adam", "dtr", state="host",
+                              updates="host", parameters="host")
     failures += check_gathers_freed_apart(torch, pt, dist, rank, ranks)
     failures += check_sharded_failure(torch, pt, dist, rank, ranks)
     failures += check_failed_host_update(torch, pt, dist, rank, ranks)

@@ -116,6 +116,11 @@ class TrainStep:
         host as soon as it is complete where its update runs there, and
         .grad is None after the step). None (the default): "keep", but
         "drop" with shard="full".
+      optimizer_parameters: with shard="full", where each rank's parameter
+        shards live between steps: "device" (the default), "host" (fetched
+        to the device for their gathers and device updates, as ZeRO-Infinity
+        offloads parameters to host memory) or "auto" (the plan chooses per
+        shard). Unsharded parameters stay on the device.
       process_group: a torch.distributed process group (initialised; gloo on
         the CPU, NCCL on GPUs): data parallelism, DistributedDataParallel's
         rule. Rank 0's parameters and buffers are copied to every rank here.
@@ -161,7 +166,7 @@ class TrainStep:
                  calibrate=True, measure="first", allow_cpu_offload=False, optimizer=None,
                  optimizer_state=None, optimizer_updates="device", optimizer_gradients=None,
                  process_group=None, shard="none", network=None, network_latency=None,
-                 buckets="auto"):
+                 buckets="auto", optimizer_parameters="device"):
         if not isinstance(model, torch.nn.Module):
             raise TypeError(f"model must be a torch.nn.Module, not {type(model).__name__}")
         if not callable(loss_fn):
@@ -177,7 +182,8 @@ class TrainStep:
         self.allow_cpu_offload = allow_cpu_offload
         self.process_group = _checked_group(process_group, shard)
         optimizer_gradients = _checked_sharding(shard, optimizer, optimizer_state,
-                                                optimizer_updates, optimizer_gradients)
+                                                optimizer_updates, optimizer_gradients,
+                                                optimizer_parameters)
         if optimizer is None and (optimizer_state is not None or
                                   optimizer_updates != "device" or
                                   optimizer_gradients != "keep"):
@@ -185,7 +191,8 @@ class TrainStep:
                              "the optimizer's state, updates and gradients: give the optimizer "
                              "too")
         self.updates = (Updates(optimizer, model, optimizer_state, optimizer_updates,
-                                optimizer_gradients) if optimizer is not None else None)
+                                optimizer_gradients, optimizer_parameters)
+                        if optimizer is not None else None)
         if self.updates is not None and self.updates.on_host and calibrate:
             self.updates.measure_host_rate()  # the host's cost of an update, on this CPU
             if self.process_group is not None:  # Note [One plan on every rank]
@@ -195,7 +202,8 @@ class TrainStep:
         _check_tensor_arg(example_target, "example_target")
         self.device = _device_of(model, inputs + (example_target,))
         for name, value in (("optimizer_state", optimizer_state),
-                            ("optimizer_updates", optimizer_updates)):
+                            ("optimizer_updates", optimizer_updates),
+                            ("optimizer_parameters", optimizer_parameters)):
             if value in ("host", "auto") and self.device.type == "cpu" and not allow_cpu_offload:
                 raise ValueError(f"{name}={value!r} saves no memory on the CPU device: give "
                                  "allow_cpu_offload=True to run it anyway (to test the path)")
@@ -482,10 +490,6 @@ class _Variant:
             if self.shards is None:
                 self.persistent_bytes = (capture.persistent_bytes +
                                          self.placement.resident_state_bytes)
-            else:  # the shards and staging buffers, and the state the plan keeps here
-                self.persistent_bytes = (
-                    _persistent_bytes(self.graph, but=self.updates.state_bytes)
-                    + self.placement.resident_state_bytes)
         group = step.process_group
         # One rank has nothing to average: its plan has no all-reduce; a
         # sharded plan reduce-scatters instead.
@@ -494,6 +498,11 @@ class _Variant:
         if self.shards is not None:
             schedule = self.shards.translate(schedule)
             foreign = ShardedRunner(self.shards, self.updates, self.graph_nodes, schedule)
+            # The shards and staging buffers the plan keeps on the device, and the state.
+            self.persistent_bytes = (
+                _persistent_bytes(self.graph, but=self.updates.state_bytes,
+                                  on_host=foreign.host_homed)
+                + self.placement.resident_state_bytes)
         self.program = Program(self.graph_nodes, schedule, self.device,
                                foreign=foreign, rebind=self._rebind,
                                sync=GradientAverage(group) if averaged else None)
@@ -658,8 +667,10 @@ class _Variant:
             self.step.measure_mode == "first" and not self.measured_once)
         if measured and self.device.type == "cpu" and self.freed_parameters:
             self._reallocate_freed_parameters()
-        if measured and self.device.type == "cpu" and self.shards is not None:
-            self.shards.reallocate_where_profiled(self.program.foreign.freed_shards)
+        if self.shards is not None:
+            self.program.foreign.place_shards()
+            if measured and self.device.type == "cpu":
+                self.shards.reallocate_where_profiled(self.program.foreign.freed_shards)
         sharded = self.shards.params if self.shards is not None else ()
         persistent = self.capture.persistent(inputs, target, sharded)
         if self.updates is not None:
@@ -800,12 +811,18 @@ def _why(e):
     return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
 
 
-def _persistent_bytes(graph, but=()):
+def _persistent_bytes(graph, but=(), on_host=None):
     """The bytes of the persistent tensors of `graph` (a pebble.Graph) whose
-    home is the device, but those of the ids in `but`."""
-    return sum(n["bytes"] for n in json.loads(graph.to_json())["nodes"]
-               if n.get("persistent") and n.get("home", "device") == "device" and
-               n["id"] not in but)
+    home may be the device, but those of the ids in `but`: a home "auto"
+    counts until a plan resolves it (`on_host`: the ids it puts there)."""
+    total = 0
+    for n in json.loads(graph.to_json())["nodes"]:
+        home = n.get("home", "device")
+        if not n.get("persistent") or n["id"] in but or home == "host" or \
+                (home == "auto" and on_host is not None and n["id"] in on_host):
+            continue
+        total += n["bytes"]
+    return total
 
 
 def _sharding_report(plan, shards, network_measured, runner):
@@ -819,7 +836,9 @@ def _sharding_report(plan, shards, network_measured, runner):
             "network_bytes_per_s": link.get("network_bandwidth_bytes_per_s"),
             "network_latency_s": link.get("network_latency_s"),
             "network_measured": network_measured,
-            "shard_bytes": shards.shard_bytes,
+            "shard_bytes": sum(shards.held_bytes(t) for t in shards.shards.values()),
+            # those the plan keeps on the host between steps (optimizer_parameters)
+            "shards_on_host": len(runner.host_homed),
             "gathers": gathers, "regathers": gathers - len(shards.params),
             "reduce_scatters": sum(1 for n in computes if n.startswith("grad:") and
                                    n[len("grad:"):] in shards.params),
@@ -871,11 +890,19 @@ def _checked_buckets(buckets, group, shard):
     return buckets
 
 
-def _checked_sharding(shard, optimizer, state, updates, gradients):
+def _checked_sharding(shard, optimizer, state, updates, gradients, parameters):
     """optimizer_gradients as given or by default ("drop" sharded, else
-    "keep"); ValueError for what a sharded step does not run."""
+    "keep"); ValueError for what a sharded step does not run, and for
+    parameters on the host unsharded."""
     if gradients not in (None, "keep", "drop"):
         raise ValueError(f"optimizer_gradients must be 'keep' or 'drop', not {gradients!r}")
+    if parameters not in ("device", "host", "auto"):
+        raise ValueError(f"optimizer_parameters must be 'device', 'host' or 'auto', not "
+                         f"{parameters!r}")
+    if parameters != "device" and shard != "full":
+        raise ValueError(f"optimizer_parameters={parameters!r} keeps each rank's parameter "
+                         "shards on the host between steps (shard='full'): pebble.torch does "
+                         "not stream whole parameters")
     if shard != "full":
         return gradients or "keep"
     if optimizer is None:

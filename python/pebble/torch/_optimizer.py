@@ -70,7 +70,8 @@ class Updates:
     """A torch.optim optimizer as pebble's optimizer step of a module, and
     the runner of its steps in a plan (Note [Steps of the optimizer])."""
 
-    def __init__(self, optimizer, model, state=None, updates="device", gradients="keep"):
+    def __init__(self, optimizer, model, state=None, updates="device", gradients="keep",
+                 parameters="device"):
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise TypeError(f"optimizer must be a torch.optim.Optimizer, not "
                             f"{type(optimizer).__name__}")
@@ -81,6 +82,9 @@ class Updates:
                              f"{updates!r}")
         if gradients not in ("keep", "drop"):
             raise ValueError(f"optimizer_gradients must be 'keep' or 'drop', not {gradients!r}")
+        if parameters not in ("device", "host", "auto"):
+            raise ValueError(f"optimizer_parameters must be 'device', 'host' or 'auto', not "
+                             f"{parameters!r}")
         if updates != "device" and state == "device":
             raise ValueError(f"optimizer_updates={updates!r} with optimizer_state='device': an "
                              "update on the host reads and writes its state there; give "
@@ -95,6 +99,8 @@ class Updates:
             self.spec += f",updates={updates}"
         if gradients == "drop":
             self.spec += ",gradients=drop"
+        if parameters != "device":  # (sharded steps only: __init__.py checks)
+            self.spec += f",parameters={parameters}"
         self.on_host = updates != "device"  # whether some update may run on the host
         self.keep_gradients = gradients == "keep"
         # The host's rate for an update's host_cost (bytes read and written
@@ -293,7 +299,8 @@ class Updates:
                         f"the optimizer's {key} of '{name}' is {tuple(s[key].shape)}; the "
                         f"step keeps it {tuple(template.shape)} (a state from a step sharded "
                         "otherwise, or from one not sharded?)")
-                s[key] = self._at_home(s[key], template, f"{key}:{name}" in placement.host_state)
+                # (where p's device is, not the template's: a shard may live on the host)
+                s[key] = self._at_home(s[key], p, f"{key}:{name}" in placement.host_state)
         scratch_numel = {}  # dtype -> the largest tensor a host update of that dtype takes
         for name in placement.scratch_parameters:
             t = like[name] if like is not None and name in like else self.params[name]

@@ -77,7 +77,16 @@ a buffer made with the runner (pinned beside a GPU) and kept between steps,
 as the plan's host memory is; a fetched shard is a new device tensor, and
 the shard it replaces went at the plan's free. After a failed run, a shard
 the plan had freed is fetched back from its host copy (the updated value
-where its update had run).
+where its update had run). A gathered parameter may be offloaded and
+fetched back too, instead of gathered again.
+
+With optimizer_parameters="host" (or "auto", per shard as the plan
+resolves its home: _host_homes) a shard lives on the host between steps
+(Shards.on_host; pinned beside a GPU), and is its own host copy: the plan
+fetches a device copy ("prefetch shard:p", held in ShardedRunner.fetched)
+for its gathers and a device update, offloads it back after the update,
+and frees it; an update on the host writes it in place. Shards.place puts
+each shard where the plan of the step's shapes keeps it, before the step.
 
 The module's parameters hold no memory between steps (an empty tensor each,
 as FSDP frees them): the shards are the parameters. A capture (the first
@@ -134,7 +143,8 @@ class Shards:
             held = self.staging.get(p.dtype)
             if held is None or held.numel() < p.numel():
                 self.staging[p.dtype] = torch.empty(p.numel(), dtype=p.dtype, device=p.device)
-        self.shards = {}  # name -> this rank's shard (flat, padded)
+        self.shards = {}  # name -> this rank's shard (flat, padded), where it lives
+        self.on_host = set()  # the names whose shard lives on the host between steps
         with torch.no_grad():
             for name, p in self.params.items():
                 shard = torch.zeros(self.shard_numel(name), dtype=p.dtype, device=p.device)
@@ -170,18 +180,37 @@ class Shards:
 
     @property
     def shard_bytes(self):
-        return sum(self.held_bytes(s) for s in self.shards.values())
+        """The device memory of the shards held there between steps."""
+        return sum(self.held_bytes(s) for name, s in self.shards.items()
+                   if name not in self.on_host)
+
+    def place(self, on_host):
+        """Each shard where a plan keeps it between steps: on the host (pinned
+        beside a GPU) for the names in `on_host`, else on the device (Note
+        [Shards on the host]). Outside the step: a shard moves where a plan
+        of other shapes kept it elsewhere."""
+        for name, shard in self.shards.items():
+            device = self.params[name].device
+            if name in on_host and name not in self.on_host:
+                shard = shard.to("cpu")
+                self.shards[name] = shard.pin_memory() if device.type == "cuda" else shard
+            elif name not in on_host and name in self.on_host:
+                self.shards[name] = shard.to(device)
+        self.on_host = set(on_host)
 
     # --- whole parameters --------------------------------------------------------
 
-    def gather(self, names, nbytes=None):
+    def gather(self, names, nbytes=None, sources=None):
         """The whole parameters `names` (one dtype; one, or a bucket's: Note
         [A unit's collectives as one message]) as views of one new flat
         tensor, each at a place of its `nbytes` (the plan's bytes of its
         gathered node; default: its own), and the work of the ranks' one
         all-reduce that makes them: wait for it before reading them (Note
-        [Gathers in flight])."""
-        first = self.shards[names[0]]
+        [Gathers in flight]). `sources`: each one's shard on the device,
+        where it is not self.shards' (a shard whose home is the host)."""
+        if sources is None:
+            sources = [self.shards[name] for name in names]
+        first = self.params[names[0]]
         item = first.element_size()
         if nbytes is None:
             nbytes = [math.prod(self.shapes[name]) * item for name in names]
@@ -190,9 +219,9 @@ class Shards:
             places.append((name, total))
             total += -(-size // item)
         flat = torch.zeros(total, dtype=first.dtype, device=first.device)
-        for name, offset in places:
+        for (name, offset), source in zip(places, sources):
             lo, hi = self.bounds(name)
-            flat[offset + lo:offset + hi].copy_(self.shards[name][:hi - lo])
+            flat[offset + lo:offset + hi].copy_(source[:hi - lo])
         work = _collective(self.gather_what(names[0], len(names)), self.dist.all_reduce, flat,
                            group=self.group, async_op=True)
         wholes = [flat[offset:offset + math.prod(self.shapes[name])].view(self.shapes[name])
@@ -395,14 +424,34 @@ class ShardedRunner:
             if node is None:
                 raise PlanExecutionError(f"internal: the capture has no gradient of '{name}'")
             self.gradient[name] = node
+        self.host_homed = self._host_homes(schedule)
         self._check(schedule)
         self.messages = self._messages(schedule)
         self.host = self._host_buffers(schedule)
-        # The shards the plan frees (for their updates on the host).
+        # The shards the plan frees (for their updates on the host), held on
+        # the device between steps.
         self.freed_shards = sorted({node_id.partition(":")[2] for action, node_id, *_ in schedule
-                                    if action == "free" and node_id.startswith("shard:")})
+                                    if action == "free" and node_id.startswith("shard:")}
+                                   - self.host_homed)
         self._new_run()
         self.retired = []  # (works, staging buffers) a failed run left in flight (abort)
+
+    def _host_homes(self, schedule):
+        """The parameters whose shard the plan keeps on the host between steps
+        (optimizer_parameters="host", or "auto" where the plan chose it), as
+        ResolveHomes (scheduler/schedule.h) resolves a home: the host where
+        the first step on the shard is a fetch, or an update on the host
+        that writes it."""
+        first_on_host = {}
+        for action, node_id, *_ in schedule:
+            kind, _, name = node_id.partition(":")
+            if kind == "shard" and name in self.shards.params:
+                first_on_host.setdefault(name, action == "prefetch")
+            elif action == "host_compute" and self.updates.owns(node_id):
+                for root in self.updates.touches.get(node_id, ()):
+                    if root in self.shards.params:
+                        first_on_host.setdefault(root, True)
+        return frozenset(name for name, on_host in first_on_host.items() if on_host)
 
     def _host_buffers(self, schedule):
         """Note [Shards on the host]: a host buffer per shard, gradient shard
@@ -412,15 +461,20 @@ class ShardedRunner:
         for action, node_id, *_ in schedule:
             kind, _, name = node_id.partition(":")
             if action == "offload" and kind in ("gather", "shard", "scatter") and \
-                    name in self.shards.params and node_id not in buffers:
-                shard = self.shards.shards[name]
-                shape = self.shards.shapes[name] if kind == "gather" else (shard.numel(),)
-                buffers[node_id] = torch.empty(shape, dtype=shard.dtype, device="cpu",
-                                               pin_memory=shard.device.type == "cuda")
+                    name in self.shards.params and node_id not in buffers and \
+                    not (kind == "shard" and name in self.host_homed):  # (its home: Shards)
+                shape = (self.shards.shapes[name] if kind == "gather" else
+                         (self.shards.shard_numel(name),))
+                p = self.shards.params[name]
+                buffers[node_id] = torch.empty(shape, dtype=p.dtype, device="cpu",
+                                               pin_memory=p.device.type == "cuda")
         return buffers
 
     def _new_run(self):
-        self.on_host = set()  # the host copies this run made current (_host_buffers' keys)
+        # The host copies current in this run: those its offloads made
+        # (_host_buffers' keys), and the shards whose home is the host.
+        self.on_host = {"shard:" + name for name in self.host_homed}
+        self.fetched = {}  # name -> the device copy of a shard whose home is the host
         self.copied_out = {}  # host copy -> its offload's event, until the host reads it
         self.offloaded = {}  # host copy -> its offload's event, until the device copy goes
         self.ready = {}  # "shard:p", "scatter:p" -> its prefetch's event, until read
@@ -495,7 +549,8 @@ class ShardedRunner:
                 continue
             if action == "offload":
                 offloaded.add(node_id)
-            if action == "prefetch" and node_id not in offloaded:
+            if action == "prefetch" and node_id not in offloaded and \
+                    not (kind == "shard" and name in self.host_homed):
                 raise PlanExecutionError(f"the plan fetches '{node_id}' before any copy of it "
                                          "to the host: pebble.torch keeps each shard on the "
                                          "device between steps")
@@ -507,6 +562,11 @@ class ShardedRunner:
         if kind in ("gather", "shard", "scatter") and name in self.shards.params:
             return True
         return self.updates.owns(node_id)
+
+    def place_shards(self):
+        """Before a run, outside any measurement: each shard where this plan
+        keeps it between steps (Shards.place)."""
+        self.shards.place(self.host_homed)
 
     def begin(self):
         self.retired = [(works, buffers) for works, buffers in self.retired
@@ -543,7 +603,9 @@ class ShardedRunner:
         kind, _, name = node_id.partition(":")
         if kind == "scatter":
             self.settle(name)
-        t = (self.shards.shards if kind == "shard" else self.scattered).get(name)
+            t = self.scattered.get(name)
+        else:
+            t = (self.fetched if name in self.host_homed else self.shards.shards).get(name)
         if t is None:
             raise PlanExecutionError(f"the plan reads '{node_id}', which is not on the device")
         event = self.ready.pop(node_id, None)
@@ -554,12 +616,14 @@ class ShardedRunner:
     def _put_device_shard(self, node_id, t):
         """`t` is the device tensor of "shard:p" or "scatter:p" (None: freed)."""
         kind, _, name = node_id.partition(":")
-        if kind == "shard":
+        held = (self.scattered if kind == "scatter" else
+                self.fetched if name in self.host_homed else None)
+        if held is None:
             self.shards.shards[name] = t
         elif t is None:
-            del self.scattered[name]
+            del held[name]
         else:
-            self.scattered[name] = t
+            held[name] = t
 
     def _move(self, action, node_id, run):
         """An offload, free or fetch of a shard or of a gradient shard, or the
@@ -574,7 +638,7 @@ class ShardedRunner:
             nbytes = self.shards.shard_held_bytes(name)
         if action == "offload":
             t = run.device_value(node.id) if kind == "gather" else self.device_shard(node_id, run)
-            event = run.copy(self.host[node_id], t)
+            event = run.copy(self._host_of(node_id), t)
             if event is not None:
                 self.copied_out[node_id] = event
                 self.offloaded[node_id] = event
@@ -618,6 +682,14 @@ class ShardedRunner:
             event = self.copied_out.pop(node_id, None)
             if event is not None:
                 event.synchronize()
+        return self._host_of(node_id)
+
+    def _host_of(self, node_id):
+        """The host buffer of "shard:p", "scatter:p" or "gather:p": a shard
+        whose home is the host is its own."""
+        kind, _, name = node_id.partition(":")
+        if kind == "shard" and name in self.host_homed:
+            return self.shards.shards[name]
         return self.host[node_id]
 
     def _next_message(self, kind, name):
@@ -636,9 +708,9 @@ class ShardedRunner:
         if not members:
             return  # sent with its bucket's first step
         nodes = [self.parameter[m] for m in members]
-        for m in members:  # each shard on the device (Note [Shards on the host])
-            self.device_shard("shard:" + m, run)
-        wholes, work = self.shards.gather(members, [n.nbytes for n in nodes])
+        # Each shard on the device (Note [Shards on the host]).
+        sources = [self.device_shard("shard:" + m, run) for m in members]
+        wholes, work = self.shards.gather(members, [n.nbytes for n in nodes], sources)
         # One storage: counted once, with every member's bytes.
         counted = [sum(n.nbytes for n in nodes)] + [0] * (len(nodes) - 1)
         self.works.append(work)
@@ -695,6 +767,7 @@ class ShardedRunner:
         collective is done (so that gloo's thread does not free it)."""
         self.updates.abort()
         drain(self.works, grace_s)
+        self.fetched = {}  # (a shard whose home is the host keeps its last written value)
         for name, shard in self.shards.shards.items():
             if shard is None:  # freed for its update on the host: back from the host copy
                 host = self.host["shard:" + name]
@@ -718,9 +791,16 @@ class ShardedRunner:
         if away:
             raise PlanExecutionError(f"internal: the plan leaves the shard of '{away[0]}' off "
                                      "the device after the step")
+        if self.fetched:
+            raise PlanExecutionError(f"internal: the plan leaves a device copy of the shard of "
+                                     f"'{next(iter(self.fetched))}', whose home is the host, "
+                                     "after the step")
         for event in self.ready.values():  # fetched shards complete before anyone reads them
             run.stream.wait_event(event)
         self.ready = {}
+        for event in self.copied_out.values():  # and the host's (a shard whose home is there)
+            event.synchronize()
+        self.copied_out = {}
 
 
 class _ShardValues:
