@@ -606,7 +606,7 @@ def refusals(torch, pt):
             (dict(buckets="25MiB"), ValueError, "give a process_group"),
             (dict(buckets=1.5), TypeError, "buckets must be 'auto', 'none' or a size"),
             (dict(optimizer_parameters="host", allow_cpu_offload=True), ValueError,
-             "(shard='full'): pebble.torch does not stream whole parameters"),
+             "needs shard='full'"),
             (dict(optimizer_parameters="disk"), ValueError,
              "'device', 'host' or 'auto', not 'disk'")):
         try:

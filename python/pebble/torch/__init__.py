@@ -120,7 +120,7 @@ class TrainStep:
         shards live between steps: "device" (the default), "host" (fetched
         to the device for their gathers and device updates, as ZeRO-Infinity
         offloads parameters to host memory) or "auto" (the plan chooses per
-        shard). Unsharded parameters stay on the device.
+        shard). Without shard="full" only "device" is taken.
       process_group: a torch.distributed process group (initialised; gloo on
         the CPU, NCCL on GPUs): data parallelism, DistributedDataParallel's
         rule. Rank 0's parameters and buffers are copied to every rank here.
@@ -836,9 +836,10 @@ def _sharding_report(plan, shards, network_measured, runner):
             "network_bytes_per_s": link.get("network_bandwidth_bytes_per_s"),
             "network_latency_s": link.get("network_latency_s"),
             "network_measured": network_measured,
-            "shard_bytes": sum(shards.held_bytes(t) for t in shards.shards.values()),
+            "shard_bytes": shards.shard_bytes,  # on the device between steps
             # those the plan keeps on the host between steps (optimizer_parameters)
             "shards_on_host": len(runner.host_homed),
+            "host_shard_bytes": sum(shards.shard_held_bytes(n) for n in runner.host_homed),
             "gathers": gathers, "regathers": gathers - len(shards.params),
             "reduce_scatters": sum(1 for n in computes if n.startswith("grad:") and
                                    n[len("grad:"):] in shards.params),
@@ -900,8 +901,8 @@ def _checked_sharding(shard, optimizer, state, updates, gradients, parameters):
         raise ValueError(f"optimizer_parameters must be 'device', 'host' or 'auto', not "
                          f"{parameters!r}")
     if parameters != "device" and shard != "full":
-        raise ValueError(f"optimizer_parameters={parameters!r} keeps each rank's parameter "
-                         "shards on the host between steps (shard='full'): pebble.torch does "
+        raise ValueError(f"optimizer_parameters={parameters!r} needs shard='full' (each "
+                         "rank's parameter shards on the host between steps): pebble.torch does "
                          "not stream whole parameters")
     if shard != "full":
         return gradients or "keep"

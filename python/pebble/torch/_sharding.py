@@ -192,8 +192,9 @@ class Shards:
         for name, shard in self.shards.items():
             device = self.params[name].device
             if name in on_host and name not in self.on_host:
-                shard = shard.to("cpu")
-                self.shards[name] = shard.pin_memory() if device.type == "cuda" else shard
+                self.shards[name] = torch.empty(
+                    shard.shape, dtype=shard.dtype, device="cpu",
+                    pin_memory=device.type == "cuda").copy_(shard)
             elif name not in on_host and name in self.on_host:
                 self.shards[name] = shard.to(device)
         self.on_host = set(on_host)
@@ -478,6 +479,8 @@ class ShardedRunner:
         self.copied_out = {}  # host copy -> its offload's event, until the host reads it
         self.offloaded = {}  # host copy -> its offload's event, until the device copy goes
         self.ready = {}  # "shard:p", "scatter:p" -> its prefetch's event, until read
+        self.fetching = {}  # host copy -> its last fetch's event (it reads the host buffer)
+        self.homes_counted = False  # the shards whose home is the host, in the host peak
         self.scattered = {}  # name -> this run's gradient shard
         self.works = []  # this run's collectives (drained after a failure)
         # name -> its reduce-scatter's work, not complete yet: those of one
@@ -552,8 +555,8 @@ class ShardedRunner:
             if action == "prefetch" and node_id not in offloaded and \
                     not (kind == "shard" and name in self.host_homed):
                 raise PlanExecutionError(f"the plan fetches '{node_id}' before any copy of it "
-                                         "to the host: pebble.torch keeps each shard on the "
-                                         "device between steps")
+                                         "to the host, and it does not live there between "
+                                         "steps")
 
     # --- the runner's protocol (_executor.Program) ------------------------------
 
@@ -575,6 +578,9 @@ class ShardedRunner:
         self._new_run()
 
     def step(self, action, node_id, run):
+        if not self.homes_counted:  # held on the host from the step's start, as the plan counts
+            self.homes_counted = True
+            run.count_host(sum(self.shards.shard_held_bytes(n) for n in self.host_homed))
         kind, _, name = node_id.partition(":")
         if kind == "gather" and name in self.shards.params and action in ("compute", "free"):
             if action == "compute":
@@ -666,6 +672,8 @@ class ShardedRunner:
                     self.ready[node_id] = event
                 self._put_device_shard(node_id, t)
                 run.hold(nbytes)
+            if event is not None:
+                self.fetching[node_id] = event
             run.result.transfer_bytes += nbytes
         else:
             raise PlanExecutionError(f"internal: the plan {action}s '{node_id}'")
@@ -678,10 +686,10 @@ class ShardedRunner:
         if node_id not in self.on_host:
             raise PlanExecutionError(f"the plan reads the host copy of '{node_id}', which no "
                                      "offload made in this step")
-        if synchronize:
-            event = self.copied_out.pop(node_id, None)
-            if event is not None:
-                event.synchronize()
+        if synchronize:  # the offload into it done, and a fetch from it (the host may write)
+            for event in (self.copied_out.pop(node_id, None), self.fetching.pop(node_id, None)):
+                if event is not None:
+                    event.synchronize()
         return self._host_of(node_id)
 
     def _host_of(self, node_id):
@@ -800,7 +808,7 @@ class ShardedRunner:
         self.ready = {}
         for event in self.copied_out.values():  # and the host's (a shard whose home is there)
             event.synchronize()
-        self.copied_out = {}
+        self.copied_out, self.fetching = {}, {}
 
 
 class _ShardValues:
