@@ -779,20 +779,29 @@ absl::StatusOr<Graph> Sharded(const std::string& model, int ranks) {
   return ShardGraph(*g, ranks, NetworkLink{1e9, 5e-6});
 }
 
+// Each parameter of `whole` (an unsharded float32 graph): its node, and
+// the bytes of its shard over 4 ranks.
+std::vector<std::pair<NodeId, int64_t>> FourRankShards(const Graph& whole) {
+  std::vector<std::pair<NodeId, int64_t>> out;
+  for (NodeId p = 0; p < whole.num_nodes(); ++p) {
+    if (whole.role(p) == Role::kParameter) {
+      out.emplace_back(p, (NumElements(*whole.shape(p)) + 3) / 4 * 4);
+    }
+  }
+  return out;
+}
+
 TEST(ShardingTest, ShardGraphShardsParametersGradientsAndState) {
   const std::string model = "mnist-cnn:batch=4,optimizer=adam";
   absl::StatusOr<Graph> whole = BuildModel(model);
   ASSERT_TRUE(whole.ok()) << whole.status();
   absl::StatusOr<Graph> g = Sharded(model, 4);
   ASSERT_TRUE(g.ok()) << g.status();
-  int parameters = 0;
-  for (NodeId p = 0; p < whole->num_nodes(); ++p) {
-    if (whole->role(p) != Role::kParameter) continue;
-    ++parameters;
+  const auto parameters = FourRankShards(*whole);
+  for (const auto& [p, shard_bytes] : parameters) {
     const std::string& id = whole->id(p);
     SCOPED_TRACE(id);
     const int64_t numel = NumElements(*whole->shape(p));
-    const int64_t shard_bytes = (numel + 3) / 4 * 4;  // float32
     const NodeId shard = g->Find(id), gather = g->Find("gather:" + id);
     const NodeId local = g->Find("local_grad:" + id), grad = g->Find("grad:" + id);
     ASSERT_NE(gather, kNoNode);
@@ -818,7 +827,7 @@ TEST(ShardingTest, ShardGraphShardsParametersGradientsAndState) {
     for (NodeId r : g->readers(local)) EXPECT_FALSE(g->in_place(r)) << g->id(r);
     EXPECT_TRUE(g->is_output(grad) || !whole->is_output(whole->Find("grad:" + id)));
   }
-  EXPECT_GT(parameters, 2);
+  EXPECT_GT(parameters.size(), 2u);
   // Adam's step count stays whole; the persistent memory shrinks about 4x.
   EXPECT_EQ(g->bytes(g->Find("optimizer.step")), whole->bytes(whole->Find("optimizer.step")));
   EXPECT_LT(g->persistent_bytes(), whole->persistent_bytes() / 3);
@@ -846,13 +855,10 @@ TEST(ShardingTest, ShardsKeepTheirHomesAndUpdatesTheirPlace) {
   ASSERT_TRUE(whole.ok()) << whole.status();
   absl::StatusOr<Graph> g = Sharded(model, 4);
   ASSERT_TRUE(g.ok()) << g.status();
-  int parameters = 0;
-  for (NodeId p = 0; p < whole->num_nodes(); ++p) {
-    if (whole->role(p) != Role::kParameter) continue;
-    ++parameters;
+  const auto parameters = FourRankShards(*whole);
+  for (const auto& [p, shard_bytes] : parameters) {
     const std::string& id = whole->id(p);
     SCOPED_TRACE(id);
-    const int64_t shard_bytes = (NumElements(*whole->shape(p)) + 3) / 4 * 4;
     EXPECT_EQ(g->home(g->Find(id)), Tier::kHost);
     EXPECT_EQ(g->bytes(g->Find(id)), shard_bytes);
     const NodeId state = g->Find("exp_avg:" + id);
@@ -866,7 +872,7 @@ TEST(ShardingTest, ShardsKeepTheirHomesAndUpdatesTheirPlace) {
     // The gathered parameter and the local gradient live on the device.
     EXPECT_FALSE(g->home(g->Find("gather:" + id)).has_value());
   }
-  EXPECT_GT(parameters, 2);
+  EXPECT_GT(parameters.size(), 2u);
   // Nothing of the parameters or state stays on the device between steps
   // (but Adam's step count, which is not sharded).
   for (NodeId v = 0; v < g->num_nodes(); ++v) {
@@ -917,7 +923,9 @@ TEST(ShardingTest, PoliciesPlanShardedStepsWithOffload) {
         EXPECT_EQ(host_computes, updates);
         EXPECT_GT(r.report.host_peak_bytes, 0);
       }
-      if (absl::StrContains(placement, "parameters=host")) EXPECT_GT(shard_fetches, 0);
+      if (absl::StrContains(placement, "parameters=host")) {
+        EXPECT_GT(shard_fetches, 0);
+      }
       if (std::string(placement) == "optimizer_state=host" && device_peak.contains(policy)) {
         EXPECT_LT(r.report.peak_bytes, device_peak[policy]);
       }

@@ -401,8 +401,18 @@ class _RunState:
         if t is None:
             raise PlanExecutionError(f"the plan frees '{node.id}', which is not resident")
         self._settle(node)
+        self._wait_copies(node)
         self._uncount(t)
         self.live[node.index] = None
+
+    def _wait_copies(self, node):
+        """Before `node`'s storage goes: the compute stream waits for a copy
+        that reads it (an offload) or writes it (a fetch), on a GPU."""
+        if self.cuda:
+            for pending in (self.offloaded, self.ready):
+                event = pending.pop(node.index, None)
+                if event is not None:
+                    self.stream.wait_event(event)
 
     def wait_before(self, node, complete):
         """A foreign step's collective writes the storage of `node`: complete()
@@ -652,11 +662,7 @@ class _RunState:
         if t is None:
             raise PlanExecutionError(f"the schedule frees '{node.id}', which is not resident")
         self._settle(node)
-        if self.cuda:
-            for pending in (self.offloaded, self.ready):
-                event = pending.pop(node.index, None)
-                if event is not None:
-                    self.stream.wait_event(event)
+        self._wait_copies(node)
         if t is not _TOKEN:
             self._uncount(t)
         self.live[node.index] = None

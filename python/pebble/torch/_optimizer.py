@@ -457,18 +457,10 @@ class Placement:
     update on the host that touches its storage."""
 
     def __init__(self, updates, schedule):
-        first_on_host = {}
-        self.host_updates = set()
-        for action, node_id, *_ in schedule:
-            if not updates.owns(node_id):
-                continue
-            if action == "host_compute":
-                self.host_updates.add(node_id)
-                for root in updates.touches[node_id]:
-                    first_on_host.setdefault(root, True)
-            first_on_host.setdefault(node_id, action == "prefetch")
-        self.host_state = frozenset(n for n, on_host in first_on_host.items()
-                                    if on_host and n in updates.state_bytes)
+        self.host_updates = {node_id for action, node_id, *_ in schedule
+                             if action == "host_compute" and updates.owns(node_id)}
+        self.host_state = host_homes(updates, schedule, lambda node_id: node_id,
+                                     updates.state_bytes)
         self.streamed = frozenset(n for action, n, *_ in schedule
                                   if action == "prefetch" and n in updates.state_bytes)
         self.state_bytes = updates.state_bytes
@@ -499,6 +491,23 @@ class Placement:
                 "host_parameters": len(self.host_parameters),
                 "device_parameters": len(self.device_parameters)},
         }
+
+
+def host_homes(updates, schedule, stored, tensors):
+    """The ids of `tensors` whose home `schedule` puts on the host, as
+    ResolveHomes (scheduler/schedule.h) resolves a home: the host where the
+    first step on the tensor is a prefetch, or an update on the host (of
+    `updates`) that touches its storage. `stored(node_id)`: the tensor id a
+    step's node id names, or None."""
+    first_on_host = {}
+    for action, node_id, *_ in schedule:
+        if action == "host_compute" and updates.owns(node_id):
+            for root in updates.touches[node_id]:
+                first_on_host.setdefault(root, True)
+        tensor = stored(node_id)
+        if tensor is not None:
+            first_on_host.setdefault(tensor, action == "prefetch")
+    return frozenset(t for t, on_host in first_on_host.items() if on_host and t in tensors)
 
 
 def _round_bytes(doc, round_to):

@@ -103,6 +103,7 @@ from .. import _core
 from ._compat import storage_bytes
 from ._distributed import _collective, drain
 from ._executor import PlanExecutionError
+from ._optimizer import host_homes
 from ._memory import allocated_where_profiled, round_up
 
 
@@ -439,20 +440,12 @@ class ShardedRunner:
 
     def _host_homes(self, schedule):
         """The parameters whose shard the plan keeps on the host between steps
-        (optimizer_parameters="host", or "auto" where the plan chose it), as
-        ResolveHomes (scheduler/schedule.h) resolves a home: the host where
-        the first step on the shard is a fetch, or an update on the host
-        that writes it."""
-        first_on_host = {}
-        for action, node_id, *_ in schedule:
+        (optimizer_parameters="host", or "auto" where the plan chose it), by
+        the rule the optimizer's state follows (_optimizer.host_homes)."""
+        def shard_of(node_id):
             kind, _, name = node_id.partition(":")
-            if kind == "shard" and name in self.shards.params:
-                first_on_host.setdefault(name, action == "prefetch")
-            elif action == "host_compute" and self.updates.owns(node_id):
-                for root in self.updates.touches.get(node_id, ()):
-                    if root in self.shards.params:
-                        first_on_host.setdefault(root, True)
-        return frozenset(name for name, on_host in first_on_host.items() if on_host)
+            return name if kind == "shard" else None
+        return host_homes(self.updates, schedule, shard_of, self.shards.params)
 
     def _host_buffers(self, schedule):
         """Note [Shards on the host]: a host buffer per shard, gradient shard
@@ -587,12 +580,7 @@ class ShardedRunner:
                 self._gather(self._next_message(kind, name), run)
                 self._computed(node_id, run)
             else:
-                node = self.parameter[name]
-                # A copy to the host reads it, or a fetch writes it.
-                for event in (self.offloaded.pop(node_id, None), run.ready.pop(node.index, None)):
-                    if event is not None:
-                        run.stream.wait_event(event)
-                run.take(node)
+                run.take(self.parameter[name])  # (after its copies: _RunState.take)
         elif kind == "scatter" and name in self.shards.params and action == "compute":
             self._scatter(self._next_message(kind, name), run)
             self._computed(node_id, run)
@@ -647,7 +635,10 @@ class ShardedRunner:
             event = run.copy(self._host_of(node_id), t)
             if event is not None:
                 self.copied_out[node_id] = event
-                self.offloaded[node_id] = event
+                if kind == "gather":  # run.take waits for it
+                    run.offloaded[node.index] = event
+                else:
+                    self.offloaded[node_id] = event
             if node_id not in self.on_host:
                 self.on_host.add(node_id)
                 run.count_host(nbytes)
