@@ -514,88 +514,11 @@ class GradientReductionPlanner : public Planner {
   bool join_collectives_;
 };
 
-class FsdpRulesComparedPlanner : public Planner {
- public:
-  explicit FsdpRulesComparedPlanner(std::unique_ptr<Planner> inner) : inner_(std::move(inner)) {}
-
-  absl::StatusOr<PlanResult> Plan(const Graph& graph,
-                                  const PlannerOptions& options) const override {
-    const Deadline deadline(options.time_limit_s);
-    ASSIGN_OR_RETURN(PlanResult best, inner_->Plan(graph, options));
-    bool updates = false;
-    for (NodeId v = 0; v < graph.num_nodes() && !updates; ++v) updates = graph.in_place(v);
-    if (!graph.has_collectives() || options.ranks <= 1 || !updates) return best;
-    const MakespanSelector judge(graph, options);
-    // hybrid's list of the candidates it judged, these added.
-    nlohmann::json tried = best.details.value("candidates", nlohmann::json::array());
-    std::string chosen;
-    bool cut = false;
-    for (const char* rule : kFsdpPolicies) {
-      if (deadline.Expired()) {
-        cut = true;
-        break;
-      }
-      absl::StatusOr<PlanResult> r = RuleJoined(graph, rule, options, deadline);
-      if (!r.ok()) continue;
-      cut = cut || TimeLimitReached(*r);
-      tried.push_back({{"candidate", absl::StrCat(rule, " (whole step)")},
-                       {"peak_bytes", r->report.peak_bytes},
-                       {"makespan", r->report.makespan},
-                       {"transfer_bytes", r->report.transfer_bytes},
-                       {"fits", judge.Fits(r->report)}});
-      if (judge.Prefers(r->report, best.report)) {
-        best = *std::move(r);
-        chosen = rule;
-      }
-    }
-    best.details["candidates"] = std::move(tried);
-    if (!chosen.empty()) {
-      best.details["candidate"] = chosen;
-      best.details["whole_step_rule"] = true;
-      best.details["tensors"] = ClassifyTensors(graph, best.schedule);
-    }
-    if (cut && !TimeLimitReached(best)) {
-      NoteTimeLimit(best, options.time_limit_s, "FSDP's rules not all compared on the whole step");
-    }
-    return best;
-  }
-
- private:
-  // `rule`'s plan of the whole step with its messages joined further where
-  // that is faster (the rule's own wrapper keeps its messages), its
-  // details["collectives"] made the joined plan's.
-  static absl::StatusOr<PlanResult> RuleJoined(const Graph& graph, const char* rule,
-                                               const PlannerOptions& options,
-                                               const Deadline& deadline) {
-    ASSIGN_OR_RETURN(std::unique_ptr<Planner> planner, MakePlanner(rule));
-    PlannerOptions o = options;
-    o.time_limit_s = deadline.remaining_s();
-    ASSIGN_OR_RETURN(PlanResult r, planner->Plan(graph, o));
-    if (options.bucket_bytes != PlannerOptions::kPlannedBuckets || deadline.Expired()) return r;
-    nlohmann::json collectives = std::move(r.details["collectives"]);
-    ASSIGN_OR_RETURN(r, JoinCollectiveMessages(graph, std::move(r), options,
-                                               kMaxJoinSimulatedSteps / 4));
-    collectives["collective_buckets"] = std::move(r.details["collective_buckets"]);
-    r.details.erase("collective_buckets");
-    collectives["count"] = r.report.collectives;
-    collectives["bytes"] = r.report.collective_bytes;
-    collectives["network_busy"] = r.report.network_busy;
-    r.details["collectives"] = std::move(collectives);
-    return r;
-  }
-
-  std::unique_ptr<Planner> inner_;
-};
-
 }  // namespace
 
 std::unique_ptr<Planner> WithGradientReduction(std::unique_ptr<Planner> inner,
                                                bool join_collectives) {
   return std::make_unique<GradientReductionPlanner>(std::move(inner), join_collectives);
-}
-
-std::unique_ptr<Planner> WithFsdpRulesCompared(std::unique_ptr<Planner> inner) {
-  return std::make_unique<FsdpRulesComparedPlanner>(std::move(inner));
 }
 
 }  // namespace pebble

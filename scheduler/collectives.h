@@ -91,18 +91,6 @@ std::vector<uint8_t> ShardedTensors(const Graph& training);
 std::unique_ptr<Planner> WithGradientReduction(std::unique_ptr<Planner> inner,
                                                bool join_collectives = true);
 
-// `inner` (hybrid: planner.cc), and on a sharded graph with the
-// optimizer's updates in it, the better (MakespanSelector's rule) of its
-// plan and each of FSDP's rules' plans of the whole step. hybrid counts the
-// rules among its candidates, but judges them on the step without the
-// updates, whose placement (on the host above all: ZeRO-Offload on shards)
-// changes which is faster; so hybrid is never slower than a rule at the
-// rule's peak. The rules' plans join details["candidates"]; one taken says
-// so in details["candidate"] and ["whole_step_rule"]. Within
-// options.time_limit_s, counted from the call: past it the rules left are
-// not compared (details["time_limit_reached"]).
-std::unique_ptr<Planner> WithFsdpRulesCompared(std::unique_ptr<Planner> inner);
-
 }  // namespace pebble
 
 #endif  // PEBBLE_SCHEDULER_COLLECTIVES_H_

@@ -11,6 +11,7 @@
 #include "scheduler/alias_fold.h"
 #include "scheduler/collectives.h"
 #include "scheduler/updates_last.h"
+#include "scheduler/whole_step.h"
 #include "scheduler/budget.h"
 #include "scheduler/external_policy.h"
 
@@ -107,7 +108,7 @@ absl::StatusOr<std::unique_ptr<Planner>> MakePlanner(absl::string_view name) {
   std::unique_ptr<Planner> planner =
       WithGradientReduction(WithUpdatesLast(WithAliasFolding(info->factory())),
                             /*join_collectives=*/!info->external && !info->own_messages);
-  if (name == "hybrid") return WithFsdpRulesCompared(std::move(planner));
+  if (name == "hybrid") return WithWholeStepsCompared(std::move(planner));
   return planner;
 }
 

@@ -1046,7 +1046,7 @@ TEST(ShardingTest, HybridIsNoSlowerThanTheRulesWithUpdatesOnTheHost) {
     EXPECT_TRUE(hybrid.feasible);
     EXPECT_LE(hybrid.report.makespan, fixed.report.makespan * (1 + 1e-9));
     // Whichever plan is taken, its details are its own.
-    rules_taken += hybrid.details.value("whole_step_rule", false);
+    rules_taken += hybrid.details.value("whole_step", false);
     EXPECT_EQ(hybrid.details["collectives"]["count"], hybrid.report.collectives);
     EXPECT_TRUE(hybrid.details.contains("tensors"));
     EXPECT_FALSE(hybrid.details.contains("collective_buckets"));

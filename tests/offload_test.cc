@@ -458,6 +458,64 @@ TEST(OffloadPropertyTest, HybridDominatesOnRandomDags) {
   }
 }
 
+// With the optimizer's updates in the step, hybrid judges its candidates on
+// the step without them, and compares the named ones' plans of the whole
+// step after (Note [hybrid on the whole step]): still never slower than a
+// rival that fits, and at min never a higher peak, nor slower at the same
+// peak. (Without that comparison, dtr's plan of resnet18 at min is 2%
+// faster than hybrid's at the same peak, with the updates on the device,
+// and 3% with them on the host.)
+void CheckWholeStepDominance(const Graph& g, int ranks) {
+  auto base = BaselinePeak(g);
+  ASSERT_TRUE(base.ok()) << base.status();
+  for (int64_t budget : {*base * 9 / 10, *base * 6 / 10, PlannerOptions::kMinBudget}) {
+    SCOPED_TRACE(absl::StrCat(g.name(), " at ", budget, " on ", ranks, " ranks"));
+    PlannerOptions o = Options(budget, 25e9);
+    o.ranks = ranks;
+    // (PlanAndCheck's simulation has no network: with ranks, the plan's own.)
+    const auto plan = [&](const char* policy) {
+      if (ranks == 1) return PlanAndCheck(policy, g, o);
+      absl::StatusOr<PlanResult> r = PlanWith(policy, g, o);
+      EXPECT_TRUE(r.ok()) << policy << ": " << r.status();
+      return r.ok() ? *std::move(r) : PlanResult();
+    };
+    const PlanResult hybrid = plan("hybrid");
+    for (const char* rival : kRivals) {
+      const PlanResult r = plan(rival);
+      if (!r.feasible) continue;
+      if (budget != PlannerOptions::kMinBudget) {
+        EXPECT_TRUE(hybrid.feasible) << rival;
+        EXPECT_LE(hybrid.report.makespan, r.report.makespan * (1 + 1e-9)) << rival;
+        continue;
+      }
+      EXPECT_LE(hybrid.report.peak_bytes, r.report.peak_bytes) << rival;
+      if (hybrid.report.peak_bytes == r.report.peak_bytes) {
+        EXPECT_LE(hybrid.report.makespan, r.report.makespan * (1 + 1e-9)) << rival;
+      }
+    }
+  }
+}
+
+TEST(OffloadPropertyTest, HybridDominatesOnWholeTrainingSteps) {
+  const struct {
+    const char* model;
+    int ranks;
+  } cases[] = {
+      {"resnet18:batch=4,optimizer=adam", 1},
+      {"resnet18:batch=4,optimizer=adam,optimizer_state=host,updates=host", 1},
+      {"transformer:layers=4,optimizer=adam,optimizer_state=host,updates=host", 1},
+      {"mnist-cnn:batch=8,optimizer=adamw,updates=auto", 1},
+      {"tanh-chain:length=12,size=2000,optimizer=adamw,optimizer_state=auto,parameters=auto", 1},
+      // data parallel: the all-reduces too are added after hybrid's judgement
+      {"resnet18:batch=4,optimizer=adam", 2},
+  };
+  for (const auto& c : cases) {
+    absl::StatusOr<Graph> g = BuildModel(c.model);
+    ASSERT_TRUE(g.ok()) << c.model << ": " << g.status();
+    CheckWholeStepDominance(*g, c.ranks);
+  }
+}
+
 TEST(OffloadPropertyTest, HostBudgetIsRespected) {
   for (uint64_t seed = 11; seed <= 14; ++seed) {
     Graph g = RandomTrainingGraph(12, seed);
