@@ -44,6 +44,36 @@ int BaselinePeakPosition(const Graph& graph, const std::vector<NodeId>& order) {
   return best_pos;
 }
 
+// Note [Shared gathers]. On a sharded graph a parameter read in two places
+// of the forward pass (a tied embedding: the first layer and the last) has
+// one gather whose forward readers span the whole chain, so no position is
+// a separator and the chain has one stage or a few (rotor's least peak on
+// an 8-layer decoder sharded over 4 ranks: 497 MiB, 3 stages, against 415
+// for FSDP's rule). Such a gather reads only persistent tensors and costs
+// the network's time, not the compute's: the chain treats it as an input,
+// as it treats the shard it gathers, and each operation (a stage's forward
+// sweep or its backward) that reads it gathers it again and frees it after
+// (ChainComputes), as FSDP does. The stages' figures leave it out (its
+// bytes while an operation holds it; its time): rotor simulates its plan
+// and plans again below the budget when it is over, the others are
+// heuristics. Gathers with one forward reader stay in the chain, where the
+// programs decide whether to keep them for the backward.
+void MarkSharedGathers(const Graph& graph, ForwardPart& part) {
+  const int n = graph.num_nodes();
+  part.on_demand.assign(n, 0);
+  for (NodeId v = 0; v < n; ++v) {
+    if (!part.is_forward[v] || !graph.collective(v) || !graph.needed()[v]) continue;
+    const auto inputs = graph.unique_inputs(v);
+    if (!std::all_of(inputs.begin(), inputs.end(),
+                     [&](NodeId u) { return graph.persistent(u); })) {
+      continue;
+    }
+    int forward_readers = 0;
+    for (NodeId r : graph.readers(v)) forward_readers += part.is_forward[r] ? 1 : 0;
+    part.on_demand[v] = forward_readers >= 2 ? 1 : 0;
+  }
+}
+
 }  // namespace
 
 ForwardPart SplitForward(const Graph& graph) {
@@ -66,8 +96,10 @@ ForwardPart SplitForward(const Graph& graph) {
     const int split = BaselinePeakPosition(graph, order);
     for (int i = 0; i <= split; ++i) part.is_forward[order[i]] = 1;
   }
+  MarkSharedGathers(graph, part);
   std::vector<NodeId> forward;
   for (NodeId v : order) {
+    if (part.on_demand[v]) continue;
     if (part.is_forward[v]) {
       forward.push_back(v);
     } else {
@@ -199,6 +231,7 @@ Chain CollapseChain(const Graph& graph, const ChainView& view,
   const int m = static_cast<int>(fwd.size());
   Chain chain;
   chain.fixed_bytes = graph.persistent_bytes();
+  chain.on_demand = view.part.on_demand;
   if (m == 0) return chain;
   const int num_stages = static_cast<int>(boundaries.size()) + 1;
   chain.stages.resize(num_stages);
@@ -230,7 +263,7 @@ Chain CollapseChain(const Graph& graph, const ChainView& view,
     }
     int lo = 0, up = hi, up_low = hi;
     for (NodeId u : graph.unique_inputs(b)) {
-      if (graph.persistent(u) || !view.part.is_forward[u]) continue;
+      if (graph.persistent(u) || !view.part.is_forward[u] || view.part.on_demand[u]) continue;
       int a = stage_of[u], c = stage_of[u];
       if (boundary_stage[u] >= 0) c = std::min(a + 1, num_stages - 1);
       lo = std::max(lo, a);
@@ -415,6 +448,14 @@ std::vector<NodeId> ChainComputes(const Graph& graph, const Chain& chain,
   std::vector<uint8_t> computed(n, 0);
   std::vector<NodeId> seq;
   std::vector<std::pair<NodeId, int>> stack;  // on-demand DFS: node, next input
+  // Note [Shared gathers]: the operation that last made each one.
+  std::vector<int> made_in(n, -1);
+  int op_index = 0;
+  const auto missing = [&](NodeId u) {
+    if (graph.persistent(u)) return false;
+    if (!computed[u]) return true;
+    return !chain.on_demand.empty() && chain.on_demand[u] && made_in[u] != op_index;
+  };
   auto append = [&](NodeId v) {
     if (computed[v] && graph.is_output(v)) return;
     // Never-computed inputs first, in post-order (irregular graphs only).
@@ -425,17 +466,19 @@ std::vector<NodeId> ChainComputes(const Graph& graph, const Chain& chain,
       const auto inputs = graph.unique_inputs(x);
       if (k < static_cast<int>(inputs.size())) {
         const NodeId u = inputs[k++];
-        if (!graph.persistent(u) && !computed[u]) stack.emplace_back(u, 0);
+        if (missing(u)) stack.emplace_back(u, 0);
         continue;
       }
       const NodeId done = x;
       stack.pop_back();
-      if (done != v && computed[done]) continue;  // reached twice in the DFS
+      if (done != v && !missing(done)) continue;  // reached twice in the DFS
       seq.push_back(done);
       computed[done] = 1;
+      made_in[done] = op_index;
     }
   };
   for (const ChainOp& op : ops) {
+    ++op_index;
     const ChainStage& st = chain.stages[op.stage];
     const std::vector<NodeId>* list = nullptr;
     switch (op.kind) {

@@ -104,6 +104,9 @@ namespace pebble {
 // Step 1 of Note [Chain view of a training graph].
 struct ForwardPart {
   std::vector<uint8_t> is_forward;  // per node: 1 for forward-part nodes
+  // Per node: 1 for a shared gather (Note [Shared gathers]), a forward-part
+  // node that is in neither list below.
+  std::vector<uint8_t> on_demand;
   std::vector<NodeId> forward;      // forward part, normalised order
   std::vector<NodeId> backward;     // other needed non-persistent nodes,
                                     // the graph's own order
@@ -160,6 +163,8 @@ struct Chain {
   int64_t fixed_bytes = 0;
   // Backward nodes with no compatible stage (step 3), ascending ids.
   std::vector<NodeId> irregular;
+  // ForwardPart::on_demand: made again by each operation that reads them.
+  std::vector<uint8_t> on_demand;
   // LossPlacement::kAfterBackward applied: the last stage's forward sinks
   // are at the end of its backward part (Note [Late loss]).
   bool late_loss = false;
