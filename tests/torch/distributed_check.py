@@ -332,6 +332,45 @@ def check_sharded(torch, pt, dist, rank, ranks, kind, policy, tokens=False, buck
     return failures + differs_from_eager(step, whole, len(data), what)
 
 
+def check_shards_moving(torch, pt, dist, rank, ranks):
+    """optimizer_parameters="auto": the plan at the least peak keeps the
+    parameters' shards on the host between steps, one at the unplanned peak
+    on the device. Steps under each in turn (replan() shares the shards and
+    the optimizer) move the shards, and the optimizer's state, where each
+    plan keeps them (Shards.place), and give eager's parameters; each
+    step's measured peak is its plan's. (On the CPU a shard's move is a
+    copy in the same memory: what this sees there is the bookkeeping and
+    the numbers; beside a GPU, the move itself.)"""
+    what = "sharded, parameters auto, plans alternated"
+    failures = []
+    torch.manual_seed(0)
+    model = make_model(torch)
+    whole = copy.deepcopy(model)
+    opt, whole_opt = (optimizer(torch, "adam", m.parameters()) for m in (model, whole))
+    loss_fn = torch.nn.functional.cross_entropy
+    data = batches(torch, ranks, 4)
+    x0, y0 = data[0]
+    tight = pt.train_step(model, loss_fn, (mine(x0, rank),), mine(y0, rank), optimizer=opt,
+                          policy="hybrid", budget="min", measure="always",
+                          process_group=dist.group.WORLD, shard="full",
+                          optimizer_state="auto", optimizer_updates="auto",
+                          optimizer_parameters="auto", allow_cpu_offload=True)
+    loose = tight.replan(policy="baseline", budget="100%")
+    on_host = []
+    for k, (x, y) in enumerate(data):
+        step = (tight, loose)[k % 2]
+        failures += step_beside_eager(step, whole, whole_opt, loss_fn, [(x, y)], rank,
+                                      f"{what} (step {k + 1})")
+        on_host.append(step.report["sharding"]["shards_on_host"])
+        if on_host[-1] != len(step.shards.on_host):
+            failures.append(f"{what}: step {k + 1} reports {on_host[-1]} shards on the host, "
+                            f"{len(step.shards.on_host)} are there")
+    if on_host[0] == 0 or on_host[1] != 0:
+        failures.append(f"{what}: shards on the host at each step {on_host}: the least peak's "
+                        "plan keeps none there, or the unplanned one does (nothing moves)")
+    return failures + differs_from_eager(loose, whole, len(data), what)
+
+
 def check_offloaded_shards(step, opt, model, state, updates, parameters, what):
     """The plan's placement of the sharded state, updates and parameter
     shards, as asked, and the bytes moved as planned."""
@@ -516,10 +555,11 @@ def check_sharded_failure(torch, pt, dist, rank, ranks):
     return failures
 
 
-def check_failed_host_update(torch, pt, dist, rank, ranks):
+def check_failed_host_update(torch, pt, dist, rank, ranks, parameters="device"):
     """A sharded step whose update on the host fails (on every rank alike)
     fails on every rank, and the shards that the plan had freed for their
-    updates are back on the device, fetched from their host copies."""
+    updates are back on the device, fetched from their host copies; with
+    `parameters` "host", every shard is still its host copy."""
     from pebble.torch import _optimizer
     failures = []
     torch.manual_seed(0)
@@ -529,7 +569,9 @@ def check_failed_host_update(torch, pt, dist, rank, ranks):
     step = pt.train_step(model, torch.nn.functional.cross_entropy, (mine(x, rank),),
                          mine(y, rank), optimizer=opt, policy="dtr", budget="min",
                          process_group=dist.group.WORLD, shard="full",
-                         optimizer_updates="host", allow_cpu_offload=True)
+                         optimizer_updates="host", optimizer_parameters=parameters,
+                         allow_cpu_offload=True)
+    what = f"sharded, updates on the host, parameters on the {parameters}"
     real, calls, away = _optimizer._update, [], []
 
     def failing(*args):
@@ -541,22 +583,25 @@ def check_failed_host_update(torch, pt, dist, rank, ranks):
     _optimizer._update = failing
     try:
         step(mine(x, rank), mine(y, rank))
-        failures.append("sharded, updates on the host: a failing update did not fail the step")
+        failures.append(f"{what}: a failing update did not fail the step")
     except RuntimeError as e:
         if "injected" not in str(e):
-            failures.append(f"sharded, updates on the host: the step failed with '{e}'")
+            failures.append(f"{what}: the step failed with '{e}'")
     finally:
         _optimizer._update = real
-    if not away:
-        failures.append("sharded, updates on the host: no shard was off the device when the "
+    if parameters == "device" and not away:
+        failures.append(f"{what}: no shard was off the device when the "
                         "update failed (the check checks nothing)")
+    if parameters == "host" and step.shards.on_host != set(step.shards.shards):
+        failures.append(f"{what}: after the failed step only {sorted(step.shards.on_host)} "
+                        "of the shards live on the host")
     for name, shard in step.shards.shards.items():
         if shard is None or shard.numel() != step.shards.shard_numel(name):
-            failures.append(f"sharded, updates on the host: after the failed step the shard of "
+            failures.append(f"{what}: after the failed step the shard of "
                             f"'{name}' is {None if shard is None else tuple(shard.shape)}")
     try:
         step(mine(x, rank), mine(y, rank))
-        failures.append("sharded, updates on the host: a step after the failed one ran")
+        failures.append(f"{what}: a step after the failed one ran")
     except pt.PlanExecutionError:
         pass
     return failures
@@ -728,9 +773,11 @@ def checks(torch, pt, dist, rank, ranks):
                               state="host", parameters="host")
     failures += check_sharded(torch, pt, dist, rank, ranks, "adam", "dtr", state="host",
                               updates="host", parameters="host")
+    failures += check_shards_moving(torch, pt, dist, rank, ranks)
     failures += check_gathers_freed_apart(torch, pt, dist, rank, ranks)
     failures += check_sharded_failure(torch, pt, dist, rank, ranks)
-    failures += check_failed_host_update(torch, pt, dist, rank, ranks)
+    for parameters in ("device", "host"):
+        failures += check_failed_host_update(torch, pt, dist, rank, ranks, parameters)
     return failures
 
 
