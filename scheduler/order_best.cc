@@ -21,6 +21,16 @@ class BestOrderPlanner final : public Planner {
  public:
   absl::StatusOr<PlanResult> Plan(const Graph& graph,
                                   const PlannerOptions& options) const override {
+    BestOrderMemo* memo = options.best_order_memo.get();
+    if (memo == nullptr) return Search(graph, options);
+    if (const PlanResult* kept = memo->Find(graph, options)) return *kept;
+    ASSIGN_OR_RETURN(PlanResult plan, Search(graph, options));
+    memo->Keep(graph, options, plan);
+    return plan;
+  }
+
+ private:
+  absl::StatusOr<PlanResult> Search(const Graph& graph, const PlannerOptions& options) const {
     const auto started = std::chrono::steady_clock::now();
     auto elapsed = [&] {
       return std::chrono::duration<double>(std::chrono::steady_clock::now() -

@@ -1,6 +1,8 @@
 #include "scheduler/planner.h"
 
 #include <algorithm>
+#include <functional>
+#include <string>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/ascii.h"
@@ -110,6 +112,43 @@ absl::StatusOr<std::unique_ptr<Planner>> MakePlanner(absl::string_view name) {
                             /*join_collectives=*/!info->external && !info->own_messages);
   if (name == "hybrid") return WithWholeStepsCompared(std::move(planner));
   return planner;
+}
+
+namespace {
+
+// A hash of everything a plan of `graph` depends on: its nodes' ids, sizes,
+// costs, workspaces, roles and edges, and its outputs.
+uint64_t Fingerprint(const Graph& graph) {
+  uint64_t h = 1469598103934665603ull;
+  auto mix = [&h](uint64_t x) { h = (h ^ x) * 1099511628211ull + (h >> 29); };
+  for (NodeId v = 0; v < graph.num_nodes(); ++v) {
+    mix(std::hash<std::string>{}(graph.id(v)));
+    mix(static_cast<uint64_t>(graph.bytes(v)));
+    mix(std::hash<double>{}(graph.cost(v)));
+    mix(static_cast<uint64_t>(graph.workspace(v)));
+    mix(static_cast<uint64_t>(graph.persistent(v)) * 2 + graph.is_output(v));
+    mix(static_cast<uint64_t>(graph.role(v)));
+    for (NodeId u : graph.inputs(v)) mix(static_cast<uint64_t>(u) + 7);
+  }
+  return h;
+}
+
+}  // namespace
+
+const PlanResult* BestOrderMemo::Find(const Graph& graph, const PlannerOptions& options) const {
+  const uint64_t fingerprint = Fingerprint(graph);
+  for (const Entry& e : entries_) {
+    if (e.fingerprint == fingerprint && e.num_nodes == graph.num_nodes() &&
+        e.budget_bytes == options.budget_bytes && e.ranks == options.ranks) {
+      return &e.plan;
+    }
+  }
+  return nullptr;
+}
+
+void BestOrderMemo::Keep(const Graph& graph, const PlannerOptions& options, PlanResult plan) {
+  entries_.push_back({Fingerprint(graph), graph.num_nodes(), options.budget_bytes,
+                      options.ranks, std::move(plan)});
 }
 
 void ReportProgress(const PlannerOptions& options, std::string stage,

@@ -35,6 +35,8 @@ struct PlanProgress {
   std::optional<double> bound;
 };
 
+class BestOrderMemo;  // below
+
 struct PlannerOptions {
   // Device memory budget in bytes; kMinBudget asks for the lowest peak the
   // policy can reach.
@@ -74,6 +76,9 @@ struct PlannerOptions {
   // Called as long stages start and end (from the planning thread; compare
   // plans on several). Empty: no reports.
   std::function<void(const PlanProgress&)> progress;
+  // best-order's plans made so far in one call, shared by the policies that
+  // call planned in turn (BestOrderMemo); null: none kept.
+  std::shared_ptr<BestOrderMemo> best_order_memo;
 };
 
 // Calls options.progress, where set.
@@ -87,6 +92,28 @@ struct PlanResult {
   bool feasible = false;  // report.peak_bytes <= budget (and host budget)
   std::string message;    // why infeasible, or notes ("optimal", ...)
   nlohmann::json details = nlohmann::json::object();  // policy-specific
+};
+
+// best-order's plans (order_best.cc) by graph and budget, for one planning
+// call that plans several policies on the same graph (Note [hybrid on the
+// whole step]): each policy composed with best-order (compose.h) would run
+// best-order's search again, seconds on a large graph, for the same plan.
+// Not thread-safe: one call's policies plan in turn.
+class BestOrderMemo {
+ public:
+  // The plan kept for `graph` (by content) under `options`' budget, or null.
+  const PlanResult* Find(const Graph& graph, const PlannerOptions& options) const;
+  void Keep(const Graph& graph, const PlannerOptions& options, PlanResult plan);
+
+ private:
+  struct Entry {
+    uint64_t fingerprint;
+    int num_nodes;
+    int64_t budget_bytes;
+    int ranks;
+    PlanResult plan;
+  };
+  std::vector<Entry> entries_;
 };
 
 // The time limit of one Plan call, started at construction. Policies check

@@ -54,15 +54,19 @@ int BaselinePeakPosition(const Graph& graph, const std::vector<NodeId>& order) {
 // as it treats the shard it gathers, and each operation (a stage's forward
 // sweep or its backward) that reads it gathers it again and frees it after
 // (ChainComputes), as FSDP does. The stages' figures leave it out (its
-// bytes while an operation holds it; its time): rotor simulates its plan
-// and plans again below the budget when it is over, the others are
-// heuristics. Gathers with one forward reader stay in the chain, where the
+// bytes while an operation holds it; its time): at a byte budget rotor
+// simulates its plan and plans again below the budget when it is over, at
+// `min` and in the other policies the estimate stands. Gathers with one forward reader stay in the chain, where the
 // programs decide whether to keep them for the backward.
 void MarkSharedGathers(const Graph& graph, ForwardPart& part) {
   const int n = graph.num_nodes();
   part.on_demand.assign(n, 0);
   for (NodeId v = 0; v < n; ++v) {
-    if (!part.is_forward[v] || !graph.collective(v) || !graph.needed()[v]) continue;
+    // (A gather that is a graph output stays: it is resident to the end.)
+    if (!part.is_forward[v] || !graph.collective(v) || !graph.needed()[v] ||
+        graph.is_output(v)) {
+      continue;
+    }
     const auto inputs = graph.unique_inputs(v);
     if (!std::all_of(inputs.begin(), inputs.end(),
                      [&](NodeId u) { return graph.persistent(u); })) {
@@ -278,8 +282,26 @@ Chain CollapseChain(const Graph& graph, const ChainView& view,
       s = std::min(hi, std::max(0, up));
     }
     stage_of[b] = s;
-    chain.stages[s].backward.push_back(b);
   }
+  // A backward node that reads no stage's node (only persistent tensors and
+  // shared gathers) would go to the top stage, and be held from the start
+  // of the backward to its readers: it goes to its first reader's stage.
+  for (auto it = view.part.backward.rbegin(); it != view.part.backward.rend(); ++it) {
+    const NodeId b = *it;
+    const auto inputs = graph.unique_inputs(b);
+    if (inputs.empty() || irregular[b] ||
+        !std::all_of(inputs.begin(), inputs.end(), [&](NodeId u) {
+          return graph.persistent(u) || view.part.on_demand[u];
+        })) {
+      continue;
+    }
+    int first = -1;  // the highest stage of a backward reader: the first to run
+    for (NodeId r : graph.readers(b)) {
+      if (!view.part.is_forward[r] && stage_of[r] >= 0) first = std::max(first, stage_of[r]);
+    }
+    if (first >= 0) stage_of[b] = std::min(stage_of[b], first);
+  }
+  for (NodeId b : view.part.backward) chain.stages[stage_of[b]].backward.push_back(b);
   std::sort(chain.irregular.begin(), chain.irregular.end());
   // Note [Late loss]: the last stage's forward part, when it is all sinks,
   // becomes the end of its backward part.

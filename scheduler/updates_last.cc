@@ -4,6 +4,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "graph/status.h"
 #include "graph/text_input.h"
@@ -660,11 +661,16 @@ class UpdatesLastPlanner final : public Planner {
     // says why (the updates' workspace, the streamed state, the host budget).
     // Streamed parameters (Note [Parameters streamed]) free what the inner
     // plan held: there too the whole schedule's verdict is the one.
+    const bool cut = TimeLimitReached(inner);
     if (early_groups == 0 && !inner.feasible && !streams_parameters) {
       result.feasible = false;
       result.message = std::move(inner.message);
     }
     result.details = std::move(inner.details);
+    // The policy's cut is said, whichever message stands.
+    if (cut && !absl::StrContains(result.message, "time limit")) {
+      NoteTimeLimit(result, options.time_limit_s, "the policy's search");
+    }
     result.details["updates"] = early_groups != 0 ? "early" : "last";
     if (early_groups > 0) result.details["updates_early_groups"] = early_groups;
     if (early_groups < 0) result.details["updates_planned_with_sinks"] = true;

@@ -20,7 +20,9 @@
 // own candidates do. The better plan by MakespanSelector's rule is taken,
 // so at the budget hybrid is never slower than any of those policies (and
 // at `min` never higher in peak), within the time limit. The cost: each
-// compared policy is planned again, whole.
+// compared policy is planned again, whole; best-order's search, which each
+// of them runs to compose with (seconds on a large graph), is made once in
+// the call (BestOrderMemo).
 #include "scheduler/whole_step.h"
 
 #include <algorithm>
@@ -32,45 +34,47 @@
 #include "graph/status.h"
 #include "scheduler/collective_buckets.h"
 #include "scheduler/offload.h"
+#include "scheduler/simulator.h"
 
 namespace pebble {
 namespace {
 
 // Whether the wrappers of `graph`'s plan add steps the inner policy did not
-// judge: the updates, or a data-parallel step's all-reduces.
+// judge: the updates, or a data-parallel step's all-reduces (there are
+// none to add on a sharded graph, or without gradients).
 bool JudgedOnAnotherStep(const Graph& graph, const PlannerOptions& options) {
   if (graph.has_in_place()) return true;
-  return options.ranks > 1 && !graph.has_collectives();
+  return options.ranks > 1 && !GradientsToReduce(graph).empty();
 }
 
-// The named policies among hybrid's `candidates`, those that fitted first,
-// then by makespan on the step judged. The one hybrid took is among them:
-// inside hybrid a policy plans over the graph's own order, alone it is
-// also composed with best-order's (docs/semantics.md), so its plans differ.
-std::vector<std::string> NamedRivals(const nlohmann::json& candidates) {
-  struct Rival {
-    std::string name;
-    bool fits;
-    double makespan;
-  };
-  std::vector<Rival> rivals;
+// The named policies among hybrid's `candidates`, the most promising
+// first: ranked by `judge`'s rule on their figures on the step judged (at
+// `min`, the lowest peak first). The one hybrid took is among them: inside
+// hybrid a policy plans over the graph's own order, alone it is also
+// composed with best-order's (docs/semantics.md), so its plans differ.
+std::vector<std::string> NamedRivals(const nlohmann::json& candidates,
+                                     const MakespanSelector& judge) {
+  std::vector<std::pair<std::string, PlanReport>> rivals;
   for (const nlohmann::json& c : candidates) {
     const std::string name = c.value("candidate", "");
     if (name == "hybrid") continue;
     const PolicyInfo* info = PlannerRegistry::Global().Find(name);
     if (info == nullptr || info->external) continue;
     if (std::any_of(rivals.begin(), rivals.end(),
-                    [&](const Rival& r) { return r.name == name; })) {
+                    [&](const auto& r) { return r.first == name; })) {
       continue;
     }
-    rivals.push_back({name, c.value("fits", false), c.value("makespan", 0.0)});
+    PlanReport figures;
+    figures.peak_bytes = c.value("peak_bytes", int64_t{0});
+    figures.makespan = c.value("makespan", 0.0);
+    figures.transfer_bytes = c.value("transfer_bytes", int64_t{0});
+    rivals.emplace_back(name, figures);
   }
-  std::stable_sort(rivals.begin(), rivals.end(), [](const Rival& a, const Rival& b) {
-    if (a.fits != b.fits) return a.fits;
-    return a.makespan < b.makespan;
+  std::stable_sort(rivals.begin(), rivals.end(), [&](const auto& a, const auto& b) {
+    return judge.Prefers(a.second, b.second);
   });
   std::vector<std::string> names;
-  for (Rival& r : rivals) names.push_back(std::move(r.name));
+  for (auto& r : rivals) names.push_back(std::move(r.first));
   return names;
 }
 
@@ -80,22 +84,29 @@ class WholeStepsComparedPlanner : public Planner {
       : inner_(std::move(inner)) {}
 
   absl::StatusOr<PlanResult> Plan(const Graph& graph,
-                                  const PlannerOptions& options) const override {
-    const Deadline deadline(options.time_limit_s);
+                                  const PlannerOptions& given) const override {
+    const Deadline deadline(given.time_limit_s);
+    // hybrid and each policy compared run best-order on the same graphs:
+    // its plans are made once (BestOrderMemo).
+    PlannerOptions options = given;
+    if (options.best_order_memo == nullptr) {
+      options.best_order_memo = std::make_shared<BestOrderMemo>();
+    }
     ASSIGN_OR_RETURN(PlanResult best, inner_->Plan(graph, options));
     if (!JudgedOnAnotherStep(graph, options)) return best;
+    const bool search_cut = TimeLimitReached(best);
     const MakespanSelector judge(graph, options);
     nlohmann::json tried = best.details.value("candidates", nlohmann::json::array());
     std::string chosen;
-    bool cut = false;
-    for (const std::string& name : NamedRivals(tried)) {
+    bool not_all = false, rival_cut = false;
+    for (const std::string& name : NamedRivals(tried, judge)) {
       if (deadline.Expired()) {
-        cut = true;
+        not_all = true;
         break;
       }
       absl::StatusOr<PlanResult> r = WholeStep(graph, name, options, deadline);
       if (!r.ok()) continue;  // e.g. revolve on a graph that is no chain
-      cut = cut || TimeLimitReached(*r);
+      rival_cut = rival_cut || TimeLimitReached(*r);
       tried.push_back({{"candidate", absl::StrCat(name, " (whole step)")},
                        {"peak_bytes", r->report.peak_bytes},
                        {"makespan", r->report.makespan},
@@ -112,9 +123,15 @@ class WholeStepsComparedPlanner : public Planner {
       best.details["whole_step"] = true;
       best.details["tensors"] = ClassifyTensors(graph, best.schedule);
     }
-    if (cut && !TimeLimitReached(best)) {
-      NoteTimeLimit(best, options.time_limit_s,
-                    "hybrid's named candidates not all compared on the whole step");
+    // A cut anywhere is said, whichever plan was taken.
+    if (!TimeLimitReached(best)) {
+      if (not_all) {
+        NoteTimeLimit(best, options.time_limit_s,
+                      "hybrid's named candidates not all compared on the whole step");
+      } else if (search_cut || rival_cut) {
+        NoteTimeLimit(best, options.time_limit_s,
+                      search_cut ? "hybrid's search" : "a compared policy's search");
+      }
     }
     return best;
   }

@@ -4,6 +4,7 @@
 // another order; --own-order gives the policy as published.
 #include "scheduler/compose.h"
 
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -135,6 +136,33 @@ TEST(ComposeTest, APolicysRefusalStands) {
 }
 
 // BetterPlan: the budget rule of docs/semantics.md.
+// BestOrderMemo: best-order's plan is made once per graph and budget in
+// one call, and another graph's, or another budget's, is not taken for it.
+TEST(ComposeTest, BestOrderPlansAreKeptPerGraphAndBudget) {
+  absl::StatusOr<Graph> a = BuildModel("resnet18:batch=2,image=32");
+  absl::StatusOr<Graph> b = BuildModel("resnet18:batch=4,image=32");
+  ASSERT_TRUE(a.ok() && b.ok());
+  PlannerOptions options;
+  options.budget_bytes = PlannerOptions::kMinBudget;
+  options.best_order_memo = std::make_shared<BestOrderMemo>();
+  std::unique_ptr<Planner> best_order = *MakePlanner("best-order");
+  const PlanResult first = *best_order->Plan(*a, options);
+  ASSERT_NE(options.best_order_memo->Find(*a, options), nullptr);
+  EXPECT_EQ(options.best_order_memo->Find(*b, options), nullptr);
+  PlannerOptions other_budget = options;
+  other_budget.budget_bytes = first.report.peak_bytes;
+  EXPECT_EQ(options.best_order_memo->Find(*a, other_budget), nullptr);
+  // The kept plan is the one made without the memo.
+  PlannerOptions plain = options;
+  plain.best_order_memo = nullptr;
+  const PlanResult fresh = *best_order->Plan(*a, plain);
+  const PlanResult kept = *best_order->Plan(*a, options);
+  EXPECT_EQ(kept.schedule.steps, fresh.schedule.steps);
+  EXPECT_EQ(kept.report.peak_bytes, fresh.report.peak_bytes);
+  const PlanResult other = *best_order->Plan(*b, options);
+  EXPECT_NE(other.report.peak_bytes, first.report.peak_bytes);
+}
+
 TEST(ComposeTest, BetterPlanFollowsTheBudgetRule) {
   auto plan = [](int64_t peak, double makespan, bool feasible) {
     PlanResult r;
