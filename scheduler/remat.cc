@@ -55,9 +55,10 @@ int BaselinePeakPosition(const Graph& graph, const std::vector<NodeId>& order) {
 // sweep or its backward) that reads it gathers it again and frees it after
 // (ChainComputes), as FSDP does. The stages' figures leave it out (its
 // bytes while an operation holds it; its time): at a byte budget rotor
-// simulates its plan and plans again below the budget when it is over, at
-// `min` and in the other policies the estimate stands. Gathers with one forward reader stay in the chain, where the
-// programs decide whether to keep them for the backward.
+// simulates its plan and plans again below the budget when it is over; at
+// `min`, and in the other policies, the estimate stands. Gathers with one
+// forward reader stay in the chain, where the programs decide whether to
+// keep them for the backward.
 void MarkSharedGathers(const Graph& graph, ForwardPart& part) {
   const int n = graph.num_nodes();
   part.on_demand.assign(n, 0);
