@@ -178,6 +178,13 @@ std::vector<SwapInterval> RefinePlacement(const ComputeSequence& seq,
 // swapped and recomputed nodes (the first `max_ids` each).
 nlohmann::json ClassifyTensors(const Graph& graph, const Schedule& schedule, int max_ids = 50);
 
+// One entry of details["candidates"], the list of the plans hybrid judged
+// (and Note [hybrid on the whole step] adds to): its name, its figures and
+// whether it fits. CandidateFigures reads the figures back as a report
+// (peak, makespan and transfer bytes; the rest zero).
+nlohmann::json CandidateEntry(const std::string& name, const PlanReport& report, bool fits);
+PlanReport CandidateFigures(const nlohmann::json& entry);
+
 // Picks among candidate schedules by simulated time: with a byte budget,
 // the least makespan among those that fit both budgets (ties: lower peak,
 // then fewer transfer bytes, then the earlier candidate); when none fits,

@@ -938,6 +938,22 @@ std::vector<SwapInterval> RefinePlacement(const ComputeSequence& seq,
   return best;
 }
 
+nlohmann::json CandidateEntry(const std::string& name, const PlanReport& report, bool fits) {
+  return {{"candidate", name},
+          {"peak_bytes", report.peak_bytes},
+          {"makespan", report.makespan},
+          {"transfer_bytes", report.transfer_bytes},
+          {"fits", fits}};
+}
+
+PlanReport CandidateFigures(const nlohmann::json& entry) {
+  PlanReport figures;
+  figures.peak_bytes = entry.value("peak_bytes", int64_t{0});
+  figures.makespan = entry.value("makespan", 0.0);
+  figures.transfer_bytes = entry.value("transfer_bytes", int64_t{0});
+  return figures;
+}
+
 nlohmann::json ClassifyTensors(const Graph& graph, const Schedule& schedule, int max_ids) {
   const int n = graph.num_nodes();
   std::vector<int> computes(n, 0);

@@ -159,11 +159,7 @@ class HybridPlanner final : public Planner {
         if (planned.ok()) schedule = std::move(planned->schedule);
       }
       const PlanReport& r = selector.Consider(std::move(schedule), std::move(details));
-      tried.push_back({{"candidate", name},
-                       {"peak_bytes", r.peak_bytes},
-                       {"makespan", r.makespan},
-                       {"transfer_bytes", r.transfer_bytes},
-                       {"fits", selector.Fits(r)}});
+      tried.push_back(CandidateEntry(name, r, selector.Fits(r)));
     };
     // 1. Recompute-only and offload-only plans at the same options.
     // best-order's order (an exact search on some graphs) is planned once.

@@ -64,11 +64,7 @@ std::vector<std::string> NamedRivals(const nlohmann::json& candidates,
                     [&](const auto& r) { return r.first == name; })) {
       continue;
     }
-    PlanReport figures;
-    figures.peak_bytes = c.value("peak_bytes", int64_t{0});
-    figures.makespan = c.value("makespan", 0.0);
-    figures.transfer_bytes = c.value("transfer_bytes", int64_t{0});
-    rivals.emplace_back(name, figures);
+    rivals.emplace_back(name, CandidateFigures(c));
   }
   std::stable_sort(rivals.begin(), rivals.end(), [&](const auto& a, const auto& b) {
     return judge.Prefers(a.second, b.second);
@@ -107,11 +103,8 @@ class WholeStepsComparedPlanner : public Planner {
       absl::StatusOr<PlanResult> r = WholeStep(graph, name, options, deadline);
       if (!r.ok()) continue;  // e.g. revolve on a graph that is no chain
       rival_cut = rival_cut || TimeLimitReached(*r);
-      tried.push_back({{"candidate", absl::StrCat(name, " (whole step)")},
-                       {"peak_bytes", r->report.peak_bytes},
-                       {"makespan", r->report.makespan},
-                       {"transfer_bytes", r->report.transfer_bytes},
-                       {"fits", judge.Fits(r->report)}});
+      tried.push_back(CandidateEntry(absl::StrCat(name, " (whole step)"), r->report,
+                                     judge.Fits(r->report)));
       if (judge.Prefers(r->report, best.report)) {
         best = *std::move(r);
         chosen = name;
