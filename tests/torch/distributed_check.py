@@ -332,6 +332,53 @@ def check_sharded(torch, pt, dist, rank, ranks, kind, policy, tokens=False, buck
     return failures + differs_from_eager(step, whole, len(data), what)
 
 
+def check_capture_of_shards(torch, pt, dist, rank, ranks):
+    """A sharded step's capture of new shapes (trace, calibration and the
+    step) holds no rank's whole parameters at once, as the allocator
+    measures it: the trace takes stand-ins for them and the calibration
+    runs under FSDP's rule (Note [Calibrating a sharded step])."""
+    from pebble.torch._memory import AllocatorPeak
+    nn = torch.nn
+    torch.manual_seed(0)
+    width = 256  # parameters of 2 MiB in all, far above the batch's activations
+    model = nn.Sequential(*[nn.Sequential(nn.Linear(width, width), nn.Tanh())
+                            for _ in range(8)], nn.Linear(width, 5))
+    whole = copy.deepcopy(model)
+    whole_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    opt, whole_opt = (torch.optim.SGD(m.parameters(), lr=0.1) for m in (model, whole))
+    loss_fn = torch.nn.functional.cross_entropy
+    g = torch.Generator().manual_seed(3)
+    data = [(torch.randn(ranks * n, width, generator=g),
+             torch.randint(0, 5, (ranks * n,), generator=g)) for n in (2, 3)]
+    step = pt.train_step(model, loss_fn, (data[0][0].chunk(ranks)[rank],),
+                         data[0][1].chunk(ranks)[rank], optimizer=opt, policy="fsdp",
+                         process_group=dist.group.WORLD, shard="full")
+    what = "sharded capture of new shapes"
+    failures = []
+    for k, (x, y) in enumerate(data):
+        if k == 0:
+            step(x.chunk(ranks)[rank], y.chunk(ranks)[rank])
+            r = step.report
+            if r["measured_peak_bytes"] != r["predicted_step_peak_bytes"]:
+                failures.append(f"{what}: measured peak {r['measured_peak_bytes']}, "
+                                f"predicted {r['predicted_step_peak_bytes']}")
+        else:
+            with AllocatorPeak("cpu") as meter:  # a new capture: trace, calibration, step
+                step(x.chunk(ranks)[rank], y.chunk(ranks)[rank])
+        whole_opt.zero_grad(set_to_none=True)
+        loss_fn(whole(x), y).backward()
+        whole_opt.step()
+    if step.report["shapes_planned"] != 2 or meter.source != "profiler":
+        failures.append(f"{what}: {step.report['shapes_planned']} shapes planned, measured by "
+                        f"{meter.source}")
+    if not meter.peak_bytes < whole_bytes / 2:
+        failures.append(f"{what}: the call held {meter.peak_bytes} bytes at its peak; the "
+                        f"whole parameters are {whole_bytes}")
+    if not step.report["calibration"].startswith("measured under FSDP's rule"):
+        failures.append(f"{what}: calibration {step.report['calibration']!r}")
+    return failures + differs_from_eager(step, whole, 2, what)
+
+
 def check_shards_moving(torch, pt, dist, rank, ranks):
     """optimizer_parameters="auto": the plan at the least peak keeps the
     parameters' shards on the host between steps, one at the unplanned peak
@@ -773,6 +820,7 @@ def checks(torch, pt, dist, rank, ranks):
                               state="host", parameters="host")
     failures += check_sharded(torch, pt, dist, rank, ranks, "adam", "dtr", state="host",
                               updates="host", parameters="host")
+    failures += check_capture_of_shards(torch, pt, dist, rank, ranks)
     failures += check_shards_moving(torch, pt, dist, rank, ranks)
     failures += check_gathers_freed_apart(torch, pt, dist, rank, ranks)
     failures += check_sharded_failure(torch, pt, dist, rank, ranks)

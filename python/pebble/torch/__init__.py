@@ -21,7 +21,6 @@ allocator measures what a step really held (_memory.py). docs/torch.md
 documents the API and its limits.
 """
 
-import contextlib
 import json
 import math
 import time
@@ -38,7 +37,7 @@ from ._executor import FREE, PlanExecutionError, Program, draws_in_eager_order
 from ._graph import StepGraph
 from ._memory import AllocatorPeak, TensorMemory, allocated_where_profiled, measure, tensor_bytes
 from ._optimizer import OptimizerError, Updates
-from ._sharding import ShardedRunner, Shards
+from ._sharding import ShardedRunner, Shards, calibrate_sharded
 
 __all__ = ["CaptureError", "OptimizerError", "PlanError", "PlanExecutionError", "TensorMemory",
            "TrainStep", "measure", "tensor_bytes", "train_step"]
@@ -294,10 +293,7 @@ class TrainStep:
         if variant is None:
             capture = self._captures.get(key)
             if capture is None:
-                # A sharded module is traced and calibrated whole.
-                with (self.shards.full_parameters() if self.shards is not None
-                      else contextlib.nullcontext()):
-                    capture = self._captures[key] = _Capture(self, inputs, target, key)
+                capture = self._captures[key] = _Capture(self, inputs, target, key)
             variant = self._variants[key] = _Variant(self, capture)
         return variant
 
@@ -404,13 +400,23 @@ class _Capture:
     def _capture(self, step, inputs, target, key):
         """This rank's part: the trace, its graph and its calibration."""
         started = time.perf_counter()
-        traced = trace(step.model, step.loss_fn, inputs, target, self.device)
+        # A sharded module's parameters are traced as stand-ins, and its
+        # step calibrated under FSDP's rule: no rank holds them all whole
+        # (Note [Stand-ins for sharded parameters], Note [Calibrating a
+        # sharded step]).
+        shards = step.shards
+        traced = trace(step.model, step.loss_fn, inputs, target, self.device,
+                       stand_ins=shards.shapes if shards is not None else None)
         values, self.shapes_from = propagate(traced, self.device)
         self.traced_with = traced.mode
         self.nodes = StepGraph(traced, values, accumulate=_slot_ids(traced, key[1]),
                                round_to=512 if self.device.type == "cuda" else 1,
                                device=self.device)
         self.capture_s = time.perf_counter() - started
+        if step.calibrate and shards is not None:
+            return calibrate_sharded(self.nodes, self.device,
+                                     self.persistent(inputs, target, sharded=shards.params),
+                                     shards)
         if step.calibrate:
             return calibrate(self.nodes, self.device, self.persistent(inputs, target))
         return estimated(self.nodes, "calibrate=False")
@@ -573,12 +579,7 @@ class _Variant:
         step is."""
         if self.updates is not None:
             graph = self.updates.extend(graph, self.graph_nodes.round_to)
-        if self.shards is not None:
-            if self.capture.shapes_from == "real":
-                # Its real values view the whole parameters (kept past the capture).
-                raise PlanError(f"{type(self.step.model).__name__}'s step was captured with "
-                                "real tensors (a shape depends on the data), which hold the "
-                                "whole parameters: shard='full' cannot run it")
+        if self.shards is not None:  # (traced fake: Note [Stand-ins for sharded parameters])
             try:
                 graph = self.shards.shard_graph(graph, self.step.network, self.updates,
                                                 self.graph_nodes.round_to)

@@ -69,7 +69,7 @@ def calibrate(graph, device, persistent):
     result = Calibration()
     program = Program(graph, unplanned_schedule(graph), device)
     try:
-        result.costs, result.unplanned_peak_bytes = _time_and_measure(
+        result.costs, result.unplanned_peak_bytes = time_and_measure(
             graph, program, persistent, device, step_peak=True)
     except (RuntimeError, MemoryError) as e:
         if not _out_of_memory(e):
@@ -80,7 +80,7 @@ def calibrate(graph, device, persistent):
     return result
 
 
-def _time_and_measure(graph, program, persistent, device, step_peak):
+def time_and_measure(graph, program, persistent, device, step_peak):
     """Runs `program`: each node's seconds (its first computation) and each
     distinct call's temporaries (set on the nodes); with step_peak, also the
     run's peak as the allocator measures it (else it may be None)."""
@@ -124,7 +124,7 @@ def _calibrate_under_plan(graph, device, persistent, why):
     program = Program(graph, plan.schedule, device)
     result = Calibration()
     try:
-        seconds, _ = _time_and_measure(graph, program, persistent, device, step_peak=False)
+        seconds, _ = time_and_measure(graph, program, persistent, device, step_peak=False)
     except (RuntimeError, MemoryError) as e:
         if not _out_of_memory(e):
             raise

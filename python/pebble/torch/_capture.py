@@ -23,7 +23,8 @@ import operator
 
 import torch
 
-from ._compat import FakeTensor, functional_call, functionalize, make_fx, storage_key
+from ._compat import (FakeTensor, FakeTensorMode, functional_call, functionalize, make_fx,
+                      storage_key)
 
 
 class CaptureError(ValueError):
@@ -134,6 +135,9 @@ class Traced:
         self.mode = mode  # "fake" or "real": how it was traced
         self.example = example  # the slots' tensors it was traced with (buffers copied)
         self.values = None  # fx node -> fake value, where the trace recorded them all
+        # The fake mode of `example` where it is fakes (Note [Stand-ins for
+        # sharded parameters]), else None.
+        self.fake_mode = None
         self.passes = 2  # make_fx traces: 1 where in-place calls were made functional here
 
 
@@ -191,14 +195,17 @@ def _rng_kept(device):
             torch.cuda.set_rng_state(cuda, device)
 
 
-def trace(model, loss_fn, inputs, target, device, mode=None, one_pass=True):
+def trace(model, loss_fn, inputs, target, device, mode=None, one_pass=True, stand_ins=None):
     """Traced step of `model` on `inputs` and `target`.
 
     mode: "fake" (no computation), "real", or None: fake where PyTorch can
     trace fake tensors through the step, else real. one_pass: where the
     first trace's in-place calls are simple (see _made_functional), make
     them functional here rather than tracing again through functionalize
-    (the same graph, at half the time); False always traces twice."""
+    (the same graph, at half the time); False always traces twice.
+    stand_ins: parameter name -> shape, for parameters that hold no data
+    here (a sharded module's: Note [Stand-ins for sharded parameters]); the
+    trace is then fake only."""
     slots = module_slots(model)
     slots += [Slot("input", index=k) for k in range(len(inputs))]
     slots.append(Slot("target"))
@@ -214,6 +221,10 @@ def trace(model, loss_fn, inputs, target, device, mode=None, one_pass=True):
         else:
             flat.append(target)
     modes = [mode] if mode else ["fake", "real"]
+    fake_mode = None
+    if stand_ins:
+        fake_mode, flat = _with_stand_ins(slots, flat, stand_ins, device)
+        modes = ["fake"]
     failure = None
     for m in modes:
         grad_found = []
@@ -221,7 +232,7 @@ def trace(model, loss_fn, inputs, target, device, mode=None, one_pass=True):
         try:
             with _rng_kept(device), _rnn_without_cudnn(model, device):
                 step = _step_function(model, loss_fn, slots, grad_found)
-                first = make_fx(step, tracing_mode=m)(*flat)
+                first = _make_fx(step, m, flat, fake_mode)
                 stack.close()
                 done = None
                 if one_pass and m == "fake":
@@ -229,9 +240,9 @@ def trace(model, loss_fn, inputs, target, device, mode=None, one_pass=True):
                         done = _made_functional(first, slots)
                     except Exception:  # noqa: BLE001 (a value it could not make)
                         # The graph may be half rewritten: traced again, and twice.
-                        first = make_fx(step, tracing_mode=m)(*flat)
+                        first = _make_fx(step, m, flat, fake_mode)
                 if done is None:
-                    gm = make_fx(functionalize(first), tracing_mode=m)(*flat)
+                    gm = _make_fx(functionalize(first), m, flat, fake_mode)
                     values = traced_values(gm) if m == "fake" else None
                 else:
                     gm, values = done
@@ -247,10 +258,48 @@ def trace(model, loss_fn, inputs, target, device, mode=None, one_pass=True):
         traced = Traced(gm, slots, list(grad_found), m, flat)
         traced.values = values
         traced.passes = 1 if done is not None else 2
+        traced.fake_mode = fake_mode
         return traced
     where, e = failure
+    if stand_ins:
+        raise CaptureError(f"{where} cannot be traced by PyTorch with fake tensors (make_fx), "
+                           "which a sharded step needs (its parameters are shards): "
+                           f"{type(e).__name__}: {_first_line(e)}") from e
     raise CaptureError(f"{where} cannot be traced by PyTorch (make_fx): "
                        f"{type(e).__name__}: {_first_line(e)}") from e
+
+
+# Note [Stand-ins for sharded parameters]: a sharded module's parameters
+# hold no data between steps (each rank keeps its shards), and gathering
+# them whole to trace the step would hold the whole model on every rank,
+# which sharding is there to avoid. A fake trace reads no data: each such
+# parameter is a fake tensor of its shape, dtype and device, made by a fake
+# mode of our own (make_fx's fake mode takes real tensors only), and
+# make_fx traces "real" inside that mode, so every tensor of the trace is
+# one of its fakes. PyTorch 1.13 and 2.x both trace so.
+def _with_stand_ins(slots, flat, stand_ins, device):
+    """(a fake mode, `flat` as fake tensors of that mode): each parameter of
+    `stand_ins` a fake of its shape, the others converted."""
+    fake_mode = FakeTensorMode()
+    out = []
+    for slot, t in zip(slots, flat):
+        shape = stand_ins.get(slot.names[0]) if slot.kind == "parameter" else None
+        if shape is None:
+            out.append(fake_mode.from_tensor(t))
+            continue
+        with fake_mode:
+            fake = torch.empty(shape, dtype=t.dtype, device=device)
+        out.append(fake.requires_grad_(t.requires_grad))
+    return fake_mode, out
+
+
+def _make_fx(fn, mode, flat, fake_mode):
+    """make_fx(fn, tracing_mode=mode)(*flat), or, with `fake_mode` (flat its
+    fakes: Note [Stand-ins for sharded parameters]), a trace inside it."""
+    if fake_mode is None:
+        return make_fx(fn, tracing_mode=mode)(*flat)
+    with fake_mode:
+        return make_fx(fn, tracing_mode="real")(*flat)
 
 
 @contextlib.contextmanager
@@ -513,7 +562,11 @@ def propagate(traced, device):
     them all (Traced.values), else a run of the graph."""
     if traced.values is not None:
         return traced.values, "fake"
-    from ._compat import FakeTensorMode
+    if traced.fake_mode is not None:  # Note [Stand-ins for sharded parameters]
+        recorder = _Recorder(traced.gm, traced.fake_mode.from_tensor)
+        with traced.fake_mode, torch.no_grad():
+            recorder.run(*traced.example)
+        return recorder.values, "fake"
     try:
         mode = FakeTensorMode()
         fake = [mode.from_tensor(t) for t in traced.example]

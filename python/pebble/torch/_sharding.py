@@ -89,20 +89,23 @@ and frees it; an update on the host writes it in place. Shards.place puts
 each shard where the plan of the step's shapes keeps it, before the step.
 
 The module's parameters hold no memory between steps (an empty tensor each,
-as FSDP frees them): the shards are the parameters. A capture (the first
-call of each shapes) and full_state_dict() gather them for their duration.
+as FSDP frees them): the shards are the parameters. full_state_dict()
+gathers them for its duration; a capture (the first call of each shapes)
+traces stand-ins of them and calibrates under FSDP's rule (Note [Stand-ins
+for sharded parameters] in _capture.py, Note [Calibrating a sharded step]).
 """
 
 import contextlib
 import json
 import math
+import time
 
 import torch
 
 from .. import _core
 from ._compat import storage_bytes
 from ._distributed import _collective, drain
-from ._executor import PlanExecutionError
+from ._executor import PlanExecutionError, Program
 from ._optimizer import host_homes
 from ._memory import allocated_where_profiled, round_up
 
@@ -277,7 +280,8 @@ class Shards:
     @contextlib.contextmanager
     def full_parameters(self):
         """The module's parameters whole for the block's duration (a collective:
-        every rank enters it together), released afterwards where they were."""
+        every rank enters it together), released afterwards where they were
+        (full_state_dict())."""
         if not self.released:
             yield
             return
@@ -407,6 +411,64 @@ class Shards:
         with self.full_parameters():
             return {k: v.detach().clone() for k, v in
                     self.model.state_dict().items()}
+
+
+# Note [Calibrating a sharded step]: the capture's calibration (each node's
+# seconds and temporaries, _calibrate.py) runs the step, and run unplanned it
+# would hold every parameter whole on every rank at once, which sharding is
+# there to avoid. So a sharded capture is calibrated under FSDP's own rule
+# (the `fsdp` policy on the sharded step without the optimizer's updates:
+# each parameter gathered before its forward readers, freed after them,
+# gathered again for the backward), run by the sharded runner without the
+# reduce-scatters (nothing reads them without the updates): a rank holds its
+# shards, the activations, and the parameters and local gradients in use.
+# Its gathers run on every rank together, as a step's do; a rank that fails
+# there fails the others as a failed step does (the process group's
+# timeout).
+def calibrate_sharded(nodes, device, persistent, shards):
+    """The Calibration of the captured step `nodes` (a StepGraph), run under
+    FSDP's rule on `shards` (Note [Calibrating a sharded step]);
+    `persistent`: every persistent node's tensor but the sharded
+    parameters'. Its unplanned_peak_bytes is None: a sharded step's budget
+    refers to pebble's baseline of the sharded step."""
+    from ._calibrate import Calibration, estimated, time_and_measure
+    started = time.perf_counter()
+    guess = estimated(nodes, "before calibration")
+    document = nodes.document(guess.costs, "calibration", order_tokens=False)
+    graph = _core.shard(_core.from_json(json.dumps(document)), shards.ranks)
+    plan = _core.plan(graph, policy="fsdp", budget="100%", ranks=shards.ranks, buckets="none")
+    if not plan.feasible:
+        raise PlanExecutionError(f"internal: FSDP's rule cannot plan the sharded step to "
+                                 f"calibrate it: {plan.message}")
+    schedule = [(action, node_id) for action, node_id, *_ in shards.translate(plan.schedule)
+                if not node_id.startswith("scatter:")]
+    runner = ShardedRunner(shards, _NoUpdates(), nodes, schedule)
+    program = Program(nodes, schedule, device, foreign=runner)
+    result = Calibration()
+    result.costs, _ = time_and_measure(nodes, program, persistent, device, step_peak=False)
+    result.unplanned_peak_bytes = None
+    result.source = "measured under FSDP's rule (a sharded step)"
+    result.seconds = time.perf_counter() - started
+    return result
+
+
+class _NoUpdates:
+    """The optimizer of a calibration run: none (Note [Calibrating a sharded step])."""
+
+    touches = {}
+
+    @staticmethod
+    def owns(node_id):
+        return False
+
+    def begin(self):
+        pass
+
+    def abort(self):
+        pass
+
+    def finish(self, run):
+        pass
 
 
 class ShardedRunner:
