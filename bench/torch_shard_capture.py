@@ -1,0 +1,113 @@
+#!/usr/bin/env python3
+"""What a rank holds while a sharded step is captured, measured.
+
+    PYTHONPATH=build/python /usr/bin/python3 bench/torch_shard_capture.py
+        [--ranks 2] [--models gpt,mlp] [--layers 4]
+
+Starts --ranks processes on this machine (gloo; one thread each). Each rank
+builds the model of bench/torch_updates.py (the GPT-2-style decoder, or the
+MLP of 1024-wide layers) with Adam, makes train_step(..., shard="full")
+under FSDP's rule on its slice of a batch, then calls it with a batch of
+another size: a new capture (the trace with stand-ins of the sharded
+parameters, the calibration under FSDP's rule) and its plan, then its step.
+The allocator (the CPU profiler) measures each one's peak above what the
+rank held before it (its shards, the optimizer's state shards, the staging
+buffers).
+
+Rank 0 prints a Markdown table: the whole parameters' bytes, a rank's
+shards' bytes, the capture's measured peak above its start and the time it
+took, and the step's measured and predicted peaks.
+"""
+
+import argparse
+import importlib.util
+import json
+import os
+import socket
+import sys
+import time
+
+
+def load_updates_bench():
+    here = os.path.dirname(os.path.abspath(__file__))
+    spec = importlib.util.spec_from_file_location("torch_updates",
+                                                  os.path.join(here, "torch_updates.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def rank_main(rank, args, port, out):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    import torch
+    import torch.distributed as dist
+    import pebble.torch as pt
+    from pebble.torch._memory import AllocatorPeak
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=args.ranks)
+    bench = load_updates_bench()
+    rows = []
+    for name in args.models.split(","):
+        torch.manual_seed(0)
+        model, batch = getattr(bench, name)(torch, args.layers)
+        opt = torch.optim.Adam(model.parameters(), lr=1e-3, foreach=False)
+        whole = sum(p.numel() * p.element_size() for p in model.parameters())
+        g = torch.Generator().manual_seed(1)
+        per_rank = 1 if name == "gpt" else 8  # samples a rank, then twice as many
+        first = batch(g, "cpu", size=per_rank * args.ranks)
+        second = batch(g, "cpu", size=2 * per_rank * args.ranks)
+        mine = [t.chunk(args.ranks)[rank] for t in first]
+        step = pt.train_step(model, torch.nn.functional.cross_entropy, (mine[0],), mine[1],
+                             optimizer=opt, policy="fsdp", measure="never",
+                             process_group=dist.group.WORLD, shard="full")
+        step(*mine)
+        mine = [t.chunk(args.ranks)[rank] for t in second]
+        started = time.perf_counter()
+        with AllocatorPeak("cpu") as meter:  # the capture and plan alone (on every rank)
+            step._variant_for((mine[0],), mine[1])
+        seconds = time.perf_counter() - started
+        with AllocatorPeak("cpu") as step_meter:
+            step(*mine)
+        rows.append(dict(model=name, whole=whole, shards=step.report["sharding"]["shard_bytes"],
+                         capture_peak=meter.peak_bytes, seconds=seconds,
+                         step_peak=step_meter.peak_bytes,
+                         predicted=step.report["predicted_step_peak_bytes"],
+                         calibration=step.report["calibration"]))
+    if rank == 0:
+        with open(out, "w") as f:
+            json.dump(rows, f)
+    dist.barrier()
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--ranks", type=int, default=2)
+    parser.add_argument("--models", default="gpt,mlp")
+    parser.add_argument("--layers", type=int, default=4)
+    args = parser.parse_args()
+    if args.ranks < 2:
+        sys.exit("--ranks: sharding takes 2 ranks or more")
+    import tempfile
+    import torch.multiprocessing as mp
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "rows.json")
+        mp.spawn(rank_main, args=(args, port, out), nprocs=args.ranks)
+        with open(out) as f:
+            rows = json.load(f)
+    mib = 1 << 20
+    print(f"{args.ranks} ranks, {args.layers} layers; a rank's figures (rank 0)\n")
+    print("| model | parameters | a rank's shards | capture and plan of new shapes: peak above "
+          "its start | their time | the step: measured peak | predicted |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for r in rows:
+        print(f"| {r['model']} | {r['whole'] / mib:.2f} MiB | {r['shards'] / mib:.2f} MiB | "
+              f"{r['capture_peak'] / mib:.2f} MiB | {r['seconds']:.1f} s | "
+              f"{r['step_peak'] / mib:.2f} MiB | {r['predicted'] / mib:.2f} MiB |")
+    print(f"\ncalibration: {rows[0]['calibration']}")
+
+
+if __name__ == "__main__":
+    main()
