@@ -68,6 +68,22 @@ def load_updates_bench():
     return module
 
 
+def spawn_ranks(rank_main, args):
+    """Runs rank_main(rank, args, port, out) on args.ranks processes of this
+    machine (a free local port for the group); the JSON that rank 0 wrote
+    to `out`."""
+    import tempfile
+    import torch.multiprocessing as mp
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "rows")
+        mp.spawn(rank_main, args=(args, port, out), nprocs=args.ranks)
+        with open(out) as f:
+            return json.load(f)
+
+
 def rank_main(rank, args, port, out):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     import torch
@@ -180,16 +196,7 @@ def main():
     parser.add_argument("--time-limit", type=float, default=10.0,
                         help="each plan's time limit, seconds (train_step's time_limit)")
     args = parser.parse_args()
-    import tempfile
-    import torch.multiprocessing as mp
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    with tempfile.TemporaryDirectory() as tmp:
-        out = os.path.join(tmp, "rows")
-        mp.spawn(rank_main, args=(args, port, out), nprocs=args.ranks)
-        with open(out) as f:
-            rows = json.load(f)
+    rows = spawn_ranks(rank_main, args)
     print(f"gpt, {args.layers} layers, Adam, {args.ranks} ranks (gloo), batch 2 per rank; "
           f"pebble's policy {args.policy} at {args.budget}; rank 0's figures")
     print()

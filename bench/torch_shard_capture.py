@@ -20,21 +20,13 @@ took, and the step's measured and predicted peaks.
 """
 
 import argparse
-import importlib.util
 import json
 import os
-import socket
 import sys
 import time
 
-
-def load_updates_bench():
-    here = os.path.dirname(os.path.abspath(__file__))
-    spec = importlib.util.spec_from_file_location("torch_updates",
-                                                  os.path.join(here, "torch_updates.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from torch_data_parallel import load_updates_bench, spawn_ranks  # noqa: E402
 
 
 def rank_main(rank, args, port, out):
@@ -87,16 +79,7 @@ def main():
     args = parser.parse_args()
     if args.ranks < 2:
         sys.exit("--ranks: sharding takes 2 ranks or more")
-    import tempfile
-    import torch.multiprocessing as mp
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    with tempfile.TemporaryDirectory() as tmp:
-        out = os.path.join(tmp, "rows.json")
-        mp.spawn(rank_main, args=(args, port, out), nprocs=args.ranks)
-        with open(out) as f:
-            rows = json.load(f)
+    rows = spawn_ranks(rank_main, args)
     mib = 1 << 20
     print(f"{args.ranks} ranks, {args.layers} layers; a rank's figures (rank 0)\n")
     print("| model | parameters | a rank's shards | capture and plan of new shapes: peak above "
