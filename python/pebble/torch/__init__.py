@@ -413,6 +413,13 @@ class _Capture:
                                round_to=512 if self.device.type == "cuda" else 1,
                                device=self.device)
         self.capture_s = time.perf_counter() - started
+        if shards is not None:
+            graded = {n.id[len("grad:"):] for n in self.nodes.nodes if n.id.startswith("grad:")}
+            missing = sorted(set(shards.params) - graded)
+            if missing:
+                raise PlanError(f"parameter '{missing[0]}' is trainable but the step reads it "
+                                "without a gradient (or not at all): freeze it "
+                                "(requires_grad=False) to train with shard='full'")
         if step.calibrate and shards is not None:
             return calibrate_sharded(self.nodes, self.device,
                                      self.persistent(inputs, target, sharded=shards.params),
@@ -630,7 +637,7 @@ class _Variant:
         ran, else predicted."""
         reference = self.calibration.unplanned_peak_bytes
         source = "measured: the unplanned step, by the allocator"
-        if reference is None or self.shards is not None:  # (sharded: the step measured was whole)
+        if reference is None or self.shards is not None:  # (sharded: no unplanned run)
             baseline = _core.plan(self.graph, policy="baseline", budget="100%")
             reference = baseline.report["peak_bytes"] - self.persistent_bytes
             source = ("predicted: pebble's baseline of the sharded step (each parameter "

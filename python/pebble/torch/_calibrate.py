@@ -72,7 +72,7 @@ def calibrate(graph, device, persistent):
         result.costs, result.unplanned_peak_bytes = time_and_measure(
             graph, program, persistent, device, step_peak=True)
     except (RuntimeError, MemoryError) as e:
-        if not _out_of_memory(e):
+        if not out_of_memory(e):
             raise
         why = f"the unplanned step does not fit the device ({_first(e)})"
         result = _calibrate_under_plan(graph, device, persistent, why)
@@ -116,7 +116,7 @@ def _calibrate_under_plan(graph, device, persistent, why):
     does not; estimated where that plan's run does not fit either."""
     from .. import _core  # the planner
 
-    _release(graph, device)
+    release(graph, device)
     guess = estimated(graph, why)
     document = graph.document(guess.costs, "calibration", order_tokens=False)
     plan = _core.plan(_core.from_json(json.dumps(document)), policy=_FALLBACK_POLICY,
@@ -126,9 +126,9 @@ def _calibrate_under_plan(graph, device, persistent, why):
     try:
         seconds, _ = time_and_measure(graph, program, persistent, device, step_peak=False)
     except (RuntimeError, MemoryError) as e:
-        if not _out_of_memory(e):
+        if not out_of_memory(e):
             raise
-        _release(graph, device)
+        release(graph, device)
         return estimated(graph, f"{why}; nor does {_FALLBACK_POLICY}'s least-peak plan "
                                 f"({_first(e)})")
     result.costs = {n.index: seconds.get(n.index, guess.costs[n.index]) for n in graph.nodes}
@@ -137,7 +137,7 @@ def _calibrate_under_plan(graph, device, persistent, why):
     return result
 
 
-def _release(graph, device):
+def release(graph, device):
     """Forgets temporaries measured by a run that failed, and hands the
     allocator's cached blocks back."""
     for node in graph.nodes:
@@ -327,7 +327,7 @@ def _signature(node, values):
             tuple(str(f.target) for f in node.fold))
 
 
-def _out_of_memory(e):
+def out_of_memory(e):
     text = str(e).lower()
     return isinstance(e, MemoryError) or "out of memory" in text or "can't allocate" in text \
         or "not enough memory" in text

@@ -205,14 +205,16 @@ class Shards:
 
     # --- whole parameters --------------------------------------------------------
 
-    def gather(self, names, nbytes=None, sources=None):
+    def gather(self, names, nbytes=None, sources=None, local=False):
         """The whole parameters `names` (one dtype; one, or a bucket's: Note
         [A unit's collectives as one message]) as views of one new flat
         tensor, each at a place of its `nbytes` (the plan's bytes of its
         gathered node; default: its own), and the work of the ranks' one
         all-reduce that makes them: wait for it before reading them (Note
         [Gathers in flight]). `sources`: each one's shard on the device,
-        where it is not self.shards' (a shard whose home is the host)."""
+        where it is not self.shards' (a shard whose home is the host).
+        `local`: no collective (the work None): this rank's shards in place,
+        zeros elsewhere (Note [Calibrating a sharded step])."""
         if sources is None:
             sources = [self.shards[name] for name in names]
         first = self.params[names[0]]
@@ -227,8 +229,9 @@ class Shards:
         for (name, offset), source in zip(places, sources):
             lo, hi = self.bounds(name)
             flat[offset + lo:offset + hi].copy_(source[:hi - lo])
-        work = _collective(self.gather_what(names[0], len(names)), self.dist.all_reduce, flat,
-                           group=self.group, async_op=True)
+        work = None if local else _collective(self.gather_what(names[0], len(names)),
+                                              self.dist.all_reduce, flat, group=self.group,
+                                              async_op=True)
         wholes = [flat[offset:offset + math.prod(self.shapes[name])].view(self.shapes[name])
                   for name, offset in places]
         return wholes, work
@@ -422,16 +425,20 @@ class Shards:
 # gathered again for the backward), run by the sharded runner without the
 # reduce-scatters (nothing reads them without the updates): a rank holds its
 # shards, the activations, and the parameters and local gradients in use.
-# Its gathers run on every rank together, as a step's do; a rank that fails
-# there fails the others as a failed step does (the process group's
-# timeout).
+# No collective runs: a gather there makes the whole parameter from this
+# rank's shard alone (zeros elsewhere: the trace is fake, so no shape
+# depends on the values, and neither do the kernels' times and
+# temporaries). So a rank that fails there (out of memory) fails alone, and
+# the ranks agree on it at once (agreed()), and a node's time never holds a
+# collective's wait. Where that run does not fit the device, the costs are
+# estimated from the operands' sizes (the report says so).
 def calibrate_sharded(nodes, device, persistent, shards):
     """The Calibration of the captured step `nodes` (a StepGraph), run under
     FSDP's rule on `shards` (Note [Calibrating a sharded step]);
     `persistent`: every persistent node's tensor but the sharded
     parameters'. Its unplanned_peak_bytes is None: a sharded step's budget
     refers to pebble's baseline of the sharded step."""
-    from ._calibrate import Calibration, estimated, time_and_measure
+    from ._calibrate import Calibration, estimated, out_of_memory, release, time_and_measure
     started = time.perf_counter()
     guess = estimated(nodes, "before calibration")
     document = nodes.document(guess.costs, "calibration", order_tokens=False)
@@ -442,10 +449,17 @@ def calibrate_sharded(nodes, device, persistent, shards):
                                  f"calibrate it: {plan.message}")
     schedule = [(action, node_id) for action, node_id, *_ in shards.translate(plan.schedule)
                 if not node_id.startswith("scatter:")]
-    runner = ShardedRunner(shards, _NoUpdates(), nodes, schedule)
+    runner = ShardedRunner(shards, _NoUpdates(), nodes, schedule, local_gathers=True)
     program = Program(nodes, schedule, device, foreign=runner)
     result = Calibration()
-    result.costs, _ = time_and_measure(nodes, program, persistent, device, step_peak=False)
+    try:
+        result.costs, _ = time_and_measure(nodes, program, persistent, device, step_peak=False)
+    except (RuntimeError, MemoryError) as e:
+        if not out_of_memory(e):
+            raise
+        release(nodes, device)
+        return estimated(nodes, f"the sharded step under FSDP's rule does not fit the device "
+                                f"({str(e).strip().splitlines()[0] if str(e).strip() else e})")
     result.unplanned_peak_bytes = None
     result.source = "measured under FSDP's rule (a sharded step)"
     result.seconds = time.perf_counter() - started
@@ -477,8 +491,11 @@ class ShardedRunner:
     gathers and reduce-scatters here, the optimizer's steps by `updates`,
     which read the shards (_ShardValues)."""
 
-    def __init__(self, shards, updates, capture_nodes, schedule):
+    def __init__(self, shards, updates, capture_nodes, schedule, local_gathers=False):
         self.shards = shards
+        # Gathers made from this rank's shards alone, no collective (a
+        # calibration's: Note [Calibrating a sharded step]).
+        self.local_gathers = local_gathers
         self.updates = updates
         by_id = {n.id: n for n in capture_nodes.nodes}
         self.parameter = {name: by_id[name] for name in shards.params}
@@ -771,14 +788,17 @@ class ShardedRunner:
         nodes = [self.parameter[m] for m in members]
         # Each shard on the device (Note [Shards on the host]).
         sources = [self.device_shard("shard:" + m, run) for m in members]
-        wholes, work = self.shards.gather(members, [n.nbytes for n in nodes], sources)
+        wholes, work = self.shards.gather(members, [n.nbytes for n in nodes], sources,
+                                          local=self.local_gathers)
         # One storage: counted once, with every member's bytes.
         counted = [sum(n.nbytes for n in nodes)] + [0] * (len(nodes) - 1)
-        self.works.append(work)
         what = self.shards.gather_what(members[0], len(members))
         for node, whole, nbytes in zip(nodes, wholes, counted):
             run.put(node, whole, nbytes)
-            run.wait_before(node, lambda: _collective(what, work.wait))
+            if work is not None:
+                run.wait_before(node, lambda: _collective(what, work.wait))
+        if work is not None:
+            self.works.append(work)
 
     def _scatter(self, members, run):
         """The reduce-scatters of `members` (one, or a bucket's), one
