@@ -44,6 +44,7 @@ Exit 0 on success, 1 on a mismatch, 77 without torch or torch.distributed.
 import argparse
 import copy
 import datetime
+import gc
 import json
 import os
 import socket
@@ -377,6 +378,131 @@ def check_capture_of_shards(torch, pt, dist, rank, ranks):
     if not step.report["calibration"].startswith("measured under FSDP's rule"):
         failures.append(f"{what}: calibration {step.report['calibration']!r}")
     return failures + differs_from_eager(step, whole, 2, what)
+
+
+def make_tied_model(torch, device=None, vocab=64, width=256, layers=8):
+    """Token embedding, a body of Linear + Tanh blocks, a layer norm and a head
+    tied to the embedding (its weight, no bias)."""
+    nn = torch.nn
+
+    class Tied(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.tok = nn.Embedding(vocab, width, device=device)
+            self.body = nn.Sequential(*[nn.Sequential(nn.Linear(width, width, device=device),
+                                                      nn.Tanh()) for _ in range(layers)])
+            self.ln = nn.LayerNorm(width, device=device)
+            self.head = nn.Linear(width, vocab, bias=False, device=device)
+            self.head.weight = self.tok.weight
+
+        def forward(self, ids):
+            return self.head(self.ln(self.body(self.tok(ids)))).flatten(0, 1)
+
+    return Tied()
+
+
+def check_built_in_shards(torch, pt, dist, rank, ranks):
+    """A module given on the meta device is built a module at a time: no rank
+    ever holds its whole parameters (by the allocator: the construction's
+    peak is within half of them of what the rank keeps after it), the
+    parameters are param_init's (rank 0's), and three SGD steps give eager
+    training's parameters with measured peak == predicted. By default each
+    module's reset_parameters() runs; a module without one is refused."""
+    from pebble.torch._memory import CpuMemoryEvents
+    nn = torch.nn
+    what = "built in shards"
+    failures = []
+    torch.manual_seed(0)
+    whole = make_tied_model(torch)
+    meta = make_tied_model(torch, device="meta")
+    twins = dict(zip(meta.modules(), whole.modules()))
+
+    def init(module):  # each module's own tensors: its twin's values
+        twin = twins[module]
+        for key, t in list(module._parameters.items()) + list(module._buffers.items()):
+            if t is not None:
+                t.copy_(getattr(twin, key))
+
+    # (SGD with momentum: Adam's normalised steps turn the rounding of the
+    # deep layers' small gradients, summed in another order, into larger
+    # differences than the check's tolerance)
+    opt, whole_opt = (optimizer(torch, "sgd", m.parameters()) for m in (meta, whole))
+    whole_bytes = sum(p.numel() * p.element_size() for p in whole.parameters())
+    g = torch.Generator().manual_seed(5)
+    data = [(torch.randint(0, 64, (ranks * 2, 8), generator=g),
+             torch.randint(0, 64, (ranks * 2, 8), generator=g)) for _ in range(3)]
+    loss_fn = torch.nn.functional.cross_entropy
+    mine_of = lambda t: t.chunk(ranks)[rank]
+    gc.collect()
+    with CpuMemoryEvents() as events:  # (a given link: no measurement's buffers)
+        step = pt.train_step(meta, loss_fn, (mine_of(data[0][0]),),
+                             mine_of(data[0][1]).reshape(-1), optimizer=opt, policy="dtr",
+                             budget="min", process_group=dist.group.WORLD, shard="full",
+                             param_init=init, network="ib-ndr")
+    level = peak = 0
+    for nbytes in events.deltas:
+        level += nbytes
+        peak = max(peak, level)
+    if not peak - level < whole_bytes / 2:
+        failures.append(f"{what}: the construction held {peak} bytes at its peak and {level} "
+                        f"after it; the whole parameters are {whole_bytes}")
+    params = list(meta.parameters())
+    if any(p.is_meta or p.numel() != 0 for p in params) or meta.head.weight is not meta.tok.weight \
+            or [id(p) for p in opt.param_groups[0]["params"]] != [id(p) for p in params]:
+        failures.append(f"{what}: the module's parameters are not the optimizer's, empty, on "
+                        "the device, the head's tied to the embedding's")
+    failures += differs_from_eager(step, whole, 0, what + " (before any step)")
+    for k, (x, y) in enumerate(data):
+        step(mine_of(x), mine_of(y).reshape(-1))
+        r = step.report
+        if r["measured_peak_bytes"] != r["predicted_step_peak_bytes"]:
+            failures.append(f"{what}: step {k + 1}: measured peak {r['measured_peak_bytes']}, "
+                            f"predicted {r['predicted_step_peak_bytes']}")
+        whole_opt.zero_grad(set_to_none=True)
+        loss_fn(whole(x), y.reshape(-1)).backward()
+        whole_opt.step()
+    failures += differs_from_eager(step, whole, len(data), what)
+    # By default each module's reset_parameters(), rank 0's values on every
+    # rank: those of the module made on rank 0's generator.
+    def make_mlp(device=None):
+        return nn.Sequential(nn.Linear(16, 32, device=device), nn.LayerNorm(32, device=device),
+                             nn.Linear(32, 5, device=device))
+
+    torch.manual_seed(7)
+    expected = make_mlp().state_dict()
+    x, y = torch.randn(2, 16), torch.randint(0, 5, (2,))
+    torch.manual_seed(7 if rank == 0 else 100 + rank)  # other draws on the other ranks
+    mlp = make_mlp("meta")
+    step = pt.train_step(mlp, loss_fn, (x,), y,
+                         optimizer=torch.optim.SGD(mlp.parameters(), lr=0.1),
+                         process_group=dist.group.WORLD, shard="full", network="ib-ndr")
+    full = step.full_state_dict()
+    if any(not torch.equal(full[k], v) for k, v in expected.items()):
+        failures.append(f"{what}: reset_parameters() did not give rank 0's initialisation "
+                        "on every rank")
+    # Refused, on every rank alike: a module without reset_parameters(), and
+    # a meta module not sharded.
+    class Scale(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.s = nn.Parameter(torch.empty(5, device="meta"))
+
+        def forward(self, x):
+            return x * self.s
+
+    for model, kwargs, needle in (
+            (nn.Sequential(nn.Linear(16, 5, device="meta"), Scale()), dict(shard="full"),
+             "module '1' (Scale) has tensors on the meta device and no reset_parameters()"),
+            (nn.Linear(16, 5, device="meta"), dict(shard="none"), "only a sharded step")):
+        try:
+            pt.train_step(model, loss_fn, (torch.randn(2, 16),), torch.randint(0, 5, (2,)),
+                          optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+                          process_group=dist.group.WORLD, network="ib-ndr", **kwargs)
+            failures.append(f"{what}: {needle!r} was not refused")
+        except ValueError as e:
+            if needle not in str(e):
+                failures.append(f"{what}: refused with '{e}', not '{needle}'")
+    return failures
 
 
 def check_shards_moving(torch, pt, dist, rank, ranks):
@@ -821,6 +947,7 @@ def checks(torch, pt, dist, rank, ranks):
     failures += check_sharded(torch, pt, dist, rank, ranks, "adam", "dtr", state="host",
                               updates="host", parameters="host")
     failures += check_capture_of_shards(torch, pt, dist, rank, ranks)
+    failures += check_built_in_shards(torch, pt, dist, rank, ranks)
     failures += check_shards_moving(torch, pt, dist, rank, ranks)
     failures += check_gathers_freed_apart(torch, pt, dist, rank, ranks)
     failures += check_sharded_failure(torch, pt, dist, rank, ranks)

@@ -37,7 +37,7 @@ from ._executor import FREE, PlanExecutionError, Program, draws_in_eager_order
 from ._graph import StepGraph
 from ._memory import AllocatorPeak, TensorMemory, allocated_where_profiled, measure, tensor_bytes
 from ._optimizer import OptimizerError, Updates
-from ._sharding import ShardedRunner, Shards, calibrate_sharded
+from ._sharding import ShardedRunner, Shards, calibrate_sharded, on_meta
 
 __all__ = ["CaptureError", "OptimizerError", "PlanError", "PlanExecutionError", "TensorMemory",
            "TrainStep", "measure", "tensor_bytes", "train_step"]
@@ -145,6 +145,15 @@ class TrainStep:
         the updates (optimizer_gradients="drop"); optimizer_state and
         optimizer_updates place the state's shards and run the updates on
         them as unsharded (ZeRO-Offload on shards).
+      param_init: with shard="full", for a module given on the meta device
+        (built with device="meta": shapes, no memory), the step makes it on
+        the inputs' device a module at a time, so that no rank holds it
+        whole: each module's own parameters and buffers made there, then
+        param_init(module) sets them in place (None: the module's
+        reset_parameters()), rank 0's values go to every rank, and each rank
+        keeps its shards (_sharding.py, Note [A module built in shards]).
+        The module's parameters are then new tensors, in the optimizer too;
+        a module without reset_parameters() needs param_init.
       network, network_latency: the ranks' link as the plan times its
         collectives, as pebble.plan takes them (a preset such as "ib-ndr"
         or bytes per second; seconds a message). None: calibration measures
@@ -165,9 +174,17 @@ class TrainStep:
                  calibrate=True, measure="first", allow_cpu_offload=False, optimizer=None,
                  optimizer_state=None, optimizer_updates="device", optimizer_gradients=None,
                  process_group=None, shard="none", network=None, network_latency=None,
-                 buckets="auto", optimizer_parameters="device"):
+                 buckets="auto", optimizer_parameters="device", param_init=None):
         if not isinstance(model, torch.nn.Module):
             raise TypeError(f"model must be a torch.nn.Module, not {type(model).__name__}")
+        meta = on_meta(model)
+        if meta and shard != "full":
+            raise ValueError(f"module {type(model).__name__} is on the meta device: only a "
+                             "sharded step builds it (shard='full', each rank a module at a "
+                             "time); otherwise make it on the device")
+        if param_init is not None and not (meta and callable(param_init)):
+            raise ValueError("param_init initialises a module given on the meta device: a "
+                             "callable param_init(module), with a module on the meta device")
         if not callable(loss_fn):
             raise TypeError(f"loss_fn must be callable, not {type(loss_fn).__name__}")
         if measure not in ("first", "always", "never"):
@@ -199,7 +216,7 @@ class TrainStep:
                     self.updates.host_bytes_per_s, self.process_group)
         inputs = _as_tuple(example_inputs, "example_inputs")
         _check_tensor_arg(example_target, "example_target")
-        self.device = _device_of(model, inputs + (example_target,))
+        self.device = _device_of(model, inputs + (example_target,))  # (meta: the inputs')
         for name, value in (("optimizer_state", optimizer_state),
                             ("optimizer_updates", optimizer_updates),
                             ("optimizer_parameters", optimizer_parameters)):
@@ -219,7 +236,8 @@ class TrainStep:
         self.buckets = _checked_buckets(buckets, self.process_group, shard)
         self.network_measured = False
         if self.process_group is not None:
-            broadcast_module(model, self.process_group)  # rank 0's weights, as DDP starts
+            if not meta:  # (built in shards: rank 0's values a module at a time)
+                broadcast_module(model, self.process_group)  # rank 0's weights, as DDP starts
             if calibrate and network is None:  # Note [One plan on every rank]: rank 0's
                 self.network = same_on_every_rank(
                     measure_link(self.process_group, self.device), self.process_group)
@@ -228,7 +246,8 @@ class TrainStep:
         # the first step is planned and the optimizer's state made.
         self.shards = None
         if shard == "full":
-            self.shards = agreed(lambda: Shards(model, self.process_group, self.updates),
+            self.shards = agreed(lambda: Shards(model, self.process_group, self.updates,
+                                                self.device, param_init),
                                  self.process_group)
         self._captures = {}  # signature -> _Capture, shared with replan()'s steps
         self._variants = {}  # signature -> _Variant (its capture and this step's plan)
@@ -952,7 +971,10 @@ def _check_tensor_arg(t, what):
 
 
 def _device_of(model, tensors):
-    devices = {p.device for p in model.parameters()} | {b.device for b in model.buffers()}
+    """The one device of the module and `tensors` (a tensor on the meta
+    device aside: Note [A module built in shards])."""
+    devices = {t.device for t in list(model.parameters()) + list(model.buffers())
+               if not t.is_meta}
     devices |= {t.device for t in tensors}
     if len(devices) != 1:
         raise CaptureError(f"module {type(model).__name__} and its inputs span several devices "

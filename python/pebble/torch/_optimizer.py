@@ -146,6 +146,23 @@ class Updates:
         if self.on_host:
             self._check_host_updates()
 
+    def rebind(self, replaced):
+        """The parameters in `replaced` ({id(old): new}) are new objects (a
+        module built in shards: Note [A module built in shards]): in the
+        optimizer's param_groups and here. Their optimizer state, if any, is
+        refused (a module on the meta device has taken no step)."""
+        for group in self.optimizer.param_groups:
+            group["params"] = [replaced.get(id(p), p) for p in group["params"]]
+        for name, p in list(self.params.items()):
+            new = replaced.get(id(p))
+            if new is None:
+                continue
+            if self.optimizer.state.get(p):
+                raise OptimizerError(f"the optimizer has a state of '{name}', which is on the "
+                                     "meta device: make the optimizer anew")
+            self.params[name] = new
+        self._name = {p: name for name, p in self.params.items()}
+
     def _check_host_updates(self):
         """OptimizerError where an update could not run on the host: a
         parameter that shares its storage (the plan frees a parameter's

@@ -104,17 +104,96 @@ import torch
 
 from .. import _core
 from ._compat import storage_bytes
-from ._distributed import _collective, drain
+from ._distributed import _collective, _global_rank, drain
 from ._executor import PlanExecutionError, Program
 from ._optimizer import host_homes
 from ._memory import allocated_where_profiled, round_up
 
 
+# Note [A module built in shards]: a module whose parameters do not fit one
+# device cannot be given whole. It may be given on the meta device instead
+# (shapes, no data), as FSDP takes one: the step then makes it a module at a
+# time, in modules() order. For each module, it makes the module's own
+# tensors on the device, initialises them (param_init(module), FSDP's
+# param_init_fn; by default the module's reset_parameters()) and sends rank
+# 0's values to every rank. It then cuts this rank's shard of each trainable
+# parameter and empties the whole. A rank so holds its shards and one
+# module's tensors whole at most. PyTorch 1.13 cannot move a meta tensor's
+# data in place (set_data refuses it), so each parameter is a new
+# Parameter, put everywhere the meta one was: in every module that holds it
+# (tied weights), in the optimizer's param_groups and in the plan's
+# optimizer (Updates.rebind), as Module.to_empty does. Buffers and frozen
+# parameters stay whole.
+def on_meta(model):
+    """Whether any parameter or buffer of `model` is on the meta device."""
+    return any(t.is_meta for t in list(model.parameters()) + list(model.buffers()))
+
+
+def build_in_shards(model, device, group, param_init, cut):
+    """Makes every meta tensor of `model` on `device`, a module at a time
+    (Note [A module built in shards]). `cut(meta parameter, new parameter)`:
+    True where the new one (whole, rank 0's values) was sharded, and may be
+    emptied. Returns {id(meta parameter): its new parameter}."""
+    import torch.distributed as dist
+    holders = {}  # id(meta tensor) -> [(table, key)] of every module holding it
+    for module in model.modules():
+        for table in (module._parameters, module._buffers):
+            for key, t in table.items():
+                if t is not None and t.is_meta:
+                    holders.setdefault(id(t), []).append((table, key))
+    replaced, emptied = {}, set()
+    src = _global_rank(group, 0)
+    for name, module in model.named_modules():
+        own = [(table, key, t) for table in (module._parameters, module._buffers)
+               for key, t in table.items() if t is not None and t.is_meta]
+        if not own:
+            continue
+        where = f"module '{name}'" if name else "the root module"
+        where += f" ({type(module).__name__})"
+        tied = [key for key, t in module._parameters.items() if t is not None and id(t) in emptied]
+        if tied:
+            raise ValueError(f"{where} is on the meta device and shares parameter '{tied[0]}' "
+                             "with a module built before it, whose shards are cut: pebble "
+                             "builds a module at a time, so its initialisation would write a "
+                             "released tensor; give the shared parameter to one module only, "
+                             "or build the module whole")
+        if param_init is None and not callable(getattr(module, "reset_parameters", None)):
+            raise ValueError(f"{where} has tensors on the meta device and no "
+                             "reset_parameters(): give param_init=, a function that sets a "
+                             "module's own parameters and buffers in place")
+        made = []
+        for table, key, t in own:
+            data = torch.empty(t.shape, dtype=t.dtype, device=device)
+            new = torch.nn.Parameter(data, requires_grad=t.requires_grad) \
+                if isinstance(t, torch.nn.Parameter) else data
+            for holder, holder_key in holders[id(t)]:
+                holder[holder_key] = new
+            if isinstance(t, torch.nn.Parameter):
+                replaced[id(t)] = new
+            made.append((t, new))
+        with torch.no_grad():
+            try:
+                (param_init or (lambda m: m.reset_parameters()))(module)
+            except Exception as e:
+                raise ValueError(f"initialising {where} on {device} failed: "
+                                 f"{type(e).__name__}: {e}") from e
+            for _, t in made:  # rank 0's values on every rank
+                _collective(f"sharing rank 0's values of {where}", dist.broadcast, t,
+                            src=src, group=group)
+            for old, t in made:
+                if isinstance(t, torch.nn.Parameter) and cut(old, t):
+                    t.data = torch.empty(0, dtype=t.dtype, device=device)
+                    emptied.add(id(t))
+    return replaced
+
+
 class Shards:
     """This rank's shards of the trainable parameters of `model` (those of
-    `updates`, the optimizer in the plan), over the ranks of `group`."""
+    `updates`, the optimizer in the plan), over the ranks of `group`. A
+    module on the meta device is made here, on `device`, a module at a time
+    (build_in_shards; `param_init` as it takes it)."""
 
-    def __init__(self, model, group, updates):
+    def __init__(self, model, group, updates, device=None, param_init=None):
         import torch.distributed as dist
         self.dist = dist
         self.model = model
@@ -125,7 +204,12 @@ class Shards:
             raise ValueError("shard='full' shards over 2 ranks or more; this process group "
                              "has 1 (shard='none' trains it whole)")
         self.params = dict(updates.params)  # name -> the module's parameter
+        meta = on_meta(model)
         for name, p in self.params.items():
+            if meta and not p.is_meta:
+                raise ValueError(f"parameter '{name}' is on {p.device} and others on the meta "
+                                 "device: give every parameter and buffer on the meta device "
+                                 "(built in shards), or none")
             if p.numel() == 0:
                 raise ValueError(f"parameter '{name}' has no elements: a module that another "
                                  "train_step shards has empty parameters (make one TrainStep "
@@ -141,27 +225,47 @@ class Shards:
                                  "contiguous: shard='full' shards parameters that own their "
                                  "storage")
         self.shapes = {name: tuple(p.shape) for name, p in self.params.items()}
+        if device is None:
+            device = next(iter(self.params.values())).device
         # dtype -> the staging buffer (Note [One staging buffer for the reduce-scatters])
         self.staging = {}
         for name, p in self.params.items():
             held = self.staging.get(p.dtype)
             if held is None or held.numel() < p.numel():
-                self.staging[p.dtype] = torch.empty(p.numel(), dtype=p.dtype, device=p.device)
+                self.staging[p.dtype] = torch.empty(p.numel(), dtype=p.dtype, device=device)
         self.shards = {}  # name -> this rank's shard (flat, padded), where it lives
         self.on_host = set()  # the names whose shard lives on the host between steps
-        with torch.no_grad():
+        if meta:
+            names = {id(p): name for name, p in self.params.items()}
+
+            def cut(old, new):
+                name = names.get(id(old))
+                if name is not None:
+                    self.shards[name] = self._shard_of(name, new)
+                return name is not None
+
+            updates.rebind(build_in_shards(model, device, group, param_init, cut))
+            self.params = dict(updates.params)
+            self.released = True  # (a failure later leaves the module empty)
+        else:
             for name, p in self.params.items():
-                shard = torch.zeros(self.shard_numel(name), dtype=p.dtype, device=p.device)
-                lo, hi = self.bounds(name)
-                shard[:hi - lo].copy_(p.detach().reshape(-1)[lo:hi])
-                self.shards[name] = shard
-        # The parameters stay whole until the first step is planned (release()),
-        # so that a failure on the way leaves the module as it was.
-        self.released = False
+                self.shards[name] = self._shard_of(name, p)
+            # The parameters stay whole until the first step is planned
+            # (release()), so that a failure on the way leaves the module as
+            # it was.
+            self.released = False
         # Note [Scalars without allocations] (_optimizer.py): a held 0-dim
         # tensor divides.
         self._ranks = torch.full((), float(self.ranks))
         self.round_to = 1  # the allocator's granularity (shard_graph)
+
+    def _shard_of(self, name, whole):
+        """This rank's shard of the parameter `name`, from its `whole` tensor."""
+        shard = torch.zeros(self.shard_numel(name), dtype=whole.dtype, device=whole.device)
+        lo, hi = self.bounds(name)
+        with torch.no_grad():
+            shard[:hi - lo].copy_(whole.detach().reshape(-1)[lo:hi])
+        return shard
 
     def shard_numel(self, name):
         return -(-math.prod(self.shapes[name]) // self.ranks)
