@@ -468,20 +468,26 @@ def check_built_in_shards(torch, pt, dist, rank, ranks):
         return nn.Sequential(nn.Linear(16, 32, device=device), nn.LayerNorm(32, device=device),
                              nn.Linear(32, 5, device=device))
 
+    # A frozen layer given on the device takes rank 0's values too.
     torch.manual_seed(7)
-    expected = make_mlp().state_dict()
+    expected = {"1." + k: v for k, v in nn.Linear(5, 5).state_dict().items()}
+    expected.update({"0." + k: v for k, v in make_mlp().state_dict().items()})
     x, y = torch.randn(2, 16), torch.randint(0, 5, (2,))
     torch.manual_seed(7 if rank == 0 else 100 + rank)  # other draws on the other ranks
-    mlp = make_mlp("meta")
-    step = pt.train_step(mlp, loss_fn, (x,), y,
-                         optimizer=torch.optim.SGD(mlp.parameters(), lr=0.1),
+    frozen = nn.Linear(5, 5).requires_grad_(False)  # (the meta layers draw nothing)
+    model = nn.Sequential(make_mlp("meta"), frozen)
+    step = pt.train_step(model, loss_fn, (x,), y,
+                         optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
                          process_group=dist.group.WORLD, shard="full", network="ib-ndr")
     full = step.full_state_dict()
     if any(not torch.equal(full[k], v) for k, v in expected.items()):
         failures.append(f"{what}: reset_parameters() did not give rank 0's initialisation "
                         "on every rank")
-    # Refused, on every rank alike: a module without reset_parameters(), and
-    # a meta module not sharded.
+    # Refused on every rank, the module left as given (on the meta device,
+    # the optimizer's parameters its own): a module without
+    # reset_parameters(); one whose reset_parameters() leaves a buffer
+    # unset; a param_init that fails on one rank only; a meta module not
+    # sharded.
     class Scale(nn.Module):
         def __init__(self):
             super().__init__()
@@ -490,18 +496,40 @@ def check_built_in_shards(torch, pt, dist, rank, ranks):
         def forward(self, x):
             return x * self.s
 
+    class Scaled(nn.Linear):
+        def __init__(self):
+            super().__init__(16, 5, device="meta")
+            self.register_buffer("scale", torch.ones(5, device="meta"), persistent=False)
+
+        def forward(self, x):
+            return super().forward(x) * self.scale
+
+    def fails_on_rank_1(module):
+        if rank == 1:
+            raise RuntimeError("no memory on rank 1 (on purpose)")
+        module.reset_parameters()
+
     for model, kwargs, needle in (
             (nn.Sequential(nn.Linear(16, 5, device="meta"), Scale()), dict(shard="full"),
              "module '1' (Scale) has tensors on the meta device and no reset_parameters()"),
+            (nn.Sequential(nn.Linear(16, 16, device="meta"), Scaled()), dict(shard="full"),
+             "the initialisation of module '1' (Scaled) left 'scale' unset"),
+            (nn.Sequential(nn.Linear(16, 16, device="meta"), nn.Linear(16, 5, device="meta")),
+             dict(shard="full", param_init=fails_on_rank_1), "no memory on rank 1"),
             (nn.Linear(16, 5, device="meta"), dict(shard="none"), "only a sharded step")):
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
         try:
             pt.train_step(model, loss_fn, (torch.randn(2, 16),), torch.randint(0, 5, (2,)),
-                          optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
-                          process_group=dist.group.WORLD, network="ib-ndr", **kwargs)
+                          optimizer=opt, process_group=dist.group.WORLD, network="ib-ndr",
+                          **kwargs)
             failures.append(f"{what}: {needle!r} was not refused")
         except ValueError as e:
             if needle not in str(e):
                 failures.append(f"{what}: refused with '{e}', not '{needle}'")
+        params = list(model.parameters())
+        if not all(p.is_meta for p in list(model.parameters()) + list(model.buffers())) or \
+                [id(p) for p in opt.param_groups[0]["params"]] != [id(p) for p in params]:
+            failures.append(f"{what}: refused ({needle!r}), the module is not as given")
     return failures
 
 

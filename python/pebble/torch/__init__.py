@@ -236,8 +236,9 @@ class TrainStep:
         self.buckets = _checked_buckets(buckets, self.process_group, shard)
         self.network_measured = False
         if self.process_group is not None:
-            if not meta:  # (built in shards: rank 0's values a module at a time)
-                broadcast_module(model, self.process_group)  # rank 0's weights, as DDP starts
+            # Rank 0's weights, as DDP starts (a module on the meta device: those
+            # given on the device; the build sends the others a module at a time).
+            broadcast_module(model, self.process_group)
             if calibrate and network is None:  # Note [One plan on every rank]: rank 0's
                 self.network = same_on_every_rank(
                     measure_link(self.process_group, self.device), self.process_group)
@@ -397,8 +398,8 @@ class _Capture:
             cal = agreed(lambda: self._capture(step, inputs, target, key), step.process_group)
             # (Calibration measures each node's temporaries and the storage
             # its kernel's output holds.)
-            cal.costs, cal.unplanned_peak_bytes, measured = same_on_every_rank(
-                (cal.costs, cal.unplanned_peak_bytes,
+            cal.costs, cal.unplanned_peak_bytes, cal.source, measured = same_on_every_rank(
+                (cal.costs, cal.unplanned_peak_bytes, cal.source,
                  [(n.temporary_bytes, n.nbytes) for n in self.nodes.nodes]),
                 step.process_group)
             for node, (temporary, nbytes) in zip(self.nodes.nodes, measured):

@@ -374,11 +374,14 @@ def _canonical(value):
 
 def broadcast_module(model, group):
     """Rank 0's parameters and buffers on every rank, in place, as
-    DistributedDataParallel makes them at construction."""
+    DistributedDataParallel makes them at construction (but those on the meta
+    device, which a sharded step builds: Note [A module built in shards])."""
     import torch.distributed as dist
     src = _global_rank(group, 0)
     with torch.no_grad():
         for t in list(model.parameters()) + list(model.buffers()):
+            if t.is_meta:
+                continue
             _collective("sharing rank 0's weights", dist.broadcast, t.data, src=src,
                         group=group)
 

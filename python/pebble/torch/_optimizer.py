@@ -150,17 +150,12 @@ class Updates:
         """The parameters in `replaced` ({id(old): new}) are new objects (a
         module built in shards: Note [A module built in shards]): in the
         optimizer's param_groups and here. Their optimizer state, if any, is
-        refused (a module on the meta device has taken no step)."""
+        refused before (build_in_shards: a module on the meta device has taken
+        no step)."""
         for group in self.optimizer.param_groups:
             group["params"] = [replaced.get(id(p), p) for p in group["params"]]
         for name, p in list(self.params.items()):
-            new = replaced.get(id(p))
-            if new is None:
-                continue
-            if self.optimizer.state.get(p):
-                raise OptimizerError(f"the optimizer has a state of '{name}', which is on the "
-                                     "meta device: make the optimizer anew")
-            self.params[name] = new
+            self.params[name] = replaced.get(id(p), p)
         self._name = {p: name for name, p in self.params.items()}
 
     def _check_host_updates(self):
@@ -258,9 +253,9 @@ class Updates:
         larger than most caches, as the gradients, parameters and state of
         a step are when their updates read them."""
         numel = 2 ** 22
-        g, p = torch.rand(numel), torch.rand(numel)
-        state = {"momentum_buffer": torch.rand(numel), "exp_avg": torch.rand(numel),
-                 "exp_avg_sq": torch.rand(numel), "step": torch.zeros(())}
+        draws = torch.Generator().manual_seed(0)  # (the user's generator left as it is)
+        g, p, m, v, b = (torch.rand(numel, generator=draws) for _ in range(5))
+        state = {"momentum_buffer": b, "exp_avg": m, "exp_avg_sq": v, "step": torch.zeros(())}
         settings = self.settings
         ops = [op for op in _OPS_OF[self.kind]
                if op != "sgd_momentum" or settings.get("momentum", 0) > 0]

@@ -104,7 +104,7 @@ import torch
 
 from .. import _core
 from ._compat import storage_bytes
-from ._distributed import _collective, _global_rank, drain
+from ._distributed import _collective, _global_rank, agree, drain
 from ._executor import PlanExecutionError, Program
 from ._optimizer import host_homes
 from ._memory import allocated_where_profiled, round_up
@@ -121,70 +121,142 @@ from ._memory import allocated_where_profiled, round_up
 # module's tensors whole at most. PyTorch 1.13 cannot move a meta tensor's
 # data in place (set_data refuses it), so each parameter is a new
 # Parameter, put everywhere the meta one was: in every module that holds it
-# (tied weights), in the optimizer's param_groups and in the plan's
-# optimizer (Updates.rebind), as Module.to_empty does. Buffers and frozen
-# parameters stay whole.
+# (tied weights: the first module in modules() order that holds it makes
+# and initialises it), in the optimizer's param_groups and in the plan's
+# optimizer (Updates.rebind), as Module.to_empty does.
+#
+# What can be refused is refused before anything is made (_build_order). A
+# floating tensor is made full of NaN, so that one its initialisation left
+# unset is found (and refused); one it replaced by another object, too. The
+# ranks agree after each module's initialisation, before its broadcasts, so
+# that a rank that fails there (or runs out of memory) stops every rank at
+# once; a failure puts the meta tensors back, leaving the module as given.
 def on_meta(model):
     """Whether any parameter or buffer of `model` is on the meta device."""
     return any(t.is_meta for t in list(model.parameters()) + list(model.buffers()))
 
 
-def build_in_shards(model, device, group, param_init, cut):
+def _where(name, module):
+    return (f"module '{name}'" if name else "the root module") + f" ({type(module).__name__})"
+
+
+def _build_order(model, param_init, cut_ids, optimizer):
+    """[(name, module, its own meta tensors (table, key, tensor), each once)]
+    in the order build_in_shards makes them; ValueError for what it would
+    refuse: a module without an initialisation, one that would write a
+    shared parameter already cut (`cut_ids`), a state of a meta parameter."""
+    for p in cut_ids.values():
+        if optimizer.state.get(p):
+            raise ValueError("the optimizer has a state of a parameter on the meta device: "
+                             "make the optimizer anew")
+    order, made = [], set()
+    for name, module in model.named_modules():
+        own, cut = [], []
+        for table in (module._parameters, module._buffers):
+            for key, t in table.items():
+                if t is None or not t.is_meta:
+                    continue
+                if id(t) in made:
+                    if id(t) in cut_ids:
+                        cut.append(key)
+                elif all(id(t) != id(u) for _, _, u in own):
+                    own.append((table, key, t))
+        if not own:
+            continue
+        if cut:
+            raise ValueError(f"{_where(name, module)} is on the meta device and shares "
+                             f"parameter '{cut[0]}' with a module built before it, whose shards "
+                             "are cut: pebble builds a module at a time, so its initialisation "
+                             "would write a released tensor; give the shared parameter to one "
+                             "module only, or build the module whole")
+        if param_init is None and not callable(getattr(module, "reset_parameters", None)):
+            raise ValueError(f"{_where(name, module)} has tensors on the meta device and no "
+                             "reset_parameters(): give param_init=, a function that sets a "
+                             "module's own parameters and buffers in place")
+        made.update(id(t) for _, _, t in own)
+        order.append((name, module, own))
+    return order
+
+
+def _made_like(t, device):
+    """A tensor (a Parameter where `t` is one, its attributes kept) on
+    `device` of `t`'s shape and dtype; floating ones full of NaN, others zero
+    (Note [A module built in shards])."""
+    fill = float("nan") if t.dtype.is_floating_point or t.dtype.is_complex else 0
+    data = torch.full(t.shape, fill, dtype=t.dtype, device=device)
+    if not isinstance(t, torch.nn.Parameter):
+        return data
+    new = torch.nn.Parameter(data, requires_grad=t.requires_grad)
+    new.__dict__.update(t.__dict__)
+    return new
+
+
+def _initialised(name, module, made, param_init):
+    """Runs the module's initialisation on its new tensors `made` ([(table,
+    key, meta tensor, new)]); ValueError where it fails, replaces one or
+    leaves one unset."""
+    where = _where(name, module)
+    try:
+        (param_init or (lambda m: m.reset_parameters()))(module)
+    except Exception as e:
+        raise ValueError(f"initialising {where} failed: {type(e).__name__}: {e}") from e
+    for table, key, _, new in made:
+        if table.get(key) is not new:
+            raise ValueError(f"the initialisation of {where} replaced '{key}' by another "
+                             f"tensor: set it in place (module.{key}.copy_(...) under "
+                             "torch.no_grad())")
+        if (new.dtype.is_floating_point or new.dtype.is_complex) and \
+                bool(torch.isnan(new).any()):
+            raise ValueError(f"the initialisation of {where} left '{key}' unset (its "
+                             "reset_parameters() does not set every tensor of the module): "
+                             "give param_init=, which sets each of the module's own tensors")
+
+
+def build_in_shards(model, device, group, param_init, cut, optimizer):
     """Makes every meta tensor of `model` on `device`, a module at a time
     (Note [A module built in shards]). `cut(meta parameter, new parameter)`:
     True where the new one (whole, rank 0's values) was sharded, and may be
-    emptied. Returns {id(meta parameter): its new parameter}."""
+    emptied; `cut.ids`: id -> the meta parameters it shards. Returns
+    {id(meta parameter): its new parameter}. On any failure, on any rank,
+    every rank raises and the module is as given."""
     import torch.distributed as dist
+    order = _build_order(model, param_init, cut.ids, optimizer)
     holders = {}  # id(meta tensor) -> [(table, key)] of every module holding it
     for module in model.modules():
         for table in (module._parameters, module._buffers):
             for key, t in table.items():
                 if t is not None and t.is_meta:
                     holders.setdefault(id(t), []).append((table, key))
-    replaced, emptied = {}, set()
+    replaced = {}  # id(meta tensor) -> (meta tensor, new)
     src = _global_rank(group, 0)
-    for name, module in model.named_modules():
-        own = [(table, key, t) for table in (module._parameters, module._buffers)
-               for key, t in table.items() if t is not None and t.is_meta]
-        if not own:
-            continue
-        where = f"module '{name}'" if name else "the root module"
-        where += f" ({type(module).__name__})"
-        tied = [key for key, t in module._parameters.items() if t is not None and id(t) in emptied]
-        if tied:
-            raise ValueError(f"{where} is on the meta device and shares parameter '{tied[0]}' "
-                             "with a module built before it, whose shards are cut: pebble "
-                             "builds a module at a time, so its initialisation would write a "
-                             "released tensor; give the shared parameter to one module only, "
-                             "or build the module whole")
-        if param_init is None and not callable(getattr(module, "reset_parameters", None)):
-            raise ValueError(f"{where} has tensors on the meta device and no "
-                             "reset_parameters(): give param_init=, a function that sets a "
-                             "module's own parameters and buffers in place")
-        made = []
-        for table, key, t in own:
-            data = torch.empty(t.shape, dtype=t.dtype, device=device)
-            new = torch.nn.Parameter(data, requires_grad=t.requires_grad) \
-                if isinstance(t, torch.nn.Parameter) else data
-            for holder, holder_key in holders[id(t)]:
-                holder[holder_key] = new
-            if isinstance(t, torch.nn.Parameter):
-                replaced[id(t)] = new
-            made.append((t, new))
-        with torch.no_grad():
+    try:
+        for name, module, own in order:
+            error, made = None, []
             try:
-                (param_init or (lambda m: m.reset_parameters()))(module)
-            except Exception as e:
-                raise ValueError(f"initialising {where} on {device} failed: "
-                                 f"{type(e).__name__}: {e}") from e
-            for _, t in made:  # rank 0's values on every rank
-                _collective(f"sharing rank 0's values of {where}", dist.broadcast, t,
-                            src=src, group=group)
-            for old, t in made:
-                if isinstance(t, torch.nn.Parameter) and cut(old, t):
-                    t.data = torch.empty(0, dtype=t.dtype, device=device)
-                    emptied.add(id(t))
-    return replaced
+                for table, key, t in own:
+                    new = _made_like(t, device)
+                    replaced[id(t)] = (t, new)
+                    for holder, holder_key in holders[id(t)]:
+                        holder[holder_key] = new
+                    made.append((table, key, t, new))
+                with torch.no_grad():
+                    _initialised(name, module, made, param_init)
+            except Exception as e:  # noqa: BLE001 (raised again by agree, on every rank)
+                error = e
+            agree(error, group)  # before the broadcasts
+            with torch.no_grad():
+                for _, _, _, new in made:  # rank 0's values on every rank
+                    _collective(f"sharing rank 0's values of {_where(name, module)}",
+                                dist.broadcast, new, src=src, group=group)
+                for _, _, t, new in made:
+                    if isinstance(new, torch.nn.Parameter) and cut(t, new):
+                        new.data = torch.empty(0, dtype=new.dtype, device=device)
+    except BaseException:
+        for t, _ in replaced.values():  # the module as given
+            for holder, holder_key in holders[id(t)]:
+                holder[holder_key] = t
+        raise
+    return {i: new for i, (t, new) in replaced.items() if isinstance(t, torch.nn.Parameter)}
 
 
 class Shards:
@@ -244,7 +316,9 @@ class Shards:
                     self.shards[name] = self._shard_of(name, new)
                 return name is not None
 
-            updates.rebind(build_in_shards(model, device, group, param_init, cut))
+            cut.ids = {id(p): p for p in self.params.values()}
+            updates.rebind(build_in_shards(model, device, group, param_init, cut,
+                                           updates.optimizer))
             self.params = dict(updates.params)
             self.released = True  # (a failure later leaves the module empty)
         else:
