@@ -128,12 +128,28 @@ def optimizer(torch, kind, params):
     return torch.optim.Adam(params, lr=1e-2, foreach=False)
 
 
-def check_gradients(torch, pt, dist, rank, ranks):
+def make_transposed_model(torch):
+    """A linear layer read through a transposed view: its weight's gradient
+    comes out transposed (not contiguous), and stays so in .grad."""
+    nn = torch.nn
+
+    class TransposedInput(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.out = nn.Linear(4, 5)
+
+        def forward(self, x):
+            return self.out(x.view(-1, 4, 4).transpose(1, 2)).mean(1)
+
+    return TransposedInput()
+
+
+def check_gradients(torch, pt, dist, rank, ranks, make=make_model):
     failures = []
     torch.manual_seed(0)
-    whole = make_model(torch)
+    whole = make(torch)
     torch.manual_seed(rank)  # each rank its own initialisation: rank 0's must win
-    model = make_model(torch)
+    model = make(torch)
     batch = batches(torch, ranks, 2)
     loss_fn = torch.nn.functional.cross_entropy
     x, y = batch[0]
@@ -935,6 +951,9 @@ def checks(torch, pt, dist, rank, ranks):
     """Every check but the dead rank's, on this rank: its failures."""
     every = ranks <= 2  # (more ranks: what the number of ranks changes; module docstring)
     failures = check_gradients(torch, pt, dist, rank, ranks)
+    # A transposed gradient, added to a transposed .grad at the second step:
+    # all-reduced through its storage, in place.
+    failures += check_gradients(torch, pt, dist, rank, ranks, make_transposed_model)
     failures += check_shared_storage(torch, pt, dist, rank, ranks)
     for cap in ("25MiB", "100B") if every else ():  # both views in one bucket's copy, then
         failures += check_shared_storage(torch, pt, dist, rank, ranks, cap, "1MiB")  # apart

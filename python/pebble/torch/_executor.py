@@ -201,11 +201,10 @@ class Program:
         for node in reduced:
             root = _root_of(self.graph, node)
             whole = not node.value.is_contiguous()  # reduced through its whole storage
-            if whole and not (root.value.is_contiguous() and
-                              root.value.numel() == node.value.numel()):
+            if whole and not (_dense(root.value) and root.value.numel() == node.value.numel()):
                 raise PlanExecutionError(f"gradient '{node.id}' is not contiguous, nor the whole "
-                                         "of a contiguous storage: pebble.torch cannot "
-                                         "all-reduce it in place")
+                                         "of a dense storage: pebble.torch cannot all-reduce it "
+                                         "in place")
             storages.setdefault(root.index, []).append((node, whole))
         for shared in storages.values():
             if len(shared) > 1 and any(whole for _, whole in shared):
@@ -371,7 +370,7 @@ class _RunState:
             root = self._root(node)
             t = self.live[node.index]
             if t is not None and not t.is_contiguous():
-                t = self.live[root.index]
+                t = _flat_if_dense(self.live[root.index])
             if t is None:
                 raise PlanExecutionError(f"internal: gradient '{node.id}' is not resident when "
                                          "its all-reduce starts")
@@ -739,6 +738,28 @@ class _RunState:
             for event in list(self.ready.values()) + list(self.offloaded.values()):
                 self.stream.wait_event(event)
             self.streams.synchronize(self.device)
+
+
+def _dense(t):
+    """Whether `t`'s elements fill one run of its storage without gaps or
+    overlaps, in some order of its dimensions (contiguous, or a transpose
+    of a contiguous tensor: a .grad that autograd left transposed)."""
+    expected = 1
+    for stride, size in sorted((t.stride(d), t.size(d)) for d in range(t.dim())
+                               if t.size(d) != 1):
+        if stride != expected:
+            return False
+        expected *= size
+    return True
+
+
+def _flat_if_dense(t):
+    """`t`, or where it is not contiguous but dense, its elements as one flat
+    contiguous view of the same storage (an all-reduce sums elementwise, so
+    their order does not matter). None stays None."""
+    if t is None or t.is_contiguous():
+        return t
+    return t.as_strided((t.numel(),), (1,))
 
 
 def _root_of(graph, node):
