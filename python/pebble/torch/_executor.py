@@ -22,10 +22,10 @@ checked to keep that order, _order_of_first_draws), so it draws what eager
 PyTorch would. Where the schedule runs the call again (a recomputation, a
 sibling output computed apart), its generator state is kept, and every
 later run runs from that state and puts the generator back afterwards, as
-torch.utils.checkpoint does with preserve_rng_state. (A CPU generator's
-state is a 5056-byte tensor, which the plan does not count: on the CPU
-device, such a plan's measured peak may exceed the prediction by that much
-per call run again.)
+torch.utils.checkpoint does with preserve_rng_state. The states are kept as
+Python bytes (_rng_state): a CPU generator's state is a 5056-byte tensor,
+which the CPU device's allocator would count beyond the plan while kept;
+its copy is freed before the call runs.
 
 Note [Running statistics once]: a PyTorch 1.13 batch norm updates its
 running statistics in place. Its first run in a step updates the module's
@@ -523,8 +523,7 @@ class _RunState:
         """Before the first run of a random call that the schedule runs again:
         the generator's state, for the later runs (Note [Randomness as eager
         has it]); taken outside the call, whose temporaries calibration
-        measures. A CPU generator's state is a 5056-byte tensor, memory of
-        the CPU device that the plan does not count."""
+        measures, and kept outside PyTorch's allocator (_rng_state)."""
         call = node.fx
         if node.random and call not in self.calls_run and call in self.program.rerun_calls:
             self.rng_states[call] = _rng_state(self.device)
@@ -796,13 +795,19 @@ def _set_arg(call, args, kwargs, name, value):
 
 
 def _rng_state(device):
-    if device.type == "cuda":
-        return torch.cuda.get_rng_state(device)
-    return torch.get_rng_state()
+    """The generator's state as Python bytes: held outside PyTorch's
+    allocator (a CPU generator's state is a 5056-byte tensor, which the CPU
+    device's allocator would count while a plan keeps it; its copy here is
+    freed at once, before the call)."""
+    state = torch.cuda.get_rng_state(device) if device.type == "cuda" else torch.get_rng_state()
+    return state.numpy().tobytes()
 
 
 def _set_rng_state(device, state):
+    """Puts back a state of _rng_state, through a tensor over its bytes (no
+    allocation)."""
+    tensor = torch.frombuffer(bytearray(state), dtype=torch.uint8)
     if device.type == "cuda":
-        torch.cuda.set_rng_state(state, device)
+        torch.cuda.set_rng_state(tensor, device)
     else:
-        torch.set_rng_state(state)
+        torch.set_rng_state(tensor)
