@@ -128,8 +128,9 @@ from ._memory import allocated_where_profiled, round_up
 # What can be refused is refused before anything is made (_build_order). A
 # floating tensor is made full of NaN, so that one its initialisation left
 # unset is found (and refused); one it replaced by another object, too. The
-# ranks agree after each module's initialisation, before its broadcasts, so
-# that a rank that fails there (or runs out of memory) stops every rank at
+# ranks agree after each module's initialisation, before its broadcasts (and
+# once more after the last module's shards are cut), so that a rank that
+# fails anywhere in the build (or runs out of memory) stops every rank at
 # once; a failure puts the meta tensors back, leaving the module as given.
 def on_meta(model):
     """Whether any parameter or buffer of `model` is on the meta device."""
@@ -229,28 +230,36 @@ def build_in_shards(model, device, group, param_init, cut, optimizer):
                     holders.setdefault(id(t), []).append((table, key))
     replaced = {}  # id(meta tensor) -> (meta tensor, new)
     src = _global_rank(group, 0)
+    broadcast = []  # the previous module's new tensors, rank 0's values: to cut
     try:
-        for name, module, own in order:
+        # Each agree covers what may fail on one rank since the last
+        # collective: the previous module's cut, this module's tensors and
+        # initialisation (a last one, the last module's cut).
+        for entry in order + [None]:
             error, made = None, []
             try:
-                for table, key, t in own:
-                    new = _made_like(t, device)
-                    replaced[id(t)] = (t, new)
-                    for holder, holder_key in holders[id(t)]:
-                        holder[holder_key] = new
-                    made.append((table, key, t, new))
                 with torch.no_grad():
-                    _initialised(name, module, made, param_init)
+                    for t, new in broadcast:
+                        if isinstance(new, torch.nn.Parameter) and cut(t, new):
+                            new.data = torch.empty(0, dtype=new.dtype, device=device)
+                    broadcast = []
+                    if entry is not None:
+                        name, module, own = entry
+                        for table, key, t in own:
+                            new = _made_like(t, device)
+                            replaced[id(t)] = (t, new)
+                            for holder, holder_key in holders[id(t)]:
+                                holder[holder_key] = new
+                            made.append((table, key, t, new))
+                        _initialised(name, module, made, param_init)
             except Exception as e:  # noqa: BLE001 (raised again by agree, on every rank)
                 error = e
-            agree(error, group)  # before the broadcasts
+            agree(error, group)
             with torch.no_grad():
                 for _, _, _, new in made:  # rank 0's values on every rank
                     _collective(f"sharing rank 0's values of {_where(name, module)}",
                                 dist.broadcast, new, src=src, group=group)
-                for _, _, t, new in made:
-                    if isinstance(new, torch.nn.Parameter) and cut(t, new):
-                        new.data = torch.empty(0, dtype=new.dtype, device=device)
+            broadcast = [(t, new) for _, _, t, new in made]
     except BaseException:
         for t, _ in replaced.values():  # the module as given
             for holder, holder_key in holders[id(t)]:
@@ -299,12 +308,6 @@ class Shards:
         self.shapes = {name: tuple(p.shape) for name, p in self.params.items()}
         if device is None:
             device = next(iter(self.params.values())).device
-        # dtype -> the staging buffer (Note [One staging buffer for the reduce-scatters])
-        self.staging = {}
-        for name, p in self.params.items():
-            held = self.staging.get(p.dtype)
-            if held is None or held.numel() < p.numel():
-                self.staging[p.dtype] = torch.empty(p.numel(), dtype=p.dtype, device=device)
         self.shards = {}  # name -> this rank's shard (flat, padded), where it lives
         self.on_host = set()  # the names whose shard lives on the host between steps
         if meta:
@@ -328,6 +331,15 @@ class Shards:
             # (release()), so that a failure on the way leaves the module as
             # it was.
             self.released = False
+        # dtype -> the staging buffer (Note [One staging buffer for the
+        # reduce-scatters]); made after the build's last collective, so that a
+        # failure here on one rank meets the others at agreed()'s.
+        self.staging = {}
+        for name, shape in self.shapes.items():
+            dtype, numel = self.params[name].dtype, math.prod(shape)
+            held = self.staging.get(dtype)
+            if held is None or held.numel() < numel:
+                self.staging[dtype] = torch.empty(numel, dtype=dtype, device=device)
         # Note [Scalars without allocations] (_optimizer.py): a held 0-dim
         # tensor divides.
         self._ranks = torch.full((), float(self.ranks))
