@@ -24,7 +24,7 @@ import time
 
 import torch
 
-from ._capture import _rng_kept
+from ._capture import _first_line, _rng_kept
 from ._compat import storage_bytes
 from ._executor import Program
 from ._memory import AllocatorPeak, CpuMemoryEvents, round_up
@@ -69,18 +69,18 @@ def calibrate(graph, device, persistent):
     result = Calibration()
     program = Program(graph, unplanned_schedule(graph), device)
     try:
-        result.costs, result.unplanned_peak_bytes = time_and_measure(
+        result.costs, result.unplanned_peak_bytes = _time_and_measure(
             graph, program, persistent, device, step_peak=True)
     except (RuntimeError, MemoryError) as e:
-        if not out_of_memory(e):
+        if not _out_of_memory(e):
             raise
-        why = f"the unplanned step does not fit the device ({_first(e)})"
+        why = f"the unplanned step does not fit the device ({_first_line(e)})"
         result = _calibrate_under_plan(graph, device, persistent, why)
     result.seconds = time.perf_counter() - start
     return result
 
 
-def time_and_measure(graph, program, persistent, device, step_peak):
+def _time_and_measure(graph, program, persistent, device, step_peak):
     """Runs `program`: each node's seconds (its first computation) and each
     distinct call's temporaries (set on the nodes); with step_peak, also the
     run's peak as the allocator measures it (else it may be None)."""
@@ -116,28 +116,38 @@ def _calibrate_under_plan(graph, device, persistent, why):
     does not; estimated where that plan's run does not fit either."""
     from .. import _core  # the planner
 
-    release(graph, device)
+    _release(graph, device)
     guess = estimated(graph, why)
     document = graph.document(guess.costs, "calibration", order_tokens=False)
     plan = _core.plan(_core.from_json(json.dumps(document)), policy=_FALLBACK_POLICY,
                       budget="min")
-    program = Program(graph, plan.schedule, device)
-    result = Calibration()
+    return calibrated_by_run(
+        graph, Program(graph, plan.schedule, device), persistent, device, guess,
+        source=(f"measured under {_FALLBACK_POLICY}'s least-peak plan ({why}); percentages of "
+                "pebble's prediction of the unplanned step"),
+        why_not=lambda error: f"{why}; nor does {_FALLBACK_POLICY}'s least-peak plan ({error})")
+
+
+def calibrated_by_run(graph, program, persistent, device, guess, source, why_not):
+    """The Calibration of one run of `program` (a plan, not the unplanned
+    step): each node's seconds and each distinct call's temporaries
+    measured, the costs of nodes it does not run `guess`'s, and `source`
+    saying how. Where that run does not fit the device, costs estimated;
+    why_not(the error's first line) says why."""
     try:
-        seconds, _ = time_and_measure(graph, program, persistent, device, step_peak=False)
+        seconds, _ = _time_and_measure(graph, program, persistent, device, step_peak=False)
     except (RuntimeError, MemoryError) as e:
-        if not out_of_memory(e):
+        if not _out_of_memory(e):
             raise
-        release(graph, device)
-        return estimated(graph, f"{why}; nor does {_FALLBACK_POLICY}'s least-peak plan "
-                                f"({_first(e)})")
+        _release(graph, device)
+        return estimated(graph, why_not(_first_line(e)))
+    result = Calibration()
     result.costs = {n.index: seconds.get(n.index, guess.costs[n.index]) for n in graph.nodes}
-    result.source = (f"measured under {_FALLBACK_POLICY}'s least-peak plan ({why}); "
-                     "percentages of pebble's prediction of the unplanned step")
+    result.source = source
     return result
 
 
-def release(graph, device):
+def _release(graph, device):
     """Forgets temporaries measured by a run that failed, and hands the
     allocator's cached blocks back."""
     for node in graph.nodes:
@@ -327,15 +337,10 @@ def _signature(node, values):
             tuple(str(f.target) for f in node.fold))
 
 
-def out_of_memory(e):
+def _out_of_memory(e):
     text = str(e).lower()
     return isinstance(e, MemoryError) or "out of memory" in text or "can't allocate" in text \
         or "not enough memory" in text
-
-
-def _first(e):
-    lines = [line for line in str(e).splitlines() if line.strip()]
-    return lines[0].strip() if lines else type(e).__name__
 
 
 # Throughputs of the estimate: a device that multiplies at 10 TFLOP/s and

@@ -141,24 +141,26 @@ def _where(name, module):
     return (f"module '{name}'" if name else "the root module") + f" ({type(module).__name__})"
 
 
-def _build_order(model, param_init, cut_ids, optimizer):
-    """[(name, module, its own meta tensors (table, key, tensor), each once)]
-    in the order build_in_shards makes them; ValueError for what it would
-    refuse: a module without an initialisation, one that would write a
-    shared parameter already cut (`cut_ids`), a state of a meta parameter."""
-    for p in cut_ids.values():
-        if optimizer.state.get(p):
-            raise ValueError("the optimizer has a state of a parameter on the meta device: "
-                             "make the optimizer anew")
-    order, made = [], set()
-    for name, module in model.named_modules():
+def _build_order(model, param_init, sharded, optimizer):
+    """([(name, module, its own meta tensors (table, key, tensor), each
+    once)] in the order build_in_shards makes them, {id(meta tensor):
+    [(table, key)] of every module that holds it}); ValueError for what it
+    would refuse: a module without an initialisation, one that would write a
+    shared parameter already cut (`sharded`: {id: name}), a state of a meta
+    parameter."""
+    if any(id(p) in sharded and state for p, state in optimizer.state.items()):
+        raise ValueError("the optimizer has a state of a parameter on the meta device: "
+                         "make the optimizer anew")
+    order, made, holders = [], set(), {}
+    for name, module in model.named_modules():  # (each module, and so each table, once)
         own, cut = [], []
         for table in (module._parameters, module._buffers):
             for key, t in table.items():
                 if t is None or not t.is_meta:
                     continue
+                holders.setdefault(id(t), []).append((table, key))
                 if id(t) in made:
-                    if id(t) in cut_ids:
+                    if id(t) in sharded:
                         cut.append(key)
                 elif all(id(t) != id(u) for _, _, u in own):
                     own.append((table, key, t))
@@ -176,7 +178,7 @@ def _build_order(model, param_init, cut_ids, optimizer):
                              "module's own parameters and buffers in place")
         made.update(id(t) for _, _, t in own)
         order.append((name, module, own))
-    return order
+    return order, holders
 
 
 def _made_like(t, device):
@@ -213,21 +215,15 @@ def _initialised(name, module, made, param_init):
                              "give param_init=, which sets each of the module's own tensors")
 
 
-def build_in_shards(model, device, group, param_init, cut, optimizer):
+def build_in_shards(model, device, group, param_init, sharded, keep_shard, optimizer):
     """Makes every meta tensor of `model` on `device`, a module at a time
-    (Note [A module built in shards]). `cut(meta parameter, new parameter)`:
-    True where the new one (whole, rank 0's values) was sharded, and may be
-    emptied; `cut.ids`: id -> the meta parameters it shards. Returns
-    {id(meta parameter): its new parameter}. On any failure, on any rank,
-    every rank raises and the module is as given."""
+    (Note [A module built in shards]). `sharded`: {id(meta parameter): its
+    name} of those to shard: keep_shard(name, whole) takes each one's new
+    tensor (rank 0's values), which is then emptied. Returns {id(meta
+    parameter): its new parameter}. On any failure, on any rank, every rank
+    raises and the module is as given."""
     import torch.distributed as dist
-    order = _build_order(model, param_init, cut.ids, optimizer)
-    holders = {}  # id(meta tensor) -> [(table, key)] of every module holding it
-    for module in model.modules():
-        for table in (module._parameters, module._buffers):
-            for key, t in table.items():
-                if t is not None and t.is_meta:
-                    holders.setdefault(id(t), []).append((table, key))
+    order, holders = _build_order(model, param_init, sharded, optimizer)
     replaced = {}  # id(meta tensor) -> (meta tensor, new)
     src = _global_rank(group, 0)
     broadcast = []  # the previous module's new tensors, rank 0's values: to cut
@@ -240,7 +236,8 @@ def build_in_shards(model, device, group, param_init, cut, optimizer):
             try:
                 with torch.no_grad():
                     for t, new in broadcast:
-                        if isinstance(new, torch.nn.Parameter) and cut(t, new):
+                        if id(t) in sharded:
+                            keep_shard(sharded[id(t)], new)
                             new.data = torch.empty(0, dtype=new.dtype, device=device)
                     broadcast = []
                     if entry is not None:
@@ -311,17 +308,13 @@ class Shards:
         self.shards = {}  # name -> this rank's shard (flat, padded), where it lives
         self.on_host = set()  # the names whose shard lives on the host between steps
         if meta:
-            names = {id(p): name for name, p in self.params.items()}
+            def keep_shard(name, whole):
+                self.shards[name] = self._shard_of(name, whole)
 
-            def cut(old, new):
-                name = names.get(id(old))
-                if name is not None:
-                    self.shards[name] = self._shard_of(name, new)
-                return name is not None
-
-            cut.ids = {id(p): p for p in self.params.values()}
-            updates.rebind(build_in_shards(model, device, group, param_init, cut,
-                                           updates.optimizer))
+            updates.rebind(build_in_shards(
+                model, device, group, param_init,
+                {id(p): name for name, p in self.params.items()}, keep_shard,
+                updates.optimizer))
             self.params = dict(updates.params)
             self.released = True  # (a failure later leaves the module empty)
         else:
@@ -628,7 +621,7 @@ def calibrate_sharded(nodes, device, persistent, shards):
     `persistent`: every persistent node's tensor but the sharded
     parameters'. Its unplanned_peak_bytes is None: a sharded step's budget
     refers to pebble's baseline of the sharded step."""
-    from ._calibrate import Calibration, estimated, out_of_memory, release, time_and_measure
+    from ._calibrate import calibrated_by_run, estimated
     started = time.perf_counter()
     guess = estimated(nodes, "before calibration")
     document = nodes.document(guess.costs, "calibration", order_tokens=False)
@@ -640,18 +633,11 @@ def calibrate_sharded(nodes, device, persistent, shards):
     schedule = [(action, node_id) for action, node_id, *_ in shards.translate(plan.schedule)
                 if not node_id.startswith("scatter:")]
     runner = ShardedRunner(shards, _NoUpdates(), nodes, schedule, local_gathers=True)
-    program = Program(nodes, schedule, device, foreign=runner)
-    result = Calibration()
-    try:
-        result.costs, _ = time_and_measure(nodes, program, persistent, device, step_peak=False)
-    except (RuntimeError, MemoryError) as e:
-        if not out_of_memory(e):
-            raise
-        release(nodes, device)
-        return estimated(nodes, f"the sharded step under FSDP's rule does not fit the device "
-                                f"({str(e).strip().splitlines()[0] if str(e).strip() else e})")
-    result.unplanned_peak_bytes = None
-    result.source = "measured under FSDP's rule (a sharded step)"
+    result = calibrated_by_run(
+        nodes, Program(nodes, schedule, device, foreign=runner), persistent, device, guess,
+        source="measured under FSDP's rule (a sharded step)",
+        why_not=lambda error: f"the sharded step under FSDP's rule does not fit the device "
+                              f"({error})")
     result.seconds = time.perf_counter() - started
     return result
 
