@@ -190,9 +190,11 @@ TEST(CudaBackendTest, GradientsMatchTheCpuBackend) {
   // resnet18 at image 32 differs by 1% between any two summation orders).
   for (const std::string& model : std::vector<std::string>{
            "conv3d:n=12,batch=2", kUnet3d, "mnist-cnn:batch=4",
-           "resnet18:batch=2,image=64",
-        "vgg16:batch=2,image=32",
-        "transformer:layers=2,seq=16,dim=32,heads=4,batch=2,vocab=50"}) {
+           "resnet18:batch=2,image=64", "vgg16:batch=2,image=32",
+           "transformer:layers=2,seq=16,dim=32,heads=4,batch=2,vocab=50"}) {
+    // On the host emulator vgg16's 25088x4096 classifier takes 13 s of the
+    // test's 29; its ops are checked node by node in cuda_emu_test.
+    if (kEmulated && model.starts_with("vgg16")) continue;
     SCOPED_TRACE(model);
     const Graph original = Model(model);
     const Graph g = WithKinkProbes(original);
@@ -259,9 +261,9 @@ TEST(CudaBackendTest, GradientsAreBitwiseEqualAcrossPolicies) {
           info->name == "revolve" || info->name == "tree") {
         continue;  // too slow or refuse these graphs
       }
-      // On the host emulator a U-Net step takes seconds: three policies.
-      if (kEmulated && model == kUnet3d && info->name != "dtr" && info->name != "sqrtn" &&
-          info->name != "vdnn") {
+      // On the host emulator a U-Net step takes seconds: one policy that
+      // recomputes, one that moves tensors to the host.
+      if (kEmulated && model == kUnet3d && info->name != "dtr" && info->name != "vdnn") {
         continue;
       }
       auto plan = ::pebble::testing::TightPlan(g, info->name, base->report.peak_bytes);
@@ -281,7 +283,7 @@ TEST(CudaBackendTest, GradientsAreBitwiseEqualAcrossPolicies) {
       EXPECT_EQ(run->arena_bytes, run->layout.arena_bytes) << info->name;
       ++compared;
     }
-    EXPECT_GE(compared, 3) << "too few policies fit the budget";
+    EXPECT_GE(compared, kEmulated && model == kUnet3d ? 2 : 3) << "too few policies fit the budget";
     EXPECT_GE(changed, 2) << "too few plans recompute or move tensors to the host";
   }
 }
