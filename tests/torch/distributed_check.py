@@ -356,6 +356,49 @@ def check_sharded(torch, pt, dist, rank, ranks, kind, policy, tokens=False, buck
     return failures + differs_from_eager(step, whole, len(data), what)
 
 
+def check_one_plan(torch, pt, dist, rank, ranks):
+    """Rank 0 alone plans, and its plan is every rank's (Note [One plan on
+    every rank]): the other ranks call no planner, even for hybrid, whose
+    time-limited search planned differently on ranks of different speeds
+    (torchvision's mobilenet_v2 on 3 ranks); and a rank that captured
+    another step (another activation, the same shapes) is refused on every
+    rank, saying so."""
+    from pebble import _core
+    failures = []
+    plans = []
+    real_plan = _core.plan
+    # (the capture's calibration runs FSDP's rule on every rank: deterministic)
+    _core.plan = lambda *a, **k: (plans.append(1) if k.get("policy") != "fsdp" else None) or \
+        real_plan(*a, **k)
+    try:
+        torch.manual_seed(0)
+        model = make_model(torch)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        x, y = batches(torch, ranks, 1)[0]
+        step = pt.train_step(model, torch.nn.functional.cross_entropy, (mine(x, rank),),
+                             mine(y, rank), optimizer=opt, policy="hybrid", budget="min",
+                             process_group=dist.group.WORLD, shard="full")
+        step(mine(x, rank), mine(y, rank))
+    finally:
+        _core.plan = real_plan
+    if (rank == 0) != bool(plans):
+        failures.append(f"one plan: rank {rank} called the planner {len(plans)} times")
+    torch.manual_seed(0)
+    model = make_model(torch)
+    if rank == 1:
+        model[1] = torch.nn.Sigmoid()  # (Tanh on the others)
+    try:
+        step = pt.train_step(model, torch.nn.functional.cross_entropy, (mine(x, rank),),
+                             mine(y, rank), policy="dtr", budget="min",
+                             process_group=dist.group.WORLD)
+        step(mine(x, rank), mine(y, rank))
+        failures.append("one plan: a rank with another model was not refused")
+    except pt.PlanExecutionError as e:
+        if "captured another training step" not in str(e):
+            failures.append(f"one plan: another model on rank 1 refused with '{e}'")
+    return failures
+
+
 def check_capture_of_shards(torch, pt, dist, rank, ranks):
     """A sharded step's capture of new shapes (trace, calibration and the
     step) holds no rank's whole parameters at once, as the allocator
@@ -1001,6 +1044,8 @@ def checks(torch, pt, dist, rank, ranks):
                               state="host", parameters="host")
     failures += check_sharded(torch, pt, dist, rank, ranks, "adam", "dtr", state="host",
                               updates="host", parameters="host")
+    if every:
+        failures += check_one_plan(torch, pt, dist, rank, ranks)
     failures += check_capture_of_shards(torch, pt, dist, rank, ranks)
     failures += check_built_in_shards(torch, pt, dist, rank, ranks)
     failures += check_shards_moving(torch, pt, dist, rank, ranks)

@@ -31,8 +31,8 @@ from .. import _core
 from ._calibrate import calibrate, estimated
 from ._capture import CaptureError, propagate, trace
 from ._distributed import (GradientAverage, agreed, broadcast_module, check_same_call,
-                           check_same_collective, check_same_plan, measure_link,
-                           same_on_every_rank)
+                           check_same_collective, check_same_graph, is_rank_0, measure_link,
+                           plan_of_rank_0, same_on_every_rank)
 from ._executor import FREE, PlanExecutionError, Program, draws_in_eager_order
 from ._graph import StepGraph
 from ._memory import AllocatorPeak, TensorMemory, allocated_where_profiled, measure, tensor_bytes
@@ -493,16 +493,22 @@ class _Variant:
         self.updates = step.updates
         group = step.process_group
         if group is None:
-            self._plan_here(step, capture)
+            self._prepare(step, capture)
+            self.plan, self.budget_info = self._plan(step.options)
+            self._build(step, capture)
         else:  # Note [One plan on every rank]: a failure on one rank stops every rank
-            agreed(lambda: self._plan_here(step, capture), group)
-            check_same_plan(self.plan.schedule, group)
+            agreed(lambda: self._prepare(step, capture), group)
+            check_same_graph(self.graph, group)
+            planned = agreed(lambda: self._plan(step.options) if is_rank_0(group) else None,
+                             group)
+            self.plan, self.budget_info = plan_of_rank_0(planned, group)
+            agreed(lambda: self._build(step, capture), group)
         self.measured_once = False
         self.report = self._report(time.perf_counter() - started)
 
-    def _plan_here(self, step, capture):
-        """This rank's part: the graph with the optimizer's step, its plan and
-        the program that runs it."""
+    def _prepare(self, step, capture):
+        """The graph with the optimizer's step, and the persistent bytes that
+        frame the budget."""
         self.shards = step.shards
         self.graph = self._whole_step(capture.graph)
         self.persistent_bytes = capture.persistent_bytes
@@ -514,7 +520,10 @@ class _Variant:
             # budget; once planned, only what the plan keeps resident (below).
             self.persistent_bytes += self.updates.planned_state_bytes
         self.calibration = capture.calibration
-        self.plan, self.budget_info = self._plan(step.options)
+
+    def _build(self, step, capture):
+        """The program that runs the plan, and where it keeps the optimizer's
+        state."""
         # Where the plan keeps the optimizer's state (the rest of it on the
         # host) and runs each update.
         self.placement = None

@@ -5,10 +5,11 @@ Each rank runs the same plan (SPMD) on its own slice of the batch. Note
 the ranks' collectives pair up by their order. Each rank captures and
 calibrates its own step, but takes rank 0's measurements (costs, kernel
 temporaries, the unplanned step's peak, the host's update rate), so that
-every rank plans the same graph; the ranks then compare their schedules and
-refuse to run different ones (a policy whose search stops at its time limit
-may find different plans: give it a fixed seed and enough time, or a policy
-without a time limit).
+every rank has the same graph; the ranks compare their graphs (a digest of
+pebble's graph document) and refuse to run where one differs. Rank 0 alone
+plans, and its plan is every rank's: a policy whose search stops at its
+time limit (hybrid, checkmate's) would otherwise find different plans on
+ranks that ran at different speeds.
 
 Each rank also checks, at every call, that the others make the same call
 (the same shapes, gradients held and training mode), and the ranks agree on
@@ -279,13 +280,38 @@ def _collective(what, call, *args, **kwargs):
         raise _failed(e, what) from e
 
 
-def same_on_every_rank(value, group):
+def same_on_every_rank(value, group, what="rank 0's calibration"):
     """rank 0's `value` (any picklable object) on every rank of `group`."""
     import torch.distributed as dist
     box = [value]
-    _collective("sharing rank 0's calibration", dist.broadcast_object_list, box,
+    _collective(f"sharing {what}", dist.broadcast_object_list, box,
                 src=_global_rank(group, 0), group=group)
     return box[0]
+
+
+def is_rank_0(group):
+    import torch.distributed as dist
+    return dist.get_rank(group) == 0
+
+
+class SharedPlan:
+    """Rank 0's plan on another rank: the fields of pebble's Plan (what
+    pebble.plan returns), as rank 0 has them."""
+    FIELDS = ("feasible", "policy", "message", "budget_bytes", "baseline_peak_bytes",
+              "plan_time_s", "report", "schedule", "details", "document")
+
+    def __init__(self, fields):
+        self.__dict__.update(fields)
+
+
+def plan_of_rank_0(planned, group):
+    """(plan, budget info) on every rank of `group`: rank 0's, which
+    `planned` is there (Note [One plan on every rank]); rank 0 keeps its own
+    objects."""
+    plan, info = planned if planned is not None else (None, None)
+    fields = None if plan is None else {f: getattr(plan, f) for f in SharedPlan.FIELDS}
+    fields, info = same_on_every_rank((fields, info), group, "rank 0's plan")
+    return (plan, info) if plan is not None else (SharedPlan(fields), info)
 
 
 def _global_rank(group, rank):
@@ -386,12 +412,13 @@ def broadcast_module(model, group):
                         group=group)
 
 
-def check_same_plan(schedule, group):
-    """PlanExecutionError unless every rank of `group` has this schedule (Note
-    [One plan on every rank])."""
-    differing = _ranks_differing(list(schedule), group, "plans")
+def check_same_graph(graph, group):
+    """PlanExecutionError unless every rank of `group` captured this graph
+    (pebble's, costs included: Note [One plan on every rank]), on which rank
+    0's plan then runs."""
+    differing = _ranks_differing(graph.to_json(), group, "graphs")
     if differing:
         raise PlanExecutionError(
-            f"the ranks planned different schedules (ranks {differing} differ from rank 0): "
-            "their collectives would not pair up; a policy whose search stops at its time "
-            "limit may do this: give a longer time_limit, or another policy")
+            f"ranks {differing} captured another training step than rank 0 (pebble's graphs "
+            "differ): every rank must run the same module and loss on the same shapes, for "
+            "rank 0's plan to run on each")
