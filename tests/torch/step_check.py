@@ -630,13 +630,14 @@ def check_small_storages_exact(failures, device):
 
 
 def check_batch_norm_run_again(failures, device):
-    """A batch norm that the plan computes again is given no running
-    statistics (None for both: Note [Running statistics once] in
-    _executor.py): its first run updates the module's, once per step, as
-    eager's; a second run makes no copy of them outside the plan (with
-    copies, torchvision's mobilenet_v2 sharded under dtr measured a few
-    hundred bytes above its prediction). And each output of a call run
-    whole takes the call's measured workspace, whichever output ran it."""
+    """A batch norm that the plan computes again runs on the module's running
+    statistics with a momentum of 0 (Note [Running statistics once] in
+    _executor.py): its first run updates them, once per step, as eager's; a
+    second run writes them back unchanged, makes no copy of them outside
+    the plan (with copies, torchvision's mobilenet_v2 sharded under dtr
+    measured a few hundred bytes above its prediction) and holds the first
+    run's temporaries. And each output of a call run whole takes the call's
+    measured workspace, whichever output ran it."""
     from torch.utils._python_dispatch import TorchDispatchMode
     nn = torch.nn
     torch.manual_seed(0)
@@ -651,11 +652,11 @@ def check_batch_norm_run_again(failures, device):
     norms = ("native_batch_norm", "cudnn_batch_norm", "miopen_batch_norm")
 
     class NormCalls(TorchDispatchMode):
-        calls = []  # (running_mean given, training) of each batch-norm call
+        calls = []  # (momentum, running statistics given) of each batch-norm call
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             if func.overloadpacket.__name__ in norms:
-                self.calls.append((args[3] is not None, bool(args[5])))
+                self.calls.append((args[6], args[3] is not None and args[4] is not None))
             return func(*args, **(kwargs or {}))
 
     step = pt.train_step(model, nn.functional.cross_entropy, (x,), y, policy="dtr",
@@ -663,11 +664,11 @@ def check_batch_norm_run_again(failures, device):
     with NormCalls():
         step(x, y)
     nn.functional.cross_entropy(twin(x), y).backward()
-    given = sum(1 for g, _ in NormCalls.calls if g)
-    again = sum(1 for g, training in NormCalls.calls if not g and training)
-    failures.check(given == 4 and again > 0 and len(NormCalls.calls) == given + again,
-                   f"batch norms run again: {given} calls with running statistics (4 "
-                   f"batch norms), {again} without, {len(NormCalls.calls)} in all")
+    first = sum(1 for momentum, given in NormCalls.calls if momentum == 0.1 and given)
+    again = sum(1 for momentum, given in NormCalls.calls if momentum == 0.0 and given)
+    failures.check(first == 4 and again > 0 and len(NormCalls.calls) == first + again,
+                   f"batch norms run again: {first} calls with the module's momentum (4 batch "
+                   f"norms), {again} with 0, {len(NormCalls.calls)} in all")
     for (name, b), t in zip(model.named_buffers(), twin.buffers()):
         failures.check(relative_error(b, t) <= 1e-5,
                        f"batch norms run again: buffer {name} is not eager's")

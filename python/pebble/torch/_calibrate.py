@@ -109,8 +109,8 @@ def _share_within_calls(graph):
     may run the call for another output first (a batch norm for its
     statistics: 1.5 KB above mobilenet_v2's prediction, sharded under dtr,
     the running statistics' update temporaries unmeasured). A batch norm
-    run again updates no statistics (Note [Running statistics once]) and
-    holds less than its first run, which is what this predicts for it."""
+    run again holds what its first run holds (Note [Running statistics
+    once] in _executor.py)."""
     largest = {}
     for node in graph.nodes:
         if node.group is not None:
