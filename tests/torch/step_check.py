@@ -685,6 +685,36 @@ def check_batch_norm_run_again(failures, device):
                    f"is not the call's: {list(workspace.values())}")
 
 
+def check_call_kept_and_run_apart(failures, device):
+    """A plan that computes a batch norm's outputs one after another in one
+    place and one of them apart elsewhere measures what it predicts (Note [A
+    call of several outputs run once] in _executor.py: a sibling kept from
+    the call held no workspace where the simulator charged it, 384 B below
+    the prediction for this shufflenet_v2 under dtr)."""
+    try:
+        import torchvision
+    except ImportError:
+        return
+    nn = torch.nn
+    torch.manual_seed(0)
+    net = torchvision.models.shufflenet_v2_x0_5(num_classes=10).to(device)
+    x = torch.randn(4, 3, 64, 64, device=device)
+    y = torch.randint(0, 10, (4,), device=device)
+    least = pt.train_step(net, nn.functional.cross_entropy, (x,), y, policy="dtr", budget="min")
+    full = least.report["persistent_bytes"] + least.report["budget_reference_bytes"]
+    budget = least.report["predicted_peak_bytes"] + (
+        full - least.report["predicted_peak_bytes"]) // 10
+    step = least.replan(policy="dtr", budget=budget, measure="always")
+    net.zero_grad(set_to_none=True)
+    step(x, y)
+    r = step.report
+    failures.check(r["measured_peak_bytes"] == r["predicted_step_peak_bytes"] and
+                   r["counted_peak_bytes"] == r["predicted_peak_bytes"],
+                   f"shufflenet_v2 under dtr at {budget} B: measured step peak "
+                   f"{r['measured_peak_bytes']} B, predicted {r['predicted_step_peak_bytes']} B; "
+                   f"counted {r['counted_peak_bytes']} B of {r['predicted_peak_bytes']} B")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--cases", help="comma-separated names (default: the quick set)")
@@ -739,6 +769,7 @@ def main():
         check_no_garbage(failures, device)
         check_small_storages_exact(failures, device)
         check_batch_norm_run_again(failures, device)
+        check_call_kept_and_run_apart(failures, device)
         check_leak_is_measured(failures, device)
         check_errors(failures, device)
     if SAVINGS:

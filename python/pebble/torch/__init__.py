@@ -364,7 +364,8 @@ class TrainStep:
 
     @property
     def plan(self):
-        """The pebble.Plan of the shapes of the last call."""
+        """The pebble.Plan of the shapes of the last call (in a process group,
+        rank 0's on every rank: the same fields)."""
         return self._variant.plan
 
     @property
@@ -548,6 +549,7 @@ class _Variant:
         self.program = Program(self.graph_nodes, schedule, self.device,
                                foreign=foreign, rebind=self._rebind,
                                sync=GradientAverage(group) if averaged else None)
+        self.predicted_peak_bytes = self._peak_as_run()
         # The parameters the plan frees for their updates on the host.
         self.freed_parameters = [node.slot.names[0] for kind, node in self.program.steps
                                  if kind == FREE and node.kind == "persistent" and
@@ -578,7 +580,8 @@ class _Variant:
                       bandwidth=options["bandwidth"], time_limit=options["time_limit"],
                       seed=options["seed"])
         group = self.step.process_group
-        if group is not None:  # the gradients' all-reduces (Note [Gradients averaged as they complete])
+        # The gradients' all-reduces (Note [Gradients averaged as they complete]).
+        if group is not None:
             kwargs["ranks"] = _world_size(group)
             if kwargs["ranks"] > 1 and self.shards is None:
                 # GradientAverage sends a bucket through a flat copy (Note [A
@@ -608,7 +611,31 @@ class _Variant:
         if cpu and not self.step.allow_cpu_offload and plan.report["transfer_bytes"] > 0:
             raise PlanError(f"policy {plan.policy} copies tensors to the host, which saves no "
                             "memory on the CPU device (allow_cpu_offload=True runs it anyway)")
+        # How to simulate the plan again (_peak_as_run), on every rank.
+        info["simulation"] = dict(
+            tokens=graph is self.graph,
+            options={k: v for k, v in kwargs.items() if k in (
+                "bandwidth", "ranks", "network", "network_latency", "bucket_copies",
+                "bucket_alignment")})
         return plan, info
+
+    def _peak_as_run(self):
+        """The peak bytes of the plan as the program runs it: the
+        simulator's, on the graph without the workspace of the nodes that the
+        program always keeps from a sibling's call (Note [A call of several
+        outputs run once] in _executor.py)."""
+        kept = self.program.kept_only
+        if not kept:
+            return self.plan.report["peak_bytes"]
+        simulation = self.budget_info["simulation"]
+        graph = self.graph if simulation["tokens"] else self._whole_step(self.capture.free_graph)
+        document = json.loads(graph.to_json())
+        for node in document["nodes"]:
+            if node["id"] in kept:
+                node.pop("workspace", None)
+        run = _core.simulate(_core.from_json(json.dumps(document)), self.plan.schedule,
+                             **simulation["options"])
+        return run["peak_bytes"]
 
     def _whole_step(self, graph):
         """The captured `graph` with the optimizer's step, sharded where the
@@ -794,8 +821,8 @@ class _Variant:
             "budget_reference_source": info["reference_source"],
             "persistent_bytes": self.persistent_bytes,
             "baseline_peak_bytes": p.baseline_peak_bytes,
-            "predicted_peak_bytes": r["peak_bytes"],
-            "predicted_step_peak_bytes": r["peak_bytes"] - self.persistent_bytes,
+            "predicted_peak_bytes": self.predicted_peak_bytes,
+            "predicted_step_peak_bytes": self.predicted_peak_bytes - self.persistent_bytes,
             "measured_peak_bytes": None,
             "measured_by": None,
             "counted_peak_bytes": None,
