@@ -727,7 +727,11 @@ def main():
                     help="cases of step_models.SAVINGS_CASES ('' for none)")
     ap.add_argument("--no-extras", action="store_true",
                     help="skip the checks of other shapes, leaks and errors")
+    ap.add_argument("--extras-only", action="store_true",
+                    help="only those checks: no case, optimizer steps or savings")
     args = ap.parse_args()
+    if args.extras_only and args.no_extras:
+        ap.error("--extras-only and --no-extras leave nothing to check")
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         print("step_check: no CUDA device; skipped")
@@ -745,6 +749,8 @@ def main():
         torch.use_deterministic_algorithms(True, warn_only=True)
     names = list(step_models.CASES) if args.all else (
         args.cases.split(",") if args.cases else QUICK_CASES)
+    if args.extras_only:
+        names, args.optimizer_steps, args.savings = [], 0, ""
     failures = Failures()
     random_recomputed = False
     for name in names:
