@@ -624,9 +624,11 @@ class _Variant:
         simulator's, on the graph without the workspace of the nodes that the
         program always keeps from a sibling's call (Note [A call of several
         outputs run once] in _executor.py)."""
-        kept = self.program.kept_only
-        if not kept:
+        if not self.program.kept_only:
             return self.plan.report["peak_bytes"]
+        if len(self.program.steps) != len(self.plan.schedule):
+            raise PlanExecutionError("internal: the program's steps are not the plan's")
+        kept = {self.plan.schedule[i][1] for i in self.program.fused_steps}
         simulation = self.budget_info["simulation"]
         graph = self.graph if simulation["tokens"] else self._whole_step(self.capture.free_graph)
         document = json.loads(graph.to_json())

@@ -303,6 +303,10 @@ class SharedPlan:
     def __init__(self, fields):
         self.__dict__.update(fields)
 
+    def __repr__(self):  # as pebble.Plan's
+        fit = "fits" if self.feasible else "does not fit"
+        return f"<pebble.Plan {self.policy}: {fit}, peak {self.report['peak_bytes']} bytes>"
+
 
 def plan_of_rank_0(planned, group):
     """(plan, budget info) on every rank of `group`: rank 0's, which

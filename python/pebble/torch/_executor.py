@@ -37,7 +37,10 @@ workspace, if every step of those siblings is so placed; a sibling also
 computed apart runs its own call at each of its steps, since a node has one
 workspace in the plan. The step's prediction is the simulator's on the
 graph without the workspace of the kept siblings (TrainStep's
-predicted_peak_bytes), which is what runs. (Charged as the planner charges
+predicted_peak_bytes), which is what runs. The program has a step for each
+of the plan's steps, so the kept siblings' ids in the plan (a sharded plan
+names them apart: Shards.translate) are those of the plan's steps at the
+same places. (Charged as the planner charges
 them, such steps put the plan's peak 0.1 to 3 KB above what shufflenet_v2
 sharded under dtr measured.)
 
@@ -45,7 +48,9 @@ Note [Running statistics once]: a PyTorch 1.13 batch norm updates its
 running statistics in place. Its first run in a step updates the module's
 buffers, as eager does; a recomputation runs with a momentum of 0 (cuDNN's
 exponential average factor), which writes each statistic back unchanged
-(0 * batch + 1 * running). In training its outputs come from the batch
+(0 * batch + 1 * running) where the batch's statistics are finite (an
+infinite one makes it NaN where eager's stays infinite: a step that has
+diverged). In training its outputs come from the batch
 alone, the same bits, and it runs the first run's code with the first
 run's temporaries, which calibration measured: no copy outside the plan,
 and no other workspace. (Copies of the statistics, updated and dropped,
@@ -158,12 +163,12 @@ class Program:
                 raise PlanExecutionError(f"schedule step ({action}, {node_id}) is not of this "
                                          "graph")
             self.steps.append((kind, node))
-        self.keep_siblings, fused_steps, self.kept_only = self._fusions()
+        self.keep_siblings, self.fused_steps, self.kept_only = self._fusions()
         # The random calls the schedule runs more than once (Note [Randomness
         # as eager has it]): only these keep their generator state.
         runs = {}
         for i, (kind, node) in enumerate(self.steps):
-            if kind == COMPUTE and node.random and i not in fused_steps:
+            if kind == COMPUTE and node.random and i not in self.fused_steps:
                 runs[node.fx] = runs.get(node.fx, 0) + 1
         self.rerun_calls = {call for call, count in runs.items() if count > 1}
         self._check_reductions()
