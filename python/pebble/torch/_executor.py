@@ -40,9 +40,9 @@ graph without the workspace of the kept siblings (TrainStep's
 predicted_peak_bytes), which is what runs. The program has a step for each
 of the plan's steps, so the kept siblings' ids in the plan (a sharded plan
 names them apart: Shards.translate) are those of the plan's steps at the
-same places. (Charged as the planner charges
-them, such steps put the plan's peak 0.1 to 3 KB above what shufflenet_v2
-sharded under dtr measured.)
+same places. (Charged as the planner charges them, such steps put the
+plan's peak 0.1 to 3 KB above what shufflenet_v2 sharded under dtr
+measured.)
 
 Note [Running statistics once]: a PyTorch 1.13 batch norm updates its
 running statistics in place. Its first run in a step updates the module's
@@ -50,10 +50,10 @@ buffers, as eager does; a recomputation runs with a momentum of 0 (cuDNN's
 exponential average factor), which writes each statistic back unchanged
 (0 * batch + 1 * running) where the batch's statistics are finite (an
 infinite one makes it NaN where eager's stays infinite: a step that has
-diverged). In training its outputs come from the batch
-alone, the same bits, and it runs the first run's code with the first
-run's temporaries, which calibration measured: no copy outside the plan,
-and no other workspace. (Copies of the statistics, updated and dropped,
+diverged). In training its outputs come from the batch alone, the same
+bits, and it runs the first run's code with the first run's temporaries,
+which calibration measured: no copy outside the plan, and no other
+workspace. (Copies of the statistics, updated and dropped,
 measured above the plan where a recomputed batch norm ran at the peak:
 mobilenet_v2 sharded under dtr, 0.3 to 2.7 KB; the statistics given as
 None instead ran with fewer temporaries than predicted.)
@@ -814,12 +814,6 @@ _TOKEN = object()
 _LIKE_TEMPLATE = {"empty_like", "zeros_like", "ones_like", "full_like", "rand_like",
                   "randn_like", "randint_like", "new_empty", "new_empty_strided", "new_zeros",
                   "new_ones", "new_full"}
-
-
-def _get_arg(args, kwargs, name, position):
-    if name in kwargs:
-        return kwargs[name]
-    return args[position] if position < len(args) else None
 
 
 def _set_arg(call, args, kwargs, name, value):
