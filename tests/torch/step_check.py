@@ -713,11 +713,9 @@ def check_call_kept_and_run_apart(failures, device):
         # Which siblings the program would keep if it kept each wherever it
         # could, and which of those the plan also computes apart.
         program = step._variant.program
-        computes = [(i, node) for i, (kind, node) in enumerate(program.steps)
-                    if kind == COMPUTE and node.group is not None]
-        _, fused = program._fusions_of({node.id for _, node in computes})
-        kept = {node.id for i, node in computes if i in fused}
-        apart = {node.id for i, node in computes if i not in fused}
+        _, fused = program._fusions_of({node.id for kind, node in program.steps
+                                        if kind == COMPUTE and node.group is not None})
+        kept, apart = program._kept_and_run(fused)
         if kept & apart:
             break
     else:

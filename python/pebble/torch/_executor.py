@@ -53,10 +53,10 @@ infinite one makes it NaN where eager's stays infinite: a step that has
 diverged). In training its outputs come from the batch alone, the same
 bits, and it runs the first run's code with the first run's temporaries,
 which calibration measured: no copy outside the plan, and no other
-workspace. (Copies of the statistics, updated and dropped,
-measured above the plan where a recomputed batch norm ran at the peak:
-mobilenet_v2 sharded under dtr, 0.3 to 2.7 KB; the statistics given as
-None instead ran with fewer temporaries than predicted.)
+workspace. (Copies of the statistics, updated and dropped, measured above
+the plan where a recomputed batch norm ran at the peak: mobilenet_v2
+sharded under dtr, 0.3 to 2.7 KB; the statistics given as None instead ran
+with fewer temporaries than predicted.)
 """
 
 import time
@@ -250,13 +250,19 @@ class Program:
                    if kind == COMPUTE and node.group is not None}
         while True:
             keep, fused = self._fusions_of(allowed)
-            kept, run = set(), set()
-            for i, (kind, node) in enumerate(self.steps):
-                if kind == COMPUTE and node.group is not None:
-                    (kept if i in fused else run).add(node.id)
+            kept, run = self._kept_and_run(fused)
             if not kept & run:
                 return keep, fused, kept
             allowed = kept - run  # (fewer each time: a node both kept and run is out)
+
+    def _kept_and_run(self, fused):
+        """The ids of the siblings with a step in `fused` (kept from a call),
+        and of those with a compute step outside it (running their call)."""
+        kept, run = set(), set()
+        for i, (kind, node) in enumerate(self.steps):
+            if kind == COMPUTE and node.group is not None:
+                (kept if i in fused else run).add(node.id)
+        return kept, run
 
     def _fusions_of(self, allowed):
         """_fusions' steps, where only the nodes of `allowed` may be kept."""
