@@ -15,6 +15,7 @@
 #include "cli/run_common.h"
 #include "graph/status.h"
 #include "graph/text_input.h"
+#include "runtime/collectives.h"
 #include "runtime/executor.h"
 #include "runtime/gloo/gloo_collectives.h"
 #include "runtime/make_backend.h"
@@ -26,6 +27,7 @@
 #include "scheduler/memory_layout.h"
 #include "scheduler/plan_api.h"
 #include "scheduler/planner.h"
+#include "scheduler/schedule.h"
 #include "scheduler/simulator.h"
 
 namespace pebble::cli {
@@ -169,11 +171,11 @@ struct RunPlan {
   PlanResult plan;
 };
 
+// The planner's options for `f`, and in `p` the figures they come from.
 // `reference` (default: `graph`) is the graph whose baseline peak a budget
 // in percent is of.
-absl::StatusOr<RunPlan> MakeRunPlan(const RunFlags& f, const Graph& graph,
-                                    const Graph* reference = nullptr) {
-  RunPlan p;
+absl::StatusOr<PlannerOptions> RunPlannerOptions(const RunFlags& f, const Graph& graph,
+                                                 const Graph* reference, RunPlan& p) {
   PlannerOptions options;
   ASSIGN_OR_RETURN(options.host_bandwidth_bytes_per_s, f.source.PlannerBandwidth(f.bandwidth));
   p.bandwidth_bytes_per_s = options.host_bandwidth_bytes_per_s;
@@ -191,14 +193,39 @@ absl::StatusOr<RunPlan> MakeRunPlan(const RunFlags& f, const Graph& graph,
   options.budget_bytes = ResolveBudget(spec, p.baseline_peak);
   // A given schedule is run as it is: no budget unless one is asked for.
   if (!f.schedule_path.empty() && !f.budget_given) options.budget_bytes = INT64_MAX;
+  return options;
+}
+
+// Refuses --schedule beside the flags of a policy.
+absl::Status CheckScheduleFlags(const RunFlags& f, const PlannerOptions& options) {
+  if (f.schedule_path.empty()) return absl::OkStatus();
+  if (!f.policy.empty()) return UsageError("--schedule: give --policy or --schedule, not both");
+  if (options.bucket_bytes != PlannerOptions::kPlannedBuckets) {
+    return UsageError("--buckets: a --schedule file runs with its own buckets (the steps' "
+                      "\"bucket\" numbers)");
+  }
+  return absl::OkStatus();
+}
+
+// What every rank checks of the planning flags before the ranks meet, so
+// that a bad one fails at once rather than after rank 0's plan or the
+// timeout: each flag's value, and the policy's name.
+absl::Status CheckPlanFlags(const RunFlags& f, const Graph& graph) {
+  RunFlags quiet = f;
+  quiet.quiet = true;
+  RunPlan unused;
+  ASSIGN_OR_RETURN(const PlannerOptions options, RunPlannerOptions(quiet, graph, nullptr, unused));
+  RETURN_IF_ERROR(CheckScheduleFlags(f, options));
+  if (f.schedule_path.empty() && !f.policy.empty()) return MakePlanner(f.policy).status();
+  return absl::OkStatus();
+}
+
+absl::StatusOr<RunPlan> MakeRunPlan(const RunFlags& f, const Graph& graph,
+                                    const Graph* reference = nullptr) {
+  RunPlan p;
+  ASSIGN_OR_RETURN(const PlannerOptions options, RunPlannerOptions(f, graph, reference, p));
+  RETURN_IF_ERROR(CheckScheduleFlags(f, options));
   if (!f.schedule_path.empty()) {
-    if (!f.policy.empty()) {
-      return UsageError("--schedule: give --policy or --schedule, not both");
-    }
-    if (options.bucket_bytes != PlannerOptions::kPlannedBuckets) {
-      return UsageError("--buckets: a --schedule file runs with its own buckets (the steps' "
-                        "\"bucket\" numbers)");
-    }
     p.policy = "schedule";
     ASSIGN_OR_RETURN(Schedule schedule, ReadScheduleFile(graph, f.schedule_path));
     ASSIGN_OR_RETURN(p.plan, FinishPlan(graph, std::move(schedule), options));
@@ -416,6 +443,103 @@ absl::Status DoesNotFit(const RunFlags& f, const Graph& graph, const RunPlan& pl
       "; nothing was run (--over-budget runs it anyway)"));
 }
 
+// The graph with the backend's workspace (--workspace query; `graph` is the
+// bare graph on entry) and the plan to run, refused where it does not fit
+// but with --over-budget.
+absl::StatusOr<RunPlan> PlanRun(const RunFlags& f, Graph& graph, Backend& backend,
+                                WorkspaceQueryStats* workspace, std::string* choice) {
+  RunPlan plan;
+  if (f.workspace == "query") {
+    ASSIGN_OR_RETURN(auto planned, PlanWithBackendWorkspace(f, graph, backend, workspace, choice));
+    graph = std::move(planned.first);
+    plan = std::move(planned.second);
+  } else {
+    ASSIGN_OR_RETURN(plan, MakeRunPlan(f, graph));
+  }
+  if (!plan.plan.feasible && !f.over_budget) return DoesNotFit(f, graph, plan);
+  return plan;
+}
+
+// Note [Rank 0 plans]
+// With several ranks, rank 0 alone plans, and the others run its schedule.
+// When each rank planned on its own, a policy that stops at its time limit
+// (hybrid, best-order) could plan differently on ranks of different speeds,
+// and then the ranks refused to run. The other ranks wait for the plan as
+// long as it takes (FromRank0) and take rank 0's decisions: its schedule,
+// policy, resolved budget, baseline, links and workspace choice. Each
+// simulates the schedule on its own graph (FinishPlan) for its report; its
+// graph and the schedule are still compared with rank 0's before the run
+// (Execute's fingerprint), so a rank given another model is refused.
+
+// What the other ranks need of rank 0's plan.
+nlohmann::json RunPlanToJson(const Graph& graph, const RunPlan& p, const std::string& choice) {
+  return {{"policy", p.policy},
+          {"budget_bytes", p.budget_bytes},
+          {"baseline_peak_bytes", p.baseline_peak},
+          {"feasible", p.plan.feasible},
+          {"message", p.plan.message},
+          {"host_bandwidth_bytes_per_s", p.bandwidth_bytes_per_s},
+          {"network_bandwidth_bytes_per_s", p.network.bandwidth_bytes_per_s},
+          {"network_latency_s", p.network.latency_s},
+          {"workspace_choice", choice},
+          {"schedule", ScheduleToJson(graph, p.plan.schedule)}};
+}
+
+// Rank 0's plan (RunPlanToJson) on this rank's graph, which gets the
+// workspace that rank 0 chose (`graph` is the bare graph on entry).
+absl::StatusOr<RunPlan> RunPlanOfRank0(const RunFlags& f, const nlohmann::json& doc,
+                                       Graph& graph, Backend& backend,
+                                       WorkspaceQueryStats* workspace, std::string* choice) {
+  if (f.workspace == "query") {
+    *choice = doc.at("workspace_choice").get<std::string>();
+    ASSIGN_OR_RETURN(graph, WithBackendWorkspace(graph, backend, workspace,
+                                                 *choice == "least" ? WorkspaceChoice::kLeast
+                                                                    : WorkspaceChoice::kFastest));
+  }
+  RunPlan p;
+  RunFlags quiet = f;
+  quiet.quiet = true;
+  ASSIGN_OR_RETURN(PlannerOptions options, RunPlannerOptions(quiet, graph, nullptr, p));
+  p.policy = doc.at("policy").get<std::string>();
+  p.budget_bytes = doc.at("budget_bytes").get<int64_t>();
+  p.baseline_peak = doc.at("baseline_peak_bytes").get<int64_t>();
+  p.bandwidth_bytes_per_s = doc.at("host_bandwidth_bytes_per_s").get<double>();
+  p.network = {.bandwidth_bytes_per_s = doc.at("network_bandwidth_bytes_per_s").get<double>(),
+               .latency_s = doc.at("network_latency_s").get<double>()};
+  options.budget_bytes = p.budget_bytes;
+  options.host_bandwidth_bytes_per_s = p.bandwidth_bytes_per_s;
+  options.network = p.network;
+  ASSIGN_OR_RETURN(Schedule schedule, ScheduleFromJson(graph, doc.at("schedule")));
+  ASSIGN_OR_RETURN(p.plan, FinishPlan(graph, std::move(schedule), options));
+  p.plan.feasible = doc.at("feasible").get<bool>();
+  p.plan.message = doc.at("message").get<std::string>();
+  return p;
+}
+
+// PlanRun on rank 0, and its plan on every rank (Note [Rank 0 plans]).
+absl::StatusOr<RunPlan> PlanOnRank0(const RunFlags& f, Graph& graph, Backend& backend,
+                                    Collectives& collectives, WorkspaceQueryStats* workspace,
+                                    std::string* choice) {
+  std::optional<RunPlan> own;
+  ASSIGN_OR_RETURN(const std::string text, FromRank0(
+      collectives,
+      [&]() -> absl::StatusOr<std::string> {
+        ASSIGN_OR_RETURN(own, PlanRun(f, graph, backend, workspace, choice));
+        return RunPlanToJson(graph, *own, *choice).dump();
+      },
+      "rank 0's plan"));
+  if (own.has_value()) return *std::move(own);
+  auto doc = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (doc.is_discarded() || !doc.is_object()) {
+    return absl::InternalError("rank 0's plan arrived unreadable");
+  }
+  try {
+    return RunPlanOfRank0(f, doc, graph, backend, workspace, choice);
+  } catch (const nlohmann::json::exception& e) {
+    return absl::InternalError(absl::StrCat("rank 0's plan arrived incomplete: ", e.what()));
+  }
+}
+
 int RunRun(const RunFlags& given) {
   if (absl::Status s = CheckRankFlags(given); !s.ok()) return Fail(s);
   const RunFlags f = ForThisRank(given);
@@ -433,26 +557,10 @@ int RunRun(const RunFlags& given) {
   if (absl::Status s = CheckRunPaths(f, *graph); !s.ok()) return Fail(s);
   auto backend = MakeBackend(f.backend);
   if (!backend.ok()) return Fail(backend.status());
-  WorkspaceQueryStats workspace;
-  std::string workspace_choice;
-  absl::StatusOr<RunPlan> plan = absl::UnknownError("not planned");
-  if (f.workspace == "query") {
-    auto planned = PlanWithBackendWorkspace(f, *graph, **backend, &workspace, &workspace_choice);
-    if (!planned.ok()) return Fail(planned.status());
-    graph = std::move(planned->first);
-    plan = std::move(planned->second);
-  } else {
-    plan = MakeRunPlan(f, *graph);
-  }
-  if (!plan.ok()) return Fail(plan.status());
-  if (!plan->plan.feasible && !f.over_budget) return Fail(DoesNotFit(f, *graph, *plan));
-  ExecutorOptions options;
-  options.seed = f.seed;
-  options.inputs_dir = f.inputs_dir;
-  options.poison_arena = !f.no_poison;
-  options.simulator.host_bandwidth_bytes_per_s = plan->bandwidth_bytes_per_s;
-  std::unique_ptr<Collectives> collectives;  // after planning, which may take a while
+  // With several ranks, the ranks meet first: rank 0 plans for them all.
+  std::unique_ptr<Collectives> collectives;
   if (f.rank_flags.ranks > 1) {
+    if (absl::Status s = CheckPlanFlags(f, *graph); !s.ok()) return Fail(s);
     auto connected = ConnectGloo(f.process.Gloo(f.rank_flags.ranks));
     if (!connected.ok()) return Fail(connected.status());
     collectives = *std::move(connected);
@@ -463,6 +571,20 @@ int RunRun(const RunFlags& given) {
         !s.ok()) {
       return Fail(s);
     }
+  }
+  WorkspaceQueryStats workspace;
+  std::string workspace_choice;
+  absl::StatusOr<RunPlan> plan =
+      collectives != nullptr
+          ? PlanOnRank0(f, *graph, **backend, *collectives, &workspace, &workspace_choice)
+          : PlanRun(f, *graph, **backend, &workspace, &workspace_choice);
+  if (!plan.ok()) return Fail(plan.status());
+  ExecutorOptions options;
+  options.seed = f.seed;
+  options.inputs_dir = f.inputs_dir;
+  options.poison_arena = !f.no_poison;
+  options.simulator.host_bandwidth_bytes_per_s = plan->bandwidth_bytes_per_s;
+  if (collectives != nullptr) {
     options.collectives = collectives.get();
     if (unsharded.has_value()) options.unsharded = &*unsharded;
     options.simulator.network = plan->network;

@@ -2,11 +2,17 @@
 
 #include <algorithm>
 #include <chrono>
+#include <condition_variable>
+#include <cstring>
 #include <limits>
+#include <mutex>
+#include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "graph/status.h"
 
 namespace pebble {
 
@@ -31,6 +37,102 @@ absl::Status CheckSameOnEveryRank(Collectives& collectives, uint64_t fingerprint
   return absl::FailedPreconditionError(absl::StrCat(
       what, " differs between the ranks (rank", differ.size() > 1 ? "s " : " ",
       absl::StrJoin(differ, ", "), " from rank 0): ", advice));
+}
+
+namespace {
+
+constexpr int64_t kMaxSentBytes = int64_t{1} << 32;  // FromRank0's result
+
+// Rank 0's `bytes` on every rank, after a header of [code, size]: each a
+// sum of rank 0's values and the other ranks' zeros, 8 bytes to an int64.
+absl::StatusOr<std::string> SendFromRank0(Collectives& collectives, absl::StatusOr<std::string> own,
+                                          absl::string_view what) {
+  const bool sender = collectives.rank() == 0;
+  const std::string* bytes = nullptr;
+  std::string message;
+  int64_t header[2] = {0, 0};
+  if (sender) {
+    if (own.ok()) {
+      bytes = &*own;
+    } else {
+      header[0] = static_cast<int64_t>(own.status().code());
+      message = std::string(own.status().message());
+      bytes = &message;
+    }
+    header[1] = static_cast<int64_t>(bytes->size());
+  }
+  RETURN_IF_ERROR(collectives.AllReduceSum(header, 2, what));
+  if (header[1] < 0 || header[1] > kMaxSentBytes) {
+    return absl::OutOfRangeError(absl::StrCat(what, ": ", header[1], " bytes, above the ",
+                                              kMaxSentBytes, " that rank 0 may send"));
+  }
+  const size_t size = static_cast<size_t>(header[1]);
+  std::vector<int64_t> words((size + 7) / 8, 0);
+  if (sender && !words.empty()) std::memcpy(words.data(), bytes->data(), size);
+  if (!words.empty()) {
+    RETURN_IF_ERROR(
+        collectives.AllReduceSum(words.data(), static_cast<int64_t>(words.size()), what));
+  }
+  std::string received(reinterpret_cast<const char*>(words.data()), size);
+  if (header[0] == 0) return received;
+  if (sender) return own.status();
+  return absl::Status(static_cast<absl::StatusCode>(header[0]),
+                      absl::StrCat("rank 0: ", received));
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> FromRank0(Collectives& collectives,
+                                      const std::function<absl::StatusOr<std::string>()>& make,
+                                      absl::string_view what, double poll_s) {
+  const std::string waiting = absl::StrCat("the wait for ", what);
+  if (collectives.rank() != 0) {
+    for (int64_t done = 0; done == 0;) {  // rank 0 sends 1 once `make` has returned
+      RETURN_IF_ERROR(collectives.AllReduceSum(&done, 1, waiting));
+    }
+    return SendFromRank0(collectives, absl::UnknownError("not rank 0"), what);
+  }
+  // Rank 0: `make` on this thread; a beat to the others each poll_s seconds
+  // from a thread of its own, and a last one once `make` has returned.
+  std::mutex mu;
+  std::condition_variable made_cv;
+  bool made = false;
+  absl::Status beats_status;
+  std::thread beats([&] {
+    const auto period = std::chrono::duration<double>(poll_s);
+    while (true) {
+      bool last;
+      {
+        std::unique_lock<std::mutex> lock(mu);
+        last = made_cv.wait_for(lock, period, [&] { return made; });
+      }
+      int64_t done = last ? 1 : 0;
+      if (absl::Status s = collectives.AllReduceSum(&done, 1, waiting); !s.ok()) {
+        std::lock_guard<std::mutex> lock(mu);
+        beats_status = s;
+        return;
+      }
+      if (last) return;
+    }
+  });
+  absl::StatusOr<std::string> own = absl::UnknownError("not made");
+  auto finish = [&] {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      made = true;
+    }
+    made_cv.notify_all();
+    beats.join();
+  };
+  try {
+    own = make();
+  } catch (...) {
+    finish();
+    throw;
+  }
+  finish();
+  RETURN_IF_ERROR(beats_status);  // a rank stopped while rank 0 made it
+  return SendFromRank0(collectives, std::move(own), what);
 }
 
 namespace {

@@ -7,6 +7,7 @@
 #define PEBBLE_RUNTIME_COLLECTIVES_H_
 
 #include <cstdint>
+#include <functional>
 #include <string>
 
 #include "absl/status/status.h"
@@ -51,6 +52,16 @@ class Collectives {
 // that differ from rank 0, and then `advice`.
 absl::Status CheckSameOnEveryRank(Collectives& collectives, uint64_t fingerprint,
                                   absl::string_view what, absl::string_view advice);
+
+// Rank 0's `make()`, on every rank: its bytes, or its error (on the other
+// ranks prefixed "rank 0: "). Only rank 0 calls `make`, on this thread;
+// meanwhile a thread of its own sends the other ranks a beat each `poll_s`
+// seconds, so that they wait as long as `make` takes, while a rank that
+// stops is still found within the collectives' timeout. Such a failure
+// comes once `make` has returned. `what` names the result in errors.
+absl::StatusOr<std::string> FromRank0(Collectives& collectives,
+                                      const std::function<absl::StatusOr<std::string>()>& make,
+                                      absl::string_view what, double poll_s = 1.0);
 
 // The ranks' link as the simulator times an all-reduce (AllReduceSeconds:
 // 2 (r - 1) latency + 2 (r - 1) / r bytes / bandwidth), fitted to the least

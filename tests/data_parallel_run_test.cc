@@ -59,19 +59,20 @@ class DataParallelRunTest : public ::testing::Test {
   }
 
   // body(r, collectives) on `ranks` threads, rank r's collectives connected
-  // to the others' through a new rendezvous directory `name`: each rank's
-  // result, or its failure to connect.
+  // to the others' through a new rendezvous directory `name` (waiting up to
+  // `timeout_s` in each collective): each rank's result, or its failure to
+  // connect.
   template <typename T>
   std::vector<absl::StatusOr<T>> OnEachRank(
       int ranks, const std::string& name,
-      const std::function<absl::StatusOr<T>(int, Collectives&)>& body) {
+      const std::function<absl::StatusOr<T>(int, Collectives&)>& body, double timeout_s = 60) {
     const std::string rendezvous = Rendezvous(name);
     std::vector<absl::StatusOr<T>> results(ranks, absl::UnknownError("not run"));
     std::vector<std::thread> threads;
     for (int r = 0; r < ranks; ++r) {
       threads.emplace_back([&, r] {
         auto collectives = ConnectGloo(
-            {.rank = r, .ranks = ranks, .rendezvous_dir = rendezvous, .timeout_s = 60});
+            {.rank = r, .ranks = ranks, .rendezvous_dir = rendezvous, .timeout_s = timeout_s});
         results[r] = collectives.ok() ? body(r, **collectives)
                                       : absl::StatusOr<T>(collectives.status());
       });
@@ -665,6 +666,61 @@ TEST_F(DataParallelRunTest, TheMeasuredLinkIsRankZerosOnEveryRank) {
   EXPECT_GE(links[0]->latency_s, 0);
   EXPECT_EQ(links[1]->bandwidth_bytes_per_s, links[0]->bandwidth_bytes_per_s);
   EXPECT_EQ(links[1]->latency_s, links[0]->latency_s);
+}
+
+// pebble run --ranks's planning (Note [Rank 0 plans], cli/run_commands.cc):
+// rank 0 makes the result once, for longer than the collectives' timeout,
+// and every rank gets its bytes, or its error.
+TEST_F(DataParallelRunTest, FromRank0OutlastsTheTimeoutAndGivesEveryRankItsResult) {
+  std::string made(100001, '\0');  // not a whole number of words, NULs included
+  for (size_t i = 0; i < made.size(); ++i) made[i] = static_cast<char>(i * 7919 % 251);
+  std::atomic<int> calls = 0;
+  auto results = OnEachRank<std::string>(
+      3, "from-rank-0",
+      [&](int, Collectives& collectives) {
+        return FromRank0(
+            collectives,
+            [&]() -> absl::StatusOr<std::string> {
+              ++calls;
+              std::this_thread::sleep_for(std::chrono::milliseconds(2500));
+              return made;
+            },
+            "the test's result", /*poll_s=*/0.2);
+      },
+      /*timeout_s=*/1);
+  EXPECT_EQ(calls, 1);
+  for (int r = 0; r < 3; ++r) {
+    ASSERT_TRUE(results[r].ok()) << "rank " << r << ": " << results[r].status();
+    EXPECT_TRUE(*results[r] == made) << "rank " << r;
+  }
+  auto failed = OnEachRank<std::string>(2, "from-rank-0-fails", [](int, Collectives& c) {
+    return FromRank0(c, [] { return absl::StatusOr<std::string>(absl::NotFoundError("no plan")); },
+                     "the test's result");
+  });
+  ASSERT_FALSE(failed[0].ok());
+  ASSERT_FALSE(failed[1].ok());
+  EXPECT_EQ(failed[0].status(), absl::NotFoundError("no plan"));
+  EXPECT_EQ(failed[1].status(), absl::NotFoundError("rank 0: no plan"));
+}
+
+// A rank that stops while rank 0 makes the result fails rank 0 once the
+// result is made, not at the timeout.
+TEST_F(DataParallelRunTest, FromRank0FailsWhenAnotherRankStopped) {
+  auto collectives = ConnectBesideAStoppedRank("from-rank-0-dead");
+  ASSERT_TRUE(collectives.ok()) << collectives.status();
+  const auto start = std::chrono::steady_clock::now();
+  auto result = FromRank0(
+      **collectives,
+      [] {
+        std::this_thread::sleep_for(std::chrono::milliseconds(500));
+        return absl::StatusOr<std::string>("made");
+      },
+      "the test's result", /*poll_s=*/0.1);
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  ASSERT_FALSE(result.ok());
+  EXPECT_THAT(result.status().message(), HasSubstr("the wait for the test's result"));
+  EXPECT_LT(seconds, 10);
 }
 
 TEST_F(DataParallelRunTest, RanksThatDisagreeAreRefusedOnEveryRank) {

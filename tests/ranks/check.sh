@@ -53,6 +53,29 @@ check() {  # check N OPTIMIZER POLICY
 check 2 sgd:lr=0.1,momentum=0.9 rotor
 check 3 adam dtr
 
+# Rank 0 alone plans (docs/runtime.md, "Several ranks"): a policy that plans
+# differently on each call, and for longer than --rank-timeout, is called once,
+# and every rank runs its plan; rank 0's planning error is every rank's.
+echo "== 2 ranks, rank 0 plans"
+calls="$work/calls"
+mkdir "$calls"
+PEBBLE_BIN="$pebble" "$source_dir/scripts/pebble-ranks" 2 -- run \
+  --model mnist-cnn:batch=4 --optimizer sgd --budget min --rank-timeout 2 \
+  --policy "exec:/usr/bin/python3 $source_dir/tests/ranks/one_plan_policy.py $pebble $calls 4" \
+  > "$work/rank0-plans.log" 2>&1 || { cat "$work/rank0-plans.log"; fail "rank 0's plan: a rank failed"; }
+[[ "$(ls "$calls" | wc -l)" == 1 ]] ||
+  fail "the policy was called $(ls "$calls" | wc -l) times: every rank planned"
+[[ "$(grep -c "measured == predicted" "$work/rank0-plans.log")" == 2 ]] ||
+  { cat "$work/rank0-plans.log"; fail "rank 0's plan: a rank's measured peak differs"; }
+if PEBBLE_BIN="$pebble" "$source_dir/scripts/pebble-ranks" 2 -- run \
+    --model mnist-cnn:batch=4 --optimizer sgd --policy rotor --budget 10% \
+    > "$work/too-small.log" 2>&1; then
+  fail "a budget that no plan fits ran"
+fi
+grep -q "^\[rank 1\] pebble: rank 0: the plan does not fit" "$work/too-small.log" ||
+  { cat "$work/too-small.log"; fail "rank 1 did not give rank 0's error"; }
+echo "ok: one plan, made on rank 0 in 4 s, under a 2 s timeout"
+
 # Sharded against the data-parallel run of 2 ranks with the same optimizer.
 echo "== 2 ranks sharded, adam, fsdp and dtr"
 run_ranks 2 adam baseline "$work/dp" || { cat "$work/dp.log"; fail "the data-parallel run failed"; }
@@ -102,4 +125,4 @@ assert link["network_latency_s"] == profile["network_latency_s"], link
 print(f"ok: plan assumes the measured {link['network_bandwidth_bytes_per_s'] / 1e9:.3g} GB/s")
 PY
 echo "PASS: 2 and 3 ranks of pebble run give every rank the same parameters and state;" \
-     "sharded runs hold the data-parallel run's shards; calibrate measures the link plan uses"
+     "rank 0 plans for all; sharded runs hold the data-parallel run's shards; calibrate measures the link plan uses"
