@@ -482,7 +482,8 @@ nlohmann::json RunPlanToJson(const Graph& graph, const RunPlan& p, const std::st
           {"network_bandwidth_bytes_per_s", p.network.bandwidth_bytes_per_s},
           {"network_latency_s", p.network.latency_s},
           {"workspace_choice", choice},
-          {"schedule", ScheduleToJson(graph, p.plan.schedule)}};
+          // Text, which the other ranks read step by step (ParseScheduleText).
+          {"schedule", ScheduleToJson(graph, p.plan.schedule).dump()}};
 }
 
 // Rank 0's plan (RunPlanToJson) on this rank's graph, which gets the
@@ -509,7 +510,8 @@ absl::StatusOr<RunPlan> RunPlanOfRank0(const RunFlags& f, const nlohmann::json& 
   options.budget_bytes = p.budget_bytes;
   options.host_bandwidth_bytes_per_s = p.bandwidth_bytes_per_s;
   options.network = p.network;
-  ASSIGN_OR_RETURN(Schedule schedule, ScheduleFromJson(graph, doc.at("schedule")));
+  ASSIGN_OR_RETURN(Schedule schedule, ParseScheduleText(graph, doc.at("schedule").get<std::string>(),
+                                                        "rank 0's schedule"));
   ASSIGN_OR_RETURN(p.plan, FinishPlan(graph, std::move(schedule), options));
   p.plan.feasible = doc.at("feasible").get<bool>();
   p.plan.message = doc.at("message").get<std::string>();
@@ -520,24 +522,38 @@ absl::StatusOr<RunPlan> RunPlanOfRank0(const RunFlags& f, const nlohmann::json& 
 absl::StatusOr<RunPlan> PlanOnRank0(const RunFlags& f, Graph& graph, Backend& backend,
                                     Collectives& collectives, WorkspaceQueryStats* workspace,
                                     std::string* choice) {
+  // A beat well within the timeout of each collective.
+  const double poll_s = std::min(1.0, f.process.timeout_s / 4);
   std::optional<RunPlan> own;
   ASSIGN_OR_RETURN(const std::string text, FromRank0(
       collectives,
       [&]() -> absl::StatusOr<std::string> {
         ASSIGN_OR_RETURN(own, PlanRun(f, graph, backend, workspace, choice));
-        return RunPlanToJson(graph, *own, *choice).dump();
+        // Paths and programs need not be UTF-8.
+        return RunPlanToJson(graph, *own, *choice)
+            .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
       },
-      "rank 0's plan"));
-  if (own.has_value()) return *std::move(own);
-  auto doc = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (doc.is_discarded() || !doc.is_object()) {
-    return absl::InternalError("rank 0's plan arrived unreadable");
+      "rank 0's plan", poll_s));
+  if (own.has_value()) {
+    // The others meanwhile take it (their workspace query, a simulation).
+    RETURN_IF_ERROR(WorkTogether(collectives, [] {}, "the other ranks' set-up", poll_s));
+    return *std::move(own);
   }
-  try {
-    return RunPlanOfRank0(f, doc, graph, backend, workspace, choice);
-  } catch (const nlohmann::json::exception& e) {
-    return absl::InternalError(absl::StrCat("rank 0's plan arrived incomplete: ", e.what()));
-  }
+  absl::StatusOr<RunPlan> taken = absl::InternalError("rank 0's plan arrived unreadable");
+  RETURN_IF_ERROR(WorkTogether(
+      collectives,
+      [&] {
+        auto doc = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+        if (doc.is_discarded() || !doc.is_object()) return;
+        try {
+          taken = RunPlanOfRank0(f, doc, graph, backend, workspace, choice);
+        } catch (const nlohmann::json::exception& e) {
+          taken = absl::InternalError(absl::StrCat("rank 0's plan arrived incomplete: ",
+                                                   e.what()));
+        }
+      },
+      "the other ranks' set-up", poll_s));
+  return taken;
 }
 
 int RunRun(const RunFlags& given) {

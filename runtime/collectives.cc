@@ -82,56 +82,55 @@ absl::StatusOr<std::string> SendFromRank0(Collectives& collectives, absl::Status
 
 }  // namespace
 
-absl::StatusOr<std::string> FromRank0(Collectives& collectives,
-                                      const std::function<absl::StatusOr<std::string>()>& make,
-                                      absl::string_view what, double poll_s) {
-  const std::string waiting = absl::StrCat("the wait for ", what);
-  if (collectives.rank() != 0) {
-    for (int64_t done = 0; done == 0;) {  // rank 0 sends 1 once `make` has returned
-      RETURN_IF_ERROR(collectives.AllReduceSum(&done, 1, waiting));
-    }
-    return SendFromRank0(collectives, absl::UnknownError("not rank 0"), what);
-  }
-  // Rank 0: `make` on this thread; a beat to the others each poll_s seconds
-  // from a thread of its own, and a last one once `make` has returned.
+absl::Status WorkTogether(Collectives& collectives, const std::function<void()>& work,
+                          absl::string_view what, double poll_s) {
+  // Each beat sums how many ranks still work; all ranks see the same sum,
+  // so all stop beating after the same beat, the first that sums to 0.
   std::mutex mu;
-  std::condition_variable made_cv;
-  bool made = false;
+  std::condition_variable done_cv;
+  bool done = false;
   absl::Status beats_status;
   std::thread beats([&] {
     const auto period = std::chrono::duration<double>(poll_s);
     while (true) {
-      bool last;
+      int64_t working;
       {
         std::unique_lock<std::mutex> lock(mu);
-        last = made_cv.wait_for(lock, period, [&] { return made; });
+        working = done_cv.wait_for(lock, period, [&] { return done; }) ? 0 : 1;
       }
-      int64_t done = last ? 1 : 0;
-      if (absl::Status s = collectives.AllReduceSum(&done, 1, waiting); !s.ok()) {
+      if (absl::Status s = collectives.AllReduceSum(&working, 1, what); !s.ok()) {
         std::lock_guard<std::mutex> lock(mu);
         beats_status = s;
         return;
       }
-      if (last) return;
+      if (working == 0) return;
     }
   });
-  absl::StatusOr<std::string> own = absl::UnknownError("not made");
   auto finish = [&] {
     {
       std::lock_guard<std::mutex> lock(mu);
-      made = true;
+      done = true;
     }
-    made_cv.notify_all();
+    done_cv.notify_all();
     beats.join();
   };
   try {
-    own = make();
+    work();
   } catch (...) {
     finish();
     throw;
   }
   finish();
-  RETURN_IF_ERROR(beats_status);  // a rank stopped while rank 0 made it
+  return beats_status;
+}
+
+absl::StatusOr<std::string> FromRank0(Collectives& collectives,
+                                      const std::function<absl::StatusOr<std::string>()>& make,
+                                      absl::string_view what, double poll_s) {
+  absl::StatusOr<std::string> own = absl::UnknownError("made on rank 0");
+  RETURN_IF_ERROR(WorkTogether(
+      collectives, [&] { if (collectives.rank() == 0) own = make(); },
+      absl::StrCat("the wait for ", what), poll_s));
   return SendFromRank0(collectives, std::move(own), what);
 }
 

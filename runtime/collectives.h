@@ -53,12 +53,19 @@ class Collectives {
 absl::Status CheckSameOnEveryRank(Collectives& collectives, uint64_t fingerprint,
                                   absl::string_view what, absl::string_view advice);
 
+// Runs `work` on this thread of every rank, and returns once every rank's
+// has returned. Meanwhile a thread of its own beats with the other ranks
+// (an all-reduce each `poll_s` seconds, which must be below the
+// collectives' timeout), so that the ranks wait for each other as long as
+// their work takes, while a rank that stops is still found within the
+// timeout: that failure, named `what`, comes once `work` has returned.
+// `work` must not use `collectives`.
+absl::Status WorkTogether(Collectives& collectives, const std::function<void()>& work,
+                          absl::string_view what, double poll_s = 1.0);
+
 // Rank 0's `make()`, on every rank: its bytes, or its error (on the other
-// ranks prefixed "rank 0: "). Only rank 0 calls `make`, on this thread;
-// meanwhile a thread of its own sends the other ranks a beat each `poll_s`
-// seconds, so that they wait as long as `make` takes, while a rank that
-// stops is still found within the collectives' timeout. Such a failure
-// comes once `make` has returned. `what` names the result in errors.
+// ranks prefixed "rank 0: "). Only rank 0 calls `make`; the others wait
+// for it as WorkTogether does.
 absl::StatusOr<std::string> FromRank0(Collectives& collectives,
                                       const std::function<absl::StatusOr<std::string>()>& make,
                                       absl::string_view what, double poll_s = 1.0);

@@ -91,6 +91,9 @@ absl::StatusOr<std::string> RunProgram(const std::string& program, const std::st
   posix_spawn_file_actions_init(&actions);
   posix_spawn_file_actions_adddup2(&actions, child_stdin.get(), STDIN_FILENO);
   posix_spawn_file_actions_adddup2(&actions, child_stdout.get(), STDOUT_FILENO);
+  // Nothing else of this process: a rank's sockets (pebble run --ranks plans
+  // after the ranks meet) would outlive a rank that is killed while it plans.
+  posix_spawn_file_actions_addclosefrom_np(&actions, STDERR_FILENO + 1);
   posix_spawnattr_t attr;
   posix_spawnattr_init(&attr);
   sigset_t no_signals, default_signals;

@@ -703,6 +703,28 @@ TEST_F(DataParallelRunTest, FromRank0OutlastsTheTimeoutAndGivesEveryRankItsResul
   EXPECT_EQ(failed[1].status(), absl::NotFoundError("rank 0: no plan"));
 }
 
+// Any rank's work may outlast the timeout: every rank waits for the last.
+TEST_F(DataParallelRunTest, WorkTogetherWaitsForTheSlowestRank) {
+  std::atomic<int> finished = 0;
+  auto results = OnEachRank<int>(
+      3, "work-together",
+      [&](int r, Collectives& collectives) -> absl::StatusOr<int> {
+        RETURN_IF_ERROR(WorkTogether(
+            collectives,
+            [&] {
+              if (r == 2) std::this_thread::sleep_for(std::chrono::milliseconds(2500));
+              ++finished;
+            },
+            "the test's work", /*poll_s=*/0.2));
+        return finished.load();  // every rank's work has returned
+      },
+      /*timeout_s=*/1);
+  for (int r = 0; r < 3; ++r) {
+    ASSERT_TRUE(results[r].ok()) << "rank " << r << ": " << results[r].status();
+    EXPECT_EQ(*results[r], 3) << "rank " << r;
+  }
+}
+
 // A rank that stops while rank 0 makes the result fails rank 0 once the
 // result is made, not at the timeout.
 TEST_F(DataParallelRunTest, FromRank0FailsWhenAnotherRankStopped) {

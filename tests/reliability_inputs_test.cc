@@ -202,6 +202,29 @@ TEST(ExecPolicyChildrenTest, AChildHoldingStdoutDoesNotHoldThePlan) {
   EXPECT_TRUE(EndsSoon(run.background));
 }
 
+// The policy gets stdin, stdout and stderr, and no other descriptor of
+// this process (a rank's sockets; here a pipe without close-on-exec).
+TEST(ExecPolicyChildrenTest, APolicyInheritsNoOtherDescriptor) {
+  const fs::path dir = Scratch("exec_fds");
+  int kept[2];
+  ASSERT_EQ(pipe(kept), 0);
+  struct stat pipe_stat;
+  ASSERT_EQ(fstat(kept[0], &pipe_stat), 0);
+  ExecRun run = RunExecPolicy(
+      dir, kQuiet,
+      absl::StrCat("cat >/dev/null; for fd in /proc/$$/fd/*; do readlink $fd; done > '",
+                   (dir / "fds").string(), "'; cat '", (dir / "schedule.json").string(), "'"),
+      30);
+  close(kept[0]);
+  close(kept[1]);
+  ASSERT_TRUE(run.result.ok()) << run.result.status();
+  const std::string held = ::pebble::testing::ReadFileText((dir / "fds").string());
+  EXPECT_THAT(held, HasSubstr("pipe:["));  // the policy's stdout
+  EXPECT_THAT(held, Not(HasSubstr(absl::StrCat("pipe:[", pipe_stat.st_ino, "]"))))
+      << "the policy's shell held this process's pipe";
+  EndsSoon(run.background);
+}
+
 // ---------------------------------------------------------------------------
 // 2. Sizes above 2^53.
 
