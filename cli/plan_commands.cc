@@ -473,7 +473,7 @@ Table CompareTable(const Comparison& comparison, const CostUnit& unit, bool wide
         !e.result->feasible && absl::StartsWith(e.result->message, "peak ");
     const std::string note =
         e.result->feasible || (!wide && plain_over_budget) ? "" : e.result->message;
-    const double slowdown = MakespanOverBaseline(r);
+    const double slowdown = MakespanOverBaseline(comparison, r);
     if (wide) {
       row = {e.policy, e.budget, is_min ? "" : absl::StrCat(e.budget_bytes), fits,
              absl::StrCat(r.peak_bytes), FormatBytes(r.peak_bytes), vs_optimal(r.peak_bytes),
@@ -548,7 +548,7 @@ int RunCompare(const PlanFlags& f, const std::string& budgets_text,
   for (const CompareEntry& e : comparison->entries) {
     if (e.result.ok() && e.result->feasible) {
       pareto.push_back({e.policy, e.result->report.peak_bytes,
-                        MakespanOverBaseline(e.result->report) - 1});
+                        MakespanOverBaseline(*comparison, e.result->report) - 1});
     }
   }
   const CostUnit unit = f.source.Costs();
@@ -557,8 +557,13 @@ int RunCompare(const PlanFlags& f, const std::string& budgets_text,
   } else if (format == "csv") {
     std::cout << CompareTable(*comparison, unit, /*wide=*/true).ToCsv();
   } else {
-    std::cout << "compare " << f.source.Label() << " (baseline peak "
-              << FormatBytes(comparison->baseline_peak_bytes) << ")\n\n"
+    const int ranks = f.rank_flags.ranks;
+    std::cout << "compare " << f.source.Label()
+              << (ranks > 1 ? absl::StrCat(" on ", ranks, " ranks",
+                                           f.rank_flags.shard == "full" ? ", sharded" : "",
+                                           ", per rank")
+                            : "")
+              << " (baseline peak " << FormatBytes(comparison->baseline_peak_bytes) << ")\n\n"
               << CompareTable(*comparison, unit, wide).ToString(wide ? 0 : 100);
     std::cout << "\nmakespan: " << unit.Basis()
               << "; x_base: makespan over the baseline's; plan: time to plan.\n";

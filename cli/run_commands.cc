@@ -164,7 +164,10 @@ absl::Status CheckSharedInputs(const RunFlags& given, const Graph& graph) {
 // The plan to run: planned, or read from --schedule and simulated.
 struct RunPlan {
   std::string policy;
+  std::string budget_text;   // as given (--budget)
   int64_t budget_bytes = 0;  // resolved (the peak itself for 'min')
+  // As the planner took it: kMinBudgetBytes for 'min', INT64_MAX for none.
+  int64_t planner_budget_bytes = 0;
   int64_t baseline_peak = 0;
   double bandwidth_bytes_per_s = kDefaultHostBandwidthBytesPerS;
   NetworkLink network;  // the ranks' link the plan was timed on
@@ -237,6 +240,8 @@ absl::StatusOr<RunPlan> MakeRunPlan(const RunFlags& f, const Graph& graph,
     ASSIGN_OR_RETURN(auto planner, MakePlanner(p.policy));
     ASSIGN_OR_RETURN(p.plan, planner->Plan(graph, options));
   }
+  p.budget_text = f.budget;
+  p.planner_budget_bytes = options.budget_bytes;
   p.budget_bytes = options.budget_bytes == kMinBudgetBytes ? p.plan.report.peak_bytes
                                                            : options.budget_bytes;
   return p;
@@ -474,7 +479,9 @@ absl::StatusOr<RunPlan> PlanRun(const RunFlags& f, Graph& graph, Backend& backen
 // What the other ranks need of rank 0's plan.
 nlohmann::json RunPlanToJson(const Graph& graph, const RunPlan& p, const std::string& choice) {
   return {{"policy", p.policy},
+          {"budget", p.budget_text},
           {"budget_bytes", p.budget_bytes},
+          {"planner_budget_bytes", p.planner_budget_bytes},
           {"baseline_peak_bytes", p.baseline_peak},
           {"feasible", p.plan.feasible},
           {"message", p.plan.message},
@@ -502,19 +509,33 @@ absl::StatusOr<RunPlan> RunPlanOfRank0(const RunFlags& f, const nlohmann::json& 
   quiet.quiet = true;
   ASSIGN_OR_RETURN(PlannerOptions options, RunPlannerOptions(quiet, graph, nullptr, p));
   p.policy = doc.at("policy").get<std::string>();
+  p.budget_text = doc.at("budget").get<std::string>();
   p.budget_bytes = doc.at("budget_bytes").get<int64_t>();
+  p.planner_budget_bytes = doc.at("planner_budget_bytes").get<int64_t>();
   p.baseline_peak = doc.at("baseline_peak_bytes").get<int64_t>();
   p.bandwidth_bytes_per_s = doc.at("host_bandwidth_bytes_per_s").get<double>();
   p.network = {.bandwidth_bytes_per_s = doc.at("network_bandwidth_bytes_per_s").get<double>(),
                .latency_s = doc.at("network_latency_s").get<double>()};
-  options.budget_bytes = p.budget_bytes;
+  options.budget_bytes = p.planner_budget_bytes;
   options.host_bandwidth_bytes_per_s = p.bandwidth_bytes_per_s;
   options.network = p.network;
   ASSIGN_OR_RETURN(Schedule schedule, ParseScheduleText(graph, doc.at("schedule").get<std::string>(),
                                                         "rank 0's schedule"));
-  ASSIGN_OR_RETURN(p.plan, FinishPlan(graph, std::move(schedule), options));
-  p.plan.feasible = doc.at("feasible").get<bool>();
-  p.plan.message = doc.at("message").get<std::string>();
+  absl::StatusOr<PlanResult> simulated = FinishPlan(graph, std::move(schedule), options);
+  if (!simulated.ok()) {
+    return absl::Status(simulated.status().code(),
+                        absl::StrCat("rank 0's plan, on this rank: ", simulated.status().message()));
+  }
+  p.plan = *std::move(simulated);
+  // Whether it fits is this rank's verdict: its kernels' workspace may
+  // differ from rank 0's (another thread count), and so may its host budget.
+  if (p.plan.feasible) p.plan.message = doc.at("message").get<std::string>();
+  if (!p.plan.feasible && !f.over_budget) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "rank 0's plan does not fit this rank: ", p.plan.message, " (this rank's kernels take "
+        "other workspace than rank 0's, say with another thread count, or its --host-budget "
+        "differs); nothing was run (--over-budget runs it anyway)"));
+  }
   return p;
 }
 
@@ -537,6 +558,7 @@ absl::StatusOr<RunPlan> PlanOnRank0(const RunFlags& f, Graph& graph, Backend& ba
   if (own.has_value()) {
     // The others meanwhile take it (their workspace query, a simulation).
     RETURN_IF_ERROR(WorkTogether(collectives, [] {}, "the other ranks' set-up", poll_s));
+    RETURN_IF_ERROR(AgreeOnEveryRank(collectives, absl::OkStatus(), "to take rank 0's plan"));
     return *std::move(own);
   }
   absl::StatusOr<RunPlan> taken = absl::InternalError("rank 0's plan arrived unreadable");
@@ -553,6 +575,7 @@ absl::StatusOr<RunPlan> PlanOnRank0(const RunFlags& f, Graph& graph, Backend& ba
         }
       },
       "the other ranks' set-up", poll_s));
+  RETURN_IF_ERROR(AgreeOnEveryRank(collectives, taken.status(), "to take rank 0's plan"));
   return taken;
 }
 
@@ -652,7 +675,7 @@ int RunRun(const RunFlags& given) {
     nlohmann::json doc = {
         {"graph", f.source.Label()},
         {"policy", plan->policy},
-        {"budget", f.budget},
+        {"budget", plan->budget_text},
         {"budget_bytes", plan->budget_bytes == INT64_MAX ? nlohmann::json(nullptr)
                                                          : nlohmann::json(plan->budget_bytes)},
         {"baseline_peak_bytes", plan->baseline_peak},
@@ -700,7 +723,8 @@ int RunRun(const RunFlags& given) {
                                f.source.Label(), plan->policy,
                                plan->budget_bytes == INT64_MAX
                                    ? std::string("none")
-                                   : absl::StrCat(f.budget, " = ", FormatBytes(plan->budget_bytes)),
+                                   : absl::StrCat(plan->budget_text, " = ",
+                                                  FormatBytes(plan->budget_bytes)),
                                FormatBytes(plan->baseline_peak),
                                plan->plan.feasible ? "fits" : "DOES NOT FIT (--over-budget)");
   std::cout << absl::StrFormat("  backend         %s (%s)\n", (*backend)->name(), r.device);

@@ -39,6 +39,23 @@ absl::Status CheckSameOnEveryRank(Collectives& collectives, uint64_t fingerprint
       absl::StrJoin(differ, ", "), " from rank 0): ", advice));
 }
 
+absl::Status AgreeOnEveryRank(Collectives& collectives, const absl::Status& own,
+                              absl::string_view what) {
+  std::vector<int64_t> failed(static_cast<size_t>(collectives.ranks()), 0);
+  failed[collectives.rank()] = own.ok() ? 0 : 1;
+  RETURN_IF_ERROR(collectives.AllReduceSum(failed.data(), static_cast<int64_t>(failed.size()),
+                                           absl::StrCat("the agreement on ", what)));
+  if (!own.ok()) return own;
+  std::vector<int> ranks;
+  for (int r = 0; r < collectives.ranks(); ++r) {
+    if (failed[r] != 0) ranks.push_back(r);
+  }
+  if (ranks.empty()) return absl::OkStatus();
+  return absl::AbortedError(absl::StrCat("rank", ranks.size() > 1 ? "s " : " ",
+                                         absl::StrJoin(ranks, ", "), " failed ", what,
+                                         " (its own error says why)"));
+}
+
 namespace {
 
 constexpr int64_t kMaxSentBytes = int64_t{1} << 32;  // FromRank0's result

@@ -53,6 +53,12 @@ class Collectives {
 absl::Status CheckSameOnEveryRank(Collectives& collectives, uint64_t fingerprint,
                                   absl::string_view what, absl::string_view advice);
 
+// `own` where it is an error; else an error on every rank where another
+// rank's `own` was one, naming those ranks and `what` they failed at (each
+// says why in its own error); OK where every rank's was.
+absl::Status AgreeOnEveryRank(Collectives& collectives, const absl::Status& own,
+                              absl::string_view what);
+
 // Runs `work` on this thread of every rank, and returns once every rank's
 // has returned. Meanwhile a thread of its own beats with the other ranks
 // (an all-reduce each `poll_s` seconds, which must be below the

@@ -1830,8 +1830,8 @@ absl::StatusOr<ExecutionResult> Execute(const Graph& graph, const Schedule& sche
         *options.collectives, RunFingerprint(graph, schedule, options.seed),
         "the graph, schedule or seed",
         "every rank must run the same plan, since their collectives pair up by their order; "
-        "give every rank the same graph, options and seed, and a policy without a time limit "
-        "or with time to finish"));
+        "give every rank the same graph and seed, and one rank's plan (pebble run --ranks "
+        "runs rank 0's on every rank)"));
   }
   if (!options.inputs_dir.empty()) {
     std::error_code ec;

@@ -133,6 +133,10 @@ struct CompareEntry {
 
 struct Comparison {
   int64_t baseline_peak_bytes = 0;
+  // The makespan of baseline's plan (no budget) under the request's
+  // options, the ranks' collectives and the updates' placement included;
+  // 0 where baseline could not plan the graph.
+  double baseline_makespan = 0;
   // The least peak exact-order found, when it was among the policies and
   // finished: each row's peak is also shown over it.
   std::optional<int64_t> optimal_order_peak_bytes;
@@ -143,9 +147,10 @@ struct Comparison {
 // budget, a malformed budget, an unknown policy.
 absl::StatusOr<Comparison> Compare(const Graph& graph, const CompareRequest& request);
 
-// A plan's makespan over the baseline's (its base cost: every node once,
-// nothing transferred); 1 for a graph of no cost.
-double MakespanOverBaseline(const PlanReport& report);
+// A plan's makespan over baseline's plan's (comparison.baseline_makespan;
+// where that is 0, over the base cost: every node once, nothing moved); 1
+// for a graph of no cost.
+double MakespanOverBaseline(const Comparison& comparison, const PlanReport& report);
 
 // One row of `compare --format json` ("results"): policy, budget,
 // budget_bytes (not for min), plan_time_s, and either error or feasible,

@@ -429,6 +429,20 @@ TEST(CliTest, RanksPlanTheGradientsAllReduces) {
   EXPECT_THAT(Pebble("plan " + model + " --policy rotor --budget min --ranks 4 --network "
                      "ethernet-10g").out,
               ContainsRegex("collectives +[1-7] \\(8 all-reduces in [1-7] buckets?\\) of"));
+  // compare's x_base is over baseline's makespan on the same ranks, its
+  // all-reduces' time included: 1 for baseline itself.
+  Result compared = Pebble("compare " + model + " --policies baseline,rotor --budgets 200%,min "
+                           "--ranks 4 --network ethernet-10g --json");
+  ASSERT_EQ(compared.exit_code, 0) << compared.err;
+  const nlohmann::json rows = ParseOrFail(compared.out)["results"];
+  ASSERT_EQ(rows.size(), 4u);
+  EXPECT_EQ(rows[0]["policy"], "baseline");
+  EXPECT_DOUBLE_EQ(rows[0]["makespan_over_baseline"].get<double>(), 1.0);
+  for (const nlohmann::json& row : rows) {
+    EXPECT_DOUBLE_EQ(row["makespan_over_baseline"].get<double>(),
+                     row["report"]["makespan"].get<double>() /
+                         rows[0]["report"]["makespan"].get<double>());
+  }
   Result capped = Pebble("plan " + model + " --policy rotor --budget min --ranks 4 --buckets 1KiB "
                          "--json");
   ASSERT_EQ(capped.exit_code, 0) << capped.err;
@@ -506,6 +520,18 @@ TEST(CliTest, RanksPlanTheGradientsAllReduces) {
                                         {"--shard full: give --ranks 2 or more"});
   ::pebble::testing::ExpectOneLineError(Pebble("run " + model + " --address 10.0.0.2"), 2,
                                         {"--address: with --ranks 2 or more only"});
+  // An address that does not resolve (gloo crashed on it), and a timeout
+  // below a millisecond (gloo took it for none: the rank waited forever).
+  fs::create_directories(dir / "nowhere");
+  ::pebble::testing::ExpectOneLineError(
+      Pebble("run " + model + " --ranks 2 --rank 0 --rendezvous " + (dir / "nowhere").string() +
+             " --address nothere.invalid"),
+      1, {"'nothere.invalid' (--address) does not resolve"});
+  fs::create_directories(dir / "alone");
+  ::pebble::testing::ExpectOneLineError(
+      Pebble("run " + model + " --ranks 2 --rank 0 --rendezvous " + (dir / "alone").string() +
+             " --rank-timeout 0.0009"),
+      1, {"could not meet the others", "within 0.0009 s"});
   // One --inputs for every rank that holds the batch, or (sharded) a shard: refused.
   const fs::path shared = dir / "shared";
   fs::create_directories(shared);

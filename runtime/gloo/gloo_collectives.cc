@@ -17,6 +17,8 @@
 
 #ifdef PEBBLE_WITH_GLOO
 #include <fcntl.h>
+#include <netdb.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <gloo/allgather.h>
@@ -151,6 +153,22 @@ absl::Status ClaimRank(const std::string& dir, int rank) {
                                                  std::generic_category().message(error)));
 }
 
+// OK where `address` resolves to an address of TCP; gloo's device reads
+// past a failed lookup (a crash, not an exception), so it is checked here.
+absl::Status CheckAddress(const std::string& address) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  const int error = getaddrinfo(address.c_str(), nullptr, &hints, &found);
+  if (found != nullptr) freeaddrinfo(found);
+  if (error == 0) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "the rank's address ", Quote(address), " (--address) does not resolve: ",
+      gai_strerror(error), "; give a name or IP address of this machine that the other ranks "
+      "reach"));
+}
+
 }  // namespace
 
 bool HaveGloo() { return true; }
@@ -168,9 +186,11 @@ absl::StatusOr<std::unique_ptr<Collectives>> ConnectGloo(const GlooOptions& opti
     return absl::InvalidArgumentError(absl::StrCat(
         "rendezvous directory ", Quote(options.rendezvous_dir), " is not a directory"));
   }
+  RETURN_IF_ERROR(CheckAddress(options.address));
   RETURN_IF_ERROR(ClaimRank(options.rendezvous_dir, options.rank));
-  const auto timeout = std::chrono::milliseconds(
-      static_cast<int64_t>(std::min(options.timeout_s, 1e9) * 1000));
+  // In whole milliseconds, at least one: gloo takes 0 for no timeout at all.
+  const auto timeout = std::chrono::milliseconds(std::max<int64_t>(
+      1, static_cast<int64_t>(std::ceil(std::min(options.timeout_s, 1e9) * 1000))));
   try {
     gloo::transport::tcp::attr attr;
     attr.hostname = options.address;

@@ -67,19 +67,35 @@ PEBBLE_BIN="$pebble" "$source_dir/scripts/pebble-ranks" 2 -- run \
   fail "the policy was called $(ls "$calls" | wc -l) times: every rank planned"
 [[ "$(grep -c "measured == predicted" "$work/rank0-plans.log")" == 2 ]] ||
   { cat "$work/rank0-plans.log"; fail "rank 0's plan: a rank's measured peak differs"; }
-# Started here, not through pebble-ranks (which stops the others once one
-# fails), so that rank 1's own message is kept.
-mkdir -p "$work/too-small/meet"
-for r in 0 1; do
-  "$pebble" run --model mnist-cnn:batch=4 --optimizer sgd --policy rotor --budget 10% \
-    --ranks 2 --rank "$r" --rendezvous "$work/too-small/meet" > "$work/too-small/$r.log" 2>&1 &
-  pids[r]=$!
-done
-for r in 0 1; do
-  wait "${pids[r]}" && fail "rank $r ran a plan that does not fit its budget"
-done
+# two_ranks NAME RANK1_OPTIONS OPTIONS...: ranks 0 and 1 of `pebble run
+# OPTIONS`, rank 1 with RANK1_OPTIONS (words) too, started here rather than
+# through pebble-ranks (which stops the others once one fails), so that each
+# rank's own message is kept in $work/NAME/R.log. Both must fail.
+two_ranks() {
+  local dir="$work/$1" extra="$2"
+  shift 2
+  mkdir -p "$dir/meet"
+  local pids=()
+  "$pebble" run "$@" --ranks 2 --rank 0 --rendezvous "$dir/meet" > "$dir/0.log" 2>&1 &
+  pids+=($!)
+  # shellcheck disable=SC2086 # RANK1_OPTIONS are words
+  "$pebble" run "$@" $extra --ranks 2 --rank 1 --rendezvous "$dir/meet" > "$dir/1.log" 2>&1 &
+  pids+=($!)
+  for r in 0 1; do
+    wait "${pids[r]}" && { cat "$dir"/*.log; fail "$(basename "$dir"): rank $r ran"; }
+  done
+  return 0
+}
+two_ranks too-small "" --model mnist-cnn:batch=4 --optimizer sgd --policy rotor --budget 10%
 grep -q "^pebble: rank 0: the plan does not fit" "$work/too-small/1.log" ||
   { cat "$work/too-small/1.log"; fail "rank 1 did not give rank 0's error"; }
+# Whether the plan fits is each rank's verdict (here rank 1's host budget).
+two_ranks host-budget "--host-budget 1KiB" --model mnist-cnn:batch=4 --optimizer adam:state=host \
+  --policy rotor --budget min
+grep -q "^pebble: rank 0's plan does not fit this rank: host peak" "$work/host-budget/1.log" ||
+  { cat "$work/host-budget/1.log"; fail "rank 1 ran over its host budget"; }
+grep -q "^pebble: rank 1 failed to take rank 0's plan" "$work/host-budget/0.log" ||
+  { cat "$work/host-budget/0.log"; fail "rank 0 did not say that rank 1 failed"; }
 echo "ok: one plan, made on rank 0 in 4 s, under a 3 s timeout"
 
 # Sharded against the data-parallel run of 2 ranks with the same optimizer.
