@@ -1090,6 +1090,10 @@ absl::Status RankFlags::CheckBucketCopies() const {
 }
 
 absl::StatusOr<NetworkLink> RankFlags::Link() const {
+  if (ranks < 2 && (!network.empty() || latency_s >= 0)) {
+    return UsageError(absl::StrCat(network.empty() ? "--network-latency" : "--network",
+                                   ": the link between ranks; give --ranks 2 or more"));
+  }
   NetworkLink link;
   if (!network.empty()) {
     ASSIGN_OR_RETURN(link, ParseNetwork(network));

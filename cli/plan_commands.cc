@@ -280,6 +280,12 @@ int RunSimulate(const GraphSource& source, const std::string& schedule_path,
   options.network = *link;
   if (absl::Status s = rank_flags.CheckBucketCopies(); !s.ok()) return Fail(s);
   options.device_bucket_copies = rank_flags.bucket_copies == "device";
+  if (const int64_t sums = CountSteps(*schedule, Action::kAllReduce);
+      sums > 0 && rank_flags.ranks < 2) {
+    return Fail(UsageError(absl::StrCat(
+        "--schedule ", Quote(schedule_path), " has ", sums, " all_reduce steps, a plan of "
+        "several ranks: give --ranks N to time them (one rank sums nothing)")));
+  }
   auto report = Simulate(*graph, *schedule, options);
   if (!report.ok()) return Fail(report.status());
   if (json) {

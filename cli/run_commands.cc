@@ -652,10 +652,15 @@ int RunRun(const RunFlags& given) {
   }
   if (!f.trace_path.empty()) {
     files.Writing(f.trace_path);
-    absl::Status s = WriteOutput(f.trace_path, ChromeTrace(*graph, *result).dump(-1, ' ', false,
-                                                nlohmann::json::error_handler_t::replace) +
-                                  "\n",
-                                 /*force=*/true);
+    nlohmann::json trace = ChromeTrace(*graph, *result);
+    if (collectives != nullptr) {
+      trace["otherData"]["rank"] = collectives->rank();
+      trace["otherData"]["ranks"] = collectives->ranks();
+    }
+    absl::Status s = WriteOutput(
+        f.trace_path,
+        trace.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n",
+        /*force=*/true);
     if (!s.ok()) return Fail(s);
   }
   files.Keep();

@@ -10,6 +10,7 @@
 #include <mutex>
 #include <optional>
 
+#include "absl/algorithm/container.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
@@ -304,10 +305,12 @@ int RunFit(const FitFlags& f) {
     cells.push_back(note);
     t.AddRow(cells);
   }
-  std::cout << t.ToString();
-  std::cout << "\n* baseline: the graph's own order, every tensor freed at its last use (what a "
-               "framework runs).\n"
-               "naive: the largest value with 26 x bytes(input) <= budget (a rule of thumb "
+  std::cout << t.ToString() << "\n";
+  if (absl::c_any_of(rows, [](const VerifiedRow& v) { return v.row->policy == "baseline"; })) {
+    std::cout << "* baseline: the graph's own order, every tensor freed at its last use (what a "
+                 "framework runs).\n";
+  }
+  std::cout << "naive: the largest value with 26 x bytes(input) <= budget (a rule of thumb "
                "for 3-D networks).\n"
                "Search: exponential then binary over the predicted peak, assuming it grows with "
                "the parameter";

@@ -96,11 +96,15 @@ absl::StatusOr<PlanOutcome> PlanGraph(const Graph& graph, const PlanRequest& req
 std::string DoesNotFitAdvice(absl::string_view policy, int64_t budget_bytes,
                              int64_t least_peak_bytes, int64_t baseline_peak_bytes,
                              int64_t end_state_bytes, absl::string_view message) {
-  return absl::StrCat("the plan does not fit ", FormatBytes(budget_bytes), ": ",
-                      least_peak_bytes > budget_bytes
-                          ? LeastPeakAdvice(policy, least_peak_bytes, baseline_peak_bytes,
-                                            end_state_bytes)
-                          : std::string(message));
+  if (least_peak_bytes <= budget_bytes) {
+    return absl::StrCat("the plan does not fit ", FormatBytes(budget_bytes), ": ", message);
+  }
+  // Both in bytes too where they round alike ("does not fit 12.4 MiB: ... reaches 12.4 MiB").
+  const bool exact = FormatBytes(budget_bytes) == FormatBytes(least_peak_bytes);
+  return absl::StrCat(
+      "the plan does not fit ", FormatBytes(budget_bytes),
+      exact ? absl::StrCat(" (", budget_bytes, " bytes)") : std::string(), ": ",
+      LeastPeakAdvice(policy, least_peak_bytes, baseline_peak_bytes, end_state_bytes, exact));
 }
 
 int64_t ParameterBytes(const Graph& graph) {
@@ -124,7 +128,8 @@ int64_t EndStateBytes(const Graph& graph) {
 }
 
 std::string LeastPeakAdvice(absl::string_view policy, int64_t least_peak_bytes,
-                            int64_t baseline_peak_bytes, int64_t end_state_bytes) {
+                            int64_t baseline_peak_bytes, int64_t end_state_bytes,
+                            bool with_bytes) {
   const double percent =
       baseline_peak_bytes > 0
           ? std::ceil(100.0 * static_cast<double>(least_peak_bytes) /
@@ -138,8 +143,10 @@ std::string LeastPeakAdvice(absl::string_view policy, int64_t least_peak_bytes,
                          " of it are the persistent tensors and outputs, such as parameters and "
                          "their gradients, that every plan keeps)")
           : std::string();
-  return absl::StrFormat("%s reaches %s (%g%%) at least: try --budget %g%% or --budget min%s",
-                         policy, FormatBytes(least_peak_bytes), percent, percent, floor);
+  return absl::StrFormat("%s reaches %s (%s%g%%) at least: try --budget %g%% or --budget min%s",
+                         policy, FormatBytes(least_peak_bytes),
+                         with_bytes ? absl::StrCat(least_peak_bytes, " bytes, ") : "", percent,
+                         percent, floor);
 }
 
 nlohmann::json PlanDocumentReport(const Graph& graph, const PlanOutcome& outcome,

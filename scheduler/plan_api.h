@@ -69,8 +69,10 @@ int64_t EndStateBytes(const Graph& graph);
 // Where `end_state_bytes` (EndStateBytes) is half the least peak or more, it
 // adds that most of the peak is what every plan keeps ("(89.2 MiB of it are
 // the persistent tensors and outputs, ...)").
+// `with_bytes`: the least peak in bytes too ("12.4 MiB (13001000 bytes, 96%)").
 std::string LeastPeakAdvice(absl::string_view policy, int64_t least_peak_bytes,
-                            int64_t baseline_peak_bytes, int64_t end_state_bytes = 0);
+                            int64_t baseline_peak_bytes, int64_t end_state_bytes = 0,
+                            bool with_bytes = false);
 // Why a plan does not fit `budget_bytes`, for `plan` and `run` alike: "the
 // plan does not fit 139 MiB: " then LeastPeakAdvice where the least peak the
 // policy reaches is over the budget, else (the host budget failed, say) the

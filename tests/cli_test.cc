@@ -497,6 +497,14 @@ TEST(CliTest, RanksPlanTheGradientsAllReduces) {
   ::pebble::testing::ExpectOneLineError(
       Pebble("simulate " + model + " --schedule " + one_rank + " --ranks 2"), 1,
       {"is not summed over the ranks yet"});
+  // The link's flags and a schedule of all-reduces need the ranks: one rank
+  // would take them silently (a network busy 0 s).
+  ::pebble::testing::ExpectOneLineError(Pebble("plan " + model + " --network ib-ndr"), 2,
+                                        {"--network: the link between ranks", "--ranks 2"});
+  ::pebble::testing::ExpectOneLineError(Pebble("run " + model + " --network-latency 1e-5"), 2,
+                                        {"--network-latency: the link between ranks"});
+  ::pebble::testing::ExpectOneLineError(Pebble("simulate " + model + " --schedule " + schedule),
+                                        2, {"has 8 all_reduce steps", "give --ranks N"});
   ::pebble::testing::ExpectOneLineError(Pebble("plan " + model + " --ranks 0"), 2, {"--ranks"});
   ::pebble::testing::ExpectOneLineError(Pebble("plan " + model + " --ranks 2 --network token-ring"), 2,
                      {"--network", "invalid network 'token-ring'", "ib-ndr"});

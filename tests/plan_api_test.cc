@@ -95,6 +95,13 @@ TEST(PlanDocumentTest, LeastPeakAdviceRoundsUpAndNamesTheFloorWhereItDominates) 
   EXPECT_EQ(LeastPeakAdvice("dtr", 721, 1000, 100),
             "dtr reaches 721 B (73%) at least: try --budget 73% or --budget min");
   EXPECT_NE(LeastPeakAdvice("dtr", 721, 1000, 400).find("400 B of it are"), std::string::npos);
+  // A budget that rounds as the least peak does is given in bytes, both.
+  EXPECT_EQ(DoesNotFitAdvice("hybrid", 13000000, 13000123, 13500000, 0, ""),
+            "the plan does not fit 12.4 MiB (13000000 bytes): hybrid reaches 12.4 MiB "
+            "(13000123 bytes, 97%) at least: try --budget 97% or --budget min");
+  EXPECT_EQ(DoesNotFitAdvice("rotor", 700, 720, 1000, 0, ""),
+            "the plan does not fit 700 B: rotor reaches 720 B (72%) at least: try --budget 72% "
+            "or --budget min");
 }
 
 }  // namespace pebble

@@ -61,12 +61,17 @@ calls="$work/calls"
 mkdir "$calls"
 PEBBLE_BIN="$pebble" "$source_dir/scripts/pebble-ranks" 2 -- run \
   --model mnist-cnn:batch=4 --optimizer sgd --budget min --rank-timeout 3 \
-  --policy "exec:/usr/bin/python3 $source_dir/tests/ranks/one_plan_policy.py $pebble $calls 4" \
+  --trace "$work/trace{rank}.json" --policy "exec:/usr/bin/python3 $source_dir/tests/ranks/one_plan_policy.py $pebble $calls 4" \
   > "$work/rank0-plans.log" 2>&1 || { cat "$work/rank0-plans.log"; fail "rank 0's plan: a rank failed"; }
 [[ "$(ls "$calls" | wc -l)" == 1 ]] ||
   fail "the policy was called $(ls "$calls" | wc -l) times: every rank planned"
 [[ "$(grep -c "measured == predicted" "$work/rank0-plans.log")" == 2 ]] ||
   { cat "$work/rank0-plans.log"; fail "rank 0's plan: a rank's measured peak differs"; }
+for r in 0 1; do  # each rank's trace names it
+  /usr/bin/python3 -c "import json, sys; d = json.load(open(sys.argv[1]))['otherData']; \
+assert (d['rank'], d['ranks']) == ($r, 2), d" "$work/trace$r.json" ||
+    fail "rank $r's trace does not name its rank"
+done
 # two_ranks NAME RANK1_OPTIONS OPTIONS...: ranks 0 and 1 of `pebble run
 # OPTIONS`, rank 1 with RANK1_OPTIONS (words) too, started here rather than
 # through pebble-ranks (which stops the others once one fails), so that each
