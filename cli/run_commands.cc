@@ -471,10 +471,12 @@ absl::StatusOr<RunPlan> PlanRun(const RunFlags& f, Graph& graph, Backend& backen
 // (hybrid, best-order) could plan differently on ranks of different speeds,
 // and then the ranks refused to run. The other ranks wait for the plan as
 // long as it takes (FromRank0) and take rank 0's decisions: its schedule,
-// policy, resolved budget, baseline, links and workspace choice. Each
-// simulates the schedule on its own graph (FinishPlan) for its report; its
-// graph and the schedule are still compared with rank 0's before the run
-// (Execute's fingerprint), so a rank given another model is refused.
+// policy, budget, baseline, links and workspace choice. Each simulates the
+// schedule on its own graph (FinishPlan) for its report, and judges on that
+// whether the plan fits there (its kernels may take other workspace); the
+// ranks agree on it (AgreeOnEveryRank). Their graphs and the schedule are
+// still compared before the run (Execute's fingerprint), so a rank given
+// another model is refused.
 
 // What the other ranks need of rank 0's plan.
 nlohmann::json RunPlanToJson(const Graph& graph, const RunPlan& p, const std::string& choice) {
@@ -519,12 +521,13 @@ absl::StatusOr<RunPlan> RunPlanOfRank0(const RunFlags& f, const nlohmann::json& 
   options.budget_bytes = p.planner_budget_bytes;
   options.host_bandwidth_bytes_per_s = p.bandwidth_bytes_per_s;
   options.network = p.network;
-  ASSIGN_OR_RETURN(Schedule schedule, ParseScheduleText(graph, doc.at("schedule").get<std::string>(),
-                                                        "rank 0's schedule"));
+  ASSIGN_OR_RETURN(Schedule schedule,
+                   ParseScheduleText(graph, doc.at("schedule").get<std::string>(),
+                                     "rank 0's schedule"));
   absl::StatusOr<PlanResult> simulated = FinishPlan(graph, std::move(schedule), options);
   if (!simulated.ok()) {
-    return absl::Status(simulated.status().code(),
-                        absl::StrCat("rank 0's plan, on this rank: ", simulated.status().message()));
+    return absl::Status(simulated.status().code(), absl::StrCat("rank 0's plan, on this rank: ",
+                                                                simulated.status().message()));
   }
   p.plan = *std::move(simulated);
   // Whether it fits is this rank's verdict: its kernels' workspace may

@@ -62,7 +62,8 @@ constexpr int64_t kMaxSentBytes = int64_t{1} << 32;  // FromRank0's result
 
 // Rank 0's `bytes` on every rank, after a header of [code, size]: each a
 // sum of rank 0's values and the other ranks' zeros, 8 bytes to an int64.
-absl::StatusOr<std::string> SendFromRank0(Collectives& collectives, absl::StatusOr<std::string> own,
+absl::StatusOr<std::string> SendFromRank0(Collectives& collectives,
+                                          absl::StatusOr<std::string> own,
                                           absl::string_view what) {
   const bool sender = collectives.rank() == 0;
   const std::string* bytes = nullptr;

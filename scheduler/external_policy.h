@@ -59,12 +59,13 @@ nlohmann::ordered_json ExecPolicyInput(const Graph& graph, const PlannerOptions&
 
 // The planner of "exec:PROGRAM": runs PROGRAM with /bin/sh -c (so it may
 // carry arguments), in its own process group, with ExecPolicyInput on
-// stdin; its stderr is passed through, and it inherits no other descriptor. It must exit 0 within the plan's
-// time limit and write one pebble-schedule document (at most
-// kMaxJsonFileBytes) on stdout before it exits; the schedule is read step by
-// step (ParseScheduleText). However it ends, its whole process group is
-// killed before Plan returns, so nothing it started in the background
-// outlives the plan. Each failure is an error naming the program.
+// stdin; its stderr is passed through, and it inherits no other
+// descriptor. It must exit 0 within the plan's time limit and write one
+// pebble-schedule document (at most kMaxJsonFileBytes) on stdout before it
+// exits; the schedule is read step by step (ParseScheduleText). However it
+// ends, its whole process group is killed before Plan returns, so nothing
+// it started in the background outlives the plan. Each failure is an error
+// naming the program.
 std::unique_ptr<Planner> MakeExecPlanner(std::string program);
 
 }  // namespace pebble
