@@ -596,6 +596,46 @@ def check_built_in_shards(torch, pt, dist, rank, ranks):
         if not all(p.is_meta for p in list(model.parameters()) + list(model.buffers())) or \
                 [id(p) for p in opt.param_groups[0]["params"]] != [id(p) for p in params]:
             failures.append(f"{what}: refused ({needle!r}), the module is not as given")
+    # Built, then refused at its plan (a budget below any plan's peak): the
+    # module and the optimizer are as given, and a step with a budget that
+    # fits then trains it from param_init's values.
+    inits = []
+
+    def init(module):
+        inits.append(module)
+        if isinstance(module, Scaled):
+            nn.Linear.reset_parameters(module)
+            module.scale.fill_(2.0)
+        else:
+            module.reset_parameters()
+
+    model = nn.Sequential(nn.Linear(16, 16, device="meta"), Scaled())
+    given = [id(p) for p in model.parameters()]
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x, y = torch.randn(2, 16), torch.randint(0, 5, (2,))
+    try:
+        pt.train_step(model, loss_fn, (x,), y, optimizer=opt, policy="dtr", budget="1KiB",
+                      process_group=dist.group.WORLD, shard="full", network="ib-ndr",
+                      param_init=init)
+        failures.append(f"{what}: a plan over its budget was not refused")
+    except pt.PlanError as e:
+        if "cannot fit the training step of Sequential in 1KiB (" not in str(e) or \
+                " B below the parameters and inputs)" not in str(e):
+            failures.append(f"{what}: refused with '{e}', not 'cannot fit ... below'")
+    if len(inits) != 2:
+        failures.append(f"{what}: the refused plan came before the build ({len(inits)} inits)")
+    if [id(p) for p in model.parameters()] != given or \
+            not all(t.is_meta for t in list(model.parameters()) + list(model.buffers())) or \
+            [id(p) for p in opt.param_groups[0]["params"]] != given or opt.state:
+        failures.append(f"{what}: refused at its plan, the module is not as given")
+    step = pt.train_step(model, loss_fn, (x,), y, optimizer=opt, policy="dtr", budget="min",
+                         process_group=dist.group.WORLD, shard="full", network="ib-ndr",
+                         param_init=init)
+    step(x, y)
+    full = step.full_state_dict()
+    if not torch.equal(model[1].scale, torch.full((5,), 2.0)) or \
+            not all(bool(torch.isfinite(v).all()) for v in full.values()):
+        failures.append(f"{what}: built again after a refused plan, its tensors are not set")
     return failures
 
 

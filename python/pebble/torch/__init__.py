@@ -252,13 +252,20 @@ class TrainStep:
                                  self.process_group)
         self._captures = {}  # signature -> _Capture, shared with replan()'s steps
         self._variants = {}  # signature -> _Variant (its capture and this step's plan)
-        self._variant = self._variant_for(inputs, example_target)
+        try:
+            self._variant = self._variant_for(inputs, example_target)
+            if self.shards is not None:
+                # A state of other shapes (loaded from an unsharded step) is
+                # refused while the module still holds its weights.
+                agreed(lambda: self.updates.ensure_state(self._variant.placement,
+                                                         like=self.shards.shards),
+                       self.process_group)
+        except BaseException:
+            if self.shards is not None:
+                self.shards.unbuild()  # a module given on the meta device: as given
+            raise
         if self.shards is not None:
-            # A state of other shapes (loaded from an unsharded step) is
-            # refused while the module still holds its weights.
-            agreed(lambda: self.updates.ensure_state(self._variant.placement,
-                                                     like=self.shards.shards),
-                   self.process_group)
+            self.shards.built()
             self.shards.release()
         self.report = dict(self._variant.report)
 
@@ -673,9 +680,10 @@ class _Variant:
                     f"{type(self.step.model).__name__} in {budget}: {plan.message}")
         reference = info["reference_bytes"]
         percent = math.ceil(100.0 * least_step / reference) if reference else 100
+        room = plan.budget_bytes - self.persistent_bytes
         message = (f"policy {plan.policy} cannot fit the training step of "
                    f"{type(self.step.model).__name__} in {budget} "
-                   f"({_size(plan.budget_bytes - self.persistent_bytes)} above the "
+                   f"({_size(abs(room))} {'above' if room >= 0 else 'below'} the "
                    f"parameters and inputs): it reaches {_size(least_step)} ({percent}% of "
                    f"{reference_name}) at least: try budget='{percent}%' or budget='min'")
         # What every plan keeps to its end above the persistent tensors: the

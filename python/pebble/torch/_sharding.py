@@ -132,6 +132,9 @@ from ._memory import allocated_where_profiled, round_up
 # once more after the last module's shards are cut), so that a rank that
 # fails anywhere in the build (or runs out of memory) stops every rank at
 # once; a failure puts the meta tensors back, leaving the module as given.
+# So does a failure of the first step after the build, before the step is
+# made (its capture, its plan: Shards.unbuild), so that the user may try
+# again with other options; past that, the module is the step's.
 def on_meta(model):
     """Whether any parameter or buffer of `model` is on the meta device."""
     return any(t.is_meta for t in list(model.parameters()) + list(model.buffers()))
@@ -215,13 +218,31 @@ def _initialised(name, module, made, param_init):
                              "give param_init=, which sets each of the module's own tensors")
 
 
+class _Built:
+    """What build_in_shards made of a module's meta tensors: `parameters`
+    ({id(meta parameter): its new parameter}), `meta_of` ({id(new
+    parameter): its meta parameter}), and undo(), which puts every meta
+    tensor back in the modules that held it."""
+
+    def __init__(self, replaced, holders):
+        self._replaced, self._holders = replaced, holders  # id(meta) -> (meta, new)
+        pairs = [(t, new) for t, new in replaced.values() if isinstance(t, torch.nn.Parameter)]
+        self.parameters = {id(t): new for t, new in pairs}
+        self.meta_of = {id(new): t for t, new in pairs}
+
+    def undo(self):
+        for t, _ in self._replaced.values():
+            for holder, holder_key in self._holders[id(t)]:
+                holder[holder_key] = t
+
+
 def build_in_shards(model, device, group, param_init, sharded, keep_shard, optimizer):
     """Makes every meta tensor of `model` on `device`, a module at a time
     (Note [A module built in shards]). `sharded`: {id(meta parameter): its
     name} of those to shard: keep_shard(name, whole) takes each one's new
-    tensor (rank 0's values), which is then emptied. Returns {id(meta
-    parameter): its new parameter}. On any failure, on any rank, every rank
-    raises and the module is as given."""
+    tensor (rank 0's values), which is then emptied. Returns a _Built. On
+    any failure, on any rank, every rank raises and the module is as
+    given."""
     import torch.distributed as dist
     order, holders = _build_order(model, param_init, sharded, optimizer)
     replaced = {}  # id(meta tensor) -> (meta tensor, new)
@@ -258,11 +279,9 @@ def build_in_shards(model, device, group, param_init, sharded, keep_shard, optim
                                 dist.broadcast, new, src=src, group=group)
             broadcast = [(t, new) for _, _, t, new in made]
     except BaseException:
-        for t, _ in replaced.values():  # the module as given
-            for holder, holder_key in holders[id(t)]:
-                holder[holder_key] = t
+        _Built(replaced, holders).undo()  # the module as given
         raise
-    return {i: new for i, (t, new) in replaced.items() if isinstance(t, torch.nn.Parameter)}
+    return _Built(replaced, holders)
 
 
 class Shards:
@@ -307,16 +326,19 @@ class Shards:
             device = next(iter(self.params.values())).device
         self.shards = {}  # name -> this rank's shard (flat, padded), where it lives
         self.on_host = set()  # the names whose shard lives on the host between steps
+        self._built = None  # a module built here: its _Built, until the first step is made
+        self._updates = updates
         if meta:
             def keep_shard(name, whole):
                 self.shards[name] = self._shard_of(name, whole)
 
-            updates.rebind(build_in_shards(
+            self._built = build_in_shards(
                 model, device, group, param_init,
                 {id(p): name for name, p in self.params.items()}, keep_shard,
-                updates.optimizer))
+                updates.optimizer)
+            updates.rebind(self._built.parameters)
             self.params = dict(updates.params)
-            self.released = True  # (a failure later leaves the module empty)
+            self.released = True  # (unbuild() puts the meta tensors back)
         else:
             for name, p in self.params.items():
                 self.shards[name] = self._shard_of(name, p)
@@ -337,6 +359,23 @@ class Shards:
         # tensor divides.
         self._ranks = torch.full((), float(self.ranks))
         self.round_to = 1  # the allocator's granularity (shard_graph)
+
+    def unbuild(self):
+        """After the first step of a module built here failed (its capture,
+        its plan): the module and the optimizer as given, on the meta
+        device, with no state of the new parameters (Note [A module built
+        in shards]). Nothing where the module was given whole."""
+        if self._built is None:
+            return
+        self._built.undo()
+        for new in self._built.parameters.values():
+            self._updates.optimizer.state.pop(new, None)
+        self._updates.rebind(self._built.meta_of)
+        self._built = None
+
+    def built(self):
+        """The first step is made: a later failure keeps what was built."""
+        self._built = None
 
     def _shard_of(self, name, whole):
         """This rank's shard of the parameter `name`, from its `whole` tensor."""
