@@ -396,6 +396,36 @@ def check_one_plan(torch, pt, dist, rank, ranks):
     except pt.PlanExecutionError as e:
         if "captured another training step" not in str(e):
             failures.append(f"one plan: another model on rank 1 refused with '{e}'")
+    # Before any other collective, the ranks compare their arguments: another
+    # layer's shape, another option, or an argument refused on rank 1 alone
+    # are refused on every rank at once, saying which (these hung until the
+    # process group's timeout, or aborted in gloo on messages of other sizes).
+    for change, needle in (
+            (dict(model=lambda m: m.__setitem__(0, torch.nn.Linear(16, 40))),
+             "another module's parameters and buffers"),
+            (dict(shard="full"), "another shard= than rank 0 (rank 0's: 'none')"),
+            (dict(budget="90%"), "another budget= than rank 0 (rank 0's: 'min')"),
+            (dict(measure="sometimes"), "rank 1 failed, so this rank stops too: ValueError: "
+                                        "measure must be")):
+        torch.manual_seed(0)
+        model = make_model(torch)
+        if rank == 1 and "model" in change:
+            change["model"](model)
+        kwargs = dict(policy="dtr", budget="min", optimizer=torch.optim.SGD(
+            model.parameters(), lr=0.1), process_group=dist.group.WORLD)
+        if rank == 1:
+            kwargs.update({k: v for k, v in change.items() if k != "model"})
+        started = time.perf_counter()
+        try:
+            pt.train_step(model, torch.nn.functional.cross_entropy, (mine(x, rank),),
+                          mine(y, rank), **kwargs)
+            failures.append(f"one plan: rank 1's {sorted(change)} was not refused")
+        except (pt.PlanError, ValueError) as e:
+            if needle not in str(e) and not (rank == 1 and "measure must be" in str(e)):
+                failures.append(f"one plan: rank 1's {sorted(change)} refused with '{e}'")
+        if time.perf_counter() - started > 20:
+            failures.append(f"one plan: rank 1's {sorted(change)} took "
+                            f"{time.perf_counter() - started:.0f} s to refuse")
     return failures
 
 
@@ -1040,7 +1070,9 @@ def checks(torch, pt, dist, rank, ranks):
     failures += check_shared_storage(torch, pt, dist, rank, ranks)
     for cap in ("25MiB", "100B") if every else ():  # both views in one bucket's copy, then
         failures += check_shared_storage(torch, pt, dist, rank, ranks, cap, "1MiB")  # apart
-    if rank == 0 and every:  # the group initialised: not a group, what sharding cannot run
+    # The group initialised: not a group, what sharding cannot run, each
+    # refused on every rank (its own error, after the ranks agree on it).
+    if every:
         model = make_model(torch)
         sgd = torch.optim.SGD(model.parameters(), lr=0.1)
         world = dist.group.WORLD

@@ -29,11 +29,13 @@ import argparse
 import copy
 import gc
 import hashlib
+import json
 import os
 import re
 import sys
 import time
 import traceback
+import types
 
 # Deterministic cuBLAS on a GPU (torch.use_deterministic_algorithms below
 # asks for it); read when CUDA starts, so set before torch is imported.
@@ -489,6 +491,43 @@ def check_eval_mode(failures, device):
     print("eval mode: eager's gradients", flush=True)
 
 
+def check_names_like_calls(failures, device):
+    """Parameters and buffers named as the calls of the step are ("mean",
+    "std", "t", "mul": a normalising module's statistics, its pooling by
+    .mean()) keep their names, the calls take others, and the step gives
+    eager's gradients."""
+    nn = torch.nn
+
+    class Named(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("mean", torch.tensor([0.5, 0.4, 0.3]).view(1, 3, 1, 1))
+            self.register_buffer("std", torch.full((1, 3, 1, 1), 0.2))
+            self.conv = nn.Conv2d(3, 8, 3)
+            self.t = nn.Parameter(torch.randn(5, 8))
+            self.mul = nn.Parameter(torch.ones(5))
+
+        def forward(self, x):
+            x = (x - self.mean) / self.std
+            return torch.relu(self.conv(x)).mean((2, 3)) @ self.t.t() * self.mul
+
+    torch.manual_seed(SEED)
+    case = types.SimpleNamespace(
+        model=Named().to(device), loss_fn=torch.nn.functional.cross_entropy,
+        inputs=(torch.randn(2, 3, 12, 12, device=device),),
+        target=torch.randint(0, 5, (2,), device=device))
+    want = eager_step(case, copy.deepcopy(case.model))
+    initial = copy.deepcopy(case.model.state_dict())
+    step = pt.train_step(case.model, case.loss_fn, case.inputs, case.target, policy="dtr",
+                         budget="min", measure="always")
+    compare(failures, "names like calls", planned_step(case, step, case.model, initial), want,
+            bitwise=False)
+    ids = {node["id"] for node in json.loads(step.graph.to_json())["nodes"]}
+    failures.check({"mean", "std", "t", "mul", "call:mean", "call:t", "call:mul"} <= ids,
+                   f"names like calls: the graph's ids are {sorted(ids)}")
+    print("names like calls: eager's gradients", flush=True)
+
+
 def check_no_garbage(failures, device):
     """A step leaves no reference cycles: a cycle would hold its tensors
     until the garbage collector runs, in the middle of a later step."""
@@ -592,6 +631,20 @@ def check_errors(failures, device):
     except pt.PlanError as e:
         ok = device.type == "cpu" and "saves no memory on the CPU" in str(e)
     failures.check(ok, "offloading on the CPU device is refused unless allowed")
+    # A layer unfrozen after the step was made with its optimizer: refused,
+    # naming it (the plan's updates are of the parameters trainable then).
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 4)).to(device)
+    model[0].requires_grad_(False)
+    step = pt.train_step(model, torch.nn.functional.mse_loss, x, y, optimizer=torch.optim.SGD(
+        model.parameters(), lr=0.1))
+    step(x, y)
+    model[0].requires_grad_(True)
+    try:
+        step(x, y)
+        failures.check(False, "a layer unfrozen after the step was made was accepted")
+    except ValueError as e:
+        failures.check("parameter '0.weight' became trainable" in str(e),
+                       f"the unfrozen layer's error names it: {e}")
 
 
 def check_small_storages_exact(failures, device):
@@ -789,6 +842,7 @@ def main():
         check_calibration_under_plan(failures, device)
         check_other_shapes(failures, device)
         check_eval_mode(failures, device)
+        check_names_like_calls(failures, device)
         check_accumulation(failures, device)
         check_no_garbage(failures, device)
         check_small_storages_exact(failures, device)

@@ -31,8 +31,8 @@ from .. import _core
 from ._calibrate import calibrate, estimated
 from ._capture import CaptureError, propagate, trace
 from ._distributed import (GradientAverage, agreed, broadcast_module, check_same_call,
-                           check_same_collective, check_same_graph, is_rank_0, measure_link,
-                           plan_of_rank_0, same_on_every_rank)
+                           check_same_collective, check_same_graph, check_same_setup,
+                           is_rank_0, measure_link, plan_of_rank_0, same_on_every_rank)
 from ._executor import FREE, PlanExecutionError, Program, draws_in_eager_order
 from ._graph import StepGraph
 from ._memory import AllocatorPeak, TensorMemory, allocated_where_profiled, measure, tensor_bytes
@@ -175,54 +175,77 @@ class TrainStep:
                  optimizer_state=None, optimizer_updates="device", optimizer_gradients=None,
                  process_group=None, shard="none", network=None, network_latency=None,
                  buckets="auto", optimizer_parameters="device", param_init=None):
-        if not isinstance(model, torch.nn.Module):
-            raise TypeError(f"model must be a torch.nn.Module, not {type(model).__name__}")
-        meta = on_meta(model)
-        if meta and shard != "full":
-            raise ValueError(f"module {type(model).__name__} is on the meta device: only a "
-                             "sharded step builds it (shard='full', each rank a module at a "
-                             "time); otherwise make it on the device")
-        if param_init is not None and not (meta and callable(param_init)):
-            raise ValueError("param_init initialises a module given on the meta device: a "
-                             "callable param_init(module), with a module on the meta device")
-        if not callable(loss_fn):
-            raise TypeError(f"loss_fn must be callable, not {type(loss_fn).__name__}")
-        if measure not in ("first", "always", "never"):
-            raise ValueError(f"measure must be 'first', 'always' or 'never', not {measure!r}")
-        self.model = model
-        self.loss_fn = loss_fn
-        self.options = dict(policy=policy, budget=budget, host_budget=host_budget,
-                            bandwidth=bandwidth, time_limit=time_limit, seed=seed)
-        self.calibrate = calibrate
-        self.measure_mode = measure
-        self.allow_cpu_offload = allow_cpu_offload
         self.process_group = _checked_group(process_group, shard)
-        optimizer_gradients = _checked_sharding(shard, optimizer, optimizer_state,
-                                                optimizer_updates, optimizer_gradients,
-                                                optimizer_parameters)
-        if optimizer is None and (optimizer_state is not None or
-                                  optimizer_updates != "device" or
-                                  optimizer_gradients != "keep"):
-            raise ValueError("optimizer_state, optimizer_updates and optimizer_gradients place "
-                             "the optimizer's state, updates and gradients: give the optimizer "
-                             "too")
-        self.updates = (Updates(optimizer, model, optimizer_state, optimizer_updates,
-                                optimizer_gradients, optimizer_parameters)
-                        if optimizer is not None else None)
+        # Each rank's own checks, then (Note [One plan on every rank]) the
+        # ranks agree on them and on what decides the collectives that follow,
+        # before the first: a rank given another module or other options
+        # would pair its collectives with the others' wrongly.
+        error = None
+        try:
+            if not isinstance(model, torch.nn.Module):
+                raise TypeError("model must be a torch.nn.Module, not "
+                                f"{type(model).__name__}")
+            meta = on_meta(model)
+            if meta and shard != "full":
+                raise ValueError(f"module {type(model).__name__} is on the meta device: only "
+                                 "a sharded step builds it (shard='full', each rank a module "
+                                 "at a time); otherwise make it on the device")
+            if param_init is not None and not (meta and callable(param_init)):
+                raise ValueError("param_init initialises a module given on the meta device: "
+                                 "a callable param_init(module), with a module on the meta "
+                                 "device")
+            if not callable(loss_fn):
+                raise TypeError(f"loss_fn must be callable, not {type(loss_fn).__name__}")
+            if measure not in ("first", "always", "never"):
+                raise ValueError("measure must be 'first', 'always' or 'never', not "
+                                 f"{measure!r}")
+            self.model = model
+            self.loss_fn = loss_fn
+            self.options = dict(policy=policy, budget=budget, host_budget=host_budget,
+                                bandwidth=bandwidth, time_limit=time_limit, seed=seed)
+            self.calibrate = calibrate
+            self.measure_mode = measure
+            self.allow_cpu_offload = allow_cpu_offload
+            optimizer_gradients = _checked_sharding(shard, optimizer, optimizer_state,
+                                                    optimizer_updates, optimizer_gradients,
+                                                    optimizer_parameters)
+            if optimizer is None and (optimizer_state is not None or
+                                      optimizer_updates != "device" or
+                                      optimizer_gradients != "keep"):
+                raise ValueError("optimizer_state, optimizer_updates and optimizer_gradients "
+                                 "place the optimizer's state, updates and gradients: give the "
+                                 "optimizer too")
+            self.updates = (Updates(optimizer, model, optimizer_state, optimizer_updates,
+                                    optimizer_gradients, optimizer_parameters)
+                            if optimizer is not None else None)
+            inputs = _as_tuple(example_inputs, "example_inputs")
+            _check_tensor_arg(example_target, "example_target")
+            self.device = _device_of(model, inputs + (example_target,))  # (meta: the inputs')
+            for name, value in (("optimizer_state", optimizer_state),
+                                ("optimizer_updates", optimizer_updates),
+                                ("optimizer_parameters", optimizer_parameters)):
+                if value in ("host", "auto") and self.device.type == "cpu" and \
+                        not allow_cpu_offload:
+                    raise ValueError(f"{name}={value!r} saves no memory on the CPU device: "
+                                     "give allow_cpu_offload=True to run it anyway (to test "
+                                     "the path)")
+        except Exception as e:  # noqa: BLE001 (raised again by check_same_setup)
+            if self.process_group is None:
+                raise
+            error = e
+        if self.process_group is not None:
+            check_same_setup(lambda: _setup_of(model, inputs, example_target, optimizer, dict(
+                shard=shard, **self.options, calibrate=calibrate, measure=measure,
+                allow_cpu_offload=allow_cpu_offload, optimizer_state=optimizer_state,
+                optimizer_updates=optimizer_updates, optimizer_gradients=optimizer_gradients,
+                optimizer_parameters=optimizer_parameters, network=network,
+                network_latency=network_latency, buckets=buckets,
+                param_init=param_init is not None)), error, self.process_group)
         if self.updates is not None and self.updates.on_host and calibrate:
             self.updates.measure_host_rate()  # the host's cost of an update, on this CPU
             if self.process_group is not None:  # Note [One plan on every rank]
                 self.updates.host_bytes_per_s = same_on_every_rank(
                     self.updates.host_bytes_per_s, self.process_group)
-        inputs = _as_tuple(example_inputs, "example_inputs")
-        _check_tensor_arg(example_target, "example_target")
-        self.device = _device_of(model, inputs + (example_target,))  # (meta: the inputs')
-        for name, value in (("optimizer_state", optimizer_state),
-                            ("optimizer_updates", optimizer_updates),
-                            ("optimizer_parameters", optimizer_parameters)):
-            if value in ("host", "auto") and self.device.type == "cpu" and not allow_cpu_offload:
-                raise ValueError(f"{name}={value!r} saves no memory on the CPU device: give "
-                                 "allow_cpu_offload=True to run it anyway (to test the path)")
         self._failed = None  # why a step failed, where that leaves the ranks out of step
         # The ranks' link as the plan times it: (a preset or bytes/s, latency
         # s or None), or None (pebble.plan's default link).
@@ -338,6 +361,14 @@ class TrainStep:
         for t in inputs + (target,):
             if t.device != self.device:
                 raise ValueError(f"an input is on {t.device}; the module is on {self.device}")
+        if self.updates is not None:
+            added = [n for n, p in self.model.named_parameters()
+                     if p.requires_grad and n not in self.updates.params]
+            if added:
+                raise ValueError(f"parameter '{added[0]}' became trainable (requires_grad) "
+                                 "after the step was made with its optimizer, whose updates "
+                                 "it plans for the parameters trainable then: make a new "
+                                 "train_step")
         if self.process_group is None:
             variant = self._variant_for(inputs, target)
             loss = variant.run(inputs, target)
@@ -925,6 +956,25 @@ def _sharding_report(plan, shards, network_measured, runner):
 def _world_size(group):
     import torch.distributed as dist
     return dist.get_world_size(group)
+
+
+def _setup_of(model, inputs, target, optimizer, options):
+    """What every rank of a step must give alike, by name: its module's
+    tensors (names, shapes, dtypes, trainable or not, on the meta device or
+    not), the shapes of its slice of the batch, the optimizer's kind and
+    each train_step option."""
+    def described(t):
+        return (tuple(t.shape), str(t.dtype), t.requires_grad, t.is_meta)
+
+    setup = {
+        "module's parameters and buffers (names, shapes, dtypes, requires_grad)":
+            [(name, described(t)) for name, t in model.named_parameters()] +
+            [(name, described(t)) for name, t in model.named_buffers()],
+        "batch shapes (inputs and target)": [described(t) for t in inputs + (target,)],
+        "optimizer": None if optimizer is None else type(optimizer).__name__,
+    }
+    setup.update({f"{key}=": value for key, value in options.items()})
+    return setup
 
 
 def _checked_group(group, shard):

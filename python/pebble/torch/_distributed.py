@@ -347,6 +347,39 @@ def agree(error, group):
         raise PlanError(f"rank {rank} failed, so this rank stops too: {why}")
 
 
+def check_same_setup(setup, error, group):
+    """Before the first collective of a step's construction: every rank of
+    `group` learns whether any failed its own checks (`error`: this rank's
+    exception, or None; raised as agree does), and then whether every rank's
+    setup() ({what: value}, small values) is rank 0's: where one is not, a
+    PlanError on every rank names the first that differs, rank 0's value and
+    the ranks that give another."""
+    import torch.distributed as dist
+    from . import PlanError
+    mine = None if error is not None else {
+        what: (repr(_canonical(value)) if len(repr(value)) <= 200 else
+               "sha256:" + hashlib.sha256(repr(_canonical(value)).encode()).hexdigest())
+        for what, value in setup().items()}
+    reports = [None] * dist.get_world_size(group)
+    _collective("comparing the ranks' train_step arguments", dist.all_gather_object, reports,
+                mine if error is None else f"{type(error).__name__}: {error}", group=group)
+    if error is not None:
+        raise error
+    failed = [(rank, why) for rank, why in enumerate(reports) if isinstance(why, str)]
+    if failed:
+        rank, why = failed[0]
+        raise PlanError(f"rank {rank} failed, so this rank stops too: {why}")
+    for what, value in reports[0].items():
+        differ = [rank for rank, report in enumerate(reports) if report.get(what) != value]
+        if differ:
+            shown = "" if value.startswith("sha256:") else f" (rank 0's: {value})"
+            raise PlanError(f"rank{'s' if len(differ) > 1 else ''} "
+                            f"{', '.join(map(str, differ))} give{'' if len(differ) > 1 else 's'} "
+                            f"another {what} than rank 0{shown}: every rank builds the same "
+                            "step, so give each the same module and train_step arguments, and "
+                            "a slice of the batch of the same shapes")
+
+
 def agreed(make, group):
     """make()'s value, where it succeeds on every rank of `group`; where it
     fails on any, an error on every rank (agree), before the collectives

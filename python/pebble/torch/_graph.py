@@ -187,6 +187,7 @@ class StepGraph:
         self.gm = traced.gm
         self.values = values  # fx node -> its fake (or real) output
         self.nodes = []
+        self._taken = set()   # the nodes' ids
         self.refs = {}        # (fx node, output index or None) -> Node
         self.loss = None
         self.grads = []       # (Slot, Node)
@@ -198,7 +199,14 @@ class StepGraph:
     # --- building -------------------------------------------------------------
 
     def _add(self, id_, kind, fx=None, out_index=None):
-        node = Node(len(self.nodes), id_, kind, fx, out_index)
+        # A call's fx name may be a parameter's or buffer's ("mean", "t"),
+        # whose ids come first and stay: the call's becomes "call:mean".
+        unique, k = id_, 0
+        while unique in self._taken:
+            k += 1
+            unique = f"call:{id_}" if k == 1 else f"call:{id_}:{k}"
+        self._taken.add(unique)
+        node = Node(len(self.nodes), unique, kind, fx, out_index)
         self.nodes.append(node)
         return node
 
