@@ -488,6 +488,31 @@ def check_eval_mode(failures, device):
     compare(failures, "unet3d eval dtr min", planned_step(case, step, model, initial), want,
             bitwise=False)
     check_memory(failures, "unet3d eval dtr min", step.report)
+    # The saved statistics hold nothing (empty): baseline keeps them to the
+    # backward, and its peak is eager's, to the byte (it counted them: 128 B
+    # over, and refused at 100%).
+    nn = torch.nn
+    torch.manual_seed(SEED)
+    model = nn.Sequential(nn.Conv2d(3, 16, 3), nn.BatchNorm2d(16), nn.ReLU(), nn.Flatten(),
+                          nn.Linear(16 * 6 * 6, 5)).to(device).eval()
+    x, y = torch.randn(2, 3, 8, 8, device=device), torch.randint(0, 5, (2,), device=device)
+    try:
+        step = pt.train_step(model, torch.nn.functional.cross_entropy, (x,), y,
+                             policy="baseline", budget="100%", measure="always",
+                             optimizer=torch.optim.SGD(model.parameters(), lr=0.1,
+                                                       momentum=0.9))
+        step(x, y)
+        r = step.report
+        failures.check(r["measured_peak_bytes"] == r["predicted_step_peak_bytes"],
+                       f"eval batch norm under baseline: measured {r['measured_peak_bytes']}, "
+                       f"predicted {r['predicted_step_peak_bytes']}")
+        stats = [n for n in json.loads(step.graph.to_json())["nodes"]
+                 if re.fullmatch(r"aten\.native_batch_norm\.default\[[12]\]", n.get("op", ""))]
+        failures.check(len(stats) == 2 and all(n["bytes"] == 0 for n in stats),
+                       "eval batch norm: the saved statistics hold bytes: "
+                       f"{[(n['id'], n['bytes']) for n in stats]}")
+    except pt.PlanError as e:
+        failures.check(False, f"eval batch norm: baseline at 100% refused: {e}")
     print("eval mode: eager's gradients", flush=True)
 
 

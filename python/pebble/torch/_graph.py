@@ -301,6 +301,14 @@ class StepGraph:
                                "pebble.torch cannot plan")
         used = sorted({u.args[1] for u in n.users if u.target is operator.getitem})
         masked = _has_output_mask(n.target)
+        # In eval mode the kernels return the saved statistics (outputs 1 and
+        # on) empty, where the meta functions give their full shape: they
+        # hold no memory.
+        empty_stats = name in _STATS_IN_PLACE and not _arg(n, "training", 5)
+
+        def held(j, v):
+            return 0 if empty_stats and j > 0 else self._device_bytes(v)
+
         siblings = []
         for k in used:
             element = value[k]
@@ -308,13 +316,16 @@ class StepGraph:
                 raise CaptureError(f"operator {n.target} returns {type(element).__name__} as "
                                    f"output {k}, which pebble.torch cannot plan")
             node = self._output(n, k, element, inputs)
+            if empty_stats and k > 0:
+                node.empty_when_run = True
+                node.nbytes = 0
             if node.kind == "op":
                 if masked:
                     node.mask = [i == k for i in range(len(value))]
                 else:
                     siblings.append(node)
                     node.other_outputs_bytes = sum(
-                        self._device_bytes(v) for j, v in enumerate(value)
+                        held(j, v) for j, v in enumerate(value)
                         if j != k and isinstance(v, torch.Tensor) and
                         self._shared_input(v, inputs) is None)
         if len(siblings) > 1:
@@ -324,12 +335,6 @@ class StepGraph:
             for node in self.nodes:
                 if node.fx is n:
                     node.updates_stats = True
-        if name in _STATS_IN_PLACE and not _arg(n, "training", 5):
-            # In eval mode the kernels return the saved statistics empty,
-            # where the meta functions give their full shape.
-            for node in self.nodes:
-                if node.fx is n and node.out_index:
-                    node.empty_when_run = True
 
     def _output(self, n, k, value, inputs):
         """The node of output k (None: the value) of call n."""
