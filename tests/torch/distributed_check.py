@@ -406,7 +406,9 @@ def check_one_plan(torch, pt, dist, rank, ranks):
             (dict(shard="full"), "another shard= than rank 0 (rank 0's: 'none')"),
             (dict(budget="90%"), "another budget= than rank 0 (rank 0's: 'min')"),
             (dict(measure="sometimes"), "rank 1 failed, so this rank stops too: ValueError: "
-                                        "measure must be")):
+                                        "measure must be"),
+            (dict(shard="ful"), "rank 1 failed, so this rank stops too: ValueError: shard "
+                                "must be")):
         torch.manual_seed(0)
         model = make_model(torch)
         if rank == 1 and "model" in change:
@@ -421,7 +423,7 @@ def check_one_plan(torch, pt, dist, rank, ranks):
                           mine(y, rank), **kwargs)
             failures.append(f"one plan: rank 1's {sorted(change)} was not refused")
         except (pt.PlanError, ValueError) as e:
-            if needle not in str(e) and not (rank == 1 and "measure must be" in str(e)):
+            if needle not in str(e) and not (rank == 1 and " must be " in str(e)):
                 failures.append(f"one plan: rank 1's {sorted(change)} refused with '{e}'")
         if time.perf_counter() - started > 20:
             failures.append(f"one plan: rank 1's {sorted(change)} took "

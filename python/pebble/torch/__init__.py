@@ -175,13 +175,14 @@ class TrainStep:
                  optimizer_state=None, optimizer_updates="device", optimizer_gradients=None,
                  process_group=None, shard="none", network=None, network_latency=None,
                  buckets="auto", optimizer_parameters="device", param_init=None):
-        self.process_group = _checked_group(process_group, shard)
+        self.process_group = _checked_group(process_group)
         # Each rank's own checks, then (Note [One plan on every rank]) the
         # ranks agree on them and on what decides the collectives that follow,
         # before the first: a rank given another module or other options
         # would pair its collectives with the others' wrongly.
         error = None
         try:
+            _check_shard(shard, self.process_group)
             if not isinstance(model, torch.nn.Module):
                 raise TypeError("model must be a torch.nn.Module, not "
                                 f"{type(model).__name__}")
@@ -235,7 +236,7 @@ class TrainStep:
             error = e
         if self.process_group is not None:
             check_same_setup(lambda: _setup_of(model, inputs, example_target, optimizer, dict(
-                shard=shard, **self.options, calibrate=calibrate, measure=measure,
+                shard=shard, device=self.device.type, **self.options, calibrate=calibrate, measure=measure,
                 allow_cpu_offload=allow_cpu_offload, optimizer_state=optimizer_state,
                 optimizer_updates=optimizer_updates, optimizer_gradients=optimizer_gradients,
                 optimizer_parameters=optimizer_parameters, network=network,
@@ -291,6 +292,19 @@ class TrainStep:
             self.shards.built()
             self.shards.release()
         self.report = dict(self._variant.report)
+
+    def _refuse_new_trainable(self):
+        """ValueError where a parameter became trainable after the step was
+        made with its optimizer, whose updates the plan has for the
+        parameters trainable then (freezing one later is fine)."""
+        if self.updates is None:
+            return
+        added = [n for n, p in self.model.named_parameters()
+                 if p.requires_grad and n not in self.updates.params]
+        if added:
+            raise ValueError(f"parameter '{added[0]}' became trainable (requires_grad) after "
+                             "the step was made with its optimizer, whose updates it plans for "
+                             "the parameters trainable then: make a new train_step")
 
     def full_state_dict(self):
         """The module's state_dict, every parameter whole, as copies. Sharded
@@ -361,15 +375,8 @@ class TrainStep:
         for t in inputs + (target,):
             if t.device != self.device:
                 raise ValueError(f"an input is on {t.device}; the module is on {self.device}")
-        if self.updates is not None:
-            added = [n for n, p in self.model.named_parameters()
-                     if p.requires_grad and n not in self.updates.params]
-            if added:
-                raise ValueError(f"parameter '{added[0]}' became trainable (requires_grad) "
-                                 "after the step was made with its optimizer, whose updates "
-                                 "it plans for the parameters trainable then: make a new "
-                                 "train_step")
         if self.process_group is None:
+            self._refuse_new_trainable()
             variant = self._variant_for(inputs, target)
             loss = variant.run(inputs, target)
         else:  # Note [One plan on every rank]
@@ -377,6 +384,7 @@ class TrainStep:
             # Each of these fails on every rank alike, which leaves the ranks
             # in step: other calls on some rank, a capture or plan that fails.
             check_same_call(self._signature(inputs, target), self.process_group)
+            self._refuse_new_trainable()  # (every rank alike: the signature holds them)
             if self.shards is not None:
                 trainable = {n for n, p in self.model.named_parameters() if p.requires_grad}
                 if trainable != set(self.shards.params):
@@ -977,14 +985,17 @@ def _setup_of(model, inputs, target, optimizer, options):
     return setup
 
 
-def _checked_group(group, shard):
-    """The process group train_step was given (None: one process), checked."""
+def _check_shard(shard, group):
     if shard not in ("none", "full"):
         raise ValueError(f"shard must be 'none' or 'full', not {shard!r}")
+    if group is None and shard != "none":
+        raise ValueError("shard shards the model over the ranks of a process_group: give "
+                         "the process group too")
+
+
+def _checked_group(group):
+    """The process group train_step was given (None: one process), checked."""
     if group is None:
-        if shard != "none":
-            raise ValueError("shard shards the model over the ranks of a process_group: give "
-                             "the process group too")
         return None
     import torch.distributed as dist
     if not dist.is_available() or not dist.is_initialized():

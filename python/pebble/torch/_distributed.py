@@ -356,10 +356,15 @@ def check_same_setup(setup, error, group):
     the ranks that give another."""
     import torch.distributed as dist
     from . import PlanError
-    mine = None if error is not None else {
-        what: (repr(_canonical(value)) if len(repr(value)) <= 200 else
-               "sha256:" + hashlib.sha256(repr(_canonical(value)).encode()).hexdigest())
-        for what, value in setup().items()}
+    mine = None
+    if error is None:
+        try:
+            mine = {what: (repr(_canonical(value)) if len(repr(value)) <= 200 else
+                           "sha256:" + hashlib.sha256(repr(_canonical(value)).encode())
+                           .hexdigest())
+                    for what, value in setup().items()}
+        except Exception as e:  # noqa: BLE001 (raised on every rank below)
+            error = e
     reports = [None] * dist.get_world_size(group)
     _collective("comparing the ranks' train_step arguments", dist.all_gather_object, reports,
                 mine if error is None else f"{type(error).__name__}: {error}", group=group)

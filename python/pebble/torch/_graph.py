@@ -203,6 +203,8 @@ class StepGraph:
         # whose ids come first and stay: the call's becomes "call:mean".
         unique, k = id_, 0
         while unique in self._taken:
+            if kind not in ("op", "view"):
+                raise CaptureError(f"internal: two nodes named '{id_}'")
             k += 1
             unique = f"call:{id_}" if k == 1 else f"call:{id_}:{k}"
         self._taken.add(unique)
@@ -301,10 +303,13 @@ class StepGraph:
                                "pebble.torch cannot plan")
         used = sorted({u.args[1] for u in n.users if u.target is operator.getitem})
         masked = _has_output_mask(n.target)
-        # In eval mode the kernels return the saved statistics (outputs 1 and
-        # on) empty, where the meta functions give their full shape: they
-        # hold no memory.
-        empty_stats = name in _STATS_IN_PLACE and not _arg(n, "training", 5)
+        # In eval mode cuDNN's, MIOpen's and the CPU's kernels return the
+        # saved statistics (outputs 1 and on) empty, where the meta functions
+        # give their full shape: they hold no memory. CUDA's native kernel
+        # fills them (the running statistics' copies): counted.
+        eval_stats = name in _STATS_IN_PLACE and not _arg(n, "training", 5)
+        empty_stats = eval_stats and (name != "native_batch_norm" or
+                                      value[0].device.type == "cpu")
 
         def held(j, v):
             return 0 if empty_stats and j > 0 else self._device_bytes(v)
@@ -316,9 +321,10 @@ class StepGraph:
                 raise CaptureError(f"operator {n.target} returns {type(element).__name__} as "
                                    f"output {k}, which pebble.torch cannot plan")
             node = self._output(n, k, element, inputs)
-            if empty_stats and k > 0:
-                node.empty_when_run = True
-                node.nbytes = 0
+            if eval_stats and k > 0:
+                node.empty_when_run = True  # (the executor's check takes both)
+                if empty_stats:
+                    node.nbytes = 0
             if node.kind == "op":
                 if masked:
                     node.mask = [i == k for i in range(len(value))]

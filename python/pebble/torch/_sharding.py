@@ -339,6 +339,11 @@ class Shards:
             updates.rebind(self._built.parameters)
             self.params = dict(updates.params)
             self.released = True  # (unbuild() puts the meta tensors back)
+            try:
+                self._make_staging(device)
+            except BaseException:
+                self.unbuild()  # the module as given (agreed() raises on every rank)
+                raise
         else:
             for name, p in self.params.items():
                 self.shards[name] = self._shard_of(name, p)
@@ -346,19 +351,22 @@ class Shards:
             # (release()), so that a failure on the way leaves the module as
             # it was.
             self.released = False
-        # dtype -> the staging buffer (Note [One staging buffer for the
-        # reduce-scatters]); made after the build's last collective, so that a
-        # failure here on one rank meets the others at agreed()'s.
+            self._make_staging(device)
+        # Note [Scalars without allocations] (_optimizer.py): a held 0-dim
+        # tensor divides.
+        self._ranks = torch.full((), float(self.ranks))
+        self.round_to = 1  # the allocator's granularity (shard_graph)
+
+    def _make_staging(self, device):
+        """dtype -> the staging buffer (Note [One staging buffer for the
+        reduce-scatters]); made after the build's last collective, so that a
+        failure here on one rank meets the others at agreed()'s."""
         self.staging = {}
         for name, shape in self.shapes.items():
             dtype, numel = self.params[name].dtype, math.prod(shape)
             held = self.staging.get(dtype)
             if held is None or held.numel() < numel:
                 self.staging[dtype] = torch.empty(numel, dtype=dtype, device=device)
-        # Note [Scalars without allocations] (_optimizer.py): a held 0-dim
-        # tensor divides.
-        self._ranks = torch.full((), float(self.ranks))
-        self.round_to = 1  # the allocator's granularity (shard_graph)
 
     def unbuild(self):
         """After the first step of a module built here failed (its capture,
