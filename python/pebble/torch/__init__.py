@@ -236,8 +236,9 @@ class TrainStep:
             error = e
         if self.process_group is not None:
             check_same_setup(lambda: _setup_of(model, inputs, example_target, optimizer, dict(
-                shard=shard, device=self.device.type, **self.options, calibrate=calibrate, measure=measure,
-                allow_cpu_offload=allow_cpu_offload, optimizer_state=optimizer_state,
+                shard=shard, device=self.device.type, **self.options, calibrate=calibrate,
+                measure=measure, allow_cpu_offload=allow_cpu_offload,
+                optimizer_state=optimizer_state,
                 optimizer_updates=optimizer_updates, optimizer_gradients=optimizer_gradients,
                 optimizer_parameters=optimizer_parameters, network=network,
                 network_latency=network_latency, buckets=buckets,
