@@ -174,11 +174,10 @@ struct RunPlan {
   PlanResult plan;
 };
 
-// The planner's options for `f`, and in `p` the figures they come from.
-// `reference` (default: `graph`) is the graph whose baseline peak a budget
-// in percent is of.
-absl::StatusOr<PlannerOptions> RunPlannerOptions(const RunFlags& f, const Graph& graph,
-                                                 const Graph* reference, RunPlan& p) {
+// The planner's options for `f`, and in `p` the figures they come from;
+// `baseline_peak` is the peak a budget in percent is of.
+absl::StatusOr<PlannerOptions> RunPlannerOptions(const RunFlags& f, int64_t baseline_peak,
+                                                 RunPlan& p) {
   PlannerOptions options;
   ASSIGN_OR_RETURN(options.host_bandwidth_bytes_per_s, f.source.PlannerBandwidth(f.bandwidth));
   p.bandwidth_bytes_per_s = options.host_bandwidth_bytes_per_s;
@@ -192,8 +191,8 @@ absl::StatusOr<PlannerOptions> RunPlannerOptions(const RunFlags& f, const Graph&
     options.host_budget_bytes = hb;
   }
   ASSIGN_OR_RETURN(BudgetSpec spec, ParseBudget(f.budget));
-  ASSIGN_OR_RETURN(p.baseline_peak, BaselinePeak(reference != nullptr ? *reference : graph));
-  options.budget_bytes = ResolveBudget(spec, p.baseline_peak);
+  p.baseline_peak = baseline_peak;
+  options.budget_bytes = ResolveBudget(spec, baseline_peak);
   // A given schedule is run as it is: no budget unless one is asked for.
   if (!f.schedule_path.empty() && !f.budget_given) options.budget_bytes = INT64_MAX;
   return options;
@@ -213,20 +212,25 @@ absl::Status CheckScheduleFlags(const RunFlags& f, const PlannerOptions& options
 // What every rank checks of the planning flags before the ranks meet, so
 // that a bad one fails at once rather than after rank 0's plan or the
 // timeout: each flag's value, and the policy's name.
-absl::Status CheckPlanFlags(const RunFlags& f, const Graph& graph) {
+absl::Status CheckPlanFlags(const RunFlags& f) {
   RunFlags quiet = f;
   quiet.quiet = true;
   RunPlan unused;
-  ASSIGN_OR_RETURN(const PlannerOptions options, RunPlannerOptions(quiet, graph, nullptr, unused));
+  ASSIGN_OR_RETURN(const PlannerOptions options,
+                   RunPlannerOptions(quiet, /*baseline_peak=*/0, unused));
   RETURN_IF_ERROR(CheckScheduleFlags(f, options));
   if (f.schedule_path.empty() && !f.policy.empty()) return MakePlanner(f.policy).status();
   return absl::OkStatus();
 }
 
+// `reference` (default: `graph`) is the graph whose baseline peak a budget
+// in percent is of.
 absl::StatusOr<RunPlan> MakeRunPlan(const RunFlags& f, const Graph& graph,
                                     const Graph* reference = nullptr) {
   RunPlan p;
-  ASSIGN_OR_RETURN(const PlannerOptions options, RunPlannerOptions(f, graph, reference, p));
+  ASSIGN_OR_RETURN(const int64_t baseline_peak,
+                   BaselinePeak(reference != nullptr ? *reference : graph));
+  ASSIGN_OR_RETURN(const PlannerOptions options, RunPlannerOptions(f, baseline_peak, p));
   RETURN_IF_ERROR(CheckScheduleFlags(f, options));
   if (!f.schedule_path.empty()) {
     p.policy = "schedule";
@@ -485,7 +489,6 @@ nlohmann::json RunPlanToJson(const Graph& graph, const RunPlan& p, const std::st
           {"budget_bytes", p.budget_bytes},
           {"planner_budget_bytes", p.planner_budget_bytes},
           {"baseline_peak_bytes", p.baseline_peak},
-          {"feasible", p.plan.feasible},
           {"message", p.plan.message},
           {"host_bandwidth_bytes_per_s", p.bandwidth_bytes_per_s},
           {"network_bandwidth_bytes_per_s", p.network.bandwidth_bytes_per_s},
@@ -509,12 +512,12 @@ absl::StatusOr<RunPlan> RunPlanOfRank0(const RunFlags& f, const nlohmann::json& 
   RunPlan p;
   RunFlags quiet = f;
   quiet.quiet = true;
-  ASSIGN_OR_RETURN(PlannerOptions options, RunPlannerOptions(quiet, graph, nullptr, p));
+  ASSIGN_OR_RETURN(PlannerOptions options,
+                   RunPlannerOptions(quiet, doc.at("baseline_peak_bytes").get<int64_t>(), p));
   p.policy = doc.at("policy").get<std::string>();
   p.budget_text = doc.at("budget").get<std::string>();
   p.budget_bytes = doc.at("budget_bytes").get<int64_t>();
   p.planner_budget_bytes = doc.at("planner_budget_bytes").get<int64_t>();
-  p.baseline_peak = doc.at("baseline_peak_bytes").get<int64_t>();
   p.bandwidth_bytes_per_s = doc.at("host_bandwidth_bytes_per_s").get<double>();
   p.network = {.bandwidth_bytes_per_s = doc.at("network_bandwidth_bytes_per_s").get<double>(),
                .latency_s = doc.at("network_latency_s").get<double>()};
@@ -602,7 +605,7 @@ int RunRun(const RunFlags& given) {
   // With several ranks, the ranks meet first: rank 0 plans for them all.
   std::unique_ptr<Collectives> collectives;
   if (f.rank_flags.ranks > 1) {
-    if (absl::Status s = CheckPlanFlags(f, *graph); !s.ok()) return Fail(s);
+    if (absl::Status s = CheckPlanFlags(f); !s.ok()) return Fail(s);
     auto connected = ConnectGloo(f.process.Gloo(f.rank_flags.ranks));
     if (!connected.ok()) return Fail(connected.status());
     collectives = *std::move(connected);

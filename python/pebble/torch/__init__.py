@@ -294,18 +294,22 @@ class TrainStep:
             self.shards.release()
         self.report = dict(self._variant.report)
 
-    def _refuse_new_trainable(self):
+    def _check_trainable(self):
         """ValueError where a parameter became trainable after the step was
         made with its optimizer, whose updates the plan has for the
-        parameters trainable then (freezing one later is fine)."""
+        parameters trainable then (freezing one later is fine, but for a
+        sharded step, whose shards are of those parameters)."""
         if self.updates is None:
             return
-        added = [n for n, p in self.model.named_parameters()
-                 if p.requires_grad and n not in self.updates.params]
+        trainable = [n for n, p in self.model.named_parameters() if p.requires_grad]
+        added = [n for n in trainable if n not in self.updates.params]
         if added:
             raise ValueError(f"parameter '{added[0]}' became trainable (requires_grad) after "
                              "the step was made with its optimizer, whose updates it plans for "
                              "the parameters trainable then: make a new train_step")
+        if self.shards is not None and set(trainable) != set(self.shards.params):
+            raise ValueError("the module's trainable parameters changed since the sharded step "
+                             "was made (requires_grad): make a new train_step")
 
     def full_state_dict(self):
         """The module's state_dict, every parameter whole, as copies. Sharded
@@ -377,7 +381,7 @@ class TrainStep:
             if t.device != self.device:
                 raise ValueError(f"an input is on {t.device}; the module is on {self.device}")
         if self.process_group is None:
-            self._refuse_new_trainable()
+            self._check_trainable()
             variant = self._variant_for(inputs, target)
             loss = variant.run(inputs, target)
         else:  # Note [One plan on every rank]
@@ -385,13 +389,7 @@ class TrainStep:
             # Each of these fails on every rank alike, which leaves the ranks
             # in step: other calls on some rank, a capture or plan that fails.
             check_same_call(self._signature(inputs, target), self.process_group)
-            self._refuse_new_trainable()  # (every rank alike: the signature holds them)
-            if self.shards is not None:
-                trainable = {n for n, p in self.model.named_parameters() if p.requires_grad}
-                if trainable != set(self.shards.params):
-                    raise ValueError("the module's trainable parameters changed since the "
-                                     "sharded step was made (requires_grad): make a new "
-                                     "train_step")
+            self._check_trainable()  # (every rank alike: the signature holds them)
             variant = self._variant_for(inputs, target)
             try:
                 loss = variant.run(inputs, target)

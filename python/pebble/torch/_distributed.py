@@ -334,14 +334,21 @@ def agree(error, group):
     others a PlanError naming the first rank that failed and why. Call it
     where each rank may fail alone, before the next collective."""
     import torch.distributed as dist
-    from . import PlanError
     mine = None if error is None else f"{type(error).__name__}: {error}"
     reports = [None] * dist.get_world_size(group)
     _collective("comparing the ranks' captures and plans", dist.all_gather_object, reports,
                 mine, group=group)
+    _raise_first_failure(error, reports)
+
+
+def _raise_first_failure(error, whys):
+    """Once the ranks have shared whether each failed (`whys`: per rank, its
+    error's text or None): this rank's own `error`, else a PlanError naming
+    the first rank that failed and why."""
+    from . import PlanError
     if error is not None:
         raise error
-    failed = [(rank, why) for rank, why in enumerate(reports) if why is not None]
+    failed = [(rank, why) for rank, why in enumerate(whys) if why is not None]
     if failed:
         rank, why = failed[0]
         raise PlanError(f"rank {rank} failed, so this rank stops too: {why}")
@@ -368,12 +375,7 @@ def check_same_setup(setup, error, group):
     reports = [None] * dist.get_world_size(group)
     _collective("comparing the ranks' train_step arguments", dist.all_gather_object, reports,
                 mine if error is None else f"{type(error).__name__}: {error}", group=group)
-    if error is not None:
-        raise error
-    failed = [(rank, why) for rank, why in enumerate(reports) if isinstance(why, str)]
-    if failed:
-        rank, why = failed[0]
-        raise PlanError(f"rank {rank} failed, so this rank stops too: {why}")
+    _raise_first_failure(error, [r if isinstance(r, str) else None for r in reports])
     for what, value in reports[0].items():
         differ = [rank for rank, report in enumerate(reports) if report.get(what) != value]
         if differ:
