@@ -36,6 +36,10 @@ Each rank takes its slice of one batch. Checks, on every rank:
   module given on the meta device is built in shards (by the allocator);
 - a process group of one rank runs the single process's step, no
   all-reduce planned;
+- a rank whose step fails mid-step while its process lives on (before any
+  collective, with collectives in flight, after the last; data parallel and
+  sharded): every rank fails at once, naming it, and the group is back in
+  step (an all-reduce after it sums right, a new train_step trains);
 - a rank that dies mid-step, data parallel and (in a group of its own)
   sharded: the others' step fails within the process group's timeout with
   pebble.torch's error saying a rank may have stopped, and none hangs.
@@ -950,6 +954,92 @@ def _name(model, param):
     return next(n for n, p in model.named_parameters() if p is param)
 
 
+def check_live_failure(torch, pt, dist, rank, ranks, shard, where):
+    """The last rank's run fails and its process lives on (docs/torch.md, "A
+    rank that fails mid-step"), `where`: at its first compute ("forward",
+    before any collective), at the first compute after its first collective
+    ("backward", collectives in flight) or after its last step ("end",
+    every collective started); or every rank fails, each at another compute
+    of the backward ("every"). Every rank fails at once, its own error or
+    one naming the rank that failed; the group is back in step; the step
+    refuses further calls; and, data parallel, a new train_step trains on
+    the same group."""
+    from pebble.torch import _executor
+    what = f"a live rank failing in the {where}{' (sharded)' if shard == 'full' else ''}"
+    failures = []
+    torch.manual_seed(0)
+    model = make_model(torch)
+    (x, y), = batches(torch, ranks, 1)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    kwargs = dict(shard=shard, policy="fsdp" if shard == "full" else "rotor", budget="min",
+                  optimizer=opt, process_group=dist.group.WORLD)
+    step = pt.train_step(model, torch.nn.functional.cross_entropy, (mine(x, rank),),
+                         mine(y, rank), **kwargs)
+    step(mine(x, rank), mine(y, rank))
+    opt.zero_grad(set_to_none=True)  # (the same signature: no capture below)
+    steps = step._variant.program.steps
+    started = [i for i, (kind, node) in enumerate(steps)
+               if kind == _executor.REDUCE or (kind == _executor.FOREIGN and
+                                               node[0] == "compute" and
+                                               node[1].split(":")[0] in ("gather", "scatter"))]
+    computes = [i for i, (kind, _) in enumerate(steps) if kind == _executor.COMPUTE]
+    later = [i for i in computes if i > started[0]]
+    target = computes[0] if where == "forward" else later[rank if where == "every" else 0]
+    failing = where == "every" or rank == ranks - 1
+    compute, finish = _executor._RunState.compute, _executor._RunState.finish
+
+    def compute_or_fail(state, i, node):
+        if failing and where != "end" and i == target:
+            raise RuntimeError("an injected failure of a kernel")
+        return compute(state, i, node)
+
+    def finish_and_fail(state):
+        finish(state)
+        if failing and where == "end":
+            raise RuntimeError("an injected failure of a kernel")
+    _executor._RunState.compute, _executor._RunState.finish = compute_or_fail, finish_and_fail
+    start = time.monotonic()
+    try:
+        step(mine(x, rank), mine(y, rank))
+        failures.append(f"{what}: the step did not fail on rank {rank}")
+    except (RuntimeError, pt.PlanExecutionError) as e:
+        expected = ("an injected failure" if failing else
+                    f"rank {ranks - 1} failed mid-step, so this rank stops too")
+        if expected not in str(e) or "injected" not in str(e):
+            failures.append(f"{what}: rank {rank} failed with '{e}'")
+    finally:
+        _executor._RunState.compute, _executor._RunState.finish = compute, finish
+    elapsed = time.monotonic() - start
+    if elapsed > 20:  # the group's timeout is minutes
+        failures.append(f"{what}: rank {rank} took {elapsed:.1f} s to fail")
+    t = torch.full((3,), float(rank + 1))
+    try:  # a group out of step would pair this with a collective of the failed step
+        dist.all_reduce(t, async_op=True).wait(datetime.timedelta(seconds=20))
+        if not torch.equal(t, torch.full((3,), ranks * (ranks + 1) / 2)):
+            failures.append(f"{what}: an all-reduce after it sums to {t.tolist()}")
+    except RuntimeError as e:
+        failures.append(f"{what}: an all-reduce after it failed: {e}")
+    opt.zero_grad(set_to_none=True)
+    try:
+        step(mine(x, rank), mine(y, rank))
+        failures.append(f"{what}: the failed step took another call")
+    except (pt.PlanExecutionError, pt.PlanError) as e:  # (the others: the failed one's)
+        if "an earlier step failed" not in str(e) or \
+                not (failing or f"rank {ranks - 1} failed" in str(e)):
+            failures.append(f"{what}: the next call was refused with '{e}'")
+    if shard == "none":
+        kwargs["optimizer"] = torch.optim.Adam(model.parameters(), lr=1e-2)
+        again = pt.train_step(model, torch.nn.functional.cross_entropy, (mine(x, rank),),
+                              mine(y, rank), **kwargs)
+        again(mine(x, rank), mine(y, rank))
+        flat = torch.cat([p.detach().flatten() for p in model.parameters()])
+        every = [torch.empty_like(flat) for _ in range(ranks)]
+        dist.all_gather(every, flat)
+        if any(not torch.equal(other, every[0]) for other in every):
+            failures.append(f"{what}: a new train_step's parameters differ between the ranks")
+    return failures
+
+
 def check_dead_rank(torch, pt, dist, rank, ranks, shard="none"):
     """The last rank dies instead of stepping; the others must fail cleanly
     (sharded: in a gather or a reduce-scatter in flight)."""
@@ -1126,6 +1216,10 @@ def checks(torch, pt, dist, rank, ranks):
     if every:
         failures += check_gathers_freed_apart(torch, pt, dist, rank, ranks)
     failures += check_sharded_failure(torch, pt, dist, rank, ranks)
+    for shard, where in ((("none", "forward"), ("none", "backward"), ("none", "end"),
+                          ("none", "every"), ("full", "backward"), ("full", "end")) if every else
+                         (("none", "backward"), ("full", "backward"))):
+        failures += check_live_failure(torch, pt, dist, rank, ranks, shard, where)
     for parameters in ("device", "host") if every else ():
         failures += check_failed_host_update(torch, pt, dist, rank, ranks, parameters)
     return failures
@@ -1192,8 +1286,9 @@ def main():
         return 1
     print(f"PASS: {args.ranks} ranks: gradients of the whole batch, five SGD and Adam steps "
           "as DistributedDataParallel's (updates on the device and the host), sharded "
-          "training as eager's on the whole batch, measured peak == predicted, a dead rank "
-          "fails the others cleanly (data parallel and sharded)")
+          "training as eager's on the whole batch, measured peak == predicted, a rank "
+          "failing mid-step fails the others at once and leaves the group in step, a dead "
+          "rank fails the others cleanly (data parallel and sharded)")
     return 0
 
 

@@ -24,15 +24,17 @@ documents the API and its limits.
 import json
 import math
 import time
+import uuid
 
 import torch
 
 from .. import _core
 from ._calibrate import calibrate, estimated
 from ._capture import CaptureError, propagate, trace
-from ._distributed import (GradientAverage, agreed, broadcast_module, check_same_call,
-                           check_same_collective, check_same_graph, check_same_setup,
-                           is_rank_0, measure_link, plan_of_rank_0, same_on_every_rank)
+from ._distributed import (GradientAverage, StepCollectives, agreed, broadcast_module,
+                           check_same_call, check_same_collective, check_same_graph,
+                           check_same_setup, is_rank_0, measure_link, plan_of_rank_0,
+                           same_on_every_rank)
 from ._executor import FREE, PlanExecutionError, Program, draws_in_eager_order
 from ._graph import StepGraph
 from ._memory import AllocatorPeak, TensorMemory, allocated_where_profiled, measure, tensor_bytes
@@ -268,12 +270,19 @@ class TrainStep:
                 self.network = same_on_every_rank(
                     measure_link(self.process_group, self.device), self.process_group)
                 self.network_measured = self.network is not None
+        # The board of this step's failures (Note [A rank that fails
+        # mid-step]), named by rank 0.
+        self.collectives = None
+        if self.process_group is not None and _world_size(self.process_group) > 1:
+            self.collectives = StepCollectives(
+                self.process_group, self.device,
+                same_on_every_rank(uuid.uuid4().hex, self.process_group, "the step's name"))
         # The parameters' shards (shard="full"): the module's are empty once
         # the first step is planned and the optimizer's state made.
         self.shards = None
         if shard == "full":
             self.shards = agreed(lambda: Shards(model, self.process_group, self.updates,
-                                                self.device, param_init),
+                                                self.collectives, self.device, param_init),
                                  self.process_group)
         self._captures = {}  # signature -> _Capture, shared with replan()'s steps
         self._variants = {}  # signature -> _Variant (its capture and this step's plan)
@@ -316,8 +325,7 @@ class TrainStep:
         (shard="full"), it gathers the parameters, on every rank: call it on
         every rank together."""
         if self.shards is not None:
-            self._refuse_after_failure()
-            check_same_collective("full_state_dict()", self.process_group)
+            check_same_collective("full_state_dict()", self.process_group, self._refusal())
             try:
                 return self.shards.full_state_dict()
             except Exception as e:
@@ -341,6 +349,8 @@ class TrainStep:
         if options:
             raise TypeError(f"replan() got unexpected arguments: {', '.join(options)}")
         new._variants = {}
+        if self.collectives is not None:
+            new.collectives = self.collectives.derive()
         key = self._variant.key
         new._variant = new._variants[key] = _Variant(new, self._captures[key])
         new.report = dict(new._variant.report)
@@ -385,10 +395,11 @@ class TrainStep:
             variant = self._variant_for(inputs, target)
             loss = variant.run(inputs, target)
         else:  # Note [One plan on every rank]
-            self._refuse_after_failure()
             # Each of these fails on every rank alike, which leaves the ranks
             # in step: other calls on some rank, a capture or plan that fails.
-            check_same_call(self._signature(inputs, target), self.process_group)
+            # A rank whose step failed refuses on every rank (its refusal).
+            check_same_call(self._signature(inputs, target), self.process_group,
+                            self._refusal())
             self._check_trainable()  # (every rank alike: the signature holds them)
             variant = self._variant_for(inputs, target)
             try:
@@ -401,11 +412,14 @@ class TrainStep:
         self.report["shapes_planned"] = len(self._variants)
         return loss
 
-    def _refuse_after_failure(self):
-        if self._failed is not None:
-            raise PlanExecutionError(f"an earlier step failed on this rank ({self._failed}), "
-                                     "which leaves its collectives out of step with the "
-                                     "other ranks': make a new process group and train_step")
+    def _refusal(self):
+        """The error of a call after a failed step (None: no step failed)."""
+        if self._failed is None:
+            return None
+        return PlanExecutionError(
+            f"an earlier step failed ({self._failed}), after which the module may differ "
+            "between the ranks: make a new train_step (and a new process group where a rank "
+            "stopped or the group timed out; a module this step shards, from a checkpoint)")
 
     @property
     def plan(self):
@@ -593,7 +607,8 @@ class _Variant:
                 + self.placement.resident_state_bytes)
         self.program = Program(self.graph_nodes, schedule, self.device,
                                foreign=foreign, rebind=self._rebind,
-                               sync=GradientAverage(group) if averaged else None)
+                               sync=GradientAverage(step.collectives) if averaged else None,
+                               collectives=step.collectives)
         self.predicted_peak_bytes = self._peak_as_run()
         # The parameters the plan frees for their updates on the host.
         self.freed_parameters = [node.slot.names[0] for kind, node in self.program.steps
@@ -775,6 +790,23 @@ class _Variant:
     # --- running --------------------------------------------------------------
 
     def run(self, inputs, target):
+        """One step: the loss. In a process group, a failure on any rank
+        fails it on every rank (Note [A rank that fails mid-step])."""
+        collectives = self.step.collectives
+        if collectives is None:
+            return self._run(inputs, target)
+        collectives.begin()
+        try:
+            loss = self._run(inputs, target)
+            collectives.end()
+            return loss
+        except BaseException as e:
+            error = collectives.fail(e)  # (where the program's run has not)
+            if error is e:
+                raise
+            raise error from None
+
+    def _run(self, inputs, target):
         measured = self.device.type == "cuda" or self.step.measure_mode == "always" or (
             self.step.measure_mode == "first" and not self.measured_once)
         if measured and self.device.type == "cpu" and self.freed_parameters:

@@ -15,8 +15,9 @@ Each rank also checks, at every call, that the others make the same call
 (the same shapes, gradients held and training mode), and the ranks agree on
 failures before any collective that follows them: an error on one rank
 (a trace, a plan that does not fit) is raised on every rank, not left for
-the others to wait on. A step that failed leaves its TrainStep unusable,
-since its collectives are then out of step with the other ranks'.
+the others to wait on. A run that fails on one rank mid-step fails on every
+rank, and the ranks bring their collectives back in step (Note [A rank that
+fails mid-step]); the TrainStep is unusable after it.
 
 Note [Gradients averaged as they complete]: DistributedDataParallel's rule.
 Once the plan has completed a parameter's gradient and no later step of the
@@ -39,6 +40,7 @@ the plan although the memory is freed (docs/torch.md).
 
 import datetime
 import hashlib
+import json
 import time
 
 import torch
@@ -87,14 +89,13 @@ def _works_of(item):
 
 
 class GradientAverage:
-    """The all-reduce of each gradient of a run over the ranks of `group`
-    (Note [Gradients averaged as they complete])."""
+    """The all-reduce of each gradient of a run over the ranks, started and
+    waited for through `collectives` (a StepCollectives; Note [Gradients
+    averaged as they complete])."""
 
-    def __init__(self, group):
-        import torch.distributed as dist
-        self.dist = dist
-        self.group = group
-        self.ranks = dist.get_world_size(group)
+    def __init__(self, collectives):
+        self.collectives = collectives
+        self.ranks = collectives.ranks
         # Note [Scalars without allocations] (_optimizer.py): a held 0-dim
         # tensor, not a Python number, divides.
         self._ranks = torch.full((), float(self.ranks))
@@ -139,10 +140,7 @@ class GradientAverage:
 
     def _all_reduce(self, tensor):
         tensor.div_(self._ranks)
-        try:
-            return self.dist.all_reduce(tensor, group=self.group, async_op=True)
-        except RuntimeError as e:
-            raise _failed(e) from e
+        return self.collectives.all_reduce(tensor, "the all-reduce of a gradient")
 
     def settle(self, root_index):
         """Waits for the all-reduce of the storage `root_index`, if one is in
@@ -151,10 +149,7 @@ class GradientAverage:
         freed = 0
         for item in self.pending.pop(root_index, ()):
             for work in _works_of(item):
-                try:
-                    work.wait()
-                except RuntimeError as e:
-                    raise _failed(e) from e
+                self.collectives.wait(work, "the all-reduce of a gradient")
             if isinstance(item, _Bucket):
                 freed += self._unpack(item)
         return freed
@@ -265,10 +260,15 @@ def measure_link(group, device, small=1 << 10, large=1 << 21, repeats=5, attempt
     return bandwidth, latency
 
 
+class CollectiveFailed(PlanExecutionError):
+    """A collective of torch.distributed failed: a rank stopped, or the
+    process group timed out."""
+
+
 def _failed(e, what="the all-reduce of a gradient"):
     lines = str(e).strip().splitlines()
-    return PlanExecutionError(f"{what} failed (a rank stopped, or the process group timed "
-                              f"out): {lines[0] if lines else e!r}")
+    return CollectiveFailed(f"{what} failed (a rank stopped, or the process group timed "
+                            f"out): {lines[0] if lines else e!r}")
 
 
 def _collective(what, call, *args, **kwargs):
@@ -278,6 +278,166 @@ def _collective(what, call, *args, **kwargs):
         return call(*args, **kwargs)
     except RuntimeError as e:
         raise _failed(e, what) from e
+
+
+# Note [A rank that fails mid-step]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# The collectives of a run pair up by their order on every rank. Where one
+# rank's run fails mid-step (a kernel, an update, memory) and its process
+# lives on, the collectives it did not start never complete on the others:
+# they would wait for the process group's timeout (30 minutes by default),
+# and the group would stay out of step for good. So the ranks of a
+# TrainStep share a board on the process group's store:
+# - a rank whose run fails posts its error and the collectives it started
+#   in the run (sizes and dtypes), then adds one to the board's count of
+#   failures;
+# - a rank waits for a collective in slices (WAIT_SLICE_S) and reads that
+#   count between them: where it is not 0, this rank stops too and posts the
+#   collectives it started;
+# - once every rank has posted, each starts on zeros the collectives it had
+#   not started, up to the longest list: every collective in flight on any
+#   rank then completes, and the group is in step again;
+# - every run ends with one more all-reduce, of a 0-dim tensor held for it:
+#   0 where the run succeeded, 1 where a rank fills it in after a failure.
+#   A rank that fails after its last collective, which the others would not
+#   wait for, so fails their run too.
+# Every rank then raises: a rank that failed its own error, the others a
+# PlanExecutionError naming the first rank that failed and why. The process
+# group stays usable; the TrainStep does not (its module may be updated on
+# some ranks only). A failed collective (a rank that died, a group that
+# timed out) has no board round: the group is broken, and the others' waits
+# fail at once or at its timeout. Only a step on the CPU keeps the board: on
+# a GPU (NCCL), a work's wait() orders the GPU's stream, not the host, so a
+# rank would not read the board while a collective hangs; there a failed
+# rank's peers still meet the group's timeout (NCCL's watchdog).
+
+WAIT_SLICE_S = 0.1
+
+
+class _PeerFailed(PlanExecutionError):
+    """Another rank's run failed (the board counts a failure): this rank's
+    run stops, and StepCollectives.fail() names that rank."""
+
+
+class StepCollectives:
+    """The collectives of one TrainStep's runs on `group` (all-reduces, each
+    async), and the board of failures beside them (Note [A rank that fails
+    mid-step]). `name`: the same on every rank, another for each TrainStep.
+    Outside a run (between begin() and end() or fail()), and on a GPU,
+    collectives are started and waited for as they are."""
+
+    def __init__(self, group, device, name):
+        import torch.distributed as dist
+        self.dist, self.group, self.device = dist, group, device
+        self.rank, self.ranks = dist.get_rank(group), dist.get_world_size(group)
+        self.store = dist.distributed_c10d._get_default_store()
+        self.name = name
+        self.key = f"pebble.torch/{name}/"
+        self.derived = 0
+        self.board = device.type == "cpu"
+        # Held, so that a run allocates nothing for it (the measured peak).
+        self.closing = torch.zeros((), dtype=torch.int32, device=device)
+        self.issued = None  # in a run: [(numel, dtype's name, closing?)] started
+
+    def derive(self):
+        """The collectives of a TrainStep made from this one's (replan()):
+        a board of its own, named alike on every rank."""
+        self.derived += 1
+        return StepCollectives(self.group, self.device, f"{self.name}.{self.derived}")
+
+    def begin(self):
+        if self.board:
+            self.issued = []
+
+    def all_reduce(self, tensor, what, closing=False):
+        """Starts the sum of `tensor` over the ranks, in place: its work."""
+        work = _collective(what, self.dist.all_reduce, tensor, group=self.group, async_op=True)
+        if self.issued is not None:
+            self.issued.append((tensor.numel(), str(tensor.dtype).split(".")[-1], closing))
+        return work
+
+    def wait(self, work, what):
+        """Waits for `work`; in a run, _PeerFailed where another rank failed
+        meanwhile."""
+        if self.issued is None:
+            _collective(what, work.wait)
+            return
+        slice_ = datetime.timedelta(seconds=WAIT_SLICE_S)
+        while True:
+            try:
+                work.wait(slice_)
+            except RuntimeError:
+                pass  # the slice ended ("Operation timed out!"), or the work failed
+            if work.is_completed():
+                _collective(what, work.wait)  # (its failure, if it failed)
+                return
+            self._check_board()
+
+    def _check_board(self):
+        try:
+            failures = self.store.add(self.key + "failures", 0)
+        except RuntimeError as e:
+            raise _failed(e, "reading the ranks' board of failures") from e
+        if failures:
+            raise _PeerFailed("another rank failed")
+
+    def end(self):
+        """The run's closing all-reduce: _PeerFailed where a rank failed."""
+        if self.issued is None:
+            return
+        self.closing.zero_()
+        work = self.all_reduce(self.closing, "the step's closing all-reduce", closing=True)
+        self.wait(work, "the step's closing all-reduce")
+        if int(self.closing) != 0:
+            raise _PeerFailed("another rank failed")
+        self.issued = None
+
+    def fail(self, error):
+        """After this rank's run failed with `error`: the board's round (Note
+        [A rank that fails mid-step]). Returns the error to raise: `error`,
+        or where another rank failed first, a PlanExecutionError naming it."""
+        issued, self.issued = self.issued, None
+        own = not isinstance(error, _PeerFailed)
+        if issued is None or isinstance(error, CollectiveFailed):
+            return error  # not in a run, or the group is broken
+        try:
+            self.store.set(self.key + f"issued/{self.rank}", json.dumps(
+                {"why": f"{type(error).__name__}: {error}" if own else None,
+                 "issued": issued}))
+            if own:
+                self.store.add(self.key + "failures", 1)
+            if not isinstance(error, Exception):
+                return error  # an interrupt: no waiting for the others
+            posts = self._posts()
+            self._fill(issued, max((p["issued"] for p in posts), key=len))
+        except RuntimeError as e:
+            if own:
+                return error
+            return _failed(e, "bringing the ranks' collectives back in step after another "
+                           "rank failed")
+        if own:
+            return error
+        failed = [(rank, p["why"]) for rank, p in enumerate(posts) if p["why"] is not None]
+        if not failed:
+            return PlanExecutionError("internal: the ranks' board counts a failure that no "
+                                      "rank posted")
+        rank, why = failed[0]
+        return PlanExecutionError(f"rank {rank} failed mid-step, so this rank stops too (the "
+                                  f"ranks' collectives are back in step): {why}")
+
+    def _posts(self):
+        """Every rank's post, waiting for it (the store's timeout)."""
+        keys = [self.key + f"issued/{rank}" for rank in range(self.ranks)]
+        self.store.wait(keys)
+        return [json.loads(self.store.get(key)) for key in keys]
+
+    def _fill(self, issued, longest):
+        """Starts on zeros, one at a time, the collectives of `longest` past
+        this rank's `issued`, and waits for each (a closing one holds 1)."""
+        for numel, dtype, closing in longest[len(issued):]:
+            t = torch.full((numel,), int(closing), dtype=getattr(torch, dtype),
+                           device=self.device)
+            self.dist.all_reduce(t, group=self.group)
 
 
 def same_on_every_rank(value, group, what="rank 0's calibration"):
@@ -400,35 +560,40 @@ def agreed(make, group):
     return value
 
 
-def check_same_call(signature, group):
+def check_same_call(signature, group, error=None):
     """PlanExecutionError unless every rank of `group` makes a call of the same
     signature (shapes, dtypes, gradients held, training mode): a rank that
     planned alone for other shapes would pair its collectives with the
-    others' wrongly."""
-    differing = _ranks_differing(signature, group, "calls")
+    others' wrongly. `error`: this rank's refusal of the call, or None
+    (raised as agree does, on every rank)."""
+    differing = _ranks_differing(signature, group, "calls", error)
     if differing:
         raise PlanExecutionError(
             f"ranks {differing} call the step with other shapes, gradients held or training "
             "mode than rank 0: every rank must make the same calls (equal slices of the batch)")
 
 
-def check_same_collective(what, group):
+def check_same_collective(what, group, error=None):
     """PlanExecutionError unless every rank of `group` calls `what` (a
-    collective of pebble.torch, such as full_state_dict()) together."""
-    differing = _ranks_differing(("collective", what), group, "calls")
+    collective of pebble.torch, such as full_state_dict()) together;
+    `error` as check_same_call takes it."""
+    differing = _ranks_differing(("collective", what), group, "calls", error)
     if differing:
         raise PlanExecutionError(f"{what} is a collective: every rank must call it together "
                                  f"(ranks {differing} made another call than rank 0)")
 
 
-def _ranks_differing(value, group, what):
+def _ranks_differing(value, group, what, error=None):
     """The ranks of `group` whose `value` (compared by a digest of its text,
-    sets sorted) differs from rank 0's."""
+    sets sorted) differs from rank 0's. Where a rank gives an `error` (this
+    rank's exception, or None), that is raised instead, as agree raises it."""
     import torch.distributed as dist
-    digest = hashlib.sha256(repr(_canonical(value)).encode()).hexdigest()
+    mine = ("failed", f"{type(error).__name__}: {error}") if error is not None else \
+        hashlib.sha256(repr(_canonical(value)).encode()).hexdigest()
     digests = [None] * dist.get_world_size(group)
-    _collective(f"comparing the ranks' {what}", dist.all_gather_object, digests, digest,
+    _collective(f"comparing the ranks' {what}", dist.all_gather_object, digests, mine,
                 group=group)
+    _raise_first_failure(error, [d[1] if isinstance(d, tuple) else None for d in digests])
     return [rank for rank, d in enumerate(digests) if d != digests[0]]
 
 

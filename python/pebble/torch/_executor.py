@@ -122,7 +122,7 @@ class Program:
     """A schedule compiled against a StepGraph; `run` executes it."""
 
     def __init__(self, graph, schedule, device, streams=None, foreign=None, rebind=None,
-                 sync=None):
+                 sync=None, collectives=None):
         """`streams`: the module whose Stream, Event, stream, current_stream
         and synchronize order the copies (torch.cuda on a GPU; a test may give
         a stand-in to check the ordering on the CPU). `foreign`: the runner
@@ -132,13 +132,17 @@ class Program:
         called where the plan frees (tensor None) or prefetches a persistent
         node. `sync`: a _distributed.GradientAverage, which averages each
         gradient over the ranks (Note [Gradients averaged as they
-        complete])."""
+        complete]). `collectives`: the _distributed.StepCollectives of the
+        ranks' collectives that `sync` and `foreign` start: a failed run
+        brings them back in step on every rank (fail()) before it drains
+        them (Note [A rank that fails mid-step])."""
         self.graph = graph
         self.device = device
         self.by_id = by_id = {n.id: n for n in graph.nodes}
         self.foreign = foreign
         self.rebind = rebind
         self.sync = sync
+        self.collectives = collectives
         # The nodes whose value is a parameter's gradient at the step's end.
         self.gradients = {n.index for _, n in graph.grads} | \
             {acc.index for _, _, acc in graph.accumulators}
@@ -315,7 +319,10 @@ class Program:
             state.finish()
             if self.foreign is not None:
                 self.foreign.finish(state)
-        except BaseException:
+        except BaseException as e:
+            # Every collective in flight completes (on NCCL, the GPU may
+            # wait for one), before the drains below.
+            error = self.collectives.fail(e) if self.collectives is not None else e
             if self.cuda:  # no copy may still write a tensor dropped below
                 self.streams.synchronize(self.device)
             if self.sync is not None:
@@ -323,7 +330,9 @@ class Program:
             if self.foreign is not None:
                 self.foreign.abort()
             state.restore_persistent()
-            raise
+            if error is e:
+                raise
+            raise error from None
         result = state.result
         result.time_s = time.perf_counter() - start
         g = self.graph

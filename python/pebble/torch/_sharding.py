@@ -290,11 +290,14 @@ class Shards:
     module on the meta device is made here, on `device`, a module at a time
     (build_in_shards; `param_init` as it takes it)."""
 
-    def __init__(self, model, group, updates, device=None, param_init=None):
+    def __init__(self, model, group, updates, collectives, device=None, param_init=None):
         import torch.distributed as dist
         self.dist = dist
         self.model = model
         self.group = group
+        # The all-reduces of the gathers and reduce-scatters start and are
+        # waited for there (Note [A rank that fails mid-step]).
+        self.collectives = collectives
         self.ranks = dist.get_world_size(group)
         self.rank = dist.get_rank(group)
         if self.ranks < 2:
@@ -459,9 +462,8 @@ class Shards:
         for (name, offset), source in zip(places, sources):
             lo, hi = self.bounds(name)
             flat[offset + lo:offset + hi].copy_(source[:hi - lo])
-        work = None if local else _collective(self.gather_what(names[0], len(names)),
-                                              self.dist.all_reduce, flat, group=self.group,
-                                              async_op=True)
+        work = None if local else self.collectives.all_reduce(
+            flat, self.gather_what(names[0], len(names)))
         wholes = [flat[offset:offset + math.prod(self.shapes[name])].view(self.shapes[name])
                   for name, offset in places]
         return wholes, work
@@ -485,14 +487,13 @@ class Shards:
         # (made before the all-reduce starts: a failure then leaves none in flight)
         shards = [torch.zeros(self.shard_numel(name), dtype=grad.dtype, device=grad.device)
                   for name, grad in zip(names, grads)]
-        work = _collective(self._scatter_what(names[0], len(names)), self.dist.all_reduce,
-                           buffer, group=self.group, async_op=True)
+        work = self.collectives.all_reduce(buffer, self._scatter_what(names[0], len(names)))
         return shards, offsets, work
 
     def complete_scatter(self, name, shard, work, offset=0):
         """Waits for the reduce-scatter `work` of `name` and copies this rank's
         part of the staging buffer (its gradient from `offset`) into `shard`."""
-        _collective(self._scatter_what(name), work.wait)
+        self.collectives.wait(work, self._scatter_what(name))
         lo, hi = self.bounds(name)
         shard[:hi - lo].copy_(self.staging[shard.dtype][offset + lo:offset + hi])
 
@@ -522,7 +523,7 @@ class Shards:
             with torch.no_grad():
                 for name, p in self.params.items():
                     (whole,), work = self.gather([name])
-                    _collective(self.gather_what(name), work.wait)
+                    self.collectives.wait(work, self.gather_what(name))
                     p.data = whole
             yield
         finally:
@@ -1019,7 +1020,7 @@ class ShardedRunner:
         for node, whole, nbytes in zip(nodes, wholes, counted):
             run.put(node, whole, nbytes)
             if work is not None:
-                run.wait_before(node, lambda: _collective(what, work.wait))
+                run.wait_before(node, lambda: self.shards.collectives.wait(work, what))
         if work is not None:
             self.works.append(work)
 
