@@ -954,18 +954,21 @@ def _name(model, param):
     return next(n for n, p in model.named_parameters() if p is param)
 
 
-def check_live_failure(torch, pt, dist, rank, ranks, shard, where):
+def check_live_failure(torch, pt, dist, rank, ranks, shard, where, replanned=False):
     """The last rank's run fails and its process lives on (docs/torch.md, "A
-    rank that fails mid-step"), `where`: at its first compute ("forward",
-    before any collective), at the first compute after its first collective
-    ("backward", collectives in flight) or after its last step ("end",
-    every collective started); or every rank fails, each at another compute
-    of the backward ("every"). Every rank fails at once, its own error or
-    one naming the rank that failed; the group is back in step; the step
-    refuses further calls; and, data parallel, a new train_step trains on
-    the same group."""
+    rank that fails mid-step"), `where`: before the plan runs ("before"), at
+    its first compute ("forward", before any collective), at the first
+    compute after its first all-reduce or reduce-scatter ("backward",
+    collectives in flight) or after its last step ("end", every collective
+    started); or every rank fails, each at another compute of the backward
+    ("every"). `replanned`: the step is a replan() of the first. Every rank
+    fails at once, its own error or one naming the rank that failed; the
+    group is back in step; the step refuses further calls, on every rank;
+    and, data parallel, a new train_step trains on the same group."""
+    import pebble.torch
     from pebble.torch import _executor
-    what = f"a live rank failing in the {where}{' (sharded)' if shard == 'full' else ''}"
+    what = (f"a live rank failing {where}{' (sharded)' if shard == 'full' else ''}"
+            f"{' (replanned)' if replanned else ''}")
     failures = []
     torch.manual_seed(0)
     model = make_model(torch)
@@ -976,39 +979,54 @@ def check_live_failure(torch, pt, dist, rank, ranks, shard, where):
     step = pt.train_step(model, torch.nn.functional.cross_entropy, (mine(x, rank),),
                          mine(y, rank), **kwargs)
     step(mine(x, rank), mine(y, rank))
+    if replanned:
+        step = step.replan(policy="dtr", budget="min")
+        step(mine(x, rank), mine(y, rank))
     opt.zero_grad(set_to_none=True)  # (the same signature: no capture below)
     steps = step._variant.program.steps
     started = [i for i, (kind, node) in enumerate(steps)
                if kind == _executor.REDUCE or (kind == _executor.FOREIGN and
                                                node[0] == "compute" and
-                                               node[1].split(":")[0] in ("gather", "scatter"))]
+                                               node[1].startswith("scatter:"))]
     computes = [i for i, (kind, _) in enumerate(steps) if kind == _executor.COMPUTE]
     later = [i for i in computes if i > started[0]]
     target = computes[0] if where == "forward" else later[rank if where == "every" else 0]
     failing = where == "every" or rank == ranks - 1
     compute, finish = _executor._RunState.compute, _executor._RunState.finish
+    run_step = pebble.torch._Variant._run_step
+
+    def injected():
+        return RuntimeError("an injected failure of a kernel")
 
     def compute_or_fail(state, i, node):
-        if failing and where != "end" and i == target:
-            raise RuntimeError("an injected failure of a kernel")
+        if failing and where in ("forward", "backward", "every") and i == target:
+            raise injected()
         return compute(state, i, node)
 
     def finish_and_fail(state):
         finish(state)
         if failing and where == "end":
-            raise RuntimeError("an injected failure of a kernel")
+            raise injected()
+
+    def run_step_or_fail(variant, persistent):
+        if failing and where == "before":
+            raise injected()
+        return run_step(variant, persistent)
     _executor._RunState.compute, _executor._RunState.finish = compute_or_fail, finish_and_fail
+    pebble.torch._Variant._run_step = run_step_or_fail
     start = time.monotonic()
     try:
         step(mine(x, rank), mine(y, rank))
         failures.append(f"{what}: the step did not fail on rank {rank}")
     except (RuntimeError, pt.PlanExecutionError) as e:
         expected = ("an injected failure" if failing else
-                    f"rank {ranks - 1} failed mid-step, so this rank stops too")
+                    f"rank {ranks - 1} failed mid-step, so this rank stops too (the ranks' "
+                    "collectives are back in step)")
         if expected not in str(e) or "injected" not in str(e):
             failures.append(f"{what}: rank {rank} failed with '{e}'")
     finally:
         _executor._RunState.compute, _executor._RunState.finish = compute, finish
+        pebble.torch._Variant._run_step = run_step
     elapsed = time.monotonic() - start
     if elapsed > 20:  # the group's timeout is minutes
         failures.append(f"{what}: rank {rank} took {elapsed:.1f} s to fail")
@@ -1023,7 +1041,7 @@ def check_live_failure(torch, pt, dist, rank, ranks, shard, where):
     try:
         step(mine(x, rank), mine(y, rank))
         failures.append(f"{what}: the failed step took another call")
-    except (pt.PlanExecutionError, pt.PlanError) as e:  # (the others: the failed one's)
+    except pt.PlanExecutionError as e:
         if "an earlier step failed" not in str(e) or \
                 not (failing or f"rank {ranks - 1} failed" in str(e)):
             failures.append(f"{what}: the next call was refused with '{e}'")
@@ -1031,13 +1049,41 @@ def check_live_failure(torch, pt, dist, rank, ranks, shard, where):
         kwargs["optimizer"] = torch.optim.Adam(model.parameters(), lr=1e-2)
         again = pt.train_step(model, torch.nn.functional.cross_entropy, (mine(x, rank),),
                               mine(y, rank), **kwargs)
+        before = torch.cat([p.detach().flatten() for p in model.parameters()])
         again(mine(x, rank), mine(y, rank))
         flat = torch.cat([p.detach().flatten() for p in model.parameters()])
         every = [torch.empty_like(flat) for _ in range(ranks)]
         dist.all_gather(every, flat)
-        if any(not torch.equal(other, every[0]) for other in every):
-            failures.append(f"{what}: a new train_step's parameters differ between the ranks")
+        if torch.equal(flat, before) or any(not torch.equal(o, every[0]) for o in every):
+            failures.append(f"{what}: a new train_step did not train the same parameters on "
+                            "every rank")
     return failures
+
+
+def check_refusal_of_one_rank(torch, pt, dist, rank, ranks):
+    """A step that refuses its calls on one rank alone (as after a failure
+    there, the ranks' collectives in step) makes every rank refuse the call
+    together, naming that rank, rather than leave the others in the call's
+    check; the ranks stay in step."""
+    torch.manual_seed(0)
+    model = make_model(torch)
+    (x, y), = batches(torch, ranks, 1)
+    step = pt.train_step(model, torch.nn.functional.cross_entropy, (mine(x, rank),),
+                         mine(y, rank), policy="rotor", budget="min",
+                         process_group=dist.group.WORLD)
+    if rank == 0:
+        step._failed = "RuntimeError: a failure on rank 0 alone"
+    try:
+        step(mine(x, rank), mine(y, rank))
+        return [f"a refusal on rank 0 alone: rank {rank} stepped"]
+    except pt.PlanExecutionError as e:
+        expected = "an earlier step failed" if rank == 0 else "rank 0 failed, so this rank"
+        if expected not in str(e) or "on rank 0 alone" not in str(e):
+            return [f"a refusal on rank 0 alone: rank {rank} refused with '{e}'"]
+    t = torch.ones(2)
+    dist.all_reduce(t, async_op=True).wait(datetime.timedelta(seconds=20))
+    return [] if torch.equal(t, torch.full((2,), float(ranks))) else \
+        [f"a refusal on rank 0 alone: an all-reduce after it sums to {t.tolist()}"]
 
 
 def check_dead_rank(torch, pt, dist, rank, ranks, shard="none"):
@@ -1216,10 +1262,15 @@ def checks(torch, pt, dist, rank, ranks):
     if every:
         failures += check_gathers_freed_apart(torch, pt, dist, rank, ranks)
     failures += check_sharded_failure(torch, pt, dist, rank, ranks)
-    for shard, where in ((("none", "forward"), ("none", "backward"), ("none", "end"),
-                          ("none", "every"), ("full", "backward"), ("full", "end")) if every else
+    for shard, where in ((("none", "before"), ("none", "forward"), ("none", "backward"),
+                          ("none", "end"), ("none", "every"), ("full", "backward"),
+                          ("full", "end")) if every else
                          (("none", "backward"), ("full", "backward"))):
         failures += check_live_failure(torch, pt, dist, rank, ranks, shard, where)
+    failures += check_live_failure(torch, pt, dist, rank, ranks, "full", "backward",
+                                   replanned=True)
+    if every:
+        failures += check_refusal_of_one_rank(torch, pt, dist, rank, ranks)
     for parameters in ("device", "host") if every else ():
         failures += check_failed_host_update(torch, pt, dist, rank, ranks, parameters)
     return failures

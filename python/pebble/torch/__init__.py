@@ -282,7 +282,7 @@ class TrainStep:
         self.shards = None
         if shard == "full":
             self.shards = agreed(lambda: Shards(model, self.process_group, self.updates,
-                                                self.collectives, self.device, param_init),
+                                                self.device, param_init),
                                  self.process_group)
         self._captures = {}  # signature -> _Capture, shared with replan()'s steps
         self._variants = {}  # signature -> _Variant (its capture and this step's plan)
@@ -325,11 +325,13 @@ class TrainStep:
         (shard="full"), it gathers the parameters, on every rank: call it on
         every rank together."""
         if self.shards is not None:
-            check_same_collective("full_state_dict()", self.process_group, self._refusal())
+            check_same_collective("full_state_dict()", self.process_group,
+                                  self._shared_refusal())
             try:
-                return self.shards.full_state_dict()
-            except Exception as e:
+                return self.shards.full_state_dict(self.collectives)
+            except BaseException as e:
                 self._failed = _why(e)
+                self.collectives.in_step = False  # (its gathers wait as they are)
                 raise
         return {k: v.detach().clone() for k, v in self.model.state_dict().items()}
 
@@ -397,14 +399,13 @@ class TrainStep:
         else:  # Note [One plan on every rank]
             # Each of these fails on every rank alike, which leaves the ranks
             # in step: other calls on some rank, a capture or plan that fails.
-            # A rank whose step failed refuses on every rank (its refusal).
             check_same_call(self._signature(inputs, target), self.process_group,
-                            self._refusal())
+                            self._shared_refusal())
             self._check_trainable()  # (every rank alike: the signature holds them)
             variant = self._variant_for(inputs, target)
             try:
                 loss = variant.run(inputs, target)
-            except Exception as e:
+            except BaseException as e:
                 self._failed = _why(e)
                 raise
         self._variant = variant
@@ -412,14 +413,24 @@ class TrainStep:
         self.report["shapes_planned"] = len(self._variants)
         return loss
 
-    def _refusal(self):
-        """The error of a call after a failed step (None: no step failed)."""
+    def _shared_refusal(self):
+        """The refusal of a call after a failed step (None: no step failed),
+        which the call's check shares with the other ranks. Where the ranks'
+        collectives may be out of step (Note [A rank that fails mid-step]),
+        that check would pair with them: it is raised here, on this rank
+        alone."""
         if self._failed is None:
             return None
-        return PlanExecutionError(
-            f"an earlier step failed ({self._failed}), after which the module may differ "
-            "between the ranks: make a new train_step (and a new process group where a rank "
-            "stopped or the group timed out; a module this step shards, from a checkpoint)")
+        in_step = self.collectives is not None and self.collectives.in_step
+        error = PlanExecutionError(
+            f"an earlier step failed ({self._failed}), " +
+            ("after which the module may differ between the ranks: make a new train_step on "
+             "this process group" if in_step else
+             "which may leave the process group's collectives out of step: make a new process "
+             "group and train_step") + " (a module this step shards: from a checkpoint)")
+        if not in_step:
+            raise error
+        return error
 
     @property
     def plan(self):
@@ -599,7 +610,8 @@ class _Variant:
         schedule, foreign = self.plan.schedule, self.updates
         if self.shards is not None:
             schedule = self.shards.translate(schedule)
-            foreign = ShardedRunner(self.shards, self.updates, self.graph_nodes, schedule)
+            foreign = ShardedRunner(self.shards, self.updates, self.graph_nodes, schedule,
+                                    collectives=step.collectives)
             # The shards and staging buffers the plan keeps on the device, and the state.
             self.persistent_bytes = (
                 _persistent_bytes(self.graph, but=self.updates.state_bytes,

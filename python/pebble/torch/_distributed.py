@@ -304,12 +304,15 @@ def _collective(what, call, *args, **kwargs):
 # Every rank then raises: a rank that failed its own error, the others a
 # PlanExecutionError naming the first rank that failed and why. The process
 # group stays usable; the TrainStep does not (its module may be updated on
-# some ranks only). A failed collective (a rank that died, a group that
-# timed out) has no board round: the group is broken, and the others' waits
-# fail at once or at its timeout. Only a step on the CPU keeps the board: on
-# a GPU (NCCL), a work's wait() orders the GPU's stream, not the host, so a
-# rank would not read the board while a collective hangs; there a failed
-# rank's peers still meet the group's timeout (NCCL's watchdog).
+# some ranks only), and refuses later calls on every rank together (the
+# call's check carries the refusal). A failed collective (a rank that died,
+# a group that timed out) and an interrupt post a "broken" failure, which
+# no rank fills in: the group stays out of step, and each rank's TrainStep
+# then refuses alone, with no collective that would pair wrongly. Only a
+# step on the CPU keeps the board: on a GPU (NCCL), a work's wait() orders
+# the GPU's stream, not the host, so a rank would not read the board while
+# a collective hangs; there a failed rank's peers still meet the group's
+# timeout (NCCL's watchdog).
 
 WAIT_SLICE_S = 0.1
 
@@ -336,8 +339,12 @@ class StepCollectives:
         self.derived = 0
         self.board = device.type == "cpu"
         # Held, so that a run allocates nothing for it (the measured peak).
-        self.closing = torch.zeros((), dtype=torch.int32, device=device)
+        self.closing = torch.zeros((), dtype=torch.int32) if self.board else None
         self.issued = None  # in a run: [(numel, dtype's name, closing?)] started
+        self.works = []  # in a run: their works
+        # Whether the ranks' collectives are known to be in step after the
+        # last run (a failed run: only after a whole round of the board).
+        self.in_step = True
 
     def derive(self):
         """The collectives of a TrainStep made from this one's (replan()):
@@ -346,14 +353,16 @@ class StepCollectives:
         return StepCollectives(self.group, self.device, f"{self.name}.{self.derived}")
 
     def begin(self):
+        self.in_step = False
         if self.board:
-            self.issued = []
+            self.issued, self.works = [], []
 
     def all_reduce(self, tensor, what, closing=False):
         """Starts the sum of `tensor` over the ranks, in place: its work."""
         work = _collective(what, self.dist.all_reduce, tensor, group=self.group, async_op=True)
         if self.issued is not None:
             self.issued.append((tensor.numel(), str(tensor.dtype).split(".")[-1], closing))
+            self.works.append(work)
         return work
 
     def wait(self, work, what):
@@ -383,53 +392,99 @@ class StepCollectives:
 
     def end(self):
         """The run's closing all-reduce: _PeerFailed where a rank failed."""
-        if self.issued is None:
-            return
-        self.closing.zero_()
-        work = self.all_reduce(self.closing, "the step's closing all-reduce", closing=True)
-        self.wait(work, "the step's closing all-reduce")
-        if int(self.closing) != 0:
-            raise _PeerFailed("another rank failed")
-        self.issued = None
+        if self.issued is not None:
+            self.closing.zero_()
+            work = self.all_reduce(self.closing, "the step's closing all-reduce", closing=True)
+            self.wait(work, "the step's closing all-reduce")
+            if int(self.closing) != 0:
+                raise _PeerFailed("another rank failed")
+        self.issued, self.works, self.in_step = None, [], True
 
     def fail(self, error):
         """After this rank's run failed with `error`: the board's round (Note
         [A rank that fails mid-step]). Returns the error to raise: `error`,
-        or where another rank failed first, a PlanExecutionError naming it."""
+        or where another rank failed first, a PlanExecutionError naming it.
+        in_step says whether the ranks' collectives are back in step."""
         issued, self.issued = self.issued, None
+        if issued is None:
+            return error  # not in a run (a round had already), or no board
         own = not isinstance(error, _PeerFailed)
-        if issued is None or isinstance(error, CollectiveFailed):
-            return error  # not in a run, or the group is broken
+        # No round where the group is broken, or on an interrupt (no waiting
+        # for the others): the group then stays out of step.
+        broken = isinstance(error, CollectiveFailed) or not isinstance(error, Exception)
         try:
             self.store.set(self.key + f"issued/{self.rank}", json.dumps(
                 {"why": f"{type(error).__name__}: {error}" if own else None,
                  "issued": issued}))
+            if broken:
+                self.store.add(self.key + "broken", 1)
             if own:
                 self.store.add(self.key + "failures", 1)
-            if not isinstance(error, Exception):
-                return error  # an interrupt: no waiting for the others
-            posts = self._posts()
-            self._fill(issued, max((p["issued"] for p in posts), key=len))
+            if broken:
+                return error
+            longest = self._longest_post()
+            if longest is not None:
+                self._fill(issued, longest)
+                self.in_step = True
+            if own:
+                return error
+            failed = self._failures()
         except RuntimeError as e:
             if own:
                 return error
             return _failed(e, "bringing the ranks' collectives back in step after another "
                            "rank failed")
-        if own:
-            return error
-        failed = [(rank, p["why"]) for rank, p in enumerate(posts) if p["why"] is not None]
+        finally:
+            self.works = []
         if not failed:
             return PlanExecutionError("internal: the ranks' board counts a failure that no "
                                       "rank posted")
         rank, why = failed[0]
-        return PlanExecutionError(f"rank {rank} failed mid-step, so this rank stops too (the "
-                                  f"ranks' collectives are back in step): {why}")
+        after = ("the ranks' collectives are back in step" if self.in_step else
+                 "a rank stopped waiting or a collective failed: the group's collectives stay "
+                 "out of step")
+        return PlanExecutionError(f"rank {rank} failed mid-step, so this rank stops too "
+                                  f"({after}): {why}")
 
-    def _posts(self):
-        """Every rank's post, waiting for it (the store's timeout)."""
-        keys = [self.key + f"issued/{rank}" for rank in range(self.ranks)]
-        self.store.wait(keys)
-        return [json.loads(self.store.get(key)) for key in keys]
+    def _post_key(self, rank):
+        return self.key + f"issued/{rank}"
+
+    def _longest_post(self):
+        """The longest list of collectives that a rank posted, once every rank
+        has; None once a rank posted a broken failure (no round then). Waits
+        in slices, up to the store's timeout; a collective of this run that
+        fails meanwhile (a rank stopped) ends the wait (CollectiveFailed)."""
+        keys = [self._post_key(rank) for rank in range(self.ranks)]
+        deadline = time.monotonic() + self.store.timeout.total_seconds()
+        slice_s = 10 * WAIT_SLICE_S
+        while not self.store.add(self.key + "broken", 0):
+            started = time.monotonic()
+            try:
+                self.store.wait(keys, datetime.timedelta(seconds=slice_s))
+                if self.store.add(self.key + "broken", 0):
+                    return None
+                return max((json.loads(self.store.get(key))["issued"] for key in keys),
+                           key=len)
+            except RuntimeError:
+                if time.monotonic() - started < slice_s / 2 or time.monotonic() > deadline:
+                    raise  # the store failed, or the whole timeout passed
+            for work in self.works:
+                if work.is_completed():
+                    _collective("a collective of the failed step", work.wait)
+        return None
+
+    def _failures(self):
+        """[(rank, why)] of the ranks that posted a failure of their own."""
+        failed = []
+        for rank in range(self.ranks):
+            try:  # (posted already, or not at all where a rank broke the round)
+                self.store.wait([self._post_key(rank)], datetime.timedelta(milliseconds=1))
+            except RuntimeError:
+                continue
+            why = json.loads(self.store.get(self._post_key(rank)))["why"]
+            if why is not None:
+                failed.append((rank, why))
+        return failed
 
     def _fill(self, issued, longest):
         """Starts on zeros, one at a time, the collectives of `longest` past
@@ -501,17 +556,17 @@ def agree(error, group):
     _raise_first_failure(error, reports)
 
 
-def _raise_first_failure(error, whys):
+def _raise_first_failure(error, whys, kind=None):
     """Once the ranks have shared whether each failed (`whys`: per rank, its
-    error's text or None): this rank's own `error`, else a PlanError naming
-    the first rank that failed and why."""
+    error's text or None): this rank's own `error`, else an error of `kind`
+    (default PlanError) naming the first rank that failed and why."""
     from . import PlanError
     if error is not None:
         raise error
     failed = [(rank, why) for rank, why in enumerate(whys) if why is not None]
     if failed:
         rank, why = failed[0]
-        raise PlanError(f"rank {rank} failed, so this rank stops too: {why}")
+        raise (kind or PlanError)(f"rank {rank} failed, so this rank stops too: {why}")
 
 
 def check_same_setup(setup, error, group):
@@ -593,7 +648,8 @@ def _ranks_differing(value, group, what, error=None):
     digests = [None] * dist.get_world_size(group)
     _collective(f"comparing the ranks' {what}", dist.all_gather_object, digests, mine,
                 group=group)
-    _raise_first_failure(error, [d[1] if isinstance(d, tuple) else None for d in digests])
+    _raise_first_failure(error, [d[1] if isinstance(d, tuple) else None for d in digests],
+                         PlanExecutionError)
     return [rank for rank, d in enumerate(digests) if d != digests[0]]
 
 

@@ -322,7 +322,12 @@ class Program:
         except BaseException as e:
             # Every collective in flight completes (on NCCL, the GPU may
             # wait for one), before the drains below.
-            error = self.collectives.fail(e) if self.collectives is not None else e
+            error = e
+            if self.collectives is not None:
+                try:
+                    error = self.collectives.fail(e)
+                except BaseException as meeting:  # noqa: BLE001 (an interrupt meanwhile)
+                    error = meeting
             if self.cuda:  # no copy may still write a tensor dropped below
                 self.streams.synchronize(self.device)
             if self.sync is not None:

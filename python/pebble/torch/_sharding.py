@@ -290,14 +290,11 @@ class Shards:
     module on the meta device is made here, on `device`, a module at a time
     (build_in_shards; `param_init` as it takes it)."""
 
-    def __init__(self, model, group, updates, collectives, device=None, param_init=None):
+    def __init__(self, model, group, updates, device=None, param_init=None):
         import torch.distributed as dist
         self.dist = dist
         self.model = model
         self.group = group
-        # The all-reduces of the gathers and reduce-scatters start and are
-        # waited for there (Note [A rank that fails mid-step]).
-        self.collectives = collectives
         self.ranks = dist.get_world_size(group)
         self.rank = dist.get_rank(group)
         if self.ranks < 2:
@@ -438,7 +435,7 @@ class Shards:
 
     # --- whole parameters --------------------------------------------------------
 
-    def gather(self, names, nbytes=None, sources=None, local=False):
+    def gather(self, names, nbytes=None, sources=None, local=False, collectives=None):
         """The whole parameters `names` (one dtype; one, or a bucket's: Note
         [A unit's collectives as one message]) as views of one new flat
         tensor, each at a place of its `nbytes` (the plan's bytes of its
@@ -447,7 +444,8 @@ class Shards:
         [Gathers in flight]). `sources`: each one's shard on the device,
         where it is not self.shards' (a shard whose home is the host).
         `local`: no collective (the work None): this rank's shards in place,
-        zeros elsewhere (Note [Calibrating a sharded step])."""
+        zeros elsewhere (Note [Calibrating a sharded step]); otherwise the
+        all-reduce starts through `collectives` (a StepCollectives)."""
         if sources is None:
             sources = [self.shards[name] for name in names]
         first = self.params[names[0]]
@@ -462,13 +460,13 @@ class Shards:
         for (name, offset), source in zip(places, sources):
             lo, hi = self.bounds(name)
             flat[offset + lo:offset + hi].copy_(source[:hi - lo])
-        work = None if local else self.collectives.all_reduce(
+        work = None if local else collectives.all_reduce(
             flat, self.gather_what(names[0], len(names)))
         wholes = [flat[offset:offset + math.prod(self.shapes[name])].view(self.shapes[name])
                   for name, offset in places]
         return wholes, work
 
-    def reduce_scatter(self, names, grads):
+    def reduce_scatter(self, names, grads, collectives):
         """Starts the reduce-scatter of the local gradients `grads` of `names`
         (one, or a bucket's of one dtype that fit the staging buffer side by
         side): one all-reduce on the staging buffer, which stays busy until
@@ -487,13 +485,14 @@ class Shards:
         # (made before the all-reduce starts: a failure then leaves none in flight)
         shards = [torch.zeros(self.shard_numel(name), dtype=grad.dtype, device=grad.device)
                   for name, grad in zip(names, grads)]
-        work = self.collectives.all_reduce(buffer, self._scatter_what(names[0], len(names)))
+        work = collectives.all_reduce(buffer, self._scatter_what(names[0], len(names)))
         return shards, offsets, work
 
-    def complete_scatter(self, name, shard, work, offset=0):
-        """Waits for the reduce-scatter `work` of `name` and copies this rank's
-        part of the staging buffer (its gradient from `offset`) into `shard`."""
-        self.collectives.wait(work, self._scatter_what(name))
+    def complete_scatter(self, name, shard, work, collectives, offset=0):
+        """Waits for the reduce-scatter `work` of `name` (through
+        `collectives`) and copies this rank's part of the staging buffer (its
+        gradient from `offset`) into `shard`."""
+        collectives.wait(work, self._scatter_what(name))
         lo, hi = self.bounds(name)
         shard[:hi - lo].copy_(self.staging[shard.dtype][offset + lo:offset + hi])
 
@@ -512,18 +511,18 @@ class Shards:
         return sum(self.held_bytes(b) for b in self.staging.values())
 
     @contextlib.contextmanager
-    def full_parameters(self):
-        """The module's parameters whole for the block's duration (a collective:
-        every rank enters it together), released afterwards where they were
-        (full_state_dict())."""
+    def full_parameters(self, collectives):
+        """The module's parameters whole for the block's duration (a collective
+        through `collectives`: every rank enters it together), released
+        afterwards where they were (full_state_dict())."""
         if not self.released:
             yield
             return
         try:
             with torch.no_grad():
                 for name, p in self.params.items():
-                    (whole,), work = self.gather([name])
-                    self.collectives.wait(work, self.gather_what(name))
+                    (whole,), work = self.gather([name], collectives=collectives)
+                    collectives.wait(work, self.gather_what(name))
                     p.data = whole
             yield
         finally:
@@ -639,10 +638,10 @@ class Shards:
             out.append((action, node_id, bucket[0]) if joined else (action, node_id))
         return out
 
-    def full_state_dict(self):
+    def full_state_dict(self, collectives):
         """The module's state_dict with every parameter whole (copies), on every
-        rank (a collective)."""
-        with self.full_parameters():
+        rank (a collective through `collectives`)."""
+        with self.full_parameters(collectives):
             return {k: v.detach().clone() for k, v in
                     self.model.state_dict().items()}
 
@@ -715,11 +714,16 @@ class ShardedRunner:
     gathers and reduce-scatters here, the optimizer's steps by `updates`,
     which read the shards (_ShardValues)."""
 
-    def __init__(self, shards, updates, capture_nodes, schedule, local_gathers=False):
+    def __init__(self, shards, updates, capture_nodes, schedule, local_gathers=False,
+                 collectives=None):
         self.shards = shards
         # Gathers made from this rank's shards alone, no collective (a
         # calibration's: Note [Calibrating a sharded step]).
         self.local_gathers = local_gathers
+        # The step's StepCollectives, through which each collective starts
+        # and is waited for (Note [A rank that fails mid-step]); a step made
+        # by replan() shares the shards, not the board.
+        self.collectives = collectives
         self.updates = updates
         by_id = {n.id: n for n in capture_nodes.nodes}
         self.parameter = {name: by_id[name] for name in shards.params}
@@ -1013,14 +1017,15 @@ class ShardedRunner:
         # Each shard on the device (Note [Shards on the host]).
         sources = [self.device_shard("shard:" + m, run) for m in members]
         wholes, work = self.shards.gather(members, [n.nbytes for n in nodes], sources,
-                                          local=self.local_gathers)
+                                          local=self.local_gathers,
+                                          collectives=self.collectives)
         # One storage: counted once, with every member's bytes.
         counted = [sum(n.nbytes for n in nodes)] + [0] * (len(nodes) - 1)
         what = self.shards.gather_what(members[0], len(members))
         for node, whole, nbytes in zip(nodes, wholes, counted):
             run.put(node, whole, nbytes)
             if work is not None:
-                run.wait_before(node, lambda: self.shards.collectives.wait(work, what))
+                run.wait_before(node, lambda: self.collectives.wait(work, what))
         if work is not None:
             self.works.append(work)
 
@@ -1037,7 +1042,7 @@ class ShardedRunner:
         for previous in [n for n in self.scatters_in_flight
                          if self.scattered[n].dtype == grads[0].dtype]:
             self.settle(previous)  # the staging buffer is free once it is done
-        shards, offsets, work = self.shards.reduce_scatter(members, grads)
+        shards, offsets, work = self.shards.reduce_scatter(members, grads, self.collectives)
         self.works.append(work)
         for name, shard, offset in zip(members, shards, offsets):
             self.scattered[name] = shard
@@ -1052,7 +1057,7 @@ class ShardedRunner:
         work = self.scatters_in_flight.get(name)
         if work is None:
             return
-        self.shards.complete_scatter(name, self.scattered[name], work,
+        self.shards.complete_scatter(name, self.scattered[name], work, self.collectives,
                                      self.scatter_offset.get(name, 0))
         del self.scatters_in_flight[name]  # in flight until it returns (abort)
 
