@@ -43,11 +43,21 @@ nlohmann::json ChromeTrace(const Graph& graph, const ExecutionResult& result) {
     events.push_back({{"ph", "M"}, {"pid", kPid}, {"tid", kNetworkTid}, {"name", "thread_name"},
                       {"args", {{"name", "network"}}}});
   }
+  // Note [Memory counters in time order]: the bytes follow the schedule
+  // (docs/semantics.md, section 2), while a step off the compute stream (a
+  // copy, a collective, a host compute) may end after later steps start. A
+  // step's counters stand at its start (the bytes during it) and its end
+  // (after it), but an asynchronous step's "after" at its start too, since
+  // it changes the bytes where it is issued; and no counter stands before
+  // the one before it. So a viewer, which draws counters by time, reads
+  // every step's figures in the schedule's order.
+  double counter_s = 0;
   auto counter = [&](double t, int64_t device, int64_t host) {
-    events.push_back({{"ph", "C"}, {"pid", kPid}, {"name", "device memory"}, {"ts", Micros(t)},
-                      {"args", {{"bytes", device}}}});
-    events.push_back({{"ph", "C"}, {"pid", kPid}, {"name", "host memory"}, {"ts", Micros(t)},
-                      {"args", {{"bytes", host}}}});
+    counter_s = std::max(counter_s, t);
+    events.push_back({{"ph", "C"}, {"pid", kPid}, {"name", "device memory"},
+                      {"ts", Micros(counter_s)}, {"args", {{"bytes", device}}}});
+    events.push_back({{"ph", "C"}, {"pid", kPid}, {"name", "host memory"},
+                      {"ts", Micros(counter_s)}, {"args", {{"bytes", host}}}});
   };
   counter(0, result.predicted.initial_bytes, 0);
   std::vector<bool> computed(graph.num_nodes(), false);
@@ -92,8 +102,10 @@ nlohmann::json ChromeTrace(const Graph& graph, const ExecutionResult& result) {
                           {"ts", Micros(s.end_s)}, {"args", {{"step", k}, {"bytes", bytes}}}});
         break;
     }
+    const bool on_compute_stream =
+        s.action == Action::kFree || (s.action == Action::kCompute && !on_network(s));
     counter(s.start_s, s.during_bytes, s.host_bytes);
-    counter(s.end_s, s.resident_bytes, s.host_bytes);
+    counter(on_compute_stream ? s.end_s : s.start_s, s.resident_bytes, s.host_bytes);
   }
   return {{"displayTimeUnit", "ms"},
           {"traceEvents", std::move(events)},

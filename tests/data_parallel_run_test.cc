@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <map>
 #include <future>
 #include <memory>
 #include <string>
@@ -365,6 +366,21 @@ TEST(CollectivesInFlightTest, RunBesideTheComputeAndSettleBeforeAReader) {
       on_it += e["ph"] == "X" && e["cat"] == "all_reduce" && e["tid"] == network_row;
     }
     EXPECT_EQ(on_it, CountAllReduces(dp->schedule));
+    // Its memory counters read in time order (a viewer draws them by time),
+    // although the all-reduce ends after later computes start, and each
+    // track reaches the run's peak.
+    std::map<std::string, double> last_ts;
+    std::map<std::string, int64_t> most;
+    for (const nlohmann::json& e : trace["traceEvents"]) {
+      if (e["ph"] != "C") continue;
+      const std::string name = e["name"];
+      const double ts = e["ts"];
+      if (last_ts.count(name)) EXPECT_GE(ts, last_ts[name]) << name;
+      last_ts[name] = ts;
+      most[name] = std::max(most[name], e["args"]["bytes"].get<int64_t>());
+    }
+    EXPECT_EQ(most["device memory"], run->peak_bytes);
+    EXPECT_EQ(most["host memory"], run->host_peak_bytes);
 
     // A collective that fails is the run's error, naming its step, once it
     // is settled; nothing hangs.
