@@ -31,7 +31,8 @@ namespace pebble {
 //  - "M" metadata events naming the process and its threads;
 //  - counter ("C") events "device memory" {"bytes": ...} and "host memory"
 //    {"bytes": ...} at each step's start (memory during the step) and end
-//    (after it);
+//    (after it; an asynchronous step's at its start), in time order (Note
+//    [Memory counters in time order] in trace.cc);
 //  - free steps as instant ("i") events on the compute thread.
 // Times are microseconds from the run's start.
 nlohmann::json ChromeTrace(const Graph& graph, const ExecutionResult& result);
