@@ -184,54 +184,12 @@ class TrainStep:
         # would pair its collectives with the others' wrongly.
         error = None
         try:
-            _check_shard(shard, self.process_group)
-            if not isinstance(model, torch.nn.Module):
-                raise TypeError("model must be a torch.nn.Module, not "
-                                f"{type(model).__name__}")
-            meta = on_meta(model)
-            if meta and shard != "full":
-                raise ValueError(f"module {type(model).__name__} is on the meta device: only "
-                                 "a sharded step builds it (shard='full', each rank a module "
-                                 "at a time); otherwise make it on the device")
-            if param_init is not None and not (meta and callable(param_init)):
-                raise ValueError("param_init initialises a module given on the meta device: "
-                                 "a callable param_init(module), with a module on the meta "
-                                 "device")
-            if not callable(loss_fn):
-                raise TypeError(f"loss_fn must be callable, not {type(loss_fn).__name__}")
-            if measure not in ("first", "always", "never"):
-                raise ValueError("measure must be 'first', 'always' or 'never', not "
-                                 f"{measure!r}")
-            self.model = model
-            self.loss_fn = loss_fn
-            self.options = dict(policy=policy, budget=budget, host_budget=host_budget,
-                                bandwidth=bandwidth, time_limit=time_limit, seed=seed)
-            self.calibrate = calibrate
-            self.measure_mode = measure
-            self.allow_cpu_offload = allow_cpu_offload
-            optimizer_gradients = _checked_sharding(shard, optimizer, optimizer_state,
-                                                    optimizer_updates, optimizer_gradients,
-                                                    optimizer_parameters)
-            if optimizer is None and (optimizer_state is not None or
-                                      optimizer_updates != "device" or
-                                      optimizer_gradients != "keep"):
-                raise ValueError("optimizer_state, optimizer_updates and optimizer_gradients "
-                                 "place the optimizer's state, updates and gradients: give the "
-                                 "optimizer too")
-            self.updates = (Updates(optimizer, model, optimizer_state, optimizer_updates,
-                                    optimizer_gradients, optimizer_parameters)
-                            if optimizer is not None else None)
-            inputs = _as_tuple(example_inputs, "example_inputs")
-            _check_tensor_arg(example_target, "example_target")
-            self.device = _device_of(model, inputs + (example_target,))  # (meta: the inputs')
-            for name, value in (("optimizer_state", optimizer_state),
-                                ("optimizer_updates", optimizer_updates),
-                                ("optimizer_parameters", optimizer_parameters)):
-                if value in ("host", "auto") and self.device.type == "cpu" and \
-                        not allow_cpu_offload:
-                    raise ValueError(f"{name}={value!r} saves no memory on the CPU device: "
-                                     "give allow_cpu_offload=True to run it anyway (to test "
-                                     "the path)")
+            inputs, optimizer_gradients = self._take_arguments(
+                model, loss_fn, example_inputs, example_target, shard, param_init,
+                dict(policy=policy, budget=budget, host_budget=host_budget,
+                     bandwidth=bandwidth, time_limit=time_limit, seed=seed),
+                calibrate, measure, allow_cpu_offload, optimizer, optimizer_state,
+                optimizer_updates, optimizer_gradients, optimizer_parameters)
         except Exception as e:  # noqa: BLE001 (raised again by check_same_setup)
             if self.process_group is None:
                 raise
@@ -262,21 +220,9 @@ class TrainStep:
         self.network = (network, network_latency) if network is not None else None
         self.buckets = _checked_buckets(buckets, self.process_group, shard)
         self.network_measured = False
-        if self.process_group is not None:
-            # Rank 0's weights, as DDP starts (a module on the meta device: those
-            # given on the device; the build sends the others a module at a time).
-            broadcast_module(model, self.process_group)
-            if calibrate and network is None:  # Note [One plan on every rank]: rank 0's
-                self.network = same_on_every_rank(
-                    measure_link(self.process_group, self.device), self.process_group)
-                self.network_measured = self.network is not None
-        # The board of this step's failures (Note [A rank that fails
-        # mid-step]), named by rank 0.
         self.collectives = None
-        if self.process_group is not None and _world_size(self.process_group) > 1:
-            self.collectives = StepCollectives(
-                self.process_group, self.device,
-                same_on_every_rank(uuid.uuid4().hex, self.process_group, "the step's name"))
+        if self.process_group is not None:
+            self._join_ranks(model, calibrate and network is None)
         # The parameters' shards (shard="full"): the module's are empty once
         # the first step is planned and the optimizer's state made.
         self.shards = None
@@ -302,6 +248,80 @@ class TrainStep:
             self.shards.built()
             self.shards.release()
         self.report = dict(self._variant.report)
+
+    def _join_ranks(self, model, measure_link_):
+        """The ranks' start together: rank 0's weights on every rank, the
+        link measured where `measure_link_`, and the board of the step's
+        failures."""
+        # Rank 0's weights, as DDP starts (a module on the meta device: those
+        # given on the device; the build sends the others a module at a time).
+        broadcast_module(model, self.process_group)
+        if measure_link_:  # Note [One plan on every rank]: rank 0's
+            self.network = same_on_every_rank(
+                measure_link(self.process_group, self.device), self.process_group)
+            self.network_measured = self.network is not None
+        # The board of this step's failures (Note [A rank that fails
+        # mid-step]), named by rank 0.
+        if _world_size(self.process_group) > 1:
+            self.collectives = StepCollectives(
+                self.process_group, self.device,
+                same_on_every_rank(uuid.uuid4().hex, self.process_group, "the step's name"))
+
+    def _take_arguments(self, model, loss_fn, example_inputs, example_target, shard, param_init,
+                        options, calibrate, measure, allow_cpu_offload, optimizer,
+                        optimizer_state, optimizer_updates, optimizer_gradients,
+                        optimizer_parameters):
+        """This rank's own checks of train_step's arguments, and the step's
+        fields they make: (the inputs as a tuple, optimizer_gradients
+        resolved). Raises what it refuses."""
+        _check_shard(shard, self.process_group)
+        if not isinstance(model, torch.nn.Module):
+            raise TypeError("model must be a torch.nn.Module, not "
+                            f"{type(model).__name__}")
+        meta = on_meta(model)
+        if meta and shard != "full":
+            raise ValueError(f"module {type(model).__name__} is on the meta device: only "
+                             "a sharded step builds it (shard='full', each rank a module "
+                             "at a time); otherwise make it on the device")
+        if param_init is not None and not (meta and callable(param_init)):
+            raise ValueError("param_init initialises a module given on the meta device: "
+                             "a callable param_init(module), with a module on the meta "
+                             "device")
+        if not callable(loss_fn):
+            raise TypeError(f"loss_fn must be callable, not {type(loss_fn).__name__}")
+        if measure not in ("first", "always", "never"):
+            raise ValueError("measure must be 'first', 'always' or 'never', not "
+                             f"{measure!r}")
+        self.model = model
+        self.loss_fn = loss_fn
+        self.options = options
+        self.calibrate = calibrate
+        self.measure_mode = measure
+        self.allow_cpu_offload = allow_cpu_offload
+        optimizer_gradients = _checked_sharding(shard, optimizer, optimizer_state,
+                                                optimizer_updates, optimizer_gradients,
+                                                optimizer_parameters)
+        if optimizer is None and (optimizer_state is not None or
+                                  optimizer_updates != "device" or
+                                  optimizer_gradients != "keep"):
+            raise ValueError("optimizer_state, optimizer_updates and optimizer_gradients "
+                             "place the optimizer's state, updates and gradients: give the "
+                             "optimizer too")
+        self.updates = (Updates(optimizer, model, optimizer_state, optimizer_updates,
+                                optimizer_gradients, optimizer_parameters)
+                        if optimizer is not None else None)
+        inputs = _as_tuple(example_inputs, "example_inputs")
+        _check_tensor_arg(example_target, "example_target")
+        self.device = _device_of(model, inputs + (example_target,))  # (meta: the inputs')
+        for name, value in (("optimizer_state", optimizer_state),
+                            ("optimizer_updates", optimizer_updates),
+                            ("optimizer_parameters", optimizer_parameters)):
+            if value in ("host", "auto") and self.device.type == "cpu" and \
+                    not allow_cpu_offload:
+                raise ValueError(f"{name}={value!r} saves no memory on the CPU device: "
+                                 "give allow_cpu_offload=True to run it anyway (to test "
+                                 "the path)")
+        return inputs, optimizer_gradients
 
     def _check_trainable(self):
         """ValueError where a parameter became trainable after the step was
