@@ -883,8 +883,9 @@ def check_sharded_failure(torch, pt, dist, rank, ranks):
     alone = None
     try:  # rank 0 gathers while the others step: every rank fails, the ranks stay in step
         alone = step.full_state_dict() if rank == 0 else step(mine(x, rank), mine(y, rank))
-    except pt.PlanExecutionError:
-        pass
+    except pt.PlanExecutionError as e:
+        if "calls the step where rank 0 calls full_state_dict()" not in str(e):
+            failures.append(f"sharded: full_state_dict() on one rank alone: '{e}'")
     if alone is not None:
         failures.append("sharded: full_state_dict() on one rank alone did not fail")
     if set(step.full_state_dict()) != set(before):

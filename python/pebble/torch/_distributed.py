@@ -621,7 +621,7 @@ def check_same_call(signature, group, error=None):
     planned alone for other shapes would pair its collectives with the
     others' wrongly. `error`: this rank's refusal of the call, or None
     (raised as agree does, on every rank)."""
-    differing = _ranks_differing(signature, group, "calls", error)
+    differing = _ranks_differing(signature, group, "calls", error, call="the step")
     if differing:
         raise PlanExecutionError(
             f"ranks {differing} call the step with other shapes, gradients held or training "
@@ -632,24 +632,32 @@ def check_same_collective(what, group, error=None):
     """PlanExecutionError unless every rank of `group` calls `what` (a
     collective of pebble.torch, such as full_state_dict()) together;
     `error` as check_same_call takes it."""
-    differing = _ranks_differing(("collective", what), group, "calls", error)
+    differing = _ranks_differing(what, group, "calls", error, call=what)
     if differing:
         raise PlanExecutionError(f"{what} is a collective: every rank must call it together "
                                  f"(ranks {differing} made another call than rank 0)")
 
 
-def _ranks_differing(value, group, what, error=None):
+def _ranks_differing(value, group, what, error=None, call=None):
     """The ranks of `group` whose `value` (compared by a digest of its text,
     sets sorted) differs from rank 0's. Where a rank gives an `error` (this
-    rank's exception, or None), that is raised instead, as agree raises it."""
+    rank's exception, or None), that is raised instead, as agree raises it;
+    where a rank makes another `call` of pebble.torch than rank 0 (the step,
+    full_state_dict()), a PlanExecutionError naming both calls."""
     import torch.distributed as dist
     mine = ("failed", f"{type(error).__name__}: {error}") if error is not None else \
-        hashlib.sha256(repr(_canonical(value)).encode()).hexdigest()
+        (call, hashlib.sha256(repr(_canonical(value)).encode()).hexdigest())
     digests = [None] * dist.get_world_size(group)
     _collective(f"comparing the ranks' {what}", dist.all_gather_object, digests, mine,
                 group=group)
-    _raise_first_failure(error, [d[1] if isinstance(d, tuple) else None for d in digests],
+    _raise_first_failure(error, [d[1] if d[0] == "failed" else None for d in digests],
                          PlanExecutionError)
+    calls = [(rank, d[0]) for rank, d in enumerate(digests) if d[0] != digests[0][0]]
+    if calls:
+        raise PlanExecutionError(
+            "; ".join(f"rank {rank} calls {other}" for rank, other in calls) +
+            f" where rank 0 calls {digests[0][0]}: every rank makes the same calls of "
+            "pebble.torch, together")
     return [rank for rank, d in enumerate(digests) if d != digests[0]]
 
 
