@@ -40,6 +40,8 @@ Each rank takes its slice of one batch. Checks, on every rank:
   collective, with collectives in flight, after the last; data parallel and
   sharded): every rank fails at once, naming it, and the group is back in
   step (an all-reduce after it sums right, a new train_step trains);
+- a rank interrupted mid-step (KeyboardInterrupt): every rank stops at once,
+  the group stays out of step, and the step and train_step refuse it;
 - a rank that dies mid-step, data parallel and (in a group of its own)
   sharded: the others' step fails within the process group's timeout with
   pebble.torch's error saying a rank may have stopped, and none hangs.
@@ -890,6 +892,23 @@ def check_sharded_failure(torch, pt, dist, rank, ranks):
         failures.append("sharded: full_state_dict() on one rank alone did not fail")
     if set(step.full_state_dict()) != set(before):
         failures.append("sharded: full_state_dict() after a refused call differs")
+    # full_state_dict() failing on the last rank alone, after its gathers
+    # (out of memory for the copies): every rank fails, the step goes on.
+    if rank == ranks - 1:
+        def out_of_memory(*args, **kwargs):
+            raise MemoryError("an injected failure of the copies")
+        model.state_dict = out_of_memory
+    try:
+        step.full_state_dict()
+        failures.append(f"sharded: full_state_dict() failing on rank {ranks - 1} passed")
+    except (MemoryError, pt.PlanExecutionError) as e:
+        if "injected" not in str(e):
+            failures.append(f"sharded: full_state_dict() failing on the last rank: '{e}'")
+    finally:
+        model.__dict__.pop("state_dict", None)
+    step(mine(x, rank), mine(y, rank))
+    if set(step.full_state_dict()) != set(before):
+        failures.append("sharded: full_state_dict() after a failed one differs")
     try:
         pt.train_step(*args, budget="min", **kwargs)
         failures.append("sharded: a module sharded already was sharded again")
@@ -980,6 +999,7 @@ def check_live_failure(torch, pt, dist, rank, ranks, shard, where, replanned=Fal
     step = pt.train_step(model, torch.nn.functional.cross_entropy, (mine(x, rank),),
                          mine(y, rank), **kwargs)
     step(mine(x, rank), mine(y, rank))
+    first = step
     if replanned:
         step = step.replan(policy="dtr", budget="min")
         step(mine(x, rank), mine(y, rank))
@@ -1039,26 +1059,113 @@ def check_live_failure(torch, pt, dist, rank, ranks, shard, where, replanned=Fal
     except RuntimeError as e:
         failures.append(f"{what}: an all-reduce after it failed: {e}")
     opt.zero_grad(set_to_none=True)
+    for refusing in (step, first) if replanned else (step,):  # (one module, one fate)
+        try:
+            refusing(mine(x, rank), mine(y, rank))
+            failures.append(f"{what}: the failed step took another call")
+        except pt.PlanExecutionError as e:
+            if "an earlier step failed" not in str(e) or \
+                    not (failing or f"rank {ranks - 1} failed" in str(e)):
+                failures.append(f"{what}: the next call was refused with '{e}'")
+    if shard == "none":
+        failures += recovered_on_same_group(torch, pt, dist, rank, ranks, model, opt, (x, y),
+                                            kwargs, what)
+    return failures
+
+
+def recovered_on_same_group(torch, pt, dist, rank, ranks, model, opt, batch, kwargs, what):
+    """After a failed data-parallel step: a new train_step with the same
+    optimizer, its state made to differ on the last rank, takes rank 0's
+    weights and state, and trains the same parameters on every rank; made
+    while some rank holds gradients and others not, it is refused naming
+    them."""
+    failures = []
+    x, y = batch
+    args = (model, torch.nn.functional.cross_entropy, (mine(x, rank),), mine(y, rank))
+    if rank == 0:
+        model[0].weight.grad = torch.zeros_like(model[0].weight)
+    try:
+        pt.train_step(*args, **kwargs)
+        failures.append(f"{what}: gradients held on rank 0 alone were not refused")
+    except pt.PlanError as e:
+        if "gradients held" not in str(e):
+            failures.append(f"{what}: gradients held on rank 0 alone: '{e}'")
+    opt.zero_grad(set_to_none=True)
+    if rank == ranks - 1:
+        with torch.no_grad():
+            for state in opt.state.values():
+                state["exp_avg"].add_(1.0)
+    again = pt.train_step(*args, **kwargs)
+    before = torch.cat([p.detach().flatten() for p in model.parameters()])
+    for _ in range(2):
+        again(mine(x, rank), mine(y, rank))
+        opt.zero_grad(set_to_none=True)
+    flat = torch.cat([p.detach().flatten() for p in model.parameters()] +
+                     [s["exp_avg"].flatten() for s in opt.state.values()])
+    every = [torch.empty_like(flat) for _ in range(ranks)]
+    dist.all_gather(every, flat)
+    if torch.equal(flat[:before.numel()], before) or \
+            any(not torch.equal(o, every[0]) for o in every):
+        failures.append(f"{what}: a new train_step with the same optimizer did not train the "
+                        "same parameters and state on every rank")
+    return failures
+
+
+def check_interrupt(torch, pt, dist, rank, ranks):
+    """The last rank is interrupted (KeyboardInterrupt) mid-step, in a group
+    of its own, and lives on: every rank stops within seconds, saying that
+    the group's collectives stay out of step; the step then refuses its
+    calls and train_step the group, on each rank alone, at once."""
+    failures = []
+    from pebble.torch import _executor
+    group = dist.new_group(list(range(ranks)))
+    torch.manual_seed(0)
+    model = make_model(torch)
+    (x, y), = batches(torch, ranks, 1)
+    args = (model, torch.nn.functional.cross_entropy, (mine(x, rank),), mine(y, rank))
+    step = pt.train_step(*args, policy="rotor", budget="min", process_group=group)
+    step(mine(x, rank), mine(y, rank))
+    for p in model.parameters():
+        p.grad = None
+    steps = step._variant.program.steps
+    first = next(i for i, (kind, _) in enumerate(steps) if kind == _executor.REDUCE)
+    target = next(i for i, (kind, _) in enumerate(steps) if kind == _executor.COMPUTE and
+                  i > first)
+    compute = _executor._RunState.compute
+
+    def compute_or_interrupt(state, i, node):
+        if rank == ranks - 1 and i == target:
+            raise KeyboardInterrupt()
+        return compute(state, i, node)
+    _executor._RunState.compute = compute_or_interrupt
+    start = time.monotonic()
     try:
         step(mine(x, rank), mine(y, rank))
-        failures.append(f"{what}: the failed step took another call")
+        failures.append(f"interrupted: rank {rank} stepped")
+    except KeyboardInterrupt:
+        if rank != ranks - 1:
+            failures.append(f"interrupted: rank {rank} got the interrupt")
     except pt.PlanExecutionError as e:
-        if "an earlier step failed" not in str(e) or \
-                not (failing or f"rank {ranks - 1} failed" in str(e)):
-            failures.append(f"{what}: the next call was refused with '{e}'")
-    if shard == "none":
-        kwargs["optimizer"] = torch.optim.Adam(model.parameters(), lr=1e-2)
-        again = pt.train_step(model, torch.nn.functional.cross_entropy, (mine(x, rank),),
-                              mine(y, rank), **kwargs)
-        before = torch.cat([p.detach().flatten() for p in model.parameters()])
-        again(mine(x, rank), mine(y, rank))
-        flat = torch.cat([p.detach().flatten() for p in model.parameters()])
-        every = [torch.empty_like(flat) for _ in range(ranks)]
-        dist.all_gather(every, flat)
-        if torch.equal(flat, before) or any(not torch.equal(o, every[0]) for o in every):
-            failures.append(f"{what}: a new train_step did not train the same parameters on "
-                            "every rank")
+        if "out of step" not in str(e):
+            failures.append(f"interrupted: rank {rank} failed with '{e}'")
+    finally:
+        _executor._RunState.compute = compute
+    if time.monotonic() - start > 20:
+        failures.append(f"interrupted: rank {rank} took {time.monotonic() - start:.1f} s")
+    start = time.monotonic()
+    for call, needle in ((lambda: step(mine(x, rank), mine(y, rank)), "make a new process"),
+                         (lambda: pt.train_step(*args, policy="rotor", process_group=group),
+                          "out of step since a step failed")):
+        try:
+            call()
+            failures.append(f"interrupted: rank {rank} took a call on the group after it")
+        except (pt.PlanExecutionError, ValueError) as e:
+            if needle not in str(e):
+                failures.append(f"interrupted: rank {rank} refused with '{e}'")
+    if time.monotonic() - start > 5:
+        failures.append(f"interrupted: the refusals took {time.monotonic() - start:.1f} s")
     return failures
+
 
 
 def check_refusal_of_one_rank(torch, pt, dist, rank, ranks):
@@ -1073,7 +1180,7 @@ def check_refusal_of_one_rank(torch, pt, dist, rank, ranks):
                          mine(y, rank), policy="rotor", budget="min",
                          process_group=dist.group.WORLD)
     if rank == 0:
-        step._failed = "RuntimeError: a failure on rank 0 alone"
+        step._failure.record(RuntimeError("a failure on rank 0 alone"), in_step=True)
     try:
         step(mine(x, rank), mine(y, rank))
         return [f"a refusal on rank 0 alone: rank {rank} stepped"]
@@ -1182,7 +1289,10 @@ def worker(rank, ranks, port, outdir, timeout, dead_shard):
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=ranks,
                             timeout=datetime.timedelta(seconds=timeout))
-    failures = [] if dead_shard == "full" else checks(torch, pt, dist, rank, ranks)
+    # (an interrupt leaves its group out of step: a group of its own, beside
+    # the sharded dead rank's)
+    failures = (check_interrupt(torch, pt, dist, rank, ranks) if dead_shard == "full" else
+                checks(torch, pt, dist, rank, ranks))
     with open(os.path.join(outdir, f"rank{rank}.json"), "w") as f:
         json.dump(failures, f)  # before the last check, which one rank does not survive
     dead = check_dead_rank(torch, pt, dist, rank, ranks, dead_shard)

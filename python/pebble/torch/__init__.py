@@ -32,8 +32,9 @@ from .. import _core
 from ._calibrate import calibrate, estimated
 from ._capture import CaptureError, propagate, trace
 from ._distributed import (GradientAverage, StepCollectives, agreed, broadcast_module,
-                           check_same_call, check_same_collective, check_same_graph,
-                           check_same_setup, is_rank_0, measure_link, plan_of_rank_0,
+                           broadcast_optimizer_state, check_same_call, check_same_collective,
+                           check_same_graph, check_same_setup, is_rank_0, measure_link,
+                           optimizer_state_layout, out_of_step, plan_of_rank_0,
                            same_on_every_rank)
 from ._executor import FREE, PlanExecutionError, Program, draws_in_eager_order
 from ._graph import StepGraph
@@ -208,7 +209,10 @@ class TrainStep:
             if self.process_group is not None:  # Note [One plan on every rank]
                 self.updates.host_bytes_per_s = same_on_every_rank(
                     self.updates.host_bytes_per_s, self.process_group)
-        self._failed = None  # why a step failed, where that leaves the ranks out of step
+        # Whether a step failed (on several ranks, it then refuses later
+        # calls); shared with the steps replan() makes, whose module,
+        # captures and shards are this one's.
+        self._failure = _Failure()
         # The ranks' link as the plan times it: (a preset or bytes/s, latency
         # s or None), or None (pebble.plan's default link).
         if network is None and network_latency is not None:
@@ -222,7 +226,7 @@ class TrainStep:
         self.network_measured = False
         self.collectives = None
         if self.process_group is not None:
-            self._join_ranks(model, calibrate and network is None)
+            self._join_ranks(model, calibrate and network is None, shard == "full")
         # The parameters' shards (shard="full"): the module's are empty once
         # the first step is planned and the optimizer's state made.
         self.shards = None
@@ -249,13 +253,17 @@ class TrainStep:
             self.shards.release()
         self.report = dict(self._variant.report)
 
-    def _join_ranks(self, model, measure_link_):
-        """The ranks' start together: rank 0's weights on every rank, the
-        link measured where `measure_link_`, and the board of the step's
-        failures."""
+    def _join_ranks(self, model, measure_link_, sharded):
+        """The ranks' start together: rank 0's weights (and, not `sharded`,
+        its optimizer's state) on every rank, the link measured where
+        `measure_link_`, and the board of the step's failures."""
         # Rank 0's weights, as DDP starts (a module on the meta device: those
-        # given on the device; the build sends the others a module at a time).
+        # given on the device; the build sends the others a module at a time),
+        # and its optimizer's state: a step that failed on some rank may have
+        # updated it on the others only.
         broadcast_module(model, self.process_group)
+        if self.updates is not None and not sharded:  # (a sharded state is each rank's)
+            broadcast_optimizer_state(self.updates.optimizer, self.process_group)
         if measure_link_:  # Note [One plan on every rank]: rank 0's
             self.network = same_on_every_rank(
                 measure_link(self.process_group, self.device), self.process_group)
@@ -347,11 +355,12 @@ class TrainStep:
         if self.shards is not None:
             check_same_collective("full_state_dict()", self.process_group,
                                   self._shared_refusal())
-            try:
-                return self.shards.full_state_dict(self.collectives)
+            try:  # (a failure on one rank fails every rank, leaving the shards as they are)
+                return self.collectives.together(
+                    lambda: self.shards.full_state_dict(self.collectives))
             except BaseException as e:
-                self._failed = _why(e)
-                self.collectives.in_step = False  # (its gathers wait as they are)
+                if not self.collectives.in_step:
+                    self._failure.record(e, in_step=False)
                 raise
         return {k: v.detach().clone() for k, v in self.model.state_dict().items()}
 
@@ -426,12 +435,17 @@ class TrainStep:
             try:
                 loss = variant.run(inputs, target)
             except BaseException as e:
-                self._failed = _why(e)
+                self._failure.record(e, in_step=self._in_step())
                 raise
         self._variant = variant
         self.report = dict(variant.report)
         self.report["shapes_planned"] = len(self._variants)
         return loss
+
+    def _in_step(self):
+        """Whether the ranks' collectives are known to be in step after the
+        last run (Note [A rank that fails mid-step])."""
+        return self.collectives is not None and self.collectives.in_step
 
     def _shared_refusal(self):
         """The refusal of a call after a failed step (None: no step failed),
@@ -439,11 +453,11 @@ class TrainStep:
         collectives may be out of step (Note [A rank that fails mid-step]),
         that check would pair with them: it is raised here, on this rank
         alone."""
-        if self._failed is None:
+        if self._failure.why is None:
             return None
-        in_step = self.collectives is not None and self.collectives.in_step
+        in_step = self._failure.in_step
         error = PlanExecutionError(
-            f"an earlier step failed ({self._failed}), " +
+            f"an earlier step failed ({self._failure.why}), " +
             ("after which the module may differ between the ranks: make a new train_step on "
              "this process group" if in_step else
              "which may leave the process group's collectives out of step: make a new process "
@@ -827,16 +841,7 @@ class _Variant:
         collectives = self.step.collectives
         if collectives is None:
             return self._run(inputs, target)
-        collectives.begin()
-        try:
-            loss = self._run(inputs, target)
-            collectives.end()
-            return loss
-        except BaseException as e:
-            error = collectives.fail(e)  # (where the program's run has not)
-            if error is e:
-                raise
-            raise error from None
+        return collectives.together(lambda: self._run(inputs, target))
 
     def _run(self, inputs, target):
         measured = self.device.type == "cuda" or self.step.measure_mode == "always" or (
@@ -982,9 +987,16 @@ class _Variant:
         return report
 
 
-def _why(e):
-    """An exception in a line, for the refusals after a failed step."""
-    return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+class _Failure:
+    """Why a step failed (None: none did), in a line, and whether the ranks'
+    collectives were in step after it."""
+
+    def __init__(self):
+        self.why, self.in_step = None, True
+
+    def record(self, error, in_step):
+        self.why = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+        self.in_step = in_step
 
 
 def _persistent_bytes(graph, but=(), on_host=None):
@@ -1033,7 +1045,9 @@ def _setup_of(model, inputs, target, optimizer, options):
     """What every rank of a step must give alike, by name: its module's
     tensors (names, shapes, dtypes, trainable or not, on the meta device or
     not), the shapes of its slice of the batch, the optimizer's kind and
-    each train_step option."""
+    each train_step option; the gradients held and the layout of the
+    optimizer's state too, whose values rank 0 then sends (a step that
+    failed on one rank leaves them differing)."""
     def described(t):
         return (tuple(t.shape), str(t.dtype), t.requires_grad, t.is_meta)
 
@@ -1041,8 +1055,12 @@ def _setup_of(model, inputs, target, optimizer, options):
         "module's parameters and buffers (names, shapes, dtypes, requires_grad)":
             [(name, described(t)) for name, t in model.named_parameters()] +
             [(name, described(t)) for name, t in model.named_buffers()],
+        "gradients held (.grad: zero_grad(set_to_none=True) on every rank, or none)":
+            [name for name, p in model.named_parameters() if p.grad is not None],
         "batch shapes (inputs and target)": [described(t) for t in inputs + (target,)],
         "optimizer": None if optimizer is None else type(optimizer).__name__,
+        "optimizer's state (its entries per parameter; load one rank's state_dict() on "
+        "every rank)": None if optimizer is None else optimizer_state_layout(optimizer),
     }
     setup.update({f"{key}=": value for key, value in options.items()})
     return setup
@@ -1067,6 +1085,12 @@ def _checked_group(group):
     if not isinstance(group, dist.ProcessGroup):
         raise TypeError(f"process_group must be a torch.distributed.ProcessGroup (such as "
                         f"torch.distributed.group.WORLD), not {type(group).__name__}")
+    why = out_of_step(group)
+    if why is not None:  # (on this rank alone: a collective would pair wrongly)
+        raise ValueError(f"process_group: its collectives are out of step since a step "
+                         f"failed ({why.splitlines()[0]}): make a new process group "
+                         "(torch.distributed.new_group, or destroy_process_group and "
+                         "init_process_group)")
     return group
 
 

@@ -42,6 +42,7 @@ import datetime
 import hashlib
 import json
 import time
+import weakref
 
 import torch
 
@@ -316,6 +317,16 @@ def _collective(what, call, *args, **kwargs):
 
 WAIT_SLICE_S = 0.1
 
+# Each process group whose collectives a failed step left out of step ->
+# why: train_step refuses them (a collective there would pair wrongly).
+_OUT_OF_STEP = weakref.WeakKeyDictionary()
+
+
+def out_of_step(group):
+    """Why `group`'s collectives are out of step after a failed step of
+    pebble.torch on this rank, or None."""
+    return _OUT_OF_STEP.get(group)
+
 
 class _PeerFailed(PlanExecutionError):
     """Another rank's run failed (the board counts a failure): this rank's
@@ -351,6 +362,20 @@ class StepCollectives:
         a board of its own, named alike on every rank."""
         self.derived += 1
         return StepCollectives(self.group, self.device, f"{self.name}.{self.derived}")
+
+    def together(self, work):
+        """work()'s value, where it runs on every rank; a failure on any rank
+        fails it on every rank (begin, end, fail)."""
+        self.begin()
+        try:
+            value = work()
+            self.end()
+            return value
+        except BaseException as e:
+            error = self.fail(e)  # (where the program's run has not)
+            if error is e:
+                raise
+            raise error from None
 
     def begin(self):
         self.in_step = False
@@ -403,17 +428,26 @@ class StepCollectives:
     def fail(self, error):
         """After this rank's run failed with `error`: the board's round (Note
         [A rank that fails mid-step]). Returns the error to raise: `error`,
-        or where another rank failed first, a PlanExecutionError naming it.
+        or where other ranks failed, a PlanExecutionError naming them.
         in_step says whether the ranks' collectives are back in step."""
         issued, self.issued = self.issued, None
         if issued is None:
             return error  # not in a run (a round had already), or no board
+        try:
+            replacement = self._round(error, issued)
+        finally:
+            self.works = []
+            if not self.in_step:
+                _OUT_OF_STEP[self.group] = f"{type(error).__name__}: {error}"
+        return replacement
+
+    def _round(self, error, issued):
         own = not isinstance(error, _PeerFailed)
         # No round where the group is broken, or on an interrupt (no waiting
         # for the others): the group then stays out of step.
         broken = isinstance(error, CollectiveFailed) or not isinstance(error, Exception)
         try:
-            self.store.set(self.key + f"issued/{self.rank}", json.dumps(
+            self.store.set(self._post_key(self.rank), json.dumps(
                 {"why": f"{type(error).__name__}: {error}" if own else None,
                  "issued": issued}))
             if broken:
@@ -434,17 +468,21 @@ class StepCollectives:
                 return error
             return _failed(e, "bringing the ranks' collectives back in step after another "
                            "rank failed")
-        finally:
-            self.works = []
         if not failed:
             return PlanExecutionError("internal: the ranks' board counts a failure that no "
                                       "rank posted")
-        rank, why = failed[0]
         after = ("the ranks' collectives are back in step" if self.in_step else
                  "a rank stopped waiting or a collective failed: the group's collectives stay "
                  "out of step")
-        return PlanExecutionError(f"rank {rank} failed mid-step, so this rank stops too "
-                                  f"({after}): {why}")
+        named = [self._rank_name(rank) for rank, _ in failed]
+        whys = "; ".join(f"{name}: {why}" for name, (_, why) in zip(named, failed))
+        return PlanExecutionError(f"{', '.join(named)} failed mid-step, so this rank stops "
+                                  f"too ({after}). {whys}")
+
+    def _rank_name(self, rank):
+        """`rank` of the group, with its global rank where that differs."""
+        global_rank = _global_rank(self.group, rank)
+        return f"rank {rank}" + (f" (global rank {global_rank})" if global_rank != rank else "")
 
     def _post_key(self, rank):
         return self.key + f"issued/{rank}"
@@ -710,6 +748,43 @@ def broadcast_module(model, group):
                 continue
             _collective("sharing rank 0's weights", dist.broadcast, t.data, src=src,
                         group=group)
+
+
+def optimizer_state_layout(optimizer):
+    """Per parameter of `optimizer` (its groups' order), the entries of its
+    state: (key, (shape, dtype)) of a tensor, (key, type name) of another
+    value."""
+    return [sorted((key, (tuple(v.shape), str(v.dtype)) if torch.is_tensor(v) else
+                    type(v).__name__) for key, v in optimizer.state.get(p, {}).items())
+            for group in optimizer.param_groups for p in group["params"]]
+
+
+def broadcast_optimizer_state(optimizer, group):
+    """Rank 0's state of `optimizer` on every rank of `group`, in place (its
+    layout the same on every rank: optimizer_state_layout, compared by
+    check_same_setup). Tensors go as they are (through the GPU on NCCL);
+    other values (numbers) together, as objects."""
+    import torch.distributed as dist
+    src = _global_rank(group, 0)
+    nccl = dist.get_backend(group) == "nccl"
+    others = []
+    with torch.no_grad():
+        for param_group in optimizer.param_groups:
+            for p in param_group["params"]:
+                for key, value in sorted(optimizer.state.get(p, {}).items()):
+                    if not torch.is_tensor(value):
+                        others.append((optimizer.state[p], key, value))
+                        continue
+                    sent = value.cuda() if nccl and value.device.type != "cuda" else value
+                    _collective("sharing rank 0's optimizer state", dist.broadcast, sent,
+                                src=src, group=group)
+                    if sent is not value:
+                        value.copy_(sent)
+    if others:
+        values = same_on_every_rank([v for _, _, v in others], group,
+                                    "rank 0's optimizer state")
+        for (state, key, _), v in zip(others, values):
+            state[key] = v
 
 
 def check_same_graph(graph, group):

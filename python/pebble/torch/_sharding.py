@@ -309,9 +309,10 @@ class Shards:
                                  "(built in shards), or none")
             if p.numel() == 0:
                 raise ValueError(f"parameter '{name}' has no elements: a module that another "
-                                 "train_step shards has empty parameters (make one TrainStep "
-                                 "per module), and an empty parameter cannot be sharded "
-                                 "(freeze it)")
+                                 "train_step shards, or sharded before one of its steps failed, "
+                                 "has empty parameters (make one TrainStep per module; after a "
+                                 "failed step, a new module from a checkpoint); an empty "
+                                 "parameter of your own cannot be sharded (freeze it)")
             if p.grad is not None:
                 raise ValueError(f"parameter '{name}' has a .grad: a sharded step makes each "
                                  "rank's gradient shards itself; clear the gradients first "
