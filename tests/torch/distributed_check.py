@@ -906,9 +906,24 @@ def check_sharded_failure(torch, pt, dist, rank, ranks):
             failures.append(f"sharded: full_state_dict() failing on the last rank: '{e}'")
     finally:
         model.__dict__.pop("state_dict", None)
-    step(mine(x, rank), mine(y, rank))
-    if set(step.full_state_dict()) != set(before):
-        failures.append("sharded: full_state_dict() after a failed one differs")
+    # The next step and gather go on, with waits long enough to read the
+    # board (a failed round's posts must not be read again).
+    from pebble.torch import _executor
+    compute = _executor._RunState.compute
+
+    def slow_on_rank_0(state, i, node):
+        if rank == 0 and i < 3:
+            time.sleep(0.3)
+        return compute(state, i, node)
+    _executor._RunState.compute = slow_on_rank_0
+    try:
+        step(mine(x, rank), mine(y, rank))
+        if set(step.full_state_dict()) != set(before):
+            failures.append("sharded: full_state_dict() after a failed one differs")
+    except (RuntimeError, pt.PlanExecutionError) as e:
+        failures.append(f"sharded: a step after a failed full_state_dict() failed: '{e}'")
+    finally:
+        _executor._RunState.compute = compute
     try:
         pt.train_step(*args, budget="min", **kwargs)
         failures.append("sharded: a module sharded already was sharded again")
@@ -1124,6 +1139,7 @@ def check_interrupt(torch, pt, dist, rank, ranks):
     (x, y), = batches(torch, ranks, 1)
     args = (model, torch.nn.functional.cross_entropy, (mine(x, rank),), mine(y, rank))
     step = pt.train_step(*args, policy="rotor", budget="min", process_group=group)
+    other = pt.train_step(*args, policy="dtr", budget="min", process_group=group)
     step(mine(x, rank), mine(y, rank))
     for p in model.parameters():
         p.grad = None
@@ -1154,6 +1170,7 @@ def check_interrupt(torch, pt, dist, rank, ranks):
         failures.append(f"interrupted: rank {rank} took {time.monotonic() - start:.1f} s")
     start = time.monotonic()
     for call, needle in ((lambda: step(mine(x, rank), mine(y, rank)), "make a new process"),
+                         (lambda: other(mine(x, rank), mine(y, rank)), "out of step since"),
                          (lambda: pt.train_step(*args, policy="rotor", process_group=group),
                           "out of step since a step failed")):
         try:

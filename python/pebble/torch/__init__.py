@@ -453,6 +453,11 @@ class TrainStep:
         collectives may be out of step (Note [A rank that fails mid-step]),
         that check would pair with them: it is raised here, on this rank
         alone."""
+        why = out_of_step(self.process_group)
+        if why is not None:  # (another step's failure; a collective would pair wrongly)
+            raise PlanExecutionError(
+                f"this process group's collectives are out of step since a step failed "
+                f"({why.splitlines()[0]}): make a new process group and train_step")
         if self._failure.why is None:
             return None
         in_step = self._failure.in_step

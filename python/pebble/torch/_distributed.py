@@ -309,7 +309,14 @@ def _collective(what, call, *args, **kwargs):
 # call's check carries the refusal). A failed collective (a rank that died,
 # a group that timed out) and an interrupt post a "broken" failure, which
 # no rank fills in: the group stays out of step, and each rank's TrainStep
-# then refuses alone, with no collective that would pair wrongly. Only a
+# then refuses alone, with no collective that would pair wrongly; so do
+# the group's other steps and train_step (_OUT_OF_STEP). Each run's keys
+# are its own (its number: runs go in step on every rank), so a later run
+# never reads a failed one's posts; and the board is read by add() and
+# get(), never by a wait with a timeout: in PyTorch 1.13 a TCPStore wait
+# that times out leaves that client unusable (its next get() failed with
+# "Socket Timeout" here: the short timeout stays, and the reply comes
+# late). Only a
 # step on the CPU keeps the board: on a GPU (NCCL), a work's wait() orders
 # the GPU's stream, not the host, so a rank would not read the board while
 # a collective hangs; there a failed rank's peers still meet the group's
@@ -346,8 +353,12 @@ class StepCollectives:
         self.rank, self.ranks = dist.get_rank(group), dist.get_world_size(group)
         self.store = dist.distributed_c10d._get_default_store()
         self.name = name
-        self.key = f"pebble.torch/{name}/"
         self.derived = 0
+        # Each run's keys are its own (runs go in step on every rank): a
+        # failed run's posts are never read by a later one.
+        self.runs = 0
+        self.key = None
+        self.polled = False  # this run read its failure flag (which creates it)
         self.board = device.type == "cpu"
         # Held, so that a run allocates nothing for it (the measured peak).
         self.closing = torch.zeros((), dtype=torch.int32) if self.board else None
@@ -379,6 +390,9 @@ class StepCollectives:
 
     def begin(self):
         self.in_step = False
+        self.runs += 1
+        self.key = f"pebble.torch/{self.name}/{self.runs}/"
+        self.polled = False
         if self.board:
             self.issued, self.works = [], []
 
@@ -408,6 +422,8 @@ class StepCollectives:
             self._check_board()
 
     def _check_board(self):
+        # (add, not a wait with a timeout: Note [A rank that fails mid-step])
+        self.polled = True
         try:
             failures = self.store.add(self.key + "failures", 0)
         except RuntimeError as e:
@@ -423,6 +439,8 @@ class StepCollectives:
             self.wait(work, "the step's closing all-reduce")
             if int(self.closing) != 0:
                 raise _PeerFailed("another rank failed")
+            if self.polled:  # (a run that failed nowhere: its flag, made by reading it)
+                self.store.delete_key(self.key + "failures")
         self.issued, self.works, self.in_step = None, [], True
 
     def fail(self, error):
@@ -433,12 +451,13 @@ class StepCollectives:
         issued, self.issued = self.issued, None
         if issued is None:
             return error  # not in a run (a round had already), or no board
+        replacement = error
         try:
             replacement = self._round(error, issued)
         finally:
             self.works = []
             if not self.in_step:
-                _OUT_OF_STEP[self.group] = f"{type(error).__name__}: {error}"
+                _OUT_OF_STEP[self.group] = f"{type(replacement).__name__}: {replacement}"
         return replacement
 
     def _round(self, error, issued):
@@ -450,6 +469,8 @@ class StepCollectives:
             self.store.set(self._post_key(self.rank), json.dumps(
                 {"why": f"{type(error).__name__}: {error}" if own else None,
                  "issued": issued}))
+            self.store.add(self.key + f"posted/{self.rank}", 1)
+            self.store.add(self.key + "posted", 1)
             if broken:
                 self.store.add(self.key + "broken", 1)
             if own:
@@ -489,36 +510,30 @@ class StepCollectives:
 
     def _longest_post(self):
         """The longest list of collectives that a rank posted, once every rank
-        has; None once a rank posted a broken failure (no round then). Waits
-        in slices, up to the store's timeout; a collective of this run that
-        fails meanwhile (a rank stopped) ends the wait (CollectiveFailed)."""
-        keys = [self._post_key(rank) for rank in range(self.ranks)]
+        has; None once a rank posted a broken failure (no round then). Reads
+        the board every WAIT_SLICE_S / 10 s, up to the store's timeout; a
+        collective of this run that fails meanwhile (a rank stopped) ends
+        the wait (CollectiveFailed)."""
         deadline = time.monotonic() + self.store.timeout.total_seconds()
-        slice_s = 10 * WAIT_SLICE_S
         while not self.store.add(self.key + "broken", 0):
-            started = time.monotonic()
-            try:
-                self.store.wait(keys, datetime.timedelta(seconds=slice_s))
-                if self.store.add(self.key + "broken", 0):
-                    return None
-                return max((json.loads(self.store.get(key))["issued"] for key in keys),
-                           key=len)
-            except RuntimeError:
-                if time.monotonic() - started < slice_s / 2 or time.monotonic() > deadline:
-                    raise  # the store failed, or the whole timeout passed
+            if self.store.add(self.key + "posted", 0) == self.ranks:
+                return max((json.loads(self.store.get(self._post_key(rank)))["issued"]
+                            for rank in range(self.ranks)), key=len)
+            if time.monotonic() > deadline:
+                raise CollectiveFailed("waiting for the other ranks after a failed step timed "
+                                       "out")
             for work in self.works:
                 if work.is_completed():
                     _collective("a collective of the failed step", work.wait)
+            time.sleep(WAIT_SLICE_S / 10)
         return None
 
     def _failures(self):
         """[(rank, why)] of the ranks that posted a failure of their own."""
         failed = []
         for rank in range(self.ranks):
-            try:  # (posted already, or not at all where a rank broke the round)
-                self.store.wait([self._post_key(rank)], datetime.timedelta(milliseconds=1))
-            except RuntimeError:
-                continue
+            if not self.store.add(self.key + f"posted/{rank}", 0):
+                continue  # (a rank that broke the round may leave others unposted)
             why = json.loads(self.store.get(self._post_key(rank)))["why"]
             if why is not None:
                 failed.append((rank, why))
