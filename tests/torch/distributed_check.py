@@ -55,6 +55,7 @@ Exit 0 on success, 1 on a mismatch, 77 without torch or torch.distributed.
 """
 
 import argparse
+import contextlib
 import copy
 import datetime
 import gc
@@ -64,6 +65,7 @@ import socket
 import sys
 import tempfile
 import time
+from unittest import mock
 
 BATCH_PER_RANK = 8
 
@@ -894,18 +896,16 @@ def check_sharded_failure(torch, pt, dist, rank, ranks):
         failures.append("sharded: full_state_dict() after a refused call differs")
     # full_state_dict() failing on the last rank alone, after its gathers
     # (out of memory for the copies): every rank fails, the step goes on.
-    if rank == ranks - 1:
-        def out_of_memory(*args, **kwargs):
-            raise MemoryError("an injected failure of the copies")
-        model.state_dict = out_of_memory
+    def out_of_memory(*args, **kwargs):
+        raise MemoryError("an injected failure of the copies")
     try:
-        step.full_state_dict()
+        with mock.patch.object(model, "state_dict", out_of_memory) if rank == ranks - 1 else \
+                contextlib.nullcontext():
+            step.full_state_dict()
         failures.append(f"sharded: full_state_dict() failing on rank {ranks - 1} passed")
     except (MemoryError, pt.PlanExecutionError) as e:
         if "injected" not in str(e):
             failures.append(f"sharded: full_state_dict() failing on the last rank: '{e}'")
-    finally:
-        model.__dict__.pop("state_dict", None)
     # The next step and gather go on, with waits long enough to read the
     # board (a failed round's posts must not be read again).
     from pebble.torch import _executor
@@ -915,15 +915,13 @@ def check_sharded_failure(torch, pt, dist, rank, ranks):
         if rank == 0 and i < 3:
             time.sleep(0.3)
         return compute(state, i, node)
-    _executor._RunState.compute = slow_on_rank_0
     try:
-        step(mine(x, rank), mine(y, rank))
-        if set(step.full_state_dict()) != set(before):
-            failures.append("sharded: full_state_dict() after a failed one differs")
+        with mock.patch.object(_executor._RunState, "compute", slow_on_rank_0):
+            step(mine(x, rank), mine(y, rank))
+            if set(step.full_state_dict()) != set(before):
+                failures.append("sharded: full_state_dict() after a failed one differs")
     except (RuntimeError, pt.PlanExecutionError) as e:
         failures.append(f"sharded: a step after a failed full_state_dict() failed: '{e}'")
-    finally:
-        _executor._RunState.compute = compute
     try:
         pt.train_step(*args, budget="min", **kwargs)
         failures.append("sharded: a module sharded already was sharded again")
@@ -1048,11 +1046,12 @@ def check_live_failure(torch, pt, dist, rank, ranks, shard, where, replanned=Fal
         if failing and where == "before":
             raise injected()
         return run_step(variant, persistent)
-    _executor._RunState.compute, _executor._RunState.finish = compute_or_fail, finish_and_fail
-    pebble.torch._Variant._run_step = run_step_or_fail
     start = time.monotonic()
     try:
-        step(mine(x, rank), mine(y, rank))
+        with mock.patch.object(_executor._RunState, "compute", compute_or_fail), \
+                mock.patch.object(_executor._RunState, "finish", finish_and_fail), \
+                mock.patch.object(pebble.torch._Variant, "_run_step", run_step_or_fail):
+            step(mine(x, rank), mine(y, rank))
         failures.append(f"{what}: the step did not fail on rank {rank}")
     except (RuntimeError, pt.PlanExecutionError) as e:
         expected = ("an injected failure" if failing else
@@ -1060,9 +1059,6 @@ def check_live_failure(torch, pt, dist, rank, ranks, shard, where, replanned=Fal
                     "collectives are back in step)")
         if expected not in str(e) or "injected" not in str(e):
             failures.append(f"{what}: rank {rank} failed with '{e}'")
-    finally:
-        _executor._RunState.compute, _executor._RunState.finish = compute, finish
-        pebble.torch._Variant._run_step = run_step
     elapsed = time.monotonic() - start
     if elapsed > 20:  # the group's timeout is minutes
         failures.append(f"{what}: rank {rank} took {elapsed:.1f} s to fail")
@@ -1153,10 +1149,10 @@ def check_interrupt(torch, pt, dist, rank, ranks):
         if rank == ranks - 1 and i == target:
             raise KeyboardInterrupt()
         return compute(state, i, node)
-    _executor._RunState.compute = compute_or_interrupt
     start = time.monotonic()
     try:
-        step(mine(x, rank), mine(y, rank))
+        with mock.patch.object(_executor._RunState, "compute", compute_or_interrupt):
+            step(mine(x, rank), mine(y, rank))
         failures.append(f"interrupted: rank {rank} stepped")
     except KeyboardInterrupt:
         if rank != ranks - 1:
@@ -1164,8 +1160,6 @@ def check_interrupt(torch, pt, dist, rank, ranks):
     except pt.PlanExecutionError as e:
         if "out of step" not in str(e):
             failures.append(f"interrupted: rank {rank} failed with '{e}'")
-    finally:
-        _executor._RunState.compute = compute
     if time.monotonic() - start > 20:
         failures.append(f"interrupted: rank {rank} took {time.monotonic() - start:.1f} s")
     start = time.monotonic()
