@@ -362,7 +362,7 @@ class StepCollectives:
         self.board = device.type == "cpu"
         # Held, so that a run allocates nothing for it (the measured peak).
         self.closing = torch.zeros((), dtype=torch.int32) if self.board else None
-        self.issued = None  # in a run: [(numel, dtype's name, closing?)] started
+        self.issued = None  # in a run: [(numel, dtype, closing?)] started
         self.works = []  # in a run: their works
         # Whether the ranks' collectives are known to be in step after the
         # last run (a failed run: only after a whole round of the board).
@@ -400,7 +400,7 @@ class StepCollectives:
         """Starts the sum of `tensor` over the ranks, in place: its work."""
         work = _collective(what, self.dist.all_reduce, tensor, group=self.group, async_op=True)
         if self.issued is not None:
-            self.issued.append((tensor.numel(), str(tensor.dtype).split(".")[-1], closing))
+            self.issued.append((tensor.numel(), tensor.dtype, closing))
             self.works.append(work)
         return work
 
@@ -468,7 +468,8 @@ class StepCollectives:
         try:
             self.store.set(self._post_key(self.rank), json.dumps(
                 {"why": f"{type(error).__name__}: {error}" if own else None,
-                 "issued": issued}))
+                 "issued": [(numel, str(dtype).split(".")[-1], closing)
+                            for numel, dtype, closing in issued]}))
             self.store.add(self.key + f"posted/{self.rank}", 1)
             self.store.add(self.key + "posted", 1)
             if broken:
