@@ -3,7 +3,8 @@
 
     torchrun --nproc_per_node 4 examples/torch/data_parallel.py \\
         [--layers 4] [--dim 128] [--batch 8] [--policy rotor] [--budget min] \\
-        [--updates device|host|auto] [--shard none|full] [--steps 5]
+        [--updates device|host|auto] [--shard none|full] [--steps 5] \
+        [--save CHECKPOINT] [--resume CHECKPOINT]
 
 (scripts/torchrun-example runs it with the build tree's pebble.) torchrun
 starts the ranks and sets RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT;
@@ -16,7 +17,10 @@ rank keeps 1/ranks of the parameters, gradients and Adam's state (ZeRO-3),
 and the plan gathers the parameters where they are read. Rank 0 prints
 each step's loss and the measured and predicted step peaks; every rank
 checks at the end that its parameters (gathered, where sharded) equal rank
-0's.
+0's. --save writes a checkpoint at the end (the module's and Adam's state
+whole: step.full_state_dict() and step.full_optimizer_state_dict(), which
+load on any number of ranks, sharded or not, and in one process);
+--resume starts from one.
 """
 
 import argparse
@@ -49,9 +53,18 @@ def main():
     parser.add_argument("--shard", default="none", choices=("none", "full"),
                         help="full: parameters, gradients and optimizer state sharded")
     parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--save", metavar="CHECKPOINT",
+                        help="write the module's and the optimizer's state there at the end "
+                             "(a new file)")
+    parser.add_argument("--resume", metavar="CHECKPOINT",
+                        help="start from a checkpoint that --save wrote (any number of ranks)")
     args = parser.parse_args()
     if "RANK" not in os.environ:
         sys.exit("run me with torchrun (torchrun --nproc_per_node N " + sys.argv[0] + ")")
+    if args.save is not None and os.path.exists(args.save):
+        sys.exit(f"--save {args.save}: the file exists; give a new path (nothing is overwritten)")
+    if args.resume is not None and not os.path.isfile(args.resume):
+        sys.exit(f"--resume {args.resume}: no such file")
     # One GPU per rank where there are enough, else the CPU (gloo).
     gpu = torch.cuda.device_count() >= int(os.environ.get("LOCAL_WORLD_SIZE", 1))
     dist.init_process_group("nccl" if gpu else "gloo", timeout=datetime.timedelta(seconds=60))
@@ -63,6 +76,12 @@ def main():
     torch.manual_seed(0)  # the same model on every rank
     model = model_of(args).to(device)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3, foreach=False)
+    if args.resume is not None:  # on every rank, before the step is made
+        saved = torch.load(args.resume, map_location="cpu")
+        model.load_state_dict(saved["model"])
+        optimizer.load_state_dict(saved["optimizer"])
+        if rank == 0:
+            print(f"resumed from {args.resume}: {saved['steps']} steps on {saved['ranks']} ranks")
     g = torch.Generator().manual_seed(1)  # the same batches; each rank takes its slice
     data = [(torch.randn(args.batch * ranks, args.dim, generator=g),
              torch.randint(0, 10, (args.batch * ranks,), generator=g))
@@ -94,6 +113,13 @@ def main():
                   f"{r['measured_peak_bytes']} B, predicted {r['predicted_step_peak_bytes']} B "
                   f"({r['measured_by']}), {r['ranks']} ranks")
     whole = step.full_state_dict()  # gathered where sharded, on every rank
+    if args.save is not None:
+        optimizer_state = step.full_optimizer_state_dict()  # (every rank takes part)
+        steps = args.steps + (saved["steps"] if args.resume is not None else 0)
+        if rank == 0:
+            torch.save({"model": whole, "optimizer": optimizer_state, "steps": steps,
+                        "ranks": ranks}, args.save)
+            print(f"saved {args.save}: {steps} steps on {ranks} ranks")
     flat = torch.cat([whole[name].flatten() for name, _ in model.named_parameters()])
     first = flat.clone()
     dist.broadcast(first, src=0)

@@ -34,6 +34,10 @@ Each rank takes its slice of one batch. Checks, on every rank:
   bytes copied as planned;
 - a sharded capture of new shapes holds no rank's whole parameters, and a
   module given on the meta device is built in shards (by the allocator);
+- a sharded step's checkpoint (full_state_dict(), full_optimizer_state_dict())
+  is eager's module and Adam state, and trains on to eager's parameters
+  eagerly, sharded on 2 ranks (a subgroup where there are more) and on the
+  same ranks; a rank's own state is refused where the shards differ;
 - a process group of one rank runs the single process's step, no
   all-reduce planned;
 - a rank whose step fails mid-step while its process lives on (before any
@@ -718,6 +722,110 @@ def check_shards_moving(torch, pt, dist, rank, ranks):
     return failures + differs_from_eager(loose, whole, len(data), what)
 
 
+def check_sharded_checkpoint(torch, pt, dist, rank, ranks):
+    """A sharded step's checkpoint, full_state_dict() and
+    full_optimizer_state_dict() (on every rank), is eager training's module
+    and Adam state (whole, on the CPU) and loads into torch.optim's optimizer
+    of the whole module, which trains on to eager's parameters; loaded on
+    every rank of a sharded step over another number of ranks (2: a subgroup
+    where there are more), rank 0's is cut into the new shards and trains on
+    to eager's parameters after five steps; so does a step on the same ranks
+    given it, or a rank's own optimizer.state_dict() (its shards), after it
+    was made. A rank's own state, loaded where the shards differ, is refused,
+    naming the way."""
+    what = "sharded checkpoint"
+    failures = []
+    torch.manual_seed(0)
+    model = make_model(torch)
+    whole = copy.deepcopy(model)
+    def make(params):
+        return torch.optim.Adam(params, lr=1e-2, eps=1e-3, foreach=False)
+    opt, whole_opt = make(model.parameters()), make(whole.parameters())
+    loss_fn = torch.nn.functional.cross_entropy
+    data = batches(torch, ranks, 5)
+    step = pt.train_step(model, loss_fn, (mine(data[0][0], rank),), mine(data[0][1], rank),
+                         optimizer=opt, policy="fsdp", budget="min",
+                         process_group=dist.group.WORLD, shard="full")
+    failures += step_beside_eager(step, whole, whole_opt, loss_fn, data[:2], rank, what)
+    saved_model, saved_opt = step.full_state_dict(), step.full_optimizer_state_dict()
+    own = opt.state_dict()  # this rank's shards
+    for i, p in enumerate(whole.parameters()):
+        for key in ("exp_avg", "exp_avg_sq", "step"):
+            got = saved_opt["state"][i][key]
+            want = whole_opt.state[p][key]
+            if got.device.type != "cpu" or got.shape != want.shape or not close(got, want):
+                failures.append(f"{what}: the saved {key} of parameter {i} is not eager's "
+                                f"(on {got.device})")
+    # torch.optim's optimizer of the whole module takes it and trains on.
+    eager = make_model(torch)
+    eager.load_state_dict(saved_model)
+    eager_opt = make(eager.parameters())
+    eager_opt.load_state_dict(saved_opt)
+    for x, y in data[2:]:
+        for m, o in ((eager, eager_opt), (whole, whole_opt)):
+            o.zero_grad(set_to_none=True)
+            loss_fn(m(x), y).backward()
+            o.step()
+    failures += [f"{what}: eager training resumed from it: {name} differs"
+                 for name, value in whole.state_dict().items()
+                 if not close(eager.state_dict()[name], value)]
+    # Resumed on 2 ranks, each taking half of each batch.
+    group = dist.group.WORLD if ranks == 2 else dist.new_group([0, 1])
+    if rank < 2:
+        def half(t):
+            return t[rank * len(t) // 2:(rank + 1) * len(t) // 2]
+        resumed = make_model(torch)
+        resumed.load_state_dict(saved_model)
+        resumed_opt = make(resumed.parameters())
+        resumed_opt.load_state_dict(saved_opt)
+        if rank == 1:  # (rank 0's whole state is taken, as its weights are)
+            next(iter(resumed_opt.state.values()))["exp_avg"].add_(1.0)
+        again = pt.train_step(resumed, loss_fn, (half(data[2][0]),), half(data[2][1]),
+                              optimizer=resumed_opt, policy="dtr", budget="min",
+                              process_group=group, shard="full")
+        for x, y in data[2:]:
+            again(half(x), half(y))
+        failures += differs_from_eager(again, whole, len(data), f"{what}, resumed on 2 ranks")
+        if ranks > 2:
+            failures += _refused_state(torch, pt, own, make, lambda m, o: pt.train_step(
+                m, loss_fn, (half(data[2][0]),), half(data[2][1]), optimizer=o,
+                policy="dtr", budget="min", process_group=group, shard="full"),
+                f"{what}: a rank's own state on 2 ranks, saved on {ranks}")
+    # Loaded after the step is made, on the same ranks: a rank's own shards
+    # are taken, a whole state cut at the next call.
+    for state, kind in ((own, "its own shards"), (saved_opt, "whole")):
+        later = make_model(torch)
+        later.load_state_dict(saved_model)
+        later_opt = make(later.parameters())
+        step = pt.train_step(later, loss_fn, (mine(data[2][0], rank),), mine(data[2][1], rank),
+                             optimizer=later_opt, policy="fsdp", budget="min",
+                             process_group=dist.group.WORLD, shard="full")
+        later_opt.load_state_dict(state)
+        for x, y in data[2:]:
+            step(mine(x, rank), mine(y, rank))
+        failures += differs_from_eager(step, whole, len(data),
+                                       f"{what}, {kind} loaded after the step was made")
+    # (an unsharded step refuses it at its first call)
+    failures += _refused_state(torch, pt, own, make, lambda m, o: pt.train_step(
+        m, loss_fn, (data[2][0],), data[2][1], optimizer=o, policy="dtr")(
+        data[2][0], data[2][1]), f"{what}: a rank's own state in an unsharded step")
+    return failures
+
+
+def _refused_state(torch, pt, state, make, stepped, what):
+    """The failures where stepped(module, optimizer) with `state` loaded into
+    the optimizer is not refused by a message naming
+    full_optimizer_state_dict()."""
+    model = make_model(torch)
+    opt = make(model.parameters())
+    opt.load_state_dict(state)
+    try:
+        stepped(model, opt)
+    except (pt.OptimizerError, pt.PlanExecutionError) as e:
+        return [] if "full_optimizer_state_dict()" in str(e) else [f"{what}: refused with {e}"]
+    return [f"{what}: not refused"]
+
+
 def check_offloaded_shards(step, opt, model, state, updates, parameters, what):
     """The plan's placement of the sharded state, updates and parameter
     shards, as asked, and the bytes moved as planned."""
@@ -848,8 +956,8 @@ def check_gathers_freed_apart(torch, pt, dist, rank, ranks):
 
 def check_sharded_failure(torch, pt, dist, rank, ranks):
     """A sharded step that cannot be planned, or whose optimizer holds a state
-    of the whole parameters, leaves the module whole, and a new one trains
-    it; one step's module cannot be sharded by another; full_state_dict()
+    that is neither whole nor this rank's shards (saved on another number of
+    ranks), leaves the module whole, and a new one trains it; one step's module cannot be sharded by another; full_state_dict()
     called on one rank alone fails on every rank, which stay in step."""
     failures = []
     torch.manual_seed(0)
@@ -871,13 +979,16 @@ def check_sharded_failure(torch, pt, dist, rank, ranks):
     loss_fn(model(x), y).backward()  # an eager step: a momentum buffer of the whole
     opt.step()
     opt.zero_grad(set_to_none=True)
+    for state in opt.state.values():  # as a shard over one rank more would be
+        whole = state["momentum_buffer"]
+        state["momentum_buffer"] = whole.reshape(-1)[:-(-whole.numel() // (ranks + 1))].clone()
     before = copy.deepcopy(model.state_dict())
     try:
         pt.train_step(*args, budget="min", **kwargs)
-        failures.append("sharded: an optimizer state of the whole parameters was taken")
+        failures.append("sharded: an optimizer state of other shards was taken")
     except (pt.OptimizerError, pt.PlanError) as e:
-        if "momentum_buffer" not in str(e):
-            failures.append(f"sharded, a whole state: refused with '{e}'")
+        if "momentum_buffer" not in str(e) or "full_optimizer_state_dict()" not in str(e):
+            failures.append(f"sharded, a state of other shards: refused with '{e}'")
     after = model.state_dict()
     if any(not torch.equal(v, after[k]) for k, v in before.items()):
         failures.append("sharded: a train_step refusing the state left the module changed")
@@ -1381,6 +1492,7 @@ def checks(torch, pt, dist, rank, ranks):
     failures += check_capture_of_shards(torch, pt, dist, rank, ranks)
     failures += check_built_in_shards(torch, pt, dist, rank, ranks)
     failures += check_shards_moving(torch, pt, dist, rank, ranks)
+    failures += check_sharded_checkpoint(torch, pt, dist, rank, ranks)
     if every:
         failures += check_gathers_freed_apart(torch, pt, dist, rank, ranks)
     failures += check_sharded_failure(torch, pt, dist, rank, ranks)
@@ -1459,7 +1571,8 @@ def main():
         return 1
     print(f"PASS: {args.ranks} ranks: gradients of the whole batch, five SGD and Adam steps "
           "as DistributedDataParallel's (updates on the device and the host), sharded "
-          "training as eager's on the whole batch, measured peak == predicted, a rank "
+          "training as eager's on the whole batch, resumed from its checkpoint on other "
+          "ranks, measured peak == predicted, a rank "
           "failing mid-step fails the others at once and leaves the group in step, a dead "
           "rank fails the others cleanly (data parallel and sharded)")
     return 0

@@ -14,8 +14,9 @@ pebble.torch.train_step(..., optimizer=opt). Checks after every step:
 - the allocator's (or the profiler's) peak of the step equals the plan's
   predicted peak, the optimizer's update and its temporaries included, and
   so does pebble's own count of the tensors held;
-- opt.state_dict() loads into a fresh optimizer, which then takes one more
-  eager step to the same parameters as pebble's next step;
+- step.full_optimizer_state_dict() (opt.state_dict() on the CPU) loads into a
+  fresh optimizer, which then takes one more eager step to the same
+  parameters as pebble's next step;
 - a learning-rate scheduler's lr is followed, as eager follows it;
 - with optimizer_state="host", the state is in (pinned) host memory after
   each step and the plan streamed it (on the CPU device, with
@@ -198,10 +199,15 @@ def run_case(torch, pt, device, steps, model_name, opt_name, policy, budget, sta
             other = planned_state.get(i, {}).get(key)
             if other is None or not close(torch, other.cpu(), value.cpu()):
                 failures.append(f"optimizer state {i}/{key} differs from eager's")
-    # The state dict loads into a fresh optimizer, which continues as pebble does.
+    # The state dict, as step.full_optimizer_state_dict() copies it to the
+    # CPU, loads into a fresh optimizer, which continues as pebble does.
     resumed_model = copy.deepcopy(planned_model)
     resumed_opt = make_opt(resumed_model.parameters())
-    resumed_opt.load_state_dict(planned_opt.state_dict())
+    saved = step.full_optimizer_state_dict()
+    if any(torch.is_tensor(v) and v.device.type != "cpu"
+           for entry in saved["state"].values() for v in entry.values()):
+        failures.append("full_optimizer_state_dict() holds a tensor outside the CPU")
+    resumed_opt.load_state_dict(saved)
     x, y = batches[steps]
     resumed_opt.zero_grad(set_to_none=True)
     loss_fn(resumed_model(x), y).backward()
@@ -390,6 +396,14 @@ def refusals(torch, pt, device):
     moved = [not torch.equal(a, p.detach()) for a, p in zip(before, frozen.parameters())]
     if moved != [False, True, True, True]:
         failures.append(f"with a frozen first weight, the parameters moved: {moved}")
+    try:
+        pt.train_step(model, torch.nn.functional.cross_entropy, (x,), y).\
+            full_optimizer_state_dict()
+        failures.append("full_optimizer_state_dict() of a step without an optimizer was not "
+                        "refused")
+    except ValueError as e:
+        if "no optimizer in its plan" not in str(e):
+            failures.append(f"full_optimizer_state_dict() without an optimizer: refused with {e}")
     return failures
 
 

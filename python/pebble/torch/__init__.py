@@ -39,8 +39,8 @@ from ._distributed import (GradientAverage, StepCollectives, agreed, broadcast_m
 from ._executor import FREE, PlanExecutionError, Program, draws_in_eager_order
 from ._graph import StepGraph
 from ._memory import AllocatorPeak, TensorMemory, allocated_where_profiled, measure, tensor_bytes
-from ._optimizer import OptimizerError, Updates
-from ._sharding import ShardedRunner, Shards, calibrate_sharded, on_meta
+from ._optimizer import OptimizerError, Updates, state_dict_on_cpu
+from ._sharding import ShardedRunner, Shards, calibrate_sharded, holds_whole_state, on_meta
 
 __all__ = ["CaptureError", "OptimizerError", "PlanError", "PlanExecutionError", "TensorMemory",
            "TrainStep", "measure", "tensor_bytes", "train_step"]
@@ -239,10 +239,13 @@ class TrainStep:
         try:
             self._variant = self._variant_for(inputs, example_target)
             if self.shards is not None:
-                # A state of other shapes (loaded from an unsharded step) is
-                # refused while the module still holds its weights.
+                # A whole state (an unsharded step's, or a saved
+                # full_optimizer_state_dict()) is cut into this rank's shards;
+                # one of other shapes is refused while the module still holds
+                # its weights.
                 agreed(lambda: self.updates.ensure_state(self._variant.placement,
-                                                         like=self.shards.shards),
+                                                         like=self.shards.shards,
+                                                         cut=self.shards.cut_state),
                        self.process_group)
         except BaseException:
             if self.shards is not None:
@@ -262,7 +265,9 @@ class TrainStep:
         # and its optimizer's state: a step that failed on some rank may have
         # updated it on the others only.
         broadcast_module(model, self.process_group)
-        if self.updates is not None and not sharded:  # (a sharded state is each rank's)
+        # (a sharded state is each rank's own, but a whole one: cut later)
+        if self.updates is not None and (not sharded or holds_whole_state(
+                self.updates, _world_size(self.process_group))):
             broadcast_optimizer_state(self.updates.optimizer, self.process_group)
         if measure_link_:  # Note [One plan on every rank]: rank 0's
             self.network = same_on_every_rank(
@@ -353,16 +358,37 @@ class TrainStep:
         (shard="full"), it gathers the parameters, on every rank: call it on
         every rank together."""
         if self.shards is not None:
-            check_same_collective("full_state_dict()", self.process_group,
-                                  self._shared_refusal())
-            try:  # (a failure on one rank fails every rank, leaving the shards as they are)
-                return self.collectives.together(
-                    lambda: self.shards.full_state_dict(self.collectives))
-            except BaseException as e:
-                if not self.collectives.in_step:
-                    self._failure.record(e, in_step=False)
-                raise
+            return self._gathered("full_state_dict()",
+                                  lambda: self.shards.full_state_dict(self.collectives))
         return {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+
+    def full_optimizer_state_dict(self):
+        """The optimizer's state_dict() with every state tensor whole (the
+        parameter's shape) and a copy on the CPU: what an optimizer of the
+        whole module loads, and a step on any number of ranks takes, sharded
+        or not. Sharded (shard="full"), it gathers the state's shards one
+        tensor at a time, on every rank: call it on every rank together."""
+        if self.updates is None:
+            raise ValueError("this step has no optimizer in its plan (train_step(..., "
+                             "optimizer=...)): save your optimizer's own state_dict()")
+        optimizer = self.updates.optimizer
+        if self.shards is not None:
+            return self._gathered("full_optimizer_state_dict()",
+                                  lambda: self.shards.full_optimizer_state_dict(
+                                      optimizer, self.updates.state_keys, self.collectives))
+        return state_dict_on_cpu(optimizer)
+
+    def _gathered(self, call, work):
+        """work()'s value, run on every rank together (`call`: its name for
+        the call's check); a failure on one rank fails every rank, leaving
+        the shards as they are."""
+        check_same_collective(call, self.process_group, self._shared_refusal())
+        try:
+            return self.collectives.together(work)
+        except BaseException as e:
+            if not self.collectives.in_step:
+                self._failure.record(e, in_step=False)
+            raise
 
     def replan(self, policy=None, budget="100%", **options):
         """A TrainStep of the same module and loss under another plan, sharing
@@ -861,7 +887,8 @@ class _Variant:
         persistent = self.capture.persistent(inputs, target, sharded)
         if self.updates is not None:
             # Held before the step, where the plan holds it.
-            self.updates.ensure_state(self.placement, like=self.shards and self.shards.shards)
+            self.updates.ensure_state(self.placement, like=self.shards and self.shards.shards,
+                                      cut=self.shards and self.shards.cut_state)
         # The plan fixed every tensor's dtype: autocast stays off inside the step.
         with torch.no_grad(), torch.autocast(self.device.type, enabled=False):
             if measured:

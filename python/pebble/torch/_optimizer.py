@@ -33,6 +33,7 @@ optimizer] in _executor.py). The plan may run such updates early, as soon
 as a gradient is complete, while the backward goes on.
 """
 
+import copy
 import json
 import math
 import time
@@ -281,7 +282,15 @@ class Updates:
 
     # --- the state ----------------------------------------------------------------
 
-    def ensure_state(self, placement, like=None):
+    @property
+    def state_keys(self):
+        """The entries of a parameter's state that hold a tensor of its shape
+        (torch.optim's names)."""
+        if self.kind == "sgd":
+            return ("momentum_buffer",) if self.settings["momentum"] > 0 else ()
+        return ("exp_avg", "exp_avg_sq")
+
+    def ensure_state(self, placement, like=None, cut=None):
         """Every parameter's state in opt.state, as torch.optim makes it on its
         first step (zeros; Adam's step count 0), where it is not there yet:
         made before the step, it is held before the step as the plan holds
@@ -292,25 +301,24 @@ class Updates:
         is the copy of g that torch.optim makes. The host updates' scratch
         buffer is made here too, outside the step. `like`: parameter name ->
         the tensor its state is shaped as where that is not the parameter
-        (its shard, in a sharded step)."""
+        (its shard, in a sharded step); `cut(name, t)`: that tensor made of
+        a state entry `t` of the parameter's own shape (a whole state loaded
+        into a sharded step's optimizer: this rank's shard of it)."""
         state = self.optimizer.state
         for name, p in self.params.items():
             s = state[p]
             template = like[name] if like is not None and name in like else p
-            if self.kind == "sgd":
-                keys = ("momentum_buffer",) if self.settings["momentum"] > 0 else ()
-            else:
-                keys = ("exp_avg", "exp_avg_sq")
-                if "step" not in s:
-                    s["step"] = torch.tensor(0.0)
-            for key in keys:
+            if self.kind != "sgd" and "step" not in s:
+                s["step"] = torch.tensor(0.0)
+            for key in self.state_keys:
                 if s.get(key) is None:
                     s[key] = torch.zeros_like(template, memory_format=torch.preserve_format)
                 elif s[key].shape != template.shape:
-                    raise OptimizerError(
-                        f"the optimizer's {key} of '{name}' is {tuple(s[key].shape)}; the "
-                        f"step keeps it {tuple(template.shape)} (a state from a step sharded "
-                        "otherwise, or from one not sharded?)")
+                    made = cut(name, s[key]) if cut is not None else None
+                    if made is None:
+                        raise OptimizerError(_state_shape_error(name, key, s[key], template,
+                                                                sharded=cut is not None))
+                    s[key] = made
                 # (where p's device is, not the template's: a shard may live on the host)
                 s[key] = self._at_home(s[key], p, f"{key}:{name}" in placement.host_state)
         scratch_numel = {}  # dtype -> the largest tensor a host update of that dtype takes
@@ -535,6 +543,41 @@ def _round_bytes(doc, round_to):
             node["bytes"] = rounded
             node.pop("shape", None)
             node.pop("dtype", None)
+
+
+def state_dict_on_cpu(optimizer, entry=None):
+    """optimizer.state_dict() as a copy, every state tensor on the CPU, its
+    dicts its own (torch.optim's share the live state's). `entry(p, key,
+    value)`: the copy of parameter p's entry `key`, where it gives one (not
+    None)."""
+    saved = optimizer.state_dict()
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+
+    def copied(p, key, value):
+        made = entry(p, key, value) if entry is not None else None
+        if made is not None:
+            return made
+        return value.detach().to("cpu", copy=True) if torch.is_tensor(value) else \
+            copy.deepcopy(value)
+    with torch.no_grad():
+        state = {index: {key: copied(params[index], key, value)
+                         for key, value in entries.items()}
+                 for index, entries in saved["state"].items()}
+    return dict(saved, state=state, param_groups=copy.deepcopy(saved["param_groups"]))
+
+
+def _state_shape_error(name, key, t, template, sharded):
+    """The refusal of a state entry `t` that the step cannot take as it is."""
+    if sharded:
+        return (f"the optimizer's {key} of '{name}' is {tuple(t.shape)}: neither the "
+                f"parameter's shape nor this rank's shard's {tuple(template.shape)} (a state "
+                "that a step sharded over another number of ranks saved with "
+                "optimizer.state_dict()? step.full_optimizer_state_dict() saves it whole, "
+                "which a step on any number of ranks takes)")
+    return (f"the optimizer's {key} of '{name}' is {tuple(t.shape)}; the step keeps it "
+            f"{tuple(template.shape)} (a sharded step's own state, saved with "
+            "optimizer.state_dict()? step.full_optimizer_state_dict() saves it whole, as this "
+            "step takes it)")
 
 
 def _parameter_of(node_id):

@@ -106,7 +106,7 @@ from .. import _core
 from ._compat import storage_bytes
 from ._distributed import _collective, _global_rank, agree, drain
 from ._executor import PlanExecutionError, Program
-from ._optimizer import host_homes
+from ._optimizer import host_homes, state_dict_on_cpu
 from ._memory import allocated_where_profiled, round_up
 
 
@@ -138,6 +138,19 @@ from ._memory import allocated_where_profiled, round_up
 def on_meta(model):
     """Whether any parameter or buffer of `model` is on the meta device."""
     return any(t.is_meta for t in list(model.parameters()) + list(model.buffers()))
+
+
+def holds_whole_state(updates, ranks):
+    """Whether the optimizer's state of `updates` has entries (its tensors of
+    a parameter's shape: Updates.state_keys), each of its parameter's whole
+    shape rather than a shard's over `ranks` (a state that an unsharded
+    step left, or a saved full_optimizer_state_dict(), loaded)."""
+    shapes = [(tuple(state[key].shape), tuple(p.shape), -(-p.numel() // ranks))
+              for p in updates.params.values() for state in [updates.optimizer.state.get(p, {})]
+              for key in updates.state_keys if torch.is_tensor(state.get(key))]
+    # (a 1-D parameter of one element has its shard's shape: either way)
+    told = [shape == whole for shape, whole, shard in shapes if whole != (shard,)]
+    return bool(told) and all(told)
 
 
 def _where(name, module):
@@ -394,6 +407,15 @@ class Shards:
             shard[:hi - lo].copy_(whole.detach().reshape(-1)[lo:hi])
         return shard
 
+    def cut_state(self, name, t):
+        """This rank's shard of a state entry `t` of parameter `name` that is
+        whole (the parameter's shape: a state saved by an unsharded step, or
+        by step.full_optimizer_state_dict()); None where `t` has another
+        shape."""
+        if tuple(t.shape) != self.shapes[name]:
+            return None
+        return self._shard_of(name, t)
+
     def shard_numel(self, name):
         return -(-math.prod(self.shapes[name]) // self.ranks)
 
@@ -645,6 +667,24 @@ class Shards:
         with self.full_parameters(collectives):
             return {k: v.detach().clone() for k, v in
                     self.model.state_dict().items()}
+
+    def full_optimizer_state_dict(self, optimizer, keys, collectives):
+        """optimizer.state_dict() with the entries `keys` of each sharded
+        parameter's state whole (the parameter's shape), every tensor a copy
+        on the CPU, on every rank (collectives through `collectives`, one
+        entry at a time: the device holds one whole entry at most)."""
+        names = {id(p): name for name, p in self.params.items()}
+
+        def whole(p, key, shard):
+            name = names.get(id(p))
+            return None if name is None or key not in keys else \
+                self._whole_entry(name, shard, collectives)
+        return state_dict_on_cpu(optimizer, whole)
+
+    def _whole_entry(self, name, shard, collectives):
+        (whole,), work = self.gather([name], sources=[shard], collectives=collectives)
+        collectives.wait(work, self.gather_what(name))
+        return whole.cpu()  # (a tensor of its own: the gather's, exactly its size)
 
 
 # Note [Calibrating a sharded step]: the capture's calibration (each node's
