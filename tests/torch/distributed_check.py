@@ -34,6 +34,8 @@ Each rank takes its slice of one batch. Checks, on every rank:
   bytes copied as planned;
 - a sharded capture of new shapes holds no rank's whole parameters, and a
   module given on the meta device is built in shards (by the allocator);
+  where the capture's calibration under FSDP's rule runs out of memory, it
+  runs under dtr's least-peak plan, and the step trains as eager;
 - a sharded step's checkpoint (full_state_dict(), full_optimizer_state_dict())
   is eager's module and Adam state, and trains on to eager's parameters
   eagerly, sharded on 2 ranks (a subgroup where there are more) and on the
@@ -488,6 +490,51 @@ def check_capture_of_shards(torch, pt, dist, rank, ranks):
     if not step.report["calibration"].startswith("measured under FSDP's rule"):
         failures.append(f"{what}: calibration {step.report['calibration']!r}")
     return failures + differs_from_eager(step, whole, 2, what)
+
+
+def check_sharded_calibration_under_plan(torch, pt, dist, rank, ranks):
+    """Where a sharded capture's calibration under FSDP's rule does not fit
+    the device (made to run out of memory here), it runs under dtr's
+    least-peak plan of the sharded step: the report says so, each call's
+    temporaries are those FSDP's rule measures, and three Adam steps give
+    eager's parameters with measured peak == predicted."""
+    from pebble.torch import _sharding
+    what = "sharded, calibrated under dtr's plan"
+    torch.manual_seed(0)
+    model = make_token_model(torch)  # (calls with temporaries: the layer norm's, say)
+    whole = copy.deepcopy(model)
+    opt, whole_opt = (optimizer(torch, "adam", m.parameters()) for m in (model, whole))
+    loss_fn = torch.nn.functional.cross_entropy
+    data = token_batches(torch, ranks, 3)
+    kwargs = dict(optimizer=opt, policy="dtr", budget="min", measure="always",
+                  process_group=dist.group.WORLD, shard="full", network="ib-ndr")
+    args = (loss_fn, (mine(data[0][0], rank),), mine(data[0][1], rank))
+    twin = copy.deepcopy(model)
+    normal = pt.train_step(twin, *args, **dict(kwargs, optimizer=optimizer(
+        torch, "adam", twin.parameters())))
+    runs = []
+
+    class FirstRunOutOfMemory(_sharding.Program):
+        def run(self, *a, **k):
+            runs.append(len(self.steps))
+            if len(runs) == 1:
+                raise MemoryError("out of memory (FSDP's rule, in this test)")
+            return super().run(*a, **k)
+
+    with mock.patch.object(_sharding, "Program", FirstRunOutOfMemory):
+        step = pt.train_step(model, *args, **kwargs)
+    failures = []
+    source = step.report["calibration"]
+    if not source.startswith("measured under dtr's least-peak plan") or len(runs) < 2:
+        failures.append(f"{what}: the report says {source!r} after {len(runs)} runs")
+
+    def temporaries(s):
+        return {n.id: n.temporary_bytes for n in s._variant.capture.nodes.nodes}
+    if temporaries(step) != temporaries(normal) or not any(temporaries(step).values()):
+        failures.append(f"{what}: temporaries {temporaries(step)}, under FSDP's rule "
+                        f"{temporaries(normal)}")
+    failures += step_beside_eager(step, whole, whole_opt, loss_fn, data, rank, what)
+    return failures + differs_from_eager(step, whole, len(data), what)
 
 
 def make_tied_model(torch, device=None, vocab=64, width=256, layers=8):
@@ -1490,6 +1537,8 @@ def checks(torch, pt, dist, rank, ranks):
     if every:
         failures += check_one_plan(torch, pt, dist, rank, ranks)
     failures += check_capture_of_shards(torch, pt, dist, rank, ranks)
+    if every:
+        failures += check_sharded_calibration_under_plan(torch, pt, dist, rank, ranks)
     failures += check_built_in_shards(torch, pt, dist, rank, ranks)
     failures += check_shards_moving(torch, pt, dist, rank, ranks)
     failures += check_sharded_checkpoint(torch, pt, dist, rank, ranks)

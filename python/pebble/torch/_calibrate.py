@@ -154,17 +154,30 @@ def calibrated_by_run(graph, program, persistent, device, guess, source, why_not
     measured, the costs of nodes it does not run `guess`'s, and `source`
     saying how. Where that run does not fit the device, costs estimated;
     why_not(the error's first line) says why."""
-    try:
-        seconds, _ = _time_and_measure(graph, program, persistent, device, step_peak=False)
-    except (RuntimeError, MemoryError) as e:
-        if not _out_of_memory(e):
-            raise
-        _release(graph, device)
-        return estimated(graph, why_not(_first_line(e)))
-    result = Calibration()
-    result.costs = {n.index: seconds.get(n.index, guess.costs[n.index]) for n in graph.nodes}
-    result.source = source
-    return result
+    return calibrated_by_runs(graph, [(lambda: program, source, why_not)], persistent, device,
+                              guess, lambda whys: "; ".join(whys))
+
+
+def calibrated_by_runs(graph, attempts, persistent, device, guess, estimate_why):
+    """calibrated_by_run's Calibration of the first of `attempts` whose run
+    fits the device: (make() -> its Program, source, why_not) each, in
+    turn. Where none fits, costs estimated; estimate_why(each why_not(the
+    error's first line)) says why."""
+    whys = []
+    for make, source, why_not in attempts:
+        try:
+            seconds, _ = _time_and_measure(graph, make(), persistent, device, step_peak=False)
+        except (RuntimeError, MemoryError) as e:
+            if not _out_of_memory(e):
+                raise
+            _release(graph, device)
+            whys.append(why_not(_first_line(e)))
+            continue
+        result = Calibration()
+        result.costs = {n.index: seconds.get(n.index, guess.costs[n.index]) for n in graph.nodes}
+        result.source = source
+        return result
+    return estimated(graph, estimate_why(whys))
 
 
 def _release(graph, device):

@@ -701,31 +701,47 @@ class Shards:
 # depends on the values, and neither do the kernels' times and
 # temporaries). So a rank that fails there (out of memory) fails alone, and
 # the ranks agree on it at once (agreed()), and a node's time never holds a
-# collective's wait. Where that run does not fit the device, the costs are
-# estimated from the operands' sizes (the report says so).
+# collective's wait. Where that run does not fit the device (activations
+# held whole, a batch beyond FSDP's), it runs under dtr's least-peak plan of
+# the same sharded step instead (recomputing, gathering again where it
+# recomputes, as an unsharded step falls back: Note [Calibrating under a
+# plan]); where that does not fit either, the costs are estimated from the
+# operands' sizes. The report says which.
 def calibrate_sharded(nodes, device, persistent, shards):
     """The Calibration of the captured step `nodes` (a StepGraph), run under
-    FSDP's rule on `shards` (Note [Calibrating a sharded step]);
+    FSDP's rule on `shards`, or where that does not fit the device under
+    dtr's least-peak plan (Note [Calibrating a sharded step]);
     `persistent`: every persistent node's tensor but the sharded
     parameters'. Its unplanned_peak_bytes is None: a sharded step's budget
     refers to pebble's baseline of the sharded step."""
-    from ._calibrate import calibrated_by_run, estimated
+    from ._calibrate import _FALLBACK_POLICY, calibrated_by_runs, estimated
     started = time.perf_counter()
     guess = estimated(nodes, "before calibration")
     document = nodes.document(guess.costs, "calibration", order_tokens=False)
     graph = _core.shard(_core.from_json(json.dumps(document)), shards.ranks)
-    plan = _core.plan(graph, policy="fsdp", budget="100%", ranks=shards.ranks, buckets="none")
-    if not plan.feasible:
-        raise PlanExecutionError(f"internal: FSDP's rule cannot plan the sharded step to "
-                                 f"calibrate it: {plan.message}")
-    schedule = [(action, node_id) for action, node_id, *_ in shards.translate(plan.schedule)
-                if not node_id.startswith("scatter:")]
-    runner = ShardedRunner(shards, _NoUpdates(), nodes, schedule, local_gathers=True)
-    result = calibrated_by_run(
-        nodes, Program(nodes, schedule, device, foreign=runner), persistent, device, guess,
-        source="measured under FSDP's rule (a sharded step)",
-        why_not=lambda error: f"the sharded step under FSDP's rule does not fit the device "
-                              f"({error})")
+
+    def under(policy, budget):
+        def make():
+            plan = _core.plan(graph, policy=policy, budget=budget, ranks=shards.ranks,
+                              buckets="none")
+            if not plan.feasible:
+                raise PlanExecutionError(f"internal: {policy} cannot plan the sharded step to "
+                                         f"calibrate it: {plan.message}")
+            schedule = [(action, node_id) for action, node_id, *_ in
+                        shards.translate(plan.schedule) if not node_id.startswith("scatter:")]
+            runner = ShardedRunner(shards, _NoUpdates(), nodes, schedule, local_gathers=True)
+            return Program(nodes, schedule, device, foreign=runner)
+        return make
+
+    fallback = f"{_FALLBACK_POLICY}'s least-peak plan"
+    result = calibrated_by_runs(
+        nodes, [(under("fsdp", "100%"), "measured under FSDP's rule (a sharded step)",
+                 lambda error: f"FSDP's rule ({error})"),
+                (under(_FALLBACK_POLICY, "min"),
+                 f"measured under {fallback} (a sharded step that does not fit the device "
+                 "under FSDP's rule)", lambda error: f"{fallback} ({error})")],
+        persistent, device, guess,
+        lambda whys: "the sharded step does not fit the device under " + ", nor under ".join(whys))
     result.seconds = time.perf_counter() - started
     return result
 
