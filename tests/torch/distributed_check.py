@@ -46,6 +46,9 @@ Each rank takes its slice of one batch. Checks, on every rank:
   collective, with collectives in flight, after the last; data parallel and
   sharded): every rank fails at once, naming it, and the group is back in
   step (an all-reduce after it sums right, a new train_step trains);
+- an optimizer whose learning rate differs on one rank is refused by
+  train_step and by a call, on every rank, and the step trains on once the
+  rates agree;
 - a rank interrupted mid-step (KeyboardInterrupt): every rank stops at once,
   the group stays out of step, and the step and train_step refuse it;
 - a rank that dies mid-step, data parallel and (in a group of its own)
@@ -839,7 +842,9 @@ def check_sharded_checkpoint(torch, pt, dist, rank, ranks):
                 policy="dtr", budget="min", process_group=group, shard="full"),
                 f"{what}: a rank's own state on 2 ranks, saved on {ranks}")
     # Loaded after the step is made, on the same ranks: a rank's own shards
-    # are taken, a whole state cut at the next call.
+    # are taken, a whole state cut at the next call (or saved at once); a
+    # state of other shards, loaded first, is refused at the call, which
+    # leaves the step as it was.
     for state, kind in ((own, "its own shards"), (saved_opt, "whole")):
         later = make_model(torch)
         later.load_state_dict(saved_model)
@@ -847,11 +852,19 @@ def check_sharded_checkpoint(torch, pt, dist, rank, ranks):
         step = pt.train_step(later, loss_fn, (mine(data[2][0], rank),), mine(data[2][1], rank),
                              optimizer=later_opt, policy="fsdp", budget="min",
                              process_group=dist.group.WORLD, shard="full")
+        kind = f"{what}, {kind} loaded after the step was made"
+        if state is saved_opt:
+            later_opt.load_state_dict(other_shards(torch, own, ranks + 1))
+            failures += _refused_state(torch, pt, None, None, lambda m, o: step(
+                mine(data[2][0], rank), mine(data[2][1], rank)), f"{kind}: other shards first")
         later_opt.load_state_dict(state)
+        if state is saved_opt:
+            again = step.full_optimizer_state_dict()["state"]
+            if any(again[i]["exp_avg"].shape != p.shape for i, p in enumerate(whole.parameters())):
+                failures.append(f"{kind}: full_optimizer_state_dict() before a call is not whole")
         for x, y in data[2:]:
             step(mine(x, rank), mine(y, rank))
-        failures += differs_from_eager(step, whole, len(data),
-                                       f"{what}, {kind} loaded after the step was made")
+        failures += differs_from_eager(step, whole, len(data), kind)
     # (an unsharded step refuses it at its first call)
     failures += _refused_state(torch, pt, own, make, lambda m, o: pt.train_step(
         m, loss_fn, (data[2][0],), data[2][1], optimizer=o, policy="dtr")(
@@ -859,13 +872,26 @@ def check_sharded_checkpoint(torch, pt, dist, rank, ranks):
     return failures
 
 
+def other_shards(torch, saved, ranks):
+    """An optimizer's state_dict `saved` with each tensor of Adam's moments as
+    this rank's shard over `ranks` would be (its first elements)."""
+    out = copy.deepcopy(saved)
+    for entry in out["state"].values():
+        for key in ("exp_avg", "exp_avg_sq"):
+            t = entry[key].reshape(-1)
+            entry[key] = t[:-(-t.numel() // ranks)].clone()
+    return out
+
+
 def _refused_state(torch, pt, state, make, stepped, what):
     """The failures where stepped(module, optimizer) with `state` loaded into
     the optimizer is not refused by a message naming
-    full_optimizer_state_dict()."""
-    model = make_model(torch)
-    opt = make(model.parameters())
-    opt.load_state_dict(state)
+    full_optimizer_state_dict() (state None: stepped(None, None) as it is)."""
+    model = opt = None
+    if state is not None:
+        model = make_model(torch)
+        opt = make(model.parameters())
+        opt.load_state_dict(state)
     try:
         stepped(model, opt)
     except (pt.OptimizerError, pt.PlanExecutionError) as e:
@@ -1363,6 +1389,57 @@ def check_refusal_of_one_rank(torch, pt, dist, rank, ranks):
         [f"a refusal on rank 0 alone: an all-reduce after it sums to {t.tolist()}"]
 
 
+def check_differing_settings(torch, pt, dist, rank, ranks):
+    """An optimizer whose learning rate differs on one rank is refused, on
+    every rank, naming the optimizer's settings: by train_step, and by a
+    call once the step is made (a scheduler or a checkpoint loaded on one
+    rank); with the rates alike again, the step trains on, as
+    DistributedDataParallel does."""
+    torch.manual_seed(0)
+    model = make_model(torch)
+    ddp_twin = copy.deepcopy(model)
+    data = batches(torch, ranks, 2)
+    loss_fn = torch.nn.functional.cross_entropy
+    failures = []
+
+    def refused(call, needle, what):
+        try:
+            call()
+            failures.append(f"a learning rate that differs on rank 1, {what}: not refused")
+        except (pt.PlanError, pt.PlanExecutionError) as e:
+            if needle not in str(e):
+                failures.append(f"a learning rate that differs on rank 1, {what}: refused "
+                                f"with '{e}'")
+    opt = optimizer(torch, "sgd", model.parameters())
+    args = (model, loss_fn, (mine(data[0][0], rank),), mine(data[0][1], rank))
+    for group in opt.param_groups:
+        group["lr"] = 0.5 if rank == 1 else 0.1
+    refused(lambda: pt.train_step(*args, optimizer=opt, policy="rotor",
+                                  process_group=dist.group.WORLD),
+            "optimizer's settings", "by train_step")
+    for group in opt.param_groups:
+        group["lr"] = 0.1
+    step = pt.train_step(*args, optimizer=opt, policy="rotor", process_group=dist.group.WORLD)
+    for group in opt.param_groups:
+        group["lr"] = 0.5 if rank == 1 else 0.1
+    refused(lambda: step(mine(data[0][0], rank), mine(data[0][1], rank)),
+            "optimizer settings", "by a call")
+    for group in opt.param_groups:
+        group["lr"] = 0.1
+    ddp = torch.nn.parallel.DistributedDataParallel(ddp_twin)
+    ddp_opt = optimizer(torch, "sgd", ddp.parameters())
+    for x, y in data:
+        opt.zero_grad(set_to_none=True)
+        step(mine(x, rank), mine(y, rank))
+        ddp_opt.zero_grad(set_to_none=True)
+        loss_fn(ddp(mine(x, rank)), mine(y, rank)).backward()
+        ddp_opt.step()
+    return failures + [f"a learning rate that differed on rank 1: afterwards, {name} differs "
+                       "from DistributedDataParallel's"
+                       for (name, a), b in zip(model.named_parameters(), ddp_twin.parameters())
+                       if not close(a.detach(), b.detach())]
+
+
 def check_dead_rank(torch, pt, dist, rank, ranks, shard="none"):
     """The last rank dies instead of stepping; the others must fail cleanly
     (sharded: in a gather or a reduce-scatter in flight)."""
@@ -1403,7 +1480,7 @@ def refusals(torch, pt):
             (dict(buckets="25MiB"), ValueError, "give a process_group"),
             (dict(buckets=1.5), TypeError, "buckets must be 'auto', 'none' or a size"),
             (dict(optimizer_parameters="host", allow_cpu_offload=True), ValueError,
-             "needs shard='full'"),
+             "give the optimizer too"),
             (dict(optimizer_parameters="disk"), ValueError,
              "'device', 'host' or 'auto', not 'disk'")):
         try:
@@ -1554,6 +1631,7 @@ def checks(torch, pt, dist, rank, ranks):
                                    replanned=True)
     if every:
         failures += check_refusal_of_one_rank(torch, pt, dist, rank, ranks)
+        failures += check_differing_settings(torch, pt, dist, rank, ranks)
     for parameters in ("device", "host") if every else ():
         failures += check_failed_host_update(torch, pt, dist, rank, ranks, parameters)
     return failures

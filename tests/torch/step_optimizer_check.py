@@ -24,7 +24,10 @@ pebble.torch.train_step(..., optimizer=opt). Checks after every step:
 - with optimizer_updates="host", every update ran on the host (ZeRO-Offload's
   rule), the state lives there, and the parameters are back on the device,
   still the module's Parameters; with "auto" between the least peaks of the
-  two rules, the plan ran some updates on the host and some on the device.
+  two rules, the plan ran some updates on the host and some on the device;
+- with optimizer_parameters="host" (or "auto"), each parameter whose home
+  the plan puts on the host is its host copy between steps, and the same
+  holds (STREAMED; streamed_parameters()).
 
 And that an optimizer pebble cannot plan (Nesterov momentum, a parameter
 left out, another optimizer class) is refused with OptimizerError naming why,
@@ -346,7 +349,13 @@ def refusals(torch, pt, device):
             (dict(optimizer_updates="host", optimizer=opt),
              "saves no memory on the CPU device" if on_cpu else None),
             (dict(optimizer_gradients="lose", optimizer=opt), "'keep' or 'drop', not 'lose'"),
-            (dict(optimizer_gradients="drop"), "give the optimizer too")):
+            (dict(optimizer_gradients="drop"), "give the optimizer too"),
+            (dict(optimizer_parameters="host", allow_cpu_offload=True),
+             "give the optimizer too"),
+            (dict(optimizer_parameters="auto", optimizer=opt, optimizer_gradients="keep",
+                  allow_cpu_offload=True), "leave optimizer_gradients out"),
+            (dict(optimizer_parameters="host", optimizer=opt),
+             "saves no memory on the CPU device" if on_cpu else None)):
         placed = {k: v for k, v in kwargs.items() if k.startswith("optimizer_")}
         try:
             pt.train_step(model, torch.nn.functional.cross_entropy, (x,), y, **kwargs)
@@ -449,22 +458,149 @@ def host_refusals(torch, pt, device):
     return failures
 
 
-def failure_midstep(torch, pt, device):
-    """A step that fails in the first parameter update on the host (after the
-    plan freed that parameter's device memory; its moments already updated)
-    leaves every parameter whole on the device, at its value before the
-    step, and the next step runs."""
+# Parameters that live on the host between steps (optimizer_parameters):
+# (model, optimizer, policy, budget, state, updates, parameters).
+STREAMED = [
+    ("mlp", "adam", "rotor", "min", "host", "device", "host"),
+    ("convnet", "sgd", "dtr", "min", "host", "host", "host"),
+    ("convnet", "adamw", "rotor", "min", None, "host", "host"),
+    ("mlp", "adam", "rotor", "min", "auto", "auto", "auto"),
+]
+
+
+def streamed_parameters(torch, pt, device, steps):
+    """optimizer_parameters="host" (or "auto"): each parameter whose home the
+    plan puts on the host is, between steps, the plan's host copy (pinned
+    beside a GPU), fetched for its uses and its update on the device; the
+    steps give eager's losses and parameters, the measured peak and the
+    bytes moved are the plan's, no .grad is kept; a batch of other shapes
+    (a capture with the parameters on the host) trains on as eager. Then a
+    step whose plan keeps them on the host alternates with one (replan) that
+    keeps them on the device: each puts them where its plan does."""
+    failures = []
+    for model_name, opt_name, policy, budget, state, updates, parameters in STREAMED:
+        what = f"parameters {parameters}: {model_name}/{opt_name}/{policy}/{state}/{updates}"
+        make_model, make_batch = models(torch)[model_name]
+        make_opt = optimizers(torch)[opt_name]
+        torch.manual_seed(0)
+        eager = make_model().to(device)
+        planned = copy.deepcopy(eager)
+        eager_opt, planned_opt = make_opt(eager.parameters()), make_opt(planned.parameters())
+        loss_fn = torch.nn.functional.cross_entropy
+        g = torch.Generator().manual_seed(1)
+        batches = [make_batch(g, device) for _ in range(steps)]
+        x, y = batches[-1]
+        batches.append((x[:-3], y[:-3]))  # other shapes: a capture of their own
+        step = pt.train_step(planned, loss_fn, batches[0][:1], batches[0][1],
+                             optimizer=planned_opt, policy=policy, budget=budget,
+                             measure="always", optimizer_state=state,
+                             optimizer_updates=updates, optimizer_parameters=parameters,
+                             allow_cpu_offload=True)
+        for k, (x, y) in enumerate(batches):
+            eager_opt.zero_grad(set_to_none=True)
+            eager_loss = loss_fn(eager(x), y)
+            eager_loss.backward()
+            eager_opt.step()
+            loss = step(x, y)
+            if not close(torch, loss.detach().cpu(), eager_loss.detach().cpu()):
+                failures.append(f"{what}: step {k + 1}: loss {float(loss)}, eager "
+                                f"{float(eager_loss)}")
+            failures += [f"{what}: step {k + 1}: {f}" for f in
+                         streamed_placement(torch, step, planned, device, parameters)]
+        for (name, a), b in zip(planned.named_parameters(), eager.parameters()):
+            if not close(torch, a.detach().cpu(), b.detach().cpu()):
+                failures.append(f"{what}: parameter {name} differs from eager's")
+    return failures + parameters_moving(torch, pt, device)
+
+
+def streamed_placement(torch, step, model, device, parameters):
+    """The failures of one step with parameters on the host: the measured
+    peak, the bytes moved and the parameters' places against the plan."""
+    failures = []
+    r = step.report
+    if r["measured_peak_bytes"] != r["predicted_step_peak_bytes"] or \
+            r["counted_peak_bytes"] != r["predicted_peak_bytes"] or \
+            r["transfer_bytes"] != r["predicted_transfer_bytes"]:
+        failures.append(f"measured peak {r['measured_peak_bytes']}, predicted "
+                        f"{r['predicted_step_peak_bytes']}; counted {r['counted_peak_bytes']}, "
+                        f"predicted {r['predicted_peak_bytes']}; moved {r['transfer_bytes']}, "
+                        f"predicted {r['predicted_transfer_bytes']}")
+    program = step._variant.program
+    homes = {program.graph.nodes[i].slot.names[0]: program.host[i] for i in program.host_homes}
+    placed = r["optimizer_parameters"]
+    count = len(list(model.parameters()))
+    if placed["host_parameters"] != len(homes) or \
+            placed["device_parameters"] != count - len(homes) or \
+            (parameters == "host" and len(homes) != count):
+        failures.append(f"optimizer_parameters={parameters}: the report says {placed}, the plan "
+                        f"keeps {len(homes)} of {count} on the host")
+    for name, p in model.named_parameters():
+        home = homes.get(name)
+        on_host = home is not None and p.data_ptr() == home.data_ptr() and (
+            device.type == "cpu" or (p.device.type == "cpu" and p.is_pinned()))
+        if (home is not None) != on_host or (home is None and p.device != device) or \
+                p.grad is not None or not isinstance(p, torch.nn.Parameter):
+            failures.append(f"parameter {name} is not where the plan keeps it (its host copy: "
+                            f"{home is not None}; on {p.device}; .grad kept: {p.grad is not None})")
+    return failures
+
+
+def adam_mlps(torch, device):
+    """The MLP twice from one initialisation, each with its Adam: (eager, its
+    optimizer, planned, its optimizer, the MLP's batch maker)."""
     make_model, make_batch = models(torch)["mlp"]
     torch.manual_seed(0)
     eager = make_model().to(device)
     planned = copy.deepcopy(eager)
-    eager_opt = torch.optim.Adam(eager.parameters(), lr=1e-2, foreach=False)
-    planned_opt = torch.optim.Adam(planned.parameters(), lr=1e-2, foreach=False)
+    return (eager, torch.optim.Adam(eager.parameters(), lr=1e-2, foreach=False), planned,
+            torch.optim.Adam(planned.parameters(), lr=1e-2, foreach=False), make_batch)
+
+
+def parameters_moving(torch, pt, device):
+    """A step that keeps the parameters on the host at its least peak, and
+    one made from it by replan() that keeps them on the device, in turn:
+    each finds them where the other left them and puts them where its plan
+    keeps them, with eager's parameters after four steps."""
+    eager, eager_opt, planned, planned_opt, make_batch = adam_mlps(torch, device)
+    loss_fn = torch.nn.functional.cross_entropy
+    g = torch.Generator().manual_seed(2)
+    batches = [make_batch(g, device) for _ in range(4)]
+    tight = pt.train_step(planned, loss_fn, batches[0][:1], batches[0][1], optimizer=planned_opt,
+                          policy="rotor", budget="min", measure="always",
+                          optimizer_state="auto", optimizer_parameters="auto",
+                          allow_cpu_offload=True)
+    loose = tight.replan(policy="baseline", budget="100%")
+    failures, on_host = [], []
+    for k, (x, y) in enumerate(batches):
+        step = (tight, loose)[k % 2]
+        eager_opt.zero_grad(set_to_none=True)
+        loss_fn(eager(x), y).backward()
+        eager_opt.step()
+        step(x, y)
+        on_host.append(step.report["optimizer_parameters"]["host_parameters"])
+        failures += [f"parameters moving, step {k + 1}: {f}" for f in
+                     streamed_placement(torch, step, planned, device, "auto")]
+    if on_host[0] == 0 or on_host[1] != 0:
+        failures.append(f"parameters moving: parameters on the host at each step {on_host}: the "
+                        "least peak's plan keeps none there, or the unplanned one does")
+    for (name, a), b in zip(planned.named_parameters(), eager.parameters()):
+        if not close(torch, a.detach().cpu(), b.detach().cpu()):
+            failures.append(f"parameters moving: parameter {name} differs from eager's")
+    return failures
+
+
+def failure_midstep(torch, pt, device, parameters="device"):
+    """A step that fails in the first parameter update on the host (after the
+    plan freed that parameter's device memory; its moments already updated)
+    leaves every parameter whole where it lives between steps (the device,
+    or its host copy with `parameters`="host"), at its value before the
+    step, and the next step runs."""
+    eager, _, planned, planned_opt, make_batch = adam_mlps(torch, device)
     x, y = make_batch(torch.Generator().manual_seed(3), device)
     loss_fn = torch.nn.functional.cross_entropy
     step = pt.train_step(planned, loss_fn, (x,), y, optimizer=planned_opt,
                          optimizer_updates="host", policy="rotor", budget="min",
-                         allow_cpu_offload=True)
+                         optimizer_parameters=parameters, allow_cpu_offload=True)
     optimizer_module = sys.modules["pebble.torch._optimizer"]
     update = optimizer_module._update
 
@@ -482,13 +618,21 @@ def failure_midstep(torch, pt, device):
             failures.append(f"the injected failure came back as {e}")
     finally:
         optimizer_module._update = update
+    program = step._variant.program
+    homes = {program.graph.nodes[i].slot.names[0]: program.host[i] for i in program.host_homes}
     for (name, p), q in zip(planned.named_parameters(), eager.parameters()):
-        if p.device != q.device or not torch.equal(p.detach(), q.detach()):
-            failures.append(f"after a failed step, parameter {name} is not as before the step")
+        home = homes.get(name)
+        where = p.device == q.device if home is None else p.data_ptr() == home.data_ptr()
+        if not where or not torch.equal(p.detach().cpu(), q.detach().cpu()):
+            failures.append(f"parameters {parameters}: after a failed step, parameter {name} is "
+                            "not as before the step, where it lives between steps")
+    if (parameters == "host") != bool(homes):
+        failures.append(f"parameters {parameters}: {len(homes)} parameters live on the host")
     planned_opt.zero_grad(set_to_none=True)
     loss = step(x, y)
     if not torch.isfinite(loss) or any(not torch.isfinite(p).all() for p in planned.parameters()):
-        failures.append("the step after a failed one gave non-finite values")
+        failures.append(f"parameters {parameters}: the step after a failed one gave non-finite "
+                        "values")
     return failures
 
 
@@ -550,9 +694,11 @@ def main():
         except (pt.PlanError, pt.PlanExecutionError, pt.OptimizerError) as e:
             failures.append(f"{'/'.join(map(str, case))}: {type(e).__name__}: {e}")
     failures += scheduled(torch, pt, device, args.steps)
+    failures += streamed_parameters(torch, pt, device, args.steps)
     failures += refusals(torch, pt, device)
     failures += host_refusals(torch, pt, device)
     failures += failure_midstep(torch, pt, device)
+    failures += failure_midstep(torch, pt, device, parameters="host")
     failures += rounded_capture(torch, pt, device)
     for f in failures:
         print("MISMATCH:", f)
@@ -560,6 +706,7 @@ def main():
         return 1
     print(f"PASS: {len(CASES)} cases, {args.steps} steps each: losses, parameters and "
           "optimizer state as eager's, measured peak == predicted, state_dict loadable; "
+          f"{len(STREAMED)} with the parameters on the host; "
           "unsupported optimizers refused; a failed host update leaves the module whole")
     return 0
 

@@ -117,12 +117,15 @@ class TrainStep:
         the plan frees each once its updates have read it, sending it to the
         host as soon as it is complete where its update runs there, and
         .grad is None after the step). None (the default): "keep", but
-        "drop" with shard="full".
-      optimizer_parameters: with shard="full", where each rank's parameter
-        shards live between steps: "device" (the default), "host" (fetched
-        to the device for their gathers and device updates, as ZeRO-Infinity
-        offloads parameters to host memory) or "auto" (the plan chooses per
-        shard). Without shard="full" only "device" is taken.
+        "drop" with shard="full" or the parameters on the host.
+      optimizer_parameters: where the parameters that the optimizer updates
+        live between steps: "device" (the default), "host" (fetched to the
+        device for their uses and device updates, as FSDP's CPUOffload and
+        ZeRO-Infinity offload parameters to host memory; the module's
+        parameter is then the plan's host copy between steps: Note
+        [Parameters that live on the host] in _executor.py) or "auto" (the
+        plan chooses per parameter). With shard="full", each rank's
+        parameter shards, fetched for their gathers.
       process_group: a torch.distributed process group (initialised; gloo on
         the CPU, NCCL on GPUs): data parallelism, DistributedDataParallel's
         rule. Rank 0's parameters and buffers are copied to every rank here.
@@ -375,14 +378,19 @@ class TrainStep:
         if self.shards is not None:
             return self._gathered("full_optimizer_state_dict()",
                                   lambda: self.shards.full_optimizer_state_dict(
-                                      optimizer, self.updates.state_keys, self.collectives))
+                                      optimizer, self.updates.state_keys, self.collectives),
+                                  self._state_refusal)
+        refusal = self._state_refusal()
+        if refusal is not None:
+            raise refusal
         return state_dict_on_cpu(optimizer)
 
-    def _gathered(self, call, work):
+    def _gathered(self, call, work, refusal=lambda: None):
         """work()'s value, run on every rank together (`call`: its name for
-        the call's check); a failure on one rank fails every rank, leaving
-        the shards as they are."""
-        check_same_collective(call, self.process_group, self._shared_refusal())
+        the call's check; `refusal()`: this rank's refusal of it, or None);
+        a failure on one rank fails every rank, leaving the shards as they
+        are."""
+        check_same_collective(call, self.process_group, self._shared_refusal() or refusal())
         try:
             return self.collectives.together(work)
         except BaseException as e:
@@ -429,9 +437,22 @@ class TrainStep:
         if variant is None:
             capture = self._captures.get(key)
             if capture is None:
+                self._parameters_on_device()
                 capture = self._captures[key] = _Capture(self, inputs, target, key)
             variant = self._variants[key] = _Variant(self, capture)
         return variant
+
+    def _parameters_on_device(self):
+        """A capture reads the module's parameters on the device: those that a
+        plan keeps on the host (optimizer_parameters) come back whole, until
+        a step's plan places them again."""
+        if self.updates is None or self.updates.parameters == "device" or \
+                self.shards is not None:
+            return
+        with torch.no_grad():
+            for param in self.updates.params.values():
+                if param.device != self.device:
+                    param.data = param.data.to(self.device)
 
     # --- one step -------------------------------------------------------------
 
@@ -449,13 +470,19 @@ class TrainStep:
                 raise ValueError(f"an input is on {t.device}; the module is on {self.device}")
         if self.process_group is None:
             self._check_trainable()
+            refusal = self._state_refusal()
+            if refusal is not None:
+                raise refusal
             variant = self._variant_for(inputs, target)
             loss = variant.run(inputs, target)
         else:  # Note [One plan on every rank]
             # Each of these fails on every rank alike, which leaves the ranks
-            # in step: other calls on some rank, a capture or plan that fails.
-            check_same_call(self._signature(inputs, target), self.process_group,
-                            self._shared_refusal())
+            # in step: other calls on some rank (or other optimizer
+            # settings), a state the step cannot take, a capture or plan
+            # that fails.
+            check_same_call((self._signature(inputs, target),
+                             _optimizer_settings(self.updates and self.updates.optimizer)),
+                            self.process_group, self._shared_refusal() or self._state_refusal())
             self._check_trainable()  # (every rank alike: the signature holds them)
             variant = self._variant_for(inputs, target)
             try:
@@ -467,6 +494,21 @@ class TrainStep:
         self.report = dict(variant.report)
         self.report["shapes_planned"] = len(self._variants)
         return loss
+
+    def _state_refusal(self):
+        """The optimizer's state in the shapes the step keeps it (a whole state
+        loaded into a sharded step's optimizer: cut into this rank's shards);
+        the OptimizerError of an entry it cannot take (a state saved by a
+        step sharded otherwise), or None. A call refused so changes nothing:
+        the step stays usable once a right state is loaded."""
+        if self.updates is None:
+            return None
+        try:
+            self.updates.take_state_shapes(like=self.shards and self.shards.shards,
+                                           cut=self.shards and self.shards.cut_state)
+        except OptimizerError as e:
+            return e
+        return None
 
     def _in_step(self):
         """Whether the ranks' collectives are known to be in step after the
@@ -686,11 +728,17 @@ class _Variant:
                                foreign=foreign, rebind=self._rebind,
                                sync=GradientAverage(step.collectives) if averaged else None,
                                collectives=step.collectives)
+        # The parameters that live on the host between steps (Note
+        # [Parameters that live on the host] in _executor.py).
+        self.persistent_bytes -= sum(self.graph_nodes.nodes[i].nbytes
+                                     for i in self.program.host_homes)
         self.predicted_peak_bytes = self._peak_as_run()
-        # The parameters the plan frees for their updates on the host.
+        # The parameters the plan frees, on the device before the step (for
+        # their updates on the host).
         self.freed_parameters = [node.slot.names[0] for kind, node in self.program.steps
                                  if kind == FREE and node.kind == "persistent" and
-                                 node.role == "parameter"]
+                                 node.role == "parameter" and
+                                 node.index not in self.program.host_homes]
         if self.freed_parameters and capture.shapes_from == "real":
             # Real values (a shape that depends on the data) keep the
             # parameters' storage of the capture: a free would release nothing.
@@ -877,6 +925,7 @@ class _Variant:
     def _run(self, inputs, target):
         measured = self.device.type == "cuda" or self.step.measure_mode == "always" or (
             self.step.measure_mode == "first" and not self.measured_once)
+        self._place_parameters()
         if measured and self.device.type == "cpu" and self.freed_parameters:
             self._reallocate_freed_parameters()
         if self.shards is not None:
@@ -934,6 +983,27 @@ class _Variant:
         if self.shards is not None:  # and the shards, and their staging buffers
             result.counted_peak_bytes += self.shards.shard_bytes + self.shards.staging_bytes
         return result
+
+    def _place_parameters(self):
+        """Each trainable parameter where this plan keeps it between steps: its
+        host copy where the plan's home of it is the host, else the device
+        (another plan's, or a capture's, may have left it elsewhere)."""
+        if self.updates is None or self.updates.parameters == "device" or \
+                self.shards is not None:
+            return
+        homes = self.program.host_homes
+        with torch.no_grad():
+            for node in self.graph_nodes.nodes:
+                if node.kind != "persistent" or node.role != "parameter":
+                    continue
+                param = _lookup(self.step.model, node.slot.names[0])
+                if node.index in homes:
+                    host = self.program.host[node.index]
+                    if param.data.data_ptr() != host.data_ptr():
+                        host.copy_(param.data)
+                        param.data = host
+                elif param.device != self.device:
+                    param.data = param.data.to(self.device)
 
     def _reallocate_freed_parameters(self):
         """The parameters that the plan frees, each in a copy made where the CPU
@@ -999,6 +1069,12 @@ class _Variant:
         if self.placement is not None:  # where the optimizer's state lives and its updates run
             report.update(self.placement.report())
             report["host_update_bytes_per_s"] = self.updates.host_bytes_per_s
+        if self.shards is None and self.updates is not None:  # and the parameters
+            homes = self.program.host_homes
+            report["optimizer_parameters"] = {
+                "host_parameters": len(homes),
+                "device_parameters": len(self.updates.params) - len(homes),
+                "host_bytes": sum(self.graph_nodes.nodes[i].nbytes for i in homes)}
         if "collectives" in p.details:  # data parallelism: the plan's all-reduces
             c = p.details["collectives"]
             report["collectives"] = {
@@ -1073,6 +1149,16 @@ def _world_size(group):
     return dist.get_world_size(group)
 
 
+def _optimizer_settings(optimizer):
+    """The settings of `optimizer` (each group's, but its parameters; None
+    without one), which every rank must share: a learning rate that differs
+    between ranks would update their parameters apart."""
+    if not isinstance(optimizer, torch.optim.Optimizer):  # (None, or refused already)
+        return None
+    return [sorted((key, repr(value)) for key, value in group.items() if key != "params")
+            for group in optimizer.param_groups]
+
+
 def _setup_of(model, inputs, target, optimizer, options):
     """What every rank of a step must give alike, by name: its module's
     tensors (names, shapes, dtypes, trainable or not, on the meta device or
@@ -1091,6 +1177,7 @@ def _setup_of(model, inputs, target, optimizer, options):
             [name for name, p in model.named_parameters() if p.grad is not None],
         "batch shapes (inputs and target)": [described(t) for t in inputs + (target,)],
         "optimizer": None if optimizer is None else type(optimizer).__name__,
+        "optimizer's settings (each group's lr, betas, ...)": _optimizer_settings(optimizer),
         "optimizer's state (its entries per parameter; load one rank's state_dict() on "
         "every rank)": None if optimizer is None else optimizer_state_layout(optimizer),
     }
@@ -1146,18 +1233,24 @@ def _checked_buckets(buckets, group, shard):
 
 
 def _checked_sharding(shard, optimizer, state, updates, gradients, parameters):
-    """optimizer_gradients as given or by default ("drop" sharded, else
-    "keep"); ValueError for what a sharded step does not run, and for
-    parameters on the host unsharded."""
+    """optimizer_gradients as given or by default ("drop" sharded or with the
+    parameters on the host, else "keep"); ValueError for what a sharded step,
+    or one whose parameters may live on the host, does not run."""
     if gradients not in (None, "keep", "drop"):
         raise ValueError(f"optimizer_gradients must be 'keep' or 'drop', not {gradients!r}")
     if parameters not in ("device", "host", "auto"):
         raise ValueError(f"optimizer_parameters must be 'device', 'host' or 'auto', not "
                          f"{parameters!r}")
+    if parameters != "device" and optimizer is None:
+        raise ValueError(f"optimizer_parameters={parameters!r} places the parameters that the "
+                         "optimizer updates: give the optimizer too")
     if parameters != "device" and shard != "full":
-        raise ValueError(f"optimizer_parameters={parameters!r} needs shard='full' (each "
-                         "rank's parameter shards on the host between steps): pebble.torch does "
-                         "not stream whole parameters")
+        if gradients == "keep":
+            raise ValueError(f"optimizer_parameters={parameters!r}: a parameter that lives on "
+                             "the host has no .grad on the device; the updates read each "
+                             "gradient and the plan then frees it: leave optimizer_gradients "
+                             "out (or 'drop')")
+        return "drop"
     if shard != "full":
         return gradients or "keep"
     if optimizer is None:

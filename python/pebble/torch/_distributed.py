@@ -673,15 +673,17 @@ def agreed(make, group):
 
 def check_same_call(signature, group, error=None):
     """PlanExecutionError unless every rank of `group` makes a call of the same
-    signature (shapes, dtypes, gradients held, training mode): a rank that
+    signature (shapes, dtypes, gradients held, training mode, the optimizer's
+    settings): a rank that
     planned alone for other shapes would pair its collectives with the
     others' wrongly. `error`: this rank's refusal of the call, or None
     (raised as agree does, on every rank)."""
     differing = _ranks_differing(signature, group, "calls", error, call="the step")
     if differing:
         raise PlanExecutionError(
-            f"ranks {differing} call the step with other shapes, gradients held or training "
-            "mode than rank 0: every rank must make the same calls (equal slices of the batch)")
+            f"ranks {differing} call the step with other shapes, gradients held, training "
+            "mode or optimizer settings (a learning rate, say) than rank 0: every rank must "
+            "make the same calls (equal slices of the batch, the same optimizer settings)")
 
 
 def check_same_collective(what, group, error=None):

@@ -16,6 +16,18 @@ free or prefetch of a parameter (an update on the host writes the host
 copy, so the plan drops the device's and fetches it back) rebinds the
 module's parameter (`rebind`), so that the freed storage is released.
 
+Note [Parameters that live on the host]: with optimizer_parameters="host"
+(or "auto", for the parameters the plan so places) a parameter's home is
+the host: the plan's first step on it is a prefetch, and its last an
+offload and a free. Its host copy (Program.host_homes; pinned beside a
+GPU) is the module's parameter between steps, made once and kept, as the
+plan's host memory is; a run starts without it on the device (a host
+copy, not resident), each prefetch rebinds the module's parameter to the
+fetched copy and each free to nothing, and the run ends with the module's
+parameter its host copy again, written by its last offload (or in place by
+an update on the host). The step puts each parameter where the plan of its
+shapes keeps it before a run (_Variant._place_parameters).
+
 Note [Randomness as eager has it]: a random call draws from the generator at
 its first computation in the step, in the graph's order (the plan was
 checked to keep that order, _order_of_first_draws), so it draws what eager
@@ -63,7 +75,7 @@ import time
 
 import torch
 
-from ._compat import free_storage, storage_bytes, storage_key
+from ._compat import free_storage, storage_key
 from ._graph import op_name
 from ._memory import round_up
 
@@ -182,10 +194,21 @@ class Program:
             torch.cuda if device.type == "cuda" else None)
         self.cuda = self.streams is not None
         self.copy_stream = self.streams.Stream(device) if self.cuda else None
+        # The persistent nodes that live on the host between steps (Note
+        # [Parameters that live on the host]): the plan's first step on each
+        # is a prefetch.
+        first = {}
+        for kind, node in self.steps:
+            if kind in (COMPUTE, FREE, OFFLOAD, PREFETCH, REDUCE):
+                first.setdefault(node.index, (kind, node))
+        self.host_homes = {index for index, (kind, node) in first.items()
+                           if kind == PREFETCH and node.kind == "persistent"}
         # Host copies, made once and kept between steps (the plan's host memory).
         self.host = {}
         for kind, node in self.steps:
-            if kind == OFFLOAD and node.kind != "order" and node.index not in self.host:
+            if kind in (OFFLOAD, PREFETCH) and node.kind != "order" and \
+                    node.index not in self.host and \
+                    (kind == OFFLOAD or node.index in self.host_homes):
                 v = node.value
                 self.host[node.index] = torch.empty_strided(
                     v.shape, v.stride(), dtype=v.dtype, device="cpu",
@@ -372,6 +395,8 @@ class _RunState:
         # frees one where PyTorch's CPU profiler would miss it.
         self.collective_storages = set()
         for i, t in persistent.items():
+            if i in program.host_homes:  # (its host copy, not resident)
+                continue
             self.live[i] = t
             self._count(t, self.graph.nodes[i].nbytes)
         self.result.counted_peak_bytes = self.resident
@@ -384,6 +409,10 @@ class _RunState:
         self.ready, self.offloaded = {}, {}
         self.copied_out = {}  # node index -> its last offload's event, until the host reads it
         self.dropped = {}  # persistent node index -> node, freed and not prefetched back yet
+        for i in program.host_homes:  # (Note [Parameters that live on the host])
+            self.on_host.add(i)
+            self.count_host(self.graph.nodes[i].nbytes)
+            self.dropped[i] = self.graph.nodes[i]
         self.timing = timing
         if timing:
             self.result.node_seconds = {}
@@ -531,7 +560,9 @@ class _RunState:
         each has a host copy.)"""
         rebind = self.program.rebind
         for index, node in self.dropped.items():
-            if rebind is not None and index in self.on_host:
+            if rebind is not None and index in self.program.host_homes:
+                rebind(node, self.program.host[index])
+            elif rebind is not None and index in self.on_host:
                 rebind(node, self.program.host[index].to(self.device))
         self.dropped.clear()
 
@@ -790,13 +821,23 @@ class _RunState:
             self.hold(-self.program.sync.settle_all())
         if self.kept:
             raise PlanExecutionError("internal: sibling outputs kept past their steps")
-        if self.dropped:
-            raise PlanExecutionError(f"the plan leaves '{next(iter(self.dropped.values())).id}' "
-                                     "off the device at the step's end")
+        homes = self.program.host_homes
+        away = [node for index, node in self.dropped.items() if index not in homes]
+        if away:
+            raise PlanExecutionError(f"the plan leaves '{away[0].id}' off the device at the "
+                                     "step's end")
+        left = [self.graph.nodes[i] for i in homes if self.live[i] is not None]
+        if left:
+            raise PlanExecutionError(f"the plan leaves '{left[0].id}', whose home is the host, "
+                                     "on the device at the step's end")
         if self.cuda:
             for event in list(self.ready.values()) + list(self.offloaded.values()):
                 self.stream.wait_event(event)
             self.streams.synchronize(self.device)
+        for index, node in self.dropped.items():  # (each its host copy again)
+            if self.program.rebind is not None:
+                self.program.rebind(node, self.program.host[index])
+        self.dropped.clear()
 
 
 def _dense(t):

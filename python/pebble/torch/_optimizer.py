@@ -100,8 +100,9 @@ class Updates:
             self.spec += f",updates={updates}"
         if gradients == "drop":
             self.spec += ",gradients=drop"
-        if parameters != "device":  # (sharded steps only: __init__.py checks)
+        if parameters != "device":
             self.spec += f",parameters={parameters}"
+        self.parameters = parameters  # the parameters' home: device, host or auto
         self.on_host = updates != "device"  # whether some update may run on the host
         self.keep_gradients = gradients == "keep"
         # The host's rate for an update's host_cost (bytes read and written
@@ -290,6 +291,27 @@ class Updates:
             return ("momentum_buffer",) if self.settings["momentum"] > 0 else ()
         return ("exp_avg", "exp_avg_sq")
 
+    def take_state_shapes(self, like=None, cut=None):
+        """Each entry of the state (state_keys) in the shape the step keeps it
+        (`like` and `cut` as ensure_state takes them: a whole state cut into
+        this rank's shard); OptimizerError, naming the entry, where one is of
+        neither shape. Nothing is made or moved."""
+        state = self.optimizer.state
+        for name, p in self.params.items():
+            s = state.get(p)
+            if not s:
+                continue
+            template = like[name] if like is not None and name in like else p
+            for key in self.state_keys:
+                t = s.get(key)
+                if t is None or t.shape == template.shape:
+                    continue
+                made = cut(name, t) if cut is not None else None
+                if made is None:
+                    raise OptimizerError(_state_shape_error(name, key, t, template,
+                                                            sharded=cut is not None))
+                s[key] = made
+
     def ensure_state(self, placement, like=None, cut=None):
         """Every parameter's state in opt.state, as torch.optim makes it on its
         first step (zeros; Adam's step count 0), where it is not there yet:
@@ -304,6 +326,7 @@ class Updates:
         (its shard, in a sharded step); `cut(name, t)`: that tensor made of
         a state entry `t` of the parameter's own shape (a whole state loaded
         into a sharded step's optimizer: this rank's shard of it)."""
+        self.take_state_shapes(like, cut)
         state = self.optimizer.state
         for name, p in self.params.items():
             s = state[p]
@@ -313,12 +336,6 @@ class Updates:
             for key in self.state_keys:
                 if s.get(key) is None:
                     s[key] = torch.zeros_like(template, memory_format=torch.preserve_format)
-                elif s[key].shape != template.shape:
-                    made = cut(name, s[key]) if cut is not None else None
-                    if made is None:
-                        raise OptimizerError(_state_shape_error(name, key, s[key], template,
-                                                                sharded=cut is not None))
-                    s[key] = made
                 # (where p's device is, not the template's: a shard may live on the host)
                 s[key] = self._at_home(s[key], p, f"{key}:{name}" in placement.host_state)
         scratch_numel = {}  # dtype -> the largest tensor a host update of that dtype takes
