@@ -180,12 +180,11 @@ int RunPlan(const PlanFlags& f, bool timeline, bool with_layout, const std::stri
   const PlanResult& result = outcome->result;
   // A plan that does not fit fails the command (exit 1), naming the least
   // peak the policy reaches (outcome->advice): the budget to try instead.
-  const std::string& advice = outcome->advice;
-  if (!result.feasible && !schedule_out.empty()) {
-    return Fail(absl::FailedPreconditionError(
-        absl::StrCat(advice, " (--schedule-out not written)")));
-  }
-  if (!schedule_out.empty()) {
+  // The plan is printed all the same (docs/cli.md), and no --schedule-out written.
+  const std::string advice = !result.feasible && !schedule_out.empty()
+                                 ? absl::StrCat(outcome->advice, " (--schedule-out not written)")
+                                 : outcome->advice;
+  if (!schedule_out.empty() && result.feasible) {
     absl::Status w =
         WriteOutput(schedule_out, ScheduleToJson(*graph, result.schedule).dump(2) + "\n", force);
     if (!w.ok()) return Fail(w);

@@ -644,6 +644,11 @@ absl::StatusOr<PlanReport> Simulate(const Graph& graph,
       case Action::kAllReduce: {
         const NodeId root = graph.storage(v);
         if (graph.persistent(v)) return StepError(graph, k, step, "the node is persistent");
+        if (graph.collective(root)) {  // (a gather's, or a reduce-scatter's: summed once)
+          return StepError(graph, k, step, absl::StrCat(
+              "its storage is the output of collective ", Quote(graph.id(root)),
+              ", the same on every rank already (a value is reduced once)"));
+        }
         if (!on_device[v]) return StepError(graph, k, step, "the node is not resident");
         if (graph.has_in_place() && graph.version(v) != current[root]) {
           return StepError(graph, k, step, absl::StrCat(

@@ -96,12 +96,20 @@ TEST(CliTest, InfeasibleBudgetIsReported) {
       EXPECT_EQ(ParseOrFail(suggested.out)["feasible"], true);
     }
   }
-  // Nothing written where the plan does not fit.
+  // Nothing written where the plan does not fit; the plan is printed all the
+  // same (its JSON document with --json), and the error says so.
   const fs::path out = fs::path(::testing::TempDir()) / "infeasible_schedule.json";
   fs::remove(out);
-  EXPECT_EQ(Pebble("plan --model conv3d:n=16 --policy baseline --budget 50% --schedule-out " +
-                   out.string()).exit_code,
-            1);
+  Result written = Pebble("plan --model conv3d:n=16 --policy baseline --budget 50% --json "
+                          "--schedule-out " + out.string());
+  EXPECT_EQ(written.exit_code, 1);
+  EXPECT_FALSE(fs::exists(out));
+  EXPECT_EQ(ParseOrFail(written.out)["feasible"], false);
+  EXPECT_THAT(written.err, HasSubstr("(--schedule-out not written)"));
+  Result human = Pebble("plan --model conv3d:n=16 --policy baseline --budget 50% "
+                        "--schedule-out " + out.string());
+  EXPECT_EQ(human.exit_code, 1);
+  EXPECT_THAT(human.out, HasSubstr("DOES NOT FIT"));
   EXPECT_FALSE(fs::exists(out));
 }
 
@@ -402,6 +410,24 @@ TEST(CliTest, ListingsFitOneHundredColumns) {
 
 // Data parallelism (--ranks): plan prints and reports the all-reduces,
 // simulate times a schedule with them on the link given, run refuses it.
+// On a sharded step a policy's min is the least peak it reaches: a byte
+// below it does not fit (its chain estimate, which leaves out the gathers
+// that stages share, once stood above a plan made at a byte budget: Note
+// [The least peak of a sharded step]).
+TEST(CliTest, MinIsTheLeastPeakOfAShardedStep) {
+  const std::string model = "--model mnist-cnn:batch=2,optimizer=adam --ranks 2 --shard full";
+  for (const std::string policy : {"rotor", "sqrtn", "chen-greedy"}) {
+    SCOPED_TRACE(policy);
+    Result least = Pebble("plan " + model + " --policy " + policy + " --budget min --json");
+    ASSERT_EQ(least.exit_code, 0) << least.err;
+    const int64_t peak = ParseOrFail(least.out)["report"]["peak_bytes"].get<int64_t>();
+    Result below = Pebble("plan " + model + " --policy " + policy + " --budget " +
+                          std::to_string(peak - 1) + " --json");
+    EXPECT_EQ(below.exit_code, 1) << below.err;
+    EXPECT_EQ(ParseOrFail(below.out)["least_peak_bytes"], peak);
+  }
+}
+
 TEST(CliTest, RanksPlanTheGradientsAllReduces) {
   const fs::path dir = ::pebble::testing::ScratchDir("cli", "ranks");
   const std::string model = "--model mnist-cnn:batch=4,optimizer=adam";

@@ -671,6 +671,14 @@ TEST(ShardingTest, ACollectiveNodeRunsOnTheNetwork) {
   EXPECT_EQ(r->collectives, 1);
   EXPECT_EQ(r->collective_bytes, 100);
   EXPECT_EQ(r->peak_bytes, 35 + 10 + 100 + 10);
+  // A collective's output is the same on every rank already: an all_reduce
+  // of it (or of a view of it) would sum it again.
+  SimulatorOptions two;
+  two.ranks = 2;
+  absl::StatusOr<PlanReport> again = Simulate(
+      *g, MakeSchedule(*g, {{kC, "a"}, {kC, "gather:p"}, {kA, "gather:p"}, {kC, "b"}}), two);
+  EXPECT_THAT(again.status().message(),
+              HasSubstr("is the output of collective 'gather:p', the same on every rank"));
 
   for (const char* bad : {R"("workspace": 4)", R"("alias_of": "p")"}) {
     absl::StatusOr<Graph> b = ParseGraphJson(absl::StrCat(R"({"format": "pebble-graph",
