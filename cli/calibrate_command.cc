@@ -331,7 +331,7 @@ void AddCalibrateCommand(CLI::App& app, int& exit_code) {
   cmd->add_option("--ranks", flags.ranks,
                   "ranks that also measure their network link (all-reduces over gloo), each "
                   "one process; rank 0 writes it into the profile, which plan, compare, "
-                  "simulate and fit then take as --network (default 1: no link)")
+                  "simulate and run then take as --network (default 1: no link)")
       ->check(IntegerIn(1, 1 << 20));
   flags.process.AddOptions(cmd, "");
   cmd->add_option("--network-size", flags.network_size,

@@ -962,19 +962,40 @@ void RankFlags::AddOptions(CLI::App* cmd, const GraphSource* source, bool planne
                   "rank's (docs/semantics.md, \"Collectives across ranks\")")
       ->check(IntegerIn(1, 1 << 20));
   cmd->add_option("--network", network,
-                  "the ranks' link: bytes/s, or a preset: ethernet-10g, ethernet-100g "
-                  "(12.5e9 and 10 us, the default), ib-hdr, ib-ndr, nvlink4; without it, the "
-                  "--profile's measured link where it has one (pebble calibrate --ranks)")
+                  absl::StrCat("the ranks' link: bytes/s, or a preset: ethernet-10g, "
+                               "ethernet-100g (12.5e9 and 10 us, the default), ib-hdr, ib-ndr, "
+                               "nvlink4",
+                               source != nullptr ? "; without it, the --profile's measured link "
+                                                   "where it has one (pebble calibrate --ranks)"
+                                                 : ""))
       ->check(NetworkValue());
   cmd->add_option("--network-latency", latency_s,
-                  "seconds per message on the ranks' link (default: the preset's, else 10e-6)")
-      ->check(CLI::Validator(
+                  "time per message on the ranks' link: seconds, or with a unit (5us, 0.2ms) "
+                  "(default: the preset's, else 10e-6)")
+      ->transform(CLI::Validator(
           [](std::string& text) -> std::string {
+            // (the unit's scale applied here: the option then reads seconds)
+            // (divided, not multiplied: 5us is 5e-06 to the last bit)
+            static constexpr std::pair<absl::string_view, double> kUnits[] = {
+                {"ns", 1e9}, {"us", 1e6}, {"ms", 1e3}, {"s", 1.0}};
+            absl::string_view number = absl::StripAsciiWhitespace(text);
+            double per_second = 1.0;
+            for (const auto& [unit, divisor] : kUnits) {
+              if (absl::ConsumeSuffix(&number, unit)) {
+                per_second = divisor;
+                break;
+              }
+            }
             double value = 0;
-            if (ParseDecimal(text, &value) && value >= 0) return "";
-            return absl::StrCat("must be a non-negative number of seconds, got ", Quote(text));
+            if (ParseDecimal(std::string(absl::StripAsciiWhitespace(number)), &value) &&
+                value >= 0 && std::isfinite(value)) {
+              text = absl::StrFormat("%.17g", value / per_second);
+              return "";
+            }
+            return absl::StrCat("must be a non-negative time (seconds, or with a unit: ns, us, "
+                                "ms, s), got ", Quote(text));
           },
-          "SECONDS"));
+          "TIME"));
   cmd->add_option("--shard", shard,
                   "none (data parallelism: every rank holds the whole model) or full "
                   "(ZeRO-3 / FSDP FULL_SHARD: parameters, gradients and optimizer state in "

@@ -536,6 +536,14 @@ TEST(CliTest, RanksPlanTheGradientsAllReduces) {
                      {"--network", "invalid network 'token-ring'", "ib-ndr"});
   ::pebble::testing::ExpectOneLineError(Pebble("plan " + model + " --ranks 2 --network-latency -1"), 2,
                      {"--network-latency"});
+  ::pebble::testing::ExpectOneLineError(
+      Pebble("plan " + model + " --ranks 2 --network-latency 5xs"), 2,
+      {"--network-latency", "a unit: ns, us, ms, s", "'5xs'"});
+  // A latency with a unit is the same link as in seconds.
+  Result micro = Pebble("plan " + model + " --policy rotor --budget min --ranks 4 --network "
+                        "1.25e9 --network-latency 25us --json");
+  ASSERT_EQ(micro.exit_code, 0) << micro.err;
+  EXPECT_EQ(ParseOrFail(micro.out)["details"]["collectives"]["network_latency_s"], 25e-6);
   ::pebble::testing::ExpectOneLineError(Pebble("run " + model + " --schedule " + schedule + " --backend cpu"), 1,
                      {"all_reduce", "several ranks", "pebble run --ranks N --rank R"});
   // pebble run --ranks (docs/runtime.md, "Several ranks"): flags that cannot work together.
