@@ -665,6 +665,8 @@ class UpdatesLastPlanner final : public Planner {
     if (early_groups == 0 && !inner.feasible && !streams_parameters) {
       result.feasible = false;
       result.message = std::move(inner.message);
+    } else if (result.message.empty() && inner.feasible) {
+      result.message = std::move(inner.message);  // the policy's own note (fsdp's, unsharded)
     }
     result.details = std::move(inner.details);
     // The policy's cut is said, whichever message stands.

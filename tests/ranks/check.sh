@@ -135,6 +135,14 @@ if compared < 20:
 print(f"ok: {compared} tensors, each the data-parallel run's in two shards")
 PY
 done
+# The launcher gives each rank --ranks, --rank and --rendezvous: given too,
+# it refuses at once, saying so (not CLI11's "received 2" from each rank).
+if PEBBLE_BIN="$pebble" "$source_dir/scripts/pebble-ranks" 2 -- run --model mnist-cnn:batch=2 \
+    --rank 1 > "$work/twice.log" 2>&1 || [[ $? -ne 2 ]] ||
+    ! grep -q "gives each rank --rank itself" "$work/twice.log"; then
+  cat "$work/twice.log"
+  fail "scripts/pebble-ranks given --rank: not refused as its own"
+fi
 # The link, measured by calibrate on 2 ranks, is what plan then assumes.
 echo "== calibrate --ranks 2, then plan --profile"
 PEBBLE_BIN="$pebble" "$source_dir/scripts/pebble-ranks" 2 -- calibrate \
