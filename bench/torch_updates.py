@@ -6,7 +6,7 @@ updates run, measured against eager PyTorch.
         [--device cpu|cuda] [--model gpt|mlp] [--layers N] [--policy P]
         [--budget B] [--steps N]
 
-Trains one model with Adam seven ways from the same initialisation, one
+Trains one model with Adam nine ways from the same initialisation, one
 step each after a warm-up step (so that the state exists):
 
 - eager: loss.backward(); optimizer.step() (foreach=False);
@@ -16,7 +16,11 @@ step each after a warm-up step (so that the state exists):
 - both auto: the plan places the state and the updates per tensor;
 - ZeRO-Offload: its whole rule, every update on the host and each gradient
   sent there as soon as it is complete (optimizer_gradients="drop");
-- all auto, dropped: both placed by the plan, the gradients dropped.
+- all auto, dropped: both placed by the plan, the gradients dropped;
+- parameters=host: ZeRO-Offload's rule with the parameters on the host
+  between steps too, fetched for their uses (FSDP's CPUOffload);
+- everything auto: the plan places the state, the updates and the
+  parameters (the gradients dropped, as parameters off the device need).
 
 Each pebble row is planned by --policy at --budget ("min" by default: the
 least peak each reaches). Prints a Markdown table: the whole step's peak
@@ -95,6 +99,9 @@ ROWS = (  # (name, train_step's placement options; None: eager)
     ("ZeRO-Offload", dict(optimizer_updates="host", optimizer_gradients="drop")),
     ("all auto, dropped", dict(optimizer_updates="auto", optimizer_state="auto",
                                optimizer_gradients="drop")),
+    ("parameters=host", dict(optimizer_updates="host", optimizer_parameters="host")),
+    ("everything auto", dict(optimizer_updates="auto", optimizer_state="auto",
+                             optimizer_parameters="auto")),
 )
 
 

@@ -83,14 +83,134 @@ int64_t StreamedParameterBytes(const Graph& graph) {
   return bytes;
 }
 
-std::vector<Step> StreamParameters(const Graph& graph, const std::vector<Step>& steps) {
+// `steps` with the views of each persistent storage marked in `of` freed
+// right after their last use instead of later: a view of a persistent
+// storage holds no bytes of its own, so no figure changes, but it holds
+// the storage (the policies' plans free views at the step's end,
+// alias_fold.h), which an update on the host writes and a streamed
+// parameter leaves the device with.
+std::vector<Step> FreeViewsEarly(const Graph& graph, const std::vector<Step>& steps,
+                                 const std::vector<uint8_t>& of) {
+  const int n = graph.num_nodes();
+  // Per view: its last use (the compute that made it or read it) and its
+  // last free, where that free ends its last residency.
+  std::vector<int> last_use(n, -1), last_free(n, -1);
+  for (int i = 0; i < static_cast<int>(steps.size()); ++i) {
+    const Step& step = steps[i];
+    if (step.action == Action::kFree) {
+      last_free[step.node] = i;
+    } else if (step.action == Action::kCompute) {
+      last_use[step.node] = i;
+      last_free[step.node] = -1;
+      for (NodeId u : graph.unique_inputs(step.node)) last_use[u] = i;
+    }
+  }
+  std::vector<uint8_t> moved(steps.size(), 0);
+  std::vector<std::vector<Step>> after(steps.size());
+  for (NodeId v = 0; v < n; ++v) {
+    if (!graph.is_alias(v) || graph.in_place(v) || !of[graph.storage(v)] ||
+        !graph.persistent(graph.storage(v)) || last_free[v] < 0 || last_use[v] < 0 ||
+        last_free[v] <= last_use[v] + 1) {
+      continue;
+    }
+    int at = last_use[v];  // not inside a bucket of collectives: after it
+    while (at + 1 < static_cast<int>(steps.size()) && steps[at + 1].joins_bucket) ++at;
+    if (last_free[v] <= at + 1) continue;
+    moved[last_free[v]] = 1;
+    after[at].push_back(steps[last_free[v]]);
+  }
+  std::vector<Step> out;
+  out.reserve(steps.size());
+  for (size_t i = 0; i < steps.size(); ++i) {
+    if (!moved[i]) out.push_back(steps[i]);
+    out.insert(out.end(), after[i].begin(), after[i].end());
+  }
+  return out;
+}
+
+
+// Note [Views of streamed parameters]: a view of a streamed parameter (the
+// transpose of a weight that the forward reads and, much later, the
+// backward: PyTorch's captures have one per Linear layer) holds the
+// parameter's storage while it is resident, and so keeps the parameter on
+// the device across the gap (Note [Parameters streamed]). A view of the
+// parameter alone (it reads nothing else and is no output) that is read by
+// two compute steps with at least kMinStreamGap compute steps between
+// them, with no write of the parameter's storage in between and no view of
+// it resident at the second, is freed after the first and computed again
+// before the second (the backward's read is often a view of it: PyTorch's
+// t(t(weight))): a view holds no bytes of its own and costs its own cost
+// (next to none), and the parameter's uses then fall in two windows. Steps
+// of a bucket of collectives are left as they are.
+std::vector<Step> RecomputeViewsOfStreamed(const Graph& graph, const std::vector<Step>& steps,
+                                           const std::vector<uint8_t>& streamed) {
+  const int num_nodes = graph.num_nodes();
+  std::vector<uint8_t> candidate(num_nodes, 0);
+  for (NodeId w = 0; w < num_nodes; ++w) {
+    const NodeId base = graph.alias_of(w);
+    candidate[w] = base != kNoNode && !graph.in_place(w) && base == graph.storage(w) &&
+                   streamed[base] && !graph.is_output(w) && graph.unique_inputs(w).size() == 1;
+  }
+  const int n = static_cast<int>(steps.size());
+  auto in_bucket = [&](int i) {
+    return steps[i].joins_bucket || (i + 1 < n && steps[i + 1].joins_bucket);
+  };
+  std::vector<int> last_read(num_nodes, -1);  // per resident candidate: its last read's step
+  std::vector<int> computes_at(num_nodes, 0);  // compute steps up to and including it
+  std::vector<int> written_at(num_nodes, -1);  // per storage: its last in-place write's step
+  std::vector<int> views_of(num_nodes, 0);  // per candidate: its resident views
+  std::vector<std::vector<Step>> before(n), after(n);
+  bool any = false;
+  int computes = 0;
+  for (int i = 0; i < n; ++i) {
+    const Step& step = steps[i];
+    const NodeId v = step.node;
+    const NodeId of = v >= 0 && v < num_nodes ? graph.alias_of(v) : kNoNode;
+    if (step.action == Action::kFree && candidate[v]) last_read[v] = -1;
+    if (step.action == Action::kFree && of != kNoNode && candidate[of]) --views_of[of];
+    if (step.action != Action::kCompute) continue;
+    ++computes;
+    for (NodeId w : graph.unique_inputs(v)) {
+      if (!candidate[w] || last_read[w] < 0) continue;
+      const int from = last_read[w];
+      const NodeId base = graph.alias_of(w);
+      if (computes - 1 - computes_at[w] >= kMinStreamGap && written_at[base] < from &&
+          views_of[w] == 0 && !in_bucket(from) && !in_bucket(i)) {
+        after[from].push_back({Action::kFree, w});
+        before[i].push_back({Action::kCompute, w});
+        any = true;
+      }
+      last_read[w] = i;
+      computes_at[w] = computes;
+    }
+    if (candidate[v]) {
+      last_read[v] = i;
+      computes_at[v] = computes;
+    }
+    if (of != kNoNode && candidate[of]) ++views_of[of];
+    if (graph.in_place(v)) written_at[graph.storage(v)] = i;
+  }
+  if (!any) return steps;
+  std::vector<Step> out;
+  out.reserve(steps.size() + 8);
+  for (int i = 0; i < n; ++i) {
+    out.insert(out.end(), before[i].begin(), before[i].end());
+    out.push_back(steps[i]);
+    out.insert(out.end(), after[i].begin(), after[i].end());
+  }
+  return out;
+}
+
+std::vector<Step> StreamParameters(const Graph& graph, const std::vector<Step>& given) {
   std::vector<uint8_t> streamed(graph.num_nodes(), 0);
   bool any = false;
   for (NodeId v = 0; v < graph.num_nodes(); ++v) {
     streamed[v] = StreamedParameter(graph, v);
     any = any || streamed[v];
   }
-  if (!any) return steps;
+  if (!any) return given;
+  const std::vector<Step> steps =
+      RecomputeViewsOfStreamed(graph, FreeViewsEarly(graph, given, streamed), streamed);
   const int n = static_cast<int>(steps.size());
   // Per parameter, its uses: the step index, and whether a view of it is
   // resident after that step (the window may not close there).
@@ -396,55 +516,18 @@ class UpdateEmitter {
 // kept: transformer:layers=8 with Adam's state on the host, 52.5 MiB with
 // the updates last, 52.0 MiB moved afterwards, 32.9 MiB planned jointly.
 // `steps` with the views of each persistent storage that an update on the
-// host writes freed right after their last use instead of later: a view of
-// a persistent storage holds no bytes of its own, so no figure changes, and
-// the update need not wait for the free (the policies' plans free such views
-// at the step's end, alias_fold.h).
+// host writes freed right after their last use (FreeViewsEarly): the
+// update need not wait for the free.
 std::vector<Step> FreeHostWrittenViewsEarly(const Graph& graph, const std::vector<Step>& steps) {
-  const int n = graph.num_nodes();
-  std::vector<uint8_t> host_written(n, 0);
+  std::vector<uint8_t> host_written(graph.num_nodes(), 0);
   bool any = false;
-  for (NodeId w = 0; w < n; ++w) {
+  for (NodeId w = 0; w < graph.num_nodes(); ++w) {
     if (graph.in_place(w) && graph.runs_on(w) == Tier::kHost) {
       host_written[graph.storage(w)] = 1;
       any = true;
     }
   }
-  if (!any) return steps;
-  // Per view: its last use (the compute that made it or read it) and its
-  // last free, where that free ends its last residency.
-  std::vector<int> last_use(n, -1), last_free(n, -1);
-  for (int i = 0; i < static_cast<int>(steps.size()); ++i) {
-    const Step& step = steps[i];
-    if (step.action == Action::kFree) {
-      last_free[step.node] = i;
-    } else if (step.action == Action::kCompute) {
-      last_use[step.node] = i;
-      last_free[step.node] = -1;
-      for (NodeId u : graph.unique_inputs(step.node)) last_use[u] = i;
-    }
-  }
-  std::vector<uint8_t> moved(steps.size(), 0);
-  std::vector<std::vector<Step>> after(steps.size());
-  for (NodeId v = 0; v < n; ++v) {
-    if (!graph.is_alias(v) || graph.in_place(v) || !host_written[graph.storage(v)] ||
-        !graph.persistent(graph.storage(v)) || last_free[v] < 0 || last_use[v] < 0 ||
-        last_free[v] <= last_use[v] + 1) {
-      continue;
-    }
-    int at = last_use[v];  // not inside a bucket of collectives: after it
-    while (at + 1 < static_cast<int>(steps.size()) && steps[at + 1].joins_bucket) ++at;
-    if (last_free[v] <= at + 1) continue;
-    moved[last_free[v]] = 1;
-    after[at].push_back(steps[last_free[v]]);
-  }
-  std::vector<Step> out;
-  out.reserve(steps.size());
-  for (size_t i = 0; i < steps.size(); ++i) {
-    if (!moved[i]) out.push_back(steps[i]);
-    out.insert(out.end(), after[i].begin(), after[i].end());
-  }
-  return out;
+  return any ? FreeViewsEarly(graph, steps, host_written) : steps;
 }
 
 Schedule UpdatesEarly(const Graph& graph, const std::vector<Step>& given,
