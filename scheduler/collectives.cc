@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "scheduler/budget.h"
@@ -144,12 +145,24 @@ absl::StatusOr<int64_t> ParseBuckets(absl::string_view text) {
   const std::string lower = absl::AsciiStrToLower(absl::StripAsciiWhitespace(text));
   if (lower == "auto") return PlannerOptions::kPlannedBuckets;
   if (lower == "none") return 0;
+  // A bare number is bytes from 1024 up only, as a budget is (--buckets 25
+  // meant 25MiB, not 25 bytes; 0 is none).
+  const bool bare = !lower.empty() && lower.find_first_not_of("0123456789.") == std::string::npos;
+  double value = 0;
+  if (bare && absl::SimpleAtod(lower, &value) && value > 0 && value < 1024) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "invalid buckets ", Quote(text), ": did you mean ", lower, "MiB or ", lower,
+        "B? (a number without a unit is bytes only from 1024 up)"));
+  }
   absl::StatusOr<int64_t> size = ParseSize(text);
   if (!size.ok()) {
+    // (a size's own reason where it reads as one: "too large", a negative)
+    const bool sized = !lower.empty() && (absl::ascii_isdigit(lower[0]) || lower[0] == '-');
     return absl::InvalidArgumentError(absl::StrCat(
-        "invalid buckets ", Quote(text), ": expected auto (the plan places them), none or 0 "
-        "(one all-reduce per gradient) or a bucket size (25MiB, "
-        "DistributedDataParallel's default)"));
+        "invalid buckets ", Quote(text),
+        sized ? absl::StrCat(" (", size.status().message(), ")") : std::string(), ": expected auto "
+        "(the plan places them), none or 0 (one all-reduce per gradient) or a bucket size "
+        "(25MiB, DistributedDataParallel's default)"));
   }
   return *size;
 }

@@ -480,6 +480,11 @@ TEST(CliTest, RanksPlanTheGradientsAllReduces) {
       {"--buckets 1MiB", "with --shard full, buckets are auto"});
   ::pebble::testing::ExpectOneLineError(Pebble("plan " + model + " --ranks 2 --buckets often"), 2,
                                         {"--buckets", "invalid buckets 'often'"});
+  // A bare number under 1024 is refused as a budget is; a size's own reason is given.
+  ::pebble::testing::ExpectOneLineError(Pebble("plan " + model + " --ranks 2 --buckets 25"), 2,
+                                        {"--buckets", "did you mean 25MiB or 25B?"});
+  ::pebble::testing::ExpectOneLineError(Pebble("plan " + model + " --ranks 2 --buckets 1e30"),
+                                        2, {"--buckets", "too large"});
   // --bucket-copies device: the buckets' copies are in the plan, within
   // the budget ("min": the peak of one all-reduce a gradient).
   Result copied = Pebble("plan " + model + " --policy rotor --budget min --ranks 4 --network "
