@@ -480,6 +480,24 @@ TEST(CliTest, RanksPlanTheGradientsAllReduces) {
       {"--buckets 1MiB", "with --shard full, buckets are auto"});
   ::pebble::testing::ExpectOneLineError(Pebble("plan " + model + " --ranks 2 --buckets often"), 2,
                                         {"--buckets", "invalid buckets 'often'"});
+  // A graph sharded already keeps its collectives' times: another link is
+  // refused, naming the way; its own link is taken.
+  const fs::path sharded = dir / "sharded.json";
+  {
+    std::ofstream(sharded) << R"({"format": "pebble-graph", "version": 1, "nodes": [
+      {"id": "x", "bytes": 100, "persistent": true, "role": "input"},
+      {"id": "shard:w", "bytes": 200, "persistent": true, "role": "parameter"},
+      {"id": "gather:w", "op": "all_gather", "bytes": 400, "cost": 1e-5, "inputs": ["shard:w"],
+       "collective": true, "attrs": {"ranks": 2, "network_bandwidth_bytes_per_s": 1.25e10,
+                                     "network_latency_s": 1e-5}},
+      {"id": "y", "bytes": 100, "cost": 1, "inputs": ["x", "gather:w"]}],
+      "outputs": ["y"]})";
+  }
+  ::pebble::testing::ExpectOneLineError(
+      Pebble("plan --graph " + sharded.string() + " --ranks 2 --network ib-ndr"), 2,
+      {"--network: the graph is sharded already", "--shard full"});
+  EXPECT_EQ(Pebble("plan --graph " + sharded.string() + " --ranks 2 --network ethernet-100g")
+                .exit_code, 0);
   // A bare number under 1024 is refused as a budget is; a size's own reason is given.
   ::pebble::testing::ExpectOneLineError(Pebble("plan " + model + " --ranks 2 --buckets 25"), 2,
                                         {"--buckets", "did you mean 25MiB or 25B?"});
