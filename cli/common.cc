@@ -144,16 +144,6 @@ absl::StatusOr<Graph> GraphSource::Load(WorkspaceQueryStats* workspace) const {
   return WithBackendWorkspace(g, *backend, workspace);
 }
 
-CollectiveComputes CountCollectiveComputes(const Graph& graph, const Schedule& schedule) {
-  CollectiveComputes n;
-  for (const Step& step : schedule.steps) {
-    if (step.action != Action::kCompute || !graph.collective(step.node)) continue;
-    ++(graph.op(step.node) == "all_gather" ? n.gathers : n.scatters);
-    n.messages += !step.joins_bucket;
-  }
-  return n;
-}
-
 std::string CollectivesText(const Graph& graph, const Schedule& schedule) {
   const auto [gathers, scatters, messages] = CountCollectiveComputes(graph, schedule);
   const int64_t steps = CountSteps(schedule, Action::kAllReduce);

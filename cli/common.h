@@ -27,13 +27,6 @@ namespace pebble::cli {
 // "0 s".
 std::string FormatSeconds(double seconds);
 
-// A schedule's computes of collective nodes (a sharded graph's): its
-// gathers, its reduce-scatters, and the messages they make (a bucket is one).
-struct CollectiveComputes {
-  int64_t gathers = 0, scatters = 0, messages = 0;
-};
-CollectiveComputes CountCollectiveComputes(const Graph& graph, const Schedule& schedule);
-
 // A schedule's collectives for people: "8 all-reduces", or "8 all-reduces
 // in 3 buckets" where some are grouped; on a sharded graph "52 gathers and
 // 26 reduce-scatters in 20 messages" (a bucket of collectives is one).

@@ -141,6 +141,16 @@ absl::StatusOr<Schedule> ReduceGradients(const Graph& graph, const Schedule& sch
   return out;
 }
 
+CollectiveComputes CountCollectiveComputes(const Graph& graph, const Schedule& schedule) {
+  CollectiveComputes n;
+  for (const Step& step : schedule.steps) {
+    if (step.action != Action::kCompute || !graph.collective(step.node)) continue;
+    ++(graph.op(step.node) == "all_gather" ? n.gathers : n.scatters);
+    n.messages += !step.joins_bucket;
+  }
+  return n;
+}
+
 absl::StatusOr<int64_t> ParseBuckets(absl::string_view text) {
   const std::string lower = absl::AsciiStrToLower(absl::StripAsciiWhitespace(text));
   if (lower == "auto") return PlannerOptions::kPlannedBuckets;
@@ -513,6 +523,12 @@ class GradientReductionPlanner : public Planner {
         {"network_bandwidth_bytes_per_s", link.bandwidth_bytes_per_s},
         {"network_latency_s", link.latency_s}};
     if (!joined.is_null()) result.details["collectives"]["collective_buckets"] = std::move(joined);
+    if (sharded.has_value()) {  // (gathers again included)
+      const CollectiveComputes n = CountCollectiveComputes(graph, result.schedule);
+      result.details["collectives"]["gathers"] = n.gathers;
+      result.details["collectives"]["reduce_scatters"] = n.scatters;
+      result.details["collectives"]["messages"] = n.messages;
+    }
     if (!sharded.has_value()) {
       result.details["collectives"].update(
           BucketDetails(graph, result.schedule, options.bucket_bytes,

@@ -43,6 +43,13 @@ Schedule BucketGradients(const Graph& graph, const Schedule& reduced, int64_t ca
 // 26214400). InvalidArgument names the text.
 absl::StatusOr<int64_t> ParseBuckets(absl::string_view text);
 
+// A schedule's computes of collective nodes (a sharded graph's): its
+// gathers, its reduce-scatters, and the messages they make (a bucket is one).
+struct CollectiveComputes {
+  int64_t gathers = 0, scatters = 0, messages = 0;
+};
+CollectiveComputes CountCollectiveComputes(const Graph& graph, const Schedule& schedule);
+
 // A network link by name, with the nominal rate of its standard per
 // direction (not a measurement): ethernet-10g (1.25e9 bytes/s, 25 us),
 // ethernet-100g (12.5e9, 10 us; NetworkLink's default), ib-hdr (25e9, 5

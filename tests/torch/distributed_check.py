@@ -16,7 +16,8 @@ Each rank takes its slice of one batch. Checks, on every rank:
   calibration measured; the same for parameters concatenated, whose
   gradients are views of one storage;
 - training: five steps of SGD with momentum and of Adam with the optimizer
-  in the plan (its updates on the device, and on the host) give the
+  in the plan (its updates on the device, and on the host; the gradients
+  dropped; the parameters on the host between steps) give the
   parameters of torch.nn.parallel.DistributedDataParallel on the same slices
   (to 1e-5 relative), the measured peak the plan's; so do five Adam steps
   with DDP's 25 MiB bucket rule (buckets of several gradients, each sent
@@ -247,7 +248,7 @@ def check_shared_storage(torch, pt, dist, rank, ranks, buckets="auto", budget="m
 
 
 def check_training(torch, pt, dist, rank, ranks, kind, updates, buckets="auto",
-                   budget="min"):
+                   budget="min", gradients=None, parameters="device"):
     failures = []
     torch.manual_seed(0)
     model = make_model(torch)
@@ -260,7 +261,9 @@ def check_training(torch, pt, dist, rank, ranks, kind, updates, buckets="auto",
     x0, y0 = data[0]
     step = pt.train_step(model, loss_fn, (mine(x0, rank),), mine(y0, rank), optimizer=opt,
                          policy="rotor", budget=budget, measure="always",
-                         optimizer_updates=updates, allow_cpu_offload=updates != "device",
+                         optimizer_updates=updates, optimizer_gradients=gradients,
+                         optimizer_parameters=parameters,
+                         allow_cpu_offload=updates != "device" or parameters != "device",
                          process_group=dist.group.WORLD, buckets=buckets)
     for k, (x, y) in enumerate(data):
         opt.zero_grad(set_to_none=True)
@@ -270,14 +273,17 @@ def check_training(torch, pt, dist, rank, ranks, kind, updates, buckets="auto",
         ddp_opt.step()
         r = step.report
         if r["measured_peak_bytes"] != r["predicted_step_peak_bytes"]:
-            failures.append(f"step {k + 1}: measured peak {r['measured_peak_bytes']}, "
-                            f"predicted {r['predicted_step_peak_bytes']}")
+            failures.append(f"{kind}, updates on the {updates}, gradients {gradients}, "
+                            f"parameters on the {parameters}: step {k + 1}: measured peak "
+                            f"{r['measured_peak_bytes']}, predicted "
+                            f"{r['predicted_step_peak_bytes']}")
     for (name, p), q in zip(model.named_parameters(), ddp_model.parameters()):
         if not close(p.detach(), q.detach()):
-            failures.append(f"{kind}, updates on the {updates}, buckets {buckets}: after five "
-                            f"steps, {name} differs from DistributedDataParallel's")
+            failures.append(f"{kind}, updates on the {updates}, buckets {buckets}, parameters "
+                            f"on the {parameters}: after five steps, {name} differs from "
+                            "DistributedDataParallel's")
     c = step.report["collectives"]
-    if buckets != "auto" and (c["bucket_rule"] != "cap" or
+    if buckets not in ("auto", "none") and (c["bucket_rule"] != "cap" or
                               not 0 < c["buckets"] < c["all_reduce"]):
         failures.append(f"buckets {buckets}: the plan's collectives are {c}, not buckets of "
                         "several gradients")
@@ -1588,6 +1594,13 @@ def checks(torch, pt, dist, rank, ranks):
     for kind, updates in ((("sgd", "device"), ("sgd", "host"), ("adam", "device"),
                            ("adam", "host")) if every else (("sgd", "device"), ("adam", "host"))):
         failures += check_training(torch, pt, dist, rank, ranks, kind, updates)
+    # The gradients dropped (each freed once its update read it: the
+    # all-reduce lets go of it first), and the parameters on the host.
+    if every:
+        failures += check_training(torch, pt, dist, rank, ranks, "adam", "device",
+                                   buckets="none", gradients="drop")
+    failures += check_training(torch, pt, dist, rank, ranks, "adam", "device",
+                               parameters="host")
     # DDP's rule: buckets of several gradients, each through a flat copy.
     failures += check_training(torch, pt, dist, rank, ranks, "adam", "device", buckets="25MiB",
                                budget="1MiB")

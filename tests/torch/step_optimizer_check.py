@@ -465,6 +465,9 @@ STREAMED = [
     ("convnet", "sgd", "dtr", "min", "host", "host", "host"),
     ("convnet", "adamw", "rotor", "min", None, "host", "host"),
     ("mlp", "adam", "rotor", "min", "auto", "auto", "auto"),
+    # (the state's default beside parameters on the host: on the device, where
+    # the step runs, not where the parameter lives)
+    ("mlp", "sgd", "dtr", "min", None, "device", "host"),
 ]
 
 
@@ -594,7 +597,8 @@ def failure_midstep(torch, pt, device, parameters="device"):
     plan freed that parameter's device memory; its moments already updated)
     leaves every parameter whole where it lives between steps (the device,
     or its host copy with `parameters`="host"), at its value before the
-    step, and the next step runs."""
+    step, and the next step runs; with the parameters on the host, a failure
+    while some are fetched leaves each its host copy too."""
     eager, _, planned, planned_opt, make_batch = adam_mlps(torch, device)
     x, y = make_batch(torch.Generator().manual_seed(3), device)
     loss_fn = torch.nn.functional.cross_entropy
@@ -628,6 +632,27 @@ def failure_midstep(torch, pt, device, parameters="device"):
                             "not as before the step, where it lives between steps")
     if (parameters == "host") != bool(homes):
         failures.append(f"parameters {parameters}: {len(homes)} parameters live on the host")
+    if parameters == "host":  # a failure with parameters fetched: each its host copy again
+        executor = sys.modules["pebble.torch._executor"]
+        compute = executor._RunState.compute
+
+        def failing(state, i, node):
+            if any(state.live[k] is not None for k in state.program.host_homes):
+                raise RuntimeError("injected failure with a parameter fetched")
+            return compute(state, i, node)
+        executor._RunState.compute = failing
+        try:
+            step(x, y)
+            failures.append("the failure injected with a parameter fetched did not reach the "
+                            "caller")
+        except RuntimeError:
+            pass
+        finally:
+            executor._RunState.compute = compute
+        for name, p in planned.named_parameters():
+            if p.data_ptr() != homes[name].data_ptr():
+                failures.append(f"after a failure with parameters fetched, parameter {name} is "
+                                "not its host copy")
     planned_opt.zero_grad(set_to_none=True)
     loss = step(x, y)
     if not torch.isfinite(loss) or any(not torch.isfinite(p).all() for p in planned.parameters()):

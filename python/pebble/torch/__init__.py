@@ -329,6 +329,8 @@ class TrainStep:
         inputs = _as_tuple(example_inputs, "example_inputs")
         _check_tensor_arg(example_target, "example_target")
         self.device = _device_of(model, inputs + (example_target,))  # (meta: the inputs')
+        if self.updates is not None:
+            self.updates.device = self.device
         for name, value in (("optimizer_state", optimizer_state),
                             ("optimizer_updates", optimizer_updates),
                             ("optimizer_parameters", optimizer_parameters)):

@@ -363,7 +363,10 @@ class StepCollectives:
         # Held, so that a run allocates nothing for it (the measured peak).
         self.closing = torch.zeros((), dtype=torch.int32) if self.board else None
         self.issued = None  # in a run: [(numel, dtype, closing?)] started
-        self.works = []  # in a run: their works
+        # In a run: the works not yet seen complete (by id), which a failed
+        # run drains; a completed one is let go of, and the tensor it holds
+        # with it (a gradient the plan frees is then released at its free).
+        self.works = {}
         # Whether the ranks' collectives are known to be in step after the
         # last run (a failed run: only after a whole round of the board).
         self.in_step = True
@@ -394,14 +397,14 @@ class StepCollectives:
         self.key = f"pebble.torch/{self.name}/{self.runs}/"
         self.polled = False
         if self.board:
-            self.issued, self.works = [], []
+            self.issued, self.works = [], {}
 
     def all_reduce(self, tensor, what, closing=False):
         """Starts the sum of `tensor` over the ranks, in place: its work."""
         work = _collective(what, self.dist.all_reduce, tensor, group=self.group, async_op=True)
         if self.issued is not None:
             self.issued.append((tensor.numel(), tensor.dtype, closing))
-            self.works.append(work)
+            self.works[id(work)] = work
         return work
 
     def wait(self, work, what):
@@ -418,6 +421,7 @@ class StepCollectives:
                 pass  # the slice ended ("Operation timed out!"), or the work failed
             if work.is_completed():
                 _collective(what, work.wait)  # (its failure, if it failed)
+                self.works.pop(id(work), None)
                 return
             self._check_board()
 
@@ -441,7 +445,7 @@ class StepCollectives:
                 raise _PeerFailed("another rank failed")
             if self.polled:  # (a run that failed nowhere: its flag, made by reading it)
                 self.store.delete_key(self.key + "failures")
-        self.issued, self.works, self.in_step = None, [], True
+        self.issued, self.works, self.in_step = None, {}, True
 
     def fail(self, error):
         """After this rank's run failed with `error`: the board's round (Note
@@ -455,7 +459,7 @@ class StepCollectives:
         try:
             replacement = self._round(error, issued)
         finally:
-            self.works = []
+            self.works = {}
             if not self.in_step:
                 _OUT_OF_STEP[self.group] = f"{type(replacement).__name__}: {replacement}"
         return replacement
@@ -523,7 +527,7 @@ class StepCollectives:
             if time.monotonic() > deadline:
                 raise CollectiveFailed("waiting for the other ranks after a failed step timed "
                                        "out")
-            for work in self.works:
+            for work in list(self.works.values()):
                 if work.is_completed():
                     _collective("a collective of the failed step", work.wait)
             time.sleep(WAIT_SLICE_S / 10)

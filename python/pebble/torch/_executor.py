@@ -468,6 +468,8 @@ class _RunState:
                                          "its all-reduce starts")
             members.append((root.index, t, round_up(node.nbytes, self.graph.round_to)))
         self.hold(self.program.sync.start(members))  # a bucket's copy
+        if len(members) == 1:  # reduced in place: freed through its storage (wait_before's why)
+            self.collective_storages.add(storage_key(members[0][1]))
 
     def hold(self, nbytes, workspace=0):
         """Counts `nbytes` of device memory that a foreign step holds (negative:
@@ -556,8 +558,9 @@ class _RunState:
     def restore_persistent(self):
         """After a failed run: each persistent node the plan freed is rebound to
         a device copy of its host copy, so that the module keeps its
-        parameters. (The plan frees a parameter only after offloading it, so
-        each has a host copy.)"""
+        parameters (the plan frees a parameter only after offloading it, so
+        each has a host copy), and each that lives on the host to its host
+        copy, fetched or not."""
         rebind = self.program.rebind
         for index, node in self.dropped.items():
             if rebind is not None and index in self.program.host_homes:
@@ -565,6 +568,9 @@ class _RunState:
             elif rebind is not None and index in self.on_host:
                 rebind(node, self.program.host[index].to(self.device))
         self.dropped.clear()
+        for index in self.program.host_homes:  # fetched when the run failed: its host copy
+            if rebind is not None and self.live[index] is not None:
+                rebind(self.graph.nodes[index], self.program.host[index])
 
     # --- steps -----------------------------------------------------------------
 

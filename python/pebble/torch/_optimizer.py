@@ -103,6 +103,7 @@ class Updates:
         if parameters != "device":
             self.spec += f",parameters={parameters}"
         self.parameters = parameters  # the parameters' home: device, host or auto
+        self.device = None  # the step's device (TrainStep's), once known
         self.on_host = updates != "device"  # whether some update may run on the host
         self.keep_gradients = gradients == "keep"
         # The host's rate for an update's host_cost (bytes read and written
@@ -334,10 +335,13 @@ class Updates:
             if self.kind != "sgd" and "step" not in s:
                 s["step"] = torch.tensor(0.0)
             for key in self.state_keys:
-                if s.get(key) is None:
-                    s[key] = torch.zeros_like(template, memory_format=torch.preserve_format)
-                # (where p's device is, not the template's: a shard may live on the host)
-                s[key] = self._at_home(s[key], p, f"{key}:{name}" in placement.host_state)
+                on_host = f"{key}:{name}" in placement.host_state
+                if s.get(key) is None:  # (made where it lives: on the host, not the device)
+                    s[key] = torch.zeros_like(template, memory_format=torch.preserve_format,
+                                              device="cpu" if on_host else self.step_device(p))
+                # (the step's device, not p's nor the template's: a parameter or a
+                # shard may live on the host)
+                s[key] = self._at_home(s[key], self.step_device(p), on_host)
         scratch_numel = {}  # dtype -> the largest tensor a host update of that dtype takes
         for name in placement.scratch_parameters:
             t = like[name] if like is not None and name in like else self.params[name]
@@ -347,12 +351,18 @@ class Updates:
             if held is None or held.numel() < numel:
                 self._host_scratch[dtype] = torch.empty(numel, dtype=dtype)
 
+    def step_device(self, p):
+        """The device the step runs on (TrainStep sets it: a parameter may live
+        on the host between steps); p's, where it is not set."""
+        return self.device if self.device is not None else p.device
+
     @staticmethod
-    def _at_home(t, p, on_host):
-        """State tensor t where its home is: p's device, or the host."""
+    def _at_home(t, device, on_host):
+        """State tensor t where its home is: the step's `device`, or the host
+        (pinned beside a GPU)."""
         if not on_host:
-            return t if t.device == p.device else t.to(p.device)
-        if p.device.type == "cuda":
+            return t if t.device == device else t.to(device)
+        if device.type == "cuda":
             if t.device.type == "cpu" and t.is_pinned():
                 return t
             return t.to("cpu").pin_memory()
@@ -397,7 +407,8 @@ class Updates:
         if self.on_device:
             raise RuntimeError(f"internal: the plan leaves '{next(iter(self.on_device))}' on "
                                "the device after the optimizer's step")
-        if self._offloaded and any(p.device.type == "cuda" for p in self.params.values()):
+        if self._offloaded and any(self.step_device(p).type == "cuda"
+                                   for p in self.params.values()):
             # The host copies are opt.state's: complete before the caller reads them.
             torch.cuda.current_stream().synchronize()
 
@@ -435,7 +446,7 @@ class Updates:
         return self.optimizer.state[self.params[name]][key]
 
     def _device_of(self, node_id):
-        return self.params[node_id.split(":", 1)[1]].device
+        return self.step_device(self.params[node_id.split(":", 1)[1]])
 
     def _state(self, p, key):
         """The tensor an update of p's state `key` reads and writes on the
