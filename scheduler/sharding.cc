@@ -166,7 +166,7 @@ absl::StatusOr<Graph> ShardGraph(const Graph& g, int ranks, const NetworkLink& l
   for (const auto& [p, shard] : sharded) {
     if (first_reader[p] != kNoNode) gathers_before[first_reader[p]].push_back(p);
   }
-  GraphBuilder b(absl::StrCat(g.name(), ":sharded", ranks));
+  GraphBuilder b(absl::StrCat(g.name(), " sharded over ", ranks, " ranks"));
   for (NodeId v = 0; v < n; ++v) {
     std::sort(gathers_before[v].begin(), gathers_before[v].end());
     for (NodeId p : gathers_before[v]) {
