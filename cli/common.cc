@@ -1125,12 +1125,10 @@ absl::Status RankFlags::CheckShard() const {
 }
 
 absl::StatusOr<Graph> RankFlags::Sharded(absl::StatusOr<Graph> graph) const {
+  // A graph sharded already has its collectives timed for its link: a
+  // --network that differs would change nothing, silently.
   if (graph.ok() && shard == "none" && (!network.empty() || latency_s >= 0)) {
-    // A graph sharded already has its collectives timed for its link: a
-    // --network that differs would change nothing, silently.
-    for (NodeId v = 0; v < graph->num_nodes() && graph->has_collectives(); ++v) {
-      const std::optional<CollectiveLink> timed = CollectiveLinkOf(*graph, v);
-      if (!timed.has_value()) continue;
+    if (const std::optional<CollectiveLink> timed = ShardedRanks(*graph)) {
       ASSIGN_OR_RETURN(const NetworkLink link, Link());
       if (link.bandwidth_bytes_per_s != timed->link.bandwidth_bytes_per_s ||
           link.latency_s != timed->link.latency_s) {
@@ -1141,7 +1139,6 @@ absl::StatusOr<Graph> RankFlags::Sharded(absl::StatusOr<Graph> graph) const {
             absl::StrFormat("%g", timed->link.latency_s), " s a message, which this does not "
             "change: shard the unsharded graph with --shard full and this link instead"));
       }
-      break;
     }
   }
   if (!graph.ok() || shard == "none") return graph;

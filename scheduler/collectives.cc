@@ -141,6 +141,13 @@ absl::StatusOr<Schedule> ReduceGradients(const Graph& graph, const Schedule& sch
   return out;
 }
 
+std::optional<CollectiveLink> ShardedRanks(const Graph& graph) {
+  for (NodeId v = 0; v < graph.num_nodes() && graph.has_collectives(); ++v) {
+    if (std::optional<CollectiveLink> link = CollectiveLinkOf(graph, v)) return link;
+  }
+  return std::nullopt;
+}
+
 CollectiveComputes CountCollectiveComputes(const Graph& graph, const Schedule& schedule) {
   CollectiveComputes n;
   for (const Step& step : schedule.steps) {
@@ -443,16 +450,6 @@ nlohmann::json BucketDetails(const Graph& graph, const Schedule& schedule, int64
 }  // namespace
 
 namespace {
-
-// What a sharded graph's collectives were timed for, as ShardGraph writes
-// it in their attrs; nullopt where no collective says (a graph written by
-// hand).
-std::optional<CollectiveLink> ShardedRanks(const Graph& graph) {
-  for (NodeId v = 0; v < graph.num_nodes() && graph.has_collectives(); ++v) {
-    if (std::optional<CollectiveLink> link = CollectiveLinkOf(graph, v)) return link;
-  }
-  return std::nullopt;
-}
 
 class GradientReductionPlanner : public Planner {
  public:

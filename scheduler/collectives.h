@@ -6,12 +6,14 @@
 #define PEBBLE_SCHEDULER_COLLECTIVES_H_
 
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "graph/graph.h"
 #include "scheduler/planner.h"
 #include "scheduler/schedule.h"
+#include "scheduler/simulator.h"
 
 namespace pebble {
 
@@ -42,6 +44,11 @@ Schedule BucketGradients(const Graph& graph, const Schedule& reduced, int64_t ca
 // kPlannedBuckets), "none" or 0 (0), or a size (ParseSize: 25MiB, 25MB,
 // 26214400). InvalidArgument names the text.
 absl::StatusOr<int64_t> ParseBuckets(absl::string_view text);
+
+// What a sharded graph's collectives were timed for (ranks and link), as
+// ShardGraph writes it in their attrs; nullopt where no collective says (a
+// graph written by hand, or one not sharded).
+std::optional<CollectiveLink> ShardedRanks(const Graph& graph);
 
 // A schedule's computes of collective nodes (a sharded graph's): its
 // gathers, its reduce-scatters, and the messages they make (a bucket is one).

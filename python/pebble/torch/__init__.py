@@ -246,10 +246,10 @@ class TrainStep:
                 # full_optimizer_state_dict()) is cut into this rank's shards;
                 # one of other shapes is refused while the module still holds
                 # its weights.
-                agreed(lambda: self.updates.ensure_state(self._variant.placement,
-                                                         like=self.shards.shards,
-                                                         cut=self.shards.cut_state),
-                       self.process_group)
+                def take_state():
+                    self._take_state_shapes()
+                    self.updates.ensure_state(self._variant.placement, like=self.shards.shards)
+                agreed(take_state, self.process_group)
         except BaseException:
             if self.shards is not None:
                 self.shards.unbuild()  # a module given on the meta device: as given
@@ -444,12 +444,18 @@ class TrainStep:
             variant = self._variants[key] = _Variant(self, capture)
         return variant
 
+    @property
+    def parameters_may_live_on_host(self):
+        """Whether a plan may keep whole parameters on the host between steps
+        (optimizer_parameters "host" or "auto", unsharded)."""
+        return self.updates is not None and self.updates.parameters != "device" and \
+            self.shards is None
+
     def _parameters_on_device(self):
         """A capture reads the module's parameters on the device: those that a
         plan keeps on the host (optimizer_parameters) come back whole, until
         a step's plan places them again."""
-        if self.updates is None or self.updates.parameters == "device" or \
-                self.shards is not None:
+        if not self.parameters_may_live_on_host:
             return
         with torch.no_grad():
             for param in self.updates.params.values():
@@ -497,17 +503,20 @@ class TrainStep:
         self.report["shapes_planned"] = len(self._variants)
         return loss
 
-    def _state_refusal(self):
+    def _take_state_shapes(self):
         """The optimizer's state in the shapes the step keeps it (a whole state
         loaded into a sharded step's optimizer: cut into this rank's shards);
-        the OptimizerError of an entry it cannot take (a state saved by a
-        step sharded otherwise), or None. A call refused so changes nothing:
-        the step stays usable once a right state is loaded."""
-        if self.updates is None:
-            return None
-        try:
+        OptimizerError for an entry it cannot take (a state saved by a step
+        sharded otherwise)."""
+        if self.updates is not None:
             self.updates.take_state_shapes(like=self.shards and self.shards.shards,
                                            cut=self.shards and self.shards.cut_state)
+
+    def _state_refusal(self):
+        """_take_state_shapes' error, or None: a call refused so changes
+        nothing, and the step stays usable once a right state is loaded."""
+        try:
+            self._take_state_shapes()
         except OptimizerError as e:
             return e
         return None
@@ -732,8 +741,9 @@ class _Variant:
                                collectives=step.collectives)
         # The parameters that live on the host between steps (Note
         # [Parameters that live on the host] in _executor.py).
-        self.persistent_bytes -= sum(self.graph_nodes.nodes[i].nbytes
-                                     for i in self.program.host_homes)
+        self.host_parameter_bytes = sum(self.graph_nodes.nodes[i].nbytes
+                                        for i in self.program.host_homes)
+        self.persistent_bytes -= self.host_parameter_bytes
         self.predicted_peak_bytes = self._peak_as_run()
         # The parameters the plan frees, on the device before the step (for
         # their updates on the host).
@@ -938,8 +948,8 @@ class _Variant:
         persistent = self.capture.persistent(inputs, target, sharded)
         if self.updates is not None:
             # Held before the step, where the plan holds it.
-            self.updates.ensure_state(self.placement, like=self.shards and self.shards.shards,
-                                      cut=self.shards and self.shards.cut_state)
+            # (the shapes as the call's _state_refusal left them)
+            self.updates.ensure_state(self.placement, like=self.shards and self.shards.shards)
         # The plan fixed every tensor's dtype: autocast stays off inside the step.
         with torch.no_grad(), torch.autocast(self.device.type, enabled=False):
             if measured:
@@ -990,8 +1000,7 @@ class _Variant:
         """Each trainable parameter where this plan keeps it between steps: its
         host copy where the plan's home of it is the host, else the device
         (another plan's, or a capture's, may have left it elsewhere)."""
-        if self.updates is None or self.updates.parameters == "device" or \
-                self.shards is not None:
+        if not self.step.parameters_may_live_on_host:
             return
         homes = self.program.host_homes
         with torch.no_grad():
@@ -1076,7 +1085,7 @@ class _Variant:
             report["optimizer_parameters"] = {
                 "host_parameters": len(homes),
                 "device_parameters": len(self.updates.params) - len(homes),
-                "host_bytes": sum(self.graph_nodes.nodes[i].nbytes for i in homes)}
+                "host_bytes": self.host_parameter_bytes}
         if "collectives" in p.details:  # data parallelism: the plan's all-reduces
             c = p.details["collectives"]
             report["collectives"] = {

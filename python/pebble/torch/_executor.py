@@ -199,7 +199,7 @@ class Program:
         # is a prefetch.
         first = {}
         for kind, node in self.steps:
-            if kind in (COMPUTE, FREE, OFFLOAD, PREFETCH, REDUCE):
+            if kind != FOREIGN:
                 first.setdefault(node.index, (kind, node))
         self.host_homes = {index for index, (kind, node) in first.items()
                            if kind == PREFETCH and node.kind == "persistent"}
@@ -563,14 +563,18 @@ class _RunState:
         copy, fetched or not."""
         rebind = self.program.rebind
         for index, node in self.dropped.items():
-            if rebind is not None and index in self.program.host_homes:
-                rebind(node, self.program.host[index])
-            elif rebind is not None and index in self.on_host:
+            if rebind is not None and index in self.on_host and \
+                    index not in self.program.host_homes:
                 rebind(node, self.program.host[index].to(self.device))
+        self._homes_again()
+
+    def _homes_again(self):
+        """Each persistent node that lives on the host is its host copy again,
+        fetched or not (Note [Parameters that live on the host])."""
+        if self.program.rebind is not None:
+            for index in self.program.host_homes:
+                self.program.rebind(self.graph.nodes[index], self.program.host[index])
         self.dropped.clear()
-        for index in self.program.host_homes:  # fetched when the run failed: its host copy
-            if rebind is not None and self.live[index] is not None:
-                rebind(self.graph.nodes[index], self.program.host[index])
 
     # --- steps -----------------------------------------------------------------
 
@@ -840,10 +844,7 @@ class _RunState:
             for event in list(self.ready.values()) + list(self.offloaded.values()):
                 self.stream.wait_event(event)
             self.streams.synchronize(self.device)
-        for index, node in self.dropped.items():  # (each its host copy again)
-            if self.program.rebind is not None:
-                self.program.rebind(node, self.program.host[index])
-        self.dropped.clear()
+        self._homes_again()  # (every node dropped is one, checked above)
 
 
 def _dense(t):

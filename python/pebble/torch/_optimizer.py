@@ -293,10 +293,13 @@ class Updates:
         return ("exp_avg", "exp_avg_sq")
 
     def take_state_shapes(self, like=None, cut=None):
-        """Each entry of the state (state_keys) in the shape the step keeps it
-        (`like` and `cut` as ensure_state takes them: a whole state cut into
-        this rank's shard); OptimizerError, naming the entry, where one is of
-        neither shape. Nothing is made or moved."""
+        """Each entry of the state (state_keys) in the shape the step keeps it:
+        `like`'s (ensure_state's), where `cut(name, t)` makes it of an entry
+        `t` of the parameter's own shape (a whole state loaded into a sharded
+        step's optimizer: this rank's shard of it); OptimizerError, naming the
+        entry, where one is of neither shape. Nothing is made or moved. Every
+        call checks it first (TrainStep._state_refusal): ensure_state takes
+        the shapes as they are."""
         state = self.optimizer.state
         for name, p in self.params.items():
             s = state.get(p)
@@ -313,7 +316,7 @@ class Updates:
                                                             sharded=cut is not None))
                 s[key] = made
 
-    def ensure_state(self, placement, like=None, cut=None):
+    def ensure_state(self, placement, like=None):
         """Every parameter's state in opt.state, as torch.optim makes it on its
         first step (zeros; Adam's step count 0), where it is not there yet:
         made before the step, it is held before the step as the plan holds
@@ -324,10 +327,7 @@ class Updates:
         is the copy of g that torch.optim makes. The host updates' scratch
         buffer is made here too, outside the step. `like`: parameter name ->
         the tensor its state is shaped as where that is not the parameter
-        (its shard, in a sharded step); `cut(name, t)`: that tensor made of
-        a state entry `t` of the parameter's own shape (a whole state loaded
-        into a sharded step's optimizer: this rank's shard of it)."""
-        self.take_state_shapes(like, cut)
+        (its shard, in a sharded step), as take_state_shapes left it."""
         state = self.optimizer.state
         for name, p in self.params.items():
             s = state[p]
