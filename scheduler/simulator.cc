@@ -158,13 +158,15 @@ class Reductions {
       : graph_(graph) {
     const bool steps = std::any_of(schedule.steps.begin(), schedule.steps.end(),
                                    [](const Step& s) { return s.action == Action::kAllReduce; });
-    const bool required = options.ranks > 1 && !graph.has_collectives();
+    const std::vector<NodeId> gradients =
+        options.ranks > 1 ? GradientsToReduce(graph) : std::vector<NodeId>{};
+    const bool required = !gradients.empty();
     if (!steps && !required) return;
     const int n = graph.num_nodes();
     reduced_.assign(n, {});
     reduced_until_.assign(n, 0.0);
     if (required) {
-      gradients_ = GradientsToReduce(graph);
+      gradients_ = gradients;
       gradient_in_.assign(n, kNoNode);
       for (NodeId g : gradients_) gradient_in_[graph.storage(g)] = g;
     }
@@ -258,11 +260,14 @@ class Reductions {
 
 std::vector<NodeId> GradientsToReduce(const Graph& graph) {
   std::vector<NodeId> gradients;
-  if (graph.has_collectives()) return gradients;
   for (NodeId p = 0; p < graph.num_nodes(); ++p) {
     if (!graph.persistent(p) || graph.role(p) != Role::kParameter) continue;
     const NodeId g = graph.Find(absl::StrCat("grad:", graph.id(p)));
-    if (g != kNoNode && !graph.persistent(g) && graph.needed()[g]) gradients.push_back(g);
+    // A reduce-scatter (or a view of one) is summed over the ranks already.
+    if (g != kNoNode && !graph.persistent(g) && graph.needed()[g] &&
+        !graph.collective(graph.storage(g))) {
+      gradients.push_back(g);
+    }
   }
   std::sort(gradients.begin(), gradients.end());
   return gradients;

@@ -142,8 +142,8 @@ std::string BucketJoinError(const Graph& graph, const Schedule& schedule, size_t
 // The gradients data parallelism sums (docs/semantics.md, "Collectives
 // across ranks"): for each parameter p (a persistent node of role
 // parameter), the node "grad:p" (SPEC section 3's name) where it exists and
-// is computed (not persistent), in id order; none in a sharded graph (one
-// with collective nodes: its reduce-scatters sum the gradients). With
+// is computed (not persistent), in id order, but a reduce-scatter's or a view
+// of one (a sharded graph's: it is summed already). With
 // SimulatorOptions::ranks > 1, an update reads each only once it is summed,
 // and each output one ends the step summed.
 std::vector<NodeId> GradientsToReduce(const Graph& graph);

@@ -690,6 +690,57 @@ TEST(ShardingTest, ACollectiveNodeRunsOnTheNetwork) {
   }
 }
 
+// A hand-written sharded graph may keep a parameter whole: its gradient is
+// each rank's own, so with several ranks it is all-reduced as in data
+// parallelism, and the sharded parameter's reduce-scatter is not.
+TEST(ShardingTest, AWholeParameterBesideShardedOnesIsAllReduced) {
+  const std::string link =
+      R"("attrs": {"ranks": 2, "network_bandwidth_bytes_per_s": 1e9, "network_latency_s": 0})";
+  absl::StatusOr<Graph> g = ParseGraphJson(absl::StrCat(R"({"format": "pebble-graph",
+    "version": 1, "nodes": [
+      {"id": "x", "bytes": 10, "persistent": true},
+      {"id": "p", "bytes": 25, "persistent": true, "role": "parameter"},
+      {"id": "q", "bytes": 40, "persistent": true, "role": "parameter"},
+      {"id": "gather:p", "op": "all_gather", "bytes": 50, "cost": 3, "inputs": ["p"],
+       "collective": true, )", link, R"(},
+      {"id": "b", "bytes": 10, "cost": 1, "inputs": ["x", "gather:p", "q"]},
+      {"id": "local_grad:p", "bytes": 50, "cost": 1, "inputs": ["b", "x"]},
+      {"id": "grad:p", "op": "reduce_scatter", "bytes": 25, "cost": 2,
+       "inputs": ["local_grad:p"], "collective": true, )", link, R"(},
+      {"id": "grad:q", "bytes": 40, "cost": 1, "inputs": ["b"]}],
+    "outputs": ["grad:p", "grad:q"]})"));
+  ASSERT_TRUE(g.ok()) << g.status();
+  EXPECT_EQ(GradientsToReduce(*g), std::vector<NodeId>{g->Find("grad:q")});
+
+  SimulatorOptions two;
+  two.ranks = 2;
+  const Schedule unsummed = MakeSchedule(
+      *g, {{kC, "gather:p"}, {kC, "b"}, {kC, "local_grad:p"}, {kC, "grad:p"}, {kC, "grad:q"}});
+  EXPECT_TRUE(Simulate(*g, unsummed).ok());  // one rank: nothing to sum
+  EXPECT_THAT(Simulate(*g, unsummed, two).status().message(),
+              HasSubstr("gradient 'grad:q' ends the step without an all_reduce"));
+  Schedule summed = unsummed;
+  summed.steps.push_back({kA, g->Find("grad:q")});
+  EXPECT_TRUE(Simulate(*g, summed, two).ok());
+  summed.steps.push_back({kA, g->Find("grad:p")});
+  EXPECT_THAT(Simulate(*g, summed, two).status().message(),
+              HasSubstr("is the output of collective 'grad:p'"));
+
+  for (const char* policy : {"baseline", "fsdp", "rotor", "hybrid"}) {
+    PlannerOptions options;
+    options.budget_bytes = kMinBudgetBytes;
+    options.ranks = 2;
+    absl::StatusOr<PlanResult> plan = (*MakePlanner(policy))->Plan(*g, options);
+    ASSERT_TRUE(plan.ok()) << policy << ": " << plan.status();
+    std::vector<NodeId> reduced;
+    for (const Step& step : plan->schedule.steps) {
+      if (step.action == kA) reduced.push_back(step.node);
+    }
+    EXPECT_EQ(reduced, std::vector<NodeId>{g->Find("grad:q")}) << policy;
+    EXPECT_TRUE(Simulate(*g, plan->schedule, two).ok()) << policy;
+  }
+}
+
 // A bucket of collective computes (a unit's gathers, as FSDP's flat
 // parameter) is one message: the latency once, of all its bytes, when
 // every member's input is ready; its steps share its start and end, and
