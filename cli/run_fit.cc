@@ -270,7 +270,7 @@ int RunFit(const FitFlags& f) {
   }
   header.push_back("note");
   Table t(header);
-  {
+  if (fit->naive_applies) {
     std::vector<std::string> cells = {"naive (26 x input)", "estimate",
                                       naive ? absl::StrCat(*naive) : "-", "", "", ""};
     if (f.verify) cells.insert(cells.end(), {"", "", ""});
@@ -310,9 +310,11 @@ int RunFit(const FitFlags& f) {
     std::cout << "* baseline: the graph's own order, every tensor freed at its last use (what a "
                  "framework runs).\n";
   }
-  std::cout << "naive: the largest value with 26 x bytes(input) <= budget (a rule of thumb "
-               "for 3-D networks).\n"
-               "Search: exponential then binary over the predicted peak, assuming it grows with "
+  if (fit->naive_applies) {
+    std::cout << "naive: the largest value with 26 x bytes(input) <= budget (a rule of thumb "
+                 "for 3-D networks).\n";
+  }
+  std::cout << "Search: exponential then binary over the predicted peak, assuming it grows with "
                "the parameter";
   std::cout << absl::StrFormat(" (%.1f s).\n", fit->search_time_s);
   return 0;

@@ -232,7 +232,9 @@ struct FitRow {
 
 struct FitResult {
   // The seed report's rule of thumb: the largest value with 26 x
-  // bytes(input) <= budget.
+  // bytes(input) <= budget. It applies to 3-D convolution networks only
+  // (a 5-D input of floats); elsewhere naive_note says why not.
+  bool naive_applies = false;
   std::optional<int64_t> naive_value;
   std::string naive_note;
   std::vector<FitRow> rows;

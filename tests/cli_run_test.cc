@@ -17,6 +17,7 @@ namespace {
 
 using ::testing::ContainsRegex;
 using ::testing::HasSubstr;
+using ::testing::Not;
 namespace fs = std::filesystem;
 
 using Result = ::pebble::testing::CliResult;
@@ -307,6 +308,19 @@ TEST(CliFitTest, LargestValuePerPolicyAndNaiveEstimate) {
   ASSERT_EQ(human.exit_code, 0) << human.err;
   EXPECT_THAT(human.out, HasSubstr("naive (26 x input)"));
   EXPECT_THAT(human.out, HasSubstr("baseline *"));
+
+  // The rule was made for 3-D networks: a transformer's input is token ids.
+  const std::string lm = "fit --model transformer:layers=1,dim=32,heads=2,vocab=50 --vary seq "
+                         "--budget 4MiB --policies baseline";
+  Result tokens = Pebble(lm + " --json");
+  ASSERT_EQ(tokens.exit_code, 0) << tokens.err;
+  nlohmann::json t = ParseOrFail(tokens.out);
+  EXPECT_TRUE(t["naive"]["value"].is_null());
+  EXPECT_THAT(t["naive"]["note"].get<std::string>(), HasSubstr("for 3-D convolution networks"));
+  EXPECT_GT(t["results"][0]["value"].get<int64_t>(), 0);
+  Result tokens_text = Pebble(lm);
+  ASSERT_EQ(tokens_text.exit_code, 0) << tokens_text.err;
+  EXPECT_THAT(tokens_text.out, Not(HasSubstr("naive")));
 }
 
 TEST(CliFitTest, VerifyRunsTheLargestAndMatchesThePrediction) {
