@@ -515,6 +515,12 @@ CLI::Validator BudgetList() {
         if (budgets.empty()) {
           return absl::InvalidArgumentError(absl::StrCat(Quote(t), " names no budget"));
         }
+        for (absl::string_view b : absl::StrSplit(t, ',')) {
+          if (absl::StripAsciiWhitespace(b).empty()) {
+            return absl::InvalidArgumentError(
+                absl::StrCat(Quote(t), " has an empty budget between its commas"));
+          }
+        }
         for (const std::string& b : budgets) {
           RETURN_IF_ERROR(CheckBudgetHasUnit(b, /*percent_allowed=*/true));
           RETURN_IF_ERROR(ParseBudget(b).status());

@@ -5,7 +5,6 @@
 #include <map>
 #include <vector>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
@@ -140,9 +139,9 @@ absl::StatusOr<OptimizerSpec> ParseOptimizer(absl::string_view text) {
       continue;
     }
     double number = 0;
-    if (!absl::SimpleAtod(value, &number) || !std::isfinite(number)) {
+    if (!ParseDecimal(value, &number)) {
       return absl::InvalidArgumentError(absl::StrCat("optimizer ", name, ": ", key, "=",
-                                                     Quote(value), " is not a finite number"));
+                                                     Quote(value), " is not a decimal number"));
     }
     if (absl::Status s = ops_internal::CheckOptimizerValue(key, number); !s.ok()) {
       return absl::InvalidArgumentError(absl::StrCat("optimizer: ", s.message()));

@@ -89,6 +89,9 @@ absl::StatusOr<PlanOutcome> PlanGraph(const Graph& graph, const PlanRequest& req
     out.advice = DoesNotFitAdvice(out.policy, out.budget_bytes, *out.least_peak_bytes,
                                   out.baseline_peak_bytes, out.end_state_bytes,
                                   out.result.message);
+  } else if (!out.result.feasible) {
+    // At min only another limit (the host budget) is left to break.
+    out.advice = absl::StrCat("the plan does not fit: ", out.result.message);
   }
   return out;
 }

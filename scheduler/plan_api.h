@@ -51,7 +51,8 @@ struct PlanOutcome {
   int64_t end_state_bytes = 0;
   // Where the plan does not fit a budget other than "min": the peak the
   // policy reaches at "min" (a second plan), and what to do about it
-  // (LeastPeakAdvice). Empty otherwise.
+  // (LeastPeakAdvice); at "min", the limit it broke (the host budget).
+  // Empty where it fits.
   std::optional<int64_t> least_peak_bytes;
   std::string advice;
 };

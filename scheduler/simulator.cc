@@ -123,6 +123,11 @@ bool Movable(const Graph& graph, NodeId v) {
 // home holds a current host copy, and the device none).
 absl::Status CheckHomes(const Graph& graph, const std::vector<uint8_t>& on_device,
                         const std::vector<uint8_t>& on_host) {
+  // The resident view that holds each storage, where one does.
+  std::vector<NodeId> held_through(graph.num_nodes(), kNoNode);
+  for (NodeId a = 0; a < graph.num_nodes(); ++a) {
+    if (on_device[a] && graph.is_alias(a)) held_through[graph.storage(a)] = a;
+  }
   for (NodeId v = 0; v < graph.num_nodes(); ++v) {
     if (!Movable(graph, v)) continue;
     const bool host_home = *graph.home(v) == Tier::kHost;
@@ -141,6 +146,12 @@ absl::Status CheckHomes(const Graph& graph, const std::vector<uint8_t>& on_devic
       return absl::InvalidArgumentError(absl::StrCat(
           "invalid schedule: persistent ", Quote(graph.id(v)),
           " (home: host) is still resident on the device at the end; free it"));
+    }
+    if (host_home && held_through[v] != kNoNode) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "invalid schedule: persistent ", Quote(graph.id(v)), " (home: host) is still "
+          "resident on the device at the end through its view ", Quote(graph.id(held_through[v])),
+          "; free the view"));
     }
   }
   return absl::OkStatus();

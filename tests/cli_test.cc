@@ -410,22 +410,49 @@ TEST(CliTest, ListingsFitOneHundredColumns) {
 
 // Data parallelism (--ranks): plan prints and reports the all-reduces,
 // simulate times a schedule with them on the link given, run refuses it.
-// On a sharded step a policy's min is the least peak it reaches: a byte
-// below it does not fit (its chain estimate, which leaves out the gathers
-// that stages share, once stood above a plan made at a byte budget: Note
-// [The least peak of a sharded step]).
-TEST(CliTest, MinIsTheLeastPeakOfAShardedStep) {
-  const std::string model = "--model mnist-cnn:batch=2,optimizer=adam --ranks 2 --shard full";
-  for (const std::string policy : {"rotor", "sqrtn", "chen-greedy"}) {
-    SCOPED_TRACE(policy);
-    Result least = Pebble("plan " + model + " --policy " + policy + " --budget min --json");
-    ASSERT_EQ(least.exit_code, 0) << least.err;
-    const int64_t peak = ParseOrFail(least.out)["report"]["peak_bytes"].get<int64_t>();
-    Result below = Pebble("plan " + model + " --policy " + policy + " --budget " +
-                          std::to_string(peak - 1) + " --json");
-    EXPECT_EQ(below.exit_code, 1) << below.err;
-    EXPECT_EQ(ParseOrFail(below.out)["least_peak_bytes"], peak);
+// On a sharded step, or one with the optimizer's updates, a policy's min is
+// the least peak it reaches: a byte below it does not fit, and a budget at
+// or above it does (the chain estimate, which leaves out the gathers that
+// stages share, once stood above a plan made at a byte budget; the plan of
+// the step without its updates, at a byte budget, above a plan made at min:
+// Note [The least peak of a sharded step]).
+TEST(CliTest, MinIsTheLeastPeakOfAShardedOrWholeStep) {
+  const std::vector<std::string> chains = {"rotor", "sqrtn", "chen-greedy"};
+  const std::string lm = "--model transformer:layers=1,seq=8,dim=16,heads=2,vocab=20 ";
+  const std::vector<std::pair<std::string, std::vector<std::string>>> cases = {
+      {"--model mnist-cnn:batch=2,optimizer=adam --ranks 2 --shard full", chains},
+      {"--model mnist-cnn:batch=16,optimizer=adam --ranks 4 --shard full", chains},
+      {"--model transformer:layers=2,seq=32,dim=64,heads=2,vocab=100 "
+       "--optimizer adam:state=host,gradients=drop", {"rotor"}},
+      {lm + "--optimizer sgd:momentum=0.9,state=host,parameters=host,gradients=drop",
+       {"vdnn", "dtr"}}};
+  for (const auto& [model, policies] : cases) {
+    for (const std::string& policy : policies) {
+      SCOPED_TRACE(model + " " + policy);
+      const std::string plan = "plan " + model + " --policy " + policy;
+      Result least = Pebble(plan + " --budget min --json");
+      ASSERT_EQ(least.exit_code, 0) << least.err;
+      const int64_t peak = ParseOrFail(least.out)["report"]["peak_bytes"].get<int64_t>();
+      Result below = Pebble(plan + " --budget " + std::to_string(peak - 1) + " --json");
+      EXPECT_EQ(below.exit_code, 1) << below.err;
+      EXPECT_EQ(ParseOrFail(below.out)["least_peak_bytes"], peak);
+      for (int64_t above : {int64_t{0}, int64_t{1} << 10, int64_t{64} << 10}) {
+        Result at = Pebble(plan + " --budget " + std::to_string(peak + above) + " --json");
+        EXPECT_EQ(at.exit_code, 0) << above << ": " << at.err;
+        EXPECT_LE(ParseOrFail(at.out)["report"]["peak_bytes"].get<int64_t>(), peak + above);
+      }
+    }
   }
+}
+
+// At min only the host budget is left to break: the error says so (it was
+// an empty line).
+TEST(CliTest, AHostBudgetBrokenAtMinIsNamed) {
+  Result r = Pebble("plan --model transformer:layers=1,seq=8,dim=16,heads=2,vocab=20 "
+                    "--optimizer adam:state=host --budget min --host-budget 1KiB");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_THAT(r.err, HasSubstr("pebble: the plan does not fit: host peak "));
+  EXPECT_THAT(r.err, HasSubstr("exceeds the host budget of 1.00 KiB"));
 }
 
 TEST(CliTest, RanksPlanTheGradientsAllReduces) {

@@ -135,6 +135,9 @@ TEST(HomeTierTest, RejectsEveryBrokenRule) {
        "persistent 'm' (home: host) has no current host copy at the end"},
       {"host home left on the device", without(good, {kF, "m"}),
        "persistent 'm' (home: host) is still resident on the device at the end"},
+      {"host home left on the device through its update", without(good, {kF, "m1"}),
+       "persistent 'm' (home: host) is still resident on the device at the end through its "
+       "view 'm1'"},
       {"device home left on the host", with(with(good, 15, {kO, "w"}), 16, {kF, "w"}),
        "persistent 'w' (home: device) is not resident at the end"},
       {"update never ran", without(without(good, {kC, "w1"}), {kF, "w1"}),

@@ -39,8 +39,10 @@ TEST(OptimizerTest, ParsesNamesSettingsAndRefusesBadOnes) {
   const std::pair<const char*, const char*> bad[] = {
       {"adma", "unknown optimizer 'adma' (expected sgd, adam or adamw; did you mean adam?)"},
       {"sgd:betas=1", "optimizer sgd: unknown parameter 'betas' (sgd takes lr, momentum"},
-      {"adam:lr=fast", "optimizer adam: lr='fast' is not a finite number"},
-      {"adam:lr=inf", "is not a finite number"},
+      {"adam:lr=fast", "optimizer adam: lr='fast' is not a decimal number"},
+      {"adam:lr=inf", "is not a decimal number"},
+      {"sgd:lr=0x10", "optimizer sgd: lr='0x10' is not a decimal number"},
+      {"sgd:lr=1,momentum=0x0.8p0", "momentum='0x0.8p0' is not a decimal number"},
       {"sgd:lr=0", "lr=0 is out of range (above 0)"},
       {"sgd:momentum=1", "momentum=1 is out of range (in [0, 1))"},
       {"adam:weight_decay=-1", "weight_decay=-1 is out of range (0 or more)"},

@@ -331,6 +331,7 @@ TEST(ReliabilityCliTest, EveryMalformedValueIsACommandLineError) {
       {"plan" + m + " --budget 0.5B", "'0.5B'"},
       {"compare" + m + " --budgets 100%,abc", "'abc'"},
       {"compare" + m + " --budgets ,", "no budget"},
+      {"compare" + m + " --budgets 80%,,", "an empty budget between its commas"},
       {"compare" + m + " --policies baseline,nope", "'nope'"},
       {"compare" + m + " --bandwidth abc", "'abc'"},
       {"run --model conv3d:n=8 --budget abc", "'abc'"},
