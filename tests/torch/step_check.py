@@ -283,6 +283,41 @@ def check_other_shapes(failures, device):
     print("other shapes: planned again and cached", flush=True)
 
 
+def check_other_layouts(failures, device):
+    """An input of the same shape in another layout (transposed, expanded,
+    channels-last) is another signature, with a capture of its own: one
+    capture for all gave a wrong loss on a channels-last image (its flatten
+    read in the captured layout), and measured a peak above the predicted one
+    (PyTorch's kernels make other temporaries for another layout)."""
+    torch.manual_seed(SEED)
+    conv = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.ReLU(),
+                               torch.nn.Flatten(), torch.nn.Linear(8 * 8 * 8, 4)).to(device)
+    mlp = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(),
+                              torch.nn.Linear(32, 4)).to(device)
+    image = torch.randn(2, 3, 8, 8, device=device)
+    rows = torch.randn(8, 16, device=device)
+    cases = (("channels-last", conv, image, (image.to(memory_format=torch.channels_last),)),
+             ("transposed and expanded", mlp, rows,
+              (torch.randn(16, 8, device=device).t(), rows[:1].expand(8, 16))))
+    for label, model, first, others in cases:
+        target = torch.arange(first.shape[0], device=device) % 4
+        eager_model = copy.deepcopy(model)
+        step = pt.train_step(model, torch.nn.functional.cross_entropy, first, target,
+                             measure="always")
+        for k, x in enumerate((first,) + others + (first,)):
+            for m in (model, eager_model):
+                m.zero_grad(set_to_none=True)
+            loss = step(x, target)
+            eager = torch.nn.functional.cross_entropy(eager_model(x), target)
+            failures.check(relative_error(loss, eager.detach()) <= TOLERANCE,
+                           f"{label} input {k}: loss {loss.item()} vs eager {eager.item()}")
+            check_memory(failures, f"{label} input {k}", step.report)
+        want = 1 + len(others)
+        failures.check(step.report["shapes_planned"] == want,
+                       f"{label}: {step.report['shapes_planned']} captures, not {want}")
+    print("other layouts: captured apart, measured as predicted", flush=True)
+
+
 def check_savings(failures, device, names):
     """At `min`, a recomputing plan holds at least 40% less than eager's step
     beyond the gradients it makes (sizes where activations dominate), as the
@@ -670,6 +705,18 @@ def check_errors(failures, device):
     except ValueError as e:
         failures.check("parameter '0.weight' became trainable" in str(e),
                        f"the unfrozen layer's error names it: {e}")
+    # A gradient hook on a parameter would not run in the step's graph:
+    # refused, naming it, and the step runs once the hook is removed.
+    model[0].requires_grad_(False)
+    hook = model[1].weight.register_hook(lambda g: g.clamp(-1e-3, 1e-3))
+    try:
+        step(x, y)
+        failures.check(False, "a parameter's gradient hook was ignored")
+    except ValueError as e:
+        failures.check("parameter '1.weight' has a gradient hook" in str(e),
+                       f"the hook's error names the parameter: {e}")
+    hook.remove()
+    step(x, y)
 
 
 def check_small_storages_exact(failures, device):
@@ -866,6 +913,7 @@ def main():
         check_one_pass_capture(failures, device)
         check_calibration_under_plan(failures, device)
         check_other_shapes(failures, device)
+        check_other_layouts(failures, device)
         check_eval_mode(failures, device)
         check_names_like_calls(failures, device)
         check_accumulation(failures, device)

@@ -426,7 +426,13 @@ class TrainStep:
     # --- variants: one capture and plan per shapes -----------------------------
 
     def _signature(self, inputs, target):
-        tensors = tuple((tuple(t.shape), t.dtype, t.device) for t in inputs + (target,))
+        # The layout too: a capture's views read its inputs' strides (a
+        # channels-last image flattened in the contiguous order is another
+        # tensor), and kernels given a strided, expanded or channels-last input
+        # make other temporaries (strides of dims of size 1 say nothing).
+        tensors = tuple((tuple(t.shape), t.dtype, t.device,
+                         tuple(0 if n <= 1 else st for n, st in zip(t.shape, t.stride())))
+                        for t in inputs + (target,))
         accumulate = frozenset(name for name, p in self.model.named_parameters()
                                if p.requires_grad and p.grad is not None)
         trainable = frozenset(name for name, p in self.model.named_parameters()
@@ -478,7 +484,7 @@ class TrainStep:
                 raise ValueError(f"an input is on {t.device}; the module is on {self.device}")
         if self.process_group is None:
             self._check_trainable()
-            refusal = self._state_refusal()
+            refusal = self._hook_refusal() or self._state_refusal()
             if refusal is not None:
                 raise refusal
             variant = self._variant_for(inputs, target)
@@ -490,7 +496,9 @@ class TrainStep:
             # that fails.
             check_same_call((self._signature(inputs, target),
                              _optimizer_settings(self.updates and self.updates.optimizer)),
-                            self.process_group, self._shared_refusal() or self._state_refusal())
+                            self.process_group,
+                            self._shared_refusal() or self._hook_refusal() or
+                            self._state_refusal())
             self._check_trainable()  # (every rank alike: the signature holds them)
             variant = self._variant_for(inputs, target)
             try:
@@ -519,6 +527,20 @@ class TrainStep:
             self._take_state_shapes()
         except OptimizerError as e:
             return e
+        return None
+
+    def _hook_refusal(self):
+        """A ValueError naming a trainable parameter with a gradient hook, or
+        None: the step differentiates its own graph, where a hook on the
+        parameter (register_hook, or 2.x's post-accumulate hook) would not
+        run, and the gradients would silently differ from eager's."""
+        for name, p in self.model.named_parameters():
+            if p.requires_grad and (p._backward_hooks or
+                                    getattr(p, "_post_accumulate_grad_hooks", None)):
+                return ValueError(
+                    f"parameter '{name}' has a gradient hook (register_hook): the step "
+                    "computes gradients in its own graph, where the hook would not run; "
+                    "remove it (its handle's remove()) to train with this step")
         return None
 
     def _in_step(self):
