@@ -315,6 +315,15 @@ def check_other_layouts(failures, device):
         want = 1 + len(others)
         failures.check(step.report["shapes_planned"] == want,
                        f"{label}: {step.report['shapes_planned']} captures, not {want}")
+    # A channels-last module gave a wrong loss: refused, naming the weight.
+    conv.to(memory_format=torch.channels_last)
+    try:
+        step = pt.train_step(conv, torch.nn.functional.cross_entropy, image,
+                             torch.tensor([0, 1], device=device))
+        failures.check(False, "a channels-last module was accepted")
+    except ValueError as e:
+        failures.check("parameter '0.weight' is not contiguous" in str(e),
+                       f"the channels-last module's error names its weight: {e}")
     print("other layouts: captured apart, measured as predicted", flush=True)
 
 

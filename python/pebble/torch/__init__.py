@@ -426,13 +426,15 @@ class TrainStep:
     # --- variants: one capture and plan per shapes -----------------------------
 
     def _signature(self, inputs, target):
-        # The layout too: a capture's views read its inputs' strides (a
+        # The layouts too, the inputs' and the parameters' (a sharded step
+        # gathers its own): a capture's views read their strides (a
         # channels-last image flattened in the contiguous order is another
-        # tensor), and kernels given a strided, expanded or channels-last input
-        # make other temporaries (strides of dims of size 1 say nothing).
-        tensors = tuple((tuple(t.shape), t.dtype, t.device,
-                         tuple(0 if n <= 1 else st for n, st in zip(t.shape, t.stride())))
+        # tensor), and kernels given a strided, expanded or channels-last
+        # tensor make other temporaries.
+        tensors = tuple((tuple(t.shape), t.dtype, t.device, _layout(t))
                         for t in inputs + (target,))
+        if self.shards is None:
+            tensors += tuple(_layout(p) for p in self.model.parameters())
         accumulate = frozenset(name for name, p in self.model.named_parameters()
                                if p.requires_grad and p.grad is not None)
         trainable = frozenset(name for name, p in self.model.named_parameters()
@@ -445,6 +447,7 @@ class TrainStep:
         if variant is None:
             capture = self._captures.get(key)
             if capture is None:
+                _check_parameter_layouts(self.model)
                 self._parameters_on_device()
                 capture = self._captures[key] = _Capture(self, inputs, target, key)
             variant = self._variants[key] = _Variant(self, capture)
@@ -1316,6 +1319,24 @@ def _as_tuple(inputs, what):
             all(isinstance(t, torch.Tensor) for t in inputs):
         return tuple(inputs)
     raise TypeError(f"{what} must be a tensor or a tuple of tensors")
+
+
+def _check_parameter_layouts(model):
+    """ValueError naming a convolution-shaped (4-D or 5-D) parameter that is
+    not contiguous (a module made channels-last): the step computed a wrong
+    loss from such weights, so they are refused until that is fixed."""
+    for name, p in model.named_parameters():
+        if p.dim() in (4, 5) and not p.is_contiguous():
+            raise ValueError(
+                f"parameter '{name}' is not contiguous (a channels-last module?): this step "
+                "takes 4-D and 5-D parameters in the contiguous layout only; make the module "
+                "contiguous (module.to(memory_format=torch.contiguous_format)) or give "
+                "channels-last inputs instead")
+
+
+def _layout(t):
+    """A tensor's strides, but of dims of size 1 (which say nothing)."""
+    return tuple(0 if n <= 1 else st for n, st in zip(t.shape, t.stride()))
 
 
 def _check_tensor_arg(t, what):
