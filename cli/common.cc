@@ -508,19 +508,32 @@ CLI::Validator FitBudgetValue() {
       "SIZE");
 }
 
+namespace {
+
+// The items of a comma-separated list, stripped: refused where it names
+// none, or where an item between its commas is empty ("80%,,").
+absl::StatusOr<std::vector<std::string>> ListItems(const std::string& text,
+                                                   absl::string_view item) {
+  std::vector<std::string> items;
+  for (absl::string_view part : absl::StrSplit(text, ',')) {
+    items.emplace_back(absl::StripAsciiWhitespace(part));
+  }
+  if (std::all_of(items.begin(), items.end(), [](const std::string& i) { return i.empty(); })) {
+    return absl::InvalidArgumentError(absl::StrCat(Quote(text), " names no ", item));
+  }
+  if (std::any_of(items.begin(), items.end(), [](const std::string& i) { return i.empty(); })) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(Quote(text), " has an empty ", item, " between its commas"));
+  }
+  return items;
+}
+
+}  // namespace
+
 CLI::Validator BudgetList() {
   return StatusValidator(
       [](const std::string& t) -> absl::Status {
-        const std::vector<std::string> budgets = absl::StrSplit(t, ',', absl::SkipWhitespace());
-        if (budgets.empty()) {
-          return absl::InvalidArgumentError(absl::StrCat(Quote(t), " names no budget"));
-        }
-        for (absl::string_view b : absl::StrSplit(t, ',')) {
-          if (absl::StripAsciiWhitespace(b).empty()) {
-            return absl::InvalidArgumentError(
-                absl::StrCat(Quote(t), " has an empty budget between its commas"));
-          }
-        }
+        ASSIGN_OR_RETURN(const std::vector<std::string> budgets, ListItems(t, "budget"));
         for (const std::string& b : budgets) {
           RETURN_IF_ERROR(CheckBudgetHasUnit(b, /*percent_allowed=*/true));
           RETURN_IF_ERROR(ParseBudget(b).status());
@@ -548,13 +561,8 @@ CLI::Validator PolicyList() {
   return StatusValidator(
       [](const std::string& t) -> absl::Status {
         if (t == "all") return absl::OkStatus();
-        const std::vector<std::string> names = absl::StrSplit(t, ',', absl::SkipWhitespace());
-        if (names.empty()) {
-          return absl::InvalidArgumentError(absl::StrCat(Quote(t), " names no policy"));
-        }
-        for (const std::string& name : names) {
-          RETURN_IF_ERROR(CheckPolicyName(absl::StripAsciiWhitespace(name)));
-        }
+        ASSIGN_OR_RETURN(const std::vector<std::string> names, ListItems(t, "policy"));
+        for (const std::string& name : names) RETURN_IF_ERROR(CheckPolicyName(name));
         return absl::OkStatus();
       },
       "P1,P2,...");

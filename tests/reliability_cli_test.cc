@@ -332,6 +332,8 @@ TEST(ReliabilityCliTest, EveryMalformedValueIsACommandLineError) {
       {"compare" + m + " --budgets 100%,abc", "'abc'"},
       {"compare" + m + " --budgets ,", "no budget"},
       {"compare" + m + " --budgets 80%,,", "an empty budget between its commas"},
+      {"compare" + m + " --policies rotor,,sqrtn", "an empty policy between its commas"},
+      {"fit --model conv3d --vary n --budget 1GiB --policies ,rotor", "an empty policy"},
       {"compare" + m + " --policies baseline,nope", "'nope'"},
       {"compare" + m + " --bandwidth abc", "'abc'"},
       {"run --model conv3d:n=8 --budget abc", "'abc'"},
