@@ -36,7 +36,7 @@ from ._distributed import (GradientAverage, StepCollectives, agreed, broadcast_m
                            check_same_graph, check_same_setup, is_rank_0, measure_link,
                            optimizer_state_layout, out_of_step, plan_of_rank_0,
                            same_on_every_rank)
-from ._executor import FREE, PlanExecutionError, Program, draws_in_eager_order
+from ._executor import COMPUTE, FREE, PlanExecutionError, Program, draws_in_eager_order
 from ._graph import StepGraph
 from ._memory import AllocatorPeak, TensorMemory, allocated_where_profiled, measure, tensor_bytes
 from ._optimizer import OptimizerError, Updates, state_dict_on_cpu
@@ -845,18 +845,27 @@ class _Variant:
         """The peak bytes of the plan as the program runs it: the
         simulator's, on the graph without the workspace of the nodes that the
         program always keeps from a sibling's call (Note [A call of several
-        outputs run once] in _executor.py)."""
-        if not self.program.kept_only:
+        outputs run once] in _executor.py), and with that of a random call
+        run again as the program holds it (Program.workspace: Note
+        [Randomness as eager has it])."""
+        program = self.program
+        if not program.kept_only and not program.rng_state_bytes:
             return self.plan.report["peak_bytes"]
-        if len(self.program.steps) != len(self.plan.schedule):
+        if len(program.steps) != len(self.plan.schedule):
             raise PlanExecutionError("internal: the program's steps are not the plan's")
-        kept = {self.plan.schedule[i][1] for i in self.program.fused_steps}
+        kept = {self.plan.schedule[i][1] for i in program.fused_steps}
+        # plan id -> the workspace the program holds at its computes
+        rerun = {self.plan.schedule[i][1]: program.workspace(node)
+                 for i, (kind, node) in enumerate(program.steps)
+                 if kind == COMPUTE and node.random and node.fx in program.rerun_calls}
         simulation = self.budget_info["simulation"]
         graph = self.graph if simulation["tokens"] else self._whole_step(self.capture.free_graph)
         document = json.loads(graph.to_json())
         for node in document["nodes"]:
             if node["id"] in kept:
                 node.pop("workspace", None)
+            elif node["id"] in rerun:
+                node["workspace"] = rerun[node["id"]]
         run = _core.simulate(_core.from_json(json.dumps(document)), self.plan.schedule,
                              **simulation["options"])
         return run["peak_bytes"]
@@ -975,6 +984,8 @@ class _Variant:
             # Held before the step, where the plan holds it.
             # (the shapes as the call's _state_refusal left them)
             self.updates.ensure_state(self.placement, like=self.shards and self.shards.shards)
+            if measured and self.device.type == "cpu":
+                self.updates.reallocate_offloaded_state()
         # The plan fixed every tensor's dtype: autocast stays off inside the step.
         with torch.no_grad(), torch.autocast(self.device.type, enabled=False):
             if measured:

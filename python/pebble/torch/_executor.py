@@ -37,7 +37,13 @@ later run runs from that state and puts the generator back afterwards, as
 torch.utils.checkpoint does with preserve_rng_state. The states are kept as
 Python bytes (_rng_state): a CPU generator's state is a 5056-byte tensor,
 which the CPU device's allocator would count beyond the plan while kept;
-its copy is freed before the call runs.
+its copy is freed before the call runs. Taking it allocates that tensor
+for a moment all the same (PyTorch has no other way to read the state),
+before each run of such a call: on the CPU device the program holds it as
+the call's workspace, above the node's output (Program.workspace), and
+the step's prediction is the simulator's with that workspace (TrainStep's
+predicted_peak_bytes). A CUDA generator's state is a CPU tensor, which the
+device does not hold.
 
 Note [A call of several outputs run once]: the plan computes each output
 of such a call (a batch norm's output and statistics) as a step of its own,
@@ -187,6 +193,9 @@ class Program:
             if kind == COMPUTE and node.random and i not in self.fused_steps:
                 runs[node.fx] = runs.get(node.fx, 0) + 1
         self.rerun_calls = {call for call, count in runs.items() if count > 1}
+        # The device memory that taking a generator's state holds for a moment.
+        self.rng_state_bytes = torch.get_rng_state().numel() \
+            if device.type == "cpu" and self.rerun_calls else 0
         self._check_reductions()
         # call_hook(node, run) -> run(): wraps each call (calibration measures it).
         self.call_hook = None
@@ -213,6 +222,17 @@ class Program:
                 self.host[node.index] = torch.empty_strided(
                     v.shape, v.stride(), dtype=v.dtype, device="cpu",
                     pin_memory=device.type == "cuda")
+
+    def workspace(self, node):
+        """The workspace a compute of `node` holds as the program runs it:
+        none for a kept sibling (Note [A call of several outputs run once]),
+        and for a random call run again at least the generator's state above
+        the node's output (Note [Randomness as eager has it])."""
+        if node.id in self.kept_only:
+            return 0
+        if node.random and node.fx in self.rerun_calls:
+            return max(node.workspace_bytes, self.rng_state_bytes - node.nbytes)
+        return node.workspace_bytes
 
     def _bucket_member(self, bucket, node):
         """Notes the all_reduce step about to be appended as one of bucket
@@ -617,7 +637,7 @@ class _RunState:
         self.live[node.index] = out
         base = self.graph.nodes[node.alias_of] if node.alias_of is not None else None
         self._count(out, base.nbytes if base is not None else node.nbytes)
-        workspace = 0 if node.id in self.program.kept_only else node.workspace_bytes
+        workspace = self.program.workspace(node)
         self.result.counted_peak_bytes = max(self.result.counted_peak_bytes,
                                              self.resident + workspace)
         self.result.computes += 1

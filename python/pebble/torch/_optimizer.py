@@ -19,7 +19,11 @@ prefetch or an update on the host. opt.state holds those on the host
 between steps. A device update streams them (Note [Updates last] in
 scheduler/updates_last.cc): a device copy made where the plan prefetches
 it, updated in place, copied back where the plan offloads it and dropped
-where it frees it.
+where it frees it. A state tensor whose home is the device may be streamed
+through the host for an update there (the plan offloads and frees it, and
+fetches it back): it is copied into a host buffer made before the step,
+opt.state holds that buffer while the device copy is freed, and the fetched
+copy once the plan fetches it back.
 
 With optimizer_updates="host" every update runs on the host, ZeRO-Offload's
 rule, and with "auto" the plan chooses per parameter (Note [Updates on the
@@ -42,7 +46,7 @@ import torch
 
 from .. import _core
 from ._compat import storage_bytes
-from ._memory import round_up
+from ._memory import allocated_where_profiled, round_up
 
 
 class OptimizerError(ValueError):
@@ -63,6 +67,8 @@ _ITEM_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
 _OPS_OF = {"sgd": ("sgd_momentum", "sgd_update"),
            "adam": ("adam_exp_avg", "adam_exp_avg_sq", "adam_update"),
            "adamw": ("adam_exp_avg", "adam_exp_avg_sq", "adam_update")}
+# The update ops whose rule (_update) takes a held scalar as an operand.
+_SCALAR_OPERAND = ("sgd_momentum", "adam_exp_avg", "adam_exp_avg_sq", "adam_update")
 _TENSORS_MOVED = {"sgd_momentum": 4, "sgd_update": 3, "adam_exp_avg": 4,
                   "adam_exp_avg_sq": 4, "adam_update": 4}
 
@@ -121,13 +127,19 @@ class Updates:
         self.workspace_bytes = {}
         self.state_bytes = {}
         self.on_device = {}  # streamed state node id -> its device copy, during a run
+        # State node id -> its host buffer, for the state whose home is the
+        # device that the plan offloads (ensure_state).
+        self._host_copies = {}
         self._offloaded = False
         self._host_scratch = {}  # dtype -> flat host buffer for host updates' temporaries
         # Note [Scalars without allocations]: a Python number as an operand
         # (x.mul_(0.9)) makes a small CPU tensor on each call, outside the
         # plan (the CPU device's profiler counts it); a held CPU 0-dim tensor,
         # filled in place, takes the same path through ATen (a CPU scalar,
-        # read in the operation's precision) without one.
+        # read in the operation's precision) without one. On the CPU device a
+        # tensor of another dtype (bfloat16) has the scalar cast to its dtype
+        # all the same (the kernel reads the float32 value), a 0-dim tensor
+        # that the update's workspace holds (_scalar_cast_bytes).
         self._scalar = torch.zeros(())
         self._one = torch.ones(())  # Adam's step count is a CPU tensor
         in_optimizer = {id(p) for group in optimizer.param_groups for p in group["params"]}
@@ -242,10 +254,25 @@ class Updates:
                 self.state_bytes[node["id"]] = node["bytes"]
                 if node.get("home") != "host":
                     self.planned_state_bytes += node["bytes"]
-            if node.get("op") in _UPDATE_OPS and _temporary(node["op"], self.settings):
-                node["workspace"] = round_up(node["bytes"], round_to)
-                self.workspace_bytes[node["id"]] = node["workspace"]
+            if node.get("op") in _UPDATE_OPS:
+                workspace = (round_up(node["bytes"], round_to)
+                             if _temporary(node["op"], self.settings) else 0)
+                workspace += self._scalar_cast_bytes(node)
+                if workspace:
+                    node["workspace"] = self.workspace_bytes[node["id"]] = workspace
         return _core.from_json(json.dumps(doc))
+
+    def _scalar_cast_bytes(self, node):
+        """The bytes of the update node's cast of a held scalar (Note [Scalars
+        without allocations]): one element of its dtype where the rule
+        (_update) takes a scalar operand and the step's device is the CPU,
+        whose operators cast a CPU scalar of another dtype (a GPU's read it
+        as it is)."""
+        dtype = node.get("dtype")
+        if dtype is None or dtype == "fp32" or node["op"] not in _SCALAR_OPERAND or \
+                self.device is None or self.device.type != "cpu":
+            return 0
+        return _ITEM_BYTES[dtype]
 
     def measure_host_rate(self, repeat=3):
         """Measures host_bytes_per_s: the bytes per second this machine's CPU
@@ -327,9 +354,14 @@ class Updates:
         is the copy of g that torch.optim makes. The host updates' scratch
         buffer is made here too, outside the step. `like`: parameter name ->
         the tensor its state is shaped as where that is not the parameter
-        (its shard, in a sharded step), as take_state_shapes left it."""
+        (its shard, in a sharded step), as take_state_shapes left it. A
+        parameter that the plan does not update (the loss does not reach it:
+        no gradient) gets none, as torch.optim skips a parameter without a
+        .grad."""
         state = self.optimizer.state
         for name, p in self.params.items():
+            if name not in placement.updated_parameters:
+                continue
             s = state[p]
             template = like[name] if like is not None and name in like else p
             if self.kind != "sgd" and "step" not in s:
@@ -342,6 +374,17 @@ class Updates:
                 # (the step's device, not p's nor the template's: a parameter or a
                 # shard may live on the host)
                 s[key] = self._at_home(s[key], self.step_device(p), on_host)
+        copies = {}  # (made here, outside the step, as the program's host buffers are)
+        for node_id in placement.offloaded_device_state:
+            key, name = node_id.split(":", 1)
+            t = state[self.params[name]][key]
+            held = self._host_copies.get(node_id)
+            if held is None or held.shape != t.shape or held.dtype != t.dtype:
+                held = torch.empty_like(t, device="cpu",
+                                        pin_memory=self.step_device(self.params[name]).type ==
+                                        "cuda")
+            copies[node_id] = held
+        self._host_copies = copies
         scratch_numel = {}  # dtype -> the largest tensor a host update of that dtype takes
         for name in placement.scratch_parameters:
             t = like[name] if like is not None and name in like else self.params[name]
@@ -350,6 +393,15 @@ class Updates:
             held = self._host_scratch.get(dtype)
             if held is None or held.numel() < numel:
                 self._host_scratch[dtype] = torch.empty(numel, dtype=dtype)
+
+    def reallocate_offloaded_state(self):
+        """The state whose home is the device that the plan offloads (and
+        frees), each in a copy made where the CPU profiler sees it
+        (allocated_where_profiled), so that it measures their frees."""
+        entries = [(self.optimizer.state[self.params[name]], key) for key, name in
+                   (node_id.split(":", 1) for node_id in self._host_copies)]
+        for (s, key), fresh in zip(entries, allocated_where_profiled([s[k] for s, k in entries])):
+            s[key] = fresh
 
     def step_device(self, p):
         """The device the step runs on (TrainStep sets it: a parameter may live
@@ -399,8 +451,14 @@ class Updates:
     def abort(self):
         """After a failed run: the streamed state's device copies are dropped
         (opt.state keeps its host tensors, as the last completed copy left
-        them)."""
+        them); the state whose home is the device, freed there, gets a device
+        copy of its host buffer, the last copy the run made."""
         self.on_device = {}
+        for node_id, buffer in self._host_copies.items():
+            key, name = node_id.split(":", 1)
+            s = self.optimizer.state[self.params[name]]
+            if s.get(key) is buffer:
+                s[key] = buffer.to(self._device_of(node_id), copy=True)
 
     def finish(self, run):
         """After the run's last step."""
@@ -416,6 +474,25 @@ class Updates:
         """A streamed state tensor's prefetch, offload or free, counted in `run`."""
         nbytes = self.state_bytes[node_id]
         host = self._host_state(node_id)  # None: Adam's step count (below)
+        buffer = self._host_copies.get(node_id)
+        if buffer is not None:  # its home the device: opt.state's tensor moves
+            key, name = node_id.split(":", 1)
+            s = self.optimizer.state[self.params[name]]
+            if action == "prefetch":
+                device = self._device_of(node_id)
+                s[key] = buffer.clone() if device.type == "cpu" else \
+                    buffer.to(device, non_blocking=True)
+                run.hold(nbytes)
+                run.result.transfer_bytes += nbytes
+            elif action == "offload":
+                buffer.copy_(s[key])  # (blocking: an update on the host reads it next)
+                run.result.transfer_bytes += nbytes
+            elif action == "free":  # the device copy released; a host update finds the buffer
+                s[key] = buffer
+                run.hold(-nbytes)
+            else:
+                raise RuntimeError(f"internal: the plan {action}s the state '{node_id}'")
+            return
         if action == "prefetch":
             copy = None  # Adam's step count: nothing to copy
             if host is not None:
@@ -511,12 +588,22 @@ class Placement:
                                      updates.state_bytes)
         self.streamed = frozenset(n for action, n, *_ in schedule
                                   if action == "prefetch" and n in updates.state_bytes)
+        # The state whose home is the device that the plan offloads (for an
+        # update on the host): Updates keeps a host buffer of each.
+        self.offloaded_device_state = frozenset(
+            n for action, n, *_ in schedule if action == "offload" and ":" in n and
+            n in updates.state_bytes and n not in self.host_state)
         self.state_bytes = updates.state_bytes
         self.resident_state_bytes = sum(b for n, b in updates.state_bytes.items()
                                         if n not in self.host_state)
         self.host_parameters = sorted({_parameter_of(n) for n in self.host_updates
                                        if updates.ops[n] != "optimizer_step"})
-        self.device_parameters = sorted(set(updates.params) - set(self.host_parameters))
+        # The parameters the plan updates: those the step computes a gradient of.
+        self.updated_parameters = frozenset(
+            _parameter_of(n) for action, n, *_ in schedule
+            if action in ("compute", "host_compute") and updates.owns(n) and
+            updates.ops[n] not in ("optimizer_step", "optimizer_state"))
+        self.device_parameters = sorted(self.updated_parameters - set(self.host_parameters))
         # The parameters whose host updates take a temporary (the host
         # scratch holds the largest of a dtype: Updates.ensure_state).
         self.scratch_parameters = sorted({
