@@ -447,7 +447,6 @@ class TrainStep:
         if variant is None:
             capture = self._captures.get(key)
             if capture is None:
-                _check_parameter_layouts(self.model)
                 self._parameters_on_device()
                 capture = self._captures[key] = _Capture(self, inputs, target, key)
             variant = self._variants[key] = _Variant(self, capture)
@@ -1330,19 +1329,6 @@ def _as_tuple(inputs, what):
             all(isinstance(t, torch.Tensor) for t in inputs):
         return tuple(inputs)
     raise TypeError(f"{what} must be a tensor or a tuple of tensors")
-
-
-def _check_parameter_layouts(model):
-    """ValueError naming a convolution-shaped (4-D or 5-D) parameter that is
-    not contiguous (a module made channels-last): the step computed a wrong
-    loss from such weights, so they are refused until that is fixed."""
-    for name, p in model.named_parameters():
-        if p.dim() in (4, 5) and not p.is_contiguous():
-            raise ValueError(
-                f"parameter '{name}' is not contiguous (a channels-last module?): this step "
-                "takes 4-D and 5-D parameters in the contiguous layout only; make the module "
-                "contiguous (module.to(memory_format=torch.contiguous_format)) or give "
-                "channels-last inputs instead")
 
 
 def _layout(t):

@@ -221,6 +221,12 @@ def trace(model, loss_fn, inputs, target, device, mode=None, one_pass=True, stan
         else:
             flat.append(target)
     modes = [mode] if mode else ["fake", "real"]
+    if mode is None and any(s.kind == "parameter" and t.dim() in (4, 5) and
+                            not t.is_contiguous() for s, t in zip(slots, flat)):
+        # PyTorch 1.13's fake convolution lays its output out by the input
+        # alone, a real one by the weight too (a channels-last weight makes
+        # a channels-last output): the trace's views must see the real one.
+        modes = ["real"]
     fake_mode = None
     if stand_ins:
         fake_mode, flat = _with_stand_ins(slots, flat, stand_ins, device)
