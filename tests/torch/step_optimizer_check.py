@@ -30,8 +30,9 @@ pebble.torch.train_step(..., optimizer=opt). Checks after every step:
   holds (STREAMED; streamed_parameters()).
 
 And that an optimizer pebble cannot plan (Nesterov momentum, a parameter
-left out, another optimizer class) is refused with OptimizerError naming why,
-while a frozen parameter in the optimizer is skipped, as torch.optim skips it.
+left out, another optimizer class, float64 parameters, a .grad on a parameter
+the loss does not reach) is refused with OptimizerError naming why, while a
+frozen parameter in the optimizer is skipped, as torch.optim skips it.
 Exit 0 on success, 1 on a mismatch, 77 without torch or (cuda) without a GPU.
 """
 
@@ -483,6 +484,34 @@ def refusals(torch, pt, device):
     moved = [not torch.equal(a, p.detach()) for a, p in zip(before, frozen.parameters())]
     if moved != [False, True, True, True]:
         failures.append(f"with a frozen first weight, the parameters moved: {moved}")
+    # A .grad on a parameter the loss does not reach: eager's step() would
+    # apply it, the plan has no update for it, so the call is refused (and
+    # the step trains once it is cleared).
+    unused_model, _ = models(torch)["unused"]
+    unused = unused_model().to(device)
+    xu = torch.randn(3, 32, device=device)
+    yu = torch.randint(0, 10, (3,), device=device)
+    step = pt.train_step(unused, torch.nn.functional.cross_entropy, (xu,), yu,
+                         optimizer=torch.optim.SGD(unused.parameters(), lr=0.1))
+    step(xu, yu)
+    unused.spare.weight.grad = torch.ones_like(unused.spare.weight)
+    try:
+        step(xu, yu)
+        failures.append("a .grad on a parameter the loss does not reach was not refused")
+    except pt.OptimizerError as e:
+        if "'spare.weight' has a .grad, but the loss does not reach it" not in str(e):
+            failures.append(f"a .grad on an unreached parameter: refused with '{e}'")
+    unused.spare.weight.grad = None
+    step(xu, yu)
+    # float64 trains without an optimizer; its update is refused, naming it.
+    double = copy.deepcopy(model).double()
+    try:
+        pt.train_step(double, torch.nn.functional.cross_entropy, (x.double(),), y,
+                      optimizer=torch.optim.SGD(double.parameters(), lr=0.1))
+        failures.append("a float64 parameter's update was not refused")
+    except pt.OptimizerError as e:
+        if "'0.weight' is float64" not in str(e):
+            failures.append(f"a float64 parameter's update: refused with '{e}'")
     try:
         pt.train_step(model, torch.nn.functional.cross_entropy, (x,), y).\
             full_optimizer_state_dict()

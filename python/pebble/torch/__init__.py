@@ -490,6 +490,9 @@ class TrainStep:
             if refusal is not None:
                 raise refusal
             variant = self._variant_for(inputs, target)
+            refusal = self._unreached_grad_refusal(variant)
+            if refusal is not None:
+                raise refusal
             loss = variant.run(inputs, target)
         else:  # Note [One plan on every rank]
             # Each of these fails on every rank alike, which leaves the ranks
@@ -500,7 +503,9 @@ class TrainStep:
                              _optimizer_settings(self.updates and self.updates.optimizer)),
                             self.process_group,
                             self._shared_refusal() or self._hook_refusal() or
-                            self._state_refusal())
+                            self._state_refusal() or self._unreached_grad_refusal(
+                                self._variants.get(self._signature(inputs, target),
+                                                   self._variant)))
             self._check_trainable()  # (every rank alike: the signature holds them)
             variant = self._variant_for(inputs, target)
             try:
@@ -543,6 +548,23 @@ class TrainStep:
                     f"parameter '{name}' has a gradient hook (register_hook): the step "
                     "computes gradients in its own graph, where the hook would not run; "
                     "remove it (its handle's remove()) to train with this step")
+        return None
+
+    def _unreached_grad_refusal(self, variant):
+        """An OptimizerError naming a trainable parameter that the loss does
+        not reach in `variant`'s plan but that holds a .grad (set by hand, or
+        left by eager training), or None: the plan has no update for it,
+        where eager's step() would apply that .grad. On several ranks the
+        variant is the one these shapes had, else the last run's (the reach
+        does not depend on the shapes); None checks nothing."""
+        if self.updates is None or variant is None or variant.placement is None:
+            return None
+        for name, p in self.updates.params.items():
+            if p.grad is not None and name not in variant.placement.updated_parameters:
+                return OptimizerError(
+                    f"parameter '{name}' has a .grad, but the loss does not reach it: the "
+                    "step's plan has no update for it, where optimizer.step() would apply "
+                    "that .grad; set its .grad to None (or freeze it) to train with this step")
         return None
 
     def _in_step(self):
