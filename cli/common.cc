@@ -560,7 +560,7 @@ CLI::Validator PolicyName() {
 CLI::Validator PolicyList() {
   return StatusValidator(
       [](const std::string& t) -> absl::Status {
-        if (t == "all") return absl::OkStatus();
+        if (absl::StripAsciiWhitespace(t) == "all") return absl::OkStatus();
         ASSIGN_OR_RETURN(const std::vector<std::string> names, ListItems(t, "policy"));
         for (const std::string& name : names) RETURN_IF_ERROR(CheckPolicyName(name));
         return absl::OkStatus();

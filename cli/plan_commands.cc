@@ -9,6 +9,7 @@
 #include <thread>
 #include <unistd.h>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -526,7 +527,7 @@ int RunCompare(const PlanFlags& f, const std::string& budgets_text,
     return Fail(absl::InvalidArgumentError(
         absl::StrCat("--budgets ", Quote(budgets_text), " names no budget")));
   }
-  if (policies_text != "all") {
+  if (absl::StripAsciiWhitespace(policies_text) != "all") {
     for (absl::string_view name : absl::StrSplit(policies_text, ',', absl::SkipWhitespace())) {
       request.policies.emplace_back(absl::StripAsciiWhitespace(name));
     }

@@ -11,6 +11,7 @@
 #include <optional>
 
 #include "absl/algorithm/container.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
@@ -134,9 +135,10 @@ int RunFit(const FitFlags& f) {
   request.jobs = f.jobs;
   request.max_value = f.max_value;
   request.cost.device_flops_per_s = f.throughput_flops_per_s;
-  if (!f.policies.empty() && f.policies != "all") {
+  const bool all_policies = absl::StripAsciiWhitespace(f.policies) == "all";
+  if (!f.policies.empty() && !all_policies) {
     request.policies = absl::StrSplit(f.policies, ',', absl::SkipWhitespace());
-  } else if (f.policies == "all") {
+  } else if (all_policies) {
     for (const PolicyInfo* p : PlannerRegistry::Global().List()) {
       request.policies.push_back(p->name);
     }

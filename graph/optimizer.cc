@@ -143,6 +143,12 @@ absl::StatusOr<OptimizerSpec> ParseOptimizer(absl::string_view text) {
       return absl::InvalidArgumentError(absl::StrCat("optimizer ", name, ": ", key, "=",
                                                      Quote(value), " is not a decimal number"));
     }
+    const absl::string_view mantissa = value.substr(0, value.find_first_of("eE"));
+    if (number == 0 && mantissa.find_first_of("123456789") != absl::string_view::npos) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "optimizer ", name, ": ", key, "=", Quote(value),
+          " is too small for a double (it would be 0)"));
+    }
     if (absl::Status s = ops_internal::CheckOptimizerValue(key, number); !s.ok()) {
       return absl::InvalidArgumentError(absl::StrCat("optimizer: ", s.message()));
     }

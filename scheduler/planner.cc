@@ -7,6 +7,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_join.h"
@@ -110,7 +111,10 @@ namespace {
 //   a plan it makes a byte below it;
 // - at a byte budget whose own plan does not fit, the plan at min (found as
 //   above, stopping once it fits) is taken where it fits: a budget at or
-//   above the policy's min is never refused.
+//   above the policy's min is never refused, but where the time limit cuts
+//   that search short (its message then says so: a larger limit may fit).
+//   The limit bounds the whole call, so a policy whose own plan takes all
+//   of it (checkmate-lp) leaves none for its least-peak plan.
 class LeastPeakDescent : public Planner {
  public:
   explicit LeastPeakDescent(std::unique_ptr<Planner> inner) : inner_(std::move(inner)) {}
@@ -129,11 +133,24 @@ class LeastPeakDescent : public Planner {
     least.budget_bytes = kMinBudgetBytes;
     least.progress = nullptr;
     least.time_limit_s = Remaining(options, start);
-    if (least.time_limit_s <= 0) return planned;
+    if (least.time_limit_s <= 0) {
+      NoteTimeLimit(planned, options.time_limit_s,
+                    "its least-peak plan (as at budget min), which may fit, was not tried");
+      return planned;
+    }
     ASSIGN_OR_RETURN(PlanResult low, inner_->Plan(graph, least));
-    if (!low.feasible) return planned;
-    ASSIGN_OR_RETURN(low, Descend(graph, least, std::move(low), options.budget_bytes, start));
-    if (low.report.peak_bytes > options.budget_bytes) return planned;
+    if (low.feasible) {
+      ASSIGN_OR_RETURN(low, Descend(graph, least, std::move(low), options.budget_bytes, start));
+    }
+    if (!low.feasible || low.report.peak_bytes > options.budget_bytes) {
+      // (The least-peak plan had what the budget's own plan left of the
+      // time limit: less than at budget min, so it may peak higher.)
+      if (!planned.message.empty()) planned.message += "; ";
+      absl::StrAppend(&planned.message, "its least-peak plan (as at budget min), made in the ",
+                      absl::StrFormat("%.3g", least.time_limit_s),
+                      " s left of the time limit, peaked at ", FormatBytes(low.report.peak_bytes));
+      return planned;
+    }
     if (!low.message.empty()) low.message += "; ";
     absl::StrAppend(&low.message, "the policy's own plan at this budget peaked at ",
                     FormatBytes(planned.report.peak_bytes), "; its least-peak plan (as at "

@@ -270,13 +270,20 @@ class Reductions {
 }  // namespace
 
 std::vector<NodeId> GradientsToReduce(const Graph& graph) {
+  // Per node, whether a collective other than an all-gather (a
+  // reduce-scatter) computes it or a value it is computed from: summed over
+  // the ranks already (a gradient scaled or cast after its reduce-scatter).
+  // An all-gather sums nothing.
+  std::vector<uint8_t> from_sum(graph.num_nodes(), 0);
+  for (NodeId v : graph.topological_order()) {
+    from_sum[v] = graph.collective(v) && graph.op(v) != "all_gather";
+    for (NodeId u : graph.unique_inputs(v)) from_sum[v] |= from_sum[u];
+  }
   std::vector<NodeId> gradients;
   for (NodeId p = 0; p < graph.num_nodes(); ++p) {
     if (!graph.persistent(p) || graph.role(p) != Role::kParameter) continue;
     const NodeId g = graph.Find(absl::StrCat("grad:", graph.id(p)));
-    // A reduce-scatter (or a view of one) is summed over the ranks already.
-    if (g != kNoNode && !graph.persistent(g) && graph.needed()[g] &&
-        !graph.collective(graph.storage(g))) {
+    if (g != kNoNode && !graph.persistent(g) && graph.needed()[g] && !from_sum[g]) {
       gradients.push_back(g);
     }
   }

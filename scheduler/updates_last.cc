@@ -358,7 +358,8 @@ class UpdateEmitter {
         last_touch_(graph.num_nodes(), -1),
         fetched_(graph.num_nodes(), 0),
         host_current_(graph.num_nodes(), 0),
-        freed_(graph.num_nodes(), 0) {
+        freed_(graph.num_nodes(), 0),
+        on_device_(graph.num_nodes(), 0) {
     // A host home starts the step with a current host copy.
     for (NodeId v = 0; v < graph.num_nodes(); ++v) {
       host_current_[v] = graph.persistent(v) && graph.home(v) == Tier::kHost;
@@ -386,6 +387,7 @@ class UpdateEmitter {
       }
     }
     schedule.steps.push_back({Action::kCompute, w});
+    on_device_[w] = 1;
     host_current_[graph_.storage(w)] = 0;  // its host copy is stale now
     for (NodeId u : graph_.unique_inputs(w)) {
       if (last_reader_[u] == k && Droppable(u)) schedule.steps.push_back({Action::kFree, u});
@@ -430,8 +432,13 @@ class UpdateEmitter {
       fetched_[own] = 3;  // back to the device after its last update
     }
     schedule.steps.push_back({Action::kHostCompute, w});
+    // Its inputs that nothing later reads leave the device: a value, or the
+    // view that a device update left of a storage (it would hold the
+    // storage there past the step's end; an update on the host leaves no
+    // view on the device).
     for (NodeId u : graph_.unique_inputs(w)) {
-      if (last_reader_[u] == k && Droppable(u) && !freed_[u] && !graph_.in_place(u)) {
+      if (last_reader_[u] == k && Droppable(u) && !freed_[u] &&
+          (!graph_.in_place(u) || on_device_[u])) {
         schedule.steps.push_back({Action::kFree, u});
         freed_[u] = 1;
       }
@@ -486,6 +493,7 @@ class UpdateEmitter {
   // yet written on the device, or offloaded here since.
   std::vector<uint8_t> host_current_;
   std::vector<uint8_t> freed_;  // freed here already
+  std::vector<uint8_t> on_device_;  // an update computed on the device here
 };
 
 // Note [Updates early]. Where the gradients are not outputs
@@ -660,15 +668,20 @@ class UpdatesLastPlanner final : public Planner {
   // streamed, and the memory they free lets it keep more. It plans at the
   // budget plus the streamed parameters' bytes, then at the budget, then
   // at its least peak; the first whole plan that fits is kept (else the
-  // last).
+  // last). Without streamed parameters, at the budget then at its least
+  // peak: the policy plans the step without its updates, and its plan at
+  // a byte budget may not fit once they are placed where its least-peak
+  // plan does (Note [The least peak of a sharded step], planner.cc), so
+  // each placement that the searches of Note [State placement] and Note
+  // [Update placement] try fits wherever its least peak does.
   absl::StatusOr<PlanResult> PlanStreamed(const Graph& graph,
                                           const PlannerOptions& options) const {
     const int64_t streamed_bytes = StreamedParameterBytes(graph);
-    if (streamed_bytes == 0 || options.budget_bytes == PlannerOptions::kMinBudget) {
+    if (options.budget_bytes == PlannerOptions::kMinBudget) {
       return PlanOnce(graph, options, streamed_bytes > 0);
     }
     std::vector<int64_t> budgets = {options.budget_bytes, PlannerOptions::kMinBudget};
-    if (options.budget_bytes <= INT64_MAX - streamed_bytes) {
+    if (streamed_bytes > 0 && options.budget_bytes <= INT64_MAX - streamed_bytes) {
       budgets.insert(budgets.begin(), options.budget_bytes + streamed_bytes);
     }
     absl::StatusOr<PlanResult> result = absl::InternalError("no plan");
@@ -677,17 +690,22 @@ class UpdatesLastPlanner final : public Planner {
       const int64_t inner_budget = budgets[i];
       PlannerOptions inner = options;
       inner.budget_bytes = inner_budget;
-      // An equal share of the time left to each plan still to make.
-      inner.time_limit_s =
-          std::max(0.01, deadline.remaining_s() / static_cast<double>(budgets.size() - i));
-      ASSIGN_OR_RETURN(PlanResult planned, PlanOnce(graph, inner, /*streams_parameters=*/true));
+      // An equal share of the time left to each plan still to make; without
+      // streamed parameters, the policy's plan at the budget has all of it
+      // (one that searches to its limit, checkmate-lp, is as at any other
+      // budget) and its least-peak plan what is left, if anything.
+      if (streamed_bytes == 0 && i > 0 && deadline.remaining_s() <= 0) break;
+      inner.time_limit_s = std::max(
+          0.01, deadline.remaining_s() /
+                    static_cast<double>(streamed_bytes > 0 ? budgets.size() - i : 1));
+      ASSIGN_OR_RETURN(PlanResult planned, PlanOnce(graph, inner, streamed_bytes > 0));
       const bool cut = TimeLimitReached(planned);
       nlohmann::json details = std::move(planned.details);
       // Judged against the caller's budget, not the one the policy had.
       ASSIGN_OR_RETURN(result, FinishPlan(graph, std::move(planned.schedule), options));
       result->details = std::move(details);
       if (cut) NoteTimeLimit(*result, inner.time_limit_s, "the policy's search");
-      if (inner_budget != options.budget_bytes) {
+      if (inner_budget != options.budget_bytes && streamed_bytes > 0) {
         result->details["parameters_streamed_inner_budget"] =
             inner_budget == PlannerOptions::kMinBudget ? nlohmann::json("min")
                                                        : nlohmann::json(inner_budget);

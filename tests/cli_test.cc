@@ -389,7 +389,8 @@ TEST(CliTest, CompareFitsOneHundredColumnsAndForecastsItsTime) {
   EXPECT_GT(Widest(wide.out), 100u);
   EXPECT_THAT(wide.out, HasSubstr("host_peak_bytes"));
   EXPECT_TRUE(wide.err.empty()) << wide.err;  // --quiet: no forecast
-  Result all = Pebble("compare --model linear:n=8 --policies all --budgets min --quiet --json");
+  // (' all ': spaces around the word, as around a list's names)
+  Result all = Pebble("compare --model linear:n=8 --policies ' all ' --budgets min --quiet --json");
   ASSERT_EQ(all.exit_code, 0) << all.err;
   std::set<std::string> policies;
   const nlohmann::json doc = ParseOrFail(all.out);

@@ -692,7 +692,9 @@ TEST(ShardingTest, ACollectiveNodeRunsOnTheNetwork) {
 
 // A hand-written sharded graph may keep a parameter whole: its gradient is
 // each rank's own, so with several ranks it is all-reduced as in data
-// parallelism, and the sharded parameter's reduce-scatter is not.
+// parallelism, and the sharded parameter's reduce-scatter is not, nor a
+// gradient computed from a reduce-scatter (grad:r, its scaled copy: it was
+// all-reduced again, adding the ranks' shards together).
 TEST(ShardingTest, AWholeParameterBesideShardedOnesIsAllReduced) {
   const std::string link =
       R"("attrs": {"ranks": 2, "network_bandwidth_bytes_per_s": 1e9, "network_latency_s": 0})";
@@ -707,15 +709,22 @@ TEST(ShardingTest, AWholeParameterBesideShardedOnesIsAllReduced) {
       {"id": "local_grad:p", "bytes": 50, "cost": 1, "inputs": ["b", "x"]},
       {"id": "grad:p", "op": "reduce_scatter", "bytes": 25, "cost": 2,
        "inputs": ["local_grad:p"], "collective": true, )", link, R"(},
-      {"id": "grad:q", "bytes": 40, "cost": 1, "inputs": ["b"]}],
-    "outputs": ["grad:p", "grad:q"]})"));
+      {"id": "grad:q", "bytes": 40, "cost": 1, "inputs": ["b"]},
+      {"id": "r", "bytes": 5, "persistent": true, "role": "parameter"},
+      {"id": "local_grad:r", "bytes": 10, "cost": 1, "inputs": ["b"]},
+      {"id": "rs:r", "op": "reduce_scatter", "bytes": 5, "cost": 2,
+       "inputs": ["local_grad:r"], "collective": true, )", link, R"(},
+      {"id": "grad:r", "op": "mul", "bytes": 5, "cost": 1, "inputs": ["rs:r", "r"]}],
+    "outputs": ["grad:p", "grad:q", "grad:r"]})"));
   ASSERT_TRUE(g.ok()) << g.status();
   EXPECT_EQ(GradientsToReduce(*g), std::vector<NodeId>{g->Find("grad:q")});
 
   SimulatorOptions two;
   two.ranks = 2;
   const Schedule unsummed = MakeSchedule(
-      *g, {{kC, "gather:p"}, {kC, "b"}, {kC, "local_grad:p"}, {kC, "grad:p"}, {kC, "grad:q"}});
+      *g, {{kC, "gather:p"}, {kC, "b"}, {kC, "local_grad:p"}, {kC, "grad:p"}, {kC, "grad:q"},
+           {kC, "local_grad:r"}, {kC, "rs:r"}, {kC, "grad:r"}, {kF, "local_grad:r"},
+           {kF, "rs:r"}});
   EXPECT_TRUE(Simulate(*g, unsummed).ok());  // one rank: nothing to sum
   EXPECT_THAT(Simulate(*g, unsummed, two).status().message(),
               HasSubstr("gradient 'grad:q' ends the step without an all_reduce"));

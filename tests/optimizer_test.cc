@@ -42,6 +42,8 @@ TEST(OptimizerTest, ParsesNamesSettingsAndRefusesBadOnes) {
       {"adam:lr=fast", "optimizer adam: lr='fast' is not a decimal number"},
       {"adam:lr=inf", "is not a decimal number"},
       {"sgd:lr=0x10", "optimizer sgd: lr='0x10' is not a decimal number"},
+      {"sgd:lr=1e-400", "lr='1e-400' is too small for a double (it would be 0)"},
+      {"sgd:lr=0.1,weight_decay=1e-400", "weight_decay='1e-400' is too small for a double"},
       {"sgd:lr=1,momentum=0x0.8p0", "momentum='0x0.8p0' is not a decimal number"},
       {"sgd:lr=0", "lr=0 is out of range (above 0)"},
       {"sgd:momentum=1", "momentum=1 is out of range (in [0, 1))"},

@@ -31,7 +31,7 @@ pebble.torch.train_step(..., optimizer=opt). Checks after every step:
 
 And that an optimizer pebble cannot plan (Nesterov momentum, a parameter
 left out, another optimizer class, float64 parameters, a .grad on a parameter
-the loss does not reach) is refused with OptimizerError naming why, while a
+the step does not update) is refused with OptimizerError naming why, while a
 frozen parameter in the optimizer is skipped, as torch.optim skips it.
 Exit 0 on success, 1 on a mismatch, 77 without torch or (cuda) without a GPU.
 """
@@ -499,9 +499,22 @@ def refusals(torch, pt, device):
         step(xu, yu)
         failures.append("a .grad on a parameter the loss does not reach was not refused")
     except pt.OptimizerError as e:
-        if "'spare.weight' has a .grad, but the loss does not reach it" not in str(e):
+        if "'spare.weight' has a .grad, but the step does not update it (the loss does " \
+                "not reach it)" not in str(e):
             failures.append(f"a .grad on an unreached parameter: refused with '{e}'")
     unused.spare.weight.grad = None
+    step(xu, yu)
+    # The same for a parameter frozen after the step was made, its .grad
+    # kept: torch.optim applies a .grad whatever requires_grad says.
+    unused.body[0].weight.requires_grad_(False)
+    try:
+        step(xu, yu)
+        failures.append("a .grad on a frozen parameter was not refused")
+    except pt.OptimizerError as e:
+        if "'body.0.weight' has a .grad, but the step does not update it (it is frozen)" \
+                not in str(e):
+            failures.append(f"a .grad on a frozen parameter: refused with '{e}'")
+    unused.body[0].weight.grad = None
     step(xu, yu)
     # float64 trains without an optimizer; its update is refused, naming it.
     double = copy.deepcopy(model).double()

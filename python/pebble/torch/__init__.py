@@ -490,7 +490,7 @@ class TrainStep:
             if refusal is not None:
                 raise refusal
             variant = self._variant_for(inputs, target)
-            refusal = self._unreached_grad_refusal(variant)
+            refusal = self._unapplied_grad_refusal(variant)
             if refusal is not None:
                 raise refusal
             loss = variant.run(inputs, target)
@@ -503,7 +503,7 @@ class TrainStep:
                              _optimizer_settings(self.updates and self.updates.optimizer)),
                             self.process_group,
                             self._shared_refusal() or self._hook_refusal() or
-                            self._state_refusal() or self._unreached_grad_refusal(
+                            self._state_refusal() or self._unapplied_grad_refusal(
                                 self._variants.get(self._signature(inputs, target),
                                                    self._variant)))
             self._check_trainable()  # (every rank alike: the signature holds them)
@@ -550,21 +550,29 @@ class TrainStep:
                     "remove it (its handle's remove()) to train with this step")
         return None
 
-    def _unreached_grad_refusal(self, variant):
-        """An OptimizerError naming a trainable parameter that the loss does
-        not reach in `variant`'s plan but that holds a .grad (set by hand, or
-        left by eager training), or None: the plan has no update for it,
-        where eager's step() would apply that .grad. On several ranks the
-        variant is the one these shapes had, else the last run's (the reach
-        does not depend on the shapes); None checks nothing."""
+    def _unapplied_grad_refusal(self, variant):
+        """An OptimizerError naming a parameter of the optimizer that the
+        step does not update in `variant`'s plan (frozen, or the loss does
+        not reach it) but that holds a .grad (set by hand, or left by eager
+        training), or None: optimizer.step() applies any .grad there is,
+        whatever requires_grad says, where the plan has no update. On
+        several ranks the variant is the one these shapes had, else the
+        last run's (the reach does not depend on the shapes); None checks
+        nothing."""
         if self.updates is None or variant is None or variant.placement is None:
             return None
-        for name, p in self.updates.params.items():
-            if p.grad is not None and name not in variant.placement.updated_parameters:
+        names = {p: name for name, p in self.model.named_parameters()}
+        for group in self.updates.optimizer.param_groups:
+            for p in group["params"]:
+                name = names.get(p)
+                if p.grad is None or name is None or \
+                        name in variant.placement.updated_parameters:
+                    continue
+                why = "it is frozen" if not p.requires_grad else "the loss does not reach it"
                 return OptimizerError(
-                    f"parameter '{name}' has a .grad, but the loss does not reach it: the "
-                    "step's plan has no update for it, where optimizer.step() would apply "
-                    "that .grad; set its .grad to None (or freeze it) to train with this step")
+                    f"parameter '{name}' has a .grad, but the step does not update it ({why}), "
+                    "where optimizer.step() would apply that .grad: set it to None "
+                    "(optimizer.zero_grad(set_to_none=True)) to train with this step")
         return None
 
     def _in_step(self):
@@ -729,17 +737,55 @@ class _Variant:
         group = step.process_group
         if group is None:
             self._prepare(step, capture)
-            self.plan, self.budget_info = self._plan(step.options)
-            self._build(step, capture)
         else:  # Note [One plan on every rank]: a failure on one rank stops every rank
             agreed(lambda: self._prepare(step, capture), group)
             check_same_graph(self.graph, group)
-            planned = agreed(lambda: self._plan(step.options) if is_rank_0(group) else None,
-                             group)
-            self.plan, self.budget_info = plan_of_rank_0(planned, group)
-            agreed(lambda: self._build(step, capture), group)
+        self._plan_and_build(step, capture, step.options)
+        self._leave_room_for_generator_states(step, capture)
         self.measured_once = False
         self.report = self._report(time.perf_counter() - started)
+
+    def _plan_and_build(self, step, capture, options):
+        """The plan under `options` (rank 0's on several ranks) and its program."""
+        group = step.process_group
+        if group is None:
+            self.plan, self.budget_info = self._plan(options)
+            self._build(step, capture)
+            return
+        planned = agreed(lambda: self._plan(options) if is_rank_0(group) else None, group)
+        self.plan, self.budget_info = plan_of_rank_0(planned, group)
+        agreed(lambda: self._build(step, capture), group)
+
+    def _leave_room_for_generator_states(self, step, capture):
+        """Where the plan peaks above a byte or percentage budget as the
+        program runs it, plans again at the budget less the generator's
+        state that a random call run again takes (Program.workspace: outside
+        the planner's count, and the most it adds to a compute's workspace),
+        or refuses. At "min" the prediction may stand above the plan's own
+        peak (docs/torch.md). The excess is the same on every rank, so every
+        rank plans again alike."""
+        options = step.options
+        if str(options["budget"]).strip().lower() == "min":
+            return
+        budget, first = self.plan.budget_bytes, self.budget_info
+        over = self.predicted_peak_bytes - budget
+        if over <= 0:
+            return
+        lowered = budget - self.program.rng_state_bytes
+        why = (f"at budget {options['budget']!r} the plan of policy {self.plan.policy} peaks "
+               f"{over} bytes above the budget as it runs (the generator's state taken for a "
+               "random call run again)")
+        try:
+            self._plan_and_build(step, capture, dict(options, budget=str(lowered)))
+        except PlanError as e:
+            raise PlanError(f"{why}, and at {lowered} bytes it has none: {e}") from None
+        if self.predicted_peak_bytes > budget:
+            raise PlanError(f"internal: {why}, and so does its plan at {lowered} bytes")
+        for key in ("step_budget_bytes", "reference_bytes", "reference_source"):
+            if key in first:
+                self.budget_info[key] = first[key]
+        self.budget_info["planned_at_bytes"] = lowered
+        self.budget_info["budget_bytes"] = budget
 
     def _prepare(self, step, capture):
         """The graph with the optimizer's step, and the persistent bytes that
@@ -1103,7 +1149,7 @@ class _Variant:
         info = self.budget_info
         report = {
             "policy": p.policy,
-            "budget_bytes": p.budget_bytes,
+            "budget_bytes": info.get("budget_bytes", p.budget_bytes),
             "budget_reference_bytes": info["reference_bytes"],
             "budget_reference_source": info["reference_source"],
             "persistent_bytes": self.persistent_bytes,
@@ -1158,6 +1204,8 @@ class _Variant:
                                                   self.program.foreign)
         if "step_budget_bytes" in info:
             report["step_budget_bytes"] = info["step_budget_bytes"]
+        if "planned_at_bytes" in info:  # (room left for generator states)
+            report["planned_at_bytes"] = info["planned_at_bytes"]
         if "order" in info:
             report["order"] = info["order"]
         return report
