@@ -184,6 +184,9 @@ py::dict FitPy(const py::object& model, const py::object& vary, const py::object
   out["budget_bytes"] = request.budget_bytes;
   out["naive"] =
       fit->naive_value ? py::object(py::int_(*fit->naive_value)) : py::object(py::none());
+  // Why "naive" is None (fit --json's naive.note): the rule does not apply, or failed.
+  out["naive_note"] =
+      fit->naive_note.empty() ? py::object(py::none()) : py::object(py::str(fit->naive_note));
   out["results"] = rows;
   return out;
 }

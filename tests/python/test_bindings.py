@@ -354,6 +354,10 @@ class PlanTest(unittest.TestCase):
                        "--ranks", "4", "--shard", "full", "--json")
         self.assertEqual([r["value"] for r in fit["results"]],
                          [r["value"] for r in doc["results"]])
+        # The seed report's naive rule is for 3-D conv nets: None, and the note says why.
+        self.assertIsNone(fit["naive"])
+        self.assertEqual(fit["naive_note"], doc["naive"]["note"])
+        self.assertTrue(fit["naive_note"])
         unsharded = pebble.fit("transformer:optimizer=adam", "layers", "48MiB",
                                policies=["dtr"], max=12, time_limit=60)
         self.assertGreater(fit["results"][1]["value"], unsharded["results"][0]["value"])
