@@ -508,10 +508,6 @@ CLI::Validator FitBudgetValue() {
       "SIZE");
 }
 
-namespace {
-
-// The items of a comma-separated list, stripped: refused where it names
-// none, or where an item between its commas is empty ("80%,,").
 absl::StatusOr<std::vector<std::string>> ListItems(const std::string& text,
                                                    absl::string_view item) {
   std::vector<std::string> items;
@@ -528,7 +524,10 @@ absl::StatusOr<std::vector<std::string>> ListItems(const std::string& text,
   return items;
 }
 
-}  // namespace
+absl::StatusOr<std::vector<std::string>> PolicyNames(const std::string& text) {
+  if (absl::StripAsciiWhitespace(text) == "all") return std::vector<std::string>{};
+  return ListItems(text, "policy");
+}
 
 CLI::Validator BudgetList() {
   return StatusValidator(
@@ -560,8 +559,7 @@ CLI::Validator PolicyName() {
 CLI::Validator PolicyList() {
   return StatusValidator(
       [](const std::string& t) -> absl::Status {
-        if (absl::StripAsciiWhitespace(t) == "all") return absl::OkStatus();
-        ASSIGN_OR_RETURN(const std::vector<std::string> names, ListItems(t, "policy"));
+        ASSIGN_OR_RETURN(const std::vector<std::string> names, PolicyNames(t));
         for (const std::string& name : names) RETURN_IF_ERROR(CheckPolicyName(name));
         return absl::OkStatus();
       },

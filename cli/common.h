@@ -164,6 +164,14 @@ CLI::Validator NetworkValue();    // bytes/s or a network preset (ParseNetwork)
 CLI::Validator PolicyName();      // a registered policy or exec:PROGRAM
 CLI::Validator PolicyList();      // comma-separated PolicyNames, or "all"
 CLI::Validator BackendName();     // cpu or cuda (whether it runs here is checked later)
+
+// The items of a comma-separated list (--budgets, --policies), stripped;
+// refused where it names no `item` or has an empty one between its commas.
+absl::StatusOr<std::vector<std::string>> ListItems(const std::string& text,
+                                                   absl::string_view item);
+// The policies a --policies list names (ListItems); none for "all", spaces
+// around it allowed. The names are not checked (PolicyList checks them).
+absl::StatusOr<std::vector<std::string>> PolicyNames(const std::string& text);
 CLI::Validator ModelName();       // name[:k=v,...] of a built-in model (ParseModelSpec)
 // Refuses "-" for an output that stdout cannot take: the command prints its
 // report there. `what` names the output ("the schedule").

@@ -9,13 +9,10 @@
 #include <thread>
 #include <unistd.h>
 
-#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "absl/strings/str_split.h"
-#include "absl/strings/strip.h"
 #include "cli/common.h"
 #include "graph/status.h"
 #include "graph/text_input.h"
@@ -522,20 +519,18 @@ int RunCompare(const PlanFlags& f, const std::string& budgets_text,
   request.options = *options;
   // One progress bar instead of each planner's stage lines.
   request.options.progress = nullptr;
-  request.budgets = absl::StrSplit(budgets_text, ',', absl::SkipWhitespace());
-  if (request.budgets.empty()) {
-    return Fail(absl::InvalidArgumentError(
-        absl::StrCat("--budgets ", Quote(budgets_text), " names no budget")));
+  absl::StatusOr<std::vector<std::string>> budgets = ListItems(budgets_text, "budget");
+  if (!budgets.ok()) {
+    return Fail(absl::InvalidArgumentError(absl::StrCat("--budgets ", budgets.status().message())));
   }
-  if (absl::StripAsciiWhitespace(policies_text) != "all") {
-    for (absl::string_view name : absl::StrSplit(policies_text, ',', absl::SkipWhitespace())) {
-      request.policies.emplace_back(absl::StripAsciiWhitespace(name));
-    }
-    if (request.policies.empty()) {
-      return Fail(absl::InvalidArgumentError(
-          absl::StrCat("--policies ", Quote(policies_text), " names no policy")));
-    }
+  request.budgets = *std::move(budgets);
+  // (none: every registered policy)
+  absl::StatusOr<std::vector<std::string>> policies = PolicyNames(policies_text);
+  if (!policies.ok()) {
+    return Fail(
+        absl::InvalidArgumentError(absl::StrCat("--policies ", policies.status().message())));
   }
+  request.policies = *std::move(policies);
   const size_t num_policies =
       request.policies.empty() ? PlannerRegistry::Global().List().size()
                                : request.policies.size();

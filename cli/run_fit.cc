@@ -11,10 +11,8 @@
 #include <optional>
 
 #include "absl/algorithm/container.h"
-#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "absl/strings/str_split.h"
 #include "cli/common.h"
 #include "scheduler/offload.h"
 #include "cli/run_common.h"
@@ -135,12 +133,17 @@ int RunFit(const FitFlags& f) {
   request.jobs = f.jobs;
   request.max_value = f.max_value;
   request.cost.device_flops_per_s = f.throughput_flops_per_s;
-  const bool all_policies = absl::StripAsciiWhitespace(f.policies) == "all";
-  if (!f.policies.empty() && !all_policies) {
-    request.policies = absl::StrSplit(f.policies, ',', absl::SkipWhitespace());
-  } else if (all_policies) {
-    for (const PolicyInfo* p : PlannerRegistry::Global().List()) {
-      request.policies.push_back(p->name);
+  if (!f.policies.empty()) {  // (none given: Fit's defaults)
+    absl::StatusOr<std::vector<std::string>> names = PolicyNames(f.policies);
+    if (!names.ok()) {
+      return Fail(
+          absl::InvalidArgumentError(absl::StrCat("--policies ", names.status().message())));
+    }
+    request.policies = *std::move(names);
+    if (request.policies.empty()) {  // all
+      for (const PolicyInfo* p : PlannerRegistry::Global().List()) {
+        request.policies.push_back(p->name);
+      }
     }
   }
   request.options.host_bandwidth_bytes_per_s = *bandwidth;

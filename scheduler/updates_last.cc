@@ -677,11 +677,12 @@ class UpdatesLastPlanner final : public Planner {
   absl::StatusOr<PlanResult> PlanStreamed(const Graph& graph,
                                           const PlannerOptions& options) const {
     const int64_t streamed_bytes = StreamedParameterBytes(graph);
+    const bool streams = streamed_bytes > 0;
     if (options.budget_bytes == PlannerOptions::kMinBudget) {
-      return PlanOnce(graph, options, streamed_bytes > 0);
+      return PlanOnce(graph, options, streams);
     }
     std::vector<int64_t> budgets = {options.budget_bytes, PlannerOptions::kMinBudget};
-    if (streamed_bytes > 0 && options.budget_bytes <= INT64_MAX - streamed_bytes) {
+    if (streams && options.budget_bytes <= INT64_MAX - streamed_bytes) {
       budgets.insert(budgets.begin(), options.budget_bytes + streamed_bytes);
     }
     absl::StatusOr<PlanResult> result = absl::InternalError("no plan");
@@ -694,18 +695,18 @@ class UpdatesLastPlanner final : public Planner {
       // streamed parameters, the policy's plan at the budget has all of it
       // (one that searches to its limit, checkmate-lp, is as at any other
       // budget) and its least-peak plan what is left, if anything.
-      if (streamed_bytes == 0 && i > 0 && deadline.remaining_s() <= 0) break;
+      if (!streams && i > 0 && deadline.remaining_s() <= 0) break;
       inner.time_limit_s = std::max(
           0.01, deadline.remaining_s() /
-                    static_cast<double>(streamed_bytes > 0 ? budgets.size() - i : 1));
-      ASSIGN_OR_RETURN(PlanResult planned, PlanOnce(graph, inner, streamed_bytes > 0));
+                    static_cast<double>(streams ? budgets.size() - i : 1));
+      ASSIGN_OR_RETURN(PlanResult planned, PlanOnce(graph, inner, streams));
       const bool cut = TimeLimitReached(planned);
       nlohmann::json details = std::move(planned.details);
       // Judged against the caller's budget, not the one the policy had.
       ASSIGN_OR_RETURN(result, FinishPlan(graph, std::move(planned.schedule), options));
       result->details = std::move(details);
       if (cut) NoteTimeLimit(*result, inner.time_limit_s, "the policy's search");
-      if (inner_budget != options.budget_bytes && streamed_bytes > 0) {
+      if (inner_budget != options.budget_bytes && streams) {
         result->details["parameters_streamed_inner_budget"] =
             inner_budget == PlannerOptions::kMinBudget ? nlohmann::json("min")
                                                        : nlohmann::json(inner_budget);

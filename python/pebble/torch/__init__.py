@@ -441,8 +441,10 @@ class TrainStep:
                               if p.requires_grad)
         return tensors, accumulate, trainable, self.model.training
 
-    def _variant_for(self, inputs, target):
-        key = self._signature(inputs, target)
+    def _variant_for(self, inputs, target, key=None):
+        """The variant of these inputs' shapes and layouts (`key`: their
+        _signature, where the caller has it), captured and planned where new."""
+        key = key if key is not None else self._signature(inputs, target)
         variant = self._variants.get(key)
         if variant is None:
             capture = self._captures.get(key)
@@ -499,15 +501,14 @@ class TrainStep:
             # in step: other calls on some rank (or other optimizer
             # settings), a state the step cannot take, a capture or plan
             # that fails.
-            check_same_call((self._signature(inputs, target),
-                             _optimizer_settings(self.updates and self.updates.optimizer)),
+            key = self._signature(inputs, target)
+            check_same_call((key, _optimizer_settings(self.updates and self.updates.optimizer)),
                             self.process_group,
                             self._shared_refusal() or self._hook_refusal() or
                             self._state_refusal() or self._unapplied_grad_refusal(
-                                self._variants.get(self._signature(inputs, target),
-                                                   self._variant)))
+                                self._variants.get(key, self._variant)))
             self._check_trainable()  # (every rank alike: the signature holds them)
-            variant = self._variant_for(inputs, target)
+            variant = self._variant_for(inputs, target, key)
             try:
                 loss = variant.run(inputs, target)
             except BaseException as e:
@@ -561,12 +562,14 @@ class TrainStep:
         nothing."""
         if self.updates is None or variant is None or variant.placement is None:
             return None
-        names = {p: name for name, p in self.model.named_parameters()}
+        names = None  # (made once a .grad is found: each call runs this)
         for group in self.updates.optimizer.param_groups:
             for p in group["params"]:
+                if p.grad is None:
+                    continue
+                names = names or {q: name for name, q in self.model.named_parameters()}
                 name = names.get(p)
-                if p.grad is None or name is None or \
-                        name in variant.placement.updated_parameters:
+                if name is None or name in variant.placement.updated_parameters:
                     continue
                 why = "it is frozen" if not p.requires_grad else "the loss does not reach it"
                 return OptimizerError(

@@ -376,13 +376,12 @@ class Updates:
                 s[key] = self._at_home(s[key], self.step_device(p), on_host)
         copies = {}  # (made here, outside the step, as the program's host buffers are)
         for node_id in placement.offloaded_device_state:
-            key, name = node_id.split(":", 1)
-            t = state[self.params[name]][key]
+            s, key = self._entry(node_id)
+            t = s[key]
             held = self._host_copies.get(node_id)
             if held is None or held.shape != t.shape or held.dtype != t.dtype:
                 held = torch.empty_like(t, device="cpu",
-                                        pin_memory=self.step_device(self.params[name]).type ==
-                                        "cuda")
+                                        pin_memory=self._device_of(node_id).type == "cuda")
             copies[node_id] = held
         self._host_copies = copies
         scratch_numel = {}  # dtype -> the largest tensor a host update of that dtype takes
@@ -398,8 +397,7 @@ class Updates:
         """The state whose home is the device that the plan offloads (and
         frees), each in a copy made where the CPU profiler sees it
         (allocated_where_profiled), so that it measures their frees."""
-        entries = [(self.optimizer.state[self.params[name]], key) for key, name in
-                   (node_id.split(":", 1) for node_id in self._host_copies)]
+        entries = [self._entry(node_id) for node_id in self._host_copies]
         for (s, key), fresh in zip(entries, allocated_where_profiled([s[k] for s, k in entries])):
             s[key] = fresh
 
@@ -455,8 +453,7 @@ class Updates:
         copy of its host buffer, the last copy the run made."""
         self.on_device = {}
         for node_id, buffer in self._host_copies.items():
-            key, name = node_id.split(":", 1)
-            s = self.optimizer.state[self.params[name]]
+            s, key = self._entry(node_id)
             if s.get(key) is buffer:
                 s[key] = buffer.to(self._device_of(node_id), copy=True)
 
@@ -476,8 +473,7 @@ class Updates:
         host = self._host_state(node_id)  # None: Adam's step count (below)
         buffer = self._host_copies.get(node_id)
         if buffer is not None:  # its home the device: opt.state's tensor moves
-            key, name = node_id.split(":", 1)
-            s = self.optimizer.state[self.params[name]]
+            s, key = self._entry(node_id)
             if action == "prefetch":
                 device = self._device_of(node_id)
                 s[key] = buffer.clone() if device.type == "cpu" else \
@@ -519,8 +515,14 @@ class Updates:
         pebble.torch leaves there (the plan counts it as one small tensor)."""
         if ":" not in node_id:
             return None
+        s, key = self._entry(node_id)
+        return s[key]
+
+    def _entry(self, node_id):
+        """(opt.state's dict of the parameter, the key) of the state node
+        `node_id` ("exp_avg:fc.weight")."""
         key, name = node_id.split(":", 1)
-        return self.optimizer.state[self.params[name]][key]
+        return self.optimizer.state[self.params[name]], key
 
     def _device_of(self, node_id):
         return self.step_device(self.params[node_id.split(":", 1)[1]])
