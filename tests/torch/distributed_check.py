@@ -141,8 +141,12 @@ def close(a, b, tol=1e-5):
 
 
 def optimizer(torch, kind, params):
-    if kind == "sgd":
-        return torch.optim.SGD(params, lr=0.1, momentum=0.9, weight_decay=1e-3)
+    if kind == "sgd":  # two groups: the weights decayed, the rest at another lr
+        params = list(params)
+        return torch.optim.SGD([{"params": [p for p in params if p.dim() >= 2],
+                                 "weight_decay": 1e-3},
+                                {"params": [p for p in params if p.dim() < 2], "lr": 0.05}],
+                               lr=0.1, momentum=0.9)
     return torch.optim.Adam(params, lr=1e-2, foreach=False)
 
 
@@ -614,7 +618,8 @@ def check_built_in_shards(torch, pt, dist, rank, ranks):
                         f"after it; the whole parameters are {whole_bytes}")
     params = list(meta.parameters())
     if any(p.is_meta or p.numel() != 0 for p in params) or meta.head.weight is not meta.tok.weight \
-            or [id(p) for p in opt.param_groups[0]["params"]] != [id(p) for p in params]:
+            or {id(p) for group in opt.param_groups for p in group["params"]} != \
+            {id(p) for p in params}:
         failures.append(f"{what}: the module's parameters are not the optimizer's, empty, on "
                         "the device, the head's tied to the embedding's")
     failures += differs_from_eager(step, whole, 0, what + " (before any step)")
@@ -1418,20 +1423,21 @@ def check_differing_settings(torch, pt, dist, rank, ranks):
                                 f"with '{e}'")
     opt = optimizer(torch, "sgd", model.parameters())
     args = (model, loss_fn, (mine(data[0][0], rank),), mine(data[0][1], rank))
-    for group in opt.param_groups:
-        group["lr"] = 0.5 if rank == 1 else 0.1
+    lrs = [group["lr"] for group in opt.param_groups]
+
+    def differ_on_rank_1(differ):  # each group's lr, 5x on rank 1 where `differ`
+        for group, lr in zip(opt.param_groups, lrs):
+            group["lr"] = 5 * lr if differ and rank == 1 else lr
+    differ_on_rank_1(True)
     refused(lambda: pt.train_step(*args, optimizer=opt, policy="rotor",
                                   process_group=dist.group.WORLD),
             "optimizer's settings", "by train_step")
-    for group in opt.param_groups:
-        group["lr"] = 0.1
+    differ_on_rank_1(False)
     step = pt.train_step(*args, optimizer=opt, policy="rotor", process_group=dist.group.WORLD)
-    for group in opt.param_groups:
-        group["lr"] = 0.5 if rank == 1 else 0.1
+    differ_on_rank_1(True)
     refused(lambda: step(mine(data[0][0], rank), mine(data[0][1], rank)),
             "optimizer settings", "by a call")
-    for group in opt.param_groups:
-        group["lr"] = 0.1
+    differ_on_rank_1(False)
     ddp = torch.nn.parallel.DistributedDataParallel(ddp_twin)
     ddp_opt = optimizer(torch, "sgd", ddp.parameters())
     for x, y in data:

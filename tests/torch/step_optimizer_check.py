@@ -17,7 +17,11 @@ pebble.torch.train_step(..., optimizer=opt). Checks after every step:
 - step.full_optimizer_state_dict() (opt.state_dict() on the CPU) loads into a
   fresh optimizer, which then takes one more eager step to the same
   parameters as pebble's next step;
-- a learning-rate scheduler's lr is followed, as eager follows it;
+- a learning-rate scheduler's lr is followed, as eager follows it, each
+  parameter group's on its own;
+- parameter groups with settings of their own (a weight decay on the weights
+  only, another lr) train as eager, each update's temporary planned where its
+  own group's coupled weight decay makes one;
 - with optimizer_state="host", the state is in (pinned) host memory after
   each step and the plan streamed it (on the CPU device, with
   allow_cpu_offload, the copies are measured as a GPU's would be);
@@ -31,7 +35,8 @@ pebble.torch.train_step(..., optimizer=opt). Checks after every step:
 
 And that an optimizer pebble cannot plan (Nesterov momentum, a parameter
 left out, another optimizer class, float64 parameters, a .grad on a parameter
-the step does not update) is refused with OptimizerError naming why, while a
+the step does not update, SGD groups with momentum and without, a group's
+weight decay turned on or a parameter taken out after planning) is refused with OptimizerError naming why, while a
 frozen parameter in the optimizer is skipped, as torch.optim skips it.
 Exit 0 on success, 1 on a mismatch, 77 without torch or (cuda) without a GPU.
 """
@@ -115,11 +120,27 @@ def models(torch):
 
 
 def optimizers(torch):
+    def groups(ps, weights, others):
+        """Two parameter groups, as nanoGPT makes them: the weights (2-D and
+        up) with the settings `weights`, biases and norms with `others`."""
+        ps = list(ps)
+        return [dict(weights, params=[p for p in ps if p.dim() >= 2]),
+                dict(others, params=[p for p in ps if p.dim() < 2])]
+
     return {
         "sgd": lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9, weight_decay=1e-3),
         "sgd-plain": lambda ps: torch.optim.SGD(ps, lr=0.05),
         "adam": lambda ps: torch.optim.Adam(ps, lr=1e-2, weight_decay=1e-3, foreach=False),
         "adamw": lambda ps: torch.optim.AdamW(ps, lr=1e-2, foreach=False),
+        # Groups that differ: AdamW's weight decay on the weights only; Adam's
+        # coupled weight decay (a temporary per update) on the weights only,
+        # and another lr for the rest; SGD's lr and weight decay.
+        "adamw-groups": lambda ps: torch.optim.AdamW(
+            groups(ps, {"weight_decay": 0.1}, {"weight_decay": 0.0}), lr=1e-2, foreach=False),
+        "adam-groups": lambda ps: torch.optim.Adam(
+            groups(ps, {"weight_decay": 1e-3}, {"lr": 3e-3}), lr=1e-2, foreach=False),
+        "sgd-groups": lambda ps: torch.optim.SGD(
+            groups(ps, {"weight_decay": 1e-3}, {"lr": 0.02}), lr=0.1, momentum=0.9),
     }
 
 
@@ -163,6 +184,12 @@ CASES = [  # (model, optimizer, policy, budget, where the state lives, where the
     # bfloat16: on the CPU device an update casts its held scalar (2 bytes).
     ("tiny-bf16", "adam", "rotor", "min", "device", "device"),
     ("tiny-bf16", "sgd", "baseline", "100%", "device", "device"),
+    # Parameter groups with settings of their own, each update with its
+    # group's (and its group's temporaries: TEMPORARIES_BY_GROUP).
+    ("mlp", "adamw-groups", "rotor", "min", "device", "device"),
+    ("convnet", "adam-groups", "dtr", "min", None, "host"),
+    ("mlp", "adam-groups", "rotor", "min", "auto", "device"),
+    ("convnet", "sgd-groups", "checkmate-lp", "min", "host", "device"),
 ]
 
 TOL = 1e-5
@@ -204,7 +231,7 @@ def run_case(torch, pt, device, steps, model_name, opt_name, policy, budget, sta
                          optimizer_state=state, optimizer_updates=updates,
                          optimizer_gradients=gradients,
                          allow_cpu_offload=state not in (None, "device") or updates != "device")
-    failures = []
+    failures = temporaries_by_group(step, planned_opt, planned_model)
     streamed = step.plan.report["transfer_bytes"]
     if (state == "host" or updates == "host") and streamed == 0:
         failures.append("the state's home is the host, but the plan moves nothing")
@@ -300,6 +327,29 @@ def run_case(torch, pt, device, steps, model_name, opt_name, policy, budget, sta
             for f in failures]
 
 
+def temporaries_by_group(step, opt, model):
+    """Each update's planned temporary (its node's workspace) is there where
+    its own parameter's group decides: coupled weight decay (SGD's, Adam's)
+    takes one in the moment updates, Adam's last update always does."""
+    failures = []
+    names = {p: name for name, p in model.named_parameters()}
+    decay = {names[p]: g["weight_decay"] != 0 and type(opt).__name__ != "AdamW"
+             for g in opt.param_groups for p in g["params"]}
+    size = {name: p.numel() * p.element_size() for name, p in model.named_parameters()}
+    workspace = step.updates.workspace_bytes
+    for name, coupled in decay.items():
+        for node_id, wanted in ((f"exp_avg:{name}#1", coupled),
+                                (f"momentum_buffer:{name}#1", coupled),
+                                (f"update:{name}", type(opt).__name__ != "SGD")):
+            # (a parameter-sized temporary; a bfloat16 update on the CPU also
+            # holds its scalar's cast, a few bytes)
+            if node_id in step.updates.ops and \
+                    (workspace.get(node_id, 0) >= size[name]) != wanted:
+                failures.append(f"update {node_id}: workspace {workspace.get(node_id, 0)}, "
+                                f"a temporary {'expected' if wanted else 'not expected'}")
+    return failures
+
+
 def placement(torch, step, model, opt, state, updates, device):
     """Each state tensor where the plan keeps it: on the host where the plan
     streams it or updates it on the host (pinned beside a GPU), else on the
@@ -364,15 +414,28 @@ def in_range(torch, pt, model, make_opt, loss_fn, x, y, policy, state, updates, 
 
 def scheduled(torch, pt, device, steps):
     """A learning-rate scheduler changes lr between steps: the planned step
-    follows it as eager does."""
+    follows it as eager does; with two parameter groups, each group's."""
+    failures = []
+    for grouped in (False, True):
+        failures += scheduled_run(torch, pt, device, steps, grouped)
+    return failures
+
+
+def scheduled_run(torch, pt, device, steps, grouped):
     make_model, make_batch = models(torch)["mlp"]
     torch.manual_seed(0)
     eager_model = make_model().to(device)
     planned_model = copy.deepcopy(eager_model)
     runs = []
     for model in (eager_model, planned_model):
-        opt = torch.optim.Adam(model.parameters(), lr=1e-2, foreach=False)
-        runs.append((model, opt, torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)))
+        if grouped:  # each group's lr on a schedule of its own
+            opt = optimizers(torch)["adam-groups"](model.parameters())
+            schedule = torch.optim.lr_scheduler.LambdaLR(opt, [lambda k: 0.5 ** k,
+                                                               lambda k: 1.0 + k])
+        else:
+            opt = torch.optim.Adam(model.parameters(), lr=1e-2, foreach=False)
+            schedule = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+        runs.append((model, opt, schedule))
     g = torch.Generator().manual_seed(2)
     x, y = make_batch(g, device)
     loss_fn = torch.nn.functional.cross_entropy
@@ -387,9 +450,10 @@ def scheduled(torch, pt, device, steps):
                 step(x, y)
             sched.step()
     failures = []
+    what = "LambdaLR on two parameter groups" if grouped else "StepLR"
     for (name, a), b in zip(planned_model.named_parameters(), eager_model.parameters()):
         if not close(torch, a.detach().cpu(), b.detach().cpu()):
-            failures.append(f"with a StepLR scheduler, parameter {name} differs from eager's")
+            failures.append(f"with a {what} scheduler, parameter {name} differs from eager's")
     return failures
 
 
@@ -404,6 +468,16 @@ def refusals(torch, pt, device):
         (torch.optim.RMSprop(model.parameters(), lr=0.1), "plans torch.optim.SGD, Adam and AdamW"),
         (torch.optim.Adam(model.parameters(), amsgrad=True), "amsgrad=True"),
         (torch.optim.SGD(model.parameters(), lr=0.0), "lr=0.0; pebble plans lr above 0"),
+        # Groups may differ in their numbers, not in what the plan holds.
+        (torch.optim.SGD([{"params": model[0].parameters(), "momentum": 0.9},
+                          {"params": model[1].parameters()}], lr=0.1),
+         "group 0 has momentum=0.9 and group 1 momentum=0"),
+        (torch.optim.Adam([{"params": model[0].parameters()},
+                           {"params": model[1].parameters(), "amsgrad": True}]),
+         "amsgrad=True (parameter group 1)"),
+        (torch.optim.AdamW([{"params": model[0].parameters()},
+                            {"params": model[1].parameters(), "lr": -1.0}]),
+         "lr=-1.0 (parameter group 1); pebble plans lr above 0"),
     ]
     for opt, needle in cases:
         try:
@@ -475,6 +549,7 @@ def refusals(torch, pt, device):
                      for a, b in zip(planned.parameters(), eager.parameters())):
             failures.append("with .grad kept (zeroed, not None), the parameters differ from "
                             "eager's")
+    failures += group_changes(torch, pt, device, model, x, y)
     # A frozen parameter in the optimizer is skipped, as torch.optim skips it.
     frozen = copy.deepcopy(model)
     frozen[0].weight.requires_grad_(False)
@@ -533,6 +608,35 @@ def refusals(torch, pt, device):
     except ValueError as e:
         if "no optimizer in its plan" not in str(e):
             failures.append(f"full_optimizer_state_dict() without an optimizer: refused with {e}")
+    return failures
+
+
+def group_changes(torch, pt, device, model, x, y):
+    """After the step is made: a group's weight decay turned on (Adam's
+    coupled one takes a temporary the plan does not hold) and a parameter
+    taken out of the optimizer are refused by the next call, naming the
+    parameter; lr changes are followed (scheduled)."""
+    failures = []
+    for change, needle in (
+            (lambda opt: opt.param_groups[1].update(weight_decay=0.1),
+             "weight_decay of '1.weight' changed from 0 to 0.1"),
+            (lambda opt: opt.param_groups[1].update(params=opt.param_groups[1]["params"][1:]),
+             "parameter '1.weight' is no longer in the optimizer's param_groups")):
+        planned = copy.deepcopy(model)
+        opt = torch.optim.Adam([{"params": planned[0].parameters(), "weight_decay": 0.1},
+                                {"params": planned[1].parameters()}], foreach=False)
+        step = pt.train_step(planned, torch.nn.functional.cross_entropy, (x,), y,
+                             optimizer=opt)
+        step(x, y)
+        change(opt)
+        opt.zero_grad(set_to_none=True)
+        try:
+            step(x, y)
+            failures.append(f"a change of the optimizer's groups was not refused ({needle})")
+        except pt.OptimizerError as e:
+            if needle not in str(e):
+                failures.append(f"a change of the optimizer's groups: refused with '{e}', "
+                                f"not '{needle}'")
     return failures
 
 

@@ -97,7 +97,13 @@ class Updates:
                              "update on the host reads and writes its state there; give "
                              "optimizer_state='host' or 'auto', or leave it out (the host)")
         self.optimizer = optimizer
-        self.kind, self.settings = _settings(optimizer)
+        # The graph's spec takes the first group's settings: the groups differ
+        # in numbers only (_settings), which the updates read per parameter
+        # (settings_of) and the plan's graph does not depend on, but for the
+        # temporaries of a coupled weight decay, which extend() gives each
+        # update node as its own parameter's group decides.
+        self.kind, groups = _settings(optimizer)
+        self.settings = groups[0]
         self.spec = self.kind + ":" + ",".join(
             f"{k}={float(v)!r}" for k, v in self.settings.items() if k != "decoupled")
         if state not in (None, "device"):
@@ -153,6 +159,7 @@ class Updates:
                                      "trainable parameter")
             self.params[name] = p
         self._name = {p: name for name, p in self.params.items()}
+        self._settings_of = _settings_by_name(optimizer, groups, self.params)
         # Frozen parameters may be in it: torch.optim skips them (no .grad).
         extra = in_optimizer - {id(p) for p in model.parameters()}
         if extra:
@@ -172,6 +179,15 @@ class Updates:
         for name, p in list(self.params.items()):
             self.params[name] = replaced.get(id(p), p)
         self._name = {p: name for name, p in self.params.items()}
+        self._settings_of = _settings_by_name(self.optimizer, _settings(self.optimizer)[1],
+                                              self.params)
+
+    def settings_of(self, node_id):
+        """The settings of the group whose parameter the update or state node
+        `node_id` is of (the first group's for Adam's step count)."""
+        if ":" not in node_id:
+            return self.settings
+        return self._settings_of[_parameter_of(node_id)]
 
     def _check_host_updates(self):
         """OptimizerError where an update could not run on the host: a
@@ -255,8 +271,12 @@ class Updates:
                 if node.get("home") != "host":
                     self.planned_state_bytes += node["bytes"]
             if node.get("op") in _UPDATE_OPS:
+                settings = self.settings_of(node["id"])
+                attrs = node.get("attrs")
+                if attrs and node["op"] != "optimizer_step":  # (the graph's: the first group's)
+                    attrs.update({k: v for k, v in settings.items() if k in attrs})
                 workspace = (round_up(node["bytes"], round_to)
-                             if _temporary(node["op"], self.settings) else 0)
+                             if _temporary(node["op"], settings) else 0)
                 workspace += self._scalar_cast_bytes(node)
                 if workspace:
                     node["workspace"] = self.workspace_bytes[node["id"]] = workspace
@@ -534,16 +554,23 @@ class Updates:
         return copy if copy is not None else self.optimizer.state[p][key]
 
     def _follow_settings(self):
-        """Takes the optimizer's current lr, betas and eps (a scheduler changes
-        them); a change of weight decay or momentum would change the
-        update's temporaries, which the plan holds: OptimizerError."""
-        kind, now = _settings(self.optimizer)
-        for key in ("weight_decay", "momentum"):
-            if key in now and (now[key] == 0) != (self.settings[key] == 0):
-                raise OptimizerError(f"the optimizer's {key} changed from {self.settings[key]} "
-                                     f"to {now[key]} since the step was planned: make a new "
-                                     "train_step")
-        self.settings = now
+        """Takes each group's current lr, betas and eps (a scheduler changes
+        them); a weight decay or momentum turned on or off would change the
+        update's temporaries or state, which the plan holds, and a parameter
+        taken out of the optimizer would keep its update: OptimizerError."""
+        _, groups = _settings(self.optimizer)
+        now = _settings_by_name(self.optimizer, groups, self.params)
+        for name, was in self._settings_of.items():
+            if name not in now:
+                raise OptimizerError(f"parameter '{name}' is no longer in the optimizer's "
+                                     "param_groups, but the step was planned to update it: "
+                                     "make a new train_step")
+            for key in ("weight_decay", "momentum"):
+                if key in was and (now[name][key] == 0) != (was[key] == 0):
+                    raise OptimizerError(
+                        f"the optimizer's {key} of '{name}' changed from {was[key]} to "
+                        f"{now[name][key]} since the step was planned: make a new train_step")
+        self.settings, self._settings_of = groups[0], now
 
     def _apply(self, op, node_id, run, on_host):
         """The update `node_id`: on the device, on the resident parameter and
@@ -573,8 +600,8 @@ class Updates:
             scratch = lambda: torch.empty_like(param)  # noqa: E731
             run.hold(0, self.workspace_bytes.get(node_id, 0))
         s["step"] = self.optimizer.state[p].get("step")
-        _update(op, self.kind, self.settings, param, grad, s, scratch, self._scalar.fill_,
-                self._one)
+        _update(op, self.kind, self._settings_of[name], param, grad, s, scratch,
+                self._scalar.fill_, self._one)
 
 
 class Placement:
@@ -610,7 +637,8 @@ class Placement:
         # scratch holds the largest of a dtype: Updates.ensure_state).
         self.scratch_parameters = sorted({
             _parameter_of(n) for n in self.host_updates
-            if updates.ops[n] != "optimizer_step" and _temporary(updates.ops[n], updates.settings)})
+            if updates.ops[n] != "optimizer_step" and
+            _temporary(updates.ops[n], updates.settings_of(n))})
 
     def report(self):
         """The report's "optimizer_state" and "optimizer_updates" entries."""
@@ -756,42 +784,67 @@ def _temporary(op, c):
 
 
 def _settings(optimizer):
-    """("sgd" | "adam" | "adamw", the settings pebble's optimizer spec takes);
-    OptimizerError for what pebble does not plan."""
+    """("sgd" | "adam" | "adamw", each parameter group's settings, the keys
+    of pebble's optimizer spec, in param_groups' order); OptimizerError for
+    what pebble does not plan. Groups may differ in their numbers (a weight
+    decay for the weights only, a learning rate per layer), not in the
+    tensors the plan holds: SGD keeps a momentum buffer for every parameter
+    or for none."""
+    if type(optimizer) is torch.optim.SGD:
+        kind = "sgd"
+    elif type(optimizer) in (torch.optim.Adam, torch.optim.AdamW):
+        kind = "adam" if type(optimizer) is torch.optim.Adam else "adamw"
+    else:
+        raise OptimizerError(f"optimizer {type(optimizer).__name__}: pebble.torch plans "
+                             "torch.optim.SGD, Adam and AdamW")
     groups = optimizer.param_groups
-    first = groups[0]
-    for group in groups[1:]:
-        differ = [k for k in first if k != "params" and group.get(k) != first[k]]
-        if differ:
-            raise OptimizerError(f"the optimizer's parameter groups differ in "
-                                 f"{', '.join(differ)}: pebble plans one setting for all")
+    per_group = [_group_settings(type(optimizer).__name__, kind, group,
+                                 f" (parameter group {i})" if len(groups) > 1 else "")
+                 for i, group in enumerate(groups)]
+    if kind == "sgd":
+        with_momentum = [i for i, s in enumerate(per_group) if s["momentum"] > 0]
+        if 0 < len(with_momentum) < len(per_group):
+            without = next(i for i, s in enumerate(per_group) if s["momentum"] == 0)
+            raise OptimizerError(
+                f"SGD's parameter group {with_momentum[0]} has momentum="
+                f"{per_group[with_momentum[0]]['momentum']} and group {without} momentum=0: "
+                "pebble plans a momentum buffer for every parameter or for none (give every "
+                "group a momentum, or none)")
+    return kind, per_group
+
+
+def _group_settings(name, kind, group, where):
+    """One parameter group's settings (see _settings); `name` the
+    optimizer's class, `where` names the group in a refusal."""
     unsupported = []
     for key, fine in (("nesterov", False), ("maximize", False), ("amsgrad", False),
                       ("capturable", False), ("differentiable", False), ("fused", None),
                       ("dampening", 0)):
-        if key in first and first[key] not in (fine, False) and first[key] is not None:
-            unsupported.append(f"{key}={first[key]}")
-    if type(optimizer) is torch.optim.SGD:
-        kind = "sgd"
-        settings = {"lr": first["lr"], "momentum": first["momentum"],
-                    "weight_decay": first["weight_decay"]}
-    elif type(optimizer) in (torch.optim.Adam, torch.optim.AdamW):
-        kind = "adam" if type(optimizer) is torch.optim.Adam else "adamw"
-        beta1, beta2 = first["betas"]
-        settings = {"lr": first["lr"], "beta1": beta1, "beta2": beta2, "eps": first["eps"],
-                    "weight_decay": first["weight_decay"]}
-    else:
-        raise OptimizerError(f"optimizer {type(optimizer).__name__}: pebble.torch plans "
-                             "torch.optim.SGD, Adam and AdamW")
+        if key in group and group[key] not in (fine, False) and group[key] is not None:
+            unsupported.append(f"{key}={group[key]}")
     if unsupported:
-        raise OptimizerError(f"{type(optimizer).__name__} with {', '.join(unsupported)}: "
-                             "pebble plans plain SGD (momentum, weight decay), Adam and AdamW")
+        raise OptimizerError(f"{name} with {', '.join(unsupported)}{where}: pebble plans plain "
+                             "SGD (momentum, weight decay), Adam and AdamW")
+    if kind == "sgd":
+        settings = {"lr": group["lr"], "momentum": group["momentum"],
+                    "weight_decay": group["weight_decay"]}
+    else:
+        beta1, beta2 = group["betas"]
+        settings = {"lr": group["lr"], "beta1": beta1, "beta2": beta2, "eps": group["eps"],
+                    "weight_decay": group["weight_decay"]}
     for key, value in settings.items():
         if torch.is_tensor(value):
-            raise OptimizerError(f"{type(optimizer).__name__}: a tensor {key} is not planned")
+            raise OptimizerError(f"{name}: a tensor {key}{where} is not planned")
         if key in ("lr", "eps") and not value > 0:
-            raise OptimizerError(f"{type(optimizer).__name__}: {key}={value}; pebble plans "
-                                 f"{key} above 0")
+            raise OptimizerError(f"{name}: {key}={value}{where}; pebble plans {key} above 0")
     if kind == "adamw":
         settings["decoupled"] = True
-    return kind, settings
+    return settings
+
+
+def _settings_by_name(optimizer, per_group, params):
+    """Parameter name -> the settings of its group (per_group, _settings'),
+    for the parameters `params` (name -> tensor) that the optimizer holds."""
+    of_id = {id(p): s for group, s in zip(optimizer.param_groups, per_group)
+             for p in group["params"]}
+    return {name: of_id[id(p)] for name, p in params.items() if id(p) in of_id}
