@@ -78,14 +78,17 @@ absl::StatusOr<PlanOutcome> PlanGraph(const Graph& graph, const PlanRequest& req
   out.end_state_bytes = EndStateBytes(
       graph.has_auto_homes() ? ResolveHomes(graph, out.result.schedule) : graph);
   if (!out.result.feasible && !out.budget_is_min) {
-    options.budget_bytes = kMinBudgetBytes;
-    options.progress = nullptr;
-    // Within the time limit where the first plan left time, else a tenth of
-    // it: the whole call keeps within 1.1 times the limit.
-    options.time_limit_s = std::max(0.1 * options.time_limit_s,
-                                    options.time_limit_s - out.plan_time_s);
-    ASSIGN_OR_RETURN(PlanResult least, planner->Plan(graph, options));
-    out.least_peak_bytes = least.report.peak_bytes;
+    out.least_peak_bytes = out.result.least_peak_bytes;  // the planner's, if it made one
+    if (!out.least_peak_bytes.has_value()) {
+      options.budget_bytes = kMinBudgetBytes;
+      options.progress = nullptr;
+      // Within the time limit where the first plan left time, else a tenth
+      // of it: the whole call keeps within 1.1 times the limit.
+      options.time_limit_s = std::max(0.1 * options.time_limit_s,
+                                      options.time_limit_s - out.plan_time_s);
+      ASSIGN_OR_RETURN(PlanResult least, planner->Plan(graph, options));
+      out.least_peak_bytes = least.report.peak_bytes;
+    }
     out.advice = DoesNotFitAdvice(out.policy, out.budget_bytes, *out.least_peak_bytes,
                                   out.baseline_peak_bytes, out.end_state_bytes,
                                   out.result.message);

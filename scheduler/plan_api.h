@@ -84,7 +84,8 @@ std::string DoesNotFitAdvice(absl::string_view policy, int64_t budget_bytes,
 
 // Resolves the budget against the graph's baseline peak, plans, simulates
 // (the result's report) and lays the schedule out in an arena; where the
-// plan does not fit, plans again at "min" for least_peak_bytes and advice.
+// plan does not fit, plans again at "min" for least_peak_bytes and advice
+// (where the planner has not: PlanResult::least_peak_bytes).
 // Errors: a malformed budget, an unknown policy, a graph the policy cannot
 // take.
 absl::StatusOr<PlanOutcome> PlanGraph(const Graph& graph, const PlanRequest& request);

@@ -14,6 +14,7 @@
 #include "graph/status.h"
 #include "graph/text_input.h"
 #include "scheduler/alias_fold.h"
+#include "scheduler/checkmate.h"  // PeakLowerBound
 #include "scheduler/collectives.h"
 #include "scheduler/updates_last.h"
 #include "scheduler/whole_step.h"
@@ -115,20 +116,34 @@ namespace {
 //   that search short (its message then says so: a larger limit may fit).
 //   The limit bounds the whole call, so a policy whose own plan takes all
 //   of it (checkmate-lp) leaves none for its least-peak plan.
+// A graph without either is alike, more rarely (hybrid on the transformer:
+// min 16,263,172 bytes, at a budget of those bytes a plan of 16,264,196),
+// and a descent there would cost every min a plan or more (checkmate-lp's
+// LP: 19 s on that transformer). So there the byte budget's fallback runs
+// without the descent (min's own plan, as made at min), and only where the
+// budget is not below PeakLowerBound, under which no plan fits: a budget at
+// or above min is never refused, and min stays the policy's own least peak
+// (which a byte budget may undercut: dtr on that transformer, min
+// 16,782,340 bytes, at those bytes 16,522,244). A one-shot policy plans
+// such a graph alike at every budget: nothing to fall back on.
 class LeastPeakDescent : public Planner {
  public:
-  explicit LeastPeakDescent(std::unique_ptr<Planner> inner) : inner_(std::move(inner)) {}
+  LeastPeakDescent(std::unique_ptr<Planner> inner, bool one_shot)
+      : inner_(std::move(inner)), one_shot_(one_shot) {}
 
   absl::StatusOr<PlanResult> Plan(const Graph& graph,
                                   const PlannerOptions& options) const override {
     const auto start = std::chrono::steady_clock::now();
     ASSIGN_OR_RETURN(PlanResult planned, inner_->Plan(graph, options));
-    if (!graph.has_collectives() && !graph.has_in_place()) return planned;
+    const bool whole_step = graph.has_collectives() || graph.has_in_place();
     if (options.budget_bytes == kMinBudgetBytes) {
-      if (!planned.feasible) return planned;
+      if (!planned.feasible || !whole_step) return planned;
       return Descend(graph, options, std::move(planned), kMinBudgetBytes, start);
     }
     if (planned.feasible) return planned;
+    if (!whole_step && (one_shot_ || options.budget_bytes < PeakLowerBound(graph))) {
+      return planned;
+    }
     PlannerOptions least = options;
     least.budget_bytes = kMinBudgetBytes;
     least.progress = nullptr;
@@ -139,7 +154,7 @@ class LeastPeakDescent : public Planner {
       return planned;
     }
     ASSIGN_OR_RETURN(PlanResult low, inner_->Plan(graph, least));
-    if (low.feasible) {
+    if (low.feasible && whole_step) {
       ASSIGN_OR_RETURN(low, Descend(graph, least, std::move(low), options.budget_bytes, start));
     }
     if (!low.feasible || low.report.peak_bytes > options.budget_bytes) {
@@ -149,12 +164,13 @@ class LeastPeakDescent : public Planner {
       absl::StrAppend(&planned.message, "its least-peak plan (as at budget min), made in the ",
                       absl::StrFormat("%.3g", least.time_limit_s),
                       " s left of the time limit, peaked at ", FormatBytes(low.report.peak_bytes));
+      planned.least_peak_bytes = low.report.peak_bytes;
       return planned;
     }
     if (!low.message.empty()) low.message += "; ";
     absl::StrAppend(&low.message, "the policy's own plan at this budget peaked at ",
-                    FormatBytes(planned.report.peak_bytes), "; its least-peak plan (as at "
-                    "budget min) fits");
+                    FormatBytes(planned.report.peak_bytes), " (", planned.report.peak_bytes,
+                    " bytes); its least-peak plan (as at budget min) fits");
     return low;
   }
 
@@ -185,6 +201,7 @@ class LeastPeakDescent : public Planner {
 
   static constexpr int kDescents = 8;
   std::unique_ptr<Planner> inner_;
+  bool one_shot_;
 };
 
 }  // namespace
@@ -218,7 +235,8 @@ absl::StatusOr<std::unique_ptr<Planner>> MakePlanner(absl::string_view name) {
   if (name == "hybrid") planner = WithWholeStepsCompared(std::move(planner));
   // (an exact policy's least peak is its model's: Note [The least peak of a sharded step])
   if (!info->exact && !info->external) {
-    planner = std::make_unique<LeastPeakDescent>(std::move(planner));
+    planner = std::make_unique<LeastPeakDescent>(std::move(planner),
+                                                 info->kind == PlanKind::kOneShot);
   }
   return planner;
 }

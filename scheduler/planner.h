@@ -92,6 +92,10 @@ struct PlanResult {
   bool feasible = false;  // report.peak_bytes <= budget (and host budget)
   std::string message;    // why infeasible, or notes ("optimal", ...)
   nlohmann::json details = nlohmann::json::object();  // policy-specific
+  // Infeasible at a byte budget, where the planner also made its least-peak
+  // plan (as at budget min; Note [The least peak of a sharded step]): that
+  // plan's peak, which a caller's advice can take instead of planning again.
+  std::optional<int64_t> least_peak_bytes;
 };
 
 // best-order's plans (order_best.cc) by graph and budget, for one planning

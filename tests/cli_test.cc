@@ -446,6 +446,26 @@ TEST(CliTest, MinIsTheLeastPeakOfAShardedOrWholeStep) {
   }
 }
 
+// On a graph without updates or collectives too, a budget at or above a
+// policy's min fits: hybrid's own plan at its min in bytes peaked 1 KiB above
+// it; the least-peak plan is taken, and the message says so.
+TEST(CliTest, ABudgetAtOrAboveMinFitsOnAPlainGraph) {
+  const std::string plan = "plan --model transformer --policy hybrid";
+  Result least = Pebble(plan + " --budget min --json");
+  ASSERT_EQ(least.exit_code, 0) << least.err;
+  const int64_t peak = ParseOrFail(least.out)["report"]["peak_bytes"].get<int64_t>();
+  for (int64_t above : {int64_t{0}, int64_t{1} << 10}) {
+    Result at = Pebble(plan + " --budget " + std::to_string(peak + above) + " --json");
+    ASSERT_EQ(at.exit_code, 0) << above << ": " << at.err;
+    const nlohmann::json doc = ParseOrFail(at.out);
+    EXPECT_LE(doc["report"]["peak_bytes"].get<int64_t>(), peak + above);
+    if (above == 0) {
+      EXPECT_THAT(doc["message"].get<std::string>(),
+                  HasSubstr("bytes); its least-peak plan (as at budget min) fits"));
+    }
+  }
+}
+
 // At min only the host budget is left to break: the error says so (it was
 // an empty line).
 TEST(CliTest, AHostBudgetBrokenAtMinIsNamed) {
