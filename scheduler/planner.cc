@@ -159,11 +159,18 @@ class LeastPeakDescent : public Planner {
     }
     if (!low.feasible || low.report.peak_bytes > options.budget_bytes) {
       // (The least-peak plan had what the budget's own plan left of the
-      // time limit: less than at budget min, so it may peak higher.)
+      // time limit: less than at budget min, so where the limit cut its
+      // search it may peak higher.)
+      const bool cut =
+          (low.details.is_object() && low.details.value("time_limit_reached", false)) ||
+          Remaining(options, start) <= 0;
       if (!planned.message.empty()) planned.message += "; ";
-      absl::StrAppend(&planned.message, "its least-peak plan (as at budget min), made in the ",
-                      absl::StrFormat("%.3g", least.time_limit_s),
-                      " s left of the time limit, peaked at ", FormatBytes(low.report.peak_bytes));
+      absl::StrAppend(&planned.message, "its least-peak plan (as at budget min)",
+                      cut ? absl::StrFormat(", cut by the %.3g s left of the time limit,",
+                                            least.time_limit_s)
+                          : std::string(),
+                      " peaked at ", FormatBytes(low.report.peak_bytes), " (",
+                      low.report.peak_bytes, " bytes)");
       planned.least_peak_bytes = low.report.peak_bytes;
       return planned;
     }

@@ -464,6 +464,16 @@ TEST(CliTest, ABudgetAtOrAboveMinFitsOnAPlainGraph) {
                   HasSubstr("bytes); its least-peak plan (as at budget min) fits"));
     }
   }
+  // Below min, refused: the message gives that plan's peak (no time limit
+  // cut it), and the advice takes it as the least peak.
+  Result below = Pebble(plan + " --budget 16000000 --json");
+  EXPECT_EQ(below.exit_code, 1) << below.err;
+  const nlohmann::json doc = ParseOrFail(below.out);
+  EXPECT_EQ(doc["least_peak_bytes"], peak);
+  const std::string message = doc["message"].get<std::string>();
+  EXPECT_THAT(message, HasSubstr("; its least-peak plan (as at budget min) peaked at "));
+  EXPECT_THAT(message, HasSubstr("(" + std::to_string(peak) + " bytes)"));
+  EXPECT_THAT(message, Not(HasSubstr("time limit")));
 }
 
 // At min only the host budget is left to break: the error says so (it was
