@@ -161,9 +161,7 @@ class LeastPeakDescent : public Planner {
       // (The least-peak plan had what the budget's own plan left of the
       // time limit: less than at budget min, so where the limit cut its
       // search it may peak higher.)
-      const bool cut =
-          (low.details.is_object() && low.details.value("time_limit_reached", false)) ||
-          Remaining(options, start) <= 0;
+      const bool cut = TimeLimitReached(low) || Remaining(options, start) <= 0;
       if (!planned.message.empty()) planned.message += "; ";
       absl::StrAppend(&planned.message, "its least-peak plan (as at budget min)",
                       cut ? absl::StrFormat(", cut by the %.3g s left of the time limit,",

@@ -179,8 +179,7 @@ class Updates:
         for name, p in list(self.params.items()):
             self.params[name] = replaced.get(id(p), p)
         self._name = {p: name for name, p in self.params.items()}
-        self._settings_of = _settings_by_name(self.optimizer, _settings(self.optimizer)[1],
-                                              self.params)
+        # (_settings_of is by name: the new objects keep their groups' settings)
 
     def settings_of(self, node_id):
         """The settings of the group whose parameter the update or state node
