@@ -71,7 +71,8 @@ def cache_entries(build_dir):
 
 class CMakeBuild(build_ext):
     """Builds pebble._core and the command line with CMake and puts both in
-    the wheel: the extension where setuptools expects it, the binary in
+    the wheel: the extension where setuptools expects it, the binary (and
+    its CUDA backend, libpebble_cuda.so, where the build has one) in
     pebble/_bin/ beside it."""
 
     def build_extension(self, ext):
@@ -107,6 +108,12 @@ class CMakeBuild(build_ext):
         bin_dir = os.path.join(os.path.dirname(core), "_bin")
         os.makedirs(bin_dir, exist_ok=True)
         shutil.copy2(binary, os.path.join(bin_dir, "pebble"))  # keeps the exec bit
+        # The binary's CUDA backend, where the build has one: it looks for it
+        # beside itself too (runtime/factory/cuda_plugin.h).
+        plugins = glob.glob(os.path.join(build_dir, "lib", "**", "libpebble_cuda.so"),
+                            recursive=True)
+        if plugins:
+            shutil.copy2(plugins[0], os.path.join(bin_dir, "libpebble_cuda.so"))
 
     def configure(self, build_dir):
         command = ["cmake", "-S", SOURCE_DIR, "-B", build_dir,

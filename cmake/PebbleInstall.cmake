@@ -57,6 +57,9 @@ install(TARGETS ${exported} EXPORT pebbleTargets
 if(TARGET pebble)
   install(TARGETS pebble RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
 endif()
+if(TARGET pebble_cuda_plugin)  # where the binary looks for it (PEBBLE_CUDA_PLUGIN_RELDIR)
+  install(TARGETS pebble_cuda_plugin LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}/pebble)
+endif()
 
 # Public headers: what the umbrella header reaches, nothing internal
 # (zoo_internal.h, ops/op_util.h, the kernels' helpers).

@@ -128,4 +128,39 @@ TEST(CliCalibrateTest, CudaWithoutDeviceSaysSo) {
   EXPECT_THAT(r.err, ::testing::AnyOf(HasSubstr("no CUDA device"), HasSubstr("without CUDA")));
 }
 
+#ifdef PEBBLE_FAKE_CUDA_PLUGIN
+// The binary loads its CUDA backend from libpebble_cuda.so only for
+// --backend cuda (runtime/factory/cuda_plugin.h); each way that can fail
+// names the file, and the other commands never need it.
+TEST(CliCalibrateTest, CudaPluginRefusalsNameTheFile) {
+  struct Plugin {
+    explicit Plugin(const std::string& path) { setenv("PEBBLE_CUDA_PLUGIN", path.c_str(), 1); }
+    ~Plugin() { unsetenv("PEBBLE_CUDA_PLUGIN"); }
+  };
+  const std::string run = "run --model mnist-cnn:batch=2 --policy dtr --budget min --backend cuda";
+  {
+    Plugin missing("/nonexistent/libpebble_cuda.so");
+    ::pebble::testing::ExpectOneLineError(
+        Pebble(run), 1, {"PEBBLE_CUDA_PLUGIN", "/nonexistent/libpebble_cuda.so", "--backend cpu"});
+    Result plan = Pebble("plan --model mnist-cnn:batch=2 --policy dtr --budget min");
+    EXPECT_EQ(plan.exit_code, 0) << plan.err;
+    Result cpu = Pebble("run --model mnist-cnn:batch=2 --policy dtr --budget min --backend cpu");
+    EXPECT_EQ(cpu.exit_code, 0) << cpu.err;
+  }
+  {
+    const std::string text = TempPath("not_a_library.so");
+    ::pebble::testing::WriteText(text, "not an ELF file\n");
+    Plugin not_elf(text);
+    ::pebble::testing::ExpectOneLineError(
+        Pebble(run), 1, {"cannot load pebble's CUDA backend", text, "--backend cpu"});
+    fs::remove(text);
+  }
+  {
+    Plugin other(PEBBLE_FAKE_CUDA_PLUGIN);
+    ::pebble::testing::ExpectOneLineError(
+        Pebble(run), 1, {PEBBLE_FAKE_CUDA_PLUGIN, "another build of pebble", "0.0.0-another-build"});
+  }
+}
+#endif
+
 }  // namespace

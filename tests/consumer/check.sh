@@ -20,6 +20,21 @@ for must in bin/pebble include/pebble/pebble.h include/pebble/config.h \
             lib/pkgconfig/pebble.pc; do
   [[ -e "$prefix/$must" ]] || { echo "FAIL: $must is not installed" >&2; exit 1; }
 done
+# With the CUDA backend, the binary's plugin is installed where it looks
+# (docs/cuda.md): --backend cuda loads it, and without a GPU the backend
+# itself answers "no CUDA device".
+if grep -q '^#define PEBBLE_HAVE_CUDA 1' "$prefix/include/pebble/config.h"; then
+  [[ -e "$prefix/lib/pebble/libpebble_cuda.so" ]] ||
+    { echo "FAIL: lib/pebble/libpebble_cuda.so is not installed" >&2; exit 1; }
+  if ! cuda_err=$("$prefix/bin/pebble" run --model "$model" --policy "$policy" \
+                  --budget "$budget" --backend cuda --json 2>&1 >/dev/null); then
+    if [[ "$cuda_err" != *"no CUDA device"* ]]; then
+      echo "FAIL: the installed pebble's --backend cuda: $cuda_err" >&2
+      exit 1
+    fi
+  fi
+  echo "ok: the installed pebble loads its CUDA backend"
+fi
 if [[ -e "$prefix/include/pebble/graph/models/zoo_internal.h" ]]; then
   echo "FAIL: an internal header was installed" >&2
   exit 1
