@@ -19,7 +19,8 @@ the policy's least peak to the unplanned step) and `min`. Checked for each:
   prediction and within its budget.
 
 Then five SGD (momentum) and Adam steps of a few cases against eager's
-parameters, the graph of the one-pass capture against two passes through
+parameters (and AdamW steps with the gradients clipped by their norm between
+the step and optimizer.step()), the graph of the one-pass capture against two passes through
 functionalize, a step at another batch size (captured and planned again),
 and the errors a user meets. Exit 0 when all hold, 1 otherwise (each failure
 listed), 77 where torch is missing.
@@ -231,10 +232,14 @@ def check_case(failures, name, device, policies, budgets_wanted):
 
 
 def check_optimizers(failures, device, names, steps):
-    """`steps` SGD (momentum) and Adam steps: eager's parameters."""
+    """`steps` SGD (momentum) and Adam steps, and AdamW steps whose gradients
+    are clipped by their norm between the step and optimizer.step() (the way
+    docs/torch.md gives for clipping, which a step with optimizer= cannot
+    do): eager's parameters."""
     for name in names:
-        for make in (lambda ps: torch.optim.SGD(ps, lr=0.05, momentum=0.9),
-                     lambda ps: torch.optim.Adam(ps, lr=1e-3)):
+        for make, clip in ((lambda ps: torch.optim.SGD(ps, lr=0.05, momentum=0.9), None),
+                           (lambda ps: torch.optim.Adam(ps, lr=1e-3), None),
+                           (lambda ps: torch.optim.AdamW(ps, lr=1e-3), 1e-3)):
             case = step_models.CASES[name](device)
             model = case.model.train()
             eager_model = copy.deepcopy(model)
@@ -245,12 +250,20 @@ def check_optimizers(failures, device, names, steps):
                 torch.manual_seed(SEED + k)
                 opt.zero_grad(set_to_none=True)
                 step(*case.inputs, case.target)
+                norm = clip and torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
                 opt.step()
                 torch.manual_seed(SEED + k)
                 eager_opt.zero_grad(set_to_none=True)
                 case.loss_fn(eager_model(*case.inputs), case.target).backward()
+                eager_norm = clip and torch.nn.utils.clip_grad_norm_(
+                    eager_model.parameters(), clip)
                 eager_opt.step()
-            label = f"{name} {type(opt).__name__} x{steps}"
+                if clip:  # a norm below the bound would leave the clipping unchecked
+                    failures.check(float(eager_norm) > clip and
+                                   abs(float(norm) - float(eager_norm)) <= 1e-4 * float(eager_norm),
+                                   f"{name} step {k}: gradient norm {float(norm):.6g}, eager's "
+                                   f"{float(eager_norm):.6g} (clipped to {clip})")
+            label = f"{name} {type(opt).__name__}{' clipped' if clip else ''} x{steps}"
             worst = max(relative_error(p, q) for p, q in zip(model.parameters(),
                                                              eager_model.parameters()))
             failures.check(worst <= 1e-4, f"{label}: parameters off eager's by {worst:.2e}")
