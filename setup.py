@@ -108,12 +108,15 @@ class CMakeBuild(build_ext):
         bin_dir = os.path.join(os.path.dirname(core), "_bin")
         os.makedirs(bin_dir, exist_ok=True)
         shutil.copy2(binary, os.path.join(bin_dir, "pebble"))  # keeps the exec bit
-        # The binary's CUDA backend, where the build has one: it looks for it
-        # beside itself too (runtime/factory/cuda_plugin.h).
-        plugins = glob.glob(os.path.join(build_dir, "lib", "**", "libpebble_cuda.so"),
-                            recursive=True)
-        if plugins:
-            shutil.copy2(plugins[0], os.path.join(bin_dir, "libpebble_cuda.so"))
+        # The binary's CUDA backend, where the build has one (CMakeCache.txt
+        # then says where, from bin/): the binary looks for it beside itself
+        # too (runtime/factory/cuda_plugin.h).
+        reldir = cache.get("PEBBLE_CUDA_PLUGIN_RELDIR")
+        if reldir:
+            plugin = os.path.join(build_dir, "bin", reldir, "libpebble_cuda.so")
+            if not os.path.isfile(plugin):
+                fail(f"{plugin} was not built (the pebble binary's CUDA backend)")
+            shutil.copy2(plugin, os.path.join(bin_dir, "libpebble_cuda.so"))
 
     def configure(self, build_dir):
         command = ["cmake", "-S", SOURCE_DIR, "-B", build_dir,

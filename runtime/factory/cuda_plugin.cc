@@ -59,7 +59,10 @@ absl::StatusOr<const CudaPlugin*> Load() {
                                       : absl::StrJoin(looked, " and "),
         "; reinstall pebble, or set ", kCudaPluginVariable, " to its path", kUseCpu));
   }
-  const std::string path = found->string();
+  // Absolute: dlopen would look a bare name up on the library path instead.
+  std::error_code error;
+  std::string path = fs::absolute(*found, error).string();
+  if (error) path = found->string();
   void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
   if (handle == nullptr) {
     const char* why = dlerror();
@@ -68,19 +71,23 @@ absl::StatusOr<const CudaPlugin*> Load() {
         " (it needs the CUDA runtime, cuBLAS and cuDNN 9 that pebble was built with)",
         kUseCpu));
   }
-  // Never dlclose'd: backends made by it live until the process ends.
+  // Never dlclose'd once accepted: backends made by it live until the
+  // process ends.
   using Entry = const CudaPlugin* (*)();
   auto entry = reinterpret_cast<Entry>(dlsym(handle, kCudaPluginEntry));
   const CudaPlugin* plugin = entry != nullptr ? entry() : nullptr;
   if (plugin == nullptr) {
+    dlclose(handle);
     return absl::FailedPreconditionError(absl::StrCat(
         path, " is not pebble's CUDA backend (it has no ", kCudaPluginEntry, ")", kUseCpu));
   }
   if (std::strcmp(plugin->abi, PEBBLE_CUDA_PLUGIN_ABI) != 0) {
-    return absl::FailedPreconditionError(absl::StrCat(
+    std::string message = absl::StrCat(
         path, " comes from another build of pebble (", plugin->abi, ", this binary is ",
         PEBBLE_CUDA_PLUGIN_ABI, "): install the binary and its ", kCudaPluginFile,
-        " together", kUseCpu));
+        " together", kUseCpu);
+    dlclose(handle);  // (after the last read of its abi string)
+    return absl::FailedPreconditionError(message);
   }
   return plugin;
 }

@@ -1,5 +1,5 @@
-// The `pebble` binary's CUDA backend as a plugin (docs/cuda.md, "The CUDA
-// backend of the command line"). cuBLAS's own start-up runs when its library
+// The `pebble` binary's CUDA backend as a plugin (docs/cuda.md, "The command
+// line's CUDA backend"). cuBLAS's own start-up runs when its library
 // is loaded, about 0.4 s on a 2-core machine whether or not a GPU is there,
 // so the binary does not link the CUDA backend: it loads libpebble_cuda.so,
 // built with it from the same sources, the first time `--backend cuda` is

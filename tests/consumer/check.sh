@@ -23,9 +23,10 @@ done
 # With the CUDA backend, the binary's plugin is installed where it looks
 # (docs/cuda.md): --backend cuda loads it, and without a GPU the backend
 # itself answers "no CUDA device".
-if grep -q '^#define PEBBLE_HAVE_CUDA 1' "$prefix/include/pebble/config.h"; then
-  [[ -e "$prefix/lib/pebble/libpebble_cuda.so" ]] ||
-    { echo "FAIL: lib/pebble/libpebble_cuda.so is not installed" >&2; exit 1; }
+reldir=$(sed -n 's/^PEBBLE_CUDA_PLUGIN_RELDIR:INTERNAL=//p' "$build/CMakeCache.txt")
+if [[ -n "$reldir" ]]; then
+  [[ -e "$prefix/bin/$reldir/libpebble_cuda.so" ]] ||
+    { echo "FAIL: bin/$reldir/libpebble_cuda.so is not installed" >&2; exit 1; }
   if ! cuda_err=$("$prefix/bin/pebble" run --model "$model" --policy "$policy" \
                   --budget "$budget" --backend cuda --json 2>&1 >/dev/null); then
     if [[ "$cuda_err" != *"no CUDA device"* ]]; then

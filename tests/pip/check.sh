@@ -116,7 +116,7 @@ echo "ok: the installed pebble command fails as the binary does (exit $status)"
 # Where the build has the CUDA backend, the wheel carries the binary's plugin
 # beside it (docs/cuda.md): --backend cuda loads it, and without a GPU the
 # backend itself answers "no CUDA device".
-if [[ -n "$(find "$build/lib" -name libpebble_cuda.so -print -quit 2>/dev/null)" ]]; then
+if grep -q '^PEBBLE_CUDA_PLUGIN_RELDIR:INTERNAL=' "$build/CMakeCache.txt"; then
   if ! cuda_err=$(PATH="$venv/bin:$PATH" pebble run --model "$model" --policy "$policy" \
                   --budget "$budget" --backend cuda --json 2>&1 >/dev/null) &&
      [[ "$cuda_err" != *"no CUDA device"* ]]; then

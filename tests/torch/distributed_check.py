@@ -1589,7 +1589,9 @@ def checks(torch, pt, dist, rank, ranks):
                 (dict(process_group=world, shard="full", optimizer=sgd,
                       optimizer_gradients="keep"), ValueError, "is not possible"),
                 (dict(process_group=world, shard="full", optimizer=sgd, buckets="25MiB"),
-                 ValueError, "a sharded step takes 'auto'")):
+                 ValueError, "a sharded step takes 'auto'"),
+                (dict(process_group=world, optimizer=sgd, max_grad_norm=1.0), ValueError,
+                 "max_grad_norm with a process_group is not planned yet")):
             try:
                 pt.train_step(model, torch.nn.functional.cross_entropy,
                               (torch.randn(4, 16),), torch.randint(0, 5, (4,)), **kwargs)

@@ -22,6 +22,9 @@ pebble.torch.train_step(..., optimizer=opt). Checks after every step:
 - parameter groups with settings of their own (a weight decay on the weights
   only, another lr) train as eager, each update's temporary planned where its
   own group's coupled weight decay makes one;
+- with max_grad_norm, the gradients are clipped in the plan as eager's
+  clip_grad_norm_ clips them between backward() and step() (and a .grad
+  kept from before the step, which clipping would not see, is refused);
 - with optimizer_state="host", the state is in (pinned) host memory after
   each step and the plan streamed it (on the CPU device, with
   allow_cpu_offload, the copies are measured as a GPU's would be);
@@ -190,6 +193,12 @@ CASES = [  # (model, optimizer, policy, budget, where the state lives, where the
     ("convnet", "adam-groups", "dtr", "min", None, "host"),
     ("mlp", "adam-groups", "rotor", "min", "auto", "device"),
     ("convnet", "sgd-groups", "checkmate-lp", "min", "host", "device"),
+    # Gradients clipped to a total norm in the plan (max_grad_norm), as eager's
+    # clip_grad_norm_ between backward() and step(): with the updates on the
+    # device, on the host with the gradients dropped, and with groups.
+    ("mlp", "adamw", "rotor", "min", "device", "device", "keep", 0.05),
+    ("convnet", "sgd", "dtr", "min", None, "host", "drop", 0.05),
+    ("mlp", "adam-groups", "checkmate-lp", "min", "auto", "device", "keep", 0.05),
 ]
 
 TOL = 1e-5
@@ -204,7 +213,7 @@ def close(torch, a, b):
 
 
 def run_case(torch, pt, device, steps, model_name, opt_name, policy, budget, state, updates,
-             gradients="keep"):
+             gradients="keep", clip=None):
     make_model, make_batch = models(torch)[model_name]
     make_opt = optimizers(torch)[opt_name]
     torch.manual_seed(0)
@@ -229,9 +238,19 @@ def run_case(torch, pt, device, steps, model_name, opt_name, policy, budget, sta
                          policy=policy, budget=budget, measure="always",
                          bandwidth=SLOW_LINK if updates == "auto" and not ranged else None,
                          optimizer_state=state, optimizer_updates=updates,
-                         optimizer_gradients=gradients,
+                         optimizer_gradients=gradients, max_grad_norm=clip,
                          allow_cpu_offload=state not in (None, "device") or updates != "device")
     failures = temporaries_by_group(step, planned_opt, planned_model)
+    if step.report["optimizer_updates"]["max_grad_norm"] != clip:
+        failures.append(f"the report's max_grad_norm is "
+                        f"{step.report['optimizer_updates']['max_grad_norm']}, not {clip}")
+
+    def clipped(model, k):  # eager's clipping; the first step's must clip
+        if clip is not None:
+            norm = torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+            if k == 0 and not float(norm) > clip:
+                failures.append(f"the gradients' norm {float(norm)} is within {clip}: "
+                                "nothing was clipped")
     streamed = step.plan.report["transfer_bytes"]
     if (state == "host" or updates == "host") and streamed == 0:
         failures.append("the state's home is the host, but the plan moves nothing")
@@ -257,6 +276,7 @@ def run_case(torch, pt, device, steps, model_name, opt_name, policy, budget, sta
         eager_opt.zero_grad(set_to_none=True)
         eager_loss = loss_fn(eager_model(x), y)
         eager_loss.backward()
+        clipped(eager_model, k)
         eager_opt.step()
         planned_opt.zero_grad(set_to_none=True)
         loss = step(x, y)
@@ -304,6 +324,7 @@ def run_case(torch, pt, device, steps, model_name, opt_name, policy, budget, sta
     x, y = batches[steps]
     resumed_opt.zero_grad(set_to_none=True)
     loss_fn(resumed_model(x), y).backward()
+    clipped(resumed_model, steps)
     resumed_opt.step()
     # A state dict loaded into the planned optimizer (torch puts its tensors
     # on the parameters' device) is used, and moved where the plan keeps it.
@@ -318,7 +339,8 @@ def run_case(torch, pt, device, steps, model_name, opt_name, policy, budget, sta
             failures.append(f"after loading the state dict, parameter {name} differs")
     r = step.report
     print(f"{model_name:8} {opt_name:9} {policy:12} {budget:6} state on {str(state):6} "
-          f"updates on {updates:6} gradients {gradients}: "
+          f"updates on {updates:6} gradients {gradients}"
+          f"{'' if clip is None else f', clipped to {clip}'}: "
           f"{streamed} bytes moved, predicted step peak "
           f"{r['predicted_step_peak_bytes']}, measured {r['measured_peak_bytes']} "
           f"({r['measured_by']}), {r['recomputations']} recomputations"
@@ -508,7 +530,11 @@ def refusals(torch, pt, device):
             (dict(optimizer_parameters="auto", optimizer=opt, optimizer_gradients="keep",
                   allow_cpu_offload=True), "leave optimizer_gradients out"),
             (dict(optimizer_parameters="host", optimizer=opt),
-             "saves no memory on the CPU device" if on_cpu else None)):
+             "saves no memory on the CPU device" if on_cpu else None),
+            (dict(max_grad_norm=1.0), "give the optimizer too"),
+            (dict(max_grad_norm=0.0, optimizer=opt), "a positive finite number, not 0.0"),
+            (dict(max_grad_norm=float("nan"), optimizer=opt), "a positive finite number, not nan"),
+            (dict(max_grad_norm="1", optimizer=opt), "a positive finite number, not '1'")):
         placed = {k: v for k, v in kwargs.items() if k.startswith("optimizer_")}
         try:
             pt.train_step(model, torch.nn.functional.cross_entropy, (x,), y, **kwargs)
@@ -520,8 +546,9 @@ def refusals(torch, pt, device):
             failures.append(f"{placed} was not refused")
     # A .grad kept from before the step (PyTorch 1.13's zero_grad() keeps
     # zeros): the step adds to it, as backward() does, and the update reads
-    # the sum; updates on the host refuse it, naming the remedy.
-    for updates in ("device", "host"):
+    # the sum; updates on the host refuse it, naming the remedy, and so does
+    # clipping (clip_grad_norm_ clips the sum, the step its own gradient).
+    for updates, clip in (("device", None), ("host", None), ("device", 1.0)):
         torch.manual_seed(0)
         eager = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(),
                                     torch.nn.Linear(8, 2)).to(device)
@@ -530,7 +557,7 @@ def refusals(torch, pt, device):
         planned_opt = torch.optim.Adam(planned.parameters(), lr=0.1, foreach=False)
         step = pt.train_step(planned, torch.nn.functional.cross_entropy, (x,), y,
                              optimizer=planned_opt, optimizer_updates=updates,
-                             allow_cpu_offload=True)
+                             allow_cpu_offload=True, max_grad_norm=clip)
         try:
             for _ in range(3):
                 for p in list(eager.parameters()) + list(planned.parameters()):
@@ -540,11 +567,13 @@ def refusals(torch, pt, device):
                 eager_opt.step()
                 step(x, y)
         except pt.OptimizerError as e:
-            if updates == "device" or "zero_grad(set_to_none=True)" not in str(e):
-                failures.append(f"with .grad kept, updates on the {updates}: {e}")
+            refused = updates == "host" or clip is not None
+            if not refused or "zero_grad(set_to_none=True)" not in str(e):
+                failures.append(f"with .grad kept, updates on the {updates}, clip {clip}: {e}")
             continue
-        if updates == "host":
-            failures.append("with .grad kept, updates on the host were not refused")
+        if updates == "host" or clip is not None:
+            failures.append(f"with .grad kept, updates on the {updates}, clip {clip}: not "
+                            "refused")
         elif not all(close(torch, a.detach(), b.detach())
                      for a, b in zip(planned.parameters(), eager.parameters())):
             failures.append("with .grad kept (zeroed, not None), the parameters differ from "

@@ -126,6 +126,14 @@ class TrainStep:
         [Parameters that live on the host] in _executor.py) or "auto" (the
         plan chooses per parameter). With shard="full", each rank's
         parameter shards, fetched for their gathers.
+      max_grad_norm: with `optimizer`, the gradients are clipped before the
+        updates as torch.nn.utils.clip_grad_norm_(model.parameters(),
+        max_grad_norm) clips them between backward() and optimizer.step()
+        (the 2-norm of all the gradients together), inside the plan: it
+        then holds every gradient until their norm is known, and every
+        update follows it. .grad holds the clipped gradients. None (the
+        default): no clipping. Not yet with a process_group, nor where a
+        .grad kept from before the step would be added to.
       process_group: a torch.distributed process group (initialised; gloo on
         the CPU, NCCL on GPUs): data parallelism, DistributedDataParallel's
         rule. Rank 0's parameters and buffers are copied to every rank here.
@@ -180,7 +188,8 @@ class TrainStep:
                  calibrate=True, measure="first", allow_cpu_offload=False, optimizer=None,
                  optimizer_state=None, optimizer_updates="device", optimizer_gradients=None,
                  process_group=None, shard="none", network=None, network_latency=None,
-                 buckets="auto", optimizer_parameters="device", param_init=None):
+                 buckets="auto", optimizer_parameters="device", param_init=None,
+                 max_grad_norm=None):
         self.process_group = _checked_group(process_group)
         # Each rank's own checks, then (Note [One plan on every rank]) the
         # ranks agree on them and on what decides the collectives that follow,
@@ -193,7 +202,7 @@ class TrainStep:
                 dict(policy=policy, budget=budget, host_budget=host_budget,
                      bandwidth=bandwidth, time_limit=time_limit, seed=seed),
                 calibrate, measure, allow_cpu_offload, optimizer, optimizer_state,
-                optimizer_updates, optimizer_gradients, optimizer_parameters)
+                optimizer_updates, optimizer_gradients, optimizer_parameters, max_grad_norm)
         except Exception as e:  # noqa: BLE001 (raised again by check_same_setup)
             if self.process_group is None:
                 raise
@@ -286,7 +295,7 @@ class TrainStep:
     def _take_arguments(self, model, loss_fn, example_inputs, example_target, shard, param_init,
                         options, calibrate, measure, allow_cpu_offload, optimizer,
                         optimizer_state, optimizer_updates, optimizer_gradients,
-                        optimizer_parameters):
+                        optimizer_parameters, max_grad_norm):
         """This rank's own checks of train_step's arguments, and the step's
         fields they make: (the inputs as a tuple, optimizer_gradients
         resolved). Raises what it refuses."""
@@ -323,8 +332,16 @@ class TrainStep:
             raise ValueError("optimizer_state, optimizer_updates and optimizer_gradients "
                              "place the optimizer's state, updates and gradients: give the "
                              "optimizer too")
+        if max_grad_norm is not None and optimizer is None:
+            raise ValueError("max_grad_norm clips the gradients before the optimizer's "
+                             "updates in the plan: give the optimizer too (without it, "
+                             "clip after the step as usual, before optimizer.step())")
+        if max_grad_norm is not None and self.process_group is not None:
+            raise ValueError("max_grad_norm with a process_group is not planned yet (the "
+                             "norm must be of the whole batch's gradients, after their "
+                             "reduction): train without optimizer= and clip after the step")
         self.updates = (Updates(optimizer, model, optimizer_state, optimizer_updates,
-                                optimizer_gradients, optimizer_parameters)
+                                optimizer_gradients, optimizer_parameters, max_grad_norm)
                         if optimizer is not None else None)
         inputs = _as_tuple(example_inputs, "example_inputs")
         _check_tensor_arg(example_target, "example_target")
@@ -672,7 +689,9 @@ class _Capture:
         # sharded step]).
         shards = step.shards
         traced = trace(step.model, step.loss_fn, inputs, target, self.device,
-                       stand_ins=shards.shapes if shards is not None else None)
+                       stand_ins=shards.shapes if shards is not None else None,
+                       max_grad_norm=(step.updates.max_grad_norm if step.updates is not None
+                                      else None))
         values, self.shapes_from = propagate(traced, self.device)
         self.traced_with = traced.mode
         self.nodes = StepGraph(traced, values, accumulate=_slot_ids(traced, key[1]),

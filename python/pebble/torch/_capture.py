@@ -141,8 +141,9 @@ class Traced:
         self.passes = 2  # make_fx traces: 1 where in-place calls were made functional here
 
 
-def _step_function(model, loss_fn, slots, grad_found):
-    """f(*slot tensors) -> [loss, gradient, ...] of the module's step."""
+def _step_function(model, loss_fn, slots, grad_found, max_grad_norm=None):
+    """f(*slot tensors) -> [loss, gradient, ...] of the module's step, the
+    gradients clipped to a total 2-norm of `max_grad_norm` where given."""
     n_state = sum(1 for s in slots if s.kind in ("parameter", "buffer"))
     n_inputs = sum(1 for s in slots if s.kind == "input")
 
@@ -171,9 +172,25 @@ def _step_function(model, loss_fn, slots, grad_found):
             if g is not None:
                 grad_found.append(slot)
                 out.append(g)
+        if max_grad_norm is not None:
+            out[1:] = _clipped(out[1:], max_grad_norm)
         return out
 
     return step
+
+
+def _clipped(grads, max_norm):
+    """`grads` scaled as torch.nn.utils.clip_grad_norm_(max_norm) scales the
+    .grad of each parameter (2-norm, the operations of PyTorch 1.13's; 2.x's
+    takes the norms with torch._foreach_norm, not checked against this yet):
+    every gradient times
+    min(1, max_norm / (total norm + 1e-6)), the total norm the norm of the
+    gradients' norms. Traced into the step, so the plan holds every gradient
+    until the total is known, and each update reads its clipped gradient."""
+    norms = [torch.norm(g.detach(), 2.0) for g in grads]
+    total = torch.norm(torch.stack(norms), 2.0)
+    coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
+    return [g * coef for g in grads]
 
 
 def _describe(x):
@@ -195,7 +212,8 @@ def _rng_kept(device):
             torch.cuda.set_rng_state(cuda, device)
 
 
-def trace(model, loss_fn, inputs, target, device, mode=None, one_pass=True, stand_ins=None):
+def trace(model, loss_fn, inputs, target, device, mode=None, one_pass=True, stand_ins=None,
+          max_grad_norm=None):
     """Traced step of `model` on `inputs` and `target`.
 
     mode: "fake" (no computation), "real", or None: fake where PyTorch can
@@ -205,7 +223,8 @@ def trace(model, loss_fn, inputs, target, device, mode=None, one_pass=True, stan
     (the same graph, at half the time); False always traces twice.
     stand_ins: parameter name -> shape, for parameters that hold no data
     here (a sharded module's: Note [Stand-ins for sharded parameters]); the
-    trace is then fake only."""
+    trace is then fake only. max_grad_norm: the gradients' outputs clipped
+    to that total 2-norm (_clipped)."""
     slots = module_slots(model)
     slots += [Slot("input", index=k) for k in range(len(inputs))]
     slots.append(Slot("target"))
@@ -237,7 +256,7 @@ def trace(model, loss_fn, inputs, target, device, mode=None, one_pass=True, stan
         stack = _ModuleStack(model)
         try:
             with _rng_kept(device), _rnn_without_cudnn(model, device):
-                step = _step_function(model, loss_fn, slots, grad_found)
+                step = _step_function(model, loss_fn, slots, grad_found, max_grad_norm)
                 first = _make_fx(step, m, flat, fake_mode)
                 stack.close()
                 done = None

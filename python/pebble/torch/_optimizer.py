@@ -40,6 +40,7 @@ as a gradient is complete, while the backward goes on.
 import copy
 import json
 import math
+import numbers
 import time
 
 import torch
@@ -78,7 +79,7 @@ class Updates:
     the runner of its steps in a plan (Note [Steps of the optimizer])."""
 
     def __init__(self, optimizer, model, state=None, updates="device", gradients="keep",
-                 parameters="device"):
+                 parameters="device", max_grad_norm=None):
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise TypeError(f"optimizer must be a torch.optim.Optimizer, not "
                             f"{type(optimizer).__name__}")
@@ -92,6 +93,14 @@ class Updates:
         if parameters not in ("device", "host", "auto"):
             raise ValueError(f"optimizer_parameters must be 'device', 'host' or 'auto', not "
                              f"{parameters!r}")
+        if max_grad_norm is not None and (
+                isinstance(max_grad_norm, bool) or not isinstance(max_grad_norm, numbers.Real)
+                or not math.isfinite(max_grad_norm) or max_grad_norm <= 0):
+            raise ValueError(f"max_grad_norm must be a positive finite number, not "
+                             f"{max_grad_norm!r}")
+        # The gradients' total norm is clipped to this in the captured step
+        # (_capture._clipped); None: not clipped.
+        self.max_grad_norm = None if max_grad_norm is None else float(max_grad_norm)
         if updates != "device" and state == "device":
             raise ValueError(f"optimizer_updates={updates!r} with optimizer_state='device': an "
                              "update on the host reads and writes its state there; give "
@@ -225,6 +234,15 @@ class Updates:
         # (the capture keeps them in attrs).
         doc = json.loads(graph.to_json())
         for node in doc["nodes"]:
+            if node.get("persistent") and node["id"].endswith(".grad") and \
+                    node["id"][:-len(".grad")] in self.params and \
+                    self.max_grad_norm is not None:
+                raise OptimizerError(
+                    f"parameter '{node['id'][:-len('.grad')]}' has a .grad from before the "
+                    "step, which the step would add to after clipping its own gradient, "
+                    "where clip_grad_norm_ clips the sum: clear the gradients with "
+                    "optimizer.zero_grad(set_to_none=True) (PyTorch 1.13's zero_grad() "
+                    "keeps zero tensors) to train with max_grad_norm")
             if (self.on_host or not self.keep_gradients) and node.get("persistent") and \
                     node["id"].endswith(".grad") and node["id"][:-len(".grad")] in self.params:
                 raise OptimizerError(
@@ -632,6 +650,7 @@ class Placement:
             if action in ("compute", "host_compute") and updates.owns(n) and
             updates.ops[n] not in ("optimizer_step", "optimizer_state"))
         self.device_parameters = sorted(self.updated_parameters - set(self.host_parameters))
+        self.max_grad_norm = updates.max_grad_norm  # the clipping in the plan, or None
         # The parameters whose host updates take a temporary (the host
         # scratch holds the largest of a dtype: Updates.ensure_state).
         self.scratch_parameters = sorted({
@@ -653,7 +672,8 @@ class Placement:
                 "streamed_bytes": sum(state[n] for n in self.streamed)},
             "optimizer_updates": {
                 "host_parameters": len(self.host_parameters),
-                "device_parameters": len(self.device_parameters)},
+                "device_parameters": len(self.device_parameters),
+                "max_grad_norm": self.max_grad_norm},
         }
 
 
