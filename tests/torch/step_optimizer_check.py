@@ -23,7 +23,8 @@ pebble.torch.train_step(..., optimizer=opt). Checks after every step:
   only, another lr) train as eager, each update's temporary planned where its
   own group's coupled weight decay makes one;
 - with max_grad_norm, the gradients are clipped in the plan as eager's
-  clip_grad_norm_ clips them between backward() and step() (and a .grad
+  clip_grad_norm_ clips them between backward() and step(), step.grad_norm
+  is the norm clip_grad_norm_ returns (and a .grad
   kept from before the step, which clipping would not see, is refused);
 - with optimizer_state="host", the state is in (pinned) host memory after
   each step and the plan streamed it (on the CPU device, with
@@ -245,12 +246,14 @@ def run_case(torch, pt, device, steps, model_name, opt_name, policy, budget, sta
         failures.append(f"the report's max_grad_norm is "
                         f"{step.report['optimizer_updates']['max_grad_norm']}, not {clip}")
 
-    def clipped(model, k):  # eager's clipping; the first step's must clip
-        if clip is not None:
-            norm = torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
-            if k == 0 and not float(norm) > clip:
-                failures.append(f"the gradients' norm {float(norm)} is within {clip}: "
-                                "nothing was clipped")
+    def clipped(model, k):  # eager's clipping (its norm); the first step's must clip
+        if clip is None:
+            return None
+        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+        if k == 0 and not float(norm) > clip:
+            failures.append(f"the gradients' norm {float(norm)} is within {clip}: "
+                            "nothing was clipped")
+        return norm
     streamed = step.plan.report["transfer_bytes"]
     if (state == "host" or updates == "host") and streamed == 0:
         failures.append("the state's home is the host, but the plan moves nothing")
@@ -276,10 +279,15 @@ def run_case(torch, pt, device, steps, model_name, opt_name, policy, budget, sta
         eager_opt.zero_grad(set_to_none=True)
         eager_loss = loss_fn(eager_model(x), y)
         eager_loss.backward()
-        clipped(eager_model, k)
+        eager_norm = clipped(eager_model, k)
         eager_opt.step()
         planned_opt.zero_grad(set_to_none=True)
         loss = step(x, y)
+        if (step.grad_norm is None) != (eager_norm is None) or (
+                eager_norm is not None and not close(torch, step.grad_norm.cpu(),
+                                                     eager_norm.cpu())):
+            failures.append(f"step {k + 1}: step.grad_norm {step.grad_norm}, eager's "
+                            f"clip_grad_norm_ {eager_norm}")
         if not close(torch, loss.detach().cpu(), eager_loss.detach().cpu()):
             failures.append(f"step {k + 1}: loss {float(loss)}, eager {float(eager_loss)}")
         r = step.report

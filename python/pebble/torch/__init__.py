@@ -131,9 +131,11 @@ class TrainStep:
         max_grad_norm) clips them between backward() and optimizer.step()
         (the 2-norm of all the gradients together), inside the plan: it
         then holds every gradient until their norm is known, and every
-        update follows it. .grad holds the clipped gradients. None (the
-        default): no clipping. Not yet with a process_group, nor where a
-        .grad kept from before the step would be added to.
+        update follows it. .grad holds the clipped gradients, and
+        step.grad_norm the norm before clipping (what clip_grad_norm_
+        returns). None (the default): no clipping. Not yet with a
+        process_group, nor where a .grad kept from before the step would be
+        added to.
       process_group: a torch.distributed process group (initialised; gloo on
         the CPU, NCCL on GPUs): data parallelism, DistributedDataParallel's
         rule. Rank 0's parameters and buffers are copied to every rank here.
@@ -246,6 +248,9 @@ class TrainStep:
             self.shards = agreed(lambda: Shards(model, self.process_group, self.updates,
                                                 self.device, param_init),
                                  self.process_group)
+        # The gradients' total norm before clipping in the last call, as
+        # clip_grad_norm_ returns it (max_grad_norm); None without clipping.
+        self.grad_norm = None
         self._captures = {}  # signature -> _Capture, shared with replan()'s steps
         self._variants = {}  # signature -> _Variant (its capture and this step's plan)
         try:
@@ -1083,6 +1088,9 @@ class _Variant:
             else:
                 result = self._run_step(persistent)
         loss = result.loss
+        # (what clip_grad_norm_ returns: a 0-dim tensor on the step's device)
+        self.step.grad_norm = (result.grad_norm.detach() if result.grad_norm is not None
+                               else None)
         del result.grads, result.updates
         r = self.report
         r.update(counted_peak_bytes=result.counted_peak_bytes,

@@ -125,7 +125,8 @@ class Traced:
 
     gm: inputs are the slots' tensors, in `slots` order, flat; its output is
     a flat list: the loss, then the gradient of each parameter in
-    `grad_slots` order. `grad_slots`: the trainable parameters the loss
+    `grad_slots` order, then, where the gradients are clipped, their total
+    norm before clipping. `grad_slots`: the trainable parameters the loss
     reaches (others get no gradient, as in eager mode)."""
 
     def __init__(self, gm, slots, grad_slots, mode, example):
@@ -143,7 +144,8 @@ class Traced:
 
 def _step_function(model, loss_fn, slots, grad_found, max_grad_norm=None):
     """f(*slot tensors) -> [loss, gradient, ...] of the module's step, the
-    gradients clipped to a total 2-norm of `max_grad_norm` where given."""
+    gradients clipped to a total 2-norm of `max_grad_norm` where given, and
+    then their norm before clipping last."""
     n_state = sum(1 for s in slots if s.kind in ("parameter", "buffer"))
     n_inputs = sum(1 for s in slots if s.kind == "input")
 
@@ -173,24 +175,26 @@ def _step_function(model, loss_fn, slots, grad_found, max_grad_norm=None):
                 grad_found.append(slot)
                 out.append(g)
         if max_grad_norm is not None:
-            out[1:] = _clipped(out[1:], max_grad_norm)
+            out[1:], total = _clipped(out[1:], max_grad_norm)
+            out.append(total)
         return out
 
     return step
 
 
 def _clipped(grads, max_norm):
-    """`grads` scaled as torch.nn.utils.clip_grad_norm_(max_norm) scales the
+    """(`grads` scaled as torch.nn.utils.clip_grad_norm_(max_norm) scales the
     .grad of each parameter (2-norm, the operations of PyTorch 1.13's; 2.x's
     takes the norms with torch._foreach_norm, not checked against this yet):
     every gradient times
     min(1, max_norm / (total norm + 1e-6)), the total norm the norm of the
-    gradients' norms. Traced into the step, so the plan holds every gradient
-    until the total is known, and each update reads its clipped gradient."""
+    gradients' norms; that total norm, which clip_grad_norm_ returns).
+    Traced into the step, so the plan holds every gradient until the total
+    is known, and each update reads its clipped gradient."""
     norms = [torch.norm(g.detach(), 2.0) for g in grads]
     total = torch.norm(torch.stack(norms), 2.0)
     coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
-    return [g * coef for g in grads]
+    return [g * coef for g in grads], total
 
 
 def _describe(x):

@@ -100,6 +100,7 @@ class StepResult:
 
     def __init__(self):
         self.loss = None
+        self.grad_norm = None  # the gradients' norm before clipping (max_grad_norm)
         self.grads = []        # (Slot, tensor)
         self.updates = []      # (Slot, tensor)
         self.counted_peak_bytes = 0  # the largest sum of resident storages (pebble's rule)
@@ -385,6 +386,7 @@ class Program:
         result.time_s = time.perf_counter() - start
         g = self.graph
         result.loss = state.live[g.loss.index]
+        result.grad_norm = state.live[g.grad_norm.index] if g.grad_norm is not None else None
         result.grads = [(slot, state.live[n.index]) for slot, n in g.grads]
         result.updates = [(slot, state.live[n.index]) for slot, n in g.updates]
         result.accumulated = [slot for slot, _, _ in g.accumulators]

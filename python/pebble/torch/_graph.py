@@ -190,6 +190,7 @@ class StepGraph:
         self._taken = set()   # the nodes' ids
         self.refs = {}        # (fx node, output index or None) -> Node
         self.loss = None
+        self.grad_norm = None  # the gradients' norm before clipping, where clipped
         self.grads = []       # (Slot, Node)
         self.updates = []     # (Slot, Node): buffer <- node after the step
         self.readers = {}     # fx node -> number of calls that read it
@@ -411,8 +412,11 @@ class StepGraph:
             flat = flat[0]
         flat = list(flat)
         self.loss = self._ref(flat[0])
-        for slot, g in zip(self.traced.grad_slots, flat[1:]):
+        n_grads = len(self.traced.grad_slots)
+        for slot, g in zip(self.traced.grad_slots, flat[1:1 + n_grads]):
             self.grads.append((slot, self._ref(g)))
+        if len(flat) > 1 + n_grads:  # clipped (_capture._clipped): the norm last
+            self.grad_norm = self._ref(flat[1 + n_grads])
 
     def _accumulators(self):
         """.grad += gradient, in place, for the parameters in `accumulate`."""
@@ -523,8 +527,11 @@ class StepGraph:
 
     def _ids(self):
         """The loss is `loss`, a gradient `grad:<parameter>`, a buffer's new
-        value `new:<buffer>`; other nodes keep their fx names."""
+        value `new:<buffer>`, the gradients' norm before clipping
+        `grad_norm`; other nodes keep their fx names."""
         special = {self.loss.index: "loss"}
+        if self.grad_norm is not None:
+            special.setdefault(self.grad_norm.index, "grad_norm")
         for slot, node in self.grads:
             special.setdefault(node.index, f"grad:{slot.id}")
         for slot, _, acc in self.accumulators:
@@ -547,7 +554,8 @@ class StepGraph:
     def outputs(self):
         """Nodes that must be resident when the step ends."""
         out = [self.loss] + [n for _, n in self.grads] + [n for _, n in self.updates] + \
-            [acc for _, _, acc in self.accumulators]
+            [acc for _, _, acc in self.accumulators] + \
+            ([self.grad_norm] if self.grad_norm is not None else [])
         seen, unique = set(), []
         for n in out:
             if n.index not in seen:
