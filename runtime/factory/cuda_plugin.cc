@@ -20,13 +20,12 @@ namespace fs = std::filesystem;
 
 constexpr char kUseCpu[] = "; use --backend cpu";
 
-// Where the plugin may be: the file the environment names, or else the
-// install's layout relative to this binary (PEBBLE_CUDA_PLUGIN_RELDIR, from
-// bin/ to <libdir>/pebble, which the build tree mirrors), then beside it (a
-// wheel's pebble/_bin/).
-std::vector<fs::path> Candidates() {
-  const char* named = std::getenv(kCudaPluginVariable);
-  if (named != nullptr && *named != '\0') return {fs::path(named)};
+// Where the plugin may be: `named` (the environment's file) where given, or
+// else the install's layout relative to this binary
+// (PEBBLE_CUDA_PLUGIN_RELDIR, from bin/ to <libdir>/pebble, which the build
+// tree mirrors), then beside it (a wheel's pebble/_bin/).
+std::vector<fs::path> Candidates(const char* named) {
+  if (named != nullptr) return {fs::path(named)};
   std::error_code error;
   const fs::path self = fs::read_symlink("/proc/self/exe", error);
   if (error) return {};
@@ -36,7 +35,9 @@ std::vector<fs::path> Candidates() {
 }
 
 absl::StatusOr<const CudaPlugin*> Load() {
-  const std::vector<fs::path> candidates = Candidates();
+  const char* named = std::getenv(kCudaPluginVariable);
+  if (named != nullptr && *named == '\0') named = nullptr;
+  const std::vector<fs::path> candidates = Candidates(named);
   const fs::path* found = nullptr;
   for (const fs::path& candidate : candidates) {
     std::error_code error;
@@ -45,8 +46,7 @@ absl::StatusOr<const CudaPlugin*> Load() {
       break;
     }
   }
-  const char* named = std::getenv(kCudaPluginVariable);
-  if (found == nullptr && named != nullptr && *named != '\0') {
+  if (found == nullptr && named != nullptr) {
     return absl::FailedPreconditionError(absl::StrCat(
         kCudaPluginVariable, " names ", named, ", which is not a file", kUseCpu));
   }

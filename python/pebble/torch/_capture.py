@@ -183,14 +183,13 @@ def _step_function(model, loss_fn, slots, grad_found, max_grad_norm=None):
 
 
 def _clipped(grads, max_norm):
-    """(`grads` scaled as torch.nn.utils.clip_grad_norm_(max_norm) scales the
-    .grad of each parameter (2-norm, the operations of PyTorch 1.13's; 2.x's
-    takes the norms with torch._foreach_norm, not checked against this yet):
-    every gradient times
-    min(1, max_norm / (total norm + 1e-6)), the total norm the norm of the
-    gradients' norms; that total norm, which clip_grad_norm_ returns).
-    Traced into the step, so the plan holds every gradient until the total
-    is known, and each update reads its clipped gradient."""
+    """(the gradients clipped, their total norm), as
+    torch.nn.utils.clip_grad_norm_(max_norm) scales each .grad and returns
+    the norm: the 2-norm of the gradients' 2-norms, and every gradient times
+    min(1, max_norm / (total + 1e-6)). These are PyTorch 1.13's operations;
+    2.x's takes the norms with torch._foreach_norm (not checked against this
+    yet). Traced into the step, so the plan holds every gradient until the
+    total is known, and each update reads its clipped gradient."""
     norms = [torch.norm(g.detach(), 2.0) for g in grads]
     total = torch.norm(torch.stack(norms), 2.0)
     coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)

@@ -234,19 +234,19 @@ class Updates:
         # (the capture keeps them in attrs).
         doc = json.loads(graph.to_json())
         for node in doc["nodes"]:
-            if node.get("persistent") and node["id"].endswith(".grad") and \
-                    node["id"][:-len(".grad")] in self.params and \
-                    self.max_grad_norm is not None:
+            # A .grad kept from before the step, of a parameter the optimizer updates.
+            kept = node["id"][:-len(".grad")] if node.get("persistent") and \
+                node["id"].endswith(".grad") else None
+            if kept in self.params and self.max_grad_norm is not None:
                 raise OptimizerError(
-                    f"parameter '{node['id'][:-len('.grad')]}' has a .grad from before the "
+                    f"parameter '{kept}' has a .grad from before the "
                     "step, which the step would add to after clipping its own gradient, "
                     "where clip_grad_norm_ clips the sum: clear the gradients with "
                     "optimizer.zero_grad(set_to_none=True) (PyTorch 1.13's zero_grad() "
                     "keeps zero tensors) to train with max_grad_norm")
-            if (self.on_host or not self.keep_gradients) and node.get("persistent") and \
-                    node["id"].endswith(".grad") and node["id"][:-len(".grad")] in self.params:
+            if kept in self.params and (self.on_host or not self.keep_gradients):
                 raise OptimizerError(
-                    f"parameter '{node['id'][:-len('.grad')]}' has a .grad from before the "
+                    f"parameter '{kept}' has a .grad from before the "
                     "step, which the step adds to: an update on the host reads a host copy "
                     "of its gradient, and a dropped gradient leaves the device, but pebble "
                     "plans neither for a .grad that lives across steps; clear the gradients "
