@@ -326,6 +326,27 @@ PYBIND11_MODULE(_core, m) {
       "the network (a preset or bytes/s; network_latency in seconds). Plan it with "
       "plan(..., ranks=ranks); policy 'fsdp' is FSDP's own rule.");
 
+  m.def("collective_seconds", [](const py::object& op, const py::object& bytes,
+                                 const py::object& ranks, const py::object& network,
+                                 const py::object& network_latency) {
+        const std::string name = StrArg(op, "op");
+        const int64_t n_bytes = IntArg(bytes, "bytes", 0, INT64_MAX);
+        int n = 1;
+        NetworkLink link;
+        RankOptions(ranks, network, network_latency, &n, &link);
+        if (name == "all_reduce") return AllReduceSeconds(n_bytes, n, link);
+        if (name == "all_gather" || name == "reduce_scatter") {
+          return AllGatherSeconds(n_bytes, n, link);
+        }
+        throw py::value_error(absl::StrCat("op '", name, "': a collective is 'all_reduce', "
+                                           "'all_gather' or 'reduce_scatter'"));
+      }, py::arg("op"), py::arg("bytes"), py::arg("ranks"), py::arg("network") = py::none(),
+      py::arg("network_latency") = py::none(),
+      "Seconds of one collective of a tensor of `bytes` (the whole tensor) over `ranks` ranks "
+      "by the ring algorithm, as the simulator times it (docs/semantics.md, section 4): "
+      "'all_reduce', or 'all_gather' and 'reduce_scatter' (half an all-reduce). network: a "
+      "preset or bytes/s; network_latency: seconds per message.");
+
   py::class_<PyPlan>(m, "Plan", "What plan() returns.", py::is_final(),
                      py::custom_type_setup([](PyHeapTypeObject* type) {
                        type->ht_type.tp_new = &RefuseNew<kNewPlan>;

@@ -375,6 +375,28 @@ class PlanTest(unittest.TestCase):
             pebble.fit("mnist-cnn:optimizer=adam", "batch", "20MiB", ranks=2, shard="full",
                        buckets="25MiB")
 
+    def test_collective_seconds_are_the_simulators(self):
+        # A sharded graph's gathers and reduce-scatters are timed by the
+        # simulator's rule; collective_seconds gives the same figures.
+        sharded = pebble.shard(self.graph, 4, network="ib-ndr", network_latency=2e-6)
+        doc = json.loads(sharded.to_json())
+        timed = [n for n in doc["nodes"] if n.get("collective")]
+        self.assertTrue(timed)
+        for n in timed:
+            whole = n["bytes"] if n["op"] == "all_gather" else next(
+                m["bytes"] for m in doc["nodes"] if m["id"] == n["inputs"][0])
+            self.assertAlmostEqual(
+                pebble.collective_seconds(n["op"], whole, 4, network="ib-ndr",
+                                          network_latency=2e-6), n["cost"], delta=1e-15)
+        # An all-reduce is twice an all-gather; one rank sends nothing.
+        self.assertAlmostEqual(pebble.collective_seconds("all_reduce", 1 << 20, 8),
+                               2 * pebble.collective_seconds("all_gather", 1 << 20, 8))
+        self.assertEqual(pebble.collective_seconds("all_reduce", 1 << 20, 1), 0.0)
+        for bad in (("broadcast", 1, 2, None), ("all_reduce", -1, 2, None),
+                    ("all_reduce", 1, 0, None), ("all_reduce", 1, 2, "carrier-pigeon")):
+            with self.subTest(bad=bad), self.assertRaises(ValueError):
+                pebble.collective_seconds(*bad[:3], network=bad[3])
+
     def test_compare_equals_the_cli(self):
         policies = ["baseline", "best-order", "rotor", "revolve"]
         budgets = ["100%", "70%", "min"]

@@ -21,7 +21,9 @@ Each rank takes its slice of one batch. Checks, on every rank:
   parameters of torch.nn.parallel.DistributedDataParallel on the same slices
   (to 1e-5 relative), the measured peak the plan's; so do five Adam steps
   with DDP's 25 MiB bucket rule (buckets of several gradients, each sent
-  through a flat copy that the plan holds);
+  through a flat copy that the plan holds); clipped (max_grad_norm) Adam
+  and SGD steps give DDP's parameters, .grad and norm with clip_grad_norm_
+  after its backward (the norm of the averaged gradients);
 - sharded training (shard="full", ZeRO-3): five steps of Adam and of SGD
   with momentum under FSDP's rule and under dtr at its least peak give the
   parameters of eager single-process training on the whole batch
@@ -252,8 +254,15 @@ def check_shared_storage(torch, pt, dist, rank, ranks, buckets="auto", budget="m
 
 
 def check_training(torch, pt, dist, rank, ranks, kind, updates, buckets="auto",
-                   budget="min", gradients=None, parameters="device"):
+                   budget="min", gradients=None, parameters="device", clip=None,
+                   policy="rotor"):
+    """Five steps with the optimizer in the plan against DDP's; `clip`: the
+    gradients clipped to that norm in the plan (max_grad_norm), and DDP's
+    averaged ones by clip_grad_norm_ after its backward."""
     failures = []
+    what = (f"{kind}, updates on the {updates}, gradients {gradients}, parameters on the "
+            f"{parameters}, buckets {buckets}" + (f", clipped to {clip} under {policy}"
+                                                  if clip is not None else ""))
     torch.manual_seed(0)
     model = make_model(torch)
     ddp_model = copy.deepcopy(model)
@@ -264,28 +273,36 @@ def check_training(torch, pt, dist, rank, ranks, kind, updates, buckets="auto",
     loss_fn = torch.nn.functional.cross_entropy
     x0, y0 = data[0]
     step = pt.train_step(model, loss_fn, (mine(x0, rank),), mine(y0, rank), optimizer=opt,
-                         policy="rotor", budget=budget, measure="always",
+                         policy=policy, budget=budget, measure="always",
                          optimizer_updates=updates, optimizer_gradients=gradients,
                          optimizer_parameters=parameters,
                          allow_cpu_offload=updates != "device" or parameters != "device",
-                         process_group=dist.group.WORLD, buckets=buckets)
+                         process_group=dist.group.WORLD, buckets=buckets, max_grad_norm=clip)
     for k, (x, y) in enumerate(data):
         opt.zero_grad(set_to_none=True)
         step(mine(x, rank), mine(y, rank))
         ddp_opt.zero_grad(set_to_none=True)
         loss_fn(ddp(mine(x, rank)), mine(y, rank)).backward()
+        if clip is not None:
+            norm = torch.nn.utils.clip_grad_norm_(ddp.parameters(), clip)
+            if k == 0 and not norm > clip:
+                failures.append(f"{what}: the first step's norm {float(norm)} does not clip")
+            if step.grad_norm is None or not close(step.grad_norm, norm):
+                failures.append(f"{what}: step {k + 1}: grad_norm {step.grad_norm}, "
+                                f"DistributedDataParallel's {float(norm)}")
         ddp_opt.step()
         r = step.report
         if r["measured_peak_bytes"] != r["predicted_step_peak_bytes"]:
-            failures.append(f"{kind}, updates on the {updates}, gradients {gradients}, "
-                            f"parameters on the {parameters}: step {k + 1}: measured peak "
-                            f"{r['measured_peak_bytes']}, predicted "
-                            f"{r['predicted_step_peak_bytes']}")
+            failures.append(f"{what}: step {k + 1}: measured peak {r['measured_peak_bytes']}, "
+                            f"predicted {r['predicted_step_peak_bytes']}")
     for (name, p), q in zip(model.named_parameters(), ddp_model.parameters()):
         if not close(p.detach(), q.detach()):
-            failures.append(f"{kind}, updates on the {updates}, buckets {buckets}, parameters "
-                            f"on the {parameters}: after five steps, {name} differs from "
+            failures.append(f"{what}: after five steps, {name} differs from "
                             "DistributedDataParallel's")
+        if clip is not None and gradients != "drop" and (p.grad is None or
+                                                         not close(p.grad, q.grad)):
+            failures.append(f"{what}: after five steps, {name}.grad is not "
+                            "DistributedDataParallel's clipped gradient")
     c = step.report["collectives"]
     if buckets not in ("auto", "none") and (c["bucket_rule"] != "cap" or
                               not 0 < c["buckets"] < c["all_reduce"]):
@@ -1182,7 +1199,8 @@ def _name(model, param):
     return next(n for n, p in model.named_parameters() if p is param)
 
 
-def check_live_failure(torch, pt, dist, rank, ranks, shard, where, replanned=False):
+def check_live_failure(torch, pt, dist, rank, ranks, shard, where, replanned=False,
+                       clip=None):
     """The last rank's run fails and its process lives on (docs/torch.md, "A
     rank that fails mid-step"), `where`: before the plan runs ("before"), at
     its first compute ("forward", before any collective), at the first
@@ -1192,11 +1210,13 @@ def check_live_failure(torch, pt, dist, rank, ranks, shard, where, replanned=Fal
     ("every"). `replanned`: the step is a replan() of the first. Every rank
     fails at once, its own error or one naming the rank that failed; the
     group is back in step; the step refuses further calls, on every rank;
-    and, data parallel, a new train_step trains on the same group."""
+    and, data parallel, a new train_step trains on the same group. `clip`:
+    the step clips (max_grad_norm), its first collectives the gradients'
+    averages."""
     import pebble.torch
     from pebble.torch import _executor
     what = (f"a live rank failing {where}{' (sharded)' if shard == 'full' else ''}"
-            f"{' (replanned)' if replanned else ''}")
+            f"{' (replanned)' if replanned else ''}{' (clipped)' if clip else ''}")
     failures = []
     torch.manual_seed(0)
     model = make_model(torch)
@@ -1205,7 +1225,7 @@ def check_live_failure(torch, pt, dist, rank, ranks, shard, where, replanned=Fal
     kwargs = dict(shard=shard, policy="fsdp" if shard == "full" else "rotor", budget="min",
                   optimizer=opt, process_group=dist.group.WORLD)
     step = pt.train_step(model, torch.nn.functional.cross_entropy, (mine(x, rank),),
-                         mine(y, rank), **kwargs)
+                         mine(y, rank), max_grad_norm=clip, **kwargs)
     step(mine(x, rank), mine(y, rank))
     first = step
     if replanned:
@@ -1214,7 +1234,8 @@ def check_live_failure(torch, pt, dist, rank, ranks, shard, where, replanned=Fal
     opt.zero_grad(set_to_none=True)  # (the same signature: no capture below)
     steps = step._variant.program.steps
     started = [i for i, (kind, node) in enumerate(steps)
-               if kind == _executor.REDUCE or (kind == _executor.FOREIGN and
+               if kind == _executor.REDUCE or (kind == _executor.COMPUTE and node.collective)
+               or (kind == _executor.FOREIGN and
                                                node[0] == "compute" and
                                                node[1].startswith("scatter:"))]
     computes = [i for i, (kind, _) in enumerate(steps) if kind == _executor.COMPUTE]
@@ -1590,8 +1611,10 @@ def checks(torch, pt, dist, rank, ranks):
                       optimizer_gradients="keep"), ValueError, "is not possible"),
                 (dict(process_group=world, shard="full", optimizer=sgd, buckets="25MiB"),
                  ValueError, "a sharded step takes 'auto'"),
-                (dict(process_group=world, optimizer=sgd, max_grad_norm=1.0), ValueError,
-                 "max_grad_norm with a process_group is not planned yet")):
+                (dict(process_group=world, shard="full", optimizer=sgd, max_grad_norm=1.0),
+                 ValueError, "max_grad_norm with shard='full' is not planned yet"),
+                (dict(process_group=world, optimizer=sgd, max_grad_norm=1.0, buckets="25MiB"),
+                 ValueError, "buckets='25MiB' with max_grad_norm")):
             try:
                 pt.train_step(model, torch.nn.functional.cross_entropy,
                               (torch.randn(4, 16),), torch.randint(0, 5, (4,)), **kwargs)
@@ -1609,6 +1632,13 @@ def checks(torch, pt, dist, rank, ranks):
                                    buckets="none", gradients="drop")
     failures += check_training(torch, pt, dist, rank, ranks, "adam", "device",
                                parameters="host")
+    # Clipped by the norm of the averaged gradients, as clip_grad_norm_ after
+    # DDP's backward: on the device, and with the updates on the host and the
+    # gradients dropped.
+    failures += check_training(torch, pt, dist, rank, ranks, "adam", "device", clip=0.2)
+    if every:
+        failures += check_training(torch, pt, dist, rank, ranks, "sgd", "host", clip=0.2,
+                                   gradients="drop", policy="dtr")
     # DDP's rule: buckets of several gradients, each through a flat copy.
     failures += check_training(torch, pt, dist, rank, ranks, "adam", "device", buckets="25MiB",
                                budget="1MiB")
@@ -1650,6 +1680,7 @@ def checks(torch, pt, dist, rank, ranks):
         failures += check_live_failure(torch, pt, dist, rank, ranks, shard, where)
     failures += check_live_failure(torch, pt, dist, rank, ranks, "full", "backward",
                                    replanned=True)
+    failures += check_live_failure(torch, pt, dist, rank, ranks, "none", "backward", clip=0.2)
     if every:
         failures += check_refusal_of_one_rank(torch, pt, dist, rank, ranks)
         failures += check_differing_settings(torch, pt, dist, rank, ranks)

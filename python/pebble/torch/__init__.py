@@ -133,9 +133,13 @@ class TrainStep:
         then holds every gradient until their norm is known, and every
         update follows it. .grad holds the clipped gradients, and
         step.grad_norm the norm before clipping (what clip_grad_norm_
-        returns). None (the default): no clipping. Not yet with a
-        process_group, nor where a .grad kept from before the step would be
-        added to.
+        returns). None (the default): no clipping. With a process_group
+        (shard="none"), the norm is that of the gradients averaged over the
+        ranks, as clip_grad_norm_ after DistributedDataParallel's backward
+        computes it: each gradient's average is a collective of the plan
+        (Note [Clipping the averaged gradients] in _capture.py). Not yet
+        with shard="full", nor where a .grad kept from before the step
+        would be added to.
       process_group: a torch.distributed process group (initialised; gloo on
         the CPU, NCCL on GPUs): data parallelism, DistributedDataParallel's
         rule. Rank 0's parameters and buffers are copied to every rank here.
@@ -237,6 +241,11 @@ class TrainStep:
                              "the process group too")
         self.network = (network, network_latency) if network is not None else None
         self.buckets = _checked_buckets(buckets, self.process_group, shard)
+        if max_grad_norm is not None and str(self.buckets).strip().lower() not in (
+                "auto", "none", "0", "0b"):
+            raise ValueError(f"buckets={buckets!r} with max_grad_norm: the clipped step "
+                             "averages each gradient in a collective of its own before the "
+                             "norm (not in buckets yet); give buckets='auto' or 'none'")
         self.network_measured = False
         self.collectives = None
         if self.process_group is not None:
@@ -341,10 +350,10 @@ class TrainStep:
             raise ValueError("max_grad_norm clips the gradients before the optimizer's "
                              "updates in the plan: give the optimizer too (without it, "
                              "clip after the step as usual, before optimizer.step())")
-        if max_grad_norm is not None and self.process_group is not None:
-            raise ValueError("max_grad_norm with a process_group is not planned yet (the "
-                             "norm must be of the whole batch's gradients, after their "
-                             "reduction): train without optimizer= and clip after the step")
+        if max_grad_norm is not None and shard == "full":
+            raise ValueError("max_grad_norm with shard='full' is not planned yet (the norm "
+                             "of the whole gradients, from each rank's shards): clip with "
+                             "shard='none' (data parallel)")
         self.updates = (Updates(optimizer, model, optimizer_state, optimizer_updates,
                                 optimizer_gradients, optimizer_parameters, max_grad_norm)
                         if optimizer is not None else None)
@@ -672,6 +681,7 @@ class _Capture:
                 step.process_group)
             for node, (temporary, nbytes) in zip(self.nodes.nodes, measured):
                 node.temporary_bytes, node.nbytes = temporary, nbytes
+            self._time_collectives(cal, step)
         self.calibration = cal
         name = type(step.model).__name__
         self.document = self.nodes.document(cal.costs, name)
@@ -685,6 +695,18 @@ class _Capture:
                                     if n.kind == "persistent")
         self.setup_s = time.perf_counter() - started
 
+    def _time_collectives(self, cal, step):
+        """Each collective node's cost: its all-reduce on the ranks' link, as
+        the plan times its all_reduce steps (Note [Clipping the averaged
+        gradients])."""
+        link = {}
+        if step.network is not None:
+            link["network"], link["network_latency"] = step.network
+        for node in self.nodes.nodes:
+            if node.collective:
+                cal.costs[node.index] = _core.collective_seconds(
+                    "all_reduce", node.nbytes, _world_size(step.process_group), **link)
+
     def _capture(self, step, inputs, target, key):
         """This rank's part: the trace, its graph and its calibration."""
         started = time.perf_counter()
@@ -696,7 +718,9 @@ class _Capture:
         traced = trace(step.model, step.loss_fn, inputs, target, self.device,
                        stand_ins=shards.shapes if shards is not None else None,
                        max_grad_norm=(step.updates.max_grad_norm if step.updates is not None
-                                      else None))
+                                      else None),
+                       ranks=_world_size(step.process_group)
+                       if step.process_group is not None and shards is None else 1)
         values, self.shapes_from = propagate(traced, self.device)
         self.traced_with = traced.mode
         self.nodes = StepGraph(traced, values, accumulate=_slot_ids(traced, key[1]),
@@ -1228,7 +1252,13 @@ class _Variant:
                 "predicted_network_busy_s": c["network_busy"],
                 "network_bytes_per_s": c["network_bandwidth_bytes_per_s"],
                 "network_latency_s": c["network_latency_s"],
-                "network_measured": self.step.network_measured}
+                "network_measured": self.step.network_measured,
+                # A clipped step's averages of the gradients, each its own
+                # all-reduce (Note [Clipping the averaged gradients]): the
+                # plan's computes of them, more than the gradients where it
+                # runs one again.
+                "clip_averages": sum(1 for kind, node in self.program.steps
+                                     if kind == COMPUTE and node.collective)}
         if self.shards is not None:
             report["sharding"] = _sharding_report(p, self.shards, self.step.network_measured,
                                                   self.program.foreign)

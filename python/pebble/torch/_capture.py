@@ -23,6 +23,7 @@ import operator
 
 import torch
 
+from ._collective_ops import hold_divisors, mean_over_ranks
 from ._compat import (FakeTensor, FakeTensorMode, functional_call, functionalize, make_fx,
                       storage_key)
 
@@ -142,10 +143,12 @@ class Traced:
         self.passes = 2  # make_fx traces: 1 where in-place calls were made functional here
 
 
-def _step_function(model, loss_fn, slots, grad_found, max_grad_norm=None):
+def _step_function(model, loss_fn, slots, grad_found, max_grad_norm=None, ranks=1):
     """f(*slot tensors) -> [loss, gradient, ...] of the module's step, the
     gradients clipped to a total 2-norm of `max_grad_norm` where given, and
-    then their norm before clipping last."""
+    then their norm before clipping last. Clipped on `ranks` ranks (more
+    than one), each gradient is averaged over them first (Note [Clipping
+    the averaged gradients])."""
     n_state = sum(1 for s in slots if s.kind in ("parameter", "buffer"))
     n_inputs = sum(1 for s in slots if s.kind == "input")
 
@@ -175,6 +178,8 @@ def _step_function(model, loss_fn, slots, grad_found, max_grad_norm=None):
                 grad_found.append(slot)
                 out.append(g)
         if max_grad_norm is not None:
+            if ranks > 1:
+                out[1:] = [mean_over_ranks(g, ranks) for g in out[1:]]
             out[1:], total = _clipped(out[1:], max_grad_norm)
             out.append(total)
         return out
@@ -194,6 +199,22 @@ def _clipped(grads, max_norm):
     total = torch.norm(torch.stack(norms), 2.0)
     coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
     return [g * coef for g in grads], total
+
+
+# Note [Clipping the averaged gradients]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# Under DistributedDataParallel, clip_grad_norm_ runs after backward(), on
+# the gradients that DDP has averaged over the ranks: every rank clips by the
+# same norm, and the replicas stay equal. The plan's all_reduce steps
+# (docs/semantics.md, "Collectives across ranks") sum a gradient in place
+# once the backward is done with it, and after that only updates may read
+# it, so they cannot feed a norm. A clipped step on several ranks is traced
+# with the average in it instead: mean_over_ranks (_collective_ops.py) on
+# each gradient, a collective node of the graph (op all_reduce, its own
+# tensor, timed on the network), which the norms, the clamped factor and the
+# scaled gradients then read. The plan decides when each average runs and
+# how long it lives, as for any node; its gradients come out of a collective
+# and need no all_reduce step of their own.
 
 
 def _describe(x):
@@ -216,7 +237,7 @@ def _rng_kept(device):
 
 
 def trace(model, loss_fn, inputs, target, device, mode=None, one_pass=True, stand_ins=None,
-          max_grad_norm=None):
+          max_grad_norm=None, ranks=1):
     """Traced step of `model` on `inputs` and `target`.
 
     mode: "fake" (no computation), "real", or None: fake where PyTorch can
@@ -227,8 +248,11 @@ def trace(model, loss_fn, inputs, target, device, mode=None, one_pass=True, stan
     stand_ins: parameter name -> shape, for parameters that hold no data
     here (a sharded module's: Note [Stand-ins for sharded parameters]); the
     trace is then fake only. max_grad_norm: the gradients' outputs clipped
-    to that total 2-norm (_clipped)."""
+    to that total 2-norm (_clipped), on `ranks` ranks the norm of their
+    average (Note [Clipping the averaged gradients])."""
     slots = module_slots(model)
+    if max_grad_norm is not None and ranks > 1:
+        hold_divisors(ranks, {s.tensor.dtype for s in slots if s.trainable})
     slots += [Slot("input", index=k) for k in range(len(inputs))]
     slots.append(Slot("target"))
     flat = []
@@ -259,7 +283,7 @@ def trace(model, loss_fn, inputs, target, device, mode=None, one_pass=True, stan
         stack = _ModuleStack(model)
         try:
             with _rng_kept(device), _rnn_without_cudnn(model, device):
-                step = _step_function(model, loss_fn, slots, grad_found, max_grad_norm)
+                step = _step_function(model, loss_fn, slots, grad_found, max_grad_norm, ranks)
                 first = _make_fx(step, m, flat, fake_mode)
                 stack.close()
                 done = None

@@ -425,6 +425,10 @@ class StepCollectives:
                 return
             self._check_board()
 
+    def drain(self, works, grace_s=5.0):
+        """After a failed run: its own collectives `works`, drained (drain())."""
+        drain(works, grace_s)
+
     def _check_board(self):
         # (add, not a wait with a timeout: Note [A rank that fails mid-step])
         self.polled = True

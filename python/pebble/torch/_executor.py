@@ -257,9 +257,10 @@ class Program:
         (scheduler/collectives.h); the simulator checked their order."""
         reduced = [node for kind, node in self.steps if kind == REDUCE]
         expected = set()
-        if self.sync is not None:  # but a gradient that is a view of another: summed with it
-            nodes = self.graph.nodes
-            for g in self.gradients:
+        if self.sync is not None:  # but a gradient that is a view of another: summed with it,
+            nodes = self.graph.nodes  # and one computed from a collective: summed already
+            summed = _from_collectives(self.graph)
+            for g in self.gradients - summed:
                 a = nodes[g].alias_of
                 while a is not None and a not in self.gradients:
                     a = nodes[a].alias_of
@@ -376,6 +377,8 @@ class Program:
                 self.streams.synchronize(self.device)
             if self.sync is not None:
                 self.sync.abandon()
+            if state.collective_works:
+                self.collectives.drain(state.collective_works)
             if self.foreign is not None:
                 self.foreign.abort()
             state.restore_persistent()
@@ -416,6 +419,9 @@ class _RunState:
         # which lets go of a tensor a moment after its collective, never
         # frees one where PyTorch's CPU profiler would miss it.
         self.collective_storages = set()
+        # The all-reduces of collective nodes this run started (drained
+        # after a failure: Note [Draining the collectives of a failed run]).
+        self.collective_works = []
         for i, t in persistent.items():
             if i in program.host_homes:  # (its host copy, not resident)
                 continue
@@ -644,6 +650,21 @@ class _RunState:
                                              self.resident + workspace)
         self.result.computes += 1
         self.computed.add(node.index)
+        if node.collective:
+            self._sum_over_ranks(node, out)
+
+    def _sum_over_ranks(self, node, t):
+        """The collective node `node` computed its local part `t` (Note
+        [Clipping the averaged gradients]): sums it over the ranks in place,
+        asynchronously; a later step on it waits. One process (a
+        calibration) keeps the local part."""
+        collectives = self.program.collectives
+        if collectives is None:
+            return
+        what = f"the all-reduce of '{node.id}'"
+        work = collectives.all_reduce(t, what)
+        self.collective_works.append(work)
+        self.wait_before(node, lambda: collectives.wait(work, what))
 
     def _keep_rng_state(self, node):
         """Before the first run of a random call that the schedule runs again:
@@ -896,6 +917,18 @@ def _root_of(graph, node):
     while node.alias_of is not None:
         node = graph.nodes[node.alias_of]
     return node
+
+
+def _from_collectives(graph):
+    """Indices of the nodes that a collective node computes, or that are
+    computed from one (directly or not): the same on every rank, summed
+    already (as the simulator's GradientsToReduce leaves them out)."""
+    found = set()
+    for node in graph.nodes:  # (in a topological order)
+        if node.collective or any(u.index in found for u in node.inputs) or \
+                (node.alias_of is not None and node.alias_of in found):
+            found.add(node.index)
+    return found
 
 
 # The resident value of an order token (Note [Random calls in eager's order]).

@@ -44,6 +44,7 @@ import operator
 import torch
 
 from ._capture import CaptureError
+from ._collective_ops import ALL_REDUCE_OP, is_mean_over_ranks
 from ._compat import storage_bytes, storage_key
 from ._memory import round_up
 
@@ -126,6 +127,9 @@ class Node:
         self.mask = None          # the one-hot output mask a gradient call runs with
         self.group = None         # fx call shared with sibling nodes (several outputs)
         self.random = False
+        # A collective of the ranks (mean_over_ranks: Note [Clipping the
+        # averaged gradients]): the executor sums its output over them.
+        self.collective = False
         self.updates_stats = False  # writes running statistics (batch norm, PyTorch 1.13)
         self.empty_when_run = False  # the kernel may return it empty (eval batch norm's stats)
         self.slot = None          # persistent: the Slot
@@ -151,6 +155,8 @@ class Node:
             return "accumulate_grad"
         if self.kind == "order":
             return "rng_order"
+        if self.collective:
+            return ALL_REDUCE_OP
         name = str(self.fx.target)
         if self.out_index is not None:
             name += f"[{self.out_index}]"
@@ -351,6 +357,7 @@ class StepGraph:
         node.inputs = inputs
         node.value = value
         node.random = is_random(n.target)
+        node.collective = is_mean_over_ranks(n.target)
         if base is not None:
             node.alias_of = base.index
             node.nbytes = value.numel() * value.element_size() if self._on_device(value) else 0
@@ -581,13 +588,15 @@ class StepGraph:
                 doc["persistent"] = True
             else:
                 doc["cost"] = float(costs.get(node.index, 0.0))
+                if node.collective:
+                    doc["collective"] = True
                 doc["inputs"] = [self.nodes[u.index].id for u in node.inputs
                                  if order_tokens or u.kind != "order"]
                 if node.alias_of is not None:
                     doc["alias_of"] = self.nodes[node.alias_of].id
                     if doc["alias_of"] not in doc["inputs"]:
                         doc["inputs"].append(doc["alias_of"])
-                if node.workspace_bytes:
+                if node.workspace_bytes and not node.collective:  # (none: a collective)
                     doc["workspace"] = int(node.workspace_bytes)
             # An existing .grad is persistent state of the step: pebble's
             # "buffer" role.
