@@ -23,7 +23,8 @@ pebble.torch.train_step(..., optimizer=opt). Checks after every step:
   only, another lr) train as eager, each update's temporary planned where its
   own group's coupled weight decay makes one;
 - with max_grad_norm, the gradients are clipped in the plan as eager's
-  clip_grad_norm_ clips them between backward() and step(), step.grad_norm
+  clip_grad_norm_ clips them between backward() and step() (by the 2-norm,
+  the largest magnitude and the 1-norm), step.grad_norm
   is the norm clip_grad_norm_ returns (and a .grad
   kept from before the step, which clipping would not see, is refused);
 - with optimizer_state="host", the state is in (pinned) host memory after
@@ -200,6 +201,10 @@ CASES = [  # (model, optimizer, policy, budget, where the state lives, where the
     ("mlp", "adamw", "rotor", "min", "device", "device", "keep", 0.05),
     ("convnet", "sgd", "dtr", "min", None, "host", "drop", 0.05),
     ("mlp", "adam-groups", "checkmate-lp", "min", "auto", "device", "keep", 0.05),
+    # Other norms (clip_grad_norm_'s norm_type): the largest magnitude, and
+    # the 1-norm.
+    ("mlp", "adam", "dtr", "min", "device", "device", "keep", (0.002, "inf")),
+    ("convnet", "sgd", "rotor", "min", "device", "device", "keep", (0.5, 1.0)),
 ]
 
 TOL = 1e-5
@@ -215,6 +220,8 @@ def close(torch, a, b):
 
 def run_case(torch, pt, device, steps, model_name, opt_name, policy, budget, state, updates,
              gradients="keep", clip=None):
+    """`clip`: max_grad_norm, or (max_grad_norm, grad_norm_type)."""
+    clip, norm_type = clip if isinstance(clip, tuple) else (clip, 2.0)
     make_model, make_batch = models(torch)[model_name]
     make_opt = optimizers(torch)[opt_name]
     torch.manual_seed(0)
@@ -240,16 +247,19 @@ def run_case(torch, pt, device, steps, model_name, opt_name, policy, budget, sta
                          bandwidth=SLOW_LINK if updates == "auto" and not ranged else None,
                          optimizer_state=state, optimizer_updates=updates,
                          optimizer_gradients=gradients, max_grad_norm=clip,
+                         grad_norm_type=norm_type,
                          allow_cpu_offload=state not in (None, "device") or updates != "device")
     failures = temporaries_by_group(step, planned_opt, planned_model)
-    if step.report["optimizer_updates"]["max_grad_norm"] != clip:
-        failures.append(f"the report's max_grad_norm is "
-                        f"{step.report['optimizer_updates']['max_grad_norm']}, not {clip}")
+    reported = step.report["optimizer_updates"]
+    if (reported["max_grad_norm"], reported["grad_norm_type"]) != (
+            clip, None if clip is None else norm_type):
+        failures.append(f"the report's clipping is {reported['max_grad_norm']}, "
+                        f"{reported['grad_norm_type']}, not {clip}, {norm_type}")
 
     def clipped(model, k):  # eager's clipping (its norm); the first step's must clip
         if clip is None:
             return None
-        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), clip, norm_type=norm_type)
         if k == 0 and not float(norm) > clip:
             failures.append(f"the gradients' norm {float(norm)} is within {clip}: "
                             "nothing was clipped")
@@ -348,7 +358,8 @@ def run_case(torch, pt, device, steps, model_name, opt_name, policy, budget, sta
     r = step.report
     print(f"{model_name:8} {opt_name:9} {policy:12} {budget:6} state on {str(state):6} "
           f"updates on {updates:6} gradients {gradients}"
-          f"{'' if clip is None else f', clipped to {clip}'}: "
+          f"{'' if clip is None else f', clipped to {clip}'}"
+          f"{'' if norm_type == 2.0 else f' ({norm_type}-norm)'}: "
           f"{streamed} bytes moved, predicted step peak "
           f"{r['predicted_step_peak_bytes']}, measured {r['measured_peak_bytes']} "
           f"({r['measured_by']}), {r['recomputations']} recomputations"
@@ -542,7 +553,12 @@ def refusals(torch, pt, device):
             (dict(max_grad_norm=1.0), "give the optimizer too"),
             (dict(max_grad_norm=0.0, optimizer=opt), "a positive finite number, not 0.0"),
             (dict(max_grad_norm=float("nan"), optimizer=opt), "a positive finite number, not nan"),
-            (dict(max_grad_norm="1", optimizer=opt), "a positive finite number, not '1'")):
+            (dict(max_grad_norm="1", optimizer=opt), "a positive finite number, not '1'"),
+            (dict(grad_norm_type="inf", optimizer=opt), "give max_grad_norm too"),
+            (dict(max_grad_norm=1.0, grad_norm_type=0, optimizer=opt),
+             "grad_norm_type must be a positive number (a p-norm's p) or 'inf', not 0"),
+            (dict(max_grad_norm=1.0, grad_norm_type="two", optimizer=opt),
+             "or 'inf', not 'two'")):
         placed = {k: v for k, v in kwargs.items() if k.startswith("optimizer_")}
         try:
             pt.train_step(model, torch.nn.functional.cross_entropy, (x,), y, **kwargs)

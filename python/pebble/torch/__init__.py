@@ -133,7 +133,10 @@ class TrainStep:
         then holds every gradient until their norm is known, and every
         update follows it. .grad holds the clipped gradients, and
         step.grad_norm the norm before clipping (what clip_grad_norm_
-        returns). None (the default): no clipping. With a process_group
+        returns). None (the default): no clipping.
+      grad_norm_type: the norm max_grad_norm bounds, as clip_grad_norm_'s
+        norm_type: a positive number p (the p-norm; 2.0, the default) or
+        "inf" (the largest magnitude). With a process_group
         (shard="none"), the norm is that of the gradients averaged over the
         ranks, as clip_grad_norm_ after DistributedDataParallel's backward
         computes it: each gradient's average is a collective of the plan
@@ -195,7 +198,7 @@ class TrainStep:
                  optimizer_state=None, optimizer_updates="device", optimizer_gradients=None,
                  process_group=None, shard="none", network=None, network_latency=None,
                  buckets="auto", optimizer_parameters="device", param_init=None,
-                 max_grad_norm=None):
+                 max_grad_norm=None, grad_norm_type=2.0):
         self.process_group = _checked_group(process_group)
         # Each rank's own checks, then (Note [One plan on every rank]) the
         # ranks agree on them and on what decides the collectives that follow,
@@ -208,7 +211,8 @@ class TrainStep:
                 dict(policy=policy, budget=budget, host_budget=host_budget,
                      bandwidth=bandwidth, time_limit=time_limit, seed=seed),
                 calibrate, measure, allow_cpu_offload, optimizer, optimizer_state,
-                optimizer_updates, optimizer_gradients, optimizer_parameters, max_grad_norm)
+                optimizer_updates, optimizer_gradients, optimizer_parameters, max_grad_norm,
+                grad_norm_type)
         except Exception as e:  # noqa: BLE001 (raised again by check_same_setup)
             if self.process_group is None:
                 raise
@@ -221,7 +225,8 @@ class TrainStep:
                 optimizer_updates=optimizer_updates, optimizer_gradients=optimizer_gradients,
                 optimizer_parameters=optimizer_parameters, network=network,
                 network_latency=network_latency, buckets=buckets,
-                param_init=param_init is not None)), error, self.process_group)
+                param_init=param_init is not None, max_grad_norm=max_grad_norm,
+                grad_norm_type=str(grad_norm_type))), error, self.process_group)
         if self.updates is not None and self.updates.on_host and calibrate:
             self.updates.measure_host_rate()  # the host's cost of an update, on this CPU
             if self.process_group is not None:  # Note [One plan on every rank]
@@ -309,7 +314,7 @@ class TrainStep:
     def _take_arguments(self, model, loss_fn, example_inputs, example_target, shard, param_init,
                         options, calibrate, measure, allow_cpu_offload, optimizer,
                         optimizer_state, optimizer_updates, optimizer_gradients,
-                        optimizer_parameters, max_grad_norm):
+                        optimizer_parameters, max_grad_norm, grad_norm_type):
         """This rank's own checks of train_step's arguments, and the step's
         fields they make: (the inputs as a tuple, optimizer_gradients
         resolved). Raises what it refuses."""
@@ -354,8 +359,12 @@ class TrainStep:
             raise ValueError("max_grad_norm with shard='full' is not planned yet (the norm "
                              "of the whole gradients, from each rank's shards): clip with "
                              "shard='none' (data parallel)")
+        if max_grad_norm is None and grad_norm_type != 2.0:
+            raise ValueError("grad_norm_type is the norm that max_grad_norm bounds: give "
+                             "max_grad_norm too")
         self.updates = (Updates(optimizer, model, optimizer_state, optimizer_updates,
-                                optimizer_gradients, optimizer_parameters, max_grad_norm)
+                                optimizer_gradients, optimizer_parameters, max_grad_norm,
+                                grad_norm_type)
                         if optimizer is not None else None)
         inputs = _as_tuple(example_inputs, "example_inputs")
         _check_tensor_arg(example_target, "example_target")
@@ -719,6 +728,8 @@ class _Capture:
                        stand_ins=shards.shapes if shards is not None else None,
                        max_grad_norm=(step.updates.max_grad_norm if step.updates is not None
                                       else None),
+                       norm_type=(step.updates.grad_norm_type if step.updates is not None
+                                  else 2.0),
                        ranks=_world_size(step.process_group)
                        if step.process_group is not None and shards is None else 1)
         values, self.shapes_from = propagate(traced, self.device)

@@ -19,6 +19,7 @@ again over fake tensors for them (propagate).
 """
 
 import contextlib
+import math
 import operator
 
 import torch
@@ -143,10 +144,11 @@ class Traced:
         self.passes = 2  # make_fx traces: 1 where in-place calls were made functional here
 
 
-def _step_function(model, loss_fn, slots, grad_found, max_grad_norm=None, ranks=1):
+def _step_function(model, loss_fn, slots, grad_found, max_grad_norm=None, norm_type=2.0,
+                   ranks=1):
     """f(*slot tensors) -> [loss, gradient, ...] of the module's step, the
-    gradients clipped to a total 2-norm of `max_grad_norm` where given, and
-    then their norm before clipping last. Clipped on `ranks` ranks (more
+    gradients clipped to a total `norm_type`-norm of `max_grad_norm` where
+    given, and then their norm before clipping last. Clipped on `ranks` ranks (more
     than one), each gradient is averaged over them first (Note [Clipping
     the averaged gradients])."""
     n_state = sum(1 for s in slots if s.kind in ("parameter", "buffer"))
@@ -180,23 +182,28 @@ def _step_function(model, loss_fn, slots, grad_found, max_grad_norm=None, ranks=
         if max_grad_norm is not None:
             if ranks > 1:
                 out[1:] = [mean_over_ranks(g, ranks) for g in out[1:]]
-            out[1:], total = _clipped(out[1:], max_grad_norm)
+            out[1:], total = _clipped(out[1:], max_grad_norm, norm_type)
             out.append(total)
         return out
 
     return step
 
 
-def _clipped(grads, max_norm):
+def _clipped(grads, max_norm, norm_type=2.0):
     """(the gradients clipped, their total norm), as
-    torch.nn.utils.clip_grad_norm_(max_norm) scales each .grad and returns
-    the norm: the 2-norm of the gradients' 2-norms, and every gradient times
-    min(1, max_norm / (total + 1e-6)). These are PyTorch 1.13's operations;
-    2.x's takes the norms with torch._foreach_norm (not checked against this
-    yet). Traced into the step, so the plan holds every gradient until the
-    total is known, and each update reads its clipped gradient."""
-    norms = [torch.norm(g.detach(), 2.0) for g in grads]
-    total = torch.norm(torch.stack(norms), 2.0)
+    torch.nn.utils.clip_grad_norm_(max_norm, norm_type) scales each .grad
+    and returns the norm: the p-norm of the gradients' p-norms (the largest
+    magnitude for math.inf), and every gradient times min(1, max_norm /
+    (total + 1e-6)). These are PyTorch 1.13's operations; 2.x's takes the
+    norms with torch._foreach_norm (not checked against this yet). Traced
+    into the step, so the plan holds every gradient until the total is
+    known, and each update reads its clipped gradient."""
+    if norm_type == math.inf:
+        norms = [g.detach().abs().max() for g in grads]
+        total = norms[0] if len(norms) == 1 else torch.max(torch.stack(norms))
+    else:
+        norms = [torch.norm(g.detach(), norm_type) for g in grads]
+        total = torch.norm(torch.stack(norms), norm_type)
     coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
     return [g * coef for g in grads], total
 
@@ -237,7 +244,7 @@ def _rng_kept(device):
 
 
 def trace(model, loss_fn, inputs, target, device, mode=None, one_pass=True, stand_ins=None,
-          max_grad_norm=None, ranks=1):
+          max_grad_norm=None, norm_type=2.0, ranks=1):
     """Traced step of `model` on `inputs` and `target`.
 
     mode: "fake" (no computation), "real", or None: fake where PyTorch can
@@ -248,8 +255,8 @@ def trace(model, loss_fn, inputs, target, device, mode=None, one_pass=True, stan
     stand_ins: parameter name -> shape, for parameters that hold no data
     here (a sharded module's: Note [Stand-ins for sharded parameters]); the
     trace is then fake only. max_grad_norm: the gradients' outputs clipped
-    to that total 2-norm (_clipped), on `ranks` ranks the norm of their
-    average (Note [Clipping the averaged gradients])."""
+    to that total `norm_type`-norm (_clipped), on `ranks` ranks the norm of
+    their average (Note [Clipping the averaged gradients])."""
     slots = module_slots(model)
     if max_grad_norm is not None and ranks > 1:
         hold_divisors(ranks, {s.tensor.dtype for s in slots if s.trainable})
@@ -283,7 +290,8 @@ def trace(model, loss_fn, inputs, target, device, mode=None, one_pass=True, stan
         stack = _ModuleStack(model)
         try:
             with _rng_kept(device), _rnn_without_cudnn(model, device):
-                step = _step_function(model, loss_fn, slots, grad_found, max_grad_norm, ranks)
+                step = _step_function(model, loss_fn, slots, grad_found, max_grad_norm,
+                                      norm_type, ranks)
                 first = _make_fx(step, m, flat, fake_mode)
                 stack.close()
                 done = None

@@ -79,7 +79,7 @@ class Updates:
     the runner of its steps in a plan (Note [Steps of the optimizer])."""
 
     def __init__(self, optimizer, model, state=None, updates="device", gradients="keep",
-                 parameters="device", max_grad_norm=None):
+                 parameters="device", max_grad_norm=None, grad_norm_type=2.0):
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise TypeError(f"optimizer must be a torch.optim.Optimizer, not "
                             f"{type(optimizer).__name__}")
@@ -99,8 +99,10 @@ class Updates:
             raise ValueError(f"max_grad_norm must be a positive finite number, not "
                              f"{max_grad_norm!r}")
         # The gradients' total norm is clipped to this in the captured step
-        # (_capture._clipped); None: not clipped.
+        # (_capture._clipped); None: not clipped. The norm: a p-norm's p, or
+        # math.inf (clip_grad_norm_'s norm_type).
         self.max_grad_norm = None if max_grad_norm is None else float(max_grad_norm)
+        self.grad_norm_type = _norm_type(grad_norm_type)
         if updates != "device" and state == "device":
             raise ValueError(f"optimizer_updates={updates!r} with optimizer_state='device': an "
                              "update on the host reads and writes its state there; give "
@@ -651,6 +653,7 @@ class Placement:
             updates.ops[n] not in ("optimizer_step", "optimizer_state"))
         self.device_parameters = sorted(self.updated_parameters - set(self.host_parameters))
         self.max_grad_norm = updates.max_grad_norm  # the clipping in the plan, or None
+        self.grad_norm_type = updates.grad_norm_type
         # The parameters whose host updates take a temporary (the host
         # scratch holds the largest of a dtype: Updates.ensure_state).
         self.scratch_parameters = sorted({
@@ -673,7 +676,10 @@ class Placement:
             "optimizer_updates": {
                 "host_parameters": len(self.host_parameters),
                 "device_parameters": len(self.device_parameters),
-                "max_grad_norm": self.max_grad_norm},
+                "max_grad_norm": self.max_grad_norm,
+                "grad_norm_type": (None if self.max_grad_norm is None else
+                                   "inf" if self.grad_norm_type == math.inf else
+                                   self.grad_norm_type)},
         }
 
 
@@ -800,6 +806,19 @@ def _temporary(op, c):
     if op == "sgd_update":
         return coupled and c["momentum"] == 0
     return False
+
+
+def _norm_type(value):
+    """clip_grad_norm_'s norm_type as a float (math.inf for "inf"); ValueError
+    for what is not a positive number or infinity."""
+    number = value
+    if isinstance(value, str) and value.strip().lower() in ("inf", "infinity"):
+        number = math.inf
+    if isinstance(number, bool) or not isinstance(number, numbers.Real) or \
+            math.isnan(number) or number <= 0:
+        raise ValueError(f"grad_norm_type must be a positive number (a p-norm's p) or 'inf', "
+                         f"not {value!r}")
+    return float(number)
 
 
 def _settings(optimizer):
