@@ -143,6 +143,12 @@ def close(a, b, tol=1e-5):
 
 
 def optimizer(torch, kind, params):
+    if kind == "sgd-mixed":  # momentum on the weights only: the rest keep no buffer
+        params = list(params)
+        return torch.optim.SGD([{"params": [p for p in params if p.dim() >= 2],
+                                 "momentum": 0.9},
+                                {"params": [p for p in params if p.dim() < 2],
+                                 "weight_decay": 1e-3}], lr=0.05)
     if kind == "sgd":  # two groups: the weights decayed, the rest at another lr
         params = list(params)
         return torch.optim.SGD([{"params": [p for p in params if p.dim() >= 2],
@@ -1639,6 +1645,9 @@ def checks(torch, pt, dist, rank, ranks):
     if every:
         failures += check_training(torch, pt, dist, rank, ranks, "sgd", "host", clip=0.2,
                                    gradients="drop", policy="dtr")
+    # SGD with momentum on the weights only: the rest keep no buffer.
+    if every:
+        failures += check_training(torch, pt, dist, rank, ranks, "sgd-mixed", "host")
     # DDP's rule: buckets of several gradients, each through a flat copy.
     failures += check_training(torch, pt, dist, rank, ranks, "adam", "device", buckets="25MiB",
                                budget="1MiB")
@@ -1656,6 +1665,7 @@ def checks(torch, pt, dist, rank, ranks):
                               state="host", updates="host")
     failures += check_sharded(torch, pt, dist, rank, ranks, "sgd", "hybrid", state="auto",
                               updates="auto")
+    failures += check_sharded(torch, pt, dist, rank, ranks, "sgd-mixed", "dtr", state="host")
     # ZeRO-Infinity's parameters on the host: each rank's shards live there
     # between steps, fetched for their gathers (and their updates).
     failures += check_sharded(torch, pt, dist, rank, ranks, "adam", "fsdp-blocks", tokens=True,

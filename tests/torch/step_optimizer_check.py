@@ -20,8 +20,9 @@ pebble.torch.train_step(..., optimizer=opt). Checks after every step:
 - a learning-rate scheduler's lr is followed, as eager follows it, each
   parameter group's on its own;
 - parameter groups with settings of their own (a weight decay on the weights
-  only, another lr) train as eager, each update's temporary planned where its
-  own group's coupled weight decay makes one;
+  only, another lr, SGD's momentum on some groups only) train as eager, each
+  update's temporary planned where its own group's coupled weight decay makes
+  one, a momentum buffer only where eager keeps one;
 - with max_grad_norm, the gradients are clipped in the plan as eager's
   clip_grad_norm_ clips them between backward() and step() (by the 2-norm,
   the largest magnitude and the 1-norm), step.grad_norm
@@ -40,7 +41,7 @@ pebble.torch.train_step(..., optimizer=opt). Checks after every step:
 
 And that an optimizer pebble cannot plan (Nesterov momentum, a parameter
 left out, another optimizer class, float64 parameters, a .grad on a parameter
-the step does not update, SGD groups with momentum and without, a group's
+the step does not update, a group's
 weight decay turned on or a parameter taken out after planning) is refused with OptimizerError naming why, while a
 frozen parameter in the optimizer is skipped, as torch.optim skips it.
 Exit 0 on success, 1 on a mismatch, 77 without torch or (cuda) without a GPU.
@@ -146,6 +147,12 @@ def optimizers(torch):
             groups(ps, {"weight_decay": 1e-3}, {"lr": 3e-3}), lr=1e-2, foreach=False),
         "sgd-groups": lambda ps: torch.optim.SGD(
             groups(ps, {"weight_decay": 1e-3}, {"lr": 0.02}), lr=0.1, momentum=0.9),
+        # Momentum on the weights only, and on the rest only (its first group
+        # without): each parameter keeps a momentum buffer where eager does.
+        "sgd-momentum-weights": lambda ps: torch.optim.SGD(
+            groups(ps, {"momentum": 0.9, "weight_decay": 1e-3}, {"momentum": 0.0}), lr=0.05),
+        "sgd-momentum-rest": lambda ps: torch.optim.SGD(
+            groups(ps, {"weight_decay": 1e-3}, {"momentum": 0.8}), lr=0.05),
     }
 
 
@@ -201,6 +208,12 @@ CASES = [  # (model, optimizer, policy, budget, where the state lives, where the
     ("mlp", "adamw", "rotor", "min", "device", "device", "keep", 0.05),
     ("convnet", "sgd", "dtr", "min", None, "host", "drop", 0.05),
     ("mlp", "adam-groups", "checkmate-lp", "min", "auto", "device", "keep", 0.05),
+    # SGD's groups with and without momentum: the buffers eager keeps only,
+    # on the device, on the host (state and updates), and placed by the plan.
+    ("mlp", "sgd-momentum-weights", "rotor", "min", "device", "device"),
+    ("convnet", "sgd-momentum-rest", "dtr", "min", "host", "device"),
+    ("convnet", "sgd-momentum-weights", "checkmate-lp", "min", None, "host", "drop"),
+    ("mlp", "sgd-momentum-rest", "hybrid", "between", "auto", "device"),
     # Other norms (clip_grad_norm_'s norm_type): the largest magnitude, and
     # the 1-norm.
     ("mlp", "adam", "dtr", "min", "device", "device", "keep", (0.002, "inf")),
@@ -330,6 +343,10 @@ def run_case(torch, pt, device, steps, model_name, opt_name, policy, budget, sta
             other = planned_state.get(i, {}).get(key)
             if other is None or not close(torch, other.cpu(), value.cpu()):
                 failures.append(f"optimizer state {i}/{key} differs from eager's")
+        for key, value in planned_state.get(i, {}).items():  # (a buffer eager has not)
+            if torch.is_tensor(value) and not torch.is_tensor(entry.get(key)):
+                failures.append(f"optimizer state {i}/{key} is a tensor, eager's "
+                                f"{entry.get(key)!r}")
     # The state dict, as step.full_optimizer_state_dict() copies it to the
     # CPU, loads into a fresh optimizer, which continues as pebble does.
     resumed_model = copy.deepcopy(planned_model)
@@ -371,17 +388,20 @@ def run_case(torch, pt, device, steps, model_name, opt_name, policy, budget, sta
 def temporaries_by_group(step, opt, model):
     """Each update's planned temporary (its node's workspace) is there where
     its own parameter's group decides: coupled weight decay (SGD's, Adam's)
-    takes one in the moment updates, Adam's last update always does."""
+    takes one in the moment updates, and in SGD's last update where the
+    group has no momentum; Adam's last update always takes one."""
     failures = []
     names = {p: name for name, p in model.named_parameters()}
     decay = {names[p]: g["weight_decay"] != 0 and type(opt).__name__ != "AdamW"
              for g in opt.param_groups for p in g["params"]}
+    plain = {names[p]: g.get("momentum", 0) == 0 for g in opt.param_groups for p in g["params"]}
     size = {name: p.numel() * p.element_size() for name, p in model.named_parameters()}
     workspace = step.updates.workspace_bytes
     for name, coupled in decay.items():
         for node_id, wanted in ((f"exp_avg:{name}#1", coupled),
                                 (f"momentum_buffer:{name}#1", coupled),
-                                (f"update:{name}", type(opt).__name__ != "SGD")):
+                                (f"update:{name}", type(opt).__name__ != "SGD" or
+                                 (coupled and plain[name]))):
             # (a parameter-sized temporary; a bfloat16 update on the CPU also
             # holds its scalar's cast, a few bytes)
             if node_id in step.updates.ops and \
@@ -509,10 +529,6 @@ def refusals(torch, pt, device):
         (torch.optim.RMSprop(model.parameters(), lr=0.1), "plans torch.optim.SGD, Adam and AdamW"),
         (torch.optim.Adam(model.parameters(), amsgrad=True), "amsgrad=True"),
         (torch.optim.SGD(model.parameters(), lr=0.0), "lr=0.0; pebble plans lr above 0"),
-        # Groups may differ in their numbers, not in what the plan holds.
-        (torch.optim.SGD([{"params": model[0].parameters(), "momentum": 0.9},
-                          {"params": model[1].parameters()}], lr=0.1),
-         "group 0 has momentum=0.9 and group 1 momentum=0"),
         (torch.optim.Adam([{"params": model[0].parameters()},
                            {"params": model[1].parameters(), "amsgrad": True}]),
          "amsgrad=True (parameter group 1)"),

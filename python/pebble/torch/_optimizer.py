@@ -115,8 +115,13 @@ class Updates:
         # update node as its own parameter's group decides.
         self.kind, groups = _settings(optimizer)
         self.settings = groups[0]
+        # The graph's momentum buffers: SGD's groups with no momentum have
+        # theirs taken out again (extend: Note [SGD groups without momentum]).
+        spec = dict(self.settings)
+        if self.kind == "sgd":
+            spec["momentum"] = max(group["momentum"] for group in groups)
         self.spec = self.kind + ":" + ",".join(
-            f"{k}={float(v)!r}" for k, v in self.settings.items() if k != "decoupled")
+            f"{k}={float(v)!r}" for k, v in spec.items() if k != "decoupled")
         if state not in (None, "device"):
             self.spec += f",state={state}"
         if updates != "device":
@@ -269,6 +274,7 @@ class Updates:
         graph = _core.from_json(json.dumps(doc))
         doc = json.loads(_core.with_optimizer(
             graph, self.spec, host_bytes_per_s=self.host_bytes_per_s).to_json())
+        self._without_momentum(doc)
         if round_to > 1:
             _round_bytes(doc, round_to)
         self.planned_state_bytes = 0
@@ -300,6 +306,23 @@ class Updates:
                 if workspace:
                     node["workspace"] = self.workspace_bytes[node["id"]] = workspace
         return _core.from_json(json.dumps(doc))
+
+    def _without_momentum(self, doc):
+        """The graph document `doc` without the momentum buffers (and their
+        updates) of parameters whose SGD group has momentum 0, each update
+        reading its gradient instead (Note [SGD groups without momentum])."""
+        plain = {name for name in self.params
+                 if self.kind == "sgd" and self._settings_of[name]["momentum"] == 0}
+        dropped = {f"momentum_buffer:{name}{suffix}" for name in plain for suffix in ("", "#1")}
+        if not dropped.intersection(n["id"] for n in doc["nodes"]):
+            return
+        doc["nodes"] = [n for n in doc["nodes"] if n["id"] not in dropped]
+        for node in doc["nodes"]:
+            if node["id"].startswith("update:") and node["id"][len("update:"):] in plain:
+                name = node["id"][len("update:"):]
+                node["inputs"] = [f"grad:{name}" if i == f"momentum_buffer:{name}#1" else i
+                                  for i in node["inputs"]]
+        doc["outputs"] = [o for o in doc.get("outputs", []) if o not in dropped]
 
     def _scalar_cast_bytes(self, node):
         """The bytes of the update node's cast of a held scalar (Note [Scalars
@@ -352,10 +375,16 @@ class Updates:
 
     @property
     def state_keys(self):
-        """The entries of a parameter's state that hold a tensor of its shape
-        (torch.optim's names)."""
+        """The entries of some parameter's state that hold a tensor of its
+        shape (torch.optim's names)."""
+        return tuple(dict.fromkeys(key for name in self.params
+                                   for key in self.state_keys_of(name)))
+
+    def state_keys_of(self, name):
+        """The entries of parameter `name`'s state that hold a tensor of its
+        shape: SGD's momentum buffer where its group has momentum."""
         if self.kind == "sgd":
-            return ("momentum_buffer",) if self.settings["momentum"] > 0 else ()
+            return ("momentum_buffer",) if self._settings_of[name]["momentum"] > 0 else ()
         return ("exp_avg", "exp_avg_sq")
 
     def take_state_shapes(self, like=None, cut=None):
@@ -372,7 +401,7 @@ class Updates:
             if not s:
                 continue
             template = like[name] if like is not None and name in like else p
-            for key in self.state_keys:
+            for key in self.state_keys_of(name):
                 t = s.get(key)
                 if t is None or t.shape == template.shape:
                     continue
@@ -405,7 +434,7 @@ class Updates:
             template = like[name] if like is not None and name in like else p
             if self.kind != "sgd" and "step" not in s:
                 s["step"] = torch.tensor(0.0)
-            for key in self.state_keys:
+            for key in self.state_keys_of(name):
                 on_host = f"{key}:{name}" in placement.host_state
                 if s.get(key) is None:  # (made where it lives: on the host, not the device)
                     s[key] = torch.zeros_like(template, memory_format=torch.preserve_format,
@@ -821,13 +850,25 @@ def _norm_type(value):
     return float(number)
 
 
+# Note [SGD groups without momentum]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# pebble's optimizer spec (graph/optimizer.cc) gives every parameter a
+# momentum buffer or none. torch.optim.SGD's groups may differ (momentum on
+# the weights, none on biases and norms: the buffer costs a parameter's
+# bytes), and a parameter of a group with momentum 0 keeps no buffer in
+# eager PyTorch. So the spec takes the largest momentum of the groups, and
+# extend() takes out the buffer and its update of each parameter whose
+# group has none: its sgd_update reads the gradient, as the spec makes it
+# without momentum. The plan then holds, moves and updates only the buffers
+# that eager keeps, and state_keys_of() says which parameter has one.
+
+
 def _settings(optimizer):
     """("sgd" | "adam" | "adamw", each parameter group's settings, the keys
     of pebble's optimizer spec, in param_groups' order); OptimizerError for
     what pebble does not plan. Groups may differ in their numbers (a weight
-    decay for the weights only, a learning rate per layer), not in the
-    tensors the plan holds: SGD keeps a momentum buffer for every parameter
-    or for none."""
+    decay for the weights only, a learning rate per layer, SGD's momentum
+    on or off: Note [SGD groups without momentum])."""
     if type(optimizer) is torch.optim.SGD:
         kind = "sgd"
     elif type(optimizer) in (torch.optim.Adam, torch.optim.AdamW):
@@ -839,15 +880,6 @@ def _settings(optimizer):
     per_group = [_group_settings(type(optimizer).__name__, kind, group,
                                  f" (parameter group {i})" if len(groups) > 1 else "")
                  for i, group in enumerate(groups)]
-    if kind == "sgd":
-        with_momentum = [i for i, s in enumerate(per_group) if s["momentum"] > 0]
-        if 0 < len(with_momentum) < len(per_group):
-            without = next(i for i, s in enumerate(per_group) if s["momentum"] == 0)
-            raise OptimizerError(
-                f"SGD's parameter group {with_momentum[0]} has momentum="
-                f"{per_group[with_momentum[0]]['momentum']} and group {without} momentum=0: "
-                "pebble plans a momentum buffer for every parameter or for none (give every "
-                "group a momentum, or none)")
     return kind, per_group
 
 
