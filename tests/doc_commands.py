@@ -118,8 +118,8 @@ def run_bytes(stdout, words):
         return 0
     try:
         doc = json.loads(stdout)
-    except ValueError:
-        return None  # the caller reruns with --json
+    except ValueError:  # the caller reruns fit with --json
+        return _run_text_bytes(stdout) if words[1] == "run" else None
     if words[1] == "run":
         m = doc.get("measured", {})
         return m.get("arena_bytes", 0) + m.get("host_peak_bytes", 0)
@@ -128,6 +128,19 @@ def run_bytes(stdout, words):
         m = row.get("measured") or {}
         largest = max(largest, m.get("arena_bytes", 0) + m.get("host_peak_bytes", 0))
     return largest
+
+
+def _run_text_bytes(stdout):
+    """The arena and host bytes measured in `pebble run`'s table (the last
+    column of its "arena" and "host peak" rows), or None without them."""
+    found = {}
+    for line in stdout.splitlines():
+        m = re.match(r"(arena|host peak)\s.*\s(\d+)\s*$", line)
+        if m:
+            found[m.group(1)] = int(m.group(2))
+    if set(found) != {"arena", "host peak"}:
+        return None
+    return found["arena"] + found["host peak"]
 
 
 def limited(cap_bytes):

@@ -128,14 +128,15 @@ inline std::optional<PlanResult> TightPlan(const Graph& g, const std::string& po
 }
 
 // `policy`'s plan of `graph` (sharded over `ranks`) within `budget`, with
-// `buckets` (PlannerOptions::bucket_bytes), in at most 10 s; an empty result
-// (and a test failure) where it fails.
+// `buckets` (PlannerOptions::bucket_bytes), in at most `time_limit_s`; an
+// empty result (and a test failure) where it fails.
 inline PlanResult PlanSharded(const Graph& graph, int ranks, const char* policy,
                               int64_t budget = kMinBudgetBytes,
-                              int64_t buckets = PlannerOptions::kPlannedBuckets) {
+                              int64_t buckets = PlannerOptions::kPlannedBuckets,
+                              double time_limit_s = 10) {
   PlannerOptions options;
   options.budget_bytes = budget;
-  options.time_limit_s = 10;
+  options.time_limit_s = time_limit_s;
   options.ranks = ranks;
   options.bucket_bytes = buckets;
   absl::StatusOr<PlanResult> r = (*MakePlanner(policy))->Plan(graph, options);

@@ -164,12 +164,18 @@ def parse_args(argv):
                         help="where model.onnx, graph.json, inputs/ and out/ "
                              "go (default: a temporary directory, removed "
                              "afterwards)")
+    parser.add_argument("--classifier-width", type=int, default=0,
+                        help="make the Linear layers inside a torchvision "
+                             "classifier (VGG's) this wide (default: as built)")
     parser.add_argument("--all-policies", action="store_true",
                         help="also plan the imported graph with every "
                              "registered policy but exact")
     parser.add_argument("--time-limit", type=float, default=20,
                         help="--time-limit of each --all-policies plan "
                              "(default 20 s)")
+    parser.add_argument("--step-time-limit", type=float, default=None,
+                        help="--time-limit of the plans of the step run against "
+                             "PyTorch (default: pebble's)")
     parser.add_argument("--fp64", action="store_true",
                         help="also run PyTorch in fp64 and print its own "
                              "fp32 error (column torch32/64), for scale")
@@ -399,6 +405,8 @@ def build_model(torch, torchvision, models, args):
     if not isinstance(net, torch.nn.Module):
         raise UsageError("--model %s: torchvision.models.%s() is not a module"
                          % (args.model, args.model))
+    if args.classifier_width:
+        _narrow_classifier(torch, net, args.classifier_width, args.seed)
     dropouts = 0
     # Stochastic depth (EfficientNet, ConvNeXt) drops whole samples at
     # random in training mode, which torch.onnx.export cannot write
@@ -411,6 +419,25 @@ def build_model(torch, torchvision, models, args):
     models.perturb_batchnorm(net)
     net.train()
     return net, dropouts, zero_init
+
+
+def _narrow_classifier(torch, net, width, seed):
+    """The Linear layers of `net.classifier` (VGG's, AlexNet's) made `width`
+    wide inside: the first keeps its inputs, the last its outputs, every
+    other layer (ReLU, Dropout) stays. VGG's classifier holds 119M of its
+    133M parameters: the import checks the same operators at a sliver of
+    the export's and the run's time (the suite's time). UsageError where the
+    model has no such classifier."""
+    head = getattr(net, "classifier", None)
+    linears = [i for i, m in enumerate(head or ()) if isinstance(m, torch.nn.Linear)]
+    if not isinstance(head, torch.nn.Sequential) or len(linears) < 2:
+        raise UsageError("--classifier-width: the model has no classifier of several "
+                         "Linear layers (nn.Sequential)")
+    torch.manual_seed(seed + 1)
+    for k, i in enumerate(linears):
+        inputs = head[i].in_features if k == 0 else width
+        outputs = head[i].out_features if k == len(linears) - 1 else width
+        head[i] = torch.nn.Linear(inputs, outputs)
 
 
 def export_onnx(torch, net, x, path, opset, model_name):
@@ -615,12 +642,17 @@ def check_graph(np, desc, expected, written, order, summary, nbt, n_params):
     return failures
 
 
-def pick_budget(pebble, graph, policy, kind, budget):
+def _time_limit(seconds):
+    return [] if seconds is None else ["--time-limit", "%g" % seconds]
+
+
+def pick_budget(pebble, graph, policy, kind, budget, time_limit=None):
     """crosscheck.pick_budget for a graph file: 100% for one-shot policies,
-    else `budget`, or `min` (with a note) where that is infeasible."""
+    else `budget`, or `min` (with a note) where that is infeasible;
+    `time_limit`: each plan's --time-limit (None: pebble's default)."""
     if kind == "one-shot":
         budget = "100%"
-    plan_args = ["plan", "--graph", graph, "--policy", policy]
+    plan_args = ["plan", "--graph", graph, "--policy", policy] + _time_limit(time_limit)
     plan = cc.pebble_json(pebble, plan_args + ["--budget", budget],
                           "pebble plan --policy %s --budget %s" % (policy,
                                                                    budget),
@@ -641,7 +673,7 @@ def run_step(args, np, pebble, graph, policy, kind, inputs_dir, dump_dir,
              written, order, ref32, ref64, zero_grads):
     """One `pebble run`, compared with PyTorch. Returns failure lines."""
     failures = []
-    budget, plan = pick_budget(pebble, graph, policy, kind, args.budget)
+    budget, plan = pick_budget(pebble, graph, policy, kind, args.budget, args.step_time_limit)
     report = plan.get("report", {})
     log("\n== policy %s (%s), --budget %s: planned peak %s bytes (baseline "
         "%s), %s recomputations, %s bytes transferred" % (
@@ -652,6 +684,7 @@ def run_step(args, np, pebble, graph, policy, kind, inputs_dir, dump_dir,
         shutil.rmtree(dump_dir)
     result = cc.pebble_json(pebble, [
         "run", "--graph", graph, "--policy", policy, "--budget", budget,
+        *_time_limit(args.step_time_limit),
         "--backend", args.backend, "--inputs", inputs_dir, "--dump", dump_dir,
         "--seed", str(args.seed)],
         "pebble run --policy %s --budget %s" % (policy, budget))

@@ -13,12 +13,14 @@ Exit 0 when the harness behaves, 1 otherwise, 77 without numpy/torch.
 """
 
 import argparse
+import contextlib
+import io
 import os
-import subprocess
 import sys
 import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
 MODEL = "mnist-cnn:batch=8"
 OPTIMIZER = "sgd:lr=0.1,momentum=0.9"
 
@@ -84,22 +86,26 @@ def main():
             f.write('#!/bin/sh\nexec "%s" "%s" "%s" "$@"\n' % (
                 sys.executable, wrapper, os.path.abspath(args.pebble)))
         os.chmod(shim, 0o755)
+        import optimizer_check  # (in this process: torch imported once, not per case)
         for name, fault, want_exit, texts in CASES:
-            env = dict(os.environ, PEBBLE_FAULT=fault)
-            proc = subprocess.run(
-                [sys.executable, os.path.join(HERE, "optimizer_check.py"), "--pebble", shim,
-                 "--model", MODEL, "--optimizer", OPTIMIZER, "--steps", "2",
-                 "--policies", "baseline,dtr"],
-                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, universal_newlines=True,
-                env=env)
-            missing = [t for t in texts if t not in proc.stdout]
-            ok = proc.returncode == want_exit and not missing
-            print("%-18s exit %d (want %d)%s" % (name, proc.returncode, want_exit,
-                                                 "" if ok else "  FAILED"))
+            out = io.StringIO()
+            os.environ["PEBBLE_FAULT"] = fault  # (the wrapper's, a process of its own)
+            try:
+                with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+                    code = optimizer_check.main(
+                        ["--pebble", shim, "--model", MODEL, "--optimizer", OPTIMIZER,
+                         "--steps", "2", "--policies", "baseline,dtr"])
+            finally:
+                os.environ.pop("PEBBLE_FAULT", None)
+            text = out.getvalue()
+            missing = [t for t in texts if t not in text]
+            ok = code == want_exit and not missing
+            print("%-18s exit %d (want %d)%s" % (name, code, want_exit,
+                                                 "" if ok else "  FAILED"), flush=True)
             if not ok:
                 failures.append(name)
                 print("  missing texts: %s\n  output tail:\n%s" % (
-                    missing, "\n".join(proc.stdout.splitlines()[-15:])))
+                    missing, "\n".join(text.splitlines()[-15:])))
     if failures:
         print("FAIL: the harness misbehaved in: %s" % ", ".join(failures))
         return 1
