@@ -44,7 +44,7 @@ def _graph_from_json(text):
 copyreg.pickle(Graph, lambda graph: (_graph_from_json, (graph.to_json(),)))
 
 __all__ = [
-    "Graph", "Plan", "collective_seconds", "compare", "fit", "from_json", "import_onnx", "load", "model", "plan",
-    "policies", "register_policy", "shard", "simulate", "train", "unregister_policy",
-    "with_optimizer",
+    "Graph", "Plan", "collective_seconds", "compare", "fit", "from_json", "import_onnx",
+    "load", "model", "plan", "policies", "register_policy", "shard", "simulate", "train",
+    "unregister_policy", "with_optimizer",
 ]

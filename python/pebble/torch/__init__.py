@@ -133,16 +133,16 @@ class TrainStep:
         then holds every gradient until their norm is known, and every
         update follows it. .grad holds the clipped gradients, and
         step.grad_norm the norm before clipping (what clip_grad_norm_
-        returns). None (the default): no clipping.
-      grad_norm_type: the norm max_grad_norm bounds, as clip_grad_norm_'s
-        norm_type: a positive number p (the p-norm; 2.0, the default) or
-        "inf" (the largest magnitude). With a process_group
+        returns). None (the default): no clipping. With a process_group
         (shard="none"), the norm is that of the gradients averaged over the
         ranks, as clip_grad_norm_ after DistributedDataParallel's backward
         computes it: each gradient's average is a collective of the plan
         (Note [Clipping the averaged gradients] in _capture.py). Not yet
         with shard="full", nor where a .grad kept from before the step
         would be added to.
+      grad_norm_type: the norm max_grad_norm bounds, as clip_grad_norm_'s
+        norm_type: a positive number p (the p-norm; 2.0, the default) or
+        "inf" (the largest magnitude).
       process_group: a torch.distributed process group (initialised; gloo on
         the CPU, NCCL on GPUs): data parallelism, DistributedDataParallel's
         rule. Rank 0's parameters and buffers are copied to every rank here.

@@ -148,9 +148,9 @@ def _step_function(model, loss_fn, slots, grad_found, max_grad_norm=None, norm_t
                    ranks=1):
     """f(*slot tensors) -> [loss, gradient, ...] of the module's step, the
     gradients clipped to a total `norm_type`-norm of `max_grad_norm` where
-    given, and then their norm before clipping last. Clipped on `ranks` ranks (more
-    than one), each gradient is averaged over them first (Note [Clipping
-    the averaged gradients])."""
+    given, and then their norm before clipping last. Clipped on `ranks`
+    ranks (more than one), each gradient is averaged over them first (Note
+    [Clipping the averaged gradients])."""
     n_state = sum(1 for s in slots if s.kind in ("parameter", "buffer"))
     n_inputs = sum(1 for s in slots if s.kind == "input")
 
