@@ -24,7 +24,9 @@ Each rank takes its slice of one batch. Checks, on every rank:
   through a flat copy that the plan holds); clipped (max_grad_norm) Adam
   and SGD steps give DDP's parameters, .grad and norm with clip_grad_norm_
   after its backward (the norm of the averaged gradients);
-- sharded training (shard="full", ZeRO-3): five steps of Adam and of SGD
+- sharded training (shard="full", ZeRO-3), clipped too (max_grad_norm: the
+  whole gradients' norm from the shards, as clip_grad_norm_ on the whole
+  batch, step.grad_norm its norm): five steps of Adam and of SGD
   with momentum under FSDP's rule and under dtr at its least peak give the
   parameters of eager single-process training on the whole batch
   (step.full_state_dict() on every rank, to 1e-5 relative), with the
@@ -107,16 +109,25 @@ def token_batches(torch, ranks, count):
              torch.randint(0, 5, (BATCH_PER_RANK * ranks,), generator=g)) for _ in range(count)]
 
 
-def step_beside_eager(step, whole, whole_opt, loss_fn, data, rank, what):
+def step_beside_eager(step, whole, whole_opt, loss_fn, data, rank, what, clip=None):
     """Runs the sharded `step` on this rank's slice of each batch of `data`
-    and eager training of `whole` on the whole batch; the failures where a
+    and eager training of `whole` on the whole batch (`clip`: (max_norm,
+    norm_type) for clip_grad_norm_ before each update); the failures where a
     step's measured peak (the allocator's, as the profiler saw it) is not
-    the plan's."""
+    the plan's, or its grad_norm not eager's norm."""
+    import torch
     failures = []
     for k, (x, y) in enumerate(data):
         step(mine(x, rank), mine(y, rank))
         whole_opt.zero_grad(set_to_none=True)
         loss_fn(whole(x), y).backward()
+        if clip is not None:
+            norm = torch.nn.utils.clip_grad_norm_(whole.parameters(), *clip)
+            if k == 0 and not norm > clip[0]:
+                failures.append(f"{what}: the first step's norm {float(norm)} does not clip")
+            if step.grad_norm is None or not close(step.grad_norm, norm):
+                failures.append(f"{what}: step {k + 1}: grad_norm {step.grad_norm}, eager's "
+                                f"{float(norm)}")
         whole_opt.step()
         r = step.report
         if r["measured_peak_bytes"] != r["predicted_step_peak_bytes"]:
@@ -341,11 +352,13 @@ def make_token_model(torch):
 
 
 def check_sharded(torch, pt, dist, rank, ranks, kind, policy, tokens=False, buckets="auto",
-                  state=None, updates="device", parameters="device"):
+                  state=None, updates="device", parameters="device", clip=None):
     """shard="full": the parameters of eager training on the whole batch, on
     every rank, and the measured peak the plan's; with the optimizer's state,
     updates and parameter shards where `state`, `updates` and `parameters`
-    say (ZeRO-Offload on shards, ZeRO-Infinity's parameters on the host)."""
+    say (ZeRO-Offload on shards, ZeRO-Infinity's parameters on the host);
+    `clip`: (max_grad_norm, grad_norm_type), eager clipping by
+    clip_grad_norm_ on the whole batch's gradients."""
     failures = []
     torch.manual_seed(0)
     model = make_token_model(torch) if tokens else make_model(torch)
@@ -369,10 +382,13 @@ def check_sharded(torch, pt, dist, rank, ranks, kind, policy, tokens=False, buck
     step = pt.train_step(model, loss_fn, (mine(x0, rank),), mine(y0, rank), optimizer=opt,
                          policy=policy, budget="min", measure="always",
                          process_group=dist.group.WORLD, shard="full", buckets=buckets,
-                         **link, **offload)
+                         **link, **offload,
+                         **({} if clip is None else dict(max_grad_norm=clip[0],
+                                                         grad_norm_type=clip[1])))
     what = (f"sharded, {'tokens, ' if tokens else ''}{kind}, {policy}, buckets {buckets}"
-            + (f", state {state}, updates {updates}, parameters {parameters}" if offload else ""))
-    failures += step_beside_eager(step, whole, whole_opt, loss_fn, data, rank, what)
+            + (f", state {state}, updates {updates}, parameters {parameters}" if offload else "")
+            + (f", clipped to {clip[0]} ({clip[1]}-norm)" if clip else ""))
+    failures += step_beside_eager(step, whole, whole_opt, loss_fn, data, rank, what, clip)
     if offload:
         failures += check_offloaded_shards(step, opt, model, state, updates, parameters, what)
     s = step.report["sharding"]
@@ -388,12 +404,13 @@ def check_sharded(torch, pt, dist, rank, ranks, kind, policy, tokens=False, buck
     # plans join messages where that is faster (planned buckets of
     # collectives); fsdp's rule, and buckets="none", join none.
     alone = policy == "fsdp" or (buckets == "none" and not policy.startswith("fsdp-"))
+    sent = s["gathers"] + s["reduce_scatters"] + s["norm_all_reduces"]
     if s["messages"] != s["planned_messages"] or \
-            (not alone and not s["messages"] < s["gathers"] + s["reduce_scatters"]) or \
-            (alone and s["messages"] != s["gathers"] + s["reduce_scatters"]):
-        failures.append(f"{what}: {s['messages']} messages for {s['gathers']} gathers and "
-                        f"{s['reduce_scatters']} reduce-scatters, "
-                        f"{s['planned_messages']} planned")
+            (clip is not None) != (s["norm_all_reduces"] > 0) or \
+            (not alone and not s["messages"] < sent) or (alone and s["messages"] != sent):
+        failures.append(f"{what}: {s['messages']} messages for {s['gathers']} gathers, "
+                        f"{s['reduce_scatters']} reduce-scatters and {s['norm_all_reduces']} "
+                        f"all-reduces of the norm, {s['planned_messages']} planned")
     if policy == "fsdp-blocks":
         failures += check_message_fallbacks(step, what)
     if any(p.numel() != 0 or p.grad is not None for p in model.parameters()):
@@ -1617,8 +1634,6 @@ def checks(torch, pt, dist, rank, ranks):
                       optimizer_gradients="keep"), ValueError, "is not possible"),
                 (dict(process_group=world, shard="full", optimizer=sgd, buckets="25MiB"),
                  ValueError, "a sharded step takes 'auto'"),
-                (dict(process_group=world, shard="full", optimizer=sgd, max_grad_norm=1.0),
-                 ValueError, "max_grad_norm with shard='full' is not planned yet"),
                 (dict(process_group=world, optimizer=sgd, max_grad_norm=1.0, buckets="25MiB"),
                  ValueError, "buckets='25MiB' with max_grad_norm")):
             try:
@@ -1666,6 +1681,16 @@ def checks(torch, pt, dist, rank, ranks):
     failures += check_sharded(torch, pt, dist, rank, ranks, "sgd", "hybrid", state="auto",
                               updates="auto")
     failures += check_sharded(torch, pt, dist, rank, ranks, "sgd-mixed", "dtr", state="host")
+    # Clipped by the norm of the whole gradients from each rank's shards (one
+    # all-reduce of a scalar), as clip_grad_norm_ on the whole batch: under
+    # FSDP's rule, with the updates on the host reading the clipped shards'
+    # host copies (the largest magnitude), and placed by hybrid.
+    failures += check_sharded(torch, pt, dist, rank, ranks, "adam", "fsdp", clip=(0.2, 2.0))
+    failures += check_sharded(torch, pt, dist, rank, ranks, "sgd", "dtr", state="host",
+                              updates="host", clip=(0.01, "inf"))
+    if every:
+        failures += check_sharded(torch, pt, dist, rank, ranks, "adam", "hybrid", tokens=True,
+                                  state="auto", updates="auto", clip=(0.3, 2.0))
     # ZeRO-Infinity's parameters on the host: each rank's shards live there
     # between steps, fetched for their gathers (and their updates).
     failures += check_sharded(torch, pt, dist, rank, ranks, "adam", "fsdp-blocks", tokens=True,
@@ -1691,6 +1716,7 @@ def checks(torch, pt, dist, rank, ranks):
     failures += check_live_failure(torch, pt, dist, rank, ranks, "full", "backward",
                                    replanned=True)
     failures += check_live_failure(torch, pt, dist, rank, ranks, "none", "backward", clip=0.2)
+    failures += check_live_failure(torch, pt, dist, rank, ranks, "full", "end", clip=0.2)
     if every:
         failures += check_refusal_of_one_rank(torch, pt, dist, rank, ranks)
         failures += check_differing_settings(torch, pt, dist, rank, ranks)

@@ -137,9 +137,10 @@ class TrainStep:
         (shard="none"), the norm is that of the gradients averaged over the
         ranks, as clip_grad_norm_ after DistributedDataParallel's backward
         computes it: each gradient's average is a collective of the plan
-        (Note [Clipping the averaged gradients] in _capture.py). Not yet
-        with shard="full", nor where a .grad kept from before the step
-        would be added to.
+        (Note [Clipping the averaged gradients] in _capture.py); with
+        shard="full", of the whole gradients from each rank's shards, as
+        FSDP clips (Note [Clipping sharded gradients] in _sharding.py).
+        Not where a .grad kept from before the step would be added to.
       grad_norm_type: the norm max_grad_norm bounds, as clip_grad_norm_'s
         norm_type: a positive number p (the p-norm; 2.0, the default) or
         "inf" (the largest magnitude).
@@ -355,10 +356,6 @@ class TrainStep:
             raise ValueError("max_grad_norm clips the gradients before the optimizer's "
                              "updates in the plan: give the optimizer too (without it, "
                              "clip after the step as usual, before optimizer.step())")
-        if max_grad_norm is not None and shard == "full":
-            raise ValueError("max_grad_norm with shard='full' is not planned yet (the norm "
-                             "of the whole gradients, from each rank's shards): clip with "
-                             "shard='none' (data parallel)")
         if max_grad_norm is None and grad_norm_type != 2.0:
             raise ValueError("grad_norm_type is the norm that max_grad_norm bounds: give "
                              "max_grad_norm too")
@@ -726,8 +723,10 @@ class _Capture:
         shards = step.shards
         traced = trace(step.model, step.loss_fn, inputs, target, self.device,
                        stand_ins=shards.shapes if shards is not None else None,
-                       max_grad_norm=(step.updates.max_grad_norm if step.updates is not None
-                                      else None),
+                       # (a sharded step clips its shards: Note [Clipping sharded
+                       # gradients] in _sharding.py)
+                       max_grad_norm=(step.updates.max_grad_norm
+                                      if step.updates is not None and shards is None else None),
                        norm_type=(step.updates.grad_norm_type if step.updates is not None
                                   else 2.0),
                        ranks=_world_size(step.process_group)
@@ -1326,8 +1325,12 @@ def _sharding_report(plan, shards, network_measured, runner):
             "gathers": gathers, "regathers": gathers - len(shards.params),
             "reduce_scatters": sum(1 for n in computes if n.startswith("grad:") and
                                    n[len("grad:"):] in shards.params),
+            # (and the all-reduces of the clipped gradients' norm: Note
+            # [Clipping sharded gradients] in _sharding.py)
+            "norm_all_reduces": sum(1 for n in computes if n == "clip_total"),
             "planned_messages": plan.report.get("collectives", 0),
-            "messages": sum(1 for kind in runner.messages.values() for m in kind if m),
+            "messages": sum(1 for kind in runner.messages.values() for m in kind if m) +
+            sum(1 for n in computes if n == "clip_total"),
             "predicted_network_busy_s": plan.report.get("network_busy", 0.0)}
 
 

@@ -399,9 +399,12 @@ class StepCollectives:
         if self.board:
             self.issued, self.works = [], {}
 
-    def all_reduce(self, tensor, what, closing=False):
-        """Starts the sum of `tensor` over the ranks, in place: its work."""
-        work = _collective(what, self.dist.all_reduce, tensor, group=self.group, async_op=True)
+    def all_reduce(self, tensor, what, closing=False, op=None):
+        """Starts the sum of `tensor` over the ranks (or `op`, a
+        dist.ReduceOp), in place: its work."""
+        kwargs = {} if op is None else {"op": op}
+        work = _collective(what, self.dist.all_reduce, tensor, group=self.group, async_op=True,
+                           **kwargs)
         if self.issued is not None:
             self.issued.append((tensor.numel(), tensor.dtype, closing))
             self.works[id(work)] = work

@@ -389,7 +389,8 @@ class Program:
         result.time_s = time.perf_counter() - start
         g = self.graph
         result.loss = state.live[g.loss.index]
-        result.grad_norm = state.live[g.grad_norm.index] if g.grad_norm is not None else None
+        if g.grad_norm is not None:  # (a sharded step's runner gives its own: foreign.finish)
+            result.grad_norm = state.live[g.grad_norm.index]
         result.grads = [(slot, state.live[n.index]) for slot, n in g.grads]
         result.updates = [(slot, state.live[n.index]) for slot, n in g.updates]
         result.accumulated = [slot for slot, _, _ in g.accumulators]

@@ -631,7 +631,11 @@ class Updates:
         # Only what the node reads: a gradient the plan dropped after its
         # last reader is gone by Adam's final update.
         value = run.host_value if on_host else run.device_value
-        grad = value(f"grad:{name}") if f"grad:{name}" in self.inputs[node_id] else None
+        # (the clipped shard where a sharded step clips: Note [Clipping
+        # sharded gradients] in _sharding.py)
+        gradient = next((i for i in (f"clip:{name}", f"grad:{name}") if i in self.inputs[node_id]),
+                        None)
+        grad = value(gradient) if gradient is not None else None
         if on_host:
             param = run.host_value(name)
             s = {key: self.optimizer.state[p][key] for key in keys}

@@ -595,6 +595,8 @@ class Shards:
                     updates.planned_state_bytes += node["bytes"]
             if node["id"] in updates.workspace_bytes:
                 updates.workspace_bytes[node["id"]] = node.get("workspace", 0)
+        if updates.max_grad_norm is not None:
+            add_clipping(doc, self, updates, network, round_to)
         for dtype, buffer in self.staging.items():  # what the ranks' collectives hold
             # (op staging_buffer: the fsdp rules cap a message of reduce-scatters at it)
             doc["nodes"].append({"id": f"staging:{str(dtype).replace('torch.', '')}",
@@ -685,6 +687,65 @@ class Shards:
         (whole,), work = self.gather([name], sources=[shard], collectives=collectives)
         collectives.wait(work, self.gather_what(name))
         return whole.cpu()  # (a tensor of its own: the gather's, exactly its size)
+
+
+# Note [Clipping sharded gradients]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# FSDP clips by the norm of the whole gradients, which no rank holds: each
+# rank takes the norm of its shards, and one all-reduce of a scalar sums
+# their p-th powers (the largest magnitude: their maximum), as FSDP's own
+# clip_grad_norm_ does. The sharded graph gains, after the reduce-scatters
+# (add_clipping; the runner's nodes, ShardedRunner._clip_step):
+#   clip_part:p  the norm of p's gradient shard (float32, one element);
+#   clip_local   the p-th power of the norm of those norms (a stack of them
+#                is its workspace);
+#   clip_total   its all-reduce over the ranks (a collective of op
+#                all_reduce), sum or max;
+#   grad_norm    the whole gradients' norm (an output: step.grad_norm);
+#   clip:p       p's gradient shard times min(1, max_norm / (grad_norm +
+#                1e-6)), a new shard (the factor its workspace: two scalars
+#                at most while it is made, no more than the shard and it);
+# and each update reads clip:p where it read grad:p. The plan places and
+# times them as any node: clip:p may be offloaded for an update on the host
+# as a gradient shard is; a scalar moved to the host is refused when the
+# step is built (ShardedRunner._check).
+CLIP_KINDS = ("clip_part", "clip_local", "clip_total", "grad_norm", "clip")
+
+
+def add_clipping(doc, shards, updates, network, round_to):
+    """The sharded graph document `doc` with the clipping of its gradient
+    shards (Note [Clipping sharded gradients]), each update reading its
+    clipped shard; `updates.inputs` and `touches` follow."""
+    nodes = {n["id"]: n for n in doc["nodes"]}
+    names = [name for name in shards.params if f"grad:{name}" in nodes]
+    scalar = round_up(4, round_to)
+    link = {}
+    if network is not None:
+        link["network"], link["network_latency"] = network
+    added = [{"id": f"clip_part:{name}", "op": "clip_part", "bytes": scalar,
+              "cost": nodes[f"grad:{name}"]["bytes"] / 1e10, "inputs": [f"grad:{name}"],
+              "role": "backward"} for name in names]
+    added.append({"id": "clip_local", "op": "clip_local", "bytes": scalar, "cost": 1e-6,
+                  "inputs": [f"clip_part:{name}" for name in names],
+                  "workspace": round_up(4 * len(names), round_to), "role": "backward"})
+    added.append({"id": "clip_total", "op": "all_reduce", "collective": True, "bytes": scalar,
+                  "cost": _core.collective_seconds("all_reduce", 4, shards.ranks, **link),
+                  "inputs": ["clip_local"], "role": "backward"})
+    added.append({"id": "grad_norm", "op": "clip_norm", "bytes": scalar, "cost": 1e-6,
+                  "inputs": ["clip_total"], "role": "backward"})
+    added += [{"id": f"clip:{name}", "op": "clip_scale", "bytes": nodes[f"grad:{name}"]["bytes"],
+               "cost": nodes[f"grad:{name}"]["bytes"] / 1e10,
+               "inputs": [f"grad:{name}", "grad_norm"], "workspace": scalar,
+               "role": "backward"} for name in names]
+    doc["nodes"] += added
+    doc["outputs"] = list(doc.get("outputs", [])) + ["grad_norm"]
+    clipped = {f"grad:{name}": f"clip:{name}" for name in names}
+    for node in doc["nodes"]:
+        if node["id"] in updates.inputs:
+            node["inputs"] = [clipped.get(i, i) for i in node["inputs"]]
+            updates.inputs[node["id"]] = frozenset(node["inputs"])
+            updates.touches[node["id"]] = frozenset(clipped.get(i, i)
+                                                    for i in updates.touches[node["id"]])
 
 
 # Note [Calibrating a sharded step]: the capture's calibration (each node's
@@ -782,6 +843,11 @@ class ShardedRunner:
         # by replan() shares the shards, not the board.
         self.collectives = collectives
         self.updates = updates
+        # Note [Clipping sharded gradients]: the bound (None: no clipping) and
+        # the norm (a p-norm's p, or math.inf).
+        self.max_grad_norm = getattr(updates, "max_grad_norm", None)
+        self.norm_type = getattr(updates, "grad_norm_type", 2.0)
+        self._clip_scalars = None  # (max_norm, 1e-6) held on the step's device: place_shards
         by_id = {n.id: n for n in capture_nodes.nodes}
         self.parameter = {name: by_id[name] for name in shards.params}
         self.gradient = {}
@@ -818,7 +884,7 @@ class ShardedRunner:
         buffers = {}
         for action, node_id, *_ in schedule:
             kind, _, name = node_id.partition(":")
-            if action == "offload" and kind in ("gather", "shard", "scatter") and \
+            if action == "offload" and kind in ("gather", "shard", "scatter", "clip") and \
                     name in self.shards.params and node_id not in buffers and \
                     not (kind == "shard" and name in self.host_homed):  # (its home: Shards)
                 shape = (self.shards.shapes[name] if kind == "gather" else
@@ -839,6 +905,10 @@ class ShardedRunner:
         self.fetching = {}  # host copy -> its last fetch's event (it reads the host buffer)
         self.homes_counted = False  # the shards whose home is the host, in the host peak
         self.scattered = {}  # name -> this run's gradient shard
+        self.clipped = {}  # name -> this run's clipped gradient shard ("clip:p")
+        # Note [Clipping sharded gradients]: the scalars' values, and the
+        # all-reduce of clip_total in flight
+        self.clip_values, self.clip_work = {}, None
         self.works = []  # this run's collectives (drained after a failure)
         # name -> its reduce-scatter's work, not complete yet: those of one
         # message a dtype, the one that holds that dtype's staging buffer
@@ -905,7 +975,12 @@ class ShardedRunner:
         offloaded = set()
         for action, node_id, *_ in schedule:
             kind, _, name = node_id.partition(":")
-            if kind not in ("gather", "shard", "scatter") or name not in self.shards.params:
+            if self._is_clip(node_id) and kind != "clip" and action in ("offload", "prefetch"):
+                raise PlanExecutionError(f"the plan moves '{node_id}', a scalar of the "
+                                         "gradients' clipping, to the host: pebble.torch keeps "
+                                         "those on the device")
+            if kind not in ("gather", "shard", "scatter", "clip") or \
+                    name not in self.shards.params:
                 continue
             if action == "offload":
                 offloaded.add(node_id)
@@ -921,12 +996,23 @@ class ShardedRunner:
         kind, _, name = node_id.partition(":")
         if kind in ("gather", "shard", "scatter") and name in self.shards.params:
             return True
-        return self.updates.owns(node_id)
+        return self._is_clip(node_id) or self.updates.owns(node_id)
+
+    def _is_clip(self, node_id):
+        """Whether `node_id` is a node of the gradients' clipping."""
+        kind, _, name = node_id.partition(":")
+        return self.max_grad_norm is not None and kind in CLIP_KINDS and \
+            (kind != "clip" or name in self.shards.params)
 
     def place_shards(self):
         """Before a run, outside any measurement: each shard where this plan
-        keeps it between steps (Shards.place)."""
+        keeps it between steps (Shards.place), and the clipping's held
+        scalars on the step's device (where the staging buffers are)."""
         self.shards.place(self.host_homed)
+        if self.max_grad_norm is not None and self._clip_scalars is None:
+            device = next(iter(self.shards.staging.values())).device
+            self._clip_scalars = (torch.full((), self.max_grad_norm, device=device),
+                                  torch.full((), 1e-6, device=device))
 
     def begin(self):
         self.retired = [(works, buffers) for works, buffers in self.retired
@@ -950,8 +1036,83 @@ class ShardedRunner:
             self._computed(node_id, run)
         elif kind in ("gather", "shard", "scatter") and name in self.shards.params:
             self._move(action, node_id, run)
+        elif self._is_clip(node_id):
+            self._clip_step(action, node_id, run)
         else:
             self.updates.step(action, node_id, _ShardValues(run, self))
+
+    # --- the gradients' clipping (Note [Clipping sharded gradients]) -------------
+
+    def _clip_step(self, action, node_id, run):
+        kind, _, name = node_id.partition(":")
+        if kind == "clip" and action != "compute":
+            self._move(action, node_id, run)  # (as a gradient shard moves)
+            return
+        if action == "free":
+            if kind == "clip_total":
+                self._settle_clip_total()
+            run.hold(-self.shards.held_bytes(self.clip_values.pop(node_id)))
+            return
+        if action != "compute":
+            raise PlanExecutionError(f"internal: the plan {action}s '{node_id}'")
+        if node_id in self.clip_values or name in self.clipped:
+            raise PlanExecutionError(f"the plan computes '{node_id}' again while it is resident")
+        workspace = 0
+        p = self.norm_type
+        if kind == "clip_part":
+            g = self.device_shard("scatter:" + name, run)
+            t = torch.linalg.vector_norm(g, p, dtype=torch.float32)
+        elif kind == "clip_local":
+            parts = torch.stack([self._clip_value("clip_part:" + n) for n in self.shards.params
+                                 if "clip_part:" + n in self.clip_values])
+            workspace = self.shards.held_bytes(parts)
+            t = torch.linalg.vector_norm(parts, p)
+            del parts
+            if p != math.inf:
+                t.pow_(p)
+        elif kind == "clip_total":
+            t = self._clip_value("clip_local").clone()
+            if self.collectives is not None:
+                what = "the all-reduce of the gradients' norm"
+                self.clip_work = (self.collectives.all_reduce(
+                    t, what, op=self.shards.dist.ReduceOp.MAX if p == math.inf else None), what)
+                self.works.append(self.clip_work[0])
+        elif kind == "grad_norm":
+            self._settle_clip_total()
+            total = self._clip_value("clip_total")
+            t = total.clone() if p == math.inf else total.pow(1.0 / p)
+        else:  # "clip": the shard times min(1, max_norm / (norm + 1e-6))
+            g = self.device_shard("scatter:" + name, run)
+            coef = self._clip_coefficient(self._clip_value("grad_norm"))
+            workspace = self.shards.held_bytes(coef)
+            t = g * coef
+            del coef
+            self.clipped[name] = t
+            run.hold(self.shards.held_bytes(t), workspace)
+            self._computed(node_id, run)
+            return
+        self.clip_values[node_id] = t
+        run.hold(self.shards.held_bytes(t), workspace)
+        self._computed(node_id, run)
+
+    def _clip_value(self, node_id):
+        t = self.clip_values.get(node_id)
+        if t is None:
+            raise PlanExecutionError(f"the plan reads '{node_id}', which is not on the device")
+        return t
+
+    def _clip_coefficient(self, norm):
+        """clip_grad_norm_'s factor, min(1, max_norm / (norm + 1e-6)), from
+        held scalars (no Python number made into a tensor; two scalars at
+        most at once)."""
+        bound, eps = self._clip_scalars  # (place_shards)
+        return torch.clamp(torch.div(bound, torch.add(norm, eps)), max=1.0)
+
+    def _settle_clip_total(self):
+        if self.clip_work is not None:
+            work, what = self.clip_work
+            self.clip_work = None
+            self.collectives.wait(work, what)
 
     # --- shards on the host (Note [Shards on the host]) ---------------------------
 
@@ -962,6 +1123,8 @@ class ShardedRunner:
         if kind == "scatter":
             self.settle(name)
             t = self.scattered.get(name)
+        elif kind == "clip":
+            t = self.clipped.get(name)
         else:
             t = (self.fetched if name in self.host_homed else self.shards.shards).get(name)
         if t is None:
@@ -974,7 +1137,7 @@ class ShardedRunner:
     def _put_device_shard(self, node_id, t):
         """`t` is the device tensor of "shard:p" or "scatter:p" (None: freed)."""
         kind, _, name = node_id.partition(":")
-        held = (self.scattered if kind == "scatter" else
+        held = (self.scattered if kind == "scatter" else self.clipped if kind == "clip" else
                 self.fetched if name in self.host_homed else None)
         if held is None:
             self.shards.shards[name] = t
@@ -1149,11 +1312,19 @@ class ShardedRunner:
     def finish(self, run):
         for name in list(self.scatters_in_flight):
             self.settle(name)
+        self._settle_clip_total()
         self.works = []
         self.updates.finish(run)
-        if self.scattered:
+        if self.scattered or self.clipped:
             raise PlanExecutionError(f"internal: the plan keeps the gradient shard of "
-                                     f"'{next(iter(self.scattered))}' past the step")
+                                     f"'{next(iter(self.scattered or self.clipped))}' past "
+                                     "the step")
+        if self.max_grad_norm is not None:  # the output; the other scalars freed
+            run.result.grad_norm = self.clip_values.pop("grad_norm", None)
+            if self.clip_values or run.result.grad_norm is None:
+                raise PlanExecutionError("internal: the plan leaves the clipping's scalars "
+                                         f"{sorted(self.clip_values)} past the step, or not "
+                                         "its norm")
         away = [name for name, shard in self.shards.shards.items() if shard is None]
         if away:
             raise PlanExecutionError(f"internal: the plan leaves the shard of '{away[0]}' off "
@@ -1172,7 +1343,8 @@ class ShardedRunner:
 
 class _ShardValues:
     """The program's run as the optimizer's updates see it in a sharded plan:
-    the parameter `p` is its shard, "grad:p" the gradient's shard."""
+    the parameter `p` is its shard, "grad:p" the gradient's shard, "clip:p"
+    its clipped copy (Note [Clipping sharded gradients])."""
 
     def __init__(self, run, runner):
         self._run = run
@@ -1187,6 +1359,8 @@ class _ShardValues:
             return "shard:" + node_id
         if node_id.startswith("grad:") and node_id[len("grad:"):] in params:
             return "scatter:" + node_id[len("grad:"):]
+        if node_id.startswith("clip:") and node_id[len("clip:"):] in params:
+            return node_id
         return None
 
     def device_value(self, node_id):
