@@ -274,9 +274,11 @@ def check_training(torch, pt, dist, rank, ranks, kind, updates, buckets="auto",
                    budget="min", gradients=None, parameters="device", clip=None,
                    policy="rotor"):
     """Five steps with the optimizer in the plan against DDP's; `clip`: the
-    gradients clipped to that norm in the plan (max_grad_norm), and DDP's
-    averaged ones by clip_grad_norm_ after its backward."""
+    gradients clipped to that norm in the plan (max_grad_norm; or
+    (max_grad_norm, grad_norm_type)), and DDP's averaged ones by
+    clip_grad_norm_ after its backward."""
     failures = []
+    clip, norm_type = clip if isinstance(clip, tuple) else (clip, 2.0)
     what = (f"{kind}, updates on the {updates}, gradients {gradients}, parameters on the "
             f"{parameters}, buckets {buckets}" + (f", clipped to {clip} under {policy}"
                                                   if clip is not None else ""))
@@ -294,14 +296,15 @@ def check_training(torch, pt, dist, rank, ranks, kind, updates, buckets="auto",
                          optimizer_updates=updates, optimizer_gradients=gradients,
                          optimizer_parameters=parameters,
                          allow_cpu_offload=updates != "device" or parameters != "device",
-                         process_group=dist.group.WORLD, buckets=buckets, max_grad_norm=clip)
+                         process_group=dist.group.WORLD, buckets=buckets, max_grad_norm=clip,
+                         grad_norm_type=norm_type)
     for k, (x, y) in enumerate(data):
         opt.zero_grad(set_to_none=True)
         step(mine(x, rank), mine(y, rank))
         ddp_opt.zero_grad(set_to_none=True)
         loss_fn(ddp(mine(x, rank)), mine(y, rank)).backward()
         if clip is not None:
-            norm = torch.nn.utils.clip_grad_norm_(ddp.parameters(), clip)
+            norm = torch.nn.utils.clip_grad_norm_(ddp.parameters(), clip, norm_type)
             if k == 0 and not norm > clip:
                 failures.append(f"{what}: the first step's norm {float(norm)} does not clip")
             if step.grad_norm is None or not close(step.grad_norm, norm):
@@ -321,6 +324,10 @@ def check_training(torch, pt, dist, rank, ranks, kind, updates, buckets="auto",
             failures.append(f"{what}: after five steps, {name}.grad is not "
                             "DistributedDataParallel's clipped gradient")
     c = step.report["collectives"]
+    # A clipped step averages each gradient in a collective node of its own.
+    if (c["clip_averages"] >= len(list(model.parameters()))) != (clip is not None) or \
+            (clip is not None and c["all_reduce"] != 0):
+        failures.append(f"{what}: the plan's collectives are {c}")
     if buckets not in ("auto", "none") and (c["bucket_rule"] != "cap" or
                               not 0 < c["buckets"] < c["all_reduce"]):
         failures.append(f"buckets {buckets}: the plan's collectives are {c}, not buckets of "
@@ -1655,11 +1662,11 @@ def checks(torch, pt, dist, rank, ranks):
                                parameters="host")
     # Clipped by the norm of the averaged gradients, as clip_grad_norm_ after
     # DDP's backward: on the device, and with the updates on the host and the
-    # gradients dropped.
+    # gradients dropped (by the largest magnitude).
     failures += check_training(torch, pt, dist, rank, ranks, "adam", "device", clip=0.2)
     if every:
-        failures += check_training(torch, pt, dist, rank, ranks, "sgd", "host", clip=0.2,
-                                   gradients="drop", policy="dtr")
+        failures += check_training(torch, pt, dist, rank, ranks, "sgd", "host",
+                                   clip=(0.01, "inf"), gradients="drop", policy="dtr")
     # SGD with momentum on the weights only: the rest keep no buffer.
     if every:
         failures += check_training(torch, pt, dist, rank, ranks, "sgd-mixed", "host")

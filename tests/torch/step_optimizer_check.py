@@ -999,6 +999,63 @@ def rounded_capture(torch, pt, device):
     return failures
 
 
+def after_eager_steps(torch, pt, device, steps):
+    """SGD with momentum on the weights only, two eager steps first (which
+    leave momentum_buffer=None in the state of the parameters without),
+    then `steps` planned steps with the state and updates on the host: the
+    parameters and momentum buffers of eager's all the way, and the planned
+    state checkpoints (full_optimizer_state_dict) as eager's keys."""
+    failures = []
+    make_model, make_batch = models(torch)["convnet"]
+    make_opt = optimizers(torch)["sgd-momentum-weights"]
+    torch.manual_seed(0)
+    eager_model = make_model().to(device)
+    planned_model = copy.deepcopy(eager_model)
+    eager_opt = make_opt(eager_model.parameters())
+    planned_opt = make_opt(planned_model.parameters())
+    loss_fn = torch.nn.functional.cross_entropy
+    g = torch.Generator().manual_seed(3)
+    batches = [make_batch(g, device) for _ in range(steps + 2)]
+    for model, opt in ((eager_model, eager_opt), (planned_model, planned_opt)):
+        for x, y in batches[:2]:
+            opt.zero_grad(set_to_none=True)
+            loss_fn(model(x), y).backward()
+            opt.step()
+    if not any(e.get("momentum_buffer", 0) is None for e in planned_opt.state.values()):
+        failures.append("after eager steps: no parameter holds momentum_buffer=None")
+    x0, y0 = batches[2]
+    planned_opt.zero_grad(set_to_none=True)
+    step = pt.train_step(planned_model, loss_fn, (x0,), y0, optimizer=planned_opt,
+                         policy="dtr", budget="min", optimizer_state="host",
+                         optimizer_updates="host", allow_cpu_offload=True, measure="always")
+    for x, y in batches[2:]:
+        eager_opt.zero_grad(set_to_none=True)
+        loss_fn(eager_model(x), y).backward()
+        eager_opt.step()
+        planned_opt.zero_grad(set_to_none=True)
+        step(x, y)
+        r = step.report
+        if r["measured_peak_bytes"] != r["predicted_step_peak_bytes"]:
+            failures.append(f"after eager steps: measured peak {r['measured_peak_bytes']}, "
+                            f"predicted {r['predicted_step_peak_bytes']}")
+    for (name, a), b in zip(planned_model.named_parameters(), eager_model.parameters()):
+        if not close(torch, a.detach().cpu(), b.detach().cpu()):
+            failures.append(f"after eager steps: parameter {name} differs from eager's")
+        buffers = [o.state[t].get("momentum_buffer")
+                   for o, t in ((planned_opt, a), (eager_opt, b))]
+        if (buffers[0] is None) != (buffers[1] is None) or (
+                buffers[1] is not None and not close(torch, buffers[0].cpu(), buffers[1].cpu())):
+            failures.append(f"after eager steps: the momentum buffer of {name} differs from "
+                            "eager's")
+    saved = step.full_optimizer_state_dict()["state"]
+    if {i: set(e) for i, e in saved.items()} != \
+            {i: set(e) for i, e in eager_opt.state_dict()["state"].items()}:
+        failures.append("after eager steps: full_optimizer_state_dict()'s entries are not eager's")
+    print(f"after eager steps: SGD with momentum on the weights only, {steps} planned steps "
+          f"with the state and updates on the host{' FAIL' if failures else ''}", flush=True)
+    return failures
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cpu")
@@ -1027,6 +1084,7 @@ def main():
     failures += failure_midstep(torch, pt, device)
     failures += failure_midstep(torch, pt, device, parameters="host")
     failures += rounded_capture(torch, pt, device)
+    failures += after_eager_steps(torch, pt, device, args.steps)
     for f in failures:
         print("MISMATCH:", f)
     if failures:

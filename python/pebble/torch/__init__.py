@@ -129,9 +129,9 @@ class TrainStep:
       max_grad_norm: with `optimizer`, the gradients are clipped before the
         updates as torch.nn.utils.clip_grad_norm_(model.parameters(),
         max_grad_norm) clips them between backward() and optimizer.step()
-        (the 2-norm of all the gradients together), inside the plan: it
-        then holds every gradient until their norm is known, and every
-        update follows it. .grad holds the clipped gradients, and
+        (the norm of all the gradients together: grad_norm_type), inside
+        the plan: it then holds every gradient until their norm is known,
+        and every update follows it. .grad holds the clipped gradients, and
         step.grad_norm the norm before clipping (what clip_grad_norm_
         returns). None (the default): no clipping. With a process_group
         (shard="none"), the norm is that of the gradients averaged over the

@@ -44,19 +44,22 @@ def _meta(gradient, ranks):
 
 
 def _define():
-    """Defines pebble::mean_over_ranks once per process (a library is global
-    to PyTorch's dispatcher: a module imported again finds it)."""
-    if hasattr(torch.ops.pebble, MEAN_OVER_RANKS):
-        return None
+    """Defines pebble::mean_over_ranks once per process. A library is global
+    to PyTorch's dispatcher, and dropping the Library object undefines its
+    operators: it is kept on torch.ops' namespace, which lives as long as
+    the process, so that a module imported again finds the operator."""
+    namespace = torch.ops.pebble
+    if hasattr(namespace, MEAN_OVER_RANKS):
+        return
     library = torch.library.Library("pebble", "DEF")
     library.define(f"{MEAN_OVER_RANKS}(Tensor gradient, int ranks) -> Tensor")
     for key in ("CPU", "CUDA"):
         library.impl(MEAN_OVER_RANKS, _kernel, key)
     library.impl(MEAN_OVER_RANKS, _meta, "Meta")
-    return library
+    namespace._pebble_library = library
 
 
-_LIBRARY = _define()  # kept: dropping it would undefine the op
+_define()
 
 
 def mean_over_ranks(gradient, ranks):

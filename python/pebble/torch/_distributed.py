@@ -362,7 +362,7 @@ class StepCollectives:
         self.board = device.type == "cpu"
         # Held, so that a run allocates nothing for it (the measured peak).
         self.closing = torch.zeros((), dtype=torch.int32) if self.board else None
-        self.issued = None  # in a run: [(numel, dtype, closing?)] started
+        self.issued = None  # in a run: [(numel, dtype, closing?, op name)] started
         # In a run: the works not yet seen complete (by id), which a failed
         # run drains; a completed one is let go of, and the tensor it holds
         # with it (a gradient the plan frees is then released at its free).
@@ -399,14 +399,13 @@ class StepCollectives:
         if self.board:
             self.issued, self.works = [], {}
 
-    def all_reduce(self, tensor, what, closing=False, op=None):
-        """Starts the sum of `tensor` over the ranks (or `op`, a
-        dist.ReduceOp), in place: its work."""
-        kwargs = {} if op is None else {"op": op}
+    def all_reduce(self, tensor, what, closing=False, op="SUM"):
+        """Starts the sum of `tensor` over the ranks (or `op`, the name of a
+        dist.ReduceOp: "MAX"), in place: its work."""
         work = _collective(what, self.dist.all_reduce, tensor, group=self.group, async_op=True,
-                           **kwargs)
-        if self.issued is not None:
-            self.issued.append((tensor.numel(), tensor.dtype, closing))
+                           op=getattr(self.dist.ReduceOp, op))
+        if self.issued is not None:  # (the op: a rank's fill pairs with it as it is)
+            self.issued.append((tensor.numel(), tensor.dtype, closing, op))
             self.works[id(work)] = work
         return work
 
@@ -479,8 +478,8 @@ class StepCollectives:
         try:
             self.store.set(self._post_key(self.rank), json.dumps(
                 {"why": f"{type(error).__name__}: {error}" if own else None,
-                 "issued": [(numel, str(dtype).split(".")[-1], closing)
-                            for numel, dtype, closing in issued]}))
+                 "issued": [(numel, str(dtype).split(".")[-1], closing, op)
+                            for numel, dtype, closing, op in issued]}))
             self.store.add(self.key + f"posted/{self.rank}", 1)
             self.store.add(self.key + "posted", 1)
             if broken:
@@ -554,10 +553,10 @@ class StepCollectives:
     def _fill(self, issued, longest):
         """Starts on zeros, one at a time, the collectives of `longest` past
         this rank's `issued`, and waits for each (a closing one holds 1)."""
-        for numel, dtype, closing in longest[len(issued):]:
+        for numel, dtype, closing, op in longest[len(issued):]:
             t = torch.full((numel,), int(closing), dtype=getattr(torch, dtype),
                            device=self.device)
-            self.dist.all_reduce(t, group=self.group)
+            self.dist.all_reduce(t, group=self.group, op=getattr(self.dist.ReduceOp, op))
 
 
 def same_on_every_rank(value, group, what="rank 0's calibration"):

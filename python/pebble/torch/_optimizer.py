@@ -626,8 +626,10 @@ class Updates:
         host, on their host copies, a temporary in the host scratch."""
         name = _parameter_of(node_id)
         p = self.params[name]
-        keys = [k for k in ("momentum_buffer", "exp_avg", "exp_avg_sq")
-                if k in self.optimizer.state[p]]
+        # (a group without momentum may hold momentum_buffer=None, as
+        # torch.optim's SGD leaves it after a step of its own)
+        keys = [k for k in self.state_keys_of(name)
+                if torch.is_tensor(self.optimizer.state[p].get(k))]
         # Only what the node reads: a gradient the plan dropped after its
         # last reader is gone by Adam's final update.
         value = run.host_value if on_host else run.device_value

@@ -96,6 +96,7 @@ for sharded parameters] in _capture.py, Note [Calibrating a sharded step]).
 """
 
 import contextlib
+import gc
 import json
 import math
 import time
@@ -107,7 +108,7 @@ from ._compat import storage_bytes
 from ._distributed import _collective, _global_rank, agree, drain
 from ._executor import PlanExecutionError, Program
 from ._optimizer import host_homes, state_dict_on_cpu
-from ._memory import allocated_where_profiled, round_up
+from ._memory import AllocatorPeak, allocated_where_profiled, round_up
 
 
 # Note [A module built in shards]: a module whose parameters do not fit one
@@ -339,6 +340,8 @@ class Shards:
         if device is None:
             device = next(iter(self.params.values())).device
         self.shards = {}  # name -> this rank's shard (flat, padded), where it lives
+        # A clipped step's clipping nodes -> workspace (Note [Clipping sharded gradients])
+        self.clip_workspace = {}
         self.on_host = set()  # the names whose shard lives on the host between steps
         self._built = None  # a module built here: its _Built, until the first step is made
         self._updates = updates
@@ -677,9 +680,9 @@ class Shards:
         entry at a time: the device holds one whole entry at most)."""
         names = {id(p): name for name, p in self.params.items()}
 
-        def whole(p, key, shard):
+        def whole(p, key, shard):  # (an entry that holds no tensor is copied as it is)
             name = names.get(id(p))
-            return None if name is None or key not in keys else \
+            return None if name is None or key not in keys or not torch.is_tensor(shard) else \
                 self._whole_entry(name, shard, collectives)
         return state_dict_on_cpu(optimizer, whole)
 
@@ -703,31 +706,94 @@ class Shards:
 #                all_reduce), sum or max;
 #   grad_norm    the whole gradients' norm (an output: step.grad_norm);
 #   clip:p       p's gradient shard times min(1, max_norm / (grad_norm +
-#                1e-6)), a new shard (the factor its workspace: two scalars
-#                at most while it is made, no more than the shard and it);
-# and each update reads clip:p where it read grad:p. The plan places and
-# times them as any node: clip:p may be offloaded for an update on the host
-# as a gradient shard is; a scalar moved to the host is refused when the
-# step is built (ShardedRunner._check).
+#                1e-6)), a new shard;
+# and each update reads clip:p where it read grad:p. Each node's workspace
+# is measured when the graph is made, on zeros of its operands' shapes, by
+# the allocator (a bfloat16 shard's norm in float32 copies it first; a
+# large reduction on a GPU takes scratch blocks): the same functions run
+# in the step. The plan places and times them as any node: clip:p may be
+# offloaded for an update on the host as a gradient shard is, and a scalar
+# may go to the host and back too.
 CLIP_KINDS = ("clip_part", "clip_local", "clip_total", "grad_norm", "clip")
+
+
+def clip_part(g, p):
+    """A gradient shard's p-norm, in float32 (FSDP's)."""
+    return torch.linalg.vector_norm(g, p, dtype=torch.float32)
+
+
+def clip_local(parts, p):
+    """This rank's part of the whole norm: the p-th power of the norm of its
+    shards' norms (their largest for math.inf), to be summed (maxed)."""
+    stacked = torch.stack(parts)
+    t = torch.linalg.vector_norm(stacked, p)
+    del stacked
+    return t if p == math.inf else t.pow_(p)
+
+
+def clip_root(total, p):
+    """The whole norm from the ranks' sum (or maximum)."""
+    return total.clone() if p == math.inf else total.pow(1.0 / p)
+
+
+def clip_scaled(g, norm, bound, eps):
+    """g times min(1, bound / (norm + eps)), from held 0-dim tensors."""
+    return g * torch.clamp(torch.div(bound, torch.add(norm, eps)), max=1.0)
+
+
+def _clip_workspaces(shards, names, p, max_norm):
+    """node id -> the workspace of each clipping node, as the allocator
+    measures the function the runner calls on zeros of its operands'
+    shapes (once per dtype and size), above its output."""
+    device = next(iter(shards.staging.values())).device
+    scalar = lambda: torch.zeros((), device=device)  # noqa: E731
+    bound, eps = torch.full((), max_norm, device=device), torch.full((), 1e-6, device=device)
+    measured = {}
+
+    def workspace(key, make_operands, fn):
+        if key not in measured:
+            operands = make_operands()
+            with AllocatorPeak(device, collect=False) as meter:
+                out = fn(*operands)
+            measured[key] = round_up(max(0, meter.peak_bytes - shards.held_bytes(out)),
+                                     shards.round_to)
+            del out, operands
+        return measured[key]
+
+    gc.collect()  # (once: AllocatorPeak leaves it to the caller)
+    out = {}
+    for name in names:
+        dtype, numel = shards.params[name].dtype, shards.shard_numel(name)
+        shard = lambda: torch.zeros(numel, dtype=dtype, device=device)  # noqa: E731
+        out[f"clip_part:{name}"] = workspace(("part", dtype, numel), lambda: (shard(),),
+                                             lambda g: clip_part(g, p))
+        out[f"clip:{name}"] = workspace(("scaled", dtype, numel), lambda: (shard(), scalar()),
+                                        lambda g, norm: clip_scaled(g, norm, bound, eps))
+    out["clip_local"] = workspace(("local", len(names)),
+                                  lambda: ([scalar() for _ in names],),
+                                  lambda parts: clip_local(parts, p))
+    out["grad_norm"] = workspace(("root",), lambda: (scalar(),), lambda t: clip_root(t, p))
+    return out
 
 
 def add_clipping(doc, shards, updates, network, round_to):
     """The sharded graph document `doc` with the clipping of its gradient
     shards (Note [Clipping sharded gradients]), each update reading its
-    clipped shard; `updates.inputs` and `touches` follow."""
+    clipped shard; `updates.inputs` and `touches` follow, and
+    `shards.clip_workspace` holds each node's workspace."""
     nodes = {n["id"]: n for n in doc["nodes"]}
     names = [name for name in shards.params if f"grad:{name}" in nodes]
     scalar = round_up(4, round_to)
     link = {}
     if network is not None:
         link["network"], link["network_latency"] = network
+    shards.clip_workspace = _clip_workspaces(shards, names, updates.grad_norm_type,
+                                             updates.max_grad_norm)
     added = [{"id": f"clip_part:{name}", "op": "clip_part", "bytes": scalar,
               "cost": nodes[f"grad:{name}"]["bytes"] / 1e10, "inputs": [f"grad:{name}"],
               "role": "backward"} for name in names]
     added.append({"id": "clip_local", "op": "clip_local", "bytes": scalar, "cost": 1e-6,
-                  "inputs": [f"clip_part:{name}" for name in names],
-                  "workspace": round_up(4 * len(names), round_to), "role": "backward"})
+                  "inputs": [f"clip_part:{name}" for name in names], "role": "backward"})
     added.append({"id": "clip_total", "op": "all_reduce", "collective": True, "bytes": scalar,
                   "cost": _core.collective_seconds("all_reduce", 4, shards.ranks, **link),
                   "inputs": ["clip_local"], "role": "backward"})
@@ -735,8 +801,10 @@ def add_clipping(doc, shards, updates, network, round_to):
                   "inputs": ["clip_total"], "role": "backward"})
     added += [{"id": f"clip:{name}", "op": "clip_scale", "bytes": nodes[f"grad:{name}"]["bytes"],
                "cost": nodes[f"grad:{name}"]["bytes"] / 1e10,
-               "inputs": [f"grad:{name}", "grad_norm"], "workspace": scalar,
-               "role": "backward"} for name in names]
+               "inputs": [f"grad:{name}", "grad_norm"], "role": "backward"} for name in names]
+    for node in added:
+        if shards.clip_workspace.get(node["id"]):
+            node["workspace"] = shards.clip_workspace[node["id"]]
     doc["nodes"] += added
     doc["outputs"] = list(doc.get("outputs", [])) + ["grad_norm"]
     clipped = {f"grad:{name}": f"clip:{name}" for name in names}
@@ -892,6 +960,11 @@ class ShardedRunner:
                 p = self.shards.params[name]
                 buffers[node_id] = torch.empty(shape, dtype=p.dtype, device="cpu",
                                                pin_memory=p.device.type == "cuda")
+            elif action == "offload" and self._is_clip(node_id) and kind != "clip" and \
+                    node_id not in buffers:  # a clipping scalar (float32)
+                device = next(iter(self.shards.staging.values())).device
+                buffers[node_id] = torch.empty((), device="cpu",
+                                               pin_memory=device.type == "cuda")
         return buffers
 
     def _new_run(self):
@@ -975,12 +1048,8 @@ class ShardedRunner:
         offloaded = set()
         for action, node_id, *_ in schedule:
             kind, _, name = node_id.partition(":")
-            if self._is_clip(node_id) and kind != "clip" and action in ("offload", "prefetch"):
-                raise PlanExecutionError(f"the plan moves '{node_id}', a scalar of the "
-                                         "gradients' clipping, to the host: pebble.torch keeps "
-                                         "those on the device")
-            if kind not in ("gather", "shard", "scatter", "clip") or \
-                    name not in self.shards.params:
+            if not self._is_clip(node_id) and (kind not in ("gather", "shard", "scatter") or
+                                               name not in self.shards.params):
                 continue
             if action == "offload":
                 offloaded.add(node_id)
@@ -1048,65 +1117,77 @@ class ShardedRunner:
         if kind == "clip" and action != "compute":
             self._move(action, node_id, run)  # (as a gradient shard moves)
             return
-        if action == "free":
-            if kind == "clip_total":
-                self._settle_clip_total()
-            run.hold(-self.shards.held_bytes(self.clip_values.pop(node_id)))
+        if action in ("offload", "free", "prefetch"):
+            self._move_clip_scalar(action, node_id, run)
             return
         if action != "compute":
             raise PlanExecutionError(f"internal: the plan {action}s '{node_id}'")
-        if node_id in self.clip_values or name in self.clipped:
+        if node_id in self.clip_values or (kind == "clip" and name in self.clipped):
             raise PlanExecutionError(f"the plan computes '{node_id}' again while it is resident")
-        workspace = 0
         p = self.norm_type
         if kind == "clip_part":
-            g = self.device_shard("scatter:" + name, run)
-            t = torch.linalg.vector_norm(g, p, dtype=torch.float32)
+            t = clip_part(self.device_shard("scatter:" + name, run), p)
         elif kind == "clip_local":
-            parts = torch.stack([self._clip_value("clip_part:" + n) for n in self.shards.params
-                                 if "clip_part:" + n in self.clip_values])
-            workspace = self.shards.held_bytes(parts)
-            t = torch.linalg.vector_norm(parts, p)
-            del parts
-            if p != math.inf:
-                t.pow_(p)
+            t = clip_local([self._clip_value(n) for n in self.shards.clip_workspace
+                            if n.startswith("clip_part:")], p)
         elif kind == "clip_total":
             t = self._clip_value("clip_local").clone()
             if self.collectives is not None:
                 what = "the all-reduce of the gradients' norm"
                 self.clip_work = (self.collectives.all_reduce(
-                    t, what, op=self.shards.dist.ReduceOp.MAX if p == math.inf else None), what)
+                    t, what, op="MAX" if p == math.inf else "SUM"), what)
                 self.works.append(self.clip_work[0])
         elif kind == "grad_norm":
             self._settle_clip_total()
-            total = self._clip_value("clip_total")
-            t = total.clone() if p == math.inf else total.pow(1.0 / p)
+            t = clip_root(self._clip_value("clip_total"), p)
         else:  # "clip": the shard times min(1, max_norm / (norm + 1e-6))
-            g = self.device_shard("scatter:" + name, run)
-            coef = self._clip_coefficient(self._clip_value("grad_norm"))
-            workspace = self.shards.held_bytes(coef)
-            t = g * coef
-            del coef
+            bound, eps = self._clip_scalars  # (place_shards)
+            t = clip_scaled(self.device_shard("scatter:" + name, run),
+                            self._clip_value("grad_norm"), bound, eps)
             self.clipped[name] = t
-            run.hold(self.shards.held_bytes(t), workspace)
-            self._computed(node_id, run)
-            return
-        self.clip_values[node_id] = t
-        run.hold(self.shards.held_bytes(t), workspace)
+        if kind != "clip":
+            self.clip_values[node_id] = t
+        run.hold(self.shards.held_bytes(t), self.shards.clip_workspace.get(node_id, 0))
         self._computed(node_id, run)
+
+    def _move_clip_scalar(self, action, node_id, run):
+        """An offload, free or fetch of a clipping scalar, through its host
+        buffer (_host_buffers), counted as the plan counts a tensor's."""
+        nbytes = round_up(4, self.shards.round_to)
+        if action == "offload":
+            if node_id == "clip_total":
+                self._settle_clip_total()
+            event = run.copy(self.host[node_id], self._clip_value(node_id))
+            if event is not None:
+                event.synchronize()  # (a scalar: its fetch may follow at once)
+            if node_id not in self.on_host:
+                self.on_host.add(node_id)
+                run.count_host(nbytes)
+            run.result.transfer_bytes += nbytes
+        elif action == "free":
+            if node_id == "clip_total":
+                self._settle_clip_total()
+            t = self.clip_values.pop(node_id, None)
+            if t is None:
+                raise PlanExecutionError(f"the plan frees '{node_id}', which is not resident")
+            run.hold(-self.shards.held_bytes(t))
+        else:  # prefetch
+            if node_id not in self.on_host or node_id in self.clip_values:
+                raise PlanExecutionError(f"the plan fetches '{node_id}', which has no host copy "
+                                         "or is resident")
+            t = torch.empty((), device=next(iter(self.shards.staging.values())).device)
+            event = run.copy(t, self.host[node_id])
+            if event is not None:
+                run.stream.wait_event(event)
+            self.clip_values[node_id] = t
+            run.hold(self.shards.held_bytes(t))
+            run.result.transfer_bytes += nbytes
 
     def _clip_value(self, node_id):
         t = self.clip_values.get(node_id)
         if t is None:
             raise PlanExecutionError(f"the plan reads '{node_id}', which is not on the device")
         return t
-
-    def _clip_coefficient(self, norm):
-        """clip_grad_norm_'s factor, min(1, max_norm / (norm + 1e-6)), from
-        held scalars (no Python number made into a tensor; two scalars at
-        most at once)."""
-        bound, eps = self._clip_scalars  # (place_shards)
-        return torch.clamp(torch.div(bound, torch.add(norm, eps)), max=1.0)
 
     def _settle_clip_total(self):
         if self.clip_work is not None:
