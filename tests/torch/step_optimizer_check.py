@@ -231,20 +231,27 @@ def close(torch, a, b):
     return float((a - b).abs().max()) <= TOL * max(scale, 1e-30) if a.numel() else True
 
 
-def run_case(torch, pt, device, steps, model_name, opt_name, policy, budget, state, updates,
-             gradients="keep", clip=None):
-    """`clip`: max_grad_norm, or (max_grad_norm, grad_norm_type)."""
-    clip, norm_type = clip if isinstance(clip, tuple) else (clip, 2.0)
+def twins(torch, device, model_name, opt_name, count, seed):
+    """(an eager model of `model_name`, its planned copy, an optimizer of
+    `opt_name` for each, `count` batches drawn from generator `seed`)."""
     make_model, make_batch = models(torch)[model_name]
     make_opt = optimizers(torch)[opt_name]
     torch.manual_seed(0)
     eager_model = make_model().to(device)
     planned_model = copy.deepcopy(eager_model)
-    eager_opt = make_opt(eager_model.parameters())
-    planned_opt = make_opt(planned_model.parameters())
+    g = torch.Generator().manual_seed(seed)
+    return (eager_model, planned_model, make_opt(eager_model.parameters()),
+            make_opt(planned_model.parameters()), [make_batch(g, device) for _ in range(count)])
+
+
+def run_case(torch, pt, device, steps, model_name, opt_name, policy, budget, state, updates,
+             gradients="keep", clip=None):
+    """`clip`: max_grad_norm, or (max_grad_norm, grad_norm_type)."""
+    clip, norm_type = clip if isinstance(clip, tuple) else (clip, 2.0)
+    eager_model, planned_model, eager_opt, planned_opt, batches = twins(
+        torch, device, model_name, opt_name, steps + 1, seed=1)
+    make_opt = optimizers(torch)[opt_name]
     loss_fn = torch.nn.functional.cross_entropy
-    g = torch.Generator().manual_seed(1)
-    batches = [make_batch(g, device) for _ in range(steps + 1)]
     x0, y0 = batches[0]
     # On the CPU device the host is the same memory: allow_cpu_offload runs
     # the streaming path anyway, its copies measured as a GPU's would be.
@@ -1006,16 +1013,9 @@ def after_eager_steps(torch, pt, device, steps):
     parameters and momentum buffers of eager's all the way, and the planned
     state checkpoints (full_optimizer_state_dict) as eager's keys."""
     failures = []
-    make_model, make_batch = models(torch)["convnet"]
-    make_opt = optimizers(torch)["sgd-momentum-weights"]
-    torch.manual_seed(0)
-    eager_model = make_model().to(device)
-    planned_model = copy.deepcopy(eager_model)
-    eager_opt = make_opt(eager_model.parameters())
-    planned_opt = make_opt(planned_model.parameters())
+    eager_model, planned_model, eager_opt, planned_opt, batches = twins(
+        torch, device, "convnet", "sgd-momentum-weights", steps + 2, seed=3)
     loss_fn = torch.nn.functional.cross_entropy
-    g = torch.Generator().manual_seed(3)
-    batches = [make_batch(g, device) for _ in range(steps + 2)]
     for model, opt in ((eager_model, eager_opt), (planned_model, planned_opt)):
         for x, y in batches[:2]:
             opt.zero_grad(set_to_none=True)
