@@ -104,6 +104,7 @@ import time
 import torch
 
 from .. import _core
+from ._collective_ops import ALL_REDUCE_OP
 from ._compat import storage_bytes
 from ._distributed import _collective, _global_rank, agree, drain
 from ._executor import PlanExecutionError, Program
@@ -439,6 +440,11 @@ class Shards:
         return min(numel, self.rank * s), min(numel, (self.rank + 1) * s)
 
     @property
+    def step_device(self):
+        """The device the step runs on: its staging buffers'."""
+        return next(iter(self.staging.values())).device
+
+    @property
     def shard_bytes(self):
         """The device memory of the shards held there between steps."""
         return sum(self.held_bytes(s) for name, s in self.shards.items()
@@ -745,7 +751,7 @@ def _clip_workspaces(shards, names, p, max_norm):
     """node id -> the workspace of each clipping node, as the allocator
     measures the function the runner calls on zeros of its operands'
     shapes (once per dtype and size), above its output."""
-    device = next(iter(shards.staging.values())).device
+    device = shards.step_device
     scalar = lambda: torch.zeros((), device=device)  # noqa: E731
     bound, eps = torch.full((), max_norm, device=device), torch.full((), 1e-6, device=device)
     measured = {}
@@ -794,7 +800,7 @@ def add_clipping(doc, shards, updates, network, round_to):
               "role": "backward"} for name in names]
     added.append({"id": "clip_local", "op": "clip_local", "bytes": scalar, "cost": 1e-6,
                   "inputs": [f"clip_part:{name}" for name in names], "role": "backward"})
-    added.append({"id": "clip_total", "op": "all_reduce", "collective": True, "bytes": scalar,
+    added.append({"id": "clip_total", "op": ALL_REDUCE_OP, "collective": True, "bytes": scalar,
                   "cost": _core.collective_seconds("all_reduce", 4, shards.ranks, **link),
                   "inputs": ["clip_local"], "role": "backward"})
     added.append({"id": "grad_norm", "op": "clip_norm", "bytes": scalar, "cost": 1e-6,
@@ -962,9 +968,8 @@ class ShardedRunner:
                                                pin_memory=p.device.type == "cuda")
             elif action == "offload" and self._is_clip(node_id) and kind != "clip" and \
                     node_id not in buffers:  # a clipping scalar (float32)
-                device = next(iter(self.shards.staging.values())).device
-                buffers[node_id] = torch.empty((), device="cpu",
-                                               pin_memory=device.type == "cuda")
+                buffers[node_id] = torch.empty(
+                    (), device="cpu", pin_memory=self.shards.step_device.type == "cuda")
         return buffers
 
     def _new_run(self):
@@ -1079,7 +1084,7 @@ class ShardedRunner:
         scalars on the step's device (where the staging buffers are)."""
         self.shards.place(self.host_homed)
         if self.max_grad_norm is not None and self._clip_scalars is None:
-            device = next(iter(self.shards.staging.values())).device
+            device = self.shards.step_device
             self._clip_scalars = (torch.full((), self.max_grad_norm, device=device),
                                   torch.full((), 1e-6, device=device))
 
@@ -1175,7 +1180,7 @@ class ShardedRunner:
             if node_id not in self.on_host or node_id in self.clip_values:
                 raise PlanExecutionError(f"the plan fetches '{node_id}', which has no host copy "
                                          "or is resident")
-            t = torch.empty((), device=next(iter(self.shards.staging.values())).device)
+            t = torch.empty((), device=self.shards.step_device)
             event = run.copy(t, self.host[node_id])
             if event is not None:
                 run.stream.wait_event(event)
