@@ -583,7 +583,8 @@ void AddOptimizerOption(CLI::App* cmd, std::string& optimizer) {
                   "sgd:lr=0.1,momentum=0.9 or adam:lr=1e-3,weight_decay=0.01 (PyTorch's "
                   "defaults otherwise); placement: "
                   "state= and parameters= (device, host or auto), gradients=keep|drop, "
-                  "updates=device|host|auto (docs/training.md)");
+                  "updates=device|host|auto; max_grad_norm=X clips the gradients by their "
+                  "2-norm first, as clip_grad_norm_ (docs/training.md)");
 }
 
 absl::StatusOr<OptimizerSpec> ParseOptimizerOption(const std::string& text) {

@@ -28,10 +28,11 @@ absl::string_view KindName(OptimizerKind kind) {
 // The keys each optimizer takes, in the order ToString writes them.
 std::vector<std::string> KeysOf(OptimizerKind kind) {
   if (kind == OptimizerKind::kSgd) {
-    return {"lr", "momentum", "weight_decay", "state", "parameters", "gradients", "updates"};
+    return {"lr",         "momentum",  "weight_decay", "max_grad_norm",
+            "state",      "parameters", "gradients",  "updates"};
   }
-  return {"lr",    "beta1",      "beta2",     "eps",    "weight_decay",
-          "state", "parameters", "gradients", "updates"};
+  return {"lr",            "beta1", "beta2",      "eps",       "weight_decay",
+          "max_grad_norm", "state", "parameters", "gradients", "updates"};
 }
 
 // The number field called `key` (a key of KeysOf other than "state",
@@ -43,6 +44,7 @@ auto* Field(Spec& spec, absl::string_view key) {
   if (key == "weight_decay") return &spec.weight_decay;
   if (key == "beta1") return &spec.beta1;
   if (key == "beta2") return &spec.beta2;
+  if (key == "max_grad_norm") return &spec.max_grad_norm;
   return &spec.eps;
 }
 
@@ -74,6 +76,7 @@ std::string OptimizerSpec::ToString() const {
       if (updates != Tier::kDevice) parts.push_back(absl::StrCat("updates=", TierName(updates)));
       continue;
     }
+    if (key == "max_grad_norm" && max_grad_norm == 0) continue;  // no clipping
     parts.push_back(absl::StrCat(key, "=", *Field(*this, key)));
   }
   return absl::StrCat(KindName(kind), ":", absl::StrJoin(parts, ","));
@@ -174,6 +177,84 @@ namespace {
 constexpr char kStepCount[] = "optimizer.step";
 constexpr char kStepCountNow[] = "optimizer.step#1";
 
+// Whether `out` is the gradient "grad:p" of a parameter p: the gradients an
+// optimizer step updates from.
+bool IsParameterGradient(const Graph& graph, NodeId out) {
+  const std::string& gid = graph.id(out);
+  if (gid.rfind("grad:", 0) != 0) return false;
+  const NodeId p = graph.Find(gid.substr(5));
+  return p != kNoNode && graph.role(p) == Role::kParameter;
+}
+
+// `training` with its parameters' gradients clipped (Note [Clipping in the
+// graph]).
+absl::StatusOr<Graph> WithClippedGradients(const Graph& training, double max_norm,
+                                           CostModel cost) {
+  std::vector<NodeId> gradients;
+  for (NodeId out : training.outputs()) {
+    if (IsParameterGradient(training, out)) gradients.push_back(out);
+  }
+  if (gradients.empty()) return training;  // AddOptimizerStep names the fault
+  for (NodeId g : gradients) {
+    if (training.dtype(g).value_or(DType::kFloat32) != DType::kFloat32) {
+      return absl::UnimplementedError(absl::StrCat(
+          "max_grad_norm: gradient ", Quote(training.id(g)), " is ",
+          DTypeName(*training.dtype(g)), "; pebble clips float32 gradients (pebble.torch's "
+          "train_step clips any)"));
+    }
+  }
+  NetBuilder b = NetBuilder::FromGraph(training, cost);
+  auto fresh = [&](const std::string& id) -> std::string {
+    if (b.Find(id).valid()) {
+      b.Fail(absl::InvalidArgumentError(absl::StrCat(
+          "max_grad_norm: the graph already has a node ", Quote(id))));
+    }
+    return id;
+  };
+  const nlohmann::json scalar = {{"shape", Shape{}}, {"dtype", "float32"}};
+  auto fill = [&](const std::string& id, double value) {
+    nlohmann::json attrs = scalar;
+    attrs["value"] = value;
+    return b.Apply("fill", {}, std::move(attrs), fresh(id), Role::kBackward);
+  };
+  std::vector<Value> unclipped;
+  Value total;
+  for (size_t i = 0; i < gradients.size(); ++i) {
+    const std::string p = training.id(gradients[i]).substr(5);
+    const Value g{static_cast<int>(gradients[i])};
+    if (absl::Status s = b.Rename(g, fresh("unclipped_grad:" + p)); !s.ok()) b.Fail(s);
+    unclipped.push_back(g);
+    const Value square = b.Apply("mul", {g, g}, nlohmann::json::object(), fresh("clip_square:" + p), Role::kBackward);
+    const Value part = b.Apply("sum", {square}, nlohmann::json::object(), fresh("clip_part:" + p), Role::kBackward);
+    total = i == 0 ? part
+                   : b.Apply("add", {total, part}, nlohmann::json::object(), fresh(absl::StrCat("clip_sum:", i)),
+                             Role::kBackward);
+  }
+  const Value norm = b.Apply("sqrt", {total}, nlohmann::json::object(), fresh("grad_norm"), Role::kBackward);
+  // clip_grad_norm_'s factor: max_norm / (n + 1e-6), at most 1.
+  const Value denominator = b.Apply("add", {norm, fill("clip_eps", 1e-6)}, {},
+                                    fresh("clip_denominator"), Role::kBackward);
+  const Value ratio = b.Apply("div", {fill("clip_max_norm", max_norm), denominator}, {},
+                              fresh("clip_ratio"), Role::kBackward);
+  const Value coef = b.Apply("clip", {ratio}, {{"max", 1.0}}, fresh("clip_coef"),
+                             Role::kBackward);
+  std::vector<Value> clipped;
+  for (size_t i = 0; i < gradients.size(); ++i) {
+    const std::string p = training.id(gradients[i]).substr(5);
+    clipped.push_back(b.Apply("mul", {unclipped[i], coef}, nlohmann::json::object(), fresh("grad:" + p),
+                              Role::kBackward));
+  }
+  // The same outputs, each gradient clipped, and the norm.
+  b.ClearOutputs();
+  for (NodeId out : training.outputs()) {
+    const auto it = std::find(gradients.begin(), gradients.end(), out);
+    b.MarkOutput(it == gradients.end() ? Value{static_cast<int>(out)}
+                                       : clipped[it - gradients.begin()]);
+  }
+  b.MarkOutput(norm);
+  return b.Build();
+}
+
 // Builds the nodes of Note [Optimizer nodes] beside a copy of the training
 // graph's own.
 class OptimizerStepBuilder {
@@ -270,12 +351,7 @@ class OptimizerStepBuilder {
   }
 
   // Whether `out` is "grad:p" of a parameter p the step updates.
-  bool IsUpdatedGradient(NodeId out) const {
-    const std::string& gid = training_.id(out);
-    if (gid.rfind("grad:", 0) != 0) return false;
-    const NodeId pv = training_.Find(gid.substr(5));
-    return pv != kNoNode && training_.role(pv) == Role::kParameter;
-  }
+  bool IsUpdatedGradient(NodeId out) const { return IsParameterGradient(training_, out); }
 
   // The homes, where the spec leaves them open: host updates write host
   // copies, so what they touch must be able to move (the state lives on
@@ -325,6 +401,7 @@ class OptimizerStepBuilder {
       attrs.update({{"beta1", spec_.beta1}, {"beta2", spec_.beta2}, {"eps", spec_.eps},
                     {"decoupled_weight_decay", spec_.kind == OptimizerKind::kAdamW}});
     }
+    if (spec_.max_grad_norm > 0) attrs["max_grad_norm"] = spec_.max_grad_norm;
     s.attrs = std::move(attrs);
     if (spec_.updates != Tier::kDevice) {
       s.runs_on = spec_.updates;
@@ -355,7 +432,16 @@ class OptimizerStepBuilder {
 
 absl::StatusOr<Graph> AddOptimizerStep(const Graph& training, const OptimizerSpec& spec,
                                        CostModel cost) {
-  return OptimizerStepBuilder(training, spec, cost).Build();
+  if (spec.max_grad_norm <= 0) return OptimizerStepBuilder(training, spec, cost).Build();
+  ASSIGN_OR_RETURN(const Graph clipped, WithClippedGradients(training, spec.max_grad_norm, cost));
+  return OptimizerStepBuilder(clipped, spec, cost).Build();
+}
+
+bool ClipsGradients(const Graph& graph) {
+  for (NodeId v = 0; v < graph.num_nodes(); ++v) {
+    if (graph.role(v) == Role::kUpdate && graph.attrs(v).contains("max_grad_norm")) return true;
+  }
+  return false;
 }
 
 }  // namespace pebble

@@ -22,6 +22,25 @@
 // Persistent states take role optimizer_state and the updates role update;
 // their home is `home` (resident by default), but for Adam's step count,
 // which is resident always.
+//
+// Note [Clipping in the graph]. With max_grad_norm = c, the updates read
+// gradients clipped as torch.nn.utils.clip_grad_norm_(params, c) clips
+// them: every updated gradient times min(1, c / (n + 1e-6)), n the 2-norm
+// of all of them together. The backward's gradient of p is renamed
+// "unclipped_grad:p", and ordinary nodes of the operator table follow it
+// (role backward, so every runtime runs them and every policy plans them):
+// "clip_square:p" (mul: its elements squared, a temporary of the gradient's
+// size), "clip_part:p" (sum: a float32 scalar), "clip_sum:<k>" (add: the
+// running total), "grad_norm" (sqrt: n, an output, as clip_grad_norm_
+// returns it), "clip_max_norm" and "clip_eps" (fill: c and 1e-6),
+// "clip_denominator" (add), "clip_ratio" (div), "clip_coef" (clip at 1),
+// and "grad:p" (mul: the clipped gradient, the one the updates read and the
+// step outputs, as .grad holds it after clip_grad_norm_). So the norm needs
+// every gradient complete: no update runs before the backward ends, and
+// each clipped gradient is a new tensor beside its unclipped one for as long
+// as the plan keeps both (PyTorch scales .grad in place). The updates carry
+// max_grad_norm among their attrs. Float32 gradients only; one rank only
+// (data parallelism clips the averaged gradients: pebble.torch does).
 #ifndef PEBBLE_GRAPH_OPTIMIZER_H_
 #define PEBBLE_GRAPH_OPTIMIZER_H_
 
@@ -45,6 +64,10 @@ struct OptimizerSpec {
   double beta1 = 0.9;         // Adam, AdamW
   double beta2 = 0.999;
   double eps = 1e-8;
+  // Gradient clipping by the 2-norm of all the updated gradients together,
+  // as torch.nn.utils.clip_grad_norm_(parameters, max_grad_norm) before the
+  // step; 0: none (Note [Clipping in the graph]).
+  double max_grad_norm = 0.0;
   // Where the optimizer's state lives between steps; nullopt: resident
   // throughout (a persistent node without a home).
   std::optional<Tier> state_home;
@@ -74,22 +97,31 @@ struct OptimizerSpec {
 // "sgd", "adam", "adamw", optionally with parameters after a colon:
 // "sgd:lr=0.1,momentum=0.9,weight_decay=1e-4", "adam:lr=1e-3,beta1=0.9,
 // beta2=0.999,eps=1e-8,weight_decay=0", "...,state=host|auto",
-// "...,parameters=host|auto", "...,gradients=drop", "...,updates=host|auto".
+// "...,parameters=host|auto", "...,gradients=drop", "...,updates=host|auto",
+// "...,max_grad_norm=1.0" (any optimizer).
 // Defaults are
 // PyTorch's (lr 0.01 for SGD, 0.001 for Adam and AdamW; AdamW's
 // weight_decay 0.01). InvalidArgument names an unknown optimizer or key,
 // a value that is not a finite number, and a value out of range (lr > 0,
-// momentum and the betas in [0, 1), eps > 0, weight_decay >= 0).
+// momentum and the betas in [0, 1), eps > 0, weight_decay >= 0,
+// max_grad_norm > 0).
 absl::StatusOr<OptimizerSpec> ParseOptimizer(absl::string_view text);
 
 // `training` (a training graph: parameters with gradients "grad:p" among
 // its outputs) with the optimizer's state and updates (Note [Optimizer
-// nodes]). Costs: element-wise work at cost.device_flops_per_s (SGD 3 and
+// nodes]), its gradients clipped first where the spec says (Note [Clipping
+// in the graph]). Costs: element-wise work at cost.device_flops_per_s (SGD 3 and
 // Adam 10 operations per element); updates that may run on the host have a
 // host_cost: the bytes each reads and writes at cost.host_bytes_per_s. Errors: no parameter with a gradient, a
-// parameter without a shape, a state id already taken.
+// parameter without a shape, a state id already taken; with clipping, a
+// gradient that is not float32 (Unimplemented).
 absl::StatusOr<Graph> AddOptimizerStep(const Graph& training, const OptimizerSpec& spec,
                                        CostModel cost = {});
+
+// Whether `graph`'s updates read clipped gradients (Note [Clipping in the
+// graph]): the clipping is planned on one rank only, so plans on several
+// ranks and sharding refuse such a graph.
+bool ClipsGradients(const Graph& graph);
 
 // The host cost model of an element-wise update (seconds): it streams
 // `bytes_moved` (its operands' bytes read plus its output's written) at

@@ -6,6 +6,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
+#include "graph/optimizer.h"
 #include "graph/status.h"
 #include "graph/text_input.h"
 #include "scheduler/collectives.h"
@@ -122,6 +123,11 @@ absl::StatusOr<Graph> ShardGraph(const Graph& g, int ranks, const NetworkLink& l
   if (ranks < 2) return absl::InvalidArgumentError("sharding needs at least 2 ranks");
   if (g.has_collectives()) {
     return absl::InvalidArgumentError("the graph has collectives already (sharded once)");
+  }
+  if (ClipsGradients(g)) {
+    return absl::UnimplementedError(
+        "the step clips its gradients (max_grad_norm), which pebble plans on one rank: a "
+        "sharded step's norm is of every rank's shards (pebble.torch's train_step clips so)");
   }
   const int n = g.num_nodes();
   // The sharded parameters, and the nodes each shard's storage ends in.

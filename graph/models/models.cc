@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "graph/autodiff.h"
 #include "graph/models/transformer.h"
 #include "graph/optimizer.h"
@@ -54,6 +55,9 @@ ModelEntry Network(std::string name, std::string description,
                     "device, host or auto: where the optimizer's updates run (host: on the "
                     "CPU, on host copies, the state then on the host; auto: the plan chooses "
                     "per parameter; needs an optimizer, docs/training.md)"});
+  params.push_back({"max_grad_norm", "none",
+                    "none or a positive number: the gradients clipped by their 2-norm before "
+                    "the updates, as clip_grad_norm_ (needs an optimizer, docs/training.md)"});
   return {{std::move(name), std::move(description), std::move(params),
            /*training_graph=*/true},
           std::move(build)};
@@ -320,8 +324,16 @@ absl::StatusOr<Graph> BuildModel(const ModelSpec& spec, CostModel cost) {
     values[key] = value;
   }
   std::string optimizer = "none", state = "device", parameters = "device", gradients = "keep",
-              updates = "device";
+              updates = "device", max_grad_norm = "none";
   if (entry->info.training_graph) {
+    max_grad_norm = values["max_grad_norm"];
+    values.erase("max_grad_norm");
+    if (max_grad_norm != "none" && values["optimizer"] == "none") {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "model '", spec.name, "': max_grad_norm=", max_grad_norm,
+          " needs an optimizer (optimizer=sgd, adam or adamw): without one nothing reads the "
+          "gradients"));
+    }
     optimizer = values["optimizer"];
     state = values["optimizer_state"];
     parameters = values["parameters"];
@@ -384,6 +396,18 @@ absl::StatusOr<Graph> BuildModel(const ModelSpec& spec, CostModel cost) {
     if (parameters != "device") step->parameter_home = *ParseTier(parameters);
     step->keep_gradients = gradients == "keep";
     if (updates != "device") step->updates = *ParseTier(updates);
+    if (max_grad_norm != "none") {
+      // (ParseOptimizer's checks: a decimal number above 0.)
+      absl::StatusOr<OptimizerSpec> clip =
+          ParseOptimizer(absl::StrCat("sgd:max_grad_norm=", max_grad_norm));
+      if (!clip.ok()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "model '", spec.name, "': ",
+            absl::StripPrefix(absl::StripPrefix(clip.status().message(), "optimizer sgd: "),
+                              "optimizer: ")));
+      }
+      step->max_grad_norm = clip->max_grad_norm;
+    }
     if (step->updates == Tier::kAuto && step->state_home == Tier::kDevice) {
       return absl::InvalidArgumentError(absl::StrCat(
           "model '", spec.name, "': updates=auto with optimizer_state=device is not planned "

@@ -166,8 +166,8 @@ struct OptimizerAttrs {
   double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;  // adam_*
   bool decoupled_weight_decay = false;           // AdamW
 };
-// key=value in range: lr and eps above 0, weight_decay 0 or more, momentum
-// and the betas in [0, 1). InvalidArgument names the key.
+// key=value in range: lr, eps and max_grad_norm above 0, weight_decay 0 or
+// more, momentum and the betas in [0, 1). InvalidArgument names the key.
 absl::Status CheckOptimizerValue(absl::string_view key, double value);
 // The attrs of an update node (absent keys: 0, or Adam's defaults).
 absl::StatusOr<OptimizerAttrs> ReadOptimizerAttrs(const Json& attrs);

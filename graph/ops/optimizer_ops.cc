@@ -10,7 +10,7 @@
 namespace pebble::ops_internal {
 
 absl::Status CheckOptimizerValue(absl::string_view key, double value) {
-  const bool positive = key == "lr" || key == "eps";
+  const bool positive = key == "lr" || key == "eps" || key == "max_grad_norm";
   const bool non_negative = key == "weight_decay";
   const bool ok = std::isfinite(value) && (positive       ? value > 0
                                            : non_negative ? value >= 0

@@ -66,15 +66,19 @@ def parse_optimizer(text):
         "adamw": {"lr": 0.001, "beta1": 0.9, "beta2": 0.999, "eps": 1e-8,
                   "weight_decay": 0.01},
     }
+    for values in defaults.values():
+        values["max_grad_norm"] = 0.0  # 0: no clipping
     if name not in defaults:
         raise cc.UsageError("--optimizer %s: expected sgd, adam or adamw" % text)
     values = dict(defaults[name])
     for item in filter(None, (p.strip() for p in params.split(","))):
         key, _, value = item.partition("=")
-        if key in ("state", "gradients"):  # where pebble keeps what: no matter to torch.optim
+        # where pebble keeps and runs what: no matter to torch.optim
+        if key in ("state", "gradients", "parameters", "updates"):
             continue
         if key not in values:
-            raise cc.UsageError("--optimizer %s: %s takes %s and state"
+            raise cc.UsageError("--optimizer %s: %s takes %s, state, gradients, parameters "
+                                "and updates"
                                 % (text, name, ", ".join(values)))
         values[key] = float(value)
     return name, values
@@ -100,6 +104,8 @@ def torch_steps(np, torch, module, x, t, name, values, steps):
         opt.zero_grad(set_to_none=True)
         loss = module(x, t)
         loss.backward()
+        if values["max_grad_norm"] > 0:
+            torch.nn.utils.clip_grad_norm_(module.parameters(), values["max_grad_norm"])
         opt.step()
         losses.append(float(loss))
     final = {}
@@ -120,6 +126,8 @@ def replay_step(np, torch, name, values, before, dumped, params):
     """torch.optim's step from pebble's own state before the step (`before`:
     parameters and optimizer state) and pebble's own gradients of that step
     (`dumped`): {pebble id: numpy array} of what the step should give."""
+    if values["max_grad_norm"] > 0:
+        check_clipped(np, values["max_grad_norm"], dumped, params)
     tensors = {n: torch.nn.Parameter(torch.from_numpy(before[n].copy())) for n in params}
     for n, p in tensors.items():
         p.grad = torch.from_numpy(dumped["grad:" + n].copy())
@@ -145,6 +153,25 @@ def replay_step(np, torch, name, values, before, dumped, params):
         if "step" in opt.state[p]:
             after["optimizer.step"] = np.array(float(opt.state[p]["step"]), dtype=np.float32)
     return after
+
+
+def check_clipped(np, max_norm, dumped, params):
+    """With max_grad_norm, pebble dumps the clipped gradients (grad:<p>, as
+    .grad holds them after clip_grad_norm_) and the norm before clipping
+    (grad_norm): the clipped gradients' norm must be that norm times
+    clip_grad_norm_'s factor, min(1, max_norm / (norm + 1e-6)). (Whether the
+    norm itself is right, the N-step trajectory against torch.optim with
+    clip_grad_norm_ tells.)"""
+    if "grad_norm" not in dumped:
+        raise cc.Failure("max_grad_norm is set but --dump has no grad_norm")
+    norm = float(dumped["grad_norm"])
+    factor = min(1.0, max_norm / (norm + 1e-6))
+    clipped = float(np.sqrt(sum(float(np.sum(dumped["grad:" + n].astype(np.float64) ** 2))
+                                for n in params)))
+    if abs(clipped - norm * factor) > 1e-5 * max(norm * factor, cc.TINY):
+        raise cc.Failure("the clipped gradients' norm is %.9g; grad_norm %.9g times the "
+                         "factor %.9g is %.9g" % (clipped, norm, factor, norm * factor))
+    cc.log("clipped: grad_norm %.6g, factor %.6g" % (norm, factor))
 
 
 def state_ids(describe):

@@ -7,8 +7,9 @@ Runs optimizer_check.py on mnist-cnn with SGD through a wrapper around the
 real pebble that plants one fault per case: the clean run must pass; a
 learning rate off by 10% (the step replay and the trajectory fail), one bit
 flipped in one policy's momentum buffer (not bitwise identical to the
-baseline), a state tensor missing from the dump, and a predicted peak off by
-one byte must each fail with exit 1 and a message naming the fault.
+baseline), a state tensor missing from the dump, a predicted peak off by one
+byte, and (with max_grad_norm) the gradients left unclipped must each fail
+with exit 1 and a message naming the fault.
 Exit 0 when the harness behaves, 1 otherwise, 77 without numpy/torch.
 """
 
@@ -34,6 +35,9 @@ fault = os.environ.get("PEBBLE_FAULT", "")
 if fault == "lr" and "--optimizer" in args and args[0] == "run":
     i = args.index("--optimizer") + 1
     args[i] = args[i].replace("lr=0.1", "lr=0.11")
+if fault == "noclip" and "--optimizer" in args and args[0] == "run":
+    i = args.index("--optimizer") + 1
+    args[i] = args[i].replace("max_grad_norm=0.5", "max_grad_norm=50")  # a factor of 1
 proc = subprocess.run([real] + args, stdout=subprocess.PIPE, universal_newlines=True)
 out = proc.stdout
 if args and args[0] == "run" and "--dump" in args:
@@ -54,7 +58,7 @@ sys.stdout.write(out)
 sys.exit(proc.returncode)
 '''
 
-# (name, fault, expected exit, texts the output must contain).
+# (name, fault, expected exit, texts the output must contain[, optimizer]).
 CASES = [
     ("clean", "", 0, ["PASS"]),
     ("wrong lr", "lr", 1, ["step 1 replayed by torch.optim, fc1.weight: rel err",
@@ -63,6 +67,8 @@ CASES = [
                             "momentum_buffer:fc1.weight"]),
     ("state not dumped", "drop", 1, ["--dump has no momentum_buffer:conv1.bias"]),
     ("peak", "peak", 1, ["measured peak", "predicted"]),
+    ("not clipped", "noclip", 1, ["the clipped gradients' norm is"],
+     OPTIMIZER + ",max_grad_norm=0.5"),
 ]
 
 
@@ -87,13 +93,14 @@ def main():
                 sys.executable, wrapper, os.path.abspath(args.pebble)))
         os.chmod(shim, 0o755)
         import optimizer_check  # (in this process: torch imported once, not per case)
-        for name, fault, want_exit, texts in CASES:
+        for name, fault, want_exit, texts, *optimizer in CASES:
             out = io.StringIO()
             os.environ["PEBBLE_FAULT"] = fault  # (the wrapper's, a process of its own)
             try:
                 with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
                     code = optimizer_check.main(
-                        ["--pebble", shim, "--model", MODEL, "--optimizer", OPTIMIZER,
+                        ["--pebble", shim, "--model", MODEL,
+                         "--optimizer", (optimizer or [OPTIMIZER])[0],
                          "--steps", "2", "--policies", "baseline,dtr"])
             finally:
                 os.environ.pop("PEBBLE_FAULT", None)
