@@ -1154,6 +1154,7 @@ absl::StatusOr<Graph> RankFlags::Sharded(absl::StatusOr<Graph> graph) const {
       }
     }
   }
+  if (graph.ok()) RETURN_IF_ERROR(CheckClippingRanks(*graph, ranks));
   if (!graph.ok() || shard == "none") return graph;
   RETURN_IF_ERROR(CheckShard());
   ASSIGN_OR_RETURN(const NetworkLink link, Link());

@@ -7,6 +7,7 @@
 #include "cli/common.h"
 #include "graph/graph_json.h"
 #include "graph/models/models.h"
+#include "graph/optimizer.h"
 #include "scheduler/budget.h"
 #include "scheduler/memory_layout.h"
 #include "scheduler/planner.h"
@@ -109,7 +110,8 @@ MemorySummary Summarize(const Graph& g, int64_t baseline_peak) {
       case Role::kForward: s.forward_bytes += g.bytes(v); break;
       case Role::kBackward:
         s.backward_bytes += g.bytes(v);
-        if (g.is_output(v)) s.gradient_bytes += g.bytes(v);
+        // (a clipped step's norm is an output of the backward, no gradient)
+        if (g.is_output(v) && g.id(v) != kGradNormId) s.gradient_bytes += g.bytes(v);
         break;
       case Role::kOptimizerState: s.optimizer_state_bytes += g.bytes(v); break;
       case Role::kUpdate: break;  // in place: no bytes of its own

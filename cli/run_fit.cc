@@ -17,6 +17,7 @@
 #include "scheduler/offload.h"
 #include "cli/run_common.h"
 #include "graph/models/models.h"
+#include "graph/optimizer.h"
 #include "graph/status.h"
 #include "graph/text_input.h"
 #include "runtime/executor.h"
@@ -123,10 +124,14 @@ int RunFit(const FitFlags& f) {
     first.params[f.vary] = absl::StrCat(f.start);
     CostModel cost;
     cost.device_flops_per_s = f.throughput_flops_per_s;
-    if (absl::Status built = BuildModel(first, cost).status();
-        built.code() == absl::StatusCode::kInvalidArgument) {
+    absl::StatusOr<Graph> built = BuildModel(first, cost);
+    if (built.status().code() == absl::StatusCode::kInvalidArgument) {
       return Fail(UsageError(absl::StrCat("--model ", Quote(f.model), " --vary ", Quote(f.vary),
-                                          ": ", built.message())));
+                                          ": ", built.status().message())));
+    }
+    // (each size would be refused alike)
+    if (built.ok()) {
+      if (absl::Status s = CheckClippingRanks(*built, f.rank_flags.ranks); !s.ok()) return Fail(s);
     }
   }
   request.start = f.start;

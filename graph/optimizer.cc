@@ -5,6 +5,7 @@
 #include <map>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
@@ -177,6 +178,10 @@ namespace {
 constexpr char kStepCount[] = "optimizer.step";
 constexpr char kStepCountNow[] = "optimizer.step#1";
 
+// The backward's gradient of p, renamed where the step clips (Note
+// [Clipping in the graph]).
+constexpr absl::string_view kUnclippedPrefix = "unclipped_grad:";
+
 // Whether `out` is the gradient "grad:p" of a parameter p: the gradients an
 // optimizer step updates from.
 bool IsParameterGradient(const Graph& graph, NodeId out) {
@@ -196,6 +201,11 @@ absl::StatusOr<Graph> WithClippedGradients(const Graph& training, double max_nor
   }
   if (gradients.empty()) return training;  // AddOptimizerStep names the fault
   for (NodeId g : gradients) {
+    const std::string p = training.id(g).substr(5);
+    if (!training.shape(training.Find(p)).has_value() || !training.shape(g).has_value()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "optimizer: parameter ", Quote(p), " or its gradient has no shape"));
+    }
     if (training.dtype(g).value_or(DType::kFloat32) != DType::kFloat32) {
       return absl::UnimplementedError(absl::StrCat(
           "max_grad_norm: gradient ", Quote(training.id(g)), " is ",
@@ -222,7 +232,7 @@ absl::StatusOr<Graph> WithClippedGradients(const Graph& training, double max_nor
   for (size_t i = 0; i < gradients.size(); ++i) {
     const std::string p = training.id(gradients[i]).substr(5);
     const Value g{static_cast<int>(gradients[i])};
-    if (absl::Status s = b.Rename(g, fresh("unclipped_grad:" + p)); !s.ok()) b.Fail(s);
+    if (absl::Status s = b.Rename(g, fresh(absl::StrCat(kUnclippedPrefix, p))); !s.ok()) b.Fail(s);
     unclipped.push_back(g);
     const Value square = b.Apply("mul", {g, g}, nlohmann::json::object(), fresh("clip_square:" + p), Role::kBackward);
     const Value part = b.Apply("sum", {square}, nlohmann::json::object(), fresh("clip_part:" + p), Role::kBackward);
@@ -230,7 +240,7 @@ absl::StatusOr<Graph> WithClippedGradients(const Graph& training, double max_nor
                    : b.Apply("add", {total, part}, nlohmann::json::object(), fresh(absl::StrCat("clip_sum:", i)),
                              Role::kBackward);
   }
-  const Value norm = b.Apply("sqrt", {total}, nlohmann::json::object(), fresh("grad_norm"), Role::kBackward);
+  const Value norm = b.Apply("sqrt", {total}, nlohmann::json::object(), fresh(std::string(kGradNormId)), Role::kBackward);
   // clip_grad_norm_'s factor: max_norm / (n + 1e-6), at most 1.
   const Value denominator = b.Apply("add", {norm, fill("clip_eps", 1e-6)}, {},
                                     fresh("clip_denominator"), Role::kBackward);
@@ -401,7 +411,6 @@ class OptimizerStepBuilder {
       attrs.update({{"beta1", spec_.beta1}, {"beta2", spec_.beta2}, {"eps", spec_.eps},
                     {"decoupled_weight_decay", spec_.kind == OptimizerKind::kAdamW}});
     }
-    if (spec_.max_grad_norm > 0) attrs["max_grad_norm"] = spec_.max_grad_norm;
     s.attrs = std::move(attrs);
     if (spec_.updates != Tier::kDevice) {
       s.runs_on = spec_.updates;
@@ -437,9 +446,20 @@ absl::StatusOr<Graph> AddOptimizerStep(const Graph& training, const OptimizerSpe
   return OptimizerStepBuilder(clipped, spec, cost).Build();
 }
 
+absl::Status CheckClippingRanks(const Graph& graph, int ranks) {
+  if (ranks <= 1 || !ClipsGradients(graph)) return absl::OkStatus();
+  return absl::UnimplementedError(absl::StrCat(
+      "the step clips its gradients (max_grad_norm), which pebble plans on one rank only, not ",
+      ranks, ": there the norm is of the gradients averaged over the ranks (data parallel) or "
+      "of every rank's shards (sharded); pebble.torch's train_step clips both ways"));
+}
+
 bool ClipsGradients(const Graph& graph) {
   for (NodeId v = 0; v < graph.num_nodes(); ++v) {
-    if (graph.role(v) == Role::kUpdate && graph.attrs(v).contains("max_grad_norm")) return true;
+    const std::string& id = graph.id(v);
+    if (!absl::StartsWith(id, kUnclippedPrefix)) continue;
+    const NodeId p = graph.Find(id.substr(kUnclippedPrefix.size()));
+    if (p != kNoNode && graph.role(p) == Role::kParameter) return true;
   }
   return false;
 }

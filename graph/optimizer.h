@@ -38,9 +38,10 @@
 // step outputs, as .grad holds it after clip_grad_norm_). So the norm needs
 // every gradient complete: no update runs before the backward ends, and
 // each clipped gradient is a new tensor beside its unclipped one for as long
-// as the plan keeps both (PyTorch scales .grad in place). The updates carry
-// max_grad_norm among their attrs. Float32 gradients only; one rank only
-// (data parallelism clips the averaged gradients: pebble.torch does).
+// as the plan keeps both (PyTorch scales .grad in place). The update nodes
+// are the same as without clipping (a cost profile taken without it still
+// applies). Float32 gradients only; one rank only (data parallelism clips
+// the averaged gradients: pebble.torch does).
 #ifndef PEBBLE_GRAPH_OPTIMIZER_H_
 #define PEBBLE_GRAPH_OPTIMIZER_H_
 
@@ -118,10 +119,16 @@ absl::StatusOr<OptimizerSpec> ParseOptimizer(absl::string_view text);
 absl::StatusOr<Graph> AddOptimizerStep(const Graph& training, const OptimizerSpec& spec,
                                        CostModel cost = {});
 
-// Whether `graph`'s updates read clipped gradients (Note [Clipping in the
-// graph]): the clipping is planned on one rank only, so plans on several
-// ranks and sharding refuse such a graph.
+// Whether `graph` clips its gradients (Note [Clipping in the graph]): it has
+// a node "unclipped_grad:p" of a parameter p. The clipping is planned on one
+// rank only, so several ranks (plans, simulations, runs) and sharding
+// refuse such a graph.
 bool ClipsGradients(const Graph& graph);
+// The id of the clipped gradients' norm before clipping (an output).
+inline constexpr absl::string_view kGradNormId = "grad_norm";
+// Unimplemented, saying why, where `graph` clips its gradients and `ranks`
+// is above 1; OK otherwise.
+absl::Status CheckClippingRanks(const Graph& graph, int ranks);
 
 // The host cost model of an element-wise update (seconds): it streams
 // `bytes_moved` (its operands' bytes read plus its output's written) at

@@ -468,12 +468,7 @@ class GradientReductionPlanner : public Planner {
           "them): plan it with ", sharded->ranks, " ranks, not ", options.ranks));
     }
     if (options.ranks <= 1) return inner_->Plan(graph, options);
-    if (ClipsGradients(graph)) {
-      return absl::UnimplementedError(
-          "the step clips its gradients (max_grad_norm), which pebble plans on one rank: "
-          "on several, the norm is of the gradients averaged over the ranks (pebble.torch's "
-          "train_step clips so)");
-    }
+    RETURN_IF_ERROR(CheckClippingRanks(graph, options.ranks));
     // One rank's plan: a policy that plans with others (hybrid, checkmate's
     // warm starts) makes them through MakePlanner, wrapped too, and the
     // all-reduces are added once, here.

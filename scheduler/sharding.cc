@@ -124,11 +124,7 @@ absl::StatusOr<Graph> ShardGraph(const Graph& g, int ranks, const NetworkLink& l
   if (g.has_collectives()) {
     return absl::InvalidArgumentError("the graph has collectives already (sharded once)");
   }
-  if (ClipsGradients(g)) {
-    return absl::UnimplementedError(
-        "the step clips its gradients (max_grad_norm), which pebble plans on one rank: a "
-        "sharded step's norm is of every rank's shards (pebble.torch's train_step clips so)");
-  }
+  RETURN_IF_ERROR(CheckClippingRanks(g, ranks));
   const int n = g.num_nodes();
   // The sharded parameters, and the nodes each shard's storage ends in.
   absl::flat_hash_map<NodeId, ShardedParameter> sharded;

@@ -5,6 +5,7 @@
 #include <numeric>
 
 #include "absl/strings/str_cat.h"
+#include "graph/optimizer.h"
 #include "graph/status.h"
 #include "graph/text_input.h"
 
@@ -327,6 +328,7 @@ absl::StatusOr<PlanReport> Simulate(const Graph& graph,
     return absl::InvalidArgumentError("host bandwidth must be positive");
   }
   if (options.ranks < 1) return absl::InvalidArgumentError("ranks must be at least 1");
+  RETURN_IF_ERROR(CheckClippingRanks(graph, options.ranks));
   if (!(options.network.bandwidth_bytes_per_s > 0) ||
       !std::isfinite(options.network.bandwidth_bytes_per_s) ||
       !(options.network.latency_s >= 0) || !std::isfinite(options.network.latency_s)) {

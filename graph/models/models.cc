@@ -331,8 +331,8 @@ absl::StatusOr<Graph> BuildModel(const ModelSpec& spec, CostModel cost) {
     if (max_grad_norm != "none" && values["optimizer"] == "none") {
       return absl::InvalidArgumentError(absl::StrCat(
           "model '", spec.name, "': max_grad_norm=", max_grad_norm,
-          " needs an optimizer (optimizer=sgd, adam or adamw): without one nothing reads the "
-          "gradients"));
+          " needs an optimizer (optimizer=sgd, adam or adamw; or leave it out and give "
+          "--optimizer NAME:max_grad_norm=", max_grad_norm, ")"));
     }
     optimizer = values["optimizer"];
     state = values["optimizer_state"];
