@@ -214,45 +214,49 @@ absl::StatusOr<Graph> WithClippedGradients(const Graph& training, double max_nor
     }
   }
   NetBuilder b = NetBuilder::FromGraph(training, cost);
-  auto fresh = [&](const std::string& id) -> std::string {
+  // `id`, where the graph has no such node (else the builder's error).
+  auto claim = [&b](std::string id) {
     if (b.Find(id).valid()) {
-      b.Fail(absl::InvalidArgumentError(absl::StrCat(
-          "max_grad_norm: the graph already has a node ", Quote(id))));
+      b.Fail(absl::InvalidArgumentError(
+          absl::StrCat("max_grad_norm: the graph already has a node ", Quote(id))));
     }
     return id;
   };
-  const nlohmann::json scalar = {{"shape", Shape{}}, {"dtype", "float32"}};
-  auto fill = [&](const std::string& id, double value) {
-    nlohmann::json attrs = scalar;
-    attrs["value"] = value;
-    return b.Apply("fill", {}, std::move(attrs), fresh(id), Role::kBackward);
+  // A node of the backward.
+  auto apply = [&b, &claim](absl::string_view op, std::vector<Value> inputs, std::string id,
+                            nlohmann::json attrs = nlohmann::json::object()) {
+    return b.Apply(op, std::move(inputs), std::move(attrs), claim(std::move(id)),
+                   Role::kBackward);
   };
+  auto scalar = [&apply](const std::string& id, double value) {
+    return apply("fill", {}, id,
+                 {{"shape", Shape{}}, {"dtype", "float32"}, {"value", value}});
+  };
+  // The squares' sums, added up parameter by parameter.
   std::vector<Value> unclipped;
   Value total;
   for (size_t i = 0; i < gradients.size(); ++i) {
     const std::string p = training.id(gradients[i]).substr(5);
     const Value g{static_cast<int>(gradients[i])};
-    if (absl::Status s = b.Rename(g, fresh(absl::StrCat(kUnclippedPrefix, p))); !s.ok()) b.Fail(s);
+    if (absl::Status s = b.Rename(g, claim(absl::StrCat(kUnclippedPrefix, p))); !s.ok()) {
+      b.Fail(s);
+    }
     unclipped.push_back(g);
-    const Value square = b.Apply("mul", {g, g}, nlohmann::json::object(), fresh("clip_square:" + p), Role::kBackward);
-    const Value part = b.Apply("sum", {square}, nlohmann::json::object(), fresh("clip_part:" + p), Role::kBackward);
-    total = i == 0 ? part
-                   : b.Apply("add", {total, part}, nlohmann::json::object(), fresh(absl::StrCat("clip_sum:", i)),
-                             Role::kBackward);
+    const Value square = apply("mul", {g, g}, "clip_square:" + p);
+    const Value part = apply("sum", {square}, "clip_part:" + p);
+    total = i == 0 ? part : apply("add", {total, part}, absl::StrCat("clip_sum:", i));
   }
-  const Value norm = b.Apply("sqrt", {total}, nlohmann::json::object(), fresh(std::string(kGradNormId)), Role::kBackward);
   // clip_grad_norm_'s factor: max_norm / (n + 1e-6), at most 1.
-  const Value denominator = b.Apply("add", {norm, fill("clip_eps", 1e-6)}, {},
-                                    fresh("clip_denominator"), Role::kBackward);
-  const Value ratio = b.Apply("div", {fill("clip_max_norm", max_norm), denominator}, {},
-                              fresh("clip_ratio"), Role::kBackward);
-  const Value coef = b.Apply("clip", {ratio}, {{"max", 1.0}}, fresh("clip_coef"),
-                             Role::kBackward);
+  const Value norm = apply("sqrt", {total}, std::string(kGradNormId));
+  const Value denominator =
+      apply("add", {norm, scalar("clip_eps", 1e-6)}, "clip_denominator");
+  const Value ratio =
+      apply("div", {scalar("clip_max_norm", max_norm), denominator}, "clip_ratio");
+  const Value coef = apply("clip", {ratio}, "clip_coef", {{"max", 1.0}});
   std::vector<Value> clipped;
   for (size_t i = 0; i < gradients.size(); ++i) {
     const std::string p = training.id(gradients[i]).substr(5);
-    clipped.push_back(b.Apply("mul", {unclipped[i], coef}, nlohmann::json::object(), fresh("grad:" + p),
-                              Role::kBackward));
+    clipped.push_back(apply("mul", {unclipped[i], coef}, "grad:" + p));
   }
   // The same outputs, each gradient clipped, and the norm.
   b.ClearOutputs();

@@ -494,6 +494,12 @@ TEST(OptimizerTest, ClippingScalesEveryGradientByTheNormsFactor) {
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kUnimplemented);
   EXPECT_THAT(std::string(refused.status().message()),
               HasSubstr("pebble clips float32 gradients"));
+  // A graph that holds the clipping's nodes already (a step clipped twice).
+  absl::StatusOr<Graph> twice = AddOptimizerStep(*g, *spec);
+  ASSERT_FALSE(twice.ok());
+  EXPECT_THAT(std::string(twice.status().message()),
+              HasSubstr("max_grad_norm: the graph already has a node "
+                        "'unclipped_grad:conv1.weight'"));
   // The zoo's key: the same graph as --optimizer's setting.
   absl::StatusOr<Graph> zoo = BuildModel("conv3d:n=8,optimizer=sgd,max_grad_norm=0.01");
   ASSERT_TRUE(zoo.ok()) << zoo.status();
