@@ -375,7 +375,9 @@ TEST(CollectivesInFlightTest, RunBesideTheComputeAndSettleBeforeAReader) {
       if (e["ph"] != "C") continue;
       const std::string name = e["name"];
       const double ts = e["ts"];
-      if (last_ts.count(name)) EXPECT_GE(ts, last_ts[name]) << name;
+      if (last_ts.count(name)) {
+        EXPECT_GE(ts, last_ts[name]) << name;
+      }
       last_ts[name] = ts;
       most[name] = std::max(most[name], e["args"]["bytes"].get<int64_t>());
     }
