@@ -38,7 +38,10 @@
 // step outputs, as .grad holds it after clip_grad_norm_). So the norm needs
 // every gradient complete: no update runs before the backward ends, and
 // each clipped gradient is a new tensor beside its unclipped one for as long
-// as the plan keeps both (PyTorch scales .grad in place). The update nodes
+// as the plan keeps both (PyTorch scales .grad in place): a gradient more at
+// most, as the squares are (a sum of squares without them would not lower
+// the peak; scaling in place would, which only persistent storages may
+// be: docs/semantics.md). The update nodes
 // are the same as without clipping (a cost profile taken without it still
 // applies). Float32 gradients only; one rank only (data parallelism clips
 // the averaged gradients: pebble.torch does).
