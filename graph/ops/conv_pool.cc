@@ -15,43 +15,9 @@ namespace {
 
 // ---- Convolution.
 
-// A sliding window; `dilation` empty means 1 in every dim (pooling),
-// `groups` applies to convolutions alone and `ceil_mode` to max pooling.
-struct Window {
-  std::vector<int64_t> kernel, stride, padding, dilation;
-  int64_t groups = 1;
-  bool ceil_mode = false;
-};
-
-// Spatial output dims of a window slid over the spatial dims of `x`
-// (dims 2..).
-absl::StatusOr<Shape> SlideWindow(const Shape& x, const Window& w) {
-  Shape out;
-  const int d = static_cast<int>(w.kernel.size());
-  for (int i = 0; i < d; ++i) {
-    int64_t extent = w.kernel[i];
-    if (!w.dilation.empty()) {
-      ASSIGN_OR_RETURN(extent, DilatedKernel(w.kernel[i], w.dilation[i], i));
-    }
-    ASSIGN_OR_RETURN(int64_t o, WindowOutput(x[2 + i], extent, w.stride[i],
-                                             w.padding[i], i, w.ceil_mode));
-    out.push_back(o);
-  }
-  return out;
-}
-
-// attrs stride (1), padding (0), dilation (1), groups (1); the kernel from
-// the weight's spatial dims.
-absl::StatusOr<Window> ConvWindow(const Json& attrs, const Shape& weight,
-                                  int d) {
-  Window w;
-  w.kernel.assign(weight.begin() + 2, weight.end());
-  ASSIGN_OR_RETURN(w.stride, SpatialAttr(attrs, "stride", d, 1));
-  ASSIGN_OR_RETURN(w.padding, SpatialAttr(attrs, "padding", d, 0));
-  ASSIGN_OR_RETURN(ConvGroupsDilation gd, ConvGroupsDilationAttrs(attrs, d));
-  w.dilation = std::move(gd.dilation);
-  w.groups = gd.groups;
-  return w;
+// The kernel of a convolution: its weight's (O, I, k...) spatial dims.
+std::vector<int64_t> KernelOf(const Shape& weight) {
+  return std::vector<int64_t>(weight.begin() + 2, weight.end());
 }
 
 // The attrs of a convolution's backward nodes (the forward's window);
@@ -79,16 +45,14 @@ absl::StatusOr<TensorType> InferConv(int d, Inputs in, const Json& attrs) {
       ExpectRank(w, d + 2, "input 1 (weight " + Layout(d, true) + ")"));
   RETURN_IF_ERROR(ExpectFloat(x, "input 0 (x)"));
   RETURN_IF_ERROR(ExpectSameDType(x, "x", w, "weight"));
-  ASSIGN_OR_RETURN(Window win, ConvWindow(attrs, w.shape, d));
+  ASSIGN_OR_RETURN(Window win, ConvWindow(attrs, KernelOf(w.shape), d));
   RETURN_IF_ERROR(CheckConvGroups(x.shape[1], w.shape, win.groups,
                                   "x " + ShapeToString(x.shape)));
   if (in.size() == 3) {
     RETURN_IF_ERROR(ExpectShape(in[2], {w.shape[0]}, "input 2 (bias)"));
     RETURN_IF_ERROR(ExpectSameDType(x, "x", in[2], "bias"));
   }
-  ASSIGN_OR_RETURN(Shape spatial, SlideWindow(x.shape, win));
-  Shape out = {x.shape[0], w.shape[0]};
-  out.insert(out.end(), spatial.begin(), spatial.end());
+  ASSIGN_OR_RETURN(Shape out, WindowShape(x.shape, w.shape[0], win));
   return TensorType{out, x.dtype};
 }
 
@@ -117,12 +81,10 @@ absl::StatusOr<TensorType> InferConvBackwardData(int d, Inputs in,
     return Invalid("attr 'input_shape' ", ShapeToString(x),
                    " does not match the weight ", ShapeToString(w.shape));
   }
-  ASSIGN_OR_RETURN(Window win, ConvWindow(attrs, w.shape, d));
+  ASSIGN_OR_RETURN(Window win, ConvWindow(attrs, KernelOf(w.shape), d));
   RETURN_IF_ERROR(CheckConvGroups(x[1], w.shape, win.groups,
                                   "attr 'input_shape' " + ShapeToString(x)));
-  ASSIGN_OR_RETURN(Shape spatial, SlideWindow(x, win));
-  Shape y = {x[0], w.shape[0]};
-  y.insert(y.end(), spatial.begin(), spatial.end());
+  ASSIGN_OR_RETURN(Shape y, WindowShape(x, w.shape[0], win));
   RETURN_IF_ERROR(ExpectShape(g, y, "input 0 (grad)"));
   return TensorType{x, g.dtype};
 }
@@ -151,11 +113,9 @@ absl::StatusOr<TensorType> InferConvBackwardWeight(int d, Inputs in,
   }
   Shape w = {g.shape[1], x.shape[1] / gd.groups};
   w.insert(w.end(), kernel.begin(), kernel.end());
-  ASSIGN_OR_RETURN(Window win, ConvWindow(attrs, w, d));
+  ASSIGN_OR_RETURN(Window win, ConvWindow(attrs, kernel, d));
   RETURN_IF_ERROR(CheckConvGroups(x.shape[1], w, win.groups, "input 1 (x)"));
-  ASSIGN_OR_RETURN(Shape spatial, SlideWindow(x.shape, win));
-  Shape y = {x.shape[0], g.shape[1]};
-  y.insert(y.end(), spatial.begin(), spatial.end());
+  ASSIGN_OR_RETURN(Shape y, WindowShape(x.shape, g.shape[1], win));
   RETURN_IF_ERROR(ExpectShape(g, y, "input 0 (grad)"));
   return TensorType{w, g.dtype};
 }
@@ -184,7 +144,7 @@ std::function<absl::Status(BackwardContext&)> ConvBackward(int d) {
   return [base, d](BackwardContext& ctx) -> absl::Status {
     const Value g = ctx.grad_output();
     ASSIGN_OR_RETURN(Window win,
-                     ConvWindow(ctx.attrs(), ctx.input_type(1).shape, d));
+                     ConvWindow(ctx.attrs(), KernelOf(ctx.input_type(1).shape), d));
     const Json common = ConvWindowAttrs(win);
     if (ctx.needs_grad(0)) {
       Json attrs = common;
@@ -217,30 +177,6 @@ absl::StatusOr<int> PoolDims(const TensorType& x, absl::string_view what) {
   return rank - 2;
 }
 
-absl::StatusOr<Window> PoolWindow(const Json& attrs, int d) {
-  Window w;
-  ASSIGN_OR_RETURN(w.kernel, SpatialAttr(attrs, "kernel", d, 0, true));
-  const Json* stride = attrs.is_object() && attrs.contains("stride")
-                           ? &attrs["stride"]
-                           : nullptr;
-  if (stride == nullptr || stride->is_null()) {
-    w.stride = w.kernel;
-  } else {
-    ASSIGN_OR_RETURN(w.stride, SpatialAttr(attrs, "stride", d, 1));
-  }
-  ASSIGN_OR_RETURN(w.padding, SpatialAttr(attrs, "padding", d, 0));
-  ASSIGN_OR_RETURN(w.ceil_mode, BoolAttr(attrs, "ceil_mode", false));
-  for (int i = 0; i < d; ++i) {
-    // PyTorch: "pad should be at most half of effective kernel size"
-    // (divided, not doubled: a huge padding must not overflow).
-    if (w.padding[i] > w.kernel[i] / 2) {
-      return Invalid("padding ", w.padding[i],
-                     " is more than half the kernel ", w.kernel[i]);
-    }
-  }
-  return w;
-}
-
 Json WindowAttrs(const Window& w) {
   Json attrs = {{"kernel", w.kernel}, {"stride", w.stride}, {"padding", w.padding}};
   if (w.ceil_mode) attrs["ceil_mode"] = true;
@@ -255,10 +191,7 @@ absl::Status NoCeilMode(const Window& w) {
 }
 
 absl::StatusOr<Shape> PoolShape(const Shape& x, const Window& w) {
-  ASSIGN_OR_RETURN(Shape spatial, SlideWindow(x, w));
-  Shape out = {x[0], x[1]};
-  out.insert(out.end(), spatial.begin(), spatial.end());
-  return out;
+  return WindowShape(x, x[1], w);
 }
 
 absl::StatusOr<TensorType> InferPool(Inputs in, const Json& attrs) {

@@ -257,6 +257,57 @@ absl::StatusOr<int64_t> DilatedKernel(int64_t kernel, int64_t dilation,
   return dilation * (kernel - 1) + 1;
 }
 
+absl::StatusOr<Window> PoolWindow(const Json& attrs, int dims) {
+  Window w;
+  ASSIGN_OR_RETURN(w.kernel, SpatialAttr(attrs, "kernel", dims, 0, /*required=*/true));
+  const bool has_stride =
+      attrs.is_object() && attrs.contains("stride") && !attrs["stride"].is_null();
+  if (has_stride) {
+    ASSIGN_OR_RETURN(w.stride, SpatialAttr(attrs, "stride", dims, 1));
+  } else {
+    w.stride = w.kernel;
+  }
+  ASSIGN_OR_RETURN(w.padding, SpatialAttr(attrs, "padding", dims, 0));
+  ASSIGN_OR_RETURN(w.ceil_mode, BoolAttr(attrs, "ceil_mode", false));
+  for (int i = 0; i < dims; ++i) {
+    // PyTorch: "pad should be at most half of effective kernel size"
+    // (divided, not doubled: a huge padding must not overflow).
+    if (w.padding[i] > w.kernel[i] / 2) {
+      return Invalid("padding ", w.padding[i], " is more than half the kernel ", w.kernel[i]);
+    }
+  }
+  return w;
+}
+
+absl::StatusOr<Window> ConvWindow(const Json& attrs, std::vector<int64_t> kernel, int dims) {
+  Window w;
+  w.kernel = std::move(kernel);
+  ASSIGN_OR_RETURN(w.stride, SpatialAttr(attrs, "stride", dims, 1));
+  ASSIGN_OR_RETURN(w.padding, SpatialAttr(attrs, "padding", dims, 0));
+  ASSIGN_OR_RETURN(ConvGroupsDilation gd, ConvGroupsDilationAttrs(attrs, dims));
+  w.dilation = std::move(gd.dilation);
+  w.groups = gd.groups;
+  return w;
+}
+
+absl::StatusOr<Shape> WindowShape(const Shape& x, int64_t out_channels, const Window& w) {
+  const int d = static_cast<int>(w.kernel.size());
+  if (static_cast<int>(x.size()) != d + 2) {
+    return Invalid("shape ", ShapeToString(x), " does not have ", d, " spatial dims");
+  }
+  Shape out = {x[0], out_channels};
+  for (int i = 0; i < d; ++i) {
+    int64_t extent = w.kernel[i];
+    if (!w.dilation.empty()) {
+      ASSIGN_OR_RETURN(extent, DilatedKernel(w.kernel[i], w.dilation[i], i));
+    }
+    ASSIGN_OR_RETURN(int64_t o,
+                     WindowOutput(x[2 + i], extent, w.stride[i], w.padding[i], i, w.ceil_mode));
+    out.push_back(o);
+  }
+  return out;
+}
+
 absl::Status CheckConvGroups(int64_t in_channels, const Shape& weight,
                              int64_t groups, absl::string_view what) {
   if (in_channels % groups != 0 || weight[0] % groups != 0) {

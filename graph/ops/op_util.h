@@ -115,6 +115,27 @@ absl::StatusOr<ConvGroupsDilation> ConvGroupsDilationAttrs(const Json& attrs,
 // dilation * (kernel - 1) + 1; an error beyond kMaxWindowExtent.
 absl::StatusOr<int64_t> DilatedKernel(int64_t kernel, int64_t dilation,
                                       int dim);
+// A sliding window over the spatial dims (dims 2..) of an (N, C, ...)
+// tensor: the one reading of a pooling's or a convolution's attrs, for the
+// operator table and for both backends. `dilation` empty means 1 in every
+// dim (pooling); `groups` applies to convolutions alone, `ceil_mode` to
+// pooling (max pooling alone, as the ops say).
+struct Window {
+  std::vector<int64_t> kernel, stride, padding, dilation;
+  int64_t groups = 1;
+  bool ceil_mode = false;
+};
+// Pooling: attrs kernel (required), stride (default: the kernel), padding
+// (0; at most half the kernel, as PyTorch requires), ceil_mode (false).
+absl::StatusOr<Window> PoolWindow(const Json& attrs, int dims);
+// Convolution: the kernel given (the weight's spatial dims), attrs stride
+// (1), padding (0), dilation and groups (ConvGroupsDilationAttrs).
+absl::StatusOr<Window> ConvWindow(const Json& attrs, std::vector<int64_t> kernel, int dims);
+// The output (N, out_channels, S'...) of `w` slid over x (N, C, S...):
+// WindowOutput per spatial dim, on the dilated kernel. Errors name a rank
+// that does not match the window's dims, and WindowOutput's faults.
+absl::StatusOr<Shape> WindowShape(const Shape& x, int64_t out_channels, const Window& w);
+
 // The channel checks of a grouped convolution with weight (O, I / groups,
 // k...): `in_channels` and O both divisible by `groups`, the weight's
 // second dim I / groups. `what` names the operand holding the input

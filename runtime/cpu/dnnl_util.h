@@ -45,6 +45,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "graph/graph.h"
+#include "graph/ops/op_util.h"
 #include "oneapi/dnnl/dnnl.hpp"
 #include "runtime/kernel.h"
 #include "runtime/tensor.h"
@@ -198,24 +199,12 @@ void BeginScratchCount(std::byte* workspace, int64_t workspace_bytes);
 // NoteCpuKernelScratch and its total to the process-wide high-water mark.
 void EndScratchCount();
 
-// ---- Windows (pooling): kernel (required), stride (default: the kernel),
-// padding (0), one value per spatial dim, as graph/ops/conv_pool.cc.
-// Convolutions add dilation (1 per dim; empty for pooling) and groups (1);
-// max pooling ceil_mode (false: PyTorch's floor mode).
-struct Window {
-  std::vector<int64_t> kernel, stride, padding, dilation;
-  int64_t groups = 1;
-  bool ceil_mode = false;
-};
-absl::StatusOr<Window> PoolWindow(const Json& attrs, int dims);
-// Conv window: the kernel from `kernel`, stride (1), padding (0), dilation
-// (1) and groups (1).
-absl::StatusOr<Window> ConvWindow(const Json& attrs,
-                                  const std::vector<int64_t>& kernel,
-                                  int dims);
-// Output shape (N, C_out, *S') of a window over x (N, C, *S), floor mode.
-absl::StatusOr<Shape> WindowShape(const Shape& x, int64_t out_channels,
-                                  const Window& w);
+// ---- Windows: the operator table's reading of a pooling's or a
+// convolution's attrs (graph/ops/op_util.h).
+using ops_internal::ConvWindow;
+using ops_internal::PoolWindow;
+using ops_internal::Window;
+using ops_internal::WindowShape;
 
 // ---- Half precision (bit patterns in uint16_t): runtime/half.h.
 using ::pebble::FloatToHalf;

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "graph/ops/op_util.h"
 #include "graph/status.h"
 #include "runtime/cuda/cuda_kernels.h"
@@ -458,34 +459,26 @@ absl::StatusOr<Window3> PoolWindow(const KernelContext& ctx, const Shape& x,
   if (y.size() != x.size()) {
     return absl::InvalidArgumentError("pooled and input ranks differ");
   }
-  ASSIGN_OR_RETURN(std::vector<int64_t> kernel,
-                   SpatialAttr(ctx.attrs(), "kernel", d, 0, /*required=*/true));
-  std::vector<int64_t> stride = kernel;
-  if (const auto& a = ctx.attrs(); a.is_object() && a.contains("stride")) {
-    ASSIGN_OR_RETURN(stride, SpatialAttr(a, "stride", d, 1));
-  }
-  ASSIGN_OR_RETURN(std::vector<int64_t> padding,
-                   SpatialAttr(ctx.attrs(), "padding", d, 0));
   // Max pooling's ceil mode: windows clipped to the input, as in floor mode
   // (the kernels clip every window), only the output size differs.
-  ASSIGN_OR_RETURN(bool ceil_mode, BoolAttr(ctx.attrs(), "ceil_mode", false));
+  ASSIGN_OR_RETURN(const ops_internal::Window pool, ops_internal::PoolWindow(ctx.attrs(), d));
+  const absl::StatusOr<Shape> mapped = ops_internal::WindowShape(x, x[1], pool);
+  if (!mapped.ok() || *mapped != y) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "window (kernel ", absl::StrJoin(pool.kernel, "x"), ", stride ",
+        absl::StrJoin(pool.stride, "x"), ", padding ", absl::StrJoin(pool.padding, "x"),
+        ") does not map ", ShapeToString(x), " to ", ShapeToString(y),
+        mapped.ok() ? "" : absl::StrCat(": ", mapped.status().message())));
+  }
   Window3 w;
   w.nc = x[0] * x[1];
   const int off = 3 - d;
   for (int i = 0; i < d; ++i) {
     w.in[off + i] = x[2 + i];
     w.out[off + i] = y[2 + i];
-    w.kernel[off + i] = kernel[i];
-    w.stride[off + i] = stride[i];
-    w.padding[off + i] = padding[i];
-    const absl::StatusOr<int64_t> out = ops_internal::WindowOutput(
-        x[2 + i], kernel[i], stride[i], padding[i], i, ceil_mode);
-    if (!out.ok() || *out != y[2 + i]) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "window (kernel ", kernel[i], ", stride ", stride[i], ", padding ",
-          padding[i], ") does not map ", ShapeToString(x), " to ",
-          ShapeToString(y)));
-    }
+    w.kernel[off + i] = pool.kernel[i];
+    w.stride[off + i] = pool.stride[i];
+    w.padding[off + i] = pool.padding[i];
   }
   return w;
 }
