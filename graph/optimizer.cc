@@ -83,6 +83,21 @@ std::string OptimizerSpec::ToString() const {
   return absl::StrCat(KindName(kind), ":", absl::StrJoin(parts, ","));
 }
 
+absl::StatusOr<double> ParseOptimizerNumber(absl::string_view key, absl::string_view value) {
+  double number = 0;
+  if (!ParseDecimal(value, &number)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(key, "=", Quote(value), " is not a decimal number"));
+  }
+  const absl::string_view mantissa = value.substr(0, value.find_first_of("eE"));
+  if (number == 0 && mantissa.find_first_of("123456789") != absl::string_view::npos) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        key, "=", Quote(value), " is too small for a double (it would be 0)"));
+  }
+  RETURN_IF_ERROR(ops_internal::CheckOptimizerValue(key, number));
+  return number;
+}
+
 absl::StatusOr<OptimizerSpec> ParseOptimizer(absl::string_view text) {
   std::pair<absl::string_view, absl::string_view> name_params =
       absl::StrSplit(text, absl::MaxSplits(':', 1));
@@ -142,21 +157,12 @@ absl::StatusOr<OptimizerSpec> ParseOptimizer(absl::string_view text) {
       spec.updates = *tier;
       continue;
     }
-    double number = 0;
-    if (!ParseDecimal(value, &number)) {
-      return absl::InvalidArgumentError(absl::StrCat("optimizer ", name, ": ", key, "=",
-                                                     Quote(value), " is not a decimal number"));
+    absl::StatusOr<double> number = ParseOptimizerNumber(key, value);
+    if (!number.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("optimizer ", name, ": ", number.status().message()));
     }
-    const absl::string_view mantissa = value.substr(0, value.find_first_of("eE"));
-    if (number == 0 && mantissa.find_first_of("123456789") != absl::string_view::npos) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "optimizer ", name, ": ", key, "=", Quote(value),
-          " is too small for a double (it would be 0)"));
-    }
-    if (absl::Status s = ops_internal::CheckOptimizerValue(key, number); !s.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat("optimizer: ", s.message()));
-    }
-    *Field(spec, key) = number;
+    *Field(spec, key) = *number;
   }
   if (spec.updates == Tier::kAuto && spec.state_home == Tier::kDevice) {
     return absl::InvalidArgumentError(absl::StrCat(

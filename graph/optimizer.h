@@ -110,6 +110,10 @@ struct OptimizerSpec {
 // momentum and the betas in [0, 1), eps > 0, weight_decay >= 0,
 // max_grad_norm > 0).
 absl::StatusOr<OptimizerSpec> ParseOptimizer(absl::string_view text);
+// One number of a spec, `key`=`value` (a key of ParseOptimizer's: lr,
+// max_grad_norm, ...): a decimal in the key's range, else InvalidArgument
+// naming both.
+absl::StatusOr<double> ParseOptimizerNumber(absl::string_view key, absl::string_view value);
 
 // `training` (a training graph: parameters with gradients "grad:p" among
 // its outputs) with the optimizer's state and updates (Note [Optimizer

@@ -14,7 +14,6 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
-#include "absl/strings/strip.h"
 #include "graph/autodiff.h"
 #include "graph/models/transformer.h"
 #include "graph/optimizer.h"
@@ -397,16 +396,12 @@ absl::StatusOr<Graph> BuildModel(const ModelSpec& spec, CostModel cost) {
     step->keep_gradients = gradients == "keep";
     if (updates != "device") step->updates = *ParseTier(updates);
     if (max_grad_norm != "none") {
-      // (ParseOptimizer's checks: a decimal number above 0.)
-      absl::StatusOr<OptimizerSpec> clip =
-          ParseOptimizer(absl::StrCat("sgd:max_grad_norm=", max_grad_norm));
+      absl::StatusOr<double> clip = ParseOptimizerNumber("max_grad_norm", max_grad_norm);
       if (!clip.ok()) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "model '", spec.name, "': ",
-            absl::StripPrefix(absl::StripPrefix(clip.status().message(), "optimizer sgd: "),
-                              "optimizer: ")));
+        return absl::InvalidArgumentError(
+            absl::StrCat("model '", spec.name, "': ", clip.status().message()));
       }
-      step->max_grad_norm = clip->max_grad_norm;
+      step->max_grad_norm = *clip;
     }
     if (step->updates == Tier::kAuto && step->state_home == Tier::kDevice) {
       return absl::InvalidArgumentError(absl::StrCat(
