@@ -1,5 +1,6 @@
 // pebble run: execute one training step under a plan and measure it.
 #include <cstdint>
+#include <cstring>
 #include <filesystem>
 #include <iostream>
 #include <optional>
@@ -13,6 +14,7 @@
 #include "absl/strings/str_replace.h"
 #include "cli/common.h"
 #include "cli/run_common.h"
+#include "graph/optimizer.h"
 #include "graph/status.h"
 #include "graph/text_input.h"
 #include "runtime/collectives.h"
@@ -403,6 +405,19 @@ class RunOutputFiles {
   bool kept_ = false;
 };
 
+// A clipped step's norm before clipping (its output "grad_norm", a float32
+// scalar: graph/optimizer.h, Note [Clipping in the graph]); nullopt without.
+std::optional<double> GradNorm(const Graph& graph, const ExecutionResult& r) {
+  if (graph.Find(kGradNormId) == kNoNode) return std::nullopt;
+  const HostTensor* t = r.FindOutput(graph, kGradNormId);
+  if (t == nullptr || t->array.dtype != DType::kFloat32 || t->array.data.size() != 4) {
+    return std::nullopt;
+  }
+  float norm;
+  std::memcpy(&norm, t->array.data.data(), 4);
+  return norm;
+}
+
 void PrintMemoryLog(const Graph& graph, const ExecutionResult& r) {
   Table t({"steps", "module", "phase", "delta", "total", "delta_bytes", "total_bytes"});
   for (const MemoryLogRow& row : MemoryLog(graph, r)) {
@@ -722,6 +737,7 @@ int RunRun(const RunFlags& given) {
     }
     if (!f.source.model.empty()) doc["model"] = f.source.model;
     doc["loss"] = r.loss.has_value() ? nlohmann::json(*r.loss) : nlohmann::json(nullptr);
+    if (const std::optional<double> norm = GradNorm(*graph, r)) doc["grad_norm"] = *norm;
     if (!f.dump_dir.empty()) doc["dump"] = f.dump_dir;
     doc["updated"] = r.updated.size();
     if (!f.trace_path.empty()) doc["trace"] = f.trace_path;
@@ -794,6 +810,9 @@ int RunRun(const RunFlags& given) {
                                    ? ""
                                    : absl::StrFormat("; the batch's %d + rank", f.seed));
   if (r.loss.has_value()) std::cout << absl::StrFormat("  loss            %.9g\n", *r.loss);
+  if (const std::optional<double> norm = GradNorm(*graph, r)) {
+    std::cout << absl::StrFormat("  grad norm       %.9g (before clipping)\n", *norm);
+  }
   if (!f.dump_dir.empty()) {
     const std::string updated =
         r.updated.empty() ? ""

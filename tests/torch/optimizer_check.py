@@ -210,6 +210,10 @@ def run_policy(args, np, pebble, policy, kind, inputs_dir, workdir, expected, ex
             raise cc.Failure("policy %s, step %d: --dump has no %s" % (
                 policy, step + 1, ", ".join(missing)))
         losses.append(float(dumped["loss"]))
+        if "grad_norm" in dumped and r.get("grad_norm") != float(dumped["grad_norm"]):
+            failures.append("policy %s, step %d: run --json's grad_norm %r, the dump's %r"
+                            % (policy, step + 1, r.get("grad_norm"),
+                               float(dumped["grad_norm"])))
         if replay is not None and not all("grad:" + n in dumped for n in expected
                                           if ":" not in n and n != "optimizer.step"):
             if step == 0:
