@@ -206,8 +206,9 @@ absl::StatusOr<Graph> WithClippedGradients(const Graph& training, double max_nor
     if (IsParameterGradient(training, out)) gradients.push_back(out);
   }
   if (gradients.empty()) return training;  // AddOptimizerStep names the fault
+  std::vector<std::string> params;  // p of each "grad:p"
   for (NodeId g : gradients) {
-    const std::string p = training.id(g).substr(5);
+    const std::string& p = params.emplace_back(training.id(g).substr(5));
     if (!training.shape(training.Find(p)).has_value() || !training.shape(g).has_value()) {
       return absl::InvalidArgumentError(absl::StrCat(
           "optimizer: parameter ", Quote(p), " or its gradient has no shape"));
@@ -242,7 +243,7 @@ absl::StatusOr<Graph> WithClippedGradients(const Graph& training, double max_nor
   std::vector<Value> unclipped;
   Value total;
   for (size_t i = 0; i < gradients.size(); ++i) {
-    const std::string p = training.id(gradients[i]).substr(5);
+    const std::string& p = params[i];
     const Value g{static_cast<int>(gradients[i])};
     if (absl::Status s = b.Rename(g, claim(absl::StrCat(kUnclippedPrefix, p))); !s.ok()) {
       b.Fail(s);
@@ -261,8 +262,7 @@ absl::StatusOr<Graph> WithClippedGradients(const Graph& training, double max_nor
   const Value coef = apply("clip", {ratio}, "clip_coef", {{"max", 1.0}});
   std::vector<Value> clipped;
   for (size_t i = 0; i < gradients.size(); ++i) {
-    const std::string p = training.id(gradients[i]).substr(5);
-    clipped.push_back(apply("mul", {unclipped[i], coef}, "grad:" + p));
+    clipped.push_back(apply("mul", {unclipped[i], coef}, "grad:" + params[i]));
   }
   // The same outputs, each gradient clipped, and the norm.
   b.ClearOutputs();
