@@ -54,6 +54,8 @@ Each rank takes its slice of one batch. Checks, on every rank:
 - an optimizer whose learning rate differs on one rank is refused by
   train_step and by a call, on every rank, and the step trains on once the
   rates agree;
+- a wait for a collective with under a millisecond left returns at once
+  (not at the group's timeout, as a timeout rounded to 0 ms would);
 - a rank interrupted mid-step (KeyboardInterrupt): every rank stops at once,
   the group stays out of step, and the step and train_step refuse it;
 - a rank that dies mid-step, data parallel and (in a group of its own)
@@ -1426,6 +1428,39 @@ def check_interrupt(torch, pt, dist, rank, ranks):
 
 
 
+def check_short_wait(torch, pt, dist, rank, ranks):
+    """A wait for a collective with under a millisecond left (a failed run's
+    drain near its deadline) returns at once, where c10d would take the
+    rounded-down 0 ms for no timeout and wait for the group's: rank 0 waits
+    for an all-reduce that the others start only once that wait is over."""
+    from pebble.torch._distributed import wait_limit
+    failures = []
+    store = dist.distributed_c10d._get_default_store()
+    t = torch.full((3,), float(rank + 1))
+    if rank == 0:
+        work = dist.all_reduce(t, async_op=True)
+        start = time.monotonic()
+        try:
+            work.wait(wait_limit(0.0004))
+            failures.append("a short wait: the all-reduce completed without the others")
+        except RuntimeError:
+            pass  # timed out, as it should
+        elapsed = time.monotonic() - start
+        if elapsed > 5:
+            failures.append(f"a wait of 0.4 ms took {elapsed:.1f} s")
+        store.set("distributed_check/short_wait", "over")
+    else:
+        store.get("distributed_check/short_wait")
+        work = dist.all_reduce(t, async_op=True)
+    try:  # (the work lives on after a wait times out: the group stays in step)
+        work.wait(datetime.timedelta(seconds=20))
+        if not torch.equal(t, torch.full((3,), ranks * (ranks + 1) / 2)):
+            failures.append(f"a short wait: the all-reduce after it sums to {t.tolist()}")
+    except RuntimeError as e:
+        failures.append(f"a short wait: the all-reduce after it failed: {e}")
+    return failures
+
+
 def check_refusal_of_one_rank(torch, pt, dist, rank, ranks):
     """A step that refuses its calls on one rank alone (as after a failure
     there, the ranks' collectives in step) makes every rank refuse the call
@@ -1622,7 +1657,8 @@ def worker(rank, ranks, port, outdir, timeout, dead_shard):
 def checks(torch, pt, dist, rank, ranks):
     """Every check but the dead rank's, on this rank: its failures."""
     every = ranks <= 2  # (more ranks: what the number of ranks changes; module docstring)
-    failures = check_gradients(torch, pt, dist, rank, ranks)
+    failures = check_short_wait(torch, pt, dist, rank, ranks)
+    failures += check_gradients(torch, pt, dist, rank, ranks)
     # A transposed gradient, added to a transposed .grad at the second step:
     # all-reduced through its storage, in place.
     failures += check_gradients(torch, pt, dist, rank, ranks, make_transposed_model)

@@ -41,6 +41,7 @@ the plan although the memory is freed (docs/torch.md).
 import datetime
 import hashlib
 import json
+import math
 import time
 import weakref
 
@@ -196,9 +197,17 @@ def drain(works, grace_s=5.0):
         if left <= 0:
             break
         try:
-            work.wait(datetime.timedelta(seconds=left))
+            work.wait(wait_limit(left))
         except RuntimeError:
             pass  # failed or still running: the run has failed already
+
+
+def wait_limit(seconds):
+    """`seconds` (> 0) as a Work.wait() timeout: whole milliseconds, at least
+    one. c10d takes a timeout of 0 ms for none (kNoTimeout), so a wait for
+    less than a millisecond, rounded down, would wait until the process
+    group's own timeout (seen: a failed run's drain, 120 s, under load)."""
+    return datetime.timedelta(milliseconds=max(1, math.ceil(seconds * 1000)))
 
 
 # Note [Draining the collectives of a failed run]
@@ -415,7 +424,7 @@ class StepCollectives:
         if self.issued is None:
             _collective(what, work.wait)
             return
-        slice_ = datetime.timedelta(seconds=WAIT_SLICE_S)
+        slice_ = wait_limit(WAIT_SLICE_S)
         while True:
             try:
                 work.wait(slice_)
