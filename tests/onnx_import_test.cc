@@ -302,6 +302,13 @@ TEST(OnnxImportTest, WhatCannotBeHonouredIsAnErrorNamingTheNode) {
       {"unknown attribute",
        [](ModelMaker& m) { ModelMaker::IntAttr(FindNode(m, "Relu"), "bogus", 1); },
        {"'/relu/Relu'", "'bogus'"}},
+      {"several unknown attributes: the first in the node's order",
+       [](ModelMaker& m) {
+         for (const char* name : {"first_bogus", "b", "c", "d", "e", "f", "g", "h"}) {
+           ModelMaker::IntAttr(FindNode(m, "Relu"), name, 1);
+         }
+       },
+       {"'/relu/Relu'", "'first_bogus'"}},
       {"unknown op",
        [](ModelMaker& m) { FindNode(m, "Relu")->set_op_type("Selu"); },
        {"'/relu/Relu'", "op Selu", "not supported"}},

@@ -1,0 +1,309 @@
+// The state of one ONNX import and its primitives (see onnx_context.h).
+#include "graph/import/onnx_context.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "graph/import/onnx_util.h"
+#include "graph/status.h"
+#include "graph/text_input.h"
+
+namespace pebble::onnx_import {
+
+absl::Status ImportContext::ReadInitializers(const onnx::GraphProto& graph) {
+  for (const onnx::TensorProto& t : graph.initializer()) {
+    if (t.name().empty()) return absl::InvalidArgumentError("an initializer has no name");
+    if (!initializers_.emplace(t.name(), &t).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("initializer ", Quote(t.name()), " is given twice"));
+    }
+  }
+  if (graph.sparse_initializer_size() > 0) {
+    return absl::InvalidArgumentError("sparse initializers are not supported");
+  }
+  // Batch-norm running statistics are buffers, not parameters.
+  for (const onnx::NodeProto& node : graph.node()) {
+    if (node.op_type() != "BatchNormalization") continue;
+    for (int i = 3; i < std::min(node.input_size(), 5); ++i) buffers_.insert(node.input(i));
+  }
+  return absl::OkStatus();
+}
+
+const Value* ImportContext::Find(const std::string& name) const {
+  auto it = values_.find(name);
+  return it == values_.end() ? nullptr : &it->second;
+}
+
+absl::StatusOr<Value> ImportContext::Get(const onnx::NodeProto& node, const std::string& name) {
+  if (auto it = values_.find(name); it != values_.end()) return it->second;
+  if (unreadable_.contains(name)) {
+    return NodeError(node, absl::StrCat("reads ", Quote(name),
+                                        ", an output a training step does not produce "
+                                        "(updated running statistics, a dropout mask)"));
+  }
+  auto init = initializers_.find(name);
+  if (init == initializers_.end()) {
+    // A float scalar Constant read by a computation (GELU's 0.5 and
+    // sqrt(2), a "+ 1"): a one-element `fill` node of that value.
+    if (auto c = constants_.find(name); c != constants_.end()) {
+      if (std::optional<double> value = FloatScalar(*c->second)) {
+        const Shape shape(c->second->dims().begin(), c->second->dims().end());
+        const std::string id = Free(name) ? name : FreshId(name);
+        const Value v = nb_.Apply("fill", {},
+                                  {{"shape", std::vector<int64_t>(shape.begin(), shape.end())},
+                                   {"dtype", "f32"},
+                                   {"value", *value}},
+                                  id);
+        if (!nb_.status().ok()) return NodeError(node, nb_.status().message());
+        values_[name] = v;
+        return v;
+      }
+    }
+    return NodeError(node,
+                     absl::StrCat("input ", Quote(name), " is not computed before it is read"));
+  }
+  return PersistentNode(node, name, *init->second);
+}
+
+absl::StatusOr<Value> ImportContext::PersistentNode(const onnx::NodeProto& node,
+                                                    const std::string& name,
+                                                    const onnx::TensorProto& t) {
+  auto dtype = DTypeOfOnnx(t.data_type());
+  if (!dtype.ok()) {
+    return NodeError(node,
+                     absl::StrCat("initializer ", Quote(name), ": ", dtype.status().message()));
+  }
+  Shape shape(t.dims().begin(), t.dims().end());
+  for (int64_t d : shape) {
+    if (d <= 0) {
+      return NodeError(
+          node, absl::StrCat("initializer ", Quote(name), " has shape ", ShapeToString(shape)));
+    }
+  }
+  Value v;
+  if (buffers_.contains(name)) {
+    v = nb_.Buffer(name, shape, *dtype);
+    // PyTorch keeps a step counter beside each batch norm's statistics.
+    constexpr absl::string_view kMean = ".running_mean";
+    if (name.size() > kMean.size() && absl::EndsWith(name, kMean)) {
+      const std::string counter =
+          absl::StrCat(name.substr(0, name.size() - kMean.size()), ".num_batches_tracked");
+      if (!nb_.Find(counter).valid() && !initializers_.contains(counter)) {
+        nb_.Buffer(counter, {}, DType::kInt64);
+      }
+    }
+  } else {
+    v = nb_.Parameter(name, shape, *dtype);
+  }
+  RETURN_IF_ERROR(nb_.status());
+  values_[name] = v;
+  return v;
+}
+
+absl::StatusOr<std::vector<Value>> ImportContext::Inputs(const onnx::NodeProto& node) {
+  std::vector<Value> inputs;
+  for (const std::string& name : node.input()) {
+    if (name.empty()) continue;
+    ASSIGN_OR_RETURN(Value v, Get(node, name));
+    inputs.push_back(v);
+  }
+  return inputs;
+}
+
+const onnx::TensorProto* ImportContext::ConstTensor(const std::string& name) const {
+  if (auto it = constants_.find(name); it != constants_.end()) return it->second;
+  if (auto it = initializers_.find(name); it != initializers_.end()) return it->second;
+  return nullptr;
+}
+
+absl::StatusOr<std::vector<int64_t>> ImportContext::ConstInts(const onnx::NodeProto& node, int i) {
+  if (i >= node.input_size() || node.input(i).empty()) {
+    return NodeError(node, absl::StrCat("input ", i, " is missing"));
+  }
+  const std::string& name = node.input(i);
+  const onnx::TensorProto* t = ConstTensor(name);
+  if (t == nullptr) {
+    return NodeError(node, absl::StrCat("input ", Quote(name),
+                                        " must be a constant (shapes computed at run time "
+                                        "are not supported: export with fixed shapes)"));
+  }
+  auto values = IntValues(*t);
+  if (!values.ok()) return NodeError(node, values.status().message());
+  return values;
+}
+
+std::optional<Ints> ImportContext::KnownInts(const std::string& name) const {
+  const onnx::TensorProto* t = ConstTensor(name);
+  if (t == nullptr) return std::nullopt;
+  absl::StatusOr<std::vector<int64_t>> values = IntValues(*t);
+  if (!values.ok()) return std::nullopt;
+  return Ints{Shape(t->dims().begin(), t->dims().end()), *std::move(values)};
+}
+
+absl::StatusOr<Operand> ImportContext::FirstOperand(const onnx::NodeProto& node) {
+  Operand in;
+  in.ints = KnownInts(node.input(0));
+  if (in.ints) {
+    in.shape = in.ints->dims;
+  } else {
+    ASSIGN_OR_RETURN(in.value, Get(node, node.input(0)));
+    in.shape = nb_.type(in.value).shape;
+  }
+  return in;
+}
+
+absl::Status ImportContext::ExpectInputs(const onnx::NodeProto& node, int min, int max) {
+  if (node.input_size() < min || node.input_size() > max) {
+    return NodeError(node, absl::StrCat("has ", node.input_size(), " inputs; expected ", min,
+                                        min == max ? "" : absl::StrCat(" to ", max)));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ImportContext::Define(const onnx::NodeProto& node, Value v, int output) {
+  RETURN_IF_ERROR(nb_.status());
+  if (node.output_size() <= output || node.output(output).empty()) {
+    return NodeError(node, "has no output");
+  }
+  if (!values_.emplace(node.output(output), v).second) {
+    return NodeError(node, absl::StrCat("its output ", Quote(node.output(output)),
+                                        " is already defined (ONNX values are assigned once)"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ImportContext::DefineInts(const onnx::NodeProto& node, int output, Ints ints) {
+  if (output >= node.output_size() || node.output(output).empty()) {
+    return NodeError(node, "has no output");
+  }
+  onnx::TensorProto& t = folded_.emplace_back();
+  t.set_name(node.output(output));
+  t.set_data_type(onnx::TensorProto::INT64);
+  for (int64_t d : ints.dims) t.add_dims(d);
+  for (int64_t v : ints.values) t.add_int64_data(v);
+  constants_[node.output(output)] = &t;
+  return absl::OkStatus();
+}
+
+absl::Status ImportContext::DefineFolded(const onnx::NodeProto& node, onnx::TensorProto tensor) {
+  if (node.output_size() < 1 || node.output(0).empty()) return NodeError(node, "has no output");
+  onnx::TensorProto& t = folded_.emplace_back(std::move(tensor));
+  t.set_name(node.output(0));
+  constants_[node.output(0)] = &t;
+  return absl::OkStatus();
+}
+
+absl::Status ImportContext::Apply(const onnx::NodeProto& node, absl::string_view op,
+                                  std::vector<Value> inputs, Json attrs, std::string id) {
+  if (node.output_size() < 1 || node.output(0).empty()) return NodeError(node, "has no output");
+  const Value v = nb_.Apply(op, inputs, std::move(attrs), id.empty() ? NodeIdFor(node) : id);
+  MarkView(op, v, inputs);
+  if (!nb_.status().ok()) {
+    return NodeError(node, nb_.status().message());
+  }
+  return Define(node, v);
+}
+
+absl::StatusOr<Value> ImportContext::Aux(const onnx::NodeProto& node, absl::string_view op,
+                                         std::vector<Value> inputs, Json attrs,
+                                         absl::string_view suffix) {
+  const std::string id = absl::StrCat(NodeIdFor(node), ".", suffix);
+  const Value v = nb_.Apply(op, inputs, std::move(attrs), Free(id) ? id : FreshId(id));
+  MarkView(op, v, inputs);
+  if (!nb_.status().ok()) return NodeError(node, nb_.status().message());
+  return v;
+}
+
+absl::StatusOr<Value> ImportContext::Lowered(const onnx::NodeProto& node, absl::string_view op,
+                                             std::vector<Value> inputs, Json attrs,
+                                             absl::string_view suffix) {
+  if (!suffix.empty()) return Aux(node, op, std::move(inputs), std::move(attrs), suffix);
+  const Value v = nb_.Apply(op, std::move(inputs), std::move(attrs), NodeIdFor(node));
+  if (!nb_.status().ok()) return NodeError(node, nb_.status().message());
+  return v;
+}
+
+absl::Status ImportContext::ApplyAs2d(const onnx::NodeProto& node, absl::string_view op,
+                                      std::vector<Value> in, size_t viewed, Json attrs) {
+  static constexpr absl::string_view kViewSuffix[] = {"x2d", "w2d"};
+  for (size_t i = 0; i < viewed; ++i) {
+    ASSIGN_OR_RETURN(
+        in[i], Aux(node, "reshape", {in[i]}, {{"shape", WithUnitDim(nb_.type(in[i]).shape, 2)}},
+                   kViewSuffix[i]));
+  }
+  ASSIGN_OR_RETURN(Value y, Aux(node, op, std::move(in), std::move(attrs), op));
+  std::vector<int64_t> back(nb_.type(y).shape.begin(), nb_.type(y).shape.end());
+  back.erase(back.begin() + 2);
+  return Apply(node, "reshape", {y}, {{"shape", back}});
+}
+
+absl::StatusOr<Value> ImportContext::Zeros(const onnx::NodeProto& node,
+                                           const std::vector<int64_t>& shape, Value like,
+                                           absl::string_view suffix) {
+  return Aux(
+      node, "fill", {},
+      {{"shape", shape}, {"dtype", std::string(DTypeName(nb_.type(like).dtype))}, {"value", 0.0}},
+      suffix);
+}
+
+// Reshape, Flatten, Squeeze and Unsqueeze, and the reshapes of the
+// lowerings, become pebble's reshape and flatten: the same bytes in the
+// same order, so each is an alias (a view) of its input and holds no
+// memory of its own (docs/import.md).
+void ImportContext::MarkView(absl::string_view op, Value v, const std::vector<Value>& inputs) {
+  const bool view = op == "reshape" || op == "flatten";
+  if (view && v.valid() && inputs.size() == 1) nb_.SetAliasOf(v, inputs[0]);
+}
+
+std::string ImportContext::NodeIdFor(const onnx::NodeProto& node) const {
+  const std::string& out = node.output(0);
+  if (reserved_.contains(out)) return out;
+  const std::string op = absl::AsciiStrToLower(node.op_type());
+  std::vector<std::string> candidates;
+  const std::vector<std::string> parts = absl::StrSplit(node.name(), '/', absl::SkipEmpty());
+  if (parts.size() >= 2) {
+    // The scopes are attribute names ("conv1") or, inside containers,
+    // paths that repeat their parent's ("layer1" then "layer1.0";
+    // "downsample" then "downsample.0"): join them into the module's path.
+    std::string path, last;
+    for (size_t i = 0; i + 1 < parts.size(); ++i) {
+      const std::string& scope = parts[i];
+      if (!path.empty() && absl::StartsWith(scope, path + ".")) {
+        path = scope;
+      } else if (!last.empty() && absl::StartsWith(scope, last + ".")) {
+        path = absl::StrCat(path.substr(0, path.size() - last.size()), scope);
+      } else {
+        path = path.empty() ? scope : absl::StrCat(path, ".", scope);
+      }
+      last = scope;
+    }
+    candidates.push_back(path);
+    candidates.push_back(absl::StrCat(path, ".", op));
+  } else {
+    candidates.push_back(op);
+  }
+  candidates.push_back(out);
+  for (const std::string& c : candidates) {
+    if (Free(c)) return c;
+  }
+  return FreshId(candidates.front());
+}
+
+bool ImportContext::Free(const std::string& id) const {
+  return !id.empty() && !nb_.Find(id).valid() && !initializers_.contains(id) &&
+         !reserved_.contains(id) && id != "loss" && id != "target" &&
+         !absl::StartsWith(id, "grad:");
+}
+
+std::string ImportContext::FreshId(const std::string& stem) const {
+  for (int n = 2;; ++n) {
+    std::string id = absl::StrCat(stem, "#", n);
+    if (Free(id)) return id;
+  }
+}
+
+}  // namespace pebble::onnx_import

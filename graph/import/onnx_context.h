@@ -1,0 +1,155 @@
+// Internal to the ONNX importer (graph/import/): the state of one import and
+// the primitives every operator's mapping builds on. ImportContext maps ONNX
+// value names to pebble values (computed nodes, graph inputs, initializers
+// made persistent nodes on first use, integer tensors folded at import) and
+// applies pebble operators under the ids docs/import.md describes. The
+// operators' mappings (onnx_ops.h) read and define values only through it.
+#ifndef PEBBLE_GRAPH_IMPORT_ONNX_CONTEXT_H_
+#define PEBBLE_GRAPH_IMPORT_ONNX_CONTEXT_H_
+
+#include <cstdint>
+#include <deque>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "graph/graph.h"
+#include "graph/net_builder.h"
+#include "onnx/onnx_pb.h"
+
+namespace pebble::onnx_import {
+
+using Json = nlohmann::json;
+
+// An integer tensor known at import (a shape, its arithmetic): its dims and
+// its values in row-major order. torch.onnx.export writes `x.size()` and the
+// sizes computed from it (Shape, Gather, Div, Unsqueeze, Concat, ...) as
+// nodes; every shape is static here, so they fold into such constants,
+// which Reshape, Slice and the others read. No pebble node is made for them.
+struct Ints {
+  Shape dims;
+  std::vector<int64_t> values;
+};
+
+// Input 0 of a node: known integers, or else a computed value; its shape.
+struct Operand {
+  std::optional<Ints> ints;
+  Value value;
+  Shape shape;
+};
+
+class ImportContext {
+ public:
+  ImportContext(std::string graph_name, const CostModel& cost_model)
+      : nb_(std::move(graph_name), cost_model) {}
+
+  NetBuilder& nb() { return nb_; }
+  int64_t opset() const { return opset_; }
+  void set_opset(int64_t opset) { opset_ = opset; }
+
+  // ---- Setting up, before the nodes.
+
+  // The graph's initializers by name (each once; no sparse ones); the
+  // inputs 3 and 4 of every BatchNormalization are buffers, not parameters.
+  absl::Status ReadInitializers(const onnx::GraphProto& graph);
+  bool IsInitializer(const std::string& name) const { return initializers_.contains(name); }
+  // A graph input or output: its name is its node's id, which no other
+  // node takes.
+  void Reserve(const std::string& name) { reserved_.insert(name); }
+  void DefineInput(const std::string& name, Value v) { values_[name] = v; }
+
+  // ---- Reading values.
+
+  // The pebble value of ONNX value `name`: computed, a graph input, a float
+  // scalar constant (a `fill`), or an initializer made a persistent node on
+  // first use. An error naming `node` where there is none.
+  absl::StatusOr<Value> Get(const onnx::NodeProto& node, const std::string& name);
+  // The values of the node's non-empty inputs, in order.
+  absl::StatusOr<std::vector<Value>> Inputs(const onnx::NodeProto& node);
+  // The computed value `name` holds, or nullptr (no initializer is made).
+  const Value* Find(const std::string& name) const;
+  // A constant tensor (a Constant's, a Cast's of one, a folded one, or an
+  // initializer), or nullptr.
+  const onnx::TensorProto* ConstTensor(const std::string& name) const;
+  // Input `i` of `node` as constant integers; an error where it is not one.
+  absl::StatusOr<std::vector<int64_t>> ConstInts(const onnx::NodeProto& node, int i);
+  // `name`'s integers where they are known at import.
+  std::optional<Ints> KnownInts(const std::string& name) const;
+  absl::StatusOr<Operand> FirstOperand(const onnx::NodeProto& node);
+  // An error unless `node` has `min` to `max` inputs.
+  absl::Status ExpectInputs(const onnx::NodeProto& node, int min, int max);
+
+  // ---- Defining values.
+
+  // Output `output` of `node` is `v`; ONNX values are assigned once.
+  absl::Status Define(const onnx::NodeProto& node, Value v, int output = 0);
+  // Output `output` of `node` is the integer tensor `ints`, folded.
+  absl::Status DefineInts(const onnx::NodeProto& node, int output, Ints ints);
+  // Output 0 of `node` is the constant `tensor`, folded (its name is set).
+  absl::Status DefineFolded(const onnx::NodeProto& node, onnx::TensorProto tensor);
+  // `name` is the constant `tensor` (which outlives the import).
+  void SetConstant(const std::string& name, const onnx::TensorProto* tensor) {
+    constants_[name] = tensor;
+  }
+  // An output nothing in a training step reads (batch norm's updated
+  // statistics, dropout's mask): reading it is an error.
+  void MarkUnreadable(const std::string& name) { unreadable_.insert(name); }
+
+  // ---- Applying pebble operators.
+
+  // Applies pebble op `op` with the node's first output as id, and defines
+  // that output.
+  absl::Status Apply(const onnx::NodeProto& node, absl::string_view op, std::vector<Value> inputs,
+                     Json attrs = Json::object(), std::string id = "");
+  // A node `node` needs beside the one computing its output (a lowering's
+  // reshape, transpose, statistics): id "<node's id>.<suffix>".
+  absl::StatusOr<Value> Aux(const onnx::NodeProto& node, absl::string_view op,
+                            std::vector<Value> inputs, Json attrs, absl::string_view suffix);
+  // A node of `node`'s lowering: with an empty `suffix` the one whose id is
+  // the node's own (its output, still to be defined), else an Aux.
+  absl::StatusOr<Value> Lowered(const onnx::NodeProto& node, absl::string_view op,
+                                std::vector<Value> inputs, Json attrs, absl::string_view suffix);
+  // A 1-D convolution or pooling run as 2-D of height 1: the first
+  // `viewed` inputs (x; for a convolution the weight too) get a unit dim at
+  // 2 (reshapes: views of their inputs), `op` runs on them with `attrs`
+  // (already 2-D), and its result is viewed back without that dim.
+  absl::Status ApplyAs2d(const onnx::NodeProto& node, absl::string_view op, std::vector<Value> in,
+                         size_t viewed, Json attrs);
+  // A zero `fill` of `shape` and `like`'s dtype: what Expand and a two-sided
+  // broadcast add a tensor to, to broadcast it.
+  absl::StatusOr<Value> Zeros(const onnx::NodeProto& node, const std::vector<int64_t>& shape,
+                              Value like, absl::string_view suffix);
+
+  // The id of the node computing `node`'s first output (docs/import.md).
+  std::string NodeIdFor(const onnx::NodeProto& node) const;
+  // Whether `id` may name a new node.
+  bool Free(const std::string& id) const;
+  // "<stem>#2", "<stem>#3", ...: the first that is free.
+  std::string FreshId(const std::string& stem) const;
+
+ private:
+  absl::StatusOr<Value> PersistentNode(const onnx::NodeProto& node, const std::string& name,
+                                       const onnx::TensorProto& t);
+  void MarkView(absl::string_view op, Value v, const std::vector<Value>& inputs);
+
+  NetBuilder nb_;
+  int64_t opset_ = 0;
+  absl::flat_hash_map<std::string, const onnx::TensorProto*> initializers_;
+  absl::flat_hash_map<std::string, const onnx::TensorProto*> constants_;
+  // The constants folded at import (DefineInts, DefineFolded); a deque
+  // keeps the addresses constants_ holds.
+  std::deque<onnx::TensorProto> folded_;
+  absl::flat_hash_set<std::string> buffers_;
+  absl::flat_hash_set<std::string> unreadable_;
+  absl::flat_hash_map<std::string, Value> values_;
+  absl::flat_hash_set<std::string> reserved_;
+};
+
+}  // namespace pebble::onnx_import
+
+#endif  // PEBBLE_GRAPH_IMPORT_ONNX_CONTEXT_H_

@@ -1,0 +1,205 @@
+// ONNX activations and arithmetic as pebble operators, NumPy broadcasting
+// lowered to the operator table's (see onnx_ops.h and docs/import.md).
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <optional>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "graph/import/onnx_context.h"
+#include "graph/import/onnx_ops.h"
+#include "graph/import/onnx_util.h"
+#include "graph/ops/op_util.h"
+#include "graph/status.h"
+#include "graph/text_input.h"
+
+namespace pebble::onnx_import {
+namespace {
+
+absl::Status Unary(ImportContext& cx, const onnx::NodeProto& node, absl::string_view op) {
+  RETURN_IF_ERROR(cx.ExpectInputs(node, 1, 1));
+  RETURN_IF_ERROR(Attrs(node).OnlyKnown({}));
+  ASSIGN_OR_RETURN(std::vector<Value> in, cx.Inputs(node));
+  return cx.Apply(node, op, in);
+}
+
+absl::Status HardSigmoid(ImportContext& cx, const onnx::NodeProto& node) {
+  RETURN_IF_ERROR(cx.ExpectInputs(node, 1, 1));
+  const Attrs attrs(node);
+  RETURN_IF_ERROR(attrs.OnlyKnown({"alpha", "beta"}));
+  ASSIGN_OR_RETURN(double alpha, attrs.Float("alpha", 0.2));  // ONNX's defaults
+  ASSIGN_OR_RETURN(double beta, attrs.Float("beta", 0.5));
+  ASSIGN_OR_RETURN(std::vector<Value> in, cx.Inputs(node));
+  return cx.Apply(node, "hardsigmoid", in, {{"alpha", alpha}, {"beta", beta}});
+}
+
+absl::Status LeakyRelu(ImportContext& cx, const onnx::NodeProto& node) {
+  RETURN_IF_ERROR(cx.ExpectInputs(node, 1, 1));
+  const Attrs attrs(node);
+  RETURN_IF_ERROR(attrs.OnlyKnown({"alpha"}));
+  ASSIGN_OR_RETURN(double slope, attrs.Float("alpha", 0.01));
+  ASSIGN_OR_RETURN(std::vector<Value> in, cx.Inputs(node));
+  return cx.Apply(node, "leaky_relu", in, {{"negative_slope", slope}});
+}
+
+// Clip (opset 11 on): optional constant min and max inputs; ReLU6 is
+// Clip(x, 0, 6).
+absl::Status Clip(ImportContext& cx, const onnx::NodeProto& node) {
+  RETURN_IF_ERROR(cx.ExpectInputs(node, 1, 3));
+  RETURN_IF_ERROR(Attrs(node).OnlyKnown({}));
+  Json attrs = Json::object();
+  for (int i = 1; i < node.input_size(); ++i) {
+    if (node.input(i).empty()) continue;
+    const onnx::TensorProto* t = cx.ConstTensor(node.input(i));
+    std::optional<double> v = t == nullptr ? std::nullopt : FloatScalar(*t);
+    if (!v.has_value() || !std::isfinite(*v)) {
+      return NodeError(node,
+                       absl::StrCat(i == 1 ? "min" : "max", " must be a constant finite scalar"));
+    }
+    attrs[i == 1 ? "min" : "max"] = *v;
+  }
+  ASSIGN_OR_RETURN(Value x, cx.Get(node, node.input(0)));
+  return cx.Apply(node, "clip", {x}, std::move(attrs));
+}
+
+// Pow by a constant exponent of 2 (x * x) or 0.5 (sqrt): a layer norm
+// written out squares the deviation.
+absl::Status Pow(ImportContext& cx, const onnx::NodeProto& node) {
+  RETURN_IF_ERROR(cx.ExpectInputs(node, 2, 2));
+  RETURN_IF_ERROR(Attrs(node).OnlyKnown({}));
+  // The exponent, 0 where it is not a constant scalar (0 is refused too).
+  double power = 0;
+  if (const onnx::TensorProto* e = cx.ConstTensor(node.input(1)); e != nullptr) {
+    if (std::optional<double> f = FloatScalar(*e)) {
+      power = *f;
+    } else if (absl::StatusOr<std::vector<int64_t>> ints = IntValues(*e);
+               ints.ok() && ints->size() == 1) {
+      power = static_cast<double>((*ints)[0]);
+    }
+  }
+  ASSIGN_OR_RETURN(Value x, cx.Get(node, node.input(0)));
+  if (power == 2.0) return cx.Apply(node, "mul", {x, x});
+  if (power == 0.5) return cx.Apply(node, "sqrt", {x});
+  return NodeError(node, "only a constant exponent of 2 or 0.5 is supported");
+}
+
+// op(a, b) (add, sub, mul, div) under NumPy broadcasting. The op table
+// broadcasts an operand whose dims other than 1 form one block of the
+// other's (BlockBroadcast); every other broadcast is lowered to that
+// here. Where neither operand has the result's shape, `a` is expanded
+// first (added to zeros of the result's shape). Then the full operand's
+// dims that the other is 1 in are moved to the front (a transpose), the
+// other is viewed without its 1s there (a reshape: its trailing block),
+// the op applied, and the result moved back. Each transpose copies a
+// tensor of the result's size.
+absl::StatusOr<Value> Broadcast(ImportContext& cx, const onnx::NodeProto& node,
+                                absl::string_view op, Value a, Value b, absl::string_view suffix) {
+  const Shape sa = cx.nb().type(a).shape, sb = cx.nb().type(b).shape;
+  if (ops_internal::BlockBroadcast(sa, sb) || ops_internal::BlockBroadcast(sb, sa)) {
+    return cx.Lowered(node, op, {a, b}, Json::object(), suffix);
+  }
+  const std::optional<std::vector<int64_t>> broadcast = BroadcastShape(sa, sb);
+  if (!broadcast) {
+    return NodeError(node, absl::StrCat("shapes ", ShapeToString(sa), " and ", ShapeToString(sb),
+                                        " do not broadcast"));
+  }
+  const std::vector<int64_t>& out = *broadcast;
+  const size_t rank = out.size();
+  auto padded = [rank](const Shape& s) {
+    std::vector<int64_t> p(rank - s.size(), 1);
+    p.insert(p.end(), s.begin(), s.end());
+    return p;
+  };
+  const std::vector<int64_t> pa = padded(sa), pb = padded(sb);
+  const auto prefix = [&](absl::string_view what) {
+    return suffix.empty() ? std::string(what) : absl::StrCat(suffix, "_", what);
+  };
+  if (pa != out && pb != out) {
+    ASSIGN_OR_RETURN(Value zeros, cx.Zeros(node, out, a, prefix("zeros")));
+    ASSIGN_OR_RETURN(a, Broadcast(cx, node, "add", zeros, a, prefix("expanded")));
+    return Broadcast(cx, node, op, a, b, suffix);
+  }
+  const bool a_full = pa == out;
+  const Value full = a_full ? a : b, other = a_full ? b : a;
+  const std::vector<int64_t>& po = a_full ? pb : pa;
+  std::vector<int64_t> perm, kept;  // the broadcast dims first; other's kept dims
+  for (size_t d = 0; d < rank; ++d) {
+    if (po[d] == 1 && out[d] != 1) perm.push_back(static_cast<int64_t>(d));
+  }
+  for (size_t d = 0; d < rank; ++d) {
+    if (po[d] != 1 || out[d] == 1) perm.push_back(static_cast<int64_t>(d)), kept.push_back(po[d]);
+  }
+  std::vector<int64_t> inverse(rank);
+  for (size_t i = 0; i < rank; ++i) inverse[perm[i]] = static_cast<int64_t>(i);
+  ASSIGN_OR_RETURN(Value moved,
+                   cx.Aux(node, "transpose", {full}, {{"perm", perm}}, prefix("broadcast_first")));
+  ASSIGN_OR_RETURN(Value view,
+                   cx.Aux(node, "reshape", {other}, {{"shape", kept}}, prefix("broadcast_view")));
+  ASSIGN_OR_RETURN(
+      Value y,
+      cx.Aux(node, op, a_full ? std::vector<Value>{moved, view} : std::vector<Value>{view, moved},
+             Json::object(), prefix(op)));
+  return cx.Lowered(node, "transpose", {y}, {{"perm", inverse}}, suffix);
+}
+
+absl::Status Binary(ImportContext& cx, const onnx::NodeProto& node, absl::string_view op) {
+  RETURN_IF_ERROR(cx.ExpectInputs(node, 2, 2));
+  RETURN_IF_ERROR(Attrs(node).OnlyKnown({}));
+  if (cx.KnownInts(node.input(0)) && cx.KnownInts(node.input(1))) return FoldArithmetic(cx, node);
+  ASSIGN_OR_RETURN(std::vector<Value> in, cx.Inputs(node));
+  ASSIGN_OR_RETURN(Value v, Broadcast(cx, node, op, in[0], in[1], ""));
+  return cx.Define(node, v);
+}
+
+// Expand of a computed tensor to a known shape (NumPy broadcast): added
+// to a zero `fill` of the result's shape, which broadcasts it.
+absl::Status Expand(ImportContext& cx, const onnx::NodeProto& node) {
+  RETURN_IF_ERROR(cx.ExpectInputs(node, 2, 2));
+  RETURN_IF_ERROR(Attrs(node).OnlyKnown({}));
+  ASSIGN_OR_RETURN(std::vector<int64_t> shape, cx.ConstInts(node, 1));
+  ASSIGN_OR_RETURN(Value x, cx.Get(node, node.input(0)));
+  const Shape& in = cx.nb().type(x).shape;
+  const std::optional<std::vector<int64_t>> out = BroadcastShape(in, shape);
+  if (!out) {
+    return NodeError(node, absl::StrCat("cannot expand ", ShapeToString(in), " to [",
+                                        absl::StrJoin(shape, ","), "]"));
+  }
+  if (Shape(out->begin(), out->end()) == in) return cx.Define(node, x);
+  ASSIGN_OR_RETURN(Value zeros, cx.Zeros(node, *out, x, "zeros"));
+  ASSIGN_OR_RETURN(Value v, Broadcast(cx, node, "add", zeros, x, ""));
+  return cx.Define(node, v);
+}
+
+}  // namespace
+
+void AddElementwiseOps(OnnxHandlers& handlers) {
+  // Operators of one input and no attributes, by their pebble op.
+  for (const auto& [onnx_op, op] : {std::pair{"Relu", "relu"},
+                                    {"HardSwish", "hardswish"},
+                                    {"Sigmoid", "sigmoid"},
+                                    {"Tanh", "tanh"},
+                                    {"Erf", "erf"},
+                                    {"Sqrt", "sqrt"}}) {
+    handlers[onnx_op] = [op](ImportContext& cx, const onnx::NodeProto& node) {
+      return Unary(cx, node, op);
+    };
+  }
+  for (const auto& [onnx_op, op] :
+       {std::pair{"Add", "add"}, {"Sub", "sub"}, {"Mul", "mul"}, {"Div", "div"}}) {
+    handlers[onnx_op] = [op](ImportContext& cx, const onnx::NodeProto& node) {
+      return Binary(cx, node, op);
+    };
+  }
+  handlers["HardSigmoid"] = HardSigmoid;
+  handlers["LeakyRelu"] = LeakyRelu;
+  handlers["Clip"] = Clip;
+  handlers["Pow"] = Pow;
+  handlers["Expand"] = Expand;
+}
+
+}  // namespace pebble::onnx_import

@@ -1,0 +1,500 @@
+// ONNX convolution, pooling, normalization, matrix products, softmax, dropout,
+// resize and pad as pebble operators (see onnx_ops.h and docs/import.md).
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <optional>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "graph/import/onnx_context.h"
+#include "graph/import/onnx_ops.h"
+#include "graph/import/onnx_util.h"
+#include "graph/ops/op_util.h"
+#include "graph/status.h"
+#include "graph/text_input.h"
+
+namespace pebble::onnx_import {
+namespace {
+
+absl::Status Conv(ImportContext& cx, const onnx::NodeProto& node) {
+  RETURN_IF_ERROR(cx.ExpectInputs(node, 2, 3));
+  ASSIGN_OR_RETURN(std::vector<Value> in, cx.Inputs(node));
+  const Attrs attrs(node);
+  RETURN_IF_ERROR(
+      attrs.OnlyKnown({"auto_pad", "dilations", "group", "kernel_shape", "pads", "strides"}));
+  const int rank = static_cast<int>(cx.nb().type(in[0]).shape.size());
+  if (rank != 3 && rank != 4 && rank != 5) {
+    return NodeError(node, absl::StrCat("only 1-D, 2-D and 3-D convolutions are supported; x is ",
+                                        ShapeToString(cx.nb().type(in[0]).shape)));
+  }
+  const int spatial = rank - 2;
+  RETURN_IF_ERROR(OnlyNotSetAutoPad(attrs));
+  ASSIGN_OR_RETURN(std::vector<int64_t> dilations,
+                   attrs.Ints("dilations", std::vector<int64_t>(spatial, 1)));
+  if (static_cast<int>(dilations.size()) != spatial) {
+    return attrs.Unsupported("dilations", absl::StrCat("[", absl::StrJoin(dilations, ","),
+                                                       "] (one per spatial dim expected)"));
+  }
+  ASSIGN_OR_RETURN(int64_t group, attrs.Int("group", 1));
+  ASSIGN_OR_RETURN(std::vector<int64_t> padding, SymmetricPads(attrs, node, spatial));
+  ASSIGN_OR_RETURN(std::vector<int64_t> strides,
+                   attrs.Ints("strides", std::vector<int64_t>(spatial, 1)));
+  ASSIGN_OR_RETURN(std::vector<int64_t> kernel, attrs.Ints("kernel_shape", {}));
+  const Shape& w = cx.nb().type(in[1]).shape;
+  if (!kernel.empty() && (static_cast<int>(w.size()) != rank ||
+                          !std::equal(kernel.begin(), kernel.end(), w.begin() + 2))) {
+    return NodeError(node, absl::StrCat("kernel_shape [", absl::StrJoin(kernel, ","),
+                                        "] disagrees with the weight ", ShapeToString(w)));
+  }
+  // Groups and dilation the operator table checks (a one-line error
+  // naming this node where they do not fit the shapes); written only
+  // where they are not 1, as pebble's own models write them.
+  Json conv_attrs = {{"stride", strides}, {"padding", padding}};
+  if (group != 1) conv_attrs["groups"] = group;
+  if (std::any_of(dilations.begin(), dilations.end(), [](int64_t v) { return v != 1; })) {
+    conv_attrs["dilation"] = dilations;
+  }
+  if (spatial > 1) return cx.Apply(node, spatial == 2 ? "conv2d" : "conv3d", in, conv_attrs);
+  // 1-D: x (N, C, L) and the weight (O, C/g, k) as 2-D of height 1.
+  conv_attrs["stride"] = Widen(strides, 1);
+  conv_attrs["padding"] = Widen(padding, 0);
+  if (conv_attrs.contains("dilation")) conv_attrs["dilation"] = Widen(dilations, 1);
+  return cx.ApplyAs2d(node, "conv2d", in, 2, conv_attrs);
+}
+
+absl::Status BatchNormalization(ImportContext& cx, const onnx::NodeProto& node) {
+  RETURN_IF_ERROR(cx.ExpectInputs(node, 5, 5));
+  const Attrs attrs(node);
+  RETURN_IF_ERROR(attrs.OnlyKnown({"epsilon", "momentum", "training_mode", "spatial"}));
+  ASSIGN_OR_RETURN(int64_t training_mode, attrs.Int("training_mode", 0));
+  // Before opset 14 a training-mode batch norm is told by its extra
+  // outputs (the updated running statistics).
+  const bool training = cx.opset() >= 14 ? training_mode != 0 : node.output_size() > 1;
+  if (!training) {
+    return NodeError(node,
+                     "is in inference mode (running statistics); export the model "
+                     "with training=torch.onnx.TrainingMode.TRAINING");
+  }
+  ASSIGN_OR_RETURN(double eps, attrs.Float("epsilon", 1e-5));
+  ASSIGN_OR_RETURN(double momentum, attrs.Float("momentum", 0.9));
+  ASSIGN_OR_RETURN(std::vector<Value> in, cx.Inputs(node));
+  // ONNX's momentum weighs the old running value; PyTorch's the new one.
+  const Json a = {{"eps", eps}, {"momentum", 1.0 - momentum}};
+  // The statistics node names the running statistics it updates in
+  // PyTorch (pebble.torch updates them; pebble's executors do not).
+  Json stats_attrs = a;
+  stats_attrs["running_mean"] = cx.nb().id(in[3]);
+  stats_attrs["running_var"] = cx.nb().id(in[4]);
+  ASSIGN_OR_RETURN(Value stats,
+                   cx.Aux(node, "batchnorm_stats", {in[0]}, std::move(stats_attrs), "stats"));
+  RETURN_IF_ERROR(cx.Apply(node, "batchnorm", {in[0], stats, in[1], in[2]}, a));
+  // The updated running statistics (outputs 1 and 2) are the buffers'
+  // in-place update in PyTorch: nothing reads them in a training step.
+  for (int i = 1; i < node.output_size(); ++i) {
+    if (!node.output(i).empty()) cx.MarkUnreadable(node.output(i));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Pool(ImportContext& cx, const onnx::NodeProto& node, absl::string_view op) {
+  RETURN_IF_ERROR(cx.ExpectInputs(node, 1, 1));
+  const Attrs attrs(node);
+  RETURN_IF_ERROR(attrs.OnlyKnown({"auto_pad", "ceil_mode", "count_include_pad", "dilations",
+                                   "kernel_shape", "pads", "storage_order", "strides"}));
+  if (node.output_size() > 1) return NodeError(node, "the Indices output is not supported");
+  ASSIGN_OR_RETURN(std::vector<Value> in, cx.Inputs(node));
+  const Shape& x = cx.nb().type(in[0]).shape;
+  const int spatial = static_cast<int>(x.size()) - 2;
+  if (spatial != 1 && spatial != 2 && spatial != 3) {
+    return NodeError(
+        node, absl::StrCat("only 1-D, 2-D and 3-D pooling is supported; x is ", ShapeToString(x)));
+  }
+  RETURN_IF_ERROR(OnlyNotSetAutoPad(attrs));
+  RETURN_IF_ERROR(AllOnes(attrs, "dilations", spatial));
+  ASSIGN_OR_RETURN(int64_t storage_order, attrs.Int("storage_order", 0));
+  if (storage_order != 0) return attrs.Unsupported("storage_order", "1");
+  ASSIGN_OR_RETURN(std::vector<int64_t> kernel, attrs.Ints("kernel_shape", {}));
+  if (static_cast<int>(kernel.size()) != spatial) {
+    return NodeError(node, "attribute kernel_shape must give one size per spatial dim");
+  }
+  ASSIGN_OR_RETURN(std::vector<int64_t> padding, SymmetricPads(attrs, node, spatial));
+  ASSIGN_OR_RETURN(std::vector<int64_t> strides,
+                   attrs.Ints("strides", std::vector<int64_t>(spatial, 1)));
+  if (static_cast<int>(strides.size()) != spatial) {
+    return NodeError(node, "attribute strides must give one stride per spatial dim");
+  }
+  ASSIGN_OR_RETURN(int64_t ceil_mode, attrs.Int("ceil_mode", 0));
+  bool ceil_differs = false;  // whether ceil mode may give a larger output
+  for (int d = 0; d < spatial; ++d) {
+    if (strides[d] <= 0) return NodeError(node, "attribute strides must be positive");
+    ceil_differs |= (x[d + 2] + 2 * padding[d] - kernel[d]) % strides[d] != 0;
+  }
+  // maxpool takes PyTorch's ceil mode; avgpool only where ceil and floor
+  // agree (the window fits exactly), since its divisor at the edge differs.
+  if (ceil_mode != 0 && ceil_differs && op != "maxpool") {
+    return attrs.Unsupported("ceil_mode", "1", "here it gives a larger output than floor mode");
+  }
+  const bool ceil_attr = ceil_mode != 0 && ceil_differs;
+  if (op == "avgpool") {
+    ASSIGN_OR_RETURN(int64_t include_pad, attrs.Int("count_include_pad", 0));
+    const bool padded =
+        std::any_of(padding.begin(), padding.end(), [](int64_t p) { return p != 0; });
+    if (padded && include_pad == 0) {
+      return attrs.Unsupported("count_include_pad", "0",
+                               "pebble's avgpool counts the padding, as PyTorch's default");
+    }
+  }
+  Json pool_attrs = {{"kernel", kernel}, {"stride", strides}, {"padding", padding}};
+  if (ceil_attr) pool_attrs["ceil_mode"] = true;
+  if (spatial > 1) return cx.Apply(node, op, in, pool_attrs);
+  // 1-D: pooled as 2-D of height 1.
+  pool_attrs["kernel"] = Widen(kernel, 1);
+  pool_attrs["stride"] = Widen(strides, 1);
+  pool_attrs["padding"] = Widen(padding, 0);
+  return cx.ApplyAs2d(node, op, in, 1, pool_attrs);
+}
+
+absl::Status GlobalAveragePool(ImportContext& cx, const onnx::NodeProto& node) {
+  RETURN_IF_ERROR(cx.ExpectInputs(node, 1, 1));
+  RETURN_IF_ERROR(Attrs(node).OnlyKnown({}));
+  ASSIGN_OR_RETURN(std::vector<Value> in, cx.Inputs(node));
+  // (N, C, 1, ...): adaptive pooling to size 1 keeps ONNX's rank.
+  return cx.Apply(node, "adaptive_avgpool", in, {{"output_size", 1}});
+}
+
+// ReduceMean over every spatial dim (2 ..) of a 2-D or 3-D image: global
+// average pooling, then
+// without keepdims the (N, C) view. Over any other axes: the reduced dims
+// moved last (a transpose, where they are not already), the tensor viewed
+// as (kept..., R), a `linear` by a `fill` row of 1/R, then the view of
+// ONNX's result shape. No axes: every dim.
+absl::Status ReduceMean(ImportContext& cx, const onnx::NodeProto& node) {
+  RETURN_IF_ERROR(cx.ExpectInputs(node, 1, 1));
+  const Attrs attrs(node);
+  RETURN_IF_ERROR(attrs.OnlyKnown({"axes", "keepdims"}));
+  ASSIGN_OR_RETURN(std::vector<Value> in, cx.Inputs(node));
+  const Shape& x = cx.nb().type(in[0]).shape;
+  const auto rank = static_cast<int64_t>(x.size());
+  ASSIGN_OR_RETURN(std::vector<int64_t> axes, attrs.Ints("axes", {}));
+  ASSIGN_OR_RETURN(int64_t keepdims, attrs.Int("keepdims", 1));
+  std::vector<bool> reduced(rank, axes.empty());
+  const std::string all = absl::StrCat("axes [", absl::StrJoin(axes, ","), "]");
+  for (int64_t a : axes) {
+    ASSIGN_OR_RETURN(const int64_t d,
+                     OnnxAxis(node, absl::StrCat("axis ", a, " of ", all), a, rank));
+    if (reduced[d]) return NodeError(node, absl::StrCat(all, ": dim ", d, " is repeated"));
+    reduced[d] = true;
+  }
+  std::vector<int64_t> result;  // ONNX's output shape
+  for (int64_t d = 0; d < rank; ++d) {
+    if (!reduced[d]) {
+      result.push_back(x[d]);
+    } else if (keepdims != 0) {
+      result.push_back(1);
+    }
+  }
+  // adaptive_avgpool takes (N, C, H, W) and (N, C, D, H, W).
+  const bool spatial = (rank == 4 || rank == 5) && !reduced[0] && !reduced[1] &&
+                       std::all_of(reduced.begin() + 2, reduced.end(), std::identity());
+  if (spatial) {
+    if (keepdims != 0) return cx.Apply(node, "adaptive_avgpool", in, {{"output_size", 1}});
+    ASSIGN_OR_RETURN(Value pooled,
+                     cx.Aux(node, "adaptive_avgpool", in, {{"output_size", 1}}, "pool"));
+    return cx.Apply(node, "reshape", {pooled}, {{"shape", result}});
+  }
+  // The permutation putting the reduced dims last, in order.
+  std::vector<int64_t> perm, kept_dims;
+  int64_t count = 1;  // R: the elements each mean averages
+  for (int64_t d = 0; d < rank; ++d) {
+    if (!reduced[d]) perm.push_back(d), kept_dims.push_back(x[d]);
+  }
+  for (int64_t d = 0; d < rank; ++d) {
+    if (reduced[d]) perm.push_back(d), count *= x[d];
+  }
+  Value v = in[0];
+  if (!std::is_sorted(perm.begin(), perm.end())) {
+    ASSIGN_OR_RETURN(v, cx.Aux(node, "transpose", {v}, {{"perm", perm}}, "reduced_last"));
+  }
+  std::vector<int64_t> rows = kept_dims;  // (kept..., R)
+  rows.push_back(count);
+  if (Shape(rows.begin(), rows.end()) != cx.nb().type(v).shape) {
+    ASSIGN_OR_RETURN(v, cx.Aux(node, "reshape", {v}, {{"shape", rows}}, "rows"));
+  }
+  ASSIGN_OR_RETURN(Value row, cx.Aux(node, "fill", {},
+                                     {{"shape", {1, count}},
+                                      {"dtype", std::string(DTypeName(cx.nb().type(v).dtype))},
+                                      {"value", 1.0 / static_cast<double>(count)}},
+                                     "mean_row"));
+  std::vector<int64_t> linear_shape = kept_dims;  // (kept..., 1)
+  linear_shape.push_back(1);
+  if (result == linear_shape) return cx.Apply(node, "linear", {v, row});
+  ASSIGN_OR_RETURN(Value mean, cx.Aux(node, "linear", {v, row}, Json::object(), "mean"));
+  return cx.Apply(node, "reshape", {mean}, {{"shape", result}});
+}
+
+absl::Status Gemm(ImportContext& cx, const onnx::NodeProto& node) {
+  RETURN_IF_ERROR(cx.ExpectInputs(node, 2, 3));
+  const Attrs attrs(node);
+  RETURN_IF_ERROR(attrs.OnlyKnown({"alpha", "beta", "transA", "transB"}));
+  ASSIGN_OR_RETURN(double alpha, attrs.Float("alpha", 1));
+  ASSIGN_OR_RETURN(double beta, attrs.Float("beta", 1));
+  ASSIGN_OR_RETURN(int64_t trans_a, attrs.Int("transA", 0));
+  ASSIGN_OR_RETURN(int64_t trans_b, attrs.Int("transB", 0));
+  if (alpha != 1) return attrs.Unsupported("alpha", absl::StrCat(alpha));
+  if (beta != 1 && node.input_size() == 3) return attrs.Unsupported("beta", absl::StrCat(beta));
+  ASSIGN_OR_RETURN(std::vector<Value> in, cx.Inputs(node));
+  if (cx.nb().type(in[0]).shape.size() != 2 || cx.nb().type(in[1]).shape.size() != 2) {
+    return NodeError(node, "A and B must be matrices");
+  }
+  // pebble's linear takes x (M, K) and the weight (N, K), as nn.Linear
+  // exports them (transB = 1); other layouts are transposed first.
+  if (trans_a != 0) {
+    ASSIGN_OR_RETURN(in[0], cx.Aux(node, "transpose", {in[0]}, {{"perm", {1, 0}}}, "a_t"));
+  }
+  if (trans_b == 0) {
+    ASSIGN_OR_RETURN(in[1], cx.Aux(node, "transpose", {in[1]}, {{"perm", {1, 0}}}, "b_t"));
+  }
+  if (in.size() == 3 && cx.nb().type(in[2]).shape.size() != 1) {
+    return NodeError(node, absl::StrCat("the bias C must be 1-D, is ",
+                                        ShapeToString(cx.nb().type(in[2]).shape)));
+  }
+  return cx.Apply(node, "linear", in);
+}
+
+// MatMul: by a matrix B (K, N), pebble's linear of x (..., K) with the
+// weight B transposed; of two tensors with the same batch dims, matmul.
+absl::Status MatMul(ImportContext& cx, const onnx::NodeProto& node) {
+  RETURN_IF_ERROR(cx.ExpectInputs(node, 2, 2));
+  RETURN_IF_ERROR(Attrs(node).OnlyKnown({}));
+  ASSIGN_OR_RETURN(std::vector<Value> in, cx.Inputs(node));
+  const Shape& a = cx.nb().type(in[0]).shape;
+  const Shape& b = cx.nb().type(in[1]).shape;
+  if (a.size() >= 2 && b.size() == 2) {
+    ASSIGN_OR_RETURN(Value w, cx.Aux(node, "transpose", {in[1]}, {{"perm", {1, 0}}}, "b_t"));
+    return cx.Apply(node, "linear", {in[0], w});
+  }
+  if (a.size() >= 3 && a.size() == b.size()) return cx.Apply(node, "matmul", in);
+  return NodeError(node, absl::StrCat("MatMul of ", ShapeToString(a), " and ", ShapeToString(b),
+                                      " is not supported (a matrix B, or equal ranks with the "
+                                      "same batch dims)"));
+}
+
+// LayerNormalization (opset 17) over the last dim: layernorm_stats, then
+// layernorm with the scale and bias.
+absl::Status LayerNormalization(ImportContext& cx, const onnx::NodeProto& node) {
+  RETURN_IF_ERROR(cx.ExpectInputs(node, 3, 3));
+  const Attrs attrs(node);
+  RETURN_IF_ERROR(attrs.OnlyKnown({"axis", "epsilon", "stash_type"}));
+  ASSIGN_OR_RETURN(std::vector<Value> in, cx.Inputs(node));
+  const auto rank = static_cast<int64_t>(cx.nb().type(in[0]).shape.size());
+  ASSIGN_OR_RETURN(const int64_t axis, attrs.Int("axis", -1));
+  ASSIGN_OR_RETURN(const int64_t dim, OnnxAxis(node, absl::StrCat("axis ", axis), axis, rank));
+  if (dim != rank - 1) {
+    return attrs.Unsupported("axis", absl::StrCat(axis), "layer norm over the last dim only");
+  }
+  ASSIGN_OR_RETURN(int64_t stash, attrs.Int("stash_type", 1));
+  if (stash != 1) return attrs.Unsupported("stash_type", absl::StrCat(stash));
+  ASSIGN_OR_RETURN(double eps, attrs.Float("epsilon", 1e-5));
+  const Json a = {{"eps", eps}};
+  ASSIGN_OR_RETURN(Value stats, cx.Aux(node, "layernorm_stats", {in[0]}, a, "stats"));
+  RETURN_IF_ERROR(cx.Apply(node, "layernorm", {in[0], stats, in[1], in[2]}, a));
+  // The saved mean and inverse deviation: nothing reads them in a step.
+  for (int i = 1; i < node.output_size(); ++i) {
+    if (!node.output(i).empty()) cx.MarkUnreadable(node.output(i));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Softmax(ImportContext& cx, const onnx::NodeProto& node) {
+  RETURN_IF_ERROR(cx.ExpectInputs(node, 1, 1));
+  const Attrs attrs(node);
+  RETURN_IF_ERROR(attrs.OnlyKnown({"axis"}));
+  ASSIGN_OR_RETURN(std::vector<Value> in, cx.Inputs(node));
+  const auto rank = static_cast<int64_t>(cx.nb().type(in[0]).shape.size());
+  ASSIGN_OR_RETURN(const int64_t given, attrs.Int("axis", cx.opset() >= 13 ? -1 : 1));
+  ASSIGN_OR_RETURN(const int64_t axis, OnnxAxis(node, absl::StrCat("axis ", given), given, rank));
+  // Before opset 13, axis 1 of a 2-D input is the last one as well; its
+  // other axes flatten the dims after them, which is refused.
+  if (axis == rank - 1) return cx.Apply(node, "softmax", in);
+  if (cx.opset() < 13) {
+    return attrs.Unsupported("axis", absl::StrCat(given),
+                             "before opset 13, softmax over the last dim only");
+  }
+  // Over another dim: swapped with the last one, softmax, swapped back.
+  std::vector<int64_t> perm;
+  for (int64_t d = 0; d < rank; ++d) perm.push_back(d);
+  std::swap(perm[axis], perm.back());
+  ASSIGN_OR_RETURN(Value t, cx.Aux(node, "transpose", in, {{"perm", perm}}, "to_last"));
+  ASSIGN_OR_RETURN(Value sm, cx.Aux(node, "softmax", {t}, Json::object(), "softmax"));
+  return cx.Apply(node, "transpose", {sm}, {{"perm", perm}});
+}
+
+absl::Status Dropout(ImportContext& cx, const onnx::NodeProto& node) {
+  RETURN_IF_ERROR(cx.ExpectInputs(node, 1, 3));
+  const Attrs attrs(node);
+  RETURN_IF_ERROR(attrs.OnlyKnown({"seed", "ratio"}));
+  double ratio = 0.5;
+  // Before opset 12 Dropout has no training input; torch.onnx.export
+  // writes one only in training mode (eval mode drops the node).
+  bool training = cx.opset() < 12;
+  if (node.input_size() >= 2 && !node.input(1).empty()) {
+    const onnx::TensorProto* t = cx.ConstTensor(node.input(1));
+    std::optional<double> r = t == nullptr ? std::nullopt : FloatScalar(*t);
+    if (!r.has_value()) return NodeError(node, "the ratio must be a constant scalar");
+    ratio = *r;
+  } else {
+    ASSIGN_OR_RETURN(ratio, attrs.Float("ratio", 0.5));
+  }
+  if (node.input_size() >= 3 && !node.input(2).empty()) {
+    const onnx::TensorProto* t = cx.ConstTensor(node.input(2));
+    std::optional<bool> b = t == nullptr ? std::nullopt : BoolScalar(*t);
+    if (!b.has_value()) return NodeError(node, "training_mode must be a constant boolean");
+    training = *b;
+  }
+  if (node.output_size() > 1 && !node.output(1).empty()) cx.MarkUnreadable(node.output(1));
+  ASSIGN_OR_RETURN(Value x, cx.Get(node, node.input(0)));
+  if (!training || ratio == 0) return cx.Define(node, x);  // identity
+  if (!(ratio > 0 && ratio < 1)) return attrs.Unsupported("ratio", absl::StrCat(ratio));
+  // Seeded masks, not PyTorch's random stream (docs/import.md).
+  return cx.Define(node, cx.nb().Dropout(x, ratio));
+}
+
+// Resize by whole factors of the spatial dims (nn.Upsample, F.interpolate
+// with a scale_factor or a size they divide): `upsample`. PyTorch's
+// nearest is ONNX's asymmetric transform with floor; bilinear and
+// trilinear are `linear` with half_pixel (align_corners=False) or
+// align_corners.
+absl::Status Resize(ImportContext& cx, const onnx::NodeProto& node) {
+  RETURN_IF_ERROR(cx.ExpectInputs(node, 1, 4));
+  const Attrs attrs(node);
+  RETURN_IF_ERROR(
+      attrs.OnlyKnown({"coordinate_transformation_mode", "cubic_coeff_a", "exclude_outside",
+                       "extrapolation_value", "mode", "nearest_mode"}));
+  ASSIGN_OR_RETURN(std::string mode, attrs.String("mode", "nearest"));
+  ASSIGN_OR_RETURN(std::string transform,
+                   attrs.String("coordinate_transformation_mode", "half_pixel"));
+  ASSIGN_OR_RETURN(std::string nearest_mode, attrs.String("nearest_mode", "round_prefer_floor"));
+  ASSIGN_OR_RETURN(int64_t exclude_outside, attrs.Int("exclude_outside", 0));
+  if (exclude_outside != 0) return attrs.Unsupported("exclude_outside", "1");
+  ASSIGN_OR_RETURN(Value x, cx.Get(node, node.input(0)));
+  const Shape shape = cx.nb().type(x).shape;
+  const auto rank = static_cast<int64_t>(shape.size());
+  if (rank != 4 && rank != 5) {
+    return NodeError(node,
+                     absl::StrCat("resizes ", ShapeToString(shape), " (only 4-D and 5-D tensors)"));
+  }
+  // The factor of each dim, from the scales (input 2) or the sizes (3).
+  std::vector<double> factors;
+  const onnx::TensorProto* scales =
+      node.input_size() > 2 && !node.input(2).empty() ? cx.ConstTensor(node.input(2)) : nullptr;
+  std::optional<std::vector<double>> scale_values =
+      scales != nullptr ? FloatValues(*scales) : std::nullopt;
+  if (scale_values && !scale_values->empty()) {
+    factors = *scale_values;
+  } else if (node.input_size() > 3 && !node.input(3).empty()) {
+    ASSIGN_OR_RETURN(std::vector<int64_t> sizes, cx.ConstInts(node, 3));
+    if (static_cast<int64_t>(sizes.size()) != rank) {
+      return NodeError(node, "sizes do not match the input's rank");
+    }
+    for (int64_t d = 0; d < rank; ++d) {
+      factors.push_back(static_cast<double>(sizes[d]) / static_cast<double>(shape[d]));
+    }
+  } else {
+    return NodeError(node, "needs constant scales or sizes");
+  }
+  if (static_cast<int64_t>(factors.size()) != rank) {
+    return NodeError(node, "scales do not match the input's rank");
+  }
+  if (factors[0] != 1 || factors[1] != 1) {
+    return NodeError(node, "resizes the batch or channel dim (only spatial dims)");
+  }
+  std::vector<int64_t> scale;
+  for (int64_t d = 2; d < rank; ++d) {
+    const double f = factors[d];
+    if (!(f >= 1) || f != std::floor(f) || f > 1024) {
+      return NodeError(
+          node, absl::StrCat("scale ", f, " of dim ", d, " is not supported (only whole factors)"));
+    }
+    scale.push_back(static_cast<int64_t>(f));
+  }
+  Json a = {{"scale", scale}};
+  if (mode == "nearest") {
+    if (transform != "asymmetric" || nearest_mode != "floor") {
+      return NodeError(node, absl::StrCat("nearest resize with coordinate_transformation_mode ",
+                                          transform, " and nearest_mode ", nearest_mode,
+                                          " (only PyTorch's: asymmetric, floor)"));
+    }
+    a["mode"] = "nearest";
+  } else if (mode == "linear") {
+    if (transform == "align_corners") {
+      a["align_corners"] = true;
+    } else if (transform != "half_pixel" && transform != "pytorch_half_pixel") {
+      return attrs.Unsupported("coordinate_transformation_mode", transform);
+    }
+    a["mode"] = rank == 4 ? "bilinear" : "trilinear";
+  } else {
+    return attrs.Unsupported("mode", mode);
+  }
+  return cx.Apply(node, "upsample", {x}, std::move(a));
+}
+
+absl::Status Pad(ImportContext& cx, const onnx::NodeProto& node) {
+  RETURN_IF_ERROR(cx.ExpectInputs(node, 2, 3));
+  const Attrs attrs(node);
+  RETURN_IF_ERROR(attrs.OnlyKnown({"mode"}));
+  ASSIGN_OR_RETURN(std::string mode, attrs.String("mode", "constant"));
+  if (mode != "constant") return attrs.Unsupported("mode", Quote(mode));
+  double value = 0;
+  if (node.input_size() == 3 && !node.input(2).empty()) {
+    const onnx::TensorProto* t = cx.ConstTensor(node.input(2));
+    std::optional<double> v = t == nullptr ? std::nullopt : FloatScalar(*t);
+    if (!v.has_value()) return NodeError(node, "constant_value must be a constant scalar");
+    value = *v;
+  }
+  ASSIGN_OR_RETURN(std::vector<int64_t> pads, cx.ConstInts(node, 1));
+  ASSIGN_OR_RETURN(Value x, cx.Get(node, node.input(0)));
+  const auto rank = static_cast<int64_t>(cx.nb().type(x).shape.size());
+  if (static_cast<int64_t>(pads.size()) != 2 * rank) {
+    return NodeError(node, absl::StrCat("pads has ", pads.size(), " values for rank ", rank));
+  }
+  if (std::all_of(pads.begin(), pads.end(), [](int64_t p) { return p == 0; })) {
+    return cx.Define(node, x);  // no padding (torch exports one before AvgPool)
+  }
+  // ONNX: [b_0 .. b_r-1, e_0 .. e_r-1]; F.pad: (b_last, e_last, ...).
+  std::vector<int64_t> torch_pads;
+  int64_t last = rank - 1;
+  while (last >= 0 && pads[last] == 0 && pads[last + rank] == 0) --last;
+  for (int64_t d = rank - 1; d >= 0 && d >= (last < 0 ? rank : 0); --d) {
+    torch_pads.push_back(pads[d]);
+    torch_pads.push_back(pads[d + rank]);
+  }
+  return cx.Apply(node, "pad", {x}, {{"pads", torch_pads}, {"mode", "constant"}, {"value", value}});
+}
+
+}  // namespace
+
+void AddLayerOps(OnnxHandlers& handlers) {
+  handlers["Conv"] = Conv;
+  handlers["BatchNormalization"] = BatchNormalization;
+  for (const auto& [onnx_op, op] : {std::pair{"MaxPool", "maxpool"}, {"AveragePool", "avgpool"}}) {
+    handlers[onnx_op] = [op](ImportContext& cx, const onnx::NodeProto& node) {
+      return Pool(cx, node, op);
+    };
+  }
+  handlers["GlobalAveragePool"] = GlobalAveragePool;
+  handlers["ReduceMean"] = ReduceMean;
+  handlers["Gemm"] = Gemm;
+  handlers["MatMul"] = MatMul;
+  handlers["LayerNormalization"] = LayerNormalization;
+  handlers["Softmax"] = Softmax;
+  handlers["Dropout"] = Dropout;
+  handlers["Resize"] = Resize;
+  handlers["Pad"] = Pad;
+}
+
+}  // namespace pebble::onnx_import

@@ -1,0 +1,44 @@
+// Internal to the ONNX importer (graph/import/): the mapping of each ONNX
+// operator to pebble's operator table, by family. Each family's file adds
+// its handlers to the table that the importer dispatches on; a handler reads
+// one ONNX node's inputs and attributes through the ImportContext, refuses
+// what it cannot honour exactly (an error naming the node), and defines the
+// node's outputs.
+#ifndef PEBBLE_GRAPH_IMPORT_ONNX_OPS_H_
+#define PEBBLE_GRAPH_IMPORT_ONNX_OPS_H_
+
+#include <functional>
+#include <map>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "graph/import/onnx_context.h"
+#include "onnx/onnx_pb.h"
+
+namespace pebble::onnx_import {
+
+using OnnxHandler = std::function<absl::Status(ImportContext& cx, const onnx::NodeProto& node)>;
+// By ONNX op type.
+using OnnxHandlers = std::map<std::string, OnnxHandler>;
+
+// Convolution, pooling, normalization, matrix products, softmax, dropout,
+// resize and pad (onnx_layer_ops.cc).
+void AddLayerOps(OnnxHandlers& handlers);
+// Activations and arithmetic under NumPy broadcasting, Expand
+// (onnx_elementwise_ops.cc).
+void AddElementwiseOps(OnnxHandlers& handlers);
+// Shapes and their integer arithmetic folded at import, views, slices,
+// concatenation and constants (onnx_shape_ops.cc).
+void AddShapeOps(OnnxHandlers& handlers);
+
+// Shared between the families.
+
+// Add, Sub, Mul, Div or Mod (fmod as ONNX's attribute) of two integer
+// tensors known at import, folded.
+absl::Status FoldArithmetic(ImportContext& cx, const onnx::NodeProto& node, bool fmod = false);
+
+}  // namespace pebble::onnx_import
+
+#endif  // PEBBLE_GRAPH_IMPORT_ONNX_OPS_H_

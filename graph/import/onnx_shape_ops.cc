@@ -1,0 +1,638 @@
+// ONNX shapes, views, slices, concatenation and constants: integer tensors
+// known at import fold (Ints in onnx_context.h), computed tensors become
+// pebble operators (see onnx_ops.h and docs/import.md).
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <optional>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "graph/import/onnx_context.h"
+#include "graph/import/onnx_ops.h"
+#include "graph/import/onnx_util.h"
+#include "graph/ops/op_util.h"
+#include "graph/status.h"
+#include "graph/text_input.h"
+
+namespace pebble::onnx_import {
+namespace {
+
+// Mod: shape arithmetic only (newer exporters write it for attention's
+// head split); both operands must be known integers.
+absl::Status Mod(ImportContext& cx, const onnx::NodeProto& node) {
+  RETURN_IF_ERROR(cx.ExpectInputs(node, 2, 2));
+  const Attrs attrs(node);
+  RETURN_IF_ERROR(attrs.OnlyKnown({"fmod"}));
+  ASSIGN_OR_RETURN(int64_t fmod, attrs.Int("fmod", 0));
+  if (!cx.KnownInts(node.input(0)) || !cx.KnownInts(node.input(1))) {
+    return NodeError(node,
+                     "Mod of tensors is not supported: only integer shape arithmetic, "
+                     "folded at import");
+  }
+  return FoldArithmetic(cx, node, fmod != 0);
+}
+
+// Shape of a value (its static shape), dims [start, end) from opset 15.
+absl::Status ShapeOf(ImportContext& cx, const onnx::NodeProto& node) {
+  RETURN_IF_ERROR(cx.ExpectInputs(node, 1, 1));
+  const Attrs attrs(node);
+  RETURN_IF_ERROR(attrs.OnlyKnown({"start", "end"}));
+  ASSIGN_OR_RETURN(Operand in, cx.FirstOperand(node));
+  const Shape& shape = in.shape;
+  const auto rank = static_cast<int64_t>(shape.size());
+  ASSIGN_OR_RETURN(int64_t start, attrs.Int("start", 0));
+  ASSIGN_OR_RETURN(int64_t end, attrs.Int("end", rank));
+  start = std::clamp<int64_t>(start < 0 ? start + rank : start, 0, rank);
+  end = std::clamp<int64_t>(end < 0 ? end + rank : end, 0, rank);
+  std::vector<int64_t> dims(shape.begin() + start, shape.begin() + std::max(start, end));
+  const auto n = static_cast<int64_t>(dims.size());
+  return cx.DefineInts(node, 0, Ints{{n}, std::move(dims)});
+}
+
+// Gather of a known integer vector (a shape's dims) at constant indices;
+// of a computed tensor at one constant index (x[:, 0]): a slice and a
+// reshape dropping the dim.
+absl::Status Gather(ImportContext& cx, const onnx::NodeProto& node) {
+  RETURN_IF_ERROR(cx.ExpectInputs(node, 2, 2));
+  const Attrs attrs(node);
+  RETURN_IF_ERROR(attrs.OnlyKnown({"axis"}));
+  ASSIGN_OR_RETURN(int64_t axis, attrs.Int("axis", 0));
+  std::optional<Ints> data = cx.KnownInts(node.input(0));
+  std::optional<Ints> indices = cx.KnownInts(node.input(1));
+  if (!data && indices && indices->dims.empty()) {
+    ASSIGN_OR_RETURN(Value x, cx.Get(node, node.input(0)));
+    const Shape shape = cx.nb().type(x).shape;
+    const auto rank = static_cast<int64_t>(shape.size());
+    ASSIGN_OR_RETURN(axis, OnnxAxis(node, absl::StrCat("axis ", axis), axis, rank));
+    int64_t i = indices->values[0];
+    if (i < -shape[axis] || i >= shape[axis]) {
+      return NodeError(node, absl::StrCat("index ", i, " out of range"));
+    }
+    if (i < 0) i += shape[axis];
+    ASSIGN_OR_RETURN(Value part, cx.Aux(node, "slice", {x},
+                                        {{"axis", axis}, {"begin", i}, {"end", i + 1}}, "slice"));
+    std::vector<int64_t> out(shape.begin(), shape.end());
+    out.erase(out.begin() + axis);
+    return cx.Apply(node, "reshape", {part}, {{"shape", out}});
+  }
+  if (data) {
+    ASSIGN_OR_RETURN(axis, OnnxAxis(node, absl::StrCat("axis ", axis), axis,
+                                    static_cast<int64_t>(data->dims.size())));
+  }
+  if (!data || !indices || data->dims.size() != 1) {
+    return NodeError(node,
+                     "only a Gather from a constant integer vector (a shape) or at one "
+                     "constant index is supported (an embedding look-up is not yet)");
+  }
+  Ints out{indices->dims, {}};
+  const auto n = static_cast<int64_t>(data->values.size());
+  for (int64_t i : indices->values) {
+    if (i < -n || i >= n) return NodeError(node, absl::StrCat("index ", i, " out of range"));
+    out.values.push_back(data->values[i < 0 ? i + n : i]);
+  }
+  return cx.DefineInts(node, 0, std::move(out));
+}
+
+// ConstantOfShape of a known shape with an integer value: folds (the
+// ones torch writes for Expand's -1 dims).
+absl::Status ConstantOfShape(ImportContext& cx, const onnx::NodeProto& node) {
+  RETURN_IF_ERROR(cx.ExpectInputs(node, 1, 1));
+  const Attrs attrs(node);
+  RETURN_IF_ERROR(attrs.OnlyKnown({"value"}));
+  ASSIGN_OR_RETURN(std::vector<int64_t> shape, cx.ConstInts(node, 0));
+  int64_t value = 0;
+  for (const onnx::AttributeProto& a : node.attribute()) {
+    if (a.name() != "value") continue;
+    absl::StatusOr<std::vector<int64_t>> v = IntValues(a.t());
+    if (!v.ok() || v->size() != 1) {
+      return NodeError(node, "only an integer value is supported (a shape's arithmetic)");
+    }
+    value = (*v)[0];
+  }
+  int64_t count = 1;
+  for (int64_t d : shape) {
+    if (d < 0 || d > (int64_t{1} << 20) || (count *= d) > (int64_t{1} << 20)) {
+      return NodeError(node, "shape is negative or too large for a constant");
+    }
+  }
+  return cx.DefineInts(node, 0,
+                       Ints{Shape(shape.begin(), shape.end()), std::vector<int64_t>(count, value)});
+}
+
+// Equal of known integers (0 or 1) and Where over them: Expand's shape.
+absl::Status Equal(ImportContext& cx, const onnx::NodeProto& node) {
+  RETURN_IF_ERROR(cx.ExpectInputs(node, 2, 2));
+  RETURN_IF_ERROR(Attrs(node).OnlyKnown({}));
+  std::optional<Ints> a = cx.KnownInts(node.input(0)), b = cx.KnownInts(node.input(1));
+  if (!a || !b || (a->values.size() != b->values.size() && b->values.size() != 1)) {
+    return NodeError(node, "only Equal of integer constants and shapes is supported");
+  }
+  Ints out = *a;
+  for (size_t i = 0; i < out.values.size(); ++i) {
+    out.values[i] = a->values[i] == b->values[b->values.size() == 1 ? 0 : i] ? 1 : 0;
+  }
+  return cx.DefineInts(node, 0, std::move(out));
+}
+
+absl::Status Where(ImportContext& cx, const onnx::NodeProto& node) {
+  RETURN_IF_ERROR(cx.ExpectInputs(node, 3, 3));
+  RETURN_IF_ERROR(Attrs(node).OnlyKnown({}));
+  std::optional<Ints> c = cx.KnownInts(node.input(0)), x = cx.KnownInts(node.input(1)),
+                      y = cx.KnownInts(node.input(2));
+  const size_t n = c ? c->values.size() : 0;
+  auto fits = [n](const std::optional<Ints>& t) {
+    return t && (t->values.size() == n || t->values.size() == 1);
+  };
+  if (!c || !fits(x) || !fits(y)) {
+    return NodeError(node, "only Where over integer constants and shapes is supported");
+  }
+  Ints out = *c;
+  for (size_t i = 0; i < n; ++i) {
+    out.values[i] = c->values[i] != 0 ? x->values[x->values.size() == 1 ? 0 : i]
+                                      : y->values[y->values.size() == 1 ? 0 : i];
+  }
+  return cx.DefineInts(node, 0, std::move(out));
+}
+
+// The axes of Unsqueeze / Squeeze: an input from opset 13, before that
+// an attribute.
+absl::StatusOr<std::vector<int64_t>> AxesOf(ImportContext& cx, const onnx::NodeProto& node,
+                                            bool required) {
+  const Attrs attrs(node);
+  RETURN_IF_ERROR(attrs.OnlyKnown({"axes"}));
+  if (node.input_size() >= 2 && !node.input(1).empty()) return cx.ConstInts(node, 1);
+  if (attrs.has("axes")) return attrs.Ints("axes", {});
+  if (required) return NodeError(node, "has no axes");
+  return std::vector<int64_t>{};
+}
+
+// Unsqueeze and Squeeze: new dims of the values' shape; a reshape of a
+// computed tensor.
+absl::Status SqueezeOrUnsqueeze(ImportContext& cx, const onnx::NodeProto& node, bool unsqueeze) {
+  RETURN_IF_ERROR(cx.ExpectInputs(node, 1, 2));
+  ASSIGN_OR_RETURN(std::vector<int64_t> axes, AxesOf(cx, node, unsqueeze));
+  ASSIGN_OR_RETURN(Operand in, cx.FirstOperand(node));
+  const std::optional<Ints>& ints = in.ints;
+  Value x = in.value;
+  const Shape& shape = in.shape;
+  const auto out_rank =
+      static_cast<int64_t>(shape.size()) + (unsqueeze ? static_cast<int64_t>(axes.size()) : 0);
+  std::set<int64_t> at;
+  const std::string all = absl::StrCat("axes [", absl::StrJoin(axes, ","), "]");
+  for (int64_t a : axes) {
+    // Unsqueeze's axes count in its output's rank.
+    const int64_t r = unsqueeze ? out_rank : static_cast<int64_t>(shape.size());
+    ASSIGN_OR_RETURN(const int64_t d, OnnxAxis(node, absl::StrCat("axis ", a, " of ", all), a, r));
+    if (!at.insert(d).second) {
+      return NodeError(node, absl::StrCat(all, ": dim ", d, " is repeated"));
+    }
+  }
+  Shape out;
+  if (unsqueeze) {
+    for (int64_t d = 0, k = 0; d < out_rank; ++d) out.push_back(at.contains(d) ? 1 : shape[k++]);
+  } else {
+    for (int64_t d = 0; d < static_cast<int64_t>(shape.size()); ++d) {
+      const bool drop = at.empty() ? shape[d] == 1 : at.contains(d);
+      if (drop && shape[d] != 1) {
+        return NodeError(node,
+                         absl::StrCat("cannot squeeze dim ", d, " of ", ShapeToString(shape)));
+      }
+      if (!drop) out.push_back(shape[d]);
+    }
+  }
+  if (ints) return cx.DefineInts(node, 0, Ints{out, ints->values});
+  return cx.Apply(node, "reshape", {x}, {{"shape", std::vector<int64_t>(out.begin(), out.end())}});
+}
+
+// Transpose of a known integer tensor (F.pad's export transposes its pads).
+absl::Status FoldTranspose(ImportContext& cx, const onnx::NodeProto& node, const Ints& ints) {
+  const size_t rank = ints.dims.size();
+  std::vector<int64_t> perm;
+  for (size_t d = rank; d-- > 0;) perm.push_back(static_cast<int64_t>(d));
+  ASSIGN_OR_RETURN(perm, Attrs(node).Ints("perm", perm));
+  std::vector<bool> seen(rank, false);
+  for (int64_t p : perm) {
+    if (perm.size() != rank || p < 0 || p >= static_cast<int64_t>(rank) || seen[p]) {
+      return NodeError(
+          node, absl::StrCat("perm [", absl::StrJoin(perm, ","), "] is not a permutation of the ",
+                             rank, " dims of ", ShapeToString(ints.dims)));
+    }
+    seen[p] = true;
+  }
+  // Output dim d walks input dim perm[d]: gather in the input's order.
+  Ints out;
+  for (int64_t p : perm) out.dims.push_back(ints.dims[p]);
+  std::vector<int64_t> out_stride(rank, 1);
+  for (size_t d = rank; d-- > 1;) out_stride[d - 1] = out_stride[d] * out.dims[d];
+  out.values.assign(ints.values.size(), 0);
+  std::vector<int64_t> at(rank, 0);  // an input position
+  for (int64_t value : ints.values) {
+    int64_t target = 0;
+    for (size_t d = 0; d < rank; ++d) target += at[perm[d]] * out_stride[d];
+    out.values[target] = value;
+    for (size_t d = rank; d-- > 0;) {
+      if (++at[d] < ints.dims[d]) break;
+      at[d] = 0;
+    }
+  }
+  return cx.DefineInts(node, 0, std::move(out));
+}
+
+// Transpose: `perm` (default: the dims reversed).
+absl::Status Transpose(ImportContext& cx, const onnx::NodeProto& node) {
+  RETURN_IF_ERROR(cx.ExpectInputs(node, 1, 1));
+  const Attrs attrs(node);
+  RETURN_IF_ERROR(attrs.OnlyKnown({"perm"}));
+  if (std::optional<Ints> ints = cx.KnownInts(node.input(0))) return FoldTranspose(cx, node, *ints);
+  ASSIGN_OR_RETURN(std::vector<Value> in, cx.Inputs(node));
+  if (!attrs.has("perm")) return cx.Apply(node, "transpose", in);
+  ASSIGN_OR_RETURN(std::vector<int64_t> perm, attrs.Ints("perm", {}));
+  return cx.Apply(node, "transpose", in, {{"perm", perm}});
+}
+
+// [begin, end) of ONNX Slice's start and end along a dim of `size`:
+// negative values count from the end, both clamped to [0, size].
+std::pair<int64_t, int64_t> SliceBounds(int64_t start, int64_t end, int64_t size) {
+  auto clamp = [size](int64_t v) {
+    if (v < 0) v = v < -size ? 0 : v + size;
+    return std::min(v, size);
+  };
+  return {clamp(start), clamp(end)};
+}
+
+// out.values[p] = in.values[source of p], p over out.dims in row-major
+// order; the source index along dim d of position (i_0, ...) is picks[d][i_d].
+void GatherInts(const Ints& in, const std::vector<std::vector<int64_t>>& picks, Ints& out) {
+  const size_t rank = in.dims.size();
+  std::vector<int64_t> stride(rank, 1);
+  for (size_t d = rank; d-- > 1;) stride[d - 1] = stride[d] * in.dims[d];
+  int64_t count = 1;
+  for (const auto& pick : picks) count *= static_cast<int64_t>(pick.size());
+  std::vector<int64_t> at(rank, 0);
+  for (int64_t p = 0; p < count; ++p) {
+    int64_t source = 0;
+    for (size_t d = 0; d < rank; ++d) source += picks[d][at[d]] * stride[d];
+    out.values.push_back(in.values[source]);
+    for (size_t d = rank; d-- > 0;) {
+      if (++at[d] < static_cast<int64_t>(picks[d].size())) break;
+      at[d] = 0;
+    }
+  }
+}
+
+// A Slice of a known integer tensor with any steps, as ONNX defines them
+// (F.pad's export reverses its (dims, 2) pads with a step of -1).
+absl::Status FoldSteppedSlice(ImportContext& cx, const onnx::NodeProto& node, const Ints& ints,
+                              const std::vector<int64_t>& starts, const std::vector<int64_t>& ends,
+                              const std::vector<int64_t>& axes, const std::vector<int64_t>& steps) {
+  const auto rank = static_cast<int64_t>(ints.dims.size());
+  // The source index along each dim of each output position.
+  std::vector<std::vector<int64_t>> picks(rank);
+  for (int64_t d = 0; d < rank; ++d) {
+    for (int64_t i = 0; i < ints.dims[d]; ++i) picks[d].push_back(i);
+  }
+  for (size_t k = 0; k < axes.size(); ++k) {
+    ASSIGN_OR_RETURN(const int64_t axis,
+                     OnnxAxis(node, absl::StrCat("axis ", axes[k]), axes[k], rank));
+    const int64_t size = ints.dims[axis], step = steps[k];
+    if (step == 0) return NodeError(node, "step 0");
+    auto wrap = [size](int64_t i) { return i < 0 ? i + size : i; };
+    std::vector<int64_t>& pick = picks[axis];
+    pick.clear();
+    if (step > 0) {
+      const int64_t end = std::clamp<int64_t>(wrap(ends[k]), 0, size);
+      for (int64_t i = std::clamp<int64_t>(wrap(starts[k]), 0, size); i < end; i += step) {
+        pick.push_back(i);
+      }
+    } else {
+      const int64_t end = std::clamp<int64_t>(wrap(ends[k]), -1, size - 1);
+      for (int64_t i = std::clamp<int64_t>(wrap(starts[k]), 0, size - 1); i > end; i += step) {
+        pick.push_back(i);
+      }
+    }
+  }
+  Ints out;
+  for (const auto& pick : picks) out.dims.push_back(static_cast<int64_t>(pick.size()));
+  GatherInts(ints, picks, out);
+  return cx.DefineInts(node, 0, std::move(out));
+}
+
+// Slice with constant (or folded) starts, ends, axes and steps of 1: one
+// pebble `slice` per dim it narrows (none: the input itself). A slice of
+// a known integer vector folds.
+absl::Status Slice(ImportContext& cx, const onnx::NodeProto& node) {
+  RETURN_IF_ERROR(cx.ExpectInputs(node, 3, 5));
+  RETURN_IF_ERROR(Attrs(node).OnlyKnown({}));
+  ASSIGN_OR_RETURN(std::vector<int64_t> starts, cx.ConstInts(node, 1));
+  ASSIGN_OR_RETURN(std::vector<int64_t> ends, cx.ConstInts(node, 2));
+  std::vector<int64_t> axes, steps;
+  if (node.input_size() > 3 && !node.input(3).empty()) {
+    ASSIGN_OR_RETURN(axes, cx.ConstInts(node, 3));
+  } else {
+    for (size_t i = 0; i < starts.size(); ++i) axes.push_back(static_cast<int64_t>(i));
+  }
+  if (node.input_size() > 4 && !node.input(4).empty()) {
+    ASSIGN_OR_RETURN(steps, cx.ConstInts(node, 4));
+  }
+  if (ends.size() != starts.size() || axes.size() != starts.size() ||
+      (!steps.empty() && steps.size() != starts.size())) {
+    return NodeError(node, "starts, ends, axes and steps differ in length");
+  }
+  ASSIGN_OR_RETURN(Operand in, cx.FirstOperand(node));
+  const std::optional<Ints>& ints = in.ints;
+  const bool unit_steps = std::all_of(steps.begin(), steps.end(), [](int64_t s) { return s == 1; });
+  if (ints && !unit_steps) return FoldSteppedSlice(cx, node, *ints, starts, ends, axes, steps);
+  for (int64_t s : steps) {
+    if (s != 1) return NodeError(node, absl::StrCat("step ", s, " is not supported (only 1)"));
+  }
+  Value x = in.value;
+  const Shape& shape = in.shape;
+  const auto rank = static_cast<int64_t>(shape.size());
+  struct Cut {
+    int64_t axis, begin, end;
+  };
+  std::vector<Cut> cuts;
+  for (size_t i = 0; i < axes.size(); ++i) {
+    ASSIGN_OR_RETURN(const int64_t axis,
+                     OnnxAxis(node, absl::StrCat("axis ", axes[i]), axes[i], rank));
+    const auto [begin, end] = SliceBounds(starts[i], ends[i], shape[axis]);
+    if (begin >= end) {
+      return NodeError(node,
+                       absl::StrCat("slice [", starts[i], ", ", ends[i], ") of dim ", axis, " of ",
+                                    ShapeToString(shape), " is empty (not supported)"));
+    }
+    if (begin != 0 || end != shape[axis]) cuts.push_back({axis, begin, end});
+  }
+  if (ints) {
+    if (rank != 1) return NodeError(node, "a slice of a constant must be of a vector");
+    Ints out = *ints;
+    for (const Cut& c : cuts) {
+      out.values =
+          std::vector<int64_t>(ints->values.begin() + c.begin, ints->values.begin() + c.end);
+      out.dims = {c.end - c.begin};
+    }
+    return cx.DefineInts(node, 0, std::move(out));
+  }
+  if (cuts.empty()) return cx.Define(node, x);
+  for (size_t i = 0; i + 1 < cuts.size(); ++i) {
+    ASSIGN_OR_RETURN(
+        x, cx.Aux(node, "slice", {x},
+                  {{"axis", cuts[i].axis}, {"begin", cuts[i].begin}, {"end", cuts[i].end}},
+                  absl::StrCat(cuts[i].axis)));
+  }
+  const Cut& last = cuts.back();
+  return cx.Apply(node, "slice", {x},
+                  {{"axis", last.axis}, {"begin", last.begin}, {"end", last.end}});
+}
+
+// Split along `axis` into the sizes of input `split` (opset 13; the
+// attribute before), or equal parts: one pebble `slice` per output.
+absl::Status Split(ImportContext& cx, const onnx::NodeProto& node) {
+  RETURN_IF_ERROR(cx.ExpectInputs(node, 1, 2));
+  const Attrs attrs(node);
+  RETURN_IF_ERROR(attrs.OnlyKnown({"axis", "split"}));
+  ASSIGN_OR_RETURN(Value x, cx.Get(node, node.input(0)));
+  const Shape& shape = cx.nb().type(x).shape;
+  const auto rank = static_cast<int64_t>(shape.size());
+  ASSIGN_OR_RETURN(int64_t axis, attrs.Int("axis", 0));
+  ASSIGN_OR_RETURN(axis, OnnxAxis(node, absl::StrCat("axis ", axis), axis, rank));
+  const int parts = node.output_size();
+  std::vector<int64_t> sizes;
+  if (node.input_size() == 2 && !node.input(1).empty()) {
+    ASSIGN_OR_RETURN(sizes, cx.ConstInts(node, 1));
+  } else if (attrs.has("split")) {
+    ASSIGN_OR_RETURN(sizes, attrs.Ints("split", {}));
+  } else if (parts > 0 && shape[axis] % parts == 0) {
+    sizes.assign(parts, shape[axis] / parts);
+  }
+  int64_t total = 0;
+  for (int64_t s : sizes) total += s > 0 ? s : -(int64_t{1} << 40);
+  if (static_cast<int>(sizes.size()) != parts || total != shape[axis]) {
+    return NodeError(
+        node, absl::StrCat("cannot split dim ", axis, " of ", ShapeToString(shape), " into ", parts,
+                           " parts [", absl::StrJoin(sizes, ","), "]"));
+  }
+  const std::string id = cx.NodeIdFor(node);
+  int64_t begin = 0;
+  for (int i = 0; i < parts; ++i) {
+    const int64_t end = begin + sizes[i];
+    const std::string part = i == 0 ? id : absl::StrCat(id, ".", i);
+    const Value v = cx.nb().Apply("slice", {x}, {{"axis", axis}, {"begin", begin}, {"end", end}},
+                                  cx.Free(part) ? part : cx.FreshId(part));
+    if (!cx.nb().status().ok()) return NodeError(node, cx.nb().status().message());
+    if (!node.output(i).empty()) RETURN_IF_ERROR(cx.Define(node, v, i));
+    begin = end;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Flatten(ImportContext& cx, const onnx::NodeProto& node) {
+  RETURN_IF_ERROR(cx.ExpectInputs(node, 1, 1));
+  const Attrs attrs(node);
+  RETURN_IF_ERROR(attrs.OnlyKnown({"axis"}));
+  ASSIGN_OR_RETURN(int64_t axis, attrs.Int("axis", 1));
+  ASSIGN_OR_RETURN(std::vector<Value> in, cx.Inputs(node));
+  const Shape& x = cx.nb().type(in[0]).shape;
+  const auto rank = static_cast<int64_t>(x.size());
+  ASSIGN_OR_RETURN(axis, OnnxAxis(node, absl::StrCat("axis ", axis), axis, rank,
+                                  /*one_past_last=*/true));
+  // ONNX Flatten is always 2-D: dims [0, axis) and [axis, rank) merged.
+  int64_t outer = 1;
+  for (int64_t d = 0; d < axis; ++d) outer *= x[d];
+  if (axis == 1 && rank >= 2) return cx.Apply(node, "flatten", in, {{"start_dim", 1}});
+  return cx.Apply(node, "reshape", in, {{"shape", std::vector<int64_t>{outer, -1}}});
+}
+
+absl::Status Reshape(ImportContext& cx, const onnx::NodeProto& node) {
+  RETURN_IF_ERROR(cx.ExpectInputs(node, 2, 2));
+  const Attrs attrs(node);
+  RETURN_IF_ERROR(attrs.OnlyKnown({"allowzero"}));
+  ASSIGN_OR_RETURN(int64_t allowzero, attrs.Int("allowzero", 0));
+  ASSIGN_OR_RETURN(std::vector<int64_t> shape, cx.ConstInts(node, 1));
+  ASSIGN_OR_RETURN(Operand x, cx.FirstOperand(node));
+  const Shape& in = x.shape;
+  for (size_t d = 0; d < shape.size(); ++d) {
+    if (shape[d] == 0 && allowzero == 0) {
+      if (d >= in.size()) return NodeError(node, "shape copies a dimension x does not have");
+      shape[d] = in[d];  // 0 copies the input's dimension
+    }
+  }
+  if (!x.ints) return cx.Apply(node, "reshape", {x.value}, {{"shape", shape}});
+  // Known integers keep their values in the new shape.
+  const auto count = static_cast<int64_t>(x.ints->values.size());
+  int64_t known = 1, infer_at = -1;
+  for (size_t d = 0; d < shape.size(); ++d) {
+    if (shape[d] == -1 && infer_at < 0) {
+      infer_at = static_cast<int64_t>(d);
+    } else if (shape[d] < 0) {
+      return NodeError(node, "shape has a negative dimension");
+    } else if (__builtin_mul_overflow(known, shape[d], &known)) {
+      return NodeError(node, "shape overflows");
+    }
+  }
+  if (infer_at >= 0 && known > 0 && count % known == 0) shape[infer_at] = count / known;
+  int64_t total = 1;
+  for (int64_t d : shape) {
+    if (d < 0 || __builtin_mul_overflow(total, d, &total)) total = -1;
+  }
+  if (total != count) return NodeError(node, "shape does not hold the integers' count");
+  return cx.DefineInts(node, 0, Ints{Shape(shape.begin(), shape.end()), x.ints->values});
+}
+
+absl::Status Concat(ImportContext& cx, const onnx::NodeProto& node) {
+  const Attrs attrs(node);
+  RETURN_IF_ERROR(attrs.OnlyKnown({"axis"}));
+  if (!attrs.has("axis")) return NodeError(node, "attribute axis is required");
+  ASSIGN_OR_RETURN(int64_t axis, attrs.Int("axis", 1));
+  // Integer vectors (the pieces of a shape) fold.
+  bool all_ints = node.input_size() > 0;
+  for (const std::string& name : node.input()) all_ints = all_ints && cx.KnownInts(name);
+  if (all_ints) {
+    Ints out{{0}, {}};
+    for (const std::string& name : node.input()) {
+      const Ints part = *cx.KnownInts(name);
+      if (part.dims.size() != 1 || (axis != 0 && axis != -1)) {
+        return NodeError(node, "only vectors of integers concatenate into a constant");
+      }
+      out.values.insert(out.values.end(), part.values.begin(), part.values.end());
+    }
+    out.dims = {static_cast<int64_t>(out.values.size())};
+    return cx.DefineInts(node, 0, std::move(out));
+  }
+  // Float vectors of constants (Resize's scales as nn.Upsample exports
+  // them) fold too.
+  std::vector<float> floats;
+  bool all_floats = node.input_size() > 0 && (axis == 0 || axis == -1);
+  for (const std::string& name : node.input()) {
+    const onnx::TensorProto* t = all_floats ? cx.ConstTensor(name) : nullptr;
+    std::optional<std::vector<double>> part = t ? FloatValues(*t) : std::nullopt;
+    all_floats = part.has_value() && t->dims_size() == 1;
+    if (all_floats) floats.insert(floats.end(), part->begin(), part->end());
+  }
+  if (all_floats) {
+    onnx::TensorProto t;
+    t.set_data_type(onnx::TensorProto::FLOAT);
+    t.add_dims(static_cast<int64_t>(floats.size()));
+    for (float f : floats) t.add_float_data(f);
+    return cx.DefineFolded(node, std::move(t));
+  }
+  ASSIGN_OR_RETURN(std::vector<Value> in, cx.Inputs(node));
+  if (in.empty()) return NodeError(node, "has no inputs");
+  ASSIGN_OR_RETURN(axis, OnnxAxis(node, absl::StrCat("axis ", axis), axis,
+                                  static_cast<int64_t>(cx.nb().type(in[0]).shape.size())));
+  return cx.Apply(node, "concat", in, {{"axis", axis}});
+}
+
+absl::Status Identity(ImportContext& cx, const onnx::NodeProto& node) {
+  RETURN_IF_ERROR(cx.ExpectInputs(node, 1, 1));
+  ASSIGN_OR_RETURN(Value x, cx.Get(node, node.input(0)));
+  return cx.Define(node, x);
+}
+
+absl::Status Constant(ImportContext& cx, const onnx::NodeProto& node) {
+  const Attrs attrs(node);
+  RETURN_IF_ERROR(attrs.OnlyKnown({"value"}));
+  for (const onnx::AttributeProto& a : node.attribute()) {
+    if (a.name() == "value" && a.type() == onnx::AttributeProto::TENSOR &&
+        node.output_size() == 1) {
+      cx.SetConstant(node.output(0), &a.t());
+      return absl::OkStatus();
+    }
+  }
+  return NodeError(node, "only a tensor 'value' is supported");
+}
+
+// Cast of a constant (torch.clamp casts its scalar bounds): the value is
+// kept as it is, for the operators that read constants by value. A cast
+// of a computed tensor is refused.
+absl::Status Cast(ImportContext& cx, const onnx::NodeProto& node) {
+  RETURN_IF_ERROR(cx.ExpectInputs(node, 1, 1));
+  RETURN_IF_ERROR(Attrs(node).OnlyKnown({"to", "saturate"}));
+  const onnx::TensorProto* t = cx.ConstTensor(node.input(0));
+  if (t == nullptr) {
+    return NodeError(node,
+                     "only a cast of a constant is supported (this one casts a "
+                     "computed tensor)");
+  }
+  if (node.output_size() != 1 || node.output(0).empty()) return NodeError(node, "has no output");
+  cx.SetConstant(node.output(0), t);
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+// Add, Sub, Mul, Div, Mod of two integer tensors (a scalar or one-element
+// operand broadcast over the other); Div of non-negative values; Mod by a
+// non-zero divisor, the result's sign the divisor's (fmod 0, as Python's
+// %) or the dividend's (fmod 1, as C's %).
+absl::Status FoldArithmetic(ImportContext& cx, const onnx::NodeProto& node, bool fmod) {
+  Ints a = *cx.KnownInts(node.input(0));
+  const Ints b = *cx.KnownInts(node.input(1));
+  const size_t na = a.values.size(), nb = b.values.size();
+  if (na != nb && na != 1 && nb != 1) {
+    return NodeError(
+        node, absl::StrCat("integer operands of ", na, " and ", nb, " values do not broadcast"));
+  }
+  Ints out = na >= nb ? a : b;
+  const std::string& op = node.op_type();
+  for (size_t i = 0; i < out.values.size(); ++i) {
+    const int64_t x = a.values[na == 1 ? 0 : i], y = b.values[nb == 1 ? 0 : i];
+    int64_t r = 0;
+    bool overflow = false;
+    if (op == "Add") {
+      overflow = __builtin_add_overflow(x, y, &r);
+    } else if (op == "Sub") {
+      overflow = __builtin_sub_overflow(x, y, &r);
+    } else if (op == "Mul") {
+      overflow = __builtin_mul_overflow(x, y, &r);
+    } else if (op == "Mod") {
+      if (y == 0) return NodeError(node, absl::StrCat("integer ", x, " mod 0"));
+      if (y == -1) {
+        r = 0;  // x % -1 overflows for INT64_MIN in C++
+      } else {
+        r = x % y;
+        if (!fmod && r != 0 && ((r < 0) != (y < 0))) r += y;
+      }
+    } else {
+      if (y <= 0 || x < 0) {
+        return NodeError(node, absl::StrCat("integer division ", x, " / ", y,
+                                            " (only non-negative by positive)"));
+      }
+      r = x / y;
+    }
+    if (overflow) return NodeError(node, "integer arithmetic overflows");
+    out.values[i] = r;
+  }
+  return cx.DefineInts(node, 0, std::move(out));
+}
+
+void AddShapeOps(OnnxHandlers& handlers) {
+  handlers["Mod"] = Mod;
+  handlers["Shape"] = ShapeOf;
+  handlers["Gather"] = Gather;
+  handlers["ConstantOfShape"] = ConstantOfShape;
+  handlers["Equal"] = Equal;
+  handlers["Where"] = Where;
+  for (const bool unsqueeze : {true, false}) {
+    handlers[unsqueeze ? "Unsqueeze" : "Squeeze"] = [unsqueeze](ImportContext& cx,
+                                                                const onnx::NodeProto& node) {
+      return SqueezeOrUnsqueeze(cx, node, unsqueeze);
+    };
+  }
+  handlers["Transpose"] = Transpose;
+  handlers["Slice"] = Slice;
+  handlers["Split"] = Split;
+  handlers["Flatten"] = Flatten;
+  handlers["Reshape"] = Reshape;
+  handlers["Concat"] = Concat;
+  handlers["Identity"] = Identity;
+  handlers["Constant"] = Constant;
+  handlers["Cast"] = Cast;
+}
+
+}  // namespace pebble::onnx_import

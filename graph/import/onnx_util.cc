@@ -1,0 +1,186 @@
+// Reading ONNX nodes' attributes and constants (see onnx_util.h).
+#include "graph/import/onnx_util.h"
+
+#include <cstring>
+
+#include "absl/strings/str_join.h"
+#include "graph/status.h"
+
+namespace pebble::onnx_import {
+namespace {
+
+// The node as errors name it: "ONNX node 'name' (op Conv)".
+std::string NodeLabel(const onnx::NodeProto& node) {
+  const std::string& name =
+      node.name().empty() && node.output_size() > 0 ? node.output(0) : node.name();
+  return absl::StrCat("ONNX node ", Quote(name), " (op ", Printable(node.op_type()), ")");
+}
+
+// Appends the elements of type T that `raw` holds (ONNX's raw_data: packed,
+// little-endian) to `out`; false when `raw` is not a whole number of them.
+template <typename T, typename Out>
+bool DecodeRaw(const std::string& raw, std::vector<Out>& out) {
+  if (raw.size() % sizeof(T) != 0) return false;
+  for (size_t i = 0; i < raw.size(); i += sizeof(T)) {
+    T x;
+    std::memcpy(&x, raw.data() + i, sizeof(T));
+    out.push_back(static_cast<Out>(x));
+  }
+  return true;
+}
+
+}  // namespace
+
+absl::StatusOr<DType> DTypeOfOnnx(int elem_type) {
+  switch (elem_type) {
+    case onnx::TensorProto::FLOAT: return DType::kFloat32;
+    case onnx::TensorProto::FLOAT16: return DType::kFloat16;
+    case onnx::TensorProto::BFLOAT16: return DType::kBFloat16;
+    case onnx::TensorProto::INT64: return DType::kInt64;
+    case onnx::TensorProto::UINT8: return DType::kUInt8;
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat("ONNX element type ", elem_type, " has no pebble dtype"));
+  }
+}
+
+absl::Status NodeError(const onnx::NodeProto& node, absl::string_view what) {
+  return absl::InvalidArgumentError(absl::StrCat(NodeLabel(node), ": ", Printable(what, 4000)));
+}
+
+absl::StatusOr<int64_t> OnnxAxis(const onnx::NodeProto& node, absl::string_view what, int64_t axis,
+                                 int64_t rank, bool one_past_last) {
+  const int64_t last = one_past_last ? rank : rank - 1;
+  if (axis < -rank || axis > last) {
+    return NodeError(
+        node, absl::StrCat(what, " is out of range for an input of rank ", rank,
+                           last < 0 ? " (a scalar has no axis)"
+                                    : absl::StrCat(" (", -rank, " to ", last, " are valid)")));
+  }
+  return axis < 0 ? axis + rank : axis;
+}
+
+absl::StatusOr<std::vector<int64_t>> IntValues(const onnx::TensorProto& t) {
+  if (t.data_type() != onnx::TensorProto::INT64 && t.data_type() != onnx::TensorProto::INT32) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tensor ", Quote(t.name()), " is not an integer tensor"));
+  }
+  int64_t count = 1;
+  for (int64_t d : t.dims()) {
+    if (d < 0 || d > (int64_t{1} << 20) || (count *= std::max<int64_t>(d, 1)) > (1 << 20)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("integer tensor ", Quote(t.name()), " is too large"));
+    }
+  }
+  std::vector<int64_t> values;
+  const bool int64 = t.data_type() == onnx::TensorProto::INT64;
+  if (const std::string& raw = t.raw_data(); !raw.empty()) {
+    if (!(int64 ? DecodeRaw<int64_t>(raw, values) : DecodeRaw<int32_t>(raw, values))) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("tensor ", Quote(t.name()), ": raw data of ", raw.size(), " bytes"));
+    }
+  } else if (int64) {
+    values.assign(t.int64_data().begin(), t.int64_data().end());
+  } else {
+    values.assign(t.int32_data().begin(), t.int32_data().end());
+  }
+  const int64_t expected = t.dims().empty() ? 1 : count;
+  if (static_cast<int64_t>(values.size()) != expected) {
+    return absl::InvalidArgumentError(absl::StrCat("tensor ", Quote(t.name()), " holds ",
+                                                   values.size(), " values for ", expected,
+                                                   " elements"));
+  }
+  return values;
+}
+
+std::optional<std::vector<double>> FloatValues(const onnx::TensorProto& t) {
+  int64_t count = 1;
+  for (int64_t d : t.dims()) {
+    if (d < 0 || d > (int64_t{1} << 20) || (count *= d) > (int64_t{1} << 20)) {
+      return std::nullopt;
+    }
+  }
+  const std::string& raw = t.raw_data();
+  std::vector<double> values;
+  bool decoded = true;
+  if (t.data_type() == onnx::TensorProto::FLOAT) {
+    if (raw.empty()) {
+      values.assign(t.float_data().begin(), t.float_data().end());
+    } else {
+      decoded = DecodeRaw<float>(raw, values);
+    }
+  } else if (t.data_type() == onnx::TensorProto::DOUBLE) {
+    if (raw.empty()) {
+      values.assign(t.double_data().begin(), t.double_data().end());
+    } else {
+      decoded = DecodeRaw<double>(raw, values);
+    }
+  } else {
+    return std::nullopt;
+  }
+  if (!decoded || static_cast<int64_t>(values.size()) != count) return std::nullopt;
+  return values;
+}
+
+std::optional<double> FloatScalar(const onnx::TensorProto& t) {
+  std::optional<std::vector<double>> values = FloatValues(t);
+  if (!values || values->size() != 1) return std::nullopt;
+  return values->front();
+}
+
+std::optional<bool> BoolScalar(const onnx::TensorProto& t) {
+  if (t.data_type() != onnx::TensorProto::BOOL) return std::nullopt;
+  if (t.raw_data().size() == 1) return t.raw_data()[0] != 0;
+  if (t.int32_data_size() == 1) return t.int32_data(0) != 0;
+  return std::nullopt;
+}
+
+absl::StatusOr<std::vector<int64_t>> SymmetricPads(const Attrs& attrs, const onnx::NodeProto& node,
+                                                   int spatial) {
+  ASSIGN_OR_RETURN(std::vector<int64_t> pads,
+                   attrs.Ints("pads", std::vector<int64_t>(2 * spatial, 0)));
+  if (static_cast<int>(pads.size()) != 2 * spatial) {
+    return NodeError(node, absl::StrCat("attribute pads has ", pads.size(), " values for ", spatial,
+                                        " spatial dims"));
+  }
+  std::vector<int64_t> padding(spatial);
+  for (int d = 0; d < spatial; ++d) {
+    if (pads[d] != pads[d + spatial]) {
+      return attrs.Unsupported("pads", absl::StrCat("[", absl::StrJoin(pads, ","), "]"),
+                               "asymmetric padding");
+    }
+    padding[d] = pads[d];
+  }
+  return padding;
+}
+
+absl::Status OnlyNotSetAutoPad(const Attrs& attrs) {
+  ASSIGN_OR_RETURN(std::string auto_pad, attrs.String("auto_pad", "NOTSET"));
+  if (auto_pad != "NOTSET") {
+    return attrs.Unsupported("auto_pad", Quote(auto_pad), "give explicit pads");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status AllOnes(const Attrs& attrs, absl::string_view name, int spatial) {
+  ASSIGN_OR_RETURN(std::vector<int64_t> v, attrs.Ints(name, std::vector<int64_t>(spatial, 1)));
+  for (int64_t x : v) {
+    if (x != 1) {
+      return attrs.Unsupported(name, absl::StrCat("[", absl::StrJoin(v, ","), "]"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+std::vector<int64_t> WithUnitDim(const Shape& shape, size_t at) {
+  std::vector<int64_t> out(shape.begin(), shape.end());
+  out.insert(out.begin() + static_cast<std::ptrdiff_t>(at), 1);
+  return out;
+}
+
+std::vector<int64_t> Widen(std::vector<int64_t> v, int64_t fill) {
+  v.insert(v.begin(), fill);
+  return v;
+}
+
+}  // namespace pebble::onnx_import
