@@ -1154,8 +1154,8 @@ absl::StatusOr<Graph> RankFlags::Sharded(absl::StatusOr<Graph> graph) const {
       }
     }
   }
-  if (graph.ok()) RETURN_IF_ERROR(CheckClippingRanks(*graph, ranks));
   if (!graph.ok() || shard == "none") return graph;
+  RETURN_IF_ERROR(CheckClippingSharded(*graph));
   RETURN_IF_ERROR(CheckShard());
   ASSIGN_OR_RETURN(const NetworkLink link, Link());
   return ShardGraph(*graph, ranks, link);

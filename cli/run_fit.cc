@@ -130,8 +130,8 @@ int RunFit(const FitFlags& f) {
                                           ": ", built.status().message())));
     }
     // (each size would be refused alike)
-    if (built.ok()) {
-      if (absl::Status s = CheckClippingRanks(*built, f.rank_flags.ranks); !s.ok()) return Fail(s);
+    if (built.ok() && f.rank_flags.shard != "none") {
+      if (absl::Status s = CheckClippingSharded(*built); !s.ok()) return Fail(s);
     }
   }
   request.start = f.start;

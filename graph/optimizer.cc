@@ -456,22 +456,31 @@ absl::StatusOr<Graph> AddOptimizerStep(const Graph& training, const OptimizerSpe
   return OptimizerStepBuilder(clipped, spec, cost).Build();
 }
 
-absl::Status CheckClippingRanks(const Graph& graph, int ranks) {
-  if (ranks <= 1 || !ClipsGradients(graph)) return absl::OkStatus();
-  return absl::UnimplementedError(absl::StrCat(
-      "the step clips its gradients (max_grad_norm), which pebble plans on one rank only, not ",
-      ranks, ": there the norm is of the gradients averaged over the ranks (data parallel) or "
-      "of every rank's shards (sharded); pebble.torch's train_step clips both ways"));
+absl::Status CheckClippingSharded(const Graph& graph) {
+  if (!ClipsGradients(graph)) return absl::OkStatus();
+  return absl::UnimplementedError(
+      "the step clips its gradients (max_grad_norm), which pebble plans on one rank and data "
+      "parallel, not sharded: there the norm is of every rank's shards (pebble.torch's "
+      "train_step clips sharded steps)");
+}
+
+bool IsUnclippedGradient(const Graph& graph, NodeId v) {
+  const std::string& id = graph.id(v);
+  if (!absl::StartsWith(id, kUnclippedPrefix)) return false;
+  const NodeId p = graph.Find(id.substr(kUnclippedPrefix.size()));
+  return p != kNoNode && graph.role(p) == Role::kParameter;
 }
 
 bool ClipsGradients(const Graph& graph) {
   for (NodeId v = 0; v < graph.num_nodes(); ++v) {
-    const std::string& id = graph.id(v);
-    if (!absl::StartsWith(id, kUnclippedPrefix)) continue;
-    const NodeId p = graph.Find(id.substr(kUnclippedPrefix.size()));
-    if (p != kNoNode && graph.role(p) == Role::kParameter) return true;
+    if (IsUnclippedGradient(graph, v)) return true;
   }
   return false;
+}
+
+NodeId BackwardGradient(const Graph& graph, NodeId p) {
+  const NodeId unclipped = graph.Find(absl::StrCat(kUnclippedPrefix, graph.id(p)));
+  return unclipped != kNoNode ? unclipped : graph.Find(absl::StrCat("grad:", graph.id(p)));
 }
 
 }  // namespace pebble

@@ -127,15 +127,23 @@ absl::StatusOr<Graph> AddOptimizerStep(const Graph& training, const OptimizerSpe
                                        CostModel cost = {});
 
 // Whether `graph` clips its gradients (Note [Clipping in the graph]): it has
-// a node "unclipped_grad:p" of a parameter p. The clipping is planned on one
-// rank only, so several ranks (plans, simulations, runs) and sharding
-// refuse such a graph.
+// a node "unclipped_grad:p" of a parameter p. Planned on one rank and data
+// parallel (the norm of the gradients averaged over the ranks, as
+// clip_grad_norm_ after DistributedDataParallel's backward); sharding
+// refuses such a graph (CheckClippingSharded).
 bool ClipsGradients(const Graph& graph);
+// Whether `v` is a parameter's unclipped gradient "unclipped_grad:p": the
+// backward's gradient, which only the clipping's nodes read.
+bool IsUnclippedGradient(const Graph& graph, NodeId v);
+// The gradient of parameter `p` that the backward makes: "unclipped_grad:p"
+// where the step clips, else "grad:p"; kNoNode where there is none. With
+// several ranks this is the gradient summed over them.
+NodeId BackwardGradient(const Graph& graph, NodeId p);
 // The id of the clipped gradients' norm before clipping (an output).
 inline constexpr absl::string_view kGradNormId = "grad_norm";
-// Unimplemented, saying why, where `graph` clips its gradients and `ranks`
-// is above 1; OK otherwise.
-absl::Status CheckClippingRanks(const Graph& graph, int ranks);
+// Unimplemented, saying why, where `graph` clips its gradients: for a step
+// to be sharded, whose norm would be of every rank's shards.
+absl::Status CheckClippingSharded(const Graph& graph);
 
 // The host cost model of an element-wise update (seconds): it streams
 // `bytes_moved` (its operands' bytes read plus its output's written) at

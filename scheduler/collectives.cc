@@ -109,6 +109,36 @@ absl::StatusOr<size_t> ReducePosition(const Graph& graph, const Schedule& schedu
   return after;
 }
 
+// An unclipped gradient (Note [Clipping in the graph]) is read by the
+// clipping alone, which reads the ranks' sum (the norm of the averaged
+// gradients, as clip_grad_norm_ after DistributedDataParallel's backward),
+// and by no backward step. So each value of it that the clipping reads is
+// summed right after its compute: a plan that frees it and computes it again
+// for the clipped copy sums that value again. The steps to sum after.
+std::vector<size_t> ClippedReducePositions(const Graph& graph, const Schedule& schedule,
+                                           NodeId gradient) {
+  const NodeId root = graph.storage(gradient);
+  const size_t n = schedule.steps.size();
+  std::vector<size_t> after;
+  size_t computed = n;  // the current value's compute, until the clipping reads it (n: none)
+  for (size_t k = 0; k < n; ++k) {
+    const Step& s = schedule.steps[k];
+    if (s.action != Action::kCompute && s.action != Action::kHostCompute) continue;
+    if (s.node == gradient) {
+      computed = k;
+      continue;
+    }
+    if (computed == n || graph.storage(s.node) == root) continue;
+    for (NodeId u : graph.unique_inputs(s.node)) {
+      if (graph.storage(u) != root) continue;
+      after.push_back(computed);
+      computed = n;
+      break;
+    }
+  }
+  return after;
+}
+
 }  // namespace
 
 absl::StatusOr<Schedule> ReduceGradients(const Graph& graph, const Schedule& schedule) {
@@ -125,6 +155,10 @@ absl::StatusOr<Schedule> ReduceGradients(const Graph& graph, const Schedule& sch
   };
   for (NodeId g : gradients) {
     if (within_another(g)) continue;
+    if (IsUnclippedGradient(graph, g)) {
+      for (size_t after : ClippedReducePositions(graph, schedule, g)) inserts.emplace_back(after, g);
+      continue;
+    }
     ASSIGN_OR_RETURN(size_t after, ReducePosition(graph, schedule, g));
     inserts.emplace_back(after, g);
   }
@@ -193,7 +227,8 @@ namespace {
 // for a bucket: one that copies its storage to the host, frees the
 // gradient or its storage, writes the storage (its base computed again, an
 // in-place node on it), or is an in-place node elsewhere that reads it (an
-// update, which must read the sum). A gradient whose storage was copied to
+// update, which must read the sum), or reads an unclipped gradient at all
+// (the clipping, which reads the sum too). A gradient whose storage was copied to
 // the host before its all_reduce may not wait at all: its stale host copy
 // leaves host memory at the all_reduce, and waiting would hold it longer.
 struct ReductionSteps {
@@ -207,6 +242,11 @@ struct ReductionSteps {
     // Walking back: per storage, the next step that closes it; per node,
     // its next free.
     std::vector<size_t> next_close(nodes, n), next_free(nodes, n);
+    // Storages of unclipped gradients: the clipping reads their sum.
+    std::vector<uint8_t> unclipped(nodes, 0);
+    for (NodeId v = 0; v < graph.num_nodes(); ++v) {
+      if (IsUnclippedGradient(graph, v)) unclipped[graph.storage(v)] = 1;
+    }
     std::vector<std::pair<size_t, size_t>> found;  // (step, closed), last first
     for (size_t k = n; k-- > 0;) {
       const Step& s = schedule.steps[k];
@@ -225,8 +265,11 @@ struct ReductionSteps {
         case Action::kCompute:
         case Action::kHostCompute:
           if (s.node == root || graph.in_place(s.node)) next_close[root] = k;
-          if (graph.in_place(s.node) || graph.role(s.node) == Role::kUpdate) {
-            for (NodeId u : graph.unique_inputs(s.node)) next_close[graph.storage(u)] = k;
+          for (NodeId u : graph.unique_inputs(s.node)) {
+            if (graph.in_place(s.node) || graph.role(s.node) == Role::kUpdate ||
+                unclipped[graph.storage(u)]) {
+              next_close[graph.storage(u)] = k;
+            }
           }
           break;
         case Action::kPrefetch:
@@ -468,7 +511,6 @@ class GradientReductionPlanner : public Planner {
           "them): plan it with ", sharded->ranks, " ranks, not ", options.ranks));
     }
     if (options.ranks <= 1) return inner_->Plan(graph, options);
-    RETURN_IF_ERROR(CheckClippingRanks(graph, options.ranks));
     // One rank's plan: a policy that plans with others (hybrid, checkmate's
     // warm starts) makes them through MakePlanner, wrapped too, and the
     // all-reduces are added once, here.

@@ -124,7 +124,7 @@ absl::StatusOr<Graph> ShardGraph(const Graph& g, int ranks, const NetworkLink& l
   if (g.has_collectives()) {
     return absl::InvalidArgumentError("the graph has collectives already (sharded once)");
   }
-  RETURN_IF_ERROR(CheckClippingRanks(g, ranks));
+  RETURN_IF_ERROR(CheckClippingSharded(g));
   const int n = g.num_nodes();
   // The sharded parameters, and the nodes each shard's storage ends in.
   absl::flat_hash_map<NodeId, ShardedParameter> sharded;

@@ -177,6 +177,10 @@ class Reductions {
     const int n = graph.num_nodes();
     reduced_.assign(n, {});
     reduced_until_.assign(n, 0.0);
+    unclipped_.assign(n, 0);
+    for (NodeId v = 0; v < n; ++v) {
+      if (IsUnclippedGradient(graph, v)) unclipped_[graph.storage(v)] = 1;
+    }
     if (required) {
       gradients_ = gradients;
       gradient_in_.assign(n, kNoNode);
@@ -187,10 +191,18 @@ class Reductions {
 
   // Why a compute of v may not read u, or "": the backward reads a rank's
   // own values; an update (but one that writes u's storage: the gradient
-  // being made) reads a gradient only once it is summed.
+  // being made) reads a gradient only once it is summed, and so does the
+  // clipping of an unclipped gradient (it reads the average's norm), which
+  // only the clipping reads.
   std::string ReadError(NodeId v, NodeId u) const {
     const NodeId s = graph_.storage(u);
-    if (!reduced_[s].empty() && !graph_.in_place(v) && !graph_.is_alias(v)) {
+    const bool clipping = unclipped_[s] && graph_.storage(v) != s;
+    if (clipping && !gradient_in_.empty() && !Summed(u)) {
+      return absl::StrCat("input ", Quote(graph_.id(u)), " is not summed over the ranks yet: "
+                          "with several ranks the clipping reads a gradient after its "
+                          "all_reduce (the norm of the averaged gradients)");
+    }
+    if (!reduced_[s].empty() && !graph_.in_place(v) && !graph_.is_alias(v) && !clipping) {
       return absl::StrCat("input ", Quote(graph_.id(u)), " was summed over the ranks by "
                           "all_reduce ", Quote(graph_.id(reduced_[s][0])), "; only in-place "
                           "updates read a reduced value (the backward reads the rank's own: "
@@ -266,6 +278,7 @@ class Reductions {
   std::vector<double> reduced_until_;  // per storage: when its last all_reduce ended
   std::vector<NodeId> gradients_;      // GradientsToReduce (ranks > 1)
   std::vector<NodeId> gradient_in_;    // per storage: the gradient it holds (ranks > 1)
+  std::vector<uint8_t> unclipped_;     // per storage: it holds an unclipped gradient
 };
 
 }  // namespace
@@ -283,7 +296,7 @@ std::vector<NodeId> GradientsToReduce(const Graph& graph) {
   std::vector<NodeId> gradients;
   for (NodeId p = 0; p < graph.num_nodes(); ++p) {
     if (!graph.persistent(p) || graph.role(p) != Role::kParameter) continue;
-    const NodeId g = graph.Find(absl::StrCat("grad:", graph.id(p)));
+    const NodeId g = BackwardGradient(graph, p);
     if (g != kNoNode && !graph.persistent(g) && graph.needed()[g] && !from_sum[g]) {
       gradients.push_back(g);
     }
@@ -328,7 +341,9 @@ absl::StatusOr<PlanReport> Simulate(const Graph& graph,
     return absl::InvalidArgumentError("host bandwidth must be positive");
   }
   if (options.ranks < 1) return absl::InvalidArgumentError("ranks must be at least 1");
-  RETURN_IF_ERROR(CheckClippingRanks(graph, options.ranks));
+  // (ShardGraph refuses a clipping step; a graph edited by hand may still
+  // hold both)
+  if (graph.has_collectives()) RETURN_IF_ERROR(CheckClippingSharded(graph));
   if (!(options.network.bandwidth_bytes_per_s > 0) ||
       !std::isfinite(options.network.bandwidth_bytes_per_s) ||
       !(options.network.latency_s >= 0) || !std::isfinite(options.network.latency_s)) {

@@ -490,6 +490,81 @@ TEST_F(DataParallelRunTest, SgdStepsLeaveTheSameParametersOnEveryRank) {
   }
 }
 
+// Clipped (max_grad_norm), as clip_grad_norm_ after DistributedDataParallel's
+// backward: the norm is of the ranks' mean gradient, each rank's .grad is
+// that mean times min(1, X / (norm + 1e-6)), and SGD moves every parameter
+// by lr times it; the same bits on both ranks. The expected values come
+// from each rank's batch run alone without clipping. checkmate-lp at its
+// least peak frees unclipped gradients and computes them again for their
+// clipped copies: each value the clipping reads is summed.
+TEST_F(DataParallelRunTest, ClippedStepsClipByTheNormOfTheMeanGradient) {
+  const Graph training = *BuildModel("mnist-cnn:batch=2");
+  const Graph plain = *AddOptimizerStep(training, *ParseOptimizer("sgd:lr=0.5"));
+  const Graph clipped =
+      *AddOptimizerStep(training, *ParseOptimizer("sgd:lr=0.5,max_grad_norm=0.05"));
+  std::vector<ExecutionResult> single;
+  for (int r = 0; r < 2; ++r) {
+    auto run = RunAlone(plain, Plan(plain, "dtr", 1), r);
+    ASSERT_TRUE(run.ok()) << run.status();
+    single.push_back(*std::move(run));
+  }
+  // The mean gradients and their norm.
+  std::map<std::string, std::vector<float>> mean;
+  double squares = 0;
+  for (NodeId p = 0; p < plain.num_nodes(); ++p) {
+    if (plain.role(p) != Role::kParameter) continue;
+    const std::string grad = "grad:" + plain.id(p);
+    const std::vector<float> g0 = Floats(single[0].FindOutput(plain, grad)->array),
+                             g1 = Floats(single[1].FindOutput(plain, grad)->array);
+    std::vector<float>& m = mean[plain.id(p)];
+    for (size_t i = 0; i < g0.size(); ++i) {
+      m.push_back(g0[i] / 2 + g1[i] / 2);
+      squares += static_cast<double>(m.back()) * m.back();
+    }
+  }
+  const double norm = std::sqrt(squares);
+  const double factor = std::min(1.0, 0.05 / (norm + 1e-6));
+  ASSERT_LT(factor, 0.5) << "the clipping would not act";
+  for (const char* policy : {"dtr", "checkmate-lp"}) {
+    SCOPED_TRACE(policy);
+    const Schedule dp = Plan(clipped, policy, 2);
+    const auto reduces = std::count_if(dp.steps.begin(), dp.steps.end(), [](const Step& s) {
+      return s.action == Action::kAllReduce;
+    });
+    if (std::string(policy) == "checkmate-lp") {
+      EXPECT_GT(reduces, static_cast<int64_t>(mean.size())) << "no gradient summed twice";
+    }
+    auto ranks = RunRanks(clipped, dp, 2);
+    for (int r = 0; r < 2; ++r) ASSERT_TRUE(ranks[r].ok()) << "rank " << r << ": " << ranks[r].status();
+    for (int r = 0; r < 2; ++r) {
+      EXPECT_EQ(ranks[r]->peak_bytes, ranks[r]->predicted.peak_bytes) << "rank " << r;
+      const HostTensor* n = ranks[r]->FindOutput(clipped, std::string(kGradNormId));
+      ASSERT_NE(n, nullptr);
+      EXPECT_NEAR(Floats(n->array)[0], norm, 1e-5 * norm) << "rank " << r;
+    }
+    for (const auto& [id, m] : mean) {
+      SCOPED_TRACE(id);
+      const std::vector<float> g = Floats(ranks[0]->FindOutput(clipped, "grad:" + id)->array);
+      EXPECT_EQ(Floats(ranks[1]->FindOutput(clipped, "grad:" + id)->array), g);
+      absl::StatusOr<NpyArray> before = GenerateInput(clipped, clipped.Find(id), /*seed=*/0);
+      ASSERT_TRUE(before.ok());
+      const std::vector<float> p0 = Floats(*before);
+      const HostTensor* after = nullptr;
+      for (const auto& u : ranks[0]->updated) {
+        if (clipped.id(u.node) == id) after = &u;
+      }
+      ASSERT_NE(after, nullptr);
+      const std::vector<float> p1 = Floats(after->array);
+      for (size_t i = 0; i < m.size(); ++i) {
+        const float want = static_cast<float>(factor * m[i]);
+        ASSERT_NEAR(g[i], want, 1e-6f * std::abs(want) + 1e-5f * static_cast<float>(factor * norm))
+            << i;
+        ASSERT_NEAR(p1[i], p0[i] - 0.5f * g[i], 1e-6f * std::abs(p0[i]) + 1e-12f) << i;
+      }
+    }
+  }
+}
+
 // Sharded (ZeRO-3): each rank's parameters, optimizer state and gradients
 // after a step are its shards of the data-parallel run's, to the bit with
 // two ranks (both average the same two halves; the update is element-wise).
