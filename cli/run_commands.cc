@@ -405,19 +405,6 @@ class RunOutputFiles {
   bool kept_ = false;
 };
 
-// A clipped step's norm before clipping (its output "grad_norm", a float32
-// scalar: graph/optimizer.h, Note [Clipping in the graph]); nullopt without.
-std::optional<double> GradNorm(const Graph& graph, const ExecutionResult& r) {
-  if (graph.Find(kGradNormId) == kNoNode) return std::nullopt;
-  const HostTensor* t = r.FindOutput(graph, kGradNormId);
-  if (t == nullptr || t->array.dtype != DType::kFloat32 || t->array.data.size() != 4) {
-    return std::nullopt;
-  }
-  float norm;
-  std::memcpy(&norm, t->array.data.data(), 4);
-  return norm;
-}
-
 void PrintMemoryLog(const Graph& graph, const ExecutionResult& r) {
   Table t({"steps", "module", "phase", "delta", "total", "delta_bytes", "total_bytes"});
   for (const MemoryLogRow& row : MemoryLog(graph, r)) {
@@ -737,7 +724,9 @@ int RunRun(const RunFlags& given) {
     }
     if (!f.source.model.empty()) doc["model"] = f.source.model;
     doc["loss"] = r.loss.has_value() ? nlohmann::json(*r.loss) : nlohmann::json(nullptr);
-    if (const std::optional<double> norm = GradNorm(*graph, r)) doc["grad_norm"] = *norm;
+    if (const std::optional<double> norm = r.ScalarOutput(*graph, kGradNormId)) {
+      doc["grad_norm"] = *norm;
+    }
     if (!f.dump_dir.empty()) doc["dump"] = f.dump_dir;
     doc["updated"] = r.updated.size();
     if (!f.trace_path.empty()) doc["trace"] = f.trace_path;
@@ -810,7 +799,7 @@ int RunRun(const RunFlags& given) {
                                    ? ""
                                    : absl::StrFormat("; the batch's %d + rank", f.seed));
   if (r.loss.has_value()) std::cout << absl::StrFormat("  loss            %.9g\n", *r.loss);
-  if (const std::optional<double> norm = GradNorm(*graph, r)) {
+  if (const std::optional<double> norm = r.ScalarOutput(*graph, kGradNormId)) {
     std::cout << absl::StrFormat("  grad norm       %.9g (before clipping)\n", *norm);
   }
   if (!f.dump_dir.empty()) {

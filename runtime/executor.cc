@@ -690,6 +690,27 @@ const HostTensor* ExecutionResult::FindOutput(const Graph& graph, absl::string_v
   return nullptr;
 }
 
+std::optional<double> ExecutionResult::ScalarOutput(const Graph& graph,
+                                                    absl::string_view id) const {
+  if (graph.Find(id) == kNoNode) return std::nullopt;
+  const HostTensor* t = FindOutput(graph, id);
+  if (t == nullptr || NumElements(t->array.shape) != 1) return std::nullopt;
+  switch (t->array.dtype) {
+    case DType::kFloat32: {
+      float x;
+      std::memcpy(&x, t->array.data.data(), 4);
+      return x;
+    }
+    case DType::kFloat16: {
+      uint16_t h;
+      std::memcpy(&h, t->array.data.data(), 2);
+      return HalfToFloat(h);
+    }
+    default:
+      return std::nullopt;
+  }
+}
+
 namespace {
 
 // Frees backend memory on every exit path.
@@ -905,27 +926,6 @@ InstanceIndex IndexInstances(const Graph& graph, const MemoryLayout& layout, int
     }
   }
   return index;
-}
-
-// The value of output "loss" when it is a float32 or float16 scalar.
-std::optional<double> ScalarLoss(const Graph& graph, const ExecutionResult& result) {
-  if (graph.Find("loss") == kNoNode) return std::nullopt;
-  const HostTensor* t = result.FindOutput(graph, "loss");
-  if (t == nullptr || NumElements(t->array.shape) != 1) return std::nullopt;
-  switch (t->array.dtype) {
-    case DType::kFloat32: {
-      float x;
-      std::memcpy(&x, t->array.data.data(), 4);
-      return x;
-    }
-    case DType::kFloat16: {
-      uint16_t h;
-      std::memcpy(&h, t->array.data.data(), 2);
-      return HalfToFloat(h);
-    }
-    default:
-      return std::nullopt;
-  }
 }
 
 // One run of a checked schedule on a backend, phase by phase (Execute calls
@@ -1160,7 +1160,7 @@ class ScheduleRun {
       ASSIGN_OR_RETURN(HostTensor t, Download(v));
       result_.updated.push_back(std::move(t));
     }
-    result_.loss = ScalarLoss(graph_, result_);
+    result_.loss = result_.ScalarOutput(graph_, "loss");
     return absl::OkStatus();
   }
 

@@ -166,6 +166,9 @@ struct ExecutionResult {
 
   // The output `id`, or nullptr.
   const HostTensor* FindOutput(const Graph& graph, absl::string_view id) const;
+  // The output `id`'s value where it is a float32 or float16 scalar (the
+  // loss, a clipped step's "grad_norm"), else nullopt.
+  std::optional<double> ScalarOutput(const Graph& graph, absl::string_view id) const;
 };
 
 // The persistent tensors that the graph's in-place updates write (a

@@ -156,7 +156,9 @@ absl::StatusOr<Schedule> ReduceGradients(const Graph& graph, const Schedule& sch
   for (NodeId g : gradients) {
     if (within_another(g)) continue;
     if (IsUnclippedGradient(graph, g)) {
-      for (size_t after : ClippedReducePositions(graph, schedule, g)) inserts.emplace_back(after, g);
+      for (size_t after : ClippedReducePositions(graph, schedule, g)) {
+        inserts.emplace_back(after, g);
+      }
       continue;
     }
     ASSIGN_OR_RETURN(size_t after, ReducePosition(graph, schedule, g));

@@ -535,7 +535,9 @@ TEST_F(DataParallelRunTest, ClippedStepsClipByTheNormOfTheMeanGradient) {
       EXPECT_GT(reduces, static_cast<int64_t>(mean.size())) << "no gradient summed twice";
     }
     auto ranks = RunRanks(clipped, dp, 2);
-    for (int r = 0; r < 2; ++r) ASSERT_TRUE(ranks[r].ok()) << "rank " << r << ": " << ranks[r].status();
+    for (int r = 0; r < 2; ++r) {
+      ASSERT_TRUE(ranks[r].ok()) << "rank " << r << ": " << ranks[r].status();
+    }
     for (int r = 0; r < 2; ++r) {
       EXPECT_EQ(ranks[r]->peak_bytes, ranks[r]->predicted.peak_bytes) << "rank " << r;
       const HostTensor* n = ranks[r]->FindOutput(clipped, std::string(kGradNormId));
