@@ -5,17 +5,75 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <tuple>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "graph/status.h"
 #include "scheduler/orders.h"
 #include "scheduler/policies.h"
 
 namespace pebble {
 namespace {
+
+// Note [Graphs too wide for exact-order]. exact-order's search is
+// deterministic: where it passes its state limit on a graph (a second or
+// two of search, "the graph is too wide"), it does on every later plan of
+// that graph, whatever the budget or the policy composed with best-order;
+// and one process plans one graph many times (pebble.torch plans a captured
+// step again for each budget and policy, `compare` a row each). So the
+// process keeps the fingerprints of the last graphs whose search passed the
+// state limit, and best-order skips the search for them (its candidate
+// says so). A search stopped by the time limit, which depends on the time
+// left, is not kept.
+class WideGraphs {
+ public:
+  static WideGraphs& Global() {
+    static WideGraphs* wide = new WideGraphs;
+    return *wide;
+  }
+  bool Contains(const Graph& graph, int64_t max_states) const {
+    const Key key = KeyOf(graph, max_states);
+    std::lock_guard<std::mutex> lock(mutex_);
+    return std::find(keys_.begin(), keys_.end(), key) != keys_.end();
+  }
+  void Add(const Graph& graph, int64_t max_states) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (keys_.size() == kKept) keys_.pop_front();
+    keys_.push_back(KeyOf(graph, max_states));
+  }
+
+ private:
+  using Key = std::tuple<uint64_t, int, int64_t>;  // fingerprint, nodes, state limit
+  static constexpr size_t kKept = 64;
+  static Key KeyOf(const Graph& graph, int64_t max_states) {
+    return {GraphFingerprint(graph), graph.num_nodes(), max_states};
+  }
+  mutable std::mutex mutex_;
+  std::deque<Key> keys_;
+};
+
+// exact-order within `limits`, but at once a refusal for a graph whose
+// search passed the same state limit before (Note [Graphs too wide for
+// exact-order]).
+absl::StatusOr<std::vector<NodeId>> ExactOrderUnlessTooWide(const Graph& graph,
+                                                            const ExactOrderLimits& limits) {
+  WideGraphs& wide = WideGraphs::Global();
+  if (wide.Contains(graph, limits.max_states)) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "exact-order: the search passed its limit of ", limits.max_states, " states on this "
+        "graph before (the graph is too wide); not searched again"));
+  }
+  ExactOrderStats stats;
+  absl::StatusOr<std::vector<NodeId>> order = ExactOrder(graph, limits, &stats);
+  if (!order.ok() && stats.states >= limits.max_states) wide.Add(graph, limits.max_states);
+  return order;
+}
 
 class BestOrderPlanner final : public Planner {
  public:
@@ -87,7 +145,8 @@ class BestOrderPlanner final : public Planner {
       limits.max_states = ExactOrderLimits().max_states / 4;
       limits.time_limit_s = std::max(0.0, options.time_limit_s - elapsed());
       limits.progress = ExactOrderProgress(options, "best-order");
-      RETURN_IF_ERROR(consider("exact-order", [&] { return ExactOrder(graph, limits); }, true));
+      RETURN_IF_ERROR(
+          consider("exact-order", [&] { return ExactOrderUnlessTooWide(graph, limits); }, true));
     } else {
       candidates.push_back(
           {{"policy", "exact-order"}, {"skipped", "tree is already optimal"}});

@@ -246,11 +246,7 @@ absl::StatusOr<std::unique_ptr<Planner>> MakePlanner(absl::string_view name) {
   return planner;
 }
 
-namespace {
-
-// A hash of everything a plan of `graph` depends on: its nodes' ids, sizes,
-// costs, workspaces, roles and edges, and its outputs.
-uint64_t Fingerprint(const Graph& graph) {
+uint64_t GraphFingerprint(const Graph& graph) {
   uint64_t h = 1469598103934665603ull;
   auto mix = [&h](uint64_t x) { h = (h ^ x) * 1099511628211ull + (h >> 29); };
   for (NodeId v = 0; v < graph.num_nodes(); ++v) {
@@ -265,10 +261,8 @@ uint64_t Fingerprint(const Graph& graph) {
   return h;
 }
 
-}  // namespace
-
 const PlanResult* BestOrderMemo::Find(const Graph& graph, const PlannerOptions& options) const {
-  const uint64_t fingerprint = Fingerprint(graph);
+  const uint64_t fingerprint = GraphFingerprint(graph);
   for (const Entry& e : entries_) {
     if (e.fingerprint == fingerprint && e.num_nodes == graph.num_nodes() &&
         e.budget_bytes == options.budget_bytes && e.ranks == options.ranks) {
@@ -279,7 +273,7 @@ const PlanResult* BestOrderMemo::Find(const Graph& graph, const PlannerOptions& 
 }
 
 void BestOrderMemo::Keep(const Graph& graph, const PlannerOptions& options, PlanResult plan) {
-  entries_.push_back({Fingerprint(graph), graph.num_nodes(), options.budget_bytes,
+  entries_.push_back({GraphFingerprint(graph), graph.num_nodes(), options.budget_bytes,
                       options.ranks, std::move(plan)});
 }
 

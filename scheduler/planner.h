@@ -98,6 +98,10 @@ struct PlanResult {
   std::optional<int64_t> least_peak_bytes;
 };
 
+// A hash of everything a plan of `graph` depends on: its nodes' ids, sizes,
+// costs, workspaces, roles and edges, and its outputs.
+uint64_t GraphFingerprint(const Graph& graph);
+
 // best-order's plans (order_best.cc) by graph and budget, for one planning
 // call that plans several policies on the same graph (Note [hybrid on the
 // whole step]): each policy composed with best-order (compose.h) would run

@@ -27,6 +27,7 @@ using ::pebble::testing::Node;
 using ::pebble::testing::Persistent;
 using ::pebble::testing::RandomDag;
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 const char* const kOrderPolicies[] = {"baseline", "dfs", "greedy", "tree",
                                       "exact-order", "best-order"};
@@ -445,6 +446,36 @@ TEST(ExactOrderTest, LimitsAreErrors) {
   EXPECT_THAT(best.details["candidates"][4]["skipped"].get<std::string>(),
               HasSubstr("time limit"));
   EXPECT_EQ(best.details["optimal"], false);
+}
+
+// Note [Graphs too wide for exact-order]: once best-order's search passed
+// its state limit on a graph, later plans of that graph in the process skip
+// it (the same plan, at once); another limit searches again.
+TEST(BestOrderTest, AGraphTooWideForExactOrderIsNotSearchedAgain) {
+  std::vector<NodeSpec> nodes = {Node("x", 1)};
+  std::vector<std::string> ends;
+  for (int c = 0; c < 12; ++c) {
+    for (int i = 0; i < 4; ++i) {
+      nodes.push_back(Node(absl::StrCat("w", c, "_", i), 3 + i + c % 4,
+                           {i == 0 ? std::string("x") : absl::StrCat("w", c, "_", i - 1)}));
+    }
+    ends.push_back(absl::StrCat("w", c, "_3"));
+  }
+  const Graph wide = MakeGraph(std::move(nodes), ends, "wider");
+  const PlanResult first = PlanOrDie(wide, "best-order");
+  ASSERT_EQ(first.details["candidates"].size(), 5u);
+  const std::string searched = first.details["candidates"][4]["skipped"].get<std::string>();
+  EXPECT_THAT(searched, HasSubstr("passed its limit of 250000 states"));
+  EXPECT_THAT(searched, Not(HasSubstr("before")));
+  const PlanResult again = PlanOrDie(wide, "best-order");
+  EXPECT_THAT(again.details["candidates"][4]["skipped"].get<std::string>(),
+              HasSubstr("on this graph before (the graph is too wide); not searched again"));
+  EXPECT_EQ(again.schedule, first.schedule);
+  ExactOrderLimits few_states;
+  few_states.max_states = 1000;
+  absl::StatusOr<std::vector<NodeId>> limited = ExactOrder(wide, few_states);
+  ASSERT_FALSE(limited.ok());
+  EXPECT_THAT(std::string(limited.status().message()), Not(HasSubstr("before")));
 }
 
 TEST(ExactOrderTest, HandlesTrainingGraphsInSeconds) {
