@@ -115,6 +115,23 @@ PlannerOptions TimeLimit(double seconds) {
   return options;
 }
 
+// 12 chains of 4 growing tensors (chain c's i-th: `base` + i + c % `spread`
+// bytes) hanging off one shared source x (so not a tree), every chain end
+// an output: no free moves, the optimum is above the static lower bound,
+// and there are about 5^12 computed-sets.
+Graph WideChains(const std::string& name, int64_t base, int spread) {
+  std::vector<NodeSpec> nodes = {Node("x", 1)};
+  std::vector<std::string> ends;
+  for (int c = 0; c < 12; ++c) {
+    for (int i = 0; i < 4; ++i) {
+      nodes.push_back(Node(absl::StrCat("c", c, "_", i), base + i + c % spread,
+                           {i == 0 ? std::string("x") : absl::StrCat("c", c, "_", i - 1)}));
+    }
+    ends.push_back(absl::StrCat("c", c, "_3"));
+  }
+  return MakeGraph(std::move(nodes), ends, name);
+}
+
 // Plans with `policy`; checks that the plan is one-shot and that the
 // simulator agrees with the report.
 PlanResult PlanOrDie(const Graph& g, absl::string_view policy,
@@ -415,19 +432,7 @@ TEST(ExactOrderTest, LimitsAreErrors) {
   EXPECT_EQ(too_big.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(too_big.status().message()), HasSubstr("limit of 50"));
 
-  // 12 chains of 4 growing tensors hanging off one shared source x (so not
-  // a tree), every chain end an output: no free moves, the optimum is above
-  // the static lower bound, and there are about 5^12 computed-sets.
-  std::vector<NodeSpec> nodes = {Node("x", 1)};
-  std::vector<std::string> ends;
-  for (int c = 0; c < 12; ++c) {
-    for (int i = 0; i < 4; ++i) {
-      nodes.push_back(Node(absl::StrCat("c", c, "_", i), 2 + i + c % 3,
-                           {i == 0 ? std::string("x") : absl::StrCat("c", c, "_", i - 1)}));
-    }
-    ends.push_back(absl::StrCat("c", c, "_3"));
-  }
-  Graph wide = MakeGraph(std::move(nodes), ends, "wide");
+  Graph wide = WideChains("wide", 2, 3);
   ExactOrderLimits few_states;
   few_states.max_states = 1000;
   auto exhausted = ExactOrder(wide, few_states);
@@ -452,16 +457,7 @@ TEST(ExactOrderTest, LimitsAreErrors) {
 // its state limit on a graph, later plans of that graph in the process skip
 // it (the same plan, at once); another limit searches again.
 TEST(BestOrderTest, AGraphTooWideForExactOrderIsNotSearchedAgain) {
-  std::vector<NodeSpec> nodes = {Node("x", 1)};
-  std::vector<std::string> ends;
-  for (int c = 0; c < 12; ++c) {
-    for (int i = 0; i < 4; ++i) {
-      nodes.push_back(Node(absl::StrCat("w", c, "_", i), 3 + i + c % 4,
-                           {i == 0 ? std::string("x") : absl::StrCat("w", c, "_", i - 1)}));
-    }
-    ends.push_back(absl::StrCat("w", c, "_3"));
-  }
-  const Graph wide = MakeGraph(std::move(nodes), ends, "wider");
+  const Graph wide = WideChains("wider", 3, 4);
   const PlanResult first = PlanOrDie(wide, "best-order");
   ASSERT_EQ(first.details["candidates"].size(), 5u);
   const std::string searched = first.details["candidates"][4]["skipped"].get<std::string>();
