@@ -961,8 +961,9 @@ void RankFlags::AddOptions(CLI::App* cmd, const GraphSource* source, bool planne
   cmd->add_option("--ranks", ranks,
                   "data-parallel ranks running the plan, each on its own slice of the batch "
                   "(default 1); above 1 every parameter's gradient is summed over them by "
-                  "an all_reduce step after the backward's last use, and the figures are one "
-                  "rank's (docs/semantics.md, \"Collectives across ranks\")")
+                  "an all_reduce step after the backward's last use (a clipped step's before "
+                  "the clipping reads it), and the figures are one rank's (docs/semantics.md, "
+                  "\"Collectives across ranks\")")
       ->check(IntegerIn(1, 1 << 20));
   cmd->add_option("--network", network,
                   absl::StrCat("the ranks' link: bytes/s, or a preset: ethernet-10g, "

@@ -43,8 +43,10 @@
 // the peak; scaling in place would, which only persistent storages may
 // be: docs/semantics.md). The update nodes
 // are the same as without clipping (a cost profile taken without it still
-// applies). Float32 gradients only; one rank only (data parallelism clips
-// the averaged gradients: pebble.torch does).
+// applies). Float32 gradients only. On several ranks (data parallel) the
+// unclipped gradients are summed before the clipping reads them, so the
+// norm is of the averaged gradients (scheduler/collectives.cc,
+// ClippedReducePositions); a sharded step refuses the clipping.
 #ifndef PEBBLE_GRAPH_OPTIMIZER_H_
 #define PEBBLE_GRAPH_OPTIMIZER_H_
 

@@ -110,30 +110,79 @@ absl::StatusOr<size_t> ReducePosition(const Graph& graph, const Schedule& schedu
 }
 
 // An unclipped gradient (Note [Clipping in the graph]) is read by the
-// clipping alone, which reads the ranks' sum (the norm of the averaged
-// gradients, as clip_grad_norm_ after DistributedDataParallel's backward),
-// and by no backward step. So each value of it that the clipping reads is
-// summed right after its compute: a plan that frees it and computes it again
-// for the clipped copy sums that value again. The steps to sum after.
-std::vector<size_t> ClippedReducePositions(const Graph& graph, const Schedule& schedule,
-                                           NodeId gradient) {
+// clipping, which reads the ranks' sum (the norm of the averaged gradients,
+// as clip_grad_norm_ after DistributedDataParallel's backward). So each
+// value of it that the clipping reads is summed once the backward is done
+// with it: after its compute and the backward's later reads of its storage
+// (a gradient that is a view of a value the backward also reads), before
+// the clipping's read, and before a copy of its storage to the host (which
+// would hold the rank's own value). A plan that frees it and computes it
+// again for its clipped copy sums that value again. Where the backward
+// reads the storage after the value was summed (after the clipping's read,
+// or after such a copy), no point is right: an error. The steps to sum
+// after.
+absl::StatusOr<std::vector<size_t>> ClippedReducePositions(const Graph& graph,
+                                                           const Schedule& schedule,
+                                                           NodeId gradient) {
   const NodeId root = graph.storage(gradient);
   const size_t n = schedule.steps.size();
   std::vector<size_t> after;
-  size_t computed = n;  // the current value's compute, until the clipping reads it (n: none)
+  size_t value = n;   // where the current value may be summed (n: no value waiting)
+  size_t summed = n;  // the step that made the current value's sum due (n: not summed)
+  size_t copied = n;  // the last copy of the storage to the host (n: none)
+  bool stale = false;  // that copy holds the rank's own value, summed since on the device
+  auto sum = [&](size_t due) {
+    after.push_back(value);
+    stale = stale || (copied != n && copied < value);
+    value = n;
+    if (summed == n) summed = due;
+  };
   for (size_t k = 0; k < n; ++k) {
     const Step& s = schedule.steps[k];
-    if (s.action != Action::kCompute && s.action != Action::kHostCompute) continue;
-    if (s.node == gradient) {
-      computed = k;
+    const bool on_storage = graph.storage(s.node) == root;
+    if (s.action == Action::kOffload && on_storage) {
+      if (value != n) sum(k);
+      copied = k;
+      stale = false;
       continue;
     }
-    if (computed == n || graph.storage(s.node) == root) continue;
+    if (s.action == Action::kPrefetch && on_storage && stale) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "gradient ", Quote(graph.id(gradient)), " is copied to the host (step ", copied,
+          ") before its sum over the ranks and fetched back after it (step ", k, "), which "
+          "would bring back the rank's own value: no point of the schedule can sum it (plan "
+          "with another policy, or without clipping)"));
+    }
+    if (s.action == Action::kFree && (s.node == gradient || s.node == root)) {
+      value = n;  // (not read by the clipping: not summed)
+      continue;
+    }
+    if (s.action != Action::kCompute && s.action != Action::kHostCompute) continue;
+    if (s.node == gradient) {
+      value = k;
+      summed = n;
+      continue;
+    }
+    if (graph.storage(s.node) == root || graph.is_alias(s.node)) continue;
+    bool reads_gradient = false, reads_storage = false;
     for (NodeId u : graph.unique_inputs(s.node)) {
-      if (graph.storage(u) != root) continue;
-      after.push_back(computed);
-      computed = n;
-      break;
+      if (u == gradient) reads_gradient = true;
+      if (graph.storage(u) == root) reads_storage = true;
+    }
+    if (reads_gradient) {
+      if (value != n) sum(k);
+    } else if (reads_storage && !graph.in_place(s.node)) {
+      if (summed != n) {
+        const Step& due = schedule.steps[summed];
+        return absl::InvalidArgumentError(absl::StrCat(
+            "gradient ", Quote(graph.id(gradient)), " must be summed over the ranks before ",
+            due.action == Action::kOffload ? "its copy to the host" : "the clipping's read",
+            " by ",
+            Quote(graph.id(due.node)), " (step ", summed, "), but the backward reads its storage "
+            "after it, by ", Quote(graph.id(s.node)), " (step ", k, "): no point of the schedule "
+            "can sum it (plan with another policy, or without clipping)"));
+      }
+      if (value != n) value = k;
     }
   }
   return after;
@@ -156,9 +205,9 @@ absl::StatusOr<Schedule> ReduceGradients(const Graph& graph, const Schedule& sch
   for (NodeId g : gradients) {
     if (within_another(g)) continue;
     if (IsUnclippedGradient(graph, g)) {
-      for (size_t after : ClippedReducePositions(graph, schedule, g)) {
-        inserts.emplace_back(after, g);
-      }
+      ASSIGN_OR_RETURN(const std::vector<size_t> positions,
+                       ClippedReducePositions(graph, schedule, g));
+      for (size_t after : positions) inserts.emplace_back(after, g);
       continue;
     }
     ASSIGN_OR_RETURN(size_t after, ReducePosition(graph, schedule, g));
@@ -244,11 +293,9 @@ struct ReductionSteps {
     // Walking back: per storage, the next step that closes it; per node,
     // its next free.
     std::vector<size_t> next_close(nodes, n), next_free(nodes, n);
-    // Storages of unclipped gradients: the clipping reads their sum.
+    // Unclipped gradients: the clipping reads their sum.
     std::vector<uint8_t> unclipped(nodes, 0);
-    for (NodeId v = 0; v < graph.num_nodes(); ++v) {
-      if (IsUnclippedGradient(graph, v)) unclipped[graph.storage(v)] = 1;
-    }
+    for (NodeId v = 0; v < graph.num_nodes(); ++v) unclipped[v] = IsUnclippedGradient(graph, v);
     std::vector<std::pair<size_t, size_t>> found;  // (step, closed), last first
     for (size_t k = n; k-- > 0;) {
       const Step& s = schedule.steps[k];
@@ -269,7 +316,7 @@ struct ReductionSteps {
           if (s.node == root || graph.in_place(s.node)) next_close[root] = k;
           for (NodeId u : graph.unique_inputs(s.node)) {
             if (graph.in_place(s.node) || graph.role(s.node) == Role::kUpdate ||
-                unclipped[graph.storage(u)]) {
+                (unclipped[u] && !graph.is_alias(s.node))) {
               next_close[graph.storage(u)] = k;
             }
           }

@@ -178,9 +178,7 @@ class Reductions {
     reduced_.assign(n, {});
     reduced_until_.assign(n, 0.0);
     unclipped_.assign(n, 0);
-    for (NodeId v = 0; v < n; ++v) {
-      if (IsUnclippedGradient(graph, v)) unclipped_[graph.storage(v)] = 1;
-    }
+    for (NodeId v = 0; v < n; ++v) unclipped_[v] = IsUnclippedGradient(graph, v);
     if (required) {
       gradients_ = gradients;
       gradient_in_.assign(n, kNoNode);
@@ -192,11 +190,11 @@ class Reductions {
   // Why a compute of v may not read u, or "": the backward reads a rank's
   // own values; an update (but one that writes u's storage: the gradient
   // being made) reads a gradient only once it is summed, and so does the
-  // clipping of an unclipped gradient (it reads the average's norm), which
-  // only the clipping reads.
+  // clipping, the reader of an unclipped gradient u itself (it reads the
+  // average's norm).
   std::string ReadError(NodeId v, NodeId u) const {
     const NodeId s = graph_.storage(u);
-    const bool clipping = unclipped_[s] && graph_.storage(v) != s;
+    const bool clipping = unclipped_[u] && graph_.storage(v) != s && !graph_.is_alias(v);
     if (clipping && !gradient_in_.empty() && !Summed(u)) {
       return absl::StrCat("input ", Quote(graph_.id(u)), " is not summed over the ranks yet: "
                           "with several ranks the clipping reads a gradient after its "
@@ -278,7 +276,7 @@ class Reductions {
   std::vector<double> reduced_until_;  // per storage: when its last all_reduce ended
   std::vector<NodeId> gradients_;      // GradientsToReduce (ranks > 1)
   std::vector<NodeId> gradient_in_;    // per storage: the gradient it holds (ranks > 1)
-  std::vector<uint8_t> unclipped_;     // per storage: it holds an unclipped gradient
+  std::vector<uint8_t> unclipped_;     // per node: an unclipped gradient
 };
 
 }  // namespace

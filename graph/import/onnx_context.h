@@ -3,7 +3,8 @@
 // value names to pebble values (computed nodes, graph inputs, initializers
 // made persistent nodes on first use, integer tensors folded at import) and
 // applies pebble operators under the ids docs/import.md describes. The
-// operators' mappings (onnx_ops.h) read and define values only through it.
+// operators' mappings (onnx_ops.h) read and define values through it (and
+// Split applies its slices through the NetBuilder it holds).
 #ifndef PEBBLE_GRAPH_IMPORT_ONNX_CONTEXT_H_
 #define PEBBLE_GRAPH_IMPORT_ONNX_CONTEXT_H_
 
