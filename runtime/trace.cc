@@ -118,7 +118,12 @@ nlohmann::json ChromeTrace(const Graph& graph, const ExecutionResult& result) {
 }
 
 std::string ModuleOf(absl::string_view id) {
-  absl::ConsumePrefix(&id, "grad:");
+  // The per-parameter nodes of the backward, the clipping and the optimizer
+  // (graph/optimizer.h): their parameter's module.
+  for (absl::string_view prefix : {"grad:", "unclipped_grad:", "clip_square:", "clip_part:",
+                                   "exp_avg:", "exp_avg_sq:", "momentum_buffer:", "update:"}) {
+    if (absl::ConsumePrefix(&id, prefix)) break;
+  }
   if (size_t hash = id.find('#'); hash != absl::string_view::npos) id = id.substr(0, hash);
   for (absl::string_view suffix :
        {".weight", ".bias", ".stats", ".running_mean", ".running_var"}) {
@@ -136,6 +141,7 @@ std::vector<MemoryLogRow> MemoryLog(const Graph& graph, const ExecutionResult& r
     if (s.action == Action::kCompute) {
       std::string module = ModuleOf(graph.id(s.node));
       std::string phase = graph.role(s.node) == Role::kBackward ? "backward"
+                          : graph.role(s.node) == Role::kUpdate ? "update"
                           : computed[s.node]                   ? "recompute"
                                                                : "forward";
       computed[s.node] = true;

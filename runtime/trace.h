@@ -44,16 +44,19 @@ struct MemoryLogRow {
   int first_step = 0;
   int last_step = 0;
   std::string module;  // ModuleOf(node id)
-  std::string phase;   // "forward", "backward" or "recompute"
+  std::string phase;   // "forward", "backward", "update" or "recompute"
   int64_t delta_bytes = 0;  // resident after the row minus before it
   int64_t total_bytes = 0;  // resident after the row
   int64_t peak_bytes = 0;   // highest during the row's steps
 };
 
-// The module of a node id: "grad:" and a "#..." suffix dropped, then a
-// trailing parameter or statistics name (".weight", ".bias", ".stats",
-// ".running_mean", ".running_var"): "grad:layer1.0.conv1.weight" ->
-// "layer1.0.conv1", "grad:relu2#1" -> "relu2".
+// The module of a node id: a per-parameter prefix of the backward, the
+// clipping or the optimizer ("grad:", "unclipped_grad:", "clip_square:",
+// "clip_part:", "exp_avg:", "exp_avg_sq:", "momentum_buffer:", "update:")
+// and a "#..." suffix dropped, then a trailing parameter or statistics name
+// (".weight", ".bias", ".stats", ".running_mean", ".running_var"):
+// "grad:layer1.0.conv1.weight" -> "layer1.0.conv1", "exp_avg:fc.bias" ->
+// "fc", "grad:relu2#1" -> "relu2".
 std::string ModuleOf(absl::string_view id);
 
 // Rows of the execution's steps. Steps before the first compute form a row

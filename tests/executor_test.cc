@@ -711,6 +711,9 @@ TEST(ExecutorTest, MemoryLogGroupsStepsByModuleAndPhase) {
   EXPECT_EQ(ModuleOf("grad:layer1.0.conv1.weight"), "layer1.0.conv1");
   EXPECT_EQ(ModuleOf("layer1.0.bn1.stats"), "layer1.0.bn1");
   EXPECT_EQ(ModuleOf("grad:relu2#1"), "relu2");
+  EXPECT_EQ(ModuleOf("clip_square:conv1.weight"), "conv1");
+  EXPECT_EQ(ModuleOf("exp_avg_sq:fc.bias"), "fc");
+  EXPECT_EQ(ModuleOf("clip_sum:3"), "clip_sum:3");
   EXPECT_EQ(ModuleOf("conv1"), "conv1");
   auto g = BuildModel("conv3d:n=4");
   ASSERT_TRUE(g.ok());
