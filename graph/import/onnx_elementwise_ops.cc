@@ -179,19 +179,19 @@ absl::Status Expand(ImportContext& cx, const onnx::NodeProto& node) {
 
 void AddElementwiseOps(OnnxHandlers& handlers) {
   // Operators of one input and no attributes, by their pebble op.
-  for (const auto& [onnx_op, op] : {std::pair{"Relu", "relu"},
-                                    {"HardSwish", "hardswish"},
-                                    {"Sigmoid", "sigmoid"},
-                                    {"Tanh", "tanh"},
-                                    {"Erf", "erf"},
-                                    {"Sqrt", "sqrt"}}) {
-    handlers[onnx_op] = [op](ImportContext& cx, const onnx::NodeProto& node) {
+  for (const auto& ops : {std::pair{"Relu", "relu"},
+                          {"HardSwish", "hardswish"},
+                          {"Sigmoid", "sigmoid"},
+                          {"Tanh", "tanh"},
+                          {"Erf", "erf"},
+                          {"Sqrt", "sqrt"}}) {
+    handlers[ops.first] = [op = ops.second](ImportContext& cx, const onnx::NodeProto& node) {
       return Unary(cx, node, op);
     };
   }
-  for (const auto& [onnx_op, op] :
+  for (const auto& ops :
        {std::pair{"Add", "add"}, {"Sub", "sub"}, {"Mul", "mul"}, {"Div", "div"}}) {
-    handlers[onnx_op] = [op](ImportContext& cx, const onnx::NodeProto& node) {
+    handlers[ops.first] = [op = ops.second](ImportContext& cx, const onnx::NodeProto& node) {
       return Binary(cx, node, op);
     };
   }

@@ -481,8 +481,8 @@ absl::Status Pad(ImportContext& cx, const onnx::NodeProto& node) {
 void AddLayerOps(OnnxHandlers& handlers) {
   handlers["Conv"] = Conv;
   handlers["BatchNormalization"] = BatchNormalization;
-  for (const auto& [onnx_op, op] : {std::pair{"MaxPool", "maxpool"}, {"AveragePool", "avgpool"}}) {
-    handlers[onnx_op] = [op](ImportContext& cx, const onnx::NodeProto& node) {
+  for (const auto& ops : {std::pair{"MaxPool", "maxpool"}, {"AveragePool", "avgpool"}}) {
+    handlers[ops.first] = [op = ops.second](ImportContext& cx, const onnx::NodeProto& node) {
       return Pool(cx, node, op);
     };
   }
