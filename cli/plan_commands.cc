@@ -112,9 +112,14 @@ void PrintReport(const Graph& g, const Schedule& schedule, const PlanReport& r,
   std::cout << absl::StrFormat("  peak memory     %s (%d bytes) %s\n", FormatBytes(r.peak_bytes),
                                r.peak_bytes, peak_at)
             << absl::StrFormat("  persistent      %s\n", FormatBytes(r.initial_bytes))
-            << absl::StrFormat("  compute cost    %s (base %s, overhead %s, %d recomputations)\n",
+            << absl::StrFormat("  compute cost    %s (base %s, overhead %s, %d recomputations%s)\n",
                                unit.Amount(r.compute_cost), unit.Amount(r.base_cost),
-                               OverheadPercent(r.overhead), r.recomputations)
+                               OverheadPercent(r.overhead), r.recomputations,
+                               // (SPEC's base: every node's device cost; a host
+                               // update's runs on the host stream instead)
+                               r.host_compute_cost > 0
+                                   ? "; the base counts the host updates' device cost"
+                                   : "")
             << (r.transfer_bytes > 0
                     ? absl::StrFormat(
                           "  transfers       %s (%d bytes), host peak %s, copy stream busy %s, "
