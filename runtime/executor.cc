@@ -684,6 +684,7 @@ absl::StatusOr<NpyArray> GenerateInput(const Graph& graph, NodeId v, uint64_t se
 
 const HostTensor* ExecutionResult::FindOutput(const Graph& graph, absl::string_view id) const {
   const NodeId v = graph.Find(id);
+  if (v == kNoNode) return nullptr;
   for (const HostTensor& t : outputs) {
     if (t.node == v) return &t;
   }
@@ -692,7 +693,6 @@ const HostTensor* ExecutionResult::FindOutput(const Graph& graph, absl::string_v
 
 std::optional<double> ExecutionResult::ScalarOutput(const Graph& graph,
                                                     absl::string_view id) const {
-  if (graph.Find(id) == kNoNode) return std::nullopt;
   const HostTensor* t = FindOutput(graph, id);
   if (t == nullptr || NumElements(t->array.shape) != 1) return std::nullopt;
   switch (t->array.dtype) {

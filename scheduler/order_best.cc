@@ -17,6 +17,7 @@
 #include "graph/status.h"
 #include "scheduler/orders.h"
 #include "scheduler/policies.h"
+#include "scheduler/schedule.h"
 
 namespace pebble {
 namespace {
@@ -33,45 +34,50 @@ namespace {
 // left, is not kept.
 class WideGraphs {
  public:
+  using Key = std::tuple<uint64_t, int, int64_t>;  // fingerprint, nodes, state limit
+  static Key KeyOf(const Graph& graph, int64_t max_states) {
+    return {GraphFingerprint(graph), graph.num_nodes(), max_states};
+  }
   static WideGraphs& Global() {
     static WideGraphs* wide = new WideGraphs;
     return *wide;
   }
-  bool Contains(const Graph& graph, int64_t max_states) const {
-    const Key key = KeyOf(graph, max_states);
+  bool Contains(const Key& key) const {
     std::lock_guard<std::mutex> lock(mutex_);
     return std::find(keys_.begin(), keys_.end(), key) != keys_.end();
   }
-  void Add(const Graph& graph, int64_t max_states) {
+  void Add(const Key& key) {
     std::lock_guard<std::mutex> lock(mutex_);
     if (keys_.size() == kKept) keys_.pop_front();
-    keys_.push_back(KeyOf(graph, max_states));
+    keys_.push_back(key);
   }
 
  private:
-  using Key = std::tuple<uint64_t, int, int64_t>;  // fingerprint, nodes, state limit
   static constexpr size_t kKept = 64;
-  static Key KeyOf(const Graph& graph, int64_t max_states) {
-    return {GraphFingerprint(graph), graph.num_nodes(), max_states};
-  }
   mutable std::mutex mutex_;
   std::deque<Key> keys_;
 };
 
 // exact-order within `limits`, but at once a refusal for a graph whose
 // search passed the same state limit before (Note [Graphs too wide for
-// exact-order]).
+// exact-order]). A graph past exact-order's node limit, which it refuses at
+// once, is not fingerprinted (best-order runs in every composed policy, on
+// graphs of any size).
 absl::StatusOr<std::vector<NodeId>> ExactOrderUnlessTooWide(const Graph& graph,
                                                             const ExactOrderLimits& limits) {
+  if (static_cast<int64_t>(DefaultOrder(graph).size()) > limits.max_nodes) {
+    return ExactOrder(graph, limits);
+  }
   WideGraphs& wide = WideGraphs::Global();
-  if (wide.Contains(graph, limits.max_states)) {
+  const WideGraphs::Key key = WideGraphs::KeyOf(graph, limits.max_states);
+  if (wide.Contains(key)) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "exact-order: the search passed its limit of ", limits.max_states, " states on this "
         "graph before (the graph is too wide); not searched again"));
   }
   ExactOrderStats stats;
   absl::StatusOr<std::vector<NodeId>> order = ExactOrder(graph, limits, &stats);
-  if (!order.ok() && stats.states >= limits.max_states) wide.Add(graph, limits.max_states);
+  if (!order.ok() && stats.states >= limits.max_states) wide.Add(key);
   return order;
 }
 
