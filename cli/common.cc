@@ -145,15 +145,18 @@ absl::StatusOr<Graph> GraphSource::Load(WorkspaceQueryStats* workspace) const {
 }
 
 std::string CollectivesText(const Graph& graph, const Schedule& schedule) {
-  const auto [gathers, scatters, messages] = CountCollectiveComputes(graph, schedule);
+  const auto [gathers, scatters, sums, messages] = CountCollectiveComputes(graph, schedule);
   const int64_t steps = CountSteps(schedule, Action::kAllReduce);
   const int64_t buckets = CountBuckets(schedule);
   std::string text = buckets == steps ? absl::StrFormat("%d all-reduces", steps)
                                       : absl::StrFormat("%d all-reduces in %d bucket%s", steps,
                                                         buckets, buckets == 1 ? "" : "s");
   if (gathers + scatters == 0) return text;
-  return absl::StrFormat("%d gathers and %d reduce-scatters in %d message%s%s", gathers,
-                         scatters, messages, messages == 1 ? "" : "s",
+  const std::string computes =
+      sums == 0 ? absl::StrFormat("%d gathers and %d reduce-scatters", gathers, scatters)
+                : absl::StrFormat("%d gathers, %d reduce-scatters and %d all-reduce%s", gathers,
+                                  scatters, sums, sums == 1 ? "" : "s");
+  return absl::StrFormat("%s in %d message%s%s", computes, messages, messages == 1 ? "" : "s",
                          steps > 0 ? absl::StrCat(", ", text) : std::string());
 }
 
@@ -1004,8 +1007,9 @@ void RankFlags::AddOptions(CLI::App* cmd, const GraphSource* source, bool planne
                   "none (data parallelism: every rank holds the whole model) or full "
                   "(ZeRO-3 / FSDP FULL_SHARD: parameters, gradients and optimizer state in "
                   "1/ranks shards, each parameter gathered where read, each gradient "
-                  "reduce-scattered; the plan decides when to gather again; needs --ranks 2 "
-                  "or more; docs/semantics.md, \"Sharding\")")
+                  "reduce-scattered, and a clipped step's norm summed from every rank's "
+                  "shards; the plan decides when to gather again; needs --ranks 2 or more; "
+                  "docs/semantics.md, \"Sharding\")")
       ->capture_default_str()
       ->check(CLI::IsMember({"none", "full"}));
   if (copies) {
@@ -1156,7 +1160,6 @@ absl::StatusOr<Graph> RankFlags::Sharded(absl::StatusOr<Graph> graph) const {
     }
   }
   if (!graph.ok() || shard == "none") return graph;
-  RETURN_IF_ERROR(CheckClippingSharded(*graph));
   RETURN_IF_ERROR(CheckShard());
   ASSIGN_OR_RETURN(const NetworkLink link, Link());
   return ShardGraph(*graph, ranks, link);

@@ -718,6 +718,7 @@ int RunRun(const RunFlags& given) {
           {"buckets", buckets},
           {"all_gather", sharded.gathers},
           {"reduce_scatter", sharded.scatters},
+          {"all_reduce_nodes", sharded.sums},
           {"bytes", plan->plan.report.collective_bytes},
           {"predicted_network_busy_s", plan->plan.report.network_busy},
           {"measured_s", r.collective_time_s}};

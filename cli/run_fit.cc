@@ -129,10 +129,6 @@ int RunFit(const FitFlags& f) {
       return Fail(UsageError(absl::StrCat("--model ", Quote(f.model), " --vary ", Quote(f.vary),
                                           ": ", built.status().message())));
     }
-    // (each size would be refused alike)
-    if (built.ok() && f.rank_flags.shard != "none") {
-      if (absl::Status s = CheckClippingSharded(*built); !s.ok()) return Fail(s);
-    }
   }
   request.start = f.start;
   request.jobs = f.jobs;

@@ -456,12 +456,37 @@ absl::StatusOr<Graph> AddOptimizerStep(const Graph& training, const OptimizerSpe
   return OptimizerStepBuilder(clipped, spec, cost).Build();
 }
 
-absl::Status CheckClippingSharded(const Graph& graph) {
-  if (!ClipsGradients(graph)) return absl::OkStatus();
-  return absl::UnimplementedError(
-      "the step clips its gradients (max_grad_norm), which pebble plans on one rank and data "
-      "parallel, not sharded: there the norm is of every rank's shards (pebble.torch's "
-      "train_step clips sharded steps)");
+absl::Status CheckShardedClipping(const Graph& graph) {
+  if (!graph.has_collectives() || !ClipsGradients(graph)) return absl::OkStatus();
+  for (NodeId v = 0; v < graph.num_nodes(); ++v) {
+    if (IsUnclippedGradient(graph, v) &&
+        !(graph.collective(v) && graph.op(v) == "reduce_scatter")) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "gradient ", Quote(graph.id(v)), " is clipped in a sharded step but is not a "
+          "reduce_scatter: a sharded step clips the shards of reduce-scattered gradients, whose "
+          "squares one all_reduce sums (a gradient kept whole would count once per rank)"));
+    }
+  }
+  const NodeId norm = graph.Find(kGradNormId);
+  std::vector<uint8_t> seen(graph.num_nodes(), 0);
+  std::vector<NodeId> stack;
+  if (norm != kNoNode) stack.push_back(norm);
+  while (!stack.empty()) {  // the norm's ancestors, for an all_reduce
+    const NodeId v = stack.back();
+    stack.pop_back();
+    if (graph.collective(v) && graph.op(v) == "all_reduce") return absl::OkStatus();
+    for (NodeId u : graph.unique_inputs(v)) {
+      if (!seen[u]) {
+        seen[u] = 1;
+        stack.push_back(u);
+      }
+    }
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "the sharded step clips its gradients, but its norm ", Quote(kGradNormId),
+      norm == kNoNode ? " is missing" : " is not computed from an all_reduce collective",
+      ": each rank holds shards, so the norm must sum every rank's part (pebble's --shard full "
+      "adds the all_reduce ", Quote(kClipTotalId), ")"));
 }
 
 bool IsUnclippedGradient(const Graph& graph, NodeId v) {

@@ -129,10 +129,10 @@ absl::StatusOr<Graph> AddOptimizerStep(const Graph& training, const OptimizerSpe
                                        CostModel cost = {});
 
 // Whether `graph` clips its gradients (Note [Clipping in the graph]): it has
-// a node "unclipped_grad:p" of a parameter p. Planned on one rank and data
+// a node "unclipped_grad:p" of a parameter p. Planned on one rank, data
 // parallel (the norm of the gradients averaged over the ranks, as
-// clip_grad_norm_ after DistributedDataParallel's backward); sharding
-// refuses such a graph (CheckClippingSharded).
+// clip_grad_norm_ after DistributedDataParallel's backward) and sharded
+// (ShardGraph: the norm of every rank's shards, summed by one all_reduce).
 bool ClipsGradients(const Graph& graph);
 // Whether `v` is a parameter's unclipped gradient "unclipped_grad:p": the
 // backward's gradient, which only the clipping's nodes read.
@@ -143,9 +143,15 @@ bool IsUnclippedGradient(const Graph& graph, NodeId v);
 NodeId BackwardGradient(const Graph& graph, NodeId p);
 // The id of the clipped gradients' norm before clipping (an output).
 inline constexpr absl::string_view kGradNormId = "grad_norm";
-// Unimplemented, saying why, where `graph` clips its gradients: for a step
-// to be sharded, whose norm would be of every rank's shards.
-absl::Status CheckClippingSharded(const Graph& graph);
+// The id of a sharded step's sum of its squared gradient shards over the
+// ranks (ShardGraph's all_reduce collective, which the norm reads).
+inline constexpr absl::string_view kClipTotalId = "clip_total";
+// Where `graph` has collectives (sharded) and clips its gradients: each
+// unclipped gradient is a reduce-scatter's shard, and the norm is computed
+// from an all_reduce collective (the ranks' parts summed); else
+// InvalidArgument naming the culprit. A gradient kept whole would count
+// once per rank in that sum.
+absl::Status CheckShardedClipping(const Graph& graph);
 
 // The host cost model of an element-wise update (seconds): it streams
 // `bytes_moved` (its operands' bytes read plus its output's written) at

@@ -181,7 +181,8 @@ void NarrowFromFloat(const float* in, int64_t count, DType dtype, std::byte* dat
 
 // A collective node of a sharded graph (ShardGraph) that the executor can
 // run: an all_gather or a reduce_scatter of floating-point tensors, sharded
-// for as many ranks as `collectives` has.
+// for as many ranks as `collectives` has, or an all_reduce (the sum over
+// the ranks) of one into a tensor of its shape.
 absl::Status CheckCollective(const Graph& graph, NodeId v, const Collectives* collectives) {
   const std::string who = absl::StrCat("node ", Quote(graph.id(v)), " (", graph.op(v), ")");
   if (collectives == nullptr) {
@@ -189,9 +190,11 @@ absl::Status CheckCollective(const Graph& graph, NodeId v, const Collectives* co
         who, " is a collective: a sharded plan runs on several ranks; give them (pebble run "
         "--ranks N --shard full --rank R --rendezvous DIR; docs/runtime.md, \"Several ranks\")"));
   }
-  if (graph.op(v) != "all_gather" && graph.op(v) != "reduce_scatter") {
+  if (graph.op(v) != "all_gather" && graph.op(v) != "reduce_scatter" &&
+      graph.op(v) != "all_reduce") {
     return absl::UnimplementedError(absl::StrCat(
-        who, ": the C++ runtime runs the collectives all_gather and reduce_scatter only"));
+        who, ": the C++ runtime runs the collectives all_gather, reduce_scatter and "
+        "all_reduce only"));
   }
   const nlohmann::json& attrs = graph.attrs(v);
   const auto ranks = attrs.find("ranks");
@@ -211,6 +214,13 @@ absl::Status CheckCollective(const Graph& graph, NodeId v, const Collectives* co
     return absl::UnimplementedError(absl::StrCat(
         who, ": the C++ runtime's collectives take a floating-point tensor and make one of "
         "its dtype"));
+  }
+  if (graph.op(v) == "all_reduce") {
+    if (graph.shape(v) != graph.shape(in)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(who, ": an all_reduce makes a tensor of its input's shape"));
+    }
+    return absl::OkStatus();
   }
   // ShardGraph's shards: ceil(numel / ranks) elements of the whole tensor.
   const bool gather = graph.op(v) == "all_gather";
@@ -1435,8 +1445,8 @@ class ScheduleRun {
 
   // Note [Collectives in flight]. The plan lets the network's collectives
   // overlap the compute that follows them. So an all_reduce bucket (at its
-  // first step), or a sharded graph's gather or reduce-scatter (or a bucket
-  // of them, at its last step), is staged (every stream drained, its
+  // first step), or a sharded graph's gather, reduce-scatter or all_reduce
+  // node (or a bucket of them, at its last step), is staged (every stream drained, its
   // tensors copied to a host buffer in float32, a gradient divided by the
   // ranks) and run on the collectives' thread
   // (TaskThread), while the steps go on. That thread runs them one after
@@ -1492,13 +1502,21 @@ class ScheduleRun {
       bucket.outputs.push_back({g, offset, Elements(g)});
       offset += Elements(g);
     }
-    const NodeId head = schedule_.steps[first].node;
-    std::string what =
-        first == last ? absl::StrCat("the all-reduce of ", Quote(graph_.id(head)))
-                      : absl::StrCat("the all-reduce of the bucket of ", Quote(graph_.id(head)),
-                                     " and ", last - first, " more");
-    bucket.sums = sums;
-    return Enqueue(std::move(bucket), what, [collectives = collectives_, sums, what] {
+    return EnqueueAllReduce(std::move(bucket), std::move(sums), "of ");
+  }
+
+  // Queues `op`'s all-reduce of `sums` (its steps' tensors side by side),
+  // named for its first step: "the all-reduce <of>'id'".
+  absl::Status EnqueueAllReduce(InFlight op, std::shared_ptr<std::vector<float>> sums,
+                                absl::string_view of) {
+    const NodeId head = schedule_.steps[op.first].node;
+    const std::string what =
+        op.first == op.last
+            ? absl::StrCat("the all-reduce ", of, Quote(graph_.id(head)))
+            : absl::StrCat("the all-reduce of the bucket of ", Quote(graph_.id(head)), " and ",
+                           op.last - op.first, " more");
+    op.sums = sums;
+    return Enqueue(std::move(op), what, [collectives = collectives_, sums, what] {
       return collectives->AllReduceSum(sums->data(), static_cast<int64_t>(sums->size()), what);
     });
   }
@@ -1517,6 +1535,7 @@ class ScheduleRun {
   // rank r's part of each in rank r's part of the message, of which this
   // rank keeps its own (Collectives::ReduceScatterSum).
   absl::Status IssueCollectives(int first, int last) {
+    if (graph_.op(schedule_.steps[first].node) == "all_reduce") return IssueSums(first, last);
     const bool gather = graph_.op(schedule_.steps[first].node) == "all_gather";
     const int ranks = collectives_->ranks();
     int64_t total = 0;  // S: the members' shards, in elements
@@ -1552,6 +1571,36 @@ class ScheduleRun {
     return Enqueue(std::move(op), what, [collectives = collectives_, buffer, total, what] {
       return collectives->ReduceScatterSum(buffer->data(), total, what);
     });
+  }
+
+  // all_reduce nodes at steps first..last (a sharded step's clipping total,
+  // Note [Clipping sharded gradients] in scheduler/sharding.cc): their
+  // inputs in float32 side by side, summed over the ranks (not averaged:
+  // each rank's part of a sum), each output its part of the message.
+  absl::Status IssueSums(int first, int last) {
+    int64_t total = 0;
+    for (int j = first; j <= last; ++j) total += Elements(schedule_.steps[j].node);
+    ASSIGN_OR_RETURN(InFlight op, BeginCollective(first, last));
+    auto sums = std::make_shared<std::vector<float>>(static_cast<size_t>(total));
+    int64_t offset = 0;
+    for (int j = first; j <= last; ++j) {
+      const NodeId v = schedule_.steps[j].node;
+      const NodeId u = graph_.inputs(v)[0];
+      const TensorView in = View(u, current_[u]);
+      if (absl::Status s = StageAsFloat(in.data, in.dtype, Elements(v), 1.0f,
+                                        sums->data() + offset);
+          !s.ok()) {
+        return Failed(first, s);
+      }
+      op.outputs.push_back({v, offset, Elements(v)});
+      offset += Elements(v);
+    }
+    absl::StatusOr<StreamEvent> staged = streams_.Record(Stream::kCompute);
+    if (!staged.ok()) return Failed(first, staged.status());
+    for (int j = first; j <= last; ++j) {
+      for (NodeId u : graph_.unique_inputs(schedule_.steps[j].node)) last_compute_use_[u] = *staged;
+    }
+    return EnqueueAllReduce(std::move(op), std::move(sums), "");
   }
 
   // A member of a sharded collective (IssueCollectives): its node, its

@@ -238,7 +238,8 @@ CollectiveComputes CountCollectiveComputes(const Graph& graph, const Schedule& s
   CollectiveComputes n;
   for (const Step& step : schedule.steps) {
     if (step.action != Action::kCompute || !graph.collective(step.node)) continue;
-    ++(graph.op(step.node) == "all_gather" ? n.gathers : n.scatters);
+    const std::string& op = graph.op(step.node);
+    ++(op == "all_gather" ? n.gathers : op == "all_reduce" ? n.sums : n.scatters);
     n.messages += !step.joins_bucket;
   }
   return n;
@@ -617,6 +618,7 @@ class GradientReductionPlanner : public Planner {
       const CollectiveComputes n = CountCollectiveComputes(graph, result.schedule);
       result.details["collectives"]["gathers"] = n.gathers;
       result.details["collectives"]["reduce_scatters"] = n.scatters;
+      result.details["collectives"]["all_reduce_nodes"] = n.sums;
       result.details["collectives"]["messages"] = n.messages;
     }
     if (!sharded.has_value()) {

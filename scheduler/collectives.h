@@ -53,7 +53,9 @@ std::optional<CollectiveLink> ShardedRanks(const Graph& graph);
 // A schedule's computes of collective nodes (a sharded graph's): its
 // gathers, its reduce-scatters, and the messages they make (a bucket is one).
 struct CollectiveComputes {
-  int64_t gathers = 0, scatters = 0, messages = 0;
+  // all_gather, reduce_scatter and all_reduce nodes' computes (a sharded
+  // step's clipping total is an all_reduce), and the messages they make.
+  int64_t gathers = 0, scatters = 0, sums = 0, messages = 0;
 };
 CollectiveComputes CountCollectiveComputes(const Graph& graph, const Schedule& schedule);
 
@@ -73,10 +75,13 @@ absl::StatusOr<NetworkLink> ParseNetwork(absl::string_view text);
 // tensor); the backward's gradient becomes "local_grad:p", and "grad:p" is
 // its reduce-scatter (op reduce_scatter, the shard); the optimizer's state
 // of p and its updates work on shards (bytes, cost and workspace divided).
-// Collectives cost AllGatherSeconds on `link`. Errors: ranks < 2, a graph
-// sharded already, no parameter with a gradient, a parameter or state with
-// a home or an update that may run on the host (not modelled with
-// sharding yet), a gradient that is an alias or in place.
+// A clipping step's "unclipped_grad:p" is the one reduce-scattered, its
+// clipping works on shards, and an all_reduce "clip_total" sums the ranks'
+// squares for the norm (Note [Clipping sharded gradients]). Collectives
+// cost AllGatherSeconds on `link` (the total AllReduceSeconds). Errors:
+// ranks < 2, a graph sharded already, no parameter with a gradient, a
+// gradient added into one kept from before the step, clipping that is
+// not element-wise or leaves a gradient unclipped.
 absl::StatusOr<Graph> ShardGraph(const Graph& training, int ranks, const NetworkLink& link);
 
 // Per node of `training`: whether ShardGraph keeps only a shard of it (a

@@ -65,12 +65,15 @@ struct Unit {
   int last_local_gradient = -1;
 };
 
-// The parameter of a sharded graph's collective ("gather:p", "grad:p"), or
-// "" for another node.
+// The parameter of a sharded graph's collective ("gather:p", "grad:p", or
+// "unclipped_grad:p" where the step clips), or "" for another node.
 std::string ParameterOf(const Graph& graph, NodeId v) {
   absl::string_view id = graph.id(v);
-  const absl::string_view prefix = graph.op(v) == "all_gather" ? "gather:" : "grad:";
-  return absl::ConsumePrefix(&id, prefix) ? std::string(id) : "";
+  if (graph.op(v) == "all_gather") return absl::ConsumePrefix(&id, "gather:") ? std::string(id) : "";
+  if (graph.op(v) != "reduce_scatter") return "";
+  return absl::ConsumePrefix(&id, "grad:") || absl::ConsumePrefix(&id, "unclipped_grad:")
+             ? std::string(id)
+             : "";
 }
 
 // The position in `order` of its forward's last node (the loss, in a

@@ -26,8 +26,9 @@ namespace pebble {
 // gathered copy lives, jointly with recomputation and offload, and FSDP's
 // own rule is one schedule among them (the "fsdp" policy). The gathered
 // node's id is "gather:p", placed before p's first reader in the graph's
-// own order; the reduce-scatter takes the gradient's id, "grad:p", so the
-// optimizer's updates and the outputs read the shard. Shards are equal, of
+// own order; the reduce-scatter takes the backward gradient's id, "grad:p"
+// ("unclipped_grad:p" where the step clips: Note [Clipping sharded
+// gradients]), so the optimizer's updates and the outputs read the shard. Shards are equal, of
 // ceil(numel / ranks) elements (the last one padded); the gathered tensor
 // is the parameter's own size. A gradient may be a view (PyTorch's Linear weight
 // gradient is the transpose of a matmul's output, and one bias's gradient
@@ -89,16 +90,77 @@ NodeId StateOwner(const Graph& g, NodeId s,
              : kNoNode;
 }
 
-// The parameters ShardGraph shards: persistent, with a gradient "grad:p"
-// that the step makes (ShardGraph refuses one added into a kept gradient).
+// The parameters ShardGraph shards: persistent, with a gradient that the
+// step makes ("grad:p", or "unclipped_grad:p" where it clips: its
+// BackwardGradient; ShardGraph refuses one added into a kept gradient).
 std::vector<NodeId> ShardableParameters(const Graph& g) {
   std::vector<NodeId> out;
   for (NodeId p = 0; p < g.num_nodes(); ++p) {
     if (!g.persistent(p) || g.role(p) != Role::kParameter) continue;
-    const NodeId grad = g.Find(absl::StrCat("grad:", g.id(p)));
+    const NodeId grad = BackwardGradient(g, p);
     if (grad != kNoNode && !g.persistent(grad)) out.push_back(p);
   }
   return out;
+}
+
+// Note [Clipping sharded gradients]. clip_grad_norm_ under FSDP bounds the
+// norm of the whole gradients, which no rank holds. So where the step
+// clips (Note [Clipping in the graph], graph/optimizer.cc), the backward's
+// gradient "unclipped_grad:p" is the one reduce-scattered; the clipping's
+// per-parameter nodes that read it (its square "clip_square:p" and the
+// clipped "grad:p") work on the shard, for 1/ranks of their bytes and
+// cost, and so does the sum of a square; the total of the squares, a
+// rank's part, is summed over the ranks by a collective "clip_total" (op
+// all_reduce, one scalar), which the norm reads. So every rank clips its
+// shards by one factor, the whole gradients' (up to the order of the
+// float32 sums), as FSDP's clip_grad_norm_ does. A shard's padding is
+// zero, so it adds nothing to the squares.
+struct ShardedClipping {
+  std::vector<uint8_t> on_shard;  // per node: a clipping node that reads a gradient shard
+  std::vector<uint8_t> sums_shard;  // per node: a sum of such a node (its cost divided)
+  NodeId total = kNoNode;           // the rank's sum of squares, which the norm reads
+};
+
+absl::StatusOr<ShardedClipping> ClippingOnShards(const Graph& g,
+                                                 const std::vector<NodeId>& gradient_of) {
+  ShardedClipping c;
+  if (!ClipsGradients(g)) return c;
+  const int n = g.num_nodes();
+  c.on_shard.assign(n, 0);
+  c.sums_shard.assign(n, 0);
+  for (NodeId u = 0; u < n; ++u) {
+    if (gradient_of[u] == kNoNode) continue;
+    if (!IsUnclippedGradient(g, u)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "the step clips its gradients, but ", Quote(g.id(u)), " is not clipped: pebble "
+          "shards a step whose every gradient is clipped"));
+    }
+    for (NodeId w : g.readers(u)) {
+      if (g.storage(w) == g.storage(u) || g.is_alias(w)) continue;  // the backward's view
+      if (g.shape(w) != g.shape(u)) {
+        return absl::UnimplementedError(absl::StrCat(
+            "clipping node ", Quote(g.id(w)), " reads gradient ", Quote(g.id(u)), " whole: "
+            "sharding clips element-wise, by the norm of every rank's shards"));
+      }
+      c.on_shard[w] = 1;
+    }
+  }
+  for (NodeId w = 0; w < n; ++w) {
+    const auto inputs = g.unique_inputs(w);
+    c.sums_shard[w] = g.op(w) == "sum" && inputs.size() == 1 && c.on_shard[inputs[0]];
+  }
+  const NodeId norm = g.Find(kGradNormId);
+  if (norm == kNoNode || g.inputs(norm).size() != 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the step clips its gradients, but has no norm ", Quote(kGradNormId),
+        " of one input (the sum of the squares) to sum over the ranks"));
+  }
+  if (g.Find(kClipTotalId) != kNoNode) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the graph already has a node ", Quote(kClipTotalId)));
+  }
+  c.total = g.inputs(norm)[0];
+  return c;
 }
 
 }  // namespace
@@ -124,14 +186,13 @@ absl::StatusOr<Graph> ShardGraph(const Graph& g, int ranks, const NetworkLink& l
   if (g.has_collectives()) {
     return absl::InvalidArgumentError("the graph has collectives already (sharded once)");
   }
-  RETURN_IF_ERROR(CheckClippingSharded(g));
   const int n = g.num_nodes();
   // The sharded parameters, and the nodes each shard's storage ends in.
   absl::flat_hash_map<NodeId, ShardedParameter> sharded;
   std::vector<NodeId> shard_root(n, kNoNode);  // a storage -> its parameter
   std::vector<NodeId> gradient_of(n, kNoNode);  // grad:p -> p
   for (NodeId p : ShardableParameters(g)) {
-    const NodeId grad = g.Find(absl::StrCat("grad:", g.id(p)));
+    const NodeId grad = BackwardGradient(g, p);
     if (g.in_place(grad) || g.persistent(g.storage(grad))) {
       return absl::UnimplementedError(absl::StrCat(
           "gradient ", Quote(g.id(grad)), " is added into a gradient kept from before the "
@@ -150,12 +211,18 @@ absl::StatusOr<Graph> ShardGraph(const Graph& g, int ranks, const NetworkLink& l
       if (NodeId p = StateOwner(g, s, sharded); p != kNoNode) shard_root[s] = p;
     }
   }
-  // Every node but the update chains of a sharded storage reads the
-  // gathered parameter and the local gradient; the updates read the shards.
+  ASSIGN_OR_RETURN(const ShardedClipping clipping, ClippingOnShards(g, gradient_of));
+  // Every node but the update chains of a sharded storage (and the
+  // clipping) reads the gathered parameter and the local gradient; the
+  // updates read the shards, and the clipping the gradient's shard.
   auto is_update = [&](NodeId w) { return g.role(w) == Role::kUpdate || g.in_place(w); };
   auto renamed_input = [&](NodeId w, NodeId u) -> std::string {
     if (sharded.contains(u) && !is_update(w)) return absl::StrCat("gather:", g.id(u));
-    if (gradient_of[u] != kNoNode && !is_update(w)) return absl::StrCat("local_grad:", g.id(gradient_of[u]));
+    if (gradient_of[u] != kNoNode && !is_update(w) &&
+        (clipping.on_shard.empty() || !clipping.on_shard[w])) {
+      return absl::StrCat("local_grad:", g.id(gradient_of[u]));
+    }
+    if (u == clipping.total && g.id(w) == kGradNormId) return std::string(kClipTotalId);
     return g.id(u);
   };
   std::vector<NodeId> first_reader(n, kNoNode);
@@ -201,6 +268,30 @@ absl::StatusOr<Graph> ShardGraph(const Graph& g, int ranks, const NetworkLink& l
                                                     : (s.workspace + ranks - 1) / ranks;
         if (s.host_cost.has_value()) *s.host_cost /= ranks;
       }
+    }
+    if (!clipping.on_shard.empty() && clipping.on_shard[v]) {  // element-wise, on a shard
+      const ShardedParameter shard = ShardOf(g, v, ranks);
+      s.bytes = shard.shard_bytes;
+      s.shape = shard.shard_shape;
+      s.cost /= ranks;
+    } else if (!clipping.sums_shard.empty() && clipping.sums_shard[v]) {
+      s.cost /= ranks;
+    }
+    if (v == clipping.total) {
+      b.AddNode(std::move(s));
+      NodeSpec total;
+      total.id = std::string(kClipTotalId);
+      total.op = "all_reduce";
+      total.bytes = g.bytes(v);
+      total.shape = g.shape(v);
+      total.dtype = g.dtype(v);
+      total.role = Role::kBackward;
+      total.inputs = {g.id(v)};
+      total.cost = AllReduceSeconds(g.bytes(v), ranks, link);
+      total.collective = true;
+      total.attrs = ShardAttrs(ranks, link);
+      b.AddNode(std::move(total));
+      continue;
     }
     const NodeId p = gradient_of[v];
     if (p == kNoNode) {

@@ -339,9 +339,8 @@ absl::StatusOr<PlanReport> Simulate(const Graph& graph,
     return absl::InvalidArgumentError("host bandwidth must be positive");
   }
   if (options.ranks < 1) return absl::InvalidArgumentError("ranks must be at least 1");
-  // (ShardGraph refuses a clipping step; a graph edited by hand may still
-  // hold both)
-  if (graph.has_collectives()) RETURN_IF_ERROR(CheckClippingSharded(graph));
+  // (a sharded graph written or edited by hand may clip without the sum)
+  RETURN_IF_ERROR(CheckShardedClipping(graph));
   if (!(options.network.bandwidth_bytes_per_s > 0) ||
       !std::isfinite(options.network.bandwidth_bytes_per_s) ||
       !(options.network.latency_s >= 0) || !std::isfinite(options.network.latency_s)) {

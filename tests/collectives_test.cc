@@ -12,6 +12,7 @@
 #include "absl/strings/str_join.h"
 #include "gmock/gmock.h"
 #include "graph/graph_json.h"
+#include "graph/optimizer.h"
 #include "graph/models/models.h"
 #include "gtest/gtest.h"
 #include "scheduler/collectives.h"
@@ -911,6 +912,85 @@ TEST(ShardingTest, ShardGraphShardsParametersGradientsAndState) {
   EXPECT_THAT(ShardGraph(*g, 2, {}).status().message(), HasSubstr("sharded once"));
   EXPECT_THAT(Sharded("path:n=3", 2).status().message(),
               HasSubstr("no parameter with a gradient"));
+}
+
+// Note [Clipping sharded gradients]: a clipped step sharded over 4 ranks
+// reduce-scatters each unclipped gradient, clips its shard (for a quarter
+// of the bytes and the time), and sums the ranks' squares by one all_reduce,
+// "clip_total", which the norm reads; every policy plans it. A sharded
+// clipping whose norm skips that sum, or that clips a gradient kept whole,
+// is refused.
+TEST(ShardingTest, AClippedStepClipsItsShardsByEveryRanksSquares) {
+  const std::string model = "mnist-cnn:batch=4,optimizer=adam,max_grad_norm=0.5";
+  absl::StatusOr<Graph> whole = BuildModel(model);
+  ASSERT_TRUE(whole.ok()) << whole.status();
+  absl::StatusOr<Graph> g = Sharded(model, 4);
+  ASSERT_TRUE(g.ok()) << g.status();
+  const NodeId total = g->Find(kClipTotalId);
+  ASSERT_NE(total, kNoNode);
+  for (const auto& [p, shard_bytes] : FourRankShards(*whole)) {
+    const std::string& id = whole->id(p);
+    SCOPED_TRACE(id);
+    const NodeId scattered = g->Find("unclipped_grad:" + id);
+    const NodeId square = g->Find("clip_square:" + id), part = g->Find("clip_part:" + id);
+    const NodeId clipped = g->Find("grad:" + id);
+    ASSERT_NE(scattered, kNoNode);
+    ASSERT_NE(clipped, kNoNode);
+    EXPECT_EQ(g->op(scattered), "reduce_scatter");
+    EXPECT_EQ(g->id(g->inputs(scattered)[0]), "local_grad:" + id);
+    EXPECT_EQ(g->bytes(scattered), shard_bytes);
+    for (NodeId v : {square, clipped}) {
+      EXPECT_EQ(g->bytes(v), shard_bytes) << g->id(v);
+      EXPECT_EQ(g->inputs(v)[0], scattered) << g->id(v);
+    }
+    for (const char* prefix : {"clip_square:", "clip_part:", "grad:"}) {
+      const std::string node = prefix + id;
+      EXPECT_DOUBLE_EQ(g->cost(g->Find(node)), whole->cost(whole->Find(node)) / 4) << node;
+    }
+    EXPECT_EQ(g->bytes(part), 4);
+    const auto readers = g->readers(clipped);  // Adam's moments' updates
+    EXPECT_TRUE(std::any_of(readers.begin(), readers.end(),
+                            [&](NodeId r) { return g->in_place(r); }));
+  }
+  EXPECT_TRUE(g->collective(total));
+  EXPECT_EQ(g->op(total), "all_reduce");
+  EXPECT_EQ(g->bytes(total), 4);
+  EXPECT_DOUBLE_EQ(g->cost(total), AllReduceSeconds(4, 4, {1e9, 5e-6}));
+  const NodeId norm = g->Find(kGradNormId);
+  ASSERT_EQ(g->inputs(norm).size(), 1u);
+  EXPECT_EQ(g->inputs(norm)[0], total);
+  EXPECT_TRUE(g->is_output(norm));
+  EXPECT_TRUE(GradientsToReduce(*g).empty());  // every gradient is summed already
+  EXPECT_TRUE(CheckShardedClipping(*g).ok());
+  for (const char* policy : {"fsdp", "fsdp-module", "dtr", "hybrid"}) {
+    const PlanResult plan = PlanSharded(*g, 4, policy);
+    EXPECT_TRUE(plan.feasible) << policy << ": " << plan.message;
+    EXPECT_GE(CountCollectiveComputes(*g, plan.schedule).sums, 1) << policy;
+    EXPECT_EQ(CountSteps(plan.schedule, Action::kAllReduce), 0) << policy;
+  }
+
+  // Edited by hand: the norm of the rank's own squares; a gradient clipped
+  // whole beside the shards.
+  const Schedule schedule = PlanSharded(*g, 4, "fsdp").schedule;
+  SimulatorOptions four;
+  four.ranks = 4;
+  nlohmann::json unsummed = GraphToJson(*g);
+  for (auto& node : unsummed["nodes"]) {
+    if (node["id"] == std::string(kGradNormId)) node["inputs"] = {g->id(g->inputs(total)[0])};
+  }
+  absl::StatusOr<Graph> rank_norm = GraphFromJson(unsummed);
+  ASSERT_TRUE(rank_norm.ok()) << rank_norm.status();
+  EXPECT_THAT(Simulate(*rank_norm, schedule, four).status().message(),
+              HasSubstr("its norm 'grad_norm' is not computed from an all_reduce collective"));
+  nlohmann::json kept_whole = GraphToJson(*g);
+  for (auto& node : kept_whole["nodes"]) {
+    if (node["id"] == "unclipped_grad:fc2.bias") node.erase("collective");
+  }
+  absl::StatusOr<Graph> whole_gradient = GraphFromJson(kept_whole);
+  ASSERT_TRUE(whole_gradient.ok()) << whole_gradient.status();
+  EXPECT_THAT(Simulate(*whole_gradient, schedule, four).status().message(),
+              HasSubstr("gradient 'unclipped_grad:fc2.bias' is clipped in a sharded step but is "
+                        "not a reduce_scatter"));
 }
 
 // ZeRO-Offload on shards (and ZeRO-Infinity's shards on the host): each shard

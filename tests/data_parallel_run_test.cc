@@ -722,6 +722,39 @@ TEST_F(DataParallelRunTest, ShardedRunsHoldTheShardsOfTheDataParallelRun) {
   }
 }
 
+struct ShardsCompared {
+  int tensors = 0, padded = 0;  // tensors compared; padding elements (zero)
+};
+
+// Expects rank r's updated tensors in a sharded run (of `sharded`) to be
+// its shards of the data-parallel run's (of `whole`), within 1e-5, the
+// padding past a tensor's end zero; a tensor kept whole (Adam's step
+// count) is compared whole.
+ShardsCompared ExpectShardsOf(const Graph& sharded, const ExecutionResult& run,
+                              const Graph& whole, const ExecutionResult& dp, int r) {
+  ShardsCompared n;
+  EXPECT_EQ(run.updated.size(), dp.updated.size());
+  for (size_t i = 0; i < std::min(run.updated.size(), dp.updated.size()); ++i) {
+    const std::string& id = sharded.id(run.updated[i].node);
+    EXPECT_EQ(whole.id(dp.updated[i].node), id);
+    const std::vector<float> shard = Floats(run.updated[i].array);
+    const std::vector<float> all = Floats(dp.updated[i].array);
+    const bool kept_whole = shard.size() == all.size();
+    for (size_t j = 0; j < shard.size(); ++j) {
+      const size_t at = kept_whole ? j : r * shard.size() + j;
+      if (at >= all.size()) {
+        EXPECT_EQ(shard[j], 0.0f) << id << " padding [" << at << "]";
+        ++n.padded;
+      } else {
+        EXPECT_NEAR(shard[j], all[at], 1e-5f + 1e-5f * std::abs(all[at]))
+            << id << "[" << at << "]";
+      }
+    }
+    ++n.tensors;
+  }
+  return n;
+}
+
 // Three ranks: the last rank's shards end in padding (mnist-cnn's 10-element
 // bias: shards of 4, the last 2 values and 2 zeros), which stays zero, and
 // the sums run in another order than the data-parallel run's (within 1e-5).
@@ -747,24 +780,53 @@ TEST_F(DataParallelRunTest, ThreeShardedRanksEndInZeroPadding) {
       ASSERT_TRUE(dp[r].ok()) << "rank " << r << ": " << dp[r].status();
       ASSERT_TRUE(runs[r].ok()) << "rank " << r << ": " << runs[r].status();
       EXPECT_EQ(runs[r]->peak_bytes, runs[r]->predicted.peak_bytes);
-      for (size_t i = 0; i < runs[r]->updated.size(); ++i) {
-        const std::string& id = sharded->id(runs[r]->updated[i].node);
-        const std::vector<float> shard = Floats(runs[r]->updated[i].array);
-        const std::vector<float> all = Floats(dp[r]->updated[i].array);
-        ASSERT_EQ(g.id(dp[r]->updated[i].node), id);
-        for (size_t j = 0; j < shard.size(); ++j) {
-          const size_t at = r * shard.size() + j;
-          if (at >= all.size()) {
-            EXPECT_EQ(shard[j], 0.0f) << id << " padding [" << at << "]";
-            ++padded;
-          } else {
-            EXPECT_NEAR(shard[j], all[at], 1e-5f + 1e-5f * std::abs(all[at]))
-                << id << "[" << at << "]";
-          }
-        }
-      }
+      padded += ExpectShardsOf(*sharded, *runs[r], g, *dp[r], r).padded;
     }
     EXPECT_GT(padded, 0);
+  }
+}
+
+// Clipped and sharded (Note [Clipping sharded gradients]): every rank clips
+// its shards by the whole gradients' norm, summed from each rank's squares
+// by one all_reduce, as FSDP's clip_grad_norm_ does. So the norm and each
+// rank's parameters and optimizer state are the data-parallel clipped
+// run's (its shards; the padding stays zero), up to the order of the
+// float32 sums; with the updates on the host too; measured peak ==
+// predicted.
+TEST_F(DataParallelRunTest, ShardedClippedStepsClipByTheWholeGradientsNorm) {
+  const Graph training = *BuildModel("mnist-cnn:batch=2");
+  struct Case {
+    int ranks;
+    const char* optimizer;
+    const char* policy;
+  };
+  for (const Case& c :
+       {Case{2, "sgd:lr=0.5,max_grad_norm=0.05", "fsdp"},
+        Case{2, "adam:lr=0.01,max_grad_norm=0.05", "dtr"},
+        Case{2, "adam:lr=0.01,max_grad_norm=0.05,state=host,updates=host", "fsdp-module"},
+        Case{3, "sgd:lr=0.5,momentum=0.9,max_grad_norm=0.05", "rotor"}}) {
+    SCOPED_TRACE(absl::StrCat(c.ranks, " ranks, ", c.optimizer, ", ", c.policy));
+    const Graph g = *AddOptimizerStep(training, *ParseOptimizer(c.optimizer));
+    auto dp = RunRanks(g, Plan(g, "baseline", c.ranks), c.ranks);
+    auto sharded = ShardGraph(g, c.ranks, NetworkLink{});
+    ASSERT_TRUE(sharded.ok()) << sharded.status();
+    auto runs = RunRanks(*sharded, Plan(*sharded, c.policy, c.ranks), c.ranks, {}, &g);
+    int compared = 0, padded = 0;
+    for (int r = 0; r < c.ranks; ++r) {
+      ASSERT_TRUE(dp[r].ok()) << "rank " << r << ": " << dp[r].status();
+      ASSERT_TRUE(runs[r].ok()) << "rank " << r << ": " << runs[r].status();
+      EXPECT_EQ(runs[r]->peak_bytes, runs[r]->predicted.peak_bytes) << "rank " << r;
+      EXPECT_EQ(runs[r]->host_peak_bytes, runs[r]->predicted.host_peak_bytes) << "rank " << r;
+      const double norm = *dp[r]->ScalarOutput(g, kGradNormId);
+      EXPECT_GT(norm, 0.1) << "the clipping would not act";
+      EXPECT_NEAR(*runs[r]->ScalarOutput(*sharded, kGradNormId), norm, 1e-5 * norm)
+          << "rank " << r;
+      const ShardsCompared n = ExpectShardsOf(*sharded, *runs[r], g, *dp[r], r);
+      compared += n.tensors;
+      padded += n.padded;
+    }
+    EXPECT_GE(compared, 8 * c.ranks);  // 8 parameters a rank, and any state
+    if (c.ranks == 3) EXPECT_GT(padded, 0);
   }
 }
 
