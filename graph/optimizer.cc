@@ -184,16 +184,12 @@ namespace {
 constexpr char kStepCount[] = "optimizer.step";
 constexpr char kStepCountNow[] = "optimizer.step#1";
 
-// The backward's gradient of p, renamed where the step clips (Note
-// [Clipping in the graph]).
-constexpr absl::string_view kUnclippedPrefix = "unclipped_grad:";
-
 // Whether `out` is the gradient "grad:p" of a parameter p: the gradients an
 // optimizer step updates from.
 bool IsParameterGradient(const Graph& graph, NodeId out) {
   const std::string& gid = graph.id(out);
-  if (gid.rfind("grad:", 0) != 0) return false;
-  const NodeId p = graph.Find(gid.substr(5));
+  if (!absl::StartsWith(gid, kGradPrefix)) return false;
+  const NodeId p = graph.Find(gid.substr(kGradPrefix.size()));
   return p != kNoNode && graph.role(p) == Role::kParameter;
 }
 
@@ -208,7 +204,7 @@ absl::StatusOr<Graph> WithClippedGradients(const Graph& training, double max_nor
   if (gradients.empty()) return training;  // AddOptimizerStep names the fault
   std::vector<std::string> params;  // p of each "grad:p"
   for (NodeId g : gradients) {
-    const std::string& p = params.emplace_back(training.id(g).substr(5));
+    const std::string& p = params.emplace_back(training.id(g).substr(kGradPrefix.size()));
     if (!training.shape(training.Find(p)).has_value() || !training.shape(g).has_value()) {
       return absl::InvalidArgumentError(absl::StrCat(
           "optimizer: parameter ", Quote(p), " or its gradient has no shape"));
@@ -245,12 +241,12 @@ absl::StatusOr<Graph> WithClippedGradients(const Graph& training, double max_nor
   for (size_t i = 0; i < gradients.size(); ++i) {
     const std::string& p = params[i];
     const Value g{static_cast<int>(gradients[i])};
-    if (absl::Status s = b.Rename(g, claim(absl::StrCat(kUnclippedPrefix, p))); !s.ok()) {
+    if (absl::Status s = b.Rename(g, claim(absl::StrCat(kUnclippedGradPrefix, p))); !s.ok()) {
       b.Fail(s);
     }
     unclipped.push_back(g);
-    const Value square = apply("mul", {g, g}, "clip_square:" + p);
-    const Value part = apply("sum", {square}, "clip_part:" + p);
+    const Value square = apply("mul", {g, g}, absl::StrCat(kClipSquarePrefix, p));
+    const Value part = apply("sum", {square}, absl::StrCat(kClipPartPrefix, p));
     total = i == 0 ? part : apply("add", {total, part}, absl::StrCat("clip_sum:", i));
   }
   // clip_grad_norm_'s factor: max_norm / (n + 1e-6), at most 1.
@@ -262,7 +258,7 @@ absl::StatusOr<Graph> WithClippedGradients(const Graph& training, double max_nor
   const Value coef = apply("clip", {ratio}, "clip_coef", {{"max", 1.0}});
   std::vector<Value> clipped;
   for (size_t i = 0; i < gradients.size(); ++i) {
-    clipped.push_back(apply("mul", {unclipped[i], coef}, "grad:" + params[i]));
+    clipped.push_back(apply("mul", {unclipped[i], coef}, absl::StrCat(kGradPrefix, params[i])));
   }
   // The same outputs, each gradient clipped, and the norm.
   b.ClearOutputs();
@@ -318,8 +314,8 @@ class OptimizerStepBuilder {
     int params = 0;
     for (NodeId g : training_.outputs()) {
       const std::string& gid = training_.id(g);
-      if (gid.rfind("grad:", 0) != 0) continue;
-      const std::string p = gid.substr(5);
+      if (!absl::StartsWith(gid, kGradPrefix)) continue;
+      const std::string p = gid.substr(kGradPrefix.size());
       const NodeId pv = training_.Find(p);
       if (pv == kNoNode || training_.role(pv) != Role::kParameter) continue;
       if (!training_.shape(pv).has_value()) {
@@ -334,24 +330,24 @@ class OptimizerStepBuilder {
       if (!adam) {
         std::string step = gid;
         if (spec_.momentum > 0) {
-          const std::string buf = "momentum_buffer:" + p;
+          const std::string buf = absl::StrCat(kMomentumBufferPrefix, p);
           RETURN_IF_ERROR(Add(b, State(buf, shape, dtype, bytes)));
           RETURN_IF_ERROR(Add(b, Update(buf + "#1", "sgd_momentum", buf, {buf, gid, p},
                                         shape, dtype, bytes, 3 * n)));
           step = buf + "#1";
         }
-        RETURN_IF_ERROR(Add(b, Update("update:" + p, "sgd_update", p, {p, step}, shape,
+        RETURN_IF_ERROR(Add(b, Update(absl::StrCat(kUpdatePrefix, p), "sgd_update", p, {p, step}, shape,
                                       dtype, bytes, 3 * n)));
         continue;
       }
-      const std::string m = "exp_avg:" + p, v2 = "exp_avg_sq:" + p;
+      const std::string m = absl::StrCat(kExpAvgPrefix, p), v2 = absl::StrCat(kExpAvgSqPrefix, p);
       RETURN_IF_ERROR(Add(b, State(m, shape, dtype, bytes)));
       RETURN_IF_ERROR(Add(b, State(v2, shape, dtype, bytes)));
       RETURN_IF_ERROR(Add(b, Update(m + "#1", "adam_exp_avg", m, {m, gid, p}, shape, dtype,
                                     bytes, 4 * n)));
       RETURN_IF_ERROR(Add(b, Update(v2 + "#1", "adam_exp_avg_sq", v2, {v2, gid, p}, shape,
                                     dtype, bytes, 5 * n)));
-      RETURN_IF_ERROR(Add(b, Update("update:" + p, "adam_update", p,
+      RETURN_IF_ERROR(Add(b, Update(absl::StrCat(kUpdatePrefix, p), "adam_update", p,
                                     {p, m + "#1", v2 + "#1", step_now}, shape, dtype, bytes,
                                     10 * n)));
     }
@@ -366,7 +362,7 @@ class OptimizerStepBuilder {
  private:
   // Whether the step updates parameter p (its gradient is an output).
   bool Updated(NodeId p) const {
-    const NodeId g = training_.Find("grad:" + training_.id(p));
+    const NodeId g = training_.Find(absl::StrCat(kGradPrefix, training_.id(p)));
     return g != kNoNode && training_.is_output(g);
   }
 
@@ -491,8 +487,8 @@ absl::Status CheckShardedClipping(const Graph& graph) {
 
 bool IsUnclippedGradient(const Graph& graph, NodeId v) {
   const std::string& id = graph.id(v);
-  if (!absl::StartsWith(id, kUnclippedPrefix)) return false;
-  const NodeId p = graph.Find(id.substr(kUnclippedPrefix.size()));
+  if (!absl::StartsWith(id, kUnclippedGradPrefix)) return false;
+  const NodeId p = graph.Find(id.substr(kUnclippedGradPrefix.size()));
   return p != kNoNode && graph.role(p) == Role::kParameter;
 }
 
@@ -504,8 +500,8 @@ bool ClipsGradients(const Graph& graph) {
 }
 
 NodeId BackwardGradient(const Graph& graph, NodeId p) {
-  const NodeId unclipped = graph.Find(absl::StrCat(kUnclippedPrefix, graph.id(p)));
-  return unclipped != kNoNode ? unclipped : graph.Find(absl::StrCat("grad:", graph.id(p)));
+  const NodeId unclipped = graph.Find(absl::StrCat(kUnclippedGradPrefix, graph.id(p)));
+  return unclipped != kNoNode ? unclipped : graph.Find(absl::StrCat(kGradPrefix, graph.id(p)));
 }
 
 }  // namespace pebble

@@ -141,6 +141,21 @@ bool IsUnclippedGradient(const Graph& graph, NodeId v);
 // where the step clips, else "grad:p"; kNoNode where there is none. With
 // several ranks this is the gradient summed over them.
 NodeId BackwardGradient(const Graph& graph, NodeId p);
+// The prefixes of the per-parameter node ids "<prefix><p>" (Notes
+// [Optimizer nodes] and [Clipping in the graph]); a reader that maps such
+// a node to its parameter (the memory log's ModuleOf) takes them from
+// here, with ShardGraph's (scheduler/collectives.h).
+inline constexpr absl::string_view kGradPrefix = "grad:";
+inline constexpr absl::string_view kUnclippedGradPrefix = "unclipped_grad:";
+inline constexpr absl::string_view kClipSquarePrefix = "clip_square:";
+inline constexpr absl::string_view kClipPartPrefix = "clip_part:";
+inline constexpr absl::string_view kMomentumBufferPrefix = "momentum_buffer:";
+inline constexpr absl::string_view kExpAvgPrefix = "exp_avg:";
+inline constexpr absl::string_view kExpAvgSqPrefix = "exp_avg_sq:";
+inline constexpr absl::string_view kUpdatePrefix = "update:";
+inline constexpr absl::string_view kPerParameterPrefixes[] = {
+    kGradPrefix,           kUnclippedGradPrefix, kClipSquarePrefix, kClipPartPrefix,
+    kMomentumBufferPrefix, kExpAvgPrefix,        kExpAvgSqPrefix,   kUpdatePrefix};
 // The id of the clipped gradients' norm before clipping (an output).
 inline constexpr absl::string_view kGradNormId = "grad_norm";
 // The id of a sharded step's sum of its squared gradient shards over the

@@ -6,6 +6,8 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
+#include "graph/optimizer.h"
+#include "scheduler/collectives.h"
 
 namespace pebble {
 namespace {
@@ -119,11 +121,17 @@ nlohmann::json ChromeTrace(const Graph& graph, const ExecutionResult& result) {
 
 std::string ModuleOf(absl::string_view id) {
   // The per-parameter nodes of the backward, the clipping and the optimizer
-  // (graph/optimizer.h): their parameter's module.
-  for (absl::string_view prefix : {"grad:", "unclipped_grad:", "clip_square:", "clip_part:",
-                                   "exp_avg:", "exp_avg_sq:", "momentum_buffer:", "update:"}) {
-    if (absl::ConsumePrefix(&id, prefix)) break;
-  }
+  // (graph/optimizer.h), and of a sharded step (scheduler/collectives.h):
+  // their parameter's module.
+  const auto drop_prefix = [&id] {
+    for (absl::string_view prefix : kPerParameterPrefixes) {
+      if (absl::ConsumePrefix(&id, prefix)) return;
+    }
+    for (absl::string_view prefix : {kGatherPrefix, kLocalGradPrefix}) {
+      if (absl::ConsumePrefix(&id, prefix)) return;
+    }
+  };
+  drop_prefix();
   if (size_t hash = id.find('#'); hash != absl::string_view::npos) id = id.substr(0, hash);
   for (absl::string_view suffix :
        {".weight", ".bias", ".stats", ".running_mean", ".running_var"}) {

@@ -52,7 +52,8 @@ struct MemoryLogRow {
 
 // The module of a node id: a per-parameter prefix of the backward, the
 // clipping or the optimizer ("grad:", "unclipped_grad:", "clip_square:",
-// "clip_part:", "exp_avg:", "exp_avg_sq:", "momentum_buffer:", "update:")
+// "clip_part:", "exp_avg:", "exp_avg_sq:", "momentum_buffer:", "update:":
+// kPerParameterPrefixes) or of a sharded step ("gather:", "local_grad:")
 // and a "#..." suffix dropped, then a trailing parameter or statistics name
 // (".weight", ".bias", ".stats", ".running_mean", ".running_var"):
 // "grad:layer1.0.conv1.weight" -> "layer1.0.conv1", "exp_avg:fc.bias" ->

@@ -67,6 +67,11 @@ CollectiveComputes CountCollectiveComputes(const Graph& graph, const Schedule& s
 // latency. InvalidArgument names the text and the presets.
 absl::StatusOr<NetworkLink> ParseNetwork(absl::string_view text);
 
+// The prefixes of ShardGraph's per-parameter nodes: "gather:p" (the
+// gathered parameter) and "local_grad:p" (the rank's own gradient).
+inline constexpr absl::string_view kGatherPrefix = "gather:";
+inline constexpr absl::string_view kLocalGradPrefix = "local_grad:";
+
 // Note [Sharded graphs] in sharding.cc: `training` (a training graph,
 // with or without an optimizer's step) as one rank of `ranks` runs it
 // under ZeRO-3 / FSDP FULL_SHARD's layout. Each parameter p with a

@@ -18,8 +18,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "graph/optimizer.h"
 #include "graph/status.h"
 #include "scheduler/collective_buckets.h"
+#include "scheduler/collectives.h"
 #include "scheduler/planner.h"
 #include "scheduler/policies.h"
 #include "scheduler/schedule.h"
@@ -69,9 +71,11 @@ struct Unit {
 // "unclipped_grad:p" where the step clips), or "" for another node.
 std::string ParameterOf(const Graph& graph, NodeId v) {
   absl::string_view id = graph.id(v);
-  if (graph.op(v) == "all_gather") return absl::ConsumePrefix(&id, "gather:") ? std::string(id) : "";
+  if (graph.op(v) == "all_gather") {
+    return absl::ConsumePrefix(&id, kGatherPrefix) ? std::string(id) : "";
+  }
   if (graph.op(v) != "reduce_scatter") return "";
-  return absl::ConsumePrefix(&id, "grad:") || absl::ConsumePrefix(&id, "unclipped_grad:")
+  return absl::ConsumePrefix(&id, kGradPrefix) || absl::ConsumePrefix(&id, kUnclippedGradPrefix)
              ? std::string(id)
              : "";
 }

@@ -217,10 +217,10 @@ absl::StatusOr<Graph> ShardGraph(const Graph& g, int ranks, const NetworkLink& l
   // updates read the shards, and the clipping the gradient's shard.
   auto is_update = [&](NodeId w) { return g.role(w) == Role::kUpdate || g.in_place(w); };
   auto renamed_input = [&](NodeId w, NodeId u) -> std::string {
-    if (sharded.contains(u) && !is_update(w)) return absl::StrCat("gather:", g.id(u));
+    if (sharded.contains(u) && !is_update(w)) return absl::StrCat(kGatherPrefix, g.id(u));
     if (gradient_of[u] != kNoNode && !is_update(w) &&
         (clipping.on_shard.empty() || !clipping.on_shard[w])) {
-      return absl::StrCat("local_grad:", g.id(gradient_of[u]));
+      return absl::StrCat(kLocalGradPrefix, g.id(gradient_of[u]));
     }
     if (u == clipping.total && g.id(w) == kGradNormId) return std::string(kClipTotalId);
     return g.id(u);
@@ -240,7 +240,7 @@ absl::StatusOr<Graph> ShardGraph(const Graph& g, int ranks, const NetworkLink& l
     std::sort(gathers_before[v].begin(), gathers_before[v].end());
     for (NodeId p : gathers_before[v]) {
       NodeSpec gather;
-      gather.id = absl::StrCat("gather:", g.id(p));
+      gather.id = absl::StrCat(kGatherPrefix, g.id(p));
       gather.op = "all_gather";
       gather.bytes = g.bytes(p);
       gather.shape = g.shape(p);
@@ -298,7 +298,7 @@ absl::StatusOr<Graph> ShardGraph(const Graph& g, int ranks, const NetworkLink& l
       b.AddNode(std::move(s));
       continue;
     }
-    s.id = absl::StrCat("local_grad:", g.id(p));
+    s.id = absl::StrCat(kLocalGradPrefix, g.id(p));
     // The gradient's own dtype; its parameter's shape where it has none.
     const ShardedParameter shard = g.shape(v).has_value()
                                        ? ShardOf(g, v, ranks)

@@ -713,6 +713,9 @@ TEST(ExecutorTest, MemoryLogGroupsStepsByModuleAndPhase) {
   EXPECT_EQ(ModuleOf("grad:relu2#1"), "relu2");
   EXPECT_EQ(ModuleOf("clip_square:conv1.weight"), "conv1");
   EXPECT_EQ(ModuleOf("exp_avg_sq:fc.bias"), "fc");
+  EXPECT_EQ(ModuleOf("momentum_buffer:fc.weight#1"), "fc");
+  EXPECT_EQ(ModuleOf("gather:layers.3.attn.weight"), "layers.3.attn");  // a sharded step's
+  EXPECT_EQ(ModuleOf("local_grad:fc.bias"), "fc");
   EXPECT_EQ(ModuleOf("clip_sum:3"), "clip_sum:3");
   EXPECT_EQ(ModuleOf("conv1"), "conv1");
   auto g = BuildModel("conv3d:n=4");
