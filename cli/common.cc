@@ -587,7 +587,9 @@ void AddOptimizerOption(CLI::App* cmd, std::string& optimizer) {
                   "defaults otherwise); placement: "
                   "state= and parameters= (device, host or auto), gradients=keep|drop, "
                   "updates=device|host|auto; max_grad_norm=X clips the gradients by their "
-                  "2-norm first, as clip_grad_norm_ (docs/training.md)");
+                  "2-norm first, as clip_grad_norm_; parameter groups after semicolons, a "
+                  "glob of parameter ids and its settings each, e.g. "
+                  "'adamw:lr=1e-3;*.bias:weight_decay=0' (docs/training.md)");
 }
 
 absl::StatusOr<OptimizerSpec> ParseOptimizerOption(const std::string& text) {

@@ -1,5 +1,7 @@
 #include "graph/optimizer.h"
 
+#include <fnmatch.h>
+
 #include <algorithm>
 #include <cmath>
 #include <map>
@@ -56,6 +58,24 @@ const std::vector<std::string>& OptimizerNames() {
 
 }  // namespace
 
+std::vector<std::string> ParameterGroupKeys(OptimizerKind kind) {
+  if (kind == OptimizerKind::kSgd) return {"lr", "weight_decay"};
+  return {"lr", "weight_decay", "beta1", "beta2", "eps"};
+}
+
+bool OptimizerSpec::Matches(const ParameterGroup& group, absl::string_view parameter) {
+  return fnmatch(group.pattern.c_str(), std::string(parameter).c_str(), 0) == 0;
+}
+
+OptimizerSpec OptimizerSpec::SettingsFor(absl::string_view parameter) const {
+  OptimizerSpec settings = *this;
+  for (const ParameterGroup& group : groups) {
+    if (!Matches(group, parameter)) continue;
+    for (const auto& [key, value] : group.settings) *Field(settings, key) = value;
+  }
+  return settings;
+}
+
 std::string OptimizerSpec::ToString() const {
   std::vector<std::string> parts;
   for (const std::string& key : KeysOf(kind)) {
@@ -80,7 +100,12 @@ std::string OptimizerSpec::ToString() const {
     if (key == "max_grad_norm" && max_grad_norm == 0) continue;  // no clipping
     parts.push_back(absl::StrCat(key, "=", *Field(*this, key)));
   }
-  return absl::StrCat(KindName(kind), ":", absl::StrJoin(parts, ","));
+  std::string text = absl::StrCat(KindName(kind), ":", absl::StrJoin(parts, ","));
+  for (const ParameterGroup& group : groups) {
+    absl::StrAppend(&text, ";", group.pattern, ":",
+                    absl::StrJoin(group.settings, ",", absl::PairFormatter("=")));
+  }
+  return text;
 }
 
 absl::StatusOr<double> ParseOptimizerNumber(absl::string_view key, absl::string_view value) {
@@ -98,7 +123,66 @@ absl::StatusOr<double> ParseOptimizerNumber(absl::string_view key, absl::string_
   return number;
 }
 
+namespace {
+
+// The optimizer's name and its settings for the whole step, "adam:lr=...",
+// as ParseOptimizer takes them before any group.
+absl::StatusOr<OptimizerSpec> ParseOptimizerSettings(absl::string_view text);
+
+// One parameter group, "PATTERN:key=value,..." (Note [Parameter groups]),
+// of an optimizer named `name` of `kind`.
+absl::StatusOr<ParameterGroup> ParseParameterGroup(absl::string_view text, absl::string_view name,
+                                                   OptimizerKind kind) {
+  const size_t colon = text.find(':');
+  ParameterGroup group;
+  group.pattern = std::string(absl::StripAsciiWhitespace(text.substr(0, colon)));
+  const std::string who = absl::StrCat("optimizer ", name, ": parameter group ", Quote(text));
+  if (colon == absl::string_view::npos || group.pattern.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        who, ": give a glob of parameter ids and its settings after a colon, e.g. "
+        "*.bias:weight_decay=0"));
+  }
+  const std::vector<std::string> keys = ParameterGroupKeys(kind);
+  const std::vector<std::string> step_keys = KeysOf(kind);
+  for (absl::string_view item : absl::StrSplit(text.substr(colon + 1), ',')) {
+    std::pair<absl::string_view, absl::string_view> kv = absl::StrSplit(item, '=');
+    const std::string key(absl::StripAsciiWhitespace(kv.first));
+    if (key.empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(who, ": a setting is empty (give key=value, e.g. weight_decay=0)"));
+    }
+    if (std::find(keys.begin(), keys.end(), key) == keys.end()) {
+      const bool step_wide = std::find(step_keys.begin(), step_keys.end(), key) != step_keys.end();
+      return absl::InvalidArgumentError(absl::StrCat(
+          who, ": ", Quote(key), step_wide ? " is one setting for the whole step" : " is not a setting",
+          " (a group sets ", absl::StrJoin(keys, ", "), ")"));
+    }
+    for (const auto& [given, value] : group.settings) {
+      if (given == key) return absl::InvalidArgumentError(absl::StrCat(who, ": ", key, " is given twice"));
+    }
+    absl::StatusOr<double> number = ParseOptimizerNumber(key, absl::StripAsciiWhitespace(kv.second));
+    if (!number.ok()) return absl::InvalidArgumentError(absl::StrCat(who, ": ", number.status().message()));
+    group.settings.emplace_back(key, *number);
+  }
+  return group;
+}
+
+}  // namespace
+
 absl::StatusOr<OptimizerSpec> ParseOptimizer(absl::string_view text) {
+  std::vector<absl::string_view> parts = absl::StrSplit(text, ';');
+  ASSIGN_OR_RETURN(OptimizerSpec spec, ParseOptimizerSettings(parts[0]));
+  const absl::string_view name = absl::StripAsciiWhitespace(parts[0].substr(0, parts[0].find(':')));
+  for (size_t i = 1; i < parts.size(); ++i) {
+    ASSIGN_OR_RETURN(ParameterGroup group, ParseParameterGroup(parts[i], name, spec.kind));
+    spec.groups.push_back(std::move(group));
+  }
+  return spec;
+}
+
+namespace {
+
+absl::StatusOr<OptimizerSpec> ParseOptimizerSettings(absl::string_view text) {
   std::pair<absl::string_view, absl::string_view> name_params =
       absl::StrSplit(text, absl::MaxSplits(':', 1));
   const absl::string_view name = absl::StripAsciiWhitespace(name_params.first);
@@ -177,8 +261,6 @@ absl::StatusOr<OptimizerSpec> ParseOptimizer(absl::string_view text) {
   }
   return spec;
 }
-
-namespace {
 
 // Adam's step count and its increment (Note [Optimizer nodes]).
 constexpr char kStepCount[] = "optimizer.step";
@@ -304,7 +386,7 @@ class OptimizerStepBuilder {
       RETURN_IF_ERROR(Add(b, std::move(count)));
       step_now = kStepCountNow;
       NodeSpec count_update = Update(step_now, "optimizer_step", kStepCount, {kStepCount}, {},
-                                   DType::kFloat32, 4, 1);
+                                   DType::kFloat32, 4, 1, spec_);
     if (spec_.updates == Tier::kAuto) {  // counted on the device
       count_update.runs_on.reset();
       count_update.host_cost.reset();
@@ -312,6 +394,7 @@ class OptimizerStepBuilder {
     RETURN_IF_ERROR(Add(b, std::move(count_update)));
     }
     int params = 0;
+    std::vector<uint8_t> matched(spec_.groups.size(), 0);  // per group: a parameter matched
     for (NodeId g : training_.outputs()) {
       const std::string& gid = training_.id(g);
       if (!absl::StartsWith(gid, kGradPrefix)) continue;
@@ -323,6 +406,10 @@ class OptimizerStepBuilder {
             "optimizer: parameter ", Quote(p), " has no shape"));
       }
       ++params;
+      const OptimizerSpec settings = spec_.SettingsFor(p);
+      for (size_t i = 0; i < spec_.groups.size(); ++i) {
+        matched[i] = matched[i] || OptimizerSpec::Matches(spec_.groups[i], p);
+      }
       const Shape& shape = *training_.shape(pv);
       const DType dtype = training_.dtype(pv).value_or(DType::kFloat32);
       const int64_t bytes = training_.bytes(pv);
@@ -333,28 +420,35 @@ class OptimizerStepBuilder {
           const std::string buf = absl::StrCat(kMomentumBufferPrefix, p);
           RETURN_IF_ERROR(Add(b, State(buf, shape, dtype, bytes)));
           RETURN_IF_ERROR(Add(b, Update(buf + "#1", "sgd_momentum", buf, {buf, gid, p},
-                                        shape, dtype, bytes, 3 * n)));
+                                        shape, dtype, bytes, 3 * n, settings)));
           step = buf + "#1";
         }
-        RETURN_IF_ERROR(Add(b, Update(absl::StrCat(kUpdatePrefix, p), "sgd_update", p, {p, step}, shape,
-                                      dtype, bytes, 3 * n)));
+        RETURN_IF_ERROR(Add(b, Update(absl::StrCat(kUpdatePrefix, p), "sgd_update", p, {p, step},
+                                      shape, dtype, bytes, 3 * n, settings)));
         continue;
       }
       const std::string m = absl::StrCat(kExpAvgPrefix, p), v2 = absl::StrCat(kExpAvgSqPrefix, p);
       RETURN_IF_ERROR(Add(b, State(m, shape, dtype, bytes)));
       RETURN_IF_ERROR(Add(b, State(v2, shape, dtype, bytes)));
       RETURN_IF_ERROR(Add(b, Update(m + "#1", "adam_exp_avg", m, {m, gid, p}, shape, dtype,
-                                    bytes, 4 * n)));
+                                    bytes, 4 * n, settings)));
       RETURN_IF_ERROR(Add(b, Update(v2 + "#1", "adam_exp_avg_sq", v2, {v2, gid, p}, shape,
-                                    dtype, bytes, 5 * n)));
+                                    dtype, bytes, 5 * n, settings)));
       RETURN_IF_ERROR(Add(b, Update(absl::StrCat(kUpdatePrefix, p), "adam_update", p,
                                     {p, m + "#1", v2 + "#1", step_now}, shape, dtype, bytes,
-                                    10 * n)));
+                                    10 * n, settings)));
     }
     if (params == 0) {
       return absl::InvalidArgumentError(
           "optimizer: the graph has no parameter with a gradient among its outputs "
           "(a training graph's grad:<parameter>)");
+    }
+    for (size_t i = 0; i < spec_.groups.size(); ++i) {
+      if (!matched[i]) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "optimizer: parameter group ", Quote(spec_.groups[i].pattern), " matches no "
+            "parameter that the step updates (ids such as ", Quote(FirstUpdated()), ")"));
+      }
     }
     return b.Build();
   }
@@ -364,6 +458,15 @@ class OptimizerStepBuilder {
   bool Updated(NodeId p) const {
     const NodeId g = training_.Find(absl::StrCat(kGradPrefix, training_.id(p)));
     return g != kNoNode && training_.is_output(g);
+  }
+
+  // The id of the first parameter the step updates ("" where none), for
+  // an example in an error.
+  std::string FirstUpdated() const {
+    for (NodeId out : training_.outputs()) {
+      if (IsUpdatedGradient(out)) return training_.id(out).substr(kGradPrefix.size());
+    }
+    return "";
   }
 
   // Whether `out` is "grad:p" of a parameter p the step updates.
@@ -396,9 +499,11 @@ class OptimizerStepBuilder {
     return s;
   }
 
+  // An update of `writes` with `settings`' hyper-parameters (the spec's, or
+  // its parameter's: OptimizerSpec::SettingsFor).
   NodeSpec Update(const std::string& id, const std::string& op, const std::string& writes,
                   std::vector<std::string> inputs, Shape shape, DType dtype, int64_t bytes,
-                  double operations) const {
+                  double operations, const OptimizerSpec& settings) const {
     NodeSpec s;
     s.id = id;
     s.op = op;
@@ -410,11 +515,11 @@ class OptimizerStepBuilder {
     s.role = Role::kUpdate;
     s.shape = std::move(shape);
     s.dtype = dtype;
-    nlohmann::json attrs = {{"lr", spec_.lr}, {"weight_decay", spec_.weight_decay}};
+    nlohmann::json attrs = {{"lr", settings.lr}, {"weight_decay", settings.weight_decay}};
     if (spec_.kind == OptimizerKind::kSgd) {
-      attrs["momentum"] = spec_.momentum;
+      attrs["momentum"] = settings.momentum;
     } else {
-      attrs.update({{"beta1", spec_.beta1}, {"beta2", spec_.beta2}, {"eps", spec_.eps},
+      attrs.update({{"beta1", settings.beta1}, {"beta2", settings.beta2}, {"eps", settings.eps},
                     {"decoupled_weight_decay", spec_.kind == OptimizerKind::kAdamW}});
     }
     s.attrs = std::move(attrs);

@@ -46,7 +46,16 @@
 // applies). Float32 gradients only. On several ranks (data parallel) the
 // unclipped gradients are summed before the clipping reads them, so the
 // norm is of the averaged gradients (scheduler/collectives.cc,
-// ClippedReducePositions); a sharded step refuses the clipping.
+// ClippedReducePositions); sharded, the norm is summed from every rank's
+// shards (Note [Clipping sharded gradients], scheduler/sharding.cc).
+//
+// Note [Parameter groups]. As torch.optim's param_groups: an update node
+// carries its own settings (lr, weight_decay, the betas, eps) in its attrs,
+// and a group of the spec gives the parameters whose ids match its glob
+// other values than the spec's (the usual weight decay on the weights
+// only, a learning rate per layer). Every group that matches a parameter
+// applies, in the order given: a later one's value of a key wins. Momentum
+// and the placement settings are the step's (one state layout, one plan).
 #ifndef PEBBLE_GRAPH_OPTIMIZER_H_
 #define PEBBLE_GRAPH_OPTIMIZER_H_
 
@@ -61,6 +70,15 @@
 namespace pebble {
 
 enum class OptimizerKind { kSgd, kAdam, kAdamW };
+
+// A parameter group (Note [Parameter groups]): the parameters whose ids
+// match `pattern` (a shell glob: *, ? and [...], as fnmatch(3) matches
+// them; "*" crosses dots) take `settings` (a key of ParameterGroupKeys and
+// its value, in the order given) in place of the spec's.
+struct ParameterGroup {
+  std::string pattern;
+  std::vector<std::pair<std::string, double>> settings;
+};
 
 struct OptimizerSpec {
   OptimizerKind kind = OptimizerKind::kSgd;
@@ -97,20 +115,37 @@ struct OptimizerSpec {
   // Whether the optimizer keeps state (all but SGD without momentum): only
   // then may the state have a home.
   bool keeps_state() const { return kind != OptimizerKind::kSgd || momentum > 0; }
-  std::string ToString() const;  // "adam:lr=0.001,betas=0.9/0.999,..." (canonical)
+  // Parameter groups, in the order given (Note [Parameter groups]).
+  std::vector<ParameterGroup> groups;
+  // Whether `parameter` (an id) matches `group`'s pattern.
+  static bool Matches(const ParameterGroup& group, absl::string_view parameter);
+  // The settings of `parameter`'s updates: the spec's, with those of every
+  // group that matches it applied in order.
+  OptimizerSpec SettingsFor(absl::string_view parameter) const;
+  // "adam:lr=0.001,beta1=0.9,...;*.bias:weight_decay=0" (canonical: the
+  // keys in a fixed order, each group as given).
+  std::string ToString() const;
 };
+
+// The keys a parameter group of `kind` may set: lr and weight_decay; Adam
+// and AdamW's beta1, beta2 and eps.
+std::vector<std::string> ParameterGroupKeys(OptimizerKind kind);
 
 // "sgd", "adam", "adamw", optionally with parameters after a colon:
 // "sgd:lr=0.1,momentum=0.9,weight_decay=1e-4", "adam:lr=1e-3,beta1=0.9,
 // beta2=0.999,eps=1e-8,weight_decay=0", "...,state=host|auto",
 // "...,parameters=host|auto", "...,gradients=drop", "...,updates=host|auto",
-// "...,max_grad_norm=1.0" (any optimizer).
+// "...,max_grad_norm=1.0" (any optimizer); then parameter groups after
+// semicolons, each a glob and its settings after a colon:
+// "adamw:lr=1e-3;*.bias:weight_decay=0;fc.*:lr=1e-4" (Note [Parameter
+// groups]).
 // Defaults are
 // PyTorch's (lr 0.01 for SGD, 0.001 for Adam and AdamW; AdamW's
 // weight_decay 0.01). InvalidArgument names an unknown optimizer or key,
 // a value that is not a finite number, and a value out of range (lr > 0,
 // momentum and the betas in [0, 1), eps > 0, weight_decay >= 0,
-// max_grad_norm > 0).
+// max_grad_norm > 0), and a group without a pattern or settings, or with a
+// key that groups do not take.
 absl::StatusOr<OptimizerSpec> ParseOptimizer(absl::string_view text);
 // One number of a spec, `key`=`value` (a key of ParseOptimizer's: lr,
 // max_grad_norm, ...): a decimal in the key's range, else InvalidArgument
@@ -123,8 +158,9 @@ absl::StatusOr<double> ParseOptimizerNumber(absl::string_view key, absl::string_
 // in the graph]). Costs: element-wise work at cost.device_flops_per_s (SGD 3 and
 // Adam 10 operations per element); updates that may run on the host have a
 // host_cost: the bytes each reads and writes at cost.host_bytes_per_s. Errors: no parameter with a gradient, a
-// parameter without a shape, a state id already taken; with clipping, a
-// gradient that is not float32 (Unimplemented).
+// parameter without a shape, a state id already taken, a parameter group
+// that matches no updated parameter; with clipping, a gradient that is not
+// float32 (Unimplemented).
 absl::StatusOr<Graph> AddOptimizerStep(const Graph& training, const OptimizerSpec& spec,
                                        CostModel cost = {});
 

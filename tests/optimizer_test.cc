@@ -4,6 +4,7 @@
 // numbers are tests/torch/optimizer_check.py's).
 #include "graph/optimizer.h"
 
+#include <map>
 #include <set>
 #include <string>
 #include <vector>
@@ -11,6 +12,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_join.h"
 #include "gmock/gmock.h"
 #include "graph/models/models.h"
@@ -29,6 +31,16 @@ namespace pebble {
 namespace {
 
 using ::testing::HasSubstr;
+
+// Each (text, message): ParseOptimizer(text) is refused, saying message.
+template <size_t N>
+void ExpectRefusals(const std::pair<const char*, const char*> (&bad)[N]) {
+  for (const auto& [text, message] : bad) {
+    absl::StatusOr<OptimizerSpec> refused = ParseOptimizer(text);
+    ASSERT_FALSE(refused.ok()) << text;
+    EXPECT_THAT(std::string(refused.status().message()), HasSubstr(message)) << text;
+  }
+}
 
 TEST(OptimizerTest, ParsesNamesSettingsAndRefusesBadOnes) {
   absl::StatusOr<OptimizerSpec> sgd = ParseOptimizer("sgd");
@@ -55,11 +67,7 @@ TEST(OptimizerTest, ParsesNamesSettingsAndRefusesBadOnes) {
       {"sgd:state=host", "state=host, but SGD without momentum keeps no state"},
       {"sgd:lr=0.1,state=auto", "state=auto, but SGD without momentum keeps no state"},
   };
-  for (const auto& [text, message] : bad) {
-    absl::StatusOr<OptimizerSpec> spec = ParseOptimizer(text);
-    ASSERT_FALSE(spec.ok()) << text;
-    EXPECT_THAT(std::string(spec.status().message()), HasSubstr(message)) << text;
-  }
+  ExpectRefusals(bad);
 }
 
 // Parameters with a gradient, their bytes summed.
@@ -219,6 +227,99 @@ void ExpectPoliciesGiveTheBaselinesBits(const Graph& g, const ExecutionResult& b
           << g.id(r->updated[i].node) << " differs from the baseline's";
     }
   }
+}
+
+// Note [Parameter groups]: "adamw:...;*.bias:weight_decay=0;fc*:lr=1e-4"
+// gives each glob's parameters its settings, later groups winning a key;
+// ToString writes them back; groups take the per-parameter settings only.
+TEST(OptimizerTest, ParameterGroupsParseAndRefuseWhatTheyCannotSet) {
+  absl::StatusOr<OptimizerSpec> spec =
+      ParseOptimizer("adamw:lr=1e-3; *.bias : weight_decay=0 ;fc*:lr=1e-4,beta2=0.95");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  ASSERT_EQ(spec->groups.size(), 2u);
+  EXPECT_EQ(spec->groups[0].pattern, "*.bias");
+  EXPECT_EQ(spec->ToString(),
+            "adamw:lr=0.001,beta1=0.9,beta2=0.999,eps=1e-08,weight_decay=0.01;"
+            "*.bias:weight_decay=0;fc*:lr=0.0001,beta2=0.95");
+  EXPECT_EQ(ParseOptimizer(spec->ToString())->ToString(), spec->ToString());
+  const OptimizerSpec conv = spec->SettingsFor("conv1.weight");
+  EXPECT_EQ(conv.lr, 1e-3);
+  EXPECT_EQ(conv.weight_decay, 0.01);
+  const OptimizerSpec fc_bias = spec->SettingsFor("fc1.bias");  // in both groups
+  EXPECT_EQ(fc_bias.lr, 1e-4);
+  EXPECT_EQ(fc_bias.weight_decay, 0);
+  EXPECT_EQ(fc_bias.beta2, 0.95);
+  EXPECT_EQ(spec->SettingsFor("layer1.fc.weight").lr, 1e-3);  // a glob matches the whole id
+  absl::StatusOr<OptimizerSpec> later = ParseOptimizer("sgd;*:lr=0.5;conv*:lr=0.25");
+  ASSERT_TRUE(later.ok()) << later.status();
+  EXPECT_EQ(later->SettingsFor("conv1.weight").lr, 0.25);
+  EXPECT_EQ(later->SettingsFor("fc1.weight").lr, 0.5);
+  const std::pair<const char*, const char*> bad[] = {
+      {"adamw;*.bias", "parameter group '*.bias': give a glob of parameter ids and its settings"},
+      {"adamw;:lr=1", "parameter group ':lr=1': give a glob"},
+      {"adamw;", "parameter group '': give a glob"},
+      {"adamw;*.bias:", "a setting is empty"},
+      {"adamw;*.bias:state=host", "'state' is one setting for the whole step (a group sets lr, "
+                                  "weight_decay, beta1, beta2, eps)"},
+      {"sgd:momentum=0.9;*.bias:momentum=0", "'momentum' is one setting for the whole step"},
+      {"adam;*.bias:max_grad_norm=1", "'max_grad_norm' is one setting for the whole step"},
+      {"sgd;*.bias:beta1=0.5", "'beta1' is not a setting (a group sets lr, weight_decay)"},
+      {"adam;*.bias:lr=0", "parameter group '*.bias:lr=0': lr=0 is out of range"},
+      {"adam;*.bias:lr=1,lr=2", "lr is given twice"},
+  };
+  ExpectRefusals(bad);
+}
+
+// A grouped step's update of each parameter is the one that the spec of its
+// group alone makes, to the bit (the updates are element-wise and apart),
+// on the CPU backend under every policy; a group that matches no updated
+// parameter (a typo) is refused, naming it.
+TEST(OptimizerTest, EachParameterGroupUpdatesWithItsOwnSettings) {
+  absl::StatusOr<Graph> plain = BuildModel("mnist-cnn:batch=2");
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  std::unique_ptr<Backend> backend = MakeCpuBackend();
+  struct Case {
+    const char* grouped;
+    const char* outside;  // the spec of the parameters no group matches
+    const char* inside;   // of those "conv*" matches
+  };
+  for (const Case& c :
+       {Case{"adamw:lr=0.01;conv*:lr=0.001,weight_decay=0,beta2=0.9", "adamw:lr=0.01",
+             "adamw:lr=0.001,weight_decay=0,beta2=0.9"},
+        Case{"sgd:lr=0.1,momentum=0.9;conv*:lr=0.5,weight_decay=0.1", "sgd:lr=0.1,momentum=0.9",
+             "sgd:lr=0.5,momentum=0.9,weight_decay=0.1"}}) {
+    SCOPED_TRACE(c.grouped);
+    std::map<std::string, ExecutionResult> runs;
+    for (const char* text : {c.grouped, c.outside, c.inside}) {
+      absl::StatusOr<Graph> g = AddOptimizerStep(*plain, *ParseOptimizer(text));
+      ASSERT_TRUE(g.ok()) << g.status();
+      absl::StatusOr<ExecutionResult> r = Execute(*g, BaselineSchedule(*g), *backend);
+      ASSERT_TRUE(r.ok()) << r.status();
+      runs.emplace(text, *std::move(r));
+    }
+    const Graph g = *AddOptimizerStep(*plain, *ParseOptimizer(c.grouped));
+    int inside = 0, outside = 0;
+    for (const HostTensor& t : runs.at(c.grouped).updated) {
+      const std::string& id = g.id(t.node);
+      if (id == "optimizer.step") continue;
+      const bool in_group = absl::StrContains(id, ":conv") || absl::StartsWith(id, "conv");
+      ++(in_group ? inside : outside);
+      const HostTensor* alone = Find(g, runs.at(in_group ? c.inside : c.outside).updated, id);
+      ASSERT_NE(alone, nullptr) << id;
+      EXPECT_TRUE(t.array.data == alone->array.data) << id << " is not its group's update";
+      if (g.role(t.node) != Role::kParameter) continue;  // (AdamW's first moment is alike)
+      const HostTensor* other = Find(g, runs.at(in_group ? c.outside : c.inside).updated, id);
+      EXPECT_FALSE(t.array.data == other->array.data) << id << " took the other settings";
+    }
+    EXPECT_EQ(inside, outside);  // conv1 and conv2 against fc1 and fc2: as many tensors
+    EXPECT_GT(inside, 0);
+    ExpectPoliciesGiveTheBaselinesBits(g, runs.at(c.grouped), {"dtr", "checkmate-lp"}, *backend);
+  }
+  absl::StatusOr<Graph> typo = AddOptimizerStep(*plain, *ParseOptimizer("adam;cnov*:lr=1e-4"));
+  ASSERT_FALSE(typo.ok());
+  EXPECT_THAT(std::string(typo.status().message()),
+              HasSubstr("parameter group 'cnov*' matches no parameter that the step updates "
+                        "(ids such as 'conv1.weight')"));
 }
 
 // One step of SGD with momentum and weight decay on the CPU backend: every
