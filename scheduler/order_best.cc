@@ -9,6 +9,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -22,62 +23,103 @@
 namespace pebble {
 namespace {
 
-// Note [Graphs too wide for exact-order]. exact-order's search is
-// deterministic: where it passes its state limit on a graph (a second or
-// two of search, "the graph is too wide"), it does on every later plan of
-// that graph, whatever the budget or the policy composed with best-order;
-// and one process plans one graph many times (pebble.torch plans a captured
-// step again for each budget and policy, `compare` a row each). So the
-// process keeps the fingerprints of the last graphs whose search passed the
-// state limit, and best-order skips the search for them (its candidate
-// says so). A search stopped by the time limit, which depends on the time
-// left, is not kept.
-class WideGraphs {
+// Note [exact-order's searches remembered]. exact-order's search is
+// deterministic: on a graph it finds the same order, or passes its state
+// limit (a second or two of search: "the graph is too wide"), on every plan
+// of that graph, whatever the budget or the policy composed with
+// best-order. One process plans one graph many times: pebble.torch a
+// captured step for each budget and policy, `compare` a row each, and a
+// placement search (Note [Updates last]) through every composed policy for
+// each of its probes (chen-greedy at min on mnist-cnn sharded over 3 ranks,
+// clipped, every placement auto: 755 searches of 5 graphs, 17.6 s of its
+// 18). So the process keeps the outcome of the last graphs' searches by
+// fingerprint: the order found, which best-order takes at once (checked to
+// be an order of the graph, and its candidate says "remembered"), or that
+// the search passed the state limit, which best-order then skips (its
+// candidate says so). A search stopped by the time limit, which depends on
+// the time left, is not kept.
+class ExactOrderMemo {
  public:
   using Key = std::tuple<uint64_t, int, int64_t>;  // fingerprint, nodes, state limit
+  struct Outcome {
+    bool too_wide = false;
+    std::vector<NodeId> order;  // where not too wide
+  };
   static Key KeyOf(const Graph& graph, int64_t max_states) {
     return {GraphFingerprint(graph), graph.num_nodes(), max_states};
   }
-  static WideGraphs& Global() {
-    static WideGraphs* wide = new WideGraphs;
-    return *wide;
+  static ExactOrderMemo& Global() {
+    static ExactOrderMemo* memo = new ExactOrderMemo;
+    return *memo;
   }
-  bool Contains(const Key& key) const {
+  std::optional<Outcome> Find(const Key& key) const {
     std::lock_guard<std::mutex> lock(mutex_);
-    return std::find(keys_.begin(), keys_.end(), key) != keys_.end();
+    for (const auto& [kept, outcome] : kept_) {
+      if (kept == key) return outcome;
+    }
+    return std::nullopt;
   }
-  void Add(const Key& key) {
+  void Keep(const Key& key, Outcome outcome) {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (keys_.size() == kKept) keys_.pop_front();
-    keys_.push_back(key);
+    if (kept_.size() == kKept) kept_.pop_front();
+    kept_.emplace_back(key, std::move(outcome));
   }
 
  private:
   static constexpr size_t kKept = 64;
   mutable std::mutex mutex_;
-  std::deque<Key> keys_;
+  std::deque<std::pair<Key, Outcome>> kept_;
 };
 
-// exact-order within `limits`, but at once a refusal for a graph whose
-// search passed the same state limit before (Note [Graphs too wide for
-// exact-order]). A graph past exact-order's node limit, which it refuses at
-// once, is not fingerprinted (best-order runs in every composed policy, on
-// graphs of any size).
-absl::StatusOr<std::vector<NodeId>> ExactOrderUnlessTooWide(const Graph& graph,
-                                                            const ExactOrderLimits& limits) {
+// Whether `order` computes each node of `graph`'s DefaultOrder once, after
+// its inputs: a remembered order is the graph's own (fingerprints may
+// collide).
+bool IsOrderOf(const Graph& graph, const std::vector<NodeId>& order) {
+  if (order.size() != DefaultOrder(graph).size()) return false;
+  std::vector<uint8_t> done(graph.num_nodes(), 0);
+  for (NodeId v : order) {
+    if (v < 0 || v >= graph.num_nodes() || done[v]) return false;
+    for (NodeId u : graph.unique_inputs(v)) {
+      if (!graph.persistent(u) && !done[u]) return false;
+    }
+    done[v] = 1;
+  }
+  return true;
+}
+
+// exact-order within `limits`, or its remembered outcome on the same graph
+// and state limit (Note [exact-order's searches remembered]): the order
+// (`remembered` then set), or at once a refusal where the search passed the
+// limit. A graph past exact-order's node limit, which it refuses at once,
+// is not fingerprinted (best-order runs in every composed policy, on graphs
+// of any size).
+absl::StatusOr<std::vector<NodeId>> ExactOrderRemembered(const Graph& graph,
+                                                         const ExactOrderLimits& limits,
+                                                         bool& remembered) {
+  remembered = false;
   if (static_cast<int64_t>(DefaultOrder(graph).size()) > limits.max_nodes) {
     return ExactOrder(graph, limits);
   }
-  WideGraphs& wide = WideGraphs::Global();
-  const WideGraphs::Key key = WideGraphs::KeyOf(graph, limits.max_states);
-  if (wide.Contains(key)) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "exact-order: the search passed its limit of ", limits.max_states, " states on this "
-        "graph before (the graph is too wide); not searched again"));
+  ExactOrderMemo& memo = ExactOrderMemo::Global();
+  const ExactOrderMemo::Key key = ExactOrderMemo::KeyOf(graph, limits.max_states);
+  if (std::optional<ExactOrderMemo::Outcome> kept = memo.Find(key)) {
+    if (kept->too_wide) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "exact-order: the search passed its limit of ", limits.max_states, " states on this "
+          "graph before (the graph is too wide); not searched again"));
+    }
+    if (IsOrderOf(graph, kept->order)) {
+      remembered = true;
+      return kept->order;
+    }
   }
   ExactOrderStats stats;
   absl::StatusOr<std::vector<NodeId>> order = ExactOrder(graph, limits, &stats);
-  if (!order.ok() && stats.states >= limits.max_states) wide.Add(key);
+  if (order.ok()) {
+    memo.Keep(key, {false, *order});
+  } else if (stats.states >= limits.max_states) {
+    memo.Keep(key, {true, {}});
+  }
   return order;
 }
 
@@ -151,8 +193,10 @@ class BestOrderPlanner final : public Planner {
       limits.max_states = ExactOrderLimits().max_states / 4;
       limits.time_limit_s = std::max(0.0, options.time_limit_s - elapsed());
       limits.progress = ExactOrderProgress(options, "best-order");
-      RETURN_IF_ERROR(
-          consider("exact-order", [&] { return ExactOrderUnlessTooWide(graph, limits); }, true));
+      bool remembered = false;
+      RETURN_IF_ERROR(consider(
+          "exact-order", [&] { return ExactOrderRemembered(graph, limits, remembered); }, true));
+      if (remembered) candidates.back()["remembered"] = true;
     } else {
       candidates.push_back(
           {{"policy", "exact-order"}, {"skipped", "tree is already optimal"}});

@@ -13,6 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
+#include "graph/graph_json.h"
 #include "graph/models/models.h"
 #include "gtest/gtest.h"
 #include "scheduler/planner.h"
@@ -453,7 +454,7 @@ TEST(ExactOrderTest, LimitsAreErrors) {
   EXPECT_EQ(best.details["optimal"], false);
 }
 
-// Note [Graphs too wide for exact-order]: once best-order's search passed
+// Note [exact-order's searches remembered]: once best-order's search passed
 // its state limit on a graph, later plans of that graph in the process skip
 // it (the same plan, at once); another limit searches again.
 TEST(BestOrderTest, AGraphTooWideForExactOrderIsNotSearchedAgain) {
@@ -472,6 +473,33 @@ TEST(BestOrderTest, AGraphTooWideForExactOrderIsNotSearchedAgain) {
   absl::StatusOr<std::vector<NodeId>> limited = ExactOrder(wide, few_states);
   ASSERT_FALSE(limited.ok());
   EXPECT_THAT(std::string(limited.status().message()), Not(HasSubstr("before")));
+}
+
+// Note [exact-order's searches remembered]: a later plan of a graph that
+// exact-order solved takes the order it found (the same plan), and a graph
+// that differs in one byte is searched again.
+TEST(BestOrderTest, AnOrderExactOrderFoundIsRemembered) {
+  // (one byte changed: a graph no other test plans, whose search is this test's)
+  nlohmann::json own = GraphToJson(*BuildModel("linear:n=6"));
+  own["nodes"].back()["bytes"] = own["nodes"].back()["bytes"].get<int64_t>() + 3;
+  const Graph solved = *GraphFromJson(own);
+  auto exact_candidate = [](const PlanResult& plan) {
+    for (const nlohmann::json& c : plan.details["candidates"]) {
+      if (c["policy"] == "exact-order") return c;
+    }
+    return nlohmann::json();
+  };
+  const PlanResult first = PlanOrDie(solved, "best-order");
+  ASSERT_TRUE(exact_candidate(first).contains("peak_bytes")) << first.details.dump();
+  EXPECT_FALSE(exact_candidate(first).contains("remembered"));
+  const PlanResult again = PlanOrDie(solved, "best-order");
+  EXPECT_EQ(exact_candidate(again).value("remembered", false), true);
+  EXPECT_EQ(again.schedule, first.schedule);
+  EXPECT_EQ(again.report.peak_bytes, first.report.peak_bytes);
+  nlohmann::json edited = GraphToJson(solved);
+  edited["nodes"].back()["bytes"] = edited["nodes"].back()["bytes"].get<int64_t>() + 1;
+  const Graph other = *GraphFromJson(edited);
+  EXPECT_FALSE(exact_candidate(PlanOrDie(other, "best-order")).contains("remembered"));
 }
 
 TEST(ExactOrderTest, HandlesTrainingGraphsInSeconds) {
