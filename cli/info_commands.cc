@@ -215,12 +215,14 @@ int RunDescribe(const GraphSource& source, bool json) {
   return 0;
 }
 
-int RunExport(const GraphSource& source, const std::string& format,
+// Writes the graph as one rank runs it: sharded where `ranks` says
+// --shard full, as plan and simulate shard it.
+int RunExport(const GraphSource& source, const RankFlags& ranks, const std::string& format,
               const std::string& output, bool force) {
   if (absl::Status s = CheckOutputs({{output, "--output"}}, source.InputFiles(), force); !s.ok()) {
     return Fail(s);
   }
-  auto graph = source.Load();
+  auto graph = ranks.Sharded(source.Load());
   if (!graph.ok()) return Fail(graph.status());
   std::string text;
   if (format == "json") {
@@ -258,21 +260,24 @@ void AddInfoCommands(CLI::App& app, int& exit_code) {
       [&exit_code] { exit_code = RunDescribe(describe_source, describe_json); });
 
   static GraphSource export_source;
+  static RankFlags export_ranks;
   static std::string export_format = "json", export_output = "-";
   static bool export_force = false, export_json = false;
   auto* exp = app.add_subcommand(
       "export",
-      "write the (training) graph as a pebble-graph JSON file or Graphviz DOT\n"
+      "write the (training) graph as a pebble-graph JSON file or Graphviz DOT; with "
+      "--ranks N --shard full, as one rank runs it sharded\n"
       "  e.g. pebble export --model conv3d:n=64 --format dot --output conv3d.dot");
   export_source.AddOptions(exp);
+  export_ranks.AddOptions(exp, &export_source, /*planned=*/false, /*copies=*/false);
   exp->add_option("--format,-f", export_format, "json or dot")
       ->check(CLI::IsMember({"json", "dot"}));
   exp->add_option("--output,-o", export_output, "file to write ('-': stdout, the default)");
   exp->add_flag("--force", export_force, "replace an existing output file");
   exp->add_flag("--json", export_json, "same as --format json");
   exp->callback([&exit_code] {
-    exit_code = RunExport(export_source, export_json ? "json" : export_format, export_output,
-                          export_force);
+    exit_code = RunExport(export_source, export_ranks, export_json ? "json" : export_format,
+                          export_output, export_force);
   });
 }
 

@@ -446,6 +446,40 @@ TEST(CliTest, MinIsTheLeastPeakOfAShardedOrWholeStep) {
   }
 }
 
+// A clipped step sharded (Note [Clipping sharded gradients]): export writes
+// the graph as one rank runs it, with the all_reduce of the ranks' squares,
+// and planning that file is planning the model with --shard full; the
+// summary and the JSON count the all-reduce apart.
+TEST(CliTest, AClippedShardedStepExportsAndPlansAsOneRankRunsIt) {
+  const std::string model = "--model mnist-cnn:batch=2 --optimizer sgd:max_grad_norm=1";
+  const std::string graph = ::testing::TempDir() + "/cli_sharded_clipped.json";
+  fs::remove(graph);
+  Result exported = Pebble("export " + model + " --ranks 2 --shard full --output " + graph);
+  ASSERT_EQ(exported.exit_code, 0) << exported.err;
+  const nlohmann::json doc = ParseOrFail(::pebble::testing::ReadFileText(graph));
+  int sums = 0;
+  for (const nlohmann::json& node : doc["nodes"]) {
+    sums += node.value("collective", false) && node["op"] == "all_reduce";
+  }
+  EXPECT_EQ(sums, 1);
+  Result from_file = Pebble("plan --graph " + graph + " --ranks 2 --policy fsdp --budget min "
+                            "--json");
+  Result from_model = Pebble("plan " + model + " --ranks 2 --shard full --policy fsdp "
+                             "--budget min --json");
+  ASSERT_EQ(from_file.exit_code, 0) << from_file.err;
+  ASSERT_EQ(from_model.exit_code, 0) << from_model.err;
+  const nlohmann::json a = ParseOrFail(from_file.out), b = ParseOrFail(from_model.out);
+  EXPECT_EQ(a["report"], b["report"]);
+  EXPECT_EQ(a["schedule"], b["schedule"]);
+  EXPECT_EQ(b["details"]["collectives"]["all_reduce_nodes"], 1);
+  Result text = Pebble("plan " + model + " --ranks 2 --shard full --policy fsdp --budget min");
+  ASSERT_EQ(text.exit_code, 0) << text.err;
+  EXPECT_THAT(text.out, ContainsRegex("\\([0-9]+ gathers, 8 reduce-scatters and 1 all-reduce "
+                                      "in [0-9]+ messages\\)"));
+  ::pebble::testing::ExpectOneLineError(Pebble("export " + model + " --shard full"), 2,
+                                        {"--shard full: give --ranks 2 or more"});
+}
+
 // On a graph without updates or collectives too, a budget at or above a
 // policy's min fits: hybrid's own plan at its min in bytes peaked 1 KiB above
 // it; the least-peak plan is taken, and the message says so.
