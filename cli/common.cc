@@ -144,20 +144,34 @@ absl::StatusOr<Graph> GraphSource::Load(WorkspaceQueryStats* workspace) const {
   return WithBackendWorkspace(g, *backend, workspace);
 }
 
+namespace {
+
+// "1 gather", "2 gathers": `n` and `noun`, plural but for one.
+std::string Counted(int64_t n, absl::string_view noun) {
+  return absl::StrCat(n, " ", noun, n == 1 ? "" : "s");
+}
+
+}  // namespace
+
 std::string CollectivesText(const Graph& graph, const Schedule& schedule) {
   const auto [gathers, scatters, sums, messages] = CountCollectiveComputes(graph, schedule);
   const int64_t steps = CountSteps(schedule, Action::kAllReduce);
   const int64_t buckets = CountBuckets(schedule);
-  std::string text = buckets == steps ? absl::StrFormat("%d all-reduces", steps)
-                                      : absl::StrFormat("%d all-reduces in %d bucket%s", steps,
-                                                        buckets, buckets == 1 ? "" : "s");
-  if (gathers + scatters == 0) return text;
-  const std::string computes =
-      sums == 0 ? absl::StrFormat("%d gathers and %d reduce-scatters", gathers, scatters)
-                : absl::StrFormat("%d gathers, %d reduce-scatters and %d all-reduce%s", gathers,
-                                  scatters, sums, sums == 1 ? "" : "s");
-  return absl::StrFormat("%s in %d message%s%s", computes, messages, messages == 1 ? "" : "s",
-                         steps > 0 ? absl::StrCat(", ", text) : std::string());
+  std::string text = Counted(steps, "all-reduce");
+  if (buckets != steps) absl::StrAppend(&text, " in ", Counted(buckets, "bucket"));
+  if (gathers + scatters + sums == 0) return text;
+  std::vector<std::string> computes;
+  if (gathers + scatters > 0 || sums == 0) {
+    computes = {Counted(gathers, "gather"), Counted(scatters, "reduce-scatter")};
+  }
+  if (sums > 0) computes.push_back(Counted(sums, "all-reduce"));
+  const std::string listed =
+      computes.size() == 1
+          ? computes[0]
+          : absl::StrCat(absl::StrJoin(computes.begin(), computes.end() - 1, ", "), " and ",
+                         computes.back());
+  return absl::StrCat(listed, " in ", Counted(messages, "message"),
+                      steps > 0 ? absl::StrCat(", ", text) : std::string());
 }
 
 std::string FormatSeconds(double seconds) {

@@ -222,6 +222,12 @@ int RunExport(const GraphSource& source, const RankFlags& ranks, const std::stri
   if (absl::Status s = CheckOutputs({{output, "--output"}}, source.InputFiles(), force); !s.ok()) {
     return Fail(s);
   }
+  if (ranks.ranks > 1 && ranks.shard == "none") {
+    return Fail(UsageError(absl::StrCat(
+        "--ranks ", ranks.ranks, " without --shard full: data parallelism runs the graph whole "
+        "on every rank, so export would write the same graph; give --shard full to write one "
+        "rank's sharded graph")));
+  }
   auto graph = ranks.Sharded(source.Load());
   if (!graph.ok()) return Fail(graph.status());
   std::string text;

@@ -127,61 +127,6 @@ namespace {
 
 // The optimizer's name and its settings for the whole step, "adam:lr=...",
 // as ParseOptimizer takes them before any group.
-absl::StatusOr<OptimizerSpec> ParseOptimizerSettings(absl::string_view text);
-
-// One parameter group, "PATTERN:key=value,..." (Note [Parameter groups]),
-// of an optimizer named `name` of `kind`.
-absl::StatusOr<ParameterGroup> ParseParameterGroup(absl::string_view text, absl::string_view name,
-                                                   OptimizerKind kind) {
-  const size_t colon = text.find(':');
-  ParameterGroup group;
-  group.pattern = std::string(absl::StripAsciiWhitespace(text.substr(0, colon)));
-  const std::string who = absl::StrCat("optimizer ", name, ": parameter group ", Quote(text));
-  if (colon == absl::string_view::npos || group.pattern.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        who, ": give a glob of parameter ids and its settings after a colon, e.g. "
-        "*.bias:weight_decay=0"));
-  }
-  const std::vector<std::string> keys = ParameterGroupKeys(kind);
-  const std::vector<std::string> step_keys = KeysOf(kind);
-  for (absl::string_view item : absl::StrSplit(text.substr(colon + 1), ',')) {
-    std::pair<absl::string_view, absl::string_view> kv = absl::StrSplit(item, '=');
-    const std::string key(absl::StripAsciiWhitespace(kv.first));
-    if (key.empty()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(who, ": a setting is empty (give key=value, e.g. weight_decay=0)"));
-    }
-    if (std::find(keys.begin(), keys.end(), key) == keys.end()) {
-      const bool step_wide = std::find(step_keys.begin(), step_keys.end(), key) != step_keys.end();
-      return absl::InvalidArgumentError(absl::StrCat(
-          who, ": ", Quote(key), step_wide ? " is one setting for the whole step" : " is not a setting",
-          " (a group sets ", absl::StrJoin(keys, ", "), ")"));
-    }
-    for (const auto& [given, value] : group.settings) {
-      if (given == key) return absl::InvalidArgumentError(absl::StrCat(who, ": ", key, " is given twice"));
-    }
-    absl::StatusOr<double> number = ParseOptimizerNumber(key, absl::StripAsciiWhitespace(kv.second));
-    if (!number.ok()) return absl::InvalidArgumentError(absl::StrCat(who, ": ", number.status().message()));
-    group.settings.emplace_back(key, *number);
-  }
-  return group;
-}
-
-}  // namespace
-
-absl::StatusOr<OptimizerSpec> ParseOptimizer(absl::string_view text) {
-  std::vector<absl::string_view> parts = absl::StrSplit(text, ';');
-  ASSIGN_OR_RETURN(OptimizerSpec spec, ParseOptimizerSettings(parts[0]));
-  const absl::string_view name = absl::StripAsciiWhitespace(parts[0].substr(0, parts[0].find(':')));
-  for (size_t i = 1; i < parts.size(); ++i) {
-    ASSIGN_OR_RETURN(ParameterGroup group, ParseParameterGroup(parts[i], name, spec.kind));
-    spec.groups.push_back(std::move(group));
-  }
-  return spec;
-}
-
-namespace {
-
 absl::StatusOr<OptimizerSpec> ParseOptimizerSettings(absl::string_view text) {
   std::pair<absl::string_view, absl::string_view> name_params =
       absl::StrSplit(text, absl::MaxSplits(':', 1));
@@ -203,7 +148,8 @@ absl::StatusOr<OptimizerSpec> ParseOptimizerSettings(absl::string_view text) {
   if (name_params.second.empty()) return spec;
   std::map<std::string, bool> seen;
   for (absl::string_view item : absl::StrSplit(name_params.second, ',')) {
-    std::pair<absl::string_view, absl::string_view> kv = absl::StrSplit(item, '=');
+    std::pair<absl::string_view, absl::string_view> kv =
+        absl::StrSplit(item, absl::MaxSplits('=', 1));
     const std::string key(absl::StripAsciiWhitespace(kv.first));
     const absl::string_view value = absl::StripAsciiWhitespace(kv.second);
     if (std::find(keys.begin(), keys.end(), key) == keys.end()) {
@@ -261,6 +207,74 @@ absl::StatusOr<OptimizerSpec> ParseOptimizerSettings(absl::string_view text) {
   }
   return spec;
 }
+
+// One parameter group, "GLOB:key=value,..." (Note [Parameter groups]), of
+// an optimizer named `name` of `kind`. The glob ends at the first colon
+// (parameter ids have none).
+absl::StatusOr<ParameterGroup> ParseParameterGroup(absl::string_view text,
+                                                   absl::string_view name, OptimizerKind kind) {
+  const std::string who = absl::StrCat("optimizer ", name, ": parameter group ", Quote(text));
+  if (absl::StripAsciiWhitespace(text).empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "optimizer ", name, ": an empty parameter group after ';' (a group is "
+        "GLOB:key=value,..., e.g. *.bias:weight_decay=0)"));
+  }
+  const size_t colon = text.find(':');
+  ParameterGroup group;
+  group.pattern = std::string(absl::StripAsciiWhitespace(text.substr(0, colon)));
+  if (colon == absl::string_view::npos || group.pattern.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        who, ": give a glob of parameter ids and its settings after a colon, e.g. "
+        "*.bias:weight_decay=0"));
+  }
+  const std::vector<std::string> keys = ParameterGroupKeys(kind);
+  const std::vector<std::string> step_keys = KeysOf(kind);
+  for (absl::string_view item : absl::StrSplit(text.substr(colon + 1), ',')) {
+    std::pair<absl::string_view, absl::string_view> kv =
+        absl::StrSplit(item, absl::MaxSplits('=', 1));
+    const std::string key(absl::StripAsciiWhitespace(kv.first));
+    if (key.empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(who, ": a setting is empty (give key=value, e.g. weight_decay=0)"));
+    }
+    if (std::find(keys.begin(), keys.end(), key) == keys.end()) {
+      const bool step_wide =
+          std::find(step_keys.begin(), step_keys.end(), key) != step_keys.end();
+      return absl::InvalidArgumentError(
+          absl::StrCat(who, ": ", Quote(key),
+                       step_wide ? " is one setting for the whole step" : " is not a setting",
+                       " (a group sets ", absl::StrJoin(keys, ", "), ")"));
+    }
+    for (const auto& [given, value] : group.settings) {
+      if (given == key) {
+        return absl::InvalidArgumentError(absl::StrCat(who, ": ", key, " is given twice"));
+      }
+    }
+    absl::StatusOr<double> number =
+        ParseOptimizerNumber(key, absl::StripAsciiWhitespace(kv.second));
+    if (!number.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(who, ": ", number.status().message()));
+    }
+    group.settings.emplace_back(key, *number);
+  }
+  return group;
+}
+
+}  // namespace
+
+absl::StatusOr<OptimizerSpec> ParseOptimizer(absl::string_view text) {
+  std::vector<absl::string_view> parts = absl::StrSplit(text, ';');
+  ASSIGN_OR_RETURN(OptimizerSpec spec, ParseOptimizerSettings(parts[0]));
+  const absl::string_view name =
+      absl::StripAsciiWhitespace(parts[0].substr(0, parts[0].find(':')));
+  for (size_t i = 1; i < parts.size(); ++i) {
+    ASSIGN_OR_RETURN(ParameterGroup group, ParseParameterGroup(parts[i], name, spec.kind));
+    spec.groups.push_back(std::move(group));
+  }
+  return spec;
+}
+
+namespace {
 
 // Adam's step count and its increment (Note [Optimizer nodes]).
 constexpr char kStepCount[] = "optimizer.step";
@@ -568,14 +582,27 @@ absl::Status CheckShardedClipping(const Graph& graph) {
           "squares one all_reduce sums (a gradient kept whole would count once per rank)"));
     }
   }
+  // The norm's ancestors short of the all_reduce nodes: an unclipped
+  // gradient among them is a rank's shard read without the ranks' sum.
   const NodeId norm = graph.Find(kGradNormId);
   std::vector<uint8_t> seen(graph.num_nodes(), 0);
   std::vector<NodeId> stack;
   if (norm != kNoNode) stack.push_back(norm);
-  while (!stack.empty()) {  // the norm's ancestors, for an all_reduce
+  bool summed = false;
+  while (!stack.empty()) {
     const NodeId v = stack.back();
     stack.pop_back();
-    if (graph.collective(v) && graph.op(v) == "all_reduce") return absl::OkStatus();
+    if (graph.collective(v) && graph.op(v) == "all_reduce") {
+      summed = true;
+      continue;
+    }
+    if (IsUnclippedGradient(graph, v)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "the sharded step clips its gradients, but its norm ", Quote(kGradNormId),
+          " reads gradient ", Quote(graph.id(v)), " without an all_reduce between: each rank "
+          "holds shards, so the norm must sum every rank's part (pebble's --shard full adds the "
+          "all_reduce ", Quote(kClipTotalId), ")"));
+    }
     for (NodeId u : graph.unique_inputs(v)) {
       if (!seen[u]) {
         seen[u] = 1;
@@ -583,6 +610,7 @@ absl::Status CheckShardedClipping(const Graph& graph) {
       }
     }
   }
+  if (summed) return absl::OkStatus();
   return absl::InvalidArgumentError(absl::StrCat(
       "the sharded step clips its gradients, but its norm ", Quote(kGradNormId),
       norm == kNoNode ? " is missing" : " is not computed from an all_reduce collective",

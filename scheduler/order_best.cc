@@ -71,20 +71,23 @@ class ExactOrderMemo {
   std::deque<std::pair<Key, Outcome>> kept_;
 };
 
-// Whether `order` computes each node of `graph`'s DefaultOrder once, after
-// its inputs: a remembered order is the graph's own (fingerprints may
-// collide).
+// Whether `order` computes exactly the nodes of `graph`'s DefaultOrder,
+// each once, after its inputs, and OrderPeak takes it (in-place updates
+// after the reads of what they overwrite): a remembered order is the
+// graph's own, should fingerprints collide.
 bool IsOrderOf(const Graph& graph, const std::vector<NodeId>& order) {
-  if (order.size() != DefaultOrder(graph).size()) return false;
+  std::vector<NodeId> nodes = DefaultOrder(graph), sorted = order;
+  std::sort(nodes.begin(), nodes.end());
+  std::sort(sorted.begin(), sorted.end());
+  if (sorted != nodes) return false;
   std::vector<uint8_t> done(graph.num_nodes(), 0);
   for (NodeId v : order) {
-    if (v < 0 || v >= graph.num_nodes() || done[v]) return false;
     for (NodeId u : graph.unique_inputs(v)) {
       if (!graph.persistent(u) && !done[u]) return false;
     }
     done[v] = 1;
   }
-  return true;
+  return OrderPeak(graph, order).ok();
 }
 
 // exact-order within `limits`, or its remembered outcome on the same graph

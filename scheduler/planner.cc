@@ -256,6 +256,14 @@ uint64_t GraphFingerprint(const Graph& graph) {
     mix(static_cast<uint64_t>(graph.workspace(v)));
     mix(static_cast<uint64_t>(graph.persistent(v)) * 2 + graph.is_output(v));
     mix(static_cast<uint64_t>(graph.role(v)));
+    // Views, in-place updates, homes and where a node runs change a plan's
+    // memory and time as much as bytes do (a placement search plans one
+    // graph under several homes).
+    mix(static_cast<uint64_t>(graph.alias_of(v)) + 11);
+    mix(static_cast<uint64_t>(graph.in_place(v)) * 2 + graph.collective(v));
+    mix(graph.home(v).has_value() ? static_cast<uint64_t>(*graph.home(v)) + 1 : 0);
+    mix(static_cast<uint64_t>(graph.runs_on(v)));
+    mix(std::hash<double>{}(graph.host_cost(v).value_or(-1)));
     for (NodeId u : graph.inputs(v)) mix(static_cast<uint64_t>(u) + 7);
   }
   return h;

@@ -99,7 +99,8 @@ struct PlanResult {
 };
 
 // A hash of everything a plan of `graph` depends on: its nodes' ids, sizes,
-// costs, workspaces, roles and edges, and its outputs.
+// costs, workspaces, roles, views, in-place updates, homes, where each
+// runs (and its host cost), collectives and edges, and its outputs.
 uint64_t GraphFingerprint(const Graph& graph);
 
 // best-order's plans (order_best.cc) by graph and budget, for one planning

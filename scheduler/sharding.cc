@@ -116,38 +116,44 @@ std::vector<NodeId> ShardableParameters(const Graph& g) {
 // float32 sums), as FSDP's clip_grad_norm_ does. A shard's padding is
 // zero, so it adds nothing to the squares.
 struct ShardedClipping {
-  std::vector<uint8_t> on_shard;  // per node: a clipping node that reads a gradient shard
-  std::vector<uint8_t> sums_shard;  // per node: a sum of such a node (its cost divided)
+  std::vector<uint8_t> on_shard;    // per node: a clipping node that reads a gradient shard
+  std::vector<uint8_t> sums_shard;  // per node: the sum of such a node (its cost divided)
   NodeId total = kNoNode;           // the rank's sum of squares, which the norm reads
 };
 
+// The clipping's nodes of `g` (Note [Clipping in the graph]) that ShardGraph
+// puts on shards: per sharded parameter p (gradient_of: its backward
+// gradient -> p), "clip_square:p" and "grad:p", which read the backward's
+// gradient element-wise, and the sum "clip_part:p". Any other reader of a
+// gradient (a backward node, in a graph written by hand) reads the local
+// gradient whole, as without clipping.
 absl::StatusOr<ShardedClipping> ClippingOnShards(const Graph& g,
                                                  const std::vector<NodeId>& gradient_of) {
-  ShardedClipping c;
-  if (!ClipsGradients(g)) return c;
   const int n = g.num_nodes();
-  c.on_shard.assign(n, 0);
-  c.sums_shard.assign(n, 0);
+  ShardedClipping c{std::vector<uint8_t>(n, 0), std::vector<uint8_t>(n, 0), kNoNode};
+  if (!ClipsGradients(g)) return c;
   for (NodeId u = 0; u < n; ++u) {
     if (gradient_of[u] == kNoNode) continue;
+    const std::string& p = g.id(gradient_of[u]);
     if (!IsUnclippedGradient(g, u)) {
       return absl::InvalidArgumentError(absl::StrCat(
           "the step clips its gradients, but ", Quote(g.id(u)), " is not clipped: pebble "
           "shards a step whose every gradient is clipped"));
     }
-    for (NodeId w : g.readers(u)) {
-      if (g.storage(w) == g.storage(u) || g.is_alias(w)) continue;  // the backward's view
-      if (g.shape(w) != g.shape(u)) {
+    for (absl::string_view prefix : {kClipSquarePrefix, kGradPrefix}) {
+      const NodeId w = g.Find(absl::StrCat(prefix, p));
+      const auto inputs = w == kNoNode ? absl::Span<const NodeId>() : g.unique_inputs(w);
+      if (w == kNoNode || std::find(inputs.begin(), inputs.end(), u) == inputs.end() ||
+          g.shape(w) != g.shape(u)) {
         return absl::UnimplementedError(absl::StrCat(
-            "clipping node ", Quote(g.id(w)), " reads gradient ", Quote(g.id(u)), " whole: "
-            "sharding clips element-wise, by the norm of every rank's shards"));
+            "the clipping of ", Quote(g.id(u)), " has no node ", Quote(absl::StrCat(prefix, p)),
+            " that reads it element-wise: sharding clips each rank's shards so (Note "
+            "[Clipping in the graph])"));
       }
       c.on_shard[w] = 1;
     }
-  }
-  for (NodeId w = 0; w < n; ++w) {
-    const auto inputs = g.unique_inputs(w);
-    c.sums_shard[w] = g.op(w) == "sum" && inputs.size() == 1 && c.on_shard[inputs[0]];
+    const NodeId part = g.Find(absl::StrCat(kClipPartPrefix, p));
+    if (part != kNoNode && g.op(part) == "sum") c.sums_shard[part] = 1;
   }
   const NodeId norm = g.Find(kGradNormId);
   if (norm == kNoNode || g.inputs(norm).size() != 1) {
@@ -218,8 +224,7 @@ absl::StatusOr<Graph> ShardGraph(const Graph& g, int ranks, const NetworkLink& l
   auto is_update = [&](NodeId w) { return g.role(w) == Role::kUpdate || g.in_place(w); };
   auto renamed_input = [&](NodeId w, NodeId u) -> std::string {
     if (sharded.contains(u) && !is_update(w)) return absl::StrCat(kGatherPrefix, g.id(u));
-    if (gradient_of[u] != kNoNode && !is_update(w) &&
-        (clipping.on_shard.empty() || !clipping.on_shard[w])) {
+    if (gradient_of[u] != kNoNode && !is_update(w) && !clipping.on_shard[w]) {
       return absl::StrCat(kLocalGradPrefix, g.id(gradient_of[u]));
     }
     if (u == clipping.total && g.id(w) == kGradNormId) return std::string(kClipTotalId);
@@ -269,12 +274,12 @@ absl::StatusOr<Graph> ShardGraph(const Graph& g, int ranks, const NetworkLink& l
         if (s.host_cost.has_value()) *s.host_cost /= ranks;
       }
     }
-    if (!clipping.on_shard.empty() && clipping.on_shard[v]) {  // element-wise, on a shard
+    if (clipping.on_shard[v]) {  // element-wise, on a shard
       const ShardedParameter shard = ShardOf(g, v, ranks);
       s.bytes = shard.shard_bytes;
       s.shape = shard.shard_shape;
       s.cost /= ranks;
-    } else if (!clipping.sums_shard.empty() && clipping.sums_shard[v]) {
+    } else if (clipping.sums_shard[v]) {
       s.cost /= ranks;
     }
     if (v == clipping.total) {

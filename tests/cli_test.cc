@@ -478,6 +478,8 @@ TEST(CliTest, AClippedShardedStepExportsAndPlansAsOneRankRunsIt) {
                                       "in [0-9]+ messages\\)"));
   ::pebble::testing::ExpectOneLineError(Pebble("export " + model + " --shard full"), 2,
                                         {"--shard full: give --ranks 2 or more"});
+  ::pebble::testing::ExpectOneLineError(Pebble("export " + model + " --ranks 2"), 2,
+                                        {"--ranks 2 without --shard full", "the same graph"});
 }
 
 // On a graph without updates or collectives too, a budget at or above a

@@ -257,7 +257,9 @@ TEST(OptimizerTest, ParameterGroupsParseAndRefuseWhatTheyCannotSet) {
   const std::pair<const char*, const char*> bad[] = {
       {"adamw;*.bias", "parameter group '*.bias': give a glob of parameter ids and its settings"},
       {"adamw;:lr=1", "parameter group ':lr=1': give a glob"},
-      {"adamw;", "parameter group '': give a glob"},
+      {"adamw;", "optimizer adamw: an empty parameter group after ';'"},
+      {"adamw;*.bias:lr=1e-3=5", "lr='1e-3=5' is not a decimal number"},
+      {"adam:lr=1e-3=5", "optimizer adam: lr='1e-3=5' is not a decimal number"},
       {"adamw;*.bias:", "a setting is empty"},
       {"adamw;*.bias:state=host", "'state' is one setting for the whole step (a group sets lr, "
                                   "weight_decay, beta1, beta2, eps)"},
