@@ -76,6 +76,26 @@ nlohmann::json ShardAttrs(int ranks, const NetworkLink& link) {
           {"network_latency_s", link.latency_s}};
 }
 
+// A collective node `id` of `op` that reads `input` into a tensor of
+// `bytes`, `shape` and `dtype`, taking `seconds` on the ranks' `link`.
+NodeSpec CollectiveSpec(std::string id, std::string op, std::string input, int64_t bytes,
+                        std::optional<Shape> shape, std::optional<DType> dtype,
+                        std::optional<Role> role, double seconds, int ranks,
+                        const NetworkLink& link) {
+  NodeSpec c;
+  c.id = std::move(id);
+  c.op = std::move(op);
+  c.bytes = bytes;
+  c.shape = std::move(shape);
+  c.dtype = dtype;
+  c.role = role;
+  c.inputs = {std::move(input)};
+  c.cost = seconds;
+  c.collective = true;
+  c.attrs = ShardAttrs(ranks, link);
+  return c;
+}
+
 // The parameter whose shard a persistent optimizer state "<name>:<p>"
 // belongs to, or kNoNode.
 NodeId StateOwner(const Graph& g, NodeId s,
@@ -230,31 +250,24 @@ absl::StatusOr<Graph> ShardGraph(const Graph& g, int ranks, const NetworkLink& l
     if (u == clipping.total && g.id(w) == kGradNormId) return std::string(kClipTotalId);
     return g.id(u);
   };
-  std::vector<NodeId> first_reader(n, kNoNode);
+  // Each parameter's gather goes before its first reader but an update.
+  std::vector<std::vector<NodeId>> gathers_before(n);
+  std::vector<uint8_t> placed(n, 0);
   for (NodeId w : g.topological_order()) {
     for (NodeId u : g.unique_inputs(w)) {
-      if (sharded.contains(u) && !is_update(w) && first_reader[u] == kNoNode) first_reader[u] = w;
+      if (sharded.contains(u) && !is_update(w) && !placed[u]) {
+        placed[u] = 1;
+        gathers_before[w].push_back(u);
+      }
     }
-  }
-  std::vector<std::vector<NodeId>> gathers_before(n);
-  for (const auto& [p, shard] : sharded) {
-    if (first_reader[p] != kNoNode) gathers_before[first_reader[p]].push_back(p);
   }
   GraphBuilder b(absl::StrCat(g.name(), " sharded over ", ranks, " ranks"));
   for (NodeId v = 0; v < n; ++v) {
     std::sort(gathers_before[v].begin(), gathers_before[v].end());
     for (NodeId p : gathers_before[v]) {
-      NodeSpec gather;
-      gather.id = absl::StrCat(kGatherPrefix, g.id(p));
-      gather.op = "all_gather";
-      gather.bytes = g.bytes(p);
-      gather.shape = g.shape(p);
-      gather.dtype = g.dtype(p);
-      gather.inputs = {g.id(p)};
-      gather.cost = AllGatherSeconds(g.bytes(p), ranks, link);
-      gather.collective = true;
-      gather.attrs = ShardAttrs(ranks, link);
-      b.AddNode(std::move(gather));
+      b.AddNode(CollectiveSpec(absl::StrCat(kGatherPrefix, g.id(p)), "all_gather", g.id(p),
+                               g.bytes(p), g.shape(p), g.dtype(p), std::nullopt,
+                               AllGatherSeconds(g.bytes(p), ranks, link), ranks, link));
     }
     NodeSpec s = SpecOf(g, v);
     for (size_t i = 0; i < s.inputs.size(); ++i) s.inputs[i] = renamed_input(v, g.inputs(v)[i]);
@@ -284,18 +297,9 @@ absl::StatusOr<Graph> ShardGraph(const Graph& g, int ranks, const NetworkLink& l
     }
     if (v == clipping.total) {
       b.AddNode(std::move(s));
-      NodeSpec total;
-      total.id = std::string(kClipTotalId);
-      total.op = "all_reduce";
-      total.bytes = g.bytes(v);
-      total.shape = g.shape(v);
-      total.dtype = g.dtype(v);
-      total.role = Role::kBackward;
-      total.inputs = {g.id(v)};
-      total.cost = AllReduceSeconds(g.bytes(v), ranks, link);
-      total.collective = true;
-      total.attrs = ShardAttrs(ranks, link);
-      b.AddNode(std::move(total));
+      b.AddNode(CollectiveSpec(std::string(kClipTotalId), "all_reduce", g.id(v), g.bytes(v),
+                               g.shape(v), g.dtype(v), Role::kBackward,
+                               AllReduceSeconds(g.bytes(v), ranks, link), ranks, link));
       continue;
     }
     const NodeId p = gradient_of[v];
@@ -308,17 +312,9 @@ absl::StatusOr<Graph> ShardGraph(const Graph& g, int ranks, const NetworkLink& l
     const ShardedParameter shard = g.shape(v).has_value()
                                        ? ShardOf(g, v, ranks)
                                        : ShardOf(g.bytes(v), g.shape(p), g.dtype(v), ranks);
-    NodeSpec scatter;
-    scatter.id = g.id(v);
-    scatter.op = "reduce_scatter";
-    scatter.bytes = shard.shard_bytes;
-    scatter.shape = shard.shard_shape;
-    scatter.dtype = g.dtype(v);
-    scatter.role = Role::kBackward;
-    scatter.inputs = {s.id};
-    scatter.cost = AllGatherSeconds(g.bytes(v), ranks, link);
-    scatter.collective = true;
-    scatter.attrs = ShardAttrs(ranks, link);
+    NodeSpec scatter = CollectiveSpec(g.id(v), "reduce_scatter", s.id, shard.shard_bytes,
+                                      shard.shard_shape, g.dtype(v), Role::kBackward,
+                                      AllGatherSeconds(g.bytes(v), ranks, link), ranks, link);
     b.AddNode(std::move(s));
     b.AddNode(std::move(scatter));
   }
