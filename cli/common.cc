@@ -161,7 +161,7 @@ std::string CollectivesText(const Graph& graph, const Schedule& schedule) {
   if (buckets != steps) absl::StrAppend(&text, " in ", Counted(buckets, "bucket"));
   if (gathers + scatters + sums == 0) return text;
   std::vector<std::string> computes;
-  if (gathers + scatters > 0 || sums == 0) {
+  if (gathers + scatters > 0) {
     computes = {Counted(gathers, "gather"), Counted(scatters, "reduce-scatter")};
   }
   if (sums > 0) computes.push_back(Counted(sums, "all-reduce"));

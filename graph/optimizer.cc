@@ -410,11 +410,10 @@ class OptimizerStepBuilder {
     int params = 0;
     std::vector<uint8_t> matched(spec_.groups.size(), 0);  // per group: a parameter matched
     for (NodeId g : training_.outputs()) {
+      if (!IsUpdatedGradient(g)) continue;
       const std::string& gid = training_.id(g);
-      if (!absl::StartsWith(gid, kGradPrefix)) continue;
       const std::string p = gid.substr(kGradPrefix.size());
       const NodeId pv = training_.Find(p);
-      if (pv == kNoNode || training_.role(pv) != Role::kParameter) continue;
       if (!training_.shape(pv).has_value()) {
         return absl::InvalidArgumentError(absl::StrCat(
             "optimizer: parameter ", Quote(p), " has no shape"));
@@ -584,6 +583,12 @@ absl::Status CheckShardedClipping(const Graph& graph) {
   }
   // The norm's ancestors short of the all_reduce nodes: an unclipped
   // gradient among them is a rank's shard read without the ranks' sum.
+  const auto unsummed = [](absl::string_view why) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the sharded step clips its gradients, but its norm ", Quote(kGradNormId), why,
+        ": each rank holds shards, so the norm must sum every rank's part (pebble's --shard "
+        "full adds the all_reduce ", Quote(kClipTotalId), ")"));
+  };
   const NodeId norm = graph.Find(kGradNormId);
   std::vector<uint8_t> seen(graph.num_nodes(), 0);
   std::vector<NodeId> stack;
@@ -597,11 +602,8 @@ absl::Status CheckShardedClipping(const Graph& graph) {
       continue;
     }
     if (IsUnclippedGradient(graph, v)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "the sharded step clips its gradients, but its norm ", Quote(kGradNormId),
-          " reads gradient ", Quote(graph.id(v)), " without an all_reduce between: each rank "
-          "holds shards, so the norm must sum every rank's part (pebble's --shard full adds the "
-          "all_reduce ", Quote(kClipTotalId), ")"));
+      return unsummed(
+          absl::StrCat(" reads gradient ", Quote(graph.id(v)), " without an all_reduce between"));
     }
     for (NodeId u : graph.unique_inputs(v)) {
       if (!seen[u]) {
@@ -611,11 +613,8 @@ absl::Status CheckShardedClipping(const Graph& graph) {
     }
   }
   if (summed) return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrCat(
-      "the sharded step clips its gradients, but its norm ", Quote(kGradNormId),
-      norm == kNoNode ? " is missing" : " is not computed from an all_reduce collective",
-      ": each rank holds shards, so the norm must sum every rank's part (pebble's --shard full "
-      "adds the all_reduce ", Quote(kClipTotalId), ")"));
+  return unsummed(norm == kNoNode ? " is missing" : " is not computed from an all_reduce "
+                                                    "collective");
 }
 
 bool IsUnclippedGradient(const Graph& graph, NodeId v) {

@@ -71,12 +71,12 @@ class ExactOrderMemo {
   std::deque<std::pair<Key, Outcome>> kept_;
 };
 
-// Whether `order` computes exactly the nodes of `graph`'s DefaultOrder,
-// each once, after its inputs, and OrderPeak takes it (in-place updates
-// after the reads of what they overwrite): a remembered order is the
-// graph's own, should fingerprints collide.
-bool IsOrderOf(const Graph& graph, const std::vector<NodeId>& order) {
-  std::vector<NodeId> nodes = DefaultOrder(graph), sorted = order;
+// Whether `order` computes exactly the nodes of `graph`'s DefaultOrder
+// (`nodes`), each once, after its inputs, and OrderPeak takes it (in-place
+// updates after the reads of what they overwrite): a remembered order is
+// the graph's own, should fingerprints collide.
+bool IsOrderOf(const Graph& graph, std::vector<NodeId> nodes, const std::vector<NodeId>& order) {
+  std::vector<NodeId> sorted = order;
   std::sort(nodes.begin(), nodes.end());
   std::sort(sorted.begin(), sorted.end());
   if (sorted != nodes) return false;
@@ -100,7 +100,8 @@ absl::StatusOr<std::vector<NodeId>> ExactOrderRemembered(const Graph& graph,
                                                          const ExactOrderLimits& limits,
                                                          bool& remembered) {
   remembered = false;
-  if (static_cast<int64_t>(DefaultOrder(graph).size()) > limits.max_nodes) {
+  std::vector<NodeId> nodes = DefaultOrder(graph);
+  if (static_cast<int64_t>(nodes.size()) > limits.max_nodes) {
     return ExactOrder(graph, limits);
   }
   ExactOrderMemo& memo = ExactOrderMemo::Global();
@@ -111,7 +112,7 @@ absl::StatusOr<std::vector<NodeId>> ExactOrderRemembered(const Graph& graph,
           "exact-order: the search passed its limit of ", limits.max_states, " states on this "
           "graph before (the graph is too wide); not searched again"));
     }
-    if (IsOrderOf(graph, kept->order)) {
+    if (IsOrderOf(graph, std::move(nodes), kept->order)) {
       remembered = true;
       return kept->order;
     }
