@@ -59,12 +59,22 @@ const std::vector<std::string>& OptimizerNames() {
 }  // namespace
 
 std::vector<std::string> ParameterGroupKeys(OptimizerKind kind) {
-  if (kind == OptimizerKind::kSgd) return {"lr", "weight_decay"};
+  if (kind == OptimizerKind::kSgd) return {"lr", "momentum", "weight_decay"};
   return {"lr", "weight_decay", "beta1", "beta2", "eps"};
 }
 
 bool OptimizerSpec::Matches(const ParameterGroup& group, absl::string_view parameter) {
   return fnmatch(group.pattern.c_str(), std::string(parameter).c_str(), 0) == 0;
+}
+
+bool OptimizerSpec::keeps_state() const {
+  if (kind != OptimizerKind::kSgd || momentum > 0) return true;
+  for (const ParameterGroup& group : groups) {
+    for (const auto& [key, value] : group.settings) {
+      if (key == "momentum" && value > 0) return true;
+    }
+  }
+  return false;
 }
 
 OptimizerSpec OptimizerSpec::SettingsFor(absl::string_view parameter) const {
@@ -200,11 +210,6 @@ absl::StatusOr<OptimizerSpec> ParseOptimizerSettings(absl::string_view text) {
         "the host would move its state out and back each step): give state=host or "
         "state=auto"));
   }
-  if (!spec.keeps_state() && spec.state_home.has_value() && *spec.state_home != Tier::kDevice) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "optimizer ", name, ": state=", TierName(*spec.state_home),
-        ", but SGD without momentum keeps no state (give momentum=...)"));
-  }
   return spec;
 }
 
@@ -270,6 +275,12 @@ absl::StatusOr<OptimizerSpec> ParseOptimizer(absl::string_view text) {
   for (size_t i = 1; i < parts.size(); ++i) {
     ASSIGN_OR_RETURN(ParameterGroup group, ParseParameterGroup(parts[i], name, spec.kind));
     spec.groups.push_back(std::move(group));
+  }
+  if (!spec.keeps_state() && spec.state_home.has_value() && *spec.state_home != Tier::kDevice) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "optimizer ", name, ": state=", TierName(*spec.state_home),
+        ", but SGD without momentum keeps no state (give momentum=..., for the step or a "
+        "parameter group)"));
   }
   return spec;
 }
@@ -429,7 +440,7 @@ class OptimizerStepBuilder {
       const double n = static_cast<double>(NumElements(shape));
       if (!adam) {
         std::string step = gid;
-        if (spec_.momentum > 0) {
+        if (settings.momentum > 0) {  // else no buffer (Note [Parameter groups])
           const std::string buf = absl::StrCat(kMomentumBufferPrefix, p);
           RETURN_IF_ERROR(Add(b, State(buf, shape, dtype, bytes)));
           RETURN_IF_ERROR(Add(b, Update(buf + "#1", "sgd_momentum", buf, {buf, gid, p},

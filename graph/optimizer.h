@@ -53,9 +53,11 @@
 // carries its own settings (lr, weight_decay, the betas, eps) in its attrs,
 // and a group of the spec gives the parameters whose ids match its glob
 // other values than the spec's (the usual weight decay on the weights
-// only, a learning rate per layer). Every group that matches a parameter
-// applies, in the order given: a later one's value of a key wins. Momentum
-// and the placement settings are the step's (one state layout, one plan).
+// only, a learning rate per layer, SGD's momentum on the weights only).
+// Every group that matches a parameter applies, in the order given: a
+// later one's value of a key wins. A parameter whose SGD settings have
+// momentum 0 keeps no momentum buffer (as torch.optim.SGD keeps none): its
+// update reads its gradient. The placement settings are the step's.
 #ifndef PEBBLE_GRAPH_OPTIMIZER_H_
 #define PEBBLE_GRAPH_OPTIMIZER_H_
 
@@ -112,9 +114,9 @@ struct OptimizerSpec {
   // lives on the host, or (state=auto) where the plan places it; Adam's
   // step count is counted on the device.
   Tier updates = Tier::kDevice;
-  // Whether the optimizer keeps state (all but SGD without momentum): only
-  // then may the state have a home.
-  bool keeps_state() const { return kind != OptimizerKind::kSgd || momentum > 0; }
+  // Whether the optimizer keeps state (all but SGD without momentum, in the
+  // spec and in every group): only then may the state have a home.
+  bool keeps_state() const;
   // Parameter groups, in the order given (Note [Parameter groups]).
   std::vector<ParameterGroup> groups;
   // Whether `parameter` (an id) matches `group`'s pattern.
@@ -127,8 +129,8 @@ struct OptimizerSpec {
   std::string ToString() const;
 };
 
-// The keys a parameter group of `kind` may set: lr and weight_decay; Adam
-// and AdamW's beta1, beta2 and eps.
+// The keys a parameter group of `kind` may set: lr and weight_decay; SGD's
+// momentum; Adam and AdamW's beta1, beta2 and eps.
 std::vector<std::string> ParameterGroupKeys(OptimizerKind kind);
 
 // "sgd", "adam", "adamw", optionally with parameters after a colon:

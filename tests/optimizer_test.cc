@@ -263,9 +263,14 @@ TEST(OptimizerTest, ParameterGroupsParseAndRefuseWhatTheyCannotSet) {
       {"adamw;*.bias:", "a setting is empty"},
       {"adamw;*.bias:state=host", "'state' is one setting for the whole step (a group sets lr, "
                                   "weight_decay, beta1, beta2, eps)"},
-      {"sgd:momentum=0.9;*.bias:momentum=0", "'momentum' is one setting for the whole step"},
+      {"adam;*.bias:momentum=0", "'momentum' is not a setting (a group sets lr, weight_decay, "
+                                 "beta1"},
+      {"sgd:state=host;*.bias:momentum=0", "state=host, but SGD without momentum keeps no state "
+                                           "(give momentum=..., for the step or a parameter group)"},
+      {"sgd;*.bias:momentum=1", "parameter group '*.bias:momentum=1': momentum=1 is out of range"},
       {"adam;*.bias:max_grad_norm=1", "'max_grad_norm' is one setting for the whole step"},
-      {"sgd;*.bias:beta1=0.5", "'beta1' is not a setting (a group sets lr, weight_decay)"},
+      {"sgd;*.bias:beta1=0.5", "'beta1' is not a setting (a group sets lr, momentum, "
+                               "weight_decay)"},
       {"adam;*.bias:lr=0", "parameter group '*.bias:lr=0': lr=0 is out of range"},
       {"adam;*.bias:lr=1,lr=2", "lr is given twice"},
   };
@@ -322,6 +327,64 @@ TEST(OptimizerTest, EachParameterGroupUpdatesWithItsOwnSettings) {
   EXPECT_THAT(std::string(typo.status().message()),
               HasSubstr("parameter group 'cnov*' matches no parameter that the step updates "
                         "(ids such as 'conv1.weight')"));
+}
+
+// SGD's momentum per group, as torch.optim.SGD's param_groups (momentum on
+// the weights only): a parameter whose settings have momentum 0 keeps no
+// buffer and its update reads its gradient; the others' buffers and
+// updates are those of the spec with momentum, to the bit, under every
+// policy; the state may then have a home, though the step's momentum is 0.
+TEST(OptimizerTest, SgdGroupsWithoutMomentumKeepNoBuffer) {
+  absl::StatusOr<Graph> plain = BuildModel("mnist-cnn:batch=2");
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  std::unique_ptr<Backend> backend = MakeCpuBackend();
+  for (const char* grouped : {"sgd:lr=0.1,momentum=0.9;*.bias:momentum=0",
+                              "sgd:lr=0.1;*.weight:momentum=0.9"}) {
+    SCOPED_TRACE(grouped);
+    absl::StatusOr<Graph> g = AddOptimizerStep(*plain, *ParseOptimizer(grouped));
+    ASSERT_TRUE(g.ok()) << g.status();
+    int64_t buffer_bytes = 0;
+    for (NodeId p = 0; p < g->num_nodes(); ++p) {
+      if (g->role(p) != Role::kParameter) continue;
+      const std::string& id = g->id(p);
+      const bool bias = absl::EndsWith(id, ".bias");
+      const NodeId buf = g->Find("momentum_buffer:" + id);
+      EXPECT_EQ(buf == kNoNode, bias) << id;
+      if (buf != kNoNode) buffer_bytes += g->bytes(buf);
+      const NodeId update = g->Find("update:" + id);
+      ASSERT_NE(update, kNoNode) << id;
+      EXPECT_EQ(g->id(g->inputs(update)[1]), bias ? "grad:" + id : "momentum_buffer:" + id + "#1");
+      EXPECT_EQ(g->attrs(update)["momentum"].get<double>(), bias ? 0.0 : 0.9) << id;
+    }
+    int64_t weight_bytes = 0;
+    for (const char* w : {"conv1.weight", "conv2.weight", "fc1.weight", "fc2.weight"}) {
+      weight_bytes += g->bytes(g->Find(w));
+    }
+    EXPECT_EQ(buffer_bytes, weight_bytes);
+    absl::StatusOr<ExecutionResult> run = Execute(*g, BaselineSchedule(*g), *backend);
+    ASSERT_TRUE(run.ok()) << run.status();
+    std::map<std::string, ExecutionResult> alone;
+    for (const char* text : {"sgd:lr=0.1", "sgd:lr=0.1,momentum=0.9"}) {
+      absl::StatusOr<Graph> one = AddOptimizerStep(*plain, *ParseOptimizer(text));
+      ASSERT_TRUE(one.ok()) << one.status();
+      absl::StatusOr<ExecutionResult> r = Execute(*one, BaselineSchedule(*one), *backend);
+      ASSERT_TRUE(r.ok()) << r.status();
+      for (const HostTensor& t : run->updated) {
+        const std::string& id = g->id(t.node);
+        const bool with_momentum = !absl::EndsWith(id, ".bias");
+        if (with_momentum != (std::string(text) != "sgd:lr=0.1")) continue;
+        const HostTensor* same = Find(*one, r->updated, id);
+        ASSERT_NE(same, nullptr) << id;
+        EXPECT_TRUE(t.array.data == same->array.data) << id << " is not its group's update";
+      }
+    }
+    ExpectPoliciesGiveTheBaselinesBits(*g, *run, {"dtr", "rotor", "checkmate-lp"}, *backend);
+  }
+  absl::StatusOr<OptimizerSpec> host = ParseOptimizer("sgd:state=host;*.weight:momentum=0.9");
+  ASSERT_TRUE(host.ok()) << host.status();
+  absl::StatusOr<Graph> g = AddOptimizerStep(*plain, *host);
+  ASSERT_TRUE(g.ok()) << g.status();
+  EXPECT_EQ(g->home(g->Find("momentum_buffer:fc1.weight")), Tier::kHost);
 }
 
 // One step of SGD with momentum and weight decay on the CPU backend: every

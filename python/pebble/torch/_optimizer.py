@@ -858,11 +858,13 @@ def _norm_type(value):
 
 # Note [SGD groups without momentum]
 # ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-# pebble's optimizer spec (graph/optimizer.cc) gives every parameter a
-# momentum buffer or none. torch.optim.SGD's groups may differ (momentum on
-# the weights, none on biases and norms: the buffer costs a parameter's
-# bytes), and a parameter of a group with momentum 0 keeps no buffer in
-# eager PyTorch. So the spec takes the largest momentum of the groups, and
+# torch.optim.SGD's groups may differ in momentum (on the weights, none on
+# biases and norms: the buffer costs a parameter's bytes), and a parameter
+# of a group with momentum 0 keeps no buffer in eager PyTorch. pebble's
+# spec sets momentum per group too, but its groups are globs of ids
+# (graph/optimizer.h, Note [Parameter groups]) and the optimizer's are sets
+# of tensors, whose names need not make a glob (any character may be in a
+# module's name). So the spec takes the largest momentum of the groups, and
 # extend() takes out the buffer and its update of each parameter whose
 # group has none: its sgd_update reads the gradient, as the spec makes it
 # without momentum. The plan then holds, moves and updates only the buffers
