@@ -194,6 +194,10 @@ inline constexpr absl::string_view kUpdatePrefix = "update:";
 inline constexpr absl::string_view kPerParameterPrefixes[] = {
     kGradPrefix,           kUnclippedGradPrefix, kClipSquarePrefix, kClipPartPrefix,
     kMomentumBufferPrefix, kExpAvgPrefix,        kExpAvgSqPrefix,   kUpdatePrefix};
+// The ops of the update nodes (Note [Optimizer nodes]).
+inline constexpr absl::string_view kUpdateOps[] = {
+    "sgd_momentum", "sgd_update", "adam_exp_avg", "adam_exp_avg_sq", "adam_update",
+    "optimizer_step"};
 // The id of the clipped gradients' norm before clipping (an output).
 inline constexpr absl::string_view kGradNormId = "grad_norm";
 // The id of a sharded step's sum of its squared gradient shards over the

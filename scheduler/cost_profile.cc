@@ -1,11 +1,15 @@
 #include "scheduler/cost_profile.h"
 
+#include <algorithm>
 #include <cmath>
+#include <map>
 #include <string>
 #include <vector>
 
+#include "absl/algorithm/container.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "graph/optimizer.h"
 #include "graph/status.h"
 #include "graph/text_input.h"
@@ -16,6 +20,53 @@ namespace {
 
 constexpr const char* kFormat = "pebble-cost-profile";
 constexpr int kVersion = 1;
+
+// Note [Update keys]. An optimizer update's time depends on its operands
+// and on the terms it computes, not on its hyper-parameters' values: a
+// profile calibrated at one learning rate serves another, and the updates
+// of a grouped step (Note [Parameter groups], graph/optimizer.h) share
+// their layers' entries. So an update's key keeps of its attrs whether
+// weight decay and momentum are on, and whether the decay is decoupled;
+// lr, the betas and eps leave it. A profile written with every number in
+// its update keys (before this rule) is read with each such key mapped to
+// this form, the larger time (and workspace) where several meet.
+bool IsUpdateOp(absl::string_view op) {
+  return absl::c_linear_search(kUpdateOps, op);
+}
+
+// An update's attrs as its key holds them (Note [Update keys]); `attrs`
+// already of that form come back as they are.
+nlohmann::json UpdateKeyAttrs(const nlohmann::json& attrs) {
+  if (!attrs.is_object() || attrs.contains("weight_decay_on")) return attrs;
+  auto on = [&attrs](const char* name) {
+    const auto it = attrs.find(name);
+    return it != attrs.end() && it->is_number() && it->get<double>() != 0;
+  };
+  nlohmann::json key = {{"weight_decay_on", on("weight_decay")}, {"momentum_on", on("momentum")}};
+  if (attrs.contains("decoupled_weight_decay")) {
+    key["decoupled_weight_decay"] = attrs.at("decoupled_weight_decay");
+  }
+  return key;
+}
+
+// `key` of a profile file in CostKey's form: an update's key written with
+// every number (Note [Update keys]) mapped to the form CostKey makes now;
+// every other key as it is.
+std::string CanonicalKey(const std::string& key) {
+  const std::vector<absl::string_view> parts = absl::StrSplit(key, absl::MaxSplits('|', 3));
+  if (parts.size() != 4 || !IsUpdateOp(parts[0])) return key;
+  const nlohmann::json attrs = nlohmann::json::parse(parts[3], nullptr, /*allow_exceptions=*/false);
+  if (!attrs.is_object()) return key;
+  return absl::StrCat(parts[0], "|", parts[1], "|", parts[2], "|", UpdateKeyAttrs(attrs).dump());
+}
+
+// Puts `value` at `key` of `map` (CanonicalKey's form), keeping the larger
+// where the key is there already.
+template <typename T>
+void PutLarger(std::map<std::string, T>& map, const std::string& key, T value) {
+  auto [it, added] = map.emplace(CanonicalKey(key), value);
+  if (!added) it->second = std::max(it->second, value);
+}
 
 std::string TypeText(const Graph& graph, NodeId v) {
   return absl::StrCat(DTypeName(*graph.dtype(v)), ShapeToString(*graph.shape(v)));
@@ -70,6 +121,7 @@ std::optional<std::string> CostKey(const Graph& graph, NodeId v) {
     attrs.erase("running_mean");
     attrs.erase("running_var");
   }
+  if (IsUpdateOp(graph.op(v))) attrs = UpdateKeyAttrs(attrs);
   // nlohmann's objects are sorted maps: dump() is canonical.
   const std::string attr_text = attrs.is_object() ? attrs.dump() : "{}";
   return absl::StrCat(graph.op(v), "|", absl::StrJoin(operands, ";"), "|",
@@ -163,7 +215,7 @@ absl::StatusOr<CostProfile> CostProfileFromJson(const nlohmann::json& doc) {
       return absl::InvalidArgumentError(absl::StrCat(
           "cost profile: entry ", Quote(key), " must be a non-negative finite number of seconds"));
     }
-    p.entries[key] = value.get<double>();
+    PutLarger(p.entries, key, value.get<double>());
   }
   if (doc.contains("workspace_bytes")) {
     if (!doc.at("workspace_bytes").is_object()) {
@@ -178,7 +230,7 @@ absl::StatusOr<CostProfile> CostProfileFromJson(const nlohmann::json& doc) {
             "cost profile: workspace_bytes ", Quote(key),
             " must be a non-negative integer number of bytes, at most 2^53"));
       }
-      p.workspace_bytes[key] = value.get<int64_t>();
+      PutLarger(p.workspace_bytes, key, value.get<int64_t>());
     }
   }
   return p;

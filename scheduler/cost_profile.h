@@ -11,7 +11,9 @@
 //    "workspace_bytes": {"conv3d|...": 1048576, ...}}
 //
 // An entry's key is CostKey(): the op, every operand's dtype and shape in
-// order, the output's dtype, and the attrs as canonical JSON (sorted keys).
+// order, the output's dtype, and the attrs as canonical JSON (sorted keys;
+// an optimizer update's attrs say only which terms it computes: Note
+// [Update keys] in cost_profile.cc).
 // Node ids are not part of it, so the same layer shape in two places of a
 // network, or in another model, shares one entry. Values are seconds for
 // one computation of the node. "workspace_bytes" (optional) holds, for the
@@ -66,7 +68,8 @@ std::optional<std::string> CostKey(const Graph& graph, NodeId v);
 
 nlohmann::json CostProfileToJson(const CostProfile& profile);
 // Errors (InvalidArgument) name what is wrong: the format or version, a
-// missing or non-numeric field, a negative or non-finite time.
+// missing or non-numeric field, a negative or non-finite time. Update keys
+// with every hyper-parameter (older profiles) are read in CostKey's form.
 absl::StatusOr<CostProfile> CostProfileFromJson(const nlohmann::json& doc);
 absl::StatusOr<CostProfile> ReadCostProfileFile(const std::string& path);
 

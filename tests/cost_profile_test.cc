@@ -10,7 +10,9 @@
 #include <string>
 
 #include "gmock/gmock.h"
+#include "absl/strings/str_cat.h"
 #include "graph/models/models.h"
+#include "graph/optimizer.h"
 #include "gtest/gtest.h"
 
 namespace pebble {
@@ -44,6 +46,63 @@ TEST(CostKeyTest, IgnoresNodeIdsSoEqualLayersShareAKey) {
   // Another size is another key.
   const Graph c = Conv3d(16);
   EXPECT_NE(CostKey(a, a.Find("relu1")), CostKey(c, c.Find("relu1")));
+}
+
+// Note [Update keys]: an update's key says which terms it computes, not
+// its hyper-parameters' values, so a profile of one learning rate (or of
+// one parameter group) serves the updates of another; momentum and weight
+// decay on or off, and AdamW's decoupled decay, keep keys apart. A profile
+// of the older form (every number in the key) is read in the new one.
+TEST(CostKeyTest, AnUpdatesKeyNamesItsTermsNotItsNumbers) {
+  const absl::StatusOr<Graph> plain = BuildModel("mnist-cnn:batch=2");
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  auto step = [&plain](const char* optimizer) {
+    absl::StatusOr<OptimizerSpec> spec = ParseOptimizer(optimizer);
+    EXPECT_TRUE(spec.ok()) << spec.status();
+    absl::StatusOr<Graph> g = spec.ok() ? AddOptimizerStep(*plain, *spec) : spec.status();
+    EXPECT_TRUE(g.ok()) << g.status();
+    return g.ok() ? *std::move(g) : Graph();
+  };
+  auto key_of = [&step](const char* optimizer, const char* node) {
+    const Graph g = step(optimizer);
+    return CostKey(g, g.Find(node));
+  };
+  const auto adam = key_of("adam", "update:conv1.weight");
+  ASSERT_TRUE(adam.has_value());
+  EXPECT_EQ(adam->substr(adam->rfind('|')),
+            "|{\"decoupled_weight_decay\":false,\"momentum_on\":false,\"weight_decay_on\":false}");
+  // Other numbers, the same key; other terms, another.
+  EXPECT_EQ(adam, key_of("adam:lr=3e-4,beta1=0.8,beta2=0.95,eps=1e-6", "update:conv1.weight"));
+  EXPECT_NE(adam, key_of("adamw", "update:conv1.weight"));
+  EXPECT_NE(adam, key_of("adam:weight_decay=0.1", "update:conv1.weight"));
+  EXPECT_EQ(key_of("adamw", "update:conv1.weight"),
+            key_of("adamw:lr=1;conv*:lr=0.5,weight_decay=0.5", "update:conv1.weight"));
+  EXPECT_EQ(key_of("sgd:lr=0.1", "update:fc1.bias"), key_of("sgd:lr=0.5", "update:fc1.bias"));
+  EXPECT_NE(key_of("sgd:lr=0.1", "update:fc1.bias"),
+            key_of("sgd:lr=0.1,momentum=0.9", "update:fc1.bias"));
+  EXPECT_EQ(key_of("adam", "optimizer.step#1"), key_of("adam:lr=1", "optimizer.step#1"));
+
+  // An older profile's keys: two learning rates of one update meet, the
+  // larger time kept; other ops' keys stay as they are.
+  const std::string old_prefix = adam->substr(0, adam->rfind('|') + 1);
+  const nlohmann::json doc = {
+      {"format", "pebble-cost-profile"},
+      {"version", 1},
+      {"entries",
+       {{old_prefix + R"({"beta1":0.9,"beta2":0.999,"decoupled_weight_decay":false,"eps":1e-08,)"
+                      R"("lr":0.001,"weight_decay":0.0})", 2.0e-6},
+        {old_prefix + R"({"beta1":0.9,"beta2":0.999,"decoupled_weight_decay":false,"eps":1e-08,)"
+                      R"("lr":0.0003,"weight_decay":0.0})", 3.0e-6},
+        {"relu|fp32(4)|fp32|{\"lr\":1}", 1.0e-6}}}};
+  absl::StatusOr<CostProfile> read = CostProfileFromJson(doc);
+  ASSERT_TRUE(read.ok()) << read.status();
+  ASSERT_EQ(read->entries.size(), 2u);
+  EXPECT_EQ(read->entries.at(*adam), 3.0e-6);
+  EXPECT_EQ(read->entries.at("relu|fp32(4)|fp32|{\"lr\":1}"), 1.0e-6);
+  // And it applies to a step of other settings.
+  absl::StatusOr<Graph> profiled = ApplyCostProfile(step("adam:lr=0.01"), *read);
+  ASSERT_TRUE(profiled.ok()) << profiled.status();
+  EXPECT_EQ(profiled->cost(profiled->Find("update:conv1.weight")), 3.0e-6);
 }
 
 TEST(CostKeyTest, NoKeyWithoutShapes) {
