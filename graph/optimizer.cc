@@ -435,7 +435,9 @@ class OptimizerStepBuilder {
         matched[i] = matched[i] || OptimizerSpec::Matches(spec_.groups[i], p);
       }
       const Shape& shape = *training_.shape(pv);
-      const DType dtype = training_.dtype(pv).value_or(DType::kFloat32);
+      // None where the parameter has none (a dtype the format cannot name:
+      // pebble.torch's float64): the state and updates take its bytes.
+      const std::optional<DType> dtype = training_.dtype(pv);
       const int64_t bytes = training_.bytes(pv);
       const double n = static_cast<double>(NumElements(shape));
       if (!adam) {
@@ -510,7 +512,8 @@ class OptimizerStepBuilder {
     return spec_.parameter_home;
   }
 
-  NodeSpec State(const std::string& id, Shape shape, DType dtype, int64_t bytes) const {
+  NodeSpec State(const std::string& id, Shape shape, std::optional<DType> dtype,
+                 int64_t bytes) const {
     NodeSpec s;
     s.id = id;
     s.op = "optimizer_state";
@@ -526,7 +529,8 @@ class OptimizerStepBuilder {
   // An update of `writes` with `settings`' hyper-parameters (the spec's, or
   // its parameter's: OptimizerSpec::SettingsFor).
   NodeSpec Update(const std::string& id, const std::string& op, const std::string& writes,
-                  std::vector<std::string> inputs, Shape shape, DType dtype, int64_t bytes,
+                  std::vector<std::string> inputs, Shape shape, std::optional<DType> dtype,
+                  int64_t bytes,
                   double operations, const OptimizerSpec& settings) const {
     NodeSpec s;
     s.id = id;

@@ -159,7 +159,10 @@ absl::StatusOr<double> ParseOptimizerNumber(absl::string_view key, absl::string_
 // nodes]), its gradients clipped first where the spec says (Note [Clipping
 // in the graph]). Costs: element-wise work at cost.device_flops_per_s (SGD 3 and
 // Adam 10 operations per element); updates that may run on the host have a
-// host_cost: the bytes each reads and writes at cost.host_bytes_per_s. Errors: no parameter with a gradient, a
+// host_cost: the bytes each reads and writes at cost.host_bytes_per_s. The
+// state and updates of a parameter take its shape, bytes and dtype (none
+// where it has none: a dtype the format cannot name, as pebble.torch's
+// float64). Errors: no parameter with a gradient, a
 // parameter without a shape, a state id already taken, a parameter group
 // that matches no updated parameter; with clipping, a gradient that is not
 // float32 (Unimplemented).

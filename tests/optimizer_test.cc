@@ -15,6 +15,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_join.h"
 #include "gmock/gmock.h"
+#include "graph/graph_json.h"
 #include "graph/models/models.h"
 #include "gtest/gtest.h"
 #include "runtime/cpu/cpu_backend.h"
@@ -119,6 +120,33 @@ TEST(OptimizerTest, SgdWithoutMomentumHasNoState) {
   EXPECT_EQ(with_momentum->persistent_bytes(),
             plain->persistent_bytes() + GradedParameterBytes(*plain));
   EXPECT_NE(with_momentum->Find("momentum_buffer:conv1.weight#1"), kNoNode);
+}
+
+// A parameter with a shape but no dtype (a dtype the format cannot name,
+// as pebble.torch's float64 ones) gives its state and updates its bytes and
+// no dtype: the plan needs bytes only.
+TEST(OptimizerTest, AParameterWithoutADtypeGivesItsStateItsBytesAndNoDtype) {
+  absl::StatusOr<Graph> plain = BuildModel("mnist-cnn:batch=2");
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  nlohmann::json doc = nlohmann::json::parse(GraphToJsonText(*plain));
+  for (nlohmann::json& node : doc["nodes"]) {
+    if (node.value("id", "") != "fc1.weight") continue;
+    node.erase("dtype");
+    node["bytes"] = node["bytes"].get<int64_t>() * 2;  // 8 bytes a value
+  }
+  absl::StatusOr<Graph> untyped = GraphFromJson(doc);
+  ASSERT_TRUE(untyped.ok()) << untyped.status();
+  absl::StatusOr<Graph> g = AddOptimizerStep(*untyped, *ParseOptimizer("adam"));
+  ASSERT_TRUE(g.ok()) << g.status();
+  const int64_t bytes = g->bytes(g->Find("fc1.weight"));
+  for (const char* id : {"exp_avg:fc1.weight", "exp_avg_sq:fc1.weight", "update:fc1.weight",
+                         "exp_avg:fc1.weight#1"}) {
+    const NodeId v = g->Find(id);
+    ASSERT_NE(v, kNoNode) << id;
+    EXPECT_EQ(g->bytes(v), bytes) << id;
+    EXPECT_FALSE(g->dtype(v).has_value()) << id;
+  }
+  EXPECT_EQ(g->dtype(g->Find("exp_avg:fc2.weight")), DType::kFloat32);
 }
 
 TEST(OptimizerTest, RefusesGraphsWithoutGradientsAndUnknownModelValues) {

@@ -61,6 +61,9 @@ _UPDATE_OPS = ("sgd_momentum", "sgd_update", "adam_exp_avg", "adam_exp_avg_sq", 
 
 _DTYPES = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
 _ITEM_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
+# Parameter dtypes that pebble's graph format has no name for, with their
+# bytes per element: Note [Updates of float64 parameters].
+_UNNAMED_ITEM_BYTES = {"float64": 8}
 
 # Each optimizer's update ops, in their order, and how many tensors each
 # reads and writes as the host cost model counts them (its output and
@@ -163,6 +166,7 @@ class Updates:
         # all the same (the kernel reads the float32 value), a 0-dim tensor
         # that the update's workspace holds (_scalar_cast_bytes).
         self._scalar = torch.zeros(())
+        self._scalar64 = torch.zeros((), dtype=torch.float64)  # Note [Updates of float64 ...]
         self._one = torch.ones(())  # Adam's step count is a CPU tensor
         in_optimizer = {id(p) for group in optimizer.param_groups for p in group["params"]}
         self.params = {}
@@ -263,14 +267,19 @@ class Updates:
             if node.get("role") != "parameter" or node["id"] not in self.params:
                 continue  # a frozen parameter takes no update
             attrs = node.get("attrs") or {}
-            dtype = _DTYPES.get(attrs.get("dtype"))
-            if dtype is None:
-                raise OptimizerError(f"parameter '{node['id']}' is {attrs.get('dtype')}: "
-                                     "pebble's optimizer step takes float32, float16 and "
-                                     "bfloat16 parameters")
+            torch_dtype = attrs.get("dtype")
+            dtype = _DTYPES.get(torch_dtype)
+            if dtype is None and torch_dtype not in _UNNAMED_ITEM_BYTES:
+                raise OptimizerError(f"parameter '{node['id']}' is {torch_dtype}: "
+                                     "pebble's optimizer step takes float32, float64, "
+                                     "float16 and bfloat16 parameters")
             # The tensor's own bytes, which its shape holds (rounded again below).
-            node["shape"], node["dtype"] = attrs["shape"], dtype
-            node["bytes"] = math.prod(attrs["shape"]) * _ITEM_BYTES[dtype]
+            node["shape"] = attrs["shape"]
+            if dtype is None:  # Note [Updates of float64 parameters]
+                node["bytes"] = math.prod(attrs["shape"]) * _UNNAMED_ITEM_BYTES[torch_dtype]
+            else:
+                node["dtype"] = dtype
+                node["bytes"] = math.prod(attrs["shape"]) * _ITEM_BYTES[dtype]
         graph = _core.from_json(json.dumps(doc))
         doc = json.loads(_core.with_optimizer(
             graph, self.spec, host_bytes_per_s=self.host_bytes_per_s).to_json())
@@ -654,8 +663,9 @@ class Updates:
             scratch = lambda: torch.empty_like(param)  # noqa: E731
             run.hold(0, self.workspace_bytes.get(node_id, 0))
         s["step"] = self.optimizer.state[p].get("step")
-        _update(op, self.kind, self._settings_of[name], param, grad, s, scratch,
-                self._scalar.fill_, self._one)
+        scalar = self._scalar64 if param.dtype == torch.float64 else self._scalar
+        _update(op, self.kind, self._settings_of[name], param, grad, s, scratch, scalar.fill_,
+                self._one)
 
 
 class Placement:
@@ -733,6 +743,20 @@ def host_homes(updates, schedule, stored, tensors):
         if tensor is not None:
             first_on_host.setdefault(tensor, action == "prefetch")
     return frozenset(t for t, on_host in first_on_host.items() if on_host and t in tensors)
+
+
+# Note [Updates of float64 parameters]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# pebble's graph format names float32, float16 and bfloat16 (and the
+# integer types), not float64. A float64 parameter's node in the graph that
+# extend() gives the optimizer carries its shape and its bytes (8 a value)
+# without a dtype, and so do the optimizer's state and updates that
+# graph/optimizer.cc makes for it: the plan needs bytes only, and
+# pebble.torch runs the updates itself. The
+# updates read their scalars from a held float64 tensor (Note [Scalars
+# without allocations]): eager's Python numbers are doubles, so the bits
+# are eager's, and no cast is made.
+
 
 
 def _round_bytes(doc, round_to):
