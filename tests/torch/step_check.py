@@ -542,6 +542,71 @@ def check_one_pass_capture(failures, device):
           flush=True)
 
 
+def check_module_changes(failures, device):
+    """What a trace reads from the module besides tensors, changed after the
+    capture (Note [What a trace reads from the module] in _capture.py): a
+    submodule put in eval mode (its batch norm then on running statistics),
+    a dropout's p, a forward hook added and removed. Each call after a
+    change is captured again and gives eager's loss, gradients and buffers;
+    a forward that counts its calls in a Python attribute is captured once."""
+    nn = torch.nn
+    torch.manual_seed(SEED)
+    model = nn.Sequential(nn.Linear(6, 12), nn.BatchNorm1d(12), nn.ReLU(), nn.Dropout(0.5),
+                          nn.Linear(12, 3)).to(device)
+    eager_model = copy.deepcopy(model)
+    x, y = torch.randn(8, 6, device=device), torch.randint(0, 3, (8,), device=device)
+    step = pt.train_step(model, torch.nn.functional.cross_entropy, (x,), y, policy="dtr",
+                         budget="min", measure="always")
+    halve = lambda module, args, out: out * 0.5  # noqa: E731
+    hooks = {}
+
+    def add_hook(m):
+        hooks[id(m)] = m[0].register_forward_hook(halve)
+    changes = (("as captured", lambda m: None),
+               ("batch norm in eval mode", lambda m: m[1].eval()),
+               ("dropout p=0.2", lambda m: setattr(m[3], "p", 0.2)),
+               ("a forward hook added", add_hook),
+               ("the hook removed", lambda m: hooks[id(m)].remove()))
+    captures = (1, 2, 3, 4, 4)  # (the last finds the third's capture)
+    for k, (label, change) in enumerate(changes):
+        for m in (model, eager_model):
+            change(m)
+            m.zero_grad(set_to_none=True)
+        torch.manual_seed(SEED + k)
+        loss = step(x, y)
+        torch.manual_seed(SEED + k)
+        eager = torch.nn.functional.cross_entropy(eager_model(x), y)
+        eager.backward()
+        failures.check(float(loss) == float(eager),
+                       f"{label}: loss {float(loss)} vs eager {float(eager)}")
+        for (name, a), b in zip(model.state_dict().items(), eager_model.state_dict().values()):
+            failures.check(torch.equal(a, b), f"{label}: buffer or parameter {name} differs")
+        for (name, p), q in zip(model.named_parameters(), eager_model.parameters()):
+            failures.check(relative_error(p.grad, q.grad) <= TOLERANCE,
+                           f"{label}: gradient of {name} differs")
+        failures.check(step.report["shapes_planned"] == captures[k],
+                       f"{label}: {step.report['shapes_planned']} captures, not {captures[k]}")
+        check_memory(failures, label, step.report)
+
+    class Counting(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc, self.calls = nn.Linear(6, 3), 0
+
+        def forward(self, x):
+            self.calls += 1  # Python state: changed by the trace only
+            return self.fc(x)
+    counting = Counting().to(device)
+    step = pt.train_step(counting, torch.nn.functional.cross_entropy, (x,), y)
+    for _ in range(3):
+        counting.zero_grad(set_to_none=True)
+        step(x, y)
+    failures.check(step.report["shapes_planned"] == 1,
+                   f"a forward counting its calls: {step.report['shapes_planned']} captures, "
+                   "not 1")
+    print("module changes after the capture: captured again, eager's numbers", flush=True)
+
+
 def check_eval_mode(failures, device):
     """A module in eval mode (batch norm on running statistics, whose kernels
     return the saved statistics empty) trains with eager's gradients."""
@@ -977,6 +1042,7 @@ def main():
         check_other_shapes(failures, device)
         check_other_layouts(failures, device)
         check_eval_mode(failures, device)
+        check_module_changes(failures, device)
         check_names_like_calls(failures, device)
         check_accumulation(failures, device)
         check_no_garbage(failures, device)

@@ -30,7 +30,7 @@ import torch
 
 from .. import _core
 from ._calibrate import calibrate, estimated
-from ._capture import CaptureError, propagate, trace
+from ._capture import CaptureError, ModuleSettings, propagate, trace
 from ._distributed import (GradientAverage, StepCollectives, agreed, broadcast_module,
                            broadcast_optimizer_state, check_same_call, check_same_collective,
                            check_same_graph, check_same_setup, is_rank_0, measure_link,
@@ -268,6 +268,7 @@ class TrainStep:
         self.grad_norm = None
         self._captures = {}  # signature -> _Capture, shared with replan()'s steps
         self._variants = {}  # signature -> _Variant (its capture and this step's plan)
+        self._run_once = []  # the variants that have run (_find_under_settings_left)
         try:
             self._variant = self._variant_for(inputs, example_target)
             if self.shards is not None:
@@ -452,7 +453,7 @@ class TrainStep:
                 setattr(new, "measure_mode" if key == "measure" else key, options.pop(key))
         if options:
             raise TypeError(f"replan() got unexpected arguments: {', '.join(options)}")
-        new._variants = {}
+        new._variants, new._run_once = {}, []
         if self.collectives is not None:
             new.collectives = self.collectives.derive()
         key = self._variant.key
@@ -476,7 +477,7 @@ class TrainStep:
                                if p.requires_grad and p.grad is not None)
         trainable = frozenset(name for name, p in self.model.named_parameters()
                               if p.requires_grad)
-        return tensors, accumulate, trainable, self.model.training
+        return tensors, accumulate, trainable, ModuleSettings(self.model)
 
     def _variant_for(self, inputs, target, key=None):
         """The variant of these inputs' shapes and layouts (`key`: their
@@ -489,7 +490,19 @@ class TrainStep:
                 self._parameters_on_device()
                 capture = self._captures[key] = _Capture(self, inputs, target, key)
             variant = self._variants[key] = _Variant(self, capture)
+            self._find_under_settings_left(key, variant)
         return variant
+
+    def _find_under_settings_left(self, key, variant):
+        """A forward that changes its module's own attributes (a Python
+        counter) changed them as it was traced, and again where the first run
+        measures the unplanned step (Note [What a trace reads from the
+        module]): the next calls find `variant` (of signature `key`) under the
+        settings they left."""
+        after = key[:-1] + (ModuleSettings(self.model),)
+        if after != key:
+            self._captures.setdefault(after, variant.capture)
+            self._variants.setdefault(after, variant)
 
     @property
     def parameters_may_live_on_host(self):
@@ -528,7 +541,8 @@ class TrainStep:
             refusal = self._hook_refusal() or self._state_refusal()
             if refusal is not None:
                 raise refusal
-            variant = self._variant_for(inputs, target)
+            key = self._signature(inputs, target)
+            variant = self._variant_for(inputs, target, key)
             refusal = self._unapplied_grad_refusal(variant)
             if refusal is not None:
                 raise refusal
@@ -551,9 +565,12 @@ class TrainStep:
             except BaseException as e:
                 self._failure.record(e, in_step=self._in_step())
                 raise
+        if variant not in self._run_once:
+            self._run_once.append(variant)
+            self._find_under_settings_left(key, variant)
         self._variant = variant
         self.report = dict(variant.report)
-        self.report["shapes_planned"] = len(self._variants)
+        self.report["shapes_planned"] = len({id(v) for v in self._variants.values()})
         return loss
 
     def _take_state_shapes(self):

@@ -34,6 +34,75 @@ class CaptureError(ValueError):
     and PyTorch's reason."""
 
 
+# Note [What a trace reads from the module]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# A trace runs the module's Python once: every plain attribute that the
+# forward reads (Dropout's p, a batch norm's momentum and training flag, a
+# constant of the user's) and every forward hook is baked into the graph.
+# Eager PyTorch reads them afresh each call, so a change after the capture
+# (a submodule put in eval mode to freeze its statistics, a dropout
+# schedule, a hook added or removed) must make a new capture, as new shapes
+# do: ModuleSettings is that part of a call's signature. An attribute that
+# the forward itself changes (a Python counter) changes at capture only, as
+# any Python state in a traced forward does.
+
+_PLAIN = (bool, int, float, str, type(None))
+
+
+def _plain(value):
+    """`value` where it is a plain setting (a number, string, None, or a
+    tuple or list of up to 64 of them, as a tuple: a kernel size, not a
+    vocabulary), else None."""
+    if isinstance(value, _PLAIN):
+        return value
+    if isinstance(value, (tuple, list)) and len(value) <= 64 and \
+            all(isinstance(v, _PLAIN) for v in value):
+        return tuple(value)
+    return None
+
+
+def _hook_name(hook):
+    return getattr(hook, "__qualname__", type(hook).__name__)
+
+
+class ModuleSettings:
+    """What a trace of `model` reads from its modules besides tensors (Note
+    [What a trace reads from the module]): each module's plain attributes
+    (its training flag among them) and its forward hooks, with the global
+    ones. Equal in one process where the same hooks are on the same
+    modules; the repr names the hooks, so that ranks compare it."""
+
+    __slots__ = ("attrs", "hooks")
+
+    def __init__(self, model):
+        attrs, hooks = [], []
+        for name, module in model.named_modules():
+            attrs.append((name, tuple((key, _plain(value)) for key, value in vars(module).items()
+                                      if not key.startswith("_") and
+                                      (isinstance(value, _PLAIN) or _plain(value) is not None))))
+            for kind in ("_forward_pre_hooks", "_forward_hooks", "_backward_hooks"):
+                on = getattr(module, kind, None)
+                if on:
+                    hooks.append((name, kind, tuple(on.values())))
+        for kind in ("_global_forward_pre_hooks", "_global_forward_hooks",
+                     "_global_backward_hooks"):
+            on = getattr(torch.nn.modules.module, kind, None)
+            if on:
+                hooks.append(("", kind, tuple(on.values())))
+        self.attrs, self.hooks = tuple(attrs), tuple(hooks)
+
+    def __eq__(self, other):
+        return isinstance(other, ModuleSettings) and self.attrs == other.attrs and \
+            self.hooks == other.hooks
+
+    def __hash__(self):
+        return hash((self.attrs, self.hooks))
+
+    def __repr__(self):
+        hooks = [(name, kind, [_hook_name(h) for h in on]) for name, kind, on in self.hooks]
+        return f"ModuleSettings({self.attrs!r}, {hooks!r})"
+
+
 class Slot:
     """A persistent tensor of the step, as the traced graph takes it.
 
