@@ -38,6 +38,7 @@ as a gradient is complete, while the backward goes on.
 """
 
 import copy
+import functools
 import json
 import math
 import numbers
@@ -443,6 +444,9 @@ class Updates:
             template = like[name] if like is not None and name in like else p
             if self.kind != "sgd" and "step" not in s:
                 s["step"] = torch.tensor(0.0)
+            if self.kind == "sgd" and not self.state_keys_of(name) and \
+                    _sgd_keeps_none_buffers():
+                s.setdefault("momentum_buffer", None)  # as this PyTorch's SGD leaves it
             for key in self.state_keys_of(name):
                 on_host = f"{key}:{name}" in placement.host_state
                 if s.get(key) is None:  # (made where it lives: on the host, not the device)
@@ -757,6 +761,18 @@ def host_homes(updates, schedule, stored, tensors):
 # without allocations]): eager's Python numbers are doubles, so the bits
 # are eager's, and no cast is made.
 
+
+
+@functools.lru_cache(maxsize=None)
+def _sgd_keeps_none_buffers():
+    """Whether this PyTorch's SGD leaves momentum_buffer=None in the state of
+    a parameter whose group has no momentum, after a step (1.13 does; 2.2
+    and later leave no entry): the step's state is then the same."""
+    p = torch.zeros(1, requires_grad=True)
+    p.grad = torch.zeros(1)
+    optimizer = torch.optim.SGD([p], lr=0.1)
+    optimizer.step()
+    return "momentum_buffer" in optimizer.state[p]
 
 
 def _round_bytes(doc, round_to):
