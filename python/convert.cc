@@ -244,6 +244,10 @@ PlannerOptions Options(const py::object& host_budget, const py::object& bandwidt
   return o;
 }
 
+int MilpMaxStagesArg(const py::object& value) {
+  return static_cast<int>(IntArg(value, "milp_max_stages", 0, 100000));
+}
+
 void RankOptions(const py::object& ranks, const py::object& network,
                  const py::object& network_latency, int* ranks_out, NetworkLink* link) {
   *ranks_out = static_cast<int>(IntArg(ranks, "ranks", 1, 1 << 20));

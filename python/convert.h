@@ -112,6 +112,9 @@ PlannerOptions Options(const py::object& host_budget, const py::object& bandwidt
 // Data parallelism's options (scheduler/collectives.h): ranks (an int >=
 // 1), network (None: the default link; a preset's name, or bytes per
 // second) and network_latency (None: the link's; seconds >= 0).
+// PlannerOptions::milp_max_stages from a Python int, 0 to 100000 (0: the
+// defaults), as --milp-max-stages takes it; else ValueError naming it.
+int MilpMaxStagesArg(const py::object& value);
 void RankOptions(const py::object& ranks, const py::object& network,
                  const py::object& network_latency, int* ranks_out, NetworkLink* link);
 // The bucket rule of data parallelism's all-reduces (PlannerOptions::

@@ -65,7 +65,8 @@ PyPlan PlanPy(const py::object& graph_arg, const py::object& policy, const py::o
               const py::object& time_limit, const py::object& seed, const py::object& timeline,
               const py::object& own_order, const py::object& ranks, const py::object& network,
               const py::object& network_latency, const py::object& buckets,
-              const py::object& bucket_copies, const py::object& bucket_alignment) {
+              const py::object& bucket_copies, const py::object& bucket_alignment,
+              const py::object& milp_max_stages) {
   const Graph& graph = GraphArg(graph_arg);
   PlanningCall call;
   PlanRequest request;
@@ -75,6 +76,7 @@ PyPlan PlanPy(const py::object& graph_arg, const py::object& policy, const py::o
   }
   request.budget = SizeText(budget, "budget", kBudgetForms);
   request.options = Options(host_budget, bandwidth, time_limit, seed, own_order);
+  request.options.milp_max_stages = MilpMaxStagesArg(milp_max_stages);
   RankOptions(ranks, network, network_latency, &request.options.ranks, &request.options.network);
   request.options.bucket_bytes = BucketsArg(buckets, request.options.ranks);
   SetBucketCopies(bucket_copies, bucket_alignment, request.options.ranks, request.options);
@@ -102,7 +104,8 @@ py::list ComparePy(const py::object& graph_arg, const py::object& policies,
                    const py::object& seed, const py::object& jobs, const py::object& own_order,
                    const py::object& ranks, const py::object& network,
                    const py::object& network_latency, const py::object& buckets,
-                   const py::object& bucket_copies, const py::object& bucket_alignment) {
+                   const py::object& bucket_copies, const py::object& bucket_alignment,
+                   const py::object& milp_max_stages) {
   const Graph& graph = GraphArg(graph_arg);
   PlanningCall call;
   CompareRequest request;
@@ -116,6 +119,7 @@ py::list ComparePy(const py::object& graph_arg, const py::object& policies,
     }
   }
   request.options = Options(host_budget, bandwidth, time_limit, seed, own_order);
+  request.options.milp_max_stages = MilpMaxStagesArg(milp_max_stages);
   RankOptions(ranks, network, network_latency, &request.options.ranks, &request.options.network);
   request.options.bucket_bytes = BucketsArg(buckets, request.options.ranks);
   SetBucketCopies(bucket_copies, bucket_alignment, request.options.ranks, request.options);
@@ -373,7 +377,7 @@ PYBIND11_MODULE(_core, m) {
         py::arg("timeline") = false, py::arg("own_order") = false, py::arg("ranks") = 1,
         py::arg("network") = py::none(), py::arg("network_latency") = py::none(),
         py::arg("buckets") = py::none(), py::arg("bucket_copies") = "none",
-        py::arg("bucket_alignment") = 1,
+        py::arg("bucket_alignment") = 1, py::arg("milp_max_stages") = 0,
         "Plans `graph` under a policy (default: best-order where the baseline fits, else "
         "hybrid) and a budget (\"60%\", \"2GiB\", \"min\" or bytes); ranks > 1 adds the "
         "gradients' all-reduces over the ranks' network (a preset or bytes/s; "
@@ -383,7 +387,9 @@ PYBIND11_MODULE(_core, m) {
         "reduce-scatters under fsdp-module and fsdp-blocks). bucket_copies='device': the runtime sends "
         "a bucket of several gradients through a flat device copy of them, which the plan "
         "holds (pebble.torch's way), each gradient's place in it rounded up to "
-        "bucket_alignment bytes.");
+        "bucket_alignment bytes. milp_max_stages: the largest graph (needed non-persistent "
+        "nodes) checkmate's MILP and checkmate-lp's LP take (0: 300 and 600), as "
+        "--milp-max-stages.");
   m.def("simulate", &SimulatePy, py::arg("graph"), py::arg("schedule"),
         py::arg("bandwidth") = py::none(), py::arg("timeline") = false, py::arg("ranks") = 1,
         py::arg("network") = py::none(), py::arg("network_latency") = py::none(),
@@ -398,7 +404,7 @@ PYBIND11_MODULE(_core, m) {
         py::arg("jobs") = 0, py::arg("own_order") = false, py::arg("ranks") = 1,
         py::arg("network") = py::none(), py::arg("network_latency") = py::none(),
         py::arg("buckets") = py::none(), py::arg("bucket_copies") = "none",
-        py::arg("bucket_alignment") = 1,
+        py::arg("bucket_alignment") = 1, py::arg("milp_max_stages") = 0,
         "Every policy at every budget: one dict a row, the rows of `compare --format json`.");
   m.def("fit", &FitPy, py::arg("model"), py::arg("vary"), py::arg("budget"),
         py::arg("policies") = py::none(), py::arg("start") = 1, py::arg("max") = 0,

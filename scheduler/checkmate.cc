@@ -946,7 +946,8 @@ absl::StatusOr<CheckmateResult> SolveCheckmateMilp(const Graph& graph,
   if (g.n() > cap) {
     return absl::InvalidArgumentError(absl::StrCat(
         "checkmate: the graph has ", g.n(), " needed non-persistent nodes; the MILP takes at most ",
-        cap, " (--milp-max-stages raises the cap; or use checkmate-lp, or a heuristic policy)"));
+        cap, " (--milp-max-stages, or milp_max_stages in Python, raises the cap; or use checkmate-lp, "
+        "or a heuristic policy)"));
   }
   CheckmateResult result;
   const bool min_budget = options.budget_bytes == kMinBudgetBytes;
@@ -1123,7 +1124,8 @@ absl::StatusOr<CheckmateResult> SolveCheckmateLp(const Graph& graph,
   if (g.n() > cap) {
     return absl::InvalidArgumentError(absl::StrCat(
         "checkmate-lp: the graph has ", g.n(), " needed non-persistent nodes; the LP takes at most ",
-        cap, " (--milp-max-stages raises the cap; or use a heuristic policy)"));
+        cap, " (--milp-max-stages, or milp_max_stages in Python, raises the cap; or use a heuristic "
+        "policy)"));
   }
   CheckmateResult result;
   const bool min_budget = options.budget_bytes == kMinBudgetBytes;

@@ -206,6 +206,22 @@ class PlanTest(unittest.TestCase):
             pebble.plan(self.graph, budget=1.5)
         with self.assertRaises(ValueError):
             pebble.plan(self.graph, time_limit=0)
+        with self.assertRaises(ValueError):
+            pebble.plan(self.graph, milp_max_stages=-1)
+
+    def test_milp_max_stages_is_the_command_lines(self):
+        # Lowered below the graph's size, checkmate-lp refuses it as the
+        # command line does, naming both ways to raise the cap.
+        with self.assertRaises(ValueError) as e:
+            pebble.plan(self.graph, policy="checkmate-lp", milp_max_stages=10)
+        self.assertEqual(str(e.exception),
+                         cli_error("plan", "--model", MODEL, "--policy", "checkmate-lp",
+                                   "--milp-max-stages", "10"))
+        self.assertIn("--milp-max-stages, or milp_max_stages in Python, raises the cap",
+                      str(e.exception))
+        rows = pebble.compare(self.graph, policies=["checkmate-lp"], budgets=["min"],
+                              milp_max_stages=10)
+        self.assertIn("the LP takes at most 10 (--milp-max-stages", rows[0]["error"])
 
     def test_simulate_equals_the_cli_and_names_a_bad_step(self):
         p = pebble.plan(self.graph, policy="rotor", budget="70%")

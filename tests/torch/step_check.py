@@ -781,6 +781,30 @@ def check_errors(failures, device):
         failures.check(False, "a bare-number budget under 1024 was accepted")
     except ValueError as e:
         failures.check("did you mean '60%' or '60B'" in str(e), f"bare numbers are refused: {e}")
+    # A policy's refusal of the graph is a PlanError naming the option that
+    # lifts it; arguments out of range, a negative percentage and an unknown
+    # policy are plain ValueErrors, raised before anything is planned.
+    linear = torch.nn.Linear(4, 4).to(device)
+    for kwargs, error, says in (
+            (dict(policy="checkmate-lp", milp_max_stages=2), pt.PlanError,
+             "the LP takes at most 2 (--milp-max-stages, or milp_max_stages in Python"),
+            (dict(milp_max_stages=-1), ValueError, "milp_max_stages must be a whole number"),
+            (dict(budget="-5%"), ValueError, "a percentage must not be negative"),
+            (dict(policy="rotr"), ValueError, "did you mean 'rotor'?")):
+        try:
+            pt.train_step(linear, torch.nn.functional.mse_loss, x, y, **kwargs)
+            failures.check(False, f"{kwargs} was accepted")
+        except ValueError as e:
+            failures.check(type(e) is error and says in str(e),
+                           f"{kwargs}: {type(e).__name__}: {e}")
+    step = pt.train_step(linear, torch.nn.functional.mse_loss, x, y)
+    try:
+        step.replan(policy="checkmate-lp", milp_max_stages=2)
+        failures.check(False, "replan: checkmate-lp past its cap was accepted")
+    except pt.PlanError as e:
+        failures.check("milp_max_stages" in str(e), f"replan past checkmate-lp's cap: {e}")
+    failures.check(step.replan(policy="checkmate-lp", milp_max_stages=50).plan.policy ==
+                   "checkmate-lp", "replan: a cap raised to the graph's size did not plan")
     try:
         pt.train_step(torch.nn.Linear(4, 4).to(device), torch.nn.functional.mse_loss, x, y,
                       policy="swap", host_budget="1GiB")

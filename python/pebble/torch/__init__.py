@@ -50,6 +50,32 @@ class PlanError(ValueError):
     """The policy cannot fit the step in the budget (or cannot plan it)."""
 
 
+def _check_plan_options(options):
+    """ValueError for a policy that pebble does not know, or a milp_max_stages
+    out of its range, before anything is planned: a ValueError that planning
+    raises after these checks is the policy's refusal (_policy_plan)."""
+    policy = options.get("policy")
+    if policy is not None:
+        names = [p["name"] for p in _core.policies()]
+        if not isinstance(policy, str) or policy not in names:
+            # (pebble's own message: the nearest name, the known ones)
+            _core.plan(_core.model("path:n=2"), policy=policy)
+    stages = options.get("milp_max_stages", 0)
+    if isinstance(stages, bool) or not isinstance(stages, int) or not 0 <= stages <= 100000:
+        raise ValueError(f"milp_max_stages must be a whole number from 0 to 100000 (0: "
+                         f"checkmate's 300 stages, checkmate-lp's 600), not {stages!r}")
+
+
+def _policy_plan(graph, kwargs):
+    """_core.plan(graph, **kwargs), where a refusal of the policy (checkmate's
+    cap on the graph's size, a policy that needs a sharded graph) is a
+    PlanError, as a budget it cannot fit is."""
+    try:
+        return _core.plan(graph, **kwargs)
+    except ValueError as e:
+        raise PlanError(str(e)) from None
+
+
 def train_step(model, loss_fn, example_inputs, example_target, policy=None, budget="100%",
                **options):
     """A callable training step of `model` under a pebble plan; see TrainStep."""
@@ -78,7 +104,9 @@ class TrainStep:
         it at capture, above the memory held before the step), "6GiB" (the
         whole device memory of the step: parameters, buffers, batch and
         gradients included), "min" (the least the policy reaches) or bytes.
-      host_budget, bandwidth, time_limit, seed: as pebble.plan takes them.
+      host_budget, bandwidth, time_limit, seed, milp_max_stages: as
+        pebble.plan takes them (milp_max_stages: checkmate's and
+        checkmate-lp's cap on the graph's size).
       calibrate: time and measure each operator once at capture (True), or
         estimate from sizes (False).
       measure: "first" (the allocator measures the first call of each shape;
@@ -199,7 +227,7 @@ class TrainStep:
                  optimizer_state=None, optimizer_updates="device", optimizer_gradients=None,
                  process_group=None, shard="none", network=None, network_latency=None,
                  buckets="auto", optimizer_parameters="device", param_init=None,
-                 max_grad_norm=None, grad_norm_type=2.0):
+                 max_grad_norm=None, grad_norm_type=2.0, milp_max_stages=0):
         self.process_group = _checked_group(process_group)
         # Each rank's own checks, then (Note [One plan on every rank]) the
         # ranks agree on them and on what decides the collectives that follow,
@@ -210,7 +238,8 @@ class TrainStep:
             inputs, optimizer_gradients = self._take_arguments(
                 model, loss_fn, example_inputs, example_target, shard, param_init,
                 dict(policy=policy, budget=budget, host_budget=host_budget,
-                     bandwidth=bandwidth, time_limit=time_limit, seed=seed),
+                     bandwidth=bandwidth, time_limit=time_limit, seed=seed,
+                     milp_max_stages=milp_max_stages),
                 calibrate, measure, allow_cpu_offload, optimizer, optimizer_state,
                 optimizer_updates, optimizer_gradients, optimizer_parameters, max_grad_norm,
                 grad_norm_type)
@@ -338,6 +367,7 @@ class TrainStep:
         if measure not in ("first", "always", "never"):
             raise ValueError("measure must be 'first', 'always' or 'never', not "
                              f"{measure!r}")
+        _check_plan_options(options)
         self.model = model
         self.loss_fn = loss_fn
         self.options = options
@@ -445,9 +475,10 @@ class TrainStep:
         new = object.__new__(TrainStep)
         new.__dict__.update(self.__dict__)
         new.options = dict(self.options, policy=policy, budget=budget)
-        for key in ("host_budget", "bandwidth", "time_limit", "seed"):
+        for key in ("host_budget", "bandwidth", "time_limit", "seed", "milp_max_stages"):
             if key in options:
                 new.options[key] = options.pop(key)
+        _check_plan_options(new.options)
         for key in ("measure", "allow_cpu_offload"):
             if key in options:
                 setattr(new, "measure_mode" if key == "measure" else key, options.pop(key))
@@ -945,7 +976,7 @@ class _Variant:
             host_budget = 0
         kwargs = dict(policy=policy, budget=budget, host_budget=host_budget,
                       bandwidth=options["bandwidth"], time_limit=options["time_limit"],
-                      seed=options["seed"])
+                      seed=options["seed"], milp_max_stages=options["milp_max_stages"])
         group = self.step.process_group
         # The gradients' all-reduces (Note [Gradients averaged as they complete]).
         if group is not None:
@@ -963,12 +994,12 @@ class _Variant:
         graph = self.graph  # the graph without order tokens where there is one
         if self.capture.free_graph is not self.capture.graph:
             graph = self._whole_step(self.capture.free_graph)
-        plan = _core.plan(graph, **kwargs)
+        plan = _policy_plan(graph, kwargs)
         if plan.feasible and not self._draws_in_eager_order(plan):
             # Note [Random calls in eager's order]: the graph whose tokens
             # order the random calls.
             graph = self.graph
-            plan = _core.plan(graph, **kwargs)
+            plan = _policy_plan(graph, kwargs)
             info["order"] = "planned with random calls ordered as eager draws them"
             if plan.feasible and not self._draws_in_eager_order(plan):
                 raise PlanError(f"internal: policy {plan.policy} computes random operators "
@@ -1096,6 +1127,8 @@ class _Variant:
                 percent = float(budget.strip()[:-1])
             except ValueError:
                 raise ValueError(f"budget {budget!r} is not a percentage") from None
+            if percent < 0:
+                raise ValueError(f"budget {budget!r}: a percentage must not be negative")
             if not (percent >= 0) or percent == float("inf"):
                 raise ValueError(f"budget {budget!r} is not a percentage")
             step_bytes = int(reference * percent / 100)
