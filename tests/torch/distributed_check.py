@@ -426,9 +426,9 @@ def check_sharded(torch, pt, dist, rank, ranks, kind, policy, tokens=False, buck
     if any(p.numel() != 0 or p.grad is not None for p in model.parameters()):
         failures.append(f"{what}: the module's parameters hold memory between steps")
     for p in model.parameters():
-        for key, t in opt.state[p].items():
-            if key != "step" and t.numel() != -(-whole.state_dict()[_name(model, p)].numel()
-                                                // ranks):
+        for key, t in opt.state[p].items():  # (1.13's SGD: momentum_buffer None without momentum)
+            if key != "step" and t is not None and \
+                    t.numel() != -(-whole.state_dict()[_name(model, p)].numel() // ranks):
                 failures.append(f"{what}: the optimizer's {key} is {tuple(t.shape)}, not a shard")
     return failures + differs_from_eager(step, whole, len(data), what)
 
@@ -971,7 +971,9 @@ def check_offloaded_shards(step, opt, model, state, updates, parameters, what):
         failures.append(f"{what}: {on_host} parameter shards on the host between steps")
     placed, ran = r["optimizer_state"], r["optimizer_updates"]
     # (Adam's step count stays where torch.optim keeps it: a tensor of its own)
-    tensors = sum(1 for p in model.parameters() for key in opt.state[p] if key != "step")
+    # (and 1.13's SGD keeps momentum_buffer=None without momentum: no tensor)
+    tensors = sum(1 for p in model.parameters() for key, t in opt.state[p].items()
+                  if key != "step" and t is not None)
     if state == "host" and placed["host_tensors"] < tensors:
         failures.append(f"{what}: the state's home is the host, but {placed}")
     if state == "auto" and not placed["host_tensors"] > 0:  # (at the least peak)

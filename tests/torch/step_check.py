@@ -790,14 +790,22 @@ def check_errors(failures, device):
              "the LP takes at most 2 (--milp-max-stages, or milp_max_stages in Python"),
             (dict(milp_max_stages=-1), ValueError, "milp_max_stages must be a whole number"),
             (dict(budget="-5%"), ValueError, "a percentage must not be negative"),
-            (dict(policy="rotr"), ValueError, "did you mean 'rotor'?")):
+            (dict(policy="rotr"), ValueError, "did you mean 'rotor'?"),
+            # (eager's backward would fill x.grad: adversarial training)
+            (dict(x=x.clone().requires_grad_()), ValueError,
+             "example input 0 requires grad: the step computes the parameters' gradients only")):
         try:
-            pt.train_step(linear, torch.nn.functional.mse_loss, x, y, **kwargs)
+            pt.train_step(linear, torch.nn.functional.mse_loss, kwargs.pop("x", x), y, **kwargs)
             failures.check(False, f"{kwargs} was accepted")
         except ValueError as e:
             failures.check(type(e) is error and says in str(e),
                            f"{kwargs}: {type(e).__name__}: {e}")
     step = pt.train_step(linear, torch.nn.functional.mse_loss, x, y)
+    try:
+        step(x.clone().requires_grad_(), y)
+        failures.check(False, "a call with an input that requires grad was accepted")
+    except ValueError as e:
+        failures.check("input 0 requires grad" in str(e), f"an input requiring grad: {e}")
     try:
         step.replan(policy="checkmate-lp", milp_max_stages=2)
         failures.check(False, "replan: checkmate-lp past its cap was accepted")

@@ -395,6 +395,8 @@ class TrainStep:
                                 grad_norm_type)
                         if optimizer is not None else None)
         inputs = _as_tuple(example_inputs, "example_inputs")
+        for k, t in enumerate(inputs):
+            _check_tensor_arg(t, f"example input {k}")
         _check_tensor_arg(example_target, "example_target")
         self.device = _device_of(model, inputs + (example_target,))  # (meta: the inputs')
         if self.updates is not None:
@@ -1533,6 +1535,11 @@ def _layout(t):
 def _check_tensor_arg(t, what):
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{what} must be a tensor, not {type(t).__name__}")
+    if t.requires_grad:
+        raise ValueError(f"{what} requires grad: the step computes the parameters' gradients "
+                         "only, so it would neither fill its .grad nor carry the backward "
+                         "into what made it, as eager's backward() does; give it detached "
+                         "(x.detach()), and take its gradient outside the step")
 
 
 def _device_of(model, tensors):
