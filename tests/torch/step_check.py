@@ -800,6 +800,13 @@ def check_errors(failures, device):
         except ValueError as e:
             failures.check(type(e) is error and says in str(e),
                            f"{kwargs}: {type(e).__name__}: {e}")
+    # pt.measure on a device it cannot measure: refused, not measured on the CPU.
+    for bad in ("xpu",) + (() if torch.cuda.is_available() else ("cuda",)):
+        try:
+            pt.measure(lambda: torch.zeros(4), device=bad)
+            failures.check(False, f"pt.measure on {bad} was accepted")
+        except ValueError as e:
+            failures.check(f"device '{bad}'" in str(e), f"pt.measure on {bad}: {e}")
     step = pt.train_step(linear, torch.nn.functional.mse_loss, x, y)
     try:
         step(x.clone().requires_grad_(), y)

@@ -34,6 +34,11 @@ class AllocatorPeak:
         """collect: run the garbage collector first (see __enter__); a caller
         that measures many small blocks in a row collects once itself."""
         self.device = torch.device(device)
+        if self.device.type not in ("cpu", "cuda"):
+            raise ValueError(f"device {str(self.device)!r}: pebble.torch measures the memory of "
+                             "the CPU and CUDA devices")
+        if self.device.type == "cuda" and not torch.cuda.is_available():
+            raise ValueError(f"device {str(self.device)!r}: this PyTorch sees no CUDA device")
         self.collect = collect
         self.peak_bytes = None
         self.source = None
