@@ -77,13 +77,18 @@ class ModuleSettings:
     def __init__(self, model):
         attrs, hooks = [], []
         for name, module in model.named_modules():
-            attrs.append((name, tuple((key, _plain(value)) for key, value in vars(module).items()
-                                      if not key.startswith("_") and
-                                      (isinstance(value, _PLAIN) or _plain(value) is not None))))
+            plain = []
+            for key, value in module.__dict__.items():
+                if key[0] == "_":
+                    continue  # (parameters, buffers, submodules, hooks)
+                value = _plain(value)
+                if value is not None or module.__dict__[key] is None:
+                    plain.append((key, value))
+            attrs.append((name, tuple(plain)))
+            on = module.__dict__
             for kind in ("_forward_pre_hooks", "_forward_hooks", "_backward_hooks"):
-                on = getattr(module, kind, None)
-                if on:
-                    hooks.append((name, kind, tuple(on.values())))
+                if on.get(kind):
+                    hooks.append((name, kind, tuple(on[kind].values())))
         for kind in ("_global_forward_pre_hooks", "_global_forward_hooks",
                      "_global_backward_hooks"):
             on = getattr(torch.nn.modules.module, kind, None)
