@@ -37,6 +37,7 @@ import sys
 import time
 import traceback
 import types
+import warnings
 
 # Deterministic cuBLAS on a GPU (torch.use_deterministic_algorithms below
 # asks for it); read when CUDA starts, so set before torch is imported.
@@ -568,12 +569,19 @@ def check_module_changes(failures, device):
                ("a forward hook added", add_hook),
                ("the hook removed", lambda m: hooks[id(m)].remove()))
     captures = (1, 2, 3, 4, 4)  # (the last finds the third's capture)
+    warns = ("", "", "3.p: 0.5 -> 0.2", "hooks on '0'", "")  # (modes alone: silent)
     for k, (label, change) in enumerate(changes):
         for m in (model, eager_model):
             change(m)
             m.zero_grad(set_to_none=True)
         torch.manual_seed(SEED + k)
-        loss = step(x, y)
+        with warnings.catch_warnings(record=True) as warned:
+            warnings.simplefilter("always")
+            loss = step(x, y)
+        # A capture that the change calls for names it in a warning.
+        said = " ".join(str(w.message) for w in warned)
+        failures.check(warns[k] in said if warns[k] else not said,
+                       f"{label}: warned {said!r}, not of {warns[k]!r}")
         torch.manual_seed(SEED + k)
         eager = torch.nn.functional.cross_entropy(eager_model(x), y)
         eager.backward()

@@ -25,6 +25,7 @@ import json
 import math
 import time
 import uuid
+import warnings
 
 import torch
 
@@ -520,11 +521,31 @@ class TrainStep:
         if variant is None:
             capture = self._captures.get(key)
             if capture is None:
+                self._warn_of_settings_changed(key)
                 self._parameters_on_device()
                 capture = self._captures[key] = _Capture(self, inputs, target, key)
             variant = self._variants[key] = _Variant(self, capture)
             self._find_under_settings_left(key, variant)
         return variant
+
+    def _warn_of_settings_changed(self, key):
+        """A capture that only the module's settings call for (Note [What a
+        trace reads from the module]) costs a trace and a plan: a warning
+        names what changed, so that an attribute set at every step (an
+        iteration counter on the module) shows as the cause. A change of
+        training modes alone is expected, and silent."""
+        before = next((k[-1] for k in reversed(self._captures) if k[:-1] == key[:-1]), None)
+        if before is None:
+            return
+        changes = key[-1].changes_from(before)
+        # (train and eval modes are expected to alternate: each is captured once)
+        attributes = [change.partition(":")[0] for change in changes]
+        if any(a != "training" and not a.endswith(".training") for a in attributes):
+            shown = "; ".join(changes[:3]) + (f"; and {len(changes) - 3} more"
+                                              if len(changes) > 3 else "")
+            warnings.warn(f"pebble.torch: the module changed since its last capture ({shown}): "
+                          "captured and planned again. An attribute that changes at every "
+                          "step is better a buffer or an input", stacklevel=4)
 
     def _find_under_settings_left(self, key, variant):
         """A forward that changes its module's own attributes (a Python

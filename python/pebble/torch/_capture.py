@@ -107,6 +107,25 @@ class ModuleSettings:
         hooks = [(name, kind, [_hook_name(h) for h in on]) for name, kind, on in self.hooks]
         return f"ModuleSettings({self.attrs!r}, {hooks!r})"
 
+    def changes_from(self, before):
+        """What differs from `before` (another ModuleSettings of the same
+        module), as "layer1.0.bn1.training: True -> False" and "hooks on
+        'fc'" lines."""
+        old = {(name, key): value for name, items in before.attrs for key, value in items}
+        new = {(name, key): value for name, items in self.attrs for key, value in items}
+        lines = [f"{name + '.' if name else ''}{key}: {old.get((name, key), '(none)')!r} -> "
+                 f"{new.get((name, key), '(none)')!r}"
+                 for name, key in sorted(set(old) | set(new))
+                 if (name, key) not in old or (name, key) not in new or
+                 old[(name, key)] is not new[(name, key)] and
+                 old[(name, key)] != new[(name, key)]]
+        old_hooks = {(name, kind): on for name, kind, on in before.hooks}
+        new_hooks = {(name, kind): on for name, kind, on in self.hooks}
+        hooked = {name for name, kind in set(old_hooks) | set(new_hooks)
+                  if old_hooks.get((name, kind)) != new_hooks.get((name, kind))}
+        return lines + [f"hooks on '{name}'" if name else "global hooks"
+                        for name in sorted(hooked)]
+
 
 class Slot:
     """A persistent tensor of the step, as the traced graph takes it.
