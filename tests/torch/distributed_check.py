@@ -275,23 +275,25 @@ def check_shared_storage(torch, pt, dist, rank, ranks, buckets="auto", budget="m
 
 def check_training(torch, pt, dist, rank, ranks, kind, updates, buckets="auto",
                    budget="min", gradients=None, parameters="device", clip=None,
-                   policy="rotor"):
+                   policy="rotor", dtype=None):
     """Five steps with the optimizer in the plan against DDP's; `clip`: the
     gradients clipped to that norm in the plan (max_grad_norm; or
     (max_grad_norm, grad_norm_type)), and DDP's averaged ones by
-    clip_grad_norm_ after its backward."""
+    clip_grad_norm_ after its backward; `dtype`: the model's and inputs'
+    (float32 by default)."""
     failures = []
     clip, norm_type = clip if isinstance(clip, tuple) else (clip, 2.0)
     what = (f"{kind}, updates on the {updates}, gradients {gradients}, parameters on the "
             f"{parameters}, buckets {buckets}" + (f", clipped to {clip} under {policy}"
-                                                  if clip is not None else ""))
+                                                  if clip is not None else "")
+            + (f", {dtype}" if dtype is not None else ""))
     torch.manual_seed(0)
-    model = make_model(torch)
+    model = make_model(torch).to(dtype or torch.float32)
     ddp_model = copy.deepcopy(model)
     opt = optimizer(torch, kind, model.parameters())
     ddp = torch.nn.parallel.DistributedDataParallel(ddp_model)
     ddp_opt = optimizer(torch, kind, ddp.parameters())
-    data = batches(torch, ranks, 5)
+    data = [(x.to(dtype or x.dtype), y) for x, y in batches(torch, ranks, 5)]
     loss_fn = torch.nn.functional.cross_entropy
     x0, y0 = data[0]
     step = pt.train_step(model, loss_fn, (mine(x0, rank),), mine(y0, rank), optimizer=opt,
@@ -362,16 +364,17 @@ def make_token_model(torch):
 
 
 def check_sharded(torch, pt, dist, rank, ranks, kind, policy, tokens=False, buckets="auto",
-                  state=None, updates="device", parameters="device", clip=None):
+                  state=None, updates="device", parameters="device", clip=None, dtype=None):
     """shard="full": the parameters of eager training on the whole batch, on
     every rank, and the measured peak the plan's; with the optimizer's state,
     updates and parameter shards where `state`, `updates` and `parameters`
     say (ZeRO-Offload on shards, ZeRO-Infinity's parameters on the host);
     `clip`: (max_grad_norm, grad_norm_type), eager clipping by
-    clip_grad_norm_ on the whole batch's gradients."""
+    clip_grad_norm_ on the whole batch's gradients; `dtype`: the model's and
+    inputs' (float32 by default; not with tokens)."""
     failures = []
     torch.manual_seed(0)
-    model = make_token_model(torch) if tokens else make_model(torch)
+    model = make_token_model(torch) if tokens else make_model(torch).to(dtype or torch.float32)
     whole = copy.deepcopy(model)
     def make(params):
         if kind == "adam":
@@ -381,7 +384,8 @@ def check_sharded(torch, pt, dist, rank, ranks, kind, policy, tokens=False, buck
             return torch.optim.Adam(params, lr=1e-2, eps=1e-3, foreach=False)
         return optimizer(torch, kind, params)
     opt, whole_opt = make(model.parameters()), make(whole.parameters())
-    data = token_batches(torch, ranks, 5) if tokens else batches(torch, ranks, 5)
+    data = token_batches(torch, ranks, 5) if tokens else \
+        [(x.to(dtype or x.dtype), y) for x, y in batches(torch, ranks, 5)]
     loss_fn = torch.nn.functional.cross_entropy
     x0, y0 = data[0]
     # The token model's plan takes a given link (no measurement).
@@ -397,7 +401,8 @@ def check_sharded(torch, pt, dist, rank, ranks, kind, policy, tokens=False, buck
                                                          grad_norm_type=clip[1])))
     what = (f"sharded, {'tokens, ' if tokens else ''}{kind}, {policy}, buckets {buckets}"
             + (f", state {state}, updates {updates}, parameters {parameters}" if offload else "")
-            + (f", clipped to {clip[0]} ({clip[1]}-norm)" if clip else ""))
+            + (f", clipped to {clip[0]} ({clip[1]}-norm)" if clip else "")
+            + (f", {dtype}" if dtype is not None else ""))
     failures += step_beside_eager(step, whole, whole_opt, loss_fn, data, rank, what, clip)
     if offload:
         failures += check_offloaded_shards(step, opt, model, state, updates, parameters, what)
@@ -1712,6 +1717,11 @@ def checks(torch, pt, dist, rank, ranks):
     # DDP's rule: buckets of several gradients, each through a flat copy.
     failures += check_training(torch, pt, dist, rank, ranks, "adam", "device", buckets="25MiB",
                                budget="1MiB")
+    # float64: each gradient divided by a held divisor of its own dtype (one
+    # of float32 was cast at each division: 8 bytes above the plan).
+    if every:
+        failures += check_training(torch, pt, dist, rank, ranks, "adam", "device",
+                                   buckets="25MiB", budget="1MiB", dtype=torch.float64)
     for kind, policy in (("adam", "fsdp"), ("adam", "dtr"), ("adam", "fsdp-module")):
         failures += check_sharded(torch, pt, dist, rank, ranks, kind, policy)
     # Each gather and reduce-scatter its own message.
@@ -1738,6 +1748,9 @@ def checks(torch, pt, dist, rank, ranks):
                                   state="host")
         failures += check_sharded(torch, pt, dist, rank, ranks, "adam", "fsdp",
                                   clip=(0.2, 2.0))
+        # (a float64 shard's norm: vector_norm refused to narrow it to float32)
+        failures += check_sharded(torch, pt, dist, rank, ranks, "adam", "fsdp",
+                                  clip=(0.2, 2.0), dtype=torch.float64)
         failures += check_sharded(torch, pt, dist, rank, ranks, "adam", "hybrid", tokens=True,
                                   state="auto", updates="auto", clip=(0.3, 2.0))
     # ZeRO-Infinity's parameters on the host: each rank's shards live there

@@ -607,7 +607,12 @@ class TrainStep:
             # settings), a state the step cannot take, a capture or plan
             # that fails.
             key = self._signature(inputs, target)
-            check_same_call((key, _optimizer_settings(self.updates and self.updates.optimizer)),
+            check_same_call({"shapes, dtypes or layouts": key[0], "gradients held": key[1],
+                             "trainable parameters": key[2],
+                             "module settings (modes, attributes such as a dropout's p, "
+                             "hooks)": key[3],
+                             "optimizer settings (a learning rate, say)":
+                             _optimizer_settings(self.updates and self.updates.optimizer)},
                             self.process_group,
                             self._shared_refusal() or self._hook_refusal() or
                             self._state_refusal() or self._unapplied_grad_refusal(
@@ -961,7 +966,9 @@ class _Variant:
                 + self.placement.resident_state_bytes)
         self.program = Program(self.graph_nodes, schedule, self.device,
                                foreign=foreign, rebind=self._rebind,
-                               sync=GradientAverage(step.collectives) if averaged else None,
+                               sync=GradientAverage(step.collectives, {
+                                   p.dtype for p in step.model.parameters() if p.requires_grad})
+                               if averaged else None,
                                collectives=step.collectives)
         # The parameters that live on the host between steps (Note
         # [Parameters that live on the host] in _executor.py).
@@ -1488,6 +1495,9 @@ def _checked_buckets(buckets, group, shard):
     if group is None:
         raise ValueError(f"buckets={buckets!r}: buckets group the collectives of several "
                          "ranks: give a process_group")
+    if text not in ("none", "0", "0b"):
+        # (pebble's own parse of a size, on a graph of two nodes: its message)
+        _core.plan(_core.model("path:n=2"), policy="baseline", ranks=2, buckets=buckets)
     if shard != "none" and text not in ("none", "0", "0b"):
         raise ValueError(f"buckets={buckets!r}: a bucket cap groups the all-reduces of data "
                          "parallelism (shard='none'); a sharded step takes 'auto' (gathers and "

@@ -30,13 +30,20 @@ def hold_divisors(ranks, dtypes):
     """Makes the divisors of `ranks` for gradients of `dtypes` before a step
     is traced and measured."""
     for dtype in dtypes:
-        _DIVISORS.setdefault((ranks, dtype), torch.full((), float(ranks), dtype=dtype))
+        if (ranks, dtype) not in _DIVISORS:  # (setdefault would make one at every call)
+            _DIVISORS[(ranks, dtype)] = torch.full((), float(ranks), dtype=dtype)
+
+
+def divisor(ranks, dtype):
+    """The held divisor of `ranks` for a gradient of `dtype` (made here where
+    hold_divisors did not make it)."""
+    hold_divisors(ranks, [dtype])
+    return _DIVISORS[(ranks, dtype)]
 
 
 def _kernel(gradient, ranks):
-    hold_divisors(ranks, [gradient.dtype])  # (held already where a step was traced)
     out = torch.empty(gradient.shape, dtype=gradient.dtype, device=gradient.device)
-    return torch.div(gradient, _DIVISORS[(ranks, gradient.dtype)], out=out)
+    return torch.div(gradient, divisor(ranks, gradient.dtype), out=out)
 
 
 def _meta(gradient, ranks):

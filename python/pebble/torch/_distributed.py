@@ -47,6 +47,7 @@ import weakref
 
 import torch
 
+from ._collective_ops import divisor, hold_divisors
 from ._compat import free_storage
 from ._executor import PlanExecutionError
 
@@ -95,12 +96,15 @@ class GradientAverage:
     waited for through `collectives` (a StepCollectives; Note [Gradients
     averaged as they complete])."""
 
-    def __init__(self, collectives):
+    def __init__(self, collectives, dtypes):
+        """dtypes: those of the gradients, whose divisors are held from here."""
         self.collectives = collectives
         self.ranks = collectives.ranks
         # Note [Scalars without allocations] (_optimizer.py): a held 0-dim
-        # tensor, not a Python number, divides.
-        self._ranks = torch.full((), float(self.ranks))
+        # tensor of the gradient's dtype, not a Python number, divides (one
+        # of another dtype is cast at each division: 8 bytes above the plan
+        # for a float64 gradient).
+        hold_divisors(self.ranks, dtypes)
         # storage root index -> [work or _Bucket in flight on that storage]
         self.pending = {}
 
@@ -141,7 +145,7 @@ class GradientAverage:
         return bucket.nbytes
 
     def _all_reduce(self, tensor):
-        tensor.div_(self._ranks)
+        tensor.div_(divisor(self.ranks, tensor.dtype))
         return self.collectives.all_reduce(tensor, "the all-reduce of a gradient")
 
     def settle(self, root_index):
@@ -277,8 +281,14 @@ class CollectiveFailed(PlanExecutionError):
 
 def _failed(e, what="the all-reduce of a gradient"):
     lines = str(e).strip().splitlines()
+    first = lines[0] if lines else repr(e)
+    if "Invalid scalar type" in first:  # (refused where it is called: on every rank alike)
+        return CollectiveFailed(f"{what} failed: the process group's backend cannot carry a "
+                                "dtype of the step's tensors (PyTorch 1.13's gloo has no "
+                                "bfloat16 collectives: train in float32 or float16 there, or "
+                                f"on NCCL): {first}")
     return CollectiveFailed(f"{what} failed (a rank stopped, or the process group timed "
-                            f"out): {lines[0] if lines else e!r}")
+                            f"out): {first}")
 
 
 def _collective(what, call, *args, **kwargs):
@@ -690,19 +700,27 @@ def agreed(make, group):
     return value
 
 
-def check_same_call(signature, group, error=None):
+def check_same_call(parts, group, error=None):
     """PlanExecutionError unless every rank of `group` makes a call of the same
-    signature (shapes, dtypes, gradients held, training mode, the optimizer's
-    settings): a rank that
-    planned alone for other shapes would pair its collectives with the
-    others' wrongly. `error`: this rank's refusal of the call, or None
-    (raised as agree does, on every rank)."""
-    differing = _ranks_differing(signature, group, "calls", error, call="the step")
-    if differing:
-        raise PlanExecutionError(
-            f"ranks {differing} call the step with other shapes, gradients held, training "
-            "mode or optimizer settings (a learning rate, say) than rank 0: every rank must "
-            "make the same calls (equal slices of the batch, the same optimizer settings)")
+    signature, `parts` ({what: value}: the shapes, dtypes and layouts, the
+    gradients held, the module's settings, the optimizer's settings): a rank
+    that planned alone for other shapes would pair its collectives with the
+    others' wrongly. The error names the parts that differ. `error`: this
+    rank's refusal of the call, or None (raised as agree does, on every
+    rank)."""
+    import torch.distributed as dist
+    differing = _ranks_differing(parts, group, "calls", error, call="the step")
+    if not differing:
+        return
+    mine = {what: hashlib.sha256(repr(_canonical(value)).encode()).hexdigest()
+            for what, value in parts.items()}
+    reports = [None] * dist.get_world_size(group)
+    _collective("comparing the ranks' calls", dist.all_gather_object, reports, mine, group=group)
+    differ = [what for what in parts if any(r[what] != reports[0][what] for r in reports)]
+    raise PlanExecutionError(
+        f"ranks {differing} call the step with other {' and '.join(differ)} than rank 0: every "
+        "rank must make the same calls (equal slices of the batch, the same module and "
+        "optimizer settings)")
 
 
 def check_same_collective(what, group, error=None):
@@ -770,6 +788,8 @@ def _canonical(value):
         return sorted(_canonical(v) for v in value)
     if isinstance(value, (tuple, list)):
         return type(value)(_canonical(v) for v in value)
+    if isinstance(value, dict):  # (in its own order: insertion's)
+        return {k: _canonical(v) for k, v in value.items()}
     return value
 
 

@@ -724,7 +724,10 @@ CLIP_KINDS = ("clip_part", "clip_local", "clip_total", "grad_norm", "clip")
 
 
 def clip_part(g, p):
-    """A gradient shard's p-norm, in float32 (FSDP's)."""
+    """A gradient shard's p-norm, in float32 (FSDP's): a float64 shard's is
+    taken in float64 and rounded (vector_norm's dtype= refuses narrowing)."""
+    if g.dtype == torch.float64:
+        return torch.linalg.vector_norm(g, p).float()
     return torch.linalg.vector_norm(g, p, dtype=torch.float32)
 
 
