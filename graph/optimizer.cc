@@ -530,8 +530,7 @@ class OptimizerStepBuilder {
   // its parameter's: OptimizerSpec::SettingsFor).
   NodeSpec Update(const std::string& id, const std::string& op, const std::string& writes,
                   std::vector<std::string> inputs, Shape shape, std::optional<DType> dtype,
-                  int64_t bytes,
-                  double operations, const OptimizerSpec& settings) const {
+                  int64_t bytes, double operations, const OptimizerSpec& settings) const {
     NodeSpec s;
     s.id = id;
     s.op = op;

@@ -51,6 +51,13 @@ class PlanError(ValueError):
     """The policy cannot fit the step in the budget (or cannot plan it)."""
 
 
+def _check_as_pebble_plan_does(**options):
+    """pebble.plan's ValueError for `options`, where it refuses them, raised
+    here before anything is captured: planned on a graph of two nodes, its
+    message names the culprit as the command line's does."""
+    _core.plan(_core.model("path:n=2"), **options)
+
+
 def _check_plan_options(options):
     """ValueError for a policy that pebble does not know, or a milp_max_stages
     out of its range, before anything is planned: a ValueError that planning
@@ -59,8 +66,7 @@ def _check_plan_options(options):
     if policy is not None:
         names = [p["name"] for p in _core.policies()]
         if not isinstance(policy, str) or policy not in names:
-            # (pebble's own message: the nearest name, the known ones)
-            _core.plan(_core.model("path:n=2"), policy=policy)
+            _check_as_pebble_plan_does(policy=policy)  # (the nearest name, the known ones)
     stages = options.get("milp_max_stages", 0)
     if isinstance(stages, bool) or not isinstance(stages, int) or not 0 <= stages <= 100000:
         raise ValueError(f"milp_max_stages must be a whole number from 0 to 100000 (0: "
@@ -1484,8 +1490,8 @@ def _checked_group(group):
 
 
 def _checked_buckets(buckets, group, shard):
-    """The bucket rule train_step was given; checked here for its type and
-    its use (pebble.plan checks a size's text)."""
+    """The bucket rule train_step was given; checked here for its type, its
+    text (a size as pebble.plan parses it) and its use."""
     if isinstance(buckets, bool) or not isinstance(buckets, (str, int)):
         raise TypeError(f"buckets must be 'auto', 'none' or a size such as '25MiB', not "
                         f"{type(buckets).__name__}")
@@ -1495,10 +1501,10 @@ def _checked_buckets(buckets, group, shard):
     if group is None:
         raise ValueError(f"buckets={buckets!r}: buckets group the collectives of several "
                          "ranks: give a process_group")
-    if text not in ("none", "0", "0b"):
-        # (pebble's own parse of a size, on a graph of two nodes: its message)
-        _core.plan(_core.model("path:n=2"), policy="baseline", ranks=2, buckets=buckets)
-    if shard != "none" and text not in ("none", "0", "0b"):
+    if text in ("none", "0", "0b"):
+        return buckets
+    _check_as_pebble_plan_does(policy="baseline", ranks=2, buckets=buckets)  # (a size's text)
+    if shard != "none":
         raise ValueError(f"buckets={buckets!r}: a bucket cap groups the all-reduces of data "
                          "parallelism (shard='none'); a sharded step takes 'auto' (gathers and "
                          "reduce-scatters joined where the plan is faster) or 'none'")

@@ -49,16 +49,19 @@ class CaptureError(ValueError):
 _PLAIN = (bool, int, float, str, type(None))
 
 
+_NOT_PLAIN = object()
+
+
 def _plain(value):
     """`value` where it is a plain setting (a number, string, None, or a
     tuple or list of up to 64 of them, as a tuple: a kernel size, not a
-    vocabulary), else None."""
+    vocabulary), else _NOT_PLAIN."""
     if isinstance(value, _PLAIN):
         return value
     if isinstance(value, (tuple, list)) and len(value) <= 64 and \
             all(isinstance(v, _PLAIN) for v in value):
         return tuple(value)
-    return None
+    return _NOT_PLAIN
 
 
 def _hook_name(hook):
@@ -82,7 +85,7 @@ class ModuleSettings:
                 if key[0] == "_":
                     continue  # (parameters, buffers, submodules, hooks)
                 value = _plain(value)
-                if value is not None or module.__dict__[key] is None:
+                if value is not _NOT_PLAIN:
                     plain.append((key, value))
             attrs.append((name, tuple(plain)))
             on = module.__dict__

@@ -756,11 +756,9 @@ def host_homes(updates, schedule, stored, tensors):
 # extend() gives the optimizer carries its shape and its bytes (8 a value)
 # without a dtype, and so do the optimizer's state and updates that
 # graph/optimizer.cc makes for it: the plan needs bytes only, and
-# pebble.torch runs the updates itself. The
-# updates read their scalars from a held float64 tensor (Note [Scalars
-# without allocations]): eager's Python numbers are doubles, so the bits
-# are eager's, and no cast is made.
-
+# pebble.torch runs the updates itself. The updates read their scalars from
+# a held float64 tensor (Note [Scalars without allocations]): eager's
+# Python numbers are doubles, so the bits are eager's, and no cast is made.
 
 
 @functools.lru_cache(maxsize=None)
