@@ -1532,6 +1532,17 @@ def check_differing_settings(torch, pt, dist, rank, ranks):
     refused(lambda: step(mine(data[0][0], rank), mine(data[0][1], rank)),
             "optimizer settings", "by a call")
     differ_on_rank_1(False)
+    # A smaller slice of the batch on rank 1: refused on every rank, showing
+    # each rank's shapes.
+    x, y = mine(data[0][0], rank), mine(data[0][1], rank)
+    try:
+        step(x[:1] if rank == 1 else x, y[:1] if rank == 1 else y)
+        failures.append("a smaller batch on rank 1: not refused")
+    except pt.PlanExecutionError as e:
+        rows = len(mine(data[0][0], 0))
+        if f"(shapes, dtypes or layouts: rank 0 input ({rows}," not in str(e) or \
+                "rank 1 input (1," not in str(e):
+            failures.append(f"a smaller batch on rank 1: refused with '{e}'")
     ddp = torch.nn.parallel.DistributedDataParallel(ddp_twin)
     ddp_opt = optimizer(torch, "sgd", ddp.parameters())
     for x, y in data:

@@ -38,6 +38,7 @@ import time
 import traceback
 import types
 import warnings
+import weakref
 
 # Deterministic cuBLAS on a GPU (torch.use_deterministic_algorithms below
 # asks for it); read when CUDA starts, so set before torch is imported.
@@ -295,6 +296,44 @@ def check_other_shapes(failures, device):
         step(batch, target)
     failures.check(step.report["shapes_planned"] == 2, "other shapes: a capture was not cached")
     print("other shapes: planned again and cached", flush=True)
+    check_shapes_bounded(failures, case, copy.deepcopy(eager_model))
+
+
+def check_shapes_bounded(failures, case, model):
+    """Past max_shapes the least recently called capture is dropped (a
+    warning the first time) and made again when its shapes come back; every
+    call is eager's."""
+    eager_model = copy.deepcopy(model)
+    step = pt.train_step(model, case.loss_fn, case.inputs, case.target, policy="dtr",
+                         budget="min", measure="never", max_shapes=2)
+    calls = [(case.inputs[0][:n], case.target[:n]) for n in (3, 2, 3, 1, 3, 2)]
+    warned_at = []
+    first = weakref.ref(step._variant)  # (dropped at call 1: its program goes)
+    for k, (x, y) in enumerate(calls):
+        for p in list(model.parameters()) + list(eager_model.parameters()):
+            p.grad = None
+        with warnings.catch_warnings(record=True) as warned:
+            warnings.simplefilter("always")
+            torch.manual_seed(SEED)
+            loss = step(x, y)
+        warned_at += [k for w in warned if "max_shapes=2" in str(w.message)]
+        torch.manual_seed(SEED)
+        eager = case.loss_fn(eager_model(x), y)
+        eager.backward()
+        worst = max(relative_error(p.grad, q.grad) for p, q in
+                    zip(model.parameters(), eager_model.parameters()))
+        failures.check(relative_error(loss, eager.detach()) <= TOLERANCE and worst <= TOLERANCE,
+                       f"max_shapes call {k}: loss {loss.item()} vs eager {eager.item()}, "
+                       f"gradients off by {worst:.2e}")
+        failures.check(step.report["shapes_planned"] <= 2,
+                       f"max_shapes call {k}: {step.report['shapes_planned']} plans kept")
+    # The example's batch of 4 and the 3 fill the two; the 2 drops the 4's
+    # (the warning); the 3 is found; the 1 drops the 2's; the 3 is found; the
+    # 2, captured again, drops the 1's.
+    failures.check(step.report["shapes_dropped"] == 3 and warned_at == [1],
+                   f"max_shapes: {step.report['shapes_dropped']} dropped, not 3; warned at "
+                   f"calls {warned_at}, not [1]")
+    print("other shapes: at most max_shapes kept, the least recently called dropped", flush=True)
 
 
 def check_other_layouts(failures, device):
@@ -764,6 +803,22 @@ def check_errors(failures, device):
         failures.check("'body' (DataDependent)" in str(e),
                        f"the capture error names the module: {e}")
         print(f"error: {e}", flush=True)
+        failures.check("without pebble too" not in str(e),
+                       f"a limit of the trace read as the module's own error: {e}")
+    # The user's own error, which eager meets too, is told from a limit of
+    # the trace, and names the module or the loss.
+    wrong_width = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(4, 3)).to(device)
+    for model, loss_fn, says in (
+            (wrong_width, torch.nn.functional.cross_entropy,
+             "module '1' (Linear) fails on these inputs without pebble too (run eagerly): "
+             "RuntimeError"),
+            (torch.nn.Linear(4, 3).to(device), lambda out, t: ((out - t) ** 2).mean(),
+             "loss_fn fails on these inputs without pebble too (run eagerly): RuntimeError")):
+        try:
+            pt.train_step(model, loss_fn, x, y)
+            failures.check(False, f"a step that fails eagerly was captured: {says}")
+        except pt.CaptureError as e:
+            failures.check(says in str(e), f"the user's own error: {e}")
     try:
         pt.train_step(torch.nn.Linear(4, 4).to(device), lambda out, t: out, x, y)
         failures.check(False, "a loss that is not a scalar was accepted")
@@ -799,6 +854,7 @@ def check_errors(failures, device):
             (dict(milp_max_stages=-1), ValueError, "milp_max_stages must be a whole number"),
             (dict(budget="-5%"), ValueError, "a percentage must not be negative"),
             (dict(policy="rotr"), ValueError, "did you mean 'rotor'?"),
+            (dict(max_shapes=0), ValueError, "max_shapes is the most signatures"),
             # (eager's backward would fill x.grad: adversarial training)
             (dict(x=x.clone().requires_grad_()), ValueError,
              "example input 0 requires grad: the step computes the parameters' gradients only")):

@@ -21,6 +21,7 @@ allocator measures what a step really held (_memory.py). docs/torch.md
 documents the API and its limits.
 """
 
+import gc
 import json
 import math
 import time
@@ -217,6 +218,12 @@ class TrainStep:
         collectives, as pebble.plan takes them (a preset such as "ib-ndr"
         or bytes per second; seconds a message). None: calibration measures
         it (else pebble.plan's default link).
+      max_shapes: the most signatures (above: shapes, layouts, modes and
+        the rest) whose capture and plan the step keeps, 8 by default: past
+        it the least recently called is dropped, its host copies with it,
+        and captured and planned again if it comes back (a UserWarning says
+        so the first time). Inputs of ever new lengths are better padded to a
+        few. None: no bound.
       buckets: with a process_group and shard="none", how the gradients'
         all-reduces are grouped, each group one message through a flat copy
         of its gradients that the plan holds (pebble.plan's bucket_copies=
@@ -234,7 +241,7 @@ class TrainStep:
                  optimizer_state=None, optimizer_updates="device", optimizer_gradients=None,
                  process_group=None, shard="none", network=None, network_latency=None,
                  buckets="auto", optimizer_parameters="device", param_init=None,
-                 max_grad_norm=None, grad_norm_type=2.0, milp_max_stages=0):
+                 max_grad_norm=None, grad_norm_type=2.0, milp_max_stages=0, max_shapes=8):
         self.process_group = _checked_group(process_group)
         # Each rank's own checks, then (Note [One plan on every rank]) the
         # ranks agree on them and on what decides the collectives that follow,
@@ -250,6 +257,7 @@ class TrainStep:
                 calibrate, measure, allow_cpu_offload, optimizer, optimizer_state,
                 optimizer_updates, optimizer_gradients, optimizer_parameters, max_grad_norm,
                 grad_norm_type)
+            self.max_shapes = _checked_max_shapes(max_shapes)
         except Exception as e:  # noqa: BLE001 (raised again by check_same_setup)
             if self.process_group is None:
                 raise
@@ -263,7 +271,8 @@ class TrainStep:
                 optimizer_parameters=optimizer_parameters, network=network,
                 network_latency=network_latency, buckets=buckets,
                 param_init=param_init is not None, max_grad_norm=max_grad_norm,
-                grad_norm_type=str(grad_norm_type))), error, self.process_group)
+                grad_norm_type=str(grad_norm_type), max_shapes=max_shapes)), error,
+                self.process_group)
         if self.updates is not None and self.updates.on_host and calibrate:
             self.updates.measure_host_rate()  # the host's cost of an update, on this CPU
             if self.process_group is not None:  # Note [One plan on every rank]
@@ -303,7 +312,10 @@ class TrainStep:
         # clip_grad_norm_ returns it (max_grad_norm); None without clipping.
         self.grad_norm = None
         self._captures = {}  # signature -> _Capture, shared with replan()'s steps
-        self._variants = {}  # signature -> _Variant (its capture and this step's plan)
+        # signature -> _Variant (its capture and this step's plan), the least
+        # recently called first (_keep_at_most).
+        self._variants = {}
+        self._shapes_dropped = 0
         self._run_once = []  # the variants that have run (_find_under_settings_left)
         try:
             self._variant = self._variant_for(inputs, example_target)
@@ -493,11 +505,11 @@ class TrainStep:
                 setattr(new, "measure_mode" if key == "measure" else key, options.pop(key))
         if options:
             raise TypeError(f"replan() got unexpected arguments: {', '.join(options)}")
-        new._variants, new._run_once = {}, []
+        new._variants, new._run_once, new._shapes_dropped = {}, [], 0
         if self.collectives is not None:
             new.collectives = self.collectives.derive()
         key = self._variant.key
-        new._variant = new._variants[key] = _Variant(new, self._captures[key])
+        new._variant = new._variants[key] = _Variant(new, self._variant.capture)
         new.report = dict(new._variant.report)
         return new
 
@@ -523,16 +535,46 @@ class TrainStep:
         """The variant of these inputs' shapes and layouts (`key`: their
         _signature, where the caller has it), captured and planned where new."""
         key = key if key is not None else self._signature(inputs, target)
-        variant = self._variants.get(key)
-        if variant is None:
-            capture = self._captures.get(key)
-            if capture is None:
-                self._warn_of_settings_changed(key)
-                self._parameters_on_device()
-                capture = self._captures[key] = _Capture(self, inputs, target, key)
-            variant = self._variants[key] = _Variant(self, capture)
-            self._find_under_settings_left(key, variant)
+        variant = self._variants.pop(key, None)
+        if variant is not None:
+            self._variants[key] = variant  # (the most recently called last)
+            return variant
+        capture = self._captures.get(key)
+        if capture is None:
+            self._warn_of_settings_changed(key)
+            self._parameters_on_device()
+            capture = self._captures[key] = _Capture(self, inputs, target, key)
+        variant = self._variants[key] = _Variant(self, capture)
+        self._find_under_settings_left(key, variant)
+        self._keep_at_most(self.max_shapes)
         return variant
+
+    def _keep_at_most(self, count):
+        """Drops the least recently called variants (every signature that
+        finds one, its capture and its program's host copies) until `count`
+        are left (max_shapes; None: no bound). Every rank makes the same
+        calls, so every rank drops the same."""
+        if count is None or len({id(v) for v in self._variants.values()}) <= count:
+            return
+        while len({id(v) for v in self._variants.values()}) > count:
+            oldest = next(iter(self._variants.values()))
+            for key in [k for k, v in self._variants.items() if v is oldest]:
+                del self._variants[key]
+            for key in [k for k, c in self._captures.items() if c is oldest.capture]:
+                del self._captures[key]
+            if oldest in self._run_once:
+                self._run_once.remove(oldest)
+            del oldest
+            self._shapes_dropped += 1
+            if self._shapes_dropped == 1:
+                warnings.warn(
+                    f"pebble.torch: more than max_shapes={count} signatures (input shapes, "
+                    "layouts, modes, ...) called: the least recently called capture and "
+                    "plan is dropped, and made again if it comes back. Pad inputs to a few "
+                    "lengths, or raise max_shapes", stacklevel=4)
+        # (a program and its variant refer to each other: their host copies
+        # and a capture's real tensors go now, not at the collector's leisure)
+        gc.collect()
 
     def _warn_of_settings_changed(self, key):
         """A capture that only the module's settings call for (Note [What a
@@ -622,7 +664,8 @@ class TrainStep:
                             self.process_group,
                             self._shared_refusal() or self._hook_refusal() or
                             self._state_refusal() or self._unapplied_grad_refusal(
-                                self._variants.get(key, self._variant)))
+                                self._variants.get(key, self._variant)),
+                            shown={"shapes, dtypes or layouts": _described_call(inputs, target)})
             self._check_trainable()  # (every rank alike: the signature holds them)
             variant = self._variant_for(inputs, target, key)
             try:
@@ -636,6 +679,7 @@ class TrainStep:
         self._variant = variant
         self.report = dict(variant.report)
         self.report["shapes_planned"] = len({id(v) for v in self._variants.values()})
+        self.report["shapes_dropped"] = self._shapes_dropped
         return loss
 
     def _take_state_shapes(self):
@@ -1459,6 +1503,25 @@ def _setup_of(model, inputs, target, optimizer, options):
     }
     setup.update({f"{key}=": value for key, value in options.items()})
     return setup
+
+
+def _described_call(inputs, target):
+    """The inputs' and the target's shapes and dtypes, briefly: "inputs
+    (4, 16) int64, target (4, 16) int64"."""
+    def described(t):
+        layout = "" if t.is_contiguous() else " strided"
+        return f"{tuple(t.shape)} {str(t.dtype).replace('torch.', '')}{layout}"
+    return (f"input{'s' if len(inputs) > 1 else ''} "
+            f"{', '.join(described(t) for t in inputs)}, target {described(target)}")
+
+
+def _checked_max_shapes(max_shapes):
+    if max_shapes is None:
+        return None
+    if isinstance(max_shapes, bool) or not isinstance(max_shapes, int) or max_shapes < 1:
+        raise ValueError("max_shapes is the most signatures whose capture and plan the step "
+                         f"keeps: a whole number >= 1, or None for no bound, not {max_shapes!r}")
+    return max_shapes
 
 
 def _check_shard(shard, group):

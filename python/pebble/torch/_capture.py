@@ -21,6 +21,7 @@ again over fake tensors for them (propagate).
 import contextlib
 import math
 import operator
+import warnings
 
 import torch
 
@@ -421,8 +422,39 @@ def trace(model, loss_fn, inputs, target, device, mode=None, one_pass=True, stan
         raise CaptureError(f"{where} cannot be traced by PyTorch with fake tensors (make_fx), "
                            "which a sharded step needs (its parameters are shards): "
                            f"{type(e).__name__}: {_first_line(e)}") from e
+    eager = _eager_failure(model, loss_fn, slots, flat, device)
+    if eager is not None:
+        where, e = eager
+        raise CaptureError(f"{where} fails on these inputs without pebble too (run eagerly): "
+                           f"{type(e).__name__}: {_first_line(e)}") from e
     raise CaptureError(f"{where} cannot be traced by PyTorch (make_fx): "
                        f"{type(e).__name__}: {_first_line(e)}") from e
+
+
+def _eager_failure(model, loss_fn, slots, flat, device):
+    """(where, what it raised) where the module's forward or loss_fn fails
+    run eagerly on the step's tensors, else None: a trace that fails on the
+    user's own error (a shape that does not match in a hand-written loss)
+    is then reported as that, not as a limit of the trace. Runs without
+    gradients, on copies of the buffers, the generators left as they were."""
+    n_state = sum(1 for s in slots if s.kind in ("parameter", "buffer"))
+    state = {}
+    for slot, t in zip(slots[:n_state], flat[:n_state]):
+        for name in slot.names:
+            state[name] = t.detach().clone() if slot.kind == "buffer" else t
+    inputs, target = tuple(flat[n_state:-1]), flat[-1]
+    stack = _ModuleStack(model)
+    try:
+        with torch.no_grad(), _rng_kept(device), warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # (the trace gave the forward's warnings)
+            output = functional_call(model, state, inputs)
+            stack.close()
+            loss_fn(output, target)
+    except Exception as e:  # noqa: BLE001 (the user's code's own error, reported)
+        return (stack.where() if stack.stack else "loss_fn"), e
+    finally:
+        stack.close()
+    return None
 
 
 # Note [Stand-ins for sharded parameters]: a sharded module's parameters

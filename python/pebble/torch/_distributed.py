@@ -700,27 +700,33 @@ def agreed(make, group):
     return value
 
 
-def check_same_call(parts, group, error=None):
+def check_same_call(parts, group, error=None, shown=None):
     """PlanExecutionError unless every rank of `group` makes a call of the same
     signature, `parts` ({what: value}: the shapes, dtypes and layouts, the
     gradients held, the module's settings, the optimizer's settings): a rank
     that planned alone for other shapes would pair its collectives with the
-    others' wrongly. The error names the parts that differ. `error`: this
-    rank's refusal of the call, or None (raised as agree does, on every
-    rank)."""
+    others' wrongly. The error names the parts that differ, and where
+    `shown` ({what: short text}) describes one, each rank's text of it.
+    `error`: this rank's refusal of the call, or None (raised as agree does,
+    on every rank)."""
     import torch.distributed as dist
     differing = _ranks_differing(parts, group, "calls", error, call="the step")
     if not differing:
         return
-    mine = {what: hashlib.sha256(repr(_canonical(value)).encode()).hexdigest()
-            for what, value in parts.items()}
+    shown = shown or {}
+    mine = {what: (hashlib.sha256(repr(_canonical(value)).encode()).hexdigest(),
+                   shown.get(what)) for what, value in parts.items()}
     reports = [None] * dist.get_world_size(group)
     _collective("comparing the ranks' calls", dist.all_gather_object, reports, mine, group=group)
-    differ = [what for what in parts if any(r[what] != reports[0][what] for r in reports)]
+    differ = [what for what in parts if any(r[what][0] != reports[0][what][0] for r in reports)]
+    texts = [f"{what}: " + "; ".join(f"rank {rank} {r[what][1]}"
+                                     for rank, r in enumerate(reports)
+                                     if rank == 0 or r[what][0] != reports[0][what][0])
+             for what in differ if reports[0][what][1] is not None]
     raise PlanExecutionError(
-        f"ranks {differing} call the step with other {' and '.join(differ)} than rank 0: every "
-        "rank must make the same calls (equal slices of the batch, the same module and "
-        "optimizer settings)")
+        f"ranks {differing} call the step with other {' and '.join(differ)} than rank 0"
+        + (f" ({'; '.join(texts)})" if texts else "") + ": every rank must make the same "
+        "calls (equal slices of the batch, the same module and optimizer settings)")
 
 
 def check_same_collective(what, group, error=None):
