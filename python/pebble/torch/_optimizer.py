@@ -55,11 +55,6 @@ class OptimizerError(ValueError):
     """An optimizer that pebble.torch cannot plan (the message says why)."""
 
 
-# The node ops of graph/optimizer.h, each run by Updates._run.
-_UPDATE_OPS = ("sgd_momentum", "sgd_update", "adam_exp_avg", "adam_exp_avg_sq", "adam_update",
-               "optimizer_step")
-
-
 _DTYPES = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
 _ITEM_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
 # Parameter dtypes that pebble's graph format has no name for, with their
@@ -296,16 +291,18 @@ class Updates:
                 node_id = alias_of[node_id]
             return node_id
         for node in doc["nodes"]:
-            if node.get("op") in _UPDATE_OPS or node.get("role") == "optimizer_state":
+            # (the optimizer's nodes, graph/optimizer.h: each update's role
+            # is "update", and Updates._run runs it by its op)
+            if node.get("role") in ("update", "optimizer_state"):
                 self.ops[node["id"]] = node["op"]
-            if node.get("op") in _UPDATE_OPS:
+            if node.get("role") == "update":
                 self.inputs[node["id"]] = frozenset(node["inputs"])
                 self.touches[node["id"]] = frozenset(map(storage, node["inputs"] + [node["id"]]))
             if node.get("role") == "optimizer_state":
                 self.state_bytes[node["id"]] = node["bytes"]
                 if node.get("home") != "host":
                     self.planned_state_bytes += node["bytes"]
-            if node.get("op") in _UPDATE_OPS:
+            if node.get("role") == "update":
                 settings = self.settings_of(node["id"])
                 attrs = node.get("attrs")
                 if attrs and node["op"] != "optimizer_step":  # (the graph's: the first group's)
