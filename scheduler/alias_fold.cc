@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "graph/optimizer.h"
 #include "graph/status.h"
 
 namespace pebble {
@@ -134,6 +135,16 @@ Schedule UnfoldSchedule(const Graph& graph, const FoldedGraph& folded,
   std::vector<NodeId> head(n, kNoNode);
   std::vector<NodeId> next_alias(n, kNoNode);
   std::vector<std::pair<NodeId, int>> stack;  // (alias, next input to look at)
+  // Unclipped gradients that are aliases, made as soon as the non-aliases
+  // they need are resident (the contract in alias_fold.h): per non-alias,
+  // those that need it.
+  const std::vector<std::vector<NodeId>> deps = AliasDeps(graph);
+  std::vector<std::vector<NodeId>> eager(n);
+  for (NodeId a = 0; a < n; ++a) {
+    if (!graph.is_alias(a) || !IsUnclippedGradient(graph, a)) continue;
+    for (NodeId u : deps[a]) eager[u].push_back(a);
+  }
+  std::vector<uint8_t> live(n, 0);  // non-aliases resident on the device
 
   // Computes `a` and the aliases it reads that are not resident, inputs
   // first (an iterative post-order walk: chains can be long).
@@ -189,6 +200,16 @@ Schedule UnfoldSchedule(const Graph& graph, const FoldedGraph& folded,
         break;
     }
     out.steps.push_back({step.action, v, step.joins_bucket});
+    if (step.action == Action::kCompute || step.action == Action::kPrefetch) live[v] = 1;
+    if (step.action == Action::kFree) live[v] = 0;
+    // (after a compute only: the value a prefetch brings back was made, and
+    // summed, before its offload)
+    if (step.action != Action::kCompute) continue;
+    for (NodeId a : eager[v]) {
+      if (std::all_of(deps[a].begin(), deps[a].end(), [&](NodeId u) { return live[u]; })) {
+        ensure(a);
+      }
+    }
   }
   for (NodeId o : graph.outputs()) {
     if (graph.is_alias(o)) ensure(o);

@@ -12,7 +12,13 @@
 //  - before each `free r` of a storage root, `free a` for its aliases then
 //    resident (they hold no bytes, so memory does not move);
 //  - at the end, the aliases that are outputs, if not resident, are
-//    computed, and every other alias still resident is freed.
+//    computed, and every other alias still resident is freed;
+//  - but an alias that is an unclipped gradient (Note [Clipping in the
+//    graph]) is computed right after the compute that makes the last of
+//    the non-aliases it needs resident: on several ranks its all-reduce may
+//    then come as soon as the backward is done with it, and join others in
+//    a bucket (made just before the clipping reads it, each all-reduce
+//    would sit between the clipping's reads of the gradients before it).
 // Aliases hold no bytes and never outlive their root's residency, so
 // recomputing or prefetching a root never meets a live alias; the unfolded
 // schedule is valid on g and has the folded schedule's peak, host peak and

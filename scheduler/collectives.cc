@@ -131,6 +131,12 @@ absl::StatusOr<std::vector<size_t>> ClippedReducePositions(const Graph& graph,
   size_t summed = n;  // the step that made the current value's sum due (n: not summed)
   size_t copied = n;  // the last copy of the storage to the host (n: none)
   bool stale = false;  // that copy holds the rank's own value, summed since on the device
+  // A gradient that is a view takes its value from its root: computing the
+  // view again on a value fetched back (summed before its copy) makes no
+  // new value. `fresh`: the root holds the backward's value, of which no
+  // view was made yet; `copied_fresh`: the last copy was of such a value.
+  const bool view = graph.is_alias(gradient);
+  bool fresh = false, copied_fresh = false;
   auto sum = [&](size_t due) {
     after.push_back(value);
     stale = stale || (copied != n && copied < value);
@@ -144,8 +150,10 @@ absl::StatusOr<std::vector<size_t>> ClippedReducePositions(const Graph& graph,
       if (value != n) sum(k);
       copied = k;
       stale = false;
+      copied_fresh = fresh;
       continue;
     }
+    if (s.action == Action::kPrefetch && on_storage) fresh = copied_fresh;
     if (s.action == Action::kPrefetch && on_storage && stale) {
       return absl::InvalidArgumentError(absl::StrCat(
           "gradient ", Quote(graph.id(gradient)), " is copied to the host (step ", copied,
@@ -155,11 +163,21 @@ absl::StatusOr<std::vector<size_t>> ClippedReducePositions(const Graph& graph,
     }
     if (s.action == Action::kFree && (s.node == gradient || s.node == root)) {
       value = n;  // (not read by the clipping: not summed)
+      if (s.node == root) fresh = false;
       continue;
     }
     if (s.action != Action::kCompute && s.action != Action::kHostCompute) continue;
     if (s.node == gradient) {
-      value = k;
+      if (!view || fresh) {
+        value = k;
+        summed = n;
+      }
+      fresh = false;
+      continue;
+    }
+    if (view && s.node == root) {  // the backward's value, its view still to make
+      fresh = true;
+      value = n;
       summed = n;
       continue;
     }

@@ -593,6 +593,34 @@ TEST(AliasFoldTest, OutputViewsChainsAndRecomputation) {
   EXPECT_EQ(r.transfer_bytes, folded_report.transfer_bytes);
 }
 
+// An unclipped gradient that is a view (Note [Clipping in the graph]) is
+// made right after the compute that makes its root, not before its first
+// reader, so that its all-reduce may come once the backward is done with it
+// and join the others' (alias_fold.h); other views stay where they were.
+// After a prefetch it is made before its reader, as any view.
+TEST(AliasFoldTest, AnUnclippedGradientThatIsAViewIsMadeWithItsRoot) {
+  NodeSpec p = Persistent("p", 4);
+  p.role = Role::kParameter;
+  const Graph g = MakeGraph(
+      {Persistent("x", 1), p, Node("d", 100, {"x"}), View("unclipped_grad:p", 100, "d"),
+       View("v", 100, "d"), Node("e", 10, {"x"}), Node("norm", 4, {"unclipped_grad:p", "v"}),
+       Node("grad:p", 100, {"unclipped_grad:p", "norm"})},
+      {"grad:p", "e"});
+  auto folded = FoldAliases(g);
+  ASSERT_TRUE(folded.ok()) << folded.status();
+  const Graph& f = folded->graph;
+  const Schedule plan = MakeSchedule(f, {{kC, "d"}, {kC, "e"}, {kC, "norm"}, {kO, "d"},
+                                         {kF, "d"}, {kP, "d"}, {kC, "grad:p"}, {kF, "norm"},
+                                         {kF, "d"}});
+  const Schedule unfolded = UnfoldSchedule(g, *folded, plan);
+  EXPECT_EQ(unfolded,
+            MakeSchedule(g, {{kC, "d"}, {kC, "unclipped_grad:p"}, {kC, "e"}, {kC, "v"},
+                             {kC, "norm"}, {kO, "d"}, {kF, "v"}, {kF, "unclipped_grad:p"},
+                             {kF, "d"}, {kP, "d"}, {kC, "unclipped_grad:p"}, {kC, "grad:p"},
+                             {kF, "norm"}, {kF, "unclipped_grad:p"}, {kF, "d"}}));
+  EXPECT_EQ(MustSimulate(g, unfolded).peak_bytes, MustSimulate(f, plan).peak_bytes);
+}
+
 // Every policy, through MakePlanner (the wrapper), on graphs with views:
 // valid plans, within the budget when feasible, and the unfolded plan's
 // peak is the folded plan's.

@@ -251,6 +251,77 @@ TEST(CollectivesTest, OptionsAreChecked) {
   EXPECT_THAT(Simulate(g, s, o).status().message(), HasSubstr("latency non-negative"));
 }
 
+// Two clipped gradients that are views of their roots (as PyTorch's
+// transposed weight gradients are: Note [Clipping in the graph]), each read
+// by its part of the norm.
+constexpr char kViewGradients[] = R"({"format": "pebble-graph", "version": 1, "nodes": [
+    {"id": "x", "bytes": 10, "persistent": true, "role": "input"},
+    {"id": "p", "bytes": 100, "persistent": true, "role": "parameter"},
+    {"id": "q", "bytes": 100, "persistent": true, "role": "parameter"},
+    {"id": "dp", "bytes": 100, "cost": 2, "inputs": ["x"], "role": "backward"},
+    {"id": "unclipped_grad:p", "bytes": 100, "cost": 0, "inputs": ["dp"], "alias_of": "dp",
+     "role": "backward"},
+    {"id": "dq", "bytes": 100, "cost": 2, "inputs": ["x"], "role": "backward"},
+    {"id": "unclipped_grad:q", "bytes": 100, "cost": 0, "inputs": ["dq"], "alias_of": "dq",
+     "role": "backward"},
+    {"id": "np", "bytes": 4, "cost": 1, "inputs": ["unclipped_grad:p"], "role": "backward"},
+    {"id": "nq", "bytes": 4, "cost": 1, "inputs": ["unclipped_grad:q"], "role": "backward"},
+    {"id": "grad_norm", "bytes": 4, "cost": 1, "inputs": ["np", "nq"], "role": "backward"},
+    {"id": "grad:p", "bytes": 100, "cost": 1, "inputs": ["unclipped_grad:p", "grad_norm"],
+     "role": "backward"},
+    {"id": "grad:q", "bytes": 100, "cost": 1, "inputs": ["unclipped_grad:q", "grad_norm"],
+     "role": "backward"}],
+  "outputs": ["grad:p", "grad:q", "grad_norm"]})";
+
+// A view's value is its root's: computing the view again on a value fetched
+// back after its sum makes nothing to sum; a value copied before its view
+// was made comes back unsummed, and is summed once its view is made.
+TEST(CollectivesTest, AClippedGradientThatIsAViewIsSummedOncePerValue) {
+  absl::StatusOr<Graph> g = ParseGraphJson(kViewGradients);
+  ASSERT_TRUE(g.ok()) << g.status();
+  constexpr Action kP = Action::kPrefetch;
+  const std::string up = "unclipped_grad:p", uq = "unclipped_grad:q";
+  absl::StatusOr<Schedule> fetched_after = ReduceGradients(
+      *g, MakeSchedule(*g, {{kC, "dp"}, {kC, up}, {kO, "dp"}, {kC, "dq"}, {kC, uq},
+                            {kC, "np"}, {kC, "nq"}, {kC, "grad_norm"}, {kF, up}, {kF, "dp"},
+                            {kP, "dp"}, {kC, up}, {kC, "grad:p"}, {kC, "grad:q"}}));
+  ASSERT_TRUE(fetched_after.ok()) << fetched_after.status();
+  EXPECT_EQ(*fetched_after,
+            MakeSchedule(*g, {{kC, "dp"}, {kC, up}, {kA, up}, {kO, "dp"}, {kC, "dq"}, {kC, uq},
+                              {kA, uq}, {kC, "np"}, {kC, "nq"}, {kC, "grad_norm"}, {kF, up},
+                              {kF, "dp"}, {kP, "dp"}, {kC, up}, {kC, "grad:p"},
+                              {kC, "grad:q"}}));
+  EXPECT_TRUE(Simulate(*g, *fetched_after, FourRanks()).ok());
+  absl::StatusOr<Schedule> copied_before = ReduceGradients(
+      *g, MakeSchedule(*g, {{kC, "dp"}, {kO, "dp"}, {kF, "dp"}, {kC, "dq"}, {kC, uq},
+                            {kP, "dp"}, {kC, up}, {kC, "np"}, {kC, "nq"}, {kC, "grad_norm"},
+                            {kC, "grad:p"}, {kC, "grad:q"}}));
+  ASSERT_TRUE(copied_before.ok()) << copied_before.status();
+  EXPECT_EQ(*copied_before,
+            MakeSchedule(*g, {{kC, "dp"}, {kO, "dp"}, {kF, "dp"}, {kC, "dq"}, {kC, uq},
+                              {kA, uq}, {kP, "dp"}, {kC, up}, {kA, up}, {kC, "np"},
+                              {kC, "nq"}, {kC, "grad_norm"}, {kC, "grad:p"},
+                              {kC, "grad:q"}}));
+  EXPECT_TRUE(Simulate(*g, *copied_before, FourRanks()).ok());
+}
+
+// Made with their roots (alias_fold.h), both views are summed before the
+// norm's first read, so a bucket cap makes them one message.
+TEST(CollectivesTest, ClippedGradientsThatAreViewsShareABucket) {
+  absl::StatusOr<Graph> g = ParseGraphJson(kViewGradients);
+  ASSERT_TRUE(g.ok()) << g.status();
+  auto planner = MakePlanner("baseline");
+  ASSERT_TRUE(planner.ok());
+  PlannerOptions options;
+  options.ranks = 4;
+  options.network = {100, 0.5};
+  options.budget_bytes = kMinBudgetBytes;
+  options.bucket_bytes = 1 << 20;
+  absl::StatusOr<PlanResult> r = (*planner)->Plan(*g, options);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->report.collectives, 1) << ScheduleToJson(*g, r->schedule).dump();
+}
+
 TEST(CollectivesTest, ReduceGradientsPlacesAfterTheBackwardsLastRead) {
   const Graph g = StepGraph();
   EXPECT_EQ(GradientsToReduce(g), std::vector<NodeId>{g.Find("grad:w")});

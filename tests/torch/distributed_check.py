@@ -329,9 +329,10 @@ def check_training(torch, pt, dist, rank, ranks, kind, updates, buckets="auto",
             failures.append(f"{what}: after five steps, {name}.grad is not "
                             "DistributedDataParallel's clipped gradient")
     c = step.report["collectives"]
-    # A clipped step averages each gradient in a collective node of its own.
+    # A clipped step's all-reduces average the unclipped gradients, which the
+    # clipping reads.
     if (c["clip_averages"] >= len(list(model.parameters()))) != (clip is not None) or \
-            (clip is not None and c["all_reduce"] != 0):
+            (clip is not None and c["clip_averages"] != c["all_reduce"]):
         failures.append(f"{what}: the plan's collectives are {c}")
     if buckets not in ("auto", "none") and (c["bucket_rule"] != "cap" or
                               not 0 < c["buckets"] < c["all_reduce"]):
@@ -1274,8 +1275,7 @@ def check_live_failure(torch, pt, dist, rank, ranks, shard, where, replanned=Fal
     opt.zero_grad(set_to_none=True)  # (the same signature: no capture below)
     steps = step._variant.program.steps
     started = [i for i, (kind, node) in enumerate(steps)
-               if kind == _executor.REDUCE or (kind == _executor.COMPUTE and node.collective)
-               or (kind == _executor.FOREIGN and
+               if kind == _executor.REDUCE or (kind == _executor.FOREIGN and
                                                node[0] == "compute" and
                                                node[1].startswith("scatter:"))]
     computes = [i for i, (kind, _) in enumerate(steps) if kind == _executor.COMPUTE]
@@ -1695,9 +1695,7 @@ def checks(torch, pt, dist, rank, ranks):
                 (dict(process_group=world, shard="full", optimizer=sgd,
                       optimizer_gradients="keep"), ValueError, "is not possible"),
                 (dict(process_group=world, shard="full", optimizer=sgd, buckets="25MiB"),
-                 ValueError, "a sharded step takes 'auto'"),
-                (dict(process_group=world, optimizer=sgd, max_grad_norm=1.0, buckets="25MiB"),
-                 ValueError, "buckets='25MiB' with max_grad_norm")):
+                 ValueError, "a sharded step takes 'auto'")):
             try:
                 pt.train_step(model, torch.nn.functional.cross_entropy,
                               (torch.randn(4, 16),), torch.randint(0, 5, (4,)), **kwargs)
@@ -1725,9 +1723,15 @@ def checks(torch, pt, dist, rank, ranks):
     # SGD with momentum on the weights only: the rest keep no buffer.
     if every:
         failures += check_training(torch, pt, dist, rank, ranks, "sgd-mixed", "host")
-    # DDP's rule: buckets of several gradients, each through a flat copy.
+    # DDP's rule: buckets of several gradients, each through a flat copy;
+    # clipped too (the buckets summed before the clipping reads them).
     failures += check_training(torch, pt, dist, rank, ranks, "adam", "device", buckets="25MiB",
                                budget="1MiB")
+    failures += check_training(torch, pt, dist, rank, ranks, "adam", "device", buckets="25MiB",
+                               budget="1MiB", clip=0.2, policy="dtr")
+    if every:
+        failures += check_training(torch, pt, dist, rank, ranks, "sgd", "host", buckets="1KiB",
+                                   budget="1MiB", clip=(0.05, 1.0), policy="checkmate-lp")
     # float64: each gradient divided by a held divisor of its own dtype (one
     # of float32 was cast at each division: 8 bytes above the plan).
     if every:

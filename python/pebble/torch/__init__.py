@@ -38,7 +38,8 @@ from ._distributed import (GradientAverage, StepCollectives, agreed, broadcast_m
                            check_same_graph, check_same_setup, is_rank_0, measure_link,
                            optimizer_state_layout, out_of_step, plan_of_rank_0,
                            same_on_every_rank)
-from ._executor import COMPUTE, FREE, PlanExecutionError, Program, draws_in_eager_order
+from ._executor import (COMPUTE, FREE, REDUCE, PlanExecutionError, Program,
+                        draws_in_eager_order)
 from ._graph import StepGraph
 from ._memory import AllocatorPeak, TensorMemory, allocated_where_profiled, measure, tensor_bytes
 from ._optimizer import OptimizerError, Updates, state_dict_on_cpu
@@ -172,8 +173,9 @@ class TrainStep:
         returns). None (the default): no clipping. With a process_group
         (shard="none"), the norm is that of the gradients averaged over the
         ranks, as clip_grad_norm_ after DistributedDataParallel's backward
-        computes it: each gradient's average is a collective of the plan
-        (Note [Clipping the averaged gradients] in _capture.py); with
+        computes it: the plan's all-reduces (in buckets as `buckets` says)
+        average each gradient before the clipping reads it (Note [Clipping
+        the averaged gradients] in _capture.py); with
         shard="full", of the whole gradients from each rank's shards, as
         FSDP clips (Note [Clipping sharded gradients] in _sharding.py).
         Not where a .grad kept from before the step would be added to.
@@ -292,11 +294,6 @@ class TrainStep:
                              "the process group too")
         self.network = (network, network_latency) if network is not None else None
         self.buckets = _checked_buckets(buckets, self.process_group, shard)
-        if max_grad_norm is not None and str(self.buckets).strip().lower() not in (
-                "auto", "none", "0", "0b"):
-            raise ValueError(f"buckets={buckets!r} with max_grad_norm: the clipped step "
-                             "averages each gradient in a collective of its own before the "
-                             "norm (not in buckets yet); give buckets='auto' or 'none'")
         self.network_measured = False
         self.collectives = None
         if self.process_group is not None:
@@ -813,7 +810,6 @@ class _Capture:
                 step.process_group)
             for node, (temporary, nbytes) in zip(self.nodes.nodes, measured):
                 node.temporary_bytes, node.nbytes = temporary, nbytes
-            self._time_collectives(cal, step)
         self.calibration = cal
         name = type(step.model).__name__
         self.document = self.nodes.document(cal.costs, name)
@@ -826,18 +822,6 @@ class _Capture:
         self.persistent_bytes = sum(n.nbytes for n in self.nodes.nodes
                                     if n.kind == "persistent")
         self.setup_s = time.perf_counter() - started
-
-    def _time_collectives(self, cal, step):
-        """Each collective node's cost: its all-reduce on the ranks' link, as
-        the plan times its all_reduce steps (Note [Clipping the averaged
-        gradients])."""
-        link = {}
-        if step.network is not None:
-            link["network"], link["network_latency"] = step.network
-        for node in self.nodes.nodes:
-            if node.collective:
-                cal.costs[node.index] = _core.collective_seconds(
-                    "all_reduce", node.nbytes, _world_size(step.process_group), **link)
 
     def _capture(self, step, inputs, target, key):
         """This rank's part: the trace, its graph and its calibration."""
@@ -1393,12 +1377,13 @@ class _Variant:
                 "network_bytes_per_s": c["network_bandwidth_bytes_per_s"],
                 "network_latency_s": c["network_latency_s"],
                 "network_measured": self.step.network_measured,
-                # A clipped step's averages of the gradients, each its own
-                # all-reduce (Note [Clipping the averaged gradients]): the
-                # plan's computes of them, more than the gradients where it
-                # runs one again.
+                # A clipped step's averages of the gradients that the
+                # clipping reads (Note [Clipping the averaged gradients]):
+                # the plan's all-reduces of unclipped gradients, more than
+                # the gradients where it computes one again.
                 "clip_averages": sum(1 for kind, node in self.program.steps
-                                     if kind == COMPUTE and node.collective)}
+                                     if kind == REDUCE and
+                                     node.index in self.graph_nodes.unclipped_indices)}
         if self.shards is not None:
             report["sharding"] = _sharding_report(p, self.shards, self.step.network_measured,
                                                   self.program.foreign)

@@ -28,6 +28,7 @@ import torch
 from ._collective_ops import hold_divisors, mean_over_ranks
 from ._compat import (FakeTensor, FakeTensorMode, functional_call, functionalize, make_fx,
                       storage_key)
+from ._memory import is_dense
 
 
 class CaptureError(ValueError):
@@ -278,12 +279,29 @@ def _step_function(model, loss_fn, slots, grad_found, max_grad_norm=None, norm_t
                 out.append(g)
         if max_grad_norm is not None:
             if ranks > 1:
-                out[1:] = [mean_over_ranks(g, ranks) for g in out[1:]]
+                out[1:] = _averaged(out[1:], ranks, flat)
             out[1:], total = _clipped(out[1:], max_grad_norm, norm_type)
             out.append(total)
         return out
 
     return step
+
+
+def _averaged(grads, ranks, flat):
+    """Each gradient's average over the ranks, marked (mean_over_ranks) for
+    the plan to make with an all-reduce in place (Note [Clipping the averaged
+    gradients]). A gradient that cannot be averaged in place is copied
+    first: one that is another's too (autograd gives a + b's gradient to
+    both), a step's argument, or one whose elements do not fill one run of
+    memory (an expanded one; a transposed one does, and is summed through
+    its storage)."""
+    seen, out = set(), []
+    for k, g in enumerate(grads):
+        if id(g) in seen or any(g is t for t in flat) or not is_dense(g):
+            g = g.clone(memory_format=torch.contiguous_format)
+        seen.add(id(g))
+        out.append(mean_over_ranks(g, ranks, k))
+    return out
 
 
 def _clipped(grads, max_norm, norm_type=2.0):
@@ -309,16 +327,21 @@ def _clipped(grads, max_norm, norm_type=2.0):
 # ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 # Under DistributedDataParallel, clip_grad_norm_ runs after backward(), on
 # the gradients that DDP has averaged over the ranks: every rank clips by the
-# same norm, and the replicas stay equal. The plan's all_reduce steps
-# (docs/semantics.md, "Collectives across ranks") sum a gradient in place
-# once the backward is done with it, and after that only updates may read
-# it, so they cannot feed a norm. A clipped step on several ranks is traced
-# with the average in it instead: mean_over_ranks (_collective_ops.py) on
-# each gradient, a collective node of the graph (op all_reduce, its own
-# tensor, timed on the network), which the norms, the clamped factor and the
-# scaled gradients then read. The plan decides when each average runs and
-# how long it lives, as for any node; its gradients come out of a collective
-# and need no all_reduce step of their own.
+# same norm, and the replicas stay equal. A clipped step on several ranks is
+# traced with each gradient marked where its average is read
+# (mean_over_ranks, _collective_ops.py, _averaged): the captured graph names
+# the backward's gradient `unclipped_grad:<parameter>`, as the command line's
+# clipped steps do (docs/training.md, "Gradient clipping"), and the norms and
+# the scaled gradients read it. The plan then places its all_reduce step
+# (docs/semantics.md, "Collectives across ranks": the simulator lets the
+# clipping read an unclipped gradient only once it is summed) after the
+# backward is done with it and before the clipping's first read, alone or
+# in a bucket with others, as for an unclipped step's gradients; the
+# executor averages it in place (GradientAverage: divided, then summed) and
+# waits before the clipping reads it. Where a plan computes an unclipped
+# gradient again, that value is averaged again. Until 2026-12-03 the
+# average was a collective node of its own, a new tensor beside the
+# gradient and its own message: no buckets.
 
 
 def _describe(x):

@@ -1,20 +1,19 @@
-"""Collectives traced into a captured step.
+"""The average over the ranks, marked in a captured step.
 
 A step that clips its gradients on several ranks (Note [Clipping the
-averaged gradients]) needs the gradients' average before their norm, inside
-the traced graph: `mean_over_ranks(gradient, ranks)` stands for it there.
-Its kernel does the local part only, a new contiguous tensor of the gradient
-over `ranks` (divided first, as DistributedDataParallel divides); the
-executor then sums that tensor over the ranks in place, asynchronously, and
-waits before a reader (_executor.py, _RunState.compute). The graph marks the
-node as a collective (op "all_reduce", timed on the network link), so the
-plan's memory and time are the step's.
+averaged gradients] in _capture.py) clips their average: in the trace,
+`mean_over_ranks(gradient, ranks, index)` stands for the average of the
+`index`-th gradient. The captured graph keeps no node of it: the gradient
+it reads becomes `unclipped_grad:<parameter>`, which the plan averages in
+place with an all_reduce step (in a bucket or alone) before the clipping
+reads it, as for the command line's clipped steps. Its kernel (run by a
+trace on real tensors only) gives the rank's own part, the gradient over
+`ranks`.
 """
 
 import torch
 
-# The operator's name in the graph and in the plan (docs/semantics.md:
-# a collective node of op all_reduce).
+# The op of a collective node that sums over the ranks (docs/semantics.md).
 ALL_REDUCE_OP = "all_reduce"
 MEAN_OVER_RANKS = "mean_over_ranks"
 
@@ -41,12 +40,12 @@ def divisor(ranks, dtype):
     return _DIVISORS[(ranks, dtype)]
 
 
-def _kernel(gradient, ranks):
+def _kernel(gradient, ranks, index):
     out = torch.empty(gradient.shape, dtype=gradient.dtype, device=gradient.device)
     return torch.div(gradient, divisor(ranks, gradient.dtype), out=out)
 
 
-def _meta(gradient, ranks):
+def _meta(gradient, ranks, index):
     return torch.empty(gradient.shape, dtype=gradient.dtype, device="meta")
 
 
@@ -59,7 +58,7 @@ def _define():
     if hasattr(namespace, MEAN_OVER_RANKS):
         return
     library = torch.library.Library("pebble", "DEF")
-    library.define(f"{MEAN_OVER_RANKS}(Tensor gradient, int ranks) -> Tensor")
+    library.define(f"{MEAN_OVER_RANKS}(Tensor gradient, int ranks, int index) -> Tensor")
     for key in ("CPU", "CUDA"):
         library.impl(MEAN_OVER_RANKS, _kernel, key)
     library.impl(MEAN_OVER_RANKS, _meta, "Meta")
@@ -69,9 +68,10 @@ def _define():
 _define()
 
 
-def mean_over_ranks(gradient, ranks):
-    """The gradient's average over `ranks` ranks, as the traced step sees it."""
-    return torch.ops.pebble.mean_over_ranks(gradient, ranks)
+def mean_over_ranks(gradient, ranks, index):
+    """The average over `ranks` ranks of the step's `index`-th gradient (in
+    the order of Traced.grad_slots), as the traced step sees it."""
+    return torch.ops.pebble.mean_over_ranks(gradient, ranks, index)
 
 
 def is_mean_over_ranks(target):

@@ -77,13 +77,14 @@ sharded under dtr, 0.3 to 2.7 KB; the statistics given as None instead ran
 with fewer temporaries than predicted.)
 """
 
+import collections
 import time
 
 import torch
 
 from ._compat import free_storage, storage_key
 from ._graph import op_name
-from ._memory import round_up
+from ._memory import is_dense, round_up
 
 
 class PlanExecutionError(RuntimeError):
@@ -162,8 +163,11 @@ class Program:
         self.rebind = rebind
         self.sync = sync
         self.collectives = collectives
-        # The nodes whose value is a parameter's gradient at the step's end.
-        self.gradients = {n.index for _, n in graph.grads} | \
+        # The nodes whose value is a parameter's gradient as the backward
+        # makes it: the one a data-parallel plan averages over the ranks
+        # (the simulator's GradientsToReduce), where a clipped step, its
+        # unclipped gradient (Note [Clipping the averaged gradients]).
+        self.gradients = {n.index for _, n in graph.backward_gradients()} | \
             {acc.index for _, _, acc in graph.accumulators}
         self.steps = []
         # A bucket's all_reduce steps (("all_reduce", node, bucket) triples,
@@ -257,16 +261,19 @@ class Program:
         (scheduler/collectives.h); the simulator checked their order."""
         reduced = [node for kind, node in self.steps if kind == REDUCE]
         expected = set()
-        if self.sync is not None:  # but a gradient that is a view of another: summed with it,
-            nodes = self.graph.nodes  # and one computed from a collective: summed already
-            summed = _from_collectives(self.graph)
-            for g in self.gradients - summed:
+        if self.sync is not None:  # but a gradient that is a view of another: summed with it
+            nodes = self.graph.nodes
+            for g in self.gradients:
                 a = nodes[g].alias_of
                 while a is not None and a not in self.gradients:
                     a = nodes[a].alias_of
                 if a is None:
                     expected.add(g)
-        if {node.index for node in reduced} != expected or len(reduced) != len(expected):
+        # Each once, but an unclipped gradient computed again is averaged
+        # again (Note [Clipping the averaged gradients] in _capture.py).
+        times = collections.Counter(node.index for node in reduced)
+        if set(times) != expected or any(
+                n > 1 and g not in self.graph.unclipped_indices for g, n in times.items()):
             raise PlanExecutionError(
                 "internal: the plan's all-reduces do not match the gradients to average "
                 f"({len(reduced)} all_reduce steps for {len(expected)} gradients)")
@@ -274,7 +281,7 @@ class Program:
         for node in reduced:
             root = _root_of(self.graph, node)
             whole = not node.value.is_contiguous()  # reduced through its whole storage
-            if whole and not (_dense(root.value) and root.value.numel() == node.value.numel()):
+            if whole and not (is_dense(root.value) and root.value.numel() == node.value.numel()):
                 raise PlanExecutionError(f"gradient '{node.id}' is not contiguous, nor the whole "
                                          "of a dense storage: pebble.torch cannot all-reduce it "
                                          "in place")
@@ -377,8 +384,6 @@ class Program:
                 self.streams.synchronize(self.device)
             if self.sync is not None:
                 self.sync.abandon()
-            if state.collective_works:
-                self.collectives.drain(state.collective_works)
             if self.foreign is not None:
                 self.foreign.abort()
             state.restore_persistent()
@@ -420,9 +425,6 @@ class _RunState:
         # which lets go of a tensor a moment after its collective, never
         # frees one where PyTorch's CPU profiler would miss it.
         self.collective_storages = set()
-        # The all-reduces of collective nodes this run started (drained
-        # after a failure: Note [Draining the collectives of a failed run]).
-        self.collective_works = []
         for i, t in persistent.items():
             if i in program.host_homes:  # (its host copy, not resident)
                 continue
@@ -651,21 +653,6 @@ class _RunState:
                                              self.resident + workspace)
         self.result.computes += 1
         self.computed.add(node.index)
-        if node.collective:
-            self._sum_over_ranks(node, out)
-
-    def _sum_over_ranks(self, node, t):
-        """The collective node `node` computed its local part `t` (Note
-        [Clipping the averaged gradients]): sums it over the ranks in place,
-        asynchronously; a later step on it waits. One process (a
-        calibration) keeps the local part."""
-        collectives = self.program.collectives
-        if collectives is None:
-            return
-        what = f"the all-reduce of '{node.id}'"
-        work = collectives.all_reduce(t, what)
-        self.collective_works.append(work)
-        self.wait_before(node, lambda: collectives.wait(work, what))
 
     def _keep_rng_state(self, node):
         """Before the first run of a random call that the schedule runs again:
@@ -891,19 +878,6 @@ class _RunState:
         self._homes_again()  # (every node dropped is one, checked above)
 
 
-def _dense(t):
-    """Whether `t`'s elements fill one run of its storage without gaps or
-    overlaps, in some order of its dimensions (contiguous, or a transpose
-    of a contiguous tensor: a .grad that autograd left transposed)."""
-    expected = 1
-    for stride, size in sorted((t.stride(d), t.size(d)) for d in range(t.dim())
-                               if t.size(d) != 1):
-        if stride != expected:
-            return False
-        expected *= size
-    return True
-
-
 def _flat_if_dense(t):
     """`t`, or where it is not contiguous but dense, its elements as one flat
     contiguous view of the same storage (an all-reduce sums elementwise, so
@@ -918,18 +892,6 @@ def _root_of(graph, node):
     while node.alias_of is not None:
         node = graph.nodes[node.alias_of]
     return node
-
-
-def _from_collectives(graph):
-    """Indices of the nodes that a collective node computes, or that are
-    computed from one (directly or not): the same on every rank, summed
-    already (as the simulator's GradientsToReduce leaves them out)."""
-    found = set()
-    for node in graph.nodes:  # (in a topological order)
-        if node.collective or any(u.index in found for u in node.inputs) or \
-                (node.alias_of is not None and node.alias_of in found):
-            found.add(node.index)
-    return found
 
 
 # The resident value of an order token (Note [Random calls in eager's order]).

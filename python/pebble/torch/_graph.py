@@ -44,7 +44,7 @@ import operator
 import torch
 
 from ._capture import CaptureError
-from ._collective_ops import ALL_REDUCE_OP, is_mean_over_ranks
+from ._collective_ops import is_mean_over_ranks
 from ._compat import storage_bytes, storage_key
 from ._memory import round_up
 
@@ -127,9 +127,6 @@ class Node:
         self.mask = None          # the one-hot output mask a gradient call runs with
         self.group = None         # fx call shared with sibling nodes (several outputs)
         self.random = False
-        # A collective of the ranks (mean_over_ranks: Note [Clipping the
-        # averaged gradients]): the executor sums its output over them.
-        self.collective = False
         self.updates_stats = False  # writes running statistics (batch norm, PyTorch 1.13)
         self.empty_when_run = False  # the kernel may return it empty (eval batch norm's stats)
         self.slot = None          # persistent: the Slot
@@ -155,8 +152,6 @@ class Node:
             return "accumulate_grad"
         if self.kind == "order":
             return "rng_order"
-        if self.collective:
-            return ALL_REDUCE_OP
         name = str(self.fx.target)
         if self.out_index is not None:
             name += f"[{self.out_index}]"
@@ -198,6 +193,10 @@ class StepGraph:
         self.loss = None
         self.grad_norm = None  # the gradients' norm before clipping, where clipped
         self.grads = []       # (Slot, Node)
+        # (Slot, Node): a clipped step's gradient as the backward makes it,
+        # whose average the clipping reads, on several ranks (Note [Clipping
+        # the averaged gradients] in _capture.py)
+        self.unclipped = []
         self.updates = []     # (Slot, Node): buffer <- node after the step
         self.readers = {}     # fx node -> number of calls that read it
         self.accumulators = []  # (Slot, Node of the .grad, Node acc)
@@ -297,6 +296,14 @@ class StepGraph:
         if name in _IDENTITY:
             self.refs[(n, None)] = self._ref(n.args[0])
             return
+        if is_mean_over_ranks(n.target):  # the plan's all-reduce averages its input
+            gradient = self.refs[(n, None)] = self._ref(n.args[0])
+            slot = self.traced.grad_slots[n.args[2]]
+            if gradient.kind == "persistent" or any(g is gradient for _, g in self.unclipped):
+                raise CaptureError(f"internal: the gradient of '{slot.id}' cannot be "
+                                   "averaged in place")
+            self.unclipped.append((slot, gradient))
+            return
         written = _written_args(n.target)
         if written:
             self._in_place(n, written)
@@ -357,7 +364,6 @@ class StepGraph:
         node.inputs = inputs
         node.value = value
         node.random = is_random(n.target)
-        node.collective = is_mean_over_ranks(n.target)
         if base is not None:
             node.alias_of = base.index
             node.nbytes = value.numel() * value.element_size() if self._on_device(value) else 0
@@ -539,6 +545,8 @@ class StepGraph:
         special = {self.loss.index: "loss"}
         if self.grad_norm is not None:
             special.setdefault(self.grad_norm.index, "grad_norm")
+        for slot, node in self.unclipped:
+            special.setdefault(node.index, f"unclipped_grad:{slot.id}")
         for slot, node in self.grads:
             special.setdefault(node.index, f"grad:{slot.id}")
         for slot, _, acc in self.accumulators:
@@ -557,6 +565,17 @@ class StepGraph:
             taken.add(new_id)
 
     # --- the pebble graph -----------------------------------------------------
+
+    def backward_gradients(self):
+        """(Slot, Node) of each parameter's gradient as the backward makes it:
+        the unclipped one where a clipped step on several ranks has it, else
+        the step's output (the simulator's BackwardGradient)."""
+        unclipped = {slot.id: node for slot, node in self.unclipped}
+        return [(slot, unclipped.get(slot.id, node)) for slot, node in self.grads]
+
+    @property
+    def unclipped_indices(self):
+        return {node.index for _, node in self.unclipped}
 
     def outputs(self):
         """Nodes that must be resident when the step ends."""
@@ -588,15 +607,13 @@ class StepGraph:
                 doc["persistent"] = True
             else:
                 doc["cost"] = float(costs.get(node.index, 0.0))
-                if node.collective:
-                    doc["collective"] = True
                 doc["inputs"] = [self.nodes[u.index].id for u in node.inputs
                                  if order_tokens or u.kind != "order"]
                 if node.alias_of is not None:
                     doc["alias_of"] = self.nodes[node.alias_of].id
                     if doc["alias_of"] not in doc["inputs"]:
                         doc["inputs"].append(doc["alias_of"])
-                if node.workspace_bytes and not node.collective:  # (none: a collective)
+                if node.workspace_bytes:
                     doc["workspace"] = int(node.workspace_bytes)
             # An existing .grad is persistent state of the step: pebble's
             # "buffer" role.

@@ -188,6 +188,19 @@ class TensorMemory(TorchDispatchMode):
             del self._storages[key]
 
 
+def is_dense(t):
+    """Whether `t`'s elements fill one run of memory without gaps or
+    overlaps, in some order of its dimensions (contiguous, or a transpose
+    of a contiguous tensor: a .grad that autograd left transposed)."""
+    expected = 1
+    for stride, size in sorted((t.stride(d), t.size(d)) for d in range(t.dim())
+                               if t.size(d) != 1):
+        if stride != expected:
+            return False
+        expected *= size
+    return True
+
+
 def round_up(nbytes, granularity):
     """`nbytes` rounded up to a multiple of `granularity` (the allocator's
     block: 512 bytes on a GPU, 1 on the CPU)."""
