@@ -582,6 +582,93 @@ def check_one_pass_capture(failures, device):
           flush=True)
 
 
+def check_loss_and_checkpoints(failures, device):
+    """A module that checkpoints a block with dropout itself (reentrant or
+    not) gives eager's gradients (the capture runs the checkpoints inline:
+    Note [Checkpoints in the module]); a loss whose settings change between
+    calls (a module's label smoothing, a weight in the closure's dict) is
+    captured again, eager's loss each time; a loss with a learnable weight
+    of its own is refused, naming it."""
+    nn, F = torch.nn, torch.nn.functional
+    from torch.utils import checkpoint as cp
+
+    class Checkpointed(nn.Module):
+        def __init__(self, reentrant):
+            super().__init__()
+            self.reentrant = reentrant
+            self.stem = nn.Linear(10, 10)  # (a reentrant checkpoint's input requires grad)
+            self.block = nn.Sequential(nn.Linear(10, 16), nn.GELU(), nn.Dropout(0.3),
+                                       nn.Linear(16, 16))
+            self.head = nn.Linear(16, 5)
+
+        def forward(self, x):
+            return self.head(cp.checkpoint(self.block, self.stem(x),
+                                           use_reentrant=self.reentrant))
+
+    x = torch.randn(4, 10, device=device)
+    y = torch.tensor([0, 2, 4, 1], device=device)
+    for reentrant in (False, True):
+        torch.manual_seed(SEED)
+        model = Checkpointed(reentrant).to(device)
+        eager_model = copy.deepcopy(model)
+        for policy in ("baseline", "dtr"):
+            step = pt.train_step(model, F.cross_entropy, (x,), y, policy=policy, budget="min",
+                                 measure="never")
+            model.zero_grad(set_to_none=True)
+            eager_model.zero_grad(set_to_none=True)
+            torch.manual_seed(SEED)
+            loss = step(x, y)
+            torch.manual_seed(SEED)
+            eager = F.cross_entropy(eager_model(x), y)
+            eager.backward()
+            worst = max(relative_error(p.grad, q.grad) for p, q in
+                        zip(model.parameters(), eager_model.parameters()))
+            failures.check(relative_error(loss, eager.detach()) <= TOLERANCE and
+                           worst <= TOLERANCE,
+                           f"checkpointed block (reentrant={reentrant}, {policy}): loss "
+                           f"{loss.item()} vs {eager.item()}, gradients off by {worst:.2e}")
+    torch.manual_seed(SEED)
+    model = nn.Sequential(nn.Linear(10, 16), nn.ReLU(), nn.Linear(16, 5)).to(device)
+    eager_model = copy.deepcopy(model)
+    ce = nn.CrossEntropyLoss(label_smoothing=0.0)
+    schedule = {"aux_weight": 0.0}
+
+    def loss_fn(out, target):
+        return ce(out, target) + schedule["aux_weight"] * out.pow(2).mean()
+    step = pt.train_step(model, loss_fn, (x,), y, policy="dtr", budget="min", measure="never")
+    for k in range(3):
+        ce.label_smoothing, schedule["aux_weight"] = 0.2 * k, 0.5 * k
+        model.zero_grad(set_to_none=True)
+        eager_model.zero_grad(set_to_none=True)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # (the recapture's warning)
+            loss = step(x, y)
+        eager = loss_fn(eager_model(x), y)
+        eager.backward()
+        worst = max(relative_error(p.grad, q.grad) for p, q in
+                    zip(model.parameters(), eager_model.parameters()))
+        failures.check(relative_error(loss, eager.detach()) <= TOLERANCE and worst <= TOLERANCE,
+                       f"a loss's settings changed, call {k}: loss {loss.item()} vs "
+                       f"{eager.item()}, gradients off by {worst:.2e}")
+    failures.check(step.report["shapes_planned"] == 3,
+                   f"a loss's settings changed: {step.report['shapes_planned']} captures, not 3")
+
+    class Weighted(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.log_var = nn.Parameter(torch.zeros(2, device=device))
+
+        def forward(self, out, target):
+            return torch.exp(-self.log_var[0]) * F.cross_entropy(out, target) + self.log_var[0]
+    try:
+        pt.train_step(model, Weighted(), (x,), y, measure="never")
+        failures.check(False, "a loss with a learnable weight of its own was accepted")
+    except pt.CaptureError as e:
+        failures.check("loss_fn's parameter 'log_var'" in str(e), f"a loss's own weight: {e}")
+    print("checkpointed blocks, a loss's changed settings and its own weights: as eager, or "
+          "refused", flush=True)
+
+
 def check_module_changes(failures, device):
     """What a trace reads from the module besides tensors, changed after the
     capture (Note [What a trace reads from the module] in _capture.py): a
@@ -1146,6 +1233,7 @@ def main():
         check_other_layouts(failures, device)
         check_eval_mode(failures, device)
         check_module_changes(failures, device)
+        check_loss_and_checkpoints(failures, device)
         check_names_like_calls(failures, device)
         check_accumulation(failures, device)
         check_no_garbage(failures, device)

@@ -526,7 +526,7 @@ class TrainStep:
                                if p.requires_grad and p.grad is not None)
         trainable = frozenset(name for name, p in self.model.named_parameters()
                               if p.requires_grad)
-        return tensors, accumulate, trainable, ModuleSettings(self.model)
+        return tensors, accumulate, trainable, ModuleSettings(self.model, self.loss_fn)
 
     def _variant_for(self, inputs, target, key=None):
         """The variant of these inputs' shapes and layouts (`key`: their
@@ -588,9 +588,10 @@ class TrainStep:
         if any(a != "training" and not a.endswith(".training") for a in attributes):
             shown = "; ".join(changes[:3]) + (f"; and {len(changes) - 3} more"
                                               if len(changes) > 3 else "")
-            warnings.warn(f"pebble.torch: the module changed since its last capture ({shown}): "
-                          "captured and planned again. An attribute that changes at every "
-                          "step is better a buffer or an input", stacklevel=4)
+            warnings.warn(f"pebble.torch: the module or the loss changed since its last "
+                          f"capture ({shown}): captured and planned again. An attribute that "
+                          "changes at every step is better a buffer or an input",
+                          stacklevel=4)
 
     def _find_under_settings_left(self, key, variant):
         """A forward that changes its module's own attributes (a Python
@@ -598,7 +599,7 @@ class TrainStep:
         measures the unplanned step (Note [What a trace reads from the
         module]): the next calls find `variant` (of signature `key`) under the
         settings they left."""
-        after = key[:-1] + (ModuleSettings(self.model),)
+        after = key[:-1] + (ModuleSettings(self.model, self.loss_fn),)
         if after != key:
             self._captures.setdefault(after, variant.capture)
             self._variants.setdefault(after, variant)

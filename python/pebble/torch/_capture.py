@@ -19,8 +19,10 @@ again over fake tensors for them (propagate).
 """
 
 import contextlib
+import functools
 import math
 import operator
+import types
 import warnings
 
 import torch
@@ -44,9 +46,11 @@ class CaptureError(ValueError):
 # Eager PyTorch reads them afresh each call, so a change after the capture
 # (a submodule put in eval mode to freeze its statistics, a dropout
 # schedule, a hook added or removed) must make a new capture, as new shapes
-# do: ModuleSettings is that part of a call's signature. An attribute that
-# the forward itself changes (a Python counter) changes at capture only, as
-# any Python state in a traced forward does.
+# do: ModuleSettings is that part of a call's signature. So must the loss's
+# settings (a label smoothing, a weight that a schedule anneals in the
+# closure: _loss_settings), as far as they can be found without running
+# it. An attribute that the forward itself changes (a Python counter)
+# changes at capture only, as any Python state in a traced forward does.
 
 _PLAIN = (bool, int, float, str, type(None))
 
@@ -70,26 +74,83 @@ def _hook_name(hook):
     return getattr(hook, "__qualname__", type(hook).__name__)
 
 
+def _plain_attributes(obj):
+    """The plain settings among `obj`'s attributes: ((name, value), ...)."""
+    plain = []
+    for key, value in getattr(obj, "__dict__", {}).items():
+        if key[0] == "_":
+            continue  # (parameters, buffers, submodules, hooks)
+        value = _plain(value)
+        if value is not _NOT_PLAIN:
+            plain.append((key, value))
+    return tuple(plain)
+
+
+def _setting(value):
+    """`value` as a setting a trace may read: plain (_plain), a dict of up
+    to 64 plain keys and values (as sorted pairs), else _NOT_PLAIN."""
+    if isinstance(value, dict) and len(value) <= 64:
+        items = [(k, _plain(v)) for k, v in value.items() if isinstance(k, _PLAIN)]
+        if len(items) == len(value) and all(v is not _NOT_PLAIN for _, v in items):
+            return tuple(sorted(items, key=repr))
+        return _NOT_PLAIN
+    return _plain(value)
+
+
+def _loss_settings(loss_fn):
+    """What a trace reads from `loss_fn` besides tensors, as ModuleSettings
+    keeps a module's: (name, settings) pairs. A module's plain attributes
+    (label smoothing, a weight), for it and each submodule; a function's
+    closure cells and the globals its own code names, and a
+    functools.partial's arguments: each plain value or dict of them (a
+    weight that a schedule anneals), and each module's attributes; a
+    callable object's plain attributes. (Functions the loss calls, and
+    other objects, are not looked into.)"""
+    if isinstance(loss_fn, torch.nn.Module):
+        return tuple((f"loss_fn.{name}" if name else "loss_fn", _plain_attributes(module))
+                     for name, module in loss_fn.named_modules())
+    read = []  # (name, value)
+    if isinstance(loss_fn, functools.partial):
+        read += [(f"arg{k}", v) for k, v in enumerate(loss_fn.args)]
+        read += sorted(loss_fn.keywords.items())
+        loss_fn = loss_fn.func
+    code = getattr(loss_fn, "__code__", None)
+    if code is not None:
+        for name, cell in zip(code.co_freevars, loss_fn.__closure__ or ()):
+            try:
+                read.append((name, cell.cell_contents))
+            except ValueError:  # (a cell not filled yet)
+                continue
+        names = getattr(loss_fn, "__globals__", {})
+        read += [(name, names[name]) for name in code.co_names if name in names]
+    elif not isinstance(loss_fn, types.BuiltinFunctionType):
+        read += list(getattr(loss_fn, "__dict__", {}).items())
+    found, modules = [], []
+    for name, value in read:
+        if isinstance(value, torch.nn.Module):
+            modules += [(f"loss_fn:{name}.{sub}" if sub else f"loss_fn:{name}",
+                         _plain_attributes(module)) for sub, module in value.named_modules()]
+        elif not name.startswith("_"):
+            value = _setting(value)
+            if value is not _NOT_PLAIN:
+                found.append((name, value))
+    return ((("loss_fn", tuple(found)),) if found else ()) + tuple(modules)
+
+
 class ModuleSettings:
-    """What a trace of `model` reads from its modules besides tensors (Note
-    [What a trace reads from the module]): each module's plain attributes
-    (its training flag among them) and its forward hooks, with the global
-    ones. Equal in one process where the same hooks are on the same
-    modules; the repr names the hooks, so that ranks compare it."""
+    """What a trace of `model` and `loss_fn` reads from them besides tensors
+    (Note [What a trace reads from the module]): each module's plain
+    attributes (its training flag among them) and its forward hooks, with
+    the global ones, and the loss's settings (_loss_settings). Equal in one
+    process where the same hooks are on the same modules; the repr names the
+    hooks, so that ranks compare it."""
 
     __slots__ = ("attrs", "hooks")
 
-    def __init__(self, model):
+    def __init__(self, model, loss_fn=None):
         attrs, hooks = [], []
         for name, module in model.named_modules():
-            plain = []
-            for key, value in module.__dict__.items():
-                if key[0] == "_":
-                    continue  # (parameters, buffers, submodules, hooks)
-                value = _plain(value)
-                if value is not _NOT_PLAIN:
-                    plain.append((key, value))
-            attrs.append((name, tuple(plain)))
+            attrs.append((name, _plain_attributes(module)))
             on = module.__dict__
             for kind in ("_forward_pre_hooks", "_forward_hooks", "_backward_hooks"):
                 if on.get(kind):
@@ -99,6 +160,8 @@ class ModuleSettings:
             on = getattr(torch.nn.modules.module, kind, None)
             if on:
                 hooks.append(("", kind, tuple(on.values())))
+        if loss_fn is not None:
+            attrs += _loss_settings(loss_fn)
         self.attrs, self.hooks = tuple(attrs), tuple(hooks)
 
     def __eq__(self, other):
@@ -409,7 +472,7 @@ def trace(model, loss_fn, inputs, target, device, mode=None, one_pass=True, stan
         grad_found = []
         stack = _ModuleStack(model)
         try:
-            with _rng_kept(device), _rnn_without_cudnn(model, device):
+            with _rng_kept(device), _rnn_without_cudnn(model, device), _checkpoints_inline():
                 step = _step_function(model, loss_fn, slots, grad_found, max_grad_norm,
                                       norm_type, ranks)
                 first = _make_fx(step, m, flat, fake_mode)
@@ -435,6 +498,7 @@ def trace(model, loss_fn, inputs, target, device, mode=None, one_pass=True, stan
             failure = (where, e)
             continue
         _remove_unused_calls(gm)
+        _refuse_tensors_requiring_grad(gm, loss_fn)
         traced = Traced(gm, slots, list(grad_found), m, flat)
         traced.values = values
         traced.passes = 1 if done is not None else 2
@@ -452,6 +516,82 @@ def trace(model, loss_fn, inputs, target, device, mode=None, one_pass=True, stan
                            f"{type(e).__name__}: {_first_line(e)}") from e
     raise CaptureError(f"{where} cannot be traced by PyTorch (make_fx): "
                        f"{type(e).__name__}: {_first_line(e)}") from e
+
+
+# Note [Checkpoints in the module]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# A module may checkpoint its blocks itself (torch.utils.checkpoint, as
+# Hugging Face's gradient_checkpointing_enable() does). Traced as it is, the
+# checkpoint's recomputation is in the captured graph, but not its putting
+# back of the generator's state: a dropout in the block drew a new mask for
+# the backward (gradients 0.1 away from eager's, under every plan), and a
+# reentrant checkpoint could not be traced at all. What to recompute is the
+# plan's to decide, so the capture runs each checkpointed function inline,
+# as if it were not checkpointed: eager's numbers (the checkpoint replays the
+# forward's generator state, preserve_rng_state=True, its default), and the
+# plan recomputes what the budget needs.
+_CHECKPOINT_OPTIONS = ("use_reentrant", "preserve_rng_state", "context_fn",
+                       "determinism_check", "debug")
+
+
+@contextlib.contextmanager
+def _checkpoints_inline():
+    """torch.utils.checkpoint's checkpoints run their function inline while
+    a trace runs (Note [Checkpoints in the module]): the module's
+    `checkpoint(...)`, imported by name or not, reentrant or not, in
+    PyTorch 1.13 and 2.x."""
+    import torch.utils.checkpoint as module
+
+    def checkpoint(function, *args, **kwargs):
+        return function(*args, **{k: v for k, v in kwargs.items()
+                                   if k not in _CHECKPOINT_OPTIONS})
+
+    def without_reentrant(function, preserve_rng_state=True, *args, **kwargs):  # 1.13
+        return function(*args, **kwargs)
+
+    def generator(*args, **kwargs):  # 2.x: checkpoint() calls the function between two next()
+        yield
+
+    patches = [(module, "checkpoint", checkpoint),
+               (module, "_checkpoint_without_reentrant", without_reentrant),
+               (module, "_checkpoint_without_reentrant_generator", generator),
+               (module.CheckpointFunction, "apply",
+                staticmethod(lambda function, preserve, *args: function(*args)))]
+    applied = []  # (owner, name, what its own __dict__ held, or _NOT_PLAIN for nothing)
+    try:
+        for owner, name, value in patches:
+            if name in owner.__dict__ or name == "apply":  # (apply: inherited from Function)
+                applied.append((owner, name, owner.__dict__.get(name, _NOT_PLAIN)))
+                setattr(owner, name, value)
+        yield
+    finally:
+        for owner, name, before in reversed(applied):
+            if before is _NOT_PLAIN:
+                delattr(owner, name)
+            else:
+                setattr(owner, name, before)
+
+
+def _refuse_tensors_requiring_grad(gm, loss_fn):
+    """CaptureError where the step reads a tensor that requires grad but is
+    no parameter of the module (a learnable weight of the loss, or a tensor
+    the forward takes from elsewhere): the trace holds it as a constant, and
+    the step would leave its .grad None where eager's backward fills it."""
+    names = {id(p): f"loss_fn's parameter '{name}'"
+             for name, p in (loss_fn.named_parameters()
+                             if isinstance(loss_fn, torch.nn.Module) else ())}
+    for n in gm.graph.nodes:
+        if n.op != "get_attr":
+            continue
+        t = getattr(gm, n.target, None)
+        if isinstance(t, torch.Tensor) and t.requires_grad:
+            what = names.get(id(t), f"a tensor of shape {tuple(t.shape)} that requires grad "
+                                    "and is no parameter of the module")
+            raise CaptureError(
+                f"the step reads {what}: it computes the module's parameters' gradients only, "
+                "and would leave its .grad None. Make it a parameter of the module (a loss "
+                "with learnable weights can be a submodule of the trained module), or detach "
+                "it")
 
 
 def _eager_failure(model, loss_fn, slots, flat, device):
