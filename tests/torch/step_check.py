@@ -669,6 +669,55 @@ def check_loss_and_checkpoints(failures, device):
           "refused", flush=True)
 
 
+def check_constants_and_masks(failures, device):
+    """A dropout of a transposed activation draws eager's mask (its noise is
+    made contiguous, as the call asks); tensor constants made in the forward
+    (a normalization's mean, an index list) are copies, not views; both as
+    eager, measured == predicted. nn.RReLU in training mode is refused."""
+    nn, F = torch.nn, torch.nn.functional
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d(3, 4, 3)
+            self.fc = nn.Linear(4, 8)
+            self.out = nn.Linear(8, 5)
+
+        def forward(self, x):
+            mean = torch.tensor([0.485, 0.456, 0.406], device=x.device).view(1, 3, 1, 1)
+            h = self.conv(x - mean)[:, [0, 2, 3, 1]]
+            h = self.fc(h.flatten(2).transpose(1, 2))  # (batch, positions, 8)
+            h = F.dropout(h.transpose(0, 1), 0.5, training=True)  # not contiguous
+            return self.out(h.mean(0))
+    torch.manual_seed(SEED)
+    model = Net().to(device)
+    eager_model = copy.deepcopy(model)
+    x = torch.rand(2, 3, 6, 6, device=device)
+    y = torch.tensor([1, 3], device=device)
+    for policy in ("baseline", "dtr"):
+        step = pt.train_step(model, F.cross_entropy, (x,), y, policy=policy, budget="min")
+        model.zero_grad(set_to_none=True)
+        eager_model.zero_grad(set_to_none=True)
+        torch.manual_seed(SEED)
+        loss = step(x, y)
+        torch.manual_seed(SEED)
+        eager = F.cross_entropy(eager_model(x), y)
+        eager.backward()
+        worst = max(relative_error(p.grad, q.grad) for p, q in
+                    zip(model.parameters(), eager_model.parameters()))
+        failures.check(relative_error(loss, eager.detach()) <= TOLERANCE and worst <= TOLERANCE,
+                       f"constants and a transposed dropout ({policy}): loss {loss.item()} vs "
+                       f"{eager.item()}, gradients off by {worst:.2e}")
+        check_memory(failures, f"constants and a transposed dropout ({policy})", step.report)
+    try:
+        pt.train_step(nn.Sequential(nn.Linear(4, 3), nn.RReLU()).to(device), F.mse_loss,
+                      torch.randn(2, 4, device=device), torch.randn(2, 3, device=device))
+        failures.check(False, "nn.RReLU in training mode was accepted")
+    except pt.CaptureError as e:
+        failures.check("nn.RReLU in training mode" in str(e), f"RReLU refused: {e}")
+    print("constants, a transposed dropout's mask: eager's; RReLU refused", flush=True)
+
+
 def check_module_changes(failures, device):
     """What a trace reads from the module besides tensors, changed after the
     capture (Note [What a trace reads from the module] in _capture.py): a
@@ -1234,6 +1283,7 @@ def main():
         check_eval_mode(failures, device)
         check_module_changes(failures, device)
         check_loss_and_checkpoints(failures, device)
+        check_constants_and_masks(failures, device)
         check_names_like_calls(failures, device)
         check_accumulation(failures, device)
         check_no_garbage(failures, device)

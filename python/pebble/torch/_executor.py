@@ -736,7 +736,8 @@ class _RunState:
         rest = list(call.args[1:])
         options = dict(call.kwargs)
         dtype = options.pop("dtype", None) or template.dtype
-        for key in ("layout", "device", "pin_memory", "memory_format", "requires_grad"):
+        memory_format = options.pop("memory_format", None) or torch.preserve_format
+        for key in ("layout", "device", "pin_memory", "requires_grad"):
             options.pop(key, None)
         made = dict(dtype=dtype, device=self.device)
         if name.startswith("new_"):
@@ -748,7 +749,14 @@ class _RunState:
             if name == "new_full":
                 fill = rest.pop(0)
             return t if fill is None else t.fill_(fill)
-        t = torch.empty_strided(template.shape, template.stride(), **made)
+        # The strides PyTorch gives the call's memory format (dropout's
+        # empty_like(x, memory_format=contiguous) of a transposed x is
+        # contiguous, and its mask is drawn in that order), found on the meta
+        # device.
+        laid = torch.empty_like(torch.empty_strided(template.shape, template.stride(),
+                                                    device="meta"),
+                                memory_format=memory_format)
+        t = torch.empty_strided(template.shape, laid.stride(), **made)
         if name == "empty_like":
             return t
         if name == "zeros_like":

@@ -304,6 +304,14 @@ class StepGraph:
                                    "averaged in place")
             self.unclipped.append((slot, gradient))
             return
+        if name == "rrelu_with_noise" and _arg(n, "training", 4):
+            # (its schema in PyTorch 1.13 does not say that it writes
+            # `noise`, which its backward reads: a plan that freed and made
+            # the noise again would hand the backward an empty tensor)
+            raise CaptureError("nn.RReLU in training mode (aten.rrelu_with_noise) writes its "
+                               "random slopes into a tensor that its backward reads: "
+                               "pebble.torch cannot plan it (LeakyReLU, or RReLU in eval "
+                               "mode, can be)")
         written = _written_args(n.target)
         if written:
             self._in_place(n, written)
@@ -358,7 +366,10 @@ class StepGraph:
 
     def _output(self, n, k, value, inputs):
         """The node of output k (None: the value) of call n."""
-        base = self._shared_input(value, inputs)
+        # (a constant's copy: PyTorch 1.13's fake lift_fresh_copy returns the
+        # fake constant itself, where the kernel makes a copy)
+        base = None if op_name(n.target) == "lift_fresh_copy" else \
+            self._shared_input(value, inputs)
         node = self._add(n.name if k is None else _getitem_name(n, k),
                          "view" if base is not None else "op", n, k)
         node.inputs = inputs
