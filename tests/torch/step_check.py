@@ -673,7 +673,9 @@ def check_constants_and_masks(failures, device):
     """A dropout of a transposed activation draws eager's mask (its noise is
     made contiguous, as the call asks); tensor constants made in the forward
     (a normalization's mean, an index list) are copies, not views; both as
-    eager, measured == predicted. nn.RReLU in training mode is refused."""
+    eager, measured == predicted. A buffer that the forward rebinds (an
+    average kept as `self.ema = ...`) moves as eager's. nn.RReLU in training
+    mode is refused."""
     nn, F = torch.nn, torch.nn.functional
 
     class Net(nn.Module):
@@ -709,13 +711,38 @@ def check_constants_and_masks(failures, device):
                        f"constants and a transposed dropout ({policy}): loss {loss.item()} vs "
                        f"{eager.item()}, gradients off by {worst:.2e}")
         check_memory(failures, f"constants and a transposed dropout ({policy})", step.report)
+
+    class Ema(nn.Module):  # a buffer the forward rebinds, not updated in place
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(10, 5)
+            self.register_buffer("ema", torch.zeros(5))
+
+        def forward(self, x):
+            out = self.fc(x)
+            self.ema = 0.9 * self.ema + 0.1 * out.detach().mean(0)
+            return out - self.ema
+    torch.manual_seed(SEED)
+    model = Ema().to(device)
+    eager_model = copy.deepcopy(model)
+    x = torch.randn(4, 10, device=device)
+    y = torch.tensor([0, 2, 4, 1], device=device)
+    step = pt.train_step(model, F.cross_entropy, (x,), y, policy="dtr", budget="min")
+    for k in range(3):
+        loss = step(x, y)
+        eager = F.cross_entropy(eager_model(x), y)
+        failures.check(relative_error(loss, eager.detach()) <= TOLERANCE and
+                       relative_error(model.ema, eager_model.ema) <= TOLERANCE,
+                       f"a rebound buffer, step {k}: loss {loss.item()} vs {eager.item()}, "
+                       f"ema {model.ema.tolist()} vs {eager_model.ema.tolist()}")
     try:
         pt.train_step(nn.Sequential(nn.Linear(4, 3), nn.RReLU()).to(device), F.mse_loss,
                       torch.randn(2, 4, device=device), torch.randn(2, 3, device=device))
         failures.check(False, "nn.RReLU in training mode was accepted")
     except pt.CaptureError as e:
         failures.check("nn.RReLU in training mode" in str(e), f"RReLU refused: {e}")
-    print("constants, a transposed dropout's mask: eager's; RReLU refused", flush=True)
+    print("constants, a transposed dropout's mask, a rebound buffer: eager's; RReLU refused",
+          flush=True)
 
 
 def check_module_changes(failures, device):

@@ -305,6 +305,45 @@ class Traced:
         self.passes = 2  # make_fx traces: 1 where in-place calls were made functional here
 
 
+# Note [Buffers rebound by the forward]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# A forward may update a buffer by binding a new tensor to it
+# (`self.ema = 0.9 * self.ema + ...`) rather than in place. Eager keeps the
+# new tensor as the buffer; functional_call puts the traced buffer back when
+# the forward returns, so the new value was lost (the buffer never moved,
+# silently). A forward hook on each module with buffers sees what its
+# buffers hold when its forward returns, before that; each rebound buffer is
+# then written in place with its new value, which the capture takes as any
+# in-place update of a buffer (batch norm's statistics): the step's new
+# value of it, copied into the module's buffer after the step.
+
+
+@contextlib.contextmanager
+def _buffers_rebound(model, state):
+    """Yields {buffer name: the tensor the forward bound to it} of the
+    buffers of `model` that the forward calls (functional_call with `state`,
+    a copy of which this takes) bind to another tensor than `state`'s."""
+    rebound, handles = {}, []
+
+    def hook(prefix):
+        def seen(module, args, output):
+            for name in module._buffers:
+                key = prefix + name
+                t = getattr(module, name)  # (the call's tensor, in 1.13 and 2.x alike)
+                if key in state and isinstance(t, torch.Tensor) and t is not state[key]:
+                    rebound[key] = t
+        return seen
+    try:
+        for prefix, module in model.named_modules():
+            if module._buffers:
+                handles.append(module.register_forward_hook(
+                    hook(f"{prefix}." if prefix else "")))
+        yield rebound
+    finally:
+        for h in handles:
+            h.remove()
+
+
 def _step_function(model, loss_fn, slots, grad_found, max_grad_norm=None, norm_type=2.0,
                    ranks=1):
     """f(*slot tensors) -> [loss, gradient, ...] of the module's step, the
@@ -322,7 +361,17 @@ def _step_function(model, loss_fn, slots, grad_found, max_grad_norm=None, norm_t
                 state[name] = t
         inputs = flat[n_state:n_state + n_inputs]
         target = flat[n_state + n_inputs]
-        output = functional_call(model, state, tuple(inputs))
+        traced_state = dict(state)  # (PyTorch 1.13's functional_call writes rebinds into it)
+        with _buffers_rebound(model, traced_state) as rebound:
+            output = functional_call(model, state, tuple(inputs))
+        for name, value in rebound.items():  # (Note [Buffers rebound by the forward])
+            buffer = traced_state[name]
+            if value.shape != buffer.shape or value.dtype != buffer.dtype:
+                raise CaptureError(f"the forward binds buffer '{name}' to a tensor of shape "
+                                   f"{tuple(value.shape)} and {value.dtype}, where it holds "
+                                   f"{tuple(buffer.shape)} and {buffer.dtype}: pebble.torch "
+                                   "keeps a buffer's shape and dtype")
+            buffer.copy_(value)
         loss = loss_fn(output, target)
         if not isinstance(loss, torch.Tensor) or loss.dim() != 0 or \
                 not loss.dtype.is_floating_point:
