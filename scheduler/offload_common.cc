@@ -880,13 +880,17 @@ std::vector<SwapInterval> RefinePlacement(const ComputeSequence& seq,
   double best_makespan = std::numeric_limits<double>::infinity();
   for (int round = 0; round <= rounds; ++round) {
     const Emitted em = EmitDetailed(seq, swaps);
-    absl::StatusOr<PlanReport> rep = Simulate(g, em.schedule, sim);
+    absl::StatusOr<PlanReport> rep = SimulateCandidate(g, em.schedule, sim);
     PEBBLE_CHECK(rep.ok(), "swap emission produced an invalid schedule");
     if (rep->makespan < best_makespan) {
       best_makespan = rep->makespan;
       best = swaps;
     }
-    if (round == rounds || (deadline != nullptr && deadline->Expired())) break;
+    // (an overflowed candidate has no timeline to refine: SimulateCandidate)
+    if (round == rounds || (deadline != nullptr && deadline->Expired()) ||
+        !std::isfinite(rep->makespan)) {
+      break;
+    }
     const std::vector<StepRecord>& tl = rep->timeline;
     std::vector<int64_t> during = DuringBytes(seq, swaps);
     std::vector<int> order(swaps.size());
@@ -1037,7 +1041,7 @@ bool MakespanSelector::Better(const PlanReport& a, const PlanReport& b) const {
 const PlanReport& MakespanSelector::Consider(Schedule schedule, nlohmann::json details) {
   SimulatorOptions sim;
   sim.host_bandwidth_bytes_per_s = options_.host_bandwidth_bytes_per_s;
-  absl::StatusOr<PlanReport> report = Simulate(graph_, schedule, sim);
+  absl::StatusOr<PlanReport> report = SimulateCandidate(graph_, schedule, sim);
   PEBBLE_CHECK(report.ok(), "an offload candidate is an invalid schedule");
   report->timeline.clear();
   ++considered_;

@@ -593,7 +593,7 @@ bool PlanSelector::Better(const Figures& a, const Figures& b) const {
 PlanSelector::Figures PlanSelector::Evaluate(const Schedule& schedule) const {
   SimulatorOptions sim;
   sim.host_bandwidth_bytes_per_s = options_.host_bandwidth_bytes_per_s;
-  absl::StatusOr<PlanReport> report = Simulate(graph_, schedule, sim);
+  absl::StatusOr<PlanReport> report = SimulateCandidate(graph_, schedule, sim);
   PEBBLE_CHECK(report.ok(), "a multi-shot heuristic emitted an invalid schedule");
   return Figures{report->peak_bytes, report->compute_cost};
 }

@@ -1,15 +1,23 @@
 #include "scheduler/simulator.h"
 
 #include <algorithm>
+#include <climits>
 #include <cmath>
+#include <limits>
 #include <numeric>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "graph/optimizer.h"
 #include "graph/status.h"
 #include "graph/text_input.h"
 
 namespace pebble {
+
+// The start of Simulate's refusal of a schedule whose totals overflow
+// (SimulateCandidate tells it from the others).
+constexpr absl::string_view kCostOverflow =
+    "the schedule's total compute cost or time exceeds the largest double";
 
 double BaseCost(const Graph& graph) {
   double base = 0;
@@ -331,6 +339,16 @@ bool JoinedCollectives(const Graph& graph, const Schedule& schedule, size_t k,
 }
 
 }  // namespace
+
+absl::StatusOr<PlanReport> SimulateCandidate(const Graph& graph, const Schedule& schedule,
+                                             const SimulatorOptions& options) {
+  absl::StatusOr<PlanReport> report = Simulate(graph, schedule, options);
+  if (report.ok() || !absl::StartsWith(report.status().message(), kCostOverflow)) return report;
+  PlanReport worst;
+  worst.peak_bytes = worst.host_peak_bytes = worst.transfer_bytes = INT64_MAX;
+  worst.compute_cost = worst.makespan = worst.base_cost = std::numeric_limits<double>::infinity();
+  return worst;
+}
 
 absl::StatusOr<PlanReport> Simulate(const Graph& graph,
                                     const Schedule& schedule,
@@ -784,9 +802,8 @@ absl::StatusOr<PlanReport> Simulate(const Graph& graph,
   if (!std::isfinite(report.compute_cost) || !std::isfinite(report.makespan) ||
       !std::isfinite(report.copy_busy) || !std::isfinite(report.base_cost) ||
       !std::isfinite(report.host_compute_cost) || !std::isfinite(report.network_busy)) {
-    return absl::InvalidArgumentError(
-        "the schedule's total compute cost or time exceeds the largest double (about 1.8e308); "
-        "give the graph's costs in a smaller unit");
+    return absl::InvalidArgumentError(absl::StrCat(
+        kCostOverflow, " (about 1.8e308); give the graph's costs in a smaller unit"));
   }
   report.recomputations = computes - distinct_computed;
   report.one_shot = report.recomputations == 0;

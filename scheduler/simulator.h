@@ -130,6 +130,16 @@ absl::StatusOr<PlanReport> Simulate(const Graph& graph,
                                     const Schedule& schedule,
                                     const SimulatorOptions& options = {});
 
+// Simulate for a search's candidate: a valid schedule whose total cost or
+// time overflows a double (a heuristic's recomputations of a graph whose
+// costs sum near the largest double, or a transfer on a link of almost no
+// bandwidth) is the worst report there is (peaks of INT64_MAX bytes,
+// infinite times), which a search passes over, rather than an error; the
+// plan that FinishPlan makes of such a candidate is refused as Simulate
+// refuses it. Any other error is Simulate's.
+absl::StatusOr<PlanReport> SimulateCandidate(const Graph& graph, const Schedule& schedule,
+                                             const SimulatorOptions& options);
+
 // Why step k of `schedule` may not join the step before it in a bucket
 // (Step::joins_bucket), or "" where it may: an all_reduce step joins an
 // all_reduce step (docs/semantics.md, "Buckets"); a compute of a collective

@@ -11,12 +11,14 @@
 //    infeasible budget never shows more than best-order's peak.
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
+#include "graph/graph_json.h"
 #include "graph/models/models.h"
 #include "gtest/gtest.h"
 #include "scheduler/budget.h"
@@ -157,6 +159,40 @@ TEST(ReliabilityPlannersTest, HybridKeepsItsTimeLimitOnALargeGraph) {
 // checkmate-lp showed the graph's one-shot plan (peak 293 B where `min`
 // gives 264 B on the first graph). checkmate's MILP takes seconds on the
 // 12-node graphs: it runs on the first only.
+// A graph whose costs sum to a finite number, but whose recomputations
+// would not (8e307 twice, where a recomputation of the first adds 8e307
+// more): every policy plans it or refuses it with the overflow's message,
+// never stops on an internal check (multi-shot heuristics aborted there,
+// taking a Python interpreter with them).
+TEST(ReliabilityPlannersTest, ACostThatRecomputationWouldOverflowIsNoCrash) {
+  absl::StatusOr<Graph> g = ParseGraphJson(R"({"format": "pebble-graph", "version": 1,
+    "nodes": [{"id": "x", "bytes": 10, "persistent": true},
+              {"id": "a", "bytes": 100, "cost": 8e307, "inputs": ["x"]},
+              {"id": "b", "bytes": 100, "cost": 1, "inputs": ["a"]},
+              {"id": "c", "bytes": 100, "cost": 1, "inputs": ["b"]},
+              {"id": "d", "bytes": 10, "cost": 8e307, "inputs": ["c", "a"]}],
+    "outputs": ["d"]})");
+  ASSERT_TRUE(g.ok()) << g.status();
+  for (const PolicyInfo* p : PlannerRegistry::Global().List()) {
+    if (p->external) continue;
+    for (const int64_t budget : {kMinBudgetBytes, int64_t{210}}) {
+      // (a refusal of the graph's shape, such as tree's of a DAG, is fine)
+      absl::StatusOr<PlanResult> r = Plan(p->name, *g, budget, 5.0);
+      if (r.ok()) EXPECT_TRUE(std::isfinite(r->report.makespan)) << p->name;
+    }
+  }
+  // The multi-shot heuristics pass over their candidates that overflow.
+  for (const char* policy : {"dtr", "hybrid", "sqrtn", "rotor"}) {
+    absl::StatusOr<PlanResult> r = Plan(policy, *g, kMinBudgetBytes, 5.0);
+    EXPECT_TRUE(r.ok()) << policy << ": " << r.status();
+  }
+  absl::StatusOr<PlanResult> checkmate = Plan("checkmate", *g, kMinBudgetBytes, 5.0);
+  if (!checkmate.ok()) {
+    EXPECT_THAT(std::string(checkmate.status().message()),
+                HasSubstr("exceeds the largest double"));
+  }
+}
+
 TEST(ReliabilityPlannersTest, AnInfeasibleBudgetShowsTheLowestPeak) {
   const char* const policies[] = {"sqrtn", "chen-greedy", "articulation", "revolve", "rotor",
                                   "dtr", "checkmate", "checkmate-lp", "exact", "vdnn",
