@@ -118,16 +118,29 @@ int RunFit(const FitFlags& f) {
                                         "; nothing to try")));
   }
   {
-    // The model at --start: a --vary that is no parameter of it, or a
-    // parameter it cannot be built with, is the command line's fault.
-    ModelSpec first = *spec;
-    first.params[f.vary] = absl::StrCat(f.start);
+    // The model from --start on: a --vary that is no parameter of it, or a
+    // parameter it cannot be built with, is the command line's fault. (A
+    // value that makes no model, such as heads that do not divide dim, is
+    // one the search passes over: some of the next ones must.)
     CostModel cost;
     cost.device_flops_per_s = f.throughput_flops_per_s;
-    absl::StatusOr<Graph> built = BuildModel(first, cost);
-    if (built.status().code() == absl::StatusCode::kInvalidArgument) {
+    absl::Status first_refusal;
+    for (int64_t v = f.start; v - f.start < 64 && (f.max_value == 0 || v <= f.max_value); ++v) {
+      ModelSpec model = *spec;
+      model.params[f.vary] = absl::StrCat(v);
+      absl::StatusOr<Graph> built = BuildModel(model, cost);
+      if (built.status().code() != absl::StatusCode::kInvalidArgument) {
+        first_refusal = absl::OkStatus();
+        break;
+      }
+      if (first_refusal.ok()) first_refusal = built.status();
+    }
+    if (!first_refusal.ok()) {
       return Fail(UsageError(absl::StrCat("--model ", Quote(f.model), " --vary ", Quote(f.vary),
-                                          ": ", built.status().message())));
+                                          ": ", first_refusal.message(), " (and no value of ",
+                                          f.vary, " from ", f.start,
+                                          " on makes a model: --vary takes an integer "
+                                          "parameter of the model)")));
     }
   }
   request.start = f.start;

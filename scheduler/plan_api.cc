@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <tuple>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -291,18 +292,25 @@ namespace {
 struct Probe {
   bool feasible = false;
   bool stopped = false;  // the time limit passed before the value was tried
+  bool no_model = false;  // the model refused the value (heads that do not divide dim)
   std::string error;     // the model or the planner refused this value
 };
 
+// How far a search looks past a value that makes no model for one that does.
+constexpr int64_t kMaxSkippedValues = 64;
+
 // The largest v in [start, max] with probe(v).feasible, assuming
-// monotonicity; nullopt when probe(start) is not feasible. The first
-// refusal goes to `first_error`. A probe that reports `stopped` ends the
-// search with the largest value known to fit (*stopped = true).
+// monotonicity among the values that make a model; nullopt when none from
+// start on fits. A value that makes no model (Probe::no_model) is passed
+// over for the nearest one that does, below it first (up to
+// kMaxSkippedValues away). The first refusal goes to `first_error`. A
+// probe that reports `stopped` ends the search with the largest value
+// known to fit (*stopped = true).
 template <typename ProbeFn>
 std::optional<int64_t> LargestFeasible(int64_t start, int64_t max_value, ProbeFn probe,
                                        std::string* first_error, bool* stopped) {
   *stopped = false;
-  // 1: fits, 0: does not, -1: stopped.
+  // 1: fits, 0: does not, -1: stopped, 2: no model of this value.
   auto feasible = [&](int64_t v) {
     Probe p = probe(v);
     if (p.stopped) {
@@ -310,9 +318,27 @@ std::optional<int64_t> LargestFeasible(int64_t start, int64_t max_value, ProbeFn
       return -1;
     }
     if (!p.error.empty() && first_error->empty()) *first_error = p.error;
+    if (p.no_model) return 2;
     return p.feasible ? 1 : 0;
   };
-  const int first = feasible(start);
+  // The value nearest `v` in (low, high) that makes a model, below v first,
+  // and what it gave; {v, 2} where none within reach does.
+  auto nearest = [&](int64_t v, int64_t low, int64_t high) -> std::pair<int64_t, int> {
+    for (int64_t u = v - 1; u > low && v - u <= kMaxSkippedValues; --u) {
+      if (const int f = feasible(u); f != 2) return {u, f};
+    }
+    for (int64_t u = v + 1; u < high && u - v <= kMaxSkippedValues; ++u) {
+      if (const int f = feasible(u); f != 2) return {u, f};
+    }
+    return {v, 2};
+  };
+  int first = feasible(start);
+  for (int64_t v = start + 1; first == 2 && v - start <= kMaxSkippedValues &&
+                              (max_value <= 0 || v <= max_value);
+       ++v) {
+    first = feasible(v);
+    start = v;
+  }
   if (first != 1) return std::nullopt;
   int64_t lo = start, hi = -1;  // lo feasible; hi infeasible (or -1: unknown)
   while (hi < 0) {
@@ -320,8 +346,10 @@ std::optional<int64_t> LargestFeasible(int64_t start, int64_t max_value, ProbeFn
     int64_t next = lo > INT64_MAX / 2 ? INT64_MAX : lo * 2;
     if (max_value > 0) next = std::min(next, max_value);
     if (next == lo) return lo;
-    const int f = feasible(next);
+    int f = feasible(next);
+    if (f == 2) std::tie(next, f) = nearest(next, lo, max_value > 0 ? max_value + 1 : INT64_MAX);
     if (f < 0) return lo;
+    if (f == 2) return lo;  // (nothing near makes a model: the largest found)
     if (f == 1) {
       lo = next;
     } else {
@@ -329,9 +357,10 @@ std::optional<int64_t> LargestFeasible(int64_t start, int64_t max_value, ProbeFn
     }
   }
   while (hi - lo > 1) {
-    const int64_t mid = lo + (hi - lo) / 2;
-    const int f = feasible(mid);
-    if (f < 0) return lo;
+    int64_t mid = lo + (hi - lo) / 2;
+    int f = feasible(mid);
+    if (f == 2) std::tie(mid, f) = nearest(mid, lo, hi);
+    if (f < 0 || f == 2) return lo;
     if (f == 1) {
       lo = mid;
     } else {
@@ -388,7 +417,10 @@ absl::Status FitPolicy(const FitRequest& request, const std::string& name,
       return p;
     };
     absl::StatusOr<Graph> g = build(v);
-    if (!g.ok()) return refuse(g.status());
+    if (!g.ok()) {
+      p.no_model = true;
+      return refuse(g.status());
+    }
     // No plan of this graph fits: neither plan nor prepare it (a backend's
     // workspace probe would touch operands larger than the budget).
     const int64_t bound = PeakLowerBound(*g);
@@ -502,7 +534,15 @@ absl::StatusOr<FitResult> Fit(const FitRequest& request) {
     if (!built.ok() || !request.transform_model) return built;
     return request.transform_model(*built);
   };
-  ASSIGN_OR_RETURN(const Graph first, build(request.start));
+  // The first model from start on (a value may make none: the searches
+  // pass over it), for the naive rule's refusal.
+  absl::StatusOr<Graph> first = build(request.start);
+  for (int64_t v = request.start + 1; !first.ok() && v - request.start <= kMaxSkippedValues &&
+                                      (request.max_value == 0 || v <= request.max_value);
+       ++v) {
+    if (absl::StatusOr<Graph> next = build(v); next.ok()) first = *std::move(next);
+  }
+  RETURN_IF_ERROR(first.status());
   ASSIGN_OR_RETURN(std::vector<std::string> policies,
                    PolicyList(request.policies, [](const std::string& name) {
                      return name != "exact" && name != "exact-order" && name != "checkmate";
@@ -512,7 +552,7 @@ absl::StatusOr<FitResult> Fit(const FitRequest& request) {
 
   FitResult fit;
   bool naive_stopped = false;
-  fit.naive_note = NaiveRuleRefusal(first);
+  fit.naive_note = NaiveRuleRefusal(*first);
   fit.naive_applies = fit.naive_note.empty();
   if (fit.naive_applies) {
     fit.naive_value = LargestFeasible(
@@ -522,6 +562,7 @@ absl::StatusOr<FitResult> Fit(const FitRequest& request) {
           absl::StatusOr<Graph> g = build(v);
           if (!g.ok()) {
             p.error = std::string(g.status().message());
+            p.no_model = true;
             return p;
           }
           p.feasible = 26 * g->bytes(g->Find("input")) <= request.budget_bytes;

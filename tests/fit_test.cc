@@ -15,6 +15,7 @@
 #include "scheduler/checkmate.h"
 #include "scheduler/external_policy.h"
 #include "scheduler/schedule.h"
+#include "graph/models/models.h"
 #include "scheduler/plan_api.h"
 
 namespace pebble {
@@ -162,6 +163,31 @@ TEST(FitTest, RefusesANonPositiveTimeLimit) {
   FitRequest request = Conv3dRequest(1 << 20);
   request.time_limit_s = 0;
   EXPECT_FALSE(Fit(request).ok());
+}
+
+// A value that makes no model (heads that do not divide dim) is passed over
+// for the nearest one that does, not taken as too large: transformer's heads
+// up to 48 with dim=48 reach 48 (they stopped at 24, 32 being refused), and
+// dim from 1 with heads=2 starts at 2 (the search stopped at dim=1).
+TEST(FitTest, AValueThatMakesNoModelIsPassedOver) {
+  FitRequest request;
+  request.model = *ParseModelSpec("transformer:dim=48");
+  request.vary = "heads";
+  request.budget_bytes = int64_t{64} << 20;
+  request.max_value = 48;
+  request.jobs = 1;
+  request.policies = {"baseline"};
+  absl::StatusOr<FitResult> fit = Fit(request);
+  ASSERT_TRUE(fit.ok()) << fit.status();
+  ASSERT_TRUE(fit->rows[0].value.has_value()) << fit->rows[0].note;
+  EXPECT_EQ(*fit->rows[0].value, 48);
+  request.model = *ParseModelSpec("transformer:heads=2");
+  request.vary = "dim";
+  request.max_value = 64;
+  fit = Fit(request);
+  ASSERT_TRUE(fit.ok()) << fit.status();
+  ASSERT_TRUE(fit->rows[0].value.has_value()) << fit->rows[0].note;
+  EXPECT_EQ(*fit->rows[0].value, 64);
 }
 
 }  // namespace
