@@ -357,6 +357,18 @@ absl::StatusOr<PlanReport> Simulate(const Graph& graph,
     return absl::InvalidArgumentError("host bandwidth must be positive");
   }
   if (options.ranks < 1) return absl::InvalidArgumentError("ranks must be at least 1");
+  // A sharded graph's collectives are timed for its own ranks: ranks given
+  // (more than one) must be those, as planning requires (ShardedRanks).
+  for (NodeId v = 0; options.ranks > 1 && graph.has_collectives() && v < graph.num_nodes(); ++v) {
+    const std::optional<CollectiveLink> link = CollectiveLinkOf(graph, v);
+    if (!link.has_value()) continue;
+    if (link->ranks != options.ranks) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "the graph is sharded for ", link->ranks, " ranks (its collectives are timed for "
+          "them): simulate it with ", link->ranks, " ranks, not ", options.ranks));
+    }
+    break;
+  }
   // (a sharded graph written or edited by hand may clip without the sum)
   RETURN_IF_ERROR(CheckShardedClipping(graph));
   if (!(options.network.bandwidth_bytes_per_s > 0) ||

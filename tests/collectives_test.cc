@@ -978,6 +978,19 @@ TEST(ShardingTest, ShardGraphShardsParametersGradientsAndState) {
   options.ranks = 2;
   EXPECT_THAT((*MakePlanner("baseline"))->Plan(*g, options).status().message(),
               HasSubstr("the graph is sharded for 4 ranks"));
+  // The simulator refuses other ranks too (it took the graph's own), and
+  // takes those, or none given.
+  options.ranks = 4;
+  absl::StatusOr<PlanResult> plan = (*MakePlanner("baseline"))->Plan(*g, options);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  SimulatorOptions other;
+  other.ranks = 2;
+  EXPECT_THAT(Simulate(*g, plan->schedule, other).status().message(),
+              HasSubstr("the graph is sharded for 4 ranks (its collectives are timed for "
+                        "them): simulate it with 4 ranks, not 2"));
+  other.ranks = 4;
+  EXPECT_TRUE(Simulate(*g, plan->schedule, other).ok());
+  EXPECT_TRUE(Simulate(*g, plan->schedule).ok());
   EXPECT_EQ(g->attrs(g->Find("gather:conv1.weight"))["ranks"], 4);
   EXPECT_THAT(Sharded(model, 1).status().message(), HasSubstr("at least 2 ranks"));
   EXPECT_THAT(ShardGraph(*g, 2, {}).status().message(), HasSubstr("sharded once"));
