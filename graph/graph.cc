@@ -446,6 +446,12 @@ absl::StatusOr<Graph> GraphBuilder::Build() const {
       return absl::InvalidArgumentError(
           absl::StrCat("unknown output '", absl::CEscape(out), "'"));
     }
+    if (g.homes_[v] == Tier::kHost) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "output '", absl::CEscape(out), "' is a persistent node whose home is the host: an "
+          "output ends the step resident on the device, a node whose home is the host ends it "
+          "there; give it one or the other"));
+    }
     if (!g.is_output_[v]) {
       g.is_output_[v] = 1;
       g.outputs_.push_back(v);

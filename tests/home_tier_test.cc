@@ -187,6 +187,15 @@ TEST(HomeTierTest, GraphErrorsNameTheNode) {
     ASSERT_FALSE(g.ok()) << nodes;
     EXPECT_THAT(std::string(g.status().message()), HasSubstr(message)) << nodes;
   }
+  // An output ends the step on the device: one whose home is the host could
+  // never be both (describe and plan said "invalid schedule" of it).
+  absl::StatusOr<Graph> g = ParseGraphJson(R"({"format": "pebble-graph", "version": 1,
+    "nodes": [{"id": "x", "bytes": 4, "persistent": true, "home": "host"},
+              {"id": "y", "bytes": 4, "inputs": ["x"]}],
+    "outputs": ["y", "x"]})");
+  ASSERT_FALSE(g.ok());
+  EXPECT_THAT(std::string(g.status().message()),
+              HasSubstr("output 'x' is a persistent node whose home is the host"));
 }
 
 // A home on an updated parameter (w) is planned; on a tensor that computes
