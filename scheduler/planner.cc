@@ -162,13 +162,18 @@ class LeastPeakDescent : public Planner {
       // time limit: less than at budget min, so where the limit cut its
       // search it may peak higher.)
       const bool cut = TimeLimitReached(low) || Remaining(options, start) <= 0;
-      if (!planned.message.empty()) planned.message += "; ";
-      absl::StrAppend(&planned.message, "its least-peak plan (as at budget min)",
-                      cut ? absl::StrFormat(", cut by the %.3g s left of the time limit,",
-                                            least.time_limit_s)
-                          : std::string(),
-                      " peaked at ", FormatBytes(low.report.peak_bytes), " (",
-                      low.report.peak_bytes, " bytes)");
+      const std::string clause = absl::StrCat(
+          "its least-peak plan (as at budget min)",
+          cut ? absl::StrFormat(", cut by the %.3g s left of the time limit,",
+                                least.time_limit_s)
+              : std::string(),
+          " peaked at ", FormatBytes(low.report.peak_bytes), " (", low.report.peak_bytes,
+          " bytes)");
+      // (a nested search's plan may say so already: once is enough)
+      if (!absl::StrContains(planned.message, clause)) {
+        if (!planned.message.empty()) planned.message += "; ";
+        planned.message += clause;
+      }
       planned.least_peak_bytes = low.report.peak_bytes;
       return planned;
     }

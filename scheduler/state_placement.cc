@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "graph/status.h"
+#include "scheduler/planner.h"
 
 namespace pebble {
 
@@ -164,6 +165,13 @@ absl::StatusOr<PlanResult> PlaceAutoState(const Graph& graph, const PlannerOptio
   const bool fits = best.has_value();
   PlanResult result = fits ? *std::move(best) : *std::move(least);
   const int chosen = fits ? best_k : least_k;
+  if (fits && at_min) {
+    // Probed at another budget (a least peak found on the way), whose
+    // verdict its message gives: judged again at "min".
+    nlohmann::json details = std::move(result.details);
+    ASSIGN_OR_RETURN(result, FinishPlan(graph, std::move(result.schedule), options));
+    result.details = std::move(details);
+  }
   result.feasible = fits;
   int64_t resident_bytes = 0, streamed_bytes = 0;
   int streamed_parameters = 0;
