@@ -6,6 +6,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "graph/status.h"
 #include "scheduler/planner.h"
 
@@ -160,7 +161,13 @@ absl::StatusOr<PlanResult> PlaceAutoState(const Graph& graph, const PlannerOptio
       for (int k = hi + 1; k <= std::min(hi + 2, n - 1) && !deadline.Expired(); ++k) probe(k);
     }
   }
-  if (!best.has_value() && !least.has_value()) return first_error;
+  if (!best.has_value() && !least.has_value()) {
+    // (a policy that searches to its limit, exact, had a share of it)
+    return absl::Status(first_error.code(),
+                        absl::StrCat(first_error.message(), " (each of the state placement's ",
+                                     most_plans, " plans at most has an equal share of the ",
+                                     options.time_limit_s, " s time limit)"));
+  }
   // Where nothing fits, the least device peak says by how much.
   const bool fits = best.has_value();
   PlanResult result = fits ? *std::move(best) : *std::move(least);
