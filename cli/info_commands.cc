@@ -282,6 +282,11 @@ void AddInfoCommands(CLI::App& app, int& exit_code) {
   exp->add_flag("--force", export_force, "replace an existing output file");
   exp->add_flag("--json", export_json, "same as --format json");
   exp->callback([&exit_code] {
+    if (export_json && export_format != "json") {
+      exit_code = Fail(UsageError(absl::StrCat("--json writes JSON, --format ", export_format,
+                                               " asks for ", export_format, ": give one")));
+      return;
+    }
     exit_code = RunExport(export_source, export_ranks, export_json ? "json" : export_format,
                           export_output, export_force);
   });

@@ -209,6 +209,18 @@ TEST(CliTest, EveryZooModelExportsAndPlans) {
   }
 }
 
+// export's --json is --format json: with --format dot it is refused, not
+// silently taken (JSON written to a .dot file).
+TEST(CliTest, ExportRefusesJsonBesideAnotherFormat) {
+  Result r = Pebble("export --model path:n=3 --format dot --json");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.err, HasSubstr("--json writes JSON, --format dot asks for dot"));
+  EXPECT_EQ(r.out, "");
+  Result both = Pebble("export --model path:n=3 --format json --json");
+  EXPECT_EQ(both.exit_code, 0) << both.err;
+  EXPECT_EQ(ParseOrFail(both.out)["format"], "pebble-graph");
+}
+
 TEST(CliTest, CompareCsvHasAHeaderAndARowPerPolicyAndBudget) {
   Result r = Pebble("compare --model conv3d:n=16 --budgets 100%,min --policies baseline --format csv");
   ASSERT_EQ(r.exit_code, 0) << r.err;
