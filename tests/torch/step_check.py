@@ -741,6 +741,14 @@ def check_constants_and_masks(failures, device):
         failures.check(False, "nn.RReLU in training mode was accepted")
     except pt.CaptureError as e:
         failures.check("nn.RReLU in training mode" in str(e), f"RReLU refused: {e}")
+    tokens = torch.randint(0, 20, (4, 6), device=device)
+    try:  # (a sparse gradient: a bare NotImplementedError from inside torch before)
+        pt.train_step(nn.Sequential(nn.Embedding(20, 8, sparse=True), nn.Flatten(),
+                                    nn.Linear(48, 3)).to(device), F.cross_entropy,
+                      tokens, torch.tensor([0, 2, 1, 1], device=device))
+        failures.check(False, "a sparse embedding was accepted")
+    except pt.CaptureError as e:
+        failures.check("sparse=True" in str(e), f"a sparse embedding refused: {e}")
     print("constants, a transposed dropout's mask, a rebound buffer: eager's; RReLU refused",
           flush=True)
 

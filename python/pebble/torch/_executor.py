@@ -783,11 +783,18 @@ class _RunState:
         v = node.value
         if node.empty_when_run and out.numel() == 0:
             return out
-        if tuple(out.shape) != tuple(v.shape) or out.dtype != v.dtype:
+        if tuple(out.shape) != tuple(v.shape):
             raise PlanExecutionError(
-                f"node '{node.id}' ({node.fx.target}): PyTorch computed {tuple(out.shape)} "
-                f"{out.dtype}, the capture {tuple(v.shape)} {v.dtype} (a shape that depends "
-                "on the data?)")
+                f"node '{node.id}' ({node.fx.target}): PyTorch computed shape "
+                f"{tuple(out.shape)}, the capture {tuple(v.shape)}: the shape depends on the "
+                "values (a boolean mask, nonzero, unique), and a plan holds the shapes of the "
+                "batch it was captured with, so pebble.torch cannot plan this step")
+        if out.dtype != v.dtype:
+            raise PlanExecutionError(
+                f"node '{node.id}' ({node.fx.target}): PyTorch computed {out.dtype}, the "
+                f"capture {v.dtype}: this kernel keeps another dtype than PyTorch's fake "
+                "tensors say (a bfloat16 normalization on the CPU), which pebble.torch cannot "
+                "plan")
         if node.alias_of is not None:
             base = self.live[node.alias_of]
             if base is None or storage_key(out) != storage_key(base):

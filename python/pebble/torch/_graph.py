@@ -366,6 +366,10 @@ class StepGraph:
 
     def _output(self, n, k, value, inputs):
         """The node of output k (None: the value) of call n."""
+        if value.layout != torch.strided:
+            raise CaptureError(f"operator {n.target} makes a {value.layout} tensor (a sparse "
+                               "gradient: nn.Embedding or nn.EmbeddingBag with sparse=True?), "
+                               "which pebble.torch cannot plan: give sparse=False")
         # (a constant's copy: PyTorch 1.13's fake lift_fresh_copy returns the
         # fake constant itself, where the kernel makes a copy)
         base = None if op_name(n.target) == "lift_fresh_copy" else \
