@@ -749,6 +749,35 @@ def check_constants_and_masks(failures, device):
         failures.check(False, "a sparse embedding was accepted")
     except pt.CaptureError as e:
         failures.check("sparse=True" in str(e), f"a sparse embedding refused: {e}")
+    # A forward that writes a parameter in place (nn.Embedding's max_norm) is
+    # refused before a trace on real tensors writes it; one that writes an
+    # input in place, saying so.
+    model = nn.Sequential(nn.Embedding(20, 8, max_norm=1.0), nn.Flatten(),
+                          nn.Linear(48, 3)).to(device)
+    before = model[0].weight.detach().clone()
+    try:
+        pt.train_step(model, F.cross_entropy, tokens, torch.tensor([0, 2, 1, 1], device=device))
+        failures.check(False, "an embedding with max_norm was accepted")
+    except pt.CaptureError as e:
+        failures.check("writes a parameter (a tensor that requires grad) in place" in str(e) and
+                       torch.equal(before, model[0].weight),
+                       f"an embedding with max_norm: {e}; weight kept: "
+                       f"{torch.equal(before, model[0].weight)}")
+
+    class Clamped(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(10, 3)
+
+        def forward(self, x):
+            x.clamp_(-0.5, 0.5)
+            return self.fc(x)
+    try:
+        pt.train_step(Clamped().to(device), F.cross_entropy, torch.randn(4, 10, device=device),
+                      torch.tensor([0, 2, 1, 1], device=device))
+        failures.check(False, "a forward that writes its input was accepted")
+    except pt.CaptureError as e:
+        failures.check("the step writes an input in place" in str(e), f"an input written: {e}")
     print("constants, a transposed dropout's mask, a rebound buffer: eager's; RReLU refused",
           flush=True)
 

@@ -545,6 +545,14 @@ def trace(model, loss_fn, inputs, target, device, mode=None, one_pass=True, stan
             where = stack.where()
             stack.close()
             failure = (where, e)
+            if _LEAF_WRITTEN in str(e):
+                # (a trace on real tensors would write the module's own
+                # parameters before failing alike: nn.Embedding's max_norm)
+                who = where if where.startswith("module") else "the step"
+                raise CaptureError(
+                    f"{who} writes a parameter (a tensor that requires grad) in place, as "
+                    "nn.Embedding with max_norm renormalizes its weight in its forward: "
+                    "pebble.torch cannot capture that") from e
             continue
         _remove_unused_calls(gm)
         _refuse_tensors_requiring_grad(gm, loss_fn)
@@ -643,17 +651,26 @@ def _refuse_tensors_requiring_grad(gm, loss_fn):
                 "it")
 
 
+# PyTorch's refusal of an in-place write into a leaf that requires grad.
+_LEAF_WRITTEN = "a leaf Variable that requires grad is being used in an in-place operation"
+
+
 def _eager_failure(model, loss_fn, slots, flat, device):
     """(where, what it raised) where the module's forward or loss_fn fails
     run eagerly on the step's tensors, else None: a trace that fails on the
     user's own error (a shape that does not match in a hand-written loss)
     is then reported as that, not as a limit of the trace. Runs without
-    gradients, on copies of the buffers, the generators left as they were."""
+    gradients, on copies of the parameters and buffers, the generators left
+    as they were."""
     n_state = sum(1 for s in slots if s.kind in ("parameter", "buffer"))
     state = {}
-    for slot, t in zip(slots[:n_state], flat[:n_state]):
+    try:  # (copies: a forward may write its parameters or buffers in place)
+        copies = [t.detach().clone() for t in flat[:n_state]]
+    except RuntimeError:  # (no room for a copy: no diagnosis)
+        return None
+    for slot, t in zip(slots[:n_state], copies):
         for name in slot.names:
-            state[name] = t.detach().clone() if slot.kind == "buffer" else t
+            state[name] = t
     inputs, target = tuple(flat[n_state:-1]), flat[-1]
     stack = _ModuleStack(model)
     try:

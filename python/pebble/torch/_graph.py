@@ -420,8 +420,13 @@ class StepGraph:
                 self.updates.append((target.slot, value))
                 self.refs[(n, None)] = value
                 return
-            raise CaptureError(f"operator {n.target} writes into '{target.id}' in place, "
-                               "which functionalization should have removed")
+            what = {"input": "an input", "target": "the target", "parameter": "a parameter",
+                    "buffer": "a buffer"}.get(target.slot.kind if target.slot else None,
+                                              "a constant")
+            raise CaptureError(f"the step writes {what} in place ('{target.id}', by "
+                               f"{n.target}: x.clamp_(...) on an argument, say): pebble.torch "
+                               "cannot plan a step that changes what it is given; use the "
+                               "out-of-place form (x = x.clamp(...))")
         if target.kind != "op" or self.readers.get(target_fx, 0) != 1 or \
                 target.out_index is not None:
             raise CaptureError(f"operator {n.target} writes in place into a tensor that other "
