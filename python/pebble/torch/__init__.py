@@ -50,7 +50,13 @@ __all__ = ["CaptureError", "OptimizerError", "PlanError", "PlanExecutionError", 
 
 
 class PlanError(ValueError):
-    """The policy cannot fit the step in the budget (or cannot plan it)."""
+    """The policy cannot fit the step in the budget (or cannot plan it).
+    least_step_bytes: where the policy's least peak is known, that peak
+    above the persistent tensors, else None."""
+
+    def __init__(self, message, least_step_bytes=None):
+        super().__init__(message)
+        self.least_step_bytes = least_step_bytes
 
 
 def _check_as_pebble_plan_does(**options):
@@ -950,7 +956,19 @@ class _Variant:
         try:
             self._plan_and_build(step, capture, dict(options, budget=str(lowered)))
         except PlanError as e:
-            raise PlanError(f"{why}, and at {lowered} bytes it has none: {e}") from None
+            # A budget of the least peak plus the generator's state leaves the
+            # room (planned again here at the least peak, which then fits).
+            advice = ""
+            reference = first.get("reference_bytes")
+            if e.least_step_bytes is not None and reference:
+                room = e.least_step_bytes + self.program.rng_state_bytes
+                advice = (f"; a budget of {math.ceil(100.0 * room / reference)}% (its least "
+                          f"peak, {_size(e.least_step_bytes)}, and the generator's state, "
+                          f"{_size(self.program.rng_state_bytes)}) leaves the room, or "
+                          "budget='min'")
+            raise PlanError(f"{why}, and at {lowered} bytes it has none" +
+                            (advice if advice else f": {e}"),
+                            least_step_bytes=e.least_step_bytes) from None
         if self.predicted_peak_bytes > budget:
             raise PlanError(f"internal: {why}, and so does its plan at {lowered} bytes")
         for key in ("step_budget_bytes", "reference_bytes", "reference_source"):
@@ -1070,7 +1088,9 @@ class _Variant:
                 raise PlanError(f"internal: policy {plan.policy} computes random operators "
                                 "in another order than eager PyTorch draws them")
         if not plan.feasible:
-            raise PlanError(self._does_not_fit(plan, options, info))
+            raise PlanError(self._does_not_fit(plan, options, info),
+                            least_step_bytes=plan.document["least_peak_bytes"] -
+                            self.persistent_bytes)
         if cpu and not self.step.allow_cpu_offload and plan.report["transfer_bytes"] > 0:
             raise PlanError(f"policy {plan.policy} copies tensors to the host, which saves no "
                             "memory on the CPU device (allow_cpu_offload=True runs it anyway)")
@@ -1151,6 +1171,12 @@ class _Variant:
                    f"({_size(abs(room))} {'above' if room >= 0 else 'below'} the "
                    f"parameters and inputs): it reaches {_size(least_step)} ({percent}% of "
                    f"{reference_name}) at least: try budget='{percent}%' or budget='min'")
+        rng = _rng_state_bytes(self.device)
+        if rng and reference and any(node.random for node in self.graph_nodes.nodes):
+            message += (f" (a plan that runs a random call again holds the generator's state, "
+                        f"{_size(rng)}, beside it on the CPU: "
+                        f"budget='{math.ceil(100.0 * (least_step + rng) / reference)}%' leaves "
+                        "room for it)")
         # What every plan keeps to its end above the persistent tensors: the
         # loss and the gradients. Where it is most of the least peak, say so.
         kept = plan.document["end_state_bytes"] - self.persistent_bytes
@@ -1659,6 +1685,13 @@ def _refuse_bare_small_number(budget):
     other = f"{text}B" if value == int(value) else f"{text}GiB"
     raise ValueError(f"budget {budget!r}: did you mean '{percent}' or '{other}'? (a number "
                      "without a unit is bytes only from 1024 up)")
+
+
+def _rng_state_bytes(device):
+    """The bytes that taking a generator's state holds for a moment on
+    `device` (Program.rng_state_bytes where a plan runs a random call
+    again): the CPU's state tensor; none on a GPU's device memory."""
+    return torch.get_rng_state().numel() if device.type == "cpu" else 0
 
 
 def _size(nbytes):
