@@ -3,6 +3,7 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <limits>
 #include <cerrno>
 #include <chrono>
 #include <cmath>
@@ -823,14 +824,44 @@ bool LooksNumeric(const std::string& cell) {
 
 }  // namespace
 
+namespace {
+
+// Columns `text` takes: its UTF-8 code points (a continuation byte takes
+// none).
+size_t DisplayWidth(const std::string& text) {
+  size_t n = 0;
+  for (const char ch : text) n += (static_cast<unsigned char>(ch) & 0xC0) != 0x80;
+  return n;
+}
+
+// The first `columns` code points of `text`.
+std::string FirstColumns(const std::string& text, size_t columns) {
+  size_t seen = 0, end = 0;
+  for (; end < text.size(); ++end) {
+    if ((static_cast<unsigned char>(text[end]) & 0xC0) != 0x80 && seen++ == columns) break;
+  }
+  return text.substr(0, end);
+}
+
+}  // namespace
+
 std::string Table::ToString(size_t max_width) const {
   const size_t cols = header_.size();
   std::vector<size_t> width(cols, 0);
   std::vector<bool> numeric(cols, true);
-  for (size_t c = 0; c < cols; ++c) width[c] = header_[c].size();
+  std::vector<std::vector<std::string>> rows;
+  rows.reserve(rows_.size());
   for (const auto& row : rows_) {
+    rows.emplace_back();
+    // (a cell as a terminal shows it: an id's ESC or NUL escaped, not sent raw)
+    for (const std::string& cell : row) {
+      rows.back().push_back(Printable(cell, std::numeric_limits<size_t>::max()));
+    }
+  }
+  for (size_t c = 0; c < cols; ++c) width[c] = DisplayWidth(header_[c]);
+  for (const auto& row : rows) {
     for (size_t c = 0; c < cols && c < row.size(); ++c) {
-      width[c] = std::max(width[c], row[c].size());
+      width[c] = std::max(width[c], DisplayWidth(row[c]));
       if (!LooksNumeric(row[c])) numeric[c] = false;
     }
   }
@@ -844,14 +875,14 @@ std::string Table::ToString(size_t max_width) const {
     }
   }
   auto cut = [&](const std::string& cell, size_t c) {
-    if (cell.size() <= width[c]) return cell;
-    return cell.substr(0, width[c] - 3) + "...";
+    if (DisplayWidth(cell) <= width[c]) return cell;
+    return FirstColumns(cell, width[c] - 3) + "...";
   };
   auto render = [&](const std::vector<std::string>& row, bool is_header) {
     std::string line;
     for (size_t c = 0; c < cols; ++c) {
       const std::string cell = cut(c < row.size() ? row[c] : "", c);
-      const std::string pad(width[c] - cell.size(), ' ');
+      const std::string pad(width[c] - DisplayWidth(cell), ' ');
       if (c > 0) line += "  ";
       line += (numeric[c] && !is_header) || (numeric[c] && is_header) ? pad + cell : cell + pad;
     }
@@ -862,7 +893,7 @@ std::string Table::ToString(size_t max_width) const {
   size_t total = 0;
   for (size_t c = 0; c < cols; ++c) total += width[c] + (c > 0 ? 2 : 0);
   out += std::string(total, '-') + "\n";
-  for (const auto& row : rows_) out += render(row, false);
+  for (const auto& row : rows) out += render(row, false);
   return out;
 }
 

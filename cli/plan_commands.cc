@@ -108,7 +108,8 @@ void PrintReport(const Graph& g, const Schedule& schedule, const PlanReport& r,
       r.peak_step < 0 ? "before the first step"
                       : absl::StrCat("at step ", r.peak_step, " (",
                                      ActionName(schedule.steps[r.peak_step].action), " ",
-                                     g.id(schedule.steps[r.peak_step].node), ")");
+                                     Printable(g.id(schedule.steps[r.peak_step].node), 200),
+                                     ")");
   std::cout << absl::StrFormat("  peak memory     %s (%d bytes) %s\n", FormatBytes(r.peak_bytes),
                                r.peak_bytes, peak_at)
             << absl::StrFormat("  persistent      %s\n", FormatBytes(r.initial_bytes))

@@ -9,6 +9,8 @@
 #include <set>
 #include <string>
 
+#include "absl/strings/match.h"
+#include "absl/strings/str_split.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
@@ -207,6 +209,36 @@ TEST(CliTest, EveryZooModelExportsAndPlans) {
     EXPECT_EQ(plan.exit_code, 0) << spec << ": " << plan.err;
     EXPECT_EQ(ParseOrFail(plan.out)["feasible"], true) << spec;
   }
+}
+
+// An id's control characters reach the terminal escaped (an ESC would
+// drive it), and a column of ids that are not ASCII stays aligned.
+TEST(CliTest, TablesEscapeControlCharactersAndAlignByCodePoint) {
+  const std::string graph = ::testing::TempDir() + "/cli_escaped_ids.json";
+  std::ofstream(graph) << R"({"format": "pebble-graph", "version": 1, "nodes": [
+      {"id": "\u00e9t\u00e9", "bytes": 1, "cost": 1, "persistent": true},
+      {"id": "c\u001b[31mRED", "bytes": 1, "cost": 1, "inputs": ["\u00e9t\u00e9"]}],
+    "outputs": ["c\u001b[31mRED"]})";
+  Result r = Pebble("describe --graph " + graph);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out.find('\x1b'), std::string::npos);
+  EXPECT_THAT(r.out, HasSubstr("c\\x1b[31mRED"));
+  // (both rows' op column starts at one column: "été" is 3 code points)
+  std::vector<std::string> rows;
+  for (absl::string_view line : absl::StrSplit(r.out, '\n')) {
+    if (absl::StrContains(line, "generic")) rows.emplace_back(line);
+  }
+  ASSERT_EQ(rows.size(), 2u) << r.out;
+  auto column = [](const std::string& line) {
+    size_t points = 0;
+    for (size_t i = 0; i < line.find("generic"); ++i) {
+      points += (static_cast<unsigned char>(line[i]) & 0xC0) != 0x80;
+    }
+    return points;
+  };
+  EXPECT_EQ(column(rows[0]), column(rows[1])) << r.out;
+  Result plan = Pebble("plan --graph " + graph);
+  EXPECT_EQ(plan.out.find('\x1b'), std::string::npos) << plan.out;
 }
 
 // export's --json is --format json: with --format dot it is refused, not
