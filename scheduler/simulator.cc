@@ -815,7 +815,10 @@ absl::StatusOr<PlanReport> Simulate(const Graph& graph,
       !std::isfinite(report.copy_busy) || !std::isfinite(report.base_cost) ||
       !std::isfinite(report.host_compute_cost) || !std::isfinite(report.network_busy)) {
     return absl::InvalidArgumentError(absl::StrCat(
-        kCostOverflow, " (about 1.8e308); give the graph's costs in a smaller unit"));
+        kCostOverflow, " (about 1.8e308): the graph's costs, a copy's time (its bytes over "
+        "the host bandwidth) or a collective's (over the network, with its latency) sum past "
+        "it; give the costs in a smaller unit, or a larger bandwidth or a smaller latency "
+        "(--throughput, --bandwidth, --network, --network-latency, a --profile's figures)"));
   }
   report.recomputations = computes - distinct_computed;
   report.one_shot = report.recomputations == 0;
