@@ -674,8 +674,9 @@ def check_constants_and_masks(failures, device):
     made contiguous, as the call asks); tensor constants made in the forward
     (a normalization's mean, an index list) are copies, not views; both as
     eager, measured == predicted. A buffer that the forward rebinds (an
-    average kept as `self.ema = ...`) moves as eager's. nn.RReLU in training
-    mode is refused."""
+    average kept as `self.ema = ...`) moves as eager's; nn.EmbeddingBag in
+    every mode gives eager's gradients. nn.RReLU in training mode is
+    refused."""
     nn, F = torch.nn, torch.nn.functional
 
     class Net(nn.Module):
@@ -735,6 +736,37 @@ def check_constants_and_masks(failures, device):
                        relative_error(model.ema, eager_model.ema) <= TOLERANCE,
                        f"a rebound buffer, step {k}: loss {loss.item()} vs {eager.item()}, "
                        f"ema {model.ema.tolist()} vs {eager_model.ema.tolist()}")
+
+    class Bag(nn.Module):  # (the CPU's kernel shapes its bookkeeping otherwise than fakes)
+        def __init__(self, mode):
+            super().__init__()
+            self.bag = nn.EmbeddingBag(20, 8, mode=mode)
+            self.fc = nn.Linear(8, 3)
+
+        def forward(self, tokens, offsets):
+            return self.fc(self.bag(tokens, offsets))
+    tokens = torch.randint(0, 20, (24,), device=device)
+    offsets = torch.tensor([0, 5, 9, 12], device=device)
+    y = torch.tensor([0, 2, 1, 1], device=device)
+    for mode in ("sum", "mean", "max"):
+        torch.manual_seed(SEED)
+        model = Bag(mode).to(device)
+        eager_model = copy.deepcopy(model)
+        for policy in ("baseline", "dtr"):
+            step = pt.train_step(model, F.cross_entropy, (tokens, offsets), y, policy=policy,
+                                 budget="min")
+            model.zero_grad(set_to_none=True)
+            eager_model.zero_grad(set_to_none=True)
+            loss = step(tokens, offsets, y)
+            eager = F.cross_entropy(eager_model(tokens, offsets), y)
+            eager.backward()
+            worst = max(relative_error(p.grad, q.grad) for p, q in
+                        zip(model.parameters(), eager_model.parameters()))
+            failures.check(relative_error(loss, eager.detach()) <= TOLERANCE and
+                           worst <= TOLERANCE,
+                           f"EmbeddingBag {mode} ({policy}): loss {loss.item()} vs "
+                           f"{eager.item()}, gradients off by {worst:.2e}")
+            check_memory(failures, f"EmbeddingBag {mode} ({policy})", step.report)
     try:
         pt.train_step(nn.Sequential(nn.Linear(4, 3), nn.RReLU()).to(device), F.mse_loss,
                       torch.randn(2, 4, device=device), torch.randn(2, 3, device=device))

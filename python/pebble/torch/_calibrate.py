@@ -249,8 +249,19 @@ def _storage_held(node, value, graph):
     then resizes it to the mean's 0-dim tensor: 4 bytes that keep the whole
     4 KiB storage), node.nbytes becomes that storage's, rounded as the
     capture rounds: the plan holds what the kernel holds. The capture's
-    fake tensors cannot know it. (Calls of one output only: several outputs
-    may share a storage.)"""
+    fake tensors cannot know it. (Calls of one output only, several outputs
+    may share a storage; but of a call of several, the outputs whose shape
+    is the kernel's take what they hold.)"""
+    if isinstance(value, (tuple, list)) and node.fx is not None:
+        # The bookkeeping outputs that the kernel shapes (_graph's
+        # _KERNEL_SHAPED), of whichever output ran the call: what they hold,
+        # whatever the capture said.
+        for sibling in graph.kernel_shaped.get(node.fx, ()):
+            out = value[sibling.out_index]
+            if isinstance(out, torch.Tensor) and (graph.device is None or
+                                                  out.device.type == graph.device.type):
+                sibling.nbytes = round_up(storage_bytes(out), graph.round_to)
+        return
     if node.kind != "op" or node.alias_of is not None or node.out_index is not None or \
             not isinstance(value, torch.Tensor):
         return

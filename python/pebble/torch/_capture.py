@@ -512,6 +512,12 @@ def trace(model, loss_fn, inputs, target, device, mode=None, one_pass=True, stan
         # alone, a real one by the weight too (a channels-last weight makes
         # a channels-last output): the trace's views must see the real one.
         modes = ["real"]
+    if mode is None and any(isinstance(m, torch.nn.EmbeddingBag) for m in model.modules()):
+        # The CPU's _embedding_bag leaves offset2bag empty where the fake
+        # one fills it, and its backward makes it again only where it is
+        # empty: a fake trace would skip that and hand the backward an
+        # empty one (_graph._KERNEL_SHAPED).
+        modes = ["real"]
     fake_mode = None
     if stand_ins:
         fake_mode, flat = _with_stand_ins(slots, flat, stand_ins, device)

@@ -783,7 +783,7 @@ class _RunState:
         v = node.value
         if node.empty_when_run and out.numel() == 0:
             return out
-        if tuple(out.shape) != tuple(v.shape):
+        if tuple(out.shape) != tuple(v.shape) and not node.kernel_shaped:
             raise PlanExecutionError(
                 f"node '{node.id}' ({node.fx.target}): PyTorch computed shape "
                 f"{tuple(out.shape)}, the capture {tuple(v.shape)}: the shape depends on the "

@@ -56,6 +56,11 @@ _IDENTITY = {"detach", "alias", "lift_fresh"}
 # Calls that update their running-statistics arguments in place though
 # their schema (PyTorch 1.13) does not say so.
 _STATS_IN_PLACE = {"native_batch_norm", "cudnn_batch_norm", "miopen_batch_norm"}
+# Calls whose bookkeeping outputs (1 and on) the kernel shapes otherwise than
+# PyTorch's fake tensors: the CPU's _embedding_bag leaves offset2bag empty in
+# "sum" mode and gives max_indices a bag's shape in "sum" and "mean", where
+# the meta function does the reverse. Calibration measures what they hold.
+_KERNEL_SHAPED = {"_embedding_bag", "_embedding_bag_forward_only"}
 # Random calls where the operator's tags cannot tell (PyTorch before 1.13).
 _RANDOM = {"bernoulli", "bernoulli_", "native_dropout", "rand", "randn", "rand_like",
            "randn_like", "randint", "randint_like", "randperm", "normal", "normal_", "uniform_",
@@ -129,6 +134,7 @@ class Node:
         self.random = False
         self.updates_stats = False  # writes running statistics (batch norm, PyTorch 1.13)
         self.empty_when_run = False  # the kernel may return it empty (eval batch norm's stats)
+        self.kernel_shaped = False  # its shape is the kernel's, not the capture's (_KERNEL_SHAPED)
         self.slot = None          # persistent: the Slot
         self.constant = None      # persistent: a constant tensor of the trace
         self.value = None         # fake (or real) tensor of the node's output
@@ -200,6 +206,7 @@ class StepGraph:
         self.updates = []     # (Slot, Node): buffer <- node after the step
         self.readers = {}     # fx node -> number of calls that read it
         self.accumulators = []  # (Slot, Node of the .grad, Node acc)
+        self.kernel_shaped = {}  # fx call -> its nodes whose shape is the kernel's
         self._build()
 
     # --- building -------------------------------------------------------------
@@ -343,6 +350,9 @@ class StepGraph:
                 raise CaptureError(f"operator {n.target} returns {type(element).__name__} as "
                                    f"output {k}, which pebble.torch cannot plan")
             node = self._output(n, k, element, inputs)
+            node.kernel_shaped = k > 0 and name in _KERNEL_SHAPED
+            if node.kernel_shaped:
+                self.kernel_shaped.setdefault(n, []).append(node)
             if eval_stats and k > 0:
                 node.empty_when_run = True  # (the executor's check takes both)
                 if empty_stats:
