@@ -674,9 +674,8 @@ def check_constants_and_masks(failures, device):
     made contiguous, as the call asks); tensor constants made in the forward
     (a normalization's mean, an index list) are copies, not views; both as
     eager, measured == predicted. A buffer that the forward rebinds (an
-    average kept as `self.ema = ...`) moves as eager's; nn.EmbeddingBag in
-    every mode gives eager's gradients. nn.RReLU in training mode is
-    refused."""
+    average kept as `self.ema = ...`) moves as eager's. nn.RReLU in training
+    mode is refused."""
     nn, F = torch.nn, torch.nn.functional
 
     class Net(nn.Module):
@@ -737,36 +736,6 @@ def check_constants_and_masks(failures, device):
                        f"a rebound buffer, step {k}: loss {loss.item()} vs {eager.item()}, "
                        f"ema {model.ema.tolist()} vs {eager_model.ema.tolist()}")
 
-    class Bag(nn.Module):  # (the CPU's kernel shapes its bookkeeping otherwise than fakes)
-        def __init__(self, mode):
-            super().__init__()
-            self.bag = nn.EmbeddingBag(20, 8, mode=mode)
-            self.fc = nn.Linear(8, 3)
-
-        def forward(self, tokens, offsets):
-            return self.fc(self.bag(tokens, offsets))
-    tokens = torch.randint(0, 20, (24,), device=device)
-    offsets = torch.tensor([0, 5, 9, 12], device=device)
-    y = torch.tensor([0, 2, 1, 1], device=device)
-    for mode in ("sum", "mean", "max"):
-        torch.manual_seed(SEED)
-        model = Bag(mode).to(device)
-        eager_model = copy.deepcopy(model)
-        for policy in ("baseline", "dtr"):
-            step = pt.train_step(model, F.cross_entropy, (tokens, offsets), y, policy=policy,
-                                 budget="min")
-            model.zero_grad(set_to_none=True)
-            eager_model.zero_grad(set_to_none=True)
-            loss = step(tokens, offsets, y)
-            eager = F.cross_entropy(eager_model(tokens, offsets), y)
-            eager.backward()
-            worst = max(relative_error(p.grad, q.grad) for p, q in
-                        zip(model.parameters(), eager_model.parameters()))
-            failures.check(relative_error(loss, eager.detach()) <= TOLERANCE and
-                           worst <= TOLERANCE,
-                           f"EmbeddingBag {mode} ({policy}): loss {loss.item()} vs "
-                           f"{eager.item()}, gradients off by {worst:.2e}")
-            check_memory(failures, f"EmbeddingBag {mode} ({policy})", step.report)
     try:
         pt.train_step(nn.Sequential(nn.Linear(4, 3), nn.RReLU()).to(device), F.mse_loss,
                       torch.randn(2, 4, device=device), torch.randn(2, 3, device=device))
@@ -812,6 +781,68 @@ def check_constants_and_masks(failures, device):
         failures.check("the step writes an input in place" in str(e), f"an input written: {e}")
     print("constants, a transposed dropout's mask, a rebound buffer: eager's; RReLU refused",
           flush=True)
+
+
+def check_outputs_the_kernel_shapes(failures, device):
+    """Calls whose outputs the CPU's kernels shape or type otherwise than
+    PyTorch's fake tensors (_graph's _KERNEL_SHAPED, _HALF_STATS_ON_CPU):
+    nn.EmbeddingBag in every mode, and bfloat16 batch, group and layer
+    norms, give eager's loss and gradients, measured == predicted."""
+    nn, F = torch.nn, torch.nn.functional
+
+    class Bag(nn.Module):
+        def __init__(self, mode):
+            super().__init__()
+            self.bag = nn.EmbeddingBag(20, 8, mode=mode)
+            self.fc = nn.Linear(8, 3)
+
+        def forward(self, tokens, offsets):
+            return self.fc(self.bag(tokens, offsets))
+    tokens = torch.randint(0, 20, (24,), device=device)
+    offsets = torch.tensor([0, 5, 9, 12], device=device)
+    y = torch.tensor([0, 2, 1, 1], device=device)
+    for mode in ("sum", "mean", "max"):
+        torch.manual_seed(SEED)
+        model = Bag(mode).to(device)
+        eager_model = copy.deepcopy(model)
+        for policy in ("baseline", "dtr"):
+            step = pt.train_step(model, F.cross_entropy, (tokens, offsets), y, policy=policy,
+                                 budget="min")
+            model.zero_grad(set_to_none=True)
+            eager_model.zero_grad(set_to_none=True)
+            loss = step(tokens, offsets, y)
+            eager = F.cross_entropy(eager_model(tokens, offsets), y)
+            eager.backward()
+            worst = max(relative_error(p.grad, q.grad) for p, q in
+                        zip(model.parameters(), eager_model.parameters()))
+            failures.check(relative_error(loss, eager.detach()) <= TOLERANCE and
+                           worst <= TOLERANCE,
+                           f"EmbeddingBag {mode} ({policy}): loss {loss.item()} vs "
+                           f"{eager.item()}, gradients off by {worst:.2e}")
+            check_memory(failures, f"EmbeddingBag {mode} ({policy})", step.report)
+    x = torch.randn(4, 3, 8, 8, device=device).bfloat16()
+    for norm in (nn.BatchNorm2d(8), nn.GroupNorm(2, 8), nn.LayerNorm([8, 8, 8])):
+        torch.manual_seed(SEED)
+        model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), norm, nn.ReLU(),
+                              nn.Conv2d(8, 8, 3, padding=1), nn.AdaptiveAvgPool2d(1),
+                              nn.Flatten(), nn.Linear(8, 5)).to(device).bfloat16()
+        eager_model = copy.deepcopy(model)
+        for policy in ("baseline", "dtr"):
+            label = f"bfloat16 {type(norm).__name__} ({policy})"
+            step = pt.train_step(model, F.cross_entropy, (x,), y, policy=policy, budget="min")
+            model.zero_grad(set_to_none=True)
+            eager_model.zero_grad(set_to_none=True)
+            loss = step(x, y)
+            eager = F.cross_entropy(eager_model(x), y)
+            eager.backward()
+            worst = max(relative_error(p.grad.float(), q.grad.float()) for p, q in
+                        zip(model.parameters(), eager_model.parameters()))
+            failures.check(relative_error(loss.float(), eager.detach().float()) <= TOLERANCE and
+                           worst <= TOLERANCE,
+                           f"{label}: loss {loss.item()} vs {eager.item()}, gradients off by "
+                           f"{worst:.2e}")
+            check_memory(failures, label, step.report)
+    print("EmbeddingBag, bfloat16 norms: eager's, measured == predicted", flush=True)
 
 
 def check_module_changes(failures, device):
@@ -1392,6 +1423,7 @@ def main():
         check_module_changes(failures, device)
         check_loss_and_checkpoints(failures, device)
         check_constants_and_masks(failures, device)
+        check_outputs_the_kernel_shapes(failures, device)
         check_names_like_calls(failures, device)
         check_accumulation(failures, device)
         check_no_garbage(failures, device)

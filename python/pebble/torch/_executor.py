@@ -789,7 +789,7 @@ class _RunState:
                 f"{tuple(out.shape)}, the capture {tuple(v.shape)}: the shape depends on the "
                 "values (a boolean mask, nonzero, unique), and a plan holds the shapes of the "
                 "batch it was captured with, so pebble.torch cannot plan this step")
-        if out.dtype != v.dtype:
+        if out.dtype != v.dtype and not node.kernel_shaped:
             raise PlanExecutionError(
                 f"node '{node.id}' ({node.fx.target}): PyTorch computed {out.dtype}, the "
                 f"capture {v.dtype}: this kernel keeps another dtype than PyTorch's fake "

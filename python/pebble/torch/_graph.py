@@ -61,6 +61,12 @@ _STATS_IN_PLACE = {"native_batch_norm", "cudnn_batch_norm", "miopen_batch_norm"}
 # "sum" mode and gives max_indices a bag's shape in "sum" and "mean", where
 # the meta function does the reverse. Calibration measures what they hold.
 _KERNEL_SHAPED = {"_embedding_bag", "_embedding_bag_forward_only"}
+# Normalizations whose statistics (outputs 1 and on), and whose backwards'
+# gradients, the CPU's kernels keep in the input's half-precision dtype,
+# where the fake ones may be float32.
+_HALF_STATS_ON_CPU = {"native_batch_norm", "native_layer_norm", "native_group_norm",
+                      "native_batch_norm_backward", "native_layer_norm_backward",
+                      "native_group_norm_backward"}
 # Random calls where the operator's tags cannot tell (PyTorch before 1.13).
 _RANDOM = {"bernoulli", "bernoulli_", "native_dropout", "rand", "randn", "rand_like",
            "randn_like", "randint", "randint_like", "randperm", "normal", "normal_", "uniform_",
@@ -134,7 +140,9 @@ class Node:
         self.random = False
         self.updates_stats = False  # writes running statistics (batch norm, PyTorch 1.13)
         self.empty_when_run = False  # the kernel may return it empty (eval batch norm's stats)
-        self.kernel_shaped = False  # its shape is the kernel's, not the capture's (_KERNEL_SHAPED)
+        # Its shape and dtype are the kernel's, not the capture's
+        # (_KERNEL_SHAPED, _HALF_STATS_ON_CPU).
+        self.kernel_shaped = False
         self.slot = None          # persistent: the Slot
         self.constant = None      # persistent: a constant tensor of the trace
         self.value = None         # fake (or real) tensor of the node's output
@@ -350,7 +358,11 @@ class StepGraph:
                 raise CaptureError(f"operator {n.target} returns {type(element).__name__} as "
                                    f"output {k}, which pebble.torch cannot plan")
             node = self._output(n, k, element, inputs)
-            node.kernel_shaped = k > 0 and name in _KERNEL_SHAPED
+            node.kernel_shaped = (k > 0 and name in _KERNEL_SHAPED) or (
+                (k > 0 or name.endswith("_backward")) and name in _HALF_STATS_ON_CPU and
+                element.device.type == "cpu" and any(
+                    isinstance(u.value, torch.Tensor) and
+                    u.value.dtype in (torch.bfloat16, torch.float16) for u in inputs))
             if node.kernel_shaped:
                 self.kernel_shaped.setdefault(n, []).append(node)
             if eval_stats and k > 0:
