@@ -617,8 +617,14 @@ absl::StatusOr<Graph> AppendOptimizerStep(const Graph& graph, const OptimizerSpe
                                           CostModel cost) {
   absl::StatusOr<Graph> stepped = AddOptimizerStep(graph, spec, cost);
   if (!stepped.ok()) {
-    return absl::Status(stepped.status().code(),
-                        absl::StrCat("--optimizer: ", stepped.status().message()));
+    absl::string_view why = stepped.status().message();
+    absl::ConsumePrefix(&why, "optimizer: ");
+    // A group that matches no parameter is the command line's (exit 2, as
+    // --optimizer's other refusals); the rest is the graph's.
+    if (absl::StartsWith(why, "parameter group ")) {
+      return UsageError(absl::StrCat("--optimizer: ", why));
+    }
+    return absl::Status(stepped.status().code(), absl::StrCat("--optimizer: ", why));
   }
   return stepped;
 }

@@ -241,6 +241,15 @@ TEST(CliTest, TablesEscapeControlCharactersAndAlignByCodePoint) {
   EXPECT_EQ(plan.out.find('\x1b'), std::string::npos) << plan.out;
 }
 
+// A parameter group that matches nothing is the command line's fault, as
+// --optimizer's other refusals are: exit 2, said once.
+TEST(CliTest, AGroupThatMatchesNoParameterIsAUsageError) {
+  Result r = Pebble("plan --model mnist-cnn --optimizer 'adam;nomatch:lr=1'");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.err, HasSubstr("pebble: --optimizer: parameter group 'nomatch' matches no "
+                               "parameter"));
+}
+
 // export's --json is --format json: with --format dot it is refused, not
 // silently taken (JSON written to a .dot file).
 TEST(CliTest, ExportRefusesJsonBesideAnotherFormat) {
