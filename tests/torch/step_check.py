@@ -587,8 +587,9 @@ def check_loss_and_checkpoints(failures, device):
     not) gives eager's gradients (the capture runs the checkpoints inline:
     Note [Checkpoints in the module]); a loss whose settings change between
     calls (a module's label smoothing, a weight in the closure's dict) is
-    captured again, eager's loss each time; a loss with a learnable weight
-    of its own is refused, naming it."""
+    captured again, eager's loss each time, and so is a module whose
+    configuration object or dict of settings changes; a loss with a
+    learnable weight of its own is refused, naming it."""
     nn, F = torch.nn, torch.nn.functional
     from torch.utils import checkpoint as cp
 
@@ -652,6 +653,31 @@ def check_loss_and_checkpoints(failures, device):
                        f"{eager.item()}, gradients off by {worst:.2e}")
     failures.check(step.report["shapes_planned"] == 3,
                    f"a loss's settings changed: {step.report['shapes_planned']} captures, not 3")
+
+    class Configured(nn.Module):  # reads a configuration object and a dict of settings
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(10, 5)
+            self.config = types.SimpleNamespace(scale=1.0, name="fc")
+            self.options = {"shift": 0.0}
+
+        def forward(self, x):
+            return self.fc(x) * self.config.scale + self.options["shift"]
+    torch.manual_seed(SEED)
+    model = Configured().to(device)
+    eager_model = copy.deepcopy(model)
+    step = pt.train_step(model, F.cross_entropy, (x,), y, policy="dtr", budget="min",
+                         measure="never")
+    for k in range(3):
+        for m in (model, eager_model):
+            m.config.scale, m.options["shift"] = 1.0 + 2 * k, 0.5 * k
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # (the recapture's warning)
+            loss = step(x, y)
+        eager = F.cross_entropy(eager_model(x), y)
+        failures.check(relative_error(loss, eager.detach()) <= TOLERANCE,
+                       f"a module's configuration changed, call {k}: loss {loss.item()} vs "
+                       f"{eager.item()}")
 
     class Weighted(nn.Module):
         def __init__(self):

@@ -75,12 +75,13 @@ def _hook_name(hook):
 
 
 def _plain_attributes(obj):
-    """The plain settings among `obj`'s attributes: ((name, value), ...)."""
+    """The plain settings among `obj`'s attributes, dicts of them included
+    (_setting): ((name, value), ...)."""
     plain = []
     for key, value in getattr(obj, "__dict__", {}).items():
         if key[0] == "_":
             continue  # (parameters, buffers, submodules, hooks)
-        value = _plain(value)
+        value = _setting(value)
         if value is not _NOT_PLAIN:
             plain.append((key, value))
     return tuple(plain)
@@ -88,13 +89,33 @@ def _plain_attributes(obj):
 
 def _setting(value):
     """`value` as a setting a trace may read: plain (_plain), a dict of up
-    to 64 plain keys and values (as sorted pairs), else _NOT_PLAIN."""
+    to 64 plain keys and values (as sorted pairs), the plain attributes of
+    a configuration object (one that is no module, tensor, class or
+    callable, of up to 256 attributes: a dataclass, a namespace), else
+    _NOT_PLAIN."""
+    plain = _plain(value)
+    if plain is not _NOT_PLAIN:
+        return plain
     if isinstance(value, dict) and len(value) <= 64:
         items = [(k, _plain(v)) for k, v in value.items() if isinstance(k, _PLAIN)]
         if len(items) == len(value) and all(v is not _NOT_PLAIN for _, v in items):
             return tuple(sorted(items, key=repr))
         return _NOT_PLAIN
-    return _plain(value)
+    if _is_configuration(value):
+        items = tuple((k, _plain(v)) for k, v in vars(value).items() if not k.startswith("_"))
+        return (type(value).__qualname__,
+                tuple((k, v) for k, v in items if v is not _NOT_PLAIN))
+    return _NOT_PLAIN
+
+
+def _is_configuration(value):
+    """Whether `value` is an object whose attributes configure the code that
+    reads them (_setting)."""
+    if callable(value) or isinstance(value, (torch.nn.Module, torch.Tensor, type,
+                                             types.ModuleType)):
+        return False
+    attrs = getattr(value, "__dict__", None)
+    return isinstance(attrs, dict) and len(attrs) <= 256
 
 
 def _loss_settings(loss_fn):
