@@ -303,7 +303,8 @@ constexpr int64_t kMaxSkippedValues = 64;
 // monotonicity among the values that make a model; nullopt when none from
 // start on fits. A value that makes no model (Probe::no_model) is passed
 // over for the nearest one that does, below it first (up to
-// kMaxSkippedValues away). The first refusal goes to `first_error`. A
+// kMaxSkippedValues away); where none is that near, it is taken as too
+// large (past the model's range: unet3d's classes beyond 1024). The first refusal goes to `first_error`. A
 // probe that reports `stopped` ends the search with the largest value
 // known to fit (*stopped = true).
 template <typename ProbeFn>
@@ -333,7 +334,8 @@ std::optional<int64_t> LargestFeasible(int64_t start, int64_t max_value, ProbeFn
     return {v, 2};
   };
   int first = feasible(start);
-  for (int64_t v = start + 1; first == 2 && v - start <= kMaxSkippedValues &&
+  const int64_t given = start;
+  for (int64_t v = start + 1; first == 2 && v - given <= kMaxSkippedValues &&
                               (max_value <= 0 || v <= max_value);
        ++v) {
     first = feasible(v);
@@ -349,7 +351,7 @@ std::optional<int64_t> LargestFeasible(int64_t start, int64_t max_value, ProbeFn
     int f = feasible(next);
     if (f == 2) std::tie(next, f) = nearest(next, lo, max_value > 0 ? max_value + 1 : INT64_MAX);
     if (f < 0) return lo;
-    if (f == 2) return lo;  // (nothing near makes a model: the largest found)
+    // (nothing near makes a model: past the model's range, taken as too large)
     if (f == 1) {
       lo = next;
     } else {
@@ -360,7 +362,7 @@ std::optional<int64_t> LargestFeasible(int64_t start, int64_t max_value, ProbeFn
     int64_t mid = lo + (hi - lo) / 2;
     int f = feasible(mid);
     if (f == 2) std::tie(mid, f) = nearest(mid, lo, hi);
-    if (f < 0 || f == 2) return lo;
+    if (f < 0) return lo;
     if (f == 1) {
       lo = mid;
     } else {

@@ -168,7 +168,8 @@ TEST(FitTest, RefusesANonPositiveTimeLimit) {
 // A value that makes no model (heads that do not divide dim) is passed over
 // for the nearest one that does, not taken as too large: transformer's heads
 // up to 48 with dim=48 reach 48 (they stopped at 24, 32 being refused), and
-// dim from 1 with heads=2 starts at 2 (the search stopped at dim=1).
+// dim from 1 with heads=2 starts at 2 (the search stopped at dim=1); a value
+// past the model's range is too large.
 TEST(FitTest, AValueThatMakesNoModelIsPassedOver) {
   FitRequest request;
   request.model = *ParseModelSpec("transformer:dim=48");
@@ -188,6 +189,18 @@ TEST(FitTest, AValueThatMakesNoModelIsPassedOver) {
   ASSERT_TRUE(fit.ok()) << fit.status();
   ASSERT_TRUE(fit->rows[0].value.has_value()) << fit->rows[0].note;
   EXPECT_EQ(*fit->rows[0].value, 64);
+  // Past the model's range (unet3d takes at most 1024 classes), no value
+  // near makes a model: too large, and the search goes on below it (it
+  // stopped at 768).
+  request.model = *ParseModelSpec("unet3d:variant=small,depth=16,height=16,width=16,batch=1");
+  request.vary = "classes";
+  request.start = 3;
+  request.max_value = 0;
+  request.budget_bytes = int64_t{64} << 30;
+  fit = Fit(request);
+  ASSERT_TRUE(fit.ok()) << fit.status();
+  ASSERT_TRUE(fit->rows[0].value.has_value()) << fit->rows[0].note;
+  EXPECT_EQ(*fit->rows[0].value, 1024);
 }
 
 }  // namespace
