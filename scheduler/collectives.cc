@@ -162,8 +162,10 @@ absl::StatusOr<std::vector<size_t>> ClippedReducePositions(const Graph& graph,
           "with another policy, or without clipping)"));
     }
     if (s.action == Action::kFree && (s.node == gradient || s.node == root)) {
+      // (a view freed while its root stays: the root keeps the value, still
+      // to sum where the view is made again)
+      fresh = s.node == root ? false : fresh || (view && value != n);
       value = n;  // (not read by the clipping: not summed)
-      if (s.node == root) fresh = false;
       continue;
     }
     if (s.action != Action::kCompute && s.action != Action::kHostCompute) continue;

@@ -6,6 +6,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "graph/status.h"
 #include "scheduler/planner.h"
@@ -163,6 +164,7 @@ absl::StatusOr<PlanResult> PlaceAutoState(const Graph& graph, const PlannerOptio
   }
   if (!best.has_value() && !least.has_value()) {
     // (a policy that searches to its limit, exact, had a share of it)
+    if (!absl::StrContains(first_error.message(), "time limit")) return first_error;
     return absl::Status(first_error.code(),
                         absl::StrCat(first_error.message(), " (each of the state placement's ",
                                      most_plans, " plans at most has an equal share of the ",
@@ -175,9 +177,11 @@ absl::StatusOr<PlanResult> PlaceAutoState(const Graph& graph, const PlannerOptio
   if (fits && at_min) {
     // Probed at another budget (a least peak found on the way), whose
     // verdict its message gives: judged again at "min".
+    const bool cut = TimeLimitReached(result);
     nlohmann::json details = std::move(result.details);
     ASSIGN_OR_RETURN(result, FinishPlan(graph, std::move(result.schedule), options));
     result.details = std::move(details);
+    if (cut) NoteTimeLimit(result, options.time_limit_s, "the policy's search");
   }
   result.feasible = fits;
   int64_t resident_bytes = 0, streamed_bytes = 0;

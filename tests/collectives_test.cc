@@ -303,6 +303,18 @@ TEST(CollectivesTest, AClippedGradientThatIsAViewIsSummedOncePerValue) {
                               {kC, "nq"}, {kC, "grad_norm"}, {kC, "grad:p"},
                               {kC, "grad:q"}}));
   EXPECT_TRUE(Simulate(*g, *copied_before, FourRanks()).ok());
+  // A view freed while its root stays, and made again: the root's value is
+  // summed once, where the view the clipping reads is made.
+  absl::StatusOr<Schedule> view_again = ReduceGradients(
+      *g, MakeSchedule(*g, {{kC, "dp"}, {kC, up}, {kF, up}, {kC, "dq"}, {kC, uq}, {kC, up},
+                            {kC, "np"}, {kC, "nq"}, {kC, "grad_norm"}, {kC, "grad:p"},
+                            {kC, "grad:q"}}));
+  ASSERT_TRUE(view_again.ok()) << view_again.status();
+  EXPECT_EQ(*view_again,
+            MakeSchedule(*g, {{kC, "dp"}, {kC, up}, {kF, up}, {kC, "dq"}, {kC, uq}, {kA, uq},
+                              {kC, up}, {kA, up}, {kC, "np"}, {kC, "nq"}, {kC, "grad_norm"},
+                              {kC, "grad:p"}, {kC, "grad:q"}}));
+  EXPECT_TRUE(Simulate(*g, *view_again, FourRanks()).ok());
 }
 
 // Made with their roots (alias_fold.h), both views are summed before the

@@ -538,9 +538,12 @@ class TrainStep:
         """The variant of these inputs' shapes and layouts (`key`: their
         _signature, where the caller has it), captured and planned where new."""
         key = key if key is not None else self._signature(inputs, target)
-        variant = self._variants.pop(key, None)
+        variant = self._variants.get(key)
         if variant is not None:
-            self._variants[key] = variant  # (the most recently called last)
+            # The most recently called last, under every signature that
+            # finds it (_find_under_settings_left's too).
+            for k in [k for k, v in self._variants.items() if v is variant]:
+                self._variants[k] = self._variants.pop(k)
             return variant
         capture = self._captures.get(key)
         if capture is None:

@@ -261,6 +261,10 @@ def _storage_held(node, value, graph):
             if isinstance(out, torch.Tensor) and (graph.device is None or
                                                   out.device.type == graph.device.type):
                 sibling.nbytes = round_up(storage_bytes(out), graph.round_to)
+                # (its shape, dtype and strides as the kernel makes them: a
+                # host copy of it is made from these)
+                sibling.value = torch.empty_strided(out.shape, out.stride(), dtype=out.dtype,
+                                                    device="meta")
         return
     if node.kind != "op" or node.alias_of is not None or node.out_index is not None or \
             not isinstance(value, torch.Tensor):

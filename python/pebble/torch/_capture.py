@@ -74,25 +74,53 @@ def _hook_name(hook):
     return getattr(hook, "__qualname__", type(hook).__name__)
 
 
-def _plain_attributes(obj):
-    """The plain settings among `obj`'s attributes, dicts of them included
-    (_setting): ((name, value), ...)."""
+class _Local:
+    """A setting that the ranks do not compare: it changes a rank's capture
+    like any other, but its repr, which the ranks compare (check_same_call),
+    is the same whatever it holds, as each rank may hold its own (a
+    configuration object with its local rank, a device string that the loss
+    names)."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value):
+        self.value = value
+
+    def __eq__(self, other):
+        return isinstance(other, _Local) and self.value == other.value
+
+    def __hash__(self):
+        return hash(self.value)
+
+    def __repr__(self):
+        return "_Local()"
+
+
+def _shown(value):
+    return value.value if isinstance(value, _Local) else value
+
+
+def _plain_attributes(obj, seen=None):
+    """The plain settings among `obj`'s attributes, dicts of them and
+    configuration objects included (_setting): ((name, value), ...).
+    `seen`: id -> setting of the configuration objects met so far (one
+    object held by many modules is read once)."""
     plain = []
     for key, value in getattr(obj, "__dict__", {}).items():
         if key[0] == "_":
             continue  # (parameters, buffers, submodules, hooks)
-        value = _setting(value)
+        value = _setting(value, seen)
         if value is not _NOT_PLAIN:
             plain.append((key, value))
     return tuple(plain)
 
 
-def _setting(value):
+def _setting(value, seen=None):
     """`value` as a setting a trace may read: plain (_plain), a dict of up
     to 64 plain keys and values (as sorted pairs), the plain attributes of
     a configuration object (one that is no module, tensor, class or
-    callable, of up to 256 attributes: a dataclass, a namespace), else
-    _NOT_PLAIN."""
+    callable, of up to 256 attributes: a dataclass, a namespace; _Local,
+    and memoised in `seen`), else _NOT_PLAIN."""
     plain = _plain(value)
     if plain is not _NOT_PLAIN:
         return plain
@@ -101,11 +129,16 @@ def _setting(value):
         if len(items) == len(value) and all(v is not _NOT_PLAIN for _, v in items):
             return tuple(sorted(items, key=repr))
         return _NOT_PLAIN
-    if _is_configuration(value):
-        items = tuple((k, _plain(v)) for k, v in vars(value).items() if not k.startswith("_"))
-        return (type(value).__qualname__,
-                tuple((k, v) for k, v in items if v is not _NOT_PLAIN))
-    return _NOT_PLAIN
+    if seen is not None and id(value) in seen:
+        return seen[id(value)]
+    if not _is_configuration(value):
+        return _NOT_PLAIN
+    items = tuple((k, _plain(v)) for k, v in vars(value).items() if not k.startswith("_"))
+    setting = _Local((type(value).__qualname__,
+                      tuple((k, v) for k, v in items if v is not _NOT_PLAIN)))
+    if seen is not None:
+        seen[id(value)] = setting
+    return setting
 
 
 def _is_configuration(value):
@@ -125,8 +158,9 @@ def _loss_settings(loss_fn):
     closure cells and the globals its own code names, and a
     functools.partial's arguments: each plain value or dict of them (a
     weight that a schedule anneals), and each module's attributes; a
-    callable object's plain attributes. (Functions the loss calls, and
-    other objects, are not looked into.)"""
+    callable object's plain attributes; configuration objects among them
+    as _setting reads them. A function's are _Local. (Functions the loss
+    calls, and other objects, are not looked into.)"""
     if isinstance(loss_fn, torch.nn.Module):
         return tuple((f"loss_fn.{name}" if name else "loss_fn", _plain_attributes(module))
                      for name, module in loss_fn.named_modules())
@@ -154,7 +188,7 @@ def _loss_settings(loss_fn):
         elif not name.startswith("_"):
             value = _setting(value)
             if value is not _NOT_PLAIN:
-                found.append((name, value))
+                found.append((name, value if isinstance(value, _Local) else _Local(value)))
     return ((("loss_fn", tuple(found)),) if found else ()) + tuple(modules)
 
 
@@ -169,9 +203,9 @@ class ModuleSettings:
     __slots__ = ("attrs", "hooks")
 
     def __init__(self, model, loss_fn=None):
-        attrs, hooks = [], []
+        attrs, hooks, seen = [], [], {}
         for name, module in model.named_modules():
-            attrs.append((name, _plain_attributes(module)))
+            attrs.append((name, _plain_attributes(module, seen)))
             on = module.__dict__
             for kind in ("_forward_pre_hooks", "_forward_hooks", "_backward_hooks"):
                 if on.get(kind):
@@ -202,8 +236,9 @@ class ModuleSettings:
         'fc'" lines."""
         old = {(name, key): value for name, items in before.attrs for key, value in items}
         new = {(name, key): value for name, items in self.attrs for key, value in items}
-        lines = [f"{name + '.' if name else ''}{key}: {old.get((name, key), '(none)')!r} -> "
-                 f"{new.get((name, key), '(none)')!r}"
+        lines = [f"{name + '.' if name else ''}{key}: "
+                 f"{_shown(old.get((name, key), '(none)'))!r} -> "
+                 f"{_shown(new.get((name, key), '(none)'))!r}"
                  for name, key in sorted(set(old) | set(new))
                  if (name, key) not in old or (name, key) not in new or
                  old[(name, key)] is not new[(name, key)] and
@@ -332,11 +367,15 @@ class Traced:
 # (`self.ema = 0.9 * self.ema + ...`) rather than in place. Eager keeps the
 # new tensor as the buffer; functional_call puts the traced buffer back when
 # the forward returns, so the new value was lost (the buffer never moved,
-# silently). A forward hook on each module with buffers sees what its
-# buffers hold when its forward returns, before that; each rebound buffer is
-# then written in place with its new value, which the capture takes as any
-# in-place update of a buffer (batch norm's statistics): the step's new
-# value of it, copied into the module's buffer after the step.
+# silently). functional_call writes what the forward binds into the dict of
+# tensors it was given (PyTorch 1.13 as the forward binds it, 2.x as the
+# call returns), and a forward hook on each module with buffers sees what
+# its buffers hold when its forward returns: a buffer bound anew by its own
+# module's forward or by another's (a parent's `self.child.ema = ...`) is
+# found. Each is then written in place with its new value, which the
+# capture takes as any in-place update of a buffer (batch norm's
+# statistics): the step's new value of it, copied into the module's buffer
+# after the step.
 
 
 @contextlib.contextmanager
@@ -374,6 +413,7 @@ def _step_function(model, loss_fn, slots, grad_found, max_grad_norm=None, norm_t
     [Clipping the averaged gradients])."""
     n_state = sum(1 for s in slots if s.kind in ("parameter", "buffer"))
     n_inputs = sum(1 for s in slots if s.kind == "input")
+    buffer_names = [name for s in slots if s.kind == "buffer" for name in s.names]
 
     def step(*flat):
         state = {}
@@ -382,9 +422,11 @@ def _step_function(model, loss_fn, slots, grad_found, max_grad_norm=None, norm_t
                 state[name] = t
         inputs = flat[n_state:n_state + n_inputs]
         target = flat[n_state + n_inputs]
-        traced_state = dict(state)  # (PyTorch 1.13's functional_call writes rebinds into it)
+        traced_state = dict(state)  # (functional_call writes rebinds into `state`)
         with _buffers_rebound(model, traced_state) as rebound:
             output = functional_call(model, state, tuple(inputs))
+        rebound.update({name: state[name] for name in buffer_names
+                        if state[name] is not traced_state[name]})
         for name, value in rebound.items():  # (Note [Buffers rebound by the forward])
             buffer = traced_state[name]
             if value.shape != buffer.shape or value.dtype != buffer.dtype:
