@@ -1532,6 +1532,16 @@ def check_differing_settings(torch, pt, dist, rank, ranks):
     refused(lambda: step(mine(data[0][0], rank), mine(data[0][1], rank)),
             "optimizer settings", "by a call")
     differ_on_rank_1(False)
+    # A configuration object that holds each rank's own values (its local
+    # rank) is the rank's: not compared across ranks (every step was refused).
+    configured = make_model(torch)
+    configured.args = argparse.Namespace(hidden=16, local_rank=rank)
+    x, y = mine(data[0][0], rank), mine(data[0][1], rank)
+    try:
+        pt.train_step(configured, loss_fn, (x,), y, policy="rotor",
+                      process_group=dist.group.WORLD)(x, y)
+    except pt.PlanExecutionError as e:
+        failures.append(f"a configuration with each rank's local rank: refused with '{e}'")
     # A smaller slice of the batch on rank 1: refused on every rank, showing
     # each rank's shapes.
     x, y = mine(data[0][0], rank), mine(data[0][1], rank)
