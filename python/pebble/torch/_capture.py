@@ -749,6 +749,8 @@ def _eager_failure(model, loss_fn, slots, flat, device):
             stack.close()
             loss_fn(output, target)
     except Exception as e:  # noqa: BLE001 (the user's code's own error, reported)
+        if "out of memory" in str(e):  # (the copies' doing, not the user's code)
+            return None
         return (stack.where() if stack.stack else "loss_fn"), e
     finally:
         stack.close()
