@@ -582,13 +582,27 @@ def check_one_pass_capture(failures, device):
           flush=True)
 
 
+# A setting at module level, which GlobalScaled's forward reads.
+GLOBAL_SCHEDULE = {"scale": 1.0}
+
+
+class GlobalScaled(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(10, 5)
+
+    def forward(self, x):
+        return self.fc(x) * GLOBAL_SCHEDULE["scale"]
+
+
 def check_loss_and_checkpoints(failures, device):
     """A module that checkpoints a block with dropout itself (reentrant or
     not) gives eager's gradients (the capture runs the checkpoints inline:
     Note [Checkpoints in the module]); a loss whose settings change between
     calls (a module's label smoothing, a weight in the closure's dict) is
     captured again, eager's loss each time, and so is a module whose
-    configuration object or dict of settings changes; a loss with a
+    configuration object or dict of settings, or a global its forward
+    reads, changes; a loss with a
     learnable weight of its own is refused, naming it."""
     nn, F = torch.nn, torch.nn.functional
     from torch.utils import checkpoint as cp
@@ -678,6 +692,23 @@ def check_loss_and_checkpoints(failures, device):
         failures.check(relative_error(loss, eager.detach()) <= TOLERANCE,
                        f"a module's configuration changed, call {k}: loss {loss.item()} vs "
                        f"{eager.item()}")
+
+    # A module-level global that the forward reads (a schedule's scale).
+    torch.manual_seed(SEED)
+    model = GlobalScaled().to(device)
+    eager_model = copy.deepcopy(model)
+    step = pt.train_step(model, F.cross_entropy, (x,), y, policy="dtr", budget="min",
+                         measure="never")
+    for k in range(3):
+        GLOBAL_SCHEDULE["scale"] = 1.0 + k
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # (the recapture's warning)
+            loss = step(x, y)
+        eager = F.cross_entropy(eager_model(x), y)
+        failures.check(relative_error(loss, eager.detach()) <= TOLERANCE,
+                       f"a global the forward reads changed, call {k}: loss {loss.item()} vs "
+                       f"{eager.item()}")
+    GLOBAL_SCHEDULE["scale"] = 1.0
 
     class Weighted(nn.Module):
         def __init__(self):

@@ -192,6 +192,50 @@ def _loss_settings(loss_fn):
     return ((("loss_fn", tuple(found)),) if found else ()) + tuple(modules)
 
 
+# A module class's forward -> the globals its code names that may be
+# settings (not modules, classes or functions when first seen).
+_GLOBALS_READ = {}
+
+
+def _names_in(code):
+    """The names that `code` and the functions defined in it (a lambda in a
+    forward) load, in order, each once."""
+    found, stack = {}, [code] if code is not None else []
+    while stack:
+        c = stack.pop()
+        found.update(dict.fromkeys(c.co_names))
+        stack += [k for k in c.co_consts if isinstance(k, types.CodeType)]
+    return tuple(found)
+
+
+def _forward_globals(classes, seen):
+    """The settings among the globals that the forwards of `classes` (the
+    user's, not PyTorch's own) name in their code and the functions defined
+    in it: a scale or a flag that a schedule changes at module level. (name, ((global, _Local setting),
+    ...)) per class that reads any; what the functions they call read is
+    not looked into."""
+    found = []
+    for cls in sorted(classes, key=lambda c: (c.__module__, c.__qualname__)):
+        if cls.__module__.startswith("torch."):
+            continue
+        forward = getattr(cls, "forward", None)
+        if cls not in _GLOBALS_READ:
+            names = getattr(forward, "__globals__", {})
+            _GLOBALS_READ[cls] = tuple(
+                name for name in _names_in(getattr(forward, "__code__", None)) if
+                name in names and not callable(names[name]) and
+                not isinstance(names[name], types.ModuleType))
+        names = getattr(forward, "__globals__", {})
+        items = []
+        for name in _GLOBALS_READ[cls]:
+            setting = _setting(names.get(name, _NOT_PLAIN), seen)
+            if setting is not _NOT_PLAIN:
+                items.append((name, setting if isinstance(setting, _Local) else _Local(setting)))
+        if items:
+            found.append((f"globals of {cls.__qualname__}.forward", tuple(items)))
+    return found
+
+
 class ModuleSettings:
     """What a trace of `model` and `loss_fn` reads from them besides tensors
     (Note [What a trace reads from the module]): each module's plain
@@ -203,9 +247,10 @@ class ModuleSettings:
     __slots__ = ("attrs", "hooks")
 
     def __init__(self, model, loss_fn=None):
-        attrs, hooks, seen = [], [], {}
+        attrs, hooks, seen, classes = [], [], {}, set()
         for name, module in model.named_modules():
             attrs.append((name, _plain_attributes(module, seen)))
+            classes.add(type(module))
             on = module.__dict__
             for kind in ("_forward_pre_hooks", "_forward_hooks", "_backward_hooks"):
                 if on.get(kind):
@@ -215,6 +260,7 @@ class ModuleSettings:
             on = getattr(torch.nn.modules.module, kind, None)
             if on:
                 hooks.append(("", kind, tuple(on.values())))
+        attrs += _forward_globals(classes, seen)
         if loss_fn is not None:
             attrs += _loss_settings(loss_fn)
         self.attrs, self.hooks = tuple(attrs), tuple(hooks)
