@@ -124,20 +124,11 @@ int RunFit(const FitFlags& f) {
     // one the search passes over: some of the next ones must.)
     CostModel cost;
     cost.device_flops_per_s = f.throughput_flops_per_s;
-    absl::Status first_refusal;
-    for (int64_t v = f.start; v - f.start < 64 && (f.max_value == 0 || v <= f.max_value); ++v) {
-      ModelSpec model = *spec;
-      model.params[f.vary] = absl::StrCat(v);
-      absl::StatusOr<Graph> built = BuildModel(model, cost);
-      if (built.status().code() != absl::StatusCode::kInvalidArgument) {
-        first_refusal = absl::OkStatus();
-        break;
-      }
-      if (first_refusal.ok()) first_refusal = built.status();
-    }
-    if (!first_refusal.ok()) {
+    const absl::StatusOr<int64_t> first =
+        FirstValueWithAModel(*spec, f.vary, f.start, f.max_value, cost);
+    if (first.status().code() == absl::StatusCode::kInvalidArgument) {
       return Fail(UsageError(absl::StrCat("--model ", Quote(f.model), " --vary ", Quote(f.vary),
-                                          ": ", first_refusal.message(), " (and no value of ",
+                                          ": ", first.status().message(), " (and no value of ",
                                           f.vary, " from ", f.start,
                                           " on makes a model: --vary takes an integer "
                                           "parameter of the model)")));

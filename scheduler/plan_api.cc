@@ -296,17 +296,15 @@ struct Probe {
   std::string error;     // the model or the planner refused this value
 };
 
-// How far a search looks past a value that makes no model for one that does.
-constexpr int64_t kMaxSkippedValues = 64;
-
 // The largest v in [start, max] with probe(v).feasible, assuming
 // monotonicity among the values that make a model; nullopt when none from
 // start on fits. A value that makes no model (Probe::no_model) is passed
 // over for the nearest one that does, below it first (up to
-// kMaxSkippedValues away); where none is that near, it is taken as too
-// large (past the model's range: unet3d's classes beyond 1024). The first refusal goes to `first_error`. A
-// probe that reports `stopped` ends the search with the largest value
-// known to fit (*stopped = true).
+// kFitSkippedValues away); where none is that near, it is taken as too
+// large (past the model's range: unet3d's classes beyond 1024). `start`
+// makes one (FirstValueWithAModel). The first refusal goes to
+// `first_error`. A probe that reports `stopped` ends the search with the
+// largest value known to fit (*stopped = true).
 template <typename ProbeFn>
 std::optional<int64_t> LargestFeasible(int64_t start, int64_t max_value, ProbeFn probe,
                                        std::string* first_error, bool* stopped) {
@@ -325,23 +323,15 @@ std::optional<int64_t> LargestFeasible(int64_t start, int64_t max_value, ProbeFn
   // The value nearest `v` in (low, high) that makes a model, below v first,
   // and what it gave; {v, 2} where none within reach does.
   auto nearest = [&](int64_t v, int64_t low, int64_t high) -> std::pair<int64_t, int> {
-    for (int64_t u = v - 1; u > low && v - u <= kMaxSkippedValues; --u) {
+    for (int64_t u = v - 1; u > low && v - u <= kFitSkippedValues; --u) {
       if (const int f = feasible(u); f != 2) return {u, f};
     }
-    for (int64_t u = v + 1; u < high && u - v <= kMaxSkippedValues; ++u) {
+    for (int64_t u = v + 1; u < high && u - v <= kFitSkippedValues; ++u) {
       if (const int f = feasible(u); f != 2) return {u, f};
     }
     return {v, 2};
   };
-  int first = feasible(start);
-  const int64_t given = start;
-  for (int64_t v = start + 1; first == 2 && v - given <= kMaxSkippedValues &&
-                              (max_value <= 0 || v <= max_value);
-       ++v) {
-    first = feasible(v);
-    start = v;
-  }
-  if (first != 1) return std::nullopt;
+  if (feasible(start) != 1) return std::nullopt;
   int64_t lo = start, hi = -1;  // lo feasible; hi infeasible (or -1: unknown)
   while (hi < 0) {
     if (max_value > 0 && lo >= max_value) return lo;
@@ -386,10 +376,11 @@ class FitClock {
   double limit_s_;
 };
 
-// One policy's search (Fit): fills `row`. The largest plan found to fit is
-// kept as the search goes, so the answer needs no second plan.
+// One policy's search (Fit) from `start`, the first value that makes a
+// model: fills `row`. The largest plan found to fit is kept as the search
+// goes, so the answer needs no second plan.
 template <typename Build>
-absl::Status FitPolicy(const FitRequest& request, const std::string& name,
+absl::Status FitPolicy(const FitRequest& request, int64_t start, const std::string& name,
                        const PlannerOptions& options, const Build& build,
                        const FitClock& clock, FitRow& row) {
   row.policy = name;
@@ -450,18 +441,18 @@ absl::Status FitPolicy(const FitRequest& request, const std::string& name,
   };
   std::string first_error;
   const std::optional<int64_t> found = LargestFeasible(
-      request.start, request.max_value, probe, &first_error, &row.time_limit_reached);
+      start, request.max_value, probe, &first_error, &row.time_limit_reached);
   PEBBLE_CHECK(found == row.value, "fit: the search and its kept plan disagree");
   if (row.time_limit_reached) {
     row.note = row.value.has_value()
                    ? absl::StrCat("time limit of ", request.time_limit_s,
                                   " s reached: a larger ", request.vary, " may fit too")
                    : absl::StrCat("time limit of ", request.time_limit_s,
-                                  " s reached before ", request.vary, "=", request.start,
+                                  " s reached before ", request.vary, "=", start,
                                   " was planned");
   } else if (!row.value.has_value()) {
     row.note = first_error.empty()
-                   ? absl::StrCat("does not fit even at ", request.vary, "=", request.start)
+                   ? absl::StrCat("does not fit even at ", request.vary, "=", start)
                    : first_error;
   }
   return absl::OkStatus();
@@ -487,6 +478,21 @@ std::string NaiveRuleRefusal(const Graph& g) {
 }
 
 }  // namespace
+
+absl::StatusOr<int64_t> FirstValueWithAModel(const ModelSpec& spec, const std::string& vary,
+                                             int64_t start, int64_t max_value,
+                                             const CostModel& cost) {
+  absl::Status first_refusal;
+  for (int64_t v = start; v - start <= kFitSkippedValues && (max_value <= 0 || v <= max_value);
+       ++v) {
+    ModelSpec model = spec;
+    model.params[vary] = absl::StrCat(v);
+    const absl::StatusOr<Graph> built = BuildModel(model, cost);
+    if (built.ok()) return v;
+    if (first_refusal.ok()) first_refusal = built.status();
+  }
+  return first_refusal;
+}
 
 absl::string_view FitOutcomeName(FitTry::Outcome outcome) {
   switch (outcome) {
@@ -538,13 +544,10 @@ absl::StatusOr<FitResult> Fit(const FitRequest& request) {
   };
   // The first model from start on (a value may make none: the searches
   // pass over it), for the naive rule's refusal.
-  absl::StatusOr<Graph> first = build(request.start);
-  for (int64_t v = request.start + 1; !first.ok() && v - request.start <= kMaxSkippedValues &&
-                                      (request.max_value == 0 || v <= request.max_value);
-       ++v) {
-    if (absl::StatusOr<Graph> next = build(v); next.ok()) first = *std::move(next);
-  }
-  RETURN_IF_ERROR(first.status());
+  ASSIGN_OR_RETURN(const int64_t first_value,
+                   FirstValueWithAModel(request.model, request.vary, request.start,
+                                        request.max_value, request.cost));
+  ASSIGN_OR_RETURN(const Graph first, build(first_value));
   ASSIGN_OR_RETURN(std::vector<std::string> policies,
                    PolicyList(request.policies, [](const std::string& name) {
                      return name != "exact" && name != "exact-order" && name != "checkmate";
@@ -554,11 +557,11 @@ absl::StatusOr<FitResult> Fit(const FitRequest& request) {
 
   FitResult fit;
   bool naive_stopped = false;
-  fit.naive_note = NaiveRuleRefusal(*first);
+  fit.naive_note = NaiveRuleRefusal(first);
   fit.naive_applies = fit.naive_note.empty();
   if (fit.naive_applies) {
     fit.naive_value = LargestFeasible(
-        request.start, request.max_value,
+        first_value, request.max_value,
         [&](int64_t v) {
           Probe p;
           absl::StatusOr<Graph> g = build(v);
@@ -576,7 +579,8 @@ absl::StatusOr<FitResult> Fit(const FitRequest& request) {
   fit.rows.resize(policies.size());
   std::vector<absl::Status> failures(policies.size());
   ForEachIndex(policies.size(), request.jobs, [&](size_t k) {
-    failures[k] = FitPolicy(request, policies[k], options, build, clock, fit.rows[k]);
+    failures[k] =
+        FitPolicy(request, first_value, policies[k], options, build, clock, fit.rows[k]);
   });
   for (const absl::Status& failure : failures) RETURN_IF_ERROR(failure);
   fit.search_time_s = clock.elapsed_s();

@@ -257,6 +257,17 @@ absl::StatusOr<int64_t> ParseFitBudget(absl::string_view text);
 // prepare_graph takes.
 absl::StatusOr<FitResult> Fit(const FitRequest& request);
 
+// How far fit looks past a value of `vary` that makes no model (heads that
+// do not divide dim) for one that does.
+inline constexpr int64_t kFitSkippedValues = 64;
+
+// The first value of `vary` from `start` on (at most kFitSkippedValues
+// further, nor past `max_value` where it is positive) with which `spec`
+// makes a model; where none does, the start's refusal.
+absl::StatusOr<int64_t> FirstValueWithAModel(const ModelSpec& spec, const std::string& vary,
+                                             int64_t start, int64_t max_value,
+                                             const CostModel& cost);
+
 // The rows of `fit --json` ("results"), without measurements.
 nlohmann::json FitRowJson(const FitRow& row);
 

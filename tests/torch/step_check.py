@@ -175,6 +175,25 @@ def check_memory(failures, label, report):
                    f"{label}: measured step peak {measured} B over the budget {budget} B")
 
 
+def check_beside_eager(failures, label, step, model, eager_model, loss_fn, inputs, target):
+    """One call of `step` on `model` and eager PyTorch's on `eager_model`,
+    each from fresh gradients and the same generator state: the loss and
+    every gradient within TOLERANCE of eager's. Returns the step's loss."""
+    model.zero_grad(set_to_none=True)
+    eager_model.zero_grad(set_to_none=True)
+    torch.manual_seed(SEED)
+    loss = step(*inputs, target)
+    torch.manual_seed(SEED)
+    eager = loss_fn(eager_model(*inputs), target)
+    eager.backward()
+    worst = max(relative_error(p.grad, q.grad) for p, q in
+                zip(model.parameters(), eager_model.parameters()))
+    failures.check(relative_error(loss, eager.detach()) <= TOLERANCE and worst <= TOLERANCE,
+                   f"{label}: loss {loss.item()} vs {eager.item()}, gradients off by "
+                   f"{worst:.2e}")
+    return loss
+
+
 def check_case(failures, name, device, policies, budgets_wanted):
     case = step_models.CASES[name](device)
     model = case.model.train()
@@ -310,21 +329,11 @@ def check_shapes_bounded(failures, case, model):
     warned_at = []
     first = weakref.ref(step._variant)  # (dropped at call 1: its program goes)
     for k, (x, y) in enumerate(calls):
-        for p in list(model.parameters()) + list(eager_model.parameters()):
-            p.grad = None
         with warnings.catch_warnings(record=True) as warned:
             warnings.simplefilter("always")
-            torch.manual_seed(SEED)
-            loss = step(x, y)
+            check_beside_eager(failures, f"max_shapes call {k}", step, model, eager_model,
+                               case.loss_fn, (x,), y)
         warned_at += [k for w in warned if "max_shapes=2" in str(w.message)]
-        torch.manual_seed(SEED)
-        eager = case.loss_fn(eager_model(x), y)
-        eager.backward()
-        worst = max(relative_error(p.grad, q.grad) for p, q in
-                    zip(model.parameters(), eager_model.parameters()))
-        failures.check(relative_error(loss, eager.detach()) <= TOLERANCE and worst <= TOLERANCE,
-                       f"max_shapes call {k}: loss {loss.item()} vs eager {eager.item()}, "
-                       f"gradients off by {worst:.2e}")
         failures.check(step.report["shapes_planned"] <= 2,
                        f"max_shapes call {k}: {step.report['shapes_planned']} plans kept")
     # The example's batch of 4 and the 3 fill the two; the 2 drops the 4's
@@ -629,19 +638,8 @@ def check_loss_and_checkpoints(failures, device):
         for policy in ("baseline", "dtr"):
             step = pt.train_step(model, F.cross_entropy, (x,), y, policy=policy, budget="min",
                                  measure="never")
-            model.zero_grad(set_to_none=True)
-            eager_model.zero_grad(set_to_none=True)
-            torch.manual_seed(SEED)
-            loss = step(x, y)
-            torch.manual_seed(SEED)
-            eager = F.cross_entropy(eager_model(x), y)
-            eager.backward()
-            worst = max(relative_error(p.grad, q.grad) for p, q in
-                        zip(model.parameters(), eager_model.parameters()))
-            failures.check(relative_error(loss, eager.detach()) <= TOLERANCE and
-                           worst <= TOLERANCE,
-                           f"checkpointed block (reentrant={reentrant}, {policy}): loss "
-                           f"{loss.item()} vs {eager.item()}, gradients off by {worst:.2e}")
+            check_beside_eager(failures, f"checkpointed block (reentrant={reentrant}, {policy})",
+                               step, model, eager_model, F.cross_entropy, (x,), y)
     torch.manual_seed(SEED)
     model = nn.Sequential(nn.Linear(10, 16), nn.ReLU(), nn.Linear(16, 5)).to(device)
     eager_model = copy.deepcopy(model)
@@ -653,18 +651,10 @@ def check_loss_and_checkpoints(failures, device):
     step = pt.train_step(model, loss_fn, (x,), y, policy="dtr", budget="min", measure="never")
     for k in range(3):
         ce.label_smoothing, schedule["aux_weight"] = 0.2 * k, 0.5 * k
-        model.zero_grad(set_to_none=True)
-        eager_model.zero_grad(set_to_none=True)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # (the recapture's warning)
-            loss = step(x, y)
-        eager = loss_fn(eager_model(x), y)
-        eager.backward()
-        worst = max(relative_error(p.grad, q.grad) for p, q in
-                    zip(model.parameters(), eager_model.parameters()))
-        failures.check(relative_error(loss, eager.detach()) <= TOLERANCE and worst <= TOLERANCE,
-                       f"a loss's settings changed, call {k}: loss {loss.item()} vs "
-                       f"{eager.item()}, gradients off by {worst:.2e}")
+            check_beside_eager(failures, f"a loss's settings changed, call {k}", step, model,
+                               eager_model, loss_fn, (x,), y)
     failures.check(step.report["shapes_planned"] == 3,
                    f"a loss's settings changed: {step.report['shapes_planned']} captures, not 3")
 
@@ -755,19 +745,9 @@ def check_constants_and_masks(failures, device):
     y = torch.tensor([1, 3], device=device)
     for policy in ("baseline", "dtr"):
         step = pt.train_step(model, F.cross_entropy, (x,), y, policy=policy, budget="min")
-        model.zero_grad(set_to_none=True)
-        eager_model.zero_grad(set_to_none=True)
-        torch.manual_seed(SEED)
-        loss = step(x, y)
-        torch.manual_seed(SEED)
-        eager = F.cross_entropy(eager_model(x), y)
-        eager.backward()
-        worst = max(relative_error(p.grad, q.grad) for p, q in
-                    zip(model.parameters(), eager_model.parameters()))
-        failures.check(relative_error(loss, eager.detach()) <= TOLERANCE and worst <= TOLERANCE,
-                       f"constants and a transposed dropout ({policy}): loss {loss.item()} vs "
-                       f"{eager.item()}, gradients off by {worst:.2e}")
-        check_memory(failures, f"constants and a transposed dropout ({policy})", step.report)
+        label = f"constants and a transposed dropout ({policy})"
+        check_beside_eager(failures, label, step, model, eager_model, F.cross_entropy, (x,), y)
+        check_memory(failures, label, step.report)
 
     class Ema(nn.Module):  # a buffer the forward rebinds, not updated in place
         def __init__(self):
@@ -878,18 +858,10 @@ def check_outputs_the_kernel_shapes(failures, device):
         for policy in ("baseline", "dtr"):
             step = pt.train_step(model, F.cross_entropy, (tokens, offsets), y, policy=policy,
                                  budget="min")
-            model.zero_grad(set_to_none=True)
-            eager_model.zero_grad(set_to_none=True)
-            loss = step(tokens, offsets, y)
-            eager = F.cross_entropy(eager_model(tokens, offsets), y)
-            eager.backward()
-            worst = max(relative_error(p.grad, q.grad) for p, q in
-                        zip(model.parameters(), eager_model.parameters()))
-            failures.check(relative_error(loss, eager.detach()) <= TOLERANCE and
-                           worst <= TOLERANCE,
-                           f"EmbeddingBag {mode} ({policy}): loss {loss.item()} vs "
-                           f"{eager.item()}, gradients off by {worst:.2e}")
-            check_memory(failures, f"EmbeddingBag {mode} ({policy})", step.report)
+            label = f"EmbeddingBag {mode} ({policy})"
+            check_beside_eager(failures, label, step, model, eager_model, F.cross_entropy,
+                               (tokens, offsets), y)
+            check_memory(failures, label, step.report)
     x = torch.randn(4, 3, 8, 8, device=device).bfloat16()
     for norm in (nn.BatchNorm2d(8), nn.GroupNorm(2, 8), nn.LayerNorm([8, 8, 8])):
         torch.manual_seed(SEED)
@@ -900,17 +872,8 @@ def check_outputs_the_kernel_shapes(failures, device):
         for policy in ("baseline", "dtr"):
             label = f"bfloat16 {type(norm).__name__} ({policy})"
             step = pt.train_step(model, F.cross_entropy, (x,), y, policy=policy, budget="min")
-            model.zero_grad(set_to_none=True)
-            eager_model.zero_grad(set_to_none=True)
-            loss = step(x, y)
-            eager = F.cross_entropy(eager_model(x), y)
-            eager.backward()
-            worst = max(relative_error(p.grad.float(), q.grad.float()) for p, q in
-                        zip(model.parameters(), eager_model.parameters()))
-            failures.check(relative_error(loss.float(), eager.detach().float()) <= TOLERANCE and
-                           worst <= TOLERANCE,
-                           f"{label}: loss {loss.item()} vs {eager.item()}, gradients off by "
-                           f"{worst:.2e}")
+            check_beside_eager(failures, label, step, model, eager_model, F.cross_entropy, (x,),
+                               y)
             check_memory(failures, label, step.report)
     print("EmbeddingBag, bfloat16 norms: eager's, measured == predicted", flush=True)
 

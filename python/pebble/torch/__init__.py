@@ -39,7 +39,7 @@ from ._distributed import (GradientAverage, StepCollectives, agreed, broadcast_m
                            optimizer_state_layout, out_of_step, plan_of_rank_0,
                            same_on_every_rank)
 from ._executor import (COMPUTE, FREE, REDUCE, PlanExecutionError, Program,
-                        draws_in_eager_order)
+                        draws_in_eager_order, generator_state_bytes)
 from ._graph import StepGraph
 from ._memory import AllocatorPeak, TensorMemory, allocated_where_profiled, measure, tensor_bytes
 from ._optimizer import OptimizerError, Updates, state_dict_on_cpu
@@ -560,9 +560,9 @@ class TrainStep:
         finds one, its capture and its program's host copies) until `count`
         are left (max_shapes; None: no bound). Every rank makes the same
         calls, so every rank drops the same."""
-        if count is None or len({id(v) for v in self._variants.values()}) <= count:
-            return
-        while len({id(v) for v in self._variants.values()}) > count:
+        dropped = False
+        while count is not None and len({id(v) for v in self._variants.values()}) > count:
+            dropped = True
             oldest = next(iter(self._variants.values()))
             for key in [k for k, v in self._variants.items() if v is oldest]:
                 del self._variants[key]
@@ -578,9 +578,11 @@ class TrainStep:
                     "layouts, modes, ...) called: the least recently called capture and "
                     "plan is dropped, and made again if it comes back. Pad inputs to a few "
                     "lengths, or raise max_shapes", stacklevel=4)
-        # (a program and its variant refer to each other: their host copies
-        # and a capture's real tensors go now, not at the collector's leisure)
-        gc.collect()
+        if dropped:
+            # (a program and its variant refer to each other: their host
+            # copies and a capture's real tensors go now, not at the
+            # collector's leisure)
+            gc.collect()
 
     def _warn_of_settings_changed(self, key):
         """A capture that only the module's settings call for (Note [What a
@@ -1174,7 +1176,7 @@ class _Variant:
                    f"({_size(abs(room))} {'above' if room >= 0 else 'below'} the "
                    f"parameters and inputs): it reaches {_size(least_step)} ({percent}% of "
                    f"{reference_name}) at least: try budget='{percent}%' or budget='min'")
-        rng = _rng_state_bytes(self.device)
+        rng = generator_state_bytes(self.device)
         if rng and reference and any(node.random for node in self.graph_nodes.nodes):
             message += (f" (a plan that runs a random call again holds the generator's state, "
                         f"{_size(rng)}, beside it on the CPU: "
@@ -1688,13 +1690,6 @@ def _refuse_bare_small_number(budget):
     other = f"{text}B" if value == int(value) else f"{text}GiB"
     raise ValueError(f"budget {budget!r}: did you mean '{percent}' or '{other}'? (a number "
                      "without a unit is bytes only from 1024 up)")
-
-
-def _rng_state_bytes(device):
-    """The bytes that taking a generator's state holds for a moment on
-    `device` (Program.rng_state_bytes where a plan runs a random call
-    again): the CPU's state tensor; none on a GPU's device memory."""
-    return torch.get_rng_state().numel() if device.type == "cpu" else 0
 
 
 def _size(nbytes):

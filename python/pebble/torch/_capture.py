@@ -450,6 +450,14 @@ def _buffers_rebound(model, state):
             h.remove()
 
 
+def _named_state(slots, tensors):
+    """{name: tensor} of the module's parameters and buffers for
+    functional_call: each slot's tensor (of `tensors`, in the slots' order)
+    under every name that holds it (a tied weight has several)."""
+    return {name: t for slot, t in zip(slots, tensors) if slot.kind in ("parameter", "buffer")
+            for name in slot.names}
+
+
 def _step_function(model, loss_fn, slots, grad_found, max_grad_norm=None, norm_type=2.0,
                    ranks=1):
     """f(*slot tensors) -> [loss, gradient, ...] of the module's step, the
@@ -462,10 +470,7 @@ def _step_function(model, loss_fn, slots, grad_found, max_grad_norm=None, norm_t
     buffer_names = [name for s in slots if s.kind == "buffer" for name in s.names]
 
     def step(*flat):
-        state = {}
-        for slot, t in zip(slots[:n_state], flat[:n_state]):
-            for name in slot.names:
-                state[name] = t
+        state = _named_state(slots, flat)
         inputs = flat[n_state:n_state + n_inputs]
         target = flat[n_state + n_inputs]
         traced_state = dict(state)  # (functional_call writes rebinds into `state`)
@@ -778,14 +783,10 @@ def _eager_failure(model, loss_fn, slots, flat, device):
     gradients, on copies of the parameters and buffers, the generators left
     as they were."""
     n_state = sum(1 for s in slots if s.kind in ("parameter", "buffer"))
-    state = {}
     try:  # (copies: a forward may write its parameters or buffers in place)
-        copies = [t.detach().clone() for t in flat[:n_state]]
+        state = _named_state(slots, [t.detach().clone() for t in flat[:n_state]])
     except RuntimeError:  # (no room for a copy: no diagnosis)
         return None
-    for slot, t in zip(slots[:n_state], copies):
-        for name in slot.names:
-            state[name] = t
     inputs, target = tuple(flat[n_state:-1]), flat[-1]
     stack = _ModuleStack(model)
     try:

@@ -199,8 +199,7 @@ class Program:
                 runs[node.fx] = runs.get(node.fx, 0) + 1
         self.rerun_calls = {call for call, count in runs.items() if count > 1}
         # The device memory that taking a generator's state holds for a moment.
-        self.rng_state_bytes = torch.get_rng_state().numel() \
-            if device.type == "cpu" and self.rerun_calls else 0
+        self.rng_state_bytes = generator_state_bytes(device) if self.rerun_calls else 0
         self._check_reductions()
         # call_hook(node, run) -> run(): wraps each call (calibration measures it).
         self.call_hook = None
@@ -891,6 +890,13 @@ class _RunState:
                 self.stream.wait_event(event)
             self.streams.synchronize(self.device)
         self._homes_again()  # (every node dropped is one, checked above)
+
+
+def generator_state_bytes(device):
+    """The device memory that taking `device`'s generator state holds for a
+    moment: the CPU's state tensor; none of a GPU's (its state is a CPU
+    tensor)."""
+    return torch.get_rng_state().numel() if device.type == "cpu" else 0
 
 
 def _flat_if_dense(t):
