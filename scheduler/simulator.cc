@@ -338,21 +338,8 @@ bool JoinedCollectives(const Graph& graph, const Schedule& schedule, size_t k,
   return true;
 }
 
-}  // namespace
-
-absl::StatusOr<PlanReport> SimulateCandidate(const Graph& graph, const Schedule& schedule,
-                                             const SimulatorOptions& options) {
-  absl::StatusOr<PlanReport> report = Simulate(graph, schedule, options);
-  if (report.ok() || !absl::StartsWith(report.status().message(), kCostOverflow)) return report;
-  PlanReport worst;
-  worst.peak_bytes = worst.host_peak_bytes = worst.transfer_bytes = INT64_MAX;
-  worst.compute_cost = worst.makespan = worst.base_cost = std::numeric_limits<double>::infinity();
-  return worst;
-}
-
-absl::StatusOr<PlanReport> Simulate(const Graph& graph,
-                                    const Schedule& schedule,
-                                    const SimulatorOptions& options) {
+// The options Simulate refuses before it reads a step.
+absl::Status CheckOptions(const Graph& graph, const SimulatorOptions& options) {
   if (!(options.host_bandwidth_bytes_per_s > 0)) {
     return absl::InvalidArgumentError("host bandwidth must be positive");
   }
@@ -380,456 +367,541 @@ absl::StatusOr<PlanReport> Simulate(const Graph& graph,
   if (options.bucket_copy_alignment < 1 || options.bucket_copy_alignment > (int64_t{1} << 30)) {
     return absl::InvalidArgumentError("the bucket copies' alignment must be 1 byte to 1 GiB");
   }
-  if (graph.has_auto_homes()) return Simulate(ResolveHomes(graph, schedule), schedule, options);
-  const int n = graph.num_nodes();
-  const double bandwidth = options.host_bandwidth_bytes_per_s;
-  PlanReport report;
-  report.base_cost = BaseCost(graph);
-  report.num_steps = static_cast<int64_t>(schedule.steps.size());
+  return absl::OkStatus();
+}
 
-  std::vector<uint8_t> on_device(n, 0);
-  // Per storage root: how many nodes of D hold it (itself and its aliases,
-  // SPEC section 1 "Aliases"); its bytes count while this is positive.
-  std::vector<int32_t> holders(n, 0);
-  std::vector<uint8_t> on_host(n, 0);
-  std::vector<uint8_t> computed(n, 0);
-  // Time model state (SPEC section 4).
-  std::vector<double> ready(n, 0.0);     // when the resident copy is valid
-  std::vector<double> last_use(n, 0.0);  // latest end of a compute that read
-                                         // or produced the node, or of its
-                                         // offload
-  double compute_free_at = 0;  // end of the previous compute
-  double copy_free_at = 0;     // end of the previous copy
-  double host_free_at = 0;     // end of the previous host compute
-  // Per storage: the end of the latest copy or host compute on its host
-  // copy (a host compute and a copy of one host copy run one after the
-  // other; copies alone are ordered by their stream already).
-  std::vector<double> host_copy_until(graph.has_host_costs() ? n : 0, 0.0);
-  double frees_done_at = 0;    // R_k: latest end of earlier frees
-  double network_free_at = 0;  // end of the previous collective
-  struct {
-    double start = 0, end = 0;
-  } bucket;  // the interval of the last bucket (of all_reduce steps or of collectives)
-  Reductions reductions(graph, schedule, options);
+// One replay of a schedule under the rules of docs/semantics.md: what is
+// resident where, the streams' clocks (SPEC section 4), and the report as
+// it grows. Step(k) checks and applies step k; Finish() checks the end of
+// the step and sums up. Each action has a method of its own.
+class Replay {
+ public:
+  Replay(const Graph& graph, const Schedule& schedule, const SimulatorOptions& options);
+
+  absl::Status Step(size_t k);
+  absl::StatusOr<PlanReport> Finish() &&;
+
+ private:
+  absl::Status Compute(size_t k, StepRecord& rec);
+  absl::Status Free(size_t k, StepRecord& rec);
+  absl::Status Offload(size_t k, StepRecord& rec);
+  absl::Status Prefetch(size_t k, StepRecord& rec);
+  absl::Status HostCompute(size_t k, StepRecord& rec);
+  absl::Status AllReduce(size_t k, StepRecord& rec);
+
+  // Why step k may not compute its node (device compute), or OK.
+  absl::Status ComputeRefusal(size_t k) const;
+  // The earliest start of step k's compute, given its stream's: every input
+  // resident, current and ready (and, with reductions, summed as required).
+  absl::StatusOr<double> InputsReadyAt(size_t k, double start) const;
+  // The interval of step k's collective compute of `bytes` (the whole
+  // tensor's), alone or as the head or a member of a bucket, on the network
+  // stream; `rec` holds the compute's own interval on entry.
+  absl::Status TimeCollective(size_t k, int64_t bytes, StepRecord& rec);
+  // The interval and device copy of the bucket of all_reduce steps that
+  // step k heads.
+  absl::Status StartAllReduceBucket(size_t k, StepRecord& rec);
   // Counts a collective on the network stream, `seconds` long and ending at
   // `end`, of a tensor of `bytes` (the whole); false where the bytes
   // overflow.
-  auto on_network_stream = [&](int64_t bytes, double seconds, double end) {
-    network_free_at = end;
-    report.network_busy += seconds;
-    ++report.collectives;
-    return !__builtin_add_overflow(report.collective_bytes, bytes, &report.collective_bytes);
-  };
-
-  // current[s]: the node whose value storage s holds now: its base, then
-  // each in-place node that wrote it. Only graphs with updates need it.
-  std::vector<NodeId> current(graph.has_in_place() ? n : 0);
-  std::iota(current.begin(), current.end(), NodeId{0});
-  int64_t device = 0;
-  int64_t host = 0;
-  for (NodeId v = 0; v < n; ++v) {
-    if (!graph.persistent(v)) continue;
-    if (graph.home(v) == Tier::kHost) {
-      on_host[v] = 1;
-      host += graph.bytes(v);
-      continue;
-    }
-    on_device[v] = 1;
-    holders[v] = 1;
-    device += graph.bytes(v);
+  bool OnNetworkStream(int64_t bytes, double seconds, double end);
+  // Frees every bucket copy that holds a sum for `u`'s storage: the runtime
+  // settles them before a step touches that storage.
+  void SettleCopiesOf(NodeId u);
+  absl::Status Error(size_t k, absl::string_view rule) const {
+    return StepError(graph_, k, schedule_.steps[k], rule);
   }
+
+  const Graph& graph_;
+  const Schedule& schedule_;
+  const SimulatorOptions& options_;
+  const int n_;
+  PlanReport report_;
+
+  std::vector<uint8_t> on_device_;
+  // Per storage root: how many nodes of D hold it (itself and its aliases,
+  // SPEC section 1 "Aliases"); its bytes count while this is positive.
+  std::vector<int32_t> holders_;
+  std::vector<uint8_t> on_host_;
+  std::vector<uint8_t> computed_;
+  int64_t device_ = 0;  // bytes resident on the device (the set D's)
+  int64_t host_ = 0;    // bytes of host copies
+  int64_t distinct_computed_ = 0;
+  int64_t computes_ = 0;
+  // current_[s]: the node whose value storage s holds now: its base, then
+  // each in-place node that wrote it. Only graphs with updates need it.
+  std::vector<NodeId> current_;
+
+  // Time model state (SPEC section 4).
+  std::vector<double> ready_;     // when the resident copy is valid
+  std::vector<double> last_use_;  // latest end of a compute that read or
+                                  // produced the node, or of its offload
+  double compute_free_at_ = 0;    // end of the previous compute
+  double copy_free_at_ = 0;       // end of the previous copy
+  double host_free_at_ = 0;       // end of the previous host compute
+  // Per storage: the end of the latest copy or host compute on its host
+  // copy (a host compute and a copy of one host copy run one after the
+  // other; copies alone are ordered by their stream already).
+  std::vector<double> host_copy_until_;
+  double frees_done_at_ = 0;    // R_k: latest end of earlier frees
+  double network_free_at_ = 0;  // end of the previous collective
+  struct {
+    double start = 0, end = 0;
+  } bucket_;  // the interval of the last bucket (of all_reduce steps or of collectives)
+  Reductions reductions_;
+
   // Buckets' device copies (SimulatorOptions::device_bucket_copies): each
   // copy's bytes (0 once freed), and per storage root the copies that hold
   // a sum for it (two views of one storage may be in different buckets).
-  std::vector<int64_t> copy_bytes;
-  std::vector<std::vector<int>> copies_of(options.device_bucket_copies ? n : 0);
-  // Frees every copy that holds a sum for `u`'s storage: the runtime settles
-  // them before a step touches that storage.
-  auto settle_copies_of = [&](NodeId u) {
-    for (int c : copies_of[graph.storage(u)]) {
-      device -= copy_bytes[c];
-      copy_bytes[c] = 0;
-    }
-    copies_of[graph.storage(u)].clear();
-  };
-  int64_t distinct_computed = 0;
-  int64_t computes = 0;
-  report.initial_bytes = device;
-  report.host_peak_bytes = host;
-  report.peak_bytes = device;
-  report.peak_step = -1;
-  report.timeline.reserve(schedule.steps.size());
+  std::vector<int64_t> copy_bytes_;
+  std::vector<std::vector<int>> copies_of_;
+};
 
-  for (size_t k = 0; k < schedule.steps.size(); ++k) {
-    const Step& step = schedule.steps[k];
-    const NodeId v = step.node;
-    if (v < 0 || v >= n) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("invalid schedule at step ", k, ": node id ", v,
-                       " out of range"));
+Replay::Replay(const Graph& graph, const Schedule& schedule, const SimulatorOptions& options)
+    : graph_(graph),
+      schedule_(schedule),
+      options_(options),
+      n_(graph.num_nodes()),
+      on_device_(n_, 0),
+      holders_(n_, 0),
+      on_host_(n_, 0),
+      computed_(n_, 0),
+      current_(graph.has_in_place() ? n_ : 0),
+      ready_(n_, 0.0),
+      last_use_(n_, 0.0),
+      host_copy_until_(graph.has_host_costs() ? n_ : 0, 0.0),
+      reductions_(graph, schedule, options),
+      copies_of_(options.device_bucket_copies ? n_ : 0) {
+  report_.base_cost = BaseCost(graph);
+  report_.num_steps = static_cast<int64_t>(schedule.steps.size());
+  std::iota(current_.begin(), current_.end(), NodeId{0});
+  for (NodeId v = 0; v < n_; ++v) {
+    if (!graph.persistent(v)) continue;
+    if (graph.home(v) == Tier::kHost) {
+      on_host_[v] = 1;
+      host_ += graph.bytes(v);
+      continue;
     }
-    StepRecord rec;
-    if (std::string e = BucketJoinError(graph, schedule, k); !e.empty()) {
-      return StepError(graph, k, step, e);
-    }
-    if (!copies_of.empty() && step.action != Action::kAllReduce) {
-      settle_copies_of(v);
-      if (step.action == Action::kCompute || step.action == Action::kHostCompute) {
-        for (NodeId u : graph.unique_inputs(v)) settle_copies_of(u);
-      }
-    }
-    switch (step.action) {
-      case Action::kCompute: {
-        if (graph.persistent(v)) {
-          return StepError(graph, k, step, "the node is persistent");
-        }
-        if (on_device[v]) {
-          return StepError(graph, k, step, "the node is already resident");
-        }
-        if (!graph.is_alias(v) && holders[v] > 0) {
-          return StepError(graph, k, step, HeldThroughAlias(graph, v, on_device));
-        }
-        if (graph.runs_on(v) == Tier::kHost) {
-          return StepError(graph, k, step,
-                           "the node runs on the host (runs_on: host): use host_compute");
-        }
-        if (graph.in_place(v) && computed[v]) {
-          return StepError(graph, k, step,
-                           absl::StrCat("the in-place update has run already (it writes ",
-                                        Quote(graph.id(graph.storage(v))), " once per step)"));
-        }
-        // A collective node runs on the network stream (docs/semantics.md,
-        // "Sharding"), anything else on the compute stream.
-        const bool on_network = graph.collective(v);
-        double start = std::max(on_network ? network_free_at : compute_free_at, frees_done_at);
-        for (NodeId u : graph.unique_inputs(v)) {
-          if (!on_device[u]) {
-            return StepError(graph, k, step,
-                             absl::StrCat("input '", graph.id(u),
-                                          "' is not resident"));
-          }
-          if (graph.has_in_place() && graph.version(u) != current[graph.storage(u)]) {
-            return StepError(graph, k, step, absl::StrCat(
-                "input ", Quote(graph.id(u)), " was overwritten by the in-place update ",
-                Quote(graph.id(current[graph.storage(u)])), " (reads of a storage's earlier "
-                "value come before its update)"));
-          }
-          start = std::max(start, ready[u]);
-          if (!reductions.active()) continue;
-          if (std::string e = reductions.ReadError(v, u); !e.empty()) {
-            return StepError(graph, k, step, e);
-          }
-          start = std::max(start, reductions.ReadyAt(u));
-        }
-        on_device[v] = 1;
-        // An alias's storage is resident already (its input is in D), so
-        // only a base adds bytes.
-        const NodeId root = graph.storage(v);
-        if (holders[root]++ == 0) device += graph.bytes(root);
-        reductions.Computed(v);  // this rank's own value
-        if (graph.in_place(v)) {
-          // The write makes every host copy of the storage stale.
-          current[root] = v;
-          if (on_host[root]) {
-            on_host[root] = 0;
-            host -= graph.bytes(root);
-          }
-        }
-        rec.peak_bytes = device + graph.workspace(v);
-        rec.start = start;
-        rec.end = start + graph.cost(v);
-        // The whole tensor's bytes: a gather's output, a reduce-scatter's input.
-        const int64_t bytes =
-            on_network ? std::max(graph.bytes(v), graph.bytes(graph.inputs(v)[0])) : 0;
-        if (step.joins_bucket) {  // one message with the steps before (BucketJoinError)
-          rec.start = bucket.start;
-          rec.end = bucket.end;
-        } else if (on_network && k + 1 < schedule.steps.size() &&
-                   schedule.steps[k + 1].joins_bucket) {
-          // A bucket of collectives: one message of all their bytes, when
-          // every member's input is ready.
-          int64_t total = bytes;
-          if (!JoinedCollectives(graph, schedule, k, ready, reductions, total, rec.start)) {
-            return StepError(graph, k, step, kTransferOverflow);
-          }
-          const std::optional<CollectiveLink> link = CollectiveLinkOf(graph, v);
-          if (!link.has_value()) {  // the next step is refused for it
-            return StepError(graph, k + 1, schedule.steps[k + 1],
-                             BucketJoinError(graph, schedule, k + 1));
-          }
-          rec.end = rec.start + AllGatherSeconds(total, link->ranks, link->link);
-          if (!on_network_stream(total, rec.end - rec.start, rec.end)) {
-            return StepError(graph, k, step, kTransferOverflow);
-          }
-          bucket = {rec.start, rec.end};
-        } else if (on_network && !on_network_stream(bytes, graph.cost(v), rec.end)) {
-          return StepError(graph, k, step, kTransferOverflow);
-        }
-        ready[v] = rec.end;
-        last_use[v] = std::max(last_use[v], rec.end);
-        for (NodeId u : graph.unique_inputs(v)) {
-          last_use[u] = std::max(last_use[u], rec.end);
-        }
-        if (!on_network) {
-          compute_free_at = rec.end;
-          report.compute_cost += graph.cost(v);
-          report.compute_busy += graph.cost(v);
-        }
-        ++computes;
-        if (!computed[v]) {
-          computed[v] = 1;
-          ++distinct_computed;
-        }
-        break;
-      }
-      case Action::kFree: {
-        if (graph.persistent(v) && !Movable(graph, v)) {
-          return StepError(graph, k, step, "the node is persistent");
-        }
-        if (Movable(graph, v) && !on_host[v] && on_device[v]) {
-          return StepError(graph, k, step,
-                           "the persistent node has no current host copy (offload it first)");
-        }
-        if (!on_device[v]) {
-          return StepError(graph, k, step, "the node is not resident");
-        }
-        on_device[v] = 0;
-        const NodeId root = graph.storage(v);
-        if (--holders[root] == 0) device -= graph.bytes(root);
-        rec.peak_bytes = device;
-        rec.start = rec.end = std::max(last_use[v], reductions.FreeAt(v));
-        frees_done_at = std::max(frees_done_at, rec.end);
-        break;
-      }
-      case Action::kOffload: {
-        if (graph.persistent(v) && !Movable(graph, v)) {
-          return StepError(graph, k, step, "the node is persistent");
-        }
-        if (graph.is_alias(v)) {
-          return StepError(graph, k, step,
-                           absl::StrCat("the node is an alias; offload its base ",
-                                        Quote(graph.id(graph.storage(v))), " instead"));
-        }
-        if (!on_device[v]) {
-          return StepError(graph, k, step, "the node is not resident");
-        }
-        if (!on_host[v]) {
-          on_host[v] = 1;
-          host += graph.bytes(v);
-        }
-        if (__builtin_add_overflow(report.transfer_bytes, graph.bytes(v), &report.transfer_bytes)) {
-          return StepError(graph, k, step, kTransferOverflow);
-        }
-        rec.peak_bytes = device;
-        rec.start = std::max(copy_free_at, ready[v]);
-        if (!host_copy_until.empty()) rec.start = std::max(rec.start, host_copy_until[v]);
-        rec.end = rec.start + static_cast<double>(graph.bytes(v)) / bandwidth;
-        copy_free_at = rec.end;
-        if (!host_copy_until.empty()) host_copy_until[v] = rec.end;
-        last_use[v] = std::max(last_use[v], rec.end);
-        report.copy_busy += rec.end - rec.start;
-        break;
-      }
-      case Action::kPrefetch: {
-        if (graph.is_alias(v)) {
-          return StepError(graph, k, step,
-                           absl::StrCat("the node is an alias; prefetch its base ",
-                                        Quote(graph.id(graph.storage(v))),
-                                        " and compute the alias again"));
-        }
-        if (!on_host[v]) {
-          return StepError(graph, k, step, "the node has no host copy");
-        }
-        if (on_device[v]) {
-          return StepError(graph, k, step, "the node is already resident");
-        }
-        if (holders[v] > 0) {
-          return StepError(graph, k, step, HeldThroughAlias(graph, v, on_device));
-        }
-        on_device[v] = 1;
-        holders[v] = 1;
-        device += graph.bytes(v);
-        if (__builtin_add_overflow(report.transfer_bytes, graph.bytes(v), &report.transfer_bytes)) {
-          return StepError(graph, k, step, kTransferOverflow);
-        }
-        rec.peak_bytes = device;
-        rec.start = std::max(copy_free_at, frees_done_at);
-        if (!host_copy_until.empty()) rec.start = std::max(rec.start, host_copy_until[v]);
-        rec.end = rec.start + static_cast<double>(graph.bytes(v)) / bandwidth;
-        copy_free_at = rec.end;
-        if (!host_copy_until.empty()) host_copy_until[v] = rec.end;
-        ready[v] = rec.end;
-        report.copy_busy += rec.end - rec.start;
-        break;
-      }
-      case Action::kHostCompute: {
-        if (graph.runs_on(v) == Tier::kDevice) {
-          return StepError(graph, k, step,
-                           "the node runs on the device (only an in-place update with "
-                           "runs_on host or auto, and a host_cost, runs on the host)");
-        }
-        const NodeId root = graph.storage(v);
-        if (computed[v]) {
-          return StepError(graph, k, step,
-                           absl::StrCat("the in-place update has run already (it writes ",
-                                        Quote(graph.id(root)), " once per step)"));
-        }
-        if (holders[root] > 0) {
-          return StepError(graph, k, step, absl::StrCat(
-              on_device[root] ? absl::StrCat("its storage ", Quote(graph.id(root)),
-                                             " is resident on the device")
-                              : HeldThroughAlias(graph, root, on_device),
-              "; a host compute writes the host copy, which would leave the device copy stale "
-              "(free it first, after an offload if the device holds the current value)"));
-        }
-        double start = host_free_at;
-        for (NodeId u : graph.unique_inputs(v)) {
-          const NodeId s = graph.storage(u);
-          if (!on_host[s] || graph.version(u) != current[s]) {
-            return StepError(graph, k, step, absl::StrCat(
-                "input ", Quote(graph.id(u)), " has no current host copy (offload ",
-                Quote(graph.id(s)), " after the step that wrote it)"));
-          }
-          start = std::max(start, host_copy_until[s]);
-          if (!reductions.active()) continue;
-          if (std::string e = reductions.ReadError(v, u); !e.empty()) {
-            return StepError(graph, k, step, e);
-          }
-        }
-        current[root] = v;  // the host copy stays current: it was written
-        rec.peak_bytes = device;
-        rec.start = start;
-        rec.end = start + *graph.host_cost(v);
-        host_free_at = rec.end;
-        for (NodeId u : graph.unique_inputs(v)) host_copy_until[graph.storage(u)] = rec.end;
-        report.host_compute_cost += *graph.host_cost(v);
-        ++computes;
-        computed[v] = 1;
-        ++distinct_computed;
-        break;
-      }
-      case Action::kAllReduce: {
-        const NodeId root = graph.storage(v);
-        if (graph.persistent(v)) return StepError(graph, k, step, "the node is persistent");
-        if (graph.collective(root)) {  // (a gather's, or a reduce-scatter's: summed once)
-          return StepError(graph, k, step, absl::StrCat(
-              "its storage is the output of collective ", Quote(graph.id(root)),
-              ", the same on every rank already (a value is reduced once)"));
-        }
-        if (!on_device[v]) return StepError(graph, k, step, "the node is not resident");
-        if (graph.has_in_place() && graph.version(v) != current[root]) {
-          return StepError(graph, k, step, absl::StrCat(
-              "the in-place update ", Quote(graph.id(current[root])), " overwrote it"));
-        }
-        if (std::string e = reductions.ReduceError(v); !e.empty()) {
-          return StepError(graph, k, step, e);
-        }
-        if (on_host[root]) {  // the host copy holds this rank's own value
-          on_host[root] = 0;
-          host -= graph.bytes(root);
-        }
-        // A bucket (this step and the all_reduce steps that join it) is one
-        // collective of its tensors' bytes. It follows every compute
-        // issued before it (a collective on the compute stream's order, as
-        // NCCL's and gloo's are) and every copy of its storages.
-        if (step.joins_bucket) {
-          rec.start = bucket.start;
-          rec.end = bucket.end;
-        } else {
-          int64_t bytes = 0, copied = 0;
-          std::vector<NodeId> roots;
-          rec.start = std::max(network_free_at, compute_free_at);
-          for (size_t j = k; j < schedule.steps.size(); ++j) {
-            const Step& member = schedule.steps[j];
-            if (j > k && !(member.joins_bucket && member.action == Action::kAllReduce)) break;
-            if (member.node < 0 || member.node >= n) break;  // refused at its own step
-            const NodeId m = member.node, m_root = graph.storage(m);
-            if (__builtin_add_overflow(bytes, graph.bytes(m), &bytes)) {
-              return StepError(graph, k, step, kTransferOverflow);
-            }
-            // Each member's place in the copy, rounded up to the runtime's
-            // alignment (a GPU allocator's block, for one allocation per copy).
-            const int64_t align = options.bucket_copy_alignment;
-            const int64_t place = graph.bytes(m) / align * align;
-            if (__builtin_add_overflow(copied, place, &copied) ||
-                (place < graph.bytes(m) && __builtin_add_overflow(copied, align, &copied))) {
-              return StepError(graph, k, step, kTransferOverflow);
-            }
-            roots.push_back(m_root);
-            rec.start = std::max({rec.start, ready[m], ready[m_root], last_use[m_root]});
-          }
-          rec.end = rec.start + AllReduceSeconds(bytes, options.ranks, options.network);
-          if (!on_network_stream(bytes, rec.end - rec.start, rec.end)) {
-            return StepError(graph, k, step, kTransferOverflow);
-          }
-          bucket = {rec.start, rec.end};
-          // One member is reduced where it lies; several, through a copy.
-          if (!copies_of.empty() && roots.size() > 1) {
-            if (__builtin_add_overflow(device, copied, &device)) {
-              return StepError(graph, k, step, "the bucket's device copy takes memory past "
-                                               "2^63 - 1 bytes");
-            }
-            for (NodeId r : roots) copies_of[r].push_back(static_cast<int>(copy_bytes.size()));
-            copy_bytes.push_back(copied);
-          }
-        }
-        rec.peak_bytes = device;
-        reductions.Reduced(v, rec.end);
-        for (NodeId u : {v, root}) {
-          ready[u] = std::max(ready[u], rec.end);
-          last_use[u] = std::max(last_use[u], rec.end);
-        }
-        break;
-      }
-    }
-    rec.device_bytes = device;
-    rec.host_bytes = host;
-    if (rec.peak_bytes > report.peak_bytes) {
-      report.peak_bytes = rec.peak_bytes;
-      report.peak_step = static_cast<int>(k);
-    }
-    report.host_peak_bytes = std::max(report.host_peak_bytes, host);
-    report.makespan = std::max(report.makespan, rec.end);
-    report.timeline.push_back(rec);
+    on_device_[v] = 1;
+    holders_[v] = 1;
+    device_ += graph.bytes(v);
   }
+  report_.initial_bytes = device_;
+  report_.host_peak_bytes = host_;
+  report_.peak_bytes = device_;
+  report_.peak_step = -1;
+  report_.timeline.reserve(schedule.steps.size());
+}
 
-  if (graph.has_homes()) RETURN_IF_ERROR(CheckHomes(graph, on_device, on_host));
-  RETURN_IF_ERROR(reductions.CheckEnd());
-  for (NodeId v = 0; v < n && graph.has_in_place(); ++v) {
-    if (graph.in_place(v) && !computed[v]) {
+bool Replay::OnNetworkStream(int64_t bytes, double seconds, double end) {
+  network_free_at_ = end;
+  report_.network_busy += seconds;
+  ++report_.collectives;
+  return !__builtin_add_overflow(report_.collective_bytes, bytes, &report_.collective_bytes);
+}
+
+void Replay::SettleCopiesOf(NodeId u) {
+  for (int c : copies_of_[graph_.storage(u)]) {
+    device_ -= copy_bytes_[c];
+    copy_bytes_[c] = 0;
+  }
+  copies_of_[graph_.storage(u)].clear();
+}
+
+absl::Status Replay::Step(size_t k) {
+  const ::pebble::Step& step = schedule_.steps[k];
+  const NodeId v = step.node;
+  if (v < 0 || v >= n_) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("invalid schedule at step ", k, ": node id ", v, " out of range"));
+  }
+  if (std::string e = BucketJoinError(graph_, schedule_, k); !e.empty()) return Error(k, e);
+  if (!copies_of_.empty() && step.action != Action::kAllReduce) {
+    SettleCopiesOf(v);
+    if (step.action == Action::kCompute || step.action == Action::kHostCompute) {
+      for (NodeId u : graph_.unique_inputs(v)) SettleCopiesOf(u);
+    }
+  }
+  StepRecord rec;
+  switch (step.action) {
+    case Action::kCompute: RETURN_IF_ERROR(Compute(k, rec)); break;
+    case Action::kFree: RETURN_IF_ERROR(Free(k, rec)); break;
+    case Action::kOffload: RETURN_IF_ERROR(Offload(k, rec)); break;
+    case Action::kPrefetch: RETURN_IF_ERROR(Prefetch(k, rec)); break;
+    case Action::kHostCompute: RETURN_IF_ERROR(HostCompute(k, rec)); break;
+    case Action::kAllReduce: RETURN_IF_ERROR(AllReduce(k, rec)); break;
+  }
+  rec.device_bytes = device_;
+  rec.host_bytes = host_;
+  if (rec.peak_bytes > report_.peak_bytes) {
+    report_.peak_bytes = rec.peak_bytes;
+    report_.peak_step = static_cast<int>(k);
+  }
+  report_.host_peak_bytes = std::max(report_.host_peak_bytes, host_);
+  report_.makespan = std::max(report_.makespan, rec.end);
+  report_.timeline.push_back(rec);
+  return absl::OkStatus();
+}
+
+absl::Status Replay::ComputeRefusal(size_t k) const {
+  const NodeId v = schedule_.steps[k].node;
+  if (graph_.persistent(v)) return Error(k, "the node is persistent");
+  if (on_device_[v]) return Error(k, "the node is already resident");
+  if (!graph_.is_alias(v) && holders_[v] > 0) {
+    return Error(k, HeldThroughAlias(graph_, v, on_device_));
+  }
+  if (graph_.runs_on(v) == Tier::kHost) {
+    return Error(k, "the node runs on the host (runs_on: host): use host_compute");
+  }
+  if (graph_.in_place(v) && computed_[v]) {
+    return Error(k, absl::StrCat("the in-place update has run already (it writes ",
+                                 Quote(graph_.id(graph_.storage(v))), " once per step)"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<double> Replay::InputsReadyAt(size_t k, double start) const {
+  const NodeId v = schedule_.steps[k].node;
+  for (NodeId u : graph_.unique_inputs(v)) {
+    if (!on_device_[u]) {
+      return Error(k, absl::StrCat("input '", graph_.id(u), "' is not resident"));
+    }
+    if (graph_.has_in_place() && graph_.version(u) != current_[graph_.storage(u)]) {
+      return Error(k, absl::StrCat(
+          "input ", Quote(graph_.id(u)), " was overwritten by the in-place update ",
+          Quote(graph_.id(current_[graph_.storage(u)])), " (reads of a storage's earlier "
+          "value come before its update)"));
+    }
+    start = std::max(start, ready_[u]);
+    if (!reductions_.active()) continue;
+    if (std::string e = reductions_.ReadError(v, u); !e.empty()) return Error(k, e);
+    start = std::max(start, reductions_.ReadyAt(u));
+  }
+  return start;
+}
+
+absl::Status Replay::Compute(size_t k, StepRecord& rec) {
+  const NodeId v = schedule_.steps[k].node;
+  RETURN_IF_ERROR(ComputeRefusal(k));
+  // A collective node runs on the network stream (docs/semantics.md,
+  // "Sharding"), anything else on the compute stream.
+  const bool on_network = graph_.collective(v);
+  ASSIGN_OR_RETURN(
+      const double start,
+      InputsReadyAt(k, std::max(on_network ? network_free_at_ : compute_free_at_,
+                                frees_done_at_)));
+  on_device_[v] = 1;
+  // An alias's storage is resident already (its input is in D), so only a
+  // base adds bytes.
+  const NodeId root = graph_.storage(v);
+  if (holders_[root]++ == 0) device_ += graph_.bytes(root);
+  reductions_.Computed(v);  // this rank's own value
+  if (graph_.in_place(v)) {
+    // The write makes every host copy of the storage stale.
+    current_[root] = v;
+    if (on_host_[root]) {
+      on_host_[root] = 0;
+      host_ -= graph_.bytes(root);
+    }
+  }
+  rec.peak_bytes = device_ + graph_.workspace(v);
+  rec.start = start;
+  rec.end = start + graph_.cost(v);
+  if (on_network) {
+    // The whole tensor's bytes: a gather's output, a reduce-scatter's input.
+    RETURN_IF_ERROR(
+        TimeCollective(k, std::max(graph_.bytes(v), graph_.bytes(graph_.inputs(v)[0])), rec));
+  }
+  ready_[v] = rec.end;
+  last_use_[v] = std::max(last_use_[v], rec.end);
+  for (NodeId u : graph_.unique_inputs(v)) last_use_[u] = std::max(last_use_[u], rec.end);
+  if (!on_network) {
+    compute_free_at_ = rec.end;
+    report_.compute_cost += graph_.cost(v);
+    report_.compute_busy += graph_.cost(v);
+  }
+  ++computes_;
+  if (!computed_[v]) {
+    computed_[v] = 1;
+    ++distinct_computed_;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Replay::TimeCollective(size_t k, int64_t bytes, StepRecord& rec) {
+  const NodeId v = schedule_.steps[k].node;
+  if (schedule_.steps[k].joins_bucket) {  // one message with the steps before (BucketJoinError)
+    rec.start = bucket_.start;
+    rec.end = bucket_.end;
+    return absl::OkStatus();
+  }
+  const bool heads_bucket = k + 1 < schedule_.steps.size() && schedule_.steps[k + 1].joins_bucket;
+  if (!heads_bucket) {
+    if (!OnNetworkStream(bytes, graph_.cost(v), rec.end)) return Error(k, kTransferOverflow);
+    return absl::OkStatus();
+  }
+  // A bucket of collectives: one message of all their bytes, when every
+  // member's input is ready.
+  int64_t total = bytes;
+  if (!JoinedCollectives(graph_, schedule_, k, ready_, reductions_, total, rec.start)) {
+    return Error(k, kTransferOverflow);
+  }
+  const std::optional<CollectiveLink> link = CollectiveLinkOf(graph_, v);
+  if (!link.has_value()) {  // the next step is refused for it
+    return Error(k + 1, BucketJoinError(graph_, schedule_, k + 1));
+  }
+  rec.end = rec.start + AllGatherSeconds(total, link->ranks, link->link);
+  if (!OnNetworkStream(total, rec.end - rec.start, rec.end)) return Error(k, kTransferOverflow);
+  bucket_ = {rec.start, rec.end};
+  return absl::OkStatus();
+}
+
+absl::Status Replay::Free(size_t k, StepRecord& rec) {
+  const NodeId v = schedule_.steps[k].node;
+  if (graph_.persistent(v) && !Movable(graph_, v)) return Error(k, "the node is persistent");
+  if (Movable(graph_, v) && !on_host_[v] && on_device_[v]) {
+    return Error(k, "the persistent node has no current host copy (offload it first)");
+  }
+  if (!on_device_[v]) return Error(k, "the node is not resident");
+  on_device_[v] = 0;
+  const NodeId root = graph_.storage(v);
+  if (--holders_[root] == 0) device_ -= graph_.bytes(root);
+  rec.peak_bytes = device_;
+  rec.start = rec.end = std::max(last_use_[v], reductions_.FreeAt(v));
+  frees_done_at_ = std::max(frees_done_at_, rec.end);
+  return absl::OkStatus();
+}
+
+absl::Status Replay::Offload(size_t k, StepRecord& rec) {
+  const NodeId v = schedule_.steps[k].node;
+  if (graph_.persistent(v) && !Movable(graph_, v)) return Error(k, "the node is persistent");
+  if (graph_.is_alias(v)) {
+    return Error(k, absl::StrCat("the node is an alias; offload its base ",
+                                 Quote(graph_.id(graph_.storage(v))), " instead"));
+  }
+  if (!on_device_[v]) return Error(k, "the node is not resident");
+  if (!on_host_[v]) {
+    on_host_[v] = 1;
+    host_ += graph_.bytes(v);
+  }
+  if (__builtin_add_overflow(report_.transfer_bytes, graph_.bytes(v), &report_.transfer_bytes)) {
+    return Error(k, kTransferOverflow);
+  }
+  rec.peak_bytes = device_;
+  rec.start = std::max(copy_free_at_, ready_[v]);
+  if (!host_copy_until_.empty()) rec.start = std::max(rec.start, host_copy_until_[v]);
+  rec.end = rec.start + static_cast<double>(graph_.bytes(v)) / options_.host_bandwidth_bytes_per_s;
+  copy_free_at_ = rec.end;
+  if (!host_copy_until_.empty()) host_copy_until_[v] = rec.end;
+  last_use_[v] = std::max(last_use_[v], rec.end);
+  report_.copy_busy += rec.end - rec.start;
+  return absl::OkStatus();
+}
+
+absl::Status Replay::Prefetch(size_t k, StepRecord& rec) {
+  const NodeId v = schedule_.steps[k].node;
+  if (graph_.is_alias(v)) {
+    return Error(k, absl::StrCat("the node is an alias; prefetch its base ",
+                                 Quote(graph_.id(graph_.storage(v))),
+                                 " and compute the alias again"));
+  }
+  if (!on_host_[v]) return Error(k, "the node has no host copy");
+  if (on_device_[v]) return Error(k, "the node is already resident");
+  if (holders_[v] > 0) return Error(k, HeldThroughAlias(graph_, v, on_device_));
+  on_device_[v] = 1;
+  holders_[v] = 1;
+  device_ += graph_.bytes(v);
+  if (__builtin_add_overflow(report_.transfer_bytes, graph_.bytes(v), &report_.transfer_bytes)) {
+    return Error(k, kTransferOverflow);
+  }
+  rec.peak_bytes = device_;
+  rec.start = std::max(copy_free_at_, frees_done_at_);
+  if (!host_copy_until_.empty()) rec.start = std::max(rec.start, host_copy_until_[v]);
+  rec.end = rec.start + static_cast<double>(graph_.bytes(v)) / options_.host_bandwidth_bytes_per_s;
+  copy_free_at_ = rec.end;
+  if (!host_copy_until_.empty()) host_copy_until_[v] = rec.end;
+  ready_[v] = rec.end;
+  report_.copy_busy += rec.end - rec.start;
+  return absl::OkStatus();
+}
+
+absl::Status Replay::HostCompute(size_t k, StepRecord& rec) {
+  const NodeId v = schedule_.steps[k].node;
+  if (graph_.runs_on(v) == Tier::kDevice) {
+    return Error(k, "the node runs on the device (only an in-place update with runs_on host or "
+                    "auto, and a host_cost, runs on the host)");
+  }
+  const NodeId root = graph_.storage(v);
+  if (computed_[v]) {
+    return Error(k, absl::StrCat("the in-place update has run already (it writes ",
+                                 Quote(graph_.id(root)), " once per step)"));
+  }
+  if (holders_[root] > 0) {
+    return Error(k, absl::StrCat(
+        on_device_[root] ? absl::StrCat("its storage ", Quote(graph_.id(root)),
+                                        " is resident on the device")
+                         : HeldThroughAlias(graph_, root, on_device_),
+        "; a host compute writes the host copy, which would leave the device copy stale "
+        "(free it first, after an offload if the device holds the current value)"));
+  }
+  double start = host_free_at_;
+  for (NodeId u : graph_.unique_inputs(v)) {
+    const NodeId s = graph_.storage(u);
+    if (!on_host_[s] || graph_.version(u) != current_[s]) {
+      return Error(k, absl::StrCat("input ", Quote(graph_.id(u)),
+                                   " has no current host copy (offload ", Quote(graph_.id(s)),
+                                   " after the step that wrote it)"));
+    }
+    start = std::max(start, host_copy_until_[s]);
+    if (!reductions_.active()) continue;
+    if (std::string e = reductions_.ReadError(v, u); !e.empty()) return Error(k, e);
+  }
+  current_[root] = v;  // the host copy stays current: it was written
+  rec.peak_bytes = device_;
+  rec.start = start;
+  rec.end = start + *graph_.host_cost(v);
+  host_free_at_ = rec.end;
+  for (NodeId u : graph_.unique_inputs(v)) host_copy_until_[graph_.storage(u)] = rec.end;
+  report_.host_compute_cost += *graph_.host_cost(v);
+  ++computes_;
+  computed_[v] = 1;
+  ++distinct_computed_;
+  return absl::OkStatus();
+}
+
+absl::Status Replay::AllReduce(size_t k, StepRecord& rec) {
+  const NodeId v = schedule_.steps[k].node;
+  const NodeId root = graph_.storage(v);
+  if (graph_.persistent(v)) return Error(k, "the node is persistent");
+  if (graph_.collective(root)) {  // (a gather's, or a reduce-scatter's: summed once)
+    return Error(k, absl::StrCat("its storage is the output of collective ",
+                                 Quote(graph_.id(root)),
+                                 ", the same on every rank already (a value is reduced once)"));
+  }
+  if (!on_device_[v]) return Error(k, "the node is not resident");
+  if (graph_.has_in_place() && graph_.version(v) != current_[root]) {
+    return Error(k, absl::StrCat("the in-place update ", Quote(graph_.id(current_[root])),
+                                 " overwrote it"));
+  }
+  if (std::string e = reductions_.ReduceError(v); !e.empty()) return Error(k, e);
+  if (on_host_[root]) {  // the host copy holds this rank's own value
+    on_host_[root] = 0;
+    host_ -= graph_.bytes(root);
+  }
+  if (schedule_.steps[k].joins_bucket) {
+    rec.start = bucket_.start;
+    rec.end = bucket_.end;
+  } else {
+    RETURN_IF_ERROR(StartAllReduceBucket(k, rec));
+  }
+  rec.peak_bytes = device_;
+  reductions_.Reduced(v, rec.end);
+  for (NodeId u : {v, root}) {
+    ready_[u] = std::max(ready_[u], rec.end);
+    last_use_[u] = std::max(last_use_[u], rec.end);
+  }
+  return absl::OkStatus();
+}
+
+// A bucket (step k and the all_reduce steps that join it) is one collective
+// of its tensors' bytes. It follows every compute issued before it (a
+// collective on the compute stream's order, as NCCL's and gloo's are) and
+// every copy of its storages.
+absl::Status Replay::StartAllReduceBucket(size_t k, StepRecord& rec) {
+  int64_t bytes = 0, copied = 0;
+  std::vector<NodeId> roots;
+  rec.start = std::max(network_free_at_, compute_free_at_);
+  for (size_t j = k; j < schedule_.steps.size(); ++j) {
+    const ::pebble::Step& member = schedule_.steps[j];
+    if (j > k && !(member.joins_bucket && member.action == Action::kAllReduce)) break;
+    if (member.node < 0 || member.node >= n_) break;  // refused at its own step
+    const NodeId m = member.node, m_root = graph_.storage(m);
+    if (__builtin_add_overflow(bytes, graph_.bytes(m), &bytes)) {
+      return Error(k, kTransferOverflow);
+    }
+    // Each member's place in the copy, rounded up to the runtime's
+    // alignment (a GPU allocator's block, for one allocation per copy).
+    const int64_t align = options_.bucket_copy_alignment;
+    const int64_t place = graph_.bytes(m) / align * align;
+    if (__builtin_add_overflow(copied, place, &copied) ||
+        (place < graph_.bytes(m) && __builtin_add_overflow(copied, align, &copied))) {
+      return Error(k, kTransferOverflow);
+    }
+    roots.push_back(m_root);
+    rec.start = std::max({rec.start, ready_[m], ready_[m_root], last_use_[m_root]});
+  }
+  rec.end = rec.start + AllReduceSeconds(bytes, options_.ranks, options_.network);
+  if (!OnNetworkStream(bytes, rec.end - rec.start, rec.end)) return Error(k, kTransferOverflow);
+  bucket_ = {rec.start, rec.end};
+  // One member is reduced where it lies; several, through a copy.
+  if (!copies_of_.empty() && roots.size() > 1) {
+    if (__builtin_add_overflow(device_, copied, &device_)) {
+      return Error(k, "the bucket's device copy takes memory past 2^63 - 1 bytes");
+    }
+    for (NodeId r : roots) copies_of_[r].push_back(static_cast<int>(copy_bytes_.size()));
+    copy_bytes_.push_back(copied);
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<PlanReport> Replay::Finish() && {
+  if (graph_.has_homes()) RETURN_IF_ERROR(CheckHomes(graph_, on_device_, on_host_));
+  RETURN_IF_ERROR(reductions_.CheckEnd());
+  for (NodeId v = 0; v < n_ && graph_.has_in_place(); ++v) {
+    if (graph_.in_place(v) && !computed_[v]) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "invalid schedule: the in-place update ", Quote(graph.id(v)),
+          "invalid schedule: the in-place update ", Quote(graph_.id(v)),
           " never ran (every update runs once per step)"));
     }
   }
-  for (NodeId out : graph.outputs()) {
-    if (!on_device[out]) {
+  for (NodeId out : graph_.outputs()) {
+    if (!on_device_[out]) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "invalid schedule: output '", graph.id(out),
-          "' is not resident at the end"));
+          "invalid schedule: output '", graph_.id(out), "' is not resident at the end"));
     }
   }
-  // Costs are finite, but their sums may not be: a figure printed as
-  // "inf" or JSON's null would be silently wrong.
-  if (!std::isfinite(report.compute_cost) || !std::isfinite(report.makespan) ||
-      !std::isfinite(report.copy_busy) || !std::isfinite(report.base_cost) ||
-      !std::isfinite(report.host_compute_cost) || !std::isfinite(report.network_busy)) {
+  PlanReport& r = report_;
+  // Costs are finite, but their sums may not be: a figure printed as "inf"
+  // or JSON's null would be silently wrong.
+  if (!std::isfinite(r.compute_cost) || !std::isfinite(r.makespan) ||
+      !std::isfinite(r.copy_busy) || !std::isfinite(r.base_cost) ||
+      !std::isfinite(r.host_compute_cost) || !std::isfinite(r.network_busy)) {
     return absl::InvalidArgumentError(absl::StrCat(
         kCostOverflow, " (about 1.8e308): the graph's costs, a copy's time (its bytes over "
         "the host bandwidth) or a collective's (over the network, with its latency) sum past "
         "it; give the costs in a smaller unit, or a larger bandwidth or a smaller latency "
         "(--throughput, --bandwidth, --network, --network-latency, a --profile's figures)"));
   }
-  report.recomputations = computes - distinct_computed;
-  report.one_shot = report.recomputations == 0;
-  report.overhead =
-      report.base_cost > 0 ? report.compute_cost / report.base_cost - 1 : 0;
+  r.recomputations = computes_ - distinct_computed_;
+  r.one_shot = r.recomputations == 0;
+  r.overhead = r.base_cost > 0 ? r.compute_cost / r.base_cost - 1 : 0;
   // (sums of the same costs in another order differ in their last bits: a
   // one-shot plan's 2.2e-16 is 0)
-  if (std::abs(report.overhead) < 1e-9) report.overhead = 0;
-  report.exposed_transfer_time =
-      std::max(0.0, report.makespan - report.compute_busy);
-  return report;
+  if (std::abs(r.overhead) < 1e-9) r.overhead = 0;
+  r.exposed_transfer_time = std::max(0.0, r.makespan - r.compute_busy);
+  return std::move(report_);
+}
+
+}  // namespace
+
+absl::StatusOr<PlanReport> SimulateCandidate(const Graph& graph, const Schedule& schedule,
+                                             const SimulatorOptions& options) {
+  absl::StatusOr<PlanReport> report = Simulate(graph, schedule, options);
+  if (report.ok() || !absl::StartsWith(report.status().message(), kCostOverflow)) return report;
+  PlanReport worst;
+  worst.peak_bytes = worst.host_peak_bytes = worst.transfer_bytes = INT64_MAX;
+  worst.compute_cost = worst.makespan = worst.base_cost = std::numeric_limits<double>::infinity();
+  return worst;
+}
+
+absl::StatusOr<PlanReport> Simulate(const Graph& graph,
+                                    const Schedule& schedule,
+                                    const SimulatorOptions& options) {
+  RETURN_IF_ERROR(CheckOptions(graph, options));
+  if (graph.has_auto_homes()) return Simulate(ResolveHomes(graph, schedule), schedule, options);
+  Replay replay(graph, schedule, options);
+  for (size_t k = 0; k < schedule.steps.size(); ++k) RETURN_IF_ERROR(replay.Step(k));
+  return std::move(replay).Finish();
 }
 
 nlohmann::json ReportToJson(const PlanReport& report, const Graph& graph,
