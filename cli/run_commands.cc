@@ -587,6 +587,200 @@ absl::StatusOr<RunPlan> PlanOnRank0(const RunFlags& f, Graph& graph, Backend& ba
   return taken;
 }
 
+// What a run made, for its outputs: the flags, the graph and plan it ran,
+// and what the backend measured.
+struct RunOutcome {
+  const RunFlags& f;
+  const Graph& graph;
+  const RunPlan& plan;
+  const Backend& backend;
+  const ExecutionResult& r;
+  const WorkspaceQueryStats& workspace;
+  const std::string& workspace_choice;
+  const Collectives* collectives;  // null on one rank
+  bool sharded;
+};
+
+// --dump-dir and --trace: the files of the run, all written or none kept.
+absl::Status WriteRunFiles(const RunOutcome& run) {
+  const RunFlags& f = run.f;
+  RunOutputFiles files;
+  if (!f.dump_dir.empty()) {
+    RETURN_IF_ERROR(files.MakeDirectory(f.dump_dir));
+    std::vector<const HostTensor*> dumped;
+    for (const HostTensor& t : run.r.outputs) dumped.push_back(&t);
+    for (const HostTensor& t : run.r.updated) dumped.push_back(&t);
+    for (const HostTensor* t : dumped) {
+      const std::string path =
+          (std::filesystem::path(f.dump_dir) / TensorFileName(run.graph.id(t->node))).string();
+      files.Writing(path);
+      RETURN_IF_ERROR(WriteNpy(path, t->array));
+    }
+  }
+  if (!f.trace_path.empty()) {
+    files.Writing(f.trace_path);
+    nlohmann::json trace = ChromeTrace(run.graph, run.r);
+    if (run.collectives != nullptr) {
+      trace["otherData"]["rank"] = run.collectives->rank();
+      trace["otherData"]["ranks"] = run.collectives->ranks();
+    }
+    RETURN_IF_ERROR(WriteOutput(
+        f.trace_path,
+        trace.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n",
+        /*force=*/true));
+  }
+  files.Keep();
+  return absl::OkStatus();
+}
+
+void PrintRunJson(const RunOutcome& run) {
+  const RunFlags& f = run.f;
+  const Graph& graph = run.graph;
+  const RunPlan& plan = run.plan;
+  const ExecutionResult& r = run.r;
+  nlohmann::json predicted =
+      ReportToJson(plan.plan.report, graph, plan.plan.schedule, /*with_timeline=*/false);
+  predicted["arena_bytes"] = r.layout.arena_bytes;
+  predicted["aligned_peak_bytes"] = r.layout.aligned_peak_bytes;
+  predicted["fragmentation"] = r.layout.fragmentation;
+  nlohmann::json doc = {
+      {"graph", f.source.Label()},
+      {"policy", plan.policy},
+      {"budget", plan.budget_text},
+      {"budget_bytes", plan.budget_bytes == INT64_MAX ? nlohmann::json(nullptr)
+                                                      : nlohmann::json(plan.budget_bytes)},
+      {"baseline_peak_bytes", plan.baseline_peak},
+      {"feasible", plan.plan.feasible},
+      {"message", plan.plan.message},
+      {"backend", run.backend.name()},
+      {"device", r.device},
+      {"seed", f.seed},
+      {"warmup", f.warmup},
+      {"predicted", predicted},
+      {"measured", MeasuredToJson(graph, r, /*with_steps=*/true)},
+      {"peak_equal", r.peak_bytes == plan.plan.report.peak_bytes},
+      {"workspace", f.workspace == "query"
+                        ? WorkspaceStatsToJson(run.backend.name(), run.workspace,
+                                               run.workspace_choice)
+                        : nlohmann::json(nullptr)},
+      {"loaded_inputs", r.loaded_inputs.size()},
+      {"generated_inputs", r.generated_inputs.size()},
+      {"ranks", f.rank_flags.ranks},
+  };
+  if (run.collectives != nullptr) {
+    // The collectives the run made: all-reduces (data parallel), gathers and
+    // reduce-scatters (sharded), recomputed gathers included.
+    const CollectiveComputes sharded = CountCollectiveComputes(graph, plan.plan.schedule);
+    doc["rank"] = f.process.rank;
+    doc["shard"] = f.rank_flags.shard;
+    doc["collectives"] = {
+        {"description", run.collectives->Description()},
+        {"all_reduce", CountSteps(plan.plan.schedule, Action::kAllReduce)},
+        {"buckets", CountBuckets(plan.plan.schedule)},
+        {"all_gather", sharded.gathers},
+        {"reduce_scatter", sharded.scatters},
+        {"all_reduce_nodes", sharded.sums},
+        {"bytes", plan.plan.report.collective_bytes},
+        {"predicted_network_busy_s", plan.plan.report.network_busy},
+        {"measured_s", r.collective_time_s}};
+  }
+  if (!f.source.model.empty()) doc["model"] = f.source.model;
+  doc["loss"] = r.loss.has_value() ? nlohmann::json(*r.loss) : nlohmann::json(nullptr);
+  if (const std::optional<double> norm = r.ScalarOutput(graph, kGradNormId)) {
+    doc["grad_norm"] = *norm;
+  }
+  if (!f.dump_dir.empty()) doc["dump"] = f.dump_dir;
+  doc["updated"] = r.updated.size();
+  if (!f.trace_path.empty()) doc["trace"] = f.trace_path;
+  if (f.memory_log) doc["memory_log"] = MemoryLogToJson(graph, r);
+  PrintJson(doc);
+}
+
+void PrintRunText(const RunOutcome& run) {
+  const RunFlags& f = run.f;
+  const Graph& graph = run.graph;
+  const RunPlan& plan = run.plan;
+  const ExecutionResult& r = run.r;
+  const Collectives* collectives = run.collectives;
+  const PlanReport& p = plan.plan.report;
+  std::cout << absl::StrFormat("run %s with %s, budget %s (baseline peak %s): %s\n",
+                               f.source.Label(), plan.policy,
+                               plan.budget_bytes == INT64_MAX
+                                   ? std::string("none")
+                                   : absl::StrCat(plan.budget_text, " = ",
+                                                  FormatBytes(plan.budget_bytes)),
+                               FormatBytes(plan.baseline_peak),
+                               plan.plan.feasible ? "fits" : "DOES NOT FIT (--over-budget)");
+  std::cout << absl::StrFormat("  backend         %s (%s)\n", run.backend.name(), r.device);
+  if (collectives != nullptr) {
+    const std::string made =
+        absl::StrCat(run.sharded ? "sharded: " : "",
+                     CollectivesText(graph, plan.plan.schedule));
+    std::cout << absl::StrFormat(
+        "  ranks           %s; %s of %s, measured %s (network busy %s predicted)\n",
+        collectives->Description(), made, FormatBytes(plan.plan.report.collective_bytes),
+        FormatSeconds(r.collective_time_s), FormatSeconds(plan.plan.report.network_busy));
+  }
+  Table t({"", "predicted", "measured", "bytes predicted", "bytes measured"});
+  t.AddRow({"peak memory", FormatBytes(p.peak_bytes), FormatBytes(r.peak_bytes),
+            absl::StrCat(p.peak_bytes), absl::StrCat(r.peak_bytes)});
+  t.AddRow({"arena", FormatBytes(r.layout.arena_bytes),
+            FormatBytes(r.arena_bytes), absl::StrCat(r.layout.arena_bytes),
+            absl::StrCat(r.arena_bytes)});
+  t.AddRow({"host peak", FormatBytes(p.host_peak_bytes), FormatBytes(r.host_peak_bytes),
+            absl::StrCat(p.host_peak_bytes), absl::StrCat(r.host_peak_bytes)});
+  std::cout << t.ToString();
+  std::cout << absl::StrFormat(
+      "  peak            %s\n",
+      r.peak_bytes == p.peak_bytes ? "measured == predicted" : "MEASURED != PREDICTED");
+  if (f.workspace == "query") {
+    std::cout << "  workspace       "
+              << WorkspaceStatsLine(run.backend.name(), run.workspace, run.workspace_choice) << "\n";
+  }
+  std::cout << absl::StrFormat("  kernel scratch  %s outside the plan\n",
+                               FormatBytes(r.backend_memory.scratch_bytes_peak));
+  if (!r.backend_counters.empty()) {
+    std::vector<std::string> counts;
+    for (const auto& [name, count] : r.backend_counters) {
+      counts.push_back(absl::StrCat(name, " ", count));
+    }
+    std::cout << "  backend events  " << absl::StrJoin(counts, ", ") << "\n";
+  }
+  std::cout << absl::StrFormat(
+      "  time            measured %s (kernels %s, copies %s of which %s under compute, %s%s"
+      "executor %s; setup %s before)\n"
+      "  makespan        %s\n",
+      FormatSeconds(r.time_s), FormatSeconds(r.kernel_time_s), FormatSeconds(r.copy_time_s),
+      FormatSeconds(r.copy_overlap_s),
+      r.host_time_s > 0 ? absl::StrCat("host updates ", FormatSeconds(r.host_time_s), ", ")
+                        : std::string(),
+      r.collective_time_s > 0
+          ? absl::StrCat("collectives ", FormatSeconds(r.collective_time_s), ", ")
+          : std::string(),
+      FormatSeconds(r.overhead_s), FormatSeconds(r.setup_s),
+      f.source.Costs().Describe(p.makespan));
+  std::cout << absl::StrFormat("  steps           %d (%d recomputations, %s transferred)\n",
+                               r.steps.size(), p.recomputations, FormatBytes(p.transfer_bytes));
+  std::cout << absl::StrFormat("  inputs          %d read from files, %d generated (seed %d%s)\n",
+                               r.loaded_inputs.size(), r.generated_inputs.size(), f.seed,
+                               collectives == nullptr
+                                   ? ""
+                                   : absl::StrFormat("; the batch's %d + rank", f.seed));
+  if (r.loss.has_value()) std::cout << absl::StrFormat("  loss            %.9g\n", *r.loss);
+  if (const std::optional<double> norm = r.ScalarOutput(graph, kGradNormId)) {
+    std::cout << absl::StrFormat("  grad norm       %.9g (before clipping)\n", *norm);
+  }
+  if (!f.dump_dir.empty()) {
+    const std::string updated =
+        r.updated.empty() ? ""
+                          : absl::StrFormat(" and %d updated persistent tensors", r.updated.size());
+    std::cout << absl::StrFormat("  dump            %d outputs%s in %s\n", r.outputs.size(),
+                                 updated, f.dump_dir);
+  }
+  if (!f.trace_path.empty()) std::cout << "  trace           " << f.trace_path << "\n";
+  if (f.memory_log) PrintMemoryLog(graph, r);
+}
+
 int RunRun(const RunFlags& given) {
   if (absl::Status s = CheckRankFlags(given); !s.ok()) return Fail(s);
   const RunFlags f = ForThisRank(given);
@@ -644,174 +838,14 @@ int RunRun(const RunFlags& given) {
   }
   auto result = Execute(*graph, plan->plan.schedule, **backend, options);
   if (!result.ok()) return Fail(result.status());
-  RunOutputFiles files;
-  if (!f.dump_dir.empty()) {
-    if (absl::Status s = files.MakeDirectory(f.dump_dir); !s.ok()) return Fail(s);
-    std::vector<const HostTensor*> dumped;
-    for (const HostTensor& t : result->outputs) dumped.push_back(&t);
-    for (const HostTensor& t : result->updated) dumped.push_back(&t);
-    for (const HostTensor* t : dumped) {
-      const std::string path =
-          (std::filesystem::path(f.dump_dir) / TensorFileName(graph->id(t->node))).string();
-      files.Writing(path);
-      absl::Status s = WriteNpy(path, t->array);
-      if (!s.ok()) return Fail(s);
-    }
-  }
-  if (!f.trace_path.empty()) {
-    files.Writing(f.trace_path);
-    nlohmann::json trace = ChromeTrace(*graph, *result);
-    if (collectives != nullptr) {
-      trace["otherData"]["rank"] = collectives->rank();
-      trace["otherData"]["ranks"] = collectives->ranks();
-    }
-    absl::Status s = WriteOutput(
-        f.trace_path,
-        trace.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n",
-        /*force=*/true);
-    if (!s.ok()) return Fail(s);
-  }
-  files.Keep();
-
-  const ExecutionResult& r = *result;
-  // The collectives the run made: all-reduces (data parallel), gathers and
-  // reduce-scatters (sharded), recomputed gathers included.
-  const int64_t all_reduces = CountSteps(plan->plan.schedule, Action::kAllReduce);
-  const int64_t buckets = CountBuckets(plan->plan.schedule);
-  const CollectiveComputes sharded = CountCollectiveComputes(*graph, plan->plan.schedule);
+  const RunOutcome run{f, *graph, *plan, **backend, *result, workspace, workspace_choice,
+                       collectives.get(), unsharded.has_value()};
+  if (absl::Status s = WriteRunFiles(run); !s.ok()) return Fail(s);
   if (f.json) {
-    nlohmann::json predicted =
-        ReportToJson(plan->plan.report, *graph, plan->plan.schedule, /*with_timeline=*/false);
-    predicted["arena_bytes"] = r.layout.arena_bytes;
-    predicted["aligned_peak_bytes"] = r.layout.aligned_peak_bytes;
-    predicted["fragmentation"] = r.layout.fragmentation;
-    nlohmann::json doc = {
-        {"graph", f.source.Label()},
-        {"policy", plan->policy},
-        {"budget", plan->budget_text},
-        {"budget_bytes", plan->budget_bytes == INT64_MAX ? nlohmann::json(nullptr)
-                                                         : nlohmann::json(plan->budget_bytes)},
-        {"baseline_peak_bytes", plan->baseline_peak},
-        {"feasible", plan->plan.feasible},
-        {"message", plan->plan.message},
-        {"backend", (*backend)->name()},
-        {"device", r.device},
-        {"seed", f.seed},
-        {"warmup", f.warmup},
-        {"predicted", predicted},
-        {"measured", MeasuredToJson(*graph, r, /*with_steps=*/true)},
-        {"peak_equal", r.peak_bytes == plan->plan.report.peak_bytes},
-        {"workspace", f.workspace == "query"
-                          ? WorkspaceStatsToJson((*backend)->name(), workspace,
-                                                 workspace_choice)
-                          : nlohmann::json(nullptr)},
-        {"loaded_inputs", r.loaded_inputs.size()},
-        {"generated_inputs", r.generated_inputs.size()},
-        {"ranks", f.rank_flags.ranks},
-    };
-    if (collectives != nullptr) {
-      doc["rank"] = f.process.rank;
-      doc["shard"] = f.rank_flags.shard;
-      doc["collectives"] = {
-          {"description", collectives->Description()},
-          {"all_reduce", all_reduces},
-          {"buckets", buckets},
-          {"all_gather", sharded.gathers},
-          {"reduce_scatter", sharded.scatters},
-          {"all_reduce_nodes", sharded.sums},
-          {"bytes", plan->plan.report.collective_bytes},
-          {"predicted_network_busy_s", plan->plan.report.network_busy},
-          {"measured_s", r.collective_time_s}};
-    }
-    if (!f.source.model.empty()) doc["model"] = f.source.model;
-    doc["loss"] = r.loss.has_value() ? nlohmann::json(*r.loss) : nlohmann::json(nullptr);
-    if (const std::optional<double> norm = r.ScalarOutput(*graph, kGradNormId)) {
-      doc["grad_norm"] = *norm;
-    }
-    if (!f.dump_dir.empty()) doc["dump"] = f.dump_dir;
-    doc["updated"] = r.updated.size();
-    if (!f.trace_path.empty()) doc["trace"] = f.trace_path;
-    if (f.memory_log) doc["memory_log"] = MemoryLogToJson(*graph, r);
-    PrintJson(doc);
-    return 0;
+    PrintRunJson(run);
+  } else {
+    PrintRunText(run);
   }
-  const PlanReport& p = plan->plan.report;
-  std::cout << absl::StrFormat("run %s with %s, budget %s (baseline peak %s): %s\n",
-                               f.source.Label(), plan->policy,
-                               plan->budget_bytes == INT64_MAX
-                                   ? std::string("none")
-                                   : absl::StrCat(plan->budget_text, " = ",
-                                                  FormatBytes(plan->budget_bytes)),
-                               FormatBytes(plan->baseline_peak),
-                               plan->plan.feasible ? "fits" : "DOES NOT FIT (--over-budget)");
-  std::cout << absl::StrFormat("  backend         %s (%s)\n", (*backend)->name(), r.device);
-  if (collectives != nullptr) {
-    const std::string made =
-        absl::StrCat(unsharded.has_value() ? "sharded: " : "",
-                     CollectivesText(*graph, plan->plan.schedule));
-    std::cout << absl::StrFormat(
-        "  ranks           %s; %s of %s, measured %s (network busy %s predicted)\n",
-        collectives->Description(), made, FormatBytes(plan->plan.report.collective_bytes),
-        FormatSeconds(r.collective_time_s), FormatSeconds(plan->plan.report.network_busy));
-  }
-  Table t({"", "predicted", "measured", "bytes predicted", "bytes measured"});
-  t.AddRow({"peak memory", FormatBytes(p.peak_bytes), FormatBytes(r.peak_bytes),
-            absl::StrCat(p.peak_bytes), absl::StrCat(r.peak_bytes)});
-  t.AddRow({"arena", FormatBytes(r.layout.arena_bytes),
-            FormatBytes(r.arena_bytes), absl::StrCat(r.layout.arena_bytes),
-            absl::StrCat(r.arena_bytes)});
-  t.AddRow({"host peak", FormatBytes(p.host_peak_bytes), FormatBytes(r.host_peak_bytes),
-            absl::StrCat(p.host_peak_bytes), absl::StrCat(r.host_peak_bytes)});
-  std::cout << t.ToString();
-  std::cout << absl::StrFormat(
-      "  peak            %s\n",
-      r.peak_bytes == p.peak_bytes ? "measured == predicted" : "MEASURED != PREDICTED");
-  if (f.workspace == "query") {
-    std::cout << "  workspace       "
-              << WorkspaceStatsLine((*backend)->name(), workspace, workspace_choice) << "\n";
-  }
-  std::cout << absl::StrFormat("  kernel scratch  %s outside the plan\n",
-                               FormatBytes(r.backend_memory.scratch_bytes_peak));
-  if (!r.backend_counters.empty()) {
-    std::vector<std::string> counts;
-    for (const auto& [name, count] : r.backend_counters) {
-      counts.push_back(absl::StrCat(name, " ", count));
-    }
-    std::cout << "  backend events  " << absl::StrJoin(counts, ", ") << "\n";
-  }
-  std::cout << absl::StrFormat(
-      "  time            measured %s (kernels %s, copies %s of which %s under compute, %s%s"
-      "executor %s; setup %s before)\n"
-      "  makespan        %s\n",
-      FormatSeconds(r.time_s), FormatSeconds(r.kernel_time_s), FormatSeconds(r.copy_time_s),
-      FormatSeconds(r.copy_overlap_s),
-      r.host_time_s > 0 ? absl::StrCat("host updates ", FormatSeconds(r.host_time_s), ", ")
-                        : std::string(),
-      r.collective_time_s > 0
-          ? absl::StrCat("collectives ", FormatSeconds(r.collective_time_s), ", ")
-          : std::string(),
-      FormatSeconds(r.overhead_s), FormatSeconds(r.setup_s),
-      f.source.Costs().Describe(p.makespan));
-  std::cout << absl::StrFormat("  steps           %d (%d recomputations, %s transferred)\n",
-                               r.steps.size(), p.recomputations, FormatBytes(p.transfer_bytes));
-  std::cout << absl::StrFormat("  inputs          %d read from files, %d generated (seed %d%s)\n",
-                               r.loaded_inputs.size(), r.generated_inputs.size(), f.seed,
-                               collectives == nullptr
-                                   ? ""
-                                   : absl::StrFormat("; the batch's %d + rank", f.seed));
-  if (r.loss.has_value()) std::cout << absl::StrFormat("  loss            %.9g\n", *r.loss);
-  if (const std::optional<double> norm = r.ScalarOutput(*graph, kGradNormId)) {
-    std::cout << absl::StrFormat("  grad norm       %.9g (before clipping)\n", *norm);
-  }
-  if (!f.dump_dir.empty()) {
-    const std::string updated =
-        r.updated.empty() ? ""
-                          : absl::StrFormat(" and %d updated persistent tensors", r.updated.size());
-    std::cout << absl::StrFormat("  dump            %d outputs%s in %s\n", r.outputs.size(),
-                                 updated, f.dump_dir);
-  }
-  if (!f.trace_path.empty()) std::cout << "  trace           " << f.trace_path << "\n";
-  if (f.memory_log) PrintMemoryLog(*graph, r);
   return 0;
 }
 

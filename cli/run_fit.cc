@@ -96,53 +96,49 @@ class FitProgressLine {
   StderrStatusLine status_;
 };
 
-int RunFit(const FitFlags& f) {
+// The search that the flags ask for (but the hooks RunFit adds: progress,
+// workspace queries), or the error that names the flag at fault.
+absl::StatusOr<FitRequest> RequestFromFlags(const FitFlags& f) {
   FitRequest request;
   auto spec = ParseModelSpec(f.model);
-  if (!spec.ok()) return Fail(UsageError(absl::StrCat("--model: ", spec.status().message())));
+  if (!spec.ok()) return UsageError(absl::StrCat("--model: ", spec.status().message()));
   request.model = *spec;
   request.vary = f.vary;
   auto budget_bytes = ParseFitBudget(f.budget);
   if (!budget_bytes.ok()) {
-    return Fail(UsageError(absl::StrCat("--budget: ", budget_bytes.status().message())));
+    return UsageError(absl::StrCat("--budget: ", budget_bytes.status().message()));
   }
-  const int64_t budget = *budget_bytes;
-  request.budget_bytes = budget;
+  request.budget_bytes = *budget_bytes;
   auto bandwidth = ParseBandwidth(f.bandwidth.empty() ? "25e9" : f.bandwidth);
   if (!bandwidth.ok()) {
-    return Fail(UsageError(absl::StrCat("--bandwidth: ", bandwidth.status().message())));
+    return UsageError(absl::StrCat("--bandwidth: ", bandwidth.status().message()));
   }
-  if (f.start < 1) return Fail(UsageError("--start must be at least 1"));
+  if (f.start < 1) return UsageError("--start must be at least 1");
   if (f.max_value != 0 && f.max_value < f.start) {
-    return Fail(UsageError(absl::StrCat("--max ", f.max_value, " is below --start ", f.start,
-                                        "; nothing to try")));
+    return UsageError(absl::StrCat("--max ", f.max_value, " is below --start ", f.start,
+                                   "; nothing to try"));
   }
-  {
-    // The model from --start on: a --vary that is no parameter of it, or a
-    // parameter it cannot be built with, is the command line's fault. (A
-    // value that makes no model, such as heads that do not divide dim, is
-    // one the search passes over: some of the next ones must.)
-    CostModel cost;
-    cost.device_flops_per_s = f.throughput_flops_per_s;
-    const absl::StatusOr<int64_t> first =
-        FirstValueWithAModel(*spec, f.vary, f.start, f.max_value, cost);
-    if (first.status().code() == absl::StatusCode::kInvalidArgument) {
-      return Fail(UsageError(absl::StrCat("--model ", Quote(f.model), " --vary ", Quote(f.vary),
-                                          ": ", first.status().message(), " (and no value of ",
-                                          f.vary, " from ", f.start,
-                                          " on makes a model: --vary takes an integer "
-                                          "parameter of the model)")));
-    }
+  request.cost.device_flops_per_s = f.throughput_flops_per_s;
+  // The model from --start on: a --vary that is no parameter of it, or a
+  // parameter it cannot be built with, is the command line's fault. (A value
+  // that makes no model, such as heads that do not divide dim, is one the
+  // search passes over: some of the next ones must.)
+  const absl::StatusOr<int64_t> first =
+      FirstValueWithAModel(*spec, f.vary, f.start, f.max_value, request.cost);
+  if (first.status().code() == absl::StatusCode::kInvalidArgument) {
+    return UsageError(absl::StrCat("--model ", Quote(f.model), " --vary ", Quote(f.vary), ": ",
+                                   first.status().message(), " (and no value of ", f.vary,
+                                   " from ", f.start,
+                                   " on makes a model: --vary takes an integer parameter of the "
+                                   "model)"));
   }
   request.start = f.start;
   request.jobs = f.jobs;
   request.max_value = f.max_value;
-  request.cost.device_flops_per_s = f.throughput_flops_per_s;
   if (!f.policies.empty()) {  // (none given: Fit's defaults)
     absl::StatusOr<std::vector<std::string>> names = PolicyNames(f.policies);
     if (!names.ok()) {
-      return Fail(
-          absl::InvalidArgumentError(absl::StrCat("--policies ", names.status().message())));
+      return absl::InvalidArgumentError(absl::StrCat("--policies ", names.status().message()));
     }
     request.policies = *std::move(names);
     if (request.policies.empty()) {  // all
@@ -155,19 +151,170 @@ int RunFit(const FitFlags& f) {
   request.options.time_limit_s = std::min(kFitPlanTimeLimitS, f.time_limit_s);
   request.time_limit_s = f.time_limit_s;
   request.options.own_order = f.own_order;
-  if (absl::Status s = f.rank_flags.Apply(request.options); !s.ok()) return Fail(s);
+  RETURN_IF_ERROR(f.rank_flags.Apply(request.options));
   if (f.rank_flags.ranks > 1 && f.verify) {
-    return Fail(UsageError("--verify runs one rank on the backend: not with --ranks"));
+    return UsageError("--verify runs one rank on the backend: not with --ranks");
   }
-  if (absl::Status s = f.rank_flags.CheckShard(); !s.ok()) return Fail(s);
+  RETURN_IF_ERROR(f.rank_flags.CheckShard());
   if (f.rank_flags.shard == "full") {
     const RankFlags& ranks = f.rank_flags;
     request.transform_model = [&ranks](const Graph& g) { return ranks.Sharded(g); };
   }
+  return request;
+}
+
+// --verify: runs each row's plan on a backend of its own, within what is
+// left of the time limit (counted from `started`).
+absl::Status VerifyRows(const FitFlags& f, const PlannerOptions& options,
+                        std::chrono::steady_clock::time_point started, bool report_progress,
+                        std::vector<VerifiedRow>& rows) {
+  // Fail early when the backend cannot be had at all.
+  if (auto probe = MakeBackend(f.backend); !probe.ok()) return probe.status();
+  for (VerifiedRow& v : rows) {
+    const FitRow& row = *v.row;
+    if (!row.value.has_value()) continue;
+    const double elapsed =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+    if (elapsed >= f.time_limit_s) {
+      v.verify_error =
+          absl::StrFormat("not run: the time limit of %g s was reached", f.time_limit_s);
+      continue;
+    }
+    // A backend per row: its memory high-water marks (device_peak_bytes,
+    // scratch_bytes) then describe this row's run alone.
+    auto backend = MakeBackend(f.backend);
+    if (!backend.ok()) return backend.status();
+    ExecutorOptions eo;
+    eo.seed = f.seed;
+    eo.simulator.host_bandwidth_bytes_per_s = options.host_bandwidth_bytes_per_s;
+    eo.download_outputs = false;
+    if (report_progress) {
+      std::cerr << absl::StrFormat("fit: running %s at %s=%d on %s...\n", row.policy, f.vary,
+                                   *row.value, f.backend);
+    }
+    auto r = Execute(*row.graph, row.plan->schedule, **backend, eo);
+    if (r.ok()) {
+      v.measured = *std::move(r);
+    } else {
+      v.verify_error = std::string(r.status().message());
+    }
+  }
+  return absl::OkStatus();
+}
+
+void PrintFitJson(const FitFlags& f, const FitRequest& request, const FitResult& fit,
+                  const std::vector<VerifiedRow>& rows) {
+  nlohmann::json out = nlohmann::json::array();
+  for (const VerifiedRow& v : rows) {
+    const FitRow& row = *v.row;
+    nlohmann::json j = FitRowJson(row);
+    if (v.measured.has_value()) {
+      nlohmann::json m = MeasuredToJson(*row.graph, *v.measured, /*with_steps=*/false);
+      m["peak_equal"] = v.measured->peak_bytes == row.plan->report.peak_bytes;
+      j["measured"] = std::move(m);
+    }
+    if (!v.verify_error.empty()) j["verify_error"] = v.verify_error;
+    out.push_back(std::move(j));
+  }
+  nlohmann::json doc = {{"model", request.model.ToString()},
+                        {"vary", f.vary},
+                        {"budget", f.budget},
+                        {"budget_bytes", request.budget_bytes},
+                        {"time_limit_s", f.time_limit_s},
+                        {"search_time_s", fit.search_time_s},
+                        {"search", "exponential then binary over the predicted peak; "
+                                   "assumes the peak grows with the parameter"},
+                        {"naive", {{"rule", "26 x bytes(input) <= budget"}}},
+                        {"results", out}};
+  if (fit.naive_value.has_value()) {
+    doc["naive"]["value"] = *fit.naive_value;
+  } else {
+    doc["naive"]["value"] = nullptr;
+    if (!fit.naive_note.empty()) doc["naive"]["note"] = fit.naive_note;
+  }
+  if (f.verify) doc["backend"] = f.backend;
+  if (f.rank_flags.ranks > 1) {
+    doc["ranks"] = f.rank_flags.ranks;
+    doc["shard"] = f.rank_flags.shard;
+  }
+  PrintJson(doc);
+}
+
+// One row of the table: the policy's answer, and under --verify its run.
+std::vector<std::string> FitTableRow(const VerifiedRow& v, bool verify) {
+  const FitRow& row = *v.row;
+  std::vector<std::string> cells = {row.policy == "baseline" ? "baseline *" : row.policy,
+                                    row.kind};
+  if (row.value.has_value()) {
+    const PlanReport& r = row.plan->report;
+    // Cut by the time limit: a larger value may fit too.
+    cells.push_back(absl::StrCat(row.time_limit_reached ? ">= " : "", *row.value));
+    cells.push_back(FormatBytes(r.peak_bytes));
+    cells.push_back(OverheadPercent(r.overhead));
+    cells.push_back(FormatBytes(r.transfer_bytes));
+  } else {
+    cells.insert(cells.end(), {"-", "", "", ""});
+  }
+  if (verify) {
+    if (v.measured.has_value()) {
+      cells.push_back(FormatBytes(v.measured->peak_bytes));
+      cells.push_back(v.measured->peak_bytes == row.plan->report.peak_bytes ? "yes" : "NO");
+      cells.push_back(absl::StrFormat("%.3f s", v.measured->time_s));
+    } else {
+      cells.insert(cells.end(), {"", "", ""});
+    }
+  }
+  std::string note = !v.verify_error.empty() ? v.verify_error : row.note;
+  if (note.size() > 72) note = note.substr(0, 69) + "...";  // the JSON has it whole
+  cells.push_back(note);
+  return cells;
+}
+
+void PrintFitTable(const FitFlags& f, const FitRequest& request, const FitResult& fit,
+                   const std::vector<VerifiedRow>& rows) {
+  const std::string per_rank =
+      f.rank_flags.ranks > 1
+          ? absl::StrFormat(" on each of %d ranks (%s)", f.rank_flags.ranks,
+                            f.rank_flags.shard == "full" ? "sharded" : "data parallel")
+          : std::string();
+  std::cout << absl::StrFormat("fit %s: the largest %s whose training step fits %s (%d bytes)%s\n\n",
+                               request.model.ToString(), f.vary,
+                               FormatBytes(request.budget_bytes), request.budget_bytes, per_rank);
+  std::vector<std::string> header = {"policy", "kind", f.vary, "predicted peak", "overhead",
+                                     "transferred"};
+  if (f.verify) header.insert(header.end(), {"measured peak", "equal", "time"});
+  header.push_back("note");
+  Table t(header);
+  if (fit.naive_applies) {
+    const std::optional<int64_t>& naive = fit.naive_value;
+    std::vector<std::string> cells = {"naive (26 x input)", "estimate",
+                                      naive ? absl::StrCat(*naive) : "-", "", "", ""};
+    if (f.verify) cells.insert(cells.end(), {"", "", ""});
+    cells.push_back(naive ? "" : fit.naive_note);
+    t.AddRow(cells);
+  }
+  for (const VerifiedRow& v : rows) t.AddRow(FitTableRow(v, f.verify));
+  std::cout << t.ToString() << "\n";
+  if (absl::c_any_of(rows, [](const VerifiedRow& v) { return v.row->policy == "baseline"; })) {
+    std::cout << "* baseline: the graph's own order, every tensor freed at its last use (what a "
+                 "framework runs).\n";
+  }
+  if (fit.naive_applies) {
+    std::cout << "naive: the largest value with 26 x bytes(input) <= budget (a rule of thumb "
+                 "for 3-D networks).\n";
+  }
+  std::cout << "Search: exponential then binary over the predicted peak, assuming it grows with "
+               "the parameter";
+  std::cout << absl::StrFormat(" (%.1f s).\n", fit.search_time_s);
+}
+
+int RunFit(const FitFlags& f) {
+  absl::StatusOr<FitRequest> request = RequestFromFlags(f);
+  if (!request.ok()) return Fail(request.status());
   const bool report_progress = !f.json && !f.quiet;
   FitProgressLine progress_line(f.vary, isatty(STDERR_FILENO) != 0);
   if (report_progress) {
-    request.on_try = [&progress_line](const FitTry& t) { progress_line.Tried(t); };
+    request->on_try = [&progress_line](const FitTry& t) { progress_line.Tried(t); };
   }
   // --workspace query: each model planned with --backend's kernel scratch
   // (runtime/workspace.h), one probe at a time.
@@ -177,156 +324,28 @@ int RunFit(const FitFlags& f) {
     auto made = MakeBackend(f.backend);
     if (!made.ok()) return Fail(made.status());
     probe_backend = *std::move(made);
-    request.prepare_graph = [&](const Graph& g) -> absl::StatusOr<Graph> {
+    request->prepare_graph = [&](const Graph& g) -> absl::StatusOr<Graph> {
       std::lock_guard<std::mutex> lock(probe_mu);
       return WithBackendWorkspace(g, *probe_backend);
     };
   }
-  const PlannerOptions& options = request.options;
   const auto started = std::chrono::steady_clock::now();
-  auto fit = Fit(request);
+  auto fit = Fit(*request);
   progress_line.Finish();
   if (!fit.ok()) return Fail(fit.status());
-  const std::optional<int64_t>& naive = fit->naive_value;
-  const std::string& naive_error = fit->naive_note;
   std::vector<VerifiedRow> rows;
   for (const FitRow& row : fit->rows) rows.push_back({&row, std::nullopt, ""});
-
   if (f.verify) {
-    // Fail early when the backend cannot be had at all.
-    if (auto probe = MakeBackend(f.backend); !probe.ok()) return Fail(probe.status());
-    for (VerifiedRow& v : rows) {
-      const FitRow& row = *v.row;
-      if (!row.value.has_value()) continue;
-      const double elapsed =
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
-      if (elapsed >= f.time_limit_s) {
-        v.verify_error = absl::StrFormat("not run: the time limit of %g s was reached",
-                                         f.time_limit_s);
-        continue;
-      }
-      // A backend per row: its memory high-water marks (device_peak_bytes,
-      // scratch_bytes) then describe this row's run alone.
-      auto backend = MakeBackend(f.backend);
-      if (!backend.ok()) return Fail(backend.status());
-      ExecutorOptions eo;
-      eo.seed = f.seed;
-      eo.simulator.host_bandwidth_bytes_per_s = options.host_bandwidth_bytes_per_s;
-      eo.download_outputs = false;
-      if (report_progress) {
-        std::cerr << absl::StrFormat("fit: running %s at %s=%d on %s...\n", row.policy, f.vary,
-                                     *row.value, f.backend);
-      }
-      auto r = Execute(*row.graph, row.plan->schedule, **backend, eo);
-      if (r.ok()) {
-        v.measured = *std::move(r);
-      } else {
-        v.verify_error = std::string(r.status().message());
-      }
+    if (absl::Status s = VerifyRows(f, request->options, started, report_progress, rows);
+        !s.ok()) {
+      return Fail(s);
     }
   }
-
   if (f.json) {
-    nlohmann::json out = nlohmann::json::array();
-    for (const VerifiedRow& v : rows) {
-      const FitRow& row = *v.row;
-      nlohmann::json j = FitRowJson(row);
-      if (v.measured.has_value()) {
-        nlohmann::json m = MeasuredToJson(*row.graph, *v.measured, /*with_steps=*/false);
-        m["peak_equal"] = v.measured->peak_bytes == row.plan->report.peak_bytes;
-        j["measured"] = std::move(m);
-      }
-      if (!v.verify_error.empty()) j["verify_error"] = v.verify_error;
-      out.push_back(std::move(j));
-    }
-    nlohmann::json doc = {{"model", spec->ToString()},
-                          {"vary", f.vary},
-                          {"budget", f.budget},
-                          {"budget_bytes", budget},
-                          {"time_limit_s", f.time_limit_s},
-                          {"search_time_s", fit->search_time_s},
-                          {"search", "exponential then binary over the predicted peak; "
-                                     "assumes the peak grows with the parameter"},
-                          {"naive", {{"rule", "26 x bytes(input) <= budget"}}},
-                          {"results", out}};
-    if (naive.has_value()) {
-      doc["naive"]["value"] = *naive;
-    } else {
-      doc["naive"]["value"] = nullptr;
-      if (!naive_error.empty()) doc["naive"]["note"] = naive_error;
-    }
-    if (f.verify) doc["backend"] = f.backend;
-    if (f.rank_flags.ranks > 1) {
-      doc["ranks"] = f.rank_flags.ranks;
-      doc["shard"] = f.rank_flags.shard;
-    }
-    PrintJson(doc);
-    return 0;
+    PrintFitJson(f, *request, *fit, rows);
+  } else {
+    PrintFitTable(f, *request, *fit, rows);
   }
-
-  const std::string per_rank =
-      f.rank_flags.ranks > 1
-          ? absl::StrFormat(" on each of %d ranks (%s)", f.rank_flags.ranks,
-                            f.rank_flags.shard == "full" ? "sharded" : "data parallel")
-          : std::string();
-  std::cout << absl::StrFormat("fit %s: the largest %s whose training step fits %s (%d bytes)%s\n\n",
-                               spec->ToString(), f.vary, FormatBytes(budget), budget, per_rank);
-  std::vector<std::string> header = {"policy", "kind", f.vary, "predicted peak", "overhead",
-                                     "transferred"};
-  if (f.verify) {
-    header.push_back("measured peak");
-    header.push_back("equal");
-    header.push_back("time");
-  }
-  header.push_back("note");
-  Table t(header);
-  if (fit->naive_applies) {
-    std::vector<std::string> cells = {"naive (26 x input)", "estimate",
-                                      naive ? absl::StrCat(*naive) : "-", "", "", ""};
-    if (f.verify) cells.insert(cells.end(), {"", "", ""});
-    cells.push_back(naive ? "" : naive_error);
-    t.AddRow(cells);
-  }
-  for (const VerifiedRow& v : rows) {
-    const FitRow& row = *v.row;
-    std::vector<std::string> cells = {row.policy == "baseline" ? "baseline *" : row.policy,
-                                      row.kind};
-    if (row.value.has_value()) {
-      const PlanReport& r = row.plan->report;
-      // Cut by the time limit: a larger value may fit too.
-      cells.push_back(absl::StrCat(row.time_limit_reached ? ">= " : "", *row.value));
-      cells.push_back(FormatBytes(r.peak_bytes));
-      cells.push_back(OverheadPercent(r.overhead));
-      cells.push_back(FormatBytes(r.transfer_bytes));
-    } else {
-      cells.insert(cells.end(), {"-", "", "", ""});
-    }
-    if (f.verify) {
-      if (v.measured.has_value()) {
-        cells.push_back(FormatBytes(v.measured->peak_bytes));
-        cells.push_back(v.measured->peak_bytes == row.plan->report.peak_bytes ? "yes" : "NO");
-        cells.push_back(absl::StrFormat("%.3f s", v.measured->time_s));
-      } else {
-        cells.insert(cells.end(), {"", "", ""});
-      }
-    }
-    std::string note = !v.verify_error.empty() ? v.verify_error : row.note;
-    if (note.size() > 72) note = note.substr(0, 69) + "...";  // the JSON has it whole
-    cells.push_back(note);
-    t.AddRow(cells);
-  }
-  std::cout << t.ToString() << "\n";
-  if (absl::c_any_of(rows, [](const VerifiedRow& v) { return v.row->policy == "baseline"; })) {
-    std::cout << "* baseline: the graph's own order, every tensor freed at its last use (what a "
-                 "framework runs).\n";
-  }
-  if (fit->naive_applies) {
-    std::cout << "naive: the largest value with 26 x bytes(input) <= budget (a rule of thumb "
-                 "for 3-D networks).\n";
-  }
-  std::cout << "Search: exponential then binary over the predicted peak, assuming it grows with "
-               "the parameter";
-  std::cout << absl::StrFormat(" (%.1f s).\n", fit->search_time_s);
   return 0;
 }
 

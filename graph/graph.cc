@@ -225,11 +225,105 @@ absl::Status CheckInPlace(const Graph& g) {
   return absl::OkStatus();
 }
 
+// A shape's dimensions, and its bytes against the node's where a dtype is
+// given.
+absl::Status CheckShape(const NodeSpec& s) {
+  if (!s.shape.has_value()) return absl::OkStatus();
+  int64_t elements = 1;
+  for (int64_t d : *s.shape) {
+    if (d < 0) return NodeError(s.id, "negative dimension in 'shape'");
+    // Only beside a 0 can a dimension exceed the bytes checked before.
+    if (d > kMaxBytes) {
+      return NodeError(s.id, absl::StrCat("'shape' ", ShapeToString(*s.shape),
+                                          " has a dimension above the largest size pebble "
+                                          "handles (2^53)"));
+    }
+    if (__builtin_mul_overflow(elements, d, &elements)) {
+      return NodeError(s.id, "'shape' has more elements than 64 bits count");
+    }
+  }
+  // One rule for every tensor: a backend writes shape x dtype bytes into the
+  // node's slot of `bytes`, so the two must agree.
+  if (!s.dtype.has_value()) return absl::OkStatus();
+  const std::optional<int64_t> tensor_bytes = TensorBytes(*s.shape, *s.dtype);
+  if (tensor_bytes == s.bytes) return absl::OkStatus();
+  return NodeError(s.id, absl::StrCat("'bytes' is ", *s.bytes, " but 'shape' ",
+                                      ShapeToString(*s.shape), " of ", DTypeName(*s.dtype),
+                                      " holds ",
+                                      tensor_bytes.has_value() ? absl::StrCat(*tensor_bytes)
+                                                               : std::string("more than 2^63"),
+                                      " bytes"));
+}
+
+// The rules of one node's own fields (SPEC section 1), in the order Build
+// reports them; its id and its place among the others are Build's.
+absl::Status CheckNodeSpec(const NodeSpec& s) {
+  if (!s.bytes.has_value()) return NodeError(s.id, "missing 'bytes'");
+  if (*s.bytes < 0) return NodeError(s.id, absl::StrCat("negative bytes (", *s.bytes, ")"));
+  if (*s.bytes > kMaxBytes) return NodeError(s.id, AboveMaxBytes(*s.bytes));
+  if (!std::isfinite(s.cost) || s.cost < 0) {
+    return NodeError(s.id, absl::StrCat("cost must be a non-negative finite number, got ",
+                                        s.cost));
+  }
+  if (s.workspace < 0) {
+    return NodeError(s.id, absl::StrCat("negative workspace (", s.workspace, ")"));
+  }
+  if (s.workspace > kMaxBytes) {
+    return NodeError(s.id, absl::StrCat("a workspace of ", AboveMaxBytes(s.workspace)));
+  }
+  if (s.persistent && !s.inputs.empty()) {
+    return NodeError(s.id, "a persistent node is never computed and cannot have inputs");
+  }
+  if (!s.attrs.is_null() && !s.attrs.is_object()) {
+    return NodeError(s.id, "'attrs' must be an object");
+  }
+  if (s.alias_of.has_value()) {
+    // A persistent node has no inputs, so it could view nothing; the
+    // weights and the data batch own their storage.
+    if (s.persistent) return NodeError(s.id, "a persistent node cannot be an alias ('alias_of')");
+    if (*s.alias_of == s.id) return NodeError(s.id, "'alias_of' names the node itself");
+    if (std::find(s.inputs.begin(), s.inputs.end(), *s.alias_of) == s.inputs.end()) {
+      return NodeError(s.id, absl::StrCat("'alias_of' ", Quote(*s.alias_of),
+                                          " is not one of its inputs"));
+    }
+    // A view runs no kernel; a workspace would also break the rule that an
+    // alias's compute adds no memory (docs/semantics.md). An in-place
+    // update runs one, and may need temporaries.
+    if (s.workspace != 0 && !s.in_place) {
+      return NodeError(s.id, "an alias ('alias_of') has no workspace");
+    }
+  }
+  if (s.home.has_value() && !s.persistent) {
+    return NodeError(s.id, "'home' is for persistent nodes (where they live between steps)");
+  }
+  if ((s.host_cost.has_value() || s.runs_on.has_value()) && !s.in_place) {
+    return NodeError(s.id, absl::StrCat("'", s.host_cost.has_value() ? "host_cost" : "runs_on",
+                                        "' is for in-place nodes (an update that may run on "
+                                        "the host)"));
+  }
+  if (s.runs_on.has_value() && *s.runs_on != Tier::kDevice && !s.host_cost.has_value()) {
+    return NodeError(s.id, absl::StrCat("'runs_on': '", TierName(*s.runs_on),
+                                        "' needs 'host_cost' (its time on the host)"));
+  }
+  if (s.host_cost.has_value() && !(std::isfinite(*s.host_cost) && *s.host_cost >= 0)) {
+    return NodeError(s.id, absl::StrCat("'host_cost' must be a non-negative finite number, "
+                                        "got ", *s.host_cost));
+  }
+  if (s.collective && (s.persistent || s.alias_of.has_value() || s.workspace != 0 ||
+                       s.inputs.size() != 1)) {
+    return NodeError(s.id, "a collective ('collective') reads one input into a tensor of its "
+                           "own: it is not persistent, no alias and has no workspace");
+  }
+  if (s.in_place && !s.alias_of.has_value()) {
+    return NodeError(s.id, "an in-place node ('in_place') needs 'alias_of': the storage it "
+                           "writes");
+  }
+  return CheckShape(s);
+}
+
 }  // namespace
 
-absl::StatusOr<Graph> GraphBuilder::Build() const {
-  Graph g;
-  g.name_ = name_;
+absl::Status GraphBuilder::CheckNodes(Graph& g) const {
   const int n = static_cast<int>(specs_.size());
   g.index_.reserve(n);
   int64_t total_bytes = 0;
@@ -238,113 +332,14 @@ absl::StatusOr<Graph> GraphBuilder::Build() const {
   for (NodeId v = 0; v < n; ++v) {
     const NodeSpec& s = specs_[v];
     if (s.id.empty()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("node #", v, " has an empty id"));
+      return absl::InvalidArgumentError(absl::StrCat("node #", v, " has an empty id"));
     }
     if (specs_.size() > static_cast<size_t>(INT32_MAX / 2)) {
       return absl::InvalidArgumentError("too many nodes");
     }
     if (!IsValidUtf8(s.id)) return NodeError(s.id, "id is not valid UTF-8");
-    if (!g.index_.emplace(s.id, v).second) {
-      return NodeError(s.id, "duplicate id");
-    }
-    if (!s.bytes.has_value()) return NodeError(s.id, "missing 'bytes'");
-    if (*s.bytes < 0) {
-      return NodeError(s.id, absl::StrCat("negative bytes (", *s.bytes, ")"));
-    }
-    if (*s.bytes > kMaxBytes) return NodeError(s.id, AboveMaxBytes(*s.bytes));
-    if (!std::isfinite(s.cost) || s.cost < 0) {
-      return NodeError(s.id, absl::StrCat("cost must be a non-negative finite "
-                                          "number, got ", s.cost));
-    }
-    if (s.workspace < 0) {
-      return NodeError(s.id,
-                       absl::StrCat("negative workspace (", s.workspace, ")"));
-    }
-    if (s.workspace > kMaxBytes) {
-      return NodeError(s.id, absl::StrCat("a workspace of ", AboveMaxBytes(s.workspace)));
-    }
-    if (s.persistent && !s.inputs.empty()) {
-      return NodeError(s.id,
-                       "a persistent node is never computed and cannot have "
-                       "inputs");
-    }
-    if (!s.attrs.is_null() && !s.attrs.is_object()) {
-      return NodeError(s.id, "'attrs' must be an object");
-    }
-    if (s.alias_of.has_value()) {
-      // A persistent node has no inputs, so it could view nothing; the
-      // weights and the data batch own their storage.
-      if (s.persistent) {
-        return NodeError(s.id, "a persistent node cannot be an alias ('alias_of')");
-      }
-      if (*s.alias_of == s.id) {
-        return NodeError(s.id, "'alias_of' names the node itself");
-      }
-      if (std::find(s.inputs.begin(), s.inputs.end(), *s.alias_of) == s.inputs.end()) {
-        return NodeError(s.id, absl::StrCat("'alias_of' ", Quote(*s.alias_of),
-                                            " is not one of its inputs"));
-      }
-      // A view runs no kernel; a workspace would also break the rule that
-      // an alias's compute adds no memory (docs/semantics.md). An in-place
-      // update runs one, and may need temporaries.
-      if (s.workspace != 0 && !s.in_place) {
-        return NodeError(s.id, "an alias ('alias_of') has no workspace");
-      }
-    }
-    if (s.home.has_value() && !s.persistent) {
-      return NodeError(s.id, "'home' is for persistent nodes (where they live between steps)");
-    }
-    if ((s.host_cost.has_value() || s.runs_on.has_value()) && !s.in_place) {
-      return NodeError(s.id, absl::StrCat("'", s.host_cost.has_value() ? "host_cost" : "runs_on",
-                                          "' is for in-place nodes (an update that may run on "
-                                          "the host)"));
-    }
-    if (s.runs_on.has_value() && *s.runs_on != Tier::kDevice && !s.host_cost.has_value()) {
-      return NodeError(s.id, absl::StrCat("'runs_on': '", TierName(*s.runs_on),
-                                          "' needs 'host_cost' (its time on the host)"));
-    }
-    if (s.host_cost.has_value() && !(std::isfinite(*s.host_cost) && *s.host_cost >= 0)) {
-      return NodeError(s.id, absl::StrCat("'host_cost' must be a non-negative finite number, "
-                                          "got ", *s.host_cost));
-    }
-    if (s.collective && (s.persistent || s.alias_of.has_value() || s.workspace != 0 ||
-                         s.inputs.size() != 1)) {
-      return NodeError(s.id, "a collective ('collective') reads one input into a tensor of its "
-                             "own: it is not persistent, no alias and has no workspace");
-    }
-    if (s.in_place && !s.alias_of.has_value()) {
-      return NodeError(s.id, "an in-place node ('in_place') needs 'alias_of': the storage "
-                             "it writes");
-    }
-    if (s.shape.has_value()) {
-      int64_t elements = 1;
-      for (int64_t d : *s.shape) {
-        if (d < 0) return NodeError(s.id, "negative dimension in 'shape'");
-        // Only beside a 0 can a dimension exceed the bytes checked above.
-        if (d > kMaxBytes) {
-          return NodeError(s.id, absl::StrCat("'shape' ", ShapeToString(*s.shape),
-                                              " has a dimension above the largest size pebble "
-                                              "handles (2^53)"));
-        }
-        if (__builtin_mul_overflow(elements, d, &elements)) {
-          return NodeError(s.id, "'shape' has more elements than 64 bits count");
-        }
-      }
-      // One rule for every tensor: a backend writes shape x dtype bytes
-      // into the node's slot of `bytes`, so the two must agree.
-      if (s.dtype.has_value()) {
-        const std::optional<int64_t> tensor_bytes = TensorBytes(*s.shape, *s.dtype);
-        if (tensor_bytes != s.bytes) {
-          return NodeError(
-              s.id, absl::StrCat("'bytes' is ", *s.bytes, " but 'shape' ", ShapeToString(*s.shape),
-                                 " of ", DTypeName(*s.dtype), " holds ",
-                                 tensor_bytes.has_value() ? absl::StrCat(*tensor_bytes)
-                                                          : std::string("more than 2^63"),
-                                 " bytes"));
-        }
-      }
-    }
+    if (!g.index_.emplace(s.id, v).second) return NodeError(s.id, "duplicate id");
+    RETURN_IF_ERROR(CheckNodeSpec(s));
     // The base cost (SPEC section 2) sums every cost once: it must be a
     // finite number.
     total_cost += s.cost;
@@ -363,9 +358,11 @@ absl::StatusOr<Graph> GraphBuilder::Build() const {
                                           AboveMaxBytes(total_bytes + max_workspace)));
     }
   }
+  return absl::OkStatus();
+}
 
-  // Columns.
-  g.ids_.reserve(n);
+void GraphBuilder::FillColumns(Graph& g) const {
+  g.ids_.reserve(specs_.size());
   for (const NodeSpec& s : specs_) {
     g.ids_.push_back(s.id);
     g.ops_.push_back(s.op.empty() ? "generic" : s.op);
@@ -373,8 +370,7 @@ absl::StatusOr<Graph> GraphBuilder::Build() const {
     g.costs_.push_back(s.cost);
     g.workspaces_.push_back(s.workspace);
     g.persistent_.push_back(s.persistent ? 1 : 0);
-    g.roles_.push_back(s.role.value_or(s.persistent ? Role::kInput
-                                                    : Role::kForward));
+    g.roles_.push_back(s.role.value_or(s.persistent ? Role::kInput : Role::kForward));
     g.shapes_.push_back(s.shape);
     g.dtypes_.push_back(s.dtype);
     g.attrs_.push_back(s.attrs);
@@ -395,22 +391,24 @@ absl::StatusOr<Graph> GraphBuilder::Build() const {
       g.persistent_bytes_ += *s.bytes;
     }
   }
-  // Aliases: alias_of names an input, checked above, so it is a known id.
-  g.alias_of_.assign(n, kNoNode);
-  for (NodeId v = 0; v < n; ++v) {
+  // Aliases: alias_of names an input (CheckNodeSpec), so it is a known id.
+  g.alias_of_.assign(specs_.size(), kNoNode);
+  for (NodeId v = 0; v < static_cast<NodeId>(specs_.size()); ++v) {
     if (!specs_[v].alias_of.has_value()) continue;
     g.alias_of_[v] = g.Find(*specs_[v].alias_of);
     ++g.num_aliases_;
   }
+}
 
+absl::Status GraphBuilder::LinkInputs(Graph& g, std::vector<std::vector<NodeId>>& unique) const {
+  const int n = static_cast<int>(specs_.size());
   // Inputs, as given and deduplicated.
-  std::vector<std::vector<NodeId>> unique(n);
+  unique.assign(n, {});
   for (NodeId v = 0; v < n; ++v) {
     for (const std::string& in : specs_[v].inputs) {
       NodeId u = g.Find(in);
       if (u == kNoNode) {
-        return NodeError(specs_[v].id,
-                         absl::StrCat("unknown input '", absl::CEscape(in), "'"));
+        return NodeError(specs_[v].id, absl::StrCat("unknown input '", absl::CEscape(in), "'"));
       }
       g.inputs_.push_back(u);
       if (std::find(unique[v].begin(), unique[v].end(), u) == unique[v].end()) {
@@ -419,32 +417,29 @@ absl::StatusOr<Graph> GraphBuilder::Build() const {
       }
     }
     g.input_offsets_.push_back(static_cast<int32_t>(g.inputs_.size()));
-    g.unique_input_offsets_.push_back(
-        static_cast<int32_t>(g.unique_inputs_.size()));
+    g.unique_input_offsets_.push_back(static_cast<int32_t>(g.unique_inputs_.size()));
   }
-
   // Readers: counting sort by input, so each row is ascending.
   std::vector<int32_t> reader_count(n + 1, 0);
   for (NodeId v = 0; v < n; ++v) {
     for (NodeId u : unique[v]) ++reader_count[u + 1];
   }
   g.reader_offsets_.assign(n + 1, 0);
-  for (int i = 0; i < n; ++i) {
-    g.reader_offsets_[i + 1] = g.reader_offsets_[i] + reader_count[i + 1];
-  }
+  for (int i = 0; i < n; ++i) g.reader_offsets_[i + 1] = g.reader_offsets_[i] + reader_count[i + 1];
   g.readers_.assign(g.unique_inputs_.size(), kNoNode);
   std::vector<int32_t> fill(g.reader_offsets_.begin(), g.reader_offsets_.end() - 1);
   for (NodeId v = 0; v < n; ++v) {
     for (NodeId u : unique[v]) g.readers_[fill[u]++] = v;
   }
+  return absl::OkStatus();
+}
 
-  // Outputs.
-  g.is_output_.assign(n, 0);
+absl::Status GraphBuilder::MarkOutputs(Graph& g) const {
+  g.is_output_.assign(specs_.size(), 0);
   for (const std::string& out : output_ids_) {
     NodeId v = g.Find(out);
     if (v == kNoNode) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("unknown output '", absl::CEscape(out), "'"));
+      return absl::InvalidArgumentError(absl::StrCat("unknown output '", absl::CEscape(out), "'"));
     }
     if (g.homes_[v] == Tier::kHost) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -457,12 +452,17 @@ absl::StatusOr<Graph> GraphBuilder::Build() const {
       g.outputs_.push_back(v);
     }
   }
-  if (n > 0 && g.outputs_.empty()) {
+  if (!specs_.empty() && g.outputs_.empty()) {
     return absl::InvalidArgumentError(
         "the graph lists no outputs: nothing would need to be computed");
   }
+  return absl::OkStatus();
+}
 
-  // Topological order: Kahn, smallest ready id first.
+absl::Status GraphBuilder::OrderTopologically(Graph& g,
+                                              const std::vector<std::vector<NodeId>>& unique) {
+  // Kahn, smallest ready id first.
+  const int n = static_cast<int>(unique.size());
   std::vector<int32_t> pending(n);
   std::priority_queue<NodeId, std::vector<NodeId>, std::greater<>> ready;
   for (NodeId v = 0; v < n; ++v) {
@@ -484,7 +484,11 @@ absl::StatusOr<Graph> GraphBuilder::Build() const {
     return absl::InvalidArgumentError(absl::StrCat(
         "the graph has a cycle: ", DescribeCycle(g.ids_, unique, leftover)));
   }
+  return absl::OkStatus();
+}
 
+void GraphBuilder::DeriveStoragesAndNeeds(Graph& g) {
+  const int n = g.num_nodes();
   // Storage roots, in topological order: an alias's input comes first.
   g.storage_.resize(n);
   g.versions_.resize(n);
@@ -493,8 +497,6 @@ absl::StatusOr<Graph> GraphBuilder::Build() const {
     g.versions_[v] = g.alias_of_[v] == kNoNode || g.in_place_[v] ? v
                                                                  : g.versions_[g.alias_of_[v]];
   }
-  RETURN_IF_ERROR(CheckInPlace(g));
-
   // Outputs and their ancestors.
   g.needed_.assign(n, false);
   for (auto it = g.topo_order_.rbegin(); it != g.topo_order_.rend(); ++it) {
@@ -504,6 +506,19 @@ absl::StatusOr<Graph> GraphBuilder::Build() const {
     g.needed_[v] = true;
     for (NodeId u : g.unique_inputs(v)) g.needed_[u] = true;
   }
+}
+
+absl::StatusOr<Graph> GraphBuilder::Build() const {
+  Graph g;
+  g.name_ = name_;
+  RETURN_IF_ERROR(CheckNodes(g));
+  FillColumns(g);
+  std::vector<std::vector<NodeId>> unique;  // per node, its inputs once each
+  RETURN_IF_ERROR(LinkInputs(g, unique));
+  RETURN_IF_ERROR(MarkOutputs(g));
+  RETURN_IF_ERROR(OrderTopologically(g, unique));
+  DeriveStoragesAndNeeds(g);
+  RETURN_IF_ERROR(CheckInPlace(g));
   return g;
 }
 

@@ -308,6 +308,15 @@ class GraphBuilder {
   absl::StatusOr<Graph> Build() const;
 
  private:
+  // Build's stages, in its order, each filling `g` as far as it goes.
+  absl::Status CheckNodes(Graph& g) const;  // ids, each node's fields, the totals
+  void FillColumns(Graph& g) const;         // the per-node columns and aliases
+  absl::Status LinkInputs(Graph& g, std::vector<std::vector<NodeId>>& unique) const;
+  absl::Status MarkOutputs(Graph& g) const;
+  static absl::Status OrderTopologically(Graph& g,
+                                         const std::vector<std::vector<NodeId>>& unique);
+  static void DeriveStoragesAndNeeds(Graph& g);  // storage roots, versions, needed
+
   std::string name_;
   std::vector<NodeSpec> specs_;
   std::vector<std::string> output_ids_;

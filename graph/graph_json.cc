@@ -102,165 +102,151 @@ absl::StatusOr<std::string> ReadString(const Json& v, absl::string_view where,
 // ---------------------------------------------------------------------------
 // Document -> GraphBuilder.
 
+absl::StatusOr<bool> ReadBool(const Json& v, absl::string_view where, absl::string_view field) {
+  if (!v.is_boolean()) {
+    return FieldError(where, field, absl::StrCat("must be true or false, got ", Shown(v)));
+  }
+  return v.get<bool>();
+}
+
+absl::StatusOr<double> ReadNonNegativeNumber(const Json& v, absl::string_view where,
+                                   absl::string_view field) {
+  if (!v.is_number() || !std::isfinite(v.get<double>()) || v.get<double>() < 0) {
+    return FieldError(where, field,
+                      absl::StrCat("must be a non-negative finite number, got ", Shown(v)));
+  }
+  return v.get<double>();
+}
+
+// A name that `parse` knows (a tier, a role, a dtype).
+template <typename T>
+absl::StatusOr<T> ReadName(const Json& v, absl::string_view where, absl::string_view field,
+                           absl::StatusOr<T> (*parse)(absl::string_view)) {
+  ASSIGN_OR_RETURN(std::string name, ReadString(v, where, field));
+  absl::StatusOr<T> parsed = parse(name);
+  if (!parsed.ok()) {
+    return FieldError(where, field, absl::StrCat("is invalid: ", parsed.status().message()));
+  }
+  return parsed;
+}
+
+absl::StatusOr<std::vector<std::string>> ReadInputs(const Json& v, absl::string_view where) {
+  if (!v.is_array()) {
+    return FieldError(where, "inputs",
+                      absl::StrCat("must be an array of node ids, got ", Shown(v)));
+  }
+  std::vector<std::string> inputs;
+  inputs.reserve(v.size());
+  for (size_t k = 0; k < v.size(); ++k) {
+    if (!v[k].is_string()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          where, ": 'inputs'[", k, "] must be a node id (a string), got ", Shown(v[k])));
+    }
+    inputs.push_back(v[k].get<std::string>());
+  }
+  return inputs;
+}
+
+absl::StatusOr<Shape> ReadShape(const Json& v, absl::string_view where) {
+  if (!v.is_array()) {
+    return FieldError(where, "shape",
+                      absl::StrCat("must be an array of non-negative integers, got ", Shown(v)));
+  }
+  Shape shape;
+  shape.reserve(v.size());
+  for (size_t k = 0; k < v.size(); ++k) {
+    std::optional<int64_t> d = AsCount(v[k]);
+    if (!d.has_value()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": 'shape'[", k,
+                       "] must be a non-negative integer (at most 2^53), got ", Shown(v[k])));
+    }
+    shape.push_back(*d);
+  }
+  return shape;
+}
+
 absl::StatusOr<NodeSpec> ParseNode(const Json& node, size_t index) {
   const std::string at_index = absl::StrCat("nodes[", index, "]");
   if (!node.is_object()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        at_index, ": a node must be an object, got ", Shown(node)));
+    return absl::InvalidArgumentError(
+        absl::StrCat(at_index, ": a node must be an object, got ", Shown(node)));
   }
   auto id_it = node.find("id");
   if (id_it == node.end()) {
     return absl::InvalidArgumentError(absl::StrCat(at_index, ": missing 'id'"));
   }
   if (!id_it->is_string() || id_it->get_ref<const std::string&>().empty()) {
-    return FieldError(
-        at_index, "id",
-        absl::StrCat("must be a non-empty string, got ", Shown(*id_it)));
+    return FieldError(at_index, "id",
+                      absl::StrCat("must be a non-empty string, got ", Shown(*id_it)));
   }
   NodeSpec spec;
   spec.id = id_it->get<std::string>();
   const std::string where = absl::StrCat("node ", Quote(spec.id));
   RETURN_IF_ERROR(CheckJsonKeys(node, kNodeKeys, where));
-
-  if (auto it = node.find("op"); it != node.end()) {
-    ASSIGN_OR_RETURN(spec.op, ReadString(*it, where, "op"));
+  // Each field present is read in this order, so the first bad one is named.
+  auto field = [&node](const char* name) -> const Json* {
+    auto it = node.find(name);
+    return it == node.end() ? nullptr : &*it;
+  };
+  if (const Json* v = field("op")) {
+    ASSIGN_OR_RETURN(spec.op, ReadString(*v, where, "op"));
   }
-  if (auto it = node.find("bytes"); it != node.end()) {
-    ASSIGN_OR_RETURN(spec.bytes, ReadCount(*it, where, "bytes"));
-  } else {
+  const Json* bytes = field("bytes");
+  if (bytes == nullptr) {
     return absl::InvalidArgumentError(absl::StrCat(
-        where,
-        ": missing 'bytes' (the size of its output, a non-negative "
-        "integer)"));
+        where, ": missing 'bytes' (the size of its output, a non-negative integer)"));
   }
-  if (auto it = node.find("cost"); it != node.end()) {
-    if (!it->is_number() || !std::isfinite(it->get<double>()) ||
-        it->get<double>() < 0) {
-      return FieldError(
-          where, "cost",
-          absl::StrCat("must be a non-negative finite number, got ",
-                       Shown(*it)));
-    }
-    spec.cost = it->get<double>();
+  ASSIGN_OR_RETURN(spec.bytes, ReadCount(*bytes, where, "bytes"));
+  if (const Json* v = field("cost")) {
+    ASSIGN_OR_RETURN(spec.cost, ReadNonNegativeNumber(*v, where, "cost"));
   }
-  if (auto it = node.find("inputs"); it != node.end()) {
-    if (!it->is_array()) {
-      return FieldError(
-          where, "inputs",
-          absl::StrCat("must be an array of node ids, got ", Shown(*it)));
-    }
-    spec.inputs.reserve(it->size());
-    for (size_t k = 0; k < it->size(); ++k) {
-      const Json& in = (*it)[k];
-      if (!in.is_string()) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(where, ": 'inputs'[", k,
-                         "] must be a node id (a string), got ", Shown(in)));
-      }
-      spec.inputs.push_back(in.get<std::string>());
-    }
+  if (const Json* v = field("inputs")) {
+    ASSIGN_OR_RETURN(spec.inputs, ReadInputs(*v, where));
   }
-  if (auto it = node.find("alias_of"); it != node.end()) {
-    if (!it->is_string()) {
+  if (const Json* v = field("alias_of")) {
+    if (!v->is_string()) {
       return FieldError(where, "alias_of",
                         absl::StrCat("must be the id of one of its inputs (a string), got ",
-                                     Shown(*it)));
+                                     Shown(*v)));
     }
-    spec.alias_of = it->get<std::string>();
+    spec.alias_of = v->get<std::string>();
   }
-  if (auto it = node.find("workspace"); it != node.end()) {
-    ASSIGN_OR_RETURN(spec.workspace, ReadCount(*it, where, "workspace"));
+  if (const Json* v = field("workspace")) {
+    ASSIGN_OR_RETURN(spec.workspace, ReadCount(*v, where, "workspace"));
   }
-  if (auto it = node.find("persistent"); it != node.end()) {
-    if (!it->is_boolean()) {
-      return FieldError(
-          where, "persistent",
-          absl::StrCat("must be true or false, got ", Shown(*it)));
-    }
-    spec.persistent = it->get<bool>();
+  if (const Json* v = field("persistent")) {
+    ASSIGN_OR_RETURN(spec.persistent, ReadBool(*v, where, "persistent"));
   }
-  if (auto it = node.find("home"); it != node.end()) {
-    ASSIGN_OR_RETURN(std::string name, ReadString(*it, where, "home"));
-    absl::StatusOr<Tier> tier = ParseTier(name);
-    if (!tier.ok()) {
-      return FieldError(where, "home", absl::StrCat("is invalid: ", tier.status().message()));
-    }
-    spec.home = *tier;
+  if (const Json* v = field("home")) {
+    ASSIGN_OR_RETURN(spec.home, ReadName(*v, where, "home", ParseTier));
   }
-  if (auto it = node.find("in_place"); it != node.end()) {
-    if (!it->is_boolean()) {
-      return FieldError(where, "in_place",
-                        absl::StrCat("must be true or false, got ", Shown(*it)));
-    }
-    spec.in_place = it->get<bool>();
+  if (const Json* v = field("in_place")) {
+    ASSIGN_OR_RETURN(spec.in_place, ReadBool(*v, where, "in_place"));
   }
-  if (auto it = node.find("collective"); it != node.end()) {
-    if (!it->is_boolean()) {
-      return FieldError(where, "collective",
-                        absl::StrCat("must be true or false, got ", Shown(*it)));
-    }
-    spec.collective = it->get<bool>();
+  if (const Json* v = field("collective")) {
+    ASSIGN_OR_RETURN(spec.collective, ReadBool(*v, where, "collective"));
   }
-  if (auto it = node.find("runs_on"); it != node.end()) {
-    ASSIGN_OR_RETURN(std::string name, ReadString(*it, where, "runs_on"));
-    absl::StatusOr<Tier> tier = ParseTier(name);
-    if (!tier.ok()) {
-      return FieldError(where, "runs_on", absl::StrCat("is invalid: ", tier.status().message()));
-    }
-    spec.runs_on = *tier;
+  if (const Json* v = field("runs_on")) {
+    ASSIGN_OR_RETURN(spec.runs_on, ReadName(*v, where, "runs_on", ParseTier));
   }
-  if (auto it = node.find("host_cost"); it != node.end()) {
-    if (!it->is_number() || !std::isfinite(it->get<double>()) || it->get<double>() < 0) {
-      return FieldError(where, "host_cost",
-                        absl::StrCat("must be a non-negative finite number, got ", Shown(*it)));
-    }
-    spec.host_cost = it->get<double>();
+  if (const Json* v = field("host_cost")) {
+    ASSIGN_OR_RETURN(spec.host_cost, ReadNonNegativeNumber(*v, where, "host_cost"));
   }
-  if (auto it = node.find("role"); it != node.end()) {
-    ASSIGN_OR_RETURN(std::string name, ReadString(*it, where, "role"));
-    absl::StatusOr<Role> role = ParseRole(name);
-    if (!role.ok()) {
-      return FieldError(where, "role",
-                        absl::StrCat("is invalid: ", role.status().message()));
-    }
-    spec.role = *role;
+  if (const Json* v = field("role")) {
+    ASSIGN_OR_RETURN(spec.role, ReadName(*v, where, "role", ParseRole));
   }
-  if (auto it = node.find("shape"); it != node.end()) {
-    if (!it->is_array()) {
-      return FieldError(
-          where, "shape",
-          absl::StrCat("must be an array of non-negative integers, got ",
-                       Shown(*it)));
-    }
-    Shape shape;
-    shape.reserve(it->size());
-    for (size_t k = 0; k < it->size(); ++k) {
-      std::optional<int64_t> d = AsCount((*it)[k]);
-      if (!d.has_value()) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            where, ": 'shape'[", k,
-            "] must be a non-negative integer (at most 2^53), got ",
-            Shown((*it)[k])));
-      }
-      shape.push_back(*d);
-    }
-    spec.shape = std::move(shape);
+  if (const Json* v = field("shape")) {
+    ASSIGN_OR_RETURN(spec.shape, ReadShape(*v, where));
   }
-  if (auto it = node.find("dtype"); it != node.end()) {
-    ASSIGN_OR_RETURN(std::string name, ReadString(*it, where, "dtype"));
-    absl::StatusOr<DType> dtype = ParseDType(name);
-    if (!dtype.ok()) {
-      return FieldError(where, "dtype",
-                        absl::StrCat("is invalid: ", dtype.status().message()));
-    }
-    spec.dtype = *dtype;
+  if (const Json* v = field("dtype")) {
+    ASSIGN_OR_RETURN(spec.dtype, ReadName(*v, where, "dtype", ParseDType));
   }
-  if (auto it = node.find("attrs"); it != node.end()) {
-    if (!it->is_object()) {
-      return FieldError(where, "attrs",
-                        absl::StrCat("must be an object, got ", Shown(*it)));
+  if (const Json* v = field("attrs")) {
+    if (!v->is_object()) {
+      return FieldError(where, "attrs", absl::StrCat("must be an object, got ", Shown(*v)));
     }
-    spec.attrs = *it;
+    spec.attrs = *v;
   }
   return spec;
 }

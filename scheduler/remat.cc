@@ -228,49 +228,80 @@ int64_t SequencePeak(const Graph& graph, absl::Span<const NodeId> seq,
   return peak;
 }
 
-Chain CollapseChain(const Graph& graph, const ChainView& view,
-                    const std::vector<int>& boundaries, BackwardPlacement placement,
-                    LossPlacement loss) {
-  const int n = graph.num_nodes();
-  const std::vector<NodeId>& fwd = view.part.forward;
+namespace {
+
+// CollapseChain's steps (Note [Chain view]), each filling the chain as far
+// as it goes: the forward stages, the backward nodes' stages, the late loss,
+// the frontiers, then each stage's sets, costs and peaks.
+class ChainCollapser {
+ public:
+  ChainCollapser(const Graph& graph, const ChainView& view, Chain& chain)
+      : graph_(graph),
+        part_(view.part),
+        chain_(chain),
+        stage_of_(graph.num_nodes(), -1),
+        boundary_stage_(graph.num_nodes(), -1),
+        irregular_(graph.num_nodes(), 0),
+        lowest_reader_(graph.num_nodes(), std::numeric_limits<int>::max()),
+        mark_(graph.num_nodes(), 0),
+        in_saved_(graph.num_nodes(), 0) {}
+
+  void AssignForward(const std::vector<int>& boundaries);
+  void PlaceBackward(BackwardPlacement placement);
+  void PlaceLoss(LossPlacement loss);
+  void FillFrontiers();
+  void FillStage(int i);
+
+ private:
+  int num_stages() const { return chain_.num_stages(); }
+  // The cone of a_i (bit 1) and the saved set S_i with its closure and the
+  // stage's outputs (bit 2) in mark_; S_i's own nodes in in_saved_.
+  void MarkStageSets(int i);
+  void StagePeaks(int i);
+
+  const Graph& graph_;
+  const ForwardPart& part_;
+  Chain& chain_;
+  std::vector<int> stage_of_;
+  std::vector<int> boundary_stage_;  // a_i -> i
+  std::vector<uint8_t> irregular_;
+  // Per backward node: the lowest stage whose backward reads it.
+  std::vector<int> lowest_reader_;
+  std::vector<uint8_t> mark_, in_saved_;  // FillStage's, reset after each stage
+  SequencePeakScratch scratch_;
+};
+
+void ChainCollapser::AssignForward(const std::vector<int>& boundaries) {
+  const std::vector<NodeId>& fwd = part_.forward;
   const int m = static_cast<int>(fwd.size());
-  Chain chain;
-  chain.fixed_bytes = graph.persistent_bytes();
-  chain.on_demand = view.part.on_demand;
-  if (m == 0) return chain;
-  const int num_stages = static_cast<int>(boundaries.size()) + 1;
-  chain.stages.resize(num_stages);
-  std::vector<int> stage_of(n, -1);
-  std::vector<int> boundary_stage(n, -1);  // a_i -> i
-  {
-    int s = 0;
-    for (int p = 0; p < m; ++p) {
-      stage_of[fwd[p]] = s;
-      chain.stages[s].forward.push_back(fwd[p]);
-      const bool end = (s < num_stages - 1 && boundaries[s] == p) || p == m - 1;
-      if (end) {
-        chain.stages[s].output = fwd[p];
-        boundary_stage[fwd[p]] = s;
-        ++s;
-      }
+  chain_.stages.resize(boundaries.size() + 1);
+  int s = 0;
+  for (int p = 0; p < m; ++p) {
+    stage_of_[fwd[p]] = s;
+    chain_.stages[s].forward.push_back(fwd[p]);
+    const bool end = (s < num_stages() - 1 && boundaries[s] == p) || p == m - 1;
+    if (end) {
+      chain_.stages[s].output = fwd[p];
+      boundary_stage_[fwd[p]] = s;
+      ++s;
     }
-    PEBBLE_CHECK(s == num_stages, "boundaries must be ascending forward positions");
   }
-  for (int i = 1; i < num_stages; ++i) {
-    chain.stages[i].input = chain.stages[i - 1].output;
-  }
+  PEBBLE_CHECK(s == num_stages(), "boundaries must be ascending forward positions");
+  for (int i = 1; i < num_stages(); ++i) chain_.stages[i].input = chain_.stages[i - 1].output;
+}
+
+void ChainCollapser::PlaceBackward(BackwardPlacement placement) {
   // Backward stages (Note [Chain view], step 3), in topological order.
-  std::vector<uint8_t> irregular(n, 0);
-  for (NodeId b : view.part.backward) {
-    int hi = num_stages - 1;
-    for (NodeId u : graph.unique_inputs(b)) {
-      if (!graph.persistent(u) && !view.part.is_forward[u]) hi = std::min(hi, stage_of[u]);
+  for (NodeId b : part_.backward) {
+    int hi = num_stages() - 1;
+    for (NodeId u : graph_.unique_inputs(b)) {
+      if (!graph_.persistent(u) && !part_.is_forward[u]) hi = std::min(hi, stage_of_[u]);
     }
     int lo = 0, up = hi, up_low = hi;
-    for (NodeId u : graph.unique_inputs(b)) {
-      if (graph.persistent(u) || !view.part.is_forward[u] || view.part.on_demand[u]) continue;
-      int a = stage_of[u], c = stage_of[u];
-      if (boundary_stage[u] >= 0) c = std::min(a + 1, num_stages - 1);
+    for (NodeId u : graph_.unique_inputs(b)) {
+      if (graph_.persistent(u) || !part_.is_forward[u] || part_.on_demand[u]) continue;
+      int a = stage_of_[u], c = stage_of_[u];
+      if (boundary_stage_[u] >= 0) c = std::min(a + 1, num_stages() - 1);
       lo = std::max(lo, a);
       up = std::min(up, c);
       up_low = std::min(up_low, a);
@@ -278,162 +309,186 @@ Chain CollapseChain(const Graph& graph, const ChainView& view,
     int s = up;
     if (placement == BackwardPlacement::kWithProducer && lo <= up_low) s = up_low;
     if (lo > up) {
-      irregular[b] = 1;
-      chain.irregular.push_back(b);
+      irregular_[b] = 1;
+      chain_.irregular.push_back(b);
       s = std::min(hi, std::max(0, up));
     }
-    stage_of[b] = s;
+    stage_of_[b] = s;
   }
   // A backward node that reads no stage's node (only persistent tensors and
   // shared gathers) would go to the top stage, and be held from the start
   // of the backward to its readers: it goes to its first reader's stage.
-  for (auto it = view.part.backward.rbegin(); it != view.part.backward.rend(); ++it) {
+  for (auto it = part_.backward.rbegin(); it != part_.backward.rend(); ++it) {
     const NodeId b = *it;
-    const auto inputs = graph.unique_inputs(b);
-    if (inputs.empty() || irregular[b] ||
+    const auto inputs = graph_.unique_inputs(b);
+    if (inputs.empty() || irregular_[b] ||
         !std::all_of(inputs.begin(), inputs.end(), [&](NodeId u) {
-          return graph.persistent(u) || view.part.on_demand[u];
+          return graph_.persistent(u) || part_.on_demand[u];
         })) {
       continue;
     }
     int first = -1;  // the highest stage of a backward reader: the first to run
-    for (NodeId r : graph.readers(b)) {
-      if (!view.part.is_forward[r] && stage_of[r] >= 0) first = std::max(first, stage_of[r]);
+    for (NodeId r : graph_.readers(b)) {
+      if (!part_.is_forward[r] && stage_of_[r] >= 0) first = std::max(first, stage_of_[r]);
     }
-    if (first >= 0) stage_of[b] = std::min(stage_of[b], first);
+    if (first >= 0) stage_of_[b] = std::min(stage_of_[b], first);
   }
-  for (NodeId b : view.part.backward) chain.stages[stage_of[b]].backward.push_back(b);
-  std::sort(chain.irregular.begin(), chain.irregular.end());
+  for (NodeId b : part_.backward) chain_.stages[stage_of_[b]].backward.push_back(b);
+  std::sort(chain_.irregular.begin(), chain_.irregular.end());
+}
+
+void ChainCollapser::PlaceLoss(LossPlacement loss) {
   // Note [Late loss]: the last stage's forward part, when it is all sinks,
   // becomes the end of its backward part.
-  if (loss != LossPlacement::kEarly) {
-    ChainStage& top = chain.stages[num_stages - 1];
-    const bool sinks = std::all_of(top.forward.begin(), top.forward.end(), [&](NodeId v) {
-      return graph.is_output(v) && graph.readers(v).empty();
-    });
-    if (sinks && num_stages > 1) {
-      if (loss == LossPlacement::kAfterBackward) {
-        top.backward.insert(top.backward.end(), top.forward.begin(), top.forward.end());
-      }
-      top.forward.clear();
-      chain.late_loss = true;
-    }
+  if (loss == LossPlacement::kEarly) return;
+  ChainStage& top = chain_.stages[num_stages() - 1];
+  const bool sinks = std::all_of(top.forward.begin(), top.forward.end(), [&](NodeId v) {
+    return graph_.is_output(v) && graph_.readers(v).empty();
+  });
+  if (!sinks || num_stages() <= 1) return;
+  if (loss == LossPlacement::kAfterBackward) {
+    top.backward.insert(top.backward.end(), top.forward.begin(), top.forward.end());
   }
-  // Frontier: a backward non-output node is resident from its stage down to
-  // the lowest stage that reads it.
-  std::vector<int> lowest_reader(n, std::numeric_limits<int>::max());
-  for (NodeId b : view.part.backward) {
-    for (NodeId u : graph.unique_inputs(b)) {
-      if (!graph.persistent(u) && !view.part.is_forward[u]) {
-        lowest_reader[u] = std::min(lowest_reader[u], stage_of[b]);
-      }
-    }
-  }
-  for (NodeId b : view.part.backward) {  // ascending ids per stage below
-    if (graph.is_output(b) || lowest_reader[b] >= stage_of[b]) continue;
-    for (int j = lowest_reader[b]; j < stage_of[b]; ++j) {
-      chain.stages[j].frontier.push_back(b);
-      chain.stages[j].frontier_bytes += graph.bytes(b);
-    }
-  }
-  for (ChainStage& st : chain.stages) std::sort(st.frontier.begin(), st.frontier.end());
+  top.forward.clear();
+  chain_.late_loss = true;
+}
 
-  std::vector<uint8_t> mark(n, 0), in_saved(n, 0);
-  SequencePeakScratch scratch;
-  for (int i = 0; i < num_stages; ++i) {
-    ChainStage& st = chain.stages[i];
-    const bool last = i == num_stages - 1;
-    st.input_bytes = st.input == kNoNode ? 0 : graph.bytes(st.input);
-    st.output_bytes = graph.bytes(st.output);
-    // Cone of a_i.
-    for (NodeId v : st.forward) mark[v] = 0;
-    mark[st.output] = 1;
-    for (int k = static_cast<int>(st.forward.size()) - 1; k >= 0; --k) {
-      const NodeId v = st.forward[k];
-      if (!mark[v]) continue;
-      for (NodeId u : graph.unique_inputs(v)) {
-        if (stage_of[u] == i && view.part.is_forward[u]) mark[u] |= 1;
+void ChainCollapser::FillFrontiers() {
+  // A backward non-output node is resident from its stage down to the
+  // lowest stage that reads it.
+  for (NodeId b : part_.backward) {
+    for (NodeId u : graph_.unique_inputs(b)) {
+      if (!graph_.persistent(u) && !part_.is_forward[u]) {
+        lowest_reader_[u] = std::min(lowest_reader_[u], stage_of_[b]);
       }
     }
-    // Saved set S_i and its closure (bit 2), with the stage's outputs.
-    for (NodeId b : st.backward) {
-      for (NodeId u : graph.unique_inputs(b)) {
-        if (view.part.is_forward[u] && stage_of[u] == i && !in_saved[u]) {
-          in_saved[u] = 1;
-          st.saved_bytes += graph.bytes(u);
-          if (u == st.output) {
-            st.output_saved = true;
-          } else {
-            st.saved_extra_bytes += graph.bytes(u);
-          }
-        }
-        if (u == st.input) st.backward_reads_input = true;
-      }
-    }
-    for (NodeId v : st.forward) {
-      if (in_saved[v] || graph.is_output(v)) mark[v] |= 2;
-      if (graph.is_output(v)) {
-        if (last) {
-          st.permanent_bytes += graph.bytes(v);
-        } else {
-          chain.fixed_bytes += graph.bytes(v);
-        }
-      }
-    }
-    for (int k = static_cast<int>(st.forward.size()) - 1; k >= 0; --k) {
-      const NodeId v = st.forward[k];
-      if (!(mark[v] & 2)) continue;
-      for (NodeId u : graph.unique_inputs(v)) {
-        if (stage_of[u] == i && view.part.is_forward[u]) mark[u] |= 2;
-      }
-    }
-    for (NodeId v : st.forward) {
-      if (mark[v] & 1) {
-        st.cone.push_back(v);
-        st.cone_cost += graph.cost(v);
-      }
-      if (mark[v] & 2) {
-        st.saved.push_back(v);
-        st.saved_cost += graph.cost(v);
-      }
-      if (mark[v] != 0) {
-        st.all.push_back(v);
-        st.all_cost += graph.cost(v);
-      }
-    }
-    for (NodeId b : st.backward) {
-      st.backward_cost += graph.cost(b);
-      if (graph.is_output(b)) st.permanent_bytes += graph.bytes(b);
-    }
-    // Peaks.
-    const NodeId out = st.output;
-    auto is_out = [&](NodeId v) { return graph.is_output(v); };
-    for (int keep = 0; keep < 2; ++keep) {
-      const InitialNode in[] = {{st.input, keep == 1}};
-      st.cone_peak[keep] = SequencePeak(graph, st.cone, in, [&](NodeId v) {
-        return v == out || is_out(v);
-      }, &scratch);
-      st.all_peak[keep] = SequencePeak(graph, st.all, in, [&](NodeId v) {
-        return v == out || in_saved[v] || is_out(v);
-      }, &scratch);
-      st.saved_peak[keep] = SequencePeak(graph, st.saved, in, [&](NodeId v) {
-        return in_saved[v] || is_out(v);
-      }, &scratch);
-      std::vector<InitialNode> init = {{st.input, keep == 1}};
-      for (NodeId v : st.forward) {
-        if (in_saved[v] || (last && is_out(v))) init.push_back({v, is_out(v)});
-      }
-      for (NodeId f : st.frontier) init.push_back({f, lowest_reader[f] < i});
-      st.backward_peak[keep] = SequencePeak(graph, st.backward, init, [&](NodeId v) {
-        return is_out(v) || lowest_reader[v] < i;
-      }, &scratch);
-    }
-    for (NodeId v : st.forward) {
-      in_saved[v] = 0;
-      mark[v] = 0;
-    }
-    mark[st.output] = 0;  // not in `forward` after a late loss
   }
+  for (NodeId b : part_.backward) {  // ascending ids per stage below
+    if (graph_.is_output(b) || lowest_reader_[b] >= stage_of_[b]) continue;
+    for (int j = lowest_reader_[b]; j < stage_of_[b]; ++j) {
+      chain_.stages[j].frontier.push_back(b);
+      chain_.stages[j].frontier_bytes += graph_.bytes(b);
+    }
+  }
+  for (ChainStage& st : chain_.stages) std::sort(st.frontier.begin(), st.frontier.end());
+}
+
+void ChainCollapser::MarkStageSets(int i) {
+  ChainStage& st = chain_.stages[i];
+  const bool last = i == num_stages() - 1;
+  // Marks the stage's inputs of each marked node with `bit`, backwards.
+  auto close = [&](uint8_t bit) {
+    for (int k = static_cast<int>(st.forward.size()) - 1; k >= 0; --k) {
+      const NodeId v = st.forward[k];
+      if (!(mark_[v] & bit)) continue;
+      for (NodeId u : graph_.unique_inputs(v)) {
+        if (stage_of_[u] == i && part_.is_forward[u]) mark_[u] |= bit;
+      }
+    }
+  };
+  for (NodeId v : st.forward) mark_[v] = 0;
+  mark_[st.output] = 1;
+  close(1);
+  for (NodeId b : st.backward) {
+    for (NodeId u : graph_.unique_inputs(b)) {
+      if (part_.is_forward[u] && stage_of_[u] == i && !in_saved_[u]) {
+        in_saved_[u] = 1;
+        st.saved_bytes += graph_.bytes(u);
+        if (u == st.output) {
+          st.output_saved = true;
+        } else {
+          st.saved_extra_bytes += graph_.bytes(u);
+        }
+      }
+      if (u == st.input) st.backward_reads_input = true;
+    }
+  }
+  for (NodeId v : st.forward) {
+    if (in_saved_[v] || graph_.is_output(v)) mark_[v] |= 2;
+    if (graph_.is_output(v)) {
+      if (last) {
+        st.permanent_bytes += graph_.bytes(v);
+      } else {
+        chain_.fixed_bytes += graph_.bytes(v);
+      }
+    }
+  }
+  close(2);
+}
+
+void ChainCollapser::StagePeaks(int i) {
+  ChainStage& st = chain_.stages[i];
+  const bool last = i == num_stages() - 1;
+  const NodeId out = st.output;
+  auto is_out = [&](NodeId v) { return graph_.is_output(v); };
+  for (int keep = 0; keep < 2; ++keep) {
+    const InitialNode in[] = {{st.input, keep == 1}};
+    st.cone_peak[keep] = SequencePeak(graph_, st.cone, in, [&](NodeId v) {
+      return v == out || is_out(v);
+    }, &scratch_);
+    st.all_peak[keep] = SequencePeak(graph_, st.all, in, [&](NodeId v) {
+      return v == out || in_saved_[v] || is_out(v);
+    }, &scratch_);
+    st.saved_peak[keep] = SequencePeak(graph_, st.saved, in, [&](NodeId v) {
+      return in_saved_[v] || is_out(v);
+    }, &scratch_);
+    std::vector<InitialNode> init = {{st.input, keep == 1}};
+    for (NodeId v : st.forward) {
+      if (in_saved_[v] || (last && is_out(v))) init.push_back({v, is_out(v)});
+    }
+    for (NodeId f : st.frontier) init.push_back({f, lowest_reader_[f] < i});
+    st.backward_peak[keep] = SequencePeak(graph_, st.backward, init, [&](NodeId v) {
+      return is_out(v) || lowest_reader_[v] < i;
+    }, &scratch_);
+  }
+}
+
+void ChainCollapser::FillStage(int i) {
+  ChainStage& st = chain_.stages[i];
+  st.input_bytes = st.input == kNoNode ? 0 : graph_.bytes(st.input);
+  st.output_bytes = graph_.bytes(st.output);
+  MarkStageSets(i);
+  for (NodeId v : st.forward) {
+    if (mark_[v] & 1) {
+      st.cone.push_back(v);
+      st.cone_cost += graph_.cost(v);
+    }
+    if (mark_[v] & 2) {
+      st.saved.push_back(v);
+      st.saved_cost += graph_.cost(v);
+    }
+    if (mark_[v] != 0) {
+      st.all.push_back(v);
+      st.all_cost += graph_.cost(v);
+    }
+  }
+  for (NodeId b : st.backward) {
+    st.backward_cost += graph_.cost(b);
+    if (graph_.is_output(b)) st.permanent_bytes += graph_.bytes(b);
+  }
+  StagePeaks(i);
+  for (NodeId v : st.forward) {
+    in_saved_[v] = 0;
+    mark_[v] = 0;
+  }
+  mark_[st.output] = 0;  // not in `forward` after a late loss
+}
+
+}  // namespace
+
+Chain CollapseChain(const Graph& graph, const ChainView& view,
+                    const std::vector<int>& boundaries, BackwardPlacement placement,
+                    LossPlacement loss) {
+  Chain chain;
+  chain.fixed_bytes = graph.persistent_bytes();
+  chain.on_demand = view.part.on_demand;
+  if (view.part.forward.empty()) return chain;
+  ChainCollapser collapser(graph, view, chain);
+  collapser.AssignForward(boundaries);
+  collapser.PlaceBackward(placement);
+  collapser.PlaceLoss(loss);
+  collapser.FillFrontiers();
+  for (int i = 0; i < chain.num_stages(); ++i) collapser.FillStage(i);
   return chain;
 }
 
