@@ -30,6 +30,7 @@ import argparse
 import copy
 import gc
 import hashlib
+import io
 import json
 import os
 import re
@@ -833,6 +834,147 @@ def check_constants_and_masks(failures, device):
           flush=True)
 
 
+class _ArangeScale(torch.nn.Module):
+    """torch.arange with float arguments in the forward (a positional
+    table): PyTorch 1.13's fake arange is int64 where the kernel's is float;
+    and an empty tensor cast, then filled (no read of unfilled values)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(12, 5)
+
+    def forward(self, x):
+        half = torch.empty(5).to(x.dtype).fill_(0.5)
+        return self.fc(x) * torch.exp(-torch.arange(5.) / 5) * half
+
+
+class _Ctc(torch.nn.Module):
+    """(batch, 4, time) -> (time, batch, 6) log-probabilities for CTC."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv1d(4, 16, 3, padding=1)
+        self.out = torch.nn.Linear(16, 6)
+
+    def forward(self, x):
+        return self.out(self.conv(x).transpose(1, 2)).log_softmax(-1).transpose(0, 1)
+
+
+class _KeepsTensors(torch.nn.Module):
+    """A weight-normed convolution (its hook binds `weight` before each call)
+    and a forward that keeps its activations on attributes: the last one, a
+    list of them, and a cache made once with its flag."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.utils.weight_norm(torch.nn.Conv2d(3, 4, 3))
+        self.fc = torch.nn.Linear(4, 5)
+        self.last, self.history, self.cached = None, [], False
+
+    def forward(self, x):
+        h = self.conv(x).mean((2, 3))
+        self.last = h.detach()
+        self.history.append(self.last)
+        if not self.cached:
+            self.table, self.cached = torch.ones(4), True
+        return self.fc(h * self.table)
+
+
+def check_fake_tensors_wrong(failures, device):
+    """Where PyTorch's fake tensors disagree with a kernel (a float arange's
+    dtype, CTC's shapes), the capture traces on real tensors: eager's loss
+    and gradients; a tensor that C++ code fills outside the trace (CTC's
+    lengths as lists) is refused; a running statistic remade after its batch
+    norm updated it is refused, else exact; and a tensor the forward binds
+    to a plain attribute is what it was before the step, not the trace's."""
+    if device.type != "cpu":
+        return
+    F = torch.nn.functional
+    torch.manual_seed(SEED)
+    model = _ArangeScale()
+    eager_model = copy.deepcopy(model)
+    x, y = torch.randn(4, 12), torch.tensor([1, 0, 3, 2])
+    step = pt.train_step(model, F.cross_entropy, (x,), y, policy="dtr", budget="min")
+    check_beside_eager(failures, "a float arange in the forward", step, model, eager_model,
+                       F.cross_entropy, (x,), y)
+    failures.check(step.report["shapes_from"] == "real",
+                   f"a float arange: the values came from {step.report['shapes_from']}")
+
+    x = torch.randn(3, 4, 20)
+    target = torch.randint(1, 6, (3, 5))
+    ctc = torch.nn.CTCLoss(blank=0)
+    lengths = torch.full((3,), 20, dtype=torch.long), torch.tensor([5, 3, 4])
+    for policy in ("baseline", "dtr"):
+        torch.manual_seed(SEED)
+        model = _Ctc()
+        eager_model = copy.deepcopy(model)
+
+        def ctc_loss(out, t):
+            return ctc(out, t, *lengths)
+        step = pt.train_step(model, ctc_loss, (x,), target, policy=policy, budget="min")
+        check_beside_eager(failures, f"CTC with lengths as tensors under {policy}", step,
+                           model, eager_model, ctc_loss, (x,), target)
+
+    def ctc_lists(out, t):
+        return ctc(out, t, [20, 20, 20], [5, 3, 4])
+    try:
+        pt.train_step(_Ctc(), ctc_lists, (x,), target, policy="baseline")(x, target)
+        failures.check(False, "CTC with lengths as lists: not refused")
+    except pt.CaptureError as e:
+        failures.check("before any operator wrote it" in str(e) and "CTCLoss" in str(e),
+                       f"CTC with lengths as lists: {e}")
+
+    x, y = torch.randn(4, 3, 16, 16), torch.randint(0, 5, (4,))
+
+    def instance_norm_net():
+        torch.manual_seed(SEED)
+        return torch.nn.Sequential(
+            torch.nn.Conv2d(3, 8, 3, padding=1),
+            torch.nn.InstanceNorm2d(8, affine=True, track_running_stats=True), torch.nn.ReLU(),
+            torch.nn.Conv2d(8, 8, 3), torch.nn.ReLU(), torch.nn.Conv2d(8, 8, 3),
+            torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(8, 5))
+    eager_model = instance_norm_net()
+    F.cross_entropy(eager_model(x), y).backward()
+    ran = refused = 0
+    for policy, budget in (("best-order", "min"), ("dtr", "min"), ("dtr", "90%"),
+                           ("rotor", "min"), ("checkmate-lp", "90%")):
+        model = instance_norm_net()
+        try:
+            step = pt.train_step(model, F.cross_entropy, (x,), y, policy=policy, budget=budget)
+            step(x, y)
+        except pt.PlanError as e:
+            refused += 1
+            failures.check("running statistics" in str(e),
+                           f"instance norm's statistics under {policy} at {budget}: {e}")
+            continue
+        ran += 1
+        worst = max(relative_error(getattr(model[1], b), getattr(eager_model[1], b))
+                    for b in ("running_mean", "running_var"))
+        failures.check(worst <= TOLERANCE,
+                       f"instance norm's running statistics under {policy} at {budget} off "
+                       f"by {worst:.2e} ({step.report['recomputations']} recomputations)")
+    failures.check(ran >= 2 and refused >= 1,
+                   f"instance norm's statistics: {ran} plans ran, {refused} refused")
+
+    torch.manual_seed(SEED)
+    model = _KeepsTensors()
+    weight = model.conv.weight
+    x = torch.randn(4, 3, 8, 8)
+    step = pt.train_step(model, F.cross_entropy, (x,), y, policy="dtr", budget="min")
+    step(x, y)
+    failures.check(model.conv.weight is weight and model.last is None and
+                   model.history == [] and not model.cached and not hasattr(model, "table"),
+                   f"attributes the forward binds: conv.weight is "
+                   f"{type(model.conv.weight).__name__} (the same tensor: "
+                   f"{model.conv.weight is weight}), last is {type(model.last).__name__}, "
+                   f"history holds {len(model.history)}, cached {model.cached}")
+    model(x)  # eager runs after the step (its cache is made again)
+    try:
+        torch.save(model, io.BytesIO())
+    except Exception as e:  # noqa: BLE001 (any failure to save is the finding)
+        failures.check(False, f"torch.save of a module after its step: {type(e).__name__}: {e}")
+
+
 def check_outputs_the_kernel_shapes(failures, device):
     """Calls whose outputs the CPU's kernels shape or type otherwise than
     PyTorch's fake tensors (_graph's _KERNEL_SHAPED, _HALF_STATS_ON_CPU):
@@ -1101,6 +1243,48 @@ def check_errors(failures, device):
         print(f"error: {e}", flush=True)
         failures.check("without pebble too" not in str(e),
                        f"a limit of the trace read as the module's own error: {e}")
+        failures.check("reads a tensor's value in Python" in str(e),
+                       f"the capture error says why a value cannot be read: {e}")
+    # A lazy module's parameter before its first call, and a frozen parameter
+    # that the forward averages in place (a momentum encoder), are named.
+    lazy = torch.nn.Sequential(torch.nn.LazyLinear(4), torch.nn.Linear(4, 4)).to(device)
+    try:
+        pt.train_step(lazy, torch.nn.functional.mse_loss, x, y)
+        failures.check(False, "a lazy module's uninitialized parameter was not refused")
+    except ValueError as e:
+        failures.check("parameter '0.weight' is not initialized" in str(e),
+                       f"the lazy module's refusal names the parameter: {e}")
+
+    class MomentumEncoder(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.q = torch.nn.Linear(4, 4)
+            self.k = torch.nn.Linear(4, 4).requires_grad_(False)
+
+        def forward(self, x):
+            with torch.no_grad():
+                for pk, pq in zip(self.k.parameters(), self.q.parameters()):
+                    pk.mul_(0.9).add_(pq, alpha=0.1)
+            return self.q(x) + self.k(x)
+    try:
+        pt.train_step(MomentumEncoder().to(device), torch.nn.functional.mse_loss, x, y)(x, y)
+        failures.check(False, "a forward averaging a frozen parameter in place was captured")
+    except pt.CaptureError as e:
+        failures.check("writes a frozen parameter in place" in str(e) and "outside the step"
+                       in str(e), f"the momentum encoder's refusal: {e}")
+    class LegacyConstant(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = torch.nn.Linear(4, 4)
+
+        def forward(self, x):
+            return self.fc(x) * torch.Tensor([1.0, 2.0, 3.0, 4.0]).to(x.device)
+    try:
+        pt.train_step(LegacyConstant().to(device), torch.nn.functional.mse_loss, x, y)(x, y)
+        failures.check(False, "the legacy torch.Tensor constructor was captured")
+    except pt.CaptureError as e:
+        failures.check("write torch.tensor([...])" in str(e),
+                       f"the legacy constructor's refusal says what to write: {e}")
     # The user's own error, which eager meets too, is told from a limit of
     # the trace, and names the module or the loss.
     wrong_width = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(4, 3)).to(device)
@@ -1457,6 +1641,7 @@ def main():
         check_loss_and_checkpoints(failures, device)
         check_constants_and_masks(failures, device)
         check_outputs_the_kernel_shapes(failures, device)
+        check_fake_tensors_wrong(failures, device)
         check_names_like_calls(failures, device)
         check_accumulation(failures, device)
         check_no_garbage(failures, device)

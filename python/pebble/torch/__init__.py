@@ -33,13 +33,14 @@ import torch
 from .. import _core
 from ._calibrate import calibrate, estimated
 from ._capture import CaptureError, ModuleSettings, propagate, trace
-from ._distributed import (GradientAverage, StepCollectives, agreed, broadcast_module,
+from ._distributed import (GradientAverage, StepCollectives, agreed, any_rank, broadcast_module,
                            broadcast_optimizer_state, check_same_call, check_same_collective,
                            check_same_graph, check_same_setup, is_rank_0, measure_link,
                            optimizer_state_layout, out_of_step, plan_of_rank_0,
                            same_on_every_rank)
-from ._executor import (COMPUTE, FREE, REDUCE, PlanExecutionError, Program,
-                        draws_in_eager_order, generator_state_bytes)
+from ._executor import (COMPUTE, FREE, REDUCE, CapturedValueMismatch, PlanExecutionError,
+                        Program, draws_in_eager_order, generator_state_bytes,
+                        statistics_remade)
 from ._graph import StepGraph
 from ._memory import AllocatorPeak, TensorMemory, allocated_where_profiled, measure, tensor_bytes
 from ._optimizer import OptimizerError, Updates, state_dict_on_cpu
@@ -420,6 +421,7 @@ class TrainStep:
         for k, t in enumerate(inputs):
             _check_tensor_arg(t, f"example input {k}")
         _check_tensor_arg(example_target, "example_target")
+        _refuse_uninitialized(model)
         self.device = _device_of(model, inputs + (example_target,))  # (meta: the inputs')
         if self.updates is not None:
             self.updates.device = self.device
@@ -810,10 +812,18 @@ class _Capture:
         self.key = key
         self.device = step.device
         self.model = step.model
-        if step.process_group is None:
-            cal = self._capture(step, inputs, target, key)
+        group = step.process_group
+        if group is None:
+            cal = self._capture(step, inputs, target, key, mode=None)
+            if cal is None:
+                cal = self._capture(step, inputs, target, key, mode="real")
         else:  # Note [One plan on every rank]: a failure on one rank stops every rank
-            cal = agreed(lambda: self._capture(step, inputs, target, key), step.process_group)
+            cal = agreed(lambda: self._capture(step, inputs, target, key, mode=None), group)
+            # (a rank whose capture disagrees with a kernel makes every rank
+            # trace on real tensors: the ranks' graphs must be one)
+            if any_rank(cal is None, group, "comparing the ranks' captures"):
+                cal = agreed(lambda: self._capture(step, inputs, target, key, mode="real"),
+                             group)
             # (Calibration measures each node's temporaries and the storage
             # its kernel's output holds.)
             cal.costs, cal.unplanned_peak_bytes, cal.source, measured = same_on_every_rank(
@@ -835,15 +845,31 @@ class _Capture:
                                     if n.kind == "persistent")
         self.setup_s = time.perf_counter() - started
 
-    def _capture(self, step, inputs, target, key):
-        """This rank's part: the trace, its graph and its calibration."""
+    def _capture(self, step, inputs, target, key, mode):
+        """This rank's part: the trace, its graph and its calibration; traced
+        as `mode` says (trace's mode; "real": the values too are real ones).
+        None where the fake values disagree with a kernel, to be captured
+        again with mode "real"."""
+        try:
+            return self._capture_traced(step, inputs, target, key, mode)
+        except CapturedValueMismatch:
+            # Note [Fake tensors that disagree with a kernel]: PyTorch 1.13's
+            # fake torch.arange(5.) is int64 where the kernel makes float32,
+            # and its fake _ctc_loss has another shape than the kernel's. The
+            # calibration's real run finds such a node; the step is then
+            # traced on real tensors, and its values are the kernels' own.
+            if step.shards is not None or not step.calibrate or self.shapes_from != "fake":
+                raise
+            return None
+
+    def _capture_traced(self, step, inputs, target, key, mode):
         started = time.perf_counter()
         # A sharded module's parameters are traced as stand-ins, and its
         # step calibrated under FSDP's rule: no rank holds them all whole
         # (Note [Stand-ins for sharded parameters], Note [Calibrating a
         # sharded step]).
         shards = step.shards
-        traced = trace(step.model, step.loss_fn, inputs, target, self.device,
+        traced = trace(step.model, step.loss_fn, inputs, target, self.device, mode=mode,
                        stand_ins=shards.shapes if shards is not None else None,
                        # (a sharded step clips its shards: Note [Clipping sharded
                        # gradients] in _sharding.py)
@@ -853,7 +879,7 @@ class _Capture:
                                   else 2.0),
                        ranks=_world_size(step.process_group)
                        if step.process_group is not None and shards is None else 1)
-        values, self.shapes_from = propagate(traced, self.device)
+        values, self.shapes_from = propagate(traced, self.device, fake=mode != "real")
         self.traced_with = traced.mode
         self.nodes = StepGraph(traced, values, accumulate=_slot_ids(traced, key[1]),
                                round_to=512 if self.device.type == "cuda" else 1,
@@ -1092,6 +1118,8 @@ class _Variant:
             if plan.feasible and not self._draws_in_eager_order(plan):
                 raise PlanError(f"internal: policy {plan.policy} computes random operators "
                                 "in another order than eager PyTorch draws them")
+        if plan.feasible:
+            self._refuse_remade_statistics(plan)
         if not plan.feasible:
             raise PlanError(self._does_not_fit(plan, options, info),
                             least_step_bytes=plan.document["least_peak_bytes"] -
@@ -1148,6 +1176,24 @@ class _Variant:
             except ValueError as e:
                 raise PlanError(str(e)) from None
         return graph
+
+    def _refuse_remade_statistics(self, plan):
+        """PlanError where the plan remakes the operand through which a batch
+        norm updates running statistics, after it (statistics_remade)."""
+        schedule = plan.schedule
+        if self.shards is not None:
+            schedule = self.shards.translate(schedule)
+        found = statistics_remade(self.graph_nodes, schedule)
+        if found is None:
+            return
+        call, operand = found
+        raise PlanError(
+            f"policy {plan.policy} computes '{operand.id}' again after {call.target} updated "
+            "it as running statistics (nn.InstanceNorm with track_running_stats=True updates "
+            "a copy of its buffers, which the step then averages into them): the remade copy "
+            "would hold the old statistics, so pebble.torch refuses the plan. Give a budget "
+            "or a policy that does not recompute it (best-order does not recompute), "
+            "track_running_stats=False, or eval mode for that layer")
 
     def _draws_in_eager_order(self, plan):
         schedule = plan.schedule
@@ -1657,6 +1703,18 @@ def _check_tensor_arg(t, what):
                          "only, so it would neither fill its .grad nor carry the backward "
                          "into what made it, as eager's backward() does; give it detached "
                          "(x.detach()), and take its gradient outside the step")
+
+
+def _refuse_uninitialized(model):
+    """ValueError naming a parameter or buffer of a lazy module (nn.LazyLinear)
+    that has no shape yet: the step's signature and its trace need them all."""
+    for kind, named in (("parameter", model.named_parameters()),
+                        ("buffer", model.named_buffers())):
+        for name, t in named:
+            if torch.nn.parameter.is_lazy(t):
+                raise ValueError(f"{kind} '{name}' is not initialized yet (a lazy module, such "
+                                 "as nn.LazyLinear, makes it at its first call): run the module "
+                                 "once on an example batch (model(x)) before train_step")
 
 
 def _device_of(model, tensors):

@@ -29,7 +29,7 @@ import torch
 
 from ._collective_ops import hold_divisors, mean_over_ranks
 from ._compat import (FakeTensor, FakeTensorMode, functional_call, functionalize, make_fx,
-                      storage_key)
+                      op_name, storage_key)
 from ._memory import is_dense
 
 
@@ -450,6 +450,105 @@ def _buffers_rebound(model, state):
             h.remove()
 
 
+# Note [Tensors the forward binds to attributes]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# A forward may bind a tensor to a plain attribute that is neither a
+# parameter nor a buffer: torch.nn.utils.weight_norm's and spectral_norm's
+# hooks bind `module.weight` before each call, and a module may keep its last
+# attention map for logging, in an attribute or a list or dict of them. The
+# trace runs the forward on its own tensors (fake ones, or a real trace's),
+# so such an attribute was left holding one: a fake tensor that reads as
+# zeros and cannot be pickled (torch.save of the model failed). A traced step
+# does not run the forward's Python, so such an attribute is not a step's
+# value anyway: after the trace, a module whose attributes the forward left
+# holding other tensors (bound, added, removed, or in a list or dict changed
+# in place) gets its attributes back as they were, all of them (a cache's
+# flag with its tensor); a module whose forward changed plain values alone (a
+# counter) keeps them (Note [What a trace reads from the module]).
+
+
+_ABSENT = object()
+
+
+def _holds_tensor(value):
+    """Whether `value` is a tensor, or a list, tuple, set or dict holding one."""
+    if isinstance(value, torch.Tensor):
+        return True
+    if isinstance(value, dict):
+        value = value.values()
+    elif not isinstance(value, (list, tuple, set, frozenset)):
+        return False
+    return any(isinstance(v, torch.Tensor) for v in value)
+
+
+def _contents(value):
+    """A shallow copy of a list's or a dict's items, else None."""
+    if type(value) is list:  # noqa: E721 (a subclass may hold more than items)
+        return list(value)
+    if type(value) is dict:  # noqa: E721
+        return dict(value)
+    return None
+
+
+def _same_items(a, b):
+    """Whether two lists, or two dicts, hold the same objects."""
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(a[k] is b[k] for k in a)
+    return len(a) == len(b) and all(x is y for x, y in zip(a, b))
+
+
+class _ModuleState:
+    """A module's attributes as they were, and its lists' and dicts' items."""
+
+    def __init__(self, module):
+        self.module = module
+        self.attributes = dict(vars(module))
+        self.items = {k: c for k, v in self.attributes.items()
+                      if not k.startswith("_") and (c := _contents(v)) is not None}
+
+    def restore_if_tensors_changed(self):
+        """Puts the attributes back (Note [Tensors the forward binds to
+        attributes]) where the forward left other tensors in them."""
+        now = vars(self.module)
+        rebound = [k for k in set(self.attributes) | set(now)
+                   if self.attributes.get(k, _ABSENT) is not now.get(k, _ABSENT) and
+                   (not k.startswith("_") or _holds_tensor(self.attributes.get(k)) or
+                    _holds_tensor(now.get(k)))]
+        changed_items = [k for k, items in self.items.items()
+                         if now.get(k) is self.attributes[k] and
+                         not _same_items(_contents(now[k]), items)]
+        if not (any(_holds_tensor(self.attributes.get(k)) or _holds_tensor(now.get(k))
+                    for k in rebound) or
+                any(_holds_tensor(self.items[k]) or _holds_tensor(now[k])
+                    for k in changed_items)):
+            return
+        for k in rebound:
+            was = self.attributes.get(k, _ABSENT)
+            if was is _ABSENT:
+                del now[k]
+            else:
+                now[k] = was
+        for k in changed_items:
+            container = self.attributes[k]
+            container.clear()
+            if isinstance(container, list):
+                container.extend(self.items[k])
+            else:
+                container.update(self.items[k])
+
+
+@contextlib.contextmanager
+def _tensor_attributes_kept(model):
+    """Restores, on the way out, the attributes of each module of `model`
+    whose forward left other tensors in them (_ModuleState)."""
+    states = [_ModuleState(module) for module in model.modules()]
+    try:
+        yield
+    finally:
+        for state in states:
+            state.restore_if_tensors_changed()
+
+
 def _named_state(slots, tensors):
     """{name: tensor} of the module's parameters and buffers for
     functional_call: each slot's tensor (of `tensors`, in the slots' order)
@@ -641,7 +740,8 @@ def trace(model, loss_fn, inputs, target, device, mode=None, one_pass=True, stan
         grad_found = []
         stack = _ModuleStack(model)
         try:
-            with _rng_kept(device), _rnn_without_cudnn(model, device), _checkpoints_inline():
+            with _rng_kept(device), _rnn_without_cudnn(model, device), _checkpoints_inline(), \
+                    _tensor_attributes_kept(model):
                 step = _step_function(model, loss_fn, slots, grad_found, max_grad_norm,
                                       norm_type, ranks)
                 first = _make_fx(step, m, flat, fake_mode)
@@ -676,6 +776,7 @@ def trace(model, loss_fn, inputs, target, device, mode=None, one_pass=True, stan
             continue
         _remove_unused_calls(gm)
         _refuse_tensors_requiring_grad(gm, loss_fn)
+        _refuse_unfilled_reads(gm)
         traced = Traced(gm, slots, list(grad_found), m, flat)
         traced.values = values
         traced.passes = 1 if done is not None else 2
@@ -692,7 +793,31 @@ def trace(model, loss_fn, inputs, target, device, mode=None, one_pass=True, stan
         raise CaptureError(f"{where} fails on these inputs without pebble too (run eagerly): "
                            f"{type(e).__name__}: {_first_line(e)}") from e
     raise CaptureError(f"{where} cannot be traced by PyTorch (make_fx): "
-                       f"{type(e).__name__}: {_first_line(e)}") from e
+                       f"{type(e).__name__}: {_first_line(e)}{_trace_hint(e)}") from e
+
+
+# How PyTorch 1.13 (the first) and 2.x say that a trace read a tensor's value.
+_DATA_DEPENDENT = ("get value out of a tracing tensor", "data-dependent", "data dependent",
+                   "_local_scalar_dense", "DataDependent")
+
+
+# How PyTorch 1.13 refuses the legacy constructor torch.Tensor([...]) in a trace.
+_LEGACY_CONSTRUCTOR = "Creating a new Tensor subclass Tensor"
+
+
+def _trace_hint(e):
+    """Advice where PyTorch refused a trace for a reason a user can mend: a
+    tensor's value read in Python, or the legacy torch.Tensor constructor."""
+    said = f"{type(e).__name__}: {e}"
+    if _LEGACY_CONSTRUCTOR in said:
+        return (" (torch.Tensor([...]), the legacy constructor, in the step: write "
+                "torch.tensor([...]), which a trace takes as a constant)")
+    if not any(words in said for words in _DATA_DEPENDENT):
+        return ""
+    return (" (the step reads a tensor's value in Python: .item(), .tolist(), an `if` on a "
+            "tensor, or an operator that checks its values, as F.one_hot(t, num_classes) "
+            "does; write that part with tensors alone, such as "
+            "torch.zeros_like(out).scatter_(1, t[:, None], 1.0) for a one-hot)")
 
 
 # Note [Checkpoints in the module]
@@ -769,6 +894,89 @@ def _refuse_tensors_requiring_grad(gm, loss_fn):
                 "and would leave its .grad None. Make it a parameter of the module (a loss "
                 "with learnable weights can be a submodule of the trained module), or detach "
                 "it")
+
+
+# Operators that make a tensor without its values.
+_UNFILLED = {"empty", "new_empty", "empty_like", "empty_strided", "new_empty_strided"}
+# Operators that take a tensor as their first argument to overwrite it, or
+# for its shape and dtype alone (functional or in place).
+_OVERWRITES = {"fill", "zero", "copy", "normal", "uniform", "bernoulli", "random", "exponential",
+               "geometric", "log_normal", "cauchy", "index_put", "slice_scatter",
+               "select_scatter", "diagonal_scatter", "as_strided_scatter", "scatter",
+               "index_copy", "masked_scatter", "empty_like", "zeros_like", "ones_like",
+               "full_like", "rand_like", "randn_like", "randint_like", "new_empty", "new_zeros",
+               "new_ones", "new_full", "new_empty_strided", "resize"}
+
+
+# Operators whose result holds their first argument's values (a copy, a cast).
+_SAME_VALUES = {"_to_copy", "clone", "contiguous", "alias", "lift_fresh_copy", "to"}
+
+
+# The argument (by position) that a kernel writes, though PyTorch 1.13's
+# schema does not say so (nn.RReLU's noise, which its backward reads: the
+# graph refuses it in training mode, saying why).
+_WRITTEN_UNSAID = {"rrelu_with_noise": 1}
+
+
+def _writes_unsaid(n, of):
+    """Whether call n writes its argument `of` where its schema does not say."""
+    written = _WRITTEN_UNSAID.get(op_name(n.target))
+    return written is not None and len(n.args) > written and n.args[written] is of
+
+
+def _reads_values(n, of):
+    """Whether call n reads the values of its argument `of` (an fx node):
+    not where n only overwrites it or takes its shape (_OVERWRITES, as
+    their first argument)."""
+    positional = [a for a in n.args if isinstance(a, torch.fx.Node)]
+    if positional.count(of) != 1 or of in n.kwargs.values():
+        return True
+    return not (n.args[0] is of and op_name(n.target).rstrip("_") in _OVERWRITES)
+
+
+def _no_elements(n):
+    """Whether call n makes a tensor of no elements (torch.empty(0), a start
+    to concatenate onto), as its size or its recorded value says."""
+    value = n.meta.get("val", n.meta.get("tensor_meta"))
+    shape = getattr(value, "shape", None)
+    if shape is None:
+        size = n.args[1] if op_name(n.target).startswith("new_") and len(n.args) > 1 else \
+            (n.args[0] if n.args else None)
+        shape = size if isinstance(size, (list, tuple)) else None
+    return shape is not None and any(isinstance(d, int) and d == 0 for d in shape)
+
+
+def _refuse_unfilled_reads(gm):
+    """CaptureError where an operator reads a tensor that an empty() made and
+    no operator filled: PyTorch filled it outside what a trace sees (C++ code
+    that copies a list's data into a new tensor: nn.CTCLoss's lengths given as
+    Python lists), so a replay would read garbage. Views of it are followed."""
+    for n in gm.graph.nodes:
+        if n.op != "call_function" or op_name(n.target) not in _UNFILLED or \
+                _no_elements(n) or any(_writes_unsaid(u, n) for u in n.users):
+            continue
+        pending = [n]
+        while pending:
+            made = pending.pop()
+            for user in made.users:
+                if user.op != "call_function":
+                    continue
+                schema = getattr(user.target, "_schema", None)
+                returns_view = schema is not None and schema.returns and \
+                    schema.returns[0].alias_info is not None and \
+                    not schema.returns[0].alias_info.is_write
+                if user.args and user.args[0] is made and (
+                        returns_view or op_name(user.target) in _SAME_VALUES):
+                    pending.append(user)  # (the same values, unfilled still)
+                elif _reads_values(user, made):
+                    raise CaptureError(
+                        f"operator {user.target} reads a tensor that {n.target} made before "
+                        "any operator wrote it: its values were written outside what a trace "
+                        "sees (C++ code that copies a Python list into a tensor, as "
+                        "nn.CTCLoss does with lengths given as lists) or never, so a replay "
+                        "would read garbage. Give such values as tensors (nn.CTCLoss: "
+                        "input_lengths and target_lengths as tensors), or fill the tensor "
+                        "before reading it")
 
 
 # PyTorch's refusal of an in-place write into a leaf that requires grad.
@@ -1090,12 +1298,13 @@ class _Recorder(torch.fx.Interpreter):
             isinstance(value, torch.Tensor) else value
 
 
-def propagate(traced, device):
+def propagate(traced, device, fake=True):
     """fx node -> its value: fake tensors where PyTorch can (nothing is
     computed), else real ones (a shape that depends on the data). Returns
     (values, "fake" or "real"). The trace's own values where it recorded
-    them all (Traced.values), else a run of the graph."""
-    if traced.values is not None:
+    them all (Traced.values), else a run of the graph; fake=False: a run on
+    real tensors."""
+    if fake and traced.values is not None:
         return traced.values, "fake"
     if traced.fake_mode is not None:  # Note [Stand-ins for sharded parameters]
         recorder = _Recorder(traced.gm, traced.fake_mode.from_tensor)
@@ -1103,11 +1312,13 @@ def propagate(traced, device):
             recorder.run(*traced.example)
         return recorder.values, "fake"
     try:
+        if not fake:
+            raise ValueError("real values asked for")
         mode = FakeTensorMode()
-        fake = [mode.from_tensor(t) for t in traced.example]
+        fake_example = [mode.from_tensor(t) for t in traced.example]
         recorder = _Recorder(traced.gm, mode.from_tensor)
         with mode, torch.no_grad():
-            recorder.run(*fake)
+            recorder.run(*fake_example)
         return recorder.values, "fake"
     except Exception:  # noqa: BLE001 (fake tensors cannot follow this graph: run it)
         pass

@@ -23,6 +23,12 @@ __all__ = ["FakeTensor", "FakeTensorMode", "free_storage", "functional_call", "f
            "make_fx", "storage_bytes", "storage_key"]
 
 
+def op_name(target):
+    """'convolution' for aten.convolution.default."""
+    packet = getattr(target, "overloadpacket", None)
+    return getattr(packet, "__name__", getattr(target, "__name__", str(target)))
+
+
 def _storage(t):
     return t.untyped_storage() if hasattr(t, "untyped_storage") else t.storage()
 

@@ -776,6 +776,11 @@ def _every_rank_gives(mine, group, what):
     return failed == 0 and most == -least
 
 
+def any_rank(flag, group, what):
+    """Whether `flag` is true on any rank of `group` (one all-reduce)."""
+    return bool(_maximum([int(bool(flag))], group, what)[0])
+
+
 def _maximum(integers, group, what):
     """The largest of each of `integers` (int64) over the ranks of `group`:
     one all-reduce, on the group's device."""

@@ -91,6 +91,13 @@ class PlanExecutionError(RuntimeError):
     """A step of the plan cannot run (a bug, or PyTorch refusing a kernel)."""
 
 
+class CapturedValueMismatch(PlanExecutionError):
+    """A kernel made a tensor of another shape or dtype than the capture
+    holds: the shape depends on the values, or PyTorch's fake tensors are
+    wrong about the kernel (the capture then traces on real tensors:
+    Note [Fake tensors that disagree with a kernel] in __init__.py)."""
+
+
 COMPUTE, FREE, OFFLOAD, PREFETCH, FOREIGN, REDUCE = range(6)
 _ACTIONS = {"compute": COMPUTE, "free": FREE, "offload": OFFLOAD, "prefetch": PREFETCH,
             "all_reduce": REDUCE}
@@ -136,6 +143,41 @@ def draws_in_eager_order(graph, schedule):
     order = order_of_first_draws(graph, schedule)
     position = {n: i for i, n in enumerate(graph.gm.graph.nodes)}
     return all(position[a] < position[b] for a, b in zip(order, order[1:]))
+
+
+def statistics_remade(graph, schedule):
+    """The first (batch norm call, temporary) where the schedule computes a
+    temporary that a batch norm updates as running statistics after that
+    batch norm ran, or None. (nn.InstanceNorm with track_running_stats
+    updates a repeated copy of its buffers, and the step then averages that
+    copy into them: remade after the batch norm, the copy holds the old
+    statistics again. Note [Running statistics once] covers the batch norm
+    run again, not its operands.)"""
+    by_id = {n.id: n for n in graph.nodes}
+    temporaries = {}  # fx node of a batch norm -> the ids of its statistics' operands' roots
+    for node in graph.nodes:
+        if node.updates_stats and node.fx not in temporaries:
+            roots = set()
+            for a in node.fx.args[3:5]:
+                if not isinstance(a, torch.fx.Node):
+                    continue
+                operand = graph._ref(a)
+                while operand.alias_of is not None:  # (a view: its storage's maker)
+                    operand = graph.nodes[operand.alias_of]
+                if operand.kind == "op":
+                    roots.add(operand.id)
+            temporaries[node.fx] = roots
+    ran = set()
+    for action, node_id, *_ in schedule:
+        node = by_id.get(node_id)
+        if action != "compute" or node is None:
+            continue
+        for call in ran:
+            if node_id in temporaries[call]:
+                return call, node
+        if node.updates_stats and temporaries[node.fx]:
+            ran.add(node.fx)
+    return None
 
 
 class Program:
@@ -783,17 +825,18 @@ class _RunState:
         if node.empty_when_run and out.numel() == 0:
             return out
         if tuple(out.shape) != tuple(v.shape) and not node.kernel_shaped:
-            raise PlanExecutionError(
+            raise CapturedValueMismatch(
                 f"node '{node.id}' ({node.fx.target}): PyTorch computed shape "
                 f"{tuple(out.shape)}, the capture {tuple(v.shape)}: the shape depends on the "
                 "values (a boolean mask, nonzero, unique), and a plan holds the shapes of the "
                 "batch it was captured with, so pebble.torch cannot plan this step")
         if out.dtype != v.dtype and not node.kernel_shaped:
-            raise PlanExecutionError(
+            raise CapturedValueMismatch(
                 f"node '{node.id}' ({node.fx.target}): PyTorch computed {out.dtype}, the "
                 f"capture {v.dtype}: this kernel keeps another dtype than PyTorch's fake "
-                "tensors say (a bfloat16 normalization on the CPU), which pebble.torch cannot "
-                "plan")
+                "tensors say (torch.arange with float arguments in PyTorch 1.13, a bfloat16 "
+                "normalization on the CPU), which pebble.torch cannot plan without "
+                "calibration (calibrate=True captures such a step on real tensors, unsharded)")
         if node.alias_of is not None:
             base = self.live[node.alias_of]
             if base is None or storage_key(out) != storage_key(base):

@@ -45,7 +45,7 @@ import torch
 
 from ._capture import CaptureError
 from ._collective_ops import is_mean_over_ranks
-from ._compat import storage_bytes, storage_key
+from ._compat import op_name, storage_bytes, storage_key
 from ._memory import round_up
 
 # Calls whose only tensor argument is a template (shape, dtype, layout).
@@ -72,12 +72,6 @@ _RANDOM = {"bernoulli", "bernoulli_", "native_dropout", "rand", "randn", "rand_l
            "randn_like", "randint", "randint_like", "randperm", "normal", "normal_", "uniform_",
            "exponential_", "geometric_", "log_normal_", "cauchy_", "random_", "multinomial",
            "poisson", "rrelu_with_noise", "_fused_dropout", "_standard_gamma", "binomial"}
-
-
-def op_name(target):
-    """'convolution' for aten.convolution.default."""
-    packet = getattr(target, "overloadpacket", None)
-    return getattr(packet, "__name__", getattr(target, "__name__", str(target)))
 
 
 def is_random(target):
@@ -442,9 +436,15 @@ class StepGraph:
                 self.updates.append((target.slot, value))
                 self.refs[(n, None)] = value
                 return
+            kind = target.slot.kind if target.slot else None
             what = {"input": "an input", "target": "the target", "parameter": "a parameter",
-                    "buffer": "a buffer"}.get(target.slot.kind if target.slot else None,
-                                              "a constant")
+                    "buffer": "a buffer"}.get(kind, "a constant")
+            if kind == "parameter" and not target.slot.trainable:
+                raise CaptureError(f"the step writes a frozen parameter in place "
+                                   f"('{target.id}', by {n.target}: a momentum encoder's "
+                                   "average, say): pebble.torch cannot plan a step that changes "
+                                   "what it is given; update it outside the step, under "
+                                   "torch.no_grad(), before or after the call")
             raise CaptureError(f"the step writes {what} in place ('{target.id}', by "
                                f"{n.target}: x.clamp_(...) on an argument, say): pebble.torch "
                                "cannot plan a step that changes what it is given; use the "
