@@ -863,6 +863,7 @@ class _Capture:
             return None
 
     def _capture_traced(self, step, inputs, target, key, mode):
+        """_capture, raising CapturedValueMismatch where calibration finds it."""
         started = time.perf_counter()
         # A sharded module's parameters are traced as stand-ins, and its
         # step calibrated under FSDP's rule: no rank holds them all whole

@@ -1311,17 +1311,16 @@ def propagate(traced, device, fake=True):
         with traced.fake_mode, torch.no_grad():
             recorder.run(*traced.example)
         return recorder.values, "fake"
-    try:
-        if not fake:
-            raise ValueError("real values asked for")
-        mode = FakeTensorMode()
-        fake_example = [mode.from_tensor(t) for t in traced.example]
-        recorder = _Recorder(traced.gm, mode.from_tensor)
-        with mode, torch.no_grad():
-            recorder.run(*fake_example)
-        return recorder.values, "fake"
-    except Exception:  # noqa: BLE001 (fake tensors cannot follow this graph: run it)
-        pass
+    if fake:
+        try:
+            mode = FakeTensorMode()
+            fake_example = [mode.from_tensor(t) for t in traced.example]
+            recorder = _Recorder(traced.gm, mode.from_tensor)
+            with mode, torch.no_grad():
+                recorder.run(*fake_example)
+            return recorder.values, "fake"
+        except Exception:  # noqa: BLE001 (fake tensors cannot follow this graph: run it)
+            pass
     recorder = _Recorder(traced.gm)
     example = [t.detach().clone() if s.kind == "buffer" else t
                for s, t in zip(traced.slots, traced.example)]
