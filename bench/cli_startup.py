@@ -35,14 +35,22 @@ def mean_ms(binary, command, repeat):
     return statistics.mean(times), statistics.stdev(times) if repeat > 1 else 0.0
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def binaries_and_repeat(doc, repeat):
+    """The command line of a script that times `pebble` binaries: --pebble
+    (the binaries) and --repeat (runs per command; `repeat` by default)."""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
     ap.add_argument("--pebble", nargs="+", default=["build/bin/pebble"],
                     help="the binaries to time (default build/bin/pebble)")
-    ap.add_argument("--repeat", type=int, default=20, help="runs per command (default 20)")
+    ap.add_argument("--repeat", type=int, default=repeat,
+                    help=f"runs per command (default {repeat})")
     args = ap.parse_args()
     if args.repeat < 1:
         ap.error("--repeat must be at least 1")
+    return args
+
+
+def main():
+    args = binaries_and_repeat(__doc__, 20)
     print("| command | " + " | ".join(f"`{b}` ms" for b in args.pebble) + " |")
     print("| --- |" + " ---: |" * len(args.pebble))
     for command in COMMANDS:

@@ -11,11 +11,12 @@ Every command has a time limit well above its time here, so that its plan
 does not depend on the machine's speed (a search cut by its limit would).
 """
 
-import argparse
 import json
 import statistics
 import subprocess
 import time
+
+from cli_startup import binaries_and_repeat
 
 COMMANDS = [
     ["plan", "--model", "resnet50:batch=16,image=96", "--policy", "rotor", "--budget", "70%"],
@@ -50,13 +51,7 @@ def run(binary, command):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--pebble", nargs="+", default=["build/bin/pebble"],
-                    help="the binaries to time (default build/bin/pebble)")
-    ap.add_argument("--repeat", type=int, default=3, help="runs per command (default 3)")
-    args = ap.parse_args()
-    if args.repeat < 1:
-        ap.error("--repeat must be at least 1")
+    args = binaries_and_repeat(__doc__, 3)
     print("| command | " + " | ".join(f"`{b}` ms" for b in args.pebble) + " | output |")
     print("| --- |" + " ---: |" * len(args.pebble) + " --- |")
     for command in COMMANDS:

@@ -898,14 +898,17 @@ def _refuse_tensors_requiring_grad(gm, loss_fn):
 
 # Operators that make a tensor without its values.
 _UNFILLED = {"empty", "new_empty", "empty_like", "empty_strided", "new_empty_strided"}
+# Calls whose only tensor argument is a template (shape, dtype, layout).
+TEMPLATE_CALLS = {"empty_like", "zeros_like", "ones_like", "full_like", "rand_like", "randn_like",
+                  "randint_like", "new_empty", "new_empty_strided", "new_zeros", "new_ones",
+                  "new_full"}
 # Operators that take a tensor as their first argument to overwrite it, or
 # for its shape and dtype alone (functional or in place).
-_OVERWRITES = {"fill", "zero", "copy", "normal", "uniform", "bernoulli", "random", "exponential",
-               "geometric", "log_normal", "cauchy", "index_put", "slice_scatter",
-               "select_scatter", "diagonal_scatter", "as_strided_scatter", "scatter",
-               "index_copy", "masked_scatter", "empty_like", "zeros_like", "ones_like",
-               "full_like", "rand_like", "randn_like", "randint_like", "new_empty", "new_zeros",
-               "new_ones", "new_full", "new_empty_strided", "resize"}
+_OVERWRITES = TEMPLATE_CALLS | {
+    "fill", "zero", "copy", "normal", "uniform", "bernoulli", "random", "exponential",
+    "geometric", "log_normal", "cauchy", "index_put", "slice_scatter", "select_scatter",
+    "diagonal_scatter", "as_strided_scatter", "scatter", "index_copy", "masked_scatter",
+    "resize"}
 
 
 # Operators whose result holds their first argument's values (a copy, a cast).

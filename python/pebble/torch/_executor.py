@@ -167,16 +167,15 @@ def statistics_remade(graph, schedule):
                 if operand.kind == "op":
                     roots.add(operand.id)
             temporaries[node.fx] = roots
-    ran = set()
+    updated_by = {}  # id of an operand -> the batch norm that has updated it
     for action, node_id, *_ in schedule:
         node = by_id.get(node_id)
         if action != "compute" or node is None:
             continue
-        for call in ran:
-            if node_id in temporaries[call]:
-                return call, node
-        if node.updates_stats and temporaries[node.fx]:
-            ran.add(node.fx)
+        if node_id in updated_by:
+            return updated_by[node_id], node
+        if node.updates_stats:
+            updated_by.update(dict.fromkeys(temporaries[node.fx], node.fx))
     return None
 
 

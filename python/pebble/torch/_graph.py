@@ -43,14 +43,11 @@ import operator
 
 import torch
 
-from ._capture import CaptureError
+from ._capture import TEMPLATE_CALLS, CaptureError
 from ._collective_ops import is_mean_over_ranks
 from ._compat import op_name, storage_bytes, storage_key
 from ._memory import round_up
 
-# Calls whose only tensor argument is a template (shape, dtype, layout).
-_LIKE = {"empty_like", "zeros_like", "ones_like", "full_like", "rand_like", "randn_like",
-         "randint_like", "new_empty", "new_empty_strided", "new_zeros", "new_ones", "new_full"}
 # Calls that are their input.
 _IDENTITY = {"detach", "alias", "lift_fresh"}
 # Calls that update their running-statistics arguments in place though
@@ -240,7 +237,7 @@ class StepGraph:
 
     def _tensor_args(self, call):
         """Nodes a call reads, in argument order, leaving out templates."""
-        like = op_name(call.target) in _LIKE
+        like = op_name(call.target) in TEMPLATE_CALLS
         out = []
         first = True
 
