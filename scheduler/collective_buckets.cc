@@ -14,8 +14,10 @@
 //    them, so that the message's storage goes at once (pebble.torch
 //    gathers a message into one flat tensor, freed whole);
 //  - reduce-scatters join the later message (they wait for its gradients):
-//    their local gradients live until then, and the message's local
-//    gradients fit the staging buffer the runtime sends them through.
+//    their local gradients live until then, what the plan computes from
+//    their shards between (an update, its offload) waits for the bucket,
+//    and the message's local gradients fit the staging buffer the runtime
+//    sends them through.
 // Each message that may not join the open one opens the next. The search
 // keeps the messages the policy made (FSDP's units) and may join them too.
 #include "scheduler/collective_buckets.h"
@@ -198,30 +200,45 @@ std::optional<Schedule> JoinGathers(const Graph& graph, const Schedule& schedule
   return FreeTogether(joined, a.first, a.last + (b.last - b.first + 1));
 }
 
-// The reduce-scatters of `a` moved down to join `b`, the frees between
-// them of their local gradients' storages (the gradients, their bases,
-// other views) after the bucket; nullopt where a step between reads a's
-// outputs, touches them, or touches those storages otherwise, or where the
-// local gradients would pass `staging_cap` bytes.
+// The reduce-scatters of `a` moved down to join `b`. The steps between
+// that follow from a's outputs (an update reading a shard, its offload,
+// what reads the update: Note [Steps that wait for a joined message]) and
+// the frees of a's local gradients' storages (the gradients, their bases,
+// other views) move after the bucket, in their order; nullopt where a step
+// between touches those storages otherwise, where b's members read what
+// moves, or where the local gradients would pass `staging_cap` bytes.
 std::optional<Schedule> JoinScatters(const Graph& graph, const Schedule& schedule,
                                      const Message& a, const Message& b, int64_t staging_cap) {
-  const absl::flat_hash_set<NodeId> members = MembersOf(schedule, a);
   const absl::flat_hash_set<NodeId> inputs = InputsOf(graph, schedule, a);
   const absl::flat_hash_set<NodeId> storages = StoragesOf(graph, inputs);
   int64_t gradient_bytes = 0;
   for (NodeId u : inputs) gradient_bytes += graph.bytes(u);
   for (NodeId u : InputsOf(graph, schedule, b)) gradient_bytes += graph.bytes(u);
   if (gradient_bytes > staging_cap) return std::nullopt;
-  std::vector<Step> between, moved_frees;
+  // Note [Steps that wait for a joined message]: a step between that reads
+  // or touches a's outputs, or a value computed from them, must wait for
+  // the bucket; so must a later step on a node such a step reads (its free,
+  // an offload, a recomputation), or it would go before its reader.
+  absl::flat_hash_set<NodeId> follows = MembersOf(schedule, a);
+  absl::flat_hash_set<NodeId> read_after;
+  std::vector<Step> between, after;
   for (size_t k = a.last + 1; k < b.first; ++k) {
     const Step& s = schedule.steps[k];
-    if (members.contains(s.node) || Reads(graph, s, members)) return std::nullopt;
-    if (storages.contains(graph.storage(s.node))) {
+    if (follows.contains(s.node) || read_after.contains(s.node) || Reads(graph, s, follows)) {
+      if (s.action == Action::kCompute || s.action == Action::kHostCompute) {
+        follows.insert(s.node);
+        for (NodeId u : graph.unique_inputs(s.node)) read_after.insert(u);
+      }
+      after.push_back(s);
+    } else if (storages.contains(graph.storage(s.node))) {
       if (s.action != Action::kFree) return std::nullopt;
-      moved_frees.push_back(s);
+      after.push_back(s);
     } else {
       between.push_back(s);
     }
+  }
+  for (size_t k = b.first; k <= b.last; ++k) {
+    if (Reads(graph, schedule.steps[k], follows)) return std::nullopt;
   }
   Schedule joined;
   joined.steps.reserve(schedule.steps.size());
@@ -231,7 +248,7 @@ std::optional<Schedule> JoinScatters(const Graph& graph, const Schedule& schedul
   joined.steps.insert(joined.steps.end(), step(a.first), step(a.last + 1));
   joined.steps.push_back({Action::kCompute, schedule.steps[b.first].node, true});
   joined.steps.insert(joined.steps.end(), step(b.first + 1), step(b.last + 1));
-  joined.steps.insert(joined.steps.end(), moved_frees.begin(), moved_frees.end());
+  joined.steps.insert(joined.steps.end(), after.begin(), after.end());
   joined.steps.insert(joined.steps.end(), step(b.last + 1), schedule.steps.end());
   return joined;
 }

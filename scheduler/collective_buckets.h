@@ -36,8 +36,9 @@ std::string MessageDtype(const Graph& graph, NodeId v);
 //    the members' frees that follow it move together, to the last of them
 //    (a runtime may then free the message's storage as one);
 //  - reduce-scatters: the earlier message's steps move down to the later
-//    one's, with the frees of their local gradients after the bucket; at
-//    most StagingCap(graph) bytes of local gradients a message.
+//    one's; the frees of their local gradients, and the steps between that
+//    read their shards (an update) or follow from those, go after the
+//    bucket; at most StagingCap(graph) bytes of local gradients a message.
 // Members must carry one link (CollectiveLinkOf) and one dtype
 // (MessageDtype). Bounded by `max_simulated_steps` (the default about a
 // second of simulation), half for the gathers, not by the clock (the ranks

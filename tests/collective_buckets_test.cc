@@ -159,6 +159,56 @@ TEST(CollectiveBucketsTest, ReduceScattersJoinTheLaterMessageWithinTheStagingBuf
   }
 }
 
+// Two parameters' local gradients reduce-scattered, each shard read by its
+// parameter's update, in place (0.1 s each), which the plan runs as soon as
+// its shard is summed: the first message joins the second, and its update
+// (with the free of its local gradient) waits for the bucket, 3 s sooner
+// in all. Where the second gradient reads the first update (`l2_reads_u1`),
+// the second message waits for what moves after it: nothing joins.
+TEST(CollectiveBucketsTest, ReduceScattersJoinAcrossTheUpdatesThatReadThem) {
+  auto graph = [](bool l2_reads_u1) {
+    const std::string link =
+        R"("attrs": {"ranks": 4, "network_bandwidth_bytes_per_s": 100, "network_latency_s": 1})";
+    absl::StatusOr<Graph> g = ParseGraphJson(absl::StrCat(R"({"format": "pebble-graph",
+      "version": 1, "nodes": [
+        {"id": "x", "bytes": 1, "persistent": true},
+        {"id": "p1", "bytes": 2, "persistent": true, "role": "parameter"},
+        {"id": "p2", "bytes": 2, "persistent": true, "role": "parameter"},
+        {"id": "l1", "bytes": 8, "cost": 0.1, "inputs": ["x"]},
+        {"id": "r1", "op": "reduce_scatter", "bytes": 2, "cost": 3.06, "inputs": ["l1"],
+         "collective": true, )", link, R"(},
+        {"id": "u1", "bytes": 2, "cost": 0.1, "inputs": ["p1", "r1"], "alias_of": "p1",
+         "in_place": true, "role": "update"},
+        {"id": "l2", "bytes": 8, "cost": 0.1, "inputs": )",
+        l2_reads_u1 ? R"(["x", "u1"])" : R"(["x"])", R"(},
+        {"id": "r2", "op": "reduce_scatter", "bytes": 2, "cost": 3.06, "inputs": ["l2"],
+         "collective": true, )", link, R"(},
+        {"id": "u2", "bytes": 2, "cost": 0.1, "inputs": ["p2", "r2"], "alias_of": "p2",
+         "in_place": true, "role": "update"}],
+      "outputs": ["r1", "r2"]})"));
+    EXPECT_TRUE(g.ok()) << g.status();
+    return g.ok() ? *std::move(g) : Graph();
+  };
+  auto apart = [](const Graph& g) {
+    return MakeSchedule(g, {{kC, "l1"}, {kC, "r1"}, {kF, "l1"}, {kC, "u1"}, {kC, "l2"},
+                            {kC, "r2"}, {kF, "l2"}, {kC, "u2"}});
+  };
+  const Graph g = graph(false);
+  const PlanResult r = Joined(g, apart(g), INT64_MAX);
+  Schedule expected = MakeSchedule(g, {{kC, "l1"}, {kC, "l2"}, {kC, "r1"}, {kC, "r2"},
+                                       {kF, "l1"}, {kC, "u1"}, {kF, "l2"}, {kC, "u2"}});
+  expected.steps[3].joins_bucket = true;
+  EXPECT_EQ(Steps(g, r.schedule), Steps(g, expected));
+  EXPECT_EQ(r.report.collectives, 1);
+  EXPECT_DOUBLE_EQ(r.report.makespan, 0.2 + 3 + 0.75 * 16 / 100 + 0.2);
+  EXPECT_EQ(r.details["collective_buckets"]["messages_joined"], 1);
+
+  const Graph chained = graph(true);
+  const PlanResult kept = Joined(chained, apart(chained), INT64_MAX);
+  EXPECT_EQ(Steps(chained, kept.schedule), Steps(chained, apart(chained)));
+  EXPECT_EQ(kept.report.collectives, 2);
+}
+
 // Where pebble.torch may send a bucket of gathers as one flat tensor: each
 // member's next step after the bucket is its free, all in one run of frees.
 // Returns the first bucket that is not so, or "".
