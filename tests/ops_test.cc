@@ -746,7 +746,9 @@ TEST(OptimizerOpsTest, UpdatesHaveTheWrittenTensorsTypeAndCheckTheirSettings) {
   ExpectError("sgd_update", {w, T({3, 4})}, sgd, "shape");
   ExpectError("adam_update", {w, w, w, T({1})}, adam, "the step count (input 3)");
   ExpectError("adam_exp_avg", {w, w, T({4, 3}, DType::kFloat16)}, adam, "dtype");
-  ExpectError("sgd_update", {w, w}, {{"lr", 0.0}}, "lr=0 is out of range (above 0)");
+  ExpectError("sgd_update", {w, w}, {{"lr", -0.5}}, "lr=-0.5 is out of range (0 or more)");
+  ExpectError("sgd_update", {w, w}, Json::object(), "needs its learning rate (attrs.lr)");
+  ExpectType("sgd_update", {w, w}, {{"lr", 0.0}}, {4, 3});  // (PyTorch's warm-ups start at 0)
   ExpectError("adam_update", {w, w, w, scalar}, {{"lr", 1e-3}, {"beta2", 1.0}},
                 "beta2=1 is out of range (in [0, 1))");
   ExpectError("optimizer_step", {T({2})}, Json::object(), "the step count");

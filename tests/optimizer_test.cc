@@ -60,7 +60,7 @@ TEST(OptimizerTest, ParsesNamesSettingsAndRefusesBadOnes) {
       {"sgd:lr=1e-400", "lr='1e-400' is too small for a double (it would be 0)"},
       {"sgd:lr=0.1,weight_decay=1e-400", "weight_decay='1e-400' is too small for a double"},
       {"sgd:lr=1,momentum=0x0.8p0", "momentum='0x0.8p0' is not a decimal number"},
-      {"sgd:lr=0", "lr=0 is out of range (above 0)"},
+      {"sgd:lr=-1", "lr=-1 is out of range (0 or more)"},
       {"sgd:momentum=1", "momentum=1 is out of range (in [0, 1))"},
       {"adam:weight_decay=-1", "weight_decay=-1 is out of range (0 or more)"},
       {"sgd:lr=1,lr=2", "optimizer sgd: lr is given twice"},
@@ -299,7 +299,7 @@ TEST(OptimizerTest, ParameterGroupsParseAndRefuseWhatTheyCannotSet) {
       {"adam;*.bias:max_grad_norm=1", "'max_grad_norm' is one setting for the whole step"},
       {"sgd;*.bias:beta1=0.5", "'beta1' is not a setting (a group sets lr, momentum, "
                                "weight_decay)"},
-      {"adam;*.bias:lr=0", "parameter group '*.bias:lr=0': lr=0 is out of range"},
+      {"adam;*.bias:lr=-1", "parameter group '*.bias:lr=-1': lr=-1 is out of range"},
       {"adam;*.bias:lr=1,lr=2", "lr is given twice"},
   };
   ExpectRefusals(bad);

@@ -9,9 +9,11 @@
 
 namespace pebble::ops_internal {
 
+// A learning rate of 0 is PyTorch's too (a warm-up's first steps): the
+// update then moves no parameter but advances the state.
 absl::Status CheckOptimizerValue(absl::string_view key, double value) {
-  const bool positive = key == "lr" || key == "eps" || key == "max_grad_norm";
-  const bool non_negative = key == "weight_decay";
+  const bool positive = key == "eps" || key == "max_grad_norm";
+  const bool non_negative = key == "weight_decay" || key == "lr";
   const bool ok = std::isfinite(value) && (positive       ? value > 0
                                            : non_negative ? value >= 0
                                                           : value >= 0 && value < 1);
@@ -22,6 +24,9 @@ absl::Status CheckOptimizerValue(absl::string_view key, double value) {
 
 absl::StatusOr<OptimizerAttrs> ReadOptimizerAttrs(const Json& attrs) {
   OptimizerAttrs a;
+  if (!attrs.is_object() || !attrs.contains("lr")) {
+    return Invalid("an optimizer's update needs its learning rate (attrs.lr)");
+  }
   struct Field {
     const char* key;
     double* value;

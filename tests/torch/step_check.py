@@ -33,6 +33,7 @@ import hashlib
 import io
 import json
 import os
+import random
 import re
 import sys
 import time
@@ -1092,6 +1093,188 @@ def check_module_changes(failures, device):
     print("module changes after the capture: captured again, eager's numbers", flush=True)
 
 
+# Globals that the modules and losses of check_training_loops read.
+AUX_WEIGHT = torch.tensor(1.0)
+epoch = 0  # (a name the forward below reads as an attribute only)
+
+
+class _LayerDrop(torch.nn.Module):
+    """Skips its layer at random in Python: a trace runs that draw once."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(6, 6)
+
+    def forward(self, x):
+        return x if random.random() < 0.5 else self.fc(x)
+
+
+class _Epochs(torch.nn.Module):
+    """Reads an attribute named like a global of this file."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc, self.epoch = torch.nn.Linear(6, 3), 0
+
+    def forward(self, x):
+        return self.fc(x) * (1.0 + 0 * self.epoch)
+
+
+class _Rotary(torch.nn.Module):
+    """A cache that the forward grows by registering its buffer again."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb, self.fc = torch.nn.Embedding(20, 8), torch.nn.Linear(8, 3)
+        self._grow(4)
+
+    def _grow(self, length):
+        self.cached = length
+        self.register_buffer("cos", torch.arange(length * 8.).view(length, 8).cos(),
+                             persistent=False)
+
+    def forward(self, x):
+        if x.shape[1] > self.cached:
+            self._grow(x.shape[1])
+        return self.fc(self.emb(x) * self.cos[:x.shape[1]]).mean(1)
+
+
+class _Trainer:
+    """A loss as a bound method, weighted by an attribute a schedule anneals."""
+
+    def __init__(self):
+        self.alpha = 1.0
+
+    def compute_loss(self, out, y):
+        return self.alpha * torch.nn.functional.cross_entropy(out, y)
+
+
+def _weighted_by_global(out, y):
+    return AUX_WEIGHT * torch.nn.functional.cross_entropy(out, y)
+
+
+def check_training_loops(failures, device):
+    """What training loops do around a step, each against eager PyTorch:
+    a submodule swapped for another class, a patched forward, a loss's
+    settings on a bound method's object and a global tensor rebound (each
+    captured again, eager's numbers); torch.autocast around the call (the
+    trace records its casts); a call or a train_step under torch.no_grad()
+    (refused, as eager's backward is); Python's random in a forward (a
+    warning); an attribute named like a global (no capture more); a random
+    fill of an empty tensor (captured); a buffer registered again in the
+    forward, and a batch norm's cumulative average (errors that say so, the
+    module left as it was)."""
+    global AUX_WEIGHT
+    nn, F = torch.nn, torch.nn.functional
+    torch.manual_seed(SEED)
+    x, y = torch.randn(8, 6, device=device), torch.randint(0, 3, (8,), device=device)
+
+    model = nn.Sequential(nn.Linear(6, 6), nn.Tanh(), nn.Identity(), nn.Linear(6, 3)).to(device)
+    eager_model = copy.deepcopy(model)
+    step = pt.train_step(model, F.cross_entropy, (x,), y, policy="dtr", budget="min")
+    changes = (("Tanh swapped for Sigmoid", lambda m: m.__setitem__(1, nn.Sigmoid())),
+               ("a patched forward", lambda m: setattr(m[2], "forward", torch.sin)))
+    for k, (label, change) in enumerate(changes):
+        for m in (model, eager_model):
+            change(m)
+        with warnings.catch_warnings(record=True):
+            warnings.simplefilter("always")
+            check_beside_eager(failures, label, step, model, eager_model, F.cross_entropy,
+                               (x,), y)
+        failures.check(step.report["shapes_planned"] == k + 2,
+                       f"{label}: {step.report['shapes_planned']} captures, not {k + 2}")
+
+    trainer = _Trainer()
+    for loss_fn, label in ((trainer.compute_loss, "a bound method's self.alpha"),
+                           (_weighted_by_global, "a global tensor rebound")):
+        trainer.alpha, AUX_WEIGHT = 1.0, torch.tensor(1.0)
+        model = nn.Sequential(nn.Linear(6, 3)).to(device)
+        eager_model = copy.deepcopy(model)
+        step = pt.train_step(model, loss_fn, (x,), y, policy="dtr", budget="min")
+        for weight in (0.5, 0.1):
+            trainer.alpha, AUX_WEIGHT = weight, torch.tensor(weight)
+            with warnings.catch_warnings(record=True):
+                warnings.simplefilter("always")
+                check_beside_eager(failures, f"{label} = {weight}", step, model, eager_model,
+                                   loss_fn, (x,), y)
+
+    if device.type == "cpu":  # (bfloat16 autocast on the CPU; a GPU's takes float16)
+        model = nn.Sequential(nn.Linear(6, 32), nn.ReLU(), nn.Linear(32, 3)).to(device)
+        eager_model = copy.deepcopy(model)
+        step = pt.train_step(model, F.cross_entropy, (x,), y, policy="dtr", budget="min")
+        for on in (True, False, True):
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=on):
+                check_beside_eager(failures, f"autocast {'on' if on else 'off'}", step, model,
+                                   eager_model, F.cross_entropy, (x,), y)
+        failures.check(step.report["shapes_planned"] == 2,
+                       f"autocast: {step.report['shapes_planned']} captures, not 2")
+
+    with torch.no_grad():
+        for label, call in (("a call", lambda: step(x, y)),
+                            ("train_step", lambda: pt.train_step(model, F.cross_entropy, (x,),
+                                                                 y))):
+            try:
+                call()
+                failures.check(False, f"{label} under torch.no_grad() was not refused")
+            except RuntimeError as e:
+                failures.check("gradients disabled" in str(e),
+                               f"{label} under torch.no_grad(): {e}")
+
+    with warnings.catch_warnings(record=True) as warned:
+        warnings.simplefilter("always")
+        pt.train_step(nn.Sequential(_LayerDrop(), nn.Linear(6, 3)).to(device), F.cross_entropy,
+                      (x,), y, calibrate=False)
+    said = " ".join(str(w.message) for w in warned)
+    failures.check("_LayerDrop.forward (random)" in said,
+                   f"Python's random in a forward: warned {said!r}")
+
+    model = _Epochs().to(device)
+    step = pt.train_step(model, F.cross_entropy, (x,), y, calibrate=False)
+    global epoch
+    for epoch in range(1, 3):
+        model.zero_grad(set_to_none=True)
+        step(x, y)
+    failures.check(step.report["shapes_planned"] == 1,
+                   f"an attribute named like a global: {step.report['shapes_planned']} "
+                   "captures, not 1")
+
+    class Noisy(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(6, 3)
+
+        def forward(self, h):
+            return self.fc(h + 0.1 * torch.empty_like(h).normal_())
+    model = Noisy().to(device)
+    step = pt.train_step(model, F.cross_entropy, (x,), y, policy="dtr", budget="min")
+    check_beside_eager(failures, "empty_like().normal_()", step, model, copy.deepcopy(model),
+                       F.cross_entropy, (x,), y)
+
+    rotary = _Rotary().to(device)
+    tokens = torch.randint(0, 20, (3, 4), device=device)
+    longer = torch.randint(0, 20, (3, 6), device=device)
+    labels = torch.randint(0, 3, (3,), device=device)
+    step = pt.train_step(rotary, F.cross_entropy, (tokens,), labels, calibrate=False)
+    try:
+        step(longer, labels)
+        failures.check(False, "a buffer registered again in the forward: not refused")
+    except pt.CaptureError as e:
+        failures.check("registers buffer 'cos' again" in str(e),
+                       f"a buffer registered again in the forward: {e}")
+    failures.check(rotary.cached == 4, f"a failed trace left the module's cached = "
+                                       f"{rotary.cached}, not 4")
+    F.cross_entropy(rotary(longer), labels).backward()  # (eager as before)
+
+    norm = nn.Sequential(nn.Linear(6, 6), nn.BatchNorm1d(6, momentum=None)).to(device)
+    try:
+        pt.train_step(norm, F.cross_entropy, (x,), y, calibrate=False)
+        failures.check(False, "a batch norm with momentum=None: not refused")
+    except pt.CaptureError as e:
+        failures.check("momentum=None" in str(e), f"a batch norm with momentum=None: {e}")
+    print("training loops: swaps, loss settings, autocast, no_grad, Python randomness, "
+          "buffers grown in the forward", flush=True)
+
+
 def check_eval_mode(failures, device):
     """A module in eval mode (batch norm on running statistics, whose kernels
     return the saved statistics empty) trains with eager's gradients."""
@@ -1638,6 +1821,7 @@ def main():
         check_other_layouts(failures, device)
         check_eval_mode(failures, device)
         check_module_changes(failures, device)
+        check_training_loops(failures, device)
         check_loss_and_checkpoints(failures, device)
         check_constants_and_masks(failures, device)
         check_outputs_the_kernel_shapes(failures, device)

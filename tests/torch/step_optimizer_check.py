@@ -497,24 +497,29 @@ def in_range(torch, pt, model, make_opt, loss_fn, x, y, policy, state, updates, 
 
 def scheduled(torch, pt, device, steps):
     """A learning-rate scheduler changes lr between steps: the planned step
-    follows it as eager does; with two parameter groups, each group's."""
+    follows it as eager does; with two parameter groups, each group's; a
+    warm-up from lr 0 (the scheduler made before the step, so its lr is 0
+    then, as transformers' linear warm-up sets it)."""
     failures = []
-    for grouped in (False, True):
-        failures += scheduled_run(torch, pt, device, steps, grouped)
+    for schedule in ("step", "groups", "warm-up"):
+        failures += scheduled_run(torch, pt, device, steps, schedule)
     return failures
 
 
-def scheduled_run(torch, pt, device, steps, grouped):
+def scheduled_run(torch, pt, device, steps, schedule_kind):
     make_model, make_batch = models(torch)["mlp"]
     torch.manual_seed(0)
     eager_model = make_model().to(device)
     planned_model = copy.deepcopy(eager_model)
     runs = []
     for model in (eager_model, planned_model):
-        if grouped:  # each group's lr on a schedule of its own
+        if schedule_kind == "groups":  # each group's lr on a schedule of its own
             opt = optimizers(torch)["adam-groups"](model.parameters())
             schedule = torch.optim.lr_scheduler.LambdaLR(opt, [lambda k: 0.5 ** k,
                                                                lambda k: 1.0 + k])
+        elif schedule_kind == "warm-up":
+            opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+            schedule = torch.optim.lr_scheduler.LambdaLR(opt, lambda k: min(1.0, k / 2))
         else:
             opt = torch.optim.Adam(model.parameters(), lr=1e-2, foreach=False)
             schedule = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
@@ -533,7 +538,8 @@ def scheduled_run(torch, pt, device, steps, grouped):
                 step(x, y)
             sched.step()
     failures = []
-    what = "LambdaLR on two parameter groups" if grouped else "StepLR"
+    what = {"groups": "LambdaLR on two parameter groups", "warm-up": "warm-up from lr 0",
+            "step": "StepLR"}[schedule_kind]
     for (name, a), b in zip(planned_model.named_parameters(), eager_model.parameters()):
         if not close(torch, a.detach().cpu(), b.detach().cpu()):
             failures.append(f"with a {what} scheduler, parameter {name} differs from eager's")
@@ -550,13 +556,12 @@ def refusals(torch, pt, device):
         (torch.optim.SGD(model[0].parameters(), lr=0.1), "'1.weight' is trainable but not in"),
         (torch.optim.RMSprop(model.parameters(), lr=0.1), "plans torch.optim.SGD, Adam and AdamW"),
         (torch.optim.Adam(model.parameters(), amsgrad=True), "amsgrad=True"),
-        (torch.optim.SGD(model.parameters(), lr=0.0), "lr=0.0; pebble plans lr above 0"),
         (torch.optim.Adam([{"params": model[0].parameters()},
                            {"params": model[1].parameters(), "amsgrad": True}]),
          "amsgrad=True (parameter group 1)"),
         (torch.optim.AdamW([{"params": model[0].parameters()},
                             {"params": model[1].parameters(), "lr": -1.0}]),
-         "lr=-1.0 (parameter group 1); pebble plans lr above 0"),
+         "lr=-1.0 (parameter group 1); pebble plans lr of 0 or more"),
     ]
     for opt, needle in cases:
         try:
@@ -566,6 +571,20 @@ def refusals(torch, pt, device):
                 failures.append(f"refusal without '{needle}': {e}")
             continue
         failures.append(f"{type(opt).__name__} ({needle}) was not refused")
+    # A layer replaced after the step was made: eager's optimizer.step()
+    # leaves its new parameters alone, and the plan's updates are the
+    # optimizer's (until 2026-12-03 the new ones were updated from the old
+    # ones' state).
+    replaced = copy.deepcopy(model)
+    step = pt.train_step(replaced, torch.nn.functional.cross_entropy, (x,), y,
+                         optimizer=torch.optim.Adam(replaced.parameters()))
+    replaced[1] = torch.nn.Linear(4, 2).to(device)
+    try:
+        step(x, y)
+        failures.append("a replaced layer's parameters were updated by the planned step")
+    except ValueError as e:
+        if "is not the tensor that the optimizer holds" not in str(e):
+            failures.append(f"a replaced layer: {e}")
     opt = torch.optim.Adam(model.parameters())
     on_cpu = device.type == "cpu"
     for kwargs, needle in (

@@ -32,7 +32,8 @@ import torch
 
 from .. import _core
 from ._calibrate import calibrate, estimated
-from ._capture import CaptureError, ModuleSettings, propagate, trace
+from ._capture import CaptureError, ModuleSettings, propagate, python_randomness, trace
+from ._compat import autocast_state
 from ._distributed import (GradientAverage, StepCollectives, agreed, any_rank, broadcast_module,
                            broadcast_optimizer_state, check_same_call, check_same_collective,
                            check_same_graph, check_same_setup, is_rank_0, measure_link,
@@ -258,6 +259,7 @@ class TrainStep:
         # would pair its collectives with the others' wrongly.
         error = None
         try:
+            _check_grad_mode("train_step was called")
             inputs, optimizer_gradients = self._take_arguments(
                 model, loss_fn, example_inputs, example_target, shard, param_init,
                 dict(policy=policy, budget=budget, host_budget=host_budget,
@@ -422,6 +424,15 @@ class TrainStep:
             _check_tensor_arg(t, f"example input {k}")
         _check_tensor_arg(example_target, "example_target")
         _refuse_uninitialized(model)
+        drawn = python_randomness(model)
+        if drawn:
+            warnings.warn(f"pebble.torch: {', '.join(drawn)} draws with Python's or NumPy's "
+                          "random numbers, which a trace runs once: every step takes the draw "
+                          "of its capture (a LayerDrop that skips a layer skips it at every "
+                          "step). Draw with torch and use the draw as a tensor "
+                          "(keep = (torch.rand(()) >= p).to(x.dtype); x = x + keep * layer(x)), "
+                          "which the plan draws again each step (a Python `if` on a tensor "
+                          "cannot be traced)", stacklevel=4)
         self.device = _device_of(model, inputs + (example_target,))  # (meta: the inputs')
         if self.updates is not None:
             self.updates.device = self.device
@@ -442,7 +453,17 @@ class TrainStep:
         sharded step, whose shards are of those parameters)."""
         if self.updates is None:
             return
-        trainable = [n for n, p in self.model.named_parameters() if p.requires_grad]
+        current = dict(self.model.named_parameters())
+        replaced = [n for n, p in self.updates.params.items()
+                    if n in current and current[n] is not p and self.shards is None]
+        if replaced:
+            raise ValueError(f"parameter '{replaced[0]}' is not the tensor that the optimizer "
+                             "holds under that name (a layer replaced after the step was made?): "
+                             "eager's optimizer.step() would leave the new one as it is, and the "
+                             "plan updates the parameters of the optimizer the step was made "
+                             "with: give the new parameters to an optimizer and make a new "
+                             "train_step")
+        trainable = [n for n, p in current.items() if p.requires_grad]
         added = [n for n in trainable if n not in self.updates.params]
         if added:
             raise ValueError(f"parameter '{added[0]}' became trainable (requires_grad) after "
@@ -530,6 +551,9 @@ class TrainStep:
                         for t in inputs + (target,))
         if self.shards is None:
             tensors += tuple(_layout(p) for p in self.model.parameters())
+        # (a trace under torch.autocast records its casts: the step then runs
+        # in the dtypes eager's autocast would pick)
+        tensors += (("autocast", autocast_state(self.device.type)),)
         accumulate = frozenset(name for name, p in self.model.named_parameters()
                                if p.requires_grad and p.grad is not None)
         trainable = frozenset(name for name, p in self.model.named_parameters()
@@ -643,6 +667,7 @@ class TrainStep:
             raise TypeError("the step takes the input(s) and the target")
         *inputs, target = args
         inputs = tuple(inputs)
+        _check_grad_mode("the step was called")
         for k, t in enumerate(inputs):
             _check_tensor_arg(t, f"input {k}")
         _check_tensor_arg(target, "the target")
@@ -1694,6 +1719,17 @@ def _as_tuple(inputs, what):
 def _layout(t):
     """A tensor's strides, but of dims of size 1 (which say nothing)."""
     return tuple(0 if n <= 1 else st for n, st in zip(t.shape, t.stride()))
+
+
+def _check_grad_mode(what):
+    """RuntimeError where gradients are off (torch.no_grad(), inference
+    mode): the step computes them, as loss.backward() does, which eager
+    PyTorch refuses there."""
+    if not torch.is_grad_enabled():
+        raise RuntimeError(f"{what} with gradients disabled (torch.no_grad() or "
+                           "torch.inference_mode()): the step computes every parameter's "
+                           "gradient, and eager's loss.backward() fails there; call it with "
+                           "gradients enabled (an evaluation loop calls the module itself)")
 
 
 def _check_tensor_arg(t, what):

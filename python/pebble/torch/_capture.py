@@ -19,11 +19,14 @@ again over fake tensors for them (propagate).
 """
 
 import contextlib
+import dis
 import functools
 import math
 import operator
+import random
 import types
 import warnings
+import weakref
 
 import torch
 
@@ -51,6 +54,11 @@ class CaptureError(ValueError):
 # closure: _loss_settings), as far as they can be found without running
 # it. An attribute that the forward itself changes (a Python counter)
 # changes at capture only, as any Python state in a traced forward does.
+# Each module's class, and callables bound to its attributes (a patched
+# forward, `self.act = F.gelu`), count too: another class or function runs
+# other code. A tensor that a global names, or the loss's closure or
+# object holds, counts by identity (_Identity): rebound, the trace's
+# constant is the old one; written in place, the graph reads it as it is.
 
 _PLAIN = (bool, int, float, str, type(None))
 
@@ -98,6 +106,37 @@ class _Local:
 
 def _shown(value):
     return value.value if isinstance(value, _Local) else value
+
+
+class _Identity:
+    """A tensor as a setting: equal while it is the same object (a trace
+    holds the tensor itself, so a write in place reaches the graph, and a
+    new tensor bound in its place does not)."""
+
+    __slots__ = ("ref", "key", "shape")
+
+    def __init__(self, tensor):
+        self.ref = weakref.ref(tensor)
+        self.key = id(tensor)
+        self.shape = tuple(tensor.shape)
+
+    def __eq__(self, other):
+        return isinstance(other, _Identity) and self.key == other.key and \
+            self.ref() is not None and self.ref() is other.ref()
+
+    def __hash__(self):
+        return hash(self.key)
+
+    def __repr__(self):
+        return f"<tensor of shape {list(self.shape)} at 0x{self.key:x}>"
+
+
+def _watched(value, seen=None):
+    """A global's or the loss's value as a setting: a tensor by identity
+    (_Identity), else _setting's."""
+    if isinstance(value, torch.Tensor):
+        return _Identity(value)
+    return _setting(value, seen)
 
 
 def _plain_attributes(obj, seen=None):
@@ -169,6 +208,9 @@ def _loss_settings(loss_fn):
         read += [(f"arg{k}", v) for k, v in enumerate(loss_fn.args)]
         read += sorted(loss_fn.keywords.items())
         loss_fn = loss_fn.func
+    if isinstance(loss_fn, types.MethodType):  # (a trainer's compute_loss: self.alpha)
+        read.append(("self", loss_fn.__self__))
+        loss_fn = loss_fn.__func__
     code = getattr(loss_fn, "__code__", None)
     if code is not None:
         for name, cell in zip(code.co_freevars, loss_fn.__closure__ or ()):
@@ -177,7 +219,7 @@ def _loss_settings(loss_fn):
             except ValueError:  # (a cell not filled yet)
                 continue
         names = getattr(loss_fn, "__globals__", {})
-        read += [(name, names[name]) for name in code.co_names if name in names]
+        read += [(name, names[name]) for name in _names_in(code) if name in names]
     elif not isinstance(loss_fn, types.BuiltinFunctionType):
         read += list(getattr(loss_fn, "__dict__", {}).items())
     found, modules = [], []
@@ -186,7 +228,7 @@ def _loss_settings(loss_fn):
             modules += [(f"loss_fn:{name}.{sub}" if sub else f"loss_fn:{name}",
                          _plain_attributes(module)) for sub, module in value.named_modules()]
         elif not name.startswith("_"):
-            value = _setting(value)
+            value = _watched(value)
             if value is not _NOT_PLAIN:
                 found.append((name, value if isinstance(value, _Local) else _Local(value)))
     return ((("loss_fn", tuple(found)),) if found else ()) + tuple(modules)
@@ -198,14 +240,52 @@ _GLOBALS_READ = {}
 
 
 def _names_in(code):
-    """The names that `code` and the functions defined in it (a lambda in a
-    forward) load, in order, each once."""
+    """The global names that `code` and the functions defined in it (a
+    lambda in a forward, a comprehension) load, in order, each once; not
+    attributes (`self.epoch` reads no global `epoch`)."""
     found, stack = {}, [code] if code is not None else []
     while stack:
         c = stack.pop()
-        found.update(dict.fromkeys(c.co_names))
+        found.update(dict.fromkeys(i.argval for i in dis.get_instructions(c)
+                                   if i.opname in ("LOAD_GLOBAL", "LOAD_NAME")))
         stack += [k for k in c.co_consts if isinstance(k, types.CodeType)]
     return tuple(found)
+
+
+def _draws_in_python(value):
+    """Whether a global is Python's or NumPy's random module, or one of
+    their functions (`from random import random`)."""
+    if isinstance(value, types.ModuleType):
+        return value.__name__ in ("random", "numpy.random")
+    owner = getattr(value, "__self__", None)
+    return isinstance(owner, random.Random) or \
+        type(owner).__module__.startswith("numpy.random")
+
+
+def python_randomness(model):
+    """The user's module classes whose forward (or a function defined in it)
+    names Python's or NumPy's random module or one of their functions, or
+    `np.random` through NumPy (a LayerDrop's `random.random() < p`): a
+    trace runs that Python once, so every step takes the capture's draw."""
+    found = []
+    for cls in sorted({type(m) for m in model.modules()},
+                      key=lambda c: (c.__module__, c.__qualname__)):
+        forward = getattr(cls, "forward", None)
+        code = getattr(forward, "__code__", None)
+        if cls.__module__.startswith("torch.") or code is None:
+            continue
+        names = getattr(forward, "__globals__", {})
+        attributes = set()
+        for c in [code] + [k for k in code.co_consts if isinstance(k, types.CodeType)]:
+            attributes.update(c.co_names)
+        for name in _names_in(code):
+            value = names.get(name)
+            if _draws_in_python(value) or (
+                    isinstance(value, types.ModuleType) and value.__name__ == "numpy" and
+                    "random" in attributes):
+                found.append(f"{cls.__qualname__}.forward ({name})")
+                break
+    return found
 
 
 def _forward_globals(classes, seen):
@@ -228,7 +308,7 @@ def _forward_globals(classes, seen):
         names = getattr(forward, "__globals__", {})
         items = []
         for name in _GLOBALS_READ[cls]:
-            setting = _setting(names.get(name, _NOT_PLAIN), seen)
+            setting = _watched(names.get(name, _NOT_PLAIN), seen)
             if setting is not _NOT_PLAIN:
                 items.append((name, setting if isinstance(setting, _Local) else _Local(setting)))
         if items:
@@ -249,12 +329,18 @@ class ModuleSettings:
     def __init__(self, model, loss_fn=None):
         attrs, hooks, seen, classes = [], [], {}, set()
         for name, module in model.named_modules():
-            attrs.append((name, _plain_attributes(module, seen)))
-            classes.add(type(module))
+            cls = type(module)
+            attrs.append((name, (("(class)", f"{cls.__module__}.{cls.__qualname__}"),) +
+                          _plain_attributes(module, seen)))
+            classes.add(cls)
             on = module.__dict__
             for kind in ("_forward_pre_hooks", "_forward_hooks", "_backward_hooks"):
                 if on.get(kind):
                     hooks.append((name, kind, tuple(on[kind].values())))
+            for key, value in on.items():  # (a patched forward, self.act = F.gelu)
+                if key[0] != "_" and callable(value) and \
+                        not isinstance(value, (torch.nn.Module, type)):
+                    hooks.append((name, f"callable {key}", (value,)))
         for kind in ("_global_forward_pre_hooks", "_global_forward_hooks",
                      "_global_backward_hooks"):
             on = getattr(torch.nn.modules.module, kind, None)
@@ -291,10 +377,14 @@ class ModuleSettings:
                  old[(name, key)] != new[(name, key)]]
         old_hooks = {(name, kind): on for name, kind, on in before.hooks}
         new_hooks = {(name, kind): on for name, kind, on in self.hooks}
-        hooked = {name for name, kind in set(old_hooks) | set(new_hooks)
-                  if old_hooks.get((name, kind)) != new_hooks.get((name, kind))}
-        return lines + [f"hooks on '{name}'" if name else "global hooks"
-                        for name in sorted(hooked)]
+        changed = [(name, kind) for name, kind in set(old_hooks) | set(new_hooks)
+                   if old_hooks.get((name, kind)) != new_hooks.get((name, kind))]
+        hooked = {name for name, kind in changed if not kind.startswith("callable ")}
+        rebound = sorted(f"{name + '.' if name else ''}{kind[len('callable '):]}: "
+                         "another callable" for name, kind in changed
+                         if kind.startswith("callable "))
+        return lines + rebound + [f"hooks on '{name}'" if name else "global hooks"
+                                  for name in sorted(hooked)]
 
 
 class Slot:
@@ -506,6 +596,21 @@ class _ModuleState:
         self.items = {k: c for k, v in self.attributes.items()
                       if not k.startswith("_") and (c := _contents(v)) is not None}
 
+    def restore(self):
+        """Puts every attribute back, and the lists' and dicts' items (a
+        trace that failed: the module as the user left it)."""
+        now = vars(self.module)
+        for k in set(now) - set(self.attributes):
+            del now[k]
+        now.update(self.attributes)
+        for k, items in self.items.items():
+            container = self.attributes[k]
+            container.clear()
+            if isinstance(container, list):
+                container.extend(items)
+            else:
+                container.update(items)
+
     def restore_if_tensors_changed(self):
         """Puts the attributes back (Note [Tensors the forward binds to
         attributes]) where the forward left other tensors in them."""
@@ -540,13 +645,41 @@ class _ModuleState:
 @contextlib.contextmanager
 def _tensor_attributes_kept(model):
     """Restores, on the way out, the attributes of each module of `model`
-    whose forward left other tensors in them (_ModuleState)."""
+    whose forward left other tensors in them (_ModuleState), and every
+    attribute where the trace failed (a forward that set `max_cached` before
+    failing would leave it set for eager calls too)."""
     states = [_ModuleState(module) for module in model.modules()]
     try:
         yield
-    finally:
+    except BaseException:
         for state in states:
-            state.restore_if_tensors_changed()
+            state.restore()
+        raise
+    for state in states:
+        state.restore_if_tensors_changed()
+
+
+@contextlib.contextmanager
+def _buffers_registered_again(model):
+    """Yields a list that gets the 'module' (label, buffer name) of each
+    register_buffer call that a module of `model` makes, while this runs,
+    for a name it holds already (a cache grown in the forward, as rotary
+    embeddings' cos_cached): a trace substitutes the module's buffers, so
+    the forward would read the one it held before."""
+    labels = {id(m): f"'{name}' ({type(m).__name__})" if name else type(m).__name__
+              for name, m in model.named_modules()}
+    found = []
+    original = torch.nn.Module.register_buffer
+
+    def register_buffer(module, name, tensor, *args, **kwargs):
+        if id(module) in labels and name in module._buffers:
+            found.append((labels[id(module)], name))
+        return original(module, name, tensor, *args, **kwargs)
+    torch.nn.Module.register_buffer = register_buffer
+    try:
+        yield found
+    finally:
+        torch.nn.Module.register_buffer = original
 
 
 def _named_state(slots, tensors):
@@ -741,7 +874,8 @@ def trace(model, loss_fn, inputs, target, device, mode=None, one_pass=True, stan
         stack = _ModuleStack(model)
         try:
             with _rng_kept(device), _rnn_without_cudnn(model, device), _checkpoints_inline(), \
-                    _tensor_attributes_kept(model):
+                    _tensor_attributes_kept(model), \
+                    _buffers_registered_again(model) as registered:
                 step = _step_function(model, loss_fn, slots, grad_found, max_grad_norm,
                                       norm_type, ranks)
                 first = _make_fx(step, m, flat, fake_mode)
@@ -765,6 +899,15 @@ def trace(model, loss_fn, inputs, target, device, mode=None, one_pass=True, stan
             where = stack.where()
             stack.close()
             failure = (where, e)
+            if registered:
+                who, name = registered[0]
+                raise CaptureError(
+                    f"module {who} registers buffer '{name}' again in its forward (a cache "
+                    "grown on demand, as rotary embeddings' cos_cached), which failed the "
+                    f"trace ({type(e).__name__}: {_first_line(e)}): pebble.torch traces the "
+                    "forward on the buffers the module held before the call. Give the "
+                    "buffer its largest size before the step is made (in __init__), or "
+                    "compute it in the forward without registering it") from e
             if _LEAF_WRITTEN in str(e):
                 # (a trace on real tensors would write the module's own
                 # parameters before failing alike: nn.Embedding's max_norm)
@@ -793,7 +936,8 @@ def trace(model, loss_fn, inputs, target, device, mode=None, one_pass=True, stan
         raise CaptureError(f"{where} fails on these inputs without pebble too (run eagerly): "
                            f"{type(e).__name__}: {_first_line(e)}") from e
     raise CaptureError(f"{where} cannot be traced by PyTorch (make_fx): "
-                       f"{type(e).__name__}: {_first_line(e)}{_trace_hint(e)}") from e
+                       f"{type(e).__name__}: {_first_line(e)}{_trace_hint(e, model, where)}") \
+        from e
 
 
 # How PyTorch 1.13 (the first) and 2.x say that a trace read a tensor's value.
@@ -805,15 +949,28 @@ _DATA_DEPENDENT = ("get value out of a tracing tensor", "data-dependent", "data 
 _LEGACY_CONSTRUCTOR = "Creating a new Tensor subclass Tensor"
 
 
-def _trace_hint(e):
+def _trace_hint(e, model, where):
     """Advice where PyTorch refused a trace for a reason a user can mend: a
-    tensor's value read in Python, or the legacy torch.Tensor constructor."""
+    tensor's value read in Python (a batch norm's cumulative average among
+    them), the legacy torch.Tensor constructor, or PyTorch 1.13's code for
+    Tensor.random_(from, to). `where`: the module that ran (_ModuleStack)."""
     said = f"{type(e).__name__}: {e}"
     if _LEGACY_CONSTRUCTOR in said:
         return (" (torch.Tensor([...]), the legacy constructor, in the step: write "
                 "torch.tensor([...]), which a trace takes as a constant)")
+    if isinstance(e, SyntaxError) and "eval_with_key" in said:
+        return (" (PyTorch 1.13's make_fx writes code that Python refuses for some "
+                "in-place random fills, as Tensor.random_(low, high), whose overload it names "
+                "`from`: write torch.randint_like(t, low, high) instead)")
     if not any(words in said for words in _DATA_DEPENDENT):
         return ""
+    cumulative = [f"'{name}' ({type(m).__name__})" for name, m in model.named_modules()
+                  if isinstance(m, torch.nn.modules.batchnorm._BatchNorm) and
+                  m.momentum is None and m.training and m.track_running_stats]
+    if cumulative and any(c in where for c in cumulative):
+        return (" (a batch norm with momentum=None averages its running statistics over "
+                "all batches, and reads its batch count as a Python number to do so, "
+                "which a trace cannot: give it a momentum, such as PyTorch's default 0.1)")
     return (" (the step reads a tensor's value in Python: .item(), .tolist(), an `if` on a "
             "tensor, or an operator that checks its values, as F.one_hot(t, num_classes) "
             "does; write that part with tensors alone, such as "
@@ -934,7 +1091,9 @@ def _reads_values(n, of):
     positional = [a for a in n.args if isinstance(a, torch.fx.Node)]
     if positional.count(of) != 1 or of in n.kwargs.values():
         return True
-    return not (n.args[0] is of and op_name(n.target).rstrip("_") in _OVERWRITES)
+    # (functionalization names a random fill normal_functional)
+    name = op_name(n.target).rstrip("_").removesuffix("_functional")
+    return not (n.args[0] is of and name in _OVERWRITES)
 
 
 def _no_elements(n):

@@ -19,8 +19,18 @@ except ImportError:  # pragma: no cover (1.13 has it there too)
 
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
-__all__ = ["FakeTensor", "FakeTensorMode", "free_storage", "functional_call", "functionalize",
-           "make_fx", "storage_bytes", "storage_key"]
+__all__ = ["FakeTensor", "FakeTensorMode", "autocast_state", "free_storage", "functional_call",
+           "functionalize", "make_fx", "storage_bytes", "storage_key"]
+
+
+def autocast_state(device_type):
+    """(enabled, dtype) of torch.autocast for `device_type` ("cpu" or
+    "cuda") where the caller is: a trace under autocast records its casts."""
+    if hasattr(torch, "get_autocast_dtype"):  # PyTorch 2.4 and later
+        return (torch.is_autocast_enabled(device_type), torch.get_autocast_dtype(device_type))
+    if device_type == "cpu":
+        return torch.is_autocast_cpu_enabled(), torch.get_autocast_cpu_dtype()
+    return torch.is_autocast_enabled(), torch.get_autocast_gpu_dtype()
 
 
 def op_name(target):

@@ -948,8 +948,10 @@ def _group_settings(name, kind, group, where):
     for key, value in settings.items():
         if torch.is_tensor(value):
             raise OptimizerError(f"{name}: a tensor {key}{where} is not planned")
-        if key in ("lr", "eps") and not value > 0:
-            raise OptimizerError(f"{name}: {key}={value}{where}; pebble plans {key} above 0")
+        # (lr 0: a warm-up's first steps, which PyTorch takes)
+        if key == "eps" and not value > 0 or key == "lr" and not value >= 0:
+            raise OptimizerError(f"{name}: {key}={value}{where}; pebble plans {key} "
+                                 f"{'above 0' if key == 'eps' else 'of 0 or more'}")
     if kind == "adamw":
         settings["decoupled"] = True
     return settings
