@@ -144,7 +144,7 @@ std::vector<std::string> ParameterGroupKeys(OptimizerKind kind);
 // Defaults are
 // PyTorch's (lr 0.01 for SGD, 0.001 for Adam and AdamW; AdamW's
 // weight_decay 0.01). InvalidArgument names an unknown optimizer or key,
-// a value that is not a finite number, and a value out of range (lr > 0,
+// a value that is not a finite number, and a value out of range (lr >= 0,
 // momentum and the betas in [0, 1), eps > 0, weight_decay >= 0,
 // max_grad_norm > 0), and a group without a pattern or settings, or with a
 // key that groups do not take.

@@ -1143,7 +1143,7 @@ class _Trainer:
     """A loss as a bound method, weighted by an attribute a schedule anneals."""
 
     def __init__(self):
-        self.alpha = 1.0
+        self.alpha, self.global_step = 1.0, 0  # (the step count: not the loss's)
 
     def compute_loss(self, out, y):
         return self.alpha * torch.nn.functional.cross_entropy(out, y)
@@ -1159,8 +1159,8 @@ def check_training_loops(failures, device):
     settings on a bound method's object and a global tensor rebound (each
     captured again, eager's numbers); torch.autocast around the call (the
     trace records its casts); a call or a train_step under torch.no_grad()
-    (refused, as eager's backward is); Python's random in a forward (a
-    warning); an attribute named like a global (no capture more); a random
+    (refused, as eager's backward is); a loss of shape (1,) (its scalar);
+    Python's random in a forward (a warning); an attribute named like a global (no capture more); a random
     fill of an empty tensor (captured); a buffer registered again in the
     forward, and a batch norm's cumulative average (errors that say so, the
     module left as it was)."""
@@ -1197,6 +1197,12 @@ def check_training_loops(failures, device):
                 warnings.simplefilter("always")
                 check_beside_eager(failures, f"{label} = {weight}", step, model, eager_model,
                                    loss_fn, (x,), y)
+        for _ in range(2):  # (what the loss does not read: no capture)
+            trainer.global_step += 1
+            check_beside_eager(failures, f"{label}, a step count", step, model, eager_model,
+                               loss_fn, (x,), y)
+        failures.check(step.report["shapes_planned"] == 3,
+                       f"{label}: {step.report['shapes_planned']} captures, not 3")
 
     if device.type == "cpu":  # (bfloat16 autocast on the CPU; a GPU's takes float16)
         model = nn.Sequential(nn.Linear(6, 32), nn.ReLU(), nn.Linear(32, 3)).to(device)
@@ -1219,6 +1225,16 @@ def check_training_loops(failures, device):
             except RuntimeError as e:
                 failures.check("gradients disabled" in str(e),
                                f"{label} under torch.no_grad(): {e}")
+
+    model = nn.Sequential(nn.Linear(6, 3)).to(device)
+    eager_model = copy.deepcopy(model)
+    one = lambda out, t: F.cross_entropy(out, t).reshape(1)  # noqa: E731
+    step = pt.train_step(model, one, (x,), y, policy="dtr", budget="min")
+    loss = step(x, y)
+    one(eager_model(x), y).backward()
+    failures.check(loss.shape == () and
+                   relative_error(model[0].weight.grad, eager_model[0].weight.grad) <= TOLERANCE,
+                   f"a loss of shape (1,): returned {tuple(loss.shape)}, gradients as eager's")
 
     with warnings.catch_warnings(record=True) as warned:
         warnings.simplefilter("always")

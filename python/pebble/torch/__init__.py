@@ -621,7 +621,8 @@ class TrainStep:
             return
         changes = key[-1].changes_from(before)
         # (train and eval modes are expected to alternate: each is captured once)
-        attributes = [change.partition(":")[0] for change in changes]
+        # ("loss_fn:self.fc.training: True -> False": a name may hold a colon)
+        attributes = [change.partition(": ")[0] for change in changes]
         if any(a != "training" and not a.endswith(".training") for a in attributes):
             shown = "; ".join(changes[:3]) + (f"; and {len(changes) - 3} more"
                                               if len(changes) > 3 else "")

@@ -24,6 +24,7 @@ import functools
 import math
 import operator
 import random
+import threading
 import types
 import warnings
 import weakref
@@ -105,7 +106,67 @@ class _Local:
 
 
 def _shown(value):
-    return value.value if isinstance(value, _Local) else value
+    return value.value if isinstance(value, (_Local, _Shown)) else value
+
+
+class _Shown:
+    """A setting equal by `key` (a class, a callable's _callable_key) and
+    shown, to people and to the other ranks, as `shown` (a class's
+    qualified name: its module is __main__ on one rank and __mp_main__ on a
+    spawned one)."""
+
+    __slots__ = ("key", "value")
+
+    def __init__(self, key, shown):
+        self.key, self.value = key, shown
+
+    def __eq__(self, other):
+        return isinstance(other, _Shown) and self.key == other.key
+
+    def __hash__(self):
+        return hash(self.key)
+
+    def __repr__(self):
+        return repr(self.value)
+
+
+def _callable_shown(value):
+    """A callable as a person reads it, the same on every rank: its name, a
+    functools.partial's with its plain arguments."""
+    if not isinstance(value, functools.partial):
+        return _hook_name(value)
+    arguments = [repr(a) if _plain(a) is not _NOT_PLAIN else "..." for a in value.args] + \
+        [f"{k}={v!r}" if _plain(v) is not _NOT_PLAIN else f"{k}=..."
+         for k, v in sorted(value.keywords.items())]
+    return f"partial({', '.join([_callable_shown(value.func)] + arguments)})"
+
+
+def _callable_key(value):
+    """What tells the code a callable attribute runs from another's: a
+    function's code (a lambda that the forward makes again at each eager
+    call is the same one) and its closure's plain values, a bound method's
+    function and object, a functools.partial's function and plain
+    arguments; any other callable itself."""
+    if isinstance(value, functools.partial):
+        return ("partial", _callable_key(value.func),
+                tuple(_plain(a) if _plain(a) is not _NOT_PLAIN else id(a) for a in value.args),
+                tuple(sorted((k, _plain(v) if _plain(v) is not _NOT_PLAIN else id(v))
+                             for k, v in value.keywords.items())))
+    if isinstance(value, types.MethodType):
+        return ("method", value.__func__, id(value.__self__))
+    if isinstance(value, types.FunctionType):
+        cells = []
+        for cell in value.__closure__ or ():
+            try:
+                cells.append(_plain(cell.cell_contents))
+            except ValueError:  # (a cell not filled yet)
+                cells.append(None)
+        return ("function", value.__code__, tuple(c for c in cells if c is not _NOT_PLAIN))
+    try:
+        hash(value)
+        return value
+    except TypeError:
+        return id(value)
 
 
 class _Identity:
@@ -209,7 +270,10 @@ def _loss_settings(loss_fn):
         read += sorted(loss_fn.keywords.items())
         loss_fn = loss_fn.func
     if isinstance(loss_fn, types.MethodType):  # (a trainer's compute_loss: self.alpha)
-        read.append(("self", loss_fn.__self__))
+        # Its object's attributes that the method names (not a step counter
+        # that the trainer keeps beside them).
+        named = _attributes_named_in(loss_fn.__func__.__code__)
+        read += [(f"self.{k}", v) for k, v in vars(loss_fn.__self__).items() if k in named]
         loss_fn = loss_fn.__func__
     code = getattr(loss_fn, "__code__", None)
     if code is not None:
@@ -252,14 +316,26 @@ def _names_in(code):
     return tuple(found)
 
 
+def _attributes_named_in(code):
+    """Every name that `code` and the functions defined in it load or
+    store, attributes among them (self.alpha names `alpha`)."""
+    found, stack = set(), [code]
+    while stack:
+        c = stack.pop()
+        found.update(c.co_names)
+        stack += [k for k in c.co_consts if isinstance(k, types.CodeType)]
+    return found
+
+
 def _draws_in_python(value):
-    """Whether a global is Python's or NumPy's random module, or one of
-    their functions (`from random import random`)."""
+    """Whether a global is Python's or NumPy's random module, one of their
+    generators (random.Random(0), np.random.default_rng()) or one of their
+    functions (`from random import random`)."""
     if isinstance(value, types.ModuleType):
         return value.__name__ in ("random", "numpy.random")
     owner = getattr(value, "__self__", None)
-    return isinstance(owner, random.Random) or \
-        type(owner).__module__.startswith("numpy.random")
+    return any(isinstance(v, random.Random) or type(v).__module__.startswith("numpy.random")
+               for v in (value, owner))
 
 
 def python_randomness(model):
@@ -275,9 +351,7 @@ def python_randomness(model):
         if cls.__module__.startswith("torch.") or code is None:
             continue
         names = getattr(forward, "__globals__", {})
-        attributes = set()
-        for c in [code] + [k for k in code.co_consts if isinstance(k, types.CodeType)]:
-            attributes.update(c.co_names)
+        attributes = _attributes_named_in(code)
         for name in _names_in(code):
             value = names.get(name)
             if _draws_in_python(value) or (
@@ -330,17 +404,18 @@ class ModuleSettings:
         attrs, hooks, seen, classes = [], [], {}, set()
         for name, module in model.named_modules():
             cls = type(module)
-            attrs.append((name, (("(class)", f"{cls.__module__}.{cls.__qualname__}"),) +
+            on = module.__dict__
+            # (a patched forward, self.act = F.gelu)
+            bound = tuple((key, _Shown(_callable_key(value), _callable_shown(value)))
+                          for key, value in on.items()
+                          if key[0] != "_" and callable(value) and
+                          not isinstance(value, (torch.nn.Module, type)))
+            attrs.append((name, (("(class)", _Shown(cls, cls.__qualname__)),) + bound +
                           _plain_attributes(module, seen)))
             classes.add(cls)
-            on = module.__dict__
             for kind in ("_forward_pre_hooks", "_forward_hooks", "_backward_hooks"):
                 if on.get(kind):
                     hooks.append((name, kind, tuple(on[kind].values())))
-            for key, value in on.items():  # (a patched forward, self.act = F.gelu)
-                if key[0] != "_" and callable(value) and \
-                        not isinstance(value, (torch.nn.Module, type)):
-                    hooks.append((name, f"callable {key}", (value,)))
         for kind in ("_global_forward_pre_hooks", "_global_forward_hooks",
                      "_global_backward_hooks"):
             on = getattr(torch.nn.modules.module, kind, None)
@@ -377,14 +452,10 @@ class ModuleSettings:
                  old[(name, key)] != new[(name, key)]]
         old_hooks = {(name, kind): on for name, kind, on in before.hooks}
         new_hooks = {(name, kind): on for name, kind, on in self.hooks}
-        changed = [(name, kind) for name, kind in set(old_hooks) | set(new_hooks)
-                   if old_hooks.get((name, kind)) != new_hooks.get((name, kind))]
-        hooked = {name for name, kind in changed if not kind.startswith("callable ")}
-        rebound = sorted(f"{name + '.' if name else ''}{kind[len('callable '):]}: "
-                         "another callable" for name, kind in changed
-                         if kind.startswith("callable "))
-        return lines + rebound + [f"hooks on '{name}'" if name else "global hooks"
-                                  for name in sorted(hooked)]
+        hooked = {name for name, kind in set(old_hooks) | set(new_hooks)
+                  if old_hooks.get((name, kind)) != new_hooks.get((name, kind))}
+        return lines + [f"hooks on '{name}'" if name else "global hooks"
+                        for name in sorted(hooked)]
 
 
 class Slot:
@@ -643,6 +714,19 @@ class _ModuleState:
 
 
 @contextlib.contextmanager
+def _attributes_restored(model):
+    """Puts back every attribute of each module of `model` on the way out
+    (_ModuleState.restore): a run that only diagnoses leaves the module as
+    it was."""
+    states = [_ModuleState(module) for module in model.modules()]
+    try:
+        yield
+    finally:
+        for state in states:
+            state.restore()
+
+
+@contextlib.contextmanager
 def _tensor_attributes_kept(model):
     """Restores, on the way out, the attributes of each module of `model`
     whose forward left other tensors in them (_ModuleState), and every
@@ -659,27 +743,45 @@ def _tensor_attributes_kept(model):
         state.restore_if_tensors_changed()
 
 
+# The traces watching register_buffer ((labels, found) each), and the
+# method that the watch wraps while there is one (Module's own, or what
+# the user put in its place before).
+_REGISTERS_WATCHED = []
+_REGISTER_LOCK = threading.Lock()
+_REGISTER_BUFFER = [None]
+
+
+def _register_buffer_watched(module, name, tensor, *args, **kwargs):
+    for labels, found in list(_REGISTERS_WATCHED):
+        if id(module) in labels and name in module._buffers:
+            found.append((labels[id(module)], name))
+    return _REGISTER_BUFFER[0](module, name, tensor, *args, **kwargs)
+
+
 @contextlib.contextmanager
 def _buffers_registered_again(model):
     """Yields a list that gets the 'module' (label, buffer name) of each
     register_buffer call that a module of `model` makes, while this runs,
     for a name it holds already (a cache grown in the forward, as rotary
     embeddings' cos_cached): a trace substitutes the module's buffers, so
-    the forward would read the one it held before."""
+    the forward would read the one it held before. Traces in several
+    threads share one wrapper, put in place by the first and taken away by
+    the last."""
     labels = {id(m): f"'{name}' ({type(m).__name__})" if name else type(m).__name__
               for name, m in model.named_modules()}
-    found = []
-    original = torch.nn.Module.register_buffer
-
-    def register_buffer(module, name, tensor, *args, **kwargs):
-        if id(module) in labels and name in module._buffers:
-            found.append((labels[id(module)], name))
-        return original(module, name, tensor, *args, **kwargs)
-    torch.nn.Module.register_buffer = register_buffer
+    watch = (labels, [])
+    with _REGISTER_LOCK:
+        if not _REGISTERS_WATCHED:
+            _REGISTER_BUFFER[0] = torch.nn.Module.register_buffer
+            torch.nn.Module.register_buffer = _register_buffer_watched
+        _REGISTERS_WATCHED.append(watch)
     try:
-        yield found
+        yield watch[1]
     finally:
-        torch.nn.Module.register_buffer = original
+        with _REGISTER_LOCK:
+            _REGISTERS_WATCHED.remove(watch)
+            if not _REGISTERS_WATCHED:
+                torch.nn.Module.register_buffer = _REGISTER_BUFFER[0]
 
 
 def _named_state(slots, tensors):
@@ -719,6 +821,8 @@ def _step_function(model, loss_fn, slots, grad_found, max_grad_norm=None, norm_t
                                    "keeps a buffer's shape and dtype")
             buffer.copy_(value)
         loss = loss_fn(output, target)
+        if isinstance(loss, torch.Tensor) and loss.dim() > 0 and loss.numel() == 1:
+            loss = loss.reshape(())  # (a loss of shape (1,): eager's backward() takes it)
         if not isinstance(loss, torch.Tensor) or loss.dim() != 0 or \
                 not loss.dtype.is_floating_point:
             raise CaptureError(f"loss_fn must return a scalar floating-point tensor, got "
@@ -874,8 +978,7 @@ def trace(model, loss_fn, inputs, target, device, mode=None, one_pass=True, stan
         stack = _ModuleStack(model)
         try:
             with _rng_kept(device), _rnn_without_cudnn(model, device), _checkpoints_inline(), \
-                    _tensor_attributes_kept(model), \
-                    _buffers_registered_again(model) as registered:
+                    _tensor_attributes_kept(model):
                 step = _step_function(model, loss_fn, slots, grad_found, max_grad_norm,
                                       norm_type, ranks)
                 first = _make_fx(step, m, flat, fake_mode)
@@ -899,15 +1002,6 @@ def trace(model, loss_fn, inputs, target, device, mode=None, one_pass=True, stan
             where = stack.where()
             stack.close()
             failure = (where, e)
-            if registered:
-                who, name = registered[0]
-                raise CaptureError(
-                    f"module {who} registers buffer '{name}' again in its forward (a cache "
-                    "grown on demand, as rotary embeddings' cos_cached), which failed the "
-                    f"trace ({type(e).__name__}: {_first_line(e)}): pebble.torch traces the "
-                    "forward on the buffers the module held before the call. Give the "
-                    "buffer its largest size before the step is made (in __init__), or "
-                    "compute it in the forward without registering it") from e
             if _LEAF_WRITTEN in str(e):
                 # (a trace on real tensors would write the module's own
                 # parameters before failing alike: nn.Embedding's max_norm)
@@ -930,7 +1024,17 @@ def trace(model, loss_fn, inputs, target, device, mode=None, one_pass=True, stan
         raise CaptureError(f"{where} cannot be traced by PyTorch with fake tensors (make_fx), "
                            "which a sharded step needs (its parameters are shards): "
                            f"{type(e).__name__}: {_first_line(e)}") from e
-    eager = _eager_failure(model, loss_fn, slots, flat, device)
+    with _buffers_registered_again(model) as registered:
+        eager = _eager_failure(model, loss_fn, slots, flat, device)
+    if eager is not None and registered:
+        (who, name), (_, e) = registered[0], eager
+        raise CaptureError(
+            f"module {who} registers buffer '{name}' again in its forward (a cache grown on "
+            "demand, as rotary embeddings' cos_cached): pebble.torch runs the forward on the "
+            "buffers the module held before the call, where it fails "
+            f"({type(e).__name__}: {_first_line(e)}). Give the buffer its largest size before "
+            "the step is made (in __init__), or compute it in the forward without registering "
+            "it") from e
     if eager is not None:
         where, e = eager
         raise CaptureError(f"{where} fails on these inputs without pebble too (run eagerly): "
@@ -1092,7 +1196,9 @@ def _reads_values(n, of):
     if positional.count(of) != 1 or of in n.kwargs.values():
         return True
     # (functionalization names a random fill normal_functional)
-    name = op_name(n.target).rstrip("_").removesuffix("_functional")
+    name = op_name(n.target).rstrip("_")
+    if name.endswith("_functional"):
+        name = name[:-len("_functional")]
     return not (n.args[0] is of and name in _OVERWRITES)
 
 
@@ -1160,7 +1266,8 @@ def _eager_failure(model, loss_fn, slots, flat, device):
     inputs, target = tuple(flat[n_state:-1]), flat[-1]
     stack = _ModuleStack(model)
     try:
-        with torch.no_grad(), _rng_kept(device), warnings.catch_warnings():
+        with torch.no_grad(), _rng_kept(device), warnings.catch_warnings(), \
+                _attributes_restored(model):
             warnings.simplefilter("ignore")  # (the trace gave the forward's warnings)
             output = functional_call(model, state, inputs)
             stack.close()
