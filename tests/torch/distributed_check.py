@@ -1494,6 +1494,43 @@ def check_refusal_of_one_rank(torch, pt, dist, rank, ranks):
         [f"a refusal on rank 0 alone: an all-reduce after it sums to {t.tolist()}"]
 
 
+def check_local_refusal_of_one_rank(torch, pt, dist, rank, ranks):
+    """A call that one rank refuses by its own arguments (under no_grad),
+    and a replan() on one rank while the others step: every rank raises,
+    at once (until 2026-12-03 the others' call paired with that rank's next
+    one, trained on it, and the ranks hung a call apart); then the ranks
+    step together as before."""
+    torch.manual_seed(0)
+    model = make_model(torch)
+    (x, y), = batches(torch, ranks, 1)
+    data = (mine(x, rank), mine(y, rank))
+    step = pt.train_step(model, torch.nn.functional.cross_entropy, (data[0],), data[1],
+                         policy="rotor", budget="min", process_group=dist.group.WORLD)
+    failures = []
+    for what, call, needle in (
+            ("a call under no_grad on rank 1",
+             lambda: step(*data) if rank != 1 else _without_grad(torch, step, data),
+             "gradients disabled"),
+            ("replan() on rank 1", lambda: step(*data) if rank != 1 else step.replan("dtr"),
+             "replan()")):
+        start = time.monotonic()
+        try:
+            call()
+            failures.append(f"{what}: rank {rank} went on")
+        except (RuntimeError, pt.PlanExecutionError) as e:
+            if needle not in str(e):
+                failures.append(f"{what}: rank {rank} refused with '{e}'")
+        if time.monotonic() - start > 10:
+            failures.append(f"{what}: rank {rank} waited {time.monotonic() - start:.0f} s")
+    model.zero_grad(set_to_none=True)
+    step(*data)  # (the ranks in step: this call's all-reduces pair)
+    return failures
+
+
+def _without_grad(torch, step, data):
+    with torch.no_grad():
+        return step(*data)
+
 def check_differing_settings(torch, pt, dist, rank, ranks):
     """An optimizer whose learning rate differs on one rank is refused, on
     every rank, naming the optimizer's settings: by train_step, and by a
@@ -1808,6 +1845,7 @@ def checks(torch, pt, dist, rank, ranks):
         failures += check_live_failure(torch, pt, dist, rank, ranks, "full", "end", clip=0.2)
     if every:
         failures += check_refusal_of_one_rank(torch, pt, dist, rank, ranks)
+        failures += check_local_refusal_of_one_rank(torch, pt, dist, rank, ranks)
         failures += check_differing_settings(torch, pt, dist, rank, ranks)
     for parameters in ("device", "host") if every else ():
         failures += check_failed_host_update(torch, pt, dist, rank, ranks, parameters)

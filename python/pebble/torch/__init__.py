@@ -522,15 +522,25 @@ class TrainStep:
         new = object.__new__(TrainStep)
         new.__dict__.update(self.__dict__)
         new.options = dict(self.options, policy=policy, budget=budget)
-        for key in ("host_budget", "bandwidth", "time_limit", "seed", "milp_max_stages"):
-            if key in options:
-                new.options[key] = options.pop(key)
-        _check_plan_options(new.options)
-        for key in ("measure", "allow_cpu_offload"):
-            if key in options:
-                setattr(new, "measure_mode" if key == "measure" else key, options.pop(key))
-        if options:
-            raise TypeError(f"replan() got unexpected arguments: {', '.join(options)}")
+        refused = None
+        try:
+            for key in ("host_budget", "bandwidth", "time_limit", "seed", "milp_max_stages"):
+                if key in options:
+                    new.options[key] = options.pop(key)
+            _check_plan_options(new.options)
+            for key in ("measure", "allow_cpu_offload"):
+                if key in options:
+                    setattr(new, "measure_mode" if key == "measure" else key,
+                            options.pop(key))
+            if options:
+                raise TypeError(f"replan() got unexpected arguments: {', '.join(options)}")
+        except (TypeError, ValueError) as e:
+            refused = e
+        if self.process_group is not None:  # (its plan is rank 0's: every rank plans)
+            check_same_collective("replan()", self.process_group,
+                                  self._shared_refusal() or refused)
+        elif refused is not None:
+            raise refused
         new._variants, new._run_once, new._shapes_dropped = {}, [], 0
         if self.collectives is not None:
             new.collectives = self.collectives.derive()
@@ -662,19 +672,33 @@ class TrainStep:
 
     # --- one step -------------------------------------------------------------
 
+    def _argument_refusal(self, args):
+        """This rank's refusal of a call's arguments (or of grad mode), or
+        None: raised at once on one rank, shared by every rank on several
+        (Note [One plan on every rank]: a rank refused alone would leave
+        the others to pair this call's collectives with its next call's)."""
+        try:
+            if len(args) < 2:
+                raise TypeError("the step takes the input(s) and the target")
+            _check_grad_mode("the step was called")
+            for k, t in enumerate(args[:-1]):
+                _check_tensor_arg(t, f"input {k}")
+            _check_tensor_arg(args[-1], "the target")
+            for t in args:
+                if t.device != self.device:
+                    raise ValueError(f"an input is on {t.device}; the module is on "
+                                     f"{self.device}")
+        except (TypeError, ValueError, RuntimeError) as e:
+            return e
+        return None
+
     def __call__(self, *args):
         """step(*inputs, target) -> the loss; every parameter's .grad set."""
-        if len(args) < 2:
-            raise TypeError("the step takes the input(s) and the target")
-        *inputs, target = args
+        refused = self._argument_refusal(args)
+        if refused is not None and self.process_group is None:
+            raise refused
+        *inputs, target = args if refused is None else (None,)
         inputs = tuple(inputs)
-        _check_grad_mode("the step was called")
-        for k, t in enumerate(inputs):
-            _check_tensor_arg(t, f"input {k}")
-        _check_tensor_arg(target, "the target")
-        for t in inputs + (target,):
-            if t.device != self.device:
-                raise ValueError(f"an input is on {t.device}; the module is on {self.device}")
         if self.process_group is None:
             self._check_trainable()
             refusal = self._hook_refusal() or self._state_refusal()
@@ -691,7 +715,7 @@ class TrainStep:
             # in step: other calls on some rank (or other optimizer
             # settings), a state the step cannot take, a capture or plan
             # that fails.
-            key = self._signature(inputs, target)
+            key = self._signature(inputs, target) if refused is None else (None,) * 4
             check_same_call({"shapes, dtypes or layouts": key[0], "gradients held": key[1],
                              "trainable parameters": key[2],
                              "module settings (modes, attributes such as a dropout's p, "
@@ -699,10 +723,12 @@ class TrainStep:
                              "optimizer settings (a learning rate, say)":
                              _optimizer_settings(self.updates and self.updates.optimizer)},
                             self.process_group,
-                            self._shared_refusal() or self._hook_refusal() or
+                            refused or self._shared_refusal() or self._hook_refusal() or
                             self._state_refusal() or self._unapplied_grad_refusal(
                                 self._variants.get(key, self._variant)),
-                            shown={"shapes, dtypes or layouts": _described_call(inputs, target)})
+                            shown={"shapes, dtypes or layouts":
+                                   _described_call(inputs, target, key[0])
+                                   if refused is None else None})
             self._check_trainable()  # (every rank alike: the signature holds them)
             variant = self._variant_for(inputs, target, key)
             try:
@@ -1595,14 +1621,18 @@ def _setup_of(model, inputs, target, optimizer, options):
     return setup
 
 
-def _described_call(inputs, target):
+def _described_call(inputs, target, tensors):
     """The inputs' and the target's shapes and dtypes, briefly: "inputs
-    (4, 16) int64, target (4, 16) int64"."""
+    (4, 16) int64, target (4, 16) int64", and the autocast that the
+    signature's `tensors` part holds where it is on ("autocast bfloat16")."""
     def described(t):
         layout = "" if t.is_contiguous() else " strided"
         return f"{tuple(t.shape)} {str(t.dtype).replace('torch.', '')}{layout}"
+    enabled, dtype = dict(p for p in tensors if isinstance(p, tuple) and len(p) == 2 and
+                          p[0] == "autocast").get("autocast", (False, None))
     return (f"input{'s' if len(inputs) > 1 else ''} "
-            f"{', '.join(described(t) for t in inputs)}, target {described(target)}")
+            f"{', '.join(described(t) for t in inputs)}, target {described(target)}" +
+            (f", autocast {str(dtype).replace('torch.', '')}" if enabled else ", no autocast"))
 
 
 def _checked_max_shapes(max_shapes):

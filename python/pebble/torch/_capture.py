@@ -1021,9 +1021,14 @@ def trace(model, loss_fn, inputs, target, device, mode=None, one_pass=True, stan
         return traced
     where, e = failure
     if stand_ins:
+        # (no eager run to tell the user's own error apart: no rank holds the
+        # parameters whole)
         raise CaptureError(f"{where} cannot be traced by PyTorch with fake tensors (make_fx), "
                            "which a sharded step needs (its parameters are shards): "
-                           f"{type(e).__name__}: {_first_line(e)}") from e
+                           f"{type(e).__name__}: {_first_line(e)}{_trace_hint(e, model, where)}"
+                           " (where the module or the loss fails on these inputs without "
+                           "pebble too, this is that error: the same step unsharded says "
+                           "which)") from e
     with _buffers_registered_again(model) as registered:
         eager = _eager_failure(model, loss_fn, slots, flat, device)
     if eager is not None and registered:
