@@ -1628,11 +1628,10 @@ def _described_call(inputs, target, tensors):
     def described(t):
         layout = "" if t.is_contiguous() else " strided"
         return f"{tuple(t.shape)} {str(t.dtype).replace('torch.', '')}{layout}"
-    enabled, dtype = dict(p for p in tensors if isinstance(p, tuple) and len(p) == 2 and
-                          p[0] == "autocast").get("autocast", (False, None))
+    enabled, dtype = next((p[1] for p in tensors if p[:1] == ("autocast",)), (False, None))
     return (f"input{'s' if len(inputs) > 1 else ''} "
             f"{', '.join(described(t) for t in inputs)}, target {described(target)}" +
-            (f", autocast {str(dtype).replace('torch.', '')}" if enabled else ", no autocast"))
+            (f", autocast {str(dtype).replace('torch.', '')}" if enabled else ""))
 
 
 def _checked_max_shapes(max_shapes):

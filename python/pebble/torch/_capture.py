@@ -303,6 +303,7 @@ def _loss_settings(loss_fn):
 _GLOBALS_READ = {}
 
 
+@functools.lru_cache(maxsize=512)  # (read at every call: a loss's code)
 def _names_in(code):
     """The global names that `code` and the functions defined in it (a
     lambda in a forward, a comprehension) load, in order, each once; not
@@ -316,6 +317,7 @@ def _names_in(code):
     return tuple(found)
 
 
+@functools.lru_cache(maxsize=512)
 def _attributes_named_in(code):
     """Every name that `code` and the functions defined in it load or
     store, attributes among them (self.alpha names `alpha`)."""
@@ -324,7 +326,7 @@ def _attributes_named_in(code):
         c = stack.pop()
         found.update(c.co_names)
         stack += [k for k in c.co_consts if isinstance(k, types.CodeType)]
-    return found
+    return frozenset(found)
 
 
 def _draws_in_python(value):
