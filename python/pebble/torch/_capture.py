@@ -200,6 +200,12 @@ def _watched(value, seen=None):
     return _setting(value, seen)
 
 
+def _module_label(name, module):
+    """How errors name a module: "'layer1.0' (BasicBlock)", the root by its
+    class."""
+    return f"'{name}' ({type(module).__name__})" if name else type(module).__name__
+
+
 def _plain_attributes(obj, seen=None):
     """The plain settings among `obj`'s attributes, dicts of them and
     configuration objects included (_setting): ((name, value), ...).
@@ -303,30 +309,31 @@ def _loss_settings(loss_fn):
 _GLOBALS_READ = {}
 
 
-@functools.lru_cache(maxsize=512)  # (read at every call: a loss's code)
-def _names_in(code):
-    """The global names that `code` and the functions defined in it (a
-    lambda in a forward, a comprehension) load, in order, each once; not
-    attributes (`self.epoch` reads no global `epoch`)."""
-    found, stack = {}, [code] if code is not None else []
+def _code_and_nested(code):
+    """`code` (None: nothing) and the code of the functions defined in it
+    (a lambda in a forward, a comprehension), depth first."""
+    stack = [code] if code is not None else []
     while stack:
         c = stack.pop()
-        found.update(dict.fromkeys(i.argval for i in dis.get_instructions(c)
-                                   if i.opname in ("LOAD_GLOBAL", "LOAD_NAME")))
+        yield c
         stack += [k for k in c.co_consts if isinstance(k, types.CodeType)]
-    return tuple(found)
+
+
+@functools.lru_cache(maxsize=512)  # (read at every call: a loss's code)
+def _names_in(code):
+    """The global names that `code` and the functions defined in it load,
+    in order, each once; not attributes (`self.epoch` reads no global
+    `epoch`)."""
+    return tuple(dict.fromkeys(i.argval for c in _code_and_nested(code)
+                               for i in dis.get_instructions(c)
+                               if i.opname in ("LOAD_GLOBAL", "LOAD_NAME")))
 
 
 @functools.lru_cache(maxsize=512)
 def _attributes_named_in(code):
     """Every name that `code` and the functions defined in it load or
     store, attributes among them (self.alpha names `alpha`)."""
-    found, stack = set(), [code]
-    while stack:
-        c = stack.pop()
-        found.update(c.co_names)
-        stack += [k for k in c.co_consts if isinstance(k, types.CodeType)]
-    return frozenset(found)
+    return frozenset(name for c in _code_and_nested(code) for name in c.co_names)
 
 
 def _draws_in_python(value):
@@ -519,8 +526,8 @@ class _ModuleStack:
         self.stack = []
         self.handles = []
         for name, module in model.named_modules():
-            label = f"'{name}' ({type(module).__name__})" if name else type(module).__name__
-            self.handles.append(module.register_forward_pre_hook(self._enter(label)))
+            self.handles.append(module.register_forward_pre_hook(
+                self._enter(_module_label(name, module))))
             self.handles.append(module.register_forward_hook(self._leave))
 
     def _enter(self, label):
@@ -672,17 +679,25 @@ class _ModuleState:
     def restore(self):
         """Puts every attribute back, and the lists' and dicts' items (a
         trace that failed: the module as the user left it)."""
+        self._put_back(set(self.attributes) | set(vars(self.module)), self.items)
+
+    def _put_back(self, keys, containers):
+        """The attributes `keys` as they were (bound, or absent), and the
+        items of the lists and dicts `containers` (keys of self.items)."""
         now = vars(self.module)
-        for k in set(now) - set(self.attributes):
-            del now[k]
-        now.update(self.attributes)
-        for k, items in self.items.items():
+        for k in keys:
+            was = self.attributes.get(k, _ABSENT)
+            if was is _ABSENT:
+                now.pop(k, None)
+            else:
+                now[k] = was
+        for k in containers:
             container = self.attributes[k]
             container.clear()
             if isinstance(container, list):
-                container.extend(items)
+                container.extend(self.items[k])
             else:
-                container.update(items)
+                container.update(self.items[k])
 
     def restore_if_tensors_changed(self):
         """Puts the attributes back (Note [Tensors the forward binds to
@@ -700,19 +715,7 @@ class _ModuleState:
                 any(_holds_tensor(self.items[k]) or _holds_tensor(now[k])
                     for k in changed_items)):
             return
-        for k in rebound:
-            was = self.attributes.get(k, _ABSENT)
-            if was is _ABSENT:
-                del now[k]
-            else:
-                now[k] = was
-        for k in changed_items:
-            container = self.attributes[k]
-            container.clear()
-            if isinstance(container, list):
-                container.extend(self.items[k])
-            else:
-                container.update(self.items[k])
+        self._put_back(rebound, changed_items)
 
 
 @contextlib.contextmanager
@@ -769,8 +772,7 @@ def _buffers_registered_again(model):
     the forward would read the one it held before. Traces in several
     threads share one wrapper, put in place by the first and taken away by
     the last."""
-    labels = {id(m): f"'{name}' ({type(m).__name__})" if name else type(m).__name__
-              for name, m in model.named_modules()}
+    labels = {id(m): _module_label(name, m) for name, m in model.named_modules()}
     watch = (labels, [])
     with _REGISTER_LOCK:
         if not _REGISTERS_WATCHED:
@@ -1075,7 +1077,7 @@ def _trace_hint(e, model, where):
                 "`from`: write torch.randint_like(t, low, high) instead)")
     if not any(words in said for words in _DATA_DEPENDENT):
         return ""
-    cumulative = [f"'{name}' ({type(m).__name__})" for name, m in model.named_modules()
+    cumulative = [_module_label(name, m) for name, m in model.named_modules()
                   if isinstance(m, torch.nn.modules.batchnorm._BatchNorm) and
                   m.momentum is None and m.training and m.track_running_stats]
     if cumulative and any(c in where for c in cumulative):
