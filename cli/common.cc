@@ -71,8 +71,9 @@ void GraphSource::AddOptions(CLI::App* cmd) {
       ->check(NumberAbove(0, "a positive number of FLOP/s"));
   cmd->add_option("--profile", profile,
                   "cost profile from 'pebble calibrate': measured seconds replace the "
-                  "cost of every node whose op, shapes, dtype and attrs it has, and its "
-                  "measured link bandwidth is used unless --bandwidth is given");
+                  "cost of every node whose op, shapes, dtype and attrs it has; a command "
+                  "that plans also takes its measured link bandwidth, unless --bandwidth "
+                  "is given");
 }
 
 namespace {

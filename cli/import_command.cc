@@ -83,7 +83,8 @@ int RunImport(const ImportFlags& flags) {
                                            : absl::StrCat("training graph, loss ",
                                                           LossKindName(*loss)))
               << "): " << graph->num_nodes() << " nodes (" << graph->num_aliases()
-              << " views), " << parameters << " parameters of "
+              << (graph->num_aliases() == 1 ? " view), " : " views), ") << parameters
+              << (parameters == 1 ? " parameter of " : " parameters of ")
               << parameter_bytes << " bytes; wrote " << flags.output << "\n";
   }
   return 0;

@@ -27,6 +27,10 @@
 namespace pebble::cli {
 namespace {
 
+constexpr char kBandwidthHelp[] =
+    "host link bytes/s for offload timing, or a preset: pcie4 (25e9, the default), pcie5 "
+    "(55e9), nvlink-c2c (450e9)";
+
 // Options shared by plan and compare.
 struct PlanFlags {
   GraphSource source;
@@ -60,9 +64,7 @@ struct PlanFlags {
           ->capture_default_str()
           ->check(BudgetValue());
     }
-    cmd->add_option("--bandwidth", bandwidth,
-                    "host link bytes/s for offload timing, or a preset: pcie4 (25e9, the "
-                    "default), pcie5 (55e9), nvlink-c2c (450e9)")
+    cmd->add_option("--bandwidth", bandwidth, kBandwidthHelp)
         ->check(BandwidthValue());
     cmd->add_option("--host-budget", host_budget, "host memory limit for offloaded copies")
         ->check(SizeValue());
@@ -245,8 +247,9 @@ int RunPlan(const PlanFlags& f, bool timeline, bool with_layout, const std::stri
                  "counts them)\n";
   }
   // The budget bounds the peak (docs/semantics.md); the one block that
-  // holds every tensor at its offset may need more.
-  if (!is_min && layout.arena_bytes > outcome->budget_bytes) {
+  // holds every tensor at its offset may need more. (A plan over the budget
+  // is over it by its peak already: its message says so.)
+  if (!is_min && result.feasible && layout.arena_bytes > outcome->budget_bytes) {
     std::cout << absl::StrFormat(
         "                  the arena is over the budget by %s: tensors freed at different "
         "times\n                  leave gaps; the budget bounds the peak, not the arena\n",
@@ -626,8 +629,7 @@ void AddPlanCommands(CLI::App& app, int& exit_code) {
   sim_source.AddWorkspaceBackendOption(sim);
   sim->add_option("--schedule,-s", sim_schedule, "schedule file (pebble-schedule JSON)")
       ->required();
-  sim->add_option("--bandwidth", sim_bandwidth,
-                  "host link bytes/s or a preset: pcie4 (25e9, the default), pcie5, nvlink-c2c")
+  sim->add_option("--bandwidth", sim_bandwidth, kBandwidthHelp)
       ->check(BandwidthValue());
   sim_ranks.AddOptions(sim, &sim_source, /*planned=*/false);
   sim->add_flag("--timeline", sim_timeline, "show the per-step memory and time");
@@ -664,8 +666,8 @@ void AddPlanCommands(CLI::App& app, int& exit_code) {
   cmp->add_option("--format,-f", cmp_format, "table, csv or json")->capture_default_str()
       ->check(CLI::IsMember({"table", "csv", "json"}));
   cmp->add_option("--plot", cmp_plot,
-                  "also draw the Pareto curve (overhead against peak, feasible plans) as a PNG "
-                  "with gnuplot")
+                  "also draw the Pareto curve (makespan over the baseline against peak, "
+                  "feasible plans) as a PNG with gnuplot")
       ->check(NotStdout("the plot"));
   cmp->add_flag("--force", cmp_force, "replace an existing --plot file");
   cmp->add_option("--jobs,-j", cmp_jobs,

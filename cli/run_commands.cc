@@ -343,6 +343,11 @@ absl::Status CheckRunPaths(const RunFlags& f, const Graph& graph) {
     absl::Status s = CheckInputsDirectory(graph, f.inputs_dir);
     if (!s.ok()) return absl::Status(s.code(), absl::StrCat("--inputs: ", s.message()));
   }
+  if (!f.trace_path.empty() && !f.dump_dir.empty() && SameFile(f.trace_path, f.dump_dir)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--dump and --trace both name ", Quote(f.dump_dir), ": --dump is the directory the "
+        "tensors are written into, --trace a file; give them different paths"));
+  }
   RETURN_IF_ERROR(CheckOutputs(RunOutputs(f, graph), RunInputs(f, graph), f.force,
                                {f.dump_dir}));
   if (!f.dump_dir.empty() && fs::exists(f.dump_dir, ec) && !fs::is_directory(f.dump_dir, ec)) {
@@ -911,7 +916,8 @@ void AddRunCommands(CLI::App& app, int& exit_code) {
   AddQuietFlag(run, flags.quiet);
   AddOwnOrderFlag(run, flags.own_order);
   run->add_option("--time-limit", flags.time_limit_s,
-                  "seconds an exact or MILP planner may search (default 60)")
+                  "seconds any planner may search (default 60); past it the best valid plan "
+                  "found so far, the cut noted in the message")
       ->check(NumberAbove(0, "a positive number of seconds"));
   run->add_flag("--no-poison", flags.no_poison,
                 "do not fill the arena with NaN bytes before running");

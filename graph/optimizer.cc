@@ -518,6 +518,7 @@ class OptimizerStepBuilder {
     s.id = id;
     s.op = "optimizer_state";
     s.bytes = bytes;
+    s.cost = 0;  // (persistent: never computed, as a parameter)
     s.persistent = true;
     s.role = Role::kOptimizerState;
     s.shape = std::move(shape);

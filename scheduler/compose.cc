@@ -1,6 +1,7 @@
 #include "scheduler/compose.h"
 
 #include <algorithm>
+#include <cmath>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -73,13 +74,19 @@ bool BetterPlan(const PlanResult& a, const PlanResult& b, const PlannerOptions& 
     const double near = 1.005 * static_cast<double>(low);
     const bool x_near = static_cast<double>(x.peak_bytes) <= near;
     const bool y_near = static_cast<double>(y.peak_bytes) <= near;
-    if (x_near && y_near && x.makespan != y.makespan) return x.makespan < y.makespan;
+    if (x_near && y_near && !SameMakespan(x.makespan, y.makespan)) {
+      return x.makespan < y.makespan;
+    }
     return x.peak_bytes < y.peak_bytes;
   }
   if (a.feasible != b.feasible) return a.feasible;
   if (!a.feasible) return x.peak_bytes < y.peak_bytes;
-  if (x.makespan != y.makespan) return x.makespan < y.makespan;
+  if (!SameMakespan(x.makespan, y.makespan)) return x.makespan < y.makespan;
   return x.peak_bytes < y.peak_bytes;
+}
+
+bool SameMakespan(double a, double b) {
+  return std::abs(a - b) <= 1e-9 * std::max(std::abs(a), std::abs(b));
 }
 
 namespace {

@@ -27,8 +27,15 @@ std::unique_ptr<Planner> ComposeWithBestOrder(std::unique_ptr<Planner> inner, st
 // does not; among those that fit, the lower makespan (ties: lower peak);
 // among those that do not, the lower peak. With kMinBudget the lower peak,
 // except that a plan within 0.5% of the other's peak and of lower
-// makespan wins.
+// makespan wins. Makespans within SameMakespan are a tie.
 bool BetterPlan(const PlanResult& a, const PlanResult& b, const PlannerOptions& options);
+
+// Whether two makespans (seconds, or any cost unit) are the same time: each
+// is a sum of doubles, taken in another order for another schedule of the
+// same work, so equal ones may differ in their last bits (resnet18's
+// framework order and best-order's sum one cost to 0.008567087322399988
+// and 0.00856708732239999). Within a relative 1e-9.
+bool SameMakespan(double a, double b);
 
 }  // namespace pebble
 

@@ -9,6 +9,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "graph/status.h"
+#include "scheduler/compose.h"
 #include "scheduler/planner.h"
 
 namespace pebble {
@@ -65,8 +66,10 @@ std::vector<NodeId> AutoHomes(const Graph& graph) {
 }  // namespace
 
 bool Faster(const PlanResult& a, const PlanResult& b) {
-  return a.report.makespan < b.report.makespan ||
-         (a.report.makespan == b.report.makespan && a.report.peak_bytes < b.report.peak_bytes);
+  if (!SameMakespan(a.report.makespan, b.report.makespan)) {
+    return a.report.makespan < b.report.makespan;
+  }
+  return a.report.peak_bytes < b.report.peak_bytes;
 }
 
 absl::StatusOr<PlanResult> PlaceAutoState(const Graph& graph, const PlannerOptions& options,

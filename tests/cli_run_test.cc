@@ -236,6 +236,14 @@ TEST(CliRunTest, TraceIsChromeTraceJson) {
   }
   EXPECT_TRUE(compute && counter && thread_names);
   EXPECT_EQ(Pebble("run --model conv3d:n=8 --policy baseline --trace " + path).exit_code, 1);
+  // One path for the dump's directory and the trace's file: named, before
+  // anything runs (it was "'...' is a directory" once the dump was made).
+  const std::string both = (dir / "both.json").string();
+  Result same = Pebble("run --model conv3d:n=8 --policy baseline --dump " + both + " --trace " +
+                       both);
+  EXPECT_EQ(same.exit_code, 1);
+  EXPECT_THAT(same.err, HasSubstr("--dump and --trace both name"));
+  EXPECT_FALSE(fs::exists(both));
   fs::remove_all(dir);
 }
 

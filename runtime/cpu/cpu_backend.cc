@@ -66,7 +66,8 @@ class CpuBackend final : public Backend {
   std::string Description() const override {
     const dnnl_version_t* v = dnnl_version();
     return absl::StrCat("CPU, oneDNN ", v->major, ".", v->minor, ".", v->patch,
-                        ", ", CpuBackendThreads(), " threads");
+                        ", ", CpuBackendThreads(),
+                        CpuBackendThreads() == 1 ? " thread" : " threads");
   }
 
   absl::Status CheckSupported(const Graph& graph) const override {
