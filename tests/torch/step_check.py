@@ -941,7 +941,10 @@ def check_fake_tensors_wrong(failures, device):
                            ("rotor", "min"), ("checkmate-lp", "90%")):
         model = instance_norm_net()
         try:
-            step = pt.train_step(model, F.cross_entropy, (x,), y, policy=policy, budget=budget)
+            # (the modelled costs: measured ones, under a loaded machine's
+            # noise, changed which plans recompute, and the counts below)
+            step = pt.train_step(model, F.cross_entropy, (x,), y, policy=policy, budget=budget,
+                                 calibrate=False)
             step(x, y)
         except pt.PlanError as e:
             refused += 1
@@ -974,6 +977,106 @@ def check_fake_tensors_wrong(failures, device):
         torch.save(model, io.BytesIO())
     except Exception as e:  # noqa: BLE001 (any failure to save is the finding)
         failures.check(False, f"torch.save of a module after its step: {type(e).__name__}: {e}")
+
+
+class _LengthPool(torch.nn.Module):
+    """Mean-pools each sequence over its length, looping in Python over
+    lengths.tolist() (Note [Values read in Python])."""
+
+    def __init__(self, numpy=False, channels_last=False):
+        super().__init__()
+        self.numpy = numpy
+        self.conv = torch.nn.Conv2d(1, 4, 3, padding=1)
+        if channels_last:  # (traced on real tensors only: the fallback's path)
+            self.conv = self.conv.to(memory_format=torch.channels_last)
+        self.head = torch.nn.Linear(4, 3)
+        # A constant's values read in Python follow from nothing traced: read
+        # as before.
+        self.scale = torch.tensor([0.5, 2.0])
+
+    def forward(self, x, lengths):
+        h = self.conv(x).mean(dim=2).transpose(1, 2)  # (batch, time, 4)
+        counts = lengths.numpy() if self.numpy else lengths.tolist()
+        pooled = torch.stack([h[i, :int(n)].mean(dim=0) for i, n in enumerate(counts)])
+        return self.head(pooled) * self.scale.tolist()[0]
+
+
+class _CountNormalized(torch.nn.Module):
+    """Divides by a count taken from nonzero's output size in Python."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(6, 3)
+
+    def forward(self, x):
+        count = max(len((x[:, 0] > 0).nonzero()), 1)
+        return self.fc(x) / count
+
+
+def check_values_read_in_python(failures, device):
+    """A forward that reads traced values in Python (.tolist(), .numpy()), or
+    a size of nonzero's output alone, is refused, on the fake trace's path and
+    the real one's (a channels-last module), where once the captured batch's
+    values were replayed at every step; one tensor given in two places, and a
+    loss module's weight bound anew, give eager's numbers (the second call's
+    two tensors were once the first's one; the weight was the captured one);
+    and the user's tensors deep-copy after a capture on real tensors."""
+    if device.type != "cpu":
+        return
+    F = torch.nn.functional
+    x, lengths, y = torch.randn(3, 1, 5, 8), torch.tensor([2, 8, 5]), torch.tensor([0, 2, 1])
+    for label, kwargs in (("lengths.tolist()", {}), ("lengths.numpy()", {"numpy": True}),
+                          ("lengths.tolist() in a channels-last module",
+                           {"channels_last": True})):
+        try:
+            pt.train_step(_LengthPool(**kwargs), F.cross_entropy, (x, lengths), y, policy="dtr",
+                          budget="min")
+            failures.check(False, f"{label}: not refused")
+        except pt.CaptureError as e:
+            failures.check("reads a tensor's values in Python" in str(e) and
+                           "_LengthPool" in str(e), f"{label}: {e}")
+    try:
+        pt.train_step(_CountNormalized(), F.cross_entropy, (torch.randn(4, 6),), y[:1].repeat(4),
+                      policy="dtr", budget="min")
+        failures.check(False, "a count of nonzero's output: not refused")
+    except pt.CaptureError as e:
+        failures.check("reads the size of nonzero's output" in str(e),
+                       f"a count of nonzero's output: {e}")
+
+    torch.manual_seed(SEED)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Tanh(), torch.nn.Linear(8, 6))
+    eager_model = copy.deepcopy(model)
+    clean = torch.randn(4, 6)
+    step = pt.train_step(model, F.mse_loss, (clean,), clean, policy="dtr", budget="min")
+    for k in range(2):
+        noisy = clean + 0.3 * torch.randn(4, 6)
+        check_beside_eager(failures, f"an autoencoder captured as step(x, x), call {k} with "
+                           "another input than its target", step, model, eager_model,
+                           F.mse_loss, (noisy,), clean)
+
+    torch.manual_seed(SEED)
+    model = torch.nn.Linear(6, 3)
+    eager_model = copy.deepcopy(model)
+    loss = torch.nn.CrossEntropyLoss(weight=torch.ones(3))
+    batch = torch.randn(4, 6)
+    step = pt.train_step(model, loss, (batch,), y[:1].repeat(4), policy="dtr", budget="min")
+    for weights in ([1.0, 3.0, 0.5], [1.0, 5.0, 0.25]):
+        loss.weight = torch.tensor(weights)
+        check_beside_eager(failures, f"a loss module's weight bound anew ({weights})", step,
+                           model, eager_model, loss, (batch,), torch.tensor([0, 1, 2, 1]))
+
+    x = torch.randn(2, 3, 8, 8)
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.Flatten(),
+                                torch.nn.Linear(144, 3)).to(memory_format=torch.channels_last)
+    target = torch.tensor([0, 2])
+    step = pt.train_step(model, F.cross_entropy, (x,), target, policy="dtr", budget="min")
+    step(x, target)
+    try:
+        copy.deepcopy(x), copy.deepcopy(target)
+        failures.check(step.report["traced_with"] == "real",
+                       f"a channels-last module traced with {step.report['traced_with']}")
+    except Exception as e:  # noqa: BLE001 (what the check is of)
+        failures.check(False, f"deepcopy of the example input after a real trace: {e}")
 
 
 def check_outputs_the_kernel_shapes(failures, device):
@@ -1444,6 +1547,44 @@ def check_errors(failures, device):
                        f"a limit of the trace read as the module's own error: {e}")
         failures.check("reads a tensor's value in Python" in str(e),
                        f"the capture error says why a value cannot be read: {e}")
+    # TorchScript, a generator of the user's own and packed sequences: each
+    # refusal says what to write instead (once PyTorch's words alone, or a
+    # bare RuntimeError from pebble's hooks on a scripted module).
+    try:
+        pt.train_step(torch.jit.script(torch.nn.Linear(4, 4)).to(device),
+                      torch.nn.functional.mse_loss, x, y)
+        failures.check(False, "a scripted module was not refused")
+    except TypeError as e:
+        failures.check("is a TorchScript module" in str(e), f"a scripted module: {e}")
+
+    class OwnGenerator(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = torch.nn.Linear(4, 4)
+            self.g = torch.Generator(device=device.type).manual_seed(1)
+
+        def forward(self, x):
+            return self.fc(x) + torch.randn(x.shape, generator=self.g, device=x.device)
+
+    class Packed(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lstm = torch.nn.LSTM(4, 4, batch_first=True)
+
+        def forward(self, x, lengths):
+            packed = torch.nn.utils.rnn.pack_padded_sequence(x, lengths, batch_first=True,
+                                                             enforce_sorted=False)
+            return self.lstm(packed)[1][0][-1]
+
+    sequences = torch.randn(2, 3, 4, device=device), torch.tensor([3, 2])
+    for label, module, inputs, said in (
+            ("a generator of its own", OwnGenerator(), (x,), "torch.Generator of your own"),
+            ("a packed sequence", Packed(), sequences, "packed sequence")):
+        try:
+            pt.train_step(module.to(device), torch.nn.functional.mse_loss, inputs, y)
+            failures.check(False, f"{label} was not refused")
+        except pt.CaptureError as e:
+            failures.check(said in str(e), f"{label}: {e}")
     # A lazy module's parameter before its first call, and a frozen parameter
     # that the forward averages in place (a momentum encoder), are named.
     lazy = torch.nn.Sequential(torch.nn.LazyLinear(4), torch.nn.Linear(4, 4)).to(device)
@@ -1842,6 +1983,7 @@ def main():
         check_constants_and_masks(failures, device)
         check_outputs_the_kernel_shapes(failures, device)
         check_fake_tensors_wrong(failures, device)
+        check_values_read_in_python(failures, device)
         check_names_like_calls(failures, device)
         check_accumulation(failures, device)
         check_no_garbage(failures, device)

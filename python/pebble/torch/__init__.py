@@ -378,6 +378,13 @@ class TrainStep:
         if not isinstance(model, torch.nn.Module):
             raise TypeError("model must be a torch.nn.Module, not "
                             f"{type(model).__name__}")
+        for name, module in model.named_modules():
+            if isinstance(module, torch.jit.ScriptModule):
+                label = name or getattr(model, "original_name", type(model).__name__)
+                raise TypeError(f"module {label!r} is a TorchScript "
+                                "module (torch.jit.script or torch.jit.trace), whose code a "
+                                "trace cannot look into: give the Python module it was made "
+                                "from")
         meta = on_meta(model)
         if meta and shard != "full":
             raise ValueError(f"module {type(model).__name__} is on the meta device: only "

@@ -32,8 +32,8 @@ import weakref
 import torch
 
 from ._collective_ops import hold_divisors, mean_over_ranks
-from ._compat import (FakeTensor, FakeTensorMode, functional_call, functionalize, make_fx,
-                      op_name, storage_key)
+from ._compat import (FakeTensor, FakeTensorMode, forget_traces, functional_call,
+                      functionalize, make_fx, op_name, storage_key, traced_node)
 from ._memory import is_dense
 
 
@@ -188,16 +188,36 @@ class _Identity:
     def __hash__(self):
         return hash(self.key)
 
-    def __repr__(self):
-        return f"<tensor of shape {list(self.shape)} at 0x{self.key:x}>"
+    def __repr__(self):  # (no address: the ranks compare the settings' text)
+        return f"<a tensor of shape {list(self.shape)}>"
 
 
 def _watched(value, seen=None):
     """A global's or the loss's value as a setting: a tensor by identity
-    (_Identity), else _setting's."""
+    (_Identity), a dict of up to 64 plain keys whose values are tensors or
+    plain (sorted pairs), else _setting's."""
     if isinstance(value, torch.Tensor):
         return _Identity(value)
+    if isinstance(value, dict) and 0 < len(value) <= 64 and \
+            any(isinstance(v, torch.Tensor) for v in value.values()):
+        items = [(k, _Identity(v) if isinstance(v, torch.Tensor) else _plain(v))
+                 for k, v in value.items() if isinstance(k, _PLAIN)]
+        if len(items) == len(value) and all(v is not _NOT_PLAIN for _, v in items):
+            return tuple(sorted(items, key=lambda item: repr(item[0])))
+        return _NOT_PLAIN
     return _setting(value, seen)
+
+
+def _loss_module_settings(module):
+    """A loss module's settings: its plain attributes (_plain_attributes),
+    and its buffers and tensor attributes by identity (a trace takes them as
+    constants: CrossEntropyLoss's class weights bound anew, `loss.weight =
+    w`, must make a new capture)."""
+    tensors = [(f"buffer {name}", _Identity(t)) for name, t in module._buffers.items()
+               if t is not None]
+    tensors += [(name, _Identity(t)) for name, t in vars(module).items()
+                if not name.startswith("_") and isinstance(t, torch.Tensor)]
+    return _plain_attributes(module) + tuple(tensors)
 
 
 def _module_label(name, module):
@@ -268,7 +288,7 @@ def _loss_settings(loss_fn):
     as _setting reads them. A function's are _Local. (Functions the loss
     calls, and other objects, are not looked into.)"""
     if isinstance(loss_fn, torch.nn.Module):
-        return tuple((f"loss_fn.{name}" if name else "loss_fn", _plain_attributes(module))
+        return tuple((f"loss_fn.{name}" if name else "loss_fn", _loss_module_settings(module))
                      for name, module in loss_fn.named_modules())
     read = []  # (name, value)
     if isinstance(loss_fn, functools.partial):
@@ -296,7 +316,7 @@ def _loss_settings(loss_fn):
     for name, value in read:
         if isinstance(value, torch.nn.Module):
             modules += [(f"loss_fn:{name}.{sub}" if sub else f"loss_fn:{name}",
-                         _plain_attributes(module)) for sub, module in value.named_modules()]
+                         _loss_module_settings(module)) for sub, module in value.named_modules()]
         elif not name.startswith("_"):
             value = _watched(value)
             if value is not _NOT_PLAIN:
@@ -916,6 +936,66 @@ def _describe(x):
     return type(x).__name__
 
 
+class _ValuesRead(Exception):
+    """A traced tensor's values read in Python (`how`: ".tolist()")."""
+
+    def __init__(self, how):
+        super().__init__(how)
+        self.how = how
+
+
+def _from_traced_inputs(node):
+    """Whether the fx `node` follows from a placeholder of its graph (the
+    step's parameters, buffers, inputs or target), not from constants
+    alone."""
+    seen, todo = set(), [node]
+    while todo:
+        n = todo.pop()
+        if n.op == "placeholder":
+            return True
+        if n not in seen:
+            seen.add(n)
+            todo.extend(n.all_input_nodes)
+    return False
+
+
+# Note [Values read in Python]. `.tolist()`, `.numpy()` and NumPy's
+# conversions (np.asarray) read a tensor's values without an operator that
+# a trace records. A fake trace fails on them, and a trace on real tensors
+# (the fallback) takes the captured batch's values as constants: every
+# later step replayed them (a loop over `lengths.tolist()` pooled the first
+# batch's lengths; `np.bincount(y.numpy())` weighed by its classes). So while
+# a trace runs, reading a traced tensor that follows from the step's
+# tensors refuses the capture; one made of constants alone (`torch.tensor(
+# [2, 3]).tolist()`) reads as before.
+@contextlib.contextmanager
+def _values_read_refused():
+    originals = {name: getattr(torch.Tensor, name) for name in ("tolist", "numpy")}
+
+    def refusing(name):
+        original = originals[name]
+
+        @functools.wraps(original)
+        def read(self, *args, **kwargs):
+            node = traced_node(self)
+            if node is not None and _from_traced_inputs(node):
+                raise _ValuesRead(f".{name}()")
+            return original(self, *args, **kwargs)
+        return read
+
+    with _TENSOR_METHODS_LOCK:
+        for name in originals:
+            setattr(torch.Tensor, name, refusing(name))
+        try:
+            yield
+        finally:
+            for name, original in originals.items():
+                setattr(torch.Tensor, name, original)
+
+
+_TENSOR_METHODS_LOCK = threading.RLock()  # (one patch of torch.Tensor at a time)
+
+
 @contextlib.contextmanager
 def _rng_kept(device):
     """Puts the generator(s) back as they were: a real trace draws numbers."""
@@ -955,10 +1035,14 @@ def trace(model, loss_fn, inputs, target, device, mode=None, one_pass=True, stan
             # A real trace runs the step: buffers updated in place (batch
             # norm's running statistics) must not be the module's.
             flat.append(t if slot.kind == "parameter" else t.detach().clone())
-        elif slot.kind == "input":
-            flat.append(inputs[slot.index])
         else:
-            flat.append(target)
+            t = inputs[slot.index] if slot.kind == "input" else target
+            # One tensor given in two places (step(x, x)): make_fx would
+            # take both for one placeholder, and a later call's two tensors
+            # would be one. A view of it stands in for the second.
+            if isinstance(t, torch.Tensor) and any(t is u for u in flat):
+                t = t.view_as(t)
+            flat.append(t)
     modes = [mode] if mode else ["fake", "real"]
     if mode is None and any(s.kind == "parameter" and t.dim() in (4, 5) and
                             not t.is_contiguous() for s, t in zip(slots, flat)):
@@ -982,7 +1066,7 @@ def trace(model, loss_fn, inputs, target, device, mode=None, one_pass=True, stan
         stack = _ModuleStack(model)
         try:
             with _rng_kept(device), _rnn_without_cudnn(model, device), _checkpoints_inline(), \
-                    _tensor_attributes_kept(model):
+                    _tensor_attributes_kept(model), _values_read_refused():
                 step = _step_function(model, loss_fn, slots, grad_found, max_grad_norm,
                                       norm_type, ranks)
                 first = _make_fx(step, m, flat, fake_mode)
@@ -1002,6 +1086,16 @@ def trace(model, loss_fn, inputs, target, device, mode=None, one_pass=True, stan
         except CaptureError:
             stack.close()
             raise
+        except _ValuesRead as e:  # Note [Values read in Python]
+            where = stack.where()
+            stack.close()
+            raise CaptureError(
+                f"{where} reads a tensor's values in Python ({e.how}, or a NumPy conversion), "
+                "which a trace cannot follow: the plan would replay the values of the batch it "
+                "was captured with at every step. Compute it with tensor operations (a mask "
+                "such as torch.arange(T) < lengths[:, None] instead of a loop over "
+                "lengths.tolist(); torch.bincount instead of np.bincount), or outside the step "
+                "(then pass the result in as an input)") from None
         except Exception as e:  # PyTorch's own refusal: try the next mode, else report
             where = stack.where()
             stack.close()
@@ -1015,6 +1109,8 @@ def trace(model, loss_fn, inputs, target, device, mode=None, one_pass=True, stan
                     "nn.Embedding with max_norm renormalizes its weight in its forward: "
                     "pebble.torch cannot capture that") from e
             continue
+        finally:
+            forget_traces(flat)  # (1.13 leaves a proxy slot in each: deepcopy then fails)
         _remove_unused_calls(gm)
         _refuse_tensors_requiring_grad(gm, loss_fn)
         _refuse_unfilled_reads(gm)
@@ -1062,12 +1158,46 @@ _DATA_DEPENDENT = ("get value out of a tracing tensor", "data-dependent", "data 
 _LEGACY_CONSTRUCTOR = "Creating a new Tensor subclass Tensor"
 
 
+def _raised_in(e, function):
+    """Whether a frame of `e`'s traceback runs `function` (by its name)."""
+    tb = e.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code.co_name == function:
+            return True
+        tb = tb.tb_next
+    return False
+
+
+def _torchscript_line(said):
+    """The line TorchScript's error marks ("<--- HERE"), else its last."""
+    lines = [line.strip() for line in said.splitlines() if line.strip()]
+    for k, line in enumerate(lines):
+        if "<--- HERE" in line and k > 0:
+            return f"at `{lines[k - 1]}`"
+    return lines[-1] if lines else said
+
+
 def _trace_hint(e, model, where):
     """Advice where PyTorch refused a trace for a reason a user can mend: a
     tensor's value read in Python (a batch norm's cumulative average among
     them), the legacy torch.Tensor constructor, or PyTorch 1.13's code for
     Tensor.random_(from, to). `where`: the module that ran (_ModuleStack)."""
     said = f"{type(e).__name__}: {e}"
+    if "TorchScript interpreter" in said:
+        return (" (a torch.jit.script function runs in TorchScript's interpreter, which a "
+                "trace cannot look into, and it failed there: "
+                f"{_torchscript_line(said)}; call the Python function it was made from)")
+    if "torch._C.Generator" in said:
+        return (" (a torch.Generator of your own in the step, which a trace cannot take: "
+                "draw from the default generator, seeded with torch.manual_seed, whose state "
+                "the plan replays)")
+    rnns = [_module_label(name, m) for name, m in model.named_modules()
+            if isinstance(m, torch.nn.RNNBase)]
+    if _raised_in(e, "pack_padded_sequence") or (
+            any(words in said for words in _DATA_DEPENDENT) and any(r in where for r in rnns)):
+        return (" (an RNN given a packed sequence, nn.utils.rnn.pack_padded_sequence's, "
+                "reads its lengths in Python: run the RNN on the padded batch and mask its "
+                "outputs by length, e.g. gather each sequence's last step at lengths - 1)")
     if _LEGACY_CONSTRUCTOR in said:
         return (" (torch.Tensor([...]), the legacy constructor, in the step: write "
                 "torch.tensor([...]), which a trace takes as a constant)")
@@ -1538,16 +1668,51 @@ def _made_functional(gm, slots):
     return gm, values  # trace() recompiles it once its unused calls are gone
 
 
+# Operators whose output's shape follows from their input's values (a trace
+# on real tensors records the captured batch's; the executor checks it at
+# each call: CapturedValueMismatch).
+_VALUE_SHAPED = frozenset({
+    "nonzero", "nonzero_numpy", "argwhere", "masked_select", "unique", "_unique", "_unique2",
+    "unique_dim", "unique_consecutive", "unique_dim_consecutive", "repeat_interleave",
+    "bincount"})
+
+
+def _value_shaped(n):
+    """Whether call `n` makes an output whose shape its input's values
+    decide (_VALUE_SHAPED, or an index by a boolean mask)."""
+    name = op_name(n.target)
+    if name in _VALUE_SHAPED:
+        return True
+    if name == "index" and len(n.args) > 1 and isinstance(n.args[1], (list, tuple)):
+        for index in n.args[1]:
+            value = index.meta.get("val", index.meta.get("tensor_meta")) \
+                if isinstance(index, torch.fx.Node) else None
+            if getattr(value, "dtype", None) in (torch.bool, torch.uint8):
+                return True
+    return False
+
+
 def _remove_unused_calls(gm):
     """Drops calls whose value nothing reads, but for those that write into
     an argument (a write-back into a buffer such as num_batches_tracked's
-    copy_): FX's own dead-code pass would drop those too."""
+    copy_): FX's own dead-code pass would drop those too. A call of a
+    value-shaped output that nothing reads was traced for its size alone
+    (`len(x.nonzero())`, `mask.nonzero().numel()` as a count): a CaptureError,
+    as the captured batch's count would be replayed at every step, where no
+    check could see it change."""
     changed = True
     while changed:
         changed = False
         for n in reversed(list(gm.graph.nodes)):
             if n.op != "call_function" or n.users:
                 continue
+            if _value_shaped(n):
+                raise CaptureError(
+                    f"the step reads the size of {op_name(n.target)}'s output in Python (a "
+                    "count such as len(mask.nonzero()) or x[mask].numel()) and uses no value "
+                    "of it: the plan would replay the captured batch's count at every step. "
+                    "Count with tensor operations (mask.sum(), clamped with .clamp(min=1) "
+                    "where it divides), which the plan computes at each step")
             schema = getattr(n.target, "_schema", None)
             writes = schema is not None and any(
                 a.alias_info is not None and a.alias_info.is_write for a in schema.arguments)

@@ -19,8 +19,9 @@ except ImportError:  # pragma: no cover (1.13 has it there too)
 
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
-__all__ = ["FakeTensor", "FakeTensorMode", "autocast_state", "free_storage", "functional_call",
-           "functionalize", "make_fx", "storage_bytes", "storage_key"]
+__all__ = ["FakeTensor", "FakeTensorMode", "autocast_state", "forget_traces", "free_storage",
+           "functional_call", "functionalize", "make_fx", "storage_bytes", "storage_key",
+           "traced_node"]
 
 
 def autocast_state(device_type):
@@ -62,3 +63,37 @@ def storage_key(t):
     from torch.multiprocessing.reductions import StorageWeakRef
     ref = StorageWeakRef(_storage(t))
     return getattr(ref, "cdata", None) or getattr(ref, "_cdata")
+
+
+def traced_node(t):
+    """The fx node by which a trace in progress (make_fx) made or took `t`,
+    or None where no trace follows it. 1.13 keeps it in the tensor's own
+    __dict__ (its proxy slot), 2.x in the tracer of the proxy mode that is
+    on."""
+    from torch.fx.experimental import proxy_tensor
+    slot = getattr(proxy_tensor, "proxy_slot", None)
+    found = t.__dict__.get(slot) if slot is not None else None
+    for entry in (found or {}).values():
+        proxy = getattr(entry, "proxy", None)
+        if proxy is not None:
+            return proxy.node
+    stack = getattr(torch.utils._python_dispatch, "_get_current_dispatch_mode_stack", None)
+    for mode in (stack() if stack is not None else ()):
+        tracker = getattr(getattr(mode, "tracer", None), "tensor_tracker", None)
+        entry = tracker.get(t) if tracker is not None else None
+        if entry is not None and getattr(entry, "proxy", None) is not None:
+            return entry.proxy.node
+    return None
+
+
+def forget_traces(tensors):
+    """Takes the traces' proxy slots out of `tensors` (1.13 leaves them in
+    each traced tensor's __dict__, where copy.deepcopy of the user's own
+    tensor then fails; 2.x keeps them in its tracer)."""
+    from torch.fx.experimental import proxy_tensor
+    slot = getattr(proxy_tensor, "proxy_slot", None)
+    if slot is None:
+        return
+    for t in tensors:
+        if isinstance(t, torch.Tensor):
+            t.__dict__.pop(slot, None)
