@@ -1020,7 +1020,9 @@ def check_values_read_in_python(failures, device):
     values were replayed at every step; one tensor given in two places, and a
     loss module's weight bound anew, give eager's numbers (the second call's
     two tensors were once the first's one; the weight was the captured one);
-    and the user's tensors deep-copy after a capture on real tensors."""
+    so does label smoothing over batches of other padding (it failed at the
+    second); and the user's tensors deep-copy after a capture on real
+    tensors."""
     if device.type != "cpu":
         return
     F = torch.nn.functional
@@ -1064,6 +1066,26 @@ def check_values_read_in_python(failures, device):
         loss.weight = torch.tensor(weights)
         check_beside_eager(failures, f"a loss module's weight bound anew ({weights})", step,
                            model, eager_model, loss, (batch,), torch.tensor([0, 1, 2, 1]))
+
+    # Label smoothing over padded targets (Note [Label smoothing without
+    # masked_select]): every batch's own padding, where the next batch with
+    # other padding than the captured one's failed.
+    for weight in (None, torch.rand(5) + 0.5):
+        torch.manual_seed(SEED)
+        model = torch.nn.Linear(8, 5)
+        eager_model = copy.deepcopy(model)
+        loss = torch.nn.CrossEntropyLoss(weight=weight, label_smoothing=0.1)
+        batches = []
+        for pad in (0, 2, 1):
+            target = torch.randint(0, 5, (4,))
+            target[:pad] = -100
+            batches.append((torch.randn(4, 8), target))
+        step = pt.train_step(model, loss, (batches[0][0],), batches[0][1], policy="dtr",
+                             budget="min")
+        for k, (batch, target) in enumerate(batches):
+            label = "label smoothing" + (" and class weights" if weight is not None else "")
+            check_beside_eager(failures, f"{label}, batch {k} of {int((target == -100).sum())} "
+                               "padded", step, model, eager_model, loss, (batch,), target)
 
     x = torch.randn(2, 3, 8, 8)
     model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.Flatten(),

@@ -993,7 +993,64 @@ def _values_read_refused():
                 setattr(torch.Tensor, name, original)
 
 
-_TENSOR_METHODS_LOCK = threading.RLock()  # (one patch of torch.Tensor at a time)
+_TENSOR_METHODS_LOCK = threading.RLock()  # (one patch of torch's own names at a time)
+
+
+# Note [Label smoothing without masked_select]. PyTorch's cross-entropy with
+# label_smoothing (1.13, with or without class weights; 2.x with them)
+# averages its smoothing term over the targets that are not ignore_index
+# with a masked_select, whose shape follows from how many are padding: a
+# fake trace fails on it, and a real one holds the captured batch's count,
+# so the next batch with other padding failed (CapturedValueMismatch). While
+# a trace runs, F.cross_entropy with label smoothing and class indices is
+# written with masks instead (the same terms, PyTorch's formula: (1 - e) *
+# nll + e / C * the smoothing term's mean over the kept targets, weighed by
+# their classes' weights), which plans for any padding; the sums run in
+# another order, so the loss matches eager's to rounding.
+def _cross_entropy_masked(original):
+    @functools.wraps(original)
+    def cross_entropy(input, target, weight=None, size_average=None, ignore_index=-100,
+                      reduce=None, reduction="mean", label_smoothing=0.0):
+        if not label_smoothing or target.dtype.is_floating_point or \
+                size_average is not None or reduce is not None or \
+                reduction not in ("mean", "sum", "none"):
+            return original(input, target, weight, size_average, ignore_index, reduce,
+                            reduction, label_smoothing)
+        class_dim = 0 if input.dim() == 1 else 1
+        classes = input.shape[class_dim]
+        log_p = torch.nn.functional.log_softmax(input, class_dim)
+        nll = torch.nn.functional.nll_loss(log_p, target, weight, ignore_index=ignore_index,
+                                           reduction=reduction)
+        ignored = target == ignore_index
+        if weight is not None:
+            shape = [1] * log_p.dim()
+            shape[class_dim] = classes
+            log_p = log_p * weight.view(shape)
+        smooth = (-log_p.sum(class_dim)).masked_fill(ignored, 0.0)
+        if reduction == "mean":
+            if weight is not None:
+                kept = weight.gather(0, target.masked_fill(ignored, 0).flatten())
+                smooth = smooth.sum() / kept.masked_fill(ignored.flatten(), 0.0).sum()
+            else:
+                smooth = smooth.sum() / (~ignored).sum()
+        elif reduction == "sum":
+            smooth = smooth.sum()
+        return (1 - label_smoothing) * nll + smooth * (label_smoothing / classes)
+    return cross_entropy
+
+
+@contextlib.contextmanager
+def _label_smoothing_masked():
+    """F.cross_entropy as _cross_entropy_masked while a trace runs (Note
+    [Label smoothing without masked_select])."""
+    functional = torch.nn.functional
+    with _TENSOR_METHODS_LOCK:
+        original = functional.cross_entropy
+        functional.cross_entropy = _cross_entropy_masked(original)
+        try:
+            yield
+        finally:
+            functional.cross_entropy = original
 
 
 @contextlib.contextmanager
@@ -1066,7 +1123,8 @@ def trace(model, loss_fn, inputs, target, device, mode=None, one_pass=True, stan
         stack = _ModuleStack(model)
         try:
             with _rng_kept(device), _rnn_without_cudnn(model, device), _checkpoints_inline(), \
-                    _tensor_attributes_kept(model), _values_read_refused():
+                    _tensor_attributes_kept(model), _values_read_refused(), \
+                    _label_smoothing_masked():
                 step = _step_function(model, loss_fn, slots, grad_found, max_grad_norm,
                                       norm_type, ranks)
                 first = _make_fx(step, m, flat, fake_mode)
