@@ -1001,6 +1001,21 @@ class _LengthPool(torch.nn.Module):
         return self.head(pooled) * self.scale.tolist()[0]
 
 
+class _SplitBySizes(torch.nn.Module):
+    """Reads values in Python that do not follow from the batch's values: a
+    buffer of split sizes, and a batch size counted from ones_like."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("sizes", torch.tensor([2, 4]))
+        self.fc = torch.nn.Linear(6, 3)
+
+    def forward(self, x):
+        a, b = x.split(self.sizes.tolist(), dim=1)
+        batch = torch.ones_like(x[:, 0]).sum().tolist()
+        return self.fc(torch.cat([b, a], dim=1)) / batch
+
+
 class _CountNormalized(torch.nn.Module):
     """Divides by a count taken from nonzero's output size in Python."""
 
@@ -1037,6 +1052,17 @@ def check_values_read_in_python(failures, device):
         except pt.CaptureError as e:
             failures.check("reads a tensor's values in Python" in str(e) and
                            "_LengthPool" in str(e), f"{label}: {e}")
+    # (values of a buffer, or of a shape, are the same at each step: read as
+    # before, on the real trace's path)
+    torch.manual_seed(SEED)
+    model = _SplitBySizes()
+    eager_model = copy.deepcopy(model)
+    batch = torch.randn(4, 6)
+    step = pt.train_step(model, F.cross_entropy, (batch,), y[:1].repeat(4), policy="dtr",
+                         budget="min")
+    check_beside_eager(failures, "split sizes read from a buffer, a batch size from ones_like",
+                       step, model, eager_model, F.cross_entropy, (torch.randn(4, 6),),
+                       torch.tensor([2, 0, 1, 1]))
     try:
         pt.train_step(_CountNormalized(), F.cross_entropy, (torch.randn(4, 6),), y[:1].repeat(4),
                       policy="dtr", budget="min")

@@ -567,7 +567,9 @@ class TrainStep:
         tensors = tuple((tuple(t.shape), t.dtype, t.device, _layout(t))
                         for t in inputs + (target,))
         if self.shards is None:
-            tensors += tuple(_layout(p) for p in self.model.parameters())
+            # (whole strides: a 1x1 kernel made channels-last differs only in
+            # those of its dims of size 1, and makes channels-last outputs)
+            tensors += tuple(tuple(p.stride()) for p in self.model.parameters())
         # (a trace under torch.autocast records its casts: the step then runs
         # in the dtypes eager's autocast would pick)
         tensors += (("autocast", autocast_state(self.device.type)),)

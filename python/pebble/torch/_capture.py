@@ -109,6 +109,15 @@ def _shown(value):
     return value.value if isinstance(value, (_Local, _Shown)) else value
 
 
+def _shown_after(before, after):
+    """How a setting's new value reads beside its old one: a tensor bound
+    anew in another's place, of the same shape, as another tensor (their
+    reprs are alike: _Identity's has no address)."""
+    if isinstance(before, _Identity) and isinstance(after, _Identity):
+        return f"another tensor of shape {list(after.shape)}"
+    return repr(_shown(after))
+
+
 class _Shown:
     """A setting equal by `key` (a class, a callable's _callable_key) and
     shown, to people and to the other ranks, as `shown` (a class's
@@ -194,17 +203,17 @@ class _Identity:
 
 def _watched(value, seen=None):
     """A global's or the loss's value as a setting: a tensor by identity
-    (_Identity), a dict of up to 64 plain keys whose values are tensors or
-    plain (sorted pairs), else _setting's."""
+    (_Identity), a dict of up to 64 entries that holds tensors as its plain
+    keys' tensors and plain values (sorted pairs), else _setting's."""
     if isinstance(value, torch.Tensor):
         return _Identity(value)
     if isinstance(value, dict) and 0 < len(value) <= 64 and \
             any(isinstance(v, torch.Tensor) for v in value.values()):
+        # (its values that are neither, a function say, are not watched)
         items = [(k, _Identity(v) if isinstance(v, torch.Tensor) else _plain(v))
                  for k, v in value.items() if isinstance(k, _PLAIN)]
-        if len(items) == len(value) and all(v is not _NOT_PLAIN for _, v in items):
-            return tuple(sorted(items, key=lambda item: repr(item[0])))
-        return _NOT_PLAIN
+        return tuple(sorted(((k, v) for k, v in items if v is not _NOT_PLAIN),
+                            key=lambda item: repr(item[0])))
     return _setting(value, seen)
 
 
@@ -474,7 +483,7 @@ class ModuleSettings:
         new = {(name, key): value for name, items in self.attrs for key, value in items}
         lines = [f"{name + '.' if name else ''}{key}: "
                  f"{_shown(old.get((name, key), '(none)'))!r} -> "
-                 f"{_shown(new.get((name, key), '(none)'))!r}"
+                 f"{_shown_after(old.get((name, key)), new.get((name, key), '(none)'))}"
                  for name, key in sorted(set(old) | set(new))
                  if (name, key) not in old or (name, key) not in new or
                  old[(name, key)] is not new[(name, key)] and
@@ -768,6 +777,32 @@ def _tensor_attributes_kept(model):
         state.restore_if_tensors_changed()
 
 
+def _row_major_strides(shape):
+    """The strides of a contiguous tensor of `shape`, as Tensor.stride()
+    gives them."""
+    strides, step = [], 1
+    for size in reversed(shape):
+        strides.append(step)
+        step *= size
+    return tuple(reversed(strides))
+
+
+def _loss_attributes_kept(loss_fn):
+    """_tensor_attributes_kept for a loss module (one that keeps its last
+    loss, say), else nothing."""
+    if isinstance(loss_fn, torch.nn.Module):
+        return _tensor_attributes_kept(loss_fn)
+    return contextlib.nullcontext()
+
+
+def _loss_tensors(loss_fn):
+    """A loss module's buffers and tensor attributes, each of its modules'."""
+    if not isinstance(loss_fn, torch.nn.Module):
+        return []
+    return [t for m in loss_fn.modules() for t in list(m._buffers.values()) +
+            list(vars(m).values()) if isinstance(t, torch.Tensor)]
+
+
 # The traces watching register_buffer ((labels, found) each), and the
 # method that the watch wraps while there is one (Module's own, or what
 # the user put in its place before).
@@ -944,18 +979,30 @@ class _ValuesRead(Exception):
         self.how = how
 
 
-def _from_traced_inputs(node):
-    """Whether the fx `node` follows from a placeholder of its graph (the
-    step's parameters, buffers, inputs or target), not from constants
-    alone."""
+# Calls whose output follows from their input's shape alone: a value read
+# from such an output (ones_like(x).sum().tolist(), a batch size) does not
+# follow from the input's values.
+_SHAPE_ONLY = frozenset({
+    "ones_like", "zeros_like", "empty_like", "full_like", "new_ones", "new_zeros",
+    "new_empty", "new_full", "sym_size", "sym_numel", "sym_stride", "size", "numel"})
+
+
+def _from_batch(node, batch_from):
+    """Whether the fx `node` follows from the values of the step's inputs or
+    target: the placeholders from position `batch_from` on (the parameters
+    and buffers come first: values read from them, or from constants, are
+    the same at each step, or change with the training, as before)."""
+    placeholders = [n for n in node.graph.nodes if n.op == "placeholder"]
+    batch = set(placeholders[batch_from:])
     seen, todo = set(), [node]
     while todo:
         n = todo.pop()
-        if n.op == "placeholder":
+        if n in batch:
             return True
-        if n not in seen:
-            seen.add(n)
-            todo.extend(n.all_input_nodes)
+        if n in seen or (n.op == "call_function" and op_name(n.target) in _SHAPE_ONLY):
+            continue
+        seen.add(n)
+        todo.extend(n.all_input_nodes)
     return False
 
 
@@ -965,35 +1012,66 @@ def _from_traced_inputs(node):
 # (the fallback) takes the captured batch's values as constants: every
 # later step replayed them (a loop over `lengths.tolist()` pooled the first
 # batch's lengths; `np.bincount(y.numpy())` weighed by its classes). So while
-# a trace runs, reading a traced tensor that follows from the step's
-# tensors refuses the capture; one made of constants alone (`torch.tensor(
-# [2, 3]).tolist()`) reads as before.
-@contextlib.contextmanager
-def _values_read_refused():
-    originals = {name: getattr(torch.Tensor, name) for name in ("tolist", "numpy")}
+# a trace runs on this thread, reading a tensor whose values follow from
+# the step's inputs or target refuses the capture (_ValuesRead); one of
+# parameters, buffers or constants (a buffer of split sizes) reads as before.
+#
+# The methods are patched on the classes while any thread traces (counted),
+# and act on the tracing thread only (_TRACING): another thread's reads are
+# PyTorch's own. So is F.cross_entropy (Note [Label smoothing without
+# masked_select]).
+_TRACING = threading.local()  # .batch_from: the tracing thread's, else absent
+_PATCHES_LOCK = threading.Lock()
+_PATCHES = {"users": 0, "saved": []}  # saved: (owner, name, original or None)
 
-    def refusing(name):
-        original = originals[name]
 
-        @functools.wraps(original)
-        def read(self, *args, **kwargs):
+def _read_refused(name, original):
+    @functools.wraps(original)
+    def read(self, *args, **kwargs):
+        batch_from = getattr(_TRACING, "batch_from", None)
+        if batch_from is not None:
             node = traced_node(self)
-            if node is not None and _from_traced_inputs(node):
+            if node is not None and _from_batch(node, batch_from):
                 raise _ValuesRead(f".{name}()")
-            return original(self, *args, **kwargs)
-        return read
-
-    with _TENSOR_METHODS_LOCK:
-        for name in originals:
-            setattr(torch.Tensor, name, refusing(name))
-        try:
-            yield
-        finally:
-            for name, original in originals.items():
-                setattr(torch.Tensor, name, original)
+        return original(self, *args, **kwargs)
+    return read
 
 
-_TENSOR_METHODS_LOCK = threading.RLock()  # (one patch of torch's own names at a time)
+def _patched():
+    """(owner, name, replacement maker) of each patch the traces install."""
+    owners = [torch.Tensor] + [cls for cls in (FakeTensor,) if "tolist" in vars(cls)]
+    patches = [(cls, name, _read_refused) for cls in owners for name in ("tolist", "numpy")
+               if name in vars(cls) or cls is torch.Tensor]
+    return patches + [(torch.nn.functional, "cross_entropy",
+                       lambda name, original: _cross_entropy_masked(original))]
+
+
+@contextlib.contextmanager
+def _trace_patches(batch_from):
+    """The patches of Notes [Values read in Python] and [Label smoothing
+    without masked_select] on, for this thread, while the block runs."""
+    with _PATCHES_LOCK:
+        if _PATCHES["users"] == 0:
+            for owner, name, make in _patched():
+                own = vars(owner).get(name)  # (None: inherited, deleted again after)
+                _PATCHES["saved"].append((owner, name, own))
+                setattr(owner, name, make(name, getattr(owner, name)))
+        _PATCHES["users"] += 1
+    before = getattr(_TRACING, "batch_from", None)
+    _TRACING.batch_from = batch_from
+    try:
+        yield
+    finally:
+        _TRACING.batch_from = before
+        with _PATCHES_LOCK:
+            _PATCHES["users"] -= 1
+            if _PATCHES["users"] == 0:
+                for owner, name, own in reversed(_PATCHES["saved"]):
+                    if own is None:
+                        delattr(owner, name)
+                    else:
+                        setattr(owner, name, own)
+                _PATCHES["saved"].clear()
 
 
 # Note [Label smoothing without masked_select]. PyTorch's cross-entropy with
@@ -1011,9 +1089,9 @@ def _cross_entropy_masked(original):
     @functools.wraps(original)
     def cross_entropy(input, target, weight=None, size_average=None, ignore_index=-100,
                       reduce=None, reduction="mean", label_smoothing=0.0):
-        if not label_smoothing or target.dtype.is_floating_point or \
-                size_average is not None or reduce is not None or \
-                reduction not in ("mean", "sum", "none"):
+        if getattr(_TRACING, "batch_from", None) is None or not label_smoothing or \
+                target.dtype.is_floating_point or size_average is not None or \
+                reduce is not None or reduction not in ("mean", "sum", "none"):
             return original(input, target, weight, size_average, ignore_index, reduce,
                             reduction, label_smoothing)
         class_dim = 0 if input.dim() == 1 else 1
@@ -1037,20 +1115,6 @@ def _cross_entropy_masked(original):
             smooth = smooth.sum()
         return (1 - label_smoothing) * nll + smooth * (label_smoothing / classes)
     return cross_entropy
-
-
-@contextlib.contextmanager
-def _label_smoothing_masked():
-    """F.cross_entropy as _cross_entropy_masked while a trace runs (Note
-    [Label smoothing without masked_select])."""
-    functional = torch.nn.functional
-    with _TENSOR_METHODS_LOCK:
-        original = functional.cross_entropy
-        functional.cross_entropy = _cross_entropy_masked(original)
-        try:
-            yield
-        finally:
-            functional.cross_entropy = original
 
 
 @contextlib.contextmanager
@@ -1083,6 +1147,7 @@ def trace(model, loss_fn, inputs, target, device, mode=None, one_pass=True, stan
     slots = module_slots(model)
     if max_grad_norm is not None and ranks > 1:
         hold_divisors(ranks, {s.tensor.dtype for s in slots if s.trainable})
+    n_state = len(slots)  # (the placeholders from here on are the batch's)
     slots += [Slot("input", index=k) for k in range(len(inputs))]
     slots.append(Slot("target"))
     flat = []
@@ -1102,10 +1167,14 @@ def trace(model, loss_fn, inputs, target, device, mode=None, one_pass=True, stan
             flat.append(t)
     modes = [mode] if mode else ["fake", "real"]
     if mode is None and any(s.kind == "parameter" and t.dim() in (4, 5) and
-                            not t.is_contiguous() for s, t in zip(slots, flat)):
+                            t.stride() != _row_major_strides(t.shape)
+                            for s, t in zip(slots, flat)):
         # PyTorch 1.13's fake convolution lays its output out by the input
         # alone, a real one by the weight too (a channels-last weight makes
         # a channels-last output): the trace's views must see the real one.
+        # (By its strides: a 1x1 kernel made channels-last is contiguous all
+        # the same, and its output channels-last; once traced fake, a flatten
+        # after it read the wrong order.)
         modes = ["real"]
     if mode is None and any(isinstance(m, torch.nn.EmbeddingBag) for m in model.modules()):
         # The CPU's _embedding_bag leaves offset2bag empty where the fake
@@ -1123,8 +1192,8 @@ def trace(model, loss_fn, inputs, target, device, mode=None, one_pass=True, stan
         stack = _ModuleStack(model)
         try:
             with _rng_kept(device), _rnn_without_cudnn(model, device), _checkpoints_inline(), \
-                    _tensor_attributes_kept(model), _values_read_refused(), \
-                    _label_smoothing_masked():
+                    _tensor_attributes_kept(model), _loss_attributes_kept(loss_fn), \
+                    _trace_patches(batch_from=n_state):
                 step = _step_function(model, loss_fn, slots, grad_found, max_grad_norm,
                                       norm_type, ranks)
                 first = _make_fx(step, m, flat, fake_mode)
@@ -1168,7 +1237,9 @@ def trace(model, loss_fn, inputs, target, device, mode=None, one_pass=True, stan
                     "pebble.torch cannot capture that") from e
             continue
         finally:
-            forget_traces(flat)  # (1.13 leaves a proxy slot in each: deepcopy then fails)
+            # (1.13 leaves a proxy slot in each tensor it traced, constants
+            # among them: copy.deepcopy of it then fails)
+            forget_traces(flat + list(model.buffers()) + _loss_tensors(loss_fn))
         _remove_unused_calls(gm)
         _refuse_tensors_requiring_grad(gm, loss_fn)
         _refuse_unfilled_reads(gm)
@@ -1739,6 +1810,8 @@ def _value_shaped(n):
     """Whether call `n` makes an output whose shape its input's values
     decide (_VALUE_SHAPED, or an index by a boolean mask)."""
     name = op_name(n.target)
+    if name == "repeat_interleave":  # (a count given as a number: a fixed shape)
+        return getattr(n.target, "_overloadname", "") != "self_int"
     if name in _VALUE_SHAPED:
         return True
     if name == "index" and len(n.args) > 1 and isinstance(n.args[1], (list, tuple)):
