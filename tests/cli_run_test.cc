@@ -244,6 +244,9 @@ TEST(CliRunTest, TraceIsChromeTraceJson) {
   EXPECT_EQ(same.exit_code, 1);
   EXPECT_THAT(same.err, HasSubstr("--dump and --trace both name"));
   EXPECT_FALSE(fs::exists(both));
+  Result slashed = Pebble("run --model conv3d:n=8 --policy baseline --dump " + both + "/ --trace " +
+                          both);
+  EXPECT_THAT(slashed.err, HasSubstr("--dump and --trace both name"));
   fs::remove_all(dir);
 }
 

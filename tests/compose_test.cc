@@ -4,6 +4,7 @@
 // another order; --own-order gives the policy as published.
 #include "scheduler/compose.h"
 
+#include <limits>
 #include <memory>
 #include <string>
 #include <vector>
@@ -188,6 +189,9 @@ TEST(ComposeTest, BetterPlanFollowsTheBudgetRule) {
   ASSERT_NE(t, t_summed_otherwise);
   EXPECT_TRUE(SameMakespan(t, t_summed_otherwise));
   EXPECT_FALSE(SameMakespan(t, t * (1 + 1e-6)));
+  const double inf = std::numeric_limits<double>::infinity();
+  EXPECT_FALSE(SameMakespan(inf, t));
+  EXPECT_TRUE(SameMakespan(inf, inf));
   EXPECT_TRUE(BetterPlan(plan(800, t, true), plan(900, t_summed_otherwise, true), bytes));
   EXPECT_FALSE(BetterPlan(plan(900, t_summed_otherwise, true), plan(800, t, true), bytes));
   EXPECT_TRUE(BetterPlan(plan(800, t, true), plan(900, t_summed_otherwise, true), min));

@@ -327,6 +327,15 @@ TEST(OnnxImportTest, WhatCannotBeHonouredIsAnErrorNamingTheNode) {
       {"reads batch norm's running statistics output",
        [](ModelMaker& m) { FindNode(m, "Relu")->set_input(0, "b_mean"); },
        {"'/relu/Relu'", "'b_mean'", "running statistics"}},
+      // A learnable exponent (GeM pooling's) was once folded as a constant,
+      // frozen at its first value.
+      {"a Pow whose exponent is a parameter",
+       [](ModelMaker& m) {
+         m.FloatVectorInitializer("gem.p", {2.0f});
+         FindNode(m, "Relu")->set_op_type("Pow");
+         FindNode(m, "Pow")->add_input("gem.p");
+       },
+       {"'/relu/Relu'", "the exponent 'gem.p' is a parameter"}},
   };
   for (const BadCase& c : cases) {
     auto g = Import(TinyModel(13, "", c.edit));
@@ -337,6 +346,48 @@ TEST(OnnxImportTest, WhatCannotBeHonouredIsAnErrorNamingTheNode) {
     }
     EXPECT_EQ(g.status().message().find('\n'), absl::string_view::npos) << c.what;
   }
+}
+
+// A Concat of parameters (a learnable scale put together from parts) is a
+// concat of values, each part a parameter with its gradient; a Concat that
+// makes Resize's scales folds (ResizeByWholeFactorsIsUpsample).
+TEST(OnnxImportTest, AConcatOfParametersIsComputedNotFolded) {
+  auto g = Import(TinyModel(13, "", [](ModelMaker& m) {
+    const int before = m.graph()->node_size();
+    m.FloatVectorInitializer("scale.a", {1, 2});
+    m.FloatVectorInitializer("scale.b", {3, 4});
+    auto* cat = m.Node("Concat", "/Concat", {"scale.a", "scale.b"}, {"scale"});
+    ModelMaker::IntAttr(cat, "axis", 0);
+    m.Node("Unsqueeze", "/Unsqueeze", {"scale", "axes"}, {"scale_2d"});
+    m.IntInitializer("axes", {0});
+    m.Node("Mul", "/Mul", {"f", "scale_2d"}, {"scaled"});
+    FindNode(m, "Gemm")->set_input(0, "scaled");
+    auto* nodes = m.graph()->mutable_node();  // the Gemm last, after what it reads
+    for (int i = before - 1; i + 1 < nodes->size(); ++i) nodes->SwapElements(i, i + 1);
+  }));
+  ASSERT_TRUE(g.ok()) << g.status();
+  for (const char* p : {"scale.a", "scale.b"}) {
+    const NodeId v = g->Find(p);
+    ASSERT_NE(v, kNoNode) << p;
+    EXPECT_EQ(g->role(v), Role::kParameter) << p;
+    EXPECT_NE(g->Find(std::string("grad:") + p), kNoNode) << p;
+  }
+}
+
+// A model whose weights are graph inputs (export_params=False) trains
+// nothing: refused, saying how to export it (it imported as a step with no
+// parameter gradient).
+TEST(OnnxImportTest, ATrainingGraphWithoutParametersIsRefused) {
+  ModelMaker m(13);
+  m.Input("input", {2, 4});
+  m.Input("fc.weight", {5, 4});
+  auto* fc = m.Node("Gemm", "/fc/Gemm", {"input", "fc.weight"}, {"logits"});
+  ModelMaker::IntAttr(fc, "transB", 1);
+  m.Output("logits");
+  auto g = Import(m.Bytes());
+  ASSERT_FALSE(g.ok());
+  EXPECT_THAT(g.status().message(), HasSubstr("export_params=False"));
+  EXPECT_TRUE(Import(m.Bytes(), LossKind::kNone).ok());  // (its forward graph)
 }
 
 TEST(OnnxImportTest, OpsetOutsideTheSupportedRangeIsRefused) {

@@ -25,6 +25,17 @@ absl::Status ImportContext::ReadInitializers(const onnx::GraphProto& graph) {
   if (graph.sparse_initializer_size() > 0) {
     return absl::InvalidArgumentError("sparse initializers are not supported");
   }
+  for (const onnx::NodeProto& node : graph.node()) {
+    if (node.op_type() != "Resize") continue;
+    for (int i = 1; i < node.input_size(); ++i) arguments_.insert(node.input(i));
+  }
+  for (const onnx::NodeProto& node : graph.node()) {
+    if (node.op_type() != "Concat" || node.output_size() == 0 ||
+        !arguments_.contains(node.output(0))) {
+      continue;
+    }
+    for (const std::string& part : node.input()) arguments_.insert(part);
+  }
   // Batch-norm running statistics are buffers, not parameters.
   for (const onnx::NodeProto& node : graph.node()) {
     if (node.op_type() != "BatchNormalization") continue;
@@ -62,6 +73,15 @@ absl::StatusOr<Value> ImportContext::Get(const onnx::NodeProto& node, const std:
         values_[name] = v;
         return v;
       }
+    }
+    if (auto c = constants_.find(name); c != constants_.end()) {
+      const Shape shape(c->second->dims().begin(), c->second->dims().end());
+      return NodeError(node, absl::StrCat(
+                                 "input ", Quote(name), " is a constant tensor of shape ",
+                                 ShapeToString(shape),
+                                 ", which pebble reads only as a scalar, or as an operator's "
+                                 "shape, axes, pads or scales: a computation reading a "
+                                 "non-scalar float constant is not supported"));
     }
     return NodeError(node,
                      absl::StrCat("input ", Quote(name), " is not computed before it is read"));
@@ -112,6 +132,17 @@ absl::StatusOr<std::vector<Value>> ImportContext::Inputs(const onnx::NodeProto& 
     inputs.push_back(v);
   }
   return inputs;
+}
+
+bool ImportContext::IsParameterLike(const std::string& name) const {
+  auto it = initializers_.find(name);
+  if (it == initializers_.end() || absl::StartsWith(name, "onnx::") ||
+      arguments_.contains(name)) {
+    return false;
+  }
+  const absl::StatusOr<DType> dtype = DTypeOfOnnx(it->second->data_type());
+  return dtype.ok() && (*dtype == DType::kFloat32 || *dtype == DType::kFloat16 ||
+                        *dtype == DType::kBFloat16);
 }
 
 const onnx::TensorProto* ImportContext::ConstTensor(const std::string& name) const {

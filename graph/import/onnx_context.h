@@ -77,6 +77,13 @@ class ImportContext {
   // A constant tensor (a Constant's, a Cast's of one, a folded one, or an
   // initializer), or nullptr.
   const onnx::TensorProto* ConstTensor(const std::string& name) const;
+  // Whether `name` is a float initializer that the model may train: PyTorch
+  // names its parameters (and buffers) by their state_dict keys, and the
+  // constants it folds "onnx::..."; an operator's argument (arguments_) is
+  // none. A differentiable operand that is one (Pow's exponent, a Concat's
+  // part) is a parameter, not a constant to fold (a learnable GeM exponent
+  // was once frozen at its first value).
+  bool IsParameterLike(const std::string& name) const;
   // Input `i` of `node` as constant integers; an error where it is not one.
   absl::StatusOr<std::vector<int64_t>> ConstInts(const onnx::NodeProto& node, int i);
   // `name`'s integers where they are known at import.
@@ -146,6 +153,10 @@ class ImportContext {
   // keeps the addresses constants_ holds.
   std::deque<onnx::TensorProto> folded_;
   absl::flat_hash_set<std::string> buffers_;
+  // Values that are operators' arguments, not operands (Resize's roi,
+  // scales and sizes, and the parts of a Concat that makes one, as
+  // nn.Upsample exports its scales): constants, however they are named.
+  absl::flat_hash_set<std::string> arguments_;
   absl::flat_hash_set<std::string> unreadable_;
   absl::flat_hash_map<std::string, Value> values_;
   absl::flat_hash_set<std::string> reserved_;

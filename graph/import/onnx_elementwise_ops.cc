@@ -74,6 +74,12 @@ absl::Status Pow(ImportContext& cx, const onnx::NodeProto& node) {
   RETURN_IF_ERROR(Attrs(node).OnlyKnown({}));
   // The exponent, 0 where it is not a constant scalar (0 is refused too).
   double power = 0;
+  if (cx.IsParameterLike(node.input(1))) {
+    return NodeError(node, absl::StrCat("the exponent ", Quote(node.input(1)),
+                                        " is a parameter of the model (an initializer it may "
+                                        "train): only a constant exponent of 2 or 0.5 is "
+                                        "supported"));
+  }
   if (const onnx::TensorProto* e = cx.ConstTensor(node.input(1)); e != nullptr) {
     if (std::optional<double> f = FloatScalar(*e)) {
       power = *f;

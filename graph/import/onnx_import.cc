@@ -75,10 +75,29 @@ class Importer {
       cx_.nb().MarkOutput(*v);
     }
     ASSIGN_OR_RETURN(Graph forward, cx_.nb().Build());
+    RETURN_IF_ERROR(CheckSomethingTrains(forward));
     return AddLossAndDifferentiate(forward, options_.loss, options_.cost_model);
   }
 
  private:
+  // A training graph needs a parameter: a model exported with
+  // export_params=False holds its weights as graph inputs, which would
+  // import as a step that trains nothing (its every weight an input).
+  absl::Status CheckSomethingTrains(const Graph& forward) const {
+    if (options_.loss == LossKind::kNone) return absl::OkStatus();
+    for (NodeId v = 0; v < forward.num_nodes(); ++v) {
+      if (forward.role(v) == Role::kParameter) return absl::OkStatus();
+    }
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the ONNX model has no parameters (no float initializers that a node reads), so a "
+        "training graph would train nothing",
+        graph_.input_size() > 1
+            ? absl::StrCat(": its ", graph_.input_size(), " graph inputs hold them instead, as "
+                           "torch.onnx.export(..., export_params=False) writes; export with "
+                           "export_params=True (the default)")
+            : "; import it with --loss none for its forward graph"));
+  }
+
   absl::Status CheckOpset() {
     bool found = false;
     for (const onnx::OperatorSetIdProto& op_set : model_.opset_import()) {

@@ -509,7 +509,9 @@ absl::Status Concat(ImportContext& cx, const onnx::NodeProto& node) {
   std::vector<float> floats;
   bool all_floats = node.input_size() > 0 && (axis == 0 || axis == -1);
   for (const std::string& name : node.input()) {
-    const onnx::TensorProto* t = all_floats ? cx.ConstTensor(name) : nullptr;
+    // (a parameter's part is concatenated as a value: it trains)
+    const onnx::TensorProto* t =
+        all_floats && !cx.IsParameterLike(name) ? cx.ConstTensor(name) : nullptr;
     std::optional<std::vector<double>> part = t ? FloatValues(*t) : std::nullopt;
     all_floats = part.has_value() && t->dims_size() == 1;
     if (all_floats) floats.insert(floats.end(), part->begin(), part->end());
