@@ -395,6 +395,18 @@ def check_other_layouts(failures, device):
                            f"module made channels-last: loss {loss.item()} vs eager "
                            f"{eager.item()}, {step.report['shapes_planned']} captures")
             check_memory(failures, "module made channels-last", step.report)
+    # A 1x1 kernel made channels-last is contiguous all the same, and makes a
+    # channels-last output: once traced fake, its gradients were 0.48 off.
+    torch.manual_seed(SEED)
+    pointwise = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 1), torch.nn.Flatten(),
+                                    torch.nn.Linear(4 * 8 * 8, 4)).to(device)
+    eager_model = copy.deepcopy(pointwise)
+    pointwise.to(memory_format=last)
+    eager_model.to(memory_format=last)
+    target = torch.arange(2, device=device) % 4
+    step = pt.train_step(pointwise, torch.nn.functional.cross_entropy, image, target)
+    check_beside_eager(failures, "a 1x1 convolution made channels-last", step, pointwise,
+                       eager_model, torch.nn.functional.cross_entropy, (image,), target)
     print("other layouts: captured apart, measured as predicted", flush=True)
 
 
