@@ -87,7 +87,7 @@ bool BetterPlan(const PlanResult& a, const PlanResult& b, const PlannerOptions& 
 
 bool SameMakespan(double a, double b) {
   if (!std::isfinite(a) || !std::isfinite(b)) return a == b;  // (inf only ties inf)
-  return std::abs(a - b) <= 1e-9 * std::max(std::abs(a), std::abs(b));
+  return std::abs(a - b) <= 1e-12 * std::max(std::abs(a), std::abs(b));
 }
 
 namespace {

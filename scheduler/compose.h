@@ -34,7 +34,10 @@ bool BetterPlan(const PlanResult& a, const PlanResult& b, const PlannerOptions& 
 // is a sum of doubles, taken in another order for another schedule of the
 // same work, so equal ones may differ in their last bits (resnet18's
 // framework order and best-order's sum one cost to 0.008567087322399988
-// and 0.00856708732239999). Within a relative 1e-9.
+// and 0.00856708732239999). Within a relative 1e-12: the rounding of sums of
+// many terms, not a real difference (a transfer of a few bytes beside
+// seconds of compute is 1e-9 of it, and decides: no copies, where it is
+// all that differs).
 bool SameMakespan(double a, double b);
 
 }  // namespace pebble
