@@ -340,8 +340,14 @@ FileKey KeyOf(const std::string& path) {
   return key;
 }
 
+// `p` without a trailing separator: "out/" names what "out" names.
+fs::path WithoutTrailingSeparator(const fs::path& p) {
+  return !p.has_filename() && p.has_relative_path() ? p.parent_path() : p;
+}
+
 bool SameKey(const FileKey& a, const FileKey& b) {
-  return a.normal == b.normal || (a.inode.has_value() && a.inode == b.inode);
+  return WithoutTrailingSeparator(a.normal) == WithoutTrailingSeparator(b.normal) ||
+         (a.inode.has_value() && a.inode == b.inode);
 }
 
 }  // namespace

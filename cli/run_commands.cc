@@ -343,9 +343,7 @@ absl::Status CheckRunPaths(const RunFlags& f, const Graph& graph) {
     absl::Status s = CheckInputsDirectory(graph, f.inputs_dir);
     if (!s.ok()) return absl::Status(s.code(), absl::StrCat("--inputs: ", s.message()));
   }
-  std::string dump_dir = f.dump_dir;  // (as a file's path: "out/" is "out")
-  while (dump_dir.size() > 1 && dump_dir.back() == '/') dump_dir.pop_back();
-  if (!f.trace_path.empty() && !dump_dir.empty() && SameFile(f.trace_path, dump_dir)) {
+  if (!f.trace_path.empty() && !f.dump_dir.empty() && SameFile(f.trace_path, f.dump_dir)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--dump and --trace both name ", Quote(f.dump_dir), ": --dump is the directory the "
         "tensors are written into, --trace a file; give them different paths"));
