@@ -315,6 +315,21 @@ TEST(OnnxImportTest, WhatCannotBeHonouredIsAnErrorNamingTheNode) {
       {"other domain",
        [](ModelMaker& m) { FindNode(m, "Relu")->set_domain("com.example"); },
        {"'/relu/Relu'", "com.example"}},
+      // Operators are checked before any node is imported: the unknown one
+      // is named, not an earlier node that fails for another reason.
+      {"an unknown op after a node that fails",
+       [](ModelMaker& m) {
+         ModelMaker::IntAttr(FindNode(m, "Conv"), "group", 2);
+         FindNode(m, "Relu")->set_op_type("Selu");
+         FindNode(m, "GlobalAveragePool")->set_op_type("Celu");
+       },
+       {"'/relu/Relu'", "op Selu", "not supported", "the model also uses 'Celu'"}},
+      {"a recurrent layer",
+       [](ModelMaker& m) { FindNode(m, "Relu")->set_op_type("LSTM"); },
+       {"'/relu/Relu'", "op LSTM", "recurrent layers", "pebble.torch"}},
+      {"control flow",
+       [](ModelMaker& m) { FindNode(m, "Relu")->set_op_type("Loop"); },
+       {"'/relu/Relu'", "op Loop", "control flow"}},
       {"gemm with alpha",
        [](ModelMaker& m) { ModelMaker::FloatAttr(FindNode(m, "Gemm"), "alpha", 2.0f); },
        {"'/fc/Gemm'", "alpha"}},
@@ -346,6 +361,43 @@ TEST(OnnxImportTest, WhatCannotBeHonouredIsAnErrorNamingTheNode) {
     }
     EXPECT_EQ(g.status().message().find('\n'), absl::string_view::npos) << c.what;
   }
+}
+
+// The tiny model with its Flatten written as a Reshape to `shape`.
+std::string ReshapingModel(std::vector<int64_t> shape) {
+  return TinyModel(13, "", [&](ModelMaker& m) {
+    m.IntInitializer("flat_shape", shape);
+    onnx::NodeProto* flatten = FindNode(m, "Flatten");
+    flatten->set_op_type("Reshape");
+    flatten->set_name("/Reshape");
+    flatten->clear_attribute();
+    flatten->add_input("flat_shape");
+  });
+}
+
+TEST(OnnxImportTest, BatchThatAReshapeFixesIsNamed) {
+  // x.reshape(2, -1) at an exported batch of 2: --batch 4 makes it (2, 8),
+  // which the classifier refuses; the error says why.
+  auto fixed = Import(ReshapingModel({2, -1}), LossKind::kCrossEntropy, 4);
+  ASSERT_FALSE(fixed.ok());
+  EXPECT_THAT(fixed.status().message(), HasSubstr("'/fc/Gemm'"));
+  EXPECT_THAT(fixed.status().message(),
+              HasSubstr("--batch 4 rewrote dimension 0 from the exported 2, but Reshape "
+                        "'/Reshape' sets it back to 2"));
+  EXPECT_THAT(fixed.status().message(), HasSubstr("x.flatten(1)"));
+  // The same model at its own batch, and a reshape with -1 for the batch.
+  EXPECT_TRUE(Import(ReshapingModel({2, -1}), LossKind::kCrossEntropy, 2).ok());
+  EXPECT_TRUE(Import(ReshapingModel({2, -1})).ok());
+  auto follows = Import(ReshapingModel({-1, 4}), LossKind::kCrossEntropy, 4);
+  ASSERT_TRUE(follows.ok()) << follows.status();
+  EXPECT_EQ(*follows->shape(follows->Find("logits")), (Shape{4, 5}));
+  // Another error is not given the note.
+  auto other = Import(TinyModel(13, "", [](ModelMaker& m) {
+                        ModelMaker::IntAttr(FindNode(m, "Conv"), "group", 2);
+                      }),
+                      LossKind::kCrossEntropy, 4);
+  ASSERT_FALSE(other.ok());
+  EXPECT_THAT(other.status().message(), ::testing::Not(HasSubstr("rewrote")));
 }
 
 // A Concat of parameters (a learnable scale put together from parts) is a

@@ -50,6 +50,7 @@ class ImportContext {
       : nb_(std::move(graph_name), cost_model) {}
 
   NetBuilder& nb() { return nb_; }
+  const NetBuilder& nb() const { return nb_; }
   int64_t opset() const { return opset_; }
   void set_opset(int64_t opset) { opset_ = opset; }
 

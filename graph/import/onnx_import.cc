@@ -7,6 +7,8 @@
 #include <exception>
 #include <filesystem>
 #include <map>
+#include <optional>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -47,7 +49,18 @@ class Importer {
         cx_(std::string(name), options.cost_model) {}
 
   absl::StatusOr<Graph> Run() {
+    absl::StatusOr<Graph> graph = Import();
+    if (!graph.ok() && batch_fixed_by_.has_value()) {
+      return absl::Status(graph.status().code(),
+                          absl::StrCat(graph.status().message(), " (", BatchFixedNote(), ")"));
+    }
+    return graph;
+  }
+
+ private:
+  absl::StatusOr<Graph> Import() {
     RETURN_IF_ERROR(CheckOpset());
+    RETURN_IF_ERROR(CheckOperatorsKnown());
     RETURN_IF_ERROR(cx_.ReadInitializers(graph_));
     for (const onnx::ValueInfoProto& v : graph_.input()) cx_.Reserve(v.name());
     for (const onnx::ValueInfoProto& v : graph_.output()) cx_.Reserve(v.name());
@@ -55,6 +68,7 @@ class Importer {
     for (const onnx::NodeProto& node : graph_.node()) {
       RETURN_IF_ERROR(ImportNode(node));
       RETURN_IF_ERROR(cx_.nb().status());
+      NoteBatchFixedReshape(node);
     }
     // ONNX's own shape inference runs only now, on nodes whose attributes
     // pebble has checked: it trusts them (a stride of 0 divides by zero in
@@ -79,7 +93,6 @@ class Importer {
     return AddLossAndDifferentiate(forward, options_.loss, options_.cost_model);
   }
 
- private:
   // A training graph needs a parameter: a model exported with
   // export_params=False holds its weights as graph inputs, which would
   // import as a step that trains nothing (its every weight an input).
@@ -141,6 +154,7 @@ class Importer {
   }
 
   absl::Status AddGraphInputs() {
+    ReadExportedBatch();
     for (const onnx::ValueInfoProto& in : graph_.input()) {
       if (cx_.IsInitializer(in.name())) continue;  // old exporters list them
       if (!in.type().has_tensor_type()) {
@@ -180,19 +194,84 @@ class Importer {
     return absl::OkStatus();
   }
 
-  absl::Status ImportNode(const onnx::NodeProto& node) {
+  // Every node's operator is checked before any is imported, so that a model
+  // is refused at the operator pebble lacks (an LSTM), not at whichever of
+  // its inputs the walk reaches first (an LSTM's initial state is an Expand
+  // of a constant, which was refused for the constant).
+  absl::Status CheckOperatorsKnown() const {
+    const onnx::NodeProto* first = nullptr;
+    std::set<std::string> others;  // the other unsupported operators, sorted
+    auto name = [](const onnx::NodeProto& node) {
+      return node.domain().empty() ? node.op_type()
+                                   : absl::StrCat(node.domain(), ".", node.op_type());
+    };
+    for (const onnx::NodeProto& node : graph_.node()) {
+      if (IsKnownOperator(node)) continue;
+      if (first == nullptr) {
+        first = &node;
+      } else if (name(node) != name(*first)) {
+        others.insert(name(node));
+      }
+    }
+    if (first == nullptr) return absl::OkStatus();
+    std::string also;
+    if (!others.empty()) {
+      constexpr size_t kMostNamed = 5;
+      std::vector<std::string> quoted;
+      for (const std::string& op : others) {
+        if (quoted.size() == kMostNamed) {
+          quoted.push_back("...");
+          break;
+        }
+        quoted.push_back(Quote(op));
+      }
+      also = absl::StrCat("; the model also uses ", absl::StrJoin(quoted, ", "));
+    }
+    return NodeError(*first, absl::StrCat(UnsupportedOperatorReason(*first), also));
+  }
+
+  static bool IsKnownOperator(const onnx::NodeProto& node) {
+    return (node.domain().empty() || node.domain() == "ai.onnx") &&
+           Handlers().contains(node.op_type());
+  }
+
+  // Why `node`'s operator is refused, with what to do instead.
+  static std::string UnsupportedOperatorReason(const onnx::NodeProto& node) {
     if (!node.domain().empty() && node.domain() != "ai.onnx") {
-      return NodeError(node,
-                       absl::StrCat("operator domain ", Quote(node.domain()), " is not supported"));
+      return absl::StrCat("operator domain ", Quote(node.domain()), " is not supported");
     }
-    const auto& handlers = Handlers();
-    auto it = handlers.find(node.op_type());
-    if (it == handlers.end()) {
-      return NodeError(node,
-                       absl::StrCat("operator not supported (supported: ",
-                                    absl::StrJoin(SupportedOnnxOps(), ", "), "; docs/import.md)"));
+    const std::string& op = node.op_type();
+    if (op == "LSTM" || op == "GRU" || op == "RNN") {
+      return "recurrent layers are not imported from ONNX: pebble.torch trains nn.LSTM and "
+             "nn.GRU from the module itself (docs/torch.md)";
     }
-    return it->second(cx_, node);
+    if (op == "Loop" || op == "If" || op == "Scan") {
+      return "control flow is not imported: export the model traced (torch.onnx.export of "
+             "an nn.Module, not of a scripted one) so that every shape is fixed";
+    }
+    return absl::StrCat("operator not supported (supported: ",
+                        absl::StrJoin(SupportedOnnxOps(), ", "), "; docs/import.md)");
+  }
+
+  void ReadExportedBatch() {
+    if (!options_.batch.has_value()) return;
+    std::optional<int64_t> batch;
+    for (const onnx::ValueInfoProto& in : graph_.input()) {
+      if (cx_.IsInitializer(in.name())) continue;
+      const auto& tt = in.type().tensor_type();
+      if (!tt.has_shape() || tt.shape().dim_size() == 0 || !tt.shape().dim(0).has_dim_value()) {
+        return;
+      }
+      const int64_t dim = tt.shape().dim(0).dim_value();
+      if (batch.has_value() && *batch != dim) return;
+      batch = dim;
+    }
+    if (batch.has_value() && *batch > 0 && *batch != *options_.batch) exported_batch_ = batch;
+  }
+
+  absl::Status ImportNode(const onnx::NodeProto& node) {
+    if (!IsKnownOperator(node)) return NodeError(node, UnsupportedOperatorReason(node));
+    return Handlers().at(node.op_type())(cx_, node);
   }
 
   absl::Status CheckDeclaredShapes(const onnx::NodeProto& node) {
@@ -216,12 +295,47 @@ class Importer {
     return absl::OkStatus();
   }
 
+  // --batch and reshapes to a constant shape. A model written with
+  // x.reshape(2, -1) at an exported batch of 2 keeps 2 rows whatever --batch
+  // says: the -1 takes the rest, and the error comes later (a Linear's
+  // features, or the shape ONNX's inference gives). Such a Reshape (dim 0
+  // goes from the new batch to the exported one) is remembered, so that the
+  // error names it.
+  void NoteBatchFixedReshape(const onnx::NodeProto& node) {
+    if (!exported_batch_.has_value() || batch_fixed_by_.has_value()) return;
+    if (node.op_type() != "Reshape" || node.input_size() < 1 || node.output_size() < 1) return;
+    const Value* in = cx_.Find(node.input(0));
+    const Value* out = cx_.Find(node.output(0));
+    if (in == nullptr || out == nullptr || !cx_.nb().has_type(*in) || !cx_.nb().has_type(*out)) {
+      return;
+    }
+    const Shape& x = cx_.nb().type(*in).shape;
+    const Shape& y = cx_.nb().type(*out).shape;
+    if (!x.empty() && !y.empty() && x[0] == *options_.batch && y[0] == *exported_batch_) {
+      batch_fixed_by_ = node.name().empty() ? node.output(0) : node.name();
+    }
+  }
+
+  std::string BatchFixedNote() const {
+    return absl::StrCat("--batch ", *options_.batch, " rewrote dimension 0 from the exported ",
+                        *exported_batch_, ", but Reshape ", Quote(*batch_fixed_by_),
+                        " sets it back to ", *exported_batch_,
+                        " with a constant shape: write it with -1 for the batch "
+                        "(x.reshape(-1, features)) or as x.flatten(1), or export at the batch "
+                        "size you want and import without --batch");
+  }
+
   const onnx::ModelProto& model_;
   const onnx::GraphProto& graph_;
   const OnnxImportOptions& options_;
   ImportContext cx_;
   // Shapes ONNX's inference gives, by value name (ReadDeclaredShapes).
   absl::flat_hash_map<std::string, Shape> declared_;
+  // With --batch: the batch the model was exported with, where every graph
+  // input had the same fixed dim 0 and --batch changes it (AddGraphInputs).
+  std::optional<int64_t> exported_batch_;
+  // The first Reshape that sets dim 0 back to exported_batch_.
+  std::optional<std::string> batch_fixed_by_;
 };
 
 }  // namespace
