@@ -400,6 +400,34 @@ TEST(OnnxImportTest, BatchThatAReshapeFixesIsNamed) {
   EXPECT_THAT(other.status().message(), ::testing::Not(HasSubstr("rewrote")));
 }
 
+// PyTorch drops a ceil-mode pool's last window where it would start in the
+// padding; ONNX's shape inference keeps it. The model
+// is PyTorch's: its shape is taken, and the shapes after it go unchecked.
+TEST(OnnxImportTest, ACeilModePoolTakesPyTorchsShape) {
+  auto model = TinyModel(13, "", [](ModelMaker& m) {
+    auto* dims = m.graph()->mutable_input(0)->mutable_type()->mutable_tensor_type()
+                     ->mutable_shape();
+    dims->mutable_dim(2)->set_dim_value(9);
+    dims->mutable_dim(3)->set_dim_value(9);
+    FindNode(m, "GlobalAveragePool")->set_input(0, "pooled");
+    auto* pool = m.Node("MaxPool", "/pool/MaxPool", {"r"}, {"pooled"});
+    ModelMaker::IntsAttr(pool, "kernel_shape", {2, 2});
+    ModelMaker::IntsAttr(pool, "strides", {2, 2});
+    ModelMaker::IntsAttr(pool, "pads", {1, 1, 1, 1});
+    ModelMaker::IntAttr(pool, "ceil_mode", 1);
+    // Nodes in their order: the pool before the average.
+    auto* nodes = m.graph()->mutable_node();
+    std::rotate(nodes->begin() + 3, nodes->end() - 1, nodes->end());
+  });
+  auto g = Import(model, LossKind::kNone);
+  ASSERT_TRUE(g.ok()) << g.status();
+  // ceil((9 + 2 - 2) / 2) + 1 = 6 windows, the last starting at 10, in the
+  // padding: PyTorch's 5.
+  ASSERT_NE(g->Find("pool"), kNoNode);
+  EXPECT_EQ(*g->shape(g->Find("pool")), (Shape{2, 4, 5, 5}));
+  EXPECT_EQ(*g->shape(g->Find("logits")), (Shape{2, 5}));
+}
+
 // A Concat of parameters (a learnable scale put together from parts) is a
 // concat of values, each part a parameter with its gradient; a Concat that
 // makes Resize's scales folds (ResizeByWholeFactorsIsUpsample).

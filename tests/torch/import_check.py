@@ -267,7 +267,9 @@ def grouped_net(torch, num_classes=10, image=None):
     strided), a squeeze-excitation gate (N, C, 1, 1) times (N, C, H, W), a
     per-channel (C, 1, 1) parameter added, subtracted from and divided by,
     a max pool in ceil mode whose last window reaches past the input
-    (GoogLeNet's), and the broadcasts that are not one block of dims: a
+    (GoogLeNet's), a padded one whose last window would start in the
+    padding (PyTorch drops it, ONNX's shape inference keeps it: 9 columns,
+    not 10, at --image 64), and the broadcasts that are not one block of dims: a
     channel mean (N, 1, H, W) gating every channel (CBAM's spatial
     attention), a product of (N, 1, H, W) and (N, C, 1, 1) (both operands
     broadcast), and a mean over (C, W) put back as (N, 1, H, 1): --model
@@ -285,6 +287,7 @@ def grouped_net(torch, num_classes=10, image=None):
                                      bias=False)
             self.strided = nn.Conv2d(12, 12, 3, stride=2, padding=2,
                                      dilation=(2, 1), groups=3)
+            self.padded_pool = nn.MaxPool2d(2, 2, padding=1, ceil_mode=True)
             self.squeeze = nn.Conv2d(12, 4, 1)
             self.excite = nn.Conv2d(4, 12, 1)
             self.shift = nn.Parameter(torch.randn(12, 1, 1) * 0.1)
@@ -296,7 +299,7 @@ def grouped_net(torch, num_classes=10, image=None):
         def forward(self, x):
             x = self.ceil_pool(torch.relu(self.bn1(self.conv1(x))))
             x = torch.relu(self.depthwise(x))
-            x = self.strided(self.grouped(x))
+            x = self.padded_pool(self.strided(self.grouped(x)))
             gate = torch.sigmoid(self.excite(torch.relu(self.squeeze(
                 self.pool(x)))))
             x = x * gate + self.shift
