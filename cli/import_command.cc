@@ -53,6 +53,8 @@ int RunImport(const ImportFlags& flags) {
   options.cost_model.device_flops_per_s = flags.throughput_flops_per_s;
   auto graph = ImportOnnxFile(flags.model_path, options);
   if (!graph.ok()) return Fail(graph.status());
+  const std::string folded_note = FoldedParametersNote(*graph);
+  if (!folded_note.empty()) std::cerr << "pebble: note: " << folded_note << "\n";
   if (optimizer.has_value()) {
     graph = AppendOptimizerStep(*graph, *optimizer, options.cost_model);
     if (!graph.ok()) return Fail(graph.status());
@@ -75,7 +77,9 @@ int RunImport(const ImportFlags& flags) {
                           {"parameters", parameters},
                           {"parameter_bytes", parameter_bytes},
                           {"persistent_bytes", graph->persistent_bytes()},
-                          {"outputs", graph->outputs().size()}};
+                          {"outputs", graph->outputs().size()},
+                          {"notes", folded_note.empty() ? nlohmann::json::array()
+                                                        : nlohmann::json::array({folded_note})}};
     PrintJson(doc);
   } else if (flags.output != "-") {
     std::cout << "imported " << flags.model_path << " as '" << graph->name() << "' ("

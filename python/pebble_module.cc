@@ -236,7 +236,12 @@ Graph ImportOnnxPy(const py::object& path_arg, const py::object& loss, const py:
     py::gil_scoped_release release;
     g = ImportOnnxFile(path, o);
   }
-  return Unwrap(std::move(g));
+  Graph graph = Unwrap(std::move(g));
+  const std::string note = FoldedParametersNote(graph);
+  if (!note.empty() && PyErr_WarnEx(PyExc_UserWarning, note.c_str(), 1) != 0) {
+    throw py::error_already_set();  // warnings turned into errors
+  }
+  return graph;
 }
 
 // tp_new of the classes: their objects come only from the functions. (The

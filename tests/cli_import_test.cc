@@ -55,6 +55,36 @@ TEST(CliImportTest, ImportedModelsPlanAndRun) {
   }
 }
 
+// A weight that torch.onnx.export computed from the model's (named
+// "onnx::Conv_7", as constant folding or an eval-mode export's fused batch
+// norm names it) imports, with a note on stderr and in --json's "notes";
+// the model's own names give none.
+TEST(CliImportTest, ParametersTheExporterComputedAreNoted) {
+  const fs::path dir = Scratch("folded");
+  const fs::path model = EditedModel(dir, [](onnx::ModelProto& m) {
+    for (auto& t : *m.mutable_graph()->mutable_initializer()) {
+      if (t.name() == "0.weight") t.set_name("onnx::Conv_7");
+    }
+    for (auto& n : *m.mutable_graph()->mutable_node()) {
+      for (auto& in : *n.mutable_input()) {
+        if (in == "0.weight") in = "onnx::Conv_7";
+      }
+    }
+  });
+  const std::string g = (dir / "g.json").string();
+  Result r = Pebble("import " + model.string() + " --output " + g + " --json");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("pebble: note: 1 parameter is not the model's own ('onnx::Conv_7')"));
+  EXPECT_THAT(r.err, HasSubstr("do_constant_folding=False"));
+  const Json summary = Json::parse(r.out);
+  ASSERT_EQ(summary["notes"].size(), 1u);
+  EXPECT_THAT(summary["notes"][0].get<std::string>(), HasSubstr("'onnx::Conv_7'"));
+  r = Pebble("import " + Corpus("conv_bn_13") + " --output " + g + " --force --json");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.err, "");
+  EXPECT_TRUE(Json::parse(r.out)["notes"].empty());
+}
+
 TEST(CliImportTest, ForwardGraphIsTrainedWithTrain) {
   const fs::path dir = Scratch("train");
   const std::string forward = (dir / "forward.json").string();

@@ -16,6 +16,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "graph/import/onnx_context.h"
@@ -412,6 +413,30 @@ absl::StatusOr<Graph> ImportOnnxModel(absl::string_view bytes, absl::string_view
   if (!model.has_graph()) return absl::InvalidArgumentError("the ONNX model has no graph");
   onnx_import::Importer importer(model, name, options);
   return importer.Run();
+}
+
+std::string FoldedParametersNote(const Graph& graph) {
+  constexpr absl::string_view kFoldedPrefix = "onnx::";
+  constexpr size_t kMostNamed = 3;
+  std::vector<std::string> folded;
+  size_t count = 0;
+  for (NodeId v = 0; v < graph.num_nodes(); ++v) {
+    if (graph.role(v) != Role::kParameter || !absl::StartsWith(graph.id(v), kFoldedPrefix)) {
+      continue;
+    }
+    if (++count <= kMostNamed) folded.push_back(Quote(graph.id(v)));
+  }
+  if (count == 0) return "";
+  if (count > kMostNamed) folded.push_back("...");
+  const bool one = count == 1;
+  return absl::StrCat(
+      count, one ? " parameter is" : " parameters are", " not the model's own (",
+      absl::StrJoin(folded, ", "), "): torch.onnx.export computed ", one ? "it" : "them",
+      " from the model's (constant folding; in eval mode, batch norms fused into the "
+      "convolutions and dropout dropped: another step), so the graph trains ",
+      one ? "it" : "them",
+      " in place of the model's. Export with training=torch.onnx.TrainingMode.TRAINING and "
+      "do_constant_folding=False (docs/import.md)");
 }
 
 absl::StatusOr<Graph> ImportOnnxFile(const std::string& path, const OnnxImportOptions& options) {

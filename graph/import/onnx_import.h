@@ -56,6 +56,13 @@ absl::StatusOr<Graph> ImportOnnxModel(absl::string_view bytes, absl::string_view
 // Reads and imports the file `path` (the graph is named after its stem).
 absl::StatusOr<Graph> ImportOnnxFile(const std::string& path, const OnnxImportOptions& options);
 
+// A note for the user where an imported graph's parameters are not all the
+// model's own: torch.onnx.export names what it computed from them
+// "onnx::<Op>_<n>" (a weight transposed by constant folding; in eval mode,
+// batch norms fused into the convolutions, dropout gone: another step).
+// Empty where every parameter is named as the model's.
+std::string FoldedParametersNote(const Graph& graph);
+
 // The ONNX operators the importer maps, sorted.
 std::vector<std::string> SupportedOnnxOps();
 

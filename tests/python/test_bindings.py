@@ -136,6 +136,13 @@ class GraphTest(unittest.TestCase):
             self.assertIn("fc.weight", forward.ids)
             trained = pebble.import_onnx(path, loss="cross-entropy")
             self.assertIn("grad:fc.weight", trained.outputs)
+            # A weight the exporter computed (constant folding) is noted.
+            model.graph.initializer[0].name = "onnx::Gemm_3"
+            model.graph.node[0].input[1] = "onnx::Gemm_3"
+            folded = os.path.join(d, "folded.onnx")
+            onnx.save(model, folded)
+            with self.assertWarnsRegex(UserWarning, "'onnx::Gemm_3'.*do_constant_folding=False"):
+                pebble.import_onnx(folded, loss="none")
             bad = os.path.join(d, "bad.onnx")
             with open(bad, "wb") as f:
                 f.write(b"not a model")
