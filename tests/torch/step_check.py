@@ -1495,6 +1495,61 @@ def check_eval_mode(failures, device):
     print("eval mode: eager's gradients", flush=True)
 
 
+def check_unread_outputs(failures, device):
+    """Note [Calls kept for their effects] in _graph.py: an output the loss
+    does not read (an auxiliary head left out of the loss, as torchvision's
+    segmentation models with aux_loss=True trained on their "out") is still
+    run by eager's forward: its batch norm updates its running statistics and
+    its dropouts draw, and a draw before the loss's own shifts the loss's
+    masks. The step keeps those calls: under each plan, eager's loss,
+    gradients and buffers, the generator left where eager leaves it, and the
+    measured peak the predicted one. (Without: the head's statistics stayed
+    as they were, and the loss was 1.145 where eager's is 1.131.)"""
+    nn = torch.nn
+
+    class TwoHeads(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.body = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8),
+                                      nn.ReLU())
+            self.aux = nn.Sequential(nn.Dropout(0.5), nn.Conv2d(8, 8, 3, padding=1),
+                                     nn.BatchNorm2d(8), nn.ReLU(), nn.Conv2d(8, 3, 1))
+            self.main = nn.Sequential(nn.Dropout(0.3), nn.Conv2d(8, 3, 1))
+            self.late = nn.Dropout(0.2)
+
+        def forward(self, x):
+            h = self.body(x)
+            aux = self.aux(h)  # unread, before the loss's dropout
+            out = self.main(h)
+            return {"out": out, "aux": aux, "late": self.late(h)}  # late: unread, last
+
+    def loss_fn(outputs, target):
+        return nn.functional.cross_entropy(outputs["out"], target)
+
+    torch.manual_seed(SEED)
+    model = TwoHeads().to(device)
+    eager_model = copy.deepcopy(model)
+    x = torch.randn(2, 3, 8, 8, device=device)
+    y = torch.randint(0, 3, (2, 8, 8), device=device)
+    case = step_models.Case(eager_model, (x,), y, loss_fn)
+    want = eager_step(case, eager_model)
+    eager_after = torch.rand(4, device=device)  # the generator where eager leaves it
+    initial = copy.deepcopy(model.state_dict())
+    step = pt.train_step(model, loss_fn, (x,), y, policy="baseline", budget="100%",
+                         measure="always")
+    for policy, budget in (("baseline", "100%"), ("dtr", "min"), ("rotor", "min")):
+        label = f"unread head, {policy} at {budget}"
+        planned = step if policy == "baseline" else \
+            step.replan(policy=policy, budget=budget, measure="always")
+        compare(failures, label, planned_step(case, planned, model, initial), want,
+                bitwise=False)
+        after = torch.rand(4, device=device)
+        failures.check(torch.equal(after, eager_after),
+                       f"{label}: the generator is not where eager leaves it")
+        check_memory(failures, label, planned.report)
+    print("unread outputs: their batch norm's statistics and draws as eager's", flush=True)
+
+
 def check_names_like_calls(failures, device):
     """Parameters and buffers named as the calls of the step are ("mean",
     "std", "t", "mul": a normalising module's statistics, its pooling by
@@ -2037,6 +2092,7 @@ def main():
         check_other_shapes(failures, device)
         check_other_layouts(failures, device)
         check_eval_mode(failures, device)
+        check_unread_outputs(failures, device)
         check_module_changes(failures, device)
         check_training_loops(failures, device)
         check_loss_and_checkpoints(failures, device)

@@ -1826,11 +1826,15 @@ def _value_shaped(n):
 def _remove_unused_calls(gm):
     """Drops calls whose value nothing reads, but for those that write into
     an argument (a write-back into a buffer such as num_batches_tracked's
-    copy_): FX's own dead-code pass would drop those too. A call of a
+    copy_): FX's own dead-code pass would drop those too; and for those with
+    another effect, a draw or a batch norm's running statistics (Note [Calls
+    kept for their effects] in _graph.py). A call of a
     value-shaped output that nothing reads was traced for its size alone
     (`len(x.nonzero())`, `mask.nonzero().numel()` as a count): a CaptureError,
     as the captured batch's count would be replayed at every step, where no
     check could see it change."""
+    from ._graph import has_effects  # (_graph imports this module)
+
     changed = True
     while changed:
         changed = False
@@ -1847,7 +1851,7 @@ def _remove_unused_calls(gm):
             schema = getattr(n.target, "_schema", None)
             writes = schema is not None and any(
                 a.alias_info is not None and a.alias_info.is_write for a in schema.arguments)
-            if not writes:
+            if not writes and not has_effects(n):
                 gm.graph.erase_node(n)
                 changed = True
     gm.recompile()

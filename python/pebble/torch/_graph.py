@@ -26,7 +26,9 @@ real ones, where a shape depends on the data):
   counters) is a buffer update: its value is an output of the graph, copied
   into the buffer after the step;
 - random calls are chained by order tokens (Note [Random calls in eager's
-  order]).
+  order]);
+- a call kept for its effect alone reads into the loss through a token
+  (Note [Calls kept for their effects]).
 
 Note [Random calls in eager's order]: eager PyTorch draws from the generator
 in its program order, so a plan must first run the random calls in that
@@ -37,6 +39,19 @@ eager does, and holding a token costs nothing. Tokens also join layers that
 a chain policy (rotor, sqrtn) would cut apart, so the graph is planned
 without them first, and with them only where that plan draws out of order
 (document(order_tokens=...)).
+
+Note [Calls kept for their effects]: eager PyTorch runs every call of the
+forward, also those whose values the loss does not read (an auxiliary head
+left out of the loss, a diagnostic output). Most are pure, and the step
+leaves them out (_capture._remove_unused_calls); two kinds act beyond their
+value: a random call advances the generator (the next draw, in this step or
+the caller's, depends on it), and a training batch norm writes its running
+statistics. Such a call is kept with what it reads, and a token of no bytes
+(kind "order", `effect`) reads its first output and is read by the loss, so
+that every plan runs it once before the loss, as eager does, and frees its
+output at once; the token is in every document, with or without the order
+tokens. (Before, such a head's statistics stayed as they were, and an unread
+dropout before the loss's shifted the loss's masks: another loss.)
 """
 
 import operator
@@ -78,6 +93,15 @@ def is_random(target):
     return op_name(target) in _RANDOM
 
 
+def has_effects(n):
+    """Whether eager runs fx call `n` for more than its value: a draw
+    advances the generator, a training batch norm writes its running
+    statistics (PyTorch 1.13's schema does not say so). Note [Calls kept for
+    their effects]."""
+    return is_random(n.target) or (op_name(n.target) in _STATS_IN_PLACE and
+                                    _stats_updated(n))
+
+
 def _schema(target):
     return getattr(target, "_schema", None)
 
@@ -115,7 +139,8 @@ class Node:
     """One pebble node. `kind`: "persistent", "op" (a call's fresh output),
     "view" (an alias of `alias_of`'s storage), "accumulate" (adds its first
     input into its second, a parameter's .grad, in place: no bytes), "order"
-    (a token of no bytes: Note [Random calls in eager's order])."""
+    (a token of no bytes: Note [Random calls in eager's order], and Note
+    [Calls kept for their effects] where `effect`)."""
 
     def __init__(self, index, id_, kind, fx=None, out_index=None):
         self.index = index
@@ -130,6 +155,7 @@ class Node:
         self.group = None         # fx call shared with sibling nodes (several outputs)
         self.random = False
         self.updates_stats = False  # writes running statistics (batch norm, PyTorch 1.13)
+        self.effect = False       # a token that keeps a call for its effect
         self.empty_when_run = False  # the kernel may return it empty (eval batch norm's stats)
         # Its shape and dtype are the kernel's, not the capture's
         # (_KERNEL_SHAPED, _HALF_STATS_ON_CPU).
@@ -288,6 +314,7 @@ class StepGraph:
             elif n.op == "output":
                 self._outputs(n)
         self._accumulators()
+        self._keep_effects()
         self._order_random_calls()
         self._roles()
         self._ids()
@@ -330,6 +357,8 @@ class StepGraph:
             raise CaptureError(f"operator {n.target} returns {type(value).__name__}, which "
                                "pebble.torch cannot plan")
         used = sorted({u.args[1] for u in n.users if u.target is operator.getitem})
+        if not used and has_effects(n):
+            used = [0]  # Note [Calls kept for their effects]
         masked = _has_output_mask(n.target)
         # In eval mode cuDNN's, MIOpen's and the CPU's kernels return the
         # saved statistics (outputs 1 and on) empty, where the meta functions
@@ -492,6 +521,33 @@ class StepGraph:
             self.accumulators.append((slot, grad, acc))
         self.grads = kept
 
+    def _keep_effects(self):
+        """Note [Calls kept for their effects]: a token read by the loss for
+        each call with an effect that no output needs."""
+        if self.loss.kind not in ("op", "view"):
+            return  # (a loss the step does not compute: nothing runs before it)
+        needed = self.ancestors([n.index for n in self.outputs()])
+        after = {}
+        for node in reversed(self.nodes):
+            if node.kind not in ("op", "view") or node.index in needed or \
+                    not (node.random or node.updates_stats):
+                continue
+            token = Node(-1, f"effect:{node.id}", "order")
+            token.effect = True
+            token.inputs = [node]
+            token.fx = node.fx
+            after[node.index] = token
+            self.loss.inputs = self.loss.inputs + [token]  # siblings may share one list
+            needed |= self.ancestors([node.index])
+        if not after:
+            return
+        listed = []
+        for node in self.nodes:
+            listed.append(node)
+            if node.index in after:
+                listed.append(after[node.index])
+        self._place(listed)
+
     def _order_random_calls(self):
         """Note [Random calls in eager's order]: a token after each random call
         but the last, read by the next one; the nodes are then put in a
@@ -527,6 +583,12 @@ class StepGraph:
             listed.append(node)
             if node.index in after:
                 listed.append(after[node.index])
+        self._place(listed)
+
+    def _place(self, listed):
+        """self.nodes: `listed` (the nodes, new tokens of index -1 among
+        them) in a topological order that keeps the listed one where it can,
+        numbered again."""
         by_index = {node.index: node for node in self.nodes}
         self.nodes = []
         placed = set()
@@ -630,7 +692,7 @@ class StepGraph:
 
     @property
     def has_order_tokens(self):
-        return any(node.kind == "order" for node in self.nodes)
+        return any(node.kind == "order" and not node.effect for node in self.nodes)
 
     def document(self, costs, name, order_tokens=True):
         """The pebble-graph JSON document; `costs` by node index (seconds).
@@ -639,7 +701,7 @@ class StepGraph:
         as well, but may draw out of eager's order."""
         nodes = []
         for node in self.nodes:
-            if node.kind == "order" and not order_tokens:
+            if node.kind == "order" and not node.effect and not order_tokens:
                 continue
             doc = {"id": node.id, "op": node.op, "bytes": int(node.nbytes)}
             if node.kind == "persistent":
@@ -647,7 +709,7 @@ class StepGraph:
             else:
                 doc["cost"] = float(costs.get(node.index, 0.0))
                 doc["inputs"] = [self.nodes[u.index].id for u in node.inputs
-                                 if order_tokens or u.kind != "order"]
+                                 if order_tokens or u.kind != "order" or u.effect]
                 if node.alias_of is not None:
                     doc["alias_of"] = self.nodes[node.alias_of].id
                     if doc["alias_of"] not in doc["inputs"]:
