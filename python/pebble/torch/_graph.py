@@ -539,14 +539,8 @@ class StepGraph:
             after[node.index] = token
             self.loss.inputs = self.loss.inputs + [token]  # siblings may share one list
             needed |= self.ancestors([node.index])
-        if not after:
-            return
-        listed = []
-        for node in self.nodes:
-            listed.append(node)
-            if node.index in after:
-                listed.append(after[node.index])
-        self._place(listed)
+        if after:
+            self._place(after)
 
     def _order_random_calls(self):
         """Note [Random calls in eager's order]: a token after each random call
@@ -578,17 +572,17 @@ class StepGraph:
             after[a.index] = token
             for node in by_call[b.group or b.fx]:
                 node.inputs = node.inputs + [token]  # siblings may share one list
+        self._place(after)
+
+    def _place(self, after):
+        """self.nodes with the new tokens of `after` (node index -> a token
+        that reads it), each listed after its node, then in a topological
+        order that keeps the listed one where it can, numbered again."""
         listed = []
         for node in self.nodes:
             listed.append(node)
             if node.index in after:
                 listed.append(after[node.index])
-        self._place(listed)
-
-    def _place(self, listed):
-        """self.nodes: `listed` (the nodes, new tokens of index -1 among
-        them) in a topological order that keeps the listed one where it can,
-        numbered again."""
         by_index = {node.index: node for node in self.nodes}
         self.nodes = []
         placed = set()
