@@ -133,12 +133,15 @@ class LeastPeakDescent : public Planner {
 
   absl::StatusOr<PlanResult> Plan(const Graph& graph,
                                   const PlannerOptions& options) const override {
-    const auto start = std::chrono::steady_clock::now();
+    // The time limit bounds the whole call: every plan below gets what is
+    // left of it.
+    const Deadline deadline(options.time_limit_s);
     ASSIGN_OR_RETURN(PlanResult planned, inner_->Plan(graph, options));
     const bool whole_step = graph.has_collectives() || graph.has_in_place();
     if (options.budget_bytes == kMinBudgetBytes) {
       if (!planned.feasible || !whole_step) return planned;
-      return Descend(graph, options, std::move(planned), kMinBudgetBytes, start);
+      bool cut = false;
+      return Descend(graph, options, std::move(planned), kMinBudgetBytes, deadline, cut);
     }
     if (planned.feasible) return planned;
     if (!whole_step && (one_shot_ || options.budget_bytes < PeakLowerBound(graph))) {
@@ -147,21 +150,23 @@ class LeastPeakDescent : public Planner {
     PlannerOptions least = options;
     least.budget_bytes = kMinBudgetBytes;
     least.progress = nullptr;
-    least.time_limit_s = Remaining(options, start);
+    least.time_limit_s = deadline.remaining_s();
     if (least.time_limit_s <= 0) {
       NoteTimeLimit(planned, options.time_limit_s,
                     "its least-peak plan (as at budget min), which may fit, was not tried");
       return planned;
     }
     ASSIGN_OR_RETURN(PlanResult low, inner_->Plan(graph, least));
+    bool cut = TimeLimitReached(low);
     if (low.feasible && whole_step) {
-      ASSIGN_OR_RETURN(low, Descend(graph, least, std::move(low), options.budget_bytes, start));
+      ASSIGN_OR_RETURN(low, Descend(graph, least, std::move(low), options.budget_bytes,
+                                    deadline, cut));
     }
     if (!low.feasible || low.report.peak_bytes > options.budget_bytes) {
       // (The least-peak plan had what the budget's own plan left of the
       // time limit: less than at budget min, so where the limit cut its
-      // search it may peak higher.)
-      const bool cut = TimeLimitReached(low) || Remaining(options, start) <= 0;
+      // search or its descent it may peak higher.)
+      cut = cut || deadline.Expired();
       const std::string clause = absl::StrCat(
           "its least-peak plan (as at budget min)",
           cut ? absl::StrFormat(", cut by the %.3g s left of the time limit,",
@@ -174,6 +179,7 @@ class LeastPeakDescent : public Planner {
         if (!planned.message.empty()) planned.message += "; ";
         planned.message += clause;
       }
+      if (cut) planned.details["time_limit_reached"] = true;
       planned.least_peak_bytes = low.report.peak_bytes;
       return planned;
     }
@@ -185,25 +191,26 @@ class LeastPeakDescent : public Planner {
   }
 
  private:
-  static double Remaining(const PlannerOptions& options,
-                          std::chrono::steady_clock::time_point start) {
-    return options.time_limit_s -
-           std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  }
-
   // Plans a byte below `best`'s peak while that fits and peaks lower, until
-  // the peak is at most `target` bytes (kMinBudgetBytes: as low as it goes).
+  // the peak is at most `target` bytes (kMinBudgetBytes: as low as it goes)
+  // or the deadline; `cut` becomes true where the deadline stopped it.
   absl::StatusOr<PlanResult> Descend(const Graph& graph, const PlannerOptions& options,
                                      PlanResult best, int64_t target,
-                                     std::chrono::steady_clock::time_point start) const {
+                                     const Deadline& deadline, bool& cut) const {
     PlannerOptions lower = options;
     lower.progress = nullptr;
     for (int k = 0; k < kDescents && best.report.peak_bytes > std::max<int64_t>(target, 0); ++k) {
-      lower.time_limit_s = Remaining(options, start);
-      if (lower.time_limit_s <= 0) break;
+      lower.time_limit_s = deadline.remaining_s();
+      if (lower.time_limit_s <= 0) {
+        cut = true;
+        break;
+      }
       lower.budget_bytes = best.report.peak_bytes - 1;
       ASSIGN_OR_RETURN(PlanResult next, inner_->Plan(graph, lower));
-      if (!next.feasible || next.report.peak_bytes >= best.report.peak_bytes) break;
+      if (!next.feasible || next.report.peak_bytes >= best.report.peak_bytes) {
+        cut = cut || TimeLimitReached(next);
+        break;
+      }
       best = std::move(next);
     }
     return best;
