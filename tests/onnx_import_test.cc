@@ -364,8 +364,12 @@ TEST(OnnxImportTest, WhatCannotBeHonouredIsAnErrorNamingTheNode) {
 }
 
 // The tiny model with its Flatten written as a Reshape to `shape`.
-std::string ReshapingModel(std::vector<int64_t> shape) {
+std::string ReshapingModel(std::vector<int64_t> shape, bool symbolic_batch = false) {
   return TinyModel(13, "", [&](ModelMaker& m) {
+    if (symbolic_batch) {  // exported with dynamic_axes={"x": {0: "batch"}}
+      m.graph()->mutable_input(0)->mutable_type()->mutable_tensor_type()->mutable_shape()
+          ->mutable_dim(0)->set_dim_param("batch");
+    }
     m.IntInitializer("flat_shape", shape);
     onnx::NodeProto* flatten = FindNode(m, "Flatten");
     flatten->set_op_type("Reshape");
@@ -383,8 +387,17 @@ TEST(OnnxImportTest, BatchThatAReshapeFixesIsNamed) {
   EXPECT_THAT(fixed.status().message(), HasSubstr("'/fc/Gemm'"));
   EXPECT_THAT(fixed.status().message(),
               HasSubstr("--batch 4 rewrote dimension 0 from the exported 2, but Reshape "
-                        "'/Reshape' sets it back to 2"));
+                        "'/Reshape' sets dimension 0 to 2 with a constant shape"));
   EXPECT_THAT(fixed.status().message(), HasSubstr("x.flatten(1)"));
+  // Exported with a symbolic batch, the constant fixes it all the same.
+  auto symbolic = Import(ReshapingModel({2, -1}, true), LossKind::kCrossEntropy, 4);
+  ASSERT_FALSE(symbolic.ok());
+  EXPECT_THAT(symbolic.status().message(),
+              HasSubstr("--batch 4 gave the symbolic batch 'batch' its size, but Reshape "
+                        "'/Reshape' sets dimension 0 to 2 with a constant shape"));
+  EXPECT_THAT(symbolic.status().message(), Not(HasSubstr("import without --batch")));
+  EXPECT_TRUE(Import(ReshapingModel({4, -1}, true), LossKind::kCrossEntropy, 4).ok());
+  EXPECT_TRUE(Import(ReshapingModel({-1, 4}, true), LossKind::kCrossEntropy, 4).ok());
   // The same model at its own batch, and a reshape with -1 for the batch.
   EXPECT_TRUE(Import(ReshapingModel({2, -1}), LossKind::kCrossEntropy, 2).ok());
   EXPECT_TRUE(Import(ReshapingModel({2, -1})).ok());

@@ -258,18 +258,24 @@ class Importer {
 
   void ReadExportedBatch() {
     if (!options_.batch.has_value()) return;
-    std::optional<int64_t> batch;
+    std::optional<ExportedBatch> batch;
     for (const onnx::ValueInfoProto& in : graph_.input()) {
       if (cx_.IsInitializer(in.name())) continue;
       const auto& tt = in.type().tensor_type();
-      if (!tt.has_shape() || tt.shape().dim_size() == 0 || !tt.shape().dim(0).has_dim_value()) {
+      if (!tt.has_shape() || tt.shape().dim_size() == 0) return;
+      const auto& dim = tt.shape().dim(0);
+      ExportedBatch b;
+      if (dim.has_dim_value() && dim.dim_value() > 0) {
+        b.size = dim.dim_value();
+      } else if (dim.has_dim_param() && !dim.dim_param().empty()) {
+        b.symbol = dim.dim_param();
+      } else {
         return;
       }
-      const int64_t dim = tt.shape().dim(0).dim_value();
-      if (batch.has_value() && *batch != dim) return;
-      batch = dim;
+      if (batch.has_value() && (batch->size != b.size || batch->symbol != b.symbol)) return;
+      batch = std::move(b);
     }
-    if (batch.has_value() && *batch > 0 && *batch != *options_.batch) exported_batch_ = batch;
+    if (batch.has_value() && batch->size != options_.batch) exported_batch_ = std::move(batch);
   }
 
   absl::Status ImportNode(const onnx::NodeProto& node) {
@@ -343,11 +349,12 @@ class Importer {
   // x.reshape(2, -1) at an exported batch of 2 keeps 2 rows whatever --batch
   // says: the -1 takes the rest, and the error comes later (a Linear's
   // features, or the shape ONNX's inference gives). Such a Reshape (dim 0
-  // goes from the new batch to the exported one) is remembered, so that the
-  // error names it.
+  // goes from the new batch to the exported one; from a symbolic batch, to
+  // the size that the file's own constant shape gives) is remembered, so
+  // that the error names it.
   void NoteBatchFixedReshape(const onnx::NodeProto& node) {
     if (!exported_batch_.has_value() || batch_fixed_by_.has_value()) return;
-    if (node.op_type() != "Reshape" || node.input_size() < 1 || node.output_size() < 1) return;
+    if (node.op_type() != "Reshape" || node.input_size() < 2 || node.output_size() < 1) return;
     const Value* in = cx_.Find(node.input(0));
     const Value* out = cx_.Find(node.output(0));
     if (in == nullptr || out == nullptr || !cx_.nb().has_type(*in) || !cx_.nb().has_type(*out)) {
@@ -355,18 +362,47 @@ class Importer {
     }
     const Shape& x = cx_.nb().type(*in).shape;
     const Shape& y = cx_.nb().type(*out).shape;
-    if (!x.empty() && !y.empty() && x[0] == *options_.batch && y[0] == *exported_batch_) {
+    if (x.empty() || y.empty() || x[0] != *options_.batch || y[0] == *options_.batch) return;
+    const bool fixed = exported_batch_->size.has_value()
+                           ? y[0] == *exported_batch_->size
+                           : LiteralFirstDim(node.input(1)) == y[0];
+    if (fixed) {
       batch_fixed_by_ = node.name().empty() ? node.output(0) : node.name();
+      batch_fixed_to_ = y[0];
     }
   }
 
+  // The first number of `name` where the file holds it as a literal (a
+  // Constant node's output or an initializer), not one computed from shapes.
+  std::optional<int64_t> LiteralFirstDim(const std::string& name) const {
+    const onnx::TensorProto* literal = nullptr;
+    for (const onnx::TensorProto& t : graph_.initializer()) {
+      if (t.name() == name) literal = &t;
+    }
+    for (const onnx::NodeProto& n : graph_.node()) {
+      if (n.op_type() != "Constant" || n.output_size() != 1 || n.output(0) != name) continue;
+      for (const onnx::AttributeProto& a : n.attribute()) {
+        if (a.name() == "value" && a.has_t()) literal = &a.t();
+      }
+    }
+    if (literal == nullptr) return std::nullopt;
+    absl::StatusOr<std::vector<int64_t>> values = IntValues(*literal);
+    if (!values.ok() || values->empty()) return std::nullopt;
+    return values->front();
+  }
+
   std::string BatchFixedNote() const {
-    return absl::StrCat("--batch ", *options_.batch, " rewrote dimension 0 from the exported ",
-                        *exported_batch_, ", but Reshape ", Quote(*batch_fixed_by_),
-                        " sets it back to ", *exported_batch_,
+    const std::string exported =
+        exported_batch_->size.has_value()
+            ? absl::StrCat("rewrote dimension 0 from the exported ", *exported_batch_->size)
+            : absl::StrCat("gave the symbolic batch ", Quote(exported_batch_->symbol), " its size");
+    return absl::StrCat("--batch ", *options_.batch, " ", exported, ", but Reshape ",
+                        Quote(*batch_fixed_by_), " sets dimension 0 to ", batch_fixed_to_,
                         " with a constant shape: write it with -1 for the batch "
-                        "(x.reshape(-1, features)) or as x.flatten(1), or export at the batch "
-                        "size you want and import without --batch");
+                        "(x.reshape(-1, features)) or as x.flatten(1)",
+                        exported_batch_->size.has_value()
+                            ? ", or export at the batch size you want and import without --batch"
+                            : "");
   }
 
   const onnx::ModelProto& model_;
@@ -378,11 +414,18 @@ class Importer {
   // Values whose shape ONNX's inference gets otherwise than PyTorch, and the
   // values computed from them: not checked (CheckDeclaredShapes).
   absl::flat_hash_set<std::string> unchecked_;
-  // With --batch: the batch the model was exported with, where every graph
-  // input had the same fixed dim 0 and --batch changes it (AddGraphInputs).
-  std::optional<int64_t> exported_batch_;
-  // The first Reshape that sets dim 0 back to exported_batch_.
+  // With --batch: dimension 0 as every graph input was exported with it, a
+  // size other than --batch or one symbolic name (dynamic_axes), where all
+  // agree (AddGraphInputs).
+  struct ExportedBatch {
+    std::optional<int64_t> size;
+    std::string symbol;
+  };
+  std::optional<ExportedBatch> exported_batch_;
+  // The first Reshape that sets dim 0 from --batch to a constant's size,
+  // and that size (NoteBatchFixedReshape).
   std::optional<std::string> batch_fixed_by_;
+  int64_t batch_fixed_to_ = 0;
 };
 
 }  // namespace
