@@ -1682,6 +1682,19 @@ def check_one_rank(torch, pt, dist):
             failures.append(f"one rank: ranks {r['ranks']}, measured peak "
                             f"{r['measured_peak_bytes']} of {r['predicted_step_peak_bytes']}, "
                             "or all-reduces in the plan")
+        # A module wrapped in DistributedDataParallel, whole or inside the
+        # model: its all-reduces run in hooks that the step does not run, so
+        # each rank kept its own gradients; refused, naming the way.
+        ddp = torch.nn.parallel.DistributedDataParallel(make_model(torch))
+        holder = torch.nn.Sequential(ddp)
+        for wrapped, needle in ((ddp, "the model is a DistributedDataParallel wrapper"),
+                                (holder, "module '0' is a DistributedDataParallel wrapper")):
+            try:
+                pt.train_step(wrapped, loss_fn, (x,), y, process_group=dist.group.WORLD)
+                failures.append(f"{needle.split(' is')[0]}: not refused")
+            except TypeError as e:
+                if needle not in str(e) or "ddp.module" not in str(e):
+                    failures.append(f"{needle.split(' is')[0]}: refused with '{e}'")
     finally:
         dist.destroy_process_group()
     return failures

@@ -385,6 +385,7 @@ class TrainStep:
                                 "module (torch.jit.script or torch.jit.trace), whose code a "
                                 "trace cannot look into: give the Python module it was made "
                                 "from")
+            _refuse_parallel_wrapper(name, module)
         meta = on_meta(model)
         if meta and shard != "full":
             raise ValueError(f"module {type(model).__name__} is on the meta device: only "
@@ -1779,6 +1780,29 @@ def _check_tensor_arg(t, what):
                          "only, so it would neither fill its .grad nor carry the backward "
                          "into what made it, as eager's backward() does; give it detached "
                          "(x.detach()), and take its gradient outside the step")
+
+
+def _refuse_parallel_wrapper(name, module):
+    """TypeError for a module that a parallel wrapper made: its work happens
+    outside its forward (DistributedDataParallel's all-reduces in autograd
+    hooks, FSDP's gathers and reduce-scatters in hooks and its flat
+    parameters) or over several devices (DataParallel), none of which a
+    traced step runs: each rank kept its own gradients, silently."""
+    kind = type(module)
+    label = f"module {name!r} is" if name else "the model is"
+    if isinstance(module, torch.nn.parallel.DistributedDataParallel) or \
+            "fsdp" in kind.__module__.split(".") or kind.__name__.startswith("FSDP"):
+        raise TypeError(f"{label} a {kind.__name__} wrapper, whose collectives run in hooks "
+                        "that pebble.torch's step does not run (each rank would keep its own "
+                        "gradients): give the module inside it (ddp.module), and "
+                        "process_group= (with shard='full' for sharding) for data "
+                        "parallelism that pebble plans")
+    # (on one device or none, DataParallel's forward calls the module itself)
+    if isinstance(module, torch.nn.DataParallel) and len(module.device_ids or ()) > 1:
+        raise TypeError(f"{label} a DataParallel wrapper, which replicates the module over "
+                        "several GPUs; pebble.torch runs a step on one device: give the "
+                        "module inside it (dp.module), and for several GPUs one process "
+                        "each with process_group=")
 
 
 def _refuse_uninitialized(model):
