@@ -1691,10 +1691,24 @@ def check_errors(failures, device):
                                                              enforce_sorted=False)
             return self.lstm(packed)[1][0][-1]
 
+    class Resizing(torch.nn.Module):  # as torch.ao.quantization's FakeQuantize does
+        def __init__(self):
+            super().__init__()
+            self.fc = torch.nn.Linear(4, 4)
+            self.register_buffer("scale", torch.ones(1))
+
+        def forward(self, x):
+            out = self.fc(x)
+            scale = out.detach().abs().amax(0)
+            self.scale.resize_(scale.shape)
+            self.scale.copy_(scale)
+            return out
+
     sequences = torch.randn(2, 3, 4, device=device), torch.tensor([3, 2])
     for label, module, inputs, said in (
             ("a generator of its own", OwnGenerator(), (x,), "torch.Generator of your own"),
-            ("a packed sequence", Packed(), sequences, "packed sequence")):
+            ("a packed sequence", Packed(), sequences, "packed sequence"),
+            ("a buffer resized", Resizing(), (x,), "resizes buffer 'scale'")):
         try:
             pt.train_step(module.to(device), torch.nn.functional.mse_loss, inputs, y)
             failures.check(False, f"{label} was not refused")

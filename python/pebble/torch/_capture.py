@@ -867,8 +867,12 @@ def _step_function(model, loss_fn, slots, grad_found, max_grad_norm=None, norm_t
         inputs = flat[n_state:n_state + n_inputs]
         target = flat[n_state + n_inputs]
         traced_state = dict(state)  # (functional_call writes rebinds into `state`)
+        shapes = {name: tuple(state[name].shape) for name in buffer_names}
         with _buffers_rebound(model, traced_state) as rebound:
             output = functional_call(model, state, tuple(inputs))
+        for name, shape in shapes.items():
+            if tuple(traced_state[name].shape) != shape:
+                raise CaptureError(resized_buffer_message(name, "resize_"))
         rebound.update({name: state[name] for name in buffer_names
                         if state[name] is not traced_state[name]})
         for name, value in rebound.items():  # (Note [Buffers rebound by the forward])
@@ -906,6 +910,14 @@ def _step_function(model, loss_fn, slots, grad_found, max_grad_norm=None, norm_t
         return out
 
     return step
+
+
+def resized_buffer_message(name, how):
+    """Why a step that resizes buffer `name` (by `how`) is refused."""
+    return (f"the step resizes buffer '{name}' ({how}; torch.ao.quantization's observers "
+            "resize theirs): a step keeps each buffer's shape, so copy into a buffer made at "
+            "its final shape instead (quantization-aware training, whose observers resize, is "
+            "not planned)")
 
 
 def _averaged(grads, ranks, flat):

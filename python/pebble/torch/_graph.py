@@ -58,7 +58,7 @@ import operator
 
 import torch
 
-from ._capture import TEMPLATE_CALLS, CaptureError
+from ._capture import TEMPLATE_CALLS, CaptureError, resized_buffer_message
 from ._collective_ops import is_mean_over_ranks
 from ._compat import op_name, storage_bytes, storage_key
 from ._memory import round_up
@@ -471,6 +471,13 @@ class StepGraph:
                                    "average, say): pebble.torch cannot plan a step that changes "
                                    "what it is given; update it outside the step, under "
                                    "torch.no_grad(), before or after the call")
+            if kind == "buffer" and op_name(n.target).startswith("resize"):
+                raise CaptureError(resized_buffer_message(target.id, n.target))
+            if kind == "buffer":
+                raise CaptureError(f"the step writes buffer '{target.id}' in place by "
+                                   f"{n.target}: pebble.torch takes a buffer's new value where "
+                                   "the forward copies it in (self.b.copy_(new)) or binds it "
+                                   "(self.b = new), as batch norm does; write the update so")
             raise CaptureError(f"the step writes {what} in place ('{target.id}', by "
                                f"{n.target}: x.clamp_(...) on an argument, say): pebble.torch "
                                "cannot plan a step that changes what it is given; use the "
