@@ -625,7 +625,8 @@ def check_loss_and_checkpoints(failures, device):
     calls (a module's label smoothing, a weight in the closure's dict) is
     captured again, eager's loss each time, and so is a module whose
     configuration object or dict of settings, or a global its forward
-    reads, changes; a loss with a
+    reads, changes; a loss scaled by a tensor changed in place between calls
+    gives each call's scaled gradients; a loss with a
     learnable weight of its own is refused, naming it."""
     nn, F = torch.nn, torch.nn.functional
     from torch.utils import checkpoint as cp
@@ -671,6 +672,19 @@ def check_loss_and_checkpoints(failures, device):
                                eager_model, loss_fn, (x,), y)
     failures.check(step.report["shapes_planned"] == 3,
                    f"a loss's settings changed: {step.report['shapes_planned']} captures, not 3")
+
+    # Loss scaling in loss_fn (docs/torch.md): a scale tensor that the caller
+    # halves in place between steps, as GradScaler.update() does its own.
+    scale = torch.tensor(1024.0, device=device)
+
+    def scaled_loss(out, target):
+        return F.cross_entropy(out, target) * scale
+    step = pt.train_step(model, scaled_loss, (x,), y, policy="dtr", budget="min",
+                         measure="never")
+    for k in range(3):
+        check_beside_eager(failures, f"a loss scaled by {scale.item()}", step, model,
+                           eager_model, scaled_loss, (x,), y)
+        scale.mul_(0.5)
 
     class Configured(nn.Module):  # reads a configuration object and a dict of settings
         def __init__(self):
