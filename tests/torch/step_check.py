@@ -625,8 +625,10 @@ def check_loss_and_checkpoints(failures, device):
     calls (a module's label smoothing, a weight in the closure's dict) is
     captured again, eager's loss each time, and so is a module whose
     configuration object or dict of settings, or a global its forward
-    reads, changes; a loss scaled by a tensor changed in place between calls
-    gives each call's scaled gradients; a loss with a
+    reads, changes; a second target through the inputs trains as eager (a
+    tuple of targets is refused, saying how); a loss scaled by a tensor
+    changed in place between calls gives each call's scaled gradients; a
+    loss with a
     learnable weight of its own is refused, naming it."""
     nn, F = torch.nn, torch.nn.functional
     from torch.utils import checkpoint as cp
@@ -672,6 +674,33 @@ def check_loss_and_checkpoints(failures, device):
                                eager_model, loss_fn, (x,), y)
     failures.check(step.report["shapes_planned"] == 3,
                    f"a loss's settings changed: {step.report['shapes_planned']} captures, not 3")
+
+    # A second target through the inputs (docs/torch.md, example_target): a
+    # wrapper whose forward returns it beside the output; a tuple of
+    # targets is refused, saying so.
+    class WithTargets(nn.Module):
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, x, second):
+            return self.inner(x), second
+
+    def two_targets(out, target):
+        logits, second = out
+        return F.cross_entropy(logits[:, :3], target % 3) + F.mse_loss(logits[:, 3:], second)
+    wrapped, eager_wrapped = WithTargets(model), WithTargets(eager_model)
+    second = torch.randn(4, 2, device=device)
+    step = pt.train_step(wrapped, two_targets, (x, second), y, policy="dtr", budget="min",
+                         measure="never")
+    for k in range(2):
+        check_beside_eager(failures, f"a second target through the inputs, call {k}", step,
+                           wrapped, eager_wrapped, two_targets, (x, second + k), y)
+    try:
+        pt.train_step(model, F.cross_entropy, (x,), (y, second), measure="never")
+        failures.check(False, "a tuple of targets was not refused")
+    except TypeError as e:
+        failures.check("several targets go in one tensor" in str(e), f"a tuple of targets: {e}")
 
     # Loss scaling in loss_fn (docs/torch.md): a scale tensor that the caller
     # halves in place between steps, as GradScaler.update() does its own.

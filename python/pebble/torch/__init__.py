@@ -1774,7 +1774,11 @@ def _check_grad_mode(what):
 
 def _check_tensor_arg(t, what):
     if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{what} must be a tensor, not {type(t).__name__}")
+        several = "target" in what and isinstance(t, (tuple, list, dict))
+        raise TypeError(f"{what} must be a tensor, not {type(t).__name__}" + (
+            ": several targets go in one tensor (stacked), or the others through the "
+            "inputs: a wrapper module whose forward(x, y2) returns (model(x), y2), for "
+            "loss_fn to read (docs/torch.md)" if several else ""))
     if t.requires_grad:
         raise ValueError(f"{what} requires grad: the step computes the parameters' gradients "
                          "only, so it would neither fill its .grad nor carry the backward "
