@@ -1757,6 +1757,16 @@ def check_errors(failures, device):
             failures.check(False, f"{label} was not refused")
         except pt.CaptureError as e:
             failures.check(said in str(e), f"{label}: {e}")
+    # Keyword inputs (model(**batch)) and a None among them: refused, saying
+    # how to give them.
+    for label, inputs, said in (("a dict of inputs", {"x": x}, "takes keyword arguments"),
+                                ("a None input", (x, None), "item 1 is NoneType")):
+        try:
+            pt.train_step(torch.nn.Linear(4, 4).to(device), torch.nn.functional.mse_loss,
+                          inputs, y)
+            failures.check(False, f"{label} was not refused")
+        except TypeError as e:
+            failures.check(said in str(e) and "wrapper module" in str(e), f"{label}: {e}")
     # A lazy module's parameter before its first call, and a frozen parameter
     # that the forward averages in place (a momentum encoder), are named.
     lazy = torch.nn.Sequential(torch.nn.LazyLinear(4), torch.nn.Linear(4, 4)).to(device)

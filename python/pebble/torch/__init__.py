@@ -1753,7 +1753,18 @@ def _as_tuple(inputs, what):
     if isinstance(inputs, (tuple, list)) and inputs and \
             all(isinstance(t, torch.Tensor) for t in inputs):
         return tuple(inputs)
-    raise TypeError(f"{what} must be a tensor or a tuple of tensors")
+    wrapper = ("a wrapper module whose forward takes them as positional tensors and calls "
+               "the model with the rest (keywords, None, numbers) gives them")
+    if isinstance(inputs, dict):
+        raise TypeError(f"{what} must be a tensor or a tuple of tensors, not a dict: for a "
+                        f"forward that takes keyword arguments (model(**batch)), {wrapper}")
+    if isinstance(inputs, (tuple, list)) and inputs:
+        k, bad = next((k, t) for k, t in enumerate(inputs) if not isinstance(t, torch.Tensor))
+        raise TypeError(f"{what} must be a tensor or a tuple of tensors; item {k} is "
+                        f"{type(bad).__name__}: {wrapper}")
+    raise TypeError(f"{what} must be a tensor or a tuple of tensors, not "
+                    f"{'an empty ' if isinstance(inputs, (tuple, list)) else ''}"
+                    f"{type(inputs).__name__}")
 
 
 def _layout(t):
