@@ -366,6 +366,23 @@ absl::Status CheckPlannable(const Graph& graph) {
   return absl::OkStatus();
 }
 
+std::string BudgetExcess(const PlanReport& report, const PlannerOptions& options) {
+  std::string message;
+  if (options.budget_bytes != PlannerOptions::kMinBudget &&
+      report.peak_bytes > options.budget_bytes) {
+    message = absl::StrCat("peak ", FormatBytes(report.peak_bytes), " (", report.peak_bytes,
+                           " bytes) exceeds the budget of ", FormatBytes(options.budget_bytes),
+                           " (", options.budget_bytes, " bytes)");
+  }
+  if (options.host_budget_bytes.has_value() &&
+      report.host_peak_bytes > *options.host_budget_bytes) {
+    if (!message.empty()) message += "; ";
+    absl::StrAppend(&message, "host peak ", FormatBytes(report.host_peak_bytes),
+                    " exceeds the host budget of ", FormatBytes(*options.host_budget_bytes));
+  }
+  return message;
+}
+
 absl::StatusOr<PlanResult> FinishPlan(const Graph& graph, Schedule schedule,
                                       const PlannerOptions& options) {
   SimulatorOptions sim;
@@ -378,25 +395,8 @@ absl::StatusOr<PlanResult> FinishPlan(const Graph& graph, Schedule schedule,
   PlanResult result;
   result.schedule = std::move(schedule);
   result.report = std::move(report);
-  result.feasible = true;
-  if (options.budget_bytes != PlannerOptions::kMinBudget &&
-      result.report.peak_bytes > options.budget_bytes) {
-    result.feasible = false;
-    result.message = absl::StrCat("peak ", FormatBytes(result.report.peak_bytes),
-                                  " (", result.report.peak_bytes,
-                                  " bytes) exceeds the budget of ",
-                                  FormatBytes(options.budget_bytes), " (",
-                                  options.budget_bytes, " bytes)");
-  }
-  if (options.host_budget_bytes.has_value() &&
-      result.report.host_peak_bytes > *options.host_budget_bytes) {
-    result.feasible = false;
-    if (!result.message.empty()) result.message += "; ";
-    absl::StrAppend(&result.message, "host peak ",
-                    FormatBytes(result.report.host_peak_bytes),
-                    " exceeds the host budget of ",
-                    FormatBytes(*options.host_budget_bytes));
-  }
+  result.message = BudgetExcess(result.report, options);
+  result.feasible = result.message.empty();
   return result;
 }
 

@@ -221,6 +221,9 @@ absl::Status CheckPlannable(const Graph& graph);
 
 absl::StatusOr<PlanResult> FinishPlan(const Graph& graph, Schedule schedule,
                                       const PlannerOptions& options);
+// FinishPlan's message: what of `report` breaks the budgets of `options`
+// ("peak ... exceeds the budget of ...; host peak ..."), or "".
+std::string BudgetExcess(const PlanReport& report, const PlannerOptions& options);
 
 // Built-in policies register here, explicitly (no static initialisers, so
 // nothing depends on link order): each policy's .cc defines
