@@ -649,13 +649,16 @@ def _time_limit(seconds):
     return [] if seconds is None else ["--time-limit", "%g" % seconds]
 
 
-def pick_budget(pebble, graph, policy, kind, budget, time_limit=None):
+def pick_budget(pebble, graph, policy, kind, budget, time_limit=None, backend=None):
     """crosscheck.pick_budget for a graph file: 100% for one-shot policies,
     else `budget`, or `min` (with a note) where that is infeasible;
-    `time_limit`: each plan's --time-limit (None: pebble's default)."""
+    `time_limit`: each plan's --time-limit (None: pebble's default);
+    `backend`: planned with its workspace figures, as `run` plans (without
+    them a plan could fit the budget where run's does not)."""
     if kind == "one-shot":
         budget = "100%"
-    plan_args = ["plan", "--graph", graph, "--policy", policy] + _time_limit(time_limit)
+    plan_args = ["plan", "--graph", graph, "--policy", policy] + _time_limit(time_limit) + \
+        (["--backend", backend] if backend else [])
     plan = cc.pebble_json(pebble, plan_args + ["--budget", budget],
                           "pebble plan --policy %s --budget %s" % (policy,
                                                                    budget),
@@ -676,7 +679,8 @@ def run_step(args, np, pebble, graph, policy, kind, inputs_dir, dump_dir,
              written, order, ref32, ref64, zero_grads):
     """One `pebble run`, compared with PyTorch. Returns failure lines."""
     failures = []
-    budget, plan = pick_budget(pebble, graph, policy, kind, args.budget, args.step_time_limit)
+    budget, plan = pick_budget(pebble, graph, policy, kind, args.budget, args.step_time_limit,
+                               args.backend)
     report = plan.get("report", {})
     log("\n== policy %s (%s), --budget %s: planned peak %s bytes (baseline "
         "%s), %s recomputations, %s bytes transferred" % (
