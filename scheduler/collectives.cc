@@ -594,6 +594,7 @@ class GradientReductionPlanner : public Planner {
     }
     PlannerOptions one_rank = options;
     one_rank.ranks = 1;
+    one_rank.reduced_ranks = options.ranks;
     ASSIGN_OR_RETURN(PlanResult planned, inner_->Plan(graph, one_rank));
     ASSIGN_OR_RETURN(Schedule reduced, ReduceGradients(graph, planned.schedule));
     PlanResult result;

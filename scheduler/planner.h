@@ -49,6 +49,11 @@ struct PlannerOptions {
   // `network`, and its figures are one rank's.
   int ranks = 1;
   NetworkLink network;
+  // Set by data parallelism's wrapper (WithGradientReduction) in the options
+  // of the one-rank plan that it completes with all-reduces: their ranks, so
+  // that a search trading memory for time on that plan knows its time is
+  // not the whole step's (Note [Outputs computed late]). 1: none are added.
+  int reduced_ranks = 1;
   // How the all_reduce steps are grouped into buckets (one collective
   // each): kPlannedBuckets, the plan chooses (BucketGradients in
   // scheduler/collectives.h); 0, one all-reduce per gradient; above 0,
