@@ -24,6 +24,7 @@ documents the API and its limits.
 import gc
 import json
 import math
+import sys
 import time
 import uuid
 import warnings
@@ -41,7 +42,7 @@ from ._distributed import (GradientAverage, StepCollectives, agreed, any_rank, b
                            same_on_every_rank)
 from ._executor import (COMPUTE, FREE, REDUCE, CapturedValueMismatch, PlanExecutionError,
                         Program, draws_in_eager_order, generator_state_bytes,
-                        statistics_remade)
+                        kept_siblings, statistics_remade)
 from ._graph import StepGraph
 from ._memory import AllocatorPeak, TensorMemory, allocated_where_profiled, measure, tensor_bytes
 from ._optimizer import OptimizerError, Updates, state_dict_on_cpu
@@ -1172,21 +1173,34 @@ class _Variant:
         if self.capture.free_graph is not self.capture.graph:
             graph = self._whole_step(self.capture.free_graph)
         plan = _policy_plan(graph, kwargs)
-        if plan.feasible and not self._draws_in_eager_order(plan):
+        budget_bytes = plan.budget_bytes
+        fits = plan.feasible or self._fits_as_run(plan, graph, kwargs, budget_bytes)
+        if fits and not self._draws_in_eager_order(plan):
             # Note [Random calls in eager's order]: the graph whose tokens
             # order the random calls.
             graph = self.graph
             plan = _policy_plan(graph, kwargs)
             info["order"] = "planned with random calls ordered as eager draws them"
-            if plan.feasible and not self._draws_in_eager_order(plan):
+            fits = plan.feasible or self._fits_as_run(plan, graph, kwargs, budget_bytes)
+            if fits and not self._draws_in_eager_order(plan):
                 raise PlanError(f"internal: policy {plan.policy} computes random operators "
                                 "in another order than eager PyTorch draws them")
-        if plan.feasible:
+        least = None
+        if not fits and str(options["budget"]).strip().lower() != "min":
+            # (the policy's least-peak plan, which its planner counts above
+            # the budget too, may fit as run)
+            least = _policy_plan(graph, dict(kwargs, budget="min"))
+            least_peak = min(self._peak_as_planned_run(least, graph, kwargs),
+                             plan.document["least_peak_bytes"])
+            if least_peak <= budget_bytes and self._draws_in_eager_order(least):
+                plan, fits = least, True
+                info["least_peak_fits_as_run"] = True
+        if fits:
             self._refuse_remade_statistics(plan)
-        if not plan.feasible:
-            raise PlanError(self._does_not_fit(plan, options, info),
-                            least_step_bytes=plan.document["least_peak_bytes"] -
-                            self.persistent_bytes)
+        if not fits:
+            least_peak = plan.document["least_peak_bytes"] if least is None else least_peak
+            raise PlanError(self._does_not_fit(plan, options, info, least_peak),
+                            least_step_bytes=least_peak - self.persistent_bytes)
         if cpu and not self.step.allow_cpu_offload and plan.report["transfer_bytes"] > 0:
             raise PlanError(f"policy {plan.policy} copies tensors to the host, which saves no "
                             "memory on the CPU device (allow_cpu_offload=True runs it anyway)")
@@ -1197,6 +1211,44 @@ class _Variant:
                 "bandwidth", "ranks", "network", "network_latency", "bucket_copies",
                 "bucket_alignment")})
         return plan, info
+
+    def _fits_as_run(self, plan, graph, kwargs, budget_bytes):
+        """Whether a plan over its device budget by the planner's count fits
+        it as the program runs it (_peak_as_planned_run)."""
+        if plan.report["peak_bytes"] <= budget_bytes or "host peak" in plan.message:
+            return False
+        return self._peak_as_planned_run(plan, graph, kwargs) <= budget_bytes
+
+    def _peak_as_planned_run(self, plan, graph, kwargs):
+        """The plan's peak as the program will run it, where that is below
+        the planner's count: the planner charges each output of a call of
+        several outputs the others as workspace, so one computed right after
+        its sibling counts that sibling twice, where the program runs the
+        call once (Note [A call of several outputs run once]; an MLP with
+        nn.PReLU, whose backward has no output mask: baseline's plan 125% of
+        the step it is, refused at 100% until 2026-12-03). Unsharded steps
+        only (else the planner's count); a random call run again is
+        _leave_room_for_generator_states's."""
+        if self.shards is not None:
+            return plan.report["peak_bytes"]
+        by_id = {node.id: node for node in self.graph_nodes.nodes}
+        actions = {"compute": COMPUTE, "free": FREE}
+        steps = []
+        for entry in plan.schedule:
+            node = by_id.get(entry[1])
+            steps.append((actions.get(entry[0]), node) if node is not None else (None, None))
+        kept = kept_siblings(steps)[2]
+        if not kept:
+            return plan.report["peak_bytes"]
+        document = json.loads(graph.to_json())
+        for node in document["nodes"]:
+            if node["id"] in kept:
+                node.pop("workspace", None)
+        options = {k: v for k, v in kwargs.items() if k in (
+            "bandwidth", "ranks", "network", "network_latency", "bucket_copies",
+            "bucket_alignment")}
+        run = _core.simulate(_core.from_json(json.dumps(document)), plan.schedule, **options)
+        return run["peak_bytes"]
 
     def _peak_as_run(self):
         """The peak bytes of the plan as the program runs it: the
@@ -1264,12 +1316,11 @@ class _Variant:
             schedule = self.shards.translate(schedule)
         return draws_in_eager_order(self.graph_nodes, schedule)
 
-    def _does_not_fit(self, plan, options, info):
+    def _does_not_fit(self, plan, options, info, least_peak):
         """Why `plan` does not fit, with the least peak its policy reaches
-        (which pebble.plan found at "min": the document's least_peak_bytes)
-        and a budget that admits it, in the terms of train_step's budget (a
-        percentage of the unplanned step)."""
-        least_peak = plan.document["least_peak_bytes"]
+        (pebble.plan's at "min", as the program runs it) and a budget that
+        admits it, in the terms of train_step's budget (a percentage of the
+        unplanned step)."""
         least_step = least_peak - self.persistent_bytes
         budget = options["budget"]
         reference_name = ("pebble's baseline of the sharded step" if self.shards is not None
@@ -1797,21 +1848,42 @@ def _check_tensor_arg(t, what):
                          "(x.detach()), and take its gradient outside the step")
 
 
+def _sharding_wrappers():
+    """FSDP's classes: FullyShardedDataParallel, and 2.x's FSDPModule, which
+    fully_shard makes the sharded module's class derive from. Only from
+    modules already imported: a model that FSDP wrapped had them imported,
+    and importing them here would cost every step (and fails on some
+    builds: PyTorch 1.13's FSDP under Python 3.11)."""
+    kinds = []
+    for where, name in (("torch.distributed.fsdp", "FullyShardedDataParallel"),
+                        ("torch.distributed.fsdp", "FSDPModule"),
+                        ("torch.distributed._composable.fsdp", "FSDPModule")):
+        kind = getattr(sys.modules.get(where), name, None)
+        if isinstance(kind, type) and kind not in kinds:
+            kinds.append(kind)
+    return tuple(kinds)
+
+
 def _refuse_parallel_wrapper(name, module):
     """TypeError for a module that a parallel wrapper made: its work happens
     outside its forward (DistributedDataParallel's all-reduces in autograd
     hooks, FSDP's gathers and reduce-scatters in hooks and its flat
     parameters) or over several devices (DataParallel), none of which a
-    traced step runs: each rank kept its own gradients, silently."""
+    traced step runs: each rank kept its own gradients, silently. Known by
+    class (isinstance), not by name: a user's FSDPBlock is a module."""
     kind = type(module)
     label = f"module {name!r} is" if name else "the model is"
-    if isinstance(module, torch.nn.parallel.DistributedDataParallel) or \
-            "fsdp" in kind.__module__.split(".") or kind.__name__.startswith("FSDP"):
-        raise TypeError(f"{label} a {kind.__name__} wrapper, whose collectives run in hooks "
-                        "that pebble.torch's step does not run (each rank would keep its own "
-                        "gradients): give the module inside it (ddp.module), and "
-                        "process_group= (with shard='full' for sharding) for data "
-                        "parallelism that pebble plans")
+    if isinstance(module, torch.nn.parallel.DistributedDataParallel):
+        raise TypeError(f"{label} a DistributedDataParallel wrapper, whose all-reduces run in "
+                        "autograd hooks that pebble.torch's step does not run (each rank would "
+                        "keep its own gradients): give the module inside it (ddp.module), and "
+                        "process_group= for data parallelism that pebble plans")
+    if isinstance(module, _sharding_wrappers()):
+        raise TypeError(f"{label} sharded by FSDP (class {kind.__name__}), whose gathers and "
+                        "reduce-scatters run in hooks that pebble.torch's step does not run "
+                        "(each rank would keep its own gradients): give the module as built, "
+                        "before FSDP wraps or shards it, with process_group= and shard='full' "
+                        "for sharding that pebble plans")
     # (on one device or none, DataParallel's forward calls the module itself)
     if isinstance(module, torch.nn.DataParallel) and len(module.device_ids or ()) > 1:
         raise TypeError(f"{label} a DataParallel wrapper, which replicates the module over "

@@ -1244,9 +1244,12 @@ def trace(model, loss_fn, inputs, target, device, mode=None, one_pass=True, stan
                 # parameters before failing alike: nn.Embedding's max_norm)
                 who = where if where.startswith("module") else "the step"
                 raise CaptureError(
-                    f"{who} writes a parameter (a tensor that requires grad) in place, as "
-                    "nn.Embedding with max_norm renormalizes its weight in its forward: "
-                    "pebble.torch cannot capture that") from e
+                    f"{who} writes a parameter (a tensor that requires grad) in place in "
+                    "the forward (a weight clamped under torch.no_grad(); nn.Embedding with "
+                    "max_norm renormalizes its rows so): pebble.torch cannot plan a step "
+                    "that changes what it is given. Do that write outside the step, under "
+                    "torch.no_grad(), before or after each call (for nn.Embedding, "
+                    "max_norm=None and renormalize the rows so)") from e
             continue
         finally:
             # (1.13 leaves a proxy slot in each tensor it traced, constants
@@ -1348,6 +1351,11 @@ def _trace_hint(e, model, where):
                 "`from`: write torch.randint_like(t, low, high) instead)")
     if not any(words in said for words in _DATA_DEPENDENT):
         return ""
+    if _raised_in(e, "gaussian_nll_loss"):
+        return (" (F.gaussian_nll_loss, nn.GaussianNLLLoss's, checks that var has no "
+                "negative entry with an `if` on a tensor: write the loss with tensors "
+                "alone, v = var.clamp(min=eps); "
+                "0.5 * (v.log() + (input - target) ** 2 / v), then its mean or sum)")
     cumulative = [_module_label(name, m) for name, m in model.named_modules()
                   if isinstance(m, torch.nn.modules.batchnorm._BatchNorm) and
                   m.momentum is None and m.training and m.track_running_stats]

@@ -334,52 +334,8 @@ class Program:
                                          "sum the others twice")
 
     def _fusions(self):
-        """For each compute step of a node of a several-output call, the
-        sibling nodes that the schedule computes next (only frees between),
-        of those that every compute step of is so placed: the call runs once
-        and they are kept for those steps. Also the indices of those
-        siblings' steps, which run nothing, and the siblings' ids (Note [A
-        call of several outputs run once]). A sibling computed apart
-        elsewhere runs its own call at each step, so that its workspace, the
-        same at every step in the plan, is held at each."""
-        allowed = {node.id for kind, node in self.steps
-                   if kind == COMPUTE and node.group is not None}
-        while True:
-            keep, fused = self._fusions_of(allowed)
-            kept, run = self._kept_and_run(fused)
-            if not kept & run:
-                return keep, fused, kept
-            allowed = kept - run  # (fewer each time: a node both kept and run is out)
-
-    def _kept_and_run(self, fused):
-        """The ids of the siblings with a step in `fused` (kept from a call),
-        and of those with a compute step outside it (running their call)."""
-        kept, run = set(), set()
-        for i, (kind, node) in enumerate(self.steps):
-            if kind == COMPUTE and node.group is not None:
-                (kept if i in fused else run).add(node.id)
-        return kept, run
-
-    def _fusions_of(self, allowed):
-        """_fusions' steps, where only the nodes of `allowed` may be kept."""
-        keep, fused = {}, set()
-        for i, (kind, node) in enumerate(self.steps):
-            if kind != COMPUTE or node.group is None or i in fused:
-                continue
-            siblings = []
-            for j in range(i + 1, len(self.steps)):
-                kind2, other = self.steps[j]
-                if kind2 == FREE:
-                    continue
-                if kind2 == COMPUTE and other.group is node.group and other is not node and \
-                        other.id in allowed:
-                    siblings.append(other)
-                    fused.add(j)
-                    continue
-                break
-            if siblings:
-                keep[i] = siblings
-        return keep, fused
+        """kept_siblings of the program's steps."""
+        return kept_siblings(self.steps)
 
     def run(self, persistent, timing=False, release=False):
         """Executes the schedule. `persistent`: node index -> tensor for every
@@ -443,6 +399,57 @@ class Program:
         result.resident_bytes = state.resident
         return result
 
+
+
+def kept_siblings(steps):
+    """For each compute step of a node of a several-output call, the sibling
+    nodes that the schedule computes next (only frees between), of those
+    that every compute step of is so placed: the call runs once and they are
+    kept for those steps. Also the indices of those siblings' steps, which
+    run nothing, and the siblings' ids (Note [A call of several outputs run
+    once]). A sibling computed apart elsewhere runs its own call at each
+    step, so that its workspace, the same at every step in the plan, is held
+    at each. `steps`: (kind, node) pairs, as Program.steps."""
+    allowed = {node.id for kind, node in steps
+               if kind == COMPUTE and node.group is not None}
+    while True:
+        keep, fused = _fusions_of(steps, allowed)
+        kept, run = _kept_and_run(steps, fused)
+        if not kept & run:
+            return keep, fused, kept
+        allowed = kept - run  # (fewer each time: a node both kept and run is out)
+
+
+def _kept_and_run(steps, fused):
+    """The ids of the siblings with a step in `fused` (kept from a call),
+    and of those with a compute step outside it (running their call)."""
+    kept, run = set(), set()
+    for i, (kind, node) in enumerate(steps):
+        if kind == COMPUTE and node.group is not None:
+            (kept if i in fused else run).add(node.id)
+    return kept, run
+
+
+def _fusions_of(steps, allowed):
+    """kept_siblings' steps, where only the nodes of `allowed` may be kept."""
+    keep, fused = {}, set()
+    for i, (kind, node) in enumerate(steps):
+        if kind != COMPUTE or node.group is None or i in fused:
+            continue
+        siblings = []
+        for j in range(i + 1, len(steps)):
+            kind2, other = steps[j]
+            if kind2 == FREE:
+                continue
+            if kind2 == COMPUTE and other.group is node.group and other is not node and \
+                    other.id in allowed:
+                siblings.append(other)
+                fused.add(j)
+                continue
+            break
+        if siblings:
+            keep[i] = siblings
+    return keep, fused
 
 class _RunState:
     """One run: the resident tensors, pebble's count of their storages, the
