@@ -101,15 +101,21 @@ PlanResult Labelled(PlanResult result, const char* order, const PlanResult& one_
   return result;
 }
 
-// `result`, planned on `reordered`, as a plan of `graph` (the same ids).
+// `schedule` of `reordered` in `graph`'s node numbers (the same ids).
+Schedule InGraphNumbers(const Graph& graph, const Graph& reordered, const Schedule& schedule) {
+  Schedule mapped;
+  mapped.steps.reserve(schedule.steps.size());
+  for (const Step& s : schedule.steps) {
+    mapped.steps.push_back({s.action, graph.Find(reordered.id(s.node))});
+  }
+  return mapped;
+}
+
+// `result`, planned on `reordered`, as a plan of `graph`.
 absl::StatusOr<PlanResult> MapBack(const Graph& graph, const Graph& reordered,
                                    PlanResult result, const PlannerOptions& options) {
-  Schedule schedule;
-  schedule.steps.reserve(result.schedule.steps.size());
-  for (const Step& s : result.schedule.steps) {
-    schedule.steps.push_back({s.action, graph.Find(reordered.id(s.node))});
-  }
-  ASSIGN_OR_RETURN(PlanResult mapped, FinishPlan(graph, std::move(schedule), options));
+  ASSIGN_OR_RETURN(PlanResult mapped,
+                   FinishPlan(graph, InGraphNumbers(graph, reordered, result.schedule), options));
   // The same schedule and figures: the policy's message holds (with any
   // time-limit note), where it has one.
   if (mapped.feasible || !result.message.empty()) mapped.message = result.message;
@@ -254,13 +260,9 @@ absl::StatusOr<PlanResult> RoomForLateOutputs(const Planner& inner, const Graph&
     // (the policy's own limits, or a plan the time limit cut: the search is
     // optional, and its plan stands without a note of the limit)
     if (!roomy.ok() || TimeLimitReached(*roomy)) break;
-    // Judged at the budget itself, in `graph`'s ids.
-    Schedule schedule;
-    schedule.steps.reserve(roomy->schedule.steps.size());
-    for (const Step& s : roomy->schedule.steps) {
-      schedule.steps.push_back(
-          {s.action, reordered ? graph.Find(reordered->id(s.node)) : s.node});
-    }
+    // Judged at the budget itself, in `graph`'s node numbers.
+    Schedule schedule = reordered ? InGraphNumbers(graph, *reordered, roomy->schedule)
+                                  : std::move(roomy->schedule);
     ASSIGN_OR_RETURN(PlanResult judged, FinishPlan(graph, std::move(schedule), options));
     judged.details = std::move(roomy->details);
     ASSIGN_OR_RETURN(judged, ComputeOutputsLate(graph, std::move(judged), options, deadline));

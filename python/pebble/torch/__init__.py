@@ -84,6 +84,27 @@ def _check_plan_options(options):
                          f"checkmate's 300 stages, checkmate-lp's 600), not {stages!r}")
 
 
+# The planning arguments that the simulator takes too: a plan simulated again
+# (_simulated_peak) is timed and bucketed as it was planned.
+_SIMULATION_OPTIONS = ("bandwidth", "ranks", "network", "network_latency", "bucket_copies",
+                       "bucket_alignment")
+
+
+def _simulated_peak(graph, schedule, options, kept=(), workspace=None):
+    """The simulator's peak bytes of `schedule` on `graph` with the nodes of
+    `kept` holding no workspace and those of `workspace` (id -> bytes)
+    holding that: the plan's figures as the program runs it."""
+    workspace = workspace or {}
+    document = json.loads(graph.to_json())
+    for node in document["nodes"]:
+        if node["id"] in kept:
+            node.pop("workspace", None)
+        elif node["id"] in workspace:
+            node["workspace"] = workspace[node["id"]]
+    run = _core.simulate(_core.from_json(json.dumps(document)), schedule, **options)
+    return run["peak_bytes"]
+
+
 def _policy_plan(graph, kwargs):
     """_core.plan(graph, **kwargs), where a refusal of the policy (checkmate's
     cap on the graph's size, a policy that needs a sharded graph) is a
@@ -1185,7 +1206,7 @@ class _Variant:
             if fits and not self._draws_in_eager_order(plan):
                 raise PlanError(f"internal: policy {plan.policy} computes random operators "
                                 "in another order than eager PyTorch draws them")
-        least = None
+        least_peak = None  # (a document has it where its plan does not fit)
         if not fits and str(options["budget"]).strip().lower() != "min":
             # (the policy's least-peak plan, which its planner counts above
             # the budget too, may fit as run)
@@ -1198,7 +1219,8 @@ class _Variant:
         if fits:
             self._refuse_remade_statistics(plan)
         if not fits:
-            least_peak = plan.document["least_peak_bytes"] if least is None else least_peak
+            if least_peak is None:
+                least_peak = plan.document["least_peak_bytes"]
             raise PlanError(self._does_not_fit(plan, options, info, least_peak),
                             least_step_bytes=least_peak - self.persistent_bytes)
         if cpu and not self.step.allow_cpu_offload and plan.report["transfer_bytes"] > 0:
@@ -1207,9 +1229,7 @@ class _Variant:
         # How to simulate the plan again (_peak_as_run), on every rank.
         info["simulation"] = dict(
             tokens=graph is self.graph,
-            options={k: v for k, v in kwargs.items() if k in (
-                "bandwidth", "ranks", "network", "network_latency", "bucket_copies",
-                "bucket_alignment")})
+            options={k: v for k, v in kwargs.items() if k in _SIMULATION_OPTIONS})
         return plan, info
 
     def _fits_as_run(self, plan, graph, kwargs, budget_bytes):
@@ -1240,15 +1260,8 @@ class _Variant:
         kept = kept_siblings(steps)[2]
         if not kept:
             return plan.report["peak_bytes"]
-        document = json.loads(graph.to_json())
-        for node in document["nodes"]:
-            if node["id"] in kept:
-                node.pop("workspace", None)
-        options = {k: v for k, v in kwargs.items() if k in (
-            "bandwidth", "ranks", "network", "network_latency", "bucket_copies",
-            "bucket_alignment")}
-        run = _core.simulate(_core.from_json(json.dumps(document)), plan.schedule, **options)
-        return run["peak_bytes"]
+        return _simulated_peak(graph, plan.schedule, {
+            k: v for k, v in kwargs.items() if k in _SIMULATION_OPTIONS}, kept=kept)
 
     def _peak_as_run(self):
         """The peak bytes of the plan as the program runs it: the
@@ -1269,15 +1282,8 @@ class _Variant:
                  if kind == COMPUTE and node.random and node.fx in program.rerun_calls}
         simulation = self.budget_info["simulation"]
         graph = self.graph if simulation["tokens"] else self._whole_step(self.capture.free_graph)
-        document = json.loads(graph.to_json())
-        for node in document["nodes"]:
-            if node["id"] in kept:
-                node.pop("workspace", None)
-            elif node["id"] in rerun:
-                node["workspace"] = rerun[node["id"]]
-        run = _core.simulate(_core.from_json(json.dumps(document)), self.plan.schedule,
-                             **simulation["options"])
-        return run["peak_bytes"]
+        return _simulated_peak(graph, self.plan.schedule, simulation["options"], kept=kept,
+                               workspace=rerun)
 
     def _whole_step(self, graph):
         """The captured `graph` with the optimizer's step, sharded where the

@@ -231,7 +231,7 @@ class Program:
                 raise PlanExecutionError(f"schedule step ({action}, {node_id}) is not of this "
                                          "graph")
             self.steps.append((kind, node))
-        self.keep_siblings, self.fused_steps, self.kept_only = self._fusions()
+        self.keep_siblings, self.fused_steps, self.kept_only = kept_siblings(self.steps)
         # The random calls the schedule runs more than once (Note [Randomness
         # as eager has it]): only these keep their generator state.
         runs = {}
@@ -333,10 +333,6 @@ class Program:
                                          "reduced through the whole of it: pebble.torch would "
                                          "sum the others twice")
 
-    def _fusions(self):
-        """kept_siblings of the program's steps."""
-        return kept_siblings(self.steps)
-
     def run(self, persistent, timing=False, release=False):
         """Executes the schedule. `persistent`: node index -> tensor for every
         persistent node; release: empty it once the run holds them, so that
@@ -400,7 +396,6 @@ class Program:
         return result
 
 
-
 def kept_siblings(steps):
     """For each compute step of a node of a several-output call, the sibling
     nodes that the schedule computes next (only frees between), of those
@@ -450,6 +445,7 @@ def _fusions_of(steps, allowed):
         if siblings:
             keep[i] = siblings
     return keep, fused
+
 
 class _RunState:
     """One run: the resident tensors, pebble's count of their storages, the
