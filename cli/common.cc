@@ -1203,6 +1203,16 @@ absl::Status RankFlags::CheckShard() const {
 }
 
 absl::StatusOr<Graph> RankFlags::Sharded(absl::StatusOr<Graph> graph) const {
+  // A graph sharded already is one rank's part of a step on several: planned
+  // as a whole step on one rank, its collectives would go unplanned (no
+  // joined messages, no all-reduce of a clipped norm), silently.
+  if (graph.ok() && shard == "none" && ranks < 2) {
+    if (const std::optional<CollectiveLink> timed = ShardedRanks(*graph)) {
+      return UsageError(absl::StrCat("the graph is sharded for ", timed->ranks,
+                                     " ranks (it has their collectives): give --ranks ",
+                                     timed->ranks));
+    }
+  }
   // A graph sharded already has its collectives timed for its link: a
   // --network that differs would change nothing, silently.
   if (graph.ok() && shard == "none" && (!network.empty() || latency_s >= 0)) {

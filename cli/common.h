@@ -232,7 +232,8 @@ struct RankFlags {
   // with --shard full.
   absl::Status CheckBucketCopies() const;
   // The graph as one rank runs it: `graph` itself, or sharded (ShardGraph)
-  // with --shard full (a usage error without --ranks 2 or more).
+  // with --shard full (a usage error without --ranks 2 or more). A usage
+  // error for a graph sharded already without --ranks (its ranks').
   absl::StatusOr<Graph> Sharded(absl::StatusOr<Graph> graph) const;
 
  private:

@@ -3,6 +3,7 @@
 #include <iostream>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "cli/common.h"
@@ -51,10 +52,10 @@ int RunImport(const ImportFlags& flags) {
   options.loss = *loss;
   if (flags.batch > 0) options.batch = flags.batch;
   options.cost_model.device_flops_per_s = flags.throughput_flops_per_s;
-  auto graph = ImportOnnxFile(flags.model_path, options);
+  std::vector<std::string> notes;
+  auto graph = ImportOnnxFile(flags.model_path, options, &notes);
   if (!graph.ok()) return Fail(graph.status());
-  const std::string folded_note = FoldedParametersNote(*graph);
-  if (!folded_note.empty()) std::cerr << "pebble: note: " << folded_note << "\n";
+  for (const std::string& note : notes) std::cerr << "pebble: note: " << note << "\n";
   if (optimizer.has_value()) {
     graph = AppendOptimizerStep(*graph, *optimizer, options.cost_model);
     if (!graph.ok()) return Fail(graph.status());
@@ -78,8 +79,7 @@ int RunImport(const ImportFlags& flags) {
                           {"parameter_bytes", parameter_bytes},
                           {"persistent_bytes", graph->persistent_bytes()},
                           {"outputs", graph->outputs().size()},
-                          {"notes", folded_note.empty() ? nlohmann::json::array()
-                                                        : nlohmann::json::array({folded_note})}};
+                          {"notes", notes}};
     PrintJson(doc);
   } else if (flags.output != "-") {
     std::cout << "imported " << flags.model_path << " as '" << graph->name() << "' ("

@@ -228,7 +228,8 @@ int RunExport(const GraphSource& source, const RankFlags& ranks, const std::stri
         "on every rank, so export would write the same graph; give --shard full to write one "
         "rank's sharded graph")));
   }
-  auto graph = ranks.Sharded(source.Load());
+  // (a graph sharded already is written as it is, without --ranks)
+  auto graph = ranks.shard == "full" ? ranks.Sharded(source.Load()) : source.Load();
   if (!graph.ok()) return Fail(graph.status());
   std::string text;
   if (format == "json") {

@@ -232,14 +232,16 @@ Graph ImportOnnxPy(const py::object& path_arg, const py::object& loss, const py:
   o.loss = Unwrap(ParseLossKind(StrArg(loss, "loss")));
   if (!batch.is_none()) o.batch = IntArg(batch, "batch", 1, int64_t{1} << 24);
   absl::StatusOr<Graph> g;
+  std::vector<std::string> notes;
   {
     py::gil_scoped_release release;
-    g = ImportOnnxFile(path, o);
+    g = ImportOnnxFile(path, o, &notes);
   }
   Graph graph = Unwrap(std::move(g));
-  const std::string note = FoldedParametersNote(graph);
-  if (!note.empty() && PyErr_WarnEx(PyExc_UserWarning, note.c_str(), 1) != 0) {
-    throw py::error_already_set();  // warnings turned into errors
+  for (const std::string& note : notes) {
+    if (PyErr_WarnEx(PyExc_UserWarning, note.c_str(), 1) != 0) {
+      throw py::error_already_set();  // warnings turned into errors
+    }
   }
   return graph;
 }

@@ -1420,6 +1420,11 @@ class CheckmatePlanner final : public Planner {
   // (SPEC section 5), and the search would take seconds to learn it.
   absl::StatusOr<PlanResult> Plan(const Graph& graph,
                                   const PlannerOptions& options) const override {
+    if (DefaultOrder(graph).empty()) {
+      // Nothing to compute (the outputs are persistent): the empty plan. CBC
+      // given a model without variables at `min` crashed.
+      return FinishPlan(graph, Schedule{}, options);
+    }
     const Deadline deadline(options.time_limit_s);
     ASSIGN_OR_RETURN(PlanResult result, PlanAtBudget(graph, options));
     if (options.budget_bytes == PlannerOptions::kMinBudget || result.feasible ||

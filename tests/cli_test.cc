@@ -533,6 +533,22 @@ TEST(CliTest, AClippedShardedStepExportsAndPlansAsOneRankRunsIt) {
                                         {"--shard full: give --ranks 2 or more"});
   ::pebble::testing::ExpectOneLineError(Pebble("export " + model + " --ranks 2"), 2,
                                         {"--ranks 2 without --shard full", "the same graph"});
+  // The sharded file without --ranks: refused, not planned as one whole step
+  // (its messages unjoined); export writes it again as it is.
+  for (const std::string command : {"plan --graph ", "compare --budgets min --graph "}) {
+    ::pebble::testing::ExpectOneLineError(Pebble(command + graph), 2,
+                                          {"the graph is sharded for 2 ranks", "--ranks 2"});
+  }
+  const std::string schedule = ::testing::TempDir() + "/cli_sharded_clipped.schedule.json";
+  fs::remove(schedule);
+  ASSERT_EQ(Pebble("plan --graph " + graph + " --ranks 2 --policy fsdp --budget min "
+                   "--schedule-out " + schedule).exit_code, 0);
+  ::pebble::testing::ExpectOneLineError(
+      Pebble("simulate --graph " + graph + " --schedule " + schedule), 2,
+      {"the graph is sharded for 2 ranks", "--ranks 2"});
+  const std::string again = ::testing::TempDir() + "/cli_sharded_clipped.dot";
+  fs::remove(again);
+  EXPECT_EQ(Pebble("export --graph " + graph + " --format dot --output " + again).exit_code, 0);
 }
 
 // On a graph without updates or collectives too, a budget at or above a

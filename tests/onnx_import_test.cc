@@ -413,6 +413,36 @@ TEST(OnnxImportTest, BatchThatAReshapeFixesIsNamed) {
   EXPECT_THAT(other.status().message(), ::testing::Not(HasSubstr("rewrote")));
 }
 
+TEST(OnnxImportTest, BatchThatAReshapeFixesInAGraphThatImportsIsANote) {
+  // x.reshape(2, -1) as the forward's last node, exported with a symbolic
+  // batch (ONNX's inference then knows no shape to hold against pebble's):
+  // nothing after it refuses its shape, so the graph imports at --batch 4
+  // with the constant's batch there, and a note says so.
+  const std::string model = TinyModel(13, "batch", [](ModelMaker& m) {
+    m.IntInitializer("pair_shape", {2, -1});
+    m.Node("Reshape", "/Reshape", {"logits", "pair_shape"}, {"pairs"});
+    m.graph()->mutable_output(0)->set_name("pairs");
+  });
+  OnnxImportOptions options;
+  options.loss = LossKind::kNone;
+  options.batch = 4;
+  std::vector<std::string> notes;
+  auto g = ImportOnnxModel(model, "tiny", options, &notes);
+  ASSERT_TRUE(g.ok()) << g.status();
+  EXPECT_EQ(*g->shape(g->Find("pairs")), (Shape{2, 10}));
+  ASSERT_EQ(notes.size(), 1u);
+  EXPECT_THAT(notes[0], HasSubstr("--batch 4 gave the symbolic batch 'batch' its size, but "
+                                  "Reshape '/Reshape' sets dimension 0 to 2"));
+  EXPECT_THAT(notes[0], HasSubstr("the nodes after it keep dimension 0 at 2"));
+  // At the constant's batch, or with no Reshape fixing it: no note.
+  notes.clear();
+  options.batch = 2;
+  ASSERT_TRUE(ImportOnnxModel(model, "tiny", options, &notes).ok());
+  options.batch = 4;
+  ASSERT_TRUE(ImportOnnxModel(TinyModel(13, "batch"), "tiny", options, &notes).ok());
+  EXPECT_THAT(notes, ::testing::IsEmpty());
+}
+
 // PyTorch drops a ceil-mode pool's last window where it would start in the
 // padding; ONNX's shape inference keeps it. The model
 // is PyTorch's: its shape is taken, and the shapes after it go unchecked.

@@ -51,11 +51,20 @@ class Importer {
         options_(options),
         cx_(std::string(name), options.cost_model) {}
 
-  absl::StatusOr<Graph> Run() {
+  // The graph, and in `notes` (where given) a Reshape that kept the
+  // exported batch in a graph that imported all the same.
+  absl::StatusOr<Graph> Run(std::vector<std::string>* notes) {
     absl::StatusOr<Graph> graph = Import();
-    if (!graph.ok() && batch_fixed_by_.has_value()) {
+    if (!batch_fixed_by_.has_value()) return graph;
+    if (!graph.ok()) {
       return absl::Status(graph.status().code(),
                           absl::StrCat(graph.status().message(), " (", BatchFixedNote(), ")"));
+    }
+    if (notes != nullptr) {
+      notes->push_back(absl::StrCat(
+          BatchFixedNote(), ". The graph imported: the nodes after it keep dimension 0 at ",
+          batch_fixed_to_, " (a reshape keeps the bytes, so the plan's figures hold, but the "
+          "shapes are not those of batch ", *options_.batch, ")"));
     }
     return graph;
   }
@@ -438,7 +447,8 @@ std::vector<std::string> SupportedOnnxOps() {
 }
 
 absl::StatusOr<Graph> ImportOnnxModel(absl::string_view bytes, absl::string_view name,
-                                      const OnnxImportOptions& options) {
+                                      const OnnxImportOptions& options,
+                                      std::vector<std::string>* notes) {
   if (options.batch.has_value() && (*options.batch < 1 || *options.batch > (int64_t{1} << 24))) {
     return absl::InvalidArgumentError(
         absl::StrCat("--batch must be 1 to ", int64_t{1} << 24, ", got ", *options.batch));
@@ -455,7 +465,14 @@ absl::StatusOr<Graph> ImportOnnxModel(absl::string_view bytes, absl::string_view
   }
   if (!model.has_graph()) return absl::InvalidArgumentError("the ONNX model has no graph");
   onnx_import::Importer importer(model, name, options);
-  return importer.Run();
+  std::vector<std::string> import_notes;
+  ASSIGN_OR_RETURN(Graph graph, importer.Run(&import_notes));
+  if (notes != nullptr) {
+    const std::string folded = FoldedParametersNote(graph);
+    if (!folded.empty()) notes->push_back(folded);
+    notes->insert(notes->end(), import_notes.begin(), import_notes.end());
+  }
+  return graph;
 }
 
 std::string FoldedParametersNote(const Graph& graph) {
@@ -482,10 +499,11 @@ std::string FoldedParametersNote(const Graph& graph) {
       "do_constant_folding=False (docs/import.md)");
 }
 
-absl::StatusOr<Graph> ImportOnnxFile(const std::string& path, const OnnxImportOptions& options) {
+absl::StatusOr<Graph> ImportOnnxFile(const std::string& path, const OnnxImportOptions& options,
+                                     std::vector<std::string>* notes) {
   ASSIGN_OR_RETURN(std::string bytes, ReadBoundedFile(path, "ONNX model", kMaxOnnxFileBytes));
   const std::string stem = std::filesystem::path(path).stem().string();
-  auto graph = ImportOnnxModel(bytes, stem.empty() ? "model" : stem, options);
+  auto graph = ImportOnnxModel(bytes, stem.empty() ? "model" : stem, options, notes);
   if (!graph.ok()) {
     return absl::Status(graph.status().code(),
                         absl::StrCat(Quote(path), ": ", graph.status().message()));

@@ -50,11 +50,17 @@ inline constexpr int kMaxOnnxOpset = 17;
 // message.
 inline constexpr int64_t kMaxOnnxFileBytes = (int64_t{2} << 30) - 1;
 
-// Imports the serialized ModelProto `bytes`; `name` names the graph.
+// Imports the serialized ModelProto `bytes`; `name` names the graph. Where
+// `notes` is given, what a user should know of a graph that imported is
+// appended to it, a sentence each: FoldedParametersNote's, and a Reshape
+// that keeps the exported batch under --batch (the nodes after it have the
+// exported batch's shapes, though the same bytes).
 absl::StatusOr<Graph> ImportOnnxModel(absl::string_view bytes, absl::string_view name,
-                                      const OnnxImportOptions& options);
+                                      const OnnxImportOptions& options,
+                                      std::vector<std::string>* notes = nullptr);
 // Reads and imports the file `path` (the graph is named after its stem).
-absl::StatusOr<Graph> ImportOnnxFile(const std::string& path, const OnnxImportOptions& options);
+absl::StatusOr<Graph> ImportOnnxFile(const std::string& path, const OnnxImportOptions& options,
+                                     std::vector<std::string>* notes = nullptr);
 
 // A note for the user where an imported graph's parameters are not all the
 // model's own: torch.onnx.export names what it computed from them
