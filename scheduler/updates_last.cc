@@ -292,14 +292,33 @@ std::vector<Step> StreamParameters(const Graph& graph, const std::vector<Step>& 
 
 absl::StatusOr<Graph> WithoutUpdates(const Graph& graph, bool sinks) {
   GraphBuilder b(graph.name());
-  std::vector<uint8_t> output(graph.num_nodes(), 0);
+  // Per value: read by an update (and no other node), and by a write of the
+  // backward itself (a gradient added into a .grad, not an optimizer's).
+  std::vector<uint8_t> output(graph.num_nodes(), 0), added_in_backward(graph.num_nodes(), 0);
   for (NodeId v = 0; v < graph.num_nodes(); ++v) {
-    if (graph.in_place(v)) {
-      for (NodeId u : graph.unique_inputs(v)) {
-        if (!graph.in_place(u) && !graph.persistent(u)) output[u] = 1;
-      }
-      continue;
+    if (!graph.in_place(v)) continue;
+    for (NodeId u : graph.unique_inputs(v)) {
+      if (graph.in_place(u) || graph.persistent(u)) continue;
+      output[u] = 1;
+      added_in_backward[u] |= graph.role(v) != Role::kUpdate;
     }
+  }
+  // A value only updates read and no output keeps (a dropped gradient, a
+  // gradient added into a .grad): with `sinks`, a zero-byte sink reads it
+  // instead of the step keeping it.
+  auto add_sink = [&](NodeId v) {
+    output[v] = 0;
+    NodeSpec sink;
+    sink.id = absl::StrCat(kSinkPrefix, graph.id(v));
+    sink.op = std::string(kUpdateSinkOp);
+    sink.bytes = 0;
+    sink.inputs = {graph.id(v)};
+    b.AddOutput(sink.id);
+    b.AddNode(std::move(sink));
+  };
+  auto sunk = [&](NodeId v) { return sinks && output[v] && !graph.is_output(v); };
+  for (NodeId v = 0; v < graph.num_nodes(); ++v) {
+    if (graph.in_place(v)) continue;
     for (NodeId u : graph.unique_inputs(v)) {
       if (graph.in_place(u)) {
         return absl::InvalidArgumentError(absl::StrCat(
@@ -311,19 +330,15 @@ absl::StatusOr<Graph> WithoutUpdates(const Graph& graph, bool sinks) {
     NodeSpec spec = SpecOf(graph, v);
     spec.home.reset();  // a device home stays resident throughout
     b.AddNode(std::move(spec));
+    // A gradient that the backward adds into a .grad has its sink next in
+    // the graph's own order: a policy that keeps that order (baseline) frees
+    // it once added, as autograd does. An optimizer's sinks come last (the
+    // order of a step whose updates follow the backward; rotor's chain on
+    // resnet18 at batch 8 peaks 0.3 MiB higher with them next).
+    if (sunk(v) && added_in_backward[v]) add_sink(v);
   }
   for (NodeId v = 0; v < graph.num_nodes(); ++v) {
-    // A value only updates read and no output keeps (a dropped gradient):
-    // with `sinks`, a zero-byte sink reads it instead of the step keeping it.
-    if (!sinks || !output[v] || graph.is_output(v)) continue;
-    output[v] = 0;
-    NodeSpec sink;
-    sink.id = absl::StrCat(kSinkPrefix, graph.id(v));
-    sink.op = std::string(kUpdateSinkOp);
-    sink.bytes = 0;
-    sink.inputs = {graph.id(v)};
-    b.AddOutput(sink.id);
-    b.AddNode(std::move(sink));
+    if (sunk(v)) add_sink(v);
   }
   for (NodeId out : graph.outputs()) {
     if (!graph.in_place(out)) output[out] = 1;

@@ -37,7 +37,9 @@ namespace pebble {
 // an update but another).
 // With `sinks`, each value that only updates read and no output keeps (a
 // dropped gradient) is read by a zero-byte output "update_sink:<id>" of op
-// kUpdateSinkOp instead of being an output itself (Note [Updates early]).
+// kUpdateSinkOp instead of being an output itself (Note [Updates early]):
+// right after it in the order where the backward adds it into a .grad (an
+// in-place node that is no optimizer's update), else after every node.
 absl::StatusOr<Graph> WithoutUpdates(const Graph& graph, bool sinks = false);
 
 // The op of WithoutUpdates' sinks: a planner may move their steps freely.

@@ -61,7 +61,8 @@ TEST(OptimizerTest, ParsesNamesSettingsAndRefusesBadOnes) {
       {"sgd:lr=0.1,weight_decay=1e-400", "weight_decay='1e-400' is too small for a double"},
       {"sgd:lr=1,momentum=0x0.8p0", "momentum='0x0.8p0' is not a decimal number"},
       {"sgd:lr=-1", "lr=-1 is out of range (0 or more)"},
-      {"sgd:momentum=1", "momentum=1 is out of range (in [0, 1))"},
+      {"sgd:momentum=-1", "momentum=-1 is out of range (0 or more)"},
+      {"adam:beta2=1", "beta2=1 is out of range (in [0, 1))"},
       {"adam:weight_decay=-1", "weight_decay=-1 is out of range (0 or more)"},
       {"sgd:lr=1,lr=2", "optimizer sgd: lr is given twice"},
       {"adam:state=disk", "unknown tier 'disk'"},
@@ -295,7 +296,8 @@ TEST(OptimizerTest, ParameterGroupsParseAndRefuseWhatTheyCannotSet) {
                                  "beta1"},
       {"sgd:state=host;*.bias:momentum=0", "state=host, but SGD without momentum keeps no state "
                                            "(give momentum=..., for the step or a parameter group)"},
-      {"sgd;*.bias:momentum=1", "parameter group '*.bias:momentum=1': momentum=1 is out of range"},
+      {"sgd;*.bias:momentum=-1",
+       "parameter group '*.bias:momentum=-1': momentum=-1 is out of range"},
       {"adam;*.bias:max_grad_norm=1", "'max_grad_norm' is one setting for the whole step"},
       {"sgd;*.bias:beta1=0.5", "'beta1' is not a setting (a group sets lr, momentum, "
                                "weight_decay)"},
@@ -579,6 +581,45 @@ TEST(OptimizerTest, DroppedGradientsLetTheUpdatesRunEarly) {
     absl::StatusOr<Graph> small = BuildModel(model);
     ASSERT_TRUE(small.ok());
     ExpectSameUpdatedBits(*small, {*keep, *spec}, "rotor");
+  }
+}
+
+// A gradient that the backward adds into a held .grad (an in-place node of
+// the backward, as pebble.torch makes for gradient accumulation) is freed
+// once added, under the graph's own order too: baseline holds one gradient
+// at a time, as autograd does, where it held every gradient to the end.
+TEST(OptimizerTest, AGradientAddedIntoItsGradIsFreedOnceAdded) {
+  nlohmann::json nodes = nlohmann::json::array();
+  nodes.push_back({{"id", "x"}, {"bytes", 10}, {"persistent", true}});
+  std::vector<std::string> outputs = {"loss"};
+  for (int k = 0; k < 3; ++k) {
+    const std::string held = absl::StrCat("grad", k, ".held");
+    nodes.push_back({{"id", held}, {"bytes", 1000}, {"persistent", true}, {"role", "buffer"}});
+  }
+  nodes.push_back({{"id", "loss"}, {"bytes", 10}, {"cost", 1}, {"inputs", {"x"}}});
+  // Each gradient is added through a view of it (a weight's gradient is
+  // mm(...).t()): the view is made where the step's schedule needs it.
+  for (int k = 0; k < 3; ++k) {
+    const std::string g = absl::StrCat("g", k), held = absl::StrCat("grad", k, ".held");
+    const std::string view = absl::StrCat(g, ".t");
+    nodes.push_back({{"id", g}, {"bytes", 1000}, {"cost", 1}, {"inputs", {"loss"}},
+                     {"role", "backward"}});
+    nodes.push_back({{"id", view}, {"bytes", 1000}, {"cost", 0}, {"inputs", {g}},
+                     {"alias_of", g}, {"role", "backward"}});
+    nodes.push_back({{"id", absl::StrCat("grad:", k)}, {"bytes", 1000}, {"cost", 1},
+                     {"inputs", {view, held}}, {"alias_of", held}, {"in_place", true},
+                     {"role", "backward"}});
+    outputs.push_back(absl::StrCat("grad:", k));
+  }
+  absl::StatusOr<Graph> g = GraphFromJson(
+      {{"format", "pebble-graph"}, {"version", 1}, {"nodes", nodes}, {"outputs", outputs}});
+  ASSERT_TRUE(g.ok()) << g.status();
+  const int64_t persistent = 10 + 3 * 1000;
+  for (const char* policy : {"baseline", "best-order", "dtr"}) {
+    SCOPED_TRACE(policy);
+    absl::StatusOr<PlanOutcome> plan = PlanAtMin(*g, policy);
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    EXPECT_EQ(plan->result.report.peak_bytes, persistent + 10 + 1000);
   }
 }
 

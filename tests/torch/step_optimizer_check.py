@@ -546,15 +546,37 @@ def scheduled_run(torch, pt, device, steps, schedule_kind):
     return failures
 
 
+def trains_as_eager(torch, pt, model, x, y, make_opt, steps=3, before_step=None):
+    """Whether a planned step with the optimizer make_opt(parameters) gives
+    eager's parameters after `steps` steps on copies of `model`;
+    before_step(k, optimizer) changes both optimizers before step k."""
+    planned, eager = copy.deepcopy(model), copy.deepcopy(model)
+    opt, eager_opt = make_opt(planned.parameters()), make_opt(eager.parameters())
+    step = pt.train_step(planned, torch.nn.functional.cross_entropy, (x,), y, optimizer=opt)
+    for k in range(steps):
+        for optimizer in (opt, eager_opt):
+            if before_step is not None:
+                before_step(k, optimizer)
+            optimizer.zero_grad(set_to_none=True)
+        step(x, y)
+        torch.nn.functional.cross_entropy(eager(x), y).backward()
+        eager_opt.step()
+    return all(torch.allclose(p, q, rtol=1e-5, atol=1e-6)
+               for p, q in zip(planned.parameters(), eager.parameters()))
+
+
 def refusals(torch, pt, device):
     failures = []
     model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 2)).to(device)
     x = torch.randn(3, 4, device=device)
     y = torch.randint(0, 2, (3,), device=device)
     cases = [
-        (torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, nesterov=True), "nesterov"),
+        (torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, nesterov=True),
+         "nesterov=True: pebble plans plain SGD (momentum, weight decay), Adam and AdamW; to "
+         "train with it, leave out optimizer= and call optimizer.step() after each step"),
         (torch.optim.SGD(model[0].parameters(), lr=0.1), "'1.weight' is trainable but not in"),
-        (torch.optim.RMSprop(model.parameters(), lr=0.1), "plans torch.optim.SGD, Adam and AdamW"),
+        (torch.optim.RMSprop(model.parameters(), lr=0.1),
+         "plans torch.optim.SGD, Adam and AdamW; to train with it, leave out optimizer="),
         (torch.optim.Adam(model.parameters(), amsgrad=True), "amsgrad=True"),
         (torch.optim.Adam([{"params": model[0].parameters()},
                            {"params": model[1].parameters(), "amsgrad": True}]),
@@ -571,6 +593,11 @@ def refusals(torch, pt, device):
                 failures.append(f"refusal without '{needle}': {e}")
             continue
         failures.append(f"{type(opt).__name__} ({needle}) was not refused")
+    # A momentum of 1 (torch.optim.SGD takes any that is not negative) is
+    # planned, as eager runs it (it was refused by pebble's range, [0, 1)).
+    if not trains_as_eager(torch, pt, model, x, y,
+                           lambda params: torch.optim.SGD(params, lr=0.1, momentum=1.0)):
+        failures.append("SGD with momentum=1: the parameters differ from eager's")
     # A layer replaced after the step was made: eager's optimizer.step()
     # leaves its new parameters alone, and the plan's updates are the
     # optimizer's (until 2026-12-03 the new ones were updated from the old
@@ -718,6 +745,15 @@ def group_changes(torch, pt, device, model, x, y):
     taken out of the optimizer are refused by the next call, naming the
     parameter; lr changes are followed (scheduled)."""
     failures = []
+    # AdamW's decay, decoupled, needs no temporary: turned on, it is followed.
+    def decay_on(k, optimizer):
+        if k == 1:
+            optimizer.param_groups[0]["weight_decay"] = 0.5
+    if not trains_as_eager(torch, pt, model, x, y,
+                           lambda params: torch.optim.AdamW(params, lr=0.01, weight_decay=0.0),
+                           before_step=decay_on):
+        failures.append("AdamW's weight decay turned on after planning: parameters differ "
+                        "from eager's")
     for change, needle in (
             (lambda opt: opt.param_groups[1].update(weight_decay=0.1),
              "weight_decay of '1.weight' changed from 0 to 0.1"),

@@ -84,6 +84,14 @@ def _check_plan_options(options):
                          f"checkmate's 300 stages, checkmate-lp's 600), not {stages!r}")
 
 
+def _may_recompute(plan):
+    """Whether `plan`'s policy may run a call again: a multi-shot policy, or
+    one whose plan here recomputes (hybrid); not a one-shot order nor an
+    offload alone (swap, vdnn)."""
+    kinds = {p["name"]: p["kind"] for p in _core.policies()}
+    return kinds.get(plan.policy) == "multi-shot" or plan.report["recomputations"] > 0
+
+
 # The planning arguments that the simulator takes too: a plan simulated again
 # (_simulated_peak) is timed and bucketed as it was planned.
 _SIMULATION_OPTIONS = ("bandwidth", "ranks", "network", "network_latency", "bucket_copies",
@@ -1219,8 +1227,8 @@ class _Variant:
         if fits:
             self._refuse_remade_statistics(plan)
         if not fits:
-            if least_peak is None:
-                least_peak = plan.document["least_peak_bytes"]
+            if least_peak is None:  # (at "min", the plan's own peak: another limit broke)
+                least_peak = plan.document.get("least_peak_bytes", plan.report["peak_bytes"])
             raise PlanError(self._does_not_fit(plan, options, info, least_peak),
                             least_step_bytes=least_peak - self.persistent_bytes)
         if cpu and not self.step.allow_cpu_offload and plan.report["transfer_bytes"] > 0:
@@ -1343,7 +1351,8 @@ class _Variant:
                    f"parameters and inputs): it reaches {_size(least_step)} ({percent}% of "
                    f"{reference_name}) at least: try budget='{percent}%' or budget='min'")
         rng = generator_state_bytes(self.device)
-        if rng and reference and any(node.random for node in self.graph_nodes.nodes):
+        if rng and reference and _may_recompute(plan) and \
+                any(node.random for node in self.graph_nodes.nodes):
             message += (f" (a plan that runs a random call again holds the generator's state, "
                         f"{_size(rng)}, beside it on the CPU: "
                         f"budget='{math.ceil(100.0 * (least_step + rng) / reference)}%' leaves "
@@ -1854,20 +1863,46 @@ def _check_tensor_arg(t, what):
                          "(x.detach()), and take its gradient outside the step")
 
 
-def _sharding_wrappers():
-    """FSDP's classes: FullyShardedDataParallel, and 2.x's FSDPModule, which
-    fully_shard makes the sharded module's class derive from. Only from
-    modules already imported: a model that FSDP wrapped had them imported,
-    and importing them here would cost every step (and fails on some
-    builds: PyTorch 1.13's FSDP under Python 3.11)."""
+# Parallel wrappers of other libraries, by (module, class, what it is): each
+# reduces the gradients in hooks of its own, which a traced step does not run.
+_ENGINE_WRAPPERS = (("apex.parallel", "DistributedDataParallel",
+                     "Apex's DistributedDataParallel"),
+                    ("deepspeed.runtime.engine", "DeepSpeedEngine", "a DeepSpeed engine"),
+                    ("fairscale.nn.data_parallel", "ShardedDataParallel",
+                     "FairScale's ShardedDataParallel"),
+                    ("fairscale.nn.data_parallel", "FullyShardedDataParallel",
+                     "FairScale's FullyShardedDataParallel"))
+
+
+def _classes_imported(names):
+    """The classes named (module, class) among the modules already imported:
+    a model that a library wrapped had its module imported, and importing it
+    here would cost every step (and fails on some builds: PyTorch 1.13's
+    FSDP under Python 3.11)."""
     kinds = []
-    for where, name in (("torch.distributed.fsdp", "FullyShardedDataParallel"),
-                        ("torch.distributed.fsdp", "FSDPModule"),
-                        ("torch.distributed._composable.fsdp", "FSDPModule")):
+    for where, name, *_ in names:
         kind = getattr(sys.modules.get(where), name, None)
         if isinstance(kind, type) and kind not in kinds:
             kinds.append(kind)
     return tuple(kinds)
+
+
+def _sharding_wrappers():
+    """FSDP's classes: FullyShardedDataParallel, and 2.x's FSDPModule, which
+    fully_shard makes the sharded module's class derive from."""
+    return _classes_imported((("torch.distributed.fsdp", "FullyShardedDataParallel"),
+                              ("torch.distributed.fsdp", "FSDPModule"),
+                              ("torch.distributed._composable.fsdp", "FSDPModule")))
+
+
+def _engine_wrapper(module):
+    """What other library's parallel wrapper `module` is (_ENGINE_WRAPPERS),
+    or None."""
+    for entry in _ENGINE_WRAPPERS:
+        kinds = _classes_imported((entry,))
+        if kinds and isinstance(module, kinds):
+            return entry[2]
+    return None
 
 
 def _refuse_parallel_wrapper(name, module):
@@ -1890,6 +1925,13 @@ def _refuse_parallel_wrapper(name, module):
                         "(each rank would keep its own gradients): give the module as built, "
                         "before FSDP wraps or shards it, with process_group= and shard='full' "
                         "for sharding that pebble plans")
+    engine = _engine_wrapper(module)
+    if engine is not None:
+        raise TypeError(f"{label} {engine} (class {kind.__name__}), whose gradient reductions "
+                        "run in hooks that pebble.torch's step does not run (each rank would "
+                        "keep its own gradients): give the module as built, before it is "
+                        "wrapped, with the optimizer and process_group= for data parallelism "
+                        "that pebble plans (shard='full' to shard it)")
     # (on one device or none, DataParallel's forward calls the module itself)
     if isinstance(module, torch.nn.DataParallel) and len(module.device_ids or ()) > 1:
         raise TypeError(f"{label} a DataParallel wrapper, which replicates the module over "

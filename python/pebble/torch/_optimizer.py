@@ -613,7 +613,8 @@ class Updates:
 
     def _follow_settings(self):
         """Takes each group's current lr, betas and eps (a scheduler changes
-        them); a weight decay or momentum turned on or off would change the
+        them), and AdamW's weight decay; another weight decay or a momentum
+        turned on or off would change the
         update's temporaries or state, which the plan holds, and a parameter
         taken out of the optimizer would keep its update: OptimizerError."""
         _, groups = _settings(self.optimizer)
@@ -624,6 +625,8 @@ class Updates:
                                      "param_groups, but the step was planned to update it: "
                                      "make a new train_step")
             for key in ("weight_decay", "momentum"):
+                if key == "weight_decay" and was.get("decoupled"):
+                    continue  # (AdamW's scales the parameter in place: no temporary)
                 if key in was and (now[name][key] == 0) != (was[key] == 0):
                     raise OptimizerError(
                         f"the optimizer's {key} of '{name}' changed from {was[key]} to "
@@ -906,6 +909,12 @@ def _norm_type(value):
 # that eager keeps, and state_keys_of() says which parameter has one.
 
 
+# The way out of an optimizer that the plan cannot take.
+_STEP_OUTSIDE = ("to train with it, leave out optimizer= and call optimizer.step() after each "
+                 "step (the plan then covers the forward and the backward, and .grad holds "
+                 "every gradient)")
+
+
 def _settings(optimizer):
     """("sgd" | "adam" | "adamw", each parameter group's settings, the keys
     of pebble's optimizer spec, in param_groups' order); OptimizerError for
@@ -918,7 +927,7 @@ def _settings(optimizer):
         kind = "adam" if type(optimizer) is torch.optim.Adam else "adamw"
     else:
         raise OptimizerError(f"optimizer {type(optimizer).__name__}: pebble.torch plans "
-                             "torch.optim.SGD, Adam and AdamW")
+                             f"torch.optim.SGD, Adam and AdamW; {_STEP_OUTSIDE}")
     groups = optimizer.param_groups
     per_group = [_group_settings(type(optimizer).__name__, kind, group,
                                  f" (parameter group {i})" if len(groups) > 1 else "")
@@ -937,7 +946,7 @@ def _group_settings(name, kind, group, where):
             unsupported.append(f"{key}={group[key]}")
     if unsupported:
         raise OptimizerError(f"{name} with {', '.join(unsupported)}{where}: pebble plans plain "
-                             "SGD (momentum, weight decay), Adam and AdamW")
+                             f"SGD (momentum, weight decay), Adam and AdamW; {_STEP_OUTSIDE}")
     if kind == "sgd":
         settings = {"lr": group["lr"], "momentum": group["momentum"],
                     "weight_decay": group["weight_decay"]}
