@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "graph/ops.h"
 #include "graph/status.h"
+#include "graph/text_input.h"
 
 namespace pebble {
 namespace {
@@ -413,8 +414,9 @@ absl::StatusOr<Graph> AddLossAndDifferentiate(const Graph& forward, LossKind los
   }
   if (forward.outputs().size() != 1) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "the ", what, " loss needs a forward graph with one output (the prediction); '",
-        forward.name(), "' has ", forward.outputs().size()));
+        "the ", what, " loss needs a forward graph with one output (the prediction); ",
+        forward.name().empty() ? std::string("the graph") : Quote(forward.name()), " has ",
+        forward.outputs().size()));
   }
   const NodeId out = forward.outputs()[0];
   if (!forward.shape(out).has_value()) {

@@ -356,6 +356,25 @@ TEST(AutodiffTest, Errors) {
   EXPECT_TRUE(Contains(g.status().message(), "generic")) << g.status();
 }
 
+// A loss needs one prediction: the refusal names the graph, or says "the
+// graph" where it has no name (a graph file without one quoted '').
+TEST(AutodiffTest, ALossOnSeveralOutputsNamesTheGraph) {
+  for (const char* name : {"two-heads", ""}) {
+    NetBuilder nb(name);
+    const Value x = nb.Input("x", {2, 4});
+    nb.MarkOutput(nb.Apply("tanh", {x}, Json::object(), "a"));
+    nb.MarkOutput(nb.Apply("relu", {x}, Json::object(), "b"));
+    absl::StatusOr<Graph> forward = nb.Build();
+    ASSERT_TRUE(forward.ok()) << forward.status();
+    absl::StatusOr<Graph> g = AddLossAndDifferentiate(*forward, LossKind::kMse, CostModel{});
+    ASSERT_FALSE(g.ok());
+    EXPECT_TRUE(Contains(g.status().message(),
+                         *name ? "one output (the prediction); 'two-heads' has 2"
+                               : "one output (the prediction); the graph has 2"))
+        << g.status();
+  }
+}
+
 TEST(AutodiffTest, TrainingGraphSurvivesJsonRoundTrip) {
   const Graph g = Train(ConvReluMse());
   absl::StatusOr<Graph> back = GraphFromJson(GraphToJson(g));

@@ -2174,6 +2174,17 @@ def check_small_storages_exact(failures, device):
                        f"{r['measured_total_peak_bytes']} B, predicted "
                        f"{r['predicted_peak_bytes']} B, report's budget {r['budget_bytes']}")
     failures.check(ran > 0, "dropouts: no byte budget above the least peak was planned")
+    # A refused budget's advice leaves room for the generator's state only
+    # for a policy that may run a dropout again (baseline never does).
+    for policy, remark in (("baseline", False), ("dtr", True)):
+        try:
+            pt.train_step(model, nn.functional.cross_entropy, (x,), y, policy=policy,
+                          budget="10%", measure="never")
+            failures.check(False, f"{policy} at 10% of the step fitted")
+        except pt.PlanError as e:
+            failures.check(("generator's state" in str(e)) == remark,
+                           f"{policy}'s refusal {'without' if remark else 'with'} the "
+                           f"generator's state: {e}")
 
 
 def check_batch_norm_run_again(failures, device):
