@@ -505,8 +505,24 @@ def check_accumulation_memory(failures, device):
                        f"accumulating under {policy} at {budget}: the step peaks at {measured} "
                        f"B, eager's accumulating backward at {eager_bytes} B (the gradients "
                        f"are {gradient_bytes} B)")
+        # The unplanned step, a percentage's reference, is eager's too (it
+        # counted a copy of every .grad, and each gradient to the step's end).
+        reference = step.report["unplanned_measured_peak_bytes"]
+        failures.check(abs(reference - eager_bytes) <= PEAK_SLACK_BYTES,
+                       f"accumulating: the unplanned step measured {reference} B, eager's "
+                       f"accumulating backward {eager_bytes} B")
         print(f"accumulating {policy} at {budget}: {measured} B measured, eager's {eager_bytes} "
               "B", flush=True)
+    # A .grad of another dtype than its parameter's (eager adds into it): a
+    # refusal that says what to give (it asked for a new train_step, which
+    # met the same .grad).
+    model[0].bias.grad.data = torch.zeros_like(model[0].bias, dtype=torch.float64)
+    try:
+        pt.train_step(model, loss_fn, x, y)(x, y)
+        failures.check(False, "a float64 .grad of a float32 parameter was taken")
+    except ValueError as e:
+        failures.check("give it the parameter's dtype, or set it to None" in str(e),
+                       f"a float64 .grad: {e}")
 
 
 # Cases whose first trace writes in place in each way the one-pass capture

@@ -656,7 +656,10 @@ def refusals(torch, pt, device):
     # zeros): the step adds to it, as backward() does, and the update reads
     # the sum; updates on the host refuse it, naming the remedy, and so does
     # clipping (clip_grad_norm_ clips the sum, the step its own gradient).
-    for updates, clip in (("device", None), ("host", None), ("device", 1.0)):
+    # With the parameters on the host (their gradients dropped), the remedy
+    # is the zeroing alone (it offered gradients kept, which they refuse).
+    for updates, clip, parameters in (("device", None, "device"), ("host", None, "device"),
+                                      ("device", 1.0, "device"), ("device", None, "host")):
         torch.manual_seed(0)
         eager = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(),
                                     torch.nn.Linear(8, 2)).to(device)
@@ -665,7 +668,11 @@ def refusals(torch, pt, device):
         planned_opt = torch.optim.Adam(planned.parameters(), lr=0.1, foreach=False)
         step = pt.train_step(planned, torch.nn.functional.cross_entropy, (x,), y,
                              optimizer=planned_opt, optimizer_updates=updates,
-                             allow_cpu_offload=True, max_grad_norm=clip)
+                             optimizer_parameters=parameters, allow_cpu_offload=True,
+                             max_grad_norm=clip)
+        if parameters == "host":  # (its steps leave .grad None: zeros from the start)
+            for p in list(eager.parameters()) + list(planned.parameters()):
+                p.grad = torch.zeros_like(p)
         try:
             for _ in range(3):
                 for p in list(eager.parameters()) + list(planned.parameters()):
@@ -675,13 +682,15 @@ def refusals(torch, pt, device):
                 eager_opt.step()
                 step(x, y)
         except pt.OptimizerError as e:
-            refused = updates == "host" or clip is not None
-            if not refused or "zero_grad(set_to_none=True)" not in str(e):
-                failures.append(f"with .grad kept, updates on the {updates}, clip {clip}: {e}")
+            refused = updates == "host" or clip is not None or parameters == "host"
+            if not refused or "zero_grad(set_to_none=True)" not in str(e) or \
+                    (parameters == "host" and "optimizer_gradients='keep'" in str(e)):
+                failures.append(f"with .grad kept, updates on the {updates}, clip {clip}, "
+                                f"parameters on the {parameters}: {e}")
             continue
-        if updates == "host" or clip is not None:
-            failures.append(f"with .grad kept, updates on the {updates}, clip {clip}: not "
-                            "refused")
+        if updates == "host" or clip is not None or parameters == "host":
+            failures.append(f"with .grad kept, updates on the {updates}, clip {clip}, "
+                            f"parameters on the {parameters}: not refused")
         elif not all(close(torch, a.detach(), b.detach())
                      for a, b in zip(planned.parameters(), eager.parameters())):
             failures.append("with .grad kept (zeroed, not None), the parameters differ from "

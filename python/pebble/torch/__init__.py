@@ -1017,6 +1017,14 @@ class _Capture:
                 raise ValueError(f"the module has no '{slot.names[0]}' any more; make a new "
                                  "train_step")
             v = node.value
+            if node.role == "gradient" and (tuple(tensor.shape) != tuple(v.shape) or
+                                            tensor.dtype != v.dtype):
+                # (a .grad of another dtype, set through .grad.data, say)
+                raise ValueError(f"'{node.id}' is {tuple(tensor.shape)} {tensor.dtype}, where "
+                                 f"the step adds a gradient of {tuple(v.shape)} {v.dtype}, its "
+                                 "parameter's, into it: give it the parameter's dtype, or set "
+                                 "it to None (optimizer.zero_grad(set_to_none=True)) before "
+                                 "the step")
             if tuple(tensor.shape) != tuple(v.shape) or tensor.dtype != v.dtype:
                 raise ValueError(f"'{node.id}' is {tuple(tensor.shape)} {tensor.dtype}; the "
                                  f"plan was made for {tuple(v.shape)} {v.dtype} (make a new "

@@ -93,9 +93,11 @@ def _time_and_measure(graph, program, persistent, device, step_peak):
         if peak is None:
             _measure_temporaries(graph, program, persistent, device)
             if step_peak:
+                fresh = _fresh(persistent, graph)  # (outside the peak: see _fresh)
                 with AllocatorPeak(device) as meter:
-                    run = program.run(_fresh(persistent, graph))
+                    run = program.run(fresh)
                     del run
+                del fresh
                 peak = meter.peak_bytes
     _share_within_calls(graph)
     return seconds, peak
@@ -202,7 +204,11 @@ def estimated(graph, why):
 def _fresh(persistent, graph):
     """The persistent tensors for a calibration run: what a step writes in
     place (batch norm's running statistics, a .grad gradients are added
-    into) are copies."""
+    into) are copies. Made before a run's peak is measured: the copies stand
+    for persistent tensors, which the step does not allocate (made inside,
+    the unplanned step's measured peak, a percentage budget's reference,
+    counted a second copy of every .grad: three to eleven times eager's
+    accumulating backward, until 2026-12-04)."""
     written = set()
     for node in graph.nodes:
         if node.updates_stats:
@@ -318,10 +324,11 @@ def _measure_on_cpu(graph, program, persistent):
         return value
 
     program.call_hook = on_call
+    fresh = _fresh(persistent, graph)  # (outside the peak: see _fresh)
     gc.collect()  # garbage made before must not be freed inside (see AllocatorPeak)
     try:
         with CpuMemoryEvents() as events:
-            run = program.run(_fresh(persistent, graph))
+            run = program.run(fresh)
             del run
     finally:
         program.call_hook = None

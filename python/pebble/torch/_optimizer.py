@@ -258,8 +258,9 @@ class Updates:
                     "of its gradient, and a dropped gradient leaves the device, but pebble "
                     "plans neither for a .grad that lives across steps; clear the gradients "
                     "with optimizer.zero_grad(set_to_none=True) (PyTorch 1.13's zero_grad() "
-                    "keeps zero tensors), or give optimizer_updates='device' and "
-                    "optimizer_gradients='keep'")
+                    "keeps zero tensors)" + (
+                        "" if self.parameters != "device" else  # (they drop the gradients)
+                        ", or give optimizer_updates='device' and optimizer_gradients='keep'"))
             if node.get("role") != "parameter" or node["id"] not in self.params:
                 continue  # a frozen parameter takes no update
             attrs = node.get("attrs") or {}
