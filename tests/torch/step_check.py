@@ -1811,14 +1811,6 @@ def check_engine_wrappers(failures, device, x, y):
     whose reductions run in hooks of their own, are refused naming the
     engine, known by class from the modules imported: stand-ins here, as
     none is installed. A class of the same name elsewhere trains."""
-    class Inner(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.fc = torch.nn.Linear(4, 4)
-
-        def forward(self, x):
-            return self.fc(x)
-
     def wrapper_class(name):
         class Wrapper(torch.nn.Module):
             def __init__(self, module):
@@ -1836,7 +1828,7 @@ def check_engine_wrappers(failures, device, x, y):
                                  "FairScale's")):
         kind = wrapper_class(name)
         try:  # not imported: a class of that name is the user's own
-            pt.train_step(kind(Inner()).to(device), torch.nn.functional.mse_loss, x, y)
+            pt.train_step(kind(torch.nn.Linear(4, 4)).to(device), torch.nn.functional.mse_loss, x, y)
         except TypeError as e:
             failures.check(False, f"a user's {name} was refused: {e}")
         stand_in = types.ModuleType(where)
@@ -1844,7 +1836,7 @@ def check_engine_wrappers(failures, device, x, y):
         assert where not in sys.modules
         sys.modules[where] = stand_in
         try:
-            pt.train_step(torch.nn.Sequential(kind(Inner())).to(device),
+            pt.train_step(torch.nn.Sequential(kind(torch.nn.Linear(4, 4))).to(device),
                           torch.nn.functional.mse_loss, x, y)
             failures.check(False, f"{engine} {name} was not refused")
         except TypeError as e:
