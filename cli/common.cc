@@ -479,34 +479,6 @@ CLI::Validator PositiveBytes(absl::StatusOr<int64_t> (*parse)(absl::string_view)
       [parse](const std::string& t) { return CheckPositiveBytes(parse, t); }, "SIZE");
 }
 
-// A budget given as a bare number below 1024 ("70", "0.6") is refused: it
-// reads as a percentage or a fraction, not as a handful of bytes. Larger
-// bare numbers stay bytes ("8589934592", "1.5e9"), as the command line's
-// contract has them (docs/cli.md). `percent_allowed`: whether to suggest a
-// percentage (fit's budget takes bytes only).
-absl::Status CheckBudgetHasUnit(absl::string_view text, bool percent_allowed) {
-  const absl::string_view t = absl::StripAsciiWhitespace(text);
-  double value = 0;
-  // Only numbers that read as a percentage or a fraction with two decimals
-  // ("70", "0.6", "0.75"); others ("1e-30", "0.5") meet ParseSize's errors.
-  if (!ParseDecimal(t, &value) || value >= 1024 || value <= 0 ||
-      std::abs(100 * value - std::round(100 * value)) > 1e-9 * value) {
-    return absl::OkStatus();
-  }
-  std::vector<std::string> readings;
-  if (percent_allowed) {
-    readings.push_back(value < 1 ? absl::StrCat(absl::StrFormat("%g", 100 * value), "%")
-                                 : absl::StrCat(t, "%"));
-    readings.push_back(value == std::floor(value) ? absl::StrCat(t, "B")
-                                                  : absl::StrCat(t, "GiB"));
-  } else {
-    readings = {absl::StrCat(t, "MiB"), absl::StrCat(t, "GiB")};
-  }
-  return absl::InvalidArgumentError(absl::StrCat(
-      t, ": did you mean ", absl::StrJoin(readings, " or "),
-      "? (a number without a unit is bytes only from 1024 up)"));
-}
-
 }  // namespace
 
 CLI::Validator SizeValue() {

@@ -1,7 +1,9 @@
 #include "python/convert.h"
 
 #include <cmath>
+#include <optional>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "graph/status.h"
@@ -149,19 +151,37 @@ int64_t IntArg(py::handle value, absl::string_view name, int64_t min, int64_t ma
   return v;
 }
 
-double PositiveArg(py::handle value, absl::string_view name, absl::string_view what) {
+namespace {
+
+// `value` as a double where it is a number (float, int, numpy's scalars,
+// Fraction, Decimal: anything with __float__ or __index__), but a bool;
+// NaN for an int past the largest double; nullopt for anything else.
+std::optional<double> NumberArg(py::handle value) {
   PyObject* v = value.ptr();
   const PyNumberMethods* number = Py_TYPE(v)->tp_as_number;
-  double x = std::nan("");
-  if (!PyBool_Check(v) && number != nullptr &&
-      (number->nb_float != nullptr || number->nb_index != nullptr)) {
-    x = PyFloat_AsDouble(v);
-    if (x == -1.0 && PyErr_Occurred()) {
-      FetchException();  // an int past the largest double
-      x = std::nan("");
-    }
+  if (PyBool_Check(v) || number == nullptr ||
+      (number->nb_float == nullptr && number->nb_index == nullptr)) {
+    return std::nullopt;
   }
+  const double x = PyFloat_AsDouble(v);
+  if (x == -1.0 && PyErr_Occurred()) {
+    FetchException();  // an int past the largest double
+    return std::nan("");
+  }
+  return x;
+}
+
+}  // namespace
+
+double PositiveArg(py::handle value, absl::string_view name, absl::string_view what) {
+  const double x = NumberArg(value).value_or(std::nan(""));
   if (!(std::isfinite(x) && x > 0)) ArgError(name, what, value);
+  return x;
+}
+
+double NonNegativeArg(py::handle value, absl::string_view name, absl::string_view what) {
+  const double x = NumberArg(value).value_or(std::nan(""));
+  if (!(std::isfinite(x) && x >= 0)) ArgError(name, what, value);
   return x;
 }
 
@@ -214,6 +234,15 @@ std::string SizeText(py::handle value, absl::string_view name, absl::string_view
   return Utf8(Steal(text));
 }
 
+std::string BudgetText(py::handle value, absl::string_view name) {
+  std::string text = SizeText(value, name, kBudgetForms);
+  if (IsInteger(value) && text.size() <= 4 && !text.empty() && text[0] != '-') {
+    int64_t bytes = 0;
+    if (absl::SimpleAtoi(text, &bytes) && bytes > 0 && bytes < 1024) text += "B";
+  }
+  return text;
+}
+
 PlannerOptions Options(const py::object& host_budget, const py::object& bandwidth,
                        const py::object& time_limit, const py::object& seed,
                        const py::object& own_order) {
@@ -229,8 +258,8 @@ PlannerOptions Options(const py::object& host_budget, const py::object& bandwidt
       text = StrArg(bandwidth, "bandwidth");
     } else if (IsInteger(bandwidth)) {
       text = SizeText(bandwidth, "bandwidth", "bytes per second");
-    } else if (PyFloat_Check(bandwidth.ptr())) {
-      text = Utf8(Steal(PyObject_Str(bandwidth.ptr())));  // repr: "25000000000.0", "nan"
+    } else if (const std::optional<double> x = NumberArg(bandwidth)) {
+      text = absl::StrFormat("%.17g", *x);  // "25000000000", "nan": ParseBandwidth's words
     } else {
       ArgError("bandwidth",
                "bytes per second (a number) or a link preset (pcie4, pcie5, nvlink-c2c)",
@@ -264,12 +293,8 @@ void RankOptions(const py::object& ranks, const py::object& network,
     *link = Unwrap(ParseNetwork(text));
   }
   if (!network_latency.is_none()) {
-    // PositiveArg refuses 0, which a latency may be.
-    PyObject* v = network_latency.ptr();
-    const bool zero = !PyBool_Check(v) && (PyFloat_Check(v) || PyLong_Check(v)) &&
-                      PyObject_Not(v) == 1;
-    link->latency_s = zero ? 0.0 : PositiveArg(network_latency, "network_latency",
-                                               "a non-negative number of seconds");
+    link->latency_s =
+        NonNegativeArg(network_latency, "network_latency", "a non-negative number of seconds");
   }
 }
 

@@ -83,6 +83,8 @@ int64_t IntArg(py::handle value, absl::string_view name, int64_t min, int64_t ma
 // A finite number above 0; `what` completes "must be" ("a positive number
 // of seconds").
 double PositiveArg(py::handle value, absl::string_view name, absl::string_view what);
+// A finite number at or above 0 (a latency of 0), `what` as above.
+double NonNegativeArg(py::handle value, absl::string_view name, absl::string_view what);
 // True or False, nothing else.
 bool BoolArg(py::handle value, absl::string_view name);
 // A pebble.Graph (argument "graph").
@@ -101,6 +103,10 @@ inline constexpr absl::string_view kSizeForms = "a str (\"2GiB\") or an int of b
 // A budget or size given as a str or an int: the text that the command
 // line's parser then judges, so that its messages are the CLI's.
 std::string SizeText(py::handle value, absl::string_view name, absl::string_view forms);
+// A budget's text (SizeText with kBudgetForms). A Python int is bytes: one
+// under 1024, which as text the command line's rule reads as a percentage
+// and refuses (CheckBudgetHasUnit), is given its unit ("7B").
+std::string BudgetText(py::handle value, absl::string_view name);
 
 // The options the planning functions share: host_budget (None:
 // unlimited), bandwidth (None: the default link), time_limit, seed,

@@ -74,7 +74,7 @@ PyPlan PlanPy(const py::object& graph_arg, const py::object& policy, const py::o
   if (!policy.is_none() && request.policy.empty()) {
     RaiseValueError("policy: the name is empty (None means the default)");
   }
-  request.budget = SizeText(budget, "budget", kBudgetForms);
+  request.budget = BudgetText(budget, "budget");
   request.options = Options(host_budget, bandwidth, time_limit, seed, own_order);
   request.options.milp_max_stages = MilpMaxStagesArg(milp_max_stages);
   RankOptions(ranks, network, network_latency, &request.options.ranks, &request.options.network);
@@ -114,8 +114,8 @@ py::list ComparePy(const py::object& graph_arg, const py::object& policies,
   if (!budgets.is_none()) {
     request.budgets.clear();
     for (const py::object& b : ListArg(budgets, "budgets", "a list of budgets")) {
-      request.budgets.push_back(SizeText(
-          b, absl::StrCat("budgets[", request.budgets.size(), "]"), kBudgetForms));
+      request.budgets.push_back(
+          BudgetText(b, absl::StrCat("budgets[", request.budgets.size(), "]")));
     }
   }
   request.options = Options(host_budget, bandwidth, time_limit, seed, own_order);
@@ -146,7 +146,7 @@ py::dict FitPy(const py::object& model, const py::object& vary, const py::object
   request.model = Unwrap(ParseModelSpec(StrArg(model, "model")));
   request.vary = StrArg(vary, "vary");
   if (request.vary.empty()) ArgError("vary", "a parameter of the model (n, batch, ...)", vary);
-  request.budget_bytes = Unwrap(ParseFitBudget(SizeText(budget, "budget", kBudgetForms)));
+  request.budget_bytes = Unwrap(ParseFitBudget(BudgetText(budget, "budget")));
   if (!policies.is_none()) request.policies = PolicyListArg(policies);
   request.start = IntArg(start, "start", 1, INT64_MAX);
   request.max_value = IntArg(max_value, "max", 0, INT64_MAX);

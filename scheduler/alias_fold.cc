@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "graph/optimizer.h"
 #include "graph/status.h"
@@ -83,6 +84,15 @@ class AliasFoldingPlanner final : public Planner {
     result.message = std::move(inner.message);
     result.details = std::move(inner.details);
     result.details["folded_aliases"] = graph.num_aliases();
+    if (const int others = AliasesReadingOthers(graph); others > 0) {
+      result.details["aliases_reading_others"] = others;
+      if (absl::StartsWith(result.message, "optimal")) {
+        absl::StrAppend(&result.message, " (over storages: ", others,
+                        others == 1 ? " view that reads another tensor keeps it while its"
+                                    : " views that read another tensor keep it while their",
+                        " readers may run, as making the view again would need it)");
+      }
+    }
     return result;
   }
 
@@ -91,6 +101,14 @@ class AliasFoldingPlanner final : public Planner {
 };
 
 }  // namespace
+
+int AliasesReadingOthers(const Graph& graph) {
+  int count = 0;
+  for (NodeId v = 0; v < graph.num_nodes(); ++v) {
+    if (graph.is_alias(v) && !graph.in_place(v) && graph.unique_inputs(v).size() > 1) ++count;
+  }
+  return count;
+}
 
 absl::StatusOr<FoldedGraph> FoldAliases(const Graph& graph) {
   const int n = graph.num_nodes();

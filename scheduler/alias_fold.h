@@ -65,6 +65,12 @@ Schedule UnfoldSchedule(const Graph& graph, const FoldedGraph& folded,
 // planner the registry makes is wrapped (planner.cc).
 std::unique_ptr<Planner> WithAliasFolding(std::unique_ptr<Planner> inner);
 
+// How many views of `graph` (aliases that write nothing in place) read
+// another tensor besides their base (expand_as): folding keeps that
+// tensor while the view's readers may run, so a plan of such a graph is
+// optimal, where a policy says so, over that model only.
+int AliasesReadingOthers(const Graph& graph);
+
 }  // namespace pebble
 
 #endif  // PEBBLE_SCHEDULER_ALIAS_FOLD_H_

@@ -6,14 +6,17 @@
 #include <cstdlib>
 #include <limits>
 #include <string>
+#include <vector>
 
 #include "absl/numeric/int128.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "graph/status.h"
 #include "graph/text_input.h"
+#include "scheduler/alias_fold.h"
 #include "scheduler/planner.h"
 #include "scheduler/schedule.h"
 #include "scheduler/simulator.h"
@@ -195,7 +198,31 @@ absl::StatusOr<double> ParseByteRate(absl::string_view text) {
   return rate;
 }
 
+absl::Status CheckBudgetHasUnit(absl::string_view text, bool percent_allowed) {
+  const absl::string_view t = absl::StripAsciiWhitespace(text);
+  double value = 0;
+  // Only numbers that read as a percentage or a fraction with two decimals
+  // ("70", "0.6", "0.75"); others ("1e-30", "0.5") meet ParseSize's errors.
+  if (!ParseDecimal(t, &value) || value >= 1024 || value <= 0 ||
+      std::abs(100 * value - std::round(100 * value)) > 1e-9 * value) {
+    return absl::OkStatus();
+  }
+  std::vector<std::string> readings;
+  if (percent_allowed) {
+    readings.push_back(value < 1 ? absl::StrCat(absl::StrFormat("%g", 100 * value), "%")
+                                 : absl::StrCat(t, "%"));
+    readings.push_back(value == std::floor(value) ? absl::StrCat(t, "B")
+                                                  : absl::StrCat(t, "GiB"));
+  } else {
+    readings = {absl::StrCat(t, "MiB"), absl::StrCat(t, "GiB")};
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      t, ": did you mean ", absl::StrJoin(readings, " or "),
+      "? (a number without a unit is bytes only from 1024 up)"));
+}
+
 absl::StatusOr<BudgetSpec> ParseBudget(absl::string_view text) {
+  RETURN_IF_ERROR(CheckBudgetHasUnit(text, /*percent_allowed=*/true));
   absl::string_view s = absl::StripAsciiWhitespace(text);
   BudgetSpec spec;
   if (absl::AsciiStrToLower(s) == "min") {
@@ -285,9 +312,20 @@ int64_t ResolveBudget(const BudgetSpec& spec, int64_t baseline_peak) {
 }
 
 absl::StatusOr<Schedule> BaselinePlanSchedule(const Graph& graph) {
-  if (!graph.has_homes()) return FreeAtLastUse(graph, DefaultOrder(graph));
-  // Tensors that move between tiers: the baseline policy places their
-  // copies (Note [Updates last]). Auto homes are resident in the baseline,
+  const bool views_read_others = AliasesReadingOthers(graph) > 0;
+  if (!graph.has_homes() && !views_read_others) return FreeAtLastUse(graph, DefaultOrder(graph));
+  // A view that reads another tensor keeps it while its readers may run
+  // (Note [Alias folding]): 100% is the baseline policy's own peak, which
+  // every policy plans under, not one that frees that tensor earlier.
+  if (!graph.has_homes() && !graph.has_in_place()) {
+    ASSIGN_OR_RETURN(const FoldedGraph folded, FoldAliases(graph));
+    ASSIGN_OR_RETURN(Schedule schedule,
+                     FreeAtLastUse(folded.graph, DefaultOrder(folded.graph)));
+    return UnfoldSchedule(graph, folded, schedule);
+  }
+  // Tensors that move between tiers, or updates beside such views: the
+  // baseline policy places their copies and the updates (Note [Updates
+  // last]), and folds the views. Auto homes are resident in the baseline,
   // as a framework keeps them (no budget: Note [State placement]).
   ASSIGN_OR_RETURN(std::unique_ptr<Planner> baseline, MakePlanner("baseline"));
   PlannerOptions options;

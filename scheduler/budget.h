@@ -36,7 +36,16 @@ struct BudgetSpec {
   int64_t bytes = 0;     // kBytes
   double percent = 100;  // kPercent
 };
+// Refuses a bare number under 1024 (CheckBudgetHasUnit).
 absl::StatusOr<BudgetSpec> ParseBudget(absl::string_view text);
+
+// A budget given as a bare number above 0 and under 1024 ("70", "0.6") is
+// refused: it reads as a percentage or a fraction, not as a handful of
+// bytes, and the error gives the readings it may have meant ("70: did you
+// mean 70% or 70B?"). Larger bare numbers stay bytes ("8589934592").
+// `percent_allowed`: whether to offer a percentage (fit's budget takes
+// bytes only).
+absl::Status CheckBudgetHasUnit(absl::string_view text, bool percent_allowed);
 
 // Bytes for the planner: kPercent of `baseline_peak` (rounded down), kMin as
 // kMinBudgetBytes.

@@ -118,6 +118,11 @@ class HybridPlanner final : public Planner {
   absl::StatusOr<PlanResult> Plan(const Graph& graph,
                                   const PlannerOptions& options) const override {
     const auto started = std::chrono::steady_clock::now();
+    // (the simulator's own refusal, before any candidate: the chain
+    // policies' selectors check every schedule they simulate)
+    if (!(options.host_bandwidth_bytes_per_s > 0)) {
+      return absl::InvalidArgumentError("host bandwidth must be positive");
+    }
     MakespanSelector selector(graph, options);
     const Deadline& deadline = selector.deadline();
     // The limit less the time kept back for the end (see the comment at

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <optional>
 #include <tuple>
 #include <utility>
 
@@ -13,6 +14,7 @@
 #include "oneapi/tbb/task_arena.h"
 #include "scheduler/budget.h"
 #include "scheduler/checkmate.h"  // PeakLowerBound
+#include "scheduler/collectives.h"  // ShardedRanks
 #include "scheduler/simulator.h"
 
 namespace pebble {
@@ -52,6 +54,29 @@ void ForEachIndex(size_t n, int jobs, Body body) {
   });
 }
 
+// A graph sharded already (ShardedRanks) planned on its ranks with a link
+// other than the one its collectives were timed for: the link would change
+// nothing, so it is refused, as the command line refuses it. A link equal
+// to the default is taken as none given. (On one rank such a graph is one
+// rank's part of the step, as a policy of its own plans it.)
+absl::Status CheckShardedGraph(const Graph& graph, const PlannerOptions& options) {
+  const std::optional<CollectiveLink> timed = ShardedRanks(graph);
+  if (!timed.has_value() || options.ranks < 2) return absl::OkStatus();
+  const NetworkLink given = options.network, none;
+  const bool differs = given.bandwidth_bytes_per_s != timed->link.bandwidth_bytes_per_s ||
+                       given.latency_s != timed->link.latency_s;
+  const bool default_link = given.bandwidth_bytes_per_s == none.bandwidth_bytes_per_s &&
+                            given.latency_s == none.latency_s;
+  if (differs && !default_link) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "network: the graph is sharded already, its collectives timed for a link of ",
+        absl::StrFormat("%g", timed->link.bandwidth_bytes_per_s), " bytes/s and ",
+        absl::StrFormat("%g", timed->link.latency_s), " s a message, which this does not "
+        "change: shard the unsharded graph with this link instead"));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<PlanOutcome> PlanGraph(const Graph& graph, const PlanRequest& request) {
@@ -60,6 +85,7 @@ absl::StatusOr<PlanOutcome> PlanGraph(const Graph& graph, const PlanRequest& req
   out.budget = request.budget;
   out.budget_is_min = spec.kind == BudgetSpec::Kind::kMin;
   RETURN_IF_ERROR(CheckPlannable(graph));
+  RETURN_IF_ERROR(CheckShardedGraph(graph, request.options));
   ASSIGN_OR_RETURN(out.baseline_peak_bytes, BaselinePeak(graph));
   PlannerOptions options = request.options;
   options.budget_bytes = ResolveBudget(spec, out.baseline_peak_bytes);
@@ -205,6 +231,7 @@ absl::StatusOr<Comparison> Compare(const Graph& graph, const CompareRequest& req
   if (request.jobs < 0) return absl::InvalidArgumentError("compare: jobs must be 0 or more");
   Comparison c;
   RETURN_IF_ERROR(CheckPlannable(graph));
+  RETURN_IF_ERROR(CheckShardedGraph(graph, request.options));
   ASSIGN_OR_RETURN(c.baseline_peak_bytes, BaselinePeak(graph));
   // Policy-major, every plan independent of the others.
   const size_t n = policies.size() * specs.size();
@@ -509,6 +536,7 @@ absl::string_view FitOutcomeName(FitTry::Outcome outcome) {
 }
 
 absl::StatusOr<int64_t> ParseFitBudget(absl::string_view text) {
+  RETURN_IF_ERROR(CheckBudgetHasUnit(text, /*percent_allowed=*/false));
   ASSIGN_OR_RETURN(BudgetSpec spec, ParseBudget(text));
   if (spec.kind != BudgetSpec::Kind::kBytes) {
     return absl::InvalidArgumentError(

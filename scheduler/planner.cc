@@ -281,6 +281,11 @@ absl::StatusOr<std::unique_ptr<Planner>> MakePlanner(absl::string_view name) {
     planner = std::make_unique<LeastPeakDescent>(std::move(planner),
                                                  info->kind == PlanKind::kOneShot);
   }
+  // Note [best-order on the whole step]
+  if (name == "best-order") planner = WithOrdersOnTheWholeStep(std::move(planner));
+  if (info->composed || (info->exact && info->kind != PlanKind::kOneShot)) {
+    planner = WithBestOrderOnTheWholeStep(std::move(planner));  // (exact, checkmate)
+  }
   return planner;
 }
 

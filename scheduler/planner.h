@@ -185,6 +185,11 @@ struct PolicyInfo {
   // joined into planned buckets (collective_buckets.h): FSDP's rules, the
   // fixed points the plans compare with. Outside policies keep theirs too.
   bool own_messages = false;
+  // Runs composed with best-order (Note [Composition], compose.h), or plans
+  // over its order itself (swap, hybrid): on a whole step it is also
+  // compared with best-order's plan of that step (Note [best-order on the
+  // whole step], whole_step.h).
+  bool composed = false;
   std::function<std::unique_ptr<Planner>()> factory;
 };
 

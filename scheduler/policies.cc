@@ -43,6 +43,9 @@ void RegisterBuiltinPlanners(PlannerRegistry& global) {
         return ComposeWithBestOrder(inner(), name);
       };
     }
+    // Each is no worse than best-order on a whole step too (Note [best-order
+    // on the whole step]).
+    info.composed = info.kind != PlanKind::kOneShot && info.name != "exact" && !is_fsdp(info.name);
     global.Register(std::move(info));
   }
 }

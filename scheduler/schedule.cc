@@ -49,6 +49,13 @@ nlohmann::json ScheduleToJson(const Graph& graph, const Schedule& schedule) {
   const size_t n = schedule.steps.size();
   for (size_t k = 0; k < n; ++k) {
     const Step& step = schedule.steps[k];
+    if (step.node < 0 || step.node >= graph.num_nodes()) {
+      const std::string message = absl::StrCat("step ", k, " names node id ", step.node,
+                                               ", out of range (Simulate tells a schedule's "
+                                               "faults)");
+      internal::CheckFailed(__FILE__, __LINE__, "ScheduleToJson's nodes in the graph",
+                            message.c_str());
+    }
     nlohmann::json s = {{"action", std::string(ActionName(step.action))},
                         {"node", graph.id(step.node)}};
     // Only all_reduce steps and computes of collective nodes are in

@@ -53,7 +53,8 @@ struct Schedule {
 // ReadScheduleFile also refuse what ParseStrictJson does (repeated keys, NUL
 // bytes), and ReadScheduleFile what ReadBoundedFile does (files over
 // kMaxJsonFileBytes, anything but a regular file). Whether the steps are
-// valid is the simulator's business.
+// valid is the simulator's business, but ScheduleToJson's steps must name
+// nodes of `graph` (a programming error otherwise: checked, the step named).
 nlohmann::json ScheduleToJson(const Graph& graph, const Schedule& schedule);
 absl::StatusOr<Schedule> ScheduleFromJson(const Graph& graph,
                                           const nlohmann::json& doc);

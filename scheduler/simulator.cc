@@ -515,6 +515,11 @@ absl::Status Replay::Step(size_t k) {
     return absl::InvalidArgumentError(
         absl::StrCat("invalid schedule at step ", k, ": node id ", v, " out of range"));
   }
+  if (static_cast<int>(step.action) > static_cast<int>(Action::kAllReduce)) {
+    return absl::InvalidArgumentError(absl::StrCat("invalid schedule at step ", k, ": action ",
+                                                   static_cast<int>(step.action),
+                                                   " is no Action"));
+  }
   if (std::string e = BucketJoinError(graph_, schedule_, k); !e.empty()) return Error(k, e);
   if (!copies_of_.empty() && step.action != Action::kAllReduce) {
     SettleCopiesOf(v);

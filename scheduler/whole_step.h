@@ -1,4 +1,6 @@
-// hybrid judged on the whole step (Note [hybrid on the whole step]).
+// Plans judged on the whole step that the wrappers of MakePlanner make of
+// the step a policy planned: hybrid's (Note [hybrid on the whole step]) and
+// best-order's (Note [best-order on the whole step]).
 #ifndef PEBBLE_SCHEDULER_WHOLE_STEP_H_
 #define PEBBLE_SCHEDULER_WHOLE_STEP_H_
 
@@ -18,6 +20,24 @@ namespace pebble {
 // options.time_limit_s, counted from the call: past it the candidates left
 // are not compared (details["time_limit_reached"]).
 std::unique_ptr<Planner> WithWholeStepsCompared(std::unique_ptr<Planner> inner);
+
+// `inner` (best-order, as MakePlanner wraps it), and on a whole step (an
+// optimizer's updates, a data-parallel step's all-reduces, a sharded
+// step's messages) the lowest peak, then the shortest makespan, of its plan
+// and each order it judged (baseline, dfs, greedy, tree: those
+// details["candidates"] gives a peak) planned whole as its own policy.
+// details["whole_step_orders"] lists those plans' figures and
+// details["winner"] names the order taken. Within options.time_limit_s.
+std::unique_ptr<Planner> WithOrdersOnTheWholeStep(std::unique_ptr<Planner> inner);
+
+// `inner` (a policy composed with best-order, PolicyInfo::composed, or an
+// exact one, whose optimum is the step's without its updates), and on a
+// whole step without options.own_order, best-order's plan of the whole
+// step where BetterPlan (compose.h) prefers it: details then best-order's,
+// with "order": "best-order one-shot", "whole_step": true and the policy's
+// own under "policy". A plan of the policy's own that says "optimal" is
+// said to be so of the step it judged.
+std::unique_ptr<Planner> WithBestOrderOnTheWholeStep(std::unique_ptr<Planner> inner);
 
 }  // namespace pebble
 

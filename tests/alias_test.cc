@@ -12,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
@@ -711,6 +712,39 @@ TEST(AliasFoldTest, FoldUnfoldPeakEqualityOnManyRandomGraphs) {
       EXPECT_EQ(u->host_peak_bytes, inner->report.host_peak_bytes) << seed << " " << policy;
     }
   }
+}
+
+// A view that reads another tensor besides its base (expand_as) keeps it
+// while the view's readers may run (alias_fold.h): 100% is the baseline
+// policy's peak under that rule, so every one-shot policy fits it, and an
+// exact policy's "optimal" says that it is over that model.
+TEST(AliasFoldTest, AViewThatReadsAnotherTensorKeepsItAndTheBaselineFits) {
+  const Graph g = MakeGraph({Node("a", 1, {}), Node("s", 2, {}), View("v", 3, "a", {"s", "a"}),
+                             Node("big", 4, {})},
+                            {"v", "big"});
+  EXPECT_EQ(AliasesReadingOthers(g), 1);
+  // Freed at its last use, s would be gone before big: 5 bytes. Kept with
+  // the output view, 7.
+  absl::StatusOr<int64_t> baseline_peak = BaselinePeak(g);
+  ASSERT_TRUE(baseline_peak.ok()) << baseline_peak.status();
+  EXPECT_EQ(*baseline_peak, 7);
+  for (const char* policy : {"baseline", "best-order", "greedy", "exact-order", "checkmate",
+                             "exact"}) {
+    SCOPED_TRACE(policy);
+    PlannerOptions options;
+    options.budget_bytes = *baseline_peak;
+    absl::StatusOr<PlanResult> r = (*MakePlanner(policy))->Plan(g, options);
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_TRUE(r->feasible) << r->message;
+    EXPECT_EQ(r->details.value("aliases_reading_others", 0), 1);
+    if (absl::StartsWith(r->message, "optimal")) {
+      EXPECT_THAT(r->message, HasSubstr("1 view that reads another tensor keeps it"));
+    }
+  }
+  // Views of their base alone fold as before: the peak freed at last use.
+  const Graph plain = MakeGraph({Node("a", 1, {}), View("v", 1, "a"), Node("big", 4, {})},
+                                {"v", "big"});
+  EXPECT_EQ(AliasesReadingOthers(plain), 0);
 }
 
 TEST(AliasFoldTest, GraphsWithoutAliasesGoThroughUntouched) {

@@ -13,6 +13,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -217,6 +218,35 @@ TEST(ReliabilityPlannersTest, NothingToComputeIsTheEmptyPlanUnderEveryPolicy) {
       }
     }
   }
+}
+
+// A host bandwidth of 0, below 0 or NaN is refused by every policy with the
+// simulator's words (hybrid's first candidate, simulated unchecked, aborted
+// the process), and a step whose action is no Action by the simulator.
+TEST(ReliabilityPlannersTest, ABandwidthNotAboveZeroIsRefusedByEveryPolicy) {
+  absl::StatusOr<Graph> g = BuildModel("linear:n=20");
+  ASSERT_TRUE(g.ok()) << g.status();
+  for (const PolicyInfo* p : PlannerRegistry::Global().List()) {
+    if (p->external) continue;
+    absl::StatusOr<std::unique_ptr<Planner>> planner = MakePlanner(p->name);
+    ASSERT_TRUE(planner.ok());
+    PlannerOptions options;
+    options.budget_bytes = kMinBudgetBytes;
+    options.time_limit_s = 2;
+    if (!(*planner)->Plan(*g, options).ok()) continue;  // (fsdp's refusal of an unsharded graph)
+    for (const double bandwidth : {0.0, -1.0, std::nan("")}) {
+      SCOPED_TRACE(absl::StrCat(p->name, " at ", bandwidth, " bytes/s"));
+      options.host_bandwidth_bytes_per_s = bandwidth;
+      absl::StatusOr<PlanResult> r = (*planner)->Plan(*g, options);
+      ASSERT_FALSE(r.ok());
+      EXPECT_THAT(std::string(r.status().message()), ::testing::HasSubstr("bandwidth"));
+    }
+  }
+  Schedule bad;
+  bad.steps.push_back({static_cast<Action>(17), 0});
+  absl::StatusOr<PlanReport> report = Simulate(*g, bad);
+  ASSERT_FALSE(report.ok());
+  EXPECT_THAT(std::string(report.status().message()), ::testing::HasSubstr("action 17"));
 }
 
 TEST(ReliabilityPlannersTest, AnInfeasibleBudgetShowsTheLowestPeak) {

@@ -14,6 +14,7 @@ PEBBLE_CLI the `pebble` binary; by hand:
 """
 
 import copy
+import fractions
 import json
 import math
 import os
@@ -368,6 +369,57 @@ class ArgumentTest(unittest.TestCase):
                 self.assert_names(lambda: pebble.simulate(g, [], bandwidth=value), "bandwidth")
         self.assertEqual(pebble.plan(g, bandwidth=55e9).document["bandwidth_bytes_per_s"], 55e9)
         self.assertEqual(pebble.plan(g, time_limit=5).feasible, True)
+
+    def test_a_bare_budget_under_1024_is_refused_as_the_cli_refuses_it(self):
+        # A str reads as the command line's --budget; an int is bytes.
+        for budget in ("70", " 70 ", "0.6"):
+            with self.subTest(budget=budget):
+                message = self.assert_names(lambda: pebble.plan(self.graph, budget=budget),
+                                            "did you mean")
+                self.assertIn("%", message)
+                self.assert_names(lambda: pebble.compare(self.graph, budgets=[budget]),
+                                  "did you mean")
+        message = self.assert_names(lambda: pebble.fit("conv3d", "n", "70"), "did you mean")
+        self.assertIn("70MiB", message)
+        self.assertEqual(pebble.plan(self.graph, budget=70, policy="baseline").budget_bytes, 70)
+        self.assertEqual(pebble.plan(self.graph, budget="70B", policy="baseline").budget_bytes,
+                         70)
+
+    def test_numbers_of_any_numeric_type(self):
+        class Float:  # numpy's float32 looks like this: __float__, no float subclass
+            def __init__(self, x):
+                self.x = x
+
+            def __float__(self):
+                return self.x
+
+        g = self.graph
+        self.assertEqual(pebble.plan(g, bandwidth=Float(55e9)).document["bandwidth_bytes_per_s"],
+                         55e9)
+        self.assert_names(lambda: pebble.plan(g, bandwidth=Float(float("nan"))), "bandwidth")
+        for zero in (0, 0.0, fractions.Fraction(0), Float(0.0)):
+            with self.subTest(latency=zero):
+                self.assertEqual(pebble.collective_seconds("all_reduce", 1000, 2,
+                                                           network_latency=zero),
+                                 pebble.collective_seconds("all_reduce", 1000, 2,
+                                                           network_latency=0.0))
+        self.assert_names(lambda: pebble.collective_seconds("all_reduce", 1000, 2,
+                                                            network_latency=Float(-1.0)),
+                          "network_latency")
+
+    def test_a_sharded_graph_is_planned_with_the_link_it_was_timed_for(self):
+        sharded = pebble.shard(pebble.with_optimizer(pebble.model("mnist-cnn:batch=2"), "adam"), 2)
+        message = self.assert_names(lambda: pebble.plan(sharded, ranks=2, network="ib-ndr"),
+                                    "network")
+        self.assertIn("sharded already", message)
+        self.assert_names(lambda: pebble.compare(sharded, policies=["baseline"], ranks=2,
+                                                 network="ib-ndr"), "network")
+        plan = pebble.plan(sharded, ranks=2)
+        self.assertTrue(plan.feasible)
+        self.assertEqual(pebble.simulate(sharded, plan.schedule, ranks=2)["peak_bytes"],
+                         plan.report["peak_bytes"])
+        # On one rank: one rank's part of the step, as a policy of its own plans it.
+        self.assertTrue(pebble.plan(sharded, policy="fsdp-blocks", budget="min").feasible)
 
     def test_strings_lists_and_graphs(self):
         g = self.graph

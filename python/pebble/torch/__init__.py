@@ -1086,7 +1086,7 @@ class _Variant:
                f"{over} bytes above the budget as it runs (the generator's state taken for a "
                "random call run again)")
         try:
-            self._plan_and_build(step, capture, dict(options, budget=str(lowered)))
+            self._plan_and_build(step, capture, dict(options, budget=f"{lowered}B"))
         except PlanError as e:
             # A budget of the least peak plus the generator's state leaves the
             # room (planned again here at the least peak, which then fits).
