@@ -66,7 +66,8 @@ endif()
 set(public_headers
     graph/autodiff.h graph/graph.h graph/graph_json.h graph/net_builder.h graph/ops.h
     graph/status.h graph/text_input.h graph/models/models.h graph/import/onnx_import.h
-    scheduler/budget.h scheduler/checkmate.h scheduler/cost_profile.h
+    graph/optimizer.h scheduler/budget.h scheduler/checkmate.h scheduler/collectives.h
+    scheduler/cost_profile.h
     scheduler/exact_multishot.h scheduler/external_policy.h scheduler/memory_layout.h
     scheduler/offload.h scheduler/orders.h scheduler/plan_api.h scheduler/planner.h
     scheduler/remat.h scheduler/schedule.h scheduler/simulator.h)

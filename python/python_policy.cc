@@ -6,7 +6,9 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "graph/text_input.h"
 #include "python/convert.h"
@@ -117,6 +119,20 @@ class Watchdog {
   std::thread thread_;
 };
 
+// The Python policies running in this thread, outermost first: a policy
+// that plans with itself (pebble.plan inside it) is refused at once, not
+// after Python's recursion limit.
+thread_local std::vector<std::string> policies_running;
+
+// Pops its policy from policies_running when the call ends.
+class RunningPolicy {
+ public:
+  explicit RunningPolicy(const std::string& name) { policies_running.push_back(name); }
+  ~RunningPolicy() { policies_running.pop_back(); }
+  RunningPolicy(const RunningPolicy&) = delete;
+  RunningPolicy& operator=(const RunningPolicy&) = delete;
+};
+
 // Calls a policy written in Python, with the GIL held.
 absl::StatusOr<Schedule> CallPolicy(const std::string& name, const py::function& fn,
                                     const Graph& graph, const PlannerOptions& options) {
@@ -125,6 +141,13 @@ absl::StatusOr<Schedule> CallPolicy(const std::string& name, const py::function&
   if (state != nullptr && state->interrupt) {
     return absl::CancelledError(absl::StrCat(who, ": not run after an interrupt"));
   }
+  if (std::find(policies_running.begin(), policies_running.end(), name) !=
+      policies_running.end()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        who, " plans with itself (a plan, compare or fit call inside it names it), which "
+             "would recurse without end: plan with another policy there"));
+  }
+  const RunningPolicy running(name);
   auto failed = [&](PyError error) -> absl::Status {
     const std::string what = error.Describe();
     if (!error.IsException()) {
@@ -132,6 +155,13 @@ absl::StatusOr<Schedule> CallPolicy(const std::string& name, const py::function&
       return absl::CancelledError(absl::StrCat(who, " was interrupted (", what, ")"));
     }
     if (state != nullptr && !state->cause) state->cause = std::move(error);
+    // A failure of a plan inside the policy that names this policy already
+    // (planned in another thread, where policies_running does not see it)
+    // is given once, not once a level.
+    const std::string nested = absl::StrCat("ValueError: ", who, " ");
+    if (absl::StartsWith(what, nested)) {
+      return absl::InvalidArgumentError(what.substr(nested.size() - who.size() - 1));
+    }
     return absl::InvalidArgumentError(absl::StrCat(who, " raised ", what));
   };
   try {

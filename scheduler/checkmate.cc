@@ -1276,16 +1276,17 @@ absl::StatusOr<PlanResult> ToPlanResult(const Graph& graph,
     if (r.status == CheckmateResult::Status::kInfeasible) {
       result.message = absl::StrCat(
           policy, ": no plan in Checkmate's model fits the budget of ",
-          FormatBytes(options.budget_bytes), " (", options.budget_bytes,
-          " bytes): ", r.note);
+          FormatBytes(options.budget_bytes), " (", options.budget_bytes, " bytes)",
+          r.note.empty() ? "" : ": ", r.note);
     } else {
       result.message = absl::StrCat(
           policy, ": no plan within the budget found in the time limit of ",
-          options.time_limit_s, " s (", r.note, ")");
+          options.time_limit_s, " s", r.note.empty() ? "" : absl::StrCat(" (", r.note, ")"));
     }
   } else if (result.feasible) {
     result.message = optimal ? "optimal in Checkmate's model (fixed order)"
-                             : absl::StrCat("not proven optimal: ", r.note);
+                             : r.note.empty() ? std::string("not proven optimal")
+                                              : absl::StrCat("not proven optimal: ", r.note);
   }
   if (r.time_limit_reached) {
     if (has_plan) {

@@ -195,9 +195,9 @@ absl::StatusOr<Found> Search(const LocalGraph& g, Mode mode, int64_t budget,
       return absl::ResourceExhaustedError(absl::StrCat(
           "exact: ",
           out_of_time
-              ? absl::StrCat("no optimum within the time limit (", entries.size(),
-                             " states reached in ", absl::StrFormat("%.3g", stats->seconds),
-                             " s)")
+              ? absl::StrCat("no optimum within the time limit (the search reached ",
+                             entries.size(), " states in the ",
+                             absl::StrFormat("%.3g", stats->seconds), " s left to it)")
               : absl::StrCat("more than ", kMaxExactMultiShotStates,
                              " resident sets reached before the optimum (the "
                              "memory limit of the search)"),

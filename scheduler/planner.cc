@@ -285,6 +285,8 @@ absl::StatusOr<std::unique_ptr<Planner>> MakePlanner(absl::string_view name) {
   if (name == "best-order") planner = WithOrdersOnTheWholeStep(std::move(planner));
   if (info->composed || (info->exact && info->kind != PlanKind::kOneShot)) {
     planner = WithBestOrderOnTheWholeStep(std::move(planner));  // (exact, checkmate)
+  } else if (info->exact) {
+    planner = WithOptimalOfTheStepJudged(std::move(planner));  // (exact-order, tree)
   }
   return planner;
 }

@@ -267,6 +267,35 @@ class OrdersOnTheWholeStepPlanner : public Planner {
   std::unique_ptr<Planner> inner_;
 };
 
+// A whole step's plan whose message says "optimal": said to be so of the
+// step the policy judged, without the updates and collectives placed
+// around its plan after (the whole step may peak lower in another order).
+void SayOptimalOfTheStepJudged(PlanResult& plan) {
+  if (absl::StartsWith(plan.message, "optimal")) {
+    plan.message += " (of the step without its optimizer's updates and collectives, "
+                    "placed around the plan after)";
+  }
+}
+
+// The one-shot exact policies (exact-order, tree) on a whole step: their
+// plan, its "optimal" qualified (best-order plans them as its orders, so
+// they are not compared with it: that would recurse).
+class OptimalOfTheStepJudgedPlanner : public Planner {
+ public:
+  explicit OptimalOfTheStepJudgedPlanner(std::unique_ptr<Planner> inner)
+      : inner_(std::move(inner)) {}
+
+  absl::StatusOr<PlanResult> Plan(const Graph& graph,
+                                  const PlannerOptions& options) const override {
+    ASSIGN_OR_RETURN(PlanResult plan, inner_->Plan(graph, options));
+    if (!options.own_order && OnAWholeStep(graph, options)) SayOptimalOfTheStepJudged(plan);
+    return plan;
+  }
+
+ private:
+  std::unique_ptr<Planner> inner_;
+};
+
 class BestOrderOnTheWholeStepPlanner : public Planner {
  public:
   explicit BestOrderOnTheWholeStepPlanner(std::unique_ptr<Planner> inner)
@@ -295,10 +324,7 @@ class BestOrderOnTheWholeStepPlanner : public Planner {
                    (x.peak_bytes == y.peak_bytes && x.makespan < y.makespan &&
                     !SameMakespan(x.makespan, y.makespan)));
     if (!better) {
-      if (absl::StartsWith(plan.message, "optimal")) {
-        plan.message += " (of the step without its optimizer's updates and collectives, "
-                        "placed around the plan after)";
-      }
+      SayOptimalOfTheStepJudged(plan);
       return plan;
     }
     if (one_shot.feasible && options.budget_bytes != PlannerOptions::kMinBudget &&
@@ -326,6 +352,10 @@ std::unique_ptr<Planner> WithWholeStepsCompared(std::unique_ptr<Planner> inner) 
 
 std::unique_ptr<Planner> WithOrdersOnTheWholeStep(std::unique_ptr<Planner> inner) {
   return std::make_unique<OrdersOnTheWholeStepPlanner>(std::move(inner));
+}
+
+std::unique_ptr<Planner> WithOptimalOfTheStepJudged(std::unique_ptr<Planner> inner) {
+  return std::make_unique<OptimalOfTheStepJudgedPlanner>(std::move(inner));
 }
 
 std::unique_ptr<Planner> WithBestOrderOnTheWholeStep(std::unique_ptr<Planner> inner) {

@@ -39,6 +39,10 @@ std::unique_ptr<Planner> WithOrdersOnTheWholeStep(std::unique_ptr<Planner> inner
 // said to be so of the step it judged.
 std::unique_ptr<Planner> WithBestOrderOnTheWholeStep(std::unique_ptr<Planner> inner);
 
+// `inner` (a one-shot exact policy: exact-order, tree), whose "optimal" on a
+// whole step without options.own_order is said to be of the step it judged.
+std::unique_ptr<Planner> WithOptimalOfTheStepJudged(std::unique_ptr<Planner> inner);
+
 }  // namespace pebble
 
 #endif  // PEBBLE_SCHEDULER_WHOLE_STEP_H_

@@ -196,7 +196,7 @@ class Importer {
                                        : std::string("unknown");
           return absl::InvalidArgumentError(absl::StrCat(
               "graph input ", Quote(in.name()), ": dimension ", d, " is ", what,
-              d == 0 ? "; give the batch size with --batch N"
+              d == 0 ? "; give the batch size (pebble import --batch N; the library's batch)"
                      : "; only the batch dimension may be symbolic (export with fixed sizes)"));
         }
       }
@@ -451,7 +451,8 @@ absl::StatusOr<Graph> ImportOnnxModel(absl::string_view bytes, absl::string_view
                                       std::vector<std::string>* notes) {
   if (options.batch.has_value() && (*options.batch < 1 || *options.batch > (int64_t{1} << 24))) {
     return absl::InvalidArgumentError(
-        absl::StrCat("--batch must be 1 to ", int64_t{1} << 24, ", got ", *options.batch));
+        absl::StrCat("the batch size (--batch) must be 1 to ", int64_t{1} << 24, ", got ",
+                     *options.batch));
   }
   onnx::ModelProto model;
   if (bytes.size() > static_cast<size_t>(kMaxOnnxFileBytes)) {

@@ -11,7 +11,8 @@
 
 #include "pebble/config.h"
 
-// Graph IR, its JSON files, operators, autodiff, the model zoo, ONNX import.
+// Graph IR, its JSON files, operators, autodiff, the optimizer's step, the
+// model zoo, ONNX import.
 #include "graph/autodiff.h"
 #include "graph/graph.h"
 #include "graph/graph_json.h"
@@ -19,11 +20,13 @@
 #include "graph/models/models.h"
 #include "graph/net_builder.h"
 #include "graph/ops.h"
+#include "graph/optimizer.h"
 #include "graph/status.h"
 
 // Budgets, the planner registry, outside policies, plan / compare / fit,
-// schedules, the simulator and the arena layout.
+// schedules, the simulator, collectives and sharding, and the arena layout.
 #include "scheduler/budget.h"
+#include "scheduler/collectives.h"
 #include "scheduler/cost_profile.h"
 #include "scheduler/external_policy.h"
 #include "scheduler/memory_layout.h"

@@ -13,7 +13,7 @@ Bad input and bad arguments raise ValueError, with the command line's
 message where it has one; docs/library.md ("Errors") has the rules.
 """
 
-import copyreg
+import copyreg as _copyreg
 
 from ._core import (  # noqa: F401
     Graph,
@@ -41,7 +41,7 @@ def _graph_from_json(text):
     return from_json(text)
 
 
-copyreg.pickle(Graph, lambda graph: (_graph_from_json, (graph.to_json(),)))
+_copyreg.pickle(Graph, lambda graph: (_graph_from_json, (graph.to_json(),)))
 
 __all__ = [
     "Graph", "Plan", "collective_seconds", "compare", "fit", "from_json", "import_onnx",

@@ -67,6 +67,19 @@ cmake -S "$here" -B "$work/cmake-build" -G Ninja -DCMAKE_PREFIX_PATH="$prefix" \
 cmake --build "$work/cmake-build" >"$work/cmake-build.log"
 same "find_package(pebble)" "$("$work/cmake-build/consumer" "$model" "$policy" "$budget")"
 
+# The whole step from C++ (graph/optimizer.h, scheduler/collectives.h): Adam's
+# updates, sharded over 2 ranks.
+step_model="mnist-cnn:batch=2"
+step_document=$("$prefix/bin/pebble" plan --model "$step_model" --optimizer adam --shard full \
+                --ranks 2 --policy "$policy" --budget min --json)
+[[ "$step_document" == *'"gather:conv1.weight"'* ]] ||
+  { echo "FAIL: pebble plan --shard full gave no gather: $step_document" >&2; exit 1; }
+single_document=$cli_document
+cli_document=$step_document
+same "find_package(pebble), a sharded Adam step" \
+     "$("$work/cmake-build/consumer" "$step_model" "$policy" min adam 2)"
+cli_document=$single_document
+
 # pkg-config. A CUDA toolkit's own .pc files (cudart-X.Y.pc), where pebble.pc
 # requires them, are where its variable cuda_pcdir says.
 pc="$prefix/lib/pkgconfig/pebble.pc"

@@ -1,20 +1,35 @@
 // Plans a zoo model with a policy and a budget and prints the document of
-// `pebble plan --json`: consumer MODEL POLICY BUDGET.
+// `pebble plan --json`: consumer MODEL POLICY BUDGET [OPTIMIZER [RANKS]], the
+// step ending with OPTIMIZER's updates (--optimizer), sharded over RANKS
+// ranks (--shard full --ranks RANKS, the default link).
+#include <cstdlib>
 #include <iostream>
 
 #include <pebble/pebble.h>
 
 int main(int argc, char** argv) {
-  if (argc != 4) {
-    std::cerr << "usage: consumer MODEL POLICY BUDGET\n";
+  if (argc < 4 || argc > 6) {
+    std::cerr << "usage: consumer MODEL POLICY BUDGET [OPTIMIZER [RANKS]]\n";
     return 2;
   }
   absl::StatusOr<pebble::Graph> graph = pebble::BuildModel(argv[1]);
+  pebble::PlanRequest request;
+  if (graph.ok() && argc >= 5) {
+    absl::StatusOr<pebble::OptimizerSpec> spec = pebble::ParseOptimizer(argv[4]);
+    if (spec.ok()) {
+      graph = pebble::AddOptimizerStep(*graph, *spec);
+    } else {
+      graph = spec.status();
+    }
+  }
+  if (graph.ok() && argc == 6) {
+    request.options.ranks = std::atoi(argv[5]);
+    graph = pebble::ShardGraph(*graph, request.options.ranks, pebble::NetworkLink{});
+  }
   if (!graph.ok()) {
     std::cerr << graph.status().message() << "\n";
     return 1;
   }
-  pebble::PlanRequest request;
   request.policy = argv[2];
   request.budget = argv[3];
   absl::StatusOr<pebble::PlanOutcome> plan = pebble::PlanGraph(*graph, request);

@@ -276,6 +276,30 @@ class PythonPolicyTest(unittest.TestCase):
         self.assertIsInstance(e.exception.__cause__, RuntimeError)
         self.assertIsNotNone(e.exception.__cause__.__traceback__)
 
+    def test_a_policy_that_plans_with_itself_is_refused_once(self):
+        # (its message grew by a level per call, to the 10,000-character cap,
+        # the innermost cause lost)
+        def plans_with(policy, call="plan"):
+            def fn(graph, options):
+                if call == "plan":
+                    return pebble.plan(graph, policy=policy, budget="min").schedule
+                rows = pebble.compare(graph, policies=[policy], budgets=["min"], jobs=2)
+                raise RuntimeError(rows[0]["error"])
+            return fn
+
+        pebble.register_policy("itself", plans_with("itself"))
+        pebble.register_policy("ping", plans_with("pong"))
+        pebble.register_policy("pong", plans_with("ping"))
+        pebble.register_policy("compares", plans_with("compares", call="compare"))
+        pebble.register_policy("inner", lambda g, o: pebble.plan(g, policy="dfs").schedule)
+        pebble.register_policy("outer", plans_with("inner"))
+        for policy in ("itself", "ping", "compares"):
+            with self.assertRaises(ValueError) as e:
+                pebble.plan(self.graph, policy=policy, budget="min")
+            self.assertIn("plans with itself", str(e.exception), policy)
+            self.assertLess(len(str(e.exception)), 600, policy)
+        self.assertTrue(pebble.plan(self.graph, policy="outer", budget="min").feasible)
+
     def test_the_policies_cannot_change_while_a_plan_runs(self):
         def registers(graph, options):
             pebble.register_policy("another", lambda g, o: [])

@@ -364,6 +364,24 @@ def make_token_model(torch):
     return Tokens()
 
 
+def make_recurrent_model(torch):
+    """An embedding, a two-layer LSTM (whose weights PyTorch reads from a
+    list made at construction, not its attributes) and a head on its last
+    step: make_token_model's batches."""
+    nn = torch.nn
+
+    class Recurrent(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed = nn.Embedding(50, 12)
+            self.lstm = nn.LSTM(12, 10, num_layers=2, batch_first=True)
+            self.head = nn.Linear(10, 5)
+
+        def forward(self, tokens):
+            return self.head(self.lstm(self.embed(tokens))[0][:, -1])
+    return Recurrent()
+
+
 def check_sharded(torch, pt, dist, rank, ranks, kind, policy, tokens=False, buckets="auto",
                   state=None, updates="device", parameters="device", clip=None, dtype=None):
     """shard="full": the parameters of eager training on the whole batch, on
@@ -375,7 +393,8 @@ def check_sharded(torch, pt, dist, rank, ranks, kind, policy, tokens=False, buck
     inputs' (float32 by default; not with tokens)."""
     failures = []
     torch.manual_seed(0)
-    model = make_token_model(torch) if tokens else make_model(torch).to(dtype or torch.float32)
+    model = (make_recurrent_model if tokens == "recurrent" else make_token_model)(torch) \
+        if tokens else make_model(torch).to(dtype or torch.float32)
     whole = copy.deepcopy(model)
     def make(params):
         if kind == "adam":
@@ -400,7 +419,8 @@ def check_sharded(torch, pt, dist, rank, ranks, kind, policy, tokens=False, buck
                          **link, **offload,
                          **({} if clip is None else dict(max_grad_norm=clip[0],
                                                          grad_norm_type=clip[1])))
-    what = (f"sharded, {'tokens, ' if tokens else ''}{kind}, {policy}, buckets {buckets}"
+    model_kind = "" if not tokens else "tokens, " if tokens is True else "lstm, "
+    what = (f"sharded, {model_kind}{kind}, {policy}, buckets {buckets}"
             + (f", state {state}, updates {updates}, parameters {parameters}" if offload else "")
             + (f", clipped to {clip[0]} ({clip[1]}-norm)" if clip else "")
             + (f", {dtype}" if dtype is not None else ""))
@@ -486,8 +506,10 @@ def check_one_plan(torch, pt, dist, rank, ranks):
     for change, needle in (
             (dict(model=lambda m: m.__setitem__(0, torch.nn.Linear(16, 40))),
              "another module's parameters and buffers"),
-            (dict(shard="full"), "another shard= than rank 0 (rank 0's: 'none')"),
-            (dict(budget="90%"), "another budget= than rank 0 (rank 0's: 'min')"),
+            (dict(shard="full"), "another shard= than rank 0 (rank 0's: 'none'; rank 1's: "
+                                 "'full')"),
+            (dict(budget="90%"), "another budget= than rank 0 (rank 0's: 'min'; rank 1's: "
+                                 "'90%')"),
             (dict(measure="sometimes"), "rank 1 failed, so this rank stops too: ValueError: "
                                         "measure must be"),
             (dict(shard="ful"), "rank 1 failed, so this rank stops too: ValueError: shard "
@@ -1141,7 +1163,8 @@ def check_sharded_failure(torch, pt, dist, rank, ranks):
     try:  # rank 0 gathers while the others step: every rank fails, the ranks stay in step
         alone = step.full_state_dict() if rank == 0 else step(mine(x, rank), mine(y, rank))
     except pt.PlanExecutionError as e:
-        if "calls the step where rank 0 calls full_state_dict()" not in str(e):
+        label = step.collectives.label
+        if f"calls {label} where rank 0 calls {label}'s full_state_dict()" not in str(e):
             failures.append(f"sharded: full_state_dict() on one rank alone: '{e}'")
     if alone is not None:
         failures.append("sharded: full_state_dict() on one rank alone did not fail")
@@ -1579,6 +1602,27 @@ def check_differing_settings(torch, pt, dist, rank, ranks):
                       process_group=dist.group.WORLD)(x, y)
     except pt.PlanExecutionError as e:
         failures.append(f"a configuration with each rank's local rank: refused with '{e}'")
+    # Two steps of the same shapes called in another order on rank 1: each
+    # call refused on every rank, naming each rank's step (their
+    # collectives would pair the one's gradients with the other's).
+    first, second = (pt.train_step(make_model(torch), loss_fn, (x,), y, policy="rotor",
+                                   process_group=dist.group.WORLD) for _ in range(2))
+    numbers = [int(s.collectives.label.split("#")[1]) for s in (first, second)]
+    for call in range(2):
+        mixed = (first, second)[call if rank != 1 else 1 - call]
+        try:
+            mixed(x, y)
+            failures.append(f"two steps called in another order on rank 1: call {call} ran")
+        except pt.PlanExecutionError as e:
+            rank_1s, rank_0s = numbers[1 - call], numbers[call]
+            if f"rank 1 calls train_step #{rank_1s} where rank 0 calls train_step " \
+                    f"#{rank_0s}" not in str(e):
+                failures.append(f"two steps called in another order on rank 1: '{e}'")
+    try:  # (a refused call leaves both in step)
+        first(x, y)
+        second(x, y)
+    except pt.PlanExecutionError as e:
+        failures.append(f"two steps called in the same order after a refused order: '{e}'")
     # A smaller slice of the batch on rank 1: refused on every rank, showing
     # each rank's shapes.
     x, y = mine(data[0][0], rank), mine(data[0][1], rank)
@@ -1636,7 +1680,10 @@ def refusals(torch, pt):
     x, y = torch.randn(4, 16), torch.randint(0, 5, (4,))
     for kwargs, error, needle in (
             (dict(shard="half"), ValueError, "'none' or 'full', not 'half'"),
-            (dict(shard="full"), ValueError, "give the process group too"),
+            (dict(shard="full"), ValueError, "give the process group too (process_group is "
+             "None here: torch.distributed.group.WORLD is None until"),
+            (dict(shard="full", process_group=torch.distributed.group.WORLD), ValueError,
+             "torch.distributed.group.WORLD is None until"),
             (dict(network="ib-ndr"), ValueError, "give the process group too"),
             (dict(optimizer_gradients="sometimes"), ValueError,
              "'keep' or 'drop', not 'sometimes'"),
@@ -1802,6 +1849,9 @@ def checks(torch, pt, dist, rank, ranks):
     # Each gather and reduce-scatter its own message.
     failures += check_sharded(torch, pt, dist, rank, ranks, "sgd", "rotor", buckets="none")
     failures += check_sharded(torch, pt, dist, rank, ranks, "adam", "hybrid", tokens=True)
+    # An LSTM, whose weights the module reads from a list of its own (its
+    # trace on stand-ins for the shards failed until 2026-12-04).
+    failures += check_sharded(torch, pt, dist, rank, ranks, "adam", "dtr", tokens="recurrent")
     # FSDP's rule with a unit per block (mlp.0, mlp.2; the rest the root unit)
     failures += check_sharded(torch, pt, dist, rank, ranks, "adam", "fsdp-blocks", tokens=True)
     # ZeRO-Offload on shards: the state's shards on the host, and the updates

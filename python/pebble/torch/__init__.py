@@ -22,6 +22,7 @@ documents the API and its limits.
 """
 
 import gc
+import itertools
 import json
 import math
 import sys
@@ -91,6 +92,10 @@ def _may_recompute(plan):
     kinds = {p["name"]: p["kind"] for p in _core.policies()}
     return kinds.get(plan.policy) == "multi-shot" or plan.report["recomputations"] > 0
 
+
+# The distributed steps made in this process, counted (rank 0's count
+# numbers a step in every rank's checks and errors: StepCollectives.label).
+_DISTRIBUTED_STEPS_MADE = itertools.count(1)
 
 # The planning arguments that the simulator takes too: a plan simulated again
 # (_simulated_peak) is timed and bucketed as it was planned.
@@ -391,11 +396,13 @@ class TrainStep:
                 measure_link(self.process_group, self.device), self.process_group)
             self.network_measured = self.network is not None
         # The board of this step's failures (Note [A rank that fails
-        # mid-step]), named by rank 0.
+        # mid-step]), named by rank 0, and numbered as rank 0 made its steps
+        # (the ranks' calls name the step they run).
         if _world_size(self.process_group) > 1:
-            self.collectives = StepCollectives(
-                self.process_group, self.device,
-                same_on_every_rank(uuid.uuid4().hex, self.process_group, "the step's name"))
+            number, name = same_on_every_rank((next(_DISTRIBUTED_STEPS_MADE), uuid.uuid4().hex),
+                                              self.process_group, "the step's name")
+            self.collectives = StepCollectives(self.process_group, self.device, name,
+                                               f"train_step #{number}")
 
     def _take_arguments(self, model, loss_fn, example_inputs, example_target, shard, param_init,
                         options, calibrate, measure, allow_cpu_offload, optimizer,
@@ -545,13 +552,22 @@ class TrainStep:
         the call's check; `refusal()`: this rank's refusal of it, or None);
         a failure on one rank fails every rank, leaving the shards as they
         are."""
-        check_same_collective(call, self.process_group, self._shared_refusal() or refusal())
+        check_same_collective(self._labelled(call), self.process_group,
+                              self._shared_refusal() or refusal())
         try:
             return self.collectives.together(work)
         except BaseException as e:
             if not self.collectives.in_step:
                 self._failure.record(e, in_step=False)
             raise
+
+    def _labelled(self, call):
+        """`call` ("replan()", say) as the ranks compare it: of which step
+        (train_step #2's replan())."""
+        if self.collectives is None:
+            return call
+        return self.collectives.label if call == "the step" else \
+            f"{self.collectives.label}'s {call}"
 
     def replan(self, policy=None, budget="100%", **options):
         """A TrainStep of the same module and loss under another plan, sharing
@@ -575,7 +591,7 @@ class TrainStep:
         except (TypeError, ValueError) as e:
             refused = e
         if self.process_group is not None:  # (its plan is rank 0's: every rank plans)
-            check_same_collective("replan()", self.process_group,
+            check_same_collective(self._labelled("replan()"), self.process_group,
                                   self._shared_refusal() or refused)
         elif refused is not None:
             raise refused
@@ -768,7 +784,8 @@ class TrainStep:
                                 self._variants.get(key, self._variant)),
                             shown={"shapes, dtypes or layouts":
                                    _described_call(inputs, target, key[0])
-                                   if refused is None else None})
+                                   if refused is None else None},
+                            step=self._labelled("the step"))
             self._check_trainable()  # (every rank alike: the signature holds them)
             variant = self._variant_for(inputs, target, key)
             try:
@@ -1731,8 +1748,13 @@ def _check_shard(shard, group):
     if shard not in ("none", "full"):
         raise ValueError(f"shard must be 'none' or 'full', not {shard!r}")
     if group is None and shard != "none":
+        import torch.distributed as dist
+        unset = dist.is_available() and not dist.is_initialized()
         raise ValueError("shard shards the model over the ranks of a process_group: give "
-                         "the process group too")
+                         "the process group too" +
+                         (" (process_group is None here: torch.distributed.group.WORLD is "
+                          "None until torch.distributed.init_process_group is called)"
+                          if unset else ""))
 
 
 def _checked_group(group):

@@ -1203,7 +1203,8 @@ def trace(model, loss_fn, inputs, target, device, mode=None, one_pass=True, stan
         grad_found = []
         stack = _ModuleStack(model)
         try:
-            with _rng_kept(device), _rnn_without_cudnn(model, device), _checkpoints_inline(), \
+            with _rng_kept(device), _rnn_without_cudnn(model, device), \
+                    _rnn_weights_rebound(model), _checkpoints_inline(), \
                     _tensor_attributes_kept(model), _loss_attributes_kept(loss_fn), \
                     _trace_patches(batch_from=n_state):
                 step = _step_function(model, loss_fn, slots, grad_found, max_grad_norm,
@@ -1600,6 +1601,38 @@ def _make_fx(fn, mode, flat, fake_mode):
         return make_fx(fn, tracing_mode=mode)(*flat)
     with fake_mode:
         return make_fx(fn, tracing_mode="real")(*flat)
+
+
+@contextlib.contextmanager
+def _rnn_weights_rebound(model):
+    """The model's recurrent layers (nn.LSTM, nn.GRU, nn.RNN) read their
+    weights from a list made when they were (_flat_weights), which PyTorch
+    1.13's functional_call does not rebind: each forward in the trace reads
+    the tensors functional_call binds (a sharded step's stand-ins: Note
+    [Stand-ins for sharded parameters]; the module's own parameters, else)
+    and gives its list back after."""
+    rnns = [m for m in model.modules() if isinstance(m, torch.nn.RNNBase) and
+            isinstance(getattr(m, "_flat_weights", None), list)]
+    saved = {}
+
+    def before(module, args):
+        saved.setdefault(id(module), []).append(module._flat_weights)
+        module.__dict__["_flat_weights"] = [getattr(module, name, None)
+                                            for name in module._flat_weights_names]
+
+    def after(module, args, output):
+        module.__dict__["_flat_weights"] = saved[id(module)].pop()
+
+    handles = [h for m in rnns
+               for h in (m.register_forward_pre_hook(before), m.register_forward_hook(after))]
+    try:
+        yield
+    finally:
+        for h in handles:
+            h.remove()
+        for m in rnns:  # (where a forward raised)
+            if saved.get(id(m)):
+                m.__dict__["_flat_weights"] = saved[id(m)][0]
 
 
 @contextlib.contextmanager

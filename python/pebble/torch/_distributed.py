@@ -362,16 +362,18 @@ class _PeerFailed(PlanExecutionError):
 class StepCollectives:
     """The collectives of one TrainStep's runs on `group` (all-reduces, each
     async), and the board of failures beside them (Note [A rank that fails
-    mid-step]). `name`: the same on every rank, another for each TrainStep.
-    Outside a run (between begin() and end() or fail()), and on a GPU,
-    collectives are started and waited for as they are."""
+    mid-step]). `name`: the same on every rank, another for each TrainStep;
+    `label`: its name in errors, as rank 0 counts its steps ("train_step
+    #2", the second made on rank 0). Outside a run (between begin() and
+    end() or fail()), and on a GPU, collectives are started and waited for
+    as they are."""
 
-    def __init__(self, group, device, name):
+    def __init__(self, group, device, name, label):
         import torch.distributed as dist
         self.dist, self.group, self.device = dist, group, device
         self.rank, self.ranks = dist.get_rank(group), dist.get_world_size(group)
         self.store = dist.distributed_c10d._get_default_store()
-        self.name = name
+        self.name, self.label = name, label
         self.derived = 0
         # Each run's keys are its own (runs go in step on every rank): a
         # failed run's posts are never read by a later one.
@@ -394,7 +396,8 @@ class StepCollectives:
         """The collectives of a TrainStep made from this one's (replan()):
         a board of its own, named alike on every rank."""
         self.derived += 1
-        return StepCollectives(self.group, self.device, f"{self.name}.{self.derived}")
+        return StepCollectives(self.group, self.device, f"{self.name}.{self.derived}",
+                               f"{self.label}'s replan() #{self.derived}")
 
     def together(self, work):
         """work()'s value, where it runs on every rank; a failure on any rank
@@ -679,7 +682,9 @@ def check_same_setup(setup, error, group):
     for what, value in reports[0].items():
         differ = [rank for rank, report in enumerate(reports) if report.get(what) != value]
         if differ:
-            shown = "" if value.startswith("sha256:") else f" (rank 0's: {value})"
+            shown = "" if value.startswith("sha256:") else " (" + "; ".join(
+                f"rank {rank}'s: {reports[rank].get(what)}" for rank in [0] + differ[:3]
+                if not str(reports[rank].get(what)).startswith("sha256:")) + ")"
             raise PlanError(f"rank{'s' if len(differ) > 1 else ''} "
                             f"{', '.join(map(str, differ))} give{'' if len(differ) > 1 else 's'} "
                             f"another {what} than rank 0{shown}: every rank builds the same "
@@ -700,8 +705,10 @@ def agreed(make, group):
     return value
 
 
-def check_same_call(parts, group, error=None, shown=None):
-    """PlanExecutionError unless every rank of `group` makes a call of the same
+def check_same_call(parts, group, error=None, shown=None, step="the step"):
+    """PlanExecutionError unless every rank of `group` calls the same `step`
+    (its label: two steps of the same shapes called in another order on
+    some rank would pair their collectives wrongly) with a call of the same
     signature, `parts` ({what: value}: the shapes, dtypes and layouts, the
     gradients held, the module's settings, the optimizer's settings): a rank
     that planned alone for other shapes would pair its collectives with the
@@ -710,7 +717,7 @@ def check_same_call(parts, group, error=None, shown=None):
     `error`: this rank's refusal of the call, or None (raised as agree does,
     on every rank)."""
     import torch.distributed as dist
-    differing = _ranks_differing(parts, group, "calls", error, call="the step")
+    differing = _ranks_differing(parts, group, "calls", error, call=step)
     if not differing:
         return
     shown = shown or {}
@@ -757,10 +764,13 @@ def _ranks_differing(value, group, what, error=None, call=None):
                          PlanExecutionError)
     calls = [(rank, d[0]) for rank, d in enumerate(digests) if d[0] != digests[0][0]]
     if calls:
+        numbered = any("#" in d[0] for d in digests)
         raise PlanExecutionError(
             "; ".join(f"rank {rank} calls {other}" for rank, other in calls) +
             f" where rank 0 calls {digests[0][0]}: every rank makes the same calls of "
-            "pebble.torch, together")
+            "pebble.torch, together" +
+            (" (train_step #n: the n-th made on rank 0, each made on every rank together)"
+             if numbered else ""))
     return [rank for rank, d in enumerate(digests) if d != digests[0]]
 
 
