@@ -284,7 +284,9 @@ absl::StatusOr<std::unique_ptr<Planner>> MakePlanner(absl::string_view name) {
   // Note [best-order on the whole step]
   if (name == "best-order") planner = WithOrdersOnTheWholeStep(std::move(planner));
   if (info->composed || (info->exact && info->kind != PlanKind::kOneShot)) {
-    planner = WithBestOrderOnTheWholeStep(std::move(planner));  // (exact, checkmate)
+    // (exact, checkmate too; hybrid compares FSDP's rules among its own)
+    planner = WithBestOrderOnTheWholeStep(std::move(planner),
+                                          /*with_fsdp_rules=*/name != "hybrid");
   } else if (info->exact) {
     planner = WithOptimalOfTheStepJudged(std::move(planner));  // (exact-order, tree)
   }

@@ -27,6 +27,7 @@
 
 #include <algorithm>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -37,6 +38,7 @@
 #include "scheduler/collective_buckets.h"
 #include "scheduler/compose.h"
 #include "scheduler/offload.h"
+#include "scheduler/policies.h"
 #include "scheduler/simulator.h"
 
 namespace pebble {
@@ -77,6 +79,33 @@ std::vector<std::string> NamedRivals(const nlohmann::json& candidates,
   return names;
 }
 
+// `name`'s plan of the whole step, as `--policy NAME` makes it within the
+// time left; a policy that keeps its own messages (FSDP's rules) on a
+// sharded graph has them joined further where that is faster, its
+// details["collectives"] made the joined plan's.
+absl::StatusOr<PlanResult> WholeStep(const Graph& graph, const std::string& name,
+                                     const PlannerOptions& options, const Deadline& deadline) {
+  ASSIGN_OR_RETURN(std::unique_ptr<Planner> planner, MakePlanner(name));
+  PlannerOptions o = options;
+  o.time_limit_s = deadline.remaining_s();
+  ASSIGN_OR_RETURN(PlanResult r, planner->Plan(graph, o));
+  const PolicyInfo* info = PlannerRegistry::Global().Find(name);
+  if (!info->own_messages || !graph.has_collectives() || options.ranks <= 1 ||
+      options.bucket_bytes != PlannerOptions::kPlannedBuckets || deadline.Expired()) {
+    return r;
+  }
+  nlohmann::json collectives = std::move(r.details["collectives"]);
+  ASSIGN_OR_RETURN(r, JoinCollectiveMessages(graph, std::move(r), options,
+                                             kMaxJoinSimulatedSteps / 4));
+  collectives["collective_buckets"] = std::move(r.details["collective_buckets"]);
+  r.details.erase("collective_buckets");
+  collectives["count"] = r.report.collectives;
+  collectives["bytes"] = r.report.collective_bytes;
+  collectives["network_busy"] = r.report.network_busy;
+  r.details["collectives"] = std::move(collectives);
+  return r;
+}
+
 class WholeStepsComparedPlanner : public Planner {
  public:
   explicit WholeStepsComparedPlanner(std::unique_ptr<Planner> inner)
@@ -109,8 +138,10 @@ class WholeStepsComparedPlanner : public Planner {
       tried.push_back(CandidateEntry(absl::StrCat(name, " (whole step)"), r->report,
                                      judge.Fits(r->report)));
       if (judge.Prefers(r->report, best.report)) {
+        // (a policy alone may take FSDP's rule: Note [FSDP's rules on a
+        // sharded step])
+        chosen = r->details.value("rule", name);
         best = *std::move(r);
-        chosen = name;
       }
     }
     best.details["candidates"] = std::move(tried);
@@ -133,34 +164,6 @@ class WholeStepsComparedPlanner : public Planner {
   }
 
  private:
-  // `name`'s plan of the whole step, as `--policy NAME` makes it within the
-  // time left; a policy that keeps its own messages (FSDP's rules) on a
-  // sharded graph has them joined further where that is faster, its
-  // details["collectives"] made the joined plan's.
-  static absl::StatusOr<PlanResult> WholeStep(const Graph& graph, const std::string& name,
-                                              const PlannerOptions& options,
-                                              const Deadline& deadline) {
-    ASSIGN_OR_RETURN(std::unique_ptr<Planner> planner, MakePlanner(name));
-    PlannerOptions o = options;
-    o.time_limit_s = deadline.remaining_s();
-    ASSIGN_OR_RETURN(PlanResult r, planner->Plan(graph, o));
-    const PolicyInfo* info = PlannerRegistry::Global().Find(name);
-    if (!info->own_messages || !graph.has_collectives() || options.ranks <= 1 ||
-        options.bucket_bytes != PlannerOptions::kPlannedBuckets || deadline.Expired()) {
-      return r;
-    }
-    nlohmann::json collectives = std::move(r.details["collectives"]);
-    ASSIGN_OR_RETURN(r, JoinCollectiveMessages(graph, std::move(r), options,
-                                               kMaxJoinSimulatedSteps / 4));
-    collectives["collective_buckets"] = std::move(r.details["collective_buckets"]);
-    r.details.erase("collective_buckets");
-    collectives["count"] = r.report.collectives;
-    collectives["bytes"] = r.report.collective_bytes;
-    collectives["network_busy"] = r.report.network_busy;
-    r.details["collectives"] = std::move(collectives);
-    return r;
-  }
-
   std::unique_ptr<Planner> inner_;
 };
 
@@ -189,6 +192,25 @@ class WholeStepsComparedPlanner : public Planner {
 //   their optimum is the step's without its updates (exact at min on an
 //   MLP with Adam's state on the host: 3,008 bytes, "optimal", where
 //   baseline's plan peaked at 2,752), and their message says so.
+
+// Note [FSDP's rules on a sharded step]. On a sharded step the policies
+// judge their plans before the gathers and reduce-scatters are joined into
+// messages (WithGradientReduction joins them after), where gathering a
+// parameter again only costs; joined, a plan that gathers again can be the
+// faster. So a policy could give a slower plan at a looser budget, and be
+// slower than FSDP's fixed rule that fits the same budget: on
+// transformer:layers=2,seq=32,dim=64,vocab=200 with Adam on 2 ranks,
+// sqrtn, rotor and dtr at 100% took best-order's one-shot plan (1,864,200
+// bytes, 201.6 us), sqrtn at 1,600,000 bytes gave 126.6 us, and
+// fsdp-blocks 137.6 us at 1,682,184 bytes. Every policy composed with
+// best-order (and exact, checkmate) is therefore compared with FSDP's
+// rules too (fsdp, fsdp-module, fsdp-blocks; their messages joined further
+// where faster, as hybrid's candidates are), and takes one by the same
+// rule as best-order's plan: no policy's plan of a sharded step is worse
+// than FSDP's rule at its budget. hybrid compares them among its own
+// candidates already (Note [hybrid on the whole step]). The
+// cost: three plans of a fixed rule and their joins (milliseconds to a
+// second on a large graph).
 
 // Whether the wrappers of `graph`'s plan add or move steps that a policy
 // did not judge: JudgedOnAnotherStep, or a sharded step's messages joined.
@@ -296,10 +318,24 @@ class OptimalOfTheStepJudgedPlanner : public Planner {
   std::unique_ptr<Planner> inner_;
 };
 
+// Whether `a` is a better plan of the whole step than `b`: at a byte
+// budget BetterPlan's rule; at min the lower peak, then the shorter
+// makespan (not BetterPlan's 0.5% margin: a byte below the policy's min
+// then still does not fit, Note [The least peak of a sharded step],
+// planner.cc).
+bool BetterWholeStep(const PlanResult& a, const PlanResult& b, const PlannerOptions& options) {
+  if (options.budget_bytes != PlannerOptions::kMinBudget) return BetterPlan(a, b, options);
+  const PlanReport &x = a.report, &y = b.report;
+  return a.feasible >= b.feasible &&
+         (x.peak_bytes < y.peak_bytes ||
+          (x.peak_bytes == y.peak_bytes && x.makespan < y.makespan &&
+           !SameMakespan(x.makespan, y.makespan)));
+}
+
 class BestOrderOnTheWholeStepPlanner : public Planner {
  public:
-  explicit BestOrderOnTheWholeStepPlanner(std::unique_ptr<Planner> inner)
-      : inner_(std::move(inner)) {}
+  BestOrderOnTheWholeStepPlanner(std::unique_ptr<Planner> inner, bool with_fsdp_rules)
+      : inner_(std::move(inner)), with_fsdp_rules_(with_fsdp_rules) {}
 
   absl::StatusOr<PlanResult> Plan(const Graph& graph,
                                   const PlannerOptions& given) const override {
@@ -307,41 +343,57 @@ class BestOrderOnTheWholeStepPlanner : public Planner {
     const PlannerOptions options = WithMemo(given);
     ASSIGN_OR_RETURN(PlanResult plan, inner_->Plan(graph, options));
     if (options.own_order || !OnAWholeStep(graph, options) || deadline.Expired()) return plan;
-    ASSIGN_OR_RETURN(std::unique_ptr<Planner> best_order, MakePlanner("best-order"));
     PlannerOptions o = options;
-    o.time_limit_s = deadline.remaining_s();
     o.progress = nullptr;
-    ASSIGN_OR_RETURN(PlanResult one_shot, best_order->Plan(graph, o));
-    // At min the lower peak, then the shorter makespan (not BetterPlan's
-    // 0.5% margin): a byte below the policy's min then still does not fit
-    // (Note [The least peak of a sharded step], planner.cc).
-    const PlanReport &x = one_shot.report, &y = plan.report;
-    const bool better =
-        options.budget_bytes != PlannerOptions::kMinBudget
-            ? BetterPlan(one_shot, plan, options)
-            : one_shot.feasible >= plan.feasible &&
-                  (x.peak_bytes < y.peak_bytes ||
-                   (x.peak_bytes == y.peak_bytes && x.makespan < y.makespan &&
-                    !SameMakespan(x.makespan, y.makespan)));
-    if (!better) {
+    // The rivals: best-order's one-shot plan, and on a sharded step FSDP's
+    // rules, their messages joined (Note [FSDP's rules on a sharded step]).
+    std::vector<std::string> rivals = {"best-order"};
+    if (with_fsdp_rules_ && options.ranks > 1 && graph.has_collectives()) {
+      rivals.insert(rivals.end(), kFsdpPolicies.begin(), kFsdpPolicies.end());
+    }
+    std::optional<PlanResult> taken;
+    std::string taken_name;
+    for (const std::string& name : rivals) {
+      if (name != "best-order" && deadline.Expired()) break;
+      absl::StatusOr<PlanResult> r = WholeStep(graph, name, o, deadline);
+      if (!r.ok()) {
+        if (name == "best-order") return r.status();
+        continue;
+      }
+      if (BetterWholeStep(*r, taken ? *taken : plan, options)) {
+        taken = *std::move(r);
+        taken_name = name;
+      }
+    }
+    if (!taken) {
       SayOptimalOfTheStepJudged(plan);
       return plan;
     }
-    if (one_shot.feasible && options.budget_bytes != PlannerOptions::kMinBudget &&
-        one_shot.message.empty()) {
-      one_shot.message = "best-order's one-shot plan fits: nothing to recompute or offload";
+    PlanResult& rival = *taken;
+    const bool at_min = options.budget_bytes == PlannerOptions::kMinBudget;
+    if (taken_name == "best-order") {
+      if (rival.feasible && !at_min && rival.message.empty()) {
+        rival.message = "best-order's one-shot plan fits: nothing to recompute or offload";
+      }
+      // best-order's details (its orders, and the whole step's keys:
+      // updates, collectives) as they are, beside the composed plan's labels.
+      rival.details["order"] = "best-order one-shot";
+      rival.details["best_order_peak_bytes"] = rival.report.peak_bytes;
+    } else {
+      rival.message = absl::StrCat(
+          "FSDP's rule ", taken_name, " (its messages joined) ",
+          at_min ? "peaks lower" : rival.feasible ? "fits and is faster" : "peaks lower",
+          " than this policy's own plan (details.policy) on the sharded step: taken");
+      rival.details["rule"] = taken_name;
     }
-    // best-order's details (its orders, and the whole step's keys: updates,
-    // collectives) as they are, beside the composed plan's labels.
-    one_shot.details["order"] = "best-order one-shot";
-    one_shot.details["whole_step"] = true;
-    one_shot.details["best_order_peak_bytes"] = one_shot.report.peak_bytes;
-    one_shot.details["policy"] = std::move(plan.details);
-    return one_shot;
+    rival.details["whole_step"] = true;
+    rival.details["policy"] = std::move(plan.details);
+    return rival;
   }
 
  private:
   std::unique_ptr<Planner> inner_;
+  bool with_fsdp_rules_;
 };
 
 }  // namespace
@@ -358,8 +410,9 @@ std::unique_ptr<Planner> WithOptimalOfTheStepJudged(std::unique_ptr<Planner> inn
   return std::make_unique<OptimalOfTheStepJudgedPlanner>(std::move(inner));
 }
 
-std::unique_ptr<Planner> WithBestOrderOnTheWholeStep(std::unique_ptr<Planner> inner) {
-  return std::make_unique<BestOrderOnTheWholeStepPlanner>(std::move(inner));
+std::unique_ptr<Planner> WithBestOrderOnTheWholeStep(std::unique_ptr<Planner> inner,
+                                                     bool with_fsdp_rules) {
+  return std::make_unique<BestOrderOnTheWholeStepPlanner>(std::move(inner), with_fsdp_rules);
 }
 
 }  // namespace pebble

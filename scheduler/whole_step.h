@@ -35,9 +35,12 @@ std::unique_ptr<Planner> WithOrdersOnTheWholeStep(std::unique_ptr<Planner> inner
 // whole step without options.own_order, best-order's plan of the whole
 // step where BetterPlan (compose.h) prefers it: details then best-order's,
 // with "order": "best-order one-shot", "whole_step": true and the policy's
-// own under "policy". A plan of the policy's own that says "optimal" is
-// said to be so of the step it judged.
-std::unique_ptr<Planner> WithBestOrderOnTheWholeStep(std::unique_ptr<Planner> inner);
+// own under "policy". `with_fsdp_rules`: on a sharded step, FSDP's rules
+// (their messages joined) are rivals too (details["rule"] names the one
+// taken). A plan of the policy's own that says "optimal" is said to be so
+// of the step it judged.
+std::unique_ptr<Planner> WithBestOrderOnTheWholeStep(std::unique_ptr<Planner> inner,
+                                                     bool with_fsdp_rules);
 
 // `inner` (a one-shot exact policy: exact-order, tree), whose "optimal" on a
 // whole step without options.own_order is said to be of the step it judged.
