@@ -6,6 +6,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -26,6 +27,9 @@ struct CallState {
   std::optional<PyError> interrupt;
   // The first exception a policy raised: the __cause__ of plan()'s error.
   std::optional<PyError> cause;
+  // The Python policies whose call made this one (plan() inside a policy),
+  // outermost first: one of them run again here would recurse.
+  std::vector<std::string> outer_policies;
 };
 
 namespace {
@@ -119,18 +123,24 @@ class Watchdog {
   std::thread thread_;
 };
 
-// The Python policies running in this thread, outermost first: a policy
-// that plans with itself (pebble.plan inside it) is refused at once, not
-// after Python's recursion limit.
+// The Python policies whose calls this thread runs, outermost first (a
+// policy run by compare's workers carries its caller's chain): a policy
+// that plans with itself (pebble.plan inside it, directly or through other
+// Python policies, in any thread) is refused at once, not after Python's
+// recursion limit.
 thread_local std::vector<std::string> policies_running;
 
-// Pops its policy from policies_running when the call ends.
+// Sets policies_running to a call's chain while the call runs.
 class RunningPolicy {
  public:
-  explicit RunningPolicy(const std::string& name) { policies_running.push_back(name); }
-  ~RunningPolicy() { policies_running.pop_back(); }
+  explicit RunningPolicy(std::vector<std::string> chain)
+      : saved_(std::exchange(policies_running, std::move(chain))) {}
+  ~RunningPolicy() { policies_running = std::move(saved_); }
   RunningPolicy(const RunningPolicy&) = delete;
   RunningPolicy& operator=(const RunningPolicy&) = delete;
+
+ private:
+  std::vector<std::string> saved_;
 };
 
 // Calls a policy written in Python, with the GIL held.
@@ -141,13 +151,14 @@ absl::StatusOr<Schedule> CallPolicy(const std::string& name, const py::function&
   if (state != nullptr && state->interrupt) {
     return absl::CancelledError(absl::StrCat(who, ": not run after an interrupt"));
   }
-  if (std::find(policies_running.begin(), policies_running.end(), name) !=
-      policies_running.end()) {
+  std::vector<std::string> chain = state != nullptr ? state->outer_policies : policies_running;
+  if (std::find(chain.begin(), chain.end(), name) != chain.end()) {
     return absl::InvalidArgumentError(absl::StrCat(
         who, " plans with itself (a plan, compare or fit call inside it names it), which "
              "would recurse without end: plan with another policy there"));
   }
-  const RunningPolicy running(name);
+  chain.push_back(name);
+  const RunningPolicy running(std::move(chain));
   auto failed = [&](PyError error) -> absl::Status {
     const std::string what = error.Describe();
     if (!error.IsException()) {
@@ -156,7 +167,6 @@ absl::StatusOr<Schedule> CallPolicy(const std::string& name, const py::function&
     }
     if (state != nullptr && !state->cause) state->cause = std::move(error);
     // A failure of a plan inside the policy that names this policy already
-    // (planned in another thread, where policies_running does not see it)
     // is given once, not once a level.
     const std::string nested = absl::StrCat("ValueError: ", who, " ");
     if (absl::StartsWith(what, nested)) {
@@ -202,7 +212,10 @@ absl::StatusOr<Schedule> CallPolicy(const std::string& name, const py::function&
 
 }  // namespace
 
-PlanningCall::PlanningCall() : state_(std::make_shared<CallState>()) { ++planning_calls; }
+PlanningCall::PlanningCall() : state_(std::make_shared<CallState>()) {
+  ++planning_calls;
+  state_->outer_policies = policies_running;
+}
 
 PlanningCall::~PlanningCall() {
   --planning_calls;

@@ -205,9 +205,10 @@ class WholeStepsComparedPlanner : public Planner {
 // fsdp-blocks 137.6 us at 1,682,184 bytes. Every policy composed with
 // best-order (and exact, checkmate) is therefore compared with FSDP's
 // rules too (fsdp, fsdp-module, fsdp-blocks; their messages joined further
-// where faster, as hybrid's candidates are), and takes one by the same
+// where faster, as hybrid's candidates are; with buckets "none" fsdp
+// alone, whose messages are one a collective), and takes one by the same
 // rule as best-order's plan: no policy's plan of a sharded step is worse
-// than FSDP's rule at its budget. hybrid compares them among its own
+// than FSDP's rule at its budget (within the time limit). hybrid compares them among its own
 // candidates already (Note [hybrid on the whole step]). The
 // cost: three plans of a fixed rule and their joins (milliseconds to a
 // second on a large graph).
@@ -332,6 +333,38 @@ bool BetterWholeStep(const PlanResult& a, const PlanResult& b, const PlannerOpti
            !SameMakespan(x.makespan, y.makespan)));
 }
 
+// The rivals of a policy's plan of the whole step: best-order's one-shot
+// plan, and on a sharded step FSDP's rules (Note [FSDP's rules on a sharded
+// step]): those whose units send one message each only where messages may
+// be joined (buckets "auto"; with "none" every policy keeps one message a
+// collective).
+std::vector<std::string> Rivals(const Graph& graph, const PlannerOptions& options,
+                                bool with_fsdp_rules) {
+  std::vector<std::string> rivals = {"best-order"};
+  if (!with_fsdp_rules || options.ranks <= 1 || !graph.has_collectives()) return rivals;
+  for (const char* rule : kFsdpPolicies) {
+    const PolicyInfo* info = PlannerRegistry::Global().Find(rule);
+    const bool units = std::string(rule) != "fsdp";  // (a parameter each: one message each)
+    if (info != nullptr && (!units || options.bucket_bytes == PlannerOptions::kPlannedBuckets)) {
+      rivals.push_back(rule);
+    }
+  }
+  return rivals;
+}
+
+// Why plan `a`, which BetterWholeStep prefers, is better than `b`: the
+// words before "than ...".
+std::string WhyBetter(const PlanResult& a, const PlanResult& b, bool at_min) {
+  if (a.feasible && !b.feasible) return "fits, unlike";
+  const bool faster = a.report.makespan < b.report.makespan &&
+                      !SameMakespan(a.report.makespan, b.report.makespan);
+  if (at_min || !a.feasible) {
+    return a.report.peak_bytes < b.report.peak_bytes ? "peaks lower than"
+                                                      : "peaks as low and is faster than";
+  }
+  return faster ? "fits and is faster than" : "fits as fast and peaks lower than";
+}
+
 class BestOrderOnTheWholeStepPlanner : public Planner {
  public:
   BestOrderOnTheWholeStepPlanner(std::unique_ptr<Planner> inner, bool with_fsdp_rules)
@@ -345,21 +378,22 @@ class BestOrderOnTheWholeStepPlanner : public Planner {
     if (options.own_order || !OnAWholeStep(graph, options) || deadline.Expired()) return plan;
     PlannerOptions o = options;
     o.progress = nullptr;
-    // The rivals: best-order's one-shot plan, and on a sharded step FSDP's
-    // rules, their messages joined (Note [FSDP's rules on a sharded step]).
-    std::vector<std::string> rivals = {"best-order"};
-    if (with_fsdp_rules_ && options.ranks > 1 && graph.has_collectives()) {
-      rivals.insert(rivals.end(), kFsdpPolicies.begin(), kFsdpPolicies.end());
-    }
     std::optional<PlanResult> taken;
     std::string taken_name;
-    for (const std::string& name : rivals) {
-      if (name != "best-order" && deadline.Expired()) break;
+    nlohmann::json rivals = nlohmann::json::array();  // (each rival's figures)
+    bool not_all = false, cut = false;
+    for (const std::string& name : Rivals(graph, options, with_fsdp_rules_)) {
+      if (name != "best-order" && deadline.Expired()) {
+        not_all = true;
+        break;
+      }
       absl::StatusOr<PlanResult> r = WholeStep(graph, name, o, deadline);
       if (!r.ok()) {
         if (name == "best-order") return r.status();
         continue;
       }
+      cut = cut || TimeLimitReached(*r);
+      rivals.push_back(CandidateEntry(name, r->report, r->feasible));
       if (BetterWholeStep(*r, taken ? *taken : plan, options)) {
         taken = *std::move(r);
         taken_name = name;
@@ -367,6 +401,10 @@ class BestOrderOnTheWholeStepPlanner : public Planner {
     }
     if (!taken) {
       SayOptimalOfTheStepJudged(plan);
+      plan.details["whole_step_rivals"] = std::move(rivals);
+      if (not_all && !TimeLimitReached(plan)) {
+        NoteTimeLimit(plan, options.time_limit_s, "FSDP's rules not all compared");
+      }
       return plan;
     }
     PlanResult& rival = *taken;
@@ -380,12 +418,20 @@ class BestOrderOnTheWholeStepPlanner : public Planner {
       rival.details["order"] = "best-order one-shot";
       rival.details["best_order_peak_bytes"] = rival.report.peak_bytes;
     } else {
-      rival.message = absl::StrCat(
-          "FSDP's rule ", taken_name, " (its messages joined) ",
-          at_min ? "peaks lower" : rival.feasible ? "fits and is faster" : "peaks lower",
-          " than this policy's own plan (details.policy) on the sharded step: taken");
+      const std::string rule_said = std::move(rival.message);
+      rival.message = absl::StrCat("FSDP's rule ", taken_name, " (its messages joined) ",
+                                   WhyBetter(rival, plan, at_min),
+                                   " this policy's own plan (details.policy) on the sharded "
+                                   "step: taken",
+                                   rule_said.empty() ? "" : "; ", rule_said);
       rival.details["rule"] = taken_name;
     }
+    if ((not_all || cut) && !TimeLimitReached(rival)) {
+      NoteTimeLimit(rival, options.time_limit_s,
+                    not_all ? "FSDP's rules not all compared" : "a compared plan's search");
+    }
+    if (TimeLimitReached(plan)) rival.details["policy_time_limit_reached"] = true;
+    rival.details["whole_step_rivals"] = std::move(rivals);
     rival.details["whole_step"] = true;
     rival.details["policy"] = std::move(plan.details);
     return rival;

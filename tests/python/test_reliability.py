@@ -283,7 +283,9 @@ class PythonPolicyTest(unittest.TestCase):
             def fn(graph, options):
                 if call == "plan":
                     return pebble.plan(graph, policy=policy, budget="min").schedule
-                rows = pebble.compare(graph, policies=[policy], budgets=["min"], jobs=2)
+                # (two rows: compare's workers run them, in other threads)
+                rows = pebble.compare(graph, policies=[policy, "dfs"], budgets=["min"],
+                                      jobs=2)
                 raise RuntimeError(rows[0]["error"])
             return fn
 
@@ -291,9 +293,10 @@ class PythonPolicyTest(unittest.TestCase):
         pebble.register_policy("ping", plans_with("pong"))
         pebble.register_policy("pong", plans_with("ping"))
         pebble.register_policy("compares", plans_with("compares", call="compare"))
+        pebble.register_policy("compares-ping", plans_with("ping", call="compare"))
         pebble.register_policy("inner", lambda g, o: pebble.plan(g, policy="dfs").schedule)
         pebble.register_policy("outer", plans_with("inner"))
-        for policy in ("itself", "ping", "compares"):
+        for policy in ("itself", "ping", "compares", "compares-ping"):
             with self.assertRaises(ValueError) as e:
                 pebble.plan(self.graph, policy=policy, budget="min")
             self.assertIn("plans with itself", str(e.exception), policy)
