@@ -419,7 +419,9 @@ class BestOrderOnTheWholeStepPlanner : public Planner {
       rival.details["best_order_peak_bytes"] = rival.report.peak_bytes;
     } else {
       const std::string rule_said = std::move(rival.message);
-      rival.message = absl::StrCat("FSDP's rule ", taken_name, " (its messages joined) ",
+      const bool joined = options.bucket_bytes == PlannerOptions::kPlannedBuckets;
+      rival.message = absl::StrCat("FSDP's rule ", taken_name,
+                                   joined ? " (its messages joined) " : " ",
                                    WhyBetter(rival, plan, at_min),
                                    " this policy's own plan (details.policy) on the sharded "
                                    "step: taken",
