@@ -208,9 +208,9 @@ class WholeStepsComparedPlanner : public Planner {
 // where faster, as hybrid's candidates are; with buckets "none" fsdp
 // alone, whose messages are one a collective), and takes one by the same
 // rule as best-order's plan: no policy's plan of a sharded step is worse
-// than FSDP's rule at its budget (within the time limit). hybrid compares them among its own
-// candidates already (Note [hybrid on the whole step]). The
-// cost: three plans of a fixed rule and their joins (milliseconds to a
+// than FSDP's rule at its budget (within the time limit). hybrid compares
+// them among its own candidates already (Note [hybrid on the whole step]).
+// The cost: three plans of a fixed rule and their joins (milliseconds to a
 // second on a large graph).
 
 // Whether the wrappers of `graph`'s plan add or move steps that a policy
