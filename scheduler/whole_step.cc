@@ -343,11 +343,8 @@ std::vector<std::string> Rivals(const Graph& graph, const PlannerOptions& option
   std::vector<std::string> rivals = {"best-order"};
   if (!with_fsdp_rules || options.ranks <= 1 || !graph.has_collectives()) return rivals;
   for (const char* rule : kFsdpPolicies) {
-    const PolicyInfo* info = PlannerRegistry::Global().Find(rule);
     const bool units = std::string(rule) != "fsdp";  // (a parameter each: one message each)
-    if (info != nullptr && (!units || options.bucket_bytes == PlannerOptions::kPlannedBuckets)) {
-      rivals.push_back(rule);
-    }
+    if (!units || options.bucket_bytes == PlannerOptions::kPlannedBuckets) rivals.push_back(rule);
   }
   return rivals;
 }
@@ -356,13 +353,14 @@ std::vector<std::string> Rivals(const Graph& graph, const PlannerOptions& option
 // words before "than ...".
 std::string WhyBetter(const PlanResult& a, const PlanResult& b, bool at_min) {
   if (a.feasible && !b.feasible) return "fits, unlike";
-  const bool faster = a.report.makespan < b.report.makespan &&
-                      !SameMakespan(a.report.makespan, b.report.makespan);
   if (at_min || !a.feasible) {
     return a.report.peak_bytes < b.report.peak_bytes ? "peaks lower than"
                                                       : "peaks as low and is faster than";
   }
-  return faster ? "fits and is faster than" : "fits as fast and peaks lower than";
+  return a.report.makespan < b.report.makespan &&
+                 !SameMakespan(a.report.makespan, b.report.makespan)
+             ? "fits and is faster than"
+             : "fits as fast and peaks lower than";
 }
 
 class BestOrderOnTheWholeStepPlanner : public Planner {

@@ -1604,6 +1604,20 @@ def _make_fx(fn, mode, flat, fake_mode):
 
 
 @contextlib.contextmanager
+def _around_each_forward(modules, before, after):
+    """before(module) and after(module) around each forward of `modules`
+    while the block runs (after() not where the forward raised)."""
+    handles = [h for m in modules
+               for h in (m.register_forward_pre_hook(lambda module, args: before(module)),
+                         m.register_forward_hook(lambda module, args, out: after(module)))]
+    try:
+        yield
+    finally:
+        for h in handles:
+            h.remove()
+
+
+@contextlib.contextmanager
 def _rnn_weights_rebound(model):
     """The model's recurrent layers (nn.LSTM, nn.GRU, nn.RNN) read their
     weights from a list made when they were (_flat_weights), which PyTorch
@@ -1615,21 +1629,18 @@ def _rnn_weights_rebound(model):
             isinstance(getattr(m, "_flat_weights", None), list)]
     saved = {}
 
-    def before(module, args):
+    def before(module):
         saved.setdefault(id(module), []).append(module._flat_weights)
         module.__dict__["_flat_weights"] = [getattr(module, name, None)
                                             for name in module._flat_weights_names]
 
-    def after(module, args, output):
+    def after(module):
         module.__dict__["_flat_weights"] = saved[id(module)].pop()
 
-    handles = [h for m in rnns
-               for h in (m.register_forward_pre_hook(before), m.register_forward_hook(after))]
     try:
-        yield
+        with _around_each_forward(rnns, before, after):
+            yield
     finally:
-        for h in handles:
-            h.remove()
         for m in rnns:  # (where a forward raised)
             if saved.get(id(m)):
                 m.__dict__["_flat_weights"] = saved[id(m)][0]
@@ -1647,21 +1658,18 @@ def _rnn_without_cudnn(model, device):
         return
     saved = []
 
-    def before(module, args):
+    def before(module):
         saved.append(torch.backends.cudnn.enabled)
         torch.backends.cudnn.enabled = False
 
-    def after(module, args, output):
+    def after(module):
         torch.backends.cudnn.enabled = saved.pop()
 
-    handles = [h for m in rnns
-               for h in (m.register_forward_pre_hook(before), m.register_forward_hook(after))]
     enabled = torch.backends.cudnn.enabled
     try:
-        yield
+        with _around_each_forward(rnns, before, after):
+            yield
     finally:
-        for h in handles:
-            h.remove()
         torch.backends.cudnn.enabled = enabled  # also where a forward raised
 
 
