@@ -1162,38 +1162,8 @@ def trace(model, loss_fn, inputs, target, device, mode=None, one_pass=True, stan
     n_state = len(slots)  # (the placeholders from here on are the batch's)
     slots += [Slot("input", index=k) for k in range(len(inputs))]
     slots.append(Slot("target"))
-    flat = []
-    for slot in slots:
-        if slot.kind in ("parameter", "buffer"):
-            t = slot.tensor
-            # A real trace runs the step: buffers updated in place (batch
-            # norm's running statistics) must not be the module's.
-            flat.append(t if slot.kind == "parameter" else t.detach().clone())
-        else:
-            t = inputs[slot.index] if slot.kind == "input" else target
-            # One tensor given in two places (step(x, x)): make_fx would
-            # take both for one placeholder, and a later call's two tensors
-            # would be one. A view of it stands in for the second.
-            if isinstance(t, torch.Tensor) and any(t is u for u in flat):
-                t = t.view_as(t)
-            flat.append(t)
-    modes = [mode] if mode else ["fake", "real"]
-    if mode is None and any(s.kind == "parameter" and t.dim() in (4, 5) and
-                            t.stride() != _row_major_strides(t.shape)
-                            for s, t in zip(slots, flat)):
-        # PyTorch 1.13's fake convolution lays its output out by the input
-        # alone, a real one by the weight too (a channels-last weight makes
-        # a channels-last output): the trace's views must see the real one.
-        # (By its strides: a 1x1 kernel made channels-last is contiguous all
-        # the same, and its output channels-last; once traced fake, a flatten
-        # after it read the wrong order.)
-        modes = ["real"]
-    if mode is None and any(isinstance(m, torch.nn.EmbeddingBag) for m in model.modules()):
-        # The CPU's _embedding_bag leaves offset2bag empty where the fake
-        # one fills it, and its backward makes it again only where it is
-        # empty: a fake trace would skip that and hand the backward an
-        # empty one (_graph._KERNEL_SHAPED).
-        modes = ["real"]
+    flat = _placeholder_values(slots, inputs, target)
+    modes = [mode] if mode else _modes_to_try(model, slots, flat)
     fake_mode = None
     if stand_ins:
         fake_mode, flat = _with_stand_ins(slots, flat, stand_ins, device)
@@ -1209,33 +1179,15 @@ def trace(model, loss_fn, inputs, target, device, mode=None, one_pass=True, stan
                     _trace_patches(batch_from=n_state):
                 step = _step_function(model, loss_fn, slots, grad_found, max_grad_norm,
                                       norm_type, ranks)
-                first = _make_fx(step, m, flat, fake_mode)
-                stack.close()
-                done = None
-                if one_pass and m == "fake":
-                    try:
-                        done = _made_functional(first, slots)
-                    except Exception:  # noqa: BLE001 (a value it could not make)
-                        # The graph may be half rewritten: traced again, and twice.
-                        first = _make_fx(step, m, flat, fake_mode)
-                if done is None:
-                    gm = _make_fx(functionalize(first), m, flat, fake_mode)
-                    values = traced_values(gm) if m == "fake" else None
-                else:
-                    gm, values = done
+                gm, values, passes = _traced_functional(step, m, flat, fake_mode, slots,
+                                                        one_pass, stack)
         except CaptureError:
             stack.close()
             raise
         except _ValuesRead as e:  # Note [Values read in Python]
             where = stack.where()
             stack.close()
-            raise CaptureError(
-                f"{where} reads a tensor's values in Python ({e.how}, or a NumPy conversion), "
-                "which a trace cannot follow: the plan would replay the values of the batch it "
-                "was captured with at every step. Compute it with tensor operations (a mask "
-                "such as torch.arange(T) < lengths[:, None] instead of a loop over "
-                "lengths.tolist(); torch.bincount instead of np.bincount), or outside the step "
-                "(then pass the result in as an input)") from None
+            raise _values_read_error(where, e) from None
         except Exception as e:  # PyTorch's own refusal: try the next mode, else report
             where = stack.where()
             stack.close()
@@ -1243,14 +1195,7 @@ def trace(model, loss_fn, inputs, target, device, mode=None, one_pass=True, stan
             if _LEAF_WRITTEN in str(e):
                 # (a trace on real tensors would write the module's own
                 # parameters before failing alike: nn.Embedding's max_norm)
-                who = where if where.startswith("module") else "the step"
-                raise CaptureError(
-                    f"{who} writes a parameter (a tensor that requires grad) in place in "
-                    "the forward (a weight clamped under torch.no_grad(); nn.Embedding with "
-                    "max_norm renormalizes its rows so): pebble.torch cannot plan a step "
-                    "that changes what it is given. Do that write outside the step, under "
-                    "torch.no_grad(), before or after each call (for nn.Embedding, "
-                    "max_norm=None and renormalize the rows so)") from e
+                raise _leaf_written_error(where) from e
             continue
         finally:
             # (1.13 leaves a proxy slot in each tensor it traced, constants
@@ -1261,11 +1206,100 @@ def trace(model, loss_fn, inputs, target, device, mode=None, one_pass=True, stan
         _refuse_unfilled_reads(gm)
         traced = Traced(gm, slots, list(grad_found), m, flat)
         traced.values = values
-        traced.passes = 1 if done is not None else 2
+        traced.passes = passes
         traced.fake_mode = fake_mode
         return traced
+    _refuse_untraced(model, loss_fn, slots, flat, device, failure, sharded=bool(stand_ins))
+
+
+def _placeholder_values(slots, inputs, target):
+    """The value of each slot's placeholder, in `slots`' order: parameters as
+    they are, buffers cloned, then the batch's inputs and target."""
+    flat = []
+    for slot in slots:
+        if slot.kind in ("parameter", "buffer"):
+            t = slot.tensor
+            # A real trace runs the step: buffers updated in place (batch
+            # norm's running statistics) must not be the module's.
+            flat.append(t if slot.kind == "parameter" else t.detach().clone())
+        else:
+            t = inputs[slot.index] if slot.kind == "input" else target
+            # One tensor given in two places (step(x, x)): make_fx would
+            # take both for one placeholder, and a later call's two tensors
+            # would be one. A view of it stands in for the second.
+            if isinstance(t, torch.Tensor) and any(t is u for u in flat):
+                t = t.view_as(t)
+            flat.append(t)
+    return flat
+
+
+def _modes_to_try(model, slots, flat):
+    """The trace's modes, in order, where the caller chose none: fake first
+    (nothing computed), then real; real alone where a fake trace is known to
+    make another graph than the real step."""
+    if any(s.kind == "parameter" and t.dim() in (4, 5) and
+           t.stride() != _row_major_strides(t.shape) for s, t in zip(slots, flat)):
+        # PyTorch 1.13's fake convolution lays its output out by the input
+        # alone, a real one by the weight too (a channels-last weight makes
+        # a channels-last output): the trace's views must see the real one.
+        # (By its strides: a 1x1 kernel made channels-last is contiguous all
+        # the same, and its output channels-last; once traced fake, a flatten
+        # after it read the wrong order.)
+        return ["real"]
+    if any(isinstance(m, torch.nn.EmbeddingBag) for m in model.modules()):
+        # The CPU's _embedding_bag leaves offset2bag empty where the fake
+        # one fills it, and its backward makes it again only where it is
+        # empty: a fake trace would skip that and hand the backward an
+        # empty one (_graph._KERNEL_SHAPED).
+        return ["real"]
+    return ["fake", "real"]
+
+
+def _traced_functional(step, mode, flat, fake_mode, slots, one_pass, stack):
+    """(graph module without in-place calls, traced values or None, passes):
+    `step` traced once and its in-place calls made functional where they are
+    simple (_made_functional), else traced again through functionalize."""
+    first = _make_fx(step, mode, flat, fake_mode)
+    stack.close()
+    if one_pass and mode == "fake":
+        try:
+            gm, values = _made_functional(first, slots)
+            return gm, values, 1
+        except Exception:  # noqa: BLE001 (a value it could not make)
+            # The graph may be half rewritten: traced again, and twice.
+            first = _make_fx(step, mode, flat, fake_mode)
+    gm = _make_fx(functionalize(first), mode, flat, fake_mode)
+    return gm, (traced_values(gm) if mode == "fake" else None), 2
+
+
+def _values_read_error(where, e):
+    return CaptureError(
+        f"{where} reads a tensor's values in Python ({e.how}, or a NumPy conversion), "
+        "which a trace cannot follow: the plan would replay the values of the batch it "
+        "was captured with at every step. Compute it with tensor operations (a mask "
+        "such as torch.arange(T) < lengths[:, None] instead of a loop over "
+        "lengths.tolist(); torch.bincount instead of np.bincount), or outside the step "
+        "(then pass the result in as an input)")
+
+
+def _leaf_written_error(where):
+    who = where if where.startswith("module") else "the step"
+    return CaptureError(
+        f"{who} writes a parameter (a tensor that requires grad) in place in "
+        "the forward (a weight clamped under torch.no_grad(); nn.Embedding with "
+        "max_norm renormalizes its rows so): pebble.torch cannot plan a step "
+        "that changes what it is given. Do that write outside the step, under "
+        "torch.no_grad(), before or after each call (for nn.Embedding, "
+        "max_norm=None and renormalize the rows so)")
+
+
+def _refuse_untraced(model, loss_fn, slots, flat, device, failure, sharded):
+    """Raises the CaptureError for a step that no mode traced; `failure`:
+    (where, exception) of the last mode tried. Unsharded, the step is run
+    eagerly first to tell the user's own error apart from PyTorch's refusal
+    to trace it."""
     where, e = failure
-    if stand_ins:
+    if sharded:
         # (no eager run to tell the user's own error apart: no rank holds the
         # parameters whole)
         raise CaptureError(f"{where} cannot be traced by PyTorch with fake tensors (make_fx), "
@@ -1290,8 +1324,7 @@ def trace(model, loss_fn, inputs, target, device, mode=None, one_pass=True, stan
         raise CaptureError(f"{where} fails on these inputs without pebble too (run eagerly): "
                            f"{type(e).__name__}: {_first_line(e)}") from e
     raise CaptureError(f"{where} cannot be traced by PyTorch (make_fx): "
-                       f"{type(e).__name__}: {_first_line(e)}{_trace_hint(e, model, where)}") \
-        from e
+                       f"{type(e).__name__}: {_first_line(e)}{_trace_hint(e, model, where)}")         from e
 
 
 # How PyTorch 1.13 (the first) and 2.x say that a trace read a tensor's value.
