@@ -73,39 +73,88 @@ _TENSORS_MOVED = {"sgd_momentum": 4, "sgd_update": 3, "adam_exp_avg": 4,
                   "adam_exp_avg_sq": 4, "adam_update": 4}
 
 
+def _check_options(optimizer, state, updates, gradients, parameters, max_grad_norm):
+    """TypeError or ValueError, naming the argument, for train_step's
+    optimizer arguments that are not among those it takes, or that conflict."""
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise TypeError(f"optimizer must be a torch.optim.Optimizer, not "
+                        f"{type(optimizer).__name__}")
+    if state not in (None, "device", "host", "auto"):
+        raise ValueError(f"optimizer_state must be 'device', 'host' or 'auto', not {state!r}")
+    if updates not in ("device", "host", "auto"):
+        raise ValueError(f"optimizer_updates must be 'device', 'host' or 'auto', not "
+                         f"{updates!r}")
+    if gradients not in ("keep", "drop"):
+        raise ValueError(f"optimizer_gradients must be 'keep' or 'drop', not {gradients!r}")
+    if parameters not in ("device", "host", "auto"):
+        raise ValueError(f"optimizer_parameters must be 'device', 'host' or 'auto', not "
+                         f"{parameters!r}")
+    if max_grad_norm is not None and (
+            isinstance(max_grad_norm, bool) or not isinstance(max_grad_norm, numbers.Real)
+            or not math.isfinite(max_grad_norm) or max_grad_norm <= 0):
+        raise ValueError(f"max_grad_norm must be a positive finite number, not "
+                         f"{max_grad_norm!r}")
+    if updates != "device" and state == "device":
+        raise ValueError(f"optimizer_updates={updates!r} with optimizer_state='device': an "
+                         "update on the host reads and writes its state there; give "
+                         "optimizer_state='host' or 'auto', or leave it out (the host)")
+
+
+def _graph_spec(kind, groups, state, updates, gradients, parameters):
+    """pebble's optimizer spec ("adam:lr=0.001,...,state=host") for the plan's
+    graph: the first group's settings (the groups differ in numbers only, which
+    the updates read per parameter); SGD's momentum the largest of the groups'
+    (its buffers: extend takes them out of the groups with none, Note [SGD
+    groups without momentum])."""
+    spec = dict(groups[0])
+    if kind == "sgd":
+        spec["momentum"] = max(group["momentum"] for group in groups)
+    text = kind + ":" + ",".join(f"{k}={float(v)!r}" for k, v in spec.items() if k != "decoupled")
+    if state not in (None, "device"):
+        text += f",state={state}"
+    if updates != "device":
+        text += f",updates={updates}"
+    if gradients == "drop":
+        text += ",gradients=drop"
+    if parameters != "device":
+        text += f",parameters={parameters}"
+    return text
+
+
+def _planned_parameters(optimizer, model):
+    """{name: parameter} of `model`'s trainable parameters, each of which
+    `optimizer` must hold; OptimizerError where one is missing, or where the
+    optimizer holds a tensor that is not the module's (frozen parameters may
+    be in it: torch.optim skips them, having no .grad)."""
+    in_optimizer = {id(p) for group in optimizer.param_groups for p in group["params"]}
+    params = {}
+    for name, p in model.named_parameters():
+        if not p.requires_grad:
+            continue
+        if id(p) not in in_optimizer:
+            raise OptimizerError(f"parameter '{name}' is trainable but not in the "
+                                 "optimizer: pebble plans one optimizer for every "
+                                 "trainable parameter")
+        params[name] = p
+    extra = in_optimizer - {id(p) for p in model.parameters()}
+    if extra:
+        raise OptimizerError(f"the optimizer holds {len(extra)} tensor(s) that are not "
+                             "parameters of the module")
+    return params
+
+
 class Updates:
     """A torch.optim optimizer as pebble's optimizer step of a module, and
     the runner of its steps in a plan (Note [Steps of the optimizer])."""
 
     def __init__(self, optimizer, model, state=None, updates="device", gradients="keep",
                  parameters="device", max_grad_norm=None, grad_norm_type=2.0):
-        if not isinstance(optimizer, torch.optim.Optimizer):
-            raise TypeError(f"optimizer must be a torch.optim.Optimizer, not "
-                            f"{type(optimizer).__name__}")
-        if state not in (None, "device", "host", "auto"):
-            raise ValueError(f"optimizer_state must be 'device', 'host' or 'auto', not {state!r}")
-        if updates not in ("device", "host", "auto"):
-            raise ValueError(f"optimizer_updates must be 'device', 'host' or 'auto', not "
-                             f"{updates!r}")
-        if gradients not in ("keep", "drop"):
-            raise ValueError(f"optimizer_gradients must be 'keep' or 'drop', not {gradients!r}")
-        if parameters not in ("device", "host", "auto"):
-            raise ValueError(f"optimizer_parameters must be 'device', 'host' or 'auto', not "
-                             f"{parameters!r}")
-        if max_grad_norm is not None and (
-                isinstance(max_grad_norm, bool) or not isinstance(max_grad_norm, numbers.Real)
-                or not math.isfinite(max_grad_norm) or max_grad_norm <= 0):
-            raise ValueError(f"max_grad_norm must be a positive finite number, not "
-                             f"{max_grad_norm!r}")
+        _check_options(optimizer, state, updates, gradients, parameters, max_grad_norm)
         # The gradients' total norm is clipped to this in the captured step
         # (_capture._clipped); None: not clipped. The norm: a p-norm's p, or
         # math.inf (clip_grad_norm_'s norm_type).
         self.max_grad_norm = None if max_grad_norm is None else float(max_grad_norm)
         self.grad_norm_type = _norm_type(grad_norm_type)
-        if updates != "device" and state == "device":
-            raise ValueError(f"optimizer_updates={updates!r} with optimizer_state='device': an "
-                             "update on the host reads and writes its state there; give "
-                             "optimizer_state='host' or 'auto', or leave it out (the host)")
         self.optimizer = optimizer
         # The graph's spec takes the first group's settings: the groups differ
         # in numbers only (_settings), which the updates read per parameter
@@ -114,21 +163,7 @@ class Updates:
         # update node as its own parameter's group decides.
         self.kind, groups = _settings(optimizer)
         self.settings = groups[0]
-        # The graph's momentum buffers: SGD's groups with no momentum have
-        # theirs taken out again (extend: Note [SGD groups without momentum]).
-        spec = dict(self.settings)
-        if self.kind == "sgd":
-            spec["momentum"] = max(group["momentum"] for group in groups)
-        self.spec = self.kind + ":" + ",".join(
-            f"{k}={float(v)!r}" for k, v in spec.items() if k != "decoupled")
-        if state not in (None, "device"):
-            self.spec += f",state={state}"
-        if updates != "device":
-            self.spec += f",updates={updates}"
-        if gradients == "drop":
-            self.spec += ",gradients=drop"
-        if parameters != "device":
-            self.spec += f",parameters={parameters}"
+        self.spec = _graph_spec(self.kind, groups, state, updates, gradients, parameters)
         self.parameters = parameters  # the parameters' home: device, host or auto
         self.device = None  # the step's device (TrainStep's), once known
         self.on_host = updates != "device"  # whether some update may run on the host
@@ -164,23 +199,9 @@ class Updates:
         self._scalar = torch.zeros(())
         self._scalar64 = torch.zeros((), dtype=torch.float64)  # Note [Updates of float64 ...]
         self._one = torch.ones(())  # Adam's step count is a CPU tensor
-        in_optimizer = {id(p) for group in optimizer.param_groups for p in group["params"]}
-        self.params = {}
-        for name, p in model.named_parameters():
-            if not p.requires_grad:
-                continue
-            if id(p) not in in_optimizer:
-                raise OptimizerError(f"parameter '{name}' is trainable but not in the "
-                                     "optimizer: pebble plans one optimizer for every "
-                                     "trainable parameter")
-            self.params[name] = p
+        self.params = _planned_parameters(optimizer, model)  # name -> trainable parameter
         self._name = {p: name for name, p in self.params.items()}
         self._settings_of = _settings_by_name(optimizer, groups, self.params)
-        # Frozen parameters may be in it: torch.optim skips them (no .grad).
-        extra = in_optimizer - {id(p) for p in model.parameters()}
-        if extra:
-            raise OptimizerError(f"the optimizer holds {len(extra)} tensor(s) that are not "
-                                 "parameters of the module")
         if self.on_host:
             self._check_host_updates()
 
