@@ -1798,16 +1798,28 @@ def _made_functional(gm, slots):
     where it writes a fresh tensor nothing else reads, as functionalize
     leaves it. Values are make_fx's, the variants' and the later views'
     made anew on fake tensors."""
-    from ._graph import _written_args  # noqa: PLC0415 (_graph imports this module)
     values = traced_values(gm)
     if values is None:
         return None
-    graph = gm.graph
-    nodes = list(graph.nodes)
+    nodes = list(gm.graph.nodes)
+    found = _simple_writes(nodes, values, slots)
+    if found is None:
+        return None
+    written, variants, later_views = found
+    if written:
+        _write_functionally(gm.graph, nodes, values, written, variants, later_views)
+    return gm, values  # trace() recompiles it once its unused calls are gone
+
+
+def _simple_writes(nodes, values, slots):
+    """(written, variants, later_views) of a traced graph's in-place calls
+    where each is simple (_made_functional), else None. written: storage
+    key -> [the tensor, then each call writing it]; variants: in-place call
+    -> its functional variant, or None where it stays; later_views: the
+    calls that alias a written tensor after its last write."""
+    from ._graph import _written_args  # noqa: PLC0415 (_graph imports this module)
     position = {n: k for k, n in enumerate(nodes)}
     writes = [n for n in nodes if n.op == "call_function" and _written_args(n.target)]
-    if not writes:
-        return gm, values
     # node -> storage key of its value (a call of several outputs: its
     # getitem nodes stand for it)
     storage = {n: storage_key(v) for n, v in values.items() if isinstance(v, torch.Tensor)}
@@ -1846,6 +1858,14 @@ def _made_functional(gm, slots):
         slot = placeholders.get(chain[0])
         if chain[0].op == "placeholder" and (slot is None or slot.kind != "buffer"):
             return None  # a parameter or an input written: functionalize's error
+    return written, variants, later_views
+
+
+def _write_functionally(graph, nodes, values, written, variants, later_views):
+    """Replaces the in-place calls of `written` (_simple_writes) by their
+    functional `variants` in `graph`, and `values` with it: later readers
+    read the variant's result, later views are made anew from it, and a
+    buffer written in place gets a final copy_ of its new value."""
     fake_mode = next(v.fake_mode for v in values.values() if isinstance(v, FakeTensor))
 
     holder = {key: chain[0] for key, chain in written.items()}  # the tensor's value now
@@ -1888,7 +1908,6 @@ def _made_functional(gm, slots):
         if n in variants and variants[n] is not None:
             graph.erase_node(n)
             del values[n]
-    return gm, values  # trace() recompiles it once its unused calls are gone
 
 
 # Operators whose output's shape follows from their input's values (a trace
