@@ -2354,6 +2354,9 @@ def main():
     ap.add_argument("--cases", help="comma-separated names (default: the quick set)")
     ap.add_argument("--all", action="store_true", help="every case of step_models.py")
     ap.add_argument("--device", default="cpu")
+    ap.add_argument("--policies",
+                    help="comma-separated policies each case runs under (default: dtr, swap "
+                         "and hybrid)")
     ap.add_argument("--budgets", default="100%,tight,min")
     ap.add_argument("--optimizer-steps", type=int, default=5)
     ap.add_argument("--optimizer-cases", default="gpt,lstm,unet3d,group_norm")
@@ -2386,10 +2389,12 @@ def main():
     if args.extras_only:
         names, args.optimizer_steps, args.savings = [], 0, ""
     failures = Failures()
+    policies = ({p.strip(): p.strip() for p in args.policies.split(",") if p.strip()}
+                if args.policies else DEFAULT_POLICIES)
     random_recomputed = False
     for name in names:
         try:
-            random_recomputed |= check_case(failures, name, device, DEFAULT_POLICIES,
+            random_recomputed |= check_case(failures, name, device, policies,
                                             args.budgets.split(","))
         except Exception as e:  # noqa: BLE001 (a crash is a failure of this case)
             traceback.print_exc()
