@@ -191,10 +191,13 @@ CASES = [  # (model, optimizer, policy, budget, where the state lives, where the
     ("convnet", "sgd", "dtr", "min", "device", "device", "drop"),
     ("convnet", "adamw", "rotor", "min", "host", "device", "drop"),
     ("mlp", "sgd-plain", "checkmate-lp", "min", None, "auto", "drop"),
-    # "range30": 30% of the way from the least peak to eager's, where hybrid
-    # streams some state whose home is the device through the host for its
-    # update there (offloaded, freed, fetched back: it raised a KeyError).
-    ("lstm", "adam", "hybrid", "range30", "auto", "auto"),
+    # "streaming": the first budget from the least peak up to eager's (in
+    # twentieths) where the plan streams some state whose home is the
+    # device through the host for its update there (offloaded, freed,
+    # fetched back: it raised a KeyError). Which budget does so follows the
+    # calibrated costs, and at some calibrations none does; hybrid, since its
+    # candidates run composed, does not at any on this model.
+    ("lstm", "adam", "dtr", "streaming", "auto", "auto"),
     # A layer the loss never reaches gets no state and no update, as eager.
     ("unused", "adamw", "rotor", "min", "host", "device"),
     ("unused", "sgd", "baseline", "100%", "device", "device"),
@@ -267,12 +270,19 @@ def run_case(torch, pt, device, steps, model_name, opt_name, policy, budget, sta
     # On the CPU device the host is the same memory: allow_cpu_offload runs
     # the streaming path anyway, its copies measured as a GPU's would be.
     split = budget == "split"
-    ranged = budget.startswith("range")
+    ranged = budget == "streaming"
     if budget in ("between", "split"):
         budget = between(torch, pt, planned_model, make_opt, loss_fn, x0, y0, policy, updates)
     elif ranged:
-        budget = in_range(torch, pt, planned_model, make_opt, loss_fn, x0, y0, policy, state,
-                          updates, int(budget[len("range"):]) / 100)
+        budget = streaming_budget(pt, planned_model, make_opt, loss_fn, x0, y0, policy, state,
+                                  updates)
+        if budget is None:
+            # (not a failure of the step, but this path goes untested: said
+            # loudly, and listed as left in the docs' test list)
+            print(f"NOT EXERCISED: {model_name}/{opt_name}/{policy}/{state}/{updates}: no "
+                  "budget from the least peak to eager's streams state whose home is the "
+                  "device", flush=True)
+            return []
     step = pt.train_step(planned_model, loss_fn, (x0,), y0, optimizer=planned_opt,
                          policy=policy, budget=budget, measure="always",
                          bandwidth=SLOW_LINK if updates == "auto" and not ranged else None,
@@ -482,17 +492,27 @@ def between(torch, pt, model, make_opt, loss_fn, x, y, policy, updates):
     return str((max([peaks[0]] + peaks[2:]) + peaks[1]) // 2)
 
 
-def in_range(torch, pt, model, make_opt, loss_fn, x, y, policy, state, updates, fraction):
-    """A budget (bytes) `fraction` of the way from the step's least peak to
-    eager's (with the persistent tensors)."""
+def streaming_budget(pt, model, make_opt, loss_fn, x, y, policy, state, updates):
+    """The first budget (bytes, a str) from the step's least peak to eager's
+    (with the persistent tensors), in twentieths of the way, whose plan
+    streams some state whose home is the device through the host; None
+    where none does."""
     probe = copy.deepcopy(model)
     step = pt.train_step(probe, loss_fn, (x,), y, optimizer=make_opt(probe.parameters()),
                          policy=policy, budget="min", allow_cpu_offload=True, measure="never",
                          optimizer_state=state, optimizer_updates=updates)
     r = step.report
     least = r["predicted_peak_bytes"]
-    return str(int(least + fraction * (r["budget_reference_bytes"] + r["persistent_bytes"] -
-                                       least)))
+    room = r["budget_reference_bytes"] + r["persistent_bytes"] - least
+    for k in range(20):
+        budget = str(int(least + k * room / 20))
+        try:
+            planned = step.replan(policy=policy, budget=budget)
+        except pt.PlanError:
+            continue
+        if planned._variant_for((x,), y).placement.offloaded_device_state:
+            return budget
+    return None
 
 
 def scheduled(torch, pt, device, steps):
