@@ -49,6 +49,7 @@ Exit 0 on success, 1 on a mismatch, 77 without torch or (cuda) without a GPU.
 
 import argparse
 import copy
+import re
 import sys
 
 
@@ -806,6 +807,41 @@ def group_changes(torch, pt, device, model, x, y):
     return failures
 
 
+def advice_with_parameters_on_the_host(torch, pt, device):
+    """A byte budget just below the least peak of a step whose parameters
+    and state the plan may put on the host is refused with advice that
+    works: that least peak in bytes (its least step above the parameters
+    is negative, and was advised as budget='-159%', which is refused)."""
+    failures = []
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(),
+                                torch.nn.Linear(64, 64), torch.nn.ReLU(),
+                                torch.nn.Linear(64, 4)).to(device)
+    x = torch.randn(8, 64, device=device)
+    y = torch.randint(0, 4, (8,), device=device)
+    kw = dict(optimizer_state="auto", optimizer_updates="auto", optimizer_parameters="auto",
+              allow_cpu_offload=True, policy="dtr", measure="never", calibrate=False)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    least = pt.train_step(model, torch.nn.functional.cross_entropy, (x,), y, optimizer=opt,
+                          budget="min", **kw).report["predicted_peak_bytes"]
+    try:
+        pt.train_step(model, torch.nn.functional.cross_entropy, (x,), y, optimizer=opt,
+                      budget=least - 64, **kw)
+        return [f"a budget 64 bytes below the least peak {least} was not refused"]
+    except pt.PlanError as e:
+        found = re.search(r"try budget=('?[0-9.]+%?'?) or budget='min'", str(e))
+        if found is None:
+            return [f"the refusal below the least peak advises no budget: {e}"]
+        advice = found.group(1)
+    advice = advice.strip("'") if advice.startswith("'") else int(advice)
+    try:
+        pt.train_step(model, torch.nn.functional.cross_entropy, (x,), y, optimizer=opt,
+                      budget=advice, **kw)
+    except Exception as e:  # noqa: BLE001 (the advice must work)
+        failures.append(f"the advised budget={advice!r} fails: {type(e).__name__}: {e}")
+    return failures
+
+
 def host_refusals(torch, pt, device):
     """Updates on the host refuse what they cannot run, naming why: a
     parameter that views a larger storage, a dtype without CPU kernels."""
@@ -1171,6 +1207,7 @@ def main():
     failures += streamed_parameters(torch, pt, device, args.steps)
     failures += refusals(torch, pt, device)
     failures += host_refusals(torch, pt, device)
+    failures += advice_with_parameters_on_the_host(torch, pt, device)
     failures += failure_midstep(torch, pt, device)
     failures += failure_midstep(torch, pt, device, parameters="host")
     failures += rounded_capture(torch, pt, device)

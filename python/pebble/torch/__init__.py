@@ -1370,11 +1370,18 @@ class _Variant:
         reference = info["reference_bytes"]
         percent = math.ceil(100.0 * least_step / reference) if reference else 100
         room = plan.budget_bytes - self.persistent_bytes
+        reaches = (f"it reaches {_size(least_step)} ({percent}% of {reference_name}) at "
+                   f"least: try budget='{percent}%' or budget='min'")
+        if least_step <= 0:
+            # (the plan keeps some of the parameters, inputs or optimizer
+            # state on the host: no percentage of the step says its peak)
+            reaches = (f"it reaches {_size(least_peak)} ({least_peak} bytes) in all at least, "
+                       "with some of the parameters or optimizer state on the host: try "
+                       f"budget={least_peak} or budget='min'")
         message = (f"policy {plan.policy} cannot fit the training step of "
                    f"{type(self.step.model).__name__} in {budget} "
                    f"({_size(abs(room))} {'above' if room >= 0 else 'below'} the "
-                   f"parameters and inputs): it reaches {_size(least_step)} ({percent}% of "
-                   f"{reference_name}) at least: try budget='{percent}%' or budget='min'")
+                   f"parameters and inputs): {reaches}")
         rng = generator_state_bytes(self.device)
         if rng and reference and _may_recompute(plan) and \
                 any(node.random for node in self.graph_nodes.nodes):
