@@ -807,6 +807,45 @@ def group_changes(torch, pt, device, model, x, y):
     return failures
 
 
+def optimizers_as_configs_make_them(torch, pt, device):
+    """A NumPy scalar as a learning rate (a config's, np.linspace's) trains
+    as the same Python float does (it raised a TypeError from the plan's
+    JSON); a parameter listed twice (a tied weight through both of its
+    modules) is refused, naming it: eager would update it twice a step."""
+    import numpy as np  # noqa: PLC0415 (only here)
+    failures = []
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(),
+                                torch.nn.Linear(32, 4)).to(device)
+    x = torch.randn(8, 16, device=device)
+    y = torch.randint(0, 4, (8,), device=device)
+
+    def trained(lr):
+        net = copy.deepcopy(model)
+        opt = torch.optim.AdamW(net.parameters(), lr=lr)
+        step = pt.train_step(net, torch.nn.functional.cross_entropy, (x,), y, optimizer=opt)
+        for _ in range(2):
+            step(x, y)
+        return [p.detach().clone() for p in net.parameters()]
+
+    try:
+        given, wanted = trained(np.float32(1e-3)), trained(float(np.float32(1e-3)))
+        if not all(torch.equal(a, b) for a, b in zip(given, wanted)):
+            failures.append("a NumPy lr trains apart from the same Python float")
+    except Exception as e:  # noqa: BLE001 (eager takes it)
+        failures.append(f"NumPy lr: {type(e).__name__}: {e}")
+    tied = torch.nn.Linear(8, 8, bias=False).to(device)
+    twice = torch.optim.SGD(list(tied.parameters()) + list(tied.parameters()), lr=0.1)
+    try:
+        pt.train_step(tied, torch.nn.functional.mse_loss, (x[:, :8],), x[:, :8],
+                      optimizer=twice)
+        failures.append("a parameter listed twice in the optimizer was not refused")
+    except pt.OptimizerError as e:
+        if "'weight' twice" not in str(e):
+            failures.append(f"a parameter listed twice: the refusal does not name it: {e}")
+    return failures
+
+
 def advice_with_parameters_on_the_host(torch, pt, device):
     """A byte budget just below the least peak of a step whose parameters
     and state the plan may put on the host is refused with advice that
@@ -1208,6 +1247,7 @@ def main():
     failures += refusals(torch, pt, device)
     failures += host_refusals(torch, pt, device)
     failures += advice_with_parameters_on_the_host(torch, pt, device)
+    failures += optimizers_as_configs_make_them(torch, pt, device)
     failures += failure_midstep(torch, pt, device)
     failures += failure_midstep(torch, pt, device, parameters="host")
     failures += rounded_capture(torch, pt, device)

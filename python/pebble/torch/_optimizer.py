@@ -126,7 +126,15 @@ def _planned_parameters(optimizer, model):
     `optimizer` must hold; OptimizerError where one is missing, or where the
     optimizer holds a tensor that is not the module's (frozen parameters may
     be in it: torch.optim skips them, having no .grad)."""
-    in_optimizer = {id(p) for group in optimizer.param_groups for p in group["params"]}
+    listed = [p for group in optimizer.param_groups for p in group["params"]]
+    in_optimizer = {id(p) for p in listed}
+    if len(in_optimizer) < len(listed):
+        seen, names = set(), {id(p): n for n, p in model.named_parameters()}
+        twice = next(p for p in listed if id(p) in seen or seen.add(id(p)))
+        raise OptimizerError(f"the optimizer holds parameter '{names.get(id(twice), '?')}' "
+                             "twice (a tied weight listed through both of its modules?): "
+                             "eager torch.optim would update it twice a step, and warns that "
+                             "this will be an error; list each parameter once")
     params = {}
     for name, p in model.named_parameters():
         if not p.requires_grad:
@@ -979,6 +987,10 @@ def _group_settings(name, kind, group, where):
     for key, value in settings.items():
         if torch.is_tensor(value):
             raise OptimizerError(f"{name}: a tensor {key}{where} is not planned")
+        if isinstance(value, numbers.Real) and not isinstance(value, (bool, int, float)):
+            # (a NumPy scalar, as a config or np.linspace gives: eager reads
+            # it as this double; the plan's spec and JSON take Python floats)
+            value = settings[key] = float(value)
         # (lr 0: a warm-up's first steps, which PyTorch takes)
         if key == "eps" and not value > 0 or key == "lr" and not value >= 0:
             raise OptimizerError(f"{name}: {key}={value}{where}; pebble plans {key} "
