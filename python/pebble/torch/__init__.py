@@ -1370,9 +1370,10 @@ class _Variant:
         reference = info["reference_bytes"]
         percent = math.ceil(100.0 * least_step / reference) if reference else 100
         room = plan.budget_bytes - self.persistent_bytes
-        reaches = (f"it reaches {_size(least_step)} ({percent}% of {reference_name}) at "
-                   f"least: try budget='{percent}%' or budget='min'")
-        if least_step <= 0:
+        if least_step > 0:
+            reaches = (f"it reaches {_size(least_step)} ({percent}% of {reference_name}) at "
+                       f"least: try budget='{percent}%' or budget='min'")
+        else:
             # (the plan keeps some of the parameters, inputs or optimizer
             # state on the host: no percentage of the step says its peak)
             reaches = (f"it reaches {_size(least_peak)} ({least_peak} bytes) in all at least, "

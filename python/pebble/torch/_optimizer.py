@@ -126,15 +126,16 @@ def _planned_parameters(optimizer, model):
     `optimizer` must hold; OptimizerError where one is missing, or where the
     optimizer holds a tensor that is not the module's (frozen parameters may
     be in it: torch.optim skips them, having no .grad)."""
-    listed = [p for group in optimizer.param_groups for p in group["params"]]
-    in_optimizer = {id(p) for p in listed}
-    if len(in_optimizer) < len(listed):
-        seen, names = set(), {id(p): n for n, p in model.named_parameters()}
-        twice = next(p for p in listed if id(p) in seen or seen.add(id(p)))
-        raise OptimizerError(f"the optimizer holds parameter '{names.get(id(twice), '?')}' "
-                             "twice (a tied weight listed through both of its modules?): "
-                             "eager torch.optim would update it twice a step, and warns that "
-                             "this will be an error; list each parameter once")
+    in_optimizer = set()
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            if id(p) in in_optimizer:
+                name = next((n for n, q in model.named_parameters() if q is p), "?")
+                raise OptimizerError(
+                    f"the optimizer holds parameter '{name}' twice (a tied weight listed "
+                    "through both of its modules?): eager torch.optim would update it twice a "
+                    "step, and warns that this will be an error; list each parameter once")
+            in_optimizer.add(id(p))
     params = {}
     for name, p in model.named_parameters():
         if not p.requires_grad:
