@@ -34,14 +34,15 @@
 // (Note [Outputs computed late]). On torchvision's regnet_y_400mf as
 // pebble.torch captures it (batch 8, 64 px) rotor alone held 31.8 MB at min
 // and hybrid, the default policy, 38.4 MB (its rotor candidate 39.6 MB), so
-// hybrid refused budgets that rotor met. So on one rank, and where the
-// updates are not in the graph it is given, each recompute candidate of
-// step 1 but baseline runs composed, the plan `--policy NAME` gives: hybrid
-// is no worse than any of them there. (With the updates or several ranks,
-// hybrid is handed the step without them, and its wrapper plans each named
-// policy again on the whole step, as `--policy NAME` does: Note
-// [hybrid on the whole step], whole_step.cc.) The joint plans' bases at looser budgets stay
-// over the graph's order; under --own-order every candidate does.
+// hybrid refused budgets that rotor met. So on a graph that is not
+// OnAWholeStep (whole_step.h), each recompute candidate of step 1 but
+// baseline runs composed, the plan `--policy NAME` gives: hybrid is no
+// worse than any of them there. On one that is (several ranks' gradients
+// or messages), the wrapper of Note [hybrid on the whole step] plans each
+// named policy again on the whole step instead; an optimizer's updates are
+// taken out before hybrid sees the graph (WithUpdatesLast), so there both
+// happen. The joint plans' bases at looser budgets stay over the graph's
+// order; under --own-order every candidate does.
 //
 // Time limit (PlannerOptions::time_limit_s): one deadline for the whole
 // call. Each nested policy gets the time left; once it has passed, no new
@@ -77,6 +78,7 @@
 #include "scheduler/collective_buckets.h"
 #include "scheduler/offload.h"
 #include "scheduler/policies.h"
+#include "scheduler/whole_step.h"
 
 namespace pebble {
 namespace {
@@ -197,8 +199,7 @@ class HybridPlanner final : public Planner {
       auto [it, inserted] = missed_peak.try_emplace(name, r.peak_bytes);
       if (!inserted) it->second = std::min(it->second, r.peak_bytes);
     };
-    const bool composed_candidates =
-        !options.own_order && options.ranks <= 1 && !graph.has_in_place();
+    const bool composed_candidates = !options.own_order && !OnAWholeStep(graph, options);
     for (const char* name : kRecomputePolicies) {
       // The baseline (first) always runs: a valid plan to return. So does
       // best-order, with the whole time left: its plan is the one

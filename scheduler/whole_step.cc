@@ -213,12 +213,6 @@ class WholeStepsComparedPlanner : public Planner {
 // The cost: three plans of a fixed rule and their joins (milliseconds to a
 // second on a large graph).
 
-// Whether the wrappers of `graph`'s plan add or move steps that a policy
-// did not judge: JudgedOnAnotherStep, or a sharded step's messages joined.
-bool OnAWholeStep(const Graph& graph, const PlannerOptions& options) {
-  return JudgedOnAnotherStep(graph, options) || (options.ranks > 1 && graph.has_collectives());
-}
-
 // `options` with a BestOrderMemo for the call, where it has none.
 PlannerOptions WithMemo(const PlannerOptions& given) {
   PlannerOptions options = given;
@@ -443,6 +437,10 @@ class BestOrderOnTheWholeStepPlanner : public Planner {
 };
 
 }  // namespace
+
+bool OnAWholeStep(const Graph& graph, const PlannerOptions& options) {
+  return JudgedOnAnotherStep(graph, options) || (options.ranks > 1 && graph.has_collectives());
+}
 
 std::unique_ptr<Planner> WithWholeStepsCompared(std::unique_ptr<Planner> inner) {
   return std::make_unique<WholeStepsComparedPlanner>(std::move(inner));

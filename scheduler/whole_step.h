@@ -10,6 +10,13 @@
 
 namespace pebble {
 
+// Whether the wrappers of `graph`'s plan add or move steps that a policy
+// planning it did not judge: an optimizer's updates (in-place nodes), a
+// data-parallel step's all-reduces (where it has gradients), a sharded
+// step's messages joined. There the wrappers below plan the named policies
+// again on the whole step.
+bool OnAWholeStep(const Graph& graph, const PlannerOptions& options);
+
 // `inner` (hybrid: planner.cc), and where its candidates were judged on
 // another step than the one planned, the better (MakespanSelector's rule)
 // of its plan and each named candidate's plan of the whole step: the
