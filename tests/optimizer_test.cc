@@ -51,6 +51,10 @@ TEST(OptimizerTest, ParsesNamesSettingsAndRefusesBadOnes) {
   ASSERT_TRUE(adamw.ok()) << adamw.status();
   EXPECT_EQ(adamw->ToString(),
             "adamw:lr=0.0003,beta1=0.9,beta2=0.95,eps=1e-08,weight_decay=0.01,state=host");
+  // eps 0 as torch.optim takes it (until 2026-12-04 refused as not above 0).
+  absl::StatusOr<OptimizerSpec> no_eps = ParseOptimizer("adam:eps=0");
+  ASSERT_TRUE(no_eps.ok()) << no_eps.status();
+  EXPECT_EQ(no_eps->eps, 0.0);
   const std::pair<const char*, const char*> bad[] = {
       {"adma", "unknown optimizer 'adma' (expected sgd, adam or adamw; did you mean adam?)"},
       {"sgd:betas=1", "optimizer sgd: unknown parameter 'betas' (sgd takes lr, momentum"},
@@ -64,6 +68,7 @@ TEST(OptimizerTest, ParsesNamesSettingsAndRefusesBadOnes) {
       {"sgd:momentum=-1", "momentum=-1 is out of range (0 or more)"},
       {"adam:beta2=1", "beta2=1 is out of range (in [0, 1))"},
       {"adam:weight_decay=-1", "weight_decay=-1 is out of range (0 or more)"},
+      {"adam:eps=-1e-8", "eps=-1e-08 is out of range (0 or more)"},
       {"sgd:lr=1,lr=2", "optimizer sgd: lr is given twice"},
       {"adam:state=disk", "unknown tier 'disk'"},
       {"sgd:state=host", "state=host, but SGD without momentum keeps no state"},

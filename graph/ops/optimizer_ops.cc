@@ -11,11 +11,13 @@ namespace pebble::ops_internal {
 
 // A learning rate of 0 is PyTorch's too (a warm-up's first steps): the
 // update then moves no parameter but advances the state. So is a momentum
-// of 1 or more (torch.optim.SGD refuses only a negative one); the betas
-// stay in [0, 1), as torch.optim.Adam has them.
+// of 1 or more (torch.optim.SGD refuses only a negative one), and an eps of
+// 0 (an update of a zero second moment is then 0/0, NaN, as eager's); the
+// betas stay in [0, 1), as torch.optim.Adam has them.
 absl::Status CheckOptimizerValue(absl::string_view key, double value) {
-  const bool positive = key == "eps" || key == "max_grad_norm";
-  const bool non_negative = key == "weight_decay" || key == "lr" || key == "momentum";
+  const bool positive = key == "max_grad_norm";
+  const bool non_negative =
+      key == "weight_decay" || key == "lr" || key == "momentum" || key == "eps";
   const bool ok = std::isfinite(value) && (positive       ? value > 0
                                            : non_negative ? value >= 0
                                                           : value >= 0 && value < 1);

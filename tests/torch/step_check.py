@@ -2059,6 +2059,13 @@ def check_errors(failures, device):
         failures.check("milp_max_stages" in str(e), f"replan past checkmate-lp's cap: {e}")
     failures.check(step.replan(policy="checkmate-lp", milp_max_stages=50).plan.policy ==
                    "checkmate-lp", "replan: a cap raised to the graph's size did not plan")
+    # The optimizer's placement is the step's own: replan() names it and the remedy.
+    try:
+        step.replan(policy="dtr", optimizer_state="host")
+        failures.check(False, "replan: optimizer_state was accepted")
+    except TypeError as e:
+        failures.check("optimizer_state is the step's own, fixed at train_step: make a new "
+                       "train_step" in str(e), f"replan with optimizer_state: {e}")
     try:
         pt.train_step(torch.nn.Linear(4, 4).to(device), torch.nn.functional.mse_loss, x, y,
                       policy="swap", host_budget="1GiB")
@@ -2082,8 +2089,8 @@ def check_errors(failures, device):
     # naming it (the plan's updates are of the parameters trainable then).
     model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 4)).to(device)
     model[0].requires_grad_(False)
-    step = pt.train_step(model, torch.nn.functional.mse_loss, x, y, optimizer=torch.optim.SGD(
-        model.parameters(), lr=0.1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    step = pt.train_step(model, torch.nn.functional.mse_loss, x, y, optimizer=opt)
     step(x, y)
     model[0].requires_grad_(True)
     try:
@@ -2104,6 +2111,35 @@ def check_errors(failures, device):
                        f"the hook's error names the parameter: {e}")
     hook.remove()
     step(x, y)
+    # A layer added after the step was made, and given to its optimizer:
+    # refused as new, not as "became trainable" (until 2026-12-04).
+    model.add_module("2", torch.nn.Linear(4, 4).to(device))
+    opt.add_param_group({"params": model[2].parameters()})
+    try:
+        step(x, y)
+        failures.check(False, "a layer added after the step was made was accepted")
+    except ValueError as e:
+        failures.check("parameter '2.weight' was added to the module after the step was made "
+                       "(and to its optimizer, add_param_group?)" in str(e),
+                       f"the added layer's error names it: {e}")
+    # A kernel that fails in eager PyTorch too (1.13's CPU layer norm under
+    # bfloat16 autocast): the error gives its arguments' dtypes and shapes.
+    if device.type == "cpu":
+        norm = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.LayerNorm(4))
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            try:
+                torch.nn.functional.mse_loss(norm(x.cpu()), y.cpu()).backward()
+                eager_failed = False
+            except RuntimeError:
+                eager_failed = True
+            if eager_failed:
+                try:
+                    pt.train_step(norm, torch.nn.functional.mse_loss, x.cpu(), y.cpu())(
+                        x.cpu(), y.cpu())
+                    failures.check(False, "a kernel that fails in eager ran in the step")
+                except pt.PlanExecutionError as e:
+                    failures.check("on bfloat16[" in str(e) and "float32[4]" in str(e),
+                                   f"a failing kernel's error gives its dtypes: {e}")
 
 
 def check_small_storages_exact(failures, device):

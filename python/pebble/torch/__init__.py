@@ -464,6 +464,9 @@ class TrainStep:
                                 optimizer_gradients, optimizer_parameters, max_grad_norm,
                                 grad_norm_type)
                         if optimizer is not None else None)
+        # (a parameter added later, frozen or not, is told apart from one
+        # unfrozen: _check_trainable)
+        self._parameter_names = frozenset(name for name, _ in model.named_parameters())
         inputs = _as_tuple(example_inputs, "example_inputs")
         for k, t in enumerate(inputs):
             _check_tensor_arg(t, f"example input {k}")
@@ -510,6 +513,15 @@ class TrainStep:
                              "train_step")
         trainable = [n for n, p in current.items() if p.requires_grad]
         added = [n for n in trainable if n not in self.updates.params]
+        new = [n for n in added if n not in self._parameter_names]
+        if new:
+            held = any(p is current[new[0]] for group in self.updates.optimizer.param_groups
+                       for p in group["params"])
+            raise ValueError(f"parameter '{new[0]}' was added to the module after the step "
+                             "was made" + (" (and to its optimizer, add_param_group?)" if held
+                                           else "") +
+                             ": the step's plan has neither its uses nor its update; make a "
+                             "new train_step")
         if added:
             raise ValueError(f"parameter '{added[0]}' became trainable (requires_grad) after "
                              "the step was made with its optimizer, whose updates it plans for "
@@ -586,6 +598,14 @@ class TrainStep:
                 if key in options:
                     setattr(new, "measure_mode" if key == "measure" else key,
                             options.pop(key))
+            fixed = [k for k in options if k.startswith("optimizer") or k in (
+                "max_grad_norm", "grad_norm_type", "shard", "process_group", "calibrate")]
+            if fixed:
+                # (their captures, calibrations and host buffers are made for
+                # the step's own: a host update's rate is measured at capture)
+                raise TypeError(f"replan() takes the plan's options only; {', '.join(fixed)} "
+                                "is the step's own, fixed at train_step: make a new "
+                                "train_step with it")
             if options:
                 raise TypeError(f"replan() got unexpected arguments: {', '.join(options)}")
         except (TypeError, ValueError) as e:

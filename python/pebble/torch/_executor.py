@@ -718,6 +718,7 @@ class _RunState:
                 restore = _rng_state(self.device)
                 _set_rng_state(self.device, self.rng_states[call])
                 self.result.random_reruns += 1
+        args = ()
         try:
             if op_name(call.target) in _LIKE_TEMPLATE:
                 value = self._like(call)
@@ -725,11 +726,16 @@ class _RunState:
                 args, kwargs = self._arguments(call, node, first_run)
                 value = call.target(*args, **kwargs)
             for step in node.fold:
-                step_args, step_kwargs = self._arguments(step, node, first_run, value=value)
-                value = step.target(*step_args, **step_kwargs)
+                args, step_kwargs = self._arguments(step, node, first_run, value=value)
+                value = step.target(*args, **step_kwargs)
         except (RuntimeError, IndexError, ValueError, TypeError) as e:
+            # (the tensors' dtypes and shapes: a kernel that PyTorch lacks
+            # for a dtype, bfloat16 under CPU autocast, fails eager's run too)
+            given = ", ".join(f"{str(t.dtype).replace('torch.', '')}{list(t.shape)}"
+                              for t in args if torch.is_tensor(t))
             raise PlanExecutionError(
-                f"node '{node.id}' ({call.target}): PyTorch's kernel failed: "
+                f"node '{node.id}' ({call.target}"
+                f"{' on ' + given if given else ''}): PyTorch's kernel failed: "
                 f"{str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__}") \
                 from e
         finally:

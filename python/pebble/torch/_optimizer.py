@@ -94,10 +94,18 @@ def _check_options(optimizer, state, updates, gradients, parameters, max_grad_no
             or not math.isfinite(max_grad_norm) or max_grad_norm <= 0):
         raise ValueError(f"max_grad_norm must be a positive finite number, not "
                          f"{max_grad_norm!r}")
-    if updates != "device" and state == "device":
-        raise ValueError(f"optimizer_updates={updates!r} with optimizer_state='device': an "
-                         "update on the host reads and writes its state there; give "
-                         "optimizer_state='host' or 'auto', or leave it out (the host)")
+    if state in ("host", "auto") and type(optimizer) is torch.optim.SGD and \
+            not any(group.get("momentum") for group in optimizer.param_groups):
+        raise ValueError(f"optimizer_state={state!r}, but SGD without momentum keeps no "
+                         "state: leave optimizer_state out, or give the SGD (or a parameter "
+                         "group) momentum")
+    if updates == "auto" and state == "device":
+        # (as the command line's optimizer spec: updates=host with state=device
+        # is planned, each update moving its state out and back)
+        raise ValueError("optimizer_updates='auto' with optimizer_state='device' is not "
+                         "planned (an update placed on the host would move its state out and "
+                         "back each step): give optimizer_state='host' or 'auto', or leave it "
+                         "out (the host)")
 
 
 def _graph_spec(kind, groups, state, updates, gradients, parameters):
@@ -110,8 +118,8 @@ def _graph_spec(kind, groups, state, updates, gradients, parameters):
     if kind == "sgd":
         spec["momentum"] = max(group["momentum"] for group in groups)
     text = kind + ":" + ",".join(f"{k}={float(v)!r}" for k, v in spec.items() if k != "decoupled")
-    if state not in (None, "device"):
-        text += f",state={state}"
+    if state is not None and (state != "device" or updates != "device"):
+        text += f",state={state}"  # (the spec's default with updates on the host: the host)
     if updates != "device":
         text += f",updates={updates}"
     if gradients == "drop":
@@ -196,6 +204,13 @@ class Updates:
         # device that the plan offloads (ensure_state).
         self._host_copies = {}
         self._offloaded = False
+        # The bytes of the state whose home is the host (ensure_state), held
+        # there from a run's start; counted in the run's host peak at its
+        # first step, with each host copy above the first time it is made
+        # current, as the plan's host peak counts them.
+        self._host_homes, self._host_home_bytes = frozenset(), 0
+        self._host_counted = False
+        self._copies_counted = set()
         self._host_scratch = {}  # dtype -> flat host buffer for host updates' temporaries
         # Note [Scalars without allocations]: a Python number as an operand
         # (x.mul_(0.9)) makes a small CPU tensor on each call, outside the
@@ -493,6 +508,9 @@ class Updates:
                                         pin_memory=self._device_of(node_id).type == "cuda")
             copies[node_id] = held
         self._host_copies = copies
+        self._host_homes = frozenset(placement.host_state)
+        self._host_home_bytes = sum(b for n, b in placement.state_bytes.items()
+                                    if n in self._host_homes)
         scratch_numel = {}  # dtype -> the largest tensor a host update of that dtype takes
         for name in placement.scratch_parameters:
             t = like[name] if like is not None and name in like else self.params[name]
@@ -538,11 +556,16 @@ class Updates:
             self.optimizer._step_count += 1
         self.on_device = {}
         self._offloaded = False
+        self._host_counted = False
+        self._copies_counted = set()
 
     def step(self, action, node_id, run):
         """One step of the plan on the optimizer's node `node_id`; `run` is the
         program's run (_executor._RunState): its resident tensors, host copies
         and count of device memory."""
+        if not self._host_counted:
+            self._host_counted = True
+            run.count_host(self._host_home_bytes)
         if node_id in self.state_bytes:
             self._move(action, node_id, run)
         elif action == "free":  # an update's version of its storage: nothing held
@@ -580,6 +603,12 @@ class Updates:
         """A streamed state tensor's prefetch, offload or free, counted in `run`."""
         nbytes = self.state_bytes[node_id]
         host = self._host_state(node_id)  # None: Adam's step count (below)
+        if action == "offload" and node_id not in self._host_homes and \
+                node_id not in self._copies_counted:
+            # A host copy of state whose home is the device (Adam's step
+            # count's too), in the host peak from its first offload on.
+            self._copies_counted.add(node_id)
+            run.count_host(nbytes)
         buffer = self._host_copies.get(node_id)
         if buffer is not None:  # its home the device: opt.state's tensor moves
             s, key = self._entry(node_id)
@@ -992,10 +1021,10 @@ def _group_settings(name, kind, group, where):
             # (a NumPy scalar, as a config or np.linspace gives: eager reads
             # it as this double; the plan's spec and JSON take Python floats)
             value = settings[key] = float(value)
-        # (lr 0: a warm-up's first steps, which PyTorch takes)
-        if key == "eps" and not value > 0 or key == "lr" and not value >= 0:
-            raise OptimizerError(f"{name}: {key}={value}{where}; pebble plans {key} "
-                                 f"{'above 0' if key == 'eps' else 'of 0 or more'}")
+        # (lr 0: a warm-up's first steps, and eps 0, which PyTorch takes)
+        if key in ("eps", "lr") and not value >= 0:
+            raise OptimizerError(f"{name}: {key}={value}{where}; pebble plans {key} of 0 or "
+                                 "more")
     if kind == "adamw":
         settings["decoupled"] = True
     return settings

@@ -1469,3 +1469,6 @@ class _ShardValues:
 
     def hold(self, nbytes, workspace=0):
         self._run.hold(nbytes, workspace)
+
+    def count_host(self, nbytes):
+        self._run.count_host(nbytes)
