@@ -21,6 +21,10 @@ from cli_startup import binaries_and_repeat
 COMMANDS = [
     ["plan", "--model", "resnet50:batch=16,image=96", "--policy", "rotor", "--budget", "70%"],
     ["plan", "--model", "resnet50:batch=16,image=96", "--policy", "hybrid", "--budget", "60%"],
+    # hybrid's recompute candidates composed (Note [hybrid's recompute
+    # candidates composed]): each plans twice and its late outputs simulated.
+    ["plan", "--model", "resnet18:batch=8", "--policy", "hybrid", "--budget", "min"],
+    ["plan", "--model", "resnet18:batch=8", "--policy", "hybrid", "--budget", "60%"],
     ["plan", "--model", "transformer:layers=2,seq=64,dim=128", "--optimizer",
      "adam:state=auto,updates=auto", "--policy", "hybrid", "--budget", "min"],
     ["plan", "--model", "mnist-cnn:batch=8", "--optimizer", "adamw:max_grad_norm=1", "--ranks",

@@ -37,12 +37,18 @@
 // hybrid refused budgets that rotor met. So on a graph that is not
 // OnAWholeStep (whole_step.h), each recompute candidate of step 1 but
 // baseline runs composed, the plan `--policy NAME` gives: hybrid is no
-// worse than any of them there. On one that is (several ranks' gradients
-// or messages), the wrapper of Note [hybrid on the whole step] plans each
-// named policy again on the whole step instead; an optimizer's updates are
-// taken out before hybrid sees the graph (WithUpdatesLast), so there both
-// happen. The joint plans' bases at looser budgets stay over the graph's
-// order; under --own-order every candidate does.
+// worse than any of them there. Where the wrapper of Note [hybrid on the
+// whole step] plans each named policy again on the whole step (several
+// ranks' gradients or messages, or an optimizer's updates, which are taken
+// out before hybrid sees the graph: PlannerOptions::
+// named_rivals_on_whole_step), those plans are the composed ones, and the
+// candidates stay over the graph's order. Composed there too, inside the
+// searches of Note [State placement] and Note [Update placement], which
+// plan hybrid many times, they took transformer:layers=2,seq=64,dim=128
+// with adam:state=auto,updates=auto at `min` from 6 s to 40 s for a peak
+// 0.3% higher (bench/results/hybrid-composed-2026-12-04.md). The joint
+// plans' bases at looser budgets stay over the graph's order; under
+// --own-order every candidate does.
 //
 // Time limit (PlannerOptions::time_limit_s): one deadline for the whole
 // call. Each nested policy gets the time left; once it has passed, no new
@@ -199,7 +205,9 @@ class HybridPlanner final : public Planner {
       auto [it, inserted] = missed_peak.try_emplace(name, r.peak_bytes);
       if (!inserted) it->second = std::min(it->second, r.peak_bytes);
     };
-    const bool composed_candidates = !options.own_order && !OnAWholeStep(graph, options);
+    const bool composed_candidates = !options.own_order &&
+                                     !options.named_rivals_on_whole_step &&
+                                     !OnAWholeStep(graph, options);
     for (const char* name : kRecomputePolicies) {
       // The baseline (first) always runs: a valid plan to return. So does
       // best-order, with the whole time left: its plan is the one

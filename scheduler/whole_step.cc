@@ -120,8 +120,10 @@ class WholeStepsComparedPlanner : public Planner {
     if (options.best_order_memo == nullptr) {
       options.best_order_memo = std::make_shared<BestOrderMemo>();
     }
-    ASSIGN_OR_RETURN(PlanResult best, inner_->Plan(graph, options));
-    if (!JudgedOnAnotherStep(graph, options)) return best;
+    PlannerOptions for_hybrid = options;
+    for_hybrid.named_rivals_on_whole_step = JudgedOnAnotherStep(graph, options);
+    ASSIGN_OR_RETURN(PlanResult best, inner_->Plan(graph, for_hybrid));
+    if (!for_hybrid.named_rivals_on_whole_step) return best;
     const bool search_cut = TimeLimitReached(best);
     const MakespanSelector judge(graph, options);
     nlohmann::json tried = best.details.value("candidates", nlohmann::json::array());

@@ -1006,6 +1006,11 @@ def check_offloaded_shards(step, opt, model, state, updates, parameters, what):
         failures.append(f"{what}: the state's home is the host, but {placed}")
     if state == "auto" and not placed["host_tensors"] > 0:  # (at the least peak)
         failures.append(f"{what}: the plan keeps all the state on the device: {placed}")
+    if state == "device" and placed["resident_tensors"] < tensors:
+        failures.append(f"{what}: the state's home is the device, but {placed}")
+    if state == "device" and updates == "host" and \
+            not step._variant.placement.offloaded_device_state:
+        failures.append(f"{what}: the plan moves no state whose home is the device")
     if updates == "host" and (ran["device_parameters"] != 0 or
                               ran["host_parameters"] != len(list(model.parameters()))):
         failures.append(f"{what}: updates on the host, but {ran}")
@@ -1861,6 +1866,10 @@ def checks(torch, pt, dist, rank, ranks):
                               state="host", updates="host")
     failures += check_sharded(torch, pt, dist, rank, ranks, "sgd", "hybrid", state="auto",
                               updates="auto")
+    # The state's shards at home on the device, each update on the host
+    # moving its state out and back (planned since 2026-12-04).
+    failures += check_sharded(torch, pt, dist, rank, ranks, "adam", "dtr", state="device",
+                              updates="host")
     # Clipped by the norm of the whole gradients from each rank's shards (one
     # all-reduce of a scalar), as clip_grad_norm_ on the whole batch: with the
     # updates on the host reading the clipped shards' host copies (the
