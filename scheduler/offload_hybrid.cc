@@ -37,13 +37,13 @@
 // hybrid refused budgets that rotor met. So on a graph that is not
 // OnAWholeStep (whole_step.h), each recompute candidate of step 1 but
 // baseline runs composed, the plan `--policy NAME` gives: hybrid is no
-// worse than any of them there. Where the wrapper of Note [hybrid on the
-// whole step] plans each named policy again on the whole step (several
-// ranks' gradients or messages, or an optimizer's updates, which are taken
-// out before hybrid sees the graph: PlannerOptions::
-// named_rivals_on_whole_step), those plans are the composed ones, and the
-// candidates stay over the graph's order. Composed there too, inside the
-// searches of Note [State placement] and Note [Update placement], which
+// worse than any of them there. (A data-parallel step's policies plan the
+// one-rank step, where they run composed.) On a step with an optimizer's
+// updates, which are taken out before hybrid sees the graph, the wrapper of
+// Note [hybrid on the whole step] plans each named policy again on the
+// whole step, composed, and hybrid's candidates stay over the graph's order
+// (PlannerOptions::named_rivals_on_whole_step): composed there too, inside
+// the searches of Note [State placement] and Note [Update placement], which
 // plan hybrid many times, they took transformer:layers=2,seq=64,dim=128
 // with adam:state=auto,updates=auto at `min` from 6 s to 40 s for a peak
 // 0.3% higher (bench/results/hybrid-composed-2026-12-04.md). The joint

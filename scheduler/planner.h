@@ -75,10 +75,11 @@ struct PlannerOptions {
   // others as parts of their own search (checkmate's warm starts, hybrid)
   // set it for them: composing again would only repeat the work.
   bool own_order = false;
-  // Set by hybrid's wrapper (WithWholeStepsCompared, whole_step.h) where it
-  // plans the named policies again on the whole step: hybrid's own
-  // recompute candidates then run over the graph's order, uncomposed (Note
-  // [hybrid's recompute candidates composed], offload_hybrid.cc).
+  // Set by hybrid's wrapper (WithWholeStepsCompared, whole_step.h) on a
+  // step with an optimizer's updates, whose named policies it plans again
+  // on the whole step: hybrid's own recompute candidates then run over the
+  // graph's order, uncomposed (Note [hybrid's recompute candidates
+  // composed], offload_hybrid.cc).
   bool named_rivals_on_whole_step = false;
   // The largest graph (needed non-persistent nodes) checkmate's MILP and
   // checkmate-lp's LP take; 0: their defaults (300 and 600).

@@ -120,10 +120,14 @@ class WholeStepsComparedPlanner : public Planner {
     if (options.best_order_memo == nullptr) {
       options.best_order_memo = std::make_shared<BestOrderMemo>();
     }
+    // On a step with an optimizer's updates (which hybrid plans without,
+    // many times over in the placement searches), the named policies'
+    // composed plans come from the comparison below alone (Note [hybrid's
+    // recompute candidates composed]).
     PlannerOptions for_hybrid = options;
-    for_hybrid.named_rivals_on_whole_step = JudgedOnAnotherStep(graph, options);
+    for_hybrid.named_rivals_on_whole_step = graph.has_in_place();
     ASSIGN_OR_RETURN(PlanResult best, inner_->Plan(graph, for_hybrid));
-    if (!for_hybrid.named_rivals_on_whole_step) return best;
+    if (!JudgedOnAnotherStep(graph, options)) return best;
     const bool search_cut = TimeLimitReached(best);
     const MakespanSelector judge(graph, options);
     nlohmann::json tried = best.details.value("candidates", nlohmann::json::array());
