@@ -279,6 +279,7 @@ PYBIND11_MODULE(_core, m) {
   m.doc() = "pebble: memory planning for training steps (see docs/library.md)";
 
   AddPolicyTimeLimit(m);
+  m.attr("DEFAULT_HOST_BYTES_PER_S") = CostModel{}.host_bytes_per_s;
 
   py::class_<Graph>(m, "Graph", "A computation graph (pebble-graph).", py::is_final(),
                     py::custom_type_setup([](PyHeapTypeObject* type) {

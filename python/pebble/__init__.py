@@ -16,6 +16,7 @@ message where it has one; docs/library.md ("Errors") has the rules.
 import copyreg as _copyreg
 
 from ._core import (  # noqa: F401
+    DEFAULT_HOST_BYTES_PER_S,
     Graph,
     Plan,
     collective_seconds,
@@ -44,7 +45,7 @@ def _graph_from_json(text):
 _copyreg.pickle(Graph, lambda graph: (_graph_from_json, (graph.to_json(),)))
 
 __all__ = [
-    "Graph", "Plan", "collective_seconds", "compare", "fit", "from_json", "import_onnx",
+    "DEFAULT_HOST_BYTES_PER_S", "Graph", "Plan", "collective_seconds", "compare", "fit", "from_json", "import_onnx",
     "load", "model", "plan", "policies", "register_policy", "shard", "simulate", "train",
     "unregister_policy", "with_optimizer",
 ]

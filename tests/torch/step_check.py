@@ -2066,6 +2066,17 @@ def check_errors(failures, device):
     except TypeError as e:
         failures.check("optimizer_state is the step's own, fixed at train_step: make a new "
                        "train_step" in str(e), f"replan with optimizer_state: {e}")
+    try:  # any of train_step's other options, named alike
+        step.replan(policy="dtr", network="nvlink", max_shapes=2)
+        failures.check(False, "replan: network and max_shapes were accepted")
+    except TypeError as e:
+        failures.check("network, max_shapes are the step's own" in str(e),
+                       f"replan with network and max_shapes: {e}")
+    try:  # a name train_step does not take either
+        step.replan(polcy="dtr")
+        failures.check(False, "replan: a misspelt option was accepted")
+    except TypeError as e:
+        failures.check("unexpected arguments: polcy" in str(e), f"replan(polcy=): {e}")
     try:
         pt.train_step(torch.nn.Linear(4, 4).to(device), torch.nn.functional.mse_loss, x, y,
                       policy="swap", host_budget="1GiB")

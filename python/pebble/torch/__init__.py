@@ -22,6 +22,7 @@ documents the API and its limits.
 """
 
 import gc
+import inspect
 import itertools
 import json
 import math
@@ -126,6 +127,11 @@ def _policy_plan(graph, kwargs):
         return _core.plan(graph, **kwargs)
     except ValueError as e:
         raise PlanError(str(e)) from None
+
+
+def _step_parameters():
+    """The names train_step (TrainStep) takes."""
+    return frozenset(inspect.signature(TrainStep.__init__).parameters) - {"self"}
 
 
 def train_step(model, loss_fn, example_inputs, example_target, policy=None, budget="100%",
@@ -598,14 +604,15 @@ class TrainStep:
                 if key in options:
                     setattr(new, "measure_mode" if key == "measure" else key,
                             options.pop(key))
-            fixed = [k for k in options if k.startswith("optimizer") or k in (
-                "max_grad_norm", "grad_norm_type", "shard", "process_group", "calibrate")]
+            # train_step's other options: its captures, calibrations, host
+            # buffers and collectives are made for them (a host update's rate
+            # is measured at capture).
+            fixed = [k for k in options if k in _step_parameters()]
             if fixed:
-                # (their captures, calibrations and host buffers are made for
-                # the step's own: a host update's rate is measured at capture)
                 raise TypeError(f"replan() takes the plan's options only; {', '.join(fixed)} "
-                                "is the step's own, fixed at train_step: make a new "
-                                "train_step with it")
+                                f"{'is' if len(fixed) == 1 else 'are'} the step's own, fixed "
+                                "at train_step: make a new train_step with "
+                                f"{'it' if len(fixed) == 1 else 'them'}")
             if options:
                 raise TypeError(f"replan() got unexpected arguments: {', '.join(options)}")
         except (TypeError, ValueError) as e:
@@ -1620,7 +1627,9 @@ class _Variant:
         }
         if self.placement is not None:  # where the optimizer's state lives and its updates run
             report.update(self.placement.report())
-            report["host_update_bytes_per_s"] = self.updates.host_bytes_per_s
+            # The rate the plan timed host updates at (measured, or the default).
+            report["host_update_bytes_per_s"] = (self.updates.host_bytes_per_s
+                                                 if self.updates.on_host else None)
         if self.shards is None and self.updates is not None:  # and the parameters
             homes = self.program.host_homes
             report["optimizer_parameters"] = {

@@ -344,7 +344,7 @@ class Program:
             persistent.clear()
         start = time.perf_counter()
         if self.foreign is not None:
-            self.foreign.begin()
+            self.foreign.begin(state)
         try:
             for i, (kind, node) in enumerate(self.steps):
                 if kind == COMPUTE:

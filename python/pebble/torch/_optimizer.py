@@ -186,8 +186,8 @@ class Updates:
         self.on_host = updates != "device"  # whether some update may run on the host
         self.keep_gradients = gradients == "keep"
         # The host's rate for an update's host_cost (bytes read and written
-        # per second; measure_host_rate), None: pebble's default.
-        self.host_bytes_per_s = None
+        # per second): pebble's default until measure_host_rate measures it.
+        self.host_bytes_per_s = _core.DEFAULT_HOST_BYTES_PER_S
         self.ops = {}  # node id -> op of the optimizer's nodes (extend)
         # Update node id -> the ids it reads, and the storages it touches
         # (its inputs' and its own, as the graph's alias_of chains say).
@@ -205,11 +205,10 @@ class Updates:
         self._host_copies = {}
         self._offloaded = False
         # The bytes of the state whose home is the host (ensure_state), held
-        # there from a run's start; counted in the run's host peak at its
-        # first step, with each host copy above the first time it is made
+        # there from a run's start; counted in the run's host peak as it
+        # begins, with each host copy above the first time it is made
         # current, as the plan's host peak counts them.
         self._host_homes, self._host_home_bytes = frozenset(), 0
-        self._host_counted = False
         self._copies_counted = set()
         self._host_scratch = {}  # dtype -> flat host buffer for host updates' temporaries
         # Note [Scalars without allocations]: a Python number as an operand
@@ -547,25 +546,24 @@ class Updates:
 
     # --- running (called by the program: Note [Steps of the optimizer]) ----------
 
-    def begin(self):
-        """Before a run of the plan: the settings the optimizer holds now (a
-        learning-rate scheduler's lr), and the count that optimizer.step()
-        keeps (learning-rate schedulers check it)."""
+    def begin(self, run):
+        """Before `run` (the program's run of the plan): the settings the
+        optimizer holds now (a learning-rate scheduler's lr), the count that
+        optimizer.step() keeps (learning-rate schedulers check it), and the
+        state whose home is the host in the run's host peak (held from the
+        step's start, as the plan counts it)."""
         self._follow_settings()
         if hasattr(self.optimizer, "_step_count"):
             self.optimizer._step_count += 1
         self.on_device = {}
         self._offloaded = False
-        self._host_counted = False
         self._copies_counted = set()
+        run.count_host(self._host_home_bytes)
 
     def step(self, action, node_id, run):
         """One step of the plan on the optimizer's node `node_id`; `run` is the
         program's run (_executor._RunState): its resident tensors, host copies
         and count of device memory."""
-        if not self._host_counted:
-            self._host_counted = True
-            run.count_host(self._host_home_bytes)
         if node_id in self.state_bytes:
             self._move(action, node_id, run)
         elif action == "free":  # an update's version of its storage: nothing held

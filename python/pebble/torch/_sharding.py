@@ -893,7 +893,7 @@ class _NoUpdates:
     def owns(node_id):
         return False
 
-    def begin(self):
+    def begin(self, run):
         pass
 
     def abort(self):
@@ -984,7 +984,6 @@ class ShardedRunner:
         self.offloaded = {}  # host copy -> its offload's event, until the device copy goes
         self.ready = {}  # "shard:p", "scatter:p" -> its prefetch's event, until read
         self.fetching = {}  # host copy -> its last fetch's event (it reads the host buffer)
-        self.homes_counted = False  # the shards whose home is the host, in the host peak
         self.scattered = {}  # name -> this run's gradient shard
         self.clipped = {}  # name -> this run's clipped gradient shard ("clip:p")
         # Note [Clipping sharded gradients]: the scalars' values, and the
@@ -1091,16 +1090,16 @@ class ShardedRunner:
             self._clip_scalars = (torch.full((), self.max_grad_norm, device=device),
                                   torch.full((), 1e-6, device=device))
 
-    def begin(self):
+    def begin(self, run):
         self.retired = [(works, buffers) for works, buffers in self.retired
                         if not all(w.is_completed() for w in works)]
-        self.updates.begin()
+        self.updates.begin(_ShardValues(run, self))
         self._new_run()
+        # The shards whose home is the host: held there from the step's
+        # start, as the plan counts them.
+        run.count_host(sum(self.shards.shard_held_bytes(n) for n in self.host_homed))
 
     def step(self, action, node_id, run):
-        if not self.homes_counted:  # held on the host from the step's start, as the plan counts
-            self.homes_counted = True
-            run.count_host(sum(self.shards.shard_held_bytes(n) for n in self.host_homed))
         kind, _, name = node_id.partition(":")
         if kind == "gather" and name in self.shards.params and action in ("compute", "free"):
             if action == "compute":
