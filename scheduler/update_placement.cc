@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <optional>
+#include <ranges>
 #include <utility>
 #include <vector>
 
@@ -29,7 +30,12 @@ namespace pebble {
 // fits, tries two more k past it (the peak falls with k only roughly), and
 // keeps the fastest plan that fits among those made. At "min" the budget is
 // the lower of k = 0's and k = n's least peaks, at which the later plans
-// are made. A placement the policy or the simulator refuses fits nothing.
+// are made; where a host budget holds k = 0's host peak but not k = n's
+// (the host then holds every state, gradient and update), it is the least
+// peak within the host budget instead: the search bisects for the largest k
+// whose least-peak plan fits the host budget, and the budget is the lowest
+// device peak among the plans so made that fit it. A placement the policy or
+// the simulator refuses fits nothing.
 // Where k = 0 fits, only k = n is tried besides: an update is faster on
 // the host only where the host's rate is several times the link's (Adam's
 // update moves twelve times a parameter's bytes on the host, its streamed
@@ -97,20 +103,36 @@ absl::StatusOr<PlanResult> PlaceUpdates(const Graph& graph, const PlannerOptions
   };
   probe(0);
   if (n > 0) probe(n);
+  auto within_host_budget = [&](int k) {
+    return made[k].has_value() && (!options.host_budget_bytes.has_value() ||
+                                   made[k]->report.host_peak_bytes <= *options.host_budget_bytes);
+  };
   int64_t device_budget = options.budget_bytes;
   if (at_min) {
-    device_budget = INT64_MAX;
-    for (int k : {0, n}) {
-      if (made[k].has_value()) device_budget = std::min(device_budget, made[k]->report.peak_bytes);
+    if (n > 1 && within_host_budget(0) && made[n].has_value() && !within_host_budget(n)) {
+      int lo = 0, hi = n;  // lo's least-peak plan fits the host budget, hi's does not
+      while (hi - lo > 1 && !deadline.Expired()) {
+        const int mid = lo + (hi - lo) / 2;
+        probe(mid);
+        (within_host_budget(mid) ? lo : hi) = mid;
+      }
     }
-    // The least peak, then the fastest at it: later plans have that budget.
+    // The least peak (within the host budget where some plan is), then the
+    // fastest at it: later plans have that budget.
+    const bool any_within = std::ranges::any_of(
+        std::views::iota(0, n + 1), [&](int k) { return within_host_budget(k); });
+    device_budget = INT64_MAX;
+    for (int k = 0; k <= n; ++k) {
+      if (made[k].has_value() && (within_host_budget(k) || !any_within)) {
+        device_budget = std::min(device_budget, made[k]->report.peak_bytes);
+      }
+    }
     probe_options.budget_bytes = device_budget;
   }
   auto fits = [&](int k) {
     const std::optional<PlanResult>& r = made[k];
     return r.has_value() && (r->feasible || at_min) && r->report.peak_bytes <= device_budget &&
-           (!options.host_budget_bytes.has_value() ||
-            r->report.host_peak_bytes <= *options.host_budget_bytes);
+           within_host_budget(k);
   };
   if (n > 1 && !fits(0) && fits(n)) {
     int lo = 0, hi = n;  // lo does not fit, hi does

@@ -4,6 +4,7 @@
 // optimizer's updates=host puts every update there and updates=auto lets
 // the plan choose per parameter (Note [Updates on the host],
 // scheduler/updates_last.cc; Note [Update placement]).
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -314,11 +315,13 @@ TEST(HostUpdatesTest, EveryPolicyRunsTheUpdatesOnTheHostToTheDeviceUpdatesBits) 
 namespace pebble {
 namespace {
 
-PlanOutcome PlanOrDie(const Graph& g, const std::string& policy, const std::string& budget) {
+PlanOutcome PlanOrDie(const Graph& g, const std::string& policy, const std::string& budget,
+                      std::optional<int64_t> host_budget_bytes = std::nullopt) {
   PlanRequest request;
   request.policy = policy;
   request.budget = budget;
   request.options.time_limit_s = 10;
+  request.options.host_budget_bytes = host_budget_bytes;
   absl::StatusOr<PlanOutcome> plan = PlanGraph(g, request);
   EXPECT_TRUE(plan.ok()) << plan.status();
   return plan.ok() ? *std::move(plan) : PlanOutcome{};
@@ -484,6 +487,30 @@ namespace {
 // together (Note [Update placement] plans through Note [State placement]):
 // it fits wherever either search alone fits, no slower, and runs to the
 // device updates' bits.
+// At "min" with a host budget that the all-host placement breaks (it holds
+// every state and gradient there), updates=auto takes the least peak within
+// the host budget, as the device rule does, rather than refusing.
+TEST(HostUpdatesTest, AutoAtMinKeepsToTheHostBudget) {
+  const std::string base = "mnist-cnn:batch=8,optimizer=adam,optimizer_state=auto,";
+  absl::StatusOr<Graph> placed = BuildModel(base + "updates=auto");
+  absl::StatusOr<Graph> on_device = BuildModel(base + "updates=device");
+  ASSERT_TRUE(placed.ok() && on_device.ok()) << placed.status();
+  const PlanOutcome unbounded = PlanOrDie(*placed, "dtr", "min");
+  ASSERT_TRUE(unbounded.result.feasible);
+  ASSERT_GT(unbounded.result.details["update_placement"]["host_parameters"].get<int>(), 0);
+  for (const int64_t host_budget :
+       {int64_t{2000}, unbounded.result.report.host_peak_bytes / 4,
+        unbounded.result.report.host_peak_bytes / 2}) {
+    SCOPED_TRACE(host_budget);
+    const PlanOutcome least = PlanOrDie(*placed, "dtr", "min", host_budget);
+    ASSERT_TRUE(least.result.feasible) << least.result.message;
+    EXPECT_LE(least.result.report.host_peak_bytes, host_budget);
+    const PlanOutcome device_rule = PlanOrDie(*on_device, "dtr", "min", host_budget);
+    ASSERT_TRUE(device_rule.result.feasible) << device_rule.result.message;
+    EXPECT_LE(least.result.report.peak_bytes, device_rule.result.report.peak_bytes);
+  }
+}
+
 TEST(HostUpdatesTest, UpdatesAndStatePlacedTogether) {
   const std::string base = "transformer:layers=3,optimizer=adam,gradients=drop,";
   absl::StatusOr<Graph> both = BuildModel(base + "optimizer_state=auto,updates=auto");

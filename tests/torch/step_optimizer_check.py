@@ -147,6 +147,13 @@ def optimizers(torch):
         "adamw": lambda ps: torch.optim.AdamW(ps, lr=1e-2, foreach=False),
         # eps 0, which torch.optim takes (refused until 2026-12-04).
         "adam-no-eps": lambda ps: torch.optim.Adam(ps, lr=1e-2, eps=0.0, foreach=False),
+        # The multi-tensor code: the same updates to rounding (PyTorch 1.13's
+        # also adds the weight decay into .grad, which the plan does not).
+        "adam-foreach": lambda ps: torch.optim.Adam(ps, lr=1e-2, weight_decay=1e-3,
+                                                    foreach=True),
+        "adamw-foreach": lambda ps: torch.optim.AdamW(ps, lr=1e-2, foreach=True),
+        "sgd-foreach": lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9, weight_decay=1e-3,
+                                                  foreach=True),
         # Groups that differ: AdamW's weight decay on the weights only; Adam's
         # coupled weight decay (a temporary per update) on the weights only,
         # and another lr for the rest; SGD's lr and weight decay.
@@ -205,6 +212,9 @@ CASES = [  # (model, optimizer, policy, budget, where the state lives, where the
     # then only by hybrid's plans at some budgets of state=auto).
     ("mlp", "adam", "rotor", "min", "device", "host"),
     ("mlp", "adam-no-eps", "dtr", "min", None, "host"),
+    ("mlp", "adam-foreach", "rotor", "min", "device", "device"),
+    ("convnet", "adamw-foreach", "dtr", "min", None, "host"),
+    ("convnet", "sgd-foreach", "rotor", "min", "host", "device"),
     ("lstm", "adam", "dtr", "100%", "device", "host", "drop"),
     ("convnet", "sgd-momentum-weights", "checkmate-lp", "min", "device", "host", "keep",
      0.05),
