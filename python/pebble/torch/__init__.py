@@ -47,7 +47,7 @@ from ._executor import (COMPUTE, FREE, REDUCE, CapturedValueMismatch, PlanExecut
                         kept_siblings, statistics_remade)
 from ._graph import StepGraph
 from ._memory import AllocatorPeak, TensorMemory, allocated_where_profiled, measure, tensor_bytes
-from ._optimizer import OptimizerError, Updates, state_dict_on_cpu
+from ._optimizer import OptimizerError, Updates, check_choices, state_dict_on_cpu
 from ._sharding import ShardedRunner, Shards, calibrate_sharded, holds_whole_state, on_meta
 
 __all__ = ["CaptureError", "OptimizerError", "PlanError", "PlanExecutionError", "TensorMemory",
@@ -1121,7 +1121,8 @@ class _Variant:
         options = step.options
         if str(options["budget"]).strip().lower() == "min":
             return
-        budget, first = self.plan.budget_bytes, self.budget_info
+        first = self.budget_info
+        budget = first.get("budget_bytes", self.plan.budget_bytes)
         over = self.predicted_peak_bytes - budget
         if over <= 0:
             return
@@ -1254,6 +1255,7 @@ class _Variant:
         if self.capture.free_graph is not self.capture.graph:
             graph = self._whole_step(self.capture.free_graph)
         plan = _policy_plan(graph, kwargs)
+        unordered = graph  # (the random calls' order left to the plan)
         budget_bytes = plan.budget_bytes
         fits = plan.feasible or self._fits_as_run(plan, graph, kwargs, budget_bytes)
         if fits and not self._draws_in_eager_order(plan):
@@ -1268,14 +1270,11 @@ class _Variant:
                                 "in another order than eager PyTorch draws them")
         least_peak = None  # (a document has it where its plan does not fit)
         if not fits and str(options["budget"]).strip().lower() != "min":
-            # (the policy's least-peak plan, which its planner counts above
-            # the budget too, may fit as run)
-            least = _policy_plan(graph, dict(kwargs, budget="min"))
-            least_peak = min(self._peak_as_planned_run(least, graph, kwargs),
-                             plan.document["least_peak_bytes"])
-            if least_peak <= budget_bytes and self._draws_in_eager_order(least):
-                plan, fits = least, True
+            least_peak, least, least_graph = self._least_peak_plan(plan, graph, unordered, kwargs)
+            if least is not None and least_peak <= budget_bytes:
+                plan, graph, fits = least, least_graph, True
                 info["least_peak_fits_as_run"] = True
+                info["budget_bytes"] = budget_bytes  # (the given one: the plan's is its peak)
         if fits:
             self._refuse_remade_statistics(plan)
         if not fits:
@@ -1291,6 +1290,34 @@ class _Variant:
             tokens=graph is self.graph,
             options={k: v for k, v in kwargs.items() if k in _SIMULATION_OPTIONS})
         return plan, info
+
+    def _least_peak_plan(self, plan, graph, unordered, kwargs):
+        """(the least peak as run, its plan or None, that plan's graph) of the
+        policy's least-peak plans over `graph`, the graph `plan` (which did
+        not fit) was made over, over `unordered`, the graph without the
+        random calls' order tokens, and over the graph with them: the lowest
+        that draws them in eager's order is taken (Note [Random calls in
+        eager's order]), as budget="min" would take it. A heuristic's plans
+        are not monotone in the budget: the budget's plan over `unordered` may
+        draw them out of order where its least-peak plan does not, or not fit
+        where the least-peak plan over the graph with tokens does. Where no
+        such plan is made, the peak is the least of `graph`'s, and the plan
+        None."""
+        found = None
+        candidates = []
+        for candidate in (graph, unordered, self.graph):  # (each graph once)
+            if all(candidate is not c for c in candidates):
+                candidates.append(candidate)
+        for candidate in candidates:
+            least = _policy_plan(candidate, dict(kwargs, budget="min"))
+            # (its planner counts above the budget too, but may fit as run)
+            peak = self._peak_as_planned_run(least, candidate, kwargs)
+            if candidate is graph:
+                peak = min(peak, plan.document["least_peak_bytes"])
+                fallback = peak
+            if self._draws_in_eager_order(least) and (found is None or peak < found[0]):
+                found = (peak, least, candidate)
+        return found if found is not None else (fallback, None, graph)
 
     def _fits_as_run(self, plan, graph, kwargs, budget_bytes):
         """Whether a plan over its device budget by the planner's count fits
@@ -1397,26 +1424,32 @@ class _Variant:
         reference = info["reference_bytes"]
         percent = math.ceil(100.0 * least_step / reference) if reference else 100
         room = plan.budget_bytes - self.persistent_bytes
-        if least_step > 0:
+        # A plan that runs a random call again holds the generator's state
+        # beside it on the CPU, outside the least peak: the advice has room for it.
+        rng = generator_state_bytes(self.device)
+        rng = rng if rng and reference and _may_recompute(plan) and any(
+            node.random for node in self.graph_nodes.nodes) else 0
+        if least_step > 0 and rng:
+            advised = math.ceil(100.0 * (least_step + rng) / reference)
+            reaches = (f"it reaches {_size(least_step)} ({percent}% of {reference_name}) at "
+                       "least, and a random call that it runs again holds the generator's "
+                       f"state, {_size(rng)}, beside it on the CPU: try budget='{advised}%' "
+                       "(room for both) or budget='min'")
+        elif least_step > 0:
             reaches = (f"it reaches {_size(least_step)} ({percent}% of {reference_name}) at "
                        f"least: try budget='{percent}%' or budget='min'")
         else:
             # (the plan keeps some of the parameters, inputs or optimizer
             # state on the host: no percentage of the step says its peak)
             reaches = (f"it reaches {_size(least_peak)} ({least_peak} bytes) in all at least, "
-                       "with some of the parameters or optimizer state on the host: try "
-                       f"budget={least_peak} or budget='min'")
+                       "with some of the parameters or optimizer state on the host" +
+                       (f", and a random call that it runs again holds the generator's state, "
+                        f"{_size(rng)}, beside it on the CPU" if rng else "") +
+                       f": try budget={least_peak + rng} or budget='min'")
         message = (f"policy {plan.policy} cannot fit the training step of "
                    f"{type(self.step.model).__name__} in {budget} "
                    f"({_size(abs(room))} {'above' if room >= 0 else 'below'} the "
                    f"parameters and inputs): {reaches}")
-        rng = generator_state_bytes(self.device)
-        if rng and reference and _may_recompute(plan) and \
-                any(node.random for node in self.graph_nodes.nodes):
-            message += (f" (a plan that runs a random call again holds the generator's state, "
-                        f"{_size(rng)}, beside it on the CPU: "
-                        f"budget='{math.ceil(100.0 * (least_step + rng) / reference)}%' leaves "
-                        "room for it)")
         # What every plan keeps to its end above the persistent tensors: the
         # loss and the gradients. Where it is most of the least peak, say so.
         kept = plan.document["end_state_bytes"] - self.persistent_bytes
@@ -1656,8 +1689,8 @@ class _Variant:
         if self.shards is not None:
             report["sharding"] = _sharding_report(p, self.shards, self.step.network_measured,
                                                   self.program.foreign)
-        if "step_budget_bytes" in info:
-            report["step_budget_bytes"] = info["step_budget_bytes"]
+        # (None where the budget is bytes or "min")
+        report["step_budget_bytes"] = info.get("step_budget_bytes")
         if "planned_at_bytes" in info:  # (room left for generator states)
             report["planned_at_bytes"] = info["planned_at_bytes"]
         if "order" in info:
@@ -1840,11 +1873,7 @@ def _checked_sharding(shard, optimizer, state, updates, gradients, parameters):
     """optimizer_gradients as given or by default ("drop" sharded or with the
     parameters on the host, else "keep"); ValueError for what a sharded step,
     or one whose parameters may live on the host, does not run."""
-    if gradients not in (None, "keep", "drop"):
-        raise ValueError(f"optimizer_gradients must be 'keep' or 'drop', not {gradients!r}")
-    if parameters not in ("device", "host", "auto"):
-        raise ValueError(f"optimizer_parameters must be 'device', 'host' or 'auto', not "
-                         f"{parameters!r}")
+    check_choices(state, updates, gradients, parameters)  # (each value first)
     if parameters != "device" and optimizer is None:
         raise ValueError(f"optimizer_parameters={parameters!r} places the parameters that the "
                          "optimizer updates: give the optimizer too")

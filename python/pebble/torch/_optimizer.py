@@ -73,22 +73,28 @@ _TENSORS_MOVED = {"sgd_momentum": 4, "sgd_update": 3, "adam_exp_avg": 4,
                   "adam_exp_avg_sq": 4, "adam_update": 4}
 
 
+def check_choices(state, updates, gradients, parameters):
+    """ValueError, naming the argument, for a placement of train_step's that
+    is not among those it takes (None: the default of state and gradients)."""
+    if state not in (None, "device", "host", "auto"):
+        raise ValueError(f"optimizer_state must be 'device', 'host' or 'auto', not {state!r}")
+    if updates not in ("device", "host", "auto"):
+        raise ValueError(f"optimizer_updates must be 'device', 'host' or 'auto', not "
+                         f"{updates!r}")
+    if gradients not in (None, "keep", "drop"):
+        raise ValueError(f"optimizer_gradients must be 'keep' or 'drop', not {gradients!r}")
+    if parameters not in ("device", "host", "auto"):
+        raise ValueError(f"optimizer_parameters must be 'device', 'host' or 'auto', not "
+                         f"{parameters!r}")
+
+
 def _check_options(optimizer, state, updates, gradients, parameters, max_grad_norm):
     """TypeError or ValueError, naming the argument, for train_step's
     optimizer arguments that are not among those it takes, or that conflict."""
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise TypeError(f"optimizer must be a torch.optim.Optimizer, not "
                         f"{type(optimizer).__name__}")
-    if state not in (None, "device", "host", "auto"):
-        raise ValueError(f"optimizer_state must be 'device', 'host' or 'auto', not {state!r}")
-    if updates not in ("device", "host", "auto"):
-        raise ValueError(f"optimizer_updates must be 'device', 'host' or 'auto', not "
-                         f"{updates!r}")
-    if gradients not in ("keep", "drop"):
-        raise ValueError(f"optimizer_gradients must be 'keep' or 'drop', not {gradients!r}")
-    if parameters not in ("device", "host", "auto"):
-        raise ValueError(f"optimizer_parameters must be 'device', 'host' or 'auto', not "
-                         f"{parameters!r}")
+    check_choices(state, updates, gradients, parameters)
     if max_grad_norm is not None and (
             isinstance(max_grad_norm, bool) or not isinstance(max_grad_norm, numbers.Real)
             or not math.isfinite(max_grad_norm) or max_grad_norm <= 0):
