@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cmath>
 #include <optional>
-#include <ranges>
 #include <utility>
 #include <vector>
 
@@ -119,8 +118,8 @@ absl::StatusOr<PlanResult> PlaceUpdates(const Graph& graph, const PlannerOptions
     }
     // The least peak (within the host budget where some plan is), then the
     // fastest at it: later plans have that budget.
-    const bool any_within = std::ranges::any_of(
-        std::views::iota(0, n + 1), [&](int k) { return within_host_budget(k); });
+    bool any_within = false;
+    for (int k = 0; k <= n; ++k) any_within = any_within || within_host_budget(k);
     device_budget = INT64_MAX;
     for (int k = 0; k <= n; ++k) {
       if (made[k].has_value() && (within_host_budget(k) || !any_within)) {
