@@ -141,6 +141,11 @@ class LeastPeakDescent : public Planner {
     ASSIGN_OR_RETURN(PlanResult planned, inner_->Plan(graph, options));
     const bool whole_step = graph.has_collectives() || graph.has_in_place();
     if (options.budget_bytes == kMinBudgetBytes) {
+      if (!planned.feasible && options.host_budget_bytes.has_value() &&
+          planned.report.host_peak_bytes > *options.host_budget_bytes) {
+        ASSIGN_OR_RETURN(planned,
+                         WithinTheHostBudget(graph, options, std::move(planned), deadline));
+      }
       if (!planned.feasible || !whole_step) return planned;
       bool cut = false;
       ASSIGN_OR_RETURN(planned, WithLooserPlan(graph, options, std::move(planned), deadline));
@@ -220,6 +225,50 @@ class LeastPeakDescent : public Planner {
     return best;
   }
 
+  // Note [The least peak within a host budget]. At min a policy moves to
+  // the host all it may; its search bounds those bytes by the host budget,
+  // but not what the step holds on the host around its plan (state whose
+  // home is the host, the copies of host updates: Note [Updates last]), so
+  // its plan at min may break the host budget where its plan at a looser
+  // byte budget, moving less, keeps to it (swap on a transformer with Adam's
+  // updates on the host: 10.5 MiB on the host at min, refused against a host
+  // budget of 8.13 MiB that its plan at 100% met, until 2026-12-05). There
+  // `least` (the plan at min, over the host budget) gives way to the plan at
+  // the least byte budget, bisected between its peak and baseline's, whose
+  // plan fits both budgets: at most kHostBisections plans, within the
+  // deadline; `least` where even baseline's peak does not fit.
+  absl::StatusOr<PlanResult> WithinTheHostBudget(const Graph& graph,
+                                                 const PlannerOptions& min_options,
+                                                 PlanResult least,
+                                                 const Deadline& deadline) const {
+    ASSIGN_OR_RETURN(const int64_t baseline_peak, BaselinePeak(graph));
+    PlannerOptions at = min_options;
+    at.progress = nullptr;
+    auto plan_at = [&](int64_t budget) {
+      at.budget_bytes = budget;
+      at.time_limit_s = deadline.remaining_s();
+      return inner_->Plan(graph, at);
+    };
+    if (deadline.remaining_s() <= 0 || baseline_peak <= least.report.peak_bytes) return least;
+    ASSIGN_OR_RETURN(PlanResult best, plan_at(baseline_peak));
+    if (!best.feasible) return least;
+    int64_t lo = least.report.peak_bytes, hi = best.report.peak_bytes;  // lo's breaks it
+    for (int k = 0; k < kHostBisections && hi - lo > 1 && deadline.remaining_s() > 0; ++k) {
+      const int64_t mid = lo + (hi - lo) / 2;
+      ASSIGN_OR_RETURN(PlanResult plan, plan_at(mid));
+      if (!plan.feasible) {
+        lo = mid;
+        continue;
+      }
+      hi = std::min(mid, plan.report.peak_bytes);
+      if (plan.report.peak_bytes < best.report.peak_bytes) best = std::move(plan);
+    }
+    if (deadline.Expired()) {
+      NoteTimeLimit(best, min_options.time_limit_s, "the least peak within the host budget");
+    }
+    return best;
+  }
+
   // `least` (a plan at min), or the policy's plan at the unplanned step's
   // peak (baseline's: 100%) where that peaks lower, as a plan at min: on a
   // whole step a policy's search at min may miss what its plan at a looser
@@ -243,6 +292,7 @@ class LeastPeakDescent : public Planner {
   }
 
   static constexpr int kDescents = 8;
+  static constexpr int kHostBisections = 16;  // Note [The least peak within a host budget]
   std::unique_ptr<Planner> inner_;
   bool one_shot_;
 };
@@ -412,8 +462,10 @@ std::string BudgetExcess(const PlanReport& report, const PlannerOptions& options
   if (options.host_budget_bytes.has_value() &&
       report.host_peak_bytes > *options.host_budget_bytes) {
     if (!message.empty()) message += "; ";
-    absl::StrAppend(&message, "host peak ", FormatBytes(report.host_peak_bytes),
-                    " exceeds the host budget of ", FormatBytes(*options.host_budget_bytes));
+    absl::StrAppend(&message, "host peak ", FormatBytes(report.host_peak_bytes), " (",
+                    report.host_peak_bytes, " bytes) exceeds the host budget of ",
+                    FormatBytes(*options.host_budget_bytes), " (",
+                    *options.host_budget_bytes, " bytes)");
   }
   return message;
 }

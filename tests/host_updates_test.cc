@@ -511,6 +511,24 @@ TEST(HostUpdatesTest, AutoAtMinKeepsToTheHostBudget) {
   }
 }
 
+// swap at "min" with a host budget that its least-peak plan breaks (the
+// updates' copies on the host besides the tensors it swaps): a plan with
+// fewer swaps keeps to it (Note [swap within a host budget]).
+TEST(HostUpdatesTest, SwapAtMinKeepsToTheHostBudget) {
+  absl::StatusOr<Graph> g = BuildModel("transformer:layers=2,seq=64,dim=128,optimizer=adam,"
+                                       "updates=host,gradients=drop");
+  ASSERT_TRUE(g.ok()) << g.status();
+  const PlanOutcome unbounded = PlanOrDie(*g, "swap", "min");
+  const PlanOutcome plain = PlanOrDie(*g, "swap", "100%");  // nothing swapped: it fits
+  ASSERT_LT(plain.result.report.host_peak_bytes, unbounded.result.report.host_peak_bytes);
+  const int64_t host_budget =
+      (plain.result.report.host_peak_bytes + unbounded.result.report.host_peak_bytes) / 2;
+  const PlanOutcome least = PlanOrDie(*g, "swap", "min", host_budget);
+  ASSERT_TRUE(least.result.feasible) << least.result.message;
+  EXPECT_LE(least.result.report.host_peak_bytes, host_budget);
+  EXPECT_LT(least.result.report.peak_bytes, plain.result.report.peak_bytes);
+}
+
 TEST(HostUpdatesTest, UpdatesAndStatePlacedTogether) {
   const std::string base = "transformer:layers=3,optimizer=adam,gradients=drop,";
   absl::StatusOr<Graph> both = BuildModel(base + "optimizer_state=auto,updates=auto");
