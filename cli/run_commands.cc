@@ -440,23 +440,34 @@ nlohmann::json MemoryLogToJson(const Graph& graph, const ExecutionResult& r) {
   return rows;
 }
 
-// Why `run` refuses a plan that does not fit, with the least peak the
-// policy reaches (a second plan at --budget min) and what to pass instead.
+// Why `run` refuses a plan that does not fit, and what to pass instead
+// (RefusalAdvice, as `plan` says it; for a --schedule file, the
+// simulator's message).
 absl::Status DoesNotFit(const RunFlags& f, const Graph& graph, const RunPlan& plan) {
-  int64_t least_peak = 0;  // unknown (a --schedule file): the planner's message says why
-  if (plan.policy != "schedule") {
-    RunFlags at_min = f;
-    at_min.budget = "min";
-    at_min.policy = plan.policy;
-    at_min.quiet = true;
-    auto least = MakeRunPlan(at_min, graph);
-    if (least.ok()) least_peak = least->plan.report.peak_bytes;
+  PlanOutcome out;
+  out.policy = plan.policy;
+  out.budget_is_min = plan.planner_budget_bytes == kMinBudgetBytes;
+  out.budget_bytes = plan.budget_bytes;
+  out.baseline_peak_bytes = plan.baseline_peak;
+  out.end_state_bytes = EndStateBytes(graph);
+  out.result = plan.plan;
+  if (out.result.message.empty()) out.result.message = "over budget";
+  std::string advice;
+  if (plan.policy == "schedule") {
+    advice = DoesNotFitAdvice(plan.policy, plan.budget_bytes, /*least_peak_bytes=*/0,
+                              plan.baseline_peak, out.end_state_bytes, out.result.message);
+  } else {
+    RunFlags quiet = f;
+    quiet.quiet = true;
+    RunPlan unused;
+    ASSIGN_OR_RETURN(PlannerOptions options,
+                     RunPlannerOptions(quiet, plan.baseline_peak, unused));
+    options.budget_bytes = plan.planner_budget_bytes;
+    ASSIGN_OR_RETURN(const std::unique_ptr<Planner> planner, MakePlanner(plan.policy));
+    ASSIGN_OR_RETURN(advice, RefusalAdvice(graph, *planner, options, out));
   }
-  return absl::FailedPreconditionError(absl::StrCat(
-      DoesNotFitAdvice(plan.policy, plan.budget_bytes, least_peak, plan.baseline_peak,
-                       EndStateBytes(graph),
-                       plan.plan.message.empty() ? "over budget" : plan.plan.message),
-      "; nothing was run (--over-budget runs it anyway)"));
+  return absl::FailedPreconditionError(
+      absl::StrCat(advice, "; nothing was run (--over-budget runs it anyway)"));
 }
 
 // The graph with the backend's workspace (--workspace query; `graph` is the

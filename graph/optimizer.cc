@@ -204,12 +204,6 @@ absl::StatusOr<OptimizerSpec> ParseOptimizerSettings(absl::string_view text) {
     }
     *Field(spec, key) = *number;
   }
-  if (spec.updates == Tier::kAuto && spec.state_home == Tier::kDevice) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "optimizer ", name, ": updates=auto with state=device is not planned (an update on "
-        "the host would move its state out and back each step): give state=host or "
-        "state=auto"));
-  }
   return spec;
 }
 
@@ -281,6 +275,13 @@ absl::StatusOr<OptimizerSpec> ParseOptimizer(absl::string_view text) {
         "optimizer ", name, ": state=", TierName(*spec.state_home),
         ", but SGD without momentum keeps no state (give momentum=..., for the step or a "
         "parameter group)"));
+  }
+  // (SGD without momentum has no state to move: state=device says nothing there)
+  if (spec.updates == Tier::kAuto && spec.state_home == Tier::kDevice && spec.keeps_state()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "optimizer ", name, ": updates=auto with state=device is not planned (an update on "
+        "the host would move its state out and back each step): give state=host or "
+        "state=auto"));
   }
   return spec;
 }

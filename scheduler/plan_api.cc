@@ -7,6 +7,7 @@
 #include <tuple>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "graph/status.h"
@@ -77,6 +78,66 @@ absl::Status CheckShardedGraph(const Graph& graph, const PlannerOptions& options
   return absl::OkStatus();
 }
 
+// Note [Host-budget advice]. A plan refused for its host budget says what
+// host budget would take it ("--host-budget 5119528 (4.88 MiB), with which
+// this budget fits"; empty where none was found): the policy plans again at
+// the same byte budget with the refused plan's host peak as the host budget
+// (a policy may then move more to the host, so where that plan breaks it
+// again, once more with that plan's host peak), and the advice names the
+// host budget only where such a plan fits: advice followed fits. Where that host budget
+// leaves the byte budget too low, the advice is both, the byte budget the
+// least peak then as a percentage ("--host-budget 8895568 (8.48 MiB) with
+// --budget 100%"), checked alike.
+absl::StatusOr<std::string> HostBudgetAdvice(const Graph& graph, const Planner& planner,
+                                             PlannerOptions options, const PlanResult& refused,
+                                             int64_t baseline_peak_bytes) {
+  if (!options.host_budget_bytes.has_value() ||
+      refused.report.host_peak_bytes <= *options.host_budget_bytes) {
+    return std::string();
+  }
+  const bool at_min = options.budget_bytes == kMinBudgetBytes;
+  const Deadline deadline(options.time_limit_s);
+  options.progress = nullptr;
+  auto plan_with = [&](int64_t host_budget, int64_t budget_bytes) {
+    options.host_budget_bytes = host_budget;
+    options.budget_bytes = budget_bytes;
+    options.time_limit_s = deadline.remaining_s();
+    return planner.Plan(graph, options);
+  };
+  auto host_flag = [](int64_t host_budget) {
+    return absl::StrCat("--host-budget ", host_budget, " (", FormatBytes(host_budget), ")");
+  };
+  const int64_t budget_bytes = options.budget_bytes;
+  int64_t host_budget = refused.report.host_peak_bytes;
+  for (int tries = 0; tries < 2 && !deadline.Expired(); ++tries) {
+    ASSIGN_OR_RETURN(PlanResult plan, plan_with(host_budget, budget_bytes));
+    if (plan.feasible) {
+      return absl::StrCat(host_flag(host_budget), ", with which ",
+                          at_min ? absl::StrCat("the least peak is ",
+                                                FormatBytes(plan.report.peak_bytes))
+                                 : std::string("this budget fits"));
+    }
+    if (plan.report.host_peak_bytes > host_budget) {
+      host_budget = plan.report.host_peak_bytes;  // (it moved more to the host)
+      continue;
+    }
+    if (at_min || deadline.Expired()) break;
+    // Within that host budget the byte budget is too low: the least peak
+    // there, as a percentage that admits it, if a plan at it fits.
+    ASSIGN_OR_RETURN(const PlanResult least, plan_with(host_budget, kMinBudgetBytes));
+    if (!least.feasible || baseline_peak_bytes <= 0 || deadline.Expired()) break;
+    const double percent = std::ceil(100.0 * static_cast<double>(least.report.peak_bytes) /
+                                     static_cast<double>(baseline_peak_bytes));
+    const BudgetSpec spec = {.kind = BudgetSpec::Kind::kPercent, .percent = percent};
+    ASSIGN_OR_RETURN(const PlanResult at_percent,
+                     plan_with(host_budget, ResolveBudget(spec, baseline_peak_bytes)));
+    if (!at_percent.feasible) break;
+    return absl::StrCat(host_flag(host_budget), " with --budget ", absl::StrFormat("%g", percent),
+                        "% (the least peak then is ", FormatBytes(least.report.peak_bytes), ")");
+  }
+  return std::string();
+}
+
 }  // namespace
 
 absl::StatusOr<PlanOutcome> PlanGraph(const Graph& graph, const PlanRequest& request) {
@@ -104,26 +165,52 @@ absl::StatusOr<PlanOutcome> PlanGraph(const Graph& graph, const PlanRequest& req
   // Auto homes count where the plan put them.
   out.end_state_bytes = EndStateBytes(
       graph.has_auto_homes() ? ResolveHomes(graph, out.result.schedule) : graph);
-  if (!out.result.feasible && !out.budget_is_min) {
-    out.least_peak_bytes = out.result.least_peak_bytes;  // the planner's, if it made one
-    if (!out.least_peak_bytes.has_value()) {
-      options.budget_bytes = kMinBudgetBytes;
-      options.progress = nullptr;
-      // Within the time limit where the first plan left time, else a tenth
-      // of it: the whole call keeps within 1.1 times the limit.
-      options.time_limit_s = std::max(0.1 * options.time_limit_s,
-                                      options.time_limit_s - out.plan_time_s);
-      ASSIGN_OR_RETURN(PlanResult least, planner->Plan(graph, options));
-      out.least_peak_bytes = least.report.peak_bytes;
-    }
-    out.advice = DoesNotFitAdvice(out.policy, out.budget_bytes, *out.least_peak_bytes,
-                                  out.baseline_peak_bytes, out.end_state_bytes,
-                                  out.result.message);
-  } else if (!out.result.feasible) {
-    // At min only another limit (the host budget) is left to break.
-    out.advice = absl::StrCat("the plan does not fit: ", out.result.message);
+  if (!out.result.feasible) {
+    // Within the time limit where the first plan left time, else a tenth of
+    // it, for the least-peak plan and the host-budget advice together.
+    options.time_limit_s = std::max(0.1 * request.options.time_limit_s,
+                                    request.options.time_limit_s - out.plan_time_s);
+    options.progress = nullptr;
+    ASSIGN_OR_RETURN(out.advice, RefusalAdvice(graph, *planner, options, out));
   }
   return out;
+}
+
+absl::StatusOr<std::string> RefusalAdvice(const Graph& graph, const Planner& planner,
+                                          const PlannerOptions& options, PlanOutcome& out) {
+  const Deadline deadline(options.time_limit_s);
+  std::string advice;
+  if (out.budget_is_min) {
+    // At min only another limit (the host budget) is left to break.
+    advice = absl::StrCat("the plan does not fit: ", out.result.message);
+  } else {
+    out.least_peak_bytes = out.result.least_peak_bytes;  // the planner's, if it made one
+    bool least_breaks_host =
+        out.result.details.value("least_peak_breaks_host_budget", false);
+    if (!out.least_peak_bytes.has_value()) {
+      PlannerOptions at_min = options;
+      at_min.budget_bytes = kMinBudgetBytes;
+      ASSIGN_OR_RETURN(PlanResult least, planner.Plan(graph, at_min));
+      out.least_peak_bytes = least.report.peak_bytes;
+      least_breaks_host = options.host_budget_bytes.has_value() &&
+                          least.report.host_peak_bytes > *options.host_budget_bytes;
+    }
+    // (a least peak that breaks the host budget is no budget to try)
+    advice = DoesNotFitAdvice(out.policy, out.budget_bytes,
+                              least_breaks_host ? out.budget_bytes : *out.least_peak_bytes,
+                              out.baseline_peak_bytes, out.end_state_bytes, out.result.message);
+  }
+  PlannerOptions host_options = options;
+  host_options.time_limit_s = deadline.remaining_s();
+  if (host_options.time_limit_s <= 0) return advice;
+  ASSIGN_OR_RETURN(const std::string host_advice,
+                   HostBudgetAdvice(graph, planner, host_options, out.result,
+                                    out.baseline_peak_bytes));
+  if (!host_advice.empty()) {
+    const bool tried = absl::StrContains(advice, "try --budget");
+    absl::StrAppend(&advice, tried ? ", or " : "; try ", host_advice);
+  }
+  return advice;
 }
 
 std::string DoesNotFitAdvice(absl::string_view policy, int64_t budget_bytes,

@@ -90,6 +90,18 @@ std::string DoesNotFitAdvice(absl::string_view policy, int64_t budget_bytes,
 // take.
 absl::StatusOr<PlanOutcome> PlanGraph(const Graph& graph, const PlanRequest& request);
 
+// Why `out` (its result refused) does not fit and what to try, for `plan`
+// and `run` alike (PlanOutcome::advice): the least peak `planner` reaches
+// where the byte budget is below it (out.least_peak_bytes: the planner's,
+// else a plan at min, which this sets), but not where that plan breaks the
+// host budget too, which no byte budget then mends; and a host budget that
+// fits (Note [Host-budget advice], plan_api.cc). `options`: those `out` was
+// planned with, the time limit what is left of it. Needs out.policy,
+// budget_is_min, budget_bytes, baseline_peak_bytes, end_state_bytes and
+// result.
+absl::StatusOr<std::string> RefusalAdvice(const Graph& graph, const Planner& planner,
+                                          const PlannerOptions& options, PlanOutcome& out);
+
 // The whole `plan --json` document: graph (`label`: a model spec or a file
 // path), policy, budget, budget_bytes, baseline_peak_bytes, parameter_bytes,
 // end_state_bytes, bandwidth_bytes_per_s, feasible, message, least_peak_bytes and advice

@@ -90,6 +90,12 @@ std::vector<const PolicyInfo*> PlannerRegistry::List() const {
 
 namespace {
 
+// Whether `plan` holds more on the host than `options` allow.
+bool BreaksHostBudget(const PlanResult& plan, const PlannerOptions& options) {
+  return options.host_budget_bytes.has_value() &&
+         plan.report.host_peak_bytes > *options.host_budget_bytes;
+}
+
 // Note [The least peak of a sharded step]: a policy's least peak (budget
 // min) comes from its own model of the graph. On a sharded graph the chain
 // policies' stage figures leave out the gathers that stages share (their
@@ -138,19 +144,12 @@ class LeastPeakDescent : public Planner {
     // The time limit bounds the whole call: every plan below gets what is
     // left of it.
     const Deadline deadline(options.time_limit_s);
-    ASSIGN_OR_RETURN(PlanResult planned, inner_->Plan(graph, options));
     const bool whole_step = graph.has_collectives() || graph.has_in_place();
     if (options.budget_bytes == kMinBudgetBytes) {
-      if (!planned.feasible && options.host_budget_bytes.has_value() &&
-          planned.report.host_peak_bytes > *options.host_budget_bytes) {
-        ASSIGN_OR_RETURN(planned,
-                         WithinTheHostBudget(graph, options, std::move(planned), deadline));
-      }
-      if (!planned.feasible || !whole_step) return planned;
       bool cut = false;
-      ASSIGN_OR_RETURN(planned, WithLooserPlan(graph, options, std::move(planned), deadline));
-      return Descend(graph, options, std::move(planned), kMinBudgetBytes, deadline, cut);
+      return LeastPeak(graph, options, kMinBudgetBytes, deadline, cut);
     }
+    ASSIGN_OR_RETURN(PlanResult planned, inner_->Plan(graph, options));
     if (planned.feasible) return planned;
     if (!whole_step && (one_shot_ || options.budget_bytes < PeakLowerBound(graph))) {
       return planned;
@@ -164,31 +163,33 @@ class LeastPeakDescent : public Planner {
                     "its least-peak plan (as at budget min), which may fit, was not tried");
       return planned;
     }
-    ASSIGN_OR_RETURN(PlanResult low, inner_->Plan(graph, least));
-    bool cut = TimeLimitReached(low);
-    if (low.feasible && whole_step) {
-      ASSIGN_OR_RETURN(low, WithLooserPlan(graph, least, std::move(low), deadline));
-      ASSIGN_OR_RETURN(low, Descend(graph, least, std::move(low), options.budget_bytes,
-                                    deadline, cut));
-    }
+    bool cut = false;
+    ASSIGN_OR_RETURN(PlanResult low,
+                     LeastPeak(graph, least, options.budget_bytes, deadline, cut));
     if (!low.feasible || low.report.peak_bytes > options.budget_bytes) {
       // (The least-peak plan had what the budget's own plan left of the
       // time limit: less than at budget min, so where the limit cut its
       // search or its descent it may peak higher.)
       cut = cut || deadline.Expired();
+      const bool breaks_host = BreaksHostBudget(low, options);
       const std::string clause = absl::StrCat(
           "its least-peak plan (as at budget min)",
           cut ? absl::StrFormat(", cut by the %.3g s left of the time limit,",
                                 least.time_limit_s)
               : std::string(),
           " peaked at ", FormatBytes(low.report.peak_bytes), " (", low.report.peak_bytes,
-          " bytes)");
+          " bytes)",
+          breaks_host ? absl::StrCat(" and held ", FormatBytes(low.report.host_peak_bytes),
+                                     " on the host, over the host budget")
+                      : std::string());
       // (a nested search's plan may say so already: once is enough)
       if (!absl::StrContains(planned.message, clause)) {
         if (!planned.message.empty()) planned.message += "; ";
         planned.message += clause;
       }
       if (cut) planned.details["time_limit_reached"] = true;
+      // (no byte budget then keeps to the host budget: advice says so)
+      if (breaks_host) planned.details["least_peak_breaks_host_budget"] = true;
       planned.least_peak_bytes = low.report.peak_bytes;
       return planned;
     }
@@ -200,6 +201,25 @@ class LeastPeakDescent : public Planner {
   }
 
  private:
+  // The policy's least-peak plan, as at budget min (`min_options`): its own
+  // plan at min, within the host budget where that breaks it
+  // (WithinTheHostBudget), and on a whole step the looser plan and the
+  // descent until the peak is at most `target` bytes (kMinBudgetBytes: as
+  // low as it goes). `cut` becomes true where the time limit stopped it.
+  absl::StatusOr<PlanResult> LeastPeak(const Graph& graph, const PlannerOptions& min_options,
+                                       int64_t target, const Deadline& deadline,
+                                       bool& cut) const {
+    ASSIGN_OR_RETURN(PlanResult least, inner_->Plan(graph, min_options));
+    cut = TimeLimitReached(least);
+    if (!least.feasible && BreaksHostBudget(least, min_options)) {
+      ASSIGN_OR_RETURN(least,
+                       WithinTheHostBudget(graph, min_options, std::move(least), deadline));
+    }
+    if (!least.feasible || !(graph.has_collectives() || graph.has_in_place())) return least;
+    ASSIGN_OR_RETURN(least, WithLooserPlan(graph, min_options, std::move(least), deadline));
+    return Descend(graph, min_options, std::move(least), target, deadline, cut);
+  }
+
   // Plans a byte below `best`'s peak while that fits and peaks lower, until
   // the peak is at most `target` bytes (kMinBudgetBytes: as low as it goes)
   // or the deadline; `cut` becomes true where the deadline stopped it.

@@ -6,7 +6,10 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <string>
+#include <vector>
 
+#include "absl/strings/str_split.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
@@ -218,6 +221,31 @@ TEST(CliRunTest, InfeasiblePlanIsRefusedUnlessForced) {
       Pebble("run --model conv3d:n=8 --policy baseline --budget 50% --over-budget --json");
   ASSERT_EQ(forced.exit_code, 0) << forced.err;
   EXPECT_EQ(ParseOrFail(forced.out)["feasible"], false);
+}
+
+// `run` refused for its host budget advises as `plan` does (RefusalAdvice):
+// not the least peak's byte budget, which breaks the host budget too (it
+// said "try --budget 100%"), but a host budget with a byte budget, which,
+// followed, runs.
+TEST(CliRunTest, AHostBudgetRefusalAdvisesWhatRuns) {
+  const std::string run =
+      "run --model mnist-cnn:batch=2 --optimizer adam:state=host --policy swap --host-budget ";
+  Result r = Pebble(run + "2000 --budget 90%");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_THAT(r.err, Not(HasSubstr("at least: try --budget")));
+  EXPECT_THAT(r.err, HasSubstr("nothing was run"));
+  const std::string flag = "try --host-budget ";
+  const size_t at = r.err.find(flag);
+  ASSERT_NE(at, std::string::npos) << r.err;
+  const std::vector<std::string> words =
+      absl::StrSplit(r.err.substr(at + flag.size()), ' ', absl::SkipEmpty());
+  // "N (X MiB) with --budget P% ..."
+  ASSERT_GE(words.size(), 6u) << r.err;
+  ASSERT_EQ(words[3], "with") << r.err;
+  ASSERT_EQ(words[4], "--budget") << r.err;
+  Result followed = Pebble(run + words[0] + " --budget " + words[5] + " --json");
+  ASSERT_EQ(followed.exit_code, 0) << followed.err;
+  EXPECT_EQ(ParseOrFail(followed.out)["feasible"], true);
 }
 
 TEST(CliRunTest, TraceIsChromeTraceJson) {

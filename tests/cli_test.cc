@@ -1,6 +1,7 @@
 // End-to-end tests of the pebble binary: exit codes, JSON on stdout, one-line
 // errors on stderr, files never overwritten without --force.
 
+#include <algorithm>
 #include <array>
 #include <cstdio>
 #include <filesystem>
@@ -8,8 +9,10 @@
 #include <regex>
 #include <set>
 #include <string>
+#include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -596,6 +599,55 @@ TEST(CliTest, AHostBudgetBrokenAtMinIsNamed) {
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_THAT(r.err, HasSubstr("pebble: the plan does not fit: host peak "));
   EXPECT_THAT(r.err, HasSubstr("exceeds the host budget of 1.00 KiB"));
+}
+
+// A plan refused for its host budget says which host budget takes it
+// (Note [Host-budget advice], scheduler/plan_api.cc), and that advice,
+// followed, fits; where the least-peak plan breaks the host budget too, no
+// byte budget alone is offered (it was "try --budget 100%", refused in
+// turn).
+TEST(CliTest, AHostBudgetRefusalAdvisesAHostBudgetThatFits) {
+  struct Case {
+    std::string plan, budget;
+    bool with_budget;  // the advice gives a byte budget with the host budget
+  };
+  const std::string sharded =
+      "plan --model mnist-cnn:batch=4 --optimizer adam:state=auto --ranks 2 --shard full "
+      "--policy swap --host-budget ";
+  const std::string on_host =
+      "plan --model mnist-cnn:batch=4 --optimizer adam:state=host --policy swap --host-budget ";
+  for (const Case& c : {Case{sharded + "2223892", "9000000", false},
+                        Case{on_host + "2000", "min", false},
+                        Case{on_host + "2000", "90%", true}}) {
+    SCOPED_TRACE(c.plan + " --budget " + c.budget);
+    Result refused = Pebble(c.plan + " --budget " + c.budget);
+    ASSERT_EQ(refused.exit_code, 1) << refused.err;
+    // "... --host-budget N (X), with which ..." or "--host-budget N (X) with --budget P%"
+    const size_t at = refused.err.rfind("--host-budget ");
+    ASSERT_NE(at, std::string::npos) << refused.err;
+    const std::vector<std::string> words =
+        absl::StrSplit(refused.err.substr(at), ' ', absl::SkipEmpty());
+    ASSERT_GE(words.size(), 7u) << refused.err;
+    const std::string host_budget = words[1];
+    ASSERT_FALSE(host_budget.empty());
+    EXPECT_TRUE(std::all_of(host_budget.begin(), host_budget.end(), ::isdigit)) << refused.err;
+    std::string budget = c.budget;
+    if (c.with_budget) {
+      ASSERT_EQ(words[4], "with") << refused.err;
+      ASSERT_EQ(words[5], "--budget") << refused.err;
+      budget = words[6];
+      EXPECT_THAT(refused.err, Not(HasSubstr("at least: try --budget")));
+    } else {
+      EXPECT_EQ(words[4], "with") << refused.err;
+      EXPECT_EQ(words[5], "which") << refused.err;
+    }
+    // (the plan's own --host-budget replaced by the advice's)
+    const std::string followed =
+        absl::StrCat(c.plan.substr(0, c.plan.rfind(' ') + 1), host_budget, " --budget ", budget,
+                     " --json");
+    Result fits = Pebble(followed);
+    EXPECT_EQ(fits.exit_code, 0) << followed << ": " << fits.err;
+  }
 }
 
 TEST(CliTest, RanksPlanTheGradientsAllReduces) {

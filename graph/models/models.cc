@@ -403,7 +403,8 @@ absl::StatusOr<Graph> BuildModel(const ModelSpec& spec, CostModel cost) {
       }
       step->max_grad_norm = *clip;
     }
-    if (step->updates == Tier::kAuto && step->state_home == Tier::kDevice) {
+    if (step->updates == Tier::kAuto && step->state_home == Tier::kDevice &&
+        step->keeps_state()) {
       return absl::InvalidArgumentError(absl::StrCat(
           "model '", spec.name, "': updates=auto with optimizer_state=device is not planned "
           "(give optimizer_state=host or auto)"));
