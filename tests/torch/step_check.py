@@ -2298,6 +2298,123 @@ def check_batch_norm_run_again(failures, device):
                    f"is not the call's: {list(workspace.values())}")
 
 
+class _ReadsAroundStatistics(torch.nn.Module):
+    """A loss that reads a batch norm's running mean before the batch norm and
+    after it (Note [Reads around running statistics] in _graph.py)."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.bn, self.b = torch.nn.Linear(8, 6), torch.nn.BatchNorm1d(6), \
+            torch.nn.Linear(6, 4)
+
+    def forward(self, x):
+        before = self.bn.running_mean * 1.0
+        h = self.bn(self.a(x))
+        return self.b(h + before + self.bn.running_mean)
+
+
+class _StatisticsThroughViews(torch.nn.Module):
+    """F.batch_norm on slices of registered buffers."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(8, 6), torch.nn.Linear(6, 4)
+        self.register_buffer("rm", torch.zeros(12))
+        self.register_buffer("rv", torch.ones(12))
+
+    def forward(self, x):
+        return self.b(torch.nn.functional.batch_norm(self.a(x), self.rm[:6], self.rv[6:],
+                                                     training=True, momentum=0.3))
+
+
+def check_running_statistics_read_in_order(failures, device):
+    """Note [Reads around running statistics]: a plan reads a batch norm's
+    running statistics on the side of its update that eager does, or is
+    refused naming the read; and calibration runs leave the buffers as they
+    were, also where the statistics are views of them. Before 2026-12-05:
+    nn.InstanceNorm2d(track_running_stats=True) kept the statistics one step
+    behind under dtr, greedy and dfs (the average of its repeated copy read
+    before the batch norm wrote it), a loss reading running_mean around its
+    batch norm was wrong under dfs, and F.batch_norm on buffer slices had the
+    buffers updated twice by calibration before the first step."""
+    nn = torch.nn
+    torch.manual_seed(3)
+    x, y = torch.randn(3, 3, 8, 8, device=device), torch.randint(0, 3, (3,), device=device)
+
+    def instance_norm():
+        return nn.Sequential(nn.Conv2d(3, 4, 3), nn.InstanceNorm2d(4, affine=True,
+                                                                   track_running_stats=True),
+                             nn.Flatten(2), nn.Linear(36, 5), nn.Flatten(), nn.Linear(20, 3))
+
+    x8, y4 = torch.randn(4, 8, device=device), torch.randint(0, 4, (4,), device=device)
+    cases = [("instance norm", instance_norm, x, y, ("dtr", "greedy", "dfs", "rotor"), "100%"),
+             ("reads around a batch norm", _ReadsAroundStatistics, x8, y4,
+              ("dfs", "checkmate", "dtr"), "min"),
+             ("statistics through views", _StatisticsThroughViews, x8, y4,
+              ("baseline", "dtr"), "100%")]
+    for name, make, inputs, target, policies, budget in cases:
+        for policy in policies:
+            for calibrate in (True, False):
+                label = f"{name}, {policy}, calibrate={calibrate}"
+                torch.manual_seed(0)
+                model = make().to(device).train()
+                twin = copy.deepcopy(model)
+                try:
+                    step = pt.train_step(model, nn.functional.cross_entropy, (inputs,), target,
+                                         policy=policy, budget=budget, calibrate=calibrate,
+                                         measure="never")
+                except pt.PlanError as e:
+                    failures.check("running statistics" in str(e) and "refuses" in str(e),
+                                   f"{label}: refused without naming the read: {e}")
+                    continue
+                failures.check(all(torch.equal(b, t) for b, t in
+                                   zip(model.buffers(), twin.buffers())),
+                               f"{label}: train_step changed the buffers before any step")
+                for k in range(2):
+                    model.zero_grad(set_to_none=True)
+                    twin.zero_grad(set_to_none=True)
+                    loss = step(inputs, target)
+                    want = nn.functional.cross_entropy(twin(inputs), target)
+                    want.backward()
+                    failures.check(relative_error(loss, want) <= 1e-5,
+                                   f"{label}: step {k}'s loss {loss.item()} is not eager's "
+                                   f"{want.item()}")
+                    for (bname, b), t in zip(model.named_buffers(), twin.buffers()):
+                        failures.check(relative_error(b, t) <= 1e-5,
+                                       f"{label}: step {k}'s buffer {bname} is not eager's")
+                    for (pname, p), q in zip(model.named_parameters(), twin.parameters()):
+                        failures.check(relative_error(p.grad, q.grad) <= 1e-5,
+                                       f"{label}: step {k}'s gradient of {pname} is not "
+                                       "eager's")
+
+
+def check_estimated_costs_warn(failures, device):
+    """calibrate=False estimates costs from sizes and measures nothing, the
+    kernels' temporaries included: a measured step above the prediction
+    warns, saying calibrate=True measures them (a small Conv2d net measured
+    565,008 bytes against 355,088 predicted, silently, until 2026-12-05)."""
+    nn = torch.nn
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 16, 3), nn.ReLU(), nn.Conv2d(16, 16, 3),
+                          nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(16, 3)).to(device)
+    x = torch.randn(2, 3, 32, 32, device=device)
+    y = torch.randint(0, 3, (2,), device=device)
+    for calibrate in (False, True):
+        step = pt.train_step(model, nn.functional.cross_entropy, (x,), y, policy="baseline",
+                             budget="100%", calibrate=calibrate, measure="first")
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            step(x, y)
+        model.zero_grad(set_to_none=True)
+        r = step.report
+        above = r["measured_peak_bytes"] > r["predicted_step_peak_bytes"]
+        warned = any("calibrate=True measures that" in str(w.message) for w in caught)
+        failures.check(warned == (above and not calibrate),
+                       f"estimated costs: calibrate={calibrate}, measured "
+                       f"{r['measured_peak_bytes']} B, predicted "
+                       f"{r['predicted_step_peak_bytes']} B, warned: {warned}")
+
+
 def check_call_kept_and_run_apart(failures, device):
     """A plan that computes a batch norm's outputs one after another in one
     place and one of them apart elsewhere measures what it predicts (Note [A
@@ -2471,6 +2588,8 @@ def main():
         check_no_garbage(failures, device)
         check_small_storages_exact(failures, device)
         check_batch_norm_run_again(failures, device)
+        check_running_statistics_read_in_order(failures, device)
+        check_estimated_costs_warn(failures, device)
         check_call_kept_and_run_apart(failures, device)
         check_siblings_fit_as_run(failures, device)
         check_leak_is_measured(failures, device)

@@ -44,7 +44,7 @@ from ._distributed import (GradientAverage, StepCollectives, agreed, any_rank, b
                            same_on_every_rank)
 from ._executor import (COMPUTE, FREE, REDUCE, CapturedValueMismatch, PlanExecutionError,
                         Program, draws_in_eager_order, generator_state_bytes,
-                        kept_siblings, statistics_remade)
+                        kept_siblings, statistics_read_out_of_order, statistics_remade)
 from ._graph import StepGraph
 from ._memory import AllocatorPeak, TensorMemory, allocated_where_profiled, measure, tensor_bytes
 from ._optimizer import OptimizerError, Updates, check_choices, state_dict_on_cpu
@@ -1258,16 +1258,19 @@ class _Variant:
         unordered = graph  # (the random calls' order left to the plan)
         budget_bytes = plan.budget_bytes
         fits = plan.feasible or self._fits_as_run(plan, graph, kwargs, budget_bytes)
-        if fits and not self._draws_in_eager_order(plan):
-            # Note [Random calls in eager's order]: the graph whose tokens
-            # order the random calls.
+        if fits and not self._in_eager_order(plan):
+            # Note [Random calls in eager's order], Note [Reads around running
+            # statistics]: the graph whose tokens order them.
             graph = self.graph
             plan = _policy_plan(graph, kwargs)
-            info["order"] = "planned with random calls ordered as eager draws them"
+            info["order"] = "planned with random calls and running statistics' reads " \
+                            "ordered as eager runs them"
             fits = plan.feasible or self._fits_as_run(plan, graph, kwargs, budget_bytes)
             if fits and not self._draws_in_eager_order(plan):
                 raise PlanError(f"internal: policy {plan.policy} computes random operators "
                                 "in another order than eager PyTorch draws them")
+            if fits:
+                self._refuse_statistics_read_out_of_order(plan)
         least_peak = None  # (a document has it where its plan does not fit)
         if not fits and str(options["budget"]).strip().lower() != "min":
             least_peak, least, least_graph = self._least_peak_plan(plan, graph, unordered, kwargs)
@@ -1277,6 +1280,7 @@ class _Variant:
                 info["budget_bytes"] = budget_bytes  # (the given one: the plan's is its peak)
         if fits:
             self._refuse_remade_statistics(plan)
+            self._refuse_statistics_read_out_of_order(plan)
         if not fits:
             if least_peak is None:  # (at "min", the plan's own peak: another limit broke)
                 least_peak = plan.document.get("least_peak_bytes", plan.report["peak_bytes"])
@@ -1315,7 +1319,7 @@ class _Variant:
             if candidate is graph:
                 peak = min(peak, plan.document["least_peak_bytes"])
                 fallback = peak
-            if self._draws_in_eager_order(least) and (found is None or peak < found[0]):
+            if self._in_eager_order(least) and (found is None or peak < found[0]):
                 found = (peak, least, candidate)
         return found if found is not None else (fallback, None, graph)
 
@@ -1402,6 +1406,36 @@ class _Variant:
             "would hold the old statistics, so pebble.torch refuses the plan. Give a budget "
             "or a policy that does not recompute it (best-order does not recompute), "
             "track_running_stats=False, or eval mode for that layer")
+
+    def _refuse_statistics_read_out_of_order(self, plan):
+        """PlanError where the plan reads a batch norm's running statistics on
+        the other side of its update than eager does
+        (statistics_read_out_of_order)."""
+        schedule = plan.schedule
+        if self.shards is not None:
+            schedule = self.shards.translate(schedule)
+        found = statistics_read_out_of_order(self.graph_nodes, schedule)
+        if found is None:
+            return
+        call, reader, side = found
+        raise PlanError(
+            f"policy {plan.policy} computes '{reader.id}', which reads the running statistics "
+            f"that {call.target} updates, {'after' if side == 'before' else 'before'} that "
+            f"update, where eager PyTorch reads them {side} it (a recomputation, or a read "
+            "moved across the batch norm): it would read other statistics, so pebble.torch "
+            "refuses the plan. Give a budget or a policy that does not recompute it "
+            "(best-order does not recompute), or read the statistics outside the step")
+
+    def _in_eager_order(self, plan):
+        """Whether the plan runs the random calls, and the reads of running
+        statistics, as eager does (Note [Random calls in eager's order],
+        Note [Reads around running statistics])."""
+        if not self._draws_in_eager_order(plan):
+            return False
+        schedule = plan.schedule
+        if self.shards is not None:
+            schedule = self.shards.translate(schedule)
+        return statistics_read_out_of_order(self.graph_nodes, schedule) is None
 
     def _draws_in_eager_order(self, plan):
         schedule = plan.schedule
@@ -1552,6 +1586,17 @@ class _Variant:
             r["measured_peak_bytes"] = meter.peak_bytes
             r["measured_by"] = meter.source
             r["measured_total_peak_bytes"] = meter.peak_bytes + self.persistent_bytes
+            predicted = r["predicted_step_peak_bytes"]
+            if meter.peak_bytes > predicted and self.calibration.source.startswith("estimated"):
+                # (estimated costs leave the kernels' temporaries out: the
+                # prediction, and a budget in percent of it, are too low)
+                warnings.warn(
+                    f"pebble.torch: the step of {type(self.step.model).__name__} peaked at "
+                    f"{meter.peak_bytes} bytes above its persistent tensors, above the "
+                    f"{predicted} bytes its plan predicted: its costs were "
+                    f"{self.calibration.source!r}, which leaves out what kernels allocate "
+                    "inside; calibrate=True measures that, and the plan then keeps to the "
+                    "budget", RuntimeWarning, stacklevel=3)
         return loss.detach()
 
     def _run_step(self, persistent):

@@ -212,7 +212,13 @@ def _fresh(persistent, graph):
     written = set()
     for node in graph.nodes:
         if node.updates_stats:
-            written.update(u.index for u in node.inputs if u.kind == "persistent")
+            for u in node.inputs:
+                # (statistics through a view of a buffer, F.batch_norm(x, rm[:6], ...),
+                # wrote the buffer itself at calibration until 2026-12-05)
+                while u.alias_of is not None:
+                    u = graph.nodes[u.alias_of]
+                if u.kind == "persistent":
+                    written.add(u.index)
     # An accumulate node adds into its parameter's .grad in place.
     written.update(grad.index for _, grad, _ in graph.accumulators)
     return {i: (t.clone() if i in written else t) for i, t in persistent.items()}

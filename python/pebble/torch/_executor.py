@@ -145,6 +145,35 @@ def draws_in_eager_order(graph, schedule):
     return all(position[a] < position[b] for a, b in zip(order, order[1:]))
 
 
+def statistics_read_out_of_order(graph, schedule):
+    """The first (batch norm call, reader, "before" or "after") where the
+    schedule computes a call that reads the batch norm's running statistics
+    before it in the trace at or after the batch norm's first run, or one
+    that reads them after it before that run; None where every read is on
+    its side (Note [Reads around running statistics] in _graph.py)."""
+    reads = graph.statistics_reads()
+    if not reads:
+        return None
+    first = {}  # node id -> index of its first compute
+    computes = {}  # node id -> indices of its computes
+    for i, (action, node_id, *_) in enumerate(schedule):
+        if action == "compute":
+            first.setdefault(node_id, i)
+            computes.setdefault(node_id, []).append(i)
+    for nodes, before, after in reads:
+        runs = [first[n.id] for n in nodes if n.id in first]
+        if not runs:
+            continue
+        ran = min(runs)
+        for reader in before:
+            if any(i > ran for i in computes.get(reader.id, [])):
+                return nodes[0].fx, reader, "before"
+        for reader in after:
+            if reader.id in first and first[reader.id] < ran:
+                return nodes[0].fx, reader, "after"
+    return None
+
+
 def statistics_remade(graph, schedule):
     """The first (batch norm call, temporary) where the schedule computes a
     temporary that a batch norm updates as running statistics after that

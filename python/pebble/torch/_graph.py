@@ -40,6 +40,22 @@ a chain policy (rotor, sqrtn) would cut apart, so the graph is planned
 without them first, and with them only where that plan draws out of order
 (document(order_tokens=...)).
 
+Note [Reads around running statistics]: a training batch norm writes its
+running statistics in place (PyTorch 1.13's schema does not say so), so a
+call that reads their storage (the buffers, a view of them, or the repeated
+copy that nn.InstanceNorm with track_running_stats updates and then
+averages back) sees another value before the batch norm than after it. The
+graph's edges do not say which: a plan that put such a read on the other
+side of the batch norm silently gave other statistics or another loss
+(InstanceNorm's stayed one step behind under dtr, rotor, greedy; a loss
+reading running_mean before and after its batch norm was wrong under dfs,
+exact, checkmate), until 2026-12-05. Tokens of no bytes order them as the
+trace does: a read before the batch norm is read by it through a token,
+and one after reads the batch norm's token. They are order tokens, planned
+as Note [Random calls in eager's order] says; a plan that still reads them
+on the wrong side (a read recomputed after the batch norm) is refused
+(statistics_read_in_order, _executor.py).
+
 Note [Calls kept for their effects]: eager PyTorch runs every call of the
 forward, also those whose values the loss does not read (an auxiliary head
 left out of the loss, a diagnostic output). Most are pure, and the step
@@ -316,6 +332,7 @@ class StepGraph:
         self._accumulators()
         self._keep_effects()
         self._order_random_calls()
+        self._order_statistics_reads()
         self._roles()
         self._ids()
         if self.round_to > 1:
@@ -605,6 +622,66 @@ class StepGraph:
             for node in by_call[b.group or b.fx]:
                 node.inputs = node.inputs + [token]  # siblings may share one list
         self._place(after)
+
+    def statistics_reads(self):
+        """Note [Reads around running statistics]: per training batch norm
+        call that updates running statistics, (its nodes, the calls that
+        read those statistics' storage before it in the trace, those that
+        read it after), each call as its first node; only where one reads
+        them."""
+        position = {n: i for i, n in enumerate(self.gm.graph.nodes)}
+
+        def root(node):
+            while node.alias_of is not None:
+                node = self.nodes[node.alias_of]
+            return node.index
+
+        by_call = {}
+        for node in self.nodes:
+            if node.kind in ("op", "view") and node.updates_stats:
+                by_call.setdefault(node.fx, []).append(node)
+        found = []
+        for call, nodes in by_call.items():
+            roots = {root(self._ref(a)) for a in call.args[3:5] if isinstance(a, torch.fx.Node)}
+            before, after, seen = [], [], set()
+            for node in self.nodes:
+                if node.kind != "op" or node.fx is call or node.index in roots or \
+                        node.fx in seen or \
+                        not any(u.kind != "order" and root(u) in roots for u in node.inputs):
+                    continue
+                seen.add(node.fx)
+                (before if position[node.fx] < position[call] else after).append(node)
+            if before or after:
+                found.append((nodes, before, after))
+        return found
+
+    def _order_statistics_reads(self):
+        """Note [Reads around running statistics]: order tokens that make a
+        call reading a batch norm's running statistics before it in the
+        trace run before it, and one reading them after run after it."""
+        after = {}
+
+        def token_after(node):
+            if node.index not in after:
+                token = Node(-1, f"order:{node.id}:statistics", "order")
+                token.inputs = [node]
+                token.fx = node.fx
+                after[node.index] = token
+            return after[node.index]
+
+        for nodes, before, later in self.statistics_reads():
+            for reader in before:
+                token = token_after(reader)
+                for node in nodes:
+                    node.inputs = node.inputs + [token]  # siblings may share one list
+            if later:
+                token = token_after(nodes[0])
+                for reader in later:
+                    for node in self.nodes:
+                        if node.fx is reader.fx and node.kind == "op":
+                            node.inputs = node.inputs + [token]
+        if after:
+            self._place(after)
 
     def _place(self, after):
         """self.nodes with the nodes of `after` (node index -> a node that
