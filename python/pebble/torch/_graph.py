@@ -54,7 +54,7 @@ trace does: a read before the batch norm is read by it through a token,
 and one after reads the batch norm's token. They are order tokens, planned
 as Note [Random calls in eager's order] says; a plan that still reads them
 on the wrong side (a read recomputed after the batch norm) is refused
-(statistics_read_in_order, _executor.py).
+(statistics_read_out_of_order, _executor.py).
 
 Note [Calls kept for their effects]: eager PyTorch runs every call of the
 forward, also those whose values the loss does not read (an auxiliary head
@@ -628,7 +628,9 @@ class StepGraph:
         call that updates running statistics, (its nodes, the calls that
         read those statistics' storage before it in the trace, those that
         read it after), each call as its first node; only where one reads
-        them."""
+        them. Found once (the nodes it names stay as tokens are placed)."""
+        if getattr(self, "_statistics_reads", None) is not None:
+            return self._statistics_reads
         position = {n: i for i, n in enumerate(self.gm.graph.nodes)}
 
         def root(node):
@@ -653,6 +655,7 @@ class StepGraph:
                 (before if position[node.fx] < position[call] else after).append(node)
             if before or after:
                 found.append((nodes, before, after))
+        self._statistics_reads = found
         return found
 
     def _order_statistics_reads(self):
