@@ -1269,8 +1269,6 @@ class _Variant:
             if fits and not self._draws_in_eager_order(plan):
                 raise PlanError(f"internal: policy {plan.policy} computes random operators "
                                 "in another order than eager PyTorch draws them")
-            if fits:
-                self._refuse_statistics_read_out_of_order(plan)
         least_peak = None  # (a document has it where its plan does not fit)
         if not fits and str(options["budget"]).strip().lower() != "min":
             least_peak, least, least_graph = self._least_peak_plan(plan, graph, unordered, kwargs)
@@ -1392,10 +1390,7 @@ class _Variant:
     def _refuse_remade_statistics(self, plan):
         """PlanError where the plan remakes the operand through which a batch
         norm updates running statistics, after it (statistics_remade)."""
-        schedule = plan.schedule
-        if self.shards is not None:
-            schedule = self.shards.translate(schedule)
-        found = statistics_remade(self.graph_nodes, schedule)
+        found = statistics_remade(self.graph_nodes, self._graph_schedule(plan))
         if found is None:
             return
         call, operand = found
@@ -1411,10 +1406,7 @@ class _Variant:
         """PlanError where the plan reads a batch norm's running statistics on
         the other side of its update than eager does
         (statistics_read_out_of_order)."""
-        schedule = plan.schedule
-        if self.shards is not None:
-            schedule = self.shards.translate(schedule)
-        found = statistics_read_out_of_order(self.graph_nodes, schedule)
+        found = statistics_read_out_of_order(self.graph_nodes, self._graph_schedule(plan))
         if found is None:
             return
         call, reader, side = found
@@ -1430,18 +1422,19 @@ class _Variant:
         """Whether the plan runs the random calls, and the reads of running
         statistics, as eager does (Note [Random calls in eager's order],
         Note [Reads around running statistics])."""
-        if not self._draws_in_eager_order(plan):
-            return False
-        schedule = plan.schedule
-        if self.shards is not None:
-            schedule = self.shards.translate(schedule)
-        return statistics_read_out_of_order(self.graph_nodes, schedule) is None
+        schedule = self._graph_schedule(plan)
+        return draws_in_eager_order(self.graph_nodes, schedule) and \
+            statistics_read_out_of_order(self.graph_nodes, schedule) is None
 
     def _draws_in_eager_order(self, plan):
-        schedule = plan.schedule
-        if self.shards is not None:
-            schedule = self.shards.translate(schedule)
-        return draws_in_eager_order(self.graph_nodes, schedule)
+        return draws_in_eager_order(self.graph_nodes, self._graph_schedule(plan))
+
+    def _graph_schedule(self, plan):
+        """`plan`'s schedule in the captured graph's node ids (a sharded
+        plan's translated)."""
+        if self.shards is None:
+            return plan.schedule
+        return self.shards.translate(plan.schedule)
 
     def _does_not_fit(self, plan, options, info, least_peak):
         """Why `plan` does not fit, with the least peak its policy reaches
