@@ -1496,6 +1496,35 @@ def check_short_wait(torch, pt, dist, rank, ranks):
     return failures
 
 
+def check_parameter_held_in_a_list(torch, pt, dist):
+    """A module that also holds a parameter in a list of its own reads it
+    there as the real shard, which a sharded step's fake trace refuses: the
+    refusal names the parameter and the list (until 2026-12-05 it gave
+    PyTorch's message, cut off in the tensor's values, and advice to try the
+    step unsharded, which trains)."""
+    nn, F = torch.nn, torch.nn.functional
+
+    class ListAlias(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = nn.Linear(16, 8), nn.Linear(8, 5)
+            self.ws = [self.b.weight]
+
+        def forward(self, x):
+            return F.linear(torch.tanh(self.a(x)), self.ws[0], self.b.bias)
+
+    model = ListAlias()
+    try:
+        pt.train_step(model, F.cross_entropy, (torch.randn(4, 16),), torch.randint(0, 5, (4,)),
+                      optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+                      process_group=dist.group.WORLD, shard="full")
+        return ["a parameter held in a list: the sharded step was not refused"]
+    except pt.CaptureError as e:
+        needle = "holds 'b.weight' in its list 'ws'"
+        return [] if needle in str(e) and "Parameter containing" not in str(e) else \
+            [f"a parameter held in a list: refused with '{e}', not '{needle}'"]
+
+
 def check_refusal_of_one_rank(torch, pt, dist, rank, ranks):
     """A step that refuses its calls on one rank alone (as after a failure
     there, the ranks' collectives in step) makes every rank refuse the call
@@ -1815,6 +1844,7 @@ def checks(torch, pt, dist, rank, ranks):
             except error as e:
                 if needle not in str(e):
                     failures.append(f"{kwargs}: refused with '{e}', not '{needle}'")
+        failures += check_parameter_held_in_a_list(torch, pt, dist)
     for kind, updates in ((("sgd", "device"), ("sgd", "host"), ("adam", "device"),
                            ("adam", "host")) if every else (("sgd", "device"), ("adam", "host"))):
         failures += check_training(torch, pt, dist, rank, ranks, kind, updates)

@@ -1726,6 +1726,35 @@ def check_no_garbage(failures, device):
     failures.check(found == 0, f"a step left {found} objects in reference cycles")
 
 
+def check_captures_freed(failures, device):
+    """A step deleted leaves nothing of its captures alive: no graph module,
+    no fake mode (PyTorch 1.13's traces left a proxy slot in each traced
+    value, and one that autograd held from C++ kept the whole trace alive
+    for the life of the process, real tensors with it where the trace ran
+    real, until 2026-12-05)."""
+    nn = torch.nn
+
+    def traces_alive():
+        gc.collect()
+        return sum(1 for o in gc.get_objects()
+                   if isinstance(o, torch.fx.GraphModule) or type(o).__name__ == "FakeTensorMode")
+
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 8, 8, device=device)
+    y = torch.randint(0, 4, (2,), device=device)
+    for layout in (torch.contiguous_format, torch.channels_last):  # traced fake, then real
+        model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU(), nn.Flatten(),
+                              nn.Linear(8 * 6 * 6, 4)).to(device, memory_format=layout)
+        before = traces_alive()
+        step = pt.train_step(model, nn.functional.cross_entropy, (x,), y, policy="dtr",
+                             budget="min")
+        step(x, y)
+        del step
+        left = traces_alive() - before
+        failures.check(left <= 0, f"a deleted step ({layout}) left {left} graph modules and "
+                       "fake modes of its capture alive")
+
+
 def check_leak_is_measured(failures, device):
     """measured_peak_bytes is the allocator's, not the plan's: a tensor leaked
     during the step (kept by a hook around each call) must show in it."""
@@ -2415,6 +2444,59 @@ def check_estimated_costs_warn(failures, device):
                        f"{r['predicted_step_peak_bytes']} B, warned: {warned}")
 
 
+def check_collector_paused_while_measured(failures, device):
+    """pebble.torch runs no full garbage collection to measure its own runs
+    (one cost 0.1 to 0.5 s, at every capture, and on a GPU at every step:
+    Note [The collector paused] in _memory.py), and the collector does not
+    run inside a measured step (it would free garbage made before the step
+    and lower the measured peak below what the step held)."""
+    nn = torch.nn
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 4)).to(device)
+    x = torch.randn(8, 32, device=device)
+    y = torch.randint(0, 4, (8,), device=device)
+    full_collections = []
+    collect = gc.collect
+    gc.collect = lambda *a: full_collections.append(1) or collect(*a)
+    try:
+        step = pt.train_step(model, nn.functional.cross_entropy, (x,), y, policy="dtr",
+                             budget="min", measure="always")
+        at_capture = len(full_collections)
+        del full_collections[:]
+        collections = []  # (phase) of each collection the collector ran
+        inside = []       # collections counted at each call of the step
+        callback = lambda phase, info: collections.append(phase)  # noqa: E731
+
+        def hook(node, run):
+            before = len(collections)
+            value = run()
+            inside.append(len(collections) - before)
+            return value
+
+        step(x, y)  # (captured and planned: the next call runs the program alone)
+        model.zero_grad(set_to_none=True)  # (the same call again: the same plan)
+        step._variant.program.call_hook = hook
+        threshold = gc.get_threshold()
+        gc.set_threshold(1, 1, 1)  # the collector would run at almost every allocation
+        gc.callbacks.append(callback)
+        try:
+            step(x, y)
+        finally:
+            gc.callbacks.remove(callback)
+            gc.set_threshold(*threshold)
+            step._variant.program.call_hook = None
+    finally:
+        gc.collect = collect
+    failures.check(at_capture == 0 or device == "cuda",
+                   f"the capture ran {at_capture} full garbage collections")
+    failures.check(not full_collections,
+                   f"two measured steps ran {len(full_collections)} full garbage collections")
+    failures.check(inside and not any(inside),
+                   f"the collector ran {sum(inside)} times inside a measured step's calls "
+                   f"({len(inside)} calls)")
+    failures.check(gc.isenabled(), "the collector stayed off after the step")
+
+
 def check_call_kept_and_run_apart(failures, device):
     """A plan that computes a batch norm's outputs one after another in one
     place and one of them apart elsewhere measures what it predicts (Note [A
@@ -2586,10 +2668,12 @@ def main():
         check_names_like_calls(failures, device)
         check_accumulation(failures, device)
         check_no_garbage(failures, device)
+        check_captures_freed(failures, device)
         check_small_storages_exact(failures, device)
         check_batch_norm_run_again(failures, device)
         check_running_statistics_read_in_order(failures, device)
         check_estimated_costs_warn(failures, device)
+        check_collector_paused_while_measured(failures, device)
         check_call_kept_and_run_apart(failures, device)
         check_siblings_fit_as_run(failures, device)
         check_leak_is_measured(failures, device)

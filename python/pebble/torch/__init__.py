@@ -1558,7 +1558,8 @@ class _Variant:
         # The plan fixed every tensor's dtype: autocast stays off inside the step.
         with torch.no_grad(), torch.autocast(self.device.type, enabled=False):
             if measured:
-                with AllocatorPeak(self.device) as meter:
+                # (the collector paused, not run: Note [The collector paused])
+                with AllocatorPeak(self.device, collect=False) as meter:
                     result = self._run_step(persistent)
             else:
                 result = self._run_step(persistent)

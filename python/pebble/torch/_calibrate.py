@@ -27,7 +27,7 @@ import torch
 from ._capture import _first_line, _rng_kept
 from ._compat import storage_bytes
 from ._executor import Program
-from ._memory import AllocatorPeak, CpuMemoryEvents, round_up
+from ._memory import AllocatorPeak, CpuMemoryEvents, collector_paused, round_up
 
 
 class Calibration:
@@ -66,6 +66,11 @@ def calibrate(graph, device, persistent):
     """Costs and temporaries of `graph`'s nodes on `device` (set on the nodes:
     Node.temporary_bytes), and the unplanned step's measured peak."""
     start = time.perf_counter()
+    if device.type == "cuda":
+        # What garbage holds on a GPU counts against the memory the runs
+        # need; on the CPU it is left to the collector (Note [The collector
+        # paused] in _memory.py).
+        gc.collect()
     result = Calibration()
     program = Program(graph, unplanned_schedule(graph), device)
     try:
@@ -94,7 +99,7 @@ def _time_and_measure(graph, program, persistent, device, step_peak):
             _measure_temporaries(graph, program, persistent, device)
             if step_peak:
                 fresh = _fresh(persistent, graph)  # (outside the peak: see _fresh)
-                with AllocatorPeak(device) as meter:
+                with AllocatorPeak(device, collect=False) as meter:
                     run = program.run(fresh)
                     del run
                 del fresh
@@ -247,7 +252,6 @@ def _measure_temporaries(graph, program, persistent, device):
         return value
 
     program.call_hook = on_call
-    gc.collect()  # once: a step's runs make no garbage (they hold no cycles)
     try:
         run = program.run(_fresh(persistent, graph))
         del run
@@ -331,9 +335,10 @@ def _measure_on_cpu(graph, program, persistent):
 
     program.call_hook = on_call
     fresh = _fresh(persistent, graph)  # (outside the peak: see _fresh)
-    gc.collect()  # garbage made before must not be freed inside (see AllocatorPeak)
     try:
-        with CpuMemoryEvents() as events:
+        # (garbage made before must not be freed inside: Note [The
+        # collector paused] in _memory.py)
+        with collector_paused(), CpuMemoryEvents() as events:
             run = program.run(fresh)
             del run
     finally:

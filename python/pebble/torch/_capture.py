@@ -30,6 +30,7 @@ import warnings
 import weakref
 
 import torch
+from torch.utils._pytree import tree_flatten
 
 from ._collective_ops import hold_divisors, mean_over_ranks
 from ._compat import (FakeTensor, FakeTensorMode, forget_traces, functional_call,
@@ -1302,9 +1303,15 @@ def _refuse_untraced(model, loss_fn, slots, flat, device, failure, sharded):
     if sharded:
         # (no eager run to tell the user's own error apart: no rank holds the
         # parameters whole)
+        said = f"{type(e).__name__}: {_first_line(e)}"
+        if _REAL_IN_FAKE in said:
+            raise CaptureError(f"{where} cannot be traced by PyTorch with fake tensors "
+                               "(make_fx), which a sharded step needs (its parameters are "
+                               f"shards): {said.split('(*(')[0]}{_real_tensor_hint(model)}") \
+                from e
         raise CaptureError(f"{where} cannot be traced by PyTorch with fake tensors (make_fx), "
                            "which a sharded step needs (its parameters are shards): "
-                           f"{type(e).__name__}: {_first_line(e)}{_trace_hint(e, model, where)}"
+                           f"{said}{_trace_hint(e, model, where)}"
                            " (where the module or the loss fails on these inputs without "
                            "pebble too, this is that error: the same step unsharded says "
                            "which)") from e
@@ -1330,6 +1337,38 @@ def _refuse_untraced(model, loss_fn, slots, flat, device, failure, sharded):
 # How PyTorch 1.13 (the first) and 2.x say that a trace read a tensor's value.
 _DATA_DEPENDENT = ("get value out of a tracing tensor", "data-dependent", "data dependent",
                    "_local_scalar_dense", "DataDependent")
+
+
+# How PyTorch (1.13 and 2.x) refuses a real tensor in a trace of fake ones.
+_REAL_IN_FAKE = "non-Fake Tensor inputs in FakeTensorMode"
+
+
+def _real_tensor_hint(model):
+    """Why a real tensor reached a sharded step's fake trace: a parameter or
+    buffer that a module also holds in a list, tuple or dict of its own
+    (the trace stands in for each where the module registers it, so the
+    container hands the trace the real tensor, a shard), else a tensor made
+    outside the step."""
+    registered = {}
+    for name, t in list(model.named_parameters()) + list(model.named_buffers()):
+        registered.setdefault(id(t), name)
+    for module_name, module in model.named_modules():
+        for attribute, value in vars(module).items():
+            if attribute.startswith("_") or not isinstance(value, (list, tuple, dict)):
+                continue
+            items = value.values() if isinstance(value, dict) else value
+            for t in items:
+                if isinstance(t, torch.Tensor) and id(t) in registered:
+                    return (f" (module {_module_label(module_name, module)} holds "
+                            f"'{registered[id(t)]}' in its {type(value).__name__} "
+                            f"'{attribute}', outside its parameters and buffers: the trace "
+                            "stands in for each parameter where its module registers it, so "
+                            "the copy held there reaches it as the real shard. Read it through "
+                            f"its module (self.{registered[id(t)]}), or hold it in an "
+                            "nn.ParameterList or nn.ParameterDict)")
+    return (" (a tensor made outside the step, neither a parameter or buffer of the module "
+            "nor one of its inputs, reached the trace: pass it as an input, or register it "
+            "as a buffer)")
 
 
 # How PyTorch 1.13 refuses the legacy constructor torch.Tensor([...]) in a trace.
@@ -1631,9 +1670,20 @@ def _make_fx(fn, mode, flat, fake_mode):
     """make_fx(fn, tracing_mode=mode)(*flat), or, with `fake_mode` (flat its
     fakes: Note [Stand-ins for sharded parameters]), a trace inside it."""
     if fake_mode is None:
-        return make_fx(fn, tracing_mode=mode)(*flat)
-    with fake_mode:
-        return make_fx(fn, tracing_mode="real")(*flat)
+        gm = make_fx(fn, tracing_mode=mode)(*flat)
+    else:
+        with fake_mode:
+            gm = make_fx(fn, tracing_mode="real")(*flat)
+    # PyTorch 1.13 leaves a proxy slot in each value the trace made (the
+    # values its graph's nodes keep): proxy, tracer, graph. A value that
+    # autograd's graph still holds from C++ is out of the collector's sight,
+    # and with its slot it kept the whole trace alive, fake mode and graph
+    # (800 objects for a 3-layer MLP, each later full collection slower;
+    # real tensors where the trace ran real) for the life of the process,
+    # until 2026-12-05.
+    forget_traces(v for node in gm.graph.nodes
+                  for v in tree_flatten(node.meta.get("val"))[0])
+    return gm
 
 
 @contextlib.contextmanager

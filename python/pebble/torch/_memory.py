@@ -14,6 +14,7 @@ kernel temporaries. It is the fallback where the profiler gives no memory
 events.
 """
 
+import contextlib
 import gc
 import time
 import weakref
@@ -31,8 +32,10 @@ class AllocatorPeak:
     "profiler", or "tensors" where the profiler recorded no memory events)."""
 
     def __init__(self, device, collect=True):
-        """collect: run the garbage collector first (see __enter__); a caller
-        that measures many small blocks in a row collects once itself."""
+        """collect: run the garbage collector first, for code that may make
+        cyclic garbage (eager code: measure()). False: the collector is
+        paused inside the block instead, for pebble's own runs, which make
+        none (Note [The collector paused])."""
         self.device = torch.device(device)
         if self.device.type not in ("cpu", "cuda"):
             raise ValueError(f"device {str(self.device)!r}: pebble.torch measures the memory of "
@@ -47,35 +50,53 @@ class AllocatorPeak:
 
     def __enter__(self):
         # Garbage made before the block must not be freed inside it: on the
-        # CPU a free of a block allocated before the profiler began would
+        # CPU a free of a block allocated in an earlier profiled block would
         # lower the running sum below the level at entry.
         if self.collect:
             gc.collect()
+        else:
+            self._paused = collector_paused()
+            self._paused.__enter__()
+        try:
+            self._start_counting()
+        except BaseException:
+            if not self.collect:
+                self._paused.__exit__(None, None, None)
+            raise
+        return self
+
+    def _start_counting(self):
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
             self._start = torch.cuda.memory_allocated(self.device)
             torch.cuda.reset_peak_memory_stats(self.device)
-            return self
-        if torch.autograd._profiler_enabled():
+        elif torch.autograd._profiler_enabled():
             # One profiler at a time: inside another's block, count tensors.
             self._tensors = TensorMemory()
             self._tensors.__enter__()
-            return self
-        self._profiler = CpuMemoryEvents()
-        self._profiler.__enter__()
-        return self
+        else:
+            self._profiler = CpuMemoryEvents()
+            self._profiler.__enter__()
 
     def __exit__(self, *exc):
+        try:
+            self._read(exc)
+        finally:
+            if not self.collect:
+                self._paused.__exit__(*exc)
+        return False
+
+    def _read(self, exc):
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
             self.peak_bytes = max(0, torch.cuda.max_memory_allocated(self.device) - self._start)
             self.source = "cuda allocator"
-            return False
+            return
         if self._tensors is not None:
             self._tensors.__exit__(*exc)
             self.peak_bytes = self._tensors.peak_bytes
             self.source = "tensors (inside another profiler)"
-            return False
+            return
         self._profiler.__exit__(*exc)
         if exc[0] is None:
             level = peak = 0
@@ -84,7 +105,31 @@ class AllocatorPeak:
                 peak = max(peak, level)
             self.peak_bytes = peak
             self.source = "profiler"
-        return False
+
+
+# Note [The collector paused]: a measured block must not free garbage made
+# before it (above), and a full collection first (gc.collect) costs 0.1 s in
+# a process that has just imported torch and grows with what the process
+# holds: 0.4 s a call in a test process, more than the small steps it
+# measured, at every capture and, on a GPU, where every step is measured, at
+# every step. pebble's own runs (a calibration's, a step's program) make no
+# cyclic garbage: the collector is paused inside them instead, and what was
+# garbage before is collected after, at the collector's leisure. Eager code
+# (measure()) may make cyclic garbage that eager PyTorch would collect as it
+# runs: there the collector runs first and stays on.
+
+
+@contextlib.contextmanager
+def collector_paused():
+    """The cyclic garbage collector held off inside the block (as it was
+    after it): Note [The collector paused]."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def allocated_where_profiled(tensors):

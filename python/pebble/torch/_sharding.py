@@ -96,7 +96,6 @@ for sharded parameters] in _capture.py, Note [Calibrating a sharded step]).
 """
 
 import contextlib
-import gc
 import json
 import math
 import time
@@ -769,7 +768,6 @@ def _clip_workspaces(shards, names, p, max_norm):
             del out, operands
         return measured[key]
 
-    gc.collect()  # (once: AllocatorPeak leaves it to the caller)
     out = {}
     for name in names:
         dtype, numel = shards.params[name].dtype, shards.shard_numel(name)
