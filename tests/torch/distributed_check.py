@@ -174,7 +174,8 @@ def optimizer(torch, kind, params):
 
 def make_transposed_model(torch):
     """A linear layer read through a transposed view: its weight's gradient
-    comes out transposed (not contiguous), and stays so in .grad."""
+    comes out transposed (not contiguous); a new .grad is a contiguous copy
+    of it, as eager's, and a kept .grad has it added in as it is."""
     nn = torch.nn
 
     class TransposedInput(nn.Module):
@@ -1818,8 +1819,8 @@ def checks(torch, pt, dist, rank, ranks):
     every = ranks <= 2  # (more ranks: what the number of ranks changes; module docstring)
     failures = check_short_wait(torch, pt, dist, rank, ranks)
     failures += check_gradients(torch, pt, dist, rank, ranks)
-    # A transposed gradient, added to a transposed .grad at the second step:
-    # all-reduced through its storage, in place.
+    # A transposed gradient, all-reduced through its storage, in place; at the
+    # second step added into the .grad of the first.
     failures += check_gradients(torch, pt, dist, rank, ranks, make_transposed_model)
     failures += check_shared_storage(torch, pt, dist, rank, ranks)
     for cap in ("25MiB", "100B") if every else ():  # both views in one bucket's copy, then

@@ -930,6 +930,124 @@ def host_refusals(torch, pt, device):
     return failures
 
 
+def gradients_as_eager_keeps_them(torch, pt, device):
+    """Gradients that autograd's .grad takes apart from the backward's
+    tensor (Note [A gradient as .grad] in _capture.py) train as eager:
+    one tensor the gradient of two parameters (the weight read as
+    base + delta: delta was never updated), an expanded one (a parameter read
+    only through its sum: its .grad of stride 0 failed the next step's
+    accumulation), a transposed one (a linear layer read through a
+    transposed input); each .grad laid out as eager's, apart from every
+    other; clipped where a 0-dim float32 parameter meets float64 ones (its
+    clipped gradient came out float64, which .grad refused). Parameters
+    that share memory are refused with updates or parameters on the host,
+    where they trained wrong; views of one buffer that do not overlap are
+    not. SGD's dampening without momentum (which SGD does not read) is not
+    refused."""
+    nn, F = torch.nn, torch.nn.functional
+    failures = []
+
+    class Odd(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.out = nn.Linear(4, 5)
+            self.r = nn.Parameter(torch.randn(2, 3))
+            self.base = nn.Parameter(torch.randn(5, 4))
+            self.delta = nn.Parameter(torch.zeros(5, 4))
+
+        def forward(self, x):
+            grid = x.view(-1, 4, 4)
+            return self.out(grid.transpose(1, 2)).mean(1) + self.r.sum() + \
+                F.linear(grid[:, 1], self.base + self.delta)
+
+    class Temperature(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.body = nn.Linear(16, 5).double()
+            self.temperature = nn.Parameter(torch.tensor(0.7))
+
+        def forward(self, x):
+            return self.body(x.double()).float() / self.temperature
+
+    torch.manual_seed(0)
+    x = torch.randn(6, 16, device=device)
+    y = torch.randint(0, 5, (6,), device=device)
+    for make, what, kwargs in ((Odd, "shared, expanded and transposed gradients", {}),
+                               (Odd, "the same, accumulated", {"accumulate": True}),
+                               (Temperature, "a 0-dim float32 parameter beside float64 ones, "
+                                "clipped", {"max_grad_norm": 0.1})):
+        for opt_kind in ("sgd", "adam"):
+            model = make().to(device)
+            planned, eager = copy.deepcopy(model), copy.deepcopy(model)
+
+            def make_opt(params):
+                return (torch.optim.SGD(params, lr=0.1, momentum=0.9) if opt_kind == "sgd"
+                        else torch.optim.Adam(params, lr=0.01))
+            opt, eager_opt = make_opt(planned.parameters()), make_opt(eager.parameters())
+            accumulate = kwargs.get("accumulate", False)
+            clip = kwargs.get("max_grad_norm")
+            step = pt.train_step(planned, F.cross_entropy, (x,), y, optimizer=opt,
+                                 **({"max_grad_norm": clip} if clip else {}))
+            label = f"{what} ({opt_kind})"
+            try:
+                for k in range(3):
+                    if accumulate:  # (1.13's zero_grad(): zeros kept, added into)
+                        for p in planned.parameters():
+                            p.grad = torch.zeros_like(p) if p.grad is None else p.grad.zero_()
+                    else:
+                        opt.zero_grad(set_to_none=True)
+                    eager_opt.zero_grad(set_to_none=not accumulate)
+                    step(x, y)
+                    F.cross_entropy(eager(x), y).backward()
+                    if clip:
+                        nn.utils.clip_grad_norm_(eager.parameters(), clip)
+                    eager_opt.step()
+            except RuntimeError as e:
+                failures.append(f"{label}: {type(e).__name__}: {e}")
+                continue
+            for (name, p), q in zip(planned.named_parameters(), eager.parameters()):
+                if not torch.allclose(p, q, rtol=1e-5, atol=1e-6):
+                    failures.append(f"{label}: parameter '{name}' differs from eager's by "
+                                    f"{(p - q).abs().max().item():.3g}")
+                if p.grad is None or p.grad.stride() != q.grad.stride() or \
+                        p.grad.dtype != q.grad.dtype:
+                    failures.append(f"{label}: '{name}'.grad is "
+                                    f"{None if p.grad is None else (p.grad.stride(), p.grad.dtype)}"
+                                    f", eager's {(q.grad.stride(), q.grad.dtype)}")
+            pointers = [p.grad.data_ptr() for p in planned.parameters() if p.grad is not None]
+            if len(set(pointers)) != len(pointers):
+                failures.append(f"{label}: two parameters share one .grad")
+
+    base = nn.Sequential(nn.Linear(4, 6), nn.Tanh(), nn.Linear(6, 2)).to(device)
+    xs = torch.randn(3, 4, device=device)
+    ys = torch.randint(0, 2, (3,), device=device)
+    same = copy.deepcopy(base)
+    same.extra = nn.Parameter(same[0].weight.data)  # (read below through the module's own)
+    flat = copy.deepcopy(base)
+    buffer = torch.cat([p.detach().flatten() for p in flat.parameters()])
+    offset = 0
+    for p in flat.parameters():
+        p.data = buffer[offset:offset + p.numel()].view_as(p)
+        offset += p.numel()
+    for net, option, needle in ((same, "optimizer_updates", "share memory"),
+                                (same, "optimizer_parameters", "share memory"),
+                                (flat, "optimizer_parameters", None)):
+        try:
+            pt.train_step(net, F.cross_entropy, (xs,), ys,
+                          optimizer=torch.optim.SGD(net.parameters(), lr=0.1),
+                          allow_cpu_offload=True, calibrate=False, **{option: "host"})
+            if needle is not None:
+                failures.append(f"parameters sharing memory with {option}='host' were not "
+                                "refused")
+        except pt.OptimizerError as e:
+            if needle is None or needle not in str(e):
+                failures.append(f"{option}='host' refused with '{e}', not '{needle}'")
+    if not trains_as_eager(torch, pt, base, xs, ys,
+                           lambda ps: torch.optim.SGD(ps, lr=0.1, dampening=0.5)):
+        failures.append("SGD with dampening and no momentum does not train as eager")
+    return failures
+
+
 # Parameters that live on the host between steps (optimizer_parameters):
 # (model, optimizer, policy, budget, state, updates, parameters).
 STREAMED = [
@@ -1330,6 +1448,7 @@ def main():
     failures += streamed_parameters(torch, pt, device, args.steps)
     failures += refusals(torch, pt, device)
     failures += host_refusals(torch, pt, device)
+    failures += gradients_as_eager_keeps_them(torch, pt, device)
     failures += advice_with_parameters_on_the_host(torch, pt, device)
     failures += optimizers_as_configs_make_them(torch, pt, device)
     failures += failure_midstep(torch, pt, device)

@@ -1015,7 +1015,8 @@ class _Capture:
                        norm_type=(step.updates.grad_norm_type if step.updates is not None
                                   else 2.0),
                        ranks=_world_size(step.process_group)
-                       if step.process_group is not None and shards is None else 1)
+                       if step.process_group is not None and shards is None else 1,
+                       accumulating=key[1])
         values, self.shapes_from = propagate(traced, self.device, fake=mode != "real")
         self.traced_with = traced.mode
         self.nodes = StepGraph(traced, values, accumulate=_slot_ids(traced, key[1]),

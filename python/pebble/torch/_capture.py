@@ -853,12 +853,16 @@ def _named_state(slots, tensors):
 
 
 def _step_function(model, loss_fn, slots, grad_found, max_grad_norm=None, norm_type=2.0,
-                   ranks=1):
+                   ranks=1, accumulating=()):
     """f(*slot tensors) -> [loss, gradient, ...] of the module's step, the
     gradients clipped to a total `norm_type`-norm of `max_grad_norm` where
     given, and then their norm before clipping last. Clipped on `ranks`
     ranks (more than one), each gradient is averaged over them first (Note
-    [Clipping the averaged gradients])."""
+    [Clipping the averaged gradients]). Each gradient that becomes a .grad
+    is laid out as autograd lays out a new .grad (Note [A gradient as
+    .grad]); those of parameters named in `accumulating` (their .grad
+    holds a tensor, which the gradient is added into) as the backward
+    makes them."""
     n_state = sum(1 for s in slots if s.kind in ("parameter", "buffer"))
     n_inputs = sum(1 for s in slots if s.kind == "input")
     buffer_names = [name for s in slots if s.kind == "buffer" for name in s.names]
@@ -899,9 +903,12 @@ def _step_function(model, loss_fn, slots, grad_found, max_grad_norm=None, norm_t
         grads = torch.autograd.grad(loss, [t for _, t in trainable], allow_unused=True)
         grad_found.clear()
         out = [loss]
-        for (slot, _), g in zip(trainable, grads):
+        taken = set()  # ids of the gradients taken as a .grad
+        for (slot, parameter), g in zip(trainable, grads):
             if g is not None:
                 grad_found.append(slot)
+                if not set(slot.names) & accumulating:
+                    g = _as_new_grad(g, parameter, taken, flat)
                 out.append(g)
         if max_grad_norm is not None:
             if ranks > 1:
@@ -911,6 +918,58 @@ def _step_function(model, loss_fn, slots, grad_found, max_grad_norm=None, norm_t
         return out
 
     return step
+
+
+# Note [A gradient as .grad]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~
+# autograd's AccumulateGrad makes a parameter's new .grad of its gradient
+# under a layout contract (torch/csrc/autograd/functions/accumulate_grad.h,
+# obeys_layout_contract and clone_obey_contract): the gradient itself where
+# its strides are the parameter's (dims of size 1 aside; a contiguous one
+# where the parameter's elements do not fill one run of memory), else a copy
+# with the parameter's strides. torch.autograd.grad, which the trace runs,
+# returns the backward's tensors as they are: a transposed one (a linear
+# layer read through a transposed input), an expanded one of stride 0 (a
+# parameter read only through a sum), one tensor for two parameters (the
+# gradient of a + b, given to both). Taken as .grad so, an expanded one
+# failed the next in-place write into it ("more than one element of the
+# written-to tensor refers to a single memory location": gradient
+# accumulation, clip_grad_norm_), and two parameters shared one gradient
+# node, so the optimizer's step had an update for the first alone: the
+# second was never trained, silently (until 2026-12-05). The trace copies
+# them as autograd would, in the plan: the copy's memory is planned, as
+# eager holds it.
+
+
+def _as_new_grad(g, parameter, taken, flat):
+    """`g` as AccumulateGrad makes `parameter`'s new .grad of it (Note [A
+    gradient as .grad]); also a copy where it is another parameter's
+    gradient already (`taken`: their ids, which this adds to) or one of the
+    step's arguments (`flat`)."""
+    if g.layout != torch.strided:  # (a sparse gradient: autograd's contract is of strides)
+        return g
+    if id(g) in taken or any(g is t for t in flat) or not _obeys_layout_contract(g, parameter):
+        if not is_dense(parameter) or parameter.is_contiguous():
+            g = g.clone(memory_format=torch.contiguous_format)
+        elif parameter.dim() == 4 and parameter.is_contiguous(memory_format=torch.channels_last):
+            g = g.clone(memory_format=torch.channels_last)
+        elif parameter.dim() == 5 and \
+                parameter.is_contiguous(memory_format=torch.channels_last_3d):
+            g = g.clone(memory_format=torch.channels_last_3d)
+        else:
+            g = torch.empty_strided(parameter.shape, parameter.stride(), dtype=g.dtype,
+                                    device=g.device).copy_(g)
+    taken.add(id(g))
+    return g
+
+
+def _obeys_layout_contract(g, parameter):
+    """Whether autograd takes `g` as `parameter`'s new .grad as it is:
+    PyTorch's obeys_layout_contract."""
+    if is_dense(parameter):
+        return all(size == 1 or gs == ps for size, gs, ps in
+                   zip(parameter.shape, g.stride(), parameter.stride()))
+    return g.is_contiguous()
 
 
 def resized_buffer_message(name, how):
@@ -954,7 +1013,11 @@ def _clipped(grads, max_norm, norm_type=2.0):
         norms = [torch.norm(g.detach(), norm_type) for g in grads]
         total = torch.norm(torch.stack(norms), norm_type)
     coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
-    return [g * coef for g in grads], total
+    # (clip_grad_norm_ multiplies each .grad in place, which keeps its dtype:
+    # a 0-dim float32 gradient times a float64 factor, of float64 parameters
+    # in the norm, is float32 there; out of place it is float64, which the
+    # step then failed to write into .grad, until 2026-12-05)
+    return [(g * coef).to(g.dtype) for g in grads], total
 
 
 # Note [Clipping the averaged gradients]
@@ -1144,7 +1207,7 @@ def _rng_kept(device):
 
 
 def trace(model, loss_fn, inputs, target, device, mode=None, one_pass=True, stand_ins=None,
-          max_grad_norm=None, norm_type=2.0, ranks=1):
+          max_grad_norm=None, norm_type=2.0, ranks=1, accumulating=()):
     """Traced step of `model` on `inputs` and `target`.
 
     mode: "fake" (no computation), "real", or None: fake where PyTorch can
@@ -1156,7 +1219,10 @@ def trace(model, loss_fn, inputs, target, device, mode=None, one_pass=True, stan
     here (a sharded module's: Note [Stand-ins for sharded parameters]); the
     trace is then fake only. max_grad_norm: the gradients' outputs clipped
     to that total `norm_type`-norm (_clipped), on `ranks` ranks the norm of
-    their average (Note [Clipping the averaged gradients])."""
+    their average (Note [Clipping the averaged gradients]). accumulating:
+    the names of the parameters whose .grad holds a tensor, which the
+    gradient is added into (else it becomes the .grad: Note [A gradient as
+    .grad])."""
     slots = module_slots(model)
     if max_grad_norm is not None and ranks > 1:
         hold_divisors(ranks, {s.tensor.dtype for s in slots if s.trainable})
@@ -1179,7 +1245,7 @@ def trace(model, loss_fn, inputs, target, device, mode=None, one_pass=True, stan
                     _tensor_attributes_kept(model), _loss_attributes_kept(loss_fn), \
                     _trace_patches(batch_from=n_state):
                 step = _step_function(model, loss_fn, slots, grad_found, max_grad_norm,
-                                      norm_type, ranks)
+                                      norm_type, ranks, frozenset(accumulating))
                 gm, values, passes = _traced_functional(step, m, flat, fake_mode, slots,
                                                         one_pass, stack)
         except CaptureError:

@@ -47,7 +47,7 @@ import time
 import torch
 
 from .. import _core
-from ._compat import storage_bytes
+from ._compat import storage_bytes, storage_key
 from ._memory import allocated_where_profiled, round_up
 
 
@@ -233,6 +233,9 @@ class Updates:
         self._settings_of = _settings_by_name(optimizer, groups, self.params)
         if self.on_host:
             self._check_host_updates()
+        if self.on_host or parameters != "device":
+            self._check_storages_apart(
+                "optimizer_updates" if self.on_host else "optimizer_parameters")
 
     def rebind(self, replaced):
         """The parameters in `replaced` ({id(old): new}) are new objects (a
@@ -253,6 +256,30 @@ class Updates:
         if ":" not in node_id:
             return self.settings
         return self._settings_of[_parameter_of(node_id)]
+
+    def _check_storages_apart(self, option):
+        """OptimizerError where two trainable parameters share memory
+        (nn.Parameter(a.weight.data) beside a.weight, or of a slice of it):
+        an update on the host, or a parameter kept there, moves or frees one
+        of them apart from the other, which then reads or writes what is no
+        longer the first (both trained wrong, silently, until 2026-12-05).
+        Views of one flat buffer that do not overlap are fine. `option`: what
+        placed them so."""
+        ranges = {}  # storage -> [(first byte, end byte, name)]
+        for name, p in self.params.items():
+            start = p.storage_offset() * p.element_size()
+            end = start + max(1, sum((n - 1) * st for n, st in zip(p.shape, p.stride())) + 1) \
+                * p.element_size() if p.numel() else start
+            held = ranges.setdefault(storage_key(p), [])
+            other = next((o for a, b, o in held if a < end and start < b), None)
+            if other is not None:
+                raise OptimizerError(
+                    f"parameters '{other}' and '{name}' share memory (one made of the other's "
+                    f".data, or of a slice of it): with {option} other than 'device' one is "
+                    "moved to the host or freed apart from the other. Give "
+                    f"{option}='device', or tie them as one parameter (assign the same "
+                    "nn.Parameter to both modules)")
+            held.append((start, end, name))
 
     def _check_host_updates(self):
         """OptimizerError where an update could not run on the host: a
@@ -1006,6 +1033,8 @@ def _group_settings(name, kind, group, where):
     for key, fine in (("nesterov", False), ("maximize", False), ("amsgrad", False),
                       ("capturable", False), ("differentiable", False), ("fused", None),
                       ("dampening", 0)):
+        if key == "dampening" and not group.get("momentum"):
+            continue  # (SGD reads it only with momentum)
         if key in group and group[key] not in (fine, False) and group[key] is not None:
             unsupported.append(f"{key}={group[key]}")
     if unsupported:
