@@ -220,8 +220,7 @@ def _fresh(persistent, graph):
             for u in node.inputs:
                 # (statistics through a view of a buffer, F.batch_norm(x, rm[:6], ...),
                 # wrote the buffer itself at calibration until 2026-12-05)
-                while u.alias_of is not None:
-                    u = graph.nodes[u.alias_of]
+                u = graph.storage_root(u)
                 if u.kind == "persistent":
                     written.add(u.index)
     # An accumulate node adds into its parameter's .grad in place.

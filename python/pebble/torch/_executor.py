@@ -190,9 +190,7 @@ def statistics_remade(graph, schedule):
             for a in node.fx.args[3:5]:
                 if not isinstance(a, torch.fx.Node):
                     continue
-                operand = graph._ref(a)
-                while operand.alias_of is not None:  # (a view: its storage's maker)
-                    operand = graph.nodes[operand.alias_of]
+                operand = graph.storage_root(graph._ref(a))  # (a view: its storage's maker)
                 if operand.kind == "op":
                     roots.add(operand.id)
             temporaries[node.fx] = roots
@@ -348,7 +346,7 @@ class Program:
                 f"({len(reduced)} all_reduce steps for {len(expected)} gradients)")
         storages = {}
         for node in reduced:
-            root = _root_of(self.graph, node)
+            root = self.graph.storage_root(node)
             whole = not node.value.is_contiguous()  # reduced through its whole storage
             if whole and not (is_dense(root.value) and root.value.numel() == node.value.numel()):
                 raise PlanExecutionError(f"gradient '{node.id}' is not contiguous, nor the whole "
@@ -638,7 +636,7 @@ class _RunState:
         return t
 
     def _root(self, node):
-        return _root_of(self.graph, node)
+        return self.graph.storage_root(node)
 
     def host_value(self, node_id):
         """The host copy of the graph's node `node_id` (a view of its storage's
@@ -986,13 +984,6 @@ def _flat_if_dense(t):
     if t is None or t.is_contiguous():
         return t
     return t.as_strided((t.numel(),), (1,))
-
-
-def _root_of(graph, node):
-    """The node whose storage `node` shares (itself where it is no view)."""
-    while node.alias_of is not None:
-        node = graph.nodes[node.alias_of]
-    return node
 
 
 # The resident value of an order token (Note [Random calls in eager's order]).

@@ -266,6 +266,12 @@ class StepGraph:
         self.nodes.append(node)
         return node
 
+    def storage_root(self, node):
+        """The node whose storage `node` shares (itself where it is no view)."""
+        while node.alias_of is not None:
+            node = self.nodes[node.alias_of]
+        return node
+
     def _ref(self, a):
         """The node an fx argument stands for."""
         if a.op == "call_function" and a.target is operator.getitem:
@@ -634,9 +640,7 @@ class StepGraph:
         position = {n: i for i, n in enumerate(self.gm.graph.nodes)}
 
         def root(node):
-            while node.alias_of is not None:
-                node = self.nodes[node.alias_of]
-            return node.index
+            return self.storage_root(node).index
 
         by_call = {}
         for node in self.nodes:
