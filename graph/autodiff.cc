@@ -416,7 +416,10 @@ absl::StatusOr<Graph> AddLossAndDifferentiate(const Graph& forward, LossKind los
     return absl::InvalidArgumentError(absl::StrCat(
         "the ", what, " loss needs a forward graph with one output (the prediction); ",
         forward.name().empty() ? std::string("the graph") : Quote(forward.name()), " has ",
-        forward.outputs().size()));
+        forward.outputs().size(),
+        ": export the prediction alone (torchvision's inception_v3 and googlenet with "
+        "aux_logits=False), import with --loss none for the forward graph alone, or train the "
+        "module with pebble.torch, whose loss takes several outputs (docs/torch.md)"));
   }
   const NodeId out = forward.outputs()[0];
   if (!forward.shape(out).has_value()) {

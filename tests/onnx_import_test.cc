@@ -323,7 +323,8 @@ TEST(OnnxImportTest, WhatCannotBeHonouredIsAnErrorNamingTheNode) {
          FindNode(m, "Relu")->set_op_type("Selu");
          FindNode(m, "GlobalAveragePool")->set_op_type("Celu");
        },
-       {"'/relu/Relu'", "op Selu", "not supported", "the model also uses 'Celu'"}},
+       {"'/relu/Relu'", "op Selu", "not supported", "the model also uses 'Celu'",
+        "pebble.torch trains a PyTorch module"}},
       {"a recurrent layer",
        [](ModelMaker& m) { FindNode(m, "Relu")->set_op_type("LSTM"); },
        {"'/relu/Relu'", "op LSTM", "recurrent layers", "pebble.torch"}},
@@ -389,6 +390,17 @@ TEST(OnnxImportTest, BatchThatAReshapeFixesIsNamed) {
               HasSubstr("--batch 4 rewrote dimension 0 from the exported 2, but Reshape "
                         "'/Reshape' sets dimension 0 to 2 with a constant shape"));
   EXPECT_THAT(fixed.status().message(), HasSubstr("x.flatten(1)"));
+  // A shape whose every size is the exported one fails at the Reshape
+  // itself (shufflenet's channel shuffle, x.size(0) written as a constant):
+  // named too, where until 2026-12-05 the error said only that it cannot
+  // reshape.
+  auto whole = Import(ReshapingModel({2, 4}), LossKind::kCrossEntropy, 4);
+  ASSERT_FALSE(whole.ok());
+  EXPECT_THAT(whole.status().message(), HasSubstr("cannot reshape"));
+  EXPECT_THAT(whole.status().message(),
+              HasSubstr("--batch 4 rewrote dimension 0 from the exported 2, but Reshape "
+                        "'/Reshape' sets dimension 0 to 2 with a constant shape"));
+  EXPECT_TRUE(Import(ReshapingModel({2, 4}), LossKind::kCrossEntropy, 2).ok());
   // Exported with a symbolic batch, the constant fixes it all the same.
   auto symbolic = Import(ReshapingModel({2, -1}, true), LossKind::kCrossEntropy, 4);
   ASSERT_FALSE(symbolic.ok());

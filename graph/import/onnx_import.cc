@@ -78,7 +78,7 @@ class Importer {
     for (const onnx::ValueInfoProto& v : graph_.output()) cx_.Reserve(v.name());
     RETURN_IF_ERROR(AddGraphInputs());
     for (const onnx::NodeProto& node : graph_.node()) {
-      RETURN_IF_ERROR(ImportNode(node));
+      RETURN_IF_ERROR(NoteBatchFixedFailure(node, ImportNode(node)));
       RETURN_IF_ERROR(cx_.nb().status());
       NoteBatchFixedReshape(node);
     }
@@ -239,7 +239,13 @@ class Importer {
       }
       also = absl::StrCat("; the model also uses ", absl::StrJoin(quoted, ", "));
     }
-    return NodeError(*first, absl::StrCat(UnsupportedOperatorReason(*first), also));
+    const std::string reason = UnsupportedOperatorReason(*first);
+    const absl::string_view torch_advice =
+        absl::StrContains(reason, "pebble.torch")
+            ? ""
+            : "; pebble.torch trains a PyTorch module from its own operators, without ONNX "
+              "(docs/torch.md)";
+    return NodeError(*first, absl::StrCat(reason, also, torch_advice));
   }
 
   static bool IsKnownOperator(const onnx::NodeProto& node) {
@@ -379,6 +385,27 @@ class Importer {
       batch_fixed_by_ = node.name().empty() ? node.output(0) : node.name();
       batch_fixed_to_ = y[0];
     }
+  }
+
+  // Notes a Reshape that failed to import (`imported`, returned as it is)
+  // because its shape, known at import, keeps the exported batch in
+  // dimension 0 (the export wrote x.size(0) as a constant: shufflenet's
+  // channel shuffle, x.view(2, 2, 58, 8, 8) for an input rewritten to batch
+  // 4), so that Run's error names it; NoteBatchFixedReshape sees only the
+  // reshapes that import.
+  absl::Status NoteBatchFixedFailure(const onnx::NodeProto& node, absl::Status imported) {
+    if (imported.ok() || batch_fixed_by_.has_value() || !exported_batch_.has_value() ||
+        !exported_batch_->size.has_value() || node.op_type() != "Reshape" ||
+        node.input_size() < 2) {
+      return imported;
+    }
+    const std::optional<Ints> shape = cx_.KnownInts(node.input(1));
+    if (shape.has_value() && !shape->values.empty() &&
+        shape->values.front() == *exported_batch_->size) {
+      batch_fixed_by_ = node.name().empty() ? node.output(0) : node.name();
+      batch_fixed_to_ = *exported_batch_->size;
+    }
+    return imported;
   }
 
   // The first number of `name` where the file holds it as a literal (a

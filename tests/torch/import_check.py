@@ -464,8 +464,8 @@ def export_onnx(torch, net, x, path, opset, model_name):
             hint = ""
             if "adaptive" in first and "factor" in first:
                 hint = (" (the exporter needs the feature map to be a multiple "
-                        "of the adaptive pool's output: for vgg, --image a "
-                        "multiple of 224)")
+                        "of the adaptive pool's output: for vgg and alexnet, "
+                        "--image a multiple of 224)")
             raise UsageError("torch.onnx.export of %s (input %s, opset %d) "
                              "failed: %.400s%s" % (
                                  model_name, tuple(x.shape), opset, first,
