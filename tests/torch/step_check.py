@@ -2389,9 +2389,11 @@ def check_running_statistics_read_in_order(failures, device):
                 model = make().to(device).train()
                 twin = copy.deepcopy(model)
                 try:
+                    # (checkmate's MILP at min ran to 7 s of the default 10 on
+                    # this small graph: any plan it makes is what is judged)
                     step = pt.train_step(model, nn.functional.cross_entropy, (inputs,), target,
                                          policy=policy, budget=budget, calibrate=calibrate,
-                                         measure="never")
+                                         measure="never", time_limit=2)
                 except pt.PlanError as e:
                     failures.check("running statistics" in str(e) and "refuses" in str(e),
                                    f"{label}: refused without naming the read: {e}")
@@ -2415,6 +2417,114 @@ def check_running_statistics_read_in_order(failures, device):
                         failures.check(relative_error(p.grad, q.grad) <= 1e-5,
                                        f"{label}: step {k}'s gradient of {pname} is not "
                                        "eager's")
+
+
+class _Reseeding(torch.nn.Module):
+    """A forward that sets the generator: `how` is "fork_rng", "manual_seed"
+    or "set_rng_state"."""
+
+    def __init__(self, how):
+        super().__init__()
+        self.how = how
+        self.a, self.b = torch.nn.Linear(8, 16), torch.nn.Linear(16, 4)
+
+    def forward(self, x):
+        h = torch.nn.functional.dropout(self.a(x), 0.5, self.training)
+        if self.how == "fork_rng":
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(42)
+                h = h + torch.nn.functional.dropout(h, 0.5, self.training)
+        elif self.how == "manual_seed":
+            torch.manual_seed(42)
+            h = torch.nn.functional.dropout(h, 0.5, self.training)
+        else:
+            state = torch.get_rng_state()
+            first = torch.rand_like(h)
+            torch.set_rng_state(state)
+            h = h * (first > 0.5) + h * (torch.rand_like(h) > 0.5)
+        return self.b(h)
+
+
+class _PlainStateModule(torch.nn.Module):
+    """State in a tensor attribute that is no buffer: `how` is "in place"
+    (written under no_grad from the batch), "counter" (add_(1)), "rebound"
+    (a new tensor from the old) or "read" (a constant mask)."""
+
+    def __init__(self, how):
+        super().__init__()
+        self.how = how
+        self.a, self.b = torch.nn.Linear(8, 16), torch.nn.Linear(16, 4)
+        self.stats = torch.zeros(16)
+        self.calls = torch.zeros(())
+
+    def forward(self, x):
+        h = torch.tanh(self.a(x))
+        if self.how == "in place":
+            with torch.no_grad():
+                self.stats.mul_(0.9).add_(h.mean(0), alpha=0.1)
+        elif self.how == "counter":
+            self.calls.add_(1)
+        elif self.how == "rebound":
+            self.stats = 0.5 * self.stats + h.detach().mean(0)
+        return self.b(h + self.stats)
+
+
+def check_generator_and_plain_state(failures, device):
+    """Note [The generator set inside a step]: a forward that reseeds the
+    generator or sets its state is refused naming the call, and the
+    generator is left where it was; Note [Tensors in plain attributes]: a
+    forward writing a tensor attribute that is no buffer in place is refused
+    naming it, with its values put back; one rebinding it from its old value
+    warns naming it; one reading it alone trains as eager, silently. Before
+    2026-12-05 the first three trained with other numbers than eager's,
+    silently, and the in-place write failed with PyTorch's internal assert
+    after writing the user's tensor."""
+    nn = torch.nn
+    torch.manual_seed(0)
+    x, y = torch.randn(6, 8, device=device), torch.randint(0, 4, (6,), device=device)
+    for how, call in (("fork_rng", "torch.manual_seed"), ("manual_seed", "torch.manual_seed"),
+                      ("set_rng_state", "torch.set_rng_state")):
+        model = _Reseeding(how).to(device)
+        torch.manual_seed(5)
+        before = torch.get_rng_state()
+        try:
+            pt.train_step(model, nn.functional.cross_entropy, (x,), y, policy="baseline",
+                          measure="never")
+            failures.check(False, f"a forward calling {call} ({how}) was not refused")
+        except pt.CaptureError as e:
+            failures.check(call in str(e) and "Seed before calling the step" in str(e),
+                           f"{how}: the refusal does not name {call}: {e}")
+        failures.check(torch.equal(torch.get_rng_state(), before),
+                       f"{how}: the refused capture moved the generator")
+    for how, attribute in (("in place", "model.stats"), ("counter", "model.calls")):
+        model = _PlainStateModule(how).to(device)
+        model.stats.fill_(0.25)
+        try:
+            pt.train_step(model, nn.functional.cross_entropy, (x,), y, policy="baseline",
+                          measure="never")
+            failures.check(False, f"a forward writing {attribute} in place was not refused")
+        except pt.CaptureError as e:
+            failures.check(f"writes {attribute} in place" in str(e) and "register_buffer" in
+                           str(e), f"{how}: the refusal does not name {attribute}: {e}")
+        failures.check(bool((model.stats == 0.25).all()) and float(model.calls) == 0.0,
+                       f"{how}: the refused capture left {attribute} written")
+    for how, warned in (("rebound", True), ("read", False)):
+        torch.manual_seed(1)
+        model = _PlainStateModule(how).to(device)
+        twin = copy.deepcopy(model)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            step = pt.train_step(model, nn.functional.cross_entropy, (x,), y,
+                                 policy="baseline", measure="never")
+        said = [str(w.message) for w in caught if "model.stats" in str(w.message)]
+        failures.check(bool(said) == warned and (not said or "make it a buffer" in said[0]),
+                       f"{how}: warned {said}, expected {'a' if warned else 'no'} warning "
+                       "naming model.stats")
+        if not warned:
+            loss = step(x, y)
+            want = nn.functional.cross_entropy(twin(x), y)
+            failures.check(relative_error(loss, want) <= 1e-5,
+                           f"{how}: the loss {loss.item()} is not eager's {want.item()}")
 
 
 def check_estimated_costs_warn(failures, device):
@@ -2672,6 +2782,7 @@ def main():
         check_small_storages_exact(failures, device)
         check_batch_norm_run_again(failures, device)
         check_running_statistics_read_in_order(failures, device)
+        check_generator_and_plain_state(failures, device)
         check_estimated_costs_warn(failures, device)
         check_collector_paused_while_measured(failures, device)
         check_call_kept_and_run_apart(failures, device)

@@ -256,6 +256,10 @@ CASES = [  # (model, optimizer, policy, budget, where the state lives, where the
 ]
 
 TOL = 1e-5
+# Seconds for checkmate-lp's plans at min: each LP of these graphs takes about
+# a second, and the search below the least peak ran to train_step's 10 s on
+# one case. What is checked here is the step as eager's, whatever the plan.
+CHECKMATE_LP_TIME_LIMIT = 2
 SLOW_LINK = 1e8  # bytes/s, for updates="auto"
 
 
@@ -300,7 +304,8 @@ def run_case(torch, pt, device, steps, model_name, opt_name, policy, budget, sta
                          optimizer_state=state, optimizer_updates=updates,
                          optimizer_gradients=gradients, max_grad_norm=clip,
                          grad_norm_type=norm_type, calibrate=not split,
-                         allow_cpu_offload=state not in (None, "device") or updates != "device")
+                         allow_cpu_offload=state not in (None, "device") or updates != "device",
+                         time_limit=CHECKMATE_LP_TIME_LIMIT if policy == "checkmate-lp" else 10)
     failures = temporaries_by_group(step, planned_opt, planned_model)
     reported = step.report["optimizer_updates"]
     if (reported["max_grad_norm"], reported["grad_norm_type"]) != (
@@ -1298,6 +1303,49 @@ def rounded_capture(torch, pt, device):
     return failures
 
 
+def host_rate_measured_once(torch, pt, device):
+    """The host's update rate is the machine's: a second step with updates
+    on the host and the same kind of rule reuses the first's measurement; a
+    rule of another kind (SGD after Adam, weight decay) is timed anew, and a
+    rate is positive."""
+    from pebble.torch import _optimizer
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 10), torch.nn.Tanh(),
+                                torch.nn.Linear(10, 3)).to(device)
+    x, y = torch.randn(4, 6, device=device), torch.randint(0, 3, (4,), device=device)
+    timed = []
+    original = _optimizer.Updates._timed_host_rate
+
+    def counting(self, ops, repeat):
+        timed.append((self.kind, ops))
+        return original(self, ops, repeat)
+
+    def step_with(opt):
+        return pt.train_step(model, torch.nn.functional.cross_entropy, (x,), y, optimizer=opt,
+                             optimizer_updates="host", allow_cpu_offload=True,
+                             measure="never").report["host_update_bytes_per_s"]
+
+    saved = dict(_optimizer._HOST_RATES)
+    _optimizer._HOST_RATES.clear()
+    _optimizer.Updates._timed_host_rate = counting
+    try:
+        rates = [step_with(torch.optim.Adam(model.parameters(), lr=1e-3)),
+                 step_with(torch.optim.Adam(model.parameters(), lr=1e-2)),
+                 step_with(torch.optim.SGD(model.parameters(), lr=1e-2, momentum=0.9)),
+                 step_with(torch.optim.Adam(model.parameters(), lr=1e-3, weight_decay=0.1))]
+    finally:
+        _optimizer.Updates._timed_host_rate = original
+        _optimizer._HOST_RATES.clear()
+        _optimizer._HOST_RATES.update(saved)
+    failures = []
+    if len(timed) != 3 or [k for k, _ in timed] != ["adam", "sgd", "adam"]:
+        failures.append(f"host rate: timed {timed} for Adam, Adam again, SGD and Adam with "
+                        "weight decay (expected Adam, SGD, Adam)")
+    if rates[0] != rates[1] or not all(r is not None and r > 0 for r in rates):
+        failures.append(f"host rate: {rates} (the second Adam step's should be the first's)")
+    return failures
+
+
 def after_eager_steps(torch, pt, device, steps):
     """SGD with momentum on the weights only, two eager steps first (which
     leave momentum_buffer=None in the state of the parameters without),
@@ -1456,6 +1504,7 @@ def main():
     failures += rounded_capture(torch, pt, device)
     failures += budgets_above_the_least_peak(torch, pt, device)
     failures += after_eager_steps(torch, pt, device, args.steps)
+    failures += host_rate_measured_once(torch, pt, device)
     for f in failures:
         print("MISMATCH:", f)
     if failures:

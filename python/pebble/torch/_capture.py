@@ -778,6 +778,91 @@ def _tensor_attributes_kept(model):
         state.restore_if_tensors_changed()
 
 
+# Note [Tensors in plain attributes]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# A tensor bound to a module's plain attribute, neither a parameter nor a
+# buffer (state its author forgot to register_buffer), is a constant to a
+# trace: the step reads it as it was at capture. A forward that carries
+# state in one from call to call therefore differs from eager:
+# - written in place (`self.stats.mul_(0.9).add_(h.mean(0))` under no_grad,
+#   a counter's add_): the trace itself wrote the user's tensor, and failed
+#   with PyTorch's internal assert about functionalization or a refusal of a
+#   written constant that named no attribute (until 2026-12-05). Now the
+#   values are put back and the capture is refused, naming the attribute:
+#   as a buffer it is updated in place each step, as batch norm's are.
+# - rebound from a value the step reads (`self.state = 0.5 * self.state +
+#   ...`): every step read the captured value, silently. Now a UserWarning
+#   names it. Rebinding alone is not refused: a forward may make the same
+#   value at each call (a cast of a mask), and weight_norm's hook binds its
+#   weight before each call (Note [Tensors the forward binds to attributes]).
+class _PlainTensors:
+    """The tensors bound to plain attributes of `modules` ((label, module)
+    pairs) as a trace starts: their version counters and host copies of
+    their values."""
+
+    def __init__(self, modules):
+        self.entries = []  # (label, module, key, tensor, version, copy)
+        for label, module in modules:
+            for key, value in vars(module).items():
+                if key.startswith("_") or not isinstance(value, torch.Tensor) or \
+                        isinstance(value, FakeTensor) or value.is_inference() or \
+                        value.is_meta or value.layout != torch.strided:
+                    continue
+                self.entries.append((f"{label}.{key}", module, key, value, value._version,
+                                     value.detach().to("cpu", copy=True)))
+
+    def rebound(self):
+        """(label, tensor) of the attributes bound to another object now."""
+        return [(label, tensor) for label, module, key, tensor, _, _ in self.entries
+                if vars(module).get(key, _ABSENT) is not tensor]
+
+    def written_put_back(self):
+        """The labels of the tensors written in place since, each given its
+        values back."""
+        written = []
+        for label, _, _, tensor, version, copy in self.entries:
+            if tensor._version != version:
+                with torch.no_grad():
+                    tensor.copy_(copy)
+                written.append(label)
+        return written
+
+
+def _plain_tensors_of(model, loss_fn):
+    """_PlainTensors of `model`'s modules and a loss module's."""
+    modules = [("model" + (f".{name}" if name else ""), m) for name, m in model.named_modules()]
+    if isinstance(loss_fn, torch.nn.Module):
+        modules += [("loss_fn" + (f".{name}" if name else ""), m)
+                    for name, m in loss_fn.named_modules()]
+    return _PlainTensors(modules)
+
+
+def _plain_tensor_written_error(labels):
+    what = ", ".join(labels)
+    return CaptureError(
+        f"the forward writes {what} in place, a tensor that is neither a parameter nor a "
+        "buffer of its module: a traced step runs no Python, so the step would not carry "
+        "its changes from call to call as eager does (its values are put back as they "
+        "were). Register it as a buffer (self.register_buffer(name, tensor)), which the "
+        "step updates in place as eager does, or make the write outside the step")
+
+
+def _warn_rebound_plain_tensors(watch, gm):
+    """UserWarning naming each plain tensor attribute that the forward bound
+    anew while the step reads its old value (Note [Tensors in plain
+    attributes])."""
+    read = {id(getattr(gm, n.target, None)) for n in gm.graph.nodes if n.op == "get_attr"}
+    labels = [label for label, tensor in watch if id(tensor) in read]
+    if labels:
+        warnings.warn(
+            f"the forward binds a new tensor to {', '.join(labels)} (neither a parameter nor "
+            "a buffer) from one the step reads: a traced step runs no Python, so each call "
+            "reads the value it held at capture, where eager reads what the last call left. "
+            "If it carries state from step to step, make it a buffer updated in place "
+            "(self.x.mul_(m).add_(...) under torch.no_grad()); if the forward makes the same "
+            "value at every call, the step is right", UserWarning, stacklevel=2)
+
+
 def _row_major_strides(shape):
     """The strides of a contiguous tensor of `shape`, as Tensor.stride()
     gives them."""
@@ -1055,6 +1140,15 @@ class _ValuesRead(Exception):
         self.how = how
 
 
+class _GeneratorSet(Exception):
+    """The generator reseeded or its state set while a step is traced
+    (`how`: "torch.manual_seed"): Note [The generator set inside a step]."""
+
+    def __init__(self, how):
+        super().__init__(how)
+        self.how = how
+
+
 # Calls whose output follows from their input's shape alone: a value read
 # from such an output (ones_like(x).sum().tolist(), a batch size) does not
 # follow from the input's values.
@@ -1113,11 +1207,45 @@ def _read_refused(name, original):
     return read
 
 
+# Note [The generator set inside a step]. A step draws its random numbers
+# (dropout's masks, randn_like) from the default generator in the order
+# eager does, so the stream continues across steps as eager's. A forward or
+# loss that reseeds the generator or sets its state (torch.manual_seed,
+# torch.set_rng_state, a torch.random.fork_rng block, which sets the state
+# back on leaving) does so in Python, which a traced step does not run: the
+# step drew from the one stream, and its masks and loss were not eager's,
+# silently (until 2026-12-05). While a trace runs on this thread, those
+# calls refuse the capture instead, naming the call.
+_GENERATOR_SETTERS = (
+    (torch, ("manual_seed", "seed", "set_rng_state")),
+    (torch.random, ("manual_seed", "seed", "set_rng_state")),
+    (torch.cuda, ("manual_seed", "manual_seed_all", "seed", "seed_all", "set_rng_state",
+                  "set_rng_state_all")))
+
+
+def _generator_set_refused(owner):
+    def make(name, original):
+        @functools.wraps(original)
+        def setter(*args, **kwargs):
+            # (once refused, the calls run: fork_rng's exit then names no
+            # call of its own over the user's)
+            if getattr(_TRACING, "batch_from", None) is not None and \
+                    not getattr(_TRACING, "generator_set", False):
+                _TRACING.generator_set = True
+                raise _GeneratorSet(f"{owner.__name__}.{name}")
+            return original(*args, **kwargs)
+        return setter
+    return make
+
+
 def _patched():
     """(owner, name, replacement maker) of each patch the traces install."""
     owners = [torch.Tensor] + [cls for cls in (FakeTensor,) if "tolist" in vars(cls)]
     patches = [(cls, name, _read_refused) for cls in owners for name in ("tolist", "numpy")
                if name in vars(cls) or cls is torch.Tensor]
+    patches += [(owner, name, _generator_set_refused(owner))
+                for owner, names in _GENERATOR_SETTERS for name in names
+                if callable(getattr(owner, name, None))]
     return patches + [(torch.nn.functional, "cross_entropy",
                        lambda name, original: _cross_entropy_masked(original))]
 
@@ -1135,10 +1263,12 @@ def _trace_patches(batch_from):
         _PATCHES["users"] += 1
     before = getattr(_TRACING, "batch_from", None)
     _TRACING.batch_from = batch_from
+    _TRACING.generator_set = False
     try:
         yield
     finally:
         _TRACING.batch_from = before
+        _TRACING.generator_set = False
         with _PATCHES_LOCK:
             _PATCHES["users"] -= 1
             if _PATCHES["users"] == 0:
@@ -1235,6 +1365,27 @@ def trace(model, loss_fn, inputs, target, device, mode=None, one_pass=True, stan
     if stand_ins:
         fake_mode, flat = _with_stand_ins(slots, flat, stand_ins, device)
         modes = ["fake"]
+    plain = _plain_tensors_of(model, loss_fn)  # Note [Tensors in plain attributes]
+    try:
+        traced = _traced_in_some_mode(model, loss_fn, slots, flat, device, modes, fake_mode,
+                                      n_state, max_grad_norm, norm_type, ranks, accumulating,
+                                      one_pass, stand_ins, plain)
+    except BaseException as e:
+        written = plain.written_put_back()
+        if written and isinstance(e, Exception):
+            raise _plain_tensor_written_error(written) from e
+        raise
+    written = plain.written_put_back()
+    if written:
+        raise _plain_tensor_written_error(written)
+    return traced
+
+
+def _traced_in_some_mode(model, loss_fn, slots, flat, device, modes, fake_mode, n_state,
+                         max_grad_norm, norm_type, ranks, accumulating, one_pass, stand_ins,
+                         plain):
+    """trace's Traced in the first of `modes` that traces the step, else its
+    CaptureError (_refuse_untraced)."""
     failure = None
     for m in modes:
         grad_found = []
@@ -1248,6 +1399,7 @@ def trace(model, loss_fn, inputs, target, device, mode=None, one_pass=True, stan
                                       norm_type, ranks, frozenset(accumulating))
                 gm, values, passes = _traced_functional(step, m, flat, fake_mode, slots,
                                                         one_pass, stack)
+                rebound = plain.rebound()  # (before the attributes are put back)
         except CaptureError:
             stack.close()
             raise
@@ -1255,6 +1407,10 @@ def trace(model, loss_fn, inputs, target, device, mode=None, one_pass=True, stan
             where = stack.where()
             stack.close()
             raise _values_read_error(where, e) from None
+        except _GeneratorSet as e:  # Note [The generator set inside a step]
+            where = stack.where()
+            stack.close()
+            raise _generator_set_error(where, e) from None
         except Exception as e:  # PyTorch's own refusal: try the next mode, else report
             where = stack.where()
             stack.close()
@@ -1271,6 +1427,7 @@ def trace(model, loss_fn, inputs, target, device, mode=None, one_pass=True, stan
         _remove_unused_calls(gm)
         _refuse_tensors_requiring_grad(gm, loss_fn)
         _refuse_unfilled_reads(gm)
+        _warn_rebound_plain_tensors(rebound, gm)
         traced = Traced(gm, slots, list(grad_found), m, flat)
         traced.values = values
         traced.passes = passes
@@ -1347,6 +1504,15 @@ def _values_read_error(where, e):
         "such as torch.arange(T) < lengths[:, None] instead of a loop over "
         "lengths.tolist(); torch.bincount instead of np.bincount), or outside the step "
         "(then pass the result in as an input)")
+
+
+def _generator_set_error(where, e):
+    return CaptureError(
+        f"{where} calls {e.how} while the step is captured (a torch.random.fork_rng block "
+        "sets the state back with torch.set_rng_state): a traced step runs no Python, so it "
+        "cannot reseed the generator inside the step, and its random numbers would not be "
+        "eager's. Seed before calling the step (it draws from the default generator, in "
+        "eager's order), or keep the seeding out of the forward and the loss")
 
 
 def _leaf_written_error(where):
