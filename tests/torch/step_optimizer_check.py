@@ -589,6 +589,21 @@ def trains_as_eager(torch, pt, model, x, y, make_opt, steps=3, before_step=None)
                for p, q in zip(planned.parameters(), eager.parameters()))
 
 
+def with_state(torch, model, x, y, opt, key, value):
+    """`opt` after one eager step of a copy of `model`, its state's `key` of
+    the first parameter set to `value` (a dtype: that entry cast to it)."""
+    twin = copy.deepcopy(model)
+    of_twin = dict(zip(twin.parameters(), model.parameters()))
+    eager = type(opt)(twin.parameters(), **opt.defaults)
+    torch.nn.functional.cross_entropy(twin(x), y).backward()
+    eager.step()
+    for p, state in eager.state.items():
+        opt.state[of_twin[p]] = {k: v.clone() for k, v in state.items()}
+    first = opt.state[next(model.parameters())]
+    first[key] = first[key].to(value) if isinstance(value, torch.dtype) else value
+    return opt
+
+
 def refusals(torch, pt, device):
     failures = []
     model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 2)).to(device)
@@ -608,10 +623,20 @@ def refusals(torch, pt, device):
         (torch.optim.AdamW([{"params": model[0].parameters()},
                             {"params": model[1].parameters(), "lr": -1.0}]),
          "lr=-1.0 (parameter group 1); pebble plans lr of 0 or more"),
+        # Settings and state eager fails on too, in an operator's words
+        # (until 2026-12-05 pebble's were those words).
+        (torch.optim.SGD([{"params": model[0].parameters()},
+                          {"params": model[1].parameters(), "lr": None}], lr=0.1),
+         "lr=None (parameter group 1) is not a number"),
+        (with_state(torch, model, x, y, torch.optim.Adam(model.parameters()), "step", 3),
+         "state of '0.weight' holds step=3 (int): torch.optim's adam keeps a tensor"),
+        (with_state(torch, model, x, y, torch.optim.Adam(model.parameters()), "exp_avg",
+                    torch.float64),
+         "state 'exp_avg' of '0.weight' is a float64 tensor, its parameter float32"),
     ]
     for opt, needle in cases:
-        try:
-            pt.train_step(model, torch.nn.functional.cross_entropy, (x,), y, optimizer=opt)
+        try:  # (refused at train_step, or for the state at the call)
+            pt.train_step(model, torch.nn.functional.cross_entropy, (x,), y, optimizer=opt)(x, y)
         except pt.OptimizerError as e:
             if needle not in str(e):
                 failures.append(f"refusal without '{needle}': {e}")

@@ -499,8 +499,23 @@ class Updates:
             if not s:
                 continue
             template = like[name] if like is not None and name in like else p
+            step = s.get("step")
+            if self.kind != "sgd" and step is not None and not torch.is_tensor(step):
+                # (eager's step fails on it too: AttributeError on add_)
+                raise OptimizerError(
+                    f"the optimizer's state of '{name}' holds step={step!r} "
+                    f"({type(step).__name__}): torch.optim's {self.kind} keeps a tensor "
+                    "(torch.tensor(float(step)))")
             for key in self.state_keys_of(name):
                 t = s.get(key)
+                if t is not None and (not torch.is_tensor(t) or t.dtype != template.dtype):
+                    # (eager fails in ATen's internal assert on another dtype)
+                    what = (f"a {str(t.dtype).replace('torch.', '')} tensor"
+                            if torch.is_tensor(t) else f"a {type(t).__name__}")
+                    raise OptimizerError(
+                        f"the optimizer's state '{key}' of '{name}' is {what}, its parameter "
+                        f"{str(template.dtype).replace('torch.', '')}: torch.optim keeps the "
+                        "state in the parameter's dtype")
                 if t is None or t.shape == template.shape:
                     continue
                 made = cut(name, t) if cut is not None else None
@@ -1063,7 +1078,11 @@ def _group_settings(name, kind, group, where):
     for key, value in settings.items():
         if torch.is_tensor(value):
             raise OptimizerError(f"{name}: a tensor {key}{where} is not planned")
-        if isinstance(value, numbers.Real) and not isinstance(value, (bool, int, float)):
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):
+            # (None or a string from a config: eager's step fails on it too,
+            # in an operator's words)
+            raise OptimizerError(f"{name}: {key}={value!r}{where} is not a number")
+        if not isinstance(value, (int, float)):
             # (a NumPy scalar, as a config or np.linspace gives: eager reads
             # it as this double; the plan's spec and JSON take Python floats)
             value = settings[key] = float(value)
