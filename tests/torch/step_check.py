@@ -32,6 +32,7 @@ import gc
 import hashlib
 import io
 import json
+import linecache
 import os
 import random
 import re
@@ -1753,6 +1754,31 @@ def check_captures_freed(failures, device):
         left = traces_alive() - before
         failures.check(left <= 0, f"a deleted step ({layout}) left {left} graph modules and "
                        "fake modes of its capture alive")
+    # Captures dropped past max_shapes and made again, 30 times: what each
+    # left on the module (the converters' finalizers on its parameters) and
+    # in torch.fx's caches (each graph's source) grew without end, about 120
+    # objects a capture of this MLP, until 2026-12-05.
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 5)).to(device)
+    batches = [(torch.randn(b, 16, device=device), torch.randint(0, 5, (b,), device=device))
+               for b in (4, 5, 6)]
+    step = pt.train_step(model, nn.functional.cross_entropy, *batches[0], policy="dtr",
+                         budget="min", max_shapes=2, measure="never")
+
+    def held():
+        gc.collect()
+        return (len(gc.get_objects()), len(weakref.finalize._registry),
+                sum(1 for k in linecache.cache if k.startswith("<eval_with_key>")))
+
+    for k in range(6):
+        step(*batches[k % 3])
+    before, dropped = held(), step.report["shapes_dropped"]
+    for k in range(30):
+        step(*batches[k % 3])
+    after, dropped = held(), step.report["shapes_dropped"] - dropped
+    failures.check(dropped == 30 and after[1] <= before[1] and after[2] <= before[2] and
+                   after[0] - before[0] < 3 * dropped,
+                   f"{dropped} captures dropped and made again: objects, finalizers and fx "
+                   f"sources held went from {before} to {after}")
 
 
 def check_leak_is_measured(failures, device):
@@ -1876,6 +1902,25 @@ def check_engine_wrappers(failures, device, x, y):
 
 
 def check_errors(failures, device):
+    # A kernel's IndexError (a target out of range) is the step's too, so
+    # that a loop catching eager's error catches it (a RuntimeError alone
+    # until 2026-12-05).
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 3).to(device)
+    x = torch.randn(5, 4, device=device)
+    step = pt.train_step(model, torch.nn.functional.cross_entropy, (x,),
+                         torch.zeros(5, dtype=torch.long, device=device), measure="never")
+    if device.type == "cpu":  # (a GPU's kernel asserts on the device instead)
+        try:
+            step(x, torch.full((5,), 7, device=device))
+            failures.check(False, "a target out of range trained")
+        except IndexError as e:
+            failures.check(isinstance(e, pt.PlanExecutionError) and "out of bounds" in str(e),
+                           f"a target out of range: {type(e).__name__}: {e}")
+        except Exception as e:  # noqa: BLE001 (what the check is about)
+            failures.check(False, f"a target out of range raised {type(e).__name__}, not an "
+                           f"IndexError as eager's: {e}")
+
     class DataDependent(torch.nn.Module):
         def __init__(self):
             super().__init__()

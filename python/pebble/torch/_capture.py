@@ -33,8 +33,9 @@ import torch
 from torch.utils._pytree import tree_flatten
 
 from ._collective_ops import hold_divisors, mean_over_ranks
-from ._compat import (FakeTensor, FakeTensorMode, forget_traces, functional_call,
-                      functionalize, make_fx, op_name, storage_key, traced_node)
+from ._compat import (FakeTensor, FakeTensorMode, forget_dead_fake_converters,
+                      forget_fx_source_with, forget_traces, functional_call, functionalize,
+                      make_fx, op_name, recompile, storage_key, traced_node)
 from ._memory import is_dense
 
 
@@ -1365,6 +1366,7 @@ def trace(model, loss_fn, inputs, target, device, mode=None, one_pass=True, stan
     if stand_ins:
         fake_mode, flat = _with_stand_ins(slots, flat, stand_ins, device)
         modes = ["fake"]
+    forget_dead_fake_converters()  # (the finalizers earlier captures left on the module)
     plain = _plain_tensors_of(model, loss_fn)  # Note [Tensors in plain attributes]
     try:
         traced = _traced_in_some_mode(model, loss_fn, slots, flat, device, modes, fake_mode,
@@ -1915,6 +1917,7 @@ def _make_fx(fn, mode, flat, fake_mode):
     # until 2026-12-05.
     forget_traces(v for node in gm.graph.nodes
                   for v in tree_flatten(node.meta.get("val"))[0])
+    forget_fx_source_with(gm)
     return gm
 
 
@@ -2249,7 +2252,7 @@ def _remove_unused_calls(gm):
             if not writes and not has_effects(n):
                 gm.graph.erase_node(n)
                 changed = True
-    gm.recompile()
+    recompile(gm)
 
 
 class _Recorder(torch.fx.Interpreter):

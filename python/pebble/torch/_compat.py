@@ -4,6 +4,10 @@ Every other file of pebble.torch imports these names from here, so that one
 place knows where each lives.
 """
 
+import gc
+import linecache
+import weakref
+
 import torch
 
 try:  # PyTorch 2.x
@@ -84,6 +88,81 @@ def traced_node(t):
         if entry is not None and getattr(entry, "proxy", None) is not None:
             return entry.proxy.node
     return None
+
+
+def forget_dead_fake_converters():
+    """Detaches the finalizers that dead tensor converters left on real
+    tensors. PyTorch's FakeTensorConverter and MetaConverter (1.13's
+    set_tensor_memo) register a weakref.finalize on each real tensor they
+    convert (the parameters, buffers and constants of a trace), which lives
+    as long as that tensor, and so as long as the module: a finalizer, its
+    callback and keys for each tensor of each capture ever made, about 120
+    objects per capture of a small MLP, grew without end where captures
+    were dropped and made again (max_shapes). The callback of a converter
+    that has died (its capture dropped) does nothing. Such callbacks are
+    found by their name and their weak reference to the converter
+    (`self_weak_ref`)."""
+    registry = getattr(weakref.finalize, "_registry", None)
+    if not isinstance(registry, dict):
+        return
+    # (a collection while the registry is read may run finalizers, which
+    # take themselves out of it: read with the collector off, as
+    # weakref.finalize's own exit does)
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        entries = list(registry.items())
+    finally:
+        if collecting:
+            gc.enable()
+    for finalizer, info in entries:
+        callback = getattr(info, "func", None)
+        if not getattr(callback, "__qualname__", "").endswith("set_tensor_memo.<locals>.del_ten"):
+            continue
+        names = getattr(getattr(callback, "__code__", None), "co_freevars", ())
+        cells = dict(zip(names, callback.__closure__ or ()))
+        try:
+            converter = cells["self_weak_ref"].cell_contents
+        except (KeyError, ValueError):  # (another PyTorch's callback, or an empty cell)
+            continue
+        if isinstance(converter, weakref.ref) and converter() is None:
+            finalizer.detach()
+
+
+# torch.fx keeps the Python source of every GraphModule's forward it
+# compiles, in its loader's cache and in linecache (for tracebacks), for the
+# life of the process: a capture's two graphs (the first trace, and the one
+# compiled again without its unused calls) left two entries, each holding
+# the graph's whole source, at every capture, where max_shapes dropped and
+# made captures without end. pebble's graphs give theirs back when they die.
+def _fx_source_key(gm):
+    """The name under which torch.fx keeps `gm`'s forward's source, or None."""
+    name = getattr(getattr(getattr(gm, "forward", None), "__code__", None), "co_filename", "")
+    return name if isinstance(name, str) and name.startswith("<eval_with_key>") else None
+
+
+def _forget_fx_source(key):
+    linecache.cache.pop(key, None)
+    cache = getattr(getattr(torch.fx.graph_module, "_loader", None), "eval_cache", None)
+    if isinstance(cache, dict):
+        cache.pop(key, None)
+
+
+def forget_fx_source_with(gm):
+    """Forgets `gm`'s forward's source once `gm` dies."""
+    key = _fx_source_key(gm)
+    if key is not None:
+        weakref.finalize(gm, _forget_fx_source, key)
+
+
+def recompile(gm):
+    """gm.recompile(), its former source forgotten at once and its new one
+    once `gm` dies."""
+    key = _fx_source_key(gm)
+    gm.recompile()
+    if key is not None and key != _fx_source_key(gm):
+        _forget_fx_source(key)
+    forget_fx_source_with(gm)
 
 
 def forget_traces(tensors):

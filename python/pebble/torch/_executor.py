@@ -64,11 +64,11 @@ measured.)
 
 Note [Running statistics once]: a PyTorch 1.13 batch norm updates its
 running statistics in place. Its first run in a step updates the module's
-buffers, as eager does; a recomputation runs with a momentum of 0 (cuDNN's
-exponential average factor), which writes each statistic back unchanged
-(0 * batch + 1 * running) where the batch's statistics are finite (an
-infinite one makes it NaN where eager's stays infinite: a step that has
-diverged). In training its outputs come from the batch alone, the same
+buffers, as eager does; a later run (a recomputation, or a sibling computed
+at a step of its own) runs with a momentum of 0 (cuDNN's exponential average
+factor), which writes each statistic back unchanged (0 * batch + 1 *
+running) where the batch's statistics are finite (an infinite one makes it
+NaN where eager's stays infinite: a step that has diverged). In training its outputs come from the batch alone, the same
 bits, and it runs the first run's code with the first run's temporaries,
 which calibration measured: no copy outside the plan, and no other
 workspace. (Copies of the statistics, updated and dropped, measured above
@@ -89,6 +89,31 @@ from ._memory import is_dense, round_up
 
 class PlanExecutionError(RuntimeError):
     """A step of the plan cannot run (a bug, or PyTorch refusing a kernel)."""
+
+
+class PlanExecutionIndexError(PlanExecutionError, IndexError):
+    """A kernel of the step raised IndexError (a target out of range), as
+    eager's would: a loop that catches eager's error catches the step's."""
+
+
+class PlanExecutionValueError(PlanExecutionError, ValueError):
+    """A kernel of the step raised ValueError, as eager's would."""
+
+
+class PlanExecutionTypeError(PlanExecutionError, TypeError):
+    """A kernel of the step raised TypeError, as eager's would."""
+
+
+def _kernel_error(message, cause):
+    """The PlanExecutionError of a kernel's failure `cause`, of its kind too
+    where that is IndexError, ValueError or TypeError (until 2026-12-05 a
+    RuntimeError alone, which `except IndexError` around eager's call missed)."""
+    for kind, error in ((IndexError, PlanExecutionIndexError),
+                        (ValueError, PlanExecutionValueError),
+                        (TypeError, PlanExecutionTypeError)):
+        if isinstance(cause, kind):
+            return error(message)
+    return PlanExecutionError(message)
 
 
 class CapturedValueMismatch(PlanExecutionError):
@@ -760,11 +785,11 @@ class _RunState:
             # for a dtype, bfloat16 under CPU autocast, fails eager's run too)
             given = ", ".join(f"{str(t.dtype).replace('torch.', '')}{list(t.shape)}"
                               for t in args if torch.is_tensor(t))
-            raise PlanExecutionError(
+            raise _kernel_error(
                 f"node '{node.id}' ({call.target}"
                 f"{' on ' + given if given else ''}): PyTorch's kernel failed: "
-                f"{str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__}") \
-                from e
+                f"{str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__}",
+                e) from e
         finally:
             if restore is not None:
                 _set_rng_state(self.device, restore)
