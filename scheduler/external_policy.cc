@@ -36,14 +36,22 @@ bool IsPolicyName(absl::string_view name) {
 
 class FunctionPlanner : public Planner {
  public:
-  explicit FunctionPlanner(ScheduleFunction fn) : fn_(std::move(fn)) {}
+  FunctionPlanner(std::string name, ScheduleFunction fn)
+      : name_(std::move(name)), fn_(std::move(fn)) {}
   absl::StatusOr<PlanResult> Plan(const Graph& graph,
                                   const PlannerOptions& options) const override {
     ASSIGN_OR_RETURN(Schedule schedule, fn_(graph, options));
-    return FinishPlan(graph, std::move(schedule), options);
+    absl::StatusOr<PlanResult> result = FinishPlan(graph, std::move(schedule), options);
+    if (!result.ok()) {  // (named, as an exec: policy's: until 2026-12-05 it was not)
+      return absl::InvalidArgumentError(absl::StrCat("policy ", Quote(name_),
+                                                     ": its schedule is not valid: ",
+                                                     result.status().message()));
+    }
+    return result;
   }
 
  private:
+  std::string name_;
   ScheduleFunction fn_;
 };
 
@@ -287,7 +295,9 @@ absl::Status RegisterExternalPolicy(const std::string& name, const std::string& 
   info.name = name;
   info.description = description.empty() ? "registered from outside pebble" : description;
   info.kind = kind;
-  info.factory = [fn = std::move(fn)] { return std::make_unique<FunctionPlanner>(fn); };
+  info.factory = [name, fn = std::move(fn)] {
+    return std::make_unique<FunctionPlanner>(name, fn);
+  };
   return PlannerRegistry::Global().RegisterExternal(std::move(info));
 }
 

@@ -82,6 +82,20 @@ class RotorTable {
     for (int i = 0; i < L_; ++i) {
       pg_prefix_[i + 1] = pg_prefix_[i] + chain.stages[i].permanent_bytes;
     }
+    // The table holds costs in floats (half a double's memory: 2 L^2/2
+    // slots-wide rows). Where the chain's whole cost is far from 1, in
+    // units of a power of two near it, so that costs of any scale fit a
+    // float's range (costs above 3.4e38 once read as infeasible, and a graph
+    // of huge costs planned no recomputation at all; tiny ones would round
+    // to 0); a power of two scales every float exactly, so the plans of
+    // costs within the range are those of the costs as given.
+    double whole = 0;
+    for (const ChainStage& st : chain.stages) {
+      whole += st.cone_cost + st.all_cost + st.saved_cost + st.backward_cost;
+    }
+    if (std::isfinite(whole) && (whole > 1e30 || (whole > 0 && whole < 1e-30))) {
+      unit_ = std::ldexp(1.0, std::ilogb(whole));
+    }
     const size_t pairs = static_cast<size_t>(L_) * (L_ + 1) / 2;
     cost_.assign(2 * pairs * width_, kInf);
     choice_.assign(2 * pairs * width_, kNone);
@@ -90,6 +104,9 @@ class RotorTable {
 
   int top() const { return top_; }
   int64_t slot() const { return slot_; }
+  // A cost in the table's units, and back in the chain's.
+  float Units(double cost) const { return static_cast<float>(cost / unit_); }
+  double InChainUnits(float units) const { return static_cast<double>(units) * unit_; }
   float Cost(bool keep, int s, int t, int m) const { return cost_[Index(keep, s, t, m)]; }
 
   // The program of Solve(s, t, keep) at m slots (Cost must be finite).
@@ -140,7 +157,7 @@ class RotorTable {
           if (d == 0) {
             const int64_t req = std::max(Slots(frontier + st.saved_peak[k1]),
                                          Slots(st.backward_peak[keep]));
-            const float c = static_cast<float>(st.saved_cost + st.backward_cost);
+            const float c = Units(st.saved_cost + st.backward_cost);
             for (int64_t m = req; m <= top_; ++m) {
               cost[m] = c;
               choice[m] = kAll;
@@ -152,7 +169,7 @@ class RotorTable {
             const int64_t req = std::max(Slots(frontier + st.all_peak[k1]),
                                          Slots(Permanent(s + 1, t) + st.backward_peak[keep]));
             const int64_t less = Slots((k1 ? st.input_bytes : 0) + st.saved_extra_bytes);
-            const float own = static_cast<float>(st.all_cost + st.backward_cost);
+            const float own = Units(st.all_cost + st.backward_cost);
             const float* inner = &cost_[Index(st.output_saved, s + 1, t, 0)];
             for (int64_t m = std::max(req, less); m <= top_; ++m) {
               const float c = own + inner[m - less];
@@ -176,7 +193,7 @@ class RotorTable {
             const int64_t less2 = Slots(Permanent(sp, t));
             const float* upper = &cost_[Index(false, sp, t, 0)];
             const float* lower = &cost_[Index(keep, s, sp - 1, 0)];
-            const float f = static_cast<float>(fwd);
+            const float f = Units(fwd);
             for (int64_t m = std::max({req, in_slots, less2}); m <= top_; ++m) {
               const float c = f + upper[m - in_slots] + lower[m - less2];
               if (c < cost[m]) {
@@ -193,6 +210,7 @@ class RotorTable {
   const Chain& chain_;
   const int L_;
   int64_t slot_ = 1;
+  double unit_ = 1;  // the chain's cost of one table unit (Units)
   int top_ = 0;
   int width_ = 1;
   std::vector<int64_t> pg_prefix_;
@@ -222,7 +240,7 @@ RotorSolution SolveRotor(const Chain& chain, int64_t memory_bytes, int slots,
   const float c = table.Cost(false, 0, L - 1, m);
   if (!(c < kInf)) return sol;
   sol.feasible = true;
-  sol.predicted_cost = c;
+  sol.predicted_cost = table.InChainUnits(c);
   table.Build(false, 0, L - 1, m, sol.ops);
   return sol;
 }
@@ -257,7 +275,7 @@ std::vector<std::vector<ChainOp>> RotorLossAtEndPrograms(const Chain& chain,
       const float upper = table.Cost(true, p + 1, L - 1, top);
       const float lower = table.Cost(false, 0, p, top - held);
       if (!(upper < kInf && lower < kInf)) continue;
-      cost = static_cast<float>(sweep) + upper + lower;
+      cost = table.Units(sweep) + upper + lower;
       for (int k = 0; k <= p; ++k) ops.push_back({ChainOpKind::kForward, k});
       table.Build(true, p + 1, L - 1, top, ops);
       table.Build(false, 0, p, top - held, ops);
@@ -271,7 +289,7 @@ std::vector<std::vector<ChainOp>> RotorLossAtEndPrograms(const Chain& chain,
         with_tail.push_back({ChainOpKind::kForward, k});
         tail += chain.stages[k].cone_cost;
       }
-      found.emplace_back(cost + static_cast<float>(tail), std::move(with_tail));
+      found.emplace_back(cost + table.Units(tail), std::move(with_tail));
     }
   }
   std::stable_sort(found.begin(), found.end(),

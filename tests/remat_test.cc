@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "graph/boost_adapter.h"
+#include "graph/graph_json.h"
 #include "graph/models/models.h"
 #include "gtest/gtest.h"
 #include "scheduler/budget.h"
@@ -528,6 +529,30 @@ TEST(ChainOptimumTest, PublishedRotorEqualsTheOptimumOnTanhChains) {
     ASSERT_TRUE(m.ok());
     EXPECT_EQ(m->report.peak_bytes, least) << g.name();
     EXPECT_NEAR(m->report.compute_cost, OptimalCost(g, least), 1e-9 * m->report.compute_cost);
+  }
+}
+
+// Costs of any scale plan alike: rotor's table holds floats, and costs
+// above a float's range (3.4e38) once read as infeasible, so that a chain
+// of huge costs planned no recomputation at all (its least peak the
+// baseline's), until 2026-12-05; tiny ones would round to 0.
+TEST(RotorTest, CostsOfAnyScalePlanAlike) {
+  const Graph g = Model("tanh-chain:length=8");
+  auto base = PlanOwnOrder("rotor", g, PlannerOptions::kMinBudget, true);
+  ASSERT_TRUE(base.ok()) << base.status();
+  ASSERT_GT(base->report.recomputations, 0);
+  const nlohmann::json doc = nlohmann::json::parse(GraphToJson(g).dump());
+  for (double factor : {1e40, 1e100, 1e-40}) {
+    nlohmann::json scaled_doc = doc;
+    for (nlohmann::json& node : scaled_doc["nodes"]) {
+      if (node.contains("cost")) node["cost"] = node["cost"].get<double>() * factor;
+    }
+    absl::StatusOr<Graph> scaled = GraphFromJson(scaled_doc);
+    ASSERT_TRUE(scaled.ok()) << scaled.status();
+    auto plan = PlanOwnOrder("rotor", *scaled, PlannerOptions::kMinBudget, true);
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    EXPECT_EQ(plan->report.peak_bytes, base->report.peak_bytes) << factor;
+    EXPECT_EQ(plan->report.recomputations, base->report.recomputations) << factor;
   }
 }
 

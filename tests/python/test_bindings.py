@@ -554,11 +554,15 @@ class OutsidePolicyTest(unittest.TestCase):
         with self.assertRaises(ValueError) as e:
             pebble.plan(self.graph, policy="raises")
         self.assertIn("no plan today", str(e.exception))
+        # The policy is named, as an exec: policy is (until 2026-12-05 an
+        # invalid schedule's error named the step alone).
         with self.assertRaises(ValueError) as e:
             pebble.plan(self.graph, policy="invalid")
+        self.assertIn("policy 'invalid': its schedule is not valid", str(e.exception))
         self.assertIn("step 0", str(e.exception))
         rows = pebble.compare(self.graph, policies=["invalid"], budgets=["100%"])
         self.assertIn("step 0", rows[0]["error"])
+        self.assertIn("policy 'invalid'", rows[0]["error"])
 
     def test_registration_errors(self):
         with self.assertRaises(ValueError):
