@@ -2465,8 +2465,8 @@ def check_running_statistics_read_in_order(failures, device):
 
 
 class _Reseeding(torch.nn.Module):
-    """A forward that sets the generator: `how` is "fork_rng", "manual_seed"
-    or "set_rng_state"."""
+    """A forward that sets the generator: `how` is "fork_rng", "fork_rng
+    alone", "manual_seed" or "set_rng_state"."""
 
     def __init__(self, how):
         super().__init__()
@@ -2478,6 +2478,9 @@ class _Reseeding(torch.nn.Module):
         if self.how == "fork_rng":
             with torch.random.fork_rng(devices=[]):
                 torch.manual_seed(42)
+                h = h + torch.nn.functional.dropout(h, 0.5, self.training)
+        elif self.how == "fork_rng alone":  # (its draws leave eager's stream where it was)
+            with torch.random.fork_rng(devices=[]):
                 h = h + torch.nn.functional.dropout(h, 0.5, self.training)
         elif self.how == "manual_seed":
             torch.manual_seed(42)
@@ -2528,7 +2531,8 @@ def check_generator_and_plain_state(failures, device):
     torch.manual_seed(0)
     x, y = torch.randn(6, 8, device=device), torch.randint(0, 4, (6,), device=device)
     for how, call in (("fork_rng", "torch.manual_seed"), ("manual_seed", "torch.manual_seed"),
-                      ("set_rng_state", "torch.set_rng_state")):
+                      ("set_rng_state", "torch.set_rng_state"),
+                      ("fork_rng alone", "torch.set_rng_state")):
         model = _Reseeding(how).to(device)
         torch.manual_seed(5)
         before = torch.get_rng_state()

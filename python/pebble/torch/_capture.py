@@ -23,7 +23,9 @@ import dis
 import functools
 import math
 import operator
+import os
 import random
+import sys
 import threading
 import types
 import warnings
@@ -1224,6 +1226,19 @@ _GENERATOR_SETTERS = (
                   "set_rng_state_all")))
 
 
+# PyTorch's own code calls the setters where it restores a state it saved
+# (a tracer of another version might): only the user's calls, and
+# fork_rng's (torch/random.py), refuse a capture.
+_TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
+_FORK_RNG_FILE = os.path.abspath(torch.random.__file__)
+
+
+def _called_by_torch(depth):
+    """Whether the caller `depth` frames up is PyTorch's code, fork_rng aside."""
+    caller = os.path.abspath(sys._getframe(depth + 1).f_code.co_filename)
+    return caller.startswith(_TORCH_DIR) and caller != _FORK_RNG_FILE
+
+
 def _generator_set_refused(owner):
     def make(name, original):
         @functools.wraps(original)
@@ -1231,7 +1246,8 @@ def _generator_set_refused(owner):
             # (once refused, the calls run: fork_rng's exit then names no
             # call of its own over the user's)
             if getattr(_TRACING, "batch_from", None) is not None and \
-                    not getattr(_TRACING, "generator_set", False):
+                    not getattr(_TRACING, "generator_set", False) and \
+                    not _called_by_torch(1):
                 _TRACING.generator_set = True
                 raise _GeneratorSet(f"{owner.__name__}.{name}")
             return original(*args, **kwargs)
