@@ -1135,21 +1135,28 @@ def _describe(x):
     return type(x).__name__
 
 
-class _ValuesRead(Exception):
-    """A traced tensor's values read in Python (`how`: ".tolist()")."""
+class _RefusedInTrace(Exception):
+    """A call in the traced Python that refuses the capture (`how`: the
+    call); capture_error(where) is the CaptureError naming it."""
 
     def __init__(self, how):
         super().__init__(how)
         self.how = how
 
 
-class _GeneratorSet(Exception):
+class _ValuesRead(_RefusedInTrace):
+    """A traced tensor's values read in Python (`how`: ".tolist()")."""
+
+    def capture_error(self, where):
+        return _values_read_error(where, self)
+
+
+class _GeneratorSet(_RefusedInTrace):
     """The generator reseeded or its state set while a step is traced
     (`how`: "torch.manual_seed"): Note [The generator set inside a step]."""
 
-    def __init__(self, how):
-        super().__init__(how)
-        self.how = how
+    def capture_error(self, where):
+        return _generator_set_error(where, self)
 
 
 # Calls whose output follows from their input's shape alone: a value read
@@ -1421,14 +1428,11 @@ def _traced_in_some_mode(model, loss_fn, slots, flat, device, modes, fake_mode, 
         except CaptureError:
             stack.close()
             raise
-        except _ValuesRead as e:  # Note [Values read in Python]
+        except _RefusedInTrace as e:
+            # (Notes [Values read in Python] and [The generator set inside a step])
             where = stack.where()
             stack.close()
-            raise _values_read_error(where, e) from None
-        except _GeneratorSet as e:  # Note [The generator set inside a step]
-            where = stack.where()
-            stack.close()
-            raise _generator_set_error(where, e) from None
+            raise e.capture_error(where) from None
         except Exception as e:  # PyTorch's own refusal: try the next mode, else report
             where = stack.where()
             stack.close()
