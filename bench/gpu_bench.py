@@ -27,7 +27,8 @@ card trains, and at what cost?"), `pebble fit --model conv3d --vary n
 --budget B --verify --backend cuda` finds each policy's largest N within the
 budget and runs it, and a binary search over N finds PyTorch's largest N
 under the same memory fraction (eager and checkpoint): a second table
-(--no-fit leaves it out).
+(--no-fit leaves it out). --no-pytorch leaves out every PyTorch case (and
+PyTorch's largest N): pebble's rows alone, with no Python that has torch.
 
 Writes bench/results/gpu-<device>-<date>.md (with -2, -3, ... added rather
 than replacing an earlier table of the same day) and exits non-zero when a
@@ -416,6 +417,9 @@ def main():
     ap.add_argument("--no-fit", action="store_true",
                     help="leave out the largest-N table (pebble fit --verify, and "
                          "PyTorch's largest N)")
+    ap.add_argument("--no-pytorch", action="store_true",
+                    help="leave out the PyTorch cases and PyTorch's largest N: pebble's "
+                         "rows alone")
     ap.add_argument("--torch-fit-max", type=int, default=None,
                     help="upper bound of the search for PyTorch's largest N (default "
                          "2048; 32 with --device cpu, where nothing caps the search)")
@@ -442,17 +446,21 @@ def main():
         print(f"gpu_bench: {args.pebble} registers none of {', '.join(POLICIES)}",
               file=sys.stderr)
         return 2
-    tv = subprocess.run([args.python, "-c", "import torch; print(torch.__version__)"],
-                        capture_output=True, text=True)
-    if tv.returncode != 0:
-        print("gpu_bench: PyTorch is not importable with " + args.python, file=sys.stderr)
-        return 1
-    torch_version = tv.stdout.strip()
+    rows, failures, remarks = [], [], []
+    torch_ok = not args.no_pytorch
+    if args.no_pytorch:
+        torch_version = "(not run)"
+        remarks.append("PyTorch's cases left out (--no-pytorch)")
+    else:
+        tv = subprocess.run([args.python, "-c", "import torch; print(torch.__version__)"],
+                            capture_output=True, text=True)
+        if tv.returncode != 0:
+            print("gpu_bench: PyTorch is not importable with " + args.python, file=sys.stderr)
+            return 1
+        torch_version = tv.stdout.strip()
     device_label = device_name(args.python, args.device)
 
-    rows, failures, remarks = [], [], []
-    torch_ok = True
-    if args.device == "cuda":
+    if args.device == "cuda" and torch_ok:
         cu = subprocess.run([args.python, "-c",
                              "import torch; print(torch.cuda.is_available())"],
                             capture_output=True, text=True)

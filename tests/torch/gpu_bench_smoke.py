@@ -13,7 +13,8 @@ recomputing policies meet, and checks:
     measured peak equal to the predicted one and an arena at least that
     large; PyTorch eager and checkpoint 'ok' with a time; no '+fraction'
     case on the CPU; a Markdown row for every case;
-  * a second run writes a new table beside the first, which stays as it was;
+  * a second run writes a new table beside the first, which stays as it was
+    (with --no-pytorch: pebble's rows alone, and the table says so);
   * the largest-N table (pebble fit --verify): baseline's largest N is 15,
     sqrtn's 16, every run's measured peak equal to the planned one; PyTorch's
     search (uncapped on the CPU) ends at its upper bound, 20;
@@ -128,12 +129,18 @@ def main():
                 check(row[:1] == ["20"] and "upper bound" in row[-1],
                       f"largest-N table row of PyTorch {r['mode']}: {row}")
 
-            out2, _, _ = bench(args.pebble, out_dir, "--no-fit")  # (the table, not the fit)
+            # (the table, not the fit; pebble's rows alone)
+            out2, rows2, fits2 = bench(args.pebble, out_dir, "--no-fit", "--no-pytorch")
             check(out2.returncode == 0, f"second run exited {out2.returncode}")
+            check(rows2 and all(r["system"] == "pebble" for r in rows2) and not fits2,
+                  f"--no-pytorch: rows {[(r['system'], r['mode']) for r in rows2]}")
             second = tables(out_dir)
             check(len(second) == 2, f"tables after two runs: {second}")
             with open(os.path.join(out_dir, first[0])) as f:
                 check(f.read() == text, "the second run changed the first table")
+            new = [t for t in second if t not in first]
+            with open(os.path.join(out_dir, new[0] if new else first[0])) as f:
+                check("--no-pytorch" in f.read(), "--no-pytorch: the table does not say so")
 
         # A pebble whose `run` fails for another reason than the budget.
         broken = os.path.join(tmp, "broken-pebble")
@@ -146,7 +153,7 @@ def main():
                     f"exec '{os.path.abspath(args.pebble)}' \"$@\"\n")
         os.chmod(broken, os.stat(broken).st_mode | stat.S_IXUSR)
         broken_dir = os.path.join(tmp, "broken")
-        out3, rows3, _ = bench(broken, broken_dir)
+        out3, rows3, _ = bench(broken, broken_dir, "--no-pytorch")
         check(out3.returncode == 1, f"failing pebble: exit {out3.returncode}, expected 1")
         check("FAILED: pebble run sqrtn n=16 failed: pebble: CUDA error: planted"
               in out3.stderr, f"failing pebble: stderr lacks the policy: {out3.stderr!r}")
