@@ -157,6 +157,9 @@ TEST(EmulatedStreamsTest, EveryPlanGivesTheBaselineBitsUnderEveryStreamSchedule)
     with_copies += CountCopies(p.plan.schedule) > 0;
     with_recompute += p.plan.report.recomputations > 0;
     for (emu::StreamSchedule schedule : kSchedules) {
+      // (the U-Net's plan under the two lazy schedules alone, the ones that
+      // reorder the streams' work: each run takes seconds here)
+      if (p.model == kUnet3dSmall && schedule == emu::StreamSchedule::kImmediate) continue;
       SCOPED_TRACE(absl::StrCat(p.model, ", ", p.policy, ", ", ScheduleName(schedule)));
       emu::SetStreamSchedule(schedule);
       auto run = RunPlan(g, p.plan.schedule, *gpu);
