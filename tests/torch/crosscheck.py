@@ -428,8 +428,8 @@ def parse_args(argv):
                              "PyTorch forward has no value at a kink (a ReLU "
                              "input or a max-pool tie within 1e-6 relative), "
                              "trying up to %d" % KINK_FREE_SEEDS)
-    parser.add_argument("--threads", type=int, default=2,
-                        help="PyTorch intra-op threads (default 2)")
+    parser.add_argument("--threads", type=int, default=int(os.environ.get("OMP_NUM_THREADS") or 2),
+                        help="PyTorch intra-op threads (default $OMP_NUM_THREADS, else 2)")
     try:
         return parser.parse_args(argv)
     except SystemExit as e:  # argparse exits 2 on errors, 0 on --help

@@ -2778,7 +2778,9 @@ def main():
     if device.type == "cuda" and not torch.cuda.is_available():
         print("step_check: no CUDA device; skipped")
         return 77
-    torch.set_num_threads(max(1, min(4, os.cpu_count() or 1)))
+    # (OMP_NUM_THREADS where set, as PyTorch itself: ctest sets 1)
+    torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS") or
+                                     min(4, os.cpu_count() or 1))))
     if device.type == "cuda":
         # Equal numbers need equal arithmetic: fp32 without TF32 (PyTorch 2
         # lets cuDNN use TF32 by default) and deterministic kernels (cuDNN's
