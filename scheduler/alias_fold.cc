@@ -83,6 +83,7 @@ class AliasFoldingPlanner final : public Planner {
     result.feasible = inner.feasible;
     result.message = std::move(inner.message);
     result.details = std::move(inner.details);
+    result.least_peak_bytes = inner.least_peak_bytes;  // (the peaks are the same)
     result.details["folded_aliases"] = graph.num_aliases();
     if (const int others = AliasesReadingOthers(graph); others > 0) {
       result.details["aliases_reading_others"] = others;

@@ -120,6 +120,7 @@ absl::StatusOr<PlanResult> MapBack(const Graph& graph, const Graph& reordered,
   // time-limit note), where it has one.
   if (mapped.feasible || !result.message.empty()) mapped.message = result.message;
   mapped.details = std::move(result.details);
+  mapped.least_peak_bytes = result.least_peak_bytes;
   return mapped;
 }
 
@@ -311,6 +312,15 @@ class ComposedPlanner final : public Planner {
     ReportProgress(options, absl::StrCat(name_, ": over the graph's own order"));
     ASSIGN_OR_RETURN(PlanResult framework, inner_->Plan(graph, run_options));
     cut = cut || TimeLimitReached(framework);
+    // The lowest of the runs' least-peak plans, where a run that did not
+    // fit made one (PlanResult::least_peak_bytes): the refusal's advice
+    // takes it rather than planning at min again.
+    std::optional<int64_t> least_peak = framework.least_peak_bytes;
+    auto take_least = [&](const std::optional<int64_t>& bytes) {
+      if (bytes.has_value() && (!least_peak.has_value() || *bytes < *least_peak)) {
+        least_peak = bytes;
+      }
+    };
     ASSIGN_OR_RETURN(framework, ComputeOutputsLate(graph, std::move(framework), options,
                                                    deadline));
     PlanResult best = Labelled(std::move(framework), "framework", one_shot);
@@ -328,6 +338,7 @@ class ComposedPlanner final : public Planner {
       absl::StatusOr<PlanResult> composed = inner_->Plan(*reordered, run_options);
       if (composed.ok()) {
         cut = cut || TimeLimitReached(*composed);
+        take_least(composed->least_peak_bytes);
         ASSIGN_OR_RETURN(PlanResult mapped,
                          MapBack(graph, *reordered, *std::move(composed), options));
         ASSIGN_OR_RETURN(mapped, ComputeOutputsLate(graph, std::move(mapped), options,
@@ -358,6 +369,9 @@ class ComposedPlanner final : public Planner {
     if (cut && !TimeLimitReached(best)) {
       NoteTimeLimit(best, options.time_limit_s, "the best plan of the runs finished");
     }
+    // (the plan shown, its outputs computed late, may peak lower still)
+    if (least_peak.has_value() && !best.feasible) take_least(best.report.peak_bytes);
+    best.least_peak_bytes = best.feasible ? std::nullopt : least_peak;
     return best;
   }
 
