@@ -497,25 +497,40 @@ TEST(CheckmateTest, HonoursTheTimeLimitOnALargerModel) {
   }
 }
 
+// A plan of resnet18:batch=8,image=64 (1.1M nonzeros in either model) at
+// 97% of its one-shot peak with `policy` and a `limit_s` time limit, and
+// that budget; the call must end within the limit's slack.
+struct TimedPlan {
+  PlanResult plan;
+  int64_t budget = 0;
+};
+
+void PlanResnet18Within(absl::string_view policy, double limit_s, TimedPlan* out) {
+  auto g = BuildModel("resnet18:batch=8,image=64");
+  ASSERT_TRUE(g.ok()) << g.status();
+  out->budget = OneShotPeak(*g) * 97 / 100;
+  absl::StatusOr<PlanResult> r;
+  const double secs = SecondsOf([&] { r = PlanWith(*g, policy, out->budget, limit_s); });
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_LT(secs, TimeLimitSlack(limit_s)) << policy;
+  out->plan = *std::move(r);
+}
+
 // checkmate-lp's LP of resnet18:batch=8,image=64 has 1.1M nonzeros: Clp's
 // set-up alone (load and presolve, which no deadline interrupts) would take
 // most of 0.3 s, so the LP is not started and the result says why; the
 // repair (rotor, dtr) may still find a plan in the time left.
 TEST(CheckmateTest, LpIsNotStartedWhenItsSetUpWouldOverrunTheLimit) {
-  auto g = BuildModel("resnet18:batch=8,image=64");
-  ASSERT_TRUE(g.ok()) << g.status();
-  const int64_t budget = OneShotPeak(*g) * 97 / 100;
-  absl::StatusOr<PlanResult> r;
-  const double secs = SecondsOf([&] { r = PlanWith(*g, "checkmate-lp", budget, 0.3); });
-  ASSERT_TRUE(r.ok()) << r.status();
-  EXPECT_LT(secs, TimeLimitSlack(0.3));
-  if (r->details.contains("repaired_by")) {
-    EXPECT_TRUE(r->feasible);
-    EXPECT_TRUE(r->details["lp"].is_object());
+  TimedPlan t;
+  ASSERT_NO_FATAL_FAILURE(PlanResnet18Within("checkmate-lp", 0.3, &t));
+  const PlanResult& r = t.plan;
+  if (r.details.contains("repaired_by")) {
+    EXPECT_TRUE(r.feasible);
+    EXPECT_TRUE(r.details["lp"].is_object());
   } else {
-    EXPECT_FALSE(r->feasible);
-    EXPECT_EQ(r->details["time_limit_reached"], true);
-    EXPECT_THAT(r->message, HasSubstr("was not started"));
+    EXPECT_FALSE(r.feasible);
+    EXPECT_EQ(r.details["time_limit_reached"], true);
+    EXPECT_THAT(r.message, HasSubstr("was not started"));
   }
 }
 
@@ -524,15 +539,10 @@ TEST(CheckmateTest, LpIsNotStartedWhenItsSetUpWouldOverrunTheLimit) {
 // 1.1M nonzeros here: with 1.5 s CBC is not started, and the result says
 // why. (resnet50 at 600 stages took 22 s against a 3 s limit before.)
 TEST(CheckmateTest, MilpIsNotStartedWhenItsSetUpWouldOverrunTheLimit) {
-  auto g = BuildModel("resnet18:batch=8,image=64");
-  ASSERT_TRUE(g.ok()) << g.status();
-  const int64_t budget = OneShotPeak(*g) * 97 / 100;
-  absl::StatusOr<PlanResult> r;
-  const double secs = SecondsOf([&] { r = PlanWith(*g, "checkmate", budget, 1.5); });
-  ASSERT_TRUE(r.ok()) << r.status();
-  EXPECT_LT(secs, TimeLimitSlack(1.5));
-  EXPECT_THAT(r->message, HasSubstr("CBC was not started"));
-  EXPECT_EQ(r->details["time_limit_reached"], true) << r->message;
+  TimedPlan t;
+  ASSERT_NO_FATAL_FAILURE(PlanResnet18Within("checkmate", 1.5, &t));
+  EXPECT_THAT(t.plan.message, HasSubstr("CBC was not started"));
+  EXPECT_EQ(t.plan.details["time_limit_reached"], true) << t.plan.message;
 }
 
 // Below its least peak, each Checkmate policy as `plan` runs it (composed
@@ -561,18 +571,14 @@ TEST(CheckmateTest, ARefusalCarriesTheLeastPeakFound) {
 // Given time for the set-up, the LP itself stops at the limit (wall clock,
 // checked every simplex iteration), or finishes and is rounded.
 TEST(CheckmateTest, LpStopsAtTheTimeLimit) {
-  auto g = BuildModel("resnet18:batch=8,image=64");
-  ASSERT_TRUE(g.ok()) << g.status();
-  const int64_t budget = OneShotPeak(*g) * 97 / 100;
-  absl::StatusOr<PlanResult> r;
-  const double secs = SecondsOf([&] { r = PlanWith(*g, "checkmate-lp", budget, 3.0); });
-  ASSERT_TRUE(r.ok()) << r.status();
-  EXPECT_LT(secs, TimeLimitSlack(3.0));
-  if (r->feasible) {
-    EXPECT_LE(r->report.peak_bytes, budget);
+  TimedPlan t;
+  ASSERT_NO_FATAL_FAILURE(PlanResnet18Within("checkmate-lp", 3.0, &t));
+  const PlanResult& r = t.plan;
+  if (r.feasible) {
+    EXPECT_LE(r.report.peak_bytes, t.budget);
   } else {
-    EXPECT_EQ(r->details["time_limit_reached"], true) << r->message;
-    EXPECT_THAT(r->message, HasSubstr("time limit"));
+    EXPECT_EQ(r.details["time_limit_reached"], true) << r.message;
+    EXPECT_THAT(r.message, HasSubstr("time limit"));
   }
 }
 

@@ -383,6 +383,14 @@ def bitwise_diff(base, got):
     return diff
 
 
+def add_threads_option(parser):
+    """--threads: PyTorch's intra-op threads, OMP_NUM_THREADS where it is set
+    (ctest sets 1), else 2. (import_check.py and optimizer_check.py take it
+    too.)"""
+    parser.add_argument("--threads", type=int, default=int(os.environ.get("OMP_NUM_THREADS") or 2),
+                        help="PyTorch intra-op threads (default $OMP_NUM_THREADS, else 2)")
+
+
 def parse_args(argv):
     parser = argparse.ArgumentParser(
         description="Cross-check `pebble run` against PyTorch: loss and "
@@ -428,8 +436,7 @@ def parse_args(argv):
                              "PyTorch forward has no value at a kink (a ReLU "
                              "input or a max-pool tie within 1e-6 relative), "
                              "trying up to %d" % KINK_FREE_SEEDS)
-    parser.add_argument("--threads", type=int, default=int(os.environ.get("OMP_NUM_THREADS") or 2),
-                        help="PyTorch intra-op threads (default $OMP_NUM_THREADS, else 2)")
+    add_threads_option(parser)
     try:
         return parser.parse_args(argv)
     except SystemExit as e:  # argparse exits 2 on errors, 0 on --help

@@ -192,8 +192,7 @@ def parse_args(argv):
                         help="ResNets with torchvision's default init "
                              "(zero_init_residual=False): resnet50's fp32 "
                              "gradients are then ill-conditioned")
-    parser.add_argument("--threads", type=int, default=int(os.environ.get("OMP_NUM_THREADS") or 2),
-                        help="PyTorch intra-op threads (default $OMP_NUM_THREADS, else 2)")
+    cc.add_threads_option(parser)
     parser.add_argument("--backend", choices=["cpu", "cuda"], default="cpu",
                         help="backend of the `pebble run` (default cpu; "
                              "PyTorch's reference always runs on the CPU)")

@@ -373,8 +373,7 @@ def parse_args(argv):
     parser.add_argument("--workdir", default=None,
                         help="where inputs and dumps go (default: a temporary directory)")
     parser.add_argument("--backend", default="cpu", help="pebble's backend (default cpu)")
-    parser.add_argument("--threads", type=int, default=int(os.environ.get("OMP_NUM_THREADS") or 2),
-                        help="PyTorch threads (default $OMP_NUM_THREADS, else 2)")
+    cc.add_threads_option(parser)
     try:
         args = parser.parse_args(argv)
     except SystemExit as e:
