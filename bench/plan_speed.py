@@ -29,6 +29,12 @@ COMMANDS = [
      "adam:state=auto,updates=auto", "--policy", "hybrid", "--budget", "min"],
     ["plan", "--model", "mnist-cnn:batch=8", "--optimizer", "adamw:max_grad_norm=1", "--ranks",
      "2", "--shard", "full", "--policy", "hybrid", "--budget", "min"],
+    # the placement searches of an optimizer's updates and state (Note
+    # [Placements planned once], scheduler/updates_last.cc)
+    ["plan", "--model", "mnist-cnn:batch=8", "--optimizer", "adam:state=auto,updates=auto",
+     "--ranks", "2", "--shard", "full", "--policy", "hybrid", "--budget", "min"],
+    ["plan", "--model", "resnet18:batch=4,image=32", "--optimizer",
+     "adam:state=auto,updates=auto", "--policy", "rotor", "--budget", "min"],
     ["plan", "--model", "transformer:layers=1,seq=32,dim=64,vocab=100", "--policy",
      "checkmate-lp", "--budget", "80%"],
 ]

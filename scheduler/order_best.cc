@@ -131,7 +131,7 @@ class BestOrderPlanner final : public Planner {
  public:
   absl::StatusOr<PlanResult> Plan(const Graph& graph,
                                   const PlannerOptions& options) const override {
-    BestOrderMemo* memo = options.best_order_memo.get();
+    PlanMemo* memo = options.best_order_memo.get();
     if (memo == nullptr) return Search(graph, options);
     if (const PlanResult* kept = memo->Find(graph, options)) return *kept;
     ASSIGN_OR_RETURN(PlanResult plan, Search(graph, options));

@@ -386,7 +386,7 @@ uint64_t GraphFingerprint(const Graph& graph) {
   return h;
 }
 
-const PlanResult* BestOrderMemo::Find(const Graph& graph, const PlannerOptions& options) const {
+const PlanResult* PlanMemo::Find(const Graph& graph, const PlannerOptions& options) const {
   const uint64_t fingerprint = GraphFingerprint(graph);
   for (const Entry& e : entries_) {
     if (e.fingerprint == fingerprint && e.num_nodes == graph.num_nodes() &&
@@ -397,7 +397,7 @@ const PlanResult* BestOrderMemo::Find(const Graph& graph, const PlannerOptions& 
   return nullptr;
 }
 
-void BestOrderMemo::Keep(const Graph& graph, const PlannerOptions& options, PlanResult plan) {
+void PlanMemo::Keep(const Graph& graph, const PlannerOptions& options, PlanResult plan) {
   entries_.push_back({GraphFingerprint(graph), graph.num_nodes(), options.budget_bytes,
                       options.ranks, std::move(plan)});
 }

@@ -35,7 +35,7 @@ struct PlanProgress {
   std::optional<double> bound;
 };
 
-class BestOrderMemo;  // below
+class PlanMemo;  // below
 
 struct PlannerOptions {
   // Device memory budget in bytes; kMinBudget asks for the lowest peak the
@@ -88,8 +88,8 @@ struct PlannerOptions {
   // plans on several). Empty: no reports.
   std::function<void(const PlanProgress&)> progress;
   // best-order's plans made so far in one call, shared by the policies that
-  // call planned in turn (BestOrderMemo); null: none kept.
-  std::shared_ptr<BestOrderMemo> best_order_memo;
+  // call planned in turn (PlanMemo); null: none kept.
+  std::shared_ptr<PlanMemo> best_order_memo;
 };
 
 // Calls options.progress, where set.
@@ -114,12 +114,15 @@ struct PlanResult {
 // runs (and its host cost), collectives and edges, and its outputs.
 uint64_t GraphFingerprint(const Graph& graph);
 
-// best-order's plans (order_best.cc) by graph and budget, for one planning
-// call that plans several policies on the same graph (Note [hybrid on the
-// whole step]): each policy composed with best-order (compose.h) would run
-// best-order's search again, seconds on a large graph, for the same plan.
-// Not thread-safe: one call's policies plan in turn.
-class BestOrderMemo {
+// A policy's plans by graph (its content) and budget, kept for one planning
+// call that would make the same plan several times: best-order's
+// (order_best.cc), for a call that plans several policies on the same graph
+// (Note [hybrid on the whole step]): each policy composed with best-order
+// (compose.h) would run best-order's search again, seconds on a large
+// graph; and the policy's plans inside the placement searches of a whole
+// step (Note [Placements planned once], updates_last.cc).
+// Not thread-safe: one call's plans are made in turn.
+class PlanMemo {
  public:
   // The plan kept for `graph` (by content) under `options`' budget, or null.
   const PlanResult* Find(const Graph& graph, const PlannerOptions& options) const;

@@ -1,6 +1,7 @@
 #include "scheduler/updates_last.h"
 
 #include <algorithm>
+#include <chrono>
 #include <utility>
 #include <vector>
 
@@ -707,6 +708,32 @@ std::vector<Step> StepsOf(const Graph& graph, const Graph& rest, const Schedule&
   return steps;
 }
 
+// Note [Placements planned once]. The searches of Note [State placement]
+// and Note [Update placement] plan the step under many placements, and the
+// policy plans each one's step without its updates: that graph differs only
+// in the state left out (state whose home is the host), not in where an
+// update runs or whether a parameter is streamed (homes are dropped from
+// it), so most placements give the policy a graph it has planned already,
+// at the same budget. One call keeps the policy's plans (PlanMemo) by
+// graph (its content, GraphFingerprint) and budget, and plans each once.
+// (The calls of one search differ in their budget and time limit only.)
+// Only a whole plan is kept: one the time limit cut may be bettered with
+// more time, and not every policy marks its cuts (composition's optional
+// searches stop at the deadline unsaid, checkmate's repairs too), so a
+// plan is kept where it was unmarked and made within kKeptWithin of its
+// time limit, which no deadline of the policies' (the call's limit, or a
+// share of it: a fifth at least, checkmate's warm start) can have cut. A
+// later call with less time may then take a plan better than it would have
+// made; where no search is cut, the plans are those made without the memo.
+// The same plans, sooner: hybrid on transformer:layers=2,seq=64,dim=128
+// with adam:state=auto,updates=auto at min, 7.2 to 3.9 s; rotor on
+// resnet18:batch=4,image=32 so, 5.1 to 2.3 s
+// (bench/results/placements-planned-once-2026-12-05.md).
+
+// The share of its time limit within which a plan was made, for PlanMemo
+// to keep it (Note [Placements planned once]).
+constexpr double kKeptWithin = 0.1;
+
 class UpdatesLastPlanner final : public Planner {
  public:
   explicit UpdatesLastPlanner(std::unique_ptr<Planner> inner) : inner_(std::move(inner)) {}
@@ -714,23 +741,40 @@ class UpdatesLastPlanner final : public Planner {
   absl::StatusOr<PlanResult> Plan(const Graph& graph,
                                   const PlannerOptions& options) const override {
     if (!graph.has_in_place()) return inner_->Plan(graph, options);
+    PlanMemo memo;  // Note [Placements planned once]
     if (graph.has_auto_runs_on()) {  // Note [Update placement]
-      return PlaceUpdates(graph, options, [this](const Graph& g, const PlannerOptions& o) {
-        return PlanPlaced(g, o);
+      return PlaceUpdates(graph, options, [&](const Graph& g, const PlannerOptions& o) {
+        return PlanPlaced(g, o, memo);
       });
     }
-    return PlanPlaced(graph, options);
+    return PlanPlaced(graph, options, memo);
   }
 
  private:
   // The plan of a graph whose updates' sides are chosen.
-  absl::StatusOr<PlanResult> PlanPlaced(const Graph& graph, const PlannerOptions& options) const {
+  absl::StatusOr<PlanResult> PlanPlaced(const Graph& graph, const PlannerOptions& options,
+                                        PlanMemo& memo) const {
     if (graph.has_auto_homes()) {  // Note [State placement]
-      return PlaceAutoState(graph, options, [this](const Graph& g, const PlannerOptions& o) {
-        return PlanStreamed(g, o);
+      return PlaceAutoState(graph, options, [&](const Graph& g, const PlannerOptions& o) {
+        return PlanStreamed(g, o, memo);
       });
     }
-    return PlanStreamed(graph, options);
+    return PlanStreamed(graph, options, memo);
+  }
+
+  // The policy's plan of `rest` (a graph without updates), made once per
+  // call (Note [Placements planned once]).
+  absl::StatusOr<PlanResult> PlanInner(const Graph& rest, const PlannerOptions& options,
+                                       PlanMemo& memo) const {
+    if (const PlanResult* kept = memo.Find(rest, options)) return *kept;
+    const auto start = std::chrono::steady_clock::now();
+    ASSIGN_OR_RETURN(PlanResult plan, inner_->Plan(rest, options));
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (!TimeLimitReached(plan) && seconds < kKeptWithin * options.time_limit_s) {
+      memo.Keep(rest, options, plan);
+    }
+    return plan;
   }
 
   // Note [Parameters streamed]: the policy plans with the parameters
@@ -744,12 +788,12 @@ class UpdatesLastPlanner final : public Planner {
   // plan does (Note [The least peak of a sharded step], planner.cc), so
   // each placement that the searches of Note [State placement] and Note
   // [Update placement] try fits wherever its least peak does.
-  absl::StatusOr<PlanResult> PlanStreamed(const Graph& graph,
-                                          const PlannerOptions& options) const {
+  absl::StatusOr<PlanResult> PlanStreamed(const Graph& graph, const PlannerOptions& options,
+                                          PlanMemo& memo) const {
     const int64_t streamed_bytes = StreamedParameterBytes(graph);
     const bool streams = streamed_bytes > 0;
     if (options.budget_bytes == PlannerOptions::kMinBudget) {
-      return PlanOnce(graph, options, streams);
+      return PlanOnce(graph, options, streams, memo);
     }
     std::vector<int64_t> budgets = {options.budget_bytes, PlannerOptions::kMinBudget};
     if (streams && options.budget_bytes <= INT64_MAX - streamed_bytes) {
@@ -769,7 +813,7 @@ class UpdatesLastPlanner final : public Planner {
       inner.time_limit_s = std::max(
           0.01, deadline.remaining_s() /
                     static_cast<double>(streams ? budgets.size() - i : 1));
-      ASSIGN_OR_RETURN(PlanResult planned, PlanOnce(graph, inner, streams));
+      ASSIGN_OR_RETURN(PlanResult planned, PlanOnce(graph, inner, streams, memo));
       const bool cut = TimeLimitReached(planned);
       nlohmann::json details = std::move(planned.details);
       // Judged against the caller's budget, not the one the policy had.
@@ -790,9 +834,9 @@ class UpdatesLastPlanner final : public Planner {
   // Note [Updates early]) and the parameters streamed where
   // `streams_parameters`.
   absl::StatusOr<PlanResult> PlanOnce(const Graph& graph, const PlannerOptions& options,
-                                      bool streams_parameters) const {
+                                      bool streams_parameters, PlanMemo& memo) const {
     ASSIGN_OR_RETURN(const Graph rest, WithoutUpdates(graph));
-    ASSIGN_OR_RETURN(PlanResult inner, inner_->Plan(rest, options));
+    ASSIGN_OR_RETURN(PlanResult inner, PlanInner(rest, options, memo));
     const std::vector<Step> steps =
         FreeLeftovers(graph, StreamParameters(graph, StepsOf(graph, rest, inner.schedule)));
     Schedule last;
@@ -818,7 +862,7 @@ class UpdatesLastPlanner final : public Planner {
       }
     }
     if (emitter.FreesEarly()) {  // the policy told which gradients go early
-      absl::StatusOr<PlanResult> sunk = PlanWithSinks(graph, options);
+      absl::StatusOr<PlanResult> sunk = PlanWithSinks(graph, options, memo);
       if (sunk.ok() && Better(*sunk, result)) {
         result = *std::move(sunk);
         inner.details = result.details;
@@ -856,10 +900,10 @@ class UpdatesLastPlanner final : public Planner {
   // zero-byte sink per dropped gradient, so it frees each gradient where the
   // sink reads it; every update then runs as soon as it may (the sinks
   // dropped), and its gradient is freed after it.
-  absl::StatusOr<PlanResult> PlanWithSinks(const Graph& graph,
-                                           const PlannerOptions& options) const {
+  absl::StatusOr<PlanResult> PlanWithSinks(const Graph& graph, const PlannerOptions& options,
+                                           PlanMemo& memo) const {
     ASSIGN_OR_RETURN(const Graph rest, WithoutUpdates(graph, /*sinks=*/true));
-    ASSIGN_OR_RETURN(PlanResult inner, inner_->Plan(rest, options));
+    ASSIGN_OR_RETURN(PlanResult inner, PlanInner(rest, options, memo));
     const std::vector<Step> steps =
         FreeLeftovers(graph, StreamParameters(graph, StepsOf(graph, rest, inner.schedule)));
     std::vector<uint8_t> early(graph.num_nodes(), 1);

@@ -22,7 +22,7 @@
 // at `min` never higher in peak), within the time limit. The cost: each
 // compared policy is planned again, whole; best-order's search, which each
 // of them runs to compose with (seconds on a large graph), is made once in
-// the call (BestOrderMemo).
+// the call (PlanMemo).
 #include "scheduler/whole_step.h"
 
 #include <algorithm>
@@ -115,10 +115,10 @@ class WholeStepsComparedPlanner : public Planner {
                                   const PlannerOptions& given) const override {
     const Deadline deadline(given.time_limit_s);
     // hybrid and each policy compared run best-order on the same graphs:
-    // its plans are made once (BestOrderMemo).
+    // its plans are made once (PlanMemo).
     PlannerOptions options = given;
     if (options.best_order_memo == nullptr) {
-      options.best_order_memo = std::make_shared<BestOrderMemo>();
+      options.best_order_memo = std::make_shared<PlanMemo>();
     }
     // On a step with an optimizer's updates (which hybrid plans without,
     // many times over in the placement searches), the named policies'
@@ -194,7 +194,7 @@ class WholeStepsComparedPlanner : public Planner {
 // - a policy composed with best-order (Note [Composition]) is compared
 //   with best-order's plan of the whole step, which it takes where
 //   BetterPlan prefers it: none is worse than best-order. Both share one
-//   BestOrderMemo, so best-order's search of the step without its updates
+//   PlanMemo, so best-order's search of the step without its updates
 //   runs once. The exact policies (exact-order, exact, checkmate) alike:
 //   their optimum is the step's without its updates (exact at min on an
 //   MLP with Adam's state on the host: 3,008 bytes, "optimal", where
@@ -220,11 +220,11 @@ class WholeStepsComparedPlanner : public Planner {
 // The cost: three plans of a fixed rule and their joins (milliseconds to a
 // second on a large graph).
 
-// `options` with a BestOrderMemo for the call, where it has none.
+// `options` with a PlanMemo for the call, where it has none.
 PlannerOptions WithMemo(const PlannerOptions& given) {
   PlannerOptions options = given;
   if (options.best_order_memo == nullptr) {
-    options.best_order_memo = std::make_shared<BestOrderMemo>();
+    options.best_order_memo = std::make_shared<PlanMemo>();
   }
   return options;
 }

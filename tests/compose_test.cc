@@ -207,7 +207,7 @@ TEST(ComposeTest, APolicysRefusalStands) {
 }
 
 // BetterPlan: the budget rule of docs/semantics.md.
-// BestOrderMemo: best-order's plan is made once per graph and budget in
+// PlanMemo: best-order's plan is made once per graph and budget in
 // one call, and another graph's, or another budget's, is not taken for it.
 TEST(ComposeTest, BestOrderPlansAreKeptPerGraphAndBudget) {
   absl::StatusOr<Graph> a = BuildModel("resnet18:batch=2,image=32");
@@ -215,7 +215,7 @@ TEST(ComposeTest, BestOrderPlansAreKeptPerGraphAndBudget) {
   ASSERT_TRUE(a.ok() && b.ok());
   PlannerOptions options;
   options.budget_bytes = PlannerOptions::kMinBudget;
-  options.best_order_memo = std::make_shared<BestOrderMemo>();
+  options.best_order_memo = std::make_shared<PlanMemo>();
   std::unique_ptr<Planner> best_order = *MakePlanner("best-order");
   const PlanResult first = *best_order->Plan(*a, options);
   ASSERT_NE(options.best_order_memo->Find(*a, options), nullptr);

@@ -4,7 +4,10 @@
 // (ResolveHomes, scheduler/schedule.h).
 #include "scheduler/state_placement.h"
 
+#include <memory>
+#include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "graph/graph_json.h"
@@ -18,6 +21,7 @@
 #include "scheduler/plan_api.h"
 #include "scheduler/schedule.h"
 #include "scheduler/simulator.h"
+#include "scheduler/updates_last.h"
 
 namespace pebble {
 namespace {
@@ -425,6 +429,75 @@ TEST(StatePlacementTest, AutoPlacesParametersAndStateTogether) {
                            Count(a->outcome.result.schedule, Action::kPrefetch, v) > 0;
   }
   EXPECT_EQ(placement["streamed_parameters"].get<int>(), streamed_parameters);
+}
+
+// A policy that records each graph (by content) and budget it is asked to
+// plan; with `cut`, each of its plans says the time limit cut it.
+class PlansRecorded final : public Planner {
+ public:
+  PlansRecorded(std::unique_ptr<Planner> inner, std::vector<std::pair<uint64_t, int64_t>>& asked,
+                bool cut = false)
+      : inner_(std::move(inner)), asked_(asked), cut_(cut) {}
+  absl::StatusOr<PlanResult> Plan(const Graph& graph,
+                                  const PlannerOptions& options) const override {
+    asked_.push_back({GraphFingerprint(graph), options.budget_bytes});
+    absl::StatusOr<PlanResult> plan = inner_->Plan(graph, options);
+    if (plan.ok() && cut_) NoteTimeLimit(*plan, options.time_limit_s, "(recorded)");
+    return plan;
+  }
+
+ private:
+  std::unique_ptr<Planner> inner_;
+  std::vector<std::pair<uint64_t, int64_t>>& asked_;
+  bool cut_;
+};
+
+// Note [Placements planned once]: the searches over where each update runs
+// and where each state tensor and parameter lives plan the step many times,
+// and the policy is asked to plan each step without its updates once per
+// budget, at `min` and at a byte budget above the least peak; a plan the
+// time limit cut is asked for again.
+TEST(StatePlacementTest, ThePolicyPlansEachStepWithoutUpdatesOnce) {
+  absl::StatusOr<Graph> g = BuildModel(
+      "mnist-cnn:batch=4,optimizer=adam,updates=auto,optimizer_state=auto,parameters=auto");
+  ASSERT_TRUE(g.ok()) << g.status();
+  const PolicyInfo* rotor = PlannerRegistry::Global().Find("rotor");
+  ASSERT_NE(rotor, nullptr);
+  std::vector<std::pair<uint64_t, int64_t>> asked;
+  const std::unique_ptr<Planner> planner =
+      WithUpdatesLast(std::make_unique<PlansRecorded>(rotor->factory(), asked));
+  PlannerOptions options;
+  options.time_limit_s = 600;  // (no plan is cut: a cut plan is planned again)
+  options.budget_bytes = PlannerOptions::kMinBudget;
+  absl::StatusOr<PlanResult> least = planner->Plan(*g, options);
+  ASSERT_TRUE(least.ok()) << least.status();
+  ASSERT_TRUE(least->feasible) << least->message;
+  ASSERT_TRUE(Simulate(*g, least->schedule).ok());
+  for (const int64_t budget :
+       {PlannerOptions::kMinBudget, least->report.peak_bytes + least->report.peak_bytes / 4}) {
+    SCOPED_TRACE(budget);
+    asked.clear();
+    options.budget_bytes = budget;
+    absl::StatusOr<PlanResult> r = planner->Plan(*g, options);
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_TRUE(r->feasible) << r->message;
+    EXPECT_TRUE(Simulate(*g, r->schedule).ok());
+    // The searches tried several placements of each kind.
+    EXPECT_GE(r->details["update_placement"]["plans"].get<int>(), 2) << r->details.dump();
+    EXPECT_GE(r->details["state_placement"]["plans"].get<int>(), 2) << r->details.dump();
+    const std::set<std::pair<uint64_t, int64_t>> distinct(asked.begin(), asked.end());
+    EXPECT_GE(asked.size(), 2u);
+    EXPECT_EQ(asked.size(), distinct.size()) << "a step without its updates planned again";
+  }
+  // The policy's plans cut by the time limit: none is kept, and the same
+  // searches ask again for the steps they planned.
+  std::vector<std::pair<uint64_t, int64_t>> asked_cut;
+  const std::unique_ptr<Planner> cut_planner =
+      WithUpdatesLast(std::make_unique<PlansRecorded>(rotor->factory(), asked_cut, true));
+  options.budget_bytes = PlannerOptions::kMinBudget;
+  ASSERT_TRUE(cut_planner->Plan(*g, options).ok());
+  const std::set<std::pair<uint64_t, int64_t>> distinct_cut(asked_cut.begin(), asked_cut.end());
+  EXPECT_GT(asked_cut.size(), distinct_cut.size());
 }
 
 TEST(StatePlacementTest, TheZooAndTheOptimizerSpecTakeAuto) {

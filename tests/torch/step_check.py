@@ -261,14 +261,18 @@ def check_optimizers(failures, device, names, steps):
     docs/torch.md gives for clipping, which a step with optimizer= cannot
     do): eager's parameters."""
     for name in names:
+        case = step_models.CASES[name](device)
+        model = case.model.train()
+        initial = copy.deepcopy(model.state_dict())
+        # One capture serves the three optimizers, as it would a user who
+        # changes optimizer: the model's tensors are set back in place.
+        step = pt.train_step(model, case.loss_fn, case.inputs, case.target, policy="dtr",
+                             budget="min", measure="never")
         for make, clip in ((lambda ps: torch.optim.SGD(ps, lr=0.05, momentum=0.9), None),
                            (lambda ps: torch.optim.Adam(ps, lr=1e-3), None),
                            (lambda ps: torch.optim.AdamW(ps, lr=1e-3), 1e-3)):
-            case = step_models.CASES[name](device)
-            model = case.model.train()
+            model.load_state_dict(initial)
             eager_model = copy.deepcopy(model)
-            step = pt.train_step(model, case.loss_fn, case.inputs, case.target, policy="dtr",
-                                 budget="min", measure="never")
             opt, eager_opt = make(model.parameters()), make(eager_model.parameters())
             for k in range(steps):
                 torch.manual_seed(SEED + k)
