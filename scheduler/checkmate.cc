@@ -760,8 +760,10 @@ struct LpRun {
 // left is not started; the rate assumed is 60% of that measured.
 constexpr double kLpSetupNonzerosPerS = 6e5;
 
-double LpSetupSeconds(const LinearProgram& lp) {
-  return static_cast<double>(lp.values.size()) / kLpSetupNonzerosPerS;
+// The estimated set-up time of `lp` for a solver that sets up
+// `nonzeros_per_s` (kLpSetupNonzerosPerS, kMilpSetupNonzerosPerS).
+double SetupSeconds(const LinearProgram& lp, double nonzeros_per_s) {
+  return static_cast<double>(lp.values.size()) / nonzeros_per_s;
 }
 
 LpRun RunClp(const Formulation& f, const Deadline& deadline) {
@@ -833,10 +835,6 @@ struct MilpAttempt {
 // the rate assumed is 60% of the slower figure.
 constexpr double kMilpSetupNonzerosPerS = 2e5;
 
-double MilpSetupSeconds(const LinearProgram& lp) {
-  return static_cast<double>(lp.values.size()) / kMilpSetupNonzerosPerS;
-}
-
 absl::StatusOr<MilpAttempt> SolveMilpAt(const Graph& graph, const StageGraph& g,
                                         int64_t budget_bytes,
                                         const std::optional<Candidate>& start,
@@ -854,9 +852,9 @@ absl::StatusOr<MilpAttempt> SolveMilpAt(const Graph& graph, const StageGraph& g,
     // takes time (0.1 s on resnet18:batch=8,image=64); the conversion,
     // simulation and layout after it another 0.2 s there.
     const double cbc_s = 0.95 * left - 0.25;
-    if (MilpSetupSeconds(f.lp) > cbc_s) {
+    if (const double setup_s = SetupSeconds(f.lp, kMilpSetupNonzerosPerS); setup_s > cbc_s) {
       deadline.MarkHit();
-      attempt.skipped_setup_s = MilpSetupSeconds(f.lp);
+      attempt.skipped_setup_s = setup_s;
       break;
     }
     std::vector<double> start_x;
@@ -1178,9 +1176,10 @@ absl::StatusOr<CheckmateResult> SolveCheckmateLp(const Graph& graph,
     Formulation f = Formulate(g, lp_budget);
     result.num_variables = f.lp.num_cols();
     result.num_constraints = f.lp.num_rows();
-    if (LpSetupSeconds(f.lp) > deadline.remaining_s()) {
+    if (const double setup_s = SetupSeconds(f.lp, kLpSetupNonzerosPerS);
+        setup_s > deadline.remaining_s()) {
       deadline.MarkHit();
-      skipped_setup_s = LpSetupSeconds(f.lp);
+      skipped_setup_s = setup_s;
       return std::optional<Candidate>();
     }
     LpRun lp = RunClp(f, deadline);
