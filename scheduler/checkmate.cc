@@ -23,6 +23,7 @@
 #include "OsiClpSolverInterface.hpp"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "oneapi/tbb/parallel_for.h"
 #include "graph/status.h"
 #include "scheduler/budget.h"
@@ -1266,7 +1267,8 @@ absl::StatusOr<CheckmateResult> SolveCheckmateLp(const Graph& graph,
                     "an estimated ", absl::SixDigits(skipped_setup_s),
                     " s) would overrun the time left");
   }
-  result.time_limit_reached = deadline.hit();
+  // (an LP not started for the time left is cut by the limit too)
+  result.time_limit_reached = deadline.hit() || skipped_setup_s > 0;
   result.solve_s = SecondsSince(started);
   return result;
 }
@@ -1417,8 +1419,18 @@ absl::StatusOr<PlanResult> PlanLp(const Graph& graph, const PlannerOptions& opti
   ASSIGN_OR_RETURN(PlanResult result,
                    ToPlanResult(graph, options, r, /*is_milp=*/false, "checkmate-lp"));
   const bool rounding_fits = result.feasible && options.budget_bytes != PlannerOptions::kMinBudget;
+  // A cut stays said whichever plan wins: a longer limit may give a better
+  // LP and rounding, or a heuristic not tried (TimeLimitReached reads it).
+  const bool lp_cut = TimeLimitReached(result);
+  // (kept apart: a second repair that wins replaces the first, not the LP)
+  const nlohmann::json lp = result.details;
+  const std::string lp_message = result.message;
+  std::vector<std::string> untried;
   for (const char* name : kWarmStartPolicies) {
-    if (deadline.Expired()) break;
+    if (deadline.Expired()) {
+      untried.push_back(name);
+      continue;
+    }
     ReportProgress(options, absl::StrCat("checkmate-lp: ", rounding_fits ? "compare with " : "repair with ", name));
     absl::StatusOr<PlanResult> plan = PlanInTimeLeft(name, graph, options, deadline);
     // With a byte budget a repair must fit: an infeasible LP result keeps
@@ -1427,14 +1439,21 @@ absl::StatusOr<PlanResult> PlanLp(const Graph& graph, const PlannerOptions& opti
     if (!plan.ok() || (byte_budget && !plan->feasible) || !BetterPlan(*plan, result, options)) {
       continue;
     }
-    nlohmann::json lp = std::move(result.details);
-    const std::string lp_message = std::move(result.message);
     result = *std::move(plan);
     result.details[rounding_fits ? "improved_by" : "repaired_by"] = name;
     // The LP's bound holds whichever plan wins.
     if (lp.contains("lower_bound")) result.details["lower_bound"] = lp["lower_bound"];
-    result.details["lp"] = std::move(lp);
+    result.details["lp"] = lp;
     if (!lp_message.empty()) result.details["lp_message"] = lp_message;
+  }
+  if (lp_cut && !TimeLimitReached(result)) {
+    const std::string winner =
+        result.details.value("repaired_by", result.details.value("improved_by", ""));
+    NoteTimeLimit(result, options.time_limit_s, absl::StrCat("the LP (the plan is ", winner, "'s)"));
+  }
+  if (!untried.empty()) {
+    NoteTimeLimit(result, options.time_limit_s,
+                  absl::StrCat("not compared with ", absl::StrJoin(untried, " or ")));
   }
   return result;
 }

@@ -527,6 +527,12 @@ TEST(CheckmateTest, LpIsNotStartedWhenItsSetUpWouldOverrunTheLimit) {
   if (r.details.contains("repaired_by")) {
     EXPECT_TRUE(r.feasible);
     EXPECT_TRUE(r.details["lp"].is_object());
+    // The LP's cut stays said with the repair that won: a longer limit may
+    // give a better plan. details.lp is the LP's, whichever repair won.
+    EXPECT_EQ(r.details["lp"]["time_limit_reached"], true) << r.details.dump();
+    EXPECT_FALSE(r.details["lp"].contains("repaired_by")) << r.details.dump();
+    EXPECT_TRUE(TimeLimitReached(r));
+    EXPECT_THAT(r.message, HasSubstr("time limit of 0.3 s reached"));
   } else {
     EXPECT_FALSE(r.feasible);
     EXPECT_EQ(r.details["time_limit_reached"], true);
