@@ -71,6 +71,36 @@ constexpr float kInf = std::numeric_limits<float>::infinity();
 constexpr int16_t kNone = -2;  // infeasible
 constexpr int16_t kAll = -1;   // base (s = t) or all
 
+// On x86-64 with GCC or Clang, RelaxRow is also built for AVX2 and the
+// loader picks the build the processor runs (twice the vector width).
+#if defined(__x86_64__) && defined(__GNUC__) && defined(__has_attribute)
+#if __has_attribute(target_clones)
+#define PEBBLE_ROTOR_CLONES __attribute__((target_clones("avx2", "default")))
+#endif
+#endif
+#ifndef PEBBLE_ROTOR_CLONES
+#define PEBBLE_ROTOR_CLONES
+#endif
+
+// cost[i] = min(cost[i], f + a[i] + b[i]) for i < n, choice[i] = tag where
+// the sum is lower (b null: f + a[i]). The rows are apart: each is another
+// (keep, s, t) of the table. The table's fill is nearly all of rotor's time,
+// so this is written for the compiler to vectorise: no branch, the choice
+// by a mask, and the file built with -O3 (scheduler/CMakeLists.txt). The
+// sums are the scalar loop's, in its order: the plans are the same.
+template <bool kTwoTerms>
+PEBBLE_ROTOR_CLONES void RelaxRow(float* __restrict cost, int16_t* __restrict choice, const float* __restrict a,
+              const float* __restrict b, float f, int16_t tag, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    float c = f + a[i];
+    if constexpr (kTwoTerms) c += b[i];
+    const float old = cost[i];
+    const int16_t lower = static_cast<int16_t>(-static_cast<int16_t>(c < old));
+    cost[i] = c < old ? c : old;
+    choice[i] = static_cast<int16_t>((choice[i] & ~lower) | (tag & lower));
+  }
+}
+
 class RotorTable {
  public:
   RotorTable(const Chain& chain, int64_t memory_bytes, int slots)
@@ -171,12 +201,10 @@ class RotorTable {
             const int64_t less = Slots((k1 ? st.input_bytes : 0) + st.saved_extra_bytes);
             const float own = Units(st.all_cost + st.backward_cost);
             const float* inner = &cost_[Index(st.output_saved, s + 1, t, 0)];
-            for (int64_t m = std::max(req, less); m <= top_; ++m) {
-              const float c = own + inner[m - less];
-              if (c < cost[m]) {
-                cost[m] = c;
-                choice[m] = kAll;
-              }
+            const int64_t from = std::max(req, less);
+            if (from <= top_) {
+              RelaxRow<false>(cost + from, choice + from, inner + (from - less), nullptr, own,
+                              kAll, top_ + 1 - from);
             }
           }
           // Checkpoint at s'.
@@ -193,13 +221,11 @@ class RotorTable {
             const int64_t less2 = Slots(Permanent(sp, t));
             const float* upper = &cost_[Index(false, sp, t, 0)];
             const float* lower = &cost_[Index(keep, s, sp - 1, 0)];
-            const float f = Units(fwd);
-            for (int64_t m = std::max({req, in_slots, less2}); m <= top_; ++m) {
-              const float c = f + upper[m - in_slots] + lower[m - less2];
-              if (c < cost[m]) {
-                cost[m] = c;
-                choice[m] = static_cast<int16_t>(sp);
-              }
+            const int64_t from = std::max({req, in_slots, less2});
+            if (from <= top_) {
+              RelaxRow<true>(cost + from, choice + from, upper + (from - in_slots),
+                             lower + (from - less2), Units(fwd), static_cast<int16_t>(sp),
+                             top_ + 1 - from);
             }
           }
         }
