@@ -89,8 +89,10 @@ constexpr int16_t kAll = -1;   // base (s = t) or all
 // by a mask, and the file built with -O3 (scheduler/CMakeLists.txt). The
 // sums are the scalar loop's, in its order: the plans are the same.
 template <bool kTwoTerms>
-PEBBLE_ROTOR_CLONES void RelaxRow(float* __restrict cost, int16_t* __restrict choice, const float* __restrict a,
-              const float* __restrict b, float f, int16_t tag, int64_t n) {
+[[gnu::always_inline]] inline void RelaxLoop(float* __restrict cost, int16_t* __restrict choice,
+                                             const float* __restrict a,
+                                             const float* __restrict b, float f, int16_t tag,
+                                             int64_t n) {
   for (int64_t i = 0; i < n; ++i) {
     float c = f + a[i];
     if constexpr (kTwoTerms) c += b[i];
@@ -98,6 +100,16 @@ PEBBLE_ROTOR_CLONES void RelaxRow(float* __restrict cost, int16_t* __restrict ch
     const int16_t lower = static_cast<int16_t>(-static_cast<int16_t>(c < old));
     cost[i] = c < old ? c : old;
     choice[i] = static_cast<int16_t>((choice[i] & ~lower) | (tag & lower));
+  }
+}
+
+// (not a template: Clang clones no function template)
+PEBBLE_ROTOR_CLONES void RelaxRow(float* cost, int16_t* choice, const float* a, const float* b,
+                                  float f, int16_t tag, int64_t n) {
+  if (b == nullptr) {
+    RelaxLoop<false>(cost, choice, a, b, f, tag, n);
+  } else {
+    RelaxLoop<true>(cost, choice, a, b, f, tag, n);
   }
 }
 
@@ -203,8 +215,8 @@ class RotorTable {
             const float* inner = &cost_[Index(st.output_saved, s + 1, t, 0)];
             const int64_t from = std::max(req, less);
             if (from <= top_) {
-              RelaxRow<false>(cost + from, choice + from, inner + (from - less), nullptr, own,
-                              kAll, top_ + 1 - from);
+              RelaxRow(cost + from, choice + from, inner + (from - less), nullptr, own, kAll,
+                       top_ + 1 - from);
             }
           }
           // Checkpoint at s'.
@@ -223,9 +235,9 @@ class RotorTable {
             const float* lower = &cost_[Index(keep, s, sp - 1, 0)];
             const int64_t from = std::max({req, in_slots, less2});
             if (from <= top_) {
-              RelaxRow<true>(cost + from, choice + from, upper + (from - in_slots),
-                             lower + (from - less2), Units(fwd), static_cast<int16_t>(sp),
-                             top_ + 1 - from);
+              RelaxRow(cost + from, choice + from, upper + (from - in_slots),
+                       lower + (from - less2), Units(fwd), static_cast<int16_t>(sp),
+                       top_ + 1 - from);
             }
           }
         }
