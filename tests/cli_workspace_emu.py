@@ -20,7 +20,7 @@ import json
 import subprocess
 import sys
 
-MODEL = "unet3d:batch=1,variant=small,dtype=fp16,depth=8,height=8,width=8"
+MODEL = "unet3d:batch=1,variant=small,dtype=fp16,depth=8,height=8,width=8,features=16"
 
 
 def run(pebble, *args):

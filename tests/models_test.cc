@@ -430,6 +430,29 @@ TEST(NetworkTest, UNet3dSmall) {
             (Shape{128, 384, 3, 3, 3}));
 }
 
+// features=F scales every width: DoubleConv(in, out) holds 27 out (in + out)
+// weights, 2 out biases and 4 out batch-norm values.
+TEST(NetworkTest, UNet3dFeaturesScaleEveryWidth) {
+  auto double_conv = [](int64_t in, int64_t out) { return 27 * out * (in + out) + 6 * out; };
+  for (int64_t f : {64, 8, 3}) {
+    SCOPED_TRACE(f);
+    Graph g = MustBuild(absl::StrCat("unet3d:batch=1,variant=small,depth=8,height=8,width=8,"
+                                     "classes=5,features=", f));
+    ExpectTrainingOutputs(g);
+    EXPECT_EQ(NumParameters(g),
+              double_conv(1, f) + double_conv(f, 2 * f) + double_conv(2 * f, 4 * f) +
+                  double_conv(4 * f, 4 * f) + double_conv(8 * f, 4 * f) +
+                  double_conv(6 * f, 2 * f) + double_conv(3 * f, f) + 5 * f + 5);
+    EXPECT_EQ(g.shape(g.Find("up2.conv.double_conv.0.weight")), (Shape{2 * f, 6 * f, 3, 3, 3}));
+  }
+  Graph large = MustBuild("unet3d:batch=1,depth=16,height=16,width=16,features=4");
+  EXPECT_EQ(large.shape(large.Find("up1.conv.double_conv.0.weight")), (Shape{16, 64, 3, 3, 3}));
+  EXPECT_EQ(large.name(), "unet3d:batch=1,depth=16,features=4,height=16,width=16");
+  absl::StatusOr<Graph> bad = BuildModel("unet3d:features=0");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_THAT(std::string(bad.status().message()), HasSubstr("features"));
+}
+
 TEST(NetworkTest, TransformerIsDispatched) {
   Graph g = MustBuild(
       "transformer:layers=1,seq=8,dim=16,heads=2,batch=1,vocab=50");

@@ -127,7 +127,9 @@ const std::vector<ModelEntry>& Registry() {
                {"depth", "26", "input depth D (voxels)"},
                {"height", "150", "input height H (voxels)"},
                {"width", "320", "input width W (voxels)"},
-               {"classes", "5", "output classes per voxel"}},
+               {"classes", "5", "output classes per voxel"},
+               {"features", "64", "inc's channels; every level's scale with "
+                                  "them (64: the sizes above)"}},
               zoo::BuildUNet3d),
       Network("transformer",
               "GPT-2-style decoder-only language model (Hugging Face GPT2 "

@@ -18,6 +18,8 @@
 //        up4 128->64, outc 64->classes: 40,158,853 parameters (5 classes).
 // small: inc 1->64, down1 64->128, down2 128->256, down3 256->256,
 //        up1 512->256, up2 384->128, up3 192->64, outc: 14,496,517.
+// `features` (64 above) is inc's width; every other width scales with it
+// (as torch hub's U-Net's init_features): a narrower U-Net, the same graph.
 //
 // Loss: nn.CrossEntropyLoss over the class axis, per voxel, against `target`
 // (batch, depth, height, width) i64. dtype (fp32, fp16, bf16) applies to the
@@ -97,6 +99,7 @@ absl::StatusOr<Graph> BuildUNet3d(const ModelArgs& args,
   ASSIGN_OR_RETURN(const int64_t height, args.Int("height", 1, 2048));
   ASSIGN_OR_RETURN(const int64_t width, args.Int("width", 1, 2048));
   ASSIGN_OR_RETURN(const int64_t classes, args.Int("classes", 1, 1024));
+  ASSIGN_OR_RETURN(const int64_t f, args.Int("features", 1, 4096));
   const bool large = variant == "large";
   // Every level halves each spatial size (floor, as MaxPool3d(2)); the
   // coarsest level must keep at least one voxel.
@@ -113,22 +116,22 @@ absl::StatusOr<Graph> BuildUNet3d(const ModelArgs& args,
   Value x = nb.Input("input", {batch, 1, depth, height, width}, dtype);
   const Value target =
       nb.Input("target", {batch, depth, height, width}, DType::kInt64);
-  const Value x1 = DoubleConv(nb, "inc", x, 64);
-  const Value x2 = Down(nb, "down1", x1, 128);
-  const Value x3 = Down(nb, "down2", x2, 256);
+  const Value x1 = DoubleConv(nb, "inc", x, f);
+  const Value x2 = Down(nb, "down1", x1, 2 * f);
+  const Value x3 = Down(nb, "down2", x2, 4 * f);
   Value u;
   if (large) {
-    const Value x4 = Down(nb, "down3", x3, 512);
-    const Value x5 = Down(nb, "down4", x4, 512);
-    u = Up(nb, "up1", x5, x4, 256);
-    u = Up(nb, "up2", u, x3, 128);
-    u = Up(nb, "up3", u, x2, 64);
-    u = Up(nb, "up4", u, x1, 64);
+    const Value x4 = Down(nb, "down3", x3, 8 * f);
+    const Value x5 = Down(nb, "down4", x4, 8 * f);
+    u = Up(nb, "up1", x5, x4, 4 * f);
+    u = Up(nb, "up2", u, x3, 2 * f);
+    u = Up(nb, "up3", u, x2, f);
+    u = Up(nb, "up4", u, x1, f);
   } else {
-    const Value x4 = Down(nb, "down3", x3, 256);
-    u = Up(nb, "up1", x4, x3, 256);
-    u = Up(nb, "up2", u, x2, 128);
-    u = Up(nb, "up3", u, x1, 64);
+    const Value x4 = Down(nb, "down3", x3, 4 * f);
+    u = Up(nb, "up1", x4, x3, 4 * f);
+    u = Up(nb, "up2", u, x2, 2 * f);
+    u = Up(nb, "up3", u, x1, f);
   }
   const Value logits =
       nb.Conv("outc.conv", u, classes, /*kernel=*/1, /*stride=*/1,

@@ -69,7 +69,9 @@ const char* ScheduleName(emu::StreamSchedule s) {
   return "?";
 }
 
-const std::string kUnet3dSmall = "unet3d:batch=1,variant=small,depth=8,height=8,width=8";
+// (a quarter of the widths: the same graph, 16x fewer weights)
+const std::string kUnet3dSmall =
+    "unet3d:batch=1,variant=small,depth=8,height=8,width=8,features=16";
 
 constexpr emu::StreamSchedule kSchedules[] = {
     emu::StreamSchedule::kImmediate, emu::StreamSchedule::kLazyOldestFirst,

@@ -25,7 +25,7 @@ DEFAULTS = {
     "resnet18": {"batch": "32", "image": "224"},
     "unet3d": {"batch": "2", "variant": "large", "dtype": "fp32",
                "depth": "26", "height": "150", "width": "320",
-               "classes": "5"},
+               "classes": "5", "features": "64"},
 }
 
 
@@ -211,25 +211,26 @@ class OutConv(nn.Module):
 class UNet3d(nn.Module):
     """Çiçek et al. 2016; per-voxel CE loss over the class axis (dim 1)."""
 
-    def __init__(self, variant, classes):
+    def __init__(self, variant, classes, features=64):
         super().__init__()
+        f = features  # inc's width; the others scale with it
         self.large = variant == "large"
-        self.inc = DoubleConv(1, 64)
-        self.down1 = Down(64, 128)
-        self.down2 = Down(128, 256)
+        self.inc = DoubleConv(1, f)
+        self.down1 = Down(f, 2 * f)
+        self.down2 = Down(2 * f, 4 * f)
         if self.large:
-            self.down3 = Down(256, 512)
-            self.down4 = Down(512, 512)
-            self.up1 = Up(1024, 256)
-            self.up2 = Up(512, 128)
-            self.up3 = Up(256, 64)
-            self.up4 = Up(128, 64)
+            self.down3 = Down(4 * f, 8 * f)
+            self.down4 = Down(8 * f, 8 * f)
+            self.up1 = Up(16 * f, 4 * f)
+            self.up2 = Up(8 * f, 2 * f)
+            self.up3 = Up(4 * f, f)
+            self.up4 = Up(2 * f, f)
         else:
-            self.down3 = Down(256, 256)
-            self.up1 = Up(512, 256)
-            self.up2 = Up(384, 128)
-            self.up3 = Up(192, 64)
-        self.outc = OutConv(64, classes)
+            self.down3 = Down(4 * f, 4 * f)
+            self.up1 = Up(8 * f, 4 * f)
+            self.up2 = Up(6 * f, 2 * f)
+            self.up3 = Up(3 * f, f)
+        self.outc = OutConv(f, classes)
 
     def forward(self, x, target):
         x1 = self.inc(x)
@@ -293,8 +294,8 @@ def build(spec):
                             % p["dtype"])
         batch, classes = _int(p, "batch"), _int(p, "classes")
         d, h, w = _int(p, "depth"), _int(p, "height"), _int(p, "width")
-        return Case(UNet3d(p["variant"], classes), (batch, 1, d, h, w),
-                    (batch, d, h, w), classes)
+        model = UNet3d(p["variant"], classes, _int(p, "features"))
+        return Case(model, (batch, 1, d, h, w), (batch, d, h, w), classes)
     raise AssertionError(name)
 
 
