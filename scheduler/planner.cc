@@ -491,8 +491,9 @@ std::string BudgetExcess(const PlanReport& report, const PlannerOptions& options
 }
 
 absl::StatusOr<PlanResult> FinishPlan(const Graph& graph, Schedule schedule,
-                                      const PlannerOptions& options) {
+                                      const PlannerOptions& options, bool record_timeline) {
   SimulatorOptions sim;
+  sim.record_timeline = record_timeline;
   sim.host_bandwidth_bytes_per_s = options.host_bandwidth_bytes_per_s;
   sim.ranks = options.ranks;
   sim.network = options.network;

@@ -238,8 +238,12 @@ absl::StatusOr<std::unique_ptr<Planner>> MakePlanner(absl::string_view name);
 // updates_last.h).
 absl::Status CheckPlannable(const Graph& graph);
 
+// The schedule simulated and judged against the budgets of `options`.
+// Without `record_timeline`, report.timeline is empty: for a candidate
+// only compared, never returned.
 absl::StatusOr<PlanResult> FinishPlan(const Graph& graph, Schedule schedule,
-                                      const PlannerOptions& options);
+                                      const PlannerOptions& options,
+                                      bool record_timeline = true);
 // FinishPlan's message: what of `report` breaks the budgets of `options`
 // ("peak ... exceeds the budget of ...; host peak ..."), or "".
 std::string BudgetExcess(const PlanReport& report, const PlannerOptions& options);

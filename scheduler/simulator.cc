@@ -490,7 +490,7 @@ Replay::Replay(const Graph& graph, const Schedule& schedule, const SimulatorOpti
   report_.host_peak_bytes = host_;
   report_.peak_bytes = device_;
   report_.peak_step = -1;
-  report_.timeline.reserve(schedule.steps.size());
+  if (options.record_timeline) report_.timeline.reserve(schedule.steps.size());
 }
 
 bool Replay::OnNetworkStream(int64_t bytes, double seconds, double end) {
@@ -544,7 +544,7 @@ absl::Status Replay::Step(size_t k) {
   }
   report_.host_peak_bytes = std::max(report_.host_peak_bytes, host_);
   report_.makespan = std::max(report_.makespan, rec.end);
-  report_.timeline.push_back(rec);
+  if (options_.record_timeline) report_.timeline.push_back(rec);
   return absl::OkStatus();
 }
 

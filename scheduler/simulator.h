@@ -70,6 +70,10 @@ struct SimulatorOptions {
   // Bytes each member's place in a device copy is rounded up to (>= 1; the
   // device allocator's block where each copy is one allocation).
   int64_t bucket_copy_alignment = 1;
+  // False: PlanReport::timeline stays empty, for a candidate that is only
+  // compared by its figures (writing the timeline was a tenth of a whole
+  // step's placement search).
+  bool record_timeline = true;
 };
 
 // One step of the memory timeline.
@@ -115,7 +119,7 @@ struct PlanReport {
   int64_t collectives = 0;
   int64_t collective_bytes = 0;
   double network_busy = 0;
-  std::vector<StepRecord> timeline;
+  std::vector<StepRecord> timeline;  // one per step (empty: SimulatorOptions::record_timeline)
 };
 
 // Runs `schedule` on `graph`. An invalid schedule (a broken precondition of

@@ -851,14 +851,17 @@ class UpdatesLastPlanner final : public Planner {
       const std::vector<std::vector<NodeId>> groups = UpdateGroups(graph, early);
       for (const std::vector<NodeId>& group : groups) {
         for (NodeId w : group) early[w] = 1;
-        absl::StatusOr<PlanResult> other =
-            FinishPlan(graph, UpdatesEarly(graph, steps, early), options);
+        absl::StatusOr<PlanResult> other = FinishPlan(graph, UpdatesEarly(graph, steps, early),
+                                                      options, /*record_timeline=*/false);
         if (other.ok() && Better(*other, result)) {
           result = *std::move(other);
           ++early_groups;
           continue;
         }
         for (NodeId w : group) early[w] = 0;
+      }
+      if (early_groups > 0) {  // the trials kept no timeline: the winner's, again
+        ASSIGN_OR_RETURN(result, FinishPlan(graph, std::move(result.schedule), options));
       }
     }
     if (emitter.FreesEarly()) {  // the policy told which gradients go early
