@@ -63,6 +63,24 @@ TEST(SimulatorTest, FreeAtLastUseOnAChain) {
   EXPECT_DOUBLE_EQ(r->exposed_transfer_time, 0);
 }
 
+// Without the timeline (a candidate only compared): the same figures.
+TEST(SimulatorTest, TheFiguresDoNotDependOnRecordingTheTimeline) {
+  Graph g = MakeGraph({Persistent("x", 0), Node("a", 100, {"x"}, 1),
+                       Node("b", 100, {"x"}, 4), Node("c", 10, {"a", "b"}, 1)},
+                      {"c"});
+  Schedule s = MakeSchedule(g, {{kC, "a"}, {kO, "a"}, {kF, "a"}, {kC, "b"},
+                                {kP, "a"}, {kC, "c"}});
+  SimulatorOptions options = HostLink(50);
+  auto with = Simulate(g, s, options);
+  options.record_timeline = false;
+  auto without = Simulate(g, s, options);
+  ASSERT_TRUE(with.ok()) << with.status();
+  ASSERT_TRUE(without.ok()) << without.status();
+  EXPECT_EQ(with->timeline.size(), s.steps.size());
+  EXPECT_TRUE(without->timeline.empty());
+  EXPECT_EQ(ReportToJson(*with, g, s, false).dump(), ReportToJson(*without, g, s, false).dump());
+}
+
 TEST(SimulatorTest, WorkspaceCountsOnlyDuringItsCompute) {
   Graph g = MakeGraph({Node("a", 100, {}, 1, /*workspace=*/1000),
                        Node("b", 10, {"a"}, 1)},

@@ -481,7 +481,14 @@ TEST(StatePlacementTest, ThePolicyPlansEachStepWithoutUpdatesOnce) {
     absl::StatusOr<PlanResult> r = planner->Plan(*g, options);
     ASSERT_TRUE(r.ok()) << r.status();
     EXPECT_TRUE(r->feasible) << r->message;
-    EXPECT_TRUE(Simulate(*g, r->schedule).ok());
+    absl::StatusOr<PlanReport> again = Simulate(*g, r->schedule);
+    ASSERT_TRUE(again.ok()) << again.status();
+    // The update orders' trials keep no timeline; the plan returned has its
+    // whole timeline, as a simulation of it gives.
+    EXPECT_EQ(r->details["updates"], "early") << r->details.dump();
+    ASSERT_EQ(r->report.timeline.size(), r->schedule.steps.size());
+    EXPECT_EQ(r->report.peak_bytes, again->peak_bytes);
+    EXPECT_EQ(r->report.timeline.back().device_bytes, again->timeline.back().device_bytes);
     // The searches tried several placements of each kind.
     EXPECT_GE(r->details["update_placement"]["plans"].get<int>(), 2) << r->details.dump();
     EXPECT_GE(r->details["state_placement"]["plans"].get<int>(), 2) << r->details.dump();
