@@ -1449,7 +1449,8 @@ absl::StatusOr<PlanResult> PlanLp(const Graph& graph, const PlannerOptions& opti
   if (lp_cut && !TimeLimitReached(result)) {
     const std::string winner =
         result.details.value("repaired_by", result.details.value("improved_by", ""));
-    NoteTimeLimit(result, options.time_limit_s, absl::StrCat("the LP (the plan is ", winner, "'s)"));
+    NoteTimeLimit(result, options.time_limit_s,
+                  absl::StrCat("the LP (the plan is ", winner, "'s)"));
   }
   if (!untried.empty()) {
     NoteTimeLimit(result, options.time_limit_s,
