@@ -63,24 +63,6 @@ TEST(SimulatorTest, FreeAtLastUseOnAChain) {
   EXPECT_DOUBLE_EQ(r->exposed_transfer_time, 0);
 }
 
-// Without the timeline (a candidate only compared): the same figures.
-TEST(SimulatorTest, TheFiguresDoNotDependOnRecordingTheTimeline) {
-  Graph g = MakeGraph({Persistent("x", 0), Node("a", 100, {"x"}, 1),
-                       Node("b", 100, {"x"}, 4), Node("c", 10, {"a", "b"}, 1)},
-                      {"c"});
-  Schedule s = MakeSchedule(g, {{kC, "a"}, {kO, "a"}, {kF, "a"}, {kC, "b"},
-                                {kP, "a"}, {kC, "c"}});
-  SimulatorOptions options = HostLink(50);
-  auto with = Simulate(g, s, options);
-  options.record_timeline = false;
-  auto without = Simulate(g, s, options);
-  ASSERT_TRUE(with.ok()) << with.status();
-  ASSERT_TRUE(without.ok()) << without.status();
-  EXPECT_EQ(with->timeline.size(), s.steps.size());
-  EXPECT_TRUE(without->timeline.empty());
-  EXPECT_EQ(ReportToJson(*with, g, s, false).dump(), ReportToJson(*without, g, s, false).dump());
-}
-
 TEST(SimulatorTest, WorkspaceCountsOnlyDuringItsCompute) {
   Graph g = MakeGraph({Node("a", 100, {}, 1, /*workspace=*/1000),
                        Node("b", 10, {"a"}, 1)},
@@ -112,13 +94,22 @@ TEST(SimulatorTest, RecomputationIsCountedInCostNotInBase) {
 
 // x (persistent, 0 B); a (100 B, cost 1) and b (100 B, cost 4) read x;
 // c (10 B, cost 1) reads a and b, as a backward node reads a saved
-// activation. Bandwidth 50 B per time unit: a copy of a takes 2.
+// activation.
+Graph SavedActivation() {
+  return MakeGraph({Persistent("x", 0), Node("a", 100, {"x"}, 1), Node("b", 100, {"x"}, 4),
+                    Node("c", 10, {"a", "b"}, 1)},
+                   {"c"});
+}
+
+// SavedActivation's a offloaded while b computes, and prefetched for c.
+Schedule OffloadedWhileBComputes(const Graph& g) {
+  return MakeSchedule(g, {{kC, "a"}, {kO, "a"}, {kF, "a"}, {kC, "b"}, {kP, "a"}, {kC, "c"}});
+}
+
+// Bandwidth 50 B per time unit: a copy of a takes 2.
 TEST(SimulatorTest, OffloadAndPrefetchFollowTheTimeModel) {
-  Graph g = MakeGraph({Persistent("x", 0), Node("a", 100, {"x"}, 1),
-                       Node("b", 100, {"x"}, 4), Node("c", 10, {"a", "b"}, 1)},
-                      {"c"});
-  Schedule s = MakeSchedule(g, {{kC, "a"}, {kO, "a"}, {kF, "a"}, {kC, "b"},
-                                {kP, "a"}, {kC, "c"}});
+  Graph g = SavedActivation();
+  Schedule s = OffloadedWhileBComputes(g);
   auto r = Simulate(g, s, HostLink(50));
   ASSERT_TRUE(r.ok()) << r.status();
   // Step      start end  device host
@@ -144,6 +135,21 @@ TEST(SimulatorTest, OffloadAndPrefetchFollowTheTimeModel) {
   EXPECT_DOUBLE_EQ(r->copy_busy, 4);
   // Compute alone would take 6; the offload delays b by 2 (the free waits).
   EXPECT_DOUBLE_EQ(r->exposed_transfer_time, 2);
+}
+
+// Without the timeline (a candidate only compared): the same figures.
+TEST(SimulatorTest, TheFiguresDoNotDependOnRecordingTheTimeline) {
+  const Graph g = SavedActivation();
+  const Schedule s = OffloadedWhileBComputes(g);
+  SimulatorOptions options = HostLink(50);
+  auto with = Simulate(g, s, options);
+  options.record_timeline = false;
+  auto without = Simulate(g, s, options);
+  ASSERT_TRUE(with.ok()) << with.status();
+  ASSERT_TRUE(without.ok()) << without.status();
+  EXPECT_EQ(with->timeline.size(), s.steps.size());
+  EXPECT_TRUE(without->timeline.empty());
+  EXPECT_EQ(ReportToJson(*with, g, s, false).dump(), ReportToJson(*without, g, s, false).dump());
 }
 
 // A prefetch waits for memory freed earlier in the schedule (R_k), and the
