@@ -139,17 +139,15 @@ TEST(CudaBackendNoDeviceTest, KinkDisagreementsCountOneSidedZeros) {
 
 // The host emulation of the backend (tests/emu/, docs/cuda.md) runs these
 // tests too, on the CPU, where a U-Net step of 16^3 voxels takes most of a
-// minute: there it runs the 8^3 one.
+// minute: there it runs the 8^3 one, narrower (kEmulatedUnet3d).
 #ifdef PEBBLE_CUDA_EMULATED_TEST
 constexpr bool kEmulated = true;
 #else
 constexpr bool kEmulated = false;
 #endif
-// (on the emulator a quarter of the widths: the same graph, 16x fewer
-// weights, whose host kernels took most of these tests' time)
+using ::pebble::testing::kEmulatedUnet3d;
 const std::string kUnet3d =
-    kEmulated ? "unet3d:batch=1,variant=small,depth=8,height=8,width=8,features=16"
-              : "unet3d:batch=1,variant=small,depth=16,height=16,width=16";
+    kEmulated ? kEmulatedUnet3d : "unet3d:batch=1,variant=small,depth=16,height=16,width=16";
 
 using ::pebble::testing::Bytes;
 using ::pebble::testing::Cuda;

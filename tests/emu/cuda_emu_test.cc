@@ -385,6 +385,7 @@ void CompareGraph(const std::string& what, const Graph& g,
 }
 
 using ::pebble::testing::Model;
+using ::pebble::testing::kEmulatedUnet3d;
 
 using nlohmann::json;
 
@@ -468,16 +469,13 @@ struct Case {
   Graph (*build)();
 };
 
-const std::string kUnet3d = "unet3d:batch=1,variant=small,depth=8,height=8,width=8,features=16";
-
 const Case kCases[] = {
     {"conv3d", [] { return Model("conv3d:n=8,batch=2"); }},
     {"mnist_cnn", [] { return Model("mnist-cnn:batch=2"); }},
     {"resnet18", [] { return Model("resnet18:batch=2,image=32"); }},
-    // (a quarter of the widths: the same ops, 16x fewer weights)
-    {"unet3d", [] { return Model(kUnet3d); }},
-    {"unet3d_fp16", [] { return Model(kUnet3d + ",dtype=fp16"); }},
-    {"unet3d_bf16", [] { return Model(kUnet3d + ",dtype=bf16"); }},
+    {"unet3d", [] { return Model(kEmulatedUnet3d); }},
+    {"unet3d_fp16", [] { return Model(kEmulatedUnet3d + ",dtype=fp16"); }},
+    {"unet3d_bf16", [] { return Model(kEmulatedUnet3d + ",dtype=bf16"); }},
     {"transformer", [] { return Model("transformer:layers=1,seq=8,dim=16,heads=2,batch=2,vocab=20"); }},
     // The optimizers' in-place updates (graph/optimizer.h).
     {"mnist_cnn_adamw", [] { return Model("mnist-cnn:batch=2,optimizer=adamw"); }},

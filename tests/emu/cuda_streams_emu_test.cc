@@ -69,9 +69,6 @@ const char* ScheduleName(emu::StreamSchedule s) {
   return "?";
 }
 
-// (a quarter of the widths: the same graph, 16x fewer weights)
-const std::string kUnet3dSmall =
-    "unet3d:batch=1,variant=small,depth=8,height=8,width=8,features=16";
 
 constexpr emu::StreamSchedule kSchedules[] = {
     emu::StreamSchedule::kImmediate, emu::StreamSchedule::kLazyOldestFirst,
@@ -80,6 +77,7 @@ constexpr emu::StreamSchedule kSchedules[] = {
 using ::pebble::testing::Bytes;
 using ::pebble::testing::Cuda;
 using ::pebble::testing::ExpectClose;
+using ::pebble::testing::kEmulatedUnet3d;
 using ::pebble::testing::Floats;
 using ::pebble::testing::Model;
 using ::pebble::testing::PlanFor;
@@ -137,7 +135,7 @@ std::vector<NamedPlan> StreamPlans() {
     add("conv3d:n=12,batch=2", info->name, false);
   }
   for (const char* policy : {"swap", "hybrid", "vdnn"}) add("mnist-cnn:batch=8", policy, true);
-  add(kUnet3dSmall, "vdnn", true);
+  add(kEmulatedUnet3d, "vdnn", true);
   return plans;
 }
 
@@ -161,7 +159,7 @@ TEST(EmulatedStreamsTest, EveryPlanGivesTheBaselineBitsUnderEveryStreamSchedule)
     for (emu::StreamSchedule schedule : kSchedules) {
       // (the U-Net's plan under the two lazy schedules alone, the ones that
       // reorder the streams' work: each run takes seconds here)
-      if (p.model == kUnet3dSmall && schedule == emu::StreamSchedule::kImmediate) continue;
+      if (p.model == kEmulatedUnet3d && schedule == emu::StreamSchedule::kImmediate) continue;
       SCOPED_TRACE(absl::StrCat(p.model, ", ", p.policy, ", ", ScheduleName(schedule)));
       emu::SetStreamSchedule(schedule);
       auto run = RunPlan(g, p.plan.schedule, *gpu);
@@ -231,7 +229,7 @@ TEST(EmulatedStreamsTest, DroppedWaitsAreCaughtByTheLazySchedules) {
   int caught[3] = {0, 0, 0}, offload_plans = 0;
   for (const NamedPlan& p : StreamPlans()) {
     // mnist-cnn's: a U-Net step takes seconds here.
-    if (CountCopies(p.plan.schedule) == 0 || p.model == kUnet3dSmall) continue;
+    if (CountCopies(p.plan.schedule) == 0 || p.model == kEmulatedUnet3d) continue;
     ++offload_plans;
     const Graph g = Model(p.model);
     auto base = PlanFor(g, "baseline", PlannerOptions{}.budget_bytes);
