@@ -106,6 +106,15 @@ absl::StatusOr<PlanResult> WholeStep(const Graph& graph, const std::string& name
   return r;
 }
 
+// `options` with a PlanMemo for the call, where it has none.
+PlannerOptions WithMemo(const PlannerOptions& given) {
+  PlannerOptions options = given;
+  if (options.best_order_memo == nullptr) {
+    options.best_order_memo = std::make_shared<PlanMemo>();
+  }
+  return options;
+}
+
 class WholeStepsComparedPlanner : public Planner {
  public:
   explicit WholeStepsComparedPlanner(std::unique_ptr<Planner> inner)
@@ -116,10 +125,7 @@ class WholeStepsComparedPlanner : public Planner {
     const Deadline deadline(given.time_limit_s);
     // hybrid and each policy compared run best-order on the same graphs:
     // its plans are made once (PlanMemo).
-    PlannerOptions options = given;
-    if (options.best_order_memo == nullptr) {
-      options.best_order_memo = std::make_shared<PlanMemo>();
-    }
+    PlannerOptions options = WithMemo(given);
     // On a step with an optimizer's updates (which hybrid plans without,
     // many times over in the placement searches), the named policies'
     // composed plans come from the comparison below alone (Note [hybrid's
@@ -219,15 +225,6 @@ class WholeStepsComparedPlanner : public Planner {
 // them among its own candidates already (Note [hybrid on the whole step]).
 // The cost: three plans of a fixed rule and their joins (milliseconds to a
 // second on a large graph).
-
-// `options` with a PlanMemo for the call, where it has none.
-PlannerOptions WithMemo(const PlannerOptions& given) {
-  PlannerOptions options = given;
-  if (options.best_order_memo == nullptr) {
-    options.best_order_memo = std::make_shared<PlanMemo>();
-  }
-  return options;
-}
 
 // Whether plan `a` is preferred to `b` as the lowest of a whole step's
 // plans: one that fits first (a lower peak that breaks the host budget is
