@@ -609,49 +609,72 @@ std::vector<Step> FreeHostWrittenViewsEarly(const Graph& graph, const std::vecto
   return any ? FreeViewsEarly(graph, steps, host_written) : steps;
 }
 
-Schedule UpdatesEarly(const Graph& graph, const std::vector<Step>& given,
-                      const std::vector<uint8_t>& early) {
-  const std::vector<Step> inner = FreeHostWrittenViewsEarly(graph, given);
-  const std::vector<NodeId> updates = UpdatesOf(graph);
-  const int n = static_cast<int>(updates.size());
-  // Per node, the last inner step on it (any action: a swapped gradient is
-  // back before its update frees it); per storage, the last compute reading it.
-  std::vector<int> last_step(graph.num_nodes(), -1), last_read(graph.num_nodes(), -1);
-  // Per storage, the last inner step on a view of it: an update on the host
-  // writes the host copy, so it waits until no view holds the device copy.
-  std::vector<int> last_view_step(graph.num_nodes(), -1);
-  for (int i = 0; i < static_cast<int>(inner.size()); ++i) {
-    last_step[inner[i].node] = i;
-    if (graph.is_alias(inner[i].node)) last_view_step[graph.storage(inner[i].node)] = i;
-    if (inner[i].action != Action::kCompute) continue;
-    for (NodeId u : graph.unique_inputs(inner[i].node)) last_read[graph.storage(u)] = i;
-  }
-  std::vector<int> after(graph.num_nodes(), -1);  // update -> inner step it follows
-  std::vector<std::vector<NodeId>> at(inner.size() + 1);  // updates run before step i
-  const int end = static_cast<int>(inner.size()) - 1;
-  for (NodeId w : updates) {
-    int pos = early[w] ? last_read[graph.storage(w)] : end;
-    if (graph.runs_on(w) == Tier::kHost) pos = std::max(pos, last_view_step[graph.storage(w)]);
-    for (NodeId u : graph.unique_inputs(w)) {
-      pos = std::max(pos, graph.in_place(u) ? after[u] : last_step[u]);
+// The schedules of Note [Updates early] over one inner plan: what the
+// placement of the updates reads of the inner steps is found once, for the
+// greedy's many trials (one per parameter's group).
+class EarlyUpdates {
+ public:
+  // `given`: the step's own steps (the policy's plan, ids of `graph`).
+  EarlyUpdates(const Graph& graph, const std::vector<Step>& given)
+      : graph_(graph),
+        inner_(FreeHostWrittenViewsEarly(graph, given)),
+        updates_(UpdatesOf(graph)),
+        last_step_(graph.num_nodes(), -1),
+        last_read_(graph.num_nodes(), -1),
+        last_view_step_(graph.num_nodes(), -1) {
+    for (int i = 0; i < static_cast<int>(inner_.size()); ++i) {
+      last_step_[inner_[i].node] = i;
+      if (graph.is_alias(inner_[i].node)) last_view_step_[graph.storage(inner_[i].node)] = i;
+      if (inner_[i].action != Action::kCompute) continue;
+      for (NodeId u : graph.unique_inputs(inner_[i].node)) last_read_[graph.storage(u)] = i;
     }
-    // Not inside a bucket of collectives (a unit's reduce-scatters): after it.
-    while (pos + 1 < static_cast<int>(inner.size()) && inner[pos + 1].joins_bucket) ++pos;
-    after[w] = pos;
-    at[pos + 1].push_back(w);
   }
-  std::vector<NodeId> order;
-  for (const std::vector<NodeId>& group : at) order.insert(order.end(), group.begin(), group.end());
-  UpdateEmitter emitter(graph, order);
-  Schedule schedule;
-  schedule.steps.reserve(inner.size() + 4 * n);
-  int k = 0;
-  for (size_t i = 0; i <= inner.size(); ++i) {
-    for (size_t j = 0; j < at[i].size(); ++j) emitter.Emit(k++, schedule);
-    if (i < inner.size()) schedule.steps.push_back(inner[i]);
+
+  // The inner steps with the updates inserted: those marked in `early` (per
+  // node) as soon as they may, the others at the end, in topological order.
+  Schedule With(const std::vector<uint8_t>& early) const {
+    std::vector<int> after(graph_.num_nodes(), -1);  // update -> inner step it follows
+    std::vector<std::vector<NodeId>> at(inner_.size() + 1);  // updates run before step i
+    const int size = static_cast<int>(inner_.size());
+    for (NodeId w : updates_) {
+      int pos = early[w] ? last_read_[graph_.storage(w)] : size - 1;
+      if (graph_.runs_on(w) == Tier::kHost) {
+        pos = std::max(pos, last_view_step_[graph_.storage(w)]);
+      }
+      for (NodeId u : graph_.unique_inputs(w)) {
+        pos = std::max(pos, graph_.in_place(u) ? after[u] : last_step_[u]);
+      }
+      // Not inside a bucket of collectives (a unit's reduce-scatters): after it.
+      while (pos + 1 < size && inner_[pos + 1].joins_bucket) ++pos;
+      after[w] = pos;
+      at[pos + 1].push_back(w);
+    }
+    std::vector<NodeId> order;
+    order.reserve(updates_.size());
+    for (const std::vector<NodeId>& group : at) {
+      order.insert(order.end(), group.begin(), group.end());
+    }
+    UpdateEmitter emitter(graph_, std::move(order));
+    Schedule schedule;
+    schedule.steps.reserve(inner_.size() + 4 * updates_.size());
+    int k = 0;
+    for (size_t i = 0; i <= inner_.size(); ++i) {
+      for (size_t j = 0; j < at[i].size(); ++j) emitter.Emit(k++, schedule);
+      if (i < inner_.size()) schedule.steps.push_back(inner_[i]);
+    }
+    return schedule;
   }
-  return schedule;
-}
+
+ private:
+  const Graph& graph_;
+  const std::vector<Step> inner_;  // the given steps, host-written views freed early
+  const std::vector<NodeId> updates_;  // in topological order
+  // Per node, the last inner step on it (any action: a swapped gradient is
+  // back before its update frees it); per storage, the last compute reading
+  // it, and the last inner step on a view of it (an update on the host
+  // writes the host copy, so it waits until no view holds the device copy).
+  std::vector<int> last_step_, last_read_, last_view_step_;
+};
 
 }  // namespace
 
@@ -847,12 +870,13 @@ class UpdatesLastPlanner final : public Planner {
     int early_groups = 0;
     // Note [Updates early]; host updates run beside the backward where early.
     if (emitter.FreesEarly() || graph.has_host_costs()) {
+      const EarlyUpdates schedules(graph, steps);
       std::vector<uint8_t> early;
       const std::vector<std::vector<NodeId>> groups = UpdateGroups(graph, early);
       for (const std::vector<NodeId>& group : groups) {
         for (NodeId w : group) early[w] = 1;
-        absl::StatusOr<PlanResult> other = FinishPlan(graph, UpdatesEarly(graph, steps, early),
-                                                      options, /*record_timeline=*/false);
+        absl::StatusOr<PlanResult> other = FinishPlan(graph, schedules.With(early), options,
+                                                      /*record_timeline=*/false);
         if (other.ok() && Better(*other, result)) {
           result = *std::move(other);
           ++early_groups;
@@ -910,8 +934,8 @@ class UpdatesLastPlanner final : public Planner {
     const std::vector<Step> steps =
         FreeLeftovers(graph, StreamParameters(graph, StepsOf(graph, rest, inner.schedule)));
     std::vector<uint8_t> early(graph.num_nodes(), 1);
-    ASSIGN_OR_RETURN(PlanResult result, FinishPlan(graph, UpdatesEarly(graph, steps, early),
-                                                   options));
+    ASSIGN_OR_RETURN(PlanResult result,
+                     FinishPlan(graph, EarlyUpdates(graph, steps).With(early), options));
     result.details = std::move(inner.details);
     return result;
   }
