@@ -1,5 +1,5 @@
-// The piecewise-linear activations of the operator table (clip, hardsigmoid,
-// hardswish, leaky_relu), erf, sqrt, and their gradients, in float, shared by the CPU
+// The piecewise-linear activations of the operator table (relu, clip,
+// hardsigmoid, hardswish, leaky_relu), erf, sqrt, and their gradients, in float, shared by the CPU
 // kernels and the CUDA kernels (device code, and its host emulation): one
 // definition, so the backends agree to the bit. Each follows PyTorch's ATen
 // definition (hardtanh, hardsigmoid, hardswish, leaky_relu and their
@@ -16,6 +16,13 @@
 #endif
 
 namespace pebble::activation {
+
+// max(x, 0), as PyTorch's relu: NaN stays NaN and -0 stays -0 (oneDNN's
+// eltwise_relu gives 0 for NaN, which hides a NaN from the loss).
+PEBBLE_HOST_DEVICE inline float Relu(float x) { return x < 0.f ? 0.f : x; }
+// relu_backward from relu's output y: threshold_backward(g, y, 0), which
+// passes the gradient where y <= 0 is false (y > 0, or y NaN).
+PEBBLE_HOST_DEVICE inline float ReluGrad(float g, float y) { return y <= 0.f ? 0.f : g; }
 
 // min(max(x, lo), hi) (hardtanh; ReLU6 is lo = 0, hi = 6).
 PEBBLE_HOST_DEVICE inline float Clip(float x, float lo, float hi) {

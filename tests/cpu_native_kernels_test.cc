@@ -14,6 +14,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <limits>
 #include <numeric>
 #include <random>
 #include <string>
@@ -236,7 +237,7 @@ TEST(NativeKernelsTest, RegistersItsOpsAndEveryOpIsInTheOpTable) {
         "dropout_backward", "embedding", "embedding_backward", "arange",
         "fill", "split_heads", "split_heads_backward", "merge_heads", "clip",
         "clip_backward", "hardsigmoid", "hardsigmoid_backward", "hardswish",
-        "hardswish_backward", "leaky_relu", "leaky_relu_backward"}) {
+        "hardswish_backward", "leaky_relu", "leaky_relu_backward", "relu", "relu_backward"}) {
     EXPECT_NE(NativeTable().Find(op), nullptr) << op;
   }
   for (const std::string& op : ops) EXPECT_NE(FindOp(op), nullptr) << op;
@@ -380,6 +381,28 @@ TEST(NativeKernelsTest, PiecewiseLinearActivationsAndGradients) {
   const std::vector<float> hy = MustRun("hardswish", {h}).Floats(), hx = h.Floats();
   for (int i = 0; i < 9; ++i) {
     EXPECT_NEAR(hy[i], hx[i] * std::min(std::max(hx[i] + 3, 0.0f), 6.0f) / 6, 2e-3);
+  }
+}
+
+// relu as PyTorch's: a NaN stays NaN (oneDNN's eltwise_relu made it 0, so
+// a NaN input trained to a finite loss), -0 stays -0, and the gradient
+// passes where y <= 0 is false (threshold_backward(g, y, 0)), a NaN's too.
+TEST(NativeKernelsTest, ReluKeepsNaNAsPyTorch) {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  for (DType dtype : {kF32, kF16, kBF16}) {
+    SCOPED_TRACE(std::string(DTypeName(dtype)));
+    const HostTensor x = Floats({5}, {nan, -0.0f, -2.0f, 0.0f, 3.0f}, dtype);
+    const std::vector<float> y = MustRun("relu", {x}).Floats();
+    EXPECT_TRUE(std::isnan(y[0]));
+    EXPECT_TRUE(y[1] == 0.0f && std::signbit(y[1]));
+    EXPECT_EQ(y[2], 0.0f);
+    EXPECT_FALSE(std::signbit(y[2]));
+    EXPECT_EQ(y[3], 0.0f);
+    EXPECT_EQ(y[4], 3.0f);
+    const HostTensor g = Floats({5}, std::vector<float>(5, 2.0f), dtype);
+    const std::vector<float> dx =
+        MustRun("relu_backward", {g, MustRun("relu", {x})}).Floats();
+    EXPECT_EQ(dx, (std::vector<float>{2, 0, 0, 0, 2}));
   }
 }
 

@@ -132,9 +132,6 @@ dnnl::softmax_forward::primitive_desc SoftmaxForwardPd(const Rows& r) {
 
 }  // namespace
 
-absl::Status Relu(const KernelContext& ctx) {
-  return EltwiseForward(ctx, dnnl::algorithm::eltwise_relu);
-}
 absl::Status Tanh(const KernelContext& ctx) {
   return EltwiseForward(ctx, dnnl::algorithm::eltwise_tanh);
 }
@@ -146,12 +143,6 @@ absl::Status Gelu(const KernelContext& ctx) {
   return EltwiseForward(ctx, alg);
 }
 
-// relu_backward (g, y): g where y > 0, else 0 (PyTorch's
-// threshold_backward(grad, result, 0)).
-absl::Status ReluBackward(const KernelContext& ctx) {
-  return EltwiseBackward(ctx, dnnl::algorithm::eltwise_relu_use_dst_for_bwd,
-                         dnnl::algorithm::eltwise_relu_use_dst_for_bwd, true);
-}
 // tanh_backward (g, y): g (1 - y^2).
 absl::Status TanhBackward(const KernelContext& ctx) {
   return EltwiseBackward(ctx, dnnl::algorithm::eltwise_tanh_use_dst_for_bwd,

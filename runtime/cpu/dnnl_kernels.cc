@@ -108,11 +108,9 @@ void RegisterDnnlKernels(KernelTable& table) {
   table.Register("avgpool", Run<AvgPool>);
   table.Register("avgpool_backward", Run<AvgPoolBackward>);
 
-  table.Register("relu", Run<Relu>);
   table.Register("tanh", Run<Tanh>);
   table.Register("sigmoid", Run<Sigmoid>);
   table.Register("gelu", Run<Gelu>);
-  table.Register("relu_backward", Run<ReluBackward>);
   table.Register("tanh_backward", Run<TanhBackward>);
   table.Register("sigmoid_backward", Run<SigmoidBackward>);
   table.Register("gelu_backward", Run<GeluBackward>);

@@ -102,8 +102,8 @@ absl::Status Div(const KernelContext& ctx) {
   return BinaryKernel(ctx, [](float a, float b) { return a / b; });
 }
 
-// ---- clip, hardsigmoid, hardswish, leaky_relu (x) and their backwards
-// (grad, x): element-wise in float (runtime/activation_math.h), any
+// ---- relu, clip, hardsigmoid, hardswish, leaky_relu (x) and their
+// backwards (grad, x; relu's reads its output y): element-wise in float (runtime/activation_math.h), any
 // floating dtype.
 
 template <typename F>
@@ -149,6 +149,13 @@ absl::StatusOr<ClipBounds> ClipBoundsOf(const KernelContext& ctx) {
   ASSIGN_OR_RETURN(double lo, DoubleAttr(ctx.attrs(), "min", -HUGE_VAL));
   ASSIGN_OR_RETURN(double hi, DoubleAttr(ctx.attrs(), "max", HUGE_VAL));
   return ClipBounds{static_cast<float>(lo), static_cast<float>(hi)};
+}
+
+absl::Status Relu(const KernelContext& ctx) {
+  return UnaryFloatKernel(ctx, [](float x) { return activation::Relu(x); });
+}
+absl::Status ReluBackward(const KernelContext& ctx) {
+  return UnaryGradKernel(ctx, [](float g, float y) { return activation::ReluGrad(g, y); });
 }
 
 absl::Status Clip(const KernelContext& ctx) {
@@ -364,6 +371,8 @@ void RegisterNativeElementwiseKernels(KernelTable& table) {
   table.Register("dropout_mask", DropoutMask);
   table.Register("dropout", DropoutApply);
   table.Register("dropout_backward", DropoutApply);
+  table.Register("relu", Relu);
+  table.Register("relu_backward", ReluBackward);
   table.Register("clip", Clip);
   table.Register("clip_backward", ClipBackward);
   table.Register("hardsigmoid", HardSigmoid);

@@ -101,7 +101,7 @@ __device__ __forceinline__ float Unary(UnaryOp op, float v, UnaryParams p) {
     case UnaryOp::kSqrt:
       return activation::Sqrt(v);
     case UnaryOp::kRelu:
-      return v < 0.f ? 0.f : v;  // NaN stays NaN, as oneDNN's and PyTorch's
+      return activation::Relu(v);
     case UnaryOp::kTanh:
       return tanhf(v);
     case UnaryOp::kSigmoid:
@@ -131,7 +131,7 @@ __device__ __forceinline__ float UnaryGrad(UnaryOp op, float g, float s, UnaryPa
     case UnaryOp::kSqrt:
       return activation::SqrtGrad(g, s);
     case UnaryOp::kRelu:
-      return s > 0.f ? g : 0.f;
+      return activation::ReluGrad(g, s);
     case UnaryOp::kTanh:
       return g * (1.f - s * s);
     case UnaryOp::kSigmoid:
