@@ -40,6 +40,7 @@ namespace pebble {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 class DataParallelRunTest : public ::testing::Test {
  protected:
@@ -862,7 +863,9 @@ TEST_F(DataParallelRunTest, ShardedClippedStepsClipByTheWholeGradientsNorm) {
       padded += n.padded;
     }
     EXPECT_GE(compared, c.ranks * (c.training == &cnn ? 8 : 2));  // the parameters, any state
-    if (c.ranks == 3 && c.training == &cnn) EXPECT_GT(padded, 0);  // (6 elements: none)
+    if (c.ranks == 3 && c.training == &cnn) {
+      EXPECT_GT(padded, 0);  // (6 elements: none)
+    }
   }
 }
 
@@ -1044,6 +1047,19 @@ TEST_F(DataParallelRunTest, MisuseIsRefusedNamingTheCulprit) {
   std::ofstream(std::filesystem::path(rendezvous) / "pebble-rank-0");  // an earlier run's
   auto again = ConnectGloo({.rank = 0, .ranks = 2, .rendezvous_dir = rendezvous, .timeout_s = 2});
   EXPECT_THAT(again.status().message(), HasSubstr("left from an earlier run"));
+  // A file of the user's: refused, named, and left as it was.
+  const std::string users = Rendezvous("users");
+  std::ofstream(std::filesystem::path(users) / "mygraph.json") << "{}";
+  auto foreign = ConnectGloo({.rank = 0, .ranks = 2, .rendezvous_dir = users, .timeout_s = 2});
+  EXPECT_THAT(foreign.status().message(), HasSubstr("holds 'mygraph.json'"));
+  EXPECT_EQ(std::distance(std::filesystem::directory_iterator(users), {}), 1);
+  // A meeting that fails (no other rank) takes back its marker and store files,
+  // and says gloo's reason once, without gloo's source locations.
+  const std::string alone = Rendezvous("alone");
+  auto lonely = ConnectGloo({.rank = 0, .ranks = 2, .rendezvous_dir = alone, .timeout_s = 1});
+  EXPECT_THAT(lonely.status().message(), HasSubstr("could not meet the others"));
+  EXPECT_THAT(lonely.status().message(), Not(HasSubstr("file_store.cc")));
+  EXPECT_TRUE(std::filesystem::is_empty(alone));
   EXPECT_THAT(ConnectGloo({.rank = 2, .ranks = 2, .rendezvous_dir = rendezvous, .timeout_s = 2})
                   .status()
                   .message(),

@@ -6,10 +6,12 @@
 #include <cmath>
 #include <filesystem>
 #include <new>
+#include <optional>
 #include <system_error>
 #include <utility>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "graph/status.h"
@@ -153,6 +155,50 @@ absl::Status ClaimRank(const std::string& dir, int rank) {
                                                  std::generic_category().message(error)));
 }
 
+// Whether a file named `name` in a rendezvous directory is one that a
+// meeting of ranks writes: a rank's marker (pebble-rank-R), an object of
+// gloo's file store (the decimal hash of its key) or a temporary file of it
+// (hidden).
+bool WrittenByAMeeting(const std::string& name) {
+  auto digits = [](absl::string_view s) {
+    return !s.empty() &&
+           std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; });
+  };
+  return name.front() == '.' || digits(name) ||
+         (absl::StartsWith(name, "pebble-rank-") && digits(name.substr(12)));
+}
+
+// OK where `dir` holds nothing but what the ranks' meeting writes: a file of
+// the user's there is refused before anything is written beside it.
+absl::Status CheckRendezvousContents(const std::string& dir) {
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (!WrittenByAMeeting(name)) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "rendezvous directory ", Quote(dir), " holds ", Quote(name), ", which no meeting of "
+          "ranks wrote: give each run a new empty directory (the ranks write their markers and "
+          "gloo's store there)"));
+    }
+  }
+  if (ec) {
+    return absl::InvalidArgumentError(absl::StrCat("rendezvous directory ", Quote(dir),
+                                                   ": cannot list it: ", ec.message()));
+  }
+  return absl::OkStatus();
+}
+
+// gloo's message without the source locations it puts in front
+// ("[./gloo/rendezvous/file_store.cc:147] ", once per layer).
+std::string WithoutSourceLocations(std::string message) {
+  while (message.size() > 1 && message.front() == '[') {
+    const size_t end = message.find("] ");
+    if (end == std::string::npos || message.find(':') > end) break;
+    message.erase(0, end + 2);
+  }
+  return message;
+}
+
 // OK where `address` resolves to an address of TCP; gloo's device reads
 // past a failed lookup (a crash, not an exception), so it is checked here.
 absl::Status CheckAddress(const std::string& address) {
@@ -187,25 +233,38 @@ absl::StatusOr<std::unique_ptr<Collectives>> ConnectGloo(const GlooOptions& opti
         "rendezvous directory ", Quote(options.rendezvous_dir), " is not a directory"));
   }
   RETURN_IF_ERROR(CheckAddress(options.address));
+  RETURN_IF_ERROR(CheckRendezvousContents(options.rendezvous_dir));
   RETURN_IF_ERROR(ClaimRank(options.rendezvous_dir, options.rank));
   // In whole milliseconds, at least one: gloo takes 0 for no timeout at all.
   const auto timeout = std::chrono::milliseconds(std::max<int64_t>(
       1, static_cast<int64_t>(std::ceil(std::min(options.timeout_s, 1e9) * 1000))));
+  std::optional<gloo::rendezvous::FileStore> store;
   try {
     gloo::transport::tcp::attr attr;
     attr.hostname = options.address;
     auto device = gloo::transport::tcp::CreateDevice(attr);
-    gloo::rendezvous::FileStore store(options.rendezvous_dir);
+    store.emplace(options.rendezvous_dir);
     auto context = std::make_shared<gloo::rendezvous::Context>(options.rank, options.ranks);
     context->setTimeout(timeout);
-    context->connectFullMesh(store, device);
+    context->connectFullMesh(*store, device);
     return std::unique_ptr<Collectives>(
         std::make_unique<GlooCollectives>(std::move(context), options.timeout_s));
   } catch (const std::exception& e) {
+    // A failed meeting takes back what this rank wrote, so that the
+    // directory is as it found it (the others' files aside).
+    std::error_code ignored;
+    if (store.has_value()) {
+      for (const std::string& path : store->getAllKeyFilePaths()) {
+        std::filesystem::remove(path, ignored);
+      }
+    }
+    std::filesystem::remove(
+        std::filesystem::path(options.rendezvous_dir) / absl::StrCat("pebble-rank-", options.rank),
+        ignored);
     return absl::UnavailableError(absl::StrCat(
         "rank ", options.rank, " of ", options.ranks, " could not meet the others through ",
         Quote(options.rendezvous_dir), " at address ", Quote(options.address), " within ",
-        absl::StrFormat("%g", options.timeout_s), " s: ", e.what()));
+        absl::StrFormat("%g", options.timeout_s), " s: ", WithoutSourceLocations(e.what())));
   }
 }
 
