@@ -8,6 +8,7 @@
 #include "graph/graph_json.h"
 #include "graph/models/models.h"
 #include "graph/optimizer.h"
+#include "graph/status.h"
 #include "scheduler/budget.h"
 #include "scheduler/memory_layout.h"
 #include "scheduler/planner.h"
@@ -120,17 +121,26 @@ MemorySummary Summarize(const Graph& g, int64_t baseline_peak) {
   return s;
 }
 
+// The baseline plan of `g`, simulated once by PlanMemoryLayout: its peak
+// and the arena it needs (the runtime allocates exactly this). A graph that
+// pebble's policies do not plan (a 'home' on a tensor that more than the
+// updates read) has none: the status says why.
+absl::StatusOr<MemoryLayout> BaselineLayout(const Graph& g) {
+  RETURN_IF_ERROR(CheckPlannable(g));
+  ASSIGN_OR_RETURN(const Schedule schedule, BaselinePlanSchedule(g));
+  return PlanMemoryLayout(g, schedule);
+}
+
 int RunDescribe(const GraphSource& source, bool json) {
   auto graph = source.Load();
   if (!graph.ok()) return Fail(graph.status());
   const Graph& g = *graph;
-  // The baseline plan, simulated once by PlanMemoryLayout: its peak and the
-  // arena it needs (the runtime allocates exactly this).
-  auto baseline_schedule = BaselinePlanSchedule(g);
-  if (!baseline_schedule.ok()) return Fail(baseline_schedule.status());
-  auto layout = PlanMemoryLayout(g, *baseline_schedule);
-  if (!layout.ok()) return Fail(layout.status());
-  const MemorySummary s = Summarize(g, layout->peak_bytes);
+  const absl::StatusOr<MemoryLayout> layout = BaselineLayout(g);
+  // (a graph that no policy plans is still described, without its baseline)
+  if (!layout.ok() && layout.status().code() != absl::StatusCode::kUnimplemented) {
+    return Fail(layout.status());
+  }
+  const MemorySummary s = Summarize(g, layout.ok() ? layout->peak_bytes : 0);
   if (json) {
     nlohmann::json nodes = nlohmann::json::array();
     for (NodeId v = 0; v < g.num_nodes(); ++v) {
@@ -147,23 +157,28 @@ int RunDescribe(const GraphSource& source, bool json) {
       if (g.is_alias(v)) n["alias_of"] = g.id(g.alias_of(v));
       nodes.push_back(std::move(n));
     }
-    PrintJson({{"graph", g.name()},
-               {"nodes", nodes},
-               {"summary",
-                {{"num_nodes", g.num_nodes()},
-                 {"num_aliases", g.num_aliases()},
-                 {"parameters", s.parameters},
-                 {"parameter_bytes", s.parameter_bytes},
-                 {"buffer_bytes", s.buffer_bytes},
-                 {"optimizer_state_bytes", s.optimizer_state_bytes},
-                 {"input_bytes", s.input_bytes},
-                 {"gradient_bytes", s.gradient_bytes},
-                 {"forward_activation_bytes", s.forward_bytes},
-                 {"backward_bytes", s.backward_bytes},
-                 {"persistent_bytes", g.persistent_bytes()},
-                 {"baseline_peak_bytes", s.baseline_peak},
-                 {"baseline_arena_bytes", layout->arena_bytes},
-                 {"baseline_fragmentation", layout->fragmentation}}}});
+    nlohmann::json summary = {{"num_nodes", g.num_nodes()},
+                              {"num_aliases", g.num_aliases()},
+                              {"parameters", s.parameters},
+                              {"parameter_bytes", s.parameter_bytes},
+                              {"buffer_bytes", s.buffer_bytes},
+                              {"optimizer_state_bytes", s.optimizer_state_bytes},
+                              {"input_bytes", s.input_bytes},
+                              {"gradient_bytes", s.gradient_bytes},
+                              {"forward_activation_bytes", s.forward_bytes},
+                              {"backward_bytes", s.backward_bytes},
+                              {"persistent_bytes", g.persistent_bytes()},
+                              {"baseline_peak_bytes", nullptr},
+                              {"baseline_arena_bytes", nullptr},
+                              {"baseline_fragmentation", nullptr}};
+    if (layout.ok()) {
+      summary["baseline_peak_bytes"] = s.baseline_peak;
+      summary["baseline_arena_bytes"] = layout->arena_bytes;
+      summary["baseline_fragmentation"] = layout->fragmentation;
+    } else {
+      summary["baseline_note"] = layout.status().message();
+    }
+    PrintJson({{"graph", g.name()}, {"nodes", nodes}, {"summary", summary}});
     return 0;
   }
   // Graphs with views get an "alias of" column (a view's bytes are its
@@ -207,11 +222,14 @@ int RunDescribe(const GraphSource& source, bool json) {
   row("data batch (input, target)", s.input_bytes);
   row("forward activations, all kept", s.forward_bytes);
   row("backward tensors, all kept", s.backward_bytes);
-  row("baseline peak (own order, free at last use)", s.baseline_peak);
-  row(absl::StrFormat("baseline arena (%s, +%.2f%%)", layout->strategy,
-                      100 * layout->fragmentation),
-      layout->arena_bytes);
+  if (layout.ok()) {
+    row("baseline peak (own order, free at last use)", s.baseline_peak);
+    row(absl::StrFormat("baseline arena (%s, +%.2f%%)", layout->strategy,
+                        100 * layout->fragmentation),
+        layout->arena_bytes);
+  }
   std::cout << summary.ToString();
+  if (!layout.ok()) std::cout << "no baseline plan: " << layout.status().message() << "\n";
   return 0;
 }
 

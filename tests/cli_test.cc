@@ -282,6 +282,25 @@ TEST(CliTest, DescribeReportsTheMemorySummary) {
   EXPECT_GT(j["summary"]["baseline_peak_bytes"], j["summary"]["persistent_bytes"]);
 }
 
+// A graph that simulate checks but no policy plans (a 'home' on a tensor
+// the step itself reads) is described without a baseline, saying why.
+TEST(CliTest, DescribeTellsWhyAGraphHasNoBaseline) {
+  const std::string graph = ::testing::TempDir() + "/cli_home_read_by_compute.json";
+  std::ofstream(graph) << R"({"format": "pebble-graph", "version": 1, "nodes": [
+      {"id": "x", "bytes": 1000, "persistent": true, "home": "host"},
+      {"id": "a", "op": "tanh", "bytes": 1000, "cost": 1, "inputs": ["x"]}],
+    "outputs": ["a"]})";
+  Result r = Pebble("describe --graph " + graph);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("no baseline plan: node 'x' has 'home'"));
+  EXPECT_THAT(r.out, Not(HasSubstr("baseline peak")));
+  Result json = Pebble("describe --json --graph " + graph);
+  ASSERT_EQ(json.exit_code, 0) << json.err;
+  const nlohmann::json summary = ParseOrFail(json.out)["summary"];
+  EXPECT_TRUE(summary["baseline_peak_bytes"].is_null());
+  EXPECT_THAT(summary["baseline_note"].get<std::string>(), HasSubstr("has 'home'"));
+}
+
 }  // namespace
 
 namespace {
