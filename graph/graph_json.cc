@@ -468,7 +468,14 @@ std::string DotQuote(absl::string_view s) {
       case '\r':
         break;
       default:
-        out += c;
+        // Another control character (a NUL cuts Graphviz's strings) is
+        // written as its code, \\xHH, visible in the picture.
+        if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) {
+          absl::StrAppend(&out, "\\\\x",
+                          absl::Hex(static_cast<unsigned char>(c), absl::kZeroPad2));
+        } else {
+          out += c;
+        }
     }
   }
   out += '"';

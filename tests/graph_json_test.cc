@@ -939,7 +939,8 @@ TEST(GraphToDotTest, ShapesColoursLabelsAndEscaping) {
       {"id": "q\"uote", "op": "mul", "bytes": 8, "inputs": ["y#1", "y#1"]},
       {"id": "grad:conv1.weight", "op": "conv2d_weight_grad", "bytes": 1536,
        "role": "backward", "inputs": ["q\"uote", "input"]},
-      {"id": "back\\slash", "bytes": 1, "inputs": ["input"]}
+      {"id": "back\\slash", "bytes": 1, "inputs": ["input"]},
+      {"id": "n\u0000ul\u001b", "bytes": 1, "inputs": ["input"]}
     ],
     "outputs": ["q\"uote", "grad:conv1.weight"]})");
   absl::StatusOr<Graph> g = GraphFromJson(doc);
@@ -983,6 +984,10 @@ TEST(GraphToDotTest, ShapesColoursLabelsAndEscaping) {
   EXPECT_THAT(buffer, HasSubstr("512 B"));
   EXPECT_THAT(conv, HasSubstr("y#1\\nconv2d\\n3.00 MiB\""));
   EXPECT_THAT(slash, HasSubstr("label=\"back\\\\slash\\n"));
+  // Control characters are written as their codes: a NUL would cut the string.
+  EXPECT_EQ(dot.find('\0'), std::string::npos);
+  EXPECT_EQ(dot.find('\x1b'), std::string::npos);
+  EXPECT_FALSE(NodeLine(dot, "\"n\\\\x00ul\\\\x1b\"").empty()) << dot;
   // Edges: quoted ids; a doubly-read input is one edge labelled x2.
   EXPECT_THAT(dot, HasSubstr("  \"y#1\" -> \"q\\\"uote\" [label=\"x2\"];\n"));
   EXPECT_THAT(dot, HasSubstr("  \"input\" -> \"grad:conv1.weight\";\n"));
