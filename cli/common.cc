@@ -68,7 +68,8 @@ void GraphSource::AddOptions(CLI::App* cmd) {
   cmd->add_option("--throughput", throughput_flops_per_s,
                   "device FLOP/s that turns a model's FLOPs into seconds of cost "
                   "(default 10e12; ignored for --graph, whose costs are given)")
-      ->check(NumberAbove(0, "a positive number of FLOP/s"));
+      // (at least 1: a subnormal throughput made every cost infinite)
+      ->check(NumberAbove(std::nextafter(1.0, 0.0), "a number of FLOP/s of at least 1"));
   cmd->add_option("--profile", profile,
                   "cost profile from 'pebble calibrate': measured seconds replace the "
                   "cost of every node whose op, shapes, dtype and attrs it has; a command "
@@ -103,7 +104,7 @@ absl::StatusOr<Graph> LoadWithoutProfile(const GraphSource& source) {
     }
     return trained;
   }
-  return absl::InvalidArgumentError("give a graph: --model NAME[:k=v,...] or --graph FILE");
+  return UsageError("give a graph: --model NAME[:k=v,...] or --graph FILE");
 }
 
 }  // namespace

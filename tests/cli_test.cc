@@ -53,6 +53,15 @@ TEST(CliTest, UsageErrorsExitWithTwo) {
   EXPECT_EQ(Pebble("").exit_code, 2);
   EXPECT_EQ(Pebble("no-such-command").exit_code, 2);
   EXPECT_EQ(Pebble("plan --model conv3d --graph x.json").exit_code, 2);
+  for (const char* command : {"plan", "describe", "export", "compare", "run"}) {
+    Result r = Pebble(command);  // neither --model nor --graph
+    EXPECT_EQ(r.exit_code, 2) << command;
+    EXPECT_THAT(r.err, HasSubstr("give a graph")) << command;
+  }
+  // A throughput that makes every cost infinite is named, not the model.
+  Result slow = Pebble("plan --model conv3d:n=8 --throughput 5e-324");
+  EXPECT_EQ(slow.exit_code, 2);
+  EXPECT_THAT(slow.err, HasSubstr("--throughput: must be a number of FLOP/s of at least 1"));
 }
 
 TEST(CliTest, PlanConv3dBaselineJsonFollowsTheSpec) {
