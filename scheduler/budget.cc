@@ -11,6 +11,7 @@
 #include "absl/numeric/int128.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -30,8 +31,10 @@ struct Unit {
 };
 constexpr Unit kUnits[] = {
     {"", 1},           {"b", 1},           {"kib", uint64_t{1} << 10}, {"mib", uint64_t{1} << 20},
-    {"gib", uint64_t{1} << 30}, {"tib", uint64_t{1} << 40}, {"kb", 1000},
-    {"mb", 1000000},   {"gb", 1000000000}, {"tb", 1000000000000},
+    {"gib", uint64_t{1} << 30}, {"tib", uint64_t{1} << 40}, {"pib", uint64_t{1} << 50},
+    {"eib", uint64_t{1} << 60}, {"kb", 1000},           {"mb", 1000000},
+    {"gb", 1000000000},         {"tb", 1000000000000},  {"pb", 1000000000000000},
+    {"eb", 1000000000000000000},
 };
 
 // Sizes at or above this are refused: INT64_MAX itself means "no budget".
@@ -54,8 +57,8 @@ bool ExactBytes(const std::string& digits, int64_t exponent, uint64_t factor, ui
   const int64_t k = static_cast<int64_t>(digits.size());
   // value >= 10^(k-1+exponent): 10^19 is past the limit whatever the unit.
   if (k - 1 + exponent >= 19) return false;
-  // value < 10^(k+exponent) <= 10^-13, and 10^-13 * 2^40 < 1.
-  if (k + exponent < -13) {
+  // value < 10^(k+exponent) <= 10^-19, and 10^-19 * 2^60 (EiB) < 1.
+  if (k + exponent < -19) {
     *bytes = 0;
     *exact = false;
     return true;
@@ -111,7 +114,7 @@ bool SplitNumberAndUnit(absl::string_view text, absl::string_view* number, doubl
   }
   if (*unit == nullptr) {
     *problem = absl::StrCat("unknown unit ", Quote(s.substr(unit_start)),
-                            " (use B, KiB, MiB, GiB, TiB, kB, MB, GB or TB)");
+                            " (use B, KiB, MiB, GiB, TiB, PiB, EiB, kB, MB, GB, TB, PB or EB)");
     return false;
   }
   return true;
@@ -242,6 +245,11 @@ absl::StatusOr<BudgetSpec> ParseBudget(absl::string_view text) {
   }
   const SizeParse bytes = ParseSizeText(s);
   if (bytes.syntax_error) {
+    // A number with a unit pebble does not know is said as such.
+    if (absl::StartsWith(bytes.problem, "unknown unit")) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("invalid budget ", Quote(text), ": ", bytes.problem));
+    }
     return absl::InvalidArgumentError(absl::StrCat(
         "invalid budget ", Quote(text),
         ": expected bytes (8GiB, 1.5e9), a percentage of the baseline peak "

@@ -624,7 +624,14 @@ absl::string_view FitOutcomeName(FitTry::Outcome outcome) {
 
 absl::StatusOr<int64_t> ParseFitBudget(absl::string_view text) {
   RETURN_IF_ERROR(CheckBudgetHasUnit(text, /*percent_allowed=*/false));
-  ASSIGN_OR_RETURN(BudgetSpec spec, ParseBudget(text));
+  absl::StatusOr<BudgetSpec> parsed = ParseBudget(text);
+  if (!parsed.ok()) {
+    // (a budget's syntax error offers percentages and 'min', which fit
+    // refuses: the size's own error says what a size is)
+    RETURN_IF_ERROR(ParseSize(text).status());
+    return parsed.status();
+  }
+  const BudgetSpec& spec = *parsed;
   if (spec.kind != BudgetSpec::Kind::kBytes) {
     return absl::InvalidArgumentError(
         "fit needs a budget in bytes (e.g. 2GiB): a percentage or 'min' changes with the "

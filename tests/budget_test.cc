@@ -7,6 +7,8 @@
 namespace pebble {
 namespace {
 
+using ::testing::HasSubstr;
+
 TEST(ParseSizeTest, AcceptsBytesAndUnits) {
   EXPECT_EQ(*ParseSize("1000000"), 1000000);
   EXPECT_EQ(*ParseSize("1.5e9"), 1500000000);
@@ -19,6 +21,13 @@ TEST(ParseSizeTest, AcceptsBytesAndUnits) {
   EXPECT_EQ(*ParseSize("10B"), 10);
   EXPECT_EQ(*ParseSize("0"), 0);
   EXPECT_EQ(*ParseSize("2.7KiB"), 2764);  // a unit's fraction rounds down to whole bytes
+  // The units pebble prints its sizes in, up to the largest size it takes.
+  EXPECT_EQ(*ParseSize("1PiB"), int64_t{1} << 50);
+  EXPECT_EQ(*ParseSize("7EiB"), int64_t{7} << 60);
+  EXPECT_EQ(*ParseSize("2PB"), int64_t{2'000'000'000'000'000});
+  EXPECT_EQ(*ParseSize("9EB"), int64_t{9'000'000'000'000'000'000});
+  EXPECT_EQ(*ParseSize("1e-14EiB"), 11529);  // 2^60 / 10^14, rounded down
+  EXPECT_THAT(ParseSize("8EiB").status().message(), HasSubstr("too large"));
 }
 
 TEST(ParseSizeTest, RejectsGarbage) {
@@ -35,6 +44,9 @@ TEST(ParseBudgetTest, RejectsHexNanAndInfinitePercentages) {
     EXPECT_FALSE(ParseBudget(bad).ok()) << bad;
   }
   EXPECT_EQ(ParseBudget("1e2%")->percent, 100);
+  // A unit pebble does not know is named, with the ones it knows.
+  EXPECT_THAT(ParseBudget("1ZiB").status().message(),
+              HasSubstr("unknown unit 'ZiB' (use B, KiB, MiB, GiB, TiB, PiB, EiB"));
 }
 
 TEST(BudgetTest, ParsesTheThreeForms) {
