@@ -9,6 +9,7 @@
 #include <thread>
 #include <unistd.h>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -316,19 +317,34 @@ struct ParetoPoint {
   double slowdown = 0;  // makespan / base_cost - 1
 };
 
+// gnuplot's terminal for a picture at `path`, by its extension: .svg and
+// .pdf as named, PNG otherwise (with a note on stderr where the extension
+// names another format).
+std::string PlotTerminal(const std::string& path) {
+  const std::string extension =
+      absl::AsciiStrToLower(std::filesystem::path(path).extension().string());
+  if (extension == ".svg") return "svg size 1000,650";
+  if (extension == ".pdf") return "pdfcairo size 10in,6.5in";
+  if (!extension.empty() && extension != ".png") {
+    std::cerr << "pebble: note: --plot " << Quote(path) << " is written as PNG (the format "
+              << "follows the extension: .png, .svg or .pdf)\n";
+  }
+  return "pngcairo size 1000,650";
+}
+
 // Draws overhead against peak per policy with gnuplot (when it is installed)
-// into `png_path`. The points, the script and the picture go through a
+// into `plot_path`. The points, the script and the picture go through a
 // private temporary directory, removed afterwards, so nothing beside
-// `png_path` is written; the picture is then written to `png_path` by
+// `plot_path` is written; the picture is then written to `plot_path` by
 // WriteOutput, which reports a write that fails (gnuplot itself exits 0 when
 // it cannot write its output).
 absl::Status WriteParetoPlot(const std::string& title, std::vector<ParetoPoint> points,
-                             const std::string& png_path, bool force) {
+                             const std::string& plot_path, bool force) {
   if (std::system("command -v gnuplot >/dev/null 2>&1") != 0) {
     return absl::FailedPreconditionError(
         "--plot needs gnuplot (Debian: apt-get install gnuplot-nox); the table was printed");
   }
-  RETURN_IF_ERROR(CheckOutputPath(png_path, force));
+  RETURN_IF_ERROR(CheckOutputPath(plot_path, force));
   std::stable_sort(points.begin(), points.end(), [](const ParetoPoint& a, const ParetoPoint& b) {
     return a.policy != b.policy ? a.policy < b.policy : a.peak_bytes < b.peak_bytes;
   });
@@ -353,7 +369,7 @@ absl::Status WriteParetoPlot(const std::string& title, std::vector<ParetoPoint> 
   } cleanup{work_dir};
   const std::string data_path = (work_dir / "points.dat").string();
   const std::string script_path = (work_dir / "plot.gp").string();
-  const std::string picture_path = (work_dir / "plot.png").string();
+  const std::string picture_path = (work_dir / "plot").string();
   std::string data, plots;
   int block = 0;
   for (size_t i = 0; i < points.size(); ++i) {
@@ -368,10 +384,10 @@ absl::Status WriteParetoPlot(const std::string& title, std::vector<ParetoPoint> 
   }
   if (block == 0) return absl::FailedPreconditionError("--plot: no feasible plan to draw");
   const std::string script = absl::StrFormat(
-      "set terminal pngcairo size 1000,650\nset output '%s'\nset title '%s'\n"
+      "set terminal %s\nset output '%s'\nset title '%s'\n"
       "set xlabel 'peak memory (MiB)'\nset ylabel 'makespan over the baseline (+%%)'\n"
       "set key outside right\nset grid\nplot %s\n",
-      quoted(picture_path), quoted(Printable(title)), plots);
+      PlotTerminal(plot_path), quoted(picture_path), quoted(Printable(title)), plots);
   RETURN_IF_ERROR(WriteOutput(data_path, data, /*force=*/false));
   RETURN_IF_ERROR(WriteOutput(script_path, script, /*force=*/false));
   std::string shell_path;  // POSIX shell single quotes: ' becomes '\''
@@ -380,9 +396,9 @@ absl::Status WriteParetoPlot(const std::string& title, std::vector<ParetoPoint> 
   absl::StatusOr<std::string> picture = absl::UnknownError("gnuplot did not run");
   if (std::system(command.c_str()) == 0) picture = ReadBoundedFile(picture_path, "plot", 1 << 30);
   if (!picture.ok() || picture->empty()) {
-    return absl::InternalError(absl::StrCat("gnuplot failed to draw ", Quote(png_path)));
+    return absl::InternalError(absl::StrCat("gnuplot failed to draw ", Quote(plot_path)));
   }
-  return WriteOutput(png_path, *picture, force);
+  return WriteOutput(plot_path, *picture, force);
 }
 
 // The policies `compare` runs without --policies: each plans a graph of a
@@ -667,7 +683,7 @@ void AddPlanCommands(CLI::App& app, int& exit_code) {
       ->check(CLI::IsMember({"table", "csv", "json"}));
   cmp->add_option("--plot", cmp_plot,
                   "also draw the Pareto curve (makespan over the baseline against peak, "
-                  "feasible plans) as a PNG with gnuplot")
+                  "feasible plans) with gnuplot: PNG, or SVG or PDF for a .svg or .pdf file")
       ->check(NotStdout("the plot"));
   cmp->add_flag("--force", cmp_force, "replace an existing --plot file");
   cmp->add_option("--jobs,-j", cmp_jobs,

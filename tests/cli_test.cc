@@ -359,6 +359,27 @@ TEST(CliTest, ComparePlotsTheParetoCurveWithGnuplot) {
   EXPECT_EQ(std::string(magic + 1, 3), "PNG");
   // Not replaced without --force.
   EXPECT_EQ(Pebble("compare --model path:n=4 --policies baseline --plot " + png).exit_code, 1);
+  // The format follows the extension: SVG and PDF as named; PNG otherwise,
+  // said where the extension names another format.
+  const std::string compare = "compare --model path:n=4 --policies baseline --plot ";
+  auto head = [](const std::string& path) {
+    std::ifstream file(path, std::ios::binary);
+    std::string start(256, '\0');
+    file.read(start.data(), static_cast<std::streamsize>(start.size()));
+    return start;
+  };
+  const std::string svg = ::testing::TempDir() + "/pebble_pareto.SVG";
+  const std::string pdf = ::testing::TempDir() + "/pebble_pareto.pdf";
+  const std::string jpg = ::testing::TempDir() + "/pebble_pareto.jpg";
+  for (const std::string& path : {svg, pdf, jpg}) fs::remove(path);
+  ASSERT_EQ(Pebble(compare + svg).exit_code, 0);
+  EXPECT_THAT(head(svg), HasSubstr("<svg"));
+  ASSERT_EQ(Pebble(compare + pdf).exit_code, 0);
+  EXPECT_THAT(head(pdf), ::testing::StartsWith("%PDF"));
+  Result as_png = Pebble(compare + jpg);
+  ASSERT_EQ(as_png.exit_code, 0);
+  EXPECT_EQ(head(jpg).substr(1, 3), "PNG");
+  EXPECT_THAT(as_png.err, HasSubstr("is written as PNG"));
 }
 
 TEST(CliTest, PlanDefaultPolicyIsHybridBelowTheBaselinePeak) {
