@@ -132,6 +132,14 @@ absl::StatusOr<Graph> GraphSource::Load(WorkspaceQueryStats* workspace) const {
   }
   if (!profile.empty()) {
     ASSIGN_OR_RETURN(CostProfile p, ReadCostProfileFile(profile));
+    // Times and kernel workspaces are the backend's they were measured on.
+    const std::string& backend = run_backend.empty() ? workspace_backend : run_backend;
+    if (!backend.empty() && !p.backend.empty() && p.backend != backend) {
+      return UsageError(absl::StrCat(
+          "--profile ", Quote(profile), " was measured on the ", p.backend,
+          " backend, and this plan is for ", backend, ": its times and kernel workspaces are "
+          "another backend's (pebble calibrate --backend ", backend, " measures this one)"));
+    }
     CostProfileMatch match;
     ASSIGN_OR_RETURN(g, ApplyCostProfile(g, p, &match));
     std::cerr << "pebble: cost profile '" << profile << "' (" << p.backend << "): "

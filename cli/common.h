@@ -67,6 +67,9 @@ struct GraphSource {
   // A backend ("cpu", "cuda") whose kernels' scratch becomes each computed
   // node's workspace (runtime/workspace.h); empty: the graph's own figures.
   std::string workspace_backend;
+  // The backend that runs the graph (run): a --profile measured on another
+  // backend is refused, as with workspace_backend.
+  std::string run_backend;
 
   // Adds the options to `cmd`. `graph_only`: no --model (simulate needs the
   // exact graph a schedule was made for, but a model works too).

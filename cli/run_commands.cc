@@ -799,7 +799,8 @@ void PrintRunText(const RunOutcome& run) {
 
 int RunRun(const RunFlags& given) {
   if (absl::Status s = CheckRankFlags(given); !s.ok()) return Fail(s);
-  const RunFlags f = ForThisRank(given);
+  RunFlags f = ForThisRank(given);
+  f.source.run_backend = f.backend;  // (a --profile of another backend is refused)
   auto graph = f.source.Load();
   if (!graph.ok()) return Fail(graph.status());
   if (absl::Status s = CheckSharedInputs(given, *graph); !s.ok()) return Fail(s);

@@ -179,6 +179,11 @@ absl::StatusOr<CostProfile> CostProfileFromJson(const nlohmann::json& doc) {
     }
   }
   p.backend = doc.value("backend", "");
+  if (!p.backend.empty() && p.backend != "cpu" && p.backend != "cuda") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cost profile: 'backend' is the backend it was measured on, \"cpu\" or \"cuda\"; got ",
+        Quote(p.backend)));
+  }
   p.device = doc.value("device", "");
   ASSIGN_OR_RETURN(p.bandwidth_h2d_bytes_per_s, Bandwidth(doc, "bandwidth_h2d_bytes_per_s"));
   ASSIGN_OR_RETURN(p.bandwidth_d2h_bytes_per_s, Bandwidth(doc, "bandwidth_d2h_bytes_per_s"));

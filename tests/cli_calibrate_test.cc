@@ -5,6 +5,7 @@
 
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <iostream>
 #include <string>
 
@@ -100,6 +101,22 @@ TEST(CliCalibrateTest, WritesAProfileThatPlanUses) {
   ASSERT_FALSE(w.is_discarded());
   EXPECT_EQ(p["report"]["peak_bytes"], w["report"]["peak_bytes"]);
   EXPECT_GT(p["report"]["peak_bytes"].get<int64_t>(), q["report"]["peak_bytes"].get<int64_t>());
+  // The same profile said to be the CUDA backend's: refused where the plan
+  // is for the CPU backend (its times and workspaces would be another's),
+  // taken where no backend is named.
+  nlohmann::json other = doc;
+  other["backend"] = "cuda";
+  const std::string cuda_profile = TempPath("profile-cuda.json");
+  std::ofstream(cuda_profile) << other.dump();
+  for (const char* command : {"plan --model conv3d:n=8 --backend cpu --profile ",
+                              "run --model conv3d:n=8 --profile "}) {
+    Result refused = Pebble(command + cuda_profile);
+    EXPECT_EQ(refused.exit_code, 2) << command;
+    EXPECT_THAT(refused.err, HasSubstr("was measured on the cuda backend, and this plan is for "
+                                       "cpu")) << command;
+  }
+  EXPECT_EQ(Pebble("plan --model conv3d:n=8 --profile " + cuda_profile).exit_code, 0);
+  fs::remove(cuda_profile);
   fs::remove(profile);
 }
 

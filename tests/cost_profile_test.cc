@@ -213,6 +213,12 @@ TEST(CostProfileTest, BadDocumentsAreNamedErrors) {
     d.erase("entries");
     EXPECT_FALSE(CostProfileFromJson(d).ok());
   }
+  {
+    nlohmann::json d = good;  // a backend pebble has none of
+    d["backend"] = "tpu";
+    EXPECT_THAT(std::string(CostProfileFromJson(d).status().message()),
+                HasSubstr("\"cpu\" or \"cuda\"; got 'tpu'"));
+  }
   EXPECT_EQ(ReadCostProfileFile("/nonexistent/profile.json").status().code(),
             absl::StatusCode::kNotFound);
 }
