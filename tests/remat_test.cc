@@ -730,6 +730,49 @@ TEST(DtrTest, EvictsAndRematerialisesUnderABudget) {
   EXPECT_FALSE(tiny->feasible);
 }
 
+// Note [Deeper revivals]: each layer's output r is made by a chain of
+// cheap operations whose results nothing else reads (h -> clone c -> add a
+// -> relu r, as pebble.torch captures h.clone(); h.add_(1).relu_()), so
+// once r is made, c and a are banished. DTR's one-level rule locks r (its
+// banished input a has a banished input c): only the h could go. Revived
+// four levels deep, r is evicted and recomputed, and `min` goes lower.
+TEST(DtrTest, RevivesAChainOfBanishedOperations) {
+  constexpr int kLayers = 6;
+  std::vector<NodeSpec> nodes = {Persistent("x", 1000)};
+  std::string in = "x";
+  for (int i = 0; i < kLayers; ++i) {
+    const std::string k = absl::StrCat(i);
+    nodes.push_back(Node("h" + k, 1000, {in}));
+    nodes.push_back(Node("c" + k, 1000, {"h" + k}));
+    nodes.push_back(Node("a" + k, 1000, {"c" + k}));
+    nodes.push_back(Node("r" + k, 1000, {"a" + k}));
+    in = "r" + k;
+  }
+  nodes.push_back(Node("loss", 4, {in}));
+  std::string grad = "loss";
+  for (int i = kLayers - 1; i >= 0; --i) {  // relu's backward reads r, tanh's h
+    const std::string k = absl::StrCat(i);
+    nodes.push_back(Node("ga" + k, 1000, {grad, "r" + k}));
+    nodes.push_back(Node("gh" + k, 1000, {"ga" + k, "h" + k}));
+    grad = "gh" + k;
+  }
+  const Graph g = MakeGraph(std::move(nodes), {grad}, "banished chains");
+  auto least = PlanAndCheck("dtr", g, PlannerOptions::kMinBudget);
+  ASSERT_TRUE(least.ok()) << least.status();
+  int relu_recomputations = 0;
+  std::vector<int> computed(g.num_nodes(), 0);
+  for (const Step& step : least->schedule.steps) {
+    if (step.action == Action::kCompute && ++computed[step.node] > 1 &&
+        g.id(step.node)[0] == 'r') {
+      ++relu_recomputations;
+    }
+  }
+  EXPECT_GT(relu_recomputations, 0);
+  EXPECT_EQ(least->details.value("revival_depth", 0), 4) << least->details.dump();
+  // (the paper's rule keeps every r: the six of them, and more, at any budget)
+  EXPECT_LT(least->report.peak_bytes, g.persistent_bytes() + kLayers * 1000);
+}
+
 // The checkpoint-set policies simulate their candidates concurrently
 // (PlanSelector::ConsiderEach), checkmate-lp its roundings: one thread or
 // every thread, the same plans (no search is cut by its time limit here).
