@@ -90,11 +90,15 @@ namespace pebble {
 namespace {
 
 // The recompute-only and one-shot policies hybrid starts from.
+// (dtr-paper beside dtr: dtr's plan is the better of its two revival
+// rules, but swaps on top of the paper rule's may reach lower: Note
+// [Deeper revivals] in remat_dtr.cc.)
 constexpr const char* kRecomputePolicies[] = {"baseline", "best-order", "sqrtn",
                                               "chen-greedy", "articulation", "revolve",
-                                              "rotor", "dtr"};
+                                              "rotor", "dtr", "dtr-paper"};
 // Those whose compute sequences seed joint plans at looser budgets.
-constexpr const char* kJointBases[] = {"chen-greedy", "sqrtn", "articulation", "rotor", "dtr"};
+constexpr const char* kJointBases[] = {"chen-greedy", "sqrtn", "articulation", "rotor", "dtr",
+                                       "dtr-paper"};
 // Those whose plan at a budget they miss is their own lowest-peak search,
 // run the same way whatever the budget (dtr: Note [DTR as a planner]).
 // Once such a policy missed a tighter budget with peak P, a looser budget
@@ -102,7 +106,7 @@ constexpr const char* kJointBases[] = {"chen-greedy", "sqrtn", "articulation", "
 // same lowest-peak plan, unless DTR's non-monotonicity lets it meet B'
 // where its sweep and bisection did not; on 10^5 nodes each such run is
 // the bulk of the time (tens of seconds).
-constexpr const char* kLowestPeakFallback[] = {"dtr"};
+constexpr const char* kLowestPeakFallback[] = {"dtr", "dtr-paper"};
 
 bool HasLowestPeakFallback(absl::string_view name) {
   return std::find(std::begin(kLowestPeakFallback), std::end(kLowestPeakFallback), name) !=
