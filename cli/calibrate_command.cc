@@ -53,6 +53,7 @@ struct CalibrateFlags {
   int ranks = 1;
   RankProcessFlags process;  // --rank, --rendezvous, --address, --rank-timeout
   std::string network_size = "8MiB";
+  bool network_size_given = false;  // (refused without --ranks, as the rank flags are)
 };
 
 // With --ranks N: meets the other ranks and measures the link into
@@ -249,6 +250,10 @@ int RunCalibrate(const CalibrateFlags& f) {
         "--output FILE with --json"));
   }
   if (absl::Status s = f.process.Check(f.ranks); !s.ok()) return Fail(s);
+  if (f.network_size_given && f.ranks < 2) {
+    return Fail(UsageError("--network-size: the link's timed all-reduce; with --ranks 2 or "
+                           "more only"));
+  }
   // Before measuring, which takes a while: a refused --output fails now
   // (rank 0 alone writes it).
   if (absl::Status s = CheckOutputs({{to_stdout ? "-" : f.output, "--output"}},
@@ -334,12 +339,13 @@ void AddCalibrateCommand(CLI::App& app, int& exit_code) {
                   "simulate and run then take as --network (default 1: no link)")
       ->check(IntegerIn(1, 1 << 20));
   flags.process.AddOptions(cmd, "");
-  cmd->add_option("--network-size", flags.network_size,
-                  "with --ranks: bytes of the large timed all-reduce (default 8MiB; the small "
-                  "one is 4KiB)")
-      ->check(PositiveSize());
-  cmd->callback([&exit_code] {
+  CLI::Option* network_size = cmd->add_option(
+      "--network-size", flags.network_size,
+      "with --ranks: bytes of the large timed all-reduce (default 8MiB; the small one is 4KiB)");
+  network_size->check(PositiveSize());
+  cmd->callback([&exit_code, network_size] {
     flags.process.NoteGiven();
+    flags.network_size_given = network_size->count() > 0;
     exit_code = RunCalibrate(flags);
   });
 }

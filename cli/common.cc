@@ -94,6 +94,17 @@ absl::StatusOr<Graph> LoadWithoutProfile(const GraphSource& source) {
   if (!source.graph.empty()) {
     ASSIGN_OR_RETURN(Graph g, ReadGraphFile(source.graph));
     if (!source.train) return g;
+    // As import refuses a model without weights: the step would train nothing.
+    bool has_parameter = false;
+    for (NodeId v = 0; v < g.num_nodes() && !has_parameter; ++v) {
+      has_parameter = g.role(v) == Role::kParameter;
+    }
+    if (!has_parameter) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--train: ", Quote(source.graph), " has no parameter (a node of role \"parameter\"), "
+          "so its training step would train nothing: give its weights that role, or plan it "
+          "without --train"));
+    }
     ASSIGN_OR_RETURN(LossKind loss, ParseLossKind(source.loss));
     CostModel cost;  // for the backward nodes
     cost.device_flops_per_s = source.throughput_flops_per_s;
@@ -526,6 +537,13 @@ absl::StatusOr<std::vector<std::string>> ListItems(const std::string& text,
   if (std::any_of(items.begin(), items.end(), [](const std::string& i) { return i.empty(); })) {
     return absl::InvalidArgumentError(
         absl::StrCat(Quote(text), " has an empty ", item, " between its commas"));
+  }
+  // (each item is one column or row of the results: twice would plan it twice)
+  for (size_t i = 0; i < items.size(); ++i) {
+    if (std::find(items.begin(), items.begin() + i, items[i]) != items.begin() + i) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(Quote(text), " names the ", item, " ", Quote(items[i]), " twice"));
+    }
   }
   return items;
 }

@@ -20,58 +20,74 @@
 
 namespace pebble {
 
+namespace {
+
+// The length of the well-formed UTF-8 sequence that starts at s[i] (RFC
+// 3629: no overlong forms, no surrogates, nothing past U+10FFFF), or 0.
+size_t Utf8SequenceAt(absl::string_view s, size_t i) {
+  const auto c = static_cast<unsigned char>(s[i]);
+  int extra = 0;
+  uint32_t code = 0;
+  if (c < 0x80) {
+    return 1;
+  } else if ((c & 0xE0) == 0xC0) {
+    extra = 1;
+    code = c & 0x1F;
+  } else if ((c & 0xF0) == 0xE0) {
+    extra = 2;
+    code = c & 0x0F;
+  } else if ((c & 0xF8) == 0xF0) {
+    extra = 3;
+    code = c & 0x07;
+  } else {
+    return 0;
+  }
+  if (i + extra >= s.size()) return 0;  // truncated sequence
+  for (int k = 1; k <= extra; ++k) {
+    const auto b = static_cast<unsigned char>(s[i + k]);
+    if ((b & 0xC0) != 0x80) return 0;
+    code = (code << 6) | (b & 0x3F);
+  }
+  static constexpr uint32_t kMin[] = {0, 0x80, 0x800, 0x10000};
+  if (code < kMin[extra] || code > 0x10FFFF || (code >= 0xD800 && code <= 0xDFFF)) return 0;
+  return static_cast<size_t>(extra) + 1;
+}
+
+}  // namespace
+
 bool IsValidUtf8(absl::string_view s) {
-  size_t i = 0;
-  while (i < s.size()) {
-    const auto c = static_cast<unsigned char>(s[i]);
-    int extra = 0;
-    uint32_t code = 0;
-    if (c < 0x80) {
-      ++i;
-      continue;
-    } else if ((c & 0xE0) == 0xC0) {
-      extra = 1;
-      code = c & 0x1F;
-    } else if ((c & 0xF0) == 0xE0) {
-      extra = 2;
-      code = c & 0x0F;
-    } else if ((c & 0xF8) == 0xF0) {
-      extra = 3;
-      code = c & 0x07;
-    } else {
-      return false;
-    }
-    if (i + extra >= s.size()) return false;  // truncated sequence
-    for (int k = 1; k <= extra; ++k) {
-      const auto b = static_cast<unsigned char>(s[i + k]);
-      if ((b & 0xC0) != 0x80) return false;
-      code = (code << 6) | (b & 0x3F);
-    }
-    static constexpr uint32_t kMin[] = {0, 0x80, 0x800, 0x10000};
-    if (code < kMin[extra] || code > 0x10FFFF || (code >= 0xD800 && code <= 0xDFFF)) {
-      return false;
-    }
-    i += extra + 1;
+  for (size_t i = 0; i < s.size();) {
+    const size_t length = Utf8SequenceAt(s, i);
+    if (length == 0) return false;
+    i += length;
   }
   return true;
 }
 
 std::string Printable(absl::string_view s, size_t max_len) {
   std::string out;
-  for (char c : s) {
+  for (size_t i = 0; i < s.size();) {
     if (out.size() >= max_len) {
       out += "...";
       break;
     }
+    const char c = s[i];
     const auto u = static_cast<unsigned char>(c);
+    const size_t length = Utf8SequenceAt(s, i);
+    if (length > 1) {  // a character beyond ASCII, whole
+      out.append(s.data() + i, length);
+      i += length;
+      continue;
+    }
+    ++i;
     if (c == '\n') {
       out += "\\n";
     } else if (c == '\t') {
       out += "\\t";
     } else if (c == '\r') {
       out += "\\r";
-    } else if (u < 0x20 || u == 0x7f) {
-      out += absl::StrFormat("\\x%02x", u);
+    } else if (u < 0x20 || u == 0x7f || length == 0) {
+      out += absl::StrFormat("\\x%02x", u);  // a control character, or a byte of no character
     } else {
       out += c;
     }

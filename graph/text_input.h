@@ -29,8 +29,9 @@ inline constexpr int kMaxJsonDepth = 64;
 inline constexpr int64_t kMaxJsonFileBytes = int64_t{256} << 20;
 
 // `s` for an error message: newlines, tabs and other control characters
-// escaped (\n, \t, \x01), cut after `max_len` characters with "...". The
-// result is one line whatever `s` holds.
+// escaped (\n, \t, \x01), and so is each byte that is no part of a
+// well-formed UTF-8 character (\xff); cut after `max_len` bytes with "...".
+// The result is one line of valid UTF-8 whatever `s` holds.
 std::string Printable(absl::string_view s, size_t max_len = 80);
 
 // Whether `s` is well-formed UTF-8 (RFC 3629: no overlong forms, no

@@ -106,6 +106,14 @@ TEST(CliImportTest, ForwardGraphIsTrainedWithTrain) {
                      {"--train", "'target'"});
   // --train reads a --graph only.
   EXPECT_EQ(Pebble("plan --train --model mnist-cnn").exit_code, 2);
+  // A forward graph without a parameter would train nothing.
+  const std::string weightless = (dir / "weightless.json").string();
+  std::ofstream(weightless) << R"({"format": "pebble-graph", "version": 1, "nodes": [
+      {"id": "x", "op": "input", "bytes": 16, "persistent": true, "shape": [4], "dtype": "fp32"},
+      {"id": "r", "op": "relu", "bytes": 16, "inputs": ["x"], "shape": [4], "dtype": "fp32"}],
+    "outputs": ["r"]})";
+  ExpectOneLineError(Pebble("plan --train --loss mse --graph " + weightless), 1,
+                     {"--train", "has no parameter"});
 }
 
 // examples/mlp-train.json, written by hand, is what --train makes of its

@@ -20,6 +20,12 @@ TEST(PrintableTest, EscapesControlCharactersAndCuts) {
   EXPECT_EQ(Printable("a\nb\tc\rd\x01"), "a\\nb\\tc\\rd\\x01");
   EXPECT_EQ(Printable(std::string(100, 'x'), 10), std::string(10, 'x') + "...");
   EXPECT_EQ(Quote("conv\n1"), "'conv\\n1'");
+  // Well-formed UTF-8 stays as it is; a byte of no character is escaped, so
+  // an error message is valid text whatever a path or id holds.
+  EXPECT_EQ(Printable("\xc3\xa9t\xc3\xa9"), "\xc3\xa9t\xc3\xa9");
+  EXPECT_EQ(Printable("bad\xff.json"), "bad\\xff.json");
+  EXPECT_EQ(Printable("cut\xc3"), "cut\\xc3");            // a truncated sequence
+  EXPECT_EQ(Printable("\xed\xa0\x80"), "\\xed\\xa0\\x80");  // a surrogate
 }
 
 TEST(ParseDecimalTest, TakesWhatPeopleWrite) {
