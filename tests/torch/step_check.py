@@ -651,15 +651,52 @@ def check_one_pass_capture(failures, device):
         values, _ = _capture.propagate(_capture.Traced(twice.gm, twice.slots, twice.grad_slots,
                                                        twice.mode, twice.example), device)
         want = canonical(twice, values)
-        fast = _capture.trace(*args)
+        calls = []
+        make_fx = _capture._make_fx
+        _capture._make_fx = lambda *a: (calls.append(a[1]), make_fx(*a))[1]
+        try:
+            fast = _capture.trace(*args)
+        finally:
+            _capture._make_fx = make_fx
         failures.check(fast.passes == passes,
                        f"{name}: captured in {fast.passes} make_fx passes, not {passes}")
+        # (a first trace that is not simple goes to functionalize as it is:
+        # traced again before, three passes for two)
+        failures.check(len(calls) == passes,
+                       f"{name}: {len(calls)} traces for {passes} make_fx passes")
         failures.check(fast.values is not None, f"{name}: the trace recorded no values")
         got = canonical(fast, _capture.propagate(fast, device)[0])
         failures.check(got == want, f"{name}: the one-pass capture's graph differs from "
                                     "functionalize's")
     print(f"one-pass capture: {len(ONE_PASS_CASES)} cases give functionalize's graph",
           flush=True)
+    check_fx_names_counted(failures)
+
+
+def check_fx_names_counted(failures):
+    """Note [fx names in linear time]: while a trace runs, fx names nodes as
+    it does without the patch (many getitems, names with numbers of their
+    own among them), and the patch is gone after."""
+    from pebble.torch import _capture
+
+    def f(x):
+        parts = [x[i] for i in range(300)]
+        return sum(p.relu() for p in parts[::-1]) + torch.split(x, 7)[3].sum()
+
+    x = torch.randn(300, 21)
+    plain = _capture.make_fx(f)(x)
+    original = torch.fx.graph._Namespace.create_name
+    with _capture._trace_patches(batch_from=0):
+        patched = _capture.make_fx(f)(x)
+        graph = torch.fx.Graph()  # names that end in numbers of their own
+        made = [graph.placeholder(name) for name in ("a_2", "a", "a", "a_1", "a_2", "a")]
+    failures.check([n.name for n in plain.graph.nodes] == [n.name for n in patched.graph.nodes],
+                   "fx named a trace's nodes otherwise under pebble.torch's patch")
+    if _capture._fx_name_patches():  # (PyTorch 1.x's own rule, which 2.x changed)
+        failures.check([n.name for n in made] == ["a_2", "a", "a_1", "a_3", "a_4", "a_5"],
+                       f"fx names under the patch: {[n.name for n in made]}")
+    failures.check(torch.fx.graph._Namespace.create_name is original,
+                   "the fx name patch stayed after the trace")
 
 
 # A setting at module level, which GlobalScaled's forward reads.

@@ -1262,6 +1262,54 @@ def _generator_set_refused(owner):
     return make
 
 
+# Note [fx names in linear time]. PyTorch 1.13's fx names a new node by
+# trying base_1, base_2, ... from 1 each time (_Namespace.create_name in
+# torch/fx/graph.py): quadratic in the nodes that share a base, and the
+# trace of an unrolled LSTM holds thousands of getitems (a bidirectional
+# two-layer LSTM over 48 steps spent a quarter of its capture there). While
+# a trace runs, each namespace also keeps per base how many numbers from 1
+# on are taken, and its search starts past them: the same names, as a
+# namespace's names are only ever added. PyTorch 2.x counts per base itself.
+def _create_name_counted(name, original):
+    def create_name(self, candidate, obj):
+        if obj is not None and obj in self._obj_to_name:
+            return self._obj_to_name[obj]
+        candidate = self._illegal_char_regex.sub("_", candidate)
+        if candidate[0].isdigit():
+            candidate = f"_{candidate}"
+        match = self._name_suffix_regex.match(candidate)
+        base, num = (candidate, None) if match is None else (match.group(1), int(match.group(2)))
+        candidate = base if num is None else f"{base}_{num}"
+        num = num or 0
+        if candidate in self._used_names or self._is_illegal_name(candidate, obj):
+            taken = self.__dict__.setdefault("_pebble_taken_from_1", {})  # base -> n
+            known = taken.get(base, 0)
+            start = max(num, known)
+            num = start + 1
+            candidate = f"{base}_{num}"
+            while candidate in self._used_names or self._is_illegal_name(candidate, obj):
+                num += 1
+                candidate = f"{base}_{num}"
+            if start == known:  # base_1 .. base_num are all taken now
+                taken[base] = num
+        self._used_names.setdefault(candidate, 0)
+        if obj is None:
+            self._unassociated_names.add(candidate)
+        else:
+            self._obj_to_name[obj] = candidate
+        return candidate
+    return create_name
+
+
+def _fx_name_patches():
+    """Note [fx names in linear time]'s patch, on PyTorch 1.x only."""
+    namespace = getattr(torch.fx.graph, "_Namespace", None)
+    if int(torch.__version__.split(".")[0]) >= 2 or namespace is None or \
+            "create_name" not in vars(namespace):
+        return []
+    return [(namespace, "create_name", _create_name_counted)]
+
+
 def _patched():
     """(owner, name, replacement maker) of each patch the traces install."""
     owners = [torch.Tensor] + [cls for cls in (FakeTensor,) if "tolist" in vars(cls)]
@@ -1270,14 +1318,16 @@ def _patched():
     patches += [(owner, name, _generator_set_refused(owner))
                 for owner, names in _GENERATOR_SETTERS for name in names
                 if callable(getattr(owner, name, None))]
-    return patches + [(torch.nn.functional, "cross_entropy",
-                       lambda name, original: _cross_entropy_masked(original))]
+    return patches + _fx_name_patches() + [
+        (torch.nn.functional, "cross_entropy",
+         lambda name, original: _cross_entropy_masked(original))]
 
 
 @contextlib.contextmanager
 def _trace_patches(batch_from):
-    """The patches of Notes [Values read in Python] and [Label smoothing
-    without masked_select] on, for this thread, while the block runs."""
+    """The patches of Notes [Values read in Python], [Label smoothing
+    without masked_select] and [fx names in linear time] on, for this
+    thread, while the block runs."""
     with _PATCHES_LOCK:
         if _PATCHES["users"] == 0:
             for owner, name, make in _patched():
@@ -1509,11 +1559,16 @@ def _traced_functional(step, mode, flat, fake_mode, slots, one_pass, stack):
     stack.close()
     if one_pass and mode == "fake":
         try:
-            gm, values = _made_functional(first, slots)
-            return gm, values, 1
+            made = _made_functional(first, slots)
         except Exception:  # noqa: BLE001 (a value it could not make)
             # The graph may be half rewritten: traced again, and twice.
             first = _make_fx(step, mode, flat, fake_mode)
+        else:
+            if made is not None:
+                gm, values = made
+                return gm, values, 1
+            # (not simple: nothing was rewritten, so functionalize traces
+            # the first trace itself; an LSTM's writes are such)
     gm = _make_fx(functionalize(first), mode, flat, fake_mode)
     return gm, (traced_values(gm) if mode == "fake" else None), 2
 
