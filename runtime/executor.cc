@@ -73,40 +73,6 @@ absl::Status CheckTensorSlot(const Graph& graph, NodeId v) {
   return absl::OkStatus();
 }
 
-// Checks that a computed node's shape and dtype are what its operator makes
-// of its inputs' (the operator table's inference), so that no kernel reads
-// or writes past a tensor: a kernel sizes its loops by the shapes it is
-// given. Ops without an entry in the table are left to the backend's
-// CheckSupported.
-absl::Status CheckOperatorTypes(const Graph& graph, NodeId v) {
-  const OpDef* def = FindOp(graph.op(v));
-  if (def == nullptr || def->infer == nullptr) return absl::OkStatus();
-  const int num_inputs = static_cast<int>(graph.inputs(v).size());
-  if (num_inputs < def->min_inputs || (def->max_inputs >= 0 && num_inputs > def->max_inputs)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "node ", Quote(graph.id(v)), " (op ", def->name, ") has ", num_inputs, " inputs"));
-  }
-  std::vector<TensorType> inputs;
-  for (NodeId u : graph.inputs(v)) inputs.push_back({*graph.shape(u), *graph.dtype(u)});
-  absl::StatusOr<TensorType> inferred;
-  try {
-    inferred = def->infer(inputs, graph.attrs(v));
-  } catch (const std::exception& e) {  // attrs of the wrong JSON type
-    inferred = absl::InvalidArgumentError(Printable(e.what(), 200));
-  }
-  if (!inferred.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat("node ", Quote(graph.id(v)), " (op ",
-                                                   def->name, "): ", inferred.status().message()));
-  }
-  if (inferred->shape != *graph.shape(v) || inferred->dtype != *graph.dtype(v)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "node ", Quote(graph.id(v)), " (op ", def->name, ") is ", Describe(graph, v),
-        " but its inputs and attrs make ", DTypeName(inferred->dtype),
-        ShapeToString(inferred->shape)));
-  }
-  return absl::OkStatus();
-}
-
 // The ops an alias may have: those whose output is the input's bytes in the
 // same order (a contiguous reshape). The backends keep every tensor
 // contiguous, without strides, so a transpose, a slice or an expand cannot
@@ -374,6 +340,35 @@ uint64_t RunFingerprint(const Graph& graph, const Schedule& schedule, uint64_t s
 }
 
 }  // namespace
+
+absl::Status CheckOperatorTypes(const Graph& graph, NodeId v) {
+  const OpDef* def = FindOp(graph.op(v));
+  if (def == nullptr || def->infer == nullptr) return absl::OkStatus();
+  const int num_inputs = static_cast<int>(graph.inputs(v).size());
+  if (num_inputs < def->min_inputs || (def->max_inputs >= 0 && num_inputs > def->max_inputs)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "node ", Quote(graph.id(v)), " (op ", def->name, ") has ", num_inputs, " inputs"));
+  }
+  std::vector<TensorType> inputs;
+  for (NodeId u : graph.inputs(v)) inputs.push_back({*graph.shape(u), *graph.dtype(u)});
+  absl::StatusOr<TensorType> inferred;
+  try {
+    inferred = def->infer(inputs, graph.attrs(v));
+  } catch (const std::exception& e) {  // attrs of the wrong JSON type
+    inferred = absl::InvalidArgumentError(Printable(e.what(), 200));
+  }
+  if (!inferred.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("node ", Quote(graph.id(v)), " (op ",
+                                                   def->name, "): ", inferred.status().message()));
+  }
+  if (inferred->shape != *graph.shape(v) || inferred->dtype != *graph.dtype(v)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "node ", Quote(graph.id(v)), " (op ", def->name, ") is ", Describe(graph, v),
+        " but its inputs and attrs make ", DTypeName(inferred->dtype),
+        ShapeToString(inferred->shape)));
+  }
+  return absl::OkStatus();
+}
 
 namespace {
 

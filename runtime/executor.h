@@ -176,6 +176,13 @@ struct ExecutionResult {
 // schedule runs every update, so these are ExecutionResult::updated's.
 std::vector<NodeId> UpdatedStorages(const Graph& graph);
 
+// OK where computed node `v`'s shape and dtype are what its operator makes
+// of its inputs' (the operator table's inference), else an error naming v:
+// no kernel then reads or writes past a tensor. v and its inputs have a
+// shape and dtype; ops without an entry in the table are left to the
+// backend's CheckSupported.
+absl::Status CheckOperatorTypes(const Graph& graph, NodeId v);
+
 // Runs `schedule` on `backend` (see the file comment). `layout` may be
 // given (it is verified against the schedule with VerifyLayout) or is
 // planned with options.layout. Errors: the simulator's for an invalid

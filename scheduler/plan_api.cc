@@ -10,7 +10,9 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/strip.h"
 #include "graph/status.h"
+#include "graph/text_input.h"
 #include "oneapi/tbb/parallel_for.h"
 #include "oneapi/tbb/task_arena.h"
 #include "scheduler/budget.h"
@@ -627,9 +629,13 @@ absl::StatusOr<int64_t> ParseFitBudget(absl::string_view text) {
   absl::StatusOr<BudgetSpec> parsed = ParseBudget(text);
   if (!parsed.ok()) {
     // (a budget's syntax error offers percentages and 'min', which fit
-    // refuses: the size's own error says what a size is)
-    RETURN_IF_ERROR(ParseSize(text).status());
-    return parsed.status();
+    // refuses: the size's own problem says what a size is)
+    const absl::Status size = ParseSize(text).status();
+    if (size.ok()) return parsed.status();
+    const std::string prefix = absl::StrCat("invalid size ", Quote(text), ": ");
+    absl::string_view problem = size.message();
+    absl::ConsumePrefix(&problem, prefix);
+    return absl::InvalidArgumentError(absl::StrCat("invalid budget ", Quote(text), ": ", problem));
   }
   const BudgetSpec& spec = *parsed;
   if (spec.kind != BudgetSpec::Kind::kBytes) {
