@@ -614,7 +614,10 @@ void RegisterDtrPlanner(PlannerRegistry& registry) {
                      "evicted inputs on demand",
       .kind = PlanKind::kMultiShot,
       .exact = false,
-      .factory = [] { return std::make_unique<DtrPlanner>(std::vector<int>{1, DtrPlanner::kDeepRevival}); },
+      .factory =
+          [] {
+            return std::make_unique<DtrPlanner>(std::vector<int>{1, DtrPlanner::kDeepRevival});
+          },
   });
   registry.Register(PolicyInfo{
       .name = "dtr-paper",

@@ -103,8 +103,8 @@ absl::Status Div(const KernelContext& ctx) {
 }
 
 // ---- relu, clip, hardsigmoid, hardswish, leaky_relu (x) and their
-// backwards (grad, x; relu's reads its output y): element-wise in float (runtime/activation_math.h), any
-// floating dtype.
+// backwards (grad, x; relu's reads its output y): element-wise in float
+// (runtime/activation_math.h), any floating dtype.
 
 template <typename F>
 absl::Status UnaryFloatKernel(const KernelContext& ctx, F f) {
