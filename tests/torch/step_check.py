@@ -1008,6 +1008,39 @@ def check_constants_and_masks(failures, device):
     except pt.CaptureError as e:
         failures.check("gaussian_nll_loss" in str(e) and "var.clamp" in str(e),
                        f"F.gaussian_nll_loss: {e}")
+    # A distribution's argument checks and a complex tensor: each refusal
+    # says what to write instead.
+    class Sampled(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(10, 6)
+
+        def forward(self, x):
+            mu, log_sigma = self.fc(x).chunk(2, dim=1)
+            return torch.distributions.Normal(mu, log_sigma.exp()).rsample()
+
+    class Spectrum(nn.Module):  # (the gradient flows through the transform)
+        def __init__(self):
+            super().__init__()
+            self.pre = nn.Linear(64, 64)
+            self.fc = nn.Linear(5, 3)
+
+        def forward(self, x):
+            s = torch.stft(self.pre(x), 8, hop_length=4,
+                           window=torch.hann_window(8, device=x.device),
+                           return_complex=True).abs()
+            return self.fc(s.transpose(1, 2)).mean(1)
+
+    for label, model, x, y, loss_fn, words in (
+            ("torch.distributions", Sampled(), torch.randn(4, 10), torch.randn(4, 3),
+             F.mse_loss, "validate_args=False"),
+            ("torch.stft", Spectrum(), torch.randn(4, 64), torch.tensor([0, 2, 1, 1]),
+             F.cross_entropy, "torch.view_as_real")):
+        try:
+            pt.train_step(model.to(device), loss_fn, x.to(device), y.to(device))
+            failures.check(False, f"{label} was accepted")
+        except pt.CaptureError as e:
+            failures.check(words in str(e), f"{label}: {e}")
     print("constants, a transposed dropout's mask, a rebound buffer: eager's; RReLU refused",
           flush=True)
 

@@ -1694,6 +1694,17 @@ def _raised_in(e, function):
     return False
 
 
+def _raised_in_file(e, fragment):
+    """Whether a frame of `e`'s traceback runs code of a file whose path
+    holds `fragment`."""
+    tb = e.__traceback__
+    while tb is not None:
+        if fragment in tb.tb_frame.f_code.co_filename.replace("\\", "/"):
+            return True
+        tb = tb.tb_next
+    return False
+
+
 def _torchscript_line(said):
     """The line TorchScript's error marks ("<--- HERE"), else its last."""
     lines = [line.strip() for line in said.splitlines() if line.strip()]
@@ -1705,9 +1716,10 @@ def _torchscript_line(said):
 
 def _trace_hint(e, model, where):
     """Advice where PyTorch refused a trace for a reason a user can mend: a
-    tensor's value read in Python (a batch norm's cumulative average among
-    them), the legacy torch.Tensor constructor, or PyTorch 1.13's code for
-    Tensor.random_(from, to). `where`: the module that ran (_ModuleStack)."""
+    tensor's value read in Python (a batch norm's cumulative average and a
+    distribution's argument checks among them), a complex tensor, the legacy
+    torch.Tensor constructor, or PyTorch 1.13's code for Tensor.random_(from,
+    to). `where`: the module that ran (_ModuleStack)."""
     said = f"{type(e).__name__}: {e}"
     if "TorchScript interpreter" in said:
         return (" (a torch.jit.script function runs in TorchScript's interpreter, which a "
@@ -1727,6 +1739,17 @@ def _trace_hint(e, model, where):
     if _LEGACY_CONSTRUCTOR in said:
         return (" (torch.Tensor([...]), the legacy constructor, in the step: write "
                 "torch.tensor([...]), which a trace takes as a constant)")
+    if "complex" in said.lower():
+        return (" (a complex tensor, as torch.stft(..., return_complex=True) and torch.fft make, "
+                "which pebble.torch does not capture: compute that part with real tensors "
+                "(torch.view_as_real gives the real and imaginary parts, and a magnitude is "
+                "the square root of the sum of their squares), or outside the step)")
+    if _raised_in_file(e, "torch/distributions/") and \
+            any(words in said for words in _DATA_DEPENDENT):
+        return (" (torch.distributions checks its arguments' values in Python unless made with "
+                "validate_args=False: pass it to the distribution, or call "
+                "torch.distributions.Distribution.set_default_validate_args(False) before the "
+                "step is made)")
     if isinstance(e, SyntaxError) and "eval_with_key" in said:
         return (" (PyTorch 1.13's make_fx writes code that Python refuses for some "
                 "in-place random fills, as Tensor.random_(low, high), whose overload it names "
