@@ -217,7 +217,7 @@ class DtrSimulation {
   // evicting t revives it as an evicted tensor, so that t can come back by
   // recomputing it from its own inputs, and so with a banished input of
   // that input, and so on: RevivedWith(t) collects them, at most
-  // revival_depth_ deep and kMaxRevived in all. t is locked when its
+  // revival_depth_ deep and, past the first level, kMaxRevived in all. t is locked when its
   // banished history reaches further: its history would have to be
   // recomputed without bound (DTR's rule for tensors with banished parents,
   // one level deep in the paper; Note [Deeper revivals]).
@@ -231,7 +231,9 @@ class DtrSimulation {
       for (NodeId u : g_.unique_inputs(x)) {
         if (!Banished(u)) continue;  // persistent nodes are resident
         if (std::find(revived.begin(), revived.end(), u) != revived.end()) continue;
-        if (depth > revival_depth_ || static_cast<int>(revived.size()) >= kMaxRevived) {
+        // (the paper's one level has no bound on how many)
+        if (depth > revival_depth_ ||
+            (depth > 1 && static_cast<int>(revived.size()) >= kMaxRevived)) {
           return false;
         }
         revived.push_back(u);
@@ -439,7 +441,8 @@ class DtrSimulation {
   // Graphs up to this size scan every candidate; larger ones sample.
   static constexpr int kExactNodes = 4096;
   static constexpr int kMinDraws = 32;
-  // The most tensors of a banished history that an eviction revives.
+  // The most tensors of a banished history that an eviction revives past
+  // its first level.
   static constexpr int kMaxRevived = 16;
 
   const Graph& g_;
