@@ -1684,25 +1684,23 @@ def _real_tensor_hint(model):
 _LEGACY_CONSTRUCTOR = "Creating a new Tensor subclass Tensor"
 
 
-def _raised_in(e, function):
-    """Whether a frame of `e`'s traceback runs `function` (by its name)."""
+def _traceback_codes(e):
+    """The code objects of `e`'s traceback's frames, outermost first."""
     tb = e.__traceback__
     while tb is not None:
-        if tb.tb_frame.f_code.co_name == function:
-            return True
+        yield tb.tb_frame.f_code
         tb = tb.tb_next
-    return False
+
+
+def _raised_in(e, function):
+    """Whether a frame of `e`'s traceback runs `function` (by its name)."""
+    return any(code.co_name == function for code in _traceback_codes(e))
 
 
 def _raised_in_file(e, fragment):
     """Whether a frame of `e`'s traceback runs code of a file whose path
     holds `fragment`."""
-    tb = e.__traceback__
-    while tb is not None:
-        if fragment in tb.tb_frame.f_code.co_filename.replace("\\", "/"):
-            return True
-        tb = tb.tb_next
-    return False
+    return any(fragment in code.co_filename.replace("\\", "/") for code in _traceback_codes(e))
 
 
 def _torchscript_line(said):
