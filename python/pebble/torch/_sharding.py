@@ -104,7 +104,7 @@ import torch
 
 from .. import _core
 from ._collective_ops import ALL_REDUCE_OP
-from ._compat import storage_bytes
+from ._compat import free_storage, storage_bytes
 from ._distributed import _collective, _global_rank, agree, drain
 from ._executor import PlanExecutionError, Program
 from ._optimizer import host_homes, state_dict_on_cpu
@@ -1176,6 +1176,13 @@ class ShardedRunner:
             if t is None:
                 raise PlanExecutionError(f"the plan frees '{node_id}', which is not resident")
             run.hold(-self.shards.held_bytes(t))
+            if node_id == "clip_total":
+                # gloo's worker thread lets go of the all-reduced scalar a
+                # moment after the collective, where PyTorch's CPU profiler
+                # misses the free: freed here, as _RunState frees the other
+                # collectives' storages (4 bytes above the plan otherwise,
+                # now and then, on a loaded machine).
+                free_storage(t)
         else:  # prefetch
             if node_id not in self.on_host or node_id in self.clip_values:
                 raise PlanExecutionError(f"the plan fetches '{node_id}', which has no host copy "
