@@ -1031,11 +1031,37 @@ def check_constants_and_masks(failures, device):
                            return_complex=True).abs()
             return self.fc(s.transpose(1, 2)).mean(1)
 
+    # A forward whose backward eager PyTorch refuses too (an in-place write
+    # of a tensor the backward saved): said so, not "cannot be traced"; and
+    # a tensor's value read by int(): the user's line named.
+    class WritesSaved(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(10, 3)
+
+        def forward(self, x):
+            y = self.fc(x).relu_()
+            y += 1
+            return y
+
+    class IntOfBuffer(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(10, 3)
+            self.register_buffer("scale", torch.tensor(2))
+
+        def forward(self, x):
+            return self.fc(x) * int(self.scale)
+
     for label, model, x, y, loss_fn, words in (
             ("torch.distributions", Sampled(), torch.randn(4, 10), torch.randn(4, 3),
              F.mse_loss, "validate_args=False"),
             ("torch.stft", Spectrum(), torch.randn(4, 64), torch.tensor([0, 2, 1, 1]),
-             F.cross_entropy, "torch.view_as_real")):
+             F.cross_entropy, "torch.view_as_real"),
+            ("an in-place write of a saved tensor", WritesSaved(), torch.randn(4, 10),
+             torch.tensor([0, 2, 1, 1]), F.cross_entropy, "fails without pebble too"),
+            ("int() of a buffer", IntOfBuffer(), torch.randn(4, 10), torch.tensor([0, 2, 1, 1]),
+             F.cross_entropy, "step_check.py:")):
         try:
             pt.train_step(model.to(device), loss_fn, x.to(device), y.to(device))
             failures.check(False, f"{label} was accepted")

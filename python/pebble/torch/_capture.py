@@ -1620,7 +1620,7 @@ def _refuse_untraced(model, loss_fn, slots, flat, device, failure, sharded):
                 from e
         raise CaptureError(f"{where} cannot be traced by PyTorch with fake tensors (make_fx), "
                            "which a sharded step needs (its parameters are shards): "
-                           f"{said}{_trace_hint(e, model, where)}"
+                           f"{said}{_user_line(e)}{_trace_hint(e, model, where)}"
                            " (where the module or the loss fails on these inputs without "
                            "pebble too, this is that error: the same step unsharded says "
                            "which)") from e
@@ -1638,9 +1638,22 @@ def _refuse_untraced(model, loss_fn, slots, flat, device, failure, sharded):
     if eager is not None:
         where, e = eager
         raise CaptureError(f"{where} fails on these inputs without pebble too (run eagerly): "
-                           f"{type(e).__name__}: {_first_line(e)}") from e
+                           f"{type(e).__name__}: {_first_line(e)}{_user_line(e)}") from e
+    if _MODIFIED_IN_PLACE in str(e):  # (autograd's own check: eager's backward fails too)
+        raise CaptureError(
+            "the step's backward fails without pebble too (PyTorch's autograd refuses it in "
+            "eager mode as well): an in-place operation in the forward or the loss writes a "
+            "tensor that the backward needs, as `y = h.relu_(); y += 1` writes relu's output. "
+            "Write that operation out of place (`y = y + 1`). PyTorch said: "
+            f"{type(e).__name__}: {_first_line(e)}") from e
     raise CaptureError(f"{where} cannot be traced by PyTorch (make_fx): "
-                       f"{type(e).__name__}: {_first_line(e)}{_trace_hint(e, model, where)}")         from e
+                       f"{type(e).__name__}: {_first_line(e)}{_user_line(e)}"
+                       f"{_trace_hint(e, model, where)}") from e
+
+
+# How autograd (1.13 and 2.x) refuses a backward whose saved tensor an
+# in-place operation changed after the forward saved it.
+_MODIFIED_IN_PLACE = "needed for gradient computation has been modified by an inplace operation"
 
 
 # How PyTorch 1.13 (the first) and 2.x say that a trace read a tensor's value.
@@ -1690,6 +1703,44 @@ def _traceback_codes(e):
     while tb is not None:
         yield tb.tb_frame.f_code
         tb = tb.tb_next
+
+
+def _library_directories():
+    """The folders of code that is not the user's: PyTorch's (functorch's
+    with it), pebble's, and Python's own library."""
+    import sysconfig
+    import pebble
+    paths = sysconfig.get_paths()
+    folders = {os.path.dirname(torch.__file__), os.path.dirname(pebble.__file__),
+               paths["stdlib"], paths["purelib"], paths["platlib"]}
+    try:
+        import functorch
+        folders.add(os.path.dirname(functorch.__file__))
+    except ImportError:
+        pass
+    return tuple(os.path.realpath(f) + os.sep for f in folders)
+
+
+def _user_line(e):
+    """' (at file:line: `code`)' for the innermost frame of `e`'s traceback
+    that runs the user's code (a file outside PyTorch, pebble and Python's
+    library: a module's forward, a loss of their own), else ''. Code
+    installed in site-packages counts as a library's: no line rather than
+    a wrong one."""
+    libraries = _library_directories()
+    found = None
+    tb = e.__traceback__
+    while tb is not None:
+        path = tb.tb_frame.f_code.co_filename
+        if not path.startswith("<") and not os.path.realpath(path).startswith(libraries):
+            found = (path, tb.tb_lineno)
+        tb = tb.tb_next
+    if found is None:
+        return ""
+    import linecache
+    path, line = found
+    code = linecache.getline(path, line).strip()
+    return f" (at {os.path.basename(path)}:{line}" + (f": `{code}`)" if code else ")")
 
 
 def _raised_in(e, function):
@@ -1766,8 +1817,8 @@ def _trace_hint(e, model, where):
         return (" (a batch norm with momentum=None averages its running statistics over "
                 "all batches, and reads its batch count as a Python number to do so, "
                 "which a trace cannot: give it a momentum, such as PyTorch's default 0.1)")
-    return (" (the step reads a tensor's value in Python: .item(), .tolist(), an `if` on a "
-            "tensor, or an operator that checks its values, as F.one_hot(t, num_classes) "
+    return (" (the step reads a tensor's value in Python: .item(), .tolist(), int(), float() "
+            "or bool() of a tensor, an `if` on a tensor, or an operator that checks its values, as F.one_hot(t, num_classes) "
             "does; write that part with tensors alone, such as "
             "torch.zeros_like(out).scatter_(1, t[:, None], 1.0) for a one-hot)")
 
