@@ -95,11 +95,7 @@ absl::StatusOr<Graph> LoadWithoutProfile(const GraphSource& source) {
     ASSIGN_OR_RETURN(Graph g, ReadGraphFile(source.graph));
     if (!source.train) return g;
     // As import refuses a model without weights: the step would train nothing.
-    bool has_parameter = false;
-    for (NodeId v = 0; v < g.num_nodes() && !has_parameter; ++v) {
-      has_parameter = g.role(v) == Role::kParameter;
-    }
-    if (!has_parameter) {
+    if (!g.has_parameters()) {
       return absl::InvalidArgumentError(absl::StrCat(
           "--train: ", Quote(source.graph), " has no parameter (a node of role \"parameter\"), "
           "so its training step would train nothing: give its weights that role, or plan it "

@@ -18,6 +18,7 @@
 #ifndef PEBBLE_GRAPH_GRAPH_H_
 #define PEBBLE_GRAPH_GRAPH_H_
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <optional>
@@ -149,6 +150,11 @@ class Graph {
   int64_t workspace(NodeId v) const { return workspaces_[v]; }
   bool persistent(NodeId v) const { return persistent_[v] != 0; }
   Role role(NodeId v) const { return roles_[v]; }
+  // Whether a node is a trainable parameter (role kParameter): a training
+  // step of a graph without one would train nothing.
+  bool has_parameters() const {
+    return std::find(roles_.begin(), roles_.end(), Role::kParameter) != roles_.end();
+  }
   const std::optional<Shape>& shape(NodeId v) const { return shapes_[v]; }
   std::optional<DType> dtype(NodeId v) const { return dtypes_[v]; }
   const nlohmann::json& attrs(NodeId v) const { return attrs_[v]; }

@@ -40,11 +40,14 @@ constexpr Unit kUnits[] = {
 // Sizes at or above this are refused: INT64_MAX itself means "no budget".
 constexpr uint64_t kSizeLimit = 9'200'000'000'000'000'000ull;
 
-// A size refused for its text (not a number, an unknown unit) or for its
-// value (negative, not whole, under a byte, too large).
+// Why a size's text is no size: not a number, or a unit pebble does not know.
+enum class TextProblem { kNone, kNotANumber, kUnknownUnit };
+
+// A size refused for its text (text_problem) or for its value (negative, not
+// whole, under a byte, too large: text_problem kNone, `problem` set).
 struct SizeParse {
   int64_t bytes = 0;
-  bool syntax_error = false;
+  TextProblem text_problem = TextProblem::kNone;
   std::string problem;  // empty: ok
 };
 
@@ -92,9 +95,10 @@ bool ExactBytes(const std::string& digits, int64_t exponent, uint64_t factor, ui
 }
 
 // `text` split into a decimal number (ParseDecimal's grammar; `*value` its
-// approximation) and a unit of kUnits. False with `*problem` set otherwise.
-bool SplitNumberAndUnit(absl::string_view text, absl::string_view* number, double* value,
-                        const Unit** unit, std::string* problem) {
+// approximation) and a unit of kUnits: kNone, else why not with `*problem`
+// set.
+TextProblem SplitNumberAndUnit(absl::string_view text, absl::string_view* number, double* value,
+                               const Unit** unit, std::string* problem) {
   absl::string_view s = absl::StripAsciiWhitespace(text);
   // Split the number from the unit: the unit is the trailing run of letters.
   size_t unit_start = s.size();
@@ -106,7 +110,7 @@ bool SplitNumberAndUnit(absl::string_view text, absl::string_view* number, doubl
     *problem =
         "expected a number of bytes, optionally with a unit (e.g. 1000000, 1.5e9, 512MiB, "
         "8GiB, 2GB)";
-    return false;
+    return TextProblem::kNotANumber;
   }
   *unit = nullptr;
   for (const Unit& u : kUnits) {
@@ -115,9 +119,9 @@ bool SplitNumberAndUnit(absl::string_view text, absl::string_view* number, doubl
   if (*unit == nullptr) {
     *problem = absl::StrCat("unknown unit ", Quote(s.substr(unit_start)),
                             " (use B, KiB, MiB, GiB, TiB, PiB, EiB, kB, MB, GB, TB, PB or EB)");
-    return false;
+    return TextProblem::kUnknownUnit;
   }
-  return true;
+  return TextProblem::kNone;
 }
 
 SizeParse ParseSizeText(absl::string_view text) {
@@ -125,10 +129,8 @@ SizeParse ParseSizeText(absl::string_view text) {
   absl::string_view number;
   double approximate = 0;
   const Unit* found = nullptr;
-  if (!SplitNumberAndUnit(text, &number, &approximate, &found, &out.problem)) {
-    out.syntax_error = true;
-    return out;
-  }
+  out.text_problem = SplitNumberAndUnit(text, &number, &approximate, &found, &out.problem);
+  if (out.text_problem != TextProblem::kNone) return out;
   // The decimal digits and the power of ten they are scaled by.
   const bool negative = number[0] == '-';
   if (number[0] == '-' || number[0] == '+') number.remove_prefix(1);
@@ -176,11 +178,13 @@ SizeParse ParseSizeText(absl::string_view text) {
 
 }  // namespace
 
-absl::StatusOr<int64_t> ParseSize(absl::string_view text) {
+absl::StatusOr<int64_t> ParseSize(absl::string_view text) { return ParseSizeOf(text, "size"); }
+
+absl::StatusOr<int64_t> ParseSizeOf(absl::string_view text, absl::string_view subject) {
   const SizeParse parsed = ParseSizeText(text);
   if (!parsed.problem.empty()) {
     return absl::InvalidArgumentError(
-        absl::StrCat("invalid size ", Quote(text), ": ", parsed.problem));
+        absl::StrCat("invalid ", subject, " ", Quote(text), ": ", parsed.problem));
   }
   return parsed.bytes;
 }
@@ -190,7 +194,7 @@ absl::StatusOr<double> ParseByteRate(absl::string_view text) {
   double value = 0;
   const Unit* unit = nullptr;
   std::string problem;
-  if (!SplitNumberAndUnit(text, &number, &value, &unit, &problem)) {
+  if (SplitNumberAndUnit(text, &number, &value, &unit, &problem) != TextProblem::kNone) {
     return absl::InvalidArgumentError(absl::StrCat("invalid rate ", Quote(text), ": ", problem));
   }
   const double rate = value * static_cast<double>(unit->factor);
@@ -244,12 +248,7 @@ absl::StatusOr<BudgetSpec> ParseBudget(absl::string_view text) {
     return spec;
   }
   const SizeParse bytes = ParseSizeText(s);
-  if (bytes.syntax_error) {
-    // A number with a unit pebble does not know is said as such.
-    if (absl::StartsWith(bytes.problem, "unknown unit")) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("invalid budget ", Quote(text), ": ", bytes.problem));
-    }
+  if (bytes.text_problem == TextProblem::kNotANumber) {
     return absl::InvalidArgumentError(absl::StrCat(
         "invalid budget ", Quote(text),
         ": expected bytes (8GiB, 1.5e9), a percentage of the baseline peak "

@@ -21,6 +21,9 @@ namespace pebble {
 // 0 ("1e-30", "1e-30GiB"), a negative size, 9.2e18 bytes or more, and
 // anything that is not a decimal number with an optional unit.
 absl::StatusOr<int64_t> ParseSize(absl::string_view text);
+// ParseSize, its errors naming the text as `subject` ("invalid budget
+// '1XB': ...") rather than as a size.
+absl::StatusOr<int64_t> ParseSizeOf(absl::string_view text, absl::string_view subject);
 
 // A number of bytes per unit of time ("25e9", "12.5GB", "1000.5"): the forms
 // of ParseSize, but a rate need not be whole. Negative, non-finite or

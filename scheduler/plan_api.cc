@@ -630,12 +630,8 @@ absl::StatusOr<int64_t> ParseFitBudget(absl::string_view text) {
   if (!parsed.ok()) {
     // (a budget's syntax error offers percentages and 'min', which fit
     // refuses: the size's own problem says what a size is)
-    const absl::Status size = ParseSize(text).status();
-    if (size.ok()) return parsed.status();
-    const std::string prefix = absl::StrCat("invalid size ", Quote(text), ": ");
-    absl::string_view problem = size.message();
-    absl::ConsumePrefix(&problem, prefix);
-    return absl::InvalidArgumentError(absl::StrCat("invalid budget ", Quote(text), ": ", problem));
+    const absl::Status size = ParseSizeOf(text, "budget").status();
+    return size.ok() ? parsed.status() : size;
   }
   const BudgetSpec& spec = *parsed;
   if (spec.kind != BudgetSpec::Kind::kBytes) {

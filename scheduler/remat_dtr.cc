@@ -251,10 +251,6 @@ class DtrSimulation {
     }
     return true;
   }
-  bool Locked(NodeId t) {
-    return !RevivedWith(t, revived_);
-  }
-
   // An evicted tensor that is still needed holds its inputs (DTR banishes a
   // tensor only when no evicted tensor depends on it).
   void Hold(NodeId v) {
@@ -292,13 +288,15 @@ class DtrSimulation {
     class_cost_[Find(v)] -= Cost(v);
   }
 
-  double Score(NodeId t) {
+  // h of t, whose eviction revives `revived` (RevivedWith's): each costs a
+  // recomputation with t's.
+  double Score(NodeId t, const std::vector<NodeId>& revived) {
     double c = Cost(t);
     neighbours_.clear();
     for (NodeId u : g_.unique_inputs(t)) {
       if (evicted_[u]) neighbours_.push_back(Find(u));
     }
-    for (NodeId u : revived_) c += Cost(u);  // revived with t (Locked found them)
+    for (NodeId u : revived) c += Cost(u);
     for (NodeId r : g_.readers(t)) {
       if (evicted_[r]) neighbours_.push_back(Find(r));
     }
@@ -319,8 +317,8 @@ class DtrSimulation {
     NodeId best = kNoNode;
     double best_h = 0;
     auto offer = [&](NodeId t) {
-      if (pinned_[t] != 0 || g_.bytes(t) == 0 || Locked(t)) return;
-      const double h = Score(t);
+      if (pinned_[t] != 0 || g_.bytes(t) == 0 || !RevivedWith(t, revived_)) return;  // locked
+      const double h = Score(t, revived_);
       if (best == kNoNode || h < best_h ||
           (h == best_h && (g_.bytes(t) > g_.bytes(best) ||
                            (g_.bytes(t) == g_.bytes(best) && t < best)))) {

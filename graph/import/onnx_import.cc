@@ -109,10 +109,7 @@ class Importer {
   // export_params=False holds its weights as graph inputs, which would
   // import as a step that trains nothing (its every weight an input).
   absl::Status CheckSomethingTrains(const Graph& forward) const {
-    if (options_.loss == LossKind::kNone) return absl::OkStatus();
-    for (NodeId v = 0; v < forward.num_nodes(); ++v) {
-      if (forward.role(v) == Role::kParameter) return absl::OkStatus();
-    }
+    if (options_.loss == LossKind::kNone || forward.has_parameters()) return absl::OkStatus();
     return absl::InvalidArgumentError(absl::StrCat(
         "the ONNX model has no parameters (no float initializers that a node reads), so a "
         "training graph would train nothing",
