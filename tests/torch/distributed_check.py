@@ -1530,6 +1530,30 @@ def check_parameter_held_in_a_list(torch, pt, dist):
             [f"a parameter held in a list: refused with '{e}', not '{needle}'"]
 
 
+def check_loss_reading_parameters(torch, pt, dist):
+    """A loss that reads the module's parameters (a penalty over
+    model.parameters()) gets the real shards in a sharded step's fake
+    trace: the refusal says that the loss read them, names the user's line,
+    and what to write instead (until 2026-12-06 it called the parameter a
+    tensor made outside the step)."""
+    nn, F = torch.nn, torch.nn.functional
+    model = nn.Sequential(nn.Linear(16, 8), nn.Tanh(), nn.Linear(8, 5))
+
+    def penalized(out, y):
+        return F.cross_entropy(out, y) + 1e-2 * sum((p ** 2).sum() for p in model.parameters())
+
+    try:
+        pt.train_step(model, penalized, (torch.randn(4, 16),), torch.randint(0, 5, (4,)),
+                      optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+                      process_group=dist.group.WORLD, shard="full")
+        return ["a loss reading the parameters: the sharded step was not refused"]
+    except pt.CaptureError as e:
+        needles = ("the loss read a tensor other than the output", "weight_decay",
+                   "distributed_check.py:")
+        return [] if all(n in str(e) for n in needles) else \
+            [f"a loss reading the parameters: refused with '{e}', without {needles}"]
+
+
 def check_refusal_of_one_rank(torch, pt, dist, rank, ranks):
     """A step that refuses its calls on one rank alone (as after a failure
     there, the ranks' collectives in step) makes every rank refuse the call
@@ -1850,6 +1874,7 @@ def checks(torch, pt, dist, rank, ranks):
                 if needle not in str(e):
                     failures.append(f"{kwargs}: refused with '{e}', not '{needle}'")
         failures += check_parameter_held_in_a_list(torch, pt, dist)
+        failures += check_loss_reading_parameters(torch, pt, dist)
     for kind, updates in ((("sgd", "device"), ("sgd", "host"), ("adam", "device"),
                            ("adam", "host")) if every else (("sgd", "device"), ("adam", "host"))):
         failures += check_training(torch, pt, dist, rank, ranks, kind, updates)

@@ -1616,8 +1616,8 @@ def _refuse_untraced(model, loss_fn, slots, flat, device, failure, sharded):
         if _REAL_IN_FAKE in said:
             raise CaptureError(f"{where} cannot be traced by PyTorch with fake tensors "
                                "(make_fx), which a sharded step needs (its parameters are "
-                               f"shards): {said.split('(*(')[0]}{_real_tensor_hint(model)}") \
-                from e
+                               f"shards): {said.split('(*(')[0]}{_user_line(e)}"
+                               f"{_real_tensor_hint(model, where)}") from e
         raise CaptureError(f"{where} cannot be traced by PyTorch with fake tensors (make_fx), "
                            "which a sharded step needs (its parameters are shards): "
                            f"{said}{_user_line(e)}{_trace_hint(e, model, where)}"
@@ -1665,12 +1665,12 @@ _DATA_DEPENDENT = ("get value out of a tracing tensor", "data-dependent", "data 
 _REAL_IN_FAKE = "non-Fake Tensor inputs in FakeTensorMode"
 
 
-def _real_tensor_hint(model):
+def _real_tensor_hint(model, where):
     """Why a real tensor reached a sharded step's fake trace: a parameter or
     buffer that a module also holds in a list, tuple or dict of its own
     (the trace stands in for each where the module registers it, so the
-    container hands the trace the real tensor, a shard), else a tensor made
-    outside the step."""
+    container hands the trace the real tensor, a shard), a parameter read
+    by the loss (`where`: the loss), else a tensor made outside the step."""
     registered = {}
     for name, t in list(model.named_parameters()) + list(model.named_buffers()):
         registered.setdefault(id(t), name)
@@ -1688,6 +1688,12 @@ def _real_tensor_hint(model):
                             "the copy held there reaches it as the real shard. Read it through "
                             f"its module (self.{registered[id(t)]}), or hold it in an "
                             "nn.ParameterList or nn.ParameterDict)")
+    if not where.startswith("module"):
+        return (" (the loss read a tensor other than the output and the target: the module's "
+                "parameters, as a penalty over model.parameters() reads them, are shards that "
+                "the trace stands in for inside the forward only. Compute such a term in the "
+                "forward and return it with the output, or use the optimizer's weight_decay; "
+                "a tensor made outside the step: pass it as an input)")
     return (" (a tensor made outside the step, neither a parameter or buffer of the module "
             "nor one of its inputs, reached the trace: pass it as an input, or register it "
             "as a buffer)")
