@@ -187,7 +187,10 @@ absl::StatusOr<std::vector<size_t>> ClippedReducePositions(const Graph& graph,
     bool reads_gradient = false, reads_storage = false;
     for (NodeId u : graph.unique_inputs(s.node)) {
       if (u == gradient) reads_gradient = true;
-      if (graph.storage(u) == root) reads_storage = true;
+      // (another unclipped gradient in the storage, as two parameters read
+      // through one tensor have, is summed before the clipping reads it:
+      // no backward read)
+      if (graph.storage(u) == root && !IsUnclippedGradient(graph, u)) reads_storage = true;
     }
     if (reads_gradient) {
       if (value != n) sum(k);

@@ -609,14 +609,32 @@ std::vector<Step> FreeHostWrittenViewsEarly(const Graph& graph, const std::vecto
   return any ? FreeViewsEarly(graph, steps, host_written) : steps;
 }
 
+// Note [Updates after the sums]. With data parallelism, each gradient is
+// summed over the ranks once the backward is done with its storage, and
+// before anything copies that storage to the host or an update reads it
+// (Note [Where a gradient is reduced] in collectives.cc): the all-reduces
+// are added to this plan afterwards. So where they follow (`sums_follow`),
+// an update early waits for the backward's last read of each gradient
+// storage it reads, not only for its own gradient: gradients that share
+// one storage (parameters read through one tensor, torch.cat([a, b]): two
+// slices of one gradient) or one read by another's computation (w = base +
+// delta: delta's gradient made from base's) are read later by their
+// siblings, and an update run before that would copy the storage to the
+// host, or read it, before the sibling's sum (the plan was refused as
+// invalid, or as having no point for the sum, until 2026-12-06). With one
+// rank the placement is as before.
+
 // The schedules of Note [Updates early] over one inner plan: what the
 // placement of the updates reads of the inner steps is found once, for the
 // greedy's many trials (one per parameter's group).
 class EarlyUpdates {
  public:
-  // `given`: the step's own steps (the policy's plan, ids of `graph`).
-  EarlyUpdates(const Graph& graph, const std::vector<Step>& given)
+  // `given`: the step's own steps (the policy's plan, ids of `graph`);
+  // `sums_follow`: data parallelism's all-reduces are added to the plan
+  // (Note [Updates after the sums]).
+  EarlyUpdates(const Graph& graph, const std::vector<Step>& given, bool sums_follow)
       : graph_(graph),
+        sums_follow_(sums_follow),
         inner_(FreeHostWrittenViewsEarly(graph, given)),
         updates_(UpdatesOf(graph)),
         last_step_(graph.num_nodes(), -1),
@@ -643,6 +661,8 @@ class EarlyUpdates {
       }
       for (NodeId u : graph_.unique_inputs(w)) {
         pos = std::max(pos, graph_.in_place(u) ? after[u] : last_step_[u]);
+        const NodeId root = graph_.storage(u);
+        if (sums_follow_ && !graph_.persistent(root)) pos = std::max(pos, last_read_[root]);
       }
       // Not inside a bucket of collectives (a unit's reduce-scatters): after it.
       while (pos + 1 < size && inner_[pos + 1].joins_bucket) ++pos;
@@ -667,6 +687,7 @@ class EarlyUpdates {
 
  private:
   const Graph& graph_;
+  const bool sums_follow_;
   const std::vector<Step> inner_;  // the given steps, host-written views freed early
   const std::vector<NodeId> updates_;  // in topological order
   // Per node, the last inner step on it (any action: a swapped gradient is
@@ -870,7 +891,7 @@ class UpdatesLastPlanner final : public Planner {
     int early_groups = 0;
     // Note [Updates early]; host updates run beside the backward where early.
     if (emitter.FreesEarly() || graph.has_host_costs()) {
-      const EarlyUpdates schedules(graph, steps);
+      const EarlyUpdates schedules(graph, steps, options.reduced_ranks > 1);
       std::vector<uint8_t> early;
       const std::vector<std::vector<NodeId>> groups = UpdateGroups(graph, early);
       for (const std::vector<NodeId>& group : groups) {
@@ -935,7 +956,9 @@ class UpdatesLastPlanner final : public Planner {
         FreeLeftovers(graph, StreamParameters(graph, StepsOf(graph, rest, inner.schedule)));
     std::vector<uint8_t> early(graph.num_nodes(), 1);
     ASSIGN_OR_RETURN(PlanResult result,
-                     FinishPlan(graph, EarlyUpdates(graph, steps).With(early), options));
+                     FinishPlan(graph,
+                                EarlyUpdates(graph, steps, options.reduced_ranks > 1).With(early),
+                                options));
     result.details = std::move(inner.details);
     return result;
   }

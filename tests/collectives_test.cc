@@ -317,6 +317,51 @@ TEST(CollectivesTest, AClippedGradientThatIsAViewIsSummedOncePerValue) {
   EXPECT_TRUE(Simulate(*g, *view_again, FourRanks()).ok());
 }
 
+// Two parameters read through one tensor (torch.cat): their unclipped
+// gradients are slices of one storage. The clipping's norm of one slice is
+// no backward read of the other's storage: each slice is summed before its
+// own norm (the plan was refused until 2026-12-06).
+TEST(CollectivesTest, ClippedGradientsThatAreSlicesOfOneStorageAreEachSummedBeforeTheirNorm) {
+  absl::StatusOr<Graph> g = ParseGraphJson(R"({"format": "pebble-graph", "version": 1, "nodes": [
+    {"id": "x", "bytes": 10, "persistent": true, "role": "input"},
+    {"id": "p", "bytes": 40, "persistent": true, "role": "parameter"},
+    {"id": "q", "bytes": 60, "persistent": true, "role": "parameter"},
+    {"id": "d", "bytes": 100, "cost": 2, "inputs": ["x"], "role": "backward"},
+    {"id": "unclipped_grad:p", "bytes": 40, "cost": 0, "inputs": ["d"], "alias_of": "d",
+     "role": "backward"},
+    {"id": "unclipped_grad:q", "bytes": 60, "cost": 0, "inputs": ["d"], "alias_of": "d",
+     "role": "backward"},
+    {"id": "np", "bytes": 4, "cost": 1, "inputs": ["unclipped_grad:p"], "role": "backward"},
+    {"id": "nq", "bytes": 4, "cost": 1, "inputs": ["unclipped_grad:q"], "role": "backward"},
+    {"id": "grad_norm", "bytes": 4, "cost": 1, "inputs": ["np", "nq"], "role": "backward"},
+    {"id": "grad:p", "bytes": 40, "cost": 1, "inputs": ["unclipped_grad:p", "grad_norm"],
+     "role": "backward"},
+    {"id": "grad:q", "bytes": 60, "cost": 1, "inputs": ["unclipped_grad:q", "grad_norm"],
+     "role": "backward"}],
+  "outputs": ["grad:p", "grad:q", "grad_norm"]})");
+  ASSERT_TRUE(g.ok()) << g.status();
+  const std::string up = "unclipped_grad:p", uq = "unclipped_grad:q";
+  absl::StatusOr<Schedule> s = ReduceGradients(
+      *g, MakeSchedule(*g, {{kC, "d"}, {kC, up}, {kC, uq}, {kC, "np"}, {kC, "nq"},
+                            {kC, "grad_norm"}, {kC, "grad:p"}, {kC, "grad:q"}}));
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(*s, MakeSchedule(*g, {{kC, "d"}, {kC, up}, {kA, up}, {kC, uq}, {kA, uq},
+                                  {kC, "np"}, {kC, "nq"}, {kC, "grad_norm"}, {kC, "grad:p"},
+                                  {kC, "grad:q"}}))
+      << ScheduleToJson(*g, *s).dump();
+  EXPECT_TRUE(Simulate(*g, *s, FourRanks()).ok());
+  // The second slice made after the first's norm: summed before its own.
+  absl::StatusOr<Schedule> later = ReduceGradients(
+      *g, MakeSchedule(*g, {{kC, "d"}, {kC, up}, {kC, "np"}, {kC, uq}, {kC, "nq"},
+                            {kC, "grad_norm"}, {kC, "grad:p"}, {kC, "grad:q"}}));
+  ASSERT_TRUE(later.ok()) << later.status();
+  EXPECT_EQ(*later, MakeSchedule(*g, {{kC, "d"}, {kC, up}, {kA, up}, {kC, "np"}, {kC, uq},
+                                      {kA, uq}, {kC, "nq"}, {kC, "grad_norm"}, {kC, "grad:p"},
+                                      {kC, "grad:q"}}))
+      << ScheduleToJson(*g, *later).dump();
+  EXPECT_TRUE(Simulate(*g, *later, FourRanks()).ok());
+}
+
 // Made with their roots (alias_fold.h), both views are summed before the
 // norm's first read, so a bucket cap makes them one message.
 TEST(CollectivesTest, ClippedGradientsThatAreViewsShareABucket) {

@@ -275,6 +275,90 @@ def check_shared_storage(torch, pt, dist, rank, ranks, buckets="auto", budget="m
     return failures + check_planned_reductions(step, model)
 
 
+def make_concatenated_model(torch):
+    """Parameters read through one tensor (torch.cat): their gradients are
+    two slices of one storage."""
+    class Cat(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = torch.nn.Parameter(torch.randn(3, 16) * 0.3)
+            self.b = torch.nn.Parameter(torch.randn(5, 16) * 0.3)
+            self.head = torch.nn.Linear(16, 5)
+
+        def forward(self, x):
+            w = torch.cat([self.a, self.b])
+            return self.head(torch.tanh(x @ w.t()) @ w)
+    return Cat()
+
+
+def make_summed_model(torch):
+    """A weight made of two parameters (w = base + delta): autograd gives
+    both one gradient, the second made from the first."""
+    class Summed(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.base = torch.nn.Parameter(torch.randn(32, 16) * 0.2)
+            self.delta = torch.nn.Parameter(torch.randn(32, 16) * 0.01)
+            self.head = torch.nn.Linear(32, 5)
+
+        def forward(self, x):
+            return self.head(torch.tanh(x @ (self.base + self.delta).t()))
+    return Summed()
+
+
+def check_shared_gradients_trained(torch, pt, dist, rank, ranks, make, policy, kind, updates,
+                                   clip=None):
+    """Five steps of a model whose gradients share a storage or are made
+    one from another (make_concatenated_model, make_summed_model), the
+    optimizer's updates where `updates` says and early where the plan
+    runs them so, clipped to `clip`: eager training's parameters on the
+    whole batch, and the measured peak the plan's (until 2026-12-06 such
+    steps were refused: an update ran, or copied the shared storage to the
+    host, before its sibling gradient's sum; and a sibling's norm counted
+    as a backward read; Note [Updates after the sums])."""
+    torch.manual_seed(0)
+    model = make(torch)
+    whole = copy.deepcopy(model)
+
+    def make_opt(params):
+        if kind == "adam":
+            return torch.optim.Adam(params, lr=1e-2, eps=1e-3, foreach=False)
+        return torch.optim.SGD(params, lr=0.05, momentum=0.9)
+    opt, whole_opt = make_opt(model.parameters()), make_opt(whole.parameters())
+    data = batches(torch, ranks, 5)
+    loss_fn = torch.nn.functional.cross_entropy
+    x0, y0 = data[0]
+    what = (f"{type(model).__name__} ({kind}, {policy}, updates {updates}"
+            + (f", clipped to {clip})" if clip is not None else ")"))
+    try:
+        step = pt.train_step(model, loss_fn, (mine(x0, rank),), mine(y0, rank), optimizer=opt,
+                             policy=policy, budget="min", measure="always",
+                             process_group=dist.group.WORLD, optimizer_updates=updates,
+                             allow_cpu_offload=True, max_grad_norm=clip)
+    except pt.PlanError as e:
+        return [f"{what}: refused: {e}"]
+    failures = []
+    for k, (x, y) in enumerate(data):
+        opt.zero_grad(set_to_none=True)  # (a .grad kept is added to: refused on the host)
+        step(mine(x, rank), mine(y, rank))
+        whole_opt.zero_grad(set_to_none=True)
+        loss_fn(whole(x), y).backward()
+        if clip is not None:
+            norm = torch.nn.utils.clip_grad_norm_(whole.parameters(), clip)
+            if step.grad_norm is None or not close(step.grad_norm, norm):
+                failures.append(f"{what}: step {k + 1}: grad_norm {step.grad_norm}, eager's "
+                                f"{float(norm)}")
+        whole_opt.step()
+        r = step.report
+        if r["measured_peak_bytes"] != r["predicted_step_peak_bytes"]:
+            failures.append(f"{what}: step {k + 1}: measured peak {r['measured_peak_bytes']}, "
+                            f"predicted {r['predicted_step_peak_bytes']}")
+    return failures + [f"{what}: after 5 steps, {name} differs from eager training's on the "
+                       "whole batch" for (name, p), q in zip(model.named_parameters(),
+                                                             whole.parameters())
+                       if not close(p.detach(), q.detach())]
+
+
 def check_training(torch, pt, dist, rank, ranks, kind, updates, buckets="auto",
                    budget="min", gradients=None, parameters="device", clip=None,
                    policy="rotor", dtype=None):
@@ -1875,6 +1959,13 @@ def checks(torch, pt, dist, rank, ranks):
                     failures.append(f"{kwargs}: refused with '{e}', not '{needle}'")
         failures += check_parameter_held_in_a_list(torch, pt, dist)
         failures += check_loss_reading_parameters(torch, pt, dist)
+    for make, policy, kind, updates, clip in (
+            (make_concatenated_model, "dtr", "adam", "auto", None),
+            (make_concatenated_model, "rotor", "sgd", "host", 0.1),
+            (make_summed_model, "dtr", "adam", "host", None),
+            (make_summed_model, "rotor", "sgd", "auto", 0.1)):
+        failures += check_shared_gradients_trained(torch, pt, dist, rank, ranks, make, policy,
+                                                   kind, updates, clip)
     for kind, updates in ((("sgd", "device"), ("sgd", "host"), ("adam", "device"),
                            ("adam", "host")) if every else (("sgd", "device"), ("adam", "host"))):
         failures += check_training(torch, pt, dist, rank, ranks, kind, updates)
