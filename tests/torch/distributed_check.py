@@ -23,7 +23,10 @@ Each rank takes its slice of one batch. Checks, on every rank:
   with DDP's 25 MiB bucket rule (buckets of several gradients, each sent
   through a flat copy that the plan holds); clipped (max_grad_norm) Adam
   and SGD steps give DDP's parameters, .grad and norm with clip_grad_norm_
-  after its backward (the norm of the averaged gradients);
+  after its backward (the norm of the averaged gradients); and models whose
+  gradients share a storage (parameters concatenated, w = base + delta),
+  with updates on the host or placed by the plan, clipped too, train as
+  eager on the whole batch;
 - sharded training (shard="full", ZeRO-3), clipped too (max_grad_norm: the
   whole gradients' norm from the shards, as clip_grad_norm_ on the whole
   batch, step.grad_norm its norm): five steps of Adam and of SGD
@@ -66,8 +69,8 @@ With more than 2 ranks, the checks whose logic the number of ranks does not
 change (the refusals, the bucket caps of shared storages, the updates'
 placements beyond one each, the placements the plan chooses, the fallbacks
 of messages, the failed host updates, all but one of the clipped sharded
-cases, the clipped failures, the LSTM's weights read from a list) run at 2
-ranks only: the suite's time.
+cases, the clipped failures, the LSTM's weights read from a list, the
+gradients that share a storage) run at 2 ranks only: the suite's time.
 
 Exit 0 on success, 1 on a mismatch, 77 without torch or torch.distributed.
 """
@@ -1963,7 +1966,7 @@ def checks(torch, pt, dist, rank, ranks):
             (make_concatenated_model, "dtr", "adam", "auto", None),
             (make_concatenated_model, "rotor", "sgd", "host", 0.1),
             (make_summed_model, "dtr", "adam", "host", None),
-            (make_summed_model, "rotor", "sgd", "auto", 0.1)):
+            (make_summed_model, "rotor", "sgd", "auto", 0.1)) if every else ():
         failures += check_shared_gradients_trained(torch, pt, dist, rank, ranks, make, policy,
                                                    kind, updates, clip)
     for kind, updates in ((("sgd", "device"), ("sgd", "host"), ("adam", "device"),
