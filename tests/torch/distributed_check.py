@@ -244,20 +244,9 @@ def check_shared_storage(torch, pt, dist, rank, ranks, buckets="auto", budget="m
     """Parameters concatenated: their gradients are views of one storage,
     each all-reduced once (not the storage twice), alone or both in one
     bucket (its copy holds each once; settling it frees it once)."""
-    class Cat(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.a = torch.nn.Parameter(torch.randn(3, 16))
-            self.b = torch.nn.Parameter(torch.randn(5, 16))
-            self.head = torch.nn.Linear(16, 5)
-
-        def forward(self, x):
-            w = torch.cat([self.a, self.b])
-            return self.head(torch.tanh(x @ w.t()) @ w)
-
     torch.manual_seed(0)
-    model, whole = Cat(), Cat()
-    whole.load_state_dict(model.state_dict())
+    model = make_concatenated_model(torch)
+    whole = copy.deepcopy(model)
     (x, y), = batches(torch, ranks, 1)
     loss_fn = torch.nn.functional.cross_entropy
     step = pt.train_step(model, loss_fn, (mine(x, rank),), mine(y, rank), policy="rotor",
