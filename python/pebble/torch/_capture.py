@@ -21,11 +21,13 @@ again over fake tensors for them (propagate).
 import contextlib
 import dis
 import functools
+import linecache
 import math
 import operator
 import os
 import random
 import sys
+import sysconfig
 import threading
 import types
 import warnings
@@ -1714,10 +1716,9 @@ def _traceback_codes(e):
 def _library_directories():
     """The folders of code that is not the user's: PyTorch's (functorch's
     with it), pebble's, and Python's own library."""
-    import sysconfig
-    import pebble
     paths = sysconfig.get_paths()
-    folders = {os.path.dirname(torch.__file__), os.path.dirname(pebble.__file__),
+    pebble_folder = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    folders = {os.path.dirname(torch.__file__), pebble_folder,
                paths["stdlib"], paths["purelib"], paths["platlib"]}
     try:
         import functorch
@@ -1743,7 +1744,6 @@ def _user_line(e):
         tb = tb.tb_next
     if found is None:
         return ""
-    import linecache
     path, line = found
     code = linecache.getline(path, line).strip()
     return f" (at {os.path.basename(path)}:{line}" + (f": `{code}`)" if code else ")")
@@ -1824,8 +1824,9 @@ def _trace_hint(e, model, where):
                 "all batches, and reads its batch count as a Python number to do so, "
                 "which a trace cannot: give it a momentum, such as PyTorch's default 0.1)")
     return (" (the step reads a tensor's value in Python: .item(), .tolist(), int(), float() "
-            "or bool() of a tensor, an `if` on a tensor, or an operator that checks its values, as F.one_hot(t, num_classes) "
-            "does; write that part with tensors alone, such as "
+            "or bool() of a tensor, an `if` on a tensor, or an operator that checks its "
+            "values, as F.one_hot(t, num_classes) does; write that part with tensors alone, "
+            "such as "
             "torch.zeros_like(out).scatter_(1, t[:, None], 1.0) for a one-hot)")
 
 
