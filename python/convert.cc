@@ -99,8 +99,16 @@ namespace {
   ArgError(name, what, value);
 }
 
+// A bool, Python's or NumPy's (numpy.bool_, numpy.bool in NumPy 2): an int
+// or a number to Python, but never a count or a size here.
+bool IsBool(py::handle value) {
+  if (PyBool_Check(value.ptr())) return true;
+  const absl::string_view type = Py_TYPE(value.ptr())->tp_name;
+  return type == "numpy.bool_" || type == "numpy.bool";
+}
+
 bool IsInteger(py::handle value) {
-  return !PyBool_Check(value.ptr()) && PyIndex_Check(value.ptr());
+  return !IsBool(value) && PyIndex_Check(value.ptr());
 }
 
 }  // namespace
@@ -159,7 +167,7 @@ namespace {
 std::optional<double> NumberArg(py::handle value) {
   PyObject* v = value.ptr();
   const PyNumberMethods* number = Py_TYPE(v)->tp_as_number;
-  if (PyBool_Check(v) || number == nullptr ||
+  if (IsBool(value) || number == nullptr ||
       (number->nb_float == nullptr && number->nb_index == nullptr)) {
     return std::nullopt;
   }
@@ -179,6 +187,14 @@ double PositiveArg(py::handle value, absl::string_view name, absl::string_view w
   return x;
 }
 
+double ThroughputArg(py::handle value) {
+  // (at least 1, as the command line's --throughput: a subnormal throughput
+  // made every cost infinite, and the error blamed the model's first node)
+  const double x = NumberArg(value).value_or(std::nan(""));
+  if (!(std::isfinite(x) && x >= 1)) ArgError("throughput", "a number of FLOP/s from 1", value);
+  return x;
+}
+
 double NonNegativeArg(py::handle value, absl::string_view name, absl::string_view what) {
   const double x = NumberArg(value).value_or(std::nan(""));
   if (!(std::isfinite(x) && x >= 0)) ArgError(name, what, value);
@@ -186,9 +202,8 @@ double NonNegativeArg(py::handle value, absl::string_view name, absl::string_vie
 }
 
 bool BoolArg(py::handle value, absl::string_view name) {
-  if (value.ptr() == Py_True) return true;
-  if (value.ptr() == Py_False) return false;
-  ArgError(name, "True or False", value);
+  if (!IsBool(value)) ArgError(name, "True or False", value);
+  return PyObject_IsTrue(value.ptr()) == 1;
 }
 
 const Graph& GraphArg(py::handle value) {
@@ -360,6 +375,24 @@ bool IsText(py::handle value) {
          PyByteArray_Check(value.ptr());
 }
 
+// A pair's action or node: a str of valid Unicode, as a JSON string.
+absl::StatusOr<nlohmann::json> StepTextFromPython(py::handle value, absl::string_view where,
+                                                  absl::string_view field) {
+  if (!PyUnicode_Check(value.ptr())) {
+    return absl::InvalidArgumentError(absl::StrCat("schedule ", where, ": '", field,
+                                                   "' must be a string, got ", Shown(value)));
+  }
+  Py_ssize_t size = 0;
+  const char* data = PyUnicode_AsUTF8AndSize(value.ptr(), &size);
+  if (data == nullptr) {
+    FetchException();
+    return absl::InvalidArgumentError(absl::StrCat(
+        "schedule ", where, ": '", field, "' must be valid Unicode (it holds a lone "
+        "surrogate), got ", Shown(value)));
+  }
+  return nlohmann::json(std::string(data, static_cast<size_t>(size)));
+}
+
 }  // namespace
 
 absl::StatusOr<Schedule> ScheduleFromPython(const Graph& graph, py::handle value) {
@@ -384,8 +417,8 @@ absl::StatusOr<Schedule> ScheduleFromPython(const Graph& graph, py::handle value
       } else if (PySequence_Check(step.ptr()) && !IsText(step) &&
                  (py::len(step) == 2 || py::len(step) == 3)) {
         py::sequence pair = py::reinterpret_borrow<py::sequence>(step);
-        ASSIGN_OR_RETURN(nlohmann::json action, FromPython(pair[0], where + ": the action"));
-        ASSIGN_OR_RETURN(nlohmann::json node, FromPython(pair[1], where + ": the node"));
+        ASSIGN_OR_RETURN(nlohmann::json action, StepTextFromPython(pair[0], where, "action"));
+        ASSIGN_OR_RETURN(nlohmann::json node, StepTextFromPython(pair[1], where, "node"));
         steps.push_back({{"action", std::move(action)}, {"node", std::move(node)}});
         if (py::len(step) == 3) {
           ASSIGN_OR_RETURN(steps.back()["bucket"], FromPython(pair[2], where + ": the bucket"));

@@ -85,6 +85,9 @@ int64_t IntArg(py::handle value, absl::string_view name, int64_t min, int64_t ma
 double PositiveArg(py::handle value, absl::string_view name, absl::string_view what);
 // A finite number at or above 0 (a latency of 0), `what` as above.
 double NonNegativeArg(py::handle value, absl::string_view name, absl::string_view what);
+// A device's FLOP/s for a model's costs: a finite number from 1 (as
+// --throughput), else ValueError naming `throughput`.
+double ThroughputArg(py::handle value);
 // True or False, nothing else.
 bool BoolArg(py::handle value, absl::string_view name);
 // A pebble.Graph (argument "graph").

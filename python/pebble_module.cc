@@ -151,7 +151,7 @@ py::dict FitPy(const py::object& model, const py::object& vary, const py::object
   request.start = IntArg(start, "start", 1, INT64_MAX);
   request.max_value = IntArg(max_value, "max", 0, INT64_MAX);
   request.cost.device_flops_per_s =
-      PositiveArg(throughput, "throughput", "a positive number of FLOP/s");
+      ThroughputArg(throughput);
   request.jobs = static_cast<int>(IntArg(jobs, "jobs", 0, 4096));
   // time_limit bounds the whole search; each plan takes at most 10 s of it.
   request.options = Options(py::none(), bandwidth, time_limit, py::int_(0), py::bool_(false));
@@ -228,7 +228,7 @@ py::object SimulatePy(const py::object& graph_arg, const py::object& schedule,
 
 Graph ModelPy(const py::object& spec_arg, const py::object& throughput) {
   CostModel cost;
-  cost.device_flops_per_s = PositiveArg(throughput, "throughput", "a positive number of FLOP/s");
+  cost.device_flops_per_s = ThroughputArg(throughput);
   const std::string spec = StrArg(spec_arg, "spec");
   return Unwrap(WithoutGil([&] { return BuildModel(spec, cost); }));
 }
@@ -359,12 +359,22 @@ PYBIND11_MODULE(_core, m) {
         int n = 1;
         NetworkLink link;
         RankOptions(ranks, network, network_latency, &n, &link);
-        if (name == "all_reduce") return AllReduceSeconds(n_bytes, n, link);
-        if (name == "all_gather" || name == "reduce_scatter") {
-          return AllGatherSeconds(n_bytes, n, link);
+        double seconds = 0;
+        if (name == "all_reduce") {
+          seconds = AllReduceSeconds(n_bytes, n, link);
+        } else if (name == "all_gather" || name == "reduce_scatter") {
+          seconds = AllGatherSeconds(n_bytes, n, link);
+        } else {
+          throw py::value_error(absl::StrCat("op '", name, "': a collective is 'all_reduce', "
+                                             "'all_gather' or 'reduce_scatter'"));
         }
-        throw py::value_error(absl::StrCat("op '", name, "': a collective is 'all_reduce', "
-                                           "'all_gather' or 'reduce_scatter'"));
+        if (!std::isfinite(seconds)) {  // (a link too slow, or a latency too large, to time)
+          throw py::value_error(absl::StrCat(
+              "collective_seconds: the time exceeds the largest double (network ",
+              link.bandwidth_bytes_per_s, " bytes/s, network_latency ", link.latency_s,
+              " s): give a faster network or a smaller latency"));
+        }
+        return seconds;
       }, py::arg("op"), py::arg("bytes"), py::arg("ranks"), py::arg("network") = py::none(),
       py::arg("network_latency") = py::none(),
       "Seconds of one collective of a tensor of `bytes` (the whole tensor) over `ranks` ranks "

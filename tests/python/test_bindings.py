@@ -215,6 +215,24 @@ class PlanTest(unittest.TestCase):
             pebble.plan(self.graph, time_limit=0)
         with self.assertRaises(ValueError):
             pebble.plan(self.graph, milp_max_stages=-1)
+        # NumPy's bool is a bool, as Python's: no count, size or budget, and
+        # a flag.
+        try:
+            import numpy
+        except ImportError:
+            numpy = None
+        if numpy is not None:
+            for kwargs in ({"budget": numpy.bool_(True)}, {"seed": numpy.bool_(True)},
+                           {"time_limit": numpy.bool_(True)}):
+                with self.subTest(kwargs=kwargs), self.assertRaises(ValueError):
+                    pebble.plan(self.graph, **kwargs)
+            self.assertEqual(pebble.plan(self.graph, timeline=numpy.bool_(False)).report,
+                             pebble.plan(self.graph).report)
+        # A throughput under 1 FLOP/s is refused as --throughput is (a
+        # subnormal one made every cost infinite, blamed on a node).
+        with self.assertRaises(ValueError) as e:
+            pebble.model(MODEL, throughput=1e-320)
+        self.assertIn("throughput: must be a number of FLOP/s from 1", str(e.exception))
 
     def test_milp_max_stages_is_the_command_lines(self):
         # Lowered below the graph's size, checkmate-lp refuses it as the
@@ -248,6 +266,18 @@ class PlanTest(unittest.TestCase):
         self.assertIn("step 0", str(e.exception))
         with self.assertRaises(ValueError):
             pebble.simulate(self.graph, [("compute", "no-such-node")])
+        # A step's action or node that is no str is named as such (bytes,
+        # floats and lone surrogates went through JSON and said so).
+        for node, words in ((b"a", "'node' must be a string, got b'a'"),
+                            (float("nan"), "'node' must be a string, got nan"),
+                            ("\udcff", "'node' must be valid Unicode")):
+            with self.subTest(node=node), self.assertRaises(ValueError) as e:
+                pebble.simulate(self.graph, [("compute", node)])
+            self.assertEqual(str(e.exception).split(": ")[0], "schedule step 0")
+            self.assertIn(words, str(e.exception))
+        with self.assertRaises(ValueError) as e:
+            pebble.simulate(self.graph, [(b"compute", p.schedule[0][1])])
+        self.assertIn("'action' must be a string", str(e.exception))
 
     def test_ranks_equal_the_cli(self):
         """Data parallelism: the plan's all-reduces, as `plan --ranks` makes
@@ -416,7 +446,8 @@ class PlanTest(unittest.TestCase):
                                2 * pebble.collective_seconds("all_gather", 1 << 20, 8))
         self.assertEqual(pebble.collective_seconds("all_reduce", 1 << 20, 1), 0.0)
         for bad in (("broadcast", 1, 2, None), ("all_reduce", -1, 2, None),
-                    ("all_reduce", 1, 0, None), ("all_reduce", 1, 2, "carrier-pigeon")):
+                    ("all_reduce", 1, 0, None), ("all_reduce", 1, 2, "carrier-pigeon"),
+                    ("all_reduce", 10**9, 8, 1e-300)):  # (a time past the largest double)
             with self.subTest(bad=bad), self.assertRaises(ValueError):
                 pebble.collective_seconds(*bad[:3], network=bad[3])
 
