@@ -40,8 +40,20 @@ constexpr Unit kUnits[] = {
 // Sizes at or above this are refused: INT64_MAX itself means "no budget".
 constexpr uint64_t kSizeLimit = 9'200'000'000'000'000'000ull;
 
-// Why a size's text is no size: not a number, or a unit pebble does not know.
-enum class TextProblem { kNone, kNotANumber, kUnknownUnit };
+// Why a size's text is no size: not a number, a number past the largest
+// double ("1e400"), or a unit pebble does not know.
+enum class TextProblem { kNone, kNotANumber, kTooLarge, kUnknownUnit };
+
+// Whether `number` is written as a decimal number (ParseDecimal's forms)
+// whose value is past the largest double.
+bool DecimalTooLarge(absl::string_view number) {
+  if (number.empty() || number.find_first_not_of("0123456789+-.eE") != absl::string_view::npos) {
+    return false;
+  }
+  const std::string copy(number);
+  char* end = nullptr;
+  return std::isinf(std::strtod(copy.c_str(), &end)) && end == copy.c_str() + copy.size();
+}
 
 // A size refused for its text (text_problem) or for its value (negative, not
 // whole, under a byte, too large: text_problem kNone, `problem` set).
@@ -107,6 +119,10 @@ TextProblem SplitNumberAndUnit(absl::string_view text, absl::string_view* number
   *number = absl::StripAsciiWhitespace(s.substr(0, unit_start));
   const std::string name = absl::AsciiStrToLower(s.substr(unit_start));
   if (!ParseDecimal(*number, value)) {
+    if (DecimalTooLarge(*number)) {
+      *problem = "too large";
+      return TextProblem::kTooLarge;
+    }
     *problem =
         "expected a number of bytes, optionally with a unit (e.g. 1000000, 1.5e9, 512MiB, "
         "8GiB, 2GB)";
@@ -238,8 +254,11 @@ absl::StatusOr<BudgetSpec> ParseBudget(absl::string_view text) {
   }
   if (!s.empty() && s.back() == '%') {
     double percent = 0;
-    if (!ParseDecimal(absl::StripAsciiWhitespace(s.substr(0, s.size() - 1)), &percent) ||
-        percent <= 0) {
+    const absl::string_view number = absl::StripAsciiWhitespace(s.substr(0, s.size() - 1));
+    if (DecimalTooLarge(number)) {
+      return absl::InvalidArgumentError(absl::StrCat("invalid budget ", Quote(text), ": too large"));
+    }
+    if (!ParseDecimal(number, &percent) || percent <= 0) {
       return absl::InvalidArgumentError(absl::StrCat(
           "invalid budget ", Quote(text), ": a percentage must be a positive number, e.g. 60%"));
     }

@@ -47,6 +47,15 @@ TEST(ParseBudgetTest, RejectsHexNanAndInfinitePercentages) {
   // A unit pebble does not know is named, with the ones it knows.
   EXPECT_THAT(ParseBudget("1ZiB").status().message(),
               HasSubstr("unknown unit 'ZiB' (use B, KiB, MiB, GiB, TiB, PiB, EiB"));
+  // A number past the largest double is too large, as 1e19 is, not "expected
+  // bytes" (nor "a percentage must be a positive number").
+  for (const char* huge : {"1e19", "1e400", "1e400GiB", "1e400%"}) {
+    EXPECT_EQ(ParseBudget(huge).status().message(),
+              absl::StrCat("invalid budget '", huge, "': too large"))
+        << huge;
+  }
+  EXPECT_EQ(ParseSize("1e400").status().message(), "invalid size '1e400': too large");
+  EXPECT_THAT(ParseByteRate("1e400").status().message(), HasSubstr("too large"));
 }
 
 TEST(BudgetTest, ParsesTheThreeForms) {
