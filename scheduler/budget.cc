@@ -256,7 +256,8 @@ absl::StatusOr<BudgetSpec> ParseBudget(absl::string_view text) {
     double percent = 0;
     const absl::string_view number = absl::StripAsciiWhitespace(s.substr(0, s.size() - 1));
     if (DecimalTooLarge(number)) {
-      return absl::InvalidArgumentError(absl::StrCat("invalid budget ", Quote(text), ": too large"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("invalid budget ", Quote(text), ": too large"));
     }
     if (!ParseDecimal(number, &percent) || percent <= 0) {
       return absl::InvalidArgumentError(absl::StrCat(

@@ -1705,11 +1705,12 @@ def _real_tensor_hint(model, where):
 _LEGACY_CONSTRUCTOR = "Creating a new Tensor subclass Tensor"
 
 
-def _traceback_codes(e):
-    """The code objects of `e`'s traceback's frames, outermost first."""
+def _traceback_entries(e):
+    """(code object, line number) of each frame of `e`'s traceback,
+    outermost first."""
     tb = e.__traceback__
     while tb is not None:
-        yield tb.tb_frame.f_code
+        yield tb.tb_frame.f_code, tb.tb_lineno
         tb = tb.tb_next
 
 
@@ -1736,12 +1737,10 @@ def _user_line(e):
     a wrong one."""
     libraries = _library_directories()
     found = None
-    tb = e.__traceback__
-    while tb is not None:
-        path = tb.tb_frame.f_code.co_filename
+    for code, line in _traceback_entries(e):
+        path = code.co_filename
         if not path.startswith("<") and not os.path.realpath(path).startswith(libraries):
-            found = (path, tb.tb_lineno)
-        tb = tb.tb_next
+            found = (path, line)
     if found is None:
         return ""
     path, line = found
@@ -1751,13 +1750,14 @@ def _user_line(e):
 
 def _raised_in(e, function):
     """Whether a frame of `e`'s traceback runs `function` (by its name)."""
-    return any(code.co_name == function for code in _traceback_codes(e))
+    return any(code.co_name == function for code, _ in _traceback_entries(e))
 
 
 def _raised_in_file(e, fragment):
     """Whether a frame of `e`'s traceback runs code of a file whose path
     holds `fragment`."""
-    return any(fragment in code.co_filename.replace("\\", "/") for code in _traceback_codes(e))
+    return any(fragment in code.co_filename.replace("\\", "/")
+               for code, _ in _traceback_entries(e))
 
 
 def _torchscript_line(said):
