@@ -653,7 +653,7 @@ def check_one_pass_capture(failures, device):
         want = canonical(twice, values)
         calls = []
         make_fx = _capture._make_fx
-        _capture._make_fx = lambda *a: (calls.append(a[1]), make_fx(*a))[1]
+        _capture._make_fx = lambda *a, **k: (calls.append(a[1]), make_fx(*a, **k))[1]
         try:
             fast = _capture.trace(*args)
         finally:
@@ -1264,6 +1264,19 @@ class _CountNormalized(torch.nn.Module):
         return self.fc(x) / count
 
 
+class _PositiveRowsMean(torch.nn.Module):
+    """Averages the rows whose first feature is positive: a boolean mask,
+    whose output's shape follows the batch's values."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(6, 3)
+
+    def forward(self, x):
+        kept = x[x[:, 0] > 0]
+        return self.fc(kept).mean(0, keepdim=True).expand(x.shape[0], -1)
+
+
 def check_values_read_in_python(failures, device):
     """A forward that reads traced values in Python (.tolist(), .numpy()), or
     a size of nonzero's output alone, is refused, on the fake trace's path and
@@ -1304,8 +1317,24 @@ def check_values_read_in_python(failures, device):
                       policy="dtr", budget="min")
         failures.check(False, "a count of nonzero's output: not refused")
     except pt.CaptureError as e:
-        failures.check("reads the size of nonzero's output" in str(e),
+        failures.check("reads the size of nonzero's output" in str(e) and
+                       "`count = max(len((x[:, 0] > 0).nonzero()), 1)`" in str(e),
                        f"a count of nonzero's output: {e}")
+    # A shape that follows the values changes at the next batch: refused
+    # there, naming the user's line, not the ATen call alone.
+    x = torch.tensor([[1.0] * 6, [-1.0] * 6, [2.0] * 6, [-2.0] * 6])
+    model = _PositiveRowsMean()
+    step = pt.train_step(model, F.cross_entropy, (x,), y[:1].repeat(4), policy="dtr",
+                         budget="min")
+    try:
+        step(-x, y[:1].repeat(4))  # (the same count: passes)
+        model.zero_grad(set_to_none=True)  # (else another signature: it accumulates)
+        step(x.abs(), y[:1].repeat(4))
+        failures.check(False, "a boolean mask's other count at the next batch: not refused")
+    except pt.PlanExecutionError as e:
+        failures.check("(at step_check.py:" in str(e) and "`kept = x[x[:, 0] > 0]`" in str(e)
+                       and "depends on the values" in str(e),
+                       f"a boolean mask's other count at the next batch: {e}")
 
     torch.manual_seed(SEED)
     model = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Tanh(), torch.nn.Linear(8, 6))

@@ -29,6 +29,7 @@ import random
 import sys
 import sysconfig
 import threading
+import traceback
 import types
 import warnings
 import weakref
@@ -39,7 +40,8 @@ from torch.utils._pytree import tree_flatten
 from ._collective_ops import hold_divisors, mean_over_ranks
 from ._compat import (FakeTensor, FakeTensorMode, forget_dead_fake_converters,
                       forget_fx_source_with, forget_traces, functional_call, functionalize,
-                      make_fx, op_name, recompile, storage_key, traced_node)
+                      make_fx, make_fx_with_stacks, op_name, recompile, storage_key,
+                      traced_frames, traced_node)
 from ._memory import is_dense
 
 
@@ -1557,8 +1559,9 @@ def _traced_functional(step, mode, flat, fake_mode, slots, one_pass, stack):
     """(graph module without in-place calls, traced values or None, passes):
     `step` traced once and its in-place calls made functional where they are
     simple (_made_functional), else traced again through functionalize."""
-    first = _make_fx(step, mode, flat, fake_mode)
+    first = _make_fx(step, mode, flat, fake_mode, stacks=True)
     stack.close()
+    user_lines = _value_shaped_lines(first)
     if one_pass and mode == "fake":
         try:
             made = _made_functional(first, slots)
@@ -1568,10 +1571,12 @@ def _traced_functional(step, mode, flat, fake_mode, slots, one_pass, stack):
         else:
             if made is not None:
                 gm, values = made
+                _mark_value_shaped_lines(gm, user_lines)
                 return gm, values, 1
             # (not simple: nothing was rewritten, so functionalize traces
             # the first trace itself; an LSTM's writes are such)
     gm = _make_fx(functionalize(first), mode, flat, fake_mode)
+    _mark_value_shaped_lines(gm, user_lines)
     return gm, (traced_values(gm) if mode == "fake" else None), 2
 
 
@@ -1741,11 +1746,56 @@ def _user_line(e):
         path = code.co_filename
         if not path.startswith("<") and not os.path.realpath(path).startswith(libraries):
             found = (path, line)
-    if found is None:
-        return ""
-    path, line = found
+    return _at_line(*found) if found is not None else ""
+
+
+def _at_line(path, line):
+    """' (at file:line: `code`)'."""
     code = linecache.getline(path, line).strip()
     return f" (at {os.path.basename(path)}:{line}" + (f": `{code}`)" if code else ")")
+
+
+def _traced_user_line(node, outer, libraries):
+    """_user_line of a traced call: the innermost frame of its recorded
+    stack (make_fx_with_stacks) that runs the user's code inside the
+    step, else ''. `outer`: the (file, line) of the frames that called the
+    trace (the user's script, pebble's own), which are not inside it. The
+    frames left are the step's own, and their order is told by where the
+    outer ones stood (PyTorch versions differ); where none is left to tell,
+    the order is taken as traceback.extract_stack's, outermost first."""
+    frames = traced_frames(node)
+    inner = [(i, path, line) for i, (path, line, _) in enumerate(frames)
+             if (path, line) not in outer]
+    if not inner:
+        return ""
+    outer_first = len(inner) == len(frames) or inner[0][0] > 0
+    for _, path, line in (reversed(inner) if outer_first else inner):
+        if not path.startswith("<") and not os.path.realpath(path).startswith(libraries):
+            return _at_line(path, line)
+    return ""
+
+
+def _value_shaped_lines(gm):
+    """_traced_user_line of each value-shaped call of a first trace, in the
+    graph's order."""
+    outer = {(f.filename, f.lineno) for f in traceback.extract_stack()}
+    libraries = _library_directories()
+    return [_traced_user_line(n, outer, libraries) for n in gm.graph.nodes
+            if n.op == "call_function" and _value_shaped(n)]
+
+
+def _mark_value_shaped_lines(gm, lines):
+    """Each value-shaped call of `gm` (the first trace's, made functional, or
+    traced again through functionalize, which neither adds nor reorders
+    them) gets its line in the user's code as meta["user_line"], which the
+    errors about its shape name (Note [Shapes that follow values]). Nothing
+    where the counts differ."""
+    calls = [n for n in gm.graph.nodes if n.op == "call_function" and _value_shaped(n)]
+    if len(calls) != len(lines):
+        return
+    for n, line in zip(calls, lines):
+        if line:
+            n.meta["user_line"] = line
 
 
 def _raised_in(e, function):
@@ -2054,14 +2104,16 @@ def _with_stand_ins(slots, flat, stand_ins, device):
     return fake_mode, out
 
 
-def _make_fx(fn, mode, flat, fake_mode):
+def _make_fx(fn, mode, flat, fake_mode, stacks=False):
     """make_fx(fn, tracing_mode=mode)(*flat), or, with `fake_mode` (flat its
-    fakes: Note [Stand-ins for sharded parameters]), a trace inside it."""
+    fakes: Note [Stand-ins for sharded parameters]), a trace inside it.
+    `stacks`: each node keeps its call's Python stack (make_fx_with_stacks)."""
+    tracer = make_fx_with_stacks if stacks else make_fx
     if fake_mode is None:
-        gm = make_fx(fn, tracing_mode=mode)(*flat)
+        gm = tracer(fn, tracing_mode=mode)(*flat)
     else:
         with fake_mode:
-            gm = make_fx(fn, tracing_mode="real")(*flat)
+            gm = tracer(fn, tracing_mode="real")(*flat)
     # PyTorch 1.13 leaves a proxy slot in each value the trace made (the
     # values its graph's nodes keep): proxy, tracer, graph. A value that
     # autograd's graph still holds from C++ is out of the collector's sight,
@@ -2349,9 +2401,15 @@ def _write_functionally(graph, nodes, values, written, variants, later_views):
             del values[n]
 
 
-# Operators whose output's shape follows from their input's values (a trace
-# on real tensors records the captured batch's; the executor checks it at
-# each call: CapturedValueMismatch).
+# Note [Shapes that follow values]. Some operators make an output whose
+# shape follows from their input's values (_VALUE_SHAPED, an index by a
+# boolean mask). A trace on real tensors records the captured batch's shape,
+# and the executor checks it at each call (CapturedValueMismatch). Such an
+# error at a later batch, or a count of such an output read in Python, names
+# the user's line that made the call: the first trace records each call's
+# Python stack (make_fx_with_stacks), and the innermost frame of the user's
+# code in it is kept as the call's meta["user_line"]. The ATen name alone
+# ("aten.index.Tensor") tells a user little of `x[mask]`.
 _VALUE_SHAPED = frozenset({
     "nonzero", "nonzero_numpy", "argwhere", "masked_select", "unique", "_unique", "_unique2",
     "unique_dim", "unique_consecutive", "unique_dim_consecutive", "repeat_interleave",
@@ -2395,9 +2453,9 @@ def _remove_unused_calls(gm):
                 continue
             if _value_shaped(n):
                 raise CaptureError(
-                    f"the step reads the size of {op_name(n.target)}'s output in Python (a "
-                    "count such as len(mask.nonzero()) or x[mask].numel()) and uses no value "
-                    "of it: the plan would replay the captured batch's count at every step. "
+                    f"the step reads the size of {op_name(n.target)}'s output in Python "
+                    "(a count such as len(mask.nonzero()) or x[mask].numel()) and uses no "
+                    f"value of it{n.meta.get('user_line', '')}: the plan would replay the captured batch's count at every step. "
                     "Count with tensor operations (mask.sum(), clamped with .clamp(min=1) "
                     "where it divides), which the plan computes at each step")
             schema = getattr(n.target, "_schema", None)

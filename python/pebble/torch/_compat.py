@@ -4,8 +4,11 @@ Every other file of pebble.torch imports these names from here, so that one
 place knows where each lives.
 """
 
+import contextlib
 import gc
+import inspect
 import linecache
+import re
 import weakref
 
 import torch
@@ -24,8 +27,8 @@ except ImportError:  # pragma: no cover (1.13 has it there too)
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
 __all__ = ["FakeTensor", "FakeTensorMode", "autocast_state", "forget_traces", "free_storage",
-           "functional_call", "functionalize", "make_fx", "storage_bytes", "storage_key",
-           "traced_node"]
+           "functional_call", "functionalize", "make_fx", "make_fx_with_stacks",
+           "storage_bytes", "storage_key", "traced_frames", "traced_node"]
 
 
 def autocast_state(device_type):
@@ -36,6 +39,53 @@ def autocast_state(device_type):
     if device_type == "cpu":
         return torch.is_autocast_cpu_enabled(), torch.get_autocast_cpu_dtype()
     return torch.is_autocast_enabled(), torch.get_autocast_gpu_dtype()
+
+
+def make_fx_with_stacks(fn, tracing_mode):
+    """make_fx(fn, tracing_mode=...), its tracer keeping the Python stack of
+    each call it records (the node's stack_trace): through make_fx's
+    record_stack_traces where this PyTorch has it (there, of the frames of
+    forward methods alone), else through FX's tracer attribute, set on
+    make_fx's tracer class while it traces and put back after."""
+    if "record_stack_traces" in inspect.signature(make_fx).parameters:
+        return make_fx(fn, tracing_mode=tracing_mode, record_stack_traces=True)
+    traced = make_fx(fn, tracing_mode=tracing_mode)
+
+    def call(*args):
+        with _tracer_class_records_stacks():
+            return traced(*args)
+    return call
+
+
+@contextlib.contextmanager
+def _tracer_class_records_stacks():
+    try:
+        from torch.fx.experimental.proxy_tensor import PythonKeyTracer
+    except ImportError:  # pragma: no cover
+        yield
+        return
+    had = "record_stack_traces" in PythonKeyTracer.__dict__
+    before = PythonKeyTracer.__dict__.get("record_stack_traces")
+    PythonKeyTracer.record_stack_traces = True
+    try:
+        yield
+    finally:
+        if had:
+            PythonKeyTracer.record_stack_traces = before
+        else:
+            del PythonKeyTracer.record_stack_traces
+
+
+_FRAME_LINE = re.compile(r'File "([^"]+)", line (\d+), in (\S+)')
+
+
+def traced_frames(node):
+    """(file, line, function) of each frame node.stack_trace names, in its
+    order: innermost first in PyTorch 1.13 (from the call outwards), and
+    outermost first in the PyTorch versions that format it as
+    traceback.extract_stack does. [] where none was recorded."""
+    text = getattr(node, "stack_trace", None) or node.meta.get("stack_trace") or ""
+    return [(path, int(line), function) for path, line, function in _FRAME_LINE.findall(text)]
 
 
 def op_name(target):

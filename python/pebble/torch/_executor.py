@@ -886,10 +886,11 @@ class _RunState:
             return out
         if tuple(out.shape) != tuple(v.shape) and not node.kernel_shaped:
             raise CapturedValueMismatch(
-                f"node '{node.id}' ({node.fx.target}): PyTorch computed shape "
-                f"{tuple(out.shape)}, the capture {tuple(v.shape)}: the shape depends on the "
-                "values (a boolean mask, nonzero, unique), and a plan holds the shapes of the "
-                "batch it was captured with, so pebble.torch cannot plan this step")
+                f"node '{node.id}' ({node.fx.target}){node.fx.meta.get('user_line', '')}: "
+                f"PyTorch computed shape {tuple(out.shape)}, the capture {tuple(v.shape)}: the "
+                "shape depends on the values (a boolean mask, nonzero, unique), and a plan "
+                "holds the shapes of the batch it was captured with, so pebble.torch cannot "
+                "plan this step")
         if out.dtype != v.dtype and not node.kernel_shaped:
             raise CapturedValueMismatch(
                 f"node '{node.id}' ({node.fx.target}): PyTorch computed {out.dtype}, the "
