@@ -167,6 +167,14 @@ absl::StatusOr<Graph> Import(const std::string& bytes, LossKind loss = LossKind:
   return ImportOnnxModel(bytes, "tiny", options);
 }
 
+// The first node of op type `op`.
+onnx::NodeProto* FindNode(ModelMaker& m, const std::string& op) {
+  for (auto& n : *m.graph()->mutable_node()) {
+    if (n.op_type() == op) return &n;
+  }
+  return nullptr;
+}
+
 TEST(OnnxImportTest, ForwardGraphKeepsNamesShapesAndRoles) {
   auto g = Import(TinyModel(), LossKind::kNone);
   ASSERT_TRUE(g.ok()) << g.status();
@@ -230,6 +238,46 @@ TEST(OnnxImportTest, BatchRewritesTheBatchDimension) {
   EXPECT_EQ(*fixed->shape(fixed->Find("logits")), (Shape{3, 5}));
 }
 
+TEST(OnnxImportTest, BatchLeavesAFixedSideInputBesideASymbolicBatch) {
+  // logits = Gemm(...) * scale, scale of fixed shape (5) beside a symbolic
+  // batch: --batch rewrites the batch, not the scale (it became (6), which
+  // does not broadcast against (6,5)).
+  auto scaled = [](ModelMaker& m) {
+    m.Input("scale", {5});
+    FindNode(m, "Gemm")->set_output(0, "g");
+    m.Node("Mul", "/Mul", {"g", "scale"}, {"logits"});
+  };
+  auto g = Import(TinyModel(13, "batch", scaled), LossKind::kNone, 6);
+  ASSERT_TRUE(g.ok()) << g.status();
+  EXPECT_EQ(*g->shape(g->Find("scale")), (Shape{5}));
+  EXPECT_EQ(*g->shape(g->Find("logits")), (Shape{6, 5}));
+  // Without a symbolic batch every input's dimension 0 is the batch.
+  auto fixed = Import(TinyModel(13, "", [](ModelMaker& m) { m.Input("extra", {2, 7}); }),
+                      LossKind::kNone, 3);
+  ASSERT_TRUE(fixed.ok()) << fixed.status();
+  EXPECT_EQ(*fixed->shape(fixed->Find("extra")), (Shape{3, 7}));
+}
+
+TEST(OnnxImportTest, OutputKeepsItsNameAfterANodeThatImportsAsNone) {
+  for (const char* op : {"Identity", "Dropout"}) {
+    auto g = Import(TinyModel(13, "",
+                              [&](ModelMaker& m) {
+                                FindNode(m, "Gemm")->set_output(0, "g");
+                                m.Node(op, std::string("/") + op, {"g"}, {"logits"});
+                              }),
+                    LossKind::kNone);
+    ASSERT_TRUE(g.ok()) << op << ": " << g.status();
+    const NodeId logits = g->Find("logits");
+    ASSERT_NE(logits, kNoNode) << op;
+    EXPECT_TRUE(g->is_output(logits)) << op;
+    EXPECT_EQ(g->op(logits), "linear") << op;
+    EXPECT_EQ(g->outputs().size(), 1u) << op;
+  }
+  // A weight listed as a graph input as well, with its own shape, imports.
+  auto listed = Import(TinyModel(13, "", [](ModelMaker& m) { m.Input("fc.bias", {5}); }));
+  EXPECT_TRUE(listed.ok()) << listed.status();
+}
+
 TEST(OnnxImportTest, SymbolicBatchWithoutBatchIsAnErrorSayingWhatToDo) {
   auto g = Import(TinyModel(13, "batch"));
   ASSERT_FALSE(g.ok());
@@ -261,13 +309,6 @@ struct BadCase {
   std::function<void(ModelMaker&)> edit;
   std::vector<std::string> message_parts;
 };
-
-onnx::NodeProto* FindNode(ModelMaker& m, const std::string& op) {
-  for (auto& n : *m.graph()->mutable_node()) {
-    if (n.op_type() == op) return &n;
-  }
-  return nullptr;
-}
 
 TEST(OnnxImportTest, WhatCannotBeHonouredIsAnErrorNamingTheNode) {
   const std::vector<BadCase> cases = {
@@ -337,9 +378,44 @@ TEST(OnnxImportTest, WhatCannotBeHonouredIsAnErrorNamingTheNode) {
       {"reads an undefined value",
        [](ModelMaker& m) { FindNode(m, "Relu")->set_input(0, "nowhere"); },
        {"'/relu/Relu'", "'nowhere'"}},
+      // ONNX assigns each value once; a second assignment imported as the
+      // last one the walk met (a weight dropped from the step, a stored
+      // shape replaced by a Constant's).
       {"assigns a value twice",
        [](ModelMaker& m) { FindNode(m, "Relu")->set_output(0, "c"); },
-       {"'/relu/Relu'", "'c'", "already defined"}},
+       {"'c' is assigned twice", "output 0 of ONNX node '/conv1/Conv'",
+        "output 0 of ONNX node '/relu/Relu'"}},
+      {"a node's output named like a weight",
+       [](ModelMaker& m) {
+         FindNode(m, "Relu")->set_output(0, "conv1.bias");
+         FindNode(m, "GlobalAveragePool")->set_input(0, "conv1.bias");
+       },
+       {"'conv1.bias' is assigned twice", "by an initializer", "'/relu/Relu'"}},
+      {"a Constant named like a weight",
+       [](ModelMaker& m) { m.Node("Constant", "k1", {}, {"fc.bias"}); },
+       {"'fc.bias' is assigned twice", "by an initializer", "'k1' (op Constant)"}},
+      {"a graph input named like a node's output",
+       [](ModelMaker& m) { m.Input("r", {2, 4, 8, 8}); },
+       {"'r' is assigned twice", "by a graph input", "'/relu/Relu'"}},
+      {"a graph input without a name",
+       [](ModelMaker& m) { m.Input("", {2}); },
+       {"a graph input has no name"}},
+      {"a weight listed as a graph input of another shape",
+       [](ModelMaker& m) { m.Input("fc.bias", {3}); },
+       {"initializer 'fc.bias' is also a graph input", "of shape (3), but holds (5)"}},
+      {"a weight listed as a graph input of another type",
+       [](ModelMaker& m) {
+         m.Input("fc.bias", {5});
+         m.graph()->mutable_input(1)->mutable_type()->mutable_tensor_type()->set_elem_type(
+             onnx::TensorProto::INT64);
+       },
+       {"initializer 'fc.bias' is also a graph input", "of type INT64, but holds FLOAT"}},
+      {"an input dimension of 0",
+       [](ModelMaker& m) {
+         m.graph()->mutable_input(0)->mutable_type()->mutable_tensor_type()->mutable_shape()
+             ->mutable_dim(1)->set_dim_value(0);
+       },
+       {"graph input 'input': dimension 1 is 0", "at least 1"}},
       {"reads batch norm's running statistics output",
        [](ModelMaker& m) { FindNode(m, "Relu")->set_input(0, "b_mean"); },
        {"'/relu/Relu'", "'b_mean'", "running statistics"}},
@@ -687,8 +763,8 @@ std::string ShuffleModel(const std::function<void(ModelMaker&)>& edit = nullptr)
     m.IntInitializer("sizes", {1, 3});
     m.Node("Shape", "/Shape", {"r"}, {"s"});
     m.Node("Gather", "/Gather", {"s", "i0"}, {"n"});
-    m.Node("Gather", "/Gather_1", {"s", "i1"}, {"c"});
-    m.Node("Div", "/Div", {"c", "groups"}, {"cpg"});
+    m.Node("Gather", "/Gather_1", {"s", "i1"}, {"channels"});
+    m.Node("Div", "/Div", {"channels", "groups"}, {"cpg"});
     m.Node("Unsqueeze", "/Unsqueeze", {"n", "axes0"}, {"n1"});
     m.Node("Unsqueeze", "/Unsqueeze_1", {"groups", "axes0"}, {"g1"});
     m.Node("Unsqueeze", "/Unsqueeze_2", {"cpg", "axes0"}, {"cpg1"});
@@ -726,7 +802,7 @@ TEST(OnnxImportTest, ModOfShapeIntegersFolds) {
     nodes->Mutable(div + 1)->set_input(0, "cm");
   };
   for (int64_t fmod : {0, 1}) {
-    auto g = Import(ShuffleModel([&](ModelMaker& m) { with_mod(m, "c", fmod); }));
+    auto g = Import(ShuffleModel([&](ModelMaker& m) { with_mod(m, "channels", fmod); }));
     ASSERT_TRUE(g.ok()) << g.status();
     const NodeId r5 = g->Find("reshape");
     ASSERT_NE(r5, kNoNode);

@@ -74,6 +74,7 @@ class Importer {
     RETURN_IF_ERROR(CheckOpset());
     RETURN_IF_ERROR(CheckOperatorsKnown());
     RETURN_IF_ERROR(cx_.ReadInitializers(graph_));
+    RETURN_IF_ERROR(CheckAssignedOnce());
     for (const onnx::ValueInfoProto& v : graph_.input()) cx_.Reserve(v.name());
     for (const onnx::ValueInfoProto& v : graph_.output()) cx_.Reserve(v.name());
     RETURN_IF_ERROR(AddGraphInputs());
@@ -98,11 +99,93 @@ class Importer {
         return absl::InvalidArgumentError(
             absl::StrCat("ONNX graph output ", Quote(out.name()), " is not computed by any node"));
       }
+      RETURN_IF_ERROR(KeepOutputName(*v, out.name()));
       cx_.nb().MarkOutput(*v);
     }
     ASSIGN_OR_RETURN(Graph forward, cx_.nb().Build());
     RETURN_IF_ERROR(CheckSomethingTrains(forward));
     return AddLossAndDifferentiate(forward, options_.loss, options_.cost_model);
+  }
+
+  // ONNX assigns each value once (static single assignment): a graph
+  // input, an initializer (old exporters list one as a graph input too,
+  // which then declares its type) or a node's output. A second assignment
+  // would import as whichever the walk met last: a node output named like
+  // a weight dropped that weight from the step, and a Constant named like a
+  // stored shape replaced it. So it is refused, naming both.
+  absl::Status CheckAssignedOnce() const {
+    absl::flat_hash_map<std::string, std::string> assigned;  // value -> by what
+    auto assign = [&](const std::string& name, std::string by) -> absl::Status {
+      if (name.empty()) return absl::OkStatus();  // (an optional output left out)
+      const auto [it, first] = assigned.try_emplace(name, by);
+      if (first) return absl::OkStatus();
+      return absl::InvalidArgumentError(absl::StrCat(
+          "ONNX value ", Quote(name), " is assigned twice, by ", it->second, " and by ", by,
+          " (ONNX assigns each value once)"));
+    };
+    for (const onnx::TensorProto& t : graph_.initializer()) {
+      RETURN_IF_ERROR(assign(t.name(), "an initializer"));
+    }
+    for (const onnx::ValueInfoProto& in : graph_.input()) {
+      if (in.name().empty()) return absl::InvalidArgumentError("a graph input has no name");
+      if (cx_.IsInitializer(in.name())) {
+        RETURN_IF_ERROR(CheckInitializerAsInput(in));
+        continue;
+      }
+      RETURN_IF_ERROR(assign(in.name(), "a graph input"));
+    }
+    for (const onnx::NodeProto& node : graph_.node()) {
+      for (int i = 0; i < node.output_size(); ++i) {
+        RETURN_IF_ERROR(assign(node.output(i), absl::StrCat("output ", i, " of ", NodeLabel(node))));
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  // An initializer that is a graph input too must be declared there with
+  // its own element type and shape (the weights are what the graph uses).
+  absl::Status CheckInitializerAsInput(const onnx::ValueInfoProto& in) const {
+    const onnx::TensorProto* t = cx_.ConstTensor(in.name());
+    if (t == nullptr || !in.type().has_tensor_type()) return absl::OkStatus();
+    const onnx::TypeProto::Tensor& tt = in.type().tensor_type();
+    const std::string where =
+        absl::StrCat("initializer ", Quote(in.name()), " is also a graph input, declared ");
+    if (tt.elem_type() != onnx::TensorProto::UNDEFINED && tt.elem_type() != t->data_type()) {
+      auto type_name = [](int type) {
+        return onnx::TensorProto::DataType_IsValid(type)
+                   ? onnx::TensorProto::DataType_Name(
+                         static_cast<onnx::TensorProto::DataType>(type))
+                   : absl::StrCat(type);
+      };
+      return absl::InvalidArgumentError(absl::StrCat(where, "of type ", type_name(tt.elem_type()),
+                                                     ", but holds ", type_name(t->data_type())));
+    }
+    if (!tt.has_shape()) return absl::OkStatus();
+    std::vector<int64_t> stored(t->dims().begin(), t->dims().end());
+    bool agrees = tt.shape().dim_size() == static_cast<int>(stored.size());
+    std::vector<std::string> declared;
+    for (int d = 0; d < tt.shape().dim_size(); ++d) {
+      const auto& dim = tt.shape().dim(d);
+      declared.push_back(dim.has_dim_value() ? absl::StrCat(dim.dim_value()) : std::string("?"));
+      agrees = agrees && (!dim.has_dim_value() || dim.dim_value() == stored[d]);
+    }
+    if (agrees) return absl::OkStatus();
+    return absl::InvalidArgumentError(absl::StrCat(where, "of shape (", absl::StrJoin(declared, ","),
+                                                   "), but holds (", absl::StrJoin(stored, ","),
+                                                   ")"));
+  }
+
+  // A graph output keeps its name (docs/import.md, "Names") where its last
+  // node imports as no node of its own (an Identity, a Dropout of ratio 0,
+  // a Slice of everything): the node that computes its value takes it,
+  // unless that is a graph input, a weight or another graph output.
+  absl::Status KeepOutputName(Value v, const std::string& name) {
+    NetBuilder& nb = cx_.nb();
+    if (nb.id(v) == name || nb.role(v) != Role::kForward) return absl::OkStatus();
+    for (const onnx::ValueInfoProto& out : graph_.output()) {
+      if (out.name() == nb.id(v)) return absl::OkStatus();
+    }
+    return nb.Rename(v, name);
   }
 
   // A training graph needs a parameter: a model exported with
@@ -163,6 +246,9 @@ class Importer {
   }
 
   absl::Status AddGraphInputs() {
+    some_symbolic_batch_ = std::any_of(
+        graph_.input().begin(), graph_.input().end(),
+        [&](const auto& in) { return !cx_.IsInitializer(in.name()) && SymbolicBatch(in); });
     ReadExportedBatch();
     for (const onnx::ValueInfoProto& in : graph_.input()) {
       if (cx_.IsInitializer(in.name())) continue;  // old exporters list them
@@ -183,10 +269,14 @@ class Importer {
       Shape shape;
       for (int d = 0; d < tt.shape().dim_size(); ++d) {
         const auto& dim = tt.shape().dim(d);
-        if (d == 0 && options_.batch.has_value()) {
+        if (d == 0 && BatchRewrites(in)) {
           shape.push_back(*options_.batch);
         } else if (dim.has_dim_value() && dim.dim_value() > 0) {
           shape.push_back(dim.dim_value());
+        } else if (dim.has_dim_value()) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "graph input ", Quote(in.name()), ": dimension ", d, " is ", dim.dim_value(),
+              "; pebble plans tensors whose every dimension is at least 1"));
         } else {
           const std::string what = dim.has_dim_param()
                                        ? absl::StrCat("symbolic (", Quote(dim.dim_param()), ")")
@@ -268,11 +358,25 @@ class Importer {
                         absl::StrJoin(SupportedOnnxOps(), ", "), "; docs/import.md)");
   }
 
+  static bool SymbolicBatch(const onnx::ValueInfoProto& in) {
+    const auto& tt = in.type().tensor_type();
+    return tt.has_shape() && tt.shape().dim_size() > 0 && !tt.shape().dim(0).has_dim_value();
+  }
+
+  // Whether --batch rewrites dimension 0 of graph input `in`: where some
+  // input's dimension 0 is symbolic (an export with dynamic_axes), that of
+  // the inputs whose dimension 0 is symbolic alone (a mask of fixed size
+  // beside the batch keeps its size); else that of every input.
+  bool BatchRewrites(const onnx::ValueInfoProto& in) const {
+    if (!options_.batch.has_value() || cx_.IsInitializer(in.name())) return false;
+    return !some_symbolic_batch_ || SymbolicBatch(in);
+  }
+
   void ReadExportedBatch() {
     if (!options_.batch.has_value()) return;
     std::optional<ExportedBatch> batch;
     for (const onnx::ValueInfoProto& in : graph_.input()) {
-      if (cx_.IsInitializer(in.name())) continue;
+      if (!BatchRewrites(in)) continue;
       const auto& tt = in.type().tensor_type();
       if (!tt.has_shape() || tt.shape().dim_size() == 0) return;
       const auto& dim = tt.shape().dim(0);
@@ -454,6 +558,7 @@ class Importer {
     std::optional<int64_t> size;
     std::string symbol;
   };
+  bool some_symbolic_batch_ = false;  // BatchRewrites
   std::optional<ExportedBatch> exported_batch_;
   // The first Reshape that sets dim 0 from --batch to a constant's size,
   // and that size (NoteBatchFixedReshape).

@@ -7,14 +7,14 @@
 #include "graph/status.h"
 
 namespace pebble::onnx_import {
-namespace {
 
-// The node as errors name it: "ONNX node 'name' (op Conv)".
 std::string NodeLabel(const onnx::NodeProto& node) {
   const std::string& name =
       node.name().empty() && node.output_size() > 0 ? node.output(0) : node.name();
   return absl::StrCat("ONNX node ", Quote(name), " (op ", Printable(node.op_type()), ")");
 }
+
+namespace {
 
 // Appends the elements of type T that `raw` holds (ONNX's raw_data: packed,
 // little-endian) to `out`; false when `raw` is not a whole number of them.

@@ -24,6 +24,10 @@ namespace pebble::onnx_import {
 
 absl::StatusOr<DType> DTypeOfOnnx(int elem_type);
 
+// "ONNX node 'name' (op Conv)": its name, or its first output's where it has
+// none.
+std::string NodeLabel(const onnx::NodeProto& node);
+
 // An InvalidArgument error naming `node` ("ONNX node 'name' (op Conv): ...").
 // `what` may quote ids derived from the file's names (a graph builder's
 // message): escaped, so that the error stays one line.
