@@ -408,8 +408,10 @@ absl::StatusOr<Graph> AddLossAndDifferentiate(const Graph& forward, LossKind los
   for (const char* taken : {"target", "loss"}) {
     if (forward.Find(taken) != kNoNode) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "the ", what, " loss: the graph already has a node '", taken,
-          "' (is it a training graph already?)"));
+          "the ", what, " loss adds the nodes 'target' and 'loss', but the graph already has "
+          "a node '", taken, "': a training graph already (plan it as it is, without a loss), "
+          "or a forward graph that uses the name (rename that node; from PyTorch, "
+          "torch.onnx.export's input_names and output_names)"));
     }
   }
   if (forward.outputs().size() != 1) {

@@ -119,6 +119,12 @@ class ModelMaker {
     a->set_f(v);
   }
 
+  static void SetSecondOpset(ModelMaker& m, int64_t version) {
+    auto* op_set = m.model_.add_opset_import();
+    op_set->set_domain("ai.onnx");
+    op_set->set_version(version);
+  }
+
   std::string Bytes() const { return model_.SerializeAsString(); }
 
  private:
@@ -397,6 +403,12 @@ TEST(OnnxImportTest, WhatCannotBeHonouredIsAnErrorNamingTheNode) {
       {"a graph input named like a node's output",
        [](ModelMaker& m) { m.Input("r", {2, 4, 8, 8}); },
        {"'r' is assigned twice", "by a graph input", "'/relu/Relu'"}},
+      {"the default opset imported twice",
+       [](ModelMaker& m) { ModelMaker::SetSecondOpset(m, 17); },
+       {"the ONNX opset twice, as 13 and as 17"}},
+      {"an input named like the node the loss adds",
+       [](ModelMaker& m) { m.Input("target", {2}); },
+       {"adds the nodes 'target' and 'loss'", "a node 'target'", "input_names"}},
       {"a graph input without a name",
        [](ModelMaker& m) { m.Input("", {2}); },
        {"a graph input has no name"}},

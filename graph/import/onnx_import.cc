@@ -207,6 +207,11 @@ class Importer {
     bool found = false;
     for (const onnx::OperatorSetIdProto& op_set : model_.opset_import()) {
       if (op_set.domain().empty() || op_set.domain() == "ai.onnx") {
+        if (found && op_set.version() != cx_.opset()) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("the model imports the ONNX opset twice, as ", cx_.opset(), " and as ",
+                           op_set.version(), ": which its nodes follow is not known"));
+        }
         found = true;
         cx_.set_opset(op_set.version());
       }
