@@ -112,6 +112,10 @@ def models(torch):
         return (torch.randn(8, 16, generator=g).to(device, torch.bfloat16),
                 torch.randint(0, 8, (8,), generator=g).to(device))
 
+    def batch_norm_bf16(g, device):
+        return (torch.randn(4, 6, generator=g).to(device, torch.bfloat16),
+                torch.randint(0, 3, (4,), generator=g).to(device))
+
     def batch_mlp64(g, device):
         x, y = batch_mlp(g, device)
         return x.double(), y
@@ -130,7 +134,11 @@ def models(torch):
             "mlp64": (lambda: mlp().double(), batch_mlp64),
             "tiny-bf16": (lambda: nn.Sequential(nn.Linear(16, 32), nn.ReLU(),
                                                 nn.Linear(32, 8)).to(torch.bfloat16),
-                          batch_tiny_bf16)}
+                          batch_tiny_bf16),
+            # (a clipped gradient beside a host update makes its peak)
+            "norm-bf16": (lambda: nn.Sequential(nn.Linear(6, 16), nn.LayerNorm(16), nn.GELU(),
+                                                nn.Linear(16, 3)).to(torch.bfloat16),
+                          batch_norm_bf16)}
 
 
 def optimizers(torch):
@@ -225,6 +233,11 @@ CASES = [  # (model, optimizer, policy, budget, where the state lives, where the
     # bfloat16: on the CPU device an update casts its held scalar (2 bytes).
     ("tiny-bf16", "adam", "rotor", "min", "device", "device"),
     ("tiny-bf16", "sgd", "baseline", "100%", "device", "device"),
+    # On the host it reads a held bfloat16 scalar instead (the same bits on
+    # the CPU), whose cast once stood 2 bytes above the prediction where a
+    # clipped gradient made the peak.
+    ("norm-bf16", "adam", "dtr", "min", None, "host", "keep", 0.3),
+    ("tiny-bf16", "adamw", "rotor", "min", "host", "host"),
     # Parameter groups with settings of their own, each update with its
     # group's (and its group's temporaries: TEMPORARIES_BY_GROUP).
     ("mlp", "adamw-groups", "rotor", "min", "device", "device"),

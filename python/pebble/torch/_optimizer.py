@@ -227,15 +227,24 @@ class Updates:
         # read in the operation's precision) without one. On the CPU device a
         # tensor of another dtype (bfloat16) has the scalar cast to its dtype
         # all the same (the kernel reads the float32 value), a 0-dim tensor
-        # that the update's workspace holds (_scalar_cast_bytes).
+        # that the update's workspace holds (_scalar_cast_bytes). A host
+        # update reads a held scalar of its parameter's dtype where the CPU's
+        # operators round the float32 one to it anyway (_scalar_for): its
+        # cast, a host temporary, would land in the CPU device's allocator.
         self._scalar = torch.zeros(())
         self._scalar64 = torch.zeros((), dtype=torch.float64)  # Note [Updates of float64 ...]
+        self._scalars = {}  # dtype -> the held scalar of host updates (_scalar_for)
         self._one = torch.ones(())  # Adam's step count is a CPU tensor
         self.params = _planned_parameters(optimizer, model)  # name -> trainable parameter
         self._name = {p: name for name, p in self.params.items()}
         self._settings_of = _settings_by_name(optimizer, groups, self.params)
         if self.on_host:
             self._check_host_updates()
+            # (made now: a step allocates nothing outside its plan, and the
+            # probe allocates)
+            for dtype in {p.dtype for p in self.params.values()} & {torch.bfloat16, torch.float16}:
+                if _cpu_rounds_scalars(dtype):
+                    self._scalars[dtype] = torch.zeros((), dtype=dtype)
         if self.on_host or parameters != "device":
             self._check_storages_apart(
                 "optimizer_updates" if self.on_host else "optimizer_parameters")
@@ -411,6 +420,18 @@ class Updates:
                 node["inputs"] = [f"grad:{name}" if i == f"momentum_buffer:{name}#1" else i
                                   for i in node["inputs"]]
         doc["outputs"] = [o for o in doc.get("outputs", []) if o not in dropped]
+
+    def _scalar_for(self, dtype, on_host):
+        """The held scalar an update of a `dtype` parameter reads (Note
+        [Scalars without allocations]): float64's own, else float32's, but
+        for a host update of a bfloat16 or float16 parameter where the CPU's
+        operators round a float32 scalar to that dtype before they read it
+        (_cpu_rounds_scalars): one of that dtype then gives the same bits
+        without the cast. The cast's element is a host temporary, which on
+        the CPU device lands in the allocator the step is measured by."""
+        if dtype == torch.float64:
+            return self._scalar64
+        return self._scalars.get(dtype, self._scalar) if on_host else self._scalar
 
     def _scalar_cast_bytes(self, node):
         """The bytes of the update node's cast of a held scalar (Note [Scalars
@@ -786,7 +807,7 @@ class Updates:
             scratch = lambda: torch.empty_like(param)  # noqa: E731
             run.hold(0, self.workspace_bytes.get(node_id, 0))
         s["step"] = self.optimizer.state[p].get("step")
-        scalar = self._scalar64 if param.dtype == torch.float64 else self._scalar
+        scalar = self._scalar_for(param.dtype, on_host)
         _update(op, self.kind, self._settings_of[name], param, grad, s, scratch, scalar.fill_,
                 self._one)
 
@@ -878,6 +899,23 @@ def host_homes(updates, schedule, stored, tensors):
 # pebble.torch runs the updates itself. The updates read their scalars from
 # a held float64 tensor (Note [Scalars without allocations]): eager's
 # Python numbers are doubles, so the bits are eager's, and no cast is made.
+
+
+@functools.lru_cache(maxsize=None)
+def _cpu_rounds_scalars(dtype):
+    """Whether this PyTorch's CPU operators round a float32 CPU scalar
+    operand of a `dtype` tensor (bfloat16, float16) to `dtype` before they
+    read it, in the updates' operations (mul_, div_, add_): PyTorch 1.13's
+    do, through a cast they allocate. A held scalar of `dtype` then gives
+    the same bits (checked here on values the updates take: betas, 1 minus
+    them, eps, a step size) and allocates nothing."""
+    x = torch.linspace(-3, 3, 509).to(dtype)
+    for value in (0.9, 0.999, 0.1, 1e-3, 1e-8, 1 / 3, 0.0123):
+        wide, narrow = torch.tensor(value), torch.tensor(value, dtype=dtype)
+        for op in ("mul_", "div_", "add_"):
+            if not torch.equal(getattr(x.clone(), op)(wide), getattr(x.clone(), op)(narrow)):
+                return False
+    return True
 
 
 @functools.lru_cache(maxsize=None)
