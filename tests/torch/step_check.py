@@ -2504,6 +2504,24 @@ def check_small_storages_exact(failures, device):
                        f"{r['measured_total_peak_bytes']} B, predicted "
                        f"{r['predicted_peak_bytes']} B, report's budget {r['budget_bytes']}")
     failures.check(ran > 0, "dropouts: no byte budget above the least peak was planned")
+    # A generator's state above the whole budget (a tiny step: the CPU's is
+    # about 5 KB): said so, with advice that fits, where it was a negative
+    # budget's refusal.
+    torch.manual_seed(0)
+    tiny = nn.Sequential(nn.Linear(6, 8), nn.Dropout(0.3), nn.ReLU(), nn.Dropout(0.3),
+                         nn.Linear(8, 3)).to(device)
+    tx, ty = torch.randn(5, 6, device=device), torch.randn(5, 3, device=device)
+    try:
+        pt.train_step(tiny, nn.functional.mse_loss, (tx,), ty, policy="dtr", budget="80%",
+                      measure="never")
+    except pt.PlanError as e:
+        advised = re.search(r"a budget of (\d+)% \(its least peak", str(e))
+        failures.check(advised is not None and "negative" not in str(e), f"a tiny step with "
+                       f"two dropouts at 80%: {e}")
+        if advised is not None:
+            step = pt.train_step(tiny, nn.functional.mse_loss, (tx,), ty, policy="dtr",
+                                 budget=f"{advised.group(1)}%", measure="never")
+            step(tx, ty)
     # A refused budget's advice leaves room for the generator's state only
     # for a policy that may run a dropout again (baseline never does).
     for policy, remark in (("baseline", False), ("dtr", True)):

@@ -1131,8 +1131,12 @@ class _Variant:
         why = (f"at budget {options['budget']!r} the plan of policy {self.plan.policy} peaks "
                f"{over} bytes above the budget as it runs (the generator's state taken for a "
                "random call run again)")
+        # (a state above the whole budget: planned at 1 byte, for the least peak)
+        left = (f"at {lowered} bytes it has none" if lowered > 0 else
+                f"the generator's state alone, {_size(self.program.rng_state_bytes)}, is more "
+                "than the budget")
         try:
-            self._plan_and_build(step, capture, dict(options, budget=f"{lowered}B"))
+            self._plan_and_build(step, capture, dict(options, budget=f"{max(lowered, 1)}B"))
         except PlanError as e:
             # A budget of the least peak plus the generator's state leaves the
             # room (planned again here at the least peak, which then fits).
@@ -1144,8 +1148,7 @@ class _Variant:
                           f"peak, {_size(e.least_step_bytes)}, and the generator's state, "
                           f"{_size(self.program.rng_state_bytes)}) leaves the room, or "
                           "budget='min'")
-            raise PlanError(f"{why}, and at {lowered} bytes it has none" +
-                            (advice if advice else f": {e}"),
+            raise PlanError(f"{why}, and {left}" + (advice if advice else f": {e}"),
                             least_step_bytes=e.least_step_bytes) from None
         if self.predicted_peak_bytes > budget:
             raise PlanError(f"internal: {why}, and so does its plan at {lowered} bytes")
