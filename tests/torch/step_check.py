@@ -714,9 +714,10 @@ class GlobalScaled(torch.nn.Module):
 
 
 def check_loss_and_checkpoints(failures, device):
-    """A module that checkpoints a block with dropout itself (reentrant or
-    not) gives eager's gradients (the capture runs the checkpoints inline:
-    Note [Checkpoints in the module]); a loss whose settings change between
+    """A module that checkpoints a block with dropout and batch norm itself
+    (reentrant or not) gives eager's gradients and running statistics (the
+    capture runs the checkpoints inline: Note [Checkpoints in the module];
+    the batch norm updates them twice, as eager's rerun does); a loss whose settings change between
     calls (a module's label smoothing, a weight in the closure's dict) is
     captured again, eager's loss each time, and so is a module whose
     configuration object or dict of settings, or a global its forward
@@ -733,8 +734,8 @@ def check_loss_and_checkpoints(failures, device):
             super().__init__()
             self.reentrant = reentrant
             self.stem = nn.Linear(10, 10)  # (a reentrant checkpoint's input requires grad)
-            self.block = nn.Sequential(nn.Linear(10, 16), nn.GELU(), nn.Dropout(0.3),
-                                       nn.Linear(16, 16))
+            self.block = nn.Sequential(nn.Linear(10, 16), nn.Dropout(0.3), nn.BatchNorm1d(16),
+                                       nn.GELU(), nn.Linear(16, 16))
             self.head = nn.Linear(16, 5)
 
         def forward(self, x):
@@ -752,6 +753,17 @@ def check_loss_and_checkpoints(failures, device):
                                  measure="never")
             check_beside_eager(failures, f"checkpointed block (reentrant={reentrant}, {policy})",
                                step, model, eager_model, F.cross_entropy, (x,), y)
+            # Eager's checkpoint runs the block again in the backward, and its
+            # batch norm updates the running statistics a second time (Note
+            # [Running statistics in a checkpoint]): the step's are eager's.
+            worst = max(relative_error(a.float(), b.float())
+                        for a, b in zip(model.buffers(), eager_model.buffers()))
+            failures.check(worst <= TOLERANCE and model.block[2].num_batches_tracked ==
+                           eager_model.block[2].num_batches_tracked,
+                           f"checkpointed block (reentrant={reentrant}, {policy}): running "
+                           f"statistics off eager's by {worst:.2e}, "
+                           f"{int(model.block[2].num_batches_tracked)} batches tracked, eager "
+                           f"{int(eager_model.block[2].num_batches_tracked)}")
     torch.manual_seed(SEED)
     model = nn.Sequential(nn.Linear(10, 16), nn.ReLU(), nn.Linear(16, 5)).to(device)
     eager_model = copy.deepcopy(model)

@@ -1471,7 +1471,7 @@ def _traced_in_some_mode(model, loss_fn, slots, flat, device, modes, fake_mode, 
         stack = _ModuleStack(model)
         try:
             with _rng_kept(device), _rnn_without_cudnn(model, device), \
-                    _rnn_weights_rebound(model), _checkpoints_inline(), \
+                    _rnn_weights_rebound(model), _checkpoints_inline(model), \
                     _tensor_attributes_kept(model), _loss_attributes_kept(loss_fn), \
                     _trace_patches(batch_from=n_state):
                 step = _step_function(model, loss_fn, slots, grad_found, max_grad_norm,
@@ -1896,30 +1896,86 @@ _CHECKPOINT_OPTIONS = ("use_reentrant", "preserve_rng_state", "context_fn",
                        "determinism_check", "debug")
 
 
+# Note [Running statistics in a checkpoint]. Eager's checkpoint runs its
+# function again in the backward, in training mode: a batch norm inside
+# (torchvision's densenet with memory_efficient=True checkpoints its
+# norm1) updates its running statistics, and num_batches_tracked, a second
+# time, on the same input (the generator's state put back: the same
+# dropout masks before it). Run inline, the step updated them once, and its
+# statistics drifted from eager's silently (gradients equal). So each norm
+# that tracks running statistics, run inside a checkpointed function that
+# eager runs again (reentrant: where an input requires grad; else always),
+# runs again on its recorded input outside autograd, after the module's
+# forward, the checkpoints' in reverse order, as eager's backward reruns
+# them. Its output is not read; the call is kept for its effect on the
+# statistics (Note [Calls kept for their effects] in _graph.py).
+
+
+def _runs_statistics(module):
+    """Whether `module` updates running statistics when called (a batch or
+    instance norm in training mode that tracks them)."""
+    return (isinstance(module, torch.nn.modules.batchnorm._NormBase) and module.training and
+            module.track_running_stats and module.running_mean is not None)
+
+
 @contextlib.contextmanager
-def _checkpoints_inline():
+def _checkpoints_inline(model):
     """torch.utils.checkpoint's checkpoints run their function inline while
     a trace runs (Note [Checkpoints in the module]): the module's
     `checkpoint(...)`, imported by name or not, reentrant or not, in
-    PyTorch 1.13 and 2.x."""
+    PyTorch 1.13 and 2.x; and the norms with running statistics inside
+    them run again after `model`'s forward (Note [Running statistics in a
+    checkpoint])."""
     import torch.utils.checkpoint as module
 
+    reruns = []  # per checkpointed call eager runs again: [(norm, its inputs)]
+
+    @contextlib.contextmanager
+    def recorded(again):
+        """Records the norms with running statistics that the block runs;
+        kept for a rerun where again() says eager runs the function again."""
+        norms = []
+        handle = torch.nn.modules.module.register_module_forward_hook(
+            lambda m, inputs, output: norms.append((m, inputs)) if _runs_statistics(m) else None)
+        try:
+            yield
+        finally:
+            handle.remove()
+        if norms and again():
+            reruns.append(norms)
+
+    def any_requires_grad(values):
+        return any(isinstance(t, torch.Tensor) and t.requires_grad
+                   for t in tree_flatten(values)[0])
+
     def checkpoint(function, *args, **kwargs):
-        return function(*args, **{k: v for k, v in kwargs.items()
-                                   if k not in _CHECKPOINT_OPTIONS})
+        kwargs = {k: v for k, v in kwargs.items() if k not in _CHECKPOINT_OPTIONS}
+        return without_reentrant(function, True, *args, **kwargs)
 
     def without_reentrant(function, preserve_rng_state=True, *args, **kwargs):  # 1.13
-        return function(*args, **kwargs)
+        with recorded(lambda: True):
+            return function(*args, **kwargs)
+
+    def reentrant(function, preserve, *args):
+        with recorded(lambda: any_requires_grad(args)):
+            return function(*args)
 
     def generator(*args, **kwargs):  # 2.x: checkpoint() calls the function between two next()
-        yield
+        with recorded(lambda: True):
+            yield
+
+    def run_again(m, inputs, output):
+        with torch.no_grad():
+            while reruns:
+                for norm, norm_inputs in reruns.pop():
+                    norm(*norm_inputs)
 
     patches = [(module, "checkpoint", checkpoint),
                (module, "_checkpoint_without_reentrant", without_reentrant),
                (module, "_checkpoint_without_reentrant_generator", generator),
-               (module.CheckpointFunction, "apply",
-                staticmethod(lambda function, preserve, *args: function(*args)))]
+               (module.CheckpointFunction, "apply", staticmethod(reentrant))]
     applied = []  # (owner, name, what its own __dict__ held, or _NOT_PLAIN for nothing)
+    handle = model.register_forward_hook(run_again)
     try:
         for owner, name, value in patches:
             if name in owner.__dict__ or name == "apply":  # (apply: inherited from Function)
@@ -1927,6 +1983,7 @@ def _checkpoints_inline():
                 setattr(owner, name, value)
         yield
     finally:
+        handle.remove()
         for owner, name, before in reversed(applied):
             if before is _NOT_PLAIN:
                 delattr(owner, name)

@@ -191,7 +191,11 @@ def statistics_read_out_of_order(graph, schedule):
             continue
         ran = min(runs)
         for reader in before:
-            if any(i > ran for i in computes.get(reader.id, [])):
+            # (another batch norm of those statistics reads them at its first
+            # run alone: a later one reads none in training and writes them
+            # back unchanged, Note [Running statistics once])
+            runs_read = computes.get(reader.id, [])[:1 if reader.updates_stats else None]
+            if any(i > ran for i in runs_read):
                 return nodes[0].fx, reader, "before"
         for reader in after:
             if reader.id in first and first[reader.id] < ran:
