@@ -100,7 +100,7 @@ Value NetBuilder::Persistent(std::string id, Shape shape, DType dtype,
   TensorType type{std::move(shape), dtype};
   if (id.empty()) {
     Fail(absl::InvalidArgumentError(absl::StrCat(
-        "a ", RoleName(role), " needs a non-empty id")));
+        "a persistent tensor (role ", RoleName(role), ") needs a non-empty id")));
     return Value{};
   }
   const Value existing = Find(id);
