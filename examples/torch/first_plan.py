@@ -80,10 +80,14 @@ def main():
             loss.backward()
             return loss.detach()
 
+        # Both steps from one generator state: a model with dropout draws
+        # the same masks in each (eager's order), so the losses agree.
+        generator_state = torch.get_rng_state()
         opt_eager.zero_grad(set_to_none=True)
         loss_eager, peak, _ = pt.measure(eager_step)
         eager_peak = max(eager_peak, peak)
         opt_eager.step()
+        torch.set_rng_state(generator_state)
         opt_planned.zero_grad(set_to_none=True)
         loss_planned = step(x, y)
         opt_planned.step()

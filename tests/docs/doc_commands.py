@@ -22,7 +22,10 @@ of its own.
 
 Markers, in a line's trailing comment (a `#` after whitespace outside quotes;
 in help text after two spaces or more):
-    exit N                        the line must exit with status N (else 0)
+    exit N                        the line must exit with status N (else 0); with
+                                  N > 0, each percentage the comment quotes
+                                  ("rotor reaches 61% at least") must be in
+                                  the line's output, so the quote stays true
     GPU (first word), needs a GPU, GPU only
                                   skipped unless `nvidia-smi -L` lists a GPU
 
@@ -61,6 +64,7 @@ COMMAND_LANGS = {"sh", "bash", "shell", "console"}
 FENCE_RE = re.compile(r"^\s*(`{3,}|~{3,})\s*([\w+-]*)")
 SKIP_RE = re.compile(r"^\s*<!--\s*doc-test:\s*skip\b\s*(.*?)\s*-->\s*$")
 EXIT_RE = re.compile(r"\bexit\s+(\d+)\b")
+QUOTED_RE = re.compile(r"(?<![\w.])\d+(?:\.\d+)?%")
 GPU_RE = re.compile(r"^GPU\b|\bneeds a GPU\b|\bGPU only\b", re.IGNORECASE)
 # Options whose value is a file or folder the command reads.
 READ_OPTIONS = ("--graph", "--schedule", "--profile", "--inputs")
@@ -84,6 +88,8 @@ class Line:
         self.comment = comment        # the trailing comment, without '#'
         exit_marker = EXIT_RE.search(comment)
         self.expect = int(exit_marker.group(1)) if exit_marker else 0
+        # (a refusal's figures, quoted in the comment: checked against its output)
+        self.quoted = QUOTED_RE.findall(comment) if self.expect else []
         self.gpu = bool(GPU_RE.search(comment))
         self.skip = None              # why it is not run, or None
 
@@ -357,12 +363,14 @@ def run_lines(lines, repo, build, timeout, gpu, keep=False, slow_s=30.0):
             seconds = time.monotonic() - start
             if seconds > slow_s:
                 slow.append((line, seconds, code))
-            if code == line.expect:
+            unsaid = [q for q in line.quoted if q not in output]
+            if code == line.expect and not unsaid:
                 passed += 1
                 print(f"ok   {seconds:5.1f}s {line.where}  {line.command}", flush=True)
                 continue
             got = f"timed out after {timeout:g} s" if code is None else f"exit {code}"
-            problem = f"expected exit {line.expect}, got {got}"
+            problem = (f"expected exit {line.expect}, got {got}" if code != line.expect else
+                       f"its comment quotes {', '.join(unsaid)}, which its output does not say")
             print(f"FAIL {seconds:5.1f}s {line.where}  {line.command}\n  {problem}; "
                   f"last {OUTPUT_TAIL_LINES} lines of its output:", flush=True)
             rows = tail(output)

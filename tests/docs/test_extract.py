@@ -100,6 +100,8 @@ class CommentAndMarkerTest(unittest.TestCase):
         self.assertEqual(dc.Line("d:1", "x", "fits; exit 2 when malformed").expect, 2)
         self.assertEqual(dc.Line("d:1", "x", "exits cleanly").expect, 0)
         self.assertEqual(dc.Line("d:1", "x", "").expect, 0)
+        self.assertEqual(line.quoted, ["72%"])  # (a refusal's figure, checked when run)
+        self.assertEqual(dc.Line("d:1", "x", "keeps 60% of it").quoted, [])
 
     def test_gpu_marker(self):
         self.assertTrue(dc.Line("d:1", "x", "GPU").gpu)
@@ -188,16 +190,20 @@ class ChecksTest(unittest.TestCase):
             "true    # exit 1: but it succeeds",
             "bash -c 'exit 3'   # exit 3",
             "ctest --test-dir build",
+            "bash -c 'echo reaches 61%; exit 1'   # exit 1: reaches 61% at least",
+            "bash -c 'echo reaches 63%; exit 1'   # exit 1: reaches 61% at least",
             "```",
         ]), "d.md")
         with tempfile.TemporaryDirectory() as fake:
             build = os.path.join(fake, "build")
             os.makedirs(os.path.join(build, "bin"))
             passed, failures, skips, _ = dc.run_lines(lines, fake, build, 30, gpu=False)
-        self.assertEqual(passed, 4)
+        self.assertEqual(passed, 5)
         self.assertEqual(skips, [])
         problems = {line.where: problem for line, problem in failures}
-        self.assertEqual(set(problems), {"d.md:4", "d.md:6", "d.md:8"})
+        self.assertEqual(set(problems), {"d.md:4", "d.md:6", "d.md:8", "d.md:10"})
+        self.assertEqual(problems["d.md:10"],
+                         "its comment quotes 61%, which its output does not say: reaches 63%")
         self.assertEqual(problems["d.md:4"], "placeholder: missing.json is made by no earlier line")
         self.assertEqual(problems["d.md:6"], "expected exit 1, got exit 0")
         self.assertTrue(problems["d.md:8"].startswith("refused: runs ctest"))
