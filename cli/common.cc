@@ -203,6 +203,14 @@ std::string FormatSeconds(double seconds) {
   return absl::StrFormat("%.3g ns", 1e9 * seconds);
 }
 
+std::string ArenaOverBudgetNote(int64_t arena_bytes, int64_t budget_bytes) {
+  return absl::StrFormat(
+      "                  the arena is over the budget by %s: tensors freed at different "
+      "times\n                  leave gaps; the budget bounds the peak, not the arena (a "
+      "lower budget\n                  makes a smaller one)\n",
+      FormatBytes(arena_bytes - budget_bytes));
+}
+
 std::string CostUnit::Amount(double cost) const {
   return seconds ? FormatSeconds(cost) : absl::StrFormat("%.6g units", cost);
 }

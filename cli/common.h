@@ -27,6 +27,12 @@ namespace pebble::cli {
 // "0 s".
 std::string FormatSeconds(double seconds);
 
+// The lines under a plan's `arena` row (each indented to its column) where
+// the arena, the one block a run allocates for every tensor at its planned
+// offset, is over a plan's byte budget: the budget bounds the peak, and
+// gaps that tensors freed at different times leave add to the arena.
+std::string ArenaOverBudgetNote(int64_t arena_bytes, int64_t budget_bytes);
+
 // A schedule's collectives for people: "8 all-reduces", or "8 all-reduces
 // in 3 buckets" where some are grouped; on a sharded graph "52 gathers and
 // 26 reduce-scatters in 20 messages" (a bucket of collectives is one).

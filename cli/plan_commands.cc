@@ -251,10 +251,7 @@ int RunPlan(const PlanFlags& f, bool timeline, bool with_layout, const std::stri
   // holds every tensor at its offset may need more. (A plan over the budget
   // is over it by its peak already: its message says so.)
   if (!is_min && result.feasible && layout.arena_bytes > outcome->budget_bytes) {
-    std::cout << absl::StrFormat(
-        "                  the arena is over the budget by %s: tensors freed at different "
-        "times\n                  leave gaps; the budget bounds the peak, not the arena\n",
-        FormatBytes(layout.arena_bytes - outcome->budget_bytes));
+    std::cout << ArenaOverBudgetNote(layout.arena_bytes, outcome->budget_bytes);
   }
   std::cout
             << absl::StrFormat("  plan time       %.3f s\n", outcome->plan_time_s);

@@ -749,6 +749,11 @@ void PrintRunText(const RunOutcome& run) {
   std::cout << absl::StrFormat(
       "  peak            %s\n",
       r.peak_bytes == p.peak_bytes ? "measured == predicted" : "MEASURED != PREDICTED");
+  // (as plan says it; at 'min' the budget is the peak itself)
+  if (plan.plan.feasible && plan.planner_budget_bytes != kMinBudgetBytes &&
+      plan.budget_bytes != INT64_MAX && r.arena_bytes > plan.budget_bytes) {
+    std::cout << ArenaOverBudgetNote(r.arena_bytes, plan.budget_bytes);
+  }
   if (f.workspace == "query") {
     std::cout << "  workspace       "
               << WorkspaceStatsLine(run.backend.name(), run.workspace, run.workspace_choice) << "\n";

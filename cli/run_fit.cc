@@ -13,6 +13,7 @@
 #include "absl/algorithm/container.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "cli/common.h"
 #include "scheduler/offload.h"
 #include "cli/run_common.h"
@@ -24,6 +25,7 @@
 #include "runtime/make_backend.h"
 #include "runtime/workspace.h"
 #include "scheduler/budget.h"
+#include "scheduler/memory_layout.h"
 #include "scheduler/plan_api.h"
 #include "scheduler/planner.h"
 
@@ -240,6 +242,13 @@ void PrintFitJson(const FitFlags& f, const FitRequest& request, const FitResult&
   PrintJson(doc);
 }
 
+// The arena a run of the row's plan allocates (its layout's), or nullopt
+// where the layout fails.
+std::optional<int64_t> ArenaBytes(const FitRow& row) {
+  absl::StatusOr<MemoryLayout> layout = PlanMemoryLayout(*row.graph, row.plan->schedule);
+  return layout.ok() ? std::optional<int64_t>(layout->arena_bytes) : std::nullopt;
+}
+
 // One row of the table: the policy's answer, and under --verify its run.
 std::vector<std::string> FitTableRow(const VerifiedRow& v, bool verify) {
   const FitRow& row = *v.row;
@@ -250,10 +259,12 @@ std::vector<std::string> FitTableRow(const VerifiedRow& v, bool verify) {
     // Cut by the time limit: a larger value may fit too.
     cells.push_back(absl::StrCat(row.time_limit_reached ? ">= " : "", *row.value));
     cells.push_back(FormatBytes(r.peak_bytes));
+    const std::optional<int64_t> arena = ArenaBytes(row);
+    cells.push_back(arena.has_value() ? FormatBytes(*arena) : std::string("?"));
     cells.push_back(OverheadPercent(r.overhead));
     cells.push_back(FormatBytes(r.transfer_bytes));
   } else {
-    cells.insert(cells.end(), {"-", "", "", ""});
+    cells.insert(cells.end(), {"-", "", "", "", ""});
   }
   if (verify) {
     if (v.measured.has_value()) {
@@ -280,15 +291,15 @@ void PrintFitTable(const FitFlags& f, const FitRequest& request, const FitResult
   std::cout << absl::StrFormat("fit %s: the largest %s whose training step fits %s (%d bytes)%s\n\n",
                                request.model.ToString(), f.vary,
                                FormatBytes(request.budget_bytes), request.budget_bytes, per_rank);
-  std::vector<std::string> header = {"policy", "kind", f.vary, "predicted peak", "overhead",
-                                     "transferred"};
+  std::vector<std::string> header = {"policy", "kind", f.vary, "predicted peak", "arena",
+                                     "overhead", "transferred"};
   if (f.verify) header.insert(header.end(), {"measured peak", "equal", "time"});
   header.push_back("note");
   Table t(header);
   if (fit.naive_applies) {
     const std::optional<int64_t>& naive = fit.naive_value;
     std::vector<std::string> cells = {"naive (26 x input)", "estimate",
-                                      naive ? absl::StrCat(*naive) : "-", "", "", ""};
+                                      naive ? absl::StrCat(*naive) : "-", "", "", "", ""};
     if (f.verify) cells.insert(cells.end(), {"", "", ""});
     cells.push_back(naive ? "" : fit.naive_note);
     t.AddRow(cells);
@@ -302,6 +313,19 @@ void PrintFitTable(const FitFlags& f, const FitRequest& request, const FitResult
   if (fit.naive_applies) {
     std::cout << "naive: the largest value with 26 x bytes(input) <= budget (a rule of thumb "
                  "for 3-D networks).\n";
+  }
+  std::vector<std::string> over;  // policies whose arena is over the budget
+  for (const VerifiedRow& v : rows) {
+    if (!v.row->value.has_value()) continue;
+    const std::optional<int64_t> arena = ArenaBytes(*v.row);
+    if (arena.has_value() && *arena > request.budget_bytes) over.push_back(v.row->policy);
+  }
+  if (!over.empty()) {
+    std::cout << "arena: the one block a run allocates, every tensor at its planned offset; over "
+                 "the budget for "
+              << absl::StrJoin(over, ", ")
+              << ": the budget bounds the peak, and tensors freed at different times leave gaps "
+                 "(a lower --budget keeps the arena within the memory you have).\n";
   }
   std::cout << "Search: exponential then binary over the predicted peak, assuming it grows with "
                "the parameter";

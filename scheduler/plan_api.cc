@@ -718,6 +718,9 @@ nlohmann::json FitRowJson(const FitRow& row) {
     j["value"] = *row.value;
     j["model"] = row.graph->name();
     j["predicted_peak_bytes"] = row.plan->report.peak_bytes;
+    // (what a run allocates: the budget bounds the peak, not the arena)
+    absl::StatusOr<MemoryLayout> layout = PlanMemoryLayout(*row.graph, row.plan->schedule);
+    if (layout.ok()) j["arena_bytes"] = layout->arena_bytes;
     j["overhead"] = row.plan->report.overhead;
     j["transfer_bytes"] = row.plan->report.transfer_bytes;
   } else {

@@ -377,7 +377,26 @@ TEST(CliFitTest, VerifyRunsTheLargestAndMatchesThePrediction) {
     // largest arena of the rows before it (rotor runs first, on a larger n).
     EXPECT_EQ(row["measured"]["device_peak_bytes"], row["measured"]["arena_bytes"])
         << row["policy"];
+    // The answer names the arena the run allocates, which the run confirms.
+    EXPECT_EQ(row["arena_bytes"], row["measured"]["arena_bytes"]) << row["policy"];
+    EXPECT_GE(row["arena_bytes"].get<int64_t>(), row["predicted_peak_bytes"].get<int64_t>());
   }
+}
+
+// The budget bounds the peak, not the arena that a run allocates: where the
+// arena is over it, fit and run say so, as plan does (a user asking "does it
+// fit in 200 MiB?" was told yes, and the run allocated 234 MiB unannounced).
+TEST(CliFitTest, AnArenaOverTheBudgetIsSaid) {
+  Result fit = Pebble("fit --model resnet18 --vary batch --budget 200MiB --policies rotor -q");
+  ASSERT_EQ(fit.exit_code, 0) << fit.err;
+  EXPECT_THAT(fit.out, HasSubstr("arena"));
+  EXPECT_THAT(fit.out, HasSubstr("over the budget for rotor"));
+  Result run = Pebble("run --model resnet18:batch=13 --policy rotor --budget 200MiB");
+  ASSERT_EQ(run.exit_code, 0) << run.err;
+  EXPECT_THAT(run.out, HasSubstr("the arena is over the budget by"));
+  Result within = Pebble("run --model resnet18:batch=4 --policy rotor --budget 200MiB");
+  ASSERT_EQ(within.exit_code, 0) << within.err;
+  EXPECT_THAT(within.out, Not(HasSubstr("the arena is over the budget")));
 }
 
 // Off a terminal, each value tried is a line on stderr; --json and --quiet
