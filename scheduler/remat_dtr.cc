@@ -623,7 +623,8 @@ void RegisterDtrPlanner(PlannerRegistry& registry) {
   registry.Register(PolicyInfo{
       .name = "dtr-paper",
       .description = "dtr with the paper's rule alone: an eviction revives one level of "
-                     "freed inputs (dtr also tries four and keeps the better plan)",
+                     "freed inputs (dtr also tries four, and plans as dtr-paper too, and "
+                     "keeps the better plan)",
       .kind = PlanKind::kMultiShot,
       .exact = false,
       .factory = [] { return std::make_unique<DtrPlanner>(std::vector<int>{1}); },
