@@ -15,8 +15,10 @@ never downloaded: pebble plans memory, it does not need trained weights.
 
 Needs torch and torchvision (Debian: python3-torch, python3-torchvision) and,
 for the summary of ops, onnx. An existing OUTDIR/<model>.onnx is kept
-unless --force. Exit status: 0 every model exported (or kept), 1 some failed
-(each says why), 2 a usage error.
+unless --force, where its input is the batch and image asked for; of
+another, it is refused (exit 1: --force replaces it). Exit status: 0 every
+model exported (or kept), 1 some failed or were refused (each says why), 2 a
+usage error.
 """
 
 import argparse
@@ -102,6 +104,23 @@ def export(torch, torchvision, name, path, args):
         ", ".join("%s %d" % kv for kv in sorted(ops.items())))
 
 
+def input_shape(path):
+    """The (batch, channels, height, width) of the exported model's graph
+    input "input", or None where onnx is missing or the file holds no such
+    fixed shape."""
+    try:
+        import onnx
+        graph = onnx.load(path, load_external_data=False).graph
+    except Exception:  # noqa: BLE001 (no onnx, or a file that is not one)
+        return None
+    for value in graph.input:
+        if value.name == "input":
+            dims = value.type.tensor_type.shape.dim
+            if all(d.HasField("dim_value") for d in dims):
+                return tuple(d.dim_value for d in dims)
+    return None
+
+
 def main(argv):
     args = parse_args(argv)
     try:
@@ -117,6 +136,15 @@ def main(argv):
         path = os.path.join(args.outdir, name + ".onnx")
         json_path = os.path.join(args.outdir, name + ".json")
         if os.path.exists(path) and not args.force:
+            asked = (args.batch, 3, args.image, args.image)
+            kept = input_shape(path)
+            if kept is not None and kept != asked:
+                # (kept silently, every later step planned the old batch)
+                print("%s: %s exists with input %s, not the %s asked for: --force "
+                      "replaces it" % (name, path, "x".join(map(str, kept)),
+                                       "x".join(map(str, asked))))
+                failed.append(name)
+                continue
             print("%s: %s exists, kept (--force replaces it)" % (name, path))
             print("  pebble import %s --loss cross-entropy --output %s" % (
                 shlex.quote(path), shlex.quote(json_path)))
