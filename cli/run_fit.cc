@@ -4,6 +4,7 @@
 // the command line, --verify (each answer run on a backend) and the output.
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <iostream>
 #include <memory>
@@ -27,6 +28,7 @@
 #include "scheduler/budget.h"
 #include "scheduler/memory_layout.h"
 #include "scheduler/plan_api.h"
+#include "scheduler/policies.h"
 #include "scheduler/planner.h"
 
 namespace pebble::cli {
@@ -146,6 +148,16 @@ absl::StatusOr<FitRequest> RequestFromFlags(const FitFlags& f) {
     if (request.policies.empty()) {  // all
       for (const PolicyInfo* p : PlannerRegistry::Global().List()) {
         request.policies.push_back(p->name);
+      }
+    }
+  } else if (f.rank_flags.shard != "full") {
+    // Fit's defaults but the fsdp rules, which plan a sharded step: on an
+    // unsharded one each is baseline again, three rows more of the same.
+    for (const PolicyInfo* p : PlannerRegistry::Global().List()) {
+      const std::string& name = p->name;
+      if (name != "exact" && name != "exact-order" && name != "checkmate" &&
+          std::find(kFsdpPolicies.begin(), kFsdpPolicies.end(), name) == kFsdpPolicies.end()) {
+        request.policies.push_back(name);
       }
     }
   }
@@ -395,7 +407,8 @@ void AddFitCommand(CLI::App& app, int& exit_code) {
       ->check(FitBudgetValue());
   fit->add_option("--policies", flags.policies,
                   "comma-separated policies; default: every policy but the exact searches "
-                  "(exact, exact-order, checkmate); 'all': every one")
+                  "(exact, exact-order, checkmate) and, unless --shard full, the fsdp rules; "
+                  "'all': every one")
       ->check(PolicyList());
   fit->add_flag("--verify", flags.verify,
                 "run each policy's largest value on the backend and compare the measured peak");
