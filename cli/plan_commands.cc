@@ -367,6 +367,12 @@ absl::Status WriteParetoPlot(const std::string& title, std::vector<ParetoPoint> 
   const std::string data_path = (work_dir / "points.dat").string();
   const std::string script_path = (work_dir / "plot.gp").string();
   const std::string picture_path = (work_dir / "plot").string();
+  // One plan many times slower than the rest (swap's, 19x the baseline's)
+  // squashes every other line onto the axis: past 3x, the makespan's ratio
+  // on a log scale instead of its excess in percent.
+  double slowest = 0;
+  for (const auto& p : points) slowest = std::max(slowest, p.slowdown);
+  const bool log_scale = 1 + slowest > 3;
   std::string data, plots;
   int block = 0;
   for (size_t i = 0; i < points.size(); ++i) {
@@ -377,14 +383,17 @@ absl::Status WriteParetoPlot(const std::string& title, std::vector<ParetoPoint> 
                                block++, points[i].policy);
     }
     data += absl::StrFormat("%.6f %.6f\n", static_cast<double>(points[i].peak_bytes) / (1 << 20),
-                            100 * points[i].slowdown);
+                            log_scale ? 1 + points[i].slowdown : 100 * points[i].slowdown);
   }
   if (block == 0) return absl::FailedPreconditionError("--plot: no feasible plan to draw");
   const std::string script = absl::StrFormat(
       "set terminal %s\nset output '%s'\nset title '%s'\n"
-      "set xlabel 'peak memory (MiB)'\nset ylabel 'makespan over the baseline (+%%)'\n"
+      "set xlabel 'peak memory (MiB)'\n%s"
       "set key outside right\nset grid\nplot %s\n",
-      PlotTerminal(plot_path), quoted(picture_path), quoted(Printable(title)), plots);
+      PlotTerminal(plot_path), quoted(picture_path), quoted(Printable(title)),
+      log_scale ? "set ylabel 'makespan over the baseline (x, log scale)'\nset logscale y\n"
+                : "set ylabel 'makespan over the baseline (+%)'\n",
+      plots);
   RETURN_IF_ERROR(WriteOutput(data_path, data, /*force=*/false));
   RETURN_IF_ERROR(WriteOutput(script_path, script, /*force=*/false));
   std::string shell_path;  // POSIX shell single quotes: ' becomes '\''
