@@ -434,7 +434,9 @@ double Deadline::remaining_s() const {
 void NoteTimeLimit(PlanResult& result, double limit_s, absl::string_view what) {
   result.details["time_limit_reached"] = true;
   if (!result.message.empty()) result.message += "; ";
-  absl::StrAppend(&result.message, "time limit of ", limit_s, " s reached: ", what);
+  // (a nested call's share of a limit: "30 s", not "29.9998 s")
+  absl::StrAppend(&result.message, "time limit of ", absl::StrFormat("%.3g", limit_s),
+                  " s reached: ", what);
 }
 
 bool TimeLimitReached(const PlanResult& result) {
