@@ -17,7 +17,7 @@ Examples (each runs as it is, in order; the line marked exit 1 fails on purpose)
   pebble policies                                 # planners
   pebble describe --model conv3d:n=128            # per-node memory table
   pebble plan --model conv3d:n=128 --policy rotor --budget 90%
-  pebble plan --model resnet18:batch=8 --policy rotor --budget 60%   # exit 1: reaches 72% at least
+  pebble plan --model resnet18:batch=8 --policy rotor --budget 40%   # exit 1: reaches 61% at least
   pebble export --model mnist-cnn --format json --output mnist.json
   pebble plan --graph mnist.json --budget min --schedule-out mnist-plan.json
   pebble simulate --graph mnist.json --schedule mnist-plan.json

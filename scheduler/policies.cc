@@ -17,10 +17,11 @@ namespace {
 // judged by whichever of the two dtr kept at each room, and the deeper
 // one's fitting first took the search elsewhere: resnet18 at batch 13 and
 // 60% cost 35% of recomputation under dtr, 6.9% under dtr-paper, which
-// is its paper rule alone. So dtr plans both ways, each composed, and keeps
-// the better by BetterPlan: never worse than dtr-paper. Run as a part of
-// another policy's search (own_order: hybrid's), it is dtr alone, as
-// before: that search tries dtr-paper itself.
+// is its paper rule alone. So at a byte budget dtr plans both ways, each
+// composed, and keeps the better by BetterPlan: never slower than dtr-paper
+// where both fit. At min, and run as a part of another policy's search
+// (own_order: hybrid's, which tries dtr-paper itself), it is dtr alone, as
+// before.
 class BetterOfPlanner final : public Planner {
  public:
   BetterOfPlanner(std::unique_ptr<Planner> first, std::unique_ptr<Planner> second)
@@ -28,15 +29,23 @@ class BetterOfPlanner final : public Planner {
 
   absl::StatusOr<PlanResult> Plan(const Graph& graph,
                                   const PlannerOptions& options) const override {
-    if (options.own_order) return first_->Plan(graph, options);
+    // (at min, the first's least peak, as before: the second's is no lower,
+    // where its own search does not undercut it by a margin of time)
+    if (options.own_order || options.budget_bytes == PlannerOptions::kMinBudget) {
+      return first_->Plan(graph, options);
+    }
+    // The first has the whole limit (a note of its limit names the one
+    // given), the second what the first left; a plan of the second that
+    // its share cut is not taken.
     const Deadline deadline(options.time_limit_s);
-    PlannerOptions part = options;
-    part.time_limit_s = deadline.remaining_s() * 2 / 3;  // (the second is the quicker)
-    ASSIGN_OR_RETURN(PlanResult first, first_->Plan(graph, part));
+    ASSIGN_OR_RETURN(PlanResult first, first_->Plan(graph, options));
     if (deadline.Expired()) return first;
-    part.time_limit_s = deadline.remaining_s();
-    absl::StatusOr<PlanResult> second = second_->Plan(graph, part);
-    if (!second.ok() || !BetterPlan(*second, first, options)) return first;
+    PlannerOptions rest = options;
+    rest.time_limit_s = deadline.remaining_s();
+    absl::StatusOr<PlanResult> second = second_->Plan(graph, rest);
+    if (!second.ok() || TimeLimitReached(*second) || !BetterPlan(*second, first, options)) {
+      return first;
+    }
     return *std::move(second);
   }
 
