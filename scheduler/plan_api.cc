@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <map>
 #include <optional>
 #include <tuple>
 #include <utility>
@@ -514,6 +515,11 @@ absl::Status FitPolicy(const FitRequest& request, int64_t start, const std::stri
     t.elapsed_s = clock.elapsed_s();
     request.on_try(t);
   };
+  // Why each value tried did not fit, where it was no verdict of the
+  // budget: refused (by the model or the policy), or a plan the per-plan
+  // time limit cut. "" for a plan that does not fit. (The search takes
+  // each as too large; the answer's note says which bounded it.)
+  std::map<int64_t, std::string> not_fitting;
   auto probe = [&](int64_t v) {
     Probe p;
     if (clock.Expired()) {
@@ -522,6 +528,7 @@ absl::Status FitPolicy(const FitRequest& request, int64_t start, const std::stri
     }
     auto refuse = [&](const absl::Status& status) {
       p.error = absl::StrCat(request.vary, "=", v, ": ", status.message());
+      not_fitting[v] = p.error;
       report(v, FitTry::Outcome::kRefused, 0);
       return p;
     };
@@ -534,6 +541,7 @@ absl::Status FitPolicy(const FitRequest& request, int64_t start, const std::stri
     // workspace probe would touch operands larger than the budget).
     const int64_t bound = PeakLowerBound(*g);
     if (bound > request.budget_bytes) {
+      not_fitting[v] = "";
       report(v, FitTry::Outcome::kBelowBound, bound);
       return p;
     }
@@ -546,6 +554,14 @@ absl::Status FitPolicy(const FitRequest& request, int64_t start, const std::stri
     absl::StatusOr<PlanResult> plan = planner->Plan(*g, o);
     if (!plan.ok()) return refuse(plan.status());
     p.feasible = plan->feasible;
+    if (!p.feasible) {
+      not_fitting[v] = TimeLimitReached(*plan)
+                           ? absl::StrCat(request.vary, "=", v, " was not settled: its plan "
+                                          "reached the time limit of ",
+                                          absl::StrFormat("%.3g", o.time_limit_s),
+                                          " s (--time-limit)")
+                           : std::string();
+    }
     report(v, p.feasible ? FitTry::Outcome::kFits : FitTry::Outcome::kDoesNotFit,
            plan->report.peak_bytes);
     if (p.feasible && (!row.value.has_value() || v > *row.value)) {
@@ -570,6 +586,13 @@ absl::Status FitPolicy(const FitRequest& request, int64_t start, const std::stri
     row.note = first_error.empty()
                    ? absl::StrCat("does not fit even at ", request.vary, "=", start)
                    : first_error;
+  } else if (request.max_value > 0 && *row.value >= request.max_value) {
+    row.note = absl::StrCat("the bound --max ", request.max_value, " reached: a larger ",
+                            request.vary, " may fit too");
+  } else if (auto next = not_fitting.upper_bound(*row.value);
+             next != not_fitting.end() && !next->second.empty()) {
+    // The value above the answer was refused or cut, not found too large.
+    row.note = absl::StrCat("bounded by ", next->second);
   }
   return absl::OkStatus();
 }

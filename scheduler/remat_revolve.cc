@@ -33,11 +33,13 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "graph/status.h"
 #include "scheduler/policies.h"
 #include "scheduler/remat.h"
@@ -51,6 +53,7 @@ int64_t RevolveForwardSteps(int64_t l, int64_t c) {
   if (l <= 1) return 0;
   if (c < 0) return INT64_MAX / 4;
   if (c >= l - 1) return l - 1;
+  if (c == 0) return l * (l - 1) / 2;  // (the loop below would take l rounds)
   const RevolveInt128 s = c + 1;  // snaps
   RevolveInt128 r = 0, beta = 1;  // beta(s, r)
   while (beta < l) {
@@ -111,7 +114,11 @@ absl::Status CheckAdjointChain(const Graph& graph, const ChainView& view,
 
 namespace {
 
-void RevolveOps(int s, int t, int64_t c, std::vector<ChainOp>& ops) {
+// `stopped` becomes true where `time_up` says so (checked every 4096
+// calls): the schedule is then left unfinished, for the caller to drop.
+void RevolveOps(int s, int t, int64_t c, std::vector<ChainOp>& ops,
+                const std::function<bool()>& time_up, int64_t& calls, bool& stopped) {
+  if (stopped || ((++calls & 4095) == 0 && (stopped = time_up()))) return;
   if (s == t) {
     ops.push_back({ChainOpKind::kForwardSaved, s});
     ops.push_back({ChainOpKind::kBackward, s});
@@ -129,24 +136,40 @@ void RevolveOps(int s, int t, int64_t c, std::vector<ChainOp>& ops) {
   }
   const int split = s + static_cast<int>(best_j);
   for (int k = s; k < split; ++k) ops.push_back({ChainOpKind::kForward, k});
-  RevolveOps(split, t, c - 1, ops);
-  RevolveOps(s, split - 1, c, ops);
+  RevolveOps(split, t, c - 1, ops, time_up, calls, stopped);
+  RevolveOps(s, split - 1, c, ops, time_up, calls, stopped);
 }
+
+// The most forward steps a schedule of revolve's is made with: c = 0 slots
+// over a chain of L stages takes L(L-1)/2 (1.3e8 for L = 16384, which took
+// 23 GB and was killed, past its time limit: a schedule is built whole
+// before it is judged). A slot count whose schedule takes more counts as
+// not fitting, unbuilt, and the plan's details say which
+// (`slots_too_long`; its message too, where nothing fits).
+constexpr int64_t kMostRevolveForwardSteps = 8'000'000;
 
 // Offers the binomial schedules of `chain` to the selector: with a byte
 // budget the largest slot count c whose schedule fits, by bisection on c
 // (peak grows with c; a step where it does not only costs optimality, never
 // validity); with --budget min, c = 0..3. Nothing when the baseline fits.
+// The slot counts left unbuilt for their length go into `too_long`.
 void SearchSlots(const Graph& graph, const Chain& chain, const char* loss,
                  bool baseline_fits, const PlannerOptions& options,
-                 PlanSelector& selector) {
+                 PlanSelector& selector, std::vector<int64_t>& too_long) {
   const int L = chain.num_stages();
   auto fits = [&](int64_t c) {
     // Past the time limit a candidate counts as not fitting and is not
     // built: the searches below then end within O(log L) cheap calls.
     if (selector.TimeUp()) return false;
+    if (RevolveForwardSteps(L, c) > kMostRevolveForwardSteps) {
+      too_long.push_back(c);
+      return false;
+    }
     std::vector<ChainOp> ops;
-    RevolveOps(0, L - 1, c, ops);
+    int64_t calls = 0;
+    bool stopped = false;
+    RevolveOps(0, L - 1, c, ops, [&] { return selector.TimeUp(); }, calls, stopped);
+    if (stopped) return false;  // (the time limit passed while it was made)
     return selector.fits(
         selector
             .Consider(EmitChainOps(graph, chain, ops),
@@ -192,13 +215,27 @@ class RevolvePlanner final : public Planner {
     const bool baseline_fits = selector.best_fits();
     // The loss computed in the forward pass, then after the last backward
     // stage (Note [Late loss]); the selector keeps the better plan.
-    SearchSlots(graph, chain, "early", baseline_fits, options, selector);
+    std::vector<int64_t> too_long;
+    SearchSlots(graph, chain, "early", baseline_fits, options, selector, too_long);
     const Chain late = CollapseChain(graph, view, view.separators,
                                      BackwardPlacement::kWithInput,
                                      LossPlacement::kAfterBackward);
-    if (late.late_loss) SearchSlots(graph, late, "late", baseline_fits, options, selector);
+    if (late.late_loss) {
+      SearchSlots(graph, late, "late", baseline_fits, options, selector, too_long);
+    }
     ASSIGN_OR_RETURN(PlanResult result, selector.Finish());
     result.details["chain"] = ChainSummary(graph, view, chain);
+    if (!too_long.empty()) {
+      std::sort(too_long.begin(), too_long.end());
+      too_long.erase(std::unique(too_long.begin(), too_long.end()), too_long.end());
+      result.details["slots_too_long"] = too_long;
+      if (!result.feasible) {
+        absl::StrAppend(&result.message, result.message.empty() ? "" : "; ",
+                        "schedules of ", absl::StrJoin(too_long, ", "),
+                        " slots were not made: each would take more than ",
+                        kMostRevolveForwardSteps, " forward steps");
+      }
+    }
     return result;
   }
 };

@@ -383,6 +383,22 @@ TEST(CliFitTest, VerifyRunsTheLargestAndMatchesThePrediction) {
   }
 }
 
+// An answer that a bound made, not the budget, says which: --max, the
+// model's range (conv3d's n is at most 2048), a policy's refusal.
+TEST(CliFitTest, AnAnswerABoundMadeSaysWhich) {
+  Result capped = Pebble("fit --model conv3d --vary n --budget 64MiB --max 50 --policies rotor "
+                         "--json");
+  ASSERT_EQ(capped.exit_code, 0) << capped.err;
+  const nlohmann::json row = ParseOrFail(capped.out)["results"][0];
+  EXPECT_EQ(row["value"], 50);
+  EXPECT_THAT(row["note"].get<std::string>(), HasSubstr("--max 50 reached"));
+  Result range = Pebble("fit --model conv3d --vary n --budget 1EiB --policies baseline --json");
+  ASSERT_EQ(range.exit_code, 0) << range.err;
+  const nlohmann::json top = ParseOrFail(range.out)["results"][0];
+  EXPECT_EQ(top["value"], 2048);
+  EXPECT_THAT(top["note"].get<std::string>(), HasSubstr("bounded by n=2049"));
+}
+
 // The budget bounds the peak, not the arena that a run allocates: where the
 // arena is over it, fit and run say so, as plan does (a user asking "does it
 // fit in 200 MiB?" was told yes, and the run allocated 234 MiB unannounced).

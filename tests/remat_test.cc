@@ -355,6 +355,20 @@ TEST(RevolveTest, ClosedFormMatchesTheRecursion) {
   EXPECT_EQ(RevolveForwardSteps(10, 20), 9);
 }
 
+// A chain of 4096 stages: with no slot, revolve's schedule would take 8.4
+// million forward steps (a chain of 16384, 134 million, took 23 GB and was
+// killed):
+// it is not made, the details say so, and the slots that are give a valid
+// plan.
+TEST(RevolveTest, SchedulesTooLongAreNotMade) {
+  auto g = BuildModel("tanh-chain:size=1000,length=4096");
+  ASSERT_TRUE(g.ok()) << g.status();
+  auto r = PlanAndCheck("revolve", *g, int64_t{40} << 10);
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_TRUE(r->details.contains("slots_too_long")) << r->details.dump();
+  EXPECT_EQ(r->details["slots_too_long"][0], 0);
+}
+
 TEST(RevolveTest, RefusesNonChainsNamingTheNode) {
   // f1 reads f0 and is read by f2 and f3 (a fork).
   std::vector<NodeSpec> nodes = {Persistent("x", 1), Node("f0", 1, {"x"}),
