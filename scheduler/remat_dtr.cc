@@ -150,15 +150,23 @@ class DtrSimulation {
     for (NodeId v : order_) {
       if (!Materialize(v, /*program=*/true)) return std::move(run_);
     }
-    // Outputs evicted on the way come back, the resident ones pinned.
+    // Outputs evicted on the way come back, the resident ones pinned. An
+    // output that an earlier one's rematerialisation made resident again
+    // (its input) is pinned as it is met: unpinned, a later output's room
+    // evicted it, and the schedule ended without it (an invalid schedule,
+    // found by a sweep of random graphs).
+    std::vector<uint8_t> kept(n_, 0);
     for (NodeId o : g_.outputs()) {
-      if (resident_[o]) ++pinned_[o];
-    }
-    for (NodeId o : g_.outputs()) {
-      if (!resident_[o]) {
-        if (!Materialize(o, /*program=*/false)) return std::move(run_);
+      if (resident_[o] && !kept[o]) {
+        kept[o] = 1;
         ++pinned_[o];
       }
+    }
+    for (NodeId o : g_.outputs()) {
+      if (kept[o]) continue;
+      if (!resident_[o] && !Materialize(o, /*program=*/false)) return std::move(run_);
+      kept[o] = 1;
+      ++pinned_[o];
     }
     run_.completed = true;
     return std::move(run_);

@@ -817,6 +817,36 @@ TEST(DtrTest, NeverWorseThanThePapersRuleAlone) {
   }
 }
 
+// An output that DTR makes resident again as an earlier output's input is
+// kept to the end: unpinned, a later output's room evicted it, and dtr,
+// checkmate, checkmate-lp and hybrid aborted on an invalid schedule ("output
+// 'n31' is not resident at the end"), at every budget below 100%. (A random
+// graph's folded views gave this one: n39 reads the output n31.)
+TEST(DtrTest, OutputsMadeAgainAsInputsStayToTheEnd) {
+  absl::StatusOr<Graph> g = ParseGraphJson(R"({"format": "pebble-graph", "version": 1,
+    "nodes": [
+      {"id": "n15", "op": "generic", "bytes": 4000, "inputs": [], "workspace": 40000},
+      {"id": "n24", "op": "generic", "bytes": 12288, "inputs": ["n15"]},
+      {"id": "n29", "op": "generic", "bytes": 1, "inputs": ["n15"]},
+      {"id": "n30", "op": "generic", "bytes": 2000, "cost": 0.1, "inputs": []},
+      {"id": "n31", "op": "generic", "bytes": 4000, "inputs": ["n24"]},
+      {"id": "n33", "op": "generic", "bytes": 4000, "inputs": ["n30"]},
+      {"id": "n39", "op": "generic", "bytes": 3000, "inputs": ["n31"]},
+      {"id": "n48", "op": "generic", "bytes": 16384, "inputs": ["n33"]},
+      {"id": "n71", "op": "generic", "bytes": 3000, "inputs": ["n29"]},
+      {"id": "n82", "op": "generic", "bytes": 32, "inputs": ["n48", "n24", "n30"]},
+      {"id": "n84", "op": "generic", "bytes": 1, "inputs": ["n15"]}],
+    "outputs": ["n39", "n71", "n31", "n82", "n84"]})");
+  ASSERT_TRUE(g.ok()) << g.status();
+  for (const char* policy : {"dtr", "dtr-paper", "checkmate-lp", "hybrid"}) {
+    for (const int64_t budget : {int64_t{44025}, int64_t{40000}, PlannerOptions::kMinBudget}) {
+      SCOPED_TRACE(absl::StrCat(policy, " at ", budget));
+      auto r = PlanAndCheck(policy, *g, budget);
+      EXPECT_TRUE(r.ok()) << r.status();
+    }
+  }
+}
+
 // The checkpoint-set policies simulate their candidates concurrently
 // (PlanSelector::ConsiderEach), checkmate-lp its roundings: one thread or
 // every thread, the same plans (no search is cut by its time limit here).
