@@ -4,7 +4,6 @@
 // the command line, --verify (each answer run on a backend) and the output.
 #include <unistd.h>
 
-#include <algorithm>
 #include <chrono>
 #include <iostream>
 #include <memory>
@@ -26,9 +25,7 @@
 #include "runtime/make_backend.h"
 #include "runtime/workspace.h"
 #include "scheduler/budget.h"
-#include "scheduler/memory_layout.h"
 #include "scheduler/plan_api.h"
-#include "scheduler/policies.h"
 #include "scheduler/planner.h"
 
 namespace pebble::cli {
@@ -150,16 +147,6 @@ absl::StatusOr<FitRequest> RequestFromFlags(const FitFlags& f) {
         request.policies.push_back(p->name);
       }
     }
-  } else if (f.rank_flags.shard != "full") {
-    // Fit's defaults but the fsdp rules, which plan a sharded step: on an
-    // unsharded one each is baseline again, three rows more of the same.
-    for (const PolicyInfo* p : PlannerRegistry::Global().List()) {
-      const std::string& name = p->name;
-      if (name != "exact" && name != "exact-order" && name != "checkmate" &&
-          std::find(kFsdpPolicies.begin(), kFsdpPolicies.end(), name) == kFsdpPolicies.end()) {
-        request.policies.push_back(name);
-      }
-    }
   }
   request.options.host_bandwidth_bytes_per_s = *bandwidth;
   request.options.time_limit_s = std::min(kFitPlanTimeLimitS, f.time_limit_s);
@@ -254,13 +241,6 @@ void PrintFitJson(const FitFlags& f, const FitRequest& request, const FitResult&
   PrintJson(doc);
 }
 
-// The arena a run of the row's plan allocates (its layout's), or nullopt
-// where the layout fails.
-std::optional<int64_t> ArenaBytes(const FitRow& row) {
-  absl::StatusOr<MemoryLayout> layout = PlanMemoryLayout(*row.graph, row.plan->schedule);
-  return layout.ok() ? std::optional<int64_t>(layout->arena_bytes) : std::nullopt;
-}
-
 // One row of the table: the policy's answer, and under --verify its run.
 std::vector<std::string> FitTableRow(const VerifiedRow& v, bool verify) {
   const FitRow& row = *v.row;
@@ -271,8 +251,8 @@ std::vector<std::string> FitTableRow(const VerifiedRow& v, bool verify) {
     // Cut by the time limit: a larger value may fit too.
     cells.push_back(absl::StrCat(row.time_limit_reached ? ">= " : "", *row.value));
     cells.push_back(FormatBytes(r.peak_bytes));
-    const std::optional<int64_t> arena = ArenaBytes(row);
-    cells.push_back(arena.has_value() ? FormatBytes(*arena) : std::string("?"));
+    cells.push_back(row.arena_bytes.has_value() ? FormatBytes(*row.arena_bytes)
+                                                : std::string("?"));
     cells.push_back(OverheadPercent(r.overhead));
     cells.push_back(FormatBytes(r.transfer_bytes));
   } else {
@@ -328,8 +308,7 @@ void PrintFitTable(const FitFlags& f, const FitRequest& request, const FitResult
   }
   std::vector<std::string> over;  // policies whose arena is over the budget
   for (const VerifiedRow& v : rows) {
-    if (!v.row->value.has_value()) continue;
-    const std::optional<int64_t> arena = ArenaBytes(*v.row);
+    const std::optional<int64_t>& arena = v.row->arena_bytes;
     if (arena.has_value() && *arena > request.budget_bytes) over.push_back(v.row->policy);
   }
   if (!over.empty()) {

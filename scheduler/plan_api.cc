@@ -19,6 +19,7 @@
 #include "scheduler/budget.h"
 #include "scheduler/checkmate.h"  // PeakLowerBound
 #include "scheduler/collectives.h"  // ShardedRanks
+#include "scheduler/policies.h"  // kFsdpPolicies
 #include "scheduler/simulator.h"
 
 namespace pebble {
@@ -575,6 +576,10 @@ absl::Status FitPolicy(const FitRequest& request, int64_t start, const std::stri
   const std::optional<int64_t> found = LargestFeasible(
       start, request.max_value, probe, &first_error, &row.time_limit_reached);
   PEBBLE_CHECK(found == row.value, "fit: the search and its kept plan disagree");
+  if (row.value.has_value()) {
+    absl::StatusOr<MemoryLayout> layout = PlanMemoryLayout(*row.graph, row.plan->schedule);
+    if (layout.ok()) row.arena_bytes = layout->arena_bytes;
+  }
   if (row.time_limit_reached) {
     row.note = row.value.has_value()
                    ? absl::StrCat("time limit of ", request.time_limit_s,
@@ -696,8 +701,11 @@ absl::StatusOr<FitResult> Fit(const FitRequest& request) {
                                         request.max_value, request.cost));
   ASSIGN_OR_RETURN(const Graph first, build(first_value));
   ASSIGN_OR_RETURN(std::vector<std::string> policies,
-                   PolicyList(request.policies, [](const std::string& name) {
-                     return name != "exact" && name != "exact-order" && name != "checkmate";
+                   PolicyList(request.policies, [&first](const std::string& name) {
+                     return name != "exact" && name != "exact-order" && name != "checkmate" &&
+                            (first.has_collectives() ||
+                             std::find(kFsdpPolicies.begin(), kFsdpPolicies.end(), name) ==
+                                 kFsdpPolicies.end());
                    }));
   PlannerOptions options = request.options;
   options.budget_bytes = request.budget_bytes;
@@ -741,9 +749,7 @@ nlohmann::json FitRowJson(const FitRow& row) {
     j["value"] = *row.value;
     j["model"] = row.graph->name();
     j["predicted_peak_bytes"] = row.plan->report.peak_bytes;
-    // (what a run allocates: the budget bounds the peak, not the arena)
-    absl::StatusOr<MemoryLayout> layout = PlanMemoryLayout(*row.graph, row.plan->schedule);
-    if (layout.ok()) j["arena_bytes"] = layout->arena_bytes;
+    if (row.arena_bytes.has_value()) j["arena_bytes"] = *row.arena_bytes;
     j["overhead"] = row.plan->report.overhead;
     j["transfer_bytes"] = row.plan->report.transfer_bytes;
   } else {

@@ -201,7 +201,9 @@ struct FitRequest {
   std::string vary;  // the parameter searched ("n", "batch", ...)
   int64_t budget_bytes = 0;
   // Empty: every registered policy but the exact searches (exact,
-  // exact-order, checkmate), whose cost explodes with the graph.
+  // exact-order, checkmate), whose cost explodes with the graph, and, where
+  // the model is not sharded (transform_model), the fsdp rules, each
+  // baseline again there.
   std::vector<std::string> policies;
   // budget_bytes is set from budget_bytes; options.time_limit_s bounds each
   // plan (and is cut to what is left of time_limit_s).
@@ -237,6 +239,9 @@ struct FitRow {
   std::optional<int64_t> value;  // the largest value that fits
   std::optional<Graph> graph;    // the model at that value (prepared)
   std::optional<PlanResult> plan;
+  // The arena a run of `plan` allocates (its layout's: the budget bounds the
+  // peak, not the arena); nullopt without a value, or where the layout fails.
+  std::optional<int64_t> arena_bytes;
   std::string note;  // why nothing fits, the first refusal, or where the time limit cut
   int tries = 0;     // values tried (planned or bounded)
   // The search stopped at FitRequest::time_limit_s: `value` fits, but a

@@ -1743,10 +1743,15 @@ def _user_line(e):
     libraries = _library_directories()
     found = None
     for code, line in _traceback_entries(e):
-        path = code.co_filename
-        if not path.startswith("<") and not os.path.realpath(path).startswith(libraries):
-            found = (path, line)
+        if _users_file(code.co_filename, libraries):
+            found = (code.co_filename, line)
     return _at_line(*found) if found is not None else ""
+
+
+def _users_file(path, libraries):
+    """Whether `path` holds the user's code: a real file outside
+    `libraries` (_library_directories)."""
+    return not path.startswith("<") and not os.path.realpath(path).startswith(libraries)
 
 
 def _at_line(path, line):
@@ -1770,7 +1775,7 @@ def _traced_user_line(node, outer, libraries):
         return ""
     outer_first = len(inner) == len(frames) or inner[0][0] > 0
     for _, path, line in (reversed(inner) if outer_first else inner):
-        if not path.startswith("<") and not os.path.realpath(path).startswith(libraries):
+        if _users_file(path, libraries):
             return _at_line(path, line)
     return ""
 
@@ -1778,10 +1783,12 @@ def _traced_user_line(node, outer, libraries):
 def _value_shaped_lines(gm):
     """_traced_user_line of each value-shaped call of a first trace, in the
     graph's order."""
+    calls = [n for n in gm.graph.nodes if n.op == "call_function" and _value_shaped(n)]
+    if not calls:  # (most steps: no stack to read)
+        return []
     outer = {(f.filename, f.lineno) for f in traceback.extract_stack()}
     libraries = _library_directories()
-    return [_traced_user_line(n, outer, libraries) for n in gm.graph.nodes
-            if n.op == "call_function" and _value_shaped(n)]
+    return [_traced_user_line(n, outer, libraries) for n in calls]
 
 
 def _mark_value_shaped_lines(gm, lines):
