@@ -123,13 +123,18 @@ def eager_peak(case, model):
     return peak, grads
 
 
-def planned_step(case, step, model, initial):
-    """The plan's loss, gradients and buffers after one step from `initial`."""
+def planned_step(case, step, model, initial, failures=None, label=None):
+    """The plan's loss, gradients and buffers after one step from `initial`;
+    with `failures`, the step's memory timeline checked (check_timeline)."""
     model.load_state_dict(initial)
     for p in model.parameters():
         p.grad = None
     torch.manual_seed(SEED)
-    loss = step(*case.inputs, case.target)
+    if failures is None:
+        loss = step(*case.inputs, case.target)
+    else:
+        loss, timeline = step.memory_timeline(*case.inputs, case.target)
+        check_timeline(failures, label, timeline, step)
     grads = {n: (p.grad.detach().clone() if p.grad is not None else None)
              for n, p in model.named_parameters()}
     buffers = {n: b.detach().clone() for n, b in model.named_buffers()}
@@ -179,6 +184,26 @@ def check_memory(failures, label, report):
                    f"{label}: measured step peak {measured} B over the budget {budget} B")
 
 
+def check_timeline(failures, label, timeline, step):
+    """The allocator's memory after each step of the plan equals the
+    simulator's to the byte: no step holds what the plan has freed, or
+    frees what a later step reads again (the peak alone shows neither
+    where it happens elsewhere). On a GPU within the peak's slack: the
+    allocator may keep a library's workspace from the first call on."""
+    if len(timeline) != step.report["steps"]:
+        failures.check(False, f"{label}: a timeline of {len(timeline)} levels for "
+                              f"{step.report['steps']} steps")
+        return
+    slack = 0 if step.report["device"] == "cpu" else max(
+        PEAK_TOLERANCE * step.report["predicted_step_peak_bytes"], PEAK_SLACK_BYTES)
+    off = [t for t in timeline if abs(t["measured_bytes"] - t["predicted_bytes"]) > slack]
+    failures.check(not off, f"{label}: the allocator's level differs from the plan's after "
+                            f"{len(off)} of {len(timeline)} steps" +
+                   "".join(f"; step {t['step']} ({t['action']} {t['node']}): measured "
+                           f"{t['measured_bytes']} B, predicted {t['predicted_bytes']} B"
+                           for t in off[:3]))
+
+
 def check_beside_eager(failures, label, step, model, eager_model, loss_fn, inputs, target):
     """One call of `step` on `model` and eager PyTorch's on `eager_model`,
     each from fresh gradients and the same generator state: the loss and
@@ -210,7 +235,7 @@ def check_case(failures, name, device, policies, budgets_wanted):
                          budget="100%", allow_cpu_offload=True, measure="always")
     print(f"{name}: {base.report['nodes']} nodes, captured in "
           f"{base.report['setup_time_s']:.2f} s ({base.report['calibration']})", flush=True)
-    unplanned = planned_step(case, base, model, initial)
+    unplanned = planned_step(case, base, model, initial, failures, f"{name} baseline")
     compare(failures, f"{name} baseline", unplanned, want, bitwise=False)
     check_memory(failures, f"{name} baseline", base.report)
     unplanned_bytes = base.report["measured_peak_bytes"]
@@ -231,8 +256,8 @@ def check_case(failures, name, device, policies, budgets_wanted):
             except pt.PlanError as e:
                 failures.check(False, f"{name} {policy} {label}: {e}")
                 continue
-            got = planned_step(case, step, model, initial)
             tag = f"{name} {policy} {label}"
+            got = planned_step(case, step, model, initial, failures, tag)
             compare(failures, tag, got, unplanned, bitwise=True)
             check_memory(failures, tag, step.report)
             r = step.report
@@ -2440,6 +2465,48 @@ def check_errors(failures, device):
                                    f"a failing kernel's error gives its dtypes: {e}")
 
 
+def check_timeline_sees_a_late_free(failures, device):
+    """memory_timeline sees a tensor held past the plan's free of it, off the
+    peak: a program that keeps an activation until the end of its step (as
+    a reference left in a list would) is found at that very free, where the
+    peak (the gradient of the first layer's input, later) is unchanged."""
+    from pebble.torch import _executor
+    nn = torch.nn
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 256), nn.Tanh(), nn.Linear(256, 256), nn.Tanh(),
+                          nn.Linear(256, 10)).to(device)
+    x, y = torch.randn(8, 64, device=device), torch.randint(0, 10, (8,), device=device)
+    step = pt.train_step(model, nn.functional.cross_entropy, (x,), y, policy="baseline",
+                         budget="100%", measure="always")
+    model.zero_grad(set_to_none=True)
+    _, timeline = step.memory_timeline(x, y)
+    check_timeline(failures, "a plain step's timeline", timeline, step)
+    frees = [t for t in timeline if t["action"] == "free"]
+    late = frees[len(frees) // 2]
+    held = []
+    plain_free = _executor._RunState.free
+
+    def free_keeping_one(state, node):
+        if node.id == late["node"]:
+            held.append(state.live[node.index])
+        plain_free(state, node)
+
+    _executor._RunState.free = free_keeping_one
+    try:
+        model.zero_grad(set_to_none=True)
+        _, timeline = step.memory_timeline(x, y)
+    finally:
+        _executor._RunState.free = plain_free
+    nbytes = held[0].numel() * held[0].element_size() if held else 0
+    held.clear()
+    off = [t for t in timeline if t["measured_bytes"] != t["predicted_bytes"]]
+    failures.check(bool(off) and off[0]["step"] == late["step"] and
+                   off[0]["measured_bytes"] - off[0]["predicted_bytes"] == nbytes,
+                   f"a tensor held past its free at step {late['step']} ({nbytes} B): the "
+                   f"timeline differs first at "
+                   f"{off[0]['step'] if off else None}")
+
+
 def check_small_storages_exact(failures, device):
     """Small storages that check_memory's slack would hide, to the byte: a
     dropout that the plan runs once, or again from its kept generator state
@@ -3062,6 +3129,7 @@ def main():
         check_no_garbage(failures, device)
         check_captures_freed(failures, device)
         check_small_storages_exact(failures, device)
+        check_timeline_sees_a_late_free(failures, device)
         check_batch_norm_run_again(failures, device)
         check_running_statistics_read_in_order(failures, device)
         check_generator_and_plain_state(failures, device)

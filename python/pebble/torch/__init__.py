@@ -777,6 +777,35 @@ class TrainStep:
 
     def __call__(self, *args):
         """step(*inputs, target) -> the loss; every parameter's .grad set."""
+        return self._call(args)
+
+    def memory_timeline(self, *args):
+        """loss, timeline = step.memory_timeline(*inputs, target): one step,
+        as step(*inputs, target) runs it (the loss, .grad, the plan's
+        optimizer updates), and the memory after each step of its plan,
+        measured against predicted.
+
+        The timeline is a list with one dict per step of the plan: "step" (its
+        index), "action" and "node" (as in step.schedule), "predicted_bytes"
+        (the simulator's) and "measured_bytes" (the allocator's: on the CPU
+        from the profiler's memory events, on a GPU memory_allocated), each
+        above the memory held when the step began, as report's
+        measured_peak_bytes is. A measured level above the predicted one is
+        memory that the plan frees and PyTorch still holds.
+
+        One process only; on the CPU it cannot run inside another profiler's
+        block. Each step of the plan allocates and frees a small mark
+        (MARK_BYTES) that the peak leaves out: slower than a step."""
+        if self.process_group is not None:
+            raise ValueError("memory_timeline measures one process's step: it is not taken in "
+                             "a process group (each rank's step() reports its own peak)")
+        timeline = []
+        loss = self._call(args, timeline)
+        return loss, timeline
+
+    def _call(self, args, timeline=None):
+        """One step (__call__); `timeline`, a list that gets its memory
+        timeline (memory_timeline), in one process."""
         refused = self._argument_refusal(args)
         if refused is not None and self.process_group is None:
             raise refused
@@ -792,7 +821,7 @@ class TrainStep:
             refusal = self._unapplied_grad_refusal(variant)
             if refusal is not None:
                 raise refusal
-            loss = variant.run(inputs, target)
+            loss = variant.run(inputs, target, timeline)
         else:  # Note [One plan on every rank]
             # Each of these fails on every rank alike, which leaves the ranks
             # in step: other calls on some rank (or other optimizer
@@ -1378,6 +1407,37 @@ class _Variant:
         return _simulated_peak(graph, self.plan.schedule, simulation["options"], kept=kept,
                                workspace=rerun)
 
+    def _timeline(self, measured):
+        """The memory timeline of a step (TrainStep.memory_timeline) whose
+        allocator levels after each step of the plan are `measured`: beside
+        each, the simulator's device bytes there above those before the
+        first step, and the outputs of a call of several outputs that the
+        program keeps for a sibling's step until it (Note [A call of several
+        outputs run once] in _executor.py: only frees come between, so they
+        never raise the peak)."""
+        schedule = self.plan.schedule
+        if len(measured) != len(schedule):
+            raise PlanExecutionError(f"internal: {len(measured)} levels measured for the plan's "
+                                     f"{len(schedule)} steps")
+        simulation = self.budget_info["simulation"]
+        graph = self.graph if simulation["tokens"] else self._whole_step(self.capture.free_graph)
+        report = _core.simulate(graph, schedule, timeline=True, **simulation["options"])
+        start = report["initial_bytes"]
+        kept = {}  # node index -> bytes, kept from a sibling's call until its step
+        timeline = []
+        for i, (entry, simulated, measured_bytes) in enumerate(
+                zip(schedule, report["timeline"], measured)):
+            kind, node = self.program.steps[i]
+            for sibling in self.program.keep_siblings.get(i, ()):
+                kept[sibling.index] = sibling.nbytes
+            if kind == COMPUTE:
+                kept.pop(node.index, None)
+            timeline.append({"step": i, "action": entry[0], "node": entry[1],
+                             "predicted_bytes": simulated["device_bytes"] - start +
+                             sum(kept.values()),
+                             "measured_bytes": measured_bytes})
+        return timeline
+
     def _whole_step(self, graph):
         """The captured `graph` with the optimizer's step, sharded where the
         step is."""
@@ -1533,17 +1593,20 @@ class _Variant:
 
     # --- running --------------------------------------------------------------
 
-    def run(self, inputs, target):
+    def run(self, inputs, target, timeline=None):
         """One step: the loss. In a process group, a failure on any rank
-        fails it on every rank (Note [A rank that fails mid-step])."""
+        fails it on every rank (Note [A rank that fails mid-step]).
+        timeline: a list that gets the step's memory timeline
+        (TrainStep.memory_timeline); one process only."""
         collectives = self.step.collectives
         if collectives is None:
-            return self._run(inputs, target)
+            return self._run(inputs, target, timeline)
         return collectives.together(lambda: self._run(inputs, target))
 
-    def _run(self, inputs, target):
+    def _run(self, inputs, target, timeline=None):
         measured = self.device.type == "cuda" or self.step.measure_mode == "always" or (
-            self.step.measure_mode == "first" and not self.measured_once)
+            self.step.measure_mode == "first" and not self.measured_once) or \
+            timeline is not None
         self._place_parameters()
         if measured and self.device.type == "cpu" and self.freed_parameters:
             self._reallocate_freed_parameters()
@@ -1563,8 +1626,9 @@ class _Variant:
         with torch.no_grad(), torch.autocast(self.device.type, enabled=False):
             if measured:
                 # (the collector paused, not run: Note [The collector paused])
-                with AllocatorPeak(self.device, collect=False) as meter:
-                    result = self._run_step(persistent)
+                with AllocatorPeak(self.device, collect=False,
+                                   marks=timeline is not None) as meter:
+                    result = self._run_step(persistent, meter.mark if meter.marks else None)
             else:
                 result = self._run_step(persistent)
         loss = result.loss
@@ -1579,6 +1643,8 @@ class _Variant:
                  measured_recomputations=result.recomputations,
                  random_reruns=result.random_reruns,
                  time_s=result.time_s)
+        if timeline is not None:
+            timeline.extend(self._timeline(meter.levels))
         if measured:
             self.measured_once = True
             r["measured_peak_bytes"] = meter.peak_bytes
@@ -1597,10 +1663,11 @@ class _Variant:
                     "budget", RuntimeWarning, stacklevel=3)
         return loss.detach()
 
-    def _run_step(self, persistent):
+    def _run_step(self, persistent, after_step=None):
         """The planned step (the optimizer's updates where the plan runs them),
-        then each gradient into .grad, each buffer updated."""
-        result = self.program.run(persistent, release=True)
+        then each gradient into .grad, each buffer updated. after_step: as
+        Program.run takes it."""
+        result = self.program.run(persistent, release=True, after_step=after_step)
         for slot, grad in result.grads:
             if grad is None:  # dropped (optimizer_gradients="drop"): the updates read it
                 continue

@@ -389,12 +389,13 @@ class Program:
                                          "reduced through the whole of it: pebble.torch would "
                                          "sum the others twice")
 
-    def run(self, persistent, timing=False, release=False):
+    def run(self, persistent, timing=False, release=False, after_step=None):
         """Executes the schedule. `persistent`: node index -> tensor for every
         persistent node; release: empty it once the run holds them, so that
-        a persistent tensor the plan frees is released. Returns a
-        StepResult; every tensor the schedule freed is gone when it
-        returns."""
+        a persistent tensor the plan frees is released; after_step: called
+        after each step with nothing of the step's held but what the plan
+        holds (the memory timeline's mark). Returns a StepResult; every
+        tensor the schedule freed is gone when it returns."""
         state = _RunState(self, persistent, timing)
         if release:
             persistent.clear()
@@ -416,6 +417,8 @@ class Program:
                         state.reduce(self.buckets.get(i, (node,)))
                 else:
                     self.foreign.step(*node, state)
+                if after_step is not None:
+                    after_step()
             state.finish()
             if self.foreign is not None:
                 self.foreign.finish(state)

@@ -26,12 +26,20 @@ from torch.utils._pytree import tree_flatten
 from ._compat import storage_bytes, storage_key
 
 
+# The bytes of the allocation that marks a point in the CPU profiler's memory
+# events (AllocatorPeak.mark): a uint8 tensor of a prime size, allocated and
+# freed at once.
+MARK_BYTES = 1237
+
+
 class AllocatorPeak:
     """with AllocatorPeak(device) as m: ...; then m.peak_bytes (bytes above the
     level at entry; never negative) and m.source ("cuda allocator",
-    "profiler", or "tensors" where the profiler recorded no memory events)."""
+    "profiler", or "tensors" where the profiler recorded no memory events).
+    With marks=True, m.mark() inside the block records the allocator's level
+    there: m.levels, bytes above the level at entry, one per mark."""
 
-    def __init__(self, device, collect=True):
+    def __init__(self, device, collect=True, marks=False):
         """collect: run the garbage collector first, for code that may make
         cyclic garbage (eager code: measure()). False: the collector is
         paused inside the block instead, for pebble's own runs, which make
@@ -42,11 +50,27 @@ class AllocatorPeak:
                              "the CPU and CUDA devices")
         if self.device.type == "cuda" and not torch.cuda.is_available():
             raise ValueError(f"device {str(self.device)!r}: this PyTorch sees no CUDA device")
+        if marks and self.device.type == "cpu" and torch.autograd._profiler_enabled():
+            raise ValueError("the allocator's level at each step is read from the CPU "
+                             "profiler's memory events, and another profiler is running "
+                             "(one runs at a time): call it outside the profiler's block")
         self.collect = collect
+        self.marks = marks
+        self.levels = [] if marks else None
         self.peak_bytes = None
         self.source = None
         self._profiler = None
         self._tensors = None
+
+    def mark(self):
+        """Records the allocator's level now (marks=True). On the CPU an
+        allocation of MARK_BYTES, made and freed here, marks the point in the
+        profiler's events; _read takes the level there and leaves the mark
+        out of the peak."""
+        if self.device.type == "cuda":  # (the allocator counts as work is queued)
+            self.levels.append(torch.cuda.memory_allocated(self.device) - self._start)
+        else:
+            torch.empty(MARK_BYTES, dtype=torch.uint8)
 
     def __enter__(self):
         # Garbage made before the block must not be freed inside it: on the
@@ -99,12 +123,25 @@ class AllocatorPeak:
             return
         self._profiler.__exit__(*exc)
         if exc[0] is None:
-            level = peak = 0
-            for nbytes in self._profiler.deltas:
-                level += nbytes
-                peak = max(peak, level)
-            self.peak_bytes = peak
+            self.peak_bytes = self._peak_of(self._profiler.deltas)
             self.source = "profiler"
+
+    def _peak_of(self, deltas):
+        """The largest running sum of `deltas`; with marks, each mark's pair
+        of events (+MARK_BYTES, -MARK_BYTES at once) left out, and the level
+        there appended to self.levels."""
+        level = peak = 0
+        i = 0
+        while i < len(deltas):
+            if self.marks and deltas[i] == MARK_BYTES and i + 1 < len(deltas) and \
+                    deltas[i + 1] == -MARK_BYTES:
+                self.levels.append(level)
+                i += 2
+                continue
+            level += deltas[i]
+            peak = max(peak, level)
+            i += 1
+        return peak
 
 
 # Note [The collector paused]: a measured block must not free garbage made
