@@ -44,6 +44,7 @@ struct FitFlags {
   int64_t max_value = 0;  // 0: the model's own limit
   uint64_t seed = 0;
   int jobs = 0;  // policies searched at once; 0: one per hardware thread
+  int milp_max_stages = 0;  // 0: checkmate's and checkmate-lp's defaults
   bool own_order = false;
   bool quiet = false;
   bool verify = false;
@@ -152,6 +153,7 @@ absl::StatusOr<FitRequest> RequestFromFlags(const FitFlags& f) {
   request.options.time_limit_s = std::min(kFitPlanTimeLimitS, f.time_limit_s);
   request.time_limit_s = f.time_limit_s;
   request.options.own_order = f.own_order;
+  request.options.milp_max_stages = f.milp_max_stages;
   RETURN_IF_ERROR(f.rank_flags.Apply(request.options));
   if (f.rank_flags.ranks > 1 && f.verify) {
     return UsageError("--verify runs one rank on the backend: not with --ranks");
@@ -421,6 +423,10 @@ void AddFitCommand(CLI::App& app, int& exit_code) {
                   "policy, the largest value found to fit so far, and --verify runs no more; "
                   "each plan takes at most 10 s of it")
       ->check(NumberAbove(0, "a positive number of seconds"));
+  fit->add_option("--milp-max-stages", flags.milp_max_stages,
+                  "largest graph (needed non-persistent nodes) checkmate's MILP and "
+                  "checkmate-lp's LP take (default 0: 300 and 600), as plan takes it")
+      ->check(IntegerIn(0, 100000));
   fit->add_option("--jobs,-j", flags.jobs,
                   "policies searched at once (default 0: one per hardware thread; 1: one "
                   "after the other)")

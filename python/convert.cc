@@ -1,5 +1,6 @@
 #include "python/convert.h"
 
+#include <algorithm>
 #include <cmath>
 #include <optional>
 
@@ -11,6 +12,7 @@
 #include "scheduler/collectives.h"
 #include "scheduler/budget.h"
 #include "scheduler/offload.h"
+#include "scheduler/schedule_reader.h"
 
 namespace pebble::python {
 namespace {
@@ -228,7 +230,13 @@ std::vector<py::object> ListArg(py::handle value, absl::string_view name,
 std::vector<std::string> PolicyListArg(py::handle value) {
   std::vector<std::string> out;
   for (const py::object& item : ListArg(value, "policies", "a list of policy names")) {
-    out.push_back(StrArg(item, absl::StrCat("policies[", out.size(), "]")));
+    const std::string name = absl::StrCat("policies[", out.size(), "]");
+    out.push_back(StrArg(item, name));
+    // (each is one row of the results: twice would plan it twice, as the
+    // command line refuses it)
+    if (std::find(out.begin(), out.end() - 1, out.back()) != out.end() - 1) {
+      RaiseValueError(absl::StrCat(name, ": names the policy ", Quote(out.back()), " twice"));
+    }
   }
   if (out.empty()) {
     RaiseValueError("policies: the list names no policy (None means every registered one)");
@@ -293,7 +301,8 @@ int MilpMaxStagesArg(const py::object& value) {
 }
 
 void RankOptions(const py::object& ranks, const py::object& network,
-                 const py::object& network_latency, int* ranks_out, NetworkLink* link) {
+                 const py::object& network_latency, int* ranks_out, NetworkLink* link,
+                 const Graph* graph) {
   *ranks_out = static_cast<int>(IntArg(ranks, "ranks", 1, 1 << 20));
   if (!network.is_none()) {
     std::string text;
@@ -310,6 +319,17 @@ void RankOptions(const py::object& ranks, const py::object& network,
   if (!network_latency.is_none()) {
     link->latency_s =
         NonNegativeArg(network_latency, "network_latency", "a non-negative number of seconds");
+  }
+  if (graph == nullptr || (network.is_none() && network_latency.is_none())) return;
+  const std::optional<CollectiveLink> timed = ShardedRanks(*graph);
+  if (timed && (link->bandwidth_bytes_per_s != timed->link.bandwidth_bytes_per_s ||
+                link->latency_s != timed->link.latency_s)) {
+    RaiseValueError(absl::StrCat(
+        network.is_none() ? "network_latency" : "network", ": the graph is sharded already, "
+        "its collectives timed for a link of ",
+        absl::StrFormat("%g", timed->link.bandwidth_bytes_per_s), " bytes/s and ",
+        absl::StrFormat("%g", timed->link.latency_s), " s a message, which this does not "
+        "change: shard the unsharded graph with this link instead (pebble.shard)"));
   }
 }
 
@@ -395,10 +415,34 @@ absl::StatusOr<nlohmann::json> StepTextFromPython(py::handle value, absl::string
 
 }  // namespace
 
-absl::StatusOr<Schedule> ScheduleFromPython(const Graph& graph, py::handle value) {
-  nlohmann::json doc;
+namespace {
+
+// One step of a schedule given in Python, as the JSON step it stands for.
+absl::StatusOr<nlohmann::json> StepFromPython(py::handle step, const std::string& where) {
+  if (py::isinstance<py::dict>(step)) return FromPython(step, where);
+  if (!PySequence_Check(step.ptr()) || IsText(step) ||
+      (py::len(step) != 2 && py::len(step) != 3)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        where, " of the schedule is not an (action, node) pair, an (action, node, bucket) "
+        "triple or a dict: ", Shown(step)));
+  }
+  py::sequence pair = py::reinterpret_borrow<py::sequence>(step);
+  ASSIGN_OR_RETURN(nlohmann::json action, StepTextFromPython(pair[0], where, "action"));
+  ASSIGN_OR_RETURN(nlohmann::json node, StepTextFromPython(pair[1], where, "node"));
+  nlohmann::json out = {{"action", std::move(action)}, {"node", std::move(node)}};
+  if (py::len(step) == 3) {
+    ASSIGN_OR_RETURN(out["bucket"], FromPython(pair[2], where + ": the bucket"));
+  }
+  return out;
+}
+
+}  // namespace
+
+absl::StatusOr<Schedule> ScheduleFromPython(
+    const Graph& graph, py::handle value,
+    std::optional<std::chrono::steady_clock::time_point> deadline) {
   if (py::isinstance<py::dict>(value)) {
-    ASSIGN_OR_RETURN(doc, FromPython(value, "the schedule"));
+    ASSIGN_OR_RETURN(const nlohmann::json doc, FromPython(value, "the schedule"));
     return ScheduleFromJson(graph, doc);
   }
   if (!PySequence_Check(value.ptr()) || IsText(value)) {
@@ -406,37 +450,39 @@ absl::StatusOr<Schedule> ScheduleFromPython(const Graph& graph, py::handle value
         "a schedule is a list of (action, node) steps or a pebble-schedule dict, not ",
         Shown(value)));
   }
-  nlohmann::json steps = nlohmann::json::array();
+  // How far reading got: "5 of 9 steps" of a list or tuple, whose length
+  // is known; else the count, and the sequence's type, which may never end.
+  auto read_so_far = [&value](size_t k) {
+    if (PyList_Check(value.ptr()) || PyTuple_Check(value.ptr())) {
+      return absl::StrCat(k, " of its ", py::len(value), " steps read");
+    }
+    return absl::StrCat(k, " steps read; its ", Py_TYPE(value.ptr())->tp_name,
+                        " may never end");
+  };
+  ScheduleReader reader(graph);
   try {
-    size_t k = 0;
     for (const py::handle step : value) {
-      const std::string where = absl::StrCat("step ", k);
-      if (py::isinstance<py::dict>(step)) {
-        ASSIGN_OR_RETURN(nlohmann::json s, FromPython(step, where));
-        steps.push_back(std::move(s));
-      } else if (PySequence_Check(step.ptr()) && !IsText(step) &&
-                 (py::len(step) == 2 || py::len(step) == 3)) {
-        py::sequence pair = py::reinterpret_borrow<py::sequence>(step);
-        ASSIGN_OR_RETURN(nlohmann::json action, StepTextFromPython(pair[0], where, "action"));
-        ASSIGN_OR_RETURN(nlohmann::json node, StepTextFromPython(pair[1], where, "node"));
-        steps.push_back({{"action", std::move(action)}, {"node", std::move(node)}});
-        if (py::len(step) == 3) {
-          ASSIGN_OR_RETURN(steps.back()["bucket"], FromPython(pair[2], where + ": the bucket"));
-        }
-      } else {
+      const size_t k = reader.size();
+      if (k == kMaxPythonScheduleSteps) {
         return absl::InvalidArgumentError(absl::StrCat(
-            where, " of the schedule is not an (action, node) pair, an (action, node, bucket) "
-            "triple or a dict: ", Shown(step)));
+            "the schedule has more than ", kMaxPythonScheduleSteps, " steps (",
+            read_so_far(k), ")"));
       }
-      ++k;
+      // (the clock read once every 4096 steps: a tenth of a microsecond a step)
+      if (deadline && k % 4096 == 4095 && std::chrono::steady_clock::now() > *deadline) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "the schedule was not read within the time limit (", read_so_far(k + 1), ")"));
+      }
+      const std::string where = absl::StrCat("step ", k);
+      ASSIGN_OR_RETURN(const nlohmann::json s, StepFromPython(step, where));
+      RETURN_IF_ERROR(reader.Add(s));
     }
   } catch (const py::error_already_set& e) {
     const PyError error(e);
     if (!error.IsException()) error.Raise();
     return absl::InvalidArgumentError(absl::StrCat("the schedule: ", error.Describe()));
   }
-  doc = {{"format", "pebble-schedule"}, {"version", 1}, {"steps", std::move(steps)}};
-  return ScheduleFromJson(graph, doc);
+  return reader.Take();
 }
 
 py::list ScheduleToPython(const Graph& graph, const Schedule& schedule) {

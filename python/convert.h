@@ -11,6 +11,10 @@
 
 #include <pybind11/pybind11.h>
 
+#include <chrono>
+#include <cstddef>
+#include <optional>
+
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -124,8 +128,12 @@ PlannerOptions Options(const py::object& host_budget, const py::object& bandwidt
 // PlannerOptions::milp_max_stages from a Python int, 0 to 100000 (0: the
 // defaults), as --milp-max-stages takes it; else ValueError naming it.
 int MilpMaxStagesArg(const py::object& value);
+// With `graph` sharded already (ShardedRanks), a network or network_latency
+// given that differs from the link its collectives were timed for is
+// refused, naming the argument, as the command line refuses it.
 void RankOptions(const py::object& ranks, const py::object& network,
-                 const py::object& network_latency, int* ranks_out, NetworkLink* link);
+                 const py::object& network_latency, int* ranks_out, NetworkLink* link,
+                 const Graph* graph = nullptr);
 // The bucket rule of data parallelism's all-reduces (PlannerOptions::
 // bucket_bytes): None or "auto" (planned), "none" or 0, a size ("25MB") or
 // bytes. ValueError for anything else, and for a rule other than planned
@@ -161,9 +169,16 @@ py::object ToPython(const Json& j) {
 // begins the message ("step 3: the node").
 absl::StatusOr<nlohmann::json> FromPython(py::handle value, absl::string_view what);
 
-// A schedule from Python: a pebble-schedule dict, or a list of steps, each
-// an (action, node) pair or an {"action", "node"} dict.
-absl::StatusOr<Schedule> ScheduleFromPython(const Graph& graph, py::handle value);
+// A schedule from Python: a pebble-schedule dict, or a list (any sequence)
+// of steps, each an (action, node) pair, an (action, node, bucket) triple
+// or an {"action", "node"} dict. Each step is checked and kept as it is read
+// (8 bytes), and the reading stops, with an error, at the first bad step,
+// past kMaxPythonScheduleSteps, or (where given) past `deadline` on the
+// steady clock: a sequence that never ends is an error, not a hang.
+inline constexpr size_t kMaxPythonScheduleSteps = 10'000'000;
+absl::StatusOr<Schedule> ScheduleFromPython(
+    const Graph& graph, py::handle value,
+    std::optional<std::chrono::steady_clock::time_point> deadline = std::nullopt);
 // (action, node) pairs.
 py::list ScheduleToPython(const Graph& graph, const Schedule& schedule);
 

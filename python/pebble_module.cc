@@ -77,7 +77,8 @@ PyPlan PlanPy(const py::object& graph_arg, const py::object& policy, const py::o
   request.budget = BudgetText(budget, "budget");
   request.options = Options(host_budget, bandwidth, time_limit, seed, own_order);
   request.options.milp_max_stages = MilpMaxStagesArg(milp_max_stages);
-  RankOptions(ranks, network, network_latency, &request.options.ranks, &request.options.network);
+  RankOptions(ranks, network, network_latency, &request.options.ranks, &request.options.network,
+              &graph);
   request.options.bucket_bytes = BucketsArg(buckets, request.options.ranks);
   SetBucketCopies(bucket_copies, bucket_alignment, request.options.ranks, request.options);
   call.Attach(request.options);
@@ -114,13 +115,18 @@ py::list ComparePy(const py::object& graph_arg, const py::object& policies,
   if (!budgets.is_none()) {
     request.budgets.clear();
     for (const py::object& b : ListArg(budgets, "budgets", "a list of budgets")) {
-      request.budgets.push_back(
-          BudgetText(b, absl::StrCat("budgets[", request.budgets.size(), "]")));
+      const std::string name = absl::StrCat("budgets[", request.budgets.size(), "]");
+      request.budgets.push_back(BudgetText(b, name));
+      const auto& given = request.budgets;
+      if (std::find(given.begin(), given.end() - 1, given.back()) != given.end() - 1) {
+        RaiseValueError(absl::StrCat(name, ": names the budget ", Quote(given.back()), " twice"));
+      }
     }
   }
   request.options = Options(host_budget, bandwidth, time_limit, seed, own_order);
   request.options.milp_max_stages = MilpMaxStagesArg(milp_max_stages);
-  RankOptions(ranks, network, network_latency, &request.options.ranks, &request.options.network);
+  RankOptions(ranks, network, network_latency, &request.options.ranks, &request.options.network,
+              &graph);
   request.options.bucket_bytes = BucketsArg(buckets, request.options.ranks);
   SetBucketCopies(bucket_copies, bucket_alignment, request.options.ranks, request.options);
   call.Attach(request.options);
@@ -140,7 +146,8 @@ py::dict FitPy(const py::object& model, const py::object& vary, const py::object
                const py::object& time_limit, const py::object& jobs, const py::object& ranks,
                const py::object& network, const py::object& network_latency,
                const py::object& shard, const py::object& buckets,
-               const py::object& bucket_copies, const py::object& bucket_alignment) {
+               const py::object& bucket_copies, const py::object& bucket_alignment,
+               const py::object& milp_max_stages) {
   PlanningCall call;
   FitRequest request;
   request.model = Unwrap(ParseModelSpec(StrArg(model, "model")));
@@ -157,6 +164,7 @@ py::dict FitPy(const py::object& model, const py::object& vary, const py::object
   request.options = Options(py::none(), bandwidth, time_limit, py::int_(0), py::bool_(false));
   request.time_limit_s = request.options.time_limit_s;
   request.options.time_limit_s = std::min(10.0, request.time_limit_s);
+  request.options.milp_max_stages = MilpMaxStagesArg(milp_max_stages);
   RankOptions(ranks, network, network_latency, &request.options.ranks, &request.options.network);
   request.options.bucket_bytes = BucketsArg(buckets, request.options.ranks);
   SetBucketCopies(bucket_copies, bucket_alignment, request.options.ranks, request.options);
@@ -200,7 +208,7 @@ py::dict FitPy(const py::object& model, const py::object& vary, const py::object
 // for. Its arguments are converted before, its result after, with the GIL.
 template <typename Work>
 auto WithoutGil(Work&& work) {
-  py::gil_scoped_release release;
+  const GilReleased released;
   return work();
 }
 
@@ -215,7 +223,7 @@ py::object SimulatePy(const py::object& graph_arg, const py::object& schedule,
   options.host_bandwidth_bytes_per_s =
       Options(py::none(), bandwidth, py::float_(60.0), py::int_(0), py::bool_(false))
           .host_bandwidth_bytes_per_s;
-  RankOptions(ranks, network, network_latency, &options.ranks, &options.network);
+  RankOptions(ranks, network, network_latency, &options.ranks, &options.network, &graph);
   const BucketCopies copies = BucketCopiesArg(bucket_copies, bucket_alignment, options.ranks);
   options.device_bucket_copies = copies.device;
   options.bucket_copy_alignment = copies.alignment;
@@ -278,6 +286,7 @@ PYBIND11_MODULE(_core, m) {
   using namespace pebble::python;  // NOLINT
   m.doc() = "pebble: memory planning for training steps (see docs/library.md)";
 
+  InitGil();
   AddPolicyTimeLimit(m);
   m.attr("DEFAULT_HOST_BYTES_PER_S") = CostModel{}.host_bytes_per_s;
 
@@ -452,6 +461,7 @@ PYBIND11_MODULE(_core, m) {
         py::arg("network") = py::none(), py::arg("network_latency") = py::none(),
         py::arg("shard") = "none", py::arg("buckets") = py::none(),
         py::arg("bucket_copies") = "none", py::arg("bucket_alignment") = 1,
+        py::arg("milp_max_stages") = 0,
         "For each policy, the largest value of a zoo model's parameter whose training step "
         "fits the budget (`pebble fit`); time_limit (seconds) bounds the whole search.");
   m.def("policies", &Policies, "Every registered policy: name, kind, exact, external, "

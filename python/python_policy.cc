@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <condition_variable>
+#include <initializer_list>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -75,24 +76,30 @@ class Watchdog {
     const double first_s = std::min(limit_s, 86400.0);
     thread_ = std::thread([this, first_s] { Watch(first_s); });
   }
-  // With the GIL held; joins the thread with the GIL released.
+  // Joins the thread, with the GIL released where this thread holds it
+  // (not in a forced unwind at the interpreter's exit: python/gil.h).
   ~Watchdog() {
     Stop();
-    py::gil_scoped_release release;
-    thread_.join();
+    if (ThisThreadHoldsGil()) {
+      const GilReleased released;
+      thread_.join();
+    } else {
+      thread_.join();
+    }
   }
   Watchdog(const Watchdog&) = delete;
   Watchdog& operator=(const Watchdog&) = delete;
 
   // With the GIL held: no exception is raised after this, and one raised
   // but not yet delivered is withdrawn. Whether the limit had passed.
+  // (Without the GIL, in a forced unwind at exit, it only stops the watch.)
   bool Stop() {
     {
       std::lock_guard<std::mutex> lock(mu_);
       stopped_ = true;
     }
     cv_.notify_all();
-    if (fired_) PyThreadState_SetAsyncExc(thread_id_, nullptr);
+    if (fired_ && ThisThreadHoldsGil()) PyThreadState_SetAsyncExc(thread_id_, nullptr);
     return fired_;
   }
 
@@ -104,6 +111,7 @@ class Watchdog {
         const auto wait = std::chrono::duration<double>(wait_s);
         if (cv_.wait_for(lock, wait, [this] { return stopped_; })) return;
       }
+      if (ExitingWithoutThisThread()) return;  // (no GIL to take: python/gil.h)
       const PyGILState_STATE gil = PyGILState_Ensure();
       // stopped_ only turns true with the GIL held, so it cannot turn now.
       if (!stopped_) {
@@ -143,6 +151,23 @@ class RunningPolicy {
   std::vector<std::string> saved_;
 };
 
+// The Python objects of a policy's call, released (left to the exiting
+// interpreter) where a forced unwind at exit passes without the GIL:
+// python/gil.h. Made after them, so that it ends before they do.
+class LeftWithoutGil {
+ public:
+  explicit LeftWithoutGil(std::initializer_list<py::object*> objects) : objects_(objects) {}
+  ~LeftWithoutGil() {
+    if (ThisThreadHoldsGil()) return;
+    for (py::object* object : objects_) object->release();
+  }
+  LeftWithoutGil(const LeftWithoutGil&) = delete;
+  LeftWithoutGil& operator=(const LeftWithoutGil&) = delete;
+
+ private:
+  std::vector<py::object*> objects_;
+};
+
 // Calls a policy written in Python, with the GIL held.
 absl::StatusOr<Schedule> CallPolicy(const std::string& name, const py::function& fn,
                                     const Graph& graph, const PlannerOptions& options) {
@@ -178,11 +203,20 @@ absl::StatusOr<Schedule> CallPolicy(const std::string& name, const py::function&
     py::object graph_arg = py::cast(graph);  // a copy, which the policy may keep
     py::object options_arg = ToPython(PolicyOptionsJson(options));
     py::object result;
+    const LeftWithoutGil left({&graph_arg, &options_arg, &result});
+    const auto deadline =
+        std::chrono::steady_clock::now() +
+        std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+            std::chrono::duration<double>(std::min(options.time_limit_s, 86400.0)));
     {
       Watchdog watchdog(options.time_limit_s);
       std::optional<PyError> error;
       try {
-        result = fn(graph_arg, options_arg);
+        // (the C API: no temporary of pybind11's to release in an unwind)
+        PyObject* out = PyObject_CallFunctionObjArgs(fn.ptr(), graph_arg.ptr(),
+                                                     options_arg.ptr(), nullptr);
+        if (out == nullptr) throw py::error_already_set();
+        result = py::reinterpret_steal<py::object>(out);
       } catch (const py::error_already_set& e) {
         error.emplace(e);
       }
@@ -200,7 +234,8 @@ absl::StatusOr<Schedule> CallPolicy(const std::string& name, const py::function&
       }
       if (error) return failed(*std::move(error));
     }
-    absl::StatusOr<Schedule> schedule = ScheduleFromPython(graph, result);
+    // Read within the policy's limit too (a sequence may never end).
+    absl::StatusOr<Schedule> schedule = ScheduleFromPython(graph, result, deadline);
     if (!schedule.ok()) {
       return absl::InvalidArgumentError(absl::StrCat(who, ": ", schedule.status().message()));
     }
@@ -258,13 +293,13 @@ void RegisterPolicy(const py::object& name_arg, const py::object& fn,
   // The function outlives this call: held (and finally released) under the GIL.
   auto held = std::shared_ptr<py::function>(
       new py::function(py::reinterpret_borrow<py::function>(fn)), [](py::function* f) {
-        py::gil_scoped_acquire gil;
+        const GilHeld gil;
         delete f;
       });
   ScheduleFunction schedule_fn = [held, name](const Graph& graph,
                                               const PlannerOptions& options)
       -> absl::StatusOr<Schedule> {
-    py::gil_scoped_acquire gil;
+    const GilHeld gil;
     try {
       return CallPolicy(name, *held, graph, options);
     } catch (const std::exception& e) {  // bad_alloc, a thread that would not start

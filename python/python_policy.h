@@ -12,6 +12,7 @@
 #include <utility>
 
 #include "absl/status/status.h"
+#include "python/gil.h"
 #include "scheduler/planner.h"
 
 namespace pebble::python {
@@ -42,7 +43,7 @@ class PlanningCall {
   auto Run(F&& plan) -> decltype(plan()) {
     std::optional<decltype(plan())> out;
     {
-      py::gil_scoped_release release;
+      const GilReleased released;
       out.emplace(plan());
     }
     RaiseInterrupt();

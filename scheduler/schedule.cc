@@ -1,4 +1,8 @@
 #include "scheduler/schedule.h"
+#include "scheduler/schedule_reader.h"
+
+#include <memory>
+#include <utility>
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
@@ -181,19 +185,41 @@ absl::Status CheckScheduleDocument(const nlohmann::json& doc) {
 
 }  // namespace
 
+struct ScheduleReader::State {
+  explicit State(const Graph& g) : graph(g), buckets(g) {}
+  const Graph& graph;
+  BucketReader buckets;
+  Schedule schedule;
+};
+
+ScheduleReader::ScheduleReader(const Graph& graph) : state_(std::make_unique<State>(graph)) {}
+ScheduleReader::~ScheduleReader() = default;
+
+absl::Status ScheduleReader::Add(const nlohmann::json& s) {
+  const size_t i = state_->schedule.steps.size();
+  absl::StatusOr<Step> step = StepFromJson(state_->graph, s, i);
+  if (step.ok()) {
+    if (absl::Status read = state_->buckets.Read(s, i, *step); !read.ok()) step = read;
+  }
+  if (!step.ok()) {
+    state_->schedule.steps = {};
+    return step.status();
+  }
+  state_->schedule.steps.push_back(*step);
+  return absl::OkStatus();
+}
+
+size_t ScheduleReader::size() const { return state_->schedule.steps.size(); }
+
+Schedule ScheduleReader::Take() { return std::exchange(state_->schedule, Schedule{}); }
+
 absl::StatusOr<Schedule> ScheduleFromJson(const Graph& graph,
                                           const nlohmann::json& doc) {
   RETURN_IF_ERROR(CheckScheduleDocument(doc));
   const nlohmann::json& steps = doc["steps"];
-  Schedule schedule;
-  schedule.steps.reserve(steps.size());
-  BucketReader buckets(graph);
-  for (size_t i = 0; i < steps.size(); ++i) {
-    ASSIGN_OR_RETURN(Step step, StepFromJson(graph, steps[i], i));
-    RETURN_IF_ERROR(buckets.Read(steps[i], i, step));
-    schedule.steps.push_back(step);
-  }
-  return schedule;
+  ScheduleReader reader(graph);
+  for (const nlohmann::json& step : steps) RETURN_IF_ERROR(reader.Add(step));
+  return reader.Take();
 }
 
 absl::StatusOr<Schedule> ParseScheduleText(const Graph& graph, absl::string_view text,
@@ -203,21 +229,10 @@ absl::StatusOr<Schedule> ParseScheduleText(const Graph& graph, absl::string_view
   // first bad step is reported only after the JSON and the rest of the
   // document are found sound, so that errors come in the order
   // ScheduleFromJson gives them.
-  Schedule schedule;
+  ScheduleReader reader(graph);
   absl::Status first_bad_step;
-  BucketReader buckets(graph);
-  auto sink = [&](nlohmann::json& element, size_t index) {
-    if (!first_bad_step.ok()) return absl::OkStatus();
-    absl::StatusOr<Step> step = StepFromJson(graph, element, index);
-    if (step.ok()) {
-      if (absl::Status s = buckets.Read(element, index, *step); !s.ok()) step = s;
-    }
-    if (!step.ok()) {
-      first_bad_step = step.status();
-      schedule.steps = {};
-      return absl::OkStatus();
-    }
-    schedule.steps.push_back(*step);
+  auto sink = [&](nlohmann::json& element, size_t) {
+    if (first_bad_step.ok()) first_bad_step = reader.Add(element);
     return absl::OkStatus();
   };
   absl::StatusOr<nlohmann::json> doc = ParseStrictJsonStreaming(text, source, "steps", sink);
@@ -231,7 +246,7 @@ absl::StatusOr<Schedule> ParseScheduleText(const Graph& graph, absl::string_view
     if (source.empty()) return status;
     return absl::Status(status.code(), absl::StrCat(source, ": ", status.message()));
   }
-  return schedule;
+  return reader.Take();
 }
 
 absl::StatusOr<Schedule> ReadScheduleFile(const Graph& graph,

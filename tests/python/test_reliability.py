@@ -199,6 +199,53 @@ class PythonPolicyTest(unittest.TestCase):
         self.assertEqual(lines[2].count("time limit of 1 s"), 2, out)
         self.assertEqual(lines[3], f"after {sum(range(3_000_000))}")
 
+    def test_a_schedule_that_never_ends_is_read_within_the_time_limit(self):
+        # A sequence whose __getitem__ never raises IndexError: reading it
+        # never ended, at about 100 MB a second.
+        class Endless:
+            def __len__(self):
+                return 10
+
+            def __getitem__(self, i):
+                return ("compute", "conv1")
+
+        pebble.register_policy("endless-schedule", lambda graph, options: Endless())
+        start = time.monotonic()
+        with self.assertRaises(ValueError) as e:
+            pebble.plan(self.graph, policy="endless-schedule", time_limit=1)
+        self.assertLess(time.monotonic() - start, 5)
+        self.assertIn("not read within the time limit", str(e.exception))
+        self.assertIn("its Endless may never end", str(e.exception))
+        # A list says how far it got.
+        pebble.register_policy("long-schedule",
+                               lambda graph, options: [("compute", "conv1")] * 4_000_000)
+        with self.assertRaises(ValueError) as e:
+            pebble.plan(self.graph, policy="long-schedule", time_limit=0.5)
+        self.assertRegex(str(e.exception), r"\d+ of its 4000000 steps read")
+
+    def test_a_daemon_thread_in_a_python_policy_at_exit_is_no_crash(self):
+        # The interpreter exits while a daemon thread runs a policy (and a
+        # plan inside it): CPython ends that thread inside pebble's C++ when
+        # it waits for the GIL. 7 runs in 8 aborted (SIGABRT or SIGSEGV).
+        code = """
+            import threading, time, pebble
+            g = pebble.model("tanh-chain:length=4,size=1000")
+            def busy(graph, options):
+                start = time.time()
+                while time.time() - start < 5:
+                    pass
+                return pebble.plan(graph, policy="dfs").schedule
+            pebble.register_policy("busy", busy)
+            for _ in range(2):
+                threading.Thread(target=lambda: pebble.plan(g, policy="busy", time_limit=30),
+                                 daemon=True).start()
+            time.sleep(0.3)
+            print("exits")
+        """
+        for run in range(3):
+            rc, out, err = run_python(code, timeout=30)
+            self.assertEqual((rc, out), (0, "exits\n"), f"run {run}: status {rc}:\n{err}")
+
     def test_a_policy_blocked_in_a_c_call_is_stopped_when_the_call_returns(self):
         def sleeps(graph, options):
             time.sleep(1.5)
@@ -441,8 +488,19 @@ class ArgumentTest(unittest.TestCase):
         self.assertIn("sharded already", message)
         self.assert_names(lambda: pebble.compare(sharded, policies=["baseline"], ranks=2,
                                                  network="ib-ndr"), "network")
+        # A link that equals the default is a link given; latency is named
+        # as itself; simulate checks it too.
+        fast = pebble.shard(pebble.with_optimizer(pebble.model("mnist-cnn:batch=2"), "adam"), 2,
+                            network="ib-ndr")
+        self.assertTrue(pebble.plan(fast, ranks=2, network="ib-ndr").feasible)
+        self.assert_names(lambda: pebble.plan(fast, ranks=2, network="ethernet-100g"),
+                          "network")
+        self.assert_names(lambda: pebble.plan(sharded, ranks=2, network_latency=1e-3),
+                          "network_latency")
         plan = pebble.plan(sharded, ranks=2)
         self.assertTrue(plan.feasible)
+        self.assert_names(lambda: pebble.simulate(sharded, plan.schedule, ranks=2,
+                                                  network_latency=1e-3), "network_latency")
         self.assertEqual(pebble.simulate(sharded, plan.schedule, ranks=2)["peak_bytes"],
                          plan.report["peak_bytes"])
         # On one rank: one rank's part of the step, as a policy of its own plans it.
@@ -630,6 +688,32 @@ class OddInputTest(unittest.TestCase):
                     pebble.fit(model, vary, "64MiB", max=4)
                 self.assertIn(words, str(e.exception))
                 self.assertNotIn("\n", str(e.exception))
+
+    def test_a_policy_or_budget_named_twice_is_refused(self):
+        g = pebble.model("tanh-chain:length=4,size=1000")
+        self.assertEqual(cli_error("compare", "--model", "tanh-chain:length=4,size=1000",
+                                   "--policies", "rotor,rotor"),
+                         "'rotor,rotor' names the policy 'rotor' twice")
+        for call, culprit in [
+                (lambda: pebble.compare(g, policies=["rotor", "dtr", "rotor"]), "policies[2]"),
+                (lambda: pebble.compare(g, budgets=["60%", "min", "60%"]), "budgets[2]"),
+                (lambda: pebble.fit("tanh-chain:size=1000", "length", "1MiB",
+                                    policies=["baseline", "baseline"]), "policies[1]")]:
+            with self.assertRaises(ValueError) as e:
+                call()
+            self.assertTrue(str(e.exception).startswith(culprit + ": names the "), e.exception)
+            self.assertIn("twice", str(e.exception))
+
+    def test_fit_takes_the_milp_cap_its_notes_advise(self):
+        # checkmate's refusal advises milp_max_stages: fit takes it.
+        capped = pebble.fit("tanh-chain:size=1000", "length", "1MiB", policies=["checkmate"],
+                            time_limit=60)["results"][0]
+        self.assertIn("milp_max_stages", capped["note"])
+        raised = pebble.fit("tanh-chain:size=1000", "length", "1MiB", policies=["checkmate"],
+                            milp_max_stages=400, time_limit=60)["results"][0]
+        self.assertGreater(raised["value"], capped["value"])
+        with self.assertRaises(ValueError):
+            pebble.fit("tanh-chain", "length", "1MiB", milp_max_stages=-1)
 
     def test_a_policy_returning_odd_things(self):
         for name, result in [("none", None), ("number", 3), ("nan", [("compute", math.nan)]),
