@@ -1007,6 +1007,18 @@ absl::StatusOr<CheckmateResult> SolveCheckmateMilp(const Graph& graph,
   bool peak_phase_cut = false;  // not MarkHit: the cost phase still runs
   double skipped_setup_s = 0;    // of a MILP not started (MilpAttempt)
   if (min_budget) {
+    // The LP's rounding at `min` (a tenth of the time at most) as one more
+    // start: CBC's search for the lowest peak may not improve on the starts
+    // within its time, and the heuristics' plans (warm) may follow another
+    // order than the model's (a 5-layer MLP with Adam's updates: 47,860
+    // bytes, the one-shot plan's, where the rounding starts at 30,544).
+    CheckmateOptions lp_options = options;
+    lp_options.time_limit_s = 0.1 * deadline.remaining_s();
+    ASSIGN_OR_RETURN(CheckmateResult lp, SolveCheckmateLp(graph, lp_options));
+    if (lp.status == CheckmateResult::Status::kFeasible) {
+      ASSIGN_OR_RETURN(Candidate c, Measure(graph, lp.plan, "lp-rounding"));
+      warm.push_back(std::move(c));
+    }
     // Phase 1: the lowest peak in the model (half the time at most), from
     // the lowest-peak plan known as a start.
     const Deadline half(deadline.remaining_s() / 2);

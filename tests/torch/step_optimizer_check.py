@@ -1451,6 +1451,34 @@ def after_eager_steps(torch, pt, device, steps):
     return failures
 
 
+def checkmate_least_peak_with_updates(torch, pt, device):
+    """checkmate's plan at budget='min' peaks no higher than its plan at a
+    percentage that fits: a five-layer MLP with Adam's updates in the plan
+    got the one-shot plan at 'min' (47,860 bytes: CBC's search for the
+    lowest peak found nothing better in its time) where 60% gave 33,612
+    (until 2026-12-06)."""
+    nn = torch.nn
+    layers = [nn.Linear(7, 13), nn.Tanh()]
+    for _ in range(4):
+        layers += [nn.Linear(13, 13), nn.Tanh()]
+    g = torch.Generator().manual_seed(3)
+    x, y = torch.randn(2, 48, 7, generator=g).to(device), torch.randn(2, 48, 1, generator=g)
+    y = y.to(device)
+
+    def peak_at(budget):
+        torch.manual_seed(0)
+        model = nn.Sequential(*layers, nn.Linear(13, 1)).to(device)
+        opt = torch.optim.Adam(model.parameters(), lr=1e-2, foreach=False)
+        step = pt.train_step(model, nn.functional.mse_loss, (x,), y, optimizer=opt,
+                             policy="checkmate", budget=budget, calibrate=False,
+                             measure="never")
+        return step.report["predicted_peak_bytes"]
+    least, at_60 = peak_at("min"), peak_at("60%")
+    return [] if least <= at_60 else [
+        f"checkmate with Adam's updates: its plan at 'min' peaks at {least} bytes, above its "
+        f"plan at 60% ({at_60} bytes)"]
+
+
 def budgets_above_the_least_peak(torch, pt, device):
     """Every percentage budget at or above the least peak that budget='min'
     reaches fits, reported at the user's budget, and a refusal's advice fits. A decoder with dropout
@@ -1560,6 +1588,7 @@ def main():
     failures += failure_midstep(torch, pt, device, parameters="host")
     failures += rounded_capture(torch, pt, device)
     failures += budgets_above_the_least_peak(torch, pt, device)
+    failures += checkmate_least_peak_with_updates(torch, pt, device)
     failures += after_eager_steps(torch, pt, device, args.steps)
     failures += host_rate_measured_once(torch, pt, device)
     for f in failures:
