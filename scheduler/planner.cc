@@ -65,10 +65,13 @@ absl::Status PlannerRegistry::RegisterExternal(PolicyInfo info) {
 
 absl::Status PlannerRegistry::UnregisterExternal(absl::string_view name) {
   for (auto it = policies_.begin(); it != policies_.end(); ++it) {
-    if (it->name == name && it->external) {
-      policies_.erase(it);
-      return absl::OkStatus();
+    if (it->name != name) continue;
+    if (!it->external) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("'", name, "' is a built-in policy, which cannot be unregistered"));
     }
+    policies_.erase(it);
+    return absl::OkStatus();
   }
   return absl::NotFoundError(absl::StrCat("no outside policy '", name, "' is registered"));
 }

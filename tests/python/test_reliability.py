@@ -704,6 +704,16 @@ class OddInputTest(unittest.TestCase):
             self.assertTrue(str(e.exception).startswith(culprit + ": names the "), e.exception)
             self.assertIn("twice", str(e.exception))
 
+    def test_a_built_in_policy_cannot_be_unregistered(self):
+        with self.assertRaises(ValueError) as e:
+            pebble.unregister_policy("rotor")
+        self.assertEqual(str(e.exception),
+                         "'rotor' is a built-in policy, which cannot be unregistered")
+        self.assertIn("rotor", [p["name"] for p in pebble.policies()])
+        with self.assertRaises(ValueError) as e:
+            pebble.unregister_policy("never-registered")
+        self.assertIn("no outside policy 'never-registered'", str(e.exception))
+
     def test_fit_takes_the_milp_cap_its_notes_advise(self):
         # checkmate's refusal advises milp_max_stages: fit takes it.
         capped = pebble.fit("tanh-chain:size=1000", "length", "1MiB", policies=["checkmate"],

@@ -1949,6 +1949,17 @@ def checks(torch, pt, dist, rank, ranks):
             except error as e:
                 if needle not in str(e):
                     failures.append(f"{kwargs}: refused with '{e}', not '{needle}'")
+        # A group of rank 0 alone (made on every rank): rank 1 holds
+        # torch's placeholder, refused as such (a TypeError about 'object').
+        alone = dist.new_group([0])
+        if rank == 1:
+            try:
+                pt.train_step(model, torch.nn.functional.cross_entropy, (torch.randn(4, 16),),
+                              torch.randint(0, 5, (4,)), process_group=alone)
+                failures.append("a group this rank is not in was not refused")
+            except ValueError as e:
+                if "not a member of that group" not in str(e):
+                    failures.append(f"a group this rank is not in: refused with '{e}'")
         failures += check_parameter_held_in_a_list(torch, pt, dist)
         failures += check_loss_reading_parameters(torch, pt, dist)
     for make, policy, kind, updates, clip in (

@@ -738,6 +738,99 @@ class GlobalScaled(torch.nn.Module):
         return self.fc(x) * GLOBAL_SCHEDULE["scale"]
 
 
+LOSS_COUNTS = None  # check_state_the_loss_carries: a global the loss writes
+
+
+def check_state_the_loss_carries(failures, device):
+    """A loss that updates state at each call (Note [State the loss carries]
+    in _capture.py) is refused, naming it, with the state as it was: a loss
+    module's buffer bound anew (DINO's centering), the model's buffer bound
+    anew through a closure, a global written in place, a tensor in a
+    closure's dict; until 2026-12-06 the capture applied the update once and
+    the step never again, silently. And a frozen teacher read under no_grad
+    whose weights still require grad is refused naming them, with the fix."""
+    global LOSS_COUNTS
+    nn, F = torch.nn, torch.nn.functional
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 5)).to(device)
+    model.register_buffer("center", torch.zeros(5, device=device))
+    x, y = torch.randn(4, 8, device=device), torch.randint(0, 5, (4,), device=device)
+
+    class Centered(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("center", torch.zeros(5, device=device))
+
+        def forward(self, out, target):
+            loss = F.cross_entropy(out - self.center, target)
+            with torch.no_grad():
+                self.center = 0.9 * self.center + 0.1 * out.mean(0)
+            return loss
+
+    def model_buffer_loss(out, target):
+        with torch.no_grad():
+            model.center = 0.9 * model.center + 0.1 * out.mean(0)
+        return F.cross_entropy(out, target)
+
+    LOSS_COUNTS = torch.zeros(5, device=device)
+
+    def global_counts_loss(out, target):
+        with torch.no_grad():
+            LOSS_COUNTS.add_(torch.zeros_like(LOSS_COUNTS).scatter_add_(
+                0, target, torch.ones(target.shape, device=target.device)))
+        return F.cross_entropy(out, target, weight=1.0 / (LOSS_COUNTS + 1.0))
+
+    state = {"ema": torch.zeros((), device=device)}
+
+    def dict_state_loss(out, target):
+        loss = F.cross_entropy(out, target)
+        state["ema"] = 0.9 * state["ema"] + 0.1 * loss.detach()
+        return loss
+
+    centered = Centered()
+    for label, loss_fn, watched, named in (
+            ("a loss module's buffer", centered, lambda: centered.center,
+             "buffer loss_fn.center"),
+            ("the model's buffer", model_buffer_loss, lambda: model.center, "buffer model.center"),
+            ("a global written in place", global_counts_loss, lambda: LOSS_COUNTS,
+             "the global LOSS_COUNTS"),
+            ("a closure's dict", dict_state_loss, lambda: state["ema"],
+             "loss_fn's state['ema']")):
+        before = watched()
+        values = before.clone()
+        try:
+            pt.train_step(model, loss_fn, (x,), y, policy="baseline", budget="100%")
+            failures.check(False, f"a loss that updates {label} each call was not refused")
+        except pt.CaptureError as e:
+            failures.check(named in str(e) and "at each call" in str(e),
+                           f"a loss that updates {label}: refused with '{e}'")
+        failures.check(watched() is before and torch.equal(before, values),
+                       f"a loss that updates {label}: the state is not as it was after the "
+                       "refusal")
+    teacher = nn.Linear(8, 5).to(device).eval()
+
+    def distilled(out, target):
+        with torch.no_grad():
+            soft = teacher(x).softmax(-1)
+        return F.cross_entropy(out, target) + F.kl_div(out.log_softmax(-1), soft,
+                                                        reduction="batchmean")
+    try:
+        pt.train_step(model, distilled, (x,), y, policy="baseline", budget="100%")
+        failures.check(False, "a teacher whose weights require grad was not refused")
+    except pt.CaptureError as e:
+        failures.check("the global teacher" not in str(e) and
+                       "loss_fn's teacher's parameter 'weight'" in str(e) and
+                       "requires_grad_(False)" in str(e),
+                       f"a teacher whose weights require grad: refused with '{e}'")
+    teacher.requires_grad_(False)
+    step = pt.train_step(model, distilled, (x,), y, policy="baseline", budget="100%")
+    model.zero_grad(set_to_none=True)
+    step(x, y)
+    failures.check(all(p.grad is None for p in teacher.parameters()) and
+                   model[0].weight.grad is not None,
+                   "a frozen teacher: the step's gradients are not eager's")
+
+
 def check_loss_and_checkpoints(failures, device):
     """A module that checkpoints a block with dropout and batch norm itself
     (reentrant or not) gives eager's gradients and running statistics (the
@@ -3120,6 +3213,7 @@ def main():
         check_module_changes(failures, device)
         check_training_loops(failures, device)
         check_loss_and_checkpoints(failures, device)
+        check_state_the_loss_carries(failures, device)
         check_constants_and_masks(failures, device)
         check_outputs_the_kernel_shapes(failures, device)
         check_fake_tensors_wrong(failures, device)

@@ -1945,6 +1945,11 @@ def _checked_group(group):
     if not dist.is_available() or not dist.is_initialized():
         raise ValueError("process_group: torch.distributed is not initialised "
                          "(torch.distributed.init_process_group first)")
+    member = getattr(dist, "GroupMember", None)
+    if member is not None and group is getattr(member, "NON_GROUP_MEMBER", None):
+        raise ValueError("process_group: this rank is not a member of that group "
+                         "(torch.distributed.new_group(ranks) gives the ranks outside it a "
+                         "placeholder): make the step on the group's own ranks only")
     if not isinstance(group, dist.ProcessGroup):
         raise TypeError(f"process_group must be a torch.distributed.ProcessGroup (such as "
                         f"torch.distributed.group.WORLD), not {type(group).__name__}")

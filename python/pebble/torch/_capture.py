@@ -844,6 +844,124 @@ def _plain_tensors_of(model, loss_fn):
     return _PlainTensors(modules)
 
 
+# Note [State the loss carries]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# loss_fn runs outside the module's functional call, on the real tensors it
+# reaches: a buffer of the model or of a loss module, a tensor in its
+# closure or in a dict there, an attribute of the object of a bound method.
+# A loss that updates such state at each call (DINO's centering,
+# `self.center = 0.9 * self.center + 0.1 * out.mean(0)`; a running EMA of
+# the loss; counts added in place) is traced once: the capture applied the
+# update once, on the example batch, bound the user's buffer to the trace's
+# tensor (so that the next call captured again), and the step never updated
+# it again, silently (or, written in place, failed with PyTorch's internal
+# assert about functionalization); until 2026-12-06. Each such tensor's
+# object and version are noted before a trace; one rebound or written by it
+# is put back as it was (its values too, from a host copy) and the capture
+# is refused, naming it. The forward's own updates of buffers are made on
+# the trace's copies (functional_call), so they are not such changes.
+_LOSS_STATE_COPY_BYTES = 64 << 20  # the largest tensor _LossState copies to put back
+
+
+def _names_loss_fn_reads(loss_fn):
+    """(label, value, get, put) of each variable of `loss_fn`'s closure and
+    each global its code names: get() reads it now (_ABSENT: unbound),
+    put(v) binds it anew."""
+    function = getattr(loss_fn, "__func__", loss_fn)
+    code = getattr(function, "__code__", None)
+    for name, cell in zip(getattr(code, "co_freevars", ()),
+                          getattr(function, "__closure__", None) or ()):
+        def get(cell=cell):
+            try:
+                return cell.cell_contents
+            except ValueError:  # (an empty cell)
+                return _ABSENT
+        if get() is not _ABSENT:
+            yield (f"loss_fn's {name}", get(), get,
+                   lambda t, cell=cell: setattr(cell, "cell_contents", t))
+    module_globals = getattr(function, "__globals__", {})
+    for name in getattr(code, "co_names", ()):
+        if name in module_globals:
+            yield (f"the global {name}", module_globals[name],
+                   lambda name=name: module_globals.get(name, _ABSENT),
+                   lambda t, name=name: module_globals.__setitem__(name, t))
+
+
+class _LossState:
+    """The tensors `loss_fn` reaches besides the batch and the model's
+    parameters (Note [State the loss carries]), as a trace starts."""
+
+    def __init__(self, model, loss_fn):
+        self.entries = []  # (label, get, put, tensor, version, host copy)
+        modules = [("model" + (f".{n}" if n else ""), m) for n, m in model.named_modules()]
+        if isinstance(loss_fn, torch.nn.Module):
+            modules += [("loss_fn" + (f".{n}" if n else ""), m)
+                        for n, m in loss_fn.named_modules()]
+        for label, module in modules:
+            for key, value in module._buffers.items():
+                self._watch(f"buffer {label}.{key}", module._buffers, key, value)
+        owner = getattr(loss_fn, "__self__", None)  # a bound method's object
+        if owner is not None and not isinstance(owner, torch.nn.Module):
+            for key, value in list(vars(owner).items()) if hasattr(owner, "__dict__") else ():
+                self._watch_attribute(f"loss_fn's {type(owner).__name__}.{key}", owner, key,
+                                      value)
+        for label, value, get, put in _names_loss_fn_reads(loss_fn):
+            if isinstance(value, dict):
+                self._watch_items(label, value)
+            else:
+                self._add(label, get, put, value)
+
+    def _watch_items(self, label, mapping):
+        for key, item in list(mapping.items()):
+            self._watch(f"{label}[{key!r}]", mapping, key, item)
+
+    def _add(self, label, get, put, value):
+        if isinstance(value, torch.Tensor) and not isinstance(value, FakeTensor) and \
+                not value.is_inference() and not value.is_meta and \
+                value.layout == torch.strided:
+            # (a host copy to put the values back, but of a large tensor:
+            # one written is then said so)
+            small = value.numel() * value.element_size() <= _LOSS_STATE_COPY_BYTES
+            self.entries.append((label, get, put, value, value._version,
+                                 value.detach().to("cpu", copy=True) if small else None))
+
+    def _watch(self, label, mapping, key, value):
+        self._add(label, lambda: mapping.get(key, _ABSENT),
+                  lambda t: mapping.__setitem__(key, t), value)
+
+    def _watch_attribute(self, label, owner, key, value):
+        self._add(label, lambda: vars(owner).get(key, _ABSENT),
+                  lambda t: setattr(owner, key, t), value)
+
+    def changed_put_back(self):
+        """The labels of the tensors rebound or written since, each put back
+        as it was (a large one written: its label says it was not)."""
+        changed = []
+        for label, get, put, tensor, version, copy in self.entries:
+            rebound = get() is not tensor
+            if rebound:
+                put(tensor)
+            written = tensor._version != version
+            if written and copy is not None:
+                with torch.no_grad():
+                    tensor.copy_(copy)
+            if written and copy is None:
+                changed.append(f"{label} (written: its values were not put back)")
+            elif rebound or written:
+                changed.append(label)
+        return changed
+
+
+def _loss_state_changed_error(labels):
+    return CaptureError(
+        f"loss_fn changes {', '.join(labels)} (binds it anew or writes it) at each call: the "
+        "step computes the loss in its traced graph, which runs no Python, so that state "
+        "would keep the value it held at capture, where eager updates it every step (it is "
+        "put back as it was). Update it outside the step, after step(...) returns (with the "
+        "model's output, if it needs one, from a forward under torch.no_grad()), or inside "
+        "the model's forward as a buffer updated in place")
+
+
 def _plain_tensor_written_error(labels):
     what = ", ".join(labels)
     return CaptureError(
@@ -1445,16 +1563,27 @@ def trace(model, loss_fn, inputs, target, device, mode=None, one_pass=True, stan
         modes = ["fake"]
     forget_dead_fake_converters()  # (the finalizers earlier captures left on the module)
     plain = _plain_tensors_of(model, loss_fn)  # Note [Tensors in plain attributes]
+    loss_state = _LossState(model, loss_fn)  # Note [State the loss carries]
     try:
         traced = _traced_in_some_mode(model, loss_fn, slots, flat, device, modes, fake_mode,
                                       n_state, max_grad_norm, norm_type, ranks, accumulating,
                                       one_pass, stand_ins, plain)
     except BaseException as e:
         written = plain.written_put_back()
+        changed = loss_state.changed_put_back()
+        # (a refusal of pebble's own stands: a forward that registers a
+        # buffer again has rebound it too; PyTorch's failure to trace a
+        # write of the loss's, its internal assert, gives way)
+        if changed and isinstance(e, Exception) and (
+                not isinstance(e, CaptureError) or getattr(e, "untraced", False)):
+            raise _loss_state_changed_error(changed) from e
         if written and isinstance(e, Exception):
             raise _plain_tensor_written_error(written) from e
         raise
     written = plain.written_put_back()
+    changed = loss_state.changed_put_back()
+    if changed:
+        raise _loss_state_changed_error(changed)
     if written:
         raise _plain_tensor_written_error(written)
     return traced
@@ -1653,9 +1782,11 @@ def _refuse_untraced(model, loss_fn, slots, flat, device, failure, sharded):
             "tensor that the backward needs, as `y = h.relu_(); y += 1` writes relu's output. "
             "Write that operation out of place (`y = y + 1`). PyTorch said: "
             f"{type(e).__name__}: {_first_line(e)}") from e
-    raise CaptureError(f"{where} cannot be traced by PyTorch (make_fx): "
-                       f"{type(e).__name__}: {_first_line(e)}{_user_line(e)}"
-                       f"{_trace_hint(e, model, where)}") from e
+    refusal = CaptureError(f"{where} cannot be traced by PyTorch (make_fx): "
+                           f"{type(e).__name__}: {_first_line(e)}{_user_line(e)}"
+                           f"{_trace_hint(e, model, where)}")
+    refusal.untraced = True  # (PyTorch's failure, not a refusal of pebble's: trace())
+    raise refusal from e
 
 
 # How autograd (1.13 and 2.x) refuses a backward whose saved tensor an
@@ -2003,9 +2134,10 @@ def _refuse_tensors_requiring_grad(gm, loss_fn):
     no parameter of the module (a learnable weight of the loss, or a tensor
     the forward takes from elsewhere): the trace holds it as a constant, and
     the step would leave its .grad None where eager's backward fills it."""
-    names = {id(p): f"loss_fn's parameter '{name}'"
-             for name, p in (loss_fn.named_parameters()
-                             if isinstance(loss_fn, torch.nn.Module) else ())}
+    names = {}
+    for label, module in _modules_loss_fn_reaches(loss_fn):
+        for name, p in module.named_parameters():
+            names.setdefault(id(p), f"{label}'s parameter '{name}'")
     for n in gm.graph.nodes:
         if n.op != "get_attr":
             continue
@@ -2017,7 +2149,27 @@ def _refuse_tensors_requiring_grad(gm, loss_fn):
                 f"the step reads {what}: it computes the module's parameters' gradients only, "
                 "and would leave its .grad None. Make it a parameter of the module (a loss "
                 "with learnable weights can be a submodule of the trained module), or detach "
-                "it")
+                "it; where eager computes no gradient for it either (a frozen teacher read "
+                "under torch.no_grad()), say so with requires_grad_(False) on it (or on its "
+                "module)")
+
+
+def _modules_loss_fn_reaches(loss_fn):
+    """(label, module) of the modules `loss_fn` is, or holds in its closure,
+    its bound method's object or the globals its code names: where a tensor
+    it reads may be a parameter, to name it."""
+    found = []
+    if isinstance(loss_fn, torch.nn.Module):
+        found.append(("loss_fn", loss_fn))
+    owner = getattr(loss_fn, "__self__", None)
+    if isinstance(owner, torch.nn.Module):
+        found.append((f"loss_fn's {type(owner).__name__}", owner))
+    elif owner is not None and hasattr(owner, "__dict__"):
+        found += [(f"loss_fn's {type(owner).__name__}.{k}", v) for k, v in vars(owner).items()
+                  if isinstance(v, torch.nn.Module)]
+    found += [(label, value) for label, value, _, _ in _names_loss_fn_reads(loss_fn)
+              if isinstance(value, torch.nn.Module)]
+    return found
 
 
 # Operators that make a tensor without its values.
