@@ -1471,7 +1471,7 @@ def checkmate_least_peak_with_updates(torch, pt, device):
         opt = torch.optim.Adam(model.parameters(), lr=1e-2, foreach=False)
         step = pt.train_step(model, nn.functional.mse_loss, (x,), y, optimizer=opt,
                              policy="checkmate", budget=budget, calibrate=False,
-                             measure="never")
+                             measure="never", time_limit=3)
         return step.report["predicted_peak_bytes"]
     least, at_60 = peak_at("min"), peak_at("60%")
     return [] if least <= at_60 else [
