@@ -594,7 +594,12 @@ def check_one_plan(torch, pt, dist, rank, ranks):
             (dict(measure="sometimes"), "rank 1 failed, so this rank stops too: ValueError: "
                                         "measure must be"),
             (dict(shard="ful"), "rank 1 failed, so this rank stops too: ValueError: shard "
-                                "must be")):
+                                "must be"),
+            # (said as the call's check says it, not as raw tuples)
+            (dict(rows=1), "another batch shapes (inputs and target) than rank 0 (rank 0's: "
+                           f"['input 0 ({mine(x, 0).shape[0]}, 16) float32', 'target "
+                           f"({mine(x, 0).shape[0]},) int64']; rank 1's: ['input 0 (1, 16) "
+                           "float32', 'target (1,) int64'])")):
         torch.manual_seed(0)
         model = make_model(torch)
         if rank == 1 and "model" in change:
@@ -602,11 +607,12 @@ def check_one_plan(torch, pt, dist, rank, ranks):
         kwargs = dict(policy="dtr", budget="min", optimizer=torch.optim.SGD(
             model.parameters(), lr=0.1), process_group=dist.group.WORLD)
         if rank == 1:
-            kwargs.update({k: v for k, v in change.items() if k != "model"})
+            kwargs.update({k: v for k, v in change.items() if k not in ("model", "rows")})
+        rows = change["rows"] if rank == 1 and "rows" in change else None
         started = time.perf_counter()
         try:
-            pt.train_step(model, torch.nn.functional.cross_entropy, (mine(x, rank),),
-                          mine(y, rank), **kwargs)
+            pt.train_step(model, torch.nn.functional.cross_entropy, (mine(x, rank)[:rows],),
+                          mine(y, rank)[:rows], **kwargs)
             failures.append(f"one plan: rank 1's {sorted(change)} was not refused")
         except (pt.PlanError, ValueError) as e:
             if needle not in str(e) and not (rank == 1 and " must be " in str(e)):

@@ -1883,8 +1883,9 @@ def _setup_of(model, inputs, target, optimizer, options):
     each train_step option; the gradients held and the layout of the
     optimizer's state too, whose values rank 0 then sends (a step that
     failed on one rank leaves them differing)."""
-    def described(t):
-        return (tuple(t.shape), str(t.dtype), t.requires_grad, t.is_meta)
+    def described(t):  # (read in the refusal: "(2, 7) float32 requires grad")
+        return (f"{tuple(t.shape)} {str(t.dtype).replace('torch.', '')}" +
+                (" requires grad" if t.requires_grad else "") + (" meta" if t.is_meta else ""))
 
     setup = {
         "module's parameters and buffers (names, shapes, dtypes, requires_grad)":
@@ -1892,7 +1893,9 @@ def _setup_of(model, inputs, target, optimizer, options):
             [(name, described(t)) for name, t in model.named_buffers()],
         "gradients held (.grad: zero_grad(set_to_none=True) on every rank, or none)":
             [name for name, p in model.named_parameters() if p.grad is not None],
-        "batch shapes (inputs and target)": [described(t) for t in inputs + (target,)],
+        "batch shapes (inputs and target)":
+            [f"input {k} {described(t)}" for k, t in enumerate(inputs)] +
+            [f"target {described(target)}"],
         "optimizer": None if optimizer is None else type(optimizer).__name__,
         "optimizer's settings (each group's lr, betas, ...)": _optimizer_settings(optimizer),
         "optimizer's state (its entries per parameter; load one rank's state_dict() on "
