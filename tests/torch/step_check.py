@@ -738,6 +738,24 @@ class GlobalScaled(torch.nn.Module):
         return self.fc(x) * GLOBAL_SCHEDULE["scale"]
 
 
+def check_a_kernel_that_fails_eagerly_too(failures, device):
+    """A kernel that fails at the step's first run where fake tensors let it
+    through (cross_entropy of an int32 target) is said to fail eagerly too,
+    naming the user's line, not only as PyTorch's kernel message on a node
+    (until 2026-12-06)."""
+    nn = torch.nn
+    model = nn.Sequential(nn.Linear(8, 5)).to(device)
+    x = torch.randn(4, 8, device=device)
+    y = torch.randint(0, 5, (4,), dtype=torch.int32, device=device)
+    try:
+        pt.train_step(model, nn.functional.cross_entropy, (x,), y)
+        failures.check(False, "an int32 target for cross_entropy was not refused")
+    except pt.CaptureError as e:
+        failures.check("fails on these inputs without pebble too" in str(e) and
+                       "expected scalar type Long" in str(e),
+                       f"an int32 target for cross_entropy: refused with '{e}'")
+
+
 LOSS_COUNTS = None  # check_state_the_loss_carries: a global the loss writes
 
 
@@ -3240,6 +3258,7 @@ def main():
         check_training_loops(failures, device)
         check_loss_and_checkpoints(failures, device)
         check_state_the_loss_carries(failures, device)
+        check_a_kernel_that_fails_eagerly_too(failures, device)
         check_constants_and_masks(failures, device)
         check_outputs_the_kernel_shapes(failures, device)
         check_fake_tensors_wrong(failures, device)

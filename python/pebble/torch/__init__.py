@@ -35,7 +35,8 @@ import torch
 
 from .. import _core
 from ._calibrate import calibrate, estimated
-from ._capture import CaptureError, ModuleSettings, propagate, python_randomness, trace
+from ._capture import (CaptureError, ModuleSettings, eager_failure_message, propagate,
+                       python_randomness, trace)
 from ._compat import autocast_state
 from ._distributed import (GradientAverage, StepCollectives, agreed, any_rank, broadcast_module,
                            broadcast_optimizer_state, check_same_call, check_same_collective,
@@ -1064,7 +1065,16 @@ class _Capture:
                                      self.persistent(inputs, target, sharded=shards.params),
                                      shards)
         if step.calibrate:
-            return calibrate(self.nodes, self.device, self.persistent(inputs, target))
+            try:
+                return calibrate(self.nodes, self.device, self.persistent(inputs, target))
+            except CapturedValueMismatch:
+                raise
+            except PlanExecutionError as e:  # (a kernel's failure: eager's too?)
+                eager = eager_failure_message(step.model, step.loss_fn, inputs, target,
+                                              self.device)
+                if eager is None:
+                    raise
+                raise CaptureError(eager) from e
         return estimated(self.nodes, "calibrate=False")
 
     def persistent(self, inputs, target, sharded=()):

@@ -2266,6 +2266,23 @@ def _refuse_unfilled_reads(gm):
 _LEAF_WRITTEN = "a leaf Variable that requires grad is being used in an in-place operation"
 
 
+def eager_failure_message(model, loss_fn, inputs, target, device):
+    """The refusal of a step whose module or loss_fn fails run eagerly on
+    this batch (_eager_failure), else None: where a kernel of the step fails
+    at its first run (an int32 target for cross_entropy, which fake tensors
+    let through), the user is told that eager fails as well, and where."""
+    slots = module_slots(model)
+    slots += [Slot("input", index=k) for k in range(len(inputs))]
+    slots.append(Slot("target"))
+    found = _eager_failure(model, loss_fn, slots, _placeholder_values(slots, inputs, target),
+                           device)
+    if found is None:
+        return None
+    where, e = found
+    return (f"{where} fails on these inputs without pebble too (run eagerly): "
+            f"{type(e).__name__}: {_first_line(e)}{_user_line(e)}")
+
+
 def _eager_failure(model, loss_fn, slots, flat, device):
     """(where, what it raised) where the module's forward or loss_fn fails
     run eagerly on the step's tensors, else None: a trace that fails on the
