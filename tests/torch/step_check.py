@@ -2557,7 +2557,8 @@ def check_errors(failures, device):
                        "(and to its optimizer, add_param_group?)" in str(e),
                        f"the added layer's error names it: {e}")
     # A kernel that fails in eager PyTorch too (1.13's CPU layer norm under
-    # bfloat16 autocast): the error gives its arguments' dtypes and shapes.
+    # bfloat16 autocast): the error says so, and gives its arguments' dtypes
+    # and shapes.
     if device.type == "cpu":
         norm = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.LayerNorm(4))
         with torch.autocast("cpu", dtype=torch.bfloat16):
@@ -2571,8 +2572,9 @@ def check_errors(failures, device):
                     pt.train_step(norm, torch.nn.functional.mse_loss, x.cpu(), y.cpu())(
                         x.cpu(), y.cpu())
                     failures.check(False, "a kernel that fails in eager ran in the step")
-                except pt.PlanExecutionError as e:
-                    failures.check("on bfloat16[" in str(e) and "float32[4]" in str(e),
+                except pt.CaptureError as e:
+                    failures.check("on bfloat16[" in str(e) and "float32[4]" in str(e) and
+                                   "without pebble too" in str(e),
                                    f"a failing kernel's error gives its dtypes: {e}")
 
 

@@ -735,6 +735,17 @@ class TrainStep:
         if after != key:
             self._captures.setdefault(after, variant.capture)
             self._variants.setdefault(after, variant)
+            # (a value the forward reads after changing it, such as a warm-up
+            # by call count, is frozen at the trace's: docs/torch.md, "Python
+            # state")
+            changes = after[-1].changes_from(key[-1])
+            warnings.warn(
+                f"the forward of {type(self.model).__name__} changes Python state as it runs "
+                f"({'; '.join(changes[:3])}): a traced step runs no Python, so every call "
+                "computes with the values the trace saw, where eager's calls see each "
+                "other's changes. Where the forward reads such a value (a warm-up by call "
+                "count), keep it in a buffer updated in place, or set it between steps",
+                UserWarning, stacklevel=3)
 
     @property
     def parameters_may_live_on_host(self):
@@ -1074,7 +1085,7 @@ class _Capture:
                                               self.device)
                 if eager is None:
                     raise
-                raise CaptureError(eager) from e
+                raise CaptureError(f"{eager}; in the step: {e}") from e
         return estimated(self.nodes, "calibrate=False")
 
     def persistent(self, inputs, target, sharded=()):
