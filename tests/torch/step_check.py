@@ -2374,22 +2374,30 @@ def check_errors(failures, device):
                        f"the lazy module's refusal names the parameter: {e}")
 
     class MomentumEncoder(torch.nn.Module):
-        def __init__(self):
+        def __init__(self, detached):
             super().__init__()
             self.q = torch.nn.Linear(4, 4)
             self.k = torch.nn.Linear(4, 4).requires_grad_(False)
+            self.detached = detached
 
         def forward(self, x):
             with torch.no_grad():
                 for pk, pq in zip(self.k.parameters(), self.q.parameters()):
-                    pk.mul_(0.9).add_(pq, alpha=0.1)
+                    pk.mul_(0.9).add_(pq.detach() if self.detached else pq, alpha=0.1)
             return self.q(x) + self.k(x)
-    try:
-        pt.train_step(MomentumEncoder().to(device), torch.nn.functional.mse_loss, x, y)(x, y)
-        failures.check(False, "a forward averaging a frozen parameter in place was captured")
-    except pt.CaptureError as e:
-        failures.check("writes a frozen parameter in place" in str(e) and "outside the step"
-                       in str(e), f"the momentum encoder's refusal: {e}")
+    # (with .detach() the trace runs on real tensors, which it writes before
+    # the refusal: the refusal says so)
+    for detached in (False, True):
+        encoder = MomentumEncoder(detached).to(device)
+        before = encoder.k.weight.detach().clone()
+        try:
+            pt.train_step(encoder, torch.nn.functional.mse_loss, x, y)(x, y)
+            failures.check(False, "a forward averaging a frozen parameter in place was captured")
+        except pt.CaptureError as e:
+            written = not torch.equal(encoder.k.weight, before)
+            failures.check("writes a frozen parameter in place" in str(e) and "outside the step"
+                           in str(e) and (not written or "has written k.weight" in str(e)),
+                           f"the momentum encoder's refusal: {e}")
     class LegacyConstant(torch.nn.Module):
         def __init__(self):
             super().__init__()

@@ -1027,8 +1027,18 @@ class _Capture:
         as `mode` says (trace's mode; "real": the values too are real ones).
         None where the fake values disagree with a kernel, to be captured
         again with mode "real"."""
+        # A real trace runs the forward on the module's own parameters: one
+        # it writes in place (a momentum encoder) is refused after the write.
+        versions = [(name, p, p._version) for name, p in step.model.named_parameters()]
         try:
             return self._capture_traced(step, inputs, target, key, mode)
+        except CaptureError as e:
+            written = [name for name, p, version in versions if p._version != version]
+            if not written:
+                raise
+            raise CaptureError(f"{e} (the capture ran the forward on the module's own "
+                               f"parameters, and has written {', '.join(written[:3])} already: "
+                               "load their values again before you go on)") from e
         except CapturedValueMismatch:
             # Note [Fake tensors that disagree with a kernel]: PyTorch 1.13's
             # fake torch.arange(5.) is int64 where the kernel makes float32,
