@@ -25,6 +25,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "graph/autodiff.h"
@@ -159,6 +160,17 @@ py::dict FitPy(const py::object& model, const py::object& vary, const py::object
   request.max_value = IntArg(max_value, "max", 0, INT64_MAX);
   request.cost.device_flops_per_s =
       ThroughputArg(throughput);
+  // A vary that no value makes a model of is the argument's fault, said as
+  // fit --vary says it (and not as the model's error alone: "optimizer=1:
+  // unknown optimizer '1'").
+  const absl::StatusOr<int64_t> first = FirstValueWithAModel(
+      request.model, request.vary, request.start, request.max_value, request.cost);
+  if (first.status().code() == absl::StatusCode::kInvalidArgument) {
+    RaiseValueError(absl::StrCat("vary ", Quote(request.vary), ": ", first.status().message(),
+                                 " (and no value of ", request.vary, " from ", request.start,
+                                 " on makes a model: vary takes an integer parameter of the "
+                                 "model)"));
+  }
   request.jobs = static_cast<int>(IntArg(jobs, "jobs", 0, 4096));
   // time_limit bounds the whole search; each plan takes at most 10 s of it.
   request.options = Options(py::none(), bandwidth, time_limit, py::int_(0), py::bool_(false));
@@ -339,7 +351,16 @@ PYBIND11_MODULE(_core, m) {
                                               "a positive number of bytes per second");
         }
         const OptimizerSpec spec = Unwrap(ParseOptimizer(StrArg(optimizer, "optimizer")));
-        return Unwrap(WithoutGil([&] { return AddOptimizerStep(graph, spec, cost); }));
+        absl::StatusOr<Graph> out = WithoutGil([&] { return AddOptimizerStep(graph, spec, cost); });
+        // (a rate so low that an update's host time is no finite number:
+        // the rate's fault, not the node's that the graph check names)
+        if (!out.ok() && !host_bytes_per_s.is_none() &&
+            absl::StrContains(out.status().message(), "'host_cost'")) {
+          RaiseValueError(absl::StrCat("host_bytes_per_s: ", Shown(host_bytes_per_s),
+                                       " bytes per second is too slow: ",
+                                       out.status().message()));
+        }
+        return Unwrap(std::move(out));
       }, py::arg("graph"), py::arg("optimizer"), py::arg("host_bytes_per_s") = py::none(),
       "A training graph ending with the optimizer's step (--optimizer): optimizer is "
       "'sgd', 'adam' or 'adamw' with settings, e.g. 'adam:lr=1e-3,weight_decay=0'. "

@@ -646,6 +646,11 @@ class OddInputTest(unittest.TestCase):
                     pebble.simulate(g, schedule)
                 self.assertIn(words, str(e.exception))
                 self.assertNotIn("\n", str(e.exception))
+        # A parameter that is not an integer is said to be the wrong vary.
+        with self.assertRaises(ValueError) as e:
+            pebble.fit("resnet18:batch=2,image=32", "optimizer", "64MiB", max=4)
+        self.assertTrue(str(e.exception).startswith("vary 'optimizer': "), e.exception)
+        self.assertIn("vary takes an integer parameter of the model", str(e.exception))
 
     def test_odd_graph_texts(self):
         for text, words in [
@@ -703,6 +708,14 @@ class OddInputTest(unittest.TestCase):
                 call()
             self.assertTrue(str(e.exception).startswith(culprit + ": names the "), e.exception)
             self.assertIn("twice", str(e.exception))
+
+    def test_a_host_rate_too_slow_is_named(self):
+        # (the graph's check named an optimizer state's node, not the argument)
+        training = pebble.model("tanh-chain:length=4,size=1000")
+        with self.assertRaises(ValueError) as e:
+            pebble.with_optimizer(training, "adam:updates=host", host_bytes_per_s=1e-305)
+        self.assertTrue(str(e.exception).startswith("host_bytes_per_s: 1e-305 bytes per "
+                                                    "second is too slow"), e.exception)
 
     def test_a_built_in_policy_cannot_be_unregistered(self):
         with self.assertRaises(ValueError) as e:
