@@ -320,10 +320,16 @@ void RankOptions(const py::object& ranks, const py::object& network,
     link->latency_s =
         NonNegativeArg(network_latency, "network_latency", "a non-negative number of seconds");
   }
-  if (graph == nullptr || (network.is_none() && network_latency.is_none())) return;
+  // (on one rank such a graph is one rank's part of the step, no link in it;
+  // what is not given is the graph's own)
+  if (graph == nullptr || *ranks_out < 2 || (network.is_none() && network_latency.is_none())) {
+    return;
+  }
   const std::optional<CollectiveLink> timed = ShardedRanks(*graph);
-  if (timed && (link->bandwidth_bytes_per_s != timed->link.bandwidth_bytes_per_s ||
-                link->latency_s != timed->link.latency_s)) {
+  if (!timed) return;
+  if (network.is_none()) link->bandwidth_bytes_per_s = timed->link.bandwidth_bytes_per_s;
+  if (link->bandwidth_bytes_per_s != timed->link.bandwidth_bytes_per_s ||
+      link->latency_s != timed->link.latency_s) {
     RaiseValueError(absl::StrCat(
         network.is_none() ? "network_latency" : "network", ": the graph is sharded already, "
         "its collectives timed for a link of ",
@@ -452,8 +458,9 @@ absl::StatusOr<Schedule> ScheduleFromPython(
   }
   // How far reading got: "5 of 9 steps" of a list or tuple, whose length
   // is known; else the count, and the sequence's type, which may never end.
-  auto read_so_far = [&value](size_t k) {
-    if (PyList_Check(value.ptr()) || PyTuple_Check(value.ptr())) {
+  const bool known_length = PyList_Check(value.ptr()) || PyTuple_Check(value.ptr());
+  auto read_so_far = [&value, known_length](size_t k) {
+    if (known_length) {
       return absl::StrCat(k, " of its ", py::len(value), " steps read");
     }
     return absl::StrCat(k, " steps read; its ", Py_TYPE(value.ptr())->tp_name,
@@ -468,10 +475,13 @@ absl::StatusOr<Schedule> ScheduleFromPython(
             "the schedule has more than ", kMaxPythonScheduleSteps, " steps (",
             read_so_far(k), ")"));
       }
-      // (the clock read once every 4096 steps: a tenth of a microsecond a step)
-      if (deadline && k % 4096 == 4095 && std::chrono::steady_clock::now() > *deadline) {
+      // (a list's or tuple's clock read once every 4096 steps: a tenth of a
+      // microsecond a step; another sequence's at each, beside its
+      // __getitem__ in Python)
+      if (deadline && (k % 4096 == 4095 || !known_length) &&
+          std::chrono::steady_clock::now() > *deadline) {
         return absl::InvalidArgumentError(absl::StrCat(
-            "the schedule was not read within the time limit (", read_so_far(k + 1), ")"));
+            "the schedule was not read within the time limit (", read_so_far(k), ")"));
       }
       const std::string where = absl::StrCat("step ", k);
       ASSIGN_OR_RETURN(const nlohmann::json s, StepFromPython(step, where));

@@ -13,6 +13,7 @@
 #define PEBBLE_PYTHON_GIL_H_
 
 #include <Python.h>
+#include <cxxabi.h>
 
 namespace pebble::python {
 
@@ -40,7 +41,11 @@ class GilReleased {
   GilReleased() : thread_state_(PyEval_SaveThread()) {}
   ~GilReleased() {
     if (ExitingWithoutThisThread()) WaitForExit();
-    PyEval_RestoreThread(thread_state_);
+    try {  // (finalizing may begin while this thread waits for the GIL)
+      PyEval_RestoreThread(thread_state_);
+    } catch (const abi::__forced_unwind&) {
+      WaitForExit();
+    }
   }
   GilReleased(const GilReleased&) = delete;
   GilReleased& operator=(const GilReleased&) = delete;
@@ -56,7 +61,11 @@ class GilHeld {
  public:
   GilHeld() {
     if (ExitingWithoutThisThread()) WaitForExit();
-    state_ = PyGILState_Ensure();
+    try {
+      state_ = PyGILState_Ensure();
+    } catch (const abi::__forced_unwind&) {
+      WaitForExit();
+    }
   }
   ~GilHeld() {
     if (ThisThreadHoldsGil()) PyGILState_Release(state_);

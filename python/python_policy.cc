@@ -1,5 +1,7 @@
 #include "python/python_policy.h"
 
+#include <cxxabi.h>
+
 #include <algorithm>
 #include <chrono>
 #include <condition_variable>
@@ -208,34 +210,37 @@ absl::StatusOr<Schedule> CallPolicy(const std::string& name, const py::function&
         std::chrono::steady_clock::now() +
         std::chrono::duration_cast<std::chrono::steady_clock::duration>(
             std::chrono::duration<double>(std::min(options.time_limit_s, 86400.0)));
-    {
-      Watchdog watchdog(options.time_limit_s);
-      std::optional<PyError> error;
-      try {
-        // (the C API: no temporary of pybind11's to release in an unwind)
-        PyObject* out = PyObject_CallFunctionObjArgs(fn.ptr(), graph_arg.ptr(),
-                                                     options_arg.ptr(), nullptr);
-        if (out == nullptr) throw py::error_already_set();
-        result = py::reinterpret_steal<py::object>(out);
-      } catch (const py::error_already_set& e) {
-        error.emplace(e);
-      }
-      const bool late = watchdog.Stop();
-      // A KeyboardInterrupt wins over the time limit.
-      const bool interrupted =
-          error && !error->IsException() &&
-          !PyErr_GivenExceptionMatches(error->type.ptr(), policy_time_limit);
-      // Past the limit, whatever the function did (it may have returned
-      // before the exception reached it).
-      if (late && !interrupted) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(who, ": no schedule within the time limit of ", options.time_limit_s,
-                         " s; the function was stopped"));
-      }
-      if (error) return failed(*std::move(error));
+    Watchdog watchdog(options.time_limit_s);
+    std::optional<PyError> error;
+    absl::StatusOr<Schedule> schedule = absl::UnknownError("no schedule");
+    try {
+      // (the C API: no temporary of pybind11's to release in an unwind)
+      PyObject* out = PyObject_CallFunctionObjArgs(fn.ptr(), graph_arg.ptr(),
+                                                   options_arg.ptr(), nullptr);
+      if (out == nullptr) throw py::error_already_set();
+      result = py::reinterpret_steal<py::object>(out);
+      // Read within the policy's limit, the watchdog on: a sequence may
+      // never end, or its __getitem__ never return.
+      schedule = ScheduleFromPython(graph, result, deadline);
+    } catch (const py::error_already_set& e) {
+      error.emplace(e);
     }
-    // Read within the policy's limit too (a sequence may never end).
-    absl::StatusOr<Schedule> schedule = ScheduleFromPython(graph, result, deadline);
+    const bool late = watchdog.Stop();
+    // A KeyboardInterrupt wins over the time limit.
+    const bool interrupted =
+        error && !error->IsException() &&
+        !PyErr_GivenExceptionMatches(error->type.ptr(), policy_time_limit);
+    // Past the limit, whatever the function did (it may have returned
+    // before the exception reached it).
+    if (late && !interrupted) {
+      return absl::InvalidArgumentError(
+          result ? absl::StrCat(who, ": the schedule was not read within the time limit of ",
+                                options.time_limit_s, " s (reading it was stopped; its ",
+                                Py_TYPE(result.ptr())->tp_name, " may never end)")
+                 : absl::StrCat(who, ": no schedule within the time limit of ",
+                                options.time_limit_s, " s; the function was stopped"));
+    }
+    if (error) return failed(*std::move(error));
     if (!schedule.ok()) {
       return absl::InvalidArgumentError(absl::StrCat(who, ": ", schedule.status().message()));
     }
@@ -302,6 +307,11 @@ void RegisterPolicy(const py::object& name_arg, const py::object& fn,
     const GilHeld gil;
     try {
       return CallPolicy(name, *held, graph, options);
+    } catch (const abi::__forced_unwind&) {
+      // CPython ends this thread at exit (python/gil.h): the unwind stops
+      // here, not in a caller that would swallow it (TBB's tasks of
+      // compare and fit, which abort the process then).
+      WaitForExit();
     } catch (const std::exception& e) {  // bad_alloc, a thread that would not start
       return absl::InternalError(absl::StrCat("policy ", Quote(name), ": ", e.what()));
     }

@@ -152,13 +152,18 @@ TEST(ReliabilityPlannersTest, HybridKeepsItsTimeLimitOnALargeGraph) {
     const double limit_s = 1.0;
     const double bound_s = 1.1 * limit_s + 0.05;
     double fastest_s = std::numeric_limits<double>::infinity();
+    std::string message;  // the fastest run's
     for (int run = 0; run < 3 && fastest_s > bound_s; ++run) {
       const auto start = std::chrono::steady_clock::now();
       absl::StatusOr<PlanResult> r = Plan("hybrid", g, budget, limit_s);
-      fastest_s = std::min(fastest_s, Seconds(start));
+      const double took = Seconds(start);
       ASSERT_TRUE(r.ok()) << r.status();
+      if (took < fastest_s) {
+        fastest_s = took;
+        message = r->message;
+      }
     }
-    EXPECT_LE(fastest_s, bound_s);
+    EXPECT_LE(fastest_s, bound_s) << message;
   }
 }
 

@@ -216,6 +216,21 @@ class PythonPolicyTest(unittest.TestCase):
         self.assertLess(time.monotonic() - start, 5)
         self.assertIn("not read within the time limit", str(e.exception))
         self.assertIn("its Endless may never end", str(e.exception))
+        # A __getitem__ that never returns is stopped as the function is.
+        class Spinning:
+            def __len__(self):
+                return 10
+
+            def __getitem__(self, i):
+                while True:
+                    pass
+
+        pebble.register_policy("spinning-schedule", lambda graph, options: Spinning())
+        start = time.monotonic()
+        with self.assertRaises(ValueError) as e:
+            pebble.plan(self.graph, policy="spinning-schedule", time_limit=1)
+        self.assertLess(time.monotonic() - start, 5)
+        self.assertIn("not read within the time limit", str(e.exception))
         # A list says how far it got.
         pebble.register_policy("long-schedule",
                                lambda graph, options: [("compute", "conv1")] * 4_000_000)
@@ -236,9 +251,14 @@ class PythonPolicyTest(unittest.TestCase):
                     pass
                 return pebble.plan(graph, policy="dfs").schedule
             pebble.register_policy("busy", busy)
+            pebble.register_policy("busy2", busy)
             for _ in range(2):
                 threading.Thread(target=lambda: pebble.plan(g, policy="busy", time_limit=30),
                                  daemon=True).start()
+            # compare's policies run on TBB's threads, which swallowed CPython's
+            # unwind of them ("FATAL: exception not rethrown")
+            threading.Thread(target=lambda: pebble.compare(g, policies=["busy", "busy2"],
+                                                           time_limit=30), daemon=True).start()
             time.sleep(0.3)
             print("exits")
         """

@@ -2646,9 +2646,15 @@ def check_timeline_sees_a_late_free(failures, device):
         _executor._RunState.free = plain_free
     nbytes = held[0].numel() * held[0].element_size() if held else 0
     held.clear()
-    off = [t for t in timeline if t["measured_bytes"] != t["predicted_bytes"]]
+    # (on a GPU within check_timeline's slack, and the difference rounded
+    # to the allocator's blocks: at least the tensor's bytes)
+    cpu = device.type == "cpu"
+    slack = 0 if cpu else max(PEAK_TOLERANCE * step.report["predicted_step_peak_bytes"],
+                              PEAK_SLACK_BYTES)
+    off = [t for t in timeline if t["measured_bytes"] - t["predicted_bytes"] > slack]
+    difference = off[0]["measured_bytes"] - off[0]["predicted_bytes"] if off else 0
     failures.check(bool(off) and off[0]["step"] == late["step"] and
-                   off[0]["measured_bytes"] - off[0]["predicted_bytes"] == nbytes,
+                   (difference == nbytes if cpu else difference >= nbytes),
                    f"a tensor held past its free at step {late['step']} ({nbytes} B): the "
                    f"timeline differs first at "
                    f"{off[0]['step'] if off else None}")

@@ -739,8 +739,10 @@ class TrainStep:
             # by call count, is frozen at the trace's: docs/torch.md, "Python
             # state")
             changes = after[-1].changes_from(key[-1])
+            who = ("loss_fn" if changes and all(c.startswith("loss_fn") for c in changes)
+                   else f"the forward of {type(self.model).__name__}")
             warnings.warn(
-                f"the forward of {type(self.model).__name__} changes Python state as it runs "
+                f"{who} changes Python state as it runs "
                 f"({'; '.join(changes[:3])}): a traced step runs no Python, so every call "
                 "computes with the values the trace saw, where eager's calls see each "
                 "other's changes. Where the forward reads such a value (a warm-up by call "
@@ -811,6 +813,10 @@ class TrainStep:
         if self.process_group is not None:
             raise ValueError("memory_timeline measures one process's step: it is not taken in "
                              "a process group (each rank's step() reports its own peak)")
+        if self.device.type == "cpu" and torch.autograd._profiler_enabled():
+            raise ValueError("memory_timeline reads the CPU profiler's memory events, and "
+                             "another profiler is running (one runs at a time): call it "
+                             "outside the profiler's block")
         timeline = []
         loss = self._call(args, timeline)
         return loss, timeline

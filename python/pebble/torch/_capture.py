@@ -860,13 +860,18 @@ def _plain_tensors_of(model, loss_fn):
 # is put back as it was (its values too, from a host copy) and the capture
 # is refused, naming it. The forward's own updates of buffers are made on
 # the trace's copies (functional_call), so they are not such changes.
-_LOSS_STATE_COPY_BYTES = 64 << 20  # the largest tensor _LossState copies to put back
+_LOSS_STATE_COPY_BYTES = 64 << 20  # what _LossState copies to put back, in all
 
 
 def _names_loss_fn_reads(loss_fn):
     """(label, value, get, put) of each variable of `loss_fn`'s closure and
-    each global its code names: get() reads it now (_ABSENT: unbound),
-    put(v) binds it anew."""
+    each global its code loads (of a functools.partial: its function's, and
+    its arguments, which cannot be bound anew): get() reads it now
+    (_ABSENT: unbound), put(v) binds it anew."""
+    if isinstance(loss_fn, functools.partial):
+        for k, value in list(enumerate(loss_fn.args)) + sorted(loss_fn.keywords.items()):
+            yield (f"loss_fn's argument {k}", value, lambda value=value: value, lambda t: None)
+        loss_fn = loss_fn.func
     function = getattr(loss_fn, "__func__", loss_fn)
     code = getattr(function, "__code__", None)
     for name, cell in zip(getattr(code, "co_freevars", ()),
@@ -880,7 +885,7 @@ def _names_loss_fn_reads(loss_fn):
             yield (f"loss_fn's {name}", get(), get,
                    lambda t, cell=cell: setattr(cell, "cell_contents", t))
     module_globals = getattr(function, "__globals__", {})
-    for name in getattr(code, "co_names", ()):
+    for name in _names_in(code) if code is not None else ():  # (not attributes' names)
         if name in module_globals:
             yield (f"the global {name}", module_globals[name],
                    lambda name=name: module_globals.get(name, _ABSENT),
@@ -893,23 +898,27 @@ class _LossState:
 
     def __init__(self, model, loss_fn):
         self.entries = []  # (label, get, put, tensor, version, host copy)
-        modules = [("model" + (f".{n}" if n else ""), m) for n, m in model.named_modules()]
-        if isinstance(loss_fn, torch.nn.Module):
-            modules += [("loss_fn" + (f".{n}" if n else ""), m)
-                        for n, m in loss_fn.named_modules()]
-        for label, module in modules:
-            for key, value in module._buffers.items():
-                self._watch(f"buffer {label}.{key}", module._buffers, key, value)
+        self.copied_bytes = 0
+        # The loss's own first: the host copies are bounded in all.
+        for label, value, get, put in _names_loss_fn_reads(loss_fn):
+            if isinstance(value, dict):
+                self._watch_items(label, value)
+            elif not isinstance(value, torch.nn.Module):
+                self._add(label, get, put, value)
         owner = getattr(loss_fn, "__self__", None)  # a bound method's object
         if owner is not None and not isinstance(owner, torch.nn.Module):
             for key, value in list(vars(owner).items()) if hasattr(owner, "__dict__") else ():
                 self._watch_attribute(f"loss_fn's {type(owner).__name__}.{key}", owner, key,
                                       value)
-        for label, value, get, put in _names_loss_fn_reads(loss_fn):
-            if isinstance(value, dict):
-                self._watch_items(label, value)
-            else:
-                self._add(label, get, put, value)
+        seen = set()
+        for label, reached in [("model", model)] + _modules_loss_fn_reaches(loss_fn):
+            for name, module in reached.named_modules():
+                if id(module) in seen:
+                    continue
+                seen.add(id(module))
+                for key, value in module._buffers.items():
+                    self._watch(f"buffer {label}{'.' + name if name else ''}.{key}",
+                                module._buffers, key, value)
 
     def _watch_items(self, label, mapping):
         for key, item in list(mapping.items()):
@@ -919,11 +928,14 @@ class _LossState:
         if isinstance(value, torch.Tensor) and not isinstance(value, FakeTensor) and \
                 not value.is_inference() and not value.is_meta and \
                 value.layout == torch.strided:
-            # (a host copy to put the values back, but of a large tensor:
-            # one written is then said so)
-            small = value.numel() * value.element_size() <= _LOSS_STATE_COPY_BYTES
+            # (a host copy to put the values back, within a bound in all:
+            # one written past it is said not to be put back)
+            nbytes = value.numel() * value.element_size()
+            copied = self.copied_bytes + nbytes <= _LOSS_STATE_COPY_BYTES
+            if copied:
+                self.copied_bytes += nbytes
             self.entries.append((label, get, put, value, value._version,
-                                 value.detach().to("cpu", copy=True) if small else None))
+                                 value.detach().to("cpu", copy=True) if copied else None))
 
     def _watch(self, label, mapping, key, value):
         self._add(label, lambda: mapping.get(key, _ABSENT),
@@ -2161,14 +2173,15 @@ def _modules_loss_fn_reaches(loss_fn):
     found = []
     if isinstance(loss_fn, torch.nn.Module):
         found.append(("loss_fn", loss_fn))
-    owner = getattr(loss_fn, "__self__", None)
+    found += [(label, value) for label, value, _, _ in _names_loss_fn_reads(loss_fn)
+              if isinstance(value, torch.nn.Module)]
+    function = loss_fn.func if isinstance(loss_fn, functools.partial) else loss_fn
+    owner = getattr(function, "__self__", None)
     if isinstance(owner, torch.nn.Module):
         found.append((f"loss_fn's {type(owner).__name__}", owner))
     elif owner is not None and hasattr(owner, "__dict__"):
         found += [(f"loss_fn's {type(owner).__name__}.{k}", v) for k, v in vars(owner).items()
                   if isinstance(v, torch.nn.Module)]
-    found += [(label, value) for label, value, _, _ in _names_loss_fn_reads(loss_fn)
-              if isinstance(value, torch.nn.Module)]
     return found
 
 

@@ -26,10 +26,11 @@ from torch.utils._pytree import tree_flatten
 from ._compat import storage_bytes, storage_key
 
 
-# The bytes of the allocation that marks a point in the CPU profiler's memory
-# events (AllocatorPeak.mark): a uint8 tensor of a prime size, allocated and
-# freed at once.
-MARK_BYTES = 1237
+# The bytes of the two allocations that mark a point in the CPU profiler's
+# memory events (AllocatorPeak.mark): uint8 tensors of two prime sizes,
+# allocated and freed at once, in that order (+1237, +1249, -1249, -1237:
+# a pattern no kernel's temporaries make by chance).
+MARK_BYTES = (1237, 1249)
 
 
 class AllocatorPeak:
@@ -63,14 +64,16 @@ class AllocatorPeak:
         self._tensors = None
 
     def mark(self):
-        """Records the allocator's level now (marks=True). On the CPU an
-        allocation of MARK_BYTES, made and freed here, marks the point in the
-        profiler's events; _read takes the level there and leaves the mark
-        out of the peak."""
+        """Records the allocator's level now (marks=True). On the CPU two
+        allocations of MARK_BYTES, made and freed here, mark the point in
+        the profiler's events; _read takes the level there and leaves the
+        mark out of the peak."""
         if self.device.type == "cuda":  # (the allocator counts as work is queued)
             self.levels.append(torch.cuda.memory_allocated(self.device) - self._start)
         else:
-            torch.empty(MARK_BYTES, dtype=torch.uint8)
+            first = torch.empty(MARK_BYTES[0], dtype=torch.uint8)
+            second = torch.empty(MARK_BYTES[1], dtype=torch.uint8)
+            del second, first
 
     def __enter__(self):
         # Garbage made before the block must not be freed inside it: on the
@@ -127,16 +130,17 @@ class AllocatorPeak:
             self.source = "profiler"
 
     def _peak_of(self, deltas):
-        """The largest running sum of `deltas`; with marks, each mark's pair
-        of events (+MARK_BYTES, -MARK_BYTES at once) left out, and the level
-        there appended to self.levels."""
+        """The largest running sum of `deltas`; with marks, each mark's four
+        events (mark()) left out, and the level there appended to
+        self.levels."""
+        a, b = MARK_BYTES
+        pattern = [a, b, -b, -a]
         level = peak = 0
         i = 0
         while i < len(deltas):
-            if self.marks and deltas[i] == MARK_BYTES and i + 1 < len(deltas) and \
-                    deltas[i + 1] == -MARK_BYTES:
+            if self.marks and deltas[i] == a and deltas[i:i + 4] == pattern:
                 self.levels.append(level)
-                i += 2
+                i += 4
                 continue
             level += deltas[i]
             peak = max(peak, level)
