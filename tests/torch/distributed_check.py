@@ -585,8 +585,11 @@ def check_one_plan(torch, pt, dist, rank, ranks):
     # are refused on every rank at once, saying which (these hung until the
     # process group's timeout, or aborted in gloo on messages of other sizes).
     for change, needle in (
+            # (the first tensor that differs named: a long list is compared entry by entry)
             (dict(model=lambda m: m.__setitem__(0, torch.nn.Linear(16, 40))),
-             "another module's parameters and buffers"),
+             "another module's parameters and buffers (names, shapes, dtypes, requires_grad) "
+             "than rank 0 (from entry 0 on: rank 0's ('0.weight', '(32, 16) float32 requires "
+             "grad'); rank 1's ('0.weight', '(40, 16) float32 requires grad'))"),
             (dict(shard="full"), "another shard= than rank 0 (rank 0's: 'none'; rank 1's: "
                                  "'full')"),
             (dict(budget="90%"), "another budget= than rank 0 (rank 0's: 'min'; rank 1's: "

@@ -669,10 +669,7 @@ def check_same_setup(setup, error, group):
     mine = None
     if error is None:
         try:
-            mine = {what: (repr(_canonical(value)) if len(repr(value)) <= 200 else
-                           "sha256:" + hashlib.sha256(repr(_canonical(value)).encode())
-                           .hexdigest())
-                    for what, value in setup().items()}
+            mine = {what: _comparable(value) for what, value in setup().items()}
         except Exception as e:  # noqa: BLE001 (raised on every rank below)
             error = e
     reports = [None] * dist.get_world_size(group)
@@ -682,14 +679,44 @@ def check_same_setup(setup, error, group):
     for what, value in reports[0].items():
         differ = [rank for rank, report in enumerate(reports) if report.get(what) != value]
         if differ:
-            shown = "" if value.startswith("sha256:") else " (" + "; ".join(
-                f"rank {rank}'s: {reports[rank].get(what)}" for rank in [0] + differ[:3]
-                if not str(reports[rank].get(what)).startswith("sha256:")) + ")"
             raise PlanError(f"rank{'s' if len(differ) > 1 else ''} "
                             f"{', '.join(map(str, differ))} give{'' if len(differ) > 1 else 's'} "
-                            f"another {what} than rank 0{shown}: every rank builds the same "
-                            "step, so give each the same module and train_step arguments, and "
-                            "a slice of the batch of the same shapes")
+                            f"another {what} than rank 0"
+                            f"{_difference_shown(value, reports[differ[0]].get(what), differ[0])}"
+                            ": every rank builds the same step, so give each the same module "
+                            "and train_step arguments, and a slice of the batch of the same "
+                            "shapes")
+
+
+def _comparable(value):
+    """check_same_setup's form of a setup value, the same text on every rank:
+    its repr, or a digest where that is long; a long list, each entry so (a
+    module's tensors: the first that differs can be named)."""
+    def brief(v):
+        text = repr(_canonical(v))
+        return text if len(text) <= 200 else \
+            "sha256:" + hashlib.sha256(text.encode()).hexdigest()
+    if isinstance(value, list) and len(repr(value)) > 200:
+        return ("entries", [brief(v) for v in value])
+    return brief(value)
+
+
+def _difference_shown(mine, theirs, rank):
+    """" (rank 0's: ...; rank R's: ...)" for two _comparable values that
+    differ, at their first differing entry for lists; "" where both are
+    digests."""
+    if isinstance(mine, tuple) and isinstance(theirs, tuple):
+        first, second = mine[1], theirs[1]
+        k = next((i for i, (a, b) in enumerate(zip(first, second)) if a != b),
+                 min(len(first), len(second)))
+        a = first[k] if k < len(first) else "(none)"
+        b = second[k] if k < len(second) else "(none)"
+        if a.startswith("sha256:") and b.startswith("sha256:"):
+            return f" (from entry {k} on)"
+        return f" (from entry {k} on: rank 0's {a}; rank {rank}'s {b})"
+    if str(mine).startswith("sha256:") or str(theirs).startswith("sha256:"):
+        return ""
+    return f" (rank 0's: {mine}; rank {rank}'s: {theirs})"
 
 
 def agreed(make, group):
