@@ -213,12 +213,14 @@ absl::StatusOr<Schedule> CallPolicy(const std::string& name, const py::function&
     Watchdog watchdog(options.time_limit_s);
     std::optional<PyError> error;
     absl::StatusOr<Schedule> schedule = absl::UnknownError("no schedule");
+    bool returned_in_time = false;  // (past the limit: its reading took the rest)
     try {
       // (the C API: no temporary of pybind11's to release in an unwind)
       PyObject* out = PyObject_CallFunctionObjArgs(fn.ptr(), graph_arg.ptr(),
                                                    options_arg.ptr(), nullptr);
       if (out == nullptr) throw py::error_already_set();
       result = py::reinterpret_steal<py::object>(out);
+      returned_in_time = std::chrono::steady_clock::now() <= deadline;
       // Read within the policy's limit, the watchdog on: a sequence may
       // never end, or its __getitem__ never return.
       schedule = ScheduleFromPython(graph, result, deadline);
@@ -234,11 +236,12 @@ absl::StatusOr<Schedule> CallPolicy(const std::string& name, const py::function&
     // before the exception reached it).
     if (late && !interrupted) {
       return absl::InvalidArgumentError(
-          result ? absl::StrCat(who, ": the schedule was not read within the time limit of ",
-                                options.time_limit_s, " s (reading it was stopped; its ",
-                                Py_TYPE(result.ptr())->tp_name, " may never end)")
-                 : absl::StrCat(who, ": no schedule within the time limit of ",
-                                options.time_limit_s, " s; the function was stopped"));
+          returned_in_time
+              ? absl::StrCat(who, ": the schedule was not read within the time limit of ",
+                             options.time_limit_s, " s (reading it was stopped; its ",
+                             Py_TYPE(result.ptr())->tp_name, " may never end)")
+              : absl::StrCat(who, ": no schedule within the time limit of ",
+                             options.time_limit_s, " s; the function was stopped"));
     }
     if (error) return failed(*std::move(error));
     if (!schedule.ok()) {
