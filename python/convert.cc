@@ -227,16 +227,19 @@ std::vector<py::object> ListArg(py::handle value, absl::string_view name,
   return items;
 }
 
+void RefuseRepeated(const std::vector<std::string>& items, absl::string_view name,
+                    absl::string_view what) {
+  if (std::find(items.begin(), items.end() - 1, items.back()) != items.end() - 1) {
+    RaiseValueError(absl::StrCat(name, ": names the ", what, " ", Quote(items.back()), " twice"));
+  }
+}
+
 std::vector<std::string> PolicyListArg(py::handle value) {
   std::vector<std::string> out;
   for (const py::object& item : ListArg(value, "policies", "a list of policy names")) {
     const std::string name = absl::StrCat("policies[", out.size(), "]");
     out.push_back(StrArg(item, name));
-    // (each is one row of the results: twice would plan it twice, as the
-    // command line refuses it)
-    if (std::find(out.begin(), out.end() - 1, out.back()) != out.end() - 1) {
-      RaiseValueError(absl::StrCat(name, ": names the policy ", Quote(out.back()), " twice"));
-    }
+    RefuseRepeated(out, name, "policy");
   }
   if (out.empty()) {
     RaiseValueError("policies: the list names no policy (None means every registered one)");

@@ -99,6 +99,12 @@ const Graph& GraphArg(py::handle value);
 // The items of a list argument: any iterable but a str, bytes or a dict.
 std::vector<py::object> ListArg(py::handle value, absl::string_view name,
                                 absl::string_view what);
+// A ValueError where the last of `items` (given as `name`, "policies[2]")
+// repeats an earlier one: each item of compare's and fit's lists is a row of
+// the results, so twice would plan it twice (the command line refuses it
+// too). `what`: "policy", "budget".
+void RefuseRepeated(const std::vector<std::string>& items, absl::string_view name,
+                    absl::string_view what);
 // A non-empty list of policy names (argument "policies"): None, not an
 // empty list, means every registered policy, as the command line refuses
 // `--policies ,`.

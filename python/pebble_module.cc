@@ -118,10 +118,7 @@ py::list ComparePy(const py::object& graph_arg, const py::object& policies,
     for (const py::object& b : ListArg(budgets, "budgets", "a list of budgets")) {
       const std::string name = absl::StrCat("budgets[", request.budgets.size(), "]");
       request.budgets.push_back(BudgetText(b, name));
-      const auto& given = request.budgets;
-      if (std::find(given.begin(), given.end() - 1, given.back()) != given.end() - 1) {
-        RaiseValueError(absl::StrCat(name, ": names the budget ", Quote(given.back()), " twice"));
-      }
+      RefuseRepeated(request.budgets, name, "budget");
     }
   }
   request.options = Options(host_budget, bandwidth, time_limit, seed, own_order);

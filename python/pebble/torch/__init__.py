@@ -1243,18 +1243,18 @@ class _Variant:
             if peak <= self.plan.report["peak_bytes"]:
                 return
             kept = dict(self.__dict__)
+            lowered = False
             try:
                 for budget in (peak - 1, peak - 1 - self.program.rng_state_bytes):
                     if budget <= 0:
-                        raise PlanError("no budget left")
+                        break
                     self._plan_and_build(step, capture, dict(step.options, budget=f"{budget}B"))
-                    if self.predicted_peak_bytes < peak:
+                    lowered = self.predicted_peak_bytes < peak
+                    if lowered:
                         break
             except PlanError:
-                self.__dict__.clear()
-                self.__dict__.update(kept)
-                return
-            if self.predicted_peak_bytes >= peak:
+                lowered = False
+            if not lowered:  # (the plan of "min" as it was)
                 self.__dict__.clear()
                 self.__dict__.update(kept)
                 return
@@ -1477,10 +1477,17 @@ class _Variant:
         rerun = {self.plan.schedule[i][1]: program.workspace(node)
                  for i, (kind, node) in enumerate(program.steps)
                  if kind == COMPUTE and node.random and node.fx in program.rerun_calls}
-        simulation = self.budget_info["simulation"]
-        graph = self.graph if simulation["tokens"] else self._whole_step(self.capture.free_graph)
-        return _simulated_peak(graph, self.plan.schedule, simulation["options"], kept=kept,
+        return _simulated_peak(self._simulated_graph(), self.plan.schedule,
+                               self.budget_info["simulation"]["options"], kept=kept,
                                workspace=rerun)
+
+    def _simulated_graph(self):
+        """The graph the plan was made over, to simulate it again: the
+        captured step's, or the one without the random calls' order tokens
+        (budget_info's "simulation")."""
+        if self.budget_info["simulation"]["tokens"]:
+            return self.graph
+        return self._whole_step(self.capture.free_graph)
 
     def _timeline(self, measured):
         """The memory timeline of a step (TrainStep.memory_timeline) whose
@@ -1494,9 +1501,8 @@ class _Variant:
         if len(measured) != len(schedule):
             raise PlanExecutionError(f"internal: {len(measured)} levels measured for the plan's "
                                      f"{len(schedule)} steps")
-        simulation = self.budget_info["simulation"]
-        graph = self.graph if simulation["tokens"] else self._whole_step(self.capture.free_graph)
-        report = _core.simulate(graph, schedule, timeline=True, **simulation["options"])
+        report = _core.simulate(self._simulated_graph(), schedule, timeline=True,
+                                **self.budget_info["simulation"]["options"])
         start = report["initial_bytes"]
         kept = {}  # node index -> bytes, kept from a sibling's call until its step
         timeline = []

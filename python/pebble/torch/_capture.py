@@ -802,37 +802,73 @@ def _tensor_attributes_kept(model):
 #   names it. Rebinding alone is not refused: a forward may make the same
 #   value at each call (a cast of a mask), and weight_norm's hook binds its
 #   weight before each call (Note [Tensors the forward binds to attributes]).
-class _PlainTensors:
-    """The tensors bound to plain attributes of `modules` ((label, module)
-    pairs) as a trace starts: their version counters and host copies of
-    their values."""
+class _WatchedTensors:
+    """Tensors noted as a trace starts: each one's object, version counter
+    and a host copy of its values (within `copy_limit` bytes in all; None:
+    every one), to find those the trace bound anew or wrote, and put them
+    back. Entries: (label, get, put, tensor, version, copy); get() reads
+    what its name holds now (_ABSENT: nothing), put(t) binds it anew."""
 
-    def __init__(self, modules):
-        self.entries = []  # (label, module, key, tensor, version, copy)
-        for label, module in modules:
-            for key, value in vars(module).items():
-                if key.startswith("_") or not isinstance(value, torch.Tensor) or \
-                        isinstance(value, FakeTensor) or value.is_inference() or \
-                        value.is_meta or value.layout != torch.strided:
-                    continue
-                self.entries.append((f"{label}.{key}", module, key, value, value._version,
-                                     value.detach().to("cpu", copy=True)))
+    def __init__(self, copy_limit=None):
+        self.entries = []
+        self.copy_limit = copy_limit
+        self.copied_bytes = 0
+
+    def _add(self, label, get, put, value):
+        if not isinstance(value, torch.Tensor) or isinstance(value, FakeTensor) or \
+                value.is_inference() or value.is_meta or value.layout != torch.strided:
+            return
+        nbytes = value.numel() * value.element_size()
+        copied = self.copy_limit is None or self.copied_bytes + nbytes <= self.copy_limit
+        if copied:
+            self.copied_bytes += nbytes
+        self.entries.append((label, get, put, value, value._version,
+                             value.detach().to("cpu", copy=True) if copied else None))
+
+    def _watch(self, label, mapping, key, value):
+        self._add(label, lambda: mapping.get(key, _ABSENT),
+                  lambda t: mapping.__setitem__(key, t), value)
+
+    def _watch_attribute(self, label, owner, key, value):
+        self._add(label, lambda: vars(owner).get(key, _ABSENT),
+                  lambda t: setattr(owner, key, t), value)
 
     def rebound(self):
-        """(label, tensor) of the attributes bound to another object now."""
-        return [(label, tensor) for label, module, key, tensor, _, _ in self.entries
-                if vars(module).get(key, _ABSENT) is not tensor]
+        """(label, tensor) of the names bound to another object now."""
+        return [(label, tensor) for label, get, _, tensor, _, _ in self.entries
+                if get() is not tensor]
 
     def written_put_back(self):
         """The labels of the tensors written in place since, each given its
-        values back."""
-        written = []
-        for label, _, _, tensor, version, copy in self.entries:
-            if tensor._version != version:
-                with torch.no_grad():
-                    tensor.copy_(copy)
-                written.append(label)
-        return written
+        values back (one without a copy: its label says they were not)."""
+        labels = (self._values_put_back(label, tensor, version, copy)
+                  for label, _, _, tensor, version, copy in self.entries)
+        return [label for label in labels if label is not None]
+
+    @staticmethod
+    def _values_put_back(label, tensor, version, copy):
+        """For a tensor written since its entry was made: its values put back
+        from `copy`, and its label (noting where there was no copy); else
+        None."""
+        if tensor._version == version:
+            return None
+        if copy is None:
+            return f"{label} (written: its values were not put back)"
+        with torch.no_grad():
+            tensor.copy_(copy)
+        return label
+
+
+class _PlainTensors(_WatchedTensors):
+    """The tensors bound to plain attributes of `modules` ((label, module)
+    pairs) as a trace starts, every one copied."""
+
+    def __init__(self, modules):
+        super().__init__()
+        for label, module in modules:
+            for key, value in vars(module).items():
+                if not key.startswith("_"):
+                    self._watch_attribute(f"{label}.{key}", module, key, value)
 
 
 def _plain_tensors_of(model, loss_fn):
@@ -892,14 +928,13 @@ def _names_loss_fn_reads(loss_fn):
                    lambda t, name=name: module_globals.__setitem__(name, t))
 
 
-class _LossState:
+class _LossState(_WatchedTensors):
     """The tensors `loss_fn` reaches besides the batch and the model's
-    parameters (Note [State the loss carries]), as a trace starts."""
+    parameters (Note [State the loss carries]), as a trace starts; host
+    copies within _LOSS_STATE_COPY_BYTES in all, the loss's own first."""
 
     def __init__(self, model, loss_fn):
-        self.entries = []  # (label, get, put, tensor, version, host copy)
-        self.copied_bytes = 0
-        # The loss's own first: the host copies are bounded in all.
+        super().__init__(copy_limit=_LOSS_STATE_COPY_BYTES)
         for label, value, get, put in _names_loss_fn_reads(loss_fn):
             if isinstance(value, dict):
                 self._watch_items(label, value)
@@ -924,43 +959,18 @@ class _LossState:
         for key, item in list(mapping.items()):
             self._watch(f"{label}[{key!r}]", mapping, key, item)
 
-    def _add(self, label, get, put, value):
-        if isinstance(value, torch.Tensor) and not isinstance(value, FakeTensor) and \
-                not value.is_inference() and not value.is_meta and \
-                value.layout == torch.strided:
-            # (a host copy to put the values back, within a bound in all:
-            # one written past it is said not to be put back)
-            nbytes = value.numel() * value.element_size()
-            copied = self.copied_bytes + nbytes <= _LOSS_STATE_COPY_BYTES
-            if copied:
-                self.copied_bytes += nbytes
-            self.entries.append((label, get, put, value, value._version,
-                                 value.detach().to("cpu", copy=True) if copied else None))
-
-    def _watch(self, label, mapping, key, value):
-        self._add(label, lambda: mapping.get(key, _ABSENT),
-                  lambda t: mapping.__setitem__(key, t), value)
-
-    def _watch_attribute(self, label, owner, key, value):
-        self._add(label, lambda: vars(owner).get(key, _ABSENT),
-                  lambda t: setattr(owner, key, t), value)
-
     def changed_put_back(self):
         """The labels of the tensors rebound or written since, each put back
-        as it was (a large one written: its label says it was not)."""
+        as it was (one written without a copy: its label says its values
+        were not)."""
         changed = []
         for label, get, put, tensor, version, copy in self.entries:
             rebound = get() is not tensor
             if rebound:
                 put(tensor)
-            written = tensor._version != version
-            if written and copy is not None:
-                with torch.no_grad():
-                    tensor.copy_(copy)
-            if written and copy is None:
-                changed.append(f"{label} (written: its values were not put back)")
-            elif rebound or written:
-                changed.append(label)
+            written = self._values_put_back(label, tensor, version, copy)
+            if written is not None or rebound:
+                changed.append(written or label)
         return changed
 
 
@@ -1565,8 +1575,7 @@ def trace(model, loss_fn, inputs, target, device, mode=None, one_pass=True, stan
     if max_grad_norm is not None and ranks > 1:
         hold_divisors(ranks, {s.tensor.dtype for s in slots if s.trainable})
     n_state = len(slots)  # (the placeholders from here on are the batch's)
-    slots += [Slot("input", index=k) for k in range(len(inputs))]
-    slots.append(Slot("target"))
+    slots += _batch_slots(inputs)
     flat = _placeholder_values(slots, inputs, target)
     modes = [mode] if mode else _modes_to_try(model, slots, flat)
     fake_mode = None
@@ -1785,8 +1794,7 @@ def _refuse_untraced(model, loss_fn, slots, flat, device, failure, sharded):
             "it") from e
     if eager is not None:
         where, e = eager
-        raise CaptureError(f"{where} fails on these inputs without pebble too (run eagerly): "
-                           f"{type(e).__name__}: {_first_line(e)}{_user_line(e)}") from e
+        raise CaptureError(_eager_failure_text(where, e)) from e
     if _MODIFIED_IN_PLACE in str(e):  # (autograd's own check: eager's backward fails too)
         raise CaptureError(
             "the step's backward fails without pebble too (PyTorch's autograd refuses it in "
@@ -2284,16 +2292,22 @@ def eager_failure_message(model, loss_fn, inputs, target, device):
     this batch (_eager_failure), else None: where a kernel of the step fails
     at its first run (an int32 target for cross_entropy, which fake tensors
     let through), the user is told that eager fails as well, and where."""
-    slots = module_slots(model)
-    slots += [Slot("input", index=k) for k in range(len(inputs))]
-    slots.append(Slot("target"))
+    slots = module_slots(model) + _batch_slots(inputs)
     found = _eager_failure(model, loss_fn, slots, _placeholder_values(slots, inputs, target),
                            device)
-    if found is None:
-        return None
-    where, e = found
+    return _eager_failure_text(*found) if found is not None else None
+
+
+def _eager_failure_text(where, e):
+    """The refusal of a step that fails run eagerly (_eager_failure's)."""
     return (f"{where} fails on these inputs without pebble too (run eagerly): "
             f"{type(e).__name__}: {_first_line(e)}{_user_line(e)}")
+
+
+def _batch_slots(inputs):
+    """The slots of a step's batch, after its module's: each input, then
+    the target."""
+    return [Slot("input", index=k) for k in range(len(inputs))] + [Slot("target")]
 
 
 def _eager_failure(model, loss_fn, slots, flat, device):
