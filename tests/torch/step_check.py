@@ -849,6 +849,70 @@ def check_state_the_loss_carries(failures, device):
                    "a frozen teacher: the step's gradients are not eager's")
 
 
+HELPER_EMA = None  # check_loss_helpers: a global that a helper of the loss binds anew
+
+
+def _ema_of(loss):
+    """A helper of a loss that keeps a running mean in a global of its own."""
+    global HELPER_EMA
+    HELPER_EMA = 0.9 * HELPER_EMA + 0.1 * loss.detach()
+    return loss
+
+
+def check_loss_helpers(failures, device):
+    """What the user's functions that a loss calls read (Note [What the
+    loss's helpers read]): a weight read by a helper in a module of its
+    own, or by the loss as that module's attribute, changed between calls,
+    makes a new capture with eager's loss each time (until 2026-12-06 the
+    step kept the first value, silently); a helper that writes a global of
+    its module in place, or binds one anew, is refused naming it, the state
+    as it was."""
+    global HELPER_EMA
+    import loss_helpers
+    F = torch.nn.functional
+    torch.manual_seed(SEED)
+    model = torch.nn.Sequential(torch.nn.Linear(10, 16), torch.nn.ReLU(),
+                                torch.nn.Linear(16, 5)).to(device)
+    eager_model = copy.deepcopy(model)
+    x = torch.randn(4, 10, device=device)
+    y = torch.tensor([0, 2, 4, 1], device=device)
+    for label, loss_fn in (
+            ("a helper's global", lambda out, t: loss_helpers.scaled_cross_entropy(out, t)),
+            ("a module's attribute", lambda out, t: loss_helpers.SCALE * F.cross_entropy(out, t))):
+        loss_helpers.SCALE = 1.0
+        model.zero_grad(set_to_none=True)  # (as each call starts: no capture for .grad's)
+        step = pt.train_step(model, loss_fn, (x,), y, policy="dtr", budget="min",
+                             measure="never")
+        for scale in (1.0, 3.0, 3.0, 0.5):
+            loss_helpers.SCALE = scale
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # (the recapture's warning)
+                check_beside_eager(failures, f"{label} changed to {scale}", step, model,
+                                   eager_model, loss_fn, (x,), y)
+        failures.check(step.report["shapes_planned"] == 3,
+                       f"{label} changed: {step.report['shapes_planned']} captures, not 3")
+    loss_helpers.SCALE = 1.0
+    loss_helpers.COUNTS = torch.zeros(5, device=device)
+    HELPER_EMA = torch.zeros((), device=device)
+    for label, loss_fn, watched, named in (
+            ("writes a global of its module",
+             lambda out, t: loss_helpers.counted_cross_entropy(out, t),
+             lambda: loss_helpers.COUNTS, "the global loss_helpers.COUNTS"),
+            ("binds a global anew", lambda out, t: _ema_of(F.cross_entropy(out, t)),
+             lambda: HELPER_EMA, "the global HELPER_EMA")):
+        before = watched()
+        values = before.clone()
+        try:
+            pt.train_step(model, loss_fn, (x,), y, policy="baseline", budget="100%")
+            failures.check(False, f"a loss whose helper {label} was not refused")
+        except pt.CaptureError as e:
+            failures.check(named in str(e) and "at each call" in str(e),
+                           f"a loss whose helper {label}: refused with '{e}'")
+        failures.check(watched() is before and torch.equal(before, values),
+                       f"a loss whose helper {label}: the state is not as it was after the "
+                       "refusal")
+
+
 def check_loss_and_checkpoints(failures, device):
     """A module that checkpoints a block with dropout and batch norm itself
     (reentrant or not) gives eager's gradients and running statistics (the
@@ -3274,6 +3338,7 @@ def main():
         check_training_loops(failures, device)
         check_loss_and_checkpoints(failures, device)
         check_state_the_loss_carries(failures, device)
+        check_loss_helpers(failures, device)
         check_a_kernel_that_fails_eagerly_too(failures, device)
         check_constants_and_masks(failures, device)
         check_outputs_the_kernel_shapes(failures, device)

@@ -302,8 +302,9 @@ def _loss_settings(loss_fn):
     functools.partial's arguments: each plain value or dict of them (a
     weight that a schedule anneals), and each module's attributes; a
     callable object's plain attributes; configuration objects among them
-    as _setting reads them. A function's are _Local. (Functions the loss
-    calls, and other objects, are not looked into.)"""
+    as _setting reads them; what the user's functions that it calls read
+    (_function_reads). A function's are _Local. (Other objects, and the
+    methods of a loss module, are not looked into.)"""
     if isinstance(loss_fn, torch.nn.Module):
         return tuple((f"loss_fn.{name}" if name else "loss_fn", _loss_module_settings(module))
                      for name, module in loss_fn.named_modules())
@@ -318,15 +319,8 @@ def _loss_settings(loss_fn):
         named = _attributes_named_in(loss_fn.__func__.__code__)
         read += [(f"self.{k}", v) for k, v in vars(loss_fn.__self__).items() if k in named]
         loss_fn = loss_fn.__func__
-    code = getattr(loss_fn, "__code__", None)
-    if code is not None:
-        for name, cell in zip(code.co_freevars, loss_fn.__closure__ or ()):
-            try:
-                read.append((name, cell.cell_contents))
-            except ValueError:  # (a cell not filled yet)
-                continue
-        names = getattr(loss_fn, "__globals__", {})
-        read += [(name, names[name]) for name in _names_in(code) if name in names]
+    if isinstance(loss_fn, types.FunctionType):
+        read += [(name, value) for name, _, value, _, _ in _function_reads(loss_fn)]
     elif not isinstance(loss_fn, types.BuiltinFunctionType):
         read += list(getattr(loss_fn, "__dict__", {}).items())
     found, modules = [], []
@@ -334,7 +328,7 @@ def _loss_settings(loss_fn):
         if isinstance(value, torch.nn.Module):
             modules += [(f"loss_fn:{name}.{sub}" if sub else f"loss_fn:{name}",
                          _loss_module_settings(module)) for sub, module in value.named_modules()]
-        elif not name.startswith("_"):
+        elif not name.rpartition(".")[2].startswith("_"):
             value = _watched(value)
             if value is not _NOT_PLAIN:
                 found.append((name, value if isinstance(value, _Local) else _Local(value)))
@@ -900,32 +894,122 @@ _LOSS_STATE_COPY_BYTES = 64 << 20  # what _LossState copies to put back, in all
 
 
 def _names_loss_fn_reads(loss_fn):
-    """(label, value, get, put) of each variable of `loss_fn`'s closure and
-    each global its code loads (of a functools.partial: its function's, and
-    its arguments, which cannot be bound anew): get() reads it now
-    (_ABSENT: unbound), put(v) binds it anew."""
+    """(label, value, get, put) of each variable that `loss_fn` reads
+    (_function_reads; of a functools.partial: its function's, and its
+    arguments, which cannot be bound anew): get() reads it now (_ABSENT:
+    unbound), put(v) binds it anew."""
     if isinstance(loss_fn, functools.partial):
         for k, value in list(enumerate(loss_fn.args)) + sorted(loss_fn.keywords.items()):
             yield (f"loss_fn's argument {k}", value, lambda value=value: value, lambda t: None)
         loss_fn = loss_fn.func
     function = getattr(loss_fn, "__func__", loss_fn)
-    code = getattr(function, "__code__", None)
-    for name, cell in zip(getattr(code, "co_freevars", ()),
-                          getattr(function, "__closure__", None) or ()):
+    if isinstance(function, types.FunctionType):
+        for _, label, value, get, put in _function_reads(function):
+            yield label, value, get, put
+
+
+# Note [What the loss's helpers read]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# A loss often calls a function of the user's own that reads a global of
+# its module (`return SCALE * F.cross_entropy(out, y)` in losses.py, SCALE
+# annealed by the training loop), or reads a module of theirs
+# (`config.ALPHA`). The trace bakes such a value in like the loss's own
+# globals, so it is a setting (a change makes a new capture) and a tensor
+# there is state the loss may carry (_LossState); until 2026-12-06 only
+# the loss's own closure and globals were, and a changed SCALE was ignored
+# silently. Followed: the functions of the user's code (not PyTorch's,
+# pebble's, Python's library or an installed package: _library_directories)
+# that the loss's closure or globals hold, or an attribute of the user's
+# module that its code names, and theirs in turn, to _HELPERS_FOLLOWED
+# functions. Not followed: methods, and what a function receives as an
+# argument.
+_HELPERS_FOLLOWED = 32
+
+
+def _function_reads(function):
+    """(name, label, value, get, put) of each variable that `function` reads,
+    each once: its closure's cells and the globals its code loads, the
+    attributes its code names of a module of the user's own, and the same of
+    the user's functions among them (Note [What the loss's helpers read]).
+    `name` is a setting's name (`alpha`; a global of another module:
+    `losses.SCALE`), `label` an error's (`the global losses.SCALE`,
+    `make_loss.<locals>.ce's alpha`); get() reads the variable
+    now (_ABSENT: unbound), put(v) binds it anew."""
+    libraries = _library_directories_once()
+    home = function.__globals__.get("__name__")  # (the loss's module: its globals unqualified)
+    todo, followed, labels = [(function, None)], {function.__code__}, set()
+    while todo:
+        function, helper = todo.pop(0)
+        for read in _own_reads(function, helper, home, libraries):
+            if read[1] in labels:
+                continue
+            labels.add(read[1])
+            yield read
+            value = read[2]
+            if isinstance(value, types.FunctionType) and value.__code__ not in followed and \
+                    len(followed) < _HELPERS_FOLLOWED and _users_function(value, libraries):
+                followed.add(value.__code__)
+                todo.append((value, value.__qualname__))
+
+
+def _own_reads(function, helper, home, libraries):
+    """_function_reads of `function` alone; `helper`: its name where the
+    loss calls it, None for the loss itself; `home`: the loss's module's
+    name."""
+    code = function.__code__
+    for read in _variables_read(function, helper, home):
+        yield read
+        module = read[2]
+        if isinstance(module, types.ModuleType) and _users_module(module, libraries):
+            attributes = vars(module)
+            for attr in sorted(_attributes_named_in(code) & attributes.keys()):
+                if attr.startswith("__") or isinstance(attributes[attr], (type,
+                                                                           types.ModuleType)):
+                    continue
+                name = f"{module.__name__}.{attr}"
+                yield (name, f"the global {name}", attributes[attr],
+                       lambda a=attr, m=attributes: m.get(a, _ABSENT),
+                       lambda t, m=module, a=attr: setattr(m, a, t))
+
+
+def _variables_read(function, helper, home):
+    """_own_reads' variables of `function`: its closure's cells and the
+    globals its code loads (not attributes' names)."""
+    code = function.__code__
+    for var, cell in zip(code.co_freevars, function.__closure__ or ()):
         def get(cell=cell):
             try:
                 return cell.cell_contents
             except ValueError:  # (an empty cell)
                 return _ABSENT
         if get() is not _ABSENT:
-            yield (f"loss_fn's {name}", get(), get,
+            yield (var if helper is None else f"{helper}.{var}",
+                   f"loss_fn's {var}" if helper is None else f"{helper}'s {var}", get(), get,
                    lambda t, cell=cell: setattr(cell, "cell_contents", t))
-    module_globals = getattr(function, "__globals__", {})
-    for name in _names_in(code) if code is not None else ():  # (not attributes' names)
-        if name in module_globals:
-            yield (f"the global {name}", module_globals[name],
-                   lambda name=name: module_globals.get(name, _ABSENT),
-                   lambda t, name=name: module_globals.__setitem__(name, t))
+    module_globals = function.__globals__
+    module_name = module_globals.get("__name__")
+    for var in _names_in(code):
+        if var in module_globals:
+            name = var if module_name == home else f"{module_name}.{var}"
+            yield (name, f"the global {name}", module_globals[var],
+                   lambda var=var: module_globals.get(var, _ABSENT),
+                   lambda t, var=var: module_globals.__setitem__(var, t))
+
+
+def _users_function(function, libraries):
+    """Whether `function` is of the user's code: defined in a file outside
+    `libraries` (_library_directories), or typed in (a notebook's cell)."""
+    path = function.__code__.co_filename
+    if path.startswith("<"):
+        return not path.startswith("<frozen")
+    return _users_file(path, libraries)
+
+
+def _users_module(module, libraries):
+    """Whether `module` is of the user's code (a file outside `libraries`,
+    or the script run)."""
+    path = getattr(module, "__file__", None)
+    return module.__name__ == "__main__" if path is None else _users_file(path, libraries)
 
 
 class _LossState(_WatchedTensors):
@@ -1883,6 +1967,17 @@ def _library_directories():
     except ImportError:
         pass
     return tuple(os.path.realpath(f) + os.sep for f in folders)
+
+
+_LIBRARY_DIRECTORIES = []
+
+
+def _library_directories_once():
+    """_library_directories, found at the first call (a loss's settings are
+    read at every step)."""
+    if not _LIBRARY_DIRECTORIES:
+        _LIBRARY_DIRECTORIES.append(_library_directories())
+    return _LIBRARY_DIRECTORIES[0]
 
 
 def _user_line(e):
