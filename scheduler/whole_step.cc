@@ -36,6 +36,7 @@
 #include "absl/strings/str_cat.h"
 #include "graph/status.h"
 #include "scheduler/collective_buckets.h"
+#include "scheduler/collectives.h"
 #include "scheduler/compose.h"
 #include "scheduler/offload.h"
 #include "scheduler/policies.h"
@@ -100,6 +101,7 @@ absl::StatusOr<PlanResult> WholeStep(const Graph& graph, const std::string& name
   collectives["collective_buckets"] = std::move(r.details["collective_buckets"]);
   r.details.erase("collective_buckets");
   collectives["count"] = r.report.collectives;
+  collectives["messages"] = CountCollectiveComputes(graph, r.schedule).messages;
   collectives["bytes"] = r.report.collective_bytes;
   collectives["network_busy"] = r.report.network_busy;
   r.details["collectives"] = std::move(collectives);

@@ -1381,6 +1381,8 @@ TEST(ShardingTest, HybridIsNoSlowerThanTheRulesWithUpdatesOnTheHost) {
                    std::find(kFsdpPolicies.begin(), kFsdpPolicies.end(), taken) !=
                        kFsdpPolicies.end();
     EXPECT_EQ(hybrid.details["collectives"]["count"], hybrid.report.collectives);
+    EXPECT_EQ(hybrid.details["collectives"]["messages"],
+              CountCollectiveComputes(*g, hybrid.schedule).messages);
     EXPECT_TRUE(hybrid.details.contains("tensors"));
     EXPECT_FALSE(hybrid.details.contains("collective_buckets"));
   }
