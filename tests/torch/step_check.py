@@ -849,7 +849,7 @@ def check_state_the_loss_carries(failures, device):
                    "a frozen teacher: the step's gradients are not eager's")
 
 
-HELPER_EMA = None  # check_loss_helpers: a global that a helper of the loss binds anew
+HELPER_EMA = None  # check_user_code: a global that a helper of the loss binds anew
 
 
 def _ema_of(loss):
@@ -859,16 +859,17 @@ def _ema_of(loss):
     return loss
 
 
-def check_loss_helpers(failures, device):
-    """What the user's functions that a loss calls read (Note [What the
-    loss's helpers read]): a weight read by a helper in a module of its
-    own, or by the loss as that module's attribute, changed between calls,
-    makes a new capture with eager's loss each time (until 2026-12-06 the
-    step kept the first value, silently); a helper that writes a global of
-    its module in place, or binds one anew, is refused naming it, the state
-    as it was."""
+def check_user_code(failures, device):
+    """What the user's functions that a loss or a forward calls read (Note
+    [What the loss's helpers read]): a weight read by a helper in a module
+    of its own, or by the loss as that module's attribute, and a setting
+    that a forward's helper reads, changed between calls, make a new
+    capture with eager's numbers each time (until 2026-12-06 the step kept
+    the first value, silently); a loss's helper that writes a global of its
+    module in place, or binds one anew, is refused naming it, the state as
+    it was."""
     global HELPER_EMA
-    import loss_helpers
+    import user_code
     F = torch.nn.functional
     torch.manual_seed(SEED)
     model = torch.nn.Sequential(torch.nn.Linear(10, 16), torch.nn.ReLU(),
@@ -877,27 +878,50 @@ def check_loss_helpers(failures, device):
     x = torch.randn(4, 10, device=device)
     y = torch.tensor([0, 2, 4, 1], device=device)
     for label, loss_fn in (
-            ("a helper's global", lambda out, t: loss_helpers.scaled_cross_entropy(out, t)),
-            ("a module's attribute", lambda out, t: loss_helpers.SCALE * F.cross_entropy(out, t))):
-        loss_helpers.SCALE = 1.0
+            ("a helper's global", lambda out, t: user_code.scaled_cross_entropy(out, t)),
+            ("a module's attribute", lambda out, t: user_code.SCALE * F.cross_entropy(out, t))):
+        user_code.SCALE = 1.0
         model.zero_grad(set_to_none=True)  # (as each call starts: no capture for .grad's)
         step = pt.train_step(model, loss_fn, (x,), y, policy="dtr", budget="min",
                              measure="never")
         for scale in (1.0, 3.0, 3.0, 0.5):
-            loss_helpers.SCALE = scale
+            user_code.SCALE = scale
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")  # (the recapture's warning)
                 check_beside_eager(failures, f"{label} changed to {scale}", step, model,
                                    eager_model, loss_fn, (x,), y)
         failures.check(step.report["shapes_planned"] == 3,
                        f"{label} changed: {step.report['shapes_planned']} captures, not 3")
-    loss_helpers.SCALE = 1.0
-    loss_helpers.COUNTS = torch.zeros(5, device=device)
+    user_code.SCALE = 1.0
+
+    class Leaky(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner = torch.nn.Linear(10, 16)
+            self.head = torch.nn.Linear(16, 5)
+
+        def forward(self, x):
+            return self.head(user_code.leaky(self.inner(x)))
+    torch.manual_seed(SEED)
+    leaky = Leaky().to(device)
+    eager_leaky = copy.deepcopy(leaky)
+    step = pt.train_step(leaky, F.cross_entropy, (x,), y, policy="dtr", budget="min",
+                         measure="never")
+    for slope in (0.1, 0.5, 0.5):
+        user_code.SLOPE = slope
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # (the recapture's warning)
+            check_beside_eager(failures, f"a forward's helper's setting changed to {slope}",
+                               step, leaky, eager_leaky, F.cross_entropy, (x,), y)
+    failures.check(step.report["shapes_planned"] == 2, "a forward's helper's setting changed: "
+                   f"{step.report['shapes_planned']} captures, not 2")
+    user_code.SLOPE = 0.1
+    user_code.COUNTS = torch.zeros(5, device=device)
     HELPER_EMA = torch.zeros((), device=device)
     for label, loss_fn, watched, named in (
             ("writes a global of its module",
-             lambda out, t: loss_helpers.counted_cross_entropy(out, t),
-             lambda: loss_helpers.COUNTS, "the global loss_helpers.COUNTS"),
+             lambda out, t: user_code.counted_cross_entropy(out, t),
+             lambda: user_code.COUNTS, "the global user_code.COUNTS"),
             ("binds a global anew", lambda out, t: _ema_of(F.cross_entropy(out, t)),
              lambda: HELPER_EMA, "the global HELPER_EMA")):
         before = watched()
@@ -3338,7 +3362,7 @@ def main():
         check_training_loops(failures, device)
         check_loss_and_checkpoints(failures, device)
         check_state_the_loss_carries(failures, device)
-        check_loss_helpers(failures, device)
+        check_user_code(failures, device)
         check_a_kernel_that_fails_eagerly_too(failures, device)
         check_constants_and_masks(failures, device)
         check_outputs_the_kernel_shapes(failures, device)

@@ -335,11 +335,6 @@ def _loss_settings(loss_fn):
     return ((("loss_fn", tuple(found)),) if found else ()) + tuple(modules)
 
 
-# A module class's forward -> the globals its code names that may be
-# settings (not modules, classes or functions when first seen).
-_GLOBALS_READ = {}
-
-
 def _code_and_nested(code):
     """`code` (None: nothing) and the code of the functions defined in it
     (a lambda in a forward, a comprehension), depth first."""
@@ -403,26 +398,20 @@ def python_randomness(model):
 
 
 def _forward_globals(classes, seen):
-    """The settings among the globals that the forwards of `classes` (the
-    user's, not PyTorch's own) name in their code and the functions defined
-    in it: a scale or a flag that a schedule changes at module level. (name, ((global, _Local setting),
-    ...)) per class that reads any; what the functions they call read is
-    not looked into."""
+    """The settings among what the forwards of `classes` (not PyTorch's
+    own) read besides the module (_function_reads: the globals their code
+    names, a module of the user's attributes, and the same of the user's
+    functions they call): a scale or a flag that a schedule changes at
+    module level. (name, ((global, _Local setting), ...)) per class that
+    reads any."""
     found = []
     for cls in sorted(classes, key=lambda c: (c.__module__, c.__qualname__)):
-        if cls.__module__.startswith("torch."):
-            continue
         forward = getattr(cls, "forward", None)
-        if cls not in _GLOBALS_READ:
-            names = getattr(forward, "__globals__", {})
-            _GLOBALS_READ[cls] = tuple(
-                name for name in _names_in(getattr(forward, "__code__", None)) if
-                name in names and not callable(names[name]) and
-                not isinstance(names[name], types.ModuleType))
-        names = getattr(forward, "__globals__", {})
+        if cls.__module__.startswith("torch.") or not isinstance(forward, types.FunctionType):
+            continue
         items = []
-        for name in _GLOBALS_READ[cls]:
-            setting = _watched(names.get(name, _NOT_PLAIN), seen)
+        for name, _, value, _, _ in _function_reads(forward):
+            setting = _watched(value, seen)
             if setting is not _NOT_PLAIN:
                 items.append((name, setting if isinstance(setting, _Local) else _Local(setting)))
         if items:
@@ -922,7 +911,8 @@ def _names_loss_fn_reads(loss_fn):
 # that the loss's closure or globals hold, or an attribute of the user's
 # module that its code names, and theirs in turn, to _HELPERS_FOLLOWED
 # functions. Not followed: methods, and what a function receives as an
-# argument.
+# argument. A forward of the user's module class is read alike
+# (_forward_globals): `helpers.leaky(x)` reading a SLOPE global.
 _HELPERS_FOLLOWED = 32
 
 

@@ -1,12 +1,13 @@
-"""Loss helpers in a module of their own, as a user's code keeps them: what
-they read is watched like the loss's own globals (step_check.py,
-check_loss_helpers; Note [What the loss's helpers read] in
-pebble/torch/_capture.py)."""
+"""A user's own code in a module of its own, which a loss or a forward
+calls: what it reads is watched like the loss's and the forward's own
+globals (step_check.py, check_helpers; Note [What the loss's helpers read]
+in pebble/torch/_capture.py)."""
 
 import torch
 
 SCALE = 1.0  # a weight that the training loop anneals between steps
 COUNTS = None  # a tensor that counted_cross_entropy writes at each call
+SLOPE = 0.1  # a setting of leaky(), changed between steps
 
 
 def scaled_cross_entropy(out, target):
@@ -18,3 +19,7 @@ def counted_cross_entropy(out, target):
         COUNTS.add_(torch.zeros_like(COUNTS).scatter_add_(
             0, target, torch.ones(target.shape, device=target.device)))
     return torch.nn.functional.cross_entropy(out, target, weight=1.0 / (COUNTS + 1.0))
+
+
+def leaky(x):
+    return torch.nn.functional.leaky_relu(x, SLOPE)
