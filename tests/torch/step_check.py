@@ -849,50 +849,29 @@ def check_state_the_loss_carries(failures, device):
                    "a frozen teacher: the step's gradients are not eager's")
 
 
-HELPER_EMA = None  # check_user_code: a global that a helper of the loss binds anew
-
-
-def _ema_of(loss):
-    """A helper of a loss that keeps a running mean in a global of its own."""
-    global HELPER_EMA
-    HELPER_EMA = 0.9 * HELPER_EMA + 0.1 * loss.detach()
-    return loss
-
-
 def check_user_code(failures, device):
-    """What the user's functions that a loss or a forward calls read (Note
-    [What the loss's helpers read]): a weight read by a helper in a module
-    of its own, or by the loss as that module's attribute, and a setting
-    that a forward's helper reads, changed between calls, make a new
-    capture with eager's numbers each time (until 2026-12-06 the step kept
-    the first value, silently); a loss's helper that writes a global of its
-    module in place, or binds one anew, is refused naming it, the state as
-    it was."""
-    global HELPER_EMA
+    """What the user's own code that a loss or a forward calls reads (Note
+    [What the loss's helpers read]): a weight or a setting read through a
+    helper in a module of its own, that module's attribute or a method of
+    the class, changed between calls, makes a new capture with eager's
+    numbers each time (until 2026-12-06 the step kept the first value,
+    silently); a loss's helper that writes a global of its module in place,
+    or binds one anew, is refused naming it, the state as it was."""
     import user_code
     F = torch.nn.functional
-    torch.manual_seed(SEED)
-    model = torch.nn.Sequential(torch.nn.Linear(10, 16), torch.nn.ReLU(),
-                                torch.nn.Linear(16, 5)).to(device)
-    eager_model = copy.deepcopy(model)
     x = torch.randn(4, 10, device=device)
     y = torch.tensor([0, 2, 4, 1], device=device)
-    for label, loss_fn in (
-            ("a helper's global", lambda out, t: user_code.scaled_cross_entropy(out, t)),
-            ("a module's attribute", lambda out, t: user_code.SCALE * F.cross_entropy(out, t))):
-        user_code.SCALE = 1.0
-        model.zero_grad(set_to_none=True)  # (as each call starts: no capture for .grad's)
-        step = pt.train_step(model, loss_fn, (x,), y, policy="dtr", budget="min",
-                             measure="never")
-        for scale in (1.0, 3.0, 3.0, 0.5):
-            user_code.SCALE = scale
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")  # (the recapture's warning)
-                check_beside_eager(failures, f"{label} changed to {scale}", step, model,
-                                   eager_model, loss_fn, (x,), y)
-        failures.check(step.report["shapes_planned"] == 3,
-                       f"{label} changed: {step.report['shapes_planned']} captures, not 3")
-    user_code.SCALE = 1.0
+
+    class ScaledLoss(torch.nn.Module):
+        def forward(self, out, target):
+            return user_code.SCALE * F.cross_entropy(out, target)
+
+    class Trainer:
+        def compute_loss(self, out, target):
+            return self._scaled(F.cross_entropy(out, target))
+
+        def _scaled(self, loss):
+            return user_code.SCALE * loss
 
     class Leaky(torch.nn.Module):
         def __init__(self):
@@ -902,20 +881,59 @@ def check_user_code(failures, device):
 
         def forward(self, x):
             return self.head(user_code.leaky(self.inner(x)))
-    torch.manual_seed(SEED)
-    leaky = Leaky().to(device)
-    eager_leaky = copy.deepcopy(leaky)
-    step = pt.train_step(leaky, F.cross_entropy, (x,), y, policy="dtr", budget="min",
-                         measure="never")
-    for slope in (0.1, 0.5, 0.5):
-        user_code.SLOPE = slope
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # (the recapture's warning)
-            check_beside_eager(failures, f"a forward's helper's setting changed to {slope}",
-                               step, leaky, eager_leaky, F.cross_entropy, (x,), y)
-    failures.check(step.report["shapes_planned"] == 2, "a forward's helper's setting changed: "
-                   f"{step.report['shapes_planned']} captures, not 2")
-    user_code.SLOPE = 0.1
+
+    class LeakyByMethod(Leaky):
+        def forward(self, x):
+            return self.head(self._act(self.inner(x)))
+
+        def _act(self, h):
+            return F.leaky_relu(h, user_code.SLOPE)
+
+    def mlp():
+        return torch.nn.Sequential(torch.nn.Linear(10, 16), torch.nn.ReLU(),
+                                   torch.nn.Linear(16, 5))
+    for label, make, loss_fn, setting in (
+            ("a loss's helper's global", mlp,
+             lambda out, t: user_code.scaled_cross_entropy(out, t), "SCALE"),
+            ("a module's attribute in the loss", mlp,
+             lambda out, t: user_code.SCALE * F.cross_entropy(out, t), "SCALE"),
+            ("a loss module's forward", mlp, ScaledLoss(), "SCALE"),
+            ("a method the loss calls", mlp, Trainer().compute_loss, "SCALE"),
+            ("a forward's helper's global", Leaky, F.cross_entropy, "SLOPE"),
+            ("a method the forward calls", LeakyByMethod, F.cross_entropy, "SLOPE")):
+        torch.manual_seed(SEED)
+        model = make().to(device)
+        eager_model = copy.deepcopy(model)
+        setattr(user_code, setting, 0.25)
+        step = pt.train_step(model, loss_fn, (x,), y, policy="dtr", budget="min",
+                             measure="never")
+        for value in (0.25, 3.0, 3.0, 0.5):
+            setattr(user_code, setting, value)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # (the recapture's warning)
+                check_beside_eager(failures, f"{label} changed to {value}", step, model,
+                                   eager_model, loss_fn, (x,), y)
+        failures.check(step.report["shapes_planned"] == 3,
+                       f"{label} changed: {step.report['shapes_planned']} captures, not 3")
+    user_code.SCALE, user_code.SLOPE = 1.0, 0.1
+    _check_state_in_user_code(failures, device, user_code, x, y)
+
+
+HELPER_EMA = None  # _check_state_in_user_code: a global that a helper of the loss binds anew
+
+
+def _ema_of(loss):
+    """A helper of a loss that keeps a running mean in a global of its own."""
+    global HELPER_EMA
+    HELPER_EMA = 0.9 * HELPER_EMA + 0.1 * loss.detach()
+    return loss
+
+
+def _check_state_in_user_code(failures, device, user_code, x, y):
+    """check_user_code's loss helpers that write or rebind a global."""
+    global HELPER_EMA
+    F = torch.nn.functional
+    model = torch.nn.Sequential(torch.nn.Linear(10, 5)).to(device)
     user_code.COUNTS = torch.zeros(5, device=device)
     HELPER_EMA = torch.zeros((), device=device)
     for label, loss_fn, watched, named in (

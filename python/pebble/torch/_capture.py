@@ -21,6 +21,7 @@ again over fake tensors for them (propagate).
 import contextlib
 import dis
 import functools
+import inspect
 import linecache
 import math
 import operator
@@ -313,14 +314,16 @@ def _loss_settings(loss_fn):
         read += [(f"arg{k}", v) for k, v in enumerate(loss_fn.args)]
         read += sorted(loss_fn.keywords.items())
         loss_fn = loss_fn.func
+    cls = None
     if isinstance(loss_fn, types.MethodType):  # (a trainer's compute_loss: self.alpha)
         # Its object's attributes that the method names (not a step counter
         # that the trainer keeps beside them).
         named = _attributes_named_in(loss_fn.__func__.__code__)
         read += [(f"self.{k}", v) for k, v in vars(loss_fn.__self__).items() if k in named]
+        cls = type(loss_fn.__self__)
         loss_fn = loss_fn.__func__
     if isinstance(loss_fn, types.FunctionType):
-        read += [(name, value) for name, _, value, _, _ in _function_reads(loss_fn)]
+        read += [(name, value) for name, _, value, _, _ in _function_reads(loss_fn, cls)]
     elif not isinstance(loss_fn, types.BuiltinFunctionType):
         read += list(getattr(loss_fn, "__dict__", {}).items())
     found, modules = [], []
@@ -410,7 +413,7 @@ def _forward_globals(classes, seen):
         if cls.__module__.startswith("torch.") or not isinstance(forward, types.FunctionType):
             continue
         items = []
-        for name, _, value, _, _ in _function_reads(forward):
+        for name, _, value, _, _ in _function_reads(forward, cls):
             setting = _watched(value, seen)
             if setting is not _NOT_PLAIN:
                 items.append((name, setting if isinstance(setting, _Local) else _Local(setting)))
@@ -450,6 +453,8 @@ class ModuleSettings:
             on = getattr(torch.nn.modules.module, kind, None)
             if on:
                 hooks.append(("", kind, tuple(on.values())))
+        if isinstance(loss_fn, torch.nn.Module):  # (a loss of the user's own class)
+            classes.update(type(module) for module in loss_fn.modules())
         attrs += _forward_globals(classes, seen)
         if loss_fn is not None:
             attrs += _loss_settings(loss_fn)
@@ -892,8 +897,10 @@ def _names_loss_fn_reads(loss_fn):
             yield (f"loss_fn's argument {k}", value, lambda value=value: value, lambda t: None)
         loss_fn = loss_fn.func
     function = getattr(loss_fn, "__func__", loss_fn)
+    owner = getattr(loss_fn, "__self__", None)
     if isinstance(function, types.FunctionType):
-        for _, label, value, get, put in _function_reads(function):
+        for _, label, value, get, put in _function_reads(
+                function, type(owner) if owner is not None else None):
             yield label, value, get, put
 
 
@@ -910,36 +917,53 @@ def _names_loss_fn_reads(loss_fn):
 # pebble's, Python's library or an installed package: _library_directories)
 # that the loss's closure or globals hold, or an attribute of the user's
 # module that its code names, and theirs in turn, to _HELPERS_FOLLOWED
-# functions. Not followed: methods, and what a function receives as an
-# argument. A forward of the user's module class is read alike
-# (_forward_globals): `helpers.leaky(x)` reading a SLOPE global.
+# functions; for a bound method (a trainer's compute_loss) or a forward,
+# also the methods of its class that its code names (`self._act(x)`), and
+# theirs. Not followed: methods of other objects, and what a function
+# receives as an argument. A forward of the user's module class (the
+# model's or a loss module's) is read alike (_forward_globals):
+# `helpers.leaky(x)` reading a SLOPE global.
 _HELPERS_FOLLOWED = 32
 
 
-def _function_reads(function):
+def _function_reads(function, cls=None):
     """(name, label, value, get, put) of each variable that `function` reads,
     each once: its closure's cells and the globals its code loads, the
     attributes its code names of a module of the user's own, and the same of
-    the user's functions among them (Note [What the loss's helpers read]).
+    the user's functions among them and, where `function` is a method of
+    `cls`, of the methods of `cls` that it names (Note [What the loss's
+    helpers read]).
     `name` is a setting's name (`alpha`; a global of another module:
     `losses.SCALE`), `label` an error's (`the global losses.SCALE`,
     `make_loss.<locals>.ce's alpha`); get() reads the variable
     now (_ABSENT: unbound), put(v) binds it anew."""
     libraries = _library_directories_once()
     home = function.__globals__.get("__name__")  # (the loss's module: its globals unqualified)
-    todo, followed, labels = [(function, None)], {function.__code__}, set()
+    todo, followed, labels = [(function, None, cls)], {function.__code__}, set()
+
+    def follow(value, cls=None):
+        if isinstance(value, types.FunctionType) and value.__code__ not in followed and \
+                len(followed) < _HELPERS_FOLLOWED and _users_function(value, libraries):
+            followed.add(value.__code__)
+            todo.append((value, value.__qualname__, cls))
     while todo:
-        function, helper = todo.pop(0)
+        function, helper, cls = todo.pop(0)
         for read in _own_reads(function, helper, home, libraries):
-            if read[1] in labels:
-                continue
-            labels.add(read[1])
-            yield read
-            value = read[2]
-            if isinstance(value, types.FunctionType) and value.__code__ not in followed and \
-                    len(followed) < _HELPERS_FOLLOWED and _users_function(value, libraries):
-                followed.add(value.__code__)
-                todo.append((value, value.__qualname__))
+            if read[1] not in labels:
+                labels.add(read[1])
+                yield read
+                follow(read[2])
+        for name in sorted(_attributes_named_in(function.__code__)) if cls is not None else ():
+            follow(_method_function(cls, name), cls)
+
+
+def _method_function(cls, name):
+    """The function behind `cls`'s attribute `name` where it is a method,
+    a static or class method or a property's getter, else None."""
+    member = inspect.getattr_static(cls, name, None)
+    if isinstance(member, (staticmethod, classmethod)):
+        return member.__func__
+    return member.fget if isinstance(member, property) else member
 
 
 def _own_reads(function, helper, home, libraries):
