@@ -936,7 +936,14 @@ def _check_state_in_user_code(failures, device, user_code, x, y):
     model = torch.nn.Sequential(torch.nn.Linear(10, 5)).to(device)
     user_code.COUNTS = torch.zeros(5, device=device)
     HELPER_EMA = torch.zeros((), device=device)
+
+    class CountingLoss(torch.nn.Module):
+        def forward(self, out, target):
+            user_code.COUNTS.add_(1.0)
+            return F.cross_entropy(out, target)
     for label, loss_fn, watched, named in (
+            ("is a loss module's forward that writes a global", CountingLoss(),
+             lambda: user_code.COUNTS, "the global user_code.COUNTS"),
             ("writes a global of its module",
              lambda out, t: user_code.counted_cross_entropy(out, t),
              lambda: user_code.COUNTS, "the global user_code.COUNTS"),

@@ -890,14 +890,17 @@ _LOSS_STATE_COPY_BYTES = 64 << 20  # what _LossState copies to put back, in all
 def _names_loss_fn_reads(loss_fn):
     """(label, value, get, put) of each variable that `loss_fn` reads
     (_function_reads; of a functools.partial: its function's, and its
-    arguments, which cannot be bound anew): get() reads it now (_ABSENT:
-    unbound), put(v) binds it anew."""
+    arguments, which cannot be bound anew; of a loss module: its class's
+    forward's): get() reads it now (_ABSENT: unbound), put(v) binds it
+    anew."""
     if isinstance(loss_fn, functools.partial):
         for k, value in list(enumerate(loss_fn.args)) + sorted(loss_fn.keywords.items()):
             yield (f"loss_fn's argument {k}", value, lambda value=value: value, lambda t: None)
         loss_fn = loss_fn.func
     function = getattr(loss_fn, "__func__", loss_fn)
     owner = getattr(loss_fn, "__self__", None)
+    if isinstance(loss_fn, torch.nn.Module):  # (its forward, as a bound method's)
+        function, owner = getattr(type(loss_fn), "forward", None), loss_fn
     if isinstance(function, types.FunctionType):
         for _, label, value, get, put in _function_reads(
                 function, type(owner) if owner is not None else None):
