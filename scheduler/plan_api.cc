@@ -14,6 +14,7 @@
 #include "absl/strings/strip.h"
 #include "graph/status.h"
 #include "graph/text_input.h"
+#include "oneapi/tbb/info.h"
 #include "oneapi/tbb/parallel_for.h"
 #include "oneapi/tbb/task_arena.h"
 #include "scheduler/budget.h"
@@ -46,14 +47,20 @@ absl::StatusOr<std::vector<std::string>> PolicyList(const std::vector<std::strin
 }
 
 // Runs body(0) .. body(n - 1), on `jobs` threads (0: every hardware
-// thread) or, with jobs == 1, one after the other on this thread.
+// thread; more than the hardware's threads or than n: as many) or, with
+// jobs == 1, one after the other on this thread. (TBB warns on stderr of
+// an arena larger than its workers allow.)
 template <typename Body>
 void ForEachIndex(size_t n, int jobs, Body body) {
   if (jobs == 1 || n <= 1) {
     for (size_t i = 0; i < n; ++i) body(i);
     return;
   }
-  oneapi::tbb::task_arena arena(jobs > 0 ? jobs : oneapi::tbb::task_arena::automatic);
+  const int hardware = oneapi::tbb::info::default_concurrency();
+  oneapi::tbb::task_arena arena(
+      jobs > 0 ? static_cast<int>(std::min<size_t>({static_cast<size_t>(jobs),
+                                                     static_cast<size_t>(hardware), n}))
+               : oneapi::tbb::task_arena::automatic);
   arena.execute([&] {
     oneapi::tbb::parallel_for(size_t{0}, n, [&](size_t i) { body(i); });
   });

@@ -440,6 +440,19 @@ class ArgumentTest(unittest.TestCase):
                          True)
         self.assertEqual(pebble.plan(g, budget=Index(), policy="baseline").budget_bytes, 7)
 
+    def test_more_jobs_than_threads_run_as_many_as_there_are(self):
+        # (TBB printed a warning for an arena above its workers' limit)
+        code, out, err = run_python("""
+            import pebble
+            g = pebble.model("linear:n=8")
+            rows = pebble.compare(g, policies=["rotor", "dtr", "sqrtn"],
+                                  budgets=["min", "80%"], jobs=4096)
+            fit = pebble.fit("linear", "n", "4KiB", policies=["rotor", "dtr"], max=64,
+                             jobs=4096)
+            print(len(rows), len(fit["results"]))
+            """)
+        self.assertEqual((code, out.strip(), err), (0, "6 2", ""))
+
     def test_numbers_and_flags(self):
         g = self.graph
         for value in (0, -1, float("nan"), float("inf"), "1", None, True, 10**400):
