@@ -12,6 +12,9 @@
 #include <initializer_list>
 #include <sstream>
 #include <string>
+#include <system_error>
+#include <utility>
+#include <vector>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -59,13 +62,35 @@ inline std::string PebbleBinaryDir() {
   return dir != nullptr && *dir != '\0' ? dir : PEBBLE_BINARY_DIR;
 }
 
+// The scratch directories this process made, removed as it exits where
+// every test it ran passed (a failed test's are kept to look into).
+class ScratchDirs {
+ public:
+  static ScratchDirs& Get() {
+    static ScratchDirs dirs;  // (made after gtest's UnitTest, so gone before it)
+    return dirs;
+  }
+  void Add(std::filesystem::path dir) { dirs_.push_back(std::move(dir)); }
+  ~ScratchDirs() {
+    if (!::testing::UnitTest::GetInstance()->Passed()) return;
+    std::error_code ignored;
+    for (const std::filesystem::path& dir : dirs_) std::filesystem::remove_all(dir, ignored);
+  }
+
+ private:
+  ScratchDirs() { ::testing::UnitTest::GetInstance(); }
+  std::vector<std::filesystem::path> dirs_;
+};
+
 // A fresh, empty directory "<temp>/<prefix>_<pid>_<name>" for one test: the
-// processes ctest runs in parallel never share one.
+// processes ctest runs in parallel never share one. Removed at exit where
+// the tests passed (ScratchDirs).
 inline std::filesystem::path ScratchDir(const std::string& prefix, const std::string& name) {
   const std::filesystem::path dir = std::filesystem::path(::testing::TempDir()) /
                                     (prefix + "_" + std::to_string(getpid()) + "_" + name);
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
+  ScratchDirs::Get().Add(dir);
   return dir;
 }
 

@@ -8,6 +8,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/cli_test_util.h"
 
 namespace pebble {
 namespace {
@@ -51,9 +52,7 @@ TEST(ParseDecimalTest, RefusesHexInfinityNanAndBlanks) {
 class TextFileTest : public ::testing::Test {
  protected:
   std::string Path(const std::string& name) {
-    return (std::filesystem::path(::testing::TempDir()) /
-            ("text_input_" + std::to_string(getpid()) + "_" + name))
-        .string();
+    return (::pebble::testing::ScratchDir("text_input", name) / name).string();
   }
   std::string Write(const std::string& name, const std::string& text) {
     const std::string path = Path(name);
