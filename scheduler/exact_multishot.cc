@@ -168,7 +168,31 @@ absl::StatusOr<Found> Search(const LocalGraph& g, Mode mode, int64_t budget,
   index[0] = 0;
   push(0);
   int32_t goal = -1;
+  // The clock is read every 1024 units of work, a pop (stale ones
+  // included) or a child made: one expansion of a node with many inputs
+  // makes a child per subset of them (2^20 for 20), and counted by
+  // expansions the search once ran 20 times past its limit.
+  int64_t work = 0;
+  auto exhausted = [&]() -> absl::Status {
+    const bool out_of_time = (++work & 1023) == 0 && elapsed() > time_limit_s;
+    const bool out_of_memory =
+        static_cast<int64_t>(entries.size()) > kMaxExactMultiShotStates;
+    if (!out_of_time && !out_of_memory) return absl::OkStatus();
+    stats->states = static_cast<int64_t>(entries.size());
+    stats->seconds = elapsed();
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "exact: ",
+        out_of_time
+            ? absl::StrCat("no optimum within the time limit (the search reached ",
+                           entries.size(), " states in ",
+                           absl::StrFormat("%.3g", stats->seconds), " s, the time left to it)")
+            : absl::StrCat("more than ", kMaxExactMultiShotStates,
+                           " resident sets reached before the optimum (the "
+                           "memory limit of the search)"),
+        "; use checkmate or a heuristic policy"));
+  };
   while (!queue.empty()) {
+    RETURN_IF_ERROR(exhausted());
     const QueueItem item = queue.top();
     queue.pop();
     Entry& cur = entries[item.entry];
@@ -185,24 +209,6 @@ absl::StatusOr<Found> Search(const LocalGraph& g, Mode mode, int64_t budget,
     }
     cur.closed = true;
     ++stats->expanded;
-    const bool out_of_time =
-        (stats->expanded & 255) == 0 && elapsed() > time_limit_s;
-    const bool out_of_memory =
-        static_cast<int64_t>(entries.size()) > kMaxExactMultiShotStates;
-    if (out_of_time || out_of_memory) {
-      stats->states = static_cast<int64_t>(entries.size());
-      stats->seconds = elapsed();
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "exact: ",
-          out_of_time
-              ? absl::StrCat("no optimum within the time limit (the search reached ",
-                             entries.size(), " states in the ",
-                             absl::StrFormat("%.3g", stats->seconds), " s left to it)")
-              : absl::StrCat("more than ", kMaxExactMultiShotStates,
-                             " resident sets reached before the optimum (the "
-                             "memory limit of the search)"),
-          "; use checkmate or a heuristic policy"));
-    }
     const Set d = cur.set;
     const int64_t gc = cur.g;
     const int64_t peak = cur.peak;
@@ -220,6 +226,7 @@ absl::StatusOr<Found> Search(const LocalGraph& g, Mode mode, int64_t budget,
       const Set in = g.inputs[v];
       Set f = 0;
       while (true) {
+        RETURN_IF_ERROR(exhausted());
         const Set child = (d | bit) & ~f;
         const int32_t child_steps = steps + 1 + __builtin_popcountll(f);
         auto it = index.find(child);

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <limits>
 #include <optional>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -327,6 +328,26 @@ TEST(ExactMultiShotTest, HonoursTheTimeLimit) {
   ASSERT_TRUE(g.ok()) << g.status();
   auto r = ExactMultiShotSchedule(*g, 5, 0.0);
   EXPECT_EQ(r.status().code(), absl::StatusCode::kResourceExhausted);
+}
+
+// One expansion of a node with 22 inputs makes a child per subset of them
+// that it may free (4 million): the clock is read among them too (it was
+// read every 256 expansions, and the search ran until its memory limit,
+// seconds past the time limit).
+TEST(ExactMultiShotTest, HonoursTheTimeLimitInsideOneWideExpansion) {
+  std::vector<NodeSpec> nodes = {Persistent("x", 1)};
+  std::vector<std::string> inputs;
+  for (int i = 0; i < 22; ++i) {
+    inputs.push_back("a" + std::to_string(i));
+    nodes.push_back(Node(inputs.back(), 1, {"x"}));
+  }
+  nodes.push_back(Node("out", 1, inputs));
+  const Graph g = MakeGraph(std::move(nodes), {"out"});
+  ExactMultiShotStats stats;
+  auto r = ExactMultiShotSchedule(g, 1000, 0.2, &stats);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(r.status().message(), HasSubstr("no optimum within the time limit"));
+  EXPECT_LT(stats.states, kMaxExactMultiShotStates);
 }
 
 }  // namespace
