@@ -1333,6 +1333,25 @@ def check_constants_and_masks(failures, device):
           flush=True)
 
 
+class _PermutedNorm(torch.nn.Module):
+    """A layer norm over channels moved last, then a reshape that merges the
+    spatial dims (Swin's and MaxViT's blocks): at batch 1 PyTorch 1.13's fake
+    layer norm keeps its permuted input's layout, the CPU kernel makes a
+    contiguous output, and the reshape traced as a view with the fake
+    strides read the real output transposed (Note [Layouts a view reads])."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 8, 3, padding=1)
+        self.norm = torch.nn.LayerNorm(8)
+        self.head = torch.nn.Linear(8 * 16, 5)
+
+    def forward(self, x):
+        h = self.norm(self.conv(x).permute(0, 2, 3, 1))
+        h = h.reshape(h.shape[0], -1, 8)
+        return self.head(h[:, :16].flatten(1))
+
+
 class _ArangeScale(torch.nn.Module):
     """torch.arange with float arguments in the forward (a positional
     table): PyTorch 1.13's fake arange is int64 where the kernel's is float;
@@ -1398,6 +1417,17 @@ def check_fake_tensors_wrong(failures, device):
                        F.cross_entropy, (x,), y)
     failures.check(step.report["shapes_from"] == "real",
                    f"a float arange: the values came from {step.report['shapes_from']}")
+    # A view traced with the fake layout of its input, which the kernel lays
+    # out otherwise (on the CPU: the GPU's kernel may agree with the fake).
+    for batch in (1, 2):
+        torch.manual_seed(SEED)
+        model = _PermutedNorm()
+        eager_model = copy.deepcopy(model)
+        x, y = torch.randn(batch, 3, 4, 4), torch.randint(0, 5, (batch,))
+        step = pt.train_step(model, F.cross_entropy, (x,), y, policy="baseline",
+                             budget="100%")
+        check_beside_eager(failures, f"a reshape of a permuted layer norm, batch {batch}", step,
+                           model, eager_model, F.cross_entropy, (x,), y)
 
     x = torch.randn(3, 4, 20)
     target = torch.randint(1, 6, (3, 5))

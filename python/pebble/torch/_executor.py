@@ -910,7 +910,23 @@ class _RunState:
             if base is None or storage_key(out) != storage_key(base):
                 raise PlanExecutionError(f"node '{node.id}' ({node.fx.target}) was captured as "
                                          "a view but PyTorch made a copy")
+        if op_name(node.fx.target) in _STRIDES_GIVEN and node.inputs:
+            self._check_layout_read(node)
         return out
+
+    def _check_layout_read(self, node):
+        """Note [Layouts a view reads]: the view's input laid out as the
+        capture saw it, else CapturedValueMismatch."""
+        given = node.inputs[0]
+        real, traced = self.live[given.index], given.value
+        if torch.is_tensor(real) and torch.is_tensor(traced) and \
+                _layout_read(real) != _layout_read(traced):
+            raise CapturedValueMismatch(
+                f"node '{node.id}' ({node.fx.target}){node.fx.meta.get('user_line', '')} "
+                f"reads '{given.id}' with the strides that PyTorch's fake tensors gave it "
+                f"({traced.stride()}), but its kernel made {real.stride()}: the view would "
+                "read other elements, so pebble.torch cannot plan this step without "
+                "calibration (calibrate=True captures such a step on real tensors, unsharded)")
 
     def free(self, node):
         t = self.live[node.index]
@@ -1021,6 +1037,32 @@ def _flat_if_dense(t):
 
 # The resident value of an order token (Note [Random calls in eager's order]).
 _TOKEN = object()
+
+# Note [Layouts a view reads]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# A trace records reshape as a view with its strides written in
+# (_reshape_alias(t, size, stride)) where t's strides allow one, and
+# functionalization's as_strided alike: the strides of t as the trace saw
+# it. Traced on fake tensors, those are the fake kernel's, and PyTorch
+# 1.13's fake native_layer_norm keeps its input's layout where the CPU
+# kernel makes a contiguous output (MaxViT's attention over one window,
+# batch 1): the view then read the real output with the wrong strides, and
+# the step's loss and gradients were off eager's, silently, until
+# 2026-12-06. Each such view checks that its input is laid out as traced
+# (the strides of dims of more than one element, and the offset); where
+# not, the calibration's run raises CapturedValueMismatch, and the step is
+# traced again on real tensors, as for other fake tensors that disagree
+# with a kernel.
+_STRIDES_GIVEN = {"_reshape_alias", "as_strided"}
+
+
+def _layout_read(t):
+    """What decides which elements a view with given strides reads of `t`:
+    the size and stride of each dim of more than one element, and the
+    storage offset."""
+    return (tuple((n, st) for n, st in zip(t.shape, t.stride()) if n != 1),
+            t.storage_offset())
+
 
 _LIKE_TEMPLATE = {"empty_like", "zeros_like", "ones_like", "full_like", "rand_like",
                   "randn_like", "randint_like", "new_empty", "new_empty_strided", "new_zeros",
