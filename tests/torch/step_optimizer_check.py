@@ -882,6 +882,51 @@ def group_changes(torch, pt, device, model, x, y):
     return failures
 
 
+def frozen_for_a_step(torch, pt, device):
+    """A layer frozen for one step and trainable again: the step runs the
+    plan of its first capture again, whose updates stream that layer's state
+    from the host (Note [Plans of other captures] in _optimizer.py; it
+    failed at every call until 2026-12-06). Parameters and optimizer state
+    as eager's after each step."""
+    failures = []
+    nn = torch.nn
+    x = torch.randn(8, 6, device=device)
+    y = torch.randint(0, 3, (8,), device=device)
+    for kind, state in (("sgd", "host"), ("adam", "host"), ("adam", "auto")):
+        torch.manual_seed(0)
+        planned = nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Linear(16, 3)).to(device)
+        eager = copy.deepcopy(planned)
+        make = ((lambda ps: torch.optim.SGD(ps, lr=0.05, momentum=0.9)) if kind == "sgd" else
+                (lambda ps: torch.optim.Adam(ps, lr=1e-2)))
+        opt, eager_opt = make(planned.parameters()), make(eager.parameters())
+        step = pt.train_step(planned, torch.nn.functional.cross_entropy, (x,), y,
+                             optimizer=opt, policy="dtr", budget="min", optimizer_state=state,
+                             allow_cpu_offload=True)
+        for k in range(3):
+            for model, optimizer in ((planned, opt), (eager, eager_opt)):
+                model[0].requires_grad_(k != 1)
+                optimizer.zero_grad(set_to_none=True)
+            try:
+                step(x, y)
+            except (pt.PlanError, pt.PlanExecutionError, RuntimeError) as e:
+                failures.append(f"{kind}, state on the {state}, frozen at step 1: step {k} "
+                                f"failed: {type(e).__name__}: {e}")
+                break
+            torch.nn.functional.cross_entropy(eager(x), y).backward()
+            eager_opt.step()
+            same = all(close(torch, p, q) for p, q in zip(planned.parameters(),
+                                                            eager.parameters()))
+            same = same and all(close(torch, a, b) for p, q in zip(planned.parameters(),
+                                                                   eager.parameters())
+                                for a, b in zip(opt.state[p].values(),
+                                                eager_opt.state[q].values())
+                                if torch.is_tensor(a))
+            if not same:
+                failures.append(f"{kind}, state on the {state}, frozen at step 1: parameters "
+                                f"or state differ from eager's after step {k}")
+    return failures
+
+
 def optimizers_as_configs_make_them(torch, pt, device):
     """A NumPy scalar as a learning rate (a config's, np.linspace's) trains
     as the same Python float does (it raised a TypeError from the plan's
@@ -1594,6 +1639,7 @@ def main():
     failures += gradients_as_eager_keeps_them(torch, pt, device)
     failures += advice_with_parameters_on_the_host(torch, pt, device)
     failures += optimizers_as_configs_make_them(torch, pt, device)
+    failures += frozen_for_a_step(torch, pt, device)
     failures += failure_midstep(torch, pt, device)
     failures += failure_midstep(torch, pt, device, parameters="host")
     failures += rounded_capture(torch, pt, device)

@@ -218,6 +218,15 @@ class Updates:
         # begins, with each host copy above the first time it is made
         # current, as the plan's host peak counts them.
         self._host_homes, self._host_home_bytes = frozenset(), 0
+        # Note [Plans of other captures]. Updates is the step's, one for
+        # every capture (a signature: shapes, the parameters that require
+        # grad), and extend() makes state_bytes and workspace_bytes anew
+        # for each. A run reads those of its own plan (its Placement's,
+        # which ensure_state takes before it): a plan of an earlier capture,
+        # run again when a frozen layer is trainable again, streams state
+        # that the latest capture has not (until 2026-12-06 that failed,
+        # "the plan prefetchs 'momentum_buffer:0.weight'", at every call).
+        self._run_state_bytes, self._run_workspace_bytes = {}, {}
         self._copies_counted = set()
         self._host_scratch = {}  # dtype -> flat host buffer for host updates' temporaries
         # Note [Scalars without allocations]: a Python number as an operand
@@ -590,6 +599,10 @@ class Updates:
             copies[node_id] = held
         self._host_copies = copies
         self._host_homes = frozenset(placement.host_state)
+        # The run's plan's own state and workspaces (Note [Plans of other
+        # captures]).
+        self._run_state_bytes = placement.state_bytes
+        self._run_workspace_bytes = placement.workspace_bytes
         self._host_home_bytes = sum(b for n, b in placement.state_bytes.items()
                                     if n in self._host_homes)
         scratch_numel = {}  # dtype -> the largest tensor a host update of that dtype takes
@@ -646,7 +659,7 @@ class Updates:
         """One step of the plan on the optimizer's node `node_id`; `run` is the
         program's run (_executor._RunState): its resident tensors, host copies
         and count of device memory."""
-        if node_id in self.state_bytes:
+        if node_id in self._run_state_bytes:
             self._move(action, node_id, run)
         elif action == "free":  # an update's version of its storage: nothing held
             return
@@ -681,7 +694,7 @@ class Updates:
 
     def _move(self, action, node_id, run):
         """A streamed state tensor's prefetch, offload or free, counted in `run`."""
-        nbytes = self.state_bytes[node_id]
+        nbytes = self._run_state_bytes[node_id]
         host = self._host_state(node_id)  # None: Adam's step count (below)
         if action == "offload" and node_id not in self._host_homes and \
                 node_id not in self._copies_counted:
@@ -805,7 +818,7 @@ class Updates:
             param = run.device_value(name)
             s = {key: self._state(p, key) for key in keys}
             scratch = lambda: torch.empty_like(param)  # noqa: E731
-            run.hold(0, self.workspace_bytes.get(node_id, 0))
+            run.hold(0, self._run_workspace_bytes.get(node_id, 0))
         s["step"] = self.optimizer.state[p].get("step")
         scalar = self._scalar_for(param.dtype, on_host)
         _update(op, self.kind, self._settings_of[name], param, grad, s, scratch, scalar.fill_,
@@ -830,7 +843,9 @@ class Placement:
         self.offloaded_device_state = frozenset(
             n for action, n, *_ in schedule if action == "offload" and ":" in n and
             n in updates.state_bytes and n not in self.host_state)
+        # (its capture's: Updates.extend makes new ones for the next capture)
         self.state_bytes = updates.state_bytes
+        self.workspace_bytes = updates.workspace_bytes
         self.resident_state_bytes = sum(b for n, b in updates.state_bytes.items()
                                         if n not in self.host_state)
         self.host_parameters = sorted({_parameter_of(n) for n in self.host_updates
