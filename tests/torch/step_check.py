@@ -1544,6 +1544,24 @@ class _SplitBySizes(torch.nn.Module):
         return self.fc(torch.cat([b, a], dim=1)) / batch
 
 
+class _ItemScaled(torch.nn.Module):
+    """A forward that reads .item() of a buffer and of a value its input's
+    shape alone makes (torchvision's detection transform:
+    `torch.tensor(x.shape[-2:]).min()`), which make_fx refuses of any traced
+    tensor; or, `of_batch`, of the batch."""
+
+    def __init__(self, of_batch=False):
+        super().__init__()
+        self.of_batch = of_batch
+        self.lin = torch.nn.Linear(6, 3)
+        self.register_buffer("temperature", torch.tensor(2.0))
+
+    def forward(self, x):
+        smallest = torch.tensor(x.shape).min().item()
+        scale = x.abs().max().item() if self.of_batch else self.temperature.item()
+        return self.lin(x) * (smallest / scale)
+
+
 class _CountNormalized(torch.nn.Module):
     """Divides by a count taken from nonzero's output size in Python."""
 
@@ -1604,6 +1622,24 @@ def check_values_read_in_python(failures, device):
     check_beside_eager(failures, "split sizes read from a buffer, a batch size from ones_like",
                        step, model, eager_model, F.cross_entropy, (torch.randn(4, 6),),
                        torch.tensor([2, 0, 1, 1]))
+    # .item() of a buffer (followed as it changes) and of a shape's value:
+    # read (make_fx refused both); of the batch: refused as .tolist() is.
+    torch.manual_seed(SEED)
+    model = _ItemScaled()
+    eager_model = copy.deepcopy(model)
+    step = pt.train_step(model, F.cross_entropy, (batch,), y[:1].repeat(4), policy="dtr",
+                         budget="min")
+    for temperature in (2.0, 0.5):
+        for m in (model, eager_model):
+            m.temperature.fill_(temperature)
+        check_beside_eager(failures, f".item() of a buffer ({temperature}) and of a shape",
+                           step, model, eager_model, F.cross_entropy, (batch,),
+                           y[:1].repeat(4))
+    try:
+        pt.train_step(_ItemScaled(of_batch=True), F.cross_entropy, (batch,), y[:1].repeat(4))
+        failures.check(False, ".item() of the batch: not refused")
+    except pt.CaptureError as e:
+        failures.check("reads a tensor's values in Python" in str(e), f".item() of the batch: {e}")
     try:
         pt.train_step(_CountNormalized(), F.cross_entropy, (torch.randn(4, 6),), y[:1].repeat(4),
                       policy="dtr", budget="min")
@@ -2441,8 +2477,8 @@ def check_errors(failures, device):
         print(f"error: {e}", flush=True)
         failures.check("without pebble too" not in str(e),
                        f"a limit of the trace read as the module's own error: {e}")
-        failures.check("reads a tensor's value in Python" in str(e),
-                       f"the capture error says why a value cannot be read: {e}")
+        failures.check("reads a tensor's values in Python (.item()) (at step_check.py:" in
+                       str(e), f"the capture error says why a value cannot be read: {e}")
     # TorchScript, a generator of the user's own and packed sequences: each
     # refusal says what to write instead (once PyTorch's words alone, or a
     # bare RuntimeError from pebble's hooks on a scripted module).

@@ -659,6 +659,8 @@ class TrainStep:
         _signature, where the caller has it), captured and planned where new."""
         key = key if key is not None else self._signature(inputs, target)
         variant = self._variants.get(key)
+        if variant is not None and self._state_read_changed(variant):
+            variant = None
         if variant is not None:
             # The most recently called last, under every signature that
             # finds it (_find_under_settings_left's too).
@@ -674,6 +676,33 @@ class TrainStep:
         self._find_under_settings_left(key, variant)
         self._keep_at_most(self.max_shapes)
         return variant
+
+    def _state_read_changed(self, variant):
+        """Where the values that `variant`'s trace read in Python of a
+        parameter or buffer changed since (Note [State values read in
+        Python]): the variant and its capture dropped, a warning naming
+        them; the caller captures again. Whether it dropped it."""
+        capture = variant.capture
+        if not capture.state_read:
+            return False
+        state = dict(self.model.named_parameters())
+        state.update(self.model.named_buffers())
+        changed = [name for name, value in capture.state_read
+                   if name not in state or state[name].shape != value.shape or
+                   not torch.equal(state[name].detach().to(value.device), value)]
+        if not changed:
+            return False
+        for key in [k for k, v in self._variants.items() if v is variant]:
+            del self._variants[key]
+        for key in [k for k, c in self._captures.items() if c is capture]:
+            del self._captures[key]
+        if variant in self._run_once:
+            self._run_once.remove(variant)
+        warnings.warn(f"pebble.torch: the values of {', '.join(changed[:3])}, which the step "
+                      "reads in Python (.item(), .tolist()), changed since its capture: "
+                      "captured and planned again. Values that change at every step are "
+                      "better read with tensor operations", stacklevel=5)
+        return True
 
     def _keep_at_most(self, count):
         """Drops the least recently called variants (every signature that
@@ -993,6 +1022,7 @@ class _Capture:
     def __init__(self, step, inputs, target, key):
         started = time.perf_counter()
         self.key = key
+        self.state_read = []  # (name, value): Note [State values read in Python]
         self.device = step.device
         self.model = step.model
         group = step.process_group
@@ -1076,6 +1106,11 @@ class _Capture:
                        accumulating=key[1])
         values, self.shapes_from = propagate(traced, self.device, fake=mode != "real")
         self.traced_with = traced.mode
+        # Note [State values read in Python]: what the trace read, as it is now.
+        state = dict(step.model.named_parameters())
+        state.update(step.model.named_buffers())
+        self.state_read = [(traced.slots[k].id, state[traced.slots[k].id].detach().clone())
+                           for k in traced.state_read if traced.slots[k].id in state]
         self.nodes = StepGraph(traced, values, accumulate=_slot_ids(traced, key[1]),
                                round_to=512 if self.device.type == "cuda" else 1,
                                device=self.device)

@@ -600,6 +600,9 @@ class Traced:
         # sharded parameters]), else None.
         self.fake_mode = None
         self.passes = 2  # make_fx traces: 1 where in-place calls were made functional here
+        # The slots (indices) of the parameters and buffers whose values the
+        # trace read in Python (Note [State values read in Python]).
+        self.state_read = []
 
 
 # Note [Buffers rebound by the forward]
@@ -1439,7 +1442,17 @@ def _from_batch(node, batch_from):
 # batch's lengths; `np.bincount(y.numpy())` weighed by its classes). So while
 # a trace runs on this thread, reading a tensor whose values follow from
 # the step's inputs or target refuses the capture (_ValuesRead); one of
-# parameters, buffers or constants (a buffer of split sizes) reads as before.
+# parameters, buffers or constants (a buffer of split sizes) reads as before,
+# and so does .item() of one (_item_read), which make_fx refused.
+#
+#
+# Note [State values read in Python]. A value read so of a parameter or
+# buffer is a constant of the trace too: a buffer of split sizes set once,
+# or a temperature that the training loop changes in place. The trace notes
+# which it read (_state_read; Traced.state_read), the capture keeps their
+# values, and a call that finds them changed drops that capture and
+# captures again, with a warning (TrainStep._state_read_changed); until
+# 2026-12-06 the step kept computing with the captured value, silently.
 #
 # The methods are patched on the classes while any thread traces (counted),
 # and act on the tracing thread only (_TRACING): another thread's reads are
@@ -1450,6 +1463,23 @@ _PATCHES_LOCK = threading.Lock()
 _PATCHES = {"users": 0, "saved": []}  # saved: (owner, name, original or None)
 
 
+def _state_read(node, batch_from):
+    """Notes that the trace reads in Python the values of the parameters and
+    buffers (placeholders before `batch_from`) that the fx `node` follows
+    from (Note [State values read in Python])."""
+    placeholders = [n for n in node.graph.nodes if n.op == "placeholder"][:batch_from]
+    state = {n: k for k, n in enumerate(placeholders)}
+    seen, todo = set(), [node]
+    while todo:
+        n = todo.pop()
+        if n in seen:
+            continue
+        seen.add(n)
+        if n in state:
+            _TRACING.state_read.add(state[n])
+        todo.extend(n.all_input_nodes)
+
+
 def _read_refused(name, original):
     @functools.wraps(original)
     def read(self, *args, **kwargs):
@@ -1458,8 +1488,36 @@ def _read_refused(name, original):
             node = traced_node(self)
             if node is not None and _from_batch(node, batch_from):
                 raise _ValuesRead(f".{name}()")
+            if node is not None:
+                _state_read(node, batch_from)
         return original(self, *args, **kwargs)
     return read
+
+
+def _item_read(name, original):
+    """Tensor.item while a trace runs on this thread: refused where the value
+    follows from the batch (_ValuesRead), else read as .tolist() reads it
+    (make_fx itself refuses .item() of any traced tensor: a buffer's, a
+    constant's that an operator made, `torch.tensor(x.shape).min()`)."""
+    @functools.wraps(original)
+    def item(self):
+        batch_from = getattr(_TRACING, "batch_from", None)
+        node = traced_node(self) if batch_from is not None else None
+        if node is None:
+            return original(self)
+        if _from_batch(node, batch_from):
+            raise _ValuesRead(".item()")
+        _state_read(node, batch_from)
+        try:
+            return original(self)  # (a fake constant's, say)
+        except RuntimeError:
+            if self.numel() != 1:
+                raise
+        value = self.tolist()
+        while isinstance(value, list):
+            value = value[0]
+        return value
+    return item
 
 
 # Note [The generator set inside a step]. A step draws its random numbers
@@ -1560,6 +1618,7 @@ def _patched():
     owners = [torch.Tensor] + [cls for cls in (FakeTensor,) if "tolist" in vars(cls)]
     patches = [(cls, name, _read_refused) for cls in owners for name in ("tolist", "numpy")
                if name in vars(cls) or cls is torch.Tensor]
+    patches.append((torch.Tensor, "item", _item_read))
     patches += [(owner, name, _generator_set_refused(owner))
                 for owner, names in _GENERATOR_SETTERS for name in names
                 if callable(getattr(owner, name, None))]
@@ -1583,9 +1642,12 @@ def _trace_patches(batch_from):
     before = getattr(_TRACING, "batch_from", None)
     _TRACING.batch_from = batch_from
     _TRACING.generator_set = False
+    read_before = getattr(_TRACING, "state_read", None)
+    _TRACING.state_read = set()  # Note [State values read in Python]
     try:
-        yield
+        yield _TRACING.state_read
     finally:
+        _TRACING.state_read = read_before
         _TRACING.batch_from = before
         _TRACING.generator_set = False
         with _PATCHES_LOCK:
@@ -1724,7 +1786,7 @@ def _traced_in_some_mode(model, loss_fn, slots, flat, device, modes, fake_mode, 
             with _rng_kept(device), _rnn_without_cudnn(model, device), \
                     _rnn_weights_rebound(model), _checkpoints_inline(model), \
                     _tensor_attributes_kept(model), _loss_attributes_kept(loss_fn), \
-                    _trace_patches(batch_from=n_state):
+                    _trace_patches(batch_from=n_state) as state_read:
                 step = _step_function(model, loss_fn, slots, grad_found, max_grad_norm,
                                       norm_type, ranks, frozenset(accumulating))
                 gm, values, passes = _traced_functional(step, m, flat, fake_mode, slots,
@@ -1756,6 +1818,7 @@ def _traced_in_some_mode(model, loss_fn, slots, flat, device, modes, fake_mode, 
         _refuse_unfilled_reads(gm)
         _warn_rebound_plain_tensors(rebound, gm)
         traced = Traced(gm, slots, list(grad_found), m, flat)
+        traced.state_read = sorted(state_read)
         traced.values = values
         traced.passes = passes
         traced.fake_mode = fake_mode
@@ -1832,8 +1895,9 @@ def _traced_functional(step, mode, flat, fake_mode, slots, one_pass, stack):
 
 
 def _values_read_error(where, e):
+    how = f"{e.how}, or a NumPy conversion" if e.how == ".numpy()" else e.how
     return CaptureError(
-        f"{where} reads a tensor's values in Python ({e.how}, or a NumPy conversion), "
+        f"{where} reads a tensor's values in Python ({how}){_user_line(e)}, "
         "which a trace cannot follow: the plan would replay the values of the batch it "
         "was captured with at every step. Compute it with tensor operations (a mask "
         "such as torch.arange(T) < lengths[:, None] instead of a loop over "
