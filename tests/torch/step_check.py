@@ -756,6 +756,21 @@ def check_a_kernel_that_fails_eagerly_too(failures, device):
                        f"an int32 target for cross_entropy: refused with '{e}'")
 
 
+def check_state_refused(failures, label, model, loss_fn, x, y, watched, named):
+    """A step of `loss_fn`, which changes the tensor watched() returns at
+    each call, is refused naming it (`named`), and the tensor is as it was."""
+    before = watched()
+    values = before.clone()
+    try:
+        pt.train_step(model, loss_fn, (x,), y, policy="baseline", budget="100%")
+        failures.check(False, f"{label}: not refused")
+    except pt.CaptureError as e:
+        failures.check(named in str(e) and "at each call" in str(e),
+                       f"{label}: refused with '{e}'")
+    failures.check(watched() is before and torch.equal(before, values),
+                   f"{label}: the state is not as it was after the refusal")
+
+
 LOSS_COUNTS = None  # check_state_the_loss_carries: a global the loss writes
 
 
@@ -814,17 +829,8 @@ def check_state_the_loss_carries(failures, device):
              "the global LOSS_COUNTS"),
             ("a closure's dict", dict_state_loss, lambda: state["ema"],
              "loss_fn's state['ema']")):
-        before = watched()
-        values = before.clone()
-        try:
-            pt.train_step(model, loss_fn, (x,), y, policy="baseline", budget="100%")
-            failures.check(False, f"a loss that updates {label} each call was not refused")
-        except pt.CaptureError as e:
-            failures.check(named in str(e) and "at each call" in str(e),
-                           f"a loss that updates {label}: refused with '{e}'")
-        failures.check(watched() is before and torch.equal(before, values),
-                       f"a loss that updates {label}: the state is not as it was after the "
-                       "refusal")
+        check_state_refused(failures, f"a loss that updates {label}", model, loss_fn, x, y,
+                            watched, named)
     teacher = nn.Linear(8, 5).to(device).eval()
 
     def distilled(out, target):
@@ -949,17 +955,8 @@ def _check_state_in_user_code(failures, device, user_code, x, y):
              lambda: user_code.COUNTS, "the global user_code.COUNTS"),
             ("binds a global anew", lambda out, t: _ema_of(F.cross_entropy(out, t)),
              lambda: HELPER_EMA, "the global HELPER_EMA")):
-        before = watched()
-        values = before.clone()
-        try:
-            pt.train_step(model, loss_fn, (x,), y, policy="baseline", budget="100%")
-            failures.check(False, f"a loss whose helper {label} was not refused")
-        except pt.CaptureError as e:
-            failures.check(named in str(e) and "at each call" in str(e),
-                           f"a loss whose helper {label}: refused with '{e}'")
-        failures.check(watched() is before and torch.equal(before, values),
-                       f"a loss whose helper {label}: the state is not as it was after the "
-                       "refusal")
+        check_state_refused(failures, f"a loss whose helper {label}", model, loss_fn, x, y,
+                            watched, named)
 
 
 def check_loss_and_checkpoints(failures, device):

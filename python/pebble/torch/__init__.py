@@ -690,19 +690,29 @@ class TrainStep:
         changed = [name for name, value in capture.state_read
                    if name not in state or state[name].shape != value.shape or
                    not torch.equal(state[name].detach().to(value.device), value)]
-        if not changed:
+        # (every rank captures again where one does: their plans are one;
+        # the ranks' captures, hence what they read, are the same)
+        if self.process_group is not None:
+            if not any_rank(changed, self.process_group, "comparing the values read"):
+                return False
+        elif not changed:
             return False
-        for key in [k for k, v in self._variants.items() if v is variant]:
-            del self._variants[key]
-        for key in [k for k, c in self._captures.items() if c is capture]:
-            del self._captures[key]
-        if variant in self._run_once:
-            self._run_once.remove(variant)
+        self._drop(variant)
         warnings.warn(f"pebble.torch: the values of {', '.join(changed[:3])}, which the step "
                       "reads in Python (.item(), .tolist()), changed since its capture: "
                       "captured and planned again. Values that change at every step are "
                       "better read with tensor operations", stacklevel=5)
         return True
+
+    def _drop(self, variant):
+        """Forgets `variant` and its capture, under every signature that
+        finds them."""
+        for key in [k for k, v in self._variants.items() if v is variant]:
+            del self._variants[key]
+        for key in [k for k, c in self._captures.items() if c is variant.capture]:
+            del self._captures[key]
+        if variant in self._run_once:
+            self._run_once.remove(variant)
 
     def _keep_at_most(self, count):
         """Drops the least recently called variants (every signature that
@@ -712,14 +722,7 @@ class TrainStep:
         dropped = False
         while count is not None and len({id(v) for v in self._variants.values()}) > count:
             dropped = True
-            oldest = next(iter(self._variants.values()))
-            for key in [k for k, v in self._variants.items() if v is oldest]:
-                del self._variants[key]
-            for key in [k for k, c in self._captures.items() if c is oldest.capture]:
-                del self._captures[key]
-            if oldest in self._run_once:
-                self._run_once.remove(oldest)
-            del oldest
+            self._drop(next(iter(self._variants.values())))
             self._shapes_dropped += 1
             if self._shapes_dropped == 1:
                 warnings.warn(

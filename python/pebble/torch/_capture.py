@@ -959,8 +959,10 @@ def _function_reads(function, cls=None):
                 labels.add(read[1])
                 yield read
                 follow(read[2])
-        for name in sorted(_attributes_named_in(function.__code__)) if cls is not None else ():
-            follow(_method_function(cls, name), cls)
+        # (a library's class, torchvision's: its methods are no user's code)
+        if cls is not None and _users_function(function, libraries):
+            for name in sorted(_attributes_named_in(function.__code__)):
+                follow(_method_function(cls, name), cls)
 
 
 def _method_function(cls, name):
