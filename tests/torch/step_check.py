@@ -3150,7 +3150,8 @@ def check_generator_and_plain_state(failures, device):
     generator is left where it was; Note [Tensors in plain attributes]: a
     forward writing a tensor attribute that is no buffer in place is refused
     naming it, with its values put back; one rebinding it from its old value
-    warns naming it; one reading it alone trains as eager, silently. Before
+    warns naming it; one reading it alone trains as eager, silently, and
+    captures again where the user binds it anew between calls. Before
     2026-12-05 the first three trained with other numbers than eager's,
     silently, and the in-place write failed with PyTorch's internal assert
     after writing the user's tensor."""
@@ -3201,6 +3202,20 @@ def check_generator_and_plain_state(failures, device):
             want = nn.functional.cross_entropy(twin(x), y)
             failures.check(relative_error(loss, want) <= 1e-5,
                            f"{how}: the loss {loss.item()} is not eager's {want.item()}")
+            # Bound anew between calls, by the user (a schedule): captured
+            # again, with a warning, eager's loss (the captured tensor's until
+            # 2026-12-06, silently).
+            model.stats = torch.full((16,), 0.5, device=device)
+            twin.stats = model.stats.clone()
+            model.zero_grad(set_to_none=True)
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                loss = step(x, y)
+            want = nn.functional.cross_entropy(twin(x), y)
+            failures.check(relative_error(loss, want) <= 1e-5 and
+                           any("model.stats (bound anew)" in str(w.message) for w in caught),
+                           f"a plain tensor bound anew between calls: the loss {loss.item()}, "
+                           f"eager's {want.item()}, warnings {[str(w.message) for w in caught]}")
 
 
 def check_estimated_costs_warn(failures, device):

@@ -659,7 +659,7 @@ class TrainStep:
         _signature, where the caller has it), captured and planned where new."""
         key = key if key is not None else self._signature(inputs, target)
         variant = self._variants.get(key)
-        if variant is not None and self._state_read_changed(variant):
+        if variant is not None and self._reads_changed(variant):
             variant = None
         if variant is not None:
             # The most recently called last, under every signature that
@@ -677,19 +677,24 @@ class TrainStep:
         self._keep_at_most(self.max_shapes)
         return variant
 
-    def _state_read_changed(self, variant):
-        """Where the values that `variant`'s trace read in Python of a
-        parameter or buffer changed since (Note [State values read in
-        Python]): the variant and its capture dropped, a warning naming
-        them; the caller captures again. Whether it dropped it."""
+    def _reads_changed(self, variant):
+        """Where what `variant`'s graph holds as constants changed since its
+        capture: the values of a parameter or buffer that the trace read in
+        Python (Note [State values read in Python]), a tensor in a plain
+        attribute that it reads bound anew (Note [Tensors in plain
+        attributes]). Then the variant and its capture are dropped, with a
+        warning naming them; the caller captures again. Whether it dropped
+        it."""
         capture = variant.capture
-        if not capture.state_read:
+        if not capture.state_read and not capture.plain_read:
             return False
         state = dict(self.model.named_parameters())
         state.update(self.model.named_buffers())
         changed = [name for name, value in capture.state_read
                    if name not in state or state[name].shape != value.shape or
                    not torch.equal(state[name].detach().to(value.device), value)]
+        changed += [f"{label} (bound anew)" for label, get, tensor in capture.plain_read
+                    if get() is not tensor]
         # (every rank captures again where one does: their plans are one;
         # the ranks' captures, hence what they read, are the same)
         if self.process_group is not None:
@@ -698,10 +703,12 @@ class TrainStep:
         elif not changed:
             return False
         self._drop(variant)
-        warnings.warn(f"pebble.torch: the values of {', '.join(changed[:3])}, which the step "
-                      "reads in Python (.item(), .tolist()), changed since its capture: "
-                      "captured and planned again. Values that change at every step are "
-                      "better read with tensor operations", stacklevel=5)
+        warnings.warn(f"pebble.torch: {', '.join(changed[:3])}, which the step holds as "
+                      "constants (a value read in Python with .item() or .tolist(), a tensor "
+                      "in an attribute that is no buffer), changed since its capture: "
+                      "captured and planned again. What changes at every step is better a "
+                      "buffer updated in place, or read with tensor operations",
+                      stacklevel=5)
         return True
 
     def _drop(self, variant):
@@ -1026,6 +1033,7 @@ class _Capture:
         started = time.perf_counter()
         self.key = key
         self.state_read = []  # (name, value): Note [State values read in Python]
+        self.plain_read = []  # (label, get, tensor): Note [Tensors in plain attributes]
         self.device = step.device
         self.model = step.model
         group = step.process_group
@@ -1114,6 +1122,7 @@ class _Capture:
         state.update(step.model.named_buffers())
         self.state_read = [(traced.slots[k].id, state[traced.slots[k].id].detach().clone())
                            for k in traced.state_read if traced.slots[k].id in state]
+        self.plain_read = traced.plain_read
         self.nodes = StepGraph(traced, values, accumulate=_slot_ids(traced, key[1]),
                                round_to=512 if self.device.type == "cuda" else 1,
                                device=self.device)

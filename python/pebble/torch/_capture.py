@@ -601,8 +601,10 @@ class Traced:
         self.fake_mode = None
         self.passes = 2  # make_fx traces: 1 where in-place calls were made functional here
         # The slots (indices) of the parameters and buffers whose values the
-        # trace read in Python (Note [State values read in Python]).
-        self.state_read = []
+        # trace read in Python (Note [State values read in Python]), and
+        # (label, get, tensor) of the tensors in plain attributes that the
+        # graph reads (Note [Tensors in plain attributes]).
+        self.state_read, self.plain_read = [], []
 
 
 # Note [Buffers rebound by the forward]
@@ -793,6 +795,11 @@ def _tensor_attributes_kept(model):
 #   names it. Rebinding alone is not refused: a forward may make the same
 #   value at each call (a cast of a mask), and weight_norm's hook binds its
 #   weight before each call (Note [Tensors the forward binds to attributes]).
+# - rebound between calls, by the user's code (`model.temperature =
+#   torch.tensor(t)` as a schedule anneals it): the step read the captured
+#   tensor, silently, until 2026-12-06. The capture keeps which such tensors
+#   its graph reads (Traced.plain_read), and a call that finds one bound anew
+#   captures again, with a warning (TrainStep._reads_changed).
 class _WatchedTensors:
     """Tensors noted as a trace starts: each one's object, version counter
     and a host copy of its values (within `copy_limit` bytes in all; None:
@@ -823,6 +830,12 @@ class _WatchedTensors:
     def _watch_attribute(self, label, owner, key, value):
         self._add(label, lambda: vars(owner).get(key, _ABSENT),
                   lambda t: setattr(owner, key, t), value)
+
+    def read_by(self, gm):
+        """(label, get, tensor) of the tensors that `gm` reads as constants."""
+        read = {id(getattr(gm, n.target, None)) for n in gm.graph.nodes if n.op == "get_attr"}
+        return [(label, get, tensor) for label, get, _, tensor, _, _ in self.entries
+                if id(tensor) in read]
 
     def rebound(self):
         """(label, tensor) of the names bound to another object now."""
@@ -1821,6 +1834,7 @@ def _traced_in_some_mode(model, loss_fn, slots, flat, device, modes, fake_mode, 
         _warn_rebound_plain_tensors(rebound, gm)
         traced = Traced(gm, slots, list(grad_found), m, flat)
         traced.state_read = sorted(state_read)
+        traced.plain_read = plain.read_by(gm)
         traced.values = values
         traced.passes = passes
         traced.fake_mode = fake_mode
