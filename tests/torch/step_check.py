@@ -2740,6 +2740,18 @@ def check_errors(failures, device):
         failures.check("parameter '2.weight' was added to the module after the step was made "
                        "(and to its optimizer, add_param_group?)" in str(e),
                        f"the added layer's error names it: {e}")
+    # A weight pruned after the step was made (torch.nn.utils.prune renames
+    # it 'weight_orig', the same tensor): said so, not "added".
+    from torch.nn.utils import prune
+    del model[2]
+    del opt.param_groups[-1]
+    prune.l1_unstructured(model[1], "weight", amount=0.5)
+    try:
+        step(x, y)
+        failures.check(False, "a weight pruned after the step was made was accepted")
+    except ValueError as e:
+        failures.check("parameter '1.weight' is now named '1.weight_orig' (pruning" in str(e),
+                       f"the pruned weight's error: {e}")
     # A kernel that fails in eager PyTorch too (1.13's CPU layer norm under
     # bfloat16 autocast): the error says so, and gives its arguments' dtypes
     # and shapes.

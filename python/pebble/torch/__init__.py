@@ -522,6 +522,13 @@ class TrainStep:
         added = [n for n in trainable if n not in self.updates.params]
         new = [n for n in added if n not in self._parameter_names]
         if new:
+            # (torch.nn.utils.prune renames a weight 'weight_orig', the same tensor)
+            renamed = [n for n, p in self.updates.params.items() if p is current[new[0]]]
+            if renamed:
+                raise ValueError(f"parameter '{renamed[0]}' is now named '{new[0]}' (pruning "
+                                 "with torch.nn.utils.prune renames it, and computes "
+                                 f"'{renamed[0]}' from it and a mask at each call): the step's "
+                                 "plan has the module as it was; make a new train_step")
             held = any(p is current[new[0]] for group in self.updates.optimizer.param_groups
                        for p in group["params"])
             raise ValueError(f"parameter '{new[0]}' was added to the module after the step "
