@@ -898,6 +898,15 @@ def check_user_code(failures, device):
     def mlp():
         return torch.nn.Sequential(torch.nn.Linear(10, 16), torch.nn.ReLU(),
                                    torch.nn.Linear(16, 5))
+    # A helper that grows a cache in a global (rebound, the old one unread):
+    # trains as eager, not refused as state the loss carries.
+    torch.manual_seed(SEED)
+    model = mlp().to(device)
+    eager_model = copy.deepcopy(model)
+    step = pt.train_step(model, user_code.weighted_cross_entropy, (x,), y, policy="dtr",
+                         budget="min", measure="never")
+    check_beside_eager(failures, "a helper's cache grown in a global", step, model, eager_model,
+                       user_code.weighted_cross_entropy, (x,), y)
     for label, make, loss_fn, setting in (
             ("a loss's helper's global", mlp,
              lambda out, t: user_code.scaled_cross_entropy(out, t), "SCALE"),
@@ -1425,6 +1434,17 @@ def check_fake_tensors_wrong(failures, device):
                              budget="100%")
         check_beside_eager(failures, f"a reshape of a permuted layer norm, batch {batch}", step,
                            model, eager_model, F.cross_entropy, (x,), y)
+    # A batch sliced out of a larger tensor (a storage offset) through a
+    # reshape traced as a view of it: read alike (a check of the offset
+    # refused every such batch for a moment).
+    torch.manual_seed(SEED)
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(10, 5))
+    eager_model = copy.deepcopy(model)
+    data, y = torch.randn(12, 2, 5), torch.tensor([0, 2, 4, 1])
+    step = pt.train_step(model, F.cross_entropy, (data[:4].clone(),), y, policy="baseline",
+                         budget="100%")
+    check_beside_eager(failures, "a batch at a storage offset", step, model, eager_model,
+                       F.cross_entropy, (data[4:8],), y)
 
     x = torch.randn(3, 4, 20)
     target = torch.randint(1, 6, (3, 5))

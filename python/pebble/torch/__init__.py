@@ -26,6 +26,7 @@ import inspect
 import itertools
 import json
 import math
+import os
 import sys
 import time
 import uuid
@@ -365,6 +366,7 @@ class TrainStep:
         self._variants = {}
         self._shapes_dropped = 0
         self._run_once = []  # the variants that have run (_find_under_settings_left)
+        self._warned_of_trained_reads = False  # _warn_of_trained_values_read
         try:
             self._variant = self._variant_for(inputs, example_target)
             if self.shards is not None:
@@ -679,6 +681,7 @@ class TrainStep:
             self._warn_of_settings_changed(key)
             self._parameters_on_device()
             capture = self._captures[key] = _Capture(self, inputs, target, key)
+            self._warn_of_trained_values_read(capture)
         variant = self._variants[key] = _Variant(self, capture)
         self._find_under_settings_left(key, variant)
         self._keep_at_most(self.max_shapes)
@@ -699,7 +702,7 @@ class TrainStep:
         state.update(self.model.named_buffers())
         changed = [name for name, value in capture.state_read
                    if name not in state or state[name].shape != value.shape or
-                   not torch.equal(state[name].detach().to(value.device), value)]
+                   not _same_values(state[name].detach().to(value.device), value)]
         changed += [f"{label} (bound anew)" for label, get, tensor in capture.plain_read
                     if get() is not tensor]
         # (every rank captures again where one does: their plans are one;
@@ -717,6 +720,19 @@ class TrainStep:
                       "buffer updated in place, or read with tensor operations",
                       stacklevel=5)
         return True
+
+    def _warn_of_trained_values_read(self, capture):
+        """Once a step: a UserWarning where the trace read in Python the
+        values of a trainable parameter, which each update changes (Note
+        [State values read in Python]): every call then captures again."""
+        trainable = {name for name, p in self.model.named_parameters() if p.requires_grad}
+        read = [name for name, _ in capture.state_read if name in trainable]
+        if read and not self._warned_of_trained_reads:
+            self._warned_of_trained_reads = True
+            warnings.warn(f"pebble.torch: the step reads the values of {', '.join(read[:3])} in "
+                          "Python (.item(), .tolist()), a parameter that training changes: "
+                          "each call after an update captures and plans the step again. "
+                          "Compute with the tensor instead", stacklevel=_outside_pebble())
 
     def _drop(self, variant):
         """Forgets `variant` and its capture, under every signature that
@@ -2073,6 +2089,25 @@ def _check_shard(shard, group):
                          (" (process_group is None here: torch.distributed.group.WORLD is "
                           "None until torch.distributed.init_process_group is called)"
                           if unset else ""))
+
+
+def _outside_pebble():
+    """The stacklevel of warnings.warn, called here, that names the
+    innermost frame outside pebble's package: the user's call, whichever
+    path (train_step, a step's call) led here."""
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    frame, level = sys._getframe(1), 1
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(package):
+        frame, level = frame.f_back, level + 1
+    return level
+
+
+def _same_values(a, b):
+    """Whether tensors `a` and `b` hold the same values, NaN equal to NaN."""
+    if torch.equal(a, b):
+        return True
+    return a.is_floating_point() and bool(torch.isnan(a).any()) and \
+        torch.allclose(a, b, rtol=0.0, atol=0.0, equal_nan=True)
 
 
 def _checked_group(group):

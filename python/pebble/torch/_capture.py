@@ -21,7 +21,6 @@ again over fake tensors for them (propagate).
 import contextlib
 import dis
 import functools
-import inspect
 import linecache
 import math
 import operator
@@ -304,8 +303,8 @@ def _loss_settings(loss_fn):
     weight that a schedule anneals), and each module's attributes; a
     callable object's plain attributes; configuration objects among them
     as _setting reads them; what the user's functions that it calls read
-    (_function_reads). A function's are _Local. (Other objects, and the
-    methods of a loss module, are not looked into.)"""
+    (_function_reads). A function's are _Local. (A loss module's forward is
+    read with the model's classes: ModuleSettings.)"""
     if isinstance(loss_fn, torch.nn.Module):
         return tuple((f"loss_fn.{name}" if name else "loss_fn", _loss_module_settings(module))
                      for name, module in loss_fn.named_modules())
@@ -833,7 +832,7 @@ class _WatchedTensors:
 
     def read_by(self, gm):
         """(label, get, tensor) of the tensors that `gm` reads as constants."""
-        read = {id(getattr(gm, n.target, None)) for n in gm.graph.nodes if n.op == "get_attr"}
+        read = _constants_read(gm)
         return [(label, get, tensor) for label, get, _, tensor, _, _ in self.entries
                 if id(tensor) in read]
 
@@ -938,8 +937,10 @@ def _names_loss_fn_reads(loss_fn):
 # module that its code names, and theirs in turn, to _HELPERS_FOLLOWED
 # functions; for a bound method (a trainer's compute_loss) or a forward,
 # also the methods of its class that its code names (`self._act(x)`), and
-# theirs. Not followed: methods of other objects, and what a function
-# receives as an argument. A forward of the user's module class (the
+# theirs. Not followed: methods of other objects, functions held in a list
+# or dict, and what a function receives as an argument. A global that a
+# helper binds anew without the graph reading the old tensor (a cache it
+# grows) is put back, not refused (_LossState.changed_put_back). A forward of the user's module class (the
 # model's or a loss module's) is read alike (_forward_globals):
 # `helpers.leaky(x)` reading a SLOPE global.
 _HELPERS_FOLLOWED = 32
@@ -958,13 +959,17 @@ def _function_reads(function, cls=None):
     now (_ABSENT: unbound), put(v) binds it anew."""
     libraries = _library_directories_once()
     home = function.__globals__.get("__name__")  # (the loss's module: its globals unqualified)
-    todo, followed, labels = [(function, None, cls)], {function.__code__}, set()
+    # (functions by identity: two closures of one factory share their code,
+    # each with its own cells, named apart: `make_term.<locals>.term#2`)
+    todo, followed, labels = [(function, None, cls)], {id(function)}, set()
+    names = {}
 
     def follow(value, cls=None):
-        if isinstance(value, types.FunctionType) and value.__code__ not in followed and \
+        if isinstance(value, types.FunctionType) and id(value) not in followed and \
                 len(followed) < _HELPERS_FOLLOWED and _users_function(value, libraries):
-            followed.add(value.__code__)
-            todo.append((value, value.__qualname__, cls))
+            followed.add(id(value))
+            seen = names[value.__qualname__] = names.get(value.__qualname__, 0) + 1
+            todo.append((value, value.__qualname__ + (f"#{seen}" if seen > 1 else ""), cls))
     while todo:
         function, helper, cls = todo.pop(0)
         for read in _own_reads(function, helper, home, libraries):
@@ -981,7 +986,9 @@ def _function_reads(function, cls=None):
 def _method_function(cls, name):
     """The function behind `cls`'s attribute `name` where it is a method,
     a static or class method or a property's getter, else None."""
-    member = inspect.getattr_static(cls, name, None)
+    # (the class dicts along the MRO, as inspect.getattr_static reads them:
+    # no descriptor runs, a property that raises included; at every call)
+    member = next((vars(c)[name] for c in cls.__mro__ if name in vars(c)), None)
     if isinstance(member, (staticmethod, classmethod)):
         return member.__func__
     return member.fget if isinstance(member, property) else member
@@ -1033,18 +1040,25 @@ def _variables_read(function, helper, home):
 
 def _users_function(function, libraries):
     """Whether `function` is of the user's code: defined in a file outside
-    `libraries` (_library_directories), or typed in (a notebook's cell)."""
-    path = function.__code__.co_filename
-    if path.startswith("<"):
-        return not path.startswith("<frozen")
-    return _users_file(path, libraries)
+    `libraries` (_library_directories), or typed in (a notebook's cell;
+    any file name in <>, code made by exec too, but for Python's frozen
+    modules)."""
+    return _users_path(function.__code__.co_filename, libraries)
 
 
 def _users_module(module, libraries):
     """Whether `module` is of the user's code (a file outside `libraries`,
     or the script run)."""
     path = getattr(module, "__file__", None)
-    return module.__name__ == "__main__" if path is None else _users_file(path, libraries)
+    return module.__name__ == "__main__" if path is None else _users_path(path, libraries)
+
+
+@functools.lru_cache(maxsize=4096)  # (read at every call: realpath asks the file system)
+def _users_path(path, libraries):
+    """_users_function's and _users_module's test of a file's path."""
+    if path.startswith("<"):
+        return not path.startswith("<frozen")
+    return _users_file(path, libraries)
 
 
 class _LossState(_WatchedTensors):
@@ -1078,16 +1092,22 @@ class _LossState(_WatchedTensors):
         for key, item in list(mapping.items()):
             self._watch(f"{label}[{key!r}]", mapping, key, item)
 
-    def changed_put_back(self):
+    def changed_put_back(self, gm=None):
         """The labels of the tensors rebound or written since, each put back
         as it was (one written without a copy: its label says its values
-        were not)."""
+        were not). With the traced `gm`: a tensor rebound that `gm` does not
+        read is put back but not counted (a cache that a helper grows:
+        `_W = torch.linspace(...)` where `_W` was too short, which the step
+        makes again at each call as the trace did)."""
+        read = _constants_read(gm) if gm is not None else None
         changed = []
         for label, get, put, tensor, version, copy in self.entries:
             rebound = get() is not tensor
             if rebound:
                 put(tensor)
             written = self._values_put_back(label, tensor, version, copy)
+            if written is None and rebound and read is not None and id(tensor) not in read:
+                continue
             if written is not None or rebound:
                 changed.append(written or label)
         return changed
@@ -1113,11 +1133,16 @@ def _plain_tensor_written_error(labels):
         "step updates in place as eager does, or make the write outside the step")
 
 
+def _constants_read(gm):
+    """The ids of the tensors that `gm` reads as constants (get_attr)."""
+    return {id(getattr(gm, n.target, None)) for n in gm.graph.nodes if n.op == "get_attr"}
+
+
 def _warn_rebound_plain_tensors(watch, gm):
     """UserWarning naming each plain tensor attribute that the forward bound
     anew while the step reads its old value (Note [Tensors in plain
     attributes])."""
-    read = {id(getattr(gm, n.target, None)) for n in gm.graph.nodes if n.op == "get_attr"}
+    read = _constants_read(gm)
     labels = [label for label, tensor in watch if id(tensor) in read]
     if labels:
         warnings.warn(
@@ -1780,7 +1805,7 @@ def trace(model, loss_fn, inputs, target, device, mode=None, one_pass=True, stan
             raise _plain_tensor_written_error(written) from e
         raise
     written = plain.written_put_back()
-    changed = loss_state.changed_put_back()
+    changed = loss_state.changed_put_back(traced.gm)
     if changed:
         raise _loss_state_changed_error(changed)
     if written:

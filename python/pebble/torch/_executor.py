@@ -919,12 +919,17 @@ class _RunState:
         capture saw it, else CapturedValueMismatch."""
         given = node.inputs[0]
         real, traced = self.live[given.index], given.value
-        if torch.is_tensor(real) and torch.is_tensor(traced) and \
-                _layout_read(real) != _layout_read(traced):
+        if not torch.is_tensor(real) or not torch.is_tensor(traced):
+            return
+        # (as_strided's offset is the storage's; _reshape_alias reads from
+        # its input's own: a batch sliced out of a larger tensor reads alike)
+        offset = op_name(node.fx.target) == "as_strided"
+        if _layout_read(real, offset) != _layout_read(traced, offset):
             raise CapturedValueMismatch(
                 f"node '{node.id}' ({node.fx.target}){node.fx.meta.get('user_line', '')} "
-                f"reads '{given.id}' with the strides that PyTorch's fake tensors gave it "
-                f"({traced.stride()}), but its kernel made {real.stride()}: the view would "
+                f"reads '{given.id}' laid out as PyTorch's fake tensors gave it (strides "
+                f"{traced.stride()}, storage offset {traced.storage_offset()}), but it holds "
+                f"strides {real.stride()}, offset {real.storage_offset()}: the view would "
                 "read other elements, so pebble.torch cannot plan this step without "
                 "calibration (calibrate=True captures such a step on real tensors, unsharded)")
 
@@ -1049,19 +1054,20 @@ _TOKEN = object()
 # batch 1): the view then read the real output with the wrong strides, and
 # the step's loss and gradients were off eager's, silently, until
 # 2026-12-06. Each such view checks that its input is laid out as traced
-# (the strides of dims of more than one element, and the offset); where
+# (the strides of dims of more than one element, and as_strided's storage
+# offset, which is absolute: _reshape_alias reads from its input's); where
 # not, the calibration's run raises CapturedValueMismatch, and the step is
 # traced again on real tensors, as for other fake tensors that disagree
 # with a kernel.
 _STRIDES_GIVEN = {"_reshape_alias", "as_strided"}
 
 
-def _layout_read(t):
+def _layout_read(t, offset):
     """What decides which elements a view with given strides reads of `t`:
-    the size and stride of each dim of more than one element, and the
-    storage offset."""
+    the size and stride of each dim of more than one element, and where
+    `offset`, the storage offset."""
     return (tuple((n, st) for n, st in zip(t.shape, t.stride()) if n != 1),
-            t.storage_offset())
+            t.storage_offset() if offset else 0)
 
 
 _LIKE_TEMPLATE = {"empty_like", "zeros_like", "ones_like", "full_like", "rand_like",
