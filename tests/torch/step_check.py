@@ -907,6 +907,22 @@ def check_user_code(failures, device):
                          budget="min", measure="never")
     check_beside_eager(failures, "a helper's cache grown in a global", step, model, eager_model,
                        user_code.weighted_cross_entropy, (x,), y)
+    # Two closures of one code, the second's weight changed: captured again.
+    weights = [{"value": 1.0}, {"value": 1.0}]
+    first, second = (user_code.make_term(w) for w in weights)
+    torch.manual_seed(SEED)
+    model = mlp().to(device)
+    eager_model = copy.deepcopy(model)
+
+    def two_terms(out, target):
+        return first(out, target) + second(out, target)
+    step = pt.train_step(model, two_terms, (x,), y, policy="dtr", budget="min", measure="never")
+    for value in (1.0, 4.0):
+        weights[1]["value"] = value
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # (the recapture's warning)
+            check_beside_eager(failures, f"a second closure's weight changed to {value}", step,
+                               model, eager_model, two_terms, (x,), y)
     for label, make, loss_fn, setting in (
             ("a loss's helper's global", mlp,
              lambda out, t: user_code.scaled_cross_entropy(out, t), "SCALE"),
