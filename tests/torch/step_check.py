@@ -204,6 +204,23 @@ def check_timeline(failures, label, timeline, step):
                            for t in off[:3]))
 
 
+def check_changes_followed(failures, label, step, model, eager_model, loss_fn, inputs, target,
+                           values, change, captures=None):
+    """For each of `values`: change(value), then check_beside_eager (the
+    recapture's warning ignored); then `captures` captures in all where
+    given."""
+    for value in values:
+        change(value)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            check_beside_eager(failures, f"{label} changed to {value}", step, model,
+                               eager_model, loss_fn, inputs, target)
+    if captures is not None:
+        failures.check(step.report["shapes_planned"] == captures,
+                       f"{label} changed: {step.report['shapes_planned']} captures, not "
+                       f"{captures}")
+
+
 def check_beside_eager(failures, label, step, model, eager_model, loss_fn, inputs, target):
     """One call of `step` on `model` and eager PyTorch's on `eager_model`,
     each from fresh gradients and the same generator state: the loss and
@@ -917,12 +934,9 @@ def check_user_code(failures, device):
     def two_terms(out, target):
         return first(out, target) + second(out, target)
     step = pt.train_step(model, two_terms, (x,), y, policy="dtr", budget="min", measure="never")
-    for value in (1.0, 4.0):
-        weights[1]["value"] = value
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # (the recapture's warning)
-            check_beside_eager(failures, f"a second closure's weight changed to {value}", step,
-                               model, eager_model, two_terms, (x,), y)
+    check_changes_followed(failures, "a second closure's weight", step, model, eager_model,
+                           two_terms, (x,), y, (1.0, 4.0),
+                           lambda value: weights[1].update(value=value), captures=2)
     for label, make, loss_fn, setting in (
             ("a loss's helper's global", mlp,
              lambda out, t: user_code.scaled_cross_entropy(out, t), "SCALE"),
@@ -938,14 +952,9 @@ def check_user_code(failures, device):
         setattr(user_code, setting, 0.25)
         step = pt.train_step(model, loss_fn, (x,), y, policy="dtr", budget="min",
                              measure="never")
-        for value in (0.25, 3.0, 3.0, 0.5):
-            setattr(user_code, setting, value)
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")  # (the recapture's warning)
-                check_beside_eager(failures, f"{label} changed to {value}", step, model,
-                                   eager_model, loss_fn, (x,), y)
-        failures.check(step.report["shapes_planned"] == 3,
-                       f"{label} changed: {step.report['shapes_planned']} captures, not 3")
+        check_changes_followed(failures, label, step, model, eager_model, loss_fn, (x,), y,
+                               (0.25, 3.0, 3.0, 0.5),
+                               lambda value: setattr(user_code, setting, value), captures=3)
     user_code.SCALE, user_code.SLOPE = 1.0, 0.1
     _check_state_in_user_code(failures, device, user_code, x, y)
 
@@ -1044,14 +1053,10 @@ def check_loss_and_checkpoints(failures, device):
     def loss_fn(out, target):
         return ce(out, target) + schedule["aux_weight"] * out.pow(2).mean()
     step = pt.train_step(model, loss_fn, (x,), y, policy="dtr", budget="min", measure="never")
-    for k in range(3):
+    def change(k):
         ce.label_smoothing, schedule["aux_weight"] = 0.2 * k, 0.5 * k
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # (the recapture's warning)
-            check_beside_eager(failures, f"a loss's settings changed, call {k}", step, model,
-                               eager_model, loss_fn, (x,), y)
-    failures.check(step.report["shapes_planned"] == 3,
-                   f"a loss's settings changed: {step.report['shapes_planned']} captures, not 3")
+    check_changes_followed(failures, "a loss's settings", step, model, eager_model, loss_fn,
+                           (x,), y, range(3), change, captures=3)
 
     # A second target through the inputs (docs/torch.md, example_target): a
     # wrapper whose forward returns it beside the output; a tuple of
