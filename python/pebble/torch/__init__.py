@@ -698,8 +698,7 @@ class TrainStep:
         capture = variant.capture
         if not capture.state_read and not capture.plain_read:
             return False
-        state = dict(self.model.named_parameters())
-        state.update(self.model.named_buffers())
+        state = _state_tensors(self.model)
         changed = [name for name, value in capture.state_read
                    if name not in state or state[name].shape != value.shape or
                    not _same_values(state[name].detach().to(value.device), value)]
@@ -718,7 +717,7 @@ class TrainStep:
                       "in an attribute that is no buffer), changed since its capture: "
                       "captured and planned again. What changes at every step is better a "
                       "buffer updated in place, or read with tensor operations",
-                      stacklevel=5)
+                      stacklevel=_outside_pebble())
         return True
 
     def _warn_of_trained_values_read(self, capture):
@@ -1141,8 +1140,7 @@ class _Capture:
         values, self.shapes_from = propagate(traced, self.device, fake=mode != "real")
         self.traced_with = traced.mode
         # Note [State values read in Python]: what the trace read, as it is now.
-        state = dict(step.model.named_parameters())
-        state.update(step.model.named_buffers())
+        state = _state_tensors(step.model)
         self.state_read = [(traced.slots[k].id, state[traced.slots[k].id].detach().clone())
                            for k in traced.state_read if traced.slots[k].id in state]
         self.plain_read = traced.plain_read
@@ -2100,6 +2098,11 @@ def _outside_pebble():
     while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(package):
         frame, level = frame.f_back, level + 1
     return level
+
+
+def _state_tensors(model):
+    """name -> tensor of each parameter and buffer of `model`."""
+    return dict(itertools.chain(model.named_parameters(), model.named_buffers()))
 
 
 def _same_values(a, b):

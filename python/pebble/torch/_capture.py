@@ -940,9 +940,9 @@ def _names_loss_fn_reads(loss_fn):
 # theirs. Not followed: methods of other objects, functions held in a list
 # or dict, and what a function receives as an argument. A global that a
 # helper binds anew without the graph reading the old tensor (a cache it
-# grows) is put back, not refused (_LossState.changed_put_back). A forward of the user's module class (the
-# model's or a loss module's) is read alike (_forward_globals):
-# `helpers.leaky(x)` reading a SLOPE global.
+# grows) is put back, not refused (_LossState.changed_put_back). A forward
+# of the user's module class (the model's or a loss module's) is read alike
+# (_forward_globals): `helpers.leaky(x)` reading a SLOPE global.
 _HELPERS_FOLLOWED = 32
 
 
@@ -957,7 +957,7 @@ def _function_reads(function, cls=None):
     `losses.SCALE`), `label` an error's (`the global losses.SCALE`,
     `make_loss.<locals>.ce's alpha`); get() reads the variable
     now (_ABSENT: unbound), put(v) binds it anew."""
-    libraries = _library_directories_once()
+    libraries = _library_directories()
     home = function.__globals__.get("__name__")  # (the loss's module: its globals unqualified)
     # (functions by identity: two closures of one factory share their code,
     # each with its own cells, named apart: `make_term.<locals>.term#2`)
@@ -1485,13 +1485,12 @@ def _from_batch(node, batch_from):
 # parameters, buffers or constants (a buffer of split sizes) reads as before,
 # and so does .item() of one (_item_read), which make_fx refused.
 #
-#
 # Note [State values read in Python]. A value read so of a parameter or
 # buffer is a constant of the trace too: a buffer of split sizes set once,
 # or a temperature that the training loop changes in place. The trace notes
 # which it read (_state_read; Traced.state_read), the capture keeps their
 # values, and a call that finds them changed drops that capture and
-# captures again, with a warning (TrainStep._state_read_changed); until
+# captures again, with a warning (TrainStep._reads_changed); until
 # 2026-12-06 the step kept computing with the captured value, silently.
 #
 # The methods are patched on the classes while any thread traces (counted),
@@ -2076,6 +2075,7 @@ def _traceback_entries(e):
         tb = tb.tb_next
 
 
+@functools.lru_cache(maxsize=1)  # (read at every call: a loss's settings)
 def _library_directories():
     """The folders of code that is not the user's: PyTorch's (functorch's
     with it), pebble's, and Python's own library."""
@@ -2089,17 +2089,6 @@ def _library_directories():
     except ImportError:
         pass
     return tuple(os.path.realpath(f) + os.sep for f in folders)
-
-
-_LIBRARY_DIRECTORIES = []
-
-
-def _library_directories_once():
-    """_library_directories, found at the first call (a loss's settings are
-    read at every step)."""
-    if not _LIBRARY_DIRECTORIES:
-        _LIBRARY_DIRECTORIES.append(_library_directories())
-    return _LIBRARY_DIRECTORIES[0]
 
 
 def _user_line(e):

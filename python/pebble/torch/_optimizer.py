@@ -226,7 +226,7 @@ class Updates:
         # run again when a frozen layer is trainable again, streams state
         # that the latest capture has not (until 2026-12-06 that failed,
         # "the plan prefetchs 'momentum_buffer:0.weight'", at every call).
-        self._run_state_bytes, self._run_workspace_bytes = {}, {}
+        self._run_placement = None
         self._copies_counted = set()
         self._host_scratch = {}  # dtype -> flat host buffer for host updates' temporaries
         # Note [Scalars without allocations]: a Python number as an operand
@@ -599,10 +599,8 @@ class Updates:
             copies[node_id] = held
         self._host_copies = copies
         self._host_homes = frozenset(placement.host_state)
-        # The run's plan's own state and workspaces (Note [Plans of other
-        # captures]).
-        self._run_state_bytes = placement.state_bytes
-        self._run_workspace_bytes = placement.workspace_bytes
+        # The run's plan (Note [Plans of other captures]).
+        self._run_placement = placement
         self._host_home_bytes = sum(b for n, b in placement.state_bytes.items()
                                     if n in self._host_homes)
         scratch_numel = {}  # dtype -> the largest tensor a host update of that dtype takes
@@ -659,7 +657,7 @@ class Updates:
         """One step of the plan on the optimizer's node `node_id`; `run` is the
         program's run (_executor._RunState): its resident tensors, host copies
         and count of device memory."""
-        if node_id in self._run_state_bytes:
+        if node_id in self._run_placement.state_bytes:
             self._move(action, node_id, run)
         elif action == "free":  # an update's version of its storage: nothing held
             return
@@ -694,7 +692,7 @@ class Updates:
 
     def _move(self, action, node_id, run):
         """A streamed state tensor's prefetch, offload or free, counted in `run`."""
-        nbytes = self._run_state_bytes[node_id]
+        nbytes = self._run_placement.state_bytes[node_id]
         host = self._host_state(node_id)  # None: Adam's step count (below)
         if action == "offload" and node_id not in self._host_homes and \
                 node_id not in self._copies_counted:
@@ -818,7 +816,7 @@ class Updates:
             param = run.device_value(name)
             s = {key: self._state(p, key) for key in keys}
             scratch = lambda: torch.empty_like(param)  # noqa: E731
-            run.hold(0, self._run_workspace_bytes.get(node_id, 0))
+            run.hold(0, self._run_placement.workspace_bytes.get(node_id, 0))
         s["step"] = self.optimizer.state[p].get("step")
         scalar = self._scalar_for(param.dtype, on_host)
         _update(op, self.kind, self._settings_of[name], param, grad, s, scratch, scalar.fill_,
