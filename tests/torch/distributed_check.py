@@ -1742,12 +1742,26 @@ def check_differing_settings(torch, pt, dist, rank, ranks):
     differ_on_rank_1(False)
     # A configuration object that holds each rank's own values (its local
     # rank) is the rank's: not compared across ranks (every step was refused).
+    # Where it changes on one rank only, every rank captures again with it
+    # (their captures' collectives are every rank's), and they train alike.
     configured = make_model(torch)
     configured.args = argparse.Namespace(hidden=16, local_rank=rank)
+    configured_opt = optimizer(torch, "sgd", configured.parameters())
     x, y = mine(data[0][0], rank), mine(data[0][1], rank)
     try:
-        pt.train_step(configured, loss_fn, (x,), y, policy="rotor",
-                      process_group=dist.group.WORLD)(x, y)
+        configured_step = pt.train_step(configured, loss_fn, (x,), y, optimizer=configured_opt,
+                                        policy="rotor", process_group=dist.group.WORLD)
+        for call in range(3):
+            if call == 1 and rank == 1:
+                configured.args.note = "rank 1's own"
+            configured_opt.zero_grad(set_to_none=True)
+            configured_step(x, y)
+        for name, p in configured.named_parameters():
+            rank_0s = p.detach().clone()
+            dist.broadcast(rank_0s, 0)
+            if not torch.equal(rank_0s, p.detach()):
+                failures.append(f"a configuration changed on rank 1 only: {name} differs "
+                                "from rank 0's")
     except pt.PlanExecutionError as e:
         failures.append(f"a configuration with each rank's local rank: refused with '{e}'")
     # Two steps of the same shapes called in another order on rank 1: each

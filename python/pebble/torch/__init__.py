@@ -668,7 +668,7 @@ class TrainStep:
         _signature, where the caller has it), captured and planned where new."""
         key = key if key is not None else self._signature(inputs, target)
         variant = self._variants.get(key)
-        if variant is not None and self._reads_changed(variant):
+        if self._stale(variant):
             variant = None
         if variant is not None:
             # The most recently called last, under every signature that
@@ -677,6 +677,10 @@ class TrainStep:
                 self._variants[k] = self._variants.pop(k)
             return variant
         capture = self._captures.get(key)
+        if self.process_group is not None and \
+                any_rank(capture is None, self.process_group, "comparing the ranks' captures"):
+            self._captures.pop(key, None)  # (every rank captures)
+            capture = None
         if capture is None:
             self._warn_of_settings_changed(key)
             self._parameters_on_device()
@@ -687,38 +691,47 @@ class TrainStep:
         self._keep_at_most(self.max_shapes)
         return variant
 
-    def _reads_changed(self, variant):
-        """Where what `variant`'s graph holds as constants changed since its
+    def _stale(self, variant):
+        """Whether `variant` (None: none found) is to be captured and planned
+        again, dropped where found. Where the values that its graph holds as
+        constants changed since its capture (_values_changed), with a warning
+        naming them. On several ranks, every rank captures where one does, as
+        a capture's and a plan's collectives are every rank's: where a rank
+        finds no variant (a setting of its own changed, such as a
+        configuration object's: _Local), or one whose values changed."""
+        changed = self._values_changed(variant) if variant is not None else []
+        if self.process_group is not None:
+            stale = any_rank(variant is None or changed, self.process_group,
+                             "comparing the ranks' captures")
+        else:
+            stale = variant is None or bool(changed)
+        if variant is not None and stale:
+            self._drop(variant)
+        if changed:
+            warnings.warn(f"pebble.torch: {', '.join(changed[:3])}, which the step holds as "
+                          "constants (a value read in Python with .item() or .tolist(), a "
+                          "tensor in an attribute that is no buffer), changed since its "
+                          "capture: captured and planned again. What changes at every step "
+                          "is better a buffer updated in place, or read with tensor "
+                          "operations", stacklevel=_outside_pebble())
+        return stale
+
+    def _values_changed(self, variant):
+        """What `variant`'s graph holds as constants and has changed since its
         capture: the values of a parameter or buffer that the trace read in
         Python (Note [State values read in Python]), a tensor in a plain
         attribute that it reads bound anew (Note [Tensors in plain
-        attributes]). Then the variant and its capture are dropped, with a
-        warning naming them; the caller captures again. Whether it dropped
-        it."""
+        attributes]). Their names; on several ranks, this rank's (the ranks'
+        captures, hence what they read, are the same)."""
         capture = variant.capture
         if not capture.state_read and not capture.plain_read:
-            return False
+            return []
         state = _state_tensors(self.model)
         changed = [name for name, value in capture.state_read
                    if name not in state or state[name].shape != value.shape or
                    not _same_values(state[name].detach().to(value.device), value)]
-        changed += [f"{label} (bound anew)" for label, get, tensor in capture.plain_read
-                    if get() is not tensor]
-        # (every rank captures again where one does: their plans are one;
-        # the ranks' captures, hence what they read, are the same)
-        if self.process_group is not None:
-            if not any_rank(changed, self.process_group, "comparing the values read"):
-                return False
-        elif not changed:
-            return False
-        self._drop(variant)
-        warnings.warn(f"pebble.torch: {', '.join(changed[:3])}, which the step holds as "
-                      "constants (a value read in Python with .item() or .tolist(), a tensor "
-                      "in an attribute that is no buffer), changed since its capture: "
-                      "captured and planned again. What changes at every step is better a "
-                      "buffer updated in place, or read with tensor operations",
-                      stacklevel=_outside_pebble())
-        return True
+        return changed + [f"{label} (bound anew)" for label, get, tensor in capture.plain_read
+                          if get() is not tensor]
 
     def _warn_of_trained_values_read(self, capture):
         """Once a step: a UserWarning where the trace read in Python the

@@ -798,7 +798,7 @@ def _tensor_attributes_kept(model):
 #   torch.tensor(t)` as a schedule anneals it): the step read the captured
 #   tensor, silently, until 2026-12-06. The capture keeps which such tensors
 #   its graph reads (Traced.plain_read), and a call that finds one bound anew
-#   captures again, with a warning (TrainStep._reads_changed).
+#   captures again, with a warning (TrainStep._stale).
 class _WatchedTensors:
     """Tensors noted as a trace starts: each one's object, version counter
     and a host copy of its values (within `copy_limit` bytes in all; None:
@@ -1490,7 +1490,7 @@ def _from_batch(node, batch_from):
 # or a temperature that the training loop changes in place. The trace notes
 # which it read (_state_read; Traced.state_read), the capture keeps their
 # values, and a call that finds them changed drops that capture and
-# captures again, with a warning (TrainStep._reads_changed); until
+# captures again, with a warning (TrainStep._stale); until
 # 2026-12-06 the step kept computing with the captured value, silently.
 #
 # The methods are patched on the classes while any thread traces (counted),
