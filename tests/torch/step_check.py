@@ -1583,20 +1583,32 @@ class _SplitBySizes(torch.nn.Module):
 
 
 class _ItemScaled(torch.nn.Module):
-    """A forward that reads .item() of a buffer and of a value its input's
-    shape alone makes (torchvision's detection transform:
+    """A forward that reads a Python scalar of a buffer (`read`: "item",
+    "float", "int", "bool" or "index", as a range's bound) and .item() of a
+    value its input's shape alone makes (torchvision's detection transform:
     `torch.tensor(x.shape[-2:]).min()`), which make_fx refuses of any traced
-    tensor; or, `of_batch`, of the batch."""
+    tensor; or, `of_batch`, reads the batch so."""
 
-    def __init__(self, of_batch=False):
+    def __init__(self, of_batch=False, read="item"):
         super().__init__()
         self.of_batch = of_batch
+        self.read = read
         self.lin = torch.nn.Linear(6, 3)
         self.register_buffer("temperature", torch.tensor(2.0))
 
     def forward(self, x):
         smallest = torch.tensor(x.shape).min().item()
-        scale = x.abs().max().item() if self.of_batch else self.temperature.item()
+        value = x.abs().max() if self.of_batch else self.temperature
+        if self.read == "item":
+            scale = value.item()
+        elif self.read == "float":
+            scale = float(value)
+        elif self.read == "int":
+            scale = int(value * 2)
+        elif self.read == "bool":
+            scale = 2.0 if value > 1 else 0.5
+        else:
+            scale = len(range((value * 2).long()))
         return self.lin(x) * (smallest / scale)
 
 
@@ -1661,23 +1673,29 @@ def check_values_read_in_python(failures, device):
                        step, model, eager_model, F.cross_entropy, (torch.randn(4, 6),),
                        torch.tensor([2, 0, 1, 1]))
     # .item() of a buffer (followed as it changes) and of a shape's value:
-    # read (make_fx refused both); of the batch: refused as .tolist() is.
-    torch.manual_seed(SEED)
-    model = _ItemScaled()
-    eager_model = copy.deepcopy(model)
-    step = pt.train_step(model, F.cross_entropy, (batch,), y[:1].repeat(4), policy="dtr",
-                         budget="min")
-    for temperature in (2.0, 0.5):
-        for m in (model, eager_model):
-            m.temperature.fill_(temperature)
-        check_beside_eager(failures, f".item() of a buffer ({temperature}) and of a shape",
-                           step, model, eager_model, F.cross_entropy, (batch,),
-                           y[:1].repeat(4))
-    try:
-        pt.train_step(_ItemScaled(of_batch=True), F.cross_entropy, (batch,), y[:1].repeat(4))
-        failures.check(False, ".item() of the batch: not refused")
-    except pt.CaptureError as e:
-        failures.check("reads a tensor's values in Python" in str(e), f".item() of the batch: {e}")
+    # read (make_fx refused both), and so are int(), float(), bool() and an
+    # index of a buffer; of the batch: refused as .tolist() is.
+    for read in ("item", "float", "int", "bool", "index"):
+        torch.manual_seed(SEED)
+        model = _ItemScaled(read=read)
+        eager_model = copy.deepcopy(model)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # (the capture again when the buffer changes)
+            step = pt.train_step(model, F.cross_entropy, (batch,), y[:1].repeat(4),
+                                 policy="dtr", budget="min")
+            for temperature in (2.0, 0.5):
+                for m in (model, eager_model):
+                    m.temperature.fill_(temperature)
+                check_beside_eager(failures, f"{read} of a buffer ({temperature}) and .item() "
+                                   "of a shape", step, model, eager_model, F.cross_entropy,
+                                   (batch,), y[:1].repeat(4))
+        try:
+            pt.train_step(_ItemScaled(of_batch=True, read=read), F.cross_entropy, (batch,),
+                          y[:1].repeat(4))
+            failures.check(False, f"{read} of the batch: not refused")
+        except pt.CaptureError as e:
+            failures.check("reads a tensor's values in Python" in str(e) and
+                           "_ItemScaled" in str(e), f"{read} of the batch: {e}")
     try:
         pt.train_step(_CountNormalized(), F.cross_entropy, (torch.randn(4, 6),), y[:1].repeat(4),
                       policy="dtr", budget="min")

@@ -1533,11 +1533,23 @@ def _read_refused(name, original):
     return read
 
 
+# Tensor methods that read a one-element tensor's value as a Python scalar:
+# the conversion of its value, and how a refusal names the read.
+_SCALAR_READS = {"item": (None, ".item()"), "__int__": (int, "int()"),
+                 "__float__": (float, "float()"),
+                 "__bool__": (bool, "bool(), an `if` or `and` on a tensor"),
+                 "__index__": (operator.index, "a tensor as an index or a range's bound")}
+
+
 def _item_read(name, original):
-    """Tensor.item while a trace runs on this thread: refused where the value
-    follows from the batch (_ValuesRead), else read as .tolist() reads it
-    (make_fx itself refuses .item() of any traced tensor: a buffer's, a
-    constant's that an operator made, `torch.tensor(x.shape).min()`)."""
+    """Tensor.item (and int(), float(), bool() of a tensor, a tensor as an
+    index: _SCALAR_READS) while a trace runs on this thread: refused where
+    the value follows from the batch (_ValuesRead), else read as .tolist()
+    reads it (make_fx itself refuses these reads of any traced tensor: a
+    buffer's, a constant's that an operator made,
+    `torch.tensor(x.shape).min()`)."""
+    convert, shown = _SCALAR_READS[name]
+
     @functools.wraps(original)
     def item(self):
         batch_from = getattr(_TRACING, "batch_from", None)
@@ -1545,7 +1557,7 @@ def _item_read(name, original):
         if node is None:
             return original(self)
         if _from_batch(node, batch_from):
-            raise _ValuesRead(".item()")
+            raise _ValuesRead(shown)
         _state_read(node, batch_from)
         try:
             return original(self)  # (a fake constant's, say)
@@ -1555,7 +1567,7 @@ def _item_read(name, original):
         value = self.tolist()
         while isinstance(value, list):
             value = value[0]
-        return value
+        return value if convert is None else convert(value)
     return item
 
 
@@ -1657,7 +1669,7 @@ def _patched():
     owners = [torch.Tensor] + [cls for cls in (FakeTensor,) if "tolist" in vars(cls)]
     patches = [(cls, name, _read_refused) for cls in owners for name in ("tolist", "numpy")
                if name in vars(cls) or cls is torch.Tensor]
-    patches.append((torch.Tensor, "item", _item_read))
+    patches += [(torch.Tensor, name, _item_read) for name in _SCALAR_READS]
     patches += [(owner, name, _generator_set_refused(owner))
                 for owner, names in _GENERATOR_SETTERS for name in names
                 if callable(getattr(owner, name, None))]
