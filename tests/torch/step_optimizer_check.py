@@ -680,6 +680,21 @@ def refusals(torch, pt, device):
                 failures.append(f"refusal without '{needle}': {e}")
             continue
         failures.append(f"{type(opt).__name__} ({needle}) was not refused")
+    # An Adam state whose count of steps is an integer tensor (eager 1.13
+    # adds to it as it is; 2.x loads it as float32): trained as eager, on
+    # the last parameter only (until 2026-12-06 the call failed in the
+    # update, half the parameters updated).
+    def int_step_on_last(params):
+        params = list(params)
+        opt = torch.optim.Adam(params, lr=1e-2)
+        for k, p in enumerate(params):
+            opt.state[p] = {"step": torch.tensor(5) if k == len(params) - 1 else
+                            torch.tensor(5.0), "exp_avg": torch.full_like(p, 0.1),
+                            "exp_avg_sq": torch.full_like(p, 0.01)}
+        return opt
+    if not trains_as_eager(torch, pt, model, x, y, int_step_on_last):
+        failures.append("Adam with an int64 step in its state: the parameters differ from "
+                        "eager's")
     # A momentum of 1 (torch.optim.SGD takes any that is not negative) is
     # planned, as eager runs it (it was refused by pebble's range, [0, 1)).
     if not trains_as_eager(torch, pt, model, x, y,

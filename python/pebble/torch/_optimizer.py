@@ -50,6 +50,8 @@ from .. import _core
 from ._compat import storage_bytes, storage_key
 from ._memory import allocated_where_profiled, round_up
 
+_INTEGER_DTYPES = (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)
+
 
 class OptimizerError(ValueError):
     """An optimizer that pebble.torch cannot plan (the message says why)."""
@@ -536,6 +538,15 @@ class Updates:
                     f"the optimizer's state of '{name}' holds step={step!r} "
                     f"({type(step).__name__}): torch.optim's {self.kind} keeps a tensor "
                     "(torch.tensor(float(step)))")
+            if self.kind != "sgd" and step is not None and not step.is_floating_point():
+                if step.dtype in _INTEGER_DTYPES:
+                    # (a count saved as an integer tensor: eager 1.13 adds to it as it
+                    # is; 2.x loads it as float32, as this does, the same count)
+                    s["step"] = step.detach().to(torch.float32)
+                else:
+                    raise OptimizerError(
+                        f"the optimizer's state of '{name}' holds step={step!r}: torch.optim's "
+                        f"{self.kind} keeps its count of steps as a float32 tensor")
             for key in self.state_keys_of(name):
                 t = s.get(key)
                 if t is not None and (not torch.is_tensor(t) or t.dtype != template.dtype):
