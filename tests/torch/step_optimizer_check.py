@@ -1626,6 +1626,37 @@ def budgets_above_the_least_peak(torch, pt, device):
     return failures
 
 
+def percentages_under_placements(torch, pt, device):
+    """A percentage budget is the same bytes under every placement of the
+    optimizer that may keep it all on the device, and 100% admits eager's
+    own step: under optimizer_updates='auto' with a host budget too small
+    for the state, 100% was refused (its reference was the plan's baseline
+    with the updates on the host, 118% of it needed; until 2026-12-06)."""
+    nn = torch.nn
+    x = torch.randn(16, 64, device=device)
+    y = torch.randint(0, 4, (16,), device=device)
+    budgets, failures = {}, []
+    for options in ({}, {"optimizer_state": "auto"},
+                    {"optimizer_state": "auto", "optimizer_updates": "auto"},
+                    {"optimizer_state": "auto", "optimizer_updates": "auto", "host_budget": 1000}):
+        torch.manual_seed(0)
+        model = nn.Sequential(*[layer for _ in range(4) for layer in
+                                (nn.Linear(64, 64), nn.Tanh())], nn.Linear(64, 4)).to(device)
+        opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+        label = ", ".join(f"{k}={v!r}" for k, v in options.items()) or "on the device"
+        try:
+            step = pt.train_step(model, nn.CrossEntropyLoss(), (x,), y, optimizer=opt,
+                                 policy="rotor", budget="100%", allow_cpu_offload=bool(options),
+                                 **options)
+            step(x, y)
+            budgets[label] = step.report["budget_bytes"]
+        except pt.PlanError as e:
+            failures.append(f"budget 100% with {label}: {e}")
+    if len(set(budgets.values())) > 1:
+        failures.append(f"budget 100% is other bytes under other placements: {budgets}")
+    return failures
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cpu")
@@ -1659,6 +1690,7 @@ def main():
     failures += failure_midstep(torch, pt, device, parameters="host")
     failures += rounded_capture(torch, pt, device)
     failures += budgets_above_the_least_peak(torch, pt, device)
+    failures += percentages_under_placements(torch, pt, device)
     failures += checkmate_least_peak_with_updates(torch, pt, device)
     failures += after_eager_steps(torch, pt, device, args.steps)
     failures += host_rate_measured_once(torch, pt, device)

@@ -1727,16 +1727,25 @@ class _Variant:
                       "gathered before its first reader and kept to its last)"
                       if self.shards is not None else
                       "predicted: pebble's baseline (the unplanned step could not run)")
-        if self.updates is not None and self.shards is None and \
-                self.calibration.unplanned_peak_bytes is not None:
+        if self.updates is not None and self.shards is None:
             # The calibration ran the step without the optimizer: its update
-            # (the gradients held, one parameter's temporaries) may peak above.
-            baseline = _core.plan(self.graph, policy="baseline", budget="100%")
-            update_peak = baseline.report["peak_bytes"] - self.persistent_bytes
-            if update_peak > reference:
-                reference = update_peak
-                source = ("predicted: the optimizer's update after the unplanned step, above "
-                          "the step's measured peak")
+            # (the gradients held, one parameter's temporaries) may peak
+            # above, under this step's placement (the state streamed in) or
+            # under eager's (every update on the device): a percentage frames
+            # the plans of every placement, and 100% admits eager's own step
+            # (until 2026-12-06 only this placement's counted, and under
+            # optimizer_updates='auto', whose baseline updates on the host,
+            # 100% was refused where the host budget kept them off it).
+            measured = self.calibration.unplanned_peak_bytes is not None
+            eagers = self.updates.extend_on_device(self.capture.graph, self.graph_nodes.round_to)
+            for graph, persistent in ([(self.graph, self.persistent_bytes)] if measured else []) \
+                    + [(eagers, _persistent_bytes(eagers))]:
+                baseline = _core.plan(graph, policy="baseline", budget="100%")
+                update_peak = baseline.report["peak_bytes"] - persistent
+                if update_peak > reference:
+                    reference = update_peak
+                    source = ("predicted: the optimizer's update after the unplanned step, "
+                              "above the step's measured peak" if measured else source)
         info = {"reference_bytes": reference, "reference_source": source}
         _refuse_bare_small_number(budget)
         if isinstance(budget, str) and budget.strip().endswith("%"):

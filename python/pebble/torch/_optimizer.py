@@ -192,6 +192,7 @@ class Updates:
         self.kind, groups = _settings(optimizer)
         self.settings = groups[0]
         self.spec = _graph_spec(self.kind, groups, state, updates, gradients, parameters)
+        self._spec_on_device = _graph_spec(self.kind, groups, None, "device", "keep", "device")
         self.parameters = parameters  # the parameters' home: device, host or auto
         self.device = None  # the step's device (TrainStep's), once known
         self.on_host = updates != "device"  # whether some update may run on the host
@@ -336,7 +337,46 @@ class Updates:
         """`graph` (a captured training graph) with the optimizer's step, each
         update's temporaries as its workspace. round_to: the allocator's
         granularity, to which the capture rounded every tensor's bytes (512
-        on a GPU): the optimizer's tensors are rounded alike."""
+        on a GPU): the optimizer's tensors are rounded alike. The step's
+        bookkeeping of its nodes (ops, inputs, state and workspace bytes)
+        becomes this graph's."""
+        doc = self._whole_step_document(graph, self.spec, round_to)
+        self.planned_state_bytes = 0
+        self.workspace_bytes, self.state_bytes = {}, {}
+        alias_of = {node["id"]: node.get("alias_of") for node in doc["nodes"]}
+
+        def storage(node_id):
+            while alias_of.get(node_id) is not None:
+                node_id = alias_of[node_id]
+            return node_id
+        for node in doc["nodes"]:
+            # (the optimizer's nodes, graph/optimizer.h: each update's role
+            # is "update", and Updates._run runs it by its op)
+            if node.get("role") in ("update", "optimizer_state"):
+                self.ops[node["id"]] = node["op"]
+            if node.get("role") == "update":
+                self.inputs[node["id"]] = frozenset(node["inputs"])
+                self.touches[node["id"]] = frozenset(map(storage, node["inputs"] + [node["id"]]))
+                if node.get("workspace"):
+                    self.workspace_bytes[node["id"]] = node["workspace"]
+            if node.get("role") == "optimizer_state":
+                self.state_bytes[node["id"]] = node["bytes"]
+                if node.get("home") != "host":
+                    self.planned_state_bytes += node["bytes"]
+        return _core.from_json(json.dumps(doc))
+
+    def extend_on_device(self, graph, round_to=1):
+        """extend's graph with eager's placement, whatever the step's: the
+        state, the updates, the gradients and the parameters on the device
+        (a percentage budget's reference: the unplanned step). The step's
+        bookkeeping is left as it is."""
+        return _core.from_json(json.dumps(
+            self._whole_step_document(graph, self._spec_on_device, round_to)))
+
+    def _whole_step_document(self, graph, spec, round_to):
+        """The graph document of `graph` with the optimizer's step of `spec`
+        (_graph_spec), each update's temporaries as its workspace, the
+        optimizer's tensors rounded to `round_to`."""
         # The parameters' shapes and dtypes, which the optimizer's nodes take
         # (the capture keeps them in attrs).
         doc = json.loads(graph.to_json())
@@ -379,30 +419,11 @@ class Updates:
                 node["bytes"] = math.prod(attrs["shape"]) * _ITEM_BYTES[dtype]
         graph = _core.from_json(json.dumps(doc))
         doc = json.loads(_core.with_optimizer(
-            graph, self.spec, host_bytes_per_s=self.host_bytes_per_s).to_json())
+            graph, spec, host_bytes_per_s=self.host_bytes_per_s).to_json())
         self._without_momentum(doc)
         if round_to > 1:
             _round_bytes(doc, round_to)
-        self.planned_state_bytes = 0
-        self.workspace_bytes, self.state_bytes = {}, {}
-        alias_of = {node["id"]: node.get("alias_of") for node in doc["nodes"]}
-
-        def storage(node_id):
-            while alias_of.get(node_id) is not None:
-                node_id = alias_of[node_id]
-            return node_id
         for node in doc["nodes"]:
-            # (the optimizer's nodes, graph/optimizer.h: each update's role
-            # is "update", and Updates._run runs it by its op)
-            if node.get("role") in ("update", "optimizer_state"):
-                self.ops[node["id"]] = node["op"]
-            if node.get("role") == "update":
-                self.inputs[node["id"]] = frozenset(node["inputs"])
-                self.touches[node["id"]] = frozenset(map(storage, node["inputs"] + [node["id"]]))
-            if node.get("role") == "optimizer_state":
-                self.state_bytes[node["id"]] = node["bytes"]
-                if node.get("home") != "host":
-                    self.planned_state_bytes += node["bytes"]
             if node.get("role") == "update":
                 settings = self.settings_of(node["id"])
                 attrs = node.get("attrs")
@@ -412,8 +433,8 @@ class Updates:
                              if _temporary(node["op"], settings) else 0)
                 workspace += self._scalar_cast_bytes(node)
                 if workspace:
-                    node["workspace"] = self.workspace_bytes[node["id"]] = workspace
-        return _core.from_json(json.dumps(doc))
+                    node["workspace"] = workspace
+        return doc
 
     def _without_momentum(self, doc):
         """The graph document `doc` without the momentum buffers (and their
