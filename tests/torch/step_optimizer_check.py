@@ -1654,6 +1654,24 @@ def percentages_under_placements(torch, pt, device):
             failures.append(f"budget 100% with {label}: {e}")
     if len(set(budgets.values())) > 1:
         failures.append(f"budget 100% is other bytes under other placements: {budgets}")
+    # A budget in bytes below the parameters is advised in bytes, the least
+    # peak in all, which fits (the advice was a percentage of the step above
+    # the parameters, beside the bytes given, until 2026-12-06).
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    try:
+        pt.train_step(model, nn.CrossEntropyLoss(), (x,), y, optimizer=opt, policy="rotor",
+                      budget="1KiB")
+        failures.append("a budget of 1KiB was planned")
+    except pt.PlanError as e:
+        advised = re.search(r"in all at least, .*: try budget=([0-9]+) or budget='min'", str(e))
+        if advised is None:
+            failures.append(f"a budget of 1KiB: no budget in bytes advised: {e}")
+        else:
+            try:
+                pt.train_step(model, nn.CrossEntropyLoss(), (x,), y, optimizer=opt,
+                              policy="rotor", budget=int(advised.group(1)))(x, y)
+            except pt.PlanError as again:
+                failures.append(f"the advised budget={advised.group(1)} was refused: {again}")
     return failures
 
 

@@ -1682,15 +1682,21 @@ class _Variant:
         rng = generator_state_bytes(self.device)
         rng = rng if rng and reference and _may_recompute(plan) and any(
             node.random for node in self.graph_nodes.nodes) else 0
+        # (a budget in bytes is advised in bytes: the least peak in all)
+        in_bytes = not (isinstance(budget, str) and budget.strip().endswith("%"))
+        reached = (f"it reaches {_size(least_peak)} ({least_peak} bytes) in all at least, "
+                   f"{_size(least_step)} of it above the parameters and inputs ({percent}% "
+                   f"of {reference_name})" if in_bytes else
+                   f"it reaches {_size(least_step)} ({percent}% of {reference_name}) at least")
         if least_step > 0 and rng:
-            advised = math.ceil(100.0 * (least_step + rng) / reference)
-            reaches = (f"it reaches {_size(least_step)} ({percent}% of {reference_name}) at "
-                       "least, and a random call that it runs again holds the generator's "
-                       f"state, {_size(rng)}, beside it on the CPU: try budget='{advised}%' "
+            advised = (least_peak + rng if in_bytes else
+                       f"'{math.ceil(100.0 * (least_step + rng) / reference)}%'")
+            reaches = (f"{reached}, and a random call that it runs again holds the generator's "
+                       f"state, {_size(rng)}, beside it on the CPU: try budget={advised} "
                        "(room for both) or budget='min'")
         elif least_step > 0:
-            reaches = (f"it reaches {_size(least_step)} ({percent}% of {reference_name}) at "
-                       f"least: try budget='{percent}%' or budget='min'")
+            advised = least_peak if in_bytes else f"'{percent}%'"
+            reaches = f"{reached}: try budget={advised} or budget='min'"
         else:
             # (the plan keeps some of the parameters, inputs or optimizer
             # state on the host: no percentage of the step says its peak)
