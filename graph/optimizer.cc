@@ -155,13 +155,22 @@ absl::StatusOr<OptimizerSpec> ParseOptimizerSettings(absl::string_view text) {
         near.empty() ? "" : absl::StrCat("; did you mean ", near, "?"), ")"));
   }
   const std::vector<std::string> keys = KeysOf(spec.kind);
-  if (name_params.second.empty()) return spec;
+  if (text.find(':') == absl::string_view::npos) return spec;
+  if (absl::StripAsciiWhitespace(name_params.second).empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "optimizer ", name, ": no settings after ':' (give the name alone, or key=value "
+        "settings, e.g. ", name, ":lr=0.01)"));
+  }
   std::map<std::string, bool> seen;
   for (absl::string_view item : absl::StrSplit(name_params.second, ',')) {
     std::pair<absl::string_view, absl::string_view> kv =
         absl::StrSplit(item, absl::MaxSplits('=', 1));
     const std::string key(absl::StripAsciiWhitespace(kv.first));
     const absl::string_view value = absl::StripAsciiWhitespace(kv.second);
+    if (key.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "optimizer ", name, ": a setting is empty (give key=value, e.g. lr=0.01)"));
+    }
     if (std::find(keys.begin(), keys.end(), key) == keys.end()) {
       return absl::InvalidArgumentError(absl::StrCat(
           "optimizer ", name, ": unknown parameter ", Quote(key), " (", name, " takes ",

@@ -436,6 +436,11 @@ TEST(CliTest, UnknownOptionsAndCommandsNameTheNearest) {
                      {"unknown option '--polcy' (did you mean '--policy'?)"});
   ExpectOneLineError(Pebble("compare --model conv3d:n=8 --budget 60%"), 2,
                      {"unknown option '--budget' (did you mean '--budgets'?)"});
+  // fit's model takes the optimizer among its parameters.
+  ExpectOneLineError(
+      Pebble("fit --model transformer --vary layers --budget 8GiB --optimizer adam"), 2,
+      {"unknown option '--optimizer' (fit varies a built-in model: give the optimizer among "
+       "its parameters, e.g. --model transformer:layers=4,optimizer=adam)"});
   Result far = Pebble("plan --model conv3d:n=8 --zzzzzzzz");
   ExpectOneLineError(far, 2, {"unknown option '--zzzzzzzz'"});
   EXPECT_THAT(far.err, Not(HasSubstr("did you mean")));

@@ -295,6 +295,10 @@ TEST(OptimizerTest, ParameterGroupsParseAndRefuseWhatTheyCannotSet) {
       {"adamw;*.bias:lr=1e-3=5", "lr='1e-3=5' is not a decimal number"},
       {"adam:lr=1e-3=5", "optimizer adam: lr='1e-3=5' is not a decimal number"},
       {"adamw;*.bias:", "a setting is empty"},
+      {"adam:", "optimizer adam: no settings after ':' (give the name alone"},
+      {"sgd: ", "optimizer sgd: no settings after ':'"},
+      {"adam:lr=0.1,", "optimizer adam: a setting is empty"},
+      {"adam:,lr=0.1", "optimizer adam: a setting is empty"},
       {"adamw;*.bias:state=host", "'state' is one setting for the whole step (a group sets lr, "
                                   "weight_decay, beta1, beta2, eps)"},
       {"adam;*.bias:momentum=0", "'momentum' is not a setting (a group sets lr, weight_decay, "

@@ -599,10 +599,14 @@ def check_one_plan(torch, pt, dist, rank, ranks):
             (dict(shard="ful"), "rank 1 failed, so this rank stops too: ValueError: shard "
                                 "must be"),
             # (said as the call's check says it, not as raw tuples)
-            (dict(rows=1), "another batch shapes (inputs and target) than rank 0 (rank 0's: "
-                           f"['input 0 ({mine(x, 0).shape[0]}, 16) float32', 'target "
+            (dict(rows=1), "another batch shapes and layouts (inputs and target) than rank 0 "
+                           f"(rank 0's: ['input 0 ({mine(x, 0).shape[0]}, 16) float32', 'target "
                            f"({mine(x, 0).shape[0]},) int64']; rank 1's: ['input 0 (1, 16) "
-                           "float32', 'target (1,) int64'])")):
+                           "float32', 'target (1,) int64'])"),
+            # (the same shapes in another layout: refused here, where the
+            # first call was, its strides unsaid, until 2026-12-06)
+            (dict(strided=True), f"rank 1's: ['input 0 ({mine(x, 0).shape[0]}, 16) float32 "
+                                 "with strides (32, 2) (not contiguous)'")):
         torch.manual_seed(0)
         model = make_model(torch)
         if rank == 1 and "model" in change:
@@ -610,11 +614,15 @@ def check_one_plan(torch, pt, dist, rank, ranks):
         kwargs = dict(policy="dtr", budget="min", optimizer=torch.optim.SGD(
             model.parameters(), lr=0.1), process_group=dist.group.WORLD)
         if rank == 1:
-            kwargs.update({k: v for k, v in change.items() if k not in ("model", "rows")})
+            kwargs.update({k: v for k, v in change.items()
+                           if k not in ("model", "rows", "strided")})
         rows = change["rows"] if rank == 1 and "rows" in change else None
+        inputs = mine(x, rank)[:rows]
+        if rank == 1 and "strided" in change:
+            inputs = torch.cat([inputs, inputs], 1)[:, ::2]
         started = time.perf_counter()
         try:
-            pt.train_step(model, torch.nn.functional.cross_entropy, (mine(x, rank)[:rows],),
+            pt.train_step(model, torch.nn.functional.cross_entropy, (inputs,),
                           mine(y, rank)[:rows], **kwargs)
             failures.append(f"one plan: rank 1's {sorted(change)} was not refused")
         except (pt.PlanError, ValueError) as e:

@@ -2070,9 +2070,9 @@ def _setup_of(model, inputs, target, optimizer, options):
             [(name, described(t)) for name, t in model.named_buffers()],
         "gradients held (.grad: zero_grad(set_to_none=True) on every rank, or none)":
             [name for name, p in model.named_parameters() if p.grad is not None],
-        "batch shapes (inputs and target)":
-            [f"input {k} {described(t)}" for k, t in enumerate(inputs)] +
-            [f"target {described(target)}"],
+        "batch shapes and layouts (inputs and target)":
+            [f"input {k} {_batch_tensor_described(t)}" for k, t in enumerate(inputs)] +
+            [f"target {_batch_tensor_described(target)}"],
         "optimizer": None if optimizer is None else type(optimizer).__name__,
         "optimizer's settings (each group's lr, betas, ...)": _optimizer_settings(optimizer),
         "optimizer's state (its entries per parameter; load one rank's state_dict() on "
@@ -2082,16 +2082,22 @@ def _setup_of(model, inputs, target, optimizer, options):
     return setup
 
 
+def _batch_tensor_described(t):
+    """A tensor of the batch as the ranks' refusals show it: "(4, 16)
+    float32", with its strides where it is not contiguous (a slice
+    x[rank::ranks] is; .contiguous() makes it so)."""
+    layout = "" if t.is_contiguous() else f" with strides {tuple(t.stride())} (not contiguous)"
+    return f"{tuple(t.shape)} {str(t.dtype).replace('torch.', '')}{layout}"
+
+
 def _described_call(inputs, target, tensors):
     """The inputs' and the target's shapes and dtypes, briefly: "inputs
     (4, 16) int64, target (4, 16) int64", and the autocast that the
     signature's `tensors` part holds where it is on ("autocast bfloat16")."""
-    def described(t):
-        layout = "" if t.is_contiguous() else " strided"
-        return f"{tuple(t.shape)} {str(t.dtype).replace('torch.', '')}{layout}"
     enabled, dtype = next((p[1] for p in tensors if p[:1] == ("autocast",)), (False, None))
     return (f"input{'s' if len(inputs) > 1 else ''} "
-            f"{', '.join(described(t) for t in inputs)}, target {described(target)}" +
+            f"{', '.join(_batch_tensor_described(t) for t in inputs)}, "
+            f"target {_batch_tensor_described(target)}" +
             (f", autocast {str(dtype).replace('torch.', '')}" if enabled else ""))
 
 
