@@ -55,6 +55,7 @@ struct PyPlan {
   int64_t budget_bytes = 0;
   int64_t baseline_peak_bytes = 0;
   double plan_time_s = 0;
+  int64_t peak_bytes = 0;  // the report's, as planned (repr: whatever a caller did to report)
   py::dict report;   // plan --json's "report"
   py::list schedule;  // (action, node) pairs; (action, node, bucket) in buckets
   py::dict details;
@@ -95,6 +96,7 @@ PyPlan PlanPy(const py::object& graph_arg, const py::object& policy, const py::o
   p.plan_time_s = outcome->plan_time_s;
   p.document = ToPython(PlanDocument(graph, *outcome, graph.name(), with_timeline, false));
   p.report = p.document["report"];
+  p.peak_bytes = p.report["peak_bytes"].cast<int64_t>();
   p.details = p.document["details"];
   p.schedule = ScheduleToPython(graph, outcome->result.schedule);
   return p;
@@ -433,8 +435,7 @@ PYBIND11_MODULE(_core, m) {
       .def_readonly("document", &PyPlan::document, "the whole `plan --json` document")
       .def("__repr__", [](const PyPlan& p) {
         return absl::StrCat("<pebble.Plan ", p.policy, ": ", p.feasible ? "fits" : "does not fit",
-                            ", peak ", py::str(p.report["peak_bytes"]).cast<std::string>(),
-                            " bytes>");
+                            ", peak ", p.peak_bytes, " bytes>");
       });
 
   m.def("plan", &PlanPy, py::arg("graph"), py::arg("policy") = py::none(),

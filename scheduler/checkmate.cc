@@ -7,6 +7,7 @@
 #include <cmath>
 #include <limits>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <random>
 #include <string>
@@ -668,6 +669,16 @@ class StopAtDeadline final : public ClpEventHandler {
 
 MilpRun RunCbc(const Formulation& f, double seconds,
                const std::vector<double>* start) {
+  // CBC's command reader (CbcMain1's argv, through CoinReadNextField) keeps
+  // its place in process-wide statics: two solves at once, on two threads
+  // of one process, read each other's arguments, lost -seconds and -quit,
+  // and fell back to reading commands from stdin (a hang where stdin was an
+  // open pipe). One solve at a time; the wait counts against this one's
+  // time limit.
+  static std::mutex cbc_mutex;
+  const Clock::time_point asked = Clock::now();
+  std::lock_guard<std::mutex> one_at_a_time(cbc_mutex);
+  seconds -= SecondsSince(asked);
   const LinearProgram& lp = f.lp;
   OsiClpSolverInterface solver;
   solver.messageHandler()->setLogLevel(0);

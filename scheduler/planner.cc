@@ -6,6 +6,7 @@
 #include <memory>
 #include <string>
 
+#include "absl/hash/hash.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/ascii.h"
@@ -366,27 +367,40 @@ absl::StatusOr<std::unique_ptr<Planner>> MakePlanner(absl::string_view name) {
   return planner;
 }
 
-uint64_t GraphFingerprint(const Graph& graph) {
-  uint64_t h = 1469598103934665603ull;
-  auto mix = [&h](uint64_t x) { h = (h ^ x) * 1099511628211ull + (h >> 29); };
-  for (NodeId v = 0; v < graph.num_nodes(); ++v) {
-    mix(std::hash<std::string>{}(graph.id(v)));
-    mix(static_cast<uint64_t>(graph.bytes(v)));
-    mix(std::hash<double>{}(graph.cost(v)));
-    mix(static_cast<uint64_t>(graph.workspace(v)));
-    mix(static_cast<uint64_t>(graph.persistent(v)) * 2 + graph.is_output(v));
-    mix(static_cast<uint64_t>(graph.role(v)));
-    // Views, in-place updates, homes and where a node runs change a plan's
-    // memory and time as much as bytes do (a placement search plans one
-    // graph under several homes).
-    mix(static_cast<uint64_t>(graph.alias_of(v)) + 11);
-    mix(static_cast<uint64_t>(graph.in_place(v)) * 2 + graph.collective(v));
-    mix(graph.home(v).has_value() ? static_cast<uint64_t>(*graph.home(v)) + 1 : 0);
-    mix(static_cast<uint64_t>(graph.runs_on(v)));
-    mix(std::hash<double>{}(graph.host_cost(v).value_or(-1)));
-    for (NodeId u : graph.inputs(v)) mix(static_cast<uint64_t>(u) + 7);
+namespace {
+
+// A graph's content as absl::Hash reads it: every field that changes a
+// plan's memory or time.
+struct GraphContent {
+  const Graph& graph;
+
+  template <typename H>
+  friend H AbslHashValue(H h, const GraphContent& content) {
+    const Graph& g = content.graph;
+    for (NodeId v = 0; v < g.num_nodes(); ++v) {
+      h = H::combine(std::move(h), g.id(v), g.bytes(v), g.cost(v), g.workspace(v),
+                     g.persistent(v), g.is_output(v), static_cast<int>(g.role(v)));
+      // Views, in-place updates, homes and where a node runs change a
+      // plan's memory and time as much as bytes do (a placement search
+      // plans one graph under several homes).
+      h = H::combine(std::move(h), g.alias_of(v), g.in_place(v), g.collective(v),
+                     g.home(v).has_value() ? static_cast<int>(*g.home(v)) + 1 : 0,
+                     static_cast<int>(g.runs_on(v)), g.host_cost(v).value_or(-1));
+      for (NodeId u : g.inputs(v)) h = H::combine(std::move(h), u);
+      h = H::combine(std::move(h), g.inputs(v).size());
+    }
+    return h;
   }
-  return h;
+};
+
+}  // namespace
+
+// absl::Hash, whose seed differs from process to process: the memos keyed
+// by it live in one process, and a graph made to collide with another
+// cannot be computed ahead (the hash it replaced, FNV-like and invertible
+// step by step, gave a crafted graph another's exact order).
+uint64_t GraphFingerprint(const Graph& graph) {
+  return absl::Hash<GraphContent>{}(GraphContent{graph});
 }
 
 const PlanResult* PlanMemo::Find(const Graph& graph, const PlannerOptions& options) const {

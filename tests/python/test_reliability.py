@@ -388,6 +388,50 @@ class PythonPolicyTest(unittest.TestCase):
         self.assertNotIn("another", [p["name"] for p in pebble.policies()])
 
 
+class ThreadTest(unittest.TestCase):
+    """Plans made on several Python threads at once (the GIL is released
+    while pebble plans)."""
+
+    def test_two_threads_solving_checkmate_milps_at_once(self):
+        # CBC's command reader keeps its place in process-wide statics: two
+        # solves at once read each other's arguments, printed CBC's own
+        # complaints ("No match for 0 - ? for list of commands"), lost their
+        # time limit and read commands from stdin, which hung where stdin was
+        # an open pipe, as it is here.
+        code = textwrap.dedent("""
+            import json, random, threading, pebble
+            def graph(r):
+                nodes = [{"id": f"n{i}", "bytes": r.choice([1, 7, 100, 1000, 5000]),
+                          "cost": r.choice([0, 0.5, 1, 3]),
+                          "inputs": r.sample([f"n{j}" for j in range(i)], min(i, 2))}
+                         for i in range(r.randint(4, 14))]
+                return pebble.from_json(json.dumps({
+                    "format": "pebble-graph", "version": 1, "nodes": nodes,
+                    "outputs": [nodes[-1]["id"]]}))
+            graphs = [graph(random.Random(seed)) for seed in range(20)]
+            def work():
+                for g in graphs:
+                    for budget in ("80%", "60%"):
+                        pebble.plan(g, policy="checkmate", budget=budget, time_limit=5)
+            threads = [threading.Thread(target=work) for _ in range(2)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            print("done")
+        """)
+        child = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE,
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            out, err = child.communicate(timeout=120)  # (stdin stays open until then)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.communicate()
+            self.fail("two threads solving checkmate's MILPs did not finish within 120 s")
+        self.assertEqual((child.returncode, out), (0, "done\n"), err)
+        self.assertEqual(err, "")
+
+
 class ArgumentTest(unittest.TestCase):
     """Every argument of every function: a wrong type or an out-of-range value
     is a ValueError that names the argument."""
@@ -726,6 +770,28 @@ class OddInputTest(unittest.TestCase):
                     pebble.fit(model, vary, "64MiB", max=4)
                 self.assertIn(words, str(e.exception))
                 self.assertNotIn("\n", str(e.exception))
+
+    def test_a_graph_made_to_collide_with_another_gets_its_own_order(self):
+        # best-order remembers exact-order's order by a hash of the graph.
+        # The hash was invertible step by step: sizes solved for made B's
+        # hash A's, and B planned after A got A's order (99 bytes above its
+        # own optimum), marked as remembered. The hash is now seeded anew
+        # in each process.
+        def graph(a1, c1):
+            return pebble.from_json(json.dumps({
+                "format": "pebble-graph", "version": 1, "nodes": [
+                    {"id": "s", "bytes": 1},
+                    {"id": "a1", "bytes": a1, "inputs": ["s"]},
+                    {"id": "a2", "bytes": 100, "inputs": ["a1"]},
+                    {"id": "c1", "bytes": c1, "inputs": ["s"]},
+                    {"id": "c2", "bytes": 100, "inputs": ["c1"]},
+                    {"id": "j", "bytes": 1, "inputs": ["a2", "c2"]}],
+                "outputs": ["j"]}))
+        pebble.plan(graph(1000000, 10), policy="best-order", budget="min")
+        b = pebble.plan(graph(1604, 4280752293686304), policy="best-order", budget="min")
+        exact = [c for c in b.details["candidates"] if c.get("policy") == "exact-order"]
+        self.assertEqual([(c["peak_bytes"], c.get("remembered", False)) for c in exact],
+                         [(4280752293686405, False)])
 
     def test_a_policy_or_budget_named_twice_is_refused(self):
         g = pebble.model("tanh-chain:length=4,size=1000")

@@ -1287,16 +1287,27 @@ def check_constants_and_masks(failures, device):
     except pt.CaptureError as e:
         failures.check("writes a parameter" in str(e) and "clamped" in str(e) and
                        "outside the step" in str(e), f"a weight clamped in the forward: {e}")
-    # nn.GaussianNLLLoss checks var's sign in Python: the error says so and
-    # how to write it.
+    # nn.GaussianNLLLoss checks var's sign in Python: of a var that follows
+    # from the batch, the error says so and how to write it; a constant var
+    # (of the output's shape alone) is read as eager reads it.
     try:
         pt.train_step(nn.Linear(10, 3).to(device),
-                      lambda out, y: F.gaussian_nll_loss(out, y, torch.ones_like(out)),
+                      lambda out, y: F.gaussian_nll_loss(out, y, out.detach().abs() + 1),
                       torch.randn(4, 10, device=device), torch.randn(4, 3, device=device))
-        failures.check(False, "F.gaussian_nll_loss was accepted")
+        failures.check(False, "F.gaussian_nll_loss of a var from the batch was accepted")
     except pt.CaptureError as e:
         failures.check("gaussian_nll_loss" in str(e) and "var.clamp" in str(e),
                        f"F.gaussian_nll_loss: {e}")
+    torch.manual_seed(SEED)
+    model = nn.Linear(10, 3).to(device)
+    eager_model = copy.deepcopy(model)
+
+    def gaussian(out, y):
+        return F.gaussian_nll_loss(out, y, torch.ones_like(out))
+    x, y = torch.randn(4, 10, device=device), torch.randn(4, 3, device=device)
+    check_beside_eager(failures, "F.gaussian_nll_loss of a constant var",
+                       pt.train_step(model, gaussian, (x,), y), model, eager_model, gaussian,
+                       (x,), y)
     # A distribution's argument checks and a complex tensor: each refusal
     # says what to write instead.
     class Sampled(nn.Module):
@@ -1333,14 +1344,13 @@ def check_constants_and_masks(failures, device):
             y += 1
             return y
 
-    class IntOfBuffer(nn.Module):
+    class IntOfBatch(nn.Module):
         def __init__(self):
             super().__init__()
             self.fc = nn.Linear(10, 3)
-            self.register_buffer("scale", torch.tensor(2))
 
         def forward(self, x):
-            return self.fc(x) * int(self.scale)
+            return self.fc(x) * int(x[0, 0] > 0)
 
     for label, model, x, y, loss_fn, words in (
             ("torch.distributions", Sampled(), torch.randn(4, 10), torch.randn(4, 3),
@@ -1349,7 +1359,7 @@ def check_constants_and_masks(failures, device):
              F.cross_entropy, "torch.view_as_real"),
             ("an in-place write of a saved tensor", WritesSaved(), torch.randn(4, 10),
              torch.tensor([0, 2, 1, 1]), F.cross_entropy, "fails without pebble too"),
-            ("int() of a buffer", IntOfBuffer(), torch.randn(4, 10), torch.tensor([0, 2, 1, 1]),
+            ("int() of the batch", IntOfBatch(), torch.randn(4, 10), torch.tensor([0, 2, 1, 1]),
              F.cross_entropy, "step_check.py:")):
         try:
             pt.train_step(model.to(device), loss_fn, x.to(device), y.to(device))
@@ -1427,8 +1437,9 @@ class _KeepsTensors(torch.nn.Module):
 
 def check_fake_tensors_wrong(failures, device):
     """Where PyTorch's fake tensors disagree with a kernel (a float arange's
-    dtype, CTC's shapes), the capture traces on real tensors: eager's loss
-    and gradients; a tensor that C++ code fills outside the trace (CTC's
+    dtype), the capture traces on real tensors: eager's loss and gradients;
+    CTC's table, whose width follows the longest target, is held at its
+    bound, so batches of other longest targets run under one plan; a tensor that C++ code fills outside the trace (CTC's
     lengths as lists) is refused; a running statistic remade after its batch
     norm updated it is refused, else exact; and a tensor the forward binds
     to a plain attribute is what it was before the step, not the trace's."""
@@ -1481,6 +1492,26 @@ def check_fake_tensors_wrong(failures, device):
         step = pt.train_step(model, ctc_loss, (x,), target, policy=policy, budget="min")
         check_beside_eager(failures, f"CTC with lengths as tensors under {policy}", step,
                            model, eager_model, ctc_loss, (x,), target)
+    # Batches of the same shapes whose longest targets differ (Note [CTC's
+    # table at its bound]): each as eager's, under one plan (the second
+    # failed, "the shape depends on the values", until 2026-12-06).
+    torch.manual_seed(SEED)
+    model = _Ctc()
+    eager_model = copy.deepcopy(model)
+
+    def padded_ctc(out, t):
+        return ctc(out, t, torch.full((3,), 20, dtype=torch.long), (t != 0).sum(1))
+    step = pt.train_step(model, padded_ctc, (x,), target, policy="dtr", budget="min")
+    for longest in (5, 1, 3, 5):
+        t = torch.randint(1, 6, (3, 5))
+        t[:, longest:] = 0
+        check_beside_eager(failures, f"CTC of padded targets, the longest {longest} of 5", step,
+                           model, eager_model, padded_ctc, (torch.randn(3, 4, 20),), t)
+    failures.check(step.report["shapes_planned"] == 1 and
+                   step.report["measured_peak_bytes"] == step.report["predicted_step_peak_bytes"],
+                   f"CTC of padded targets: {step.report['shapes_planned']} captures, measured "
+                   f"{step.report['measured_peak_bytes']} bytes against predicted "
+                   f"{step.report['predicted_step_peak_bytes']}")
 
     def ctc_lists(out, t):
         return ctc(out, t, [20, 20, 20], [5, 3, 4])

@@ -1425,7 +1425,7 @@ def _describe(x):
 
 class _RefusedInTrace(Exception):
     """A call in the traced Python that refuses the capture (`how`: the
-    call); capture_error(where) is the CaptureError naming it."""
+    call); capture_error(where, model) is the CaptureError naming it."""
 
     def __init__(self, how):
         super().__init__(how)
@@ -1435,15 +1435,28 @@ class _RefusedInTrace(Exception):
 class _ValuesRead(_RefusedInTrace):
     """A traced tensor's values read in Python (`how`: ".tolist()")."""
 
-    def capture_error(self, where):
-        return _values_read_error(where, self)
+    def capture_error(self, where, model):
+        return _values_read_error(where, self, _value_read_hint(self, model, where))
+
+
+class _UpdatedStateRead(_ValuesRead):
+    """A value read in Python of a parameter or buffer that the step itself
+    writes in place before the read (a batch norm's count of batches)."""
+
+    def capture_error(self, where, model):
+        return CaptureError(
+            f"{where} reads in Python ({self.how}){_user_line(self)} the value of a buffer "
+            "that the step itself updates in place: the trace would hold one step's value "
+            "as a constant, and every call would be captured again, so pebble.torch refuses "
+            "it. Compute with the buffer as a tensor, or update it outside the step"
+            f"{_value_read_hint(self, model, where)}")
 
 
 class _GeneratorSet(_RefusedInTrace):
     """The generator reseeded or its state set while a step is traced
     (`how`: "torch.manual_seed"): Note [The generator set inside a step]."""
 
-    def capture_error(self, where):
+    def capture_error(self, where, model):
         return _generator_set_error(where, self)
 
 
@@ -1519,6 +1532,26 @@ def _state_read(node, batch_from):
         todo.extend(n.all_input_nodes)
 
 
+def _state_updated_before(node, batch_from):
+    """Whether the value of the fx `node` follows from a parameter or buffer
+    (placeholders before `batch_from`) through an in-place call: one that
+    the step writes before it reads it (a batch norm's count of batches,
+    add_(1), read as a Python number)."""
+    state = set([n for n in node.graph.nodes if n.op == "placeholder"][:batch_from])
+    seen, todo = set(), [(node, False)]
+    while todo:
+        n, written = todo.pop()
+        if n in state and written:
+            return True
+        if n in seen:
+            continue
+        seen.add(n)
+        in_place = n.op == "call_function" and op_name(n.target).endswith("_") and \
+            not op_name(n.target).startswith("_")
+        todo.extend((a, written or in_place) for a in n.all_input_nodes)
+    return False
+
+
 def _read_refused(name, original):
     @functools.wraps(original)
     def read(self, *args, **kwargs):
@@ -1527,6 +1560,8 @@ def _read_refused(name, original):
             node = traced_node(self)
             if node is not None and _from_batch(node, batch_from):
                 raise _ValuesRead(f".{name}()")
+            if node is not None and _state_updated_before(node, batch_from):
+                raise _UpdatedStateRead(f".{name}()")
             if node is not None:
                 _state_read(node, batch_from)
         return original(self, *args, **kwargs)
@@ -1558,6 +1593,8 @@ def _item_read(name, original):
             return original(self)
         if _from_batch(node, batch_from):
             raise _ValuesRead(shown)
+        if _state_updated_before(node, batch_from):
+            raise _UpdatedStateRead(shown)
         _state_read(node, batch_from)
         try:
             return original(self)  # (a fake constant's, say)
@@ -1850,7 +1887,7 @@ def _traced_in_some_mode(model, loss_fn, slots, flat, device, modes, fake_mode, 
             # (Notes [Values read in Python] and [The generator set inside a step])
             where = stack.where()
             stack.close()
-            raise e.capture_error(where) from None
+            raise e.capture_error(where, model) from None
         except Exception as e:  # PyTorch's own refusal: try the next mode, else report
             where = stack.where()
             stack.close()
@@ -1858,7 +1895,7 @@ def _traced_in_some_mode(model, loss_fn, slots, flat, device, modes, fake_mode, 
             if _LEAF_WRITTEN in str(e):
                 # (a trace on real tensors would write the module's own
                 # parameters before failing alike: nn.Embedding's max_norm)
-                raise _leaf_written_error(where) from e
+                raise _leaf_written_error(where, e) from e
             continue
         finally:
             # (1.13 leaves a proxy slot in each tensor it traced, constants
@@ -1946,8 +1983,11 @@ def _traced_functional(step, mode, flat, fake_mode, slots, one_pass, stack):
     return gm, (traced_values(gm) if mode == "fake" else None), 2
 
 
-def _values_read_error(where, e):
+def _values_read_error(where, e, hint=""):
     how = f"{e.how}, or a NumPy conversion" if e.how == ".numpy()" else e.how
+    if hint:
+        return CaptureError(f"{where} reads a tensor's values in Python ({how})"
+                            f"{_user_line(e)}, which a trace cannot follow{hint}")
     return CaptureError(
         f"{where} reads a tensor's values in Python ({how}){_user_line(e)}, "
         "which a trace cannot follow: the plan would replay the values of the batch it "
@@ -1966,11 +2006,11 @@ def _generator_set_error(where, e):
         "eager's order), or keep the seeding out of the forward and the loss")
 
 
-def _leaf_written_error(where):
+def _leaf_written_error(where, e):
     who = where if where.startswith("module") else "the step"
     return CaptureError(
         f"{who} writes a parameter (a tensor that requires grad) in place in "
-        "the forward (a weight clamped under torch.no_grad(); nn.Embedding with "
+        f"the forward{_user_line(e)} (a weight clamped under torch.no_grad(); nn.Embedding with "
         "max_norm renormalizes its rows so): pebble.torch cannot plan a step "
         "that changes what it is given. Do that write outside the step, under "
         "torch.no_grad(), before or after each call (for nn.Embedding, "
@@ -2210,13 +2250,11 @@ def _trace_hint(e, model, where):
         return (" (a torch.Generator of your own in the step, which a trace cannot take: "
                 "draw from the default generator, seeded with torch.manual_seed, whose state "
                 "the plan replays)")
-    rnns = [_module_label(name, m) for name, m in model.named_modules()
-            if isinstance(m, torch.nn.RNNBase)]
-    if _raised_in(e, "pack_padded_sequence") or (
-            any(words in said for words in _DATA_DEPENDENT) and any(r in where for r in rnns)):
-        return (" (an RNN given a packed sequence, nn.utils.rnn.pack_padded_sequence's, "
-                "reads its lengths in Python: run the RNN on the padded batch and mask its "
-                "outputs by length, e.g. gather each sequence's last step at lengths - 1)")
+    data_dependent = any(words in said for words in _DATA_DEPENDENT)
+    if _raised_in(e, "pack_padded_sequence") or data_dependent:
+        hint = _value_read_hint(e, model, where)
+        if hint:
+            return hint
     if _LEGACY_CONSTRUCTOR in said:
         return (" (torch.Tensor([...]), the legacy constructor, in the step: write "
                 "torch.tensor([...]), which a trace takes as a constant)")
@@ -2225,18 +2263,37 @@ def _trace_hint(e, model, where):
                 "which pebble.torch does not capture: compute that part with real tensors "
                 "(torch.view_as_real gives the real and imaginary parts, and a magnitude is "
                 "the square root of the sum of their squares), or outside the step)")
-    if _raised_in_file(e, "torch/distributions/") and \
-            any(words in said for words in _DATA_DEPENDENT):
-        return (" (torch.distributions checks its arguments' values in Python unless made with "
-                "validate_args=False: pass it to the distribution, or call "
-                "torch.distributions.Distribution.set_default_validate_args(False) before the "
-                "step is made)")
     if isinstance(e, SyntaxError) and "eval_with_key" in said:
         return (" (PyTorch 1.13's make_fx writes code that Python refuses for some "
                 "in-place random fills, as Tensor.random_(low, high), whose overload it names "
                 "`from`: write torch.randint_like(t, low, high) instead)")
-    if not any(words in said for words in _DATA_DEPENDENT):
+    if not data_dependent:
         return ""
+    return (" (the step reads a tensor's value in Python: .item(), .tolist(), int(), float() "
+            "or bool() of a tensor, an `if` on a tensor, or an operator that checks its "
+            "values, as F.one_hot(t, num_classes) does; write that part with tensors alone, "
+            "such as "
+            "torch.zeros_like(out).scatter_(1, t[:, None], 1.0) for a one-hot)")
+
+
+def _value_read_hint(e, model, where):
+    """Advice where the step read a tensor's value in Python (`e`: PyTorch's
+    refusal of it, or pebble's _ValuesRead) inside code a user can mend by
+    other means than writing tensors: an RNN given a packed sequence, a
+    distribution's argument checks, F.gaussian_nll_loss's sign check, a
+    batch norm's cumulative average. `where`: the module that ran. "" where
+    none of these is it."""
+    rnns = [_module_label(name, m) for name, m in model.named_modules()
+            if isinstance(m, torch.nn.RNNBase)]
+    if _raised_in(e, "pack_padded_sequence") or any(r in where for r in rnns):
+        return (" (an RNN given a packed sequence, nn.utils.rnn.pack_padded_sequence's, "
+                "reads its lengths in Python: run the RNN on the padded batch and mask its "
+                "outputs by length, e.g. gather each sequence's last step at lengths - 1)")
+    if _raised_in_file(e, "torch/distributions/"):
+        return (" (torch.distributions checks its arguments' values in Python unless made with "
+                "validate_args=False: pass it to the distribution, or call "
+                "torch.distributions.Distribution.set_default_validate_args(False) before the "
+                "step is made)")
     if _raised_in(e, "gaussian_nll_loss"):
         return (" (F.gaussian_nll_loss, nn.GaussianNLLLoss's, checks that var has no "
                 "negative entry with an `if` on a tensor: write the loss with tensors "
@@ -2249,11 +2306,7 @@ def _trace_hint(e, model, where):
         return (" (a batch norm with momentum=None averages its running statistics over "
                 "all batches, and reads its batch count as a Python number to do so, "
                 "which a trace cannot: give it a momentum, such as PyTorch's default 0.1)")
-    return (" (the step reads a tensor's value in Python: .item(), .tolist(), int(), float() "
-            "or bool() of a tensor, an `if` on a tensor, or an operator that checks its "
-            "values, as F.one_hot(t, num_classes) does; write that part with tensors alone, "
-            "such as "
-            "torch.zeros_like(out).scatter_(1, t[:, None], 1.0) for a one-hot)")
+    return ""
 
 
 # Note [Checkpoints in the module]

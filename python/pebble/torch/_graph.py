@@ -136,6 +136,45 @@ def _has_output_mask(target):
     return schema is not None and any(a.name == "output_mask" for a in schema.arguments)
 
 
+# Note [CTC's table at its bound]. aten._ctc_loss returns, beside the loss,
+# the table of its forward variables (log_alpha), which its backward reads:
+# (batch, time, 2 * L + 1) for L the longest target of the batch, read from
+# target_lengths' values. So two batches of the same shapes whose longest
+# targets differ make tables of other shapes, which a plan (one shape per
+# node) cannot hold: the second batch failed ("the shape depends on the
+# values"), and PyTorch 1.13's fake kernel gives width 1. Where the targets
+# are padded (batch, S), no target is longer than S: the capture holds the
+# table at its bound, width 2 * S + 1, and the step pads the kernel's table
+# to it (-inf, a probability of 0), handing the backward the kernel's own
+# columns (ctc_backward_table): the plan holds the most any batch of these
+# shapes needs, and each batch computes as eager's. Targets concatenated
+# in one dimension bound it by their total length, quadratic in the batch:
+# those keep the kernel's width, and a batch whose longest target differs
+# is refused as before.
+
+
+def ctc_table_at_bound(table, targets):
+    """CTC's table `table` (a real, fake or meta tensor) widened to its
+    bound where `targets` is padded (2-D), with -inf in the columns added;
+    as it is otherwise."""
+    if not isinstance(targets, torch.Tensor) or targets.dim() != 2:
+        return table
+    width = 2 * targets.shape[1] + 1
+    if table.shape[-1] == width:
+        return table
+    bounded = table.new_full(tuple(table.shape[:-1]) + (width,), float("-inf"))
+    bounded[..., :table.shape[-1]] = table
+    return bounded
+
+
+def ctc_backward_table(table, target_lengths):
+    """The columns of CTC's table (at its bound) that the kernel made for
+    these targets: the view the backward reads, as it would read the
+    kernel's own table."""
+    width = 2 * int(target_lengths.max()) + 1 if target_lengths.numel() else 1
+    return table if width >= table.shape[-1] else table[..., :width]
+
+
 def _arg(node, name, position):
     """An argument of an fx call by schema name or position."""
     if name in node.kwargs:
@@ -349,6 +388,9 @@ class StepGraph:
     def _call(self, n):
         name = op_name(n.target)
         value = self.values[n]
+        if name == "_ctc_loss":  # Note [CTC's table at its bound]
+            value = self.values[n] = (value[0], ctc_table_at_bound(value[1],
+                                                                   self.values.get(n.args[1])))
         if name in _IDENTITY:
             self.refs[(n, None)] = self._ref(n.args[0])
             return
