@@ -52,6 +52,12 @@ absl::Status PlannerRegistry::RegisterExternal(PolicyInfo info) {
   if (!info.factory) return absl::InvalidArgumentError("a policy needs a planner");
   info.external = true;
   for (PolicyInfo& p : policies_) {
+    // ("Rotor" beside "rotor" would be two policies that read as one.)
+    if (!p.external && p.name != info.name && absl::EqualsIgnoreCase(p.name, info.name)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "'", info.name, "' differs from the built-in policy '", p.name,
+          "' only by case; choose another name"));
+    }
     if (p.name != info.name) continue;
     if (!p.external) {
       return absl::InvalidArgumentError(

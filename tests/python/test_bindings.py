@@ -598,6 +598,10 @@ class OutsidePolicyTest(unittest.TestCase):
     def test_registration_errors(self):
         with self.assertRaises(ValueError):
             pebble.register_policy("rotor", lambda g, o: [])  # a built-in's name
+        with self.assertRaises(ValueError) as e:  # (one that reads as a built-in's)
+            pebble.register_policy("Rotor", lambda g, o: [])
+        self.assertIn("differs from the built-in policy 'rotor' only by case", str(e.exception))
+        self.assertNotIn("Rotor", [p["name"] for p in pebble.policies()])
         with self.assertRaises(ValueError):
             pebble.register_policy("has space", lambda g, o: [])
         with self.assertRaises(ValueError):
