@@ -667,18 +667,20 @@ class StopAtDeadline final : public ClpEventHandler {
   const Deadline* deadline_;
 };
 
+// CBC's command reader (CbcMain1's argv, through CoinReadNextField) keeps
+// its place in process-wide statics: two solves at once, on two threads of
+// one process, read each other's arguments, lost -seconds and -quit, and
+// fell back to reading commands from stdin (a hang where stdin was an open
+// pipe). So RunCbc's callers take turns on this lock, and read the time
+// they have left once their turn has come.
+std::mutex& CbcTurn() {
+  static std::mutex turn;
+  return turn;
+}
+
+// Call with CbcTurn() held.
 MilpRun RunCbc(const Formulation& f, double seconds,
                const std::vector<double>* start) {
-  // CBC's command reader (CbcMain1's argv, through CoinReadNextField) keeps
-  // its place in process-wide statics: two solves at once, on two threads
-  // of one process, read each other's arguments, lost -seconds and -quit,
-  // and fell back to reading commands from stdin (a hang where stdin was an
-  // open pipe). One solve at a time; the wait counts against this one's
-  // time limit.
-  static std::mutex cbc_mutex;
-  const Clock::time_point asked = Clock::now();
-  std::lock_guard<std::mutex> one_at_a_time(cbc_mutex);
-  seconds -= SecondsSince(asked);
   const LinearProgram& lp = f.lp;
   OsiClpSolverInterface solver;
   solver.messageHandler()->setLogLevel(0);
@@ -858,6 +860,7 @@ absl::StatusOr<MilpAttempt> SolveMilpAt(const Graph& graph, const StageGraph& g,
     attempt.variables = f.lp.num_cols();
     attempt.integers = f.lp.num_integer();
     attempt.constraints = f.lp.num_rows();
+    std::unique_lock<std::mutex> turn(CbcTurn());  // (the wait counts against the limit)
     if (deadline.Expired()) break;
     const double left = deadline.remaining_s();
     // CBC checks its clock between nodes and heuristics and its clean-up
@@ -875,6 +878,7 @@ absl::StatusOr<MilpAttempt> SolveMilpAt(const Graph& graph, const StageGraph& g,
       start_x = StartValues(f, start->plan);
     }
     MilpRun run = RunCbc(f, cbc_s, start_x.empty() ? nullptr : &start_x);
+    turn.unlock();
     if (budget_bytes < 0) {
       attempt.lower_bound = run.bound * f.byte_scale + g.persistent_bytes;
     } else {

@@ -1759,11 +1759,18 @@ def check_differing_settings(torch, pt, dist, rank, ranks):
     try:
         configured_step = pt.train_step(configured, loss_fn, (x,), y, optimizer=configured_opt,
                                         policy="rotor", process_group=dist.group.WORLD)
-        for call in range(3):
+        for call in range(4):
             if call == 1 and rank == 1:
                 configured.args.note = "rank 1's own"
+            if call == 3 and rank == 1:  # (back: rank 1 finds its first capture)
+                del configured.args.note
             configured_opt.zero_grad(set_to_none=True)
             configured_step(x, y)
+            numbers = [None] * ranks
+            dist.all_gather_object(numbers, configured_step._variant.capture.number)
+            if len(set(numbers)) > 1:
+                failures.append(f"a configuration changed on rank 1 only: call {call} ran "
+                                f"the ranks' captures {numbers}, not one")
         for name, p in configured.named_parameters():
             rank_0s = p.detach().clone()
             dist.broadcast(rank_0s, 0)

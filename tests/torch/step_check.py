@@ -1344,6 +1344,17 @@ def check_constants_and_masks(failures, device):
             y += 1
             return y
 
+    class LearnedPrior(nn.Module):  # (its parameters, not the batch, checked in Python)
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(10, 3)
+            self.mu = nn.Parameter(torch.zeros(3))
+            self.log_sigma = nn.Parameter(torch.zeros(3))
+
+        def forward(self, x):
+            prior = torch.distributions.Normal(self.mu, self.log_sigma.exp())
+            return self.fc(x) + prior.rsample((x.shape[0],))
+
     class IntOfBatch(nn.Module):
         def __init__(self):
             super().__init__()
@@ -1355,6 +1366,9 @@ def check_constants_and_masks(failures, device):
     for label, model, x, y, loss_fn, words in (
             ("torch.distributions", Sampled(), torch.randn(4, 10), torch.randn(4, 3),
              F.mse_loss, "validate_args=False"),
+            # (read as a constant, it would be captured again at every call)
+            ("torch.distributions of trained parameters", LearnedPrior(), torch.randn(4, 10),
+             torch.randn(4, 3), F.mse_loss, "validate_args=False"),
             ("torch.stft", Spectrum(), torch.randn(4, 64), torch.tensor([0, 2, 1, 1]),
              F.cross_entropy, "torch.view_as_real"),
             ("an in-place write of a saved tensor", WritesSaved(), torch.randn(4, 10),
@@ -1501,17 +1515,19 @@ def check_fake_tensors_wrong(failures, device):
 
     def padded_ctc(out, t):
         return ctc(out, t, torch.full((3,), 20, dtype=torch.long), (t != 0).sum(1))
-    step = pt.train_step(model, padded_ctc, (x,), target, policy="dtr", budget="min")
+    step = pt.train_step(model, padded_ctc, (x,), target, policy="dtr", budget="min",
+                         measure="always")
     for longest in (5, 1, 3, 5):
         t = torch.randint(1, 6, (3, 5))
         t[:, longest:] = 0
         check_beside_eager(failures, f"CTC of padded targets, the longest {longest} of 5", step,
                            model, eager_model, padded_ctc, (torch.randn(3, 4, 20),), t)
-    failures.check(step.report["shapes_planned"] == 1 and
-                   step.report["measured_peak_bytes"] == step.report["predicted_step_peak_bytes"],
-                   f"CTC of padded targets: {step.report['shapes_planned']} captures, measured "
-                   f"{step.report['measured_peak_bytes']} bytes against predicted "
-                   f"{step.report['predicted_step_peak_bytes']}")
+        r = step.report
+        failures.check(r["shapes_planned"] == 1 and
+                       r["measured_peak_bytes"] == r["predicted_step_peak_bytes"],
+                       f"CTC of padded targets, the longest {longest} of 5: "
+                       f"{r['shapes_planned']} captures, measured {r['measured_peak_bytes']} "
+                       f"bytes against predicted {r['predicted_step_peak_bytes']}")
 
     def ctc_lists(out, t):
         return ctc(out, t, [20, 20, 20], [5, 3, 4])
@@ -1643,6 +1659,26 @@ class _ItemScaled(torch.nn.Module):
         return self.lin(x) * (smallest / scale)
 
 
+class _FreshTensorsWritten(torch.nn.Module):
+    """Values read in Python through fresh tensors written in place, from a
+    buffer: split sizes added into zeros, a temperature cloned and clamped
+    (no write of the buffer itself: read as before)."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(6, 3)
+        self.register_buffer("sizes", torch.tensor([2, 4]))
+        self.register_buffer("temperature", torch.tensor(2.0))
+
+    def forward(self, x):
+        sizes = torch.zeros(2, dtype=torch.long)
+        sizes.add_(self.sizes)
+        a, b = x.split(sizes.tolist(), 1)
+        t = self.temperature.clone()
+        t.clamp_(min=0.5)
+        return self.lin(torch.cat([b, a], 1)) / t.item()
+
+
 class _CountNormalized(torch.nn.Module):
     """Divides by a count taken from nonzero's output size in Python."""
 
@@ -1727,6 +1763,13 @@ def check_values_read_in_python(failures, device):
         except pt.CaptureError as e:
             failures.check("reads a tensor's values in Python" in str(e) and
                            "_ItemScaled" in str(e), f"{read} of the batch: {e}")
+    torch.manual_seed(SEED)
+    model = _FreshTensorsWritten()
+    eager_model = copy.deepcopy(model)
+    step = pt.train_step(model, F.cross_entropy, (batch,), y[:1].repeat(4), policy="dtr",
+                         budget="min")
+    check_beside_eager(failures, "values read through fresh tensors written in place", step,
+                       model, eager_model, F.cross_entropy, (batch,), y[:1].repeat(4))
     try:
         pt.train_step(_CountNormalized(), F.cross_entropy, (torch.randn(4, 6),), y[:1].repeat(4),
                       policy="dtr", budget="min")

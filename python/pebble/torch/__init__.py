@@ -39,7 +39,8 @@ from ._calibrate import calibrate, estimated
 from ._capture import (CaptureError, ModuleSettings, eager_failure_message, propagate,
                        python_randomness, trace)
 from ._compat import autocast_state
-from ._distributed import (GradientAverage, StepCollectives, agreed, any_rank, broadcast_module,
+from ._distributed import (GradientAverage, StepCollectives, agreed, any_rank,
+                           any_rank_or_differing, broadcast_module,
                            broadcast_optimizer_state, check_same_call, check_same_collective,
                            check_same_graph, check_same_setup, is_rank_0, measure_link,
                            optimizer_state_layout, out_of_step, plan_of_rank_0,
@@ -361,6 +362,9 @@ class TrainStep:
         # clip_grad_norm_ returns it (max_grad_norm); None without clipping.
         self.grad_norm = None
         self._captures = {}  # signature -> _Capture, shared with replan()'s steps
+        # Each capture's number, made on every rank together (_stale), shared
+        # with replan()'s steps as the captures are.
+        self._capture_numbers = itertools.count()
         # signature -> _Variant (its capture and this step's plan), the least
         # recently called first (_keep_at_most).
         self._variants = {}
@@ -685,6 +689,7 @@ class TrainStep:
             self._warn_of_settings_changed(key)
             self._parameters_on_device()
             capture = self._captures[key] = _Capture(self, inputs, target, key)
+            capture.number = next(self._capture_numbers)
             self._warn_of_trained_values_read(capture)
         variant = self._variants[key] = _Variant(self, capture)
         self._find_under_settings_left(key, variant)
@@ -698,18 +703,22 @@ class TrainStep:
         naming them. On several ranks, every rank captures where one does, as
         a capture's and a plan's collectives are every rank's: where a rank
         finds no variant (a setting of its own changed, such as a
-        configuration object's: _Local), or one whose values changed."""
+        configuration object's: _Local), or one whose values changed, or
+        where the ranks found captures of other numbers (a rank whose own
+        setting changed back finds its earlier capture, the others the one
+        made since)."""
         changed = self._values_changed(variant) if variant is not None else []
         if self.process_group is not None:
-            stale = any_rank(variant is None or changed, self.process_group,
-                             "comparing the ranks' captures")
+            stale = any_rank_or_differing(variant is None or changed,
+                                          variant.capture.number if variant is not None else -1,
+                                          self.process_group, "comparing the ranks' captures")
         else:
             stale = variant is None or bool(changed)
         if variant is not None and stale:
             self._drop(variant)
         if changed:
             warnings.warn(f"pebble.torch: {', '.join(changed[:3])}, which the step holds as "
-                          "constants (a value read in Python with .item() or .tolist(), a "
+                          "constants (a value read in Python with .item(), .tolist(), int(), float() or bool(), a "
                           "tensor in an attribute that is no buffer), changed since its "
                           "capture: captured and planned again. What changes at every step "
                           "is better a buffer updated in place, or read with tensor "
@@ -742,7 +751,7 @@ class TrainStep:
         if read and not self._warned_of_trained_reads:
             self._warned_of_trained_reads = True
             warnings.warn(f"pebble.torch: the step reads the values of {', '.join(read[:3])} in "
-                          "Python (.item(), .tolist()), a parameter that training changes: "
+                          "Python (.item(), .tolist(), int(), float(), bool()), a parameter that training changes: "
                           "each call after an update captures and plans the step again. "
                           "Compute with the tensor instead", stacklevel=_outside_pebble())
 
@@ -1067,6 +1076,7 @@ class _Capture:
     def __init__(self, step, inputs, target, key):
         started = time.perf_counter()
         self.key = key
+        self.number = None  # TrainStep._variant_for's, the same on every rank
         self.state_read = []  # (name, value): Note [State values read in Python]
         self.plain_read = []  # (label, get, tensor): Note [Tensors in plain attributes]
         self.device = step.device
@@ -1665,8 +1675,8 @@ class _Variant:
     def _does_not_fit(self, plan, options, info, least_peak):
         """Why `plan` does not fit, with the least peak its policy reaches
         (pebble.plan's at "min", as the program runs it) and a budget that
-        admits it, in the terms of train_step's budget (a percentage of the
-        unplanned step)."""
+        admits it, in the terms of train_step's budget: a percentage of the
+        unplanned step, or bytes, the whole least peak, for a budget in bytes."""
         least_step = least_peak - self.persistent_bytes
         budget = options["budget"]
         reference_name = ("pebble's baseline of the sharded step" if self.shards is not None

@@ -1445,10 +1445,10 @@ class _UpdatedStateRead(_ValuesRead):
 
     def capture_error(self, where, model):
         return CaptureError(
-            f"{where} reads in Python ({self.how}){_user_line(self)} the value of a buffer "
-            "that the step itself updates in place: the trace would hold one step's value "
+            f"{where} reads in Python ({self.how}){_user_line(self)} the value of a parameter "
+            "or buffer that the step itself updates in place: the trace would hold one step's value "
             "as a constant, and every call would be captured again, so pebble.torch refuses "
-            "it. Compute with the buffer as a tensor, or update it outside the step"
+            "it. Compute with it as a tensor, or update it outside the step"
             f"{_value_read_hint(self, model, where)}")
 
 
@@ -1515,41 +1515,84 @@ _PATCHES_LOCK = threading.Lock()
 _PATCHES = {"users": 0, "saved": []}  # saved: (owner, name, original or None)
 
 
-def _state_read(node, batch_from):
-    """Notes that the trace reads in Python the values of the parameters and
-    buffers (placeholders before `batch_from`) that the fx `node` follows
-    from (Note [State values read in Python])."""
+def _states_reached(node, batch_from):
+    """{placeholder: its position} of the parameters and buffers
+    (placeholders before `batch_from`) whose values the fx `node` follows
+    from (not through a call of their shapes alone: _SHAPE_ONLY)."""
     placeholders = [n for n in node.graph.nodes if n.op == "placeholder"][:batch_from]
     state = {n: k for k, n in enumerate(placeholders)}
-    seen, todo = set(), [node]
+    reached, seen, todo = {}, set(), [node]
     while todo:
         n = todo.pop()
-        if n in seen:
+        if n in seen or (n.op == "call_function" and op_name(n.target) in _SHAPE_ONLY):
             continue
         seen.add(n)
         if n in state:
-            _TRACING.state_read.add(state[n])
+            reached[n] = state[n]
         todo.extend(n.all_input_nodes)
+    return reached
 
 
-def _state_updated_before(node, batch_from):
-    """Whether the value of the fx `node` follows from a parameter or buffer
-    (placeholders before `batch_from`) through an in-place call: one that
-    the step writes before it reads it (a batch norm's count of batches,
-    add_(1), read as a Python number)."""
-    state = set([n for n in node.graph.nodes if n.op == "placeholder"][:batch_from])
-    seen, todo = set(), [(node, False)]
-    while todo:
-        n, written = todo.pop()
-        if n in state and written:
+def _read_in_python(node, batch_from, shown, by_torch):
+    """A read in Python (`shown`: how, ".tolist()") of the traced `node`'s
+    values: refused (_ValuesRead) where they follow from the batch, or,
+    read by PyTorch's own code (`by_torch`), from a parameter or buffer (a
+    distribution's checks of its arguments: a trained parameter's would be
+    captured again at every call, where validate_args=False reads none);
+    refused (_UpdatedStateRead) where they follow from a parameter or
+    buffer that the trace so far writes in place; else the parameters and
+    buffers they follow from are noted (Note [State values read in
+    Python])."""
+    if _from_batch(node, batch_from):
+        raise _ValuesRead(shown)
+    reached = _states_reached(node, batch_from)
+    if reached and by_torch:
+        raise _ValuesRead(shown)
+    if _state_updated_before(node, reached):
+        raise _UpdatedStateRead(shown)
+    _TRACING.state_read.update(reached.values())
+
+
+def _state_updated_before(node, reached):
+    """Whether a parameter or buffer that the fx `node` follows from
+    (`reached`, _states_reached) is written by an in-place call of the trace
+    so far, directly or through a view of it: one that the step updates
+    before it reads it (a batch norm's count of batches, add_(1), read as a
+    Python number). A fresh tensor written in place (a clone clamped, zeros
+    added to) is no such write."""
+    if not reached:
+        return False
+    for n in node.graph.nodes:
+        if n.op == "call_function" and _writes_self(n) and n.args and \
+                _aliased_base(n.args[0]) in reached:
             return True
-        if n in seen:
-            continue
-        seen.add(n)
-        in_place = n.op == "call_function" and op_name(n.target).endswith("_") and \
-            not op_name(n.target).startswith("_")
-        todo.extend((a, written or in_place) for a in n.all_input_nodes)
     return False
+
+
+def _schema_of(n):
+    return getattr(n.target, "_schema", None) if n.op == "call_function" else None
+
+
+def _writes_self(n):
+    """Whether fx call `n` writes its first argument in place."""
+    schema = _schema_of(n)
+    if schema is None or not schema.arguments:
+        return False
+    alias = schema.arguments[0].alias_info
+    return alias is not None and alias.is_write
+
+
+def _aliased_base(n):
+    """The tensor whose storage the fx value `n` shares: through views and
+    in-place calls (whose output aliases their first argument), to the call
+    or placeholder that made it."""
+    while isinstance(n, torch.fx.Node):
+        schema = _schema_of(n)
+        if schema is None or not schema.returns or schema.returns[0].alias_info is None or \
+                not n.args or not isinstance(n.args[0], torch.fx.Node):
+            return n
+        n = n.args[0]
+    return n
 
 
 def _read_refused(name, original):
@@ -1558,12 +1601,8 @@ def _read_refused(name, original):
         batch_from = getattr(_TRACING, "batch_from", None)
         if batch_from is not None:
             node = traced_node(self)
-            if node is not None and _from_batch(node, batch_from):
-                raise _ValuesRead(f".{name}()")
-            if node is not None and _state_updated_before(node, batch_from):
-                raise _UpdatedStateRead(f".{name}()")
             if node is not None:
-                _state_read(node, batch_from)
+                _read_in_python(node, batch_from, f".{name}()", _called_by_torch(1))
         return original(self, *args, **kwargs)
     return read
 
@@ -1578,11 +1617,10 @@ _SCALAR_READS = {"item": (None, ".item()"), "__int__": (int, "int()"),
 
 def _item_read(name, original):
     """Tensor.item (and int(), float(), bool() of a tensor, a tensor as an
-    index: _SCALAR_READS) while a trace runs on this thread: refused where
-    the value follows from the batch (_ValuesRead), else read as .tolist()
-    reads it (make_fx itself refuses these reads of any traced tensor: a
-    buffer's, a constant's that an operator made,
-    `torch.tensor(x.shape).min()`)."""
+    index: _SCALAR_READS) while a trace runs on this thread: refused as
+    _read_in_python says, else read as .tolist() reads it (make_fx itself
+    refuses these reads of any traced tensor: a buffer's, a constant's that
+    an operator made, `torch.tensor(x.shape).min()`)."""
     convert, shown = _SCALAR_READS[name]
 
     @functools.wraps(original)
@@ -1591,11 +1629,7 @@ def _item_read(name, original):
         node = traced_node(self) if batch_from is not None else None
         if node is None:
             return original(self)
-        if _from_batch(node, batch_from):
-            raise _ValuesRead(shown)
-        if _state_updated_before(node, batch_from):
-            raise _UpdatedStateRead(shown)
-        _state_read(node, batch_from)
+        _read_in_python(node, batch_from, shown, _called_by_torch(1))
         try:
             return original(self)  # (a fake constant's, say)
         except RuntimeError:

@@ -818,6 +818,13 @@ def any_rank(flag, group, what):
     return bool(_maximum([int(bool(flag))], group, what)[0])
 
 
+def any_rank_or_differing(flag, number, group, what):
+    """Whether `flag` is true on any rank of `group`, or the ranks give
+    other integers `number` (one all-reduce)."""
+    flagged, most, least = _maximum([int(bool(flag)), number, -number], group, what)
+    return bool(flagged) or most != -least
+
+
 def _maximum(integers, group, what):
     """The largest of each of `integers` (int64) over the ranks of `group`:
     one all-reduce, on the group's device."""

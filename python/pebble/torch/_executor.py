@@ -807,6 +807,8 @@ class _RunState:
         """call's value on these arguments: its kernel's, but for CTC's table,
         held at its bound (Note [CTC's table at its bound] in _graph.py)."""
         name = op_name(call.target)
+        # (target_lengths' largest value read on the host: a GPU's CTC kernels
+        # copy the lengths to the host themselves)
         if name == "_ctc_loss_backward" and len(args) > 6 and torch.is_tensor(args[4]):
             args = list(args)
             args[6] = ctc_backward_table(args[6], args[4])
