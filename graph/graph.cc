@@ -257,6 +257,8 @@ absl::Status CheckShape(const NodeSpec& s) {
 
 // The rules of one node's own fields (SPEC section 1), in the order Build
 // reports them; its id and its place among the others are Build's.
+absl::Status CheckCollectiveLink(const NodeSpec& s);
+
 absl::Status CheckNodeSpec(const NodeSpec& s) {
   if (!s.bytes.has_value()) return NodeError(s.id, "missing 'bytes'");
   if (*s.bytes < 0) return NodeError(s.id, absl::StrCat("negative bytes (", *s.bytes, ")"));
@@ -318,7 +320,44 @@ absl::Status CheckNodeSpec(const NodeSpec& s) {
     return NodeError(s.id, "an in-place node ('in_place') needs 'alias_of': the storage it "
                            "writes");
   }
+  if (s.collective) RETURN_IF_ERROR(CheckCollectiveLink(s));
   return CheckShape(s);
+}
+
+// The attrs a collective's time was figured from (pebble export writes
+// them; the simulator and the planners read them back): all three or none,
+// each in range, as the command line takes --ranks, --network and
+// --network-latency. A graph edited by hand with a negative latency gave a
+// negative network time, and one with ranks 4.5 was planned as unsharded.
+absl::Status CheckCollectiveLink(const NodeSpec& s) {
+  if (!s.attrs.is_object()) return absl::OkStatus();
+  const char* keys[] = {"ranks", "network_bandwidth_bytes_per_s", "network_latency_s"};
+  int given = 0;
+  for (const char* key : keys) given += s.attrs.contains(key) ? 1 : 0;
+  if (given == 0) return absl::OkStatus();
+  if (given != 3) {
+    return NodeError(s.id, "a collective's attrs give its link as ranks, "
+                           "network_bandwidth_bytes_per_s and network_latency_s together");
+  }
+  const nlohmann::json& ranks = s.attrs["ranks"];
+  if (!ranks.is_number_integer() || ranks.get<int64_t>() < 2 ||
+      ranks.get<int64_t>() > (int64_t{1} << 20)) {
+    return NodeError(s.id, absl::StrCat("attrs.ranks must be a whole number from 2 to 1048576, "
+                                        "got ", ranks.dump()));
+  }
+  const nlohmann::json& bandwidth = s.attrs["network_bandwidth_bytes_per_s"];
+  if (!bandwidth.is_number() || !(bandwidth.get<double>() > 0) ||
+      !std::isfinite(bandwidth.get<double>())) {
+    return NodeError(s.id, absl::StrCat("attrs.network_bandwidth_bytes_per_s must be a positive "
+                                        "finite number, got ", bandwidth.dump()));
+  }
+  const nlohmann::json& latency = s.attrs["network_latency_s"];
+  if (!latency.is_number() || !(latency.get<double>() >= 0) ||
+      !std::isfinite(latency.get<double>())) {
+    return NodeError(s.id, absl::StrCat("attrs.network_latency_s must be a non-negative finite "
+                                        "number, got ", latency.dump()));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 // Sharded graphs (ZeRO-3 / FSDP FULL_SHARD): ShardGraph and ShardedTensors,
 // declared in collectives.h.
 #include <algorithm>
+#include <cmath>
 #include <optional>
 #include <utility>
 
@@ -231,6 +232,18 @@ absl::StatusOr<Graph> ShardGraph(const Graph& g, int ranks, const NetworkLink& l
   if (sharded.empty()) {
     return absl::InvalidArgumentError(
         "the graph has no parameter with a gradient \"grad:<parameter>\" to shard");
+  }
+  // Each parameter is gathered at most twice and its gradient scattered once:
+  // where the link makes that time overflow a double, the link is named, not
+  // a collective node that pebble made (a latency of 1e308 s did).
+  double step_s = 0;
+  for (NodeId v = 0; v < n; ++v) step_s += g.cost(v);
+  for (const auto& [p, shard] : sharded) step_s += 3 * AllGatherSeconds(g.bytes(p), ranks, link);
+  if (!std::isfinite(step_s)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the network link (", link.bandwidth_bytes_per_s, " bytes/s, latency ", link.latency_s,
+        " s) makes the sharded step's collectives take longer than the largest double "
+        "(about 1.8e308 s): give a faster link (--network, --network-latency)"));
   }
   for (NodeId s = 0; s < n; ++s) {
     if (g.persistent(s) && g.role(s) == Role::kOptimizerState) {

@@ -838,6 +838,12 @@ TEST(CliTest, RanksPlanTheGradientsAllReduces) {
   ::pebble::testing::ExpectOneLineError(
       Pebble("plan " + model + " --ranks 2 --network-latency 5xs"), 2,
       {"--network-latency", "a unit: ns, us, ms, s", "'5xs'"});
+  // A link whose sharded step would take longer than a double holds is
+  // named, not a gather node that pebble made ("cost must be ... finite").
+  ::pebble::testing::ExpectOneLineError(
+      Pebble("plan --model mnist-cnn:batch=2,optimizer=adam --ranks 8 --shard full "
+             "--network-latency 1e308 --policy fsdp"),
+      1, {"the network link", "give a faster link (--network, --network-latency)"});
   // A latency with a unit is the same link as in seconds.
   Result micro = Pebble("plan " + model + " --policy rotor --budget min --ranks 4 --network "
                         "1.25e9 --network-latency 25us --json");

@@ -1585,6 +1585,45 @@ TEST(ShardingTest, FsdpUnitsGatherAndScatterTogether) {
   }
 }
 
+// A collective's link in its attrs (pebble export's) is checked as the
+// command line checks --ranks, --network and --network-latency: a graph
+// edited by hand with a negative latency gave a negative network time, and
+// ranks of 4.5 or a bandwidth "fast" planned it as unsharded.
+TEST(ShardingTest, ACollectivesLinkInItsAttrsIsChecked) {
+  auto graph = [](const std::string& attrs) {
+    return ParseGraphJson(absl::StrCat(R"({"format": "pebble-graph", "version": 1, "nodes": [
+      {"id": "p", "bytes": 4, "persistent": true, "role": "parameter"},
+      {"id": "gather:p", "op": "all_gather", "bytes": 16, "cost": 1, "inputs": ["p"],
+       "collective": true, "attrs": )", attrs, R"(},
+      {"id": "y", "bytes": 16, "cost": 1, "inputs": ["gather:p"]}], "outputs": ["y"]})"));
+  };
+  EXPECT_TRUE(graph(R"({"ranks": 4, "network_bandwidth_bytes_per_s": 1e9,
+                        "network_latency_s": 0})").ok());
+  EXPECT_TRUE(graph(R"({"dtype": "float32"})").ok());  // (no link: timed as given)
+  const std::pair<const char*, const char*> bad[] = {
+      {R"({"ranks": 4.5, "network_bandwidth_bytes_per_s": 1e9, "network_latency_s": 0})",
+       "attrs.ranks must be a whole number from 2 to 1048576, got 4.5"},
+      {R"({"ranks": 1, "network_bandwidth_bytes_per_s": 1e9, "network_latency_s": 0})",
+       "attrs.ranks must be a whole number from 2 to 1048576, got 1"},
+      {R"({"ranks": 1000000000000, "network_bandwidth_bytes_per_s": 1e9,
+           "network_latency_s": 0})", "got 1000000000000"},
+      {R"({"ranks": 4, "network_bandwidth_bytes_per_s": "fast", "network_latency_s": 0})",
+       "attrs.network_bandwidth_bytes_per_s must be a positive finite number, got \"fast\""},
+      {R"({"ranks": 4, "network_bandwidth_bytes_per_s": 0, "network_latency_s": 0})",
+       "network_bandwidth_bytes_per_s must be a positive finite number, got 0"},
+      {R"({"ranks": 4, "network_bandwidth_bytes_per_s": 1e9, "network_latency_s": -1})",
+       "attrs.network_latency_s must be a non-negative finite number, got -1"},
+      {R"({"ranks": 4, "network_bandwidth_bytes_per_s": 1e9})",
+       "ranks, network_bandwidth_bytes_per_s and network_latency_s together"},
+  };
+  for (const auto& [attrs, message] : bad) {
+    absl::StatusOr<Graph> g = graph(attrs);
+    ASSERT_FALSE(g.ok()) << attrs;
+    EXPECT_THAT(std::string(g.status().message()), HasSubstr("gather:p")) << attrs;
+    EXPECT_THAT(std::string(g.status().message()), HasSubstr(message)) << attrs;
+  }
+}
+
 // A unit's reduce-scatters that go through a staging buffer (a persistent
 // node of op staging_buffer, as pebble.torch's graphs have) close a bucket
 // before its local gradients pass the buffer's bytes; a collective timed
