@@ -718,8 +718,9 @@ class TrainStep:
             self._drop(variant)
         if changed:
             warnings.warn(f"pebble.torch: {', '.join(changed[:3])}, which the step holds as "
-                          "constants (a value read in Python with .item(), .tolist(), int(), float() or bool(), a "
-                          "tensor in an attribute that is no buffer), changed since its "
+                          "constants (a value read in Python with .item(), .tolist(), int(), "
+                          "float() or bool(), a tensor in an attribute that is no buffer), "
+                          "changed since its "
                           "capture: captured and planned again. What changes at every step "
                           "is better a buffer updated in place, or read with tensor "
                           "operations", stacklevel=_outside_pebble())
@@ -751,8 +752,9 @@ class TrainStep:
         if read and not self._warned_of_trained_reads:
             self._warned_of_trained_reads = True
             warnings.warn(f"pebble.torch: the step reads the values of {', '.join(read[:3])} in "
-                          "Python (.item(), .tolist(), int(), float(), bool()), a parameter that training changes: "
-                          "each call after an update captures and plans the step again. "
+                          "Python (.item(), .tolist(), int(), float(), bool()), a parameter "
+                          "that training changes: each call after an update captures and "
+                          "plans the step again. "
                           "Compute with the tensor instead", stacklevel=_outside_pebble())
 
     def _drop(self, variant):

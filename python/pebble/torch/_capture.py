@@ -1446,9 +1446,9 @@ class _UpdatedStateRead(_ValuesRead):
     def capture_error(self, where, model):
         return CaptureError(
             f"{where} reads in Python ({self.how}){_user_line(self)} the value of a parameter "
-            "or buffer that the step itself updates in place: the trace would hold one step's value "
-            "as a constant, and every call would be captured again, so pebble.torch refuses "
-            "it. Compute with it as a tensor, or update it outside the step"
+            "or buffer that the step itself updates in place: the trace would hold one step's "
+            "value as a constant, and every call would be captured again, so pebble.torch "
+            "refuses it. Compute with it as a tensor, or update it outside the step"
             f"{_value_read_hint(self, model, where)}")
 
 
