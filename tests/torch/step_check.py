@@ -1717,17 +1717,21 @@ def check_values_read_in_python(failures, device):
     if device.type != "cpu":
         return
     F = torch.nn.functional
+    def check_read_refused(label, model, inputs, target, **options):
+        """A step whose forward reads the batch's values in Python: refused,
+        naming the read and the module's class."""
+        try:
+            pt.train_step(model, F.cross_entropy, inputs, target, **options)
+            failures.check(False, f"{label}: not refused")
+        except pt.CaptureError as e:
+            failures.check("reads a tensor's values in Python" in str(e) and
+                           type(model).__name__ in str(e), f"{label}: {e}")
     x, lengths, y = torch.randn(3, 1, 5, 8), torch.tensor([2, 8, 5]), torch.tensor([0, 2, 1])
     for label, kwargs in (("lengths.tolist()", {}), ("lengths.numpy()", {"numpy": True}),
                           ("lengths.tolist() in a channels-last module",
                            {"channels_last": True})):
-        try:
-            pt.train_step(_LengthPool(**kwargs), F.cross_entropy, (x, lengths), y, policy="dtr",
-                          budget="min")
-            failures.check(False, f"{label}: not refused")
-        except pt.CaptureError as e:
-            failures.check("reads a tensor's values in Python" in str(e) and
-                           "_LengthPool" in str(e), f"{label}: {e}")
+        check_read_refused(label, _LengthPool(**kwargs), (x, lengths), y, policy="dtr",
+                           budget="min")
     # (values of a buffer, or of a shape, are the same at each step: read as
     # before, on the real trace's path)
     torch.manual_seed(SEED)
@@ -1756,13 +1760,8 @@ def check_values_read_in_python(failures, device):
                 check_beside_eager(failures, f"{read} of a buffer ({temperature}) and .item() "
                                    "of a shape", step, model, eager_model, F.cross_entropy,
                                    (batch,), y[:1].repeat(4))
-        try:
-            pt.train_step(_ItemScaled(of_batch=True, read=read), F.cross_entropy, (batch,),
-                          y[:1].repeat(4))
-            failures.check(False, f"{read} of the batch: not refused")
-        except pt.CaptureError as e:
-            failures.check("reads a tensor's values in Python" in str(e) and
-                           "_ItemScaled" in str(e), f"{read} of the batch: {e}")
+        check_read_refused(f"{read} of the batch", _ItemScaled(of_batch=True, read=read),
+                           (batch,), y[:1].repeat(4))
     torch.manual_seed(SEED)
     model = _FreshTensorsWritten()
     eager_model = copy.deepcopy(model)

@@ -1501,7 +1501,7 @@ def _from_batch(node, batch_from):
 # Note [State values read in Python]. A value read so of a parameter or
 # buffer is a constant of the trace too: a buffer of split sizes set once,
 # or a temperature that the training loop changes in place. The trace notes
-# which it read (_state_read; Traced.state_read), the capture keeps their
+# which it read (_read_in_python; Traced.state_read), the capture keeps their
 # values, and a call that finds them changed drops that capture and
 # captures again, with a warning (TrainStep._stale); until
 # 2026-12-06 the step kept computing with the captured value, silently.
