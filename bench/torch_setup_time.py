@@ -21,7 +21,9 @@ resnet18 (batch 8, 64 px) from torchvision under cross-entropy; the
 GPT-style decoder of examples/torch/lm.py at its default sizes (4 layers,
 d=128, sequence 128, batch 16, vocabulary 256); the 3-D U-Net of
 tests/torch/models.py (small variant, batch 2, 8^3, 5 classes; its forward
-returns the loss).
+returns the loss); lstm: nn.LSTM(8, 12, num_layers=2, bidirectional=True),
+batch 2 over 96 positions, a linear head on the last (unrolled over the
+sequence: its capture time grows with the length).
 """
 
 import argparse
@@ -36,7 +38,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TESTS = os.path.join(HERE, "..", "tests", "torch")
-CASES = ["densenet121", "mobilenet_v2", "resnet18", "gpt", "unet3d"]
+CASES = ["densenet121", "mobilenet_v2", "resnet18", "gpt", "unet3d", "lstm"]
 EAGER_STEPS = 5
 BOUND_FLOOR_S = 10.0
 BOUND_STEPS = 20
@@ -72,7 +74,30 @@ def build(name, device):
         # The module's forward takes the target and returns the loss.
         return (model, _loss_is_output, (x, t), t,
                 "3-D U-Net (tests/torch/models.py), small, batch 2, 8^3, 5 classes")
+    if name == "lstm":
+        torch.manual_seed(0)
+        model = _last_position_head(torch.nn.LSTM(8, 12, num_layers=2, bidirectional=True,
+                                            batch_first=True), 24, 5).to(device)
+        x = torch.randn(2, 96, 8, device=device)
+        y = torch.randint(0, 5, (2,), device=device)
+        return (model, torch.nn.functional.cross_entropy, (x,), y,
+                "2-layer bidirectional LSTM, batch 2, 96 positions")
     raise SystemExit(f"torch_setup_time: unknown case '{name}' (cases: {', '.join(CASES)})")
+
+
+def _last_position_head(rnn, features, classes):
+    """`rnn` and a linear head on its output at the last position."""
+    import torch
+
+    class LastPosition(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.rnn = rnn
+            self.head = torch.nn.Linear(features, classes)
+
+        def forward(self, x):
+            return self.head(self.rnn(x)[0][:, -1])
+    return LastPosition()
 
 
 def _loss_is_output(output, target):

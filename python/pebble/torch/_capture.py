@@ -1998,6 +1998,7 @@ def _traced_functional(step, mode, flat, fake_mode, slots, one_pass, stack):
     simple (_made_functional), else traced again through functionalize."""
     first = _make_fx(step, mode, flat, fake_mode, stacks=True)
     stack.close()
+    _refuse_writes_functionalize_misses(first)
     user_lines = _value_shaped_lines(first)
     if one_pass and mode == "fake":
         try:
@@ -2840,6 +2841,102 @@ def _functional_variant(target):
     return variant
 
 
+# Note [Writes that functionalize misses]. torch.unsafe_split's and
+# unsafe_chunk's pieces, and _unsafe_view's result, share their input's
+# storage, but their schemas do not say so (they exist to skip autograd's
+# view checks: an LSTM cell writes its gates' pieces in place). functionalize
+# and the one-pass rewrite follow aliases by schema, so they take such a
+# piece for a tensor of its own. Where a write through one tensor of a
+# storage meets a read, after it, of another that existed before it and is
+# not the same tensor to them (the split tensor read whole after a piece was
+# written, a piece read after the whole was written, pieces of two splits),
+# the plan would compute other numbers than eager; pebble.torch refuses the
+# step. Distinct pieces of one split cannot overlap: writes and reads among
+# them are followed.
+_UNANNOTATED_ALIASES = frozenset({"unsafe_split", "unsafe_split_with_sizes", "unsafe_chunk",
+                                  "_unsafe_view"})
+
+
+def _alias_step(n):
+    """(the fx node whose storage `n`'s value shares, whether its schema
+    says so), or None where `n` makes a tensor of its own (Note [Writes
+    that functionalize misses])."""
+    call = n.args[0] if n.op == "call_function" and n.target is operator.getitem else n
+    if not isinstance(call, torch.fx.Node) or call.op != "call_function" or \
+            not call.args or not isinstance(call.args[0], torch.fx.Node):
+        return None
+    if op_name(call.target) in _UNANNOTATED_ALIASES:
+        return call.args[0], False
+    schema = _schema_of(call)
+    if schema is None or not schema.returns or schema.returns[0].alias_info is None:
+        return None
+    return call.args[0], True
+
+
+def _write_functionalize_misses(nodes):
+    """(an in-place call, a tensor it writes that a later read takes as
+    unwritten) of a first trace, or None (Note [Writes that functionalize
+    misses]). A tensor is named by its root: the tensor that functionalize
+    takes its views and writes to be of."""
+    position = {n: k for k, n in enumerate(nodes)}
+    root, storage = {}, {}
+    for n in nodes:
+        step = _alias_step(n)
+        if step is None:
+            root[n] = storage[n] = n
+            continue
+        base, annotated = step
+        storage[n] = storage.get(base, base)
+        root[n] = root.get(base, base) if annotated else n
+    roots_of = {}  # storage -> the roots in it
+    last_read = {}  # root -> the last position at which a tensor of it is read
+    for n in nodes:
+        roots_of.setdefault(storage[n], set()).add(root[n])
+        if n.users:
+            last_read[root[n]] = max(last_read.get(root[n], -1),
+                                     max(position[u] for u in n.users))
+    for w in nodes:
+        if not _writes_self(w) or not w.args or not isinstance(w.args[0], torch.fx.Node):
+            continue
+        written = root[w.args[0]]
+        for other in roots_of[storage[w.args[0]]]:
+            if other is not written and position[other] < position[w] and \
+                    last_read.get(other, -1) > position[w] and \
+                    not _distinct_pieces(other, written):
+                return w, other
+    return None
+
+
+def _distinct_pieces(a, b):
+    """Whether fx nodes `a` and `b` are distinct pieces of one split (they
+    cannot overlap)."""
+    return all(n.op == "call_function" and n.target is operator.getitem for n in (a, b)) and \
+        a.args[0] is b.args[0] and a.args[1] != b.args[1]
+
+
+def _refuse_writes_functionalize_misses(gm):
+    """Raises a CaptureError naming the lines where the first trace `gm`
+    writes a tensor in place that a later read takes as unwritten (Note
+    [Writes that functionalize misses])."""
+    found = _write_functionalize_misses(list(gm.graph.nodes))
+    if found is None:
+        return
+    write, other = found
+    outer = {(f.filename, f.lineno) for f in traceback.extract_stack()}
+    libraries = _library_directories()
+    lines = [_traced_user_line(n, outer, libraries) for n in (write, other)]
+    made = f"a piece of {op_name(other.args[0].target)}" \
+        if other.op == "call_function" and other.target is operator.getitem \
+        else f"a tensor made earlier by {op_name(other.target)}"
+    raise CaptureError(
+        f"the step writes in place with {op_name(write.target)}{lines[0]} into memory that "
+        f"{made}{lines[1]} shares, and reads that "
+        "tensor after the write; the two share it through torch.unsafe_split, unsafe_chunk "
+        "or _unsafe_view, which do not tell PyTorch's tracing so: the plan would read the "
+        "values from before the write, unlike eager. Use torch.split or chunk (views that "
+        "autograd checks), or clone the piece before writing it")
+
+
 def _made_functional(gm, slots):
     """(gm, values) with each in-place call of the first trace replaced by its
     functional variant, as functionalize would (a later reader of the
@@ -2849,8 +2946,9 @@ def _made_functional(gm, slots):
 
     Simple: a call writes only its first argument (`self`), and what shares
     that tensor's storage is the tensor and the calls that write it, but for
-    views made after the last write (they then view the last result). An
-    in-place call without a functional variant (bernoulli_.float) stays
+    views made after the last write (they then view the last result), or
+    distinct pieces of one split written each in place, as an LSTM cell
+    writes its gates (_pieces_renewed). An in-place call without a functional variant (bernoulli_.float) stays
     where it writes a fresh tensor nothing else reads, as functionalize
     leaves it. Values are make_fx's, the variants' and the later views'
     made anew on fake tensors."""
@@ -2861,71 +2959,159 @@ def _made_functional(gm, slots):
     found = _simple_writes(nodes, values, slots)
     if found is None:
         return None
-    written, variants, later_views = found
-    if written:
-        _write_functionally(gm.graph, nodes, values, written, variants, later_views)
+    chains, variants, later_views = found
+    if chains:
+        _write_functionally(gm.graph, nodes, values, chains, variants, later_views)
     return gm, values  # trace() recompiles it once its unused calls are gone
 
 
 def _simple_writes(nodes, values, slots):
-    """(written, variants, later_views) of a traced graph's in-place calls
-    where each is simple (_made_functional), else None. written: storage
-    key -> [the tensor, then each call writing it]; variants: in-place call
-    -> its functional variant, or None where it stays; later_views: the
-    calls that alias a written tensor after its last write."""
-    from ._graph import _written_args  # noqa: PLC0415 (_graph imports this module)
+    """(chains, variants, later_views) of a traced graph's in-place calls
+    where each is simple (_made_functional), else None. chains: the tensor
+    written (its head) -> [the head, then each call writing it]; variants:
+    in-place call -> its functional variant, or None where it stays;
+    later_views: the calls whose values are made anew (views of a written
+    tensor made after its last write)."""
+    found = _write_chains(nodes, values)
+    if found is None:
+        return None
+    chains, variants = found
     position = {n: k for k, n in enumerate(nodes)}
-    writes = [n for n in nodes if n.op == "call_function" and _written_args(n.target)]
-    # node -> storage key of its value (a call of several outputs: its
-    # getitem nodes stand for it)
     storage = {n: storage_key(v) for n, v in values.items() if isinstance(v, torch.Tensor)}
-    written = {}   # storage key -> [the tensor, then each call writing it]
-    variants = {}  # in-place call -> its functional variant, or None: stays
-    for n in writes:
-        names = _written_args(n.target)
+    heads_in = {}  # storage key -> the heads of the chains writing it, in order
+    for head in sorted(chains, key=position.get):
+        heads_in.setdefault(storage[head], []).append(head)
+    later_views = []
+    for key, heads in heads_in.items():
+        aliases = [n for n, k in storage.items()
+                   if k == key and not any(n in chains[h] for h in heads)]
+        views = _views_renewed(heads, chains, aliases, position) if len(heads) == 1 else \
+            _pieces_renewed(heads, chains, aliases, position)
+        if views is None:
+            return None
+        later_views += views
+    placeholders = {n: slot for n, slot in zip([n for n in nodes if n.op == "placeholder"],
+                                                 slots)}
+    for chain in chains.values():
+        slot = placeholders.get(chain[0])
+        if chain[0].op == "placeholder" and (slot is None or slot.kind != "buffer"):
+            return None  # a parameter or an input written: functionalize's error
+    return chains, variants, later_views
+
+
+def _write_chains(nodes, values):
+    """(chains, variants) of _simple_writes, or None where a call writes
+    more than its `self`, writes through a tensor that is not a placeholder
+    or a call's result, or stays in place (no functional variant) where it
+    does not write a fresh tensor nothing else reads."""
+    from ._graph import _written_args  # noqa: PLC0415 (_graph imports this module)
+    chains = {}    # head -> [head, then each call writing it]
+    head_of = {}   # a chain's node -> its head
+    variants = {}
+    for n in nodes:
+        names = n.op == "call_function" and _written_args(n.target)
+        if not names:
+            continue
         self_name = n.target._schema.arguments[0].name
         x = n.args[0] if n.args else n.kwargs.get(self_name)
         if names != [self_name] or not isinstance(x, torch.fx.Node) or \
                 x.op not in ("placeholder", "call_function") or \
-                x not in storage or storage.get(n) != storage[x]:
+                not isinstance(values.get(x), torch.Tensor) or \
+                not isinstance(values.get(n), torch.Tensor) or \
+                storage_key(values[n]) != storage_key(values[x]):
             return None
-        chain = written.setdefault(storage[x], [x])
-        if x not in chain:  # writes through a view: functionalize's work
-            return None
+        head = head_of.setdefault(x, x)
+        chain = chains.setdefault(head, [head])
         chain.append(n)
+        head_of[n] = head
         variants[n] = _functional_variant(n.target)
         if variants[n] is None and not (len(chain) == 2 and x.op == "call_function" and
                                         x.target is not operator.getitem and
                                         len(x.users) == 1):
             return None
-    last_write = {key: position[chain[-1]] for key, chain in written.items()}
-    first_of = {key: position[chain[0]] for key, chain in written.items()}
-    later_views = []
-    for n, key in storage.items():
-        if key not in written or n in written[key]:
-            continue
-        if position[n] < last_write[key] or position[n] < first_of[key] or \
-                n.op != "call_function":
-            return None  # an alias before the last write (or a base of the tensor)
-        later_views.append(n)
-    placeholders = {n: slot for n, slot in zip([n for n in nodes if n.op == "placeholder"],
-                                                 slots)}
-    for key, chain in written.items():
-        slot = placeholders.get(chain[0])
-        if chain[0].op == "placeholder" and (slot is None or slot.kind != "buffer"):
-            return None  # a parameter or an input written: functionalize's error
-    return written, variants, later_views
+    return chains, variants
 
 
-def _write_functionally(graph, nodes, values, written, variants, later_views):
-    """Replaces the in-place calls of `written` (_simple_writes) by their
+def _views_renewed(heads, chains, aliases, position):
+    """The views to make anew of one tensor written in place (`heads` holds
+    it alone): its `aliases` made after its last write. None where another
+    alias is read at or after its first write (a view made before it, or a
+    base of the tensor), or is a placeholder (a buffer's view written)."""
+    chain = chains[heads[0]]
+    renewed = []
+    for n in aliases:
+        if n.op != "call_function":
+            return None
+        if position[n] > position[chain[-1]]:
+            renewed.append(n)
+        elif any(position[user] >= position[chain[1]] for user in n.users):
+            return None
+    return renewed
+
+
+# Pieces of one tensor that cannot overlap: the outputs of one call of these.
+_SPLITS = frozenset({"split", "unsafe_split", "split_with_sizes", "unsafe_split_with_sizes",
+                     "chunk", "unsafe_chunk", "unbind"})
+
+
+def _split_of(n):
+    """The call that made `n` as one of its pieces (_SPLITS), or None."""
+    if n.op != "call_function" or n.target is not operator.getitem or \
+            not isinstance(n.args[0], torch.fx.Node):
+        return None
+    split = n.args[0]
+    return split if split.op == "call_function" and op_name(split.target) in _SPLITS else None
+
+
+def _pieces_renewed(heads, chains, aliases, position):
+    """The views to make anew where several tensors of one storage are
+    written in place, or None where that is not simple. Simple, as an LSTM
+    cell writes its gates: the tensors are distinct pieces of one split
+    (they cannot overlap), perhaps after the split tensor itself was written
+    (the first head, the base), and what else of the storage is read once a
+    piece is written is a piece's sibling or a view of a piece made after
+    its last write (autograd's detach of a saved sigmoid_). Those views are
+    made anew, and with a base, the pieces, their siblings and the base's
+    other later views too."""
+    base = None if _split_of(heads[0]) else chains[heads[0]]
+    pieces = heads if base is None else heads[1:]
+    split = _split_of(pieces[0])
+    if split is None or any(_split_of(p) is not split for p in pieces) or \
+            len({p.args[1] for p in pieces}) != len(pieces) or \
+            (base is not None and (split.args[0] not in base or
+                                   position[base[-1]] > position[split])):
+        return None
+    first_write = min(position[chains[p][1]] for p in pieces)
+    of_piece = {n: p for p in pieces for n in chains[p]}  # and later views of it
+    renewed = []
+    for n in sorted(aliases, key=position.get) + (base or []):
+        viewed = n.args[0] if n.op == "call_function" and n.args else None
+        if _split_of(n) is split:
+            renewed.append(n)  # a sibling: it cannot overlap a piece
+        elif viewed in of_piece and position[n] > position[chains[of_piece[viewed]][-1]]:
+            of_piece[n] = of_piece[viewed]
+            renewed.append(n)
+        elif base is not None and n not in base and position[n] < position[base[-1]]:
+            return None  # made before the base's last write: _views_renewed's rule
+        elif any(position[user] >= first_write for user in n.users
+                 if user not in (base or [])):
+            return None  # read after a piece is written
+        elif n.op == "call_function" and n not in (base or []):
+            renewed.append(n)
+    if base is None:
+        return [n for n in renewed if n in of_piece]
+    return renewed + list(pieces)
+
+
+def _write_functionally(graph, nodes, values, chains, variants, later_views):
+    """Replaces the in-place calls of `chains` (_simple_writes) by their
     functional `variants` in `graph`, and `values` with it: later readers
     read the variant's result, later views are made anew from it, and a
     buffer written in place gets a final copy_ of its new value."""
     fake_mode = next(v.fake_mode for v in values.values() if isinstance(v, FakeTensor))
 
-    holder = {key: chain[0] for key, chain in written.items()}  # the tensor's value now
-    same = {n: key for key, chain in written.items() for n in chain}
+    holder = {head: head for head in chains}  # the tensor's value now
+    same = {n: head for head, chain in chains.items() for n in chain}
 
     def now(a):
         return holder[same[a]] if a in same else a
@@ -2954,11 +3140,11 @@ def _write_functionally(graph, nodes, values, written, variants, later_views):
             else:
                 values[n] = _fake_call(n, values, fake_mode)
     output = next(n for n in reversed(nodes) if n.op == "output")
-    for key, chain in written.items():
-        if chain[0].op == "placeholder":
+    for head, chain in chains.items():
+        if head.op == "placeholder":
             with graph.inserting_before(output):
                 back = graph.call_function(torch.ops.aten.copy_.default,
-                                           (chain[0], holder[key]))
+                                           (head, holder[head]))
             values[back] = values[chain[0]]
     for n in reversed(nodes):
         if n in variants and variants[n] is not None:
