@@ -196,6 +196,7 @@ absl::StatusOr<std::string> RefusalAdvice(const Graph& graph, const Planner& pla
     advice = absl::StrCat("the plan does not fit: ", out.result.message);
   } else {
     out.least_peak_bytes = out.result.least_peak_bytes;  // the planner's, if it made one
+    out.least_peak_cut_short = TimeLimitReached(out.result);
     bool least_breaks_host =
         out.result.details.value("least_peak_breaks_host_budget", false);
     if (!out.least_peak_bytes.has_value()) {
@@ -203,13 +204,15 @@ absl::StatusOr<std::string> RefusalAdvice(const Graph& graph, const Planner& pla
       at_min.budget_bytes = kMinBudgetBytes;
       ASSIGN_OR_RETURN(PlanResult least, planner.Plan(graph, at_min));
       out.least_peak_bytes = least.report.peak_bytes;
+      out.least_peak_cut_short = TimeLimitReached(least);
       least_breaks_host = options.host_budget_bytes.has_value() &&
                           least.report.host_peak_bytes > *options.host_budget_bytes;
     }
     // (a least peak that breaks the host budget is no budget to try)
     advice = DoesNotFitAdvice(out.policy, out.budget_bytes,
                               least_breaks_host ? out.budget_bytes : *out.least_peak_bytes,
-                              out.baseline_peak_bytes, out.end_state_bytes, out.result.message);
+                              out.baseline_peak_bytes, out.end_state_bytes, out.result.message,
+                              out.least_peak_cut_short);
   }
   PlannerOptions host_options = options;
   host_options.time_limit_s = deadline.remaining_s();
@@ -226,7 +229,8 @@ absl::StatusOr<std::string> RefusalAdvice(const Graph& graph, const Planner& pla
 
 std::string DoesNotFitAdvice(absl::string_view policy, int64_t budget_bytes,
                              int64_t least_peak_bytes, int64_t baseline_peak_bytes,
-                             int64_t end_state_bytes, absl::string_view message) {
+                             int64_t end_state_bytes, absl::string_view message,
+                             bool cut_short) {
   if (least_peak_bytes <= budget_bytes) {
     return absl::StrCat("the plan does not fit ", FormatBytes(budget_bytes), ": ", message);
   }
@@ -235,7 +239,8 @@ std::string DoesNotFitAdvice(absl::string_view policy, int64_t budget_bytes,
   return absl::StrCat(
       "the plan does not fit ", FormatBytes(budget_bytes),
       exact ? absl::StrCat(" (", budget_bytes, " bytes)") : std::string(), ": ",
-      LeastPeakAdvice(policy, least_peak_bytes, baseline_peak_bytes, end_state_bytes, exact));
+      LeastPeakAdvice(policy, least_peak_bytes, baseline_peak_bytes, end_state_bytes, exact,
+                      cut_short));
 }
 
 int64_t ParameterBytes(const Graph& graph) {
@@ -260,7 +265,7 @@ int64_t EndStateBytes(const Graph& graph) {
 
 std::string LeastPeakAdvice(absl::string_view policy, int64_t least_peak_bytes,
                             int64_t baseline_peak_bytes, int64_t end_state_bytes,
-                            bool with_bytes) {
+                            bool with_bytes, bool cut_short) {
   const double percent =
       baseline_peak_bytes > 0
           ? std::ceil(100.0 * static_cast<double>(least_peak_bytes) /
@@ -274,10 +279,15 @@ std::string LeastPeakAdvice(absl::string_view policy, int64_t least_peak_bytes,
                          " of it are the persistent tensors and outputs, such as parameters and "
                          "their gradients, that every plan keeps)")
           : std::string();
+  const std::string bytes = with_bytes ? absl::StrCat(least_peak_bytes, " bytes, ") : "";
+  if (cut_short) {
+    return absl::StrFormat(
+        "%s reaches %s (%s%g%%) in its time limit: try --budget %g%%, --budget min or a "
+        "longer --time-limit%s",
+        policy, FormatBytes(least_peak_bytes), bytes, percent, percent, floor);
+  }
   return absl::StrFormat("%s reaches %s (%s%g%%) at least: try --budget %g%% or --budget min%s",
-                         policy, FormatBytes(least_peak_bytes),
-                         with_bytes ? absl::StrCat(least_peak_bytes, " bytes, ") : "", percent,
-                         percent, floor);
+                         policy, FormatBytes(least_peak_bytes), bytes, percent, percent, floor);
 }
 
 nlohmann::json PlanDocumentReport(const Graph& graph, const PlanOutcome& outcome,
@@ -313,6 +323,7 @@ nlohmann::json PlanDocument(const Graph& graph, const PlanOutcome& outcome,
   };
   if (outcome.least_peak_bytes) {
     doc["least_peak_bytes"] = *outcome.least_peak_bytes;
+    doc["least_peak_cut_short"] = outcome.least_peak_cut_short;
     doc["advice"] = outcome.advice;
   }
   return doc;

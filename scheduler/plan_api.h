@@ -54,6 +54,9 @@ struct PlanOutcome {
   // (LeastPeakAdvice); at "min", the limit it broke (the host budget).
   // Empty where it fits.
   std::optional<int64_t> least_peak_bytes;
+  // Whether the search for that least peak reached its time limit: a longer
+  // one may find less, so the advice does not call it the least.
+  bool least_peak_cut_short = false;
   std::string advice;
 };
 
@@ -71,16 +74,20 @@ int64_t EndStateBytes(const Graph& graph);
 // adds that most of the peak is what every plan keeps ("(89.2 MiB of it are
 // the persistent tensors and outputs, ...)").
 // `with_bytes`: the least peak in bytes too ("12.4 MiB (13001000 bytes, 96%)").
+// `cut_short`: the search for it reached its time limit ("checkmate reaches
+// 30.0 MiB (100%) in its time limit: try --budget 100%, --budget min or a
+// longer --time-limit").
 std::string LeastPeakAdvice(absl::string_view policy, int64_t least_peak_bytes,
                             int64_t baseline_peak_bytes, int64_t end_state_bytes = 0,
-                            bool with_bytes = false);
+                            bool with_bytes = false, bool cut_short = false);
 // Why a plan does not fit `budget_bytes`, for `plan` and `run` alike: "the
 // plan does not fit 139 MiB: " then LeastPeakAdvice where the least peak the
 // policy reaches is over the budget, else (the host budget failed, say) the
 // planner's `message`.
 std::string DoesNotFitAdvice(absl::string_view policy, int64_t budget_bytes,
                              int64_t least_peak_bytes, int64_t baseline_peak_bytes,
-                             int64_t end_state_bytes, absl::string_view message);
+                             int64_t end_state_bytes, absl::string_view message,
+                             bool cut_short = false);
 
 // Resolves the budget against the graph's baseline peak, plans, simulates
 // (the result's report) and lays the schedule out in an arena; where the

@@ -85,8 +85,34 @@ TEST(PlanDocumentTest, FloorFiguresAndTheLeastPeakWhereThePlanDoesNotFit) {
   EXPECT_NE(tight->advice.find("rotor reaches"), std::string::npos) << tight->advice;
   const nlohmann::json doc = PlanDocument(graph, *tight, "g", false, false);
   EXPECT_EQ(doc["least_peak_bytes"], least->result.report.peak_bytes);
+  EXPECT_EQ(doc["least_peak_cut_short"], false);  // rotor's search has no time limit
   EXPECT_EQ(doc["parameter_bytes"], parameters);
   EXPECT_EQ(doc["advice"], tight->advice);
+}
+
+// A least peak that the time limit cut short (checkmate given no time) is
+// not called the least: a longer limit may find less.
+TEST(PlanDocumentTest, ALeastPeakCutShortByTheTimeLimitIsNotCalledTheLeast) {
+  const Graph graph = *BuildModel("conv3d:n=32");
+  PlanRequest request;
+  request.policy = "checkmate";
+  request.budget = "95%";
+  request.options.time_limit_s = 1e-9;
+  const absl::StatusOr<PlanOutcome> cut = PlanGraph(graph, request);
+  ASSERT_TRUE(cut.ok()) << cut.status();
+  ASSERT_FALSE(cut->result.feasible);
+  EXPECT_TRUE(cut->least_peak_cut_short);
+  EXPECT_NE(cut->advice.find("in its time limit: try --budget 100%, --budget min or a longer "
+                             "--time-limit"),
+            std::string::npos)
+      << cut->advice;
+  EXPECT_EQ(cut->advice.find("at least"), std::string::npos) << cut->advice;
+  EXPECT_EQ(PlanDocument(graph, *cut, "g", false, false)["least_peak_cut_short"], true);
+  // With time to search, the same budget plans: the cut-short figure was no least.
+  request.options.time_limit_s = 30;
+  const absl::StatusOr<PlanOutcome> searched = PlanGraph(graph, request);
+  ASSERT_TRUE(searched.ok()) << searched.status();
+  EXPECT_TRUE(searched->result.feasible) << searched->result.message;
 }
 
 TEST(PlanDocumentTest, LeastPeakAdviceRoundsUpAndNamesTheFloorWhereItDominates) {
@@ -95,6 +121,9 @@ TEST(PlanDocumentTest, LeastPeakAdviceRoundsUpAndNamesTheFloorWhereItDominates) 
   EXPECT_EQ(LeastPeakAdvice("dtr", 721, 1000, 100),
             "dtr reaches 721 B (73%) at least: try --budget 73% or --budget min");
   EXPECT_NE(LeastPeakAdvice("dtr", 721, 1000, 400).find("400 B of it are"), std::string::npos);
+  EXPECT_EQ(LeastPeakAdvice("checkmate", 720, 1000, 0, false, /*cut_short=*/true),
+            "checkmate reaches 720 B (72%) in its time limit: try --budget 72%, --budget min or "
+            "a longer --time-limit");
   // A budget that rounds as the least peak does is given in bytes, both.
   EXPECT_EQ(DoesNotFitAdvice("hybrid", 13000000, 13000123, 13500000, 0, ""),
             "the plan does not fit 12.4 MiB (13000000 bytes): hybrid reaches 12.4 MiB "

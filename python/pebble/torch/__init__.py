@@ -1471,8 +1471,10 @@ class _Variant:
                 raise PlanError(f"internal: policy {plan.policy} computes random operators "
                                 "in another order than eager PyTorch draws them")
         least_peak = None  # (a document has it where its plan does not fit)
+        cut_short = False  # (whether the time limit cut its search short)
         if not fits and str(options["budget"]).strip().lower() != "min":
-            least_peak, least, least_graph = self._least_peak_plan(plan, graph, unordered, kwargs)
+            least_peak, least, least_graph, cut_short = self._least_peak_plan(
+                plan, graph, unordered, kwargs)
             if least is not None and least_peak <= budget_bytes:
                 plan, graph, fits = least, least_graph, True
                 info["least_peak_fits_as_run"] = True
@@ -1483,7 +1485,7 @@ class _Variant:
         if not fits:
             if least_peak is None:  # (at "min", the plan's own peak: another limit broke)
                 least_peak = plan.document.get("least_peak_bytes", plan.report["peak_bytes"])
-            raise PlanError(self._does_not_fit(plan, options, info, least_peak),
+            raise PlanError(self._does_not_fit(plan, options, info, least_peak, cut_short),
                             least_step_bytes=least_peak - self.persistent_bytes)
         if cpu and not self.step.allow_cpu_offload and plan.report["transfer_bytes"] > 0:
             raise PlanError(f"policy {plan.policy} copies tensors to the host, which saves no "
@@ -1505,14 +1507,17 @@ class _Variant:
         draw them out of order where its least-peak plan does not, or not fit
         where the least-peak plan over the graph with tokens does. Where no
         such plan is made, the peak is the least of `graph`'s, and the plan
-        None."""
+        None. Fourth: whether a time limit cut a search for it short (a longer
+        one may find less)."""
         found = None
+        cut_short = bool(plan.document.get("least_peak_cut_short"))
         candidates = []
         for candidate in (graph, unordered, self.graph):  # (each graph once)
             if all(candidate is not c for c in candidates):
                 candidates.append(candidate)
         for candidate in candidates:
             least = _policy_plan(candidate, dict(kwargs, budget="min"))
+            cut_short |= bool(least.document["details"].get("time_limit_reached"))
             # (its planner counts above the budget too, but may fit as run)
             peak = self._peak_as_planned_run(least, candidate, kwargs)
             if candidate is graph:
@@ -1520,7 +1525,7 @@ class _Variant:
                 fallback = peak
             if self._in_eager_order(least) and (found is None or peak < found[0]):
                 found = (peak, least, candidate)
-        return found if found is not None else (fallback, None, graph)
+        return (found if found is not None else (fallback, None, graph)) + (cut_short,)
 
     def _fits_as_run(self, plan, graph, kwargs, budget_bytes):
         """Whether a plan over its device budget by the planner's count fits
@@ -1674,7 +1679,7 @@ class _Variant:
             return plan.schedule
         return self.shards.translate(plan.schedule)
 
-    def _does_not_fit(self, plan, options, info, least_peak):
+    def _does_not_fit(self, plan, options, info, least_peak, cut_short=False):
         """Why `plan` does not fit, with the least peak its policy reaches
         (pebble.plan's at "min", as the program runs it) and a budget that
         admits it, in the terms of train_step's budget: a percentage of the
@@ -1696,27 +1701,30 @@ class _Variant:
             node.random for node in self.graph_nodes.nodes) else 0
         # (a budget in bytes is advised in bytes: the least peak in all)
         in_bytes = not (isinstance(budget, str) and budget.strip().endswith("%"))
-        reached = (f"it reaches {_size(least_peak)} ({least_peak} bytes) in all at least, "
+        least = "in its time limit" if cut_short else "at least"
+        alternatives = ", budget='min' or a longer time_limit" if cut_short else \
+            " or budget='min'"
+        reached = (f"it reaches {_size(least_peak)} ({least_peak} bytes) in all {least}, "
                    f"{_size(least_step)} of it above the parameters and inputs ({percent}% "
                    f"of {reference_name})" if in_bytes else
-                   f"it reaches {_size(least_step)} ({percent}% of {reference_name}) at least")
+                   f"it reaches {_size(least_step)} ({percent}% of {reference_name}) {least}")
         if least_step > 0 and rng:
             advised = (least_peak + rng if in_bytes else
                        f"'{math.ceil(100.0 * (least_step + rng) / reference)}%'")
             reaches = (f"{reached}, and a random call that it runs again holds the generator's "
                        f"state, {_size(rng)}, beside it on the CPU: try budget={advised} "
-                       "(room for both) or budget='min'")
+                       f"(room for both){alternatives}")
         elif least_step > 0:
             advised = least_peak if in_bytes else f"'{percent}%'"
-            reaches = f"{reached}: try budget={advised} or budget='min'"
+            reaches = f"{reached}: try budget={advised}{alternatives}"
         else:
             # (the plan keeps some of the parameters, inputs or optimizer
             # state on the host: no percentage of the step says its peak)
-            reaches = (f"it reaches {_size(least_peak)} ({least_peak} bytes) in all at least, "
+            reaches = (f"it reaches {_size(least_peak)} ({least_peak} bytes) in all {least}, "
                        "with some of the parameters or optimizer state on the host" +
                        (f", and a random call that it runs again holds the generator's state, "
                         f"{_size(rng)}, beside it on the CPU" if rng else "") +
-                       f": try budget={least_peak + rng} or budget='min'")
+                       f": try budget={least_peak + rng}{alternatives}")
         message = (f"policy {plan.policy} cannot fit the training step of "
                    f"{type(self.step.model).__name__} in {budget} "
                    f"({_size(abs(room))} {'above' if room >= 0 else 'below'} the "
