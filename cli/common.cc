@@ -1218,11 +1218,13 @@ absl::StatusOr<Graph> RankFlags::Sharded(absl::StatusOr<Graph> graph) const {
   // A graph sharded already is one rank's part of a step on several: planned
   // as a whole step on one rank, its collectives would go unplanned (no
   // joined messages, no all-reduce of a clipped norm), silently.
-  if (graph.ok() && shard == "none" && ranks < 2) {
-    if (const std::optional<CollectiveLink> timed = ShardedRanks(*graph)) {
-      return UsageError(absl::StrCat("the graph is sharded for ", timed->ranks,
-                                     " ranks (it has their collectives): give --ranks ",
-                                     timed->ranks));
+  // Other ranks than its own are a mistake of the command line alike (exit 2).
+  if (graph.ok() && shard == "none") {
+    if (const std::optional<CollectiveLink> timed = ShardedRanks(*graph);
+        timed.has_value() && timed->ranks != ranks) {
+      return UsageError(absl::StrCat(
+          "the graph is sharded for ", timed->ranks, " ranks (it has their collectives): give "
+          "--ranks ", timed->ranks, ranks < 2 ? "" : absl::StrCat(", not ", ranks)));
     }
   }
   // A graph sharded already has its collectives timed for its link: a

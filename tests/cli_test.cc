@@ -598,10 +598,14 @@ TEST(CliTest, AClippedShardedStepExportsAndPlansAsOneRankRunsIt) {
   ::pebble::testing::ExpectOneLineError(Pebble("export " + model + " --ranks 2"), 2,
                                         {"--ranks 2 without --shard full", "the same graph"});
   // The sharded file without --ranks: refused, not planned as one whole step
-  // (its messages unjoined); export writes it again as it is.
+  // (its messages unjoined); with other ranks, refused alike (exit 2: the
+  // command line is wrong, not the graph); export writes it again as it is.
   for (const std::string command : {"plan --graph ", "compare --budgets min --graph "}) {
     ::pebble::testing::ExpectOneLineError(Pebble(command + graph), 2,
                                           {"the graph is sharded for 2 ranks", "--ranks 2"});
+    ::pebble::testing::ExpectOneLineError(Pebble(command + graph + " --ranks 4"), 2,
+                                          {"the graph is sharded for 2 ranks",
+                                           "give --ranks 2, not 4"});
   }
   const std::string schedule = ::testing::TempDir() + "/cli_sharded_clipped.schedule.json";
   fs::remove(schedule);
