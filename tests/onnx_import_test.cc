@@ -660,6 +660,38 @@ TEST(OnnxImportTest, ShapesTheModelDeclaresMustMatch) {
 // Grouped and dilated convolutions keep their attrs; a ReduceMean over
 // the spatial dims is a global average pool (a view of (N, C) without
 // keepdims).
+// torch.clamp(x, 0, 6) with Python ints exports its bounds as int64
+// constants cast to float: Clip takes them (they were refused as "min must
+// be a constant finite scalar").
+TEST(OnnxImportTest, ClipTakesIntegerBoundsCastToFloat) {
+  auto g = Import(TinyModel(13, "", [](ModelMaker& m) {
+    m.IntInitializer("low", {0});
+    m.IntInitializer("high", {6});
+    ModelMaker::IntAttr(m.Node("Cast", "/Cast", {"low"}, {"low_f"}), "to",
+                        onnx::TensorProto::FLOAT);
+    ModelMaker::IntAttr(m.Node("Cast", "/Cast_1", {"high"}, {"high_f"}), "to",
+                        onnx::TensorProto::FLOAT);
+    auto* nodes = m.graph()->mutable_node();
+    for (int cast = nodes->size() - 2; cast < nodes->size(); ++cast) {  // before the Relu
+      for (int i = cast; nodes->Get(i - 1).op_type() != "BatchNormalization"; --i) {
+        nodes->SwapElements(i, i - 1);
+      }
+    }
+    auto* relu = FindNode(m, "Relu");
+    relu->set_op_type("Clip");
+    relu->add_input("low_f");
+    relu->add_input("high_f");
+  }));
+  ASSERT_TRUE(g.ok()) << g.status();
+  NodeId clip = kNoNode;
+  for (NodeId v = 0; v < g->num_nodes(); ++v) {
+    if (g->op(v) == "clip") clip = v;
+  }
+  ASSERT_NE(clip, kNoNode);
+  EXPECT_EQ(g->attrs(clip)["min"], 0.0);
+  EXPECT_EQ(g->attrs(clip)["max"], 6.0);
+}
+
 TEST(OnnxImportTest, GroupedDilatedConvAndSpatialReduceMean) {
   auto g = Import(TinyModel(13, "", [](ModelMaker& m) {
     // conv2: depthwise over conv1's 4 channels, dilation 2, pads 2.

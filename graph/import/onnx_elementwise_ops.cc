@@ -56,7 +56,7 @@ absl::Status Clip(ImportContext& cx, const onnx::NodeProto& node) {
   for (int i = 1; i < node.input_size(); ++i) {
     if (node.input(i).empty()) continue;
     const onnx::TensorProto* t = cx.ConstTensor(node.input(i));
-    std::optional<double> v = t == nullptr ? std::nullopt : FloatScalar(*t);
+    std::optional<double> v = t == nullptr ? std::nullopt : NumberScalar(*t);
     if (!v.has_value() || !std::isfinite(*v)) {
       return NodeError(node,
                        absl::StrCat(i == 1 ? "min" : "max", " must be a constant finite scalar"));
@@ -81,12 +81,7 @@ absl::Status Pow(ImportContext& cx, const onnx::NodeProto& node) {
                                         "supported"));
   }
   if (const onnx::TensorProto* e = cx.ConstTensor(node.input(1)); e != nullptr) {
-    if (std::optional<double> f = FloatScalar(*e)) {
-      power = *f;
-    } else if (absl::StatusOr<std::vector<int64_t>> ints = IntValues(*e);
-               ints.ok() && ints->size() == 1) {
-      power = static_cast<double>((*ints)[0]);
-    }
+    if (std::optional<double> f = NumberScalar(*e)) power = *f;
   }
   ASSIGN_OR_RETURN(Value x, cx.Get(node, node.input(0)));
   if (power == 2.0) return cx.Apply(node, "mul", {x, x});

@@ -452,7 +452,7 @@ absl::Status Pad(ImportContext& cx, const onnx::NodeProto& node) {
   double value = 0;
   if (node.input_size() == 3 && !node.input(2).empty()) {
     const onnx::TensorProto* t = cx.ConstTensor(node.input(2));
-    std::optional<double> v = t == nullptr ? std::nullopt : FloatScalar(*t);
+    std::optional<double> v = t == nullptr ? std::nullopt : NumberScalar(*t);
     if (!v.has_value()) return NodeError(node, "constant_value must be a constant scalar");
     value = *v;
   }

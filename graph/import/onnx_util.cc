@@ -128,6 +128,13 @@ std::optional<double> FloatScalar(const onnx::TensorProto& t) {
   return values->front();
 }
 
+std::optional<double> NumberScalar(const onnx::TensorProto& t) {
+  if (std::optional<double> f = FloatScalar(t)) return f;
+  absl::StatusOr<std::vector<int64_t>> ints = IntValues(t);
+  if (!ints.ok() || ints->size() != 1) return std::nullopt;
+  return static_cast<double>(ints->front());
+}
+
 std::optional<bool> BoolScalar(const onnx::TensorProto& t) {
   if (t.data_type() != onnx::TensorProto::BOOL) return std::nullopt;
   if (t.raw_data().size() == 1) return t.raw_data()[0] != 0;

@@ -110,6 +110,10 @@ absl::StatusOr<std::vector<int64_t>> IntValues(const onnx::TensorProto& t);
 std::optional<std::vector<double>> FloatValues(const onnx::TensorProto& t);
 // A scalar float tensor's value (Dropout's ratio), when it is one.
 std::optional<double> FloatScalar(const onnx::TensorProto& t);
+// A one-value constant of a floating or an integer type, as a double (a
+// bound, exponent or fill value that torch.onnx.export writes as an int64
+// where the Python code gave an int: clamp(0, 6), x ** 2).
+std::optional<double> NumberScalar(const onnx::TensorProto& t);
 std::optional<bool> BoolScalar(const onnx::TensorProto& t);
 
 // Symmetric ONNX pads [b_1..b_d, e_1..e_d] as one padding per spatial dim.
