@@ -7,6 +7,7 @@
 
 #include "gmock/gmock.h"
 #include "graph/models/models.h"
+#include "graph/net_builder.h"
 #include "graph/status.h"
 #include "gtest/gtest.h"
 #include "runtime/executor.h"
@@ -245,6 +246,25 @@ TEST(CpuBackendTest, WorkspaceQueryIsZeroWhereNoScratchIsTaken) {
   }
   // The probes leave nothing outside a plan behind them.
   EXPECT_EQ(backend->MemoryStats().scratch_bytes_peak, 0);
+}
+
+// An operand too large to map for the probe is named with its size, as an
+// allocation that fails is (it said "cannot map the operands of the
+// workspace probe").
+TEST(CpuBackendTest, AWorkspaceProbeOutOfMemoryNamesTheOperandAndItsSize) {
+  NetBuilder nb("huge");
+  const Value x = nb.Input("x", {4, 8});
+  const Value w = nb.Parameter("big.weight", {int64_t{1} << 42, 8});  // 128 TiB
+  nb.MarkOutput(nb.Apply("linear", {x, w}, {}, "y"));
+  auto g = nb.Build();
+  ASSERT_TRUE(g.ok()) << g.status();
+  auto backend = MakeCpuBackend();
+  auto bytes = backend->QueryWorkspace(*g, g->Find("y"));
+  ASSERT_FALSE(bytes.ok());
+  EXPECT_THAT(bytes.status().message(),
+              ::testing::HasSubstr("workspace query of node 'y' (op linear): out of host memory: "
+                                   "cannot map its operand 'big.weight' of 128 TiB "
+                                   "(140737488355328 bytes)"));
 }
 
 }  // namespace

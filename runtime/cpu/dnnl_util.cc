@@ -500,7 +500,9 @@ absl::StatusOr<int64_t> DnnlProbeScratchBytes(KernelFn kernel, const Graph& grap
   KernelContext ctx;
   ctx.graph = &graph;
   ctx.node = node;
+  NodeId mapping = node;  // (the operand being mapped, for the error)
   auto zeroed = [&](NodeId v) {
+    mapping = v;
     TensorView t{nullptr, *graph.shape(v), *graph.dtype(v)};
     t.data = s.probe_buffers.emplace_back(std::max<int64_t>(t.bytes(), 1)).data;
     return t;
@@ -509,7 +511,11 @@ absl::StatusOr<int64_t> DnnlProbeScratchBytes(KernelFn kernel, const Graph& grap
     for (NodeId u : graph.inputs(node)) ctx.inputs.push_back(zeroed(u));
     ctx.output = zeroed(node);
   } catch (const std::bad_alloc&) {
-    return absl::ResourceExhaustedError("cannot map the operands of the workspace probe");
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "out of host memory: cannot map ", mapping == node ? "its output" : "its operand '",
+        mapping == node ? "" : graph.id(mapping), mapping == node ? "" : "'", " of ",
+        FormatBytes(graph.bytes(mapping)), " (", graph.bytes(mapping),
+        " bytes) to probe the kernel's workspace"));
   }
   RETURN_IF_ERROR(kernel(ctx));
   return s.last_call_bytes;
