@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <filesystem>
 #include <iostream>
 #include <memory>
 #include <mutex>
@@ -17,6 +18,8 @@
 #include "cli/common.h"
 #include "scheduler/offload.h"
 #include "cli/run_common.h"
+#include "graph/autodiff.h"
+#include "graph/import/onnx_import.h"
 #include "graph/models/models.h"
 #include "graph/optimizer.h"
 #include "graph/status.h"
@@ -33,6 +36,9 @@ namespace {
 
 struct FitFlags {
   std::string model;
+  std::string onnx;  // an ONNX model searched over its batch size, instead of --model
+  std::string loss = "cross-entropy";  // --onnx's loss
+  std::string optimizer;               // --onnx's optimizer step; empty: none
   std::string vary;
   std::string budget;
   std::string policies;  // empty: the default set
@@ -98,13 +104,79 @@ class FitProgressLine {
   StderrStatusLine status_;
 };
 
+// What the table and the JSON call the model searched.
+std::string ModelLabel(const FitFlags& f, const FitRequest& request) {
+  return f.onnx.empty() ? request.model.ToString() : f.onnx;
+}
+
+// The largest batch an --onnx search tries where --max is not given:
+// pebble import --batch's own limit.
+constexpr int64_t kOnnxMaxBatch = int64_t{1} << 24;
+
+// --onnx: the model imported at each batch size, as pebble import --batch
+// N with --loss and --optimizer would write it. The file is read once.
+absl::Status SetOnnxModel(const FitFlags& f, FitRequest& request) {
+  if (f.vary != "batch") {
+    return UsageError(absl::StrCat("--onnx searches the batch size: --vary batch, not ",
+                                   Quote(f.vary)));
+  }
+  ASSIGN_OR_RETURN(const LossKind loss, ParseLossKind(f.loss));
+  if (loss == LossKind::kNone) {
+    return UsageError("--loss none: fit plans the training step; give --loss cross-entropy "
+                      "or mse");
+  }
+  std::optional<OptimizerSpec> optimizer;
+  if (!f.optimizer.empty()) {
+    ASSIGN_OR_RETURN(optimizer, ParseOptimizerOption(f.optimizer));
+  }
+  ASSIGN_OR_RETURN(std::string bytes, ReadBoundedFile(f.onnx, "ONNX model", kMaxOnnxFileBytes));
+  auto model = std::make_shared<const std::string>(std::move(bytes));
+  const std::string stem = std::filesystem::path(f.onnx).stem().string();
+  OnnxImportOptions options;
+  options.loss = loss;
+  options.cost_model = request.cost;
+  request.build_model = [model, stem, options,
+                         optimizer](int64_t batch) -> absl::StatusOr<Graph> {
+    OnnxImportOptions at = options;
+    at.batch = batch;
+    absl::StatusOr<Graph> graph = ImportOnnxModel(*model, stem.empty() ? "model" : stem, at);
+    if (graph.ok() && optimizer.has_value()) {
+      graph = AppendOptimizerStep(*graph, *optimizer, at.cost_model);
+    }
+    return graph;  // (its error: the search's note says "bounded by batch=N: ...")
+  };
+  if (request.max_value == 0) request.max_value = kOnnxMaxBatch;
+  // A model that imports at no batch from --start on is the file's fault.
+  const absl::Status first =
+      FirstValueBuilt(request.build_model, request.start, request.max_value).status();
+  if (!first.ok()) {
+    return absl::Status(first.code(), absl::StrCat(Quote(f.onnx), " at batch ", request.start,
+                                                   ": ", first.message()));
+  }
+  return absl::OkStatus();
+}
+
 // The search that the flags ask for (but the hooks RunFit adds: progress,
 // workspace queries), or the error that names the flag at fault.
 absl::StatusOr<FitRequest> RequestFromFlags(const FitFlags& f) {
   FitRequest request;
-  auto spec = ParseModelSpec(f.model);
-  if (!spec.ok()) return UsageError(absl::StrCat("--model: ", spec.status().message()));
-  request.model = *spec;
+  if (f.model.empty() == f.onnx.empty()) {
+    return UsageError("give the model to search: --model (a built-in model) or --onnx (a file)");
+  }
+  if (f.onnx.empty() && (f.loss != "cross-entropy" || !f.optimizer.empty())) {
+    return UsageError(absl::StrCat(f.optimizer.empty() ? "--loss" : "--optimizer",
+                                   " goes with --onnx: a built-in model takes its loss and "
+                                   "optimizer among its parameters (--model "
+                                   "transformer:optimizer=adam)"));
+  }
+  if (!f.model.empty() && f.vary.empty()) {
+    return UsageError("--vary: give the integer parameter of --model to search (n, batch, ...)");
+  }
+  if (!f.model.empty()) {
+    auto spec = ParseModelSpec(f.model);
+    if (!spec.ok()) return UsageError(absl::StrCat("--model: ", spec.status().message()));
+    request.model = *spec;
+  }
   request.vary = f.vary;
   auto budget_bytes = ParseFitBudget(f.budget);
   if (!budget_bytes.ok()) {
@@ -121,22 +193,26 @@ absl::StatusOr<FitRequest> RequestFromFlags(const FitFlags& f) {
                                    "; nothing to try"));
   }
   request.cost.device_flops_per_s = f.throughput_flops_per_s;
-  // The model from --start on: a --vary that is no parameter of it, or a
-  // parameter it cannot be built with, is the command line's fault. (A value
-  // that makes no model, such as heads that do not divide dim, is one the
-  // search passes over: some of the next ones must.)
-  const absl::StatusOr<int64_t> first =
-      FirstValueWithAModel(*spec, f.vary, f.start, f.max_value, request.cost);
-  if (first.status().code() == absl::StatusCode::kInvalidArgument) {
-    return UsageError(absl::StrCat("--model ", Quote(f.model), " --vary ", Quote(f.vary), ": ",
-                                   first.status().message(), " (and no value of ", f.vary,
-                                   " from ", f.start,
-                                   " on makes a model: --vary takes an integer parameter of the "
-                                   "model)"));
-  }
   request.start = f.start;
   request.jobs = f.jobs;
   request.max_value = f.max_value;
+  if (!f.onnx.empty()) {
+    RETURN_IF_ERROR(SetOnnxModel(f, request));
+  } else {
+    // The model from --start on: a --vary that is no parameter of it, or a
+    // parameter it cannot be built with, is the command line's fault. (A
+    // value that makes no model, such as heads that do not divide dim, is
+    // one the search passes over: some of the next ones must.)
+    const absl::StatusOr<int64_t> first =
+        FirstValueWithAModel(request.model, f.vary, f.start, f.max_value, request.cost);
+    if (first.status().code() == absl::StatusCode::kInvalidArgument) {
+      return UsageError(absl::StrCat("--model ", Quote(f.model), " --vary ", Quote(f.vary),
+                                     ": ", first.status().message(), " (and no value of ",
+                                     f.vary, " from ", f.start,
+                                     " on makes a model: --vary takes an integer parameter of "
+                                     "the model)"));
+    }
+  }
   if (!f.policies.empty()) {  // (none given: Fit's defaults)
     absl::StatusOr<std::vector<std::string>> names = PolicyNames(f.policies);
     if (!names.ok()) {
@@ -219,7 +295,7 @@ void PrintFitJson(const FitFlags& f, const FitRequest& request, const FitResult&
     if (!v.verify_error.empty()) j["verify_error"] = v.verify_error;
     out.push_back(std::move(j));
   }
-  nlohmann::json doc = {{"model", request.model.ToString()},
+  nlohmann::json doc = {{"model", ModelLabel(f, request)},
                         {"vary", f.vary},
                         {"budget", f.budget},
                         {"budget_bytes", request.budget_bytes},
@@ -283,7 +359,7 @@ void PrintFitTable(const FitFlags& f, const FitRequest& request, const FitResult
                             f.rank_flags.shard == "full" ? "sharded" : "data parallel")
           : std::string();
   std::cout << absl::StrFormat("fit %s: the largest %s whose training step fits %s (%d bytes)%s\n\n",
-                               request.model.ToString(), f.vary,
+                               ModelLabel(f, request), f.vary,
                                FormatBytes(request.budget_bytes), request.budget_bytes, per_rank);
   std::vector<std::string> header = {"policy", "kind", f.vary, "predicted peak", "arena",
                                      "overhead", "transferred"};
@@ -325,7 +401,8 @@ void PrintFitTable(const FitFlags& f, const FitRequest& request, const FitResult
   std::cout << absl::StrFormat(" (%.1f s).\n", fit.search_time_s);
 }
 
-int RunFit(const FitFlags& f) {
+int RunFit(FitFlags f) {
+  if (!f.onnx.empty() && f.vary.empty()) f.vary = "batch";
   absl::StatusOr<FitRequest> request = RequestFromFlags(f);
   if (!request.ok()) return Fail(request.status());
   const bool report_progress = !f.json && !f.quiet;
@@ -376,12 +453,26 @@ void AddFitCommand(CLI::App& app, int& exit_code) {
       "budget\n"
       "  e.g. pebble fit --model conv3d --vary n --budget 2GiB\n"
       "       pebble fit --model conv3d --vary n --budget 128MiB --policies "
-      "baseline,rotor --verify");
-  fit->add_option("--model,-m", flags.model, "model with fixed parameters, e.g. conv3d:batch=1")
-      ->required()
-      ->check(ModelName());
-  fit->add_option("--vary", flags.vary, "the integer parameter to search (n, batch, ...)")
-      ->required();
+      "baseline,rotor --verify\n"
+      "       pebble fit --onnx resnet18.onnx --budget 8GiB   # the largest batch");
+  auto* model =
+      fit->add_option("--model,-m", flags.model,
+                      "built-in model with fixed parameters, e.g. conv3d:batch=1 (or --onnx)")
+          ->check(ModelName());
+  auto* onnx = fit->add_option("--onnx", flags.onnx,
+                               "an ONNX model (torch.onnx.export in training mode) instead of "
+                               "--model, searched over its batch size: imported at each batch "
+                               "as pebble import --batch does (docs/import.md)");
+  model->excludes(onnx);
+  fit->add_option("--loss", flags.loss,
+                  "--onnx's loss: cross-entropy (input 'target' of class indices) or mse "
+                  "(default cross-entropy)")
+      ->check(CLI::IsMember({"cross-entropy", "mse"}))
+      ->needs(onnx);
+  AddOptimizerOption(fit, flags.optimizer);
+  fit->add_option("--vary", flags.vary,
+                  "the integer parameter of --model to search (n, batch, ...); with --onnx, "
+                  "batch (the default there)");
   fit->add_option("--budget,-b", flags.budget,
                   "device memory budget: whole bytes or a size with units (2GiB)")
       ->required()

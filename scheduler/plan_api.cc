@@ -644,12 +644,22 @@ std::string NaiveRuleRefusal(const Graph& g) {
 absl::StatusOr<int64_t> FirstValueWithAModel(const ModelSpec& spec, const std::string& vary,
                                              int64_t start, int64_t max_value,
                                              const CostModel& cost) {
+  return FirstValueBuilt(
+      [&](int64_t value) {
+        ModelSpec model = spec;
+        model.params[vary] = absl::StrCat(value);
+        return BuildModel(model, cost);
+      },
+      start, max_value);
+}
+
+absl::StatusOr<int64_t> FirstValueBuilt(
+    const std::function<absl::StatusOr<Graph>(int64_t value)>& build, int64_t start,
+    int64_t max_value) {
   absl::Status first_refusal;
   for (int64_t v = start; v - start <= kFitSkippedValues && (max_value <= 0 || v <= max_value);
        ++v) {
-    ModelSpec model = spec;
-    model.params[vary] = absl::StrCat(v);
-    const absl::StatusOr<Graph> built = BuildModel(model, cost);
+    const absl::StatusOr<Graph> built = build(v);
     if (built.ok()) return v;
     if (first_refusal.ok()) first_refusal = built.status();
   }
@@ -705,18 +715,21 @@ absl::StatusOr<FitResult> Fit(const FitRequest& request) {
   const FitClock clock(request.time_limit_s);
   // The model as built: cheap (no tensors), so the naive rule and the
   // bound need no preparation.
-  auto build = [&](int64_t value) {
+  auto as_built = [&](int64_t value) -> absl::StatusOr<Graph> {
+    if (request.build_model) return request.build_model(value);
     ModelSpec s = request.model;
     s.params[request.vary] = absl::StrCat(value);
-    absl::StatusOr<Graph> built = BuildModel(s, request.cost);
+    return BuildModel(s, request.cost);
+  };
+  auto build = [&](int64_t value) {
+    absl::StatusOr<Graph> built = as_built(value);
     if (!built.ok() || !request.transform_model) return built;
     return request.transform_model(*built);
   };
   // The first model from start on (a value may make none: the searches
   // pass over it), for the naive rule's refusal.
   ASSIGN_OR_RETURN(const int64_t first_value,
-                   FirstValueWithAModel(request.model, request.vary, request.start,
-                                        request.max_value, request.cost));
+                   FirstValueBuilt(as_built, request.start, request.max_value));
   ASSIGN_OR_RETURN(const Graph first, build(first_value));
   ASSIGN_OR_RETURN(std::vector<std::string> policies,
                    PolicyList(request.policies, [&first](const std::string& name) {

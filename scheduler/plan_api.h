@@ -206,6 +206,11 @@ absl::string_view FitOutcomeName(FitTry::Outcome outcome);  // "fits", ...
 struct FitRequest {
   ModelSpec model;  // a zoo model
   std::string vary;  // the parameter searched ("n", "batch", ...)
+  // Where set, builds the model at each value instead of the zoo's `model`
+  // (an ONNX model imported at each batch size: pebble fit --onnx); `vary`
+  // then only names the value. Called from the planning threads (jobs): it
+  // must be thread-safe.
+  std::function<absl::StatusOr<Graph>(int64_t value)> build_model;
   int64_t budget_bytes = 0;
   // Empty: every registered policy but the exact searches (exact,
   // exact-order, checkmate), whose cost explodes with the graph, and, where
@@ -291,6 +296,10 @@ inline constexpr int64_t kFitSkippedValues = 64;
 absl::StatusOr<int64_t> FirstValueWithAModel(const ModelSpec& spec, const std::string& vary,
                                              int64_t start, int64_t max_value,
                                              const CostModel& cost);
+// The same, of the models `build` makes at each value (FitRequest::build_model).
+absl::StatusOr<int64_t> FirstValueBuilt(
+    const std::function<absl::StatusOr<Graph>(int64_t value)>& build, int64_t start,
+    int64_t max_value);
 
 // The rows of `fit --json` ("results"), without measurements.
 nlohmann::json FitRowJson(const FitRow& row);

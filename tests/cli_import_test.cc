@@ -4,6 +4,7 @@
 #include <fstream>
 #include <string>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
@@ -168,6 +169,48 @@ TEST(CliImportTest, BadModelsGiveOneLineErrors) {
   // Bad options are command-line errors (exit 2).
   EXPECT_EQ(Pebble("import " + symbolic.string() + " --batch 0 --output -").exit_code, 2);
   EXPECT_EQ(Pebble("import " + symbolic.string() + " --loss hinge --output -").exit_code, 2);
+}
+
+// fit --onnx: the largest batch whose training step fits, the model imported
+// at each batch; pebble import --batch at that batch plans within the
+// budget, at the next batch it does not.
+TEST(CliImportTest, FitFindsTheLargestBatchOfAnOnnxModel) {
+  const fs::path dir = Scratch("fit");
+  const fs::path model = EditedModel(dir, [](onnx::ModelProto& m) {
+    m.mutable_graph()->mutable_input(0)->mutable_type()->mutable_tensor_type()
+        ->mutable_shape()->mutable_dim(0)->set_dim_param("batch");
+  });
+  const std::string budget = "3MiB";
+  Result r = Pebble("fit --onnx " + model.string() + " --budget " + budget +
+                    " --policies baseline,rotor --json");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const Json doc = Json::parse(r.out);
+  EXPECT_EQ(doc["model"], model.string());
+  EXPECT_EQ(doc["vary"], "batch");
+  ASSERT_EQ(doc["results"].size(), 2u);
+  for (const Json& row : doc["results"]) {
+    SCOPED_TRACE(row.dump());
+    ASSERT_TRUE(row["value"].is_number_integer());
+    const int64_t batch = row["value"].get<int64_t>();
+    for (const int64_t b : {batch, batch + 1}) {
+      const std::string g = (dir / absl::StrCat("g", b, ".json")).string();
+      fs::remove(g);
+      ASSERT_EQ(Pebble("import " + model.string() + " --batch " + std::to_string(b) +
+                       " --output " + g).exit_code, 0);
+      EXPECT_EQ(Pebble("plan --graph " + g + " --policy " + row["policy"].get<std::string>() +
+                       " --budget " + budget).exit_code,
+                b == batch ? 0 : 1)
+          << "batch " << b;
+    }
+  }
+  // The batch is what --onnx searches; --loss and --optimizer go with it.
+  ExpectOneLineError(Pebble("fit --onnx " + model.string() + " --vary n --budget 1MiB"), 2,
+                     {"--vary batch, not 'n'"});
+  ExpectOneLineError(Pebble("fit --model conv3d --vary n --optimizer adam --budget 1MiB"), 2,
+                     {"--optimizer goes with --onnx"});
+  ExpectOneLineError(Pebble("fit --budget 1MiB"), 2, {"--model", "--onnx"});
+  ExpectOneLineError(Pebble("fit --onnx " + (dir / "missing.onnx").string() + " --budget 1MiB"),
+                     1, {"missing.onnx"});
 }
 
 }  // namespace
