@@ -454,7 +454,9 @@ void AddFitCommand(CLI::App& app, int& exit_code) {
       "  e.g. pebble fit --model conv3d --vary n --budget 2GiB\n"
       "       pebble fit --model conv3d --vary n --budget 128MiB --policies "
       "baseline,rotor --verify\n"
-      "       pebble fit --onnx resnet18.onnx --budget 8GiB   # the largest batch");
+      "       /usr/bin/python3 examples/onnx/export.py onnx-out resnet18 --batch 2 --image 64\n"
+      "       pebble fit --onnx onnx-out/resnet18.onnx --budget 1GiB --policies "
+      "baseline,rotor   # the largest batch");
   auto* model =
       fit->add_option("--model,-m", flags.model,
                       "built-in model with fixed parameters, e.g. conv3d:batch=1 (or --onnx)")

@@ -37,8 +37,8 @@ with PyTorch), PYTHONPATH is BUILD/python and HOME is a folder of the scratch
 directory. So files that a line writes are there for the next lines, and
 nothing a line writes outside the linked folders survives the run.
 
-A line that reads a file (--graph, --schedule, --profile, --inputs, `pebble
-import F`) that does not exist when its turn comes fails unrun
+A line that reads a file (--graph, --schedule, --profile, --inputs, --onnx,
+`pebble import F`) that does not exist when its turn comes fails unrun
 ("placeholder: F is made by no earlier line"), unless it is marked to fail.
 A line that would build, install or run the test suite (scripts/setup,
 scripts/build, ctest, cmake, ...) fails unrun: its block needs the skip
@@ -67,7 +67,7 @@ EXIT_RE = re.compile(r"\bexit\s+(\d+)\b")
 QUOTED_RE = re.compile(r"(?<![\w.])\d+(?:\.\d+)?%")
 GPU_RE = re.compile(r"^GPU\b|\bneeds a GPU\b|\bGPU only\b", re.IGNORECASE)
 # Options whose value is a file or folder the command reads.
-READ_OPTIONS = ("--graph", "--schedule", "--profile", "--inputs")
+READ_OPTIONS = ("--graph", "--schedule", "--profile", "--inputs", "--onnx")
 # Commands that build, install, reconfigure build/ or run this suite (ctest
 # inside ctest never ends): never run from here, whatever the block says.
 REFUSED_RE = re.compile(
