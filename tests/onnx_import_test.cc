@@ -613,6 +613,50 @@ TEST(OnnxImportTest, ATrainingGraphWithoutParametersIsRefused) {
   EXPECT_TRUE(Import(m.Bytes(), LossKind::kNone).ok());  // (its forward graph)
 }
 
+// LayerNormalization without a bias (ONNX's optional input) and without a
+// scale (an empty name: PyTorch 1.13's export of
+// nn.LayerNorm(elementwise_affine=False)) normalizes with a zero bias and a
+// scale of ones, made by the step, not parameters (the scale-less one read
+// past its inputs, a Value that was none).
+TEST(OnnxImportTest, LayerNormWithoutScaleOrBias) {
+  for (const std::vector<std::string>& affine :
+       {std::vector<std::string>{"", ""}, std::vector<std::string>{"ln.weight"}}) {
+    SCOPED_TRACE(affine.front().empty() ? "no scale" : "no bias");
+    ModelMaker m(17);
+    m.Input("input", {2, 3, 6});
+    m.Initializer("ln.weight", {6});
+    m.Initializer("fc.weight", {5, 6});
+    std::vector<std::string> inputs = {"input"};
+    inputs.insert(inputs.end(), affine.begin(), affine.end());
+    m.Node("LayerNormalization", "/ln/LayerNormalization", inputs, {"n"});
+    m.Node("ReduceMean", "/ReduceMean", {"n"}, {"p"});
+    ModelMaker::IntsAttr(m.graph()->mutable_node(1), "axes", {1});
+    ModelMaker::IntAttr(m.graph()->mutable_node(1), "keepdims", 0);
+    auto* fc = m.Node("Gemm", "/fc/Gemm", {"p", "fc.weight"}, {"logits"});
+    ModelMaker::IntAttr(fc, "transB", 1);
+    m.Output("logits");
+    auto g = Import(m.Bytes());
+    ASSERT_TRUE(g.ok()) << g.status();
+    const NodeId ln = g->Find("ln");
+    ASSERT_NE(ln, kNoNode);
+    ASSERT_EQ(g->inputs(ln).size(), 4u);
+    const NodeId scale = g->inputs(ln)[2], bias = g->inputs(ln)[3];
+    EXPECT_EQ(g->op(bias), "fill");
+    EXPECT_EQ(g->attrs(bias)["value"], 0.0);
+    EXPECT_EQ(*g->shape(bias), (Shape{6}));
+    if (affine.front().empty()) {
+      EXPECT_EQ(g->op(scale), "fill");
+      EXPECT_EQ(g->attrs(scale)["value"], 1.0);
+      EXPECT_EQ(*g->shape(scale), (Shape{6}));
+      EXPECT_EQ(g->Find("grad:ln.weight"), kNoNode);
+    } else {
+      EXPECT_EQ(g->id(scale), "ln.weight");
+      EXPECT_NE(g->Find("grad:ln.weight"), kNoNode);
+    }
+    EXPECT_NE(g->Find("grad:fc.weight"), kNoNode);
+  }
+}
+
 TEST(OnnxImportTest, OpsetOutsideTheSupportedRangeIsRefused) {
   for (int opset : {9, 18}) {
     auto g = Import(TinyModel(opset));

@@ -285,13 +285,32 @@ absl::Status MatMul(ImportContext& cx, const onnx::NodeProto& node) {
 }
 
 // LayerNormalization (opset 17) over the last dim: layernorm_stats, then
-// layernorm with the scale and bias.
+// layernorm with the scale and bias. Without a bias (ONNX's optional third
+// input), a zero one; without a scale (an empty name: PyTorch 1.13's export
+// of nn.LayerNorm(elementwise_affine=False)), a scale of ones.
 absl::Status LayerNormalization(ImportContext& cx, const onnx::NodeProto& node) {
-  RETURN_IF_ERROR(cx.ExpectInputs(node, 3, 3));
+  RETURN_IF_ERROR(cx.ExpectInputs(node, 2, 3));
   const Attrs attrs(node);
   RETURN_IF_ERROR(attrs.OnlyKnown({"axis", "epsilon", "stash_type"}));
-  ASSIGN_OR_RETURN(std::vector<Value> in, cx.Inputs(node));
+  if (node.input(0).empty()) return NodeError(node, "has no input X");
+  std::vector<Value> in(3);
+  ASSIGN_OR_RETURN(in[0], cx.Get(node, node.input(0)));
   const auto rank = static_cast<int64_t>(cx.nb().type(in[0]).shape.size());
+  const std::vector<int64_t> last = {rank > 0 ? cx.nb().type(in[0]).shape.back() : 1};
+  for (int i : {1, 2}) {
+    if (i < node.input_size() && !node.input(i).empty()) {
+      ASSIGN_OR_RETURN(in[i], cx.Get(node, node.input(i)));
+    } else if (i == 2) {
+      ASSIGN_OR_RETURN(in[i], cx.Zeros(node, last, in[0], "bias"));
+    } else {
+      ASSIGN_OR_RETURN(
+          in[i], cx.Aux(node, "fill", {},
+                        {{"shape", last},
+                         {"dtype", std::string(DTypeName(cx.nb().type(in[0]).dtype))},
+                         {"value", 1.0}},
+                        "scale"));
+    }
+  }
   ASSIGN_OR_RETURN(const int64_t axis, attrs.Int("axis", -1));
   ASSIGN_OR_RETURN(const int64_t dim, OnnxAxis(node, absl::StrCat("axis ", axis), axis, rank));
   if (dim != rank - 1) {

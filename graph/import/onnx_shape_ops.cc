@@ -415,7 +415,9 @@ absl::Status Split(ImportContext& cx, const onnx::NodeProto& node) {
   if (static_cast<int>(sizes.size()) != parts || total != shape[axis]) {
     return NodeError(
         node, absl::StrCat("cannot split dim ", axis, " of ", ShapeToString(shape), " into ", parts,
-                           " parts [", absl::StrJoin(sizes, ","), "]"));
+                           sizes.empty() ? " equal parts"
+                                         : absl::StrCat(" parts [", absl::StrJoin(sizes, ","),
+                                                        "]")));
   }
   const std::string id = cx.NodeIdFor(node);
   int64_t begin = 0;

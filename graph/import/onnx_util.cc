@@ -38,9 +38,17 @@ absl::StatusOr<DType> DTypeOfOnnx(int elem_type) {
     case onnx::TensorProto::BFLOAT16: return DType::kBFloat16;
     case onnx::TensorProto::INT64: return DType::kInt64;
     case onnx::TensorProto::UINT8: return DType::kUInt8;
-    default:
-      return absl::InvalidArgumentError(
-          absl::StrCat("ONNX element type ", elem_type, " has no pebble dtype"));
+    default: {
+      // (the enum's name: DOUBLE, not "11"; pebble computes in the types above)
+      const std::string name =
+          onnx::TensorProto::DataType_IsValid(elem_type)
+              ? onnx::TensorProto::DataType_Name(
+                    static_cast<onnx::TensorProto::DataType>(elem_type))
+              : absl::StrCat(elem_type);
+      return absl::InvalidArgumentError(absl::StrCat(
+          "ONNX element type ", name, " has no pebble dtype (pebble takes float, float16, "
+          "bfloat16, int64 and uint8: export the model in float32)"));
+    }
   }
 }
 
