@@ -766,9 +766,20 @@ class PiecesWritten(torch.nn.Module):
         self.way = way
         self.fc = torch.nn.Linear(6, 12)
         self.out = torch.nn.Linear(3, 2)
+        self.register_buffer("stats", torch.ones(8))
 
     def forward(self, x):
         g = self.fc(x)
+        if self.way.startswith("buffer"):
+            with torch.no_grad():
+                p, q = getattr(self.stats, "unsafe_chunk" if "unsafe" in self.way else
+                               "chunk")(2)
+                p.add_(1)
+                q.mul_(3)
+        if self.way == "rows":  # (a piece of the last row written, the others read)
+            rows = g.unbind(0)
+            rows[-1].unsafe_chunk(3, 0)[2].mul_(2)
+            return self.out(torch.stack(rows[:-1] + rows[:1])[:, :3])
         if self.way == "split tensor written":
             g.add_(1)
         a, b, c, d = g.unsafe_chunk(4, 1)
@@ -779,6 +790,10 @@ class PiecesWritten(torch.nn.Module):
         a.sigmoid_()
         b.add_(1).sigmoid_()
         c.tanh_()
+        if self.way == "part of a piece written":
+            d[1] = 0.5
+        if self.way == "view never read":
+            g[0]  # noqa: B018 (a view of the split tensor that nothing reads)
         h = a * c + b * d  # (d: a piece not written, read after the others are)
         if self.way == "split tensor read":
             h = h + g[:, :3]
@@ -795,8 +810,10 @@ def check_pieces_written(failures, device):
     tensor read whole, pieces of two splits) is refused naming both lines."""
     from pebble.torch import _capture
 
-    ways = {"gates": 1, "split tensor written": 1, "view made before": 2,
-            "split tensor read": None, "pieces of two splits": None}
+    ways = {"gates": 1, "split tensor written": 1, "view made before": 2, "view never read": 1,
+            "rows": 2, "buffer pieces written": 2, "split tensor read": None,
+            "pieces of two splits": None, "part of a piece written": None,
+            "buffer unsafe pieces written": None}
     for way, passes in ways.items():
         torch.manual_seed(SEED)
         case = step_models.Case(PiecesWritten(way).to(device), torch.randn(5, 6, device=device),
@@ -809,8 +826,8 @@ def check_pieces_written(failures, device):
                                  policy="dtr", budget="min")
         except pt.CaptureError as e:
             failures.check(passes is None, f"pieces written, {way}: refused: {e}")
-            failures.check("unsafe_split" in str(e) and str(e).count("step_check.py:") == 2,
-                           f"pieces written, {way}: the refusal names no lines: {e}")
+            failures.check("unsafe_split" in str(e) and str(e).count("step_check.py:") >= 1,
+                           f"pieces written, {way}: the refusal names no line: {e}")
             continue
         failures.check(passes is not None, f"pieces written, {way}: taken, not refused")
         failures.check(traced.passes == passes,
@@ -819,6 +836,40 @@ def check_pieces_written(failures, device):
         compare(failures, f"pieces written, {way}", planned_step(case, step, model, initial),
                 want, bitwise=False)
     print(f"pieces written: {len(ways)} ways as eager or refused", flush=True)
+    check_functionalize_fails(failures, device)
+
+
+class PartOfAnOutputWritten(torch.nn.Module):
+    """y[:, 0] = 1.0 into a linear layer's output, under a summed loss:
+    PyTorch 1.13's functionalize fails on the backward of that write."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(4, 3)
+
+    def forward(self, x):
+        y = self.fc(x)
+        y[:, 0] = 1.0
+        return y
+
+
+def check_functionalize_fails(failures, device):
+    """A step whose first trace functionalize cannot follow is refused as
+    functionalize's failure, with what to write instead (it was said as
+    make_fx's), or, where this PyTorch follows it, trains as eager."""
+    torch.manual_seed(SEED)
+    case = step_models.Case(PartOfAnOutputWritten().to(device), torch.randn(2, 4, device=device),
+                            torch.zeros((), device=device), lambda out, t: out.sum() + t)
+    initial = copy.deepcopy(case.model.state_dict())
+    try:
+        step = pt.train_step(case.model, case.loss_fn, *case.inputs, case.target)
+    except pt.CaptureError as e:
+        failures.check("PyTorch's functionalize" in str(e) and "out of place" in str(e),
+                       f"functionalize's failure: {e}")
+        return
+    want = eager_step(case, copy.deepcopy(case.model))
+    compare(failures, "part of an output written",
+            planned_step(case, step, case.model, initial), want, bitwise=False)
 
 
 def check_fx_names_counted(failures):

@@ -2013,9 +2013,22 @@ def _traced_functional(step, mode, flat, fake_mode, slots, one_pass, stack):
                 return gm, values, 1
             # (not simple: nothing was rewritten, so functionalize traces
             # the first trace itself; an LSTM's writes are such)
-    gm = _make_fx(functionalize(first), mode, flat, fake_mode)
+    try:
+        gm = _make_fx(functionalize(first), mode, flat, fake_mode)
+    except Exception as e:  # noqa: BLE001 (said as functionalize's: _refuse_untraced)
+        raise _FunctionalizeFailed(e) from e
     _mark_value_shaped_lines(gm, user_lines)
     return gm, (traced_values(gm) if mode == "fake" else None), 2
+
+
+class _FunctionalizeFailed(Exception):
+    """PyTorch's functionalize failed over a first trace that make_fx made:
+    its error (`cause`) is PyTorch's, on no line of the user's (the pass
+    runs the traced graph)."""
+
+    def __init__(self, cause):
+        super().__init__(f"{type(cause).__name__}: {_first_line(cause)}")
+        self.cause = cause
 
 
 def _values_read_error(where, e, hint=""):
@@ -2094,6 +2107,14 @@ def _refuse_untraced(model, loss_fn, slots, flat, device, failure, sharded):
             "tensor that the backward needs, as `y = h.relu_(); y += 1` writes relu's output. "
             "Write that operation out of place (`y = y + 1`). PyTorch said: "
             f"{type(e).__name__}: {_first_line(e)}") from e
+    if isinstance(e, _FunctionalizeFailed):
+        refusal = CaptureError(
+            f"{where} was traced, but PyTorch's functionalize, which makes its in-place writes "
+            f"functional for the plan, fails on it: {e}. A write into part of a tensor that "
+            "the backward reads (y[:, 0] = 1.0, x[mask] = 0) is the usual cause: write it out "
+            "of place (torch.cat of the parts, torch.where(mask, 0.0, x))")
+        refusal.untraced = True
+        raise refusal from e.cause
     refusal = CaptureError(f"{where} cannot be traced by PyTorch (make_fx): "
                            f"{type(e).__name__}: {_first_line(e)}{_user_line(e)}"
                            f"{_trace_hint(e, model, where)}")
@@ -2849,10 +2870,16 @@ def _functional_variant(target):
 # piece for a tensor of its own. Where a write through one tensor of a
 # storage meets a read, after it, of another that existed before it and is
 # not the same tensor to them (the split tensor read whole after a piece was
-# written, a piece read after the whole was written, pieces of two splits),
-# the plan would compute other numbers than eager; pebble.torch refuses the
-# step. Distinct pieces of one split cannot overlap: writes and reads among
-# them are followed.
+# written, a piece read after the whole was written, pieces of two splits
+# that overlap, a buffer or an input written through such a piece: its value
+# after the step is the caller's), the plan would compute other numbers than
+# eager; pebble.torch refuses the step. Tensors that lie in distinct pieces of
+# one split cannot overlap (a row of an unbind and a piece of another row):
+# writes and reads among them are followed, and so are reads that nothing
+# needs. A write into a part of such a piece (b[1] = 0.5) is refused too:
+# autograd's backward of a partial write reads where the part lies in its
+# storage, which functionalize gives the piece anew, and its gradients were
+# not eager's.
 _UNANNOTATED_ALIASES = frozenset({"unsafe_split", "unsafe_split_with_sizes", "unsafe_chunk",
                                   "_unsafe_view"})
 
@@ -2874,60 +2901,106 @@ def _alias_step(n):
 
 
 def _write_functionalize_misses(nodes):
-    """(an in-place call, a tensor it writes that a later read takes as
-    unwritten) of a first trace, or None (Note [Writes that functionalize
-    misses]). A tensor is named by its root: the tensor that functionalize
-    takes its views and writes to be of."""
+    """(an in-place call, the tensor a later read of which takes it as
+    unwritten, or that it writes a part of, and which of the two) of a first
+    trace, or None (Note [Writes that functionalize misses]). A tensor's
+    root is the tensor that functionalize takes its views and writes to be
+    of; its path, the pieces of splits it lies in, from its storage's first
+    tensor on: two tensors whose paths part at one split with other indices
+    cannot overlap. Reads count where the output or a write needs them (a
+    view made and never read is none); a placeholder's own value counts as
+    read at the end (an input or buffer written is the caller's)."""
     position = {n: k for k, n in enumerate(nodes)}
-    root, storage = {}, {}
+    root, storage, path = {}, {}, {}
+    whole = {}  # node -> whether it is all of its root (the root, or a write through it)
     for n in nodes:
         step = _alias_step(n)
         if step is None:
-            root[n] = storage[n] = n
+            root[n], storage[n], path[n], whole[n] = n, n, (), True
             continue
         base, annotated = step
         storage[n] = storage.get(base, base)
         root[n] = root.get(base, base) if annotated else n
-    roots_of = {}  # storage -> the roots in it
-    last_read = {}  # root -> the last position at which a tensor of it is read
+        whole[n] = not annotated or (whole.get(base, True) and _writes_self(n))
+        piece = _split_of(n)
+        path[n] = path.get(base, ()) + (((piece, n.args[1]),) if piece is not None else ())
+    writes = [w for w in nodes if _writes_self(w) and w.args and
+              isinstance(w.args[0], torch.fx.Node) and w.args[0] in storage]
+    # (a write changes what later reads of its storage see: each counts)
+    live = _needed(nodes, writes)
+    in_storage = {}
     for n in nodes:
-        roots_of.setdefault(storage[n], set()).add(root[n])
-        if n.users:
-            last_read[root[n]] = max(last_read.get(root[n], -1),
-                                     max(position[u] for u in n.users))
-    for w in nodes:
-        if not _writes_self(w) or not w.args or not isinstance(w.args[0], torch.fx.Node):
-            continue
-        written = root[w.args[0]]
-        for other in roots_of[storage[w.args[0]]]:
-            if other is not written and position[other] < position[w] and \
-                    last_read.get(other, -1) > position[w] and \
-                    not _distinct_pieces(other, written):
-                return w, other
+        in_storage.setdefault(storage[n], []).append(n)
+    end = len(nodes)
+    for w in writes:
+        x = w.args[0]
+        if not whole[x] and root[x].op == "call_function" and \
+                root[x].target is operator.getitem and _unannotated(root[x].args[0]):
+            return w, root[x], "part"
+        tensors = in_storage[storage[x]]
+        if len({root[n] for n in tensors}) == 1:
+            continue  # (views and writes functionalize follows)
+        for n in tensors:
+            if root[n] is root[x] or position[n] >= position[w] or \
+                    _disjoint(path[n], path[x]):
+                continue
+            last = end if n.op == "placeholder" else \
+                max((position[u] for u in n.users if u in live), default=-1)
+            if last > position[w]:
+                return w, n, "read"
     return None
 
 
-def _distinct_pieces(a, b):
-    """Whether fx nodes `a` and `b` are distinct pieces of one split (they
-    cannot overlap)."""
-    return all(n.op == "call_function" and n.target is operator.getitem for n in (a, b)) and \
-        a.args[0] is b.args[0] and a.args[1] != b.args[1]
+def _unannotated(call):
+    """Whether fx call `call` makes aliases its schema does not declare."""
+    return call.op == "call_function" and op_name(call.target) in _UNANNOTATED_ALIASES
+
+
+def _disjoint(path_a, path_b):
+    """Whether tensors of these split paths cannot overlap: they part at one
+    split, as distinct pieces of it."""
+    for a, b in zip(path_a, path_b):
+        if a != b:
+            return a[0] is b[0] and a[1] != b[1]
+    return False  # (one lies in the other)
+
+
+def _needed(nodes, roots):
+    """The nodes that the output or one of `roots` reads, through their
+    inputs, them included."""
+    needed = set()
+    stack = [n for n in nodes if n.op == "output"] + list(roots)
+    while stack:
+        n = stack.pop()
+        if n not in needed:
+            needed.add(n)
+            stack.extend(n.all_input_nodes)
+    return needed
 
 
 def _refuse_writes_functionalize_misses(gm):
     """Raises a CaptureError naming the lines where the first trace `gm`
-    writes a tensor in place that a later read takes as unwritten (Note
-    [Writes that functionalize misses])."""
+    writes a tensor in place that a later read takes as unwritten, or writes
+    a part of an unsafe split's piece (Note [Writes that functionalize
+    misses])."""
     found = _write_functionalize_misses(list(gm.graph.nodes))
     if found is None:
         return
-    write, other = found
+    write, other, how = found
     outer = {(f.filename, f.lineno) for f in traceback.extract_stack()}
     libraries = _library_directories()
     lines = [_traced_user_line(n, outer, libraries) for n in (write, other)]
     made = f"a piece of {op_name(other.args[0].target)}" \
         if other.op == "call_function" and other.target is operator.getitem \
+        else "the step's input or buffer" if other.op == "placeholder" \
         else f"a tensor made earlier by {op_name(other.target)}"
+    if how == "part":
+        raise CaptureError(
+            f"the step writes in place with {op_name(write.target)}{lines[0]} into a part of "
+            f"{made}{lines[1]}: such a piece does not tell PyTorch's tracing where it lies in "
+            "the tensor it was split from, which autograd's backward of a partial write "
+            "reads, so the plan's gradients would not be eager's. Use torch.split or chunk "
+            "(views that autograd checks), or clone the piece before writing it")
     raise CaptureError(
         f"the step writes in place with {op_name(write.target)}{lines[0]} into memory that "
         f"{made}{lines[1]} shares, and reads that "
@@ -3044,9 +3117,15 @@ def _views_renewed(heads, chains, aliases, position):
             return None
         if position[n] > position[chain[-1]]:
             renewed.append(n)
-        elif any(position[user] >= position[chain[1]] for user in n.users):
+        elif any(position[user] >= position[chain[1]] for user in n.users if _may_read(user)):
             return None
     return renewed
+
+
+def _may_read(user):
+    """Whether fx node `user` may read its input's values for the step: not
+    a call whose result nothing takes (a view made and left unused)."""
+    return bool(user.users) or user.op != "call_function" or _writes_self(user)
 
 
 # Pieces of one tensor that cannot overlap: the outputs of one call of these.
@@ -3074,6 +3153,8 @@ def _pieces_renewed(heads, chains, aliases, position):
     made anew, and with a base, the pieces, their siblings and the base's
     other later views too."""
     base = None if _split_of(heads[0]) else chains[heads[0]]
+    if any(n.op == "placeholder" for n in aliases + (base or [])):
+        return None  # (an input or buffer written: its copy back is functionalize's)
     pieces = heads if base is None else heads[1:]
     split = _split_of(pieces[0])
     if split is None or any(_split_of(p) is not split for p in pieces) or \
@@ -3094,7 +3175,7 @@ def _pieces_renewed(heads, chains, aliases, position):
         elif base is not None and n not in base and position[n] < position[base[-1]]:
             return None  # made before the base's last write: _views_renewed's rule
         elif any(position[user] >= first_write for user in n.users
-                 if user not in (base or [])):
+                 if user not in (base or []) and _may_read(user)):
             return None  # read after a piece is written
         elif n.op == "call_function" and n not in (base or []):
             renewed.append(n)
