@@ -872,6 +872,62 @@ def check_functionalize_fails(failures, device):
             planned_step(case, step, case.model, initial), want, bitwise=False)
 
 
+def check_largest_batch(failures, device):
+    """pt.largest_batch: the batch it gives plans within the budget and the
+    next does not (bounded by its max_batch otherwise); eager's batch is the
+    largest whose unplanned step fits; the allocator's measured step at the
+    answer is within 5% of the prediction; the module is as it was; a
+    percentage budget is refused."""
+    torch.manual_seed(SEED)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 256), torch.nn.Tanh(),
+                                torch.nn.Linear(256, 256), torch.nn.Tanh(),
+                                torch.nn.Linear(256, 4)).to(device)
+    before = copy.deepcopy(model.state_dict())
+
+    def make_batch(n):
+        return torch.randn(n, 32, device=device), torch.randint(0, 4, (n,), device=device)
+
+    loss_fn = torch.nn.functional.cross_entropy
+    budget = "1MiB"
+    found = pt.largest_batch(model, loss_fn, make_batch, budget, policy="dtr", max_batch=4096)
+    batch, eager = found["batch"], found["eager_batch"]
+    failures.check(batch is not None and eager is not None and eager < batch,
+                   f"largest batch: dtr {batch}, eager {eager} (dtr should fit more)")
+    if batch is None or eager is None:
+        return
+
+    def plans(n):
+        try:
+            step = pt.train_step(model, loss_fn, *make_batch(n), policy="dtr", budget=budget,
+                                 measure="never")
+        except pt.PlanError:
+            return None
+        return step.report
+    failures.check(plans(batch) is not None, f"largest batch {batch} does not plan again")
+    failures.check(found["bounded_by_max"] or plans(batch + 1) is None,
+                   f"largest batch: {batch + 1} plans too")
+    at_eager, above_eager = plans(eager), plans(eager + 1)
+    failures.check(at_eager is not None and
+                   at_eager["baseline_peak_bytes"] <= found["budget_bytes"] and
+                   above_eager is not None and
+                   above_eager["baseline_peak_bytes"] > found["budget_bytes"],
+                   f"eager's largest batch {eager}: its unplanned step or the next's does not "
+                   "bound the budget")
+    measured, predicted = found["measured_step_peak_bytes"], found["predicted_step_peak_bytes"]
+    failures.check(measured is not None and abs(measured - predicted) <= 0.05 * predicted,
+                   f"largest batch: measured {measured} B, predicted {predicted} B")
+    failures.check(all(torch.equal(before[k], v) for k, v in model.state_dict().items()) and
+                   all(p.grad is None for p in model.parameters()),
+                   "largest_batch changed the module")
+    try:
+        pt.largest_batch(model, loss_fn, make_batch, "70%")
+        failures.check(False, "largest_batch took a percentage budget")
+    except ValueError as e:
+        failures.check("budget in bytes" in str(e), f"a percentage budget: {e}")
+    print(f"largest batch in {budget}: dtr {batch}, eager {eager} ({len(found['tried'])} tried)",
+          flush=True)
+
+
 def check_fx_names_counted(failures):
     """Note [fx names in linear time]: while a trace runs, fx names nodes as
     it does without the patch (many getitems, names with numbers of their
@@ -3756,6 +3812,7 @@ def main():
     check_savings(failures, device, [n for n in args.savings.split(",") if n])
     if not args.no_extras:
         check_one_pass_capture(failures, device)
+        check_largest_batch(failures, device)
         check_calibration_under_plan(failures, device)
         check_other_shapes(failures, device)
         check_other_layouts(failures, device)

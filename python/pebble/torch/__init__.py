@@ -48,13 +48,14 @@ from ._distributed import (GradientAverage, StepCollectives, agreed, any_rank,
 from ._executor import (COMPUTE, FREE, REDUCE, CapturedValueMismatch, PlanExecutionError,
                         Program, draws_in_eager_order, generator_state_bytes,
                         kept_siblings, statistics_read_out_of_order, statistics_remade)
+from ._fit import largest_batch
 from ._graph import StepGraph
 from ._memory import AllocatorPeak, TensorMemory, allocated_where_profiled, measure, tensor_bytes
 from ._optimizer import OptimizerError, Updates, check_choices, state_dict_on_cpu
 from ._sharding import ShardedRunner, Shards, calibrate_sharded, holds_whole_state, on_meta
 
 __all__ = ["CaptureError", "OptimizerError", "PlanError", "PlanExecutionError", "TensorMemory",
-           "TrainStep", "measure", "tensor_bytes", "train_step"]
+           "TrainStep", "largest_batch", "measure", "tensor_bytes", "train_step"]
 
 
 class PlanError(ValueError):

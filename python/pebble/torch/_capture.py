@@ -3021,9 +3021,9 @@ def _made_functional(gm, slots):
     that tensor's storage is the tensor and the calls that write it, but for
     views made after the last write (they then view the last result), or
     distinct pieces of one split written each in place, as an LSTM cell
-    writes its gates (_pieces_renewed). An in-place call without a functional variant (bernoulli_.float) stays
-    where it writes a fresh tensor nothing else reads, as functionalize
-    leaves it. Values are make_fx's, the variants' and the later views'
+    writes its gates (_pieces_renewed). An in-place call without a
+    functional variant (bernoulli_.float) stays where it writes a fresh
+    tensor nothing else reads, as functionalize leaves it. Values are make_fx's, the variants' and the later views'
     made anew on fake tensors."""
     values = traced_values(gm)
     if values is None:
