@@ -775,15 +775,6 @@ std::string UnknownOptionHint(const CLI::App* cmd) {
         std::find(spellings.begin(), spellings.end(), "--backend") != spellings.end()) {
       nearest = "--backend cpu";
     }
-    // fit varies a built-in model, whose own parameters take the optimizer.
-    const auto takes = [&](const char* name) {
-      return std::find(spellings.begin(), spellings.end(), name) != spellings.end();
-    };
-    if (nearest.empty() && flag == "--optimizer" && takes("--model") && takes("--vary")) {
-      return absl::StrCat("unknown option ", Quote(flag), " (fit varies a built-in model: give "
-                          "the optimizer among its parameters, e.g. --model "
-                          "transformer:layers=4,optimizer=adam)");
-    }
     return absl::StrCat("unknown option ", Quote(flag),
                         nearest.empty() ? std::string()
                                         : absl::StrCat(" (did you mean ", Quote(nearest), "?)"));

@@ -166,8 +166,8 @@ absl::StatusOr<FitRequest> RequestFromFlags(const FitFlags& f) {
   if (f.onnx.empty() && (f.loss != "cross-entropy" || !f.optimizer.empty())) {
     return UsageError(absl::StrCat(f.optimizer.empty() ? "--loss" : "--optimizer",
                                    " goes with --onnx: a built-in model takes its loss and "
-                                   "optimizer among its parameters (--model "
-                                   "transformer:optimizer=adam)"));
+                                   "optimizer among its parameters, e.g. --model "
+                                   "transformer:layers=4,optimizer=adam"));
   }
   if (!f.model.empty() && f.vary.empty()) {
     return UsageError("--vary: give the integer parameter of --model to search (n, batch, ...)");

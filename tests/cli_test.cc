@@ -436,11 +436,12 @@ TEST(CliTest, UnknownOptionsAndCommandsNameTheNearest) {
                      {"unknown option '--polcy' (did you mean '--policy'?)"});
   ExpectOneLineError(Pebble("compare --model conv3d:n=8 --budget 60%"), 2,
                      {"unknown option '--budget' (did you mean '--budgets'?)"});
-  // fit's model takes the optimizer among its parameters.
+  // fit's built-in model takes the optimizer among its parameters (--optimizer
+  // is --onnx's).
   ExpectOneLineError(
       Pebble("fit --model transformer --vary layers --budget 8GiB --optimizer adam"), 2,
-      {"unknown option '--optimizer' (fit varies a built-in model: give the optimizer among "
-       "its parameters, e.g. --model transformer:layers=4,optimizer=adam)"});
+      {"--optimizer goes with --onnx: a built-in model takes its loss and optimizer among its "
+       "parameters, e.g. --model transformer:layers=4,optimizer=adam"});
   Result far = Pebble("plan --model conv3d:n=8 --zzzzzzzz");
   ExpectOneLineError(far, 2, {"unknown option '--zzzzzzzz'"});
   EXPECT_THAT(far.err, Not(HasSubstr("did you mean")));

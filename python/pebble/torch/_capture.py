@@ -2108,11 +2108,14 @@ def _refuse_untraced(model, loss_fn, slots, flat, device, failure, sharded):
             "Write that operation out of place (`y = y + 1`). PyTorch said: "
             f"{type(e).__name__}: {_first_line(e)}") from e
     if isinstance(e, _FunctionalizeFailed):
+        # (a hint of the cause's own, as a complex tensor's, comes first)
+        hint = _trace_hint(e.cause, model, where) or (
+            ". A write into part of a tensor that the backward reads (y[:, 0] = 1.0, "
+            "x[mask] = 0) is the usual cause: write it out of place (torch.cat of the parts, "
+            "torch.where(mask, 0.0, x))")
         refusal = CaptureError(
             f"{where} was traced, but PyTorch's functionalize, which makes its in-place writes "
-            f"functional for the plan, fails on it: {e}. A write into part of a tensor that "
-            "the backward reads (y[:, 0] = 1.0, x[mask] = 0) is the usual cause: write it out "
-            "of place (torch.cat of the parts, torch.where(mask, 0.0, x))")
+            f"functional for the plan, fails on it: {e}{hint}")
         refusal.untraced = True
         raise refusal from e.cause
     refusal = CaptureError(f"{where} cannot be traced by PyTorch (make_fx): "
