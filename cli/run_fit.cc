@@ -10,6 +10,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <vector>
 
 #include "absl/algorithm/container.h"
 #include "absl/strings/str_cat.h"
@@ -147,12 +148,19 @@ absl::Status SetOnnxModel(const FitFlags& f, FitRequest& request) {
   };
   if (request.max_value == 0) request.max_value = kOnnxMaxBatch;
   // A model that imports at no batch from --start on is the file's fault.
-  const absl::Status first =
-      FirstValueBuilt(request.build_model, request.start, request.max_value).status();
+  const absl::StatusOr<int64_t> first =
+      FirstValueBuilt(request.build_model, request.start, request.max_value);
   if (!first.ok()) {
-    return absl::Status(first.code(), absl::StrCat(Quote(f.onnx), " at batch ", request.start,
-                                                   ": ", first.message()));
+    return absl::Status(first.status().code(),
+                        absl::StrCat(Quote(f.onnx), " at batch ", request.start, ": ",
+                                     first.status().message()));
   }
+  // What pebble import would note of the model (its first batch's import).
+  std::vector<std::string> notes;
+  OnnxImportOptions at_first = options;
+  at_first.batch = *first;
+  (void)ImportOnnxModel(*model, stem.empty() ? "model" : stem, at_first, &notes);
+  for (const std::string& note : notes) std::cerr << "pebble: note: " << note << "\n";
   return absl::OkStatus();
 }
 

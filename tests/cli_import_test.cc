@@ -203,6 +203,23 @@ TEST(CliImportTest, FitFindsTheLargestBatchOfAnOnnxModel) {
           << "batch " << b;
     }
   }
+  // What import notes of the model, fit notes too.
+  const fs::path folded = EditedModel(dir, [](onnx::ModelProto& m) {
+    m.mutable_graph()->mutable_input(0)->mutable_type()->mutable_tensor_type()
+        ->mutable_shape()->mutable_dim(0)->set_dim_param("batch");
+    for (auto& t : *m.mutable_graph()->mutable_initializer()) {
+      if (t.name() == "0.weight") t.set_name("onnx::Conv_7");
+    }
+    for (auto& n : *m.mutable_graph()->mutable_node()) {
+      for (auto& in : *n.mutable_input()) {
+        if (in == "0.weight") in = "onnx::Conv_7";
+      }
+    }
+  });
+  r = Pebble("fit --onnx " + folded.string() + " --budget " + budget +
+             " --policies baseline --quiet");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("pebble: note: 1 parameter is not the model's own"));
   // The batch is what --onnx searches; --loss and --optimizer go with it.
   ExpectOneLineError(Pebble("fit --onnx " + model.string() + " --vary n --budget 1MiB"), 2,
                      {"--vary batch, not 'n'"});
