@@ -136,30 +136,35 @@ absl::Status SetOnnxModel(const FitFlags& f, FitRequest& request) {
   OnnxImportOptions options;
   options.loss = loss;
   options.cost_model = request.cost;
-  request.build_model = [model, stem, options,
-                         optimizer](int64_t batch) -> absl::StatusOr<Graph> {
+  // The model at `batch`, as import --batch writes it, and what import would
+  // note of it where `notes` is given.
+  auto import_at = [model, name = stem.empty() ? std::string("model") : stem, options,
+                    optimizer](int64_t batch,
+                               std::vector<std::string>* notes) -> absl::StatusOr<Graph> {
     OnnxImportOptions at = options;
     at.batch = batch;
-    absl::StatusOr<Graph> graph = ImportOnnxModel(*model, stem.empty() ? "model" : stem, at);
+    absl::StatusOr<Graph> graph = ImportOnnxModel(*model, name, at, notes);
     if (graph.ok() && optimizer.has_value()) {
       graph = AppendOptimizerStep(*graph, *optimizer, at.cost_model);
     }
     return graph;  // (its error: the search's note says "bounded by batch=N: ...")
   };
+  request.build_model = [import_at](int64_t batch) { return import_at(batch, nullptr); };
   if (request.max_value == 0) request.max_value = kOnnxMaxBatch;
-  // A model that imports at no batch from --start on is the file's fault.
-  const absl::StatusOr<int64_t> first =
-      FirstValueBuilt(request.build_model, request.start, request.max_value);
+  // A model that imports at no batch from --start on is the file's fault;
+  // the first that imports tells the notes.
+  std::vector<std::string> notes;
+  const absl::StatusOr<int64_t> first = FirstValueBuilt(
+      [&](int64_t batch) {
+        notes.clear();
+        return import_at(batch, &notes);
+      },
+      request.start, request.max_value);
   if (!first.ok()) {
     return absl::Status(first.status().code(),
                         absl::StrCat(Quote(f.onnx), " at batch ", request.start, ": ",
                                      first.status().message()));
   }
-  // What pebble import would note of the model (its first batch's import).
-  std::vector<std::string> notes;
-  OnnxImportOptions at_first = options;
-  at_first.batch = *first;
-  (void)ImportOnnxModel(*model, stem.empty() ? "model" : stem, at_first, &notes);
   for (const std::string& note : notes) std::cerr << "pebble: note: " << note << "\n";
   return absl::OkStatus();
 }

@@ -255,10 +255,10 @@ absl::Status CheckShape(const NodeSpec& s) {
                                       " bytes"));
 }
 
-// The rules of one node's own fields (SPEC section 1), in the order Build
-// reports them; its id and its place among the others are Build's.
 absl::Status CheckCollectiveLink(const NodeSpec& s);
 
+// The rules of one node's own fields (SPEC section 1), in the order Build
+// reports them; its id and its place among the others are Build's.
 absl::Status CheckNodeSpec(const NodeSpec& s) {
   if (!s.bytes.has_value()) return NodeError(s.id, "missing 'bytes'");
   if (*s.bytes < 0) return NodeError(s.id, absl::StrCat("negative bytes (", *s.bytes, ")"));

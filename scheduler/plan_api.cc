@@ -641,16 +641,23 @@ std::string NaiveRuleRefusal(const Graph& g) {
 
 }  // namespace
 
+namespace {
+
+// The zoo model `spec` with its parameter `vary` at `value`.
+absl::StatusOr<Graph> ModelAt(const ModelSpec& spec, const std::string& vary, int64_t value,
+                              const CostModel& cost) {
+  ModelSpec model = spec;
+  model.params[vary] = absl::StrCat(value);
+  return BuildModel(model, cost);
+}
+
+}  // namespace
+
 absl::StatusOr<int64_t> FirstValueWithAModel(const ModelSpec& spec, const std::string& vary,
                                              int64_t start, int64_t max_value,
                                              const CostModel& cost) {
   return FirstValueBuilt(
-      [&](int64_t value) {
-        ModelSpec model = spec;
-        model.params[vary] = absl::StrCat(value);
-        return BuildModel(model, cost);
-      },
-      start, max_value);
+      [&](int64_t value) { return ModelAt(spec, vary, value, cost); }, start, max_value);
 }
 
 absl::StatusOr<int64_t> FirstValueBuilt(
@@ -716,10 +723,8 @@ absl::StatusOr<FitResult> Fit(const FitRequest& request) {
   // The model as built: cheap (no tensors), so the naive rule and the
   // bound need no preparation.
   auto as_built = [&](int64_t value) -> absl::StatusOr<Graph> {
-    if (request.build_model) return request.build_model(value);
-    ModelSpec s = request.model;
-    s.params[request.vary] = absl::StrCat(value);
-    return BuildModel(s, request.cost);
+    return request.build_model ? request.build_model(value)
+                               : ModelAt(request.model, request.vary, value, request.cost);
   };
   auto build = [&](int64_t value) {
     absl::StatusOr<Graph> built = as_built(value);

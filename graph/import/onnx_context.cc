@@ -272,12 +272,12 @@ absl::Status ImportContext::ApplyAs2d(const onnx::NodeProto& node, absl::string_
   return Apply(node, "reshape", {y}, {{"shape", back}});
 }
 
-absl::StatusOr<Value> ImportContext::Zeros(const onnx::NodeProto& node,
-                                           const std::vector<int64_t>& shape, Value like,
-                                           absl::string_view suffix) {
+absl::StatusOr<Value> ImportContext::Fill(const onnx::NodeProto& node,
+                                          const std::vector<int64_t>& shape, Value like,
+                                          double value, absl::string_view suffix) {
   return Aux(
       node, "fill", {},
-      {{"shape", shape}, {"dtype", std::string(DTypeName(nb_.type(like).dtype))}, {"value", 0.0}},
+      {{"shape", shape}, {"dtype", std::string(DTypeName(nb_.type(like).dtype))}, {"value", value}},
       suffix);
 }
 

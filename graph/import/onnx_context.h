@@ -129,10 +129,15 @@ class ImportContext {
   // (already 2-D), and its result is viewed back without that dim.
   absl::Status ApplyAs2d(const onnx::NodeProto& node, absl::string_view op, std::vector<Value> in,
                          size_t viewed, Json attrs);
-  // A zero `fill` of `shape` and `like`'s dtype: what Expand and a two-sided
-  // broadcast add a tensor to, to broadcast it.
+  // A `fill` of `value`, of `shape` and `like`'s dtype (a Aux of `node`).
+  absl::StatusOr<Value> Fill(const onnx::NodeProto& node, const std::vector<int64_t>& shape,
+                             Value like, double value, absl::string_view suffix);
+  // A zero Fill: what Expand and a two-sided broadcast add a tensor to, to
+  // broadcast it.
   absl::StatusOr<Value> Zeros(const onnx::NodeProto& node, const std::vector<int64_t>& shape,
-                              Value like, absl::string_view suffix);
+                              Value like, absl::string_view suffix) {
+    return Fill(node, shape, like, 0.0, suffix);
+  }
 
   // The id of the node computing `node`'s first output (docs/import.md).
   std::string NodeIdFor(const onnx::NodeProto& node) const;

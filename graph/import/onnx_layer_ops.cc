@@ -225,11 +225,8 @@ absl::Status ReduceMean(ImportContext& cx, const onnx::NodeProto& node) {
   if (Shape(rows.begin(), rows.end()) != cx.nb().type(v).shape) {
     ASSIGN_OR_RETURN(v, cx.Aux(node, "reshape", {v}, {{"shape", rows}}, "rows"));
   }
-  ASSIGN_OR_RETURN(Value row, cx.Aux(node, "fill", {},
-                                     {{"shape", {1, count}},
-                                      {"dtype", std::string(DTypeName(cx.nb().type(v).dtype))},
-                                      {"value", 1.0 / static_cast<double>(count)}},
-                                     "mean_row"));
+  ASSIGN_OR_RETURN(Value row,
+                   cx.Fill(node, {1, count}, v, 1.0 / static_cast<double>(count), "mean_row"));
   std::vector<int64_t> linear_shape = kept_dims;  // (kept..., 1)
   linear_shape.push_back(1);
   if (result == linear_shape) return cx.Apply(node, "linear", {v, row});
@@ -300,15 +297,9 @@ absl::Status LayerNormalization(ImportContext& cx, const onnx::NodeProto& node) 
   for (int i : {1, 2}) {
     if (i < node.input_size() && !node.input(i).empty()) {
       ASSIGN_OR_RETURN(in[i], cx.Get(node, node.input(i)));
-    } else if (i == 2) {
-      ASSIGN_OR_RETURN(in[i], cx.Zeros(node, last, in[0], "bias"));
     } else {
-      ASSIGN_OR_RETURN(
-          in[i], cx.Aux(node, "fill", {},
-                        {{"shape", last},
-                         {"dtype", std::string(DTypeName(cx.nb().type(in[0]).dtype))},
-                         {"value", 1.0}},
-                        "scale"));
+      ASSIGN_OR_RETURN(in[i], cx.Fill(node, last, in[0], i == 1 ? 1.0 : 0.0,
+                                      i == 1 ? "scale" : "bias"));
     }
   }
   ASSIGN_OR_RETURN(const int64_t axis, attrs.Int("axis", -1));

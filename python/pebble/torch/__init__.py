@@ -71,8 +71,9 @@ class PlanError(ValueError):
 def _check_as_pebble_plan_does(**options):
     """pebble.plan's ValueError for `options`, where it refuses them, raised
     here before anything is captured: planned on a graph of two nodes, its
-    message names the culprit as the command line's does."""
-    _core.plan(_core.model("path:n=2"), **options)
+    message names the culprit as the command line's does. Returns that plan
+    (its budget_bytes: a size budget in bytes)."""
+    return _core.plan(_core.model("path:n=2"), **options)
 
 
 def _check_plan_options(options):

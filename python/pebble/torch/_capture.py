@@ -2895,7 +2895,7 @@ def _alias_step(n):
     if not isinstance(call, torch.fx.Node) or call.op != "call_function" or \
             not call.args or not isinstance(call.args[0], torch.fx.Node):
         return None
-    if op_name(call.target) in _UNANNOTATED_ALIASES:
+    if _unannotated(call):
         return call.args[0], False
     schema = _schema_of(call)
     if schema is None or not schema.returns or schema.returns[0].alias_info is None:
@@ -3026,8 +3026,9 @@ def _made_functional(gm, slots):
     distinct pieces of one split written each in place, as an LSTM cell
     writes its gates (_pieces_renewed). An in-place call without a
     functional variant (bernoulli_.float) stays where it writes a fresh
-    tensor nothing else reads, as functionalize leaves it. Values are make_fx's, the variants' and the later views'
-    made anew on fake tensors."""
+    tensor nothing else reads, as functionalize leaves it. Values are
+    make_fx's, the variants' and the later views' made anew on fake
+    tensors."""
     values = traced_values(gm)
     if values is None:
         return None
@@ -3048,12 +3049,14 @@ def _simple_writes(nodes, values, slots):
     in-place call -> its functional variant, or None where it stays;
     later_views: the calls whose values are made anew (views of a written
     tensor made after its last write)."""
-    found = _write_chains(nodes, values)
+    # node -> storage key of its value (a call of several outputs: its
+    # getitem nodes stand for it)
+    storage = {n: storage_key(v) for n, v in values.items() if isinstance(v, torch.Tensor)}
+    found = _write_chains(nodes, storage)
     if found is None:
         return None
     chains, variants = found
     position = {n: k for k, n in enumerate(nodes)}
-    storage = {n: storage_key(v) for n, v in values.items() if isinstance(v, torch.Tensor)}
     heads_in = {}  # storage key -> the heads of the chains writing it, in order
     for head in sorted(chains, key=position.get):
         heads_in.setdefault(storage[head], []).append(head)
@@ -3075,8 +3078,9 @@ def _simple_writes(nodes, values, slots):
     return chains, variants, later_views
 
 
-def _write_chains(nodes, values):
-    """(chains, variants) of _simple_writes, or None where a call writes
+def _write_chains(nodes, storage):
+    """(chains, variants) of _simple_writes (`storage`: its node -> storage
+    key of the node's tensor), or None where a call writes
     more than its `self`, writes through a tensor that is not a placeholder
     or a call's result, or stays in place (no functional variant) where it
     does not write a fresh tensor nothing else reads."""
@@ -3092,9 +3096,7 @@ def _write_chains(nodes, values):
         x = n.args[0] if n.args else n.kwargs.get(self_name)
         if names != [self_name] or not isinstance(x, torch.fx.Node) or \
                 x.op not in ("placeholder", "call_function") or \
-                not isinstance(values.get(x), torch.Tensor) or \
-                not isinstance(values.get(n), torch.Tensor) or \
-                storage_key(values[n]) != storage_key(values[x]):
+                x not in storage or storage.get(n) != storage[x]:
             return None
         head = head_of.setdefault(x, x)
         chain = chains.setdefault(head, [head])

@@ -34,8 +34,8 @@ def largest_batch(model, loss_fn, make_batch, budget, policy="dtr", start=1, max
     fits, at most "batch" (None where `start` does not), with its
     "eager_peak_bytes" (pebble's baseline) and
     "eager_measured_step_peak_bytes" (the allocator's, of the unplanned
-    step run at capture, above what was held before it); "budget_bytes"; "bounded_by_max" (True where
-    `max_batch` fits: a larger batch may too); "tried": a row per batch
+    step run at capture, above what was held before it); "budget_bytes";
+    "bounded_by_max" (True where `max_batch` fits: a larger batch may too); "tried": a row per batch
     size tried (batch, whether the policy and eager fit, the peaks, or why
     it did not plan); and with `verify`, "measured_step_peak_bytes": what
     the allocator held at most during one step at "batch" above what it
@@ -76,14 +76,13 @@ def largest_batch(model, loss_fn, make_batch, budget, policy="dtr", start=1, max
 def _check_arguments(budget, start, max_batch, options):
     """The budget in bytes, or a ValueError for arguments no search can
     take."""
-    from .. import _core  # noqa: PLC0415 (pebble's own module, as pebble.torch imports it)
+    from . import _check_as_pebble_plan_does  # noqa: PLC0415 (this module is pebble.torch's)
 
     if isinstance(budget, str) and (budget.strip().endswith("%") or
                                     budget.strip().lower() == "min"):
         raise ValueError(f"budget {budget!r}: largest_batch needs a budget in bytes or with a "
                          "unit (\"8GiB\"): a percentage or 'min' changes with the batch")
-    # (parsed as pebble.plan parses it, on a graph of two nodes)
-    budget_bytes = _core.plan(_core.model("path:n=2"), budget=budget).budget_bytes
+    budget_bytes = _check_as_pebble_plan_does(budget=budget).budget_bytes
     for name, value in (("start", start), ("max_batch", max_batch)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{name} must be a whole number of at least 1, not {value!r}")
