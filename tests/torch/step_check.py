@@ -802,14 +802,22 @@ class PiecesWritten(torch.nn.Module):
         return self.out(h)
 
 
+def _traced_and_planned(case, device):
+    """The case's capture (which says its make_fx passes) and its train_step
+    under dtr at the least budget."""
+    from pebble.torch import _capture
+
+    traced = _capture.trace(case.model, case.loss_fn, case.inputs, case.target, device)
+    return traced, pt.train_step(case.model, case.loss_fn, *case.inputs, case.target,
+                                 policy="dtr", budget="min")
+
+
 def check_pieces_written(failures, device):
     """Note [Writes that functionalize misses]: pieces of one unsafe split
     written in place train as eager does (in one make_fx pass, or two where
     a view of a piece was made before its write); a read that a write
     through unsafe_chunk's undeclared aliasing would leave stale (the split
     tensor read whole, pieces of two splits) is refused naming both lines."""
-    from pebble.torch import _capture
-
     ways = {"gates": 1, "split tensor written": 1, "view made before": 2, "view never read": 1,
             "rows": 2, "buffer pieces written": 2, "split tensor read": None,
             "pieces of two splits": None, "part of a piece written": None,
@@ -821,9 +829,7 @@ def check_pieces_written(failures, device):
         model = case.model
         initial = copy.deepcopy(model.state_dict())
         try:
-            traced = _capture.trace(model, case.loss_fn, case.inputs, case.target, device)
-            step = pt.train_step(model, case.loss_fn, *case.inputs, case.target,
-                                 policy="dtr", budget="min")
+            traced, step = _traced_and_planned(case, device)
         except pt.CaptureError as e:
             failures.check(passes is None, f"pieces written, {way}: refused: {e}")
             failures.check("unsafe_split" in str(e) and str(e).count("step_check.py:") >= 1,
@@ -836,40 +842,122 @@ def check_pieces_written(failures, device):
         compare(failures, f"pieces written, {way}", planned_step(case, step, model, initial),
                 want, bitwise=False)
     print(f"pieces written: {len(ways)} ways as eager or refused", flush=True)
-    check_functionalize_fails(failures, device)
+    check_writes_through_views(failures, device)
 
 
-class PartOfAnOutputWritten(torch.nn.Module):
-    """y[:, 0] = 1.0 into a linear layer's output, under a summed loss:
-    PyTorch 1.13's functionalize fails on the backward of that write."""
+class PartsWritten(torch.nn.Module):
+    """Writes into parts of tensors, in one of the `way`s of
+    check_writes_through_views: the forward's, through views of a linear
+    layer's or a channels-last convolution's output, or of a buffer."""
 
-    def __init__(self):
+    def __init__(self, way):
         super().__init__()
-        self.fc = torch.nn.Linear(4, 3)
+        self.way = way
+        self.fc = torch.nn.Linear(8, 8)
+        # (its input channels-last, so its output is: a channels-last weight
+        # would make the capture trace real tensors, in two passes)
+        self.conv = torch.nn.Conv2d(2, 4, 3, padding=1)
+        self.register_buffer("seen", torch.zeros(4, 8))
 
     def forward(self, x):
         y = self.fc(x)
-        y[:, 0] = 1.0
+        if self.way == "column set":
+            y[:, 0] = 1.0
+        elif self.way == "rows scaled, then a column added to":
+            y[1:3].mul_(2)
+            y[:, 5] += y[:, 6]
+        elif self.way == "a transpose's row":
+            y.t()[2].add_(1)
+        elif self.way == "diagonal zeroed, read through a view made before":
+            before = y[:, :4]
+            y[:, :4].diagonal().zero_()
+            y = y + before.sum()
+        elif self.way == "flattened, then indexed":
+            y.view(-1)[3:9].mul_(0.5)
+            y[:, [1, 3]] = -1.0
+        elif self.way == "channels-last output":
+            z = self.conv(x.view(4, 2, 2, 2).to(memory_format=torch.channels_last))
+            z[:, 1] = 0.0
+            y = y + z.flatten(1).sum(1, keepdim=True)
+        elif self.way == "stochastic depth":
+            # (torchvision's: bernoulli_ into a detach of a new_empty, div_,
+            # and the backward reads an expand of it after the writes)
+            import torchvision  # noqa: PLC0415 (as step_models imports it)
+            y = torchvision.ops.stochastic_depth(y, 0.5, "row", training=True)
+        elif self.way == "shifted onto itself":  # (refused: the source overlaps, in part)
+            y[:, 1:] = y[:, :-1]
+        elif self.way == "through an overlapping view":  # (refused)
+            y.as_strided((2, 3), (1, 1))[:, 1].fill_(0.5)
+        elif self.way == "buffer row written":
+            with torch.no_grad():
+                self.seen[0] += y.mean(0)
+            y = y * self.seen[0]
         return y
 
 
-def check_functionalize_fails(failures, device):
-    """A step whose first trace functionalize cannot follow is refused as
-    functionalize's failure, with what to write instead (it was said as
-    make_fx's), or, where this PyTorch follows it, trains as eager."""
+# Each way of PartsWritten, with its loss: a hand-written one writes a part
+# of the output too.
+PARTS_WRITTEN = ("column set", "rows scaled, then a column added to", "a transpose's row",
+                 "diagonal zeroed, read through a view made before", "flattened, then indexed",
+                 "channels-last output", "stochastic depth", "buffer row written",
+                 "loss writes its input")
+
+
+def check_writes_through_views(failures, device):
+    """Note [Writes through views]: writes into parts of tensors (y[:, 0] =
+    1.0, under a summed loss, whose backward writes the gradient through
+    as_strided) are made functional in one make_fx pass and train as eager
+    does; a write whose source overlaps its destination in part, or through
+    a view whose elements overlap, is refused. PyTorch 1.13's functionalize
+    failed on the first; traced with it (one_pass=False) the step is refused
+    as its failure, with what to write instead."""
+    from pebble.torch import _capture
+
+    def loss_writing(out, target):
+        out[:, -1] = 0.0
+        return ((out - target) ** 2).sum()
+
+    for way in PARTS_WRITTEN:
+        torch.manual_seed(SEED)
+        loss_fn = loss_writing if way == "loss writes its input" else \
+            (lambda out, target: out.sum() + (out * target).sum())
+        case = step_models.Case(PartsWritten(way).to(device), torch.randn(4, 8, device=device),
+                                torch.randn(4, 8, device=device), loss_fn)
+        model = case.model
+        initial = copy.deepcopy(model.state_dict())
+        try:
+            traced, step = _traced_and_planned(case, device)
+        except pt.CaptureError as e:
+            failures.check(False, f"parts written, {way}: refused: {e}")
+            continue
+        failures.check(traced.passes == 1,
+                       f"parts written, {way}: {traced.passes} make_fx passes, not 1")
+        model.load_state_dict(initial)
+        want = eager_step(case, copy.deepcopy(model))
+        compare(failures, f"parts written, {way}", planned_step(case, step, model, initial),
+                want, bitwise=False)
+    print(f"parts written: {len(PARTS_WRITTEN)} ways as eager, in one pass", flush=True)
+    # Note [Writes that read what they write]: refused, naming the line.
+    for way, said in (("shifted onto itself", "reads, in part"),
+                      ("through an overlapping view", "whose elements share memory")):
+        model = PartsWritten(way).to(device)
+        try:
+            pt.train_step(model, lambda out, t: (out * t).sum(), torch.randn(4, 8, device=device),
+                          torch.randn(4, 8, device=device))
+            failures.check(False, f"parts written, {way}: taken, not refused")
+        except pt.CaptureError as e:
+            failures.check(said in str(e) and "step_check.py:" in str(e),
+                           f"parts written, {way}: {e}")
     torch.manual_seed(SEED)
-    case = step_models.Case(PartOfAnOutputWritten().to(device), torch.randn(2, 4, device=device),
-                            torch.zeros((), device=device), lambda out, t: out.sum() + t)
-    initial = copy.deepcopy(case.model.state_dict())
+    case = step_models.Case(PartsWritten("column set").to(device),
+                            torch.randn(2, 8, device=device), torch.zeros((), device=device),
+                            lambda out, t: out.sum() + t)
     try:
-        step = pt.train_step(case.model, case.loss_fn, *case.inputs, case.target)
+        _capture.trace(case.model, case.loss_fn, case.inputs, case.target, device,
+                       one_pass=False)
     except pt.CaptureError as e:
         failures.check("PyTorch's functionalize" in str(e) and "out of place" in str(e),
                        f"functionalize's failure: {e}")
-        return
-    want = eager_step(case, copy.deepcopy(case.model))
-    compare(failures, "part of an output written",
-            planned_step(case, step, case.model, initial), want, bitwise=False)
 
 
 def check_largest_batch(failures, device):
@@ -1581,8 +1669,6 @@ def check_constants_and_masks(failures, device):
             # (read as a constant, it would be captured again at every call)
             ("torch.distributions of trained parameters", LearnedPrior(), torch.randn(4, 10),
              torch.randn(4, 3), F.mse_loss, "validate_args=False"),
-            ("torch.stft", Spectrum(), torch.randn(4, 64), torch.tensor([0, 2, 1, 1]),
-             F.cross_entropy, "torch.view_as_real"),
             ("an in-place write of a saved tensor", WritesSaved(), torch.randn(4, 10),
              torch.tensor([0, 2, 1, 1]), F.cross_entropy, "fails without pebble too"),
             ("int() of the batch", IntOfBatch(), torch.randn(4, 10), torch.tensor([0, 2, 1, 1]),
@@ -1592,8 +1678,23 @@ def check_constants_and_masks(failures, device):
             failures.check(False, f"{label} was accepted")
         except pt.CaptureError as e:
             failures.check(words in str(e), f"{label}: {e}")
-    print("constants, a transposed dropout's mask, a rebound buffer: eager's; RReLU refused",
-          flush=True)
+    # Complex tensors: torch.stft's backward writes its complex gradient
+    # through a slice, which functionalize refused ("slice_scatter does not
+    # support automatic differentiation for outputs with complex dtype"); the
+    # one-pass rewrite (Note [Writes through views]) takes it.
+    torch.manual_seed(SEED)
+    case = step_models.Case(Spectrum().to(device), torch.randn(4, 64, device=device),
+                            torch.tensor([0, 2, 1, 1], device=device), F.cross_entropy)
+    initial = copy.deepcopy(case.model.state_dict())
+    try:
+        step = pt.train_step(case.model, case.loss_fn, *case.inputs, case.target)
+        want = eager_step(case, copy.deepcopy(case.model))
+        compare(failures, "torch.stft", planned_step(case, step, case.model, initial), want,
+                bitwise=False)
+    except pt.CaptureError as e:
+        failures.check(False, f"torch.stft: refused: {e}")
+    print("constants, a transposed dropout's mask, a rebound buffer, torch.stft: eager's; "
+          "RReLU refused", flush=True)
 
 
 class _PermutedNorm(torch.nn.Module):

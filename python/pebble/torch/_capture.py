@@ -43,6 +43,7 @@ from ._compat import (FakeTensor, FakeTensorMode, forget_dead_fake_converters,
                       make_fx, make_fx_with_stacks, op_name, recompile, storage_key,
                       traced_frames, traced_node)
 from ._memory import is_dense
+from ._view_writes import functional_through_views, overlapping_write
 
 
 class CaptureError(ValueError):
@@ -1999,6 +2000,7 @@ def _traced_functional(step, mode, flat, fake_mode, slots, one_pass, stack):
     first = _make_fx(step, mode, flat, fake_mode, stacks=True)
     stack.close()
     _refuse_writes_functionalize_misses(first)
+    _refuse_overlapping_writes(first)
     user_lines = _value_shaped_lines(first)
     if one_pass and mode == "fake":
         try:
@@ -2319,7 +2321,7 @@ def _trace_hint(e, model, where):
                 "torch.tensor([...]), which a trace takes as a constant)")
     if "complex" in said.lower():
         return (" (a complex tensor, as torch.stft(..., return_complex=True) and torch.fft make, "
-                "which pebble.torch does not capture: compute that part with real tensors "
+                "on which PyTorch's trace failed here: compute that part with real tensors "
                 "(torch.view_as_real gives the real and imaginary parts, and a magnitude is "
                 "the square root of the sum of their squares), or outside the step)")
     if isinstance(e, SyntaxError) and "eval_with_key" in said:
@@ -2981,6 +2983,13 @@ def _needed(nodes, roots):
     return needed
 
 
+def _traced_user_lines(*nodes):
+    """_traced_user_line of each of the first trace's `nodes`, called here."""
+    outer = {(f.filename, f.lineno) for f in traceback.extract_stack()}
+    libraries = _library_directories()
+    return [_traced_user_line(n, outer, libraries) for n in nodes]
+
+
 def _refuse_writes_functionalize_misses(gm):
     """Raises a CaptureError naming the lines where the first trace `gm`
     writes a tensor in place that a later read takes as unwritten, or writes
@@ -2990,9 +2999,7 @@ def _refuse_writes_functionalize_misses(gm):
     if found is None:
         return
     write, other, how = found
-    outer = {(f.filename, f.lineno) for f in traceback.extract_stack()}
-    libraries = _library_directories()
-    lines = [_traced_user_line(n, outer, libraries) for n in (write, other)]
+    lines = _traced_user_lines(write, other)
     made = f"a piece of {op_name(other.args[0].target)}" \
         if other.op == "call_function" and other.target is operator.getitem \
         else "the step's input or buffer" if other.op == "placeholder" \
@@ -3013,6 +3020,30 @@ def _refuse_writes_functionalize_misses(gm):
         "autograd checks), or clone the piece before writing it")
 
 
+def _refuse_overlapping_writes(gm):
+    """Raises a CaptureError naming the line where the first trace `gm`
+    writes in place into memory that the same call reads in part (Note
+    [Writes that read what they write])."""
+    found = overlapping_write(list(gm.graph.nodes))
+    if found is None:
+        return
+    write, other, how = found
+    line = next((said for said in _traced_user_lines(write, other) if said), "")
+    if how == "view":
+        raise CaptureError(
+            f"the step writes in place with {op_name(write.target)}{line} through a view "
+            f"whose elements share memory ({op_name(other.target)}: an expanded tensor, or an "
+            "as_strided view whose elements overlap): the write changes the elements that "
+            "share it too, which the plan's functional graph and autograd do not follow. "
+            "Write into a tensor of its own (clone, or contiguous, before writing)")
+    raise CaptureError(
+        f"the step writes in place with {op_name(write.target)}{line} into memory that the "
+        "same call reads, in part (y[:, 1:] = y[:, :-1]): eager PyTorch computes it in the "
+        "order of its kernel's loop, reading elements it has already written (or refuses it, "
+        "where the tensors are contiguous), and a plan would read the values from before the "
+        "write. Clone the source first (y[:, 1:] = y[:, :-1].clone())")
+
+
 def _made_functional(gm, slots):
     """(gm, values) with each in-place call of the first trace replaced by its
     functional variant, as functionalize would (a later reader of the
@@ -3024,7 +3055,9 @@ def _made_functional(gm, slots):
     that tensor's storage is the tensor and the calls that write it, but for
     views made after the last write (they then view the last result), or
     distinct pieces of one split written each in place, as an LSTM cell
-    writes its gates (_pieces_renewed). An in-place call without a
+    writes its gates (_pieces_renewed); else writes through views whose
+    inverses are known, as y[:, 0] = 1.0 makes (Note [Writes through
+    views]). An in-place call without a
     functional variant (bernoulli_.float) stays where it writes a fresh
     tensor nothing else reads, as functionalize leaves it. Values are
     make_fx's, the variants' and the later views' made anew on fake
@@ -3035,7 +3068,11 @@ def _made_functional(gm, slots):
     nodes = list(gm.graph.nodes)
     found = _simple_writes(nodes, values, slots)
     if found is None:
-        return None
+        from ._graph import _written_args  # noqa: PLC0415 (_graph imports this module)
+        fake_mode = next(v.fake_mode for v in values.values() if isinstance(v, FakeTensor))
+        return functional_through_views(
+            gm, nodes, values, slots, _functional_variant,
+            lambda n, of: _fake_call(n, of, fake_mode), _written_args)
     chains, variants, later_views = found
     if chains:
         _write_functionally(gm.graph, nodes, values, chains, variants, later_views)

@@ -4,7 +4,9 @@ captures (docs/torch.md, "The largest batch").
 
 Each batch size tried is a train_step of its own: captured, calibrated and
 planned as a first call is (seconds each); the search doubles the batch,
-then bisects, assuming the peak grows with the batch, as `pebble fit` does.
+then bisects, assuming the peak grows with the batch, as `pebble fit` does;
+eager's batch is searched from the same probes, interpolating the unplanned
+step's peak (_largest_eager).
 The figures are predictions (the plan's peak, and the unplanned step's,
 which is eager's to the byte); verify=True runs one step at the answer and
 reports the allocator's measured peak beside them.
@@ -54,8 +56,7 @@ def largest_batch(model, loss_fn, make_batch, budget, policy="dtr", start=1, max
         return probes[n]
 
     batch = _largest(lambda n: probe(n)["fits"], start, max_batch)
-    eager = _largest(lambda n: probe(n).get("eager_fits", False), start,
-                     batch if batch is not None else start)
+    eager = _largest_eager(probe, probes, start, batch, budget_bytes)
     result = {"policy": policy, "budget_bytes": budget_bytes,
               "batch": batch, "eager_batch": eager,
               "bounded_by_max": batch == max_batch,
@@ -116,6 +117,40 @@ def _largest(fits, start, high_bound):
             low = mid
         else:
             high = mid
+    return low
+
+
+def _largest_eager(probe, probes, start, batch, budget_bytes):
+    """The largest n in [start, batch] whose unplanned step fits, or None:
+    bracketed by the batch sizes the policy's search probed, then searched
+    by interpolating the unplanned step's peak between the bracket's ends
+    (nearly linear in the batch: two or three probes), bisecting where an
+    end has no peak (the policy did not plan it) or a guess did not halve
+    the bracket."""
+    def fits(n):
+        return probe(n).get("eager_fits", False)
+
+    if batch is None or not fits(start):
+        return None
+    low = max(n for n, p in probes.items() if n <= batch and p.get("eager_fits"))
+    above = [n for n, p in probes.items() if low < n <= batch and not p.get("eager_fits")]
+    if not above:
+        return low if low == batch else _largest(fits, low, batch)
+    high = min(above)  # fits(low); not fits(high)
+    halved = True
+    while high - low > 1:
+        peaks = probes[low].get("eager_peak_bytes"), probes[high].get("eager_peak_bytes")
+        if halved and None not in peaks and peaks[1] > peaks[0]:
+            guess = low + (budget_bytes - peaks[0]) * (high - low) // (peaks[1] - peaks[0])
+            guess = min(max(guess, low + 1), high - 1)
+        else:
+            guess = (low + high) // 2
+        width = high - low
+        if fits(guess):
+            low = guess
+        else:
+            high = guess
+        halved = 2 * (high - low) <= width
     return low
 
 
