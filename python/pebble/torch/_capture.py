@@ -40,10 +40,11 @@ from torch.utils._pytree import tree_flatten
 from ._collective_ops import hold_divisors, mean_over_ranks
 from ._compat import (FakeTensor, FakeTensorMode, forget_dead_fake_converters,
                       forget_fx_source_with, forget_traces, functional_call, functionalize,
-                      make_fx, make_fx_with_stacks, op_name, recompile, storage_key,
-                      traced_frames, traced_node)
+                      make_fx, make_fx_with_stacks, op_name, recompile, storage_alive,
+                      storage_bytes, storage_key, traced_frames, traced_node)
 from ._memory import is_dense
-from ._view_writes import functional_through_views, overlapping_write
+from ._view_writes import (UNFILLED, functional_through_views, overlapping_write,
+                           reshaped_and_written)
 
 
 class CaptureError(ValueError):
@@ -1999,10 +2000,12 @@ def _traced_functional(step, mode, flat, fake_mode, slots, one_pass, stack):
     simple (_made_functional), else traced again through functionalize."""
     first = _make_fx(step, mode, flat, fake_mode, stacks=True)
     stack.close()
+    if mode == "real":
+        _record_values(first, flat, slots)
     _refuse_writes_functionalize_misses(first)
     _refuse_overlapping_writes(first)
     user_lines = _value_shaped_lines(first)
-    if one_pass and mode == "fake":
+    if one_pass:
         try:
             made = _made_functional(first, slots)
         except Exception:  # noqa: BLE001 (a value it could not make)
@@ -2012,15 +2015,91 @@ def _traced_functional(step, mode, flat, fake_mode, slots, one_pass, stack):
             if made is not None:
                 gm, values = made
                 _mark_value_shaped_lines(gm, user_lines)
-                return gm, values, 1
+                # (a real trace's values are run again: _record_values's
+                # stand for its first graph's alone)
+                return gm, (values if mode == "fake" else None), 1
             # (not simple: nothing was rewritten, so functionalize traces
             # the first trace itself; an LSTM's writes are such)
+    _refuse_reshaped_and_written(first)
     try:
         gm = _make_fx(functionalize(first), mode, flat, fake_mode)
     except Exception as e:  # noqa: BLE001 (said as functionalize's: _refuse_untraced)
         raise _FunctionalizeFailed(e) from e
     _mark_value_shaped_lines(gm, user_lines)
     return gm, (traced_values(gm) if mode == "fake" else None), 2
+
+
+def _record_values(gm, flat, slots):
+    """Gives each node of `gm`, a trace on real tensors, the value that a
+    fake trace records (node.meta["val"]: a fake tensor of the real one's
+    shape, strides and storage, as it was made), from a run of it on `flat`
+    (`slots`: theirs). It runs on copies of all but the parameters, and of
+    a parameter that it writes, so that nothing the trace was given changes
+    (a batch norm's running statistics, which PyTorch 1.13's schema does not
+    say it writes, among them). The one-pass rewrite and the checks of
+    writes read the values."""
+    from ._graph import _written_args  # noqa: PLC0415 (_graph imports this module)
+
+    written = set()
+    for n in gm.graph.nodes:
+        names = n.op == "call_function" and _written_args(n.target)
+        if names:
+            schema = n.target._schema
+            for k, a in enumerate(schema.arguments):
+                if a.name in names:
+                    arg = n.args[k] if k < len(n.args) else n.kwargs.get(a.name)
+                    written.add(_aliased_base(arg))
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    example = [t.detach().clone() if isinstance(t, torch.Tensor) and
+               (slot.kind != "parameter" or p in written) else t
+               for p, slot, t in zip(placeholders, slots, flat)]
+    recorder = _MetaRecorder(gm, FakeTensorMode())
+    try:
+        with torch.no_grad():
+            recorder.run(*example)
+    except Exception:  # noqa: BLE001 (the graph's own error is said where it runs)
+        for n in gm.graph.nodes:  # (none recorded: functionalize traces it, as before)
+            n.meta.pop("val", None)
+
+
+class _MetaRecorder(torch.fx.Interpreter):
+    """Runs a graph, giving each node's meta["val"] its value made fake as
+    it is made (a later in-place call does not change it): a view, of the
+    right shape, strides and offset, of one fake tensor per storage, which
+    spans it. (Not FakeTensorMode.from_tensor: PyTorch 1.13's remakes a view
+    from its base, and for some views of a channels-last tensor reads past
+    the base.)"""
+
+    def __init__(self, gm, fake_mode):
+        super().__init__(gm)
+        self.fake_mode = fake_mode
+        self.storages = {}  # storage key -> (its fake tensor, its dtype, whether it lives)
+
+    def run_node(self, n):
+        value = super().run_node(n)
+        if isinstance(value, (tuple, list)):
+            n.meta["val"] = tuple(self._fake(v) for v in value)
+        elif self._fake(value) is not None:
+            n.meta["val"] = self._fake(value)
+        return value
+
+    def _fake(self, value):
+        """`value` made fake, or None where it is no strided tensor (a sparse
+        one has no storage to follow)."""
+        if not isinstance(value, torch.Tensor) or value.layout != torch.strided:
+            return None
+        key, alive = storage_key(value), storage_alive(value)
+        if key not in self.storages or not self.storages[key][2]():
+            # (a storage freed since: its key may be a new one's)
+            with self.fake_mode:
+                whole = torch.empty(storage_bytes(value) // value.element_size(),
+                                    dtype=value.dtype, device=value.device)
+            self.storages[key] = (whole, value.dtype, alive)
+        whole, dtype, _ = self.storages[key]
+        if dtype != value.dtype:
+            raise RuntimeError("a storage viewed as two dtypes")  # (_record_values: none)
+        with self.fake_mode:
+            return whole.as_strided(value.shape, value.stride(), value.storage_offset())
 
 
 class _FunctionalizeFailed(Exception):
@@ -2525,8 +2604,6 @@ def _modules_loss_fn_reaches(loss_fn):
     return found
 
 
-# Operators that make a tensor without its values.
-_UNFILLED = {"empty", "new_empty", "empty_like", "empty_strided", "new_empty_strided"}
 # Calls whose only tensor argument is a template (shape, dtype, layout).
 TEMPLATE_CALLS = {"empty_like", "zeros_like", "ones_like", "full_like", "rand_like", "randn_like",
                   "randint_like", "new_empty", "new_empty_strided", "new_zeros", "new_ones",
@@ -2588,7 +2665,7 @@ def _refuse_unfilled_reads(gm):
     that copies a list's data into a new tensor: nn.CTCLoss's lengths given as
     Python lists), so a replay would read garbage. Views of it are followed."""
     for n in gm.graph.nodes:
-        if n.op != "call_function" or op_name(n.target) not in _UNFILLED or \
+        if n.op != "call_function" or op_name(n.target) not in UNFILLED or \
                 _no_elements(n) or any(_writes_unsaid(u, n) for u in n.users):
             continue
         pending = [n]
@@ -2838,10 +2915,13 @@ def _returns(target, default):
 
 
 def _fake_call(n, values, fake_mode):
-    """n's call run on its arguments' fake values: its value, made anew."""
+    """n's call run on its arguments' fake values: its value, made anew.
+    (Without autograd: a trace's values may be views that autograd made
+    under no_grad, of which it refuses in-place calls' and views' variants
+    with grad mode on; the graph already holds the backward.)"""
     args = torch.fx.node.map_arg(n.args, values.__getitem__)
     kwargs = torch.fx.node.map_arg(n.kwargs, values.__getitem__)
-    with fake_mode:
+    with fake_mode, torch.no_grad():
         return n.target(*args, **kwargs)
 
 
@@ -2855,16 +2935,30 @@ def _functional_variant(target):
     if getattr(target, "namespace", None) != "aten" or not name.endswith("_") or \
             name.startswith("_"):
         return None
+    packet = getattr(torch.ops.aten, name[:-1], None)
     try:
-        variant = getattr(getattr(torch.ops.aten, name[:-1]), target._overloadname)
+        variant = getattr(packet, target._overloadname)
     except (AttributeError, RuntimeError):
         return None
-    ours, theirs = variant._schema, target._schema
-    if [a.name for a in ours.arguments] != [a.name for a in theirs.arguments] or \
-            any(a.alias_info is not None for a in ours.arguments) or \
-            len(ours.returns) != 1 or ours.returns[0].alias_info is not None:
-        return None
-    return variant
+    if _same_arguments(variant._schema, target._schema):
+        return variant  # (add.Tensor for add_.Tensor)
+    # Its own overload takes other types (pow.Scalar, a number for `self`,
+    # for pow_.Scalar): the overload that takes its arguments
+    # (pow.Tensor_Scalar).
+    for overload in packet.overloads():
+        variant = getattr(packet, overload)
+        if _same_arguments(variant._schema, target._schema):
+            return variant
+    return None
+
+
+def _same_arguments(functional, in_place):
+    """Whether schema `functional` takes `in_place`'s arguments, of its types,
+    writes none and returns one fresh tensor."""
+    ours, theirs = functional.arguments, in_place.arguments
+    return [(a.name, str(a.type)) for a in ours] == [(a.name, str(a.type)) for a in theirs] \
+        and not any(a.alias_info is not None for a in ours) and \
+        len(functional.returns) == 1 and functional.returns[0].alias_info is None
 
 
 # Note [Writes that functionalize misses]. torch.unsafe_split's and
@@ -3029,6 +3123,11 @@ def _refuse_overlapping_writes(gm):
         return
     write, other, how = found
     line = next((said for said in _traced_user_lines(write, other) if said), "")
+    if how == "out":
+        raise CaptureError(
+            f"the step writes the result of {op_name(write.target)}{line} into a view of another "
+            f"tensor given as out= ({op_name(other.target)}), which the plan's functional graph "
+            "does not follow: assign it instead (y[:, 0] = torch.add(a, 1))")
     if how == "view":
         raise CaptureError(
             f"the step writes in place with {op_name(write.target)}{line} through a view "
@@ -3042,6 +3141,24 @@ def _refuse_overlapping_writes(gm):
         "order of its kernel's loop, reading elements it has already written (or refuses it, "
         "where the tensors are contiguous), and a plan would read the values from before the "
         "write. Clone the source first (y[:, 1:] = y[:, :-1].clone())")
+
+
+def _refuse_reshaped_and_written(gm):
+    """Raises a CaptureError naming the line where the first trace `gm`,
+    which functionalize is to trace again, reshapes in place (t_,
+    unsqueeze_) a tensor whose memory a call writes in place too: PyTorch
+    1.13's functionalize gave such steps other gradients than eager's."""
+    found = reshaped_and_written(list(gm.graph.nodes))
+    if found is None:
+        return
+    reshape, write = found
+    lines = _traced_user_lines(reshape, write)
+    raise CaptureError(
+        f"the step reshapes a tensor in place with {op_name(reshape.target)}{lines[0]} and "
+        f"writes its memory in place with {op_name(write.target)}{lines[1]}: PyTorch's "
+        "functionalize, which makes such a step's writes functional for the plan, computes "
+        "other gradients than eager for it. Reshape out of place (x = x.t(), "
+        "x = x.unsqueeze(0))")
 
 
 def _made_functional(gm, slots):

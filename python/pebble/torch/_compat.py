@@ -119,6 +119,14 @@ def storage_key(t):
     return getattr(ref, "cdata", None) or getattr(ref, "_cdata")
 
 
+def storage_alive(t):
+    """A callable that says whether the storage under `t` still exists (its
+    storage_key is then its own, not a later storage's)."""
+    from torch.multiprocessing.reductions import StorageWeakRef
+    ref = StorageWeakRef(_storage(t))
+    return lambda: not ref.expired()
+
+
 def traced_node(t):
     """The fx node by which a trace in progress (make_fx) made or took `t`,
     or None where no trace follows it. 1.13 keeps it in the tensor's own

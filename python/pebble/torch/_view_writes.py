@@ -14,8 +14,9 @@ knows the inverse of:
 - each storage written in place has a root, the first tensor of it (a call
   that made a fresh tensor, or a buffer), and every other tensor of it is a
   view of a tensor of it by one known view call (_SCATTERS, _RESHAPED,
-  _PERMUTED, _SAME; _READ_ONLY ones, as expand, are made anew but not
-  written through), or an in-place call's result (the tensor it wrote);
+  _PERMUTED, _SAME, a piece of _SPLITS; _READ_ONLY ones, as expand, are made
+  anew but not written through), or an in-place call's result (the tensor
+  it wrote);
 - a write computes its functional variant on the view's value now, and
   puts the result back into the root through the inverses of the views
   (select_scatter for select, ...), outermost last: the root's new value;
@@ -27,8 +28,15 @@ Where a case is outside this (an unknown view of a written storage read
 after a write, an input or parameter written, a write without a functional
 variant but the first into a fresh tensor nothing else reads, which stays, a
 value not laid out as the original), nothing is rewritten and functionalize
-traces the graph again. as_strided addresses its input's storage, not the input: it is taken
-on the root alone, where the root's value now is laid out as the root was.
+traces the graph again. as_strided addresses its input's storage, not the
+input: an as_strided view of any tensor of the storage is made of the
+root's value now, laid out as the root was. An in-place reshape (t_,
+unsqueeze_) whose tensor nothing reads after is dropped. A trace on real
+tensors takes the rewrite too, on the values _capture._record_values gives
+it. Besides the second trace, functionalize is avoided for what PyTorch
+1.13's computes wrongly: a write through a reshape of a slice
+(_reshape_alias of a tensor that is not contiguous), or through
+_unsafe_view, gave other numbers than eager.
 """
 
 import operator
@@ -51,11 +59,14 @@ _SCATTERS = {
 # Views that keep every element in its row-major order: the inverse reshapes
 # src to the base's shape.
 _RESHAPED = frozenset({"view", "_reshape_alias", "reshape", "squeeze", "unsqueeze",
-                       "flatten", "unflatten"})
+                       "flatten", "unflatten", "_unsafe_view"})
 # Views that permute the dimensions: the inverse permutes them back.
 _PERMUTED = frozenset({"t", "transpose", "permute"})
 # Views that are the whole tensor.
 _SAME = frozenset({"alias", "detach", "view_as"})
+# Operators that make a tensor without its values.
+UNFILLED = frozenset({"empty", "new_empty", "empty_like", "empty_strided",
+                       "new_empty_strided"})
 # Views that are made anew after a write but not written through (no inverse:
 # their elements overlap).
 _READ_ONLY = frozenset({"expand", "unfold"})
@@ -77,7 +88,7 @@ def functional_through_views(gm, nodes, values, slots, variant_of, fake_call, wr
         rewrite = _Rewrite(gm.graph, nodes, values, slots, variant_of, fake_call, written_args)
     except _NotSimple:
         return None
-    if not rewrite.storages:
+    if not rewrite.storages and not rewrite.unread:
         return None
     try:
         rewrite.run()
@@ -101,11 +112,16 @@ class _Rewrite:
                         if isinstance(v, torch.Tensor)}
         self.writes = {}  # in-place call -> its functional variant
         written = {}      # storage key -> its writes, in order
+        self.unread = []  # in-place reshapes whose tensor nothing reads after
         for n in nodes:
             names = n.op == "call_function" and written_args(n.target)
             if not names:
                 continue
             x = n.args[0] if n.args else None
+            if op_name(n.target) in _RESHAPE_IN_PLACE and not n.users and \
+                    isinstance(x, torch.fx.Node) and list(x.users) == [n]:
+                self.unread.append(n)  # (a shape changed and never used: dropped)
+                continue
             schema = n.target._schema
             if names != [schema.arguments[0].name] or not isinstance(x, torch.fx.Node) or \
                     self.storage.get(x) is None or self.storage.get(n) != self.storage[x]:
@@ -145,6 +161,14 @@ class _Rewrite:
         if self.writes[write] is not None:
             return False
         x = write.args[0]
+        if op_name(write.target) in _RESHAPE_IN_PLACE and (
+                x is not root or sum(op_name(w.target) in _RESHAPE_IN_PLACE
+                                     for w in self.writes if self.storage[w] == self.storage[x])
+                > 1):
+            # (the trace keeps its tensor's last shape as the value of each
+            # node of it: a fresh tensor reshaped once, as it is made, is the
+            # shape it has for every reader)
+            raise _NotSimple
         while x is not root and x.op == "call_function" and op_name(x.target) in _SAME and \
                 len(x.users) == 1:
             x = x.args[0]  # (the whole tensor: a detach of a new_empty, as stochastic depth's)
@@ -165,27 +189,33 @@ class _Rewrite:
         first_write = self.position[writes[0]]
         opaque = set()
         for n in tensors[1:]:
-            base = n.args[0] if n.op == "call_function" and n.args else None
+            base = _base_of(n)
             if n in self.writes or (base in self.parent or base is root) and _known_view(n):
                 if n in self.writes and self._left_in_place(n, root) and n is not writes[0]:
                     raise _NotSimple
                 if base in opaque:
                     raise _NotSimple
-                self.parent[n] = base
+                # (as_strided addresses the storage, whatever view it is
+                # called on: of the root, laid out as it was)
+                self.parent[n] = root if op_name(n.target) == "as_strided" else base
                 continue
             opaque.add(n)
             if self._read_after(n, first_write, opaque):
                 raise _NotSimple
-        for n, base in self.parent.items():
-            if op_name(n.target) == "as_strided" and (
-                    not self._is_root(base) or _overlaps_itself(self.values[n])):
-                # (it addresses the storage: the root's alone; a view whose
-                # elements overlap has no scatter that eager's writes match)
-                raise _NotSimple
-            if n in self.writes and any(op_name(v.target) in _READ_ONLY
-                                        for v in self._path(n)):
+        for n in self.parent:
+            if n in self.writes and any(not self._written_through(v) for v in self._path(n)):
                 raise _NotSimple
         return root
+
+    def _written_through(self, view):
+        """Whether a write through tensor `view` of the path of a write can be
+        put back into its base: not a _READ_ONLY view, nor an as_strided
+        view whose elements overlap (a scatter would not give them eager's
+        values). Read alone, these are made anew."""
+        name = op_name(view.target) if view.op == "call_function" else ""
+        if name in _READ_ONLY:
+            return False
+        return name != "as_strided" or not _overlaps_itself(self.values[view])
 
     def _path(self, n):
         """The tensors from n to its storage's root, the root left out."""
@@ -194,12 +224,6 @@ class _Rewrite:
             path.append(n)
             n = self.parent[n]
         return path
-
-    def _is_root(self, n):
-        """Whether `n` is the root itself: the root, or a write of it."""
-        while n in self.writes:
-            n = n.args[0]
-        return n not in self.parent
 
     def _read_after(self, n, first_write, opaque):
         """Whether a read of `n`, a tensor of an unknown view, may come at or
@@ -224,8 +248,15 @@ class _Rewrite:
                 elif n in self.parent:
                     self._view(n)
                 else:
-                    n.args = torch.fx.node.map_arg(n.args, self._current)
+                    args = torch.fx.node.map_arg(n.args, self._current)
+                    renewed = args != n.args
+                    n.args = args
                     n.kwargs = torch.fx.node.map_arg(n.kwargs, self._current)
+                    if _splits(n) and self.storage.get(n.args[0]) in self.storages:
+                        # (a split of a written tensor: its pieces are views)
+                        if renewed:
+                            self.values[n] = self.fake_call(n, self.values)
+                        self.now[n] = (n, self.version[self.storage[n.args[0]]])
         for root in self.storages.values():
             latest = self._current(root)
             if root.op == "placeholder" and latest is not root:
@@ -233,18 +264,23 @@ class _Rewrite:
                     back = self.graph.call_function(aten.copy_.default, (root, latest))
                 self.values[back] = self.values[root]
         for n in reversed(self.nodes):
-            if self.writes.get(n) is not None:
+            if self.writes.get(n) is not None or n in self.unread:
                 self.graph.erase_node(n)
-                del self.values[n]
+                self.values.pop(n, None)
 
     def _view(self, n):
-        """A view of a written storage, made from its base's value now."""
-        base_now = self._current(n.args[0])
-        if base_now is not n.args[0]:
-            original = self.values[n]
-            n.args = (base_now,) + tuple(n.args[1:])
-            self.values[n] = self.fake_call(n, self.values)
+        """A view of a written storage, made from its base's value now (a
+        split's piece: its split was, where run() met it)."""
+        original = self.values[n]
+        if n.target is operator.getitem:
+            self.values[n] = self.values[n.args[0]][n.args[1]]
             _check_layout(self.values[n], original)
+        else:
+            base_now = self._current(n.args[0])
+            if base_now is not n.args[0]:
+                n.args = (base_now,) + tuple(n.args[1:])
+                self.values[n] = self.fake_call(n, self.values)
+                _check_layout(self.values[n], original)
         self.now[n] = (n, self.version[self.storage[n]])
 
     def _write(self, n):
@@ -264,18 +300,35 @@ class _Rewrite:
                 written = self.parent[written]
         args = torch.fx.node.map_arg(n.args, self._current)
         kwargs = torch.fx.node.map_arg(n.kwargs, self._current)
-        value = self._call(self.writes[n], args, kwargs, like=written, layout=False)
-        if self._is_root(written):
-            value = self._laid_out(value, args[0], written)
+        if self._fills_unfilled(n, written, args):
+            # (the root's value before is never read: the source, laid out
+            # as the root is, is its value, without the copy into it)
+            value = args[1]
+        else:
+            value = self._call(self.writes[n], args, kwargs, like=written, layout=False)
         view = written
         while view in self.parent:
             base = self.parent[view]
             if view not in self.writes:
                 target, args = self._inverse(view, self._current(base), value)
-                value = self._call(target, args, {}, like=base, layout=self._is_root(base))
+                value = self._call(target, args, {}, like=base, layout=False)
             view = base
+        value = self._laid_out(value, self._current(view), view)
         self.version[key] += 1
         self.now[view] = (value, self.version[key])  # (the root)
+
+    def _fills_unfilled(self, n, written, args):
+        """Whether in-place call n is a copy_ of a tensor of the root's dtype
+        and device into all of the root where the root was made unfilled
+        (autograd's new_empty_strided of a gradient) and not yet written."""
+        root = written
+        if self.version[self.storage[n]] != 0 or root in self.parent or \
+                op_name(n.target) != "copy_" or len(args) < 2 or \
+                op_name(root.target) not in UNFILLED:
+            return False
+        source, made = self.values.get(args[1]), self.values[root]
+        return isinstance(source, torch.Tensor) and source.shape == made.shape and \
+            source.dtype == made.dtype and source.device == made.device
 
     def _laid_out(self, value, root_now, root):
         """`value`, a new value of the root, laid out as the root is (views
@@ -284,8 +337,7 @@ class _Rewrite:
         expanded gradient's are 0), or put into a copy of the root's value
         now where no memory format lays it out so."""
         made, original = self.values[value], self.values[root]
-        if made.stride() == original.stride() and \
-                made.storage_offset() == original.storage_offset():
+        if _same_layout(made, original):
             return value
         if not is_dense(original) or original.storage_offset() != 0:
             raise _NotSimple
@@ -301,7 +353,18 @@ class _Rewrite:
     def _inverse(self, view, base_now, value):
         """(target, args) of the call that puts `value` where `view` lies in
         `base_now`."""
+        split = _split_call(view)
+        if split is not None:
+            arguments, k = _bound(split), view.args[1]
+            dim = arguments[-1] % self.values[base_now].dim()
+            if op_name(split.target) == "unbind":
+                return aten.select_scatter.default, (base_now, value, dim, k)
+            sizes = [piece.shape[dim] for piece in self.values[split]]
+            start = sum(sizes[:k])
+            return aten.slice_scatter.default, (base_now, value, dim, start, start + sizes[k], 1)
         name = op_name(view.target)
+        if name == "slice" and self.values[view].shape == self.values[base_now].shape:
+            return aten.alias.default, (value,)  # (all of it: y[:, 0]'s slice of the rows)
         if name in _SCATTERS:
             return _SCATTERS[name], (base_now, value) + tuple(_bound(view)[1:])
         if name in _RESHAPED:
@@ -338,8 +401,21 @@ class _Rewrite:
             return held[0]
         if n not in self.parent:
             raise _NotSimple  # (an unknown view read after a write: _tree missed it)
-        made = self._call(n.target, (self._current(self.parent[n]),) + tuple(n.args[1:]),
-                          dict(n.kwargs), like=n, layout=True)
+        base_now = self._current(self.parent[n])
+        split = _split_call(n)
+        if split is None:
+            made = self._call(n.target, (base_now,) + tuple(n.args[1:]), dict(n.kwargs),
+                              like=n, layout=True)
+        else:  # (the split made anew, once per version, for its pieces)
+            held_split = self.now.get(split)
+            if held_split is None or held_split[1] != version:
+                made_split = self.graph.call_function(
+                    split.target, (base_now,) + tuple(split.args[1:]), dict(split.kwargs))
+                self.values[made_split] = self.fake_call(made_split, self.values)
+                held_split = self.now[split] = (made_split, version)
+            made = self.graph.call_function(operator.getitem, (held_split[0], n.args[1]))
+            self.values[made] = self.values[held_split[0]][n.args[1]]
+            _check_layout(self.values[made], self.values[n])
         self.now[n] = (made, version)
         return made
 
@@ -354,17 +430,59 @@ class _Rewrite:
 
 
 def _check_layout(value, original, layout=True):
+    """_NotSimple unless `value` has `original`'s shape and dtype, and with
+    `layout` its layout (_same_layout)."""
     if not isinstance(value, torch.Tensor) or not isinstance(original, torch.Tensor) or \
             value.shape != original.shape or value.dtype != original.dtype or \
-            layout and (value.stride() != original.stride() or
-                        value.storage_offset() != original.storage_offset()):
+            layout and not _same_layout(value, original):
         raise _NotSimple
+
+
+def _same_layout(a, b):
+    """Whether tensors a and b of one shape lie alike in their storages: the
+    offset, and the strides of the dimensions of more than one element (the
+    others' are never stepped)."""
+    return a.storage_offset() == b.storage_offset() and all(
+        size <= 1 or x == y for size, x, y in zip(a.shape, a.stride(), b.stride()))
+
+
+# Calls whose outputs are pieces of their input, each a view of it
+# (torch.unsafe_split's are not declared views: Note [Writes that
+# functionalize misses]).
+_SPLITS = frozenset({"split", "split_with_sizes", "unbind"})
+
+
+def _splits(n):
+    """Whether fx node n is a call of _SPLITS."""
+    return n.op == "call_function" and op_name(n.target) in _SPLITS and _views_input(n)
+
+
+def _split_call(n):
+    """The split call (_SPLITS) whose piece fx node n is, or None."""
+    if n.op != "call_function" or n.target is not operator.getitem or \
+            not isinstance(n.args[0], torch.fx.Node):
+        return None
+    return n.args[0] if _splits(n.args[0]) else None
+
+
+def _base_of(n):
+    """The tensor that fx node n views or writes, where n is a call: its first
+    argument, or for a split's piece, the split's."""
+    split = _split_call(n)
+    if split is not None:
+        return split.args[0]
+    return n.args[0] if n.op == "call_function" and n.args else None
 
 
 def _known_view(n):
     """Whether fx node n is a view call of _SCATTERS, _RESHAPED, _PERMUTED,
-    _SAME or _READ_ONLY (a view as another dtype is none)."""
+    _SAME or _READ_ONLY (a view as another dtype is none), or a piece of a
+    split (_SPLITS)."""
+    if _split_call(n) is not None:
+        return True
     name = op_name(n.target)
+    if name == "_unsafe_view":  # (a view its schema does not declare)
+        return n.op == "call_function"
     return n.op == "call_function" and n.target is not operator.getitem and \
         getattr(n.target, "_overloadname", None) != "dtype" and \
         name in _SCATTERS.keys() | _RESHAPED | _PERMUTED | _SAME | _READ_ONLY and \
@@ -409,32 +527,46 @@ def _bound(n):
 # A write through a view whose elements share memory (a row of an expanded
 # tensor, a part of an as_strided view with overlaps) changes the elements
 # that share it too, which neither functionalize nor autograd follows: it is
-# refused as well.
+# refused as well, and so is an out= that is a view of another tensor
+# (torch.add(a, 1, out=y[:, 0])), which PyTorch 1.13's functionalize gave
+# other numbers for.
 # Storages of more than _LARGEST_CHECKED elements are not checked (the check
-# marks each element).
+# marks each element), nor those whose tensors a call reshapes in place (t_:
+# the trace's values then hold their last shapes).
 _LARGEST_CHECKED = 1 << 27
 
 
 def overlapping_write(nodes):
     """(an in-place call of a first trace, a tensor it reads that shares
     some but not all of the memory it writes, "read"), or (the call, a
-    tensor it writes through whose elements share memory, "view"), or None
+    tensor it writes through whose elements share memory, "view"), or (a
+    call, the view of another tensor it writes as its out=, "out"), or None
     (Note [Writes that read what they write]). Values are make_fx's
     (node.meta["val"])."""
+    reshaped = _reshaped_in_place(nodes)
+    first_of = {}  # storage key -> the first node of that storage
+    for n in nodes:
+        value = n.meta.get("val")
+        if isinstance(value, torch.Tensor):
+            first_of.setdefault(storage_key(value), n)
     for n in nodes:
         schema = getattr(n.target, "_schema", None) if n.op == "call_function" else None
+        out = _written_out(n, schema)
+        if out is not None and first_of.get(storage_key(out.meta["val"])) is not out:
+            return n, out, "out"
         if schema is None or not schema.arguments or n.args == () or \
                 schema.arguments[0].alias_info is None or \
                 not schema.arguments[0].alias_info.is_write:
             continue
         written = n.args[0].meta.get("val") if isinstance(n.args[0], torch.fx.Node) else None
-        if not isinstance(written, torch.Tensor):
+        if not isinstance(written, torch.Tensor) or n.args[0] in reshaped:
             continue
         sources = []
         torch.fx.node.map_arg((n.args[1:], n.kwargs), sources.append)
         for source in sources:
             read = source.meta.get("val")
-            if isinstance(read, torch.Tensor) and _overlap_in_part(written, read):
+            if isinstance(read, torch.Tensor) and source not in reshaped and \
+                    _overlap_in_part(written, read):
                 return n, source, "read"
         view = _view_over_itself(n.args[0], storage_key(written))
         if view is not None:
@@ -451,7 +583,71 @@ def _view_over_itself(x, key):
             return None
         if _overlaps_itself(value):
             return x
-        x = x.args[0] if x.op == "call_function" and x.args else None
+        x = _base_of(x)  # (of a split's piece, the tensor split)
+    return None
+
+
+def _written_out(n, schema):
+    """The fx node of the tensor that call n writes by an argument other than
+    its first (out=), or None."""
+    if schema is None:
+        return None
+    for k, a in enumerate(schema.arguments):
+        if k == 0 or a.alias_info is None or not a.alias_info.is_write:
+            continue
+        out = n.args[k] if k < len(n.args) else n.kwargs.get(a.name)
+        if isinstance(out, torch.fx.Node) and isinstance(out.meta.get("val"), torch.Tensor):
+            return out
+    return None
+
+
+# In-place calls that change a tensor's shape or strides, not its values.
+_RESHAPE_IN_PLACE = frozenset({"t_", "transpose_", "swapdims_", "swapaxes_", "unsqueeze_",
+                               "squeeze_", "as_strided_", "resize_", "resize_as_", "set_"})
+
+
+def _reshaped_in_place(nodes):
+    """The nodes of tensors that a call of _RESHAPE_IN_PLACE changes (the
+    call, and its argument through the in-place calls that returned it): the
+    trace keeps one value per tensor, with the last shape it had, so the
+    shape and strides it says of such a node are not the node's (not
+    checked: a read would be taken for an overlap it is not)."""
+    reshaped = set()
+    for n in nodes:
+        if n.op == "call_function" and op_name(n.target) in _RESHAPE_IN_PLACE:
+            x = n
+            while isinstance(x, torch.fx.Node) and x not in reshaped:
+                reshaped.add(x)
+                x = x.args[0] if _writes_first(x) else None
+    return reshaped
+
+
+def _writes_first(n):
+    """Whether fx node n is a call that writes its first argument (and
+    returns it)."""
+    schema = getattr(n.target, "_schema", None) if n.op == "call_function" else None
+    return schema is not None and bool(n.args) and bool(schema.arguments) and \
+        schema.arguments[0].alias_info is not None and schema.arguments[0].alias_info.is_write
+
+
+def reshaped_and_written(nodes):
+    """(a call of _RESHAPE_IN_PLACE, an in-place call that writes values into
+    the same storage), or None: PyTorch 1.13's functionalize computed other
+    numbers than eager for such steps, and the one-pass rewrite does not
+    take them (Note [Writes that read what they write])."""
+    reshaped = {storage_key(r.meta["val"]): r for r in _reshaped_in_place(nodes)
+                if op_name(r.target) in _RESHAPE_IN_PLACE and
+                isinstance(r.meta.get("val"), torch.Tensor)}
+    for n in nodes:
+        schema = getattr(n.target, "_schema", None) if n.op == "call_function" else None
+        if schema is None or op_name(n.target) in _RESHAPE_IN_PLACE or not n.args or \
+                not isinstance(n.args[0], torch.fx.Node) or \
+                not schema.arguments or schema.arguments[0].alias_info is None or \
+                not schema.arguments[0].alias_info.is_write:
+            continue
+        written = n.args[0].meta.get("val")
+        if isinstance(written, torch.Tensor) and storage_key(written) in reshaped:
+            return reshaped[storage_key(written)], n
     return None
 
 
