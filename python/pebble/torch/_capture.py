@@ -44,7 +44,7 @@ from ._compat import (FakeTensor, FakeTensorMode, forget_dead_fake_converters,
                       storage_bytes, storage_key, traced_frames, traced_node)
 from ._memory import is_dense
 from ._view_writes import (UNFILLED, functional_through_views, overlapping_write,
-                           reshaped_and_written)
+                           reshaped_and_written, writes_self)
 
 
 class CaptureError(ValueError):
@@ -1565,7 +1565,7 @@ def _state_updated_before(node, reached):
     if not reached:
         return False
     for n in node.graph.nodes:
-        if n.op == "call_function" and _writes_self(n) and n.args and \
+        if n.op == "call_function" and writes_self(n) and n.args and \
                 _aliased_base(n.args[0]) in reached:
             return True
     return False
@@ -1573,15 +1573,6 @@ def _state_updated_before(node, reached):
 
 def _schema_of(n):
     return getattr(n.target, "_schema", None) if n.op == "call_function" else None
-
-
-def _writes_self(n):
-    """Whether fx call `n` writes its first argument in place."""
-    schema = _schema_of(n)
-    if schema is None or not schema.arguments:
-        return False
-    alias = schema.arguments[0].alias_info
-    return alias is not None and alias.is_write
 
 
 def _aliased_base(n):
@@ -3020,10 +3011,10 @@ def _write_functionalize_misses(nodes):
         base, annotated = step
         storage[n] = storage.get(base, base)
         root[n] = root.get(base, base) if annotated else n
-        whole[n] = not annotated or (whole.get(base, True) and _writes_self(n))
+        whole[n] = not annotated or (whole.get(base, True) and writes_self(n))
         piece = _split_of(n)
         path[n] = path.get(base, ()) + (((piece, n.args[1]),) if piece is not None else ())
-    writes = [w for w in nodes if _writes_self(w) and w.args and
+    writes = [w for w in nodes if writes_self(w) and w.args and
               isinstance(w.args[0], torch.fx.Node) and w.args[0] in storage]
     # (a write changes what later reads of its storage see: each counts)
     live = _needed(nodes, writes)
@@ -3284,7 +3275,7 @@ def _views_renewed(heads, chains, aliases, position):
 def _may_read(user):
     """Whether fx node `user` may read its input's values for the step: not
     a call whose result nothing takes (a view made and left unused)."""
-    return bool(user.users) or user.op != "call_function" or _writes_self(user)
+    return bool(user.users) or user.op != "call_function" or writes_self(user)
 
 
 # Pieces of one tensor that cannot overlap: the outputs of one call of these.

@@ -106,7 +106,7 @@ class _Rewrite:
 
     def __init__(self, graph, nodes, values, slots, variant_of, fake_call, written_args):
         self.graph, self.nodes, self.values = graph, nodes, values
-        self.variant_of, self.fake_call = variant_of, fake_call
+        self.fake_call = fake_call
         self.position = {n: k for k, n in enumerate(nodes)}
         self.storage = {n: storage_key(v) for n, v in values.items()
                         if isinstance(v, torch.Tensor)}
@@ -341,9 +341,10 @@ class _Rewrite:
             return value
         if not is_dense(original) or original.storage_offset() != 0:
             raise _NotSimple
-        for layout in (torch.contiguous_format, torch.channels_last, torch.channels_last_3d):
-            if original.dim() == {torch.channels_last: 4, torch.channels_last_3d: 5}.get(
-                    layout, original.dim()) and original.is_contiguous(memory_format=layout):
+        formats = [torch.contiguous_format] + {4: [torch.channels_last],
+                                               5: [torch.channels_last_3d]}.get(original.dim(), [])
+        for layout in formats:
+            if original.is_contiguous(memory_format=layout):
                 return self._call(aten.clone.default, (value,), {"memory_format": layout},
                                   like=root, layout=True)
         return self._call(aten.as_strided_scatter.default,
@@ -494,9 +495,7 @@ def _views_input(n):
     argument."""
     schema = getattr(n.target, "_schema", None) if n.op == "call_function" else None
     return schema is not None and bool(schema.returns) and \
-        schema.returns[0].alias_info is not None and \
-        not (schema.arguments[0].alias_info is not None and
-             schema.arguments[0].alias_info.is_write)
+        schema.returns[0].alias_info is not None and not writes_self(n)
 
 
 def _bound(n):
@@ -554,9 +553,7 @@ def overlapping_write(nodes):
         out = _written_out(n, schema)
         if out is not None and first_of.get(storage_key(out.meta["val"])) is not out:
             return n, out, "out"
-        if schema is None or not schema.arguments or n.args == () or \
-                schema.arguments[0].alias_info is None or \
-                not schema.arguments[0].alias_info.is_write:
+        if not writes_self(n) or not n.args:
             continue
         written = n.args[0].meta.get("val") if isinstance(n.args[0], torch.fx.Node) else None
         if not isinstance(written, torch.Tensor) or n.args[0] in reshaped:
@@ -618,16 +615,17 @@ def _reshaped_in_place(nodes):
             x = n
             while isinstance(x, torch.fx.Node) and x not in reshaped:
                 reshaped.add(x)
-                x = x.args[0] if _writes_first(x) else None
+                x = x.args[0] if writes_self(x) and x.args else None
     return reshaped
 
 
-def _writes_first(n):
-    """Whether fx node n is a call that writes its first argument (and
-    returns it)."""
+def writes_self(n):
+    """Whether fx node n is a call that writes its first argument in place."""
     schema = getattr(n.target, "_schema", None) if n.op == "call_function" else None
-    return schema is not None and bool(n.args) and bool(schema.arguments) and \
-        schema.arguments[0].alias_info is not None and schema.arguments[0].alias_info.is_write
+    if schema is None or not schema.arguments:
+        return False
+    alias = schema.arguments[0].alias_info
+    return alias is not None and alias.is_write
 
 
 def reshaped_and_written(nodes):
@@ -639,11 +637,8 @@ def reshaped_and_written(nodes):
                 if op_name(r.target) in _RESHAPE_IN_PLACE and
                 isinstance(r.meta.get("val"), torch.Tensor)}
     for n in nodes:
-        schema = getattr(n.target, "_schema", None) if n.op == "call_function" else None
-        if schema is None or op_name(n.target) in _RESHAPE_IN_PLACE or not n.args or \
-                not isinstance(n.args[0], torch.fx.Node) or \
-                not schema.arguments or schema.arguments[0].alias_info is None or \
-                not schema.arguments[0].alias_info.is_write:
+        if not writes_self(n) or op_name(n.target) in _RESHAPE_IN_PLACE or not n.args or \
+                not isinstance(n.args[0], torch.fx.Node):
             continue
         written = n.args[0].meta.get("val")
         if isinstance(written, torch.Tensor) and storage_key(written) in reshaped:
@@ -661,8 +656,7 @@ def _overlap_in_part(written, read):
     if (read.shape, read.stride(), read.storage_offset()) == \
             (written.shape, written.stride(), written.storage_offset()):
         return False
-    size = max(t.storage_offset() + sum((s - 1) * st for s, st in zip(t.shape, t.stride())) + 1
-               for t in (written, read))
+    size = max(_reach(written), _reach(read))
     if size > _LARGEST_CHECKED:
         return False
     marked = torch.zeros(size, dtype=torch.bool)
@@ -682,8 +676,14 @@ def _overlaps_itself(t):
         reach += (size - 1) * stride
     else:
         return False
-    size = t.storage_offset() + sum((s - 1) * st for s, st in zip(t.shape, t.stride())) + 1
+    size = _reach(t)
     if size > _LARGEST_CHECKED or t.numel() > _LARGEST_CHECKED:
         return True
     offsets = torch.arange(size).as_strided(t.shape, t.stride(), t.storage_offset())
     return offsets.unique().numel() != t.numel()
+
+
+def _reach(t):
+    """The elements of its storage that tensor `t` reaches: one past its
+    last element's offset."""
+    return t.storage_offset() + sum((s - 1) * st for s, st in zip(t.shape, t.stride())) + 1
