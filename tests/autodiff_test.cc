@@ -122,6 +122,33 @@ TEST(AutodiffTest, ConvReluMseReadsExactlyWhatTheMathNeeds) {
   ExpectReinfers(g);
 }
 
+// A transposed convolution (ONNX's ConvTranspose) is a convolution's data
+// gradient run forward, y = A_W^T x: x's gradient is the convolution of g
+// by the same weight and window, the weight's the convolution's weight
+// gradient with x as the output gradient and g as the input.
+TEST(AutodiffTest, TransposedConvolutionGradientsAreAConvolutionAndAWeightGradient) {
+  NetBuilder nb("upconv");
+  const Value x = nb.Input("input", {2, 4, 5, 5});
+  const Value a = nb.Conv("conv", x, 6, 3, 1, 1);  // x's gradient is needed
+  const Value w = nb.Parameter("up.weight", {6, 3, 3, 3});  // (C_in, C_out, k, k)
+  const Value y = nb.Apply("conv2d_backward_data", {a, w},
+                           {{"stride", {2, 2}}, {"padding", {1, 1}},
+                            {"input_shape", {2, 3, 10, 10}}},  // output_padding 1
+                           "up");
+  const Value target = nb.Input("target", {2, 3, 10, 10});
+  nb.Apply("mse_loss", {y, target}, Json::object(), "loss");
+  const Graph g = Train(nb);
+  EXPECT_EQ(*g.shape(g.Find("up")), (Shape{2, 3, 10, 10}));
+  EXPECT_EQ(Op(g, "grad:conv"), "conv2d");
+  EXPECT_EQ(Reads(g, "grad:conv"), (Ids{"grad:up", "up.weight"}));
+  EXPECT_EQ(*g.shape(g.Find("grad:conv")), (Shape{2, 6, 5, 5}));
+  EXPECT_EQ(g.attrs(g.Find("grad:conv"))["stride"], Json({2, 2}));
+  EXPECT_EQ(Op(g, "grad:up.weight"), "conv2d_backward_weight");
+  EXPECT_EQ(Reads(g, "grad:up.weight"), (Ids{"conv", "grad:up"}));
+  EXPECT_EQ(*g.shape(g.Find("grad:up.weight")), (Shape{6, 3, 3, 3}));
+  ExpectReinfers(g);
+}
+
 TEST(AutodiffTest, NodeOrderIsForwardThenBackwardInRunOrder) {
   absl::StatusOr<Graph> forward = ConvReluMse().Build();
   ASSERT_TRUE(forward.ok());

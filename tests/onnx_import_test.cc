@@ -4,6 +4,7 @@
 #include "graph/import/onnx_import.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -39,11 +40,12 @@ class ModelMaker {
   onnx::GraphProto* graph() { return model_.mutable_graph(); }
 
   void Input(const std::string& name, std::vector<int64_t> dims,
-             const std::string& symbolic_batch = "") {
+             const std::string& symbolic_batch = "",
+             int elem_type = onnx::TensorProto::FLOAT) {
     auto* in = graph()->add_input();
     in->set_name(name);
     auto* tt = in->mutable_type()->mutable_tensor_type();
-    tt->set_elem_type(onnx::TensorProto::FLOAT);
+    tt->set_elem_type(elem_type);
     for (size_t i = 0; i < dims.size(); ++i) {
       auto* dim = tt->mutable_shape()->add_dim();
       if (i == 0 && !symbolic_batch.empty()) {
@@ -130,6 +132,21 @@ class ModelMaker {
  private:
   onnx::ModelProto model_;
 };
+
+// Puts the nodes named in `order` first, in that order (ONNX lists a
+// graph's nodes in topological order); the others follow in theirs.
+void MoveFirst(ModelMaker& m, const std::vector<std::string>& order) {
+  std::vector<onnx::NodeProto> nodes(m.graph()->node().begin(), m.graph()->node().end());
+  auto rank = [&order](const onnx::NodeProto& n) {
+    return std::find(order.begin(), order.end(), n.name()) - order.begin();
+  };
+  std::stable_sort(nodes.begin(), nodes.end(),
+                   [&rank](const onnx::NodeProto& a, const onnx::NodeProto& b) {
+                     return rank(a) < rank(b);
+                   });
+  m.graph()->clear_node();
+  for (onnx::NodeProto& n : nodes) *m.graph()->add_node() = std::move(n);
+}
 
 // The tiny model; `edit` may change it before serialisation.
 std::string TinyModel(int opset = 13, const std::string& symbolic_batch = "",
@@ -513,6 +530,49 @@ TEST(OnnxImportTest, BatchThatAReshapeFixesIsNamed) {
   EXPECT_THAT(other.status().message(), ::testing::Not(HasSubstr("rewrote")));
 }
 
+// Exported at a fixed batch, a file may hold constants computed from the
+// batch anywhere (nn.MultiheadAttention's batch x heads in dimension 1):
+// --batch rewrites the inputs and says so, and where the import then fails
+// but imports at the exported batch, the error says that too.
+TEST(OnnxImportTest, BatchRewrittenFromAFixedSizeIsSaid) {
+  std::vector<std::string> notes;
+  OnnxImportOptions options;
+  options.batch = 4;
+  ASSERT_TRUE(ImportOnnxModel(TinyModel(), "tiny", options, &notes).ok());
+  ASSERT_EQ(notes.size(), 1u);
+  EXPECT_THAT(notes[0], HasSubstr("--batch 4 rewrote dimension 0 from the exported 2, a size "
+                                  "the file fixes"));
+  EXPECT_THAT(notes[0], HasSubstr("dynamic_axes"));
+  // A symbolic batch: nothing to say.
+  notes.clear();
+  ASSERT_TRUE(ImportOnnxModel(TinyModel(13, "batch"), "tiny", options, &notes).ok());
+  EXPECT_TRUE(notes.empty());
+  // The features flattened as (1, batch x 4), a constant of the export:
+  // at --batch 4 the reshape fails, at the exported 2 the file imports.
+  auto batch_in_dim1 = [](ModelMaker& m) {
+    m.IntInitializer("rows_shape", {1, 8});
+    m.IntInitializer("back_shape", {2, 4});
+    auto* flat = FindNode(m, "Flatten");
+    flat->set_op_type("Reshape");
+    flat->clear_attribute();
+    flat->add_input("rows_shape");
+    flat->set_output(0, "rows");
+    m.Node("Reshape", "/Reshape_1", {"rows", "back_shape"}, {"f"});
+    MoveFirst(m, {"/conv1/Conv", "/bn1/BatchNormalization", "/relu/Relu",
+                  "/avgpool/GlobalAveragePool", "/Flatten", "/Reshape_1"});
+  };
+  ASSERT_TRUE(Import(TinyModel(13, "", batch_in_dim1)).ok());
+  auto rewritten = Import(TinyModel(13, "", batch_in_dim1), LossKind::kCrossEntropy, 4);
+  ASSERT_FALSE(rewritten.ok());
+  EXPECT_THAT(std::string(rewritten.status().message()),
+              HasSubstr("'/Flatten' (op Reshape)"));
+  EXPECT_THAT(std::string(rewritten.status().message()),
+              HasSubstr("(--batch 4 rewrote dimension 0 from the exported 2, a size the file "
+                        "fixes"));
+  EXPECT_THAT(std::string(rewritten.status().message()),
+              HasSubstr("and the file imports at batch 2"));
+}
+
 TEST(OnnxImportTest, BatchThatAReshapeFixesInAGraphThatImportsIsANote) {
   // x.reshape(2, -1) as the forward's last node, exported with a symbolic
   // batch (ONNX's inference then knows no shape to hold against pebble's):
@@ -734,6 +794,89 @@ TEST(OnnxImportTest, ClipTakesIntegerBoundsCastToFloat) {
   ASSERT_NE(clip, kNoNode);
   EXPECT_EQ(g->attrs(clip)["min"], 0.0);
   EXPECT_EQ(g->attrs(clip)["max"], 6.0);
+}
+
+// nn.MultiheadAttention's export multiplies by an integer constant cast to
+// float: a scalar of that value.
+TEST(OnnxImportTest, AComputationReadsAnIntegerScalarCastToFloat) {
+  auto g = Import(TinyModel(13, "", [](ModelMaker& m) {
+    m.ScalarIntInitializer("three", 3);
+    ModelMaker::IntAttr(m.Node("Cast", "/Cast", {"three"}, {"three_f"}), "to",
+                        onnx::TensorProto::FLOAT);
+    MoveFirst(m, {"/Cast"});
+    auto* relu = FindNode(m, "Relu");
+    relu->set_op_type("Mul");
+    relu->add_input("three_f");
+  }));
+  ASSERT_TRUE(g.ok()) << g.status();
+  const NodeId mul = g->Find("relu");
+  ASSERT_NE(mul, kNoNode);
+  EXPECT_EQ(g->op(mul), "mul");
+  const NodeId scale = g->inputs(mul)[1];
+  EXPECT_EQ(g->op(scale), "fill");
+  EXPECT_EQ(g->attrs(scale)["value"], 3.0);
+}
+
+// The tiny model's batch norm made an instance norm (nn.InstanceNorm2d
+// with affine parameters): a layer norm over x viewed as (N, C, H x W), the
+// affine a broadcast mul and add by the parameters viewed as (C, 1).
+TEST(OnnxImportTest, InstanceNormIsALayerNormOverEachChannel) {
+  auto g = Import(TinyModel(13, "", [](ModelMaker& m) {
+    auto* norm = FindNode(m, "BatchNormalization");
+    norm->set_op_type("InstanceNormalization");
+    norm->mutable_input()->DeleteSubrange(3, 2);
+    norm->mutable_output()->DeleteSubrange(1, 2);
+    norm->clear_attribute();
+    ModelMaker::FloatAttr(norm, "epsilon", 1e-3f);
+  }));
+  ASSERT_TRUE(g.ok()) << g.status();
+  const NodeId stats = g->Find("bn1.stats");
+  ASSERT_NE(stats, kNoNode);
+  EXPECT_EQ(g->op(stats), "layernorm_stats");
+  EXPECT_FLOAT_EQ(g->attrs(stats)["eps"].get<double>(), 1e-3);
+  EXPECT_EQ(*g->shape(g->inputs(stats)[0]), (Shape{2, 4, 64}));
+  EXPECT_EQ(g->op(g->Find("bn1.scaled")), "mul");
+  EXPECT_EQ(*g->shape(g->Find("bn1.scale_column")), (Shape{4, 1}));
+  EXPECT_EQ(g->op(g->Find("bn1.shifted")), "add");
+  const NodeId out = g->Find("bn1");
+  EXPECT_EQ(g->op(out), "reshape");
+  EXPECT_EQ(*g->shape(out), (Shape{2, 4, 8, 8}));
+  EXPECT_EQ(*g->shape(g->Find("grad:bn1.weight")), (Shape{4}));
+  EXPECT_EQ(*g->shape(g->Find("grad:bn1.bias")), (Shape{4}));
+}
+
+// nn.GroupNorm(2, 4) as PyTorch exports it before opset 18: x viewed as
+// (N, 2, -1), an instance norm of constant unit scale and zero bias (no
+// affine nodes: the layer norm alone), viewed back.
+TEST(OnnxImportTest, GroupNormsInstanceNormHasNoAffineNodes) {
+  auto g = Import(TinyModel(13, "", [](ModelMaker& m) {
+    m.IntInitializer("groups_shape", {0, 2, -1});
+    m.IntInitializer("back_shape", {2, 4, 8, 8});
+    m.FloatVectorInitializer("onnx::ones", {1, 1});
+    m.FloatVectorInitializer("onnx::zeros", {0, 0});
+    auto* norm = FindNode(m, "BatchNormalization");
+    norm->set_op_type("InstanceNormalization");
+    norm->set_name("/gn/InstanceNormalization");
+    norm->clear_input();
+    for (const char* in : {"grouped", "onnx::ones", "onnx::zeros"}) norm->add_input(in);
+    norm->mutable_output()->DeleteSubrange(1, 2);
+    norm->set_output(0, "normed");
+    norm->clear_attribute();
+    m.Node("Reshape", "/gn/Reshape", {"c", "groups_shape"}, {"grouped"});
+    m.Node("Reshape", "/gn/Reshape_1", {"normed", "back_shape"}, {"b"});
+    MoveFirst(m, {"/conv1/Conv", "/gn/Reshape", "/gn/InstanceNormalization", "/gn/Reshape_1"});
+  }));
+  ASSERT_TRUE(g.ok()) << g.status();
+  const NodeId norm = g->Find("gn.instancenormalization");
+  ASSERT_NE(norm, kNoNode);
+  EXPECT_EQ(g->op(norm), "layernorm");
+  EXPECT_EQ(g->inputs(norm).size(), 2u);
+  EXPECT_EQ(*g->shape(norm), (Shape{2, 2, 128}));
+  for (NodeId v = 0; v < g->num_nodes(); ++v) {
+    EXPECT_NE(g->op(v), "mul") << g->id(v);
+    EXPECT_NE(g->op(v), "fill") << g->id(v);
+  }
+  EXPECT_EQ(*g->shape(g->Find("grad:conv1.weight")), (Shape{4, 3, 3, 3}));
 }
 
 TEST(OnnxImportTest, GroupedDilatedConvAndSpatialReduceMean) {
@@ -1111,6 +1254,309 @@ TEST(OnnxImportTest, GemmTransposesWhatLinearNeedsTransposed) {
   EXPECT_EQ(*g->shape(t), (Shape{5, 4}));
   EXPECT_EQ(*g->shape(g->Find("logits")), (Shape{2, 5}));
   EXPECT_EQ(*g->shape(g->Find("grad:fc.weight")), (Shape{4, 5}));
+}
+
+// The tiny model's convolution made nn.ConvTranspose2d(3, 4, 3, stride 2,
+// padding 1, output_padding 1) with `attrs_edit` applied: 8x8 -> 16x16.
+std::string TransposedModel(const std::function<void(onnx::NodeProto*)>& attrs_edit = nullptr) {
+  return TinyModel(13, "", [&](ModelMaker& m) {
+    for (auto& init : *m.graph()->mutable_initializer()) {
+      if (init.name() == "conv1.weight") {  // (C_in, C_out, k, k)
+        init.set_dims(0, 3);
+        init.set_dims(1, 4);
+      }
+    }
+    auto* conv = FindNode(m, "Conv");
+    conv->set_op_type("ConvTranspose");
+    conv->set_name("/up/ConvTranspose");
+    conv->clear_attribute();
+    ModelMaker::IntsAttr(conv, "kernel_shape", {3, 3});
+    ModelMaker::IntsAttr(conv, "pads", {1, 1, 1, 1});
+    ModelMaker::IntsAttr(conv, "strides", {2, 2});
+    ModelMaker::IntsAttr(conv, "output_padding", {1, 1});
+    if (attrs_edit) attrs_edit(conv);
+  });
+}
+
+TEST(OnnxImportTest, ConvTransposeIsAConvolutionsDataGradient) {
+  auto g = Import(TransposedModel());
+  ASSERT_TRUE(g.ok()) << g.status();
+  const NodeId t = g->Find("up.transposed");
+  ASSERT_NE(t, kNoNode);
+  EXPECT_EQ(g->op(t), "conv2d_backward_data");
+  EXPECT_EQ(g->attrs(t)["input_shape"], nlohmann::json({2, 4, 16, 16}));
+  EXPECT_EQ(g->attrs(t)["stride"], nlohmann::json({2, 2}));
+  const NodeId up = g->Find("up");
+  EXPECT_EQ(g->op(up), "add");  // the bias, viewed as (C_out, 1, 1)
+  EXPECT_EQ(*g->shape(g->Find("up.bias_column")), (Shape{4, 1, 1}));
+  EXPECT_EQ(*g->shape(up), (Shape{2, 4, 16, 16}));
+  EXPECT_EQ(*g->shape(g->Find("grad:conv1.weight")), (Shape{3, 4, 3, 3}));
+  EXPECT_EQ(g->op(g->Find("grad:conv1.weight")), "conv2d_backward_weight");
+  EXPECT_EQ(*g->shape(g->Find("grad:conv1.bias")), (Shape{4}));
+}
+
+TEST(OnnxImportTest, ConvTransposeThatPyTorchWouldRefuseIsAnErrorNamingTheNode) {
+  struct Case {
+    std::string what;
+    std::function<void(onnx::NodeProto*)> edit;
+    std::string message;
+  };
+  auto set_ints = [](onnx::NodeProto* n, const std::string& name, std::vector<int64_t> v) {
+    for (auto& a : *n->mutable_attribute()) {
+      if (a.name() != name) continue;
+      a.clear_ints();
+      for (int64_t x : v) a.add_ints(x);
+    }
+  };
+  const std::vector<Case> cases = {
+      {"output_padding not below the stride",
+       [&](onnx::NodeProto* n) { set_ints(n, "output_padding", {2, 2}); },
+       "output_padding = [2,2] is not supported (each must be at least 0 and less than"},
+      {"output_shape instead of output_padding",
+       [](onnx::NodeProto* n) { ModelMaker::IntsAttr(n, "output_shape", {16, 16}); },
+       "output_shape"},
+      {"padding beyond the kernel",
+       [&](onnx::NodeProto* n) {
+         set_ints(n, "pads", {9, 9, 9, 9});
+         set_ints(n, "output_padding", {0, 0});
+       },
+       "would have size -1 on spatial dim 0"},
+      {"a matrix as the weight",
+       [](onnx::NodeProto* n) {
+         auto* attrs = n->mutable_attribute();
+         for (int i = 0; i < attrs->size(); ++i) {
+           if (attrs->Get(i).name() == "kernel_shape") attrs->DeleteSubrange(i, 1);
+         }
+         n->set_input(1, "fc.weight");
+       },
+       "the weight (5,4) does not fit x (2,3,8,8)"},
+  };
+  for (const Case& c : cases) {
+    auto g = Import(TransposedModel(c.edit));
+    ASSERT_FALSE(g.ok()) << c.what;
+    EXPECT_THAT(g.status().message(), HasSubstr("'/up/ConvTranspose'")) << c.what;
+    EXPECT_THAT(std::string(g.status().message()), HasSubstr(c.message)) << c.what;
+  }
+}
+
+// nn.Embedding as torch.onnx.export writes it: token ids (an int64 input)
+// and position ids (a constant 0..n-1) gathered from two tables, added, the
+// mean over the sequence, a linear classifier. `positions` are the
+// position ids' values; `edit` may change the model.
+std::string EmbeddingModel(std::vector<int64_t> positions = {0, 1, 2, 3, 4},
+                           const std::function<void(ModelMaker&)>& edit = nullptr) {
+  ModelMaker m;
+  m.Input("ids", {2, 5}, "", onnx::TensorProto::INT64);
+  m.Initializer("tok.weight", {10, 4});
+  m.Initializer("pos.weight", {8, 4});
+  m.IntInitializer("position_ids", positions);
+  m.Initializer("fc.weight", {3, 4});
+  m.Initializer("fc.bias", {3});
+  m.Node("Gather", "/tok/Gather", {"tok.weight", "ids"}, {"tokens"});
+  m.Node("Gather", "/pos/Gather", {"pos.weight", "position_ids"}, {"places"});
+  m.Node("Add", "/Add", {"tokens", "places"}, {"h"});
+  auto* mean = m.Node("ReduceMean", "/ReduceMean", {"h"}, {"pooled"});
+  ModelMaker::IntsAttr(mean, "axes", {1});
+  ModelMaker::IntAttr(mean, "keepdims", 0);
+  auto* fc = m.Node("Gemm", "/fc/Gemm", {"pooled", "fc.weight", "fc.bias"}, {"logits"});
+  ModelMaker::IntAttr(fc, "transB", 1);
+  m.Output("logits");
+  if (edit) edit(m);
+  return m.Bytes();
+}
+
+// The position look-up of EmbeddingModel reads the output of a new node
+// `op` of `inputs` (named "/<op>", first in the graph).
+void PositionsFrom(ModelMaker& m, const std::string& op, std::vector<std::string> inputs) {
+  m.Node(op, "/" + op, std::move(inputs), {"new_position_ids"});
+  MoveFirst(m, {"/" + op});
+  for (auto& node : *m.graph()->mutable_node()) {
+    if (node.name() == "/pos/Gather") node.set_input(1, "new_position_ids");
+  }
+}
+
+TEST(OnnxImportTest, EmbeddingLookUpsTrainTheirTables) {
+  auto g = Import(EmbeddingModel(), LossKind::kCrossEntropy, 6);
+  ASSERT_TRUE(g.ok()) << g.status();
+  const NodeId tokens = g->Find("tok");
+  ASSERT_NE(tokens, kNoNode);
+  EXPECT_EQ(g->op(tokens), "embedding");
+  EXPECT_EQ(*g->shape(tokens), (Shape{6, 5, 4}));
+  EXPECT_EQ(*g->dtype(g->Find("ids")), DType::kInt64);
+  // The position ids are made at run time (no persistent integer tensor).
+  const NodeId places = g->Find("pos");
+  ASSERT_NE(places, kNoNode);
+  EXPECT_EQ(g->op(g->inputs(places)[0]), "arange");
+  EXPECT_EQ(g->Find("position_ids"), kNoNode);
+  for (const char* table : {"tok.weight", "pos.weight"}) {
+    const NodeId grad = g->Find(absl::StrCat("grad:", table));
+    ASSERT_NE(grad, kNoNode) << table;
+    EXPECT_EQ(*g->shape(grad), *g->shape(g->Find(table))) << table;
+    EXPECT_EQ(g->op(grad), "embedding_backward") << table;
+  }
+}
+
+TEST(OnnxImportTest, PositionIdsAreAnArangeAndOneValueAFill) {
+  auto g = Import(EmbeddingModel(), LossKind::kNone);
+  ASSERT_TRUE(g.ok()) << g.status();
+  EXPECT_EQ(*g->shape(g->Find("pos")), (Shape{5, 4}));
+  // Hugging Face's style: a (1, 8) buffer of position ids cut to the
+  // sequence's length, (1, 5), which is an arange viewed as (1, 5).
+  auto g2 = Import(EmbeddingModel({0, 1, 2, 3, 4, 5, 6, 7}, [](ModelMaker& m) {
+                     for (auto& init : *m.graph()->mutable_initializer()) {
+                       if (init.name() != "position_ids") continue;
+                       init.clear_dims();
+                       init.add_dims(1);
+                       init.add_dims(8);
+                     }
+                     m.IntInitializer("starts", {0});
+                     m.IntInitializer("ends", {5});
+                     m.IntInitializer("axes", {1});
+                     PositionsFrom(m, "Slice", {"position_ids", "starts", "ends", "axes"});
+                   }),
+                   LossKind::kNone);
+  ASSERT_TRUE(g2.ok()) << g2.status();
+  EXPECT_EQ(*g2->shape(g2->Find("pos")), (Shape{1, 5, 4}));
+  // torch.arange(ids.shape[1]) exported with a symbolic dim: a Range of
+  // integer scalars, folded.
+  auto ranged = [](int64_t start, int64_t limit, int64_t delta) {
+    return Import(EmbeddingModel({0}, [=](ModelMaker& m) {
+                    m.ScalarIntInitializer("start", start);
+                    m.ScalarIntInitializer("limit", limit);
+                    m.ScalarIntInitializer("delta", delta);
+                    PositionsFrom(m, "Range", {"start", "limit", "delta"});
+                  }),
+                  LossKind::kNone);
+  };
+  auto g3 = ranged(0, 5, 1);
+  ASSERT_TRUE(g3.ok()) << g3.status();
+  EXPECT_EQ(*g3->shape(g3->Find("pos")), (Shape{5, 4}));
+  EXPECT_EQ(g3->op(g3->inputs(g3->Find("pos"))[0]), "arange");
+  // 4, 3, 2, 1, 0 is a Range too, but not position ids in order.
+  auto reversed = ranged(4, -1, -1);
+  ASSERT_FALSE(reversed.ok());
+  EXPECT_THAT(reversed.status().message(), HasSubstr("these are 4, 3, 2, 1, 0"));
+  // BERT's token type ids, a buffer of one value: a fill.
+  auto g4 = Import(EmbeddingModel({1, 1, 1, 1, 1}), LossKind::kNone);
+  ASSERT_TRUE(g4.ok()) << g4.status();
+  const NodeId types = g4->inputs(g4->Find("pos"))[0];
+  EXPECT_EQ(g4->op(types), "fill");
+  EXPECT_EQ(g4->attrs(types)["value"], 1);
+  EXPECT_EQ(*g4->dtype(types), DType::kInt64);
+  EXPECT_EQ(*g4->shape(types), (Shape{5}));
+  auto empty = ranged(0, 5, 0);
+  ASSERT_FALSE(empty.ok());
+  EXPECT_THAT(empty.status().message(), HasSubstr("'/Range' (op Range): delta 0"));
+}
+
+TEST(OnnxImportTest, LookUpsPebbleCannotMakeAreErrorsNamingTheNode) {
+  const std::vector<BadCase> cases = {
+      {"constant indices out of order",
+       [](ModelMaker& m) {
+         for (auto& init : *m.graph()->mutable_initializer()) {
+           if (init.name() == "position_ids") init.set_int64_data(1, 3);
+         }
+       },
+       {"'/pos/Gather'", "'position_ids'", "0, 1, ..., n-1", "these are 0, 3, 2, 3, 4"}},
+      {"constant indices beyond the table",
+       [](ModelMaker& m) {
+         for (auto& init : *m.graph()->mutable_initializer()) {
+           if (init.name() != "position_ids") continue;
+           for (int i = 0; i < 5; ++i) init.set_int64_data(i, 8);
+         }
+       },
+       {"'/pos/Gather'", "constant index 8 of 'position_ids' is outside the table's 8 rows"}},
+      {"runtime indices along axis 1",
+       [](ModelMaker& m) { ModelMaker::IntAttr(FindNode(m, "Gather"), "axis", 1); },
+       {"'/tok/Gather'", "axis 1", "(10,4)"}},
+      {"token ids expanded (an integer Expand)",
+       [](ModelMaker& m) {
+         m.IntInitializer("wide", {3, 2, 5});
+         m.Node("Expand", "/Expand", {"ids", "wide"}, {"wide_ids"});
+         MoveFirst(m, {"/Expand"});
+         FindNode(m, "Gather")->set_input(1, "wide_ids");
+       },
+       {"'/Expand'", "an Expand of i64 'ids' is not supported"}},
+      {"float indices",
+       [](ModelMaker& m) {
+         m.graph()->mutable_input(0)->mutable_type()->mutable_tensor_type()->set_elem_type(
+             onnx::TensorProto::FLOAT);
+       },
+       {"'/tok/Gather'", "'ids'", "fp32", "int64 indices"}},
+  };
+  for (const BadCase& c : cases) {
+    auto g = Import(EmbeddingModel({0, 1, 2, 3, 4}, c.edit), LossKind::kNone);
+    ASSERT_FALSE(g.ok()) << c.what;
+    for (const std::string& part : c.message_parts) {
+      EXPECT_THAT(g.status().message(), HasSubstr(part)) << c.what;
+    }
+  }
+}
+
+// Attention scores (N, 4, 4) plus a constant mask (1, 4, 4) scaled by an
+// integer 1 cast to float, as nn.MultiheadAttention's export writes a
+// causal src_mask, then a softmax over the last dim. `mask(i, j)` gives
+// the mask's values; `edit` may change the model.
+std::string MaskedAttentionModel(const std::function<float(int, int)>& mask,
+                                 const std::function<void(ModelMaker&)>& edit = nullptr) {
+  ModelMaker m;
+  m.Input("input", {2, 4, 4});
+  m.Initializer("q.weight", {4, 4});
+  auto* t = m.graph()->add_initializer();
+  t->set_name("onnx::Mul_7");  // a constant of the export, not the model's
+  t->set_data_type(onnx::TensorProto::FLOAT);
+  for (int64_t d : {1, 4, 4}) t->add_dims(d);
+  for (int i = 0; i < 4; ++i) {
+    for (int j = 0; j < 4; ++j) t->add_float_data(mask(i, j));
+  }
+  m.ScalarIntInitializer("one", 1);
+  ModelMaker::IntAttr(m.Node("Cast", "/Cast", {"one"}, {"one_f"}), "to",
+                      onnx::TensorProto::FLOAT);
+  m.Node("MatMul", "/q/MatMul", {"input", "q.weight"}, {"scores"});
+  m.Node("Mul", "/Mul", {"onnx::Mul_7", "one_f"}, {"mask"});
+  m.Node("Add", "/Add", {"scores", "mask"}, {"masked"});
+  ModelMaker::IntAttr(m.Node("Softmax", "/Softmax", {"masked"}, {"attention"}), "axis", -1);
+  m.Output("attention");
+  if (edit) edit(m);
+  return m.Bytes();
+}
+
+TEST(OnnxImportTest, ACausalMaskBeforeASoftmaxIsTheSoftmaxsCausalAttr) {
+  const auto causal = [](int i, int j) { return j <= i ? 0.0f : -INFINITY; };
+  auto g = Import(MaskedAttentionModel(causal), LossKind::kMse);
+  ASSERT_TRUE(g.ok()) << g.status();
+  const NodeId softmax = g->Find("attention");  // a graph output keeps its name
+  ASSERT_NE(softmax, kNoNode);
+  EXPECT_EQ(g->attrs(softmax)["causal"], true);
+  EXPECT_EQ(g->id(g->inputs(softmax)[0]), "q");  // the scores themselves: no add
+  for (NodeId v = 0; v < g->num_nodes(); ++v) EXPECT_NE(g->op(v), "add") << g->id(v);
+  EXPECT_EQ(*g->shape(g->Find("grad:q.weight")), (Shape{4, 4}));
+  // Hugging Face's style: a large negative number for the masked keys.
+  auto finite = Import(
+      MaskedAttentionModel([](int i, int j) { return j <= i ? 0.0f : -3.4e38f; }),
+      LossKind::kNone);
+  ASSERT_TRUE(finite.ok()) << finite.status();
+  EXPECT_EQ(finite->attrs(finite->Find("attention"))["causal"], true);
+}
+
+TEST(OnnxImportTest, AMaskThatIsNotCausalOrIsReadElsewhereIsRefused) {
+  // Key 1 masked from query 3, which causality allows.
+  auto holed = Import(MaskedAttentionModel([](int i, int j) {
+                        return j <= i && !(i == 3 && j == 1) ? 0.0f : -INFINITY;
+                      }),
+                      LossKind::kNone);
+  ASSERT_FALSE(holed.ok());
+  EXPECT_THAT(std::string(holed.status().message()),
+              HasSubstr("'/Add' (op Add): input 'mask' is a constant tensor of shape (1,4,4)"));
+  // The sum read by another node too: it must hold the mask.
+  auto read = Import(MaskedAttentionModel([](int i, int j) { return j <= i ? 0.0f : -INFINITY; },
+                                          [](ModelMaker& m) {
+                                            m.Node("Relu", "/Relu", {"masked"}, {"seen"});
+                                            m.Output("seen");
+                                          }),
+                     LossKind::kNone);
+  ASSERT_FALSE(read.ok());
+  EXPECT_THAT(std::string(read.status().message()), HasSubstr("'/Add' (op Add)"));
 }
 
 TEST(OnnxImportTest, SupportedOpsAreListed) {

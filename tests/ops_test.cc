@@ -84,9 +84,14 @@ TEST(OpTableTest, RegistersTheVocabularySorted) {
     EXPECT_TRUE(def->infer && def->flops) << op;
   }
   EXPECT_EQ(FindOp("no_such_op"), nullptr);
-  // Forward ops are differentiable, backward ops are not.
+  // Forward ops are differentiable, backward ops are not, but for a
+  // convolution's data gradient: run forward, it is a transposed
+  // convolution (ONNX's ConvTranspose imports as one).
   EXPECT_NE(FindOp("conv2d")->backward, nullptr);
-  EXPECT_EQ(FindOp("conv2d_backward_data")->backward, nullptr);
+  EXPECT_EQ(FindOp("conv2d_backward_weight")->backward, nullptr);
+  EXPECT_EQ(FindOp("relu_backward")->backward, nullptr);
+  EXPECT_NE(FindOp("conv2d_backward_data")->backward, nullptr);
+  EXPECT_NE(FindOp("conv3d_backward_data")->backward, nullptr);
   EXPECT_EQ(FindOp("dropout_mask")->backward, nullptr);
 }
 

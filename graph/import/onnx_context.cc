@@ -58,10 +58,12 @@ absl::StatusOr<Value> ImportContext::Get(const onnx::NodeProto& node, const std:
   }
   auto init = initializers_.find(name);
   if (init == initializers_.end()) {
-    // A float scalar Constant read by a computation (GELU's 0.5 and
-    // sqrt(2), a "+ 1"): a one-element `fill` node of that value.
+    // A scalar Constant read by a computation (GELU's 0.5 and sqrt(2), a
+    // "+ 1"; an integer one through a Cast to float, which keeps the value
+    // as it is, as nn.MultiheadAttention's mask scaling): a one-element
+    // `fill` node of that value.
     if (auto c = constants_.find(name); c != constants_.end()) {
-      if (std::optional<double> value = FloatScalar(*c->second)) {
+      if (std::optional<double> value = NumberScalar(*c->second)) {
         const Shape shape(c->second->dims().begin(), c->second->dims().end());
         const std::string id = Free(name) ? name : FreshId(name);
         const Value v = nb_.Apply("fill", {},
@@ -173,6 +175,35 @@ std::optional<Ints> ImportContext::KnownInts(const std::string& name) const {
   absl::StatusOr<std::vector<int64_t>> values = IntValues(*t);
   if (!values.ok()) return std::nullopt;
   return Ints{Shape(t->dims().begin(), t->dims().end()), *std::move(values)};
+}
+
+std::optional<Numbers> ImportContext::KnownNumbers(const std::string& name) const {
+  const onnx::TensorProto* t = ConstTensor(name);
+  if (t == nullptr || IsParameterLike(name)) return std::nullopt;
+  Numbers out{Shape(t->dims().begin(), t->dims().end()), {}};
+  if (std::optional<std::vector<double>> floats = FloatValues(*t)) {
+    out.values = *std::move(floats);
+    return out;
+  }
+  absl::StatusOr<std::vector<int64_t>> ints = IntValues(*t);
+  if (!ints.ok() || ints->size() > (size_t{1} << 20)) return std::nullopt;
+  out.values.assign(ints->begin(), ints->end());
+  return out;
+}
+
+void ImportContext::IndexReaders(const onnx::GraphProto& graph) {
+  for (const onnx::NodeProto& node : graph.node()) {
+    for (const std::string& name : node.input()) {
+      std::vector<const onnx::NodeProto*>& readers = readers_[name];
+      if (readers.empty() || readers.back() != &node) readers.push_back(&node);
+    }
+  }
+}
+
+const std::vector<const onnx::NodeProto*>& ImportContext::Readers(const std::string& name) const {
+  static const auto* const kNone = new std::vector<const onnx::NodeProto*>;
+  auto it = readers_.find(name);
+  return it == readers_.end() ? *kNone : it->second;
 }
 
 absl::StatusOr<Operand> ImportContext::FirstOperand(const onnx::NodeProto& node) {

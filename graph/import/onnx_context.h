@@ -37,6 +37,13 @@ struct Ints {
   std::vector<int64_t> values;
 };
 
+// A numeric constant known at import, as doubles: its dims and its values
+// in row-major order (a float Constant, an attention mask).
+struct Numbers {
+  Shape dims;
+  std::vector<double> values;
+};
+
 // Input 0 of a node: known integers, or else a computed value; its shape.
 struct Operand {
   std::optional<Ints> ints;
@@ -63,6 +70,9 @@ class ImportContext {
   // A graph input or output: its name is its node's id, which no other
   // node takes.
   void Reserve(const std::string& name) { reserved_.insert(name); }
+  bool Reserved(const std::string& name) const { return reserved_.contains(name); }
+  // Indexes which nodes read each value (Readers).
+  void IndexReaders(const onnx::GraphProto& graph);
   void DefineInput(const std::string& name, Value v) { values_[name] = v; }
 
   // ---- Reading values.
@@ -89,6 +99,11 @@ class ImportContext {
   absl::StatusOr<std::vector<int64_t>> ConstInts(const onnx::NodeProto& node, int i);
   // `name`'s integers where they are known at import.
   std::optional<Ints> KnownInts(const std::string& name) const;
+  // `name`'s numbers (float, or integers as doubles) where it is a constant
+  // of at most 2^20 elements that is not a parameter (IsParameterLike).
+  std::optional<Numbers> KnownNumbers(const std::string& name) const;
+  // The nodes that read value `name` (IndexReaders), in graph order.
+  const std::vector<const onnx::NodeProto*>& Readers(const std::string& name) const;
   absl::StatusOr<Operand> FirstOperand(const onnx::NodeProto& node);
   // An error unless `node` has `min` to `max` inputs.
   absl::Status ExpectInputs(const onnx::NodeProto& node, int min, int max);
@@ -108,6 +123,10 @@ class ImportContext {
   // An output nothing in a training step reads (batch norm's updated
   // statistics, dropout's mask): reading it is an error.
   void MarkUnreadable(const std::string& name) { unreadable_.insert(name); }
+  // Value `name` is a computed value plus a causal mask that the softmax
+  // reading it applies (its `causal` attr) rather than an add.
+  void MarkCausallyMasked(const std::string& name) { causally_masked_.insert(name); }
+  bool CausallyMasked(const std::string& name) const { return causally_masked_.contains(name); }
 
   // ---- Applying pebble operators.
 
@@ -164,6 +183,8 @@ class ImportContext {
   // nn.Upsample exports its scales): constants, however they are named.
   absl::flat_hash_set<std::string> arguments_;
   absl::flat_hash_set<std::string> unreadable_;
+  absl::flat_hash_set<std::string> causally_masked_;
+  absl::flat_hash_map<std::string, std::vector<const onnx::NodeProto*>> readers_;
   absl::flat_hash_map<std::string, Value> values_;
   absl::flat_hash_set<std::string> reserved_;
 };

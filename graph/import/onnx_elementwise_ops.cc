@@ -148,10 +148,89 @@ absl::StatusOr<Value> Broadcast(ImportContext& cx, const onnx::NodeProto& node,
   return cx.Lowered(node, "transpose", {y}, {{"perm", inverse}}, suffix);
 }
 
+// op of two numeric constants of which one is a scalar and the other not
+// (nn.MultiheadAttention's export scales its constant attention mask by a
+// cast 1): folded into a float constant. Returns false, folding nothing,
+// for other operands (two scalars stay computed, as they always were).
+bool FoldFloatArithmetic(ImportContext& cx, const onnx::NodeProto& node, absl::string_view op) {
+  std::optional<Numbers> a = cx.KnownNumbers(node.input(0));
+  std::optional<Numbers> b = cx.KnownNumbers(node.input(1));
+  if (!a || !b || (a->values.size() == 1) == (b->values.size() == 1)) return false;
+  const bool a_scalar = a->values.size() == 1;
+  const Numbers& full = a_scalar ? *b : *a;
+  const Numbers& scalar = a_scalar ? *a : *b;
+  if (scalar.dims.size() > full.dims.size()) return false;  // it would widen the result
+  std::vector<double> values;
+  for (size_t i = 0; i < full.values.size(); ++i) {
+    const double x = a_scalar ? a->values[0] : a->values[i];
+    const double y = a_scalar ? b->values[i] : b->values[0];
+    values.push_back(op == "add" ? x + y : op == "sub" ? x - y : op == "mul" ? x * y : x / y);
+  }
+  return cx.DefineFolded(node, FloatTensor(full.dims, values)).ok();
+}
+
+// Whether `v` is a causal mask over the last two dims (S, T) of a tensor:
+// leading dims of 1, then 0 where key j <= query i and -inf (or at most
+// -1e4, which softmax turns into exactly 0 in fp32 all the same) where
+// j > i. nn.Transformer.generate_square_subsequent_mask writes one.
+bool IsCausalMask(const Numbers& mask, const Shape& x) {
+  const size_t rank = mask.dims.size();
+  if (rank < 2 || rank > x.size() || mask.dims[rank - 2] != x[x.size() - 2] ||
+      mask.dims[rank - 1] != x.back()) {
+    return false;
+  }
+  for (size_t d = 0; d + 2 < rank; ++d) {
+    if (mask.dims[d] != 1) return false;
+  }
+  const int64_t rows = mask.dims[rank - 2], cols = mask.dims[rank - 1];
+  for (int64_t i = 0; i < rows; ++i) {
+    for (int64_t j = 0; j < cols; ++j) {
+      const double v = mask.values[i * cols + j];
+      if (j <= i ? v != 0.0 : !(v <= -1e4)) return false;
+    }
+  }
+  return true;
+}
+
+// x + mask, where the mask is a constant causal mask over x's last two dims
+// (IsCausalMask: a causal `src_mask` or `attn_mask`) and every reader of
+// the sum is a Softmax over the last dim: the sum is x itself, marked, and
+// those softmaxes take pebble's `causal` attr, which masks the same keys
+// (no mask tensor, no add). Returns whether it applied.
+absl::StatusOr<bool> CausallyMaskedAdd(ImportContext& cx, const onnx::NodeProto& node) {
+  for (int m : {0, 1}) {
+    std::optional<Numbers> mask = cx.KnownNumbers(node.input(m));
+    const Value* x = cx.Find(node.input(1 - m));
+    if (!mask || x == nullptr || !cx.nb().has_type(*x)) continue;
+    const Shape& shape = cx.nb().type(*x).shape;
+    const std::string& sum = node.output(0);
+    const auto& readers = cx.Readers(sum);
+    const bool softmaxes_only =
+        !readers.empty() && !cx.Reserved(sum) &&
+        std::all_of(readers.begin(), readers.end(), [&](const onnx::NodeProto* r) {
+          if (r->op_type() != "Softmax") return false;
+          const absl::StatusOr<int64_t> axis =
+              Attrs(*r).Int("axis", cx.opset() >= 13 ? -1 : 1);
+          const auto rank = static_cast<int64_t>(shape.size());
+          return axis.ok() && (*axis == -1 || *axis == rank - 1);
+        });
+    if (!softmaxes_only || !IsCausalMask(*mask, shape)) continue;
+    RETURN_IF_ERROR(cx.Define(node, *x));
+    cx.MarkCausallyMasked(sum);
+    return true;
+  }
+  return false;
+}
+
 absl::Status Binary(ImportContext& cx, const onnx::NodeProto& node, absl::string_view op) {
   RETURN_IF_ERROR(cx.ExpectInputs(node, 2, 2));
   RETURN_IF_ERROR(Attrs(node).OnlyKnown({}));
   if (cx.KnownInts(node.input(0)) && cx.KnownInts(node.input(1))) return FoldArithmetic(cx, node);
+  if (FoldFloatArithmetic(cx, node, op)) return absl::OkStatus();
+  if (op == "add") {
+    ASSIGN_OR_RETURN(bool masked, CausallyMaskedAdd(cx, node));
+    if (masked) return absl::OkStatus();
+  }
   ASSIGN_OR_RETURN(std::vector<Value> in, cx.Inputs(node));
   ASSIGN_OR_RETURN(Value v, Broadcast(cx, node, op, in[0], in[1], ""));
   return cx.Define(node, v);
@@ -171,6 +250,13 @@ absl::Status Expand(ImportContext& cx, const onnx::NodeProto& node) {
                                         absl::StrJoin(shape, ","), "]"));
   }
   if (Shape(out->begin(), out->end()) == in) return cx.Define(node, x);
+  // The expansion is an add to zeros, which pebble computes in float only.
+  if (const DType dtype = cx.nb().type(x).dtype; !ops_internal::IsFloat(dtype)) {
+    return NodeError(node, absl::StrCat("an Expand of ", DTypeName(dtype), " ",
+                                        Quote(node.input(0)),
+                                        " is not supported (pebble expands float tensors "
+                                        "only)"));
+  }
   ASSIGN_OR_RETURN(Value zeros, cx.Zeros(node, *out, x, "zeros"));
   ASSIGN_OR_RETURN(Value v, Broadcast(cx, node, "add", zeros, x, ""));
   return cx.Define(node, v);

@@ -52,10 +52,29 @@ class Importer {
         cx_(std::string(name), options.cost_model) {}
 
   // The graph, and in `notes` (where given) a Reshape that kept the
-  // exported batch in a graph that imported all the same.
+  // exported batch in a graph that imported all the same, or else that
+  // --batch rewrote a batch the file fixes (FixedBatchNote). An import that
+  // fails after such a rewrite but succeeds at the exported batch says so.
   absl::StatusOr<Graph> Run(std::vector<std::string>* notes) {
     absl::StatusOr<Graph> graph = Import();
-    if (!batch_fixed_by_.has_value()) return graph;
+    if (!batch_fixed_by_.has_value()) {
+      if (!RewroteAFixedBatch()) return graph;
+      if (!graph.ok()) {
+        if (!in_nodes_ || !ImportsAtTheExportedBatch()) return graph;
+        return absl::Status(
+            graph.status().code(),
+            absl::StrCat(graph.status().message(), " (",
+                         FixedBatchNote(absl::StrCat(", and the file imports at batch ",
+                                                     *exported_batch_->size)),
+                         ")"));
+      }
+      if (notes != nullptr) {
+        notes->push_back(FixedBatchNote(
+            ", and pebble cannot tell such a constant from others: the step may not be the "
+            "one of this batch"));
+      }
+      return graph;
+    }
     if (!graph.ok()) {
       return absl::Status(graph.status().code(),
                           absl::StrCat(graph.status().message(), " (", BatchFixedNote(), ")"));
@@ -77,12 +96,15 @@ class Importer {
     RETURN_IF_ERROR(CheckAssignedOnce());
     for (const onnx::ValueInfoProto& v : graph_.input()) cx_.Reserve(v.name());
     for (const onnx::ValueInfoProto& v : graph_.output()) cx_.Reserve(v.name());
+    cx_.IndexReaders(graph_);
     RETURN_IF_ERROR(AddGraphInputs());
+    in_nodes_ = true;
     for (const onnx::NodeProto& node : graph_.node()) {
       RETURN_IF_ERROR(NoteBatchFixedFailure(node, ImportNode(node)));
       RETURN_IF_ERROR(cx_.nb().status());
       NoteBatchFixedReshape(node);
     }
+    in_nodes_ = false;
     // ONNX's own shape inference runs only now, on nodes whose attributes
     // pebble has checked: it trusts them (a stride of 0 divides by zero in
     // libonnx's convolution inference, found by fuzzing).
@@ -533,6 +555,34 @@ class Importer {
     return values->front();
   }
 
+  // Whether the model imports without --batch, at the batch it was exported
+  // with: then a failure with --batch comes from the rewrite.
+  bool ImportsAtTheExportedBatch() const {
+    OnnxImportOptions exported = options_;
+    exported.batch.reset();
+    Importer again(model_, cx_.nb().name(), exported);
+    return again.Run(nullptr).ok();
+  }
+
+  // Whether --batch rewrote dimension 0 from a size the file fixes (an
+  // export without dynamic_axes): the exporter then wrote every value the
+  // model computed from x.shape[0] as a literal of that size.
+  bool RewroteAFixedBatch() const {
+    return exported_batch_.has_value() && exported_batch_->size.has_value();
+  }
+
+  // What --batch could not rewrite in a file of fixed batch, then `tail`.
+  std::string FixedBatchNote(absl::string_view tail) const {
+    return absl::StrCat("--batch ", *options_.batch, " rewrote dimension 0 from the exported ",
+                        *exported_batch_->size,
+                        ", a size the file fixes: what the model computed from the batch size "
+                        "at export (x.shape[0] in arithmetic, torch.arange(x.shape[0]), "
+                        "nn.MultiheadAttention's batch x heads) is a constant there and keeps ",
+                        *exported_batch_->size, tail,
+                        "; export with a symbolic batch (dynamic_axes={\"input\": {0: "
+                        "\"batch\"}}) to import at other sizes");
+  }
+
   std::string BatchFixedNote() const {
     const std::string exported =
         exported_batch_->size.has_value()
@@ -565,6 +615,9 @@ class Importer {
   };
   bool some_symbolic_batch_ = false;  // BatchRewrites
   std::optional<ExportedBatch> exported_batch_;
+  // Whether Import is in its walk over the nodes (an error there may come
+  // from a fixed batch that --batch rewrote).
+  bool in_nodes_ = false;
   // The first Reshape that sets dim 0 from --batch to a constant's size,
   // and that size (NoteBatchFixedReshape).
   std::optional<std::string> batch_fixed_by_;

@@ -21,50 +21,143 @@
 namespace pebble::onnx_import {
 namespace {
 
-absl::Status Conv(ImportContext& cx, const onnx::NodeProto& node) {
-  RETURN_IF_ERROR(cx.ExpectInputs(node, 2, 3));
-  ASSIGN_OR_RETURN(std::vector<Value> in, cx.Inputs(node));
-  const Attrs attrs(node);
-  RETURN_IF_ERROR(
-      attrs.OnlyKnown({"auto_pad", "dilations", "group", "kernel_shape", "pads", "strides"}));
-  const int rank = static_cast<int>(cx.nb().type(in[0]).shape.size());
+// The window of a Conv or ConvTranspose of x by weight w (1-D to 3-D):
+// pebble's convolution attrs (stride, padding; groups and dilation written
+// only where they are not 1, as pebble's own models write them), already
+// widened to 2-D for a 1-D one, and the ONNX values they came from.
+struct OnnxConvWindow {
+  int spatial = 0;
+  std::vector<int64_t> strides, padding, dilations;
+  Json attrs;
+};
+
+absl::StatusOr<OnnxConvWindow> ReadConvWindow(const onnx::NodeProto& node, const Attrs& attrs,
+                                              const Shape& x, const Shape& w) {
+  const auto rank = static_cast<int>(x.size());
   if (rank != 3 && rank != 4 && rank != 5) {
     return NodeError(node, absl::StrCat("only 1-D, 2-D and 3-D convolutions are supported; x is ",
-                                        ShapeToString(cx.nb().type(in[0]).shape)));
+                                        ShapeToString(x)));
   }
-  const int spatial = rank - 2;
+  OnnxConvWindow win;
+  win.spatial = rank - 2;
+  const int spatial = win.spatial;
   RETURN_IF_ERROR(OnlyNotSetAutoPad(attrs));
-  ASSIGN_OR_RETURN(std::vector<int64_t> dilations,
-                   attrs.Ints("dilations", std::vector<int64_t>(spatial, 1)));
-  if (static_cast<int>(dilations.size()) != spatial) {
-    return attrs.Unsupported("dilations", absl::StrCat("[", absl::StrJoin(dilations, ","),
+  ASSIGN_OR_RETURN(win.dilations, attrs.Ints("dilations", std::vector<int64_t>(spatial, 1)));
+  if (static_cast<int>(win.dilations.size()) != spatial) {
+    return attrs.Unsupported("dilations", absl::StrCat("[", absl::StrJoin(win.dilations, ","),
                                                        "] (one per spatial dim expected)"));
   }
   ASSIGN_OR_RETURN(int64_t group, attrs.Int("group", 1));
-  ASSIGN_OR_RETURN(std::vector<int64_t> padding, SymmetricPads(attrs, node, spatial));
-  ASSIGN_OR_RETURN(std::vector<int64_t> strides,
-                   attrs.Ints("strides", std::vector<int64_t>(spatial, 1)));
+  ASSIGN_OR_RETURN(win.padding, SymmetricPads(attrs, node, spatial));
+  ASSIGN_OR_RETURN(win.strides, attrs.Ints("strides", std::vector<int64_t>(spatial, 1)));
+  if (static_cast<int>(win.strides.size()) != spatial) {
+    return attrs.Unsupported("strides", absl::StrCat("[", absl::StrJoin(win.strides, ","),
+                                                     "] (one per spatial dim expected)"));
+  }
   ASSIGN_OR_RETURN(std::vector<int64_t> kernel, attrs.Ints("kernel_shape", {}));
-  const Shape& w = cx.nb().type(in[1]).shape;
   if (!kernel.empty() && (static_cast<int>(w.size()) != rank ||
                           !std::equal(kernel.begin(), kernel.end(), w.begin() + 2))) {
     return NodeError(node, absl::StrCat("kernel_shape [", absl::StrJoin(kernel, ","),
                                         "] disagrees with the weight ", ShapeToString(w)));
   }
   // Groups and dilation the operator table checks (a one-line error
-  // naming this node where they do not fit the shapes); written only
-  // where they are not 1, as pebble's own models write them.
-  Json conv_attrs = {{"stride", strides}, {"padding", padding}};
-  if (group != 1) conv_attrs["groups"] = group;
-  if (std::any_of(dilations.begin(), dilations.end(), [](int64_t v) { return v != 1; })) {
-    conv_attrs["dilation"] = dilations;
+  // naming this node where they do not fit the shapes).
+  const bool dilated =
+      std::any_of(win.dilations.begin(), win.dilations.end(), [](int64_t v) { return v != 1; });
+  const bool one_d = spatial == 1;
+  win.attrs = {{"stride", one_d ? Widen(win.strides, 1) : win.strides},
+               {"padding", one_d ? Widen(win.padding, 0) : win.padding}};
+  if (group != 1) win.attrs["groups"] = group;
+  if (dilated) win.attrs["dilation"] = one_d ? Widen(win.dilations, 1) : win.dilations;
+  return win;
+}
+
+absl::Status Conv(ImportContext& cx, const onnx::NodeProto& node) {
+  RETURN_IF_ERROR(cx.ExpectInputs(node, 2, 3));
+  ASSIGN_OR_RETURN(std::vector<Value> in, cx.Inputs(node));
+  const Attrs attrs(node);
+  RETURN_IF_ERROR(
+      attrs.OnlyKnown({"auto_pad", "dilations", "group", "kernel_shape", "pads", "strides"}));
+  ASSIGN_OR_RETURN(OnnxConvWindow win, ReadConvWindow(node, attrs, cx.nb().type(in[0]).shape,
+                                                      cx.nb().type(in[1]).shape));
+  if (win.spatial > 1) {
+    return cx.Apply(node, win.spatial == 2 ? "conv2d" : "conv3d", in, win.attrs);
   }
-  if (spatial > 1) return cx.Apply(node, spatial == 2 ? "conv2d" : "conv3d", in, conv_attrs);
   // 1-D: x (N, C, L) and the weight (O, C/g, k) as 2-D of height 1.
-  conv_attrs["stride"] = Widen(strides, 1);
-  conv_attrs["padding"] = Widen(padding, 0);
-  if (conv_attrs.contains("dilation")) conv_attrs["dilation"] = Widen(dilations, 1);
-  return cx.ApplyAs2d(node, "conv2d", in, 2, conv_attrs);
+  return cx.ApplyAs2d(node, "conv2d", in, 2, win.attrs);
+}
+
+// ConvTranspose (nn.ConvTranspose1d/2d/3d) of x (N, C_in, S...) by the
+// weight (C_in, C_out / group, k...): pebble's convolution data gradient
+// of x by that weight (a transposed convolution is one; its own gradients
+// are a convolution and a weight gradient, graph/ops/conv_pool.cc), whose
+// input_shape is the output's: S_out = (S - 1) stride - 2 pad +
+// dilation (k - 1) + output_padding + 1. A 1-D one runs as 2-D of height
+// 1 between reshapes; the bias is a broadcast add of it viewed as
+// (C_out, 1, ...).
+absl::Status ConvTranspose(ImportContext& cx, const onnx::NodeProto& node) {
+  RETURN_IF_ERROR(cx.ExpectInputs(node, 2, 3));
+  ASSIGN_OR_RETURN(std::vector<Value> in, cx.Inputs(node));
+  const Attrs attrs(node);
+  RETURN_IF_ERROR(attrs.OnlyKnown({"auto_pad", "dilations", "group", "kernel_shape", "pads",
+                                   "strides", "output_padding", "output_shape"}));
+  if (attrs.has("output_shape")) {
+    return attrs.Unsupported("output_shape", "(given)",
+                             "torch.onnx.export writes output_padding instead");
+  }
+  const Shape x = cx.nb().type(in[0]).shape;
+  const Shape w = cx.nb().type(in[1]).shape;
+  ASSIGN_OR_RETURN(OnnxConvWindow win, ReadConvWindow(node, attrs, x, w));
+  const int spatial = win.spatial;
+  if (static_cast<int>(w.size()) != spatial + 2 || w[0] != x[1]) {
+    return NodeError(node, absl::StrCat("the weight ", ShapeToString(w), " does not fit x ",
+                                        ShapeToString(x), " (ConvTranspose takes (C_in, "
+                                        "C_out / group, k...) with C_in = x's channels)"));
+  }
+  ASSIGN_OR_RETURN(std::vector<int64_t> output_padding,
+                   attrs.Ints("output_padding", std::vector<int64_t>(spatial, 0)));
+  if (static_cast<int>(output_padding.size()) != spatial) {
+    return attrs.Unsupported("output_padding",
+                             absl::StrCat("[", absl::StrJoin(output_padding, ","), "]"),
+                             "one per spatial dim expected");
+  }
+  const int64_t group = win.attrs.value("groups", int64_t{1});
+  Shape out = {x[0], w[1] * group};
+  for (int d = 0; d < spatial; ++d) {
+    const int64_t op = output_padding[d];
+    if (op < 0 || op >= std::max(win.strides[d], win.dilations[d])) {
+      return attrs.Unsupported(
+          "output_padding", absl::StrCat("[", absl::StrJoin(output_padding, ","), "]"),
+          "each must be at least 0 and less than the stride or the dilation, as PyTorch has it");
+    }
+    const int64_t size = (x[2 + d] - 1) * win.strides[d] - 2 * win.padding[d] +
+                         win.dilations[d] * (w[2 + d] - 1) + op + 1;
+    if (size < 1) {
+      return NodeError(node, absl::StrCat("its output would have size ", size, " on spatial dim ",
+                                          d, " (the padding exceeds what the kernel covers)"));
+    }
+    out.push_back(size);
+  }
+  const bool bias = in.size() == 3;
+  const bool one_d = spatial == 1;
+  const std::string op = spatial == 3 ? "conv3d_backward_data" : "conv2d_backward_data";
+  Json op_attrs = win.attrs;
+  op_attrs["input_shape"] = one_d ? WithUnitDim(out, 2) : out;
+  Value xs = in[0], ws = in[1];
+  if (one_d) {
+    ASSIGN_OR_RETURN(xs, cx.Aux(node, "reshape", {xs}, {{"shape", WithUnitDim(x, 2)}}, "x2d"));
+    ASSIGN_OR_RETURN(ws, cx.Aux(node, "reshape", {ws}, {{"shape", WithUnitDim(w, 2)}}, "w2d"));
+  }
+  ASSIGN_OR_RETURN(Value y, cx.Lowered(node, op, {xs, ws}, op_attrs,
+                                       one_d || bias ? "transposed" : ""));
+  if (one_d) {
+    ASSIGN_OR_RETURN(y, cx.Lowered(node, "reshape", {y}, {{"shape", out}}, bias ? "y1d" : ""));
+  }
+  if (!bias) return cx.Define(node, y);
+  Shape column(spatial + 1, 1);
+  column[0] = out[1];
+  ASSIGN_OR_RETURN(Value b, cx.Aux(node, "reshape", {in[2]}, {{"shape", column}}, "bias_column"));
+  return cx.Apply(node, "add", {y, b});
 }
 
 absl::Status BatchNormalization(ImportContext& cx, const onnx::NodeProto& node) {
@@ -320,6 +413,70 @@ absl::Status LayerNormalization(ImportContext& cx, const onnx::NodeProto& node) 
   return absl::OkStatus();
 }
 
+// Whether ONNX value `name` is a constant (not a parameter) whose every
+// element is `value`.
+bool ConstantOfValue(const ImportContext& cx, const std::string& name, double value) {
+  const onnx::TensorProto* t = cx.ConstTensor(name);
+  if (t == nullptr || cx.IsParameterLike(name)) return false;
+  const std::optional<std::vector<double>> values = FloatValues(*t);
+  return values && std::all_of(values->begin(), values->end(),
+                               [value](double v) { return v == value; });
+}
+
+// InstanceNormalization of x (N, C, D1, ...): each (sample, channel)
+// normalised over its other elements, then scaled and shifted per channel.
+// nn.InstanceNorm1d/2d/3d without running statistics export as one with
+// their parameters; nn.GroupNorm (before opset 18) as one over x viewed as
+// (N, groups, -1) with a constant unit scale and zero bias, between two
+// Reshapes, then its own affine. Lowered to a layer norm over the last dim
+// of x viewed as (N, C, D1 x ...), the affine a broadcast mul and add by
+// the scale and bias viewed as (C, 1) (left out where they are constant
+// ones and zeros), and the result viewed back.
+absl::Status InstanceNormalization(ImportContext& cx, const onnx::NodeProto& node) {
+  RETURN_IF_ERROR(cx.ExpectInputs(node, 3, 3));
+  const Attrs attrs(node);
+  RETURN_IF_ERROR(attrs.OnlyKnown({"epsilon"}));
+  ASSIGN_OR_RETURN(double eps, attrs.Float("epsilon", 1e-5));
+  ASSIGN_OR_RETURN(Value x, cx.Get(node, node.input(0)));
+  const Shape shape = cx.nb().type(x).shape;
+  if (shape.size() < 3) {
+    return NodeError(node, absl::StrCat("input of shape ", ShapeToString(shape),
+                                        "; InstanceNormalization takes (N, C, D1, ...)"));
+  }
+  int64_t per_channel = 1;
+  for (size_t d = 2; d < shape.size(); ++d) per_channel *= shape[d];
+  const Shape rows_shape = {shape[0], shape[1], per_channel};
+  const bool viewed = shape.size() != 3;
+  const bool affine = !(ConstantOfValue(cx, node.input(1), 1.0) &&
+                        ConstantOfValue(cx, node.input(2), 0.0));
+  Value rows = x;
+  if (viewed) {
+    ASSIGN_OR_RETURN(rows, cx.Aux(node, "reshape", {x}, {{"shape", rows_shape}}, "rows"));
+  }
+  const Json a = {{"eps", eps}};
+  ASSIGN_OR_RETURN(Value stats, cx.Aux(node, "layernorm_stats", {rows}, a, "stats"));
+  ASSIGN_OR_RETURN(Value y, cx.Lowered(node, "layernorm", {rows, stats}, a,
+                                       viewed || affine ? "normalized" : ""));
+  if (affine) {
+    const Shape column = {shape[1], 1};
+    for (int i : {1, 2}) {
+      ASSIGN_OR_RETURN(Value p, cx.Get(node, node.input(i)));
+      if (cx.nb().type(p).shape != Shape{shape[1]}) {
+        return NodeError(node, absl::StrCat(i == 1 ? "scale " : "bias ", Quote(node.input(i)),
+                                            " of shape ", ShapeToString(cx.nb().type(p).shape),
+                                            "; expected (", shape[1], ")"));
+      }
+      ASSIGN_OR_RETURN(p, cx.Aux(node, "reshape", {p}, {{"shape", column}},
+                                 i == 1 ? "scale_column" : "bias_column"));
+      const bool last = i == 2 && !viewed;
+      ASSIGN_OR_RETURN(y, cx.Lowered(node, i == 1 ? "mul" : "add", {y, p}, Json::object(),
+                                     last ? "" : (i == 1 ? "scaled" : "shifted")));
+    }
+  }
+  if (viewed) return cx.Apply(node, "reshape", {y}, {{"shape", shape}});
+  return cx.Define(node, y);
+}
+
 absl::Status Softmax(ImportContext& cx, const onnx::NodeProto& node) {
   RETURN_IF_ERROR(cx.ExpectInputs(node, 1, 1));
   const Attrs attrs(node);
@@ -329,8 +486,14 @@ absl::Status Softmax(ImportContext& cx, const onnx::NodeProto& node) {
   ASSIGN_OR_RETURN(const int64_t given, attrs.Int("axis", cx.opset() >= 13 ? -1 : 1));
   ASSIGN_OR_RETURN(const int64_t axis, OnnxAxis(node, absl::StrCat("axis ", given), given, rank));
   // Before opset 13, axis 1 of a 2-D input is the last one as well; its
-  // other axes flatten the dims after them, which is refused.
-  if (axis == rank - 1) return cx.Apply(node, "softmax", in);
+  // other axes flatten the dims after them, which is refused. The sum of
+  // scores and a causal mask is the scores, softmaxed with `causal`
+  // (CausallyMaskedAdd).
+  if (axis == rank - 1) {
+    Json causal = Json::object();
+    if (cx.CausallyMasked(node.input(0))) causal["causal"] = true;
+    return cx.Apply(node, "softmax", in, causal);
+  }
   if (cx.opset() < 13) {
     return attrs.Unsupported("axis", absl::StrCat(given),
                              "before opset 13, softmax over the last dim only");
@@ -490,6 +653,7 @@ absl::Status Pad(ImportContext& cx, const onnx::NodeProto& node) {
 
 void AddLayerOps(OnnxHandlers& handlers) {
   handlers["Conv"] = Conv;
+  handlers["ConvTranspose"] = ConvTranspose;
   handlers["BatchNormalization"] = BatchNormalization;
   for (const auto& ops : {std::pair{"MaxPool", "maxpool"}, {"AveragePool", "avgpool"}}) {
     handlers[ops.first] = [op = ops.second](ImportContext& cx, const onnx::NodeProto& node) {
@@ -501,6 +665,7 @@ void AddLayerOps(OnnxHandlers& handlers) {
   handlers["Gemm"] = Gemm;
   handlers["MatMul"] = MatMul;
   handlers["LayerNormalization"] = LayerNormalization;
+  handlers["InstanceNormalization"] = InstanceNormalization;
   handlers["Softmax"] = Softmax;
   handlers["Dropout"] = Dropout;
   handlers["Resize"] = Resize;

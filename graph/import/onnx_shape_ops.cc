@@ -54,9 +54,104 @@ absl::Status ShapeOf(ImportContext& cx, const onnx::NodeProto& node) {
   return cx.DefineInts(node, 0, Ints{{n}, std::move(dims)});
 }
 
-// Gather of a known integer vector (a shape's dims) at constant indices;
-// of a computed tensor at one constant index (x[:, 0]): a slice and a
-// reshape dropping the dim.
+// Gather of a computed tensor at one constant index (x[:, 0]): a slice and
+// a reshape dropping the dim.
+absl::Status GatherOneIndex(ImportContext& cx, const onnx::NodeProto& node, int64_t axis,
+                            int64_t index) {
+  ASSIGN_OR_RETURN(Value x, cx.Get(node, node.input(0)));
+  const Shape shape = cx.nb().type(x).shape;
+  const auto rank = static_cast<int64_t>(shape.size());
+  ASSIGN_OR_RETURN(axis, OnnxAxis(node, absl::StrCat("axis ", axis), axis, rank));
+  if (index < -shape[axis] || index >= shape[axis]) {
+    return NodeError(node, absl::StrCat("index ", index, " out of range"));
+  }
+  if (index < 0) index += shape[axis];
+  ASSIGN_OR_RETURN(Value part, cx.Aux(node, "slice", {x},
+                                      {{"axis", axis}, {"begin", index}, {"end", index + 1}},
+                                      "slice"));
+  std::vector<int64_t> out(shape.begin(), shape.end());
+  out.erase(out.begin() + axis);
+  return cx.Apply(node, "reshape", {part}, {{"shape", out}});
+}
+
+// The indices of an embedding look-up into a table of `rows` rows as a
+// pebble value: computed (token ids, an input), or known at import and
+// either 0, 1, ..., n-1 in row-major order (position ids: `torch.arange`,
+// a buffer of them, a slice of one), which an `arange` makes, or all one
+// value (BERT's token type ids, a buffer of zeros), which a `fill` makes.
+// Other constant indices have no pebble operator.
+absl::StatusOr<Value> LookupIndices(ImportContext& cx, const onnx::NodeProto& node,
+                                    int64_t rows) {
+  const std::string& name = node.input(1);
+  std::optional<Ints> known = cx.KnownInts(name);
+  if (!known) {
+    ASSIGN_OR_RETURN(Value ids, cx.Get(node, name));
+    const TensorType& type = cx.nb().type(ids);
+    if (type.dtype != DType::kInt64) {
+      return NodeError(node, absl::StrCat("indices ", Quote(name), " are ",
+                                          DTypeName(type.dtype),
+                                          "; an embedding look-up takes int64 indices (as "
+                                          "torch.onnx.export writes nn.Embedding's)"));
+    }
+    return ids;
+  }
+  const std::vector<int64_t>& values = known->values;
+  const auto n = static_cast<int64_t>(values.size());
+  bool in_order = true, all_one = true;
+  for (int64_t i = 0; i < n; ++i) {
+    in_order = in_order && values[i] == i;
+    all_one = all_one && values[i] == values[0];
+  }
+  if (n == 0 || (!in_order && !all_one)) {
+    return NodeError(node, absl::StrCat("constant indices ", Quote(name), " of shape ",
+                                        ShapeToString(known->dims),
+                                        " are supported only as 0, 1, ..., n-1 (position "
+                                        "ids) or all one value (token type ids); these are ",
+                                        absl::StrJoin(values.begin(),
+                                                      values.begin() + std::min<int64_t>(n, 6),
+                                                      ", "),
+                                        n > 6 ? ", ..." : ""));
+  }
+  const int64_t largest = in_order ? n - 1 : values[0];
+  if (values[0] < 0 || largest >= rows) {
+    return NodeError(node, absl::StrCat("constant index ", values[0] < 0 ? values[0] : largest,
+                                        " of ", Quote(name), " is outside the table's ", rows,
+                                        " rows"));
+  }
+  if (!in_order) {
+    return cx.Aux(node, "fill", {},
+                  {{"shape", known->dims}, {"dtype", "i64"}, {"value", values[0]}}, "indices");
+  }
+  ASSIGN_OR_RETURN(Value ids, cx.Aux(node, "arange", {}, {{"n", n}}, "positions"));
+  if (known->dims.size() == 1) return ids;
+  return cx.Aux(node, "reshape", {ids}, {{"shape", known->dims}}, "positions_shape");
+}
+
+// Gather of a float matrix's rows (axis 0) at integer indices:
+// nn.Embedding and F.embedding as torch.onnx.export writes them; pebble's
+// `embedding`, whose gradient scatter-adds into the matrix. A padding_idx
+// is not in the file (the exporter warns that its row then trains).
+absl::Status Embedding(ImportContext& cx, const onnx::NodeProto& node, int64_t axis) {
+  ASSIGN_OR_RETURN(Value table, cx.Get(node, node.input(0)));
+  const TensorType& type = cx.nb().type(table);
+  const auto rank = static_cast<int64_t>(type.shape.size());
+  ASSIGN_OR_RETURN(axis, OnnxAxis(node, absl::StrCat("axis ", axis), axis, rank));
+  if (rank != 2 || axis != 0) {
+    return NodeError(node, absl::StrCat("a Gather of a computed tensor at a tensor of indices "
+                                        "is supported only as an embedding look-up, of rows "
+                                        "(axis 0) of a matrix; this one takes axis ", axis,
+                                        " of a ", ShapeToString(type.shape), " tensor"));
+  }
+  if (!ops_internal::IsFloat(type.dtype)) {
+    return NodeError(node, absl::StrCat("an embedding look-up into ", DTypeName(type.dtype),
+                                        " data: pebble's embedding takes float rows"));
+  }
+  ASSIGN_OR_RETURN(Value ids, LookupIndices(cx, node, type.shape[0]));
+  return cx.Apply(node, "embedding", {ids, table});
+}
+
+// Gather: of a known integer vector (a shape's dims) at constant indices,
+// folded; of a computed tensor at one constant index; an embedding look-up.
 absl::Status Gather(ImportContext& cx, const onnx::NodeProto& node) {
   RETURN_IF_ERROR(cx.ExpectInputs(node, 2, 2));
   const Attrs attrs(node);
@@ -65,29 +160,15 @@ absl::Status Gather(ImportContext& cx, const onnx::NodeProto& node) {
   std::optional<Ints> data = cx.KnownInts(node.input(0));
   std::optional<Ints> indices = cx.KnownInts(node.input(1));
   if (!data && indices && indices->dims.empty()) {
-    ASSIGN_OR_RETURN(Value x, cx.Get(node, node.input(0)));
-    const Shape shape = cx.nb().type(x).shape;
-    const auto rank = static_cast<int64_t>(shape.size());
-    ASSIGN_OR_RETURN(axis, OnnxAxis(node, absl::StrCat("axis ", axis), axis, rank));
-    int64_t i = indices->values[0];
-    if (i < -shape[axis] || i >= shape[axis]) {
-      return NodeError(node, absl::StrCat("index ", i, " out of range"));
-    }
-    if (i < 0) i += shape[axis];
-    ASSIGN_OR_RETURN(Value part, cx.Aux(node, "slice", {x},
-                                        {{"axis", axis}, {"begin", i}, {"end", i + 1}}, "slice"));
-    std::vector<int64_t> out(shape.begin(), shape.end());
-    out.erase(out.begin() + axis);
-    return cx.Apply(node, "reshape", {part}, {{"shape", out}});
+    return GatherOneIndex(cx, node, axis, indices->values[0]);
   }
-  if (data) {
-    ASSIGN_OR_RETURN(axis, OnnxAxis(node, absl::StrCat("axis ", axis), axis,
-                                    static_cast<int64_t>(data->dims.size())));
-  }
-  if (!data || !indices || data->dims.size() != 1) {
+  if (!data) return Embedding(cx, node, axis);
+  ASSIGN_OR_RETURN(axis, OnnxAxis(node, absl::StrCat("axis ", axis), axis,
+                                  static_cast<int64_t>(data->dims.size())));
+  if (!indices || data->dims.size() != 1) {
     return NodeError(node,
-                     "only a Gather from a constant integer vector (a shape) or at one "
-                     "constant index is supported (an embedding look-up is not yet)");
+                     "a Gather from constant integers is supported only from a vector (a "
+                     "shape) at constant indices");
   }
   Ints out{indices->dims, {}};
   const auto n = static_cast<int64_t>(data->values.size());
@@ -95,6 +176,38 @@ absl::Status Gather(ImportContext& cx, const onnx::NodeProto& node) {
     if (i < -n || i >= n) return NodeError(node, absl::StrCat("index ", i, " out of range"));
     out.values.push_back(data->values[i < 0 ? i + n : i]);
   }
+  return cx.DefineInts(node, 0, std::move(out));
+}
+
+// Range of known integer scalars (`torch.arange(ids.shape[1])` exported
+// with a symbolic dim): the vector start, start + delta, ... before limit,
+// folded; at most 2^24 values (a position-id vector, not data).
+absl::Status Range(ImportContext& cx, const onnx::NodeProto& node) {
+  RETURN_IF_ERROR(cx.ExpectInputs(node, 3, 3));
+  RETURN_IF_ERROR(Attrs(node).OnlyKnown({}));
+  int64_t bound[3];
+  for (int i = 0; i < 3; ++i) {
+    std::optional<Ints> v = cx.KnownInts(node.input(i));
+    if (!v || v->values.size() != 1) {
+      return NodeError(node, absl::StrCat("input ", Quote(node.input(i)),
+                                          " must be an integer scalar known at import (a Range "
+                                          "of floats, or of values computed at run time, is "
+                                          "not supported)"));
+    }
+    bound[i] = v->values[0];
+  }
+  const auto [start, limit, delta] = bound;
+  if (delta == 0) return NodeError(node, "delta 0");
+  constexpr int64_t kMaxValues = int64_t{1} << 24;
+  Ints out{{0}, {}};
+  for (int64_t v = start; delta > 0 ? v < limit : v > limit;) {
+    if (static_cast<int64_t>(out.values.size()) == kMaxValues) {
+      return NodeError(node, absl::StrCat("more than ", kMaxValues, " values"));
+    }
+    out.values.push_back(v);
+    if (__builtin_add_overflow(v, delta, &v)) break;
+  }
+  out.dims[0] = static_cast<int64_t>(out.values.size());
   return cx.DefineInts(node, 0, std::move(out));
 }
 
@@ -176,7 +289,16 @@ absl::StatusOr<std::vector<int64_t>> AxesOf(ImportContext& cx, const onnx::NodeP
 absl::Status SqueezeOrUnsqueeze(ImportContext& cx, const onnx::NodeProto& node, bool unsqueeze) {
   RETURN_IF_ERROR(cx.ExpectInputs(node, 1, 2));
   ASSIGN_OR_RETURN(std::vector<int64_t> axes, AxesOf(cx, node, unsqueeze));
-  ASSIGN_OR_RETURN(Operand in, cx.FirstOperand(node));
+  // A float constant (nn.MultiheadAttention unsqueezes its 2-D attention
+  // mask) keeps its values in the new shape, folded.
+  std::optional<Numbers> floats;
+  if (!cx.KnownInts(node.input(0))) floats = cx.KnownNumbers(node.input(0));
+  Operand in;
+  if (floats) {
+    in.shape = floats->dims;
+  } else {
+    ASSIGN_OR_RETURN(in, cx.FirstOperand(node));
+  }
   const std::optional<Ints>& ints = in.ints;
   Value x = in.value;
   const Shape& shape = in.shape;
@@ -206,6 +328,7 @@ absl::Status SqueezeOrUnsqueeze(ImportContext& cx, const onnx::NodeProto& node, 
     }
   }
   if (ints) return cx.DefineInts(node, 0, Ints{out, ints->values});
+  if (floats) return cx.DefineFolded(node, FloatTensor(out, floats->values));
   return cx.Apply(node, "reshape", {x}, {{"shape", std::vector<int64_t>(out.begin(), out.end())}});
 }
 
@@ -265,41 +388,46 @@ std::pair<int64_t, int64_t> SliceBounds(int64_t start, int64_t end, int64_t size
   return {clamp(start), clamp(end)};
 }
 
-// out.values[p] = in.values[source of p], p over out.dims in row-major
-// order; the source index along dim d of position (i_0, ...) is picks[d][i_d].
-void GatherInts(const Ints& in, const std::vector<std::vector<int64_t>>& picks, Ints& out) {
-  const size_t rank = in.dims.size();
+// The values of a tensor of `dims` at the positions `picks` select, in
+// row-major order of the result: the source index along dim d of result
+// position (i_0, ...) is picks[d][i_d].
+template <typename T>
+std::vector<T> Gathered(const Shape& dims, const std::vector<T>& values,
+                        const std::vector<std::vector<int64_t>>& picks) {
+  const size_t rank = dims.size();
   std::vector<int64_t> stride(rank, 1);
-  for (size_t d = rank; d-- > 1;) stride[d - 1] = stride[d] * in.dims[d];
+  for (size_t d = rank; d-- > 1;) stride[d - 1] = stride[d] * dims[d];
   int64_t count = 1;
   for (const auto& pick : picks) count *= static_cast<int64_t>(pick.size());
+  std::vector<T> out;
   std::vector<int64_t> at(rank, 0);
   for (int64_t p = 0; p < count; ++p) {
     int64_t source = 0;
     for (size_t d = 0; d < rank; ++d) source += picks[d][at[d]] * stride[d];
-    out.values.push_back(in.values[source]);
+    out.push_back(values[source]);
     for (size_t d = rank; d-- > 0;) {
       if (++at[d] < static_cast<int64_t>(picks[d].size())) break;
       at[d] = 0;
     }
   }
+  return out;
 }
 
-// A Slice of a known integer tensor with any steps, as ONNX defines them
-// (F.pad's export reverses its (dims, 2) pads with a step of -1).
-absl::Status FoldSteppedSlice(ImportContext& cx, const onnx::NodeProto& node, const Ints& ints,
-                              const std::vector<int64_t>& starts, const std::vector<int64_t>& ends,
-                              const std::vector<int64_t>& axes, const std::vector<int64_t>& steps) {
-  const auto rank = static_cast<int64_t>(ints.dims.size());
-  // The source index along each dim of each output position.
+// The source index along each dim of the result of a Slice of a tensor of
+// `dims`, with any steps, as ONNX defines them.
+absl::StatusOr<std::vector<std::vector<int64_t>>> SlicePicks(
+    const onnx::NodeProto& node, const Shape& dims, const std::vector<int64_t>& starts,
+    const std::vector<int64_t>& ends, const std::vector<int64_t>& axes,
+    const std::vector<int64_t>& steps) {
+  const auto rank = static_cast<int64_t>(dims.size());
   std::vector<std::vector<int64_t>> picks(rank);
   for (int64_t d = 0; d < rank; ++d) {
-    for (int64_t i = 0; i < ints.dims[d]; ++i) picks[d].push_back(i);
+    for (int64_t i = 0; i < dims[d]; ++i) picks[d].push_back(i);
   }
   for (size_t k = 0; k < axes.size(); ++k) {
     ASSIGN_OR_RETURN(const int64_t axis,
                      OnnxAxis(node, absl::StrCat("axis ", axes[k]), axes[k], rank));
-    const int64_t size = ints.dims[axis], step = steps[k];
+    const int64_t size = dims[axis], step = steps[k];
     if (step == 0) return NodeError(node, "step 0");
     auto wrap = [size](int64_t i) { return i < 0 ? i + size : i; };
     std::vector<int64_t>& pick = picks[axis];
@@ -316,15 +444,38 @@ absl::Status FoldSteppedSlice(ImportContext& cx, const onnx::NodeProto& node, co
       }
     }
   }
-  Ints out;
-  for (const auto& pick : picks) out.dims.push_back(static_cast<int64_t>(pick.size()));
-  GatherInts(ints, picks, out);
-  return cx.DefineInts(node, 0, std::move(out));
+  return picks;
+}
+
+// A Slice of a constant of any rank with any steps, folded: of integers
+// (F.pad's export reverses its (dims, 2) pads with a step of -1; position
+// ids are a (1, n) buffer cut to the sequence's length), or of floats (a
+// causal attention mask cut to the sequence's length). Returns false,
+// folding nothing, where input 0 is neither.
+absl::StatusOr<bool> FoldSlice(ImportContext& cx, const onnx::NodeProto& node,
+                               const std::vector<int64_t>& starts, const std::vector<int64_t>& ends,
+                               const std::vector<int64_t>& axes, std::vector<int64_t> steps) {
+  if (steps.empty()) steps.assign(starts.size(), 1);
+  if (std::optional<Ints> ints = cx.KnownInts(node.input(0))) {
+    ASSIGN_OR_RETURN(auto picks, SlicePicks(node, ints->dims, starts, ends, axes, steps));
+    Ints out{{}, Gathered(ints->dims, ints->values, picks)};
+    for (const auto& pick : picks) out.dims.push_back(static_cast<int64_t>(pick.size()));
+    RETURN_IF_ERROR(cx.DefineInts(node, 0, std::move(out)));
+    return true;
+  }
+  std::optional<Numbers> numbers = cx.KnownNumbers(node.input(0));
+  if (!numbers) return false;
+  ASSIGN_OR_RETURN(auto picks, SlicePicks(node, numbers->dims, starts, ends, axes, steps));
+  Shape dims;
+  for (const auto& pick : picks) dims.push_back(static_cast<int64_t>(pick.size()));
+  RETURN_IF_ERROR(
+      cx.DefineFolded(node, FloatTensor(dims, Gathered(numbers->dims, numbers->values, picks))));
+  return true;
 }
 
 // Slice with constant (or folded) starts, ends, axes and steps of 1: one
 // pebble `slice` per dim it narrows (none: the input itself). A slice of
-// a known integer vector folds.
+// a constant folds, with any steps (FoldSlice).
 absl::Status Slice(ImportContext& cx, const onnx::NodeProto& node) {
   RETURN_IF_ERROR(cx.ExpectInputs(node, 3, 5));
   RETURN_IF_ERROR(Attrs(node).OnlyKnown({}));
@@ -343,10 +494,9 @@ absl::Status Slice(ImportContext& cx, const onnx::NodeProto& node) {
       (!steps.empty() && steps.size() != starts.size())) {
     return NodeError(node, "starts, ends, axes and steps differ in length");
   }
+  ASSIGN_OR_RETURN(const bool folded, FoldSlice(cx, node, starts, ends, axes, steps));
+  if (folded) return absl::OkStatus();
   ASSIGN_OR_RETURN(Operand in, cx.FirstOperand(node));
-  const std::optional<Ints>& ints = in.ints;
-  const bool unit_steps = std::all_of(steps.begin(), steps.end(), [](int64_t s) { return s == 1; });
-  if (ints && !unit_steps) return FoldSteppedSlice(cx, node, *ints, starts, ends, axes, steps);
   for (int64_t s : steps) {
     if (s != 1) return NodeError(node, absl::StrCat("step ", s, " is not supported (only 1)"));
   }
@@ -367,16 +517,6 @@ absl::Status Slice(ImportContext& cx, const onnx::NodeProto& node) {
                                     ShapeToString(shape), " is empty (not supported)"));
     }
     if (begin != 0 || end != shape[axis]) cuts.push_back({axis, begin, end});
-  }
-  if (ints) {
-    if (rank != 1) return NodeError(node, "a slice of a constant must be of a vector");
-    Ints out = *ints;
-    for (const Cut& c : cuts) {
-      out.values =
-          std::vector<int64_t>(ints->values.begin() + c.begin, ints->values.begin() + c.end);
-      out.dims = {c.end - c.begin};
-    }
-    return cx.DefineInts(node, 0, std::move(out));
   }
   if (cuts.empty()) return cx.Define(node, x);
   for (size_t i = 0; i + 1 < cuts.size(); ++i) {
@@ -620,6 +760,7 @@ void AddShapeOps(OnnxHandlers& handlers) {
   handlers["Shape"] = ShapeOf;
   handlers["Gather"] = Gather;
   handlers["ConstantOfShape"] = ConstantOfShape;
+  handlers["Range"] = Range;
   handlers["Equal"] = Equal;
   handlers["Where"] = Where;
   for (const bool unsqueeze : {true, false}) {

@@ -130,6 +130,14 @@ std::optional<std::vector<double>> FloatValues(const onnx::TensorProto& t) {
   return values;
 }
 
+onnx::TensorProto FloatTensor(const Shape& dims, const std::vector<double>& values) {
+  onnx::TensorProto t;
+  t.set_data_type(onnx::TensorProto::FLOAT);
+  for (int64_t d : dims) t.add_dims(d);
+  for (double v : values) t.add_float_data(static_cast<float>(v));
+  return t;
+}
+
 std::optional<double> FloatScalar(const onnx::TensorProto& t) {
   std::optional<std::vector<double>> values = FloatValues(t);
   if (!values || values->size() != 1) return std::nullopt;

@@ -108,6 +108,9 @@ absl::StatusOr<std::vector<int64_t>> IntValues(const onnx::TensorProto& t);
 // A float or double tensor's values (Resize's scales), when it is one of at
 // most 2^20 elements.
 std::optional<std::vector<double>> FloatValues(const onnx::TensorProto& t);
+// A FLOAT tensor of `dims` holding `values` (row-major), rounded to float:
+// a float constant folded at import.
+onnx::TensorProto FloatTensor(const Shape& dims, const std::vector<double>& values);
 // A scalar float tensor's value (Dropout's ratio), when it is one.
 std::optional<double> FloatScalar(const onnx::TensorProto& t);
 // A one-value constant of a floating or an integer type, as a double (a

@@ -139,24 +139,35 @@ double InputFlops(Inputs in, const TensorType&, const Json&) {
   return Elements(in[0]);
 }
 
-std::function<absl::Status(BackwardContext&)> ConvBackward(int d) {
+// The gradients of a convolution and, with `transposed`, of its data
+// gradient run as a forward operator (ONNX's ConvTranspose, nn.ConvTranspose2d
+// and 3d: y = A_W^T x, where A_W a = conv(a, W)). A convolution's x gets the
+// data gradient of g by the weight, its weight the weight gradient of g by
+// x, its bias the sum of g. Since <g, A_W^T x> = <A_W g, x>, a transposed
+// convolution's x gets the convolution of g by the same weight and window,
+// and its weight the convolution's weight gradient with x as the output
+// gradient and g as the input.
+std::function<absl::Status(BackwardContext&)> ConvBackward(int d, bool transposed) {
   const std::string base = d == 2 ? "conv2d" : "conv3d";
-  return [base, d](BackwardContext& ctx) -> absl::Status {
+  return [base, d, transposed](BackwardContext& ctx) -> absl::Status {
     const Value g = ctx.grad_output();
+    const Value x = ctx.input(0);
     ASSIGN_OR_RETURN(Window win,
                      ConvWindow(ctx.attrs(), KernelOf(ctx.input_type(1).shape), d));
     const Json common = ConvWindowAttrs(win);
     if (ctx.needs_grad(0)) {
       Json attrs = common;
-      attrs["input_shape"] = ctx.input_type(0).shape;
-      ctx.AccumulateGrad(0, ctx.Emit(base + "_backward_data",
+      if (!transposed) attrs["input_shape"] = ctx.input_type(0).shape;
+      ctx.AccumulateGrad(0, ctx.Emit(transposed ? base : base + "_backward_data",
                                      {g, ctx.input(1)}, attrs));
     }
     if (ctx.needs_grad(1)) {
       Json attrs = common;
       attrs["kernel"] = win.kernel;
       ctx.AccumulateGrad(1, ctx.Emit(base + "_backward_weight",
-                                     {g, ctx.input(0)}, attrs));
+                                     transposed ? std::vector<Value>{x, g}
+                                                : std::vector<Value>{g, x},
+                                     attrs));
     }
     if (ctx.num_inputs() == 3 && ctx.needs_grad(2)) {
       ctx.AccumulateGrad(2, ctx.Emit(base + "_backward_bias", {g}));
@@ -545,13 +556,14 @@ void RegisterConvPoolOps(std::vector<OpDef>& t) {
                    return InferConv(d, in, a);
                  },
                  .flops = ConvFlops,
-                 .backward = ConvBackward(d)});
+                 .backward = ConvBackward(d, /*transposed=*/false)});
     t.push_back({.name = base + "_backward_data", .min_inputs = 2,
                  .max_inputs = 2,
                  .infer = [d](Inputs in, const Json& a) {
                    return InferConvBackwardData(d, in, a);
                  },
-                 .flops = ConvBackwardDataFlops});
+                 .flops = ConvBackwardDataFlops,
+                 .backward = ConvBackward(d, /*transposed=*/true)});
     t.push_back({.name = base + "_backward_weight", .min_inputs = 2,
                  .max_inputs = 2,
                  .infer = [d](Inputs in, const Json& a) {

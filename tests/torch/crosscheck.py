@@ -200,7 +200,7 @@ def torch_reference(torch, module, x, t, dtype):
     module = module.to(dtype)
     module.train()
     module.zero_grad(set_to_none=True)
-    xx = x.to(dtype)
+    xx = x.to(dtype) if x.is_floating_point() else x  # token ids stay
     tt = t.to(dtype) if t.is_floating_point() else t
     loss = module(xx, tt)
     loss.backward()

@@ -7,8 +7,8 @@ Runs crosscheck.py --backend cuda on each case of CASES: every gradient and
 the loss of `pebble run --backend cuda` against PyTorch, every policy bitwise
 equal to the baseline; then import_check.py --backend cuda on each model of
 IMPORT_CASES: an ONNX export imported by `pebble import` and run on the GPU
-against PyTorch (grouped, depthwise and dilated convolutions, broadcast
-gates), skipped where onnx cannot be imported. ctest registers it as torch_crosscheck_cuda;
+against PyTorch (grouped, depthwise, dilated and transposed convolutions,
+broadcast gates, group norms, embeddings), skipped where onnx cannot be imported. ctest registers it as torch_crosscheck_cuda;
 scripts/gpu-check runs it from a build tree or from prebuilt binaries.
 
 The models are small on purpose: the more ReLU and max-pool values a step
@@ -40,6 +40,13 @@ IMPORT_CASES = [
     ("import_grouped", ["--model", "grouped"]),
     ("import_mobilenet_v2", ["--model", "mobilenet_v2", "--fp64-judge"]),
     ("import_efficientnet_b0", ["--model", "efficientnet_b0", "--fp64-judge"]),
+    # Transposed convolutions (cuDNN's backward data as a forward node, its
+    # gradients a convolution and a weight gradient), group and instance
+    # norms, embedding look-ups: none has run on a GPU yet.
+    ("import_upconv", ["--model", "upconv", "--image", "16"]),
+    ("import_normed", ["--model", "normed", "--image", "16"]),
+    ("import_text", ["--model", "text", "--opset", "17", "--image", "16"]),
+    ("import_token_lm", ["--model", "token_lm", "--opset", "17", "--image", "16"]),
 ]
 
 

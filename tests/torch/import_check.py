@@ -4,6 +4,7 @@
     import_check.py --pebble PATH --model NAME [--batch 2] [--image 64]
                     [--policy rotor] [--budget 70%] [--seed 0]
                     [--workdir DIR] [--all-policies] [--export-batch K]
+                    [--dynamic-batch]
                     [--classes 10] [--opset 13] [--fp64] [--fp64-judge]
 
 Builds torchvision.models.NAME (10 classes by default) with a seeded
@@ -33,6 +34,8 @@ and checks:
 - the run's measured peak equals the plan's predicted peak;
 - with --export-batch K (not --batch): the file is exported at batch K and
   imported with `--batch N`, which must rewrite it;
+- with --dynamic-batch: the file is exported with a symbolic batch
+  (dynamic_axes) and imported with `--batch N`;
 - with --fp64-judge: a tensor over the tolerance passes where PyTorch's own
   fp32 result is ill-conditioned (ILL_CONDITIONED off its fp64 one) and
   pebble's is at most FP64_FACTOR times further off fp64;
@@ -144,6 +147,10 @@ def parse_args(argv):
                         help="batch size the ONNX file is exported at "
                              "(default: --batch); where it differs, the "
                              "import gets --batch to rewrite it")
+    parser.add_argument("--dynamic-batch", action="store_true",
+                        help="export with a symbolic batch (dynamic_axes on "
+                             "dim 0 of the input and the logits), which the "
+                             "import gets --batch to set")
     parser.add_argument("--image", type=int, default=64,
                         help="input height and width (default 64)")
     parser.add_argument("--classes", type=int, default=10,
@@ -355,9 +362,167 @@ def vit_tiny_net(torch, num_classes=10, image=64):
         hidden_dim=16, mlp_dim=32, num_classes=num_classes)
 
 
-# Models of this file, beside torchvision's.
+def normed_net(torch, num_classes=10, image=None):
+    """A small CNN with the normalizations ONNX writes as
+    InstanceNormalization: nn.GroupNorm (over 4-D and 3-D tensors; its
+    export views x as (N, groups, -1) and applies its affine after),
+    nn.InstanceNorm2d with affine parameters and nn.InstanceNorm1d without:
+    --model normed."""
+    nn = torch.nn
+
+    class Normed(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv1 = nn.Conv2d(3, 8, 3, padding=1)
+            self.gn1 = nn.GroupNorm(2, 8)
+            # No bias: the instance norm after it removes any per-channel
+            # shift, so its gradient would be rounding noise around 0.
+            self.conv2 = nn.Conv2d(8, 8, 3, stride=2, padding=1, bias=False)
+            self.inorm = nn.InstanceNorm2d(8, affine=True)
+            self.gn2 = nn.GroupNorm(4, 8)
+            self.inorm1d = nn.InstanceNorm1d(8)
+            self.fc = nn.Linear(8, num_classes)
+            with torch.no_grad():  # off the init's ones and zeros
+                for m in (self.gn1, self.inorm, self.gn2):
+                    m.weight.uniform_(0.5, 1.5)
+                    m.bias.uniform_(-0.5, 0.5)
+
+        def forward(self, x):
+            x = torch.relu(self.gn1(self.conv1(x)))
+            x = torch.relu(self.inorm(self.conv2(x)))
+            x = torch.flatten(x, 2)  # (N, C, L): the 3-D forms
+            # (A norm without affine right before the mean would make the
+            # loss constant: its mean over L is 0.)
+            x = torch.tanh(self.gn2(self.inorm1d(x)))
+            return self.fc(x.mean(dim=2))
+
+    return Normed()
+
+
+def upconv_net(torch, num_classes=10, image=None):
+    """A small decoder of transposed convolutions (ONNX's ConvTranspose):
+    nn.ConvTranspose2d with stride, padding and output_padding (back to the
+    input's size), grouped without bias, dilated; nn.ConvTranspose1d over
+    the flattened map; nn.ConvTranspose3d over it viewed as one frame:
+    --model upconv."""
+    nn = torch.nn
+
+    class Upconv(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.down = nn.Conv2d(3, 8, 3, stride=2, padding=1)
+            self.up = nn.ConvTranspose2d(8, 4, 3, stride=2, padding=1, output_padding=1)
+            self.grouped = nn.ConvTranspose2d(4, 4, 2, stride=2, groups=2, bias=False)
+            self.dilated = nn.ConvTranspose2d(4, 4, 3, dilation=2, padding=2)
+            self.up1d = nn.ConvTranspose1d(4, 4, 4, stride=2, padding=1)
+            self.up3d = nn.ConvTranspose3d(4, 2, (1, 3, 3), stride=(1, 2, 2),
+                                           padding=(0, 1, 1))
+            self.fc = nn.Linear(6, num_classes)
+
+        def forward(self, x):
+            x = torch.relu(self.up(torch.relu(self.down(x))))
+            x = self.dilated(torch.tanh(self.grouped(x)))
+            line = self.up1d(torch.flatten(x, 2))
+            frames = self.up3d(x.unsqueeze(2))
+            return self.fc(torch.cat([frames.mean(dim=(2, 3, 4)),
+                                      torch.tanh(line).mean(dim=2)], 1))
+
+    return Upconv()
+
+
+def text_net(torch, num_classes=10, image=8):
+    """A small text classifier over `image` token ids of a vocabulary of 50
+    (nn.Embedding, Gather in ONNX): token embeddings, position embeddings at
+    a slice of a non-persistent
+    buffer of position ids (a constant 0, 1, ... the importer makes an
+    arange), one nn.TransformerEncoderLayer (batch first, GELU, dropout 0),
+    the mean over the sequence and a linear classifier (export it at opset
+    17, where LayerNorm is one ONNX op): --model text."""
+    nn = torch.nn
+
+    class Text(nn.Module):
+        vocab = 50
+
+        def __init__(self):
+            super().__init__()
+            self.tok = nn.Embedding(self.vocab, 16)
+            self.pos = nn.Embedding(2 * image, 16)
+            self.register_buffer("position_ids",
+                                 torch.arange(2 * image).expand(1, -1),
+                                 persistent=False)
+            self.layer = nn.TransformerEncoderLayer(
+                16, 2, 32, dropout=0.0, activation="gelu", batch_first=True)
+            self.fc = nn.Linear(16, num_classes)
+
+        def forward(self, ids):
+            h = self.tok(ids) + self.pos(self.position_ids[:, :ids.shape[1]])
+            return self.fc(self.layer(h).mean(dim=1))
+
+        def make_batch(self, torch, batch, classes, gen):
+            """Token ids (batch, image) and class targets."""
+            return (torch.randint(0, self.vocab, (batch, image), generator=gen),
+                    torch.randint(0, classes, (batch,), generator=gen))
+
+    return Text()
+
+
+def token_lm_net(torch, num_classes=10, image=8):
+    """A small next-token model over `image` token ids of a vocabulary of
+    50: positions from torch.arange in the forward, one causal
+    nn.TransformerEncoderLayer (its mask nn.Transformer's
+    generate_square_subsequent_mask, a constant of the export that the
+    importer makes the softmax's causal attr), its output layer tied to the
+    input embedding (one parameter read by Gather and by MatMul: their
+    gradients add); the logits flattened to (batch x image, vocabulary), so
+    that the imported cross-entropy's classes are the vocabulary (export it
+    at opset 17, where LayerNorm is one ONNX op): --model token_lm."""
+    nn = torch.nn
+
+    class TokenLm(nn.Module):
+        vocab = 50
+
+        def __init__(self):
+            super().__init__()
+            self.tok = nn.Embedding(self.vocab, 16)
+            self.pos = nn.Embedding(image, 16)
+            self.layer = nn.TransformerEncoderLayer(
+                16, 2, 32, dropout=0.0, batch_first=True, norm_first=True)
+            self.register_buffer(
+                "mask", nn.Transformer.generate_square_subsequent_mask(image),
+                persistent=False)
+            self.out = nn.Linear(16, self.vocab)
+            self.out.weight = self.tok.weight
+
+        def forward(self, ids):
+            h = self.tok(ids) + self.pos(torch.arange(ids.shape[1]))
+            h = self.layer(h, src_mask=self.mask[:ids.shape[1], :ids.shape[1]])
+            return self.out(h).flatten(0, 1)
+
+        def make_batch(self, torch, batch, classes, gen):
+            """Token ids (batch, image) and the next token of each."""
+            ids = torch.randint(0, self.vocab, (batch, image + 1), generator=gen)
+            return ids[:, :-1].contiguous(), ids[:, 1:].reshape(-1).contiguous()
+
+    return TokenLm()
+
+
+# Models of this file, beside torchvision's. A model with a `make_batch`
+# method (torch, batch, classes, generator) -> (input, target) makes its
+# own batch; the others take (batch, 3, image, image) images and a class
+# index each.
 LOCAL_MODELS = {"activations": activations_net, "grouped": grouped_net,
-                "sequence": sequence_net, "vit_tiny": vit_tiny_net}
+                "sequence": sequence_net, "vit_tiny": vit_tiny_net,
+                "normed": normed_net, "upconv": upconv_net, "text": text_net,
+                "token_lm": token_lm_net}
+
+
+def make_batch(torch, net, batch, image, classes, gen):
+    """(input, target) of `batch` samples for `net`."""
+    if hasattr(net, "make_batch"):
+        return net.make_batch(torch, batch, classes, gen)
+    return (torch.randn((batch, 3, image, image), generator=gen),
+            torch.randint(0, classes, (batch,), generator=gen,
+                          dtype=torch.int64))
 
 
 def build_model(torch, torchvision, models, args):
@@ -442,12 +607,15 @@ def _narrow_classifier(torch, net, width, seed):
         head[i] = torch.nn.Linear(inputs, outputs)
 
 
-def export_onnx(torch, net, x, path, opset, model_name):
-    """torch.onnx.export in training mode; returns the list of warnings'
-    texts. UsageError where the exporter refuses the model at this size."""
+def export_onnx(torch, net, x, path, opset, model_name, dynamic_batch=False):
+    """torch.onnx.export in training mode (with a symbolic batch where
+    `dynamic_batch`); returns the list of warnings' texts. UsageError where
+    the exporter refuses the model at this size."""
     options = dict(training=torch.onnx.TrainingMode.TRAINING,
                    do_constant_folding=False, input_names=["input"],
                    output_names=["logits"], opset_version=opset)
+    if dynamic_batch:
+        options["dynamic_axes"] = {"input": {0: "batch"}, "logits": {0: "batch"}}
     # PyTorch 2.9 and later export through torch.export by default; the
     # TorchScript exporter (the only one of PyTorch 1.13) keeps training-mode
     # batch norm and dropout as this check expects.
@@ -512,9 +680,14 @@ def expected_persistent(np, torch, net, x, t):
         if isinstance(m, torch.nn.modules.batchnorm._BatchNorm):
             nbt.add((prefix + "." if prefix else "") + "num_batches_tracked")
     params = dict(net.named_parameters())
+    # A tied parameter is in state_dict() under each of its names, once in
+    # named_parameters() and in the ONNX file.
+    param_storage = {p.data_ptr(): name for name, p in params.items()}
     expected = collections.OrderedDict()
     for name, value in net.state_dict().items():
         if name in nbt and not NUM_BATCHES_TRACKED:
+            continue
+        if name not in params and param_storage.get(value.data_ptr()) is not None:
             continue
         expected[name] = (value, "parameter" if name in params else "buffer")
     expected["input"] = (x, "input")
@@ -870,17 +1043,14 @@ def check_in(args, np, torch, torchvision, onnx, models, pebble, registered,
     net, dropouts, zero_init = build_model(torch, torchvision, models, args)
     classes = args.classes or 1000  # torchvision's default num_classes
     gen = torch.Generator().manual_seed(args.seed + 1)
-    shape = (args.batch, 3, args.image, args.image)
-    x = torch.randn(shape, generator=gen)
-    t = torch.randint(0, classes, (args.batch,), generator=gen,
-                      dtype=torch.int64)
+    x, t = make_batch(torch, net, args.batch, args.image, classes, gen)
     export_batch = args.export_batch or args.batch
-    x_export = x if export_batch == args.batch else torch.randn(
-        (export_batch,) + shape[1:], generator=gen)
+    x_export = x if export_batch == args.batch else make_batch(
+        torch, net, export_batch, args.image, classes, gen)[0]
 
     onnx_path = os.path.join(workdir, "model.onnx")
     summarize_warnings(export_onnx(torch, net, x_export, onnx_path, args.opset,
-                                   args.model))
+                                   args.model, args.dynamic_batch))
     summary = onnx_summary(np, onnx, onnx_path)
     n_params = sum(p.numel() for p in net.parameters())
     log("exported %s (%d parameters, %d dropouts set to p=0%s) to %s: opset "
@@ -905,7 +1075,7 @@ def check_in(args, np, torch, torchvision, onnx, models, pebble, registered,
         os.remove(graph)
     import_args = ["import", onnx_path, "--loss", "cross-entropy",
                    "--output", graph]
-    if export_batch != args.batch:
+    if export_batch != args.batch or args.dynamic_batch:
         import_args += ["--batch", str(args.batch)]
     start = time.time()
     out = cc.run_pebble(pebble, import_args, "pebble " + " ".join(import_args))
