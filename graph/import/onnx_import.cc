@@ -19,6 +19,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "graph/import/onnx_batch.h"
 #include "graph/import/onnx_context.h"
 #include "graph/import/onnx_ops.h"
 #include "graph/import/onnx_util.h"
@@ -51,41 +52,13 @@ class Importer {
         options_(options),
         cx_(std::string(name), options.cost_model) {}
 
-  // The graph, and in `notes` (where given) a Reshape that kept the
-  // exported batch in a graph that imported all the same, or else that
-  // --batch rewrote a batch the file fixes (FixedBatchNote). An import that
-  // fails after such a rewrite but succeeds at the exported batch says so.
+  // The graph, and in `notes` (where given) what --batch could not rewrite;
+  // an error says it too where it explains the error (BatchRewrite).
   absl::StatusOr<Graph> Run(std::vector<std::string>* notes) {
     absl::StatusOr<Graph> graph = Import();
-    if (!batch_fixed_by_.has_value()) {
-      if (!RewroteAFixedBatch()) return graph;
-      if (!graph.ok()) {
-        if (!in_nodes_ || !ImportsAtTheExportedBatch()) return graph;
-        return absl::Status(
-            graph.status().code(),
-            absl::StrCat(graph.status().message(), " (",
-                         FixedBatchNote(absl::StrCat(", and the file imports at batch ",
-                                                     *exported_batch_->size)),
-                         ")"));
-      }
-      if (notes != nullptr) {
-        notes->push_back(FixedBatchNote(
-            ", and pebble cannot tell such a constant from others: the step may not be the "
-            "one of this batch"));
-      }
-      return graph;
-    }
-    if (!graph.ok()) {
-      return absl::Status(graph.status().code(),
-                          absl::StrCat(graph.status().message(), " (", BatchFixedNote(), ")"));
-    }
-    if (notes != nullptr) {
-      notes->push_back(absl::StrCat(
-          BatchFixedNote(), ". The graph imported: the nodes after it keep dimension 0 at ",
-          batch_fixed_to_, " (a reshape keeps the bytes, so the plan's figures hold, but the "
-          "shapes are not those of batch ", *options_.batch, ")"));
-    }
-    return graph;
+    if (!batch_.has_value()) return graph;
+    return batch_->Explain(std::move(graph), in_nodes_,
+                           [this] { return ImportsAtTheExportedBatch(); }, notes);
   }
 
  private:
@@ -100,9 +73,9 @@ class Importer {
     RETURN_IF_ERROR(AddGraphInputs());
     in_nodes_ = true;
     for (const onnx::NodeProto& node : graph_.node()) {
-      RETURN_IF_ERROR(NoteBatchFixedFailure(node, ImportNode(node)));
+      RETURN_IF_ERROR(batch_->NoteFailed(cx_, node, ImportNode(node)));
       RETURN_IF_ERROR(cx_.nb().status());
-      NoteBatchFixedReshape(node);
+      batch_->NoteImported(cx_, node);
     }
     in_nodes_ = false;
     // ONNX's own shape inference runs only now, on nodes whose attributes
@@ -273,10 +246,7 @@ class Importer {
   }
 
   absl::Status AddGraphInputs() {
-    some_symbolic_batch_ = std::any_of(
-        graph_.input().begin(), graph_.input().end(),
-        [&](const auto& in) { return !cx_.IsInitializer(in.name()) && SymbolicBatch(in); });
-    ReadExportedBatch();
+    batch_.emplace(graph_, options_.batch, cx_);
     for (const onnx::ValueInfoProto& in : graph_.input()) {
       if (cx_.IsInitializer(in.name())) continue;  // old exporters list them
       if (!in.type().has_tensor_type()) {
@@ -296,7 +266,7 @@ class Importer {
       Shape shape;
       for (int d = 0; d < tt.shape().dim_size(); ++d) {
         const auto& dim = tt.shape().dim(d);
-        if (d == 0 && BatchRewrites(in)) {
+        if (d == 0 && batch_->Rewrites(in)) {
           shape.push_back(*options_.batch);
         } else if (dim.has_dim_value() && dim.dim_value() > 0) {
           shape.push_back(dim.dim_value());
@@ -385,42 +355,6 @@ class Importer {
                         absl::StrJoin(SupportedOnnxOps(), ", "), "; docs/import.md)");
   }
 
-  static bool SymbolicBatch(const onnx::ValueInfoProto& in) {
-    const auto& tt = in.type().tensor_type();
-    return tt.has_shape() && tt.shape().dim_size() > 0 && !tt.shape().dim(0).has_dim_value();
-  }
-
-  // Whether --batch rewrites dimension 0 of graph input `in`: where some
-  // input's dimension 0 is symbolic (an export with dynamic_axes), that of
-  // the inputs whose dimension 0 is symbolic alone (a mask of fixed size
-  // beside the batch keeps its size); else that of every input.
-  bool BatchRewrites(const onnx::ValueInfoProto& in) const {
-    if (!options_.batch.has_value() || cx_.IsInitializer(in.name())) return false;
-    return !some_symbolic_batch_ || SymbolicBatch(in);
-  }
-
-  void ReadExportedBatch() {
-    if (!options_.batch.has_value()) return;
-    std::optional<ExportedBatch> batch;
-    for (const onnx::ValueInfoProto& in : graph_.input()) {
-      if (!BatchRewrites(in)) continue;
-      const auto& tt = in.type().tensor_type();
-      if (!tt.has_shape() || tt.shape().dim_size() == 0) return;
-      const auto& dim = tt.shape().dim(0);
-      ExportedBatch b;
-      if (dim.has_dim_value() && dim.dim_value() > 0) {
-        b.size = dim.dim_value();
-      } else if (dim.has_dim_param() && !dim.dim_param().empty()) {
-        b.symbol = dim.dim_param();
-      } else {
-        return;
-      }
-      if (batch.has_value() && (batch->size != b.size || batch->symbol != b.symbol)) return;
-      batch = std::move(b);
-    }
-    if (batch.has_value() && batch->size != options_.batch) exported_batch_ = std::move(batch);
-  }
-
   absl::Status ImportNode(const onnx::NodeProto& node) {
     if (!IsKnownOperator(node)) return NodeError(node, UnsupportedOperatorReason(node));
     return Handlers().at(node.op_type())(cx_, node);
@@ -488,73 +422,6 @@ class Importer {
     return true;
   }
 
-  // --batch and reshapes to a constant shape. A model written with
-  // x.reshape(2, -1) at an exported batch of 2 keeps 2 rows whatever --batch
-  // says: the -1 takes the rest, and the error comes later (a Linear's
-  // features, or the shape ONNX's inference gives). Such a Reshape (dim 0
-  // goes from the new batch to the exported one; from a symbolic batch, to
-  // the size that the file's own constant shape gives) is remembered, so
-  // that the error names it.
-  void NoteBatchFixedReshape(const onnx::NodeProto& node) {
-    if (!exported_batch_.has_value() || batch_fixed_by_.has_value()) return;
-    if (node.op_type() != "Reshape" || node.input_size() < 2 || node.output_size() < 1) return;
-    const Value* in = cx_.Find(node.input(0));
-    const Value* out = cx_.Find(node.output(0));
-    if (in == nullptr || out == nullptr || !cx_.nb().has_type(*in) || !cx_.nb().has_type(*out)) {
-      return;
-    }
-    const Shape& x = cx_.nb().type(*in).shape;
-    const Shape& y = cx_.nb().type(*out).shape;
-    if (x.empty() || y.empty() || x[0] != *options_.batch || y[0] == *options_.batch) return;
-    const bool fixed = exported_batch_->size.has_value()
-                           ? y[0] == *exported_batch_->size
-                           : LiteralFirstDim(node.input(1)) == y[0];
-    if (fixed) {
-      batch_fixed_by_ = node.name().empty() ? node.output(0) : node.name();
-      batch_fixed_to_ = y[0];
-    }
-  }
-
-  // Notes a Reshape that failed to import (`imported`, returned as it is)
-  // because its shape, known at import, keeps the exported batch in
-  // dimension 0 (the export wrote x.size(0) as a constant: shufflenet's
-  // channel shuffle, x.view(2, 2, 58, 8, 8) for an input rewritten to batch
-  // 4), so that Run's error names it; NoteBatchFixedReshape sees only the
-  // reshapes that import.
-  absl::Status NoteBatchFixedFailure(const onnx::NodeProto& node, absl::Status imported) {
-    if (imported.ok() || batch_fixed_by_.has_value() || !exported_batch_.has_value() ||
-        !exported_batch_->size.has_value() || node.op_type() != "Reshape" ||
-        node.input_size() < 2) {
-      return imported;
-    }
-    const std::optional<Ints> shape = cx_.KnownInts(node.input(1));
-    if (shape.has_value() && !shape->values.empty() &&
-        shape->values.front() == *exported_batch_->size) {
-      batch_fixed_by_ = node.name().empty() ? node.output(0) : node.name();
-      batch_fixed_to_ = *exported_batch_->size;
-    }
-    return imported;
-  }
-
-  // The first number of `name` where the file holds it as a literal (a
-  // Constant node's output or an initializer), not one computed from shapes.
-  std::optional<int64_t> LiteralFirstDim(const std::string& name) const {
-    const onnx::TensorProto* literal = nullptr;
-    for (const onnx::TensorProto& t : graph_.initializer()) {
-      if (t.name() == name) literal = &t;
-    }
-    for (const onnx::NodeProto& n : graph_.node()) {
-      if (n.op_type() != "Constant" || n.output_size() != 1 || n.output(0) != name) continue;
-      for (const onnx::AttributeProto& a : n.attribute()) {
-        if (a.name() == "value" && a.has_t()) literal = &a.t();
-      }
-    }
-    if (literal == nullptr) return std::nullopt;
-    absl::StatusOr<std::vector<int64_t>> values = IntValues(*literal);
-    if (!values.ok() || values->empty()) return std::nullopt;
-    return values->front();
-  }
-
   // Whether the model imports without --batch, at the batch it was exported
   // with: then a failure with --batch comes from the rewrite.
   bool ImportsAtTheExportedBatch() const {
@@ -562,39 +429,6 @@ class Importer {
     exported.batch.reset();
     Importer again(model_, cx_.nb().name(), exported);
     return again.Run(nullptr).ok();
-  }
-
-  // Whether --batch rewrote dimension 0 from a size the file fixes (an
-  // export without dynamic_axes): the exporter then wrote every value the
-  // model computed from x.shape[0] as a literal of that size.
-  bool RewroteAFixedBatch() const {
-    return exported_batch_.has_value() && exported_batch_->size.has_value();
-  }
-
-  // What --batch could not rewrite in a file of fixed batch, then `tail`.
-  std::string FixedBatchNote(absl::string_view tail) const {
-    return absl::StrCat("--batch ", *options_.batch, " rewrote dimension 0 from the exported ",
-                        *exported_batch_->size,
-                        ", a size the file fixes: what the model computed from the batch size "
-                        "at export (x.shape[0] in arithmetic, torch.arange(x.shape[0]), "
-                        "nn.MultiheadAttention's batch x heads) is a constant there and keeps ",
-                        *exported_batch_->size, tail,
-                        "; export with a symbolic batch (dynamic_axes={\"input\": {0: "
-                        "\"batch\"}}) to import at other sizes");
-  }
-
-  std::string BatchFixedNote() const {
-    const std::string exported =
-        exported_batch_->size.has_value()
-            ? absl::StrCat("rewrote dimension 0 from the exported ", *exported_batch_->size)
-            : absl::StrCat("gave the symbolic batch ", Quote(exported_batch_->symbol), " its size");
-    return absl::StrCat("--batch ", *options_.batch, " ", exported, ", but Reshape ",
-                        Quote(*batch_fixed_by_), " sets dimension 0 to ", batch_fixed_to_,
-                        " with a constant shape: write it with -1 for the batch "
-                        "(x.reshape(-1, features)) or as x.flatten(1)",
-                        exported_batch_->size.has_value()
-                            ? ", or export at the batch size you want and import without --batch"
-                            : "");
   }
 
   const onnx::ModelProto& model_;
@@ -606,22 +440,11 @@ class Importer {
   // Values whose shape ONNX's inference gets otherwise than PyTorch, and the
   // values computed from them: not checked (CheckDeclaredShapes).
   absl::flat_hash_set<std::string> unchecked_;
-  // With --batch: dimension 0 as every graph input was exported with it, a
-  // size other than --batch or one symbolic name (dynamic_axes), where all
-  // agree (AddGraphInputs).
-  struct ExportedBatch {
-    std::optional<int64_t> size;
-    std::string symbol;
-  };
-  bool some_symbolic_batch_ = false;  // BatchRewrites
-  std::optional<ExportedBatch> exported_batch_;
+  // --batch against the exported batch (made with the graph inputs).
+  std::optional<BatchRewrite> batch_;
   // Whether Import is in its walk over the nodes (an error there may come
   // from a fixed batch that --batch rewrote).
   bool in_nodes_ = false;
-  // The first Reshape that sets dim 0 from --batch to a constant's size,
-  // and that size (NoteBatchFixedReshape).
-  std::optional<std::string> batch_fixed_by_;
-  int64_t batch_fixed_to_ = 0;
 };
 
 }  // namespace
