@@ -974,6 +974,52 @@ void FeedThePool(ModelMaker& m, int before, const std::string& value) {
   FindNode(m, "GlobalAveragePool")->set_input(0, value);
 }
 
+// x.sum(dim=1, keepdim=True) (ReduceSum, its axes an input from opset 13,
+// an attribute before) as a gate, x.sum() over every dim, and
+// nn.AdaptiveMaxPool2d(1) as GlobalMaxPool: a linear by a row of ones, and
+// a max pool whose one window spans the map.
+TEST(OnnxImportTest, ReduceSumAndGlobalMaxPool) {
+  for (const int opset : {11, 13}) {
+    auto g = Import(TinyModel(opset, "", [opset](ModelMaker& m) {
+      const int before = m.graph()->node_size();
+      onnx::NodeProto* sum = nullptr;
+      if (opset >= 13) {
+        m.IntInitializer("channel_axis", {1});
+        sum = m.Node("ReduceSum", "/chan/ReduceSum", {"r", "channel_axis"}, {"chan"});
+      } else {
+        sum = m.Node("ReduceSum", "/chan/ReduceSum", {"r"}, {"chan"});
+        ModelMaker::IntsAttr(sum, "axes", {1});
+      }
+      m.Node("Mul", "/gate/Mul", {"r", "chan"}, {"gated"});
+      ModelMaker::IntAttr(m.Node("ReduceSum", "/all/ReduceSum", {"gated"}, {"all"}), "keepdims",
+                          0);
+      m.Node("Add", "/shift/Add", {"gated", "all"}, {"shifted"});
+      m.Node("GlobalMaxPool", "/peak/GlobalMaxPool", {"shifted"}, {"peak"});
+      m.Node("Add", "/both/Add", {"shifted", "peak"}, {"both"});
+      FeedThePool(m, before, "both");
+    }));
+    ASSERT_TRUE(g.ok()) << "opset " << opset << ": " << g.status();
+    EXPECT_EQ(*g->shape(g->Find("chan")), (Shape{2, 1, 8, 8})) << opset;
+    EXPECT_EQ(g->attrs(g->Find("chan.sum_row"))["value"], 1.0) << opset;
+    EXPECT_EQ(*g->shape(g->Find("all")), Shape{}) << opset;
+    const NodeId peak = g->Find("peak");
+    EXPECT_EQ(g->op(peak), "maxpool") << opset;
+    EXPECT_EQ(g->attrs(peak)["kernel"], nlohmann::json({8, 8})) << opset;
+    EXPECT_EQ(*g->shape(peak), (Shape{2, 4, 1, 1})) << opset;
+    EXPECT_NE(g->Find("grad:conv1.weight"), kNoNode) << opset;
+  }
+  // noop_with_empty_axes and no axes: the input itself.
+  auto noop = Import(TinyModel(13, "", [](ModelMaker& m) {
+    const int before = m.graph()->node_size();
+    ModelMaker::IntAttr(m.Node("ReduceSum", "/same/ReduceSum", {"r"}, {"same"}),
+                        "noop_with_empty_axes", 1);
+    FeedThePool(m, before, "same");
+  }));
+  ASSERT_TRUE(noop.ok()) << noop.status();
+  EXPECT_EQ(noop->Find("same"), kNoNode);
+  EXPECT_EQ(noop->id(noop->inputs(noop->Find("avgpool"))[0]), "relu");
+}
+
 // ShuffleNet's channel shuffle as torch.onnx.export writes it: x.size()
 // (Shape, Gather), the channels per group (Div), the new shape (Unsqueeze,
 // Concat) folded into constants for Reshape; Transpose; a Split, a Slice

@@ -252,6 +252,27 @@ absl::Status Pool(ImportContext& cx, const onnx::NodeProto& node, absl::string_v
   return cx.ApplyAs2d(node, op, in, 1, pool_attrs);
 }
 
+// GlobalMaxPool (nn.AdaptiveMaxPool1d/2d/3d(1)): max pooling with one
+// window over every spatial dim, which PyTorch's backward also pays to the
+// window's first maximum; 1-D as 2-D of height 1.
+absl::Status GlobalMaxPool(ImportContext& cx, const onnx::NodeProto& node) {
+  RETURN_IF_ERROR(cx.ExpectInputs(node, 1, 1));
+  RETURN_IF_ERROR(Attrs(node).OnlyKnown({}));
+  ASSIGN_OR_RETURN(std::vector<Value> in, cx.Inputs(node));
+  const Shape& x = cx.nb().type(in[0]).shape;
+  if (x.size() < 3 || x.size() > 5) {
+    return NodeError(node, absl::StrCat("input of shape ", ShapeToString(x),
+                                        "; GlobalMaxPool takes (N, C, D1, ...) of 1 to 3 "
+                                        "spatial dims"));
+  }
+  std::vector<int64_t> window(x.begin() + 2, x.end());
+  if (x.size() == 3) window = Widen(window, 1);
+  const Json attrs = {{"kernel", window}, {"stride", window},
+                      {"padding", std::vector<int64_t>(window.size(), 0)}};
+  if (x.size() == 3) return cx.ApplyAs2d(node, "maxpool", in, 1, attrs);
+  return cx.Apply(node, "maxpool", in, attrs);
+}
+
 absl::Status GlobalAveragePool(ImportContext& cx, const onnx::NodeProto& node) {
   RETURN_IF_ERROR(cx.ExpectInputs(node, 1, 1));
   RETURN_IF_ERROR(Attrs(node).OnlyKnown({}));
@@ -260,21 +281,18 @@ absl::Status GlobalAveragePool(ImportContext& cx, const onnx::NodeProto& node) {
   return cx.Apply(node, "adaptive_avgpool", in, {{"output_size", 1}});
 }
 
-// ReduceMean over every spatial dim (2 ..) of a 2-D or 3-D image: global
-// average pooling, then
-// without keepdims the (N, C) view. Over any other axes: the reduced dims
-// moved last (a transpose, where they are not already), the tensor viewed
-// as (kept..., R), a `linear` by a `fill` row of 1/R, then the view of
-// ONNX's result shape. No axes: every dim.
-absl::Status ReduceMean(ImportContext& cx, const onnx::NodeProto& node) {
-  RETURN_IF_ERROR(cx.ExpectInputs(node, 1, 1));
-  const Attrs attrs(node);
-  RETURN_IF_ERROR(attrs.OnlyKnown({"axes", "keepdims"}));
-  ASSIGN_OR_RETURN(std::vector<Value> in, cx.Inputs(node));
+// ReduceMean (mean) or ReduceSum of x over `axes` (none: every dim). A mean
+// over every spatial dim (2 ..) of a 2-D or 3-D image is global average
+// pooling, then without keepdims the (N, C) view. Any other reduction: the
+// reduced dims moved last (a transpose, where they are not already), the
+// tensor viewed as (kept..., R), a `linear` by a `fill` row of 1/R (a mean)
+// or of ones (a sum), then the view of ONNX's result shape.
+absl::Status Reduce(ImportContext& cx, const onnx::NodeProto& node, const std::vector<int64_t>& axes,
+                    int64_t keepdims, bool mean) {
+  ASSIGN_OR_RETURN(Value x_value, cx.Get(node, node.input(0)));
+  const std::vector<Value> in = {x_value};
   const Shape& x = cx.nb().type(in[0]).shape;
   const auto rank = static_cast<int64_t>(x.size());
-  ASSIGN_OR_RETURN(std::vector<int64_t> axes, attrs.Ints("axes", {}));
-  ASSIGN_OR_RETURN(int64_t keepdims, attrs.Int("keepdims", 1));
   std::vector<bool> reduced(rank, axes.empty());
   const std::string all = absl::StrCat("axes [", absl::StrJoin(axes, ","), "]");
   for (int64_t a : axes) {
@@ -294,7 +312,7 @@ absl::Status ReduceMean(ImportContext& cx, const onnx::NodeProto& node) {
   // adaptive_avgpool takes (N, C, H, W) and (N, C, D, H, W).
   const bool spatial = (rank == 4 || rank == 5) && !reduced[0] && !reduced[1] &&
                        std::all_of(reduced.begin() + 2, reduced.end(), std::identity());
-  if (spatial) {
+  if (spatial && mean) {
     if (keepdims != 0) return cx.Apply(node, "adaptive_avgpool", in, {{"output_size", 1}});
     ASSIGN_OR_RETURN(Value pooled,
                      cx.Aux(node, "adaptive_avgpool", in, {{"output_size", 1}}, "pool"));
@@ -302,7 +320,7 @@ absl::Status ReduceMean(ImportContext& cx, const onnx::NodeProto& node) {
   }
   // The permutation putting the reduced dims last, in order.
   std::vector<int64_t> perm, kept_dims;
-  int64_t count = 1;  // R: the elements each mean averages
+  int64_t count = 1;  // R: the elements each reduction takes
   for (int64_t d = 0; d < rank; ++d) {
     if (!reduced[d]) perm.push_back(d), kept_dims.push_back(x[d]);
   }
@@ -318,13 +336,52 @@ absl::Status ReduceMean(ImportContext& cx, const onnx::NodeProto& node) {
   if (Shape(rows.begin(), rows.end()) != cx.nb().type(v).shape) {
     ASSIGN_OR_RETURN(v, cx.Aux(node, "reshape", {v}, {{"shape", rows}}, "rows"));
   }
-  ASSIGN_OR_RETURN(Value row,
-                   cx.Fill(node, {1, count}, v, 1.0 / static_cast<double>(count), "mean_row"));
+  ASSIGN_OR_RETURN(Value row, cx.Fill(node, {1, count}, v,
+                                      mean ? 1.0 / static_cast<double>(count) : 1.0,
+                                      mean ? "mean_row" : "sum_row"));
   std::vector<int64_t> linear_shape = kept_dims;  // (kept..., 1)
   linear_shape.push_back(1);
   if (result == linear_shape) return cx.Apply(node, "linear", {v, row});
-  ASSIGN_OR_RETURN(Value mean, cx.Aux(node, "linear", {v, row}, Json::object(), "mean"));
-  return cx.Apply(node, "reshape", {mean}, {{"shape", result}});
+  ASSIGN_OR_RETURN(Value reduction,
+                   cx.Aux(node, "linear", {v, row}, Json::object(), mean ? "mean" : "sum"));
+  return cx.Apply(node, "reshape", {reduction}, {{"shape", result}});
+}
+
+// ReduceMean: axes an attribute (an input only from opset 18, which pebble
+// does not read).
+absl::Status ReduceMean(ImportContext& cx, const onnx::NodeProto& node) {
+  RETURN_IF_ERROR(cx.ExpectInputs(node, 1, 1));
+  const Attrs attrs(node);
+  RETURN_IF_ERROR(attrs.OnlyKnown({"axes", "keepdims"}));
+  ASSIGN_OR_RETURN(std::vector<int64_t> axes, attrs.Ints("axes", {}));
+  ASSIGN_OR_RETURN(int64_t keepdims, attrs.Int("keepdims", 1));
+  return Reduce(cx, node, axes, keepdims, /*mean=*/true);
+}
+
+// ReduceSum (x.sum(dim)): axes an attribute before opset 13, a constant
+// input from it; no axes reduce every dim, or none with
+// noop_with_empty_axes (the input itself).
+absl::Status ReduceSum(ImportContext& cx, const onnx::NodeProto& node) {
+  RETURN_IF_ERROR(cx.ExpectInputs(node, 1, cx.opset() >= 13 ? 2 : 1));
+  const Attrs attrs(node);
+  if (cx.opset() >= 13) {
+    RETURN_IF_ERROR(attrs.OnlyKnown({"keepdims", "noop_with_empty_axes"}));
+  } else {
+    RETURN_IF_ERROR(attrs.OnlyKnown({"axes", "keepdims"}));
+  }
+  std::vector<int64_t> axes;
+  if (cx.opset() < 13) {
+    ASSIGN_OR_RETURN(axes, attrs.Ints("axes", {}));
+  } else if (node.input_size() == 2 && !node.input(1).empty()) {
+    ASSIGN_OR_RETURN(axes, cx.ConstInts(node, 1));
+  }
+  ASSIGN_OR_RETURN(int64_t keepdims, attrs.Int("keepdims", 1));
+  ASSIGN_OR_RETURN(int64_t noop, attrs.Int("noop_with_empty_axes", 0));
+  if (axes.empty() && noop != 0) {
+    ASSIGN_OR_RETURN(Value x, cx.Get(node, node.input(0)));
+    return cx.Define(node, x);
+  }
+  return Reduce(cx, node, axes, keepdims, /*mean=*/false);
 }
 
 absl::Status Gemm(ImportContext& cx, const onnx::NodeProto& node) {
@@ -661,7 +718,9 @@ void AddLayerOps(OnnxHandlers& handlers) {
     };
   }
   handlers["GlobalAveragePool"] = GlobalAveragePool;
+  handlers["GlobalMaxPool"] = GlobalMaxPool;
   handlers["ReduceMean"] = ReduceMean;
+  handlers["ReduceSum"] = ReduceSum;
   handlers["Gemm"] = Gemm;
   handlers["MatMul"] = MatMul;
   handlers["LayerNormalization"] = LayerNormalization;

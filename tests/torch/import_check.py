@@ -399,6 +399,35 @@ def normed_net(torch, num_classes=10, image=None):
     return Normed()
 
 
+def pooled_net(torch, num_classes=10, image=None):
+    """A small CNN of the reductions ONNX writes as GlobalMaxPool and
+    ReduceSum: CBAM's channel attention (nn.AdaptiveMaxPool2d(1) beside
+    nn.AdaptiveAvgPool2d(1) through a shared MLP), a sum over the channels
+    (keepdim) as a spatial gate, nn.AdaptiveMaxPool1d(1) over the flattened
+    map, sums over the spatial dims and over everything: --model pooled
+    (opset 11 writes ReduceSum's axes as an attribute, 13 as an input)."""
+    nn = torch.nn
+
+    class Pooled(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d(3, 8, 3, padding=1)
+            self.mlp = nn.Sequential(nn.Conv2d(8, 2, 1), nn.Tanh(), nn.Conv2d(2, 8, 1))
+            self.fc = nn.Linear(16, num_classes)
+
+        def forward(self, x):
+            x = torch.tanh(self.conv(x))
+            gate = torch.sigmoid(self.mlp(nn.functional.adaptive_max_pool2d(x, 1)) +
+                                 self.mlp(nn.functional.adaptive_avg_pool2d(x, 1)))
+            x = x * gate
+            x = x * torch.sigmoid(x.sum(dim=1, keepdim=True) / 4)
+            peak = nn.functional.adaptive_max_pool1d(torch.flatten(x, 2), 1).flatten(1)
+            total = x.sum(dim=(2, 3)) / x.shape[2] + x.sum() / x.numel()
+            return self.fc(torch.cat([peak, total], 1))
+
+    return Pooled()
+
+
 def upconv_net(torch, num_classes=10, image=None):
     """A small decoder of transposed convolutions (ONNX's ConvTranspose):
     nn.ConvTranspose2d with stride, padding and output_padding (back to the
@@ -512,7 +541,8 @@ def token_lm_net(torch, num_classes=10, image=8):
 # index each.
 LOCAL_MODELS = {"activations": activations_net, "grouped": grouped_net,
                 "sequence": sequence_net, "vit_tiny": vit_tiny_net,
-                "normed": normed_net, "upconv": upconv_net, "text": text_net,
+                "normed": normed_net, "pooled": pooled_net, "upconv": upconv_net,
+                "text": text_net,
                 "token_lm": token_lm_net}
 
 
