@@ -1585,6 +1585,47 @@ TEST(OnnxImportTest, ACausalMaskBeforeASoftmaxIsTheSoftmaxsCausalAttr) {
   EXPECT_EQ(finite->attrs(finite->Find("attention"))["causal"], true);
 }
 
+// A boolean causal mask (torch.ones(n, n, dtype=bool).triu(1)) as the
+// export writes it with a symbolic batch: Where(mask, -inf, zeros of
+// Shape(mask)), then Unsqueeze; every step folds, and the softmax is causal.
+TEST(OnnxImportTest, ABooleanCausalMaskFoldsThroughWhere) {
+  auto g = Import(
+      MaskedAttentionModel([](int, int) { return 0.0f; },
+                           [](ModelMaker& m) {
+                             auto* inits = m.graph()->mutable_initializer();
+                             for (int i = 0; i < inits->size(); ++i) {
+                               if (inits->Get(i).name() == "onnx::Mul_7") inits->DeleteSubrange(i, 1);
+                             }
+                             auto* mask = m.graph()->add_initializer();
+                             mask->set_name("onnx::Where_3");
+                             mask->set_data_type(onnx::TensorProto::BOOL);
+                             mask->add_dims(4);
+                             mask->add_dims(4);
+                             for (int i = 0; i < 4; ++i) {
+                               for (int j = 0; j < 4; ++j) mask->add_int32_data(j > i ? 1 : 0);
+                             }
+                             m.FloatVectorInitializer("onnx::Where_4", {-INFINITY});
+                             m.IntInitializer("onnx::Unsqueeze_5", {0});
+                             m.Node("Shape", "/Shape", {"onnx::Where_3"}, {"mask_shape"});
+                             auto* zeros = m.Node("ConstantOfShape", "/ConstantOfShape",
+                                                  {"mask_shape"}, {"zeros"});
+                             auto* value = zeros->add_attribute();
+                             value->set_name("value");
+                             value->set_type(onnx::AttributeProto::TENSOR);
+                             value->mutable_t()->set_data_type(onnx::TensorProto::FLOAT);
+                             value->mutable_t()->add_dims(1);
+                             value->mutable_t()->add_float_data(0.0f);
+                             m.Node("Where", "/Where", {"onnx::Where_3", "onnx::Where_4", "zeros"},
+                                    {"additive"});
+                             m.Node("Unsqueeze", "/Unsqueeze", {"additive", "onnx::Unsqueeze_5"},
+                                    {"onnx::Mul_7"});
+                             MoveFirst(m, {"/Shape", "/ConstantOfShape", "/Where", "/Unsqueeze"});
+                           }),
+      LossKind::kNone);
+  ASSERT_TRUE(g.ok()) << g.status();
+  EXPECT_EQ(g->attrs(g->Find("attention"))["causal"], true);
+}
+
 TEST(OnnxImportTest, AMaskThatIsNotCausalOrIsReadElsewhereIsRefused) {
   // Key 1 masked from query 3, which causality allows.
   auto holed = Import(MaskedAttentionModel([](int i, int j) {

@@ -83,7 +83,8 @@ absl::StatusOr<Value> ImportContext::Get(const onnx::NodeProto& node, const std:
                                  ShapeToString(shape),
                                  ", which pebble reads only as a scalar, or as an operator's "
                                  "shape, axes, pads or scales: a computation reading a "
-                                 "non-scalar float constant is not supported"));
+                                 "non-scalar constant (an attention mask other than a causal "
+                                 "one, a constant tensor multiplied in) is not supported"));
     }
     return NodeError(node,
                      absl::StrCat("input ", Quote(name), " is not computed before it is read"));
@@ -183,6 +184,10 @@ std::optional<Numbers> ImportContext::KnownNumbers(const std::string& name) cons
   Numbers out{Shape(t->dims().begin(), t->dims().end()), {}};
   if (std::optional<std::vector<double>> floats = FloatValues(*t)) {
     out.values = *std::move(floats);
+    return out;
+  }
+  if (std::optional<std::vector<double>> bools = BoolValues(*t)) {
+    out.values = *std::move(bools);
     return out;
   }
   absl::StatusOr<std::vector<int64_t>> ints = IntValues(*t);

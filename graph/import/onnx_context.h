@@ -99,8 +99,9 @@ class ImportContext {
   absl::StatusOr<std::vector<int64_t>> ConstInts(const onnx::NodeProto& node, int i);
   // `name`'s integers where they are known at import.
   std::optional<Ints> KnownInts(const std::string& name) const;
-  // `name`'s numbers (float, or integers as doubles) where it is a constant
-  // of at most 2^20 elements that is not a parameter (IsParameterLike).
+  // `name`'s numbers (float; integers, and booleans as 0 and 1, as doubles)
+  // where it is a constant of at most 2^20 elements that is not a parameter
+  // (IsParameterLike).
   std::optional<Numbers> KnownNumbers(const std::string& name) const;
   // The nodes that read value `name` (IndexReaders), in graph order.
   const std::vector<const onnx::NodeProto*>& Readers(const std::string& name) const;

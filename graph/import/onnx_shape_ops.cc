@@ -37,13 +37,19 @@ absl::Status Mod(ImportContext& cx, const onnx::NodeProto& node) {
   return FoldArithmetic(cx, node, fmod != 0);
 }
 
-// Shape of a value (its static shape), dims [start, end) from opset 15.
+// Shape of a value (its static shape; of a constant too, an attention
+// mask's), dims [start, end) from opset 15.
 absl::Status ShapeOf(ImportContext& cx, const onnx::NodeProto& node) {
   RETURN_IF_ERROR(cx.ExpectInputs(node, 1, 1));
   const Attrs attrs(node);
   RETURN_IF_ERROR(attrs.OnlyKnown({"start", "end"}));
-  ASSIGN_OR_RETURN(Operand in, cx.FirstOperand(node));
-  const Shape& shape = in.shape;
+  Shape shape;
+  if (std::optional<Numbers> numbers = cx.KnownNumbers(node.input(0))) {
+    shape = numbers->dims;
+  } else {
+    ASSIGN_OR_RETURN(Operand in, cx.FirstOperand(node));
+    shape = in.shape;
+  }
   const auto rank = static_cast<int64_t>(shape.size());
   ASSIGN_OR_RETURN(int64_t start, attrs.Int("start", 0));
   ASSIGN_OR_RETURN(int64_t end, attrs.Int("end", rank));
@@ -219,13 +225,17 @@ absl::Status ConstantOfShape(ImportContext& cx, const onnx::NodeProto& node) {
   RETURN_IF_ERROR(attrs.OnlyKnown({"value"}));
   ASSIGN_OR_RETURN(std::vector<int64_t> shape, cx.ConstInts(node, 0));
   int64_t value = 0;
+  std::optional<double> float_value;  // a float value (an attention mask's zeros)
   for (const onnx::AttributeProto& a : node.attribute()) {
     if (a.name() != "value") continue;
     absl::StatusOr<std::vector<int64_t>> v = IntValues(a.t());
-    if (!v.ok() || v->size() != 1) {
-      return NodeError(node, "only an integer value is supported (a shape's arithmetic)");
+    if (v.ok() && v->size() == 1) {
+      value = (*v)[0];
+    } else if (std::optional<double> f = FloatScalar(a.t())) {
+      float_value = f;
+    } else {
+      return NodeError(node, "only an integer or float scalar value is supported");
     }
-    value = (*v)[0];
   }
   int64_t count = 1;
   for (int64_t d : shape) {
@@ -233,8 +243,11 @@ absl::Status ConstantOfShape(ImportContext& cx, const onnx::NodeProto& node) {
       return NodeError(node, "shape is negative or too large for a constant");
     }
   }
-  return cx.DefineInts(node, 0,
-                       Ints{Shape(shape.begin(), shape.end()), std::vector<int64_t>(count, value)});
+  const Shape dims(shape.begin(), shape.end());
+  if (float_value) {
+    return cx.DefineFolded(node, FloatTensor(dims, std::vector<double>(count, *float_value)));
+  }
+  return cx.DefineInts(node, 0, Ints{dims, std::vector<int64_t>(count, value)});
 }
 
 // Equal of known integers (0 or 1) and Where over them: Expand's shape.
@@ -252,17 +265,38 @@ absl::Status Equal(ImportContext& cx, const onnx::NodeProto& node) {
   return cx.DefineInts(node, 0, std::move(out));
 }
 
+// Where over constants that are not all integers (a boolean mask made an
+// additive one: -inf where masked, 0 elsewhere), folded into a float
+// constant; false where an operand is not a constant or the sizes differ
+// (but for scalars).
+bool FoldNumbersWhere(ImportContext& cx, const onnx::NodeProto& node) {
+  std::optional<Numbers> c = cx.KnownNumbers(node.input(0)), x = cx.KnownNumbers(node.input(1)),
+                         y = cx.KnownNumbers(node.input(2));
+  const size_t n = c ? c->values.size() : 0;
+  auto fits = [n](const std::optional<Numbers>& t) {
+    return t && (t->values.size() == n || t->values.size() == 1);
+  };
+  if (!c || !fits(x) || !fits(y)) return false;
+  std::vector<double> values(n);
+  for (size_t i = 0; i < n; ++i) {
+    values[i] = c->values[i] != 0 ? x->values[x->values.size() == 1 ? 0 : i]
+                                  : y->values[y->values.size() == 1 ? 0 : i];
+  }
+  return cx.DefineFolded(node, FloatTensor(c->dims, values)).ok();
+}
+
 absl::Status Where(ImportContext& cx, const onnx::NodeProto& node) {
   RETURN_IF_ERROR(cx.ExpectInputs(node, 3, 3));
   RETURN_IF_ERROR(Attrs(node).OnlyKnown({}));
   std::optional<Ints> c = cx.KnownInts(node.input(0)), x = cx.KnownInts(node.input(1)),
                       y = cx.KnownInts(node.input(2));
+  if ((!c || !x || !y) && FoldNumbersWhere(cx, node)) return absl::OkStatus();
   const size_t n = c ? c->values.size() : 0;
   auto fits = [n](const std::optional<Ints>& t) {
     return t && (t->values.size() == n || t->values.size() == 1);
   };
   if (!c || !fits(x) || !fits(y)) {
-    return NodeError(node, "only Where over integer constants and shapes is supported");
+    return NodeError(node, "only Where over constants and shapes is supported");
   }
   Ints out = *c;
   for (size_t i = 0; i < n; ++i) {

@@ -151,6 +151,24 @@ std::optional<double> NumberScalar(const onnx::TensorProto& t) {
   return static_cast<double>(ints->front());
 }
 
+std::optional<std::vector<double>> BoolValues(const onnx::TensorProto& t) {
+  if (t.data_type() != onnx::TensorProto::BOOL) return std::nullopt;
+  int64_t count = 1;
+  for (int64_t d : t.dims()) {
+    if (d < 0 || d > (int64_t{1} << 20) || (count *= d) > (int64_t{1} << 20)) {
+      return std::nullopt;
+    }
+  }
+  std::vector<double> values;
+  if (!t.raw_data().empty()) {
+    for (char c : t.raw_data()) values.push_back(c != 0 ? 1.0 : 0.0);
+  } else {
+    for (int32_t v : t.int32_data()) values.push_back(v != 0 ? 1.0 : 0.0);
+  }
+  if (static_cast<int64_t>(values.size()) != count) return std::nullopt;
+  return values;
+}
+
 std::optional<bool> BoolScalar(const onnx::TensorProto& t) {
   if (t.data_type() != onnx::TensorProto::BOOL) return std::nullopt;
   if (t.raw_data().size() == 1) return t.raw_data()[0] != 0;

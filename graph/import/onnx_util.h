@@ -118,6 +118,8 @@ std::optional<double> FloatScalar(const onnx::TensorProto& t);
 // where the Python code gave an int: clamp(0, 6), x ** 2).
 std::optional<double> NumberScalar(const onnx::TensorProto& t);
 std::optional<bool> BoolScalar(const onnx::TensorProto& t);
+// A BOOL tensor's values as 0 and 1 (at most 2^20 of them), or nullopt.
+std::optional<std::vector<double>> BoolValues(const onnx::TensorProto& t);
 
 // Symmetric ONNX pads [b_1..b_d, e_1..e_d] as one padding per spatial dim.
 absl::StatusOr<std::vector<int64_t>> SymmetricPads(const Attrs& attrs, const onnx::NodeProto& node,

@@ -495,7 +495,7 @@ def text_net(torch, num_classes=10, image=8):
     return Text()
 
 
-def token_lm_net(torch, num_classes=10, image=8):
+def token_lm_net(torch, num_classes=10, image=8, bool_mask=False):
     """A small next-token model over `image` token ids of a vocabulary of
     50: positions from torch.arange in the forward, one causal
     nn.TransformerEncoderLayer (its mask nn.Transformer's
@@ -504,7 +504,9 @@ def token_lm_net(torch, num_classes=10, image=8):
     input embedding (one parameter read by Gather and by MatMul: their
     gradients add); the logits flattened to (batch x image, vocabulary), so
     that the imported cross-entropy's classes are the vocabulary (export it
-    at opset 17, where LayerNorm is one ONNX op): --model token_lm."""
+    at opset 17, where LayerNorm is one ONNX op): --model token_lm. With
+    `bool_mask`, the mask is boolean (True where a key is hidden), which a
+    symbolic batch exports as a Where of it: --model token_lm_bool."""
     nn = torch.nn
 
     class TokenLm(nn.Module):
@@ -516,9 +518,9 @@ def token_lm_net(torch, num_classes=10, image=8):
             self.pos = nn.Embedding(image, 16)
             self.layer = nn.TransformerEncoderLayer(
                 16, 2, 32, dropout=0.0, batch_first=True, norm_first=True)
-            self.register_buffer(
-                "mask", nn.Transformer.generate_square_subsequent_mask(image),
-                persistent=False)
+            mask = nn.Transformer.generate_square_subsequent_mask(image)
+            self.register_buffer("mask", mask < 0 if bool_mask else mask,
+                                 persistent=False)
             self.out = nn.Linear(16, self.vocab)
             self.out.weight = self.tok.weight
 
@@ -542,8 +544,9 @@ def token_lm_net(torch, num_classes=10, image=8):
 LOCAL_MODELS = {"activations": activations_net, "grouped": grouped_net,
                 "sequence": sequence_net, "vit_tiny": vit_tiny_net,
                 "normed": normed_net, "pooled": pooled_net, "upconv": upconv_net,
-                "text": text_net,
-                "token_lm": token_lm_net}
+                "text": text_net, "token_lm": token_lm_net,
+                "token_lm_bool": lambda torch, classes, image: token_lm_net(
+                    torch, classes, image, bool_mask=True)}
 
 
 def make_batch(torch, net, batch, image, classes, gen):
