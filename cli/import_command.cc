@@ -107,13 +107,15 @@ void AddImportCommand(CLI::App& app, int& exit_code) {
   cmd->add_option("model", flags.model_path, "the .onnx file")->required();
   cmd->add_option("--loss", flags.loss,
                   "loss to add and differentiate: cross-entropy (nn.CrossEntropyLoss; "
-                  "input 'target' of class indices), mse (nn.MSELoss), or none (default "
-                  "cross-entropy)")
+                  "input 'target' of class indices, the classes on dimension 1: export a "
+                  "language model's logits flattened to (batch x sequence, vocabulary)), mse "
+                  "(nn.MSELoss), or none (default cross-entropy)")
       ->check(CLI::IsMember({"cross-entropy", "mse", "none"}));
   AddOptimizerOption(cmd, flags.optimizer);
   cmd->add_option("--batch", flags.batch,
                   "batch size: rewrites dimension 0 of every graph input (needed when the "
-                  "model's batch dimension is symbolic)")
+                  "model's batch dimension is symbolic; a file of fixed batch keeps the sizes "
+                  "it computed from it, which a note says: export with dynamic_axes)")
       ->check(IntegerIn(1, int64_t{1} << 24));
   cmd->add_option("--output,-o", flags.output,
                   "graph file to write ('-': stdout, without --json); never the model itself")

@@ -1020,6 +1020,57 @@ TEST(OnnxImportTest, ReduceSumAndGlobalMaxPool) {
   EXPECT_EQ(noop->id(noop->inputs(noop->Find("avgpool"))[0]), "relu");
 }
 
+// DepthToSpace (mode DCR, ONNX's default; CRD is nn.PixelShuffle's, which
+// import_check.py runs against PyTorch) and SpaceToDepth by 2 of the
+// (2, 4, 8, 8) map: the 6-D view, the permutation and the view back of
+// ONNX's definitions (np.reshape and np.transpose, which pebble's reshape
+// and transpose are).
+TEST(OnnxImportTest, DepthToSpaceAndSpaceToDepthAreOnnxsViewsAndPermutation) {
+  struct Case {
+    std::string op, mode;
+    Shape blocks;
+    std::vector<int64_t> perm;
+    Shape out;
+  };
+  const std::vector<Case> cases = {
+      {"DepthToSpace", "DCR", {2, 2, 2, 1, 8, 8}, {0, 3, 4, 1, 5, 2}, {2, 1, 16, 16}},
+      {"DepthToSpace", "CRD", {2, 1, 2, 2, 8, 8}, {0, 1, 4, 2, 5, 3}, {2, 1, 16, 16}},
+      {"SpaceToDepth", "", {2, 4, 4, 2, 4, 2}, {0, 3, 5, 1, 2, 4}, {2, 16, 4, 4}},
+  };
+  for (const Case& c : cases) {
+    auto g = Import(TinyModel(13, "", [&c](ModelMaker& m) {
+                      const int before = m.graph()->node_size();
+                      auto* n = m.Node(c.op, "/blocks/" + c.op, {"r"}, {"moved"});
+                      ModelMaker::IntAttr(n, "blocksize", 2);
+                      if (!c.mode.empty()) ModelMaker::StringAttr(n, "mode", c.mode);
+                      // Back to 4 channels for the model's classifier.
+                      const std::string back =
+                          c.op == "DepthToSpace" ? "SpaceToDepth" : "DepthToSpace";
+                      ModelMaker::IntAttr(m.Node(back, "/back/" + back, {"moved"}, {"restored"}),
+                                          "blocksize", 2);
+                      FeedThePool(m, before, "restored");
+                    }),
+                    LossKind::kNone);
+    ASSERT_TRUE(g.ok()) << c.op << " " << c.mode << ": " << g.status();
+    const NodeId out = g->Find("blocks");
+    ASSERT_NE(out, kNoNode);
+    EXPECT_EQ(*g->shape(out), c.out) << c.op << c.mode;
+    const NodeId moved = g->inputs(out)[0];
+    EXPECT_EQ(g->op(moved), "transpose");
+    EXPECT_EQ(g->attrs(moved)["perm"], nlohmann::json(c.perm)) << c.op << c.mode;
+    EXPECT_EQ(*g->shape(g->inputs(moved)[0]), c.blocks) << c.op << c.mode;
+  }
+  auto odd = Import(TinyModel(13, "", [](ModelMaker& m) {
+    const int before = m.graph()->node_size();
+    ModelMaker::IntAttr(m.Node("DepthToSpace", "/odd/DepthToSpace", {"r"}, {"moved"}),
+                        "blocksize", 3);
+    FeedThePool(m, before, "moved");
+  }));
+  ASSERT_FALSE(odd.ok());
+  EXPECT_THAT(std::string(odd.status().message()),
+              HasSubstr("blocksize 3 does not divide the channels of (2,4,8,8)"));
+}
+
 // ShuffleNet's channel shuffle as torch.onnx.export writes it: x.size()
 // (Shape, Gather), the channels per group (Div), the new shape (Unsqueeze,
 // Concat) folded into constants for Reshape; Transpose; a Split, a Slice

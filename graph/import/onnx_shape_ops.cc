@@ -185,6 +185,49 @@ absl::Status Gather(ImportContext& cx, const onnx::NodeProto& node) {
   return cx.DefineInts(node, 0, std::move(out));
 }
 
+// DepthToSpace (nn.PixelShuffle exports it, mode CRD; mode DCR too) and
+// SpaceToDepth of x (N, C, H, W) by `blocksize`, as ONNX defines them: x
+// viewed as 6-D (a reshape), a transpose (a copy) and the result viewed
+// back as 4-D.
+absl::Status MoveBlocks(ImportContext& cx, const onnx::NodeProto& node, bool to_space) {
+  RETURN_IF_ERROR(cx.ExpectInputs(node, 1, 1));
+  const Attrs attrs(node);
+  RETURN_IF_ERROR(to_space ? attrs.OnlyKnown({"blocksize", "mode"})
+                           : attrs.OnlyKnown({"blocksize"}));
+  ASSIGN_OR_RETURN(Value x, cx.Get(node, node.input(0)));
+  const Shape shape = cx.nb().type(x).shape;
+  if (shape.size() != 4) {
+    return NodeError(node, absl::StrCat("input of shape ", ShapeToString(shape),
+                                        "; takes (N, C, H, W)"));
+  }
+  ASSIGN_OR_RETURN(const int64_t bs, attrs.Int("blocksize", 0));
+  ASSIGN_OR_RETURN(const std::string mode, attrs.String("mode", "DCR"));
+  if (mode != "DCR" && mode != "CRD") return attrs.Unsupported("mode", mode);
+  const int64_t n = shape[0], c = shape[1], h = shape[2], w = shape[3];
+  if (bs < 1 || (to_space ? c % (bs * bs) != 0 : h % bs != 0 || w % bs != 0)) {
+    return NodeError(node, absl::StrCat("blocksize ", bs, " does not divide ",
+                                        to_space ? "the channels of " : "the height and width of ",
+                                        ShapeToString(shape)));
+  }
+  std::vector<int64_t> blocks, perm, out;
+  if (!to_space) {
+    blocks = {n, c, h / bs, bs, w / bs, bs};
+    perm = {0, 3, 5, 1, 2, 4};
+    out = {n, c * bs * bs, h / bs, w / bs};
+  } else if (mode == "DCR") {
+    blocks = {n, bs, bs, c / (bs * bs), h, w};
+    perm = {0, 3, 4, 1, 5, 2};
+    out = {n, c / (bs * bs), h * bs, w * bs};
+  } else {
+    blocks = {n, c / (bs * bs), bs, bs, h, w};
+    perm = {0, 1, 4, 2, 5, 3};
+    out = {n, c / (bs * bs), h * bs, w * bs};
+  }
+  ASSIGN_OR_RETURN(Value b, cx.Aux(node, "reshape", {x}, {{"shape", blocks}}, "blocks"));
+  ASSIGN_OR_RETURN(Value t, cx.Aux(node, "transpose", {b}, {{"perm", perm}}, "moved"));
+  return cx.Apply(node, "reshape", {t}, {{"shape", out}});
+}
+
 // Range of known integer scalars (`torch.arange(ids.shape[1])` exported
 // with a symbolic dim): the vector start, start + delta, ... before limit,
 // folded; at most 2^24 values (a position-id vector, not data).
@@ -795,6 +838,12 @@ void AddShapeOps(OnnxHandlers& handlers) {
   handlers["Gather"] = Gather;
   handlers["ConstantOfShape"] = ConstantOfShape;
   handlers["Range"] = Range;
+  handlers["DepthToSpace"] = [](ImportContext& cx, const onnx::NodeProto& node) {
+    return MoveBlocks(cx, node, /*to_space=*/true);
+  };
+  handlers["SpaceToDepth"] = [](ImportContext& cx, const onnx::NodeProto& node) {
+    return MoveBlocks(cx, node, /*to_space=*/false);
+  };
   handlers["Equal"] = Equal;
   handlers["Where"] = Where;
   for (const bool unsqueeze : {true, false}) {

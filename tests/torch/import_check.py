@@ -428,6 +428,28 @@ def pooled_net(torch, num_classes=10, image=None):
     return Pooled()
 
 
+def shuffled_net(torch, num_classes=10, image=None):
+    """Sub-pixel convolutions: nn.PixelShuffle (ONNX's DepthToSpace, mode
+    CRD) up and nn.PixelUnshuffle (a reshape, transpose and reshape) down:
+    --model shuffled."""
+    nn = torch.nn
+
+    class Shuffled(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d(3, 16, 3, padding=1)
+            self.up = nn.PixelShuffle(2)
+            self.mix = nn.Conv2d(4, 4, 3, padding=1)
+            self.down = nn.PixelUnshuffle(2)
+            self.fc = nn.Linear(16, num_classes)
+
+        def forward(self, x):
+            x = self.mix(torch.tanh(self.up(self.conv(x))))
+            return self.fc(torch.tanh(self.down(x)).mean(dim=(2, 3)))
+
+    return Shuffled()
+
+
 def upconv_net(torch, num_classes=10, image=None):
     """A small decoder of transposed convolutions (ONNX's ConvTranspose):
     nn.ConvTranspose2d with stride, padding and output_padding (back to the
@@ -543,7 +565,8 @@ def token_lm_net(torch, num_classes=10, image=8, bool_mask=False):
 # index each.
 LOCAL_MODELS = {"activations": activations_net, "grouped": grouped_net,
                 "sequence": sequence_net, "vit_tiny": vit_tiny_net,
-                "normed": normed_net, "pooled": pooled_net, "upconv": upconv_net,
+                "normed": normed_net, "pooled": pooled_net, "shuffled": shuffled_net,
+                "upconv": upconv_net,
                 "text": text_net, "token_lm": token_lm_net,
                 "token_lm_bool": lambda torch, classes, image: token_lm_net(
                     torch, classes, image, bool_mask=True)}
