@@ -1094,6 +1094,10 @@ def check_largest_batch(failures, device):
     measured, predicted = found["measured_step_peak_bytes"], found["predicted_step_peak_bytes"]
     failures.check(measured is not None and abs(measured - predicted) <= 0.05 * predicted,
                    f"largest batch: measured {measured} B, predicted {predicted} B")
+    # The verifying step's own plan, to the byte.
+    failures.check(measured == found["measured_step_predicted_peak_bytes"],
+                   f"largest batch: measured {measured} B, its step's prediction "
+                   f"{found['measured_step_predicted_peak_bytes']} B")
     failures.check(all(torch.equal(before[k], v) for k, v in model.state_dict().items()) and
                    all(p.grad is None for p in model.parameters()),
                    "largest_batch changed the module")
