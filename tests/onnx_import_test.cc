@@ -678,6 +678,27 @@ TEST(OnnxImportTest, ATrainingGraphWithoutParametersIsRefused) {
 // nn.LayerNorm(elementwise_affine=False)) normalizes with a zero bias and a
 // scale of ones, made by the step, not parameters (the scale-less one read
 // past its inputs, a Value that was none).
+// nn.LayerNorm([C, H, W]) at opset 17: axis -3, its scale and bias
+// (C, H, W); x viewed as (N, C x H x W), the parameters as vectors.
+TEST(OnnxImportTest, LayerNormOverSeveralTrailingDims) {
+  auto g = Import(TinyModel(17, "", [](ModelMaker& m) {
+    m.Initializer("ln.weight", {4, 8, 8});
+    m.Initializer("ln.bias", {4, 8, 8});
+    auto* relu = FindNode(m, "Relu");
+    relu->set_op_type("LayerNormalization");
+    relu->set_name("/ln/LayerNormalization");
+    relu->add_input("ln.weight");
+    relu->add_input("ln.bias");
+    ModelMaker::IntAttr(relu, "axis", -3);
+  }));
+  ASSERT_TRUE(g.ok()) << g.status();
+  EXPECT_EQ(*g->shape(g->Find("ln.rows")), (Shape{2, 256}));
+  EXPECT_EQ(*g->shape(g->Find("ln.scale_row")), (Shape{256}));
+  EXPECT_EQ(g->op(g->Find("ln.normalized")), "layernorm");
+  EXPECT_EQ(*g->shape(g->Find("ln")), (Shape{2, 4, 8, 8}));
+  EXPECT_EQ(*g->shape(g->Find("grad:ln.weight")), (Shape{4, 8, 8}));
+}
+
 TEST(OnnxImportTest, LayerNormWithoutScaleOrBias) {
   for (const std::vector<std::string>& affine :
        {std::vector<std::string>{"", ""}, std::vector<std::string>{"ln.weight"}}) {
@@ -972,6 +993,28 @@ void FeedThePool(ModelMaker& m, int before, const std::string& value) {
     for (int i = before + k; i > pool + k; --i) nodes->SwapElements(i, i - 1);
   }
   FindNode(m, "GlobalAveragePool")->set_input(0, value);
+}
+
+// -x and torch.reciprocal: a mul by -1 and a div of 1; -x of a shape's
+// integers folds.
+TEST(OnnxImportTest, NegAndReciprocal) {
+  auto g = Import(TinyModel(13, "", [](ModelMaker& m) {
+    const int before = m.graph()->node_size();
+    m.Node("Neg", "/neg/Neg", {"r"}, {"negated"});
+    m.Node("Reciprocal", "/inv/Reciprocal", {"negated"}, {"inverted"});
+    m.IntInitializer("two", {2});
+    m.Node("Neg", "/bound/Neg", {"two"}, {"minus_two"});
+    m.IntInitializer("big", {100});
+    m.IntInitializer("axis3", {3});
+    m.Node("Slice", "/tail/Slice", {"inverted", "minus_two", "big", "axis3"}, {"tail"});
+    FeedThePool(m, before, "tail");
+  }));
+  ASSERT_TRUE(g.ok()) << g.status();
+  EXPECT_EQ(g->op(g->Find("neg")), "mul");
+  EXPECT_EQ(g->attrs(g->Find("neg.minus_one"))["value"], -1.0);
+  EXPECT_EQ(g->op(g->Find("inv")), "div");
+  EXPECT_EQ(g->id(g->inputs(g->Find("inv"))[1]), "neg");
+  EXPECT_EQ(*g->shape(g->Find("tail")), (Shape{2, 4, 8, 2}));  // the last two columns
 }
 
 // x.sum(dim=1, keepdim=True) (ReduceSum, its axes an input from opset 13,

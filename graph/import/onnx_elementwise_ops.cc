@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <optional>
 #include <set>
 #include <string>
@@ -264,6 +265,31 @@ absl::Status Expand(ImportContext& cx, const onnx::NodeProto& node) {
 
 }  // namespace
 
+// Neg (-x) and Reciprocal (torch.reciprocal): a mul by a scalar fill of
+// -1, a div of a scalar fill of 1 by x. Neg of known integers (a slice's
+// bound, -x.shape[1]) folds.
+absl::Status NegOrReciprocal(ImportContext& cx, const onnx::NodeProto& node, bool reciprocal) {
+  RETURN_IF_ERROR(cx.ExpectInputs(node, 1, 1));
+  RETURN_IF_ERROR(Attrs(node).OnlyKnown({}));
+  if (std::optional<Ints> ints = cx.KnownInts(node.input(0)); ints && !reciprocal) {
+    for (int64_t& v : ints->values) {
+      if (v == std::numeric_limits<int64_t>::min()) return NodeError(node, "overflows");
+      v = -v;
+    }
+    return cx.DefineInts(node, 0, *std::move(ints));
+  }
+  ASSIGN_OR_RETURN(Value x, cx.Get(node, node.input(0)));
+  if (const DType dtype = cx.nb().type(x).dtype; !ops_internal::IsFloat(dtype)) {
+    return NodeError(node, absl::StrCat("a ", node.op_type(), " of ", DTypeName(dtype), " ",
+                                        Quote(node.input(0)),
+                                        " is not supported (of float tensors and integers "
+                                        "known at import only)"));
+  }
+  ASSIGN_OR_RETURN(Value c, cx.Fill(node, {}, x, reciprocal ? 1.0 : -1.0,
+                                    reciprocal ? "one" : "minus_one"));
+  return reciprocal ? cx.Apply(node, "div", {c, x}) : cx.Apply(node, "mul", {x, c});
+}
+
 void AddElementwiseOps(OnnxHandlers& handlers) {
   // Operators of one input and no attributes, by their pebble op.
   for (const auto& ops : {std::pair{"Relu", "relu"},
@@ -287,6 +313,12 @@ void AddElementwiseOps(OnnxHandlers& handlers) {
   handlers["Clip"] = Clip;
   handlers["Pow"] = Pow;
   handlers["Expand"] = Expand;
+  for (const bool reciprocal : {false, true}) {
+    handlers[reciprocal ? "Reciprocal" : "Neg"] = [reciprocal](ImportContext& cx,
+                                                               const onnx::NodeProto& node) {
+      return NegOrReciprocal(cx, node, reciprocal);
+    };
+  }
 }
 
 }  // namespace pebble::onnx_import

@@ -431,8 +431,8 @@ absl::Status MatMul(ImportContext& cx, const onnx::NodeProto& node) {
                                       "same batch dims)"));
 }
 
-// LayerNormalization (opset 17) over the last dim: layernorm_stats, then
-// layernorm with the scale and bias. Without a bias (ONNX's optional third
+// LayerNormalization (opset 17) over the dims from `axis` on (the last by
+// default): layernorm_stats, then layernorm with the scale and bias. Without a bias (ONNX's optional third
 // input), a zero one; without a scale (an empty name: PyTorch 1.13's export
 // of nn.LayerNorm(elementwise_affine=False)), a scale of ones.
 absl::Status LayerNormalization(ImportContext& cx, const onnx::NodeProto& node) {
@@ -440,29 +440,45 @@ absl::Status LayerNormalization(ImportContext& cx, const onnx::NodeProto& node) 
   const Attrs attrs(node);
   RETURN_IF_ERROR(attrs.OnlyKnown({"axis", "epsilon", "stash_type"}));
   if (node.input(0).empty()) return NodeError(node, "has no input X");
-  std::vector<Value> in(3);
-  ASSIGN_OR_RETURN(in[0], cx.Get(node, node.input(0)));
-  const auto rank = static_cast<int64_t>(cx.nb().type(in[0]).shape.size());
-  const std::vector<int64_t> last = {rank > 0 ? cx.nb().type(in[0]).shape.back() : 1};
-  for (int i : {1, 2}) {
-    if (i < node.input_size() && !node.input(i).empty()) {
-      ASSIGN_OR_RETURN(in[i], cx.Get(node, node.input(i)));
-    } else {
-      ASSIGN_OR_RETURN(in[i], cx.Fill(node, last, in[0], i == 1 ? 1.0 : 0.0,
-                                      i == 1 ? "scale" : "bias"));
-    }
-  }
+  ASSIGN_OR_RETURN(Value x, cx.Get(node, node.input(0)));
+  const Shape shape = cx.nb().type(x).shape;
+  const auto rank = static_cast<int64_t>(shape.size());
   ASSIGN_OR_RETURN(const int64_t axis, attrs.Int("axis", -1));
   ASSIGN_OR_RETURN(const int64_t dim, OnnxAxis(node, absl::StrCat("axis ", axis), axis, rank));
-  if (dim != rank - 1) {
-    return attrs.Unsupported("axis", absl::StrCat(axis), "layer norm over the last dim only");
-  }
   ASSIGN_OR_RETURN(int64_t stash, attrs.Int("stash_type", 1));
   if (stash != 1) return attrs.Unsupported("stash_type", absl::StrCat(stash));
   ASSIGN_OR_RETURN(double eps, attrs.Float("epsilon", 1e-5));
+  // Over the dims from `dim` on (nn.LayerNorm([C, H, W]) is axis -3): x
+  // viewed with them as one last dim, and the scale and bias as vectors.
+  const bool viewed = dim != rank - 1;
+  int64_t features = 1;
+  for (int64_t d = dim; d < rank; ++d) features *= shape[d];
+  if (viewed) {
+    std::vector<int64_t> rows(shape.begin(), shape.begin() + dim);
+    rows.push_back(features);
+    ASSIGN_OR_RETURN(x, cx.Aux(node, "reshape", {x}, {{"shape", rows}}, "rows"));
+  }
+  std::vector<Value> in = {x, Value(), Value(), Value()};
+  for (int i : {1, 2}) {
+    const char* what = i == 1 ? "scale" : "bias";
+    if (i < node.input_size() && !node.input(i).empty()) {
+      ASSIGN_OR_RETURN(in[i + 1], cx.Get(node, node.input(i)));
+      if (viewed) {
+        ASSIGN_OR_RETURN(in[i + 1], cx.Aux(node, "reshape", {in[i + 1]},
+                                           {{"shape", {features}}}, absl::StrCat(what, "_row")));
+      }
+    } else {
+      ASSIGN_OR_RETURN(in[i + 1], cx.Fill(node, {features}, x, i == 1 ? 1.0 : 0.0, what));
+    }
+  }
   const Json a = {{"eps", eps}};
-  ASSIGN_OR_RETURN(Value stats, cx.Aux(node, "layernorm_stats", {in[0]}, a, "stats"));
-  RETURN_IF_ERROR(cx.Apply(node, "layernorm", {in[0], stats, in[1], in[2]}, a));
+  ASSIGN_OR_RETURN(in[1], cx.Aux(node, "layernorm_stats", {x}, a, "stats"));
+  if (viewed) {
+    ASSIGN_OR_RETURN(Value y, cx.Aux(node, "layernorm", in, a, "normalized"));
+    RETURN_IF_ERROR(cx.Apply(node, "reshape", {y}, {{"shape", shape}}));
+  } else {
+    RETURN_IF_ERROR(cx.Apply(node, "layernorm", in, a));
+  }
   // The saved mean and inverse deviation: nothing reads them in a step.
   for (int i = 1; i < node.output_size(); ++i) {
     if (!node.output(i).empty()) cx.MarkUnreadable(node.output(i));

@@ -450,6 +450,28 @@ def shuffled_net(torch, num_classes=10, image=None):
     return Shuffled()
 
 
+def misc_net(torch, num_classes=10, image=8):
+    """Operators a model writes in passing: -x (Neg), torch.reciprocal
+    (Reciprocal) of a positive tensor, and nn.LayerNorm over (C, H, W): at
+    opset 17 one LayerNormalization of axis -3, written out before:
+    --model misc."""
+    nn = torch.nn
+
+    class Misc(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d(3, 4, 3, padding=1)
+            self.norm = nn.LayerNorm([4, image, image])
+            self.fc = nn.Linear(4, num_classes)
+
+        def forward(self, x):
+            x = self.norm(self.conv(x))
+            x = -torch.tanh(x) + torch.reciprocal(torch.sigmoid(x) + 1.0)
+            return self.fc(x.mean(dim=(2, 3)))
+
+    return Misc()
+
+
 def upconv_net(torch, num_classes=10, image=None):
     """A small decoder of transposed convolutions (ONNX's ConvTranspose):
     nn.ConvTranspose2d with stride, padding and output_padding (back to the
@@ -565,7 +587,8 @@ def token_lm_net(torch, num_classes=10, image=8, bool_mask=False):
 # index each.
 LOCAL_MODELS = {"activations": activations_net, "grouped": grouped_net,
                 "sequence": sequence_net, "vit_tiny": vit_tiny_net,
-                "normed": normed_net, "pooled": pooled_net, "shuffled": shuffled_net,
+                "misc": misc_net, "normed": normed_net, "pooled": pooled_net,
+                "shuffled": shuffled_net,
                 "upconv": upconv_net,
                 "text": text_net, "token_lm": token_lm_net,
                 "token_lm_bool": lambda torch, classes, image: token_lm_net(
