@@ -170,7 +170,7 @@ bool FoldFloatArithmetic(ImportContext& cx, const onnx::NodeProto& node, absl::s
   return cx.DefineFolded(node, FloatTensor(full.dims, values)).ok();
 }
 
-// Whether `v` is a causal mask over the last two dims (S, T) of a tensor:
+// Whether `mask` is a causal mask over the last two dims (S, T) of x:
 // leading dims of 1, then 0 where key j <= query i and -inf (or at most
 // -1e4, which softmax turns into exactly 0 in fp32 all the same) where
 // j > i. nn.Transformer.generate_square_subsequent_mask writes one.
@@ -263,8 +263,6 @@ absl::Status Expand(ImportContext& cx, const onnx::NodeProto& node) {
   return cx.Define(node, v);
 }
 
-}  // namespace
-
 // Neg (-x) and Reciprocal (torch.reciprocal): a mul by a scalar fill of
 // -1, a div of a scalar fill of 1 by x. Neg of known integers (a slice's
 // bound, -x.shape[1]) folds.
@@ -289,6 +287,8 @@ absl::Status NegOrReciprocal(ImportContext& cx, const onnx::NodeProto& node, boo
                                     reciprocal ? "one" : "minus_one"));
   return reciprocal ? cx.Apply(node, "div", {c, x}) : cx.Apply(node, "mul", {x, c});
 }
+
+}  // namespace
 
 void AddElementwiseOps(OnnxHandlers& handlers) {
   // Operators of one input and no attributes, by their pebble op.
