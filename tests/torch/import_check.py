@@ -506,11 +506,11 @@ def upconv_net(torch, num_classes=10, image=None):
 def text_net(torch, num_classes=10, image=8):
     """A small text classifier over `image` token ids of a vocabulary of 50
     (nn.Embedding, Gather in ONNX): token embeddings, position embeddings at
-    a slice of a non-persistent
-    buffer of position ids (a constant 0, 1, ... the importer makes an
-    arange), one nn.TransformerEncoderLayer (batch first, GELU, dropout 0),
-    the mean over the sequence and a linear classifier (export it at opset
-    17, where LayerNorm is one ONNX op): --model text."""
+    a slice of a non-persistent buffer of position ids (a constant 0, 1, ...
+    the importer makes an arange), one nn.TransformerEncoderLayer (batch
+    first, GELU, dropout 0), the mean over the sequence and a linear
+    classifier (export it at opset 17, where LayerNorm is one ONNX op):
+    --model text."""
     nn = torch.nn
 
     class Text(nn.Module):
