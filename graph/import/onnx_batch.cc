@@ -60,29 +60,28 @@ void BatchRewrite::ReadExported(const onnx::GraphProto& graph) {
 // A model written with x.reshape(2, -1) at an exported batch of 2 keeps 2
 // rows whatever --batch says: the -1 takes the rest, and the error comes
 // later (a Linear's features, or the shape ONNX's inference gives).
-void BatchRewrite::NoteImported(const ImportContext& cx, const onnx::NodeProto& node) {
+void BatchRewrite::NoteImported(const onnx::NodeProto& node) {
   if (!exported_.has_value() || fixed_by_.has_value()) return;
   if (node.op_type() != "Reshape" || node.input_size() < 2 || node.output_size() < 1) return;
-  const Value* in = cx.Find(node.input(0));
-  const Value* out = cx.Find(node.output(0));
-  if (in == nullptr || out == nullptr || !cx.nb().has_type(*in) || !cx.nb().has_type(*out)) {
+  const Value* in = cx_.Find(node.input(0));
+  const Value* out = cx_.Find(node.output(0));
+  if (in == nullptr || out == nullptr || !cx_.nb().has_type(*in) || !cx_.nb().has_type(*out)) {
     return;
   }
-  const Shape& x = cx.nb().type(*in).shape;
-  const Shape& y = cx.nb().type(*out).shape;
+  const Shape& x = cx_.nb().type(*in).shape;
+  const Shape& y = cx_.nb().type(*out).shape;
   if (x.empty() || y.empty() || x[0] != *batch_ || y[0] == *batch_) return;
   const bool fixed = exported_->size.has_value() ? y[0] == *exported_->size
                                                  : LiteralFirstDim(node.input(1)) == y[0];
   if (fixed) Remember(node, y[0]);
 }
 
-absl::Status BatchRewrite::NoteFailed(const ImportContext& cx, const onnx::NodeProto& node,
-                                      absl::Status status) {
+absl::Status BatchRewrite::NoteFailed(const onnx::NodeProto& node, absl::Status status) {
   if (status.ok() || fixed_by_.has_value() || !exported_.has_value() ||
       !exported_->size.has_value() || node.op_type() != "Reshape" || node.input_size() < 2) {
     return status;
   }
-  const std::optional<Ints> shape = cx.KnownInts(node.input(1));
+  const std::optional<Ints> shape = cx_.KnownInts(node.input(1));
   if (shape.has_value() && !shape->values.empty() && shape->values.front() == *exported_->size) {
     Remember(node, *exported_->size);
   }

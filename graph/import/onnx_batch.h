@@ -26,7 +26,8 @@ namespace pebble::onnx_import {
 class BatchRewrite {
  public:
   // `batch`: --batch, where given. The context's initializers are read
-  // (old exporters list them among the graph inputs, which keep their size).
+  // (old exporters list them among the graph inputs, which keep their size);
+  // its values are read as the import defines them.
   BatchRewrite(const onnx::GraphProto& graph, std::optional<int64_t> batch,
                const ImportContext& cx);
 
@@ -39,12 +40,11 @@ class BatchRewrite {
   // After `node` imported: remembers a Reshape that set dimension 0 from
   // the new batch to a constant's size (the exported batch, or the size
   // the file's constant gives where the batch was symbolic).
-  void NoteImported(const ImportContext& cx, const onnx::NodeProto& node);
+  void NoteImported(const onnx::NodeProto& node);
   // After `node` failed with `status`, returned as it is: remembers a
   // Reshape whose constant shape keeps the exported batch in dimension 0
   // (x.view(2, 2, 58, 8, 8) of an input rewritten to batch 4).
-  absl::Status NoteFailed(const ImportContext& cx, const onnx::NodeProto& node,
-                          absl::Status status);
+  absl::Status NoteFailed(const onnx::NodeProto& node, absl::Status status);
 
   // The import's result with what the rewrite explains: an error gets the
   // Reshape named, or, where none was and the error came from a node

@@ -73,9 +73,9 @@ class Importer {
     RETURN_IF_ERROR(AddGraphInputs());
     in_nodes_ = true;
     for (const onnx::NodeProto& node : graph_.node()) {
-      RETURN_IF_ERROR(batch_->NoteFailed(cx_, node, ImportNode(node)));
+      RETURN_IF_ERROR(batch_->NoteFailed(node, ImportNode(node)));
       RETURN_IF_ERROR(cx_.nb().status());
-      batch_->NoteImported(cx_, node);
+      batch_->NoteImported(node);
     }
     in_nodes_ = false;
     // ONNX's own shape inference runs only now, on nodes whose attributes

@@ -489,11 +489,9 @@ absl::Status LayerNormalization(ImportContext& cx, const onnx::NodeProto& node) 
 // Whether ONNX value `name` is a constant (not a parameter) whose every
 // element is `value`.
 bool ConstantOfValue(const ImportContext& cx, const std::string& name, double value) {
-  const onnx::TensorProto* t = cx.ConstTensor(name);
-  if (t == nullptr || cx.IsParameterLike(name)) return false;
-  const std::optional<std::vector<double>> values = FloatValues(*t);
-  return values && std::all_of(values->begin(), values->end(),
-                               [value](double v) { return v == value; });
+  const std::optional<Numbers> numbers = cx.KnownNumbers(name);
+  return numbers && std::all_of(numbers->values.begin(), numbers->values.end(),
+                                [value](double v) { return v == value; });
 }
 
 // InstanceNormalization of x (N, C, D1, ...): each (sample, channel)

@@ -260,15 +260,16 @@ absl::Status Range(ImportContext& cx, const onnx::NodeProto& node) {
   return cx.DefineInts(node, 0, std::move(out));
 }
 
-// ConstantOfShape of a known shape with an integer value: folds (the
-// ones torch writes for Expand's -1 dims).
+// ConstantOfShape of a known shape: with an integer value folds (the ones
+// torch writes for Expand's -1 dims), with a float one folds into a float
+// constant (an attention mask's zeros).
 absl::Status ConstantOfShape(ImportContext& cx, const onnx::NodeProto& node) {
   RETURN_IF_ERROR(cx.ExpectInputs(node, 1, 1));
   const Attrs attrs(node);
   RETURN_IF_ERROR(attrs.OnlyKnown({"value"}));
   ASSIGN_OR_RETURN(std::vector<int64_t> shape, cx.ConstInts(node, 0));
   int64_t value = 0;
-  std::optional<double> float_value;  // a float value (an attention mask's zeros)
+  std::optional<double> float_value;
   for (const onnx::AttributeProto& a : node.attribute()) {
     if (a.name() != "value") continue;
     absl::StatusOr<std::vector<int64_t>> v = IntValues(a.t());
@@ -308,45 +309,45 @@ absl::Status Equal(ImportContext& cx, const onnx::NodeProto& node) {
   return cx.DefineInts(node, 0, std::move(out));
 }
 
-// Where over constants that are not all integers (a boolean mask made an
-// additive one: -inf where masked, 0 elsewhere), folded into a float
-// constant; false where an operand is not a constant or the sizes differ
-// (but for scalars).
-bool FoldNumbersWhere(ImportContext& cx, const onnx::NodeProto& node) {
-  std::optional<Numbers> c = cx.KnownNumbers(node.input(0)), x = cx.KnownNumbers(node.input(1)),
-                         y = cx.KnownNumbers(node.input(2));
-  const size_t n = c ? c->values.size() : 0;
-  auto fits = [n](const std::optional<Numbers>& t) {
-    return t && (t->values.size() == n || t->values.size() == 1);
-  };
-  if (!c || !fits(x) || !fits(y)) return false;
-  std::vector<double> values(n);
-  for (size_t i = 0; i < n; ++i) {
-    values[i] = c->values[i] != 0 ? x->values[x->values.size() == 1 ? 0 : i]
-                                  : y->values[y->values.size() == 1 ? 0 : i];
+// Where's values: x's where c is not 0, else y's, each of c's size or of
+// one element; nullopt where a size differs otherwise.
+template <typename C, typename T>
+std::optional<std::vector<T>> Selected(const std::vector<C>& c, const std::vector<T>& x,
+                                       const std::vector<T>& y) {
+  const size_t n = c.size();
+  for (const std::vector<T>* t : {&x, &y}) {
+    if (t->size() != n && t->size() != 1) return std::nullopt;
   }
-  return cx.DefineFolded(node, FloatTensor(c->dims, values)).ok();
+  std::vector<T> out(n);
+  for (size_t i = 0; i < n; ++i) {
+    out[i] = c[i] != 0 ? x[x.size() == 1 ? 0 : i] : y[y.size() == 1 ? 0 : i];
+  }
+  return out;
 }
 
+// Where over integer constants and shapes (Expand's shape), folded; over
+// other constants (a boolean mask made an additive one: -inf where masked,
+// 0 elsewhere), folded into a float constant.
 absl::Status Where(ImportContext& cx, const onnx::NodeProto& node) {
   RETURN_IF_ERROR(cx.ExpectInputs(node, 3, 3));
   RETURN_IF_ERROR(Attrs(node).OnlyKnown({}));
   std::optional<Ints> c = cx.KnownInts(node.input(0)), x = cx.KnownInts(node.input(1)),
                       y = cx.KnownInts(node.input(2));
-  if ((!c || !x || !y) && FoldNumbersWhere(cx, node)) return absl::OkStatus();
-  const size_t n = c ? c->values.size() : 0;
-  auto fits = [n](const std::optional<Ints>& t) {
-    return t && (t->values.size() == n || t->values.size() == 1);
-  };
-  if (!c || !fits(x) || !fits(y)) {
-    return NodeError(node, "only Where over constants and shapes is supported");
+  if (c && x && y) {
+    if (auto values = Selected(c->values, x->values, y->values)) {
+      return cx.DefineInts(node, 0, Ints{c->dims, *std::move(values)});
+    }
+  } else {
+    std::optional<Numbers> cn = cx.KnownNumbers(node.input(0)),
+                           xn = cx.KnownNumbers(node.input(1)),
+                           yn = cx.KnownNumbers(node.input(2));
+    if (cn && xn && yn) {
+      if (auto values = Selected(cn->values, xn->values, yn->values)) {
+        return cx.DefineFolded(node, FloatTensor(cn->dims, *values));
+      }
+    }
   }
-  Ints out = *c;
-  for (size_t i = 0; i < n; ++i) {
-    out.values[i] = c->values[i] != 0 ? x->values[x->values.size() == 1 ? 0 : i]
-                                      : y->values[y->values.size() == 1 ? 0 : i];
-  }
-  return cx.DefineInts(node, 0, std::move(out));
+  return NodeError(node, "only Where over constants and shapes is supported");
 }
 
 // The axes of Unsqueeze / Squeeze: an input from opset 13, before that
@@ -533,20 +534,20 @@ absl::StatusOr<bool> FoldSlice(ImportContext& cx, const onnx::NodeProto& node,
                                const std::vector<int64_t>& starts, const std::vector<int64_t>& ends,
                                const std::vector<int64_t>& axes, std::vector<int64_t> steps) {
   if (steps.empty()) steps.assign(starts.size(), 1);
-  if (std::optional<Ints> ints = cx.KnownInts(node.input(0))) {
-    ASSIGN_OR_RETURN(auto picks, SlicePicks(node, ints->dims, starts, ends, axes, steps));
-    Ints out{{}, Gathered(ints->dims, ints->values, picks)};
-    for (const auto& pick : picks) out.dims.push_back(static_cast<int64_t>(pick.size()));
-    RETURN_IF_ERROR(cx.DefineInts(node, 0, std::move(out)));
-    return true;
-  }
-  std::optional<Numbers> numbers = cx.KnownNumbers(node.input(0));
-  if (!numbers) return false;
-  ASSIGN_OR_RETURN(auto picks, SlicePicks(node, numbers->dims, starts, ends, axes, steps));
+  const std::optional<Ints> ints = cx.KnownInts(node.input(0));
+  const std::optional<Numbers> numbers =
+      ints ? std::nullopt : cx.KnownNumbers(node.input(0));
+  if (!ints && !numbers) return false;
+  const Shape& source = ints ? ints->dims : numbers->dims;
+  ASSIGN_OR_RETURN(auto picks, SlicePicks(node, source, starts, ends, axes, steps));
   Shape dims;
   for (const auto& pick : picks) dims.push_back(static_cast<int64_t>(pick.size()));
-  RETURN_IF_ERROR(
-      cx.DefineFolded(node, FloatTensor(dims, Gathered(numbers->dims, numbers->values, picks))));
+  if (ints) {
+    RETURN_IF_ERROR(cx.DefineInts(node, 0, Ints{dims, Gathered(source, ints->values, picks)}));
+  } else {
+    RETURN_IF_ERROR(
+        cx.DefineFolded(node, FloatTensor(dims, Gathered(source, numbers->values, picks))));
+  }
   return true;
 }
 
