@@ -37,19 +37,18 @@ int RunImport(const ImportFlags& flags) {
       CheckOutputs({{flags.output, "--output"}}, {{flags.model_path, "the ONNX model"}},
                    flags.force);
   if (!output_ok.ok()) return Fail(output_ok);
-  auto loss = ParseLossKind(flags.loss);
-  if (!loss.ok()) return Fail(loss.status());
+  OnnxImportOptions options;
+  if (absl::Status loss = SetOnnxLoss(flags.loss, options); !loss.ok()) return Fail(loss);
+  const LossKind loss = options.loss;
   std::optional<OptimizerSpec> optimizer;
   if (!flags.optimizer.empty()) {
     absl::StatusOr<OptimizerSpec> spec = ParseOptimizerOption(flags.optimizer);
     if (!spec.ok()) return Fail(spec.status());
-    if (*loss == LossKind::kNone) {
+    if (loss == LossKind::kNone) {
       return Fail(UsageError("--optimizer needs a training graph: give --loss, not --loss none"));
     }
     optimizer = *spec;
   }
-  OnnxImportOptions options;
-  options.loss = *loss;
   if (flags.batch > 0) options.batch = flags.batch;
   options.cost_model.device_flops_per_s = flags.throughput_flops_per_s;
   std::vector<std::string> notes;
@@ -72,7 +71,7 @@ int RunImport(const ImportFlags& flags) {
   if (flags.json) {
     nlohmann::json doc = {{"graph", graph->name()},
                           {"output", flags.output},
-                          {"loss", LossKindName(*loss)},
+                          {"loss", flags.loss},
                           {"nodes", graph->num_nodes()},
                           {"aliases", graph->num_aliases()},
                           {"parameters", parameters},
@@ -83,9 +82,8 @@ int RunImport(const ImportFlags& flags) {
     PrintJson(doc);
   } else if (flags.output != "-") {
     std::cout << "imported " << flags.model_path << " as '" << graph->name() << "' ("
-              << (*loss == LossKind::kNone ? "forward graph"
-                                           : absl::StrCat("training graph, loss ",
-                                                          LossKindName(*loss)))
+              << (loss == LossKind::kNone ? "forward graph"
+                                          : absl::StrCat("training graph, loss ", flags.loss))
               << "): " << graph->num_nodes() << " nodes (" << graph->num_aliases()
               << (graph->num_aliases() == 1 ? " view), " : " views), ") << parameters
               << (parameters == 1 ? " parameter of " : " parameters of ")
@@ -108,9 +106,12 @@ void AddImportCommand(CLI::App& app, int& exit_code) {
   cmd->add_option("--loss", flags.loss,
                   "loss to add and differentiate: cross-entropy (nn.CrossEntropyLoss; "
                   "input 'target' of class indices, the classes on dimension 1: export a "
-                  "language model's logits flattened to (batch x sequence, vocabulary)), mse "
-                  "(nn.MSELoss), or none (default cross-entropy)")
-      ->check(CLI::IsMember({"cross-entropy", "mse", "none"}));
+                  "language model's logits flattened to (batch x sequence, vocabulary); a "
+                  "model whose last node is log_softmax over the classes gets the same loss, "
+                  "which takes that node in), nll (nn.NLLLoss of the log_softmax the model "
+                  "ends in: the same as cross-entropy on its input), mse (nn.MSELoss), or none "
+                  "(default cross-entropy)")
+      ->check(CLI::IsMember({"cross-entropy", "nll", "mse", "none"}));
   AddOptimizerOption(cmd, flags.optimizer);
   cmd->add_option("--batch", flags.batch,
                   "batch size: rewrites dimension 0 of every graph input (needed when the "

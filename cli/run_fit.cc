@@ -121,10 +121,11 @@ absl::Status SetOnnxModel(const FitFlags& f, FitRequest& request) {
     return UsageError(absl::StrCat("--onnx searches the batch size: --vary batch, not ",
                                    Quote(f.vary)));
   }
-  ASSIGN_OR_RETURN(const LossKind loss, ParseLossKind(f.loss));
-  if (loss == LossKind::kNone) {
-    return UsageError("--loss none: fit plans the training step; give --loss cross-entropy "
-                      "or mse");
+  OnnxImportOptions options;
+  RETURN_IF_ERROR(SetOnnxLoss(f.loss, options));
+  if (options.loss == LossKind::kNone) {
+    return UsageError("--loss none: fit plans the training step; give --loss cross-entropy, "
+                      "nll or mse");
   }
   std::optional<OptimizerSpec> optimizer;
   if (!f.optimizer.empty()) {
@@ -133,8 +134,6 @@ absl::Status SetOnnxModel(const FitFlags& f, FitRequest& request) {
   ASSIGN_OR_RETURN(std::string bytes, ReadBoundedFile(f.onnx, "ONNX model", kMaxOnnxFileBytes));
   auto model = std::make_shared<const std::string>(std::move(bytes));
   const std::string stem = std::filesystem::path(f.onnx).stem().string();
-  OnnxImportOptions options;
-  options.loss = loss;
   options.cost_model = request.cost;
   // The model at `batch`, as import --batch writes it, and what import would
   // note of it where `notes` is given.
@@ -480,9 +479,10 @@ void AddFitCommand(CLI::App& app, int& exit_code) {
                                "as pebble import --batch does (docs/import.md)");
   model->excludes(onnx);
   fit->add_option("--loss", flags.loss,
-                  "--onnx's loss: cross-entropy (input 'target' of class indices) or mse "
-                  "(default cross-entropy)")
-      ->check(CLI::IsMember({"cross-entropy", "mse"}))
+                  "--onnx's loss: cross-entropy (input 'target' of class indices), nll "
+                  "(nn.NLLLoss of the log_softmax the model ends in) or mse (default "
+                  "cross-entropy)")
+      ->check(CLI::IsMember({"cross-entropy", "nll", "mse"}))
       ->needs(onnx);
   AddOptimizerOption(fit, flags.optimizer);
   fit->add_option("--vary", flags.vary,

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "graph/ops.h"
@@ -23,6 +24,7 @@
 namespace pebble {
 namespace {
 
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 
 // A small model in torch.onnx.export's style (opset 13, training-mode batch
@@ -1738,6 +1740,99 @@ TEST(OnnxImportTest, AMaskThatIsNotCausalOrIsReadElsewhereIsRefused) {
                      LossKind::kNone);
   ASSERT_FALSE(read.ok());
   EXPECT_THAT(std::string(read.status().message()), HasSubstr("'/Add' (op Add)"));
+}
+
+// TinyModel ending in F.log_softmax(logits, dim=1), as PyTorch's MNIST
+// example does before F.nll_loss; `edit` may change it further.
+std::string LogSoftmaxModel(int opset = 13, const std::function<void(ModelMaker&)>& edit = nullptr) {
+  return TinyModel(opset, "", [&](ModelMaker& m) {
+    m.graph()->mutable_output()->Clear();
+    ModelMaker::IntAttr(m.Node("LogSoftmax", "/LogSoftmax", {"logits"}, {"log_probs"}), "axis", 1);
+    m.Output("log_probs");
+    if (edit) edit(m);
+  });
+}
+
+// Cross-entropy of log-probabilities is that of the logits, so the loss
+// takes the last LogSoftmax in: the graph is TinyModel's with the output's
+// name, under --loss cross-entropy and --loss nll alike.
+TEST(OnnxImportTest, ALastLogSoftmaxIsTakenIntoTheCrossEntropyLoss) {
+  for (const char* loss : {"cross-entropy", "nll"}) {
+    OnnxImportOptions options;
+    ASSERT_TRUE(SetOnnxLoss(loss, options).ok());
+    std::vector<std::string> notes;
+    auto g = ImportOnnxModel(LogSoftmaxModel(), "tiny", options, &notes);
+    ASSERT_TRUE(g.ok()) << loss << ": " << g.status();
+    const NodeId out = g->Find("log_probs");
+    ASSERT_NE(out, kNoNode) << loss;
+    EXPECT_EQ(g->op(out), "linear") << loss;
+    EXPECT_EQ(g->inputs(g->Find("loss"))[0], out) << loss;
+    EXPECT_EQ(g->op(g->Find("loss")), "softmax_cross_entropy") << loss;
+    EXPECT_EQ(g->num_nodes(), Import(TinyModel())->num_nodes()) << loss;
+    // Under --loss cross-entropy a note says what became of the node.
+    const bool noted = !notes.empty() && absl::StrContains(notes.back(), "'/LogSoftmax'");
+    EXPECT_EQ(noted, std::string(loss) == "cross-entropy") << loss;
+  }
+  // Opset 11's LogSoftmax of 2-D logits, axis 1 by default, is the same.
+  auto old = Import(LogSoftmaxModel(11, [](ModelMaker& m) {
+    FindNode(m, "LogSoftmax")->clear_attribute();
+  }));
+  ASSERT_TRUE(old.ok()) << old.status();
+}
+
+TEST(OnnxImportTest, ALogSoftmaxTheLossCannotTakeInIsRefused) {
+  const std::vector<std::pair<LossKind, std::vector<std::string>>> losses = {
+      {LossKind::kMse, {"'/LogSoftmax' (op LogSoftmax)", "under --loss mse"}},
+      {LossKind::kNone, {"under --loss none"}}};
+  for (const auto& [loss, parts] : losses) {
+    auto g = Import(LogSoftmaxModel(), loss);
+    ASSERT_FALSE(g.ok());
+    for (const std::string& part : parts) EXPECT_THAT(g.status().message(), HasSubstr(part));
+  }
+  const std::vector<BadCase> cases = {
+      {"over the last dim of 4-D scores",
+       [](ModelMaker& m) {
+         m.graph()->mutable_output()->Clear();
+         ModelMaker::IntAttr(m.Node("LogSoftmax", "/LogSoftmax", {"r"}, {"log_probs"}), "axis", -1);
+         m.Output("log_probs");
+       },
+       {"'/LogSoftmax'", "over dim 3 of a rank-4 tensor, not over the classes (dim 1)"}},
+      {"read by another node",
+       [](ModelMaker& m) {
+         m.graph()->mutable_output()->Clear();
+         ModelMaker::IntAttr(m.Node("LogSoftmax", "/LogSoftmax", {"logits"}, {"log_probs"}),
+                             "axis", 1);
+         m.Node("Neg", "/Neg", {"log_probs"}, {"negated"});
+         m.Output("negated");
+       },
+       {"'/LogSoftmax'", "it is not the model's output"}},
+  };
+  for (const BadCase& c : cases) {
+    auto g = Import(TinyModel(13, "", c.edit));
+    ASSERT_FALSE(g.ok()) << c.what;
+    for (const std::string& part : c.message_parts) {
+      EXPECT_THAT(g.status().message(), HasSubstr(part)) << c.what;
+    }
+  }
+  // Before opset 13, axis 1 of a 4-D tensor flattens the dims after it.
+  auto flattened = Import(TinyModel(11, "", [](ModelMaker& m) {
+    m.graph()->mutable_output()->Clear();
+    m.Node("LogSoftmax", "/LogSoftmax", {"r"}, {"log_probs"});
+    m.Output("log_probs");
+  }));
+  ASSERT_FALSE(flattened.ok());
+  EXPECT_THAT(flattened.status().message(), HasSubstr("before opset 13"));
+  // --loss nll takes log-probabilities: a model returning logits is refused.
+  OnnxImportOptions nll;
+  ASSERT_TRUE(SetOnnxLoss("nll", nll).ok());
+  auto logits = ImportOnnxModel(TinyModel(), "tiny", nll);
+  ASSERT_FALSE(logits.ok());
+  EXPECT_THAT(logits.status().message(),
+              AllOf(HasSubstr("--loss nll"), HasSubstr("'logits' is computed by ONNX node "
+                                                       "'/fc/Gemm' (op Gemm)"),
+                    HasSubstr("--loss cross-entropy")));
+  OnnxImportOptions unknown;
+  EXPECT_THAT(SetOnnxLoss("nl", unknown).message(), HasSubstr("cross-entropy, nll, mse or none"));
 }
 
 TEST(OnnxImportTest, SupportedOpsAreListed) {

@@ -19,6 +19,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "graph/autodiff.h"
 #include "graph/graph.h"
 #include "graph/net_builder.h"
 #include "onnx/onnx_pb.h"
@@ -60,6 +61,10 @@ class ImportContext {
   const NetBuilder& nb() const { return nb_; }
   int64_t opset() const { return opset_; }
   void set_opset(int64_t opset) { opset_ = opset; }
+  // The loss the training graph will add (the model's last LogSoftmax
+  // depends on it).
+  LossKind loss() const { return loss_; }
+  void set_loss(LossKind loss) { loss_ = loss; }
 
   // ---- Setting up, before the nodes.
 
@@ -128,6 +133,12 @@ class ImportContext {
   // reading it applies (its `causal` attr) rather than an add.
   void MarkCausallyMasked(const std::string& name) { causally_masked_.insert(name); }
   bool CausallyMasked(const std::string& name) const { return causally_masked_.contains(name); }
+  // The model's last node, a LogSoftmax over the classes, is left to the
+  // cross-entropy loss (docs/import.md): its label, for the note.
+  void NoteLossTakesLogSoftmax(std::string node) { loss_takes_log_softmax_ = std::move(node); }
+  const std::optional<std::string>& loss_takes_log_softmax() const {
+    return loss_takes_log_softmax_;
+  }
 
   // ---- Applying pebble operators.
 
@@ -173,6 +184,8 @@ class ImportContext {
 
   NetBuilder nb_;
   int64_t opset_ = 0;
+  LossKind loss_ = LossKind::kNone;
+  std::optional<std::string> loss_takes_log_softmax_;
   absl::flat_hash_map<std::string, const onnx::TensorProto*> initializers_;
   absl::flat_hash_map<std::string, const onnx::TensorProto*> constants_;
   // The constants folded at import (DefineInts, DefineFolded); a deque

@@ -50,12 +50,22 @@ class Importer {
       : model_(model),
         graph_(model.graph()),
         options_(options),
-        cx_(std::string(name), options.cost_model) {}
+        cx_(std::string(name), options.cost_model) {
+    cx_.set_loss(options.loss);
+  }
 
   // The graph, and in `notes` (where given) what --batch could not rewrite;
   // an error says it too where it explains the error (BatchRewrite).
   absl::StatusOr<Graph> Run(std::vector<std::string>* notes) {
     absl::StatusOr<Graph> graph = Import();
+    if (graph.ok() && notes != nullptr && cx_.loss_takes_log_softmax().has_value() &&
+        !options_.log_probabilities) {
+      notes->push_back(absl::StrCat(
+          "the model's last node, ", *cx_.loss_takes_log_softmax(),
+          ", is taken into the cross-entropy loss: the cross-entropy of log-probabilities is "
+          "that of the logits, as nn.NLLLoss of log_softmax(x) is nn.CrossEntropyLoss of x "
+          "(docs/import.md)"));
+    }
     if (!batch_.has_value()) return graph;
     return batch_->Explain(std::move(graph), in_nodes_,
                            [this] { return ImportsAtTheExportedBatch(); }, notes);
@@ -97,6 +107,7 @@ class Importer {
       RETURN_IF_ERROR(KeepOutputName(*v, out.name()));
       cx_.nb().MarkOutput(*v);
     }
+    RETURN_IF_ERROR(CheckLogProbabilities());
     ASSIGN_OR_RETURN(Graph forward, cx_.nb().Build());
     RETURN_IF_ERROR(CheckSomethingTrains(forward));
     return AddLossAndDifferentiate(forward, options_.loss, options_.cost_model);
@@ -181,6 +192,31 @@ class Importer {
       if (out.name() == nb.id(v)) return absl::OkStatus();
     }
     return nb.Rename(v, name);
+  }
+
+  // `--loss nll` takes log-probabilities: the model must end in the
+  // LogSoftmax that the loss takes in.
+  absl::Status CheckLogProbabilities() const {
+    if (!options_.log_probabilities || cx_.loss_takes_log_softmax().has_value()) {
+      return absl::OkStatus();
+    }
+    if (options_.loss != LossKind::kCrossEntropy) {
+      return absl::InvalidArgumentError("log-probabilities are read by the cross-entropy loss only");
+    }
+    std::string computed_by = "a graph input";
+    for (const onnx::NodeProto& node : graph_.node()) {
+      for (const std::string& out : node.output()) {
+        if (graph_.output_size() > 0 && out == graph_.output(0).name()) {
+          computed_by = NodeLabel(node);
+        }
+      }
+    }
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--loss nll takes log-probabilities, so the model must end in a LogSoftmax over the "
+        "classes (dim 1), but its output ",
+        graph_.output_size() > 0 ? Quote(graph_.output(0).name()) : std::string("(none)"),
+        " is computed by ", computed_by,
+        ": for a model that returns logits, use --loss cross-entropy"));
   }
 
   // A training graph needs a parameter: a model exported with
@@ -454,6 +490,21 @@ std::vector<std::string> SupportedOnnxOps() {
   std::vector<std::string> names;
   for (const auto& [name, handler] : onnx_import::Handlers()) names.push_back(name);
   return names;
+}
+
+absl::Status SetOnnxLoss(absl::string_view name, OnnxImportOptions& options) {
+  options.log_probabilities = name == "nll";
+  if (options.log_probabilities) {
+    options.loss = LossKind::kCrossEntropy;
+    return absl::OkStatus();
+  }
+  absl::StatusOr<LossKind> loss = ParseLossKind(name);
+  if (!loss.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("unknown loss '", name, "' (cross-entropy, nll, mse or none)"));
+  }
+  options.loss = *loss;
+  return absl::OkStatus();
 }
 
 absl::StatusOr<Graph> ImportOnnxModel(absl::string_view bytes, absl::string_view name,

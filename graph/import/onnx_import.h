@@ -37,10 +37,20 @@ namespace pebble {
 
 struct OnnxImportOptions {
   LossKind loss = LossKind::kCrossEntropy;
+  // With the cross-entropy loss: the model's output is log-probabilities,
+  // as nn.NLLLoss takes them (`--loss nll`), so its last node must be a
+  // LogSoftmax over the classes, which the loss takes in (an error
+  // otherwise). Without it such a LogSoftmax is taken in all the same.
+  bool log_probabilities = false;
   // Rewrites dimension 0 of every graph input (a symbolic batch needs it).
   std::optional<int64_t> batch;
   CostModel cost_model;
 };
+
+// Sets `options`' loss from its command-line name: "cross-entropy", "nll"
+// (the cross-entropy loss on log-probabilities: log_probabilities), "mse"
+// or "none"; InvalidArgument naming the choices.
+absl::Status SetOnnxLoss(absl::string_view name, OnnxImportOptions& options);
 
 // The opsets the importer reads (torch 1.13 exports 9 to 17; the ONNX
 // operators' semantics used here are those of opsets 11 to 17).

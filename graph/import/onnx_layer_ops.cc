@@ -578,6 +578,47 @@ absl::Status Softmax(ImportContext& cx, const onnx::NodeProto& node) {
   return cx.Apply(node, "transpose", {sm}, {{"perm", perm}});
 }
 
+// LogSoftmax as the model's last node, over the classes (dim 1), under the
+// cross-entropy loss: the loss takes it in, and the node imports as its
+// input. That is exact: log_softmax(log_softmax(x)) = log_softmax(x), so the
+// cross-entropy of log-probabilities is that of the logits, and nn.NLLLoss
+// of log_softmax(x) (PyTorch's MNIST example) is nn.CrossEntropyLoss of x.
+// Anywhere else it is refused: pebble has no log-softmax operator.
+absl::Status LogSoftmax(ImportContext& cx, const onnx::NodeProto& node) {
+  RETURN_IF_ERROR(cx.ExpectInputs(node, 1, 1));
+  const Attrs attrs(node);
+  RETURN_IF_ERROR(attrs.OnlyKnown({"axis"}));
+  ASSIGN_OR_RETURN(std::vector<Value> in, cx.Inputs(node));
+  const auto rank = static_cast<int64_t>(cx.nb().type(in[0]).shape.size());
+  ASSIGN_OR_RETURN(const int64_t given, attrs.Int("axis", cx.opset() >= 13 ? -1 : 1));
+  ASSIGN_OR_RETURN(const int64_t axis, OnnxAxis(node, absl::StrCat("axis ", given), given, rank));
+  const std::string& out = node.output(0);
+  std::string why;
+  if (cx.loss() != LossKind::kCrossEntropy) {
+    why = absl::StrCat("under --loss ", LossKindName(cx.loss()));
+  } else if (!cx.Reserved(out)) {
+    why = "it is not the model's output";
+  } else if (!cx.Readers(out).empty()) {
+    why = absl::StrCat("the model's output is read by ", NodeLabel(*cx.Readers(out).front()),
+                       " too");
+  } else if (rank < 2 || axis != 1) {
+    why = absl::StrCat("it is over dim ", axis, " of a rank-", rank,
+                       " tensor, not over the classes (dim 1)");
+  } else if (cx.opset() < 13 && rank > 2) {
+    why = "before opset 13 it is over dims 1 and after, flattened, not over the classes alone";
+  }
+  if (!why.empty()) {
+    return NodeError(
+        node, absl::StrCat("a LogSoftmax is imported only as the model's last node, over the "
+                           "classes (dim 1), where the cross-entropy loss takes it in; here ",
+                           why, " (pebble has no log-softmax operator of its own: export the "
+                           "logits, or end the model in it and import with --loss "
+                           "cross-entropy or nll)"));
+  }
+  cx.NoteLossTakesLogSoftmax(NodeLabel(node));
+  return cx.Define(node, in[0]);
+}
+
 absl::Status Dropout(ImportContext& cx, const onnx::NodeProto& node) {
   RETURN_IF_ERROR(cx.ExpectInputs(node, 1, 3));
   const Attrs attrs(node);
@@ -740,6 +781,7 @@ void AddLayerOps(OnnxHandlers& handlers) {
   handlers["LayerNormalization"] = LayerNormalization;
   handlers["InstanceNormalization"] = InstanceNormalization;
   handlers["Softmax"] = Softmax;
+  handlers["LogSoftmax"] = LogSoftmax;
   handlers["Dropout"] = Dropout;
   handlers["Resize"] = Resize;
   handlers["Pad"] = Pad;

@@ -219,10 +219,17 @@ def parse_args(argv):
     return args
 
 
+def loss_of(net):
+    """The loss `pebble import --loss` adds for `net`: cross-entropy, or
+    a model's own `pebble_loss` ("nll" where it ends in log_softmax)."""
+    return getattr(net, "pebble_loss", "cross-entropy")
+
+
 def make_with_loss(torch):
-    """The class of net + mean cross-entropy: the `module(input, target) ->
-    loss` that crosscheck.torch_reference and count_kinks call. Its
-    parameters are the net's, named `net.<name>`."""
+    """The class of net + its mean loss (loss_of: cross-entropy, or
+    nll_loss): the `module(input, target) -> loss` that
+    crosscheck.torch_reference and count_kinks call. Its parameters are the
+    net's, named `net.<name>`."""
     class _WithLoss(torch.nn.Module):
         def __init__(self, net):
             super().__init__()
@@ -234,6 +241,8 @@ def make_with_loss(torch):
                 raise UsageError(
                     "the model returns %s in training mode, not one tensor of "
                     "logits (aux_logits?)" % type(out).__name__)
+            if loss_of(self.net) == "nll":
+                return torch.nn.functional.nll_loss(out, t)
             return torch.nn.functional.cross_entropy(out, t)
     return _WithLoss
 
@@ -472,6 +481,33 @@ def misc_net(torch, num_classes=10, image=8):
     return Misc()
 
 
+def mnist_net(torch, num_classes=10, image=None):
+    """PyTorch's MNIST example (pytorch/examples, mnist/main.py) without its
+    dropout: two convolutions, a max pool, two linear layers and
+    F.log_softmax, trained by F.nll_loss (`pebble import --loss nll`, which
+    takes the last log_softmax into the loss): --model mnist."""
+    nn = torch.nn
+    F = torch.nn.functional
+
+    class Net(nn.Module):
+        pebble_loss = "nll"
+
+        def __init__(self):
+            super().__init__()
+            self.conv1 = nn.Conv2d(3, 8, 3, 1)
+            self.conv2 = nn.Conv2d(8, 16, 3, 1)
+            side = ((image or 8) - 4) // 2
+            self.fc1 = nn.Linear(16 * side * side, 32)
+            self.fc2 = nn.Linear(32, num_classes)
+
+        def forward(self, x):
+            x = F.max_pool2d(F.relu(self.conv2(F.relu(self.conv1(x)))), 2)
+            x = F.relu(self.fc1(torch.flatten(x, 1)))
+            return F.log_softmax(self.fc2(x), dim=1)
+
+    return Net()
+
+
 def upconv_net(torch, num_classes=10, image=None):
     """A small decoder of transposed convolutions (ONNX's ConvTranspose):
     nn.ConvTranspose2d with stride, padding and output_padding (back to the
@@ -588,7 +624,7 @@ def token_lm_net(torch, num_classes=10, image=8, bool_mask=False):
 LOCAL_MODELS = {"activations": activations_net, "grouped": grouped_net,
                 "sequence": sequence_net, "vit_tiny": vit_tiny_net,
                 "misc": misc_net, "normed": normed_net, "pooled": pooled_net,
-                "shuffled": shuffled_net,
+                "shuffled": shuffled_net, "mnist": mnist_net,
                 "upconv": upconv_net,
                 "text": text_net, "token_lm": token_lm_net,
                 "token_lm_bool": lambda torch, classes, image: token_lm_net(
@@ -1152,7 +1188,7 @@ def check_in(args, np, torch, torchvision, onnx, models, pebble, registered,
     graph = os.path.join(workdir, "graph.json")
     if os.path.exists(graph):
         os.remove(graph)
-    import_args = ["import", onnx_path, "--loss", "cross-entropy",
+    import_args = ["import", onnx_path, "--loss", loss_of(net),
                    "--output", graph]
     if export_batch != args.batch or args.dynamic_batch:
         import_args += ["--batch", str(args.batch)]
