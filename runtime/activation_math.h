@@ -1,5 +1,6 @@
 // The piecewise-linear activations of the operator table (relu, clip,
-// hardsigmoid, hardswish, leaky_relu), erf, sqrt, and their gradients, in float, shared by the CPU
+// hardsigmoid, hardswish, leaky_relu), elu, softplus, erf, sqrt, and their
+// gradients, in float, shared by the CPU
 // kernels and the CUDA kernels (device code, and its host emulation): one
 // definition, so the backends agree to the bit. Each follows PyTorch's ATen
 // definition (hardtanh, hardsigmoid, hardswish, leaky_relu and their
@@ -58,6 +59,31 @@ PEBBLE_HOST_DEVICE inline float LeakyRelu(float x, float slope) {
 }
 PEBBLE_HOST_DEVICE inline float LeakyReluGrad(float g, float x, float slope) {
   return x > 0.f ? g : g * slope;
+}
+
+// ELU with PyTorch's three coefficients (ATen's elu, whose nn.ELU, nn.SELU
+// and nn.CELU are each a choice of them): scale x for x > 0, else
+// alpha scale (exp(input_scale x) - 1).
+PEBBLE_HOST_DEVICE inline float Elu(float x, float alpha, float scale, float input_scale) {
+  return x <= 0.f ? expm1f(x * input_scale) * alpha * scale : x * scale;
+}
+// elu_backward from the input x (is_result false): g input_scale alpha scale
+// exp(input_scale x) for x <= 0, else g scale.
+PEBBLE_HOST_DEVICE inline float EluGrad(float g, float x, float alpha, float scale,
+                                        float input_scale) {
+  return x <= 0.f ? g * input_scale * alpha * scale * expf(x * input_scale) : g * scale;
+}
+
+// Softplus as ATen's: log(1 + exp(beta x)) / beta, and x itself where
+// beta x > threshold (PyTorch's defaults: beta 1, threshold 20).
+PEBBLE_HOST_DEVICE inline float Softplus(float x, float beta, float threshold) {
+  return x * beta > threshold ? x : log1pf(expf(x * beta)) / beta;
+}
+// softplus_backward: g z / (z + 1), z = exp(beta x), and g past the
+// threshold.
+PEBBLE_HOST_DEVICE inline float SoftplusGrad(float g, float x, float beta, float threshold) {
+  const float z = expf(x * beta);
+  return x * beta > threshold ? g : g * z / (z + 1.f);
 }
 
 // The error function (ONNX Erf: GELU written out) and its derivative

@@ -237,7 +237,8 @@ TEST(NativeKernelsTest, RegistersItsOpsAndEveryOpIsInTheOpTable) {
         "dropout_backward", "embedding", "embedding_backward", "arange",
         "fill", "split_heads", "split_heads_backward", "merge_heads", "clip",
         "clip_backward", "hardsigmoid", "hardsigmoid_backward", "hardswish",
-        "hardswish_backward", "leaky_relu", "leaky_relu_backward", "relu", "relu_backward"}) {
+        "hardswish_backward", "leaky_relu", "leaky_relu_backward", "relu", "relu_backward",
+        "elu", "elu_backward", "softplus", "softplus_backward"}) {
     EXPECT_NE(NativeTable().Find(op), nullptr) << op;
   }
   for (const std::string& op : ops) EXPECT_NE(FindOp(op), nullptr) << op;
@@ -372,6 +373,46 @@ TEST(NativeKernelsTest, PiecewiseLinearActivationsAndGradients) {
   EXPECT_FLOAT_EQ(MustRun("sqrt", {Floats({2}, {4.0f, 2.25f})}).Floats()[1], 1.5f);
   EXPECT_FLOAT_EQ(
       MustRun("sqrt_backward", {Floats({1}, {3.0f}), Floats({1}, {1.5f})}).Floats()[0], 1.0f);
+  // elu and softplus against ATen's formulas in double: nn.ELU(0.7),
+  // nn.SELU's coefficients, nn.CELU(0.5) (input_scale 2); softplus of beta
+  // 1 and 2 on both sides of its threshold (20 / beta).
+  struct Smooth {
+    std::string op;
+    Json attrs;
+    std::function<double(double)> f, df;
+  };
+  const double selu_alpha = 1.6732632423543772, selu_scale = 1.0507009873554805;
+  const std::vector<Smooth> smooth = {
+      {"elu", {{"alpha", 0.7}},
+       [](double v) { return v <= 0 ? 0.7 * std::expm1(v) : v; },
+       [](double v) { return v <= 0 ? 0.7 * std::exp(v) : 1.0; }},
+      {"elu", {{"alpha", selu_alpha}, {"scale", selu_scale}},
+       [&](double v) { return selu_scale * (v <= 0 ? selu_alpha * std::expm1(v) : v); },
+       [&](double v) { return selu_scale * (v <= 0 ? selu_alpha * std::exp(v) : 1.0); }},
+      {"elu", {{"alpha", 0.5}, {"input_scale", 2.0}},
+       [](double v) { return v <= 0 ? 0.5 * std::expm1(2 * v) : v; },
+       [](double v) { return v <= 0 ? std::exp(2 * v) : 1.0; }},
+      {"softplus", Json::object(),
+       [](double v) { return v > 20 ? v : std::log1p(std::exp(v)); },
+       [](double v) { return v > 20 ? 1.0 : 1 / (1 + std::exp(-v)); }},
+      {"softplus", {{"beta", 2.0}},
+       [](double v) { return 2 * v > 20 ? v : std::log1p(std::exp(2 * v)) / 2; },
+       [](double v) { return 2 * v > 20 ? 1.0 : 1 / (1 + std::exp(-2 * v)); }},
+  };
+  const std::vector<float> points = {-30, -4, -1, -1e-3f, 0, 1e-3f, 0.5f, 9.9f, 10.5f, 21, 40};
+  for (const Smooth& c : smooth) {
+    SCOPED_TRACE(c.op + " " + c.attrs.dump());
+    const HostTensor px = Floats({11}, points);
+    const std::vector<float> y = MustRun(c.op, {px}, c.attrs).Floats();
+    const std::vector<float> dx =
+        MustRun(c.op + "_backward", {Floats({11}, std::vector<float>(11, 2.0f)), px}, c.attrs)
+            .Floats();
+    for (int i = 0; i < 11; ++i) {
+      const double v = points[i];
+      EXPECT_NEAR(y[i], c.f(v), 1e-6 * std::max(1.0, std::abs(c.f(v)))) << "x = " << v;
+      EXPECT_NEAR(dx[i], 2 * c.df(v), 2e-6) << "x = " << v;
+    }
+  }
   // The defaults are PyTorch's: hardsigmoid(x) = relu6(x + 3) / 6,
   // leaky_relu's slope 0.01.
   EXPECT_FLOAT_EQ(MustRun("hardsigmoid", {Floats({1}, {1.5f})}).Floats()[0], 0.75f);

@@ -376,8 +376,8 @@ TEST(OnnxImportTest, WhatCannotBeHonouredIsAnErrorNamingTheNode) {
        },
        {"'/relu/Relu'", "'first_bogus'"}},
       {"unknown op",
-       [](ModelMaker& m) { FindNode(m, "Relu")->set_op_type("Selu"); },
-       {"'/relu/Relu'", "op Selu", "not supported"}},
+       [](ModelMaker& m) { FindNode(m, "Relu")->set_op_type("Softsign"); },
+       {"'/relu/Relu'", "op Softsign", "not supported"}},
       {"other domain",
        [](ModelMaker& m) { FindNode(m, "Relu")->set_domain("com.example"); },
        {"'/relu/Relu'", "com.example"}},
@@ -386,10 +386,10 @@ TEST(OnnxImportTest, WhatCannotBeHonouredIsAnErrorNamingTheNode) {
       {"an unknown op after a node that fails",
        [](ModelMaker& m) {
          ModelMaker::IntAttr(FindNode(m, "Conv"), "group", 2);
-         FindNode(m, "Relu")->set_op_type("Selu");
-         FindNode(m, "GlobalAveragePool")->set_op_type("Celu");
+         FindNode(m, "Relu")->set_op_type("Softsign");
+         FindNode(m, "GlobalAveragePool")->set_op_type("ThresholdedRelu");
        },
-       {"'/relu/Relu'", "op Selu", "not supported", "the model also uses 'Celu'",
+       {"'/relu/Relu'", "op Softsign", "not supported", "the model also uses 'ThresholdedRelu'",
         "pebble.torch trains a PyTorch module"}},
       {"a recurrent layer",
        [](ModelMaker& m) { FindNode(m, "Relu")->set_op_type("LSTM"); },
@@ -1017,6 +1017,52 @@ TEST(OnnxImportTest, NegAndReciprocal) {
   EXPECT_EQ(g->op(g->Find("inv")), "div");
   EXPECT_EQ(g->id(g->inputs(g->Find("inv"))[1]), "neg");
   EXPECT_EQ(*g->shape(g->Find("tail")), (Shape{2, 4, 8, 2}));  // the last two columns
+}
+
+// nn.ELU(0.7), nn.SELU, nn.CELU(0.5) and F.softplus as pebble's elu and
+// softplus (ATen's coefficients), and nn.PReLU(4) (its slope unsqueezed to
+// (4, 1, 1), as the export writes it) as relu(x) + slope (x - relu(x)).
+TEST(OnnxImportTest, SmoothActivationsAndPRelu) {
+  auto g = Import(TinyModel(13, "", [](ModelMaker& m) {
+    const int before = m.graph()->node_size();
+    ModelMaker::FloatAttr(m.Node("Elu", "/elu/Elu", {"r"}, {"e"}), "alpha", 0.7f);
+    m.Node("Selu", "/selu/Selu", {"e"}, {"s"});
+    ModelMaker::FloatAttr(m.Node("Celu", "/celu/Celu", {"s"}, {"ce"}), "alpha", 0.5f);
+    m.Node("Softplus", "/softplus/Softplus", {"ce"}, {"sp"});
+    m.Initializer("prelu.weight", {4});
+    m.IntInitializer("axes", {1, 2});
+    m.Node("Unsqueeze", "/prelu/Unsqueeze", {"prelu.weight", "axes"}, {"slope"});
+    m.Node("PRelu", "/prelu/PRelu", {"sp", "slope"}, {"pr"});
+    FeedThePool(m, before, "pr");
+  }));
+  ASSERT_TRUE(g.ok()) << g.status();
+  const auto attr = [&](const char* id, const char* name) {
+    return g->attrs(g->Find(id))[name].get<double>();
+  };
+  EXPECT_EQ(g->op(g->Find("elu")), "elu");
+  EXPECT_FLOAT_EQ(attr("elu", "alpha"), 0.7f);
+  EXPECT_EQ(attr("elu", "scale"), 1.0);
+  EXPECT_FLOAT_EQ(attr("selu", "alpha"), 1.6732632f);
+  EXPECT_FLOAT_EQ(attr("selu", "scale"), 1.0507010f);
+  EXPECT_FLOAT_EQ(attr("celu", "input_scale"), 2.0f);
+  EXPECT_EQ(g->op(g->Find("softplus")), "softplus");
+  EXPECT_EQ(attr("softplus", "threshold"), 20.0);
+  const NodeId prelu = g->Find("prelu.prelu");
+  ASSERT_NE(prelu, kNoNode);
+  EXPECT_EQ(g->op(prelu), "add");
+  EXPECT_EQ(g->op(g->Find("prelu.prelu.positive")), "relu");
+  EXPECT_EQ(g->op(g->Find("prelu.prelu.negative")), "sub");
+  EXPECT_EQ(*g->shape(prelu), (Shape{2, 4, 8, 8}));
+  EXPECT_EQ(*g->shape(g->Find("grad:prelu.weight")), (Shape{4}));
+  // A slope that x does not take is refused, naming the node.
+  auto wide = Import(TinyModel(13, "", [](ModelMaker& m) {
+    const int before = m.graph()->node_size();
+    m.Initializer("prelu.weight", {2, 4, 8, 8, 3});
+    m.Node("PRelu", "/prelu/PRelu", {"r", "prelu.weight"}, {"pr"});
+    FeedThePool(m, before, "pr");
+  }));
+  ASSERT_FALSE(wide.ok());
+  EXPECT_THAT(wide.status().message(), HasSubstr("'/prelu/PRelu'"));
 }
 
 // x.sum(dim=1, keepdim=True) (ReduceSum, its axes an input from opset 13,
@@ -1744,7 +1790,8 @@ TEST(OnnxImportTest, AMaskThatIsNotCausalOrIsReadElsewhereIsRefused) {
 
 // TinyModel ending in F.log_softmax(logits, dim=1), as PyTorch's MNIST
 // example does before F.nll_loss; `edit` may change it further.
-std::string LogSoftmaxModel(int opset = 13, const std::function<void(ModelMaker&)>& edit = nullptr) {
+std::string LogSoftmaxModel(int opset = 13,
+                            const std::function<void(ModelMaker&)>& edit = nullptr) {
   return TinyModel(opset, "", [&](ModelMaker& m) {
     m.graph()->mutable_output()->Clear();
     ModelMaker::IntAttr(m.Node("LogSoftmax", "/LogSoftmax", {"logits"}, {"log_probs"}), "axis", 1);

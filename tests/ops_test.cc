@@ -319,6 +319,16 @@ TEST(ElementwiseTest, ActivationsKeepTypeAndCountFlops) {
   }
   EXPECT_DOUBLE_EQ(Flops("clip", {T({2, 3})}, {{"min", 0}, {"max", 6}}), 12);
   EXPECT_DOUBLE_EQ(Flops("hardswish", {T({2, 3})}), 30);
+  for (const char* op : {"elu", "softplus"}) {
+    ExpectType(op, {T({2, 3}, DType::kBFloat16)}, Json::object(), {2, 3}, DType::kBFloat16);
+    ExpectType(std::string(op) + "_backward", {T({2, 3}), T({2, 3})}, Json::object(), {2, 3});
+    EXPECT_DOUBLE_EQ(Flops(op, {T({2, 3})}), 24) << op;
+  }
+  ExpectError("elu", {T({2, 3})}, {{"alpha", "1"}}, "'alpha' must be a finite number");
+  ExpectError("elu_backward", {T({2, 3}), T({2, 3})}, {{"input_scale", HUGE_VAL}},
+              "'input_scale' must be a finite number");
+  ExpectError("softplus", {T({2, 3})}, {{"beta", 0}}, "'beta' must not be 0");
+  ExpectError("softplus", {T({2, 3}, kI64)}, Json::object(), "float");
   ExpectType("erf", {T({2, 3}, kF16)}, Json::object(), {2, 3}, kF16);
   ExpectType("erf_backward", {T({2, 3}), T({2, 3})}, Json::object(), {2, 3});
   ExpectError("erf", {T({2, 3}, kI64)}, Json::object(), "float");

@@ -48,6 +48,36 @@ absl::Status LeakyRelu(ImportContext& cx, const onnx::NodeProto& node) {
   return cx.Apply(node, "leaky_relu", in, {{"negative_slope", slope}});
 }
 
+// Elu (nn.ELU), Selu (nn.SELU) and Celu (nn.CELU) as pebble's elu, whose
+// three coefficients (ATen's) cover them all: Selu is elu of scale gamma,
+// Celu elu of input_scale 1 / alpha. The defaults are ONNX's (Selu's are
+// PyTorch's constants rounded to float).
+absl::Status EluFamily(ImportContext& cx, const onnx::NodeProto& node) {
+  RETURN_IF_ERROR(cx.ExpectInputs(node, 1, 1));
+  const Attrs attrs(node);
+  const bool selu = node.op_type() == "Selu", celu = node.op_type() == "Celu";
+  RETURN_IF_ERROR(selu ? attrs.OnlyKnown({"alpha", "gamma"}) : attrs.OnlyKnown({"alpha"}));
+  ASSIGN_OR_RETURN(const double alpha,
+                   attrs.Float("alpha", selu ? 1.67326319217681884765625 : 1.0));
+  ASSIGN_OR_RETURN(const double gamma,
+                   selu ? attrs.Float("gamma", 1.05070102214813232421875)
+                        : absl::StatusOr<double>(1.0));
+  if (celu && alpha == 0) return attrs.Unsupported("alpha", "0", "CELU divides by alpha");
+  ASSIGN_OR_RETURN(std::vector<Value> in, cx.Inputs(node));
+  return cx.Apply(node, "elu", in,
+                  {{"alpha", alpha}, {"scale", gamma}, {"input_scale", celu ? 1 / alpha : 1.0}});
+}
+
+// Softplus: log(1 + exp(x)), as PyTorch's F.softplus of beta 1 computes
+// it, which returns x itself past a threshold of 20 (the same in float).
+// PyTorch exports another beta as Softplus(beta x) / beta.
+absl::Status Softplus(ImportContext& cx, const onnx::NodeProto& node) {
+  RETURN_IF_ERROR(cx.ExpectInputs(node, 1, 1));
+  RETURN_IF_ERROR(Attrs(node).OnlyKnown({}));
+  ASSIGN_OR_RETURN(std::vector<Value> in, cx.Inputs(node));
+  return cx.Apply(node, "softplus", in, {{"beta", 1.0}, {"threshold", 20.0}});
+}
+
 // Clip (opset 11 on): optional constant min and max inputs; ReLU6 is
 // Clip(x, 0, 6).
 absl::Status Clip(ImportContext& cx, const onnx::NodeProto& node) {
@@ -237,6 +267,26 @@ absl::Status Binary(ImportContext& cx, const onnx::NodeProto& node, absl::string
   return cx.Define(node, v);
 }
 
+// PRelu(x, slope) (nn.PReLU: a slope per channel, or one), the slope
+// broadcast to x: relu(x) + slope min(x, 0), with min(x, 0) computed as
+// x - relu(x), exactly. Its gradients are PyTorch's: x's is slope where
+// x <= 0, the slope's the sum of g min(x, 0).
+absl::Status PRelu(ImportContext& cx, const onnx::NodeProto& node) {
+  RETURN_IF_ERROR(cx.ExpectInputs(node, 2, 2));
+  RETURN_IF_ERROR(Attrs(node).OnlyKnown({}));
+  ASSIGN_OR_RETURN(std::vector<Value> in, cx.Inputs(node));
+  ASSIGN_OR_RETURN(Value positive, cx.Aux(node, "relu", {in[0]}, Json::object(), "positive"));
+  ASSIGN_OR_RETURN(Value negative,
+                   cx.Aux(node, "sub", {in[0], positive}, Json::object(), "negative"));
+  ASSIGN_OR_RETURN(Value scaled, Broadcast(cx, node, "mul", negative, in[1], "scaled"));
+  if (cx.nb().type(scaled).shape != cx.nb().type(in[0]).shape) {
+    return NodeError(node, absl::StrCat("the slope ", ShapeToString(cx.nb().type(in[1]).shape),
+                                        " does not broadcast to x ",
+                                        ShapeToString(cx.nb().type(in[0]).shape)));
+  }
+  return cx.Apply(node, "add", {positive, scaled});
+}
+
 // Expand of a computed tensor to a known shape (NumPy broadcast): added
 // to a zero `fill` of the result's shape, which broadcasts it.
 absl::Status Expand(ImportContext& cx, const onnx::NodeProto& node) {
@@ -310,6 +360,9 @@ void AddElementwiseOps(OnnxHandlers& handlers) {
   }
   handlers["HardSigmoid"] = HardSigmoid;
   handlers["LeakyRelu"] = LeakyRelu;
+  for (const char* op : {"Elu", "Selu", "Celu"}) handlers[op] = EluFamily;
+  handlers["Softplus"] = Softplus;
+  handlers["PRelu"] = PRelu;
   handlers["Clip"] = Clip;
   handlers["Pow"] = Pow;
   handlers["Expand"] = Expand;

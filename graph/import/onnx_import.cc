@@ -201,7 +201,8 @@ class Importer {
       return absl::OkStatus();
     }
     if (options_.loss != LossKind::kCrossEntropy) {
-      return absl::InvalidArgumentError("log-probabilities are read by the cross-entropy loss only");
+      return absl::InvalidArgumentError(
+          "log-probabilities are read by the cross-entropy loss only");
     }
     std::string computed_by = "a graph input";
     for (const onnx::NodeProto& node : graph_.node()) {

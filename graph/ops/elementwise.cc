@@ -103,6 +103,23 @@ absl::StatusOr<TensorType> InferLeakyRelu(Inputs in, const Json& attrs) {
   return InferUnaryFloat(in, attrs);
 }
 
+// elu: attrs alpha, scale, input_scale (1 each: nn.ELU's; nn.SELU and
+// nn.CELU are other choices).
+absl::StatusOr<TensorType> InferElu(Inputs in, const Json& attrs) {
+  for (const char* name : {"alpha", "scale", "input_scale"}) {
+    RETURN_IF_ERROR(DoubleAttr(attrs, name, 1.0).status());
+  }
+  return InferUnaryFloat(in, attrs);
+}
+
+// softplus: attrs beta (1, not 0) and threshold (20), PyTorch's.
+absl::StatusOr<TensorType> InferSoftplus(Inputs in, const Json& attrs) {
+  ASSIGN_OR_RETURN(double beta, DoubleAttr(attrs, "beta", 1.0));
+  RETURN_IF_ERROR(DoubleAttr(attrs, "threshold", 20.0).status());
+  if (beta == 0) return Invalid("attr 'beta' must not be 0");
+  return InferUnaryFloat(in, attrs);
+}
+
 // The backward of one of these: (grad, x), the forward's attrs.
 std::function<absl::StatusOr<TensorType>(Inputs, const Json&)> InferBackwardOf(
     absl::StatusOr<TensorType> (*infer_forward)(Inputs, const Json&)) {
@@ -298,6 +315,17 @@ void RegisterElementwiseOps(std::vector<OpDef>& t) {
   t.push_back({.name = "leaky_relu", .min_inputs = 1, .max_inputs = 1,
                .infer = InferLeakyRelu, .flops = PerElement(2),
                .backward = ActivationBackward("leaky_relu_backward", false)});
+  // elu: scale x, or alpha scale (exp(input_scale x) - 1) (4); softplus:
+  // log1p(exp(beta x)) / beta (4); each backward reads x.
+  t.push_back({.name = "elu", .min_inputs = 1, .max_inputs = 1, .infer = InferElu,
+               .flops = PerElement(4), .backward = ActivationBackward("elu_backward", false)});
+  t.push_back({.name = "elu_backward", .min_inputs = 2, .max_inputs = 2,
+               .infer = InferBackwardOf(InferElu), .flops = PerElement(4)});
+  t.push_back({.name = "softplus", .min_inputs = 1, .max_inputs = 1, .infer = InferSoftplus,
+               .flops = PerElement(4),
+               .backward = ActivationBackward("softplus_backward", false)});
+  t.push_back({.name = "softplus_backward", .min_inputs = 2, .max_inputs = 2,
+               .infer = InferBackwardOf(InferSoftplus), .flops = PerElement(5)});
   // erf (ONNX Erf: GELU written out); its backward reads x:
   // grad * 2 / sqrt(pi) exp(-x^2).
   t.push_back({.name = "erf", .min_inputs = 1, .max_inputs = 1,

@@ -1,5 +1,6 @@
 // Element-wise own kernels: add, mul (bias-style broadcast), the
 // piecewise-linear activations (clip, hardsigmoid, hardswish, leaky_relu),
+// elu, softplus,
 // sum_to, the copies (copy, flatten, reshape), fill, arange and dropout.
 #include <algorithm>
 #include <cmath>
@@ -223,6 +224,48 @@ absl::Status LeakyReluBackward(const KernelContext& ctx) {
       ctx, [s](float g, float x) { return activation::LeakyReluGrad(g, x, s); });
 }
 
+struct EluParams {
+  float alpha, scale, input_scale;
+};
+absl::StatusOr<EluParams> EluParamsOf(const KernelContext& ctx) {
+  ASSIGN_OR_RETURN(double alpha, DoubleAttr(ctx.attrs(), "alpha", 1.0));
+  ASSIGN_OR_RETURN(double scale, DoubleAttr(ctx.attrs(), "scale", 1.0));
+  ASSIGN_OR_RETURN(double input_scale, DoubleAttr(ctx.attrs(), "input_scale", 1.0));
+  return EluParams{static_cast<float>(alpha), static_cast<float>(scale),
+                   static_cast<float>(input_scale)};
+}
+absl::Status Elu(const KernelContext& ctx) {
+  ASSIGN_OR_RETURN(EluParams p, EluParamsOf(ctx));
+  return UnaryFloatKernel(
+      ctx, [p](float x) { return activation::Elu(x, p.alpha, p.scale, p.input_scale); });
+}
+absl::Status EluBackward(const KernelContext& ctx) {
+  ASSIGN_OR_RETURN(EluParams p, EluParamsOf(ctx));
+  return UnaryGradKernel(ctx, [p](float g, float x) {
+    return activation::EluGrad(g, x, p.alpha, p.scale, p.input_scale);
+  });
+}
+
+struct SoftplusParams {
+  float beta, threshold;
+};
+absl::StatusOr<SoftplusParams> SoftplusParamsOf(const KernelContext& ctx) {
+  ASSIGN_OR_RETURN(double beta, DoubleAttr(ctx.attrs(), "beta", 1.0));
+  ASSIGN_OR_RETURN(double threshold, DoubleAttr(ctx.attrs(), "threshold", 20.0));
+  return SoftplusParams{static_cast<float>(beta), static_cast<float>(threshold)};
+}
+absl::Status Softplus(const KernelContext& ctx) {
+  ASSIGN_OR_RETURN(SoftplusParams p, SoftplusParamsOf(ctx));
+  return UnaryFloatKernel(
+      ctx, [p](float x) { return activation::Softplus(x, p.beta, p.threshold); });
+}
+absl::Status SoftplusBackward(const KernelContext& ctx) {
+  ASSIGN_OR_RETURN(SoftplusParams p, SoftplusParamsOf(ctx));
+  return UnaryGradKernel(ctx, [p](float g, float x) {
+    return activation::SoftplusGrad(g, x, p.beta, p.threshold);
+  });
+}
+
 // ---- sum_to (x), attr shape: the gradient of a broadcast operand, x
 // summed down to `shape` (BlockBroadcast: the sum over the leading dims and
 // the `inner` trailing ones of each element of the block). Deterministic
@@ -385,6 +428,10 @@ void RegisterNativeElementwiseKernels(KernelTable& table) {
   table.Register("hardswish_backward", HardSwishBackward);
   table.Register("leaky_relu", LeakyRelu);
   table.Register("leaky_relu_backward", LeakyReluBackward);
+  table.Register("elu", Elu);
+  table.Register("elu_backward", EluBackward);
+  table.Register("softplus", Softplus);
+  table.Register("softplus_backward", SoftplusBackward);
 }
 
 }  // namespace pebble::native

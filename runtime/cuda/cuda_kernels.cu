@@ -96,6 +96,10 @@ __device__ __forceinline__ float Unary(UnaryOp op, float v, UnaryParams p) {
       return activation::HardSwish(v);
     case UnaryOp::kLeakyRelu:
       return activation::LeakyRelu(v, p.a);
+    case UnaryOp::kElu:
+      return activation::Elu(v, p.a, p.b, p.c);
+    case UnaryOp::kSoftplus:
+      return activation::Softplus(v, p.a, p.b);
     case UnaryOp::kErf:
       return activation::Erf(v);
     case UnaryOp::kSqrt:
@@ -126,6 +130,10 @@ __device__ __forceinline__ float UnaryGrad(UnaryOp op, float g, float s, UnaryPa
       return activation::HardSwishGrad(g, s);
     case UnaryOp::kLeakyRelu:
       return activation::LeakyReluGrad(g, s, p.a);
+    case UnaryOp::kElu:
+      return activation::EluGrad(g, s, p.a, p.b, p.c);
+    case UnaryOp::kSoftplus:
+      return activation::SoftplusGrad(g, s, p.a, p.b);
     case UnaryOp::kErf:
       return activation::ErfGrad(g, s);
     case UnaryOp::kSqrt:

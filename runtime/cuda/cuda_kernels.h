@@ -34,12 +34,14 @@ enum class UnaryOp : int {
   kHardSigmoid,  // a = alpha, b = beta
   kHardSwish,
   kLeakyRelu,    // a = negative slope
+  kElu,          // a = alpha, b = scale, c = input_scale
+  kSoftplus,     // a = beta, b = threshold
   kErf,
   kSqrt,  // the backward reads the output
 };
 // The parameters of the parameterised unary ops (0 for the others).
 struct UnaryParams {
-  float a = 0.f, b = 0.f;
+  float a = 0.f, b = 0.f, c = 0.f;
 };
 enum class BinaryOp : int { kAdd, kMul, kSub, kDiv };
 

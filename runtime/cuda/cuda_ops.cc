@@ -184,7 +184,7 @@ const float* F32(const TensorView& t) {
 
 // ---- Element-wise.
 
-// The parameters of clip, hardsigmoid and leaky_relu from the node's attrs
+// The parameters of clip, hardsigmoid, leaky_relu, elu and softplus from the node's attrs
 // (the defaults of the operator table).
 absl::StatusOr<UnaryParams> ParamsOf(UnaryOp op, const KernelContext& ctx) {
   const nlohmann::json& attrs = ctx.attrs();
@@ -208,13 +208,24 @@ absl::StatusOr<UnaryParams> ParamsOf(UnaryOp op, const KernelContext& ctx) {
       ASSIGN_OR_RETURN(p.a, read("negative_slope", 0.01));
       break;
     }
+    case UnaryOp::kElu: {
+      ASSIGN_OR_RETURN(p.a, read("alpha", 1.0));
+      ASSIGN_OR_RETURN(p.b, read("scale", 1.0));
+      ASSIGN_OR_RETURN(p.c, read("input_scale", 1.0));
+      break;
+    }
+    case UnaryOp::kSoftplus: {
+      ASSIGN_OR_RETURN(p.a, read("beta", 1.0));
+      ASSIGN_OR_RETURN(p.b, read("threshold", 20.0));
+      break;
+    }
     default:
       break;
   }
   return p;
 }
 
-// y = op(x); the parameterised ops (clip, hardsigmoid, leaky_relu) read
+// y = op(x); the parameterised ops (ParamsOf) read
 // theirs from the attrs.
 template <UnaryOp kOp>
 absl::Status UnaryKernel(CudaContext& cc, const KernelContext& ctx) {
@@ -1453,6 +1464,10 @@ void AddOwnKernels(std::map<std::string, CudaKernelFn>& t) {
   t["hardswish_backward"] = UnaryBackwardKernel<UnaryOp::kHardSwish>;
   t["leaky_relu"] = UnaryKernel<UnaryOp::kLeakyRelu>;
   t["leaky_relu_backward"] = UnaryBackwardKernel<UnaryOp::kLeakyRelu>;
+  t["elu"] = UnaryKernel<UnaryOp::kElu>;
+  t["elu_backward"] = UnaryBackwardKernel<UnaryOp::kElu>;
+  t["softplus"] = UnaryKernel<UnaryOp::kSoftplus>;
+  t["softplus_backward"] = UnaryBackwardKernel<UnaryOp::kSoftplus>;
   t["add"] = BinaryKernel<BinaryOp::kAdd>;
   t["mul"] = BinaryKernel<BinaryOp::kMul>;
   t["sub"] = BinaryKernel<BinaryOp::kSub>;

@@ -390,7 +390,8 @@ using ::pebble::testing::kEmulatedUnet3d;
 using nlohmann::json;
 
 // Element-wise ops (the piecewise-linear activations with points on both
-// sides of their kinks), broadcast products and sums, a ceil-mode max pool, a transpose, padding with a crop, an
+// sides of their kinks; elu and softplus, its threshold within the range),
+// broadcast products and sums, a ceil-mode max pool, a transpose, padding with a crop, an
 // averaging pool with padding, a copy and a sum loss (and their backward ops).
 Graph PointwiseGraph() {
   NetBuilder nb("pointwise");
@@ -405,6 +406,8 @@ Graph PointwiseGraph() {
   y = nb.Apply("sqrt", {y});  // of (0, 1)
   y = nb.Apply("gelu", {y}, {{"approximate", "tanh"}});
   y = nb.Apply("erf", {y});
+  y = nb.Apply("elu", {y}, {{"alpha", 0.7}, {"scale", 1.5}, {"input_scale", 2.0}});
+  y = nb.Apply("softplus", {y}, {{"beta", 2.0}, {"threshold", 1.0}});
   y = nb.Apply("mul", {y, w});
   const Value half = nb.Apply("fill", {}, {{"shape", {5, 7}}, {"value", 0.5}});
   y = nb.Apply("mul", {y, half});

@@ -276,6 +276,38 @@ def activations_net(torch, num_classes=10, image=None):
     return Activations()
 
 
+def smooth_net(torch, num_classes=10, image=None):
+    """A small CNN with the smooth activations and PReLU the importer maps
+    (ELU, SELU, CELU as pebble's elu; Softplus of beta 1 and 2; nn.PReLU
+    with one slope and with one per channel, and on a linear layer's
+    output): --model smooth."""
+    nn = torch.nn
+
+    class Smooth(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv1 = nn.Conv2d(3, 8, 3, padding=1)
+            self.act1 = nn.ELU(alpha=0.7)
+            self.prelu1 = nn.PReLU()
+            self.conv2 = nn.Conv2d(8, 8, 3, stride=2, padding=1)
+            self.act2 = nn.SELU()
+            self.prelu2 = nn.PReLU(8, init=0.1)
+            self.act3 = nn.CELU(alpha=0.5)
+            self.fc1 = nn.Linear(8, 16)
+            self.prelu3 = nn.PReLU(16, init=0.3)
+            self.fc2 = nn.Linear(16, num_classes)
+
+        def forward(self, x):
+            x = self.prelu1(self.act1(self.conv1(x)))
+            x = self.prelu2(self.act2(self.conv2(x)))
+            x = self.act3(x) + torch.nn.functional.softplus(x) \
+                - torch.nn.functional.softplus(x, beta=2.0)
+            x = self.prelu3(self.fc1(x.mean(dim=(2, 3))))
+            return self.fc2(x)
+
+    return Smooth()
+
+
 def grouped_net(torch, num_classes=10, image=None):
     """A small CNN with the convolutions and broadcasts of the mobile
     networks: grouped, depthwise and dilated convolutions (one of them
@@ -621,7 +653,8 @@ def token_lm_net(torch, num_classes=10, image=8, bool_mask=False):
 # method (torch, batch, classes, generator) -> (input, target) makes its
 # own batch; the others take (batch, 3, image, image) images and a class
 # index each.
-LOCAL_MODELS = {"activations": activations_net, "grouped": grouped_net,
+LOCAL_MODELS = {"activations": activations_net, "smooth": smooth_net,
+                "grouped": grouped_net,
                 "sequence": sequence_net, "vit_tiny": vit_tiny_net,
                 "misc": misc_net, "normed": normed_net, "pooled": pooled_net,
                 "shuffled": shuffled_net, "mnist": mnist_net,
