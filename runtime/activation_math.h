@@ -1,6 +1,6 @@
 // The piecewise-linear activations of the operator table (relu, clip,
-// hardsigmoid, hardswish, leaky_relu), elu, softplus, erf, sqrt, and their
-// gradients, in float, shared by the CPU
+// hardsigmoid, hardswish, leaky_relu), elu, softplus, erf, sqrt, abs, exp,
+// log, and their gradients, in float, shared by the CPU
 // kernels and the CUDA kernels (device code, and its host emulation): one
 // definition, so the backends agree to the bit. Each follows PyTorch's ATen
 // definition (hardtanh, hardsigmoid, hardswish, leaky_relu and their
@@ -98,6 +98,21 @@ PEBBLE_HOST_DEVICE inline float ErfGrad(float g, float x) {
 // sqrt_backward does.
 PEBBLE_HOST_DEVICE inline float Sqrt(float x) { return sqrtf(x); }
 PEBBLE_HOST_DEVICE inline float SqrtGrad(float g, float y) { return g / (2.f * y); }
+
+// |x|, and abs_backward: g sgn(x), 0 at x = 0 (and for NaN).
+PEBBLE_HOST_DEVICE inline float Abs(float x) { return fabsf(x); }
+PEBBLE_HOST_DEVICE inline float AbsGrad(float g, float x) {
+  return x > 0.f ? g : (x < 0.f ? -g : 0.f * g);
+}
+
+// exp(x); its derivative read from the output y = exp(x), as PyTorch's
+// exp_backward does.
+PEBBLE_HOST_DEVICE inline float Exp(float x) { return expf(x); }
+PEBBLE_HOST_DEVICE inline float ExpGrad(float g, float y) { return g * y; }
+
+// The natural logarithm; its derivative g / x.
+PEBBLE_HOST_DEVICE inline float Log(float x) { return logf(x); }
+PEBBLE_HOST_DEVICE inline float LogGrad(float g, float x) { return g / x; }
 
 }  // namespace pebble::activation
 

@@ -238,7 +238,8 @@ TEST(NativeKernelsTest, RegistersItsOpsAndEveryOpIsInTheOpTable) {
         "fill", "split_heads", "split_heads_backward", "merge_heads", "clip",
         "clip_backward", "hardsigmoid", "hardsigmoid_backward", "hardswish",
         "hardswish_backward", "leaky_relu", "leaky_relu_backward", "relu", "relu_backward",
-        "elu", "elu_backward", "softplus", "softplus_backward"}) {
+        "elu", "elu_backward", "softplus", "softplus_backward", "abs", "abs_backward", "exp",
+        "exp_backward", "log", "log_backward"}) {
     EXPECT_NE(NativeTable().Find(op), nullptr) << op;
   }
   for (const std::string& op : ops) EXPECT_NE(FindOp(op), nullptr) << op;
@@ -413,6 +414,17 @@ TEST(NativeKernelsTest, PiecewiseLinearActivationsAndGradients) {
       EXPECT_NEAR(dx[i], 2 * c.df(v), 2e-6) << "x = " << v;
     }
   }
+  // abs (its gradient 0 at 0, as PyTorch's g sgn(x)); exp, whose backward
+  // reads its output; log, whose backward reads x.
+  const HostTensor signs = Floats({3}, {-1.5f, 0.0f, 2.0f});
+  const HostTensor twos = Floats({3}, {2.0f, 2.0f, 2.0f});
+  EXPECT_EQ(MustRun("abs", {signs}).Floats(), (std::vector<float>{1.5f, 0, 2}));
+  EXPECT_EQ(MustRun("abs_backward", {twos, signs}).Floats(), (std::vector<float>{-2, 0, 2}));
+  EXPECT_FLOAT_EQ(MustRun("exp", {signs}).Floats()[2], std::exp(2.0f));
+  EXPECT_EQ(MustRun("exp_backward", {twos, signs}).Floats(), (std::vector<float>{-3, 0, 4}));
+  EXPECT_FLOAT_EQ(MustRun("log", {signs}).Floats()[2], std::log(2.0f));
+  EXPECT_TRUE(std::isnan(MustRun("log", {signs}).Floats()[0]));
+  EXPECT_EQ(MustRun("log_backward", {twos, signs}).Floats()[2], 1.0f);
   // The defaults are PyTorch's: hardsigmoid(x) = relu6(x + 3) / 6,
   // leaky_relu's slope 0.01.
   EXPECT_FLOAT_EQ(MustRun("hardsigmoid", {Floats({1}, {1.5f})}).Floats()[0], 0.75f);

@@ -1020,8 +1020,9 @@ TEST(OnnxImportTest, NegAndReciprocal) {
 }
 
 // nn.ELU(0.7), nn.SELU, nn.CELU(0.5) and F.softplus as pebble's elu and
-// softplus (ATen's coefficients), and nn.PReLU(4) (its slope unsqueezed to
-// (4, 1, 1), as the export writes it) as relu(x) + slope (x - relu(x)).
+// softplus (ATen's coefficients), nn.PReLU(4) (its slope unsqueezed to
+// (4, 1, 1), as the export writes it) as relu(x) + slope (x - relu(x)), and
+// torch.abs, exp and log as pebble's.
 TEST(OnnxImportTest, SmoothActivationsAndPRelu) {
   auto g = Import(TinyModel(13, "", [](ModelMaker& m) {
     const int before = m.graph()->node_size();
@@ -1033,9 +1034,13 @@ TEST(OnnxImportTest, SmoothActivationsAndPRelu) {
     m.IntInitializer("axes", {1, 2});
     m.Node("Unsqueeze", "/prelu/Unsqueeze", {"prelu.weight", "axes"}, {"slope"});
     m.Node("PRelu", "/prelu/PRelu", {"sp", "slope"}, {"pr"});
-    FeedThePool(m, before, "pr");
+    m.Node("Abs", "/abs/Abs", {"pr"}, {"a"});
+    m.Node("Exp", "/exp/Exp", {"a"}, {"ex"});
+    m.Node("Log", "/log/Log", {"ex"}, {"lg"});
+    FeedThePool(m, before, "lg");
   }));
   ASSERT_TRUE(g.ok()) << g.status();
+  for (const char* op : {"abs", "exp", "log"}) EXPECT_EQ(g->op(g->Find(op)), op);
   const auto attr = [&](const char* id, const char* name) {
     return g->attrs(g->Find(id))[name].get<double>();
   };

@@ -319,6 +319,12 @@ TEST(ElementwiseTest, ActivationsKeepTypeAndCountFlops) {
   }
   EXPECT_DOUBLE_EQ(Flops("clip", {T({2, 3})}, {{"min", 0}, {"max", 6}}), 12);
   EXPECT_DOUBLE_EQ(Flops("hardswish", {T({2, 3})}), 30);
+  for (const char* op : {"abs", "exp", "log"}) {
+    ExpectType(op, {T({2, 3}, kF16)}, Json::object(), {2, 3}, kF16);
+    ExpectType(std::string(op) + "_backward", {T({2, 3}), T({2, 3})}, Json::object(), {2, 3});
+    EXPECT_DOUBLE_EQ(Flops(op, {T({2, 3})}), 6) << op;
+    ExpectError(op, {T({2, 3}, kI64)}, Json::object(), "float");
+  }
   for (const char* op : {"elu", "softplus"}) {
     ExpectType(op, {T({2, 3}, DType::kBFloat16)}, Json::object(), {2, 3}, DType::kBFloat16);
     ExpectType(std::string(op) + "_backward", {T({2, 3}), T({2, 3})}, Json::object(), {2, 3});

@@ -347,7 +347,10 @@ void AddElementwiseOps(OnnxHandlers& handlers) {
                           {"Sigmoid", "sigmoid"},
                           {"Tanh", "tanh"},
                           {"Erf", "erf"},
-                          {"Sqrt", "sqrt"}}) {
+                          {"Sqrt", "sqrt"},
+                          {"Abs", "abs"},
+                          {"Exp", "exp"},
+                          {"Log", "log"}}) {
     handlers[ops.first] = [op = ops.second](ImportContext& cx, const onnx::NodeProto& node) {
       return Unary(cx, node, op);
     };

@@ -326,6 +326,20 @@ void RegisterElementwiseOps(std::vector<OpDef>& t) {
                .backward = ActivationBackward("softplus_backward", false)});
   t.push_back({.name = "softplus_backward", .min_inputs = 2, .max_inputs = 2,
                .infer = InferBackwardOf(InferSoftplus), .flops = PerElement(5)});
+  // abs (1), exp (1), log (1); abs's and log's backwards read x (g sgn(x),
+  // g / x), exp's its output (g y).
+  t.push_back({.name = "abs", .min_inputs = 1, .max_inputs = 1, .infer = InferUnaryFloat,
+               .flops = PerElement(1), .backward = ActivationBackward("abs_backward", false)});
+  t.push_back({.name = "abs_backward", .min_inputs = 2, .max_inputs = 2,
+               .infer = InferBackwardOf(InferUnaryFloat), .flops = PerElement(2)});
+  t.push_back({.name = "exp", .min_inputs = 1, .max_inputs = 1, .infer = InferUnaryFloat,
+               .flops = PerElement(1), .backward = ActivationBackward("exp_backward", true)});
+  t.push_back({.name = "exp_backward", .min_inputs = 2, .max_inputs = 2,
+               .infer = InferBackwardOf(InferUnaryFloat), .flops = PerElement(1)});
+  t.push_back({.name = "log", .min_inputs = 1, .max_inputs = 1, .infer = InferUnaryFloat,
+               .flops = PerElement(1), .backward = ActivationBackward("log_backward", false)});
+  t.push_back({.name = "log_backward", .min_inputs = 2, .max_inputs = 2,
+               .infer = InferBackwardOf(InferUnaryFloat), .flops = PerElement(1)});
   // erf (ONNX Erf: GELU written out); its backward reads x:
   // grad * 2 / sqrt(pi) exp(-x^2).
   t.push_back({.name = "erf", .min_inputs = 1, .max_inputs = 1,

@@ -1,6 +1,6 @@
 // Element-wise own kernels: add, mul (bias-style broadcast), the
 // piecewise-linear activations (clip, hardsigmoid, hardswish, leaky_relu),
-// elu, softplus,
+// elu, softplus, abs, exp, log,
 // sum_to, the copies (copy, flatten, reshape), fill, arange and dropout.
 #include <algorithm>
 #include <cmath>
@@ -266,6 +266,25 @@ absl::Status SoftplusBackward(const KernelContext& ctx) {
   });
 }
 
+absl::Status Abs(const KernelContext& ctx) {
+  return UnaryFloatKernel(ctx, [](float x) { return activation::Abs(x); });
+}
+absl::Status AbsBackward(const KernelContext& ctx) {
+  return UnaryGradKernel(ctx, [](float g, float x) { return activation::AbsGrad(g, x); });
+}
+absl::Status Exp(const KernelContext& ctx) {
+  return UnaryFloatKernel(ctx, [](float x) { return activation::Exp(x); });
+}
+absl::Status ExpBackward(const KernelContext& ctx) {
+  return UnaryGradKernel(ctx, [](float g, float y) { return activation::ExpGrad(g, y); });
+}
+absl::Status Log(const KernelContext& ctx) {
+  return UnaryFloatKernel(ctx, [](float x) { return activation::Log(x); });
+}
+absl::Status LogBackward(const KernelContext& ctx) {
+  return UnaryGradKernel(ctx, [](float g, float x) { return activation::LogGrad(g, x); });
+}
+
 // ---- sum_to (x), attr shape: the gradient of a broadcast operand, x
 // summed down to `shape` (BlockBroadcast: the sum over the leading dims and
 // the `inner` trailing ones of each element of the block). Deterministic
@@ -432,6 +451,12 @@ void RegisterNativeElementwiseKernels(KernelTable& table) {
   table.Register("elu_backward", EluBackward);
   table.Register("softplus", Softplus);
   table.Register("softplus_backward", SoftplusBackward);
+  table.Register("abs", Abs);
+  table.Register("abs_backward", AbsBackward);
+  table.Register("exp", Exp);
+  table.Register("exp_backward", ExpBackward);
+  table.Register("log", Log);
+  table.Register("log_backward", LogBackward);
 }
 
 }  // namespace pebble::native

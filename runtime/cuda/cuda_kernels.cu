@@ -104,6 +104,12 @@ __device__ __forceinline__ float Unary(UnaryOp op, float v, UnaryParams p) {
       return activation::Erf(v);
     case UnaryOp::kSqrt:
       return activation::Sqrt(v);
+    case UnaryOp::kAbs:
+      return activation::Abs(v);
+    case UnaryOp::kExp:
+      return activation::Exp(v);
+    case UnaryOp::kLog:
+      return activation::Log(v);
     case UnaryOp::kRelu:
       return activation::Relu(v);
     case UnaryOp::kTanh:
@@ -138,6 +144,12 @@ __device__ __forceinline__ float UnaryGrad(UnaryOp op, float g, float s, UnaryPa
       return activation::ErfGrad(g, s);
     case UnaryOp::kSqrt:
       return activation::SqrtGrad(g, s);
+    case UnaryOp::kAbs:
+      return activation::AbsGrad(g, s);
+    case UnaryOp::kExp:
+      return activation::ExpGrad(g, s);
+    case UnaryOp::kLog:
+      return activation::LogGrad(g, s);
     case UnaryOp::kRelu:
       return activation::ReluGrad(g, s);
     case UnaryOp::kTanh:

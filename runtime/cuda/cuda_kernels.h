@@ -38,6 +38,9 @@ enum class UnaryOp : int {
   kSoftplus,     // a = beta, b = threshold
   kErf,
   kSqrt,  // the backward reads the output
+  kAbs,
+  kExp,   // the backward reads the output
+  kLog,
 };
 // The parameters of the parameterised unary ops (0 for the others).
 struct UnaryParams {

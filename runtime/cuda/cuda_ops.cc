@@ -1468,6 +1468,12 @@ void AddOwnKernels(std::map<std::string, CudaKernelFn>& t) {
   t["elu_backward"] = UnaryBackwardKernel<UnaryOp::kElu>;
   t["softplus"] = UnaryKernel<UnaryOp::kSoftplus>;
   t["softplus_backward"] = UnaryBackwardKernel<UnaryOp::kSoftplus>;
+  t["abs"] = UnaryKernel<UnaryOp::kAbs>;
+  t["abs_backward"] = UnaryBackwardKernel<UnaryOp::kAbs>;
+  t["exp"] = UnaryKernel<UnaryOp::kExp>;
+  t["exp_backward"] = UnaryBackwardKernel<UnaryOp::kExp>;
+  t["log"] = UnaryKernel<UnaryOp::kLog>;
+  t["log_backward"] = UnaryBackwardKernel<UnaryOp::kLog>;
   t["add"] = BinaryKernel<BinaryOp::kAdd>;
   t["mul"] = BinaryKernel<BinaryOp::kMul>;
   t["sub"] = BinaryKernel<BinaryOp::kSub>;

@@ -390,7 +390,8 @@ using ::pebble::testing::kEmulatedUnet3d;
 using nlohmann::json;
 
 // Element-wise ops (the piecewise-linear activations with points on both
-// sides of their kinks; elu and softplus, its threshold within the range),
+// sides of their kinks; elu and softplus, its threshold within the range;
+// log, abs and exp),
 // broadcast products and sums, a ceil-mode max pool, a transpose, padding with a crop, an
 // averaging pool with padding, a copy and a sum loss (and their backward ops).
 Graph PointwiseGraph() {
@@ -408,6 +409,8 @@ Graph PointwiseGraph() {
   y = nb.Apply("erf", {y});
   y = nb.Apply("elu", {y}, {{"alpha", 0.7}, {"scale", 1.5}, {"input_scale", 2.0}});
   y = nb.Apply("softplus", {y}, {{"beta", 2.0}, {"threshold", 1.0}});
+  y = nb.Apply("log", {y});  // of a positive tensor
+  y = nb.Apply("exp", {nb.Apply("abs", {y})});
   y = nb.Apply("mul", {y, w});
   const Value half = nb.Apply("fill", {}, {{"shape", {5, 7}}, {"value", 0.5}});
   y = nb.Apply("mul", {y, half});

@@ -280,7 +280,8 @@ def smooth_net(torch, num_classes=10, image=None):
     """A small CNN with the smooth activations and PReLU the importer maps
     (ELU, SELU, CELU as pebble's elu; Softplus of beta 1 and 2; nn.PReLU
     with one slope and with one per channel, and on a linear layer's
-    output): --model smooth."""
+    output), and those PyTorch writes with Abs, Exp and Log (Mish,
+    LogSigmoid, Softsign, torch.exp): --model smooth."""
     nn = torch.nn
 
     class Smooth(nn.Module):
@@ -293,8 +294,11 @@ def smooth_net(torch, num_classes=10, image=None):
             self.act2 = nn.SELU()
             self.prelu2 = nn.PReLU(8, init=0.1)
             self.act3 = nn.CELU(alpha=0.5)
+            self.mish = nn.Mish()
             self.fc1 = nn.Linear(8, 16)
             self.prelu3 = nn.PReLU(16, init=0.3)
+            self.logsigmoid = nn.LogSigmoid()
+            self.softsign = nn.Softsign()
             self.fc2 = nn.Linear(16, num_classes)
 
         def forward(self, x):
@@ -302,8 +306,9 @@ def smooth_net(torch, num_classes=10, image=None):
             x = self.prelu2(self.act2(self.conv2(x)))
             x = self.act3(x) + torch.nn.functional.softplus(x) \
                 - torch.nn.functional.softplus(x, beta=2.0)
+            x = self.mish(x) + torch.exp(-x.abs())
             x = self.prelu3(self.fc1(x.mean(dim=(2, 3))))
-            return self.fc2(x)
+            return self.fc2(self.logsigmoid(x) + self.softsign(x))
 
     return Smooth()
 
