@@ -3,7 +3,8 @@
 // that both compute the same thing by construction: the dropout mask
 // generator (identical bits on both backends), the windows of the pooling
 // averages, the upsampling source indices, the head-split index map and the
-// ordering of out-of-range index reports.
+// ordering of out-of-range index reports, and the border padding's
+// source and reader indices.
 //
 // Plain C++17 with no includes beyond <cstdint>: nvcc compiles it as
 // __host__ __device__ code, and the host compiler (and the tests in
@@ -361,6 +362,110 @@ PEBBLE_HOST_DEVICE inline uint64_t IndexFaultTag(uint64_t key) {
 }
 PEBBLE_HOST_DEVICE inline uint64_t IndexFaultPosition(uint64_t key) {
   return key & (kIndexFaultPositionLimit - 1);
+}
+
+// Note [Border padding]. pad's modes reflect and replicate (PyTorch's
+// ReflectionPad and ReplicationPad, ONNX Pad's reflect and edge): along a
+// dim of input size n padded by `before` elements, output o reads input
+// s = o - before mapped back into [0, n): reflected about the first and
+// last elements (-1 reads 1; needs before, after < n, as PyTorch) or
+// clamped to them. Each dim is independent, so an output element reads
+// the input element of its per-dim sources (BorderSource), and the
+// backward gathers, for each input element, the gradient of every output
+// that reads it (ForEachBorderReader), in a fixed order: no atomics, the
+// same sums on both backends. Rank at most kMaxBorderRank.
+inline constexpr int kMaxBorderRank = 6;
+enum class BorderMode : int { kReflect = 0, kReplicate = 1 };
+struct BorderPad {
+  BorderMode mode = BorderMode::kReflect;
+  int rank = 0;
+  int64_t in[kMaxBorderRank] = {};
+  int64_t out[kMaxBorderRank] = {};
+  int64_t before[kMaxBorderRank] = {};
+};
+
+// The input index that output index s + before reads along a dim of size n.
+PEBBLE_HOST_DEVICE inline int64_t BorderIndex(BorderMode mode, int64_t s, int64_t n) {
+  if (mode == BorderMode::kReplicate) return s < 0 ? 0 : (s >= n ? n - 1 : s);
+  return s < 0 ? -s : (s >= n ? 2 * (n - 1) - s : s);
+}
+
+// The flat input index that flat output index o reads.
+PEBBLE_HOST_DEVICE inline int64_t BorderSource(const BorderPad& p, int64_t o) {
+  int64_t src = 0, stride = 1;
+  for (int d = p.rank - 1; d >= 0; --d) {
+    const int64_t od = o % p.out[d];
+    o /= p.out[d];
+    src += BorderIndex(p.mode, od - p.before[d], p.in[d]) * stride;
+    stride *= p.in[d];
+  }
+  return src;
+}
+
+// The outputs along one dim that read input index i: up to three ranges
+// [lo, hi) (reflect: i itself and its two mirror images; replicate: i, or
+// for an end element the run of padding it fills).
+struct BorderReaders {
+  int count = 0;
+  int64_t lo[3] = {}, hi[3] = {};
+};
+PEBBLE_HOST_DEVICE inline BorderReaders ReadersAlongDim(BorderMode mode, int64_t i, int64_t n,
+                                                       int64_t before, int64_t out) {
+  BorderReaders r;
+  if (mode == BorderMode::kReplicate) {
+    r.count = 1;
+    r.lo[0] = i == 0 ? 0 : i + before;
+    r.hi[0] = i == n - 1 ? out : i + before + 1;
+    return r;
+  }
+  r.count = 1;
+  r.lo[0] = i + before;
+  r.hi[0] = i + before + 1;
+  if (i >= 1 && i <= before) {  // read by output before - i, left of x
+    r.lo[r.count] = before - i;
+    r.hi[r.count++] = before - i + 1;
+  }
+  const int64_t right = before + 2 * (n - 1) - i;  // right of x
+  if (right >= before + n && right < out) {
+    r.lo[r.count] = right;
+    r.hi[r.count++] = right + 1;
+  }
+  return r;
+}
+
+// Calls f(o) for every flat output index o that reads flat input index i,
+// the last dim varying fastest.
+PEBBLE_NO_EXEC_CHECK
+template <typename F>
+PEBBLE_HOST_DEVICE inline void ForEachBorderReader(const BorderPad& p, int64_t i, F f) {
+  BorderReaders r[kMaxBorderRank];
+  int64_t stride[kMaxBorderRank];
+  int64_t s = 1;
+  for (int d = p.rank - 1; d >= 0; --d) {
+    r[d] = ReadersAlongDim(p.mode, i % p.in[d], p.in[d], p.before[d], p.out[d]);
+    i /= p.in[d];
+    stride[d] = s;
+    s *= p.out[d];
+  }
+  int k[kMaxBorderRank] = {};
+  int64_t o[kMaxBorderRank];
+  for (int d = 0; d < p.rank; ++d) o[d] = r[d].lo[0];
+  while (true) {
+    int64_t flat = 0;
+    for (int d = 0; d < p.rank; ++d) flat += o[d] * stride[d];
+    f(flat);
+    int d = p.rank - 1;
+    for (; d >= 0; --d) {  // the next combination, an odometer
+      if (++o[d] < r[d].hi[k[d]]) break;
+      if (++k[d] < r[d].count) {
+        o[d] = r[d].lo[k[d]];
+        break;
+      }
+      k[d] = 0;
+      o[d] = r[d].lo[0];
+    }
+    if (d < 0) return;
+  }
 }
 
 }  // namespace pebble::kmath

@@ -594,6 +594,51 @@ TEST(NativeKernelsTest, PadWithValuesAndNegativeCrops) {
   EXPECT_EQ(hy.Floats()[0], native::HalfToFloat(native::FloatToHalf(0.1f)));
 }
 
+// pad's modes reflect and replicate (nn.ReflectionPad, nn.ReplicationPad)
+// against their index maps written out (reflect: n - 1 - |n - 1 - |s||),
+// and pad_backward as the forward's adjoint: <g, pad(x)> = <pad_backward(g), x>.
+TEST(NativeKernelsTest, ReflectAndReplicatePadsAndTheirAdjoints) {
+  const HostTensor x = Random({2, 3, 5, 4}, 21);
+  const std::vector<float> fx = x.Floats();
+  for (const std::string mode : {"reflect", "replicate"}) {
+    for (const std::vector<int64_t>& pads :
+         {std::vector<int64_t>{1, 2}, std::vector<int64_t>{0, 3, 2, 1},
+          std::vector<int64_t>{3, 3, 4, 4, 1, 0}}) {
+      const Json attrs = {{"pads", pads}, {"mode", mode}};
+      SCOPED_TRACE(attrs.dump());
+      const HostTensor y = MustRun("pad", {x}, attrs);
+      std::vector<int64_t> before(4, 0);
+      Shape os = x.shape;
+      for (size_t i = 0; i < pads.size() / 2; ++i) {
+        before[3 - i] = pads[2 * i];
+        os[3 - i] += pads[2 * i] + pads[2 * i + 1];
+      }
+      ASSERT_EQ(y.shape, os);
+      std::vector<double> ref(NumElements(os));
+      for (int64_t o = 0; o < NumElements(os); ++o) {
+        std::vector<int64_t> idx = Unravel(o, os);
+        for (int d = 0; d < 4; ++d) {
+          const int64_t s = idx[d] - before[d], n = x.shape[d];
+          idx[d] = mode == "reflect" ? n - 1 - std::abs(n - 1 - std::abs(s))
+                                     : std::clamp<int64_t>(s, 0, n - 1);
+        }
+        ref[o] = fx[Ravel(idx, x.shape)];
+      }
+      ExpectNear(y.Floats(), ref, 0, "pad");
+      ExpectAdjoint("pad", "pad_backward", x.shape, attrs, attrs);
+    }
+  }
+  // Half precision: the same elements; the backward sums in float.
+  const HostTensor h = Random({2, 3}, 22, kF16);
+  const Json row = {{"pads", {2, 1}}, {"mode", "reflect"}};
+  const std::vector<float> hy = MustRun("pad", {h}, row).Floats(), hx = h.Floats();
+  EXPECT_EQ(hy[0], hx[2]);
+  EXPECT_EQ(hy[5], hx[1]);
+  const HostTensor ones = Floats({2, 6}, std::vector<float>(12, 1.0f));
+  // x2 x1 x0 x1 x2 x1: x0 is read once, x1 three times, x2 twice.
+  EXPECT_EQ(MustRun("pad_backward", {ones}, row).Floats(), (std::vector<float>{1, 3, 2, 1, 3, 2}));
+}
+
 TEST(NativeKernelsTest, SliceBackwardIsAZeroPadAndConcatInvertsSlices) {
   HostTensor a = Random({2, 3, 4}, 16), b = Random({2, 1, 4}, 17),
              c = Random({2, 5, 4}, 18);

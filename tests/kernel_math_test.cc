@@ -395,6 +395,53 @@ TEST(KernelMathTest, UpsampleReadersAreAFullScan) {
   EXPECT_GT(most_readers, 40);
 }
 
+// Note [Border padding]: the readers ForEachBorderReader lists for each
+// input element are exactly the outputs whose BorderSource is that element,
+// each once, over random shapes and pads of both modes (reflect pads below
+// the dim's size); BorderSource matches PyTorch's rows at a hand-computed
+// point.
+TEST(KernelMathTest, BorderReadersInvertBorderSource) {
+  std::mt19937 rng(11);
+  for (int trial = 0; trial < 400; ++trial) {
+    kmath::BorderPad p;
+    p.mode = trial % 2 == 0 ? kmath::BorderMode::kReflect : kmath::BorderMode::kReplicate;
+    p.rank = 1 + static_cast<int>(rng() % 4);
+    int64_t outputs = 1, inputs = 1;
+    for (int d = 0; d < p.rank; ++d) {
+      p.in[d] = 1 + static_cast<int64_t>(rng() % 5);
+      const int64_t most = p.mode == kmath::BorderMode::kReflect ? p.in[d] - 1 : 4;
+      p.before[d] = static_cast<int64_t>(rng() % (most + 1));
+      p.out[d] = p.in[d] + p.before[d] + static_cast<int64_t>(rng() % (most + 1));
+      outputs *= p.out[d];
+      inputs *= p.in[d];
+    }
+    std::vector<std::vector<int64_t>> readers(inputs);
+    for (int64_t o = 0; o < outputs; ++o) {
+      const int64_t src = kmath::BorderSource(p, o);
+      ASSERT_TRUE(src >= 0 && src < inputs) << "trial " << trial << " output " << o;
+      readers[src].push_back(o);
+    }
+    for (int64_t i = 0; i < inputs; ++i) {
+      std::vector<int64_t> listed;
+      kmath::ForEachBorderReader(p, i, [&](int64_t o) { listed.push_back(o); });
+      std::sort(listed.begin(), listed.end());
+      ASSERT_EQ(listed, readers[i]) << "trial " << trial << " input " << i;
+    }
+  }
+  // F.pad(arange(4), (3, 2), mode="reflect") is 3 2 1 0 1 2 3 2 1, and
+  // mode="replicate" 0 0 0 0 1 2 3 3 3.
+  kmath::BorderPad row;
+  row.rank = 1;
+  row.in[0] = 4;
+  row.before[0] = 3;
+  row.out[0] = 9;
+  const std::vector<int64_t> reflect = {3, 2, 1, 0, 1, 2, 3, 2, 1};
+  const std::vector<int64_t> replicate = {0, 0, 0, 0, 1, 2, 3, 3, 3};
+  for (int64_t o = 0; o < 9; ++o) EXPECT_EQ(kmath::BorderSource(row, o), reflect[o]) << o;
+  row.mode = kmath::BorderMode::kReplicate;
+  for (int64_t o = 0; o < 9; ++o) EXPECT_EQ(kmath::BorderSource(row, o), replicate[o]) << o;
+}
+
 // The CUDA upsample kernels' loops (runtime/cuda/cuda_kernels.cu), run on
 // the host over the same kmath functions, against the CPU backend: the
 // forward reads the taps of each output, the backward gathers over the

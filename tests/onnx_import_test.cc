@@ -1268,6 +1268,38 @@ TEST(OnnxImportTest, PadsReversedAndTransposedFold) {
   EXPECT_EQ(g->attrs(pad)["pads"], nlohmann::json({1, 3, 2, 0, 0, 0, 0, 0}));  // F.pad order
 }
 
+// nn.ReflectionPad2d((2, 2, 1, 1)) and nn.ReplicationPad2d as the export
+// writes them (Pad of mode reflect and edge, ONNX's pads order) are pad's
+// reflect and replicate modes in F.pad's order; a reflection by the whole
+// dim, which PyTorch refuses too, is an error naming the node.
+TEST(OnnxImportTest, ReflectAndEdgePadsAreBorderPadding) {
+  const auto model = [](const std::string& mode, std::vector<int64_t> pads) {
+    return TinyModel(13, "", [&](ModelMaker& m) {
+      const int before = m.graph()->node_size();
+      m.IntInitializer("onnx_pads", pads);
+      m.FloatVectorInitializer("value", {0.5f});  // read by mode constant only
+      auto* pad = m.Node("Pad", "/pad/Pad", {"r", "onnx_pads", "value"}, {"padded"});
+      ModelMaker::StringAttr(pad, "mode", mode);
+      FeedThePool(m, before, "padded");
+    });
+  };
+  for (const auto& [onnx_mode, mode] : {std::pair{"reflect", "reflect"}, {"edge", "replicate"}}) {
+    auto g = Import(model(onnx_mode, {0, 0, 1, 2, 0, 0, 1, 2}));
+    ASSERT_TRUE(g.ok()) << onnx_mode << ": " << g.status();
+    const NodeId pad = g->Find("pad");
+    ASSERT_NE(pad, kNoNode);
+    EXPECT_EQ(g->attrs(pad), nlohmann::json({{"pads", {2, 2, 1, 1, 0, 0, 0, 0}}, {"mode", mode}}));
+    EXPECT_EQ(*g->shape(pad), (Shape{2, 4, 10, 12}));
+  }
+  auto whole = Import(model("reflect", {0, 0, 0, 8, 0, 0, 0, 0}));
+  ASSERT_FALSE(whole.ok());
+  EXPECT_THAT(whole.status().message(),
+              AllOf(HasSubstr("'/pad/Pad'"), HasSubstr("less than the dim's size")));
+  auto wrap = Import(model("wrap", {0, 0, 0, 1, 0, 0, 0, 1}));
+  ASSERT_FALSE(wrap.ok());
+  EXPECT_THAT(wrap.status().message(), HasSubstr("mode = 'wrap'"));
+}
+
 // nn.Upsample as torch.onnx.export writes it: Resize by scales that a
 // Concat of float constants makes, folded at import, becomes `upsample`;
 // what PyTorch does not write (a fractional scale, another nearest

@@ -553,6 +553,21 @@ TEST(ShapeOpsTest, PadConcatFlattenReshape) {
   ExpectType("pad", {T({1, 2, 3, 4, 5})}, {{"pads", {1, 2, 0, 1}}},
              {1, 2, 3, 5, 8});
   ExpectError("pad", {T({1, 2})}, {{"pads", {1, 2, 3}}}, "even");
+  // Reflect and replicate: no crops; reflect below the dim's size; no value.
+  ExpectType("pad", {T({1, 2, 3, 4})}, {{"pads", {3, 3, 2, 0}}, {"mode", "reflect"}},
+             {1, 2, 5, 10});
+  ExpectType("pad_backward", {T({1, 2, 5, 10})}, {{"pads", {3, 3, 2, 0}}, {"mode", "reflect"}},
+             {1, 2, 3, 4});
+  ExpectType("pad", {T({1, 1})}, {{"pads", {5, 0}}, {"mode", "replicate"}}, {1, 6});
+  ExpectError("pad", {T({1, 2, 3, 4})}, {{"pads", {4, 0}}, {"mode", "reflect"}},
+              "less than the dim's size");
+  ExpectError("pad_backward", {T({1, 2, 3, 9})}, {{"pads", {4, 1}}, {"mode", "reflect"}},
+              "less than the dim's size");
+  ExpectError("pad", {T({1, 4})}, {{"pads", {-1, 2}}, {"mode", "replicate"}}, "does not crop");
+  ExpectError("pad", {T({1, 4})}, {{"pads", {1, 1}}, {"mode", "reflect"}, {"value", 1}},
+              "'value' is for mode \"constant\"");
+  ExpectError("pad", {T({1, 4})}, {{"pads", {1, 1}}, {"mode", "circular"}},
+              "\"constant\", \"reflect\" or \"replicate\"");
   ExpectType("pad_backward", {T({1, 2, 3, 5, 8})}, {{"pads", {1, 2, 0, 1}}},
              {1, 2, 3, 4, 5});
   ExpectType("concat", {T({1, 2, 4, 4}), T({1, 3, 4, 4})}, {{"axis", 1}},

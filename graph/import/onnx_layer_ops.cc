@@ -733,9 +733,14 @@ absl::Status Pad(ImportContext& cx, const onnx::NodeProto& node) {
   const Attrs attrs(node);
   RETURN_IF_ERROR(attrs.OnlyKnown({"mode"}));
   ASSIGN_OR_RETURN(std::string mode, attrs.String("mode", "constant"));
-  if (mode != "constant") return attrs.Unsupported("mode", Quote(mode));
+  // nn.ReflectionPad and padding_mode="reflect" export reflect, nn.ReplicationPad
+  // and "replicate" edge; a constant_value is read by mode constant only.
+  if (mode == "edge") mode = "replicate";
+  if (mode != "constant" && mode != "reflect" && mode != "replicate") {
+    return attrs.Unsupported("mode", Quote(mode));
+  }
   double value = 0;
-  if (node.input_size() == 3 && !node.input(2).empty()) {
+  if (mode == "constant" && node.input_size() == 3 && !node.input(2).empty()) {
     const onnx::TensorProto* t = cx.ConstTensor(node.input(2));
     std::optional<double> v = t == nullptr ? std::nullopt : NumberScalar(*t);
     if (!v.has_value()) return NodeError(node, "constant_value must be a constant scalar");
@@ -758,6 +763,7 @@ absl::Status Pad(ImportContext& cx, const onnx::NodeProto& node) {
     torch_pads.push_back(pads[d]);
     torch_pads.push_back(pads[d + rank]);
   }
+  if (mode != "constant") return cx.Apply(node, "pad", {x}, {{"pads", torch_pads}, {"mode", mode}});
   return cx.Apply(node, "pad", {x}, {{"pads", torch_pads}, {"mode", "constant"}, {"value", value}});
 }
 

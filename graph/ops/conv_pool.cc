@@ -485,8 +485,11 @@ absl::Status UpsampleBackward(BackwardContext& ctx) {
   return absl::OkStatus();
 }
 
-// ---- Constant padding, torch.nn.functional.pad order: the last dim first,
-// (before, after) per dim. Negative amounts crop, as in F.pad.
+// ---- Padding, torch.nn.functional.pad order: the last dim first,
+// (before, after) per dim. Mode constant (attr value, 0 by default):
+// negative amounts crop, as in F.pad. Modes reflect and replicate
+// (Note [Border padding] in runtime/kernel_math.h): amounts of 0 or more,
+// and for reflect below the dim's size, as PyTorch requires.
 
 absl::StatusOr<Shape> Padded(const Shape& x, const std::vector<int64_t>& pads,
                              int sign) {
@@ -514,35 +517,61 @@ absl::StatusOr<Shape> Padded(const Shape& x, const std::vector<int64_t>& pads,
   return out;
 }
 
-absl::Status CheckPadMode(const Json& attrs) {
+// The mode's checks against the unpadded shape `x`; returns the mode.
+absl::StatusOr<std::string> CheckPadMode(const Json& attrs, const Shape& x,
+                                         const std::vector<int64_t>& pads) {
   ASSIGN_OR_RETURN(std::string mode, StringAttr(attrs, "mode", "constant"));
-  if (mode != "constant") {
-    return Invalid("attr 'mode' must be \"constant\", got \"", mode, "\"");
+  if (mode == "constant") {
+    RETURN_IF_ERROR(DoubleAttr(attrs, "value", 0).status());
+    return mode;
   }
-  return DoubleAttr(attrs, "value", 0).status();
+  if (mode != "reflect" && mode != "replicate") {
+    return Invalid("attr 'mode' must be \"constant\", \"reflect\" or \"replicate\", got \"",
+                   mode, "\"");
+  }
+  if (attrs.is_object() && attrs.contains("value")) {
+    return Invalid("attr 'value' is for mode \"constant\", not \"", mode, "\"");
+  }
+  if (x.size() > 6) return Invalid("mode \"", mode, "\" pads tensors of rank 6 at most");
+  for (size_t i = 0; i < pads.size() && i / 2 < x.size(); ++i) {
+    const size_t axis = x.size() - 1 - i / 2;
+    if (pads[i] < 0) {
+      return Invalid("attr 'pads' holds ", pads[i], ": mode \"", mode, "\" does not crop");
+    }
+    if (mode == "reflect" && pads[i] >= x[axis]) {
+      return Invalid("attr 'pads' holds ", pads[i], " for dim ", axis, " of ", ShapeToString(x),
+                     ": mode \"reflect\" pads by less than the dim's size (PyTorch's rule)");
+    }
+  }
+  return mode;
 }
 
 absl::StatusOr<TensorType> InferPad(Inputs in, const Json& attrs) {
   RETURN_IF_ERROR(ExpectFloat(in[0], "input 0 (x)"));
-  RETURN_IF_ERROR(CheckPadMode(attrs));
   ASSIGN_OR_RETURN(std::vector<int64_t> pads, IntListAttr(attrs, "pads"));
   ASSIGN_OR_RETURN(Shape out, Padded(in[0].shape, pads, +1));
+  RETURN_IF_ERROR(CheckPadMode(attrs, in[0].shape, pads).status());
   return TensorType{out, in[0].dtype};
 }
 
-// pad_backward (grad), attr pads: the gradient of the unpadded region.
+// pad_backward (grad), attrs pads and mode: the gradient of the unpadded
+// region (constant), or of each input element summed over the outputs that
+// read it (reflect, replicate).
 absl::StatusOr<TensorType> InferPadBackward(Inputs in, const Json& attrs) {
   RETURN_IF_ERROR(ExpectFloat(in[0], "input 0 (grad)"));
   ASSIGN_OR_RETURN(std::vector<int64_t> pads, IntListAttr(attrs, "pads"));
   ASSIGN_OR_RETURN(Shape out, Padded(in[0].shape, pads, -1));
+  RETURN_IF_ERROR(CheckPadMode(attrs, out, pads).status());
   return TensorType{out, in[0].dtype};
 }
 
 absl::Status PadBackward(BackwardContext& ctx) {
   if (!ctx.needs_grad(0)) return absl::OkStatus();
   ASSIGN_OR_RETURN(std::vector<int64_t> pads, IntListAttr(ctx.attrs(), "pads"));
-  ctx.AccumulateGrad(0, ctx.Emit("pad_backward", {ctx.grad_output()},
-                                 {{"pads", pads}}));
+  ASSIGN_OR_RETURN(std::string mode, StringAttr(ctx.attrs(), "mode", "constant"));
+  Json attrs = {{"pads", pads}};
+  if (mode != "constant") attrs["mode"] = mode;
+  ctx.AccumulateGrad(0, ctx.Emit("pad_backward", {ctx.grad_output()}, std::move(attrs)));
   return absl::OkStatus();
 }
 

@@ -84,7 +84,8 @@ absl::Status Transpose(const KernelContext& ctx) {
 
 // ---- pad (x), attrs pads (F.pad order, negative crops), value; and
 // pad_backward (g), attr pads: the unpadded region, i.e. pad with the
-// amounts negated (output index o reads input index o - before).
+// amounts negated (output index o reads input index o - before). Their
+// modes reflect and replicate are below (BorderPadForward).
 
 // Fills `count` elements of `es` bytes at dst with `pattern`.
 void FillPattern(std::byte* dst, int64_t count, const std::byte* pattern,
@@ -155,8 +156,70 @@ absl::Status PadImpl(const KernelContext& ctx, int sign) {
   return absl::OkStatus();
 }
 
-absl::Status Pad(const KernelContext& ctx) { return PadImpl(ctx, +1); }
-absl::Status PadBackward(const KernelContext& ctx) { return PadImpl(ctx, -1); }
+// pad's reflect and replicate modes (Note [Border padding]): the shapes
+// of the padded tensor `big` and the unpadded `small`, as `p`.
+absl::StatusOr<kmath::BorderPad> BorderPadOf(const KernelContext& ctx, const std::string& mode,
+                                             const TensorView& big, const TensorView& small) {
+  ASSIGN_OR_RETURN(std::vector<int64_t> pads, IntListAttr(ctx.attrs(), "pads"));
+  if (big.rank() != small.rank() || big.rank() > kmath::kMaxBorderRank ||
+      pads.size() > 2 * static_cast<size_t>(big.rank())) {
+    return Invalid(ctx, "mode \"", mode, "\" pads ", small.ToString(), " into ", big.ToString());
+  }
+  kmath::BorderPad p;
+  p.mode = mode == "reflect" ? kmath::BorderMode::kReflect : kmath::BorderMode::kReplicate;
+  p.rank = big.rank();
+  for (int d = 0; d < p.rank; ++d) {
+    p.in[d] = small.shape[d];
+    p.out[d] = big.shape[d];
+  }
+  for (size_t i = 0; i < pads.size() / 2; ++i) p.before[p.rank - 1 - i] = pads[2 * i];
+  return p;
+}
+
+// y[o] = x[BorderSource(o)].
+absl::Status BorderPadForward(const KernelContext& ctx, const std::string& mode) {
+  const TensorView& x = ctx.inputs[0];
+  ASSIGN_OR_RETURN(const kmath::BorderPad p, BorderPadOf(ctx, mode, ctx.output, x));
+  const int64_t es = DTypeSize(x.dtype);
+  ParallelFor(ctx.output.num_elements(), kGrain, [&](int64_t o0, int64_t o1) {
+    for (int64_t o = o0; o < o1; ++o) {
+      std::memcpy(ctx.output.data + o * es, x.data + kmath::BorderSource(p, o) * es,
+                  static_cast<size_t>(es));
+    }
+  });
+  return absl::OkStatus();
+}
+
+// dx[i] = the sum, in float in ForEachBorderReader's order, of g over the
+// outputs that read x[i].
+absl::Status BorderPadBackward(const KernelContext& ctx, const std::string& mode) {
+  const TensorView& g = ctx.inputs[0];
+  ASSIGN_OR_RETURN(const kmath::BorderPad p, BorderPadOf(ctx, mode, g, ctx.output));
+  return DispatchFloat(g.dtype, "input 0 (grad)", [&](auto tag) {
+    using T = decltype(tag);
+    const T* pg = g.as<T>();
+    T* dx = ctx.output.as<T>();
+    ParallelFor(ctx.output.num_elements(), kGrain / 8, [&](int64_t i0, int64_t i1) {
+      for (int64_t i = i0; i < i1; ++i) {
+        float sum = 0.f;
+        kmath::ForEachBorderReader(p, i, [&](int64_t o) { sum += ToFloat(pg[o]); });
+        dx[i] = FromFloat<T>(sum);
+      }
+    });
+    return absl::OkStatus();
+  });
+}
+
+absl::Status Pad(const KernelContext& ctx) {
+  RETURN_IF_ERROR(CheckOperands(ctx));
+  ASSIGN_OR_RETURN(std::string mode, ops_internal::StringAttr(ctx.attrs(), "mode", "constant"));
+  return mode == "constant" ? PadImpl(ctx, +1) : BorderPadForward(ctx, mode);
+}
+absl::Status PadBackward(const KernelContext& ctx) {
+  RETURN_IF_ERROR(CheckOperands(ctx));
+  ASSIGN_OR_RETURN(std::string mode, ops_internal::StringAttr(ctx.attrs(), "mode", "constant"));
+  return mode == "constant" ? PadImpl(ctx, -1) : BorderPadBackward(ctx, mode);
+}
 
 // ---- concat (x_1 .. x_m), attr axis.
 absl::Status Concat(const KernelContext& ctx) {

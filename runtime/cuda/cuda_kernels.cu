@@ -719,6 +719,20 @@ __global__ void PadKernel(PadSpec p, const S* in, S* out, int64_t n, S fill) {
   }
 }
 
+template <typename T>
+__global__ void BorderPadKernel(kmath::BorderPad p, const T* x, T* y, int64_t n) {
+  PEBBLE_GRID_LOOP(o, n) y[o] = x[kmath::BorderSource(p, o)];
+}
+
+template <typename T>
+__global__ void BorderPadBackwardKernel(kmath::BorderPad p, const T* g, T* dx, int64_t n) {
+  PEBBLE_GRID_LOOP(i, n) {
+    float sum = 0.f;
+    kmath::ForEachBorderReader(p, i, [&](int64_t o) { sum += Ld(g, o); });
+    St(dx, i, sum);
+  }
+}
+
 template <typename S>
 __global__ void FillKernel(S* out, int64_t n, S value) {
   PEBBLE_GRID_LOOP(i, n) out[i] = value;
@@ -1278,6 +1292,24 @@ cudaError_t LaunchRowBroadcastMean(KType t, const void* g, void* out,
     using T = decltype(tag);
     PEBBLE_KERNEL_LAUNCH(Blocks(n), kThreads, stream, RowBroadcastKernel<T>)
     (static_cast<const T*>(g), static_cast<T*>(out), n, length);
+    return Launched();
+  });
+}
+
+cudaError_t LaunchBorderPad(KType t, const kmath::BorderPad& p, bool backward, const void* in,
+                            void* out, cudaStream_t stream) {
+  int64_t n = 1;
+  for (int d = 0; d < p.rank; ++d) n *= backward ? p.in[d] : p.out[d];
+  if (n == 0) return cudaSuccess;
+  return Dispatch(t, [&](auto tag) {
+    using T = decltype(tag);
+    if (backward) {
+      PEBBLE_KERNEL_LAUNCH(Blocks(n), kThreads, stream, BorderPadBackwardKernel<T>)
+      (p, static_cast<const T*>(in), static_cast<T*>(out), n);
+    } else {
+      PEBBLE_KERNEL_LAUNCH(Blocks(n), kThreads, stream, BorderPadKernel<T>)
+      (p, static_cast<const T*>(in), static_cast<T*>(out), n);
+    }
     return Launched();
   });
 }

@@ -180,6 +180,12 @@ struct PadSpec {
 };
 cudaError_t LaunchPad(int element_bytes, const PadSpec& p, const void* in,
                       void* out, double value, KType t, cudaStream_t stream);
+// pad's modes reflect and replicate (Note [Border padding] in
+// runtime/kernel_math.h): y[o] = x[BorderSource(p, o)] over the padded
+// shape p.out, or with `backward` dx[i] = the fp32 sum of g over the outputs
+// that read x[i], over p.in.
+cudaError_t LaunchBorderPad(KType t, const kmath::BorderPad& p, bool backward, const void* in,
+                            void* out, cudaStream_t stream);
 
 // The optimizer's in-place update `op` (runtime/optimizer_math.h): a[i] =
 // Update(op, s, a[i], b[i], c[i]) for n elements (c null: 0). kAdamUpdate

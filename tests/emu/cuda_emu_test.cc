@@ -391,9 +391,10 @@ using nlohmann::json;
 
 // Element-wise ops (the piecewise-linear activations with points on both
 // sides of their kinks; elu and softplus, its threshold within the range;
-// log, abs and exp),
-// broadcast products and sums, a ceil-mode max pool, a transpose, padding with a crop, an
-// averaging pool with padding, a copy and a sum loss (and their backward ops).
+// log, abs and exp), broadcast products and sums, a ceil-mode max pool, a
+// transpose, padding of every mode (a constant one with a crop), an
+// averaging pool with padding, a copy and a sum loss (and their backward
+// ops).
 Graph PointwiseGraph() {
   NetBuilder nb("pointwise");
   const Value x = nb.Parameter("x", {2, 3, 5, 7});
@@ -423,6 +424,8 @@ Graph PointwiseGraph() {
                                             nb.Apply("fill", {}, {{"shape", {5, 7}},
                                                                   {"value", 2.0}})})});
   y = nb.Apply("pad", {y}, {{"pads", {1, 2, -1, 0}}, {"value", 0.25}});
+  y = nb.Apply("pad", {y}, {{"pads", {2, 1, 0, 3}}, {"mode", "reflect"}});
+  y = nb.Apply("pad", {y}, {{"pads", {0, 2, 1, 1}}, {"mode", "replicate"}});
   y = nb.Apply("avgpool", {y}, {{"kernel", 3}, {"stride", 2}, {"padding", 1}});
   // Ceil mode: the last window reaches past the input.
   y = nb.Apply("maxpool", {y}, {{"kernel", 2}, {"stride", 2}, {"ceil_mode", true}});

@@ -313,6 +313,38 @@ def smooth_net(torch, num_classes=10, image=None):
     return Smooth()
 
 
+def padded_net(torch, num_classes=10, image=None):
+    """Border padding as fast neural style transfer and CycleGAN's
+    generators write it: nn.ReflectionPad2d before a convolution, a
+    convolution of padding_mode "reflect" and one of "replicate", an
+    uneven nn.ReplicationPad2d, and nn.ReflectionPad1d over a (N, C, L)
+    view, with instance norms between: --model padded."""
+    nn = torch.nn
+
+    class Padded(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.pad1 = nn.ReflectionPad2d(2)
+            # (no bias: an instance norm's input's bias has a gradient of
+            # 0 in exact arithmetic, rounding noise in fp32)
+            self.conv1 = nn.Conv2d(3, 8, 5, bias=False)
+            self.norm1 = nn.InstanceNorm2d(8, affine=True)
+            self.conv2 = nn.Conv2d(8, 8, 3, padding=1, padding_mode="reflect")
+            self.conv3 = nn.Conv2d(8, 8, 3, padding=1, padding_mode="replicate")
+            self.pad4 = nn.ReplicationPad2d((0, 2, 1, 0))
+            self.pad5 = nn.ReflectionPad1d((3, 1))
+            self.fc = nn.Linear(8, num_classes)
+
+        def forward(self, x):
+            x = torch.relu(self.norm1(self.conv1(self.pad1(x))))
+            x = torch.relu(self.conv3(self.conv2(x)))
+            x = self.pad4(x)
+            x = self.pad5(x.flatten(2))
+            return self.fc(x.mean(dim=2))
+
+    return Padded()
+
+
 def grouped_net(torch, num_classes=10, image=None):
     """A small CNN with the convolutions and broadcasts of the mobile
     networks: grouped, depthwise and dilated convolutions (one of them
@@ -659,6 +691,7 @@ def token_lm_net(torch, num_classes=10, image=8, bool_mask=False):
 # own batch; the others take (batch, 3, image, image) images and a class
 # index each.
 LOCAL_MODELS = {"activations": activations_net, "smooth": smooth_net,
+                "padded": padded_net,
                 "grouped": grouped_net,
                 "sequence": sequence_net, "vit_tiny": vit_tiny_net,
                 "misc": misc_net, "normed": normed_net, "pooled": pooled_net,
