@@ -1268,6 +1268,62 @@ TEST(OnnxImportTest, PadsReversedAndTransposedFold) {
   EXPECT_EQ(g->attrs(pad)["pads"], nlohmann::json({1, 3, 2, 0, 0, 0, 0, 0}));  // F.pad order
 }
 
+// x.max(dim=1, keepdim=True) (ReduceMax), x.repeat(1, 4, 1, 1) (Tile) and
+// x.min(dim=3, keepdim=True) (ReduceMin): a max pool with one window over
+// the reduced dim viewed last, a concat of copies, and the max of -x
+// negated.
+TEST(OnnxImportTest, ReduceMaxReduceMinAndTile) {
+  auto g = Import(TinyModel(13, "", [](ModelMaker& m) {
+    const int before = m.graph()->node_size();
+    auto* rmax = m.Node("ReduceMax", "/rmax/ReduceMax", {"r"}, {"peak"});
+    ModelMaker::IntsAttr(rmax, "axes", {1});
+    m.IntInitializer("repeats", {1, 4, 1, 1});
+    m.Node("Tile", "/tile/Tile", {"peak", "repeats"}, {"tiled"});
+    auto* rmin = m.Node("ReduceMin", "/rmin/ReduceMin", {"tiled"}, {"least"});
+    ModelMaker::IntsAttr(rmin, "axes", {-1});
+    FeedThePool(m, before, "least");
+  }));
+  ASSERT_TRUE(g.ok()) << g.status();
+  EXPECT_EQ(*g->shape(g->Find("rmax")), (Shape{2, 1, 8, 8}));
+  const NodeId max = g->Find("rmax.max");
+  ASSERT_NE(max, kNoNode);
+  EXPECT_EQ(g->op(max), "maxpool");
+  EXPECT_EQ(g->attrs(max)["kernel"], nlohmann::json({1, 4}));
+  EXPECT_EQ(g->op(g->Find("rmax.reduced_last")), "transpose");
+  const NodeId tile = g->Find("tile");
+  EXPECT_EQ(g->op(tile), "concat");
+  EXPECT_EQ(g->inputs(tile).size(), 4u);
+  EXPECT_EQ(*g->shape(tile), (Shape{2, 4, 8, 8}));
+  EXPECT_EQ(g->op(g->Find("rmin")), "mul");
+  EXPECT_EQ(g->op(g->Find("rmin.negated")), "mul");
+  EXPECT_EQ(g->attrs(g->Find("rmin.max"))["kernel"], nlohmann::json({1, 8}));
+  EXPECT_EQ(*g->shape(g->Find("rmin")), (Shape{2, 4, 8, 1}));
+  // A repeat of 0 (an empty tensor) is refused, naming the node.
+  auto empty = Import(TinyModel(13, "", [](ModelMaker& m) {
+    const int before = m.graph()->node_size();
+    m.IntInitializer("repeats", {1, 0, 1, 1});
+    m.Node("Tile", "/tile/Tile", {"r", "repeats"}, {"tiled"});
+    FeedThePool(m, before, "tiled");
+  }));
+  ASSERT_FALSE(empty.ok());
+  EXPECT_THAT(empty.status().message(), AllOf(HasSubstr("'/tile/Tile'"), HasSubstr("repeats 0")));
+}
+
+// Running statistics that the graph computes (nn.InstanceNorm with
+// track_running_stats=True tiles them) would import as trainable tensors:
+// refused, naming the input.
+TEST(OnnxImportTest, BatchNormOfComputedRunningStatisticsIsRefused) {
+  auto g = Import(TinyModel(13, "", [](ModelMaker& m) {
+    m.Node("Neg", "/Neg", {"bn1.running_mean"}, {"negated_mean"});
+    MoveFirst(m, {"/Neg"});
+    FindNode(m, "BatchNormalization")->set_input(3, "negated_mean");
+  }));
+  ASSERT_FALSE(g.ok());
+  EXPECT_THAT(g.status().message(),
+              AllOf(HasSubstr("'/bn1/BatchNormalization'"), HasSubstr("'negated_mean'"),
+                    HasSubstr("track_running_stats=False")));
+}
+
 // nn.ReflectionPad2d((2, 2, 1, 1)) and nn.ReplicationPad2d as the export
 // writes them (Pad of mode reflect and edge, ONNX's pads order) are pad's
 // reflect and replicate modes in F.pad's order; a reflection by the whole

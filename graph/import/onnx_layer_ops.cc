@@ -176,6 +176,19 @@ absl::Status BatchNormalization(ImportContext& cx, const onnx::NodeProto& node) 
   ASSIGN_OR_RETURN(double eps, attrs.Float("epsilon", 1e-5));
   ASSIGN_OR_RETURN(double momentum, attrs.Float("momentum", 0.9));
   ASSIGN_OR_RETURN(std::vector<Value> in, cx.Inputs(node));
+  // The running statistics are the model's buffers, which the step updates
+  // in place. nn.InstanceNorm with track_running_stats=True exports them
+  // tiled over the batch (and averages the update back), which would make
+  // the buffers trainable tensors here: refused.
+  for (int i : {3, 4}) {
+    if (cx.nb().role(in[i]) != Role::kBuffer) {
+      return NodeError(node, absl::StrCat(
+          "its running statistics (input ", i, ", ", Quote(node.input(i)),
+          ") are computed in the graph, not read from the model's buffers, as "
+          "nn.InstanceNorm with track_running_stats=True exports them; use "
+          "track_running_stats=False, or train the module with pebble.torch (docs/torch.md)"));
+    }
+  }
   // ONNX's momentum weighs the old running value; PyTorch's the new one.
   const Json a = {{"eps", eps}, {"momentum", 1.0 - momentum}};
   // The statistics node names the running statistics it updates in
@@ -281,14 +294,54 @@ absl::Status GlobalAveragePool(ImportContext& cx, const onnx::NodeProto& node) {
   return cx.Apply(node, "adaptive_avgpool", in, {{"output_size", 1}});
 }
 
-// ReduceMean (mean) or ReduceSum of x over `axes` (none: every dim). A mean
-// over every spatial dim (2 ..) of a 2-D or 3-D image is global average
-// pooling, then without keepdims the (N, C) view. Any other reduction: the
-// reduced dims moved last (a transpose, where they are not already), the
-// tensor viewed as (kept..., R), a `linear` by a `fill` row of 1/R (a mean)
-// or of ones (a sum), then the view of ONNX's result shape.
+enum class Reduction { kMean, kSum, kMax, kMin };
+
+// The reduction of `rows`, (kept..., R), over its last dim to (kept..., 1)
+// or straight to `result` where that is the output's shape: a `linear` by
+// a `fill` row of 1/R (a mean) or of ones (a sum); a max, as a max pool
+// with one window over (1, K, 1, R) (K the kept elements), which pays the
+// gradient to the first maximum; a min, as the max of -x negated.
+absl::Status ReduceRows(ImportContext& cx, const onnx::NodeProto& node, Value rows,
+                        Reduction kind, const std::vector<int64_t>& result) {
+  const Shape shape = cx.nb().type(rows).shape;
+  const int64_t count = shape.back();
+  std::vector<int64_t> kept_ones(shape.begin(), shape.end() - 1);  // (kept..., 1)
+  kept_ones.push_back(1);
+  if (kind == Reduction::kMean || kind == Reduction::kSum) {
+    const bool mean = kind == Reduction::kMean;
+    ASSIGN_OR_RETURN(Value row, cx.Fill(node, {1, count}, rows,
+                                        mean ? 1.0 / static_cast<double>(count) : 1.0,
+                                        mean ? "mean_row" : "sum_row"));
+    if (result == kept_ones) return cx.Apply(node, "linear", {rows, row});
+    ASSIGN_OR_RETURN(Value reduction,
+                     cx.Aux(node, "linear", {rows, row}, Json::object(), mean ? "mean" : "sum"));
+    return cx.Apply(node, "reshape", {reduction}, {{"shape", result}});
+  }
+  const bool min = kind == Reduction::kMin;
+  int64_t kept = 1;
+  for (size_t d = 0; d + 1 < shape.size(); ++d) kept *= shape[d];
+  Value v = rows;
+  if (min) {
+    ASSIGN_OR_RETURN(Value minus_one, cx.Fill(node, {}, v, -1.0, "minus_one"));
+    ASSIGN_OR_RETURN(v, cx.Aux(node, "mul", {v, minus_one}, Json::object(), "negated"));
+  }
+  ASSIGN_OR_RETURN(v, cx.Aux(node, "reshape", {v}, {{"shape", {1, kept, 1, count}}}, "windows"));
+  const Json window = {{"kernel", {1, count}}, {"stride", {1, count}}, {"padding", {0, 0}}};
+  ASSIGN_OR_RETURN(v, cx.Aux(node, "maxpool", {v}, window, "max"));
+  if (!min) return cx.Apply(node, "reshape", {v}, {{"shape", result}});
+  ASSIGN_OR_RETURN(v, cx.Aux(node, "reshape", {v}, {{"shape", result}}, "max_viewed"));
+  ASSIGN_OR_RETURN(Value minus_one, cx.Fill(node, {}, v, -1.0, "minus_one_again"));
+  return cx.Apply(node, "mul", {v, minus_one});
+}
+
+// ReduceMean, ReduceSum, ReduceMax or ReduceMin of x over `axes` (none:
+// every dim). A mean over every spatial dim (2 ..) of a 2-D or 3-D image is
+// global average pooling, then without keepdims the (N, C) view. Any other
+// reduction: the reduced dims moved last (a transpose, where they are not
+// already), the tensor viewed as (kept..., R), reduced (ReduceRows), and
+// viewed as ONNX's result shape.
 absl::Status Reduce(ImportContext& cx, const onnx::NodeProto& node, const std::vector<int64_t>& axes,
-                    int64_t keepdims, bool mean) {
+                    int64_t keepdims, Reduction kind) {
   ASSIGN_OR_RETURN(Value x_value, cx.Get(node, node.input(0)));
   const std::vector<Value> in = {x_value};
   const Shape& x = cx.nb().type(in[0]).shape;
@@ -312,7 +365,7 @@ absl::Status Reduce(ImportContext& cx, const onnx::NodeProto& node, const std::v
   // adaptive_avgpool takes (N, C, H, W) and (N, C, D, H, W).
   const bool spatial = (rank == 4 || rank == 5) && !reduced[0] && !reduced[1] &&
                        std::all_of(reduced.begin() + 2, reduced.end(), std::identity());
-  if (spatial && mean) {
+  if (spatial && kind == Reduction::kMean) {
     if (keepdims != 0) return cx.Apply(node, "adaptive_avgpool", in, {{"output_size", 1}});
     ASSIGN_OR_RETURN(Value pooled,
                      cx.Aux(node, "adaptive_avgpool", in, {{"output_size", 1}}, "pool"));
@@ -336,15 +389,7 @@ absl::Status Reduce(ImportContext& cx, const onnx::NodeProto& node, const std::v
   if (Shape(rows.begin(), rows.end()) != cx.nb().type(v).shape) {
     ASSIGN_OR_RETURN(v, cx.Aux(node, "reshape", {v}, {{"shape", rows}}, "rows"));
   }
-  ASSIGN_OR_RETURN(Value row, cx.Fill(node, {1, count}, v,
-                                      mean ? 1.0 / static_cast<double>(count) : 1.0,
-                                      mean ? "mean_row" : "sum_row"));
-  std::vector<int64_t> linear_shape = kept_dims;  // (kept..., 1)
-  linear_shape.push_back(1);
-  if (result == linear_shape) return cx.Apply(node, "linear", {v, row});
-  ASSIGN_OR_RETURN(Value reduction,
-                   cx.Aux(node, "linear", {v, row}, Json::object(), mean ? "mean" : "sum"));
-  return cx.Apply(node, "reshape", {reduction}, {{"shape", result}});
+  return ReduceRows(cx, node, v, kind, result);
 }
 
 // ReduceMean: axes an attribute (an input only from opset 18, which pebble
@@ -355,7 +400,22 @@ absl::Status ReduceMean(ImportContext& cx, const onnx::NodeProto& node) {
   RETURN_IF_ERROR(attrs.OnlyKnown({"axes", "keepdims"}));
   ASSIGN_OR_RETURN(std::vector<int64_t> axes, attrs.Ints("axes", {}));
   ASSIGN_OR_RETURN(int64_t keepdims, attrs.Int("keepdims", 1));
-  return Reduce(cx, node, axes, keepdims, /*mean=*/true);
+  return Reduce(cx, node, axes, keepdims, Reduction::kMean);
+}
+
+// ReduceMax and ReduceMin (x.max(dim), torch.amax, x.max()): axes an
+// attribute (an input only from opset 18). On exact ties the gradient goes
+// to the first maximum, as x.max(dim)'s and a max pool's do; torch.amax and
+// a full x.max() split it evenly between the tied elements
+// (docs/import.md).
+absl::Status ReduceMaxOrMin(ImportContext& cx, const onnx::NodeProto& node) {
+  RETURN_IF_ERROR(cx.ExpectInputs(node, 1, 1));
+  const Attrs attrs(node);
+  RETURN_IF_ERROR(attrs.OnlyKnown({"axes", "keepdims"}));
+  ASSIGN_OR_RETURN(std::vector<int64_t> axes, attrs.Ints("axes", {}));
+  ASSIGN_OR_RETURN(int64_t keepdims, attrs.Int("keepdims", 1));
+  return Reduce(cx, node, axes, keepdims,
+                node.op_type() == "ReduceMax" ? Reduction::kMax : Reduction::kMin);
 }
 
 // ReduceSum (x.sum(dim)): axes an attribute before opset 13, a constant
@@ -381,7 +441,7 @@ absl::Status ReduceSum(ImportContext& cx, const onnx::NodeProto& node) {
     ASSIGN_OR_RETURN(Value x, cx.Get(node, node.input(0)));
     return cx.Define(node, x);
   }
-  return Reduce(cx, node, axes, keepdims, /*mean=*/false);
+  return Reduce(cx, node, axes, keepdims, Reduction::kSum);
 }
 
 absl::Status Gemm(ImportContext& cx, const onnx::NodeProto& node) {
@@ -782,6 +842,8 @@ void AddLayerOps(OnnxHandlers& handlers) {
   handlers["GlobalMaxPool"] = GlobalMaxPool;
   handlers["ReduceMean"] = ReduceMean;
   handlers["ReduceSum"] = ReduceSum;
+  handlers["ReduceMax"] = ReduceMaxOrMin;
+  handlers["ReduceMin"] = ReduceMaxOrMin;
   handlers["Gemm"] = Gemm;
   handlers["MatMul"] = MatMul;
   handlers["LayerNormalization"] = LayerNormalization;

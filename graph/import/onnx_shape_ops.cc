@@ -750,6 +750,37 @@ absl::Status Concat(ImportContext& cx, const onnx::NodeProto& node) {
   return cx.Apply(node, "concat", in, {{"axis", axis}});
 }
 
+// Tile (x.repeat(...)) of a computed tensor by constant repeats: along
+// each dim repeated r > 1 times, a `concat` of r copies (each copy's
+// gradient is summed back into x, as PyTorch's repeat_backward sums them).
+absl::Status Tile(ImportContext& cx, const onnx::NodeProto& node) {
+  RETURN_IF_ERROR(cx.ExpectInputs(node, 2, 2));
+  RETURN_IF_ERROR(Attrs(node).OnlyKnown({}));
+  ASSIGN_OR_RETURN(const std::vector<int64_t> repeats, cx.ConstInts(node, 1));
+  ASSIGN_OR_RETURN(Value x, cx.Get(node, node.input(0)));
+  const auto rank = static_cast<int64_t>(cx.nb().type(x).shape.size());
+  if (static_cast<int64_t>(repeats.size()) != rank) {
+    return NodeError(node, absl::StrCat("repeats has ", repeats.size(), " values for rank ", rank));
+  }
+  int64_t last = -1;  // the last dim repeated: its concat is the node's own
+  for (int64_t d = 0; d < rank; ++d) {
+    if (repeats[d] < 1) {
+      return NodeError(node, absl::StrCat("repeats ", repeats[d], " for dim ", d,
+                                          " (an empty result is not supported)"));
+    }
+    if (repeats[d] > 1) last = d;
+  }
+  if (last < 0) return cx.Define(node, x);
+  for (int64_t d = 0; d < rank; ++d) {
+    if (repeats[d] == 1) continue;
+    const std::vector<Value> copies(static_cast<size_t>(repeats[d]), x);
+    const Json attrs = {{"axis", d}};
+    if (d == last) return cx.Apply(node, "concat", copies, attrs);
+    ASSIGN_OR_RETURN(x, cx.Aux(node, "concat", copies, attrs, absl::StrCat("dim", d)));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status Identity(ImportContext& cx, const onnx::NodeProto& node) {
   RETURN_IF_ERROR(cx.ExpectInputs(node, 1, 1));
   ASSIGN_OR_RETURN(Value x, cx.Get(node, node.input(0)));
@@ -859,6 +890,7 @@ void AddShapeOps(OnnxHandlers& handlers) {
   handlers["Flatten"] = Flatten;
   handlers["Reshape"] = Reshape;
   handlers["Concat"] = Concat;
+  handlers["Tile"] = Tile;
   handlers["Identity"] = Identity;
   handlers["Constant"] = Constant;
   handlers["Cast"] = Cast;

@@ -530,8 +530,9 @@ def shuffled_net(torch, num_classes=10, image=None):
 
 def misc_net(torch, num_classes=10, image=8):
     """Operators a model writes in passing: -x (Neg), torch.reciprocal
-    (Reciprocal) of a positive tensor, and nn.LayerNorm over (C, H, W): at
-    opset 17 one LayerNormalization of axis -3, written out before:
+    (Reciprocal) of a positive tensor, nn.LayerNorm over (C, H, W) (at
+    opset 17 one LayerNormalization of axis -3, written out before),
+    x.max(dim) (ReduceMax), x.repeat (Tile) and torch.amin (ReduceMin):
     --model misc."""
     nn = torch.nn
 
@@ -545,7 +546,8 @@ def misc_net(torch, num_classes=10, image=8):
         def forward(self, x):
             x = self.norm(self.conv(x))
             x = -torch.tanh(x) + torch.reciprocal(torch.sigmoid(x) + 1.0)
-            return self.fc(x.mean(dim=(2, 3)))
+            x = x * x.max(dim=1, keepdim=True)[0].repeat(1, 4, 1, 1)
+            return self.fc(x.mean(dim=(2, 3)) + torch.amin(x, dim=(2, 3)))
 
     return Misc()
 
