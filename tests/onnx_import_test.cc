@@ -1309,6 +1309,42 @@ TEST(OnnxImportTest, ReduceMaxReduceMinAndTile) {
   EXPECT_THAT(empty.status().message(), AllOf(HasSubstr("'/tile/Tile'"), HasSubstr("repeats 0")));
 }
 
+// nn.BatchNorm2d(affine=False) as the export writes it: its weight and bias
+// Constant ones and zeros, which become fills (no parameter, no gradient);
+// another constant weight is refused, naming it.
+TEST(OnnxImportTest, BatchNormWithoutAffineParameters) {
+  const auto model = [](float weight) {
+    return TinyModel(13, "", [weight](ModelMaker& m) {
+      for (int i : {1, 2}) {
+        const std::string name = i == 1 ? "/bn1/Constant" : "/bn1/Constant_1";
+        auto* constant = m.Node("Constant", name, {}, {name + "_output_0"});
+        auto* value = constant->add_attribute();
+        value->set_name("value");
+        value->set_type(onnx::AttributeProto::TENSOR);
+        value->mutable_t()->set_data_type(onnx::TensorProto::FLOAT);
+        value->mutable_t()->add_dims(4);
+        for (int c = 0; c < 4; ++c) value->mutable_t()->add_float_data(i == 1 ? weight : 0.0f);
+        MoveFirst(m, {name});
+        FindNode(m, "BatchNormalization")->set_input(i, name + "_output_0");
+      }
+    });
+  };
+  auto g = Import(model(1.0f));
+  ASSERT_TRUE(g.ok()) << g.status();
+  const NodeId weight = g->Find("bn1.unit_weight"), bias = g->Find("bn1.zero_bias");
+  ASSERT_NE(weight, kNoNode);
+  ASSERT_NE(bias, kNoNode);
+  EXPECT_EQ(g->op(weight), "fill");
+  EXPECT_EQ(g->attrs(weight)["value"], 1.0);
+  EXPECT_EQ(g->attrs(bias)["value"], 0.0);
+  EXPECT_EQ(*g->dtype(weight), DType::kFloat32);
+  EXPECT_EQ(g->Find("grad:bn1.weight"), kNoNode);
+  EXPECT_NE(g->Find("grad:conv1.weight"), kNoNode);
+  auto scaled = Import(model(2.0f));
+  ASSERT_FALSE(scaled.ok());
+  EXPECT_THAT(scaled.status().message(), HasSubstr("'/bn1/Constant_output_0'"));
+}
+
 // Running statistics that the graph computes (nn.InstanceNorm with
 // track_running_stats=True tiles them) would import as trainable tensors:
 // refused, naming the input.

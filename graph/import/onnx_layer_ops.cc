@@ -175,7 +175,24 @@ absl::Status BatchNormalization(ImportContext& cx, const onnx::NodeProto& node) 
   }
   ASSIGN_OR_RETURN(double eps, attrs.Float("epsilon", 1e-5));
   ASSIGN_OR_RETURN(double momentum, attrs.Float("momentum", 0.9));
-  ASSIGN_OR_RETURN(std::vector<Value> in, cx.Inputs(node));
+  std::vector<Value> in(5);
+  for (int i : {0, 3, 4}) {
+    ASSIGN_OR_RETURN(in[i], cx.Get(node, node.input(i)));
+  }
+  // nn.BatchNorm with affine=False exports its weight and bias as constant
+  // ones and zeros: `fill`s of them, fp32 as the running statistics.
+  for (int i : {1, 2}) {
+    const double identity = i == 1 ? 1.0 : 0.0;
+    const std::optional<Numbers> constant = cx.KnownNumbers(node.input(i));
+    if (constant.has_value() && constant->dims == cx.nb().type(in[3]).shape &&
+        std::all_of(constant->values.begin(), constant->values.end(),
+                    [identity](double v) { return v == identity; })) {
+      ASSIGN_OR_RETURN(in[i], cx.Fill(node, constant->dims, in[3], identity,
+                                      i == 1 ? "unit_weight" : "zero_bias"));
+    } else {
+      ASSIGN_OR_RETURN(in[i], cx.Get(node, node.input(i)));
+    }
+  }
   // The running statistics are the model's buffers, which the step updates
   // in place. nn.InstanceNorm with track_running_stats=True exports them
   // tiled over the batch (and averages the update back), which would make

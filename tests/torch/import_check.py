@@ -444,14 +444,16 @@ def normed_net(torch, num_classes=10, image=None):
     """A small CNN with the normalizations ONNX writes as
     InstanceNormalization: nn.GroupNorm (over 4-D and 3-D tensors; its
     export views x as (N, groups, -1) and applies its affine after),
-    nn.InstanceNorm2d with affine parameters and nn.InstanceNorm1d without:
-    --model normed."""
+    nn.InstanceNorm2d with affine parameters and nn.InstanceNorm1d without;
+    and nn.BatchNorm2d(affine=False), whose weight and bias export as
+    constants: --model normed."""
     nn = torch.nn
 
     class Normed(nn.Module):
         def __init__(self):
             super().__init__()
-            self.conv1 = nn.Conv2d(3, 8, 3, padding=1)
+            self.conv1 = nn.Conv2d(3, 8, 3, padding=1, bias=False)
+            self.bn = nn.BatchNorm2d(8, affine=False)
             self.gn1 = nn.GroupNorm(2, 8)
             # No bias: the instance norm after it removes any per-channel
             # shift, so its gradient would be rounding noise around 0.
@@ -466,7 +468,7 @@ def normed_net(torch, num_classes=10, image=None):
                     m.bias.uniform_(-0.5, 0.5)
 
         def forward(self, x):
-            x = torch.relu(self.gn1(self.conv1(x)))
+            x = torch.relu(self.gn1(torch.sigmoid(self.bn(self.conv1(x)))))
             x = torch.relu(self.inorm(self.conv2(x)))
             x = torch.flatten(x, 2)  # (N, C, L): the 3-D forms
             # (A norm without affine right before the mean would make the

@@ -305,7 +305,7 @@ def perturb_batchnorm(module, scale=0.1):
     ignored affine parameter changes the loss and the gradients."""
     with torch.no_grad():
         for m in module.modules():
-            if isinstance(m, nn.modules.batchnorm._BatchNorm):
+            if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.affine:
                 m.weight.add_(scale * torch.randn(m.weight.shape))
                 m.bias.add_(scale * torch.randn(m.bias.shape))
 
