@@ -381,15 +381,26 @@ class Importer {
     }
     const std::string& op = node.op_type();
     if (op == "LSTM" || op == "GRU" || op == "RNN") {
-      return "recurrent layers are not imported from ONNX: pebble.torch trains nn.LSTM and "
-             "nn.GRU from the module itself (docs/torch.md)";
+      return "recurrent layers are not imported from ONNX: pebble.torch trains nn.RNN, "
+             "nn.LSTM and nn.GRU from the module itself (docs/torch.md)";
     }
     if (op == "Loop" || op == "If" || op == "Scan") {
-      return "control flow is not imported: export the model traced (torch.onnx.export of "
-             "an nn.Module, not of a scripted one) so that every shape is fixed";
+      return "control flow is not imported, as every shape is fixed at import: "
+             "torch.onnx.export writes an If where a size depends on a dim of dynamic_axes "
+             "(x.view(-1, 1).squeeze(1) under a symbolic batch), and Loop and If for a "
+             "scripted module; export the nn.Module traced, without dynamic_axes (pebble "
+             "import --batch N rewrites the batch of such a file)";
     }
-    return absl::StrCat("operator not supported (supported: ",
-                        absl::StrJoin(SupportedOnnxOps(), ", "), "; docs/import.md)");
+    // Operators read only where their operands are known at import.
+    static const auto* const kFoldedOnly = new std::set<std::string>{
+        "Cast", "ConstantOfShape", "Equal", "Mod", "Range", "Shape", "Where"};
+    std::vector<std::string> computing, folded;
+    for (const std::string& supported : SupportedOnnxOps()) {
+      (kFoldedOnly->contains(supported) ? folded : computing).push_back(supported);
+    }
+    return absl::StrCat("operator not supported (supported: ", absl::StrJoin(computing, ", "),
+                        "; of constants and shapes only: ", absl::StrJoin(folded, ", "),
+                        "; docs/import.md)");
   }
 
   absl::Status ImportNode(const onnx::NodeProto& node) {
