@@ -1361,6 +1361,38 @@ TEST(OnnxImportTest, BatchNormOfComputedRunningStatisticsIsRefused) {
                     HasSubstr("track_running_stats=False")));
 }
 
+// PyTorch 1.13 exports padding_mode="circular" by 1 along W as
+// Concat(x[..., -2:-1], x, x[..., :1]), one column off (pytorch#86690): the
+// graph is what the file says, and a note says that the file is not the
+// model. PyTorch 2's correct Concat(x[..., -1:], x, x[..., :1]) gets none.
+TEST(OnnxImportTest, PyTorch113sCircularPaddingIsNoted) {
+  const auto model = [](int64_t left_start, int64_t left_end) {
+    return TinyModel(13, "", [=](ModelMaker& m) {
+      const int before = m.graph()->node_size();
+      m.IntInitializer("left_start", {left_start});
+      m.IntInitializer("left_end", {left_end});
+      m.IntInitializer("zero", {0});
+      m.IntInitializer("one", {1});
+      m.IntInitializer("axis", {3});
+      m.Node("Slice", "/pad/Slice", {"r", "left_start", "left_end", "axis"}, {"left"});
+      m.Node("Slice", "/pad/Slice_1", {"r", "zero", "one", "axis"}, {"right"});
+      ModelMaker::IntAttr(m.Node("Concat", "/pad/Concat", {"left", "r", "right"}, {"wrapped"}),
+                          "axis", 3);
+      FeedThePool(m, before, "wrapped");
+    });
+  };
+  OnnxImportOptions options;
+  std::vector<std::string> notes;
+  auto old = ImportOnnxModel(model(-2, -1), "tiny", options, &notes);
+  ASSERT_TRUE(old.ok()) << old.status();
+  ASSERT_EQ(notes.size(), 1u);
+  EXPECT_THAT(notes[0], AllOf(HasSubstr("'/pad/Concat'"), HasSubstr("pytorch/pytorch#86690")));
+  notes.clear();
+  auto fixed = ImportOnnxModel(model(-1, INT64_MAX), "tiny", options, &notes);
+  ASSERT_TRUE(fixed.ok()) << fixed.status();
+  EXPECT_TRUE(notes.empty()) << notes[0];
+}
+
 // nn.ReflectionPad2d((2, 2, 1, 1)) and nn.ReplicationPad2d as the export
 // writes them (Pad of mode reflect and edge, ONNX's pads order) are pad's
 // reflect and replicate modes in F.pad's order; a reflection by the whole

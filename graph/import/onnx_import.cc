@@ -66,6 +66,16 @@ class Importer {
           "that of the logits, as nn.NLLLoss of log_softmax(x) is nn.CrossEntropyLoss of x "
           "(docs/import.md)"));
     }
+    const std::vector<std::string> circular = graph.ok() ? OffByOneCircularPads()
+                                                         : std::vector<std::string>{};
+    if (!circular.empty() && notes != nullptr) {
+      notes->push_back(absl::StrCat(
+          absl::StrJoin(circular, ", "), circular.size() == 1 ? " looks" : " look",
+          " like PyTorch 1.13's export of a circular padding (padding_mode=\"circular\"), "
+          "whose first part reads the wrong rows (pytorch/pytorch#86690): the graph computes "
+          "what the file says, which is not the model's step; export with PyTorch 2.0 or "
+          "later, or train the module with pebble.torch (docs/import.md)"));
+    }
     if (!batch_.has_value()) return graph;
     return batch_->Explain(std::move(graph), in_nodes_,
                            [this] { return ImportsAtTheExportedBatch(); }, notes);
@@ -192,6 +202,46 @@ class Importer {
       if (out.name() == nb.id(v)) return absl::OkStatus();
     }
     return nb.Rename(v, name);
+  }
+
+  // PyTorch before 2.0 exports a circular padding by p along a dim as
+  // Concat(x[-(p + 1):-1], x, x[:p]) there, whose first part is one row
+  // off (pytorch/pytorch#86690; it should be x[-p:]). The Concats of that
+  // pattern, labelled, after the import (their Slices' bounds are then
+  // folded).
+  std::vector<std::string> OffByOneCircularPads() const {
+    absl::flat_hash_map<std::string, const onnx::NodeProto*> producer;
+    for (const onnx::NodeProto& node : graph_.node()) {
+      for (const std::string& out : node.output()) producer[out] = &node;
+    }
+    std::vector<std::string> found;
+    for (const onnx::NodeProto& node : graph_.node()) {
+      if (node.op_type() != "Concat" || node.input_size() != 3) continue;
+      const absl::StatusOr<int64_t> axis = Attrs(node).Int("axis", 0);
+      // A Slice of the Concat's middle input along its axis: (start, end).
+      auto bounds = [&](const std::string& name) -> std::optional<std::pair<int64_t, int64_t>> {
+        const auto it = producer.find(name);
+        if (it == producer.end() || it->second->op_type() != "Slice" ||
+            it->second->input_size() != 4 || it->second->input(0) != node.input(1)) {
+          return std::nullopt;
+        }
+        const std::optional<Ints> starts = cx_.KnownInts(it->second->input(1));
+        const std::optional<Ints> ends = cx_.KnownInts(it->second->input(2));
+        const std::optional<Ints> axes = cx_.KnownInts(it->second->input(3));
+        if (!starts || !ends || !axes || starts->values.size() != 1 ||
+            ends->values.size() != 1 || axes->values != std::vector<int64_t>{*axis}) {
+          return std::nullopt;
+        }
+        return std::pair{starts->values[0], ends->values[0]};
+      };
+      if (!axis.ok()) continue;
+      const auto left = bounds(node.input(0)), right = bounds(node.input(2));
+      if (left && right && right->first == 0 && right->second >= 1 && left->second == -1 &&
+          left->first == -(right->second + 1)) {
+        found.push_back(NodeLabel(node));
+      }
+    }
+    return found;
   }
 
   // `--loss nll` takes log-probabilities: the model must end in the
