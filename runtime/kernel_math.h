@@ -66,7 +66,8 @@ PEBBLE_HOST_DEVICE inline int64_t CeilDiv(int64_t a, int64_t b) {
 // bins:
 //  - a window (avgpool): bin o covers [o stride - padding, + kernel),
 //    clipped to the input; the divisor is `kernel` whatever the clipping
-//    (PyTorch's count_include_pad=True default, docs/operators.md);
+//    (PyTorch's count_include_pad=True default, docs/operators.md), or
+//    with count_include_pad false the bin's size within the input;
 //  - adaptive (adaptive_avgpool): bin o covers [floor(o in / out),
 //    ceil((o + 1) in / out)) and its divisor is its size (PyTorch's bins,
 //    aten/src/ATen/native/AdaptiveAvgPooling.cpp).
@@ -75,6 +76,7 @@ struct PoolAxis {
   int64_t in = 1, out = 1;
   bool adaptive = false;
   int64_t kernel = 1, stride = 1, padding = 0;  // windows only
+  bool count_include_pad = true;                 // windows only
 };
 
 // First input position of bin o (inclusive).
@@ -93,7 +95,7 @@ PEBBLE_HOST_DEVICE inline int64_t BinEnd(const PoolAxis& a, int64_t o) {
 
 // What bin o's sum is divided by along this axis.
 PEBBLE_HOST_DEVICE inline int64_t BinDivisor(const PoolAxis& a, int64_t o) {
-  return a.adaptive ? BinEnd(a, o) - BinBegin(a, o) : a.kernel;
+  return a.adaptive || !a.count_include_pad ? BinEnd(a, o) - BinBegin(a, o) : a.kernel;
 }
 
 // The bins that contain input position i are [FirstBin, LastBin]

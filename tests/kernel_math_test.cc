@@ -236,21 +236,31 @@ void ExpectClose(const std::vector<float>& a, const std::vector<float>& b,
   }
 }
 
+// Windows counting the padding (PyTorch's default) and not
+// (count_include_pad=False, floor and ceil mode: the CPU backend's oneDNN
+// pooling_avg_exclude_padding).
 TEST(KernelMathTest, AvgPoolGathersMatchTheCpuBackend) {
   struct Case {
     Shape x;
     int64_t k, s, p;
+    bool counted = true, ceil = false;
   };
   for (const Case& c :
        {Case{{2, 3, 9, 7}, 3, 2, 1}, Case{{1, 2, 8, 8}, 2, 2, 0},
         Case{{1, 2, 7, 6, 5}, 3, 1, 1}, Case{{2, 1, 6, 9, 7}, 2, 3, 1},
-        Case{{1, 1, 5, 5}, 5, 1, 2}}) {
-    const std::string what =
-        absl::StrCat("avgpool k", c.k, " s", c.s, " p", c.p);
-    const Json attrs = {{"kernel", c.k}, {"stride", c.s}, {"padding", c.p}};
+        Case{{1, 1, 5, 5}, 5, 1, 2}, Case{{2, 3, 9, 7}, 3, 1, 1, false},
+        Case{{1, 2, 9, 9}, 2, 2, 0, false, true}, Case{{2, 2, 8, 7}, 3, 2, 1, false, true},
+        Case{{1, 2, 7, 6, 5}, 3, 2, 1, false, true}}) {
+    const std::string what = absl::StrCat("avgpool k", c.k, " s", c.s, " p", c.p,
+                                          c.counted ? "" : " excluding the padding",
+                                          c.ceil ? " ceil" : "");
+    Json attrs = {{"kernel", c.k}, {"stride", c.s}, {"padding", c.p}};
+    if (!c.counted) attrs["count_include_pad"] = false;
+    if (c.ceil) attrs["ceil_mode"] = true;
     const Tensor x = RandomFloats(c.x, 3);
     const Tensor y = RunCpu("avgpool", {x}, attrs);
-    const std::vector<PoolAxis> ax = Axes(c.x, y.shape, false, c.k, c.s, c.p);
+    std::vector<PoolAxis> ax = Axes(c.x, y.shape, false, c.k, c.s, c.p);
+    for (PoolAxis& a : ax) a.count_include_pad = c.counted;
     const int64_t nc = c.x[0] * c.x[1];
     ExpectClose(GatherForward(ax, nc, FloatsOf(x)), FloatsOf(y), what);
     Json bw = attrs;

@@ -1269,6 +1269,43 @@ TEST(OnnxImportTest, PadsReversedAndTransposedFold) {
   EXPECT_EQ(g->attrs(pad)["pads"], nlohmann::json({1, 3, 2, 0, 0, 0, 0, 0}));  // F.pad order
 }
 
+// F.avg_pool2d(count_include_pad=False), padded, and in ceil mode
+// (ResNet-D's AvgPool2d(2, 2, ceil_mode=True, count_include_pad=False)):
+// avgpool without the padding in its divisor. Ceil mode with padding
+// counted (PyTorch's default) is refused where it gives a larger output.
+TEST(OnnxImportTest, AveragePoolsLeavingThePaddingOut) {
+  const auto model = [](int64_t include_pad, int64_t pad, int64_t ceil) {
+    return TinyModel(13, "", [=](ModelMaker& m) {
+      const int before = m.graph()->node_size();
+      auto* pool = m.Node("AveragePool", "/pool/AveragePool", {"r"}, {"pooled"});
+      ModelMaker::IntsAttr(pool, "kernel_shape", {3, 3});
+      ModelMaker::IntsAttr(pool, "strides", {2, 2});
+      ModelMaker::IntsAttr(pool, "pads", {pad, pad, pad, pad});
+      ModelMaker::IntAttr(pool, "ceil_mode", ceil);
+      ModelMaker::IntAttr(pool, "count_include_pad", include_pad);
+      FeedThePool(m, before, "pooled");
+    });
+  };
+  auto padded = Import(model(0, 1, 0));
+  ASSERT_TRUE(padded.ok()) << padded.status();
+  EXPECT_EQ(padded->attrs(padded->Find("pool"))["count_include_pad"], false);
+  EXPECT_EQ(*padded->shape(padded->Find("pool")), (Shape{2, 4, 4, 4}));
+  auto ceil = Import(model(0, 1, 1));  // 8 + 2 - 3 = 7: ceil 5 windows, floor 4
+  ASSERT_TRUE(ceil.ok()) << ceil.status();
+  EXPECT_EQ(ceil->attrs(ceil->Find("pool"))["ceil_mode"], true);
+  EXPECT_EQ(*ceil->shape(ceil->Find("pool")), (Shape{2, 4, 5, 5}));
+  auto unpadded_ceil = Import(model(1, 0, 1));  // 8 - 3 = 5: ceil 4, floor 3
+  ASSERT_TRUE(unpadded_ceil.ok()) << unpadded_ceil.status();
+  EXPECT_EQ(unpadded_ceil->attrs(unpadded_ceil->Find("pool"))["count_include_pad"], false);
+  auto counted = Import(model(1, 1, 1));
+  ASSERT_FALSE(counted.ok());
+  EXPECT_THAT(counted.status().message(),
+              AllOf(HasSubstr("'/pool/AveragePool'"), HasSubstr("ceil_mode")));
+  auto plain = Import(model(1, 1, 0));  // PyTorch's default
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_FALSE(plain->attrs(plain->Find("pool")).contains("count_include_pad"));
+}
+
 // x.max(dim=1, keepdim=True) (ReduceMax), x.repeat(1, 4, 1, 1) (Tile) and
 // x.min(dim=3, keepdim=True) (ReduceMin): a max pool with one window over
 // the reduced dim viewed last, a concat of copies, and the max of -x

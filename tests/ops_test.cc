@@ -174,8 +174,19 @@ TEST(PoolTest, MaxPoolCeilModeFollowsPyTorch) {
              {1, 2, 3, 3});
   ExpectType("maxpool_backward", {T({1, 2, 3, 3}), T({1, 2, 6, 6})},
              {{"kernel", 3}, {"stride", 2}, {"ceil_mode", true}}, {1, 2, 6, 6});
+  // Average pooling's ceil mode divides by the window's elements within the
+  // input (count_include_pad false), the only ceil-mode divisor it takes.
   ExpectError("avgpool", {T({1, 2, 6, 6})},
-              {{"kernel", 3}, {"stride", 2}, {"ceil_mode", true}}, "maxpool only");
+              {{"kernel", 3}, {"stride", 2}, {"ceil_mode", true}}, "count_include_pad false");
+  ExpectType("avgpool", {T({1, 2, 6, 6})},
+             {{"kernel", 3}, {"stride", 2}, {"ceil_mode", true}, {"count_include_pad", false}},
+             {1, 2, 3, 3});
+  ExpectType("avgpool_backward", {T({1, 2, 3, 3})},
+             {{"kernel", 3}, {"stride", 2}, {"ceil_mode", true}, {"count_include_pad", false},
+              {"input_shape", {1, 2, 6, 6}}},
+             {1, 2, 6, 6});
+  ExpectError("avgpool", {T({1, 2, 6, 6})}, {{"kernel", 3}, {"count_include_pad", 0}},
+              "must be a boolean");
   ExpectError("maxpool", {T({1, 2, 6, 6})}, {{"kernel", 3}, {"ceil_mode", "yes"}},
               "ceil_mode");
 }

@@ -257,23 +257,25 @@ absl::Status Pool(ImportContext& cx, const onnx::NodeProto& node, absl::string_v
     if (strides[d] <= 0) return NodeError(node, "attribute strides must be positive");
     ceil_differs |= (x[d + 2] + 2 * padding[d] - kernel[d]) % strides[d] != 0;
   }
-  // maxpool takes PyTorch's ceil mode; avgpool only where ceil and floor
-  // agree (the window fits exactly), since its divisor at the edge differs.
-  if (ceil_mode != 0 && ceil_differs && op != "maxpool") {
-    return attrs.Unsupported("ceil_mode", "1", "here it gives a larger output than floor mode");
-  }
   const bool ceil_attr = ceil_mode != 0 && ceil_differs;
+  Json pool_attrs = {{"kernel", kernel}, {"stride", strides}, {"padding", padding}};
+  if (ceil_attr) pool_attrs["ceil_mode"] = true;
   if (op == "avgpool") {
+    // ONNX's count_include_pad defaults to 0, PyTorch's to True (it writes
+    // 1). Without padding both divide by the window's elements within the
+    // input, in ceil mode too; with padding and ceil mode, PyTorch's
+    // divisor counting it is not reproduced.
     ASSIGN_OR_RETURN(int64_t include_pad, attrs.Int("count_include_pad", 0));
     const bool padded =
         std::any_of(padding.begin(), padding.end(), [](int64_t p) { return p != 0; });
-    if (padded && include_pad == 0) {
-      return attrs.Unsupported("count_include_pad", "0",
-                               "pebble's avgpool counts the padding, as PyTorch's default");
+    if (ceil_attr && padded && include_pad != 0) {
+      return attrs.Unsupported("ceil_mode", "1",
+                               "with count_include_pad=1 and padding it gives a larger output "
+                               "than floor mode, whose last windows PyTorch divides by a count "
+                               "pebble does not reproduce");
     }
+    if ((padded && include_pad == 0) || ceil_attr) pool_attrs["count_include_pad"] = false;
   }
-  Json pool_attrs = {{"kernel", kernel}, {"stride", strides}, {"padding", padding}};
-  if (ceil_attr) pool_attrs["ceil_mode"] = true;
   if (spatial > 1) return cx.Apply(node, op, in, pool_attrs);
   // 1-D: pooled as 2-D of height 1.
   pool_attrs["kernel"] = Widen(kernel, 1);

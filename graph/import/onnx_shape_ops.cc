@@ -60,6 +60,30 @@ absl::Status ShapeOf(ImportContext& cx, const onnx::NodeProto& node) {
   return cx.DefineInts(node, 0, Ints{{n}, std::move(dims)});
 }
 
+// ReduceProd of a vector of integers known at import (x.numel() as
+// torch.onnx.export writes it: the product of Shape(x)), folded; axes (an
+// attribute before opset 18) none or that vector's one dim.
+absl::Status ReduceProd(ImportContext& cx, const onnx::NodeProto& node) {
+  RETURN_IF_ERROR(cx.ExpectInputs(node, 1, 1));
+  const Attrs attrs(node);
+  RETURN_IF_ERROR(attrs.OnlyKnown({"axes", "keepdims"}));
+  ASSIGN_OR_RETURN(const std::vector<int64_t> axes, attrs.Ints("axes", {}));
+  ASSIGN_OR_RETURN(const int64_t keepdims, attrs.Int("keepdims", 1));
+  const std::optional<Ints> in = cx.KnownInts(node.input(0));
+  if (!in.has_value() || in->dims.size() != 1 ||
+      !(axes.empty() || axes == std::vector<int64_t>{0} || axes == std::vector<int64_t>{-1})) {
+    return NodeError(node, "only a product of a vector of integers known at import (a "
+                           "shape's, as x.numel() exports) is supported");
+  }
+  int64_t product = 1;
+  for (int64_t v : in->values) {
+    if (__builtin_mul_overflow(product, v, &product)) {
+      return NodeError(node, "the product overflows 64 bits");
+    }
+  }
+  return cx.DefineInts(node, 0, Ints{keepdims != 0 ? Shape{1} : Shape{}, {product}});
+}
+
 // Gather of a computed tensor at one constant index (x[:, 0]): a slice and
 // a reshape dropping the dim.
 absl::Status GatherOneIndex(ImportContext& cx, const onnx::NodeProto& node, int64_t axis,
@@ -891,6 +915,7 @@ void AddShapeOps(OnnxHandlers& handlers) {
   handlers["Reshape"] = Reshape;
   handlers["Concat"] = Concat;
   handlers["Tile"] = Tile;
+  handlers["ReduceProd"] = ReduceProd;
   handlers["Identity"] = Identity;
   handlers["Constant"] = Constant;
   handlers["Cast"] = Cast;

@@ -177,7 +177,7 @@ std::function<absl::Status(BackwardContext&)> ConvBackward(int d, bool transpose
 }
 
 // ---- Pooling: kernel (required), stride (default: kernel), padding (0),
-// ceil_mode (false; max pooling only).
+// ceil_mode (false; average pooling only with count_include_pad false).
 
 absl::StatusOr<int> PoolDims(const TensorType& x, absl::string_view what) {
   const int rank = static_cast<int>(x.shape.size());
@@ -194,11 +194,22 @@ Json WindowAttrs(const Window& w) {
   return attrs;
 }
 
-// Average pooling counts padding (count_include_pad) in floor mode only:
-// PyTorch's ceil-mode divisor is not reproduced, so it is refused.
-absl::Status NoCeilMode(const Window& w) {
-  if (w.ceil_mode) return Invalid("attr 'ceil_mode' is supported by maxpool only");
-  return absl::OkStatus();
+// Average pooling divides by the whole kernel (count_include_pad, true by
+// default as PyTorch's) or by the window's elements within the input
+// (count_include_pad false, which ceil mode needs: PyTorch's ceil-mode
+// divisor with the padding counted is not reproduced).
+absl::StatusOr<bool> CountIncludePad(const Json& attrs, const Window& w) {
+  ASSIGN_OR_RETURN(bool counted, BoolAttr(attrs, "count_include_pad", true));
+  if (w.ceil_mode && counted) {
+    return Invalid("attr 'ceil_mode' of avgpool needs count_include_pad false");
+  }
+  return counted;
+}
+
+Json AvgPoolAttrs(const Window& w, bool count_include_pad) {
+  Json attrs = WindowAttrs(w);
+  if (!count_include_pad) attrs["count_include_pad"] = false;
+  return attrs;
 }
 
 absl::StatusOr<Shape> PoolShape(const Shape& x, const Window& w) {
@@ -216,7 +227,7 @@ absl::StatusOr<TensorType> InferPool(Inputs in, const Json& attrs) {
 absl::StatusOr<TensorType> InferAvgPool(Inputs in, const Json& attrs) {
   ASSIGN_OR_RETURN(TensorType out, InferPool(in, attrs));
   ASSIGN_OR_RETURN(Window w, PoolWindow(attrs, static_cast<int>(out.shape.size()) - 2));
-  RETURN_IF_ERROR(NoCeilMode(w));
+  RETURN_IF_ERROR(CountIncludePad(attrs, w).status());
   return out;
 }
 
@@ -251,14 +262,15 @@ double MaxPoolBackwardFlops(Inputs in, const TensorType& out,
   return WindowFlops(in[0].shape, attrs) + Elements(out);
 }
 
-// avgpool_backward (grad), attrs kernel, stride, padding, input_shape.
+// avgpool_backward (grad), attrs kernel, stride, padding, ceil_mode,
+// count_include_pad, input_shape.
 absl::StatusOr<TensorType> InferAvgPoolBackward(Inputs in, const Json& attrs) {
   RETURN_IF_ERROR(ExpectFloat(in[0], "input 0 (grad)"));
   ASSIGN_OR_RETURN(Shape x, ShapeAttr(attrs, "input_shape"));
   ASSIGN_OR_RETURN(int d, PoolDims(TensorType{x, in[0].dtype},
                                    "attr 'input_shape'"));
   ASSIGN_OR_RETURN(Window w, PoolWindow(attrs, d));
-  RETURN_IF_ERROR(NoCeilMode(w));
+  RETURN_IF_ERROR(CountIncludePad(attrs, w).status());
   ASSIGN_OR_RETURN(Shape y, PoolShape(x, w));
   RETURN_IF_ERROR(ExpectShape(in[0], y, "input 0 (grad)"));
   return TensorType{x, in[0].dtype};
@@ -282,7 +294,8 @@ absl::Status AvgPoolBackward(BackwardContext& ctx) {
   if (!ctx.needs_grad(0)) return absl::OkStatus();
   ASSIGN_OR_RETURN(Window w, PoolWindow(ctx.attrs(),
                                         ctx.input_type(0).shape.size() - 2));
-  Json attrs = WindowAttrs(w);
+  ASSIGN_OR_RETURN(bool count_include_pad, CountIncludePad(ctx.attrs(), w));
+  Json attrs = AvgPoolAttrs(w, count_include_pad);
   attrs["input_shape"] = ctx.input_type(0).shape;
   ctx.AccumulateGrad(0, ctx.Emit("avgpool_backward", {ctx.grad_output()},
                                  attrs));

@@ -52,7 +52,7 @@ dnnl::pooling_forward::primitive_desc PoolForwardPd(dnnl::algorithm alg,
                                                     const Window& w) {
   const dnnl::pooling_forward::desc desc(
       dnnl::prop_kind::forward_training, alg, PlainDesc(x), PlainDesc(y),
-      Dims(w.stride), Dims(w.kernel), Dims(w.padding), Dims(w.padding));
+      Dims(w.stride), Dims(w.kernel), Dims(w.padding), RightPadding(x, y, w));
   return dnnl::pooling_forward::primitive_desc(desc, DefaultAttr(), Engine());
 }
 
@@ -65,8 +65,8 @@ absl::Status PoolForward(const KernelContext& ctx, dnnl::algorithm alg,
   RETURN_IF_ERROR(ExpectF32(ctx.output, "the output"));
   ASSIGN_OR_RETURN(int d, PoolDims(x.shape, "input 0 (x)"));
   ASSIGN_OR_RETURN(Window w, PoolWindow(ctx.attrs(), d));
-  if (w.ceil_mode && alg != dnnl::algorithm::pooling_max) {
-    return Invalid("attr 'ceil_mode' is supported by maxpool only");
+  if (w.ceil_mode && alg == dnnl::algorithm::pooling_avg_include_padding) {
+    return Invalid("attr 'ceil_mode' of avgpool needs count_include_pad false");
   }
   ASSIGN_OR_RETURN(Shape y, WindowShape(x.shape, x.shape[1], w));
   RETURN_IF_ERROR(ExpectShape(ctx.output, y, "the output"));
@@ -120,13 +120,24 @@ absl::Status MaxPool(const KernelContext& ctx) {
 // avgpool: PyTorch's AvgPool default count_include_pad=True. In floor mode
 // with padding <= kernel / 2 every window lies inside the padded input, so
 // PyTorch's divisor is the full kernel size: oneDNN's
-// pooling_avg_include_padding.
-absl::Status AvgPool(const KernelContext& ctx) {
-  return PoolForward(ctx, dnnl::algorithm::pooling_avg_include_padding,
-                     "avgpool");
+// pooling_avg_include_padding. With count_include_pad false (floor or ceil
+// mode) the divisor is the window's elements within the input, oneDNN's
+// pooling_avg_exclude_padding.
+absl::StatusOr<dnnl::algorithm> AvgPoolAlgorithm(const KernelContext& ctx) {
+  ASSIGN_OR_RETURN(bool counted, ops_internal::BoolAttr(ctx.attrs(), "count_include_pad", true));
+  return counted ? dnnl::algorithm::pooling_avg_include_padding
+                 : dnnl::algorithm::pooling_avg_exclude_padding;
 }
 
-// avgpool_backward (g), attrs kernel, stride, padding, input_shape.
+absl::Status AvgPool(const KernelContext& ctx) {
+  ASSIGN_OR_RETURN(dnnl::algorithm alg, AvgPoolAlgorithm(ctx));
+  return PoolForward(ctx, alg,
+                     alg == dnnl::algorithm::pooling_avg_include_padding ? "avgpool"
+                                                                         : "avgpool_excl");
+}
+
+// avgpool_backward (g), attrs kernel, stride, padding, ceil_mode,
+// count_include_pad, input_shape.
 absl::Status AvgPoolBackward(const KernelContext& ctx) {
   RETURN_IF_ERROR(ExpectInputs(ctx, 1, 1));
   const TensorView& g = ctx.inputs[0];
@@ -136,7 +147,10 @@ absl::Status AvgPoolBackward(const KernelContext& ctx) {
                    ops_internal::ShapeAttr(ctx.attrs(), "input_shape"));
   ASSIGN_OR_RETURN(int d, PoolDims(x, "attr 'input_shape'"));
   ASSIGN_OR_RETURN(Window w, PoolWindow(ctx.attrs(), d));
-  if (w.ceil_mode) return Invalid("attr 'ceil_mode' is supported by maxpool only");
+  ASSIGN_OR_RETURN(const dnnl::algorithm alg, AvgPoolAlgorithm(ctx));
+  if (w.ceil_mode && alg == dnnl::algorithm::pooling_avg_include_padding) {
+    return Invalid("attr 'ceil_mode' of avgpool needs count_include_pad false");
+  }
   ASSIGN_OR_RETURN(Shape y, WindowShape(x, x[1], w));
   RETURN_IF_ERROR(ExpectShape(g, y, "input 0 (grad)"));
   RETURN_IF_ERROR(ExpectShape(ctx.output, x, "the output"));
@@ -146,12 +160,13 @@ absl::Status AvgPoolBackward(const KernelContext& ctx) {
     std::memset(ctx.output.data, 0, ctx.output.bytes());
     return absl::OkStatus();
   }
-  const dnnl::algorithm alg = dnnl::algorithm::pooling_avg_include_padding;
-  const CachedPrimitive& p = GetPrimitive(PoolKey("avgpool_bwd", x, w), [&] {
+  const bool counted = alg == dnnl::algorithm::pooling_avg_include_padding;
+  const CachedPrimitive& p = GetPrimitive(
+      PoolKey(counted ? "avgpool_bwd" : "avgpool_excl_bwd", x, w), [&] {
     auto hint = PoolForwardPd(alg, x, y, w);
     const dnnl::pooling_backward::desc desc(
         alg, PlainDesc(x), PlainDesc(y), Dims(w.stride), Dims(w.kernel),
-        Dims(w.padding), Dims(w.padding));
+        Dims(w.padding), RightPadding(x, y, w));
     dnnl::pooling_backward::primitive_desc pd(desc, DefaultAttr(), Engine(),
                                               hint);
     return Cached(pd);

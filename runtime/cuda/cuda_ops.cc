@@ -967,10 +967,17 @@ absl::Status Concat(CudaContext& cc, const KernelContext& ctx) {
 
 // ---- Averaging pools (kmath::PoolAxis bins).
 
-// avgpool's window bins (count_include_pad) from the node's window attrs.
+// avgpool's window bins from the node's window attrs and count_include_pad.
 absl::StatusOr<AvgPool3> WindowBins(const KernelContext& ctx, const Shape& x,
                                     const Shape& y) {
   ASSIGN_OR_RETURN(Window3 w, PoolWindow(ctx, x, y));
+  ASSIGN_OR_RETURN(const int d, SpatialDims(x));
+  ASSIGN_OR_RETURN(const ops_internal::Window pool, ops_internal::PoolWindow(ctx.attrs(), d));
+  ASSIGN_OR_RETURN(const bool counted,
+                   ops_internal::BoolAttr(ctx.attrs(), "count_include_pad", true));
+  if (counted && pool.ceil_mode) {
+    return absl::InvalidArgumentError("attr 'ceil_mode' of avgpool needs count_include_pad false");
+  }
   AvgPool3 p;
   p.nc = w.nc;
   for (int i = 0; i < 3; ++i) {
@@ -979,6 +986,7 @@ absl::StatusOr<AvgPool3> WindowBins(const KernelContext& ctx, const Shape& x,
     p.axis[i].kernel = w.kernel[i];
     p.axis[i].stride = w.stride[i];
     p.axis[i].padding = w.padding[i];
+    p.axis[i].count_include_pad = counted;
   }
   return p;
 }

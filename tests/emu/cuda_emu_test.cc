@@ -429,6 +429,9 @@ Graph PointwiseGraph() {
   y = nb.Apply("avgpool", {y}, {{"kernel", 3}, {"stride", 2}, {"padding", 1}});
   // Ceil mode: the last window reaches past the input.
   y = nb.Apply("maxpool", {y}, {{"kernel", 2}, {"stride", 2}, {"ceil_mode", true}});
+  // Leaving the padding out of the divisor, in ceil mode.
+  y = nb.Apply("avgpool", {y}, {{"kernel", 2}, {"stride", 2}, {"padding", 1},
+                                {"ceil_mode", true}, {"count_include_pad", false}});
   y = nb.Apply("copy", {y});
   y = nb.Apply("transpose", {y}, {{"perm", {0, 3, 1, 2}}});
   y = nb.Dropout(y, 0.3);

@@ -484,8 +484,12 @@ def pooled_net(torch, num_classes=10, image=None):
     ReduceSum: CBAM's channel attention (nn.AdaptiveMaxPool2d(1) beside
     nn.AdaptiveAvgPool2d(1) through a shared MLP), a sum over the channels
     (keepdim) as a spatial gate, nn.AdaptiveMaxPool1d(1) over the flattened
-    map, sums over the spatial dims and over everything: --model pooled
-    (opset 11 writes ReduceSum's axes as an attribute, 13 as an input)."""
+    map, sums over the spatial dims and over everything; and averaging
+    pools that leave the padding out (count_include_pad=False: Inception's
+    and NASNet's 3x3 of stride 1, ResNet-D's 2x2 of stride 2 in ceil mode
+    over an odd map, and one of stride 2 with padding in ceil mode):
+    --model pooled (opset 11 writes ReduceSum's axes as an attribute, 13 as
+    an input)."""
     nn = torch.nn
 
     class Pooled(nn.Module):
@@ -497,6 +501,14 @@ def pooled_net(torch, num_classes=10, image=None):
 
         def forward(self, x):
             x = torch.tanh(self.conv(x))
+            f = nn.functional
+            x = f.avg_pool2d(x, 3, stride=1, padding=1, count_include_pad=False)
+            # Ceil mode adds a last window clipped to the map: an odd map
+            # of 2 * k + 1 and an even one of 2 * k, both to k + 1.
+            odd = f.pad(x, (0, 1, 0, 1), value=0.5)
+            x = (f.avg_pool2d(odd, 2, stride=2, ceil_mode=True, count_include_pad=False) +
+                 f.avg_pool2d(x, 3, stride=2, padding=1, ceil_mode=True,
+                              count_include_pad=False))
             gate = torch.sigmoid(self.mlp(nn.functional.adaptive_max_pool2d(x, 1)) +
                                  self.mlp(nn.functional.adaptive_avg_pool2d(x, 1)))
             x = x * gate
