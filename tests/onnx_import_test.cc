@@ -1336,6 +1336,20 @@ TEST(OnnxImportTest, ReduceMaxReduceMinAndTile) {
   EXPECT_EQ(g->op(g->Find("rmin.negated")), "mul");
   EXPECT_EQ(g->attrs(g->Find("rmin.max"))["kernel"], nlohmann::json({1, 8}));
   EXPECT_EQ(*g->shape(g->Find("rmin")), (Shape{2, 4, 8, 1}));
+  // x.numel() (ReduceProd of Shape(x), keepdims 0) folds: a Reshape reads it.
+  auto numel = Import(TinyModel(13, "", [](ModelMaker& m) {
+    const int before = m.graph()->node_size();
+    m.Node("Shape", "/Shape", {"r"}, {"dims"});
+    ModelMaker::IntAttr(m.Node("ReduceProd", "/ReduceProd", {"dims"}, {"count"}), "keepdims", 0);
+    m.IntInitializer("zero", {0});
+    m.Node("Unsqueeze", "/Unsqueeze", {"count", "zero"}, {"flat_shape"});
+    m.Node("Reshape", "/flat/Reshape", {"r", "flat_shape"}, {"flat"});
+    m.IntInitializer("back", {2, 4, 8, 8});
+    m.Node("Reshape", "/back/Reshape", {"flat", "back"}, {"unflat"});
+    FeedThePool(m, before, "unflat");
+  }));
+  ASSERT_TRUE(numel.ok()) << numel.status();
+  EXPECT_EQ(*numel->shape(numel->Find("flat")), (Shape{512}));
   // A repeat of 0 (an empty tensor) is refused, naming the node.
   auto empty = Import(TinyModel(13, "", [](ModelMaker& m) {
     const int before = m.graph()->node_size();

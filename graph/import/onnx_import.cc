@@ -443,7 +443,7 @@ class Importer {
     }
     // Operators read only where their operands are known at import.
     static const auto* const kFoldedOnly = new std::set<std::string>{
-        "Cast", "ConstantOfShape", "Equal", "Mod", "Range", "Shape", "Where"};
+        "Cast", "ConstantOfShape", "Equal", "Mod", "Range", "ReduceProd", "Shape", "Where"};
     std::vector<std::string> computing, folded;
     for (const std::string& supported : SupportedOnnxOps()) {
       (kFoldedOnly->contains(supported) ? folded : computing).push_back(supported);
