@@ -1301,6 +1301,27 @@ TEST(OnnxImportTest, AveragePoolsLeavingThePaddingOut) {
   ASSERT_FALSE(counted.ok());
   EXPECT_THAT(counted.status().message(),
               AllOf(HasSubstr("'/pool/AveragePool'"), HasSubstr("ceil_mode")));
+  // PyTorch's export of avg_pool2d(x, 2, 3, padding=1, ceil_mode=True): a
+  // Pad of zeros and a pool whose ceil mode gives 4 windows over the 10
+  // where PyTorch's gives 3. The file cannot tell it from a user's F.pad,
+  // so it imports, with a note.
+  const std::string exported = TinyModel(13, "", [](ModelMaker& m) {
+    const int before = m.graph()->node_size();
+    m.IntInitializer("pads", {0, 0, 1, 1, 0, 0, 1, 1});
+    m.Node("Pad", "/Pad", {"r", "pads"}, {"padded"});
+    auto* pool = m.Node("AveragePool", "/AveragePool", {"padded"}, {"pooled"});
+    ModelMaker::IntsAttr(pool, "kernel_shape", {2, 2});
+    ModelMaker::IntsAttr(pool, "strides", {3, 3});
+    ModelMaker::IntAttr(pool, "ceil_mode", 1);
+    FeedThePool(m, before, "pooled");
+  });
+  std::vector<std::string> notes;
+  auto noted = ImportOnnxModel(exported, "tiny", OnnxImportOptions(), &notes);
+  ASSERT_TRUE(noted.ok()) << noted.status();
+  EXPECT_EQ(*noted->shape(noted->Find("averagepool")), (Shape{2, 4, 4, 4}));
+  ASSERT_EQ(notes.size(), 1u);
+  EXPECT_THAT(notes[0], AllOf(HasSubstr("'/AveragePool'"), HasSubstr("gives 4 windows"),
+                              HasSubstr("PyTorch's pool gives 3")));
   auto plain = Import(model(1, 1, 0));  // PyTorch's default
   ASSERT_TRUE(plain.ok()) << plain.status();
   EXPECT_FALSE(plain->attrs(plain->Find("pool")).contains("count_include_pad"));

@@ -202,6 +202,7 @@ void ImportContext::IndexReaders(const onnx::GraphProto& graph) {
       std::vector<const onnx::NodeProto*>& readers = readers_[name];
       if (readers.empty() || readers.back() != &node) readers.push_back(&node);
     }
+    for (const std::string& name : node.output()) producers_[name] = &node;
   }
 }
 

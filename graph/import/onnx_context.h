@@ -76,7 +76,8 @@ class ImportContext {
   // node takes.
   void Reserve(const std::string& name) { reserved_.insert(name); }
   bool Reserved(const std::string& name) const { return reserved_.contains(name); }
-  // Indexes which nodes read each value (Readers).
+  // Indexes which nodes read each value (Readers) and which writes it
+  // (Producer).
   void IndexReaders(const onnx::GraphProto& graph);
   void DefineInput(const std::string& name, Value v) { values_[name] = v; }
 
@@ -110,6 +111,11 @@ class ImportContext {
   std::optional<Numbers> KnownNumbers(const std::string& name) const;
   // The nodes that read value `name` (IndexReaders), in graph order.
   const std::vector<const onnx::NodeProto*>& Readers(const std::string& name) const;
+  // The node whose output `name` is, or nullptr (a graph input, a weight).
+  const onnx::NodeProto* Producer(const std::string& name) const {
+    const auto it = producers_.find(name);
+    return it == producers_.end() ? nullptr : it->second;
+  }
   absl::StatusOr<Operand> FirstOperand(const onnx::NodeProto& node);
   // An error unless `node` has `min` to `max` inputs.
   absl::Status ExpectInputs(const onnx::NodeProto& node, int min, int max);
@@ -139,6 +145,10 @@ class ImportContext {
   const std::optional<std::string>& loss_takes_log_softmax() const {
     return loss_takes_log_softmax_;
   }
+  // A sentence for the user of a graph that imports (ImportOnnxModel's
+  // notes).
+  void AddNote(std::string note) { notes_.push_back(std::move(note)); }
+  const std::vector<std::string>& notes() const { return notes_; }
 
   // ---- Applying pebble operators.
 
@@ -186,6 +196,7 @@ class ImportContext {
   int64_t opset_ = 0;
   LossKind loss_ = LossKind::kNone;
   std::optional<std::string> loss_takes_log_softmax_;
+  std::vector<std::string> notes_;
   absl::flat_hash_map<std::string, const onnx::TensorProto*> initializers_;
   absl::flat_hash_map<std::string, const onnx::TensorProto*> constants_;
   // The constants folded at import (DefineInts, DefineFolded); a deque
@@ -199,6 +210,7 @@ class ImportContext {
   absl::flat_hash_set<std::string> unreadable_;
   absl::flat_hash_set<std::string> causally_masked_;
   absl::flat_hash_map<std::string, std::vector<const onnx::NodeProto*>> readers_;
+  absl::flat_hash_map<std::string, const onnx::NodeProto*> producers_;
   absl::flat_hash_map<std::string, Value> values_;
   absl::flat_hash_set<std::string> reserved_;
 };

@@ -44,6 +44,43 @@ const OnnxHandlers& Handlers() {
   return *handlers;
 }
 
+// PyTorch before 2.0 exports a circular padding by p along a dim as
+// Concat(x[-(p + 1):-1], x, x[:p]) there, whose first part is one row
+// off (pytorch/pytorch#86690; it should be x[-p:]). The Concats of that
+// pattern in `graph`, labelled, once `cx` has imported it (the Slices'
+// bounds are then folded).
+std::vector<std::string> OffByOneCircularPads(const onnx::GraphProto& graph,
+                                              const ImportContext& cx) {
+  std::vector<std::string> found;
+  for (const onnx::NodeProto& node : graph.node()) {
+    if (node.op_type() != "Concat" || node.input_size() != 3) continue;
+    const absl::StatusOr<int64_t> axis = Attrs(node).Int("axis", 0);
+    if (!axis.ok()) continue;
+    // A Slice of the Concat's middle input along its axis: (start, end).
+    auto bounds = [&](const std::string& name) -> std::optional<std::pair<int64_t, int64_t>> {
+      const onnx::NodeProto* slice = cx.Producer(name);
+      if (slice == nullptr || slice->op_type() != "Slice" || slice->input_size() != 4 ||
+          slice->input(0) != node.input(1)) {
+        return std::nullopt;
+      }
+      const std::optional<Ints> starts = cx.KnownInts(slice->input(1));
+      const std::optional<Ints> ends = cx.KnownInts(slice->input(2));
+      const std::optional<Ints> axes = cx.KnownInts(slice->input(3));
+      if (!starts || !ends || !axes || starts->values.size() != 1 ||
+          ends->values.size() != 1 || axes->values != std::vector<int64_t>{*axis}) {
+        return std::nullopt;
+      }
+      return std::pair{starts->values[0], ends->values[0]};
+    };
+    const auto left = bounds(node.input(0)), right = bounds(node.input(2));
+    if (left && right && right->first == 0 && right->second >= 1 && left->second == -1 &&
+        left->first == -(right->second + 1)) {
+      found.push_back(NodeLabel(node));
+    }
+  }
+  return found;
+}
+
 class Importer {
  public:
   Importer(const onnx::ModelProto& model, absl::string_view name, const OnnxImportOptions& options)
@@ -58,23 +95,13 @@ class Importer {
   // an error says it too where it explains the error (BatchRewrite).
   absl::StatusOr<Graph> Run(std::vector<std::string>* notes) {
     absl::StatusOr<Graph> graph = Import();
-    if (graph.ok() && notes != nullptr && cx_.loss_takes_log_softmax().has_value() &&
-        !options_.log_probabilities) {
-      notes->push_back(absl::StrCat(
-          "the model's last node, ", *cx_.loss_takes_log_softmax(),
-          ", is taken into the cross-entropy loss: the cross-entropy of log-probabilities is "
-          "that of the logits, as nn.NLLLoss of log_softmax(x) is nn.CrossEntropyLoss of x "
-          "(docs/import.md)"));
-    }
-    const std::vector<std::string> circular = graph.ok() ? OffByOneCircularPads()
-                                                         : std::vector<std::string>{};
-    if (!circular.empty() && notes != nullptr) {
-      notes->push_back(absl::StrCat(
-          absl::StrJoin(circular, ", "), circular.size() == 1 ? " looks" : " look",
-          " like PyTorch 1.13's export of a circular padding (padding_mode=\"circular\"), "
-          "whose first part reads the wrong rows (pytorch/pytorch#86690): the graph computes "
-          "what the file says, which is not the model's step; export with PyTorch 2.0 or "
-          "later, or train the module with pebble.torch (docs/import.md)"));
+    if (graph.ok() && notes != nullptr) AddNotes(*notes);
+    // A handler's note may explain a later error (a pool's extra window, a
+    // Linear that then gets too many features).
+    if (!graph.ok() && !cx_.notes().empty()) {
+      graph = absl::Status(graph.status().code(),
+                           absl::StrCat(graph.status().message(), "; note: ",
+                                        absl::StrJoin(cx_.notes(), "; ")));
     }
     if (!batch_.has_value()) return graph;
     return batch_->Explain(std::move(graph), in_nodes_,
@@ -204,44 +231,26 @@ class Importer {
     return nb.Rename(v, name);
   }
 
-  // PyTorch before 2.0 exports a circular padding by p along a dim as
-  // Concat(x[-(p + 1):-1], x, x[:p]) there, whose first part is one row
-  // off (pytorch/pytorch#86690; it should be x[-p:]). The Concats of that
-  // pattern, labelled, after the import (their Slices' bounds are then
-  // folded).
-  std::vector<std::string> OffByOneCircularPads() const {
-    absl::flat_hash_map<std::string, const onnx::NodeProto*> producer;
-    for (const onnx::NodeProto& node : graph_.node()) {
-      for (const std::string& out : node.output()) producer[out] = &node;
+  // What a user should know of the graph imported: the handlers' notes, a
+  // last LogSoftmax taken into the loss, PyTorch 1.13's circular padding.
+  void AddNotes(std::vector<std::string>& notes) const {
+    notes.insert(notes.end(), cx_.notes().begin(), cx_.notes().end());
+    if (cx_.loss_takes_log_softmax().has_value() && !options_.log_probabilities) {
+      notes.push_back(absl::StrCat(
+          "the model's last node, ", *cx_.loss_takes_log_softmax(),
+          ", is taken into the cross-entropy loss: the cross-entropy of log-probabilities is "
+          "that of the logits, as nn.NLLLoss of log_softmax(x) is nn.CrossEntropyLoss of x "
+          "(docs/import.md)"));
     }
-    std::vector<std::string> found;
-    for (const onnx::NodeProto& node : graph_.node()) {
-      if (node.op_type() != "Concat" || node.input_size() != 3) continue;
-      const absl::StatusOr<int64_t> axis = Attrs(node).Int("axis", 0);
-      // A Slice of the Concat's middle input along its axis: (start, end).
-      auto bounds = [&](const std::string& name) -> std::optional<std::pair<int64_t, int64_t>> {
-        const auto it = producer.find(name);
-        if (it == producer.end() || it->second->op_type() != "Slice" ||
-            it->second->input_size() != 4 || it->second->input(0) != node.input(1)) {
-          return std::nullopt;
-        }
-        const std::optional<Ints> starts = cx_.KnownInts(it->second->input(1));
-        const std::optional<Ints> ends = cx_.KnownInts(it->second->input(2));
-        const std::optional<Ints> axes = cx_.KnownInts(it->second->input(3));
-        if (!starts || !ends || !axes || starts->values.size() != 1 ||
-            ends->values.size() != 1 || axes->values != std::vector<int64_t>{*axis}) {
-          return std::nullopt;
-        }
-        return std::pair{starts->values[0], ends->values[0]};
-      };
-      if (!axis.ok()) continue;
-      const auto left = bounds(node.input(0)), right = bounds(node.input(2));
-      if (left && right && right->first == 0 && right->second >= 1 && left->second == -1 &&
-          left->first == -(right->second + 1)) {
-        found.push_back(NodeLabel(node));
-      }
+    const std::vector<std::string> circular = OffByOneCircularPads(graph_, cx_);
+    if (!circular.empty()) {
+      notes.push_back(absl::StrCat(
+          absl::StrJoin(circular, ", "), circular.size() == 1 ? " looks" : " look",
+          " like PyTorch 1.13's export of a circular padding (padding_mode=\"circular\"), "
+          "whose first part reads the wrong rows (pytorch/pytorch#86690): the graph computes "
+          "what the file says, which is not the model's step; export with PyTorch 2.0 or "
+          "later, or train the module with pebble.torch (docs/import.md)"));
     }
-    return found;
   }
 
   // `--loss nll` takes log-probabilities: the model must end in the

@@ -224,6 +224,44 @@ absl::Status BatchNormalization(ImportContext& cx, const onnx::NodeProto& node) 
   return absl::OkStatus();
 }
 
+// PyTorch exports avg_pool(padding=p, ceil_mode=True) counting the padding
+// (count_include_pad=True, its default) as a symmetric Pad of zeros and an
+// AveragePool without padding, whose ceil mode can give one window more
+// than PyTorch's (which drops a last window starting in the right
+// padding). The file cannot tell that from a user's own F.pad before a
+// pool, whose step it is: a note says which it computes.
+void NoteCeilModeAfterAPad(ImportContext& cx, const onnx::NodeProto& node, const Shape& x,
+                           const std::vector<int64_t>& kernel,
+                           const std::vector<int64_t>& strides) {
+  const onnx::NodeProto* pad = cx.Producer(node.input(0));
+  if (pad == nullptr || pad->op_type() != "Pad" || pad->input_size() < 2) return;
+  const std::optional<Ints> pads = cx.KnownInts(pad->input(1));
+  const auto rank = static_cast<int64_t>(x.size());
+  if (!pads.has_value() || static_cast<int64_t>(pads->values.size()) != 2 * rank) return;
+  if (pad->input_size() > 2 && !pad->input(2).empty()) {
+    const std::optional<Numbers> value = cx.KnownNumbers(pad->input(2));
+    if (!value.has_value() || value->values.size() != 1 || value->values[0] != 0) return;
+  }
+  for (int64_t d = 2; d < rank; ++d) {
+    const int64_t p = pads->values[d], k = kernel[d - 2], s = strides[d - 2];
+    if (p != pads->values[d + rank]) return;  // not the exporter's
+    const auto ceil_windows = [&](int64_t size, int64_t padding) {
+      int64_t out = (size + 2 * padding - k + s - 1) / s + 1;
+      if ((out - 1) * s >= size + padding) --out;
+      return out;
+    };
+    const int64_t ours = ceil_windows(x[d], 0), theirs = ceil_windows(x[d] - 2 * p, p);
+    if (ours != theirs) {
+      cx.AddNote(absl::StrCat(
+          NodeLabel(node), " after ", NodeLabel(*pad), " gives ", ours, " windows along dim ",
+          d, " in ceil mode; if that Pad is PyTorch's export of avg_pool(padding=", p,
+          ", ceil_mode=True) counting the padding, PyTorch's pool gives ", theirs,
+          " and the file is not the model (count_include_pad=False exports as the model)"));
+      return;
+    }
+  }
+}
+
 absl::Status Pool(ImportContext& cx, const onnx::NodeProto& node, absl::string_view op) {
   RETURN_IF_ERROR(cx.ExpectInputs(node, 1, 1));
   const Attrs attrs(node);
@@ -252,12 +290,18 @@ absl::Status Pool(ImportContext& cx, const onnx::NodeProto& node, absl::string_v
     return NodeError(node, "attribute strides must give one stride per spatial dim");
   }
   ASSIGN_OR_RETURN(int64_t ceil_mode, attrs.Int("ceil_mode", 0));
-  bool ceil_differs = false;  // whether ceil mode may give a larger output
+  bool ceil_differs = false;  // whether ceil mode gives a larger output
   for (int d = 0; d < spatial; ++d) {
     if (strides[d] <= 0) return NodeError(node, "attribute strides must be positive");
-    ceil_differs |= (x[d + 2] + 2 * padding[d] - kernel[d]) % strides[d] != 0;
+    // PyTorch's pooling_output_shape: one more window in ceil mode where
+    // the span does not divide, unless that window would start in the
+    // right padding.
+    const int64_t span = x[d + 2] + 2 * padding[d] - kernel[d];
+    ceil_differs |= span >= 0 && span % strides[d] != 0 &&
+                    (span / strides[d] + 1) * strides[d] < x[d + 2] + padding[d];
   }
   const bool ceil_attr = ceil_mode != 0 && ceil_differs;
+  if (op == "avgpool" && ceil_attr) NoteCeilModeAfterAPad(cx, node, x, kernel, strides);
   Json pool_attrs = {{"kernel", kernel}, {"stride", strides}, {"padding", padding}};
   if (ceil_attr) pool_attrs["ceil_mode"] = true;
   if (op == "avgpool") {
@@ -339,9 +383,9 @@ absl::Status ReduceRows(ImportContext& cx, const onnx::NodeProto& node, Value ro
   const bool min = kind == Reduction::kMin;
   int64_t kept = 1;
   for (size_t d = 0; d + 1 < shape.size(); ++d) kept *= shape[d];
-  Value v = rows;
+  Value v = rows, minus_one;
   if (min) {
-    ASSIGN_OR_RETURN(Value minus_one, cx.Fill(node, {}, v, -1.0, "minus_one"));
+    ASSIGN_OR_RETURN(minus_one, cx.Fill(node, {}, v, -1.0, "minus_one"));
     ASSIGN_OR_RETURN(v, cx.Aux(node, "mul", {v, minus_one}, Json::object(), "negated"));
   }
   ASSIGN_OR_RETURN(v, cx.Aux(node, "reshape", {v}, {{"shape", {1, kept, 1, count}}}, "windows"));
@@ -349,7 +393,6 @@ absl::Status ReduceRows(ImportContext& cx, const onnx::NodeProto& node, Value ro
   ASSIGN_OR_RETURN(v, cx.Aux(node, "maxpool", {v}, window, "max"));
   if (!min) return cx.Apply(node, "reshape", {v}, {{"shape", result}});
   ASSIGN_OR_RETURN(v, cx.Aux(node, "reshape", {v}, {{"shape", result}}, "max_viewed"));
-  ASSIGN_OR_RETURN(Value minus_one, cx.Fill(node, {}, v, -1.0, "minus_one_again"));
   return cx.Apply(node, "mul", {v, minus_one});
 }
 

@@ -156,30 +156,11 @@ absl::Status PadImpl(const KernelContext& ctx, int sign) {
   return absl::OkStatus();
 }
 
-// pad's reflect and replicate modes (Note [Border padding]): the shapes
-// of the padded tensor `big` and the unpadded `small`, as `p`.
-absl::StatusOr<kmath::BorderPad> BorderPadOf(const KernelContext& ctx, const std::string& mode,
-                                             const TensorView& big, const TensorView& small) {
-  ASSIGN_OR_RETURN(std::vector<int64_t> pads, IntListAttr(ctx.attrs(), "pads"));
-  if (big.rank() != small.rank() || big.rank() > kmath::kMaxBorderRank ||
-      pads.size() > 2 * static_cast<size_t>(big.rank())) {
-    return Invalid(ctx, "mode \"", mode, "\" pads ", small.ToString(), " into ", big.ToString());
-  }
-  kmath::BorderPad p;
-  p.mode = mode == "reflect" ? kmath::BorderMode::kReflect : kmath::BorderMode::kReplicate;
-  p.rank = big.rank();
-  for (int d = 0; d < p.rank; ++d) {
-    p.in[d] = small.shape[d];
-    p.out[d] = big.shape[d];
-  }
-  for (size_t i = 0; i < pads.size() / 2; ++i) p.before[p.rank - 1 - i] = pads[2 * i];
-  return p;
-}
-
-// y[o] = x[BorderSource(o)].
-absl::Status BorderPadForward(const KernelContext& ctx, const std::string& mode) {
+// pad's reflect and replicate modes (Note [Border padding]): y[o] =
+// x[BorderSource(o)].
+absl::Status BorderPadForward(const KernelContext& ctx) {
   const TensorView& x = ctx.inputs[0];
-  ASSIGN_OR_RETURN(const kmath::BorderPad p, BorderPadOf(ctx, mode, ctx.output, x));
+  ASSIGN_OR_RETURN(const kmath::BorderPad p, BorderPadOf(ctx, /*backward=*/false));
   const int64_t es = DTypeSize(x.dtype);
   ParallelFor(ctx.output.num_elements(), kGrain, [&](int64_t o0, int64_t o1) {
     for (int64_t o = o0; o < o1; ++o) {
@@ -192,9 +173,9 @@ absl::Status BorderPadForward(const KernelContext& ctx, const std::string& mode)
 
 // dx[i] = the sum, in float in ForEachBorderReader's order, of g over the
 // outputs that read x[i].
-absl::Status BorderPadBackward(const KernelContext& ctx, const std::string& mode) {
+absl::Status BorderPadBackward(const KernelContext& ctx) {
   const TensorView& g = ctx.inputs[0];
-  ASSIGN_OR_RETURN(const kmath::BorderPad p, BorderPadOf(ctx, mode, g, ctx.output));
+  ASSIGN_OR_RETURN(const kmath::BorderPad p, BorderPadOf(ctx, /*backward=*/true));
   return DispatchFloat(g.dtype, "input 0 (grad)", [&](auto tag) {
     using T = decltype(tag);
     const T* pg = g.as<T>();
@@ -213,12 +194,12 @@ absl::Status BorderPadBackward(const KernelContext& ctx, const std::string& mode
 absl::Status Pad(const KernelContext& ctx) {
   RETURN_IF_ERROR(CheckOperands(ctx));
   ASSIGN_OR_RETURN(std::string mode, ops_internal::StringAttr(ctx.attrs(), "mode", "constant"));
-  return mode == "constant" ? PadImpl(ctx, +1) : BorderPadForward(ctx, mode);
+  return mode == "constant" ? PadImpl(ctx, +1) : BorderPadForward(ctx);
 }
 absl::Status PadBackward(const KernelContext& ctx) {
   RETURN_IF_ERROR(CheckOperands(ctx));
   ASSIGN_OR_RETURN(std::string mode, ops_internal::StringAttr(ctx.attrs(), "mode", "constant"));
-  return mode == "constant" ? PadImpl(ctx, -1) : BorderPadBackward(ctx, mode);
+  return mode == "constant" ? PadImpl(ctx, -1) : BorderPadBackward(ctx);
 }
 
 // ---- concat (x_1 .. x_m), attr axis.

@@ -844,20 +844,9 @@ absl::Status CopyBytes(CudaContext& cc, const KernelContext& ctx) {
 }
 
 // pad and pad_backward in mode reflect or replicate (Note [Border
-// padding]): `pads` as F.pad orders them; the padded tensor is the output,
-// or for the backward the gradient.
-absl::Status BorderPad(CudaContext& cc, const KernelContext& ctx, const std::string& mode,
-                       const std::vector<int64_t>& pads, bool backward) {
-  const TensorView& big = backward ? ctx.inputs[0] : ctx.output;
-  const TensorView& small = backward ? ctx.output : ctx.inputs[0];
-  kmath::BorderPad p;
-  p.mode = mode == "reflect" ? kmath::BorderMode::kReflect : kmath::BorderMode::kReplicate;
-  p.rank = big.rank();
-  for (int d = 0; d < p.rank; ++d) {
-    p.in[d] = small.shape[d];
-    p.out[d] = big.shape[d];
-  }
-  for (size_t i = 0; i < pads.size() / 2; ++i) p.before[p.rank - 1 - i] = pads[2 * i];
+// padding]).
+absl::Status BorderPad(CudaContext& cc, const KernelContext& ctx, bool backward) {
+  ASSIGN_OR_RETURN(const kmath::BorderPad p, BorderPadOf(ctx, backward));
   ASSIGN_OR_RETURN(KType t, KTypeOf(ctx.output.dtype));
   PEBBLE_LAUNCH(LaunchBorderPad(t, p, backward, ctx.inputs[0].data, ctx.output.data, cc.stream));
   return absl::OkStatus();
@@ -878,7 +867,7 @@ absl::Status PadCommon(CudaContext& cc, const KernelContext& ctx, int sign) {
     return absl::InvalidArgumentError("attr 'pads' has a bad length");
   }
   ASSIGN_OR_RETURN(std::string mode, ops_internal::StringAttr(ctx.attrs(), "mode", "constant"));
-  if (mode != "constant") return BorderPad(cc, ctx, mode, pads, sign < 0);
+  if (mode != "constant") return BorderPad(cc, ctx, sign < 0);
   PadSpec p;
   p.rank = x.rank();
   for (int d = 0; d < p.rank; ++d) {

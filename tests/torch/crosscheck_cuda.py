@@ -47,6 +47,14 @@ IMPORT_CASES = [
     ("import_normed", ["--model", "normed", "--image", "16"]),
     ("import_text", ["--model", "text", "--opset", "17", "--image", "16"]),
     ("import_token_lm", ["--model", "token_lm", "--opset", "17", "--image", "16"]),
+    # elu, softplus, abs, exp, log, border padding, averaging pools without
+    # the padding, reductions by max pooling, a loss that takes the last
+    # log_softmax (2026-12-07): host emulation only so far.
+    ("import_smooth", ["--model", "smooth", "--image", "16"]),
+    ("import_padded", ["--model", "padded", "--image", "12"]),
+    ("import_pooled", ["--model", "pooled", "--image", "16"]),
+    ("import_misc", ["--model", "misc", "--image", "8", "--opset", "17"]),
+    ("import_mnist", ["--model", "mnist", "--image", "12"]),
 ]
 
 

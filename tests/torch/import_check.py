@@ -487,7 +487,8 @@ def pooled_net(torch, num_classes=10, image=None):
     map, sums over the spatial dims and over everything; and averaging
     pools that leave the padding out (count_include_pad=False: Inception's
     and NASNet's 3x3 of stride 1, ResNet-D's 2x2 of stride 2 in ceil mode
-    over an odd map, and one of stride 2 with padding in ceil mode):
+    over an odd map, and one of stride 2 with padding in ceil mode), and one
+    that counts the padding in ceil mode:
     --model pooled (opset 11 writes ReduceSum's axes as an attribute, 13 as
     an input)."""
     nn = torch.nn
@@ -503,6 +504,8 @@ def pooled_net(torch, num_classes=10, image=None):
             x = torch.tanh(self.conv(x))
             f = nn.functional
             x = f.avg_pool2d(x, 3, stride=1, padding=1, count_include_pad=False)
+            # Counting the padding in ceil mode: exported as a Pad and a pool.
+            x = f.avg_pool2d(x, 3, stride=2, padding=1, ceil_mode=True)
             # Ceil mode adds a last window clipped to the map: an odd map
             # of 2 * k + 1 and an even one of 2 * k, both to k + 1.
             odd = f.pad(x, (0, 1, 0, 1), value=0.5)
