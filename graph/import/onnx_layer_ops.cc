@@ -670,14 +670,29 @@ absl::Status InstanceNormalization(ImportContext& cx, const onnx::NodeProto& nod
   return cx.Define(node, y);
 }
 
-absl::Status Softmax(ImportContext& cx, const onnx::NodeProto& node) {
+// The operand of a Softmax or LogSoftmax, its rank, and its axis as given
+// (ONNX's default: the last dim from opset 13, 1 before) and normalized.
+struct SoftmaxOperand {
+  std::vector<Value> in;
+  int64_t rank, given, axis;
+};
+absl::StatusOr<SoftmaxOperand> ReadSoftmaxOperand(ImportContext& cx,
+                                                  const onnx::NodeProto& node) {
   RETURN_IF_ERROR(cx.ExpectInputs(node, 1, 1));
   const Attrs attrs(node);
   RETURN_IF_ERROR(attrs.OnlyKnown({"axis"}));
-  ASSIGN_OR_RETURN(std::vector<Value> in, cx.Inputs(node));
-  const auto rank = static_cast<int64_t>(cx.nb().type(in[0]).shape.size());
-  ASSIGN_OR_RETURN(const int64_t given, attrs.Int("axis", cx.opset() >= 13 ? -1 : 1));
-  ASSIGN_OR_RETURN(const int64_t axis, OnnxAxis(node, absl::StrCat("axis ", given), given, rank));
+  SoftmaxOperand s;
+  ASSIGN_OR_RETURN(s.in, cx.Inputs(node));
+  s.rank = static_cast<int64_t>(cx.nb().type(s.in[0]).shape.size());
+  ASSIGN_OR_RETURN(s.given, attrs.Int("axis", cx.opset() >= 13 ? -1 : 1));
+  ASSIGN_OR_RETURN(s.axis, OnnxAxis(node, absl::StrCat("axis ", s.given), s.given, s.rank));
+  return s;
+}
+
+absl::Status Softmax(ImportContext& cx, const onnx::NodeProto& node) {
+  ASSIGN_OR_RETURN(const SoftmaxOperand s, ReadSoftmaxOperand(cx, node));
+  const std::vector<Value>& in = s.in;
+  const int64_t rank = s.rank, axis = s.axis;
   // Before opset 13, axis 1 of a 2-D input is the last one as well; its
   // other axes flatten the dims after them, which is refused. The sum of
   // scores and a causal mask is the scores, softmaxed with `causal`
@@ -688,8 +703,8 @@ absl::Status Softmax(ImportContext& cx, const onnx::NodeProto& node) {
     return cx.Apply(node, "softmax", in, causal);
   }
   if (cx.opset() < 13) {
-    return attrs.Unsupported("axis", absl::StrCat(given),
-                             "before opset 13, softmax over the last dim only");
+    return Attrs(node).Unsupported("axis", absl::StrCat(s.given),
+                                   "before opset 13, softmax over the last dim only");
   }
   // Over another dim: swapped with the last one, softmax, swapped back.
   std::vector<int64_t> perm;
@@ -707,13 +722,8 @@ absl::Status Softmax(ImportContext& cx, const onnx::NodeProto& node) {
 // of log_softmax(x) (PyTorch's MNIST example) is nn.CrossEntropyLoss of x.
 // Anywhere else it is refused: pebble has no log-softmax operator.
 absl::Status LogSoftmax(ImportContext& cx, const onnx::NodeProto& node) {
-  RETURN_IF_ERROR(cx.ExpectInputs(node, 1, 1));
-  const Attrs attrs(node);
-  RETURN_IF_ERROR(attrs.OnlyKnown({"axis"}));
-  ASSIGN_OR_RETURN(std::vector<Value> in, cx.Inputs(node));
-  const auto rank = static_cast<int64_t>(cx.nb().type(in[0]).shape.size());
-  ASSIGN_OR_RETURN(const int64_t given, attrs.Int("axis", cx.opset() >= 13 ? -1 : 1));
-  ASSIGN_OR_RETURN(const int64_t axis, OnnxAxis(node, absl::StrCat("axis ", given), given, rank));
+  ASSIGN_OR_RETURN(const SoftmaxOperand s, ReadSoftmaxOperand(cx, node));
+  const int64_t rank = s.rank, axis = s.axis;
   const std::string& out = node.output(0);
   std::string why;
   if (cx.loss() != LossKind::kCrossEntropy) {
@@ -738,7 +748,7 @@ absl::Status LogSoftmax(ImportContext& cx, const onnx::NodeProto& node) {
                            "cross-entropy or nll)"));
   }
   cx.NoteLossTakesLogSoftmax(NodeLabel(node));
-  return cx.Define(node, in[0]);
+  return cx.Define(node, s.in[0]);
 }
 
 absl::Status Dropout(ImportContext& cx, const onnx::NodeProto& node) {
