@@ -1418,19 +1418,30 @@ TEST(OnnxImportTest, BatchNormWithoutAffineParameters) {
   EXPECT_THAT(scaled.status().message(), HasSubstr("'/bn1/Constant_output_0'"));
 }
 
-// Running statistics that the graph computes (nn.InstanceNorm with
-// track_running_stats=True tiles them) would import as trainable tensors:
-// refused, naming the input.
-TEST(OnnxImportTest, BatchNormOfComputedRunningStatisticsIsRefused) {
+// Running statistics tiled from the buffers (nn.InstanceNorm with
+// track_running_stats=True) would import as trainable tensors: refused,
+// naming the buffer. Statistics computed from x (nn.BatchNorm2d with
+// track_running_stats=False exports them so; a training-mode batch norm
+// does not read them) import.
+TEST(OnnxImportTest, BatchNormOfTiledRunningStatisticsIsRefused) {
   auto g = Import(TinyModel(13, "", [](ModelMaker& m) {
-    m.Node("Neg", "/Neg", {"bn1.running_mean"}, {"negated_mean"});
-    MoveFirst(m, {"/Neg"});
-    FindNode(m, "BatchNormalization")->set_input(3, "negated_mean");
+    m.IntInitializer("once", {1});
+    m.Node("Tile", "/Tile", {"bn1.running_mean", "once"}, {"tiled_mean"});
+    MoveFirst(m, {"/Tile"});
+    FindNode(m, "BatchNormalization")->set_input(3, "tiled_mean");
   }));
   ASSERT_FALSE(g.ok());
   EXPECT_THAT(g.status().message(),
-              AllOf(HasSubstr("'/bn1/BatchNormalization'"), HasSubstr("'negated_mean'"),
+              AllOf(HasSubstr("'/bn1/BatchNormalization'"), HasSubstr("'bn1.running_mean' tiled"),
                     HasSubstr("track_running_stats=False")));
+  auto computed = Import(TinyModel(13, "", [](ModelMaker& m) {
+    auto* mean = m.Node("ReduceMean", "/ReduceMean", {"c"}, {"batch_mean"});
+    ModelMaker::IntsAttr(mean, "axes", {0, 2, 3});
+    ModelMaker::IntAttr(mean, "keepdims", 0);
+    MoveFirst(m, {"/conv1/Conv", "/ReduceMean"});
+    FindNode(m, "BatchNormalization")->set_input(3, "batch_mean");
+  }));
+  ASSERT_TRUE(computed.ok()) << computed.status();
 }
 
 // PyTorch 1.13 exports padding_mode="circular" by 1 along W as

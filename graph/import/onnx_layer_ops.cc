@@ -194,16 +194,28 @@ absl::Status BatchNormalization(ImportContext& cx, const onnx::NodeProto& node) 
     }
   }
   // The running statistics are the model's buffers, which the step updates
-  // in place. nn.InstanceNorm with track_running_stats=True exports them
-  // tiled over the batch (and averages the update back), which would make
-  // the buffers trainable tensors here: refused.
+  // in place (a training-mode batch norm normalizes by the batch's own; with
+  // track_running_stats=False the export computes them from x, unused).
+  // nn.InstanceNorm with track_running_stats=True exports its buffers tiled
+  // over the batch (and averages the update back), which would make them
+  // trainable tensors here: refused.
   for (int i : {3, 4}) {
-    if (cx.nb().role(in[i]) != Role::kBuffer) {
+    // Back through the copies (Expand, Tile, views) to an initializer.
+    std::string source = node.input(i);
+    static const auto* const kCopies = new std::set<std::string>{
+        "Expand", "Tile", "Reshape", "Unsqueeze", "Squeeze", "Identity", "Flatten"};
+    for (const onnx::NodeProto* p = cx.Producer(source);
+         p != nullptr && kCopies->contains(p->op_type()) && p->input_size() > 0;
+         p = cx.Producer(source)) {
+      source = p->input(0);
+    }
+    if (source != node.input(i) && cx.IsInitializer(source)) {
       return NodeError(node, absl::StrCat(
-          "its running statistics (input ", i, ", ", Quote(node.input(i)),
-          ") are computed in the graph, not read from the model's buffers, as "
-          "nn.InstanceNorm with track_running_stats=True exports them; use "
-          "track_running_stats=False, or train the module with pebble.torch (docs/torch.md)"));
+          "its running statistics (input ", i, ", ", Quote(node.input(i)), ") are ",
+          Quote(source), " tiled, as nn.InstanceNorm with "
+          "track_running_stats=True exports its buffers, which would import as trainable "
+          "tensors; use track_running_stats=False, or train the module with pebble.torch "
+          "(docs/torch.md)"));
     }
   }
   // ONNX's momentum weighs the old running value; PyTorch's the new one.
