@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "runtime/border_pad.h"
 #include "graph/ops/op_util.h"
 #include "graph/status.h"
 

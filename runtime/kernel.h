@@ -24,12 +24,10 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "graph/graph.h"
 #include "nlohmann/json.hpp"
-#include "runtime/kernel_math.h"
 #include "runtime/tensor.h"
 
 namespace pebble {
@@ -49,12 +47,6 @@ struct KernelContext {
 };
 
 using KernelFn = absl::Status (*)(const KernelContext& ctx);
-
-// The index map of a `pad` node in mode reflect or replicate (Note [Border
-// padding] in runtime/kernel_math.h), from its attrs and operands; with
-// `backward`, of a `pad_backward` node, whose gradient is the padded
-// tensor. Both backends run it.
-absl::StatusOr<kmath::BorderPad> BorderPadOf(const KernelContext& ctx, bool backward);
 
 // op name -> kernel. One table per backend; each kernel family registers
 // itself with an explicit Register...Kernels(KernelTable&) call (no static

@@ -14,6 +14,7 @@
 #include "absl/strings/str_join.h"
 #include "graph/ops/op_util.h"
 #include "graph/status.h"
+#include "runtime/border_pad.h"
 #include "runtime/cuda/cuda_kernels.h"
 #include "runtime/cuda/cuda_ops.h"
 #include "runtime/cuda/cuda_status.h"
