@@ -263,14 +263,9 @@ class Importer {
       return absl::InvalidArgumentError(
           "log-probabilities are read by the cross-entropy loss only");
     }
-    std::string computed_by = "a graph input";
-    for (const onnx::NodeProto& node : graph_.node()) {
-      for (const std::string& out : node.output()) {
-        if (graph_.output_size() > 0 && out == graph_.output(0).name()) {
-          computed_by = NodeLabel(node);
-        }
-      }
-    }
+    const onnx::NodeProto* producer =
+        graph_.output_size() > 0 ? cx_.Producer(graph_.output(0).name()) : nullptr;
+    const std::string computed_by = producer ? NodeLabel(*producer) : "a graph input";
     return absl::InvalidArgumentError(absl::StrCat(
         "--loss nll takes log-probabilities, so the model must end in a LogSoftmax over the "
         "classes (dim 1), but its output ",

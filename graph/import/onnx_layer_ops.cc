@@ -466,30 +466,19 @@ absl::Status Reduce(ImportContext& cx, const onnx::NodeProto& node, const std::v
   return ReduceRows(cx, node, v, kind, result);
 }
 
-// ReduceMean: axes an attribute (an input only from opset 18, which pebble
-// does not read).
-absl::Status ReduceMean(ImportContext& cx, const onnx::NodeProto& node) {
+// ReduceMean, ReduceMax and ReduceMin (x.max(dim), torch.amax, x.max()):
+// axes an attribute (an input only from opset 18, which pebble does not
+// read). On exact ties a max's gradient goes to the first maximum, as
+// x.max(dim)'s and a max pool's do; torch.amax and a full x.max() split it
+// evenly between the tied elements (docs/import.md).
+absl::Status ReduceOverAxesAttribute(ImportContext& cx, const onnx::NodeProto& node,
+                                     Reduction kind) {
   RETURN_IF_ERROR(cx.ExpectInputs(node, 1, 1));
   const Attrs attrs(node);
   RETURN_IF_ERROR(attrs.OnlyKnown({"axes", "keepdims"}));
   ASSIGN_OR_RETURN(std::vector<int64_t> axes, attrs.Ints("axes", {}));
   ASSIGN_OR_RETURN(int64_t keepdims, attrs.Int("keepdims", 1));
-  return Reduce(cx, node, axes, keepdims, Reduction::kMean);
-}
-
-// ReduceMax and ReduceMin (x.max(dim), torch.amax, x.max()): axes an
-// attribute (an input only from opset 18). On exact ties the gradient goes
-// to the first maximum, as x.max(dim)'s and a max pool's do; torch.amax and
-// a full x.max() split it evenly between the tied elements
-// (docs/import.md).
-absl::Status ReduceMaxOrMin(ImportContext& cx, const onnx::NodeProto& node) {
-  RETURN_IF_ERROR(cx.ExpectInputs(node, 1, 1));
-  const Attrs attrs(node);
-  RETURN_IF_ERROR(attrs.OnlyKnown({"axes", "keepdims"}));
-  ASSIGN_OR_RETURN(std::vector<int64_t> axes, attrs.Ints("axes", {}));
-  ASSIGN_OR_RETURN(int64_t keepdims, attrs.Int("keepdims", 1));
-  return Reduce(cx, node, axes, keepdims,
-                node.op_type() == "ReduceMax" ? Reduction::kMax : Reduction::kMin);
+  return Reduce(cx, node, axes, keepdims, kind);
 }
 
 // ReduceSum (x.sum(dim)): axes an attribute before opset 13, a constant
@@ -924,10 +913,14 @@ void AddLayerOps(OnnxHandlers& handlers) {
   }
   handlers["GlobalAveragePool"] = GlobalAveragePool;
   handlers["GlobalMaxPool"] = GlobalMaxPool;
-  handlers["ReduceMean"] = ReduceMean;
+  for (const auto& [op, kind] : {std::pair{"ReduceMean", Reduction::kMean},
+                                 {"ReduceMax", Reduction::kMax},
+                                 {"ReduceMin", Reduction::kMin}}) {
+    handlers[op] = [kind](ImportContext& cx, const onnx::NodeProto& node) {
+      return ReduceOverAxesAttribute(cx, node, kind);
+    };
+  }
   handlers["ReduceSum"] = ReduceSum;
-  handlers["ReduceMax"] = ReduceMaxOrMin;
-  handlers["ReduceMin"] = ReduceMaxOrMin;
   handlers["Gemm"] = Gemm;
   handlers["MatMul"] = MatMul;
   handlers["LayerNormalization"] = LayerNormalization;
