@@ -913,10 +913,10 @@ void AddLayerOps(OnnxHandlers& handlers) {
   }
   handlers["GlobalAveragePool"] = GlobalAveragePool;
   handlers["GlobalMaxPool"] = GlobalMaxPool;
-  for (const auto& [op, kind] : {std::pair{"ReduceMean", Reduction::kMean},
-                                 {"ReduceMax", Reduction::kMax},
-                                 {"ReduceMin", Reduction::kMin}}) {
-    handlers[op] = [kind](ImportContext& cx, const onnx::NodeProto& node) {
+  for (const auto& ops : {std::pair{"ReduceMean", Reduction::kMean},
+                          {"ReduceMax", Reduction::kMax},
+                          {"ReduceMin", Reduction::kMin}}) {
+    handlers[ops.first] = [kind = ops.second](ImportContext& cx, const onnx::NodeProto& node) {
       return ReduceOverAxesAttribute(cx, node, kind);
     };
   }
