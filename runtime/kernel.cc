@@ -3,7 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
-#include "runtime/border_pad.h"
+#include "runtime/kernel_args.h"
 #include "graph/ops/op_util.h"
 #include "graph/status.h"
 
@@ -48,6 +48,49 @@ absl::StatusOr<kmath::BorderPad> BorderPadOf(const KernelContext& ctx, bool back
   }
   for (size_t i = 0; i < pads.size() / 2; ++i) p.before[p.rank - 1 - i] = pads[2 * i];
   return p;
+}
+
+namespace {
+
+// How `operand` is read over `result` (Note [Broadcast index]).
+absl::StatusOr<kmath::BroadcastIndex> BroadcastIndexOf(const TensorView& operand,
+                                                       const TensorView& result) {
+  kmath::BroadcastIndex b;
+  if (!kmath::MakeBroadcastIndex(result.shape.data(), result.rank(), operand.shape.data(),
+                                 operand.rank(), &b)) {
+    return absl::InvalidArgumentError(absl::StrCat(operand.ToString(), " does not broadcast to ",
+                                                   result.ToString()));
+  }
+  return b;
+}
+
+}  // namespace
+
+absl::StatusOr<CompareArgs> CompareArgsOf(const KernelContext& ctx) {
+  if (ctx.inputs.size() != 2 || ctx.inputs[0].dtype != ctx.inputs[1].dtype ||
+      ctx.output.dtype != DType::kUInt8) {
+    return absl::InvalidArgumentError("compare takes two operands of one dtype into u8");
+  }
+  ASSIGN_OR_RETURN(const int op, ops_internal::CompareOpAttr(ctx.attrs()));
+  CompareArgs args;
+  args.op = static_cast<kmath::CompareOp>(op);
+  ASSIGN_OR_RETURN(args.a, BroadcastIndexOf(ctx.inputs[0], ctx.output));
+  ASSIGN_OR_RETURN(args.b, BroadcastIndexOf(ctx.inputs[1], ctx.output));
+  return args;
+}
+
+absl::StatusOr<MaskedFillArgs> MaskedFillArgsOf(const KernelContext& ctx) {
+  if (ctx.inputs.size() != 2 || ctx.inputs[1].dtype != DType::kUInt8 ||
+      ctx.inputs[0].dtype != ctx.output.dtype || ctx.inputs[0].shape != ctx.output.shape) {
+    return absl::InvalidArgumentError("masked_fill takes x and a u8 mask into x's type");
+  }
+  MaskedFillArgs args;
+  ASSIGN_OR_RETURN(const double value,
+                   ops_internal::ExtendedDoubleAttr(ctx.attrs(), "value", 0.0));
+  args.value = static_cast<float>(value);
+  ASSIGN_OR_RETURN(args.invert, ops_internal::BoolAttr(ctx.attrs(), "invert", false));
+  ASSIGN_OR_RETURN(args.mask, BroadcastIndexOf(ctx.inputs[1], ctx.output));
+  return args;
 }
 
 std::vector<std::string> KernelTable::Ops() const {

@@ -3,8 +3,8 @@
 // that both compute the same thing by construction: the dropout mask
 // generator (identical bits on both backends), the windows of the pooling
 // averages, the upsampling source indices, the head-split index map and the
-// ordering of out-of-range index reports, and the border padding's
-// source and reader indices.
+// ordering of out-of-range index reports, the border padding's source and
+// reader indices, and the general broadcast of compare and masked_fill.
 //
 // Plain C++17 with no includes beyond <cstdint>: nvcc compiles it as
 // __host__ __device__ code, and the host compiler (and the tests in
@@ -468,6 +468,69 @@ PEBBLE_HOST_DEVICE inline void ForEachBorderReader(const BorderPad& p, int64_t i
     }
     if (d < 0) return;
   }
+}
+
+// Note [Broadcast index]. compare's operands and masked_fill's mask are
+// read over the result by NumPy's rules in full (unlike add's one block):
+// the operand's dims are aligned on the result's trailing dims, and a dim
+// of 1 (or a missing leading dim) repeats. Flat result index o reads the
+// operand at BroadcastSource(b, o), with stride 0 along every repeated dim.
+// Rank at most kMaxBroadcastRank.
+inline constexpr int kMaxBroadcastRank = 8;
+struct BroadcastIndex {
+  int rank = 0;
+  int64_t out[kMaxBroadcastRank] = {};
+  int64_t stride[kMaxBroadcastRank] = {};
+};
+
+// The index of an operand of dims in[0, in_rank) read over a result of dims
+// out[0, out_rank); false where it does not broadcast so (a dim neither 1
+// nor the result's, a higher rank) or the rank is above kMaxBroadcastRank.
+PEBBLE_HOST_DEVICE inline bool MakeBroadcastIndex(const int64_t* out, int out_rank,
+                                                  const int64_t* in, int in_rank,
+                                                  BroadcastIndex* b) {
+  if (out_rank > kMaxBroadcastRank || in_rank > out_rank) return false;
+  b->rank = out_rank;
+  int64_t stride = 1;
+  for (int d = out_rank - 1; d >= 0; --d) {
+    const int k = d - (out_rank - in_rank);  // the operand's dim, or < 0
+    const int64_t n = k >= 0 ? in[k] : 1;
+    if (n != 1 && n != out[d]) return false;
+    b->out[d] = out[d];
+    b->stride[d] = n == 1 ? 0 : stride;
+    stride *= n;
+  }
+  return true;
+}
+
+// The flat operand index that flat result index o reads.
+PEBBLE_HOST_DEVICE inline int64_t BroadcastSource(const BroadcastIndex& b, int64_t o) {
+  int64_t src = 0;
+  for (int d = b.rank - 1; d >= 0; --d) {
+    src += (o % b.out[d]) * b.stride[d];
+    o /= b.out[d];
+  }
+  return src;
+}
+
+// compare's `op`: six comparisons, and `and` / `or` of the operands taken
+// as truth values (not 0). NaN compares as IEEE 754 says (unequal to
+// everything; every ordering false) and is true as a truth value, as in
+// PyTorch.
+enum class CompareOp : int { kEq = 0, kNe, kLt, kLe, kGt, kGe, kAnd, kOr };
+template <typename V>
+PEBBLE_HOST_DEVICE inline bool Compares(CompareOp op, V a, V b) {
+  switch (op) {
+    case CompareOp::kEq: return a == b;
+    case CompareOp::kNe: return a != b;
+    case CompareOp::kLt: return a < b;
+    case CompareOp::kLe: return a <= b;
+    case CompareOp::kGt: return a > b;
+    case CompareOp::kGe: return a >= b;
+    case CompareOp::kAnd: return a != V(0) && b != V(0);
+    case CompareOp::kOr: return a != V(0) || b != V(0);
+  }
+  return false;
 }
 
 }  // namespace pebble::kmath

@@ -315,6 +315,25 @@ TEST(AutodiffTest, DropoutConcatPadUpsampleGelu) {
   ExpectReinfers(g);
 }
 
+// masked_fill's gradient is the incoming one with the filled elements
+// zeroed (masked_fill by the same mask with 0); the mask and the compare
+// that made it get none.
+TEST(AutodiffTest, MaskedFillGradientIsMaskedAndTheMaskHasNone) {
+  NetBuilder nb("masked");
+  const Value x = nb.Parameter("x", {2, 3});
+  const Value zero = nb.Apply("fill", {}, {{"shape", Shape{}}, {"value", 0.0}}, "zero");
+  const Value mask = nb.Apply("compare", {x, zero}, {{"op", "gt"}}, "positive");
+  const Value y = nb.Apply("masked_fill", {x, mask}, {{"value", -1.0}, {"invert", true}}, "y");
+  nb.Apply("sum", {y}, Json::object(), "loss");
+  const Graph g = Train(nb);
+  EXPECT_EQ(Op(g, "grad:x"), "masked_fill");
+  EXPECT_EQ(Reads(g, "grad:x"), (Ids{"grad:y", "positive"}));
+  EXPECT_EQ(g.attrs(g.Find("grad:x"))["invert"], true);
+  EXPECT_EQ(g.attrs(g.Find("grad:x"))["value"], 0.0);
+  EXPECT_EQ(g.Find("grad:positive"), kNoNode);
+  ExpectReinfers(g);
+}
+
 TEST(AutodiffTest, MatmulGradientsAreMatmuls) {
   NetBuilder nb("mm");
   const Value a = nb.Parameter("a", {2, 3, 4});

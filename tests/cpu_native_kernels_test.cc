@@ -223,6 +223,105 @@ void ExpectAdjoint(const std::string& op, const std::string& backward,
 
 // ------------------------------------------------------------- registry
 
+HostTensor Bools(Shape shape, const std::vector<uint8_t>& values) {
+  HostTensor t{shape, DType::kUInt8, {}};
+  EXPECT_EQ(static_cast<int64_t>(values.size()), t.size());
+  t.bytes.resize(values.size());
+  std::memcpy(t.bytes.data(), values.data(), values.size());
+  return t;
+}
+
+std::vector<uint8_t> BytesOf(const HostTensor& t) {
+  std::vector<uint8_t> out(t.bytes.size());
+  std::memcpy(out.data(), t.bytes.data(), out.size());
+  return out;
+}
+
+// compare over operands broadcast in full (a (2, 1, 3) by a (4, 1): a dim
+// of 1 on each side), every op on floats, integers and booleans.
+TEST(NativeKernelsTest, CompareBroadcastsBothOperands) {
+  std::vector<float> av(6), bv(4);
+  for (int i = 0; i < 6; ++i) av[i] = static_cast<float>(i % 4);
+  for (int j = 0; j < 4; ++j) bv[j] = static_cast<float>(j);
+  const struct {
+    const char* op;
+    bool (*f)(float, float);
+  } cases[] = {{"eq", [](float x, float y) { return x == y; }},
+               {"ne", [](float x, float y) { return x != y; }},
+               {"lt", [](float x, float y) { return x < y; }},
+               {"le", [](float x, float y) { return x <= y; }},
+               {"gt", [](float x, float y) { return x > y; }},
+               {"ge", [](float x, float y) { return x >= y; }},
+               {"and", [](float x, float y) { return x != 0 && y != 0; }},
+               {"or", [](float x, float y) { return x != 0 || y != 0; }}};
+  for (DType dtype : {kF32, DType::kFloat16}) {
+    for (const auto& c : cases) {
+      const HostTensor out = MustRun("compare", {Floats({2, 1, 3}, av, dtype), Floats({4, 1}, bv, dtype)},
+                                     {{"op", c.op}});
+      ASSERT_EQ(out.shape, (Shape{2, 4, 3}));
+      ASSERT_EQ(out.dtype, DType::kUInt8);
+      const std::vector<uint8_t> got = BytesOf(out);
+      for (int i = 0; i < 2; ++i) {
+        for (int j = 0; j < 4; ++j) {
+          for (int k = 0; k < 3; ++k) {
+            EXPECT_EQ(got[(i * 4 + j) * 3 + k], c.f(av[i * 3 + k], bv[j]) ? 1 : 0)
+                << c.op << " at " << i << "," << j << "," << k;
+          }
+        }
+      }
+    }
+  }
+  // Integers exactly (2^53 + 1 is not a double), booleans as truth values.
+  const int64_t big = (int64_t{1} << 53) + 1;
+  EXPECT_EQ(BytesOf(MustRun("compare", {Ints({2}, {big, 7}), Ints({1}, {big - 1})}, {{"op", "gt"}})),
+            (std::vector<uint8_t>{1, 0}));
+  EXPECT_EQ(BytesOf(MustRun("compare", {Bools({3}, {0, 1, 2}), Bools({}, {1})}, {{"op", "and"}})),
+            (std::vector<uint8_t>{0, 1, 1}));
+  // NaN: unequal to itself, every ordering false, true as a truth value.
+  const float nan = std::nanf("");
+  EXPECT_EQ(BytesOf(MustRun("compare", {Floats({4}, {nan, nan, nan, nan}), Floats({4}, {nan, 0, 0, 1})},
+                            {{"op", "ne"}})),
+            (std::vector<uint8_t>{1, 1, 1, 1}));
+  EXPECT_EQ(BytesOf(MustRun("compare", {Floats({1}, {nan}), Floats({1}, {0})}, {{"op", "or"}})),
+            (std::vector<uint8_t>{1}));
+  EXPECT_EQ(BytesOf(MustRun("compare", {Floats({1}, {nan}), Floats({1}, {0})}, {{"op", "le"}})),
+            (std::vector<uint8_t>{0}));
+}
+
+// masked_fill with a mask broadcast over x ((2, 1, 3) over (2, 2, 3)), the
+// fill of -inf, inverted, and its backward (the same op with 0).
+TEST(NativeKernelsTest, MaskedFillBroadcastsTheMask) {
+  std::vector<float> xv(12);
+  for (int i = 0; i < 12; ++i) xv[i] = static_cast<float>(i) + 0.5f;
+  const std::vector<uint8_t> mv = {1, 0, 0, 0, 1, 1};
+  const HostTensor x = Floats({2, 2, 3}, xv);
+  const HostTensor mask = Bools({2, 1, 3}, mv);
+  for (const bool invert : {false, true}) {
+    const std::vector<float> y =
+        MustRun("masked_fill", {x, mask}, {{"value", "-inf"}, {"invert", invert}}).Floats();
+    for (int i = 0; i < 2; ++i) {
+      for (int j = 0; j < 2; ++j) {
+        for (int k = 0; k < 3; ++k) {
+          const int o = (i * 2 + j) * 3 + k;
+          const bool filled = (mv[i * 3 + k] != 0) != invert;
+          if (filled) {
+            EXPECT_EQ(y[o], -HUGE_VALF) << o;
+          } else {
+            EXPECT_EQ(y[o], xv[o]) << o;
+          }
+        }
+      }
+    }
+  }
+  EXPECT_EQ(MustRun("masked_fill", {Floats({3}, {1, 2, 3}, DType::kBFloat16), Bools({}, {1})},
+                    {{"value", 0.5}})
+                .Floats(),
+            (std::vector<float>{0.5f, 0.5f, 0.5f}));
+  // A mask that does not broadcast over x, or a value that is no number.
+  EXPECT_FALSE(RunKernel("masked_fill", {x, Bools({3, 1}, {1, 0, 1})}).ok());
+  EXPECT_FALSE(RunKernel("masked_fill", {x, mask}, {{"value", "nan"}}).ok());
+}
+
 TEST(NativeKernelsTest, RegistersItsOpsAndEveryOpIsInTheOpTable) {
   const std::vector<std::string> ops = NativeTable().Ops();
   for (const char* op :
@@ -239,7 +338,7 @@ TEST(NativeKernelsTest, RegistersItsOpsAndEveryOpIsInTheOpTable) {
         "clip_backward", "hardsigmoid", "hardsigmoid_backward", "hardswish",
         "hardswish_backward", "leaky_relu", "leaky_relu_backward", "relu", "relu_backward",
         "elu", "elu_backward", "softplus", "softplus_backward", "abs", "abs_backward", "exp",
-        "exp_backward", "log", "log_backward"}) {
+        "exp_backward", "log", "log_backward", "compare", "masked_fill"}) {
     EXPECT_NE(NativeTable().Find(op), nullptr) << op;
   }
   for (const std::string& op : ops) EXPECT_NE(FindOp(op), nullptr) << op;

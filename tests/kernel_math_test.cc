@@ -579,5 +579,43 @@ TEST(KernelMathTest, IndexFaultKeysOrderByLaunchThenPosition) {
   }
 }
 
+// BroadcastSource against NumPy's rule written out: result index
+// (i0, ..., ik) reads the operand at the same trailing indices, 0 where the
+// operand's dim is 1; and MakeBroadcastIndex refuses what does not
+// broadcast.
+TEST(KernelMathTest, BroadcastSourceIsNumpysRule) {
+  const std::vector<int64_t> out = {2, 3, 4, 5};
+  const std::vector<std::vector<int64_t>> operands = {
+      {2, 3, 4, 5}, {5}, {4, 1}, {2, 1, 4, 1}, {1, 3, 1, 5}, {}, {1, 1}, {3, 4, 5}};
+  for (const std::vector<int64_t>& in : operands) {
+    kmath::BroadcastIndex b;
+    ASSERT_TRUE(kmath::MakeBroadcastIndex(out.data(), 4, in.data(), static_cast<int>(in.size()), &b));
+    const int lead = 4 - static_cast<int>(in.size());
+    int64_t o = 0;
+    for (int64_t i0 = 0; i0 < 2; ++i0) {
+      for (int64_t i1 = 0; i1 < 3; ++i1) {
+        for (int64_t i2 = 0; i2 < 4; ++i2) {
+          for (int64_t i3 = 0; i3 < 5; ++i3, ++o) {
+            const int64_t idx[4] = {i0, i1, i2, i3};
+            int64_t src = 0;
+            for (int d = lead; d < 4; ++d) {
+              const int64_t n = in[d - lead];
+              src = src * n + (n == 1 ? 0 : idx[d]);
+            }
+            ASSERT_EQ(kmath::BroadcastSource(b, o), src) << "operand rank " << in.size() << " at " << o;
+          }
+        }
+      }
+    }
+  }
+  kmath::BroadcastIndex b;
+  const int64_t bad[] = {3, 5};
+  EXPECT_FALSE(kmath::MakeBroadcastIndex(out.data(), 4, bad, 2, &b));
+  const int64_t wider[] = {1, 2, 3, 4, 5};
+  EXPECT_FALSE(kmath::MakeBroadcastIndex(out.data(), 4, wider, 5, &b));
+  const int64_t nine[9] = {1, 1, 1, 1, 1, 1, 1, 1, 1};
+  EXPECT_FALSE(kmath::MakeBroadcastIndex(nine, 9, nine, 9, &b));
+}
+
 }  // namespace
 }  // namespace pebble

@@ -378,7 +378,7 @@ TEST(OnnxImportTest, WhatCannotBeHonouredIsAnErrorNamingTheNode) {
       {"unknown op",
        [](ModelMaker& m) { FindNode(m, "Relu")->set_op_type("Softsign"); },
        {"'/relu/Relu'", "op Softsign", "not supported", "Conv, ConvTranspose",
-        "of constants and shapes only: Cast, ConstantOfShape, Equal"}},
+        "of constants and shapes only: ConstantOfShape, Mod"}},
       {"other domain",
        [](ModelMaker& m) { FindNode(m, "Relu")->set_domain("com.example"); },
        {"'/relu/Relu'", "com.example"}},
@@ -996,6 +996,97 @@ void FeedThePool(ModelMaker& m, int before, const std::string& value) {
     for (int i = before + k; i > pool + k; --i) nodes->SwapElements(i, i - 1);
   }
   FindNode(m, "GlobalAveragePool")->set_input(0, value);
+}
+
+// Comparisons of computed tensors, Not, And, Cast between masks and
+// floats, Expand of a mask and Where: torch.where(r > 0.5, r, 0), a
+// masked_fill by ~(r < 0.1) of -inf, a mask cast to float and multiplied
+// in, and torch.where of two computed tensors under an and of masks.
+TEST(OnnxImportTest, ComparisonsAndWhereOfComputedTensors) {
+  const auto model = [](const std::function<void(ModelMaker&)>& more) {
+    return TinyModel(13, "", [&](ModelMaker& m) {
+      const int before = m.graph()->node_size();
+      m.FloatVectorInitializer("onnx::half", {0.5f});
+      m.FloatVectorInitializer("onnx::tenth", {0.1f});
+      m.FloatVectorInitializer("onnx::zero", {0.0f});
+      m.FloatVectorInitializer("onnx::neg_inf", {-INFINITY});
+      m.Node("Greater", "/gt/Greater", {"r", "onnx::half"}, {"big"});
+      m.Node("Where", "/where/Where", {"big", "r", "onnx::zero"}, {"kept"});
+      m.Node("Less", "/lt/Less", {"kept", "onnx::tenth"}, {"small"});
+      m.Node("Not", "/not/Not", {"small"}, {"not_small"});
+      m.Node("Where", "/fill/Where", {"not_small", "onnx::neg_inf", "kept"}, {"filled"});
+      ModelMaker::IntAttr(m.Node("Cast", "/cast/Cast", {"big"}, {"big_f"}), "to",
+                          onnx::TensorProto::FLOAT);
+      m.Node("Mul", "/mul/Mul", {"big_f", "filled"}, {"gated"});
+      m.Node("And", "/and/And", {"big", "not_small"}, {"both"});
+      m.Node("Where", "/pick/Where", {"both", "gated", "r"}, {"picked"});
+      if (more) more(m);
+      FeedThePool(m, before, m.graph()->node(m.graph()->node_size() - 1).output(0));
+    });
+  };
+  auto g = Import(model(nullptr));
+  ASSERT_TRUE(g.ok()) << g.status();
+  const auto op = [&](const char* id) { return g->op(g->Find(id)); };
+  const auto attrs = [&](const char* id) { return g->attrs(g->Find(id)); };
+  EXPECT_EQ(op("gt"), "compare");
+  EXPECT_EQ(attrs("gt")["op"], "gt");
+  EXPECT_EQ(g->dtype(g->Find("gt")), DType::kUInt8);
+  EXPECT_EQ(op("where"), "masked_fill");  // r where big, else 0: fill where not
+  EXPECT_EQ(attrs("where")["invert"], true);
+  EXPECT_EQ(attrs("where")["value"], 0.0);
+  EXPECT_EQ(op("not"), "compare");
+  EXPECT_EQ(attrs("not")["op"], "eq");
+  EXPECT_EQ(op("fill"), "masked_fill");
+  EXPECT_EQ(attrs("fill")["value"], "-inf");  // JSON has no infinities
+  EXPECT_EQ(attrs("fill")["invert"], false);
+  EXPECT_EQ(op("cast"), "masked_fill");  // zeros, 1 where the mask is
+  EXPECT_EQ(attrs("cast")["value"], 1.0);
+  EXPECT_EQ(attrs("and")["op"], "and");
+  EXPECT_EQ(op("pick"), "add");  // each side with the other's elements zeroed
+  EXPECT_EQ(op("pick.then"), "masked_fill");
+  EXPECT_EQ(op("pick.else"), "masked_fill");
+  EXPECT_EQ(*g->shape(g->Find("pick")), (Shape{2, 4, 8, 8}));
+  // Gradients reach r through every masked_fill (the masks get none).
+  EXPECT_NE(g->Find("grad:relu"), kNoNode);
+  EXPECT_EQ(g->Find("grad:gt"), kNoNode);
+
+  // Expand of a mask: or-ed into false values of the larger shape.
+  g = Import(model([](ModelMaker& m) {
+    m.IntInitializer("shape", {2, 2, 4, 8, 8});
+    m.Node("Expand", "/expand/Expand", {"both", "shape"}, {"wide"});
+    m.Node("Where", "/wide/Where", {"wide", "onnx::zero", "picked"}, {"wide_picked"});
+    m.IntInitializer("axes", {0});
+    ModelMaker::IntAttr(m.Node("ReduceSum", "/sum/ReduceSum", {"wide_picked", "axes"}, {"summed"}),
+                        "keepdims", 0);
+  }));
+  ASSERT_TRUE(g.ok()) << g.status();
+  EXPECT_EQ(op("expand"), "compare");
+  EXPECT_EQ(attrs("expand")["op"], "or");
+  EXPECT_EQ(*g->shape(g->Find("expand")), (Shape{2, 2, 4, 8, 8}));
+  EXPECT_EQ(*g->shape(g->Find("wide")), (Shape{2, 2, 4, 8, 8}));  // picked, broadcast
+
+  // What is refused, naming the node.
+  const struct {
+    std::function<void(ModelMaker&)> edit;
+    std::vector<std::string> needles;
+  } refused[] = {
+      {[](ModelMaker& m) { m.Node("Not", "/bad/Not", {"r"}, {"bad"}); },
+       {"'/bad/Not'", "boolean computed by a comparison"}},
+      {[](ModelMaker& m) { m.Node("Or", "/bad/Or", {"r", "big"}, {"bad"}); },
+       {"'/bad/Or'", "'r'", "not a boolean"}},
+      {[](ModelMaker& m) {
+         ModelMaker::IntAttr(m.Node("Cast", "/bad/Cast", {"r"}, {"bad"}), "to",
+                             onnx::TensorProto::INT64);
+       },
+       {"'/bad/Cast'", "fp32", "INT64", "not supported"}},
+  };
+  for (const auto& c : refused) {
+    g = Import(model(c.edit));
+    ASSERT_FALSE(g.ok());
+    for (const std::string& needle : c.needles) {
+      EXPECT_NE(g.status().message().find(needle), std::string::npos) << g.status();
+    }
+  }
 }
 
 // -x and torch.reciprocal: a mul by -1 and a div of 1; -x of a shape's

@@ -314,6 +314,35 @@ TEST(OpTableTest, HugeWindowPadAndScaleAttrsAreRefused) {
               "overflows");
 }
 
+// compare: operands of one dtype broadcast in full into u8; masked_fill:
+// a u8 mask broadcast over a float x, a value that may be infinite.
+TEST(MaskOpsTest, CompareAndMaskedFillInferAndRefuse) {
+  ExpectType("compare", {T({2, 1, 3}), T({4, 1})}, {{"op", "lt"}}, {2, 4, 3}, DType::kUInt8);
+  ExpectType("compare", {T({5}, kI64), T({}, kI64)}, {{"op", "eq"}}, {5}, DType::kUInt8);
+  ExpectType("compare", {T({5}, DType::kUInt8), T({5}, DType::kUInt8)}, {{"op", "and"}}, {5},
+             DType::kUInt8);
+  EXPECT_DOUBLE_EQ(Flops("compare", {T({2, 1, 3}), T({4, 1})}, {{"op", "ge"}}), 24);
+  ExpectError("compare", {T({2, 3}), T({3, 2})}, {{"op", "eq"}}, "do not broadcast");
+  ExpectError("compare", {T({2, 3}), T({2, 3}, kF16)}, {{"op", "eq"}}, "dtype");
+  ExpectError("compare", {T({2}), T({2})}, {{"op", "xor"}}, "attr 'op'");
+  ExpectError("compare", {T({2}), T({2})}, Json::object(), "attr 'op'");
+  ExpectError("compare", {T(Shape(9, 1)), T({1})}, {{"op", "eq"}}, "rank");
+
+  ExpectType("masked_fill", {T({2, 4, 3}, kF16), T({2, 1, 3}, DType::kUInt8)},
+             {{"value", "-inf"}}, {2, 4, 3}, kF16);
+  ExpectType("masked_fill", {T({2, 3}), T({}, DType::kUInt8)}, {{"value", 1.5}, {"invert", true}},
+             {2, 3});
+  EXPECT_DOUBLE_EQ(Flops("masked_fill", {T({2, 3}), T({3}, DType::kUInt8)}), 6);
+  ExpectError("masked_fill", {T({2, 3}), T({2, 3}, DType::kUInt8)}, {{"value", "nan"}},
+              "attr 'value'");
+  ExpectError("masked_fill", {T({2, 3}), T({2, 3})}, Json::object(), "mask");
+  ExpectError("masked_fill", {T({2, 3}, kI64), T({2, 3}, DType::kUInt8)}, Json::object(),
+              "float");
+  // The mask may not widen x: it broadcasts over x, not x over it.
+  ExpectError("masked_fill", {T({3}), T({2, 3}, DType::kUInt8)}, Json::object(),
+              "does not broadcast");
+}
+
 TEST(ElementwiseTest, ActivationsKeepTypeAndCountFlops) {
   for (const char* op : {"relu", "tanh", "sigmoid", "gelu"}) {
     ExpectType(op, {T({2, 3}, kF16)}, Json::object(), {2, 3}, kF16);

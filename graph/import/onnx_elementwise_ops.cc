@@ -135,7 +135,7 @@ absl::StatusOr<Value> Broadcast(ImportContext& cx, const onnx::NodeProto& node,
   if (ops_internal::BlockBroadcast(sa, sb) || ops_internal::BlockBroadcast(sb, sa)) {
     return cx.Lowered(node, op, {a, b}, Json::object(), suffix);
   }
-  const std::optional<std::vector<int64_t>> broadcast = BroadcastShape(sa, sb);
+  const std::optional<std::vector<int64_t>> broadcast = ops_internal::BroadcastShapes(sa, sb);
   if (!broadcast) {
     return NodeError(node, absl::StrCat("shapes ", ShapeToString(sa), " and ", ShapeToString(sb),
                                         " do not broadcast"));
@@ -288,25 +288,32 @@ absl::Status PRelu(ImportContext& cx, const onnx::NodeProto& node) {
 }
 
 // Expand of a computed tensor to a known shape (NumPy broadcast): added
-// to a zero `fill` of the result's shape, which broadcasts it.
+// to a zero `fill` of the result's shape, which broadcasts it; a boolean
+// mask or-ed with one.
 absl::Status Expand(ImportContext& cx, const onnx::NodeProto& node) {
   RETURN_IF_ERROR(cx.ExpectInputs(node, 2, 2));
   RETURN_IF_ERROR(Attrs(node).OnlyKnown({}));
   ASSIGN_OR_RETURN(std::vector<int64_t> shape, cx.ConstInts(node, 1));
   ASSIGN_OR_RETURN(Value x, cx.Get(node, node.input(0)));
   const Shape& in = cx.nb().type(x).shape;
-  const std::optional<std::vector<int64_t>> out = BroadcastShape(in, shape);
+  const std::optional<std::vector<int64_t>> out = ops_internal::BroadcastShapes(in, shape);
   if (!out) {
     return NodeError(node, absl::StrCat("cannot expand ", ShapeToString(in), " to [",
                                         absl::StrJoin(shape, ","), "]"));
   }
   if (Shape(out->begin(), out->end()) == in) return cx.Define(node, x);
+  // A boolean mask (a padding mask over the heads) is or-ed into false
+  // values of the result's shape, which compare broadcasts in full.
+  if (IsBoolean(cx, node.input(0))) {
+    ASSIGN_OR_RETURN(Value zeros, cx.Zeros(node, *out, x, "zeros"));
+    return cx.Apply(node, "compare", {x, zeros}, {{"op", "or"}});
+  }
   // The expansion is an add to zeros, which pebble computes in float only.
   if (const DType dtype = cx.nb().type(x).dtype; !ops_internal::IsFloat(dtype)) {
     return NodeError(node, absl::StrCat("an Expand of ", DTypeName(dtype), " ",
                                         Quote(node.input(0)),
                                         " is not supported (pebble expands float tensors "
-                                        "only)"));
+                                        "and boolean masks only)"));
   }
   ASSIGN_OR_RETURN(Value zeros, cx.Zeros(node, *out, x, "zeros"));
   ASSIGN_OR_RETURN(Value v, Broadcast(cx, node, "add", zeros, x, ""));

@@ -39,6 +39,7 @@ const OnnxHandlers& Handlers() {
     AddLayerOps(*table);
     AddElementwiseOps(*table);
     AddShapeOps(*table);
+    AddMaskOps(*table);
     return table;
   }();
   return *handlers;
@@ -447,7 +448,7 @@ class Importer {
     }
     // Operators read only where their operands are known at import.
     static const auto* const kFoldedOnly = new std::set<std::string>{
-        "Cast", "ConstantOfShape", "Equal", "Mod", "Range", "ReduceProd", "Shape", "Where"};
+        "ConstantOfShape", "Mod", "Range", "ReduceProd", "Shape"};
     std::vector<std::string> computing, folded;
     for (const std::string& supported : SupportedOnnxOps()) {
       (kFoldedOnly->contains(supported) ? folded : computing).push_back(supported);

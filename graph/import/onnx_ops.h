@@ -32,12 +32,21 @@ void AddElementwiseOps(OnnxHandlers& handlers);
 // Shapes and their integer arithmetic folded at import, views, slices,
 // concatenation and constants (onnx_shape_ops.cc).
 void AddShapeOps(OnnxHandlers& handlers);
+// Comparisons, logic, Where and Cast: folded over constants, else
+// pebble's compare and masked_fill (onnx_mask_ops.cc).
+void AddMaskOps(OnnxHandlers& handlers);
 
 // Shared between the families.
 
 // Add, Sub, Mul, Div or Mod (fmod as ONNX's attribute) of two integer
 // tensors known at import, folded.
 absl::Status FoldArithmetic(ImportContext& cx, const onnx::NodeProto& node, bool fmod = false);
+
+// Whether ONNX value `name` is a boolean tensor, which pebble holds as u8
+// 0 and 1: written by a comparison, Not or a Cast to bool, through views
+// and expansions of it (onnx_mask_ops.cc). A uint8 tensor of the model (an
+// image) is not.
+bool IsBoolean(const ImportContext& cx, const std::string& name);
 
 }  // namespace pebble::onnx_import
 

@@ -318,62 +318,6 @@ absl::Status ConstantOfShape(ImportContext& cx, const onnx::NodeProto& node) {
   return cx.DefineInts(node, 0, Ints{dims, std::vector<int64_t>(count, value)});
 }
 
-// Equal of known integers (0 or 1) and Where over them: Expand's shape.
-absl::Status Equal(ImportContext& cx, const onnx::NodeProto& node) {
-  RETURN_IF_ERROR(cx.ExpectInputs(node, 2, 2));
-  RETURN_IF_ERROR(Attrs(node).OnlyKnown({}));
-  std::optional<Ints> a = cx.KnownInts(node.input(0)), b = cx.KnownInts(node.input(1));
-  if (!a || !b || (a->values.size() != b->values.size() && b->values.size() != 1)) {
-    return NodeError(node, "only Equal of integer constants and shapes is supported");
-  }
-  Ints out = *a;
-  for (size_t i = 0; i < out.values.size(); ++i) {
-    out.values[i] = a->values[i] == b->values[b->values.size() == 1 ? 0 : i] ? 1 : 0;
-  }
-  return cx.DefineInts(node, 0, std::move(out));
-}
-
-// Where's values: x's where c is not 0, else y's, each of c's size or of
-// one element; nullopt where a size differs otherwise.
-template <typename C, typename T>
-std::optional<std::vector<T>> Selected(const std::vector<C>& c, const std::vector<T>& x,
-                                       const std::vector<T>& y) {
-  const size_t n = c.size();
-  for (const std::vector<T>* t : {&x, &y}) {
-    if (t->size() != n && t->size() != 1) return std::nullopt;
-  }
-  std::vector<T> out(n);
-  for (size_t i = 0; i < n; ++i) {
-    out[i] = c[i] != 0 ? x[x.size() == 1 ? 0 : i] : y[y.size() == 1 ? 0 : i];
-  }
-  return out;
-}
-
-// Where over integer constants and shapes (Expand's shape), folded; over
-// other constants (a boolean mask made an additive one: -inf where masked,
-// 0 elsewhere), folded into a float constant.
-absl::Status Where(ImportContext& cx, const onnx::NodeProto& node) {
-  RETURN_IF_ERROR(cx.ExpectInputs(node, 3, 3));
-  RETURN_IF_ERROR(Attrs(node).OnlyKnown({}));
-  std::optional<Ints> c = cx.KnownInts(node.input(0)), x = cx.KnownInts(node.input(1)),
-                      y = cx.KnownInts(node.input(2));
-  if (c && x && y) {
-    if (auto values = Selected(c->values, x->values, y->values)) {
-      return cx.DefineInts(node, 0, Ints{c->dims, *std::move(values)});
-    }
-  } else {
-    std::optional<Numbers> cn = cx.KnownNumbers(node.input(0)),
-                           xn = cx.KnownNumbers(node.input(1)),
-                           yn = cx.KnownNumbers(node.input(2));
-    if (cn && xn && yn) {
-      if (auto values = Selected(cn->values, xn->values, yn->values)) {
-        return cx.DefineFolded(node, FloatTensor(cn->dims, *values));
-      }
-    }
-  }
-  return NodeError(node, "only Where over constants and shapes is supported");
-}
-
 // The axes of Unsqueeze / Squeeze: an input from opset 13, before that
 // an attribute.
 absl::StatusOr<std::vector<int64_t>> AxesOf(ImportContext& cx, const onnx::NodeProto& node,
@@ -824,23 +768,6 @@ absl::Status Constant(ImportContext& cx, const onnx::NodeProto& node) {
   return NodeError(node, "only a tensor 'value' is supported");
 }
 
-// Cast of a constant (torch.clamp casts its scalar bounds): the value is
-// kept as it is, for the operators that read constants by value. A cast
-// of a computed tensor is refused.
-absl::Status Cast(ImportContext& cx, const onnx::NodeProto& node) {
-  RETURN_IF_ERROR(cx.ExpectInputs(node, 1, 1));
-  RETURN_IF_ERROR(Attrs(node).OnlyKnown({"to", "saturate"}));
-  const onnx::TensorProto* t = cx.ConstTensor(node.input(0));
-  if (t == nullptr) {
-    return NodeError(node,
-                     "only a cast of a constant is supported (this one casts a "
-                     "computed tensor)");
-  }
-  if (node.output_size() != 1 || node.output(0).empty()) return NodeError(node, "has no output");
-  cx.SetConstant(node.output(0), t);
-  return absl::OkStatus();
-}
-
 }  // namespace
 
 // Add, Sub, Mul, Div, Mod of two integer tensors (a scalar or one-element
@@ -900,8 +827,6 @@ void AddShapeOps(OnnxHandlers& handlers) {
   handlers["SpaceToDepth"] = [](ImportContext& cx, const onnx::NodeProto& node) {
     return MoveBlocks(cx, node, /*to_space=*/false);
   };
-  handlers["Equal"] = Equal;
-  handlers["Where"] = Where;
   for (const bool unsqueeze : {true, false}) {
     handlers[unsqueeze ? "Unsqueeze" : "Squeeze"] = [unsqueeze](ImportContext& cx,
                                                                 const onnx::NodeProto& node) {
@@ -918,7 +843,6 @@ void AddShapeOps(OnnxHandlers& handlers) {
   handlers["ReduceProd"] = ReduceProd;
   handlers["Identity"] = Identity;
   handlers["Constant"] = Constant;
-  handlers["Cast"] = Cast;
 }
 
 }  // namespace pebble::onnx_import

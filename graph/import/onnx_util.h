@@ -129,21 +129,6 @@ absl::Status OnlyNotSetAutoPad(const Attrs& attrs);
 // Attribute `name` (one value per spatial dim) must be all ones, its default.
 absl::Status AllOnes(const Attrs& attrs, absl::string_view name, int spatial);
 
-// The NumPy broadcast of shapes `a` and `b` (aligned on the trailing dims,
-// each dim equal or 1); nullopt where they do not broadcast.
-template <typename A, typename B>
-std::optional<std::vector<int64_t>> BroadcastShape(const A& a, const B& b) {
-  const size_t rank = std::max(a.size(), b.size());
-  std::vector<int64_t> out(rank);
-  for (size_t k = 0; k < rank; ++k) {
-    const int64_t x = k < rank - a.size() ? 1 : a[k - (rank - a.size())];
-    const int64_t y = k < rank - b.size() ? 1 : b[k - (rank - b.size())];
-    if (x != y && x != 1 && y != 1) return std::nullopt;
-    out[k] = x == 1 ? y : x;
-  }
-  return out;
-}
-
 // The shape of `shape` with a dim of 1 put at `at`: a 1-D convolution or
 // pooling runs as a 2-D one of height 1.
 std::vector<int64_t> WithUnitDim(const Shape& shape, size_t at);

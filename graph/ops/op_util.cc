@@ -1,6 +1,8 @@
 #include "graph/ops/op_util.h"
 
+#include <algorithm>
 #include <cmath>
+#include <iterator>
 #include <limits>
 
 #include "absl/strings/str_join.h"
@@ -59,6 +61,25 @@ absl::StatusOr<double> DoubleAttr(const Json& attrs, absl::string_view name,
     if (std::isfinite(d)) return d;
   }
   return BadAttr(name, "a finite number", *v);
+}
+
+absl::StatusOr<double> ExtendedDoubleAttr(const Json& attrs, absl::string_view name,
+                                          double default_value) {
+  const Json* v = Find(attrs, name);
+  if (v != nullptr && v->is_string()) {
+    if (*v == "inf") return HUGE_VAL;
+    if (*v == "-inf") return -HUGE_VAL;
+    return BadAttr(name, "a finite number, \"inf\" or \"-inf\"", *v);
+  }
+  return DoubleAttr(attrs, name, default_value);
+}
+
+absl::StatusOr<int> CompareOpAttr(const Json& attrs) {
+  ASSIGN_OR_RETURN(const std::string op, StringAttr(attrs, "op", ""));
+  for (int i = 0; i < static_cast<int>(std::size(kCompareOps)); ++i) {
+    if (op == kCompareOps[i]) return i;
+  }
+  return Invalid("attr 'op' must be one of eq, ne, lt, le, gt, ge, and, or; got \"", op, "\"");
 }
 
 absl::StatusOr<std::string> StringAttr(const Json& attrs,
@@ -323,6 +344,18 @@ absl::Status CheckConvGroups(int64_t in_channels, const Shape& weight,
                               : std::string());
   }
   return absl::OkStatus();
+}
+
+std::optional<Shape> BroadcastShapes(const Shape& a, const Shape& b) {
+  const size_t rank = std::max(a.size(), b.size());
+  Shape out(rank);
+  for (size_t k = 0; k < rank; ++k) {
+    const int64_t x = k < rank - a.size() ? 1 : a[k - (rank - a.size())];
+    const int64_t y = k < rank - b.size() ? 1 : b[k - (rank - b.size())];
+    if (x != y && x != 1 && y != 1) return std::nullopt;
+    out[k] = x == 1 ? y : x;
+  }
+  return out;
 }
 
 std::optional<BroadcastBlock> BlockBroadcast(const Shape& big,

@@ -63,6 +63,15 @@ absl::StatusOr<Shape> ShapeAttr(const Json& attrs, absl::string_view name);
 // A dtype attribute ("fp32", ...; ParseDType's spellings).
 absl::StatusOr<DType> DTypeAttr(const Json& attrs, absl::string_view name,
                                 DType default_value);
+// A value that may be infinite: a finite number, or the string "inf" or
+// "-inf" (JSON has no infinities): masked_fill's `value`, -inf for an
+// attention mask.
+absl::StatusOr<double> ExtendedDoubleAttr(const Json& attrs, absl::string_view name,
+                                          double default_value);
+// compare's attr `op`, as its index in kCompareOps (the order of
+// kmath::CompareOp in runtime/kernel_math.h).
+inline constexpr const char* kCompareOps[] = {"eq", "ne", "lt", "le", "gt", "ge", "and", "or"};
+absl::StatusOr<int> CompareOpAttr(const Json& attrs);
 
 // ---- Tensor checks. `what` names the operand in messages ("input 0 (x)").
 
@@ -158,6 +167,9 @@ struct BroadcastBlock {
 // neither 1 nor big's, a higher rank, or 1s between the dims it keeps).
 std::optional<BroadcastBlock> BlockBroadcast(const Shape& big,
                                              const Shape& small);
+// The NumPy broadcast of `a` and `b` in full (aligned on the trailing dims,
+// each dim equal or 1): compare's result; nullopt where they do not.
+std::optional<Shape> BroadcastShapes(const Shape& a, const Shape& b);
 
 // The highest rank transpose takes (the kernels' index maps are fixed-size).
 inline constexpr int kMaxTransposeRank = 8;
@@ -203,6 +215,7 @@ void RegisterNormOps(std::vector<OpDef>& table);         // norm.cc
 void RegisterShapeOps(std::vector<OpDef>& table);        // shape_ops.cc
 void RegisterLossOps(std::vector<OpDef>& table);         // loss.cc
 void RegisterOptimizerOps(std::vector<OpDef>& table);    // optimizer_ops.cc
+void RegisterMaskOps(std::vector<OpDef>& table);         // mask_ops.cc
 
 }  // namespace pebble::ops_internal
 

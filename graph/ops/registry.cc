@@ -20,6 +20,7 @@ const std::vector<OpDef>& Table() {
     ops_internal::RegisterShapeOps(*defs);
     ops_internal::RegisterLossOps(*defs);
     ops_internal::RegisterOptimizerOps(*defs);
+    ops_internal::RegisterMaskOps(*defs);
     std::sort(defs->begin(), defs->end(),
               [](const OpDef& a, const OpDef& b) { return a.name < b.name; });
     for (size_t i = 0; i < defs->size(); ++i) {

@@ -1,17 +1,20 @@
 // Element-wise own kernels: add, mul (bias-style broadcast), the
 // piecewise-linear activations (clip, hardsigmoid, hardswish, leaky_relu),
 // elu, softplus, abs, exp, log,
-// sum_to, the copies (copy, flatten, reshape), fill, arange and dropout.
+// sum_to, the copies (copy, flatten, reshape), fill, arange, dropout,
+// compare and masked_fill.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <optional>
+#include <type_traits>
 #include <vector>
 
 #include "graph/ops/op_util.h"
 #include "graph/status.h"
 #include "runtime/activation_math.h"
+#include "runtime/kernel_args.h"
 #include "runtime/cpu/native_util.h"
 #include "runtime/kernel_math.h"
 
@@ -379,6 +382,71 @@ absl::Status Arange(const KernelContext& ctx) {
   return absl::OkStatus();
 }
 
+// ---- compare (a, b) -> u8 and masked_fill (x, mask): operands read over
+// the result by Note [Broadcast index] (runtime/kernel_math.h), as the CUDA
+// backend reads them. compare takes floats in float (every fp16 and bf16
+// value is one), integers as they are.
+
+template <typename T>
+void CompareLoop(const CompareArgs& args, const T* a, const T* b, uint8_t* out, int64_t n) {
+  ParallelFor(n, kGrain, [&](int64_t begin, int64_t end) {
+    for (int64_t o = begin; o < end; ++o) {
+      const T x = a[kmath::BroadcastSource(args.a, o)];
+      const T y = b[kmath::BroadcastSource(args.b, o)];
+      bool r;
+      if constexpr (std::is_integral_v<T>) {
+        r = kmath::Compares<int64_t>(args.op, x, y);
+      } else {
+        r = kmath::Compares<float>(args.op, ToFloat(x), ToFloat(y));
+      }
+      out[o] = r ? 1 : 0;
+    }
+  });
+}
+
+absl::Status Compare(const KernelContext& ctx) {
+  RETURN_IF_ERROR(CheckOperands(ctx));
+  ASSIGN_OR_RETURN(const CompareArgs args, CompareArgsOf(ctx));
+  const TensorView& a = ctx.inputs[0];
+  const TensorView& b = ctx.inputs[1];
+  uint8_t* out = ctx.output.as<uint8_t>();
+  const int64_t n = ctx.output.num_elements();
+  switch (a.dtype) {
+    case DType::kInt64:
+      CompareLoop(args, a.as<int64_t>(), b.as<int64_t>(), out, n);
+      return absl::OkStatus();
+    case DType::kUInt8:
+      CompareLoop(args, a.as<uint8_t>(), b.as<uint8_t>(), out, n);
+      return absl::OkStatus();
+    default:
+      return DispatchFloat(a.dtype, "the operands", [&](auto tag) {
+        using T = decltype(tag);
+        CompareLoop(args, a.as<T>(), b.as<T>(), out, n);
+        return absl::OkStatus();
+      });
+  }
+}
+
+absl::Status MaskedFill(const KernelContext& ctx) {
+  RETURN_IF_ERROR(CheckOperands(ctx));
+  ASSIGN_OR_RETURN(const MaskedFillArgs args, MaskedFillArgsOf(ctx));
+  const uint8_t* mask = ctx.inputs[1].as<uint8_t>();
+  const int64_t n = ctx.output.num_elements();
+  return DispatchFloat(ctx.output.dtype, "input 0 (x)", [&](auto tag) {
+    using T = decltype(tag);
+    const T* x = ctx.inputs[0].as<T>();
+    T* y = ctx.output.as<T>();
+    const T value = FromFloat<T>(args.value);
+    ParallelFor(n, kGrain, [&](int64_t begin, int64_t end) {
+      for (int64_t o = begin; o < end; ++o) {
+        const bool set = mask[kmath::BroadcastSource(args.mask, o)] != 0;
+        y[o] = set != args.invert ? value : x[o];
+      }
+    });
+    return absl::OkStatus();
+  });
+}
+
 // ---- dropout: the mask generator is Note [Dropout mask generator] in
 // runtime/kernel_math.h, shared with the CUDA backend (same bits on both).
 
@@ -430,6 +498,8 @@ void RegisterNativeElementwiseKernels(KernelTable& table) {
   table.Register("reshape", CopyBytes);
   table.Register("fill", Fill);
   table.Register("arange", Arange);
+  table.Register("compare", Compare);
+  table.Register("masked_fill", MaskedFill);
   table.Register("dropout_mask", DropoutMask);
   table.Register("dropout", DropoutApply);
   table.Register("dropout_backward", DropoutApply);

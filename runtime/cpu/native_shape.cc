@@ -9,7 +9,7 @@
 
 #include "graph/ops/op_util.h"
 #include "graph/status.h"
-#include "runtime/border_pad.h"
+#include "runtime/kernel_args.h"
 #include "runtime/cpu/native_util.h"
 #include "runtime/kernel_math.h"
 

@@ -49,6 +49,9 @@ __device__ __forceinline__ float Ld(const __half* p, int64_t i) {
 __device__ __forceinline__ float Ld(const __nv_bfloat16* p, int64_t i) {
   return __bfloat162float(p[i]);
 }
+// Integers for compare, as they are.
+__device__ __forceinline__ int64_t Ld(const int64_t* p, int64_t i) { return p[i]; }
+__device__ __forceinline__ int64_t Ld(const uint8_t* p, int64_t i) { return p[i]; }
 __device__ __forceinline__ void St(float* p, int64_t i, float v) { p[i] = v; }
 __device__ __forceinline__ void St(__half* p, int64_t i, float v) {
   p[i] = __float2half_rn(v);
@@ -733,6 +736,32 @@ __global__ void BorderPadBackwardKernel(kmath::BorderPad p, const T* g, T* dx, i
   }
 }
 
+// ---- compare, masked_fill (Note [Broadcast index]).
+
+template <typename T>
+__global__ void CompareKernel(kmath::CompareOp op, const T* a, kmath::BroadcastIndex ia,
+                              const T* b, kmath::BroadcastIndex ib, uint8_t* out, int64_t n) {
+  PEBBLE_GRID_LOOP(o, n) {
+    out[o] = kmath::Compares(op, Ld(a, kmath::BroadcastSource(ia, o)),
+                             Ld(b, kmath::BroadcastSource(ib, o)))
+                 ? 1
+                 : 0;
+  }
+}
+
+template <typename T>
+__global__ void MaskedFillKernel(const T* x, const uint8_t* mask, kmath::BroadcastIndex im,
+                                 float value, bool invert, T* y, int64_t n) {
+  PEBBLE_GRID_LOOP(o, n) {
+    const bool set = mask[kmath::BroadcastSource(im, o)] != 0;
+    if (set != invert) {
+      St(y, o, value);
+    } else {
+      y[o] = x[o];
+    }
+  }
+}
+
 template <typename S>
 __global__ void FillKernel(S* out, int64_t n, S value) {
   PEBBLE_GRID_LOOP(i, n) out[i] = value;
@@ -1310,6 +1339,39 @@ cudaError_t LaunchBorderPad(KType t, const kmath::BorderPad& p, bool backward, c
       PEBBLE_KERNEL_LAUNCH(Blocks(n), kThreads, stream, BorderPadKernel<T>)
       (p, static_cast<const T*>(in), static_cast<T*>(out), n);
     }
+    return Launched();
+  });
+}
+
+cudaError_t LaunchCompare(CompareType t, kmath::CompareOp op, const void* a,
+                          const kmath::BroadcastIndex& ia, const void* b,
+                          const kmath::BroadcastIndex& ib, uint8_t* out, int64_t n,
+                          cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  auto launch = [&](auto tag) {
+    using T = decltype(tag);
+    PEBBLE_KERNEL_LAUNCH(Blocks(n), kThreads, stream, CompareKernel<T>)
+    (op, static_cast<const T*>(a), ia, static_cast<const T*>(b), ib, out, n);
+    return Launched();
+  };
+  switch (t) {
+    case CompareType::kF32: return launch(float{});
+    case CompareType::kF16: return launch(__half{});
+    case CompareType::kBF16: return launch(__nv_bfloat16{});
+    case CompareType::kI64: return launch(int64_t{});
+    case CompareType::kU8: return launch(uint8_t{});
+  }
+  return cudaErrorInvalidValue;
+}
+
+cudaError_t LaunchMaskedFill(KType t, const void* x, const uint8_t* mask,
+                             const kmath::BroadcastIndex& im, float value, bool invert, void* y,
+                             int64_t n, cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  return Dispatch(t, [&](auto tag) {
+    using T = decltype(tag);
+    PEBBLE_KERNEL_LAUNCH(Blocks(n), kThreads, stream, MaskedFillKernel<T>)
+    (static_cast<const T*>(x), mask, im, value, invert, static_cast<T*>(y), n);
     return Launched();
   });
 }

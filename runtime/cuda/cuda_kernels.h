@@ -187,6 +187,20 @@ cudaError_t LaunchPad(int element_bytes, const PadSpec& p, const void* in,
 cudaError_t LaunchBorderPad(KType t, const kmath::BorderPad& p, bool backward, const void* in,
                             void* out, cudaStream_t stream);
 
+// compare's operand types; and masked_fill (Note [Broadcast index] in
+// runtime/kernel_math.h): out[o] = a[BroadcastSource(ia, o)] op
+// b[BroadcastSource(ib, o)] as 0 or 1 (floats compared in float, integers as
+// they are), n outputs; y[o] = `value` where mask[BroadcastSource(im, o)] is
+// not 0 (with `invert`: is 0), else x[o].
+enum class CompareType : int { kF32 = 0, kF16, kBF16, kI64, kU8 };
+cudaError_t LaunchCompare(CompareType t, kmath::CompareOp op, const void* a,
+                          const kmath::BroadcastIndex& ia, const void* b,
+                          const kmath::BroadcastIndex& ib, uint8_t* out, int64_t n,
+                          cudaStream_t stream);
+cudaError_t LaunchMaskedFill(KType t, const void* x, const uint8_t* mask,
+                             const kmath::BroadcastIndex& im, float value, bool invert, void* y,
+                             int64_t n, cudaStream_t stream);
+
 // The optimizer's in-place update `op` (runtime/optimizer_math.h): a[i] =
 // Update(op, s, a[i], b[i], c[i]) for n elements (c null: 0). kAdamUpdate
 // first sets s's step factors from `h` and the step count *step (an fp32

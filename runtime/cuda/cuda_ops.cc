@@ -14,7 +14,7 @@
 #include "absl/strings/str_join.h"
 #include "graph/ops/op_util.h"
 #include "graph/status.h"
-#include "runtime/border_pad.h"
+#include "runtime/kernel_args.h"
 #include "runtime/cuda/cuda_kernels.h"
 #include "runtime/cuda/cuda_ops.h"
 #include "runtime/cuda/cuda_status.h"
@@ -853,6 +853,37 @@ absl::Status BorderPad(CudaContext& cc, const KernelContext& ctx, bool backward)
   return absl::OkStatus();
 }
 
+// ---- compare, masked_fill (Note [Broadcast index]).
+
+absl::Status Compare(CudaContext& cc, const KernelContext& ctx) {
+  ASSIGN_OR_RETURN(const CompareArgs args, CompareArgsOf(ctx));
+  CompareType t;
+  switch (ctx.inputs[0].dtype) {
+    case DType::kFloat32: t = CompareType::kF32; break;
+    case DType::kFloat16: t = CompareType::kF16; break;
+    case DType::kBFloat16: t = CompareType::kBF16; break;
+    case DType::kInt64: t = CompareType::kI64; break;
+    case DType::kUInt8: t = CompareType::kU8; break;
+    default:
+      return absl::InvalidArgumentError(absl::StrCat("compare: no kernel for ",
+                                                     ctx.inputs[0].ToString()));
+  }
+  PEBBLE_LAUNCH(LaunchCompare(t, args.op, ctx.inputs[0].data, args.a, ctx.inputs[1].data, args.b,
+                              reinterpret_cast<uint8_t*>(ctx.output.data),
+                              ctx.output.num_elements(), cc.stream));
+  return absl::OkStatus();
+}
+
+absl::Status MaskedFill(CudaContext& cc, const KernelContext& ctx) {
+  ASSIGN_OR_RETURN(const MaskedFillArgs args, MaskedFillArgsOf(ctx));
+  ASSIGN_OR_RETURN(const KType t, KTypeOf(ctx.output.dtype));
+  PEBBLE_LAUNCH(LaunchMaskedFill(t, ctx.inputs[0].data,
+                                 reinterpret_cast<const uint8_t*>(ctx.inputs[1].data), args.mask,
+                                 args.value, args.invert, ctx.output.data,
+                                 ctx.output.num_elements(), cc.stream));
+  return absl::OkStatus();
+}
+
 // Pad/crop with F.pad's `pads` (last dim first, (before, after) per dim),
 // negated for pad_backward; other modes by BorderPad.
 absl::Status PadCommon(CudaContext& cc, const KernelContext& ctx, int sign) {
@@ -1544,6 +1575,8 @@ void AddOwnKernels(std::map<std::string, CudaKernelFn>& t) {
   t["layernorm_backward_weight"] = LayerNormBackwardWeight;
   t["layernorm_backward_bias"] = SumLeading;
   t["sum_to"] = SumTo;
+  t["compare"] = Compare;
+  t["masked_fill"] = MaskedFill;
   t["dropout_mask"] = DropoutMask;
   t["dropout"] = DropoutApply;
   t["dropout_backward"] = DropoutApply;

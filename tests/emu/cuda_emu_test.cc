@@ -391,10 +391,10 @@ using nlohmann::json;
 
 // Element-wise ops (the piecewise-linear activations with points on both
 // sides of their kinks; elu and softplus, its threshold within the range;
-// log, abs and exp), broadcast products and sums, a ceil-mode max pool, a
-// transpose, padding of every mode (a constant one with a crop), an
-// averaging pool with padding, a copy and a sum loss (and their backward
-// ops).
+// log, abs and exp; compares and masked fills), broadcast products and
+// sums, a ceil-mode max pool, a transpose, padding of every mode (a
+// constant one with a crop), an averaging pool with padding, a copy and a
+// sum loss (and their backward ops).
 Graph PointwiseGraph() {
   NetBuilder nb("pointwise");
   const Value x = nb.Parameter("x", {2, 3, 5, 7});
@@ -412,6 +412,15 @@ Graph PointwiseGraph() {
   y = nb.Apply("softplus", {y}, {{"beta", 2.0}, {"threshold", 1.0}});
   y = nb.Apply("log", {y});  // of a positive tensor
   y = nb.Apply("exp", {nb.Apply("abs", {y})});
+  // Masks: a comparison broadcast from (5, 7), one of y by a scalar, their
+  // and; masked fills by them, one inverted.
+  const Value zero = nb.Apply("fill", {}, {{"shape", Shape{}}, {"value", 0.0}});
+  const Value one = nb.Apply("fill", {}, {{"shape", Shape{}}, {"value", 1.0}});
+  const Value positive_w = nb.Apply("compare", {w, zero}, {{"op", "gt"}});
+  const Value small_y = nb.Apply("compare", {y, one}, {{"op", "le"}});
+  y = nb.Apply("masked_fill", {y, positive_w}, {{"value", 0.25}});
+  y = nb.Apply("masked_fill", {y, nb.Apply("compare", {small_y, positive_w}, {{"op", "and"}})},
+               {{"value", -0.5}, {"invert", true}});
   y = nb.Apply("mul", {y, w});
   const Value half = nb.Apply("fill", {}, {{"shape", {5, 7}}, {"value", 0.5}});
   y = nb.Apply("mul", {y, half});

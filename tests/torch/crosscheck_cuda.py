@@ -55,6 +55,10 @@ IMPORT_CASES = [
     ("import_pooled", ["--model", "pooled", "--image", "16"]),
     ("import_misc", ["--model", "misc", "--image", "8", "--opset", "17"]),
     ("import_mnist", ["--model", "mnist", "--image", "12"]),
+    # compare and masked_fill: masks computed in the model, a padding mask
+    # from the token ids (2026-12-07, host emulation only so far).
+    ("import_masked", ["--model", "masked", "--image", "12"]),
+    ("import_text_padded", ["--model", "text_padded", "--opset", "17", "--image", "12"]),
 ]
 
 

@@ -627,14 +627,16 @@ def upconv_net(torch, num_classes=10, image=None):
     return Upconv()
 
 
-def text_net(torch, num_classes=10, image=8):
+def text_net(torch, num_classes=10, image=8, padding_mask=False):
     """A small text classifier over `image` token ids of a vocabulary of 50
     (nn.Embedding, Gather in ONNX): token embeddings, position embeddings at
     a slice of a non-persistent buffer of position ids (a constant 0, 1, ...
     the importer makes an arange), one nn.TransformerEncoderLayer (batch
     first, GELU, dropout 0), the mean over the sequence and a linear
     classifier (export it at opset 17, where LayerNorm is one ONNX op):
-    --model text."""
+    --model text. With `padding_mask`, id 0 pads (about a third of the ids
+    after the first) and the layer's src_key_padding_mask is ids == 0, a
+    mask computed from the input: --model text_padded."""
     nn = torch.nn
 
     class Text(nn.Module):
@@ -653,12 +655,19 @@ def text_net(torch, num_classes=10, image=8):
 
         def forward(self, ids):
             h = self.tok(ids) + self.pos(self.position_ids[:, :ids.shape[1]])
-            return self.fc(self.layer(h).mean(dim=1))
+            if padding_mask:
+                h = self.layer(h, src_key_padding_mask=ids == 0)
+            else:
+                h = self.layer(h)
+            return self.fc(h.mean(dim=1))
 
         def make_batch(self, torch, batch, classes, gen):
             """Token ids (batch, image) and class targets."""
-            return (torch.randint(0, self.vocab, (batch, image), generator=gen),
-                    torch.randint(0, classes, (batch,), generator=gen))
+            ids = torch.randint(0, self.vocab, (batch, image), generator=gen)
+            if padding_mask:
+                ids[:, 0] += ids[:, 0] == 0
+                ids[:, 1:] *= (torch.rand((batch, image - 1), generator=gen) > 0.3).long()
+            return ids, torch.randint(0, classes, (batch,), generator=gen)
 
     return Text()
 
@@ -705,6 +714,51 @@ def token_lm_net(torch, num_classes=10, image=8, bool_mask=False):
     return TokenLm()
 
 
+def masked_net(torch, num_classes=10, image=8):
+    """A small text classifier over `image` token ids of a vocabulary of 50
+    where id 0 pads: attention whose scores are masked_fill-ed with -inf at
+    the padded keys (a mask computed from the ids: Equal, Unsqueeze and
+    Where in ONNX), then the masks of element values: torch.where(a > 0, a,
+    0.1 a), masked_fill(~(a < 0.5), 0), nn.Hardshrink and nn.Softshrink
+    (comparisons, Or, Where), a mask cast to float and
+    multiplied in, torch.where of two computed tensors and a logical and:
+    --model masked."""
+    nn = torch.nn
+
+    class Masked(nn.Module):
+        vocab = 50
+
+        def __init__(self):
+            super().__init__()
+            self.tok = nn.Embedding(self.vocab, 16)
+            self.q = nn.Linear(16, 16)
+            self.shrink = nn.Hardshrink(0.3)
+            self.soft = nn.Softshrink(0.2)
+            self.fc = nn.Linear(16, num_classes)
+
+        def forward(self, ids):
+            x = self.tok(ids)
+            scores = self.q(x) @ x.transpose(1, 2) / 4.0
+            pad = ids == 0
+            scores = scores.masked_fill(pad[:, None, :], float("-inf"))
+            a = scores.softmax(-1) @ x
+            a = torch.where(a > 0, a, 0.1 * a)
+            a = a.masked_fill(~(a < 0.5), 0.0)
+            b = self.shrink(a) + (a > 0.1).float() * a + self.soft(a)
+            both = (a > -0.2) & (b < 0.3)
+            c = torch.where(both, torch.tanh(b), torch.sigmoid(a))
+            return self.fc(c.masked_fill(pad[:, :, None], 0.0).sum(dim=1))
+
+        def make_batch(self, torch, batch, classes, gen):
+            """Token ids (batch, image), about a third of them 0 (padding)
+            but never the first, and class targets."""
+            ids = torch.randint(1, self.vocab, (batch, image), generator=gen)
+            ids[:, 1:] *= (torch.rand((batch, image - 1), generator=gen) > 0.3).long()
+            return ids, torch.randint(0, classes, (batch,), generator=gen)
+
+    return Masked()
+
+
 # Models of this file, beside torchvision's. A model with a `make_batch`
 # method (torch, batch, classes, generator) -> (input, target) makes its
 # own batch; the others take (batch, 3, image, image) images and a class
@@ -715,8 +769,10 @@ LOCAL_MODELS = {"activations": activations_net, "smooth": smooth_net,
                 "sequence": sequence_net, "vit_tiny": vit_tiny_net,
                 "misc": misc_net, "normed": normed_net, "pooled": pooled_net,
                 "shuffled": shuffled_net, "mnist": mnist_net,
-                "upconv": upconv_net,
+                "upconv": upconv_net, "masked": masked_net,
                 "text": text_net, "token_lm": token_lm_net,
+                "text_padded": lambda torch, classes, image: text_net(
+                    torch, classes, image, padding_mask=True),
                 "token_lm_bool": lambda torch, classes, image: token_lm_net(
                     torch, classes, image, bool_mask=True)}
 

@@ -1,0 +1,324 @@
+// ONNX comparisons, logic, Where and Cast: over constants and shapes they
+// fold at import; over computed tensors they become pebble's `compare`
+// (a u8 truth value per element) and `masked_fill`, which express
+// `torch.where`, `masked_fill`, `nn.Hardshrink` and a padding mask computed
+// from token ids (docs/import.md).
+#include <cmath>
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "graph/import/onnx_context.h"
+#include "graph/import/onnx_ops.h"
+#include "graph/import/onnx_util.h"
+#include "graph/ops/op_util.h"
+#include "graph/status.h"
+
+namespace pebble::onnx_import {
+namespace {
+
+// ONNX's comparison and logic operators and pebble's compare op for each.
+const std::map<std::string, std::string>& CompareOps() {
+  static const auto* const ops = new std::map<std::string, std::string>{
+      {"Equal", "eq"}, {"Greater", "gt"},     {"GreaterOrEqual", "ge"},
+      {"Less", "lt"},  {"LessOrEqual", "le"}, {"And", "and"},
+      {"Or", "or"},    {"Xor", "ne"}};
+  return *ops;
+}
+
+// Where's values: x's where c is not 0, else y's, each of c's size or of
+// one element; nullopt where a size differs otherwise.
+template <typename C, typename T>
+std::optional<std::vector<T>> Selected(const std::vector<C>& c, const std::vector<T>& x,
+                                       const std::vector<T>& y) {
+  const size_t n = c.size();
+  for (const std::vector<T>* t : {&x, &y}) {
+    if (t->size() != n && t->size() != 1) return std::nullopt;
+  }
+  std::vector<T> out(n);
+  for (size_t i = 0; i < n; ++i) {
+    out[i] = c[i] != 0 ? x[x.size() == 1 ? 0 : i] : y[y.size() == 1 ? 0 : i];
+  }
+  return out;
+}
+
+// The value of a constant operand of one value (a threshold, a fill value;
+// the zeros nn.MultiheadAttention's export makes a float padding mask from,
+// of any shape), or nullopt where `name` is computed or another constant.
+std::optional<double> ScalarConstant(const ImportContext& cx, const std::string& name) {
+  if (cx.Find(name) != nullptr) return std::nullopt;
+  const onnx::TensorProto* t = cx.ConstTensor(name);
+  if (t == nullptr || cx.IsParameterLike(name)) return std::nullopt;
+  if (std::optional<bool> b = BoolScalar(*t)) return *b ? 1.0 : 0.0;
+  if (std::optional<double> v = NumberScalar(*t)) return v;
+  std::optional<Numbers> numbers = cx.KnownNumbers(name);
+  if (!numbers || numbers->values.empty()) return std::nullopt;
+  const double first = numbers->values.front();
+  for (double v : numbers->values) {
+    if (!(v == first)) return std::nullopt;
+  }
+  return first;
+}
+
+// The dims of input `name` as written: a computed value's, a constant's.
+std::optional<Shape> DimsOf(const ImportContext& cx, const std::string& name) {
+  if (const Value* v = cx.Find(name)) return cx.nb().type(*v).shape;
+  if (const onnx::TensorProto* t = cx.ConstTensor(name)) {
+    return Shape(t->dims().begin(), t->dims().end());
+  }
+  return std::nullopt;
+}
+
+// masked_fill's `value` attr: a number, or "inf" / "-inf" (JSON has no
+// infinities); NaN is refused.
+absl::StatusOr<Json> FillValue(const onnx::NodeProto& node, double value) {
+  if (std::isnan(value)) return NodeError(node, "a NaN fill value is not supported");
+  if (std::isinf(value)) return Json(value > 0 ? "inf" : "-inf");
+  return Json(value);
+}
+
+// Operand `i` of a comparison whose other operand is the computed `like`:
+// computed, or a one-value constant made a `fill` of like's dtype and the
+// constant's dims.
+absl::StatusOr<Value> ComparedOperand(ImportContext& cx, const onnx::NodeProto& node, int i,
+                                      Value like) {
+  const std::string& name = node.input(i);
+  if (const Value* v = cx.Find(name)) return *v;
+  if (std::optional<double> value = ScalarConstant(cx, name)) {
+    const Shape dims = *DimsOf(cx, name);
+    return cx.Fill(node, std::vector<int64_t>(dims.begin(), dims.end()), like, *value,
+                   absl::StrCat("operand", i));
+  }
+  return cx.Get(node, name);  // a parameter, or the error naming the constant
+}
+
+// A comparison or logic operator: folded over integers known at import
+// (Equal of shapes: Expand's), else a `compare` of the computed operand(s).
+absl::Status Comparison(ImportContext& cx, const onnx::NodeProto& node, const std::string& op) {
+  RETURN_IF_ERROR(cx.ExpectInputs(node, 2, 2));
+  RETURN_IF_ERROR(Attrs(node).OnlyKnown({}));
+  std::optional<Ints> a = cx.KnownInts(node.input(0)), b = cx.KnownInts(node.input(1));
+  if (a && b && op == "eq") {
+    if (a->values.size() != b->values.size() && b->values.size() != 1) {
+      return NodeError(node, "Equal of integer constants of different sizes is not supported");
+    }
+    Ints out = *a;
+    for (size_t i = 0; i < out.values.size(); ++i) {
+      out.values[i] = a->values[i] == b->values[b->values.size() == 1 ? 0 : i] ? 1 : 0;
+    }
+    return cx.DefineInts(node, 0, std::move(out));
+  }
+  const Value* computed = cx.Find(node.input(0));
+  if (computed == nullptr) computed = cx.Find(node.input(1));
+  if (computed == nullptr) {
+    return NodeError(node, absl::StrCat(node.op_type(),
+                                        " of two constants is supported only as Equal of "
+                                        "integer shapes"));
+  }
+  const bool logic = op == "and" || op == "or" || node.op_type() == "Xor";
+  if (logic) {
+    for (int i = 0; i < 2; ++i) {
+      if (cx.Find(node.input(i)) != nullptr && !IsBoolean(cx, node.input(i))) {
+        return NodeError(node, absl::StrCat("input ", Quote(node.input(i)),
+                                            " is not a boolean computed by a comparison"));
+      }
+    }
+  }
+  ASSIGN_OR_RETURN(Value x, ComparedOperand(cx, node, 0, *computed));
+  ASSIGN_OR_RETURN(Value y, ComparedOperand(cx, node, 1, *computed));
+  return cx.Apply(node, "compare", {x, y}, {{"op", op}});
+}
+
+// Not of a boolean: compare equal to 0.
+absl::Status Not(ImportContext& cx, const onnx::NodeProto& node) {
+  RETURN_IF_ERROR(cx.ExpectInputs(node, 1, 1));
+  RETURN_IF_ERROR(Attrs(node).OnlyKnown({}));
+  const Value* x = cx.Find(node.input(0));
+  if (x == nullptr || !IsBoolean(cx, node.input(0))) {
+    return NodeError(node, "only Not of a boolean computed by a comparison is supported");
+  }
+  ASSIGN_OR_RETURN(Value zero, cx.Fill(node, {}, *x, 0.0, "zero"));
+  return cx.Apply(node, "compare", {*x, zero}, {{"op", "eq"}});
+}
+
+// `v` broadcast to `shape`: itself, or a zero fill of that shape plus it
+// (as Expand; add's broadcast rule applies).
+absl::StatusOr<Value> Broadcast(ImportContext& cx, const onnx::NodeProto& node, Value v,
+                                const Shape& shape, absl::string_view suffix) {
+  if (cx.nb().type(v).shape == shape) return v;
+  ASSIGN_OR_RETURN(Value zeros,
+                   cx.Zeros(node, std::vector<int64_t>(shape.begin(), shape.end()), v,
+                            absl::StrCat(suffix, ".zeros")));
+  return cx.Aux(node, "add", {zeros, v}, Json::object(), suffix);
+}
+
+// Where(c, x, y) of computed tensors: with a constant x (y), y (x) filled
+// with it where c says (masked_fill(scores, pad, -inf); torch.where(c, x,
+// 0)); with both computed, the sum of each with the other's elements zeroed,
+// each gradient where its side was taken (as PyTorch's where).
+absl::Status WhereComputed(ImportContext& cx, const onnx::NodeProto& node) {
+  const std::string &c_name = node.input(0), &x_name = node.input(1), &y_name = node.input(2);
+  const Value* c = cx.Find(c_name);
+  if (c == nullptr) {
+    return NodeError(node, "a constant condition over computed values is not supported (only "
+                           "a causal attention mask added to the scores is)");
+  }
+  std::optional<Shape> shape = cx.nb().type(*c).shape;
+  for (const std::string* name : {&x_name, &y_name}) {
+    std::optional<Shape> dims = DimsOf(cx, *name);
+    if (!dims) return cx.Get(node, *name).status();  // the error naming it
+    shape = ops_internal::BroadcastShapes(*shape, *dims);
+    if (!shape) return NodeError(node, "its operands do not broadcast");
+  }
+  const std::optional<double> x_value = ScalarConstant(cx, x_name);
+  const std::optional<double> y_value = ScalarConstant(cx, y_name);
+  const std::vector<int64_t> dims(shape->begin(), shape->end());
+  if (x_value && y_value) {  // torch.where(c, 1.0, 0.0)
+    ASSIGN_OR_RETURN(Value base, cx.Aux(node, "fill", {},
+                                        {{"shape", dims}, {"dtype", "fp32"}, {"value", *y_value}},
+                                        "else"));
+    ASSIGN_OR_RETURN(Json value, FillValue(node, *x_value));
+    return cx.Apply(node, "masked_fill", {base, *c}, {{"value", value}});
+  }
+  if (x_value || y_value) {
+    const std::string& computed = x_value ? y_name : x_name;
+    ASSIGN_OR_RETURN(Value v, cx.Get(node, computed));
+    ASSIGN_OR_RETURN(v, Broadcast(cx, node, v, *shape, "expanded"));
+    ASSIGN_OR_RETURN(Json value, FillValue(node, x_value ? *x_value : *y_value));
+    // y is kept where c is 0 (fill where c is not); x where c is not.
+    return cx.Apply(node, "masked_fill", {v, *c},
+                    {{"value", value}, {"invert", y_value.has_value()}});
+  }
+  ASSIGN_OR_RETURN(Value x, cx.Get(node, x_name));
+  ASSIGN_OR_RETURN(Value y, cx.Get(node, y_name));
+  ASSIGN_OR_RETURN(x, Broadcast(cx, node, x, *shape, "x"));
+  ASSIGN_OR_RETURN(y, Broadcast(cx, node, y, *shape, "y"));
+  ASSIGN_OR_RETURN(Value x_taken, cx.Aux(node, "masked_fill", {x, *c},
+                                         {{"value", 0.0}, {"invert", true}}, "then"));
+  ASSIGN_OR_RETURN(Value y_taken,
+                   cx.Aux(node, "masked_fill", {y, *c}, {{"value", 0.0}}, "else"));
+  return cx.Apply(node, "add", {x_taken, y_taken});
+}
+
+// Where over integer constants and shapes (Expand's shape), folded; over
+// other constants (a boolean mask made an additive one: -inf where masked,
+// 0 elsewhere), folded into a float constant; over computed tensors,
+// WhereComputed.
+absl::Status Where(ImportContext& cx, const onnx::NodeProto& node) {
+  RETURN_IF_ERROR(cx.ExpectInputs(node, 3, 3));
+  RETURN_IF_ERROR(Attrs(node).OnlyKnown({}));
+  const bool computed = cx.Find(node.input(0)) != nullptr || cx.Find(node.input(1)) != nullptr ||
+                        cx.Find(node.input(2)) != nullptr;
+  if (computed) return WhereComputed(cx, node);
+  std::optional<Ints> c = cx.KnownInts(node.input(0)), x = cx.KnownInts(node.input(1)),
+                      y = cx.KnownInts(node.input(2));
+  if (c && x && y) {
+    if (auto values = Selected(c->values, x->values, y->values)) {
+      return cx.DefineInts(node, 0, Ints{c->dims, *std::move(values)});
+    }
+  } else {
+    std::optional<Numbers> cn = cx.KnownNumbers(node.input(0)),
+                           xn = cx.KnownNumbers(node.input(1)),
+                           yn = cx.KnownNumbers(node.input(2));
+    if (cn && xn && yn) {
+      if (auto values = Selected(cn->values, xn->values, yn->values)) {
+        return cx.DefineFolded(node, FloatTensor(cn->dims, *values));
+      }
+    }
+  }
+  return NodeError(node, "Where over constants is supported only where the constants are of "
+                         "one size or one element");
+}
+
+// Cast of a computed tensor: between a boolean and a float (a mask to 0/1,
+// x != 0), or to its own type.
+absl::Status CastComputed(ImportContext& cx, const onnx::NodeProto& node, Value x, int64_t to) {
+  const DType from = cx.nb().type(x).dtype;
+  const bool boolean = from == DType::kUInt8 && IsBoolean(cx, node.input(0));
+  absl::StatusOr<DType> to_dtype = to == onnx::TensorProto::BOOL
+                                       ? absl::StatusOr<DType>(DType::kUInt8)
+                                       : DTypeOfOnnx(static_cast<int>(to));
+  if (to_dtype.ok() && *to_dtype == from && (from != DType::kUInt8 || boolean ||
+                                             to != onnx::TensorProto::BOOL)) {
+    return cx.Define(node, x);  // the same values
+  }
+  if (to == onnx::TensorProto::BOOL && ops_internal::IsFloat(from)) {
+    ASSIGN_OR_RETURN(Value zero, cx.Fill(node, {}, x, 0.0, "zero"));
+    return cx.Apply(node, "compare", {x, zero}, {{"op", "ne"}});
+  }
+  if (boolean && to_dtype.ok() && ops_internal::IsFloat(*to_dtype)) {
+    const Shape& shape = cx.nb().type(x).shape;
+    ASSIGN_OR_RETURN(Value zeros,
+                     cx.Aux(node, "fill", {},
+                            {{"shape", std::vector<int64_t>(shape.begin(), shape.end())},
+                             {"dtype", std::string(DTypeName(*to_dtype))},
+                             {"value", 0.0}},
+                            "zeros"));
+    return cx.Apply(node, "masked_fill", {zeros, x}, {{"value", 1.0}});
+  }
+  const std::string to_name =
+      onnx::TensorProto::DataType_IsValid(static_cast<int>(to))
+          ? onnx::TensorProto::DataType_Name(static_cast<onnx::TensorProto::DataType>(to))
+          : absl::StrCat(to);
+  return NodeError(node, absl::StrCat("a cast of a computed ", DTypeName(from),
+                                      boolean ? " boolean" : "", " tensor to ", to_name,
+                                      " is not supported (casts between a boolean mask and "
+                                      "floats are)"));
+}
+
+// Cast of a constant (torch.clamp casts its scalar bounds): the value is
+// kept as it is, for the operators that read constants by value. A cast of
+// a computed tensor: CastComputed.
+absl::Status Cast(ImportContext& cx, const onnx::NodeProto& node) {
+  RETURN_IF_ERROR(cx.ExpectInputs(node, 1, 1));
+  const Attrs attrs(node);
+  RETURN_IF_ERROR(attrs.OnlyKnown({"to", "saturate"}));
+  if (node.output_size() != 1 || node.output(0).empty()) return NodeError(node, "has no output");
+  if (const Value* x = cx.Find(node.input(0))) {
+    ASSIGN_OR_RETURN(const int64_t to, attrs.Int("to", 0));
+    return CastComputed(cx, node, *x, to);
+  }
+  const onnx::TensorProto* t = cx.ConstTensor(node.input(0));
+  if (t == nullptr) return cx.Get(node, node.input(0)).status();  // the error naming it
+  cx.SetConstant(node.output(0), t);
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+bool IsBoolean(const ImportContext& cx, const std::string& name) {
+  static const auto* const kViews = new std::set<std::string>{
+      "Unsqueeze", "Squeeze", "Reshape", "Flatten", "Transpose", "Identity", "Slice",
+      "Expand"};
+  for (const onnx::NodeProto* p = cx.Producer(name); p != nullptr;
+       p = p->input_size() > 0 ? cx.Producer(p->input(0)) : nullptr) {
+    const std::string& op = p->op_type();
+    if (CompareOps().contains(op) || op == "Not") return true;
+    if (op == "Cast") {
+      for (const onnx::AttributeProto& a : p->attribute()) {
+        if (a.name() == "to") return a.i() == onnx::TensorProto::BOOL;
+      }
+      return false;
+    }
+    if (!kViews->contains(op)) return false;
+  }
+  return false;
+}
+
+void AddMaskOps(OnnxHandlers& handlers) {
+  for (const auto& [onnx_op, op] : CompareOps()) {
+    handlers[onnx_op] = [op = op](ImportContext& cx, const onnx::NodeProto& node) {
+      return Comparison(cx, node, op);
+    };
+  }
+  handlers["Not"] = Not;
+  handlers["Where"] = Where;
+  handlers["Cast"] = Cast;
+}
+
+}  // namespace pebble::onnx_import
