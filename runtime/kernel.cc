@@ -50,6 +50,10 @@ absl::StatusOr<kmath::BorderPad> BorderPadOf(const KernelContext& ctx, bool back
   return p;
 }
 
+static_assert(kmath::kMaxBroadcastRank == ops_internal::kMaxBroadcastRank,
+              "compare's and masked_fill's rank limit differs between the op table and the "
+              "kernels");
+
 namespace {
 
 // How `operand` is read over `result` (Note [Broadcast index]).

@@ -70,6 +70,14 @@ struct LocalGraph {
   // whenever they were computed before it.
   std::vector<int64_t> static_peak;
   std::vector<uint64_t> held;  // m bitsets of `words` words
+  // The transpose of held, compressed rows: the v whose held(v) holds u, so
+  // that a cursor keeps bytes(S & held(v)) as it adds u (Cursor::Add).
+  std::vector<int32_t> held_by_offsets{0};
+  std::vector<int32_t> held_by;
+  // The least other reader of any input of v (m if none): computing v
+  // changes the free moves of no other node below it but these and, when v
+  // frees bytes, those its step cost kept out (Cursor::Close).
+  std::vector<int32_t> first_sibling;
   int64_t persistent_bytes = 0;
 
   explicit LocalGraph(const Graph& graph) {
@@ -135,21 +143,41 @@ struct LocalGraph {
         }
       }
     }
+    for (int u = 0; u < m; ++u) {
+      for (int v = 0; v < m; ++v) {
+        if (has(row(held, v), u)) held_by.push_back(v);
+      }
+      held_by_offsets.push_back(static_cast<int32_t>(held_by.size()));
+    }
+    first_sibling.assign(m, m);
+    for (int v = 0; v < m; ++v) {
+      for (int32_t k = in_offsets[v]; k < in_offsets[v + 1]; ++k) {
+        const int32_t u = inputs[k];
+        for (int32_t j = out_offsets[u]; j < out_offsets[u + 1]; ++j) {
+          if (readers[j] != v) first_sibling[v] = std::min(first_sibling[v], readers[j]);
+        }
+      }
+    }
     persistent_bytes = graph.persistent_bytes();
   }
 };
 
 // The search state being edited: the set S, per node the inputs not in S
-// (for nodes outside S) and the readers not in S (for nodes in S), and
-// mem(S). Load() rebuilds it from a bitset; Add() computes one node.
+// (for nodes outside S) and the readers not in S (for nodes in S), per node
+// v the bytes of S & held(v) (Note [state bound]), and mem(S). Load()
+// rebuilds it from a bitset; Add() computes one node.
 class Cursor {
  public:
   explicit Cursor(const LocalGraph& g)
-      : g_(g), set_(g.words, 0), missing_(g.m, 0), unread_(g.m, 0) {}
+      : g_(g), set_(g.words, 0), missing_(g.m, 0), unread_(g.m, 0), held_bytes_(g.m, 0) {}
 
   void Load(const uint64_t* bits, int64_t mem) {
     std::copy(bits, bits + g_.words, set_.begin());
     mem_ = mem;
+    std::fill(held_bytes_.begin(), held_bytes_.end(), 0);
+    for (int u = 0; u < g_.m; ++u) {
+      if (Has(u)) AddHeld(u);
+    }
     for (int i = 0; i < g_.m; ++i) {
       int32_t missing = 0;
       for (int32_t k = g_.in_offsets[i]; k < g_.in_offsets[i + 1]; ++k) {
@@ -183,6 +211,7 @@ class Cursor {
   void Add(int i) {
     set_[i >> 6] |= uint64_t{1} << (i & 63);
     mem_ += Delta(i);
+    AddHeld(i);
     for (int32_t k = g_.in_offsets[i]; k < g_.in_offsets[i + 1]; ++k) {
       --unread_[g_.inputs[k]];
     }
@@ -197,40 +226,57 @@ class Cursor {
     int64_t bound = 0;
     for (int v = 0; v < g_.m; ++v) {
       if (Has(v)) continue;
-      int64_t resident = g_.persistent_bytes + g_.static_peak[v];
-      const uint64_t* held = &g_.held[size_t{1} * v * g_.words];
-      for (int w = 0; w < g_.words; ++w) {
-        for (uint64_t bits = set_[w] & held[w]; bits != 0; bits &= bits - 1) {
-          resident += g_.bytes[w * 64 + __builtin_ctzll(bits)];
-        }
-      }
-      bound = std::max(bound, resident);
+      bound = std::max(bound, g_.persistent_bytes + g_.static_peak[v] + held_bytes_[v]);
     }
     return bound;
   }
 
   // Note [free moves] with steps up to `threshold`; appends the nodes taken
-  // and returns the largest step cost among them (0 if none).
+  // and returns the largest step cost among them (0 if none). The smallest
+  // free move goes first: after each, the scan goes on from the least node
+  // that may have become one. Below the node i just taken none became ready
+  // (its readers come after it); a node's d_S fell only where it shares an
+  // input with i (LocalGraph::first_sibling); and every step cost fell only
+  // where i freed bytes, which admits the nodes only their step cost kept
+  // out (the least of them below the scan: cost_blocked).
   int64_t Close(int64_t threshold, std::vector<int32_t>* taken) {
     int64_t largest = 0;
+    int cost_blocked = g_.m;
     for (int i = 0; i < g_.m;) {
-      if (Ready(i) && Delta(i) <= 0 && StepCost(i) <= threshold) {
-        largest = std::max(largest, StepCost(i));
-        Add(i);
-        if (taken != nullptr) taken->push_back(i);
-        i = 0;
-      } else {
+      if (!Ready(i) || Delta(i) > 0) {
         ++i;
+        continue;
       }
+      if (StepCost(i) > threshold) {
+        cost_blocked = std::min(cost_blocked, i);
+        ++i;
+        continue;
+      }
+      const bool frees = Delta(i) < 0;
+      largest = std::max(largest, StepCost(i));
+      Add(i);
+      if (taken != nullptr) taken->push_back(i);
+      int next = std::min(i + 1, g_.first_sibling[i]);
+      if (frees) next = std::min(next, cost_blocked);
+      if (next <= cost_blocked) cost_blocked = g_.m;  // scanned again
+      i = next;
     }
     return largest;
   }
 
  private:
+  // u joins S: it counts for every v whose held(v) holds it.
+  void AddHeld(int u) {
+    for (int32_t k = g_.held_by_offsets[u]; k < g_.held_by_offsets[u + 1]; ++k) {
+      held_bytes_[g_.held_by[k]] += g_.bytes[u];
+    }
+  }
+
   const LocalGraph& g_;
   std::vector<uint64_t> set_;
   std::vector<int32_t> missing_;
   std::vector<int32_t> unread_;
+  std::vector<int64_t> held_bytes_;  // bytes(S & held(v)), per v
   int64_t mem_ = 0;
 };
 

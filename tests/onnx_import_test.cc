@@ -392,9 +392,6 @@ TEST(OnnxImportTest, WhatCannotBeHonouredIsAnErrorNamingTheNode) {
        },
        {"'/relu/Relu'", "op Softsign", "not supported", "the model also uses 'ThresholdedRelu'",
         "pebble.torch trains a PyTorch module"}},
-      {"a recurrent layer",
-       [](ModelMaker& m) { FindNode(m, "Relu")->set_op_type("LSTM"); },
-       {"'/relu/Relu'", "op LSTM", "recurrent layers", "pebble.torch"}},
       {"control flow",
        [](ModelMaker& m) { FindNode(m, "Relu")->set_op_type("Loop"); },
        {"'/relu/Relu'", "op Loop", "control flow", "dynamic_axes"}},
@@ -1065,11 +1062,44 @@ TEST(OnnxImportTest, ComparisonsAndWhereOfComputedTensors) {
   EXPECT_EQ(*g->shape(g->Find("expand")), (Shape{2, 2, 4, 8, 8}));
   EXPECT_EQ(*g->shape(g->Find("wide")), (Shape{2, 2, 4, 8, 8}));  // picked, broadcast
 
+  // torch.where(mask, 0.0, -inf) of two constants; the same scalar read by
+  // a Mul first (made a fill then) and compared with after; a strided slice
+  // of a mask over an odd count; a computed side broadcast over dims that
+  // are not one block ((2, 1, 8, 1) against (2, 4, 8, 8)).
+  g = Import(model([](ModelMaker& m) {
+    m.FloatVectorInitializer("onnx::zero_f", {0.0f});
+    m.Node("Where", "/additive/Where", {"both", "onnx::zero_f", "onnx::neg_inf"}, {"additive"});
+    m.Node("Mul", "/scaled/Mul", {"picked", "onnx::half"}, {"scaled"});
+    m.Node("Less", "/again/Less", {"scaled", "onnx::half"}, {"again"});
+    m.IntInitializer("s_starts", {1});
+    m.IntInitializer("s_ends", {100});
+    m.IntInitializer("s_axes", {3});
+    m.IntInitializer("s_steps", {3});
+    m.Node("Slice", "/thin/Slice", {"again", "s_starts", "s_ends", "s_axes", "s_steps"},
+           {"thin"});
+    ModelMaker::IntAttr(m.Node("ReduceMean", "/col/ReduceMean", {"scaled"}, {"col"}), "keepdims",
+                        1);
+    ModelMaker::IntsAttr(FindNode(m, "ReduceMean"), "axes", {1, 3});
+    m.Node("Where", "/wide/Where", {"again", "col", "additive"}, {"wide"});
+  }));
+  ASSERT_TRUE(g.ok()) << g.status();
+  EXPECT_EQ(attrs("additive.else")["value"], "-inf");  // the else side, a fill
+  EXPECT_EQ(attrs("additive")["value"], 0.0);
+  EXPECT_EQ(op("again"), "compare");
+  EXPECT_EQ(*g->shape(g->Find("thin")), (Shape{2, 4, 8, 3}));  // columns 1, 4, 7 of the mask
+  EXPECT_EQ(g->dtype(g->Find("thin")), DType::kUInt8);
+  EXPECT_EQ(*g->shape(g->Find("wide")), (Shape{2, 4, 8, 8}));
+
   // What is refused, naming the node.
   const struct {
     std::function<void(ModelMaker&)> edit;
     std::vector<std::string> needles;
   } refused[] = {
+      {[](ModelMaker& m) {
+         m.IntInitializer("onnx::huge", {(int64_t{1} << 53) + 1});
+         m.Node("Greater", "/huge/Greater", {"r", "onnx::huge"}, {"bad"});
+       },
+       {"'/huge/Greater'", "9007199254740993", "beyond 2^53"}},
       {[](ModelMaker& m) { m.Node("Not", "/bad/Not", {"r"}, {"bad"}); },
        {"'/bad/Not'", "boolean computed by a comparison"}},
       {[](ModelMaker& m) { m.Node("Or", "/bad/Or", {"r", "big"}, {"bad"}); },
@@ -1087,6 +1117,178 @@ TEST(OnnxImportTest, ComparisonsAndWhereOfComputedTensors) {
       EXPECT_NE(g.status().message().find(needle), std::string::npos) << g.status();
     }
   }
+}
+
+// ONNX's LSTM, GRU and RNN unrolled over the sequence: the tiny model's
+// relu viewed as (sequence 8, batch 8, features 8) and read by one
+// bidirectional layer of each kind: each step's nodes, the outputs' shapes,
+// and what is refused.
+TEST(OnnxImportTest, RecurrentLayersUnrollOverTheSequence) {
+  using Edit = std::function<void(ModelMaker&, onnx::NodeProto*)>;
+  const auto model = [](const std::string& op, int gates, const Edit& edit) {
+    return TinyModel(13, "", [=](ModelMaker& m) {
+      const int before = m.graph()->node_size();
+      m.IntInitializer("seq_shape", {8, 8, 8});
+      m.Node("Reshape", "/seq/Reshape", {"r", "seq_shape"}, {"seq"});
+      m.Initializer("W", {2, gates * 3, 8});
+      m.Initializer("R", {2, gates * 3, 3});
+      m.Initializer("B", {2, 2 * gates * 3});
+      auto* n = m.Node(op, "/rnn/" + op, {"seq", "W", "R", "B"}, {"Y", "Y_h"});
+      ModelMaker::IntAttr(n, "hidden_size", 3);
+      ModelMaker::StringAttr(n, "direction", "bidirectional");
+      if (edit) edit(m, n);
+      m.IntInitializer("back_shape", {2, 4, 8, 6});  // Y (8, 2, 8, 3), as the pool reads it
+      m.Node("Reshape", "/back/Reshape", {"Y", "back_shape"}, {"back"});
+      FeedThePool(m, before, "back");
+    });
+  };
+  for (const auto& [op, gates] : {std::pair{"LSTM", 4}, {"GRU", 3}, {"RNN", 1}}) {
+    auto g = Import(model(op, gates, [op = op](ModelMaker&, onnx::NodeProto* n) {
+      if (std::string(op) == "GRU") ModelMaker::IntAttr(n, "linear_before_reset", 1);
+    }));
+    ASSERT_TRUE(g.ok()) << op << ": " << g.status();
+    EXPECT_EQ(*g->shape(g->Find("rnn")), (Shape{8, 2, 8, 3})) << op;  // Y
+    EXPECT_EQ(g->op(g->Find("rnn")), "concat") << op;                   // of the directions
+    EXPECT_EQ(*g->shape(g->Find("rnn.d1_xw")), (Shape{8, 8, 3 * gates})) << op;
+    // The reverse direction starts at the last step; the forward one's
+    // first step reads zeros.
+    EXPECT_NE(g->Find("rnn.d1_t7_hr"), kNoNode) << op;
+    EXPECT_EQ(g->op(g->Find("rnn.d0_t0_hr")), "linear") << op;
+    EXPECT_EQ(g->id(g->inputs(g->Find("rnn.d0_t0_hr"))[0]), "rnn.h0_0") << op;
+    EXPECT_EQ(g->op(g->Find("rnn.h0_0")), "fill") << op;
+    EXPECT_EQ(g->Find("rnn.Y_h"), kNoNode) << op;  // nothing reads Y_h
+    EXPECT_NE(g->Find("grad:W"), kNoNode) << op;
+  }
+  const struct {
+    const char* why;
+    Edit edit;
+    std::vector<std::string> needles;
+  } refused[] = {
+      {"a clip", [](ModelMaker&, onnx::NodeProto* n) { ModelMaker::FloatAttr(n, "clip", 3.0f); },
+       {"'/rnn/LSTM'", "clip"}},
+      {"batch first", [](ModelMaker&, onnx::NodeProto* n) { ModelMaker::IntAttr(n, "layout", 1); },
+       {"'/rnn/LSTM'", "layout = 1"}},
+      {"shorter sequences",
+       [](ModelMaker& m, onnx::NodeProto* n) {
+         m.IntInitializer("lens", {8, 8, 8, 8, 8, 8, 8, 5});
+         n->add_input("lens");
+       },
+       {"'/rnn/LSTM'", "sequence_lens holds 5"}},
+      {"peepholes",
+       [](ModelMaker& m, onnx::NodeProto* n) {
+         m.Initializer("P", {2, 9});
+         for (const char* in : {"", "", "", "P"}) n->add_input(in);
+       },
+       {"'/rnn/LSTM'", "peephole"}},
+  };
+  for (const auto& c : refused) {
+    auto g = Import(model("LSTM", 4, c.edit));
+    ASSERT_FALSE(g.ok()) << c.why;
+    for (const std::string& needle : c.needles) {
+      EXPECT_NE(g.status().message().find(needle), std::string::npos) << c.why << ": "
+                                                                      << g.status();
+    }
+  }
+}
+
+// ReduceL2 (x.norm(dim), F.normalize): the square root of a sum of
+// squares, taken of 1 where the sum is 0 and set to 0 there (its gradient
+// 0, as PyTorch's norm), with and without keepdims.
+TEST(OnnxImportTest, ReduceL2IsARootOfSquaresWithZeroRowsMasked) {
+  for (const int64_t keepdims : {1, 0}) {
+    auto g = Import(TinyModel(13, "", [=](ModelMaker& m) {
+      const int before = m.graph()->node_size();
+      // Over the last dim, kept: the rows as they are; over dim 1, not
+      // kept: moved last, and the result viewed back.
+      auto* n = m.Node("ReduceL2", "/norm/ReduceL2", {"r"}, {"norms"});
+      ModelMaker::IntsAttr(n, "axes", {keepdims ? 3 : 1});
+      ModelMaker::IntAttr(n, "keepdims", keepdims);
+      std::string divisor = "norms";
+      if (keepdims == 0) {
+        m.IntInitializer("back", {2, 1, 8, 8});
+        m.Node("Reshape", "/back/Reshape", {"norms", "back"}, {"kept"});
+        divisor = "kept";
+      }
+      m.Node("Div", "/unit/Div", {"r", divisor}, {"unit"});
+      FeedThePool(m, before, "unit");
+    }));
+    ASSERT_TRUE(g.ok()) << keepdims << ": " << g.status();
+    EXPECT_EQ(g->op(g->Find("norm.squares")), "mul");
+    EXPECT_EQ(g->op(g->Find("norm.empty")), "compare");
+    EXPECT_EQ(g->op(g->Find("norm.root")), "sqrt");
+    EXPECT_EQ(*g->shape(g->Find("norm")), keepdims ? (Shape{2, 4, 8, 1}) : (Shape{2, 8, 8}));
+    EXPECT_EQ(g->op(g->Find("norm")), keepdims ? "masked_fill" : "reshape");
+  }
+}
+
+// Pow by the exponents ATen computes by products, a root and a
+// reciprocal; other exponents are refused naming the node.
+TEST(OnnxImportTest, PowByTheExponentsATenComputes) {
+  const auto model = [](float exponent) {
+    return TinyModel(13, "", [=](ModelMaker& m) {
+      const int before = m.graph()->node_size();
+      m.FloatVectorInitializer("onnx::exponent", {exponent});
+      m.Node("Pow", "/pow/Pow", {"r", "onnx::exponent"}, {"powered"});
+      FeedThePool(m, before, "powered");
+    });
+  };
+  const struct {
+    float exponent;
+    std::vector<std::pair<std::string, std::string>> nodes;  // id, op
+  } cases[] = {{3.0f, {{"pow.square", "mul"}, {"pow", "mul"}}},
+               {-0.5f, {{"pow.sqrt", "sqrt"}, {"pow", "div"}}},
+               {-1.0f, {{"pow.one", "fill"}, {"pow", "div"}}},
+               {-2.0f, {{"pow.square", "mul"}, {"pow", "div"}}},
+               {2.0f, {{"pow", "mul"}}},
+               {0.5f, {{"pow", "sqrt"}}}};
+  for (const auto& c : cases) {
+    auto g = Import(model(c.exponent));
+    ASSERT_TRUE(g.ok()) << c.exponent << ": " << g.status();
+    for (const auto& [id, op] : c.nodes) {
+      ASSERT_NE(g->Find(id), kNoNode) << c.exponent << ": " << id;
+      EXPECT_EQ(g->op(g->Find(id)), op) << c.exponent << ": " << id;
+    }
+  }
+  // x ** 1 is x: the pool reads the relu.
+  auto g = Import(model(1.0f));
+  ASSERT_TRUE(g.ok()) << g.status();
+  EXPECT_EQ(g->Find("pow"), kNoNode);
+  g = Import(model(4.0f));
+  ASSERT_FALSE(g.ok());
+  EXPECT_NE(g.status().message().find("'/pow/Pow'"), std::string::npos) << g.status();
+  EXPECT_NE(g.status().message().find("exponent of 1, 2, 3"), std::string::npos) << g.status();
+}
+
+// Slices with steps of a computed tensor: r[:, :, ::2] (a view as (4, 2),
+// the first of each pair kept), r[:, :, 1::3] of 8 (1 and 4 so, then 7,
+// whose run of 3 passes the end, on its own), and a negative step
+// (torch.flip), refused.
+TEST(OnnxImportTest, StridedSlicesOfComputedTensors) {
+  const auto model = [](std::vector<int64_t> starts, std::vector<int64_t> steps) {
+    return TinyModel(13, "", [=](ModelMaker& m) {
+      const int before = m.graph()->node_size();
+      m.IntInitializer("starts", starts);
+      m.IntInitializer("ends", {100, 100});
+      m.IntInitializer("axes", {2, 3});
+      m.IntInitializer("steps", steps);
+      m.Node("Slice", "/s/Slice", {"r", "starts", "ends", "axes", "steps"}, {"strided"});
+      FeedThePool(m, before, "strided");
+    });
+  };
+  auto g = Import(model({0, 1}, {2, 3}));
+  ASSERT_TRUE(g.ok()) << g.status();
+  EXPECT_EQ(*g->shape(g->Find("s")), (Shape{2, 4, 4, 3}));  // 8 / 2; 1, 4, 7 of 8
+  EXPECT_EQ(*g->shape(g->Find("s.2_step_grouped")), (Shape{2, 4, 4, 2, 8}));
+  EXPECT_EQ(*g->shape(g->Find("s.step_run")), (Shape{2, 4, 4, 6}));  // columns 1 to 6
+  EXPECT_EQ(*g->shape(g->Find("s.step_grouped")), (Shape{2, 4, 4, 2, 3}));
+  EXPECT_EQ(*g->shape(g->Find("s.step_kept")), (Shape{2, 4, 4, 2}));   // 1 and 4
+  EXPECT_EQ(*g->shape(g->Find("s.step_last")), (Shape{2, 4, 4, 1}));   // 7: its run passes 8
+  EXPECT_EQ(g->op(g->Find("s")), "concat");
+  EXPECT_NE(g->Find("grad:relu"), kNoNode);
+  g = Import(model({0, -1}, {1, -1}));
+  ASSERT_FALSE(g.ok());
+  EXPECT_NE(g.status().message().find("step -1 on a computed tensor"), std::string::npos)
+      << g.status();
 }
 
 // -x and torch.reciprocal: a mul by -1 and a div of 1; -x of a shape's
@@ -1734,14 +1936,14 @@ TEST(OnnxImportTest, WhatTheShapeFoldingCannotDoIsAnErrorNamingTheNode) {
          relu->add_input("fc.bias");
        },
        {"'/relu/Relu'", "op Sub", "do not broadcast"}},
-      {"slice of a computed tensor with a step (one of shape integers folds)",
+      {"slice of a computed tensor with a negative step (one of shape integers folds)",
        [](ModelMaker& m) {
-         m.IntInitializer("step2", {2});
+         m.IntInitializer("step_back", {-1});
          for (auto& node : *m.graph()->mutable_node()) {
-           if (node.name() == "/Slice_1") node.add_input("step2");
+           if (node.name() == "/Slice_1") node.add_input("step_back");
          }
        },
-       {"'/Slice_1'", "step 2"}},
+       {"'/Slice_1'", "step -1", "torch.flip"}},
       {"gather of several indices from a computed tensor",
        [](ModelMaker& m) {
          auto* gather = FindNode(m, "Gather");

@@ -338,6 +338,15 @@ TEST(MaskOpsTest, CompareAndMaskedFillInferAndRefuse) {
   ExpectError("masked_fill", {T({2, 3}), T({2, 3})}, Json::object(), "mask");
   ExpectError("masked_fill", {T({2, 3}, kI64), T({2, 3}, DType::kUInt8)}, Json::object(),
               "float");
+  // fill: infinities for floats; integers within their dtype's range.
+  ExpectType("fill", {}, {{"shape", Shape{2}}, {"value", "-inf"}}, {2});
+  ExpectError("fill", {}, {{"shape", Shape{2}}, {"dtype", "i64"}, {"value", "-inf"}}, "range");
+  ExpectError("fill", {}, {{"shape", Shape{2}}, {"dtype", "i64"}, {"value", 1e19}}, "range");
+  ExpectType("fill", {}, {{"shape", Shape{2}}, {"dtype", "i64"}, {"value", 1.5}}, {2}, kI64);
+  ExpectError("fill", {}, {{"shape", Shape{2}}, {"dtype", "u8"}, {"value", 256}}, "[0, 255]");
+  ExpectError("fill", {}, {{"shape", Shape{2}}, {"dtype", "u8"}, {"value", -1}}, "[0, 255]");
+  ExpectType("fill", {}, {{"shape", Shape{2}}, {"dtype", "u8"}, {"value", 255.5}}, {2},
+             DType::kUInt8);
   // The mask may not widen x: it broadcasts over x, not x over it.
   ExpectError("masked_fill", {T({3}), T({2, 3}, DType::kUInt8)}, Json::object(),
               "does not broadcast");

@@ -290,7 +290,8 @@ absl::StatusOr<Value> ImportContext::Lowered(const onnx::NodeProto& node, absl::
                                              std::vector<Value> inputs, Json attrs,
                                              absl::string_view suffix) {
   if (!suffix.empty()) return Aux(node, op, std::move(inputs), std::move(attrs), suffix);
-  const Value v = nb_.Apply(op, std::move(inputs), std::move(attrs), NodeIdFor(node));
+  const Value v = nb_.Apply(op, inputs, std::move(attrs), NodeIdFor(node));
+  MarkView(op, v, inputs);
   if (!nb_.status().ok()) return NodeError(node, nb_.status().message());
   return v;
 }

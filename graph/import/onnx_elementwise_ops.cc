@@ -98,8 +98,12 @@ absl::Status Clip(ImportContext& cx, const onnx::NodeProto& node) {
   return cx.Apply(node, "clip", {x}, std::move(attrs));
 }
 
-// Pow by a constant exponent of 2 (x * x) or 0.5 (sqrt): a layer norm
-// written out squares the deviation.
+// Pow by a constant exponent that ATen computes by products, a square root
+// and a reciprocal (pow_tensor_scalar_optimized_kernel): 2 (x * x: a layer
+// norm written out squares the deviation), 3 ((x * x) * x: GPT-2's GELU
+// written out), 0.5 (sqrt), -0.5 (1 / sqrt), -1 (1 / x), -2 (1 / (x * x)),
+// and 1 (x itself). The gradients are those of the products, PyTorch's up to
+// rounding.
 absl::Status Pow(ImportContext& cx, const onnx::NodeProto& node) {
   RETURN_IF_ERROR(cx.ExpectInputs(node, 2, 2));
   RETURN_IF_ERROR(Attrs(node).OnlyKnown({}));
@@ -108,16 +112,31 @@ absl::Status Pow(ImportContext& cx, const onnx::NodeProto& node) {
   if (cx.IsParameterLike(node.input(1))) {
     return NodeError(node, absl::StrCat("the exponent ", Quote(node.input(1)),
                                         " is a parameter of the model (an initializer it may "
-                                        "train): only a constant exponent of 2 or 0.5 is "
-                                        "supported"));
+                                        "train): only a constant exponent is supported"));
   }
   if (const onnx::TensorProto* e = cx.ConstTensor(node.input(1)); e != nullptr) {
     if (std::optional<double> f = NumberScalar(*e)) power = *f;
   }
   ASSIGN_OR_RETURN(Value x, cx.Get(node, node.input(0)));
+  if (power == 1.0) return cx.Define(node, x);
   if (power == 2.0) return cx.Apply(node, "mul", {x, x});
   if (power == 0.5) return cx.Apply(node, "sqrt", {x});
-  return NodeError(node, "only a constant exponent of 2 or 0.5 is supported");
+  if (power == 3.0) {
+    ASSIGN_OR_RETURN(Value square, cx.Aux(node, "mul", {x, x}, Json::object(), "square"));
+    return cx.Apply(node, "mul", {square, x});
+  }
+  if (power == -1.0 || power == -0.5 || power == -2.0) {
+    Value base = x;
+    if (power != -1.0) {
+      ASSIGN_OR_RETURN(base, power == -0.5
+                                 ? cx.Aux(node, "sqrt", {x}, Json::object(), "sqrt")
+                                 : cx.Aux(node, "mul", {x, x}, Json::object(), "square"));
+    }
+    ASSIGN_OR_RETURN(Value one, cx.Fill(node, {}, x, 1.0, "one"));
+    return cx.Apply(node, "div", {one, base});
+  }
+  return NodeError(node, "only a constant exponent of 1, 2, 3, 0.5, -0.5, -1 or -2 is "
+                         "supported");
 }
 
 // op(a, b) (add, sub, mul, div) under NumPy broadcasting. The op table
@@ -294,6 +313,29 @@ absl::Status Expand(ImportContext& cx, const onnx::NodeProto& node) {
   RETURN_IF_ERROR(cx.ExpectInputs(node, 2, 2));
   RETURN_IF_ERROR(Attrs(node).OnlyKnown({}));
   ASSIGN_OR_RETURN(std::vector<int64_t> shape, cx.ConstInts(node, 1));
+  if (cx.Find(node.input(0)) == nullptr && !cx.KnownInts(node.input(0))) {
+    // A float constant (the zeros of an RNN's initial state, expanded to
+    // the batch): folded where the result is one of at most 2^20 values.
+    if (std::optional<Numbers> c = cx.KnownNumbers(node.input(0))) {
+      const std::optional<Shape> out =
+          ops_internal::BroadcastShapes(c->dims, Shape(shape.begin(), shape.end()));
+      if (out && ops_internal::Elements(*out) <= double(int64_t{1} << 20)) {
+        const size_t rank = out->size(), lead = rank - c->dims.size();
+        std::vector<double> values(static_cast<size_t>(ops_internal::Elements(*out)));
+        for (size_t o = 0; o < values.size(); ++o) {
+          int64_t rest = static_cast<int64_t>(o), source = 0, stride = 1;
+          for (size_t d = rank; d-- > lead;) {  // NumPy's rule: a dim of 1 repeats
+            const int64_t n = c->dims[d - lead];
+            if (n != 1) source += (rest % (*out)[d]) * stride;
+            rest /= (*out)[d];
+            stride *= n;
+          }
+          values[o] = c->values[source];
+        }
+        return cx.DefineFolded(node, FloatTensor(*out, values));
+      }
+    }
+  }
   ASSIGN_OR_RETURN(Value x, cx.Get(node, node.input(0)));
   const Shape& in = cx.nb().type(x).shape;
   const std::optional<std::vector<int64_t>> out = ops_internal::BroadcastShapes(in, shape);
@@ -346,6 +388,14 @@ absl::Status NegOrReciprocal(ImportContext& cx, const onnx::NodeProto& node, boo
 }
 
 }  // namespace
+
+absl::StatusOr<Value> ExpandTo(ImportContext& cx, const onnx::NodeProto& node, Value v,
+                               const Shape& shape, absl::string_view suffix) {
+  if (cx.nb().type(v).shape == shape) return v;
+  ASSIGN_OR_RETURN(Value zeros, cx.Zeros(node, std::vector<int64_t>(shape.begin(), shape.end()),
+                                         v, absl::StrCat(suffix, "_zeros")));
+  return Broadcast(cx, node, "add", zeros, v, suffix);
+}
 
 void AddElementwiseOps(OnnxHandlers& handlers) {
   // Operators of one input and no attributes, by their pebble op.

@@ -40,6 +40,7 @@ const OnnxHandlers& Handlers() {
     AddElementwiseOps(*table);
     AddShapeOps(*table);
     AddMaskOps(*table);
+    AddRecurrentOps(*table);
     return table;
   }();
   return *handlers;
@@ -435,10 +436,6 @@ class Importer {
       return absl::StrCat("operator domain ", Quote(node.domain()), " is not supported");
     }
     const std::string& op = node.op_type();
-    if (op == "LSTM" || op == "GRU" || op == "RNN") {
-      return "recurrent layers are not imported from ONNX: pebble.torch trains nn.RNN, "
-             "nn.LSTM and nn.GRU from the module itself (docs/torch.md)";
-    }
     if (op == "Loop" || op == "If" || op == "Scan") {
       return "control flow is not imported, as every shape is fixed at import: "
              "torch.onnx.export writes an If where a size depends on a dim of dynamic_axes "

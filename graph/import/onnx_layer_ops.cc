@@ -369,19 +369,45 @@ absl::Status GlobalAveragePool(ImportContext& cx, const onnx::NodeProto& node) {
   return cx.Apply(node, "adaptive_avgpool", in, {{"output_size", 1}});
 }
 
-enum class Reduction { kMean, kSum, kMax, kMin };
+enum class Reduction { kMean, kSum, kMax, kMin, kL2 };
+
+// The 2-norm of `rows` (kept..., R) over its last dim, (kept..., 1), the
+// node's own where `last`: sqrt of the sum of squares, where a sum of 0
+// takes the root of 1 in its place and the norm is then set to 0, so that
+// its gradient there is 0, as PyTorch's norm backward makes it (sqrt's
+// would be 0 / 0).
+absl::StatusOr<Value> L2Rows(ImportContext& cx, const onnx::NodeProto& node, Value rows,
+                             bool last) {
+  const int64_t count = cx.nb().type(rows).shape.back();
+  ASSIGN_OR_RETURN(Value squares, cx.Aux(node, "mul", {rows, rows}, Json::object(), "squares"));
+  ASSIGN_OR_RETURN(Value ones, cx.Fill(node, {1, count}, rows, 1.0, "sum_row"));
+  ASSIGN_OR_RETURN(Value sum, cx.Aux(node, "linear", {squares, ones}, Json::object(), "sum"));
+  ASSIGN_OR_RETURN(Value zero, cx.Fill(node, {}, rows, 0.0, "zero"));
+  ASSIGN_OR_RETURN(Value empty, cx.Aux(node, "compare", {sum, zero}, {{"op", "eq"}}, "empty"));
+  ASSIGN_OR_RETURN(Value safe, cx.Aux(node, "masked_fill", {sum, empty}, {{"value", 1.0}},
+                                      "safe"));
+  ASSIGN_OR_RETURN(Value root, cx.Aux(node, "sqrt", {safe}, Json::object(), "root"));
+  return cx.Lowered(node, "masked_fill", {root, empty}, {{"value", 0.0}}, last ? "" : "norm");
+}
 
 // The reduction of `rows`, (kept..., R), over its last dim to (kept..., 1)
 // or straight to `result` where that is the output's shape: a `linear` by
 // a `fill` row of 1/R (a mean) or of ones (a sum); a max, as a max pool
 // with one window over (1, K, 1, R) (K the kept elements), which pays the
-// gradient to the first maximum; a min, as the max of -x negated.
+// gradient to the first maximum; a min, as the max of -x negated; a 2-norm
+// (L2Rows).
 absl::Status ReduceRows(ImportContext& cx, const onnx::NodeProto& node, Value rows,
                         Reduction kind, const std::vector<int64_t>& result) {
   const Shape shape = cx.nb().type(rows).shape;
   const int64_t count = shape.back();
   std::vector<int64_t> kept_ones(shape.begin(), shape.end() - 1);  // (kept..., 1)
   kept_ones.push_back(1);
+  if (kind == Reduction::kL2) {
+    const bool last = result == kept_ones;
+    ASSIGN_OR_RETURN(Value norm, L2Rows(cx, node, rows, last));
+    if (last) return cx.Define(node, norm);
+    return cx.Apply(node, "reshape", {norm}, {{"shape", result}});
+  }
   if (kind == Reduction::kMean || kind == Reduction::kSum) {
     const bool mean = kind == Reduction::kMean;
     ASSIGN_OR_RETURN(Value row, cx.Fill(node, {1, count}, rows,
@@ -915,7 +941,8 @@ void AddLayerOps(OnnxHandlers& handlers) {
   handlers["GlobalMaxPool"] = GlobalMaxPool;
   for (const auto& ops : {std::pair{"ReduceMean", Reduction::kMean},
                           {"ReduceMax", Reduction::kMax},
-                          {"ReduceMin", Reduction::kMin}}) {
+                          {"ReduceMin", Reduction::kMin},
+                          {"ReduceL2", Reduction::kL2}}) {
     handlers[ops.first] = [kind = ops.second](ImportContext& cx, const onnx::NodeProto& node) {
       return ReduceOverAxesAttribute(cx, node, kind);
     };

@@ -47,13 +47,20 @@ std::optional<std::vector<T>> Selected(const std::vector<C>& c, const std::vecto
   return out;
 }
 
+// Whether input `name` is a constant read by value (a Constant, a folded
+// value, a constant initializer) rather than a computed tensor or a
+// parameter. A scalar one stays a constant after ImportContext::Get made a
+// `fill` of it for an earlier reader.
+bool IsConstant(const ImportContext& cx, const std::string& name) {
+  return cx.ConstTensor(name) != nullptr && !cx.IsParameterLike(name);
+}
+
 // The value of a constant operand of one value (a threshold, a fill value;
 // the zeros nn.MultiheadAttention's export makes a float padding mask from,
 // of any shape), or nullopt where `name` is computed or another constant.
 std::optional<double> ScalarConstant(const ImportContext& cx, const std::string& name) {
-  if (cx.Find(name) != nullptr) return std::nullopt;
+  if (!IsConstant(cx, name)) return std::nullopt;
   const onnx::TensorProto* t = cx.ConstTensor(name);
-  if (t == nullptr || cx.IsParameterLike(name)) return std::nullopt;
   if (std::optional<bool> b = BoolScalar(*t)) return *b ? 1.0 : 0.0;
   if (std::optional<double> v = NumberScalar(*t)) return v;
   std::optional<Numbers> numbers = cx.KnownNumbers(name);
@@ -65,10 +72,13 @@ std::optional<double> ScalarConstant(const ImportContext& cx, const std::string&
   return first;
 }
 
-// The dims of input `name` as written: a computed value's, a constant's.
+// The dims of input `name` as written: a constant's, a computed value's.
 std::optional<Shape> DimsOf(const ImportContext& cx, const std::string& name) {
+  if (const onnx::TensorProto* t = cx.ConstTensor(name); t != nullptr && IsConstant(cx, name)) {
+    return Shape(t->dims().begin(), t->dims().end());
+  }
   if (const Value* v = cx.Find(name)) return cx.nb().type(*v).shape;
-  if (const onnx::TensorProto* t = cx.ConstTensor(name)) {
+  if (const onnx::TensorProto* t = cx.ConstTensor(name)) {  // a parameter not yet read
     return Shape(t->dims().begin(), t->dims().end());
   }
   return std::nullopt;
@@ -82,19 +92,44 @@ absl::StatusOr<Json> FillValue(const onnx::NodeProto& node, double value) {
   return Json(value);
 }
 
+// A `fill` of `value` (infinities as masked_fill takes them), `dims` and
+// `dtype`: an Aux of `node`.
+absl::StatusOr<Value> FillOf(ImportContext& cx, const onnx::NodeProto& node, const Shape& dims,
+                             DType dtype, double value, absl::string_view suffix) {
+  ASSIGN_OR_RETURN(Json v, FillValue(node, value));
+  return cx.Aux(node, "fill", {},
+                {{"shape", std::vector<int64_t>(dims.begin(), dims.end())},
+                 {"dtype", std::string(DTypeName(dtype))},
+                 {"value", std::move(v)}},
+                suffix);
+}
+
 // Operand `i` of a comparison whose other operand is the computed `like`:
 // computed, or a one-value constant made a `fill` of like's dtype and the
-// constant's dims.
+// constant's dims. An integer constant must be one a double holds exactly
+// (at most 2^53 in magnitude) and one of like's type can hold: the fill
+// carries it as a double.
 absl::StatusOr<Value> ComparedOperand(ImportContext& cx, const onnx::NodeProto& node, int i,
                                       Value like) {
   const std::string& name = node.input(i);
-  if (const Value* v = cx.Find(name)) return *v;
-  if (std::optional<double> value = ScalarConstant(cx, name)) {
-    const Shape dims = *DimsOf(cx, name);
-    return cx.Fill(node, std::vector<int64_t>(dims.begin(), dims.end()), like, *value,
-                   absl::StrCat("operand", i));
+  if (!IsConstant(cx, name)) return cx.Get(node, name);  // computed, or a parameter
+  std::optional<double> value = ScalarConstant(cx, name);
+  if (!value) return cx.Get(node, name);  // the error naming the constant
+  const onnx::TensorProto* t = cx.ConstTensor(name);
+  if (absl::StatusOr<std::vector<int64_t>> ints = IntValues(*t); ints.ok()) {
+    for (int64_t v : *ints) {
+      if (v > (int64_t{1} << 53) || v < -(int64_t{1} << 53)) {
+        return NodeError(node, absl::StrCat("the constant ", Quote(name), " holds ", v,
+                                            ", beyond 2^53 (not supported)"));
+      }
+    }
   }
-  return cx.Get(node, name);  // a parameter, or the error naming the constant
+  const DType dtype = cx.nb().type(like).dtype;
+  if (!ops_internal::IsFloat(dtype) && !(std::isfinite(*value) && *value == std::floor(*value))) {
+    return NodeError(node, absl::StrCat("the constant ", Quote(name), " (", *value,
+                                        ") is compared with an integer tensor (not supported)"));
+  }
+  return FillOf(cx, node, *DimsOf(cx, name), dtype, *value, absl::StrCat("operand", i));
 }
 
 // A comparison or logic operator: folded over integers known at import
@@ -113,9 +148,9 @@ absl::Status Comparison(ImportContext& cx, const onnx::NodeProto& node, const st
     }
     return cx.DefineInts(node, 0, std::move(out));
   }
-  const Value* computed = cx.Find(node.input(0));
-  if (computed == nullptr) computed = cx.Find(node.input(1));
-  if (computed == nullptr) {
+  const int computed = !IsConstant(cx, node.input(0)) ? 0 : !IsConstant(cx, node.input(1)) ? 1
+                                                                                          : -1;
+  if (computed < 0) {
     return NodeError(node, absl::StrCat(node.op_type(),
                                         " of two constants is supported only as Equal of "
                                         "integer shapes"));
@@ -123,14 +158,15 @@ absl::Status Comparison(ImportContext& cx, const onnx::NodeProto& node, const st
   const bool logic = op == "and" || op == "or" || node.op_type() == "Xor";
   if (logic) {
     for (int i = 0; i < 2; ++i) {
-      if (cx.Find(node.input(i)) != nullptr && !IsBoolean(cx, node.input(i))) {
+      if (!IsConstant(cx, node.input(i)) && !IsBoolean(cx, node.input(i))) {
         return NodeError(node, absl::StrCat("input ", Quote(node.input(i)),
                                             " is not a boolean computed by a comparison"));
       }
     }
   }
-  ASSIGN_OR_RETURN(Value x, ComparedOperand(cx, node, 0, *computed));
-  ASSIGN_OR_RETURN(Value y, ComparedOperand(cx, node, 1, *computed));
+  ASSIGN_OR_RETURN(const Value like, cx.Get(node, node.input(computed)));
+  ASSIGN_OR_RETURN(Value x, ComparedOperand(cx, node, 0, like));
+  ASSIGN_OR_RETURN(Value y, ComparedOperand(cx, node, 1, like));
   return cx.Apply(node, "compare", {x, y}, {{"op", op}});
 }
 
@@ -138,23 +174,12 @@ absl::Status Comparison(ImportContext& cx, const onnx::NodeProto& node, const st
 absl::Status Not(ImportContext& cx, const onnx::NodeProto& node) {
   RETURN_IF_ERROR(cx.ExpectInputs(node, 1, 1));
   RETURN_IF_ERROR(Attrs(node).OnlyKnown({}));
-  const Value* x = cx.Find(node.input(0));
-  if (x == nullptr || !IsBoolean(cx, node.input(0))) {
+  if (IsConstant(cx, node.input(0)) || !IsBoolean(cx, node.input(0))) {
     return NodeError(node, "only Not of a boolean computed by a comparison is supported");
   }
-  ASSIGN_OR_RETURN(Value zero, cx.Fill(node, {}, *x, 0.0, "zero"));
-  return cx.Apply(node, "compare", {*x, zero}, {{"op", "eq"}});
-}
-
-// `v` broadcast to `shape`: itself, or a zero fill of that shape plus it
-// (as Expand; add's broadcast rule applies).
-absl::StatusOr<Value> Broadcast(ImportContext& cx, const onnx::NodeProto& node, Value v,
-                                const Shape& shape, absl::string_view suffix) {
-  if (cx.nb().type(v).shape == shape) return v;
-  ASSIGN_OR_RETURN(Value zeros,
-                   cx.Zeros(node, std::vector<int64_t>(shape.begin(), shape.end()), v,
-                            absl::StrCat(suffix, ".zeros")));
-  return cx.Aux(node, "add", {zeros, v}, Json::object(), suffix);
+  ASSIGN_OR_RETURN(const Value x, cx.Get(node, node.input(0)));
+  ASSIGN_OR_RETURN(Value zero, cx.Fill(node, {}, x, 0.0, "zero"));
+  return cx.Apply(node, "compare", {x, zero}, {{"op", "eq"}});
 }
 
 // Where(c, x, y) of computed tensors: with a constant x (y), y (x) filled
@@ -163,11 +188,12 @@ absl::StatusOr<Value> Broadcast(ImportContext& cx, const onnx::NodeProto& node, 
 // each gradient where its side was taken (as PyTorch's where).
 absl::Status WhereComputed(ImportContext& cx, const onnx::NodeProto& node) {
   const std::string &c_name = node.input(0), &x_name = node.input(1), &y_name = node.input(2);
-  const Value* c = cx.Find(c_name);
-  if (c == nullptr) {
+  if (IsConstant(cx, c_name)) {
     return NodeError(node, "a constant condition over computed values is not supported (only "
                            "a causal attention mask added to the scores is)");
   }
+  ASSIGN_OR_RETURN(const Value cv, cx.Get(node, c_name));
+  const Value* c = &cv;
   std::optional<Shape> shape = cx.nb().type(*c).shape;
   for (const std::string* name : {&x_name, &y_name}) {
     std::optional<Shape> dims = DimsOf(cx, *name);
@@ -178,17 +204,20 @@ absl::Status WhereComputed(ImportContext& cx, const onnx::NodeProto& node) {
   const std::optional<double> x_value = ScalarConstant(cx, x_name);
   const std::optional<double> y_value = ScalarConstant(cx, y_name);
   const std::vector<int64_t> dims(shape->begin(), shape->end());
-  if (x_value && y_value) {  // torch.where(c, 1.0, 0.0)
-    ASSIGN_OR_RETURN(Value base, cx.Aux(node, "fill", {},
-                                        {{"shape", dims}, {"dtype", "fp32"}, {"value", *y_value}},
-                                        "else"));
+  if (x_value && y_value) {  // torch.where(c, 1.0, 0.0), torch.where(c, 0.0, -inf)
+    const absl::StatusOr<DType> dtype = DTypeOfOnnx(cx.ConstTensor(x_name)->data_type());
+    if (!dtype.ok() || !ops_internal::IsFloat(*dtype)) {
+      return NodeError(node, "a Where of two integer or boolean constants over a computed "
+                             "condition is not supported (of float constants it is)");
+    }
+    ASSIGN_OR_RETURN(Value base, FillOf(cx, node, *shape, *dtype, *y_value, "else"));
     ASSIGN_OR_RETURN(Json value, FillValue(node, *x_value));
     return cx.Apply(node, "masked_fill", {base, *c}, {{"value", value}});
   }
   if (x_value || y_value) {
     const std::string& computed = x_value ? y_name : x_name;
     ASSIGN_OR_RETURN(Value v, cx.Get(node, computed));
-    ASSIGN_OR_RETURN(v, Broadcast(cx, node, v, *shape, "expanded"));
+    ASSIGN_OR_RETURN(v, ExpandTo(cx, node, v, *shape, "expanded"));
     ASSIGN_OR_RETURN(Json value, FillValue(node, x_value ? *x_value : *y_value));
     // y is kept where c is 0 (fill where c is not); x where c is not.
     return cx.Apply(node, "masked_fill", {v, *c},
@@ -196,8 +225,8 @@ absl::Status WhereComputed(ImportContext& cx, const onnx::NodeProto& node) {
   }
   ASSIGN_OR_RETURN(Value x, cx.Get(node, x_name));
   ASSIGN_OR_RETURN(Value y, cx.Get(node, y_name));
-  ASSIGN_OR_RETURN(x, Broadcast(cx, node, x, *shape, "x"));
-  ASSIGN_OR_RETURN(y, Broadcast(cx, node, y, *shape, "y"));
+  ASSIGN_OR_RETURN(x, ExpandTo(cx, node, x, *shape, "x"));
+  ASSIGN_OR_RETURN(y, ExpandTo(cx, node, y, *shape, "y"));
   ASSIGN_OR_RETURN(Value x_taken, cx.Aux(node, "masked_fill", {x, *c},
                                          {{"value", 0.0}, {"invert", true}}, "then"));
   ASSIGN_OR_RETURN(Value y_taken,
@@ -212,8 +241,8 @@ absl::Status WhereComputed(ImportContext& cx, const onnx::NodeProto& node) {
 absl::Status Where(ImportContext& cx, const onnx::NodeProto& node) {
   RETURN_IF_ERROR(cx.ExpectInputs(node, 3, 3));
   RETURN_IF_ERROR(Attrs(node).OnlyKnown({}));
-  const bool computed = cx.Find(node.input(0)) != nullptr || cx.Find(node.input(1)) != nullptr ||
-                        cx.Find(node.input(2)) != nullptr;
+  const bool computed = !IsConstant(cx, node.input(0)) || !IsConstant(cx, node.input(1)) ||
+                        !IsConstant(cx, node.input(2));
   if (computed) return WhereComputed(cx, node);
   std::optional<Ints> c = cx.KnownInts(node.input(0)), x = cx.KnownInts(node.input(1)),
                       y = cx.KnownInts(node.input(2));
@@ -279,14 +308,13 @@ absl::Status Cast(ImportContext& cx, const onnx::NodeProto& node) {
   const Attrs attrs(node);
   RETURN_IF_ERROR(attrs.OnlyKnown({"to", "saturate"}));
   if (node.output_size() != 1 || node.output(0).empty()) return NodeError(node, "has no output");
-  if (const Value* x = cx.Find(node.input(0))) {
-    ASSIGN_OR_RETURN(const int64_t to, attrs.Int("to", 0));
-    return CastComputed(cx, node, *x, to);
+  if (const onnx::TensorProto* t = cx.ConstTensor(node.input(0))) {
+    cx.SetConstant(node.output(0), t);
+    return absl::OkStatus();
   }
-  const onnx::TensorProto* t = cx.ConstTensor(node.input(0));
-  if (t == nullptr) return cx.Get(node, node.input(0)).status();  // the error naming it
-  cx.SetConstant(node.output(0), t);
-  return absl::OkStatus();
+  ASSIGN_OR_RETURN(const Value x, cx.Get(node, node.input(0)));  // or the error naming it
+  ASSIGN_OR_RETURN(const int64_t to, attrs.Int("to", 0));
+  return CastComputed(cx, node, x, to);
 }
 
 }  // namespace

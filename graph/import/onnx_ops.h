@@ -35,12 +35,20 @@ void AddShapeOps(OnnxHandlers& handlers);
 // Comparisons, logic, Where and Cast: folded over constants, else
 // pebble's compare and masked_fill (onnx_mask_ops.cc).
 void AddMaskOps(OnnxHandlers& handlers);
+// RNN, GRU and LSTM unrolled over the sequence (onnx_recurrent_ops.cc).
+void AddRecurrentOps(OnnxHandlers& handlers);
 
 // Shared between the families.
 
 // Add, Sub, Mul, Div or Mod (fmod as ONNX's attribute) of two integer
 // tensors known at import, folded.
 absl::Status FoldArithmetic(ImportContext& cx, const onnx::NodeProto& node, bool fmod = false);
+
+// `v` broadcast to `shape` by NumPy's rules: itself, or added to zeros of
+// that shape (lowered as Add is, onnx_elementwise_ops.cc); ids
+// "<node>.<suffix>...". Where's computed sides, Expand's input.
+absl::StatusOr<Value> ExpandTo(ImportContext& cx, const onnx::NodeProto& node, Value v,
+                               const Shape& shape, absl::string_view suffix);
 
 // Whether ONNX value `name` is a boolean tensor, which pebble holds as u8
 // 0 and 1: written by a comparison, Not or a Cast to bool, through views

@@ -519,9 +519,63 @@ absl::StatusOr<bool> FoldSlice(ImportContext& cx, const onnx::NodeProto& node,
   return true;
 }
 
-// Slice with constant (or folded) starts, ends, axes and steps of 1: one
-// pebble `slice` per dim it narrows (none: the input itself). A slice of
-// a constant folds, with any steps (FoldSlice).
+// What a Slice keeps along one dim of a computed tensor: elements begin,
+// begin + step, ..., `count` of them, all below end.
+struct SliceCut {
+  int64_t axis, begin, end, step, count;
+};
+
+// `cut` applied to x, the result's id `suffix`'d (empty: the node's own).
+// A step of 1, or one element kept, is a `slice`. A larger step s
+// (x[::2], YOLOv5's Focus layer) views the run of s x n elements from
+// begin (a `slice`) as (n, s) (a `reshape`), keeps the first of each s (a
+// `slice`) and views the dim back, n being the kept elements whose s-run
+// lies within the dim; the last kept element, where its run does not, is a
+// `slice` of its own, concatenated after them. Only operators with
+// gradients, which route each kept element's gradient back to it and zeros
+// elsewhere, as PyTorch's strided view; any dtype.
+absl::StatusOr<Value> ApplySliceCut(ImportContext& cx, const onnx::NodeProto& node, Value x,
+                                    const SliceCut& cut, const std::string& suffix) {
+  const auto name = [&](absl::string_view what) {
+    return absl::StrCat(suffix.empty() ? "" : absl::StrCat(suffix, "_"), "step_", what);
+  };
+  const auto slice = [&](Value v, int64_t axis, int64_t begin, int64_t end,
+                         const std::string& id) {
+    return cx.Lowered(node, "slice", {v}, {{"axis", axis}, {"begin", begin}, {"end", end}}, id);
+  };
+  if (cut.step == 1 || cut.count == 1) {
+    return slice(x, cut.axis, cut.begin, cut.step == 1 ? cut.end : cut.begin + 1, suffix);
+  }
+  Shape shape = cx.nb().type(x).shape;
+  const int64_t size = shape[cut.axis];
+  // The kept elements whose whole run lies within the dim (the last one's
+  // may not): at least 1, as count >= 2 keeps begin + step < size.
+  const int64_t grouped = (size - cut.begin) / cut.step < cut.count ? cut.count - 1 : cut.count;
+  const int64_t run = grouped * cut.step;
+  const bool tail = grouped < cut.count;
+  Value v = x;
+  if (cut.begin != 0 || run != size) {
+    ASSIGN_OR_RETURN(v, slice(v, cut.axis, cut.begin, cut.begin + run, name("run")));
+  }
+  std::vector<int64_t> dims(shape.begin(), shape.end());
+  dims[cut.axis] = grouped;
+  dims.insert(dims.begin() + cut.axis + 1, cut.step);
+  ASSIGN_OR_RETURN(v, cx.Aux(node, "reshape", {v}, {{"shape", dims}}, name("grouped")));
+  ASSIGN_OR_RETURN(v, slice(v, cut.axis + 1, 0, 1, name("first")));
+  shape[cut.axis] = grouped;
+  ASSIGN_OR_RETURN(v, cx.Lowered(node, "reshape", {v},
+                                 {{"shape", std::vector<int64_t>(shape.begin(), shape.end())}},
+                                 tail ? name("kept") : suffix));
+  if (!tail) return v;
+  const int64_t last = cut.begin + run;  // the last kept element
+  ASSIGN_OR_RETURN(const Value end, slice(x, cut.axis, last, last + 1, name("last")));
+  return cx.Lowered(node, "concat", {v, end}, {{"axis", cut.axis}}, suffix);
+}
+
+// Slice with constant (or folded) starts, ends, axes and positive steps:
+// per dim it narrows, a pebble `slice`, or for a step above 1 the lowering
+// of ApplySliceCut (none: the input itself). A slice of a constant folds,
+// with any steps (FoldSlice).
 absl::Status Slice(ImportContext& cx, const onnx::NodeProto& node) {
   RETURN_IF_ERROR(cx.ExpectInputs(node, 3, 5));
   RETURN_IF_ERROR(Attrs(node).OnlyKnown({}));
@@ -543,37 +597,37 @@ absl::Status Slice(ImportContext& cx, const onnx::NodeProto& node) {
   ASSIGN_OR_RETURN(const bool folded, FoldSlice(cx, node, starts, ends, axes, steps));
   if (folded) return absl::OkStatus();
   ASSIGN_OR_RETURN(Operand in, cx.FirstOperand(node));
-  for (int64_t s : steps) {
-    if (s != 1) return NodeError(node, absl::StrCat("step ", s, " is not supported (only 1)"));
-  }
+  if (steps.empty()) steps.assign(starts.size(), 1);
   Value x = in.value;
   const Shape& shape = in.shape;
   const auto rank = static_cast<int64_t>(shape.size());
-  struct Cut {
-    int64_t axis, begin, end;
-  };
-  std::vector<Cut> cuts;
+  std::vector<SliceCut> cuts;
   for (size_t i = 0; i < axes.size(); ++i) {
     ASSIGN_OR_RETURN(const int64_t axis,
                      OnnxAxis(node, absl::StrCat("axis ", axes[i]), axes[i], rank));
+    if (steps[i] < 1) {
+      return NodeError(node, absl::StrCat("step ", steps[i], " on a computed tensor is not "
+                                          "supported (only positive steps: a negative one, as "
+                                          "torch.flip exports, reverses the dim)"));
+    }
     const auto [begin, end] = SliceBounds(starts[i], ends[i], shape[axis]);
     if (begin >= end) {
       return NodeError(node,
                        absl::StrCat("slice [", starts[i], ", ", ends[i], ") of dim ", axis, " of ",
                                     ShapeToString(shape), " is empty (not supported)"));
     }
-    if (begin != 0 || end != shape[axis]) cuts.push_back({axis, begin, end});
+    const int64_t count = 1 + (end - begin - 1) / steps[i];  // elements kept
+    if (begin != 0 || end != shape[axis] || count != shape[axis]) {
+      cuts.push_back({axis, begin, end, steps[i], count});
+    }
   }
   if (cuts.empty()) return cx.Define(node, x);
-  for (size_t i = 0; i + 1 < cuts.size(); ++i) {
-    ASSIGN_OR_RETURN(
-        x, cx.Aux(node, "slice", {x},
-                  {{"axis", cuts[i].axis}, {"begin", cuts[i].begin}, {"end", cuts[i].end}},
-                  absl::StrCat(cuts[i].axis)));
+  for (size_t i = 0; i < cuts.size(); ++i) {
+    const bool last = i + 1 == cuts.size();
+    ASSIGN_OR_RETURN(x, ApplySliceCut(cx, node, x, cuts[i],
+                                      last ? "" : absl::StrCat(cuts[i].axis)));
   }
-  const Cut& last = cuts.back();
-  return cx.Apply(node, "slice", {x},
-                  {{"axis", last.axis}, {"begin", last.begin}, {"end", last.end}});
+  return cx.Define(node, x);
 }
 
 // Split along `axis` into the sizes of input `split` (opset 13; the

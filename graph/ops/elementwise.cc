@@ -232,10 +232,21 @@ absl::Status CopyBackward(BackwardContext& ctx) {
   return absl::OkStatus();
 }
 
+// fill: attrs shape, dtype (fp32), value (1; "inf" and "-inf" for a
+// float dtype). An integer dtype takes the value truncated toward zero (as
+// C++ converts), which must be in its range: [-2^63, 2^63) for i64, [0,
+// 256) for u8 (a conversion out of range is undefined).
 absl::StatusOr<TensorType> InferFill(Inputs, const Json& attrs) {
   ASSIGN_OR_RETURN(Shape shape, ShapeAttr(attrs, "shape"));
   ASSIGN_OR_RETURN(DType dtype, DTypeAttr(attrs, "dtype", DType::kFloat32));
-  RETURN_IF_ERROR(DoubleAttr(attrs, "value", 1.0).status());
+  ASSIGN_OR_RETURN(const double value, ExtendedDoubleAttr(attrs, "value", 1.0));
+  constexpr double kTwo63 = 9223372036854775808.0;
+  if (dtype == DType::kInt64 && !(value >= -kTwo63 && value < kTwo63)) {
+    return Invalid("attr 'value' (", value, ") of an i64 fill is out of its range");
+  }
+  if (dtype == DType::kUInt8 && !(value > -1 && value < 256)) {
+    return Invalid("attr 'value' (", value, ") of a u8 fill is out of its range [0, 255]");
+  }
   return TensorType{shape, dtype};
 }
 

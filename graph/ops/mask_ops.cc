@@ -3,7 +3,9 @@
 // `torch.where`, `masked_fill` and a padding mask computed from token ids;
 // FLOPs per element in docs/operators.md. Operands broadcast by NumPy's
 // rules in full (Note [Broadcast index] in runtime/kernel_math.h).
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "graph/autodiff.h"
@@ -13,8 +15,7 @@
 namespace pebble::ops_internal {
 namespace {
 
-// The highest rank a broadcast operand may have (kmath::kMaxBroadcastRank).
-constexpr size_t kMaxMaskRank = 8;
+constexpr size_t kMaxMaskRank = kMaxBroadcastRank;
 
 bool IsMaskOperandType(DType dtype) {
   return IsFloat(dtype) || dtype == DType::kInt64 || dtype == DType::kUInt8;

@@ -171,6 +171,11 @@ std::optional<BroadcastBlock> BlockBroadcast(const Shape& big,
 // each dim equal or 1): compare's result; nullopt where they do not.
 std::optional<Shape> BroadcastShapes(const Shape& a, const Shape& b);
 
+// The highest rank of compare's and masked_fill's broadcast operands
+// (kmath::kMaxBroadcastRank in runtime/kernel_math.h; runtime/kernel.cc
+// checks that they agree).
+inline constexpr int kMaxBroadcastRank = 8;
+
 // The highest rank transpose takes (the kernels' index maps are fixed-size).
 inline constexpr int kMaxTransposeRank = 8;
 // Whether `perm` holds each of 0 .. rank - 1 once.

@@ -348,7 +348,7 @@ absl::Status CopyBytes(const KernelContext& ctx) {
 // ---- fill (), attrs shape, dtype, value (1): any dtype.
 absl::Status Fill(const KernelContext& ctx) {
   RETURN_IF_ERROR(CheckOperands(ctx));
-  ASSIGN_OR_RETURN(double value, DoubleAttr(ctx.attrs(), "value", 1.0));
+  ASSIGN_OR_RETURN(double value, ops_internal::ExtendedDoubleAttr(ctx.attrs(), "value", 1.0));
   const TensorView& out = ctx.output;
   const int64_t n = out.num_elements();
   auto fill = [n](auto* p, auto v) {

@@ -733,7 +733,7 @@ absl::Status SumBackward(CudaContext& cc, const KernelContext& ctx) {
 
 absl::Status Fill(CudaContext& cc, const KernelContext& ctx) {
   RETURN_IF_ERROR(ExpectInputs(ctx, 0, 0));
-  ASSIGN_OR_RETURN(double value, DoubleAttr(ctx.attrs(), "value", 1.0));
+  ASSIGN_OR_RETURN(double value, ops_internal::ExtendedDoubleAttr(ctx.attrs(), "value", 1.0));
   const int64_t n = ctx.output.num_elements();
   // The CPU backend's conversions of `value` for each dtype.
   switch (ctx.output.dtype) {

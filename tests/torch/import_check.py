@@ -281,7 +281,8 @@ def smooth_net(torch, num_classes=10, image=None):
     (ELU, SELU, CELU as pebble's elu; Softplus of beta 1 and 2; nn.PReLU
     with one slope and with one per channel, and on a linear layer's
     output), and those PyTorch writes with Abs, Exp and Log (Mish,
-    LogSigmoid, Softsign, torch.exp): --model smooth."""
+    LogSigmoid, Softsign, torch.exp); GPT-2's GELU written out (a Pow by 3)
+    and powers by -0.5, -1 and -2 of a positive tensor: --model smooth."""
     nn = torch.nn
 
     class Smooth(nn.Module):
@@ -308,6 +309,9 @@ def smooth_net(torch, num_classes=10, image=None):
                 - torch.nn.functional.softplus(x, beta=2.0)
             x = self.mish(x) + torch.exp(-x.abs())
             x = self.prelu3(self.fc1(x.mean(dim=(2, 3))))
+            x = 0.5 * x * (1.0 + torch.tanh(0.7978845608 * (x + 0.044715 * torch.pow(x, 3.0))))
+            positive = 1.0 + x * x
+            x = x + positive ** -0.5 + positive.pow(-1) + positive ** -2
             return self.fc2(self.logsigmoid(x) + self.softsign(x))
 
     return Smooth()
@@ -714,6 +718,94 @@ def token_lm_net(torch, num_classes=10, image=8, bool_mask=False):
     return TokenLm()
 
 
+def normalized_net(torch, num_classes=10, image=None):
+    """2-norms (ONNX's ReduceL2): F.normalize of features, and of features
+    that a shifted ReLU makes all zero (PyTorch's gradient there is 0),
+    x.norm(dim=1, keepdim=True), and a norm over the spatial dims of a
+    feature map without keepdim: --model normalized."""
+    nn = torch.nn
+    F = torch.nn.functional
+
+    class Normalized(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d(3, 8, 3, stride=2, padding=1)
+            self.fc = nn.Linear(8, 6)
+            self.head = nn.Linear(6 + 1 + 1, num_classes)
+
+        def forward(self, x):
+            maps = torch.relu(self.conv(x))
+            f = self.fc(maps.mean(dim=(2, 3)))
+            dead = torch.relu(f - 100.0)
+            unit = F.normalize(f, dim=1) + F.normalize(dead, dim=1)
+            spatial = maps.norm(dim=(2, 3)).mean(dim=1, keepdim=True)
+            return self.head(torch.cat([unit, f.norm(dim=1, keepdim=True), spatial], 1))
+
+    return Normalized()
+
+
+def recurrent_net(torch, num_classes=10, image=8):
+    """Recurrent layers over `image` token ids of a vocabulary of 30 (ONNX's
+    LSTM, GRU and RNN, unrolled at import): a two-layer nn.LSTM (batch
+    first), a bidirectional nn.GRU over its outputs (sequence first), an
+    nn.RNN with ReLU whose initial state is computed from the input; the
+    classifier reads the GRU's last step, the RNN's last state and the
+    LSTM's last cell state: --model recurrent."""
+    nn = torch.nn
+
+    class Recurrent(nn.Module):
+        vocab = 30
+
+        def __init__(self):
+            super().__init__()
+            self.emb = nn.Embedding(self.vocab, 8)
+            self.lstm = nn.LSTM(8, 12, num_layers=2, batch_first=True)
+            self.gru = nn.GRU(12, 6, bidirectional=True)
+            self.start = nn.Linear(8, 5)
+            self.rnn = nn.RNN(12, 5, nonlinearity="relu", batch_first=True)
+            self.fc = nn.Linear(12 + 5 + 12, num_classes)
+
+        def forward(self, ids):
+            x = self.emb(ids)
+            y, (_, c) = self.lstm(x)
+            g, _ = self.gru(y.transpose(0, 1))
+            h0 = torch.tanh(self.start(x.mean(dim=1))).unsqueeze(0)
+            _, h = self.rnn(y, h0)
+            return self.fc(torch.cat([g[-1], h[0], c[-1]], 1))
+
+        def make_batch(self, torch, batch, classes, gen):
+            """Token ids (batch, image) and class targets."""
+            return (torch.randint(0, self.vocab, (batch, image), generator=gen),
+                    torch.randint(0, classes, (batch,), generator=gen))
+
+    return Recurrent()
+
+
+def focus_net(torch, num_classes=10, image=8):
+    """Strided slices of computed tensors: YOLOv5's Focus layer (the four
+    pixel phases x[..., ::2, ::2], x[..., 1::2, ::2], ... concatenated on
+    the channels), a step of 3 over a size it does not divide, and steps on
+    two dims at once with offsets: --model focus."""
+    nn = torch.nn
+
+    class Focus(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.stem = nn.Conv2d(3, 4, 3, padding=1)
+            self.conv = nn.Conv2d(16, 8, 3, padding=1)
+            self.fc = nn.Linear(8 + 4, num_classes)
+
+        def forward(self, x):
+            x = torch.relu(self.stem(x))
+            phases = torch.cat([x[..., ::2, ::2], x[..., 1::2, ::2],
+                                x[..., ::2, 1::2], x[..., 1::2, 1::2]], 1)
+            y = torch.tanh(self.conv(phases))[:, :, ::3]
+            z = x[:, :, 1:-1:2, 2::3]
+            return self.fc(torch.cat([y.mean(dim=(2, 3)), z.mean(dim=(2, 3))], 1))
+
+    return Focus()
+
+
 def masked_net(torch, num_classes=10, image=8):
     """A small text classifier over `image` token ids of a vocabulary of 50
     where id 0 pads: attention whose scores are masked_fill-ed with -inf at
@@ -769,7 +861,8 @@ LOCAL_MODELS = {"activations": activations_net, "smooth": smooth_net,
                 "sequence": sequence_net, "vit_tiny": vit_tiny_net,
                 "misc": misc_net, "normed": normed_net, "pooled": pooled_net,
                 "shuffled": shuffled_net, "mnist": mnist_net,
-                "upconv": upconv_net, "masked": masked_net,
+                "upconv": upconv_net, "masked": masked_net, "focus": focus_net,
+                "recurrent": recurrent_net, "normalized": normalized_net,
                 "text": text_net, "token_lm": token_lm_net,
                 "text_padded": lambda torch, classes, image: text_net(
                     torch, classes, image, padding_mask=True),
