@@ -317,6 +317,12 @@ TEST(NativeKernelsTest, MaskedFillBroadcastsTheMask) {
                     {{"value", 0.5}})
                 .Floats(),
             (std::vector<float>{0.5f, 0.5f, 0.5f}));
+  // -0.0 stays -0.0 (an imported Where adds it to the side taken).
+  const std::vector<float> negative_zero =
+      MustRun("masked_fill", {Floats({2}, {1, 2}), Bools({2}, {1, 0})}, {{"value", -0.0}})
+          .Floats();
+  EXPECT_TRUE(negative_zero[0] == 0.0f && std::signbit(negative_zero[0]));
+  EXPECT_EQ(negative_zero[1], 2.0f);
   // A mask that does not broadcast over x, or a value that is no number.
   EXPECT_FALSE(RunKernel("masked_fill", {x, Bools({3, 1}, {1, 0, 1})}).ok());
   EXPECT_FALSE(RunKernel("masked_fill", {x, mask}, {{"value", "nan"}}).ok());

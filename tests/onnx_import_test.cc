@@ -1039,9 +1039,13 @@ TEST(OnnxImportTest, ComparisonsAndWhereOfComputedTensors) {
   EXPECT_EQ(op("cast"), "masked_fill");  // zeros, 1 where the mask is
   EXPECT_EQ(attrs("cast")["value"], 1.0);
   EXPECT_EQ(attrs("and")["op"], "and");
-  EXPECT_EQ(op("pick"), "add");  // each side with the other's elements zeroed
+  EXPECT_EQ(op("pick"), "add");  // each side with the other's elements -0.0
   EXPECT_EQ(op("pick.then"), "masked_fill");
   EXPECT_EQ(op("pick.else"), "masked_fill");
+  for (const char* side : {"pick.then", "pick.else"}) {
+    const double fill = attrs(side)["value"].get<double>();
+    EXPECT_TRUE(fill == 0.0 && std::signbit(fill)) << side << ": " << fill;
+  }
   EXPECT_EQ(*g->shape(g->Find("pick")), (Shape{2, 4, 8, 8}));
   // Gradients reach r through every masked_fill (the masks get none).
   EXPECT_NE(g->Find("grad:relu"), kNoNode);

@@ -184,8 +184,8 @@ absl::Status Not(ImportContext& cx, const onnx::NodeProto& node) {
 
 // Where(c, x, y) of computed tensors: with a constant x (y), y (x) filled
 // with it where c says (masked_fill(scores, pad, -inf); torch.where(c, x,
-// 0)); with both computed, the sum of each with the other's elements zeroed,
-// each gradient where its side was taken (as PyTorch's where).
+// 0)); with both computed, the sum of each with the other's elements set to
+// -0.0, each gradient where its side was taken (as PyTorch's where).
 absl::Status WhereComputed(ImportContext& cx, const onnx::NodeProto& node) {
   const std::string &c_name = node.input(0), &x_name = node.input(1), &y_name = node.input(2);
   if (IsConstant(cx, c_name)) {
@@ -227,10 +227,12 @@ absl::Status WhereComputed(ImportContext& cx, const onnx::NodeProto& node) {
   ASSIGN_OR_RETURN(Value y, cx.Get(node, y_name));
   ASSIGN_OR_RETURN(x, ExpandTo(cx, node, x, *shape, "x"));
   ASSIGN_OR_RETURN(y, ExpandTo(cx, node, y, *shape, "y"));
+  // The side not taken is -0.0, which adds to every value v, 0.0 and -0.0
+  // included, exactly v (IEEE 754): the sum is the side taken, bit for bit.
   ASSIGN_OR_RETURN(Value x_taken, cx.Aux(node, "masked_fill", {x, *c},
-                                         {{"value", 0.0}, {"invert", true}}, "then"));
+                                         {{"value", -0.0}, {"invert", true}}, "then"));
   ASSIGN_OR_RETURN(Value y_taken,
-                   cx.Aux(node, "masked_fill", {y, *c}, {{"value", 0.0}}, "else"));
+                   cx.Aux(node, "masked_fill", {y, *c}, {{"value", -0.0}}, "else"));
   return cx.Apply(node, "add", {x_taken, y_taken});
 }
 
