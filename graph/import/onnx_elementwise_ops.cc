@@ -357,8 +357,7 @@ absl::Status Expand(ImportContext& cx, const onnx::NodeProto& node) {
                                         " is not supported (pebble expands float tensors "
                                         "and boolean masks only)"));
   }
-  ASSIGN_OR_RETURN(Value zeros, cx.Zeros(node, *out, x, "zeros"));
-  ASSIGN_OR_RETURN(Value v, Broadcast(cx, node, "add", zeros, x, ""));
+  ASSIGN_OR_RETURN(Value v, ExpandTo(cx, node, x, *out, ""));
   return cx.Define(node, v);
 }
 
@@ -393,7 +392,8 @@ absl::StatusOr<Value> ExpandTo(ImportContext& cx, const onnx::NodeProto& node, V
                                const Shape& shape, absl::string_view suffix) {
   if (cx.nb().type(v).shape == shape) return v;
   ASSIGN_OR_RETURN(Value zeros, cx.Zeros(node, std::vector<int64_t>(shape.begin(), shape.end()),
-                                         v, absl::StrCat(suffix, "_zeros")));
+                                         v, suffix.empty() ? "zeros"
+                                                           : absl::StrCat(suffix, "_zeros")));
   return Broadcast(cx, node, "add", zeros, v, suffix);
 }
 

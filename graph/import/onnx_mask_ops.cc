@@ -283,13 +283,8 @@ absl::Status CastComputed(ImportContext& cx, const onnx::NodeProto& node, Value 
     return cx.Apply(node, "compare", {x, zero}, {{"op", "ne"}});
   }
   if (boolean && to_dtype.ok() && ops_internal::IsFloat(*to_dtype)) {
-    const Shape& shape = cx.nb().type(x).shape;
     ASSIGN_OR_RETURN(Value zeros,
-                     cx.Aux(node, "fill", {},
-                            {{"shape", std::vector<int64_t>(shape.begin(), shape.end())},
-                             {"dtype", std::string(DTypeName(*to_dtype))},
-                             {"value", 0.0}},
-                            "zeros"));
+                     FillOf(cx, node, cx.nb().type(x).shape, *to_dtype, 0.0, "zeros"));
     return cx.Apply(node, "masked_fill", {zeros, x}, {{"value", 1.0}});
   }
   const std::string to_name =

@@ -46,7 +46,8 @@ absl::Status FoldArithmetic(ImportContext& cx, const onnx::NodeProto& node, bool
 
 // `v` broadcast to `shape` by NumPy's rules: itself, or added to zeros of
 // that shape (lowered as Add is, onnx_elementwise_ops.cc); ids
-// "<node>.<suffix>...". Where's computed sides, Expand's input.
+// "<node>.<suffix>...", the sum the node's own where `suffix` is empty.
+// Expand's input, Where's computed sides.
 absl::StatusOr<Value> ExpandTo(ImportContext& cx, const onnx::NodeProto& node, Value v,
                                const Shape& shape, absl::string_view suffix);
 

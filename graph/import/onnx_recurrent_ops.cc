@@ -283,8 +283,9 @@ absl::Status DefineOutput(ImportContext& cx, const onnx::NodeProto& node, int i,
 absl::Status Recurrent(ImportContext& cx, const onnx::NodeProto& node, Cell cell) {
   RETURN_IF_ERROR(cx.ExpectInputs(node, 3, cell == Cell::kLstm ? 8 : 6));
   ASSIGN_OR_RETURN(const Layer layer, ReadLayer(node, cell));
+  std::optional<Ints> lens;  // sequence_lens, where given
   if (node.input_size() > 4 && !node.input(4).empty()) {
-    std::optional<Ints> lens = cx.KnownInts(node.input(4));
+    lens = cx.KnownInts(node.input(4));
     if (!lens) {
       return NodeError(node, "sequence_lens computed at run time is not supported (sequences "
                              "of one length only)");
@@ -300,9 +301,7 @@ absl::Status Recurrent(ImportContext& cx, const onnx::NodeProto& node, Cell cell
                                         ShapeToString(xs)));
   }
   const int64_t seq = xs[0], batch = xs[1], features = xs[2], hidden = layer.hidden;
-  if (std::optional<Ints> lens = node.input_size() > 4 && !node.input(4).empty()
-                                     ? cx.KnownInts(node.input(4))
-                                     : std::nullopt) {
+  if (lens) {
     for (int64_t len : lens->values) {
       if (len != seq) {
         return NodeError(node, absl::StrCat("sequence_lens holds ", len, ", not the sequence's ",

@@ -631,6 +631,18 @@ def upconv_net(torch, num_classes=10, image=None):
     return Upconv()
 
 
+def token_batch(torch, vocab, batch, image, classes, gen, padded=False):
+    """Token ids (batch, image) of a vocabulary of `vocab` and class
+    targets; `padded`: id 0 pads about a third of the ids after the first,
+    which never is 0."""
+    if not padded:
+        return (torch.randint(0, vocab, (batch, image), generator=gen),
+                torch.randint(0, classes, (batch,), generator=gen))
+    ids = torch.randint(1, vocab, (batch, image), generator=gen)
+    ids[:, 1:] *= (torch.rand((batch, image - 1), generator=gen) > 0.3).long()
+    return ids, torch.randint(0, classes, (batch,), generator=gen)
+
+
 def text_net(torch, num_classes=10, image=8, padding_mask=False):
     """A small text classifier over `image` token ids of a vocabulary of 50
     (nn.Embedding, Gather in ONNX): token embeddings, position embeddings at
@@ -638,9 +650,9 @@ def text_net(torch, num_classes=10, image=8, padding_mask=False):
     the importer makes an arange), one nn.TransformerEncoderLayer (batch
     first, GELU, dropout 0), the mean over the sequence and a linear
     classifier (export it at opset 17, where LayerNorm is one ONNX op):
-    --model text. With `padding_mask`, id 0 pads (about a third of the ids
-    after the first) and the layer's src_key_padding_mask is ids == 0, a
-    mask computed from the input: --model text_padded."""
+    --model text. With `padding_mask`, id 0 pads (token_batch) and the
+    layer's src_key_padding_mask is ids == 0, a mask computed from the
+    input: --model text_padded."""
     nn = torch.nn
 
     class Text(nn.Module):
@@ -666,12 +678,10 @@ def text_net(torch, num_classes=10, image=8, padding_mask=False):
             return self.fc(h.mean(dim=1))
 
         def make_batch(self, torch, batch, classes, gen):
-            """Token ids (batch, image) and class targets."""
-            ids = torch.randint(0, self.vocab, (batch, image), generator=gen)
-            if padding_mask:
-                ids[:, 0] += ids[:, 0] == 0
-                ids[:, 1:] *= (torch.rand((batch, image - 1), generator=gen) > 0.3).long()
-            return ids, torch.randint(0, classes, (batch,), generator=gen)
+            """Token ids (batch, image), padded where `padding_mask`, and
+            class targets."""
+            return token_batch(torch, self.vocab, batch, image, classes, gen,
+                               padded=padding_mask)
 
     return Text()
 
@@ -775,8 +785,7 @@ def recurrent_net(torch, num_classes=10, image=8):
 
         def make_batch(self, torch, batch, classes, gen):
             """Token ids (batch, image) and class targets."""
-            return (torch.randint(0, self.vocab, (batch, image), generator=gen),
-                    torch.randint(0, classes, (batch,), generator=gen))
+            return token_batch(torch, self.vocab, batch, image, classes, gen)
 
     return Recurrent()
 
@@ -842,11 +851,8 @@ def masked_net(torch, num_classes=10, image=8):
             return self.fc(c.masked_fill(pad[:, :, None], 0.0).sum(dim=1))
 
         def make_batch(self, torch, batch, classes, gen):
-            """Token ids (batch, image), about a third of them 0 (padding)
-            but never the first, and class targets."""
-            ids = torch.randint(1, self.vocab, (batch, image), generator=gen)
-            ids[:, 1:] *= (torch.rand((batch, image - 1), generator=gen) > 0.3).long()
-            return ids, torch.randint(0, classes, (batch,), generator=gen)
+            """Token ids (batch, image), padded, and class targets."""
+            return token_batch(torch, self.vocab, batch, image, classes, gen, padded=True)
 
     return Masked()
 
