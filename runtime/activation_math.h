@@ -1,6 +1,6 @@
 // The piecewise-linear activations of the operator table (relu, clip,
 // hardsigmoid, hardswish, leaky_relu), elu, softplus, erf, sqrt, abs, exp,
-// log, and their gradients, in float, shared by the CPU
+// log, maximum and minimum, and their gradients, in float, shared by the CPU
 // kernels and the CUDA kernels (device code, and its host emulation): one
 // definition, so the backends agree to the bit. Each follows PyTorch's ATen
 // definition (hardtanh, hardsigmoid, hardswish, leaky_relu and their
@@ -113,6 +113,23 @@ PEBBLE_HOST_DEVICE inline float ExpGrad(float g, float y) { return g * y; }
 // The natural logarithm; its derivative g / x.
 PEBBLE_HOST_DEVICE inline float Log(float x) { return logf(x); }
 PEBBLE_HOST_DEVICE inline float LogGrad(float g, float x) { return g / x; }
+
+// maximum (or minimum) of a and b, as ATen's: NaN where either is NaN.
+PEBBLE_HOST_DEVICE inline float Extremum(bool maximum, float a, float b) {
+  if (a != a || b != b) return a + b;  // NaN
+  return maximum ? (a < b ? b : a) : (b < a ? b : a);
+}
+// The gradient of operand `input` (0: a, 1: b) of maximum or minimum, as
+// ATen's derivatives.yaml writes it: g / 2 where a == b (-0 equals +0),
+// else g, zeroed where the operand loses (a < b for maximum's a, a > b
+// for its b; the reverse for minimum's). Where either is NaN neither
+// loses, so both get g.
+PEBBLE_HOST_DEVICE inline float ExtremumGrad(bool maximum, int input, float g, float a,
+                                             float b) {
+  if (a == b) return g * 0.5f;
+  const bool loses = (maximum == (input == 0)) ? a < b : a > b;
+  return loses ? 0.f : g;
+}
 
 }  // namespace pebble::activation
 

@@ -13,6 +13,7 @@
 #ifndef PEBBLE_RUNTIME_KERNEL_MATH_H_
 #define PEBBLE_RUNTIME_KERNEL_MATH_H_
 
+#include <cmath>
 #include <cstdint>
 
 #if defined(__CUDACC__)
@@ -180,27 +181,45 @@ PEBBLE_HOST_DEVICE inline float AvgPoolGradAt(const PoolAxis* axes, int64_t i,
   return acc;
 }
 
-// Note [Upsample taps]. upsample by an integer `factor` along one axis of
-// `in` -> out = in * factor elements: output o reads inputs i0 and i1 with
-// weights l0 and l1. Source indices follow PyTorch 1.13's CPU kernels
-// (aten/src/ATen/native/UpSample.h), in float as there:
-//  - nearest: i0 = i1 = min(floor(o * scale), in - 1), scale = float(1 /
-//    factor) (nearest_idx; factors 1 and 2 are exact copies and shifts);
-//  - linear: scale = align_corners ? (in - 1) / (out - 1) (0 when out = 1)
-//    : float(1 / factor) (area_pixel_compute_scale); src = align_corners ?
-//    scale * o : max(scale * (o + 0.5) - 0.5, 0) with o + 0.5 in double
+// Note [Upsample taps]. upsample along one axis of `in` -> `out` elements
+// (UpsampleAxis): output o reads inputs i0 and i1 with weights l0 and l1.
+// Source indices follow PyTorch 1.13's CPU kernels
+// (aten/src/ATen/native/UpSample.h), in float as there. `scale` is the
+// source step per output, compute_scales_value's: float(1 / scale_factor)
+// where a scale factor was given (an integer `scale` is one), else
+// float(in) / out.
+//  - nearest: i0 = i1 = min(floor(o * scale), in - 1) (nearest_idx; out =
+//    in and out = 2 in are exact copies and shifts);
+//  - linear: s = align_corners ? (in - 1) / (out - 1) (0 when out = 1)
+//    : scale (area_pixel_compute_scale); src = align_corners ? s * o :
+//    max(s * (o + 0.5) - 0.5, 0) with o + 0.5 in double
 //    (area_pixel_compute_source_index); i0 = floor(src), i1 = i0 + (i0 <
 //    in - 1), l1 = clamp(src - i0, 0, 1), l0 = 1 - l1; out == in copies.
+// A factor below 1 (downsampling) samples as PyTorch does, without
+// antialiasing.
+struct UpsampleAxis {
+  int64_t in = 1, out = 1;
+  float scale = 1.f;
+};
+
+PEBBLE_HOST_DEVICE inline UpsampleAxis MakeUpsampleAxis(int64_t in, int64_t out,
+                                                        double scale_factor) {
+  UpsampleAxis a;
+  a.in = in;
+  a.out = out;
+  a.scale = scale_factor > 0 ? static_cast<float>(1.0 / scale_factor)
+                             : static_cast<float>(in) / static_cast<float>(out);
+  return a;
+}
+
 struct UpsampleTap {
   int64_t i0 = 0, i1 = 0;
   float l0 = 1.f, l1 = 0.f;
 };
 
-PEBBLE_HOST_DEVICE inline UpsampleTap UpsampleTapAt(int64_t o, int64_t in,
-                                                    int64_t factor,
-                                                    bool nearest,
-                                                    bool align_corners) {
-  const int64_t out = in * factor;
+PEBBLE_HOST_DEVICE inline UpsampleTap UpsampleTapAt(int64_t o, const UpsampleAxis& a,
+                                                    bool nearest, bool align_corners) {
+  const int64_t in = a.in, out = a.out;
   UpsampleTap t;
   if (out == in) {
     t.i0 = t.i1 = o;
@@ -210,9 +229,8 @@ PEBBLE_HOST_DEVICE inline UpsampleTap UpsampleTapAt(int64_t o, int64_t in,
     if (out == 2 * in) {
       t.i0 = o >> 1;
     } else {
-      const float scale = static_cast<float>(1.0 / static_cast<double>(factor));
       // floor of a non-negative float: truncation.
-      t.i0 = static_cast<int64_t>(static_cast<float>(o) * scale);
+      t.i0 = static_cast<int64_t>(static_cast<float>(o) * a.scale);
       if (t.i0 > in - 1) t.i0 = in - 1;
     }
     t.i1 = t.i0;
@@ -225,13 +243,12 @@ PEBBLE_HOST_DEVICE inline UpsampleTap UpsampleTapAt(int64_t o, int64_t in,
                 : 0.f;
     src = scale * static_cast<float>(o);
   } else {
-    const float scale = static_cast<float>(1.0 / static_cast<double>(factor));
     src = static_cast<float>(
-        static_cast<double>(scale) * (static_cast<double>(o) + 0.5) - 0.5);
+        static_cast<double>(a.scale) * (static_cast<double>(o) + 0.5) - 0.5);
     if (src < 0.f) src = 0.f;
   }
   t.i0 = static_cast<int64_t>(src);
-  if (t.i0 > in - 1) t.i0 = in - 1;  // never, short of rounding; keeps reads in
+  if (t.i0 > in - 1) t.i0 = in - 1;  // keeps reads in
   float l1 = src - static_cast<float>(t.i0);
   l1 = l1 < 0.f ? 0.f : (l1 > 1.f ? 1.f : l1);
   t.i1 = t.i0 + (t.i0 < in - 1 ? 1 : 0);
@@ -246,28 +263,83 @@ PEBBLE_HOST_DEVICE inline float UpsampleWeight(const UpsampleTap& t,
   return (t.i0 == i ? t.l0 : 0.f) + (t.i1 == i ? t.l1 : 0.f);
 }
 
-// The outputs that read input i: [*first, *last], empty when first > last.
-// i0 is non-decreasing in o and i is read exactly where i0 is i - 1 or i,
-// so the readers are contiguous. They lie within factor (i - 2) - 2 ..
-// factor (i + 2) + 2, which bounds the scan: src advances one input per R
-// outputs, R = factor (R = factor + (factor - 1) / (in - 1) with
-// align_corners), and input i < in - 1 is read only while i - 1 < src <
-// i + 1, by outputs strictly between (i - 1) R and (i + 1) R <= factor
-// (i + 2) - 1; the last input's range ends at out - 1. kernel_math_test
-// compares the result with a full scan.
-PEBBLE_HOST_DEVICE inline void UpsampleReaders(int64_t i, int64_t in,
-                                               int64_t factor, bool nearest,
-                                               bool align_corners,
-                                               int64_t* first, int64_t* last) {
-  const int64_t out = in * factor;
-  int64_t lo = factor * (i - 2) - 2, hi = factor * (i + 2) + 2;
-  if (lo < 0) lo = 0;
-  if (hi > out - 1) hi = out - 1;
+// Note [Bicubic taps]. bicubic upsample along one axis, PyTorch 1.13's
+// upsample_bicubic2d (Keys' cubic convolution with A = -0.75,
+// get_cubic_upsample_coefficients): src as linear's (above) but not
+// clamped at 0 (area_pixel_compute_source_index with cubic); i =
+// min(floor(src), in - 1), t = clamp(src - i, 0, 1)
+// (guard_index_and_lambda); taps i - 1 .. i + 2, each clamped into [0,
+// in - 1] (upsample_get_value_bounded), so an edge input may be read by
+// several taps of one output. out = in gives weights (0, 1, 0, 0): a copy.
+struct CubicTap {
+  int64_t i[4] = {0, 0, 0, 0};
+  float w[4] = {0.f, 0.f, 0.f, 0.f};
+};
+
+PEBBLE_HOST_DEVICE inline float CubicConvolution1(float x, float a) {
+  return ((a + 2) * x - (a + 3)) * x * x + 1;
+}
+PEBBLE_HOST_DEVICE inline float CubicConvolution2(float x, float a) {
+  return ((a * x - 5 * a) * x + 8 * a) * x - 4 * a;
+}
+
+PEBBLE_HOST_DEVICE inline CubicTap CubicTapAt(int64_t o, const UpsampleAxis& a,
+                                              bool align_corners) {
+  float src;
+  if (align_corners) {
+    const float scale =
+        a.out > 1 ? static_cast<float>(a.in - 1) / static_cast<float>(a.out - 1) : 0.f;
+    src = scale * static_cast<float>(o);
+  } else {
+    src = static_cast<float>(static_cast<double>(a.scale) * (static_cast<double>(o) + 0.5) - 0.5);
+  }
+  int64_t i = static_cast<int64_t>(floor(static_cast<double>(src)));
+  if (i > a.in - 1) i = a.in - 1;
+  float t = src - static_cast<float>(i);
+  t = t < 0.f ? 0.f : (t > 1.f ? 1.f : t);
+  const float kA = -0.75f;
+  CubicTap tap;
+  tap.w[0] = CubicConvolution2(t + 1.f, kA);
+  tap.w[1] = CubicConvolution1(t, kA);
+  tap.w[2] = CubicConvolution1(1.f - t, kA);
+  tap.w[3] = CubicConvolution2(1.f - t + 1.f, kA);
+  for (int k = 0; k < 4; ++k) {
+    int64_t at = i - 1 + k;
+    tap.i[k] = at < 0 ? 0 : (at > a.in - 1 ? a.in - 1 : at);
+  }
+  return tap;
+}
+
+// The weight with which tap `t` reads input i (0 when it does not).
+PEBBLE_HOST_DEVICE inline float CubicWeight(const CubicTap& t, int64_t i) {
+  float w = 0.f;
+  for (int k = 0; k < 4; ++k) w += t.i[k] == i ? t.w[k] : 0.f;
+  return w;
+}
+
+// The outputs o for which reads(o), a contiguous range [*first, *last]
+// (empty when first > last) within `margin` inputs of input i: the source
+// advances one input per 1 / step outputs, so the range lies strictly
+// within (i - margin) / step - margin .. (i + margin) / step + margin. The
+// first input's range starts at 0 and the last one's ends at out - 1
+// (sources past the ends are clamped to them).
+template <typename Reads>
+PEBBLE_HOST_DEVICE inline void ContiguousReaders(int64_t i, const UpsampleAxis& a, float step,
+                                                 int64_t margin, Reads reads, int64_t* first,
+                                                 int64_t* last) {
+  const int64_t out = a.out;
+  int64_t lo = 0, hi = out - 1;
+  if (step > 0.f) {
+    const double per_input = 1.0 / static_cast<double>(step);
+    lo = static_cast<int64_t>(floor(per_input * static_cast<double>(i - margin))) - margin;
+    hi = static_cast<int64_t>(ceil(per_input * static_cast<double>(i + margin))) + margin;
+  }
+  if (lo < 0 || i == 0) lo = 0;
+  if (hi > out - 1 || i == a.in - 1) hi = out - 1;
   *first = hi + 1;
   *last = hi;
   for (int64_t o = lo; o <= hi; ++o) {
-    const UpsampleTap t = UpsampleTapAt(o, in, factor, nearest, align_corners);
-    if (t.i0 == i || t.i1 == i) {
+    if (reads(o)) {
       if (*first > hi) *first = o;
       *last = o;
     } else if (*first <= hi) {
@@ -275,6 +347,43 @@ PEBBLE_HOST_DEVICE inline void UpsampleReaders(int64_t i, int64_t in,
     }
   }
   if (*first > hi) *last = *first - 1;
+}
+
+// The source step per output of an interpolation along `a`.
+PEBBLE_HOST_DEVICE inline float UpsampleStep(const UpsampleAxis& a, bool interpolating,
+                                             bool align_corners) {
+  if (!(interpolating && align_corners)) return a.scale;
+  return a.out > 1 ? static_cast<float>(a.in - 1) / static_cast<float>(a.out - 1) : 0.f;
+}
+
+// The outputs that read input i (nearest or linear taps). i0 is
+// non-decreasing in o and i is read exactly where i0 is i - 1 or i, so
+// the readers are contiguous, within 2 inputs of i. kernel_math_test
+// compares the result with a full scan.
+PEBBLE_HOST_DEVICE inline void UpsampleReaders(int64_t i, const UpsampleAxis& a, bool nearest,
+                                               bool align_corners, int64_t* first,
+                                               int64_t* last) {
+  ContiguousReaders(
+      i, a, UpsampleStep(a, !nearest, align_corners), 2,
+      [&](int64_t o) {
+        const UpsampleTap t = UpsampleTapAt(o, a, nearest, align_corners);
+        return t.i0 == i || t.i1 == i;
+      },
+      first, last);
+}
+
+// The outputs that read input i through bicubic taps: the taps' least and
+// greatest indices are non-decreasing in o, so the readers are contiguous,
+// within 3 inputs of i.
+PEBBLE_HOST_DEVICE inline void CubicReaders(int64_t i, const UpsampleAxis& a, bool align_corners,
+                                            int64_t* first, int64_t* last) {
+  ContiguousReaders(
+      i, a, UpsampleStep(a, true, align_corners), 3,
+      [&](int64_t o) {
+        const CubicTap t = CubicTapAt(o, a, align_corners);
+        return t.i[0] <= i && i <= t.i[3];
+      },
+      first, last);
 }
 
 // Head split geometry (docs/operators.md, split_heads / merge_heads): the

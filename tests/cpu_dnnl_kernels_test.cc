@@ -768,6 +768,35 @@ TEST(DnnlSoftmaxTest, ForwardBackwardPlainAndCausal) {
   }
 }
 
+// log_softmax: x - max - log(sum(exp(x - max))) per row of the last dim;
+// its backward g - exp(y) sum(g), against fp64 references.
+TEST(DnnlSoftmaxTest, LogSoftmaxForwardBackward) {
+  const Shape shape = {3, 4, 7};
+  const int64_t rows = 12, cols = 7;
+  Vec x = Random(rows * cols, 62, -30, 30);
+  x[5] = -1e4f;  // a probability below fp32's range: its log is still finite
+  const Vec g = Random(rows * cols, 63);
+  Case fwd("log_softmax", {{shape}});
+  absl::StatusOr<Vec> y = fwd.Run({x});
+  ASSERT_TRUE(y.ok()) << y.status();
+  DVec want(rows * cols, 0), dx(rows * cols, 0);
+  for (int64_t r = 0; r < rows; ++r) {
+    double mx = -1e300, sum = 0, gsum = 0;
+    for (int64_t j = 0; j < cols; ++j) mx = std::max<double>(mx, x[r * cols + j]);
+    for (int64_t j = 0; j < cols; ++j) sum += std::exp(x[r * cols + j] - mx);
+    for (int64_t j = 0; j < cols; ++j) gsum += g[r * cols + j];
+    for (int64_t j = 0; j < cols; ++j) {
+      want[r * cols + j] = x[r * cols + j] - mx - std::log(sum);
+      dx[r * cols + j] = g[r * cols + j] - std::exp(want[r * cols + j]) * gsum;
+    }
+  }
+  ExpectNear(*y, want, 1e-5, 1e-5, "log_softmax");
+  Case bwd("log_softmax_backward", {{shape}, {shape}});
+  absl::StatusOr<Vec> got = bwd.Run({g, *y});
+  ASSERT_TRUE(got.ok()) << got.status();
+  ExpectNear(*got, dx, 1e-5, 1e-6, "log_softmax_backward");
+}
+
 // ---- Batch norm.
 
 struct BnRef {
@@ -999,7 +1028,7 @@ TEST(DnnlRegistryTest, EveryOpIsInTheOperatorTable) {
   KernelTable table;
   RegisterDnnlKernels(table);
   const std::vector<std::string> ops = table.Ops();
-  EXPECT_EQ(ops.size(), 30u);  // relu and relu_backward are own kernels (NaN kept)
+  EXPECT_EQ(ops.size(), 32u);  // relu and relu_backward are own kernels (NaN kept)
   for (const std::string& op : ops) EXPECT_NE(FindOp(op), nullptr) << op;
   for (const char* op : {"conv3d_backward_weight", "matmul", "maxpool_backward",
                          "batchnorm_backward_bias", "softmax_backward"}) {

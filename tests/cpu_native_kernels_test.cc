@@ -328,6 +328,37 @@ TEST(NativeKernelsTest, MaskedFillBroadcastsTheMask) {
   EXPECT_FALSE(RunKernel("masked_fill", {x, mask}, {{"value", "nan"}}).ok());
 }
 
+// torch.maximum / torch.minimum and their gradients, as ATen computes them
+// (checked against PyTorch 1.13): NaN propagates forward; at a tie (-0
+// equals +0) each operand gets half the gradient; where either is NaN both
+// get all of it.
+TEST(NativeKernelsTest, MaximumAndMinimumFollowATen) {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const HostTensor a = Floats({6}, {1, 2, 3, nan, 1, 0.0f});
+  const HostTensor b = Floats({6}, {2, 2, 1, 1, nan, -0.0f});
+  const HostTensor g = Floats({6}, {1, 2, 3, 4, 5, 6});
+  const std::vector<float> mx = MustRun("maximum", {a, b}).Floats();
+  const std::vector<float> mn = MustRun("minimum", {a, b}).Floats();
+  const std::vector<float> want_max = {2, 2, 3, nan, nan, 0}, want_min = {1, 2, 1, nan, nan, 0};
+  for (int i = 0; i < 6; ++i) {
+    EXPECT_TRUE(mx[i] == want_max[i] || (std::isnan(mx[i]) && std::isnan(want_max[i]))) << i;
+    EXPECT_TRUE(mn[i] == want_min[i] || (std::isnan(mn[i]) && std::isnan(want_min[i]))) << i;
+  }
+  // maximum's a and minimum's b (and the other two) get the same gradients.
+  const std::vector<float> larger_first = {0, 1, 3, 4, 5, 3}, smaller_first = {1, 1, 0, 4, 5, 3};
+  EXPECT_EQ(MustRun("maximum_backward", {g, a, b}, {{"input", 0}}).Floats(), larger_first);
+  EXPECT_EQ(MustRun("maximum_backward", {g, a, b}, {{"input", 1}}).Floats(), smaller_first);
+  EXPECT_EQ(MustRun("minimum_backward", {g, a, b}, {{"input", 0}}).Floats(), smaller_first);
+  EXPECT_EQ(MustRun("minimum_backward", {g, a, b}, {{"input", 1}}).Floats(), larger_first);
+  // In fp16 as in fp32; operands of two shapes, or an input that is not 0
+  // or 1, are refused.
+  EXPECT_EQ(MustRun("maximum", {Floats({2}, {1, -3}, kF16), Floats({2}, {0.5, -2}, kF16)})
+                .Floats(),
+            (std::vector<float>{1, -2}));
+  EXPECT_FALSE(RunKernel("maximum", {a, Floats({1}, {0})}).ok());
+  EXPECT_FALSE(RunKernel("minimum_backward", {g, a, b}, {{"input", 2}}).ok());
+}
+
 TEST(NativeKernelsTest, RegistersItsOpsAndEveryOpIsInTheOpTable) {
   const std::vector<std::string> ops = NativeTable().Ops();
   for (const char* op :
@@ -344,7 +375,8 @@ TEST(NativeKernelsTest, RegistersItsOpsAndEveryOpIsInTheOpTable) {
         "clip_backward", "hardsigmoid", "hardsigmoid_backward", "hardswish",
         "hardswish_backward", "leaky_relu", "leaky_relu_backward", "relu", "relu_backward",
         "elu", "elu_backward", "softplus", "softplus_backward", "abs", "abs_backward", "exp",
-        "exp_backward", "log", "log_backward", "compare", "masked_fill"}) {
+        "exp_backward", "log", "log_backward", "compare", "masked_fill", "maximum", "minimum",
+        "maximum_backward", "minimum_backward"}) {
     EXPECT_NE(NativeTable().Find(op), nullptr) << op;
   }
   for (const std::string& op : ops) EXPECT_NE(FindOp(op), nullptr) << op;
@@ -862,7 +894,14 @@ TEST(NativeKernelsTest, UpsampleBackwardIsTheAdjoint) {
            {{2, 2, 3, 5}, {{"scale", {2, 3}}, {"mode", "bilinear"}, {"align_corners", true}}},
            {{1, 2, 3, 2, 4}, {{"scale", 2}, {"mode", "trilinear"}}},
            {{1, 2, 3, 2, 4}, {{"scale", 2}, {"mode", "trilinear"}, {"align_corners", true}}},
-           {{1, 1, 2, 3, 2}, {{"scale", {1, 2, 3}}, {"mode", "nearest"}}}}) {
+           {{1, 1, 2, 3, 2}, {{"scale", {1, 2, 3}}, {"mode", "nearest"}}},
+           {{2, 2, 5, 4}, {{"size", {7, 3}}, {"mode", "bilinear"}}},
+           {{1, 2, 5, 4}, {{"size", {7, 10}}, {"scale_factor", {1.5, 2.5}}, {"mode", "bilinear"}}},
+           {{1, 2, 5, 6}, {{"size", {2, 9}}, {"mode", "bilinear"}, {"align_corners", true}}},
+           {{1, 2, 6, 5}, {{"size", {4, 8}}}},
+           {{1, 1, 3, 5, 4}, {{"size", {4, 2, 9}}, {"mode", "trilinear"}}},
+           {{2, 2, 5, 4}, {{"scale", {2, 3}}, {"mode", "bicubic"}}},
+           {{1, 2, 5, 6}, {{"size", {3, 13}}, {"mode", "bicubic"}, {"align_corners", true}}}}) {
     Json bw = c.attrs;
     bw["input_shape"] = c.x;
     ExpectAdjoint("upsample", "upsample_backward", c.x, c.attrs, bw);
@@ -1273,10 +1312,10 @@ TEST(NativeKernelsTest, MatchesPyTorch) {
   for (size_t i = 0; i < tv.size(); ++i) tv[i] = (i * 3 + 1) % 4;
   HostTensor target = Ints({3, 2, 5}, tv);
   HostTensor ln = Random({3, 4, 10}, 53), lw = Random({10}, 54), lb = Random({10}, 55),
-             lg = Random({3, 4, 10}, 56);
+             lg = Random({3, 4, 10}, 56), cubic_grad = Random({2, 3, 8, 11}, 57);
   for (auto& [name, t] : std::vector<std::pair<std::string, const HostTensor*>>{
            {"img", &img}, {"vol", &vol}, {"logits", &logits}, {"target", &target},
-           {"ln", &ln}, {"lw", &lw}, {"lb", &lb}, {"lg", &lg}}) {
+           {"ln", &ln}, {"lw", &lw}, {"lb", &lb}, {"lg", &lg}, {"cg", &cubic_grad}}) {
     Save(dir + "/" + name + ".npy", *t);
   }
   const std::string script = R"PY(
@@ -1292,6 +1331,19 @@ up = torch.nn.Upsample(scale_factor=2, mode="trilinear", align_corners=True)
 S("tri_ac", up(vol))
 S("tri", F.interpolate(vol, scale_factor=2, mode="trilinear", align_corners=False))
 S("near3", F.interpolate(vol, scale_factor=3, mode="nearest"))
+S("bil_size", F.interpolate(img, size=(7, 4), mode="bilinear", align_corners=False))
+S("bil_frac", F.interpolate(img, scale_factor=(1.5, 0.6), mode="bilinear", align_corners=False))
+S("bil_size_ac", F.interpolate(img, size=(3, 10), mode="bilinear", align_corners=True))
+S("near_size", F.interpolate(img, size=(8, 3), mode="nearest"))
+S("near_frac", F.interpolate(img, scale_factor=(2.5, 1.4), mode="nearest"))
+S("tri_size", F.interpolate(vol, size=(4, 7, 3), mode="trilinear", align_corners=False))
+S("cubic", F.interpolate(img, scale_factor=2, mode="bicubic", align_corners=False))
+S("cubic_ac", F.interpolate(img, size=(8, 9), mode="bicubic", align_corners=True))
+S("cubic_frac", F.interpolate(img, scale_factor=(1.5, 0.7), mode="bicubic", align_corners=False))
+S("cubic_down", F.interpolate(img, size=(3, 4), mode="bicubic", align_corners=False))
+ci = L("img").requires_grad_()
+F.interpolate(ci, size=(8, 11), mode="bicubic", align_corners=False).backward(L("cg"))
+S("cubic_dx", ci.grad)
 S("adapt", F.adaptive_avg_pool2d(img, (3, 4)))
 S("adapt3", F.adaptive_avg_pool3d(vol, (2, 3, 2)))
 x = L("logits").requires_grad_()
@@ -1319,6 +1371,28 @@ S("ln", y); S("ln_dx", x.grad); S("ln_dw", w.grad); S("ln_db", b.grad)
                           {{"scale", 2}, {"mode", "trilinear"}, {"align_corners", true}}));
   check("tri", MustRun("upsample", {vol}, {{"scale", 2}, {"mode", "trilinear"}}));
   check("near3", MustRun("upsample", {vol}, {{"scale", 3}}));
+  // Sizes that are not multiples (PyTorch's step in / out), fractional
+  // scale factors (step 1 / scale_factor, out = floor(in * scale_factor)),
+  // downsampling.
+  check("bil_size", MustRun("upsample", {img}, {{"size", {7, 4}}, {"mode", "bilinear"}}));
+  check("bil_frac", MustRun("upsample", {img},
+                            {{"size", {7, 4}}, {"scale_factor", {1.5, 0.6}}, {"mode", "bilinear"}}));
+  check("bil_size_ac", MustRun("upsample", {img}, {{"size", {3, 10}}, {"mode", "bilinear"},
+                                                   {"align_corners", true}}));
+  check("near_size", MustRun("upsample", {img}, {{"size", {8, 3}}}));
+  check("near_frac", MustRun("upsample", {img}, {{"size", {12, 9}}, {"scale_factor", {2.5, 1.4}}}));
+  check("tri_size", MustRun("upsample", {vol}, {{"size", {4, 7, 3}}, {"mode", "trilinear"}}));
+  // Bicubic: whole and fractional factors, sizes, downsampling, corners
+  // aligned, and the gradient.
+  check("cubic", MustRun("upsample", {img}, {{"scale", 2}, {"mode", "bicubic"}}));
+  check("cubic_ac", MustRun("upsample", {img}, {{"size", {8, 9}}, {"mode", "bicubic"},
+                                                {"align_corners", true}}));
+  check("cubic_frac", MustRun("upsample", {img}, {{"size", {7, 4}}, {"scale_factor", {1.5, 0.7}},
+                                                  {"mode", "bicubic"}}));
+  check("cubic_down", MustRun("upsample", {img}, {{"size", {3, 4}}, {"mode", "bicubic"}}));
+  check("cubic_dx", MustRun("upsample_backward", {cubic_grad},
+                            {{"size", {8, 11}}, {"mode", "bicubic"},
+                             {"input_shape", {2, 3, 5, 7}}}));
   check("adapt", MustRun("adaptive_avgpool", {img}, {{"output_size", {3, 4}}}));
   check("adapt3", MustRun("adaptive_avgpool", {vol}, {{"output_size", {2, 3, 2}}}));
   check("ce", MustRun("softmax_cross_entropy", {logits, target}));

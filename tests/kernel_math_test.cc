@@ -19,6 +19,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "graph/net_builder.h"
+#include "graph/ops/op_util.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "runtime/cpu/cpu_backend.h"
@@ -369,40 +370,122 @@ TEST(KernelMathTest, HeadsMapMatchesSplitAndMergeHeads) {
 }
 
 // Note [Upsample taps]: the readers of every input are the contiguous
-// range a full scan over the outputs finds. Scales from 14 on have inputs
-// read by more than 40 outputs (the cap an earlier gather had).
+// range a full scan over the outputs finds, for whole factors, sizes that
+// are not multiples of the input (PyTorch's in / out step), fractional
+// scale factors and downsampling. Factors from 14 on have inputs read by
+// more than 40 outputs (the cap an earlier gather had).
 TEST(KernelMathTest, UpsampleReadersAreAFullScan) {
+  struct Geometry {
+    int64_t out;
+    double scale_factor;  // 0: a size alone
+  };
   int64_t most_readers = 0;
-  for (int64_t in : {1, 2, 3, 4, 7}) {
+  for (int64_t in : {1, 2, 3, 4, 7, 13}) {
+    std::vector<Geometry> geometries;
     for (int64_t factor : {1, 2, 3, 5, 14, 17, 19, 25}) {
+      geometries.push_back({in * factor, static_cast<double>(factor)});
+    }
+    for (double f : {1.5, 2.4, 0.5, 0.3, 1.0 / 3.0, 7.7}) {
+      const auto out = static_cast<int64_t>(std::floor(static_cast<double>(in) * f));
+      if (out >= 1) geometries.push_back({out, f});
+    }
+    for (int64_t out : {in + 1, 2 * in + 1, 3 * in - 1, in / 2 + 1, int64_t{5}}) {
+      if (out >= 1) geometries.push_back({out, 0.0});
+    }
+    for (const Geometry& g : geometries) {
+      const kmath::UpsampleAxis axis = kmath::MakeUpsampleAxis(in, g.out, g.scale_factor);
       for (int mode = 0; mode < 3; ++mode) {  // nearest, linear, aligned
         const bool nearest = mode == 0, align = mode == 2;
-        const std::string what =
-            absl::StrCat("in ", in, " factor ", factor, " mode ", mode);
+        const std::string what = absl::StrCat("in ", in, " out ", g.out, " scale_factor ",
+                                              g.scale_factor, " mode ", mode);
         for (int64_t i = 0; i < in; ++i) {
           std::vector<int64_t> readers;
-          for (int64_t o = 0; o < in * factor; ++o) {
-            const kmath::UpsampleTap t =
-                kmath::UpsampleTapAt(o, in, factor, nearest, align);
+          for (int64_t o = 0; o < g.out; ++o) {
+            const kmath::UpsampleTap t = kmath::UpsampleTapAt(o, axis, nearest, align);
             ASSERT_TRUE(t.i0 >= 0 && t.i0 < in && t.i1 >= 0 && t.i1 < in)
                 << what << " output " << o;
             if (t.i0 == i || t.i1 == i) readers.push_back(o);
           }
           int64_t first = 0, last = 0;
-          kmath::UpsampleReaders(i, in, factor, nearest, align, &first, &last);
+          kmath::UpsampleReaders(i, axis, nearest, align, &first, &last);
           ASSERT_EQ(last - first + 1, static_cast<int64_t>(readers.size()))
               << what << " input " << i;
           if (!readers.empty()) {
             EXPECT_EQ(first, readers.front()) << what << " input " << i;
             EXPECT_EQ(last, readers.back()) << what << " input " << i;
           }
-          most_readers =
-              std::max(most_readers, static_cast<int64_t>(readers.size()));
+          most_readers = std::max(most_readers, static_cast<int64_t>(readers.size()));
         }
       }
     }
   }
   EXPECT_GT(most_readers, 40);
+}
+
+// Note [Bicubic taps]: CubicReaders finds the outputs whose (clamped) taps
+// read each input, as a full scan does, over whole and fractional
+// factors, sizes and downsampling, with and without align_corners; the
+// weights of every output sum to 1.
+TEST(KernelMathTest, CubicReadersAreAFullScan) {
+  for (int64_t in : {1, 2, 3, 5, 8}) {
+    for (const auto& [out, scale_factor] :
+         {std::pair<int64_t, double>{in, 0.0}, {2 * in, 2.0}, {3 * in + 1, 0.0}, {in * 17, 17.0},
+          {std::max<int64_t>(1, in / 2), 0.0}, {static_cast<int64_t>(in * 2.5), 2.5}}) {
+      const kmath::UpsampleAxis axis = kmath::MakeUpsampleAxis(in, out, scale_factor);
+      for (const bool align : {false, true}) {
+        const std::string what = absl::StrCat("in ", in, " out ", out, " scale_factor ",
+                                              scale_factor, align ? " aligned" : "");
+        for (int64_t o = 0; o < out; ++o) {
+          const kmath::CubicTap t = kmath::CubicTapAt(o, axis, align);
+          EXPECT_NEAR(t.w[0] + t.w[1] + t.w[2] + t.w[3], 1.0f, 1e-6) << what << " output " << o;
+        }
+        for (int64_t i = 0; i < in; ++i) {
+          std::vector<int64_t> readers;
+          for (int64_t o = 0; o < out; ++o) {
+            const kmath::CubicTap t = kmath::CubicTapAt(o, axis, align);
+            bool reads = false;
+            for (int k = 0; k < 4; ++k) {
+              ASSERT_TRUE(t.i[k] >= 0 && t.i[k] < in) << what << " output " << o;
+              reads = reads || t.i[k] == i;
+            }
+            if (reads) readers.push_back(o);
+          }
+          int64_t first = 0, last = 0;
+          kmath::CubicReaders(i, axis, align, &first, &last);
+          ASSERT_EQ(last - first + 1, static_cast<int64_t>(readers.size()))
+              << what << " input " << i;
+          if (!readers.empty()) {
+            EXPECT_EQ(first, readers.front()) << what << " input " << i;
+            EXPECT_EQ(last, readers.back()) << what << " input " << i;
+          }
+        }
+      }
+    }
+  }
+}
+
+// Note [Upsample taps] at points PyTorch 1.13 computes
+// (F.interpolate(torch.arange(5.).view(1, 1, 5), ...)): size 7, linear:
+// 0, 0.5714, 1.2857, 2, 2.7143, 3.4286, 4 (step 5/7); scale_factor 1.5
+// (out 7, step 2/3): 0, 0.5, 1.1667, 1.8333, 2.5, 3.1667, 3.8333; nearest
+// to size 3: sources 0, 1, 3.
+TEST(KernelMathTest, FractionalUpsampleTapsArePyTorchs) {
+  const auto lerp = [](const kmath::UpsampleTap& t) {
+    return t.l0 * static_cast<float>(t.i0) + t.l1 * static_cast<float>(t.i1);
+  };
+  const kmath::UpsampleAxis sized = kmath::MakeUpsampleAxis(5, 7, 0.0);
+  const std::vector<float> sized_want = {0, 0.5714f, 1.2857f, 2, 2.7143f, 3.4286f, 4};
+  const kmath::UpsampleAxis factor = kmath::MakeUpsampleAxis(5, 7, 1.5);
+  const std::vector<float> factor_want = {0, 0.5f, 1.1667f, 1.8333f, 2.5f, 3.1667f, 3.8333f};
+  for (int64_t o = 0; o < 7; ++o) {
+    EXPECT_NEAR(lerp(kmath::UpsampleTapAt(o, sized, false, false)), sized_want[o], 1e-4) << o;
+    EXPECT_NEAR(lerp(kmath::UpsampleTapAt(o, factor, false, false)), factor_want[o], 1e-4) << o;
+  }
+  const kmath::UpsampleAxis down = kmath::MakeUpsampleAxis(5, 3, 0.0);
+  const std::vector<int64_t> nearest_want = {0, 1, 3};
+  for (int64_t o = 0; o < 3; ++o) {
+    EXPECT_EQ(kmath::UpsampleTapAt(o, down, true, false).i0, nearest_want[o]) << o;
+  }
 }
 
 // Note [Border padding]: the readers ForEachBorderReader lists for each
@@ -459,35 +542,46 @@ TEST(KernelMathTest, BorderReadersInvertBorderSource) {
 TEST(KernelMathTest, UpsampleGathersMatchTheCpuBackend) {
   struct Case {
     Shape x;
-    std::vector<int64_t> scale;  // (D, H, W) factors, 1 for missing dims
+    Json geometry;  // upsample's scale, or size and scale_factor
     std::string mode;
     bool align;
   };
   const std::vector<Case> cases = {
-      {{1, 2, 3, 4}, {1, 2, 17}, "bilinear", false},
-      {{1, 2, 3, 4}, {1, 17, 3}, "bilinear", true},
-      {{2, 1, 3, 2}, {1, 19, 2}, "bilinear", true},
-      {{1, 1, 2, 3, 2}, {3, 2, 19}, "trilinear", false},
-      {{1, 1, 3, 2, 2}, {14, 2, 1}, "trilinear", true},
-      {{1, 2, 3, 5}, {1, 25, 3}, "nearest", false},
-      {{1, 1, 2, 2, 3}, {2, 3, 5}, "nearest", false},
+      {{1, 2, 3, 4}, {{"scale", {2, 17}}}, "bilinear", false},
+      {{1, 2, 3, 4}, {{"scale", {17, 3}}}, "bilinear", true},
+      {{2, 1, 3, 2}, {{"scale", {19, 2}}}, "bilinear", true},
+      {{1, 1, 2, 3, 2}, {{"scale", {3, 2, 19}}}, "trilinear", false},
+      {{1, 1, 3, 2, 2}, {{"scale", {14, 2, 1}}}, "trilinear", true},
+      {{1, 2, 3, 5}, {{"scale", {25, 3}}}, "nearest", false},
+      {{1, 1, 2, 2, 3}, {{"scale", {2, 3, 5}}}, "nearest", false},
+      {{1, 2, 5, 4}, {{"size", {7, 3}}}, "bilinear", false},
+      {{1, 2, 5, 4}, {{"size", {7, 10}}, {"scale_factor", {1.5, 2.5}}}, "bilinear", false},
+      {{1, 1, 5, 6}, {{"size", {8, 4}}}, "bilinear", true},
+      {{1, 1, 3, 5, 4}, {{"size", {4, 2, 9}}}, "trilinear", false},
+      {{1, 2, 6, 5}, {{"size", {4, 8}}}, "nearest", false},
+      {{1, 2, 6, 5}, {{"size", {9, 2}}, {"scale_factor", {1.5, 0.5}}}, "nearest", false},
   };
   for (const Case& c : cases) {
     const size_t dims = c.x.size() - 2;
-    const std::string what = absl::StrCat(ShapeToString(c.x), " ", c.mode,
-                                          c.align ? " aligned" : "");
-    Json scale = Json::array();
-    for (size_t i = 3 - dims; i < 3; ++i) scale.push_back(c.scale[i]);
-    Json attrs = {{"scale", scale}, {"mode", c.mode}};
+    const std::string what = absl::StrCat(ShapeToString(c.x), " ", c.geometry.dump(), " ",
+                                          c.mode, c.align ? " aligned" : "");
+    Json attrs = c.geometry;
+    attrs["mode"] = c.mode;
     if (c.mode != "nearest") attrs["align_corners"] = c.align;
+    const absl::StatusOr<ops_internal::Upsampling> u = ops_internal::ParseUpsampling(attrs, c.x);
+    ASSERT_TRUE(u.ok()) << what << ": " << u.status();
     const bool nearest = c.mode == "nearest";
-    int64_t in[3] = {1, 1, 1};
-    for (size_t i = 0; i < dims; ++i) in[3 - dims + i] = c.x[2 + i];
+    int64_t in[3] = {1, 1, 1}, out[3] = {1, 1, 1};
+    kmath::UpsampleAxis axes[3];
+    for (size_t i = 0; i < dims; ++i) {
+      const size_t d = 3 - dims + i;
+      in[d] = c.x[2 + i];
+      out[d] = u->out[i];
+      axes[d] = kmath::MakeUpsampleAxis(in[d], out[d], u->scale_factor[i]);
+    }
     const int64_t nc = c.x[0] * c.x[1];
-    const int64_t out[3] = {in[0] * c.scale[0], in[1] * c.scale[1],
-                            in[2] * c.scale[2]};
     auto tap = [&](int d, int64_t o) {
-      return kmath::UpsampleTapAt(o, in[d], c.scale[d], nearest, c.align);
+      return kmath::UpsampleTapAt(o, axes[d], nearest, c.align);
     };
     // Forward: UpsampleKernel.
     const Tensor x = RandomFloats(c.x, 11);
@@ -530,8 +624,7 @@ TEST(KernelMathTest, UpsampleGathersMatchTheCpuBackend) {
             int64_t r[3][2];
             const int64_t idx[3] = {id, ih, iw};
             for (int d = 0; d < 3; ++d) {
-              kmath::UpsampleReaders(idx[d], in[d], c.scale[d], nearest,
-                                     c.align, &r[d][0], &r[d][1]);
+              kmath::UpsampleReaders(idx[d], axes[d], nearest, c.align, &r[d][0], &r[d][1]);
             }
             float acc = 0.f;
             for (int64_t od = r[0][0]; od <= r[0][1]; ++od) {

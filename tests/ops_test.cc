@@ -276,6 +276,15 @@ TEST(AttentionOpsTest, SplitAndMergeHeads) {
   ExpectType("softmax", {T({2, 4, 7, 7})}, {{"causal", true}}, {2, 4, 7, 7});
   EXPECT_DOUBLE_EQ(Flops("softmax", {T({2, 4, 7, 7})}), 5.0 * 392);
   ExpectError("softmax", {T({7})}, {{"causal", true}}, "rank >= 2");
+  ExpectType("maximum", {T({2, 3}), T({2, 3})}, Json::object(), {2, 3});
+  ExpectError("minimum", {T({2, 3}), T({3})}, Json::object(), "shape");
+  ExpectType("maximum_backward", {T({2, 3}), T({2, 3}), T({2, 3})}, {{"input", 1}}, {2, 3});
+  ExpectError("minimum_backward", {T({2, 3}), T({2, 3}), T({2, 3})}, {{"input", 2}},
+              "must be 0 or 1");
+  ExpectType("log_softmax", {T({2, 4, 7})}, Json::object(), {2, 4, 7});
+  EXPECT_DOUBLE_EQ(Flops("log_softmax", {T({2, 4, 7})}), 5.0 * 56);
+  ExpectError("log_softmax", {T({2, 7})}, {{"causal", true}}, "no attr 'causal'");
+  ExpectError("log_softmax_backward", {T({2, 7}), T({2, 6})}, Json::object(), "y");
 }
 
 TEST(EmbeddingTest, LookUp) {
@@ -566,6 +575,25 @@ TEST(PoolTest, Upsample) {
   back["input_shape"] = {1, 2, 3, 4, 5};
   ExpectType("upsample_backward", {T({1, 2, 6, 8, 10})}, back,
              {1, 2, 3, 4, 5});
+  // By a size (any, downsampling too), with or without PyTorch's scale
+  // factor; scale and size are exclusive.
+  const Json sized = {{"size", {7, 2}}, {"scale_factor", {1.5, 0.5}}, {"mode", "bilinear"}};
+  ExpectType("upsample", {T({1, 2, 5, 4})}, sized, {1, 2, 7, 2});
+  Json sized_back = sized;
+  sized_back["input_shape"] = {1, 2, 5, 4};
+  ExpectType("upsample_backward", {T({1, 2, 7, 2})}, sized_back, {1, 2, 5, 4});
+  ExpectError("upsample_backward", {T({1, 2, 7, 3})}, sized_back, "input 0");
+  ExpectError("upsample", {T({1, 2, 5, 4})}, {{"size", {7, 2}}, {"scale", 2}}, "one of them");
+  ExpectError("upsample", {T({1, 2, 5, 4})}, Json::object(), "one of them");
+  ExpectError("upsample", {T({1, 2, 5, 4})}, {{"size", {0, 2}}}, "attr 'size'");
+  ExpectError("upsample", {T({1, 2, 5, 4})}, {{"size", {3, 2}}, {"scale_factor", {1, -1}}},
+              "scale_factor");
+  ExpectError("upsample", {T({1, 2, 5, 4})}, {{"scale", 2}, {"scale_factor", 2}},
+              "goes with attr 'size'");
+  // Bicubic: 2-D, 32 FLOPs per output element.
+  EXPECT_DOUBLE_EQ(Flops("upsample", {T({1, 2, 5, 4})}, {{"scale", 2}, {"mode", "bicubic"}}),
+                   32.0 * 2 * 10 * 8);
+  ExpectError("upsample", {T({1, 2, 3, 5, 4})}, {{"scale", 2}, {"mode", "bicubic"}}, "4-D");
 }
 
 // ------------------------------------------------------------ data movement

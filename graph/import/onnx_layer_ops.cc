@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <optional>
 #include <set>
 #include <string>
@@ -10,6 +11,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "graph/import/onnx_context.h"
 #include "graph/import/onnx_ops.h"
@@ -716,66 +718,59 @@ absl::StatusOr<SoftmaxOperand> ReadSoftmaxOperand(ImportContext& cx,
   return s;
 }
 
-absl::Status Softmax(ImportContext& cx, const onnx::NodeProto& node) {
-  ASSIGN_OR_RETURN(const SoftmaxOperand s, ReadSoftmaxOperand(cx, node));
-  const std::vector<Value>& in = s.in;
-  const int64_t rank = s.rank, axis = s.axis;
+// `op` (softmax or log_softmax, over the last dim) of the operand over its
+// `axis`: another dim is swapped with the last one, `op`, and swapped back.
+absl::Status ApplySoftmaxOverAxis(ImportContext& cx, const onnx::NodeProto& node,
+                                  const SoftmaxOperand& s, const std::string& op,
+                                  const Json& attrs) {
+  if (s.axis == s.rank - 1) return cx.Apply(node, op, s.in, attrs);
   // Before opset 13, axis 1 of a 2-D input is the last one as well; its
-  // other axes flatten the dims after them, which is refused. The sum of
-  // scores and a causal mask is the scores, softmaxed with `causal`
-  // (CausallyMaskedAdd).
-  if (axis == rank - 1) {
-    Json causal = Json::object();
-    if (cx.CausallyMasked(node.input(0))) causal["causal"] = true;
-    return cx.Apply(node, "softmax", in, causal);
-  }
+  // other axes flatten the dims after them, which is refused.
   if (cx.opset() < 13) {
     return Attrs(node).Unsupported("axis", absl::StrCat(s.given),
-                                   "before opset 13, softmax over the last dim only");
+                                   "before opset 13, over the last dim only");
   }
-  // Over another dim: swapped with the last one, softmax, swapped back.
   std::vector<int64_t> perm;
-  for (int64_t d = 0; d < rank; ++d) perm.push_back(d);
-  std::swap(perm[axis], perm.back());
-  ASSIGN_OR_RETURN(Value t, cx.Aux(node, "transpose", in, {{"perm", perm}}, "to_last"));
-  ASSIGN_OR_RETURN(Value sm, cx.Aux(node, "softmax", {t}, Json::object(), "softmax"));
+  for (int64_t d = 0; d < s.rank; ++d) perm.push_back(d);
+  std::swap(perm[s.axis], perm.back());
+  ASSIGN_OR_RETURN(Value t, cx.Aux(node, "transpose", s.in, {{"perm", perm}}, "to_last"));
+  ASSIGN_OR_RETURN(Value sm, cx.Aux(node, op, {t}, attrs, op));
   return cx.Apply(node, "transpose", {sm}, {{"perm", perm}});
 }
 
-// LogSoftmax as the model's last node, over the classes (dim 1), under the
-// cross-entropy loss: the loss takes it in, and the node imports as its
+// The sum of scores and a causal mask is the scores, softmaxed with `causal`
+// (CausallyMaskedAdd).
+absl::Status Softmax(ImportContext& cx, const onnx::NodeProto& node) {
+  ASSIGN_OR_RETURN(const SoftmaxOperand s, ReadSoftmaxOperand(cx, node));
+  Json causal = Json::object();
+  if (s.axis == s.rank - 1 && cx.CausallyMasked(node.input(0))) causal["causal"] = true;
+  return ApplySoftmaxOverAxis(cx, node, s, "softmax", causal);
+}
+
+// Whether a LogSoftmax is the model's last node, over the classes (dim 1),
+// under the cross-entropy loss, which then takes it in.
+bool LossTakesLogSoftmax(ImportContext& cx, const onnx::NodeProto& node,
+                         const SoftmaxOperand& s) {
+  const std::string& out = node.output(0);
+  // Before opset 13, a LogSoftmax over dim 1 of a rank > 2 tensor is over
+  // dims 1 and after, flattened.
+  return cx.loss() == LossKind::kCrossEntropy && cx.Reserved(out) && cx.Readers(out).empty() &&
+         s.rank >= 2 && s.axis == 1 && (cx.opset() >= 13 || s.rank == 2);
+}
+
+// LogSoftmax. As the model's last node, over the classes (dim 1), under the
+// cross-entropy loss, the loss takes it in, and the node imports as its
 // input. That is exact: log_softmax(log_softmax(x)) = log_softmax(x), so the
 // cross-entropy of log-probabilities is that of the logits, and nn.NLLLoss
 // of log_softmax(x) (PyTorch's MNIST example) is nn.CrossEntropyLoss of x.
-// Anywhere else it is refused: pebble has no log-softmax operator.
+// Anywhere else it is the log_softmax operator.
 absl::Status LogSoftmax(ImportContext& cx, const onnx::NodeProto& node) {
   ASSIGN_OR_RETURN(const SoftmaxOperand s, ReadSoftmaxOperand(cx, node));
-  const int64_t rank = s.rank, axis = s.axis;
-  const std::string& out = node.output(0);
-  std::string why;
-  if (cx.loss() != LossKind::kCrossEntropy) {
-    why = absl::StrCat("under --loss ", LossKindName(cx.loss()));
-  } else if (!cx.Reserved(out)) {
-    why = "it is not the model's output";
-  } else if (!cx.Readers(out).empty()) {
-    why = absl::StrCat("the model's output is read by ", NodeLabel(*cx.Readers(out).front()),
-                       " too");
-  } else if (rank < 2 || axis != 1) {
-    why = absl::StrCat("it is over dim ", axis, " of a rank-", rank,
-                       " tensor, not over the classes (dim 1)");
-  } else if (cx.opset() < 13 && rank > 2) {
-    why = "before opset 13 it is over dims 1 and after, flattened, not over the classes alone";
+  if (LossTakesLogSoftmax(cx, node, s)) {
+    cx.NoteLossTakesLogSoftmax(NodeLabel(node));
+    return cx.Define(node, s.in[0]);
   }
-  if (!why.empty()) {
-    return NodeError(
-        node, absl::StrCat("a LogSoftmax is imported only as the model's last node, over the "
-                           "classes (dim 1), where the cross-entropy loss takes it in; here ",
-                           why, " (pebble has no log-softmax operator of its own: export the "
-                           "logits, or end the model in it and import with --loss "
-                           "cross-entropy or nll)"));
-  }
-  cx.NoteLossTakesLogSoftmax(NodeLabel(node));
-  return cx.Define(node, s.in[0]);
+  return ApplySoftmaxOverAxis(cx, node, s, "log_softmax", Json::object());
 }
 
 absl::Status Dropout(ImportContext& cx, const onnx::NodeProto& node) {
@@ -808,11 +803,25 @@ absl::Status Dropout(ImportContext& cx, const onnx::NodeProto& node) {
   return cx.Define(node, cx.nb().Dropout(x, ratio));
 }
 
-// Resize by whole factors of the spatial dims (nn.Upsample, F.interpolate
-// with a scale_factor or a size they divide): `upsample`. PyTorch's
-// nearest is ONNX's asymmetric transform with floor; bilinear and
+// The shortest decimal that a float32 scale rounds from (PyTorch's scale
+// factor is a Python float, which the ONNX file holds as float32): 0.7 for
+// 0.699999988.
+double ShortestDecimal(double value) {
+  const auto f = static_cast<float>(value);
+  for (int digits = 1; digits < 9; ++digits) {
+    const double candidate = std::strtod(absl::StrFormat("%.*g", digits, value).c_str(), nullptr);
+    if (static_cast<float>(candidate) == f) return candidate;
+  }
+  return value;
+}
+
+// Resize of the spatial dims (nn.Upsample, F.interpolate with a
+// scale_factor or a size): `upsample`. By whole factors, its `scale`;
+// else its `size`, with `scale_factor` where ONNX has scales (PyTorch then
+// steps its sources by 1 / scale_factor, and by in / out for a size).
+// PyTorch's nearest is ONNX's asymmetric transform with floor; bilinear and
 // trilinear are `linear` with half_pixel (align_corners=False) or
-// align_corners.
+// align_corners, bicubic `cubic` with them and A = -0.75.
 absl::Status Resize(ImportContext& cx, const onnx::NodeProto& node) {
   RETURN_IF_ERROR(cx.ExpectInputs(node, 1, 4));
   const Attrs attrs(node);
@@ -832,7 +841,11 @@ absl::Status Resize(ImportContext& cx, const onnx::NodeProto& node) {
     return NodeError(node,
                      absl::StrCat("resizes ", ShapeToString(shape), " (only 4-D and 5-D tensors)"));
   }
-  // The factor of each dim, from the scales (input 2) or the sizes (3).
+  // Each dim's size, and its factor where ONNX gives scales (input 2) rather
+  // than sizes (3): the output is floor(in * scale) in float32, as ONNX's,
+  // and a note says where PyTorch's floor in double of the scale factor
+  // the file rounds differs.
+  std::vector<int64_t> sizes, pytorch_sizes;
   std::vector<double> factors;
   const onnx::TensorProto* scales =
       node.input_size() > 2 && !node.input(2).empty() ? cx.ConstTensor(node.input(2)) : nullptr;
@@ -840,33 +853,58 @@ absl::Status Resize(ImportContext& cx, const onnx::NodeProto& node) {
       scales != nullptr ? FloatValues(*scales) : std::nullopt;
   if (scale_values && !scale_values->empty()) {
     factors = *scale_values;
-  } else if (node.input_size() > 3 && !node.input(3).empty()) {
-    ASSIGN_OR_RETURN(std::vector<int64_t> sizes, cx.ConstInts(node, 3));
-    if (static_cast<int64_t>(sizes.size()) != rank) {
-      return NodeError(node, "sizes do not match the input's rank");
+    if (static_cast<int64_t>(factors.size()) != rank) {
+      return NodeError(node, "scales do not match the input's rank");
     }
     for (int64_t d = 0; d < rank; ++d) {
-      factors.push_back(static_cast<double>(sizes[d]) / static_cast<double>(shape[d]));
+      const double f = factors[d];
+      if (!(f > 0) || f > 1024) {
+        return NodeError(node, absl::StrCat("scale ", f, " of dim ", d,
+                                            " is not supported (only in (0, 1024])"));
+      }
+      // In float32, as ONNX's shape inference and ONNX Runtime compute it.
+      sizes.push_back(static_cast<int64_t>(
+          std::floor(static_cast<float>(shape[d]) * static_cast<float>(f))));
+      pytorch_sizes.push_back(
+          static_cast<int64_t>(std::floor(static_cast<double>(shape[d]) * ShortestDecimal(f))));
+    }
+    if (pytorch_sizes != sizes) {
+      cx.AddNote(absl::StrCat(
+          NodeLabel(node), " resizes ", ShapeToString(shape), " to ", ShapeToString(sizes),
+          " as ONNX computes it, from the float32 scales (", absl::StrJoin(factors, ", ",
+          [](std::string* out, double f) { absl::StrAppendFormat(out, "%.9g", f); }),
+          "); PyTorch computed ", ShapeToString(pytorch_sizes),
+          " from the scale factors these round (give F.interpolate a size instead of a scale "
+          "factor, and the file holds PyTorch's sizes)"));
+    }
+  } else if (node.input_size() > 3 && !node.input(3).empty()) {
+    ASSIGN_OR_RETURN(sizes, cx.ConstInts(node, 3));
+    if (static_cast<int64_t>(sizes.size()) != rank) {
+      return NodeError(node, "sizes do not match the input's rank");
     }
   } else {
     return NodeError(node, "needs constant scales or sizes");
   }
-  if (static_cast<int64_t>(factors.size()) != rank) {
-    return NodeError(node, "scales do not match the input's rank");
-  }
-  if (factors[0] != 1 || factors[1] != 1) {
+  if (sizes[0] != shape[0] || sizes[1] != shape[1]) {
     return NodeError(node, "resizes the batch or channel dim (only spatial dims)");
   }
-  std::vector<int64_t> scale;
+  bool whole = true;  // every dim by a whole factor, as `scale`
+  std::vector<int64_t> scale, size;
+  std::vector<double> scale_factor;
   for (int64_t d = 2; d < rank; ++d) {
-    const double f = factors[d];
-    if (!(f >= 1) || f != std::floor(f) || f > 1024) {
-      return NodeError(
-          node, absl::StrCat("scale ", f, " of dim ", d, " is not supported (only whole factors)"));
+    if (sizes[d] < 1) {
+      return NodeError(node, absl::StrCat("resizes dim ", d, " of ", ShapeToString(shape),
+                                          " to ", sizes[d], " elements"));
     }
-    scale.push_back(static_cast<int64_t>(f));
+    size.push_back(sizes[d]);
+    const bool divides = sizes[d] % shape[d] == 0;
+    const double f = factors.empty() ? 0.0 : factors[d];
+    whole = whole && divides && (factors.empty() || f == static_cast<double>(sizes[d] / shape[d]));
+    scale.push_back(divides ? sizes[d] / shape[d] : 0);
+    scale_factor.push_back(f);
   }
-  Json a = {{"scale", scale}};
+  Json a = whole ? Json{{"scale", scale}} : Json{{"size", size}};
+  if (!whole && !factors.empty()) a["scale_factor"] = scale_factor;
   if (mode == "nearest") {
     if (transform != "asymmetric" || nearest_mode != "floor") {
       return NodeError(node, absl::StrCat("nearest resize with coordinate_transformation_mode ",
@@ -874,13 +912,22 @@ absl::Status Resize(ImportContext& cx, const onnx::NodeProto& node) {
                                           " (only PyTorch's: asymmetric, floor)"));
     }
     a["mode"] = "nearest";
-  } else if (mode == "linear") {
+  } else if (mode == "linear" || mode == "cubic") {
     if (transform == "align_corners") {
       a["align_corners"] = true;
     } else if (transform != "half_pixel" && transform != "pytorch_half_pixel") {
       return attrs.Unsupported("coordinate_transformation_mode", transform);
     }
     a["mode"] = rank == 4 ? "bilinear" : "trilinear";
+    if (mode == "cubic") {
+      // PyTorch's bicubic: Keys' kernel with A = -0.75, 2-D.
+      ASSIGN_OR_RETURN(const double coeff, attrs.Float("cubic_coeff_a", -0.75));
+      if (static_cast<float>(coeff) != -0.75f) {
+        return attrs.Unsupported("cubic_coeff_a", absl::StrCat(coeff), "PyTorch's is -0.75");
+      }
+      if (rank != 4) return NodeError(node, "a cubic resize of a 5-D tensor is not supported");
+      a["mode"] = "bicubic";
+    }
   } else {
     return attrs.Unsupported("mode", mode);
   }

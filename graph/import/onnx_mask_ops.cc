@@ -1,8 +1,10 @@
-// ONNX comparisons, logic, Where and Cast: over constants and shapes they
-// fold at import; over computed tensors they become pebble's `compare`
-// (a u8 truth value per element) and `masked_fill`, which express
-// `torch.where`, `masked_fill`, `nn.Hardshrink` and a padding mask computed
-// from token ids (docs/import.md).
+// ONNX comparisons, logic, Where, Cast, Sign, Max and Min: over constants
+// and shapes they fold at import; over computed tensors they become
+// pebble's `compare` (a u8 truth value per element) and `masked_fill`,
+// which express `torch.where`, `masked_fill`, `nn.Hardshrink` and a padding
+// mask computed from token ids, and `maximum` and `minimum`
+// (docs/import.md).
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <map>
@@ -168,6 +170,108 @@ absl::Status Comparison(ImportContext& cx, const onnx::NodeProto& node, const st
   ASSIGN_OR_RETURN(Value x, ComparedOperand(cx, node, 0, like));
   ASSIGN_OR_RETURN(Value y, ComparedOperand(cx, node, 1, like));
   return cx.Apply(node, "compare", {x, y}, {{"op", op}});
+}
+
+// Max or Min of integers known at import (shape arithmetic), folded: each
+// operand of the largest's size or of one element.
+absl::Status FoldExtremum(ImportContext& cx, const onnx::NodeProto& node,
+                          const std::vector<Ints>& operands, bool maximum) {
+  const Ints* largest = &operands.front();
+  for (const Ints& k : operands) {
+    if (k.values.size() > largest->values.size()) largest = &k;
+  }
+  Ints out = *largest;
+  for (const Ints& k : operands) {
+    if (k.values.size() != out.values.size() && k.values.size() != 1) {
+      return NodeError(node, absl::StrCat(node.op_type(), " of integer constants of ",
+                                          k.values.size(), " and ", out.values.size(),
+                                          " values is not supported"));
+    }
+    for (size_t i = 0; i < out.values.size(); ++i) {
+      const int64_t v = k.values[k.values.size() == 1 ? 0 : i];
+      out.values[i] = maximum ? std::max(out.values[i], v) : std::min(out.values[i], v);
+    }
+  }
+  return cx.DefineInts(node, 0, std::move(out));
+}
+
+// Max or Min (torch.maximum, torch.minimum, torch.max(a, b)): folded over
+// integers known at import; of float tensors, pebble's maximum or minimum
+// of the operands expanded to their broadcast shape (a one-value constant
+// made a fill), pairwise from the left. Their gradients are ATen's: the
+// larger (smaller) operand's, half each at a tie.
+absl::Status Extremum(ImportContext& cx, const onnx::NodeProto& node, bool maximum) {
+  if (node.input_size() < 1) return NodeError(node, "has no inputs");
+  RETURN_IF_ERROR(Attrs(node).OnlyKnown({}));
+  std::vector<Ints> known;
+  for (const std::string& name : node.input()) {
+    if (std::optional<Ints> k = cx.KnownInts(name)) known.push_back(*std::move(k));
+  }
+  if (known.size() == static_cast<size_t>(node.input_size())) {
+    return FoldExtremum(cx, node, known, maximum);
+  }
+  int computed = -1;
+  for (int i = 0; i < node.input_size() && computed < 0; ++i) {
+    if (!IsConstant(cx, node.input(i))) computed = i;
+  }
+  if (computed < 0) {
+    return NodeError(node, absl::StrCat(node.op_type(), " of float constants is not supported "
+                                                        "(of computed tensors, or of integer "
+                                                        "shapes, it is)"));
+  }
+  ASSIGN_OR_RETURN(const Value like, cx.Get(node, node.input(computed)));
+  const DType dtype = cx.nb().type(like).dtype;
+  if (!ops_internal::IsFloat(dtype)) {
+    return NodeError(node, absl::StrCat(node.op_type(), " of ", DTypeName(dtype),
+                                        " tensors is not supported (of float tensors it is)"));
+  }
+  std::optional<Shape> shape = cx.nb().type(like).shape;
+  for (const std::string& name : node.input()) {
+    std::optional<Shape> dims = DimsOf(cx, name);
+    if (!dims) return cx.Get(node, name).status();  // the error naming it
+    shape = ops_internal::BroadcastShapes(*shape, *dims);
+    if (!shape) return NodeError(node, "its operands do not broadcast");
+  }
+  std::vector<Value> operands;
+  for (int i = 0; i < node.input_size(); ++i) {
+    ASSIGN_OR_RETURN(Value v, ComparedOperand(cx, node, i, like));
+    if (cx.nb().type(v).dtype != dtype) {
+      return NodeError(node, absl::StrCat("its operands ", Quote(node.input(computed)), " and ",
+                                          Quote(node.input(i)), " differ in dtype"));
+    }
+    ASSIGN_OR_RETURN(v, ExpandTo(cx, node, v, *shape, absl::StrCat("operand", i, "_expanded")));
+    operands.push_back(v);
+  }
+  const char* op = maximum ? "maximum" : "minimum";
+  Value result = operands.front();
+  for (size_t i = 1; i + 1 < operands.size(); ++i) {
+    ASSIGN_OR_RETURN(result, cx.Aux(node, op, {result, operands[i]}, Json::object(),
+                                    absl::StrCat(op, i)));
+  }
+  if (operands.size() == 1) return cx.Define(node, result);
+  return cx.Apply(node, op, {result, operands.back()});
+}
+
+// Sign (torch.sign): 1 where x > 0, -1 where x < 0, else 0 (zeros and NaN,
+// as ATen's CPU kernel), written into zeros by two masks; no gradient
+// flows back, as ATen's is zero.
+absl::Status Sign(ImportContext& cx, const onnx::NodeProto& node) {
+  RETURN_IF_ERROR(cx.ExpectInputs(node, 1, 1));
+  RETURN_IF_ERROR(Attrs(node).OnlyKnown({}));
+  ASSIGN_OR_RETURN(const Value x, cx.Get(node, node.input(0)));
+  const TensorType type = cx.nb().type(x);
+  if (!ops_internal::IsFloat(type.dtype)) {
+    return NodeError(node, absl::StrCat("Sign of a ", DTypeName(type.dtype),
+                                        " tensor is not supported (of a float tensor it is)"));
+  }
+  ASSIGN_OR_RETURN(const Value zero, cx.Fill(node, {}, x, 0.0, "zero"));
+  ASSIGN_OR_RETURN(const Value positive,
+                   cx.Aux(node, "compare", {x, zero}, {{"op", "gt"}}, "positive"));
+  ASSIGN_OR_RETURN(const Value negative,
+                   cx.Aux(node, "compare", {x, zero}, {{"op", "lt"}}, "negative"));
+  ASSIGN_OR_RETURN(Value sign, FillOf(cx, node, type.shape, type.dtype, 0.0, "zeros"));
+  ASSIGN_OR_RETURN(sign, cx.Aux(node, "masked_fill", {sign, positive}, {{"value", 1.0}}, "ones"));
+  return cx.Apply(node, "masked_fill", {sign, negative}, {{"value", -1.0}});
 }
 
 // Not of a boolean: compare equal to 0.
@@ -342,6 +446,13 @@ void AddMaskOps(OnnxHandlers& handlers) {
     };
   }
   handlers["Not"] = Not;
+  handlers["Max"] = [](ImportContext& cx, const onnx::NodeProto& node) {
+    return Extremum(cx, node, true);
+  };
+  handlers["Min"] = [](ImportContext& cx, const onnx::NodeProto& node) {
+    return Extremum(cx, node, false);
+  };
+  handlers["Sign"] = Sign;
   handlers["Where"] = Where;
   handlers["Cast"] = Cast;
 }

@@ -32,8 +32,9 @@ void AddElementwiseOps(OnnxHandlers& handlers);
 // Shapes and their integer arithmetic folded at import, views, slices,
 // concatenation and constants (onnx_shape_ops.cc).
 void AddShapeOps(OnnxHandlers& handlers);
-// Comparisons, logic, Where and Cast: folded over constants, else
-// pebble's compare and masked_fill (onnx_mask_ops.cc).
+// Comparisons, logic, Where, Cast, Sign, Max and Min: folded over
+// constants, else pebble's compare, masked_fill, maximum and minimum
+// (onnx_mask_ops.cc).
 void AddMaskOps(OnnxHandlers& handlers);
 // RNN, GRU and LSTM unrolled over the sequence (onnx_recurrent_ops.cc).
 void AddRecurrentOps(OnnxHandlers& handlers);

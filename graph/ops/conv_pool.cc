@@ -396,74 +396,33 @@ absl::Status AdaptiveAvgPoolBackward(BackwardContext& ctx) {
   return absl::OkStatus();
 }
 
-// ---- Upsampling by an integer factor.
+// ---- Upsampling (ParseUpsampling, op_util.h).
 
-struct Upsampling {
-  std::vector<int64_t> scale;
-  std::string mode;
-  bool align_corners = false;
-};
-
-absl::StatusOr<Upsampling> ParseUpsampling(const Json& attrs, int rank) {
-  Upsampling u;
-  const int d = rank - 2;
-  ASSIGN_OR_RETURN(u.scale, SpatialAttr(attrs, "scale", d, 0, true));
-  for (int64_t s : u.scale) {
-    if (s < 1) return Invalid("attr 'scale' must be >= 1, got ", s);
-    if (s > kMaxWindowExtent) {
-      return Invalid("attr 'scale' must be at most ", kMaxWindowExtent, ", got ", s);
-    }
-  }
-  ASSIGN_OR_RETURN(u.mode, StringAttr(attrs, "mode", "nearest"));
-  ASSIGN_OR_RETURN(u.align_corners, BoolAttr(attrs, "align_corners", false));
-  if (u.mode == "nearest") {
-    if (u.align_corners) {
-      // As torch.nn.functional.interpolate: only interpolating modes.
-      return Invalid("align_corners is only valid with bilinear or trilinear");
-    }
-  } else if (u.mode == "bilinear") {
-    if (rank != 4) return Invalid("mode bilinear needs a 4-D input (N, C, H, W)");
-  } else if (u.mode == "trilinear") {
-    if (rank != 5) {
-      return Invalid("mode trilinear needs a 5-D input (N, C, D, H, W)");
-    }
-  } else {
-    return Invalid("attr 'mode' must be nearest, bilinear or trilinear, got \"",
-                   u.mode, "\"");
-  }
-  return u;
-}
-
-Json UpsamplingAttrs(const Upsampling& u) {
-  return {{"scale", u.scale},
-          {"mode", u.mode},
-          {"align_corners", u.align_corners}};
-}
-
-absl::StatusOr<Shape> Upsampled(const Shape& x, const Upsampling& u) {
+absl::StatusOr<Shape> Upsampled(const Shape& x, const Json& attrs) {
+  ASSIGN_OR_RETURN(const Upsampling u, ParseUpsampling(attrs, x));
   Shape out = x;
-  for (size_t i = 0; i < u.scale.size(); ++i) {
-    if (__builtin_mul_overflow(out[2 + i], u.scale[i], &out[2 + i])) {
-      return Invalid("attr 'scale' overflows dim ", 2 + i, " of ", ShapeToString(x));
-    }
-  }
+  std::copy(u.out.begin(), u.out.end(), out.begin() + 2);
   return out;
 }
 
 absl::StatusOr<TensorType> InferUpsample(Inputs in, const Json& attrs) {
   RETURN_IF_ERROR(ExpectFloat(in[0], "input 0 (x)"));
   RETURN_IF_ERROR(PoolDims(in[0], "input 0 (x)").status());
-  ASSIGN_OR_RETURN(Upsampling u, ParseUpsampling(attrs, in[0].shape.size()));
-  ASSIGN_OR_RETURN(Shape out, Upsampled(in[0].shape, u));
+  ASSIGN_OR_RETURN(Shape out, Upsampled(in[0].shape, attrs));
   return TensorType{out, in[0].dtype};
 }
 
 // Per output element: nearest copies (1), (bi/tri)linear takes a weighted
-// sum of 2^d neighbours (2 * 2^d).
+// sum of 2^d neighbours (2 * 2^d), bicubic of 4^2 (32, its weights
+// besides).
 double UpsampleFlopsFor(const Shape& y, const Json& attrs) {
-  absl::StatusOr<Upsampling> u = ParseUpsampling(attrs, y.size());
+  absl::StatusOr<std::string> mode = StringAttr(attrs, "mode", "nearest");
   double per = 1;
-  if (u.ok() && u->mode != "nearest") per = 2.0 * (1 << (y.size() - 2));
+  if (mode.ok() && *mode == "bicubic") {
+    per = 32;
+  } else if (mode.ok() && *mode != "nearest") {
+    per = 2.0 * (1 << (y.size() - 2));
+  }
   return per * Elements(y);
 }
 
@@ -477,8 +436,7 @@ absl::StatusOr<TensorType> InferUpsampleBackward(Inputs in,
   ASSIGN_OR_RETURN(Shape x, ShapeAttr(attrs, "input_shape"));
   RETURN_IF_ERROR(
       PoolDims(TensorType{x, in[0].dtype}, "attr 'input_shape'").status());
-  ASSIGN_OR_RETURN(Upsampling u, ParseUpsampling(attrs, x.size()));
-  ASSIGN_OR_RETURN(Shape upsampled, Upsampled(x, u));
+  ASSIGN_OR_RETURN(Shape upsampled, Upsampled(x, attrs));
   RETURN_IF_ERROR(ExpectShape(in[0], upsampled, "input 0 (grad)"));
   return TensorType{x, in[0].dtype};
 }
@@ -489,9 +447,11 @@ double UpsampleBackwardFlops(Inputs in, const TensorType&, const Json& attrs) {
 
 absl::Status UpsampleBackward(BackwardContext& ctx) {
   if (!ctx.needs_grad(0)) return absl::OkStatus();
-  ASSIGN_OR_RETURN(Upsampling u, ParseUpsampling(
-                                     ctx.attrs(), ctx.input_type(0).shape.size()));
-  Json attrs = UpsamplingAttrs(u);
+  // The forward's geometry attrs, and the input's shape.
+  Json attrs = Json::object();
+  for (const char* name : {"scale", "size", "scale_factor", "mode", "align_corners"}) {
+    if (ctx.attrs().contains(name)) attrs[name] = ctx.attrs()[name];
+  }
   attrs["input_shape"] = ctx.input_type(0).shape;
   ctx.AccumulateGrad(0, ctx.Emit("upsample_backward", {ctx.grad_output()},
                                  attrs));

@@ -216,6 +216,24 @@ absl::StatusOr<TensorType> InferSoftmax(Inputs in, const Json& attrs) {
   return in[0];
 }
 
+// log_softmax (x) and log_softmax_backward (grad, y): over the last dim,
+// with no causal mask (nothing imports one).
+absl::StatusOr<TensorType> InferLogSoftmax(Inputs in, const Json& attrs) {
+  if (attrs.contains("causal")) {
+    return absl::InvalidArgumentError("log_softmax takes no attr 'causal'");
+  }
+  return InferSoftmax(in, attrs);
+}
+
+absl::Status LogSoftmaxBackward(BackwardContext& ctx) {
+  if (!ctx.needs_grad(0)) return absl::OkStatus();
+  // dx = g - exp(y) * sum(g), as ATen's _log_softmax_backward_data: reads
+  // the output, not the input.
+  ctx.AccumulateGrad(0, ctx.Emit("log_softmax_backward",
+                                 {ctx.grad_output(), ctx.output()}, Json::object()));
+  return absl::OkStatus();
+}
+
 absl::Status SoftmaxBackward(BackwardContext& ctx) {
   if (!ctx.needs_grad(0)) return absl::OkStatus();
   ASSIGN_OR_RETURN(bool causal, BoolAttr(ctx.attrs(), "causal", false));
@@ -407,6 +425,19 @@ void RegisterLinalgOps(std::vector<OpDef>& t) {
                .backward = SoftmaxBackward});
   t.push_back({.name = "softmax_backward", .min_inputs = 2, .max_inputs = 2,
                .infer = InferSoftmax,
+               .flops = [](Inputs, const TensorType& out, const Json&) {
+                 return 4.0 * Elements(out);
+               }});
+  // max, subtract, exp, sum, log, subtract; backward: exp, sum, multiply,
+  // subtract.
+  t.push_back({.name = "log_softmax", .min_inputs = 1, .max_inputs = 1,
+               .infer = InferLogSoftmax,
+               .flops = [](Inputs, const TensorType& out, const Json&) {
+                 return 5.0 * Elements(out);
+               },
+               .backward = LogSoftmaxBackward});
+  t.push_back({.name = "log_softmax_backward", .min_inputs = 2, .max_inputs = 2,
+               .infer = InferLogSoftmax,
                .flops = [](Inputs, const TensorType& out, const Json&) {
                  return 4.0 * Elements(out);
                }});

@@ -1,13 +1,17 @@
-// Masks: compare (two operands into a u8 truth value per element) and
-// masked_fill (a value written where a mask says). Together they express
-// `torch.where`, `masked_fill` and a padding mask computed from token ids;
-// FLOPs per element in docs/operators.md. Operands broadcast by NumPy's
-// rules in full (Note [Broadcast index] in runtime/kernel_math.h).
+// Masks and selections: compare (two operands into a u8 truth value per
+// element) and masked_fill (a value written where a mask says). Together
+// they express `torch.where`, `masked_fill` and a padding mask computed
+// from token ids; their operands broadcast by NumPy's rules in full (Note
+// [Broadcast index] in runtime/kernel_math.h). maximum and minimum of two
+// tensors of one shape (torch.maximum, torch.minimum). FLOPs per element in
+// docs/operators.md.
+#include <functional>
 #include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "graph/autodiff.h"
 #include "graph/ops/op_util.h"
 #include "graph/status.h"
@@ -67,6 +71,42 @@ absl::Status MaskedFillBackward(BackwardContext& ctx) {
 
 double OutputElements(Inputs, const TensorType& out, const Json&) { return Elements(out); }
 
+// maximum, minimum (a, b): float operands of one shape and dtype (the
+// importer expands a broadcast operand first).
+absl::StatusOr<TensorType> InferExtremum(Inputs in, const Json&) {
+  RETURN_IF_ERROR(ExpectFloat(in[0], "input 0 (a)"));
+  RETURN_IF_ERROR(ExpectSameDType(in[0], "a", in[1], "b"));
+  RETURN_IF_ERROR(ExpectSameShape(in[0], "a", in[1], "b"));
+  return in[0];
+}
+
+// maximum_backward, minimum_backward (grad, a, b), attr input (0: a's
+// gradient, 1: b's).
+absl::StatusOr<TensorType> InferExtremumBackward(Inputs in, const Json& attrs) {
+  ASSIGN_OR_RETURN(const int64_t input, IntAttr(attrs, "input", 0));
+  if (input != 0 && input != 1) return Invalid("attr 'input' must be 0 or 1, got ", input);
+  RETURN_IF_ERROR(ExpectFloat(in[0], "input 0 (grad)"));
+  for (int i : {1, 2}) {
+    const char* name = i == 1 ? "a" : "b";
+    RETURN_IF_ERROR(ExpectSameDType(in[0], "grad", in[i], name));
+    RETURN_IF_ERROR(ExpectSameShape(in[0], "grad", in[i], name));
+  }
+  return in[0];
+}
+
+// Each operand's gradient reads both operands (ATen's maximum backward:
+// the gradient goes to the larger, half of it to each at a tie).
+std::function<absl::Status(BackwardContext&)> ExtremumBackward(std::string backward_op) {
+  return [backward_op = std::move(backward_op)](BackwardContext& ctx) {
+    for (int i : {0, 1}) {
+      if (!ctx.needs_grad(i)) continue;
+      ctx.AccumulateGrad(i, ctx.Emit(backward_op, {ctx.grad_output(), ctx.input(0), ctx.input(1)},
+                                     {{"input", i}}));
+    }
+    return absl::OkStatus();
+  };
+}
+
 }  // namespace
 
 void RegisterMaskOps(std::vector<OpDef>& t) {
@@ -75,6 +115,13 @@ void RegisterMaskOps(std::vector<OpDef>& t) {
   t.push_back({.name = "masked_fill", .min_inputs = 2, .max_inputs = 2,
                .infer = InferMaskedFill, .flops = OutputElements,
                .backward = MaskedFillBackward});
+  for (const char* op : {"maximum", "minimum"}) {
+    const std::string backward = absl::StrCat(op, "_backward");
+    t.push_back({.name = op, .min_inputs = 2, .max_inputs = 2, .infer = InferExtremum,
+                 .flops = OutputElements, .backward = ExtremumBackward(backward)});
+    t.push_back({.name = backward, .min_inputs = 3, .max_inputs = 3,
+                 .infer = InferExtremumBackward, .flops = OutputElements});
+  }
 }
 
 }  // namespace pebble::ops_internal

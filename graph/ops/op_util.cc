@@ -429,4 +429,84 @@ double CopyFlops(Inputs, const TensorType& out, const Json&) {
   return Elements(out);
 }
 
+namespace {
+
+// upsample's attr `scale_factor`: one number > 0 per spatial dim, or one
+// for all.
+absl::StatusOr<std::vector<double>> ScaleFactors(const Json& attrs, int dims) {
+  const Json* v = Find(attrs, "scale_factor");
+  std::vector<double> out;
+  if (v == nullptr) return std::vector<double>(dims, 0.0);
+  const std::string expected = absl::StrCat("a number > 0 or a list of ", dims, " of them");
+  if (v->is_number()) {
+    out.assign(dims, v->get<double>());
+  } else if (v->is_array() && static_cast<int>(v->size()) == dims) {
+    for (const Json& e : *v) {
+      if (!e.is_number()) return BadAttr("scale_factor", expected, *v);
+      out.push_back(e.get<double>());
+    }
+  } else {
+    return BadAttr("scale_factor", expected, *v);
+  }
+  for (double f : out) {
+    if (!(f > 0) || !std::isfinite(f)) return BadAttr("scale_factor", expected, *v);
+  }
+  return out;
+}
+
+}  // namespace
+
+absl::StatusOr<Upsampling> ParseUpsampling(const Json& attrs, const Shape& x) {
+  if (x.size() < 3) return Invalid("upsample needs an (N, C, ...) input, got ", ShapeToString(x));
+  const int dims = static_cast<int>(x.size()) - 2;
+  Upsampling u;
+  const bool sized = Find(attrs, "size") != nullptr;
+  if (sized == (Find(attrs, "scale") != nullptr)) {
+    return Invalid("upsample takes attr 'scale' (whole factors) or attr 'size', one of them");
+  }
+  if (sized) {
+    ASSIGN_OR_RETURN(u.out, SpatialAttr(attrs, "size", dims, 0, true));
+    for (int64_t s : u.out) {
+      if (s < 1 || s > kMaxWindowExtent) {
+        return Invalid("attr 'size' must be in [1, ", kMaxWindowExtent, "], got ", s);
+      }
+    }
+    ASSIGN_OR_RETURN(u.scale_factor, ScaleFactors(attrs, dims));
+  } else {
+    if (Find(attrs, "scale_factor") != nullptr) {
+      return Invalid("attr 'scale_factor' goes with attr 'size', not 'scale'");
+    }
+    ASSIGN_OR_RETURN(const std::vector<int64_t> scale, SpatialAttr(attrs, "scale", dims, 0, true));
+    for (int i = 0; i < dims; ++i) {
+      const int64_t s = scale[i];
+      if (s < 1 || s > kMaxWindowExtent) {
+        return Invalid("attr 'scale' must be in [1, ", kMaxWindowExtent, "], got ", s);
+      }
+      int64_t out = 0;
+      if (__builtin_mul_overflow(x[2 + i], s, &out)) {
+        return Invalid("attr 'scale' overflows dim ", 2 + i, " of ", ShapeToString(x));
+      }
+      u.out.push_back(out);
+      u.scale_factor.push_back(static_cast<double>(s));
+    }
+  }
+  for (int i = 0; i < dims; ++i) {
+    if (x[2 + i] < 1) return Invalid("upsample of an empty dim ", 2 + i, " of ", ShapeToString(x));
+  }
+  ASSIGN_OR_RETURN(u.mode, StringAttr(attrs, "mode", "nearest"));
+  ASSIGN_OR_RETURN(u.align_corners, BoolAttr(attrs, "align_corners", false));
+  if (u.mode == "nearest") {
+    // As torch.nn.functional.interpolate: only interpolating modes.
+    if (u.align_corners) return Invalid("align_corners is only valid with bilinear or trilinear");
+  } else if (u.mode == "bilinear" || u.mode == "bicubic") {
+    if (dims != 2) return Invalid("mode ", u.mode, " needs a 4-D input (N, C, H, W)");
+  } else if (u.mode == "trilinear") {
+    if (dims != 3) return Invalid("mode trilinear needs a 5-D input (N, C, D, H, W)");
+  } else {
+    return Invalid("attr 'mode' must be nearest, bilinear, bicubic or trilinear, got \"", u.mode,
+                   "\"");
+  }
+  return u;
+}
+
 }  // namespace pebble::ops_internal

@@ -101,6 +101,22 @@ absl::StatusOr<int> NormalizeAxis(int64_t axis, int rank,
 // 2^40, beyond any tensor's extent, so that size arithmetic stays in int64.
 inline constexpr int64_t kMaxWindowExtent = int64_t{1} << 40;
 
+// upsample's geometry over the spatial dims (dims 2..) of an (N, C, ...)
+// input, for the operator table and both backends: attr `scale` (an
+// integer per spatial dim: out = in * scale), or attr `size` (the output's
+// spatial dims) with an optional `scale_factor` (a number > 0 per dim:
+// PyTorch's scale_factor, which sets the source step to 1 / scale_factor
+// where a size alone sets it to in / out; Note [Upsample taps]); attrs
+// `mode` (nearest, bilinear or bicubic for 4-D, trilinear for 5-D) and
+// `align_corners` (interpolating modes only).
+struct Upsampling {
+  std::vector<int64_t> out;          // the output's spatial dims
+  std::vector<double> scale_factor;  // per spatial dim; 0 where none was given
+  std::string mode;
+  bool align_corners = false;
+};
+absl::StatusOr<Upsampling> ParseUpsampling(const Json& attrs, const Shape& x);
+
 // Output size of a sliding window along one dimension, PyTorch's floor mode:
 // (in + 2 * padding - kernel) / stride + 1; with `ceil_mode` (pooling),
 // PyTorch's ceil mode: the quotient rounded up, less one where the last

@@ -1,6 +1,6 @@
 // Activations and their gradients (oneDNN eltwise primitives over the
-// tensor as one flat vector) and softmax over the last dim (oneDNN softmax
-// primitives; the causal mask is applied around them).
+// tensor as one flat vector) and softmax and log-softmax over the last dim
+// (oneDNN's primitives; softmax's causal mask is applied around them).
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
@@ -124,10 +124,77 @@ dnnl::memory::desc RowsDesc(const Rows& r) {
   return dnnl::memory::desc({r.rows, r.cols}, dt::f32, tag::ab);
 }
 
-dnnl::softmax_forward::primitive_desc SoftmaxForwardPd(const Rows& r) {
-  const dnnl::softmax_forward::desc desc(dnnl::prop_kind::forward_training,
-                                         RowsDesc(r), 1);
-  return dnnl::softmax_forward::primitive_desc(desc, DefaultAttr(), Engine());
+// softmax and log_softmax: oneDNN's primitives of each (2.x has one per
+// kind), over dim 1 of (rows, cols).
+template <typename Forward, typename Backward>
+struct SoftmaxKind {
+  using ForwardPd = typename Forward::primitive_desc;
+  static ForwardPd ForwardPdOf(const Rows& r) {
+    const typename Forward::desc desc(dnnl::prop_kind::forward_training, RowsDesc(r), 1);
+    return ForwardPd(desc, DefaultAttr(), Engine());
+  }
+  static typename Backward::primitive_desc BackwardPdOf(const Rows& r) {
+    const typename Backward::desc desc(RowsDesc(r), RowsDesc(r), 1);
+    return typename Backward::primitive_desc(desc, DefaultAttr(), Engine(), ForwardPdOf(r));
+  }
+};
+using PlainSoftmax = SoftmaxKind<dnnl::softmax_forward, dnnl::softmax_backward>;
+using LogSoftmaxKind = SoftmaxKind<dnnl::logsoftmax_forward, dnnl::logsoftmax_backward>;
+
+// The output = kind's softmax of `src` (x's rows) over the last dim; the
+// primitive is cached by `name` and shape.
+template <typename Kind>
+absl::Status RunSoftmaxForward(const KernelContext& ctx, const Rows& r, const char* name,
+                               const void* src) {
+  const std::string key = absl::StrCat(name, "_fwd:", r.rows, "x", r.cols);
+  const CachedPrimitive& p = GetPrimitive(key, [&] { return Cached(Kind::ForwardPdOf(r)); });
+  Execute(p, {{DNNL_ARG_SRC, Wrap(RowsDesc(r), src)},
+              {DNNL_ARG_DST, Wrap(RowsDesc(r), ctx.output.data)}});
+  return absl::OkStatus();
+}
+
+// softmax_backward or log_softmax_backward (g, y) over the last dim.
+template <typename Kind>
+absl::Status RunSoftmaxBackward(const KernelContext& ctx, const Rows& r, const char* name) {
+  const TensorView& g = ctx.inputs[0];
+  const TensorView& y = ctx.inputs[1];
+  const std::string key = absl::StrCat(name, "_bwd:", r.rows, "x", r.cols);
+  const CachedPrimitive& p = GetPrimitive(key, [&] { return Cached(Kind::BackwardPdOf(r)); });
+  Execute(p, {{DNNL_ARG_DIFF_DST, Wrap(RowsDesc(r), g.data)},
+              {DNNL_ARG_DST, Wrap(RowsDesc(r), y.data)},
+              {DNNL_ARG_DIFF_SRC, Wrap(RowsDesc(r), ctx.output.data)}});
+  return absl::OkStatus();
+}
+
+// The rows of softmax's or log_softmax's (x) after checking its tensors;
+// `causal` is read where the op takes it.
+absl::StatusOr<Rows> SoftmaxForwardRows(const KernelContext& ctx, bool* causal) {
+  RETURN_IF_ERROR(ExpectInputs(ctx, 1, 1));
+  const TensorView& x = ctx.inputs[0];
+  RETURN_IF_ERROR(ExpectF32(x, "input 0 (x)"));
+  RETURN_IF_ERROR(ExpectF32(ctx.output, "the output"));
+  RETURN_IF_ERROR(ExpectShape(ctx.output, x.shape, "the output"));
+  if (causal != nullptr) {
+    ASSIGN_OR_RETURN(*causal, ops_internal::BoolAttr(ctx.attrs(), "causal", false));
+  }
+  ASSIGN_OR_RETURN(Rows r, SoftmaxRows(x, causal != nullptr && *causal));
+  RETURN_IF_ERROR(ExpectData(ctx));
+  return r;
+}
+
+// The rows of a softmax's or log_softmax's backward (g, y).
+absl::StatusOr<Rows> SoftmaxBackwardRows(const KernelContext& ctx, bool causal) {
+  RETURN_IF_ERROR(ExpectInputs(ctx, 2, 2));
+  const TensorView& g = ctx.inputs[0];
+  const TensorView& y = ctx.inputs[1];
+  RETURN_IF_ERROR(ExpectF32(g, "input 0 (grad)"));
+  RETURN_IF_ERROR(ExpectF32(y, "input 1 (y)"));
+  RETURN_IF_ERROR(ExpectF32(ctx.output, "the output"));
+  RETURN_IF_ERROR(ExpectShape(y, g.shape, "input 1 (y)"));
+  RETURN_IF_ERROR(ExpectShape(ctx.output, g.shape, "the output"));
+  ASSIGN_OR_RETURN(Rows r, SoftmaxRows(g, causal));
+  RETURN_IF_ERROR(ExpectData(ctx));
+  return r;
 }
 
 }  // namespace
@@ -166,21 +233,10 @@ absl::Status GeluBackward(const KernelContext& ctx) {
 // scores are copied into the output with -inf in the masked places, oneDNN's
 // softmax runs in place, and the masked places are set to 0 again.
 absl::Status Softmax(const KernelContext& ctx) {
-  RETURN_IF_ERROR(ExpectInputs(ctx, 1, 1));
-  const TensorView& x = ctx.inputs[0];
-  RETURN_IF_ERROR(ExpectF32(x, "input 0 (x)"));
-  RETURN_IF_ERROR(ExpectF32(ctx.output, "the output"));
-  RETURN_IF_ERROR(ExpectShape(ctx.output, x.shape, "the output"));
-  ASSIGN_OR_RETURN(bool causal,
-                   ops_internal::BoolAttr(ctx.attrs(), "causal", false));
-  ASSIGN_OR_RETURN(Rows r, SoftmaxRows(x, causal));
-  RETURN_IF_ERROR(ExpectData(ctx));
+  bool causal = false;
+  ASSIGN_OR_RETURN(const Rows r, SoftmaxForwardRows(ctx, &causal));
   if (r.rows == 0) return absl::OkStatus();
-  const std::string key = absl::StrCat("softmax_fwd:", r.rows, "x", r.cols);
-  const CachedPrimitive& p = GetPrimitive(key, [&] {
-    auto pd = SoftmaxForwardPd(r);
-    return Cached(pd);
-  });
+  const TensorView& x = ctx.inputs[0];
   float* y = ctx.output.as<float>();
   const void* src = x.data;
   if (causal) {
@@ -192,8 +248,7 @@ absl::Status Softmax(const KernelContext& ctx) {
     });
     src = y;
   }
-  Execute(p, {{DNNL_ARG_SRC, Wrap(RowsDesc(r), src)},
-              {DNNL_ARG_DST, Wrap(RowsDesc(r), y)}});
+  RETURN_IF_ERROR(RunSoftmaxForward<PlainSoftmax>(ctx, r, "softmax", src));
   if (causal) {
     ForEachCausalRow(r, [&](int64_t row, int64_t keep) {
       std::fill(y + row * r.cols + keep, y + (row + 1) * r.cols, 0.0f);
@@ -205,31 +260,24 @@ absl::Status Softmax(const KernelContext& ctx) {
 // softmax_backward (g, y), attr causal: y (g - sum(g y)) over the last dim.
 // Masked places have y = 0 and so get 0.
 absl::Status SoftmaxBackward(const KernelContext& ctx) {
-  RETURN_IF_ERROR(ExpectInputs(ctx, 2, 2));
-  const TensorView& g = ctx.inputs[0];
-  const TensorView& y = ctx.inputs[1];
-  RETURN_IF_ERROR(ExpectF32(g, "input 0 (grad)"));
-  RETURN_IF_ERROR(ExpectF32(y, "input 1 (y)"));
-  RETURN_IF_ERROR(ExpectF32(ctx.output, "the output"));
-  RETURN_IF_ERROR(ExpectShape(y, g.shape, "input 1 (y)"));
-  RETURN_IF_ERROR(ExpectShape(ctx.output, g.shape, "the output"));
-  ASSIGN_OR_RETURN(bool causal,
-                   ops_internal::BoolAttr(ctx.attrs(), "causal", false));
-  ASSIGN_OR_RETURN(Rows r, SoftmaxRows(g, causal));
-  RETURN_IF_ERROR(ExpectData(ctx));
+  ASSIGN_OR_RETURN(bool causal, ops_internal::BoolAttr(ctx.attrs(), "causal", false));
+  ASSIGN_OR_RETURN(const Rows r, SoftmaxBackwardRows(ctx, causal));
   if (r.rows == 0) return absl::OkStatus();
-  const std::string key = absl::StrCat("softmax_bwd:", r.rows, "x", r.cols);
-  const CachedPrimitive& p = GetPrimitive(key, [&] {
-    auto hint = SoftmaxForwardPd(r);
-    const dnnl::softmax_backward::desc desc(RowsDesc(r), RowsDesc(r), 1);
-    dnnl::softmax_backward::primitive_desc pd(desc, DefaultAttr(), Engine(),
-                                              hint);
-    return Cached(pd);
-  });
-  Execute(p, {{DNNL_ARG_DIFF_DST, Wrap(RowsDesc(r), g.data)},
-              {DNNL_ARG_DST, Wrap(RowsDesc(r), y.data)},
-              {DNNL_ARG_DIFF_SRC, Wrap(RowsDesc(r), ctx.output.data)}});
-  return absl::OkStatus();
+  return RunSoftmaxBackward<PlainSoftmax>(ctx, r, "softmax");
+}
+
+// log_softmax (x): x - max - log(sum(exp(x - max))) over the last dim.
+absl::Status LogSoftmax(const KernelContext& ctx) {
+  ASSIGN_OR_RETURN(const Rows r, SoftmaxForwardRows(ctx, nullptr));
+  if (r.rows == 0) return absl::OkStatus();
+  return RunSoftmaxForward<LogSoftmaxKind>(ctx, r, "log_softmax", ctx.inputs[0].data);
+}
+
+// log_softmax_backward (g, y): g - exp(y) sum(g) over the last dim.
+absl::Status LogSoftmaxBackward(const KernelContext& ctx) {
+  ASSIGN_OR_RETURN(const Rows r, SoftmaxBackwardRows(ctx, false));
+  if (r.rows == 0) return absl::OkStatus();
+  return RunSoftmaxBackward<LogSoftmaxKind>(ctx, r, "log_softmax");
 }
 
 }  // namespace pebble::dnnl_internal

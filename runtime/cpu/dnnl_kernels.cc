@@ -116,6 +116,8 @@ void RegisterDnnlKernels(KernelTable& table) {
   table.Register("gelu_backward", Run<GeluBackward>);
   table.Register("softmax", Run<Softmax>);
   table.Register("softmax_backward", Run<SoftmaxBackward>);
+  table.Register("log_softmax", Run<LogSoftmax>);
+  table.Register("log_softmax_backward", Run<LogSoftmaxBackward>);
 
   table.Register("batchnorm_stats", Run<BatchNormStats>);
   table.Register("batchnorm", Run<BatchNorm>);

@@ -239,6 +239,8 @@ absl::Status SigmoidBackward(const KernelContext& ctx);
 absl::Status GeluBackward(const KernelContext& ctx);
 absl::Status Softmax(const KernelContext& ctx);
 absl::Status SoftmaxBackward(const KernelContext& ctx);
+absl::Status LogSoftmax(const KernelContext& ctx);
+absl::Status LogSoftmaxBackward(const KernelContext& ctx);
 absl::Status BatchNormStats(const KernelContext& ctx);
 absl::Status BatchNorm(const KernelContext& ctx);
 absl::Status BatchNormBackward(const KernelContext& ctx);

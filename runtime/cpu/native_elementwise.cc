@@ -1,6 +1,6 @@
 // Element-wise own kernels: add, mul (bias-style broadcast), the
 // piecewise-linear activations (clip, hardsigmoid, hardswish, leaky_relu),
-// elu, softplus, abs, exp, log,
+// elu, softplus, abs, exp, log, maximum and minimum,
 // sum_to, the copies (copy, flatten, reshape), fill, arange, dropout,
 // compare and masked_fill.
 #include <algorithm>
@@ -104,6 +104,36 @@ absl::Status Sub(const KernelContext& ctx) {
 
 absl::Status Div(const KernelContext& ctx) {
   return BinaryKernel(ctx, [](float a, float b) { return a / b; });
+}
+
+// ---- maximum, minimum (a, b) of one shape, and their backwards (grad, a,
+// b), attr input (runtime/activation_math.h).
+
+template <bool kMaximum>
+absl::Status Extremum(const KernelContext& ctx) {
+  return BinaryKernel(ctx, [](float a, float b) { return activation::Extremum(kMaximum, a, b); });
+}
+
+template <bool kMaximum>
+absl::Status ExtremumBackward(const KernelContext& ctx) {
+  RETURN_IF_ERROR(CheckOperands(ctx));
+  ASSIGN_OR_RETURN(const int64_t input, IntAttr(ctx.attrs(), "input", 0));
+  const int64_t n = ctx.output.num_elements();
+  return DispatchFloat(ctx.output.dtype, "the output", [&](auto tag) {
+    using T = decltype(tag);
+    const T* g = ctx.inputs[0].as<T>();
+    const T* a = ctx.inputs[1].as<T>();
+    const T* b = ctx.inputs[2].as<T>();
+    T* out = ctx.output.as<T>();
+    ParallelFor(n, kGrain, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) {
+        out[i] = FromFloat<T>(activation::ExtremumGrad(kMaximum, static_cast<int>(input),
+                                                       ToFloat(g[i]), ToFloat(a[i]),
+                                                       ToFloat(b[i])));
+      }
+    });
+    return absl::OkStatus();
+  });
 }
 
 // ---- relu, clip, hardsigmoid, hardswish, leaky_relu (x) and their
@@ -498,6 +528,10 @@ void RegisterNativeElementwiseKernels(KernelTable& table) {
   table.Register("reshape", CopyBytes);
   table.Register("fill", Fill);
   table.Register("arange", Arange);
+  table.Register("maximum", Extremum<true>);
+  table.Register("minimum", Extremum<false>);
+  table.Register("maximum_backward", ExtremumBackward<true>);
+  table.Register("minimum_backward", ExtremumBackward<false>);
   table.Register("compare", Compare);
   table.Register("masked_fill", MaskedFill);
   table.Register("dropout_mask", DropoutMask);

@@ -149,7 +149,7 @@ absl::Status AdaptiveAvgPoolBackward(const KernelContext& ctx) {
   });
 }
 
-// ---- upsample by integer factors.
+// ---- upsample (ParseUpsampling, graph/ops/op_util.h).
 //
 // Source indices and weights: Note [Upsample taps] in runtime/kernel_math.h,
 // which the CUDA backend's kernels compute too.
@@ -159,11 +159,10 @@ struct Axis {
   std::vector<float> l0, l1;
 };
 
-Axis AxisOf(int64_t in, int64_t factor, bool nearest, bool align_corners) {
+Axis AxisOf(const kmath::UpsampleAxis& axis, bool nearest, bool align_corners) {
   Axis a;
-  for (int64_t o = 0; o < in * factor; ++o) {
-    const kmath::UpsampleTap t =
-        kmath::UpsampleTapAt(o, in, factor, nearest, align_corners);
+  for (int64_t o = 0; o < axis.out; ++o) {
+    const kmath::UpsampleTap t = kmath::UpsampleTapAt(o, axis, nearest, align_corners);
     a.i0.push_back(t.i0);
     a.i1.push_back(t.i1);
     a.l0.push_back(t.l0);
@@ -175,25 +174,90 @@ Axis AxisOf(int64_t in, int64_t factor, bool nearest, bool align_corners) {
 struct Resample {
   Volume in, out;
   Axis d, h, w;
-  bool nearest = true;
+  // bicubic (2-D): the taps of each output row and column (Note [Bicubic
+  // taps]).
+  std::vector<kmath::CubicTap> cubic_h, cubic_w;
+  bool nearest = true, cubic = false;
 };
 
 absl::StatusOr<Resample> ParseResample(const KernelContext& ctx,
                                        const Shape& x, const Shape& y) {
-  const int dims = static_cast<int>(x.size()) - 2;
-  ASSIGN_OR_RETURN(std::vector<int64_t> scale,
-                   SpatialAttr(ctx.attrs(), "scale", dims, 0, true));
-  ASSIGN_OR_RETURN(std::string mode, StringAttr(ctx.attrs(), "mode", "nearest"));
-  ASSIGN_OR_RETURN(bool align, BoolAttr(ctx.attrs(), "align_corners", false));
-  if (dims == 2) scale.insert(scale.begin(), 1);
+  ASSIGN_OR_RETURN(ops_internal::Upsampling u, ops_internal::ParseUpsampling(ctx.attrs(), x));
+  if (x.size() == 4) {  // 2-D: a depth of 1
+    u.out.insert(u.out.begin(), 1);
+    u.scale_factor.insert(u.scale_factor.begin(), 1.0);
+  }
   Resample r;
   r.in = VolumeOf(x);
   r.out = VolumeOf(y);
-  r.nearest = mode == "nearest";
-  r.d = AxisOf(r.in.d, scale[0], r.nearest, align);
-  r.h = AxisOf(r.in.h, scale[1], r.nearest, align);
-  r.w = AxisOf(r.in.w, scale[2], r.nearest, align);
+  if (r.out.d != u.out[0] || r.out.h != u.out[1] || r.out.w != u.out[2]) {
+    return Invalid(ctx, ShapeToString(y), " is not the upsampling of ", ShapeToString(x));
+  }
+  r.nearest = u.mode == "nearest";
+  r.cubic = u.mode == "bicubic";
+  const bool align = u.align_corners;
+  if (r.cubic) {
+    const kmath::UpsampleAxis h = kmath::MakeUpsampleAxis(r.in.h, r.out.h, u.scale_factor[1]);
+    const kmath::UpsampleAxis w = kmath::MakeUpsampleAxis(r.in.w, r.out.w, u.scale_factor[2]);
+    for (int64_t o = 0; o < r.out.h; ++o) r.cubic_h.push_back(kmath::CubicTapAt(o, h, align));
+    for (int64_t o = 0; o < r.out.w; ++o) r.cubic_w.push_back(kmath::CubicTapAt(o, w, align));
+    return r;
+  }
+  r.d = AxisOf(kmath::MakeUpsampleAxis(r.in.d, r.out.d, u.scale_factor[0]), r.nearest, align);
+  r.h = AxisOf(kmath::MakeUpsampleAxis(r.in.h, r.out.h, u.scale_factor[1]), r.nearest, align);
+  r.w = AxisOf(kmath::MakeUpsampleAxis(r.in.w, r.out.w, u.scale_factor[2]), r.nearest, align);
   return r;
+}
+
+// Bicubic, 2-D: each output the sum over its 4 x 4 taps, row by row.
+template <typename T>
+void UpsampleBicubic(const Resample& r, const T* x, T* y) {
+  const Volume vi = r.in, vo = r.out;
+  ParallelFor(vo.planes * vo.h, RowGrain(vo.w), [&](int64_t q0, int64_t q1) {
+    for (int64_t q = q0; q < q1; ++q) {
+      const kmath::CubicTap& th = r.cubic_h[q % vo.h];
+      const T* in = x + (q / vo.h) * vi.size();
+      T* out = y + q * vo.w;
+      for (int64_t ow = 0; ow < vo.w; ++ow) {
+        const kmath::CubicTap& tw = r.cubic_w[ow];
+        float v = 0.f;
+        for (int j = 0; j < 4; ++j) {
+          const T* row = in + th.i[j] * vi.w;
+          float along = 0.f;
+          for (int k = 0; k < 4; ++k) along += tw.w[k] * ToFloat(row[tw.i[k]]);
+          v += th.w[j] * along;
+        }
+        out[ow] = FromFloat<T>(v);
+      }
+    }
+  });
+}
+
+// Its adjoint: each output gradient added to its 16 taps with their
+// weights, plane by plane in output order (PyTorch's
+// upsample_bicubic2d_backward order).
+template <typename T>
+void UpsampleBicubicBackward(const Resample& r, const T* g, T* dx) {
+  const Volume vi = r.in, vo = r.out;
+  ParallelFor(vi.planes, RowGrain(vo.size()), [&](int64_t p0, int64_t p1) {
+    std::vector<float> acc(vi.size());
+    for (int64_t p = p0; p < p1; ++p) {
+      std::fill(acc.begin(), acc.end(), 0.0f);
+      const T* gp = g + p * vo.size();
+      for (int64_t oh = 0; oh < vo.h; ++oh) {
+        const kmath::CubicTap& th = r.cubic_h[oh];
+        for (int64_t ow = 0; ow < vo.w; ++ow) {
+          const kmath::CubicTap& tw = r.cubic_w[ow];
+          const float v = ToFloat(gp[oh * vo.w + ow]);
+          for (int j = 0; j < 4; ++j) {
+            for (int k = 0; k < 4; ++k) acc[th.i[j] * vi.w + tw.i[k]] += v * th.w[j] * tw.w[k];
+          }
+        }
+      }
+      T* out = dx + p * vi.size();
+      for (int64_t i = 0; i < vi.size(); ++i) out[i] = FromFloat<T>(acc[i]);
+    }
+  });
 }
 
 absl::Status Upsample(const KernelContext& ctx) {
@@ -202,6 +266,10 @@ absl::Status Upsample(const KernelContext& ctx) {
   ASSIGN_OR_RETURN(Resample r, ParseResample(ctx, x.shape, ctx.output.shape));
   return DispatchFloat(x.dtype, "input 0 (x)", [&](auto tag) {
     using T = decltype(tag);
+    if (r.cubic) {
+      UpsampleBicubic<T>(r, x.as<T>(), ctx.output.as<T>());
+      return absl::OkStatus();
+    }
     const Volume vi = r.in, vo = r.out;
     ParallelFor(vo.planes * vo.d * vo.h, RowGrain(vo.w), [&](int64_t q0, int64_t q1) {
       for (int64_t q = q0; q < q1; ++q) {
@@ -245,6 +313,10 @@ absl::Status UpsampleBackward(const KernelContext& ctx) {
   ASSIGN_OR_RETURN(Resample r, ParseResample(ctx, ctx.output.shape, g.shape));
   return DispatchFloat(g.dtype, "input 0 (grad)", [&](auto tag) {
     using T = decltype(tag);
+    if (r.cubic) {
+      UpsampleBicubicBackward<T>(r, g.as<T>(), ctx.output.as<T>());
+      return absl::OkStatus();
+    }
     const Volume vi = r.in, vo = r.out;
     ParallelFor(vi.planes, RowGrain(vo.size()), [&](int64_t p0, int64_t p1) {
       std::vector<float> acc(vi.size());

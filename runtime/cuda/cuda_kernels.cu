@@ -203,9 +203,19 @@ __global__ void BinaryKernel(BinaryOp op, const T* a, const T* b, T* out,
       case BinaryOp::kAdd: r = u + v; break;
       case BinaryOp::kMul: r = u * v; break;
       case BinaryOp::kSub: r = u - v; break;
+      case BinaryOp::kMaximum: r = activation::Extremum(true, u, v); break;
+      case BinaryOp::kMinimum: r = activation::Extremum(false, u, v); break;
       default: r = u / v; break;
     }
     St(out, i, r);
+  }
+}
+
+template <typename T>
+__global__ void ExtremumBackwardKernel(bool maximum, int input, const T* g, const T* a,
+                                       const T* b, T* dx, int64_t n) {
+  PEBBLE_GRID_LOOP(i, n) {
+    St(dx, i, activation::ExtremumGrad(maximum, input, Ld(g, i), Ld(a, i), Ld(b, i)));
   }
 }
 
@@ -570,8 +580,23 @@ __global__ void MaxPoolBackwardKernel(Window3 w, const T* g, const T* x,
 // Output o's taps along dim d (Note [Upsample taps], the CPU backend's).
 __device__ __forceinline__ kmath::UpsampleTap DimTap(const Upsample3& u, int d,
                                                      int64_t o) {
-  return kmath::UpsampleTapAt(o, u.in[d], u.out[d] / u.in[d], u.mode == 0,
-                              u.align_corners);
+  return kmath::UpsampleTapAt(o, u.axis[d], u.mode == 0, u.align_corners);
+}
+
+// Bicubic (mode 2, 2-D: depth 1): each output the sum over its 4 x 4 taps
+// (Note [Bicubic taps]), as the CPU backend sums them.
+template <typename T>
+__device__ __forceinline__ float BicubicAt(const Upsample3& u, const T* plane,
+                                           const kmath::Index3& o) {
+  const kmath::CubicTap th = kmath::CubicTapAt(o.h, u.axis[1], u.align_corners);
+  const kmath::CubicTap tw = kmath::CubicTapAt(o.w, u.axis[2], u.align_corners);
+  float v = 0.f;
+  for (int j = 0; j < 4; ++j) {
+    float along = 0.f;
+    for (int k = 0; k < 4; ++k) along += tw.w[k] * Ld(plane, th.i[j] * u.in[2] + tw.i[k]);
+    v += th.w[j] * along;
+  }
+  return v;
 }
 
 template <typename T>
@@ -580,6 +605,10 @@ __global__ void UpsampleKernel(Upsample3 u, const T* x, T* y) {
   const int64_t in_plane = u.in[0] * u.in[1] * u.in[2];
   PEBBLE_GRID_LOOP(i, u.nc * out_plane) {
     const kmath::Index3 o = kmath::Unravel3(i, u.out[0], u.out[1], u.out[2]);
+    if (u.mode == 2) {
+      St(y, i, BicubicAt(u, x + o.plane * in_plane, o));
+      continue;
+    }
     const kmath::UpsampleTap td = DimTap(u, 0, o.d), th = DimTap(u, 1, o.h),
                              tw = DimTap(u, 2, o.w);
     const T* p = x + o.plane * in_plane;
@@ -601,20 +630,45 @@ struct Readers {
 __device__ __forceinline__ Readers DimReaders(const Upsample3& u, int d,
                                               int64_t i) {
   Readers r;
-  kmath::UpsampleReaders(i, u.in[d], u.out[d] / u.in[d], u.mode == 0,
-                         u.align_corners, &r.first, &r.last);
+  kmath::UpsampleReaders(i, u.axis[d], u.mode == 0, u.align_corners, &r.first, &r.last);
   return r;
 }
 
 // dx[i] = sum over the outputs that read i, in output order, of the tap
 // weights times g: a gather per input element (no atomics, no cap on the
 // number of readers).
+// Bicubic's gather: over the outputs whose taps read (h, w) (CubicReaders),
+// in output order.
+template <typename T>
+__device__ __forceinline__ float BicubicGradAt(const Upsample3& u, const T* g_plane,
+                                               const kmath::Index3& in) {
+  Readers rh, rw;
+  kmath::CubicReaders(in.h, u.axis[1], u.align_corners, &rh.first, &rh.last);
+  kmath::CubicReaders(in.w, u.axis[2], u.align_corners, &rw.first, &rw.last);
+  float acc = 0.f;
+  for (int64_t oh = rh.first; oh <= rh.last; ++oh) {
+    const float wh =
+        kmath::CubicWeight(kmath::CubicTapAt(oh, u.axis[1], u.align_corners), in.h);
+    float row = 0.f;
+    for (int64_t ow = rw.first; ow <= rw.last; ++ow) {
+      row += kmath::CubicWeight(kmath::CubicTapAt(ow, u.axis[2], u.align_corners), in.w) *
+             Ld(g_plane, oh * u.out[2] + ow);
+    }
+    acc += wh * row;
+  }
+  return acc;
+}
+
 template <typename T>
 __global__ void UpsampleBackwardKernel(Upsample3 u, const T* g, T* dx) {
   const int64_t out_plane = u.out[0] * u.out[1] * u.out[2];
   const int64_t in_plane = u.in[0] * u.in[1] * u.in[2];
   PEBBLE_GRID_LOOP(i, u.nc * in_plane) {
     const kmath::Index3 in = kmath::Unravel3(i, u.in[0], u.in[1], u.in[2]);
+    if (u.mode == 2) {
+      St(dx, i, BicubicGradAt(u, g + in.plane * out_plane, in));
+      continue;
+    }
     const Readers rd = DimReaders(u, 0, in.d), rh = DimReaders(u, 1, in.h),
                   rw = DimReaders(u, 2, in.w);
     const T* p = g + in.plane * out_plane;
@@ -668,9 +722,10 @@ __device__ float BlockMaxF(float v) {
   return r;
 }
 
+// softmax, or with `log` log_softmax (no causal mask then).
 template <typename T>
 __global__ void SoftmaxKernel(const T* x, T* y, int64_t length, bool causal,
-                              int64_t rows_per_matrix) {
+                              int64_t rows_per_matrix, bool log) {
   const int64_t row = blockIdx.x;
   const int64_t valid =
       causal ? ((row % rows_per_matrix) + 1 < length ? (row % rows_per_matrix) + 1
@@ -685,16 +740,31 @@ __global__ void SoftmaxKernel(const T* x, T* y, int64_t length, bool causal,
   for (int64_t j = threadIdx.x; j < valid; j += blockDim.x) v[0] += expf(Ld(xr, j) - mx);
   BlockSum<1>(v);
   const float sum = static_cast<float>(v[0]);
+  if (log) {
+    const float log_sum = logf(sum);
+    for (int64_t j = threadIdx.x; j < length; j += blockDim.x)
+      St(yr, j, Ld(xr, j) - mx - log_sum);
+    return;
+  }
   for (int64_t j = threadIdx.x; j < length; j += blockDim.x)
     St(yr, j, j < valid ? expf(Ld(xr, j) - mx) / sum : 0.f);
 }
 
+// softmax's backward, or with `log` log_softmax's: g - exp(y) sum(g).
 template <typename T>
 __global__ void SoftmaxBackwardKernel(const T* g, const T* y, T* dx,
-                                      int64_t length) {
+                                      int64_t length, bool log) {
   const int64_t row = blockIdx.x;
   const int64_t base = row * length;
   double v[1] = {0.0};
+  if (log) {
+    for (int64_t j = threadIdx.x; j < length; j += blockDim.x) v[0] += Ld(g, base + j);
+    BlockSum<1>(v);
+    const float sum = static_cast<float>(v[0]);
+    for (int64_t j = threadIdx.x; j < length; j += blockDim.x)
+      St(dx, base + j, Ld(g, base + j) - expf(Ld(y, base + j)) * sum);
+    return;
+  }
   for (int64_t j = threadIdx.x; j < length; j += blockDim.x)
     v[0] += static_cast<double>(Ld(g, base + j)) * Ld(y, base + j);
   BlockSum<1>(v);
@@ -1057,6 +1127,19 @@ cudaError_t LaunchBinary(BinaryOp op, KType t, const void* a, const void* b,
   });
 }
 
+cudaError_t LaunchExtremumBackward(bool maximum, int input, KType t, const void* g,
+                                   const void* a, const void* b, void* dx, int64_t n,
+                                   cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  return Dispatch(t, [&](auto tag) {
+    using T = decltype(tag);
+    PEBBLE_KERNEL_LAUNCH(Blocks(n), kThreads, stream, ExtremumBackwardKernel<T>)
+    (maximum, input, static_cast<const T*>(g), static_cast<const T*>(a),
+     static_cast<const T*>(b), static_cast<T*>(dx), n);
+    return Launched();
+  });
+}
+
 cudaError_t LaunchChannelBias(KType t, void* y, const void* bias, int64_t outer,
                               int64_t channels, int64_t inner,
                               cudaStream_t stream) {
@@ -1264,10 +1347,13 @@ cudaError_t LaunchMaxPoolBackward(KType t, const Window3& w, const void* g,
 }
 
 namespace {
-// Whether every out is a positive multiple of its in (the kernels divide).
-bool IntegerScales(const Upsample3& u) {
+// Whether every dim is non-empty and its axis says the same sizes.
+bool ValidAxes(const Upsample3& u) {
+  if (u.mode == 2 && u.in[0] != 1) return false;  // bicubic is 2-D
   for (int d = 0; d < 3; ++d) {
-    if (u.in[d] <= 0 || u.out[d] % u.in[d] != 0) return false;
+    if (u.in[d] <= 0 || u.out[d] <= 0 || u.axis[d].in != u.in[d] || u.axis[d].out != u.out[d]) {
+      return false;
+    }
   }
   return true;
 }
@@ -1277,7 +1363,7 @@ cudaError_t LaunchUpsample(KType t, const Upsample3& u, const void* x, void* y,
                            cudaStream_t stream) {
   const int64_t n = u.nc * u.out[0] * u.out[1] * u.out[2];
   if (n == 0) return cudaSuccess;
-  if (!IntegerScales(u)) return cudaErrorInvalidValue;
+  if (!ValidAxes(u)) return cudaErrorInvalidValue;
   return Dispatch(t, [&](auto tag) {
     using T = decltype(tag);
     PEBBLE_KERNEL_LAUNCH(Blocks(n), kThreads, stream, UpsampleKernel<T>)
@@ -1290,7 +1376,7 @@ cudaError_t LaunchUpsampleBackward(KType t, const Upsample3& u, const void* g,
                                    void* dx, cudaStream_t stream) {
   const int64_t n = u.nc * u.in[0] * u.in[1] * u.in[2];
   if (n == 0) return cudaSuccess;
-  if (!IntegerScales(u)) return cudaErrorInvalidValue;
+  if (!ValidAxes(u)) return cudaErrorInvalidValue;
   return Dispatch(t, [&](auto tag) {
     using T = decltype(tag);
     PEBBLE_KERNEL_LAUNCH(Blocks(n), kThreads, stream, UpsampleBackwardKernel<T>)
@@ -1479,7 +1565,7 @@ cudaError_t LaunchBroadcastScalar(KType t, const float* g, void* out, int64_t n,
 
 cudaError_t LaunchSoftmax(KType t, const void* x, void* y, int64_t rows,
                           int64_t length, bool causal, int64_t rows_per_matrix,
-                          cudaStream_t stream) {
+                          bool log, cudaStream_t stream) {
   if (rows == 0 || length == 0) return cudaSuccess;
   if (rows > 0x7fffffff || rows_per_matrix <= 0) return cudaErrorInvalidValue;
   return Dispatch(t, [&](auto tag) {
@@ -1487,14 +1573,14 @@ cudaError_t LaunchSoftmax(KType t, const void* x, void* y, int64_t rows,
     PEBBLE_KERNEL_LAUNCH(static_cast<unsigned>(rows), kThreads, stream,
                          SoftmaxKernel<T>)
     (static_cast<const T*>(x), static_cast<T*>(y), length, causal,
-     rows_per_matrix);
+     rows_per_matrix, log);
     return Launched();
   });
 }
 
 cudaError_t LaunchSoftmaxBackward(KType t, const void* g, const void* y,
                                   void* dx, int64_t rows, int64_t length,
-                                  cudaStream_t stream) {
+                                  bool log, cudaStream_t stream) {
   if (rows == 0 || length == 0) return cudaSuccess;
   if (rows > 0x7fffffff) return cudaErrorInvalidValue;
   return Dispatch(t, [&](auto tag) {
@@ -1502,7 +1588,7 @@ cudaError_t LaunchSoftmaxBackward(KType t, const void* g, const void* y,
     PEBBLE_KERNEL_LAUNCH(static_cast<unsigned>(rows), kThreads, stream,
                          SoftmaxBackwardKernel<T>)
     (static_cast<const T*>(g), static_cast<const T*>(y), static_cast<T*>(dx),
-     length);
+     length, log);
     return Launched();
   });
 }

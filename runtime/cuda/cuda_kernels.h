@@ -46,7 +46,9 @@ enum class UnaryOp : int {
 struct UnaryParams {
   float a = 0.f, b = 0.f, c = 0.f;
 };
-enum class BinaryOp : int { kAdd, kMul, kSub, kDiv };
+// kMaximum, kMinimum: ATen's, NaN where either operand is NaN
+// (runtime/activation_math.h).
+enum class BinaryOp : int { kAdd, kMul, kSub, kDiv, kMaximum, kMinimum };
 
 // y = op(x), n elements.
 cudaError_t LaunchUnary(UnaryOp op, KType t, const void* x, void* y, int64_t n,
@@ -62,6 +64,11 @@ cudaError_t LaunchUnaryBackward(UnaryOp op, KType t, const void* g,
 cudaError_t LaunchBinary(BinaryOp op, KType t, const void* a, const void* b,
                          void* out, int64_t n, int64_t nb, int64_t inner,
                          bool b_first, cudaStream_t stream);
+// The gradient of operand `input` (0: a, 1: b) of maximum (or minimum)
+// from g, a and b, n elements of one shape (activation::ExtremumGrad).
+cudaError_t LaunchExtremumBackward(bool maximum, int input, KType t, const void* g,
+                                   const void* a, const void* b, void* dx, int64_t n,
+                                   cudaStream_t stream);
 // y[o, c, i] += bias[c] over (outer, C, inner); bias has y's type.
 cudaError_t LaunchChannelBias(KType t, void* y, const void* bias, int64_t outer,
                               int64_t channels, int64_t inner,
@@ -153,7 +160,8 @@ struct Upsample3 {
   int64_t nc = 0;
   int64_t in[3] = {1, 1, 1};
   int64_t out[3] = {1, 1, 1};
-  int mode = 0;
+  kmath::UpsampleAxis axis[3];  // per dim, in and out as above (Note [Upsample taps])
+  int mode = 0;                 // 0 nearest, 1 linear, 2 bicubic (2-D)
   bool align_corners = false;
 };
 cudaError_t LaunchUpsample(KType t, const Upsample3& u, const void* x, void* y,
@@ -223,14 +231,15 @@ cudaError_t LaunchBroadcastScalar(KType t, const float* g, void* out, int64_t n,
 
 // Softmax over rows of `length` (the last dim); `causal`: in each
 // (q, k) matrix of the last two dims (rows_per_matrix = q), key j > query i
-// is masked out.
+// is masked out. `log`: log_softmax, x - max - log(sum(exp(x - max)))
+// (not causal).
 cudaError_t LaunchSoftmax(KType t, const void* x, void* y, int64_t rows,
                           int64_t length, bool causal, int64_t rows_per_matrix,
-                          cudaStream_t stream);
-// dx = y * (g - sum(g * y)) per row.
+                          bool log, cudaStream_t stream);
+// dx = y * (g - sum(g * y)) per row; `log`: dx = g - exp(y) * sum(g).
 cudaError_t LaunchSoftmaxBackward(KType t, const void* g, const void* y,
                                   void* dx, int64_t rows, int64_t length,
-                                  cudaStream_t stream);
+                                  bool log, cudaStream_t stream);
 
 // ---- Averaging pools: avgpool (count_include_pad) and adaptive_avgpool,
 // the bins of runtime/kernel_math.h (PoolAxis) per spatial dim. x (nc, D,

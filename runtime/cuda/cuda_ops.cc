@@ -318,6 +318,22 @@ absl::Status BinaryKernel(CudaContext& cc, const KernelContext& ctx) {
   return absl::OkStatus();
 }
 
+// maximum_backward, minimum_backward (g, a, b), attr input.
+template <bool kMaximum>
+absl::Status ExtremumBackward(CudaContext& cc, const KernelContext& ctx) {
+  RETURN_IF_ERROR(ExpectInputs(ctx, 3, 3));
+  for (int i = 0; i < 3; ++i) {
+    RETURN_IF_ERROR(ExpectSameType(ctx.output, ctx.inputs[i], absl::StrCat("input ", i)));
+  }
+  ASSIGN_OR_RETURN(const int64_t input, IntAttr(ctx.attrs(), "input", 0));
+  if (input != 0 && input != 1) return absl::InvalidArgumentError("attr 'input' must be 0 or 1");
+  ASSIGN_OR_RETURN(KType t, KTypeOf(ctx.output.dtype));
+  PEBBLE_LAUNCH(LaunchExtremumBackward(kMaximum, static_cast<int>(input), t, ctx.inputs[0].data,
+                                       ctx.inputs[1].data, ctx.inputs[2].data, ctx.output.data,
+                                       ctx.output.num_elements(), cc.stream));
+  return absl::OkStatus();
+}
+
 // ---- Normalisation.
 
 absl::Status BatchNormStats(CudaContext& cc, const KernelContext& ctx) {
@@ -518,32 +534,25 @@ absl::Status MaxPoolBackward(CudaContext& cc, const KernelContext& ctx) {
   return absl::OkStatus();
 }
 
+// The geometry of upsample x -> y (ParseUpsampling, graph/ops/op_util.h).
 absl::StatusOr<Upsample3> UpsampleSpec(const KernelContext& ctx, const Shape& x,
                                        const Shape& y) {
   ASSIGN_OR_RETURN(int d, SpatialDims(x));
-  ASSIGN_OR_RETURN(std::string mode, StringAttr(ctx.attrs(), "mode", "nearest"));
-  ASSIGN_OR_RETURN(bool align, BoolAttr(ctx.attrs(), "align_corners", false));
+  ASSIGN_OR_RETURN(const ops_internal::Upsampling geometry,
+                   ops_internal::ParseUpsampling(ctx.attrs(), x));
   Upsample3 u;
   u.nc = x[0] * x[1];
-  if (mode == "nearest") {
-    u.mode = 0;
-  } else if ((mode == "bilinear" && d == 2) || (mode == "trilinear" && d == 3) ||
-             mode == "linear") {
-    u.mode = 1;
-  } else {
-    return absl::InvalidArgumentError(
-        absl::StrCat("mode \"", mode, "\" does not fit a ", d, "-D upsample"));
-  }
-  u.align_corners = align;
+  u.mode = geometry.mode == "nearest" ? 0 : geometry.mode == "bicubic" ? 2 : 1;
+  u.align_corners = geometry.align_corners;
   const int off = 3 - d;
   for (int i = 0; i < d; ++i) {
+    if (y.size() != x.size() || y[2 + i] != geometry.out[i]) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          ShapeToString(y), " is not the upsampling of ", ShapeToString(x)));
+    }
     u.in[off + i] = x[2 + i];
     u.out[off + i] = y[2 + i];
-    if (x[2 + i] < 1 || y[2 + i] % x[2 + i] != 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          ShapeToString(y), " is not an integer upsampling of ",
-          ShapeToString(x)));
-    }
+    u.axis[off + i] = kmath::MakeUpsampleAxis(x[2 + i], y[2 + i], geometry.scale_factor[i]);
   }
   return u;
 }
@@ -801,21 +810,28 @@ absl::Status OptimizerStep(CudaContext& cc, const KernelContext& ctx) {
   return absl::OkStatus();
 }
 
+// softmax (attr causal), or with kLog log_softmax.
+template <bool kLog>
 absl::Status Softmax(CudaContext& cc, const KernelContext& ctx) {
   RETURN_IF_ERROR(ExpectInputs(ctx, 1, 1));
   const TensorView& x = ctx.inputs[0];
   RETURN_IF_ERROR(ExpectSameType(ctx.output, x, "input 0"));
   if (x.rank() < 1) return absl::InvalidArgumentError("softmax of a scalar");
-  ASSIGN_OR_RETURN(bool causal, BoolAttr(ctx.attrs(), "causal", false));
+  bool causal = false;
+  if (!kLog) {
+    ASSIGN_OR_RETURN(causal, BoolAttr(ctx.attrs(), "causal", false));
+  }
   const int64_t length = x.shape.back();
   const int64_t rows = length == 0 ? 0 : x.num_elements() / length;
   const int64_t q = x.rank() >= 2 ? x.shape[x.rank() - 2] : 1;
   ASSIGN_OR_RETURN(KType t, KTypeOf(x.dtype));
   PEBBLE_LAUNCH(LaunchSoftmax(t, x.data, ctx.output.data, rows, length, causal,
-                              q, cc.stream));
+                              q, kLog, cc.stream));
   return absl::OkStatus();
 }
 
+// softmax_backward, or with kLog log_softmax_backward: (g, y).
+template <bool kLog>
 absl::Status SoftmaxBackward(CudaContext& cc, const KernelContext& ctx) {
   RETURN_IF_ERROR(ExpectInputs(ctx, 2, 2));
   RETURN_IF_ERROR(ExpectSameType(ctx.output, ctx.inputs[0], "input 0 (grad)"));
@@ -825,7 +841,7 @@ absl::Status SoftmaxBackward(CudaContext& cc, const KernelContext& ctx) {
   const int64_t rows = length == 0 ? 0 : ctx.output.num_elements() / length;
   ASSIGN_OR_RETURN(KType t, KTypeOf(ctx.output.dtype));
   PEBBLE_LAUNCH(LaunchSoftmaxBackward(t, ctx.inputs[0].data, ctx.inputs[1].data,
-                                      ctx.output.data, rows, length, cc.stream));
+                                      ctx.output.data, rows, length, kLog, cc.stream));
   return absl::OkStatus();
 }
 
@@ -1529,6 +1545,10 @@ void AddOwnKernels(std::map<std::string, CudaKernelFn>& t) {
   t["mul"] = BinaryKernel<BinaryOp::kMul>;
   t["sub"] = BinaryKernel<BinaryOp::kSub>;
   t["div"] = BinaryKernel<BinaryOp::kDiv>;
+  t["maximum"] = BinaryKernel<BinaryOp::kMaximum>;
+  t["minimum"] = BinaryKernel<BinaryOp::kMinimum>;
+  t["maximum_backward"] = ExtremumBackward<true>;
+  t["minimum_backward"] = ExtremumBackward<false>;
   t["sgd_momentum"] = OptimizerUpdate<optim::UpdateOp::kSgdMomentum>;
   t["sgd_update"] = OptimizerUpdate<optim::UpdateOp::kSgdUpdate>;
   t["adam_exp_avg"] = OptimizerUpdate<optim::UpdateOp::kAdamExpAvg>;
@@ -1556,8 +1576,10 @@ void AddOwnKernels(std::map<std::string, CudaKernelFn>& t) {
   t["sum"] = Sum;
   t["sum_backward"] = SumBackward;
   t["fill"] = Fill;
-  t["softmax"] = Softmax;
-  t["softmax_backward"] = SoftmaxBackward;
+  t["softmax"] = Softmax<false>;
+  t["softmax_backward"] = SoftmaxBackward<false>;
+  t["log_softmax"] = Softmax<true>;
+  t["log_softmax_backward"] = SoftmaxBackward<true>;
   t["copy"] = CopyBytes;
   t["flatten"] = CopyBytes;
   t["reshape"] = CopyBytes;

@@ -424,6 +424,12 @@ Graph PointwiseGraph() {
   y = nb.Apply("mul", {y, w});
   const Value half = nb.Apply("fill", {}, {{"shape", {5, 7}}, {"value", 0.5}});
   y = nb.Apply("mul", {y, half});
+  // Extrema of two computed tensors, and of one with itself (a tie
+  // everywhere: half the gradient each way).
+  const Value x_tanh = nb.Apply("tanh", {x});
+  y = nb.Apply("maximum", {y, x_tanh});
+  y = nb.Apply("minimum", {y, nb.Apply("sigmoid", {x})});
+  y = nb.Apply("maximum", {y, y});
   // A squeeze-excitation gate and a per-channel shift: broadcasts whose
   // gradients sum over the trailing dims too.
   y = nb.Apply("mul", {nb.Parameter("gate", {2, 3, 1, 1}), y});
@@ -449,7 +455,8 @@ Graph PointwiseGraph() {
 }
 
 // Interpolating and nearest upsampling, 2-D and 3-D, with and without
-// align_corners, and adaptive pools whose bins overlap.
+// align_corners, by whole factors and to sizes, and adaptive pools whose
+// bins overlap.
 Graph ResampleGraph() {
   NetBuilder nb("resample");
   const Value x3 = nb.Parameter("x3", {1, 2, 3, 4, 5});
@@ -460,19 +467,29 @@ Graph ResampleGraph() {
   const Value x2 = nb.Parameter("x2", {2, 3, 5, 4});
   Value b = nb.Apply("upsample", {x2}, {{"scale", 3}, {"mode", "bilinear"}});
   b = nb.Apply("adaptive_avgpool", {b}, {{"output_size", 4}});
+  // Sizes that are not multiples, a fractional scale factor, downsampling.
+  b = nb.Apply("upsample", {b}, {{"size", {7, 3}}, {"mode", "bilinear"}});
+  b = nb.Apply("upsample", {b}, {{"size", {10, 4}}, {"scale_factor", {1.5, 1.5}},
+                                 {"mode", "bilinear"}, {"align_corners", true}});
+  b = nb.Apply("upsample", {b}, {{"size", {6, 9}}});
+  // Bicubic, with corners aligned and by a fractional factor.
+  b = nb.Apply("upsample", {b}, {{"scale", 2}, {"mode", "bicubic"}, {"align_corners", true}});
+  b = nb.Apply("upsample", {b}, {{"size", {8, 27}}, {"scale_factor", {0.7, 1.5}},
+                                 {"mode", "bicubic"}});
   const Value sa = nb.Apply("sum", {a});
   const Value sb = nb.Apply("sum", {b});
   nb.MarkOutput(nb.Apply("add", {sa, sb}, json::object(), "loss"));
   return TrainingGraph(nb);
 }
 
-// One part of a split without its siblings (split_heads_backward), and a
-// softmax that is not causal.
+// One part of a split without its siblings (split_heads_backward), a
+// softmax that is not causal, and a log_softmax.
 Graph HeadsGraph() {
   NetBuilder nb("heads");
   const Value x = nb.Parameter("x", {2, 4, 12});
   Value q = nb.Apply("split_heads", {x}, {{"heads", 2}, {"chunks", 3}, {"index", 1}});
   q = nb.Apply("softmax", {q});
+  q = nb.Apply("log_softmax", {q});
   nb.MarkOutput(nb.Apply("sum", {q}, json::object(), "loss"));
   return TrainingGraph(nb);
 }

@@ -59,6 +59,12 @@ IMPORT_CASES = [
     # from the token ids (2026-12-07, host emulation only so far).
     ("import_masked", ["--model", "masked", "--image", "12"]),
     ("import_text_padded", ["--model", "text_padded", "--opset", "17", "--image", "12"]),
+    # log_softmax (the softmax kernel's log form), maximum, minimum and
+    # their backwards, a sign (2026-12-07, host emulation only so far).
+    ("import_extrema", ["--model", "extrema", "--image", "12"]),
+    # upsample to sizes, by fractional factors and bicubic (2026-12-07,
+    # host emulation only so far).
+    ("import_resized", ["--model", "resized", "--image", "24"]),
 ]
 
 

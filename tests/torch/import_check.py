@@ -631,6 +631,45 @@ def upconv_net(torch, num_classes=10, image=None):
     return Upconv()
 
 
+def resized_net(torch, num_classes=10, image=12):
+    """Resizing to sizes and by fractional factors (ONNX's Resize): a
+    pyramid pooling module (PSPNet's: adaptive pools to 1, 2, 3 and 6 bins,
+    each upsampled bilinearly back to the feature map's size, given as a
+    size), F.interpolate by scale_factor 1.5 (nearest) and 0.6 (bilinear,
+    downsampling), to a size (5, 7) with align_corners, and bicubic by 1.5
+    and to a size with align_corners; the image's size must be a multiple
+    of 12 (PyTorch exports adaptive pools whose bins divide the map only):
+    --model resized."""
+    nn = torch.nn
+    F = torch.nn.functional
+
+    class Resized(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.stem = nn.Conv2d(3, 8, 3, stride=2, padding=1)
+            self.reduce = nn.ModuleList(nn.Conv2d(8, 2, 1) for _ in range(4))
+            self.fuse = nn.Conv2d(8 + 8, 8, 3, padding=1)
+            self.fc = nn.Linear(8 * 3, num_classes)
+
+        def forward(self, x):
+            f = torch.relu(self.stem(x))
+            size = f.shape[-2:]
+            pyramid = [F.interpolate(conv(F.adaptive_avg_pool2d(f, bins)), size=size,
+                                     mode="bilinear", align_corners=False)
+                       for conv, bins in zip(self.reduce, (1, 2, 3, 6))]
+            y = torch.relu(self.fuse(torch.cat([f] + pyramid, 1)))
+            a = F.interpolate(y, scale_factor=1.5, mode="nearest")
+            b = F.interpolate(y, scale_factor=0.6, mode="bilinear", align_corners=False)
+            c = F.interpolate(y, size=(5, 7), mode="bilinear", align_corners=True)
+            d = F.interpolate(y, scale_factor=1.5, mode="bicubic", align_corners=False)
+            e = F.interpolate(torch.tanh(y), size=(7, 5), mode="bicubic", align_corners=True)
+            return self.fc(torch.cat([a.mean(dim=(2, 3)), b.mean(dim=(2, 3)),
+                                      c.mean(dim=(2, 3)) + d.amax(dim=(2, 3)) + e.mean(dim=(2, 3))],
+                                     1))
+
+    return Resized()
+
+
 def token_batch(torch, vocab, batch, image, classes, gen, padded=False):
     """Token ids (batch, image) of a vocabulary of `vocab` and class
     targets; `padded`: id 0 pads about a third of the ids after the first,
@@ -857,6 +896,36 @@ def masked_net(torch, num_classes=10, image=8):
     return Masked()
 
 
+def extrema_net(torch, num_classes=10, image=None):
+    """Log-softmax inside the model (over the channels of a feature map and
+    over its last dim), torch.maximum and torch.minimum of computed tensors,
+    of a tensor and a constant, and of a tensor with itself (a tie
+    everywhere: half the gradient each way), torch.sign: --model extrema."""
+    nn = torch.nn
+    F = torch.nn.functional
+
+    class Extrema(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d(3, 8, 3, padding=1)
+            self.gate = nn.Conv2d(3, 8, 1)
+            self.fc = nn.Linear(8 * 3, num_classes)
+
+        def forward(self, x):
+            a = self.conv(x)
+            b = self.gate(x)
+            p = F.log_softmax(a, dim=1)
+            q = torch.log_softmax(b, dim=-1)
+            m = torch.maximum(p, q) + torch.minimum(a, torch.relu(b))
+            tie = torch.maximum(a, a) + torch.minimum(b, torch.tensor(0.25))
+            s = torch.sign(b) * a
+            feats = [m.mean(dim=(2, 3)), (tie + s).mean(dim=(2, 3)),
+                     torch.max(p, q).amax(dim=(2, 3))]
+            return self.fc(torch.cat(feats, 1))
+
+    return Extrema()
+
+
 # Models of this file, beside torchvision's. A model with a `make_batch`
 # method (torch, batch, classes, generator) -> (input, target) makes its
 # own batch; the others take (batch, 3, image, image) images and a class
@@ -869,6 +938,7 @@ LOCAL_MODELS = {"activations": activations_net, "smooth": smooth_net,
                 "shuffled": shuffled_net, "mnist": mnist_net,
                 "upconv": upconv_net, "masked": masked_net, "focus": focus_net,
                 "recurrent": recurrent_net, "normalized": normalized_net,
+                "extrema": extrema_net, "resized": resized_net,
                 "text": text_net, "token_lm": token_lm_net,
                 "text_padded": lambda torch, classes, image: text_net(
                     torch, classes, image, padding_mask=True),
