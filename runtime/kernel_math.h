@@ -6,8 +6,8 @@
 // ordering of out-of-range index reports, the border padding's source and
 // reader indices, and the general broadcast of compare and masked_fill.
 //
-// Plain C++17 with no includes beyond <cstdint>: nvcc compiles it as
-// __host__ __device__ code, and the host compiler (and the tests in
+// Plain C++17 with no includes beyond <cmath> and <cstdint>: nvcc compiles
+// it as __host__ __device__ code, and the host compiler (and the tests in
 // tests/kernel_math_test.cc, which need no GPU) as ordinary inline
 // functions.
 #ifndef PEBBLE_RUNTIME_KERNEL_MATH_H_
@@ -231,6 +231,7 @@ PEBBLE_HOST_DEVICE inline UpsampleTap UpsampleTapAt(int64_t o, const UpsampleAxi
     } else {
       // floor of a non-negative float: truncation.
       t.i0 = static_cast<int64_t>(static_cast<float>(o) * a.scale);
+      if (t.i0 < 0) t.i0 = 0;
       if (t.i0 > in - 1) t.i0 = in - 1;
     }
     t.i1 = t.i0;

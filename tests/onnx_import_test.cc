@@ -1931,15 +1931,17 @@ TEST(OnnxImportTest, ResizeByWholeFactorsIsUpsample) {
   }
   // Fractional factors: the size, floor(in * scale), with PyTorch's scale
   // factor (its source step is 1 / scale_factor).
+  // The scale factor is PyTorch's double, which the file rounds to float32
+  // (1.1, not 1.10000002: for nearest, another pixel at some sizes).
   for (const auto& [mode, transform] : {std::pair{"nearest", "asymmetric"},
                                         {"linear", "pytorch_half_pixel"}}) {
-    auto g = Import(ResizeModel(mode, transform, {1.5f, 0.5f}));
+    auto g = Import(ResizeModel(mode, transform, {1.5f, 1.1f}));
     ASSERT_TRUE(g.ok()) << mode << ": " << g.status();
     const NodeId up = g->Find("up");
-    EXPECT_EQ(*g->shape(up), (Shape{2, 4, 12, 4})) << mode;
+    EXPECT_EQ(*g->shape(up), (Shape{2, 4, 12, 8})) << mode;
     EXPECT_FALSE(g->attrs(up).contains("scale")) << mode;
-    EXPECT_EQ(g->attrs(up)["size"], nlohmann::json({12, 4})) << mode;
-    EXPECT_EQ(g->attrs(up)["scale_factor"], nlohmann::json({1.5, 0.5})) << mode;
+    EXPECT_EQ(g->attrs(up)["size"], nlohmann::json({12, 8})) << mode;
+    EXPECT_EQ(g->attrs(up)["scale_factor"], nlohmann::json({1.5, 1.1})) << mode;
   }
   // The size is floor(in * scale) in float32, as ONNX computes it: 0.7 of
   // 10 elements is 7 (in double 6.9999998 of the float32 scale), as in
@@ -2564,6 +2566,19 @@ TEST(OnnxImportTest, NllTakesLogProbabilities) {
               AllOf(HasSubstr("--loss nll"), HasSubstr("'logits' is computed by ONNX node "
                                                        "'/fc/Gemm' (op Gemm)"),
                     HasSubstr("--loss cross-entropy")));
+  // A last LogSoftmax the loss cannot take in is named with the reason.
+  auto last_dim = ImportOnnxModel(TinyModel(13, "", [](ModelMaker& m) {
+                                    m.graph()->mutable_output()->Clear();
+                                    ModelMaker::IntAttr(m.Node("LogSoftmax", "/LogSoftmax", {"r"},
+                                                               {"log_probs"}),
+                                                        "axis", -1);
+                                    m.Output("log_probs");
+                                  }),
+                                  "tiny", nll);
+  ASSERT_FALSE(last_dim.ok());
+  EXPECT_THAT(last_dim.status().message(),
+              AllOf(HasSubstr("'/LogSoftmax' (op LogSoftmax), which the loss cannot take in"),
+                    HasSubstr("over dim 3 of a rank-4 tensor")));
   OnnxImportOptions unknown;
   EXPECT_THAT(SetOnnxLoss("nl", unknown).message(), HasSubstr("cross-entropy, nll, mse or none"));
 }

@@ -590,6 +590,14 @@ TEST(PoolTest, Upsample) {
               "scale_factor");
   ExpectError("upsample", {T({1, 2, 5, 4})}, {{"scale", 2}, {"scale_factor", 2}},
               "goes with attr 'size'");
+  // A scale factor must give the size (within one: ONNX's float32 floor)
+  // and lie in [2^-40, 2^40] (its source step is then finite).
+  ExpectType("upsample", {T({1, 2, 10, 4})}, {{"size", {7, 4}}, {"scale_factor", {0.7, 1}}},
+             {1, 2, 7, 4});
+  ExpectError("upsample", {T({1, 2, 10, 4})}, {{"size", {9, 4}}, {"scale_factor", {0.7, 1}}},
+              "does not give attr 'size' 9");
+  ExpectError("upsample", {T({1, 2, 5, 4})}, {{"size", {1, 1}}, {"scale_factor", 1e-39}},
+              "2^-40");
   // Bicubic: 2-D, 32 FLOPs per output element.
   EXPECT_DOUBLE_EQ(Flops("upsample", {T({1, 2, 5, 4})}, {{"scale", 2}, {"mode", "bicubic"}}),
                    32.0 * 2 * 10 * 8);

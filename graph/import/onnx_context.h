@@ -145,6 +145,12 @@ class ImportContext {
   const std::optional<std::string>& loss_takes_log_softmax() const {
     return loss_takes_log_softmax_;
   }
+  // Why the model's last node, a LogSoftmax, is computed rather than taken
+  // into the loss (for --loss nll's error).
+  void NoteLogSoftmaxOutsideLoss(std::string why) { log_softmax_outside_loss_ = std::move(why); }
+  const std::optional<std::string>& log_softmax_outside_loss() const {
+    return log_softmax_outside_loss_;
+  }
   // A sentence for the user of a graph that imports (ImportOnnxModel's
   // notes).
   void AddNote(std::string note) { notes_.push_back(std::move(note)); }
@@ -196,6 +202,7 @@ class ImportContext {
   int64_t opset_ = 0;
   LossKind loss_ = LossKind::kNone;
   std::optional<std::string> loss_takes_log_softmax_;
+  std::optional<std::string> log_softmax_outside_loss_;
   std::vector<std::string> notes_;
   absl::flat_hash_map<std::string, const onnx::TensorProto*> initializers_;
   absl::flat_hash_map<std::string, const onnx::TensorProto*> constants_;

@@ -268,11 +268,18 @@ class Importer {
     const onnx::NodeProto* producer =
         graph_.output_size() > 0 ? cx_.Producer(graph_.output(0).name()) : nullptr;
     const std::string computed_by = producer ? NodeLabel(*producer) : "a graph input";
+    const std::string output =
+        graph_.output_size() > 0 ? Quote(graph_.output(0).name()) : std::string("(none)");
+    if (producer != nullptr && producer->op_type() == "LogSoftmax" &&
+        cx_.log_softmax_outside_loss().has_value()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--loss nll takes log-probabilities over the classes (dim 1), but the model's output ",
+          output, " is computed by ", computed_by, ", which the loss cannot take in: ",
+          *cx_.log_softmax_outside_loss()));
+    }
     return absl::InvalidArgumentError(absl::StrCat(
         "--loss nll takes log-probabilities, so the model must end in a LogSoftmax over the "
-        "classes (dim 1), but its output ",
-        graph_.output_size() > 0 ? Quote(graph_.output(0).name()) : std::string("(none)"),
-        " is computed by ", computed_by,
+        "classes (dim 1), but its output ", output, " is computed by ", computed_by,
         ": for a model that returns logits, use --loss cross-entropy"));
   }
 

@@ -747,15 +747,25 @@ absl::Status Softmax(ImportContext& cx, const onnx::NodeProto& node) {
   return ApplySoftmaxOverAxis(cx, node, s, "softmax", causal);
 }
 
-// Whether a LogSoftmax is the model's last node, over the classes (dim 1),
-// under the cross-entropy loss, which then takes it in.
-bool LossTakesLogSoftmax(ImportContext& cx, const onnx::NodeProto& node,
-                         const SoftmaxOperand& s) {
+// Why a LogSoftmax is not the model's last node over the classes (dim 1)
+// under the cross-entropy loss, which then takes it in; empty when it is.
+std::string WhyLossCannotTakeLogSoftmax(ImportContext& cx, const onnx::NodeProto& node,
+                                        const SoftmaxOperand& s) {
   const std::string& out = node.output(0);
-  // Before opset 13, a LogSoftmax over dim 1 of a rank > 2 tensor is over
-  // dims 1 and after, flattened.
-  return cx.loss() == LossKind::kCrossEntropy && cx.Reserved(out) && cx.Readers(out).empty() &&
-         s.rank >= 2 && s.axis == 1 && (cx.opset() >= 13 || s.rank == 2);
+  if (cx.loss() != LossKind::kCrossEntropy) return "the loss is not cross-entropy";
+  if (!cx.Reserved(out)) return "it is not the model's output";
+  if (!cx.Readers(out).empty()) {
+    return absl::StrCat("the model's output is read by ", NodeLabel(*cx.Readers(out).front()),
+                        " too");
+  }
+  if (s.rank < 2 || s.axis != 1) {
+    return absl::StrCat("it is over dim ", s.axis, " of a rank-", s.rank,
+                        " tensor, not over the classes (dim 1)");
+  }
+  if (cx.opset() < 13 && s.rank > 2) {
+    return "before opset 13 it is over dims 1 and after, flattened, not over the classes alone";
+  }
+  return "";
 }
 
 // LogSoftmax. As the model's last node, over the classes (dim 1), under the
@@ -766,10 +776,12 @@ bool LossTakesLogSoftmax(ImportContext& cx, const onnx::NodeProto& node,
 // Anywhere else it is the log_softmax operator.
 absl::Status LogSoftmax(ImportContext& cx, const onnx::NodeProto& node) {
   ASSIGN_OR_RETURN(const SoftmaxOperand s, ReadSoftmaxOperand(cx, node));
-  if (LossTakesLogSoftmax(cx, node, s)) {
+  const std::string why = WhyLossCannotTakeLogSoftmax(cx, node, s);
+  if (why.empty()) {
     cx.NoteLossTakesLogSoftmax(NodeLabel(node));
     return cx.Define(node, s.in[0]);
   }
+  if (cx.Reserved(node.output(0))) cx.NoteLogSoftmaxOutsideLoss(why);
   return ApplySoftmaxOverAxis(cx, node, s, "log_softmax", Json::object());
 }
 
@@ -898,7 +910,10 @@ absl::Status Resize(ImportContext& cx, const onnx::NodeProto& node) {
     }
     size.push_back(sizes[d]);
     const bool divides = sizes[d] % shape[d] == 0;
-    const double f = factors.empty() ? 0.0 : factors[d];
+    // PyTorch's scale factor, a double the file holds rounded to float32:
+    // its step is float(1 / 1.1), not float(1 / 1.10000002), which for
+    // nearest may pick another pixel.
+    const double f = factors.empty() ? 0.0 : ShortestDecimal(factors[d]);
     whole = whole && divides && (factors.empty() || f == static_cast<double>(sizes[d] / shape[d]));
     scale.push_back(divides ? sizes[d] / shape[d] : 0);
     scale_factor.push_back(f);

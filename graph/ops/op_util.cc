@@ -437,7 +437,8 @@ absl::StatusOr<std::vector<double>> ScaleFactors(const Json& attrs, int dims) {
   const Json* v = Find(attrs, "scale_factor");
   std::vector<double> out;
   if (v == nullptr) return std::vector<double>(dims, 0.0);
-  const std::string expected = absl::StrCat("a number > 0 or a list of ", dims, " of them");
+  const std::string expected =
+      absl::StrCat("a number in [2^-40, 2^40] or a list of ", dims, " of them");
   if (v->is_number()) {
     out.assign(dims, v->get<double>());
   } else if (v->is_array() && static_cast<int>(v->size()) == dims) {
@@ -449,7 +450,7 @@ absl::StatusOr<std::vector<double>> ScaleFactors(const Json& attrs, int dims) {
     return BadAttr("scale_factor", expected, *v);
   }
   for (double f : out) {
-    if (!(f > 0) || !std::isfinite(f)) return BadAttr("scale_factor", expected, *v);
+    if (!(f >= 0x1p-40 && f <= 0x1p40)) return BadAttr("scale_factor", expected, *v);
   }
   return out;
 }
@@ -472,6 +473,19 @@ absl::StatusOr<Upsampling> ParseUpsampling(const Json& attrs, const Shape& x) {
       }
     }
     ASSIGN_OR_RETURN(u.scale_factor, ScaleFactors(attrs, dims));
+    // A scale factor sets the output's size in PyTorch (floor(in x
+    // factor)); the size given may differ by one (ONNX computes it in
+    // float32 from the factor rounded to float32).
+    for (int i = 0; i < dims; ++i) {
+      const double f = u.scale_factor[i];
+      if (f == 0) continue;
+      const double expected = std::floor(static_cast<double>(x[2 + i]) * f);
+      if (std::abs(expected - static_cast<double>(u.out[i])) > 1) {
+        return Invalid("attr 'scale_factor' ", f, " does not give attr 'size' ", u.out[i],
+                       " from dim ", 2 + i, " of ", ShapeToString(x), " (floor(", x[2 + i],
+                       " x ", f, ") is ", expected, ")");
+      }
+    }
   } else {
     if (Find(attrs, "scale_factor") != nullptr) {
       return Invalid("attr 'scale_factor' goes with attr 'size', not 'scale'");
@@ -497,7 +511,9 @@ absl::StatusOr<Upsampling> ParseUpsampling(const Json& attrs, const Shape& x) {
   ASSIGN_OR_RETURN(u.align_corners, BoolAttr(attrs, "align_corners", false));
   if (u.mode == "nearest") {
     // As torch.nn.functional.interpolate: only interpolating modes.
-    if (u.align_corners) return Invalid("align_corners is only valid with bilinear or trilinear");
+    if (u.align_corners) {
+      return Invalid("align_corners is only valid with bilinear, bicubic or trilinear");
+    }
   } else if (u.mode == "bilinear" || u.mode == "bicubic") {
     if (dims != 2) return Invalid("mode ", u.mode, " needs a 4-D input (N, C, H, W)");
   } else if (u.mode == "trilinear") {

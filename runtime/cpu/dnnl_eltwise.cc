@@ -53,18 +53,25 @@ absl::Status EltwiseForward(const KernelContext& ctx, dnnl::algorithm alg) {
   return absl::OkStatus();
 }
 
-// dx = g * f'(saved), where `saved` (input 1) is y for the *_use_dst_for_bwd
-// algorithms and x otherwise. `forward` is the forward algorithm (the hint).
-absl::Status EltwiseBackward(const KernelContext& ctx, dnnl::algorithm alg,
-                             dnnl::algorithm forward, bool saved_is_dst) {
+// A backward's (grad, saved) into its gradient, all fp32 of one shape.
+absl::Status ExpectBackwardOperands(const KernelContext& ctx, const char* saved_name) {
   RETURN_IF_ERROR(ExpectInputs(ctx, 2, 2));
   const TensorView& g = ctx.inputs[0];
   const TensorView& saved = ctx.inputs[1];
   RETURN_IF_ERROR(ExpectF32(g, "input 0 (grad)"));
-  RETURN_IF_ERROR(ExpectF32(saved, "input 1 (saved tensor)"));
+  RETURN_IF_ERROR(ExpectF32(saved, saved_name));
   RETURN_IF_ERROR(ExpectF32(ctx.output, "the output"));
-  RETURN_IF_ERROR(ExpectShape(saved, g.shape, "input 1 (saved tensor)"));
-  RETURN_IF_ERROR(ExpectShape(ctx.output, g.shape, "the output"));
+  RETURN_IF_ERROR(ExpectShape(saved, g.shape, saved_name));
+  return ExpectShape(ctx.output, g.shape, "the output");
+}
+
+// dx = g * f'(saved), where `saved` (input 1) is y for the *_use_dst_for_bwd
+// algorithms and x otherwise. `forward` is the forward algorithm (the hint).
+absl::Status EltwiseBackward(const KernelContext& ctx, dnnl::algorithm alg,
+                             dnnl::algorithm forward, bool saved_is_dst) {
+  RETURN_IF_ERROR(ExpectBackwardOperands(ctx, "input 1 (saved tensor)"));
+  const TensorView& g = ctx.inputs[0];
+  const TensorView& saved = ctx.inputs[1];
   RETURN_IF_ERROR(ExpectData(ctx));
   const int64_t n = g.num_elements();
   if (n == 0) return absl::OkStatus();
@@ -184,15 +191,8 @@ absl::StatusOr<Rows> SoftmaxForwardRows(const KernelContext& ctx, bool* causal) 
 
 // The rows of a softmax's or log_softmax's backward (g, y).
 absl::StatusOr<Rows> SoftmaxBackwardRows(const KernelContext& ctx, bool causal) {
-  RETURN_IF_ERROR(ExpectInputs(ctx, 2, 2));
-  const TensorView& g = ctx.inputs[0];
-  const TensorView& y = ctx.inputs[1];
-  RETURN_IF_ERROR(ExpectF32(g, "input 0 (grad)"));
-  RETURN_IF_ERROR(ExpectF32(y, "input 1 (y)"));
-  RETURN_IF_ERROR(ExpectF32(ctx.output, "the output"));
-  RETURN_IF_ERROR(ExpectShape(y, g.shape, "input 1 (y)"));
-  RETURN_IF_ERROR(ExpectShape(ctx.output, g.shape, "the output"));
-  ASSIGN_OR_RETURN(Rows r, SoftmaxRows(g, causal));
+  RETURN_IF_ERROR(ExpectBackwardOperands(ctx, "input 1 (y)"));
+  ASSIGN_OR_RETURN(Rows r, SoftmaxRows(ctx.inputs[0], causal));
   RETURN_IF_ERROR(ExpectData(ctx));
   return r;
 }

@@ -234,8 +234,8 @@ void UpsampleBicubic(const Resample& r, const T* x, T* y) {
 }
 
 // Its adjoint: each output gradient added to its 16 taps with their
-// weights, plane by plane in output order (PyTorch's
-// upsample_bicubic2d_backward order).
+// weights, plane by plane in output order (PyTorch's loop nests the taps
+// the other way round: sums at the clamped edges may round differently).
 template <typename T>
 void UpsampleBicubicBackward(const Resample& r, const T* g, T* dx) {
   const Volume vi = r.in, vo = r.out;
