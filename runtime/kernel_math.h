@@ -407,13 +407,16 @@ PEBBLE_HOST_DEVICE inline int64_t MergedIndex(const HeadsMap& m, int64_t i) {
   return (b * m.seq + s) * m.width + m.column + h * m.head_dim + e;
 }
 
-// Transpose geometry (docs/operators.md, transpose): out[i] =
-// x[PermutedSource(p, i)], where out has dims out_dims (row-major) and
+// Transpose and flip geometry (docs/operators.md, transpose, flip): out[i]
+// = x[PermutedSource(p, i)], where out has dims out_dims (row-major) and
 // src_strides[d] is x's stride (in elements) of the dim that becomes out's
-// dim d, i.e. x's stride of dim perm[d]. Rank at most kMaxPermuteRank.
+// dim d, i.e. x's stride of dim perm[d], negated where flip reverses the
+// dim (base then starts at that dim's last element). Rank at most
+// kMaxPermuteRank.
 inline constexpr int kMaxPermuteRank = 8;
 struct PermuteMap {
   int rank = 0;
+  int64_t base = 0;
   int64_t out_dims[kMaxPermuteRank] = {};
   int64_t src_strides[kMaxPermuteRank] = {};
 };
@@ -421,7 +424,7 @@ struct PermuteMap {
 // The x index of output element `i`.
 PEBBLE_HOST_DEVICE inline int64_t PermutedSource(const PermuteMap& p,
                                                  int64_t i) {
-  int64_t src = 0;
+  int64_t src = p.base;
   for (int d = p.rank - 1; d >= 0; --d) {
     src += (i % p.out_dims[d]) * p.src_strides[d];
     i /= p.out_dims[d];
@@ -445,6 +448,22 @@ PEBBLE_HOST_DEVICE inline PermuteMap MakePermuteMap(const int64_t* x_dims,
   for (int d = 0; d < rank; ++d) {
     p.out_dims[d] = x_dims[perm[d]];
     p.src_strides[d] = x_strides[perm[d]];
+  }
+  return p;
+}
+
+// The map of flip(x, dims) for x of `rank` dims `x_dims`; flipped[d]: dim
+// d is reversed.
+PEBBLE_HOST_DEVICE inline PermuteMap MakeFlipMap(const int64_t* x_dims, const bool* flipped,
+                                                 int rank) {
+  PermuteMap p;
+  p.rank = rank;
+  int64_t stride = 1;
+  for (int d = rank - 1; d >= 0; --d) {
+    p.out_dims[d] = x_dims[d];
+    p.src_strides[d] = flipped[d] ? -stride : stride;
+    if (flipped[d] && x_dims[d] > 0) p.base += (x_dims[d] - 1) * stride;
+    stride *= x_dims[d];
   }
   return p;
 }

@@ -376,7 +376,7 @@ TEST(NativeKernelsTest, RegistersItsOpsAndEveryOpIsInTheOpTable) {
         "hardswish_backward", "leaky_relu", "leaky_relu_backward", "relu", "relu_backward",
         "elu", "elu_backward", "softplus", "softplus_backward", "abs", "abs_backward", "exp",
         "exp_backward", "log", "log_backward", "compare", "masked_fill", "maximum", "minimum",
-        "maximum_backward", "minimum_backward"}) {
+        "maximum_backward", "minimum_backward", "flip"}) {
     EXPECT_NE(NativeTable().Find(op), nullptr) << op;
   }
   for (const std::string& op : ops) EXPECT_NE(FindOp(op), nullptr) << op;
@@ -654,6 +654,36 @@ TEST(NativeKernelsTest, SliceMatchesIndexing) {
 
 // transpose against indexing, for several ranks and dtypes; a transpose by
 // the inverse permutation gives x back.
+// flip reverses the dims named, any dtype's bytes; flipping twice gives x
+// back.
+TEST(NativeKernelsTest, FlipMatchesIndexing) {
+  for (const auto& [shape, dims] : {std::pair<Shape, std::vector<int64_t>>{{5}, {0}},
+                                    {{2, 3, 4}, {0, 2}},
+                                    {{2, 4, 3, 5}, {-1, 1, 2}},
+                                    {{3, 1, 4}, {1}}}) {
+    for (DType dtype : {kF32, kBF16}) {
+      SCOPED_TRACE(ShapeToString(shape));
+      HostTensor x = Random(shape, 22, dtype);
+      const std::vector<float> fx = x.Floats();
+      HostTensor y = MustRun("flip", {x}, {{"dims", dims}});
+      ASSERT_EQ(y.shape, shape);
+      std::vector<bool> flipped(shape.size(), false);
+      for (int64_t d : dims) flipped[d < 0 ? d + static_cast<int64_t>(shape.size()) : d] = true;
+      std::vector<double> ref(NumElements(shape));
+      for (int64_t i = 0; i < NumElements(shape); ++i) {
+        std::vector<int64_t> idx = Unravel(i, shape);
+        for (size_t d = 0; d < shape.size(); ++d) {
+          if (flipped[d]) idx[d] = shape[d] - 1 - idx[d];
+        }
+        ref[i] = fx[Ravel(idx, shape)];
+      }
+      ExpectNear(y.Floats(), ref, 0, "flip");
+      EXPECT_EQ(MustRun("flip", {y}, {{"dims", dims}}).bytes, x.bytes);
+    }
+  }
+  EXPECT_FALSE(RunKernel("flip", {Random({2, 3}, 23)}, {{"dims", {0, 0}}}).ok());
+}
+
 TEST(NativeKernelsTest, TransposeMatchesIndexing) {
   struct PermCase {
     Shape shape;

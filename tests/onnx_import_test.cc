@@ -1344,14 +1344,15 @@ TEST(OnnxImportTest, PowByTheExponentsATenComputes) {
 
 // Slices with steps of a computed tensor: r[:, :, ::2] (a view as (4, 2),
 // the first of each pair kept), r[:, :, 1::3] of 8 (1 and 4 so, then 7,
-// whose run of 3 passes the end, on its own), and a negative step
-// (torch.flip), refused.
+// whose run of 3 passes the end, on its own), and negative steps: a `flip`
+// first, then the positive step's cut in the reversed coordinates.
 TEST(OnnxImportTest, StridedSlicesOfComputedTensors) {
-  const auto model = [](std::vector<int64_t> starts, std::vector<int64_t> steps) {
+  const auto model = [](std::vector<int64_t> starts, std::vector<int64_t> steps,
+                        std::vector<int64_t> ends = {100, 100}) {
     return TinyModel(13, "", [=](ModelMaker& m) {
       const int before = m.graph()->node_size();
       m.IntInitializer("starts", starts);
-      m.IntInitializer("ends", {100, 100});
+      m.IntInitializer("ends", ends);
       m.IntInitializer("axes", {2, 3});
       m.IntInitializer("steps", steps);
       m.Node("Slice", "/s/Slice", {"r", "starts", "ends", "axes", "steps"}, {"strided"});
@@ -1368,10 +1369,25 @@ TEST(OnnxImportTest, StridedSlicesOfComputedTensors) {
   EXPECT_EQ(*g->shape(g->Find("s.step_last")), (Shape{2, 4, 4, 1}));   // 7: its run passes 8
   EXPECT_EQ(g->op(g->Find("s")), "concat");
   EXPECT_NE(g->Find("grad:relu"), kNoNode);
-  g = Import(model({0, -1}, {1, -1}));
+  // torch.flip(r, [3]) as PyTorch exports it: from -1 to -INT64_MAX by -1.
+  const int64_t far = -std::numeric_limits<int64_t>::max();
+  g = Import(model({0, -1}, {1, -1}, {100, far}));
+  ASSERT_TRUE(g.ok()) << g.status();
+  EXPECT_EQ(g->op(g->Find("s")), "flip");
+  EXPECT_EQ(g->attrs(g->Find("s"))["dims"], nlohmann::json({3}));
+  EXPECT_EQ(g->op(g->Find("grad:relu")), "flip");  // the gradient flipped back
+  // r[:, :, ::-2, 5:1:-1]: rows 7, 5, 3, 1 and columns 5, 4, 3, 2, i.e.
+  // rows 0, 2, 4, 6 and columns 2 to 5 of r flipped on both.
+  g = Import(model({-1, 5}, {-2, -1}, {far, 1}));
+  ASSERT_TRUE(g.ok()) << g.status();
+  EXPECT_EQ(g->attrs(g->Find("s.reversed"))["dims"], nlohmann::json({2, 3}));
+  EXPECT_EQ(*g->shape(g->Find("s")), (Shape{2, 4, 4, 4}));
+  EXPECT_EQ(g->attrs(g->Find("s"))["begin"], 2);
+  EXPECT_EQ(g->attrs(g->Find("s"))["end"], 6);
+  // Nothing kept (from 1 up to 5 by -1) is refused.
+  g = Import(model({0, 1}, {1, -1}, {100, 5}));
   ASSERT_FALSE(g.ok());
-  EXPECT_NE(g.status().message().find("step -1 on a computed tensor"), std::string::npos)
-      << g.status();
+  EXPECT_NE(g.status().message().find("is empty"), std::string::npos) << g.status();
 }
 
 // -x and torch.reciprocal: a mul by -1 and a div of 1; -x of a shape's
@@ -2069,14 +2085,14 @@ TEST(OnnxImportTest, WhatTheShapeFoldingCannotDoIsAnErrorNamingTheNode) {
          relu->add_input("fc.bias");
        },
        {"'/relu/Relu'", "op Sub", "do not broadcast"}},
-      {"slice of a computed tensor with a negative step (one of shape integers folds)",
+      {"slice of a computed tensor by a step of 0",
        [](ModelMaker& m) {
-         m.IntInitializer("step_back", {-1});
+         m.IntInitializer("step_none", {0});
          for (auto& node : *m.graph()->mutable_node()) {
-           if (node.name() == "/Slice_1") node.add_input("step_back");
+           if (node.name() == "/Slice_1") node.add_input("step_none");
          }
        },
-       {"'/Slice_1'", "step -1", "torch.flip"}},
+       {"'/Slice_1'", "step 0"}},
       {"gather of several indices from a computed tensor",
        [](ModelMaker& m) {
          auto* gather = FindNode(m, "Gather");

@@ -606,6 +606,14 @@ TEST(PoolTest, Upsample) {
 
 // ------------------------------------------------------------ data movement
 
+TEST(ShapeOpsTest, FlipReversesDims) {
+  ExpectType("flip", {T({2, 3, 4})}, {{"dims", {0, -1}}}, {2, 3, 4});
+  EXPECT_DOUBLE_EQ(Flops("flip", {T({2, 3, 4})}, {{"dims", {1}}}), 24);
+  ExpectError("flip", {T({2, 3})}, {{"dims", {1, -1}}}, "twice");
+  ExpectError("flip", {T({2, 3})}, {{"dims", {2}}}, "attr 'dims'");
+  ExpectError("flip", {T({2, 3})}, Json::object(), "dims");
+}
+
 TEST(ShapeOpsTest, TransposePermutesAndItsGradientTransposesBack) {
   ExpectType("transpose", {T({2, 3, 4, 5})}, {{"perm", {0, 2, 1, 3}}}, {2, 4, 3, 5});
   ExpectType("transpose", {T({2, 3, 4})}, Json::object(), {4, 3, 2});  // reversed

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <optional>
 #include <set>
 #include <string>
@@ -572,9 +573,22 @@ absl::StatusOr<Value> ApplySliceCut(ImportContext& cx, const onnx::NodeProto& no
   return cx.Lowered(node, "concat", {v, end}, {{"axis", cut.axis}}, suffix);
 }
 
-// Slice with constant (or folded) starts, ends, axes and positive steps:
-// per dim it narrows, a pebble `slice`, or for a step above 1 the lowering
-// of ApplySliceCut (none: the input itself). A slice of a constant folds,
+// The cut of a Slice along one dim of `size` by a negative step, in the
+// coordinates of that dim reversed (j -> size - 1 - j): ONNX's start
+// clamped to [0, size - 1] and end to [-1, size - 1] become begin and end
+// of a positive step; begin >= end when nothing is kept.
+std::pair<int64_t, int64_t> ReversedSliceBounds(int64_t start, int64_t end, int64_t size) {
+  auto wrap = [size](int64_t v) { return v < 0 ? (v < -size ? -size - 1 : v) + size : v; };
+  const int64_t first = std::clamp<int64_t>(wrap(start), 0, size - 1);
+  const int64_t stop = std::clamp<int64_t>(wrap(end), -1, size - 1);
+  return {size - 1 - first, size - 1 - stop};
+}
+
+// Slice with constant (or folded) starts, ends, axes and steps: per dim it
+// narrows, a pebble `slice`, or for a step above 1 the lowering of
+// ApplySliceCut (none: the input itself); dims of a negative step are
+// reversed first (one `flip`, torch.flip's export), and cut by the
+// positive step in the reversed coordinates. A slice of a constant folds,
 // with any steps (FoldSlice).
 absl::Status Slice(ImportContext& cx, const onnx::NodeProto& node) {
   RETURN_IF_ERROR(cx.ExpectInputs(node, 3, 5));
@@ -602,24 +616,36 @@ absl::Status Slice(ImportContext& cx, const onnx::NodeProto& node) {
   const Shape& shape = in.shape;
   const auto rank = static_cast<int64_t>(shape.size());
   std::vector<SliceCut> cuts;
+  std::vector<int64_t> reversed;  // dims of a negative step
   for (size_t i = 0; i < axes.size(); ++i) {
     ASSIGN_OR_RETURN(const int64_t axis,
                      OnnxAxis(node, absl::StrCat("axis ", axes[i]), axes[i], rank));
-    if (steps[i] < 1) {
-      return NodeError(node, absl::StrCat("step ", steps[i], " on a computed tensor is not "
-                                          "supported (only positive steps: a negative one, as "
-                                          "torch.flip exports, reverses the dim)"));
+    if (steps[i] == 0) return NodeError(node, "step 0");
+    if (steps[i] == std::numeric_limits<int64_t>::min()) {
+      return NodeError(node, absl::StrCat("step ", steps[i], " is not supported"));
     }
-    const auto [begin, end] = SliceBounds(starts[i], ends[i], shape[axis]);
+    if (std::find(reversed.begin(), reversed.end(), axis) != reversed.end() ||
+        std::any_of(cuts.begin(), cuts.end(), [&](const SliceCut& c) { return c.axis == axis; })) {
+      return NodeError(node, absl::StrCat("slices dim ", axis, " twice"));
+    }
+    const int64_t step = steps[i] < 0 ? -steps[i] : steps[i];
+    if (steps[i] < 0) reversed.push_back(axis);
+    const auto [begin, end] = steps[i] < 0
+                                  ? ReversedSliceBounds(starts[i], ends[i], shape[axis])
+                                  : SliceBounds(starts[i], ends[i], shape[axis]);
     if (begin >= end) {
       return NodeError(node,
                        absl::StrCat("slice [", starts[i], ", ", ends[i], ") of dim ", axis, " of ",
                                     ShapeToString(shape), " is empty (not supported)"));
     }
-    const int64_t count = 1 + (end - begin - 1) / steps[i];  // elements kept
+    const int64_t count = 1 + (end - begin - 1) / step;  // elements kept
     if (begin != 0 || end != shape[axis] || count != shape[axis]) {
-      cuts.push_back({axis, begin, end, steps[i], count});
+      cuts.push_back({axis, begin, end, step, count});
     }
+  }
+  if (!reversed.empty()) {
+    ASSIGN_OR_RETURN(x, cx.Lowered(node, "flip", {x}, {{"dims", reversed}},
+                                   cuts.empty() ? "" : "reversed"));
   }
   if (cuts.empty()) return cx.Define(node, x);
   for (size_t i = 0; i < cuts.size(); ++i) {

@@ -408,6 +408,20 @@ bool PermutesInto(const Shape& x, const std::vector<int64_t>& perm,
   return true;
 }
 
+absl::StatusOr<std::vector<bool>> FlipDims(const Json& attrs, int rank) {
+  if (rank > kMaxTransposeRank) {
+    return Invalid("flip of rank ", rank, " (at most ", kMaxTransposeRank, ")");
+  }
+  ASSIGN_OR_RETURN(const std::vector<int64_t> dims, IntListAttr(attrs, "dims"));
+  std::vector<bool> flipped(rank, false);
+  for (int64_t d : dims) {
+    ASSIGN_OR_RETURN(const int axis, NormalizeAxis(d, rank, "attr 'dims'"));
+    if (flipped[axis]) return Invalid("attr 'dims' names dim ", axis, " twice");
+    flipped[axis] = true;
+  }
+  return flipped;
+}
+
 int64_t Product(const Shape& shape, int begin, int end) {
   int64_t p = 1;
   for (int i = begin; i < end; ++i) p *= shape[i];

@@ -200,6 +200,10 @@ bool IsPermutation(const std::vector<int64_t>& perm, size_t rank);
 // check what the operator table checked, before indexing with it).
 bool PermutesInto(const Shape& x, const std::vector<int64_t>& perm,
                   const Shape& out);
+// flip's attr `dims` (torch.flip's): distinct dims of a tensor of `rank`
+// (at most kMaxTransposeRank), negative ones counted from the end, as a
+// mask of the dims reversed.
+absl::StatusOr<std::vector<bool>> FlipDims(const Json& attrs, int rank);
 
 // Product of dims [begin, end) of `shape`.
 int64_t Product(const Shape& shape, int begin, int end);

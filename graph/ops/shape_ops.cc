@@ -145,6 +145,20 @@ absl::Status TransposeBackward(BackwardContext& ctx) {
   return absl::OkStatus();
 }
 
+// ---- flip (x), attr dims: the dims reversed (torch.flip, ONNX Slice by a
+// step of -1); its gradient is the incoming one flipped back.
+
+absl::StatusOr<TensorType> InferFlip(Inputs in, const Json& attrs) {
+  RETURN_IF_ERROR(FlipDims(attrs, static_cast<int>(in[0].shape.size())).status());
+  return in[0];
+}
+
+absl::Status FlipBackward(BackwardContext& ctx) {
+  if (!ctx.needs_grad(0)) return absl::OkStatus();
+  ctx.AccumulateGrad(0, ctx.Emit("flip", {ctx.grad_output()}, {{"dims", ctx.attrs()["dims"]}}));
+  return absl::OkStatus();
+}
+
 // ---- flatten (x), attrs start_dim (1), end_dim (-1), and reshape (x),
 // attr shape (one entry may be -1).
 
@@ -215,6 +229,8 @@ void RegisterShapeOps(std::vector<OpDef>& t) {
   t.push_back({.name = "transpose", .min_inputs = 1, .max_inputs = 1,
                .infer = InferTranspose, .flops = CopyFlops,
                .backward = TransposeBackward});
+  t.push_back({.name = "flip", .min_inputs = 1, .max_inputs = 1, .infer = InferFlip,
+               .flops = CopyFlops, .backward = FlipBackward});
   t.push_back({.name = "flatten", .min_inputs = 1, .max_inputs = 1,
                .infer = InferFlatten, .flops = CopyFlops,
                .backward = ReshapeBackward});

@@ -56,20 +56,13 @@ absl::Status Slice(const KernelContext& ctx) {
   return absl::OkStatus();
 }
 
-// ---- transpose (x), attr perm (checked by the operator table): out[i] =
-// x[PermutedSource(i)] (kernel_math.h), element by element of the dtype's
-// size; rows of the output are split across threads.
+// ---- transpose (x), attr perm (checked by the operator table), and flip
+// (x), attr dims: out[i] = x[PermutedSource(i)] (kernel_math.h), element by
+// element of the dtype's size; rows of the output are split across
+// threads.
 static_assert(kmath::kMaxPermuteRank == ops_internal::kMaxTransposeRank);
-absl::Status Transpose(const KernelContext& ctx) {
-  RETURN_IF_ERROR(CheckOperands(ctx));
+void GatherByMap(const KernelContext& ctx, const kmath::PermuteMap& map) {
   const TensorView& x = ctx.inputs[0];
-  const int rank = x.rank();
-  ASSIGN_OR_RETURN(std::vector<int64_t> perm, IntListAttr(ctx.attrs(), "perm"));
-  if (!ops_internal::PermutesInto(x.shape, perm, ctx.output.shape)) {
-    return Invalid(ctx, "attr 'perm' does not permute ", x.ToString(), " into ",
-                   ctx.output.ToString());
-  }
-  const kmath::PermuteMap map = kmath::MakePermuteMap(x.shape.data(), perm.data(), rank);
   const int64_t n = ctx.output.num_elements();
   const int64_t es = DTypeSize(x.dtype);
   const std::byte* src = x.data;
@@ -80,6 +73,32 @@ absl::Status Transpose(const KernelContext& ctx) {
                   static_cast<size_t>(es));
     }
   });
+}
+
+absl::Status Transpose(const KernelContext& ctx) {
+  RETURN_IF_ERROR(CheckOperands(ctx));
+  const TensorView& x = ctx.inputs[0];
+  ASSIGN_OR_RETURN(std::vector<int64_t> perm, IntListAttr(ctx.attrs(), "perm"));
+  if (!ops_internal::PermutesInto(x.shape, perm, ctx.output.shape)) {
+    return Invalid(ctx, "attr 'perm' does not permute ", x.ToString(), " into ",
+                   ctx.output.ToString());
+  }
+  GatherByMap(ctx, kmath::MakePermuteMap(x.shape.data(), perm.data(), x.rank()));
+  return absl::OkStatus();
+}
+
+// flip (x), attr dims: the same gather with the flipped dims' strides
+// negated.
+absl::Status Flip(const KernelContext& ctx) {
+  RETURN_IF_ERROR(CheckOperands(ctx));
+  const TensorView& x = ctx.inputs[0];
+  ASSIGN_OR_RETURN(const std::vector<bool> flipped, ops_internal::FlipDims(ctx.attrs(), x.rank()));
+  if (x.shape != ctx.output.shape) {
+    return Invalid(ctx, "flips ", x.ToString(), " into ", ctx.output.ToString());
+  }
+  bool mask[kmath::kMaxPermuteRank] = {};
+  for (int d = 0; d < x.rank(); ++d) mask[d] = flipped[d];
+  GatherByMap(ctx, kmath::MakeFlipMap(x.shape.data(), mask, x.rank()));
   return absl::OkStatus();
 }
 
@@ -364,6 +383,7 @@ absl::Status EmbeddingBackward(const KernelContext& ctx) {
 void RegisterNativeShapeKernels(KernelTable& table) {
   table.Register("slice", Slice);
   table.Register("transpose", Transpose);
+  table.Register("flip", Flip);
   table.Register("pad", Pad);
   table.Register("pad_backward", PadBackward);
   table.Register("concat", Concat);

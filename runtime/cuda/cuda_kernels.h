@@ -325,7 +325,7 @@ cudaError_t LaunchEmbeddingBackward(KType t, const void* g,
                                     int64_t n, int64_t num, int64_t dim,
                                     void* scratch, cudaStream_t stream);
 
-// out[i] = src[PermutedSource(m, i)] (transpose), n elements of
+// out[i] = src[PermutedSource(m, i)] (transpose, flip), n elements of
 // `element_bytes` (1, 2, 4 or 8).
 cudaError_t LaunchTranspose(int element_bytes, const kmath::PermuteMap& m,
                             const void* src, void* dst, int64_t n,

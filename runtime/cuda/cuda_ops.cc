@@ -1404,6 +1404,21 @@ absl::Status Transpose(CudaContext& cc, const KernelContext& ctx) {
   return absl::OkStatus();
 }
 
+// flip (x), attr dims: transpose's gather with the flipped dims' strides
+// negated (kmath::MakeFlipMap).
+absl::Status Flip(CudaContext& cc, const KernelContext& ctx) {
+  RETURN_IF_ERROR(ExpectInputs(ctx, 1, 1));
+  const TensorView& x = ctx.inputs[0];
+  RETURN_IF_ERROR(ExpectSameType(ctx.output, x, "input 0"));
+  ASSIGN_OR_RETURN(const std::vector<bool> flipped, ops_internal::FlipDims(ctx.attrs(), x.rank()));
+  bool mask[kmath::kMaxPermuteRank] = {};
+  for (int d = 0; d < x.rank(); ++d) mask[d] = flipped[d];
+  const kmath::PermuteMap m = kmath::MakeFlipMap(x.shape.data(), mask, x.rank());
+  PEBBLE_LAUNCH(LaunchTranspose(static_cast<int>(DTypeSize(x.dtype)), m, x.data,
+                                ctx.output.data, ctx.output.num_elements(), cc.stream));
+  return absl::OkStatus();
+}
+
 // merge_heads (x_1 ... x_m): part j goes to columns [j H Dh, (j + 1) H Dh).
 absl::Status MergeHeads(CudaContext& cc, const KernelContext& ctx) {
   if (ctx.inputs.empty()) return absl::InvalidArgumentError("expected inputs");
@@ -1607,6 +1622,7 @@ void AddOwnKernels(std::map<std::string, CudaKernelFn>& t) {
   t["arange"] = Arange;
   t["split_heads"] = SplitHeads;
   t["transpose"] = Transpose;
+  t["flip"] = Flip;
   t["split_heads_backward"] = SplitHeadsBackward;
   t["merge_heads"] = MergeHeads;
 }

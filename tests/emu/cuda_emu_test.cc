@@ -449,6 +449,7 @@ Graph PointwiseGraph() {
                                 {"ceil_mode", true}, {"count_include_pad", false}});
   y = nb.Apply("copy", {y});
   y = nb.Apply("transpose", {y}, {{"perm", {0, 3, 1, 2}}});
+  y = nb.Apply("flip", {y}, {{"dims", {1, -1}}});
   y = nb.Dropout(y, 0.3);
   nb.MarkOutput(nb.Apply("sum", {y}, json::object(), "loss"));
   return TrainingGraph(nb);

@@ -65,6 +65,11 @@ IMPORT_CASES = [
     # upsample to sizes, by fractional factors and bicubic (2026-12-07,
     # host emulation only so far).
     ("import_resized", ["--model", "resized", "--image", "24"]),
+    # Strided slices and torch.flip, recurrent layers, 2-norms (2026-12-07:
+    # these imported models have not run on a GPU).
+    ("import_focus", ["--model", "focus", "--image", "14"]),
+    ("import_recurrent", ["--model", "recurrent", "--image", "6"]),
+    ("import_normalized", ["--model", "normalized", "--image", "12"]),
 ]
 
 

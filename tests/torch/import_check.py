@@ -832,8 +832,9 @@ def recurrent_net(torch, num_classes=10, image=8):
 def focus_net(torch, num_classes=10, image=8):
     """Strided slices of computed tensors: YOLOv5's Focus layer (the four
     pixel phases x[..., ::2, ::2], x[..., 1::2, ::2], ... concatenated on
-    the channels), a step of 3 over a size it does not divide, and steps on
-    two dims at once with offsets: --model focus."""
+    the channels), a step of 3 over a size it does not divide, steps on
+    two dims at once with offsets, and torch.flip (a Slice by a step of -1
+    in ONNX) of one dim and of two: --model focus."""
     nn = torch.nn
 
     class Focus(nn.Module):
@@ -849,6 +850,8 @@ def focus_net(torch, num_classes=10, image=8):
                                 x[..., ::2, 1::2], x[..., 1::2, 1::2]], 1)
             y = torch.tanh(self.conv(phases))[:, :, ::3]
             z = x[:, :, 1:-1:2, 2::3]
+            mirrored = torch.flip(x, [3]) * x
+            z = z + torch.flip(z, [2, 3])[:, :, :, :1] + mirrored[:, :, 1:-1:2, 2::3]
             return self.fc(torch.cat([y.mean(dim=(2, 3)), z.mean(dim=(2, 3))], 1))
 
     return Focus()
