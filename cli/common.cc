@@ -60,9 +60,9 @@ void GraphSource::AddOptions(CLI::App* cmd) {
       "reads the graph's one output and a new input 'target')");
   train_opt->needs(graph_opt);
   cmd->add_option("--loss", loss,
-                  "loss for --train: cross-entropy (class indices in 'target', the default) "
-                  "or mse")
-      ->check(CLI::IsMember({"cross-entropy", "mse"}))
+                  "loss for --train: cross-entropy (class indices in 'target', the default), "
+                  "mse, or bce (nn.BCEWithLogitsLoss: 'target' of the output's shape)")
+      ->check(CLI::IsMember({"cross-entropy", "mse", "bce"}))
       ->needs(train_opt);  // not silently ignored without it
   AddOptimizerOption(cmd, optimizer);
   cmd->add_option("--throughput", throughput_flops_per_s,

@@ -109,9 +109,10 @@ void AddImportCommand(CLI::App& app, int& exit_code) {
                   "language model's logits flattened to (batch x sequence, vocabulary); a "
                   "model whose last node is log_softmax over the classes gets the same loss, "
                   "which takes that node in), nll (nn.NLLLoss of the log_softmax the model "
-                  "ends in: the same as cross-entropy on its input), mse (nn.MSELoss), or none "
-                  "(default cross-entropy)")
-      ->check(CLI::IsMember({"cross-entropy", "nll", "mse", "none"}));
+                  "ends in: the same as cross-entropy on its input), mse (nn.MSELoss), bce "
+                  "(nn.BCEWithLogitsLoss of logits: input 'target' of the output's shape, the "
+                  "probabilities of the positive class), or none (default cross-entropy)")
+      ->check(CLI::IsMember({"cross-entropy", "nll", "mse", "bce", "none"}));
   AddOptimizerOption(cmd, flags.optimizer);
   cmd->add_option("--batch", flags.batch,
                   "batch size: rewrites dimension 0 of every graph input (needed when the "

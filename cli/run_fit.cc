@@ -480,9 +480,9 @@ void AddFitCommand(CLI::App& app, int& exit_code) {
   model->excludes(onnx);
   fit->add_option("--loss", flags.loss,
                   "--onnx's loss: cross-entropy (input 'target' of class indices), nll "
-                  "(nn.NLLLoss of the log_softmax the model ends in) or mse (default "
-                  "cross-entropy)")
-      ->check(CLI::IsMember({"cross-entropy", "nll", "mse"}))
+                  "(nn.NLLLoss of the log_softmax the model ends in), mse or bce "
+                  "(nn.BCEWithLogitsLoss) (default cross-entropy)")
+      ->check(CLI::IsMember({"cross-entropy", "nll", "mse", "bce"}))
       ->needs(onnx);
   AddOptimizerOption(fit, flags.optimizer);
   fit->add_option("--vary", flags.vary,

@@ -388,8 +388,9 @@ absl::StatusOr<LossKind> ParseLossKind(absl::string_view name) {
   if (name == "none") return LossKind::kNone;
   if (name == "cross-entropy") return LossKind::kCrossEntropy;
   if (name == "mse") return LossKind::kMse;
+  if (name == "bce") return LossKind::kBce;
   return absl::InvalidArgumentError(absl::StrCat(
-      "unknown loss '", name, "' (cross-entropy, mse or none)"));
+      "unknown loss '", name, "' (cross-entropy, mse, bce or none)"));
 }
 
 absl::string_view LossKindName(LossKind kind) {
@@ -397,6 +398,7 @@ absl::string_view LossKindName(LossKind kind) {
     case LossKind::kNone: return "none";
     case LossKind::kCrossEntropy: return "cross-entropy";
     case LossKind::kMse: return "mse";
+    case LossKind::kBce: return "bce";
   }
   return "?";
 }
@@ -443,8 +445,11 @@ absl::StatusOr<Graph> AddLossAndDifferentiate(const Graph& forward, LossKind los
     target = nb.Input("target", target_shape, DType::kInt64);
     nb.Apply("softmax_cross_entropy", {prediction, target}, nlohmann::json::object(), "loss");
   } else {
+    // A target of the output's shape and type: values for mse, the
+    // probabilities of the positive class for bce.
     target = nb.Input("target", type.shape, type.dtype);
-    nb.Apply("mse_loss", {prediction, target}, nlohmann::json::object(), "loss");
+    nb.Apply(loss == LossKind::kMse ? "mse_loss" : "bce_with_logits", {prediction, target},
+             nlohmann::json::object(), "loss");
   }
   nb.ClearOutputs();
   nb.MarkOutput(nb.Find("loss"));

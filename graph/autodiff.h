@@ -51,8 +51,9 @@ enum class LossKind {
   kNone,          // the forward graph as it is
   kCrossEntropy,  // softmax_cross_entropy(output, target), nn.CrossEntropyLoss
   kMse,           // mse_loss(output, target), nn.MSELoss
+  kBce,           // bce_with_logits(output, target), nn.BCEWithLogitsLoss
 };
-// "none", "cross-entropy", "mse"; InvalidArgument naming the choices.
+// "none", "cross-entropy", "mse", "bce"; InvalidArgument naming the choices.
 absl::StatusOr<LossKind> ParseLossKind(absl::string_view name);
 absl::string_view LossKindName(LossKind kind);
 

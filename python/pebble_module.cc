@@ -265,7 +265,8 @@ Graph FromJsonPy(const py::object& text_arg) {
 Graph ImportOnnxPy(const py::object& path_arg, const py::object& loss, const py::object& batch) {
   const std::string path = PathArg(path_arg, "path");
   OnnxImportOptions o;
-  o.loss = Unwrap(ParseLossKind(StrArg(loss, "loss")));
+  const absl::Status loss_set = SetOnnxLoss(StrArg(loss, "loss"), o);
+  if (!loss_set.ok()) RaiseValueError(std::string(loss_set.message()));
   if (!batch.is_none()) o.batch = IntArg(batch, "batch", 1, int64_t{1} << 24);
   std::vector<std::string> notes;
   Graph graph = Unwrap(WithoutGil([&] { return ImportOnnxFile(path, o, &notes); }));
@@ -333,8 +334,8 @@ PYBIND11_MODULE(_core, m) {
   m.def("from_json", &FromJsonPy, py::arg("text"), "A graph from pebble-graph JSON text.");
   m.def("import_onnx", &ImportOnnxPy, py::arg("path"), py::arg("loss") = "cross-entropy",
         py::arg("batch") = py::none(),
-        "An ONNX model as a training graph (pebble import): loss 'cross-entropy', 'mse' or "
-        "'none' (the forward graph).");
+        "An ONNX model as a training graph (pebble import): loss 'cross-entropy', 'nll', "
+        "'mse', 'bce' or 'none' (the forward graph).");
   m.def("train", [](const py::object& forward, const py::object& loss) {
         const Graph& graph = GraphArg(forward);
         const LossKind kind = Unwrap(ParseLossKind(StrArg(loss, "loss")));

@@ -131,6 +131,18 @@ PEBBLE_HOST_DEVICE inline float ExtremumGrad(bool maximum, int input, float g, f
   return loses ? 0.f : g;
 }
 
+// Binary cross-entropy of logit x against target t, ATen's
+// binary_cross_entropy_with_logits term: (1 - t) x + m + log(exp(-m) +
+// exp(-x - m)), m = max(-x, 0) (no overflow for any x).
+PEBBLE_HOST_DEVICE inline float BceWithLogits(float x, float t) {
+  const float m = -x > 0.f ? -x : 0.f;
+  return (1.f - t) * x + m + logf(expf(-m) + expf(-x - m));
+}
+// Its derivative in x: sigmoid(x) - t.
+PEBBLE_HOST_DEVICE inline float BceWithLogitsGrad(float x, float t) {
+  return 1.f / (1.f + expf(-x)) - t;
+}
+
 }  // namespace pebble::activation
 
 #endif  // PEBBLE_RUNTIME_ACTIVATION_MATH_H_

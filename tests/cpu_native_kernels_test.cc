@@ -376,7 +376,8 @@ TEST(NativeKernelsTest, RegistersItsOpsAndEveryOpIsInTheOpTable) {
         "hardswish_backward", "leaky_relu", "leaky_relu_backward", "relu", "relu_backward",
         "elu", "elu_backward", "softplus", "softplus_backward", "abs", "abs_backward", "exp",
         "exp_backward", "log", "log_backward", "compare", "masked_fill", "maximum", "minimum",
-        "maximum_backward", "minimum_backward", "flip"}) {
+        "maximum_backward", "minimum_backward", "flip", "bce_with_logits",
+        "bce_with_logits_backward"}) {
     EXPECT_NE(NativeTable().Find(op), nullptr) << op;
   }
   for (const std::string& op : ops) EXPECT_NE(FindOp(op), nullptr) << op;
@@ -1035,6 +1036,29 @@ TEST(NativeKernelsTest, MseLossForwardAndBackward) {
   HostTensor g = Floats({}, {0.5f});
   for (double& v : grad) v *= 0.5;
   ExpectNear(MustRun("mse_loss_backward", {p, t, g}).Floats(), grad, 1e-6, "scaled");
+}
+
+// nn.BCEWithLogitsLoss: the mean of (1 - t) x + log(1 + exp(-x)) in
+// double, finite at logits of +-100 (whose exp overflows fp32), and its
+// gradient (sigmoid(x) - t) / n.
+TEST(NativeKernelsTest, BceWithLogitsForwardAndBackward) {
+  std::vector<float> xv = RandomFloats(24, 29, -6, 6), tv = RandomFloats(24, 30, 0, 1);
+  xv[0] = 100.0f, xv[1] = -100.0f, tv[0] = 0.0f, tv[1] = 1.0f;
+  const HostTensor x = Floats({4, 6}, xv), t = Floats({4, 6}, tv);
+  double ref = 0;
+  std::vector<double> grad(xv.size());
+  for (size_t i = 0; i < xv.size(); ++i) {
+    const double v = xv[i], p = 1.0 / (1.0 + std::exp(-v));
+    ref += ((1.0 - tv[i]) * v + std::log1p(std::exp(-v))) / xv.size();
+    grad[i] = (p - tv[i]) / xv.size();
+  }
+  const float loss = MustRun("bce_with_logits", {x, t}).Floats()[0];
+  EXPECT_TRUE(std::isfinite(loss));
+  EXPECT_NEAR(loss, ref, 1e-5 * ref);
+  ExpectNear(MustRun("bce_with_logits_backward", {x, t}).Floats(), grad, 1e-6, "d logits");
+  for (double& v : grad) v *= 0.5;
+  ExpectNear(MustRun("bce_with_logits_backward", {x, t, Floats({}, {0.5f})}).Floats(), grad, 1e-6,
+             "scaled");
 }
 
 // ------------------------------------------------------------- layer norm

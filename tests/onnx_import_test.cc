@@ -2596,7 +2596,23 @@ TEST(OnnxImportTest, NllTakesLogProbabilities) {
               AllOf(HasSubstr("'/LogSoftmax' (op LogSoftmax), which the loss cannot take in"),
                     HasSubstr("over dim 3 of a rank-4 tensor")));
   OnnxImportOptions unknown;
-  EXPECT_THAT(SetOnnxLoss("nl", unknown).message(), HasSubstr("cross-entropy, nll, mse or none"));
+  EXPECT_THAT(SetOnnxLoss("nl", unknown).message(),
+              HasSubstr("cross-entropy, nll, mse, bce or none"));
+}
+
+// --loss bce: nn.BCEWithLogitsLoss of the logits against a float target of
+// their shape, the logits' gradient (sigmoid - target) / n.
+TEST(OnnxImportTest, BceTakesATargetOfTheOutputsShape) {
+  OnnxImportOptions bce;
+  ASSERT_TRUE(SetOnnxLoss("bce", bce).ok());
+  auto g = ImportOnnxModel(TinyModel(), "tiny", bce);
+  ASSERT_TRUE(g.ok()) << g.status();
+  const NodeId loss = g->Find("loss"), target = g->Find("target");
+  EXPECT_EQ(g->op(loss), "bce_with_logits");
+  EXPECT_EQ(*g->shape(target), (Shape{2, 5}));
+  EXPECT_EQ(g->dtype(target), DType::kFloat32);
+  EXPECT_EQ(g->op(g->Find("grad:logits")), "bce_with_logits_backward");
+  EXPECT_NE(g->Find("grad:fc.weight"), kNoNode);
 }
 
 TEST(OnnxImportTest, SupportedOpsAreListed) {

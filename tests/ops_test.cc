@@ -474,6 +474,10 @@ TEST(LossTest, ScalarsAreFp32) {
   ExpectType("mse_loss", {T({2, 3}), T({2, 3})}, Json::object(), {}, kF32);
   ExpectError("mse_loss", {T({2, 3}), T({3, 2})}, Json::object(),
               "same shape");
+  ExpectType("bce_with_logits", {T({4}), T({4})}, Json::object(), {}, kF32);
+  EXPECT_DOUBLE_EQ(Flops("bce_with_logits", {T({4, 3}), T({4, 3})}), 96);
+  ExpectError("bce_with_logits", {T({4}), T({4}, kI64)}, Json::object(), "dtype");
+  ExpectType("bce_with_logits_backward", {T({4, 3}), T({4, 3})}, Json::object(), {4, 3});
 }
 
 TEST(LossTest, CrossEntropyClassAxis) {

@@ -572,7 +572,7 @@ absl::Status SetOnnxLoss(absl::string_view name, OnnxImportOptions& options) {
   absl::StatusOr<LossKind> loss = ParseLossKind(name);
   if (!loss.ok()) {
     return absl::InvalidArgumentError(
-        absl::StrCat("unknown loss '", name, "' (cross-entropy, nll, mse or none)"));
+        absl::StrCat("unknown loss '", name, "' (cross-entropy, nll, mse, bce or none)"));
   }
   options.loss = *loss;
   return absl::OkStatus();

@@ -48,8 +48,8 @@ struct OnnxImportOptions {
 };
 
 // Sets `options`' loss from its command-line name: "cross-entropy", "nll"
-// (the cross-entropy loss on log-probabilities: log_probabilities), "mse"
-// or "none"; InvalidArgument naming the choices.
+// (the cross-entropy loss on log-probabilities: log_probabilities), "mse",
+// "bce" or "none"; InvalidArgument naming the choices.
 absl::Status SetOnnxLoss(absl::string_view name, OnnxImportOptions& options);
 
 // The opsets the importer reads (torch 1.13 exports 9 to 17; the ONNX

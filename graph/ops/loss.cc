@@ -156,6 +156,35 @@ absl::Status MseBackward(BackwardContext& ctx) {
   return absl::OkStatus();
 }
 
+// ---- bce_with_logits (logits, target): mean of ATen's binary
+// cross-entropy with logits (nn.BCEWithLogitsLoss); target of the logits'
+// shape and dtype (probabilities in [0, 1]).
+absl::StatusOr<TensorType> InferBce(Inputs in, const Json&) {
+  RETURN_IF_ERROR(ExpectFloat(in[0], "input 0 (logits)"));
+  RETURN_IF_ERROR(ExpectSameShape(in[0], "logits", in[1], "target"));
+  RETURN_IF_ERROR(ExpectSameDType(in[0], "logits", in[1], "target"));
+  RETURN_IF_ERROR(CheckOptionalGrad(in, 2));
+  return kScalar;
+}
+
+// bce_with_logits_backward (logits, target[, grad]) -> logits' type.
+absl::StatusOr<TensorType> InferBceBackward(Inputs in, const Json& attrs) {
+  RETURN_IF_ERROR(InferBce(in, attrs).status());
+  return in[0];
+}
+
+absl::Status BceBackward(BackwardContext& ctx) {
+  if (ctx.needs_grad(1)) {
+    return Invalid("the target of bce_with_logits takes no gradient (it is data)");
+  }
+  // d/dlogits = (sigmoid(logits) - target) / n.
+  if (ctx.needs_grad(0)) {
+    ctx.AccumulateGrad(0, ctx.Emit("bce_with_logits_backward",
+                                   WithGrad(ctx, {ctx.input(0), ctx.input(1)})));
+  }
+  return absl::OkStatus();
+}
+
 double PerInput3(Inputs in, const TensorType&, const Json&) {
   return 3.0 * Elements(in[0]);
 }
@@ -184,6 +213,19 @@ void RegisterLossOps(std::vector<OpDef>& t) {
                .backward = MseBackward});
   t.push_back({.name = "mse_loss_backward", .min_inputs = 2, .max_inputs = 3,
                .infer = InferMseBackward, .flops = PerInput3});
+  // (1 - t) x + m + log(exp(-m) + exp(-x - m)), m = max(-x, 0): 8 per
+  // element; the backward's sigmoid and difference 4.
+  t.push_back({.name = "bce_with_logits", .min_inputs = 2, .max_inputs = 2,
+               .infer = InferBce,
+               .flops = [](Inputs in, const TensorType&, const Json&) {
+                 return 8.0 * Elements(in[0]);
+               },
+               .backward = BceBackward});
+  t.push_back({.name = "bce_with_logits_backward", .min_inputs = 2, .max_inputs = 3,
+               .infer = InferBceBackward,
+               .flops = [](Inputs in, const TensorType&, const Json&) {
+                 return 4.0 * Elements(in[0]);
+               }});
 }
 
 }  // namespace pebble::ops_internal

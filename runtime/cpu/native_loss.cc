@@ -1,5 +1,5 @@
-// Own reduction kernels: sum, sum_backward, softmax_cross_entropy, mse_loss
-// and their gradients. Losses are fp32 scalars accumulated in double over
+// Own reduction kernels: sum, sum_backward, softmax_cross_entropy,
+// mse_loss, bce_with_logits and their gradients. Losses are fp32 scalars accumulated in double over
 // the fixed chunks of Note [Deterministic reductions] (native_util.h).
 #include <algorithm>
 #include <cmath>
@@ -9,6 +9,7 @@
 
 #include "graph/ops/op_util.h"
 #include "graph/status.h"
+#include "runtime/activation_math.h"
 #include "runtime/cpu/native_util.h"
 
 namespace pebble::native {
@@ -252,6 +253,44 @@ absl::Status MseBackward(const KernelContext& ctx) {
   });
 }
 
+// ---- bce_with_logits (logits, target): mean of activation::BceWithLogits.
+absl::Status Bce(const KernelContext& ctx) {
+  RETURN_IF_ERROR(CheckOperands(ctx));
+  const int64_t n = ctx.inputs[0].num_elements();
+  return DispatchFloat(ctx.inputs[0].dtype, "input 0 (logits)", [&](auto tag) {
+    using T = decltype(tag);
+    const T* x = ctx.inputs[0].as<T>();
+    const T* t = ctx.inputs[1].as<T>();
+    const double total = DeterministicSum(n, [&](int64_t b, int64_t e) {
+      return BlockedSum(b, e, [x, t](int64_t i) {
+        return activation::BceWithLogits(ToFloat(x[i]), ToFloat(t[i]));
+      });
+    });
+    *ctx.output.as<float>() = static_cast<float>(total / static_cast<double>(n));
+    return absl::OkStatus();
+  });
+}
+
+// bce_with_logits_backward (logits, target[, g]): (sigmoid(x) - t) g / n,
+// as ATen's binary_cross_entropy_with_logits_backward.
+absl::Status BceBackward(const KernelContext& ctx) {
+  RETURN_IF_ERROR(CheckOperands(ctx));
+  const int64_t n = ctx.inputs[0].num_elements();
+  const float scale = IncomingGrad(ctx, 2) / static_cast<float>(n);
+  return DispatchFloat(ctx.inputs[0].dtype, "input 0 (logits)", [&](auto tag) {
+    using T = decltype(tag);
+    const T* x = ctx.inputs[0].as<T>();
+    const T* t = ctx.inputs[1].as<T>();
+    T* out = ctx.output.as<T>();
+    ParallelFor(n, kGrain, [&](int64_t i0, int64_t i1) {
+      for (int64_t i = i0; i < i1; ++i) {
+        out[i] = FromFloat<T>(activation::BceWithLogitsGrad(ToFloat(x[i]), ToFloat(t[i])) * scale);
+      }
+    });
+    return absl::OkStatus();
+  });
+}
+
 }  // namespace
 
 void RegisterNativeLossKernels(KernelTable& table) {
@@ -261,6 +300,8 @@ void RegisterNativeLossKernels(KernelTable& table) {
   table.Register("softmax_cross_entropy_backward", CrossEntropyBackward);
   table.Register("mse_loss", Mse);
   table.Register("mse_loss_backward", MseBackward);
+  table.Register("bce_with_logits", Bce);
+  table.Register("bce_with_logits_backward", BceBackward);
 }
 
 }  // namespace pebble::native

@@ -381,6 +381,12 @@ struct MseTerm {
     return d * d;
   }
 };
+struct BceTerm {
+  template <typename T>
+  __device__ double operator()(const T* x, const T* t, int64_t i) const {
+    return activation::BceWithLogits(Ld(x, i), Ld(t, i));
+  }
+};
 struct SumTerm {
   template <typename T>
   __device__ double operator()(const T* a, const T*, int64_t i) const {
@@ -421,6 +427,12 @@ cudaError_t ScalarReduce(F f, const T* a, const T* b, int64_t n, double scale,
   PEBBLE_KERNEL_LAUNCH(1, kThreads, stream, ScalarFinish)
   (partials, chunks, scale, out);
   return Launched();
+}
+
+template <typename T>
+__global__ void BceBackwardKernel(const T* x, const T* t, const float* g, T* dx, int64_t n) {
+  const float scale = (g != nullptr ? g[0] : 1.f) / static_cast<float>(n);
+  PEBBLE_GRID_LOOP(i, n) St(dx, i, activation::BceWithLogitsGrad(Ld(x, i), Ld(t, i)) * scale);
 }
 
 template <typename T>
@@ -1261,6 +1273,29 @@ cudaError_t LaunchMseLoss(KType t, const void* pred, const void* target,
     return ScalarReduce<T>(MseTerm{}, static_cast<const T*>(pred),
                            static_cast<const T*>(target), n,
                            n > 0 ? 1.0 / n : NAN, out, scratch, stream);
+  });
+}
+
+cudaError_t LaunchBceLoss(KType t, const void* logits, const void* target, float* out,
+                          int64_t n, void* scratch, cudaStream_t stream) {
+  return Dispatch(t, [&](auto tag) {
+    using T = decltype(tag);
+    return ScalarReduce<T>(BceTerm{}, static_cast<const T*>(logits),
+                           static_cast<const T*>(target), n, n > 0 ? 1.0 / n : NAN, out,
+                           scratch, stream);
+  });
+}
+
+cudaError_t LaunchBceLossBackward(KType t, const void* logits, const void* target,
+                                  const float* g, void* dlogits, int64_t n,
+                                  cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  return Dispatch(t, [&](auto tag) {
+    using T = decltype(tag);
+    PEBBLE_KERNEL_LAUNCH(Blocks(n), kThreads, stream, BceBackwardKernel<T>)
+    (static_cast<const T*>(logits), static_cast<const T*>(target), g,
+     static_cast<T*>(dlogits), n);
+    return Launched();
   });
 }
 

@@ -115,6 +115,13 @@ cudaError_t LaunchMseLoss(KType t, const void* pred, const void* target,
 cudaError_t LaunchMseLossBackward(KType t, const void* pred, const void* target,
                                   const float* g, void* dpred, int64_t n,
                                   cudaStream_t stream);
+// mean of activation::BceWithLogits (nn.BCEWithLogitsLoss), and its
+// gradient (sigmoid(x) - t) / n * (g ? g[0] : 1).
+cudaError_t LaunchBceLoss(KType t, const void* logits, const void* target, float* out,
+                          int64_t n, void* scratch, cudaStream_t stream);
+cudaError_t LaunchBceLossBackward(KType t, const void* logits, const void* target,
+                                  const float* g, void* dlogits, int64_t n,
+                                  cudaStream_t stream);
 // logits viewed as (outer, C, inner) with the class axis in the middle;
 // target (outer, inner) i64. Mean over outer*inner of
 // logsumexp - logit[target]. A target outside [0, C) yields NaN.

@@ -620,7 +620,9 @@ absl::StatusOr<const float*> OptionalGrad(const KernelContext& ctx, size_t index
   return F32(g);
 }
 
-absl::Status MseLoss(CudaContext& cc, const KernelContext& ctx) {
+// mse_loss or, with kBce, bce_with_logits (pred, target).
+template <bool kBce>
+absl::Status PointLoss(CudaContext& cc, const KernelContext& ctx) {
   RETURN_IF_ERROR(ExpectInputs(ctx, 2, 2));
   RETURN_IF_ERROR(ExpectSameType(ctx.inputs[0], ctx.inputs[1], "input 1 (target)"));
   if (ctx.output.dtype != DType::kFloat32 || ctx.output.num_elements() != 1) {
@@ -628,21 +630,23 @@ absl::Status MseLoss(CudaContext& cc, const KernelContext& ctx) {
   }
   ASSIGN_OR_RETURN(KType t, KTypeOf(ctx.inputs[0].dtype));
   ASSIGN_OR_RETURN(void* scratch, KernelScratch(cc, ctx, ScalarScratchBytes()));
-  PEBBLE_LAUNCH(LaunchMseLoss(t, ctx.inputs[0].data, ctx.inputs[1].data,
-                              ctx.output.as<float>(),
-                              ctx.inputs[0].num_elements(), scratch, cc.stream));
+  PEBBLE_LAUNCH((kBce ? LaunchBceLoss : LaunchMseLoss)(
+      t, ctx.inputs[0].data, ctx.inputs[1].data, ctx.output.as<float>(),
+      ctx.inputs[0].num_elements(), scratch, cc.stream));
   return absl::OkStatus();
 }
 
-absl::Status MseLossBackward(CudaContext& cc, const KernelContext& ctx) {
+// Their backwards (pred, target[, grad]).
+template <bool kBce>
+absl::Status PointLossBackward(CudaContext& cc, const KernelContext& ctx) {
   RETURN_IF_ERROR(ExpectInputs(ctx, 2, 3));
   RETURN_IF_ERROR(ExpectSameType(ctx.output, ctx.inputs[0], "input 0 (pred)"));
   RETURN_IF_ERROR(ExpectSameType(ctx.output, ctx.inputs[1], "input 1 (target)"));
   ASSIGN_OR_RETURN(const float* g, OptionalGrad(ctx, 2));
   ASSIGN_OR_RETURN(KType t, KTypeOf(ctx.output.dtype));
-  PEBBLE_LAUNCH(LaunchMseLossBackward(t, ctx.inputs[0].data, ctx.inputs[1].data,
-                                      g, ctx.output.data,
-                                      ctx.output.num_elements(), cc.stream));
+  PEBBLE_LAUNCH((kBce ? LaunchBceLossBackward : LaunchMseLossBackward)(
+      t, ctx.inputs[0].data, ctx.inputs[1].data, g, ctx.output.data,
+      ctx.output.num_elements(), cc.stream));
   return absl::OkStatus();
 }
 
@@ -1505,7 +1509,8 @@ absl::StatusOr<int64_t> OwnKernelScratchBytes(const Graph& graph, NodeId v) {
     ASSIGN_OR_RETURN(Shape g, input(0));
     return ChannelScratchBytes(g.empty() ? 1 : g.back());
   }
-  if (op == "mse_loss" || op == "softmax_cross_entropy" || op == "sum") {
+  if (op == "mse_loss" || op == "bce_with_logits" || op == "softmax_cross_entropy" ||
+      op == "sum") {
     return ScalarScratchBytes();
   }
   if (op == "layernorm_backward_weight" || op == "layernorm_backward_bias") {
@@ -1584,8 +1589,10 @@ void AddOwnKernels(std::map<std::string, CudaKernelFn>& t) {
   t["upsample_backward"] = UpsampleBackward;
   t["global_avgpool"] = GlobalAvgPool;
   t["global_avgpool_backward"] = GlobalAvgPoolBackward;
-  t["mse_loss"] = MseLoss;
-  t["mse_loss_backward"] = MseLossBackward;
+  t["mse_loss"] = PointLoss<false>;
+  t["mse_loss_backward"] = PointLossBackward<false>;
+  t["bce_with_logits"] = PointLoss<true>;
+  t["bce_with_logits_backward"] = PointLossBackward<true>;
   t["softmax_cross_entropy"] = CrossEntropy;
   t["softmax_cross_entropy_backward"] = CrossEntropyBackward;
   t["sum"] = Sum;

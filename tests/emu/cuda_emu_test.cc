@@ -495,6 +495,17 @@ Graph HeadsGraph() {
   return TrainingGraph(nb);
 }
 
+// nn.BCEWithLogitsLoss of logits against soft targets.
+Graph BceGraph() {
+  NetBuilder nb("bce");
+  const Value x = nb.Parameter("x", {3, 5});
+  const Value logits = nb.Apply("mul", {nb.Apply("tanh", {x}),
+                                        nb.Apply("fill", {}, {{"shape", Shape{}}, {"value", 4.0}})});
+  const Value target = nb.Apply("fill", {}, {{"shape", {3, 5}}, {"value", 0.25}});
+  nb.MarkOutput(nb.Apply("bce_with_logits", {logits, target}, json::object(), "loss"));
+  return TrainingGraph(nb);
+}
+
 Graph WithOptimizer(const Graph& training, const char* optimizer) {
   absl::StatusOr<OptimizerSpec> spec = ParseOptimizer(optimizer);
   PEBBLE_CHECK(spec.ok(), "bad optimizer spec");
@@ -524,6 +535,7 @@ const Case kCases[] = {
     {"pointwise", PointwiseGraph},
     {"resample", ResampleGraph},
     {"heads", HeadsGraph},
+    {"bce", BceGraph},
 };
 
 // An index out of range: the device check (CheckIndicesOnDevice, the

@@ -136,6 +136,10 @@ class GraphTest(unittest.TestCase):
             self.assertIn("fc.weight", forward.ids)
             trained = pebble.import_onnx(path, loss="cross-entropy")
             self.assertIn("grad:fc.weight", trained.outputs)
+            # Every loss of `pebble import --loss`: bce too; a misspelt one names them.
+            self.assertIn("grad:fc.weight", pebble.import_onnx(path, loss="bce").outputs)
+            with self.assertRaisesRegex(ValueError, "cross-entropy, nll, mse, bce or none"):
+                pebble.import_onnx(path, loss="bse")
             # A weight the exporter computed (constant folding) is noted.
             model.graph.initializer[0].name = "onnx::Gemm_3"
             model.graph.node[0].input[1] = "onnx::Gemm_3"

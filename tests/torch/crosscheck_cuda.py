@@ -70,6 +70,8 @@ IMPORT_CASES = [
     ("import_focus", ["--model", "focus", "--image", "14"]),
     ("import_recurrent", ["--model", "recurrent", "--image", "6"]),
     ("import_normalized", ["--model", "normalized", "--image", "12"]),
+    # bce_with_logits (2026-12-07, host emulation only so far).
+    ("import_labels", ["--model", "labels", "--image", "12"]),
 ]
 
 

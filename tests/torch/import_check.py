@@ -221,7 +221,8 @@ def parse_args(argv):
 
 def loss_of(net):
     """The loss `pebble import --loss` adds for `net`: cross-entropy, or
-    a model's own `pebble_loss` ("nll" where it ends in log_softmax)."""
+    a model's own `pebble_loss` ("nll" where it ends in log_softmax, "bce"
+    for logits of independent labels)."""
     return getattr(net, "pebble_loss", "cross-entropy")
 
 
@@ -243,6 +244,8 @@ def make_with_loss(torch):
                     "logits (aux_logits?)" % type(out).__name__)
             if loss_of(self.net) == "nll":
                 return torch.nn.functional.nll_loss(out, t)
+            if loss_of(self.net) == "bce":
+                return torch.nn.functional.binary_cross_entropy_with_logits(out, t)
             return torch.nn.functional.cross_entropy(out, t)
     return _WithLoss
 
@@ -929,6 +932,42 @@ def extrema_net(torch, num_classes=10, image=None):
     return Extrema()
 
 
+def labels_net(torch, num_classes=10, image=None, binary=False):
+    """Logits of independent labels under nn.BCEWithLogitsLoss (`pebble
+    import --loss bce`): `num_classes` labels of soft targets in [0, 1]
+    (multi-label tagging: --model labels), or one logit per image, its
+    (N, 1) output squeezed to (N,), against 0/1 targets (a binary
+    classifier, a GAN's discriminator: --model binary)."""
+    nn = torch.nn
+
+    class Labels(nn.Module):
+        pebble_loss = "bce"
+
+        def __init__(self):
+            super().__init__()
+            # No bias before the norm (it would get a gradient of ~1e-9).
+            self.conv = nn.Conv2d(3, 8, 3, stride=2, padding=1, bias=False)
+            self.bn = nn.BatchNorm2d(8)
+            self.fc = nn.Linear(8, 1 if binary else num_classes)
+
+        def forward(self, x):
+            y = torch.nn.functional.leaky_relu(self.bn(self.conv(x)), 0.2)
+            logits = self.fc(y.mean(dim=(2, 3)))
+            return logits.squeeze(1) if binary else logits
+
+        def make_batch(self, torch, batch, classes, gen):
+            """Images and targets: 0/1 per image, or a probability per label
+            (some exactly 0 or 1)."""
+            x = torch.randn((batch, 3, image, image), generator=gen)
+            if binary:
+                return x, torch.randint(0, 2, (batch,), generator=gen).float()
+            t = torch.rand((batch, classes), generator=gen)
+            t[0, 0], t[-1, -1] = 0.0, 1.0
+            return x, t
+
+    return Labels()
+
+
 # Models of this file, beside torchvision's. A model with a `make_batch`
 # method (torch, batch, classes, generator) -> (input, target) makes its
 # own batch; the others take (batch, 3, image, image) images and a class
@@ -942,6 +981,9 @@ LOCAL_MODELS = {"activations": activations_net, "smooth": smooth_net,
                 "upconv": upconv_net, "masked": masked_net, "focus": focus_net,
                 "recurrent": recurrent_net, "normalized": normalized_net,
                 "extrema": extrema_net, "resized": resized_net,
+                "labels": labels_net,
+                "binary": lambda torch, classes, image: labels_net(
+                    torch, classes, image, binary=True),
                 "text": text_net, "token_lm": token_lm_net,
                 "text_padded": lambda torch, classes, image: text_net(
                     torch, classes, image, padding_mask=True),
