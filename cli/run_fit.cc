@@ -125,7 +125,7 @@ absl::Status SetOnnxModel(const FitFlags& f, FitRequest& request) {
   RETURN_IF_ERROR(SetOnnxLoss(f.loss, options));
   if (options.loss == LossKind::kNone) {
     return UsageError("--loss none: fit plans the training step; give --loss cross-entropy, "
-                      "nll or mse");
+                      "nll, mse or bce");
   }
   std::optional<OptimizerSpec> optimizer;
   if (!f.optimizer.empty()) {

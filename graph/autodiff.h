@@ -59,7 +59,7 @@ absl::string_view LossKindName(LossKind kind);
 
 // Adds `loss` to a forward graph whose one output is the prediction, and
 // differentiates it: the persistent input "target" (cross-entropy: i64, the
-// output's shape without dim 1; mse: the output's type), the node "loss",
+// output's shape without dim 1; mse, bce: the output's type), the node "loss",
 // then BuildTrainingGraph. kNone returns `forward` unchanged. Errors name
 // the problem: not exactly one output, an output that is not (N, C, ...)
 // for cross-entropy, "target" or "loss" already taken.

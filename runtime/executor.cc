@@ -538,10 +538,13 @@ std::vector<int> OperandIndices(const Graph& graph, NodeId r, NodeId v) {
 
 // How float parameter/data values of v are drawn: constant, or uniform in
 // [-bound, bound).
+// A generated float tensor: `value` everywhere when constant, else uniform
+// in [offset - bound, offset + bound).
 struct FloatRule {
   bool constant = false;
   float value = 0;
   float bound = 1;
+  float offset = 0;
 };
 
 FloatRule FloatRuleOf(const Graph& graph, NodeId v) {
@@ -579,6 +582,12 @@ FloatRule FloatRuleOf(const Graph& graph, NodeId v) {
       return {};
     }
     default:
+      for (NodeId r : graph.readers(v)) {
+        // bce_with_logits' target: probabilities in [0, 1).
+        for (int i : OperandIndices(graph, r, v)) {
+          if (graph.op(r) == "bce_with_logits" && i == 1) return {false, 0, 0.5f, 0.5f};
+        }
+      }
       return {};
   }
 }
@@ -655,7 +664,8 @@ absl::StatusOr<NpyArray> GenerateInput(const Graph& graph, NodeId v, uint64_t se
   if (IsFloat(array.dtype)) {
     const FloatRule rule = FloatRuleOf(graph, v);
     for (int64_t i = 0; i < n; ++i) {
-      const float x = rule.constant ? rule.value : (2.0f * rng.Unit() - 1.0f) * rule.bound;
+      const float x =
+          rule.constant ? rule.value : rule.offset + (2.0f * rng.Unit() - 1.0f) * rule.bound;
       switch (array.dtype) {
         case DType::kFloat32:
           std::memcpy(out + 4 * i, &x, 4);

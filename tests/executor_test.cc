@@ -28,7 +28,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
+#include "graph/autodiff.h"
 #include "graph/models/models.h"
+#include "graph/net_builder.h"
 #include "gtest/gtest.h"
 #include "runtime/cpu/cpu_backend.h"
 #include "runtime/make_backend.h"
@@ -572,6 +574,24 @@ TEST(ExecutorTest, GeneratedInputsFollowTheDocumentedRule) {
     EXPECT_LT(c, 10);
   }
   EXPECT_GT(std::set<int64_t>(classes.begin(), classes.end()).size(), 3u);
+  // A float target of bce_with_logits: probabilities in [0, 1).
+  {
+    NetBuilder nb("bce");
+    const Value x = nb.Parameter("x", {4, 64});
+    nb.MarkOutput(x);
+    auto forward = nb.Build();
+    ASSERT_TRUE(forward.ok()) << forward.status();
+    auto bce = AddLossAndDifferentiate(*forward, LossKind::kBce);
+    ASSERT_TRUE(bce.ok()) << bce.status();
+    auto probabilities = GenerateInput(*bce, bce->Find("target"), 7);
+    ASSERT_TRUE(probabilities.ok()) << probabilities.status();
+    const float* p = reinterpret_cast<const float*>(probabilities->data.data());
+    const auto [lo, hi] = std::minmax_element(p, p + 256);
+    EXPECT_GE(*lo, 0.0f);
+    EXPECT_LT(*hi, 1.0f);
+    EXPECT_LT(*lo, 0.1f);
+    EXPECT_GT(*hi, 0.9f);
+  }
   // Weights: uniform within 1/sqrt(fan_in); fc1.weight (1024, 1024).
   auto w = GenerateInput(*g, g->Find("fc1.weight"), 7);
   ASSERT_TRUE(w.ok());

@@ -578,6 +578,7 @@ absl::StatusOr<Value> ApplySliceCut(ImportContext& cx, const onnx::NodeProto& no
 // clamped to [0, size - 1] and end to [-1, size - 1] become begin and end
 // of a positive step; begin >= end when nothing is kept.
 std::pair<int64_t, int64_t> ReversedSliceBounds(int64_t start, int64_t end, int64_t size) {
+  if (size == 0) return {0, 0};
   auto wrap = [size](int64_t v) { return v < 0 ? (v < -size ? -size - 1 : v) + size : v; };
   const int64_t first = std::clamp<int64_t>(wrap(start), 0, size - 1);
   const int64_t stop = std::clamp<int64_t>(wrap(end), -1, size - 1);
@@ -616,7 +617,8 @@ absl::Status Slice(ImportContext& cx, const onnx::NodeProto& node) {
   const Shape& shape = in.shape;
   const auto rank = static_cast<int64_t>(shape.size());
   std::vector<SliceCut> cuts;
-  std::vector<int64_t> reversed;  // dims of a negative step
+  std::vector<int64_t> reversed;  // dims of a negative step (but of size 1)
+  std::set<int64_t> seen;
   for (size_t i = 0; i < axes.size(); ++i) {
     ASSIGN_OR_RETURN(const int64_t axis,
                      OnnxAxis(node, absl::StrCat("axis ", axes[i]), axes[i], rank));
@@ -624,12 +626,11 @@ absl::Status Slice(ImportContext& cx, const onnx::NodeProto& node) {
     if (steps[i] == std::numeric_limits<int64_t>::min()) {
       return NodeError(node, absl::StrCat("step ", steps[i], " is not supported"));
     }
-    if (std::find(reversed.begin(), reversed.end(), axis) != reversed.end() ||
-        std::any_of(cuts.begin(), cuts.end(), [&](const SliceCut& c) { return c.axis == axis; })) {
+    if (!seen.insert(axis).second) {
       return NodeError(node, absl::StrCat("slices dim ", axis, " twice"));
     }
     const int64_t step = steps[i] < 0 ? -steps[i] : steps[i];
-    if (steps[i] < 0) reversed.push_back(axis);
+    if (steps[i] < 0 && shape[axis] > 1) reversed.push_back(axis);
     const auto [begin, end] = steps[i] < 0
                                   ? ReversedSliceBounds(starts[i], ends[i], shape[axis])
                                   : SliceBounds(starts[i], ends[i], shape[axis]);

@@ -212,22 +212,54 @@ absl::Status CrossEntropyBackward(const KernelContext& ctx) {
   });
 }
 
-// ---- mse_loss (pred, target): mean((pred - target)^2).
-absl::Status Mse(const KernelContext& ctx) {
+// ---- mse_loss and bce_with_logits (pred, target): the mean of a term per
+// element pair, and their gradients, element-wise with the incoming
+// gradient (input 2, else 1).
+
+// fp32 scalar = mean over i of term(pred[i], target[i]) (floats).
+template <typename Term>
+absl::Status MeanOfTerms(const KernelContext& ctx, Term term) {
   RETURN_IF_ERROR(CheckOperands(ctx));
   const int64_t n = ctx.inputs[0].num_elements();
-  return DispatchFloat(ctx.inputs[0].dtype, "input 0 (pred)", [&](auto tag) {
+  return DispatchFloat(ctx.inputs[0].dtype, "input 0", [&](auto tag) {
     using T = decltype(tag);
     const T* p = ctx.inputs[0].as<T>();
     const T* t = ctx.inputs[1].as<T>();
     const double total = DeterministicSum(n, [&](int64_t b, int64_t e) {
-      return BlockedSum(b, e, [p, t](int64_t i) {
-        const float d = ToFloat(p[i]) - ToFloat(t[i]);
-        return d * d;
-      });
+      return BlockedSum(b, e,
+                        [p, t, &term](int64_t i) { return term(ToFloat(p[i]), ToFloat(t[i])); });
     });
     *ctx.output.as<float>() = static_cast<float>(total / static_cast<double>(n));
     return absl::OkStatus();
+  });
+}
+
+// out[i] = grad(a[i], b[i], g, n) (floats), g the incoming gradient, n
+// the element count.
+template <typename Grad>
+absl::Status TermGradients(const KernelContext& ctx, Grad grad) {
+  RETURN_IF_ERROR(CheckOperands(ctx));
+  const int64_t n = ctx.inputs[0].num_elements();
+  const float g = IncomingGrad(ctx, 2);
+  return DispatchFloat(ctx.inputs[0].dtype, "input 0", [&](auto tag) {
+    using T = decltype(tag);
+    const T* a = ctx.inputs[0].as<T>();
+    const T* b = ctx.inputs[1].as<T>();
+    T* out = ctx.output.as<T>();
+    ParallelFor(n, kGrain, [&](int64_t i0, int64_t i1) {
+      for (int64_t i = i0; i < i1; ++i) {
+        out[i] = FromFloat<T>(grad(ToFloat(a[i]), ToFloat(b[i]), g, n));
+      }
+    });
+    return absl::OkStatus();
+  });
+}
+
+// mse_loss: mean((pred - target)^2).
+absl::Status Mse(const KernelContext& ctx) {
+  return MeanOfTerms(ctx, [](float p, float t) {
+    const float d = p - t;
+    return d * d;
   });
 }
 
@@ -235,59 +267,21 @@ absl::Status Mse(const KernelContext& ctx) {
 // mse_loss_backward (norm * (input - target) * grad_output). The target's
 // gradient is the same node with the operands swapped.
 absl::Status MseBackward(const KernelContext& ctx) {
-  RETURN_IF_ERROR(CheckOperands(ctx));
-  const int64_t n = ctx.inputs[0].num_elements();
-  const float norm = static_cast<float>(2.0 / static_cast<double>(n));
-  const float g = IncomingGrad(ctx, 2);
-  return DispatchFloat(ctx.inputs[0].dtype, "input 0 (pred)", [&](auto tag) {
-    using T = decltype(tag);
-    const T* a = ctx.inputs[0].as<T>();
-    const T* b = ctx.inputs[1].as<T>();
-    T* out = ctx.output.as<T>();
-    ParallelFor(n, kGrain, [&](int64_t i0, int64_t i1) {
-      for (int64_t i = i0; i < i1; ++i) {
-        out[i] = FromFloat<T>(norm * (ToFloat(a[i]) - ToFloat(b[i])) * g);
-      }
-    });
-    return absl::OkStatus();
+  return TermGradients(ctx, [](float a, float b, float g, int64_t n) {
+    return static_cast<float>(2.0 / static_cast<double>(n)) * (a - b) * g;
   });
 }
 
-// ---- bce_with_logits (logits, target): mean of activation::BceWithLogits.
+// bce_with_logits (logits, target): mean of activation::BceWithLogits.
 absl::Status Bce(const KernelContext& ctx) {
-  RETURN_IF_ERROR(CheckOperands(ctx));
-  const int64_t n = ctx.inputs[0].num_elements();
-  return DispatchFloat(ctx.inputs[0].dtype, "input 0 (logits)", [&](auto tag) {
-    using T = decltype(tag);
-    const T* x = ctx.inputs[0].as<T>();
-    const T* t = ctx.inputs[1].as<T>();
-    const double total = DeterministicSum(n, [&](int64_t b, int64_t e) {
-      return BlockedSum(b, e, [x, t](int64_t i) {
-        return activation::BceWithLogits(ToFloat(x[i]), ToFloat(t[i]));
-      });
-    });
-    *ctx.output.as<float>() = static_cast<float>(total / static_cast<double>(n));
-    return absl::OkStatus();
-  });
+  return MeanOfTerms(ctx, [](float x, float t) { return activation::BceWithLogits(x, t); });
 }
 
 // bce_with_logits_backward (logits, target[, g]): (sigmoid(x) - t) g / n,
 // as ATen's binary_cross_entropy_with_logits_backward.
 absl::Status BceBackward(const KernelContext& ctx) {
-  RETURN_IF_ERROR(CheckOperands(ctx));
-  const int64_t n = ctx.inputs[0].num_elements();
-  const float scale = IncomingGrad(ctx, 2) / static_cast<float>(n);
-  return DispatchFloat(ctx.inputs[0].dtype, "input 0 (logits)", [&](auto tag) {
-    using T = decltype(tag);
-    const T* x = ctx.inputs[0].as<T>();
-    const T* t = ctx.inputs[1].as<T>();
-    T* out = ctx.output.as<T>();
-    ParallelFor(n, kGrain, [&](int64_t i0, int64_t i1) {
-      for (int64_t i = i0; i < i1; ++i) {
-        out[i] = FromFloat<T>(activation::BceWithLogitsGrad(ToFloat(x[i]), ToFloat(t[i])) * scale);
-      }
-    });
-    return absl::OkStatus();
+  return TermGradients(ctx, [](float x, float t, float g, int64_t n) {
+    return activation::BceWithLogitsGrad(x, t) * (g / static_cast<float>(n));
   });
 }
 
