@@ -212,6 +212,27 @@ PEBBLE_HOST_DEVICE inline UpsampleAxis MakeUpsampleAxis(int64_t in, int64_t out,
   return a;
 }
 
+// The source step per output of an interpolation along `a`: the scale, or
+// (in - 1) / (out - 1) with align_corners (area_pixel_compute_scale).
+PEBBLE_HOST_DEVICE inline float UpsampleStep(const UpsampleAxis& a, bool interpolating,
+                                             bool align_corners) {
+  if (!(interpolating && align_corners)) return a.scale;
+  return a.out > 1 ? static_cast<float>(a.in - 1) / static_cast<float>(a.out - 1) : 0.f;
+}
+
+// The source coordinate of output o of an interpolation
+// (area_pixel_compute_source_index): step * o with align_corners, else
+// step * (o + 0.5) - 0.5 with o + 0.5 in double, clamped at 0 unless
+// `cubic`.
+PEBBLE_HOST_DEVICE inline float UpsampleSource(int64_t o, const UpsampleAxis& a,
+                                               bool align_corners, bool cubic) {
+  const float step = UpsampleStep(a, true, align_corners);
+  if (align_corners) return step * static_cast<float>(o);
+  const float src =
+      static_cast<float>(static_cast<double>(step) * (static_cast<double>(o) + 0.5) - 0.5);
+  return !cubic && src < 0.f ? 0.f : src;
+}
+
 struct UpsampleTap {
   int64_t i0 = 0, i1 = 0;
   float l0 = 1.f, l1 = 0.f;
@@ -237,17 +258,7 @@ PEBBLE_HOST_DEVICE inline UpsampleTap UpsampleTapAt(int64_t o, const UpsampleAxi
     t.i1 = t.i0;
     return t;
   }
-  float src;
-  if (align_corners) {
-    const float scale =
-        out > 1 ? static_cast<float>(in - 1) / static_cast<float>(out - 1)
-                : 0.f;
-    src = scale * static_cast<float>(o);
-  } else {
-    src = static_cast<float>(
-        static_cast<double>(a.scale) * (static_cast<double>(o) + 0.5) - 0.5);
-    if (src < 0.f) src = 0.f;
-  }
+  const float src = UpsampleSource(o, a, align_corners, false);
   t.i0 = static_cast<int64_t>(src);
   if (t.i0 > in - 1) t.i0 = in - 1;  // keeps reads in
   float l1 = src - static_cast<float>(t.i0);
@@ -286,14 +297,7 @@ PEBBLE_HOST_DEVICE inline float CubicConvolution2(float x, float a) {
 
 PEBBLE_HOST_DEVICE inline CubicTap CubicTapAt(int64_t o, const UpsampleAxis& a,
                                               bool align_corners) {
-  float src;
-  if (align_corners) {
-    const float scale =
-        a.out > 1 ? static_cast<float>(a.in - 1) / static_cast<float>(a.out - 1) : 0.f;
-    src = scale * static_cast<float>(o);
-  } else {
-    src = static_cast<float>(static_cast<double>(a.scale) * (static_cast<double>(o) + 0.5) - 0.5);
-  }
+  const float src = UpsampleSource(o, a, align_corners, true);
   int64_t i = static_cast<int64_t>(floor(static_cast<double>(src)));
   if (i > a.in - 1) i = a.in - 1;
   float t = src - static_cast<float>(i);
@@ -348,13 +352,6 @@ PEBBLE_HOST_DEVICE inline void ContiguousReaders(int64_t i, const UpsampleAxis& 
     }
   }
   if (*first > hi) *last = *first - 1;
-}
-
-// The source step per output of an interpolation along `a`.
-PEBBLE_HOST_DEVICE inline float UpsampleStep(const UpsampleAxis& a, bool interpolating,
-                                             bool align_corners) {
-  if (!(interpolating && align_corners)) return a.scale;
-  return a.out > 1 ? static_cast<float>(a.in - 1) / static_cast<float>(a.out - 1) : 0.f;
 }
 
 // The outputs that read input i (nearest or linear taps). i0 is

@@ -858,7 +858,10 @@ absl::Status Resize(ImportContext& cx, const onnx::NodeProto& node) {
   // and a note says where PyTorch's floor in double of the scale factor
   // the file rounds differs.
   std::vector<int64_t> sizes, pytorch_sizes;
-  std::vector<double> factors;
+  // The file's float32 scales, and PyTorch's scale factors, the doubles they
+  // round (its step is float(1 / 1.1), not float(1 / 1.10000002), which for
+  // nearest may pick another pixel).
+  std::vector<double> factors, pytorch_factors;
   const onnx::TensorProto* scales =
       node.input_size() > 2 && !node.input(2).empty() ? cx.ConstTensor(node.input(2)) : nullptr;
   std::optional<std::vector<double>> scale_values =
@@ -877,8 +880,9 @@ absl::Status Resize(ImportContext& cx, const onnx::NodeProto& node) {
       // In float32, as ONNX's shape inference and ONNX Runtime compute it.
       sizes.push_back(static_cast<int64_t>(
           std::floor(static_cast<float>(shape[d]) * static_cast<float>(f))));
+      pytorch_factors.push_back(ShortestDecimal(f));
       pytorch_sizes.push_back(
-          static_cast<int64_t>(std::floor(static_cast<double>(shape[d]) * ShortestDecimal(f))));
+          static_cast<int64_t>(std::floor(static_cast<double>(shape[d]) * pytorch_factors.back())));
     }
     if (pytorch_sizes != sizes) {
       cx.AddNote(absl::StrCat(
@@ -910,16 +914,13 @@ absl::Status Resize(ImportContext& cx, const onnx::NodeProto& node) {
     }
     size.push_back(sizes[d]);
     const bool divides = sizes[d] % shape[d] == 0;
-    // PyTorch's scale factor, a double the file holds rounded to float32:
-    // its step is float(1 / 1.1), not float(1 / 1.10000002), which for
-    // nearest may pick another pixel.
-    const double f = factors.empty() ? 0.0 : ShortestDecimal(factors[d]);
-    whole = whole && divides && (factors.empty() || f == static_cast<double>(sizes[d] / shape[d]));
+    const double f = pytorch_factors.empty() ? 0.0 : pytorch_factors[d];
+    whole = whole && divides && (f == 0.0 || f == static_cast<double>(sizes[d] / shape[d]));
     scale.push_back(divides ? sizes[d] / shape[d] : 0);
     scale_factor.push_back(f);
   }
   Json a = whole ? Json{{"scale", scale}} : Json{{"size", size}};
-  if (!whole && !factors.empty()) a["scale_factor"] = scale_factor;
+  if (!whole && !pytorch_factors.empty()) a["scale_factor"] = scale_factor;
   if (mode == "nearest") {
     if (transform != "asymmetric" || nearest_mode != "floor") {
       return NodeError(node, absl::StrCat("nearest resize with coordinate_transformation_mode ",

@@ -435,6 +435,18 @@ std::pair<int64_t, int64_t> SliceBounds(int64_t start, int64_t end, int64_t size
   return {clamp(start), clamp(end)};
 }
 
+// The cut of a Slice along one dim of `size` by a negative step, in the
+// coordinates of that dim reversed (j -> size - 1 - j): ONNX's start
+// clamped to [0, size - 1] and end to [-1, size - 1] become begin and end
+// of a positive step; begin >= end when nothing is kept.
+std::pair<int64_t, int64_t> ReversedSliceBounds(int64_t start, int64_t end, int64_t size) {
+  if (size == 0) return {0, 0};
+  auto wrap = [size](int64_t v) { return v < 0 ? (v < -size ? -size - 1 : v) + size : v; };
+  const int64_t first = std::clamp<int64_t>(wrap(start), 0, size - 1);
+  const int64_t stop = std::clamp<int64_t>(wrap(end), -1, size - 1);
+  return {size - 1 - first, size - 1 - stop};
+}
+
 // The values of a tensor of `dims` at the positions `picks` select, in
 // row-major order of the result: the source index along dim d of result
 // position (i_0, ...) is picks[d][i_d].
@@ -476,19 +488,17 @@ absl::StatusOr<std::vector<std::vector<int64_t>>> SlicePicks(
                      OnnxAxis(node, absl::StrCat("axis ", axes[k]), axes[k], rank));
     const int64_t size = dims[axis], step = steps[k];
     if (step == 0) return NodeError(node, "step 0");
-    auto wrap = [size](int64_t i) { return i < 0 ? i + size : i; };
+    // A negative step picks in the reversed coordinates j = size - 1 - i.
+    const auto [begin, end] = step > 0 ? SliceBounds(starts[k], ends[k], size)
+                                       : ReversedSliceBounds(starts[k], ends[k], size);
+    const int64_t stride =
+        step > 0 ? step : (step == std::numeric_limits<int64_t>::min() ? size + 1 : -step);
+    const int64_t count = begin < end ? 1 + (end - begin - 1) / stride : 0;
     std::vector<int64_t>& pick = picks[axis];
     pick.clear();
-    if (step > 0) {
-      const int64_t end = std::clamp<int64_t>(wrap(ends[k]), 0, size);
-      for (int64_t i = std::clamp<int64_t>(wrap(starts[k]), 0, size); i < end; i += step) {
-        pick.push_back(i);
-      }
-    } else {
-      const int64_t end = std::clamp<int64_t>(wrap(ends[k]), -1, size - 1);
-      for (int64_t i = std::clamp<int64_t>(wrap(starts[k]), 0, size - 1); i > end; i += step) {
-        pick.push_back(i);
-      }
+    for (int64_t c = 0; c < count; ++c) {
+      const int64_t j = begin + c * stride;
+      pick.push_back(step > 0 ? j : size - 1 - j);
     }
   }
   return picks;
@@ -571,18 +581,6 @@ absl::StatusOr<Value> ApplySliceCut(ImportContext& cx, const onnx::NodeProto& no
   const int64_t last = cut.begin + run;  // the last kept element
   ASSIGN_OR_RETURN(const Value end, slice(x, cut.axis, last, last + 1, name("last")));
   return cx.Lowered(node, "concat", {v, end}, {{"axis", cut.axis}}, suffix);
-}
-
-// The cut of a Slice along one dim of `size` by a negative step, in the
-// coordinates of that dim reversed (j -> size - 1 - j): ONNX's start
-// clamped to [0, size - 1] and end to [-1, size - 1] become begin and end
-// of a positive step; begin >= end when nothing is kept.
-std::pair<int64_t, int64_t> ReversedSliceBounds(int64_t start, int64_t end, int64_t size) {
-  if (size == 0) return {0, 0};
-  auto wrap = [size](int64_t v) { return v < 0 ? (v < -size ? -size - 1 : v) + size : v; };
-  const int64_t first = std::clamp<int64_t>(wrap(start), 0, size - 1);
-  const int64_t stop = std::clamp<int64_t>(wrap(end), -1, size - 1);
-  return {size - 1 - first, size - 1 - stop};
 }
 
 // Slice with constant (or folded) starts, ends, axes and steps: per dim it

@@ -196,16 +196,17 @@ absl::StatusOr<Resample> ParseResample(const KernelContext& ctx,
   r.nearest = u.mode == "nearest";
   r.cubic = u.mode == "bicubic";
   const bool align = u.align_corners;
+  const kmath::UpsampleAxis d = kmath::MakeUpsampleAxis(r.in.d, r.out.d, u.scale_factor[0]);
+  const kmath::UpsampleAxis h = kmath::MakeUpsampleAxis(r.in.h, r.out.h, u.scale_factor[1]);
+  const kmath::UpsampleAxis w = kmath::MakeUpsampleAxis(r.in.w, r.out.w, u.scale_factor[2]);
   if (r.cubic) {
-    const kmath::UpsampleAxis h = kmath::MakeUpsampleAxis(r.in.h, r.out.h, u.scale_factor[1]);
-    const kmath::UpsampleAxis w = kmath::MakeUpsampleAxis(r.in.w, r.out.w, u.scale_factor[2]);
     for (int64_t o = 0; o < r.out.h; ++o) r.cubic_h.push_back(kmath::CubicTapAt(o, h, align));
     for (int64_t o = 0; o < r.out.w; ++o) r.cubic_w.push_back(kmath::CubicTapAt(o, w, align));
     return r;
   }
-  r.d = AxisOf(kmath::MakeUpsampleAxis(r.in.d, r.out.d, u.scale_factor[0]), r.nearest, align);
-  r.h = AxisOf(kmath::MakeUpsampleAxis(r.in.h, r.out.h, u.scale_factor[1]), r.nearest, align);
-  r.w = AxisOf(kmath::MakeUpsampleAxis(r.in.w, r.out.w, u.scale_factor[2]), r.nearest, align);
+  r.d = AxisOf(d, r.nearest, align);
+  r.h = AxisOf(h, r.nearest, align);
+  r.w = AxisOf(w, r.nearest, align);
   return r;
 }
 

@@ -429,17 +429,23 @@ cudaError_t ScalarReduce(F f, const T* a, const T* b, int64_t n, double scale,
   return Launched();
 }
 
-template <typename T>
-__global__ void BceBackwardKernel(const T* x, const T* t, const float* g, T* dx, int64_t n) {
-  const float scale = (g != nullptr ? g[0] : 1.f) / static_cast<float>(n);
-  PEBBLE_GRID_LOOP(i, n) St(dx, i, activation::BceWithLogitsGrad(Ld(x, i), Ld(t, i)) * scale);
-}
+// The gradients of the pair losses: f(pred[i], target[i]) times a scale
+// of the incoming gradient g (1 when absent) and n, computed once.
+struct MseGrad {
+  __device__ float Scale(float g, int64_t n) const { return 2.f / static_cast<float>(n) * g; }
+  __device__ float operator()(float p, float t) const { return p - t; }
+};
+struct BceGrad {
+  __device__ float Scale(float g, int64_t n) const { return g / static_cast<float>(n); }
+  __device__ float operator()(float x, float t) const {
+    return activation::BceWithLogitsGrad(x, t);
+  }
+};
 
-template <typename T>
-__global__ void MseBackwardKernel(const T* p, const T* t, const float* g, T* dp,
-                                  int64_t n) {
-  const float scale = 2.f / static_cast<float>(n) * (g != nullptr ? g[0] : 1.f);
-  PEBBLE_GRID_LOOP(i, n) St(dp, i, (Ld(p, i) - Ld(t, i)) * scale);
+template <typename T, typename F>
+__global__ void PairGradKernel(F f, const T* a, const T* b, const float* g, T* da, int64_t n) {
+  const float scale = f.Scale(g != nullptr ? g[0] : 1.f, n);
+  PEBBLE_GRID_LOOP(i, n) St(da, i, f(Ld(a, i), Ld(b, i)) * scale);
 }
 
 // Cross-entropy of one position: logits (outer, C, inner).
@@ -589,10 +595,19 @@ __global__ void MaxPoolBackwardKernel(Window3 w, const T* g, const T* x,
 
 // ---- Upsampling.
 
+// Dim d of the upsample, for the tap functions of runtime/kernel_math.h.
+__device__ __forceinline__ kmath::UpsampleAxis DimAxis(const Upsample3& u, int d) {
+  kmath::UpsampleAxis a;
+  a.in = u.in[d];
+  a.out = u.out[d];
+  a.scale = u.scale[d];
+  return a;
+}
+
 // Output o's taps along dim d (Note [Upsample taps], the CPU backend's).
 __device__ __forceinline__ kmath::UpsampleTap DimTap(const Upsample3& u, int d,
                                                      int64_t o) {
-  return kmath::UpsampleTapAt(o, u.axis[d], u.mode == 0, u.align_corners);
+  return kmath::UpsampleTapAt(o, DimAxis(u, d), u.mode == 0, u.align_corners);
 }
 
 // Bicubic (mode 2, 2-D: depth 1): each output the sum over its 4 x 4 taps
@@ -600,8 +615,8 @@ __device__ __forceinline__ kmath::UpsampleTap DimTap(const Upsample3& u, int d,
 template <typename T>
 __device__ __forceinline__ float BicubicAt(const Upsample3& u, const T* plane,
                                            const kmath::Index3& o) {
-  const kmath::CubicTap th = kmath::CubicTapAt(o.h, u.axis[1], u.align_corners);
-  const kmath::CubicTap tw = kmath::CubicTapAt(o.w, u.axis[2], u.align_corners);
+  const kmath::CubicTap th = kmath::CubicTapAt(o.h, DimAxis(u, 1), u.align_corners);
+  const kmath::CubicTap tw = kmath::CubicTapAt(o.w, DimAxis(u, 2), u.align_corners);
   float v = 0.f;
   for (int j = 0; j < 4; ++j) {
     float along = 0.f;
@@ -642,7 +657,7 @@ struct Readers {
 __device__ __forceinline__ Readers DimReaders(const Upsample3& u, int d,
                                               int64_t i) {
   Readers r;
-  kmath::UpsampleReaders(i, u.axis[d], u.mode == 0, u.align_corners, &r.first, &r.last);
+  kmath::UpsampleReaders(i, DimAxis(u, d), u.mode == 0, u.align_corners, &r.first, &r.last);
   return r;
 }
 
@@ -655,15 +670,15 @@ template <typename T>
 __device__ __forceinline__ float BicubicGradAt(const Upsample3& u, const T* g_plane,
                                                const kmath::Index3& in) {
   Readers rh, rw;
-  kmath::CubicReaders(in.h, u.axis[1], u.align_corners, &rh.first, &rh.last);
-  kmath::CubicReaders(in.w, u.axis[2], u.align_corners, &rw.first, &rw.last);
+  kmath::CubicReaders(in.h, DimAxis(u, 1), u.align_corners, &rh.first, &rh.last);
+  kmath::CubicReaders(in.w, DimAxis(u, 2), u.align_corners, &rw.first, &rw.last);
   float acc = 0.f;
   for (int64_t oh = rh.first; oh <= rh.last; ++oh) {
     const float wh =
-        kmath::CubicWeight(kmath::CubicTapAt(oh, u.axis[1], u.align_corners), in.h);
+        kmath::CubicWeight(kmath::CubicTapAt(oh, DimAxis(u, 1), u.align_corners), in.h);
     float row = 0.f;
     for (int64_t ow = rw.first; ow <= rw.last; ++ow) {
-      row += kmath::CubicWeight(kmath::CubicTapAt(ow, u.axis[2], u.align_corners), in.w) *
+      row += kmath::CubicWeight(kmath::CubicTapAt(ow, DimAxis(u, 2), u.align_corners), in.w) *
              Ld(g_plane, oh * u.out[2] + ow);
     }
     acc += wh * row;
@@ -1286,30 +1301,30 @@ cudaError_t LaunchBceLoss(KType t, const void* logits, const void* target, float
   });
 }
 
-cudaError_t LaunchBceLossBackward(KType t, const void* logits, const void* target,
-                                  const float* g, void* dlogits, int64_t n,
-                                  cudaStream_t stream) {
+namespace {
+template <typename F>
+cudaError_t LaunchPairGrad(F f, KType t, const void* a, const void* b, const float* g, void* da,
+                           int64_t n, cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
   return Dispatch(t, [&](auto tag) {
     using T = decltype(tag);
-    PEBBLE_KERNEL_LAUNCH(Blocks(n), kThreads, stream, BceBackwardKernel<T>)
-    (static_cast<const T*>(logits), static_cast<const T*>(target), g,
-     static_cast<T*>(dlogits), n);
+    PEBBLE_KERNEL_LAUNCH(Blocks(n), kThreads, stream, PairGradKernel<T, F>)
+    (f, static_cast<const T*>(a), static_cast<const T*>(b), g, static_cast<T*>(da), n);
     return Launched();
   });
+}
+}  // namespace
+
+cudaError_t LaunchBceLossBackward(KType t, const void* logits, const void* target,
+                                  const float* g, void* dlogits, int64_t n,
+                                  cudaStream_t stream) {
+  return LaunchPairGrad(BceGrad{}, t, logits, target, g, dlogits, n, stream);
 }
 
 cudaError_t LaunchMseLossBackward(KType t, const void* pred, const void* target,
                                   const float* g, void* dpred, int64_t n,
                                   cudaStream_t stream) {
-  if (n == 0) return cudaSuccess;
-  return Dispatch(t, [&](auto tag) {
-    using T = decltype(tag);
-    PEBBLE_KERNEL_LAUNCH(Blocks(n), kThreads, stream, MseBackwardKernel<T>)
-    (static_cast<const T*>(pred), static_cast<const T*>(target), g,
-     static_cast<T*>(dpred), n);
-    return Launched();
-  });
+  return LaunchPairGrad(MseGrad{}, t, pred, target, g, dpred, n, stream);
 }
 
 cudaError_t LaunchCrossEntropy(KType t, const void* logits,
@@ -1382,13 +1397,11 @@ cudaError_t LaunchMaxPoolBackward(KType t, const Window3& w, const void* g,
 }
 
 namespace {
-// Whether every dim is non-empty and its axis says the same sizes.
-bool ValidAxes(const Upsample3& u) {
+// Whether every dim is non-empty (and bicubic 2-D).
+bool ValidDims(const Upsample3& u) {
   if (u.mode == 2 && u.in[0] != 1) return false;  // bicubic is 2-D
   for (int d = 0; d < 3; ++d) {
-    if (u.in[d] <= 0 || u.out[d] <= 0 || u.axis[d].in != u.in[d] || u.axis[d].out != u.out[d]) {
-      return false;
-    }
+    if (u.in[d] <= 0 || u.out[d] <= 0) return false;
   }
   return true;
 }
@@ -1398,7 +1411,7 @@ cudaError_t LaunchUpsample(KType t, const Upsample3& u, const void* x, void* y,
                            cudaStream_t stream) {
   const int64_t n = u.nc * u.out[0] * u.out[1] * u.out[2];
   if (n == 0) return cudaSuccess;
-  if (!ValidAxes(u)) return cudaErrorInvalidValue;
+  if (!ValidDims(u)) return cudaErrorInvalidValue;
   return Dispatch(t, [&](auto tag) {
     using T = decltype(tag);
     PEBBLE_KERNEL_LAUNCH(Blocks(n), kThreads, stream, UpsampleKernel<T>)
@@ -1411,7 +1424,7 @@ cudaError_t LaunchUpsampleBackward(KType t, const Upsample3& u, const void* g,
                                    void* dx, cudaStream_t stream) {
   const int64_t n = u.nc * u.in[0] * u.in[1] * u.in[2];
   if (n == 0) return cudaSuccess;
-  if (!ValidAxes(u)) return cudaErrorInvalidValue;
+  if (!ValidDims(u)) return cudaErrorInvalidValue;
   return Dispatch(t, [&](auto tag) {
     using T = decltype(tag);
     PEBBLE_KERNEL_LAUNCH(Blocks(n), kThreads, stream, UpsampleBackwardKernel<T>)

@@ -167,7 +167,7 @@ struct Upsample3 {
   int64_t nc = 0;
   int64_t in[3] = {1, 1, 1};
   int64_t out[3] = {1, 1, 1};
-  kmath::UpsampleAxis axis[3];  // per dim, in and out as above (Note [Upsample taps])
+  float scale[3] = {1.f, 1.f, 1.f};  // per dim, the source step (Note [Upsample taps])
   int mode = 0;                 // 0 nearest, 1 linear, 2 bicubic (2-D)
   bool align_corners = false;
 };

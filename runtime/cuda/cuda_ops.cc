@@ -552,7 +552,7 @@ absl::StatusOr<Upsample3> UpsampleSpec(const KernelContext& ctx, const Shape& x,
     }
     u.in[off + i] = x[2 + i];
     u.out[off + i] = y[2 + i];
-    u.axis[off + i] = kmath::MakeUpsampleAxis(x[2 + i], y[2 + i], geometry.scale_factor[i]);
+    u.scale[off + i] = kmath::MakeUpsampleAxis(x[2 + i], y[2 + i], geometry.scale_factor[i]).scale;
   }
   return u;
 }
