@@ -30,6 +30,7 @@
 #include "graph/autodiff.h"
 #include "graph/file_output.h"
 #include "graph/graph_json.h"
+#include "graph/import/onnx_import.h"
 #include "graph/models/models.h"
 #include "graph/optimizer.h"
 #include "graph/status.h"
@@ -615,6 +616,28 @@ void AddOptimizerOption(CLI::App* cmd, std::string& optimizer) {
                   "2-norm first, as clip_grad_norm_; parameter groups after semicolons, a "
                   "glob of parameter ids and its settings each, e.g. "
                   "'adamw:lr=1e-3;*.bias:weight_decay=0' (docs/training.md)");
+}
+
+CLI::Option* AddFrozenOption(CLI::App* cmd, std::string& frozen) {
+  return cmd->add_option("--frozen", frozen,
+                  "initializers not to train, comma-separated ids or shell globs (*, ? and "
+                  "[...]), e.g. 'mean,std' or 'backbone.*': buffers the forward reads "
+                  "(register_buffer, as a normalization's mean and std) and frozen parameters "
+                  "(requires_grad=False), which torch.onnx.export writes like the trained "
+                  "ones; they become buffers, with no gradient and no update "
+                  "(docs/import.md)");
+}
+
+absl::StatusOr<std::vector<std::string>> ParseFrozenOption(const std::string& text) {
+  if (text.empty()) return std::vector<std::string>{};
+  absl::StatusOr<std::vector<std::string>> patterns = ListItems(text, "pattern");
+  if (!patterns.ok()) return UsageError(absl::StrCat("--frozen: ", patterns.status().message()));
+  return patterns;
+}
+
+absl::Status ImportErrorOfOptions(const absl::Status& status) {
+  if (IsOnnxOptionError(status)) return UsageError(absl::StrCat("--", status.message()));
+  return status;
 }
 
 absl::StatusOr<OptimizerSpec> ParseOptimizerOption(const std::string& text) {

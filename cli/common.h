@@ -322,6 +322,16 @@ absl::StatusOr<OptimizerSpec> ParseOptimizerOption(const std::string& text);
 absl::StatusOr<Graph> AppendOptimizerStep(const Graph& graph, const OptimizerSpec& spec,
                                           CostModel cost);
 
+// --frozen (OnnxImportOptions::frozen) for the commands that import an
+// ONNX model, and its comma-separated patterns (ListItems); a UsageError
+// "--frozen: ..." where the list is malformed.
+CLI::Option* AddFrozenOption(CLI::App* cmd, std::string& frozen);
+absl::StatusOr<std::vector<std::string>> ParseFrozenOption(const std::string& text);
+// An import's error, as the command line says it: a --frozen pattern that
+// matches no initializer is a UsageError naming the option (exit 2, as
+// --optimizer's parameter groups); the rest are unchanged.
+absl::Status ImportErrorOfOptions(const absl::Status& status);
+
 // Reports of long planning stages on stderr, for PlannerOptions::progress:
 // "pebble: [12.5 s] checkmate: CBC stopped (incumbent 0.0012, bound
 // 0.00119)". Stages reported within the first second are not printed (a

@@ -21,6 +21,7 @@ struct ImportFlags {
   int64_t batch = 0;  // 0: the model's own
   std::string output;
   std::string optimizer;  // empty: none (graph/optimizer.h)
+  std::string frozen;     // --frozen's patterns; empty: none
   double throughput_flops_per_s = 10e12;
   bool force = false;
   bool json = false;
@@ -49,11 +50,14 @@ int RunImport(const ImportFlags& flags) {
     }
     optimizer = *spec;
   }
+  absl::StatusOr<std::vector<std::string>> frozen = ParseFrozenOption(flags.frozen);
+  if (!frozen.ok()) return Fail(frozen.status());
+  options.frozen = *std::move(frozen);
   if (flags.batch > 0) options.batch = flags.batch;
   options.cost_model.device_flops_per_s = flags.throughput_flops_per_s;
   std::vector<std::string> notes;
   auto graph = ImportOnnxFile(flags.model_path, options, &notes);
-  if (!graph.ok()) return Fail(graph.status());
+  if (!graph.ok()) return Fail(ImportErrorOfOptions(graph.status()));
   for (const std::string& note : notes) std::cerr << "pebble: note: " << note << "\n";
   if (optimizer.has_value()) {
     graph = AppendOptimizerStep(*graph, *optimizer, options.cost_model);
@@ -62,8 +66,9 @@ int RunImport(const ImportFlags& flags) {
   absl::Status written = WriteOutput(flags.output, GraphToJsonText(*graph), flags.force);
   if (!written.ok()) return Fail(written);
 
-  int64_t parameters = 0, parameter_bytes = 0;
+  int64_t parameters = 0, parameter_bytes = 0, buffers = 0;  // (buffers: --frozen's too)
   for (NodeId v = 0; v < graph->num_nodes(); ++v) {
+    if (graph->role(v) == Role::kBuffer) ++buffers;
     if (graph->role(v) != Role::kParameter) continue;
     ++parameters;
     parameter_bytes += graph->bytes(v);
@@ -76,6 +81,7 @@ int RunImport(const ImportFlags& flags) {
                           {"aliases", graph->num_aliases()},
                           {"parameters", parameters},
                           {"parameter_bytes", parameter_bytes},
+                          {"buffers", buffers},
                           {"persistent_bytes", graph->persistent_bytes()},
                           {"outputs", graph->outputs().size()},
                           {"notes", notes}};
@@ -87,7 +93,8 @@ int RunImport(const ImportFlags& flags) {
               << "): " << graph->num_nodes() << " nodes (" << graph->num_aliases()
               << (graph->num_aliases() == 1 ? " view), " : " views), ") << parameters
               << (parameters == 1 ? " parameter of " : " parameters of ")
-              << parameter_bytes << " bytes; wrote " << flags.output << "\n";
+              << parameter_bytes << " bytes and " << buffers
+              << (buffers == 1 ? " buffer" : " buffers") << "; wrote " << flags.output << "\n";
   }
   return 0;
 }
@@ -114,6 +121,7 @@ void AddImportCommand(CLI::App& app, int& exit_code) {
                   "probabilities of the positive class), or none (default cross-entropy)")
       ->check(CLI::IsMember({"cross-entropy", "nll", "mse", "bce", "none"}));
   AddOptimizerOption(cmd, flags.optimizer);
+  AddFrozenOption(cmd, flags.frozen);
   cmd->add_option("--batch", flags.batch,
                   "batch size: rewrites dimension 0 of every graph input (needed when the "
                   "model's batch dimension is symbolic; a file of fixed batch keeps the sizes "

@@ -40,6 +40,7 @@ struct FitFlags {
   std::string onnx;  // an ONNX model searched over its batch size, instead of --model
   std::string loss = "cross-entropy";  // --onnx's loss
   std::string optimizer;               // --onnx's optimizer step; empty: none
+  std::string frozen;                  // --onnx's frozen initializers; empty: none
   std::string vary;
   std::string budget;
   std::string policies;  // empty: the default set
@@ -127,6 +128,7 @@ absl::Status SetOnnxModel(const FitFlags& f, FitRequest& request) {
     return UsageError("--loss none: fit plans the training step; give --loss cross-entropy, "
                       "nll, mse or bce");
   }
+  ASSIGN_OR_RETURN(options.frozen, ParseFrozenOption(f.frozen));
   std::optional<OptimizerSpec> optimizer;
   if (!f.optimizer.empty()) {
     ASSIGN_OR_RETURN(optimizer, ParseOptimizerOption(f.optimizer));
@@ -160,6 +162,9 @@ absl::Status SetOnnxModel(const FitFlags& f, FitRequest& request) {
       },
       request.start, request.max_value);
   if (!first.ok()) {
+    if (absl::Status usage = ImportErrorOfOptions(first.status()); IsUsageError(usage)) {
+      return usage;
+    }
     return absl::Status(first.status().code(),
                         absl::StrCat(Quote(f.onnx), " at batch ", request.start, ": ",
                                      first.status().message()));
@@ -485,6 +490,7 @@ void AddFitCommand(CLI::App& app, int& exit_code) {
       ->check(CLI::IsMember({"cross-entropy", "nll", "mse", "bce"}))
       ->needs(onnx);
   AddOptimizerOption(fit, flags.optimizer);
+  AddFrozenOption(fit, flags.frozen)->needs(onnx);
   fit->add_option("--vary", flags.vary,
                   "the integer parameter of --model to search (n, batch, ...); with --onnx, "
                   "batch (the default there)");

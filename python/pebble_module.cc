@@ -262,12 +262,28 @@ Graph FromJsonPy(const py::object& text_arg) {
   return Unwrap(WithoutGil([&] { return ParseGraphJson(text); }));
 }
 
-Graph ImportOnnxPy(const py::object& path_arg, const py::object& loss, const py::object& batch) {
+// import_onnx's frozen: None, or a list of ids or globs (a str alone is
+// refused: it would read as its characters).
+std::vector<std::string> FrozenArg(const py::object& frozen) {
+  std::vector<std::string> patterns;
+  if (frozen.is_none()) return patterns;
+  for (const py::object& item : ListArg(frozen, "frozen", "a list of ids or globs")) {
+    const std::string name = absl::StrCat("frozen[", patterns.size(), "]");
+    patterns.push_back(StrArg(item, name));
+    if (patterns.back().empty()) RaiseValueError(absl::StrCat(name, ": an empty pattern"));
+    RefuseRepeated(patterns, name, "pattern");
+  }
+  return patterns;
+}
+
+Graph ImportOnnxPy(const py::object& path_arg, const py::object& loss, const py::object& batch,
+                   const py::object& frozen) {
   const std::string path = PathArg(path_arg, "path");
   OnnxImportOptions o;
   const absl::Status loss_set = SetOnnxLoss(StrArg(loss, "loss"), o);
   if (!loss_set.ok()) RaiseValueError(std::string(loss_set.message()));
   if (!batch.is_none()) o.batch = IntArg(batch, "batch", 1, int64_t{1} << 24);
+  o.frozen = FrozenArg(frozen);
   std::vector<std::string> notes;
   Graph graph = Unwrap(WithoutGil([&] { return ImportOnnxFile(path, o, &notes); }));
   for (const std::string& note : notes) {
@@ -333,9 +349,10 @@ PYBIND11_MODULE(_core, m) {
         "A graph file (pebble-graph JSON); path: str, bytes or os.PathLike.");
   m.def("from_json", &FromJsonPy, py::arg("text"), "A graph from pebble-graph JSON text.");
   m.def("import_onnx", &ImportOnnxPy, py::arg("path"), py::arg("loss") = "cross-entropy",
-        py::arg("batch") = py::none(),
+        py::arg("batch") = py::none(), py::arg("frozen") = py::none(),
         "An ONNX model as a training graph (pebble import): loss 'cross-entropy', 'nll', "
-        "'mse', 'bce' or 'none' (the forward graph).");
+        "'mse', 'bce' or 'none' (the forward graph); frozen: a list of initializer ids or "
+        "globs not to train (buffers, frozen parameters: pebble import --frozen).");
   m.def("train", [](const py::object& forward, const py::object& loss) {
         const Graph& graph = GraphArg(forward);
         const LossKind kind = Unwrap(ParseLossKind(StrArg(loss, "loss")));

@@ -171,6 +171,41 @@ TEST(CliImportTest, BadModelsGiveOneLineErrors) {
   EXPECT_EQ(Pebble("import " + symbolic.string() + " --loss hinge --output -").exit_code, 2);
 }
 
+// --frozen: initializers not to train become buffers (no gradient output);
+// a pattern that matches none, or a malformed list, is a command-line
+// error naming the option (exit 2), in fit --onnx too.
+TEST(CliImportTest, FrozenInitializersAreNotTrained) {
+  const fs::path dir = Scratch("frozen");
+  const std::string model = Corpus("conv_bn_13");
+  const std::string out = (dir / "g.json").string();
+  Result all = Pebble("import " + model + " --json --output " + out);
+  ASSERT_EQ(all.exit_code, 0) << all.err;
+  const Json trained = Json::parse(all.out);
+  fs::remove(out);
+  // (nn.Sequential's names: the convolution is "0", its batch norm "1")
+  Result r = Pebble("import " + model + " --frozen '0.*' --json --output " + out);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const Json frozen = Json::parse(r.out);
+  EXPECT_LT(frozen["parameters"].get<int64_t>(), trained["parameters"].get<int64_t>());
+  EXPECT_GT(frozen["buffers"].get<int64_t>(), trained["buffers"].get<int64_t>());
+  EXPECT_EQ(trained["outputs"].get<int64_t>() - frozen["outputs"].get<int64_t>(),
+            trained["parameters"].get<int64_t>() - frozen["parameters"].get<int64_t>());
+  const Json graph = Json::parse(ReadFileText(out));
+  for (const Json& node : graph["nodes"]) {
+    const std::string id = node["id"].get<std::string>();
+    if (id.rfind("0.", 0) == 0 && node.value("persistent", false)) {
+      EXPECT_EQ(node["role"], "buffer") << id;
+    }
+    EXPECT_NE(id.rfind("grad:0.", 0), 0u) << id;
+  }
+  ExpectOneLineError(Pebble("import " + model + " --frozen '0.*,head.*' --output -"), 2,
+                     {"--frozen 'head.*' matches none"});
+  ExpectOneLineError(Pebble("import " + model + " --frozen '0.*,' --output -"), 2,
+                     {"--frozen", "empty pattern"});
+  ExpectOneLineError(Pebble("fit --onnx " + model + " --frozen head --budget 1GiB"), 2,
+                     {"--frozen 'head' matches none"});
+}
+
 // fit --onnx: the largest batch whose training step fits, the model imported
 // at each batch; pebble import --batch at that batch plans within the
 // budget, at the next batch it does not.

@@ -657,6 +657,50 @@ TEST(OnnxImportTest, AConcatOfParametersIsComputedNotFolded) {
   }
 }
 
+// OnnxImportOptions::frozen: initializers matched by id or glob import as
+// buffers (no gradient); the batch norm's statistics stay buffers; a
+// pattern that matches nothing is an option error, not the model's; a
+// model frozen whole is refused.
+TEST(OnnxImportTest, FrozenInitializersAreBuffersWithoutGradients) {
+  const std::string bytes = TinyModel(13, "", [](ModelMaker& m) {
+    m.FloatVectorInitializer("mean", {0.5});
+    m.Node("Sub", "/Sub", {"input", "mean"}, {"centred"});
+    FindNode(m, "Conv")->set_input(0, "centred");
+    MoveFirst(m, {"/Sub"});
+  });
+  auto import_frozen = [&bytes](std::vector<std::string> frozen) {
+    OnnxImportOptions options;
+    options.frozen = std::move(frozen);
+    return ImportOnnxModel(bytes, "tiny", options);
+  };
+  {
+    auto g = Import(bytes);  // (what --frozen is for: a buffer read by Sub trains)
+    ASSERT_TRUE(g.ok()) << g.status();
+    EXPECT_EQ(g->role(g->Find("mean")), Role::kParameter);
+  }
+  auto g = import_frozen({"mean", "conv1.*"});
+  ASSERT_TRUE(g.ok()) << g.status();
+  for (const char* id : {"mean", "conv1.weight", "conv1.bias", "bn1.running_mean"}) {
+    EXPECT_EQ(g->role(g->Find(id)), Role::kBuffer) << id;
+    EXPECT_EQ(g->Find(absl::StrCat("grad:", id)), kNoNode) << id;
+  }
+  for (const char* id : {"bn1.weight", "bn1.bias", "fc.weight", "fc.bias"}) {
+    EXPECT_EQ(g->role(g->Find(id)), Role::kParameter) << id;
+    EXPECT_NE(g->Find(absl::StrCat("grad:", id)), kNoNode) << id;
+  }
+  EXPECT_EQ(g->outputs().size(), 5u);  // loss + 4 gradients
+
+  auto unmatched = import_frozen({"mean", "conv2.*"});
+  ASSERT_FALSE(unmatched.ok());
+  EXPECT_TRUE(IsOnnxOptionError(unmatched.status()));
+  EXPECT_THAT(unmatched.status().message(),
+              AllOf(HasSubstr("frozen 'conv2.*' matches none"), HasSubstr("'conv1.bias'")));
+  auto whole = import_frozen({"*"});
+  ASSERT_FALSE(whole.ok());
+  EXPECT_FALSE(IsOnnxOptionError(whole.status()));
+  EXPECT_THAT(whole.status().message(), HasSubstr("no parameters left to train"));
+}
+
 // A model whose weights are graph inputs (export_params=False) trains
 // nothing: refused, saying how to export it (it imported as a step with no
 // parameter gradient).

@@ -1,12 +1,15 @@
 // The state of one ONNX import and its primitives (see onnx_context.h).
 #include "graph/import/onnx_context.h"
 
+#include <fnmatch.h>
+
 #include <algorithm>
 #include <utility>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "graph/import/onnx_util.h"
 #include "graph/status.h"
@@ -40,6 +43,37 @@ absl::Status ImportContext::ReadInitializers(const onnx::GraphProto& graph) {
   for (const onnx::NodeProto& node : graph.node()) {
     if (node.op_type() != "BatchNormalization") continue;
     for (int i = 3; i < std::min(node.input_size(), 5); ++i) buffers_.insert(node.input(i));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ImportContext::FreezeInitializers(const std::vector<std::string>& patterns) {
+  std::vector<std::string> trainable;  // the names a pattern may match, sorted
+  for (const auto& [name, tensor] : initializers_) {
+    if (IsParameterLike(name)) trainable.push_back(name);
+  }
+  std::sort(trainable.begin(), trainable.end());
+  for (const std::string& pattern : patterns) {
+    bool matched = false;
+    for (const std::string& name : trainable) {
+      if (fnmatch(pattern.c_str(), name.c_str(), 0) != 0) continue;
+      buffers_.insert(name);
+      matched = true;
+    }
+    if (matched) continue;
+    constexpr size_t kNamesShown = 8;
+    std::vector<std::string> shown(trainable.begin(),
+                                   trainable.begin() + std::min(trainable.size(), kNamesShown));
+    for (std::string& name : shown) name = Quote(name);
+    return OptionError(absl::StrCat(
+        "frozen ", Quote(pattern), " matches none of the model's floating-point initializers",
+        trainable.empty()
+            ? " (it has none)"
+            : absl::StrCat(" (", absl::StrJoin(shown, ", "),
+                           trainable.size() > shown.size()
+                               ? absl::StrCat(" and ", trainable.size() - shown.size(), " more")
+                               : "",
+                           ")")));
   }
   return absl::OkStatus();
 }

@@ -71,6 +71,11 @@ class ImportContext {
   // The graph's initializers by name (each once; no sparse ones); the
   // inputs 3 and 4 of every BatchNormalization are buffers, not parameters.
   absl::Status ReadInitializers(const onnx::GraphProto& graph);
+  // After ReadInitializers: the floating-point initializers whose names
+  // match one of `patterns` (ids or fnmatch(3) globs) are buffers too
+  // (OnnxImportOptions::frozen); InvalidArgument naming a pattern that
+  // matches none of them.
+  absl::Status FreezeInitializers(const std::vector<std::string>& patterns);
   bool IsInitializer(const std::string& name) const { return initializers_.contains(name); }
   // A graph input or output: its name is its node's id, which no other
   // node takes.

@@ -97,6 +97,7 @@ class Importer {
   // an error says it too where it explains the error (BatchRewrite).
   absl::StatusOr<Graph> Run(std::vector<std::string>* notes) {
     absl::StatusOr<Graph> graph = Import();
+    if (!graph.ok() && IsOnnxOptionError(graph.status())) return graph;  // (not the model's)
     if (graph.ok() && notes != nullptr) AddNotes(*notes);
     // A handler's note may explain a later error (a pool's extra window, a
     // Linear that then gets too many features).
@@ -115,6 +116,7 @@ class Importer {
     RETURN_IF_ERROR(CheckOpset());
     RETURN_IF_ERROR(CheckOperatorsKnown());
     RETURN_IF_ERROR(cx_.ReadInitializers(graph_));
+    RETURN_IF_ERROR(cx_.FreezeInitializers(options_.frozen));
     RETURN_IF_ERROR(CheckAssignedOnce());
     for (const onnx::ValueInfoProto& v : graph_.input()) cx_.Reserve(v.name());
     for (const onnx::ValueInfoProto& v : graph_.output()) cx_.Reserve(v.name());
@@ -288,6 +290,11 @@ class Importer {
   // import as a step that trains nothing (its every weight an input).
   absl::Status CheckSomethingTrains(const Graph& forward) const {
     if (options_.loss == LossKind::kNone || forward.has_parameters()) return absl::OkStatus();
+    if (!options_.frozen.empty()) {
+      return absl::InvalidArgumentError(
+          "the model has no parameters left to train: every floating-point initializer that a "
+          "node reads is frozen");
+    }
     return absl::InvalidArgumentError(absl::StrCat(
         "the ONNX model has no parameters (no float initializers that a node reads), so a "
         "training graph would train nothing",
@@ -608,6 +615,10 @@ absl::StatusOr<Graph> ImportOnnxModel(absl::string_view bytes, absl::string_view
   return graph;
 }
 
+bool IsOnnxOptionError(const absl::Status& status) {
+  return status.GetPayload(onnx_import::kOptionErrorPayload).has_value();
+}
+
 std::string FoldedParametersNote(const Graph& graph) {
   constexpr absl::string_view kFoldedPrefix = "onnx::";
   constexpr size_t kMostNamed = 3;
@@ -637,7 +648,7 @@ absl::StatusOr<Graph> ImportOnnxFile(const std::string& path, const OnnxImportOp
   ASSIGN_OR_RETURN(std::string bytes, ReadBoundedFile(path, "ONNX model", kMaxOnnxFileBytes));
   const std::string stem = std::filesystem::path(path).stem().string();
   auto graph = ImportOnnxModel(bytes, stem.empty() ? "model" : stem, options, notes);
-  if (!graph.ok()) {
+  if (!graph.ok() && !IsOnnxOptionError(graph.status())) {
     return absl::Status(graph.status().code(),
                         absl::StrCat(Quote(path), ": ", graph.status().message()));
   }

@@ -44,6 +44,15 @@ struct OnnxImportOptions {
   bool log_probabilities = false;
   // Rewrites dimension 0 of every graph input (a symbolic batch needs it).
   std::optional<int64_t> batch;
+  // Initializers that are not trained, by id or shell glob (fnmatch(3):
+  // *, ? and [...]; "*" crosses dots): they import as buffers, with no
+  // gradient and no update. torch.onnx.export writes a module's buffers
+  // (register_buffer: a normalization's mean and std) and its frozen
+  // parameters (requires_grad=False) as initializers like the trained
+  // ones, so only the user can say which they are; batch-norm running
+  // statistics are known buffers without it. A pattern that matches no
+  // floating-point initializer is an error.
+  std::vector<std::string> frozen;
   CostModel cost_model;
 };
 
@@ -68,6 +77,11 @@ inline constexpr int64_t kMaxOnnxFileBytes = (int64_t{2} << 30) - 1;
 absl::StatusOr<Graph> ImportOnnxModel(absl::string_view bytes, absl::string_view name,
                                       const OnnxImportOptions& options,
                                       std::vector<std::string>* notes = nullptr);
+// Whether an error of ImportOnnxModel or ImportOnnxFile refuses an option
+// for this model rather than the model (a frozen pattern that matches
+// none of its initializers); ImportOnnxFile does not prefix such an error
+// with the file's name.
+bool IsOnnxOptionError(const absl::Status& status);
 // Reads and imports the file `path` (the graph is named after its stem).
 absl::StatusOr<Graph> ImportOnnxFile(const std::string& path, const OnnxImportOptions& options,
                                      std::vector<std::string>* notes = nullptr);

@@ -3,6 +3,7 @@
 
 #include <cstring>
 
+#include "absl/strings/cord.h"
 #include "absl/strings/str_join.h"
 #include "graph/status.h"
 
@@ -54,6 +55,12 @@ absl::StatusOr<DType> DTypeOfOnnx(int elem_type) {
 
 absl::Status NodeError(const onnx::NodeProto& node, absl::string_view what) {
   return absl::InvalidArgumentError(absl::StrCat(NodeLabel(node), ": ", Printable(what, 4000)));
+}
+
+absl::Status OptionError(absl::string_view message) {
+  absl::Status status = absl::InvalidArgumentError(message);
+  status.SetPayload(kOptionErrorPayload, absl::Cord("1"));
+  return status;
 }
 
 absl::StatusOr<int64_t> OnnxAxis(const onnx::NodeProto& node, absl::string_view what, int64_t axis,

@@ -32,6 +32,12 @@ std::string NodeLabel(const onnx::NodeProto& node);
 // `what` may quote ids derived from the file's names (a graph builder's
 // message): escaped, so that the error stays one line.
 absl::Status NodeError(const onnx::NodeProto& node, absl::string_view what);
+// An InvalidArgument error that IsOnnxOptionError (onnx_import.h) knows:
+// an import option that does not fit the model. Its message starts with
+// the option's name as the command line spells it without "--" ("frozen
+// 'x' matches ..."), which the command line prefixes.
+inline constexpr absl::string_view kOptionErrorPayload = "pebble.onnx.option";
+absl::Status OptionError(absl::string_view message);
 
 // The dim that `axis` of `node` names in an input of rank `rank`. ONNX counts
 // a negative axis from the end, so -rank to rank - 1 are valid (to rank

@@ -147,6 +147,32 @@ class GraphTest(unittest.TestCase):
             onnx.save(model, folded)
             with self.assertWarnsRegex(UserWarning, "'onnx::Gemm_3'.*do_constant_folding=False"):
                 pebble.import_onnx(folded, loss="none")
+            # frozen: initializers not trained (a buffer read by Add), by id or glob; a
+            # pattern that matches none is refused as the command line refuses it.
+            shift = helper.make_tensor("shift", TensorProto.FLOAT, [3], [0.5] * 3)
+            shifted = helper.make_graph(
+                [helper.make_node("Gemm", ["input", "fc.weight"], ["logits"], transB=1),
+                 helper.make_node("Add", ["logits", "shift"], ["out"])],
+                "shifted", [helper.make_tensor_value_info("input", TensorProto.FLOAT, [2, 4])],
+                [helper.make_tensor_value_info("out", TensorProto.FLOAT, [2, 3])],
+                [weight, shift])
+            shifted_path = os.path.join(d, "shifted.onnx")
+            onnx.save(helper.make_model(shifted, opset_imports=[helper.make_opsetid("", 13)]),
+                      shifted_path)
+            self.assertIn("grad:shift", pebble.import_onnx(shifted_path).outputs)
+            for frozen in (["shift"], ["s*"]):
+                outputs = pebble.import_onnx(shifted_path, frozen=frozen).outputs
+                self.assertNotIn("grad:shift", outputs)
+                self.assertIn("grad:fc.weight", outputs)
+            with self.assertRaises(ValueError) as e:
+                pebble.import_onnx(shifted_path, frozen=["bias"])
+            out = subprocess.run([CLI, "import", shifted_path, "--frozen", "bias",
+                                  "--output", os.path.join(d, "g.json")],
+                                 capture_output=True, text=True)
+            self.assertEqual(out.returncode, 2)
+            self.assertEqual("pebble: --" + str(e.exception), out.stderr.strip())
+            with self.assertRaisesRegex(ValueError, "frozen: must be a list"):
+                pebble.import_onnx(shifted_path, frozen="shift")
             bad = os.path.join(d, "bad.onnx")
             with open(bad, "wb") as f:
                 f.write(b"not a model")

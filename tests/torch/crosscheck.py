@@ -195,8 +195,9 @@ def check_graph_matches(graph_desc, written, expected_outputs):
 
 
 def torch_reference(torch, module, x, t, dtype):
-    """Loss and parameter gradients of one training step, as numpy arrays in
-    `dtype` precision ({'loss': ..., 'grad:<p>': ...})."""
+    """Loss and the gradients of the trainable parameters of one training
+    step, as numpy arrays in `dtype` precision ({'loss': ...,
+    'grad:<p>': ...})."""
     module = module.to(dtype)
     module.train()
     module.zero_grad(set_to_none=True)
@@ -206,6 +207,8 @@ def torch_reference(torch, module, x, t, dtype):
     loss.backward()
     ref = {"loss": loss.detach().numpy().copy()}
     for name, p in module.named_parameters():
+        if not p.requires_grad:  # frozen: no gradient
+            continue
         if p.grad is None:
             raise AssertionError("no gradient for %s" % name)
         ref["grad:" + name] = p.grad.detach().numpy().copy()

@@ -34,6 +34,10 @@ and checks:
 - the run's measured peak equals the plan's predicted peak;
 - with --export-batch K (not --batch): the file is exported at batch K and
   imported with `--batch N`, which must rewrite it;
+- with --freeze GLOBS: those parameters are frozen (requires_grad=False)
+  before the export; the model's frozen parameters and buffers but batch
+  norms' statistics are passed to `pebble import --frozen` and must import
+  as buffers, without gradients;
 - with --dynamic-batch: the file is exported with a symbolic batch
   (dynamic_axes) and imported with `--batch N`;
 - with --fp64-judge: a tensor over the tolerance passes where PyTorch's own
@@ -54,6 +58,7 @@ or when the pebble binary has no `import` command.
 import argparse
 import collections
 import copy
+import fnmatch
 import inspect
 import json
 import os
@@ -195,6 +200,11 @@ def parse_args(argv):
                              "fp64 than PyTorch's (densenet121, mobilenet_v2 "
                              "at small sizes)" % (ILL_CONDITIONED,
                                                   FP64_FACTOR))
+    parser.add_argument("--freeze", default="",
+                        help="comma-separated globs (fnmatch) of parameters "
+                             "to freeze (requires_grad=False) before the "
+                             "export, e.g. 'conv1.*,layer1.*': a backbone "
+                             "kept fixed while the rest trains")
     parser.add_argument("--default-init", action="store_true",
                         help="ResNets with torchvision's default init "
                              "(zero_init_residual=False): resnet50's fp32 "
@@ -968,6 +978,36 @@ def labels_net(torch, num_classes=10, image=None, binary=False):
     return Labels()
 
 
+def standardized_net(torch, num_classes=10, image=None):
+    """Not everything an ONNX file holds is trained (`pebble import
+    --frozen`): the input standardized by buffers (register_buffer: a
+    mean and a standard deviation per channel, read by Sub and Div), and
+    a frozen stem (requires_grad=False: a convolution and its batch norm's
+    affine parameters; the norm's statistics still move) before a trained
+    convolution and classifier: --model standardized."""
+    nn = torch.nn
+
+    class Standardized(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer(
+                "mean", torch.tensor([0.485, 0.456, 0.406]).view(1, 3, 1, 1))
+            self.register_buffer(
+                "std", torch.tensor([0.229, 0.224, 0.225]).view(1, 3, 1, 1))
+            self.stem = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1, bias=False),
+                                      nn.BatchNorm2d(8), nn.ReLU())
+            for p in self.stem.parameters():
+                p.requires_grad_(False)
+            self.conv = nn.Conv2d(8, 8, 3, stride=2, padding=1)
+            self.fc = nn.Linear(8, num_classes)
+
+        def forward(self, x):
+            y = self.stem((x - self.mean) / self.std)
+            return self.fc(torch.relu(self.conv(y)).mean(dim=(2, 3)))
+
+    return Standardized()
+
+
 # Models of this file, beside torchvision's. A model with a `make_batch`
 # method (torch, batch, classes, generator) -> (input, target) makes its
 # own batch; the others take (batch, 3, image, image) images and a class
@@ -981,7 +1021,7 @@ LOCAL_MODELS = {"activations": activations_net, "smooth": smooth_net,
                 "upconv": upconv_net, "masked": masked_net, "focus": focus_net,
                 "recurrent": recurrent_net, "normalized": normalized_net,
                 "extrema": extrema_net, "resized": resized_net,
-                "labels": labels_net,
+                "labels": labels_net, "standardized": standardized_net,
                 "binary": lambda torch, classes, image: labels_net(
                     torch, classes, image, binary=True),
                 "text": text_net, "token_lm": token_lm_net,
@@ -1010,6 +1050,7 @@ def build_model(torch, torchvision, models, args):
         net = LOCAL_MODELS[args.model](torch, args.classes or 10, args.image)
         net.train()
         models.perturb_batchnorm(net)
+        freeze(net, args.freeze)
         return net, 0, False
     builder = getattr(torchvision.models, args.model, None)
     if (args.model.startswith("_") or builder is None or not callable(builder)
@@ -1049,6 +1090,7 @@ def build_model(torch, torchvision, models, args):
                          % (args.model, args.model))
     if args.classifier_width:
         _narrow_classifier(torch, net, args.classifier_width, args.seed)
+    freeze(net, args.freeze)
     dropouts = 0
     # Stochastic depth (EfficientNet, ConvNeXt) drops whole samples at
     # random in training mode, which torch.onnx.export cannot write
@@ -1061,6 +1103,20 @@ def build_model(torch, torchvision, models, args):
     models.perturb_batchnorm(net)
     net.train()
     return net, dropouts, zero_init
+
+
+def freeze(net, patterns):
+    """Sets requires_grad=False on the parameters that one of the
+    comma-separated fnmatch `patterns` matches (--freeze); a pattern that
+    matches none is a UsageError."""
+    for pattern in filter(None, (p.strip() for p in patterns.split(","))):
+        matched = [p for name, p in net.named_parameters()
+                   if fnmatch.fnmatchcase(name, pattern)]
+        if not matched:
+            raise UsageError("--freeze %s matches no parameter of the model"
+                             % pattern)
+        for p in matched:
+            p.requires_grad_(False)
 
 
 def _narrow_classifier(torch, net, width, seed):
@@ -1164,10 +1220,26 @@ def expected_persistent(np, torch, net, x, t):
             continue
         if name not in params and param_storage.get(value.data_ptr()) is not None:
             continue
-        expected[name] = (value, "parameter" if name in params else "buffer")
+        # (a frozen parameter is a buffer: pebble import --frozen)
+        trained = name in params and params[name].requires_grad
+        expected[name] = (value, "parameter" if trained else "buffer")
     expected["input"] = (x, "input")
     expected["target"] = (t, "input")
     return expected, sorted(nbt)
+
+
+def frozen_initializers(torch, net, initializers):
+    """The ONNX file's initializers that `pebble import --frozen` must name:
+    the buffers but batch norms' running statistics (which the importer
+    knows) and the frozen parameters (requires_grad=False), sorted."""
+    stats = set()
+    for prefix, m in net.named_modules():
+        if isinstance(m, torch.nn.modules.batchnorm._BatchNorm):
+            for b in ("running_mean", "running_var", "num_batches_tracked"):
+                stats.add((prefix + "." if prefix else "") + b)
+    frozen = {name for name, _ in net.named_buffers() if name not in stats}
+    frozen |= {name for name, p in net.named_parameters() if not p.requires_grad}
+    return sorted(name for name in frozen if name in initializers)
 
 
 def write_inputs(np, expected, inputs_dir):
@@ -1527,7 +1599,7 @@ def check_in(args, np, torch, torchvision, onnx, models, pebble, registered,
     summarize_warnings(export_onnx(torch, net, x_export, onnx_path, args.opset,
                                    args.model, args.dynamic_batch))
     summary = onnx_summary(np, onnx, onnx_path)
-    n_params = sum(p.numel() for p in net.parameters())
+    n_params = sum(p.numel() for p in net.parameters() if p.requires_grad)
     log("exported %s (%d parameters, %d dropouts set to p=0%s) to %s: opset "
         "%s, %d nodes, %d initializers, inputs %s; ops: %s" % (
             args.model, n_params, dropouts,
@@ -1550,6 +1622,9 @@ def check_in(args, np, torch, torchvision, onnx, models, pebble, registered,
         os.remove(graph)
     import_args = ["import", onnx_path, "--loss", loss_of(net),
                    "--output", graph]
+    frozen = frozen_initializers(torch, net, summary["initializers"])
+    if frozen:
+        import_args += ["--frozen", ",".join(frozen)]
     if export_batch != args.batch or args.dynamic_batch:
         import_args += ["--batch", str(args.batch)]
     start = time.time()
@@ -1565,7 +1640,8 @@ def check_in(args, np, torch, torchvision, onnx, models, pebble, registered,
     expected, nbt = expected_persistent(np, torch, net, x, t)
     inputs_dir = cc.fresh_dir(os.path.join(workdir, "inputs"))
     written = write_inputs(np, expected, inputs_dir)
-    order = ["loss"] + ["grad:" + n for n, _ in net.named_parameters()]
+    order = ["loss"] + ["grad:" + n for n, p in net.named_parameters()
+                        if p.requires_grad]
     failures = check_graph(np, desc, expected, written, order, summary, nbt,
                            n_params)
 
