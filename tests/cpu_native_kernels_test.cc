@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "graph/net_builder.h"
 #include "gtest/gtest.h"
@@ -377,7 +378,7 @@ TEST(NativeKernelsTest, RegistersItsOpsAndEveryOpIsInTheOpTable) {
         "elu", "elu_backward", "softplus", "softplus_backward", "abs", "abs_backward", "exp",
         "exp_backward", "log", "log_backward", "compare", "masked_fill", "maximum", "minimum",
         "maximum_backward", "minimum_backward", "flip", "bce_with_logits",
-        "bce_with_logits_backward"}) {
+        "bce_with_logits_backward", "constant"}) {
     EXPECT_NE(NativeTable().Find(op), nullptr) << op;
   }
   for (const std::string& op : ops) EXPECT_NE(FindOp(op), nullptr) << op;
@@ -1214,6 +1215,24 @@ TEST(NativeKernelsTest, ArangeAndFill) {
   EXPECT_EQ(fi.As<int64_t>(), (std::vector<int64_t>{3, 3, 3}));
   HostTensor fb = MustRun("fill", {}, {{"shape", {3}}, {"dtype", "bf16"}, {"value", 1}});
   ExpectNear(fb.Floats(), std::vector<double>(3, 1.0), 0, "fill bf16");
+}
+
+// constant: every value as the attr's bytes hold it (NaN, -inf, -0.0, an
+// i64 past a double's 53 bits).
+TEST(NativeKernelsTest, ConstantWritesItsBytes) {
+  const std::vector<float> floats = {1.5f, -std::numeric_limits<float>::infinity(), -0.0f,
+                                     std::numeric_limits<float>::quiet_NaN()};
+  std::string bytes(reinterpret_cast<const char*>(floats.data()), floats.size() * 4);
+  HostTensor f = MustRun("constant", {},
+                         {{"shape", {2, 2}}, {"data", absl::Base64Escape(bytes)}});
+  EXPECT_EQ(f.dtype, kF32);
+  ASSERT_EQ(f.bytes.size(), bytes.size());
+  EXPECT_EQ(std::memcmp(f.bytes.data(), bytes.data(), bytes.size()), 0);
+  const std::vector<int64_t> ints = {(int64_t{1} << 60) + 1, -7};
+  bytes.assign(reinterpret_cast<const char*>(ints.data()), ints.size() * 8);
+  HostTensor i = MustRun("constant", {},
+                         {{"shape", {2}}, {"dtype", "i64"}, {"data", absl::Base64Escape(bytes)}});
+  EXPECT_EQ(i.As<int64_t>(), ints);
 }
 
 // ------------------------------------------------------------- heads

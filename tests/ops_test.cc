@@ -356,6 +356,17 @@ TEST(MaskOpsTest, CompareAndMaskedFillInferAndRefuse) {
   ExpectError("fill", {}, {{"shape", Shape{2}}, {"dtype", "u8"}, {"value", -1}}, "[0, 255]");
   ExpectType("fill", {}, {{"shape", Shape{2}}, {"dtype", "u8"}, {"value", 255.5}}, {2},
              DType::kUInt8);
+  // constant: base64 of exactly the tensor's bytes ("AACAPw==" is 1.0f).
+  ExpectType("constant", {}, {{"shape", Shape{1}}, {"data", "AACAPw=="}}, {1});
+  ExpectType("constant", {}, {{"shape", Shape{2}}, {"dtype", "u8"}, {"data", "AAE="}}, {2},
+             DType::kUInt8);
+  ExpectError("constant", {}, {{"shape", Shape{2}}, {"data", "AACAPw=="}}, "holds 4 bytes");
+  ExpectError("constant", {}, {{"shape", Shape{1}}, {"data", "not base64!"}}, "not base64");
+  ExpectError("constant", {}, {{"shape", Shape{1}}}, "'data' is required");
+  ExpectError("constant", {}, {{"shape", Shape{1}}, {"data", 1.0}}, "base64 string");
+  ExpectError("constant", {}, {{"shape", Shape{int64_t{1} << 30}}, {"data", ""}}, "at most");
+  EXPECT_DOUBLE_EQ(Flops("constant", {}, {{"shape", Shape{2}}, {"dtype", "u8"}, {"data", "AAE="}}),
+                   Flops("fill", {}, {{"shape", Shape{2}}, {"dtype", "u8"}}));
   // The mask may not widen x: it broadcasts over x, not x over it.
   ExpectError("masked_fill", {T({3}), T({2, 3}, DType::kUInt8)}, Json::object(),
               "does not broadcast");

@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -95,7 +96,8 @@ absl::StatusOr<Value> ImportContext::Get(const onnx::NodeProto& node, const std:
     // A scalar Constant read by a computation (GELU's 0.5 and sqrt(2), a
     // "+ 1"; an integer one through a Cast to float, which keeps the value
     // as it is, as nn.MultiheadAttention's mask scaling): a one-element
-    // `fill` node of that value.
+    // `fill` node of that value. Any other: a `constant` node of its
+    // values (ConstantNode).
     if (auto c = constants_.find(name); c != constants_.end()) {
       if (std::optional<double> value = NumberScalar(*c->second)) {
         const Shape shape(c->second->dims().begin(), c->second->dims().end());
@@ -111,19 +113,56 @@ absl::StatusOr<Value> ImportContext::Get(const onnx::NodeProto& node, const std:
       }
     }
     if (auto c = constants_.find(name); c != constants_.end()) {
-      const Shape shape(c->second->dims().begin(), c->second->dims().end());
-      return NodeError(node, absl::StrCat(
-                                 "input ", Quote(name), " is a constant tensor of shape ",
-                                 ShapeToString(shape),
-                                 ", which pebble reads only as a scalar, or as an operator's "
-                                 "shape, axes, pads or scales: a computation reading a "
-                                 "non-scalar constant (an attention mask other than a causal "
-                                 "one, a constant tensor multiplied in) is not supported"));
+      return ConstantNode(node, name, *c->second);
     }
     return NodeError(node,
                      absl::StrCat("input ", Quote(name), " is not computed before it is read"));
   }
   return PersistentNode(node, name, *init->second);
+}
+
+absl::StatusOr<Value> ImportContext::ConstantNode(const onnx::NodeProto& node,
+                                                  const std::string& name,
+                                                  const onnx::TensorProto& t) {
+  const Shape shape(t.dims().begin(), t.dims().end());
+  std::string bytes;  // the tensor's, as pebble's dtype holds them (little-endian)
+  absl::string_view dtype;
+  auto append = [&bytes](auto value) {
+    bytes.append(reinterpret_cast<const char*>(&value), sizeof(value));
+  };
+  if (t.data_type() == onnx::TensorProto::FLOAT) {
+    if (std::optional<std::vector<double>> values = FloatValues(t)) {
+      dtype = "f32";
+      for (double v : *values) append(static_cast<float>(v));
+    }
+  } else if (t.data_type() == onnx::TensorProto::BOOL) {
+    if (std::optional<std::vector<double>> values = BoolValues(t)) {
+      dtype = "u8";
+      for (double v : *values) append(static_cast<uint8_t>(v != 0));
+    }
+  } else if (t.data_type() == onnx::TensorProto::INT64) {
+    absl::StatusOr<std::vector<int64_t>> values = IntValues(t);
+    if (values.ok() && values->size() <= (size_t{1} << 20)) {
+      dtype = "i64";
+      for (int64_t v : *values) append(v);
+    }
+  }
+  if (dtype.empty()) {
+    return NodeError(node, absl::StrCat("input ", Quote(name), " is a constant tensor of shape ",
+                                        ShapeToString(shape), " and type ",
+                                        onnx::TensorProto::DataType_Name(t.data_type()),
+                                        ": a computation reads float, bool and int64 constants "
+                                        "of at most 2^20 elements"));
+  }
+  const std::string id = Free(name) ? name : FreshId(name);
+  const Value v = nb_.Apply("constant", {},
+                            {{"shape", std::vector<int64_t>(shape.begin(), shape.end())},
+                             {"dtype", dtype},
+                             {"data", absl::Base64Escape(bytes)}},
+                            id);
+  if (!nb_.status().ok()) return NodeError(node, nb_.status().message());
+  values_[name] = v;
+  return v;
 }
 
 absl::StatusOr<Value> ImportContext::PersistentNode(const onnx::NodeProto& node,

@@ -199,6 +199,11 @@ class ImportContext {
   std::string FreshId(const std::string& stem) const;
 
  private:
+  // A constant that a computation reads, as a `constant` node of its values
+  // (float as f32, bool as u8, int64 as i64; at most 2^20 elements): a table
+  // the exporter computed (positions from torch.arange), a fixed mask.
+  absl::StatusOr<Value> ConstantNode(const onnx::NodeProto& node, const std::string& name,
+                                     const onnx::TensorProto& t);
   absl::StatusOr<Value> PersistentNode(const onnx::NodeProto& node, const std::string& name,
                                        const onnx::TensorProto& t);
   void MarkView(absl::string_view op, Value v, const std::vector<Value>& inputs);

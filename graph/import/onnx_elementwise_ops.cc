@@ -386,6 +386,29 @@ absl::Status NegOrReciprocal(ImportContext& cx, const onnx::NodeProto& node, boo
   return reciprocal ? cx.Apply(node, "div", {c, x}) : cx.Apply(node, "mul", {x, c});
 }
 
+// Sin and Cos of a float constant, folded (the sinusoidal table of
+// positions a forward computes from torch.arange), each in float as
+// PyTorch's float32 kernel computes it; of a computed tensor not supported.
+absl::Status FoldedSinOrCos(ImportContext& cx, const onnx::NodeProto& node, bool cosine) {
+  RETURN_IF_ERROR(cx.ExpectInputs(node, 1, 1));
+  RETURN_IF_ERROR(Attrs(node).OnlyKnown({}));
+  const std::string& name = node.input(0);
+  const onnx::TensorProto* t = cx.ConstTensor(name);
+  std::optional<std::vector<double>> values;
+  if (t != nullptr && !cx.IsParameterLike(name) && t->data_type() == onnx::TensorProto::FLOAT) {
+    values = FloatValues(*t);
+  }
+  if (!values) {
+    return NodeError(node, absl::StrCat(node.op_type(), " of a computed tensor is not supported "
+                                        "(of a float constant it folds: a table of positions)"));
+  }
+  for (double& v : *values) {
+    const float x = static_cast<float>(v);
+    v = cosine ? std::cos(x) : std::sin(x);
+  }
+  return cx.DefineFolded(node, FloatTensor(Shape(t->dims().begin(), t->dims().end()), *values));
+}
+
 }  // namespace
 
 absl::StatusOr<Value> ExpandTo(ImportContext& cx, const onnx::NodeProto& node, Value v,
@@ -425,6 +448,12 @@ void AddElementwiseOps(OnnxHandlers& handlers) {
   handlers["PRelu"] = PRelu;
   handlers["Clip"] = Clip;
   handlers["Pow"] = Pow;
+  handlers["Sin"] = [](ImportContext& cx, const onnx::NodeProto& node) {
+    return FoldedSinOrCos(cx, node, false);
+  };
+  handlers["Cos"] = [](ImportContext& cx, const onnx::NodeProto& node) {
+    return FoldedSinOrCos(cx, node, true);
+  };
   handlers["Expand"] = Expand;
   for (const bool reciprocal : {false, true}) {
     handlers[reciprocal ? "Reciprocal" : "Neg"] = [reciprocal](ImportContext& cx,

@@ -274,10 +274,60 @@ absl::Status Sign(ImportContext& cx, const onnx::NodeProto& node) {
   return cx.Apply(node, "masked_fill", {sign, negative}, {{"value", -1.0}});
 }
 
-// Not of a boolean: compare equal to 0.
+// A constant's type and values (as KnownNumbers reads them), or nullopt
+// where `name` is computed or of another type than FLOAT, BOOL and INT64.
+std::optional<std::pair<int, Numbers>> TypedConstant(const ImportContext& cx,
+                                                     const std::string& name) {
+  if (!IsConstant(cx, name)) return std::nullopt;
+  const int type = cx.ConstTensor(name)->data_type();
+  if (type != onnx::TensorProto::FLOAT && type != onnx::TensorProto::BOOL &&
+      type != onnx::TensorProto::INT64) {
+    return std::nullopt;
+  }
+  std::optional<Numbers> numbers = cx.KnownNumbers(name);
+  if (!numbers) return std::nullopt;
+  return std::pair{type, *std::move(numbers)};
+}
+
+// Trilu (torch.tril, torch.triu) of a constant, folded: a band or causal
+// mask the forward builds. Elements (i, j) of the last two dims are kept
+// where j - i >= k (upper) or j - i <= k (lower), the others zero.
+absl::Status Trilu(ImportContext& cx, const onnx::NodeProto& node) {
+  RETURN_IF_ERROR(cx.ExpectInputs(node, 1, 2));
+  const Attrs attrs(node);
+  RETURN_IF_ERROR(attrs.OnlyKnown({"upper"}));
+  ASSIGN_OR_RETURN(const int64_t upper, attrs.Int("upper", 1));
+  int64_t k = 0;
+  if (node.input_size() > 1 && !node.input(1).empty()) {
+    ASSIGN_OR_RETURN(const std::vector<int64_t> ks, cx.ConstInts(node, 1));
+    if (ks.size() != 1) return NodeError(node, "its k must be one integer");
+    k = ks[0];
+  }
+  std::optional<std::pair<int, Numbers>> x = TypedConstant(cx, node.input(0));
+  if (!x || x->second.dims.size() < 2) {
+    return NodeError(node, "Trilu of a computed tensor is not supported (of a float, boolean "
+                           "or int64 constant of 2 or more dims it folds: a mask)");
+  }
+  auto& [type, numbers] = *x;
+  const int64_t rows = numbers.dims[numbers.dims.size() - 2];
+  const int64_t cols = numbers.dims.back();
+  for (size_t e = 0; e < numbers.values.size(); ++e) {
+    const int64_t i = static_cast<int64_t>(e) / cols % rows, j = static_cast<int64_t>(e) % cols;
+    const bool kept = upper != 0 ? j - i >= k : j - i <= k;
+    if (!kept) numbers.values[e] = 0;
+  }
+  return cx.DefineFolded(node, *TypedTensor(type, numbers.dims, numbers.values));
+}
+
+// Not of a boolean: compare equal to 0; of a boolean constant, folded.
 absl::Status Not(ImportContext& cx, const onnx::NodeProto& node) {
   RETURN_IF_ERROR(cx.ExpectInputs(node, 1, 1));
   RETURN_IF_ERROR(Attrs(node).OnlyKnown({}));
+  if (std::optional<std::pair<int, Numbers>> c = TypedConstant(cx, node.input(0));
+      c && c->first == onnx::TensorProto::BOOL) {
+    for (double& v : c->second.values) v = v == 0;
+    return cx.DefineFolded(node, *TypedTensor(c->first, c->second.dims, c->second.values));
+  }
   if (IsConstant(cx, node.input(0)) || !IsBoolean(cx, node.input(0))) {
     return NodeError(node, "only Not of a boolean computed by a comparison is supported");
   }
@@ -286,15 +336,16 @@ absl::Status Not(ImportContext& cx, const onnx::NodeProto& node) {
   return cx.Apply(node, "compare", {x, zero}, {{"op", "eq"}});
 }
 
-// Where(c, x, y) of computed tensors: with a constant x (y), y (x) filled
-// with it where c says (masked_fill(scores, pad, -inf); torch.where(c, x,
-// 0)); with both computed, the sum of each with the other's elements set to
-// -0.0, each gradient where its side was taken (as PyTorch's where).
+// Where(c, x, y) of computed tensors (c may be a constant boolean mask):
+// with a constant x (y), y (x) filled with it where c says
+// (masked_fill(scores, pad, -inf); torch.where(c, x, 0)); with both
+// computed, the sum of each with the other's elements set to -0.0, each
+// gradient where its side was taken (as PyTorch's where).
 absl::Status WhereComputed(ImportContext& cx, const onnx::NodeProto& node) {
   const std::string &c_name = node.input(0), &x_name = node.input(1), &y_name = node.input(2);
-  if (IsConstant(cx, c_name)) {
-    return NodeError(node, "a constant condition over computed values is not supported (only "
-                           "a causal attention mask added to the scores is)");
+  // (a constant boolean condition is a `constant` mask: ImportContext::Get)
+  if (IsConstant(cx, c_name) && cx.ConstTensor(c_name)->data_type() != onnx::TensorProto::BOOL) {
+    return NodeError(node, "a constant condition that is not boolean is not supported");
   }
   ASSIGN_OR_RETURN(const Value cv, cx.Get(node, c_name));
   const Value* c = &cv;
@@ -453,6 +504,7 @@ void AddMaskOps(OnnxHandlers& handlers) {
     return Extremum(cx, node, false);
   };
   handlers["Sign"] = Sign;
+  handlers["Trilu"] = Trilu;
   handlers["Where"] = Where;
   handlers["Cast"] = Cast;
 }

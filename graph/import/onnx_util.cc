@@ -145,6 +145,25 @@ onnx::TensorProto FloatTensor(const Shape& dims, const std::vector<double>& valu
   return t;
 }
 
+std::optional<onnx::TensorProto> TypedTensor(int data_type, const Shape& dims,
+                                             const std::vector<double>& values) {
+  if (data_type == onnx::TensorProto::FLOAT) return FloatTensor(dims, values);
+  if (data_type != onnx::TensorProto::BOOL && data_type != onnx::TensorProto::INT64) {
+    return std::nullopt;
+  }
+  onnx::TensorProto t;
+  t.set_data_type(data_type);
+  for (int64_t d : dims) t.add_dims(d);
+  for (double v : values) {
+    if (data_type == onnx::TensorProto::BOOL) {
+      t.add_int32_data(v != 0);
+    } else {
+      t.add_int64_data(static_cast<int64_t>(v));
+    }
+  }
+  return t;
+}
+
 std::optional<double> FloatScalar(const onnx::TensorProto& t) {
   std::optional<std::vector<double>> values = FloatValues(t);
   if (!values || values->size() != 1) return std::nullopt;

@@ -117,6 +117,11 @@ std::optional<std::vector<double>> FloatValues(const onnx::TensorProto& t);
 // A FLOAT tensor of `dims` holding `values` (row-major), rounded to float:
 // a float constant folded at import.
 onnx::TensorProto FloatTensor(const Shape& dims, const std::vector<double>& values);
+// A FLOAT, BOOL (values 0 or not) or INT64 tensor of `dims` holding
+// `values` (row-major); nullopt for another `data_type`. A constant of the
+// same type as the one it was folded from.
+std::optional<onnx::TensorProto> TypedTensor(int data_type, const Shape& dims,
+                                             const std::vector<double>& values);
 // A scalar float tensor's value (Dropout's ratio), when it is one.
 std::optional<double> FloatScalar(const onnx::TensorProto& t);
 // A one-value constant of a floating or an integer type, as a double (a

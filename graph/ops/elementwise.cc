@@ -250,6 +250,20 @@ absl::StatusOr<TensorType> InferFill(Inputs, const Json& attrs) {
   return TensorType{shape, dtype};
 }
 
+// Note [Constant data]. constant: attrs shape, dtype (fp32) and data, the
+// tensor's own bytes (each element little-endian, row-major) in base64, so
+// that every value survives JSON as it is: -inf in a mask, NaN, and i64
+// beyond a double's 53 bits. A model's non-scalar constants (a table of
+// positions computed by the exporter, a fixed mask) import as one; at most
+// kMaxConstantBytes (16 MiB: a larger table belongs in a buffer, --frozen).
+absl::StatusOr<TensorType> InferConstant(Inputs, const Json& attrs) {
+  ASSIGN_OR_RETURN(Shape shape, ShapeAttr(attrs, "shape"));
+  ASSIGN_OR_RETURN(DType dtype, DTypeAttr(attrs, "dtype", DType::kFloat32));
+  const TensorType type{std::move(shape), dtype};
+  RETURN_IF_ERROR(ConstantData(attrs, type).status());
+  return type;
+}
+
 // ---- dropout: mask = (uniform(seed) >= p) as u8; y = x * mask / (1 - p).
 
 absl::Status CheckDropoutP(const Json& attrs) {
@@ -394,6 +408,8 @@ void RegisterElementwiseOps(std::vector<OpDef>& t) {
                .backward = CopyBackward});
   t.push_back({.name = "fill", .min_inputs = 0, .max_inputs = 0,
                .infer = InferFill, .flops = CopyFlops});
+  t.push_back({.name = "constant", .min_inputs = 0, .max_inputs = 0,
+               .infer = InferConstant, .flops = CopyFlops});
 
   t.push_back({.name = "dropout_mask", .min_inputs = 1, .max_inputs = 1,
                .infer = InferDropoutMask, .flops = PerElement(1)});

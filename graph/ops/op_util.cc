@@ -5,6 +5,7 @@
 #include <iterator>
 #include <limits>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_join.h"
 #include "graph/status.h"
 
@@ -72,6 +73,28 @@ absl::StatusOr<double> ExtendedDoubleAttr(const Json& attrs, absl::string_view n
     return BadAttr(name, "a finite number, \"inf\" or \"-inf\"", *v);
   }
   return DoubleAttr(attrs, name, default_value);
+}
+
+absl::StatusOr<std::string> ConstantData(const Json& attrs, const TensorType& type) {
+  const Json* v = Find(attrs, "data");
+  if (v == nullptr) return Invalid("attr 'data' is required");
+  if (!v->is_string()) return BadAttr("data", "a base64 string", *v);
+  const std::optional<int64_t> bytes = TensorBytes(type.shape, type.dtype);
+  if (!bytes.has_value() || *bytes > kMaxConstantBytes) {
+    return Invalid("a constant holds at most ", kMaxConstantBytes, " bytes");
+  }
+  const std::string& text = v->get_ref<const std::string&>();
+  if (static_cast<int64_t>(text.size()) > (kMaxConstantBytes / 3 + 1) * 4) {
+    return Invalid("attr 'data' is longer than the most a constant holds (", kMaxConstantBytes,
+                   " bytes)");
+  }
+  std::string data;
+  if (!absl::Base64Unescape(text, &data)) return Invalid("attr 'data' is not base64");
+  if (static_cast<int64_t>(data.size()) != *bytes) {
+    return Invalid("attr 'data' holds ", data.size(), " bytes; a ", DTypeName(type.dtype), " ",
+                   ShapeToString(type.shape), " tensor has ", *bytes);
+  }
+  return data;
 }
 
 absl::StatusOr<int> CompareOpAttr(const Json& attrs) {

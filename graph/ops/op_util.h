@@ -68,6 +68,13 @@ absl::StatusOr<DType> DTypeAttr(const Json& attrs, absl::string_view name,
 // attention mask.
 absl::StatusOr<double> ExtendedDoubleAttr(const Json& attrs, absl::string_view name,
                                           double default_value);
+// constant's values (Note [Constant data] in elementwise.cc): attr `data`,
+// base64 (RFC 4648, padded) of the elements of `type` in row-major order,
+// each little-endian, as the bytes of the tensor; the decoded bytes, or
+// InvalidArgument where they are not exactly the tensor's bytes or exceed
+// kMaxConstantBytes.
+inline constexpr int64_t kMaxConstantBytes = int64_t{16} << 20;
+absl::StatusOr<std::string> ConstantData(const Json& attrs, const TensorType& type);
 // compare's attr `op`, as its index in kCompareOps (the order of
 // kmath::CompareOp in runtime/kernel_math.h).
 inline constexpr const char* kCompareOps[] = {"eq", "ne", "lt", "le", "gt", "ge", "and", "or"};

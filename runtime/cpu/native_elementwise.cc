@@ -457,6 +457,17 @@ absl::Status Compare(const KernelContext& ctx) {
   }
 }
 
+// constant: the attr's bytes (Note [Constant data], graph/ops/elementwise.cc;
+// this host is little-endian, as the data is).
+absl::Status Constant(const KernelContext& ctx) {
+  RETURN_IF_ERROR(CheckOperands(ctx));
+  ASSIGN_OR_RETURN(const std::string data,
+                   ops_internal::ConstantData(ctx.attrs(),
+                                              TensorType{ctx.output.shape, ctx.output.dtype}));
+  if (!data.empty()) std::memcpy(ctx.output.data, data.data(), data.size());
+  return absl::OkStatus();
+}
+
 absl::Status MaskedFill(const KernelContext& ctx) {
   RETURN_IF_ERROR(CheckOperands(ctx));
   ASSIGN_OR_RETURN(const MaskedFillArgs args, MaskedFillArgsOf(ctx));
@@ -527,6 +538,7 @@ void RegisterNativeElementwiseKernels(KernelTable& table) {
   table.Register("flatten", CopyBytes);
   table.Register("reshape", CopyBytes);
   table.Register("fill", Fill);
+  table.Register("constant", Constant);
   table.Register("arange", Arange);
   table.Register("maximum", Extremum<true>);
   table.Register("minimum", Extremum<false>);

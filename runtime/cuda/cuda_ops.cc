@@ -768,6 +768,21 @@ absl::Status Fill(CudaContext& cc, const KernelContext& ctx) {
   return absl::OkStatus();
 }
 
+// constant: the attr's bytes copied to the device (Note [Constant data],
+// graph/ops/elementwise.cc). From pageable memory the copy returns once the
+// bytes are staged, so `data` may go when it returns.
+absl::Status Constant(CudaContext& cc, const KernelContext& ctx) {
+  RETURN_IF_ERROR(ExpectInputs(ctx, 0, 0));
+  ASSIGN_OR_RETURN(const std::string data,
+                   ops_internal::ConstantData(ctx.attrs(),
+                                              TensorType{ctx.output.shape, ctx.output.dtype}));
+  if (!data.empty()) {
+    PEBBLE_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(ctx.output.data, data.data(), data.size(),
+                                                cudaMemcpyHostToDevice, cc.stream));
+  }
+  return absl::OkStatus();
+}
+
 // ---- The optimizer's in-place updates (graph/optimizer.h): the output is
 // input 0's memory (runtime/kernel.h).
 
@@ -1598,6 +1613,7 @@ void AddOwnKernels(std::map<std::string, CudaKernelFn>& t) {
   t["sum"] = Sum;
   t["sum_backward"] = SumBackward;
   t["fill"] = Fill;
+  t["constant"] = Constant;
   t["softmax"] = Softmax<false>;
   t["softmax_backward"] = SoftmaxBackward<false>;
   t["log_softmax"] = Softmax<true>;

@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "gtest/gtest.h"
@@ -216,7 +217,7 @@ std::vector<double> Values(const std::vector<uint8_t>& bytes, DType dtype) {
 bool IsExactOp(const std::string& op) {
   static const std::set<std::string> exact = {
       "relu", "relu_backward", "maxpool", "maxpool_backward", "concat",
-      "slice", "pad", "pad_backward", "copy", "flatten", "reshape", "fill",
+      "slice", "pad", "pad_backward", "copy", "flatten", "reshape", "fill", "constant",
       "split_heads", "split_heads_backward", "merge_heads", "arange",
       "embedding", "dropout_mask", "dropout", "dropout_backward", "add", "mul",
       // runtime/optimizer_math.h: one definition, each operation rounded alone.
@@ -424,6 +425,14 @@ Graph PointwiseGraph() {
   y = nb.Apply("mul", {y, w});
   const Value half = nb.Apply("fill", {}, {{"shape", {5, 7}}, {"value", 0.5}});
   y = nb.Apply("mul", {y, half});
+  // A constant of 35 values multiplied in (its bytes in the attr, base64).
+  std::vector<float> table(35);
+  for (size_t i = 0; i < table.size(); ++i) table[i] = 0.5f + 0.25f * static_cast<float>(i % 6);
+  y = nb.Apply("mul", {y, nb.Apply("constant", {},
+                                   {{"shape", {5, 7}},
+                                    {"data", absl::Base64Escape(absl::string_view(
+                                                 reinterpret_cast<const char*>(table.data()),
+                                                 table.size() * sizeof(float)))}})});
   // Extrema of two computed tensors, and of one with itself (a tie
   // everywhere: half the gradient each way).
   const Value x_tanh = nb.Apply("tanh", {x});

@@ -1008,6 +1008,36 @@ def standardized_net(torch, num_classes=10, image=None):
     return Standardized()
 
 
+def constants_net(torch, num_classes=10, image=8):
+    """Constants the forward computes, which the exporter writes into the
+    file (ONNX Constant tensors read by computations: pebble's `constant`):
+    a sinusoidal table of positions from torch.arange (Sin of a constant,
+    folded), a band mask of tril and triu of ones (Trilu, Not: folded; from
+    opset 14) filled into the features, a per-channel scale from
+    torch.tensor multiplied in and a fixed channel mask in torch.where:
+    --model constants."""
+    nn = torch.nn
+
+    class Constants(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d(3, 4, 3, padding=1)
+            self.fc = nn.Linear(4, num_classes)
+
+        def forward(self, x):
+            y = self.conv(x)
+            w = y.shape[-1]
+            y = y + torch.sin(torch.arange(w, dtype=torch.float32) / 3.0)
+            band = torch.ones(w, w, dtype=torch.bool).tril(1).triu(-1)
+            y = y.masked_fill(~band, -1.5)
+            y = y * torch.tensor([0.5, 1.0, 2.0, -1.0]).view(1, 4, 1, 1)
+            keep = torch.tensor([True, False, True, True]).view(1, 4, 1, 1)
+            y = torch.where(keep, y, torch.zeros_like(y))
+            return self.fc(torch.relu(y).mean(dim=(2, 3)))
+
+    return Constants()
+
+
 # Models of this file, beside torchvision's. A model with a `make_batch`
 # method (torch, batch, classes, generator) -> (input, target) makes its
 # own batch; the others take (batch, 3, image, image) images and a class
@@ -1022,6 +1052,7 @@ LOCAL_MODELS = {"activations": activations_net, "smooth": smooth_net,
                 "recurrent": recurrent_net, "normalized": normalized_net,
                 "extrema": extrema_net, "resized": resized_net,
                 "labels": labels_net, "standardized": standardized_net,
+                "constants": constants_net,
                 "binary": lambda torch, classes, image: labels_net(
                     torch, classes, image, binary=True),
                 "text": text_net, "token_lm": token_lm_net,
