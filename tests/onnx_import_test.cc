@@ -452,14 +452,16 @@ TEST(OnnxImportTest, WhatCannotBeHonouredIsAnErrorNamingTheNode) {
        [](ModelMaker& m) { FindNode(m, "Relu")->set_input(0, "b_mean"); },
        {"'/relu/Relu'", "'b_mean'", "running statistics"}},
       // A learnable exponent (GeM pooling's) was once folded as a constant,
-      // frozen at its first value.
-      {"a Pow whose exponent is a parameter",
+      // frozen at its first value; over a base that may be 0 or negative
+      // (here a batch norm's output) exp(p log x) would be wrong.
+      {"a Pow whose exponent is a parameter, of a base of any sign",
        [](ModelMaker& m) {
          m.FloatVectorInitializer("gem.p", {2.0f});
          FindNode(m, "Relu")->set_op_type("Pow");
          FindNode(m, "Pow")->add_input("gem.p");
        },
-       {"'/relu/Relu'", "the exponent 'gem.p' is a parameter"}},
+       {"'/relu/Relu'", "'gem.p') is supported for a base that is positive",
+        "'b' is not known to be"}},
   };
   for (const BadCase& c : cases) {
     auto g = Import(TinyModel(13, "", c.edit));
@@ -1370,7 +1372,12 @@ TEST(OnnxImportTest, PowByTheExponentsATenComputes) {
                {-1.0f, {{"pow.one", "fill"}, {"pow", "div"}}},
                {-2.0f, {{"pow.square", "mul"}, {"pow", "div"}}},
                {2.0f, {{"pow", "mul"}}},
-               {0.5f, {{"pow", "sqrt"}}}};
+               {0.5f, {{"pow", "sqrt"}}},
+               // Other integers by squaring (x^4 = (x^2)^2, x^13 = x x^4 x^8).
+               {4.0f, {{"pow.square", "mul"}, {"pow", "mul"}}},
+               {13.0f, {{"pow.square", "mul"}, {"pow.pow4", "mul"}, {"pow.pow8", "mul"},
+                        {"pow.product1", "mul"}, {"pow", "mul"}}},
+               {-3.0f, {{"pow.square", "mul"}, {"pow.product1", "mul"}, {"pow", "div"}}}};
   for (const auto& c : cases) {
     auto g = Import(model(c.exponent));
     ASSERT_TRUE(g.ok()) << c.exponent << ": " << g.status();
@@ -1383,10 +1390,51 @@ TEST(OnnxImportTest, PowByTheExponentsATenComputes) {
   auto g = Import(model(1.0f));
   ASSERT_TRUE(g.ok()) << g.status();
   EXPECT_EQ(g->Find("pow"), kNoNode);
-  g = Import(model(4.0f));
-  ASSERT_FALSE(g.ok());
-  EXPECT_NE(g.status().message().find("'/pow/Pow'"), std::string::npos) << g.status();
-  EXPECT_NE(g.status().message().find("exponent of 1, 2, 3"), std::string::npos) << g.status();
+  // Another exponent of the relu (which may be 0) is refused, naming it;
+  // of a sigmoid (positive) it is exp(p log x) (Note [Pow of a positive base]).
+  for (const float exponent : {2.5f, 17.0f}) {
+    g = Import(model(exponent));
+    ASSERT_FALSE(g.ok()) << exponent;
+    EXPECT_THAT(g.status().message(),
+                AllOf(HasSubstr("'/pow/Pow'"), HasSubstr("an integer of -16 to 16"),
+                      HasSubstr("'r' is not known to be")));
+  }
+  g = Import(TinyModel(13, "", [](ModelMaker& m) {
+    const int before = m.graph()->node_size();
+    m.FloatVectorInitializer("onnx::exponent", {2.5f});
+    m.Node("Sigmoid", "/Sigmoid", {"r"}, {"squashed"});
+    m.Node("Pow", "/pow/Pow", {"squashed", "onnx::exponent"}, {"powered"});
+    FeedThePool(m, before, "powered");
+  }));
+  ASSERT_TRUE(g.ok()) << g.status();
+  EXPECT_EQ(g->op(g->Find("pow")), "exp");
+  EXPECT_EQ(g->op(g->Find("pow.log")), "log");
+  EXPECT_EQ(g->attrs(g->Find("pow.exponent"))["value"], 2.5);
+}
+
+// GeM pooling (Radenović et al.): a learnable exponent p of a base clamped
+// positive, the window's mean raised to 1/p: exp(p log x) both times, the
+// gradient reaching p.
+TEST(OnnxImportTest, GemPoolingTrainsItsExponent) {
+  auto g = Import(TinyModel(13, "", [](ModelMaker& m) {
+    const int before = m.graph()->node_size();
+    m.FloatVectorInitializer("gem.p", {3.0f});
+    m.FloatVectorInitializer("onnx::eps", {1e-6f});
+    m.graph()->mutable_initializer()->rbegin()->clear_dims();  // a scalar
+    m.Node("Clip", "/gem/Clip", {"r", "onnx::eps"}, {"clamped"});
+    m.Node("Pow", "/gem/Pow", {"clamped", "gem.p"}, {"powered"});
+    m.Node("Reciprocal", "/gem/Reciprocal", {"gem.p"}, {"inverse"});
+    FeedThePool(m, before, "powered");
+    m.Node("Pow", "/gem/Pow_1", {"p", "inverse"}, {"rooted"});
+    FindNode(m, "Flatten")->set_input(0, "rooted");
+    auto* nodes = m.graph()->mutable_node();  // the root before the Flatten
+    for (int i = nodes->size() - 1; nodes->Get(i - 1).op_type() != "GlobalAveragePool"; --i) {
+      nodes->SwapElements(i, i - 1);
+    }
+  }));
+  ASSERT_TRUE(g.ok()) << g.status();
+  EXPECT_NE(g->Find("grad:gem.p"), kNoNode);
+  EXPECT_EQ(g->op(g->Find("rooted")), "exp");
 }
 
 // Slices with steps of a computed tensor: r[:, :, ::2] (a view as (4, 2),

@@ -10,6 +10,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "graph/import/onnx_context.h"
@@ -98,45 +99,138 @@ absl::Status Clip(ImportContext& cx, const onnx::NodeProto& node) {
   return cx.Apply(node, "clip", {x}, std::move(attrs));
 }
 
-// Pow by a constant exponent that ATen computes by products, a square root
-// and a reciprocal (pow_tensor_scalar_optimized_kernel): 2 (x * x: a layer
-// norm written out squares the deviation), 3 ((x * x) * x: GPT-2's GELU
-// written out), 0.5 (sqrt), -0.5 (1 / sqrt), -1 (1 / x), -2 (1 / (x * x)),
-// and 1 (x itself). The gradients are those of the products, PyTorch's up to
-// rounding.
+absl::StatusOr<Value> Broadcast(ImportContext& cx, const onnx::NodeProto& node,
+                                absl::string_view op, Value a, Value b, absl::string_view suffix);
+
+// Whether every element of `name` is above 0 whatever the model's inputs
+// and parameters (Note [Pow of a positive base]): a constant of positive
+// values, a Clip whose min is a positive constant, Sigmoid, Exp, Softplus,
+// and means, maxima, products, sums, powers and views of such. `depth`
+// bounds the walk up the producers.
+bool IsPositive(const ImportContext& cx, const std::string& name, int depth = 0) {
+  constexpr int kMaxDepth = 16;
+  if (depth > kMaxDepth) return false;
+  if (std::optional<Numbers> c = cx.KnownNumbers(name)) {
+    return !c->values.empty() &&
+           std::all_of(c->values.begin(), c->values.end(), [](double v) { return v > 0; });
+  }
+  const onnx::NodeProto* p = cx.Producer(name);
+  if (p == nullptr || p->input_size() == 0) return false;
+  const std::string& op = p->op_type();
+  auto positive = [&](int i) {
+    return i < p->input_size() && !p->input(i).empty() && IsPositive(cx, p->input(i), depth + 1);
+  };
+  if (op == "Sigmoid" || op == "Exp" || op == "Softplus") return true;
+  if (op == "Clip") {  // (its min an input from opset 11; a max below it would set every value)
+    if (p->input_size() < 2 || p->input(1).empty()) return false;
+    std::optional<Numbers> min = cx.KnownNumbers(p->input(1));
+    if (!min || min->values.size() != 1 || !(min->values[0] > 0)) return false;
+    if (p->input_size() < 3 || p->input(2).empty()) return true;
+    std::optional<Numbers> max = cx.KnownNumbers(p->input(2));
+    return max && max->values.size() == 1 && max->values[0] > 0;
+  }
+  static const auto* const kOfTheFirst = new absl::flat_hash_set<std::string>{
+      "AveragePool", "GlobalAveragePool", "ReduceMean", "MaxPool", "GlobalMaxPool",
+      "ReduceMax", "Flatten", "Reshape", "Squeeze", "Unsqueeze", "Transpose", "Identity",
+      "Expand", "Pow"};
+  if (kOfTheFirst->contains(op)) return positive(0);
+  if (op == "Pad") {  // (pads of nothing: F.avg_pool2d's export writes one)
+    std::optional<Ints> pads = p->input_size() > 1 ? cx.KnownInts(p->input(1)) : std::nullopt;
+    return pads && std::all_of(pads->values.begin(), pads->values.end(),
+                               [](int64_t v) { return v == 0; }) &&
+           positive(0);
+  }
+  if (op == "Mul" || op == "Add" || op == "Div") return positive(0) && positive(1);
+  return false;
+}
+
+// x to the integer n (0 < |n| <= kMostProductExponent) by products, x^|n|
+// by squaring (x^4 = (x^2)^2), then 1 / x^|n| for a negative n: any base,
+// the gradients those of the products (n x^(n-1) in exact arithmetic).
+constexpr int kMostProductExponent = 16;
+absl::Status IntegerPow(ImportContext& cx, const onnx::NodeProto& node, Value x, int n) {
+  const int magnitude = std::abs(n);
+  // x^(2^k) for each bit k of |n|; the last product made is the node's own
+  // where n > 0 (a power of two: the last square).
+  std::vector<Value> factors;
+  Value square = x;
+  for (int k = 0; (1 << k) <= magnitude; ++k) {
+    if (k > 0) {
+      if (n > 0 && magnitude == (1 << k)) return cx.Apply(node, "mul", {square, square});
+      ASSIGN_OR_RETURN(square, cx.Aux(node, "mul", {square, square}, Json::object(),
+                                      k == 1 ? std::string("square") : absl::StrCat("pow", 1 << k)));
+    }
+    if ((magnitude & (1 << k)) != 0) factors.push_back(square);
+  }
+  Value product = factors[0];
+  for (size_t i = 1; i < factors.size(); ++i) {
+    if (n > 0 && i + 1 == factors.size()) return cx.Apply(node, "mul", {product, factors[i]});
+    ASSIGN_OR_RETURN(product, cx.Aux(node, "mul", {product, factors[i]}, Json::object(),
+                                     absl::StrCat("product", i)));
+  }
+  ASSIGN_OR_RETURN(Value one, cx.Fill(node, {}, x, 1.0, "one"));  // (n < 0 here)
+  return cx.Apply(node, "div", {one, product});
+}
+
+// Note [Pow of a positive base]. Pow by a constant exponent that ATen
+// computes by products, a square root and a reciprocal
+// (pow_tensor_scalar_optimized_kernel) or that products give exactly in
+// exact arithmetic: an integer n, 0 < |n| <= 16 (IntegerPow: 2 is x * x, a
+// layer norm written out squares the deviation; 3 is (x * x) * x, GPT-2's
+// GELU written out; -1 is 1 / x), 0.5 (sqrt) and -0.5 (1 / sqrt), and 1 (x
+// itself); the gradients are those of the products, PyTorch's up to
+// rounding. Any
+// other exponent, a parameter or computed one included (GeM pooling's
+// learnable p: x.clamp(min=eps).pow(p), then the mean to the 1/p), where
+// the base is positive by construction (IsPositive): exp(p · log x), whose
+// value and gradients (p · x^(p-1) for x, x^p · log x for p) are ATen's in
+// exact arithmetic, within |p log x| roundings of them in float. Where the
+// base may be 0 or negative that form is wrong (log gives NaN), so such a
+// Pow is refused.
 absl::Status Pow(ImportContext& cx, const onnx::NodeProto& node) {
   RETURN_IF_ERROR(cx.ExpectInputs(node, 2, 2));
   RETURN_IF_ERROR(Attrs(node).OnlyKnown({}));
-  // The exponent, 0 where it is not a constant scalar (0 is refused too).
-  double power = 0;
-  if (cx.IsParameterLike(node.input(1))) {
-    return NodeError(node, absl::StrCat("the exponent ", Quote(node.input(1)),
-                                        " is a parameter of the model (an initializer it may "
-                                        "train): only a constant exponent is supported"));
-  }
-  if (const onnx::TensorProto* e = cx.ConstTensor(node.input(1)); e != nullptr) {
-    if (std::optional<double> f = NumberScalar(*e)) power = *f;
+  // The exponent where it is a constant scalar that no parameter holds.
+  std::optional<double> power;
+  if (!cx.IsParameterLike(node.input(1))) {
+    if (const onnx::TensorProto* e = cx.ConstTensor(node.input(1)); e != nullptr) {
+      power = NumberScalar(*e);
+    }
   }
   ASSIGN_OR_RETURN(Value x, cx.Get(node, node.input(0)));
   if (power == 1.0) return cx.Define(node, x);
-  if (power == 2.0) return cx.Apply(node, "mul", {x, x});
   if (power == 0.5) return cx.Apply(node, "sqrt", {x});
-  if (power == 3.0) {
-    ASSIGN_OR_RETURN(Value square, cx.Aux(node, "mul", {x, x}, Json::object(), "square"));
-    return cx.Apply(node, "mul", {square, x});
-  }
-  if (power == -1.0 || power == -0.5 || power == -2.0) {
-    Value base = x;
-    if (power != -1.0) {
-      ASSIGN_OR_RETURN(base, power == -0.5
-                                 ? cx.Aux(node, "sqrt", {x}, Json::object(), "sqrt")
-                                 : cx.Aux(node, "mul", {x, x}, Json::object(), "square"));
-    }
+  if (power == -0.5) {
+    ASSIGN_OR_RETURN(Value root, cx.Aux(node, "sqrt", {x}, Json::object(), "sqrt"));
     ASSIGN_OR_RETURN(Value one, cx.Fill(node, {}, x, 1.0, "one"));
-    return cx.Apply(node, "div", {one, base});
+    return cx.Apply(node, "div", {one, root});
   }
-  return NodeError(node, "only a constant exponent of 1, 2, 3, 0.5, -0.5, -1 or -2 is "
-                         "supported");
+  if (power.has_value() && *power == std::trunc(*power) && *power != 0 &&
+      std::abs(*power) <= kMostProductExponent) {
+    return IntegerPow(cx, node, x, static_cast<int>(*power));
+  }
+  if (!IsPositive(cx, node.input(0))) {
+    return NodeError(node, absl::StrCat(
+                               "an exponent other than an integer of -16 to 16, 0.5 or -0.5 (",
+                               power.has_value() ? absl::StrCat("here ", *power)
+                                                 : absl::StrCat(Quote(node.input(1))),
+                               ") is supported for a base that is positive by construction "
+                               "only (a Clip with a positive min, Sigmoid, Exp, Softplus, or "
+                               "means and products of such), which ",
+                               Quote(node.input(0)), " is not known to be"));
+  }
+  if (!ops_internal::IsFloat(cx.nb().type(x).dtype)) {
+    return NodeError(node, "a Pow of an integer tensor is not supported");
+  }
+  Value exponent;
+  if (power.has_value()) {
+    ASSIGN_OR_RETURN(exponent, cx.Fill(node, {}, x, *power, "exponent"));
+  } else {
+    ASSIGN_OR_RETURN(exponent, cx.Get(node, node.input(1)));
+  }
+  ASSIGN_OR_RETURN(Value log, cx.Aux(node, "log", {x}, Json::object(), "log"));
+  ASSIGN_OR_RETURN(Value scaled, Broadcast(cx, node, "mul", log, exponent, "scaled"));
+  return cx.Apply(node, "exp", {scaled});
 }
 
 // op(a, b) (add, sub, mul, div) under NumPy broadcasting. The op table

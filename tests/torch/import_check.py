@@ -1038,6 +1038,34 @@ def constants_net(torch, num_classes=10, image=8):
     return Constants()
 
 
+def powers_net(torch, num_classes=10, image=8):
+    """Pow by other exponents (Note [Pow of a positive base] in
+    graph/import/onnx_elementwise_ops.cc): GeM pooling (Radenovic et al.),
+    a learnable exponent p of features clamped positive and the mean to
+    the 1/p, both exp(p log x); x ** 4 and x ** -3 of any sign by products;
+    sigmoid(x) ** 1.7 and softplus(x) ** -1.5 of positive bases:
+    --model powers."""
+    nn = torch.nn
+    F = torch.nn.functional
+
+    class Powers(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d(3, 8, 3, padding=1)
+            self.p = nn.Parameter(torch.ones(1) * 3.0)
+            self.fc = nn.Linear(16, num_classes)
+
+        def forward(self, x):
+            y = self.conv(x)
+            gem = F.avg_pool2d(y.clamp(min=1e-6).pow(self.p),
+                               (y.size(-2), y.size(-1))).pow(1.0 / self.p)
+            z = (0.1 * y) ** 4 - 1.0 / (2.0 + torch.sigmoid(y)) ** 3
+            z = z + torch.sigmoid(y) ** 1.7 + F.softplus(y).pow(-1.5)
+            return self.fc(torch.cat([gem.flatten(1), z.mean(dim=(2, 3))], 1))
+
+    return Powers()
+
+
 # Models of this file, beside torchvision's. A model with a `make_batch`
 # method (torch, batch, classes, generator) -> (input, target) makes its
 # own batch; the others take (batch, 3, image, image) images and a class
@@ -1052,7 +1080,7 @@ LOCAL_MODELS = {"activations": activations_net, "smooth": smooth_net,
                 "recurrent": recurrent_net, "normalized": normalized_net,
                 "extrema": extrema_net, "resized": resized_net,
                 "labels": labels_net, "standardized": standardized_net,
-                "constants": constants_net,
+                "constants": constants_net, "powers": powers_net,
                 "binary": lambda torch, classes, image: labels_net(
                     torch, classes, image, binary=True),
                 "text": text_net, "token_lm": token_lm_net,
