@@ -497,4 +497,13 @@ Value NetBuilder::Dropout(Value x, double p) {
   return Apply("dropout", {x, mask}, {{"p", p}});
 }
 
+Value NetBuilder::Random(const Shape& shape, DType dtype, nlohmann::json attrs,
+                         const std::string& id) {
+  if (!status_.ok()) return Value{};
+  attrs["shape"] = std::vector<int64_t>(shape.begin(), shape.end());
+  attrs["dtype"] = std::string(DTypeName(dtype));
+  attrs["seed"] = kRandomSeedBase + random_nodes_++;
+  return Apply("random", {}, std::move(attrs), id);
+}
+
 }  // namespace pebble

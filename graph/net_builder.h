@@ -144,6 +144,12 @@ class NetBuilder {
   // A `dropout_mask` node (u8, seeded by the count of masks so far) and the
   // `dropout` output.
   Value Dropout(Value x, double p);
+  // A `random` node of `shape` and `dtype` (Note [Random values],
+  // runtime/kernel_math.h): `attrs` gives its distribution and parameters;
+  // the seed is the count of random nodes so far plus kRandomSeedBase, so
+  // that no noise shares a stream with a dropout mask.
+  static constexpr int64_t kRandomSeedBase = int64_t{1} << 32;
+  Value Random(const Shape& shape, DType dtype, nlohmann::json attrs, const std::string& id);
 
  private:
   std::string FreshId(absl::string_view stem);
@@ -171,6 +177,7 @@ class NetBuilder {
   absl::flat_hash_map<std::string, int> index_;        // look-ups only
   absl::flat_hash_map<std::string, int> stem_counts_;  // look-ups only
   int dropout_masks_ = 0;
+  int64_t random_nodes_ = 0;
   absl::Status status_;
 };
 

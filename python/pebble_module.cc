@@ -25,6 +25,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
@@ -269,7 +270,7 @@ std::vector<std::string> FrozenArg(const py::object& frozen) {
   if (frozen.is_none()) return patterns;
   for (const py::object& item : ListArg(frozen, "frozen", "a list of ids or globs")) {
     const std::string name = absl::StrCat("frozen[", patterns.size(), "]");
-    patterns.push_back(StrArg(item, name));
+    patterns.emplace_back(absl::StripAsciiWhitespace(StrArg(item, name)));  // as the CLI
     if (patterns.back().empty()) RaiseValueError(absl::StrCat(name, ": an empty pattern"));
     RefuseRepeated(patterns, name, "pattern");
   }

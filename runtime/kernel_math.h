@@ -52,6 +52,23 @@ PEBBLE_HOST_DEVICE inline bool DropoutKeeps(uint64_t seed, uint64_t i,
   return u >= p;
 }
 
+// Note [Random values]. Element i of random(seed) is a function of (seed,
+// i) alone, as the dropout mask is (Note [Dropout mask generator]): uniform
+// in [low, high) from u_i = (z_i >> 11) / 2^53 in [0, 1); normal(mean, std)
+// by Box-Muller from u_2i and u_2i+1, sqrt(-2 ln(1 - u_2i)) cos(2 pi
+// u_2i+1), in double. The same on any thread count, any recomputation and
+// either backend (up to the last bits of the device's log and cos). It is not
+// PyTorch's stream: a cross-check scales the noise to nothing.
+PEBBLE_HOST_DEVICE inline double UniformAt(uint64_t seed, uint64_t i) {
+  return static_cast<double>(SplitMix64At(seed, i) >> 11) * (1.0 / 9007199254740992.0);
+}
+PEBBLE_HOST_DEVICE inline double RandomAt(uint64_t seed, uint64_t i, bool normal, double a,
+                                          double b) {
+  if (!normal) return a + (b - a) * UniformAt(seed, i);
+  const double radius = sqrt(-2.0 * log(1.0 - UniformAt(seed, 2 * i)));
+  return a + b * radius * cos(6.283185307179586 * UniformAt(seed, 2 * i + 1));
+}
+
 // floor(a / b) for b > 0 and any sign of a.
 PEBBLE_HOST_DEVICE inline int64_t FloorDiv(int64_t a, int64_t b) {
   const int64_t q = a / b;

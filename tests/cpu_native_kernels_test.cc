@@ -378,7 +378,7 @@ TEST(NativeKernelsTest, RegistersItsOpsAndEveryOpIsInTheOpTable) {
         "elu", "elu_backward", "softplus", "softplus_backward", "abs", "abs_backward", "exp",
         "exp_backward", "log", "log_backward", "compare", "masked_fill", "maximum", "minimum",
         "maximum_backward", "minimum_backward", "flip", "bce_with_logits",
-        "bce_with_logits_backward", "constant"}) {
+        "bce_with_logits_backward", "constant", "random"}) {
     EXPECT_NE(NativeTable().Find(op), nullptr) << op;
   }
   for (const std::string& op : ops) EXPECT_NE(FindOp(op), nullptr) << op;
@@ -1233,6 +1233,36 @@ TEST(NativeKernelsTest, ConstantWritesItsBytes) {
   HostTensor i = MustRun("constant", {},
                          {{"shape", {2}}, {"dtype", "i64"}, {"data", absl::Base64Escape(bytes)}});
   EXPECT_EQ(i.As<int64_t>(), ints);
+}
+
+// random (Note [Random values]): the same values for a seed, others for
+// another; normal noise of the mean and spread asked for, uniform noise
+// within [low, high) and spread over it.
+TEST(NativeKernelsTest, RandomNoiseHasItsDistribution) {
+  const int64_t n = 1 << 16;
+  auto draw = [n](nlohmann::json attrs) {
+    attrs["shape"] = {n};
+    return MustRun("random", {}, attrs).Floats();
+  };
+  const std::vector<float> a = draw({{"seed", 7}, {"mean", 1.5}, {"std", 2.0}});
+  EXPECT_EQ(a, draw({{"seed", 7}, {"mean", 1.5}, {"std", 2.0}}));
+  EXPECT_NE(a, draw({{"seed", 8}, {"mean", 1.5}, {"std", 2.0}}));
+  double sum = 0, squares = 0;
+  for (float v : a) sum += v;
+  const double mean = sum / n;
+  for (float v : a) squares += (v - mean) * (v - mean);
+  const double std = std::sqrt(squares / (n - 1));
+  EXPECT_NEAR(mean, 1.5, 5 * 2.0 / std::sqrt(n));  // five standard errors
+  EXPECT_NEAR(std, 2.0, 0.05);
+  const std::vector<float> u =
+      draw({{"seed", 7}, {"distribution", "uniform"}, {"low", -1.0}, {"high", 3.0}});
+  std::vector<int> quarters(4, 0);
+  for (float v : u) {
+    ASSERT_GE(v, -1.0f);
+    ASSERT_LT(v, 3.0f);
+    ++quarters[std::min(3, static_cast<int>(v + 1.0f))];
+  }
+  for (int q : quarters) EXPECT_NEAR(q, n / 4, 5 * std::sqrt(n / 4.0)) << "a quarter of [-1, 3)";
 }
 
 // ------------------------------------------------------------- heads

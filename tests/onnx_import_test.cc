@@ -18,6 +18,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
+#include "graph/net_builder.h"
 #include "graph/ops.h"
 #include "gtest/gtest.h"
 #include "onnx/onnx_pb.h"
@@ -1979,6 +1980,97 @@ TEST(OnnxImportTest, NonScalarConstantsAreReadAndFolded) {
   EXPECT_EQ(data.at("outside"), std::string("\x00\x01\x01\x01\x00\x00\x01\x01", 8));
   EXPECT_EQ(*g->dtype(g->Find("outside")), DType::kUInt8);
   EXPECT_NE(g->Find("grad:fc.weight"), kNoNode);
+}
+
+// The values of the `constant` node that `id` names (f32 or i64 bytes).
+template <typename T>
+std::vector<T> ConstantValues(const Graph& g, const std::string& id) {
+  std::string bytes;
+  EXPECT_TRUE(absl::Base64Unescape(g.attrs(g.Find(id))["data"].get<std::string>(), &bytes));
+  std::vector<T> values(bytes.size() / sizeof(T));
+  std::memcpy(values.data(), bytes.data(), bytes.size());
+  return values;
+}
+
+// Note [Casts of constants]: (t * 0.7).long() truncates (0.7 was read as it
+// was), and its cast back to float is read as float; a comparison of float
+// constants folds to a mask; Equal of integers (folded to int64 0 and 1) is
+// a Where's mask.
+TEST(OnnxImportTest, CastsAndComparisonsOfConstantsFold) {
+  auto g = Import(TinyModel(17, "", [](ModelMaker& m) {
+    const std::string table = AddConstant(m, "/table", {1, 4}, onnx::TensorProto::FLOAT,
+                                          {0.0, 0.7, 1.4, 2.1});
+    const std::string lower = AddConstant(m, "/lower", {2, 4}, onnx::TensorProto::FLOAT,
+                                          {1, 0, 0, 0, 1, 1, 0, 0});
+    const std::string zero = AddConstant(m, "/zero", {}, onnx::TensorProto::FLOAT, {0.0});
+    const std::string ints = AddConstant(m, "/ints", {2, 4}, onnx::TensorProto::INT64,
+                                         {1, 2, 1, 2, 2, 1, 2, 1});
+    const std::string one = AddConstant(m, "/one", {}, onnx::TensorProto::INT64, {1});
+    ModelMaker::IntAttr(m.Node("Cast", "/Cast", {table}, {"truncated"}), "to",
+                        onnx::TensorProto::INT64);
+    ModelMaker::IntAttr(m.Node("Cast", "/Cast_1", {"truncated"}, {"promoted"}), "to",
+                        onnx::TensorProto::FLOAT);
+    m.Node("Add", "/Add", {"f", "promoted"}, {"shifted"});
+    m.Node("Equal", "/Equal", {lower, zero}, {"above"});
+    m.Node("Where", "/Where", {"above", "shifted", "f"}, {"picked"});
+    m.Node("Equal", "/Equal_1", {ints, one}, {"odd"});
+    m.Node("Where", "/Where_1", {"odd", "picked", "f"}, {"kept"});
+    FindNode(m, "Gemm")->set_input(0, "kept");
+    auto* nodes = m.graph()->mutable_node();  // the Gemm last, after what it reads
+    for (int i = 0; i < nodes->size(); ++i) {
+      if (nodes->Get(i).op_type() == "Gemm") {
+        for (int j = i; j + 1 < nodes->size(); ++j) nodes->SwapElements(j, j + 1);
+        break;
+      }
+    }
+  }));
+  ASSERT_TRUE(g.ok()) << g.status();
+  ASSERT_EQ(g->op(g->Find("promoted")), "constant");
+  EXPECT_EQ(*g->dtype(g->Find("promoted")), DType::kFloat32);
+  EXPECT_EQ(ConstantValues<float>(*g, "promoted"), (std::vector<float>{0, 0, 1, 2}));
+  ASSERT_EQ(g->op(g->Find("above")), "constant");
+  EXPECT_EQ(*g->dtype(g->Find("above")), DType::kUInt8);
+  ASSERT_EQ(g->op(g->Find("odd")), "constant");
+  EXPECT_EQ(*g->dtype(g->Find("odd")), DType::kUInt8);
+}
+
+// torch.randn_like and torch.rand_like (a VAE's noise): `random` nodes of
+// the tensor's shape and type, each with its own seed, none a dropout
+// mask's; the file's seed and a non-float type refused or ignored as said.
+TEST(OnnxImportTest, RandomLikeIsSeededNoise) {
+  auto model = [](int dtype) {
+    return TinyModel(13, "", [dtype](ModelMaker& m) {
+      const int before = m.graph()->node_size();
+      auto* normal = m.Node("RandomNormalLike", "/RandomNormalLike", {"r"}, {"eps"});
+      ModelMaker::FloatAttr(normal, "scale", 0.5f);
+      ModelMaker::FloatAttr(normal, "seed", 3.0f);
+      if (dtype != 0) ModelMaker::IntAttr(normal, "dtype", dtype);
+      auto* uniform = m.Node("RandomUniformLike", "/RandomUniformLike", {"r"}, {"u"});
+      ModelMaker::FloatAttr(uniform, "low", -1.0f);
+      m.Node("Mul", "/Mul", {"eps", "u"}, {"noise"});
+      m.Node("Add", "/Add", {"r", "noise"}, {"noisy"});
+      FeedThePool(m, before, "noisy");
+    });
+  };
+  auto g = Import(model(0));
+  ASSERT_TRUE(g.ok()) << g.status();
+  std::vector<NodeId> noise;  // (named after the module path, as every node)
+  for (NodeId v = 0; v < g->num_nodes(); ++v) {
+    if (g->op(v) == "random") noise.push_back(v);
+  }
+  ASSERT_EQ(noise.size(), 2u);
+  const NodeId eps = noise[0], u = noise[1];
+  EXPECT_EQ(*g->shape(eps), *g->shape(g->Find("relu")));
+  EXPECT_EQ(g->attrs(eps)["distribution"], "normal");
+  EXPECT_EQ(g->attrs(eps)["std"], 0.5);
+  EXPECT_EQ(g->attrs(u)["distribution"], "uniform");
+  EXPECT_EQ(g->attrs(u)["low"], -1.0);
+  EXPECT_GE(g->attrs(eps)["seed"].get<int64_t>(), NetBuilder::kRandomSeedBase);
+  EXPECT_NE(g->attrs(eps)["seed"], g->attrs(u)["seed"]);
+  auto ints = Import(model(onnx::TensorProto::INT64));
+  ASSERT_FALSE(ints.ok());
+  EXPECT_THAT(ints.status().message(), AllOf(HasSubstr("'/RandomNormalLike'"),
+                                             HasSubstr("noise of type i64")));
 }
 
 // Running statistics tiled from the buffers (nn.InstanceNorm with

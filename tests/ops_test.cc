@@ -367,6 +367,16 @@ TEST(MaskOpsTest, CompareAndMaskedFillInferAndRefuse) {
   ExpectError("constant", {}, {{"shape", Shape{int64_t{1} << 30}}, {"data", ""}}, "at most");
   EXPECT_DOUBLE_EQ(Flops("constant", {}, {{"shape", Shape{2}}, {"dtype", "u8"}, {"data", "AAE="}}),
                    Flops("fill", {}, {{"shape", Shape{2}}, {"dtype", "u8"}}));
+  // random: a float tensor of noise; its parameters checked.
+  ExpectType("random", {}, {{"shape", Shape{2, 3}}, {"seed", 5}}, {2, 3});
+  ExpectType("random", {}, {{"shape", Shape{2}}, {"dtype", "bf16"}, {"distribution", "uniform"},
+                            {"low", -1.0}, {"high", 2.0}}, {2}, DType::kBFloat16);
+  ExpectError("random", {}, {{"shape", Shape{2}}, {"dtype", "i64"}}, "float type");
+  ExpectError("random", {}, {{"shape", Shape{2}}, {"std", -1.0}}, "below 0");
+  ExpectError("random", {}, {{"shape", Shape{2}}, {"distribution", "uniform"}, {"low", 1.0},
+                             {"high", 0.0}}, "below 'low'");
+  ExpectError("random", {}, {{"shape", Shape{2}}, {"high", 2.0}}, "'high' is not one of a normal");
+  ExpectError("random", {}, {{"shape", Shape{2}}, {"distribution", "gamma"}}, "normal or uniform");
   // The mask may not widen x: it broadcasts over x, not x over it.
   ExpectError("masked_fill", {T({3}), T({2, 3}, DType::kUInt8)}, Json::object(),
               "does not broadcast");

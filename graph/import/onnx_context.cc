@@ -49,32 +49,35 @@ absl::Status ImportContext::ReadInitializers(const onnx::GraphProto& graph) {
 }
 
 absl::Status ImportContext::FreezeInitializers(const std::vector<std::string>& patterns) {
-  std::vector<std::string> trainable;  // the names a pattern may match, sorted
-  for (const auto& [name, tensor] : initializers_) {
-    if (IsParameterLike(name)) trainable.push_back(name);
-  }
-  std::sort(trainable.begin(), trainable.end());
+  // A pattern may name any initializer: one of another type (a boolean mask
+  // or int64 indices registered as a buffer) is a constant, never trained,
+  // so naming it changes nothing.
+  std::vector<std::string> names;  // sorted, the floating-point ones first
+  for (const auto& [name, tensor] : initializers_) names.push_back(name);
+  std::sort(names.begin(), names.end(), [this](const std::string& a, const std::string& b) {
+    return std::pair(!IsParameterLike(a), a) < std::pair(!IsParameterLike(b), b);
+  });
   for (const std::string& pattern : patterns) {
     bool matched = false;
-    for (const std::string& name : trainable) {
+    for (const std::string& name : names) {
       if (fnmatch(pattern.c_str(), name.c_str(), 0) != 0) continue;
-      buffers_.insert(name);
+      if (IsParameterLike(name)) buffers_.insert(name);
       matched = true;
     }
     if (matched) continue;
     constexpr size_t kNamesShown = 8;
-    std::vector<std::string> shown(trainable.begin(),
-                                   trainable.begin() + std::min(trainable.size(), kNamesShown));
+    std::vector<std::string> shown(names.begin(),
+                                   names.begin() + std::min(names.size(), kNamesShown));
     for (std::string& name : shown) name = Quote(name);
     return OptionError(absl::StrCat(
-        "frozen ", Quote(pattern), " matches none of the model's floating-point initializers",
-        trainable.empty()
-            ? " (it has none)"
-            : absl::StrCat(" (", absl::StrJoin(shown, ", "),
-                           trainable.size() > shown.size()
-                               ? absl::StrCat(" and ", trainable.size() - shown.size(), " more")
-                               : "",
-                           ")")));
+        "frozen ", Quote(pattern), " matches none of the model's initializers",
+        names.empty() ? " (it has none)"
+                      : absl::StrCat(" (", absl::StrJoin(shown, ", "),
+                                     names.size() > shown.size()
+                                         ? absl::StrCat(" and ", names.size() - shown.size(),
+                                                        " more")
+                                         : "",
+                                     ")")));
   }
   return absl::OkStatus();
 }
@@ -130,7 +133,23 @@ absl::StatusOr<Value> ImportContext::ConstantNode(const onnx::NodeProto& node,
   auto append = [&bytes](auto value) {
     bytes.append(reinterpret_cast<const char*>(&value), sizeof(value));
   };
-  if (t.data_type() == onnx::TensorProto::FLOAT) {
+  // A constant cast to float, int64 or bool without a change of value
+  // (Note [Casts of constants]) is written in the cast's type.
+  const std::optional<int> cast = CastTo(name);
+  if (cast.has_value() && *cast != t.data_type() &&
+      (*cast == onnx::TensorProto::FLOAT || *cast == onnx::TensorProto::INT64 ||
+       *cast == onnx::TensorProto::BOOL)) {
+    if (std::optional<Numbers> numbers = KnownNumbers(name)) {
+      for (double v : numbers->values) {
+        if (*cast == onnx::TensorProto::FLOAT) append(static_cast<float>(v));
+        if (*cast == onnx::TensorProto::INT64) append(static_cast<int64_t>(v));
+        if (*cast == onnx::TensorProto::BOOL) append(static_cast<uint8_t>(v != 0));
+      }
+      dtype = *cast == onnx::TensorProto::FLOAT ? "f32"
+              : *cast == onnx::TensorProto::INT64 ? "i64"
+                                                  : "u8";
+    }
+  } else if (t.data_type() == onnx::TensorProto::FLOAT) {
     if (std::optional<std::vector<double>> values = FloatValues(t)) {
       dtype = "f32";
       for (double v : *values) append(static_cast<float>(v));
@@ -327,7 +346,16 @@ absl::Status ImportContext::DefineInts(const onnx::NodeProto& node, int output, 
   for (int64_t d : ints.dims) t.add_dims(d);
   for (int64_t v : ints.values) t.add_int64_data(v);
   constants_[node.output(output)] = &t;
+  InheritCast(node, node.output(output));
   return absl::OkStatus();
+}
+
+void ImportContext::InheritCast(const onnx::NodeProto& node, const std::string& output) {
+  static const auto* const kViews = new absl::flat_hash_set<std::string>{
+      "Reshape", "Unsqueeze", "Squeeze", "Flatten", "Transpose", "Identity", "Slice",
+      "Expand", "Concat", "Gather", "Tile", "Trilu"};
+  if (node.input_size() == 0 || !kViews->contains(node.op_type())) return;
+  if (std::optional<int> to = CastTo(node.input(0))) cast_to_[output] = *to;
 }
 
 absl::Status ImportContext::DefineFolded(const onnx::NodeProto& node, onnx::TensorProto tensor) {
@@ -335,6 +363,7 @@ absl::Status ImportContext::DefineFolded(const onnx::NodeProto& node, onnx::Tens
   onnx::TensorProto& t = folded_.emplace_back(std::move(tensor));
   t.set_name(node.output(0));
   constants_[node.output(0)] = &t;
+  InheritCast(node, node.output(0));
   return absl::OkStatus();
 }
 

@@ -73,8 +73,8 @@ class ImportContext {
   absl::Status ReadInitializers(const onnx::GraphProto& graph);
   // After ReadInitializers: the floating-point initializers whose names
   // match one of `patterns` (ids or fnmatch(3) globs) are buffers too
-  // (OnnxImportOptions::frozen); InvalidArgument naming a pattern that
-  // matches none of them.
+  // (OnnxImportOptions::frozen); an option error naming a pattern that
+  // matches no initializer at all.
   absl::Status FreezeInitializers(const std::vector<std::string>& patterns);
   bool IsInitializer(const std::string& name) const { return initializers_.contains(name); }
   // A graph input or output: its name is its node's id, which no other
@@ -136,6 +136,15 @@ class ImportContext {
   // `name` is the constant `tensor` (which outlives the import).
   void SetConstant(const std::string& name, const onnx::TensorProto* tensor) {
     constants_[name] = tensor;
+  }
+  // Note [Casts of constants]: `name` is a constant cast to the ONNX type
+  // `to` whose values the cast leaves as they are; its tensor keeps its own
+  // type (for the shape arithmetic), and a computation that reads it gets
+  // `to` (ConstantNode). Views of it that fold keep the note.
+  void NoteCastTo(const std::string& name, int to) { cast_to_[name] = to; }
+  std::optional<int> CastTo(const std::string& name) const {
+    auto it = cast_to_.find(name);
+    return it == cast_to_.end() ? std::nullopt : std::optional<int>(it->second);
   }
   // An output nothing in a training step reads (batch norm's updated
   // statistics, dropout's mask): reading it is an error.
@@ -204,6 +213,8 @@ class ImportContext {
   // the exporter computed (positions from torch.arange), a fixed mask.
   absl::StatusOr<Value> ConstantNode(const onnx::NodeProto& node, const std::string& name,
                                      const onnx::TensorProto& t);
+  // A folded view (Reshape, Unsqueeze, ...) of a cast constant is cast too.
+  void InheritCast(const onnx::NodeProto& node, const std::string& output);
   absl::StatusOr<Value> PersistentNode(const onnx::NodeProto& node, const std::string& name,
                                        const onnx::TensorProto& t);
   void MarkView(absl::string_view op, Value v, const std::vector<Value>& inputs);
@@ -220,6 +231,7 @@ class ImportContext {
   // keeps the addresses constants_ holds.
   std::deque<onnx::TensorProto> folded_;
   absl::flat_hash_set<std::string> buffers_;
+  absl::flat_hash_map<std::string, int> cast_to_;  // NoteCastTo
   // Values that are operators' arguments, not operands (Resize's roi,
   // scales and sizes, and the parts of a Concat that makes one, as
   // nn.Upsample exports its scales): constants, however they are named.

@@ -23,9 +23,38 @@
 namespace pebble::onnx_import {
 namespace {
 
+// A unary op's value at x, for the ops that fold over constants (FoldUnary).
+std::optional<double> UnaryValue(absl::string_view op, double x) {
+  if (op == "exp") return std::exp(x);
+  if (op == "log") return std::log(x);
+  if (op == "sqrt") return std::sqrt(x);
+  if (op == "abs") return std::abs(x);
+  if (op == "tanh") return std::tanh(x);
+  if (op == "sigmoid") return 1 / (1 + std::exp(-x));
+  if (op == "erf") return std::erf(x);
+  if (op == "relu") return x > 0 ? x : 0.0;
+  return std::nullopt;
+}
+
+// A unary op of a float constant of several values (the frequencies of a
+// sinusoidal table, exp of arange times a scale), folded, each value in
+// float; a scalar stays computed, as it always was.
+bool FoldUnary(ImportContext& cx, const onnx::NodeProto& node, absl::string_view op) {
+  const onnx::TensorProto* t = cx.ConstTensor(node.input(0));
+  if (t == nullptr || cx.IsParameterLike(node.input(0)) ||
+      t->data_type() != onnx::TensorProto::FLOAT || !UnaryValue(op, 0.5).has_value()) {
+    return false;
+  }
+  std::optional<Numbers> x = cx.KnownNumbers(node.input(0));
+  if (!x || x->values.size() < 2) return false;
+  for (double& v : x->values) v = *UnaryValue(op, static_cast<float>(v));
+  return cx.DefineFolded(node, FloatTensor(x->dims, x->values)).ok();
+}
+
 absl::Status Unary(ImportContext& cx, const onnx::NodeProto& node, absl::string_view op) {
   RETURN_IF_ERROR(cx.ExpectInputs(node, 1, 1));
   RETURN_IF_ERROR(Attrs(node).OnlyKnown({}));
+  if (FoldUnary(cx, node, op)) return absl::OkStatus();
   ASSIGN_OR_RETURN(std::vector<Value> in, cx.Inputs(node));
   return cx.Apply(node, op, in);
 }
@@ -292,25 +321,37 @@ absl::StatusOr<Value> Broadcast(ImportContext& cx, const onnx::NodeProto& node,
   return cx.Lowered(node, "transpose", {y}, {{"perm", inverse}}, suffix);
 }
 
-// op of two numeric constants of which one is a scalar and the other not
-// (nn.MultiheadAttention's export scales its constant attention mask by a
-// cast 1): folded into a float constant. Returns false, folding nothing,
-// for other operands (two scalars stay computed, as they always were).
+// The element of `c` (of `dims` within the broadcast shape `out`) that
+// output element `o` reads under NumPy broadcasting.
+double BroadcastElement(const Numbers& c, const Shape& out, int64_t o) {
+  int64_t index = 0, stride = 1;
+  const size_t lead = out.size() - c.dims.size();
+  for (size_t d = out.size(); d-- > lead;) {
+    const int64_t extent = c.dims[d - lead];
+    const int64_t coordinate = o % out[d];
+    o /= out[d];
+    if (extent != 1) index += coordinate * stride;
+    stride *= extent;
+  }
+  return c.values[index];
+}
+
+// op of two numeric constants (nn.MultiheadAttention's export scales its
+// constant attention mask by a cast 1; a table of positions times a row of
+// frequencies, -log(10000) / d), folded into a float constant under NumPy
+// broadcasting. Returns false, folding nothing, for other operands.
 bool FoldFloatArithmetic(ImportContext& cx, const onnx::NodeProto& node, absl::string_view op) {
   std::optional<Numbers> a = cx.KnownNumbers(node.input(0));
   std::optional<Numbers> b = cx.KnownNumbers(node.input(1));
-  if (!a || !b || (a->values.size() == 1) == (b->values.size() == 1)) return false;
-  const bool a_scalar = a->values.size() == 1;
-  const Numbers& full = a_scalar ? *b : *a;
-  const Numbers& scalar = a_scalar ? *a : *b;
-  if (scalar.dims.size() > full.dims.size()) return false;  // it would widen the result
-  std::vector<double> values;
-  for (size_t i = 0; i < full.values.size(); ++i) {
-    const double x = a_scalar ? a->values[0] : a->values[i];
-    const double y = a_scalar ? b->values[i] : b->values[0];
-    values.push_back(op == "add" ? x + y : op == "sub" ? x - y : op == "mul" ? x * y : x / y);
+  if (!a || !b) return false;
+  const std::optional<Shape> out = ops_internal::BroadcastShapes(a->dims, b->dims);
+  if (!out.has_value() || NumElements(*out) > (int64_t{1} << 20)) return false;
+  std::vector<double> values(NumElements(*out));
+  for (int64_t o = 0; o < static_cast<int64_t>(values.size()); ++o) {
+    const double x = BroadcastElement(*a, *out, o), y = BroadcastElement(*b, *out, o);
+    values[o] = op == "add" ? x + y : op == "sub" ? x - y : op == "mul" ? x * y : x / y;
   }
-  return cx.DefineFolded(node, FloatTensor(full.dims, values)).ok();
+  return cx.DefineFolded(node, FloatTensor(*out, values)).ok();
 }
 
 // Whether `mask` is a causal mask over the last two dims (S, T) of x:
@@ -457,7 +498,8 @@ absl::Status Expand(ImportContext& cx, const onnx::NodeProto& node) {
 
 // Neg (-x) and Reciprocal (torch.reciprocal): a mul by a scalar fill of
 // -1, a div of a scalar fill of 1 by x. Neg of known integers (a slice's
-// bound, -x.shape[1]) folds.
+// bound, -x.shape[1]) folds, and so does either of another constant (a
+// float one: 1 / d of a table's frequencies).
 absl::Status NegOrReciprocal(ImportContext& cx, const onnx::NodeProto& node, bool reciprocal) {
   RETURN_IF_ERROR(cx.ExpectInputs(node, 1, 1));
   RETURN_IF_ERROR(Attrs(node).OnlyKnown({}));
@@ -467,6 +509,11 @@ absl::Status NegOrReciprocal(ImportContext& cx, const onnx::NodeProto& node, boo
       v = -v;
     }
     return cx.DefineInts(node, 0, *std::move(ints));
+  }
+  if (std::optional<Numbers> c = cx.KnownNumbers(node.input(0));
+      c && !c->values.empty() && !cx.IsParameterLike(node.input(0))) {  // a float constant
+    for (double& v : c->values) v = reciprocal ? 1 / static_cast<float>(v) : -v;
+    return cx.DefineFolded(node, FloatTensor(c->dims, c->values));
   }
   ASSIGN_OR_RETURN(Value x, cx.Get(node, node.input(0)));
   if (const DType dtype = cx.nb().type(x).dtype; !ops_internal::IsFloat(dtype)) {
@@ -481,8 +528,9 @@ absl::Status NegOrReciprocal(ImportContext& cx, const onnx::NodeProto& node, boo
 }
 
 // Sin and Cos of a float constant, folded (the sinusoidal table of
-// positions a forward computes from torch.arange), each in float as
-// PyTorch's float32 kernel computes it; of a computed tensor not supported.
+// positions a forward computes from torch.arange), each of the float
+// argument, rounded to float (within an ulp of PyTorch's float32 kernel);
+// of a computed tensor not supported.
 absl::Status FoldedSinOrCos(ImportContext& cx, const onnx::NodeProto& node, bool cosine) {
   RETURN_IF_ERROR(cx.ExpectInputs(node, 1, 1));
   RETURN_IF_ERROR(Attrs(node).OnlyKnown({}));
@@ -493,8 +541,13 @@ absl::Status FoldedSinOrCos(ImportContext& cx, const onnx::NodeProto& node, bool
     values = FloatValues(*t);
   }
   if (!values) {
-    return NodeError(node, absl::StrCat(node.op_type(), " of a computed tensor is not supported "
-                                        "(of a float constant it folds: a table of positions)"));
+    return NodeError(node, absl::StrCat(node.op_type(), " of ", Quote(name),
+                                        " is not supported: it folds a float constant (a table "
+                                        "of positions), which this is not (",
+                                        t == nullptr ? "a computed tensor"
+                                        : cx.IsParameterLike(name) ? "a parameter"
+                                                                   : "a constant of another type",
+                                        ")"));
   }
   for (double& v : *values) {
     const float x = static_cast<float>(v);

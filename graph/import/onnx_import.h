@@ -50,8 +50,9 @@ struct OnnxImportOptions {
   // (register_buffer: a normalization's mean and std) and its frozen
   // parameters (requires_grad=False) as initializers like the trained
   // ones, so only the user can say which they are; batch-norm running
-  // statistics are known buffers without it. A pattern that matches no
-  // floating-point initializer is an error.
+  // statistics are known buffers without it. A pattern may name an
+  // initializer of another type (a boolean mask buffer), a constant that
+  // no step trains; one that matches no initializer is an error.
   std::vector<std::string> frozen;
   CostModel cost_model;
 };

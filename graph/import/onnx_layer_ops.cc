@@ -10,6 +10,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -785,6 +786,49 @@ absl::Status LogSoftmax(ImportContext& cx, const onnx::NodeProto& node) {
   return ApplySoftmaxOverAxis(cx, node, s, "log_softmax", Json::object());
 }
 
+// RandomNormalLike and RandomUniformLike (torch.randn_like, torch.rand_like:
+// a VAE's reparameterization noise) and RandomNormal, RandomUniform of a
+// fixed shape: a `random` node of pebble's seeded noise (Note [Random
+// values], runtime/kernel_math.h), not PyTorch's stream, as dropout's
+// masks (docs/import.md); the file's own seed is not used.
+absl::Status RandomNoise(ImportContext& cx, const onnx::NodeProto& node) {
+  const bool like = absl::EndsWith(node.op_type(), "Like");
+  const bool normal = absl::StartsWith(node.op_type(), "RandomNormal");
+  RETURN_IF_ERROR(cx.ExpectInputs(node, like ? 1 : 0, like ? 1 : 0));
+  const Attrs attrs(node);
+  const absl::string_view a_name = normal ? "mean" : "low", b_name = normal ? "scale" : "high";
+  RETURN_IF_ERROR(like ? attrs.OnlyKnown({"dtype", "seed", a_name, b_name})
+                       : attrs.OnlyKnown({"dtype", "seed", "shape", a_name, b_name}));
+  Shape shape;
+  std::optional<DType> dtype;
+  if (like) {
+    ASSIGN_OR_RETURN(const Value x, cx.Get(node, node.input(0)));
+    shape = cx.nb().type(x).shape;
+    dtype = cx.nb().type(x).dtype;
+  } else {
+    ASSIGN_OR_RETURN(const std::vector<int64_t> dims, attrs.Ints("shape", {}));
+    shape.assign(dims.begin(), dims.end());
+  }
+  if (attrs.has("dtype") || !dtype.has_value()) {
+    ASSIGN_OR_RETURN(const int64_t type, attrs.Int("dtype", onnx::TensorProto::FLOAT));
+    absl::StatusOr<DType> d = DTypeOfOnnx(static_cast<int>(type));
+    if (!d.ok()) return NodeError(node, d.status().message());
+    dtype = *d;
+  }
+  if (!ops_internal::IsFloat(*dtype)) {
+    return NodeError(node, absl::StrCat("noise of type ", DTypeName(*dtype),
+                                        " is not supported (of a float type it is)"));
+  }
+  Json args = {{"distribution", normal ? "normal" : "uniform"}};
+  ASSIGN_OR_RETURN(const double a, attrs.Float(a_name, 0.0));
+  ASSIGN_OR_RETURN(const double b, attrs.Float(b_name, 1.0));
+  args[normal ? "mean" : "low"] = a;
+  args[normal ? "std" : "high"] = b;
+  const Value noise = cx.nb().Random(shape, *dtype, std::move(args), cx.NodeIdFor(node));
+  if (!cx.nb().status().ok()) return NodeError(node, cx.nb().status().message());
+  return cx.Define(node, noise);
+}
+
 absl::Status Dropout(ImportContext& cx, const onnx::NodeProto& node) {
   RETURN_IF_ERROR(cx.ExpectInputs(node, 1, 3));
   const Attrs attrs(node);
@@ -1018,6 +1062,9 @@ void AddLayerOps(OnnxHandlers& handlers) {
   handlers["Softmax"] = Softmax;
   handlers["LogSoftmax"] = LogSoftmax;
   handlers["Dropout"] = Dropout;
+  for (const char* op : {"RandomNormalLike", "RandomUniformLike", "RandomNormal", "RandomUniform"}) {
+    handlers[op] = RandomNoise;
+  }
   handlers["Resize"] = Resize;
   handlers["Pad"] = Pad;
 }

@@ -134,6 +134,38 @@ absl::StatusOr<Value> ComparedOperand(ImportContext& cx, const onnx::NodeProto& 
   return FillOf(cx, node, *DimsOf(cx, name), dtype, *value, absl::StrCat("operand", i));
 }
 
+// A comparison or logic operator of two constants (a mask built in the
+// forward: torch.tril(torch.ones(L, L)) == 0), folded into a boolean
+// constant; the operands of one size, or one of them a single value.
+absl::Status FoldComparison(ImportContext& cx, const onnx::NodeProto& node, const std::string& op) {
+  std::optional<Numbers> a = cx.KnownNumbers(node.input(0)), b = cx.KnownNumbers(node.input(1));
+  if (!a || !b) {
+    return NodeError(node, absl::StrCat(node.op_type(), " of constants of these types is not "
+                                                        "supported (of float, integer and "
+                                                        "boolean ones it folds)"));
+  }
+  const size_t na = a->values.size(), nb = b->values.size();
+  if (na != 1 && nb != 1 && a->dims != b->dims) {
+    return NodeError(node, absl::StrCat(node.op_type(), " of constants of shapes ",
+                                        ShapeToString(a->dims), " and ", ShapeToString(b->dims),
+                                        " is not supported (of one shape, or of one value)"));
+  }
+  const Numbers& full = nb == 1 && (na != 1 || a->dims.size() >= b->dims.size()) ? *a : *b;
+  std::vector<double> out(full.values.size());
+  for (size_t i = 0; i < out.size(); ++i) {
+    const double x = a->values[na == 1 ? 0 : i], y = b->values[nb == 1 ? 0 : i];
+    out[i] = op == "eq"    ? x == y
+             : op == "ne"  ? (node.op_type() == "Xor" ? (x != 0) != (y != 0) : x != y)
+             : op == "lt"  ? x < y
+             : op == "le"  ? x <= y
+             : op == "gt"  ? x > y
+             : op == "ge"  ? x >= y
+             : op == "and" ? (x != 0 && y != 0)
+                           : (x != 0 || y != 0);
+  }
+  return cx.DefineFolded(node, *TypedTensor(onnx::TensorProto::BOOL, full.dims, out));
+}
+
 // A comparison or logic operator: folded over integers known at import
 // (Equal of shapes: Expand's), else a `compare` of the computed operand(s).
 absl::Status Comparison(ImportContext& cx, const onnx::NodeProto& node, const std::string& op) {
@@ -152,11 +184,7 @@ absl::Status Comparison(ImportContext& cx, const onnx::NodeProto& node, const st
   }
   const int computed = !IsConstant(cx, node.input(0)) ? 0 : !IsConstant(cx, node.input(1)) ? 1
                                                                                           : -1;
-  if (computed < 0) {
-    return NodeError(node, absl::StrCat(node.op_type(),
-                                        " of two constants is supported only as Equal of "
-                                        "integer shapes"));
-  }
+  if (computed < 0) return FoldComparison(cx, node, op);
   const bool logic = op == "and" || op == "or" || node.op_type() == "Xor";
   if (logic) {
     for (int i = 0; i < 2; ++i) {
@@ -305,16 +333,27 @@ absl::Status Trilu(ImportContext& cx, const onnx::NodeProto& node) {
   }
   std::optional<std::pair<int, Numbers>> x = TypedConstant(cx, node.input(0));
   if (!x || x->second.dims.size() < 2) {
-    return NodeError(node, "Trilu of a computed tensor is not supported (of a float, boolean "
-                           "or int64 constant of 2 or more dims it folds: a mask)");
+    return NodeError(node, absl::StrCat("Trilu of ", Quote(node.input(0)),
+                                        " is not supported: it folds a float, boolean or int64 "
+                                        "constant of 2 or more dims (a mask), which this is not"));
   }
   auto& [type, numbers] = *x;
   const int64_t rows = numbers.dims[numbers.dims.size() - 2];
   const int64_t cols = numbers.dims.back();
-  for (size_t e = 0; e < numbers.values.size(); ++e) {
+  auto kept = [&](size_t e) {
     const int64_t i = static_cast<int64_t>(e) / cols % rows, j = static_cast<int64_t>(e) % cols;
-    const bool kept = upper != 0 ? j - i >= k : j - i <= k;
-    if (!kept) numbers.values[e] = 0;
+    return upper != 0 ? j - i >= k : j - i <= k;
+  };
+  if (type == onnx::TensorProto::INT64) {  // (every bit of an int64, not a double's 53)
+    std::optional<Ints> ints = cx.KnownInts(node.input(0));
+    if (!ints) return NodeError(node, "its int64 constant cannot be read");
+    for (size_t e = 0; e < ints->values.size(); ++e) {
+      if (!kept(e)) ints->values[e] = 0;
+    }
+    return cx.DefineInts(node, 0, *std::move(ints));
+  }
+  for (size_t e = 0; e < numbers.values.size(); ++e) {
+    if (!kept(e)) numbers.values[e] = 0;
   }
   return cx.DefineFolded(node, *TypedTensor(type, numbers.dims, numbers.values));
 }
@@ -343,9 +382,17 @@ absl::Status Not(ImportContext& cx, const onnx::NodeProto& node) {
 // gradient where its side was taken (as PyTorch's where).
 absl::Status WhereComputed(ImportContext& cx, const onnx::NodeProto& node) {
   const std::string &c_name = node.input(0), &x_name = node.input(1), &y_name = node.input(2);
-  // (a constant boolean condition is a `constant` mask: ImportContext::Get)
-  if (IsConstant(cx, c_name) && cx.ConstTensor(c_name)->data_type() != onnx::TensorProto::BOOL) {
-    return NodeError(node, "a constant condition that is not boolean is not supported");
+  // A constant condition is a `constant` mask (ImportContext::Get), read
+  // as bool whatever type a fold left it in (Equal of integers folds to
+  // int64 0 and 1).
+  if (IsConstant(cx, c_name)) {
+    std::optional<Numbers> c = cx.KnownNumbers(c_name);
+    if (!c || !std::all_of(c->values.begin(), c->values.end(),
+                           [](double v) { return v == 0 || v == 1; })) {
+      return NodeError(node, absl::StrCat("the constant condition ", Quote(c_name),
+                                          " is not a mask of 0 and 1 (not supported)"));
+    }
+    cx.NoteCastTo(c_name, onnx::TensorProto::BOOL);
   }
   ASSIGN_OR_RETURN(const Value cv, cx.Get(node, c_name));
   const Value* c = &cv;
@@ -455,17 +502,49 @@ absl::Status CastComputed(ImportContext& cx, const onnx::NodeProto& node, Value 
 // Cast of a constant (torch.clamp casts its scalar bounds): the value is
 // kept as it is, for the operators that read constants by value. A cast of
 // a computed tensor: CastComputed.
+// Note [Casts of constants]. A Cast of a constant whose values it keeps
+// (integers or booleans to float, integral floats or booleans to int64, 0
+// and 1 to bool, a type to itself) leaves the tensor as it is, so that the
+// shape arithmetic of an export (Cast of a Shape to float and back) folds
+// as integers, and notes the type for a computation that reads it
+// (ImportContext::NoteCastTo). One that changes values (float to int,
+// truncated toward zero as ONNX's Cast; any number to bool, 1 where not 0)
+// folds into a tensor of the new values: int64 for an integer type, bool,
+// or float for a float type. (Until 2026-12-07 every such cast kept the
+// values it was given: (x * 0.7).long() computed with 0.7, 1.4, ...)
+absl::Status CastConstant(ImportContext& cx, const onnx::NodeProto& node,
+                          const onnx::TensorProto& t, int64_t to) {
+  const std::string& name = node.input(0);
+  const bool to_int = to == onnx::TensorProto::INT64 || to == onnx::TensorProto::INT32 ||
+                      to == onnx::TensorProto::INT16 || to == onnx::TensorProto::INT8 ||
+                      to == onnx::TensorProto::UINT8;
+  const bool to_bool = to == onnx::TensorProto::BOOL;
+  std::optional<Numbers> numbers = cx.KnownNumbers(name);
+  bool changes = false;
+  if (numbers.has_value() && (to_int || to_bool)) {
+    for (double v : numbers->values) {
+      changes |= to_bool ? (v != 0 && v != 1) : v != std::trunc(v);
+    }
+  }
+  if (!changes) {
+    cx.SetConstant(node.output(0), &t);
+    if (to != t.data_type()) cx.NoteCastTo(node.output(0), static_cast<int>(to));
+    return absl::OkStatus();
+  }
+  for (double& v : numbers->values) v = to_bool ? (v != 0) : std::trunc(v);
+  return cx.DefineFolded(node, *TypedTensor(to_bool ? onnx::TensorProto::BOOL
+                                                    : onnx::TensorProto::INT64,
+                                            numbers->dims, numbers->values));
+}
+
 absl::Status Cast(ImportContext& cx, const onnx::NodeProto& node) {
   RETURN_IF_ERROR(cx.ExpectInputs(node, 1, 1));
   const Attrs attrs(node);
   RETURN_IF_ERROR(attrs.OnlyKnown({"to", "saturate"}));
   if (node.output_size() != 1 || node.output(0).empty()) return NodeError(node, "has no output");
-  if (const onnx::TensorProto* t = cx.ConstTensor(node.input(0))) {
-    cx.SetConstant(node.output(0), t);
-    return absl::OkStatus();
-  }
-  ASSIGN_OR_RETURN(const Value x, cx.Get(node, node.input(0)));  // or the error naming it
   ASSIGN_OR_RETURN(const int64_t to, attrs.Int("to", 0));
+  if (const onnx::TensorProto* t = cx.ConstTensor(node.input(0))) return CastConstant(cx, node, *t, to);
+  ASSIGN_OR_RETURN(const Value x, cx.Get(node, node.input(0)));  // or the error naming it
   return CastComputed(cx, node, x, to);
 }
 

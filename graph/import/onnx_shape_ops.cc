@@ -256,18 +256,36 @@ absl::Status MoveBlocks(ImportContext& cx, const onnx::NodeProto& node, bool to_
 // Range of known integer scalars (`torch.arange(ids.shape[1])` exported
 // with a symbolic dim): the vector start, start + delta, ... before limit,
 // folded; at most 2^24 values (a position-id vector, not data).
+// Range of float constants (torch.arange(w, dtype=torch.float32) under a
+// symbolic size): ONNX's max(ceil((limit - start) / delta), 0) values
+// start + i delta, each rounded to float, at most 2^20 of them.
+absl::Status FloatRange(ImportContext& cx, const onnx::NodeProto& node) {
+  double bound[3];
+  for (int i = 0; i < 3; ++i) {
+    std::optional<Numbers> v = cx.KnownNumbers(node.input(i));
+    if (!v || v->values.size() != 1 || !std::isfinite(v->values[0])) {
+      return NodeError(node, absl::StrCat("input ", Quote(node.input(i)),
+                                          " must be a scalar known at import (a Range of "
+                                          "values computed at run time is not supported)"));
+    }
+    bound[i] = v->values[0];
+  }
+  const auto [start, limit, delta] = bound;
+  if (delta == 0) return NodeError(node, "delta 0");
+  const double count = std::max(std::ceil((limit - start) / delta), 0.0);
+  if (count > (1 << 20)) return NodeError(node, absl::StrCat("more than ", 1 << 20, " values"));
+  std::vector<double> values(static_cast<size_t>(count));
+  for (size_t i = 0; i < values.size(); ++i) values[i] = start + static_cast<double>(i) * delta;
+  return cx.DefineFolded(node, FloatTensor({static_cast<int64_t>(values.size())}, values));
+}
+
 absl::Status Range(ImportContext& cx, const onnx::NodeProto& node) {
   RETURN_IF_ERROR(cx.ExpectInputs(node, 3, 3));
   RETURN_IF_ERROR(Attrs(node).OnlyKnown({}));
   int64_t bound[3];
   for (int i = 0; i < 3; ++i) {
     std::optional<Ints> v = cx.KnownInts(node.input(i));
-    if (!v || v->values.size() != 1) {
-      return NodeError(node, absl::StrCat("input ", Quote(node.input(i)),
-                                          " must be an integer scalar known at import (a Range "
-                                          "of floats, or of values computed at run time, is "
-                                          "not supported)"));
-    }
+    if (!v || v->values.size() != 1) return FloatRange(cx, node);
     bound[i] = v->values[0];
   }
   const auto [start, limit, delta] = bound;
@@ -295,6 +313,7 @@ absl::Status ConstantOfShape(ImportContext& cx, const onnx::NodeProto& node) {
   ASSIGN_OR_RETURN(std::vector<int64_t> shape, cx.ConstInts(node, 0));
   int64_t value = 0;
   std::optional<double> float_value;
+  std::optional<bool> bool_value;  // (torch.ones(n, n, dtype=torch.bool) of a symbolic n)
   for (const onnx::AttributeProto& a : node.attribute()) {
     if (a.name() != "value") continue;
     absl::StatusOr<std::vector<int64_t>> v = IntValues(a.t());
@@ -302,8 +321,10 @@ absl::Status ConstantOfShape(ImportContext& cx, const onnx::NodeProto& node) {
       value = (*v)[0];
     } else if (std::optional<double> f = FloatScalar(a.t())) {
       float_value = f;
+    } else if (std::optional<bool> b = BoolScalar(a.t())) {
+      bool_value = b;
     } else {
-      return NodeError(node, "only an integer or float scalar value is supported");
+      return NodeError(node, "only an integer, float or boolean scalar value is supported");
     }
   }
   int64_t count = 1;
@@ -315,6 +336,10 @@ absl::Status ConstantOfShape(ImportContext& cx, const onnx::NodeProto& node) {
   const Shape dims(shape.begin(), shape.end());
   if (float_value) {
     return cx.DefineFolded(node, FloatTensor(dims, std::vector<double>(count, *float_value)));
+  }
+  if (bool_value) {
+    return cx.DefineFolded(node, *TypedTensor(onnx::TensorProto::BOOL, dims,
+                                              std::vector<double>(count, *bool_value)));
   }
   return cx.DefineInts(node, 0, Ints{dims, std::vector<int64_t>(count, value)});
 }

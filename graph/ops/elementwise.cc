@@ -255,13 +255,24 @@ absl::StatusOr<TensorType> InferFill(Inputs, const Json& attrs) {
 // that every value survives JSON as it is: -inf in a mask, NaN, and i64
 // beyond a double's 53 bits. A model's non-scalar constants (a table of
 // positions computed by the exporter, a fixed mask) import as one; at most
-// kMaxConstantBytes (16 MiB: a larger table belongs in a buffer, --frozen).
+// kMaxConstantBytes (16 MiB) each.
 absl::StatusOr<TensorType> InferConstant(Inputs, const Json& attrs) {
   ASSIGN_OR_RETURN(Shape shape, ShapeAttr(attrs, "shape"));
   ASSIGN_OR_RETURN(DType dtype, DTypeAttr(attrs, "dtype", DType::kFloat32));
   const TensorType type{std::move(shape), dtype};
   RETURN_IF_ERROR(ConstantData(attrs, type).status());
   return type;
+}
+
+// random: attrs shape, dtype (fp32; a float type), and ParseRandom's: a
+// tensor of seeded noise, torch.randn_like's and torch.rand_like's role
+// (Note [Random values] in runtime/kernel_math.h).
+absl::StatusOr<TensorType> InferRandom(Inputs, const Json& attrs) {
+  ASSIGN_OR_RETURN(Shape shape, ShapeAttr(attrs, "shape"));
+  ASSIGN_OR_RETURN(DType dtype, DTypeAttr(attrs, "dtype", DType::kFloat32));
+  if (!IsFloat(dtype)) return Invalid("attr 'dtype' must be a float type, got ", DTypeName(dtype));
+  RETURN_IF_ERROR(ParseRandom(attrs).status());
+  return TensorType{std::move(shape), dtype};
 }
 
 // ---- dropout: mask = (uniform(seed) >= p) as u8; y = x * mask / (1 - p).
@@ -410,6 +421,8 @@ void RegisterElementwiseOps(std::vector<OpDef>& t) {
                .infer = InferFill, .flops = CopyFlops});
   t.push_back({.name = "constant", .min_inputs = 0, .max_inputs = 0,
                .infer = InferConstant, .flops = CopyFlops});
+  t.push_back({.name = "random", .min_inputs = 0, .max_inputs = 0,
+               .infer = InferRandom, .flops = PerElement(8)});
 
   t.push_back({.name = "dropout_mask", .min_inputs = 1, .max_inputs = 1,
                .infer = InferDropoutMask, .flops = PerElement(1)});

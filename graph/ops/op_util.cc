@@ -97,6 +97,32 @@ absl::StatusOr<std::string> ConstantData(const Json& attrs, const TensorType& ty
   return data;
 }
 
+absl::StatusOr<RandomArgs> ParseRandom(const Json& attrs) {
+  RandomArgs r;
+  ASSIGN_OR_RETURN(const std::string distribution, StringAttr(attrs, "distribution", "normal"));
+  if (distribution != "normal" && distribution != "uniform") {
+    return Invalid("attr 'distribution' must be normal or uniform, got \"", distribution, "\"");
+  }
+  r.normal = distribution == "normal";
+  const char* a_name = r.normal ? "mean" : "low";
+  const char* b_name = r.normal ? "std" : "high";
+  for (const char* other : {"mean", "std", "low", "high"}) {
+    if (other != a_name && other != b_name && Find(attrs, other) != nullptr) {
+      return Invalid("attr '", other, "' is not one of a ", distribution, " distribution's");
+    }
+  }
+  ASSIGN_OR_RETURN(r.a, DoubleAttr(attrs, a_name, 0.0));
+  ASSIGN_OR_RETURN(r.b, DoubleAttr(attrs, b_name, 1.0));
+  if (!std::isfinite(r.a) || !std::isfinite(r.b)) {
+    return Invalid("attrs '", a_name, "' and '", b_name, "' must be finite");
+  }
+  if (r.normal && r.b < 0) return Invalid("attr 'std' (", r.b, ") is below 0");
+  if (!r.normal && r.b < r.a) return Invalid("attr 'high' (", r.b, ") is below 'low' (", r.a, ")");
+  ASSIGN_OR_RETURN(const int64_t seed, IntAttr(attrs, "seed", 0));
+  r.seed = static_cast<uint64_t>(seed);
+  return r;
+}
+
 absl::StatusOr<int> CompareOpAttr(const Json& attrs) {
   ASSIGN_OR_RETURN(const std::string op, StringAttr(attrs, "op", ""));
   for (int i = 0; i < static_cast<int>(std::size(kCompareOps)); ++i) {

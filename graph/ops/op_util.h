@@ -69,12 +69,23 @@ absl::StatusOr<DType> DTypeAttr(const Json& attrs, absl::string_view name,
 absl::StatusOr<double> ExtendedDoubleAttr(const Json& attrs, absl::string_view name,
                                           double default_value);
 // constant's values (Note [Constant data] in elementwise.cc): attr `data`,
-// base64 (RFC 4648, padded) of the elements of `type` in row-major order,
+// base64 (RFC 4648; absl's decoder, which also takes it unpadded and
+// skips whitespace) of the elements of `type` in row-major order,
 // each little-endian, as the bytes of the tensor; the decoded bytes, or
 // InvalidArgument where they are not exactly the tensor's bytes or exceed
 // kMaxConstantBytes.
 inline constexpr int64_t kMaxConstantBytes = int64_t{16} << 20;
 absl::StatusOr<std::string> ConstantData(const Json& attrs, const TensorType& type);
+// random's attrs (Note [Random values] in runtime/kernel_math.h):
+// `distribution` "normal" (a = `mean`, 0; b = `std`, 1) or "uniform" (a =
+// `low`, 0; b = `high`, 1), `seed` (0); InvalidArgument for a std below 0,
+// high below low or a value that is not finite.
+struct RandomArgs {
+  bool normal = true;
+  double a = 0, b = 1;
+  uint64_t seed = 0;
+};
+absl::StatusOr<RandomArgs> ParseRandom(const Json& attrs);
 // compare's attr `op`, as its index in kCompareOps (the order of
 // kmath::CompareOp in runtime/kernel_math.h).
 inline constexpr const char* kCompareOps[] = {"eq", "ne", "lt", "le", "gt", "ge", "and", "or"};

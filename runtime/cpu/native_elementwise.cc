@@ -505,6 +505,24 @@ absl::Status DropoutMask(const KernelContext& ctx) {
   return absl::OkStatus();
 }
 
+// random: Note [Random values] in runtime/kernel_math.h, the CUDA backend's
+// values too.
+absl::Status Random(const KernelContext& ctx) {
+  RETURN_IF_ERROR(CheckOperands(ctx));
+  ASSIGN_OR_RETURN(const ops_internal::RandomArgs r, ops_internal::ParseRandom(ctx.attrs()));
+  return DispatchFloat(ctx.output.dtype, "attr 'dtype'", [&](auto tag) {
+    using T = decltype(tag);
+    T* out = ctx.output.as<T>();
+    ParallelFor(ctx.output.num_elements(), kGrain, [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) {
+        out[i] = FromFloat<T>(
+            static_cast<float>(kmath::RandomAt(r.seed, static_cast<uint64_t>(i), r.normal, r.a, r.b)));
+      }
+    });
+    return absl::OkStatus();
+  });
+}
+
 // dropout (x, mask) and dropout_backward (g, mask), attr p: y = x * noise
 // with noise = mask / (1 - p) in the tensor's type, as PyTorch's
 // _dropout_impl (noise.bernoulli_(1 - p).div_(1 - p); input * noise).
@@ -539,6 +557,7 @@ void RegisterNativeElementwiseKernels(KernelTable& table) {
   table.Register("reshape", CopyBytes);
   table.Register("fill", Fill);
   table.Register("constant", Constant);
+  table.Register("random", Random);
   table.Register("arange", Arange);
   table.Register("maximum", Extremum<true>);
   table.Register("minimum", Extremum<false>);

@@ -1018,6 +1018,14 @@ __global__ void DropoutMaskKernel(uint8_t* mask, int64_t n, double p,
 }
 
 template <typename T>
+__global__ void RandomKernel(T* out, int64_t n, bool normal, double a, double b,
+                             uint64_t seed) {
+  PEBBLE_GRID_LOOP(i, n) {
+    St(out, i, static_cast<float>(kmath::RandomAt(seed, static_cast<uint64_t>(i), normal, a, b)));
+  }
+}
+
+template <typename T>
 __global__ void DropoutApplyKernel(const T* x, const uint8_t* mask, float scale,
                                    T* y, int64_t n) {
   PEBBLE_GRID_LOOP(i, n) St(y, i, Ld(x, i) * (mask[i] != 0 ? scale : 0.f));
@@ -1731,6 +1739,17 @@ cudaError_t LaunchColumnSum(KType t, const void* g, const void* x,
      chunks, partials);
     PEBBLE_KERNEL_LAUNCH(Blocks(cols), kThreads, stream, ColumnFinish<T>)
     (partials, chunks, static_cast<T*>(out), cols);
+    return Launched();
+  });
+}
+
+cudaError_t LaunchRandom(KType t, void* out, int64_t n, bool normal, double a, double b,
+                         uint64_t seed, cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  return Dispatch(t, [&](auto tag) {
+    using T = decltype(tag);
+    PEBBLE_KERNEL_LAUNCH(Blocks(n), kThreads, stream, RandomKernel<T>)
+    (static_cast<T*>(out), n, normal, a, b, seed);
     return Launched();
   });
 }

@@ -292,6 +292,10 @@ cudaError_t LaunchColumnSum(KType t, const void* g, const void* x,
 
 // ---- Dropout (Note [Dropout mask generator] in runtime/kernel_math.h:
 // the CPU backend's bits). mask: n bytes, 1 kept, 0 dropped.
+// random's noise (Note [Random values], runtime/kernel_math.h) into n
+// elements of type t.
+cudaError_t LaunchRandom(KType t, void* out, int64_t n, bool normal, double a, double b,
+                         uint64_t seed, cudaStream_t stream);
 cudaError_t LaunchDropoutMask(uint8_t* mask, int64_t n, double p, uint64_t seed,
                               cudaStream_t stream);
 // y = x * (mask ? scale : 0), scale = fp32(1 / (1 - p)).

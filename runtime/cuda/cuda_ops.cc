@@ -1280,6 +1280,15 @@ absl::Status DropoutMask(CudaContext& cc, const KernelContext& ctx) {
   return absl::OkStatus();
 }
 
+absl::Status Random(CudaContext& cc, const KernelContext& ctx) {
+  RETURN_IF_ERROR(ExpectInputs(ctx, 0, 0));
+  ASSIGN_OR_RETURN(const ops_internal::RandomArgs r, ops_internal::ParseRandom(ctx.attrs()));
+  ASSIGN_OR_RETURN(KType t, KTypeOf(ctx.output.dtype));
+  PEBBLE_LAUNCH(LaunchRandom(t, ctx.output.data, ctx.output.num_elements(), r.normal, r.a, r.b,
+                             r.seed, cc.stream));
+  return absl::OkStatus();
+}
+
 // dropout (x, mask) and dropout_backward (g, mask).
 absl::Status DropoutApply(CudaContext& cc, const KernelContext& ctx) {
   RETURN_IF_ERROR(ExpectInputs(ctx, 2, 2));
@@ -1638,6 +1647,7 @@ void AddOwnKernels(std::map<std::string, CudaKernelFn>& t) {
   t["compare"] = Compare;
   t["masked_fill"] = MaskedFill;
   t["dropout_mask"] = DropoutMask;
+  t["random"] = Random;
   t["dropout"] = DropoutApply;
   t["dropout_backward"] = DropoutApply;
   t["embedding"] = Embedding;

@@ -428,6 +428,8 @@ Graph PointwiseGraph() {
   // A constant of 35 values multiplied in (its bytes in the attr, base64).
   std::vector<float> table(35);
   for (size_t i = 0; i < table.size(); ++i) table[i] = 0.5f + 0.25f * static_cast<float>(i % 6);
+  // Seeded noise added in (Note [Random values]: the same on both backends).
+  y = nb.Apply("add", {y, nb.Apply("random", {}, {{"shape", {5, 7}}, {"seed", 3}, {"std", 0.1}})});
   y = nb.Apply("mul", {y, nb.Apply("constant", {},
                                    {{"shape", {5, 7}},
                                     {"data", absl::Base64Escape(absl::string_view(

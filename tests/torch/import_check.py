@@ -61,6 +61,7 @@ import copy
 import fnmatch
 import inspect
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -1011,11 +1012,13 @@ def standardized_net(torch, num_classes=10, image=None):
 def constants_net(torch, num_classes=10, image=8):
     """Constants the forward computes, which the exporter writes into the
     file (ONNX Constant tensors read by computations: pebble's `constant`):
-    a sinusoidal table of positions from torch.arange (Sin of a constant,
-    folded), a band mask of tril and triu of ones (Trilu, Not: folded; from
-    opset 14) filled into the features, a per-channel scale from
-    torch.tensor multiplied in and a fixed channel mask in torch.where:
-    --model constants."""
+    sinusoidal tables of positions from torch.arange (Sin, Cos, Exp and
+    arithmetic of constants, folded), a band mask of tril and triu of ones
+    (Trilu, Not: folded; from opset 14) and tril(ones) == 0 (a comparison of
+    constants) filled into the features, a table truncated by .long() (a
+    Cast that changes values), a per-channel scale from torch.tensor
+    multiplied in and a fixed channel mask in torch.where. Exported with a
+    symbolic batch, the aranges are Ranges of floats: --model constants."""
     nn = torch.nn
 
     class Constants(nn.Module):
@@ -1028,8 +1031,17 @@ def constants_net(torch, num_classes=10, image=8):
             y = self.conv(x)
             w = y.shape[-1]
             y = y + torch.sin(torch.arange(w, dtype=torch.float32) / 3.0)
+            # A transformer's table: frequencies exp(2i * -log(1e4) / d).
+            position = torch.arange(w, dtype=torch.float32).unsqueeze(1)
+            frequency = torch.exp(torch.arange(0, 4, 2, dtype=torch.float32)
+                                  * (-math.log(10000.0) / 4))
+            table = torch.cat([torch.sin(position * frequency),
+                               torch.cos(position * frequency)], 1)  # (w, 4)
+            y = y + table.t().unsqueeze(2)
             band = torch.ones(w, w, dtype=torch.bool).tril(1).triu(-1)
             y = y.masked_fill(~band, -1.5)
+            y = y.masked_fill(torch.tril(torch.ones(w, w)) == 0, 0.25)
+            y = y + (torch.arange(w) * 0.7).long()  # truncated, then promoted
             y = y * torch.tensor([0.5, 1.0, 2.0, -1.0]).view(1, 4, 1, 1)
             keep = torch.tensor([True, False, True, True]).view(1, 4, 1, 1)
             y = torch.where(keep, y, torch.zeros_like(y))
@@ -1066,6 +1078,36 @@ def powers_net(torch, num_classes=10, image=8):
     return Powers()
 
 
+def vae_net(torch, num_classes=10, image=8):
+    """A variational autoencoder's reparameterization, z = mu + eps * std
+    with eps = torch.randn_like(std), and torch.rand_like noise (ONNX's
+    RandomNormalLike, RandomUniformLike: pebble's seeded `random` noise,
+    not PyTorch's stream). The noise is scaled by 0 here, so that the
+    step's values are comparable; its shape, memory and place in the plan
+    are the model's: --model vae."""
+    nn = torch.nn
+
+    class Vae(nn.Module):
+        noise_scale = 0.0
+
+        def __init__(self):
+            super().__init__()
+            self.enc = nn.Linear(3 * image * image, 32)
+            self.mu = nn.Linear(32, 8)
+            self.logvar = nn.Linear(32, 8)
+            self.dec = nn.Linear(8, num_classes)
+
+        def forward(self, x):
+            h = torch.relu(self.enc(x.flatten(1)))
+            mu, logvar = self.mu(h), self.logvar(h)
+            std = torch.exp(0.5 * logvar)
+            z = mu + self.noise_scale * torch.randn_like(std) * std
+            z = z + self.noise_scale * torch.rand_like(mu)
+            return self.dec(z)
+
+    return Vae()
+
+
 # Models of this file, beside torchvision's. A model with a `make_batch`
 # method (torch, batch, classes, generator) -> (input, target) makes its
 # own batch; the others take (batch, 3, image, image) images and a class
@@ -1080,7 +1122,7 @@ LOCAL_MODELS = {"activations": activations_net, "smooth": smooth_net,
                 "recurrent": recurrent_net, "normalized": normalized_net,
                 "extrema": extrema_net, "resized": resized_net,
                 "labels": labels_net, "standardized": standardized_net,
-                "constants": constants_net, "powers": powers_net,
+                "constants": constants_net, "powers": powers_net, "vae": vae_net,
                 "binary": lambda torch, classes, image: labels_net(
                     torch, classes, image, binary=True),
                 "text": text_net, "token_lm": token_lm_net,
