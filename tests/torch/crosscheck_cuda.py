@@ -72,6 +72,13 @@ IMPORT_CASES = [
     ("import_normalized", ["--model", "normalized", "--image", "12"]),
     # bce_with_logits (2026-12-07, host emulation only so far).
     ("import_labels", ["--model", "labels", "--image", "12"]),
+    # Buffers and a frozen stem (--frozen), the constant and random
+    # operators, Pow as exp of p log x (2026-12-07, host emulation only so
+    # far).
+    ("import_standardized", ["--model", "standardized", "--image", "10"]),
+    ("import_constants", ["--model", "constants", "--opset", "17", "--image", "9"]),
+    ("import_powers", ["--model", "powers", "--image", "8"]),
+    ("import_vae", ["--model", "vae", "--image", "8"]),
 ]
 
 
