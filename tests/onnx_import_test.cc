@@ -1930,6 +1930,29 @@ std::string AddConstant(ModelMaker& m, const std::string& name, std::vector<int6
   return name + "_output_0";
 }
 
+// The tiny model's classifier (its Gemm) reads `value`, computed by nodes
+// added after it: the Gemm is moved last.
+void FeedTheClassifier(ModelMaker& m, const std::string& value) {
+  FindNode(m, "Gemm")->set_input(0, value);
+  auto* nodes = m.graph()->mutable_node();
+  for (int i = 0; i < nodes->size(); ++i) {
+    if (nodes->Get(i).op_type() == "Gemm") {
+      for (int j = i; j + 1 < nodes->size(); ++j) nodes->SwapElements(j, j + 1);
+      break;
+    }
+  }
+}
+
+// The values of the `constant` node that `id` names, its bytes read as T.
+template <typename T>
+std::vector<T> ConstantValues(const Graph& g, const std::string& id) {
+  std::string bytes;
+  EXPECT_TRUE(absl::Base64Unescape(g.attrs(g.Find(id))["data"].get<std::string>(), &bytes));
+  std::vector<T> values(bytes.size() / sizeof(T));
+  std::memcpy(values.data(), bytes.data(), bytes.size());
+  return values;
+}
+
 // A non-scalar constant that a computation reads is a `constant` node of its
 // values (-inf kept); Sin, Trilu and Not of constants fold; Where takes a
 // constant boolean condition as a mask.
@@ -1948,48 +1971,22 @@ TEST(OnnxImportTest, NonScalarConstantsAreReadAndFolded) {
     m.Node("Mul", "/Mul", {"f", scale}, {"scaled"});
     m.Node("Add", "/Add", {"scaled", "sines"}, {"shifted"});
     m.Node("Where", "/Where", {"outside", "shifted", "f"}, {"picked"});
-    FindNode(m, "Gemm")->set_input(0, "picked");
-    auto* nodes = m.graph()->mutable_node();  // the Gemm last, after what it reads
-    for (int i = 0; i < nodes->size(); ++i) {
-      if (nodes->Get(i).op_type() == "Gemm") {
-        for (int j = i; j + 1 < nodes->size(); ++j) nodes->SwapElements(j, j + 1);
-        break;
-      }
-    }
+    FeedTheClassifier(m, "picked");
   }));
   ASSERT_TRUE(g.ok()) << g.status();
-  std::map<std::string, std::string> data;  // constant node id -> its bytes
-  for (NodeId v = 0; v < g->num_nodes(); ++v) {
-    if (g->op(v) != "constant") continue;
-    std::string bytes;
-    ASSERT_TRUE(absl::Base64Unescape(g->attrs(v)["data"].get<std::string>(), &bytes));
-    data[g->id(v)] = bytes;
+  for (const char* id : {"/scale_output_0", "sines", "outside"}) {
+    ASSERT_NE(g->Find(id), kNoNode) << id;
+    EXPECT_EQ(g->op(g->Find(id)), "constant") << id;
   }
-  auto floats = [&data](const std::string& id) {
-    std::vector<float> out(data.at(id).size() / 4);
-    std::memcpy(out.data(), data.at(id).data(), data.at(id).size());
-    return out;
-  };
-  ASSERT_TRUE(data.contains("/scale_output_0"));
-  EXPECT_EQ(floats("/scale_output_0"),
+  EXPECT_EQ(ConstantValues<float>(*g, "/scale_output_0"),
             (std::vector<float>{0.5f, -1.0f, 2.0f, -std::numeric_limits<float>::infinity()}));
-  ASSERT_TRUE(data.contains("sines"));
-  EXPECT_EQ(floats("sines"), (std::vector<float>{std::sin(0.0f), std::sin(0.5f), std::sin(1.0f),
-                                                 std::sin(1.5f)}));
-  ASSERT_TRUE(data.contains("outside"));  // tril's complement: 1 where j > i
-  EXPECT_EQ(data.at("outside"), std::string("\x00\x01\x01\x01\x00\x00\x01\x01", 8));
+  EXPECT_EQ(ConstantValues<float>(*g, "sines"),
+            (std::vector<float>{std::sin(0.0f), std::sin(0.5f), std::sin(1.0f), std::sin(1.5f)}));
+  // tril's complement: 1 where j > i
+  EXPECT_EQ(ConstantValues<uint8_t>(*g, "outside"),
+            (std::vector<uint8_t>{0, 1, 1, 1, 0, 0, 1, 1}));
   EXPECT_EQ(*g->dtype(g->Find("outside")), DType::kUInt8);
   EXPECT_NE(g->Find("grad:fc.weight"), kNoNode);
-}
-
-// The values of the `constant` node that `id` names (f32 or i64 bytes).
-template <typename T>
-std::vector<T> ConstantValues(const Graph& g, const std::string& id) {
-  std::string bytes;
-  EXPECT_TRUE(absl::Base64Unescape(g.attrs(g.Find(id))["data"].get<std::string>(), &bytes));
-  std::vector<T> values(bytes.size() / sizeof(T));
-  std::memcpy(values.data(), bytes.data(), bytes.size());
-  return values;
 }
 
 // Note [Casts of constants]: (t * 0.7).long() truncates (0.7 was read as it
@@ -2015,14 +2012,7 @@ TEST(OnnxImportTest, CastsAndComparisonsOfConstantsFold) {
     m.Node("Where", "/Where", {"above", "shifted", "f"}, {"picked"});
     m.Node("Equal", "/Equal_1", {ints, one}, {"odd"});
     m.Node("Where", "/Where_1", {"odd", "picked", "f"}, {"kept"});
-    FindNode(m, "Gemm")->set_input(0, "kept");
-    auto* nodes = m.graph()->mutable_node();  // the Gemm last, after what it reads
-    for (int i = 0; i < nodes->size(); ++i) {
-      if (nodes->Get(i).op_type() == "Gemm") {
-        for (int j = i; j + 1 < nodes->size(); ++j) nodes->SwapElements(j, j + 1);
-        break;
-      }
-    }
+    FeedTheClassifier(m, "kept");
   }));
   ASSERT_TRUE(g.ok()) << g.status();
   ASSERT_EQ(g->op(g->Find("promoted")), "constant");
@@ -2732,10 +2722,8 @@ TEST(OnnxImportTest, AMaskThatIsNotCausalOrIsReadElsewhereIsAdded) {
   ASSERT_NE(mask, kNoNode);
   EXPECT_EQ(holed->op(mask), "constant");
   EXPECT_EQ(*holed->shape(mask), (Shape{1, 4, 4}));
-  std::string bytes;
-  ASSERT_TRUE(absl::Base64Unescape(holed->attrs(mask)["data"].get<std::string>(), &bytes));
-  std::vector<float> values(16);
-  std::memcpy(values.data(), bytes.data(), bytes.size());
+  const std::vector<float> values = ConstantValues<float>(*holed, "mask");
+  ASSERT_EQ(values.size(), 16u);
   EXPECT_EQ(values[3 * 4 + 1], -INFINITY);
   EXPECT_EQ(values[3 * 4 + 0], 0.0f);
   EXPECT_EQ(holed->attrs(holed->Find("attention")).value("causal", false), false);
