@@ -499,9 +499,6 @@ absl::Status CastComputed(ImportContext& cx, const onnx::NodeProto& node, Value 
                                       "floats are)"));
 }
 
-// Cast of a constant (torch.clamp casts its scalar bounds): the value is
-// kept as it is, for the operators that read constants by value. A cast of
-// a computed tensor: CastComputed.
 // Note [Casts of constants]. A Cast of a constant whose values it keeps
 // (integers or booleans to float, integral floats or booleans to int64, 0
 // and 1 to bool, a type to itself) leaves the tensor as it is, so that the
@@ -509,9 +506,10 @@ absl::Status CastComputed(ImportContext& cx, const onnx::NodeProto& node, Value 
 // as integers, and notes the type for a computation that reads it
 // (ImportContext::NoteCastTo). One that changes values (float to int,
 // truncated toward zero as ONNX's Cast; any number to bool, 1 where not 0)
-// folds into a tensor of the new values: int64 for an integer type, bool,
-// or float for a float type. (Until 2026-12-07 every such cast kept the
-// values it was given: (x * 0.7).long() computed with 0.7, 1.4, ...)
+// folds into a tensor of the new values, int64 for int64 and int32, bool
+// for bool; to a narrower integer type, or of a value no int64 holds, it is
+// refused. (Until 2026-12-07 every such cast kept the values it was given:
+// (x * 0.7).long() computed with 0.7, 1.4, ...)
 absl::Status CastConstant(ImportContext& cx, const onnx::NodeProto& node,
                           const onnx::TensorProto& t, int64_t to) {
   const std::string& name = node.input(0);
@@ -526,6 +524,16 @@ absl::Status CastConstant(ImportContext& cx, const onnx::NodeProto& node,
       changes |= to_bool ? (v != 0 && v != 1) : v != std::trunc(v);
     }
   }
+  constexpr double kTwo63 = 9223372036854775808.0;
+  if (changes && to_int &&
+      ((to != onnx::TensorProto::INT64 && to != onnx::TensorProto::INT32) ||
+       !std::all_of(numbers->values.begin(), numbers->values.end(),
+                    [](double v) { return v > -kTwo63 && v < kTwo63; }))) {
+    return NodeError(node, absl::StrCat("a Cast of the constant ", Quote(name), " to ",
+                                        onnx::TensorProto::DataType_Name(static_cast<int>(to)),
+                                        " that changes its values is not supported (to int64 or "
+                                        "int32 of values an int64 holds it folds)"));
+  }
   if (!changes) {
     cx.SetConstant(node.output(0), &t);
     if (to != t.data_type()) cx.NoteCastTo(node.output(0), static_cast<int>(to));
@@ -537,6 +545,8 @@ absl::Status CastConstant(ImportContext& cx, const onnx::NodeProto& node,
                                             numbers->dims, numbers->values));
 }
 
+// Cast of a constant (torch.clamp casts its scalar bounds): CastConstant;
+// of a computed tensor: CastComputed.
 absl::Status Cast(ImportContext& cx, const onnx::NodeProto& node) {
   RETURN_IF_ERROR(cx.ExpectInputs(node, 1, 1));
   const Attrs attrs(node);
