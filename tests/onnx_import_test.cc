@@ -1378,7 +1378,8 @@ TEST(OnnxImportTest, PowByTheExponentsATenComputes) {
                {4.0f, {{"pow.square", "mul"}, {"pow", "mul"}}},
                {13.0f, {{"pow.square", "mul"}, {"pow.pow4", "mul"}, {"pow.pow8", "mul"},
                         {"pow.product1", "mul"}, {"pow", "mul"}}},
-               {-3.0f, {{"pow.square", "mul"}, {"pow.product1", "mul"}, {"pow", "div"}}}};
+               {-3.0f, {{"pow.square", "mul"}, {"pow.product1", "mul"}, {"pow", "div"}}},
+               {0.0f, {{"pow.ones", "fill"}}}};
   for (const auto& c : cases) {
     auto g = Import(model(c.exponent));
     ASSERT_TRUE(g.ok()) << c.exponent << ": " << g.status();
@@ -1410,6 +1411,7 @@ TEST(OnnxImportTest, PowByTheExponentsATenComputes) {
   ASSERT_TRUE(g.ok()) << g.status();
   EXPECT_EQ(g->op(g->Find("pow")), "exp");
   EXPECT_EQ(g->op(g->Find("pow.log")), "log");
+  EXPECT_EQ(g->op(g->Find("pow.floored")), "clip");  // (a sigmoid may round to 0)
   EXPECT_EQ(g->attrs(g->Find("pow.exponent"))["value"], 2.5);
 }
 

@@ -13,10 +13,30 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "graph/import/onnx_util.h"
+#include "graph/ops/op_util.h"
 #include "graph/status.h"
 #include "graph/text_input.h"
 
 namespace pebble::onnx_import {
+
+int64_t BroadcastIndex(const Shape& dims, const Shape& out, int64_t o) {
+  int64_t index = 0, stride = 1;
+  const size_t lead = out.size() - dims.size();
+  for (size_t d = out.size(); d-- > lead;) {
+    const int64_t extent = dims[d - lead];
+    const int64_t coordinate = o % out[d];
+    o /= out[d];
+    if (extent != 1) index += coordinate * stride;
+    stride *= extent;
+  }
+  return index;
+}
+
+std::optional<Shape> FoldedBroadcastShape(const Shape& a, const Shape& b) {
+  std::optional<Shape> out = ops_internal::BroadcastShapes(a, b);
+  if (!out.has_value() || NumElements(*out) > (int64_t{1} << 20)) return std::nullopt;
+  return out;
+}
 
 absl::Status ImportContext::ReadInitializers(const onnx::GraphProto& graph) {
   for (const onnx::TensorProto& t : graph.initializer()) {

@@ -45,6 +45,14 @@ struct Numbers {
   std::vector<double> values;
 };
 
+// The element of an operand of `dims` that element `o` of the broadcast
+// shape `out` reads (NumPy's rules: dims aligned on the right, a dim of 1
+// repeated): for folding constants of different shapes.
+int64_t BroadcastIndex(const Shape& dims, const Shape& out, int64_t o);
+// The broadcast shape of two folded constants, where they broadcast and it
+// holds at most 2^20 values.
+std::optional<Shape> FoldedBroadcastShape(const Shape& a, const Shape& b);
+
 // Input 0 of a node: known integers, or else a computed value; its shape.
 struct Operand {
   std::optional<Ints> ints;

@@ -201,6 +201,34 @@ absl::Status IntegerPow(ImportContext& cx, const onnx::NodeProto& node, Value x,
   return cx.Apply(node, "div", {one, product});
 }
 
+// Whether `name` is at least the smallest normal float (kSmallestNormal)
+// by construction: a constant, or a Clip whose min is that much, and means,
+// maxima and views of such. A positive value that float arithmetic may
+// round to 0 (Sigmoid of -100, Exp of -200, a product) is not.
+constexpr double kSmallestNormal = 1.1754943508222875e-38;  // FLT_MIN
+bool BoundedAwayFromZero(const ImportContext& cx, const std::string& name, int depth = 0) {
+  constexpr int kMaxDepth = 16;
+  if (depth > kMaxDepth) return false;
+  if (std::optional<Numbers> c = cx.KnownNumbers(name)) {
+    return !c->values.empty() && std::all_of(c->values.begin(), c->values.end(),
+                                             [](double v) { return v >= kSmallestNormal; });
+  }
+  const onnx::NodeProto* p = cx.Producer(name);
+  if (p == nullptr || p->input_size() == 0) return false;
+  const std::string& op = p->op_type();
+  if (op == "Clip") {
+    std::optional<Numbers> min =
+        p->input_size() > 1 && !p->input(1).empty() ? cx.KnownNumbers(p->input(1)) : std::nullopt;
+    return min && min->values.size() == 1 && min->values[0] >= kSmallestNormal &&
+           IsPositive(cx, name);
+  }
+  static const auto* const kOfTheFirst = new absl::flat_hash_set<std::string>{
+      "AveragePool", "GlobalAveragePool", "ReduceMean", "MaxPool", "GlobalMaxPool",
+      "ReduceMax", "Flatten", "Reshape", "Squeeze", "Unsqueeze", "Transpose", "Identity",
+      "Expand"};
+  return kOfTheFirst->contains(op) && BoundedAwayFromZero(cx, p->input(0), depth + 1);
+}
+
 // Note [Pow of a positive base]. Pow by a constant exponent that ATen
 // computes by products, a square root and a reciprocal
 // (pow_tensor_scalar_optimized_kernel) or that products give exactly in
@@ -215,7 +243,11 @@ absl::Status IntegerPow(ImportContext& cx, const onnx::NodeProto& node, Value x,
 // value and gradients (p · x^(p-1) for x, x^p · log x for p) are ATen's in
 // exact arithmetic, within |p log x| roundings of them in float. Where the
 // base may be 0 or negative that form is wrong (log gives NaN), so such a
-// Pow is refused.
+// Pow is refused. A base that float arithmetic may round to 0 (Sigmoid of
+// -100) is clipped to the smallest normal float first (BoundedAwayFromZero):
+// there log would be -inf and its gradient NaN, where PyTorch's value is 0
+// (here below 1e-38 for p >= 1) and its gradient 0 (here 0: the clip's).
+// x ** 0 is a fill of ones (ATen's, NaN ** 0 included), no gradient.
 absl::Status Pow(ImportContext& cx, const onnx::NodeProto& node) {
   RETURN_IF_ERROR(cx.ExpectInputs(node, 2, 2));
   RETURN_IF_ERROR(Attrs(node).OnlyKnown({}));
@@ -228,6 +260,12 @@ absl::Status Pow(ImportContext& cx, const onnx::NodeProto& node) {
   }
   ASSIGN_OR_RETURN(Value x, cx.Get(node, node.input(0)));
   if (power == 1.0) return cx.Define(node, x);
+  if (power == 0.0) {
+    const Shape& shape = cx.nb().type(x).shape;
+    ASSIGN_OR_RETURN(Value ones, cx.Fill(node, std::vector<int64_t>(shape.begin(), shape.end()),
+                                         x, 1.0, "ones"));
+    return cx.Define(node, ones);
+  }
   if (power == 0.5) return cx.Apply(node, "sqrt", {x});
   if (power == -0.5) {
     ASSIGN_OR_RETURN(Value root, cx.Aux(node, "sqrt", {x}, Json::object(), "sqrt"));
@@ -256,6 +294,9 @@ absl::Status Pow(ImportContext& cx, const onnx::NodeProto& node) {
     ASSIGN_OR_RETURN(exponent, cx.Fill(node, {}, x, *power, "exponent"));
   } else {
     ASSIGN_OR_RETURN(exponent, cx.Get(node, node.input(1)));
+  }
+  if (!BoundedAwayFromZero(cx, node.input(0))) {
+    ASSIGN_OR_RETURN(x, cx.Aux(node, "clip", {x}, {{"min", kSmallestNormal}}, "floored"));
   }
   ASSIGN_OR_RETURN(Value log, cx.Aux(node, "log", {x}, Json::object(), "log"));
   ASSIGN_OR_RETURN(Value scaled, Broadcast(cx, node, "mul", log, exponent, "scaled"));
@@ -321,21 +362,6 @@ absl::StatusOr<Value> Broadcast(ImportContext& cx, const onnx::NodeProto& node,
   return cx.Lowered(node, "transpose", {y}, {{"perm", inverse}}, suffix);
 }
 
-// The element of `c` (of `dims` within the broadcast shape `out`) that
-// output element `o` reads under NumPy broadcasting.
-double BroadcastElement(const Numbers& c, const Shape& out, int64_t o) {
-  int64_t index = 0, stride = 1;
-  const size_t lead = out.size() - c.dims.size();
-  for (size_t d = out.size(); d-- > lead;) {
-    const int64_t extent = c.dims[d - lead];
-    const int64_t coordinate = o % out[d];
-    o /= out[d];
-    if (extent != 1) index += coordinate * stride;
-    stride *= extent;
-  }
-  return c.values[index];
-}
-
 // op of two numeric constants (nn.MultiheadAttention's export scales its
 // constant attention mask by a cast 1; a table of positions times a row of
 // frequencies, -log(10000) / d), folded into a float constant under NumPy
@@ -344,11 +370,12 @@ bool FoldFloatArithmetic(ImportContext& cx, const onnx::NodeProto& node, absl::s
   std::optional<Numbers> a = cx.KnownNumbers(node.input(0));
   std::optional<Numbers> b = cx.KnownNumbers(node.input(1));
   if (!a || !b) return false;
-  const std::optional<Shape> out = ops_internal::BroadcastShapes(a->dims, b->dims);
-  if (!out.has_value() || NumElements(*out) > (int64_t{1} << 20)) return false;
+  const std::optional<Shape> out = FoldedBroadcastShape(a->dims, b->dims);
+  if (!out.has_value()) return false;
   std::vector<double> values(NumElements(*out));
   for (int64_t o = 0; o < static_cast<int64_t>(values.size()); ++o) {
-    const double x = BroadcastElement(*a, *out, o), y = BroadcastElement(*b, *out, o);
+    const double x = a->values[BroadcastIndex(a->dims, *out, o)];
+    const double y = b->values[BroadcastIndex(b->dims, *out, o)];
     values[o] = op == "add" ? x + y : op == "sub" ? x - y : op == "mul" ? x * y : x / y;
   }
   return cx.DefineFolded(node, FloatTensor(*out, values)).ok();
@@ -410,7 +437,15 @@ absl::StatusOr<bool> CausallyMaskedAdd(ImportContext& cx, const onnx::NodeProto&
 absl::Status Binary(ImportContext& cx, const onnx::NodeProto& node, absl::string_view op) {
   RETURN_IF_ERROR(cx.ExpectInputs(node, 2, 2));
   RETURN_IF_ERROR(Attrs(node).OnlyKnown({}));
-  if (cx.KnownInts(node.input(0)) && cx.KnownInts(node.input(1))) return FoldArithmetic(cx, node);
+  // (integers noted cast to float divide as floats: Note [Casts of constants])
+  auto cast_to_float = [&cx](const std::string& name) {
+    const std::optional<int> to = cx.CastTo(name);
+    return to.has_value() && *to != onnx::TensorProto::INT64 && *to != onnx::TensorProto::INT32;
+  };
+  if (cx.KnownInts(node.input(0)) && cx.KnownInts(node.input(1)) &&
+      !cast_to_float(node.input(0)) && !cast_to_float(node.input(1))) {
+    return FoldArithmetic(cx, node);
+  }
   if (FoldFloatArithmetic(cx, node, op)) return absl::OkStatus();
   if (op == "add") {
     ASSIGN_OR_RETURN(bool masked, CausallyMaskedAdd(cx, node));

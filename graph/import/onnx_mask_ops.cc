@@ -135,8 +135,8 @@ absl::StatusOr<Value> ComparedOperand(ImportContext& cx, const onnx::NodeProto& 
 }
 
 // A comparison or logic operator of two constants (a mask built in the
-// forward: torch.tril(torch.ones(L, L)) == 0), folded into a boolean
-// constant; the operands of one size, or one of them a single value.
+// forward: torch.tril(torch.ones(L, L)) == 0, r[:, None] >= r[None, :]),
+// folded into a boolean constant under broadcasting.
 absl::Status FoldComparison(ImportContext& cx, const onnx::NodeProto& node, const std::string& op) {
   std::optional<Numbers> a = cx.KnownNumbers(node.input(0)), b = cx.KnownNumbers(node.input(1));
   if (!a || !b) {
@@ -144,16 +144,18 @@ absl::Status FoldComparison(ImportContext& cx, const onnx::NodeProto& node, cons
                                                         "supported (of float, integer and "
                                                         "boolean ones it folds)"));
   }
-  const size_t na = a->values.size(), nb = b->values.size();
-  if (na != 1 && nb != 1 && a->dims != b->dims) {
+  const std::optional<Shape> shape = FoldedBroadcastShape(a->dims, b->dims);
+  if (!shape.has_value()) {
     return NodeError(node, absl::StrCat(node.op_type(), " of constants of shapes ",
                                         ShapeToString(a->dims), " and ", ShapeToString(b->dims),
-                                        " is not supported (of one shape, or of one value)"));
+                                        " is not supported (they do not broadcast, or make more "
+                                        "than 2^20 values)"));
   }
-  const Numbers& full = nb == 1 && (na != 1 || a->dims.size() >= b->dims.size()) ? *a : *b;
-  std::vector<double> out(full.values.size());
+  std::vector<double> out(NumElements(*shape));
   for (size_t i = 0; i < out.size(); ++i) {
-    const double x = a->values[na == 1 ? 0 : i], y = b->values[nb == 1 ? 0 : i];
+    const int64_t o = static_cast<int64_t>(i);
+    const double x = a->values[BroadcastIndex(a->dims, *shape, o)];
+    const double y = b->values[BroadcastIndex(b->dims, *shape, o)];
     out[i] = op == "eq"    ? x == y
              : op == "ne"  ? (node.op_type() == "Xor" ? (x != 0) != (y != 0) : x != y)
              : op == "lt"  ? x < y
@@ -163,7 +165,7 @@ absl::Status FoldComparison(ImportContext& cx, const onnx::NodeProto& node, cons
              : op == "and" ? (x != 0 && y != 0)
                            : (x != 0 || y != 0);
   }
-  return cx.DefineFolded(node, *TypedTensor(onnx::TensorProto::BOOL, full.dims, out));
+  return cx.DefineFolded(node, *TypedTensor(onnx::TensorProto::BOOL, *shape, out));
 }
 
 // A comparison or logic operator: folded over integers known at import

@@ -879,17 +879,20 @@ absl::Status Constant(ImportContext& cx, const onnx::NodeProto& node) {
 // non-zero divisor, the result's sign the divisor's (fmod 0, as Python's
 // %) or the dividend's (fmod 1, as C's %).
 absl::Status FoldArithmetic(ImportContext& cx, const onnx::NodeProto& node, bool fmod) {
-  Ints a = *cx.KnownInts(node.input(0));
+  const Ints a = *cx.KnownInts(node.input(0));
   const Ints b = *cx.KnownInts(node.input(1));
-  const size_t na = a.values.size(), nb = b.values.size();
-  if (na != nb && na != 1 && nb != 1) {
-    return NodeError(
-        node, absl::StrCat("integer operands of ", na, " and ", nb, " values do not broadcast"));
+  const std::optional<Shape> shape = FoldedBroadcastShape(a.dims, b.dims);
+  if (!shape.has_value()) {
+    return NodeError(node, absl::StrCat("integer operands of shapes ", ShapeToString(a.dims),
+                                        " and ", ShapeToString(b.dims),
+                                        " do not broadcast (or make more than 2^20 values)"));
   }
-  Ints out = na >= nb ? a : b;
+  Ints out{*shape, std::vector<int64_t>(NumElements(*shape))};
   const std::string& op = node.op_type();
   for (size_t i = 0; i < out.values.size(); ++i) {
-    const int64_t x = a.values[na == 1 ? 0 : i], y = b.values[nb == 1 ? 0 : i];
+    const int64_t o = static_cast<int64_t>(i);
+    const int64_t x = a.values[BroadcastIndex(a.dims, *shape, o)];
+    const int64_t y = b.values[BroadcastIndex(b.dims, *shape, o)];
     int64_t r = 0;
     bool overflow = false;
     if (op == "Add") {

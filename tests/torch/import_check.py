@@ -1017,8 +1017,11 @@ def constants_net(torch, num_classes=10, image=8):
     (Trilu, Not: folded; from opset 14) and tril(ones) == 0 (a comparison of
     constants) filled into the features, a table truncated by .long() (a
     Cast that changes values), a per-channel scale from torch.tensor
-    multiplied in and a fixed channel mask in torch.where. Exported with a
-    symbolic batch, the aranges are Ranges of floats: --model constants."""
+    multiplied in and a fixed channel mask in torch.where, a table of
+    relative positions and a causal mask by broadcasting, a table cast to
+    float and divided. Exported with a symbolic batch, the aranges are
+    Ranges (of floats too) and the tables are folded at import:
+    --model constants."""
     nn = torch.nn
 
     class Constants(nn.Module):
@@ -1042,6 +1045,10 @@ def constants_net(torch, num_classes=10, image=8):
             y = y.masked_fill(~band, -1.5)
             y = y.masked_fill(torch.tril(torch.ones(w, w)) == 0, 0.25)
             y = y + (torch.arange(w) * 0.7).long()  # truncated, then promoted
+            y = y * (1 + torch.arange(w).float() / w)  # not an integer division
+            r = torch.arange(w)
+            y = y + 0.1 * (r[:, None] - r[None, :]).float()  # relative positions
+            y = y.masked_fill(r[:, None] >= r[None, :], 0.5)  # a broadcast comparison
             y = y * torch.tensor([0.5, 1.0, 2.0, -1.0]).view(1, 4, 1, 1)
             keep = torch.tensor([True, False, True, True]).view(1, 4, 1, 1)
             y = torch.where(keep, y, torch.zeros_like(y))
@@ -1055,8 +1062,8 @@ def powers_net(torch, num_classes=10, image=8):
     graph/import/onnx_elementwise_ops.cc): GeM pooling (Radenovic et al.),
     a learnable exponent p of features clamped positive and the mean to
     the 1/p, both exp(p log x); x ** 4 and x ** -3 of any sign by products;
-    sigmoid(x) ** 1.7 and softplus(x) ** -1.5 of positive bases:
-    --model powers."""
+    sigmoid(x) ** 1.7 and softplus(x) ** -1.5 of positive bases, a sigmoid
+    that underflows to 0, x ** 0: --model powers."""
     nn = torch.nn
     F = torch.nn.functional
 
@@ -1073,6 +1080,9 @@ def powers_net(torch, num_classes=10, image=8):
                                (y.size(-2), y.size(-1))).pow(1.0 / self.p)
             z = (0.1 * y) ** 4 - 1.0 / (2.0 + torch.sigmoid(y)) ** 3
             z = z + torch.sigmoid(y) ** 1.7 + F.softplus(y).pow(-1.5)
+            # A sigmoid that underflows to 0 for most values (clipped
+            # before the log: no NaN gradient) and x ** 0.
+            z = z + torch.sigmoid(60 * y - 20) ** 1.7 + y ** 0
             return self.fc(torch.cat([gem.flatten(1), z.mean(dim=(2, 3))], 1))
 
     return Powers()
