@@ -38,6 +38,19 @@ std::optional<Shape> FoldedBroadcastShape(const Shape& a, const Shape& b) {
   return out;
 }
 
+std::optional<Numbers> BroadcastFold(const Numbers& a, const Numbers& b,
+                                     const std::function<double(double, double)>& op) {
+  std::optional<Shape> shape = FoldedBroadcastShape(a.dims, b.dims);
+  if (!shape.has_value()) return std::nullopt;
+  Numbers out{*std::move(shape), {}};
+  out.values.resize(NumElements(out.dims));
+  for (int64_t o = 0; o < static_cast<int64_t>(out.values.size()); ++o) {
+    out.values[o] = op(a.values[BroadcastIndex(a.dims, out.dims, o)],
+                       b.values[BroadcastIndex(b.dims, out.dims, o)]);
+  }
+  return out;
+}
+
 absl::Status ImportContext::ReadInitializers(const onnx::GraphProto& graph) {
   for (const onnx::TensorProto& t : graph.initializer()) {
     if (t.name().empty()) return absl::InvalidArgumentError("an initializer has no name");
@@ -153,37 +166,31 @@ absl::StatusOr<Value> ImportContext::ConstantNode(const onnx::NodeProto& node,
   auto append = [&bytes](auto value) {
     bytes.append(reinterpret_cast<const char*>(&value), sizeof(value));
   };
-  // A constant cast to float, int64 or bool without a change of value
-  // (Note [Casts of constants]) is written in the cast's type.
+  // Its own type, or that of a cast to float, int64 or bool without a
+  // change of value (Note [Casts of constants]).
   const std::optional<int> cast = CastTo(name);
-  if (cast.has_value() && *cast != t.data_type() &&
-      (*cast == onnx::TensorProto::FLOAT || *cast == onnx::TensorProto::INT64 ||
-       *cast == onnx::TensorProto::BOOL)) {
-    if (std::optional<Numbers> numbers = KnownNumbers(name)) {
-      for (double v : numbers->values) {
-        if (*cast == onnx::TensorProto::FLOAT) append(static_cast<float>(v));
-        if (*cast == onnx::TensorProto::INT64) append(static_cast<int64_t>(v));
-        if (*cast == onnx::TensorProto::BOOL) append(static_cast<uint8_t>(v != 0));
-      }
-      dtype = *cast == onnx::TensorProto::FLOAT ? "f32"
-              : *cast == onnx::TensorProto::INT64 ? "i64"
-                                                  : "u8";
-    }
-  } else if (t.data_type() == onnx::TensorProto::FLOAT) {
-    if (std::optional<std::vector<double>> values = FloatValues(t)) {
-      dtype = "f32";
-      for (double v : *values) append(static_cast<float>(v));
-    }
-  } else if (t.data_type() == onnx::TensorProto::BOOL) {
-    if (std::optional<std::vector<double>> values = BoolValues(t)) {
-      dtype = "u8";
-      for (double v : *values) append(static_cast<uint8_t>(v != 0));
-    }
-  } else if (t.data_type() == onnx::TensorProto::INT64) {
-    absl::StatusOr<std::vector<int64_t>> values = IntValues(t);
+  const int type = cast.has_value() && (*cast == onnx::TensorProto::FLOAT ||
+                                        *cast == onnx::TensorProto::INT64 ||
+                                        *cast == onnx::TensorProto::BOOL)
+                       ? *cast
+                       : t.data_type();
+  if (type == onnx::TensorProto::INT64 && t.data_type() == onnx::TensorProto::INT64) {
+    absl::StatusOr<std::vector<int64_t>> values = IntValues(t);  // (every bit, not a double's)
     if (values.ok() && values->size() <= (size_t{1} << 20)) {
       dtype = "i64";
       for (int64_t v : *values) append(v);
+    }
+  } else if (type == onnx::TensorProto::FLOAT || type == onnx::TensorProto::INT64 ||
+             type == onnx::TensorProto::BOOL) {
+    if (std::optional<Numbers> numbers = KnownNumbers(name)) {
+      for (double v : numbers->values) {
+        if (type == onnx::TensorProto::FLOAT) append(static_cast<float>(v));
+        if (type == onnx::TensorProto::INT64) append(static_cast<int64_t>(v));
+        if (type == onnx::TensorProto::BOOL) append(static_cast<uint8_t>(v != 0));
+      }
+      dtype = type == onnx::TensorProto::FLOAT ? "f32"
+              : type == onnx::TensorProto::INT64 ? "i64"
+                                                 : "u8";
     }
   }
   if (dtype.empty()) {

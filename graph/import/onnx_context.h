@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -52,6 +53,11 @@ int64_t BroadcastIndex(const Shape& dims, const Shape& out, int64_t o);
 // The broadcast shape of two folded constants, where they broadcast and it
 // holds at most 2^20 values.
 std::optional<Shape> FoldedBroadcastShape(const Shape& a, const Shape& b);
+// op(x, y) of the elements x of `a` and y of `b` that each element of their
+// broadcast shape reads (FoldedBroadcastShape), or nullopt where they do
+// not broadcast.
+std::optional<Numbers> BroadcastFold(const Numbers& a, const Numbers& b,
+                                     const std::function<double(double, double)>& op);
 
 // Input 0 of a node: known integers, or else a computed value; its shape.
 struct Operand {

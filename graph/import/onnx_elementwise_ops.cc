@@ -131,46 +131,59 @@ absl::Status Clip(ImportContext& cx, const onnx::NodeProto& node) {
 absl::StatusOr<Value> Broadcast(ImportContext& cx, const onnx::NodeProto& node,
                                 absl::string_view op, Value a, Value b, absl::string_view suffix);
 
-// Whether every element of `name` is above 0 whatever the model's inputs
-// and parameters (Note [Pow of a positive base]): a constant of positive
-// values, a Clip whose min is a positive constant, Sigmoid, Exp, Softplus,
-// and means, maxima, products, sums, powers and views of such. `depth`
-// bounds the walk up the producers.
-bool IsPositive(const ImportContext& cx, const std::string& name, int depth = 0) {
+// How far above 0 every element of `name` is whatever the model's inputs
+// and parameters (Note [Pow of a positive base]). kNormal: at least the
+// smallest normal float (kSmallestNormal), as a constant of such values, a
+// Clip whose min is that much, and means, maxima and views of such.
+// kPositive: above 0 in exact arithmetic but perhaps rounded to 0 in float,
+// as a positive constant, a Clip with a positive min, Sigmoid, Exp,
+// Softplus, and products, sums and powers of positives. kNone: neither.
+// `depth` bounds the walk up the producers.
+enum class LowerBound { kNone, kPositive, kNormal };
+constexpr double kSmallestNormal = 1.1754943508222875e-38;  // FLT_MIN
+LowerBound BoundOf(const ImportContext& cx, const std::string& name, int depth = 0) {
   constexpr int kMaxDepth = 16;
-  if (depth > kMaxDepth) return false;
+  if (depth > kMaxDepth) return LowerBound::kNone;
   if (std::optional<Numbers> c = cx.KnownNumbers(name)) {
-    return !c->values.empty() &&
-           std::all_of(c->values.begin(), c->values.end(), [](double v) { return v > 0; });
+    auto all = [&c](auto above) { return std::all_of(c->values.begin(), c->values.end(), above); };
+    if (c->values.empty() || !all([](double v) { return v > 0; })) return LowerBound::kNone;
+    return all([](double v) { return v >= kSmallestNormal; }) ? LowerBound::kNormal
+                                                              : LowerBound::kPositive;
   }
   const onnx::NodeProto* p = cx.Producer(name);
-  if (p == nullptr || p->input_size() == 0) return false;
+  if (p == nullptr || p->input_size() == 0) return LowerBound::kNone;
   const std::string& op = p->op_type();
-  auto positive = [&](int i) {
-    return i < p->input_size() && !p->input(i).empty() && IsPositive(cx, p->input(i), depth + 1);
+  auto bound = [&](int i) {
+    return i < p->input_size() && !p->input(i).empty() ? BoundOf(cx, p->input(i), depth + 1)
+                                                       : LowerBound::kNone;
   };
-  if (op == "Sigmoid" || op == "Exp" || op == "Softplus") return true;
+  if (op == "Sigmoid" || op == "Exp" || op == "Softplus") return LowerBound::kPositive;
   if (op == "Clip") {  // (its min an input from opset 11; a max below it would set every value)
-    if (p->input_size() < 2 || p->input(1).empty()) return false;
-    std::optional<Numbers> min = cx.KnownNumbers(p->input(1));
-    if (!min || min->values.size() != 1 || !(min->values[0] > 0)) return false;
-    if (p->input_size() < 3 || p->input(2).empty()) return true;
-    std::optional<Numbers> max = cx.KnownNumbers(p->input(2));
-    return max && max->values.size() == 1 && max->values[0] > 0;
+    std::optional<Numbers> min =
+        p->input_size() > 1 && !p->input(1).empty() ? cx.KnownNumbers(p->input(1)) : std::nullopt;
+    if (!min || min->values.size() != 1 || !(min->values[0] > 0)) return LowerBound::kNone;
+    if (p->input_size() > 2 && !p->input(2).empty()) {
+      std::optional<Numbers> max = cx.KnownNumbers(p->input(2));
+      if (!max || max->values.size() != 1 || !(max->values[0] > 0)) return LowerBound::kNone;
+    }
+    return min->values[0] >= kSmallestNormal ? LowerBound::kNormal : LowerBound::kPositive;
   }
   static const auto* const kOfTheFirst = new absl::flat_hash_set<std::string>{
       "AveragePool", "GlobalAveragePool", "ReduceMean", "MaxPool", "GlobalMaxPool",
       "ReduceMax", "Flatten", "Reshape", "Squeeze", "Unsqueeze", "Transpose", "Identity",
-      "Expand", "Pow"};
-  if (kOfTheFirst->contains(op)) return positive(0);
+      "Expand"};
+  if (kOfTheFirst->contains(op)) return bound(0);
   if (op == "Pad") {  // (pads of nothing: F.avg_pool2d's export writes one)
     std::optional<Ints> pads = p->input_size() > 1 ? cx.KnownInts(p->input(1)) : std::nullopt;
-    return pads && std::all_of(pads->values.begin(), pads->values.end(),
-                               [](int64_t v) { return v == 0; }) &&
-           positive(0);
+    const bool nothing = pads && std::all_of(pads->values.begin(), pads->values.end(),
+                                             [](int64_t v) { return v == 0; });
+    return nothing ? bound(0) : LowerBound::kNone;
   }
-  if (op == "Mul" || op == "Add" || op == "Div") return positive(0) && positive(1);
-  return false;
+  if (op == "Pow") return std::min(bound(0), LowerBound::kPositive);
+  if (op == "Mul" || op == "Add" || op == "Div") {
+    return std::min({bound(0), bound(1), LowerBound::kPositive});
+  }
+  return LowerBound::kNone;
 }
 
 // x to the integer n (0 < |n| <= kMostProductExponent) by products, x^|n|
@@ -201,34 +214,6 @@ absl::Status IntegerPow(ImportContext& cx, const onnx::NodeProto& node, Value x,
   return cx.Apply(node, "div", {one, product});
 }
 
-// Whether `name` is at least the smallest normal float (kSmallestNormal)
-// by construction: a constant, or a Clip whose min is that much, and means,
-// maxima and views of such. A positive value that float arithmetic may
-// round to 0 (Sigmoid of -100, Exp of -200, a product) is not.
-constexpr double kSmallestNormal = 1.1754943508222875e-38;  // FLT_MIN
-bool BoundedAwayFromZero(const ImportContext& cx, const std::string& name, int depth = 0) {
-  constexpr int kMaxDepth = 16;
-  if (depth > kMaxDepth) return false;
-  if (std::optional<Numbers> c = cx.KnownNumbers(name)) {
-    return !c->values.empty() && std::all_of(c->values.begin(), c->values.end(),
-                                             [](double v) { return v >= kSmallestNormal; });
-  }
-  const onnx::NodeProto* p = cx.Producer(name);
-  if (p == nullptr || p->input_size() == 0) return false;
-  const std::string& op = p->op_type();
-  if (op == "Clip") {
-    std::optional<Numbers> min =
-        p->input_size() > 1 && !p->input(1).empty() ? cx.KnownNumbers(p->input(1)) : std::nullopt;
-    return min && min->values.size() == 1 && min->values[0] >= kSmallestNormal &&
-           IsPositive(cx, name);
-  }
-  static const auto* const kOfTheFirst = new absl::flat_hash_set<std::string>{
-      "AveragePool", "GlobalAveragePool", "ReduceMean", "MaxPool", "GlobalMaxPool",
-      "ReduceMax", "Flatten", "Reshape", "Squeeze", "Unsqueeze", "Transpose", "Identity",
-      "Expand"};
-  return kOfTheFirst->contains(op) && BoundedAwayFromZero(cx, p->input(0), depth + 1);
-}
-
 // Note [Pow of a positive base]. Pow by a constant exponent that ATen
 // computes by products, a square root and a reciprocal
 // (pow_tensor_scalar_optimized_kernel) or that products give exactly in
@@ -239,14 +224,15 @@ bool BoundedAwayFromZero(const ImportContext& cx, const std::string& name, int d
 // rounding. Any
 // other exponent, a parameter or computed one included (GeM pooling's
 // learnable p: x.clamp(min=eps).pow(p), then the mean to the 1/p), where
-// the base is positive by construction (IsPositive): exp(p · log x), whose
+// the base is positive by construction (BoundOf): exp(p · log x), whose
 // value and gradients (p · x^(p-1) for x, x^p · log x for p) are ATen's in
 // exact arithmetic, within |p log x| roundings of them in float. Where the
 // base may be 0 or negative that form is wrong (log gives NaN), so such a
 // Pow is refused. A base that float arithmetic may round to 0 (Sigmoid of
-// -100) is clipped to the smallest normal float first (BoundedAwayFromZero):
-// there log would be -inf and its gradient NaN, where PyTorch's value is 0
-// (here below 1e-38 for p >= 1) and its gradient 0 (here 0: the clip's).
+// -100; below LowerBound::kNormal) is clipped to the smallest normal float
+// first: there log would be -inf and its gradient NaN, where PyTorch's
+// value is 0 (here below 1e-38 for p >= 1) and its gradient 0 (here 0: the
+// clip's).
 // x ** 0 is a fill of ones (ATen's, NaN ** 0 included), no gradient.
 absl::Status Pow(ImportContext& cx, const onnx::NodeProto& node) {
   RETURN_IF_ERROR(cx.ExpectInputs(node, 2, 2));
@@ -276,7 +262,8 @@ absl::Status Pow(ImportContext& cx, const onnx::NodeProto& node) {
       std::abs(*power) <= kMostProductExponent) {
     return IntegerPow(cx, node, x, static_cast<int>(*power));
   }
-  if (!IsPositive(cx, node.input(0))) {
+  const LowerBound bound = BoundOf(cx, node.input(0));
+  if (bound == LowerBound::kNone) {
     return NodeError(node, absl::StrCat(
                                "an exponent other than an integer of -16 to 16, 0.5 or -0.5 (",
                                power.has_value() ? absl::StrCat("here ", *power)
@@ -295,7 +282,7 @@ absl::Status Pow(ImportContext& cx, const onnx::NodeProto& node) {
   } else {
     ASSIGN_OR_RETURN(exponent, cx.Get(node, node.input(1)));
   }
-  if (!BoundedAwayFromZero(cx, node.input(0))) {
+  if (bound != LowerBound::kNormal) {
     ASSIGN_OR_RETURN(x, cx.Aux(node, "clip", {x}, {{"min", kSmallestNormal}}, "floored"));
   }
   ASSIGN_OR_RETURN(Value log, cx.Aux(node, "log", {x}, Json::object(), "log"));
@@ -370,15 +357,10 @@ bool FoldFloatArithmetic(ImportContext& cx, const onnx::NodeProto& node, absl::s
   std::optional<Numbers> a = cx.KnownNumbers(node.input(0));
   std::optional<Numbers> b = cx.KnownNumbers(node.input(1));
   if (!a || !b) return false;
-  const std::optional<Shape> out = FoldedBroadcastShape(a->dims, b->dims);
-  if (!out.has_value()) return false;
-  std::vector<double> values(NumElements(*out));
-  for (int64_t o = 0; o < static_cast<int64_t>(values.size()); ++o) {
-    const double x = a->values[BroadcastIndex(a->dims, *out, o)];
-    const double y = b->values[BroadcastIndex(b->dims, *out, o)];
-    values[o] = op == "add" ? x + y : op == "sub" ? x - y : op == "mul" ? x * y : x / y;
-  }
-  return cx.DefineFolded(node, FloatTensor(*out, values)).ok();
+  const std::optional<Numbers> out = BroadcastFold(*a, *b, [op](double x, double y) {
+    return op == "add" ? x + y : op == "sub" ? x - y : op == "mul" ? x * y : x / y;
+  });
+  return out.has_value() && cx.DefineFolded(node, FloatTensor(out->dims, out->values)).ok();
 }
 
 // Whether `mask` is a causal mask over the last two dims (S, T) of x:

@@ -144,28 +144,24 @@ absl::Status FoldComparison(ImportContext& cx, const onnx::NodeProto& node, cons
                                                         "supported (of float, integer and "
                                                         "boolean ones it folds)"));
   }
-  const std::optional<Shape> shape = FoldedBroadcastShape(a->dims, b->dims);
-  if (!shape.has_value()) {
+  const bool xor_op = node.op_type() == "Xor";
+  const std::optional<Numbers> out = BroadcastFold(*a, *b, [&op, xor_op](double x, double y) {
+    return op == "eq"    ? x == y
+           : op == "ne"  ? (xor_op ? (x != 0) != (y != 0) : x != y)
+           : op == "lt"  ? x < y
+           : op == "le"  ? x <= y
+           : op == "gt"  ? x > y
+           : op == "ge"  ? x >= y
+           : op == "and" ? (x != 0 && y != 0)
+                         : (x != 0 || y != 0);
+  });
+  if (!out.has_value()) {
     return NodeError(node, absl::StrCat(node.op_type(), " of constants of shapes ",
                                         ShapeToString(a->dims), " and ", ShapeToString(b->dims),
                                         " is not supported (they do not broadcast, or make more "
                                         "than 2^20 values)"));
   }
-  std::vector<double> out(NumElements(*shape));
-  for (size_t i = 0; i < out.size(); ++i) {
-    const int64_t o = static_cast<int64_t>(i);
-    const double x = a->values[BroadcastIndex(a->dims, *shape, o)];
-    const double y = b->values[BroadcastIndex(b->dims, *shape, o)];
-    out[i] = op == "eq"    ? x == y
-             : op == "ne"  ? (node.op_type() == "Xor" ? (x != 0) != (y != 0) : x != y)
-             : op == "lt"  ? x < y
-             : op == "le"  ? x <= y
-             : op == "gt"  ? x > y
-             : op == "ge"  ? x >= y
-             : op == "and" ? (x != 0 && y != 0)
-                           : (x != 0 || y != 0);
-  }
-  return cx.DefineFolded(node, *TypedTensor(onnx::TensorProto::BOOL, *shape, out));
+  return cx.DefineFolded(node, *TypedTensor(onnx::TensorProto::BOOL, out->dims, out->values));
 }
 
 // A comparison or logic operator: folded over integers known at import

@@ -127,14 +127,21 @@ absl::Status CrossEntropyBackward(BackwardContext& ctx) {
   return absl::OkStatus();
 }
 
+// The operands of a mean loss of two tensors named `first` and `second`
+// (mse_loss, bce_with_logits, and their backwards): one shape and one
+// dtype, then an optional incoming gradient (input 2).
+absl::Status CheckPairLoss(Inputs in, absl::string_view first, absl::string_view second) {
+  RETURN_IF_ERROR(ExpectSameShape(in[0], first, in[1], second));
+  RETURN_IF_ERROR(ExpectSameDType(in[0], first, in[1], second));
+  return CheckOptionalGrad(in, 2);
+}
+
 // ---- mse_loss (pred, target): mean((pred - target)^2).
 
 absl::StatusOr<TensorType> InferMse(Inputs in, const Json&) {
   RETURN_IF_ERROR(ExpectFloat(in[0], "input 0 (pred)"));
   RETURN_IF_ERROR(ExpectFloat(in[1], "input 1 (target)"));
-  RETURN_IF_ERROR(ExpectSameShape(in[0], "pred", in[1], "target"));
-  RETURN_IF_ERROR(ExpectSameDType(in[0], "pred", in[1], "target"));
-  RETURN_IF_ERROR(CheckOptionalGrad(in, 2));
+  RETURN_IF_ERROR(CheckPairLoss(in, "pred", "target"));
   return kScalar;
 }
 
@@ -161,9 +168,7 @@ absl::Status MseBackward(BackwardContext& ctx) {
 // shape and dtype (probabilities in [0, 1]).
 absl::StatusOr<TensorType> InferBce(Inputs in, const Json&) {
   RETURN_IF_ERROR(ExpectFloat(in[0], "input 0 (logits)"));
-  RETURN_IF_ERROR(ExpectSameShape(in[0], "logits", in[1], "target"));
-  RETURN_IF_ERROR(ExpectSameDType(in[0], "logits", in[1], "target"));
-  RETURN_IF_ERROR(CheckOptionalGrad(in, 2));
+  RETURN_IF_ERROR(CheckPairLoss(in, "logits", "target"));
   return kScalar;
 }
 

@@ -1313,14 +1313,20 @@ def onnx_summary(np, onnx, path):
             "nodes": len(g.node)}
 
 
+def batchnorm_buffers(torch, net, names):
+    """The ids `<module>.<name>` of every batch norm of `net`, for each of
+    `names` (its buffers: running_mean, running_var, num_batches_tracked)."""
+    return {(prefix + "." if prefix else "") + name
+            for prefix, m in net.named_modules()
+            if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)
+            for name in names}
+
+
 def expected_persistent(np, torch, net, x, t):
     """The persistent tensors pebble's graph must hold: {id: (tensor, role)},
     and the batch norms' num_batches_tracked ids. state_dict() (without
     num_batches_tracked unless NUM_BATCHES_TRACKED), plus input and target."""
-    nbt = set()
-    for prefix, m in net.named_modules():
-        if isinstance(m, torch.nn.modules.batchnorm._BatchNorm):
-            nbt.add((prefix + "." if prefix else "") + "num_batches_tracked")
+    nbt = batchnorm_buffers(torch, net, ["num_batches_tracked"])
     params = dict(net.named_parameters())
     # A tied parameter is in state_dict() under each of its names, once in
     # named_parameters() and in the ONNX file.
@@ -1343,11 +1349,8 @@ def frozen_initializers(torch, net, initializers):
     """The ONNX file's initializers that `pebble import --frozen` must name:
     the buffers but batch norms' running statistics (which the importer
     knows) and the frozen parameters (requires_grad=False), sorted."""
-    stats = set()
-    for prefix, m in net.named_modules():
-        if isinstance(m, torch.nn.modules.batchnorm._BatchNorm):
-            for b in ("running_mean", "running_var", "num_batches_tracked"):
-                stats.add((prefix + "." if prefix else "") + b)
+    stats = batchnorm_buffers(
+        torch, net, ["running_mean", "running_var", "num_batches_tracked"])
     frozen = {name for name, _ in net.named_buffers() if name not in stats}
     frozen |= {name for name, p in net.named_parameters() if not p.requires_grad}
     return sorted(name for name in frozen if name in initializers)
