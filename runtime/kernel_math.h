@@ -613,6 +613,26 @@ PEBBLE_HOST_DEVICE inline void ForEachBorderReader(const BorderPad& p, int64_t i
   }
 }
 
+// Note [Cast values]. `cast` converts as PyTorch's `.to(dtype)` does where
+// that is defined: a float to a float, or an integer to a float, rounds to
+// nearest (through fp32, which holds every fp16 and bf16 value); a float to
+// an integer truncates toward zero. Where C++ leaves the conversion
+// undefined, pebble defines it, alike on both backends: NaN becomes 0, a
+// float beyond int64's range its nearest bound, and a value cast to u8
+// keeps the low 8 bits of its int64 (300 gives 44, -1 gives 255, as
+// PyTorch on x86 gives for floats within int32's range).
+PEBBLE_HOST_DEVICE inline int64_t CastToInt64(double v) {
+  constexpr double kTwo63 = 9223372036854775808.0;
+  if (!(v == v)) return 0;
+  if (v >= kTwo63) return INT64_MAX;
+  if (v < -kTwo63) return INT64_MIN;
+  return static_cast<int64_t>(v);
+}
+PEBBLE_HOST_DEVICE inline uint8_t CastToUInt8(int64_t v) {
+  return static_cast<uint8_t>(static_cast<uint64_t>(v) & 0xff);
+}
+PEBBLE_HOST_DEVICE inline uint8_t CastToUInt8(double v) { return CastToUInt8(CastToInt64(v)); }
+
 // Note [Broadcast index]. compare's operands and masked_fill's mask are
 // read over the result by NumPy's rules in full (unlike add's one block):
 // the operand's dims are aligned on the result's trailing dims, and a dim

@@ -289,6 +289,38 @@ TEST(NativeKernelsTest, CompareBroadcastsBothOperands) {
             (std::vector<uint8_t>{0}));
 }
 
+// cast between every pair of dtypes: Note [Cast values] (floats round to
+// nearest, truncate toward zero to integers; NaN 0, beyond int64 its
+// bound, u8 the low 8 bits).
+TEST(NativeKernelsTest, CastConvertsAsNoteCastValuesSays) {
+  const float nan = std::nanf(""), inf = std::numeric_limits<float>::infinity();
+  const HostTensor floats = Floats({8}, {2.7f, -2.7f, 300.0f, -1.0f, nan, inf, -inf, 1e20f});
+  EXPECT_EQ(MustRun("cast", {floats}, {{"dtype", "i64"}}).As<int64_t>(),
+            (std::vector<int64_t>{2, -2, 300, -1, 0, INT64_MAX, INT64_MIN, INT64_MAX}));
+  EXPECT_EQ(BytesOf(MustRun("cast", {floats}, {{"dtype", "u8"}})),
+            (std::vector<uint8_t>{2, 254, 44, 255, 0, 255, 0, 255}));
+  // fp32 to fp16 and bf16 rounds to nearest (1 + 2^-11 is a tie: to even).
+  const HostTensor fine = Floats({3}, {1.0f + 0x1p-11f, 1.0f + 0x1p-10f + 0x1p-11f, 70000.0f});
+  EXPECT_EQ(MustRun("cast", {fine}, {{"dtype", "fp16"}}).Floats(),
+            (std::vector<float>{1.0f, 1.0f + 0x1p-9f, inf}));
+  EXPECT_EQ(MustRun("cast", {Floats({1}, {1.0f + 0x1p-8f + 0x1p-9f})}, {{"dtype", "bf16"}}).Floats(),
+            (std::vector<float>{1.0f + 0x1p-7f}));
+  // Back to fp32 exactly; an integer to a float to nearest (2^53 + 1 is not
+  // an fp32: 2^53); integers to u8 by their low bits, u8 to i64 as it is.
+  const HostTensor half = MustRun("cast", {Floats({2}, {0.5f, -3.0f}, kF16)}, {{"dtype", "fp32"}});
+  EXPECT_EQ(half.dtype, kF32);
+  EXPECT_EQ(half.Floats(), (std::vector<float>{0.5f, -3.0f}));
+  const int64_t big = (int64_t{1} << 53) + 1;
+  EXPECT_EQ(MustRun("cast", {Ints({3}, {big, -7, 257})}, {{"dtype", "fp32"}}).Floats(),
+            (std::vector<float>{0x1p53f, -7.0f, 257.0f}));
+  EXPECT_EQ(BytesOf(MustRun("cast", {Ints({3}, {big, -7, 257})}, {{"dtype", "u8"}})),
+            (std::vector<uint8_t>{1, 249, 1}));
+  EXPECT_EQ(MustRun("cast", {Bools({3}, {0, 1, 200})}, {{"dtype", "i64"}}).As<int64_t>(),
+            (std::vector<int64_t>{0, 1, 200}));
+  EXPECT_EQ(MustRun("cast", {Bools({2}, {0, 255})}, {{"dtype", "bf16"}}).Floats(),
+            (std::vector<float>{0.0f, 255.0f}));
+}
+
 // masked_fill with a mask broadcast over x ((2, 1, 3) over (2, 2, 3)), the
 // fill of -inf, inverted, and its backward (the same op with 0).
 TEST(NativeKernelsTest, MaskedFillBroadcastsTheMask) {

@@ -1045,8 +1045,56 @@ void FeedThePool(ModelMaker& m, int before, const std::string& value) {
   FindNode(m, "GlobalAveragePool")->set_input(0, value);
 }
 
-// Comparisons of computed tensors, Not, And, Cast between masks and
-// floats, Expand of a mask and Where: torch.where(r > 0.5, r, 0), a
+// Casts of computed tensors: a `cast` node to each type pebble has, its
+// gradient cast back between floats; bool by a comparison with 0; a type
+// pebble lacks refused, named.
+TEST(OnnxImportTest, CastsOfComputedTensorsAreCastNodes) {
+  const auto model = [](int to) {
+    return TinyModel(13, "", [to](ModelMaker& m) {
+      const int before = m.graph()->node_size();
+      ModelMaker::IntAttr(m.Node("Cast", "/narrow/Cast", {"r"}, {"narrow"}), "to", to);
+      ModelMaker::IntAttr(m.Node("Cast", "/wide/Cast", {"narrow"}, {"wide"}), "to",
+                          onnx::TensorProto::FLOAT);
+      m.Node("Add", "/add/Add", {"wide", "r"}, {"sum"});
+      FeedThePool(m, before, "sum");
+    });
+  };
+  auto g = Import(model(onnx::TensorProto::FLOAT16));
+  ASSERT_TRUE(g.ok()) << g.status();
+  EXPECT_EQ(g->op(g->Find("narrow")), "cast");
+  EXPECT_EQ(*g->dtype(g->Find("narrow")), DType::kFloat16);
+  EXPECT_EQ(g->op(g->Find("wide")), "cast");
+  EXPECT_EQ(*g->dtype(g->Find("wide")), DType::kFloat32);
+  ASSERT_NE(g->Find("grad:narrow"), kNoNode);
+  EXPECT_EQ(g->op(g->Find("grad:narrow")), "cast");
+  EXPECT_EQ(*g->dtype(g->Find("grad:narrow")), DType::kFloat16);
+
+  // Truncated to int64: no gradient through the casts (r gets the add's).
+  g = Import(model(onnx::TensorProto::INT64));
+  ASSERT_TRUE(g.ok()) << g.status();
+  EXPECT_EQ(*g->dtype(g->Find("narrow")), DType::kInt64);
+  EXPECT_EQ(g->Find("grad:narrow"), kNoNode);
+  int casts = 0;
+  for (NodeId v = 0; v < g->num_nodes(); ++v) casts += g->op(v) == "cast" ? 1 : 0;
+  EXPECT_EQ(casts, 2);  // the forward's two
+  EXPECT_NE(g->Find("grad:conv1.weight"), kNoNode);
+
+  // To bool: 1 where not 0, a mask; then to float by a cast.
+  g = Import(model(onnx::TensorProto::BOOL));
+  ASSERT_TRUE(g.ok()) << g.status();
+  EXPECT_EQ(g->op(g->Find("narrow")), "compare");
+  EXPECT_EQ(g->attrs(g->Find("narrow"))["op"], "ne");
+  EXPECT_EQ(g->op(g->Find("wide")), "cast");
+
+  const absl::StatusOr<Graph> int32 = Import(model(onnx::TensorProto::INT32));
+  ASSERT_FALSE(int32.ok());
+  EXPECT_THAT(std::string(int32.status().message()),
+              ::testing::AllOf(::testing::HasSubstr("/narrow/Cast"),
+                               ::testing::HasSubstr("INT32")));
+}
+
+// Comparisons of computed tensors, Not, And, Cast of a mask to floats,
+// Expand of a mask and Where: torch.where(r > 0.5, r, 0), a
 // masked_fill by ~(r < 0.1) of -inf, a mask cast to float and multiplied
 // in, and torch.where of two computed tensors under an and of masks.
 TEST(OnnxImportTest, ComparisonsAndWhereOfComputedTensors) {
@@ -1086,8 +1134,8 @@ TEST(OnnxImportTest, ComparisonsAndWhereOfComputedTensors) {
   EXPECT_EQ(op("fill"), "masked_fill");
   EXPECT_EQ(attrs("fill")["value"], "-inf");  // JSON has no infinities
   EXPECT_EQ(attrs("fill")["invert"], false);
-  EXPECT_EQ(op("cast"), "masked_fill");  // zeros, 1 where the mask is
-  EXPECT_EQ(attrs("cast")["value"], 1.0);
+  EXPECT_EQ(op("cast"), "cast");  // 0 and 1
+  EXPECT_EQ(attrs("cast")["dtype"], "fp32");
   EXPECT_EQ(attrs("and")["op"], "and");
   EXPECT_EQ(op("pick"), "add");  // each side with the other's elements -0.0
   EXPECT_EQ(op("pick.then"), "masked_fill");
@@ -1160,9 +1208,9 @@ TEST(OnnxImportTest, ComparisonsAndWhereOfComputedTensors) {
        {"'/bad/Or'", "'r'", "not a boolean"}},
       {[](ModelMaker& m) {
          ModelMaker::IntAttr(m.Node("Cast", "/bad/Cast", {"r"}, {"bad"}), "to",
-                             onnx::TensorProto::INT64);
+                             onnx::TensorProto::INT32);
        },
-       {"'/bad/Cast'", "fp32", "INT64", "not supported"}},
+       {"'/bad/Cast'", "INT32", "no pebble dtype"}},
   };
   for (const auto& c : refused) {
     g = Import(model(c.edit));

@@ -323,6 +323,18 @@ TEST(OpTableTest, HugeWindowPadAndScaleAttrsAreRefused) {
               "overflows");
 }
 
+// cast: any dtype to any other, the shape kept; `dtype` required.
+TEST(ElementwiseOpsTest, CastInfersAndRefuses) {
+  ExpectType("cast", {T({2, 3}, DType::kUInt8)}, {{"dtype", "fp32"}}, {2, 3});
+  ExpectType("cast", {T({4})}, {{"dtype", "fp16"}}, {4}, kF16);
+  ExpectType("cast", {T({4}, kF16)}, {{"dtype", "i64"}}, {4}, kI64);
+  ExpectType("cast", {T({4}, kI64)}, {{"dtype", "u8"}}, {4}, DType::kUInt8);
+  EXPECT_DOUBLE_EQ(Flops("cast", {T({2, 3})}, {{"dtype", "bf16"}}), 6);
+  ExpectError("cast", {T({4})}, Json::object(), "attr 'dtype' is required");
+  ExpectError("cast", {T({4})}, {{"dtype", "fp32"}}, "the input's own");
+  ExpectError("cast", {T({4})}, {{"dtype", "f64"}}, "dtype");
+}
+
 // compare: operands of one dtype broadcast in full into u8; masked_fill:
 // a u8 mask broadcast over a float x, a value that may be infinite.
 TEST(MaskOpsTest, CompareAndMaskedFillInferAndRefuse) {

@@ -469,20 +469,11 @@ absl::Status Expand(ImportContext& cx, const onnx::NodeProto& node) {
     // A float constant (the zeros of an RNN's initial state, expanded to
     // the batch): folded where the result is one of at most 2^20 values.
     if (std::optional<Numbers> c = cx.KnownNumbers(node.input(0))) {
-      const std::optional<Shape> out =
-          ops_internal::BroadcastShapes(c->dims, Shape(shape.begin(), shape.end()));
-      if (out && ops_internal::Elements(*out) <= double(int64_t{1} << 20)) {
-        const size_t rank = out->size(), lead = rank - c->dims.size();
+      if (const std::optional<Shape> out =
+              FoldedBroadcastShape(c->dims, Shape(shape.begin(), shape.end()))) {
         std::vector<double> values(static_cast<size_t>(ops_internal::Elements(*out)));
         for (size_t o = 0; o < values.size(); ++o) {
-          int64_t rest = static_cast<int64_t>(o), source = 0, stride = 1;
-          for (size_t d = rank; d-- > lead;) {  // NumPy's rule: a dim of 1 repeats
-            const int64_t n = c->dims[d - lead];
-            if (n != 1) source += (rest % (*out)[d]) * stride;
-            rest /= (*out)[d];
-            stride *= n;
-          }
-          values[o] = c->values[source];
+          values[o] = c->values[BroadcastIndex(c->dims, *out, static_cast<int64_t>(o))];
         }
         return cx.DefineFolded(node, FloatTensor(*out, values));
       }

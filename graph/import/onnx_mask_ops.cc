@@ -466,35 +466,27 @@ absl::Status Where(ImportContext& cx, const onnx::NodeProto& node) {
                          "one size or one element");
 }
 
-// Cast of a computed tensor: between a boolean and a float (a mask to 0/1,
-// x != 0), or to its own type.
+// Cast of a computed tensor: to its own type, none; to a boolean, 1 where
+// not 0 (a `compare` with 0); to any other type pebble has (a mask to 0/1,
+// a uint8 image or int64 ids to floats, floats to fp16 or to integers), a
+// `cast` node (Note [Cast values], runtime/kernel_math.h).
 absl::Status CastComputed(ImportContext& cx, const onnx::NodeProto& node, Value x, int64_t to) {
   const DType from = cx.nb().type(x).dtype;
   const bool boolean = from == DType::kUInt8 && IsBoolean(cx, node.input(0));
-  absl::StatusOr<DType> to_dtype = to == onnx::TensorProto::BOOL
-                                       ? absl::StatusOr<DType>(DType::kUInt8)
-                                       : DTypeOfOnnx(static_cast<int>(to));
-  if (to_dtype.ok() && *to_dtype == from && (from != DType::kUInt8 || boolean ||
-                                             to != onnx::TensorProto::BOOL)) {
-    return cx.Define(node, x);  // the same values
-  }
-  if (to == onnx::TensorProto::BOOL && ops_internal::IsFloat(from)) {
+  if (to == onnx::TensorProto::BOOL) {
+    if (boolean) return cx.Define(node, x);
     ASSIGN_OR_RETURN(Value zero, cx.Fill(node, {}, x, 0.0, "zero"));
     return cx.Apply(node, "compare", {x, zero}, {{"op", "ne"}});
   }
-  if (boolean && to_dtype.ok() && ops_internal::IsFloat(*to_dtype)) {
-    ASSIGN_OR_RETURN(Value zeros,
-                     FillOf(cx, node, cx.nb().type(x).shape, *to_dtype, 0.0, "zeros"));
-    return cx.Apply(node, "masked_fill", {zeros, x}, {{"value", 1.0}});
+  absl::StatusOr<DType> to_dtype = DTypeOfOnnx(static_cast<int>(to));
+  if (!to_dtype.ok()) {
+    return NodeError(node, absl::StrCat("a cast of a computed tensor: ",
+                                        to_dtype.status().message()));
   }
-  const std::string to_name =
-      onnx::TensorProto::DataType_IsValid(static_cast<int>(to))
-          ? onnx::TensorProto::DataType_Name(static_cast<onnx::TensorProto::DataType>(to))
-          : absl::StrCat(to);
-  return NodeError(node, absl::StrCat("a cast of a computed ", DTypeName(from),
-                                      boolean ? " boolean" : "", " tensor to ", to_name,
-                                      " is not supported (casts between a boolean mask and "
-                                      "floats are)"));
+  // (a boolean to uint8 keeps its 0/1 bytes; IsBoolean no longer takes it
+  // for a mask)
+  if (*to_dtype == from) return cx.Define(node, x);
+  return cx.Apply(node, "cast", {x}, {{"dtype", std::string(DTypeName(*to_dtype))}});
 }
 
 // Note [Casts of constants]. A Cast of a constant whose values it keeps

@@ -258,7 +258,10 @@ absl::Status MoveBlocks(ImportContext& cx, const onnx::NodeProto& node, bool to_
 // folded; at most 2^24 values (a position-id vector, not data).
 // Range of float constants (torch.arange(w, dtype=torch.float32) under a
 // symbolic size): ONNX's max(ceil((limit - start) / delta), 0) values
-// start + i delta, each rounded to float, at most 2^20 of them.
+// start + i delta, each rounded to float, at most 2^20 of them. The count
+// and the values are computed in double, as torch.arange computes them
+// (the model is PyTorch's), where ONNX Runtime computes in the inputs'
+// float32: (0, 0.3, 0.1) counts 4 values here and in PyTorch, 3 there.
 absl::Status FloatRange(ImportContext& cx, const onnx::NodeProto& node) {
   double bound[3];
   for (int i = 0; i < 3; ++i) {

@@ -21,14 +21,6 @@ absl::StatusOr<TensorType> InferUnaryFloat(Inputs in, const Json&) {
   return in[0];
 }
 
-// `per_element` FLOPs for every element of the output.
-std::function<double(Inputs, const TensorType&, const Json&)> PerElement(
-    double per_element) {
-  return [per_element](Inputs, const TensorType& out, const Json&) {
-    return per_element * Elements(out);
-  };
-}
-
 absl::StatusOr<std::string> GeluApproximate(const Json& attrs) {
   absl::StatusOr<std::string> mode = StringAttr(attrs, "approximate", "none");
   if (mode.ok() && *mode != "none" && *mode != "tanh") {
@@ -227,6 +219,28 @@ double InputElementsFlops(Inputs in, const TensorType&, const Json&) {
 
 absl::StatusOr<TensorType> InferCopy(Inputs in, const Json&) { return in[0]; }
 
+// cast (x), attr dtype: x's values converted to `dtype`, the shape kept
+// (Note [Cast values], runtime/kernel_math.h). A cast to x's own dtype is
+// refused: that is a `copy`.
+absl::StatusOr<TensorType> InferCast(Inputs in, const Json& attrs) {
+  if (!attrs.contains("dtype")) return Invalid("attr 'dtype' is required");
+  ASSIGN_OR_RETURN(const DType dtype, DTypeAttr(attrs, "dtype", DType::kFloat32));
+  if (dtype == in[0].dtype) {
+    return Invalid("attr 'dtype' is the input's own (", DTypeName(dtype),
+                   "): nothing to convert");
+  }
+  return TensorType{in[0].shape, dtype};
+}
+
+// Between float types the gradient is cast back to x's dtype, as autograd
+// casts it; an integer result has none (nor has an integer x: needs_grad).
+absl::Status CastBackward(BackwardContext& ctx) {
+  if (!ctx.needs_grad(0) || !IsFloat(ctx.output_type().dtype)) return absl::OkStatus();
+  ctx.AccumulateGrad(0, ctx.Emit("cast", {ctx.grad_output()},
+                                 {{"dtype", DTypeName(ctx.input_type(0).dtype)}}));
+  return absl::OkStatus();
+}
+
 absl::Status CopyBackward(BackwardContext& ctx) {
   if (ctx.needs_grad(0)) ctx.AccumulateGrad(0, ctx.grad_output());
   return absl::OkStatus();
@@ -417,6 +431,8 @@ void RegisterElementwiseOps(std::vector<OpDef>& t) {
   t.push_back({.name = "copy", .min_inputs = 1, .max_inputs = 1,
                .infer = InferCopy, .flops = CopyFlops,
                .backward = CopyBackward});
+  t.push_back({.name = "cast", .min_inputs = 1, .max_inputs = 1,
+               .infer = InferCast, .flops = CopyFlops, .backward = CastBackward});
   t.push_back({.name = "fill", .min_inputs = 0, .max_inputs = 0,
                .infer = InferFill, .flops = CopyFlops});
   t.push_back({.name = "constant", .min_inputs = 0, .max_inputs = 0,

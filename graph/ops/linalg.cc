@@ -418,29 +418,17 @@ void RegisterLinalgOps(std::vector<OpDef>& t) {
   // max, subtract, exp, sum, divide; backward: multiply, sum, subtract,
   // multiply.
   t.push_back({.name = "softmax", .min_inputs = 1, .max_inputs = 1,
-               .infer = InferSoftmax,
-               .flops = [](Inputs, const TensorType& out, const Json&) {
-                 return 5.0 * Elements(out);
-               },
+               .infer = InferSoftmax, .flops = PerElement(5),
                .backward = SoftmaxBackward});
   t.push_back({.name = "softmax_backward", .min_inputs = 2, .max_inputs = 2,
-               .infer = InferSoftmax,
-               .flops = [](Inputs, const TensorType& out, const Json&) {
-                 return 4.0 * Elements(out);
-               }});
+               .infer = InferSoftmax, .flops = PerElement(4)});
   // max, subtract, exp, sum, log, subtract; backward: exp, sum, multiply,
   // subtract.
   t.push_back({.name = "log_softmax", .min_inputs = 1, .max_inputs = 1,
-               .infer = InferLogSoftmax,
-               .flops = [](Inputs, const TensorType& out, const Json&) {
-                 return 5.0 * Elements(out);
-               },
+               .infer = InferLogSoftmax, .flops = PerElement(5),
                .backward = LogSoftmaxBackward});
   t.push_back({.name = "log_softmax_backward", .min_inputs = 2, .max_inputs = 2,
-               .infer = InferLogSoftmax,
-               .flops = [](Inputs, const TensorType& out, const Json&) {
-                 return 4.0 * Elements(out);
-               }});
+               .infer = InferLogSoftmax, .flops = PerElement(4)});
   t.push_back({.name = "split_heads", .min_inputs = 1, .max_inputs = 1,
                .infer = InferSplitHeads, .flops = CopyFlops,
                .backward = SplitHeadsBackward});

@@ -492,6 +492,12 @@ double CopyFlops(Inputs, const TensorType& out, const Json&) {
   return Elements(out);
 }
 
+std::function<double(Inputs, const TensorType&, const Json&)> PerElement(double per_element) {
+  return [per_element](Inputs, const TensorType& out, const Json&) {
+    return per_element * Elements(out);
+  };
+}
+
 namespace {
 
 // upsample's attr `scale_factor`: one number > 0 per spatial dim, or one

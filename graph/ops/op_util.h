@@ -8,6 +8,7 @@
 #define PEBBLE_GRAPH_OPS_OP_UTIL_H_
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -233,6 +234,8 @@ double Elements(const TensorType& t);
 // The FLOP count of ops that only move data: one per element written, so
 // that no node is free to recompute (docs/operators.md, "FLOPs").
 double CopyFlops(Inputs inputs, const TensorType& out, const Json& attrs);
+// A FLOP formula of `per_element` FLOPs for every element of the output.
+std::function<double(Inputs, const TensorType&, const Json&)> PerElement(double per_element);
 
 // ---- The optimizer's updates (graph/optimizer.h): their hyper-parameters,
 // as the operator table checks them and the kernels read them.

@@ -375,6 +375,62 @@ absl::Status CopyBytes(const KernelContext& ctx) {
   return absl::OkStatus();
 }
 
+// ---- cast (x), attr dtype: Note [Cast values] (runtime/kernel_math.h).
+// A float is read as float, an integer as int64, and each written in the
+// output's type.
+template <typename To>
+To CastElement(float x) {
+  if constexpr (std::is_same_v<To, int64_t>) {
+    return kmath::CastToInt64(static_cast<double>(x));
+  } else if constexpr (std::is_same_v<To, uint8_t>) {
+    return kmath::CastToUInt8(static_cast<double>(x));
+  } else {
+    return FromFloat<To>(x);
+  }
+}
+template <typename To>
+To CastElement(int64_t x) {
+  if constexpr (std::is_same_v<To, int64_t>) {
+    return x;
+  } else if constexpr (std::is_same_v<To, uint8_t>) {
+    return kmath::CastToUInt8(x);
+  } else {
+    return FromFloat<To>(static_cast<float>(x));
+  }
+}
+
+// Calls fn(T{}) with T the storage type of any dtype.
+template <typename Fn>
+absl::Status DispatchAny(DType dtype, absl::string_view what, Fn&& fn) {
+  if (dtype == DType::kInt64) return fn(int64_t{});
+  if (dtype == DType::kUInt8) return fn(uint8_t{});
+  return DispatchFloat(dtype, what, fn);
+}
+
+absl::Status Cast(const KernelContext& ctx) {
+  RETURN_IF_ERROR(CheckOperands(ctx));
+  const TensorView& x = ctx.inputs[0];
+  const int64_t n = ctx.output.num_elements();
+  return DispatchAny(x.dtype, "input 0 (x)", [&](auto from_tag) {
+    using From = decltype(from_tag);
+    return DispatchAny(ctx.output.dtype, "attr 'dtype'", [&](auto to_tag) {
+      using To = decltype(to_tag);
+      const From* in = x.as<From>();
+      To* out = ctx.output.as<To>();
+      ParallelFor(n, kGrain, [&](int64_t b, int64_t e) {
+        for (int64_t i = b; i < e; ++i) {
+          if constexpr (std::is_integral_v<From>) {
+            out[i] = CastElement<To>(static_cast<int64_t>(in[i]));
+          } else {
+            out[i] = CastElement<To>(ToFloat(in[i]));
+          }
+        }
+      });
+      return absl::OkStatus();
+    });
+  });
+}
+
 // ---- fill (), attrs shape, dtype, value (1): any dtype.
 absl::Status Fill(const KernelContext& ctx) {
   RETURN_IF_ERROR(CheckOperands(ctx));
@@ -553,6 +609,7 @@ void RegisterNativeElementwiseKernels(KernelTable& table) {
   table.Register("div", Div);
   table.Register("sum_to", SumTo);
   table.Register("copy", CopyBytes);
+  table.Register("cast", Cast);
   table.Register("flatten", CopyBytes);
   table.Register("reshape", CopyBytes);
   table.Register("fill", Fill);

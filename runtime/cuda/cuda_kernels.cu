@@ -846,6 +846,32 @@ __global__ void CompareKernel(kmath::CompareOp op, const T* a, kmath::BroadcastI
   }
 }
 
+// cast's stores (Note [Cast values]): a float read as float, an integer
+// as int64 (Ld), each written in the output's type.
+__device__ __forceinline__ void StCast(int64_t* p, int64_t i, float v) {
+  p[i] = kmath::CastToInt64(static_cast<double>(v));
+}
+__device__ __forceinline__ void StCast(uint8_t* p, int64_t i, float v) {
+  p[i] = kmath::CastToUInt8(static_cast<double>(v));
+}
+__device__ __forceinline__ void StCast(int64_t* p, int64_t i, int64_t v) { p[i] = v; }
+__device__ __forceinline__ void StCast(uint8_t* p, int64_t i, int64_t v) {
+  p[i] = kmath::CastToUInt8(v);
+}
+template <typename T>
+__device__ __forceinline__ void StCast(T* p, int64_t i, float v) {
+  St(p, i, v);
+}
+template <typename T>
+__device__ __forceinline__ void StCast(T* p, int64_t i, int64_t v) {
+  St(p, i, static_cast<float>(v));
+}
+
+template <typename From, typename To>
+__global__ void CastKernel(const From* x, To* y, int64_t n) {
+  PEBBLE_GRID_LOOP(i, n) StCast(y, i, Ld(x, i));
+}
+
 template <typename T>
 __global__ void MaskedFillKernel(const T* x, const uint8_t* mask, kmath::BroadcastIndex im,
                                  float value, bool invert, T* y, int64_t n) {
@@ -1485,25 +1511,44 @@ cudaError_t LaunchBorderPad(KType t, const kmath::BorderPad& p, bool backward, c
   });
 }
 
+// Calls f(T{}) with T the storage type of `t`, any element type.
+template <typename F>
+cudaError_t DispatchElement(CompareType t, F&& f) {
+  switch (t) {
+    case CompareType::kF32: return f(float{});
+    case CompareType::kF16: return f(__half{});
+    case CompareType::kBF16: return f(__nv_bfloat16{});
+    case CompareType::kI64: return f(int64_t{});
+    case CompareType::kU8: return f(uint8_t{});
+  }
+  return cudaErrorInvalidValue;
+}
+
 cudaError_t LaunchCompare(CompareType t, kmath::CompareOp op, const void* a,
                           const kmath::BroadcastIndex& ia, const void* b,
                           const kmath::BroadcastIndex& ib, uint8_t* out, int64_t n,
                           cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
-  auto launch = [&](auto tag) {
+  return DispatchElement(t, [&](auto tag) {
     using T = decltype(tag);
     PEBBLE_KERNEL_LAUNCH(Blocks(n), kThreads, stream, CompareKernel<T>)
     (op, static_cast<const T*>(a), ia, static_cast<const T*>(b), ib, out, n);
     return Launched();
-  };
-  switch (t) {
-    case CompareType::kF32: return launch(float{});
-    case CompareType::kF16: return launch(__half{});
-    case CompareType::kBF16: return launch(__nv_bfloat16{});
-    case CompareType::kI64: return launch(int64_t{});
-    case CompareType::kU8: return launch(uint8_t{});
-  }
-  return cudaErrorInvalidValue;
+  });
+}
+
+cudaError_t LaunchCast(CompareType from, CompareType to, const void* x, void* y, int64_t n,
+                       cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  return DispatchElement(from, [&](auto from_tag) {
+    using From = decltype(from_tag);
+    return DispatchElement(to, [&](auto to_tag) {
+      using To = decltype(to_tag);
+      PEBBLE_KERNEL_LAUNCH(Blocks(n), kThreads, stream, CastKernel<From, To>)
+      (static_cast<const From*>(x), static_cast<To*>(y), n);
+      return Launched();
+    });
+  });
 }
 
 cudaError_t LaunchMaskedFill(KType t, const void* x, const uint8_t* mask,

@@ -212,6 +212,10 @@ cudaError_t LaunchCompare(CompareType t, kmath::CompareOp op, const void* a,
                           const kmath::BroadcastIndex& ia, const void* b,
                           const kmath::BroadcastIndex& ib, uint8_t* out, int64_t n,
                           cudaStream_t stream);
+// cast: y[i] = x[i] converted from type `from` to type `to` (Note [Cast
+// values] in runtime/kernel_math.h), n elements.
+cudaError_t LaunchCast(CompareType from, CompareType to, const void* x, void* y, int64_t n,
+                       cudaStream_t stream);
 cudaError_t LaunchMaskedFill(KType t, const void* x, const uint8_t* mask,
                              const kmath::BroadcastIndex& im, float value, bool invert, void* y,
                              int64_t n, cudaStream_t stream);

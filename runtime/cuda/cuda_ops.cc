@@ -890,22 +890,34 @@ absl::Status BorderPad(CudaContext& cc, const KernelContext& ctx, bool backward)
 
 // ---- compare, masked_fill (Note [Broadcast index]).
 
+// The element type of any dtype, for compare's and cast's kernels.
+absl::StatusOr<CompareType> ElementTypeOf(const KernelContext& ctx, const TensorView& t) {
+  switch (t.dtype) {
+    case DType::kFloat32: return CompareType::kF32;
+    case DType::kFloat16: return CompareType::kF16;
+    case DType::kBFloat16: return CompareType::kBF16;
+    case DType::kInt64: return CompareType::kI64;
+    case DType::kUInt8: return CompareType::kU8;
+  }
+  return absl::InvalidArgumentError(absl::StrCat(ctx.op(), ": no kernel for ", t.ToString()));
+}
+
 absl::Status Compare(CudaContext& cc, const KernelContext& ctx) {
   ASSIGN_OR_RETURN(const CompareArgs args, CompareArgsOf(ctx));
-  CompareType t;
-  switch (ctx.inputs[0].dtype) {
-    case DType::kFloat32: t = CompareType::kF32; break;
-    case DType::kFloat16: t = CompareType::kF16; break;
-    case DType::kBFloat16: t = CompareType::kBF16; break;
-    case DType::kInt64: t = CompareType::kI64; break;
-    case DType::kUInt8: t = CompareType::kU8; break;
-    default:
-      return absl::InvalidArgumentError(absl::StrCat("compare: no kernel for ",
-                                                     ctx.inputs[0].ToString()));
-  }
+  ASSIGN_OR_RETURN(const CompareType t, ElementTypeOf(ctx, ctx.inputs[0]));
   PEBBLE_LAUNCH(LaunchCompare(t, args.op, ctx.inputs[0].data, args.a, ctx.inputs[1].data, args.b,
                               reinterpret_cast<uint8_t*>(ctx.output.data),
                               ctx.output.num_elements(), cc.stream));
+  return absl::OkStatus();
+}
+
+// cast (x), attr dtype: Note [Cast values] (runtime/kernel_math.h).
+absl::Status Cast(CudaContext& cc, const KernelContext& ctx) {
+  RETURN_IF_ERROR(ExpectInputs(ctx, 1, 1));
+  ASSIGN_OR_RETURN(const CompareType from, ElementTypeOf(ctx, ctx.inputs[0]));
+  ASSIGN_OR_RETURN(const CompareType to, ElementTypeOf(ctx, ctx.output));
+  PEBBLE_LAUNCH(LaunchCast(from, to, ctx.inputs[0].data, ctx.output.data,
+                           ctx.output.num_elements(), cc.stream));
   return absl::OkStatus();
 }
 
@@ -1628,6 +1640,7 @@ void AddOwnKernels(std::map<std::string, CudaKernelFn>& t) {
   t["log_softmax"] = Softmax<true>;
   t["log_softmax_backward"] = SoftmaxBackward<true>;
   t["copy"] = CopyBytes;
+  t["cast"] = Cast;
   t["flatten"] = CopyBytes;
   t["reshape"] = CopyBytes;
   t["pad"] = Pad;

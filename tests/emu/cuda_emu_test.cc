@@ -392,7 +392,7 @@ using nlohmann::json;
 
 // Element-wise ops (the piecewise-linear activations with points on both
 // sides of their kinks; elu and softplus, its threshold within the range;
-// log, abs and exp; compares and masked fills), broadcast products and
+// log, abs and exp; compares, masked fills and casts), broadcast products and
 // sums, a ceil-mode max pool, a transpose, padding of every mode (a
 // constant one with a crop), an averaging pool with padding, a copy and a
 // sum loss (and their backward ops).
@@ -422,6 +422,17 @@ Graph PointwiseGraph() {
   y = nb.Apply("masked_fill", {y, positive_w}, {{"value", 0.25}});
   y = nb.Apply("masked_fill", {y, nb.Apply("compare", {small_y, positive_w}, {{"op", "and"}})},
                {{"value", -0.5}, {"invert", true}});
+  // Casts: through fp16 and back (its gradient cast back), a mask to
+  // floats, w scaled and truncated to i64, then to u8 (negatives wrap),
+  // each back to fp32 (Note [Cast values]).
+  y = nb.Apply("cast", {nb.Apply("cast", {y}, {{"dtype", "fp16"}})}, {{"dtype", "fp32"}});
+  const Value w_ints = nb.Apply(
+      "cast", {nb.Apply("mul", {w, nb.Apply("fill", {}, {{"shape", Shape{}}, {"value", 4.0}})})},
+      {{"dtype", "i64"}});
+  const Value w_bytes = nb.Apply("cast", {w_ints}, {{"dtype", "u8"}});
+  y = nb.Apply("add", {y, nb.Apply("cast", {w_ints}, {{"dtype", "fp32"}})});
+  y = nb.Apply("add", {y, nb.Apply("cast", {w_bytes}, {{"dtype", "fp32"}})});
+  y = nb.Apply("add", {y, nb.Apply("cast", {positive_w}, {{"dtype", "fp32"}})});
   y = nb.Apply("mul", {y, w});
   const Value half = nb.Apply("fill", {}, {{"shape", {5, 7}}, {"value", 0.5}});
   y = nb.Apply("mul", {y, half});

@@ -141,7 +141,8 @@ def check_backend_has_device(pebble, backend):
 
 
 def npy_dtype_name(np, dtype):
-    return {np.dtype(np.float32): "fp32", np.dtype(np.int64): "i64"}.get(
+    return {np.dtype(np.float32): "fp32", np.dtype(np.int64): "i64",
+            np.dtype(np.uint8): "u8"}.get(
         np.dtype(dtype), str(dtype))
 
 

@@ -451,11 +451,16 @@ def vit_tiny_net(torch, num_classes=10, image=64):
     patches (export it at opset 17, where LayerNorm is one ONNX op): patch
     embedding, class token (Expand), position embedding, multi-head
     attention, GELU MLPs, the class token's output (Gather): --model
-    vit_tiny."""
+    vit_tiny. torchvision starts the head at zero, which leaves every
+    gradient before it 0: the head is drawn at random here, so that the
+    encoder's gradients are compared too."""
     import torchvision
-    return torchvision.models.vision_transformer.VisionTransformer(
+    net = torchvision.models.vision_transformer.VisionTransformer(
         image_size=image, patch_size=16, num_layers=2, num_heads=2,
         hidden_dim=16, mlp_dim=32, num_classes=num_classes)
+    torch.nn.init.normal_(net.heads.head.weight, std=0.2)
+    torch.nn.init.normal_(net.heads.head.bias, std=0.2)
+    return net
 
 
 def normed_net(torch, num_classes=10, image=None):
@@ -1118,6 +1123,35 @@ def vae_net(torch, num_classes=10, image=8):
     return Vae()
 
 
+def casts_net(torch, num_classes=10, image=8):
+    """Casts of computed tensors (ONNX's Cast, pebble's `cast`): a uint8
+    image made float inside the model (x.float() / 255), through int64 and
+    back, a feature map through float16 and back (its gradient cast back,
+    as autograd casts it) and truncated to int64 (no gradient there, as in
+    PyTorch): --model casts."""
+    nn = torch.nn
+
+    class Casts(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d(3, 6, 3, padding=1)
+            self.fc = nn.Linear(6, num_classes)
+
+        def forward(self, x):
+            pixels = x.float() / 255 + x.long().float() / 1024
+            h = torch.relu(self.conv(pixels))
+            h = h.half().float() * 2 + (torch.sigmoid(h) * 3).long().float()
+            return self.fc(h.mean(dim=(2, 3)))
+
+        def make_batch(self, torch, batch, classes, gen):
+            """uint8 images (batch, 3, image, image) and class targets."""
+            return (torch.randint(0, 256, (batch, 3, image, image), generator=gen,
+                                  dtype=torch.uint8),
+                    torch.randint(0, classes, (batch,), generator=gen))
+
+    return Casts()
+
+
 # Models of this file, beside torchvision's. A model with a `make_batch`
 # method (torch, batch, classes, generator) -> (input, target) makes its
 # own batch; the others take (batch, 3, image, image) images and a class
@@ -1133,6 +1167,7 @@ LOCAL_MODELS = {"activations": activations_net, "smooth": smooth_net,
                 "extrema": extrema_net, "resized": resized_net,
                 "labels": labels_net, "standardized": standardized_net,
                 "constants": constants_net, "powers": powers_net, "vae": vae_net,
+                "casts": casts_net,
                 "binary": lambda torch, classes, image: labels_net(
                     torch, classes, image, binary=True),
                 "text": text_net, "token_lm": token_lm_net,
@@ -1363,7 +1398,7 @@ def write_inputs(np, expected, inputs_dir):
     written = {}
     for name, (value, _) in expected.items():
         array = value.detach().cpu().numpy()
-        if array.dtype not in (np.float32, np.int64):
+        if array.dtype not in (np.float32, np.int64, np.uint8):
             raise AssertionError("%s: unexpected dtype %s" % (name, array.dtype))
         array = np.array(array, order="C", copy=True)
         np.save(os.path.join(inputs_dir, tensor_file_name(name)), array)

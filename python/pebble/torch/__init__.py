@@ -1713,9 +1713,10 @@ class _Variant:
         if least_step > 0 and rng:
             advised = (least_peak + rng if in_bytes else
                        f"'{math.ceil(100.0 * (least_step + rng) / reference)}%'")
-            reaches = (f"{reached}, and a random call that it runs again holds the generator's "
-                       f"state, {_size(rng)}, beside it on the CPU: try budget={advised} "
-                       f"(room for both){alternatives}")
+            reaches = (f"{reached}, and a plan that runs a random call again (as "
+                       f"{plan.policy} may) holds the generator's state, {_size(rng)}, "
+                       f"beside it on the CPU: try budget={advised} (room for both)"
+                       f"{alternatives}")
         elif least_step > 0:
             advised = least_peak if in_bytes else f"'{percent}%'"
             reaches = f"{reached}: try budget={advised}{alternatives}"
@@ -1724,8 +1725,9 @@ class _Variant:
             # state on the host: no percentage of the step says its peak)
             reaches = (f"it reaches {_size(least_peak)} ({least_peak} bytes) in all {least}, "
                        "with some of the parameters or optimizer state on the host" +
-                       (f", and a random call that it runs again holds the generator's state, "
-                        f"{_size(rng)}, beside it on the CPU" if rng else "") +
+                       (f", and a plan that runs a random call again (as {plan.policy} "
+                        f"may) holds the generator's state, {_size(rng)}, beside it on the "
+                        "CPU" if rng else "") +
                        f": try budget={least_peak + rng}{alternatives}")
         message = (f"policy {plan.policy} cannot fit the training step of "
                    f"{type(self.step.model).__name__} in {budget} "
