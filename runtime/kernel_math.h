@@ -614,9 +614,10 @@ PEBBLE_HOST_DEVICE inline void ForEachBorderReader(const BorderPad& p, int64_t i
 }
 
 // Note [Cast values]. `cast` converts as PyTorch's `.to(dtype)` does where
-// that is defined: a float to a float, or an integer to a float, rounds to
-// nearest (through fp32, which holds every fp16 and bf16 value); a float to
-// an integer truncates toward zero. Where C++ leaves the conversion
+// that is defined: a float to a float rounds to nearest, an integer to a
+// float too, but through fp32 (which holds every fp16 and bf16 value), so
+// an integer beyond 2^24 made fp16 or bf16 is rounded twice, as PyTorch
+// rounds it; a float to an integer truncates toward zero. Where C++ leaves the conversion
 // undefined, pebble defines it, alike on both backends: NaN becomes 0, a
 // float beyond int64's range its nearest bound, and a value cast to u8
 // keeps the low 8 bits of its int64 (300 gives 44, -1 gives 255, as

@@ -2043,6 +2043,22 @@ TEST(OnnxImportTest, NonScalarConstantsAreReadAndFolded) {
 // was), and its cast back to float is read as float; a comparison of float
 // constants folds to a mask; Equal of integers (folded to int64 0 and 1) is
 // a Where's mask.
+// An Expand of a constant to dims whose product wraps in int64 is not
+// folded (its size is counted in double): the node is refused, named.
+TEST(OnnxImportTest, ExpandOfAConstantToHugeDimsIsRefused) {
+  auto g = Import(TinyModel(13, "", [](ModelMaker& m) {
+    const std::string one = AddConstant(m, "/one", {}, onnx::TensorProto::FLOAT, {1.0});
+    m.IntInitializer("huge", {3, 6148914691236517206});  // 3 x that wraps to 2
+    m.Node("Expand", "/huge/Expand", {one, "huge"}, {"wide"});
+    m.Node("Mul", "/Mul", {"wide", "f"}, {"scaled"});
+    FeedTheClassifier(m, "scaled");
+  }));
+  ASSERT_FALSE(g.ok());
+  EXPECT_THAT(std::string(g.status().message()),
+              ::testing::AllOf(::testing::HasSubstr("'/huge/Expand'"),
+                               ::testing::HasSubstr("6148914691236517206")));
+}
+
 TEST(OnnxImportTest, CastsAndComparisonsOfConstantsFold) {
   auto g = Import(TinyModel(17, "", [](ModelMaker& m) {
     const std::string table = AddConstant(m, "/table", {1, 4}, onnx::TensorProto::FLOAT,

@@ -34,7 +34,10 @@ int64_t BroadcastIndex(const Shape& dims, const Shape& out, int64_t o) {
 
 std::optional<Shape> FoldedBroadcastShape(const Shape& a, const Shape& b) {
   std::optional<Shape> out = ops_internal::BroadcastShapes(a, b);
-  if (!out.has_value() || NumElements(*out) > (int64_t{1} << 20)) return std::nullopt;
+  // (counted in double: an int64 product of hostile dims could wrap)
+  if (!out.has_value() || ops_internal::Elements(*out) > double(int64_t{1} << 20)) {
+    return std::nullopt;
+  }
   return out;
 }
 

@@ -2,8 +2,8 @@
 // and shapes they fold at import; over computed tensors they become
 // pebble's `compare` (a u8 truth value per element) and `masked_fill`,
 // which express `torch.where`, `masked_fill`, `nn.Hardshrink` and a padding
-// mask computed from token ids, and `maximum` and `minimum`
-// (docs/import.md).
+// mask computed from token ids, and `maximum` and `minimum`; a Cast of a
+// computed tensor to another type becomes `cast` (docs/import.md).
 #include <algorithm>
 #include <cmath>
 #include <cstdint>

@@ -67,7 +67,7 @@ PEAK_SLACK_BYTES = 64 << 10
 EAGER_RATIO = 1.05  # the unplanned plan's measured peak against eager's
 SAVINGS = {}  # case -> share of eager's step beyond its gradients that `min` saved
 DEFAULT_POLICIES = {"recompute": "dtr", "offload": "swap", "hybrid": "hybrid"}
-QUICK_CASES = ["gpt", "bert", "lstm", "gru", "lstm_cell", "tagger", "bag_of_words",
+QUICK_CASES = ["gpt", "bert", "lstm", "lstm_projected", "gru", "lstm_cell", "tagger", "bag_of_words",
                "seed_conv3d", "unet3d", "autoencoder", "group_norm", "two_heads",
                "padded_attention", "tiny_vit", "resnet18", "squeezenet", "frozen_backbone",
                "label_smoothing", "mobilenet_v3_small", "shufflenet"]

@@ -72,11 +72,12 @@ def bert(device):
 
 
 class LstmClassifier(nn.Module):
-    def __init__(self, vocab=50, dim=16, hidden=24, classes=4, cell=nn.LSTM):
+    def __init__(self, vocab=50, dim=16, hidden=24, classes=4, cell=nn.LSTM, **rnn_options):
         super().__init__()
         self.emb = nn.Embedding(vocab, dim)
-        self.rnn = cell(dim, hidden, num_layers=2, batch_first=True)
-        self.fc = nn.Linear(hidden, classes)
+        self.rnn = cell(dim, hidden, num_layers=2, batch_first=True, **rnn_options)
+        width = rnn_options.get("proj_size", 0) or hidden
+        self.fc = nn.Linear(width * (2 if rnn_options.get("bidirectional") else 1), classes)
 
     def forward(self, idx):
         h, _ = self.rnn(self.emb(idx))
@@ -86,6 +87,15 @@ class LstmClassifier(nn.Module):
 def lstm(device):
     torch.manual_seed(2)
     return Case(LstmClassifier().to(device), torch.randint(0, 50, (4, 9), device=device),
+                torch.randint(0, 4, (4,), device=device), F.cross_entropy)
+
+
+def lstm_projected(device):
+    """A bidirectional LSTM with projections (proj_size: ONNX cannot export
+    it, pebble.torch takes it)."""
+    torch.manual_seed(4)
+    return Case(LstmClassifier(proj_size=8, bidirectional=True).to(device),
+                torch.randint(0, 50, (4, 9), device=device),
                 torch.randint(0, 4, (4,), device=device), F.cross_entropy)
 
 
@@ -383,7 +393,7 @@ def shufflenet(device):
 
 
 CASES = {f.__name__: f for f in [
-    gpt, bert, lstm, gru, lstm_cell, tagger, bag_of_words, seed_conv3d, unet3d, autoencoder,
+    gpt, bert, lstm, lstm_projected, gru, lstm_cell, tagger, bag_of_words, seed_conv3d, unet3d, autoencoder,
     group_norm, two_heads, padded_attention, tiny_vit, resnet18, mobilenet_v2,
     mobilenet_v3_small, squeezenet, densenet121, frozen_backbone, label_smoothing,
     shufflenet]}
