@@ -497,20 +497,11 @@ absl::Status Compare(const KernelContext& ctx) {
   const TensorView& b = ctx.inputs[1];
   uint8_t* out = ctx.output.as<uint8_t>();
   const int64_t n = ctx.output.num_elements();
-  switch (a.dtype) {
-    case DType::kInt64:
-      CompareLoop(args, a.as<int64_t>(), b.as<int64_t>(), out, n);
-      return absl::OkStatus();
-    case DType::kUInt8:
-      CompareLoop(args, a.as<uint8_t>(), b.as<uint8_t>(), out, n);
-      return absl::OkStatus();
-    default:
-      return DispatchFloat(a.dtype, "the operands", [&](auto tag) {
-        using T = decltype(tag);
-        CompareLoop(args, a.as<T>(), b.as<T>(), out, n);
-        return absl::OkStatus();
-      });
-  }
+  return DispatchAny(a.dtype, "the operands", [&](auto tag) {
+    using T = decltype(tag);
+    CompareLoop(args, a.as<T>(), b.as<T>(), out, n);
+    return absl::OkStatus();
+  });
 }
 
 // constant: the attr's bytes (Note [Constant data], graph/ops/elementwise.cc;
