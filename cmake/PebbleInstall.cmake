@@ -64,16 +64,16 @@ endif()
 # Public headers: what the umbrella header reaches, nothing internal
 # (zoo_internal.h, ops/op_util.h, the kernels' helpers).
 set(public_headers
-    graph/autodiff.h graph/graph.h graph/graph_json.h graph/net_builder.h graph/ops.h
-    graph/status.h graph/text_input.h graph/models/models.h graph/import/onnx_import.h
-    graph/optimizer.h scheduler/budget.h scheduler/checkmate.h scheduler/collectives.h
-    scheduler/cost_profile.h
+    graph/autodiff.h graph/graph.h graph/graph_json.h graph/half.h graph/net_builder.h
+    graph/ops.h graph/status.h graph/text_input.h graph/models/models.h
+    graph/import/onnx_import.h graph/optimizer.h scheduler/budget.h scheduler/checkmate.h
+    scheduler/collectives.h scheduler/cost_profile.h
     scheduler/exact_multishot.h scheduler/external_policy.h scheduler/memory_layout.h
     scheduler/offload.h scheduler/orders.h scheduler/plan_api.h scheduler/planner.h
     scheduler/remat.h scheduler/schedule.h scheduler/simulator.h)
 if(TARGET pebble_runtime)
   list(APPEND public_headers
-       runtime/backend.h runtime/collectives.h runtime/executor.h runtime/half.h runtime/kernel.h
+       runtime/backend.h runtime/collectives.h runtime/executor.h runtime/kernel.h
        runtime/make_backend.h runtime/npy.h runtime/tensor.h runtime/trace.h runtime/workspace.h
        runtime/cpu/cpu_backend.h)
   if(TARGET pebble_runtime_cuda)

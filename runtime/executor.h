@@ -44,9 +44,9 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "graph/graph.h"
+#include "graph/half.h"  // fp16/bf16 conversions of .npy inputs
 #include "runtime/backend.h"
 #include "runtime/collectives.h"
-#include "runtime/half.h"  // fp16/bf16 conversions of .npy inputs
 #include "runtime/npy.h"
 #include "scheduler/memory_layout.h"
 #include "scheduler/schedule.h"

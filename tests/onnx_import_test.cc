@@ -20,6 +20,7 @@
 #include "gmock/gmock.h"
 #include "graph/net_builder.h"
 #include "graph/ops.h"
+#include "graph/half.h"
 #include "gtest/gtest.h"
 #include "onnx/onnx_pb.h"
 #include "scheduler/schedule.h"
@@ -1975,6 +1976,11 @@ std::string AddConstant(ModelMaker& m, const std::string& name, std::vector<int6
     if (type == onnx::TensorProto::FLOAT) t->add_float_data(static_cast<float>(v));
     if (type == onnx::TensorProto::BOOL) t->add_int32_data(v != 0);
     if (type == onnx::TensorProto::INT64) t->add_int64_data(static_cast<int64_t>(v));
+    // (bit patterns, one in each int32, as ONNX stores them)
+    if (type == onnx::TensorProto::FLOAT16) t->add_int32_data(FloatToHalf(static_cast<float>(v)));
+    if (type == onnx::TensorProto::BFLOAT16) {
+      t->add_int32_data(FloatToBFloat16(static_cast<float>(v)));
+    }
   }
   MoveFirst(m, {name});
   return name + "_output_0";
@@ -2039,10 +2045,67 @@ TEST(OnnxImportTest, NonScalarConstantsAreReadAndFolded) {
   EXPECT_NE(g->Find("grad:fc.weight"), kNoNode);
 }
 
-// Note [Casts of constants]: (t * 0.7).long() truncates (0.7 was read as it
-// was), and its cast back to float is read as float; a comparison of float
-// constants folds to a mask; Equal of integers (folded to int64 0 and 1) is
-// a Where's mask.
+// Constants of a model computed in float16 and bfloat16 (a .half() model's
+// "* 0.375", its tables): read from raw data and from int32 bit patterns,
+// `fill` and `constant` nodes of their own type; folded arithmetic and casts
+// of float constants to them are rounded to that type.
+TEST(OnnxImportTest, HalfAndBFloat16ConstantsKeepTheirType) {
+  auto g = Import(TinyModel(17, "", [](ModelMaker& m) {
+    auto* scale = m.Node("Constant", "/scale", {}, {"scale"});
+    auto* value = scale->add_attribute();
+    value->set_name("value");
+    value->set_type(onnx::AttributeProto::TENSOR);
+    value->mutable_t()->set_data_type(onnx::TensorProto::FLOAT16);
+    const uint16_t bits = FloatToHalf(0.375f);
+    value->mutable_t()->set_raw_data(std::string(reinterpret_cast<const char*>(&bits), 2));
+    MoveFirst(m, {"/scale"});
+    const std::string table = AddConstant(m, "/table", {1, 4}, onnx::TensorProto::FLOAT16,
+                                          {1.0, 2.0, 4.0, 5.0});
+    const std::string three = AddConstant(m, "/three", {}, onnx::TensorProto::FLOAT16, {3.0});
+    const std::string tenths = AddConstant(m, "/tenths", {1, 4}, onnx::TensorProto::FLOAT,
+                                           {0.1, 0.2, 0.3, 0.4});
+    ModelMaker::IntAttr(m.Node("Cast", "/half/Cast", {"f"}, {"half"}), "to",
+                        onnx::TensorProto::FLOAT16);
+    m.Node("Mul", "/half/Mul", {"half", "scale"}, {"half_scaled"});
+    m.Node("Div", "/thirds/Div", {table, three}, {"thirds"});
+    m.Node("Add", "/half/Add", {"half_scaled", "thirds"}, {"half_shifted"});
+    ModelMaker::IntAttr(m.Node("Cast", "/back/Cast", {"half_shifted"}, {"back"}), "to",
+                        onnx::TensorProto::FLOAT);
+    ModelMaker::IntAttr(m.Node("Cast", "/brain/Cast", {"f"}, {"brain"}), "to",
+                        onnx::TensorProto::BFLOAT16);
+    ModelMaker::IntAttr(m.Node("Cast", "/tenths/Cast", {tenths}, {"brain_tenths"}), "to",
+                        onnx::TensorProto::BFLOAT16);
+    m.Node("Mul", "/brain/Mul", {"brain", "brain_tenths"}, {"brain_scaled"});
+    ModelMaker::IntAttr(m.Node("Cast", "/brain_back/Cast", {"brain_scaled"}, {"brain_back"}),
+                        "to", onnx::TensorProto::FLOAT);
+    m.Node("Add", "/both/Add", {"back", "brain_back"}, {"both"});
+    FeedTheClassifier(m, "both");
+  }));
+  ASSERT_TRUE(g.ok()) << g.status();
+  const NodeId scale = g->Find("scale");
+  ASSERT_NE(scale, kNoNode);
+  EXPECT_EQ(g->op(scale), "fill");
+  EXPECT_EQ(*g->dtype(scale), DType::kFloat16);
+  EXPECT_EQ(g->attrs(scale)["value"], 0.375);
+
+  ASSERT_NE(g->Find("thirds"), kNoNode);
+  EXPECT_EQ(g->op(g->Find("thirds")), "constant");
+  EXPECT_EQ(*g->dtype(g->Find("thirds")), DType::kFloat16);
+  std::vector<uint16_t> thirds;
+  for (float v : {1.0f, 2.0f, 4.0f, 5.0f}) thirds.push_back(FloatToHalf(v / 3));
+  EXPECT_EQ(ConstantValues<uint16_t>(*g, "thirds"), thirds);
+
+  ASSERT_NE(g->Find("brain_tenths"), kNoNode);
+  EXPECT_EQ(*g->dtype(g->Find("brain_tenths")), DType::kBFloat16);
+  std::vector<uint16_t> tenths;
+  for (float v : {0.1f, 0.2f, 0.3f, 0.4f}) tenths.push_back(FloatToBFloat16(v));
+  EXPECT_EQ(ConstantValues<uint16_t>(*g, "brain_tenths"), tenths);
+  EXPECT_EQ(*g->dtype(g->Find("half.add")), DType::kFloat16);
+  EXPECT_EQ(*g->dtype(g->Find("brain.mul")), DType::kBFloat16);
+  EXPECT_NE(g->Find("grad:fc.weight"), kNoNode);
+  EXPECT_NE(g->Find("grad:conv1.weight"), kNoNode);
+}
+
 // An Expand of a constant to dims whose product wraps in int64 is not
 // folded (its size is counted in double): the node is refused, named.
 TEST(OnnxImportTest, ExpandOfAConstantToHugeDimsIsRefused) {
@@ -2059,6 +2122,10 @@ TEST(OnnxImportTest, ExpandOfAConstantToHugeDimsIsRefused) {
                                ::testing::HasSubstr("6148914691236517206")));
 }
 
+// Note [Casts of constants]: (t * 0.7).long() truncates (0.7 was read as it
+// was), and its cast back to float is read as float; a comparison of float
+// constants folds to a mask; Equal of integers (folded to int64 0 and 1) is
+// a Where's mask.
 TEST(OnnxImportTest, CastsAndComparisonsOfConstantsFold) {
   auto g = Import(TinyModel(17, "", [](ModelMaker& m) {
     const std::string table = AddConstant(m, "/table", {1, 4}, onnx::TensorProto::FLOAT,

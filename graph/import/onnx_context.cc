@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "graph/half.h"
 #include "graph/import/onnx_util.h"
 #include "graph/ops/op_util.h"
 #include "graph/status.h"
@@ -135,15 +136,19 @@ absl::StatusOr<Value> ImportContext::Get(const onnx::NodeProto& node, const std:
     // A scalar Constant read by a computation (GELU's 0.5 and sqrt(2), a
     // "+ 1"; an integer one through a Cast to float, which keeps the value
     // as it is, as nn.MultiheadAttention's mask scaling): a one-element
-    // `fill` node of that value. Any other: a `constant` node of its
-    // values (ConstantNode).
+    // `fill` node of that value, fp32 but of a float16 or bfloat16
+    // constant (a .half() model's "* 2"). Any other: a `constant` node of
+    // its values (ConstantNode).
     if (auto c = constants_.find(name); c != constants_.end()) {
       if (std::optional<double> value = NumberScalar(*c->second)) {
         const Shape shape(c->second->dims().begin(), c->second->dims().end());
+        const int type = CastTo(name).value_or(c->second->data_type());
         const std::string id = Free(name) ? name : FreshId(name);
         const Value v = nb_.Apply("fill", {},
                                   {{"shape", std::vector<int64_t>(shape.begin(), shape.end())},
-                                   {"dtype", "f32"},
+                                   {"dtype", type == onnx::TensorProto::FLOAT16    ? "f16"
+                                             : type == onnx::TensorProto::BFLOAT16 ? "bf16"
+                                                                                   : "f32"},
                                    {"value", *value}},
                                   id);
         if (!nb_.status().ok()) return NodeError(node, nb_.status().message());
@@ -177,31 +182,38 @@ absl::StatusOr<Value> ImportContext::ConstantNode(const onnx::NodeProto& node,
                                         *cast == onnx::TensorProto::BOOL)
                        ? *cast
                        : t.data_type();
+  const bool narrow_float =
+      type == onnx::TensorProto::FLOAT16 || type == onnx::TensorProto::BFLOAT16;
   if (type == onnx::TensorProto::INT64 && t.data_type() == onnx::TensorProto::INT64) {
     absl::StatusOr<std::vector<int64_t>> values = IntValues(t);  // (every bit, not a double's)
     if (values.ok() && values->size() <= (size_t{1} << 20)) {
       dtype = "i64";
       for (int64_t v : *values) append(v);
     }
-  } else if (type == onnx::TensorProto::FLOAT || type == onnx::TensorProto::INT64 ||
-             type == onnx::TensorProto::BOOL) {
+  } else if (type == onnx::TensorProto::FLOAT || narrow_float ||
+             type == onnx::TensorProto::INT64 || type == onnx::TensorProto::BOOL) {
     if (std::optional<Numbers> numbers = KnownNumbers(name)) {
       for (double v : numbers->values) {
         if (type == onnx::TensorProto::FLOAT) append(static_cast<float>(v));
+        // (values of the type already: CastConstant rounds a cast's)
+        if (type == onnx::TensorProto::FLOAT16) append(FloatToHalf(static_cast<float>(v)));
+        if (type == onnx::TensorProto::BFLOAT16) append(FloatToBFloat16(static_cast<float>(v)));
         if (type == onnx::TensorProto::INT64) append(static_cast<int64_t>(v));
         if (type == onnx::TensorProto::BOOL) append(static_cast<uint8_t>(v != 0));
       }
-      dtype = type == onnx::TensorProto::FLOAT ? "f32"
-              : type == onnx::TensorProto::INT64 ? "i64"
-                                                 : "u8";
+      dtype = type == onnx::TensorProto::FLOAT      ? "f32"
+              : type == onnx::TensorProto::FLOAT16  ? "f16"
+              : type == onnx::TensorProto::BFLOAT16 ? "bf16"
+              : type == onnx::TensorProto::INT64    ? "i64"
+                                                    : "u8";
     }
   }
   if (dtype.empty()) {
     return NodeError(node, absl::StrCat("input ", Quote(name), " is a constant tensor of shape ",
                                         ShapeToString(shape), " and type ",
                                         onnx::TensorProto::DataType_Name(t.data_type()),
-                                        ": a computation reads float, bool and int64 constants "
-                                        "of at most 2^20 elements"));
+                                        ": a computation reads float (32 and 16 bits, bfloat16), "
+                                        "bool and int64 constants of at most 2^20 elements"));
   }
   const std::string id = Free(name) ? name : FreshId(name);
   const Value v = nb_.Apply("constant", {},
@@ -303,7 +315,7 @@ std::optional<Ints> ImportContext::KnownInts(const std::string& name) const {
 std::optional<Numbers> ImportContext::KnownNumbers(const std::string& name) const {
   const onnx::TensorProto* t = ConstTensor(name);
   if (t == nullptr || IsParameterLike(name)) return std::nullopt;
-  Numbers out{Shape(t->dims().begin(), t->dims().end()), {}};
+  Numbers out{Shape(t->dims().begin(), t->dims().end()), {}, CastTo(name).value_or(t->data_type())};
   if (std::optional<std::vector<double>> floats = FloatValues(*t)) {
     out.values = *std::move(floats);
     return out;

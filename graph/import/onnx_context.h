@@ -40,10 +40,13 @@ struct Ints {
 };
 
 // A numeric constant known at import, as doubles: its dims and its values
-// in row-major order (a float Constant, an attention mask).
+// in row-major order (a float Constant, an attention mask), and its ONNX
+// type (that of a noted Cast: Note [Casts of constants]). A float constant
+// folded from it keeps a FLOAT16 or BFLOAT16 type (FloatTensor).
 struct Numbers {
   Shape dims;
   std::vector<double> values;
+  int data_type = onnx::TensorProto::FLOAT;
 };
 
 // The element of an operand of `dims` that element `o` of the broadcast

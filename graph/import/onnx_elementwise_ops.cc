@@ -41,14 +41,16 @@ std::optional<double> UnaryValue(absl::string_view op, double x) {
 // float; a scalar stays computed, as it always was.
 bool FoldUnary(ImportContext& cx, const onnx::NodeProto& node, absl::string_view op) {
   const onnx::TensorProto* t = cx.ConstTensor(node.input(0));
-  if (t == nullptr || cx.IsParameterLike(node.input(0)) ||
-      t->data_type() != onnx::TensorProto::FLOAT || !UnaryValue(op, 0.5).has_value()) {
+  if (t == nullptr || cx.IsParameterLike(node.input(0)) || !UnaryValue(op, 0.5).has_value()) {
     return false;
   }
   std::optional<Numbers> x = cx.KnownNumbers(node.input(0));
-  if (!x || x->values.size() < 2) return false;
+  if (!x || x->values.size() < 2 || !IsFloatType(t->data_type()) ||
+      x->data_type == onnx::TensorProto::DOUBLE) {
+    return false;
+  }
   for (double& v : x->values) v = *UnaryValue(op, static_cast<float>(v));
-  return cx.DefineFolded(node, FloatTensor(x->dims, x->values)).ok();
+  return cx.DefineFolded(node, FloatTensor(x->dims, x->values, x->data_type)).ok();
 }
 
 absl::Status Unary(ImportContext& cx, const onnx::NodeProto& node, absl::string_view op) {
@@ -360,7 +362,10 @@ bool FoldFloatArithmetic(ImportContext& cx, const onnx::NodeProto& node, absl::s
   const std::optional<Numbers> out = BroadcastFold(*a, *b, [op](double x, double y) {
     return op == "add" ? x + y : op == "sub" ? x - y : op == "mul" ? x * y : x / y;
   });
-  return out.has_value() && cx.DefineFolded(node, FloatTensor(out->dims, out->values)).ok();
+  // (of two float16 or bfloat16 operands, rounded to that type: ONNX's
+  // operands share one type, a noted cast's included)
+  const int type = a->data_type == b->data_type ? a->data_type : onnx::TensorProto::FLOAT;
+  return out.has_value() && cx.DefineFolded(node, FloatTensor(out->dims, out->values, type)).ok();
 }
 
 // Whether `mask` is a causal mask over the last two dims (S, T) of x:
@@ -475,7 +480,7 @@ absl::Status Expand(ImportContext& cx, const onnx::NodeProto& node) {
         for (size_t o = 0; o < values.size(); ++o) {
           values[o] = c->values[BroadcastIndex(c->dims, *out, static_cast<int64_t>(o))];
         }
-        return cx.DefineFolded(node, FloatTensor(*out, values));
+        return cx.DefineFolded(node, FloatTensor(*out, values, c->data_type));
       }
     }
   }
@@ -521,7 +526,7 @@ absl::Status NegOrReciprocal(ImportContext& cx, const onnx::NodeProto& node, boo
   if (std::optional<Numbers> c = cx.KnownNumbers(node.input(0));
       c && !c->values.empty() && !cx.IsParameterLike(node.input(0))) {  // a float constant
     for (double& v : c->values) v = reciprocal ? 1 / static_cast<float>(v) : -v;
-    return cx.DefineFolded(node, FloatTensor(c->dims, c->values));
+    return cx.DefineFolded(node, FloatTensor(c->dims, c->values, c->data_type));
   }
   ASSIGN_OR_RETURN(Value x, cx.Get(node, node.input(0)));
   if (const DType dtype = cx.nb().type(x).dtype; !ops_internal::IsFloat(dtype)) {
@@ -545,7 +550,8 @@ absl::Status FoldedSinOrCos(ImportContext& cx, const onnx::NodeProto& node, bool
   const std::string& name = node.input(0);
   const onnx::TensorProto* t = cx.ConstTensor(name);
   std::optional<std::vector<double>> values;
-  if (t != nullptr && !cx.IsParameterLike(name) && t->data_type() == onnx::TensorProto::FLOAT) {
+  if (t != nullptr && !cx.IsParameterLike(name) && IsFloatType(t->data_type()) &&
+      t->data_type() != onnx::TensorProto::DOUBLE) {
     values = FloatValues(*t);
   }
   if (!values) {
@@ -561,7 +567,8 @@ absl::Status FoldedSinOrCos(ImportContext& cx, const onnx::NodeProto& node, bool
     const float x = static_cast<float>(v);
     v = cosine ? std::cos(x) : std::sin(x);
   }
-  return cx.DefineFolded(node, FloatTensor(Shape(t->dims().begin(), t->dims().end()), *values));
+  return cx.DefineFolded(
+      node, FloatTensor(Shape(t->dims().begin(), t->dims().end()), *values, t->data_type()));
 }
 
 }  // namespace

@@ -306,7 +306,8 @@ std::optional<std::pair<int, Numbers>> TypedConstant(const ImportContext& cx,
                                                      const std::string& name) {
   if (!IsConstant(cx, name)) return std::nullopt;
   const int type = cx.ConstTensor(name)->data_type();
-  if (type != onnx::TensorProto::FLOAT && type != onnx::TensorProto::BOOL &&
+  if (type != onnx::TensorProto::FLOAT && type != onnx::TensorProto::FLOAT16 &&
+      type != onnx::TensorProto::BFLOAT16 && type != onnx::TensorProto::BOOL &&
       type != onnx::TensorProto::INT64) {
     return std::nullopt;
   }
@@ -458,7 +459,7 @@ absl::Status Where(ImportContext& cx, const onnx::NodeProto& node) {
                            yn = cx.KnownNumbers(node.input(2));
     if (cn && xn && yn) {
       if (auto values = Selected(cn->values, xn->values, yn->values)) {
-        return cx.DefineFolded(node, FloatTensor(cn->dims, *values));
+        return cx.DefineFolded(node, FloatTensor(cn->dims, *values, xn->data_type));
       }
     }
   }
@@ -499,7 +500,9 @@ absl::Status CastComputed(ImportContext& cx, const onnx::NodeProto& node, Value 
 // folds into a tensor of the new values, int64 for int64 and int32, bool
 // for bool; to a narrower integer type, or of a value no int64 holds, it is
 // refused. (Until 2026-12-07 every such cast kept the values it was given:
-// (x * 0.7).long() computed with 0.7, 1.4, ...)
+// (x * 0.7).long() computed with 0.7, 1.4, ...) A cast to float16 or
+// bfloat16 folds into a tensor of that type, each value rounded to float
+// and then to it (FloatTensor; an integer rounds twice, as PyTorch's does).
 absl::Status CastConstant(ImportContext& cx, const onnx::NodeProto& node,
                           const onnx::TensorProto& t, int64_t to) {
   const std::string& name = node.input(0);
@@ -508,6 +511,10 @@ absl::Status CastConstant(ImportContext& cx, const onnx::NodeProto& node,
                       to == onnx::TensorProto::UINT8;
   const bool to_bool = to == onnx::TensorProto::BOOL;
   std::optional<Numbers> numbers = cx.KnownNumbers(name);
+  if (numbers.has_value() && to != t.data_type() &&
+      (to == onnx::TensorProto::FLOAT16 || to == onnx::TensorProto::BFLOAT16)) {
+    return cx.DefineFolded(node, FloatTensor(numbers->dims, numbers->values, static_cast<int>(to)));
+  }
   bool changes = false;
   if (numbers.has_value() && (to_int || to_bool)) {
     for (double v : numbers->values) {

@@ -279,7 +279,9 @@ absl::Status FloatRange(ImportContext& cx, const onnx::NodeProto& node) {
   if (count > (1 << 20)) return NodeError(node, absl::StrCat("more than ", 1 << 20, " values"));
   std::vector<double> values(static_cast<size_t>(count));
   for (size_t i = 0; i < values.size(); ++i) values[i] = start + static_cast<double>(i) * delta;
-  return cx.DefineFolded(node, FloatTensor({static_cast<int64_t>(values.size())}, values));
+  const int type = cx.KnownNumbers(node.input(0))->data_type;
+  return cx.DefineFolded(node,
+                         FloatTensor({static_cast<int64_t>(values.size())}, values, type));
 }
 
 absl::Status Range(ImportContext& cx, const onnx::NodeProto& node) {
@@ -316,6 +318,7 @@ absl::Status ConstantOfShape(ImportContext& cx, const onnx::NodeProto& node) {
   ASSIGN_OR_RETURN(std::vector<int64_t> shape, cx.ConstInts(node, 0));
   int64_t value = 0;
   std::optional<double> float_value;
+  int float_type = onnx::TensorProto::FLOAT;
   std::optional<bool> bool_value;  // (torch.ones(n, n, dtype=torch.bool) of a symbolic n)
   for (const onnx::AttributeProto& a : node.attribute()) {
     if (a.name() != "value") continue;
@@ -324,6 +327,7 @@ absl::Status ConstantOfShape(ImportContext& cx, const onnx::NodeProto& node) {
       value = (*v)[0];
     } else if (std::optional<double> f = FloatScalar(a.t())) {
       float_value = f;
+      float_type = a.t().data_type();
     } else if (std::optional<bool> b = BoolScalar(a.t())) {
       bool_value = b;
     } else {
@@ -338,7 +342,8 @@ absl::Status ConstantOfShape(ImportContext& cx, const onnx::NodeProto& node) {
   }
   const Shape dims(shape.begin(), shape.end());
   if (float_value) {
-    return cx.DefineFolded(node, FloatTensor(dims, std::vector<double>(count, *float_value)));
+    return cx.DefineFolded(
+        node, FloatTensor(dims, std::vector<double>(count, *float_value), float_type));
   }
   if (bool_value) {
     return cx.DefineFolded(node, *TypedTensor(onnx::TensorProto::BOOL, dims,
@@ -403,7 +408,7 @@ absl::Status SqueezeOrUnsqueeze(ImportContext& cx, const onnx::NodeProto& node, 
     }
   }
   if (ints) return cx.DefineInts(node, 0, Ints{out, ints->values});
-  if (floats) return cx.DefineFolded(node, FloatTensor(out, floats->values));
+  if (floats) return cx.DefineFolded(node, FloatTensor(out, floats->values, floats->data_type));
   return cx.Apply(node, "reshape", {x}, {{"shape", std::vector<int64_t>(out.begin(), out.end())}});
 }
 
@@ -553,7 +558,8 @@ absl::StatusOr<bool> FoldSlice(ImportContext& cx, const onnx::NodeProto& node,
     RETURN_IF_ERROR(cx.DefineInts(node, 0, Ints{dims, Gathered(source, ints->values, picks)}));
   } else {
     RETURN_IF_ERROR(
-        cx.DefineFolded(node, FloatTensor(dims, Gathered(source, numbers->values, picks))));
+        cx.DefineFolded(node, FloatTensor(dims, Gathered(source, numbers->values, picks),
+                                          numbers->data_type)));
   }
   return true;
 }
@@ -799,24 +805,22 @@ absl::Status Concat(ImportContext& cx, const onnx::NodeProto& node) {
     out.dims = {static_cast<int64_t>(out.values.size())};
     return cx.DefineInts(node, 0, std::move(out));
   }
-  // Float vectors of constants (Resize's scales as nn.Upsample exports
-  // them) fold too.
-  std::vector<float> floats;
+  // Float vectors of constants of one type (Resize's scales as nn.Upsample
+  // exports them) fold too.
+  std::vector<double> floats;
   bool all_floats = node.input_size() > 0 && (axis == 0 || axis == -1);
+  const onnx::TensorProto* first = all_floats ? cx.ConstTensor(node.input(0)) : nullptr;
   for (const std::string& name : node.input()) {
     // (a parameter's part is concatenated as a value: it trains)
     const onnx::TensorProto* t =
         all_floats && !cx.IsParameterLike(name) ? cx.ConstTensor(name) : nullptr;
     std::optional<std::vector<double>> part = t ? FloatValues(*t) : std::nullopt;
-    all_floats = part.has_value() && t->dims_size() == 1;
+    all_floats = part.has_value() && t->dims_size() == 1 && t->data_type() == first->data_type();
     if (all_floats) floats.insert(floats.end(), part->begin(), part->end());
   }
   if (all_floats) {
-    onnx::TensorProto t;
-    t.set_data_type(onnx::TensorProto::FLOAT);
-    t.add_dims(static_cast<int64_t>(floats.size()));
-    for (float f : floats) t.add_float_data(f);
-    return cx.DefineFolded(node, std::move(t));
+    return cx.DefineFolded(node, FloatTensor({static_cast<int64_t>(floats.size())}, floats,
+                                             first->data_type()));
   }
   ASSIGN_OR_RETURN(std::vector<Value> in, cx.Inputs(node));
   if (in.empty()) return NodeError(node, "has no inputs");

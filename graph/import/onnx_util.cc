@@ -5,6 +5,7 @@
 
 #include "absl/strings/cord.h"
 #include "absl/strings/str_join.h"
+#include "graph/half.h"
 #include "graph/status.h"
 
 namespace pebble::onnx_import {
@@ -108,6 +109,11 @@ absl::StatusOr<std::vector<int64_t>> IntValues(const onnx::TensorProto& t) {
   return values;
 }
 
+bool IsFloatType(int data_type) {
+  return data_type == onnx::TensorProto::FLOAT || data_type == onnx::TensorProto::DOUBLE ||
+         data_type == onnx::TensorProto::FLOAT16 || data_type == onnx::TensorProto::BFLOAT16;
+}
+
 std::optional<std::vector<double>> FloatValues(const onnx::TensorProto& t) {
   int64_t count = 1;
   for (int64_t d : t.dims()) {
@@ -130,6 +136,22 @@ std::optional<std::vector<double>> FloatValues(const onnx::TensorProto& t) {
     } else {
       decoded = DecodeRaw<double>(raw, values);
     }
+  } else if (t.data_type() == onnx::TensorProto::FLOAT16 ||
+             t.data_type() == onnx::TensorProto::BFLOAT16) {
+    // Bit patterns: packed in raw_data, or one in each int32_data (ONNX's
+    // TensorProto); every value is exact in a double.
+    std::vector<uint32_t> bits;
+    if (raw.empty()) {
+      bits.assign(t.int32_data().begin(), t.int32_data().end());
+    } else {
+      decoded = DecodeRaw<uint16_t>(raw, bits);
+    }
+    const bool half = t.data_type() == onnx::TensorProto::FLOAT16;
+    for (uint32_t b : bits) {
+      if (b > 0xFFFF) return std::nullopt;
+      const auto pattern = static_cast<uint16_t>(b);
+      values.push_back(half ? HalfToFloat(pattern) : BFloat16ToFloat(pattern));
+    }
   } else {
     return std::nullopt;
   }
@@ -137,17 +159,30 @@ std::optional<std::vector<double>> FloatValues(const onnx::TensorProto& t) {
   return values;
 }
 
-onnx::TensorProto FloatTensor(const Shape& dims, const std::vector<double>& values) {
+onnx::TensorProto FloatTensor(const Shape& dims, const std::vector<double>& values,
+                              int data_type) {
   onnx::TensorProto t;
-  t.set_data_type(onnx::TensorProto::FLOAT);
   for (int64_t d : dims) t.add_dims(d);
+  if (data_type == onnx::TensorProto::FLOAT16 || data_type == onnx::TensorProto::BFLOAT16) {
+    const bool half = data_type == onnx::TensorProto::FLOAT16;
+    t.set_data_type(data_type);
+    for (double v : values) {
+      const auto f = static_cast<float>(v);
+      t.add_int32_data(half ? FloatToHalf(f) : FloatToBFloat16(f));
+    }
+    return t;
+  }
+  t.set_data_type(onnx::TensorProto::FLOAT);
   for (double v : values) t.add_float_data(static_cast<float>(v));
   return t;
 }
 
 std::optional<onnx::TensorProto> TypedTensor(int data_type, const Shape& dims,
                                              const std::vector<double>& values) {
-  if (data_type == onnx::TensorProto::FLOAT) return FloatTensor(dims, values);
+  if (data_type == onnx::TensorProto::FLOAT || data_type == onnx::TensorProto::FLOAT16 ||
+      data_type == onnx::TensorProto::BFLOAT16) {
+    return FloatTensor(dims, values, data_type);
+  }
   if (data_type != onnx::TensorProto::BOOL && data_type != onnx::TensorProto::INT64) {
     return std::nullopt;
   }

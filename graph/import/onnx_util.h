@@ -111,14 +111,21 @@ class Attrs {
 // The values of an integer tensor (initializer or Constant), for shapes,
 // pads and axes.
 absl::StatusOr<std::vector<int64_t>> IntValues(const onnx::TensorProto& t);
-// A float or double tensor's values (Resize's scales), when it is one of at
-// most 2^20 elements.
+// Whether `data_type` is one of ONNX's float types that FloatValues reads
+// (FLOAT, DOUBLE, FLOAT16, BFLOAT16).
+bool IsFloatType(int data_type);
+// A float, double, float16 or bfloat16 tensor's values (Resize's scales, a
+// constant of a .half() model), when it is one of at most 2^20 elements.
 std::optional<std::vector<double>> FloatValues(const onnx::TensorProto& t);
-// A FLOAT tensor of `dims` holding `values` (row-major), rounded to float:
-// a float constant folded at import.
-onnx::TensorProto FloatTensor(const Shape& dims, const std::vector<double>& values);
-// A FLOAT, BOOL (values 0 or not) or INT64 tensor of `dims` holding
-// `values` (row-major); nullopt for another `data_type`. A constant of the
+// A tensor of `dims` holding `values` (row-major): a float constant folded
+// at import. Of `data_type` FLOAT16 or BFLOAT16 each value is rounded to
+// float and then to that type (as an ONNX Cast from float rounds it);
+// otherwise the tensor is FLOAT, each value rounded to float.
+onnx::TensorProto FloatTensor(const Shape& dims, const std::vector<double>& values,
+                              int data_type = onnx::TensorProto::FLOAT);
+// A FLOAT, FLOAT16, BFLOAT16 (FloatTensor), BOOL (values 0 or not) or
+// INT64 tensor of `dims` holding `values` (row-major); nullopt for another
+// `data_type`. A constant of the
 // same type as the one it was folded from.
 std::optional<onnx::TensorProto> TypedTensor(int data_type, const Shape& dims,
                                              const std::vector<double>& values);

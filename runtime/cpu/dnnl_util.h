@@ -45,12 +45,11 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "graph/graph.h"
+#include "graph/half.h"
 #include "graph/ops/op_util.h"
 #include "oneapi/dnnl/dnnl.hpp"
 #include "runtime/kernel.h"
 #include "runtime/tensor.h"
-
-#include "runtime/half.h"
 
 namespace pebble::dnnl_internal {
 
@@ -206,7 +205,7 @@ using ops_internal::PoolWindow;
 using ops_internal::Window;
 using ops_internal::WindowShape;
 
-// ---- Half precision (bit patterns in uint16_t): runtime/half.h.
+// ---- Half precision (bit patterns in uint16_t): graph/half.h.
 using ::pebble::FloatToHalf;
 using ::pebble::HalfToFloat;
 inline float Bf16ToFloat(uint16_t h) { return BFloat16ToFloat(h); }

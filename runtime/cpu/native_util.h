@@ -25,8 +25,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "graph/graph.h"
+#include "graph/half.h"
 #include "runtime/cpu/parallel.h"
-#include "runtime/half.h"
 #include "runtime/kernel.h"
 #include "runtime/tensor.h"
 
@@ -42,7 +42,7 @@ struct BFloat16 {
   uint16_t bits;
 };
 
-// Conversions: runtime/half.h.
+// Conversions: graph/half.h.
 using ::pebble::BFloat16ToFloat;
 using ::pebble::FloatToBFloat16;
 using ::pebble::FloatToHalf;

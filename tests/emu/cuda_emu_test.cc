@@ -25,6 +25,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "gtest/gtest.h"
+#include "graph/half.h"
 #include "graph/models/models.h"
 #include "graph/net_builder.h"
 #include "graph/optimizer.h"
@@ -33,7 +34,6 @@
 #include "runtime/cuda/emu/cuda_emu.h"
 #include "runtime/cuda/emu/host_runtime.h"
 #include "runtime/executor.h"
-#include "runtime/half.h"
 #include "tests/cuda_test_util.h"
 #include "tests/test_util.h"
 

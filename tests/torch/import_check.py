@@ -1127,8 +1127,9 @@ def casts_net(torch, num_classes=10, image=8):
     """Casts of computed tensors (ONNX's Cast, pebble's `cast`): a uint8
     image made float inside the model (x.float() / 255), through int64 and
     back, a feature map through float16 and back (its gradient cast back,
-    as autograd casts it) and truncated to int64 (no gradient there, as in
-    PyTorch): --model casts."""
+    as autograd casts it), scaled and shifted there by float16 constants
+    (a scalar and a folded table), and truncated to int64 (no gradient
+    there, as in PyTorch): --model casts."""
     nn = torch.nn
 
     class Casts(nn.Module):
@@ -1140,7 +1141,8 @@ def casts_net(torch, num_classes=10, image=8):
         def forward(self, x):
             pixels = x.float() / 255 + x.long().float() / 1024
             h = torch.relu(self.conv(pixels))
-            h = h.half().float() * 2 + (torch.sigmoid(h) * 3).long().float()
+            table = torch.tensor([1, 3, 5, 7, 9, 11], dtype=torch.float16).view(1, 6, 1, 1) / 8
+            h = (h.half() * 0.375 + table).float() * 2 + (torch.sigmoid(h) * 3).long().float()
             return self.fc(h.mean(dim=(2, 3)))
 
         def make_batch(self, torch, batch, classes, gen):

@@ -15,8 +15,8 @@
 #include <string>
 #include <vector>
 
+#include "graph/half.h"
 #include "runtime/cuda/emu/host_runtime.h"
-#include "runtime/half.h"
 
 namespace pebble::cuda::emu {
 namespace {

@@ -1,9 +1,10 @@
 // fp16 and bf16 storage: conversions to and from fp32, round to nearest
 // even (as PyTorch's c10::Half and c10::BFloat16), NaN stays NaN (quiet),
 // infinities and subnormals exact where representable. The one copy every
-// CPU kernel, the executor and the tests use.
-#ifndef PEBBLE_RUNTIME_HALF_H_
-#define PEBBLE_RUNTIME_HALF_H_
+// CPU kernel, the executor, the ONNX importer (fp16 and bf16 constants)
+// and the tests use.
+#ifndef PEBBLE_GRAPH_HALF_H_
+#define PEBBLE_GRAPH_HALF_H_
 
 #include <bit>
 #include <cmath>
@@ -63,4 +64,4 @@ inline uint16_t FloatToBFloat16(float f) {
 
 }  // namespace pebble
 
-#endif  // PEBBLE_RUNTIME_HALF_H_
+#endif  // PEBBLE_GRAPH_HALF_H_
