@@ -29,6 +29,7 @@
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "graph/autodiff.h"
+#include "graph/half.h"
 #include "graph/models/models.h"
 #include "graph/net_builder.h"
 #include "gtest/gtest.h"
@@ -558,6 +559,54 @@ TEST(ExecutorTest, SameSeedSameInputsAndOutputs) {
     any_differs |= r1->outputs[i].array.data != r3->outputs[i].array.data;
   }
   EXPECT_TRUE(any_differs) << "another seed should give other inputs";
+}
+
+// A target of bce_with_logits that the model computes takes ATen's gradient,
+// -logits g / n (binary_cross_entropy_with_logits_target_backward): as the
+// loss itself (g = 1) and scaled by 3 after it, in fp32 and fp16 (g cast to
+// fp16, the division by n in fp32, as ATen's opmath divides).
+TEST(ExecutorTest, ATargetOfBceWithLogitsTakesItsGradient) {
+  for (const DType dtype : {DType::kFloat32, DType::kFloat16}) {
+    for (const bool scaled : {false, true}) {
+      SCOPED_TRACE(absl::StrCat(DTypeName(dtype), scaled ? ", scaled" : ""));
+      NetBuilder nb("bce_target");
+      const Value x = nb.Parameter("x", {4, 6}, dtype);
+      const Value t = nb.Parameter("t", {4, 6}, dtype);
+      const Value bce = nb.Apply("bce_with_logits", {x, t}, nlohmann::json::object(),
+                                 scaled ? "bce" : "loss");
+      if (scaled) {
+        const Value three =
+            nb.Apply("fill", {}, {{"shape", Shape{}}, {"dtype", "fp32"}, {"value", 3.0}}, "three");
+        nb.Apply("mul", {bce, three}, nlohmann::json::object(), "loss");
+      }
+      const Graph g = testing::TrainingGraph(nb);
+      ASSERT_NE(g.Find("grad:t"), kNoNode);
+      auto backend = MakeCpuBackend();
+      auto r = Execute(g, BaselineSchedule(g), *backend);
+      ASSERT_TRUE(r.ok()) << r.status();
+      absl::StatusOr<NpyArray> logits = GenerateInput(g, g.Find("x"), /*seed=*/0);
+      ASSERT_TRUE(logits.ok());
+      const NpyArray& grad = r->FindOutput(g, "grad:t")->array;
+      ASSERT_EQ(grad.dtype, dtype);
+      for (int i = 0; i < 24; ++i) {
+        float want, got;
+        if (dtype == DType::kFloat32) {
+          std::memcpy(&want, logits->data.data() + 4 * i, 4);
+          want = (scaled ? want * 3.0f : want) / -24.0f;
+          std::memcpy(&got, grad.data.data() + 4 * i, 4);
+        } else {
+          uint16_t xi, gi;
+          std::memcpy(&xi, logits->data.data() + 2 * i, 2);
+          std::memcpy(&gi, grad.data.data() + 2 * i, 2);
+          float product = HalfToFloat(xi);
+          if (scaled) product = HalfToFloat(FloatToHalf(product * 3.0f));
+          want = HalfToFloat(FloatToHalf(product / -24.0f));
+          got = HalfToFloat(gi);
+        }
+        EXPECT_EQ(got, want) << i;
+      }
+    }
+  }
 }
 
 TEST(ExecutorTest, GeneratedInputsFollowTheDocumentedRule) {

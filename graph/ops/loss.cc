@@ -178,15 +178,38 @@ absl::StatusOr<TensorType> InferBceBackward(Inputs in, const Json& attrs) {
   return in[0];
 }
 
-absl::Status BceBackward(BackwardContext& ctx) {
-  if (ctx.needs_grad(1)) {
-    return Invalid("the target of bce_with_logits takes no gradient (it is data)");
+// The target's gradient of bce_with_logits: -logits g / n, as ATen's
+// binary_cross_entropy_with_logits_target_backward computes it for the
+// mean: the logits times the incoming gradient (g cast to the logits'
+// dtype, as type promotion casts a 0-dim tensor), negated, divided by the
+// number of elements n in fp32 (an fp16 fill cannot hold n past 65504)
+// and rounded to the logits' dtype. A target that the model computes
+// takes it (a trained teacher's soft labels, two heads against each
+// other).
+Value BceTargetGradient(BackwardContext& ctx) {
+  const TensorType logits = ctx.input_type(0);  // (a copy: Emit adds types)
+  const bool fp32 = logits.dtype == DType::kFloat32;
+  const std::string dtype(DTypeName(logits.dtype));
+  Value product = ctx.input(0);
+  if (ctx.has_grad_output()) {
+    Value g = ctx.grad_output();
+    if (!fp32) g = ctx.Emit("cast", {g}, {{"dtype", dtype}});
+    product = ctx.Emit("mul", {product, g});
   }
+  if (!fp32) product = ctx.Emit("cast", {product}, {{"dtype", "fp32"}});
+  const Value minus_n =
+      ctx.Emit("fill", {}, {{"shape", Shape{}}, {"dtype", "fp32"}, {"value", -Elements(logits)}});
+  const Value gradient = ctx.Emit("div", {product, minus_n});
+  return fp32 ? gradient : ctx.Emit("cast", {gradient}, {{"dtype", dtype}});
+}
+
+absl::Status BceBackward(BackwardContext& ctx) {
   // d/dlogits = (sigmoid(logits) - target) / n.
   if (ctx.needs_grad(0)) {
     ctx.AccumulateGrad(0, ctx.Emit("bce_with_logits_backward",
                                    WithGrad(ctx, {ctx.input(0), ctx.input(1)})));
   }
+  if (ctx.needs_grad(1)) ctx.AccumulateGrad(1, BceTargetGradient(ctx));
   return absl::OkStatus();
 }
 
