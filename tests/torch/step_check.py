@@ -68,7 +68,7 @@ EAGER_RATIO = 1.05  # the unplanned plan's measured peak against eager's
 SAVINGS = {}  # case -> share of eager's step beyond its gradients that `min` saved
 DEFAULT_POLICIES = {"recompute": "dtr", "offload": "swap", "hybrid": "hybrid"}
 QUICK_CASES = ["gpt", "bert", "lstm", "lstm_projected", "gru", "lstm_cell", "tagger", "bag_of_words",
-               "seed_conv3d", "unet3d", "autoencoder", "group_norm", "two_heads",
+               "conv_module", "image_tokens", "seed_conv3d", "unet3d", "autoencoder", "group_norm", "two_heads",
                "padded_attention", "tiny_vit", "resnet18", "squeezenet", "frozen_backbone",
                "label_smoothing", "mobilenet_v3_small", "shufflenet"]
 SEED = 1234
@@ -2111,6 +2111,21 @@ class _PositiveRowsMean(torch.nn.Module):
         return self.fc(kept).mean(0, keepdim=True).expand(x.shape[0], -1)
 
 
+class _ScatteredPositives(torch.nn.Module):
+    """masked_scatter by a mask of the values: its output keeps the input's
+    shape, its gradient for the source selects by the mask."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Linear(6, 8)
+        self.b = torch.nn.Linear(8, 3)
+
+    def forward(self, x):
+        h = self.a(x)
+        h = h.masked_scatter(h > 0, h * 3.0)
+        return self.b(h)
+
+
 def check_values_read_in_python(failures, device):
     """A forward that reads traced values in Python (.tolist(), .numpy()), or
     a size of nonzero's output alone, is refused, on the fake trace's path and
@@ -2199,6 +2214,21 @@ def check_values_read_in_python(failures, device):
         failures.check("(at step_check.py:" in str(e) and "`kept = x[x[:, 0] > 0]`" in str(e)
                        and "depends on the values" in str(e),
                        f"a boolean mask's other count at the next batch: {e}")
+    # So is masked_scatter's gradient, which autograd makes: the error names
+    # the masked_scatter's line (it named a masked_select of no line).
+    torch.manual_seed(SEED)
+    model = _ScatteredPositives()
+    step = pt.train_step(model, F.cross_entropy, (torch.randn(4, 6),), y[:1].repeat(4),
+                         policy="dtr", budget="min")
+    try:
+        for _ in range(3):
+            model.zero_grad(set_to_none=True)
+            step(torch.randn(4, 6), y[:1].repeat(4))
+        failures.check(False, "masked_scatter by another count of values: not refused")
+    except pt.PlanExecutionError as e:
+        failures.check("masked_scatter's gradient, at step_check.py:" in str(e) and
+                       "`h = h.masked_scatter(h > 0, h * 3.0)`" in str(e),
+                       f"masked_scatter by another count of values: {e}")
 
     torch.manual_seed(SEED)
     model = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Tanh(), torch.nn.Linear(8, 6))
@@ -2370,6 +2400,22 @@ def check_module_changes(failures, device):
     failures.check(step.report["shapes_planned"] == 1,
                    f"a forward counting its calls: {step.report['shapes_planned']} captures, "
                    "not 1")
+
+    # Another dtype of the parameters, the inputs the same token ids: captured
+    # again (it was refused: "the plan was made for ... float32").
+    torch.manual_seed(SEED)
+    model = nn.Sequential(nn.Embedding(20, 8), nn.Flatten(), nn.Linear(24, 3)).to(device)
+    tokens = torch.randint(0, 20, (4, 3), device=device)
+    step = pt.train_step(model, torch.nn.functional.cross_entropy, (tokens,), y[:4],
+                         policy="dtr", budget="min")
+    for dtype in (torch.float64, torch.float32):
+        model.to(dtype)
+        check_beside_eager(failures, f"a module made {dtype} between calls", step, model,
+                           copy.deepcopy(model), torch.nn.functional.cross_entropy, (tokens,),
+                           y[:4])
+    failures.check(step.report["shapes_planned"] == 2,
+                   f"a module made float64 and back: {step.report['shapes_planned']} captures, "
+                   "not 2")
     print("module changes after the capture: captured again, eager's numbers", flush=True)
 
 

@@ -6,7 +6,7 @@ sizes that run in well under a second on a CPU. They cover what users bring:
 embeddings and tied heads, causal masks written with masked_fill, dropout,
 LSTMs and GRUs, transposed 3-D convolutions, batch, layer and group norms,
 hand-written and several-output losses, label smoothing, frozen backbones,
-integer inputs.
+integer inputs, a Conformer's convolution module, masked_scatter.
 """
 
 import os
@@ -392,11 +392,76 @@ def shufflenet(device):
     return _torchvision("shufflenet_v2_x0_5", device, 32, seed=15)
 
 
+class ConvModule(nn.Module):
+    """A Conformer-style convolution module over (batch, time, features):
+    the features transposed to channels for a pointwise convolution with a
+    GLU, a depthwise one, BatchNorm1d and SiLU, transposed back; and a
+    BatchNorm1d over a Linear's output transposed, transposed back into a
+    Linear, whose view of it failed (the CPU kernel's output is contiguous
+    where PyTorch 1.13's fake one keeps the transposed layout: the step is
+    traced on real tensors)."""
+
+    def __init__(self, vocab=40, dim=16, classes=5):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, dim)
+        self.pointwise = nn.Conv1d(dim, 2 * dim, 1)
+        # (no bias: before a batch norm its gradient is 0 but for rounding)
+        self.depthwise = nn.Conv1d(dim, dim, 5, padding=2, groups=dim, bias=False)
+        self.norm = nn.BatchNorm1d(dim)
+        self.proj = nn.Linear(dim, dim)
+        self.proj_norm = nn.BatchNorm1d(dim)
+        self.proj_out = nn.Linear(dim, dim)
+        self.head = nn.Linear(dim, classes)
+
+    def forward(self, tokens):
+        x = self.embed(tokens)                                   # (B, T, C)
+        h = F.glu(self.pointwise(x.transpose(1, 2)), dim=1)
+        h = F.silu(self.norm(self.depthwise(h))).transpose(1, 2)
+        x = x + h
+        x = x + self.proj_out(self.proj_norm(self.proj(x).transpose(1, 2)).transpose(1, 2))
+        return self.head(x).mean(dim=1)
+
+
+def conv_module(device):
+    torch.manual_seed(16)
+    return Case(ConvModule().to(device), torch.randint(0, 40, (4, 12), device=device),
+                torch.randint(0, 5, (4,), device=device), F.cross_entropy)
+
+
+class ImageTokens(nn.Module):
+    """Image features projected into the token embeddings at the image
+    tokens' places with masked_scatter (as multimodal language models do):
+    the same count of image tokens in every batch."""
+
+    def __init__(self, vocab=30, dim=12, image_dim=20, image_id=1, classes=4):
+        super().__init__()
+        self.image_id = image_id
+        self.embed = nn.Embedding(vocab, dim)
+        self.project = nn.Linear(image_dim, dim)
+        self.mix = nn.Linear(dim, dim)
+        self.head = nn.Linear(dim, classes)
+
+    def forward(self, tokens, image):
+        x = self.embed(tokens)
+        mask = (tokens == self.image_id).unsqueeze(-1).expand_as(x)
+        x = x.masked_scatter(mask, self.project(image))
+        return self.head(torch.tanh(self.mix(x))).mean(dim=1)
+
+
+def image_tokens(device):
+    torch.manual_seed(17)
+    tokens = torch.randint(2, 30, (3, 10), device=device)
+    tokens[:, 2:5] = 1  # three image tokens a sequence
+    return Case(ImageTokens().to(device),
+                (tokens, torch.randn(3, 3, 20, device=device)),
+                torch.randint(0, 4, (3,), device=device), F.cross_entropy)
+
+
 CASES = {f.__name__: f for f in [
     gpt, bert, lstm, lstm_projected, gru, lstm_cell, tagger, bag_of_words, seed_conv3d, unet3d, autoencoder,
     group_norm, two_heads, padded_attention, tiny_vit, resnet18, mobilenet_v2,
     mobilenet_v3_small, squeezenet, densenet121, frozen_backbone, label_smoothing,
-    shufflenet]}
+    shufflenet, conv_module, image_tokens]}
 
 
 # Sizes where activations outweigh parameters and gradients: the check that a

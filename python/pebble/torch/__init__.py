@@ -658,8 +658,10 @@ class TrainStep:
                         for t in inputs + (target,))
         if self.shards is None:
             # (whole strides: a 1x1 kernel made channels-last differs only in
-            # those of its dims of size 1, and makes channels-last outputs)
-            tensors += tuple(tuple(p.stride()) for p in self.model.parameters())
+            # those of its dims of size 1, and makes channels-last outputs;
+            # and dtypes: a module made .double() between calls is captured
+            # again, as it was only where its inputs' dtype changed too)
+            tensors += tuple((p.dtype, tuple(p.stride())) for p in self.model.parameters())
         # (a trace under torch.autocast records its casts: the step then runs
         # in the dtypes eager's autocast would pick)
         tensors += (("autocast", autocast_state(self.device.type)),)

@@ -2322,13 +2322,29 @@ def _traced_user_line(node, outer, libraries):
 
 def _value_shaped_lines(gm):
     """_traced_user_line of each value-shaped call of a first trace, in the
-    graph's order."""
+    graph's order. One that autograd's backward makes has no line of the
+    user's: a masked_select by the mask of a masked_scatter is that call's
+    gradient, and is told so, at the masked_scatter's line."""
     calls = [n for n in gm.graph.nodes if n.op == "call_function" and _value_shaped(n)]
     if not calls:  # (most steps: no stack to read)
         return []
     outer = {(f.filename, f.lineno) for f in traceback.extract_stack()}
     libraries = _library_directories()
-    return [_traced_user_line(n, outer, libraries) for n in calls]
+    scatters = {}  # the mask's node -> the masked_scatter that reads it
+    for n in gm.graph.nodes:
+        if n.op == "call_function" and op_name(n.target) == "masked_scatter" and \
+                len(n.args) > 1:
+            scatters.setdefault(n.args[1], n)
+    lines = []
+    for n in calls:
+        line = _traced_user_line(n, outer, libraries)
+        scatter = scatters.get(n.args[1]) if op_name(n.target) == "masked_select" and \
+            len(n.args) > 1 else None
+        if not line and scatter is not None:
+            at = _traced_user_line(scatter, outer, libraries)  # ' (at file:line: `code`)'
+            line = f" (masked_scatter's gradient{', ' + at[2:-1] if at else ''})"
+        lines.append(line)
+    return lines
 
 
 def _mark_value_shaped_lines(gm, lines):

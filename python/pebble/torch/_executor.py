@@ -788,6 +788,8 @@ class _RunState:
                 args, step_kwargs = self._arguments(step, node, first_run, value=value)
                 value = step.target(*args, **step_kwargs)
         except (RuntimeError, IndexError, ValueError, TypeError) as e:
+            if op_name(call.target) in _VIEWS_OF_SPANS and node.inputs:
+                self._check_layout_read(node)  # (Note [Layouts a view reads])
             # (the tensors' dtypes and shapes: a kernel that PyTorch lacks
             # for a dtype, bfloat16 under CPU autocast, fails eager's run too)
             given = ", ".join(f"{str(t.dtype).replace('torch.', '')}{list(t.shape)}"
@@ -910,7 +912,8 @@ class _RunState:
             raise CapturedValueMismatch(
                 f"node '{node.id}' ({node.fx.target}){node.fx.meta.get('user_line', '')}: "
                 f"PyTorch computed shape {tuple(out.shape)}, the capture {tuple(v.shape)}: the "
-                "shape depends on the values (a boolean mask, nonzero, unique), and a plan "
+                "shape depends on the values (a boolean mask, nonzero, unique, the gradient "
+                "of masked_scatter), and a plan "
                 "holds the shapes of the batch it was captured with, so pebble.torch cannot "
                 "plan this step")
         if out.dtype != v.dtype and not node.kernel_shaped:
@@ -940,13 +943,15 @@ class _RunState:
         # its input's own: a batch sliced out of a larger tensor reads alike)
         offset = op_name(node.fx.target) == "as_strided"
         if _layout_read(real, offset) != _layout_read(traced, offset):
+            harm = ("cannot be made of it" if op_name(node.fx.target) in _VIEWS_OF_SPANS
+                    else "would read other elements")
             raise CapturedValueMismatch(
                 f"node '{node.id}' ({node.fx.target}){node.fx.meta.get('user_line', '')} "
                 f"reads '{given.id}' laid out as PyTorch's fake tensors gave it (strides "
                 f"{traced.stride()}, storage offset {traced.storage_offset()}), but it holds "
-                f"strides {real.stride()}, offset {real.storage_offset()}: the view would "
-                "read other elements, so pebble.torch cannot plan this step without "
-                "calibration (calibrate=True captures such a step on real tensors, unsharded)")
+                f"strides {real.stride()}, offset {real.storage_offset()}: the view {harm}, "
+                "so pebble.torch cannot plan this step without calibration (calibrate=True "
+                "captures such a step on real tensors, unsharded)")
 
     def free(self, node):
         t = self.live[node.index]
@@ -1073,8 +1078,15 @@ _TOKEN = object()
 # offset, which is absolute: _reshape_alias reads from its input's); where
 # not, the calibration's run raises CapturedValueMismatch, and the step is
 # traced again on real tensors, as for other fake tensors that disagree
-# with a kernel.
+# with a kernel. A view of a size alone (view, _unsafe_view) reads the
+# right elements whatever its input's strides, but fails where they do not
+# span the new shape: there the same disagreement is checked, after the
+# failure (nn.BatchNorm1d over a transposed (batch, time, channels) tensor:
+# 1.13's fake native_batch_norm keeps its input's layout, the CPU kernel
+# makes a contiguous output, and the next layer's view of it failed until
+# 2026-12-07, naming no cause).
 _STRIDES_GIVEN = {"_reshape_alias", "as_strided"}
+_VIEWS_OF_SPANS = {"view", "_unsafe_view"}
 
 
 def _layout_read(t, offset):
