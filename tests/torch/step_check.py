@@ -1257,6 +1257,18 @@ def check_state_the_loss_carries(failures, device):
                        "loss_fn's teacher's parameter 'weight'" in str(e) and
                        "requires_grad_(False)" in str(e),
                        f"a teacher whose weights require grad: refused with '{e}'")
+    # A learnable tensor the loss closes over, no module's parameter: named
+    # (it was "a tensor of shape ()").
+    temperature = nn.Parameter(torch.tensor(2.0, device=device))
+
+    def tempered(out, target):
+        return F.cross_entropy(out * temperature.exp(), target)
+    try:
+        pt.train_step(model, tempered, (x,), y, policy="baseline", budget="100%")
+        failures.check(False, "a learnable temperature of the loss was not refused")
+    except pt.CaptureError as e:
+        failures.check("loss_fn's temperature, a tensor of shape () that requires grad" in str(e),
+                       f"a learnable temperature of the loss: refused with '{e}'")
     teacher.requires_grad_(False)
     step = pt.train_step(model, distilled, (x,), y, policy="baseline", budget="100%")
     model.zero_grad(set_to_none=True)
@@ -1664,7 +1676,8 @@ def check_constants_and_masks(failures, device):
     except pt.CaptureError as e:
         failures.check("the step writes an input in place" in str(e), f"an input written: {e}")
     # A weight clamped in the forward, under no_grad: named as a parameter
-    # written, with where to do it instead.
+    # written, which one and at which line (since 2026-12-07), with where to
+    # do it instead.
     class WeightClipped(nn.Module):
         def __init__(self):
             super().__init__()
@@ -1679,8 +1692,10 @@ def check_constants_and_masks(failures, device):
                       torch.randn(4, 10, device=device), torch.tensor([0, 2, 1, 1], device=device))
         failures.check(False, "a forward that clamps its weight was accepted")
     except pt.CaptureError as e:
-        failures.check("writes a parameter" in str(e) and "clamped" in str(e) and
-                       "outside the step" in str(e), f"a weight clamped in the forward: {e}")
+        failures.check("writes the parameter 'fc.weight' in place in the forward (at "
+                       "step_check.py:" in str(e) and "`self.fc.weight.clamp_(-0.1, 0.1)`" in
+                       str(e) and "outside the step" in str(e),
+                       f"a weight clamped in the forward: {e}")
     # nn.GaussianNLLLoss checks var's sign in Python: of a var that follows
     # from the batch, the error says so and how to write it; a constant var
     # (of the output's shape alone) is read as eager reads it.

@@ -1919,6 +1919,8 @@ def _traced_in_some_mode(model, loss_fn, slots, flat, device, modes, fake_mode, 
             where = stack.where()
             stack.close()
             failure = (where, e)
+            if isinstance(e, _FunctionalizeFailed) and e.written:
+                raise _leaf_written_error(where, e.cause, e.written) from e
             if _LEAF_WRITTEN in str(e):
                 # (a trace on real tensors would write the module's own
                 # parameters before failing alike: nn.Embedding's max_norm)
@@ -2015,7 +2017,8 @@ def _traced_functional(step, mode, flat, fake_mode, slots, one_pass, stack):
     try:
         gm = _make_fx(functionalize(first), mode, flat, fake_mode)
     except Exception as e:  # noqa: BLE001 (said as functionalize's: _refuse_untraced)
-        raise _FunctionalizeFailed(e) from e
+        written = _parameter_written(first, slots) if _LEAF_WRITTEN in str(e) else None
+        raise _FunctionalizeFailed(e, written) from e
     _mark_value_shaped_lines(gm, user_lines)
     return gm, (traced_values(gm) if mode == "fake" else None), 2
 
@@ -2096,11 +2099,34 @@ class _MetaRecorder(torch.fx.Interpreter):
 class _FunctionalizeFailed(Exception):
     """PyTorch's functionalize failed over a first trace that make_fx made:
     its error (`cause`) is PyTorch's, on no line of the user's (the pass
-    runs the traced graph)."""
+    runs the traced graph). `written`: _parameter_written's, where the
+    cause is a parameter written in place."""
 
-    def __init__(self, cause):
+    def __init__(self, cause, written=None):
         super().__init__(f"{type(cause).__name__}: {_first_line(cause)}")
         self.cause = cause
+        self.written = written
+
+
+def _parameter_written(gm, slots):
+    """The first trainable parameter that a call of `gm` (a first trace)
+    writes in place, as (its name, " (at file:line: `code`)" or ''), else
+    None: a clamp_ under torch.no_grad(), which make_fx records and
+    functionalize then refuses, on no line of the user's."""
+    from ._graph import _written_args  # noqa: PLC0415 (_graph imports this module)
+
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    trained = {p: slot.names[0] for p, slot in zip(placeholders, slots)
+               if slot.kind == "parameter" and slot.trainable and slot.names}
+    for n in gm.graph.nodes:
+        names = n.op == "call_function" and _written_args(n.target)
+        if not names:
+            continue
+        for k, a in enumerate(n.target._schema.arguments):
+            arg = n.args[k] if k < len(n.args) else n.kwargs.get(a.name)
+            if a.name in names and arg in trained:
+                return trained[arg], _traced_user_lines(n)[0]
+    return None
 
 
 def _values_read_error(where, e, hint=""):
@@ -2126,11 +2152,16 @@ def _generator_set_error(where, e):
         "eager's order), or keep the seeding out of the forward and the loss")
 
 
-def _leaf_written_error(where, e):
+def _leaf_written_error(where, e, written=None):
+    """The CaptureError of a parameter written in place in the forward;
+    `written`: _parameter_written's (name, line), else the user's line in
+    `e`."""
     who = where if where.startswith("module") else "the step"
+    what, line = (f"the parameter '{written[0]}'", written[1]) if written else \
+        ("a parameter (a tensor that requires grad)", _user_line(e))
     return CaptureError(
-        f"{who} writes a parameter (a tensor that requires grad) in place in "
-        f"the forward{_user_line(e)} (a weight clamped under torch.no_grad(); nn.Embedding with "
+        f"{who} writes {what} in place in the forward{line} (a weight clamped under "
+        "torch.no_grad(); nn.Embedding with "
         "max_norm renormalizes its rows so): pebble.torch cannot plan a step "
         "that changes what it is given. Do that write outside the step, under "
         "torch.no_grad(), before or after each call (for nn.Embedding, "
@@ -2576,6 +2607,12 @@ def _refuse_tensors_requiring_grad(gm, loss_fn):
     for label, module in _modules_loss_fn_reaches(loss_fn):
         for name, p in module.named_parameters():
             names.setdefault(id(p), f"{label}'s parameter '{name}'")
+    # (a tensor the loss names itself: a global or closed-over nn.Parameter,
+    # a learnable temperature)
+    for label, value, _, _ in _names_loss_fn_reads(loss_fn):
+        if isinstance(value, torch.Tensor):
+            names.setdefault(id(value), f"{label}, a tensor of shape {tuple(value.shape)} that "
+                                        "requires grad")
     for n in gm.graph.nodes:
         if n.op != "get_attr":
             continue
