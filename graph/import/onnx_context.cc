@@ -12,7 +12,6 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
-#include "graph/half.h"
 #include "graph/import/onnx_util.h"
 #include "graph/ops/op_util.h"
 #include "graph/status.h"
@@ -182,22 +181,19 @@ absl::StatusOr<Value> ImportContext::ConstantNode(const onnx::NodeProto& node,
                                         *cast == onnx::TensorProto::BOOL)
                        ? *cast
                        : t.data_type();
-  const bool narrow_float =
-      type == onnx::TensorProto::FLOAT16 || type == onnx::TensorProto::BFLOAT16;
   if (type == onnx::TensorProto::INT64 && t.data_type() == onnx::TensorProto::INT64) {
     absl::StatusOr<std::vector<int64_t>> values = IntValues(t);  // (every bit, not a double's)
     if (values.ok() && values->size() <= (size_t{1} << 20)) {
       dtype = "i64";
       for (int64_t v : *values) append(v);
     }
-  } else if (type == onnx::TensorProto::FLOAT || narrow_float ||
+  } else if (type == onnx::TensorProto::FLOAT || IsHalfType(type) ||
              type == onnx::TensorProto::INT64 || type == onnx::TensorProto::BOOL) {
     if (std::optional<Numbers> numbers = KnownNumbers(name)) {
       for (double v : numbers->values) {
         if (type == onnx::TensorProto::FLOAT) append(static_cast<float>(v));
         // (values of the type already: CastConstant rounds a cast's)
-        if (type == onnx::TensorProto::FLOAT16) append(FloatToHalf(static_cast<float>(v)));
-        if (type == onnx::TensorProto::BFLOAT16) append(FloatToBFloat16(static_cast<float>(v)));
+        if (IsHalfType(type)) append(HalfBits(type, v));
         if (type == onnx::TensorProto::INT64) append(static_cast<int64_t>(v));
         if (type == onnx::TensorProto::BOOL) append(static_cast<uint8_t>(v != 0));
       }

@@ -306,8 +306,7 @@ std::optional<std::pair<int, Numbers>> TypedConstant(const ImportContext& cx,
                                                      const std::string& name) {
   if (!IsConstant(cx, name)) return std::nullopt;
   const int type = cx.ConstTensor(name)->data_type();
-  if (type != onnx::TensorProto::FLOAT && type != onnx::TensorProto::FLOAT16 &&
-      type != onnx::TensorProto::BFLOAT16 && type != onnx::TensorProto::BOOL &&
+  if (type != onnx::TensorProto::FLOAT && !IsHalfType(type) && type != onnx::TensorProto::BOOL &&
       type != onnx::TensorProto::INT64) {
     return std::nullopt;
   }
@@ -511,8 +510,7 @@ absl::Status CastConstant(ImportContext& cx, const onnx::NodeProto& node,
                       to == onnx::TensorProto::UINT8;
   const bool to_bool = to == onnx::TensorProto::BOOL;
   std::optional<Numbers> numbers = cx.KnownNumbers(name);
-  if (numbers.has_value() && to != t.data_type() &&
-      (to == onnx::TensorProto::FLOAT16 || to == onnx::TensorProto::BFLOAT16)) {
+  if (numbers.has_value() && to != t.data_type() && IsHalfType(static_cast<int>(to))) {
     return cx.DefineFolded(node, FloatTensor(numbers->dims, numbers->values, static_cast<int>(to)));
   }
   bool changes = false;

@@ -111,7 +111,20 @@ absl::StatusOr<std::vector<int64_t>> IntValues(const onnx::TensorProto& t) {
 
 bool IsFloatType(int data_type) {
   return data_type == onnx::TensorProto::FLOAT || data_type == onnx::TensorProto::DOUBLE ||
-         data_type == onnx::TensorProto::FLOAT16 || data_type == onnx::TensorProto::BFLOAT16;
+         IsHalfType(data_type);
+}
+
+bool IsHalfType(int data_type) {
+  return data_type == onnx::TensorProto::FLOAT16 || data_type == onnx::TensorProto::BFLOAT16;
+}
+
+uint16_t HalfBits(int data_type, double value) {
+  const auto f = static_cast<float>(value);
+  return data_type == onnx::TensorProto::FLOAT16 ? FloatToHalf(f) : FloatToBFloat16(f);
+}
+
+float HalfValue(int data_type, uint16_t bits) {
+  return data_type == onnx::TensorProto::FLOAT16 ? HalfToFloat(bits) : BFloat16ToFloat(bits);
 }
 
 std::optional<std::vector<double>> FloatValues(const onnx::TensorProto& t) {
@@ -136,8 +149,7 @@ std::optional<std::vector<double>> FloatValues(const onnx::TensorProto& t) {
     } else {
       decoded = DecodeRaw<double>(raw, values);
     }
-  } else if (t.data_type() == onnx::TensorProto::FLOAT16 ||
-             t.data_type() == onnx::TensorProto::BFLOAT16) {
+  } else if (IsHalfType(t.data_type())) {
     // Bit patterns: packed in raw_data, or one in each int32_data (ONNX's
     // TensorProto); every value is exact in a double.
     std::vector<uint32_t> bits;
@@ -146,11 +158,9 @@ std::optional<std::vector<double>> FloatValues(const onnx::TensorProto& t) {
     } else {
       decoded = DecodeRaw<uint16_t>(raw, bits);
     }
-    const bool half = t.data_type() == onnx::TensorProto::FLOAT16;
     for (uint32_t b : bits) {
       if (b > 0xFFFF) return std::nullopt;
-      const auto pattern = static_cast<uint16_t>(b);
-      values.push_back(half ? HalfToFloat(pattern) : BFloat16ToFloat(pattern));
+      values.push_back(HalfValue(t.data_type(), static_cast<uint16_t>(b)));
     }
   } else {
     return std::nullopt;
@@ -163,13 +173,9 @@ onnx::TensorProto FloatTensor(const Shape& dims, const std::vector<double>& valu
                               int data_type) {
   onnx::TensorProto t;
   for (int64_t d : dims) t.add_dims(d);
-  if (data_type == onnx::TensorProto::FLOAT16 || data_type == onnx::TensorProto::BFLOAT16) {
-    const bool half = data_type == onnx::TensorProto::FLOAT16;
+  if (IsHalfType(data_type)) {
     t.set_data_type(data_type);
-    for (double v : values) {
-      const auto f = static_cast<float>(v);
-      t.add_int32_data(half ? FloatToHalf(f) : FloatToBFloat16(f));
-    }
+    for (double v : values) t.add_int32_data(HalfBits(data_type, v));
     return t;
   }
   t.set_data_type(onnx::TensorProto::FLOAT);
@@ -179,8 +185,7 @@ onnx::TensorProto FloatTensor(const Shape& dims, const std::vector<double>& valu
 
 std::optional<onnx::TensorProto> TypedTensor(int data_type, const Shape& dims,
                                              const std::vector<double>& values) {
-  if (data_type == onnx::TensorProto::FLOAT || data_type == onnx::TensorProto::FLOAT16 ||
-      data_type == onnx::TensorProto::BFLOAT16) {
+  if (data_type == onnx::TensorProto::FLOAT || IsHalfType(data_type)) {
     return FloatTensor(dims, values, data_type);
   }
   if (data_type != onnx::TensorProto::BOOL && data_type != onnx::TensorProto::INT64) {

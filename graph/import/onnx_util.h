@@ -114,6 +114,14 @@ absl::StatusOr<std::vector<int64_t>> IntValues(const onnx::TensorProto& t);
 // Whether `data_type` is one of ONNX's float types that FloatValues reads
 // (FLOAT, DOUBLE, FLOAT16, BFLOAT16).
 bool IsFloatType(int data_type);
+// Whether `data_type` is FLOAT16 or BFLOAT16, whose values ONNX stores as
+// 16-bit patterns.
+bool IsHalfType(int data_type);
+// A FLOAT16 or BFLOAT16 `data_type`'s bits for `value`, rounded to float and
+// then to that type (as an ONNX Cast from float rounds it), and the value
+// that `bits` of that type hold (exact in a float).
+uint16_t HalfBits(int data_type, double value);
+float HalfValue(int data_type, uint16_t bits);
 // A float, double, float16 or bfloat16 tensor's values (Resize's scales, a
 // constant of a .half() model), when it is one of at most 2^20 elements.
 std::optional<std::vector<double>> FloatValues(const onnx::TensorProto& t);

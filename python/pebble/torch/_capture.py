@@ -2032,17 +2032,7 @@ def _record_values(gm, flat, slots):
     (a batch norm's running statistics, which PyTorch 1.13's schema does not
     say it writes, among them). The one-pass rewrite and the checks of
     writes read the values."""
-    from ._graph import _written_args  # noqa: PLC0415 (_graph imports this module)
-
-    written = set()
-    for n in gm.graph.nodes:
-        names = n.op == "call_function" and _written_args(n.target)
-        if names:
-            schema = n.target._schema
-            for k, a in enumerate(schema.arguments):
-                if a.name in names:
-                    arg = n.args[k] if k < len(n.args) else n.kwargs.get(a.name)
-                    written.add(_aliased_base(arg))
+    written = {_aliased_base(arg) for n in gm.graph.nodes for arg in _written_arguments(n)}
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     example = [t.detach().clone() if isinstance(t, torch.Tensor) and
                (slot.kind != "parameter" or p in written) else t
@@ -2113,20 +2103,26 @@ def _parameter_written(gm, slots):
     writes in place, as (its name, " (at file:line: `code`)" or ''), else
     None: a clamp_ under torch.no_grad(), which make_fx records and
     functionalize then refuses, on no line of the user's."""
-    from ._graph import _written_args  # noqa: PLC0415 (_graph imports this module)
-
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     trained = {p: slot.names[0] for p, slot in zip(placeholders, slots)
                if slot.kind == "parameter" and slot.trainable and slot.names}
     for n in gm.graph.nodes:
-        names = n.op == "call_function" and _written_args(n.target)
-        if not names:
-            continue
-        for k, a in enumerate(n.target._schema.arguments):
-            arg = n.args[k] if k < len(n.args) else n.kwargs.get(a.name)
-            if a.name in names and arg in trained:
+        for arg in _written_arguments(n):
+            if arg in trained:
                 return trained[arg], _traced_user_lines(n)[0]
     return None
+
+
+def _written_arguments(n):
+    """The arguments of fx node `n` that its call writes in place (those its
+    schema marks with '!'), as given: fx nodes, or None where not given."""
+    from ._graph import _written_args  # noqa: PLC0415 (_graph imports this module)
+
+    names = n.op == "call_function" and _written_args(n.target)
+    if not names:
+        return []
+    return [n.args[k] if k < len(n.args) else n.kwargs.get(a.name)
+            for k, a in enumerate(n.target._schema.arguments) if a.name in names]
 
 
 def _values_read_error(where, e, hint=""):
