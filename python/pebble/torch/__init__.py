@@ -47,7 +47,7 @@ from ._distributed import (GradientAverage, StepCollectives, agreed, any_rank,
                            same_on_every_rank)
 from ._executor import (COMPUTE, FREE, REDUCE, CapturedValueMismatch, PlanExecutionError,
                         Program, draws_in_eager_order, generator_state_bytes,
-                        kept_siblings, statistics_read_out_of_order, statistics_remade)
+                        kept_siblings, statistics_read_out_of_order)
 from ._fit import largest_batch
 from ._graph import StepGraph
 from ._memory import AllocatorPeak, TensorMemory, allocated_where_profiled, measure, tensor_bytes
@@ -1484,7 +1484,6 @@ class _Variant:
                 info["least_peak_fits_as_run"] = True
                 info["budget_bytes"] = budget_bytes  # (the given one: the plan's is its peak)
         if fits:
-            self._refuse_remade_statistics(plan)
             self._refuse_statistics_read_out_of_order(plan)
         if not fits:
             if least_peak is None:  # (at "min", the plan's own peak: another limit broke)
@@ -1633,21 +1632,6 @@ class _Variant:
             except ValueError as e:
                 raise PlanError(str(e)) from None
         return graph
-
-    def _refuse_remade_statistics(self, plan):
-        """PlanError where the plan remakes the operand through which a batch
-        norm updates running statistics, after it (statistics_remade)."""
-        found = statistics_remade(self.graph_nodes, self._graph_schedule(plan))
-        if found is None:
-            return
-        call, operand = found
-        raise PlanError(
-            f"policy {plan.policy} computes '{operand.id}' again after {call.target} updated "
-            "it as running statistics (nn.InstanceNorm with track_running_stats=True updates "
-            "a copy of its buffers, which the step then averages into them): the remade copy "
-            "would hold the old statistics, so pebble.torch refuses the plan. Give a budget "
-            "or a policy that does not recompute it (best-order does not recompute), "
-            "track_running_stats=False, or eval mode for that layer")
 
     def _refuse_statistics_read_out_of_order(self, plan):
         """PlanError where the plan reads a batch norm's running statistics on

@@ -75,6 +75,21 @@ workspace. (Copies of the statistics, updated and dropped, measured above
 the plan where a recomputed batch norm ran at the peak: mobilenet_v2
 sharded under dtr, 0.3 to 2.7 KB; the statistics given as None instead ran
 with fewer temporaries than predicted.)
+
+Note [Statistics of a remade copy]: nn.InstanceNorm with
+track_running_stats runs a batch norm over a repeated copy of its buffers,
+which the kernel updates in place, and the step then averages that copy
+into the buffers. Where the plan computes the copy again after the batch
+norm's first run (a recomputation: the copy is cheap to remake), the remade
+copy would hold the old statistics. So the program keeps the updated copy's
+values at that first run, outside the device (Python memory on the CPU,
+where PyTorch's allocator does not count it; host memory for a GPU), and
+writes them into each later remake, right after it is computed: no
+allocation on the device, and the later reads (the average, the batch norm
+run again with momentum 0) see eager's statistics. Only copies that the
+plan remakes are kept (statistics_remade). (Such plans were refused until
+2026-12-07, and the planners, not told, often found none other at the least
+budgets.)
 """
 
 import collections
@@ -203,36 +218,32 @@ def statistics_read_out_of_order(graph, schedule):
     return None
 
 
-def statistics_remade(graph, schedule):
-    """The first (batch norm call, temporary) where the schedule computes a
-    temporary that a batch norm updates as running statistics after that
-    batch norm ran, or None. (nn.InstanceNorm with track_running_stats
-    updates a repeated copy of its buffers, and the step then averages that
-    copy into them: remade after the batch norm, the copy holds the old
-    statistics again. Note [Running statistics once] covers the batch norm
-    run again, not its operands.)"""
-    by_id = {n.id: n for n in graph.nodes}
-    temporaries = {}  # fx node of a batch norm -> the ids of its statistics' operands' roots
+def statistics_remade(graph, steps):
+    """Per training batch norm call, the storage roots (node indices) of the
+    temporaries it updates as running statistics that `steps` (a Program's
+    (kind, node) steps) compute again after the call's first run: only where
+    there are some. nn.InstanceNorm with track_running_stats updates a
+    repeated copy of its buffers, and the step then averages that copy into
+    them; remade after the batch norm, the copy would hold the old
+    statistics (Note [Statistics of a remade copy])."""
+    temporaries = {}  # fx call of a batch norm -> its statistics' operands' roots
     for node in graph.nodes:
         if node.updates_stats and node.fx not in temporaries:
-            roots = set()
-            for a in node.fx.args[3:5]:
-                if not isinstance(a, torch.fx.Node):
-                    continue
-                operand = graph.storage_root(graph._ref(a))  # (a view: its storage's maker)
-                if operand.kind == "op":
-                    roots.add(operand.id)
-            temporaries[node.fx] = roots
-    updated_by = {}  # id of an operand -> the batch norm that has updated it
-    for action, node_id, *_ in schedule:
-        node = by_id.get(node_id)
-        if action != "compute" or node is None:
+            temporaries[node.fx] = {
+                root.index for root in (graph.storage_root(graph._ref(a))
+                                        for a in node.fx.args[3:5]
+                                        if isinstance(a, torch.fx.Node))
+                if root.kind == "op"}
+    updated_by = {}  # root index -> the batch norm call that has updated it
+    remade = {}
+    for kind, node in steps:
+        if kind != COMPUTE:
             continue
-        if node_id in updated_by:
-            return updated_by[node_id], node
+        if node.index in updated_by:
+            remade.setdefault(updated_by[node.index], set()).add(node.index)
         if node.updates_stats:
             updated_by.update(dict.fromkeys(temporaries[node.fx], node.fx))
-    return None
+    return remade
 
 
 class Program:
@@ -288,6 +299,9 @@ class Program:
                                          "graph")
             self.steps.append((kind, node))
         self.keep_siblings, self.fused_steps, self.kept_only = kept_siblings(self.steps)
+        # batch norm call -> roots of the statistics' copies remade after it
+        # (Note [Statistics of a remade copy])
+        self.remade_statistics = statistics_remade(graph, self.steps)
         # The random calls the schedule runs more than once (Note [Randomness
         # as eager has it]): only these keep their generator state.
         runs = {}
@@ -536,6 +550,9 @@ class _RunState:
         self.computed = set()
         self.calls_run = set()   # fx calls run once already (statistics, draws)
         self.rng_states = {}     # fx call -> generator state before its first run
+        # root index -> [(view size, stride, offset, values)] of a statistics'
+        # copy after its batch norm's first run (Note [Statistics of a remade copy])
+        self.updated_statistics = {}
         self.kept = {}           # node index -> a sibling's output kept for its step
         self.host_bytes = 0
         self.on_host = set()
@@ -743,6 +760,8 @@ class _RunState:
                 self.kept[sibling.index] = outputs[sibling.out_index]
             del outputs
         out = self._checked(node, out)
+        if node.index in self.updated_statistics:
+            _restore_statistics(out, self.updated_statistics[node.index])
         if self.timing:
             if self.cuda:
                 self.streams.synchronize(self.device)
@@ -787,6 +806,8 @@ class _RunState:
             for step in node.fold:
                 args, step_kwargs = self._arguments(step, node, first_run, value=value)
                 value = step.target(*args, **step_kwargs)
+            if first_run and call in self.program.remade_statistics:
+                self._keep_statistics(call, args)
         except (RuntimeError, IndexError, ValueError, TypeError) as e:
             if op_name(call.target) in _VIEWS_OF_SPANS and node.inputs:
                 self._check_layout_read(node)  # (Note [Layouts a view reads])
@@ -803,6 +824,19 @@ class _RunState:
             if restore is not None:
                 _set_rng_state(self.device, restore)
         return value
+
+    def _keep_statistics(self, call, args):
+        """After a batch norm's first run: the values of the statistics'
+        copies that the plan remakes later (Note [Statistics of a remade
+        copy]), each as the view the batch norm wrote."""
+        remade = self.program.remade_statistics[call]
+        for a, t in zip(call.args[3:5], args[3:5]):
+            if not isinstance(a, torch.fx.Node):
+                continue
+            root = self.graph.storage_root(self.graph._ref(a)).index
+            if root in remade:
+                self.updated_statistics.setdefault(root, []).append(
+                    (t.shape, t.stride(), t.storage_offset(), _off_device(t)))
 
     @staticmethod
     def _call_of(call, args, kwargs):
@@ -1112,6 +1146,30 @@ def _set_arg(call, args, kwargs, name, value):
                 args[i] = value
             return
     raise PlanExecutionError(f"operator {call.target} has no argument '{name}'")
+
+
+def _off_device(t):
+    """A copy of `t`'s values that the device's allocator does not hold: a
+    NumPy array for a CPU tensor (through an integer view of its bits, which
+    NumPy reads for any float type), a CPU tensor for a GPU's."""
+    if t.device.type != "cpu":
+        return t.detach().to("cpu", copy=True)
+    return t.detach().view(_SAME_SIZE_INT[t.element_size()]).numpy().copy()
+
+
+_SAME_SIZE_INT = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def _restore_statistics(out, kept):
+    """Writes the values _keep_statistics kept into the remade copy `out`,
+    made as the first was (the same layout), without allocating on its
+    device."""
+    for shape, stride, offset, values in kept:
+        view = out.detach().as_strided(shape, stride, offset)
+        if isinstance(values, torch.Tensor):
+            view.copy_(values)
+        else:
+            view.view(_SAME_SIZE_INT[view.element_size()]).copy_(torch.from_numpy(values))
 
 
 def _rng_state(device):
