@@ -851,6 +851,53 @@ def check_written_column_memory(failures, device):
                    f"the write {differences[0]:+} B")
 
 
+class ViewOfAViewWritten(torch.nn.Module):
+    """A lower-triangular weight whose diagonal is set in place, then a
+    column of it sliced, and a slice of that column read: views of a view
+    of a written tensor."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(64, 64))
+
+    def forward(self, x):
+        a = self.w.tril()
+        a.diagonal().fill_(1.0)
+        column = a[:, 6:7]
+        return x[:, :58] @ column[6:]
+
+
+def check_views_of_views_written(failures, device):
+    """Note [Writes through views]: a view of a view of a written tensor,
+    made after the write, is planned as the view it is: the allocator's
+    level after every step is the plan's, and eager's gradients (until
+    2026-12-07 it was charged a copy of the whole tensor, the slice made
+    anew but not its own view of it; torch.nn.utils.parametrizations.
+    orthogonal's householder map, whose backward slices so, had its
+    baseline plan at 120% of the unplanned step, and 100% refused)."""
+    from torch.nn.utils import parametrizations
+    nn = torch.nn
+    householder = nn.Sequential(nn.Linear(32, 32), nn.Tanh(), nn.Linear(32, 3))
+    parametrizations.orthogonal(householder[0], orthogonal_map="householder")
+    cases = (("a slice of a column of a written tensor", ViewOfAViewWritten(),
+              torch.randn(16, 64), torch.randn(16, 1), nn.functional.mse_loss),
+             ("an orthogonal householder weight", householder, torch.randn(16, 32),
+              torch.randint(0, 3, (16,)), nn.functional.cross_entropy))
+    for label, model, x, y, loss_fn in cases:
+        torch.manual_seed(SEED)
+        model, x, y = model.to(device), x.to(device), y.to(device)
+        eager_model = copy.deepcopy(model)
+        try:
+            step = pt.train_step(model, loss_fn, (x,), y, policy="baseline", budget="100%")
+        except pt.PlanError as e:
+            failures.check(False, f"{label}: {e}")
+            continue
+        check_beside_eager(failures, label, step, model, eager_model, loss_fn, (x,), y)
+        model.zero_grad(set_to_none=True)
+        _, timeline = step.memory_timeline(x, y)
+        check_timeline(failures, label, timeline, step)
+
+
 def _traced_and_planned(case, device):
     """The case's capture (which says its make_fx passes) and its train_step
     under dtr at the least budget."""
@@ -1024,6 +1071,7 @@ def check_writes_through_views(failures, device):
                 want, bitwise=False)
     print(f"parts written: {len(PARTS_WRITTEN)} ways as eager, in one pass", flush=True)
     check_written_column_memory(failures, device)
+    check_views_of_views_written(failures, device)
     # Note [Writes that read what they write]: refused, naming the line.
     for way, said in (("shifted onto itself", "reads, in part"),
                       ("through an overlapping view", "whose elements share memory"),

@@ -277,7 +277,11 @@ class _Rewrite:
             _check_layout(self.values[n], original)
         else:
             base_now = self._current(n.args[0])
-            if base_now is not n.args[0]:
+            # (its base may be the same node made anew in place, a view of a
+            # view: its value then lies in another storage than n's did, and
+            # n, charged a storage of its own, was planned at its bytes)
+            if base_now is not n.args[0] or \
+                    storage_key(self.values[base_now]) != storage_key(original):
                 n.args = (base_now,) + tuple(n.args[1:])
                 self.values[n] = self.fake_call(n, self.values)
                 _check_layout(self.values[n], original)
