@@ -48,6 +48,7 @@ import weakref
 os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 
 try:
+    import numpy
     import torch
 except ImportError:
     print("step_check: torch is not importable; skipped")
@@ -3248,6 +3249,23 @@ def check_errors(failures, device):
         failures.check(False, "a bare-number budget under 1024 was accepted")
     except ValueError as e:
         failures.check("did you mean '60%' or '60B'" in str(e), f"bare numbers are refused: {e}")
+    # Bytes as a float (0.8 * a device's memory) or a NumPy integer: whole
+    # bytes, rounded down; a negative or non-finite number is refused.
+    linear = torch.nn.Linear(4, 4).to(device)
+    for given, want in ((1048576.9, 1048576), (numpy.int64(1050000), 1050000),
+                        (numpy.float32(1.5e6), 1500000)):
+        try:
+            got = pt.train_step(linear, torch.nn.functional.mse_loss, x, y, policy="dtr",
+                                budget=given).report["budget_bytes"]
+            failures.check(got == want, f"budget {given!r}: {got} bytes, not {want}")
+        except ValueError as e:
+            failures.check(False, f"budget {given!r} of bytes refused: {e}")
+    for given in (-4096.0, float("nan"), float("inf")):
+        try:
+            pt.train_step(linear, torch.nn.functional.mse_loss, x, y, budget=given)
+            failures.check(False, f"budget {given!r} was accepted")
+        except ValueError as e:
+            failures.check("must be finite and from 1024 up" in str(e), f"budget {given!r}: {e}")
     # A policy's refusal of the graph is a PlanError naming the option that
     # lifts it; arguments out of range, a negative percentage and an unknown
     # policy are plain ValueErrors, raised before anything is planned.

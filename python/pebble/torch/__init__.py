@@ -26,6 +26,7 @@ import inspect
 import itertools
 import json
 import math
+import numbers
 import os
 import sys
 import time
@@ -166,7 +167,9 @@ class TrainStep:
       budget: "70%" (of the unplanned step's peak as the allocator measured
         it at capture, above the memory held before the step), "6GiB" (the
         whole device memory of the step: parameters, buffers, batch and
-        gradients included), "min" (the least the policy reaches) or bytes.
+        gradients included), "min" (the least the policy reaches) or bytes
+        (a number from 1024 up: an int, or a float such as 0.8 * a device's
+        memory, rounded down to whole bytes).
       host_budget, bandwidth, time_limit, seed, milp_max_stages: as
         pebble.plan takes them (milp_max_stages: checkmate's and
         checkmate-lp's cap on the graph's size).
@@ -1764,6 +1767,7 @@ class _Variant:
                               "above the step's measured peak" if measured else source)
         info = {"reference_bytes": reference, "reference_source": source}
         _refuse_bare_small_number(budget)
+        budget = _whole_bytes(budget)
         if isinstance(budget, str) and budget.strip().endswith("%"):
             try:
                 percent = float(budget.strip()[:-1])
@@ -2414,6 +2418,24 @@ def _refuse_bare_small_number(budget):
     other = f"{text}B" if value == int(value) else f"{text}GiB"
     raise ValueError(f"budget {budget!r}: did you mean '{percent}' or '{other}'? (a number "
                      "without a unit is bytes only from 1024 up)")
+
+
+def _whole_bytes(budget):
+    """A budget of bytes given as another number than a Python int (a float
+    such as 0.8 * a device's memory, a NumPy integer): an int, a float
+    rounded down as the command line rounds '1.5e9'; a negative or
+    non-finite one refused. Anything else as it is (pebble.plan names what
+    it refuses)."""
+    if isinstance(budget, bool):
+        return budget
+    if isinstance(budget, numbers.Integral):
+        return int(budget)
+    if isinstance(budget, numbers.Real):
+        if not (math.isfinite(budget) and budget >= 1024):
+            raise ValueError(f"budget {budget!r}: a number of bytes must be finite and from "
+                             "1024 up (or give a str: '60%', '2GiB', 'min')")
+        return int(budget)
+    return budget
 
 
 def _size(nbytes):

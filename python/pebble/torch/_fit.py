@@ -23,10 +23,10 @@ def largest_batch(model, loss_fn, make_batch, budget, policy="dtr", start=1, max
     """The largest batch size `policy` trains `model` in within `budget`.
 
     make_batch(n) -> (inputs, target): a batch of n samples, inputs a tensor
-    or a tuple of tensors, as train_step takes them. budget: bytes, or a
-    size with its unit ("8GiB"): the whole step's device memory, parameters,
-    buffers, batch and gradients included (a percentage changes with the
-    batch, so it is refused). options: train_step's other arguments
+    or a tuple of tensors, as train_step takes them. budget: bytes (a float
+    from 1024 up rounds down), or a size with its unit ("8GiB"): the whole
+    step's device memory, parameters, buffers, batch and gradients included
+    (a percentage changes with the batch, so it is refused). options: train_step's other arguments
     (optimizer=..., host_budget=..., time_limit=...).
 
     Returns a dict: "batch" (None where even `start` does not fit), its
@@ -83,13 +83,13 @@ def largest_batch(model, loss_fn, make_batch, budget, policy="dtr", start=1, max
 def _check_arguments(budget, start, max_batch, options):
     """The budget in bytes, or a ValueError for arguments no search can
     take."""
-    from . import _check_as_pebble_plan_does  # noqa: PLC0415 (this module is pebble.torch's)
+    from . import _check_as_pebble_plan_does, _whole_bytes  # noqa: PLC0415 (pebble.torch's)
 
     if isinstance(budget, str) and (budget.strip().endswith("%") or
                                     budget.strip().lower() == "min"):
         raise ValueError(f"budget {budget!r}: largest_batch needs a budget in bytes or with a "
                          "unit (\"8GiB\"): a percentage or 'min' changes with the batch")
-    budget_bytes = _check_as_pebble_plan_does(budget=budget).budget_bytes
+    budget_bytes = _check_as_pebble_plan_does(budget=_whole_bytes(budget)).budget_bytes
     for name, value in (("start", start), ("max_batch", max_batch)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{name} must be a whole number of at least 1, not {value!r}")
