@@ -2154,6 +2154,19 @@ class _ScatteredPositives(torch.nn.Module):
         return self.b(h)
 
 
+class _ProductScattered(torch.nn.Module):
+    """A linear layer's outputs multiplied into four groups by
+    scatter_reduce(reduce="prod")."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        index = torch.tensor([[0, 1, 0, 2, 1, 0, 3, 3]]).expand(x.shape[0], -1)
+        return torch.ones(x.shape[0], 4).scatter_reduce(1, index, self.fc(x), reduce="prod")
+
+
 def check_values_read_in_python(failures, device):
     """A forward that reads traced values in Python (.tolist(), .numpy()), or
     a size of nonzero's output alone, is refused, on the fake trace's path and
@@ -2176,6 +2189,16 @@ def check_values_read_in_python(failures, device):
         except pt.CaptureError as e:
             failures.check("reads a tensor's values in Python" in str(e) and
                            type(model).__name__ in str(e), f"{label}: {e}")
+    # A backward that reads a value in PyTorch's own code (1.13's of
+    # scatter_reduce with reduce="prod") is refused naming the call's line
+    # and autograd's node (it said only "the step reads a tensor's value in
+    # Python", which it did not).
+    try:
+        pt.train_step(_ProductScattered(), F.mse_loss, (torch.randn(6, 8),), torch.randn(6, 4))
+        failures.check(torch.__version__ >= "2", "scatter_reduce(prod) traced on PyTorch 1.13")
+    except pt.CaptureError as e:
+        failures.check("ScatterReduceBackward0" in str(e) and "step_check.py:" in str(e) and
+                       "scatter_add" in str(e), f"scatter_reduce(prod)'s backward: {e}")
     x, lengths, y = torch.randn(3, 1, 5, 8), torch.tensor([2, 8, 5]), torch.tensor([0, 2, 1])
     for label, kwargs in (("lengths.tolist()", {}), ("lengths.numpy()", {"numpy": True}),
                           ("lengths.tolist() in a channels-last module",

@@ -26,6 +26,7 @@ import math
 import operator
 import os
 import random
+import re
 import sys
 import sysconfig
 import threading
@@ -1897,7 +1898,8 @@ def _traced_in_some_mode(model, loss_fn, slots, flat, device, modes, fake_mode, 
     for m in modes:
         grad_found = []
         stack = _ModuleStack(model)
-        try:
+
+        def attempt(m=m, grad_found=grad_found, stack=stack):
             with _rng_kept(device), _rnn_without_cudnn(model, device), \
                     _rnn_weights_rebound(model), _checkpoints_inline(model), \
                     _tensor_attributes_kept(model), _loss_attributes_kept(loss_fn), \
@@ -1907,6 +1909,10 @@ def _traced_in_some_mode(model, loss_fn, slots, flat, device, modes, fake_mode, 
                 gm, values, passes = _traced_functional(step, m, flat, fake_mode, slots,
                                                         one_pass, stack)
                 rebound = plain.rebound()  # (before the attributes are put back)
+            return gm, values, passes, rebound, state_read
+
+        try:
+            gm, values, passes, rebound, state_read = attempt()
         except CaptureError:
             stack.close()
             raise
@@ -1918,7 +1924,7 @@ def _traced_in_some_mode(model, loss_fn, slots, flat, device, modes, fake_mode, 
         except Exception as e:  # PyTorch's own refusal: try the next mode, else report
             where = stack.where()
             stack.close()
-            failure = (where, e)
+            failure = (where, e, _rerun_for_culprit(model, flat, loss_fn, attempt))
             if isinstance(e, _FunctionalizeFailed) and e.written:
                 raise _leaf_written_error(where, e.cause, e.written) from e
             if _LEAF_WRITTEN in str(e):
@@ -1942,6 +1948,50 @@ def _traced_in_some_mode(model, loss_fn, slots, flat, device, modes, fake_mode, 
         traced.fake_mode = fake_mode
         return traced
     _refuse_untraced(model, loss_fn, slots, flat, device, failure, sharded=bool(stand_ins))
+
+
+def _rerun_for_culprit(model, flat, loss_fn, attempt):
+    """A callable that runs a failed trace's `attempt` again under autograd's
+    anomaly mode, for _backward_reading_values; its traces forgotten after,
+    as the first run's."""
+    def rerun():
+        stack = _ModuleStack(model)
+        try:
+            return _backward_reading_values(lambda: attempt(stack=stack, grad_found=[]))
+        finally:
+            stack.close()
+            forget_traces(flat + list(model.buffers()) + _loss_tensors(loss_fn))
+    return rerun
+
+
+def _backward_reading_values(run):
+    """(autograd node, ' (at file:line: `code`)' of the forward call that
+    made it) where `run`, a trace that failed on a tensor's value read in
+    PyTorch's own code, fails in a backward function (PyTorch 1.13's of
+    scatter_reduce with reduce="prod" calls .item()), else None. Found
+    under autograd's anomaly mode, whose warning on a backward's error
+    names the node and the forward's stack (without its NaN checks, which
+    read values themselves)."""
+    libraries = _library_directories()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with torch.autograd.detect_anomaly(check_nan=False):
+            try:
+                run()
+            except Exception:  # noqa: BLE001 (the failure looked for)
+                pass
+            else:
+                return None
+    for w in caught:
+        said = str(w.message)
+        node = re.search(r"Error detected in (\w+)", said)
+        if node is None:
+            continue
+        frames = [(path, int(line)) for path, line in
+                  re.findall(r'File "([^"]+)", line (\d+)', said)
+                  if _users_file(path, libraries)]
+        return node.group(1), (_at_line(*frames[-1]) if frames else "")
+    return None
 
 
 def _placeholder_values(slots, inputs, target):
@@ -2169,7 +2219,7 @@ def _refuse_untraced(model, loss_fn, slots, flat, device, failure, sharded):
     (where, exception) of the last mode tried. Unsharded, the step is run
     eagerly first to tell the user's own error apart from PyTorch's refusal
     to trace it."""
-    where, e = failure
+    where, e, rerun = failure
     if sharded:
         # (no eager run to tell the user's own error apart: no rank holds the
         # parameters whole)
@@ -2217,11 +2267,38 @@ def _refuse_untraced(model, loss_fn, slots, flat, device, failure, sharded):
             f"functional for the plan, fails on it: {e}{hint}")
         refusal.untraced = True
         raise refusal from e.cause
-    refusal = CaptureError(f"{where} cannot be traced by PyTorch (make_fx): "
-                           f"{type(e).__name__}: {_first_line(e)}{_user_line(e)}"
-                           f"{_trace_hint(e, model, where)}")
+    culprit = rerun() if any(words in str(e) for words in _DATA_DEPENDENT) and \
+        not _user_line(e) else None
+    if culprit is not None:
+        node, line = culprit
+        refusal = CaptureError(
+            f"{where} cannot be traced by PyTorch (make_fx): the backward of the call{line} "
+            f"(autograd's {node}) reads a tensor's value in PyTorch's own code, which a "
+            f"trace cannot follow{_BACKWARD_READING_HINTS.get(node, _BACKWARD_READING_HINT)}")
+    else:
+        refusal = CaptureError(f"{where} cannot be traced by PyTorch (make_fx): "
+                               f"{type(e).__name__}: {_first_line(e)}{_user_line(e)}"
+                               f"{_trace_hint(e, model, where)}")
     refusal.untraced = True  # (PyTorch's failure, not a refusal of pebble's: trace())
     raise refusal from e
+
+
+# What to write instead of a call whose backward reads a tensor's value
+# (_backward_reading_values), by autograd's node.
+_BACKWARD_READING_HINT = (" (write that operation another way, with operators whose gradient "
+                          "PyTorch computes from tensors alone)")
+_BACKWARD_READING_HINTS = {
+    "ScatterReduceBackward0": (
+        " (PyTorch 1.13's gradient of scatter_reduce with reduce='prod' asks in Python "
+        "whether a group holds two zeros: for positive values, the product is "
+        "torch.exp(torch.zeros_like(out).scatter_add(dim, index, src.log())), whose gradient "
+        "reads no value; other reductions trace)"),
+    "IndexReduceBackward0": (
+        " (PyTorch 1.13's gradient of index_reduce with reduce='prod' asks in Python "
+        "whether a group holds two zeros: for positive values, the product is "
+        "torch.exp(torch.zeros_like(out).index_add(dim, index, src.log())), whose gradient "
+        "reads no value; other reductions trace)"),
+}
 
 
 # How autograd (1.13 and 2.x) refuses a backward whose saved tensor an
