@@ -3453,6 +3453,43 @@ def check_min_as_run_with_random_reruns(failures, device):
                        f"plan at 90% ({peaks['90%']} bytes)")
 
 
+def check_plans_in_order_below(failures, device):
+    """Note [Plans in eager's order at lower budgets]: over the graph without
+    order tokens of a transformer encoder with dropout, _in_order_below
+    gives a dtr plan that draws in eager's order and peaks within the bound
+    as it runs; a bound below the least peak gives none."""
+    nn = torch.nn
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Embedding(50, 32), nn.TransformerEncoder(
+        nn.TransformerEncoderLayer(32, 4, 64, dropout=0.1, batch_first=True, norm_first=True),
+        2), nn.Linear(32, 50)).to(device)
+    tokens = torch.randint(0, 50, (2, 24), device=device)
+    target = torch.randint(0, 50, (2, 24), device=device)
+
+    def loss_fn(out, y):
+        return nn.functional.cross_entropy(out.reshape(-1, 50), y.reshape(-1))
+    step = pt.train_step(model, loss_fn, (tokens,), target, policy="dtr", budget="min",
+                         calibrate=False, measure="never")
+    variant = next(iter(step._variants.values()))
+    unordered = variant._whole_step(variant.capture.free_graph)
+    if unordered is variant.graph:
+        failures.check(False, "a transformer with dropout: no graph without order tokens")
+        return
+    kwargs = dict(policy="dtr", host_budget=0, time_limit=5.0)
+    least = pt._policy_plan(unordered, dict(kwargs, budget="min")).report["peak_bytes"]
+    baseline = pt._policy_plan(unordered, dict(kwargs, budget="100%")).report["peak_bytes"]
+    found = variant._in_order_below(unordered, kwargs, least, baseline)
+    if not failures.check(found is not None, "no dtr plan in eager's order below the baseline"):
+        return
+    peak, plan = found
+    failures.check(variant._in_eager_order(plan) and least <= peak <= baseline and
+                   peak == variant._peak_as_planned_run(plan, unordered, kwargs),
+                   f"_in_order_below's plan: in eager's order {variant._in_eager_order(plan)}, "
+                   f"peak {peak} B as run, between {least} and {baseline} B")
+    failures.check(variant._in_order_below(unordered, kwargs, least, least - 1) is None,
+                   "_in_order_below found a plan under a bound below the least peak")
+
+
 def check_timeline_sees_a_late_free(failures, device):
     """memory_timeline sees a tensor held past the plan's free of it, off the
     peak: a program that keeps an activation until the end of its step (as
@@ -4199,6 +4236,7 @@ def main():
         check_small_storages_exact(failures, device)
         check_timeline_sees_a_late_free(failures, device)
         check_min_as_run_with_random_reruns(failures, device)
+        check_plans_in_order_below(failures, device)
         check_batch_norm_run_again(failures, device)
         check_running_statistics_read_in_order(failures, device)
         check_remade_statistics(failures, device)

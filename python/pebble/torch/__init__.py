@@ -125,6 +125,24 @@ def _simulated_peak(graph, schedule, options, kept=(), workspace=None):
     return run["peak_bytes"]
 
 
+# Note [Plans in eager's order at lower budgets]: a step with random calls
+# (dropout) is planned first over the graph without order tokens, and again
+# over the graph with them where that plan draws out of eager's order (Note
+# [Random calls in eager's order] in _graph.py). The tokens constrain the
+# plan: its least peak can stand well above that of a plan over the graph
+# without them that happens to draw in order, and a heuristic's plans are
+# not monotone in the budget (dtr evicts otherwise at each budget). So
+# budget="min" gave a higher peak than a budget of 35% did (a transformer
+# encoder with dropout under dtr: 243,544 bytes at "min", 236,120 at 35%),
+# and 80% was refused where 60% planned, until 2026-12-07. Where the plan
+# over the tokens' graph is taken at "min", or where no plan fits the
+# budget, the graph without tokens is planned at a few byte budgets from
+# the plan's peak (or the budget) down to that graph's least peak, and the
+# lowest plan among those that draw in eager's order is taken, where it is
+# lower (_in_order_below); a refusal's least peak takes them too.
+_BUDGET_PROBES = 6
+
+
 def _policy_plan(graph, kwargs):
     """_core.plan(graph, **kwargs), where a refusal of the policy (checkmate's
     cap on the graph's size, a policy that needs a sharded graph) is a
@@ -1465,7 +1483,9 @@ class _Variant:
         plan = _policy_plan(graph, kwargs)
         unordered = graph  # (the random calls' order left to the plan)
         budget_bytes = plan.budget_bytes
+        at_min = str(options["budget"]).strip().lower() == "min"
         fits = plan.feasible or self._fits_as_run(plan, graph, kwargs, budget_bytes)
+        unordered_least = plan.document.get("least_peak_bytes", plan.report["peak_bytes"])
         if fits and not self._in_eager_order(plan):
             # Note [Random calls in eager's order], Note [Reads around running
             # statistics]: the graph whose tokens order them.
@@ -1477,9 +1497,20 @@ class _Variant:
             if fits and not self._draws_in_eager_order(plan):
                 raise PlanError(f"internal: policy {plan.policy} computes random operators "
                                 "in another order than eager PyTorch draws them")
+        if unordered is not self.graph and graph is self.graph and (at_min or not fits):
+            # Note [Plans in eager's order at lower budgets]
+            high = self._peak_as_planned_run(plan, graph, kwargs) - 1 if fits and at_min \
+                else budget_bytes
+            found = self._in_order_below(unordered, kwargs, unordered_least, high)
+            if found is not None:
+                plan, graph, fits = found[1], unordered, True
+                info.pop("order", None)
+                # (the given one, or at "min" the plan's peak: the plan's own
+                # budget is a probe's)
+                info["budget_bytes"] = found[0] if at_min else budget_bytes
         least_peak = None  # (a document has it where its plan does not fit)
         cut_short = False  # (whether the time limit cut its search short)
-        if not fits and str(options["budget"]).strip().lower() != "min":
+        if not fits and not at_min:
             least_peak, least, least_graph, cut_short = self._least_peak_plan(
                 plan, graph, unordered, kwargs)
             if least is not None and least_peak <= budget_bytes:
@@ -1516,6 +1547,7 @@ class _Variant:
         None. Fourth: whether a time limit cut a search for it short (a longer
         one may find less)."""
         found = None
+        unordered_least = None
         cut_short = bool(plan.document.get("least_peak_cut_short"))
         candidates = []
         for candidate in (graph, unordered, self.graph):  # (each graph once)
@@ -1531,7 +1563,42 @@ class _Variant:
                 fallback = peak
             if self._in_eager_order(least) and (found is None or peak < found[0]):
                 found = (peak, least, candidate)
+            if candidate is unordered:
+                unordered_least = least.report["peak_bytes"]
+        if unordered is not self.graph and found is not None:
+            # Note [Plans in eager's order at lower budgets]
+            lower = self._in_order_below(unordered, kwargs, unordered_least, found[0] - 1)
+            if lower is not None:
+                found = lower + (unordered,)
         return (found if found is not None else (fallback, None, graph)) + (cut_short,)
+
+    def _in_order_below(self, unordered, kwargs, low, high):
+        """(peak as run, plan) of the lowest peak among the policy's plans
+        over `unordered` (the graph without order tokens) at _BUDGET_PROBES
+        byte budgets from `high` down to `low`, those that run the random
+        calls and the statistics' reads in eager's order and peak at most
+        `high` as run; None where none does, or `high` is below `low`
+        (Note [Plans in eager's order at lower budgets]). Within the
+        options' time limit, for every probe together."""
+        if high < low:
+            return None
+        deadline = time.perf_counter() + (kwargs.get("time_limit") or 10.0)
+        found = None
+        for k in range(_BUDGET_PROBES):
+            if time.perf_counter() > deadline:
+                break
+            budget = high - (high - low) * k // (_BUDGET_PROBES - 1)
+            try:
+                plan = _policy_plan(unordered, dict(kwargs, budget=max(int(budget), 1)))
+            except PlanError:
+                continue
+            if not (plan.feasible or self._fits_as_run(plan, unordered, kwargs, budget)) or \
+                    not self._in_eager_order(plan):
+                continue
+            peak = self._peak_as_planned_run(plan, unordered, kwargs)
+            if peak <= high and (found is None or peak < found[0]):
+                found = (peak, plan)
+        return found
 
     def _fits_as_run(self, plan, graph, kwargs, budget_bytes):
         """Whether a plan over its device budget by the planner's count fits
