@@ -27,7 +27,8 @@
 // state size we pick the largest c whose schedule the simulator finds within
 // the budget, by bisection on c (peak grows with c; a step where it does not
 // only costs optimality, never validity). --budget min: the lowest peak of
-// c = 0..3. The baseline schedule is offered first, so a budget it meets
+// c = 0..3 (of the fewest slots whose schedule is made and the next three,
+// on a long chain). The baseline schedule is offered first, so a budget it meets
 // costs nothing. Optimal in Revolve's model (uniform sizes and costs); on
 // heterogeneous chains `rotor` weighs both.
 #include <algorithm>
@@ -151,8 +152,16 @@ constexpr int64_t kMostRevolveForwardSteps = 8'000'000;
 // Offers the binomial schedules of `chain` to the selector: with a byte
 // budget the largest slot count c whose schedule fits, by bisection on c
 // (peak grows with c; a step where it does not only costs optimality, never
-// validity); with --budget min, c = 0..3. Nothing when the baseline fits.
-// The slot counts left unbuilt for their length go into `too_long`.
+// validity); with --budget min, the fewest slots whose schedule is made and
+// the next three. Nothing when the baseline fits. The slot counts left
+// unbuilt for their length go into `too_long`.
+//
+// Note [Revolve's fewest slots]: a chain past about 4,000 stages takes more
+// than kMostRevolveForwardSteps with c = 0 (L(L-1)/2 steps), so its schedule
+// is not made. The bisection starts at the fewest slots whose schedule is:
+// it started at 0, whose "does not fit" sent it to c = 1..3 whatever the
+// budget (a 4,100-stage chain at 90% planned with 3 slots, 561% overhead,
+// where 3,597 slots fit with 5%), until 2026-12-07.
 void SearchSlots(const Graph& graph, const Chain& chain, const char* loss,
                  bool baseline_fits, const PlannerOptions& options,
                  PlanSelector& selector, std::vector<int64_t>& too_long) {
@@ -181,15 +190,20 @@ void SearchSlots(const Graph& graph, const Chain& chain, const char* loss,
             .peak_bytes);
   };
   const int64_t max_slots = std::max(0, L - 1);
+  // The fewest slots whose schedule is made (Note [Revolve's fewest slots]).
+  int64_t fewest = 0;
+  while (fewest < max_slots && RevolveForwardSteps(L, fewest) > kMostRevolveForwardSteps) {
+    too_long.push_back(fewest++);
+  }
   if (options.budget_bytes == PlannerOptions::kMinBudget) {
-    for (int64_t c = 0; c <= std::min<int64_t>(3, max_slots); ++c) fits(c);
+    for (int64_t c = fewest; c <= std::min<int64_t>(fewest + 3, max_slots); ++c) fits(c);
   } else if (!baseline_fits) {
     if (fits(max_slots)) {
       // Storing every state fits: nothing to recompute beyond it.
-    } else if (!fits(0)) {
-      for (int64_t c = 1; c <= std::min<int64_t>(3, max_slots); ++c) fits(c);
+    } else if (!fits(fewest)) {
+      for (int64_t c = fewest + 1; c <= std::min<int64_t>(fewest + 3, max_slots); ++c) fits(c);
     } else {
-      int64_t lo = 0, hi = max_slots;  // fits(lo), !fits(hi)
+      int64_t lo = fewest, hi = max_slots;  // fits(lo), !fits(hi)
       while (hi - lo > 1) {
         const int64_t mid = lo + (hi - lo) / 2;
         if (fits(mid)) {

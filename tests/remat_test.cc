@@ -369,6 +369,26 @@ TEST(RevolveTest, SchedulesTooLongAreNotMade) {
   EXPECT_EQ(r->details["slots_too_long"][0], 0);
 }
 
+// Note [Revolve's fewest slots]: on a chain whose schedule with no slot is
+// not made, a budget of half the baseline's peak takes the slots that fit
+// (about half the stages, as on a shorter chain), not 1 to 3 of them at a
+// multiple of the compute; `min` still reaches a handful of states.
+TEST(RevolveTest, LongChainsTakeTheSlotsTheBudgetAllows) {
+  auto g = BuildModel("tanh-chain:size=1000,length=4096");
+  ASSERT_TRUE(g.ok()) << g.status();
+  auto baseline = PlanAndCheck("baseline", *g, PlannerOptions::kMinBudget);
+  ASSERT_TRUE(baseline.ok()) << baseline.status();
+  auto half = PlanAndCheck("revolve", *g, baseline->report.peak_bytes / 2);
+  ASSERT_TRUE(half.ok()) << half.status();
+  EXPECT_TRUE(half->feasible);
+  EXPECT_GT(half->details["slots"].get<int64_t>(), 1000) << half->details.dump();
+  EXPECT_LT(half->report.compute_cost, 1.5 * baseline->report.compute_cost);
+  auto least = PlanAndCheck("revolve", *g, PlannerOptions::kMinBudget);
+  ASSERT_TRUE(least.ok()) << least.status();
+  EXPECT_LE(least->details["slots"].get<int64_t>(), 4) << least->details.dump();
+  EXPECT_LT(least->report.peak_bytes, half->report.peak_bytes / 100);
+}
+
 TEST(RevolveTest, RefusesNonChainsNamingTheNode) {
   // f1 reads f0 and is read by f2 and f3 (a fork).
   std::vector<NodeSpec> nodes = {Persistent("x", 1), Node("f0", 1, {"x"}),
