@@ -2049,6 +2049,49 @@ TEST(OnnxImportTest, NonScalarConstantsAreReadAndFolded) {
 // "* 0.375", its tables): read from raw data and from int32 bit patterns,
 // `fill` and `constant` nodes of their own type; folded arithmetic and casts
 // of float constants to them are rounded to that type.
+// A tensor whose stored values do not match its shape (a damaged file) is
+// refused naming it, its stored and expected sizes: a Constant read as a
+// threshold was refused as "a constant tensor of shape (1) and type FLOAT",
+// the very kind the importer reads, until 2026-12-07.
+TEST(OnnxImportTest, ValuesOfAnotherSizeThanTheShapeAreNamed) {
+  auto threshold = [](std::string raw, int floats) {
+    return Import(TinyModel(13, "", [raw, floats](ModelMaker& m) {
+      const std::string name = AddConstant(m, "/thr", {1}, onnx::TensorProto::FLOAT, {});
+      onnx::TensorProto* t = m.graph()->mutable_node(0)->mutable_attribute(0)->mutable_t();
+      t->set_raw_data(raw);
+      for (int i = 0; i < floats; ++i) t->add_float_data(0.5f);
+      m.Node("Greater", "/g", {"f", name}, {"g"});
+      ModelMaker::IntAttr(m.Node("Cast", "/gf", {"g"}, {"gf"}), "to", onnx::TensorProto::FLOAT);
+      m.Node("Mul", "/m", {"gf", "f"}, {"masked"});
+      FeedTheClassifier(m, "masked");
+    }));
+  };
+  const float half = 0.5f;
+  const std::string four(reinterpret_cast<const char*>(&half), 4);
+  ASSERT_TRUE(threshold(four, 0).ok()) << threshold(four, 0).status();
+  auto cut = threshold(four.substr(0, 2), 0);
+  ASSERT_FALSE(cut.ok());
+  EXPECT_THAT(std::string(cut.status().message()),
+              HasSubstr("'/thr' (op Constant): its value stores 2 bytes of raw_data, where "
+                        "shape (1) of FLOAT takes 4"));
+  auto two = threshold("", 2);
+  ASSERT_FALSE(two.ok());
+  EXPECT_THAT(std::string(two.status().message()), HasSubstr("stores 2 values in float_data"));
+  auto none = threshold("", 0);
+  ASSERT_FALSE(none.ok());
+  EXPECT_THAT(std::string(none.status().message()), HasSubstr("(and no raw_data)"));
+
+  auto weight = Import(TinyModel(13, "", [](ModelMaker& m) {
+    for (onnx::TensorProto& t : *m.graph()->mutable_initializer()) {
+      if (t.name() == "conv1.weight") t.mutable_raw_data()->resize(4);
+    }
+  }));
+  ASSERT_FALSE(weight.ok());
+  EXPECT_THAT(std::string(weight.status().message()),
+              HasSubstr("initializer 'conv1.weight' stores 4 bytes of raw_data, where shape "
+                        "(4,3,3,3) of FLOAT takes 432"));
+}
+
 TEST(OnnxImportTest, HalfAndBFloat16ConstantsKeepTheirType) {
   auto g = Import(TinyModel(17, "", [](ModelMaker& m) {
     auto* scale = m.Node("Constant", "/scale", {}, {"scale"});

@@ -61,6 +61,8 @@ absl::Status ImportContext::ReadInitializers(const onnx::GraphProto& graph) {
       return absl::InvalidArgumentError(
           absl::StrCat("initializer ", Quote(t.name()), " is given twice"));
     }
+    RETURN_IF_ERROR(CheckStoredValues(t, absl::StrCat("initializer ", Quote(t.name())),
+                                      /*require_values=*/false));
   }
   if (graph.sparse_initializer_size() > 0) {
     return absl::InvalidArgumentError("sparse initializers are not supported");

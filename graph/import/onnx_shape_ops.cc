@@ -872,6 +872,10 @@ absl::Status Constant(ImportContext& cx, const onnx::NodeProto& node) {
   for (const onnx::AttributeProto& a : node.attribute()) {
     if (a.name() == "value" && a.type() == onnx::AttributeProto::TENSOR &&
         node.output_size() == 1) {
+      if (absl::Status stored = CheckStoredValues(a.t(), "its value", /*require_values=*/true);
+          !stored.ok()) {
+        return NodeError(node, stored.message());
+      }
       cx.SetConstant(node.output(0), &a.t());
       return absl::OkStatus();
     }

@@ -279,6 +279,72 @@ absl::Status AllOnes(const Attrs& attrs, absl::string_view name, int spatial) {
   return absl::OkStatus();
 }
 
+namespace {
+
+// Bytes per element of ONNX data type `type` in raw_data, and the field and
+// count per element that holds its values otherwise; 0 bytes for a type of
+// no fixed size.
+struct StoredAs {
+  int64_t bytes = 0;
+  const char* field = "";
+  int per_element = 1;
+};
+
+StoredAs StoredAsOf(int type) {
+  using T = onnx::TensorProto;
+  switch (type) {
+    case T::FLOAT: return {4, "float_data"};
+    case T::COMPLEX64: return {8, "float_data", 2};
+    case T::DOUBLE: return {8, "double_data"};
+    case T::COMPLEX128: return {16, "double_data", 2};
+    case T::INT64: return {8, "int64_data"};
+    case T::UINT32: return {4, "uint64_data"};
+    case T::UINT64: return {8, "uint64_data"};
+    case T::INT32: return {4, "int32_data"};
+    case T::FLOAT16: case T::BFLOAT16: case T::INT16: case T::UINT16: return {2, "int32_data"};
+    case T::INT8: case T::UINT8: case T::BOOL: return {1, "int32_data"};
+    default: return {};
+  }
+}
+
+int64_t TypedCount(const onnx::TensorProto& t, absl::string_view field) {
+  if (field == "float_data") return t.float_data_size();
+  if (field == "double_data") return t.double_data_size();
+  if (field == "int64_data") return t.int64_data_size();
+  if (field == "uint64_data") return t.uint64_data_size();
+  return t.int32_data_size();
+}
+
+}  // namespace
+
+absl::Status CheckStoredValues(const onnx::TensorProto& t, absl::string_view what,
+                               bool require_values) {
+  const StoredAs stored = StoredAsOf(t.data_type());
+  if (stored.bytes == 0 || t.data_location() == onnx::TensorProto::EXTERNAL) {
+    return absl::OkStatus();
+  }
+  int64_t elements = 1;
+  for (int64_t d : t.dims()) {
+    if (d < 0 || (d > 0 && elements > (int64_t{1} << 40) / d)) return absl::OkStatus();
+    elements *= d;
+  }
+  const std::string type = onnx::TensorProto::DataType_Name(t.data_type());
+  const std::string shape = ShapeToString(Shape(t.dims().begin(), t.dims().end()));
+  if (!t.raw_data().empty()) {
+    const int64_t want = elements * stored.bytes;
+    if (static_cast<int64_t>(t.raw_data().size()) == want) return absl::OkStatus();
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, " stores ", t.raw_data().size(), " bytes of raw_data, where shape ", shape,
+        " of ", type, " takes ", want, ": the file is damaged"));
+  }
+  const int64_t count = TypedCount(t, stored.field);
+  const int64_t want = elements * stored.per_element;
+  if (count == want || (count == 0 && !require_values)) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      what, " stores ", count, " values in ", stored.field, ", where shape ", shape, " of ",
+      type, " takes ", want, count == 0 ? " (and no raw_data)" : "", ": the file is damaged"));
+}
+
 std::vector<int64_t> WithUnitDim(const Shape& shape, size_t at) {
   std::vector<int64_t> out(shape.begin(), shape.end());
   out.insert(out.begin() + static_cast<std::ptrdiff_t>(at), 1);

@@ -125,6 +125,15 @@ float HalfValue(int data_type, uint16_t bits);
 // A float, double, float16 or bfloat16 tensor's values (Resize's scales, a
 // constant of a .half() model), when it is one of at most 2^20 elements.
 std::optional<std::vector<double>> FloatValues(const onnx::TensorProto& t);
+// InvalidArgument where tensor `t`'s stored values do not match its shape
+// and type: raw_data of another length than its elements take, or a typed
+// field (float_data, int32_data, ...) of another count; where it stores none
+// at all, only with `require_values` (a Constant's value; an initializer's
+// values may be the parameters', which a plan does not read). `what` names
+// it ("initializer 'w'"). Types of no fixed size (strings) and external
+// data pass.
+absl::Status CheckStoredValues(const onnx::TensorProto& t, absl::string_view what,
+                               bool require_values);
 // A tensor of `dims` holding `values` (row-major): a float constant folded
 // at import. Of `data_type` FLOAT16 or BFLOAT16 each value is rounded to
 // float and then to that type (as an ONNX Cast from float rounds it);
