@@ -403,7 +403,8 @@ class ExactMultiShotPlanner final : public Planner {
                                  std::floor(kMinPeakSlack * static_cast<double>(low.peak))));
       ASSIGN_OR_RETURN(best, ExactMultiShotSchedule(graph, near, left(), &cost_stats));
       PEBBLE_CHECK(best.has_value(), "exact: no plan at the minimum peak");
-      message = "optimal: the cheapest plan within 0.5% of the minimum peak";
+      message = absl::StrCat("optimal: the cheapest plan within 0.5% of the minimum peak, ",
+                             low.peak, " bytes");
     } else {
       ASSIGN_OR_RETURN(best, ExactMultiShotSchedule(graph, options.budget_bytes,
                                                     left(), &cost_stats));

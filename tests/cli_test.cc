@@ -520,6 +520,31 @@ TEST(CliTest, ListingsFitOneHundredColumns) {
   EXPECT_THAT(Pebble("models").out, HasSubstr("n=64 batch=1"));
 }
 
+// exact at min gives the cheapest plan within 0.5% of its least peak: the
+// headline says so and names both (it said "the least peak, 331 B" of a
+// step whose least peak is 330 B, until 2026-12-07); where the plan is at
+// the least peak, it says "the least peak".
+TEST(CliTest, ExactAtMinNamesItsLeastPeak) {
+  Result exact = Pebble("plan --model random:n=20,seed=3,sizes=random --policy exact --budget min");
+  ASSERT_EQ(exact.exit_code, 0) << exact.err;
+  Result json = Pebble(
+      "plan --model random:n=20,seed=3,sizes=random --policy exact --budget min --json");
+  ASSERT_EQ(json.exit_code, 0) << json.err;
+  const nlohmann::json doc = ParseOrFail(json.out);
+  const int64_t least = doc["details"]["min_peak_bytes"].get<int64_t>();
+  const int64_t peak = doc["report"]["peak_bytes"].get<int64_t>();
+  if (peak > least) {
+    EXPECT_THAT(exact.out, HasSubstr(absl::StrCat("budget min = ", peak,
+                                                  " B, within 0.5% of the least peak, ", least,
+                                                  " B")));
+  } else {
+    EXPECT_THAT(exact.out, HasSubstr(absl::StrCat("budget min = the least peak, ", peak, " B")));
+  }
+  Result rotor = Pebble("plan --model random:n=20,seed=3,sizes=random --policy rotor --budget min");
+  ASSERT_EQ(rotor.exit_code, 0) << rotor.err;
+  EXPECT_THAT(rotor.out, HasSubstr("budget min = the least peak, "));
+}
+
 // Data parallelism (--ranks): plan prints and reports the all-reduces,
 // simulate times a schedule with them on the link given, run refuses it.
 // On a sharded step, or one with the optimizer's updates, a policy's min is
