@@ -47,6 +47,14 @@ absl::StatusOr<NetworkLink> ParseNetwork(absl::string_view text) {
         "invalid network ", Quote(text), ": expected bytes per second (12.5e9, 10GB) or a "
         "preset (ethernet-10g, ethernet-100g, ib-hdr, ib-ndr, nvlink4)"));
   }
+  // (the host link's range, --bandwidth's: a rate of a few bytes per second
+  // is a unit left out, "12.5" for 12.5 GB/s, and its times lose meaning)
+  if (*rate < kMinBandwidthBytesPerS || *rate > kMaxBandwidthBytesPerS) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "invalid network ", Quote(text), ": ", *rate, " bytes per second; a link's rate "
+        "must lie between ", kMinBandwidthBytesPerS, " and ", kMaxBandwidthBytesPerS,
+        " bytes per second (12.5e9, 10GB)"));
+  }
   NetworkLink link;
   link.bandwidth_bytes_per_s = *rate;
   return link;

@@ -64,7 +64,8 @@ CollectiveComputes CountCollectiveComputes(const Graph& graph, const Schedule& s
 // ethernet-100g (12.5e9, 10 us; NetworkLink's default), ib-hdr (25e9, 5
 // us), ib-ndr (50e9, 5 us), nvlink4 (450e9, 3 us: H100's 18 links of
 // 25 GB/s); or bytes/s (ParseByteRate: 12.5e9, 10GB) with the default
-// latency. InvalidArgument names the text and the presets.
+// latency, from kMinBandwidthBytesPerS to kMaxBandwidthBytesPerS (as the
+// host link's). InvalidArgument names the text and the presets.
 absl::StatusOr<NetworkLink> ParseNetwork(absl::string_view text);
 
 // The prefixes of ShardGraph's per-parameter nodes: "gather:p" (the

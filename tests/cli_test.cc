@@ -863,6 +863,10 @@ TEST(CliTest, RanksPlanTheGradientsAllReduces) {
   ::pebble::testing::ExpectOneLineError(Pebble("plan " + model + " --ranks 0"), 2, {"--ranks"});
   ::pebble::testing::ExpectOneLineError(Pebble("plan " + model + " --ranks 2 --network token-ring"), 2,
                      {"--network", "invalid network 'token-ring'", "ib-ndr"});
+  // A rate of a few bytes per second (a unit left out: "12.5" for 12.5 GB/s)
+  // is refused as --bandwidth refuses it.
+  ::pebble::testing::ExpectOneLineError(Pebble("plan " + model + " --ranks 2 --network 12.5"), 2,
+                                        {"--network", "'12.5'", "between 1000 and 1e+15"});
   ::pebble::testing::ExpectOneLineError(Pebble("plan " + model + " --ranks 2 --network-latency -1"), 2,
                      {"--network-latency"});
   ::pebble::testing::ExpectOneLineError(
