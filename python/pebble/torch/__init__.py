@@ -1585,11 +1585,13 @@ class _Variant:
         deadline = time.perf_counter() + (kwargs.get("time_limit") or 10.0)
         found = None
         for k in range(_BUDGET_PROBES):
-            if time.perf_counter() > deadline:
+            left = deadline - time.perf_counter()
+            if left <= 0:
                 break
             budget = high - (high - low) * k // (_BUDGET_PROBES - 1)
             try:
-                plan = _policy_plan(unordered, dict(kwargs, budget=max(int(budget), 1)))
+                plan = _policy_plan(unordered, dict(kwargs, budget=max(int(budget), 1),
+                                                    time_limit=left))
             except PlanError:
                 continue
             if not (plan.feasible or self._fits_as_run(plan, unordered, kwargs, budget)) or \
