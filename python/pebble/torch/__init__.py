@@ -1485,7 +1485,7 @@ class _Variant:
         budget_bytes = plan.budget_bytes
         at_min = str(options["budget"]).strip().lower() == "min"
         fits = plan.feasible or self._fits_as_run(plan, graph, kwargs, budget_bytes)
-        unordered_least = plan.document.get("least_peak_bytes", plan.report["peak_bytes"])
+        unordered_peak = plan.report["peak_bytes"]  # (at "min", that graph's least)
         if fits and not self._in_eager_order(plan):
             # Note [Random calls in eager's order], Note [Reads around running
             # statistics]: the graph whose tokens order them.
@@ -1501,7 +1501,9 @@ class _Variant:
             # Note [Plans in eager's order at lower budgets]
             high = self._peak_as_planned_run(plan, graph, kwargs) - 1 if fits and at_min \
                 else budget_bytes
-            found = self._in_order_below(unordered, kwargs, unordered_least, high)
+            least = unordered_peak if at_min else _policy_plan(
+                unordered, dict(kwargs, budget="min")).report["peak_bytes"]
+            found = self._in_order_below(unordered, kwargs, least, high)
             if found is not None:
                 plan, graph, fits = found[1], unordered, True
                 info.pop("order", None)
