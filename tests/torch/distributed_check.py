@@ -1191,6 +1191,52 @@ def gathers_freed_apart(graph, options):
     return {"format": "pebble-schedule", "version": 1, "steps": steps}
 
 
+def check_writes_between_sharded_steps(torch, pt, dist, rank, ranks):
+    """Note [Writes between sharded steps]: a weight clamped and a bias zeroed
+    between steps inside step.whole_parameters() train on as eager's with
+    the same writes (three SGD steps); the same writes on the module's empty
+    stand-ins outside it are refused at the next call on every rank, naming
+    the parameter (they were dropped without a word until 2026-12-07), and
+    the step then runs on without them."""
+    what = "writes between sharded steps"
+    failures = []
+    torch.manual_seed(0)
+    model = make_model(torch)
+    whole = copy.deepcopy(model)
+    def make(params):
+        return torch.optim.SGD(params, lr=0.5, momentum=0.9)
+    opt, whole_opt = make(model.parameters()), make(whole.parameters())
+    loss_fn = torch.nn.functional.cross_entropy
+    data = batches(torch, ranks, 3)
+    step = pt.train_step(model, loss_fn, (mine(data[0][0], rank),), mine(data[0][1], rank),
+                         optimizer=opt, policy="dtr", budget="min",
+                         process_group=dist.group.WORLD, shard="full")
+
+    def write(module):
+        with torch.no_grad():
+            module[0].weight.clamp_(-0.05, 0.05)
+            torch.nn.init.zeros_(module[4].bias)
+    for k, batch in enumerate(data):
+        failures += step_beside_eager(step, whole, whole_opt, loss_fn, [batch], rank, what)
+        with step.whole_parameters() as module:
+            write(module)
+        write(whole)
+    failures += differs_from_eager(step, whole, len(data), what)
+    write(model)  # on the stand-ins: refused at the next call, on every rank
+    try:
+        step(mine(data[0][0], rank), mine(data[0][1], rank))
+        failures.append(f"{what}: a write on the stand-ins was not refused")
+    except ValueError as e:
+        if "parameter '0.weight' was written between steps" not in str(e) or \
+                "step.whole_parameters()" not in str(e):
+            failures.append(f"{what}: the refusal: {e}")
+    before = step.full_state_dict()
+    step(mine(data[0][0], rank), mine(data[0][1], rank))  # (runs on, without the write)
+    if close(step.full_state_dict()["0.weight"], before["0.weight"]):
+        failures.append(f"{what}: the step after the refusal did not train")
+    return failures
+
+
 def check_gathers_freed_apart(torch, pt, dist, rank, ranks):
     """A plan that frees a bucket's gathers apart runs member by member (its
     memory, not its time: more messages than it plans), with eager's
@@ -2096,6 +2142,7 @@ def checks(torch, pt, dist, rank, ranks):
     failures += check_built_in_shards(torch, pt, dist, rank, ranks)
     failures += check_shards_moving(torch, pt, dist, rank, ranks)
     failures += check_sharded_checkpoint(torch, pt, dist, rank, ranks)
+    failures += check_writes_between_sharded_steps(torch, pt, dist, rank, ranks)
     if every:
         failures += check_gathers_freed_apart(torch, pt, dist, rank, ranks)
     failures += check_sharded_failure(torch, pt, dist, rank, ranks)

@@ -21,6 +21,7 @@ allocator measures what a step really held (_memory.py). docs/torch.md
 documents the API and its limits.
 """
 
+import contextlib
 import gc
 import inspect
 import itertools
@@ -602,6 +603,43 @@ class TrainStep:
             raise refusal
         return state_dict_on_cpu(optimizer)
 
+    @contextlib.contextmanager
+    def whole_parameters(self):
+        """A block in which the module's parameters are whole, for writes
+        between steps (a weight clamped, an nn.init call), as
+        `with torch.no_grad(), step.whole_parameters(): ...`. Sharded
+        (shard="full"), it gathers them on every rank together and keeps
+        what the block writes in this rank's shards afterwards; a block that
+        raises keeps nothing (Note [Writes between sharded steps]).
+        Unsharded, the parameters are whole already: it does nothing."""
+        if self.shards is None:
+            yield self.model
+            return
+        self._gathered("whole_parameters()", lambda: self.shards.make_whole(self.collectives))
+        try:
+            yield self.model
+        except BaseException:
+            self.shards.release()
+            raise
+        self.shards.keep_written()
+
+    def _written_shards_refusal(self):
+        """A ValueError naming a parameter written between sharded steps
+        outside whole_parameters(), or None; the stand-ins are released
+        again, so that the next call runs without the write (Note [Writes
+        between sharded steps])."""
+        name = self.shards.written_while_released() if self.shards is not None else None
+        if name is None:
+            return None
+        self.shards.release()
+        return ValueError(
+            f"parameter '{name}' was written between steps (in place, as clamp_ or an "
+            "nn.init call, or given new .data), but a sharded step's module holds empty "
+            "stand-ins there: its shards, which the step holds, are what trains, so the write "
+            "reached none and was dropped. Write inside `with torch.no_grad(), "
+            "step.whole_parameters():`, which gathers the parameters whole on every rank and "
+            "keeps what the block writes in the shards")
+
     def _gathered(self, call, work, refusal=lambda: None):
         """work()'s value, run on every rank together (`call`: its name for
         the call's check; `refusal()`: this rank's refusal of it, or None);
@@ -964,6 +1002,7 @@ class TrainStep:
                              _optimizer_settings(self.updates and self.updates.optimizer)},
                             self.process_group,
                             refused or self._shared_refusal() or self._hook_refusal() or
+                            self._written_shards_refusal() or
                             self._state_refusal() or self._unapplied_grad_refusal(
                                 self._variants.get(key, self._variant)),
                             shown={"shapes, dtypes or layouts":

@@ -2211,7 +2211,8 @@ def _leaf_written_error(where, e, written=None):
         "max_norm renormalizes its rows so): pebble.torch cannot plan a step "
         "that changes what it is given. Do that write outside the step, under "
         "torch.no_grad(), before or after each call (for nn.Embedding, "
-        "max_norm=None and renormalize the rows so)")
+        "max_norm=None and renormalize the rows so; with shard='full', inside `with "
+        "step.whole_parameters():`)")
 
 
 def _refuse_untraced(model, loss_fn, slots, flat, device, failure, sharded):

@@ -11,6 +11,18 @@ which the optimizer's updates read. The plan decides when each parameter is
 gathered, how long the gathered copy lives and whether it is gathered again
 for the backward.
 
+Note [Writes between sharded steps]: between steps the module's parameters
+are empty stand-ins; the shards, which the step holds, are what trains. A
+write into a stand-in (a weight clamped under torch.no_grad() after each
+step, an nn.init call, new .data) reached no shard and was lost without a
+word until 2026-12-07. Now release() records each stand-in's version, and
+the next call refuses on every rank where one moved or holds elements,
+naming the parameter (TrainStep._written_shards_refusal; the stand-ins are
+released again, so the step stays usable without the write).
+TrainStep.whole_parameters() is the way to write: it gathers every
+parameter whole on every rank (make_whole), and after the block keeps this
+rank's part of what it wrote in its shards (keep_written; no collective).
+
 Note [Gathers in flight]: a gather makes the whole parameter (its node,
 resident from its step: zeros, this rank's shard written in its place) and
 sums it over the ranks with one asynchronous all-reduce of
@@ -356,6 +368,7 @@ class Shards:
             updates.rebind(self._built.parameters)
             self.params = dict(updates.params)
             self.released = True  # (unbuild() puts the meta tensors back)
+            self.released_versions = {name: p._version for name, p in self.params.items()}
             try:
                 self._make_staging(device)
             except BaseException:
@@ -550,14 +563,48 @@ class Shards:
             yield
             return
         try:
-            with torch.no_grad():
-                for name, p in self.params.items():
-                    (whole,), work = self.gather([name], collectives=collectives)
-                    collectives.wait(work, self.gather_what(name))
-                    p.data = whole
+            self.make_whole(collectives)
             yield
         finally:
             self.release()
+
+    def make_whole(self, collectives):
+        """Each of the module's parameters whole (gathered: a collective
+        through `collectives`, every rank together)."""
+        with torch.no_grad():
+            for name, p in self.params.items():
+                (whole,), work = self.gather([name], collectives=collectives)
+                collectives.wait(work, self.gather_what(name))
+                p.data = whole
+
+    def keep_written(self):
+        """This rank's shards made of the module's whole parameters as they
+        are now (what a block wrote into them: TrainStep.whole_parameters),
+        then released; no collective. ValueError where a parameter's shape
+        changed (nothing is kept then, and the parameters are released)."""
+        try:
+            for name, p in self.params.items():
+                if tuple(p.shape) != self.shapes[name]:
+                    raise ValueError(f"parameter '{name}' has shape {tuple(p.shape)} after the "
+                                     f"block, where its shards are of {self.shapes[name]}: "
+                                     "nothing was kept")
+            with torch.no_grad():
+                for name, p in self.params.items():
+                    lo, hi = self.bounds(name)
+                    self.shards[name][:hi - lo].copy_(p.detach().reshape(-1)[lo:hi])
+        finally:
+            self.release()
+
+    def written_while_released(self):
+        """The name of a module parameter written since release() (in place:
+        its version moved; or given data: it holds elements), else None:
+        such a write reaches no shard (Note [Writes between sharded steps])."""
+        if not self.released:
+            return None
+        for name, p in self.params.items():
+            if p.numel() != 0 or p._version != self.released_versions.get(name):
+                return name
+        return None
 
     def reallocate_where_profiled(self, names):
         """The shards of `names` (those a plan frees) as copies allocated where
@@ -571,6 +618,7 @@ class Shards:
         """The module's parameters hold no memory from here: the shards are them."""
         for p in self.params.values():
             p.data = torch.empty(0, dtype=p.dtype, device=p.device)
+        self.released_versions = {name: p._version for name, p in self.params.items()}
         self.released = True
 
     # --- the plan ----------------------------------------------------------------
