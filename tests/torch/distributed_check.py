@@ -1760,8 +1760,9 @@ def check_differing_settings(torch, pt, dist, rank, ranks):
     """An optimizer whose learning rate differs on one rank is refused, on
     every rank, naming the optimizer's settings: by train_step, and by a
     call once the step is made (a scheduler or a checkpoint loaded on one
-    rank); with the rates alike again, the step trains on, as
-    DistributedDataParallel does."""
+    rank), and so is a module in eval mode on one rank, naming the module's
+    setting and each rank's value; with the rates alike again, the step
+    trains on, as DistributedDataParallel does."""
     torch.manual_seed(0)
     model = make_model(torch)
     ddp_twin = copy.deepcopy(model)
@@ -1794,6 +1795,17 @@ def check_differing_settings(torch, pt, dist, rank, ranks):
     refused(lambda: step(mine(data[0][0], rank), mine(data[0][1], rank)),
             "optimizer settings", "by a call")
     differ_on_rank_1(False)
+    # A module's setting that differs on one rank is named, with each
+    # rank's value (it said only "module settings" until 2026-12-07).
+    if rank == 1:
+        model[1].eval()
+    try:
+        step(mine(data[0][0], rank), mine(data[0][1], rank))
+        failures.append("a module in eval mode on rank 1 alone: not refused")
+    except pt.PlanExecutionError as e:
+        if "1.training: rank 0 True, rank 1 False" not in str(e):
+            failures.append(f"a module in eval mode on rank 1 alone: refused with '{e}'")
+    model[1].train()
     # A configuration object that holds each rank's own values (its local
     # rank) is the rank's: not compared across ranks (every step was refused).
     # Where it changes on one rank only, every rank captures again with it

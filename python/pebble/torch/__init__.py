@@ -1008,7 +1008,10 @@ class TrainStep:
                             shown={"shapes, dtypes or layouts":
                                    _described_call(inputs, target, key[0])
                                    if refused is None else None},
-                            step=self._labelled("the step"))
+                            step=self._labelled("the step"),
+                            described={"module settings (modes, attributes such as a "
+                                       "dropout's p, hooks)": key[3].entries}
+                            if refused is None else None)
             self._check_trainable()  # (every rank alike: the signature holds them)
             variant = self._variant_for(inputs, target, key)
             try:

@@ -473,6 +473,17 @@ class ModuleSettings:
         hooks = [(name, kind, [_hook_name(h) for h in on]) for name, kind, on in self.hooks]
         return f"ModuleSettings({self.attrs!r}, {hooks!r})"
 
+    def entries(self):
+        """{"layer1.0.bn1.training": "True", "hooks on 'fc'": "..."}: each
+        setting as text, which ranks compare (check_same_call's
+        `described`)."""
+        shown = {f"{name + '.' if name else ''}{key}": repr(_shown(value))
+                 for name, items in self.attrs for key, value in items}
+        for name, kind, on in self.hooks:
+            shown[f"hooks on '{name}'" if name else "global hooks"] = \
+                f"{kind} {', '.join(getattr(h, '__qualname__', type(h).__name__) for h in on)}"
+        return shown
+
     def changes_from(self, before):
         """What differs from `before` (another ModuleSettings of the same
         module), as "layer1.0.bn1.training: True -> False" and "hooks on

@@ -732,7 +732,7 @@ def agreed(make, group):
     return value
 
 
-def check_same_call(parts, group, error=None, shown=None, step="the step"):
+def check_same_call(parts, group, error=None, shown=None, step="the step", described=None):
     """PlanExecutionError unless every rank of `group` calls the same `step`
     (its label: two steps of the same shapes called in another order on
     some rank would pair their collectives wrongly) with a call of the same
@@ -740,16 +740,19 @@ def check_same_call(parts, group, error=None, shown=None, step="the step"):
     gradients held, the module's settings, the optimizer's settings): a rank
     that planned alone for other shapes would pair its collectives with the
     others' wrongly. The error names the parts that differ, and where
-    `shown` ({what: short text}) describes one, each rank's text of it.
-    `error`: this rank's refusal of the call, or None (raised as agree does,
-    on every rank)."""
+    `shown` ({what: short text}) describes one, each rank's text of it;
+    where `described` ({what: a callable of {entry: text}}, a module's
+    settings, called only where some rank differs) does, the first entries
+    that differ from rank 0's. `error`: this rank's
+    refusal of the call, or None (raised as agree does, on every rank)."""
     import torch.distributed as dist
     differing = _ranks_differing(parts, group, "calls", error, call=step)
     if not differing:
         return
-    shown = shown or {}
+    shown, described = shown or {}, described or {}
     mine = {what: (hashlib.sha256(repr(_canonical(value)).encode()).hexdigest(),
-                   shown.get(what)) for what, value in parts.items()}
+                   shown.get(what), described[what]() if what in described else None)
+            for what, value in parts.items()}
     reports = [None] * dist.get_world_size(group)
     _collective("comparing the ranks' calls", dist.all_gather_object, reports, mine, group=group)
     differ = [what for what in parts if any(r[what][0] != reports[0][what][0] for r in reports)]
@@ -757,10 +760,26 @@ def check_same_call(parts, group, error=None, shown=None, step="the step"):
                                      for rank, r in enumerate(reports)
                                      if rank == 0 or r[what][0] != reports[0][what][0])
              for what in differ if reports[0][what][1] is not None]
+    texts += [f"{what}: {_entries_differing(reports, what)}"
+              for what in differ if reports[0][what][2] is not None]
     raise PlanExecutionError(
         f"ranks {differing} call the step with other {' and '.join(differ)} than rank 0"
         + (f" ({'; '.join(texts)})" if texts else "") + ": every rank must make the same "
         "calls (equal slices of the batch, the same module and optimizer settings)")
+
+
+def _entries_differing(reports, what):
+    """The first three entries of `what` (check_same_call's `described`) in
+    which a rank differs from rank 0, each with both ranks' texts."""
+    first = reports[0][what][2]
+    lines = []
+    for rank, r in enumerate(reports[1:], start=1):
+        mine = r[what][2] or {}
+        for entry in sorted(set(first) | set(mine)):
+            if first.get(entry) != mine.get(entry):
+                lines.append(f"{entry}: rank 0 {first.get(entry, '(none)')}, rank {rank} "
+                             f"{mine.get(entry, '(none)')}")
+    return "; ".join(lines[:3]) + (f"; and {len(lines) - 3} more" if len(lines) > 3 else "")
 
 
 def check_same_collective(what, group, error=None):
