@@ -959,6 +959,23 @@ def check_shards_moving(torch, pt, dist, rank, ranks):
     return failures + differs_from_eager(loose, whole, len(data), what)
 
 
+def sharded_beside_eager(torch, pt, dist, rank, ranks, make_optimizer, count, policy):
+    """(model, whole, opt, whole_opt, loss_fn, data, step): make_model's
+    module sharded over the ranks by a step of `policy` at min with
+    make_optimizer's optimizer, its twin trained whole in one process with
+    its own, and `count` batches of the whole."""
+    torch.manual_seed(0)
+    model = make_model(torch)
+    whole = copy.deepcopy(model)
+    opt, whole_opt = make_optimizer(model.parameters()), make_optimizer(whole.parameters())
+    loss_fn = torch.nn.functional.cross_entropy
+    data = batches(torch, ranks, count)
+    step = pt.train_step(model, loss_fn, (mine(data[0][0], rank),), mine(data[0][1], rank),
+                         optimizer=opt, policy=policy, budget="min",
+                         process_group=dist.group.WORLD, shard="full")
+    return model, whole, opt, whole_opt, loss_fn, data, step
+
+
 def check_sharded_checkpoint(torch, pt, dist, rank, ranks):
     """A sharded step's checkpoint, full_state_dict() and
     full_optimizer_state_dict() (on every rank), is eager training's module
@@ -972,17 +989,10 @@ def check_sharded_checkpoint(torch, pt, dist, rank, ranks):
     naming the way."""
     what = "sharded checkpoint"
     failures = []
-    torch.manual_seed(0)
-    model = make_model(torch)
-    whole = copy.deepcopy(model)
     def make(params):
         return torch.optim.Adam(params, lr=1e-2, eps=1e-3, foreach=False)
-    opt, whole_opt = make(model.parameters()), make(whole.parameters())
-    loss_fn = torch.nn.functional.cross_entropy
-    data = batches(torch, ranks, 5)
-    step = pt.train_step(model, loss_fn, (mine(data[0][0], rank),), mine(data[0][1], rank),
-                         optimizer=opt, policy="fsdp", budget="min",
-                         process_group=dist.group.WORLD, shard="full")
+    model, whole, opt, whole_opt, loss_fn, data, step = sharded_beside_eager(
+        torch, pt, dist, rank, ranks, make, 5, "fsdp")
     failures += step_beside_eager(step, whole, whole_opt, loss_fn, data[:2], rank, what)
     saved_model, saved_opt = step.full_state_dict(), step.full_optimizer_state_dict()
     own = opt.state_dict()  # this rank's shards
@@ -1200,17 +1210,10 @@ def check_writes_between_sharded_steps(torch, pt, dist, rank, ranks):
     the step then runs on without them."""
     what = "writes between sharded steps"
     failures = []
-    torch.manual_seed(0)
-    model = make_model(torch)
-    whole = copy.deepcopy(model)
     def make(params):
         return torch.optim.SGD(params, lr=0.5, momentum=0.9)
-    opt, whole_opt = make(model.parameters()), make(whole.parameters())
-    loss_fn = torch.nn.functional.cross_entropy
-    data = batches(torch, ranks, 3)
-    step = pt.train_step(model, loss_fn, (mine(data[0][0], rank),), mine(data[0][1], rank),
-                         optimizer=opt, policy="dtr", budget="min",
-                         process_group=dist.group.WORLD, shard="full")
+    model, whole, opt, whole_opt, loss_fn, data, step = sharded_beside_eager(
+        torch, pt, dist, rank, ranks, make, 3, "dtr")
 
     def write(module):
         with torch.no_grad():
