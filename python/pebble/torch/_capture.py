@@ -2228,9 +2228,10 @@ def _leaf_written_error(where, e, written=None):
 
 def _refuse_untraced(model, loss_fn, slots, flat, device, failure, sharded):
     """Raises the CaptureError for a step that no mode traced; `failure`:
-    (where, exception) of the last mode tried. Unsharded, the step is run
-    eagerly first to tell the user's own error apart from PyTorch's refusal
-    to trace it."""
+    (where, exception, a callable that traces that mode again to name a
+    backward that read a value: _rerun_for_culprit) of the last mode tried.
+    Unsharded, the step is run eagerly first to tell the user's own error
+    apart from PyTorch's refusal to trace it."""
     where, e, rerun = failure
     if sharded:
         # (no eager run to tell the user's own error apart: no rank holds the
