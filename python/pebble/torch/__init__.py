@@ -1527,7 +1527,14 @@ class _Variant:
         budget_bytes = plan.budget_bytes
         at_min = str(options["budget"]).strip().lower() == "min"
         fits = plan.feasible or self._fits_as_run(plan, graph, kwargs, budget_bytes)
-        unordered_peak = plan.report["peak_bytes"]  # (at "min", that graph's least)
+        least_plans = {id(unordered): plan} if at_min else {}
+
+        def least_of(g):
+            """The policy's plan at "min" over graph `g`, made once per call."""
+            if id(g) not in least_plans:
+                least_plans[id(g)] = _policy_plan(g, dict(kwargs, budget="min"))
+            return least_plans[id(g)]
+
         if fits and not self._in_eager_order(plan):
             # Note [Random calls in eager's order], Note [Reads around running
             # statistics]: the graph whose tokens order them.
@@ -1543,9 +1550,8 @@ class _Variant:
             # Note [Plans in eager's order at lower budgets]
             high = self._peak_as_planned_run(plan, graph, kwargs) - 1 if fits and at_min \
                 else budget_bytes
-            least = unordered_peak if at_min else _policy_plan(
-                unordered, dict(kwargs, budget="min")).report["peak_bytes"]
-            found = self._in_order_below(unordered, kwargs, least, high)
+            found = self._in_order_below(unordered, kwargs,
+                                         least_of(unordered).report["peak_bytes"], high)
             if found is not None:
                 plan, graph, fits = found[1], unordered, True
                 info.pop("order", None)
@@ -1556,7 +1562,7 @@ class _Variant:
         cut_short = False  # (whether the time limit cut its search short)
         if not fits and not at_min:
             least_peak, least, least_graph, cut_short = self._least_peak_plan(
-                plan, graph, unordered, kwargs)
+                plan, graph, unordered, kwargs, least_of)
             if least is not None and least_peak <= budget_bytes:
                 plan, graph, fits = least, least_graph, True
                 info["least_peak_fits_as_run"] = True
@@ -1577,7 +1583,7 @@ class _Variant:
             options={k: v for k, v in kwargs.items() if k in _SIMULATION_OPTIONS})
         return plan, info
 
-    def _least_peak_plan(self, plan, graph, unordered, kwargs):
+    def _least_peak_plan(self, plan, graph, unordered, kwargs, least_of):
         """(the least peak as run, its plan or None, that plan's graph) of the
         policy's least-peak plans over `graph`, the graph `plan` (which did
         not fit) was made over, over `unordered`, the graph without the
@@ -1589,7 +1595,7 @@ class _Variant:
         where the least-peak plan over the graph with tokens does. Where no
         such plan is made, the peak is the least of `graph`'s, and the plan
         None. Fourth: whether a time limit cut a search for it short (a longer
-        one may find less)."""
+        one may find less). least_of(g): the policy's plan at "min" over g."""
         found = None
         unordered_least = None
         cut_short = bool(plan.document.get("least_peak_cut_short"))
@@ -1598,7 +1604,7 @@ class _Variant:
             if all(candidate is not c for c in candidates):
                 candidates.append(candidate)
         for candidate in candidates:
-            least = _policy_plan(candidate, dict(kwargs, budget="min"))
+            least = least_of(candidate)
             cut_short |= bool(least.document["details"].get("time_limit_reached"))
             # (its planner counts above the budget too, but may fit as run)
             peak = self._peak_as_planned_run(least, candidate, kwargs)
