@@ -2280,8 +2280,7 @@ def _refuse_untraced(model, loss_fn, slots, flat, device, failure, sharded):
             f"functional for the plan, fails on it: {e}{hint}")
         refusal.untraced = True
         raise refusal from e.cause
-    culprit = rerun() if any(words in str(e) for words in _DATA_DEPENDENT) and \
-        not _user_line(e) else None
+    culprit = rerun() if _reads_a_value(e) and not _user_line(e) else None
     if culprit is not None:
         node, line = culprit
         refusal = CaptureError(
@@ -2322,6 +2321,12 @@ _MODIFIED_IN_PLACE = "needed for gradient computation has been modified by an in
 # How PyTorch 1.13 (the first) and 2.x say that a trace read a tensor's value.
 _DATA_DEPENDENT = ("get value out of a tracing tensor", "data-dependent", "data dependent",
                    "_local_scalar_dense", "DataDependent")
+
+
+def _reads_a_value(e):
+    """Whether PyTorch's error `e` says that a trace read a tensor's value."""
+    said = f"{type(e).__name__}: {e}"
+    return any(words in said for words in _DATA_DEPENDENT)
 
 
 # How PyTorch (1.13 and 2.x) refuses a real tensor in a trace of fake ones.
@@ -2514,7 +2519,7 @@ def _trace_hint(e, model, where):
         return (" (a torch.Generator of your own in the step, which a trace cannot take: "
                 "draw from the default generator, seeded with torch.manual_seed, whose state "
                 "the plan replays)")
-    data_dependent = any(words in said for words in _DATA_DEPENDENT)
+    data_dependent = _reads_a_value(e)
     if _raised_in(e, "pack_padded_sequence") or data_dependent:
         hint = _value_read_hint(e, model, where)
         if hint:

@@ -743,8 +743,8 @@ def check_same_call(parts, group, error=None, shown=None, step="the step", descr
     `shown` ({what: short text}) describes one, each rank's text of it;
     where `described` ({what: a callable of {entry: text}}, a module's
     settings, called only where some rank differs) does, the first entries
-    that differ from rank 0's. `error`: this rank's
-    refusal of the call, or None (raised as agree does, on every rank)."""
+    that differ from rank 0's. `error`: this rank's refusal of the call, or
+    None (raised as agree does, on every rank)."""
     import torch.distributed as dist
     differing = _ranks_differing(parts, group, "calls", error, call=step)
     if not differing:

@@ -26,8 +26,9 @@ def largest_batch(model, loss_fn, make_batch, budget, policy="dtr", start=1, max
     or a tuple of tensors, as train_step takes them. budget: bytes (a float
     from 1024 up rounds down), or a size with its unit ("8GiB"): the whole
     step's device memory, parameters, buffers, batch and gradients included
-    (a percentage changes with the batch, so it is refused). options: train_step's other arguments
-    (optimizer=..., host_budget=..., time_limit=...).
+    (a percentage changes with the batch, so it is refused). options:
+    train_step's other arguments (optimizer=..., host_budget=...,
+    time_limit=...).
 
     Returns a dict: "batch" (None where even `start` does not fit), its
     "predicted_peak_bytes" (the whole step), "predicted_step_peak_bytes"
